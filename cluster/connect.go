@@ -1,0 +1,103 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+)
+
+// EnvEndpoints is the environment variable that names etcd's endpoints when
+// no flag does (comma-separated), as in NVIDIA Dynamo.
+const EnvEndpoints = "ETCD_ENDPOINTS"
+
+// DefaultEndpoint is used when neither a flag nor ETCD_ENDPOINTS names one.
+const DefaultEndpoint = "127.0.0.1:2379"
+
+// DefaultDialTimeout bounds how long Connect tries to reach etcd.
+const DefaultDialTimeout = 5 * time.Second
+
+// ErrUnreachable is matched by the error Connect returns when no endpoint
+// answered within the dial timeout.
+var ErrUnreachable = errors.New("cluster: etcd unreachable")
+
+// UnreachableError says which endpoints were tried, for how long, and what to
+// do next.
+type UnreachableError struct {
+	Endpoints []string
+	Timeout   time.Duration
+	Err       error
+}
+
+// Error implements error.
+func (e *UnreachableError) Error() string {
+	return fmt.Sprintf("cannot reach etcd at %s (tried for %s: %v): start `drover server` or set %s",
+		strings.Join(e.Endpoints, ","), e.Timeout, e.Err, EnvEndpoints)
+}
+
+// Unwrap returns ErrUnreachable and the underlying cause.
+func (e *UnreachableError) Unwrap() []error { return []error{ErrUnreachable, e.Err} }
+
+// ClientConfig says how to reach etcd.
+type ClientConfig struct {
+	// Endpoints are host:port or URLs. Empty means [ResolveEndpoints]("").
+	Endpoints []string
+	// DialTimeout bounds the reachability check. Zero means 5 s.
+	DialTimeout time.Duration
+}
+
+// ResolveEndpoints picks the endpoints a command uses: the flag value when set
+// (comma-separated), else ETCD_ENDPOINTS, else 127.0.0.1:2379.
+func ResolveEndpoints(flag string) []string {
+	raw := flag
+	if raw == "" {
+		raw = os.Getenv(EnvEndpoints)
+	}
+	var eps []string
+	for _, e := range strings.Split(raw, ",") {
+		if e = strings.TrimSpace(e); e != "" {
+			eps = append(eps, e)
+		}
+	}
+	if len(eps) == 0 {
+		eps = []string{DefaultEndpoint}
+	}
+	return eps
+}
+
+// Connect returns a client to etcd once a linearizable read has gone through,
+// so that a wrong address fails here, within cfg.DialTimeout, with an
+// [UnreachableError], and not later in the middle of work.
+func Connect(ctx context.Context, cfg ClientConfig) (*clientv3.Client, error) {
+	if len(cfg.Endpoints) == 0 {
+		cfg.Endpoints = ResolveEndpoints("")
+	}
+	if cfg.DialTimeout <= 0 {
+		cfg.DialTimeout = DefaultDialTimeout
+	}
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints:            cfg.Endpoints,
+		DialTimeout:          cfg.DialTimeout,
+		DialKeepAliveTime:    10 * time.Second,
+		DialKeepAliveTimeout: 5 * time.Second,
+		Logger:               zap.NewNop(),
+	})
+	if err != nil {
+		return nil, &UnreachableError{Endpoints: cfg.Endpoints, Timeout: cfg.DialTimeout, Err: err}
+	}
+	cctx, cancel := context.WithTimeout(ctx, cfg.DialTimeout)
+	defer cancel()
+	if _, err := cli.Get(cctx, "/", clientv3.WithCountOnly()); err != nil {
+		_ = cli.Close()
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("cluster: connect: %w", ctx.Err())
+		}
+		return nil, &UnreachableError{Endpoints: cfg.Endpoints, Timeout: cfg.DialTimeout, Err: err}
+	}
+	return cli, nil
+}

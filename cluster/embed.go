@@ -1,0 +1,186 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"os"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/server/v3/embed"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+)
+
+// Defaults of [EmbedConfig].
+const (
+	DefaultDataDir                 = "./drover-data"
+	DefaultClientURL               = "http://127.0.0.1:2379"
+	DefaultPeerURL                 = "http://127.0.0.1:2380"
+	DefaultMemberName              = "drover"
+	DefaultAutoCompactionRetention = time.Hour
+	DefaultStartTimeout            = 60 * time.Second
+)
+
+// EmbedConfig configures an embedded single-member etcd server. The zero value
+// is valid and means the defaults.
+type EmbedConfig struct {
+	// DataDir holds etcd's data; it survives restarts. Default ./drover-data.
+	DataDir string
+	// ClientURL is where etcd serves clients. Default http://127.0.0.1:2379.
+	ClientURL string
+	// PeerURL is etcd's peer listener, on a loopback port. Default
+	// http://127.0.0.1:2380.
+	PeerURL string
+	// Name is the member name. Default "drover".
+	Name string
+	// AutoCompactionRetention keeps this much history; older revisions are
+	// compacted periodically. Zero means one hour; negative turns compaction
+	// off.
+	AutoCompactionRetention time.Duration
+	// UnsafeNoFsync skips fsync: much faster, loses data on a machine crash.
+	// For tests and throw-away runs only.
+	UnsafeNoFsync bool
+	// LogLevel is etcd's own log level ("debug", "info", "warn", "error").
+	// Default "error": drover logs what matters itself.
+	LogLevel string
+	// StartTimeout bounds how long Embed waits for the server to be ready.
+	// Default one minute.
+	StartTimeout time.Duration
+}
+
+func (c EmbedConfig) withDefaults() EmbedConfig {
+	if c.DataDir == "" {
+		c.DataDir = DefaultDataDir
+	}
+	if c.ClientURL == "" {
+		c.ClientURL = DefaultClientURL
+	}
+	if c.PeerURL == "" {
+		c.PeerURL = DefaultPeerURL
+	}
+	if c.Name == "" {
+		c.Name = DefaultMemberName
+	}
+	if c.AutoCompactionRetention == 0 {
+		c.AutoCompactionRetention = DefaultAutoCompactionRetention
+	}
+	if c.LogLevel == "" {
+		c.LogLevel = "error"
+	}
+	if c.StartTimeout == 0 {
+		c.StartTimeout = DefaultStartTimeout
+	}
+	return c
+}
+
+// Validate reports the first field that is not usable.
+func (c EmbedConfig) Validate() error {
+	c = c.withDefaults()
+	for _, f := range []struct{ field, raw string }{{"ClientURL", c.ClientURL}, {"PeerURL", c.PeerURL}} {
+		u, err := url.Parse(f.raw)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return fmt.Errorf("cluster: %s %q: must be a URL such as http://127.0.0.1:2379", f.field, f.raw)
+		}
+	}
+	if _, err := zapcore.ParseLevel(c.LogLevel); err != nil {
+		return fmt.Errorf("cluster: LogLevel %q: must be debug, info, warn or error", c.LogLevel)
+	}
+	if c.StartTimeout < 0 {
+		return fmt.Errorf("cluster: StartTimeout %s: must not be negative", c.StartTimeout)
+	}
+	return nil
+}
+
+// Server is a running embedded etcd server.
+type Server struct {
+	etcd      *embed.Etcd
+	endpoints []string
+	dataDir   string
+	closeOnce sync.Once
+}
+
+// Embed starts an embedded etcd server and waits until it serves clients, ctx
+// is done, or cfg.StartTimeout passes. Data in cfg.DataDir from an earlier run
+// is kept.
+func Embed(ctx context.Context, cfg EmbedConfig) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return nil, fmt.Errorf("cluster: create data dir: %w", err)
+	}
+	ec := embed.NewConfig()
+	ec.Name = cfg.Name
+	ec.Dir = cfg.DataDir
+	cu, _ := url.Parse(cfg.ClientURL)
+	pu, _ := url.Parse(cfg.PeerURL)
+	ec.ListenClientUrls = []url.URL{*cu}
+	ec.AdvertiseClientUrls = []url.URL{*cu}
+	ec.ListenPeerUrls = []url.URL{*pu}
+	ec.AdvertisePeerUrls = []url.URL{*pu}
+	ec.InitialCluster = cfg.Name + "=" + pu.String()
+	if cfg.AutoCompactionRetention > 0 {
+		ec.AutoCompactionMode = "periodic"
+		ec.AutoCompactionRetention = cfg.AutoCompactionRetention.String()
+	} else {
+		ec.AutoCompactionRetention = "0"
+	}
+	ec.UnsafeNoFsync = cfg.UnsafeNoFsync
+	level, _ := zapcore.ParseLevel(cfg.LogLevel)
+	zc := zap.NewProductionConfig()
+	zc.Level = zap.NewAtomicLevelAt(level)
+	zc.Sampling = nil
+	zc.OutputPaths = []string{"stderr"}
+	zc.ErrorOutputPaths = []string{"stderr"}
+	lg, err := zc.Build()
+	if err != nil {
+		return nil, fmt.Errorf("cluster: build etcd logger: %w", err)
+	}
+	ec.ZapLoggerBuilder = embed.NewZapLoggerBuilder(lg)
+	ec.LogLevel = cfg.LogLevel
+
+	e, err := embed.StartEtcd(ec)
+	if err != nil {
+		return nil, fmt.Errorf("cluster: start embedded etcd in %s on %s: %w", cfg.DataDir, cfg.ClientURL, err)
+	}
+	timer := time.NewTimer(cfg.StartTimeout)
+	defer timer.Stop()
+	select {
+	case <-e.Server.ReadyNotify():
+	case err := <-e.Err():
+		e.Close()
+		return nil, fmt.Errorf("cluster: embedded etcd failed while starting: %w", err)
+	case <-timer.C:
+		e.Server.Stop()
+		e.Close()
+		return nil, fmt.Errorf("cluster: embedded etcd was not ready within %s", cfg.StartTimeout)
+	case <-ctx.Done():
+		e.Close()
+		return nil, fmt.Errorf("cluster: start embedded etcd: %w", ctx.Err())
+	}
+	s := &Server{etcd: e, dataDir: cfg.DataDir}
+	for _, l := range e.Clients {
+		s.endpoints = append(s.endpoints, l.Addr().String())
+	}
+	return s, nil
+}
+
+// Endpoints returns the addresses where the server serves clients.
+func (s *Server) Endpoints() []string { return append([]string(nil), s.endpoints...) }
+
+// DataDir returns the server's data directory.
+func (s *Server) DataDir() string { return s.dataDir }
+
+// Err returns a channel that receives an error if the server fails while
+// running.
+func (s *Server) Err() <-chan error { return s.etcd.Err() }
+
+// Close stops the server: it stops accepting clients, closes open client
+// connections and watches, then syncs and closes the data files. It is safe to
+// call more than once.
+func (s *Server) Close() {
+	s.closeOnce.Do(func() { s.etcd.Close() })
+}

@@ -1,0 +1,137 @@
+// Package etcdtest runs a real embedded etcd server for tests, and hands each
+// test its own namespace so tests sharing one server cannot see each other.
+package etcdtest
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"regexp"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/droverhq/drover/cluster"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/goleak"
+)
+
+// Server is an embedded etcd server in a temporary directory.
+type Server struct {
+	*cluster.Server
+	dir string
+}
+
+// Options change how Start runs the server.
+type Options struct {
+	// Fsync keeps etcd's fsync on (benchmarks); tests run without it.
+	Fsync bool
+	// Dir reuses a data directory (restarts); "" makes a new one that Stop
+	// removes.
+	Dir string
+	// ClientURL pins the client address (restarts on the same address).
+	ClientURL string
+}
+
+// Start starts an embedded etcd server on free loopback ports.
+func Start(opts Options) (*Server, error) {
+	dir, owned := opts.Dir, false
+	if dir == "" {
+		d, err := os.MkdirTemp("", "drover-etcd-")
+		if err != nil {
+			return nil, err
+		}
+		dir, owned = d, true
+	}
+	clientURL := opts.ClientURL
+	if clientURL == "" {
+		clientURL = "http://" + FreeAddr()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	srv, err := cluster.Embed(ctx, cluster.EmbedConfig{
+		DataDir:       dir,
+		ClientURL:     clientURL,
+		PeerURL:       "http://" + FreeAddr(),
+		UnsafeNoFsync: !opts.Fsync,
+	})
+	if err != nil {
+		if owned {
+			_ = os.RemoveAll(dir)
+		}
+		return nil, err
+	}
+	s := &Server{Server: srv}
+	if owned {
+		s.dir = dir
+	}
+	return s, nil
+}
+
+// MustStart is Start for TestMain: it exits the test binary on failure.
+func MustStart(opts Options) *Server {
+	s, err := Start(opts)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "etcdtest:", err)
+		os.Exit(1)
+	}
+	return s
+}
+
+// Stop closes the server and removes its directory if Start made it.
+func (s *Server) Stop() {
+	s.Close()
+	if s.dir != "" {
+		_ = os.RemoveAll(s.dir)
+	}
+}
+
+// ClientURL returns the first client endpoint as a URL.
+func (s *Server) ClientURL() string { return "http://" + s.Endpoints()[0] }
+
+// Client returns a new client of the server, closed when the test ends.
+func (s *Server) Client(tb testing.TB) *clientv3.Client {
+	tb.Helper()
+	cli, err := cluster.Connect(context.Background(), cluster.ClientConfig{Endpoints: s.Endpoints()})
+	if err != nil {
+		tb.Fatalf("etcdtest: connect: %v", err)
+	}
+	tb.Cleanup(func() { _ = cli.Close() })
+	return cli
+}
+
+var nsSeq atomic.Int64
+
+var unsafeChars = regexp.MustCompile(`[^A-Za-z0-9_.:-]+`)
+
+// Namespace returns a namespace no other test of this process uses.
+func Namespace(tb testing.TB) string {
+	tb.Helper()
+	name := unsafeChars.ReplaceAllString(tb.Name(), "-")
+	if len(name) > 80 {
+		name = name[:80]
+	}
+	return fmt.Sprintf("t%d-%d-%s", os.Getpid(), nsSeq.Add(1), name)
+}
+
+// FreeAddr returns a loopback host:port that was free a moment ago.
+func FreeAddr() string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		panic(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// LeakOptions are the goleak options for packages that run an embedded etcd:
+// they ignore the few goroutines that etcd and its libraries leave behind for
+// the life of the process.
+func LeakOptions() []goleak.Option {
+	return []goleak.Option{
+		goleak.IgnoreTopFunction("go.opencensus.io/stats/view.(*worker).start"),
+		goleak.IgnoreTopFunction("github.com/golang/glog.(*fileSink).flushDaemon"),
+		goleak.IgnoreAnyFunction("go.etcd.io/etcd/pkg/v3/schedule.(*fifo).run"),
+	}
+}

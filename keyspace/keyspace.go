@@ -1,0 +1,105 @@
+// Package keyspace is the one place where drover's etcd keys are built.
+//
+// Every key drover writes lives under a namespace, "/{ns}/", so that several
+// drover installations can share one etcd cluster. The layout is:
+//
+//	/{ns}/locks/{name}/{contender}   lock contenders; the oldest is the holder
+//
+// Names that become one path segment are checked by [CheckName], so that no
+// name can reach into another name's keys.
+package keyspace
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/droverhq/drover"
+)
+
+// DefaultNamespace is the namespace used when none is given.
+const DefaultNamespace = "drover"
+
+// MaxNameLen is the longest name allowed for a namespace, lock or other
+// single key segment.
+const MaxNameLen = 128
+
+// NameRule describes the names that [CheckName] accepts.
+const NameRule = "must be 1 to 128 characters of letters, digits, '.', '_', '-' or ':', and not '.' or '..'"
+
+// CheckName returns a [drover.InputError] naming field unless name is a valid
+// single key segment.
+func CheckName(field, name string) error {
+	if !validName(name) {
+		return &drover.InputError{Field: field, Value: name, Rule: NameRule}
+	}
+	return nil
+}
+
+func validName(name string) bool {
+	if len(name) == 0 || len(name) > MaxNameLen || name == "." || name == ".." {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
+		case c == '.', c == '_', c == '-', c == ':':
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// Space builds the keys of one namespace. The zero value is not valid; use
+// [New].
+type Space struct {
+	root string
+}
+
+// New returns the key space of namespace ns ("" means [DefaultNamespace]).
+func New(ns string) (Space, error) {
+	if ns == "" {
+		ns = DefaultNamespace
+	}
+	if err := CheckName("namespace", ns); err != nil {
+		return Space{}, err
+	}
+	return Space{root: "/" + ns + "/"}, nil
+}
+
+// MustNew is New for namespaces known to be valid; it panics otherwise.
+func MustNew(ns string) Space {
+	s, err := New(ns)
+	if err != nil {
+		panic(err)
+	}
+	return s
+}
+
+// Root is the prefix of every key in the namespace, ending in "/".
+func (s Space) Root() string { return s.root }
+
+// Locks is the prefix of every lock key, ending in "/".
+func (s Space) Locks() string { return s.root + "locks/" }
+
+// Lock is the prefix under which the contenders for lock name live, ending
+// in "/". The contender with the lowest create revision holds the lock.
+func (s Space) Lock(name string) string { return s.Locks() + name + "/" }
+
+// LockContender is the key of one contender for lock name.
+func (s Space) LockContender(name, contender string) string { return s.Lock(name) + contender }
+
+// LockName returns the lock name of a key under [Space.Locks], and false when
+// key is not a contender key of this namespace.
+func (s Space) LockName(key string) (string, bool) {
+	rest, ok := strings.CutPrefix(key, s.Locks())
+	if !ok {
+		return "", false
+	}
+	name, contender, ok := strings.Cut(rest, "/")
+	return name, ok && name != "" && contender != ""
+}
+
+// String returns the namespace root, for logs.
+func (s Space) String() string { return fmt.Sprintf("keyspace(%s)", s.root) }

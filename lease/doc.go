@@ -1,0 +1,24 @@
+// Package lease keeps etcd leases alive and turns their loss into context
+// cancellation.
+//
+// A [Lease] is granted with a TTL and renewed in the background every TTL/3.
+// Each renewal has a deadline: the moment the lease may expire on the server,
+// counted from when the last successful renewal was sent. When that deadline
+// passes without a successful renewal, the lease is lost even if no error came
+// back (etcd unreachable, a hung connection, a paused process), and so it is
+// when etcd says the lease no longer exists (expired or revoked). On loss,
+// the lease's context is cancelled at once, with a [LostError] as its cause,
+// and the loss is logged once with the lease ID and the cause.
+//
+// Code that works under a lease passes [Lease.Context] into its calls, so an
+// abandoned piece of work stops as soon as the right to do it is gone:
+//
+//	l, err := lease.Grant(ctx, cli, 10*time.Second)
+//	if err != nil { ... }
+//	defer l.Close(context.Background()) // revokes: keys bound to it vanish at once
+//	resp, err := llm.Call(l.Context(), prompt)
+//
+// [Primary] returns one lease shared by the whole process, as NVIDIA Dynamo's
+// runtime does: everything a process registers is bound to it and disappears
+// when the process dies.
+package lease

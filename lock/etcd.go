@@ -1,0 +1,588 @@
+package lock
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/droverhq/drover/keyspace"
+	"github.com/droverhq/drover/lease"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// DefaultTTL is the lease TTL of an [Etcd] locker that is given neither a TTL
+// nor a lease.
+const DefaultTTL = 15 * time.Second
+
+// cleanupTimeout bounds the deletion of an abandoned contender key.
+const cleanupTimeout = 5 * time.Second
+
+// EtcdConfig configures an [Etcd] locker. The zero value is valid.
+type EtcdConfig struct {
+	// Namespace of the keys; "" means "drover".
+	Namespace string
+	// TTL of the lease the locker grants for itself when Lease is nil.
+	// Zero means DefaultTTL; otherwise it must be within 1 s and 24 h.
+	TTL time.Duration
+	// Lease, when set, is the lease every lock of this locker is bound to;
+	// the locker does not close it. Use it to bind locks to a process's
+	// primary lease.
+	Lease *lease.Lease
+	// HolderID names this worker in the lock records; "" means "host:pid".
+	HolderID string
+	// Logger receives lease loss and lock loss; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// Validate reports the first field that is not usable.
+func (c EtcdConfig) Validate() error {
+	if _, err := keyspace.New(c.Namespace); err != nil {
+		return err
+	}
+	if c.Lease == nil && c.TTL != 0 {
+		if err := lease.CheckTTL("ttl", c.TTL); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Etcd is the etcd backend of [Locker]. Every lock it takes is bound to one
+// lease, so all of them are lost together when the process dies.
+type Etcd struct {
+	cli       *clientv3.Client
+	keys      keyspace.Space
+	lease     *lease.Lease
+	ownsLease bool
+	holder    Holder
+	logger    *slog.Logger
+	seq       atomic.Uint64
+}
+
+var _ Locker = (*Etcd)(nil)
+
+// NewEtcd returns a locker on cli. Unless cfg.Lease is set it grants a lease
+// with cfg.TTL, which Close revokes.
+func NewEtcd(ctx context.Context, cli *clientv3.Client, cfg EtcdConfig) (*Etcd, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	keys := keyspace.MustNew(cfg.Namespace)
+	logger := cfg.Logger
+	if logger == nil {
+		logger = slog.Default()
+	}
+	e := &Etcd{cli: cli, keys: keys, lease: cfg.Lease, holder: NewHolder(cfg.HolderID), logger: logger}
+	if e.lease == nil {
+		ttl := cfg.TTL
+		if ttl == 0 {
+			ttl = DefaultTTL
+		}
+		l, err := lease.Grant(ctx, cli, ttl, lease.WithLogger(logger))
+		if err != nil {
+			return nil, fmt.Errorf("lock: %w", err)
+		}
+		e.lease, e.ownsLease = l, true
+	}
+	return e, nil
+}
+
+// Lease returns the lease the locker's locks are bound to.
+func (e *Etcd) Lease() *lease.Lease { return e.lease }
+
+// Close revokes the locker's own lease, which releases every lock it holds at
+// once. A lease passed in EtcdConfig.Lease is left to its owner.
+func (e *Etcd) Close(ctx context.Context) error {
+	if e.ownsLease {
+		return e.lease.Close(ctx)
+	}
+	return nil
+}
+
+func (e *Etcd) contender(name string) string {
+	return e.keys.LockContender(name, fmt.Sprintf("%016x-%x", int64(e.lease.ID()), e.seq.Add(1)))
+}
+
+func (e *Etcd) record(at time.Time) (Holder, string) {
+	h := e.holder
+	h.AcquiredAt = at.UTC()
+	b, _ := json.Marshal(h)
+	return h, string(b)
+}
+
+// TryAcquire takes name if, and only if, nobody holds it or waits for it, in
+// one transaction: "if no key exists under the lock's prefix, create mine".
+func (e *Etcd) TryAcquire(ctx context.Context, name string) (Lock, error) {
+	if err := CheckName(name); err != nil {
+		return nil, err
+	}
+	if err := e.lease.Err(); err != nil {
+		return nil, fmt.Errorf("lock: try-acquire %q: %w", name, err)
+	}
+	prefix := e.keys.Lock(name)
+	key := e.contender(name)
+	h, val := e.record(time.Now())
+	resp, err := e.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(prefix), "=", 0).WithPrefix()).
+		Then(clientv3.OpPut(key, val, clientv3.WithLease(e.lease.ID()))).
+		Else(clientv3.OpGet(prefix, clientv3.WithFirstCreate()...)).
+		Commit()
+	if err != nil {
+		e.abandon(ctx, key)
+		return nil, fmt.Errorf("lock: try-acquire %q: %w", name, err)
+	}
+	if !resp.Succeeded {
+		herr := &HeldError{Name: name}
+		if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
+			herr.Holder, herr.Token = decodeHolder(kvs[0]), kvs[0].CreateRevision
+		}
+		return nil, herr
+	}
+	return e.newLock(name, key, resp.Header.Revision, h), nil
+}
+
+// Acquire queues for name and waits until every earlier contender is gone.
+// It never polls: each waiter watches the one key just ahead of it.
+func (e *Etcd) Acquire(ctx context.Context, name string) (Lock, error) {
+	if err := CheckName(name); err != nil {
+		return nil, err
+	}
+	if err := e.lease.Err(); err != nil {
+		return nil, fmt.Errorf("lock: acquire %q: %w", name, err)
+	}
+	prefix := e.keys.Lock(name)
+	key := e.contender(name)
+	h, val := e.record(time.Now())
+	// Queue up and learn the contender just ahead, in one round trip.
+	resp, err := e.cli.Txn(ctx).Then(
+		clientv3.OpPut(key, val, clientv3.WithLease(e.lease.ID())),
+		clientv3.OpGet(prefix, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend), clientv3.WithLimit(2)),
+	).Commit()
+	if err != nil {
+		e.abandon(ctx, key)
+		return nil, fmt.Errorf("lock: acquire %q: %w", name, err)
+	}
+	token := resp.Header.Revision
+	var ahead *mvccpb.KeyValue
+	if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) > 1 {
+		ahead = kvs[1]
+	}
+	waited := ahead != nil
+	for ahead != nil {
+		if err := e.waitDelete(ctx, ahead); err != nil {
+			e.abandon(ctx, key)
+			return nil, e.waitError(ctx, name, err)
+		}
+		g, err := e.cli.Get(ctx, prefix, append(clientv3.WithLastCreate(), clientv3.WithMaxCreateRev(token-1))...)
+		if err != nil {
+			e.abandon(ctx, key)
+			return nil, e.waitError(ctx, name, err)
+		}
+		ahead = nil
+		if len(g.Kvs) > 0 {
+			ahead = g.Kvs[0]
+		}
+	}
+	if waited {
+		// Record when the lock was really taken; fenced, so a contender
+		// whose lease ran out while it waited does not come back.
+		h, val = e.record(time.Now())
+		upd, err := e.cli.Txn(ctx).
+			If(clientv3.Compare(clientv3.CreateRevision(key), "=", token)).
+			Then(clientv3.OpPut(key, val, clientv3.WithLease(e.lease.ID()))).
+			Commit()
+		if err != nil {
+			e.abandon(ctx, key)
+			return nil, e.waitError(ctx, name, err)
+		}
+		if !upd.Succeeded {
+			return nil, &LostError{Name: name, Token: token, Cause: errors.New("contender key vanished while waiting (lease expired?)")}
+		}
+	}
+	return e.newLock(name, key, token, h), nil
+}
+
+// waitDelete returns once kv's key is deleted, ctx is done or the lease is
+// lost. The watch starts at the current revision, so etcd delivers the
+// deletion as it happens instead of catching up from the past; the read after
+// the watch is open closes the gap between the two.
+func (e *Etcd) waitDelete(ctx context.Context, kv *mvccpb.KeyValue) error {
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(e.lease.Context(), cancel)
+	defer stop()
+	key := string(kv.Key)
+	wch := e.cli.Watch(clientv3.WithRequireLeader(wctx), key, clientv3.WithFilterPut(), clientv3.WithCreatedNotify())
+	if err := watchCreated(wctx, wch); err != nil {
+		return e.waitCause(ctx, err)
+	}
+	g, err := e.cli.Get(wctx, key, clientv3.WithKeysOnly())
+	if err != nil {
+		return e.waitCause(ctx, err)
+	}
+	if len(g.Kvs) == 0 || g.Kvs[0].CreateRevision != kv.CreateRevision {
+		return nil
+	}
+	for wr := range wch {
+		if err := wr.Err(); err != nil {
+			return e.waitCause(ctx, err)
+		}
+		for _, ev := range wr.Events {
+			if ev.Type == clientv3.EventTypeDelete {
+				return nil
+			}
+		}
+	}
+	return e.waitCause(ctx, errors.New("watch closed"))
+}
+
+func watchCreated(ctx context.Context, wch clientv3.WatchChan) error {
+	select {
+	case wr, ok := <-wch:
+		if !ok {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return errors.New("watch closed before it was created")
+		}
+		return wr.Err()
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (e *Etcd) waitCause(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	if lerr := e.lease.Err(); lerr != nil {
+		return lerr
+	}
+	return err
+}
+
+// waitError turns the end of a wait into the error Acquire returns: a
+// HeldError naming the holder when the caller's context ended it.
+func (e *Etcd) waitError(ctx context.Context, name string, err error) error {
+	if ctx.Err() == nil {
+		return fmt.Errorf("lock: acquire %q: %w", name, err)
+	}
+	herr := &HeldError{Name: name, Err: ctx.Err()}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	if st, serr := e.Status(sctx, name); serr == nil && st.Held {
+		herr.Holder, herr.Token = st.Holder, st.Token
+	}
+	return herr
+}
+
+// abandon deletes a contender key that will not be used. It runs even when
+// ctx is done, bounded by its own timeout; if it fails, the key still goes
+// when the lease does.
+func (e *Etcd) abandon(ctx context.Context, key string) {
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	if _, err := e.cli.Delete(dctx, key); err != nil {
+		e.logger.Debug("lock: abandoned contender key stays until its lease ends", "key", key, "err", err)
+	}
+}
+
+// Release releases name if token is its holder's token. It reads the holder
+// and deletes it in a transaction that compares the create revision, so a
+// late or repeated release can never delete a later holder's key.
+func (e *Etcd) Release(ctx context.Context, name string, token int64) error {
+	if err := CheckName(name); err != nil {
+		return err
+	}
+	prefix := e.keys.Lock(name)
+	g, err := e.cli.Get(ctx, prefix, clientv3.WithFirstCreate()...)
+	if err != nil {
+		return fmt.Errorf("lock: release %q: %w", name, err)
+	}
+	if len(g.Kvs) == 0 || g.Kvs[0].CreateRevision != token {
+		return e.notHeld(ctx, name, token)
+	}
+	return e.releaseKey(ctx, name, string(g.Kvs[0].Key), token)
+}
+
+func (e *Etcd) releaseKey(ctx context.Context, name, key string, token int64) error {
+	resp, err := e.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(key), "=", token)).
+		Then(clientv3.OpDelete(key)).
+		Commit()
+	if err != nil {
+		return fmt.Errorf("lock: release %q: %w", name, err)
+	}
+	if !resp.Succeeded {
+		return e.notHeld(ctx, name, token)
+	}
+	return nil
+}
+
+func (e *Etcd) notHeld(ctx context.Context, name string, token int64) error {
+	nerr := &NotHeldError{Name: name, Token: token}
+	if st, err := e.Status(ctx, name); err == nil {
+		nerr.Current = st
+	}
+	return nerr
+}
+
+// Status reads the holder of name, how many wait behind it, and how long its
+// lease has left.
+func (e *Etcd) Status(ctx context.Context, name string) (Status, error) {
+	if err := CheckName(name); err != nil {
+		return Status{}, err
+	}
+	g, err := e.cli.Get(ctx, e.keys.Lock(name), clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
+	if err != nil {
+		return Status{}, fmt.Errorf("lock: status %q: %w", name, err)
+	}
+	return e.status(ctx, name, g.Kvs), nil
+}
+
+func (e *Etcd) status(ctx context.Context, name string, kvs []*mvccpb.KeyValue) Status {
+	st := Status{Name: name, TTL: -1}
+	if len(kvs) == 0 {
+		return st
+	}
+	first := kvs[0]
+	for _, kv := range kvs[1:] {
+		if kv.CreateRevision < first.CreateRevision {
+			first = kv
+		}
+	}
+	st.Held, st.Token, st.Holder, st.Waiters = true, first.CreateRevision, decodeHolder(first), len(kvs)-1
+	if first.Lease != 0 {
+		if ttl, err := e.cli.TimeToLive(ctx, clientv3.LeaseID(first.Lease)); err == nil && ttl.TTL >= 0 {
+			st.TTL = time.Duration(ttl.TTL) * time.Second
+		}
+	}
+	return st
+}
+
+// List returns every held lock of the namespace, ordered by name.
+func (e *Etcd) List(ctx context.Context) ([]Status, error) {
+	g, err := e.cli.Get(ctx, e.keys.Locks(), clientv3.WithPrefix())
+	if err != nil {
+		return nil, fmt.Errorf("lock: list: %w", err)
+	}
+	byName := map[string][]*mvccpb.KeyValue{}
+	for _, kv := range g.Kvs {
+		if name, ok := e.keys.LockName(string(kv.Key)); ok {
+			byName[name] = append(byName[name], kv)
+		}
+	}
+	out := make([]Status, 0, len(byName))
+	for name, kvs := range byName {
+		out = append(out, e.status(ctx, name, kvs))
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
+}
+
+func decodeHolder(kv *mvccpb.KeyValue) Holder {
+	var h Holder
+	if err := json.Unmarshal(kv.Value, &h); err != nil {
+		h.ID = "unknown (unreadable record)"
+	}
+	return h
+}
+
+func (e *Etcd) newLock(name, key string, token int64, h Holder) *EtcdLock {
+	l := &EtcdLock{locker: e, name: name, key: key, token: token, holder: h}
+	l.ctx, l.cancel = context.WithCancelCause(context.Background())
+	l.stopLease = context.AfterFunc(e.lease.Context(), func() {
+		l.lose(context.Cause(e.lease.Context()))
+	})
+	return l
+}
+
+// EtcdLock is a lock held through the etcd backend.
+type EtcdLock struct {
+	locker *Etcd
+	name   string
+	key    string
+	token  int64
+	holder Holder
+
+	ctx       context.Context
+	cancel    context.CancelCauseFunc
+	stopLease func() bool
+	watchOnce sync.Once
+}
+
+var _ Lock = (*EtcdLock)(nil)
+
+// Name is the lock's name.
+func (l *EtcdLock) Name() string { return l.name }
+
+// Token is the fencing token: the etcd revision at which this holder's key
+// was created.
+func (l *EtcdLock) Token() int64 { return l.token }
+
+// Holder is this holder's record.
+func (l *EtcdLock) Holder() Holder { return l.holder }
+
+// Key is the etcd key that stands for this holding.
+func (l *EtcdLock) Key() string { return l.key }
+
+// Context is cancelled the moment the lock is lost (lease lost, key deleted
+// by anyone) or released. The first call starts a watch on the lock's key.
+func (l *EtcdLock) Context() context.Context {
+	l.watchOnce.Do(func() { go l.watch() })
+	return l.ctx
+}
+
+// Cmp is the comparison that holds while this lock is held with its token.
+// Add it to any etcd transaction to fence it by hand; [EtcdLock.Txn] does so
+// for you.
+func (l *EtcdLock) Cmp() clientv3.Cmp {
+	return clientv3.Compare(clientv3.CreateRevision(l.key), "=", l.token)
+}
+
+// Err returns nil while the lock is held as far as this process knows, and
+// the cause once it is lost or released. It checks the lease's deadline
+// itself, so it is exact right after the process wakes from a pause.
+func (l *EtcdLock) Err() error {
+	if err := l.locker.lease.Err(); err != nil {
+		l.lose(err)
+	}
+	if l.ctx.Err() != nil {
+		return context.Cause(l.ctx)
+	}
+	return nil
+}
+
+func (l *EtcdLock) lose(cause error) {
+	if l.ctx.Err() != nil {
+		return
+	}
+	err := &LostError{Name: l.name, Token: l.token, Cause: cause}
+	l.cancel(err)
+	if context.Cause(l.ctx) == error(err) {
+		l.locker.logger.Warn("lock lost", "lock", l.name, "token", l.token, "cause", cause.Error())
+	}
+}
+
+// watch cancels the lock's context when its key is deleted. It ends when the
+// context is done.
+func (l *EtcdLock) watch() {
+	cli := l.locker.cli
+	for l.ctx.Err() == nil {
+		wctx, cancel := context.WithCancel(l.ctx)
+		wch := cli.Watch(clientv3.WithRequireLeader(wctx), l.key, clientv3.WithFilterPut(), clientv3.WithCreatedNotify())
+		gone, err := func() (bool, error) {
+			if err := watchCreated(wctx, wch); err != nil {
+				return false, err
+			}
+			g, err := cli.Get(wctx, l.key, clientv3.WithKeysOnly())
+			if err != nil {
+				return false, err
+			}
+			if len(g.Kvs) == 0 || g.Kvs[0].CreateRevision != l.token {
+				return true, nil
+			}
+			for wr := range wch {
+				if err := wr.Err(); err != nil {
+					return false, err
+				}
+				for _, ev := range wr.Events {
+					if ev.Type == clientv3.EventTypeDelete {
+						return true, nil
+					}
+				}
+			}
+			return false, errors.New("watch closed")
+		}()
+		cancel()
+		if gone {
+			l.lose(errors.New("lock key deleted"))
+			return
+		}
+		if l.ctx.Err() != nil {
+			return
+		}
+		l.locker.logger.Debug("lock: watch interrupted; reopening", "lock", l.name, "err", err)
+		select {
+		case <-l.ctx.Done():
+			return
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// Release deletes this holder's key if it still holds the lock with its
+// token, and cancels the lock's context with ErrReleased.
+func (l *EtcdLock) Release(ctx context.Context) error {
+	err := l.locker.releaseKey(ctx, l.name, l.key, l.token)
+	switch {
+	case err == nil:
+		l.stopLease()
+		l.cancel(ErrReleased)
+	case errors.Is(err, ErrNotHeld):
+		l.stopLease()
+		l.lose(errors.New("released after the lock was lost"))
+	}
+	return err
+}
+
+// Txn starts an etcd transaction that commits only while this lock is held
+// with its token. It is used like clientv3.Txn; Commit returns the response
+// of the caller's If/Then/Else, or an error matching ErrFenced, with nothing
+// applied, when the lock was lost. A fenced-out lock's context is cancelled.
+func (l *EtcdLock) Txn(ctx context.Context) clientv3.Txn {
+	return &fencedTxn{l: l, ctx: ctx}
+}
+
+type fencedTxn struct {
+	l         *EtcdLock
+	ctx       context.Context
+	cmps      []clientv3.Cmp
+	then, els []clientv3.Op
+}
+
+func (t *fencedTxn) If(cs ...clientv3.Cmp) clientv3.Txn {
+	t.cmps = append(t.cmps, cs...)
+	return t
+}
+
+func (t *fencedTxn) Then(ops ...clientv3.Op) clientv3.Txn {
+	t.then = append(t.then, ops...)
+	return t
+}
+
+func (t *fencedTxn) Else(ops ...clientv3.Op) clientv3.Txn {
+	t.els = append(t.els, ops...)
+	return t
+}
+
+// Commit sends one transaction: if the fence holds, the caller's transaction
+// runs nested inside it; otherwise nothing runs.
+func (t *fencedTxn) Commit() (*clientv3.TxnResponse, error) {
+	l := t.l
+	if err := l.Err(); err != nil {
+		return nil, fmt.Errorf("%w: lock %q token %d: %w", ErrFenced, l.name, l.token, err)
+	}
+	resp, err := l.locker.cli.Txn(t.ctx).
+		If(l.Cmp()).
+		Then(clientv3.OpTxn(t.cmps, t.then, t.els)).
+		Commit()
+	if err != nil {
+		return nil, fmt.Errorf("lock: fenced transaction under %q: %w", l.name, err)
+	}
+	if !resp.Succeeded {
+		cause := errors.New("a write under the lock was refused: the lock is held by a later token or free")
+		l.lose(cause)
+		return nil, fmt.Errorf("%w: lock %q token %d: %w", ErrFenced, l.name, l.token, cause)
+	}
+	inner := (*clientv3.TxnResponse)(resp.Responses[0].GetResponseTxn())
+	inner.Header = resp.Header
+	return inner, nil
+}
