@@ -1,6 +1,7 @@
 package lock
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -8,7 +9,6 @@ import (
 	"log/slog"
 	"sort"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/droverhq/drover/keyspace"
@@ -63,7 +63,11 @@ type Etcd struct {
 	ownsLease bool
 	holder    Holder
 	logger    *slog.Logger
-	seq       atomic.Uint64
+	// recordHead is the JSON of holder up to the acquired_at value.
+	recordHead []byte
+
+	mu    sync.Mutex
+	slots map[string]map[int]bool // lock name -> contender slots in use
 }
 
 var _ Locker = (*Etcd)(nil)
@@ -80,6 +84,9 @@ func NewEtcd(ctx context.Context, cli *clientv3.Client, cfg EtcdConfig) (*Etcd, 
 		logger = slog.Default()
 	}
 	e := &Etcd{cli: cli, keys: keys, lease: cfg.Lease, holder: NewHolder(cfg.HolderID), logger: logger}
+	head, _ := json.Marshal(e.holder)
+	// {"id":...,"pid":N,"acquired_at":"0001-..."} -> {"id":...,"pid":N,"acquired_at":
+	e.recordHead = head[:bytes.LastIndex(head, []byte(`"acquired_at":`))+len(`"acquired_at":`)]
 	if e.lease == nil {
 		ttl := cfg.TTL
 		if ttl == 0 {
@@ -106,15 +113,56 @@ func (e *Etcd) Close(ctx context.Context) error {
 	return nil
 }
 
-func (e *Etcd) contender(name string) string {
-	return e.keys.LockContender(name, fmt.Sprintf("%016x-%x", int64(e.lease.ID()), e.seq.Add(1)))
+// contender returns this locker's key for a new attempt at name, and the
+// function that gives the key back once the attempt or holding is over.
+//
+// Keys are reused: the lowest free slot of this lease for this name. etcd
+// keeps every key ever written in its index until compaction, and range reads
+// over a lock's prefix walk all of them, so a fresh key per attempt would make
+// each acquisition slower than the last. Reuse is safe because the fence is
+// the create revision, which a re-created key never repeats.
+func (e *Etcd) contender(name string) (key string, done func(reusable bool)) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.slots == nil {
+		e.slots = map[string]map[int]bool{}
+	}
+	used := e.slots[name]
+	if used == nil {
+		used = map[int]bool{}
+		e.slots[name] = used
+	}
+	slot := 0
+	for used[slot] {
+		slot++
+	}
+	used[slot] = true
+	key = e.keys.LockContender(name, fmt.Sprintf("%016x-%d", int64(e.lease.ID()), slot))
+	var once sync.Once
+	return key, func(reusable bool) {
+		once.Do(func() {
+			if !reusable {
+				return // the key may still exist: keep the slot out of use
+			}
+			e.mu.Lock()
+			defer e.mu.Unlock()
+			delete(used, slot)
+			if len(used) == 0 {
+				delete(e.slots, name)
+			}
+		})
+	}
 }
 
+// record returns the holder record for a holding taken at at, and its JSON.
+// The part that never changes is encoded once, in NewEtcd.
 func (e *Etcd) record(at time.Time) (Holder, string) {
 	h := e.holder
 	h.AcquiredAt = at.UTC()
-	b, _ := json.Marshal(h)
-	return h, string(b)
+	buf := make([]byte, 0, len(e.recordHead)+40)
+	buf = append(buf, e.recordHead...)
+	buf = h.AcquiredAt.AppendFormat(buf, `"`+time.RFC3339Nano+`"}`)
+	return h, string(buf)
 }
 
 // TryAcquire takes name if, and only if, nobody holds it or waits for it, in
@@ -127,7 +175,7 @@ func (e *Etcd) TryAcquire(ctx context.Context, name string) (Lock, error) {
 		return nil, fmt.Errorf("lock: try-acquire %q: %w", name, err)
 	}
 	prefix := e.keys.Lock(name)
-	key := e.contender(name)
+	key, done := e.contender(name)
 	h, val := e.record(time.Now())
 	resp, err := e.cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(prefix), "=", 0).WithPrefix()).
@@ -135,17 +183,18 @@ func (e *Etcd) TryAcquire(ctx context.Context, name string) (Lock, error) {
 		Else(clientv3.OpGet(prefix, clientv3.WithFirstCreate()...)).
 		Commit()
 	if err != nil {
-		e.abandon(ctx, key)
+		done(e.abandon(ctx, key))
 		return nil, fmt.Errorf("lock: try-acquire %q: %w", name, err)
 	}
 	if !resp.Succeeded {
+		done(true)
 		herr := &HeldError{Name: name}
 		if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
 			herr.Holder, herr.Token = decodeHolder(kvs[0]), kvs[0].CreateRevision
 		}
 		return nil, herr
 	}
-	return e.newLock(name, key, resp.Header.Revision, h), nil
+	return e.newLock(name, key, resp.Header.Revision, h, done), nil
 }
 
 // Acquire queues for name and waits until every earlier contender is gone.
@@ -158,31 +207,48 @@ func (e *Etcd) Acquire(ctx context.Context, name string) (Lock, error) {
 		return nil, fmt.Errorf("lock: acquire %q: %w", name, err)
 	}
 	prefix := e.keys.Lock(name)
-	key := e.contender(name)
+	var (
+		key   string
+		done  func(bool)
+		resp  *clientv3.TxnResponse
+		ahead *mvccpb.KeyValue
+	)
 	h, val := e.record(time.Now())
-	// Queue up and learn the contender just ahead, in one round trip.
-	resp, err := e.cli.Txn(ctx).Then(
-		clientv3.OpPut(key, val, clientv3.WithLease(e.lease.ID())),
-		clientv3.OpGet(prefix, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend), clientv3.WithLimit(2)),
-	).Commit()
-	if err != nil {
-		e.abandon(ctx, key)
-		return nil, fmt.Errorf("lock: acquire %q: %w", name, err)
+	for {
+		key, done = e.contender(name)
+		// One round trip: take the lock outright when nobody holds or
+		// waits for it (a bare put); otherwise queue up and learn the
+		// contender just ahead. A key left over from an abandoned attempt
+		// fails the inner compare and its slot is skipped.
+		var err error
+		resp, err = e.cli.Txn(ctx).
+			If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+			Then(
+				clientv3.OpPut(key, val, clientv3.WithLease(e.lease.ID())),
+				clientv3.OpGet(prefix, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend), clientv3.WithLimit(2)),
+			).Commit()
+		if err != nil {
+			done(e.abandon(ctx, key))
+			return nil, fmt.Errorf("lock: acquire %q: %w", name, err)
+		}
+		if resp.Succeeded {
+			if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) > 1 {
+				ahead = kvs[1]
+			}
+			break
+		}
+		done(false) // a key left behind by an abandoned attempt: skip its slot
 	}
 	token := resp.Header.Revision
-	var ahead *mvccpb.KeyValue
-	if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) > 1 {
-		ahead = kvs[1]
-	}
 	waited := ahead != nil
 	for ahead != nil {
 		if err := e.waitDelete(ctx, ahead); err != nil {
-			e.abandon(ctx, key)
+			done(e.abandon(ctx, key))
 			return nil, e.waitError(ctx, name, err)
 		}
 		g, err := e.cli.Get(ctx, prefix, append(clientv3.WithLastCreate(), clientv3.WithMaxCreateRev(token-1))...)
 		if err != nil {
-			e.abandon(ctx, key)
+			done(e.abandon(ctx, key))
 			return nil, e.waitError(ctx, name, err)
 		}
 		ahead = nil
@@ -199,14 +265,15 @@ func (e *Etcd) Acquire(ctx context.Context, name string) (Lock, error) {
 			Then(clientv3.OpPut(key, val, clientv3.WithLease(e.lease.ID()))).
 			Commit()
 		if err != nil {
-			e.abandon(ctx, key)
+			done(e.abandon(ctx, key))
 			return nil, e.waitError(ctx, name, err)
 		}
 		if !upd.Succeeded {
+			done(true)
 			return nil, &LostError{Name: name, Token: token, Cause: errors.New("contender key vanished while waiting (lease expired?)")}
 		}
 	}
-	return e.newLock(name, key, token, h), nil
+	return e.newLock(name, key, token, h, done), nil
 }
 
 // waitDelete returns once kv's key is deleted, ctx is done or the lease is
@@ -283,15 +350,17 @@ func (e *Etcd) waitError(ctx context.Context, name string, err error) error {
 	return herr
 }
 
-// abandon deletes a contender key that will not be used. It runs even when
-// ctx is done, bounded by its own timeout; if it fails, the key still goes
-// when the lease does.
-func (e *Etcd) abandon(ctx context.Context, key string) {
+// abandon deletes a contender key that will not be used, and reports whether
+// it is surely gone. It runs even when ctx is done, bounded by its own
+// timeout; if it fails, the key still goes when the lease does.
+func (e *Etcd) abandon(ctx context.Context, key string) bool {
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
 	if _, err := e.cli.Delete(dctx, key); err != nil {
 		e.logger.Debug("lock: abandoned contender key stays until its lease ends", "key", key, "err", err)
+		return false
 	}
+	return true
 }
 
 // Release releases name if token is its holder's token. It reads the holder
@@ -395,8 +464,8 @@ func decodeHolder(kv *mvccpb.KeyValue) Holder {
 	return h
 }
 
-func (e *Etcd) newLock(name, key string, token int64, h Holder) *EtcdLock {
-	l := &EtcdLock{locker: e, name: name, key: key, token: token, holder: h}
+func (e *Etcd) newLock(name, key string, token int64, h Holder, done func(bool)) *EtcdLock {
+	l := &EtcdLock{locker: e, name: name, key: key, token: token, holder: h, done: done}
 	l.ctx, l.cancel = context.WithCancelCause(context.Background())
 	l.stopLease = context.AfterFunc(e.lease.Context(), func() {
 		l.lose(context.Cause(e.lease.Context()))
@@ -415,6 +484,7 @@ type EtcdLock struct {
 	ctx       context.Context
 	cancel    context.CancelCauseFunc
 	stopLease func() bool
+	done      func(reusable bool)
 	watchOnce sync.Once
 }
 
@@ -465,7 +535,7 @@ func (l *EtcdLock) lose(cause error) {
 		return
 	}
 	err := &LostError{Name: l.name, Token: l.token, Cause: cause}
-	l.cancel(err)
+	l.end(err)
 	if context.Cause(l.ctx) == error(err) {
 		l.locker.logger.Warn("lock lost", "lock", l.name, "token", l.token, "cause", cause.Error())
 	}
@@ -524,13 +594,20 @@ func (l *EtcdLock) Release(ctx context.Context) error {
 	err := l.locker.releaseKey(ctx, l.name, l.key, l.token)
 	switch {
 	case err == nil:
-		l.stopLease()
-		l.cancel(ErrReleased)
+		l.end(ErrReleased)
 	case errors.Is(err, ErrNotHeld):
-		l.stopLease()
 		l.lose(errors.New("released after the lock was lost"))
 	}
 	return err
+}
+
+// end closes the holding: its context is cancelled with cause, and its key's
+// slot may be reused (the key is deleted, or its create revision no longer
+// matches the token).
+func (l *EtcdLock) end(cause error) {
+	l.cancel(cause)
+	l.stopLease()
+	l.done(true)
 }
 
 // Txn starts an etcd transaction that commits only while this lock is held

@@ -20,6 +20,9 @@ func TestMain(m *testing.M) {
 	srv = etcdtest.MustStart(etcdtest.Options{})
 	code := m.Run()
 	srv.Stop()
+	if benchSrv != nil {
+		benchSrv.Stop()
+	}
 	if code == 0 {
 		if err := goleak.Find(etcdtest.LeakOptions()...); err != nil {
 			fmt.Fprintln(os.Stderr, "goleak:", err)
