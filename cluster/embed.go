@@ -98,6 +98,7 @@ type Server struct {
 	etcd      *embed.Etcd
 	endpoints []string
 	dataDir   string
+	logLevel  zap.AtomicLevel
 	closeOnce sync.Once
 }
 
@@ -161,7 +162,7 @@ func Embed(ctx context.Context, cfg EmbedConfig) (*Server, error) {
 		e.Close()
 		return nil, fmt.Errorf("cluster: start embedded etcd: %w", ctx.Err())
 	}
-	s := &Server{etcd: e, dataDir: cfg.DataDir}
+	s := &Server{etcd: e, dataDir: cfg.DataDir, logLevel: zc.Level}
 	for _, l := range e.Clients {
 		s.endpoints = append(s.endpoints, l.Addr().String())
 	}
@@ -182,5 +183,10 @@ func (s *Server) Err() <-chan error { return s.etcd.Err() }
 // connections and watches, then syncs and closes the data files. It is safe to
 // call more than once.
 func (s *Server) Close() {
-	s.closeOnce.Do(func() { s.etcd.Close() })
+	s.closeOnce.Do(func() {
+		// etcd reports its own listeners closing as errors; on purpose
+		// they are not.
+		s.logLevel.SetLevel(zap.FatalLevel)
+		s.etcd.Close()
+	})
 }

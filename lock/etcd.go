@@ -468,7 +468,12 @@ func (e *Etcd) newLock(name, key string, token int64, h Holder, done func(bool))
 	l := &EtcdLock{locker: e, name: name, key: key, token: token, holder: h, done: done}
 	l.ctx, l.cancel = context.WithCancelCause(context.Background())
 	l.stopLease = context.AfterFunc(e.lease.Context(), func() {
-		l.lose(context.Cause(e.lease.Context()))
+		cause := context.Cause(e.lease.Context())
+		if errors.Is(cause, lease.ErrClosed) {
+			l.end(fmt.Errorf("%w: the locker was closed", ErrReleased))
+			return
+		}
+		l.lose(cause)
 	})
 	return l
 }
@@ -486,6 +491,17 @@ type EtcdLock struct {
 	stopLease func() bool
 	done      func(reusable bool)
 	watchOnce sync.Once
+
+	mu      sync.Mutex
+	release chan struct{} // closed when a Release in progress returns
+}
+
+// releasing returns a channel closed when the Release in progress returns,
+// or nil when none is.
+func (l *EtcdLock) releasing() chan struct{} {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.release
 }
 
 var _ Lock = (*EtcdLock)(nil)
@@ -573,6 +589,11 @@ func (l *EtcdLock) watch() {
 		}()
 		cancel()
 		if gone {
+			// Our own Release deletes the key too: let it finish and say
+			// which it was.
+			if r := l.releasing(); r != nil {
+				<-r
+			}
 			l.lose(errors.New("lock key deleted"))
 			return
 		}
@@ -591,6 +612,16 @@ func (l *EtcdLock) watch() {
 // Release deletes this holder's key if it still holds the lock with its
 // token, and cancels the lock's context with ErrReleased.
 func (l *EtcdLock) Release(ctx context.Context) error {
+	l.mu.Lock()
+	done := make(chan struct{})
+	l.release = done
+	l.mu.Unlock()
+	defer func() {
+		l.mu.Lock()
+		l.release = nil
+		l.mu.Unlock()
+		close(done)
+	}()
 	err := l.locker.releaseKey(ctx, l.name, l.key, l.token)
 	switch {
 	case err == nil:

@@ -1,0 +1,150 @@
+package cli_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/droverhq/drover/internal/etcdtest"
+	"go.uber.org/goleak"
+)
+
+var (
+	srv       *etcdtest.Server
+	droverBin string
+)
+
+// TestMain builds the drover binary once and starts an embedded etcd: the
+// tests run the real binary as a user would.
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "drover-cli-test-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	droverBin = filepath.Join(dir, "drover")
+	build := exec.Command("go", "build", "-o", droverBin, "github.com/droverhq/drover/cmd/drover")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "build drover:", err)
+		os.Exit(1)
+	}
+	srv = etcdtest.MustStart(etcdtest.Options{})
+	code := m.Run()
+	srv.Stop()
+	_ = os.RemoveAll(dir)
+	if code == 0 {
+		if err := goleak.Find(etcdtest.LeakOptions()...); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// result is how a drover run ended.
+type result struct {
+	code           int
+	stdout, stderr string
+}
+
+// cleanEnv is the environment without ETCD_ENDPOINTS, so that tests say
+// where etcd is.
+func cleanEnv(extra ...string) []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "ETCD_ENDPOINTS=") {
+			env = append(env, kv)
+		}
+	}
+	return append(env, extra...)
+}
+
+// drover runs the binary to completion (bounded by 60 s).
+func drover(t *testing.T, args ...string) result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, droverBin, args...)
+	cmd.Env = cleanEnv()
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	r := result{stdout: out.String(), stderr: errb.String()}
+	if ee, ok := err.(*exec.ExitError); ok {
+		r.code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatalf("run drover %v: %v", args, err)
+	}
+	return r
+}
+
+// etcdFlags point a command at the test server, in namespace ns.
+func etcdFlags(ns string) []string {
+	return []string{"--etcd-endpoints", strings.Join(srv.Endpoints(), ","), "--namespace", ns}
+}
+
+// process is a drover process running in the background.
+type process struct {
+	cmd            *exec.Cmd
+	stdout, stderr *syncBuffer
+	done           chan struct{}
+	code           int
+}
+
+func start(t *testing.T, env []string, args ...string) *process {
+	t.Helper()
+	p := &process{cmd: exec.Command(droverBin, args...), stdout: &syncBuffer{}, stderr: &syncBuffer{}, done: make(chan struct{})}
+	p.cmd.Env = env
+	p.cmd.Stdout, p.cmd.Stderr = p.stdout, p.stderr
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		err := p.cmd.Wait()
+		if ee, ok := err.(*exec.ExitError); ok {
+			p.code = ee.ExitCode()
+			if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+				p.code = 128 + int(ws.Signal())
+			}
+		}
+		close(p.done)
+	}()
+	t.Cleanup(func() {
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	})
+	return p
+}
+
+// wait waits for the process to end and returns its exit code.
+func (p *process) wait(t *testing.T, d time.Duration) int {
+	t.Helper()
+	select {
+	case <-p.done:
+		return p.code
+	case <-time.After(d):
+		t.Fatalf("drover still running after %s; stderr:\n%s", d, p.stderr.String())
+	}
+	return -1
+}
+
+// waitFor polls cond (reading local buffers or files, never etcd) until it
+// holds or d passes.
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", d, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -1,0 +1,180 @@
+// Package cli is the drover command line: one cobra command tree that every
+// subcommand hangs off, with the connection flags and exit codes they share.
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/droverhq/drover"
+	"github.com/droverhq/drover/cluster"
+	"github.com/droverhq/drover/keyspace"
+	"github.com/spf13/cobra"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Exit codes. Commands that run another program (lock run) pass its code
+// through instead.
+const (
+	ExitOK          = 0
+	ExitFailure     = 1
+	ExitUsage       = 2  // bad flags, arguments or input
+	ExitUnavailable = 69 // etcd could not be reached
+	ExitLockLost    = 70 // lock run: the lock was lost while the command ran
+	ExitBusy        = 75 // the lock is held by someone else (try again later)
+)
+
+// exitError carries an exit code up to Main.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string { return e.err.Error() }
+func (e *exitError) Unwrap() error { return e.err }
+
+// withCode attaches an exit code to err.
+func withCode(code int, err error) error { return &exitError{code: code, err: err} }
+
+// app holds what the commands share: the global flags and the streams.
+type app struct {
+	stdin          io.Reader
+	stdout, stderr io.Writer
+
+	endpoints   string
+	namespace   string
+	dialTimeout time.Duration
+	logFormat   string
+	logLevel    string
+
+	logger *slog.Logger
+}
+
+// Main runs the drover command line with args and returns the exit code.
+func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	a := &app{stdin: stdin, stdout: stdout, stderr: stderr}
+	root := a.rootCommand()
+	root.SetArgs(args)
+	root.SetIn(stdin)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	err := root.ExecuteContext(context.Background())
+	if err == nil {
+		return ExitOK
+	}
+	var ee *exitError
+	if errors.As(err, &ee) {
+		if ee.err != nil && ee.err.Error() != "" {
+			fmt.Fprintln(stderr, "drover:", ee.err)
+		}
+		return ee.code
+	}
+	fmt.Fprintln(stderr, "drover:", err)
+	if errors.Is(err, drover.ErrInvalidInput) || isUsage(err) {
+		return ExitUsage
+	}
+	if errors.Is(err, cluster.ErrUnreachable) {
+		return ExitUnavailable
+	}
+	return ExitFailure
+}
+
+// usageError marks errors in how a command was called.
+type usageError struct{ error }
+
+func isUsage(err error) bool {
+	var ue usageError
+	return errors.As(err, &ue)
+}
+
+func (a *app) rootCommand() *cobra.Command {
+	root := &cobra.Command{
+		Use:   "drover",
+		Short: "The coordination plane for fleets of AI agents",
+		Long: `drover coordinates fleets of AI agents on etcd: locks with fencing tokens,
+leases whose loss cancels work, and (as they land) task runners, queues,
+checkpoints and a service registry.
+
+Every command except "server" talks to etcd at --etcd-endpoints, else
+$ETCD_ENDPOINTS, else 127.0.0.1:2379. "drover server" runs one for you.`,
+		Example: `  drover server &                              # embedded etcd in ./drover-data
+  drover lock run nightly-report -- ./report.sh # run while holding a lock
+  drover lock list --json`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
+			return a.setupLogging()
+		},
+	}
+	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error {
+		return usageError{fmt.Errorf("%w (see '%s --help')", err, cmd.CommandPath())}
+	})
+	pf := root.PersistentFlags()
+	pf.StringVar(&a.endpoints, "etcd-endpoints", "", "etcd endpoints, comma-separated (default $ETCD_ENDPOINTS, else 127.0.0.1:2379)")
+	pf.StringVar(&a.namespace, "namespace", keyspace.DefaultNamespace, "namespace of every key drover reads or writes")
+	pf.DurationVar(&a.dialTimeout, "dial-timeout", cluster.DefaultDialTimeout, "how long to try to reach etcd before giving up")
+	pf.StringVar(&a.logFormat, "log-format", "text", "log format: text or json")
+	pf.StringVar(&a.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+
+	root.AddCommand(a.versionCommand(), a.serverCommand(), a.lockCommand())
+	return root
+}
+
+func (a *app) setupLogging() error {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(a.logLevel)); err != nil {
+		return &drover.InputError{Field: "--log-level", Value: a.logLevel, Rule: "must be debug, info, warn or error"}
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	switch a.logFormat {
+	case "text":
+		a.logger = slog.New(slog.NewTextHandler(a.stderr, opts))
+	case "json":
+		a.logger = slog.New(slog.NewJSONHandler(a.stderr, opts))
+	default:
+		return &drover.InputError{Field: "--log-format", Value: a.logFormat, Rule: "must be text or json"}
+	}
+	slog.SetDefault(a.logger)
+	return nil
+}
+
+// checkGlobal validates the connection flags before anything is contacted.
+func (a *app) checkGlobal() error {
+	if err := keyspace.CheckName("--namespace", a.namespace); err != nil {
+		return err
+	}
+	if a.dialTimeout <= 0 {
+		return &drover.InputError{Field: "--dial-timeout", Value: a.dialTimeout, Rule: "must be positive"}
+	}
+	return nil
+}
+
+// connect reaches etcd with the global flags, or fails with an error that
+// says what was tried and what to do.
+func (a *app) connect(ctx context.Context) (*clientv3.Client, error) {
+	cli, err := cluster.Connect(ctx, cluster.ClientConfig{
+		Endpoints:   cluster.ResolveEndpoints(a.endpoints),
+		DialTimeout: a.dialTimeout,
+	})
+	if err != nil {
+		return nil, withCode(ExitUnavailable, err)
+	}
+	return cli, nil
+}
+
+// isTerminal reports whether w is a terminal, for progress display.
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}
+
+var getenv = os.Getenv

@@ -1,0 +1,105 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/droverhq/drover"
+	"github.com/droverhq/drover/cluster"
+	"github.com/spf13/cobra"
+)
+
+func (a *app) serverCommand() *cobra.Command {
+	var (
+		dataDir    string
+		listen     string
+		peerListen string
+		retention  time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "server",
+		Short: "Run drover's server with an embedded etcd (or against an existing cluster)",
+		Long: `Run drover's server. By default it embeds a single-member etcd: data in
+--data-dir, kept across restarts; clients on --etcd-listen; peers on a
+loopback port; history compacted every --auto-compaction-retention.
+
+With --etcd-endpoints (or $ETCD_ENDPOINTS) it embeds nothing and serves
+against that existing etcd cluster instead.
+
+It logs one line when ready and shuts down cleanly on SIGINT or SIGTERM.`,
+		Example: `  drover server
+  drover server --data-dir /var/lib/drover --etcd-listen http://127.0.0.1:2379
+  drover server --etcd-endpoints 10.0.0.5:2379,10.0.0.6:2379`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := a.checkGlobal(); err != nil {
+				return err
+			}
+			if retention < 0 {
+				return &drover.InputError{Field: "--auto-compaction-retention", Value: retention, Rule: "must be 0 (off) or positive"}
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			external := a.endpoints != "" || strings.TrimSpace(getenv(cluster.EnvEndpoints)) != ""
+			if external {
+				return a.serveExternal(ctx)
+			}
+			cfg := cluster.EmbedConfig{
+				DataDir:                 dataDir,
+				ClientURL:               listen,
+				PeerURL:                 peerListen,
+				AutoCompactionRetention: retention,
+				LogLevel:                "error",
+			}
+			if retention == 0 {
+				cfg.AutoCompactionRetention = -1
+			}
+			if err := cfg.Validate(); err != nil {
+				return usageError{err}
+			}
+			start := time.Now()
+			srv, err := cluster.Embed(ctx, cfg)
+			if err != nil {
+				return fmt.Errorf("%w (is another drover server or etcd using %s or %s, or the data dir %s?)", err, listen, peerListen, dataDir)
+			}
+			defer srv.Close()
+			a.logger.Info("drover server ready",
+				"etcd", "embedded", "endpoints", strings.Join(srv.Endpoints(), ","),
+				"data_dir", srv.DataDir(), "namespace", a.namespace,
+				"startup", time.Since(start).Round(time.Millisecond).String())
+			select {
+			case <-ctx.Done():
+			case err := <-srv.Err():
+				return fmt.Errorf("embedded etcd failed: %w", err)
+			}
+			a.logger.Info("drover server stopping", "reason", "signal")
+			srv.Close()
+			a.logger.Info("drover server stopped")
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&dataDir, "data-dir", cluster.DefaultDataDir, "directory for etcd's data (kept across restarts)")
+	f.StringVar(&listen, "etcd-listen", cluster.DefaultClientURL, "URL where the embedded etcd serves clients")
+	f.StringVar(&peerListen, "etcd-peer-listen", cluster.DefaultPeerURL, "URL of the embedded etcd's peer listener (loopback)")
+	f.DurationVar(&retention, "auto-compaction-retention", cluster.DefaultAutoCompactionRetention, "history kept before periodic compaction (0 turns compaction off)")
+	return cmd
+}
+
+// serveExternal runs the server against an existing etcd cluster.
+func (a *app) serveExternal(ctx context.Context) error {
+	cli, err := a.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	a.logger.Info("drover server ready", "etcd", "external",
+		"endpoints", strings.Join(cluster.ResolveEndpoints(a.endpoints), ","), "namespace", a.namespace)
+	<-ctx.Done()
+	a.logger.Info("drover server stopped")
+	return nil
+}
