@@ -225,7 +225,7 @@ func (e *Etcd) Acquire(ctx context.Context, name string) (Lock, error) {
 			If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
 			Then(
 				clientv3.OpPut(key, val, clientv3.WithLease(e.lease.ID())),
-				clientv3.OpGet(prefix, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend), clientv3.WithLimit(2)),
+				clientv3.OpGet(prefix, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend), clientv3.WithLimit(2), clientv3.WithKeysOnly()),
 			).Commit()
 		if err != nil {
 			done(e.abandon(ctx, key))
@@ -246,7 +246,7 @@ func (e *Etcd) Acquire(ctx context.Context, name string) (Lock, error) {
 			done(e.abandon(ctx, key))
 			return nil, e.waitError(ctx, name, err)
 		}
-		g, err := e.cli.Get(ctx, prefix, append(clientv3.WithLastCreate(), clientv3.WithMaxCreateRev(token-1))...)
+		g, err := e.cli.Get(ctx, prefix, append(clientv3.WithLastCreate(), clientv3.WithMaxCreateRev(token-1), clientv3.WithKeysOnly())...)
 		if err != nil {
 			done(e.abandon(ctx, key))
 			return nil, e.waitError(ctx, name, err)

@@ -167,14 +167,4 @@ func (a *app) connect(ctx context.Context) (*clientv3.Client, error) {
 	return cli, nil
 }
 
-// isTerminal reports whether w is a terminal, for progress display.
-func isTerminal(w io.Writer) bool {
-	f, ok := w.(*os.File)
-	if !ok {
-		return false
-	}
-	st, err := f.Stat()
-	return err == nil && st.Mode()&os.ModeCharDevice != 0
-}
-
 var getenv = os.Getenv
