@@ -4,6 +4,8 @@
 // drover installations can share one etcd cluster. The layout is:
 //
 //	/{ns}/locks/{name}/{contender}   lock contenders; the oldest is the holder
+//	/{ns}/tasks/{id}/checkpoint       a task's latest checkpoint
+//	/{ns}/tasks/{id}/steps/{NNNNNN}   the record of each completed step
 //
 // Names that become one path segment are checked by [CheckName], so that no
 // name can reach into another name's keys.
@@ -103,3 +105,22 @@ func (s Space) LockName(key string) (string, bool) {
 
 // String returns the namespace root, for logs.
 func (s Space) String() string { return fmt.Sprintf("keyspace(%s)", s.root) }
+
+// Tasks is the prefix of every task's keys, ending in "/".
+func (s Space) Tasks() string { return s.root + "tasks/" }
+
+// Task is the prefix of task id's keys, ending in "/".
+func (s Space) Task(id string) string { return s.Tasks() + id + "/" }
+
+// TaskCheckpoint is the key of task id's latest checkpoint.
+func (s Space) TaskCheckpoint(id string) string { return s.Task(id) + "checkpoint" }
+
+// TaskSteps is the prefix of task id's step records, ending in "/".
+func (s Space) TaskSteps(id string) string { return s.Task(id) + "steps/" }
+
+// TaskStep is the key of the record of step n (1-based) of task id. Step
+// numbers are zero-padded so that keys sort in step order.
+func (s Space) TaskStep(id string, n int) string { return fmt.Sprintf("%s%06d", s.TaskSteps(id), n) }
+
+// TaskLock is the lock name that guards task id's runner.
+func TaskLock(id string) string { return "task:" + id }

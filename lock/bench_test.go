@@ -2,6 +2,7 @@ package lock_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/droverhq/drover/internal/etcdtest"
 	"github.com/droverhq/drover/lock"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 )
@@ -44,7 +46,23 @@ func fsyncServer(b *testing.B) *etcdtest.Server {
 	return benchSrv
 }
 
-// cycle is one acquire+release of key by one contender.
+// resetServer compacts away all history and defragments the database, so
+// that each run starts from the same server state whichever ran before it.
+func resetServer(b *testing.B, cli *clientv3.Client, endpoint string) {
+	ctx := context.Background()
+	g, err := cli.Get(ctx, "/", clientv3.WithCountOnly())
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := cli.Compact(ctx, g.Header.Revision, clientv3.WithCompactPhysical()); err != nil && !errors.Is(err, rpctypes.ErrCompacted) {
+		b.Fatal(err)
+	}
+	if _, err := cli.Defragment(ctx, endpoint); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// contender is one acquire+release of key by one contender.
 type contender func(ctx context.Context, key string) error
 
 // BenchmarkLock compares acquire+release cycles of drover's etcd lock with
@@ -98,6 +116,7 @@ func BenchmarkLock(b *testing.B) {
 			b.Run(c.name+"/"+impl.name, func(b *testing.B) {
 				s := fsyncServer(b)
 				cli := s.Client(b)
+				resetServer(b, cli, s.Endpoints()[0])
 				ns := etcdtest.Namespace(b)
 				workers := make([]contender, c.contenders)
 				for i := range workers {

@@ -1,0 +1,33 @@
+// Package task runs long, multi-step agent tasks so that exactly one worker
+// runs a task at a time, every completed step is checkpointed under a fence,
+// and a task whose worker died resumes from the step after its last
+// checkpoint on another worker.
+//
+// A task is an ordered list of [Step]s. Each step receives a context and the
+// state the previous step returned, and returns the new state. A [Runner]:
+//
+//   - takes the task's lock (fenced, bound to the runner's lease), waiting on
+//     a watch (not polling) while another worker has it;
+//   - loads the last checkpoint and resumes from the step after it;
+//   - passes each step a context that is cancelled the moment the lock is
+//     lost, so an in-flight LLM call is aborted, not paid for twice;
+//   - writes each checkpoint, with the step's record (step, name, worker,
+//     fencing token, times), in one etcd transaction fenced by the lock's
+//     token: a worker that lost its lock (paused, partitioned) can never
+//     write, and a refused write stops its run at once;
+//   - marks the task completed in the same transaction as the last
+//     checkpoint, so a finished task never starts again.
+//
+// Checkpoint state is meant to be small metadata (1 MiB by default, at most
+// [MaxStateLimit]): etcd holds it in every member's memory and log. Put large
+// state (documents, transcripts, embeddings) in an object store or
+// PostgreSQL, and checkpoint its URI and digest.
+//
+//	r, err := task.NewRunner(ctx, cli, task.RunnerConfig{WorkerID: "worker-1", TTL: 10 * time.Second})
+//	if err != nil { ... }
+//	defer r.Close(context.Background())
+//	res, err := r.Run(ctx, "report-42", []task.Step{
+//		{Name: "Data Ingestion", Run: ingest},
+//		{Name: "LLM Analysis", Run: analyze},
+//	})
+package task

@@ -1,0 +1,277 @@
+package task
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/droverhq/drover"
+	"github.com/droverhq/drover/keyspace"
+	"github.com/droverhq/drover/lease"
+	"github.com/droverhq/drover/lock"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// EventType names what happened in a run.
+type EventType string
+
+// Events a Runner reports to RunnerConfig.OnEvent, in order.
+const (
+	EventWaiting          EventType = "waiting"           // another worker holds the task
+	EventAcquired         EventType = "acquired"          // this worker holds the task (Token set)
+	EventResumed          EventType = "resumed"           // Step is the first step this run will do
+	EventStepStarted      EventType = "step_started"      // Step, Name
+	EventStepCheckpointed EventType = "step_checkpointed" // Step, Name: the checkpoint is written
+	EventCompleted        EventType = "completed"         // the last step is checkpointed
+	EventAlreadyCompleted EventType = "already_completed" // nothing left to do
+	EventLost             EventType = "lost"              // the lock was lost; Err says why
+)
+
+// Event is one thing that happened in a run, for timelines and logs.
+type Event struct {
+	Type   EventType `json:"type"`
+	TaskID string    `json:"task_id"`
+	Worker string    `json:"worker"`
+	Step   int       `json:"step,omitempty"`
+	Name   string    `json:"name,omitempty"`
+	Token  int64     `json:"token,omitempty"`
+	At     time.Time `json:"at"`
+	Err    string    `json:"error,omitempty"`
+}
+
+// RunnerConfig configures a Runner. The zero value is valid.
+type RunnerConfig struct {
+	// Namespace of the keys; "" means "drover".
+	Namespace string
+	// WorkerID names this worker in locks and step records; "" means
+	// "host:pid".
+	WorkerID string
+	// TTL of the runner's lease when Lease is nil: how soon another worker
+	// takes over after this one dies. Zero means lock.DefaultTTL.
+	TTL time.Duration
+	// Lease, when set, binds the runner's task locks to it (for example the
+	// process's primary lease); the runner does not close it.
+	Lease *lease.Lease
+	// StateLimit is the largest state a step may return, in bytes; 0 means
+	// DefaultStateLimit, at most MaxStateLimit.
+	StateLimit int
+	// OnEvent, if set, is called synchronously for every event.
+	OnEvent func(Event)
+	// Logger; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// Validate reports the first field that is not usable.
+func (c RunnerConfig) Validate() error {
+	if _, err := keyspace.New(c.Namespace); err != nil {
+		return err
+	}
+	if c.WorkerID != "" {
+		if err := keyspace.CheckName("worker id", c.WorkerID); err != nil {
+			return err
+		}
+	}
+	if c.Lease == nil && c.TTL != 0 {
+		if err := lease.CheckTTL("ttl", c.TTL); err != nil {
+			return err
+		}
+	}
+	if c.StateLimit < 0 || c.StateLimit > MaxStateLimit {
+		return &drover.InputError{Field: "state limit", Value: c.StateLimit, Rule: fmt.Sprintf("must be between 1 and %d bytes (0 means %d)", MaxStateLimit, DefaultStateLimit)}
+	}
+	return nil
+}
+
+// Runner runs tasks so that one worker at a time runs each, resuming from the
+// last checkpoint. A Runner is safe for concurrent use; each Run takes its
+// own task lock.
+type Runner struct {
+	store   *Store
+	locker  *lock.Etcd
+	worker  string
+	limit   int
+	onEvent func(Event)
+	logger  *slog.Logger
+}
+
+// NewRunner returns a runner on cli. Close it to release its lease.
+func NewRunner(ctx context.Context, cli *clientv3.Client, cfg RunnerConfig) (*Runner, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	logger := cfg.Logger
+	if logger == nil {
+		logger = slog.Default()
+	}
+	store, err := NewStore(cli, cfg.Namespace)
+	if err != nil {
+		return nil, err
+	}
+	locker, err := lock.NewEtcd(ctx, cli, lock.EtcdConfig{Namespace: cfg.Namespace, TTL: cfg.TTL, Lease: cfg.Lease, HolderID: cfg.WorkerID, Logger: logger})
+	if err != nil {
+		return nil, fmt.Errorf("task: %w", err)
+	}
+	limit := cfg.StateLimit
+	if limit == 0 {
+		limit = DefaultStateLimit
+	}
+	return &Runner{store: store, locker: locker, worker: lock.NewHolder(cfg.WorkerID).ID, limit: limit, onEvent: cfg.OnEvent, logger: logger}, nil
+}
+
+// Store returns the runner's checkpoint store.
+func (r *Runner) Store() *Store { return r.store }
+
+// Worker returns the worker id the runner records.
+func (r *Runner) Worker() string { return r.worker }
+
+// Lease returns the lease the runner's task locks are bound to.
+func (r *Runner) Lease() *lease.Lease { return r.locker.Lease() }
+
+// Close releases the runner's own lease, and with it any task it holds.
+func (r *Runner) Close(ctx context.Context) error { return r.locker.Close(ctx) }
+
+func (r *Runner) emit(ev Event) {
+	if r.onEvent == nil {
+		return
+	}
+	ev.Worker = r.worker
+	if ev.At.IsZero() {
+		ev.At = time.Now()
+	}
+	r.onEvent(ev)
+}
+
+// Result says what a Run did.
+type Result struct {
+	TaskID string
+	// Token is the fencing token this run held the task under.
+	Token int64
+	// ResumedFrom is the first step this run ran (1 for a fresh task).
+	ResumedFrom int
+	// StepsRun counts the steps this run ran and checkpointed.
+	StepsRun int
+	// AlreadyCompleted is true when the task was complete before this run.
+	AlreadyCompleted bool
+	// State is the final state.
+	State []byte
+}
+
+// CheckSteps returns a drover.InputError unless steps is a usable step list:
+// at least one step, each with a unique non-empty name and a function.
+func CheckSteps(steps []Step) error {
+	if len(steps) == 0 {
+		return &drover.InputError{Field: "steps", Rule: "must list at least one step"}
+	}
+	seen := map[string]bool{}
+	for i, s := range steps {
+		switch {
+		case s.Name == "":
+			return &drover.InputError{Field: fmt.Sprintf("steps[%d].name", i), Rule: "must not be empty"}
+		case len(s.Name) > 200:
+			return &drover.InputError{Field: fmt.Sprintf("steps[%d].name", i), Value: s.Name, Rule: "must be at most 200 bytes"}
+		case seen[s.Name]:
+			return &drover.InputError{Field: fmt.Sprintf("steps[%d].name", i), Value: s.Name, Rule: "must be unique within the task"}
+		case s.Run == nil:
+			return &drover.InputError{Field: fmt.Sprintf("steps[%d].run", i), Rule: "must be set"}
+		}
+		seen[s.Name] = true
+	}
+	return nil
+}
+
+// Run runs task id to completion, or as far as it gets. It waits, on a
+// watch, while another worker holds the task; ctx bounds the wait and the
+// run. It resumes after the last checkpointed step, and returns once the last
+// step is checkpointed (or was before), or with the first error: a step's
+// error (ErrStepFailed), a refused checkpoint (lock.ErrFenced), too much
+// state (ErrStateTooLarge), or ctx's. The task's lock is released when Run
+// returns.
+func (r *Runner) Run(ctx context.Context, id string, steps []Step) (Result, error) {
+	if err := CheckID(id); err != nil {
+		return Result{}, err
+	}
+	if err := CheckSteps(steps); err != nil {
+		return Result{}, err
+	}
+	name := keyspace.TaskLock(id)
+	l, err := r.locker.TryAcquire(ctx, name)
+	if errors.Is(err, lock.ErrHeld) {
+		var held *lock.HeldError
+		ev := Event{Type: EventWaiting, TaskID: id}
+		if errors.As(err, &held) {
+			ev.Token, ev.Err = held.Token, held.Error()
+		}
+		r.emit(ev)
+		l, err = r.locker.Acquire(ctx, name)
+	}
+	if err != nil {
+		return Result{TaskID: id}, fmt.Errorf("task %s: take the task: %w", id, err)
+	}
+	el := l.(*lock.EtcdLock)
+	defer func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if err := l.Release(rctx); err != nil && !errors.Is(err, lock.ErrNotHeld) {
+			r.logger.Warn("task: release failed; the lock frees itself when the lease ends", "task", id, "err", err)
+		}
+	}()
+	r.emit(Event{Type: EventAcquired, TaskID: id, Token: l.Token()})
+	res := Result{TaskID: id, Token: l.Token()}
+
+	cp, err := r.store.Load(ctx, id)
+	if err != nil {
+		return res, err
+	}
+	res.State = cp.State
+	if cp.Completed {
+		res.AlreadyCompleted = true
+		r.emit(Event{Type: EventAlreadyCompleted, TaskID: id, Step: cp.Step})
+		return res, nil
+	}
+	if cp.Step > 0 && cp.Steps != len(steps) {
+		return res, fmt.Errorf("task %s: checkpoint at step %d of %d, but %d steps were given: %w", id, cp.Step, cp.Steps, len(steps), ErrStepsChanged)
+	}
+	res.ResumedFrom = cp.Step + 1
+	r.emit(Event{Type: EventResumed, TaskID: id, Step: res.ResumedFrom, Name: steps[cp.Step].Name})
+
+	// Steps run under a context that ends with the caller's or the lock's.
+	lctx := l.Context()
+	runCtx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	stop := context.AfterFunc(lctx, func() { cancel(context.Cause(lctx)) })
+	defer stop()
+
+	for i := cp.Step; i < len(steps); i++ {
+		n, step := i+1, steps[i]
+		started := time.Now()
+		r.emit(Event{Type: EventStepStarted, TaskID: id, Step: n, Name: step.Name, Token: l.Token()})
+		state, err := step.Run(runCtx, cp.State)
+		if err != nil {
+			if lerr := el.Err(); lerr != nil {
+				r.emit(Event{Type: EventLost, TaskID: id, Step: n, Name: step.Name, Err: lerr.Error()})
+				return res, fmt.Errorf("task %s step %d (%s): %w", id, n, step.Name, lerr)
+			}
+			return res, &StepError{TaskID: id, Step: n, Name: step.Name, Err: err}
+		}
+		if len(state) > r.limit {
+			return res, &StateTooLargeError{TaskID: id, Step: n, Name: step.Name, Size: len(state), Limit: r.limit}
+		}
+		next := Checkpoint{TaskID: id, Step: n, StepName: step.Name, Steps: len(steps), Completed: n == len(steps),
+			State: state, Worker: r.worker, Token: l.Token(), At: time.Now().UTC()}
+		rec := StepRecord{Step: n, Name: step.Name, Worker: r.worker, Token: l.Token(), StartedAt: started.UTC(), FinishedAt: next.At}
+		if err := r.store.Commit(ctx, el, cp, &next, rec); err != nil {
+			if errors.Is(err, lock.ErrFenced) {
+				r.emit(Event{Type: EventLost, TaskID: id, Step: n, Name: step.Name, Err: err.Error()})
+			}
+			return res, err
+		}
+		cp = next
+		res.StepsRun++
+		res.State = state
+		r.emit(Event{Type: EventStepCheckpointed, TaskID: id, Step: n, Name: step.Name, Token: l.Token()})
+	}
+	r.emit(Event{Type: EventCompleted, TaskID: id, Step: len(steps)})
+	return res, nil
+}

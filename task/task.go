@@ -1,0 +1,225 @@
+package task
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/droverhq/drover"
+	"github.com/droverhq/drover/keyspace"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Limits.
+const (
+	// MaxIDLen is the longest task id; ids follow the key segment rule of
+	// keyspace.CheckName.
+	MaxIDLen = 120
+	// DefaultStateLimit is the default largest checkpoint state.
+	DefaultStateLimit = 1 << 20
+	// MaxStateLimit is the largest state limit a runner accepts: etcd
+	// refuses requests over 1.5 MiB by default, and a checkpoint write
+	// carries the state plus its records.
+	MaxStateLimit = 1<<20 + 1<<19 - 64<<10
+)
+
+// StepFunc runs one step. It gets the state the previous step returned (nil
+// for the first step) and returns the new state. ctx is cancelled the moment
+// the worker loses the task, so pass it into LLM and tool calls.
+type StepFunc func(ctx context.Context, state []byte) ([]byte, error)
+
+// Step is one named step of a task.
+type Step struct {
+	Name string
+	Run  StepFunc
+}
+
+// Sentinel errors.
+var (
+	// ErrStateTooLarge: a step returned more state than the limit
+	// (*StateTooLargeError). Nothing was written.
+	ErrStateTooLarge = errors.New("task: checkpoint state too large")
+	// ErrConflict: the checkpoint changed under a writer that held the
+	// task's lock; only a write from outside drover can cause it.
+	ErrConflict = errors.New("task: checkpoint changed concurrently")
+	// ErrStepFailed: a step returned an error (*StepError).
+	ErrStepFailed = errors.New("task: step failed")
+	// ErrStepsChanged: a task's checkpoint was written by a run with a
+	// different number of steps.
+	ErrStepsChanged = errors.New("task: steps differ from the checkpoint")
+)
+
+// StateTooLargeError says which step returned too much state.
+type StateTooLargeError struct {
+	TaskID string
+	Step   int
+	Name   string
+	Size   int
+	Limit  int
+}
+
+// Error implements error.
+func (e *StateTooLargeError) Error() string {
+	return fmt.Sprintf("task %s step %d (%s) returned %d bytes of state, over the %d-byte limit; nothing was written: "+
+		"keep large state in an object store or PostgreSQL and checkpoint its URI", e.TaskID, e.Step, e.Name, e.Size, e.Limit)
+}
+
+// Unwrap returns ErrStateTooLarge.
+func (e *StateTooLargeError) Unwrap() error { return ErrStateTooLarge }
+
+// StepError is a step's own error, with where it happened.
+type StepError struct {
+	TaskID string
+	Step   int
+	Name   string
+	Err    error
+}
+
+// Error implements error.
+func (e *StepError) Error() string {
+	return fmt.Sprintf("task %s step %d (%s): %v", e.TaskID, e.Step, e.Name, e.Err)
+}
+
+// Unwrap returns ErrStepFailed and the step's error.
+func (e *StepError) Unwrap() []error { return []error{ErrStepFailed, e.Err} }
+
+// Checkpoint is a task's progress: the last completed step and its state.
+type Checkpoint struct {
+	TaskID string `json:"task_id"`
+	// Step is the number (1-based) of the last completed step; 0 before
+	// any.
+	Step int `json:"step"`
+	// StepName is the name of that step.
+	StepName string `json:"step_name,omitempty"`
+	// Steps is how many steps the task has.
+	Steps int `json:"steps"`
+	// Completed is true once the last step is checkpointed.
+	Completed bool `json:"completed"`
+	// State is what the last completed step returned.
+	State []byte `json:"state,omitempty"`
+	// Worker and Token say who wrote the checkpoint, under which fencing
+	// token.
+	Worker string    `json:"worker,omitempty"`
+	Token  int64     `json:"token,omitempty"`
+	At     time.Time `json:"at"`
+
+	modRev int64 // etcd ModRevision of the checkpoint key; 0 when absent
+}
+
+// StepRecord is the history entry of one completed step: which worker ran
+// it, under which fencing token, and when.
+type StepRecord struct {
+	Step       int       `json:"step"`
+	Name       string    `json:"name"`
+	Worker     string    `json:"worker"`
+	Token      int64     `json:"token"`
+	StartedAt  time.Time `json:"started_at"`
+	FinishedAt time.Time `json:"finished_at"`
+}
+
+// CheckID returns a drover.InputError unless id is a valid task id.
+func CheckID(id string) error {
+	if err := keyspace.CheckName("task id", id); err != nil {
+		return err
+	}
+	if len(id) > MaxIDLen {
+		return &drover.InputError{Field: "task id", Value: id, Rule: fmt.Sprintf("must be at most %d characters", MaxIDLen)}
+	}
+	return nil
+}
+
+// Store reads and writes task checkpoints and step records in etcd.
+type Store struct {
+	cli  *clientv3.Client
+	keys keyspace.Space
+}
+
+// NewStore returns the store of namespace ns ("" means "drover").
+func NewStore(cli *clientv3.Client, ns string) (*Store, error) {
+	keys, err := keyspace.New(ns)
+	if err != nil {
+		return nil, err
+	}
+	return &Store{cli: cli, keys: keys}, nil
+}
+
+// Load returns task id's checkpoint; a task never checkpointed has Step 0.
+func (s *Store) Load(ctx context.Context, id string) (Checkpoint, error) {
+	if err := CheckID(id); err != nil {
+		return Checkpoint{}, err
+	}
+	g, err := s.cli.Get(ctx, s.keys.TaskCheckpoint(id))
+	if err != nil {
+		return Checkpoint{}, fmt.Errorf("task: load checkpoint of %s: %w", id, err)
+	}
+	cp := Checkpoint{TaskID: id}
+	if len(g.Kvs) == 0 {
+		return cp, nil
+	}
+	if err := json.Unmarshal(g.Kvs[0].Value, &cp); err != nil {
+		return Checkpoint{}, fmt.Errorf("task: checkpoint of %s is unreadable: %w", id, err)
+	}
+	cp.modRev = g.Kvs[0].ModRevision
+	return cp, nil
+}
+
+// History returns task id's step records in step order.
+func (s *Store) History(ctx context.Context, id string) ([]StepRecord, error) {
+	if err := CheckID(id); err != nil {
+		return nil, err
+	}
+	g, err := s.cli.Get(ctx, s.keys.TaskSteps(id), clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend))
+	if err != nil {
+		return nil, fmt.Errorf("task: history of %s: %w", id, err)
+	}
+	out := make([]StepRecord, 0, len(g.Kvs))
+	for _, kv := range g.Kvs {
+		var r StepRecord
+		if err := json.Unmarshal(kv.Value, &r); err != nil {
+			return nil, fmt.Errorf("task: step record %s is unreadable: %w", kv.Key, err)
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+// Fence is the right under which checkpoints are written: a held lock.
+// *lock.EtcdLock is one.
+type Fence interface {
+	// Txn starts a transaction that commits only while the right is held.
+	Txn(ctx context.Context) clientv3.Txn
+	// Token is the right's fencing token.
+	Token() int64
+}
+
+// Commit writes next as task id's checkpoint together with rec, in one
+// transaction fenced by f, and only if the checkpoint is still prev (same
+// modification revision) and step rec.Step has no record yet. The step
+// record is written once per step, ever. On success next carries its new
+// revision, ready to be the prev of the following commit.
+func (s *Store) Commit(ctx context.Context, f Fence, prev Checkpoint, next *Checkpoint, rec StepRecord) error {
+	cpKey, stepKey := s.keys.TaskCheckpoint(next.TaskID), s.keys.TaskStep(next.TaskID, rec.Step)
+	cpVal, err := json.Marshal(next)
+	if err != nil {
+		return fmt.Errorf("task: encode checkpoint: %w", err)
+	}
+	recVal, err := json.Marshal(rec)
+	if err != nil {
+		return fmt.Errorf("task: encode step record: %w", err)
+	}
+	resp, err := f.Txn(ctx).
+		If(clientv3.Compare(clientv3.ModRevision(cpKey), "=", prev.modRev),
+			clientv3.Compare(clientv3.Version(stepKey), "=", 0)).
+		Then(clientv3.OpPut(cpKey, string(cpVal)), clientv3.OpPut(stepKey, string(recVal))).
+		Commit()
+	if err != nil {
+		return fmt.Errorf("task %s: checkpoint step %d: %w", next.TaskID, rec.Step, err)
+	}
+	if !resp.Succeeded {
+		return fmt.Errorf("task %s: checkpoint step %d: %w", next.TaskID, rec.Step, ErrConflict)
+	}
+	next.modRev = resp.Header.Revision
+	return nil
+}
