@@ -192,7 +192,9 @@ func TestStateTooLarge(t *testing.T) {
 	ns := etcdtest.Namespace(t)
 	r := newRunner(t, ns, "w", 5*time.Second, nil)
 	ok := func(ctx context.Context, s []byte) ([]byte, error) { return append(s, "|ok"...), nil }
-	huge := func(ctx context.Context, s []byte) ([]byte, error) { return make([]byte, task.DefaultStateLimit+1), nil }
+	huge := func(ctx context.Context, s []byte) ([]byte, error) {
+		return make([]byte, task.DefaultStateLimit+1), nil
+	}
 	_, err := r.Run(context.Background(), "big", []task.Step{{Name: "a", Run: ok}, {Name: "b", Run: huge}, {Name: "c", Run: ok}})
 	var tl *task.StateTooLargeError
 	if !errors.As(err, &tl) || tl.Step != 2 || tl.Name != "b" || tl.Limit != task.DefaultStateLimit || !strings.Contains(err.Error(), "object store") {
