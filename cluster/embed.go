@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/url"
 	"os"
 	"sync"
@@ -189,4 +190,17 @@ func (s *Server) Close() {
 		s.logLevel.SetLevel(zap.FatalLevel)
 		s.etcd.Close()
 	})
+}
+
+// FreeLoopbackAddr returns a 127.0.0.1 host:port that was free a moment ago,
+// for servers that must be told their port before they listen (etcd's peer
+// and client URLs). Another process may take it in between; callers retry or
+// fail.
+func FreeLoopbackAddr() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", fmt.Errorf("cluster: find a free loopback port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
 }

@@ -275,3 +275,16 @@ func (r *Runner) Run(ctx context.Context, id string, steps []Step) (Result, erro
 	r.emit(Event{Type: EventCompleted, TaskID: id, Step: len(steps)})
 	return res, nil
 }
+
+// CheckpointedUpTo says in words that steps 1..n are checkpointed, for
+// progress lines.
+func CheckpointedUpTo(n int) string {
+	switch n {
+	case 0:
+		return "no step is checkpointed"
+	case 1:
+		return "step 1 is checkpointed"
+	default:
+		return fmt.Sprintf("steps 1-%d are checkpointed", n)
+	}
+}

@@ -194,70 +194,24 @@ func (a *app) lockRun(ctx context.Context, name string, argv []string, ttl, wait
 // runHolding runs argv while l is held, and returns CMD's exit code as an
 // exitError (or nil for 0).
 func (a *app) runHolding(l lock.Lock, lctx context.Context, argv []string, grace time.Duration, sigs chan os.Signal) error {
-	release := func() {
-		rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if err := l.Release(rctx); err != nil && !errors.Is(err, lock.ErrNotHeld) {
-			fmt.Fprintf(a.stderr, "drover: release lock %q: %v (it frees itself when the lease ends)\n", l.Name(), err)
-		}
-	}
 	child := exec.Command(argv[0], argv[1:]...)
 	child.Env = append(os.Environ(), EnvLockName+"="+l.Name(), EnvLockToken+"="+strconv.FormatInt(l.Token(), 10))
 	child.Stdin, child.Stdout, child.Stderr = a.stdin, a.stdout, a.stderr
-	child.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := child.Start(); err != nil {
-		release()
-		code := 126
-		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
-			code = 127
-		}
-		return withCode(code, fmt.Errorf("start %s: %w", argv[0], err))
+	waitErr, stopped, startErr := supervise(child, sigs, lctx.Done(), grace, func() {
+		fmt.Fprintf(a.stderr, "drover: %v; stopping %s (SIGTERM, SIGKILL after %s)\n", context.Cause(lctx), argv[0], grace)
+	})
+	if stopped {
+		return withCode(ExitLockLost, fmt.Errorf("lock %q was lost while %s ran; it was stopped", l.Name(), argv[0]))
 	}
-	pgid := child.Process.Pid
-	exited := make(chan error, 1)
-	go func() { exited <- child.Wait() }()
-
-	for {
-		select {
-		case sig := <-sigs:
-			_ = syscall.Kill(-pgid, sig.(syscall.Signal))
-		case <-lctx.Done():
-			if errors.Is(context.Cause(lctx), lock.ErrReleased) {
-				continue
-			}
-			fmt.Fprintf(a.stderr, "drover: %v; stopping %s (SIGTERM, SIGKILL after %s)\n", context.Cause(lctx), argv[0], grace)
-			_ = syscall.Kill(-pgid, syscall.SIGTERM)
-			timer := time.NewTimer(grace)
-			select {
-			case <-exited:
-			case <-timer.C:
-				_ = syscall.Kill(-pgid, syscall.SIGKILL)
-				<-exited
-			}
-			timer.Stop()
-			// Whatever CMD started in its group goes too.
-			_ = syscall.Kill(-pgid, syscall.SIGKILL)
-			return withCode(ExitLockLost, fmt.Errorf("lock %q was lost while %s ran; it was stopped", l.Name(), argv[0]))
-		case err := <-exited:
-			release()
-			return childExit(err)
-		}
+	rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := l.Release(rctx); err != nil && !errors.Is(err, lock.ErrNotHeld) {
+		fmt.Fprintf(a.stderr, "drover: release lock %q: %v (it frees itself when the lease ends)\n", l.Name(), err)
 	}
-}
-
-// childExit maps CMD's end to drover's exit: its code, or 128+signal.
-func childExit(err error) error {
-	if err == nil {
-		return nil
+	if startErr != nil {
+		return startFailure(argv[0], startErr)
 	}
-	var ee *exec.ExitError
-	if errors.As(err, &ee) {
-		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-			return withCode(128+int(ws.Signal()), errors.New(""))
-		}
-		return withCode(ee.ExitCode(), errors.New(""))
-	}
-	return err
+	return childExit(waitErr)
 }
 
 // lockStatusJSON is the JSON form of a lock's status.

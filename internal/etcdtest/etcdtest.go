@@ -5,7 +5,6 @@ package etcdtest
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"regexp"
 	"sync/atomic"
@@ -117,12 +116,11 @@ func Namespace(tb testing.TB) string {
 
 // FreeAddr returns a loopback host:port that was free a moment ago.
 func FreeAddr() string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := cluster.FreeLoopbackAddr()
 	if err != nil {
 		panic(err)
 	}
-	defer l.Close()
-	return l.Addr().String()
+	return addr
 }
 
 // LeakOptions are the goleak options for packages that run an embedded etcd:

@@ -1,0 +1,82 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"syscall"
+	"time"
+)
+
+// supervise starts cmd in a process group of its own and waits for it to
+// exit. If drover itself dies (even by SIGKILL), the kernel kills cmd
+// (Pdeathsig), so no step outlives the worker that held its lock; processes
+// that cmd forked are not covered, so scripts should exec their last command. Signals arriving on sigs are forwarded to the whole group. When stop
+// is closed first, onStop is called, the group gets SIGTERM, then SIGKILL
+// after grace, and stopped is true. Whatever the command started in its group
+// is killed once it has exited that way.
+func supervise(cmd *exec.Cmd, sigs <-chan os.Signal, stop <-chan struct{}, grace time.Duration, onStop func()) (waitErr error, stopped bool, startErr error) {
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
+	}
+	cmd.SysProcAttr.Setpgid = true
+	cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
+	if err := cmd.Start(); err != nil {
+		return nil, false, err
+	}
+	pgid := cmd.Process.Pid
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	for {
+		select {
+		case sig := <-sigs:
+			if s, ok := sig.(syscall.Signal); ok {
+				_ = syscall.Kill(-pgid, s)
+			}
+		case <-stop:
+			if onStop != nil {
+				onStop()
+			}
+			_ = syscall.Kill(-pgid, syscall.SIGTERM)
+			timer := time.NewTimer(grace)
+			defer timer.Stop()
+			select {
+			case err := <-exited:
+				waitErr = err
+			case <-timer.C:
+				_ = syscall.Kill(-pgid, syscall.SIGKILL)
+				waitErr = <-exited
+			}
+			_ = syscall.Kill(-pgid, syscall.SIGKILL)
+			return waitErr, true, nil
+		case err := <-exited:
+			return err, false, nil
+		}
+	}
+}
+
+// startFailure turns a failure to start a program into the shell's exit
+// codes: 127 when it does not exist, 126 otherwise.
+func startFailure(name string, err error) error {
+	code := 126
+	if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
+		code = 127
+	}
+	return withCode(code, fmt.Errorf("start %s: %w", name, err))
+}
+
+// childExit maps a program's end to drover's exit: its code, or 128+signal.
+func childExit(err error) error {
+	if err == nil {
+		return nil
+	}
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			return withCode(128+int(ws.Signal()), errors.New(""))
+		}
+		return withCode(ee.ExitCode(), errors.New(""))
+	}
+	return err
+}

@@ -1,0 +1,361 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/droverhq/drover"
+	"github.com/droverhq/drover/keyspace"
+	"github.com/droverhq/drover/lease"
+	"github.com/droverhq/drover/lock"
+	"github.com/droverhq/drover/task"
+	"github.com/spf13/cobra"
+)
+
+// Environment passed to each step of drover task run.
+const (
+	EnvTaskID   = "DROVER_TASK_ID"
+	EnvStep     = "DROVER_STEP"
+	EnvStepName = "DROVER_STEP_NAME"
+)
+
+func (a *app) taskCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "task",
+		Short: "Run step-wise agent tasks that resume after a crash; show their history",
+		Example: `  drover task run report-42 --step 'ingest=./ingest.sh' --step 'analyze=python3 analyze.py'
+  drover task history report-42`,
+	}
+	cmd.AddCommand(a.taskRunCommand(), a.taskHistoryCommand())
+	return cmd
+}
+
+// parseSteps turns --step NAME=CMD values into steps run by sh -c.
+func parseSteps(specs []string) ([]string, []string, error) {
+	var names, cmds []string
+	for i, s := range specs {
+		name, cmd, ok := strings.Cut(s, "=")
+		name, cmd = strings.TrimSpace(name), strings.TrimSpace(cmd)
+		if !ok || name == "" || cmd == "" {
+			return nil, nil, &drover.InputError{Field: fmt.Sprintf("--step #%d", i+1), Value: s, Rule: "must be NAME=COMMAND"}
+		}
+		names, cmds = append(names, name), append(cmds, cmd)
+	}
+	return names, cmds, nil
+}
+
+func (a *app) taskRunCommand() *cobra.Command {
+	var (
+		specs    []string
+		ttl      time.Duration
+		grace    time.Duration
+		workerID string
+		asJSON   bool
+	)
+	cmd := &cobra.Command{
+		Use:   "run TASK_ID --step NAME=COMMAND [--step NAME=COMMAND ...]",
+		Short: "Run a task's steps as commands, exactly one worker at a time, resuming after the last checkpoint",
+		Long: `Run task TASK_ID made of shell-command steps, run in order with sh -c.
+
+Each step gets the state the previous step printed on its standard input,
+and prints the new state on its standard output (at most 1 MiB). Its
+environment has DROVER_TASK_ID, DROVER_STEP (1-based), DROVER_STEP_NAME and
+DROVER_LOCK_TOKEN (the fencing token). Exit 0 means done; anything else fails
+the step and stops the run, leaving the last checkpoint as it was.
+
+Any number of workers may run the same task at once: one holds it, the others
+wait on a watch and take over when its lease expires (--ttl), resuming after
+the last checkpointed step. Each checkpoint is written fenced by the lock's
+token, together with the step's record (see drover task history). If the lock
+is lost while a step runs, the step's process group gets SIGTERM, then
+SIGKILL after --grace, and drover exits 70. A completed task never runs again.
+
+Progress goes to stderr; the final state to stdout (or a JSON result with
+--json).`,
+		Example: `  drover task run report-42 \
+      --step 'ingest=curl -s https://example.test/data' \
+      --step 'analyze=python3 analyze.py' \
+      --step 'report=python3 report.py'
+  drover task run report-42 --ttl 30s --step 'llm=./call-model.sh' --json`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) != 1 {
+				return usageError{errors.New("task run needs exactly one TASK_ID (see 'drover task run --help')")}
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			id := args[0]
+			if err := a.checkGlobal(); err != nil {
+				return err
+			}
+			if err := task.CheckID(id); err != nil {
+				return err
+			}
+			names, cmds, err := parseSteps(specs)
+			if err != nil {
+				return err
+			}
+			if len(names) == 0 {
+				return &drover.InputError{Field: "--step", Rule: "give at least one, as NAME=COMMAND"}
+			}
+			if err := lease.CheckTTL("--ttl", ttl); err != nil {
+				return err
+			}
+			if grace <= 0 {
+				return &drover.InputError{Field: "--grace", Value: grace, Rule: "must be positive"}
+			}
+			if workerID != "" {
+				if err := keyspace.CheckName("--worker-id", workerID); err != nil {
+					return err
+				}
+			}
+			return a.taskRun(cmd.Context(), id, names, cmds, ttl, grace, workerID, asJSON)
+		},
+	}
+	f := cmd.Flags()
+	f.StringArrayVar(&specs, "step", nil, "a step as NAME=COMMAND; repeat in order")
+	f.DurationVar(&ttl, "ttl", 15*time.Second, "lease TTL: how soon another worker takes over if this one dies (1s to 24h)")
+	f.DurationVar(&grace, "grace", 10*time.Second, "after the lock is lost, time between SIGTERM and SIGKILL for the step")
+	f.StringVar(&workerID, "worker-id", "", "name recorded for this worker (default host:pid)")
+	f.BoolVar(&asJSON, "json", false, "print the result as JSON")
+	return cmd
+}
+
+// taskRunResult is the JSON form of a task run.
+type taskRunResult struct {
+	TaskID           string `json:"task_id"`
+	Token            int64  `json:"token"`
+	ResumedFrom      int    `json:"resumed_from_step"`
+	StepsRun         int    `json:"steps_run"`
+	AlreadyCompleted bool   `json:"already_completed"`
+	State            string `json:"state"`
+}
+
+func (a *app) taskRun(ctx context.Context, id string, names, cmds []string, ttl, grace time.Duration, workerID string, asJSON bool) error {
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+
+	cli, err := a.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	// A signal while no step runs ends the run; during a step it goes to
+	// the step's process group, and the step decides.
+	var inStep atomic.Bool
+	stepSigs := make(chan os.Signal, 4)
+	go func() {
+		for {
+			select {
+			case sig := <-sigs:
+				if !inStep.Load() {
+					cancel()
+					continue
+				}
+				select {
+				case stepSigs <- sig:
+				default:
+				}
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	var token int64
+	r, err := task.NewRunner(ctx, cli, task.RunnerConfig{
+		Namespace: a.namespace, WorkerID: workerID, TTL: ttl, Logger: a.logger,
+		OnEvent: func(ev task.Event) {
+			if ev.Type == task.EventAcquired {
+				token = ev.Token
+			}
+			a.printTaskEvent(ev, len(names))
+		},
+	})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer ccancel()
+		_ = r.Close(cctx)
+	}()
+
+	steps := make([]task.Step, len(names))
+	lost := false
+	for i := range names {
+		n, name, script := i+1, names[i], cmds[i]
+		steps[i] = task.Step{Name: name, Run: func(sctx context.Context, state []byte) ([]byte, error) {
+			c := exec.Command("sh", "-c", script)
+			c.Env = append(os.Environ(), EnvTaskID+"="+id, EnvStep+"="+strconv.Itoa(n), EnvStepName+"="+name,
+				EnvLockToken+"="+strconv.FormatInt(token, 10))
+			c.Stdin = bytes.NewReader(state)
+			out := &limitedBuffer{limit: task.DefaultStateLimit}
+			c.Stdout, c.Stderr = out, a.stderr
+			inStep.Store(true)
+			defer inStep.Store(false)
+			waitErr, stopped, startErr := supervise(c, stepSigs, sctx.Done(), grace, func() {
+				fmt.Fprintf(a.stderr, "drover: task %s step %d (%s): %v; stopping it (SIGTERM, SIGKILL after %s)\n", id, n, name, context.Cause(sctx), grace)
+			})
+			switch {
+			case startErr != nil:
+				return nil, startErr
+			case stopped:
+				lost = true
+				return nil, context.Cause(sctx)
+			case waitErr != nil:
+				return nil, fmt.Errorf("%s: %w", script, waitErr)
+			case out.over:
+				return nil, &task.StateTooLargeError{TaskID: id, Step: n, Name: name, Size: out.n, Limit: out.limit}
+			}
+			return out.Bytes(), nil
+		}}
+	}
+	res, err := r.Run(ctx, id, steps)
+	if err != nil {
+		if lost || errors.Is(err, lock.ErrFenced) || errors.Is(err, lock.ErrLost) {
+			return withCode(ExitLockLost, err)
+		}
+		if ctx.Err() != nil && errors.Is(err, context.Canceled) {
+			return withCode(130, fmt.Errorf("task %s: interrupted; it resumes from its last checkpoint on the next run", id))
+		}
+		return err
+	}
+	if asJSON {
+		return json.NewEncoder(a.stdout).Encode(taskRunResult{TaskID: id, Token: res.Token, ResumedFrom: res.ResumedFrom,
+			StepsRun: res.StepsRun, AlreadyCompleted: res.AlreadyCompleted, State: string(res.State)})
+	}
+	_, err = a.stdout.Write(res.State)
+	return err
+}
+
+// printTaskEvent writes one progress line for a task event to stderr.
+func (a *app) printTaskEvent(ev task.Event, steps int) {
+	var msg string
+	switch ev.Type {
+	case task.EventWaiting:
+		msg = "held by another worker; waiting for it (watching its lock)"
+	case task.EventAcquired:
+		msg = fmt.Sprintf("acquired (fencing token %d)", ev.Token)
+	case task.EventResumed:
+		if ev.Step == 1 {
+			msg = fmt.Sprintf("starting at step 1 of %d", steps)
+		} else {
+			msg = fmt.Sprintf("resuming at step %d of %d; %s", ev.Step, steps, task.CheckpointedUpTo(ev.Step-1))
+		}
+	case task.EventStepStarted:
+		msg = fmt.Sprintf("step %d/%d %s: started", ev.Step, steps, ev.Name)
+	case task.EventStepCheckpointed:
+		msg = fmt.Sprintf("step %d/%d %s: checkpointed", ev.Step, steps, ev.Name)
+	case task.EventCompleted:
+		msg = "completed"
+	case task.EventAlreadyCompleted:
+		msg = "already completed; nothing to do"
+	case task.EventLost:
+		msg = "lost the task: " + ev.Err
+	default:
+		return
+	}
+	fmt.Fprintf(a.stderr, "drover: task %s: %s\n", ev.TaskID, msg)
+}
+
+// limitedBuffer keeps at most limit bytes and notes whether more came.
+type limitedBuffer struct {
+	bytes.Buffer
+	limit, n int
+	over     bool
+}
+
+func (b *limitedBuffer) Write(p []byte) (int, error) {
+	b.n += len(p)
+	if b.Len()+len(p) > b.limit {
+		b.over = true
+		return len(p), nil
+	}
+	return b.Buffer.Write(p)
+}
+
+var _ io.Writer = (*limitedBuffer)(nil)
+
+func (a *app) taskHistoryCommand() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "history TASK_ID",
+		Short: "Show which worker ran which step of a task, under which token, and where takeovers happened",
+		Example: `  drover task history report-42
+  drover task history report-42 --json`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			id := args[0]
+			if err := a.checkGlobal(); err != nil {
+				return err
+			}
+			if err := task.CheckID(id); err != nil {
+				return err
+			}
+			cli, err := a.connect(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer cli.Close()
+			store, err := task.NewStore(cli, a.namespace)
+			if err != nil {
+				return err
+			}
+			cp, err := store.Load(cmd.Context(), id)
+			if err != nil {
+				return err
+			}
+			hist, err := store.History(cmd.Context(), id)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return json.NewEncoder(a.stdout).Encode(struct {
+					TaskID    string            `json:"task_id"`
+					Step      int               `json:"step"`
+					Steps     int               `json:"steps"`
+					Completed bool              `json:"completed"`
+					History   []task.StepRecord `json:"history"`
+				}{id, cp.Step, cp.Steps, cp.Completed, append([]task.StepRecord{}, hist...)})
+			}
+			switch {
+			case cp.Step == 0:
+				fmt.Fprintf(a.stdout, "task %s: no checkpoint yet\n", id)
+				return nil
+			case cp.Completed:
+				fmt.Fprintf(a.stdout, "task %s: completed, %d of %d steps\n", id, cp.Step, cp.Steps)
+			default:
+				fmt.Fprintf(a.stdout, "task %s: at step %d of %d (%s checkpointed)\n", id, cp.Step, cp.Steps, cp.StepName)
+			}
+			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "STEP\tNAME\tWORKER\tTOKEN\tSTARTED\tTOOK\t")
+			for i, rec := range hist {
+				note := ""
+				if i > 0 && rec.Token != hist[i-1].Token {
+					note = "<- taken over from " + hist[i-1].Worker
+				}
+				fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%s\t%s\t%s\n", rec.Step, rec.Name, rec.Worker, rec.Token,
+					rec.StartedAt.Format(time.RFC3339), rec.FinishedAt.Sub(rec.StartedAt).Round(time.Millisecond), note)
+			}
+			return tw.Flush()
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
