@@ -202,7 +202,7 @@ func Run(ctx context.Context, cfg Config) (Summary, error) {
 	var (
 		killTimer  <-chan time.Time
 		killedAt   time.Time
-		starts     = map[int][]string{} // step -> workers that started it
+		starts     = map[int][]string{}  // step -> workers that started it
 		checkpoint = map[int]time.Time{} // step -> when it was checkpointed
 		redone     = 0
 	)
