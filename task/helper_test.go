@@ -122,7 +122,7 @@ type worker struct {
 	done   chan struct{}
 }
 
-func startWorker(t *testing.T, mode string, env ...string) *worker {
+func startWorker(t testing.TB, mode string, env ...string) *worker {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), append([]string{helperEnv + "=" + mode, "H_ENDPOINTS=" + strings.Join(srv.Endpoints(), ",")}, env...)...)
@@ -158,7 +158,7 @@ func startWorker(t *testing.T, mode string, env ...string) *worker {
 
 // await returns the first output line that contains all of parts, waiting up
 // to d for it.
-func (w *worker) await(t *testing.T, d time.Duration, parts ...string) string {
+func (w *worker) await(t testing.TB, d time.Duration, parts ...string) string {
 	t.Helper()
 	deadline := time.After(d)
 	for {
