@@ -21,6 +21,7 @@ import (
 	"github.com/droverhq/drover/cluster"
 	"github.com/droverhq/drover/lock"
 	"github.com/droverhq/drover/task"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 const helperEnv = "DROVER_TASK_TEST_HELPER"
@@ -199,4 +200,9 @@ func (w *worker) await(t testing.TB, d time.Duration, parts ...string) string {
 			t.Fatalf("worker printed no %q within %s", parts, d)
 		}
 	}
+}
+
+// newExampleClient connects to the package's test server, for examples.
+func newExampleClient() (*clientv3.Client, error) {
+	return cluster.Connect(context.Background(), cluster.ClientConfig{Endpoints: srv.Endpoints()})
 }
