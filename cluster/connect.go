@@ -51,21 +51,25 @@ type ClientConfig struct {
 	DialTimeout time.Duration
 }
 
-// ResolveEndpoints picks the endpoints a command uses: the flag value when set
-// (comma-separated), else ETCD_ENDPOINTS, else 127.0.0.1:2379.
+// ResolveEndpoints picks the endpoints a command uses: the flag value when it
+// names any (comma-separated), else ETCD_ENDPOINTS when it does, else
+// 127.0.0.1:2379.
 func ResolveEndpoints(flag string) []string {
-	raw := flag
-	if raw == "" {
-		raw = os.Getenv(EnvEndpoints)
+	if eps := splitEndpoints(flag); len(eps) > 0 {
+		return eps
 	}
+	if eps := splitEndpoints(os.Getenv(EnvEndpoints)); len(eps) > 0 {
+		return eps
+	}
+	return []string{DefaultEndpoint}
+}
+
+func splitEndpoints(raw string) []string {
 	var eps []string
 	for _, e := range strings.Split(raw, ",") {
 		if e = strings.TrimSpace(e); e != "" {
 			eps = append(eps, e)
 		}
-	}
-	if len(eps) == 0 {
-		eps = []string{DefaultEndpoint}
 	}
 	return eps
 }

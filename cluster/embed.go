@@ -80,18 +80,33 @@ func (c EmbedConfig) withDefaults() EmbedConfig {
 func (c EmbedConfig) Validate() error {
 	c = c.withDefaults()
 	for _, f := range []struct{ field, raw string }{{"ClientURL", c.ClientURL}, {"PeerURL", c.PeerURL}} {
-		u, err := url.Parse(f.raw)
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return fmt.Errorf("cluster: %s %q: must be a URL such as http://127.0.0.1:2379", f.field, f.raw)
+		if !listenURL(f.raw) {
+			return fmt.Errorf("cluster: %s %q: must be http(s)://IP:PORT with no path, such as http://127.0.0.1:2379", f.field, f.raw)
 		}
 	}
-	if _, err := zapcore.ParseLevel(c.LogLevel); err != nil {
+	switch c.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
 		return fmt.Errorf("cluster: LogLevel %q: must be debug, info, warn or error", c.LogLevel)
 	}
 	if c.StartTimeout < 0 {
 		return fmt.Errorf("cluster: StartTimeout %s: must not be negative", c.StartTimeout)
 	}
 	return nil
+}
+
+// listenURL reports whether raw is a URL etcd can listen on: http or https,
+// an IP address (etcd binds to IPs, not names) and a port, and no path.
+func listenURL(raw string) bool {
+	u, err := url.Parse(raw)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || (u.Path != "" && u.Path != "/") || u.RawQuery != "" {
+		return false
+	}
+	host, port, err := net.SplitHostPort(u.Host)
+	if err != nil || port == "" {
+		return false
+	}
+	return net.ParseIP(host) != nil
 }
 
 // Server is a running embedded etcd server.

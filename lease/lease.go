@@ -15,7 +15,9 @@ import (
 )
 
 // Limits of a lease's TTL. etcd counts lease TTLs in whole seconds; a TTL that
-// is not a whole number of seconds is rounded up.
+// is not a whole number of seconds is rounded up, and etcd raises a TTL under
+// its own minimum (2 s with default settings) to that minimum; [Lease.TTL]
+// reports what etcd granted.
 const (
 	MinTTL = time.Second
 	MaxTTL = 24 * time.Hour
@@ -104,7 +106,9 @@ func Grant(ctx context.Context, cli *clientv3.Client, ttl time.Duration, opts ..
 	if err != nil {
 		return nil, fmt.Errorf("lease: grant %ds lease: %w", secs, err)
 	}
-	ttl = time.Duration(secs) * time.Second
+	// etcd may grant more than asked: it raises TTLs to its minimum (about
+	// 1.5 election timeouts, 2 s with default settings).
+	ttl = time.Duration(max(resp.TTL, secs)) * time.Second
 	interval := o.interval
 	if interval <= 0 {
 		interval = ttl / 3
@@ -238,6 +242,8 @@ func (l *Lease) renew(interval time.Duration) {
 
 // Close stops renewing and revokes the lease, so that every key bound to it
 // is deleted at once, and cancels the lease's context with [ErrClosed]. The
+// revoke waits for etcd no longer than ctx allows and no longer than the
+// lease's deadline, after which etcd expires the lease by itself. The
 // renewal goroutine has ended when Close returns. Close is safe to call more
 // than once and after the lease was lost; a lost lease is not revoked.
 func (l *Lease) Close(ctx context.Context) error {
@@ -253,7 +259,11 @@ func (l *Lease) Close(ctx context.Context) error {
 		if lost {
 			return
 		}
-		if _, err := l.cli.Revoke(ctx, l.id); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		// Past the deadline the server has expired the lease itself; do
+		// not wait longer than that for an etcd that does not answer.
+		rctx, cancel := context.WithDeadline(ctx, l.Deadline())
+		defer cancel()
+		if _, err := l.cli.Revoke(rctx, l.id); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
 			l.closeErr = fmt.Errorf("lease: revoke %x: %w", int64(l.id), err)
 		}
 	})
