@@ -3,7 +3,6 @@ package cluster_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -14,18 +13,10 @@ import (
 
 	"github.com/droverhq/drover/cluster"
 	"github.com/droverhq/drover/internal/etcdtest"
-	"go.uber.org/goleak"
 )
 
 func TestMain(m *testing.M) {
-	code := m.Run()
-	if code == 0 {
-		if err := goleak.Find(etcdtest.LeakOptions()...); err != nil {
-			fmt.Fprintln(os.Stderr, "goleak:", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
+	os.Exit(etcdtest.Main(m, nil, "", nil))
 }
 
 // embed starts a server in dir on free loopback ports; it is closed when the

@@ -252,16 +252,7 @@ func TestCloseRevokes(t *testing.T) {
 }
 
 func TestEtcdStoppedUnderLease(t *testing.T) {
-	own, err := etcdtest.Start(etcdtest.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer own.Stop()
-	cli, err := cluster.Connect(context.Background(), cluster.ClientConfig{Endpoints: own.Endpoints()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
+	own, cli := etcdtest.StartOwn(t)
 	const ttl = 2 * time.Second
 	granted := time.Now()
 	l, err := lease.Grant(context.Background(), cli, ttl)
@@ -530,16 +521,7 @@ func ExampleGrant() {
 // return, no later than the lease's deadline, when etcd would have expired
 // the lease by itself.
 func TestCloseWithEtcdDownIsBounded(t *testing.T) {
-	own, err := etcdtest.Start(etcdtest.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer own.Stop()
-	cli, err := cluster.Connect(context.Background(), cluster.ClientConfig{Endpoints: own.Endpoints()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
+	own, cli := etcdtest.StartOwn(t)
 	l, err := lease.Grant(context.Background(), cli, 3*time.Second)
 	if err != nil {
 		t.Fatal(err)

@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/droverhq/drover"
-	"github.com/droverhq/drover/cluster"
 	"github.com/droverhq/drover/internal/etcdtest"
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/lock"
@@ -260,16 +259,7 @@ func TestHolderPaused(t *testing.T) {
 }
 
 func TestEtcdStoppedUnderHolder(t *testing.T) {
-	own, err := etcdtest.Start(etcdtest.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer own.Stop()
-	cli, err := cluster.Connect(context.Background(), cluster.ClientConfig{Endpoints: own.Endpoints()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
+	own, cli := etcdtest.StartOwn(t)
 	const ttl = 2 * time.Second
 	locker, err := lock.NewEtcd(context.Background(), cli, lock.EtcdConfig{TTL: ttl})
 	if err != nil {

@@ -1,12 +1,10 @@
 package lock_test
 
 import (
-	"fmt"
 	"os"
 	"testing"
 
 	"github.com/droverhq/drover/internal/etcdtest"
-	"go.uber.org/goleak"
 )
 
 // srv is the embedded etcd every test of this package shares; each test uses
@@ -14,20 +12,9 @@ import (
 var srv *etcdtest.Server
 
 func TestMain(m *testing.M) {
-	if mode := os.Getenv(helperEnv); mode != "" {
-		os.Exit(runHelper(mode))
-	}
-	srv = etcdtest.MustStart(etcdtest.Options{})
-	code := m.Run()
-	srv.Stop()
+	code := etcdtest.Main(m, &srv, helperEnv, runHelper)
 	if benchSrv != nil {
 		benchSrv.Stop()
-	}
-	if code == 0 {
-		if err := goleak.Find(etcdtest.LeakOptions()...); err != nil {
-			fmt.Fprintln(os.Stderr, "goleak:", err)
-			code = 1
-		}
 	}
 	os.Exit(code)
 }

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/droverhq/drover/internal/etcdtest"
-	"go.uber.org/goleak"
 )
 
 var (
@@ -36,16 +35,8 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "build drover:", err)
 		os.Exit(1)
 	}
-	srv = etcdtest.MustStart(etcdtest.Options{})
-	code := m.Run()
-	srv.Stop()
+	code := etcdtest.Main(m, &srv, "", nil)
 	_ = os.RemoveAll(dir)
-	if code == 0 {
-		if err := goleak.Find(etcdtest.LeakOptions()...); err != nil {
-			fmt.Fprintln(os.Stderr, "goleak:", err)
-			code = 1
-		}
-	}
 	os.Exit(code)
 }
 

@@ -133,3 +133,42 @@ func LeakOptions() []goleak.Option {
 		goleak.IgnoreAnyFunction("go.etcd.io/etcd/pkg/v3/schedule.(*fifo).run"),
 	}
 }
+
+// Main runs a test package's tests against one embedded etcd, which it starts
+// into *srv (nil srv: no server), and then checks for leaked goroutines. When
+// the environment variable helperEnv is set, it runs helper with its value
+// instead: tests re-execute the test binary that way to get real worker
+// processes they can kill. Use it as os.Exit(etcdtest.Main(...)) in TestMain.
+func Main(m *testing.M, srv **Server, helperEnv string, helper func(mode string) int) int {
+	if helperEnv != "" {
+		if mode := os.Getenv(helperEnv); mode != "" {
+			return helper(mode)
+		}
+	}
+	if srv != nil {
+		*srv = MustStart(Options{})
+	}
+	code := m.Run()
+	if srv != nil {
+		(*srv).Stop()
+	}
+	if code == 0 {
+		if err := goleak.Find(LeakOptions()...); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
+	return code
+}
+
+// StartOwn starts a server for one test alone (a test that stops it), and
+// returns it with a connected client; both end with the test.
+func StartOwn(tb testing.TB) (*Server, *clientv3.Client) {
+	tb.Helper()
+	s, err := Start(Options{})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(s.Stop)
+	return s, s.Client(tb)
+}
