@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/droverhq/drover"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -79,10 +80,11 @@ func (c EmbedConfig) withDefaults() EmbedConfig {
 // Validate reports the first field that is not usable.
 func (c EmbedConfig) Validate() error {
 	c = c.withDefaults()
-	for _, f := range []struct{ field, raw string }{{"ClientURL", c.ClientURL}, {"PeerURL", c.PeerURL}} {
-		if !listenURL(f.raw) {
-			return fmt.Errorf("cluster: %s %q: must be http(s)://IP:PORT with no path, such as http://127.0.0.1:2379", f.field, f.raw)
-		}
+	if !listenURL(c.ClientURL, false) {
+		return &drover.InputError{Field: "ClientURL", Value: c.ClientURL, Rule: "must be http(s)://IP:PORT with no path, such as http://127.0.0.1:2379"}
+	}
+	if !listenURL(c.PeerURL, true) {
+		return &drover.InputError{Field: "PeerURL", Value: c.PeerURL, Rule: "must be http(s)://LOOPBACK-IP:PORT with no path, such as http://127.0.0.1:2380: the embedded etcd has no peers"}
 	}
 	switch c.LogLevel {
 	case "debug", "info", "warn", "error":
@@ -96,8 +98,9 @@ func (c EmbedConfig) Validate() error {
 }
 
 // listenURL reports whether raw is a URL etcd can listen on: http or https,
-// an IP address (etcd binds to IPs, not names) and a port, and no path.
-func listenURL(raw string) bool {
+// an IP address (etcd binds to IPs, not names; a loopback one if loopback is
+// set) and a port, and no path.
+func listenURL(raw string, loopback bool) bool {
 	u, err := url.Parse(raw)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || (u.Path != "" && u.Path != "/") || u.RawQuery != "" {
 		return false
@@ -106,7 +109,8 @@ func listenURL(raw string) bool {
 	if err != nil || port == "" {
 		return false
 	}
-	return net.ParseIP(host) != nil
+	ip := net.ParseIP(host)
+	return ip != nil && (!loopback || ip.IsLoopback())
 }
 
 // Server is a running embedded etcd server.

@@ -7,7 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"sort"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -66,8 +69,18 @@ type Etcd struct {
 	// recordHead is the JSON of holder up to the acquired_at value.
 	recordHead []byte
 
+	// nonce starts every contender key of this locker: its lease ID and a
+	// random part that tells it from other lockers sharing the lease.
+	nonce string
+
 	mu    sync.Mutex
 	slots map[string]map[int]bool // lock name -> contender slots in use
+
+	// stop ends the goroutines that retry deleting abandoned keys; Close
+	// closes it and waits for them.
+	stop     chan struct{}
+	stopOnce sync.Once
+	cleaners sync.WaitGroup
 }
 
 var _ Locker = (*Etcd)(nil)
@@ -83,7 +96,8 @@ func NewEtcd(ctx context.Context, cli *clientv3.Client, cfg EtcdConfig) (*Etcd, 
 	if logger == nil {
 		logger = slog.Default()
 	}
-	e := &Etcd{cli: cli, keys: keys, lease: cfg.Lease, holder: NewHolder(cfg.HolderID), logger: logger}
+	e := &Etcd{cli: cli, keys: keys, lease: cfg.Lease, holder: NewHolder(cfg.HolderID), logger: logger,
+		stop: make(chan struct{})}
 	head, _ := json.Marshal(e.holder)
 	// {"id":...,"pid":N,"acquired_at":"0001-..."} -> {"id":...,"pid":N,"acquired_at":
 	e.recordHead = head[:bytes.LastIndex(head, []byte(`"acquired_at":`))+len(`"acquired_at":`)]
@@ -98,6 +112,7 @@ func NewEtcd(ctx context.Context, cli *clientv3.Client, cfg EtcdConfig) (*Etcd, 
 		}
 		e.lease, e.ownsLease = l, true
 	}
+	e.nonce = fmt.Sprintf("%016x-%08x-", int64(e.lease.ID()), rand.Uint32())
 	return e, nil
 }
 
@@ -105,12 +120,17 @@ func NewEtcd(ctx context.Context, cli *clientv3.Client, cfg EtcdConfig) (*Etcd, 
 func (e *Etcd) Lease() *lease.Lease { return e.lease }
 
 // Close revokes the locker's own lease, which releases every lock it holds at
-// once. A lease passed in EtcdConfig.Lease is left to its owner.
+// once, then stops retrying the deletion of abandoned contender keys. A lease
+// passed in EtcdConfig.Lease is left to its owner, and so are the locks bound
+// to it.
 func (e *Etcd) Close(ctx context.Context) error {
+	var err error
 	if e.ownsLease {
-		return e.lease.Close(ctx)
+		err = e.lease.Close(ctx)
 	}
-	return nil
+	e.stopOnce.Do(func() { close(e.stop) })
+	e.cleaners.Wait()
+	return err
 }
 
 // contender returns this locker's key for a new attempt at name, and the
@@ -137,7 +157,7 @@ func (e *Etcd) contender(name string) (key string, done func(reusable bool)) {
 		slot++
 	}
 	used[slot] = true
-	key = e.keys.LockContender(name, fmt.Sprintf("%016x-%d", int64(e.lease.ID()), slot))
+	key = e.keys.LockContender(name, e.nonce+strconv.Itoa(slot))
 	var once sync.Once
 	return key, func(reusable bool) {
 		once.Do(func() {
@@ -183,7 +203,7 @@ func (e *Etcd) TryAcquire(ctx context.Context, name string) (Lock, error) {
 		Else(clientv3.OpGet(prefix, clientv3.WithFirstCreate()...)).
 		Commit()
 	if err != nil {
-		done(e.abandon(ctx, key))
+		e.abandon(ctx, key, done)
 		return nil, fmt.Errorf("lock: try-acquire %q: %w", name, err)
 	}
 	if !resp.Succeeded {
@@ -228,7 +248,7 @@ func (e *Etcd) Acquire(ctx context.Context, name string) (Lock, error) {
 				clientv3.OpGet(prefix, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend), clientv3.WithLimit(2), clientv3.WithKeysOnly()),
 			).Commit()
 		if err != nil {
-			done(e.abandon(ctx, key))
+			e.abandon(ctx, key, done)
 			return nil, fmt.Errorf("lock: acquire %q: %w", name, err)
 		}
 		if resp.Succeeded {
@@ -243,12 +263,12 @@ func (e *Etcd) Acquire(ctx context.Context, name string) (Lock, error) {
 	waited := ahead != nil
 	for ahead != nil {
 		if err := e.waitDelete(ctx, ahead); err != nil {
-			done(e.abandon(ctx, key))
+			e.abandon(ctx, key, done)
 			return nil, e.waitError(ctx, name, err)
 		}
 		g, err := e.cli.Get(ctx, prefix, append(clientv3.WithLastCreate(), clientv3.WithMaxCreateRev(token-1), clientv3.WithKeysOnly())...)
 		if err != nil {
-			done(e.abandon(ctx, key))
+			e.abandon(ctx, key, done)
 			return nil, e.waitError(ctx, name, err)
 		}
 		ahead = nil
@@ -265,7 +285,7 @@ func (e *Etcd) Acquire(ctx context.Context, name string) (Lock, error) {
 			Then(clientv3.OpPut(key, val, clientv3.WithLease(e.lease.ID()))).
 			Commit()
 		if err != nil {
-			done(e.abandon(ctx, key))
+			e.abandon(ctx, key, done)
 			return nil, e.waitError(ctx, name, err)
 		}
 		if !upd.Succeeded {
@@ -350,22 +370,50 @@ func (e *Etcd) waitError(ctx context.Context, name string, err error) error {
 	return herr
 }
 
-// abandon deletes a contender key that will not be used, and reports whether
-// it is surely gone. It runs even when ctx is done, bounded by its own
-// timeout; if it fails, the key still goes when the lease does.
-func (e *Etcd) abandon(ctx context.Context, key string) bool {
+// abandon deletes a contender key that will not be used, and gives its slot
+// back once the key is surely gone. The deletion runs even when ctx is done,
+// bounded by its own timeout. If it fails, a goroutine keeps trying until it
+// succeeds, the lease ends (taking the key with it) or the locker is closed:
+// a stray key would otherwise hold or block the lock for as long as this
+// process keeps the lease alive.
+func (e *Etcd) abandon(ctx context.Context, key string, done func(reusable bool)) {
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
-	defer cancel()
-	if _, err := e.cli.Delete(dctx, key); err != nil {
-		e.logger.Debug("lock: abandoned contender key stays until its lease ends", "key", key, "err", err)
-		return false
+	_, err := e.cli.Delete(dctx, key)
+	cancel()
+	if err == nil {
+		done(true)
+		return
 	}
-	return true
+	e.logger.Warn("lock: could not delete an abandoned contender key; retrying in the background", "key", key, "err", err)
+	e.cleaners.Add(1)
+	go func() {
+		defer e.cleaners.Done()
+		backoff := 100 * time.Millisecond
+		for {
+			select {
+			case <-e.stop:
+				return
+			case <-e.lease.Done():
+				return
+			case <-time.After(backoff):
+			}
+			dctx, cancel := context.WithTimeout(e.lease.Context(), cleanupTimeout)
+			_, err := e.cli.Delete(dctx, key)
+			cancel()
+			if err == nil {
+				done(true)
+				return
+			}
+			backoff = min(2*backoff, 2*time.Second)
+		}
+	}()
 }
 
-// Release releases name if token is its holder's token. It reads the holder
-// and deletes it in a transaction that compares the create revision, so a
-// late or repeated release can never delete a later holder's key.
+// Release releases name if this locker holds it with token. It reads the
+// holder, checks the key is one of this locker's, and deletes it in a
+// transaction that compares the create revision, so a late or repeated
+// release can never delete a later holder's key, and no other locker can
+// release it, even knowing the token.
 func (e *Etcd) Release(ctx context.Context, name string, token int64) error {
 	if err := CheckName(name); err != nil {
 		return err
@@ -375,12 +423,16 @@ func (e *Etcd) Release(ctx context.Context, name string, token int64) error {
 	if err != nil {
 		return fmt.Errorf("lock: release %q: %w", name, err)
 	}
-	if len(g.Kvs) == 0 || g.Kvs[0].CreateRevision != token {
+	// The holder's key must be one of this locker's: its name carries the
+	// locker's lease and nonce, and a key's name never changes.
+	if len(g.Kvs) == 0 || g.Kvs[0].CreateRevision != token || !strings.HasPrefix(string(g.Kvs[0].Key), prefix+e.nonce) {
 		return e.notHeld(ctx, name, token)
 	}
 	return e.releaseKey(ctx, name, string(g.Kvs[0].Key), token)
 }
 
+// releaseKey deletes key, one of this locker's own contender keys, if it is
+// still the contender created at token.
 func (e *Etcd) releaseKey(ctx context.Context, name, key string, token int64) error {
 	resp, err := e.cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(key), "=", token)).
@@ -465,35 +517,28 @@ func decodeHolder(kv *mvccpb.KeyValue) Holder {
 }
 
 func (e *Etcd) newLock(name, key string, token int64, h Holder, done func(bool)) *EtcdLock {
-	l := &EtcdLock{locker: e, name: name, key: key, token: token, holder: h, done: done}
-	l.ctx, l.cancel = context.WithCancelCause(context.Background())
-	l.stopLease = context.AfterFunc(e.lease.Context(), func() {
-		cause := context.Cause(e.lease.Context())
-		if errors.Is(cause, lease.ErrClosed) {
-			l.end(fmt.Errorf("%w: the locker was closed", ErrReleased))
-			return
-		}
-		l.lose(cause)
-	})
-	return l
+	return &EtcdLock{locker: e, name: name, key: key, token: token, holder: h, done: done}
 }
 
 // EtcdLock is a lock held through the etcd backend.
+//
+// Its context is made on the first call to Context, with a watch on the
+// lock's key and a link to the lease: a holder that never asks for it pays
+// for neither, and Err, Txn and Release still see a loss.
 type EtcdLock struct {
 	locker *Etcd
 	name   string
 	key    string
 	token  int64
 	holder Holder
+	done   func(reusable bool)
 
+	mu        sync.Mutex
+	cause     error // why the holding ended; nil while held
 	ctx       context.Context
 	cancel    context.CancelCauseFunc
 	stopLease func() bool
-	done      func(reusable bool)
-	watchOnce sync.Once
-
-	mu      sync.Mutex
-	release chan struct{} // closed when a Release in progress returns
+	release   chan struct{} // closed when a Release in progress returns
 }
 
 // releasing returns a channel closed when the Release in progress returns,
@@ -522,7 +567,19 @@ func (l *EtcdLock) Key() string { return l.key }
 // Context is cancelled the moment the lock is lost (lease lost, key deleted
 // by anyone) or released. The first call starts a watch on the lock's key.
 func (l *EtcdLock) Context() context.Context {
-	l.watchOnce.Do(func() { go l.watch() })
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.ctx != nil {
+		return l.ctx
+	}
+	l.ctx, l.cancel = context.WithCancelCause(context.Background())
+	if l.cause != nil {
+		l.cancel(l.cause)
+		return l.ctx
+	}
+	lctx := l.locker.lease.Context()
+	l.stopLease = context.AfterFunc(lctx, func() { l.leaseEnded(context.Cause(lctx)) })
+	go l.watch(l.ctx)
 	return l.ctx
 }
 
@@ -538,31 +595,35 @@ func (l *EtcdLock) Cmp() clientv3.Cmp {
 // itself, so it is exact right after the process wakes from a pause.
 func (l *EtcdLock) Err() error {
 	if err := l.locker.lease.Err(); err != nil {
-		l.lose(err)
+		l.leaseEnded(err)
 	}
-	if l.ctx.Err() != nil {
-		return context.Cause(l.ctx)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.cause
+}
+
+// leaseEnded ends the holding when its lease ended: released when the locker
+// was closed, lost otherwise.
+func (l *EtcdLock) leaseEnded(cause error) {
+	if errors.Is(cause, lease.ErrClosed) {
+		l.end(fmt.Errorf("%w: the locker was closed", ErrReleased))
+		return
 	}
-	return nil
+	l.lose(cause)
 }
 
 func (l *EtcdLock) lose(cause error) {
-	if l.ctx.Err() != nil {
-		return
-	}
-	err := &LostError{Name: l.name, Token: l.token, Cause: cause}
-	l.end(err)
-	if context.Cause(l.ctx) == error(err) {
+	if l.end(&LostError{Name: l.name, Token: l.token, Cause: cause}) {
 		l.locker.logger.Warn("lock lost", "lock", l.name, "token", l.token, "cause", cause.Error())
 	}
 }
 
 // watch cancels the lock's context when its key is deleted. It ends when the
 // context is done.
-func (l *EtcdLock) watch() {
+func (l *EtcdLock) watch(ctx context.Context) {
 	cli := l.locker.cli
-	for l.ctx.Err() == nil {
-		wctx, cancel := context.WithCancel(l.ctx)
+	for ctx.Err() == nil {
+		wctx, cancel := context.WithCancel(ctx)
 		wch := cli.Watch(clientv3.WithRequireLeader(wctx), l.key, clientv3.WithFilterPut(), clientv3.WithCreatedNotify())
 		gone, err := func() (bool, error) {
 			if err := watchCreated(wctx, wch); err != nil {
@@ -597,12 +658,12 @@ func (l *EtcdLock) watch() {
 			l.lose(errors.New("lock key deleted"))
 			return
 		}
-		if l.ctx.Err() != nil {
+		if ctx.Err() != nil {
 			return
 		}
 		l.locker.logger.Debug("lock: watch interrupted; reopening", "lock", l.name, "err", err)
 		select {
-		case <-l.ctx.Done():
+		case <-ctx.Done():
 			return
 		case <-time.After(200 * time.Millisecond):
 		}
@@ -632,13 +693,24 @@ func (l *EtcdLock) Release(ctx context.Context) error {
 	return err
 }
 
-// end closes the holding: its context is cancelled with cause, and its key's
-// slot may be reused (the key is deleted, or its create revision no longer
-// matches the token).
-func (l *EtcdLock) end(cause error) {
-	l.cancel(cause)
-	l.stopLease()
+// end closes the holding, once: its context (if made) is cancelled with
+// cause, and its key's slot may be reused (the key is deleted, or its create
+// revision no longer matches the token). It reports whether this call ended
+// it.
+func (l *EtcdLock) end(cause error) (first bool) {
+	l.mu.Lock()
+	if l.cause != nil {
+		l.mu.Unlock()
+		return false
+	}
+	l.cause = cause
+	if l.cancel != nil {
+		l.cancel(cause)
+		l.stopLease()
+	}
+	l.mu.Unlock()
 	l.done(true)
+	return true
 }
 
 // Txn starts an etcd transaction that commits only while this lock is held

@@ -74,10 +74,16 @@ func runHelper(mode string) int {
 			if in.Text() != "WRITE" {
 				continue
 			}
-			// Err checks the lease deadline before anything else runs, as
-			// any fenced write does first.
+			// The lock context must end by itself once the process runs
+			// again (the renewal deadline passed while it was stopped),
+			// before anything here looks at the lock.
+			cancelled := false
+			select {
+			case <-lctx.Done():
+				cancelled = true
+			case <-time.After(200 * time.Millisecond):
+			}
 			errNow := el.Err()
-			cancelled := lctx.Err() != nil
 			raw, rerr := cli.Txn(ctx).If(el.Cmp()).Then(clientv3.OpPut(os.Getenv("H_DATA"), "stale write")).Commit()
 			rawApplied := rerr == nil && raw.Succeeded
 			_, ferr := el.Txn(ctx).Then(clientv3.OpPut(os.Getenv("H_DATA"), "stale write")).Commit()

@@ -21,9 +21,10 @@ type Locker interface {
 	// done; the deadline of ctx is the wait bound. When ctx ends first the
 	// error is a *HeldError that also matches ctx's error.
 	Acquire(ctx context.Context, name string) (Lock, error)
-	// Release releases name on behalf of the holder whose token is token.
-	// Any other token, stale or unknown, is refused with a *NotHeldError
-	// (errors.Is(err, ErrNotHeld)) and nothing changes.
+	// Release releases name if this locker holds it with token. Any other
+	// token, stale or unknown, and any other locker, even one that knows
+	// the token, is refused with a *NotHeldError (errors.Is(err,
+	// ErrNotHeld)) and nothing changes.
 	Release(ctx context.Context, name string, token int64) error
 	// Status tells who holds name, or that it is free.
 	Status(ctx context.Context, name string) (Status, error)
@@ -161,6 +162,9 @@ type NotHeldError struct {
 func (e *NotHeldError) Error() string {
 	if !e.Current.Held {
 		return fmt.Sprintf("lock %q is not held by token %d: the lock is free", e.Name, e.Token)
+	}
+	if e.Current.Token == e.Token {
+		return fmt.Sprintf("lock %q token %d is held by %s: only its holder can release it", e.Name, e.Token, e.Current.Holder)
 	}
 	return fmt.Sprintf("lock %q is not held by token %d: it is held by %s with token %d",
 		e.Name, e.Token, e.Current.Holder, e.Current.Token)

@@ -17,6 +17,7 @@ import (
 	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/internal/etcdtest"
 	"github.com/droverhq/drover/keyspace"
+	"github.com/droverhq/drover/lease"
 	"github.com/droverhq/drover/lock"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -419,6 +420,13 @@ func TestReleaseOnlyByHolder(t *testing.T) {
 	if err := b.Release(ctx, "r", la.Token()+1); !errors.As(err, &nh) || nh.Current.Token != la.Token() {
 		t.Fatalf("release with a wrong token: %v, want NotHeldError naming token %d", err, la.Token())
 	}
+	// Knowing the token is not enough: only the holder releases.
+	if err := b.Release(ctx, "r", la.Token()); !errors.As(err, &nh) || !strings.Contains(err.Error(), "only its holder") {
+		t.Fatalf("release by another locker with the right token: %v, want NotHeldError", err)
+	}
+	if st, _ := b.Status(ctx, "r"); !st.Held || st.Token != la.Token() {
+		t.Fatalf("after another locker's release the lock is %+v", st)
+	}
 	if err := la.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -437,7 +445,7 @@ func TestReleaseOnlyByHolder(t *testing.T) {
 		t.Fatalf("after a stale release the lock is %+v, want held by token %d", st, lb.Token())
 	}
 	if err := b.Release(ctx, "r", lb.Token()); err != nil {
-		t.Fatalf("release by token: %v", err)
+		t.Fatalf("release by token from the holding locker: %v", err)
 	}
 	select {
 	case <-lb.Context().Done():
@@ -543,4 +551,49 @@ func TestBadInput(t *testing.T) {
 	if n := countKeys(t, cli, ns); n != 0 {
 		t.Fatalf("bad input wrote %d keys", n)
 	}
+}
+
+func TestLockersSharingALease(t *testing.T) {
+	cli := srv.Client(t)
+	ns := etcdtest.Namespace(t)
+	ctx := context.Background()
+	shared, err := lease.Grant(ctx, cli, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer shared.Close(ctx)
+	a, err := lock.NewEtcd(ctx, cli, lock.EtcdConfig{Namespace: ns, Lease: shared, HolderID: "a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := lock.NewEtcd(ctx, cli, lock.EtcdConfig{Namespace: ns, Lease: shared, HolderID: "b"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	la, err := a.Acquire(ctx, "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lctx := la.Context()
+	// b's failed attempts must not touch a's key, though both use one lease.
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := b.Acquire(cancelled, "x"); err == nil {
+		t.Fatal("acquire with a cancelled context succeeded")
+	}
+	if _, err := b.TryAcquire(ctx, "x"); !errors.Is(err, lock.ErrHeld) {
+		t.Fatalf("b.TryAcquire: %v, want ErrHeld", err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if lctx.Err() != nil {
+		t.Fatalf("a's lock ended: %v", context.Cause(lctx))
+	}
+	if st, _ := a.Status(ctx, "x"); !st.Held || st.Token != la.Token() || st.Waiters != 0 {
+		t.Fatalf("status %+v", st)
+	}
+	if err := la.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	_ = a.Close(ctx)
+	_ = b.Close(ctx)
 }

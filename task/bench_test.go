@@ -31,8 +31,12 @@ func BenchmarkTakeover(b *testing.B) {
 				w.await(b, 30*time.Second, `"type":"step_started"`)
 				cli := srv.Client(b)
 				started := make(chan time.Time, 1)
+				waiting := make(chan struct{})
 				r, err := task.NewRunner(context.Background(), cli, task.RunnerConfig{Namespace: ns, WorkerID: "rescuer", TTL: ttl,
 					OnEvent: func(ev task.Event) {
+						if ev.Type == task.EventWaiting {
+							close(waiting)
+						}
 						if ev.Type == task.EventStepStarted {
 							select {
 							case started <- time.Now():
@@ -49,6 +53,7 @@ func BenchmarkTakeover(b *testing.B) {
 					_, err := r.Run(ctx, id, agentSteps(2, 0, "", "rescuer", false))
 					done <- err
 				}()
+				<-waiting // the rescuer is queued before the kill
 				time.Sleep(time.Duration(rng.Int64N(int64(ttl / 3))))
 				killed := time.Now()
 				if err := w.cmd.Process.Signal(syscall.SIGKILL); err != nil {

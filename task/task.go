@@ -20,9 +20,9 @@ const (
 	// DefaultStateLimit is the default largest checkpoint state.
 	DefaultStateLimit = 1 << 20
 	// MaxStateLimit is the largest state limit a runner accepts: etcd
-	// refuses requests over 1.5 MiB by default, and a checkpoint write
-	// carries the state plus its records.
-	MaxStateLimit = 1<<20 + 1<<19 - 64<<10
+	// refuses requests over 1.5 MiB by default, and a checkpoint carries
+	// the state base64-encoded (4/3 of its size) plus its records.
+	MaxStateLimit = 1<<20 + 64<<10
 )
 
 // StepFunc runs one step. It gets the state the previous step returned (nil

@@ -210,6 +210,21 @@ func TestStateTooLarge(t *testing.T) {
 	}
 }
 
+// A state just under the largest limit a runner accepts still fits in one
+// etcd request once encoded.
+func TestStateAtMaxLimitFits(t *testing.T) {
+	ns := etcdtest.Namespace(t)
+	r, err := task.NewRunner(context.Background(), srv.Client(t), task.RunnerConfig{Namespace: ns, TTL: 5 * time.Second, StateLimit: task.MaxStateLimit})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close(context.Background())
+	big := func(ctx context.Context, s []byte) ([]byte, error) { return make([]byte, task.MaxStateLimit), nil }
+	if _, err := r.Run(context.Background(), "max", []task.Step{{Name: "big", Run: big}}); err != nil {
+		t.Fatalf("a state of exactly MaxStateLimit bytes: %v", err)
+	}
+}
+
 func TestCompletedTaskNeverRunsAgain(t *testing.T) {
 	ns := etcdtest.Namespace(t)
 	r := newRunner(t, ns, "w", 5*time.Second, nil)
@@ -302,7 +317,8 @@ func TestWaitingWorkerTakesOverWithoutPolling(t *testing.T) {
 		return []byte("a"), nil
 	}}, {Name: "two", Run: func(ctx context.Context, s []byte) ([]byte, error) { return nil, errors.New("a stops here") }}}
 	done := make(chan error, 1)
-	go func() { _, err := a.Run(context.Background(), "shared", stepsA); done <- err }()
+	var aReturned time.Time
+	go func() { _, err := a.Run(context.Background(), "shared", stepsA); aReturned = time.Now(); done <- err }()
 	<-aIn
 	resB := make(chan task.Result, 1)
 	go func() {
@@ -318,8 +334,12 @@ func TestWaitingWorkerTakesOverWithoutPolling(t *testing.T) {
 		t.Fatalf("a: %v", err)
 	}
 	res := <-resB
-	if res.ResumedFrom != 2 || string(res.State) != "ab" || len(events) == 0 || events[0].Type != task.EventWaiting {
+	if res.ResumedFrom != 2 || string(res.State) != "ab" || len(events) < 2 || events[0].Type != task.EventWaiting || events[1].Type != task.EventAcquired {
 		t.Fatalf("b: %+v, events %+v", res, events)
+	}
+	// Woken by the release itself, not by a poll.
+	if wake := events[1].At.Sub(aReturned); wake > 100*time.Millisecond {
+		t.Fatalf("b took the task %s after a released it", wake)
 	}
 }
 

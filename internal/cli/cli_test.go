@@ -90,12 +90,12 @@ func TestServerKeepsDataAndStopsCleanly(t *testing.T) {
 
 func TestServerAgainstExistingCluster(t *testing.T) {
 	dir := t.TempDir()
-	p := start(t, cleanEnv(), "server", "--etcd-endpoints", strings.Join(srv.Endpoints(), ","), "--data-dir", filepath.Join(dir, "data"))
+	p := startIn(t, dir, cleanEnv(), "server", "--etcd-endpoints", strings.Join(srv.Endpoints(), ","))
 	waitFor(t, 20*time.Second, "the ready line", func() bool { return strings.Contains(p.stderr.String(), "drover server ready") })
 	if !strings.Contains(p.stderr.String(), "etcd=external") {
 		t.Fatalf("ready line does not say external:\n%s", p.stderr.String())
 	}
-	if _, err := os.Stat(filepath.Join(dir, "data")); !errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Stat(filepath.Join(dir, "drover-data")); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("external mode created a data dir: %v", err)
 	}
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
@@ -316,10 +316,17 @@ func TestBadInput(t *testing.T) {
 		{"no command", []string{"lock", "run", "job"}, []string{"command to run after --"}},
 		{"unknown flag", []string{"lock", "run", "job", "--bogus", "--", "true"}, []string{"--bogus"}},
 		{"bad log format", []string{"lock", "list", "--log-format", "xml"}, []string{"--log-format", "text or json"}},
+		{"server listen not an IP URL", []string{"server", "--etcd-listen", "localhost:2379"}, []string{"--etcd-listen", "IP:PORT"}},
+		{"server peers off loopback", []string{"server", "--etcd-peer-listen", "http://0.0.0.0:2380"}, []string{"--etcd-peer-listen", "LOOPBACK"}},
+		{"negative compaction retention", []string{"server", "--auto-compaction-retention", "-1h"}, []string{"--auto-compaction-retention", "0 (off) or positive"}},
+		{"embed flag with an external cluster", []string{"server", "--data-dir", "/tmp/x"}, []string{"--data-dir", "--etcd-endpoints"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ns := etcdtest.Namespace(t)
 			args := append([]string{"--etcd-endpoints", strings.Join(srv.Endpoints(), ",")}, tc.args...)
+			if tc.args[0] == "server" && tc.name != "embed flag with an external cluster" {
+				args = tc.args // an embedded server: no external endpoints
+			}
 			if !containsFlag(tc.args, "--namespace") {
 				args = append([]string{"--namespace", ns}, args...)
 			}

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os/signal"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/droverhq/drover/internal/demo"
@@ -41,7 +43,11 @@ With --json the timeline goes to stderr and one JSON object to stdout.`,
 			}
 			fmt.Fprintf(timeline, "drover demo: %d worker processes race for one %d-step agent task (lease TTL %s); the winner is killed during step %d\n",
 				demo.DefaultWorkers, len(demo.StepNames), demo.DefaultTTL, demo.DefaultKillStep)
-			sum, err := demo.Run(cmd.Context(), demo.Config{Timeline: timeline})
+			// Ctrl-C or SIGTERM ends the run early; Run still stops the
+			// workers and removes its directory.
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			sum, err := demo.Run(ctx, demo.Config{Timeline: timeline})
 			if asJSON {
 				if jerr := json.NewEncoder(a.stdout).Encode(sum); jerr != nil {
 					return jerr

@@ -92,8 +92,15 @@ type process struct {
 
 func start(t *testing.T, env []string, args ...string) *process {
 	t.Helper()
+	return startIn(t, "", env, args...)
+}
+
+// startIn starts drover in directory dir ("" for the test's own).
+func startIn(t *testing.T, dir string, env []string, args ...string) *process {
+	t.Helper()
 	p := &process{cmd: exec.Command(droverBin, args...), stdout: &syncBuffer{}, stderr: &syncBuffer{}, done: make(chan struct{})}
 	p.cmd.Env = env
+	p.cmd.Dir = dir
 	p.cmd.Stdout, p.cmd.Stderr = p.stdout, p.stderr
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -15,7 +15,7 @@ import (
 // that cmd forked are not covered, so scripts should exec their last command. Signals arriving on sigs are forwarded to the whole group. When stop
 // is closed first, onStop is called, the group gets SIGTERM, then SIGKILL
 // after grace, and stopped is true. Whatever the command started in its group
-// is killed once it has exited that way.
+// is killed once it has exited, however it exited.
 func supervise(cmd *exec.Cmd, sigs <-chan os.Signal, stop <-chan struct{}, grace time.Duration, onStop func()) (waitErr error, stopped bool, startErr error) {
 	if cmd.SysProcAttr == nil {
 		cmd.SysProcAttr = &syscall.SysProcAttr{}
@@ -51,6 +51,9 @@ func supervise(cmd *exec.Cmd, sigs <-chan os.Signal, stop <-chan struct{}, grace
 			_ = syscall.Kill(-pgid, syscall.SIGKILL)
 			return waitErr, true, nil
 		case err := <-exited:
+			// Whatever it left running in its group would go on without
+			// the lock.
+			_ = syscall.Kill(-pgid, syscall.SIGKILL)
 			return err, false, nil
 		}
 	}

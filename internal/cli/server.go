@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os/signal"
 	"strings"
@@ -46,6 +47,11 @@ It logs one line when ready and shuts down cleanly on SIGINT or SIGTERM.`,
 			defer stop()
 			external := a.endpoints != "" || strings.TrimSpace(getenv(cluster.EnvEndpoints)) != ""
 			if external {
+				for _, name := range []string{"data-dir", "etcd-listen", "etcd-peer-listen", "auto-compaction-retention"} {
+					if cmd.Flags().Changed(name) {
+						return usageError{fmt.Errorf("--%s has no effect with --etcd-endpoints or $ETCD_ENDPOINTS: the server embeds no etcd then; drop one of them", name)}
+					}
+				}
 				return a.serveExternal(ctx)
 			}
 			cfg := cluster.EmbedConfig{
@@ -59,6 +65,15 @@ It logs one line when ready and shuts down cleanly on SIGINT or SIGTERM.`,
 				cfg.AutoCompactionRetention = -1
 			}
 			if err := cfg.Validate(); err != nil {
+				var ie *drover.InputError
+				if errors.As(err, &ie) {
+					switch ie.Field {
+					case "ClientURL":
+						return ie.Renamed("--etcd-listen")
+					case "PeerURL":
+						return ie.Renamed("--etcd-peer-listen")
+					}
+				}
 				return usageError{err}
 			}
 			start := time.Now()

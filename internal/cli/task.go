@@ -54,6 +54,23 @@ func parseSteps(specs []string) ([]string, []string, error) {
 		}
 		names, cmds = append(names, name), append(cmds, cmd)
 	}
+	// The same rules the runner applies, before anything is contacted.
+	steps := make([]task.Step, len(names))
+	for i, n := range names {
+		steps[i] = task.Step{Name: n, Run: func(context.Context, []byte) ([]byte, error) { return nil, nil }}
+	}
+	if len(steps) > 0 {
+		if err := task.CheckSteps(steps); err != nil {
+			var ie *drover.InputError
+			if errors.As(err, &ie) {
+				var i int
+				if _, serr := fmt.Sscanf(ie.Field, "steps[%d]", &i); serr == nil {
+					return nil, nil, ie.Renamed(fmt.Sprintf("--step #%d name", i+1))
+				}
+			}
+			return nil, nil, err
+		}
+	}
 	return names, cmds, nil
 }
 
@@ -207,6 +224,9 @@ func (a *app) taskRun(ctx context.Context, id string, names, cmds []string, ttl,
 			c.Stdin = bytes.NewReader(state)
 			out := &limitedBuffer{limit: task.DefaultStateLimit}
 			c.Stdout, c.Stderr = out, a.stderr
+			if sctx.Err() != nil {
+				return nil, context.Cause(sctx) // interrupted or lost before the step began
+			}
 			inStep.Store(true)
 			defer inStep.Store(false)
 			waitErr, stopped, startErr := supervise(c, stepSigs, sctx.Done(), grace, func() {
@@ -216,7 +236,7 @@ func (a *app) taskRun(ctx context.Context, id string, names, cmds []string, ttl,
 			case startErr != nil:
 				return nil, startErr
 			case stopped:
-				lost = true
+				lost = errors.Is(context.Cause(sctx), lock.ErrLost)
 				return nil, context.Cause(sctx)
 			case waitErr != nil:
 				return nil, fmt.Errorf("%s: %w", script, waitErr)

@@ -136,6 +136,7 @@ func TestTaskRunBadInput(t *testing.T) {
 		{"bad id", []string{"task", "run", "a/b", "--step", "a=true"}, []string{"task id", "letters, digits"}},
 		{"bad ttl", []string{"task", "run", "job", "--ttl", "0s", "--step", "a=true"}, []string{"--ttl", "between 1s and 24h"}},
 		{"bad history id", []string{"task", "history", ""}, []string{"task id"}},
+		{"duplicate step name", []string{"task", "run", "job", "--step", "a=true", "--step", "a=false"}, []string{"--step #2 name", "unique"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ns := etcdtest.Namespace(t)

@@ -169,6 +169,8 @@ func Run(ctx context.Context, cfg Config) (Summary, error) {
 			"--etcd-endpoints", clientAddr, "--namespace", Namespace, "--log-level", "error",
 			"--task", TaskID, "--worker-id", id, "--ttl", cfg.TTL.String(), "--step-duration", cfg.StepDuration.String())
 		cmd.Env = append(os.Environ(), "ETCD_ENDPOINTS=")
+		// A worker dies with the demo, however the demo ends.
+		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 		cmd.Stderr = os.Stderr
 		out, err := cmd.StdoutPipe()
 		if err != nil {
@@ -267,7 +269,14 @@ loop:
 			line("demo", "SIGKILL %s (pid %d) during step %d (%s); its lease stops being renewed",
 				p.id, p.cmd.Process.Pid, cfg.KillStep, StepNames[cfg.KillStep-1])
 		case <-ctx.Done():
-			sum.Violations = append(sum.Violations, fmt.Sprintf("the run did not finish within %s", cfg.Timeout))
+			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				sum.Violations = append(sum.Violations, fmt.Sprintf("the run did not finish within %s", cfg.Timeout))
+			} else {
+				sum.Violations = append(sum.Violations, "interrupted")
+			}
+			for _, p := range procs {
+				_ = p.cmd.Process.Kill()
+			}
 			break loop
 		}
 	}
