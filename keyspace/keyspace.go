@@ -6,6 +6,13 @@
 //	/{ns}/locks/{name}/{contender}   lock contenders; the oldest is the holder
 //	/{ns}/tasks/{id}/checkpoint       a task's latest checkpoint
 //	/{ns}/tasks/{id}/steps/{NNNNNN}   the record of each completed step
+//	/{ns}/tasks/{id}/record           a queued task's record
+//	/{ns}/queues/{q}/pending/{order}  a queued task that is not finished (order: priority, then submission)
+//	/{ns}/queues/{q}/claims/{id}      the claim of a running task, bound to its worker's lease
+//	/{ns}/queues/{q}/retry/{due}-{id} a task waiting for its backoff
+//	/{ns}/queues/{q}/dead/{id}        a task in the dead-letter queue
+//	/{ns}/queues/{q}/done/{status}/{id} a task that SUCCEEDED or was CANCELLED
+//	/{ns}/queues/{q}/cancel/{id}      a request to cancel a running task
 //
 // Names that become one path segment are checked by [CheckName], so that no
 // name can reach into another name's keys.
@@ -124,3 +131,31 @@ func (s Space) TaskStep(id string, n int) string { return fmt.Sprintf("%s%06d", 
 
 // TaskLock is the lock name that guards task id's runner.
 func TaskLock(id string) string { return "task:" + id }
+
+// TaskRecord is the key of queued task id's record.
+func (s Space) TaskRecord(id string) string { return s.Task(id) + "record" }
+
+// Queue is the prefix of queue q's keys, ending in "/".
+func (s Space) Queue(q string) string { return s.root + "queues/" + q + "/" }
+
+// QueuePending is the prefix of queue q's pending index, ending in "/".
+func (s Space) QueuePending(q string) string { return s.Queue(q) + "pending/" }
+
+// QueueClaims is the prefix of queue q's claims, ending in "/".
+func (s Space) QueueClaims(q string) string { return s.Queue(q) + "claims/" }
+
+// QueueClaim is the claim key of task id in queue q.
+func (s Space) QueueClaim(q, id string) string { return s.QueueClaims(q) + id }
+
+// QueueRetry is the prefix of queue q's retry schedule, ending in "/".
+func (s Space) QueueRetry(q string) string { return s.Queue(q) + "retry/" }
+
+// QueueDead is the prefix of queue q's dead-letter queue, ending in "/".
+func (s Space) QueueDead(q string) string { return s.Queue(q) + "dead/" }
+
+// QueueDone is the prefix of queue q's finished tasks with status st, ending
+// in "/".
+func (s Space) QueueDone(q, st string) string { return s.Queue(q) + "done/" + st + "/" }
+
+// QueueCancel is the prefix of queue q's cancel requests, ending in "/".
+func (s Space) QueueCancel(q string) string { return s.Queue(q) + "cancel/" }

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/droverhq/drover"
+	"github.com/droverhq/drover/internal/proc"
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/lease"
 	"github.com/droverhq/drover/lock"
@@ -197,7 +198,7 @@ func (a *app) runHolding(l lock.Lock, lctx context.Context, argv []string, grace
 	child := exec.Command(argv[0], argv[1:]...)
 	child.Env = append(os.Environ(), EnvLockName+"="+l.Name(), EnvLockToken+"="+strconv.FormatInt(l.Token(), 10))
 	child.Stdin, child.Stdout, child.Stderr = a.stdin, a.stdout, a.stderr
-	waitErr, stopped, startErr := supervise(child, sigs, lctx.Done(), grace, func() {
+	waitErr, stopped, startErr := proc.Supervise(child, sigs, lctx.Done(), grace, func() {
 		fmt.Fprintf(a.stderr, "drover: %v; stopping %s (SIGTERM, SIGKILL after %s)\n", context.Cause(lctx), argv[0], grace)
 	})
 	if stopped {
@@ -353,4 +354,29 @@ func (a *app) inspector(ctx context.Context) (*lock.Etcd, func(), error) {
 		_ = locker.Close(cctx)
 		cli.Close()
 	}, nil
+}
+
+// startFailure turns a failure to start a program into the shell's exit
+// codes: 127 when it does not exist, 126 otherwise.
+func startFailure(name string, err error) error {
+	code := 126
+	if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
+		code = 127
+	}
+	return withCode(code, fmt.Errorf("start %s: %w", name, err))
+}
+
+// childExit maps a program's end to drover's exit: its code, or 128+signal.
+func childExit(err error) error {
+	if err == nil {
+		return nil
+	}
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			return withCode(128+int(ws.Signal()), errors.New(""))
+		}
+		return withCode(ee.ExitCode(), errors.New(""))
+	}
+	return err
 }

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/droverhq/drover"
+	"github.com/droverhq/drover/internal/proc"
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/lease"
 	"github.com/droverhq/drover/lock"
@@ -229,7 +230,7 @@ func (a *app) taskRun(ctx context.Context, id string, names, cmds []string, ttl,
 			}
 			inStep.Store(true)
 			defer inStep.Store(false)
-			waitErr, stopped, startErr := supervise(c, stepSigs, sctx.Done(), grace, func() {
+			waitErr, stopped, startErr := proc.Supervise(c, stepSigs, sctx.Done(), grace, func() {
 				fmt.Fprintf(a.stderr, "drover: task %s step %d (%s): %v; stopping it (SIGTERM, SIGKILL after %s)\n", id, n, name, context.Cause(sctx), grace)
 			})
 			switch {

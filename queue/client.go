@@ -1,0 +1,426 @@
+package queue
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/droverhq/drover"
+	"github.com/droverhq/drover/keyspace"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// SubmitBatch is how many tasks go into one etcd transaction: each takes a
+// nested transaction of two puts, and etcd allows 128 operations a request by
+// default.
+const SubmitBatch = 60
+
+// Sentinel errors.
+var (
+	// ErrNotFound: no task has that id.
+	ErrNotFound = errors.New("queue: task not found")
+	// ErrFinished: the task is already in a terminal state.
+	ErrFinished = errors.New("queue: task already finished")
+	// ErrNotDead: the task is not in the dead-letter queue.
+	ErrNotDead = errors.New("queue: task is not in the dead-letter queue")
+)
+
+// Client submits and inspects tasks. It is safe for concurrent use.
+type Client struct {
+	cli  *clientv3.Client
+	keys keyspace.Space
+	now  func() time.Time
+}
+
+// NewClient returns a client of namespace ns ("" means "drover").
+func NewClient(cli *clientv3.Client, ns string) (*Client, error) {
+	keys, err := keyspace.New(ns)
+	if err != nil {
+		return nil, err
+	}
+	return &Client{cli: cli, keys: keys, now: time.Now}, nil
+}
+
+// pendingKey is the task's key in the pending index: higher priority first,
+// then submission order.
+func (c *Client) pendingKey(t *Task) string {
+	return fmt.Sprintf("%s%04d%019d-%s", c.keys.QueuePending(t.Queue), MaxPriority-t.Metadata.Priority, t.Metadata.CreatedAt.UnixNano(), t.ID)
+}
+
+// pendingValue is what a pending key holds: how many attempts were started.
+type pendingValue struct {
+	Attempts int `json:"a"`
+}
+
+func encodePending(attempts int) string {
+	b, _ := json.Marshal(pendingValue{Attempts: attempts})
+	return string(b)
+}
+
+// SubmitResult counts what a submission did. Rejected lists the tasks that
+// were not valid, by their 1-based position (their line in a JSONL file).
+type SubmitResult struct {
+	Submitted  int         `json:"submitted"`
+	Duplicates int         `json:"duplicates"`
+	Rejected   []LineError `json:"rejected"`
+}
+
+// Submit adds tasks to queue q, in transactions of up to SubmitBatch tasks.
+// A task whose id exists already is counted as a duplicate and left as it
+// is, so submitting the same batch twice creates nothing new. Invalid tasks
+// are listed in Rejected and the valid ones still go in. progress, if set,
+// is called after each transaction with the number of tasks handled so far.
+func (c *Client) Submit(ctx context.Context, q string, tasks []Task, progress func(done int)) (SubmitResult, error) {
+	res := SubmitResult{Rejected: []LineError{}}
+	if err := CheckQueue(q); err != nil {
+		return res, err
+	}
+	now := c.now()
+	valid := make([]Task, 0, len(tasks))
+	for i := range tasks {
+		t := tasks[i]
+		t.Queue = q
+		if t.ID == "" {
+			t.ID = NewID()
+		}
+		if err := t.check(now); err != nil {
+			res.Rejected = append(res.Rejected, LineError{Line: i + 1, Error: err.Error()})
+			continue
+		}
+		t.CurrentStatus = Pending
+		t.Transitions = []Transition{{Status: Pending, At: now.UTC()}}
+		valid = append(valid, t)
+	}
+	done := len(tasks) - len(valid)
+	for start := 0; start < len(valid); start += SubmitBatch {
+		batch := valid[start:min(start+SubmitBatch, len(valid))]
+		ops := make([]clientv3.Op, 0, len(batch))
+		for i := range batch {
+			t := &batch[i]
+			rec, err := json.Marshal(t)
+			if err != nil {
+				return res, fmt.Errorf("queue: encode task %s: %w", t.ID, err)
+			}
+			recKey := c.keys.TaskRecord(t.ID)
+			ops = append(ops, clientv3.OpTxn(
+				[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(recKey), "=", 0)},
+				[]clientv3.Op{clientv3.OpPut(recKey, string(rec)), clientv3.OpPut(c.pendingKey(t), encodePending(0))},
+				nil))
+		}
+		resp, err := c.cli.Txn(ctx).Then(ops...).Commit()
+		if err != nil {
+			return res, fmt.Errorf("queue: submit to %s (%d of %d submitted): %w", q, res.Submitted, len(valid), err)
+		}
+		for _, r := range resp.Responses {
+			if r.GetResponseTxn().Succeeded {
+				res.Submitted++
+			} else {
+				res.Duplicates++
+			}
+		}
+		done += len(batch)
+		if progress != nil {
+			progress(done)
+		}
+	}
+	return res, nil
+}
+
+// Get returns task id with its current status.
+func (c *Client) Get(ctx context.Context, id string) (*Task, error) {
+	if err := keyspace.CheckName("task id", id); err != nil {
+		return nil, err
+	}
+	ts, err := c.getMany(ctx, []string{id})
+	if err != nil {
+		return nil, err
+	}
+	if len(ts) == 0 {
+		return nil, fmt.Errorf("%w: %s", ErrNotFound, id)
+	}
+	return ts[0], nil
+}
+
+// getMany reads the records of ids (skipping missing ones) and resolves each
+// one's status from the index keys, in two read transactions.
+func (c *Client) getMany(ctx context.Context, ids []string) ([]*Task, error) {
+	var out []*Task
+	for start := 0; start < len(ids); start += 100 {
+		chunk := ids[start:min(start+100, len(ids))]
+		ops := make([]clientv3.Op, len(chunk))
+		for i, id := range chunk {
+			ops[i] = clientv3.OpGet(c.keys.TaskRecord(id))
+		}
+		resp, err := c.cli.Txn(ctx).Then(ops...).Commit()
+		if err != nil {
+			return nil, fmt.Errorf("queue: read tasks: %w", err)
+		}
+		var tasks []*Task
+		for _, r := range resp.Responses {
+			kvs := r.GetResponseRange().Kvs
+			if len(kvs) == 0 {
+				continue
+			}
+			t := new(Task)
+			if err := json.Unmarshal(kvs[0].Value, t); err != nil {
+				return nil, fmt.Errorf("queue: task record %s is unreadable: %w", kvs[0].Key, err)
+			}
+			tasks = append(tasks, t)
+		}
+		if err := c.resolve(ctx, tasks); err != nil {
+			return nil, err
+		}
+		out = append(out, tasks...)
+	}
+	return out, nil
+}
+
+// resolve sets each task's CurrentStatus from where its keys are: a claim
+// means RUNNING; otherwise a terminal status in the record stands; otherwise
+// a retry key means RETRYING and a pending key PENDING.
+func (c *Client) resolve(ctx context.Context, tasks []*Task) error {
+	if len(tasks) == 0 {
+		return nil
+	}
+	ops := make([]clientv3.Op, 0, 3*len(tasks))
+	for _, t := range tasks {
+		ops = append(ops,
+			clientv3.OpGet(c.keys.QueueClaim(t.Queue, t.ID)),
+			clientv3.OpGet(c.pendingKey(t), clientv3.WithCountOnly()),
+			clientv3.OpGet(c.retryKey(t), clientv3.WithCountOnly()))
+	}
+	resp, err := c.cli.Txn(ctx).Then(ops...).Commit()
+	if err != nil {
+		return fmt.Errorf("queue: read task states: %w", err)
+	}
+	for i, t := range tasks {
+		claim := resp.Responses[3*i].GetResponseRange().Kvs
+		pending := resp.Responses[3*i+1].GetResponseRange().Count > 0
+		retry := resp.Responses[3*i+2].GetResponseRange().Count > 0
+		switch {
+		case len(claim) > 0:
+			var cv claimValue
+			_ = json.Unmarshal(claim[0].Value, &cv)
+			t.CurrentStatus, t.Attempt, t.Token = Running, cv.Attempt, claim[0].CreateRevision
+		case t.CurrentStatus == Succeeded || t.CurrentStatus == Dead || t.CurrentStatus == Cancelled:
+		case retry:
+			t.CurrentStatus = Retrying
+		case pending:
+			t.CurrentStatus = Pending
+		}
+	}
+	return nil
+}
+
+// retryKey is the task's key in the retry schedule.
+func (c *Client) retryKey(t *Task) string {
+	return fmt.Sprintf("%s%019d-%s", c.keys.QueueRetry(t.Queue), t.ScheduledAt.UnixNano(), t.ID)
+}
+
+// List returns up to limit tasks of queue q in status st (0 means 100).
+func (c *Client) List(ctx context.Context, q string, st Status, limit int) ([]*Task, error) {
+	if err := CheckQueue(q); err != nil {
+		return nil, err
+	}
+	if limit <= 0 {
+		limit = 100
+	}
+	var prefix string
+	switch st {
+	case Pending:
+		prefix = c.keys.QueuePending(q)
+	case Running:
+		prefix = c.keys.QueueClaims(q)
+	case Retrying:
+		prefix = c.keys.QueueRetry(q)
+	case Dead:
+		prefix = c.keys.QueueDead(q)
+	case Succeeded, Cancelled:
+		prefix = c.keys.QueueDone(q, string(st))
+	default:
+		return nil, &drover.InputError{Field: "status", Value: string(st), Rule: "must be PENDING, RUNNING, RETRYING, SUCCEEDED, DEAD or CANCELLED"}
+	}
+	var ids []string
+	claimed := map[string]bool{}
+	if st == Pending {
+		g, err := c.cli.Get(ctx, c.keys.QueueClaims(q), clientv3.WithPrefix(), clientv3.WithKeysOnly())
+		if err != nil {
+			return nil, fmt.Errorf("queue: list %s: %w", q, err)
+		}
+		for _, kv := range g.Kvs {
+			claimed[strings.TrimPrefix(string(kv.Key), c.keys.QueueClaims(q))] = true
+		}
+	}
+	g, err := c.cli.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithLimit(int64(limit+len(claimed))))
+	if err != nil {
+		return nil, fmt.Errorf("queue: list %s: %w", q, err)
+	}
+	ordered := st == Pending || st == Retrying // keys are "{order}-{id}"
+	for _, kv := range g.Kvs {
+		id := strings.TrimPrefix(string(kv.Key), prefix)
+		if ordered {
+			_, id, _ = strings.Cut(id, "-")
+		}
+		if claimed[id] {
+			continue
+		}
+		if ids = append(ids, id); len(ids) == limit {
+			break
+		}
+	}
+	return c.getMany(ctx, ids)
+}
+
+// Stats counts queue q's tasks by status.
+type Stats struct {
+	Pending   int64 `json:"pending"`
+	Running   int64 `json:"running"`
+	Retrying  int64 `json:"retrying"`
+	Succeeded int64 `json:"succeeded"`
+	Dead      int64 `json:"dead"`
+	Cancelled int64 `json:"cancelled"`
+}
+
+// Total is the sum of every count.
+func (s Stats) Total() int64 {
+	return s.Pending + s.Running + s.Retrying + s.Succeeded + s.Dead + s.Cancelled
+}
+
+// Unfinished counts tasks that are pending, running or retrying.
+func (s Stats) Unfinished() int64 { return s.Pending + s.Running + s.Retrying }
+
+// Stats counts queue q's tasks by status, in one read transaction.
+func (c *Client) Stats(ctx context.Context, q string) (Stats, error) {
+	if err := CheckQueue(q); err != nil {
+		return Stats{}, err
+	}
+	count := func(p string) clientv3.Op { return clientv3.OpGet(p, clientv3.WithPrefix(), clientv3.WithCountOnly()) }
+	resp, err := c.cli.Txn(ctx).Then(
+		count(c.keys.QueuePending(q)), count(c.keys.QueueClaims(q)), count(c.keys.QueueRetry(q)),
+		count(c.keys.QueueDone(q, string(Succeeded))), count(c.keys.QueueDead(q)), count(c.keys.QueueDone(q, string(Cancelled))),
+	).Commit()
+	if err != nil {
+		return Stats{}, fmt.Errorf("queue: stats of %s: %w", q, err)
+	}
+	n := func(i int) int64 { return resp.Responses[i].GetResponseRange().Count }
+	return Stats{Pending: n(0) - n(1), Running: n(1), Retrying: n(2), Succeeded: n(3), Dead: n(4), Cancelled: n(5)}, nil
+}
+
+// cancelSignalTTL is how long a cancel request stays for the worker to see.
+const cancelSignalTTL = 60
+
+// Cancel cancels task id: it leaves every index, its record says CANCELLED,
+// and a worker running it has its claim taken away (its writes are fenced
+// out) and its context cancelled.
+func (c *Client) Cancel(ctx context.Context, id string) (*Task, error) {
+	for attempt := 0; attempt < 5; attempt++ {
+		t, err := c.Get(ctx, id)
+		if err != nil {
+			return nil, err
+		}
+		switch t.CurrentStatus {
+		case Succeeded, Dead, Cancelled:
+			return t, fmt.Errorf("%w: task %s is %s", ErrFinished, id, t.CurrentStatus)
+		}
+		recKey := c.keys.TaskRecord(id)
+		g, err := c.cli.Get(ctx, recKey)
+		if err != nil || len(g.Kvs) == 0 {
+			return nil, fmt.Errorf("queue: cancel %s: %w", id, errors.Join(err, ErrNotFound))
+		}
+		now := c.now().UTC()
+		t.CurrentStatus = Cancelled
+		t.Transitions = appendTransition(t.Transitions, Transition{Status: Cancelled, At: now, Attempt: t.Attempt})
+		rec, _ := json.Marshal(t)
+		ops := []clientv3.Op{
+			clientv3.OpPut(recKey, string(rec)),
+			clientv3.OpDelete(c.pendingKey(t)),
+			clientv3.OpDelete(c.retryKey(t)),
+			clientv3.OpDelete(c.keys.QueueClaim(t.Queue, id)),
+			clientv3.OpPut(c.keys.QueueDone(t.Queue, string(Cancelled))+id, ""),
+		}
+		if t.Token != 0 {
+			l, err := c.cli.Grant(ctx, cancelSignalTTL)
+			if err != nil {
+				return nil, fmt.Errorf("queue: cancel %s: %w", id, err)
+			}
+			ops = append(ops, clientv3.OpPut(c.keys.QueueCancel(t.Queue)+id, "", clientv3.WithLease(l.ID)))
+		}
+		resp, err := c.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(recKey), "=", g.Kvs[0].ModRevision)).Then(ops...).Commit()
+		if err != nil {
+			return nil, fmt.Errorf("queue: cancel %s: %w", id, err)
+		}
+		if resp.Succeeded {
+			return t, nil
+		}
+	}
+	return nil, fmt.Errorf("queue: cancel %s: the task kept changing; try again", id)
+}
+
+func appendTransition(ts []Transition, tr Transition) []Transition {
+	ts = append(ts, tr)
+	if len(ts) > MaxHistory {
+		ts = append(ts[:1], ts[len(ts)-MaxHistory+1:]...)
+	}
+	return ts
+}
+
+// Requeue moves dead tasks of queue q back to pending with a fresh retry
+// budget; ids empty means every dead task. It returns how many moved.
+func (c *Client) Requeue(ctx context.Context, q string, ids []string) (int, error) {
+	return c.eachDead(ctx, q, ids, func(t *Task, deadKey string) []clientv3.Op {
+		now := c.now().UTC()
+		t.CurrentStatus, t.RetriesAttempted, t.Attempt, t.Token = Pending, 0, 0, 0
+		t.Transitions = appendTransition(t.Transitions, Transition{Status: Pending, At: now, Error: "requeued from the dead-letter queue"})
+		rec, _ := json.Marshal(t)
+		return []clientv3.Op{clientv3.OpDelete(deadKey), clientv3.OpPut(c.keys.TaskRecord(t.ID), string(rec)), clientv3.OpPut(c.pendingKey(t), encodePending(0))}
+	})
+}
+
+// Purge deletes dead tasks of queue q for good; ids empty means all of them.
+func (c *Client) Purge(ctx context.Context, q string, ids []string) (int, error) {
+	return c.eachDead(ctx, q, ids, func(t *Task, deadKey string) []clientv3.Op {
+		return []clientv3.Op{clientv3.OpDelete(deadKey), clientv3.OpDelete(c.keys.TaskRecord(t.ID))}
+	})
+}
+
+func (c *Client) eachDead(ctx context.Context, q string, ids []string, ops func(*Task, string) []clientv3.Op) (int, error) {
+	if err := CheckQueue(q); err != nil {
+		return 0, err
+	}
+	if len(ids) == 0 {
+		g, err := c.cli.Get(ctx, c.keys.QueueDead(q), clientv3.WithPrefix(), clientv3.WithKeysOnly())
+		if err != nil {
+			return 0, fmt.Errorf("queue: dead-letter queue of %s: %w", q, err)
+		}
+		for _, kv := range g.Kvs {
+			ids = append(ids, strings.TrimPrefix(string(kv.Key), c.keys.QueueDead(q)))
+		}
+	}
+	sort.Strings(ids)
+	n := 0
+	for _, id := range ids {
+		if err := keyspace.CheckName("task id", id); err != nil {
+			return n, err
+		}
+		t, err := c.Get(ctx, id)
+		if err != nil {
+			return n, err
+		}
+		deadKey := c.keys.QueueDead(q) + id
+		if t.Queue != q || t.CurrentStatus != Dead {
+			return n, fmt.Errorf("%w: %s is %s in queue %s", ErrNotDead, id, t.CurrentStatus, t.Queue)
+		}
+		resp, err := c.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(deadKey), ">", 0)).Then(ops(t, deadKey)...).Commit()
+		if err != nil {
+			return n, fmt.Errorf("queue: %s: %w", id, err)
+		}
+		if resp.Succeeded {
+			n++
+		}
+	}
+	return n, nil
+}

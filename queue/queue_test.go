@@ -1,0 +1,265 @@
+package queue_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/droverhq/drover"
+	"github.com/droverhq/drover/internal/etcdtest"
+	"github.com/droverhq/drover/queue"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+func newClient(t *testing.T, ns string) (*queue.Client, *clientv3.Client) {
+	t.Helper()
+	cli := srv.Client(t)
+	c, err := queue.NewClient(cli, ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, cli
+}
+
+func newWorker(t *testing.T, cli *clientv3.Client, cfg queue.WorkerConfig) *queue.Worker {
+	t.Helper()
+	w, err := queue.NewWorker(context.Background(), cli, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = w.Close(context.Background()) })
+	return w
+}
+
+func tasks(n int, typ string) []queue.Task {
+	out := make([]queue.Task, n)
+	for i := range out {
+		out[i] = queue.Task{ID: fmt.Sprintf("t-%05d", i), Type: typ, Parameters: json.RawMessage(fmt.Sprintf(`{"n":%d}`, i))}
+	}
+	return out
+}
+
+func runDrain(t *testing.T, w *queue.Worker) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := w.Run(ctx); err != nil {
+		t.Fatalf("worker: %v", err)
+	}
+	if ctx.Err() != nil {
+		t.Fatal("worker did not drain within 60s")
+	}
+}
+
+func TestSubmitRunDrain(t *testing.T) {
+	ns := etcdtest.Namespace(t)
+	c, cli := newClient(t, ns)
+	res, err := c.Submit(context.Background(), "jobs", tasks(500, "echo"), nil)
+	if err != nil || res.Submitted != 500 || res.Duplicates != 0 || len(res.Rejected) != 0 {
+		t.Fatalf("submit: %+v, %v", res, err)
+	}
+	again, err := c.Submit(context.Background(), "jobs", tasks(500, "echo"), nil)
+	if err != nil || again.Submitted != 0 || again.Duplicates != 500 {
+		t.Fatalf("resubmit: %+v, %v", again, err)
+	}
+	var runs sync.Map
+	w := newWorker(t, cli, queue.WorkerConfig{Namespace: ns, Queue: "jobs", Concurrency: 16, Drain: true})
+	w.Handle("echo", func(ctx context.Context, task *queue.Task) ([]byte, error) {
+		n, _ := runs.LoadOrStore(task.ID, new(atomic.Int32))
+		n.(*atomic.Int32).Add(1)
+		return task.Parameters, nil
+	})
+	runDrain(t, w)
+	st, err := c.Stats(context.Background(), "jobs")
+	if err != nil || st.Succeeded != 500 || st.Total() != 500 {
+		t.Fatalf("stats %+v, %v", st, err)
+	}
+	count := 0
+	runs.Range(func(k, v any) bool {
+		count++
+		if v.(*atomic.Int32).Load() != 1 {
+			t.Errorf("%s ran %d times", k, v.(*atomic.Int32).Load())
+		}
+		return true
+	})
+	if count != 500 {
+		t.Fatalf("%d tasks ran", count)
+	}
+	got, err := c.Get(context.Background(), "t-00042")
+	if err != nil || got.CurrentStatus != queue.Succeeded || string(got.Result) != `{"n":42}` || got.Attempt != 1 || got.Token == 0 {
+		t.Fatalf("get: %+v, %v", got, err)
+	}
+	var statuses []queue.Status
+	for _, tr := range got.Transitions {
+		statuses = append(statuses, tr.Status)
+	}
+	if fmt.Sprint(statuses) != "[PENDING RUNNING SUCCEEDED]" {
+		t.Fatalf("transitions %v", statuses)
+	}
+}
+
+func TestRetriesBackoffAndDLQ(t *testing.T) {
+	ns := etcdtest.Namespace(t)
+	c, cli := newClient(t, ns)
+	two := 2
+	in := []queue.Task{
+		{ID: "flaky", Type: "flaky", MaxRetries: &two},
+		{ID: "broken", Type: "permanent"},
+		{ID: "hopeless", Type: "always", MaxRetries: &two},
+		{ID: "panics", Type: "panic"},
+	}
+	if _, err := c.Submit(context.Background(), "jobs", in, nil); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	attempts := map[string][]time.Time{}
+	note := func(id string) int {
+		mu.Lock()
+		defer mu.Unlock()
+		attempts[id] = append(attempts[id], time.Now())
+		return len(attempts[id])
+	}
+	w := newWorker(t, cli, queue.WorkerConfig{Namespace: ns, Queue: "jobs", Concurrency: 4, Drain: true, BackoffBase: 200 * time.Millisecond, BackoffMax: 2 * time.Second})
+	w.Handle("flaky", func(ctx context.Context, task *queue.Task) ([]byte, error) {
+		if note(task.ID) < 3 {
+			return nil, errors.New("model overloaded")
+		}
+		return []byte("ok"), nil
+	})
+	w.Handle("permanent", func(ctx context.Context, task *queue.Task) ([]byte, error) {
+		note(task.ID)
+		return nil, queue.Permanent(errors.New("input is not a PDF"))
+	})
+	w.Handle("always", func(ctx context.Context, task *queue.Task) ([]byte, error) {
+		note(task.ID)
+		return nil, errors.New("still down")
+	})
+	w.Handle("panic", func(ctx context.Context, task *queue.Task) ([]byte, error) {
+		note(task.ID)
+		var m map[string]int
+		m["x"] = 1
+		return nil, nil
+	})
+	runDrain(t, w)
+	get := func(id string) *queue.Task {
+		got, err := c.Get(context.Background(), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	if f := get("flaky"); f.CurrentStatus != queue.Succeeded || len(attempts["flaky"]) != 3 || f.RetriesAttempted != 2 {
+		t.Fatalf("flaky: %s after %d attempts (retries %d)", f.CurrentStatus, len(attempts["flaky"]), f.RetriesAttempted)
+	}
+	if b := get("broken"); b.CurrentStatus != queue.Dead || len(attempts["broken"]) != 1 || !strings.Contains(b.LastError, "not a PDF") {
+		t.Fatalf("permanent failure: %+v after %d attempts", b, len(attempts["broken"]))
+	}
+	if h := get("hopeless"); h.CurrentStatus != queue.Dead || len(attempts["hopeless"]) != 3 {
+		t.Fatalf("exhausted: %s after %d attempts", h.CurrentStatus, len(attempts["hopeless"]))
+	}
+	if p := get("panics"); p.CurrentStatus != queue.Dead || !strings.Contains(p.LastError, "panicked") || !strings.Contains(p.LastError, "goroutine") {
+		t.Fatalf("panic: %+v", p)
+	}
+	dead, err := c.List(context.Background(), "jobs", queue.Dead, 10)
+	if err != nil || len(dead) != 3 {
+		t.Fatalf("dead list: %d, %v", len(dead), err)
+	}
+	// Requeue gives a fresh budget; now it succeeds.
+	n, err := c.Requeue(context.Background(), "jobs", []string{"hopeless"})
+	if err != nil || n != 1 {
+		t.Fatalf("requeue: %d, %v", n, err)
+	}
+	w2 := newWorker(t, cli, queue.WorkerConfig{Namespace: ns, Queue: "jobs", Drain: true})
+	w2.Handle("always", func(ctx context.Context, task *queue.Task) ([]byte, error) { return []byte("finally"), nil })
+	runDrain(t, w2)
+	if h := get("hopeless"); h.CurrentStatus != queue.Succeeded || h.Attempt != 1 {
+		t.Fatalf("requeued task: %+v", h)
+	}
+	st, _ := c.Stats(context.Background(), "jobs")
+	if st.Dead != 2 || st.Succeeded != 2 || st.Total() != 4 {
+		t.Fatalf("stats %+v", st)
+	}
+	if n, err := c.Purge(context.Background(), "jobs", nil); err != nil || n != 2 {
+		t.Fatalf("purge: %d, %v", n, err)
+	}
+}
+
+func TestSubmitRejectsBadTasks(t *testing.T) {
+	ns := etcdtest.Namespace(t)
+	c, _ := newClient(t, ns)
+	neg := -1
+	in := []queue.Task{
+		{ID: "ok-1", Type: "t"},
+		{ID: "a/b", Type: "t"},
+		{ID: "ok-2", Type: ""},
+		{ID: "ok-3", Type: "t", MaxRetries: &neg},
+		{ID: "ok-4", Type: "t", Parameters: json.RawMessage(`{"big":"` + strings.Repeat("x", queue.MaxPayload) + `"}`)},
+		{ID: "ok-5", Type: "t", Metadata: queue.Metadata{Priority: 5000}},
+		{ID: "ok-6", Type: "t"},
+	}
+	res, err := c.Submit(context.Background(), "jobs", in, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Submitted != 2 || len(res.Rejected) != 5 {
+		t.Fatalf("result %+v", res)
+	}
+	for i, want := range []struct {
+		line  int
+		field string
+	}{{2, "task_id"}, {3, "task_type"}, {4, "max_retries"}, {5, "parameters"}, {6, "metadata.priority"}} {
+		if r := res.Rejected[i]; r.Line != want.line || !strings.Contains(r.Error, want.field) {
+			t.Fatalf("rejection %d = %+v, want line %d naming %s", i, r, want.line, want.field)
+		}
+	}
+	if _, err := c.Submit(context.Background(), "bad/queue", in[:1], nil); !errors.Is(err, drover.ErrInvalidInput) {
+		t.Fatalf("bad queue name: %v", err)
+	}
+}
+
+func TestCancelRunningTask(t *testing.T) {
+	ns := etcdtest.Namespace(t)
+	c, cli := newClient(t, ns)
+	if _, err := c.Submit(context.Background(), "jobs", []queue.Task{{ID: "long", Type: "slow"}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	started := make(chan struct{})
+	cause := make(chan error, 1)
+	w := newWorker(t, cli, queue.WorkerConfig{Namespace: ns, Queue: "jobs", Drain: true})
+	w.Handle("slow", func(ctx context.Context, task *queue.Task) ([]byte, error) {
+		close(started)
+		<-ctx.Done()
+		cause <- context.Cause(ctx)
+		return nil, ctx.Err()
+	})
+	done := make(chan error, 1)
+	go func() { done <- w.Run(context.Background()) }()
+	<-started
+	if _, err := c.Cancel(context.Background(), "long"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-cause:
+		if !errors.Is(err, queue.ErrCancelled) {
+			t.Fatalf("handler context cause %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("handler context not cancelled")
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	got, _ := c.Get(context.Background(), "long")
+	if got.CurrentStatus != queue.Cancelled {
+		t.Fatalf("status %s", got.CurrentStatus)
+	}
+	if _, err := c.Cancel(context.Background(), "long"); !errors.Is(err, queue.ErrFinished) {
+		t.Fatalf("second cancel: %v", err)
+	}
+}

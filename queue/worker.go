@@ -1,0 +1,838 @@
+package queue
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"runtime/debug"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/droverhq/drover"
+	"github.com/droverhq/drover/keyspace"
+	"github.com/droverhq/drover/lease"
+	"github.com/droverhq/drover/lock"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Handler runs one task and returns its result. Return an error made with
+// Permanent for failures that retrying cannot fix; any other error is
+// transient and retried with backoff while the task's budget lasts. ctx ends
+// when the task times out, is cancelled, or the worker loses its claim.
+type Handler func(ctx context.Context, t *Task) ([]byte, error)
+
+// Errors a handler's context may end with (context.Cause), and the marker of
+// permanent failures.
+var (
+	ErrPermanent   = errors.New("queue: permanent failure")
+	ErrTimeout     = errors.New("queue: task timed out")
+	ErrCancelled   = errors.New("queue: task cancelled")
+	ErrShutdown    = errors.New("queue: worker shutting down; task handed back")
+	ErrNoHandler   = errors.New("queue: no handler for the task type")
+	ErrResultLarge = errors.New("queue: result too large")
+)
+
+// PermanentError wraps a failure that retrying cannot fix.
+type PermanentError struct{ Err error }
+
+// Error implements error.
+func (e *PermanentError) Error() string { return e.Err.Error() }
+
+// Unwrap returns ErrPermanent and the cause.
+func (e *PermanentError) Unwrap() []error { return []error{ErrPermanent, e.Err} }
+
+// Permanent marks err as a permanent failure: the task goes to the
+// dead-letter queue without retry.
+func Permanent(err error) error { return &PermanentError{Err: err} }
+
+// WorkerConfig configures a Worker. Zero values mean the defaults.
+type WorkerConfig struct {
+	Namespace string
+	Queue     string
+	WorkerID  string
+	// Concurrency is how many tasks run at once (default 8).
+	Concurrency int
+	// Prefetch is the most tasks claimed in one transaction (default
+	// Concurrency, at most 100).
+	Prefetch int
+	// TTL of the worker's lease when Lease is nil (default 10 s): a dead
+	// worker's tasks are claimable again about this long after it died.
+	TTL   time.Duration
+	Lease *lease.Lease
+	// Timeout bounds one attempt of a task that sets none (default 30 m).
+	Timeout time.Duration
+	// BackoffBase and BackoffMax shape retry delays: a random delay up to
+	// min(BackoffMax, BackoffBase*2^(attempt-1)) (full jitter). Defaults 1 s
+	// and 5 m; a task may override both.
+	BackoffBase, BackoffMax time.Duration
+	// Drain makes Run return once the queue has nothing pending, running
+	// or retrying.
+	Drain bool
+	// ShutdownTimeout is how long Run lets running tasks finish after its
+	// context ends, before cancelling them and handing them back (default
+	// 30 s).
+	ShutdownTimeout time.Duration
+	Logger          *slog.Logger
+}
+
+// Validate reports the first field that is not usable.
+func (c WorkerConfig) Validate() error {
+	if _, err := keyspace.New(c.Namespace); err != nil {
+		return err
+	}
+	if err := CheckQueue(c.Queue); err != nil {
+		return err
+	}
+	if c.WorkerID != "" {
+		if err := keyspace.CheckName("worker id", c.WorkerID); err != nil {
+			return err
+		}
+	}
+	switch {
+	case c.Concurrency < 0 || c.Concurrency > 10000:
+		return &drover.InputError{Field: "concurrency", Value: c.Concurrency, Rule: "must be between 1 and 10000"}
+	case c.Prefetch < 0 || c.Prefetch > 100:
+		return &drover.InputError{Field: "prefetch", Value: c.Prefetch, Rule: "must be between 1 and 100"}
+	case c.Timeout < 0, c.BackoffBase < 0, c.BackoffMax < 0, c.ShutdownTimeout < 0:
+		return &drover.InputError{Field: "timeout/backoff/shutdown timeout", Rule: "must not be negative"}
+	}
+	if c.Lease == nil && c.TTL != 0 {
+		return lease.CheckTTL("ttl", c.TTL)
+	}
+	return nil
+}
+
+// WorkerStats counts what a worker did.
+type WorkerStats struct {
+	Claimed, Succeeded, Retried, Dead, HandedBack, Fenced, InFlight int64
+}
+
+// Worker claims tasks of one queue and runs their handlers.
+type Worker struct {
+	cfg       WorkerConfig
+	cli       *clientv3.Client
+	keys      keyspace.Space
+	client    *Client
+	lease     *lease.Lease
+	ownsLease bool
+	worker    string
+	logger    *slog.Logger
+
+	mu       sync.Mutex
+	handlers map[string]Handler
+	fallback Handler
+	inflight map[string]*running
+
+	claimed, succeeded, retried, dead, handedBack, fenced atomic.Int64
+}
+
+type running struct {
+	cancel context.CancelCauseFunc
+}
+
+// claimValue is what a claim key holds.
+type claimValue struct {
+	Worker    string    `json:"w"`
+	Attempt   int       `json:"a"`
+	ClaimedAt time.Time `json:"t"`
+}
+
+// NewWorker returns a worker; register handlers, then call Run.
+func NewWorker(ctx context.Context, cli *clientv3.Client, cfg WorkerConfig) (*Worker, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Concurrency == 0 {
+		cfg.Concurrency = 8
+	}
+	if cfg.Prefetch == 0 {
+		cfg.Prefetch = min(cfg.Concurrency, 100)
+	}
+	if cfg.TTL == 0 {
+		cfg.TTL = 10 * time.Second
+	}
+	if cfg.Timeout == 0 {
+		cfg.Timeout = 30 * time.Minute
+	}
+	if cfg.BackoffBase == 0 {
+		cfg.BackoffBase = time.Second
+	}
+	if cfg.BackoffMax == 0 {
+		cfg.BackoffMax = 5 * time.Minute
+	}
+	if cfg.ShutdownTimeout == 0 {
+		cfg.ShutdownTimeout = 30 * time.Second
+	}
+	logger := cfg.Logger
+	if logger == nil {
+		logger = slog.Default()
+	}
+	client, err := NewClient(cli, cfg.Namespace)
+	if err != nil {
+		return nil, err
+	}
+	w := &Worker{cfg: cfg, cli: cli, keys: client.keys, client: client, lease: cfg.Lease, logger: logger,
+		worker: lock.NewHolder(cfg.WorkerID).ID, handlers: map[string]Handler{}, inflight: map[string]*running{}}
+	if w.lease == nil {
+		l, err := lease.Grant(ctx, cli, cfg.TTL, lease.WithLogger(logger))
+		if err != nil {
+			return nil, fmt.Errorf("queue: %w", err)
+		}
+		w.lease, w.ownsLease = l, true
+	}
+	return w, nil
+}
+
+// Handle registers h for tasks of type taskType.
+func (w *Worker) Handle(taskType string, h Handler) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.handlers[taskType] = h
+}
+
+// HandleAll registers h for every task type without a handler of its own.
+func (w *Worker) HandleAll(h Handler) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.fallback = h
+}
+
+// Lease returns the lease the worker's claims are bound to.
+func (w *Worker) Lease() *lease.Lease { return w.lease }
+
+// ID returns the worker id recorded in claims and transitions.
+func (w *Worker) ID() string { return w.worker }
+
+// Stats returns what the worker has done so far.
+func (w *Worker) Stats() WorkerStats {
+	w.mu.Lock()
+	n := int64(len(w.inflight))
+	w.mu.Unlock()
+	return WorkerStats{Claimed: w.claimed.Load(), Succeeded: w.succeeded.Load(), Retried: w.retried.Load(), Dead: w.dead.Load(),
+		HandedBack: w.handedBack.Load(), Fenced: w.fenced.Load(), InFlight: n}
+}
+
+// Close revokes the worker's own lease: any claim still held is released at
+// once. Call it after Run returns.
+func (w *Worker) Close(ctx context.Context) error {
+	if w.ownsLease {
+		return w.lease.Close(ctx)
+	}
+	return nil
+}
+
+// claimed is a task this worker holds.
+type claim struct {
+	task       *Task
+	recRev     int64
+	claimKey   string
+	pendingKey string
+	token      int64
+	claimedAt  time.Time
+}
+
+// outcome is how an attempt ended, to be written by the acker.
+type outcome struct {
+	c      *claim
+	kind   Status // Succeeded, Retrying, Dead, or Pending (handed back)
+	result []byte
+	err    error
+	delay  time.Duration
+}
+
+// Run claims and runs tasks until ctx ends (then it shuts down gracefully:
+// no new claims, running tasks get ShutdownTimeout to finish and are then
+// cancelled and handed back), the queue is drained (WorkerConfig.Drain), or
+// the lease is lost (lease.ErrLost).
+func (w *Worker) Run(ctx context.Context) error {
+	// Handlers run under the lease, not under ctx: ctx ending asks for a
+	// graceful stop, the lease ending means the claims are gone.
+	base, cancelBase := context.WithCancelCause(w.lease.Context())
+	defer cancelBase(nil)
+
+	outcomes := make(chan outcome, w.cfg.Concurrency)
+	ackerDone := make(chan struct{})
+	go func() { defer close(ackerDone); w.acker(outcomes) }()
+
+	bg, stopBG := context.WithCancel(base)
+	var bgWG sync.WaitGroup
+	bgWG.Add(2)
+	go func() { defer bgWG.Done(); w.promoteRetries(bg) }()
+	go func() { defer bgWG.Done(); w.watchCancels(bg) }()
+
+	slots := make(chan struct{}, w.cfg.Concurrency)
+	var tasks sync.WaitGroup
+	finished := make(chan struct{}, 1) // a task ended: a slot is free
+	runErr := w.loop(ctx, base, slots, finished, outcomes, &tasks)
+
+	// Shutdown: let running tasks finish, then cancel and hand them back.
+	allDone := make(chan struct{})
+	go func() { tasks.Wait(); close(allDone) }()
+	select {
+	case <-allDone:
+	case <-time.After(w.cfg.ShutdownTimeout):
+		w.cancelAll(ErrShutdown)
+		<-allDone
+	case <-base.Done():
+		<-allDone
+	}
+	close(outcomes)
+	<-ackerDone
+	stopBG()
+	bgWG.Wait()
+	if err := w.lease.Err(); err != nil && runErr == nil {
+		runErr = fmt.Errorf("queue: worker %s: %w", w.worker, err)
+	}
+	return runErr
+}
+
+func (w *Worker) cancelAll(cause error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, r := range w.inflight {
+		r.cancel(cause)
+	}
+}
+
+// loop claims while there are free slots and waits on a watch when there is
+// nothing to claim.
+func (w *Worker) loop(ctx, base context.Context, slots chan struct{}, finished chan struct{}, outcomes chan<- outcome, tasks *sync.WaitGroup) error {
+	for {
+		if ctx.Err() != nil {
+			return nil
+		}
+		if base.Err() != nil {
+			return context.Cause(base)
+		}
+		free := cap(slots) - len(slots)
+		if free == 0 {
+			select {
+			case <-finished:
+			case <-ctx.Done():
+			case <-base.Done():
+			}
+			continue
+		}
+		claims, err := w.claim(ctx, min(free, w.cfg.Prefetch))
+		if err != nil {
+			if ctx.Err() != nil || base.Err() != nil {
+				continue
+			}
+			w.logger.Warn("queue: claim failed; retrying", "queue", w.cfg.Queue, "err", err)
+			select {
+			case <-time.After(500 * time.Millisecond):
+			case <-ctx.Done():
+			}
+			continue
+		}
+		for _, c := range claims {
+			slots <- struct{}{}
+			tasks.Add(1)
+			go func() {
+				defer tasks.Done()
+				o := w.execute(base, c)
+				outcomes <- o
+				<-slots
+				select {
+				case finished <- struct{}{}:
+				default:
+				}
+			}()
+		}
+		if len(claims) > 0 {
+			continue
+		}
+		if w.cfg.Drain && len(slots) == 0 {
+			st, err := w.client.Stats(ctx, w.cfg.Queue)
+			if err == nil && st.Unfinished() == 0 {
+				return nil
+			}
+		}
+		if err := w.waitForWork(ctx, base, finished, len(slots) == 0); err != nil && ctx.Err() == nil && base.Err() == nil {
+			w.logger.Debug("queue: watch interrupted", "err", err)
+		}
+	}
+}
+
+// claim takes up to n claimable tasks in one transaction: one nested
+// transaction per task that succeeds only if its pending key is unchanged
+// since it was read and it has no claim, and then writes the claim (bound to
+// the lease) and counts the attempt.
+func (w *Worker) claim(ctx context.Context, n int) ([]*claim, error) {
+	q := w.cfg.Queue
+	pre := w.keys.QueuePending(q)
+	resp, err := w.cli.Txn(ctx).Then(
+		clientv3.OpGet(w.keys.QueueClaims(q), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
+		clientv3.OpGet(pre, clientv3.WithPrefix(), clientv3.WithLimit(int64(3*n+4))),
+	).Commit()
+	if err != nil {
+		return nil, err
+	}
+	claimedIDs := map[string]bool{}
+	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
+		claimedIDs[strings.TrimPrefix(string(kv.Key), w.keys.QueueClaims(q))] = true
+	}
+	pend := resp.Responses[1].GetResponseRange()
+	var cands []*mvccpb.KeyValue
+	for _, kv := range pend.Kvs {
+		_, id, _ := strings.Cut(strings.TrimPrefix(string(kv.Key), pre), "-")
+		if !claimedIDs[id] {
+			cands = append(cands, kv)
+		}
+	}
+	if len(cands) == 0 && pend.More {
+		// Everything read is claimed; read past the claimed ones.
+		g, err := w.cli.Get(ctx, pre, clientv3.WithPrefix(), clientv3.WithLimit(int64(len(claimedIDs)+3*n+4)))
+		if err != nil {
+			return nil, err
+		}
+		for _, kv := range g.Kvs {
+			_, id, _ := strings.Cut(strings.TrimPrefix(string(kv.Key), pre), "-")
+			if !claimedIDs[id] {
+				cands = append(cands, kv)
+			}
+		}
+	}
+	if len(cands) == 0 {
+		return nil, nil
+	}
+	// Workers reading the same head of the queue would all race for the
+	// same tasks: each takes a random n of the first 2n.
+	window := cands[:min(len(cands), 2*n)]
+	rand.Shuffle(len(window), func(i, j int) { window[i], window[j] = window[j], window[i] })
+	pick := window[:min(n, len(window))]
+	now := time.Now().UTC()
+	ops := make([]clientv3.Op, len(pick))
+	ids := make([]string, len(pick))
+	attempts := make([]int, len(pick))
+	for i, kv := range pick {
+		_, id, _ := strings.Cut(strings.TrimPrefix(string(kv.Key), pre), "-")
+		var pv pendingValue
+		_ = json.Unmarshal(kv.Value, &pv)
+		ids[i], attempts[i] = id, pv.Attempts+1
+		cv, _ := json.Marshal(claimValue{Worker: w.worker, Attempt: attempts[i], ClaimedAt: now})
+		ck := w.keys.QueueClaim(q, id)
+		ops[i] = clientv3.OpTxn(
+			[]clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(string(kv.Key)), "=", kv.ModRevision), clientv3.Compare(clientv3.CreateRevision(ck), "=", 0)},
+			[]clientv3.Op{clientv3.OpPut(ck, string(cv), clientv3.WithLease(w.lease.ID())), clientv3.OpPut(string(kv.Key), encodePending(attempts[i])), clientv3.OpGet(w.keys.TaskRecord(id))},
+			nil)
+	}
+	tr, err := w.cli.Txn(ctx).Then(ops...).Commit()
+	if err != nil {
+		return nil, err
+	}
+	var out []*claim
+	for i, r := range tr.Responses {
+		sub := r.GetResponseTxn()
+		if !sub.Succeeded {
+			continue
+		}
+		kvs := sub.Responses[2].GetResponseRange().Kvs
+		if len(kvs) == 0 {
+			continue // a pending key without a record: cannot happen through this package
+		}
+		t := new(Task)
+		if err := json.Unmarshal(kvs[0].Value, t); err != nil {
+			w.logger.Error("queue: unreadable task record", "task", ids[i], "err", err)
+			continue
+		}
+		t.Attempt, t.Token, t.CurrentStatus = attempts[i], tr.Header.Revision, Running
+		out = append(out, &claim{task: t, recRev: kvs[0].ModRevision, claimKey: w.keys.QueueClaim(q, ids[i]), pendingKey: string(pick[i].Key),
+			token: tr.Header.Revision, claimedAt: now})
+	}
+	w.claimed.Add(int64(len(out)))
+	return out, nil
+}
+
+// waitForWork blocks until something may have become claimable: a pending
+// key created (a new, retried or requeued task), a claim deleted without its
+// pending key (a dead worker's or handed-back task), a slot freed while the
+// worker was full, or, when draining, any claim deleted. The watch starts at
+// the current revision and the head of the queue is read again after it is
+// open, so nothing slips between.
+func (w *Worker) waitForWork(ctx, base context.Context, finished chan struct{}, idle bool) error {
+	wctx, cancel := context.WithCancel(base)
+	defer cancel()
+	stop := context.AfterFunc(ctx, cancel)
+	defer stop()
+	q := w.cfg.Queue
+	wch := w.cli.Watch(clientv3.WithRequireLeader(wctx), w.keys.Queue(q), clientv3.WithPrefix(), clientv3.WithCreatedNotify())
+	if err := watchOpened(wctx, wch); err != nil {
+		return err
+	}
+	if c, err := w.client.Stats(wctx, q); err == nil && c.Pending > 0 {
+		return nil
+	}
+	fallback := time.NewTimer(30 * time.Second) // a safety net, not the mechanism
+	defer fallback.Stop()
+	for {
+		select {
+		case wr, ok := <-wch:
+			if !ok {
+				return wctx.Err()
+			}
+			if err := wr.Err(); err != nil {
+				return err
+			}
+			if w.wakes(wr.Events, idle && w.cfg.Drain) {
+				return nil
+			}
+		case <-finished:
+			if w.cfg.Drain {
+				return nil
+			}
+		case <-fallback.C:
+			return nil
+		case <-wctx.Done():
+			return wctx.Err()
+		}
+	}
+}
+
+func (w *Worker) wakes(events []*clientv3.Event, anyClaimDelete bool) bool {
+	q := w.cfg.Queue
+	pre, claims := w.keys.QueuePending(q), w.keys.QueueClaims(q)
+	pendingDeleted := map[string]int64{}
+	for _, ev := range events {
+		k := string(ev.Kv.Key)
+		if ev.Type == clientv3.EventTypeDelete && strings.HasPrefix(k, pre) {
+			_, id, _ := strings.Cut(strings.TrimPrefix(k, pre), "-")
+			pendingDeleted[id] = ev.Kv.ModRevision
+		}
+	}
+	for _, ev := range events {
+		k := string(ev.Kv.Key)
+		switch {
+		case ev.Type == clientv3.EventTypePut && strings.HasPrefix(k, pre) && ev.IsCreate():
+			return true
+		case ev.Type == clientv3.EventTypeDelete && strings.HasPrefix(k, claims):
+			if anyClaimDelete {
+				return true
+			}
+			if rev, ok := pendingDeleted[strings.TrimPrefix(k, claims)]; !ok || rev != ev.Kv.ModRevision {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func watchOpened(ctx context.Context, wch clientv3.WatchChan) error {
+	select {
+	case wr, ok := <-wch:
+		if !ok {
+			return errors.New("watch closed before it opened")
+		}
+		return wr.Err()
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// execute runs one claimed task's handler and decides its outcome.
+func (w *Worker) execute(base context.Context, c *claim) outcome {
+	t := c.task
+	if t.Attempt > t.Retries()+1 {
+		return outcome{c: c, kind: Dead, err: fmt.Errorf("gave up after %d attempts: the worker running it died or lost its claim", t.Attempt-1)}
+	}
+	timeout := time.Duration(t.Timeout)
+	if timeout <= 0 {
+		timeout = w.cfg.Timeout
+	}
+	ctx, cancel := context.WithCancelCause(base)
+	defer cancel(nil)
+	tctx, tcancel := context.WithTimeoutCause(ctx, timeout, ErrTimeout)
+	defer tcancel()
+	w.mu.Lock()
+	w.inflight[t.ID] = &running{cancel: cancel}
+	h := w.handlers[t.Type]
+	if h == nil {
+		h = w.fallback
+	}
+	w.mu.Unlock()
+	defer func() {
+		w.mu.Lock()
+		delete(w.inflight, t.ID)
+		w.mu.Unlock()
+	}()
+	if h == nil {
+		return outcome{c: c, kind: Dead, err: Permanent(fmt.Errorf("%w %q on worker %s", ErrNoHandler, t.Type, w.worker))}
+	}
+	result, err := call(tctx, h, t)
+	cause := context.Cause(tctx)
+	switch {
+	case err == nil && len(result) > MaxResult:
+		return outcome{c: c, kind: Dead, err: Permanent(fmt.Errorf("%w: %d bytes, over %d", ErrResultLarge, len(result), MaxResult))}
+	case err == nil:
+		return outcome{c: c, kind: Succeeded, result: result}
+	case errors.Is(cause, ErrCancelled):
+		return outcome{c: c, kind: Cancelled}
+	case errors.Is(cause, ErrShutdown):
+		return outcome{c: c, kind: Pending, err: ErrShutdown}
+	case base.Err() != nil:
+		return outcome{c: c, kind: Cancelled, err: context.Cause(base)} // the lease is gone: so are the claims
+	}
+	if errors.Is(cause, ErrTimeout) && !errors.Is(err, ErrTimeout) {
+		err = fmt.Errorf("%w after %s: %w", ErrTimeout, timeout, err)
+	}
+	if errors.Is(err, ErrPermanent) || t.Attempt > t.Retries() {
+		return outcome{c: c, kind: Dead, err: err}
+	}
+	return outcome{c: c, kind: Retrying, err: err, delay: w.backoff(t)}
+}
+
+// call runs h, turning a panic into a permanent failure that carries the
+// stack.
+func call(ctx context.Context, h Handler, t *Task) (result []byte, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = Permanent(fmt.Errorf("handler panicked: %v\n%s", r, debug.Stack()))
+		}
+	}()
+	return h(ctx, t)
+}
+
+// backoff is a full-jitter exponential delay for the task's next attempt.
+func (w *Worker) backoff(t *Task) time.Duration {
+	base, maxd := time.Duration(t.BackoffBase), time.Duration(t.BackoffMax)
+	if base <= 0 {
+		base = w.cfg.BackoffBase
+	}
+	if maxd <= 0 {
+		maxd = w.cfg.BackoffMax
+	}
+	ceil := maxd
+	if shift := t.Attempt - 1; shift < 40 && base<<shift > 0 && base<<shift < maxd {
+		ceil = base << shift
+	}
+	return time.Duration(rand.Int64N(int64(ceil) + 1))
+}
+
+// acker writes outcomes in batches: one transaction, one nested transaction
+// per task, each fenced by the task's claim. It ends when outcomes is closed
+// and everything in it is written.
+func (w *Worker) acker(outcomes <-chan outcome) {
+	batch := make([]outcome, 0, 100)
+	for o := range outcomes {
+		batch = append(batch[:0], o)
+	more:
+		for len(batch) < 100 {
+			select {
+			case o, ok := <-outcomes:
+				if !ok {
+					break more
+				}
+				batch = append(batch, o)
+			default:
+				break more
+			}
+		}
+		w.commit(batch)
+	}
+}
+
+func (w *Worker) commit(batch []outcome) {
+	now := time.Now().UTC()
+	ops := make([]clientv3.Op, 0, len(batch))
+	kept := batch[:0]
+	for _, o := range batch {
+		if o.kind == Cancelled {
+			continue // the canceller or the lease took the claim away
+		}
+		ops = append(ops, w.ackOp(o, now))
+		kept = append(kept, o)
+	}
+	if len(ops) == 0 {
+		return
+	}
+	var resp *clientv3.TxnResponse
+	var err error
+	for try := 0; try < 5; try++ {
+		ctx, cancel := context.WithTimeout(w.lease.Context(), 10*time.Second)
+		resp, err = w.cli.Txn(ctx).Then(ops...).Commit()
+		cancel()
+		if err == nil || w.lease.Err() != nil {
+			break
+		}
+		time.Sleep(time.Duration(try+1) * 200 * time.Millisecond)
+	}
+	if err != nil {
+		w.logger.Warn("queue: could not record task outcomes; their claims end with the lease and the tasks run again", "tasks", len(ops), "err", err)
+		return
+	}
+	for i, r := range resp.Responses {
+		if !r.GetResponseTxn().Succeeded {
+			w.fenced.Add(1)
+			w.logger.Warn("queue: outcome refused: the claim was lost", "task", kept[i].c.task.ID, "attempt", kept[i].c.task.Attempt)
+			continue
+		}
+		switch kept[i].kind {
+		case Succeeded:
+			w.succeeded.Add(1)
+		case Retrying:
+			w.retried.Add(1)
+		case Dead:
+			w.dead.Add(1)
+		case Pending:
+			w.handedBack.Add(1)
+		}
+	}
+}
+
+// retryValue is what a retry key holds: where the task goes back to.
+type retryValue struct {
+	PendingKey string `json:"p"`
+	Attempts   int    `json:"a"`
+}
+
+// ackOp is the fenced nested transaction that records one outcome.
+func (w *Worker) ackOp(o outcome, now time.Time) clientv3.Op {
+	c, t := o.c, o.c.task
+	fence := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(c.claimKey), "=", c.token)}
+	if o.kind == Pending { // handed back: the attempt does not count
+		return clientv3.OpTxn(fence, []clientv3.Op{clientv3.OpDelete(c.claimKey), clientv3.OpPut(c.pendingKey, encodePending(t.Attempt-1))}, nil)
+	}
+	t.Transitions = appendTransition(t.Transitions, Transition{Status: Running, At: c.claimedAt, Attempt: t.Attempt, Worker: w.worker})
+	ops := []clientv3.Op{clientv3.OpDelete(c.claimKey), clientv3.OpDelete(c.pendingKey)}
+	switch o.kind {
+	case Succeeded:
+		t.CurrentStatus, t.Result, t.LastError = Succeeded, o.result, ""
+		ops = append(ops, clientv3.OpPut(w.keys.QueueDone(t.Queue, string(Succeeded))+t.ID, ""))
+	case Retrying:
+		t.CurrentStatus, t.RetriesAttempted, t.LastError = Retrying, t.Attempt, o.err.Error()
+		t.ScheduledAt = now.Add(o.delay)
+		rv, _ := json.Marshal(retryValue{PendingKey: c.pendingKey, Attempts: t.Attempt})
+		ops = append(ops, clientv3.OpPut(w.client.retryKey(t), string(rv)))
+	case Dead:
+		t.CurrentStatus, t.RetriesAttempted, t.LastError = Dead, t.Attempt, o.err.Error()
+		ops = append(ops, clientv3.OpPut(w.keys.QueueDead(t.Queue)+t.ID, ""))
+	}
+	tr := Transition{Status: t.CurrentStatus, At: now, Attempt: t.Attempt, Worker: w.worker}
+	if o.err != nil {
+		tr.Error = truncate(o.err.Error(), 4096)
+	}
+	t.Transitions = appendTransition(t.Transitions, tr)
+	t.Token = c.token
+	rec, _ := json.Marshal(t)
+	ops = append(ops, clientv3.OpPut(w.keys.TaskRecord(t.ID), string(rec)))
+	return clientv3.OpTxn(fence, ops, nil)
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
+
+// promoteRetries moves retry keys whose time has come back to pending. It
+// sleeps until the earliest one is due and wakes early when a retry is
+// scheduled, so no task is polled. Several workers may race for one retry;
+// each move is a transaction that only one wins.
+func (w *Worker) promoteRetries(ctx context.Context) {
+	pre := w.keys.QueueRetry(w.cfg.Queue)
+	for ctx.Err() == nil {
+		wctx, cancel := context.WithCancel(ctx)
+		wch := w.cli.Watch(clientv3.WithRequireLeader(wctx), pre, clientv3.WithPrefix(), clientv3.WithFilterDelete(), clientv3.WithCreatedNotify())
+		if err := watchOpened(wctx, wch); err != nil {
+			cancel()
+			sleepCtx(ctx, time.Second)
+			continue
+		}
+		for ctx.Err() == nil {
+			due, err := w.promoteDue(wctx, pre)
+			if err != nil {
+				break
+			}
+			var timer <-chan time.Time
+			if !due.IsZero() {
+				timer = time.After(time.Until(due))
+			}
+			select {
+			case <-timer:
+				continue
+			case wr, ok := <-wch:
+				if !ok || wr.Err() != nil {
+					goto reopen
+				}
+				continue
+			case <-ctx.Done():
+			}
+		}
+	reopen:
+		cancel()
+		sleepCtx(ctx, 100*time.Millisecond)
+	}
+}
+
+// promoteDue moves every due retry back to pending and returns when the next
+// one is due (zero when none is scheduled).
+func (w *Worker) promoteDue(ctx context.Context, pre string) (time.Time, error) {
+	for {
+		now := time.Now()
+		g, err := w.cli.Get(ctx, pre, clientv3.WithRange(fmt.Sprintf("%s%019d", pre, now.UnixNano()+1)), clientv3.WithLimit(50))
+		if err != nil {
+			return time.Time{}, err
+		}
+		if len(g.Kvs) > 0 {
+			ops := make([]clientv3.Op, 0, len(g.Kvs))
+			for _, kv := range g.Kvs {
+				var rv retryValue
+				if json.Unmarshal(kv.Value, &rv) != nil || rv.PendingKey == "" {
+					continue
+				}
+				ops = append(ops, clientv3.OpTxn(
+					[]clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(string(kv.Key)), "=", kv.ModRevision)},
+					[]clientv3.Op{clientv3.OpDelete(string(kv.Key)), clientv3.OpPut(rv.PendingKey, encodePending(rv.Attempts))}, nil))
+			}
+			if _, err := w.cli.Txn(ctx).Then(ops...).Commit(); err != nil {
+				return time.Time{}, err
+			}
+			if g.More {
+				continue
+			}
+		}
+		next, err := w.cli.Get(ctx, pre, clientv3.WithPrefix(), clientv3.WithLimit(1), clientv3.WithKeysOnly())
+		if err != nil || len(next.Kvs) == 0 {
+			return time.Time{}, err
+		}
+		var ns int64
+		fmt.Sscanf(strings.TrimPrefix(string(next.Kvs[0].Key), pre), "%019d", &ns)
+		return time.Unix(0, ns), nil
+	}
+}
+
+// watchCancels cancels the context of a running task when someone asks to
+// cancel it.
+func (w *Worker) watchCancels(ctx context.Context) {
+	pre := w.keys.QueueCancel(w.cfg.Queue)
+	for ctx.Err() == nil {
+		wch := w.cli.Watch(clientv3.WithRequireLeader(ctx), pre, clientv3.WithPrefix(), clientv3.WithFilterDelete())
+		for wr := range wch {
+			for _, ev := range wr.Events {
+				id := strings.TrimPrefix(string(ev.Kv.Key), pre)
+				w.mu.Lock()
+				if r := w.inflight[id]; r != nil {
+					r.cancel(ErrCancelled)
+				}
+				w.mu.Unlock()
+			}
+		}
+		sleepCtx(ctx, 100*time.Millisecond)
+	}
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}
