@@ -142,9 +142,7 @@ func TestRetriesBackoffAndDLQ(t *testing.T) {
 	})
 	w.Handle("panic", func(ctx context.Context, task *queue.Task) ([]byte, error) {
 		note(task.ID)
-		var m map[string]int
-		m["x"] = 1
-		return nil, nil
+		panic("cannot parse " + task.ID)
 	})
 	runDrain(t, w)
 	get := func(id string) *queue.Task {

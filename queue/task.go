@@ -83,8 +83,6 @@ type Task struct {
 	Result      []byte       `json:"result,omitempty"`
 	ScheduledAt time.Time    `json:"scheduled_at,omitzero"`
 	Transitions []Transition `json:"transitions,omitempty"`
-
-	readyKey string // the task's pending key
 }
 
 // Retries returns the task's retry budget.
