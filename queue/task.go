@@ -65,7 +65,8 @@ type Task struct {
 	Parameters    json.RawMessage `json:"parameters,omitempty"`
 	Metadata      Metadata        `json:"metadata"`
 	// CurrentStatus is the task's state when it was read.
-	CurrentStatus    Status `json:"current_status"`
+	CurrentStatus Status `json:"current_status"`
+	// RetriesAttempted counts the attempts after the first that have run.
 	RetriesAttempted int    `json:"retries_attempted"`
 	MaxRetries       *int   `json:"max_retries,omitempty"`
 	LastError        string `json:"last_error,omitempty"`
@@ -183,6 +184,9 @@ func ParseLine(line []byte) (Task, error) {
 	}
 	if dec.More() {
 		return Task{}, errors.New("more than one JSON value on the line")
+	}
+	if t.ID == "" {
+		return Task{}, errors.New("task_id is required: it makes submitting the same file twice safe")
 	}
 	if t.CurrentStatus != "" || t.Attempt != 0 || t.Token != 0 || len(t.Transitions) > 0 || t.Result != nil || t.RetriesAttempted != 0 {
 		return Task{}, errors.New("current_status, attempt, token, transitions, result and retries_attempted are set by drover, not by submitters")

@@ -702,15 +702,15 @@ func (w *Worker) ackOp(o outcome, now time.Time) clientv3.Op {
 	ops := []clientv3.Op{clientv3.OpDelete(c.claimKey), clientv3.OpDelete(c.pendingKey)}
 	switch o.kind {
 	case Succeeded:
-		t.CurrentStatus, t.Result, t.LastError = Succeeded, o.result, ""
+		t.CurrentStatus, t.Result, t.LastError, t.RetriesAttempted = Succeeded, o.result, "", t.Attempt-1
 		ops = append(ops, clientv3.OpPut(w.keys.QueueDone(t.Queue, string(Succeeded))+t.ID, ""))
 	case Retrying:
-		t.CurrentStatus, t.RetriesAttempted, t.LastError = Retrying, t.Attempt, o.err.Error()
+		t.CurrentStatus, t.RetriesAttempted, t.LastError = Retrying, t.Attempt-1, o.err.Error()
 		t.ScheduledAt = now.Add(o.delay)
 		rv, _ := json.Marshal(retryValue{PendingKey: c.pendingKey, Attempts: t.Attempt})
 		ops = append(ops, clientv3.OpPut(w.client.retryKey(t), string(rv)))
 	case Dead:
-		t.CurrentStatus, t.RetriesAttempted, t.LastError = Dead, t.Attempt, o.err.Error()
+		t.CurrentStatus, t.RetriesAttempted, t.LastError = Dead, t.Attempt-1, o.err.Error()
 		ops = append(ops, clientv3.OpPut(w.keys.QueueDead(t.Queue)+t.ID, ""))
 	}
 	tr := Transition{Status: t.CurrentStatus, At: now, Attempt: t.Attempt, Worker: w.worker}

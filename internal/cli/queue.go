@@ -1,0 +1,408 @@
+package cli
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/droverhq/drover"
+	"github.com/droverhq/drover/queue"
+	"github.com/spf13/cobra"
+)
+
+// ExitRejected is the exit code of a submission in which some lines were
+// rejected (EX_DATAERR); the valid ones were submitted.
+const ExitRejected = 65
+
+// submitChunk is how many JSONL lines are read before they are submitted.
+const submitChunk = 6000
+
+func (a *app) submitCommand() *cobra.Command {
+	var (
+		q, file, typ, id string
+		params           []string
+		priority         int
+		maxRetries       int
+		timeout          time.Duration
+		asJSON           bool
+	)
+	cmd := &cobra.Command{
+		Use:   "submit --queue Q (--file tasks.jsonl | --type T [--param k=v ...])",
+		Short: "Submit tasks to a queue: a JSONL file (one task per line) or one task from flags",
+		Long: `Submit tasks to queue Q.
+
+With --file, each line is a task in JSON (seed 001's model): task_id, task_type,
+input_data_uri, output_data_uri, parameters, metadata {priority, source_system,
+tenant}, max_retries, timeout, backoff_base, backoff_max. "-" reads standard
+input. Lines are submitted in batched transactions. Submitting is idempotent on
+task_id: a task whose id exists is counted as a duplicate and left alone, so a
+file can be submitted again safely. Lines that are not valid tasks are reported
+with their line number while every valid line is submitted; the exit code is
+65 when any line was rejected.
+
+With --type, one task is submitted from flags; --param k=v may repeat (v is
+read as JSON when it parses, else as a string).`,
+		Example: `  drover submit --queue emails --file tasks.jsonl
+  cat tasks.jsonl | drover submit --queue emails --file - --json
+  drover submit --queue emails --type summarize --param thread=4411 --param max_words=200`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := a.checkGlobal(); err != nil {
+				return err
+			}
+			if err := drover.Rename(queue.CheckQueue(q), "--queue"); err != nil {
+				return err
+			}
+			if (file == "") == (typ == "") {
+				return usageError{errors.New("give either --file or --type (see 'drover submit --help')")}
+			}
+			var one *queue.Task
+			if typ != "" {
+				t, err := taskFromFlags(cmd, id, typ, params, priority, maxRetries, timeout)
+				if err != nil {
+					return err
+				}
+				one = &t
+			}
+			cli, err := a.connect(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer cli.Close()
+			c, err := queue.NewClient(cli, a.namespace)
+			if err != nil {
+				return err
+			}
+			var res queue.SubmitResult
+			if one != nil {
+				res, err = c.Submit(cmd.Context(), q, []queue.Task{*one}, nil)
+			} else {
+				res, err = a.submitFile(cmd.Context(), c, q, file)
+			}
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				if err := json.NewEncoder(a.stdout).Encode(res); err != nil {
+					return err
+				}
+			} else {
+				fmt.Fprintf(a.stdout, "submitted %d, duplicates %d, rejected %d\n", res.Submitted, res.Duplicates, len(res.Rejected))
+				for _, r := range res.Rejected {
+					fmt.Fprintf(a.stderr, "line %d: %s\n", r.Line, r.Error)
+				}
+			}
+			if len(res.Rejected) > 0 {
+				return withCode(ExitRejected, fmt.Errorf("%d lines rejected; every valid line was submitted", len(res.Rejected)))
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&q, "queue", "", "queue name (required)")
+	f.StringVar(&file, "file", "", "JSONL file of tasks, - for standard input")
+	f.StringVar(&typ, "type", "", "task type of a single task")
+	f.StringVar(&id, "id", "", "task id of a single task (default: random)")
+	f.StringArrayVar(&params, "param", nil, "parameter of a single task as k=v (repeat)")
+	f.IntVar(&priority, "priority", 0, "priority of a single task (0-1000, higher first)")
+	f.IntVar(&maxRetries, "max-retries", queue.DefaultMaxRetries, "retry budget of a single task")
+	f.DurationVar(&timeout, "timeout", 0, "timeout of one attempt of a single task (default: the worker's)")
+	f.BoolVar(&asJSON, "json", false, `print {"submitted":N,"duplicates":N,"rejected":[{"line":N,"error":"..."}]}`)
+	return cmd
+}
+
+func taskFromFlags(cmd *cobra.Command, id, typ string, params []string, priority, maxRetries int, timeout time.Duration) (queue.Task, error) {
+	t := queue.Task{ID: id, Type: typ, Metadata: queue.Metadata{Priority: priority}, Timeout: queue.Duration(timeout)}
+	if cmd.Flags().Changed("max-retries") {
+		t.MaxRetries = &maxRetries
+	}
+	if len(params) > 0 {
+		m := map[string]json.RawMessage{}
+		for i, p := range params {
+			k, v, ok := strings.Cut(p, "=")
+			if !ok || k == "" {
+				return t, &drover.InputError{Field: fmt.Sprintf("--param #%d", i+1), Value: p, Rule: "must be k=v"}
+			}
+			if json.Valid([]byte(v)) {
+				m[k] = json.RawMessage(v)
+			} else {
+				b, _ := json.Marshal(v)
+				m[k] = b
+			}
+		}
+		t.Parameters, _ = json.Marshal(m)
+	}
+	return t, nil
+}
+
+// submitFile streams a JSONL file into the queue in chunks, with progress.
+func (a *app) submitFile(ctx context.Context, c *queue.Client, q, file string) (queue.SubmitResult, error) {
+	var in io.Reader = a.stdin
+	var size int64
+	if file != "-" {
+		f, err := os.Open(file)
+		if err != nil {
+			return queue.SubmitResult{}, &drover.InputError{Field: "--file", Value: file, Rule: "must be a readable file: " + err.Error()}
+		}
+		defer f.Close()
+		if st, err := f.Stat(); err == nil {
+			size = st.Size()
+		}
+		in = f
+	}
+	total := queue.SubmitResult{Rejected: []queue.LineError{}}
+	prog := newProgress(a.stderr, "submit", size)
+	r := bufio.NewReaderSize(in, 1<<20)
+	lineNo, read := 0, int64(0)
+	for {
+		var batch []queue.Task
+		var lines []int
+		eof := false
+		for len(batch) < submitChunk {
+			line, err := readLine(r, queue.MaxPayload*2)
+			read += int64(len(line.text)) + 1
+			if err == io.EOF && len(line.text) == 0 && !line.tooLong {
+				eof = true
+				break
+			}
+			if err != nil && err != io.EOF {
+				return total, fmt.Errorf("read %s: %w", file, err)
+			}
+			lineNo++
+			switch {
+			case line.tooLong:
+				total.Rejected = append(total.Rejected, queue.LineError{Line: lineNo, Error: fmt.Sprintf("line longer than %d bytes: put large inputs behind input_data_uri", queue.MaxPayload*2)})
+			case len(strings.TrimSpace(string(line.text))) == 0:
+				// blank lines are skipped
+			default:
+				t, perr := queue.ParseLine(line.text)
+				if perr != nil {
+					total.Rejected = append(total.Rejected, queue.LineError{Line: lineNo, Error: perr.Error()})
+				} else {
+					batch = append(batch, t)
+					lines = append(lines, lineNo)
+				}
+			}
+			if err == io.EOF {
+				eof = true
+				break
+			}
+		}
+		if len(batch) > 0 {
+			res, err := c.Submit(ctx, q, batch, nil)
+			total.Submitted += res.Submitted
+			total.Duplicates += res.Duplicates
+			for _, rj := range res.Rejected {
+				total.Rejected = append(total.Rejected, queue.LineError{Line: lines[rj.Line-1], Error: rj.Error})
+			}
+			if err != nil {
+				prog.done()
+				return total, err
+			}
+		}
+		prog.update(read, total.Submitted+total.Duplicates)
+		if eof {
+			break
+		}
+	}
+	prog.done()
+	sortRejected(total.Rejected)
+	return total, nil
+}
+
+func sortRejected(r []queue.LineError) {
+	for i := 1; i < len(r); i++ {
+		for j := i; j > 0 && r[j].Line < r[j-1].Line; j-- {
+			r[j], r[j-1] = r[j-1], r[j]
+		}
+	}
+}
+
+type lineRead struct {
+	text    []byte
+	tooLong bool
+}
+
+// readLine reads one line of at most max bytes; a longer line is consumed
+// and reported as too long.
+func readLine(r *bufio.Reader, max int) (lineRead, error) {
+	var out lineRead
+	for {
+		chunk, err := r.ReadSlice('\n')
+		if len(out.text)+len(chunk) > max {
+			out.tooLong = true
+		} else {
+			out.text = append(out.text, chunk...)
+		}
+		if err == bufio.ErrBufferFull {
+			continue
+		}
+		out.text = []byte(strings.TrimRight(string(out.text), "\r\n"))
+		if out.tooLong {
+			out.text = nil
+		}
+		return out, err
+	}
+}
+
+// progress shows how far a long operation got: a bar on a terminal, a plain
+// line every few seconds otherwise.
+type progress struct {
+	w     io.Writer
+	what  string
+	size  int64
+	tty   bool
+	start time.Time
+	last  time.Time
+}
+
+func newProgress(w io.Writer, what string, size int64) *progress {
+	return &progress{w: w, what: what, size: size, tty: isTerminal(w), start: time.Now()}
+}
+
+func (p *progress) update(bytes int64, items int) {
+	now := time.Now()
+	if p.tty {
+		if now.Sub(p.last) < 100*time.Millisecond {
+			return
+		}
+		p.last = now
+		bar := ""
+		if p.size > 0 {
+			frac := min(float64(bytes)/float64(p.size), 1)
+			n := int(frac * 30)
+			bar = fmt.Sprintf("[%s%s] %3.0f%% ", strings.Repeat("=", n), strings.Repeat(" ", 30-n), frac*100)
+		}
+		fmt.Fprintf(p.w, "\r%s: %s%d tasks, %.0f/s ", p.what, bar, items, float64(items)/now.Sub(p.start).Seconds())
+		return
+	}
+	if now.Sub(p.last) < 5*time.Second {
+		return
+	}
+	p.last = now
+	fmt.Fprintf(p.w, "%s: %d tasks so far (%.0f/s)\n", p.what, items, float64(items)/now.Sub(p.start).Seconds())
+}
+
+func (p *progress) done() {
+	if p.tty {
+		fmt.Fprintln(p.w)
+	}
+}
+
+// isTerminal reports whether w is a terminal.
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}
+
+func (a *app) workerCommand() *cobra.Command {
+	var (
+		cfg       queue.WorkerConfig
+		handler   string
+		maxOutput int
+		grace     time.Duration
+		asJSON    bool
+	)
+	cmd := &cobra.Command{
+		Use:   "worker --queue Q --handler 'exec:CMD ARGS' [flags]",
+		Short: "Claim and run a queue's tasks, each in its own process",
+		Long: `Claim tasks of queue Q in batches (up to --prefetch per transaction), bound
+to this worker's lease and fenced, and run up to --concurrency at once.
+
+--handler 'exec:CMD ARGS' runs CMD ARGS with sh for each task, in a process
+of its own: the task as JSON on standard input, standard output (at most
+--max-output bytes) as the result. Exit 0 is success; exit 65 (EX_DATAERR)
+is a permanent failure (straight to the dead-letter queue); any other exit,
+a signal or a timeout is transient (retried with backoff). The process is
+killed when the task times out, is cancelled, or the claim is lost.
+--handler noop succeeds at once (benchmarks, tests).
+
+If this worker dies, its claims end with its lease (--ttl) and other workers
+take its tasks. Idle workers wait on a watch. SIGINT/SIGTERM stop claiming,
+let running tasks finish for --shutdown-timeout, then hand the rest back.
+--drain exits 0 once the queue has nothing pending, running or retrying.`,
+		Example: `  drover worker --queue emails --concurrency 16 --handler 'exec:python3 summarize.py'
+  drover worker --queue emails --handler 'exec:./agent --model small' --drain --json`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := a.checkGlobal(); err != nil {
+				return err
+			}
+			cfg.Namespace, cfg.Logger = a.namespace, a.logger
+			if err := cfg.Validate(); err != nil {
+				var ie *drover.InputError
+				if errors.As(err, &ie) {
+					return ie.Renamed("--" + strings.ReplaceAll(ie.Field, " ", "-"))
+				}
+				return err
+			}
+			if cfg.Concurrency == 0 {
+				return &drover.InputError{Field: "--concurrency", Value: 0, Rule: "must be between 1 and 10000"}
+			}
+			var h queue.Handler
+			switch {
+			case handler == "noop":
+				h = func(ctx context.Context, t *queue.Task) ([]byte, error) { return nil, nil }
+			case strings.HasPrefix(handler, "exec:") && strings.TrimSpace(strings.TrimPrefix(handler, "exec:")) != "":
+				h = queue.ExecHandler([]string{"sh", "-c", "exec " + strings.TrimPrefix(handler, "exec:")}, maxOutput, grace, os.Stderr)
+			default:
+				return &drover.InputError{Field: "--handler", Value: handler, Rule: "must be 'exec:CMD ARGS' or noop"}
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			cli, err := a.connect(ctx)
+			if err != nil {
+				return err
+			}
+			defer cli.Close()
+			w, err := queue.NewWorker(ctx, cli, cfg)
+			if err != nil {
+				return err
+			}
+			defer func() {
+				cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				_ = w.Close(cctx)
+			}()
+			w.HandleAll(h)
+			a.logger.Info("worker started", "queue", cfg.Queue, "worker", w.ID(), "concurrency", cfg.Concurrency, "drain", cfg.Drain)
+			runErr := w.Run(ctx)
+			st := w.Stats()
+			if asJSON {
+				_ = json.NewEncoder(a.stdout).Encode(st)
+			} else {
+				a.logger.Info("worker stopped", "claimed", st.Claimed, "succeeded", st.Succeeded, "retried", st.Retried,
+					"dead", st.Dead, "handed_back", st.HandedBack, "fenced", st.Fenced)
+			}
+			return runErr
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.Queue, "queue", "", "queue name (required)")
+	f.StringVar(&cfg.WorkerID, "worker-id", "", "worker id (default host:pid)")
+	f.IntVar(&cfg.Concurrency, "concurrency", 8, "tasks run at once")
+	f.IntVar(&cfg.Prefetch, "prefetch", 0, "most tasks claimed per transaction (default --concurrency, at most 100)")
+	f.StringVar(&handler, "handler", "", "'exec:CMD ARGS' or noop")
+	f.DurationVar(&cfg.TTL, "ttl", 10*time.Second, "lease TTL: a dead worker's tasks are claimable again after about this long")
+	f.DurationVar(&cfg.Timeout, "timeout", 30*time.Minute, "timeout of one attempt of a task that sets none")
+	f.DurationVar(&cfg.BackoffBase, "backoff-base", time.Second, "first retry delay bound (full jitter, doubling)")
+	f.DurationVar(&cfg.BackoffMax, "backoff-max", 5*time.Minute, "largest retry delay")
+	f.BoolVar(&cfg.Drain, "drain", false, "exit 0 once the queue has nothing pending, running or retrying")
+	f.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 30*time.Second, "on SIGTERM, time running tasks get to finish before they are handed back")
+	f.IntVar(&maxOutput, "max-output", queue.DefaultMaxOutput, "largest result an exec handler may print, in bytes")
+	f.DurationVar(&grace, "grace", 5*time.Second, "time between SIGTERM and SIGKILL when a task's process is stopped")
+	f.BoolVar(&asJSON, "json", false, "print the worker's counts as JSON when it stops")
+	return cmd
+}
