@@ -83,9 +83,11 @@ func ExecHandler(argv []string, maxOutput int, grace time.Duration, stderr *os.F
 	}
 }
 
-// boundedBuffer keeps the first limit bytes written and counts the rest.
+// boundedBuffer keeps the first limit bytes written and counts the rest. It
+// has no ReadFrom on purpose: io.Copy would use bytes.Buffer's, which reads
+// everything into memory.
 type boundedBuffer struct {
-	bytes.Buffer
+	buf   []byte
 	limit int
 	total int
 	over  bool
@@ -93,15 +95,19 @@ type boundedBuffer struct {
 
 func (b *boundedBuffer) Write(p []byte) (int, error) {
 	b.total += len(p)
-	if room := b.limit - b.Len(); room < len(p) {
+	if room := b.limit - len(b.buf); room < len(p) {
 		b.over = true
 		if room > 0 {
-			b.Buffer.Write(p[:room])
+			b.buf = append(b.buf, p[:room]...)
 		}
 		return len(p), nil
 	}
-	return b.Buffer.Write(p)
+	b.buf = append(b.buf, p...)
+	return len(p), nil
 }
+
+// Bytes returns what was kept.
+func (b *boundedBuffer) Bytes() []byte { return b.buf }
 
 // tailBuffer keeps the last limit bytes written.
 type tailBuffer struct {

@@ -356,7 +356,7 @@ let running tasks finish for --shutdown-timeout, then hand the rest back.
 			case handler == "noop":
 				h = func(ctx context.Context, t *queue.Task) ([]byte, error) { return nil, nil }
 			case strings.HasPrefix(handler, "exec:") && strings.TrimSpace(strings.TrimPrefix(handler, "exec:")) != "":
-				h = queue.ExecHandler([]string{"sh", "-c", "exec " + strings.TrimPrefix(handler, "exec:")}, maxOutput, grace, os.Stderr)
+				h = queue.ExecHandler([]string{"sh", "-c", strings.TrimPrefix(handler, "exec:")}, maxOutput, grace, os.Stderr)
 			default:
 				return &drover.InputError{Field: "--handler", Value: handler, Rule: "must be 'exec:CMD ARGS' or noop"}
 			}

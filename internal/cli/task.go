@@ -295,21 +295,27 @@ func (a *app) printTaskEvent(ev task.Event, steps int) {
 	fmt.Fprintf(a.stderr, "drover: task %s: %s\n", ev.TaskID, msg)
 }
 
-// limitedBuffer keeps at most limit bytes and notes whether more came.
+// limitedBuffer keeps at most limit bytes and notes whether more came. It has
+// no ReadFrom on purpose: io.Copy would use bytes.Buffer's, which reads
+// everything into memory.
 type limitedBuffer struct {
-	bytes.Buffer
+	buf      []byte
 	limit, n int
 	over     bool
 }
 
 func (b *limitedBuffer) Write(p []byte) (int, error) {
 	b.n += len(p)
-	if b.Len()+len(p) > b.limit {
+	if len(b.buf)+len(p) > b.limit {
 		b.over = true
 		return len(p), nil
 	}
-	return b.Buffer.Write(p)
+	b.buf = append(b.buf, p...)
+	return len(p), nil
 }
+
+// Bytes returns what was kept.
+func (b *limitedBuffer) Bytes() []byte { return b.buf }
 
 var _ io.Writer = (*limitedBuffer)(nil)
 
