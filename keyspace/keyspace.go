@@ -11,7 +11,8 @@
 //	/{ns}/queues/{q}/claims/{id}      the claim of a running task, bound to its worker's lease
 //	/{ns}/queues/{q}/retry/{due}-{id} a task waiting for its backoff
 //	/{ns}/queues/{q}/dead/{id}        a task in the dead-letter queue
-//	/{ns}/queues/{q}/done/{status}/{id} a task that SUCCEEDED or was CANCELLED
+//	/{ns}/queues/{q}/done/{status}/{finished}-{id} a task that SUCCEEDED or was CANCELLED
+//	/{ns}/queues/{q}/archived         counts of finished tasks removed after their retention
 //	/{ns}/queues/{q}/cancel/{id}      a request to cancel a running task
 //
 // Names that become one path segment are checked by [CheckName], so that no
@@ -159,3 +160,7 @@ func (s Space) QueueDone(q, st string) string { return s.Queue(q) + "done/" + st
 
 // QueueCancel is the prefix of queue q's cancel requests, ending in "/".
 func (s Space) QueueCancel(q string) string { return s.Queue(q) + "cancel/" }
+
+// QueueArchived is the key of queue q's counts of finished tasks that were
+// removed after their retention period.
+func (s Space) QueueArchived(q string) string { return s.Queue(q) + "archived" }

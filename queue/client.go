@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"sort"
 	"strings"
 	"time"
@@ -45,19 +46,50 @@ func NewClient(cli *clientv3.Client, ns string) (*Client, error) {
 	return &Client{cli: cli, keys: keys, now: time.Now}, nil
 }
 
-// pendingKey is the task's key in the pending index: higher priority first,
-// then submission order.
+// Shards is how many parts the pending index of a queue is split into, by a
+// hash of the task id. etcd counts every key of a range it reads, even with
+// a limit, so a claim reads one shard (a five-hundred-and-twelfth of the
+// queue), never the whole queue. Within a shard, tasks are ordered by
+// priority, then submission time; across shards the order is approximate.
+const Shards = 512
+
+func shardOf(id string) int {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(id))
+	return int(h.Sum32() % Shards)
+}
+
+// shardPrefix is the prefix of shard i of queue q's pending index.
+func (c *Client) shardPrefix(q string, i int) string {
+	return fmt.Sprintf("%s%03d/", c.keys.QueuePending(q), i)
+}
+
+// pendingKey is the task's key in the pending index: its shard, then higher
+// priority first, then submission order.
 func (c *Client) pendingKey(t *Task) string {
-	return fmt.Sprintf("%s%04d%019d-%s", c.keys.QueuePending(t.Queue), MaxPriority-t.Metadata.Priority, t.Metadata.CreatedAt.UnixNano(), t.ID)
+	return fmt.Sprintf("%s%04d%019d-%s", c.shardPrefix(t.Queue, shardOf(t.ID)), MaxPriority-t.Metadata.Priority, t.Metadata.CreatedAt.UnixNano(), t.ID)
 }
 
-// pendingValue is what a pending key holds: how many attempts were started.
+// pendingID returns the task id of a pending key, given the pending prefix.
+func pendingID(key, prefix string) string {
+	rest := strings.TrimPrefix(key, prefix)
+	if _, after, ok := strings.Cut(rest, "/"); ok {
+		rest = after
+	}
+	_, id, _ := strings.Cut(rest, "-")
+	return id
+}
+
+// pendingValue is what a pending key holds: how many attempts were started,
+// and whether the last write was a claim (then the claim key says whether it
+// still holds).
 type pendingValue struct {
-	Attempts int `json:"a"`
+	Attempts int  `json:"a"`
+	Claimed  bool `json:"c,omitempty"`
 }
 
-func encodePending(attempts int) string {
-	b, _ := json.Marshal(pendingValue{Attempts: attempts})
+func encodePending(attempts int, claimed bool) string {
+	b, _ := json.Marshal(pendingValue{Attempts: attempts, Claimed: claimed})
 	return string(b)
 }
 
@@ -108,7 +140,7 @@ func (c *Client) Submit(ctx context.Context, q string, tasks []Task, progress fu
 			recKey := c.keys.TaskRecord(t.ID)
 			ops = append(ops, clientv3.OpTxn(
 				[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(recKey), "=", 0)},
-				[]clientv3.Op{clientv3.OpPut(recKey, string(rec)), clientv3.OpPut(c.pendingKey(t), encodePending(0))},
+				[]clientv3.Op{clientv3.OpPut(recKey, string(rec)), clientv3.OpPut(c.pendingKey(t), encodePending(0, false))},
 				nil))
 		}
 		resp, err := c.cli.Txn(ctx).Then(ops...).Commit()
@@ -240,7 +272,7 @@ func (c *Client) List(ctx context.Context, q string, st Status, limit int) ([]*T
 	case Dead:
 		prefix = c.keys.QueueDead(q)
 	case Succeeded, Cancelled:
-		prefix = c.keys.QueueDone(q, string(st))
+		prefix = c.keys.QueueDone(q, string(st)) // "{finished}-{id}"
 	default:
 		return nil, &drover.InputError{Field: "status", Value: string(st), Rule: "must be PENDING, RUNNING, RETRYING, SUCCEEDED, DEAD or CANCELLED"}
 	}
@@ -259,10 +291,12 @@ func (c *Client) List(ctx context.Context, q string, st Status, limit int) ([]*T
 	if err != nil {
 		return nil, fmt.Errorf("queue: list %s: %w", q, err)
 	}
-	ordered := st == Pending || st == Retrying // keys are "{order}-{id}"
 	for _, kv := range g.Kvs {
 		id := strings.TrimPrefix(string(kv.Key), prefix)
-		if ordered {
+		switch st {
+		case Pending:
+			id = pendingID(string(kv.Key), prefix)
+		case Retrying, Succeeded, Cancelled: // "{time}-{id}"
 			_, id, _ = strings.Cut(id, "-")
 		}
 		if claimed[id] {
@@ -302,12 +336,94 @@ func (c *Client) Stats(ctx context.Context, q string) (Stats, error) {
 	resp, err := c.cli.Txn(ctx).Then(
 		count(c.keys.QueuePending(q)), count(c.keys.QueueClaims(q)), count(c.keys.QueueRetry(q)),
 		count(c.keys.QueueDone(q, string(Succeeded))), count(c.keys.QueueDead(q)), count(c.keys.QueueDone(q, string(Cancelled))),
+		clientv3.OpGet(c.keys.QueueArchived(q)),
 	).Commit()
 	if err != nil {
 		return Stats{}, fmt.Errorf("queue: stats of %s: %w", q, err)
 	}
 	n := func(i int) int64 { return resp.Responses[i].GetResponseRange().Count }
-	return Stats{Pending: n(0) - n(1), Running: n(1), Retrying: n(2), Succeeded: n(3), Dead: n(4), Cancelled: n(5)}, nil
+	var arch archived
+	if kvs := resp.Responses[6].GetResponseRange().Kvs; len(kvs) > 0 {
+		_ = json.Unmarshal(kvs[0].Value, &arch)
+	}
+	return Stats{Pending: n(0) - n(1), Running: n(1), Retrying: n(2), Succeeded: n(3) + arch.Succeeded, Dead: n(4), Cancelled: n(5) + arch.Cancelled}, nil
+}
+
+// archived counts finished tasks removed after their retention period, so
+// that Stats still counts them.
+type archived struct {
+	Succeeded int64 `json:"succeeded"`
+	Cancelled int64 `json:"cancelled"`
+}
+
+// doneKey is a finished task's key in the done index: by finishing time, so
+// that the oldest are removed first.
+func (c *Client) doneKey(q string, st Status, at time.Time, id string) string {
+	return fmt.Sprintf("%s%019d-%s", c.keys.QueueDone(q, string(st)), at.UnixNano(), id)
+}
+
+// DefaultRetention is how long finished tasks are kept by default.
+const DefaultRetention = 24 * time.Hour
+
+// sweepBatch is how many finished tasks one removal transaction takes: two
+// deletes each, within etcd's 128 operations a request.
+const sweepBatch = 60
+
+// RemoveExpired removes queue q's tasks that SUCCEEDED or were CANCELLED
+// more than retention ago: their records and done keys go, and the queue's
+// archived counts grow by as many, in the same transaction, so Stats does
+// not change. Several callers may run it at once; each removal is counted
+// once. It returns how many tasks it removed.
+func (c *Client) RemoveExpired(ctx context.Context, q string, retention time.Duration) (int, error) {
+	if err := CheckQueue(q); err != nil {
+		return 0, err
+	}
+	removed := 0
+	cutoff := c.now().Add(-retention).UnixNano()
+	for _, st := range []Status{Succeeded, Cancelled} {
+		pre := c.keys.QueueDone(q, string(st))
+		for {
+			g, err := c.cli.Txn(ctx).Then(
+				clientv3.OpGet(pre, clientv3.WithRange(fmt.Sprintf("%s%019d", pre, cutoff)), clientv3.WithLimit(sweepBatch), clientv3.WithKeysOnly()),
+				clientv3.OpGet(c.keys.QueueArchived(q)),
+			).Commit()
+			if err != nil {
+				return removed, fmt.Errorf("queue: remove expired tasks of %s: %w", q, err)
+			}
+			kvs := g.Responses[0].GetResponseRange().Kvs
+			if len(kvs) == 0 {
+				break
+			}
+			var arch archived
+			var archRev int64
+			if a := g.Responses[1].GetResponseRange().Kvs; len(a) > 0 {
+				_ = json.Unmarshal(a[0].Value, &arch)
+				archRev = a[0].ModRevision
+			}
+			ops := make([]clientv3.Op, 0, 2*len(kvs)+1)
+			cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(c.keys.QueueArchived(q)), "=", archRev)}
+			for _, kv := range kvs {
+				_, id, _ := strings.Cut(strings.TrimPrefix(string(kv.Key), pre), "-")
+				cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(string(kv.Key)), "=", kv.ModRevision))
+				ops = append(ops, clientv3.OpDelete(string(kv.Key)), clientv3.OpDelete(c.keys.TaskRecord(id)))
+			}
+			if st == Succeeded {
+				arch.Succeeded += int64(len(kvs))
+			} else {
+				arch.Cancelled += int64(len(kvs))
+			}
+			b, _ := json.Marshal(arch)
+			ops = append(ops, clientv3.OpPut(c.keys.QueueArchived(q), string(b)))
+			resp, err := c.cli.Txn(ctx).If(cmps...).Then(ops...).Commit()
+			if err != nil {
+				return removed, fmt.Errorf("queue: remove expired tasks of %s: %w", q, err)
+			}
+			if resp.Succeeded {
+				removed += len(kvs)
+			}
+		}
+	}
+	return removed, nil
 }
 
 // cancelSignalTTL is how long a cancel request stays for the worker to see.
@@ -340,7 +456,7 @@ func (c *Client) Cancel(ctx context.Context, id string) (*Task, error) {
 			clientv3.OpDelete(c.pendingKey(t)),
 			clientv3.OpDelete(c.retryKey(t)),
 			clientv3.OpDelete(c.keys.QueueClaim(t.Queue, id)),
-			clientv3.OpPut(c.keys.QueueDone(t.Queue, string(Cancelled))+id, ""),
+			clientv3.OpPut(c.doneKey(t.Queue, Cancelled, now, id), ""),
 		}
 		if t.Token != 0 {
 			l, err := c.cli.Grant(ctx, cancelSignalTTL)
@@ -376,7 +492,7 @@ func (c *Client) Requeue(ctx context.Context, q string, ids []string) (int, erro
 		t.CurrentStatus, t.RetriesAttempted, t.Attempt, t.Token = Pending, 0, 0, 0
 		t.Transitions = appendTransition(t.Transitions, Transition{Status: Pending, At: now, Error: "requeued from the dead-letter queue"})
 		rec, _ := json.Marshal(t)
-		return []clientv3.Op{clientv3.OpDelete(deadKey), clientv3.OpPut(c.keys.TaskRecord(t.ID), string(rec)), clientv3.OpPut(c.pendingKey(t), encodePending(0))}
+		return []clientv3.Op{clientv3.OpDelete(deadKey), clientv3.OpPut(c.keys.TaskRecord(t.ID), string(rec)), clientv3.OpPut(c.pendingKey(t), encodePending(0, false))}
 	})
 }
 

@@ -261,3 +261,46 @@ func TestCancelRunningTask(t *testing.T) {
 		t.Fatalf("second cancel: %v", err)
 	}
 }
+
+func TestRetentionKeepsCounts(t *testing.T) {
+	ns := etcdtest.Namespace(t)
+	c, cli := newClient(t, ns)
+	if _, err := c.Submit(context.Background(), "jobs", tasks(300, "echo"), nil); err != nil {
+		t.Fatal(err)
+	}
+	w := newWorker(t, cli, queue.WorkerConfig{Namespace: ns, Queue: "jobs", Concurrency: 16, Drain: true, Retention: -1})
+	w.HandleAll(func(ctx context.Context, task *queue.Task) ([]byte, error) { return nil, nil })
+	runDrain(t, w)
+	if _, err := c.Cancel(context.Background(), "t-00000"); !errors.Is(err, queue.ErrFinished) {
+		t.Fatalf("cancel of a finished task: %v", err)
+	}
+	// Two sweepers at once: every task is removed and counted exactly once.
+	var wg sync.WaitGroup
+	var removed atomic.Int64
+	for i := 0; i < 2; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			n, err := c.RemoveExpired(context.Background(), "jobs", 0)
+			if err != nil {
+				t.Error(err)
+			}
+			removed.Add(int64(n))
+		}()
+	}
+	wg.Wait()
+	if removed.Load() != 300 {
+		t.Fatalf("removed %d, want 300", removed.Load())
+	}
+	st, err := c.Stats(context.Background(), "jobs")
+	if err != nil || st.Succeeded != 300 || st.Total() != 300 {
+		t.Fatalf("stats after removal %+v (%v), want the 300 still counted", st, err)
+	}
+	if _, err := c.Get(context.Background(), "t-00007"); !errors.Is(err, queue.ErrNotFound) {
+		t.Fatalf("a removed task is still readable: %v", err)
+	}
+	g, _ := cli.Get(context.Background(), "/"+ns+"/tasks/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if g.Count != 0 {
+		t.Fatalf("%d task records left", g.Count)
+	}
+}

@@ -78,7 +78,11 @@ type WorkerConfig struct {
 	// context ends, before cancelling them and handing them back (default
 	// 30 s).
 	ShutdownTimeout time.Duration
-	Logger          *slog.Logger
+	// Retention is how long tasks that succeeded or were cancelled are
+	// kept; then the worker removes them (their counts stay in Stats).
+	// Zero means DefaultRetention; negative keeps them for ever.
+	Retention time.Duration
+	Logger    *slog.Logger
 }
 
 // Validate reports the first field that is not usable.
@@ -130,6 +134,7 @@ type Worker struct {
 	inflight map[string]*running
 
 	claimed, succeeded, retried, dead, handedBack, fenced atomic.Int64
+	shardCursor                                           atomic.Int64
 }
 
 type running struct {
@@ -168,6 +173,9 @@ func NewWorker(ctx context.Context, cli *clientv3.Client, cfg WorkerConfig) (*Wo
 	}
 	if cfg.ShutdownTimeout == 0 {
 		cfg.ShutdownTimeout = 30 * time.Second
+	}
+	if cfg.Retention == 0 {
+		cfg.Retention = DefaultRetention
 	}
 	logger := cfg.Logger
 	if logger == nil {
@@ -262,9 +270,10 @@ func (w *Worker) Run(ctx context.Context) error {
 
 	bg, stopBG := context.WithCancel(base)
 	var bgWG sync.WaitGroup
-	bgWG.Add(2)
+	bgWG.Add(3)
 	go func() { defer bgWG.Done(); w.promoteRetries(bg) }()
 	go func() { defer bgWG.Done(); w.watchCancels(bg) }()
+	go func() { defer bgWG.Done(); w.removeExpired(bg) }()
 
 	slots := make(chan struct{}, w.cfg.Concurrency)
 	var tasks sync.WaitGroup
@@ -319,7 +328,7 @@ func (w *Worker) loop(ctx, base context.Context, slots chan struct{}, finished c
 			}
 			continue
 		}
-		claims, err := w.claim(ctx, min(free, w.cfg.Prefetch))
+		claims, rev, err := w.claim(ctx, min(free, w.cfg.Prefetch))
 		if err != nil {
 			if ctx.Err() != nil || base.Err() != nil {
 				continue
@@ -354,7 +363,7 @@ func (w *Worker) loop(ctx, base context.Context, slots chan struct{}, finished c
 				return nil
 			}
 		}
-		if err := w.waitForWork(ctx, base, finished, len(slots) == 0); err != nil && ctx.Err() == nil && base.Err() == nil {
+		if err := w.waitForWork(ctx, base, rev, finished, len(slots) == 0); err != nil && ctx.Err() == nil && base.Err() == nil {
 			w.logger.Debug("queue: watch interrupted", "err", err)
 		}
 	}
@@ -363,47 +372,64 @@ func (w *Worker) loop(ctx, base context.Context, slots chan struct{}, finished c
 // claim takes up to n claimable tasks in one transaction: one nested
 // transaction per task that succeeds only if its pending key is unchanged
 // since it was read and it has no claim, and then writes the claim (bound to
-// the lease) and counts the attempt.
-func (w *Worker) claim(ctx context.Context, n int) ([]*claim, error) {
+// the lease) and counts the attempt. It reads shards of the pending index,
+// a few at a time, starting from a different shard each call, until it has
+// enough candidates. It also returns the revision its first read saw, from
+// which a watch misses nothing.
+func (w *Worker) claim(ctx context.Context, n int) ([]*claim, int64, error) {
 	q := w.cfg.Queue
 	pre := w.keys.QueuePending(q)
-	resp, err := w.cli.Txn(ctx).Then(
-		clientv3.OpGet(w.keys.QueueClaims(q), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
-		clientv3.OpGet(pre, clientv3.WithPrefix(), clientv3.WithLimit(int64(3*n+4))),
-	).Commit()
-	if err != nil {
-		return nil, err
-	}
-	claimedIDs := map[string]bool{}
-	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
-		claimedIDs[strings.TrimPrefix(string(kv.Key), w.keys.QueueClaims(q))] = true
-	}
-	pend := resp.Responses[1].GetResponseRange()
-	var cands []*mvccpb.KeyValue
-	for _, kv := range pend.Kvs {
-		_, id, _ := strings.Cut(strings.TrimPrefix(string(kv.Key), pre), "-")
-		if !claimedIDs[id] {
-			cands = append(cands, kv)
+	const perRead = 4
+	start := int(w.shardCursor.Add(perRead))
+	limit := int64(2*n/perRead + 4)
+	var cands, suspects []*mvccpb.KeyValue
+	var rev int64
+	for read := 0; read < Shards/perRead && len(cands) < 2*n; read++ {
+		ops := make([]clientv3.Op, perRead)
+		for j := range ops {
+			ops[j] = clientv3.OpGet(w.client.shardPrefix(q, (start+read*perRead+j)%Shards), clientv3.WithPrefix(), clientv3.WithLimit(limit))
 		}
-	}
-	if len(cands) == 0 && pend.More {
-		// Everything read is claimed; read past the claimed ones.
-		g, err := w.cli.Get(ctx, pre, clientv3.WithPrefix(), clientv3.WithLimit(int64(len(claimedIDs)+3*n+4)))
+		resp, err := w.cli.Txn(ctx).Then(ops...).Commit()
 		if err != nil {
-			return nil, err
+			return nil, 0, err
 		}
-		for _, kv := range g.Kvs {
-			_, id, _ := strings.Cut(strings.TrimPrefix(string(kv.Key), pre), "-")
-			if !claimedIDs[id] {
-				cands = append(cands, kv)
+		if rev == 0 {
+			rev = resp.Header.Revision
+		}
+		for _, r := range resp.Responses {
+			for _, kv := range r.GetResponseRange().Kvs {
+				var pv pendingValue
+				if json.Unmarshal(kv.Value, &pv) == nil && pv.Claimed {
+					suspects = append(suspects, kv)
+				} else {
+					cands = append(cands, kv)
+				}
+			}
+		}
+	}
+	// A claimed task whose claim key is gone (its worker died) is
+	// claimable again.
+	if len(cands) < n && len(suspects) > 0 {
+		suspects = suspects[:min(len(suspects), 100)]
+		ops := make([]clientv3.Op, len(suspects))
+		for i, kv := range suspects {
+			ops[i] = clientv3.OpGet(w.keys.QueueClaim(q, pendingID(string(kv.Key), pre)), clientv3.WithCountOnly())
+		}
+		resp, err := w.cli.Txn(ctx).Then(ops...).Commit()
+		if err != nil {
+			return nil, 0, err
+		}
+		for i, r := range resp.Responses {
+			if r.GetResponseRange().Count == 0 {
+				cands = append(cands, suspects[i])
 			}
 		}
 	}
 	if len(cands) == 0 {
-		return nil, nil
+		return nil, rev, nil
 	}
-	// Workers reading the same head of the queue would all race for the
-	// same tasks: each takes a random n of the first 2n.
+	// Workers reading the same shards would race for the same tasks: each
+	// takes a random n of the first 2n.
 	window := cands[:min(len(cands), 2*n)]
 	rand.Shuffle(len(window), func(i, j int) { window[i], window[j] = window[j], window[i] })
 	pick := window[:min(n, len(window))]
@@ -412,7 +438,7 @@ func (w *Worker) claim(ctx context.Context, n int) ([]*claim, error) {
 	ids := make([]string, len(pick))
 	attempts := make([]int, len(pick))
 	for i, kv := range pick {
-		_, id, _ := strings.Cut(strings.TrimPrefix(string(kv.Key), pre), "-")
+		id := pendingID(string(kv.Key), pre)
 		var pv pendingValue
 		_ = json.Unmarshal(kv.Value, &pv)
 		ids[i], attempts[i] = id, pv.Attempts+1
@@ -420,12 +446,12 @@ func (w *Worker) claim(ctx context.Context, n int) ([]*claim, error) {
 		ck := w.keys.QueueClaim(q, id)
 		ops[i] = clientv3.OpTxn(
 			[]clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(string(kv.Key)), "=", kv.ModRevision), clientv3.Compare(clientv3.CreateRevision(ck), "=", 0)},
-			[]clientv3.Op{clientv3.OpPut(ck, string(cv), clientv3.WithLease(w.lease.ID())), clientv3.OpPut(string(kv.Key), encodePending(attempts[i])), clientv3.OpGet(w.keys.TaskRecord(id))},
+			[]clientv3.Op{clientv3.OpPut(ck, string(cv), clientv3.WithLease(w.lease.ID())), clientv3.OpPut(string(kv.Key), encodePending(attempts[i], true)), clientv3.OpGet(w.keys.TaskRecord(id))},
 			nil)
 	}
 	tr, err := w.cli.Txn(ctx).Then(ops...).Commit()
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	var out []*claim
 	for i, r := range tr.Responses {
@@ -447,28 +473,26 @@ func (w *Worker) claim(ctx context.Context, n int) ([]*claim, error) {
 			token: tr.Header.Revision, claimedAt: now})
 	}
 	w.claimed.Add(int64(len(out)))
-	return out, nil
+	return out, rev, nil
 }
 
 // waitForWork blocks until something may have become claimable: a pending
 // key created (a new, retried or requeued task), a claim deleted without its
 // pending key (a dead worker's or handed-back task), a slot freed while the
-// worker was full, or, when draining, any claim deleted. The watch starts at
-// the current revision and the head of the queue is read again after it is
-// open, so nothing slips between.
-func (w *Worker) waitForWork(ctx, base context.Context, finished chan struct{}, idle bool) error {
+// worker was full, or, when draining, any claim deleted. The watch starts
+// right after rev, the revision the last (empty) claim read, so nothing that
+// happened since is missed.
+func (w *Worker) waitForWork(ctx, base context.Context, rev int64, finished chan struct{}, idle bool) error {
 	wctx, cancel := context.WithCancel(base)
 	defer cancel()
 	stop := context.AfterFunc(ctx, cancel)
 	defer stop()
 	q := w.cfg.Queue
-	wch := w.cli.Watch(clientv3.WithRequireLeader(wctx), w.keys.Queue(q), clientv3.WithPrefix(), clientv3.WithCreatedNotify())
-	if err := watchOpened(wctx, wch); err != nil {
-		return err
+	opts := []clientv3.OpOption{clientv3.WithPrefix()}
+	if rev > 0 {
+		opts = append(opts, clientv3.WithRev(rev+1))
 	}
-	if c, err := w.client.Stats(wctx, q); err == nil && c.Pending > 0 {
-		return nil
-	}
+	wch := w.cli.Watch(clientv3.WithRequireLeader(wctx), w.keys.Queue(q), opts...)
 	fallback := time.NewTimer(30 * time.Second) // a safety net, not the mechanism
 	defer fallback.Stop()
 	for {
@@ -502,8 +526,7 @@ func (w *Worker) wakes(events []*clientv3.Event, anyClaimDelete bool) bool {
 	for _, ev := range events {
 		k := string(ev.Kv.Key)
 		if ev.Type == clientv3.EventTypeDelete && strings.HasPrefix(k, pre) {
-			_, id, _ := strings.Cut(strings.TrimPrefix(k, pre), "-")
-			pendingDeleted[id] = ev.Kv.ModRevision
+			pendingDeleted[pendingID(k, pre)] = ev.Kv.ModRevision
 		}
 	}
 	for _, ev := range events {
@@ -696,14 +719,14 @@ func (w *Worker) ackOp(o outcome, now time.Time) clientv3.Op {
 	c, t := o.c, o.c.task
 	fence := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(c.claimKey), "=", c.token)}
 	if o.kind == Pending { // handed back: the attempt does not count
-		return clientv3.OpTxn(fence, []clientv3.Op{clientv3.OpDelete(c.claimKey), clientv3.OpPut(c.pendingKey, encodePending(t.Attempt-1))}, nil)
+		return clientv3.OpTxn(fence, []clientv3.Op{clientv3.OpDelete(c.claimKey), clientv3.OpPut(c.pendingKey, encodePending(t.Attempt-1, false))}, nil)
 	}
 	t.Transitions = appendTransition(t.Transitions, Transition{Status: Running, At: c.claimedAt, Attempt: t.Attempt, Worker: w.worker})
 	ops := []clientv3.Op{clientv3.OpDelete(c.claimKey), clientv3.OpDelete(c.pendingKey)}
 	switch o.kind {
 	case Succeeded:
 		t.CurrentStatus, t.Result, t.LastError, t.RetriesAttempted = Succeeded, o.result, "", t.Attempt-1
-		ops = append(ops, clientv3.OpPut(w.keys.QueueDone(t.Queue, string(Succeeded))+t.ID, ""))
+		ops = append(ops, clientv3.OpPut(w.client.doneKey(t.Queue, Succeeded, now, t.ID), ""))
 	case Retrying:
 		t.CurrentStatus, t.RetriesAttempted, t.LastError = Retrying, t.Attempt-1, o.err.Error()
 		t.ScheduledAt = now.Add(o.delay)
@@ -789,7 +812,7 @@ func (w *Worker) promoteDue(ctx context.Context, pre string) (time.Time, error) 
 				}
 				ops = append(ops, clientv3.OpTxn(
 					[]clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(string(kv.Key)), "=", kv.ModRevision)},
-					[]clientv3.Op{clientv3.OpDelete(string(kv.Key)), clientv3.OpPut(rv.PendingKey, encodePending(rv.Attempts))}, nil))
+					[]clientv3.Op{clientv3.OpDelete(string(kv.Key)), clientv3.OpPut(rv.PendingKey, encodePending(rv.Attempts, false))}, nil))
 			}
 			if _, err := w.cli.Txn(ctx).Then(ops...).Commit(); err != nil {
 				return time.Time{}, err
@@ -834,5 +857,26 @@ func sleepCtx(ctx context.Context, d time.Duration) {
 	select {
 	case <-t.C:
 	case <-ctx.Done():
+	}
+}
+
+// removeExpired removes finished tasks past their retention, every
+// retention/24 (between a minute and an hour), until ctx ends.
+func (w *Worker) removeExpired(ctx context.Context) {
+	if w.cfg.Retention < 0 {
+		return
+	}
+	every := min(max(w.cfg.Retention/24, time.Minute), time.Hour)
+	for {
+		if n, err := w.client.RemoveExpired(ctx, w.cfg.Queue, w.cfg.Retention); err != nil && ctx.Err() == nil {
+			w.logger.Warn("queue: removing expired tasks failed; trying again later", "queue", w.cfg.Queue, "err", err)
+		} else if n > 0 {
+			w.logger.Info("queue: removed expired tasks", "queue", w.cfg.Queue, "tasks", n)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(every):
+		}
 	}
 }

@@ -401,6 +401,7 @@ let running tasks finish for --shutdown-timeout, then hand the rest back.
 	f.DurationVar(&cfg.BackoffMax, "backoff-max", 5*time.Minute, "largest retry delay")
 	f.BoolVar(&cfg.Drain, "drain", false, "exit 0 once the queue has nothing pending, running or retrying")
 	f.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 30*time.Second, "on SIGTERM, time running tasks get to finish before they are handed back")
+	f.DurationVar(&cfg.Retention, "retention", queue.DefaultRetention, "how long succeeded and cancelled tasks are kept (their counts stay); negative keeps them")
 	f.IntVar(&maxOutput, "max-output", queue.DefaultMaxOutput, "largest result an exec handler may print, in bytes")
 	f.DurationVar(&grace, "grace", 5*time.Second, "time between SIGTERM and SIGKILL when a task's process is stopped")
 	f.BoolVar(&asJSON, "json", false, "print the worker's counts as JSON when it stops")
