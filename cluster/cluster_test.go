@@ -3,6 +3,7 @@ package cluster_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/droverhq/drover/cluster"
 	"github.com/droverhq/drover/internal/etcdtest"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 func TestMain(m *testing.M) {
@@ -206,5 +208,37 @@ func TestServerCloseTwice(t *testing.T) {
 	if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
 		_ = c.Close()
 		t.Fatalf("server still accepts connections on %s after Close", addr)
+	}
+}
+
+// Compaction frees space inside the database file; defragmentation gives it
+// back, and only when enough of the file is free.
+func TestDefragIfWorth(t *testing.T) {
+	s, cli := etcdtest.StartOwn(t)
+	ctx := context.Background()
+	if did, err := s.DefragIfWorth(ctx, cli); err != nil || did {
+		t.Fatalf("fresh database: defragmented=%t, %v", did, err)
+	}
+	big := strings.Repeat("x", 1<<20)
+	for i := 0; i < 80; i++ {
+		if _, err := cli.Put(ctx, fmt.Sprintf("/big/%d", i), big); err != nil {
+			t.Fatal(err)
+		}
+	}
+	del, err := cli.Delete(ctx, "/big/", clientv3.WithPrefix())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Compact(ctx, del.Header.Revision, clientv3.WithCompactPhysical()); err != nil {
+		t.Fatal(err)
+	}
+	before, _ := cli.Status(ctx, s.Endpoints()[0])
+	did, err := s.DefragIfWorth(ctx, cli)
+	if err != nil || !did {
+		t.Fatalf("after freeing 80 MiB (db %d MiB, in use %d MiB): defragmented=%t, %v", before.DbSize>>20, before.DbSizeInUse>>20, did, err)
+	}
+	after, _ := cli.Status(ctx, s.Endpoints()[0])
+	if after.DbSize >= before.DbSize/2 {
+		t.Fatalf("database %d MiB after defragmenting, was %d MiB", after.DbSize>>20, before.DbSize>>20)
 	}
 }

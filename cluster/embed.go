@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/droverhq/drover"
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -23,6 +24,11 @@ const (
 	DefaultMemberName              = "drover"
 	DefaultAutoCompactionRetention = time.Hour
 	DefaultStartTimeout            = 60 * time.Second
+	// DefaultQuotaBackendBytes is the embedded etcd's database quota.
+	DefaultQuotaBackendBytes = 4 << 30
+	// DefaultDefragInterval is how often the embedded server checks
+	// whether its database file is worth defragmenting.
+	DefaultDefragInterval = 10 * time.Minute
 )
 
 // EmbedConfig configures an embedded single-member etcd server. The zero value
@@ -50,6 +56,13 @@ type EmbedConfig struct {
 	// StartTimeout bounds how long Embed waits for the server to be ready.
 	// Default one minute.
 	StartTimeout time.Duration
+	// QuotaBackendBytes is the database quota (default 4 GiB). Past it etcd
+	// refuses writes until space is freed.
+	QuotaBackendBytes int64
+	// DefragInterval is how often the server checks its database file and
+	// defragments it when at least 64 MiB and half of it is free space
+	// left by compaction. Zero means 10 minutes; negative turns it off.
+	DefragInterval time.Duration
 }
 
 func (c EmbedConfig) withDefaults() EmbedConfig {
@@ -73,6 +86,12 @@ func (c EmbedConfig) withDefaults() EmbedConfig {
 	}
 	if c.StartTimeout == 0 {
 		c.StartTimeout = DefaultStartTimeout
+	}
+	if c.QuotaBackendBytes == 0 {
+		c.QuotaBackendBytes = DefaultQuotaBackendBytes
+	}
+	if c.DefragInterval == 0 {
+		c.DefragInterval = DefaultDefragInterval
 	}
 	return c
 }
@@ -120,6 +139,8 @@ type Server struct {
 	dataDir   string
 	logLevel  zap.AtomicLevel
 	closeOnce sync.Once
+	stop      chan struct{} // closed by Close: maintenance ends
+	done      chan struct{} // closed when maintenance has ended
 }
 
 // Embed starts an embedded etcd server and waits until it serves clients, ctx
@@ -150,6 +171,7 @@ func Embed(ctx context.Context, cfg EmbedConfig) (*Server, error) {
 		ec.AutoCompactionRetention = "0"
 	}
 	ec.UnsafeNoFsync = cfg.UnsafeNoFsync
+	ec.QuotaBackendBytes = cfg.QuotaBackendBytes
 	level, _ := zapcore.ParseLevel(cfg.LogLevel)
 	zc := zap.NewProductionConfig()
 	zc.Level = zap.NewAtomicLevelAt(level)
@@ -182,11 +204,62 @@ func Embed(ctx context.Context, cfg EmbedConfig) (*Server, error) {
 		e.Close()
 		return nil, fmt.Errorf("cluster: start embedded etcd: %w", ctx.Err())
 	}
-	s := &Server{etcd: e, dataDir: cfg.DataDir, logLevel: zc.Level}
+	s := &Server{etcd: e, dataDir: cfg.DataDir, logLevel: zc.Level, stop: make(chan struct{}), done: make(chan struct{})}
 	for _, l := range e.Clients {
 		s.endpoints = append(s.endpoints, l.Addr().String())
 	}
+	if cfg.DefragInterval > 0 {
+		go s.maintain(cfg.DefragInterval)
+	} else {
+		close(s.done)
+	}
 	return s, nil
+}
+
+// Defrag thresholds: defragment once the file is at least minDefragBytes and
+// at least half of it is free.
+const minDefragBytes = 64 << 20
+
+// maintain defragments the database file when compaction has left enough of
+// it free. It ends when the server closes.
+func (s *Server) maintain(every time.Duration) {
+	defer close(s.done)
+	cli, err := clientv3.New(clientv3.Config{Endpoints: s.endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		return
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		<-s.stop
+		cancel()
+	}()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-time.After(every):
+		}
+		_, _ = s.DefragIfWorth(ctx, cli)
+	}
+}
+
+// DefragIfWorth defragments the server's database when it is at least 64 MiB
+// and at least half of it is free space, and reports whether it did. The
+// server stalls while it defragments (about a second per GiB).
+func (s *Server) DefragIfWorth(ctx context.Context, cli *clientv3.Client) (bool, error) {
+	st, err := cli.Status(ctx, s.endpoints[0])
+	if err != nil {
+		return false, fmt.Errorf("cluster: status: %w", err)
+	}
+	if st.DbSize < minDefragBytes || st.DbSizeInUse > st.DbSize/2 {
+		return false, nil
+	}
+	if _, err := cli.Defragment(ctx, s.endpoints[0]); err != nil {
+		return false, fmt.Errorf("cluster: defragment: %w", err)
+	}
+	return true, nil
 }
 
 // Endpoints returns the addresses where the server serves clients.
@@ -199,11 +272,13 @@ func (s *Server) DataDir() string { return s.dataDir }
 // running.
 func (s *Server) Err() <-chan error { return s.etcd.Err() }
 
-// Close stops the server: it stops accepting clients, closes open client
-// connections and watches, then syncs and closes the data files. It is safe to
-// call more than once.
+// Close stops the server: it ends the maintenance goroutine, stops accepting
+// clients, closes open client connections and watches, then syncs and closes
+// the data files. It is safe to call more than once.
 func (s *Server) Close() {
 	s.closeOnce.Do(func() {
+		close(s.stop)
+		<-s.done
 		// etcd reports its own listeners closing as errors; on purpose
 		// they are not.
 		s.logLevel.SetLevel(zap.FatalLevel)
