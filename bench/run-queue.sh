@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Queue benchmark: N no-op tasks through drover (embedded etcd, fsync on),
+# hibiken/asynq (local Redis) and riverqueue/river (local PostgreSQL, default
+# and 1 ms FetchCooldown), one after another, concurrency 64. Prints one
+# JSON line per system and drover's ratios. Loopback only.
+#   bash bench/run-queue.sh 100000
+set -euo pipefail
+N=${1:-100000}
+CONC=${CONC:-64}
+here=$(cd "$(dirname "$0")" && pwd)
+work=$(mktemp -d)
+trap 'pkill -f "drover server --data-dir $work/data" 2>/dev/null || true; rm -rf "$work"' EXIT
+
+(cd "$here/.." && go build -o "$work/drover" ./cmd/drover)
+(cd "$here" && go build -o "$work/queuebench" ./cmd/queuebench)
+python3 - "$N" > "$work/tasks.jsonl" <<'PY'
+import sys
+for i in range(int(sys.argv[1])):
+    print('{"task_id":"t%08d","task_type":"noop"}' % i)
+PY
+
+port=$((23000 + RANDOM % 2000))
+/usr/bin/time -f '%M' -o "$work/server.rss" "$work/drover" server --data-dir "$work/data" \
+  --etcd-listen "http://127.0.0.1:$port" --etcd-peer-listen "http://127.0.0.1:$((port + 1))" 2>"$work/server.log" &
+for _ in $(seq 50); do grep -q ready "$work/server.log" 2>/dev/null && break; sleep 0.2; done
+E="--etcd-endpoints 127.0.0.1:$port"
+t0=$(date +%s.%N)
+"$work/drover" submit $E --queue bench --file "$work/tasks.jsonl" >/dev/null 2>&1
+t1=$(date +%s.%N)
+/usr/bin/time -f '%M' -o "$work/worker.rss" "$work/drover" worker $E --queue bench --handler noop \
+  --concurrency "$CONC" --prefetch "$CONC" --drain >/dev/null 2>&1
+t2=$(date +%s.%N)
+db=$(du -sb "$work/data" | cut -f1)
+pkill -TERM -f "drover server --data-dir $work/data"; wait || true
+python3 - "$N" "$t0" "$t1" "$t2" "$(cat "$work/server.rss")" "$(cat "$work/worker.rss")" "$db" <<'PY' | tee "$work/drover.json"
+import json, sys
+n, t0, t1, t2, srss, wrss, db = sys.argv[1:]
+n = int(n)
+print(json.dumps({"system": "drover", "tasks": n, "insert_per_s": round(n / (float(t1) - float(t0))),
+  "process_per_s": round(n / (float(t2) - float(t1))), "end_to_end_s": round(float(t2) - float(t0), 1),
+  "server_peak_rss_mib": int(srss) // 1024, "worker_peak_rss_mib": int(wrss) // 1024, "etcd_data_mib": int(db) >> 20}))
+PY
+for sys in asynq river-tuned river; do
+  n=$N
+  [ "$sys" = river ] && n=$(( N < 20000 ? N : 20000 ))   # 100 ms fetch cooldown: ~640/s
+  "$work/queuebench" -system "$sys" -n "$n" -concurrency "$CONC" | tee -a "$work/peers.json"
+done
+python3 - "$work/drover.json" "$work/peers.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+for line in open(sys.argv[2]):
+    p = json.loads(line)
+    print("drover / %-12s processing %.2fx, insert %.2fx" % (p["system"], d["process_per_s"] / p["process_per_s"], d["insert_per_s"] / p["insert_per_s"]))
+PY
