@@ -9,7 +9,7 @@ N=${1:-100000}
 CONC=${CONC:-64}
 here=$(cd "$(dirname "$0")" && pwd)
 work=$(mktemp -d)
-trap 'pkill -f "drover server --data-dir $work/data" 2>/dev/null || true; rm -rf "$work"' EXIT
+trap 'pkill -f "^$work/drover server" 2>/dev/null || true; rm -rf "$work"' EXIT
 
 (cd "$here/.." && go build -o "$work/drover" ./cmd/drover)
 (cd "$here" && go build -o "$work/queuebench" ./cmd/queuebench)
@@ -22,6 +22,7 @@ PY
 port=$((23000 + RANDOM % 2000))
 /usr/bin/time -f '%M' -o "$work/server.rss" "$work/drover" server --data-dir "$work/data" \
   --etcd-listen "http://127.0.0.1:$port" --etcd-peer-listen "http://127.0.0.1:$((port + 1))" 2>"$work/server.log" &
+timer=$!
 for _ in $(seq 50); do grep -q ready "$work/server.log" 2>/dev/null && break; sleep 0.2; done
 E="--etcd-endpoints 127.0.0.1:$port"
 t0=$(date +%s.%N)
@@ -31,7 +32,7 @@ t1=$(date +%s.%N)
   --concurrency "$CONC" --prefetch "$CONC" --drain >/dev/null 2>&1
 t2=$(date +%s.%N)
 db=$(du -sb "$work/data" | cut -f1)
-pkill -TERM -f "drover server --data-dir $work/data"; wait || true
+kill -TERM "$(pgrep -P "$timer")"; wait "$timer" || true
 python3 - "$N" "$t0" "$t1" "$t2" "$(cat "$work/server.rss")" "$(cat "$work/worker.rss")" "$db" <<'PY' | tee "$work/drover.json"
 import json, sys
 n, t0, t1, t2, srss, wrss, db = sys.argv[1:]
