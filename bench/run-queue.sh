@@ -4,6 +4,7 @@
 # and 1 ms FetchCooldown), one after another, concurrency 64. Prints one
 # JSON line per system and drover's ratios. Loopback only.
 #   bash bench/run-queue.sh 100000
+#   DROVER_ONLY=1 bash bench/run-queue.sh 100000   # drover alone
 set -euo pipefail
 N=${1:-100000}
 CONC=${CONC:-64}
@@ -41,6 +42,7 @@ print(json.dumps({"system": "drover", "tasks": n, "insert_per_s": round(n / (flo
   "process_per_s": round(n / (float(t2) - float(t1))), "end_to_end_s": round(float(t2) - float(t0), 1),
   "server_peak_rss_mib": int(srss) // 1024, "worker_peak_rss_mib": int(wrss) // 1024, "etcd_data_mib": int(db) >> 20}))
 PY
+[ -n "${DROVER_ONLY:-}" ] && exit 0
 for sys in asynq river-tuned river; do
   n=$N
   [ "$sys" = river ] && n=$(( N < 20000 ? N : 20000 ))   # 100 ms fetch cooldown: ~640/s

@@ -379,15 +379,22 @@ func (w *Worker) loop(ctx, base context.Context, slots chan struct{}, finished c
 func (w *Worker) claim(ctx context.Context, n int) ([]*claim, int64, error) {
 	q := w.cfg.Queue
 	pre := w.keys.QueuePending(q)
-	const perRead = 4
-	start := int(w.shardCursor.Add(perRead))
-	limit := int64(2*n/perRead + 4)
+	// One shard first: in a long queue it holds plenty. When it does not,
+	// read the following shards eight at a time.
+	const perRead = 8
+	start := int(w.shardCursor.Add(1))
 	var cands, suspects []*mvccpb.KeyValue
 	var rev int64
-	for read := 0; read < Shards/perRead && len(cands) < 2*n; read++ {
-		ops := make([]clientv3.Op, perRead)
-		for j := range ops {
-			ops[j] = clientv3.OpGet(w.client.shardPrefix(q, (start+read*perRead+j)%Shards), clientv3.WithPrefix(), clientv3.WithLimit(limit))
+	next := start
+	for read := 0; next < start+Shards && len(cands) < n; read++ {
+		width, limit := 1, int64(2*n+8)
+		if read > 0 {
+			width, limit = perRead, int64(2*n/perRead+4)
+		}
+		ops := make([]clientv3.Op, 0, width)
+		for j := 0; j < width && next < start+Shards; j++ {
+			ops = append(ops, clientv3.OpGet(w.client.shardPrefix(q, next%Shards), clientv3.WithPrefix(), clientv3.WithLimit(limit)))
+			next++
 		}
 		resp, err := w.cli.Txn(ctx).Then(ops...).Commit()
 		if err != nil {
