@@ -15,21 +15,9 @@ import (
 	"time"
 
 	"github.com/droverhq/drover/internal/etcdtest"
+	"github.com/droverhq/drover/internal/proc"
 	"github.com/droverhq/drover/queue"
 )
-
-func alive(pid int) bool {
-	if err := syscall.Kill(pid, 0); err != nil {
-		return false
-	}
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return false
-	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	return i < 0 || i+2 >= len(s) || s[i+2] != 'Z'
-}
 
 func readPid(t *testing.T, path string) int {
 	t.Helper()
@@ -107,7 +95,7 @@ esac`
 	if slow.CurrentStatus != queue.Dead || !strings.Contains(slow.LastError, "timed out") {
 		t.Fatalf("slow: %s, %q", slow.CurrentStatus, slow.LastError)
 	}
-	if pid := readPid(t, filepath.Join(dir, "slow.pid")); alive(pid) {
+	if pid := readPid(t, filepath.Join(dir, "slow.pid")); proc.Alive(pid) {
 		t.Fatalf("the timed-out task's process %d is still running", pid)
 	}
 	loud := get("loud")
@@ -148,7 +136,7 @@ func TestExecHandlerKilledOnClaimLoss(t *testing.T) {
 		t.Fatal("worker still running after its lease was revoked")
 	}
 	deadline := time.Now().Add(5 * time.Second)
-	for alive(pid) {
+	for proc.Alive(pid) {
 		if time.Now().After(deadline) {
 			t.Fatalf("process %d outlived the lost claim", pid)
 		}

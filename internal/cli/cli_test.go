@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/droverhq/drover/internal/etcdtest"
+	"github.com/droverhq/drover/internal/proc"
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/lock"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -209,7 +210,7 @@ func TestLockRunKillsCommandOnLockLoss(t *testing.T) {
 		t.Fatalf("stderr does not say the lock was lost:\n%s", p.stderr.String())
 	}
 	for _, pid := range pids {
-		if alive(pid) {
+		if proc.Alive(pid) {
 			t.Fatalf("process %d of CMD survived the lock loss", pid)
 		}
 	}
@@ -357,20 +358,4 @@ func containsFlag(args []string, flag string) bool {
 		}
 	}
 	return false
-}
-
-// alive reports whether pid runs: it exists and is not a zombie waiting for a
-// parent (an orphan's parent here may never reap it).
-func alive(pid int) bool {
-	if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
-		return false
-	}
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return false
-	}
-	// pid (comm) state ...: the state follows the last ')'.
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	return i < 0 || i+2 >= len(s) || s[i+2] != 'Z'
 }

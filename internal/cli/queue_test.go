@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/droverhq/drover/internal/etcdtest"
+	"github.com/droverhq/drover/internal/proc"
 )
 
 type submitOut struct {
@@ -181,7 +182,7 @@ func TestTasksCancelKillsProcess(t *testing.T) {
 	if r := drover(t, append(etcdFlags(ns), "tasks", "cancel", "victim")...); r.code != 0 {
 		t.Fatalf("cancel: %q", r.stderr)
 	}
-	waitFor(t, 10*time.Second, "the task's process to die", func() bool { return !alive(pid) })
+	waitFor(t, 10*time.Second, "the task's process to die", func() bool { return !proc.Alive(pid) })
 	if code := p.wait(t, 15*time.Second); code != 0 {
 		t.Fatalf("worker exit %d", code)
 	}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/droverhq/drover/internal/etcdtest"
+	"github.com/droverhq/drover/internal/proc"
 )
 
 func TestDemo(t *testing.T) {
@@ -55,7 +56,7 @@ func TestDemo(t *testing.T) {
 	}
 	for _, m := range pids {
 		pid, _ := strconv.Atoi(m[1])
-		if alive(pid) {
+		if proc.Alive(pid) {
 			t.Fatalf("worker process %d outlived the demo", pid)
 		}
 	}
@@ -182,7 +183,7 @@ func TestTaskSurvivesFullRestart(t *testing.T) {
 	}
 	worker.wait(t, 10*time.Second)
 	// The step dies with its worker: it must not go on without the lock.
-	waitFor(t, 5*time.Second, "the step process to die with its worker", func() bool { return !alive(stepPid) })
+	waitFor(t, 5*time.Second, "the step process to die with its worker", func() bool { return !proc.Alive(stepPid) })
 	if err := server.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}

@@ -32,6 +32,19 @@ func (a *app) queueClient(ctx context.Context) (*queue.Client, func(), error) {
 	return c, func() { cli.Close() }, nil
 }
 
+// getTask validates id, connects and reads the task.
+func (a *app) getTask(ctx context.Context, id string) (*queue.Task, error) {
+	if err := checkTaskIDs([]string{id}); err != nil {
+		return nil, err
+	}
+	c, done, err := a.queueClient(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	return c.Get(ctx, id)
+}
+
 func checkTaskIDs(ids []string) error {
 	for _, id := range ids {
 		if err := keyspace.CheckName("task id", id); err != nil {
@@ -112,15 +125,7 @@ func (a *app) tasksCommand() *cobra.Command {
 		Use: "get ID", Short: "Show a task, its status and its history", Args: cobra.ExactArgs(1),
 		Example: "  drover tasks get 7f3a91 --json",
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := checkTaskIDs(args); err != nil {
-				return err
-			}
-			c, done, err := a.queueClient(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer done()
-			t, err := c.Get(cmd.Context(), args[0])
+			t, err := a.getTask(cmd.Context(), args[0])
 			if err != nil {
 				return err
 			}
@@ -250,15 +255,7 @@ func (a *app) dlqCommand() *cobra.Command {
 		Use: "show ID", Short: "Show a dead task with its full error history", Args: cobra.ExactArgs(1),
 		Example: "  drover dlq show 7f3a91",
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := checkTaskIDs(args); err != nil {
-				return err
-			}
-			c, done, err := a.queueClient(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer done()
-			t, err := c.Get(cmd.Context(), args[0])
+			t, err := a.getTask(cmd.Context(), args[0])
 			if err != nil {
 				return err
 			}

@@ -5,6 +5,8 @@ package proc
 import (
 	"os"
 	"os/exec"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -59,4 +61,20 @@ func Supervise(cmd *exec.Cmd, sigs <-chan os.Signal, stop <-chan struct{}, grace
 			return err, false, nil
 		}
 	}
+}
+
+// Alive reports whether process pid runs: it exists and is not a zombie
+// waiting for its parent to reap it (an orphan's new parent may never do so).
+func Alive(pid int) bool {
+	if err := syscall.Kill(pid, 0); err != nil && err != syscall.EPERM {
+		return false
+	}
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	// "pid (comm) state ...": the state follows the last ')'.
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	return i < 0 || i+2 >= len(s) || s[i+2] != 'Z'
 }
