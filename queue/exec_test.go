@@ -102,7 +102,9 @@ esac`
 	if loud.CurrentStatus != queue.Dead || !strings.Contains(loud.LastError, "100000000 bytes") || len(loud.Result) != 0 {
 		t.Fatalf("loud: %s, %q", loud.CurrentStatus, loud.LastError)
 	}
-	if grew := int64(peak) - int64(before.HeapAlloc); grew > 32<<20 {
+	// The etcd server shares this heap, so allow it some room; reading the
+	// output into memory would add at least the 100 MB.
+	if grew := int64(peak) - int64(before.HeapAlloc); grew > 64<<20 {
 		t.Fatalf("the heap grew by %d MiB while a task printed 100 MB", grew>>20)
 	}
 	if p := get("bad-data"); p.CurrentStatus != queue.Dead || p.Attempt != 1 || !strings.Contains(p.LastError, "not a PDF") {
