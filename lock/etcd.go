@@ -718,11 +718,36 @@ func (l *EtcdLock) end(cause error) (first bool) {
 // of the caller's If/Then/Else, or an error matching ErrFenced, with nothing
 // applied, when the lock was lost. A fenced-out lock's context is cancelled.
 func (l *EtcdLock) Txn(ctx context.Context) clientv3.Txn {
-	return &fencedTxn{l: l, ctx: ctx}
+	return NewFencedTxn(ctx, l.locker.cli, Fence{Name: fmt.Sprintf("lock %q", l.name), Token: l.token, Cmp: l.Cmp(), Check: l.Err, Lost: l.lose})
+}
+
+// Fence is a right held in etcd that writes can be made conditional on: a
+// lock, a queue claim.
+type Fence struct {
+	// Name names the right in errors.
+	Name string
+	// Token is the right's fencing token.
+	Token int64
+	// Cmp holds while the right is held with Token.
+	Cmp clientv3.Cmp
+	// Check, if set, reports a loss known locally (a passed lease deadline)
+	// before anything is sent.
+	Check func() error
+	// Lost, if set, is told when etcd refused a write under the fence.
+	Lost func(cause error)
+}
+
+// NewFencedTxn starts an etcd transaction that commits only while f holds. It
+// is used like clientv3.Txn: the caller's If/Then/Else run nested inside one
+// transaction whose own compare is f.Cmp. Commit returns the caller's
+// response, or an error matching ErrFenced, with nothing applied.
+func NewFencedTxn(ctx context.Context, cli *clientv3.Client, f Fence) clientv3.Txn {
+	return &fencedTxn{cli: cli, f: f, ctx: ctx}
 }
 
 type fencedTxn struct {
-	l         *EtcdLock
+	cli       *clientv3.Client
+	f         Fence
 	ctx       context.Context
 	cmps      []clientv3.Cmp
 	then, els []clientv3.Op
@@ -746,21 +771,25 @@ func (t *fencedTxn) Else(ops ...clientv3.Op) clientv3.Txn {
 // Commit sends one transaction: if the fence holds, the caller's transaction
 // runs nested inside it; otherwise nothing runs.
 func (t *fencedTxn) Commit() (*clientv3.TxnResponse, error) {
-	l := t.l
-	if err := l.Err(); err != nil {
-		return nil, fmt.Errorf("%w: lock %q token %d: %w", ErrFenced, l.name, l.token, err)
+	f := t.f
+	if f.Check != nil {
+		if err := f.Check(); err != nil {
+			return nil, fmt.Errorf("%w: %s token %d: %w", ErrFenced, f.Name, f.Token, err)
+		}
 	}
-	resp, err := l.locker.cli.Txn(t.ctx).
-		If(l.Cmp()).
+	resp, err := t.cli.Txn(t.ctx).
+		If(f.Cmp).
 		Then(clientv3.OpTxn(t.cmps, t.then, t.els)).
 		Commit()
 	if err != nil {
-		return nil, fmt.Errorf("lock: fenced transaction under %q: %w", l.name, err)
+		return nil, fmt.Errorf("lock: fenced transaction under %s: %w", f.Name, err)
 	}
 	if !resp.Succeeded {
-		cause := errors.New("a write under the lock was refused: the lock is held by a later token or free")
-		l.lose(cause)
-		return nil, fmt.Errorf("%w: lock %q token %d: %w", ErrFenced, l.name, l.token, cause)
+		cause := errors.New("a write under it was refused: it is held by a later token or free")
+		if f.Lost != nil {
+			f.Lost(cause)
+		}
+		return nil, fmt.Errorf("%w: %s token %d: %w", ErrFenced, f.Name, f.Token, cause)
 	}
 	inner := (*clientv3.TxnResponse)(resp.Responses[0].GetResponseTxn())
 	inner.Header = resp.Header

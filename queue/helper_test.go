@@ -12,7 +12,34 @@ import (
 
 	"github.com/droverhq/drover/cluster"
 	"github.com/droverhq/drover/queue"
+	"github.com/droverhq/drover/task"
 )
+
+// stepsLogged returns three agent steps that log "worker step" to logPath
+// when they start and append their name to the state; the second takes
+// slow.
+func stepsLogged(logPath, worker string, slow time.Duration) []task.Step {
+	var steps []task.Step
+	for i, name := range []string{"s1", "s2", "s3"} {
+		steps = append(steps, task.Step{Name: name, Run: func(ctx context.Context, state []byte) ([]byte, error) {
+			f, err := os.OpenFile(logPath, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+			if err != nil {
+				return nil, err
+			}
+			fmt.Fprintf(f, "%s %s\n", worker, name)
+			f.Close()
+			if i == 1 {
+				select {
+				case <-time.After(slow):
+				case <-ctx.Done():
+					return nil, ctx.Err()
+				}
+			}
+			return append(append([]byte{}, state...), "|"+name...), nil
+		}})
+	}
+	return steps
+}
 
 const helperEnv = "DROVER_QUEUE_TEST_HELPER"
 
@@ -34,6 +61,12 @@ func runHelper(mode string) int {
 		return 2
 	}
 	defer w.Close(context.Background())
+	if mode == "steps" {
+		store, _ := task.NewStore(cli, os.Getenv("H_NS"))
+		w.HandleAll(queue.Steps(store, stepsLogged(os.Getenv("H_LOG"), "victim", 30*time.Second)...))
+		_ = w.Run(ctx)
+		return 0
+	}
 	w.HandleAll(func(ctx context.Context, t *queue.Task) ([]byte, error) {
 		if mode == "block" {
 			fmt.Printf("STARTED %s\n", t.ID)

@@ -17,6 +17,7 @@ import (
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/lease"
 	"github.com/droverhq/drover/lock"
+	"github.com/droverhq/drover/task"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -594,7 +595,8 @@ func (w *Worker) execute(base context.Context, c *claim) outcome {
 	if h == nil {
 		return outcome{c: c, kind: Dead, err: Permanent(fmt.Errorf("%w %q on worker %s", ErrNoHandler, t.Type, w.worker))}
 	}
-	result, err := call(tctx, h, t)
+	hctx := context.WithValue(tctx, claimKey{}, &claimFence{w: w, c: c})
+	result, err := call(hctx, h, t)
 	cause := context.Cause(tctx)
 	switch {
 	case err == nil && len(result) > MaxResult:
@@ -885,5 +887,65 @@ func (w *Worker) removeExpired(ctx context.Context) {
 			return
 		case <-time.After(every):
 		}
+	}
+}
+
+type claimKey struct{}
+
+// claimFence is a running task's claim as a fence for writes made while
+// handling it (see Steps).
+type claimFence struct {
+	w *Worker
+	c *claim
+}
+
+// Txn starts a transaction that commits only while the claim is held.
+func (f *claimFence) Txn(ctx context.Context) clientv3.Txn {
+	return lock.NewFencedTxn(ctx, f.w.cli, lock.Fence{
+		Name:  fmt.Sprintf("claim of task %s", f.c.task.ID),
+		Token: f.c.token,
+		Cmp:   clientv3.Compare(clientv3.CreateRevision(f.c.claimKey), "=", f.c.token),
+		Check: f.Err,
+	})
+}
+
+// Token is the claim's fencing token.
+func (f *claimFence) Token() int64 { return f.c.token }
+
+// Err reports the worker's lease loss, which ends every claim.
+func (f *claimFence) Err() error { return f.w.lease.Err() }
+
+// ClaimFence returns the claim of the task a handler runs, as a task.Fence:
+// writes made with its Txn commit only while the claim is held. It is nil
+// outside a handler.
+func ClaimFence(ctx context.Context) task.Fence {
+	if f, ok := ctx.Value(claimKey{}).(*claimFence); ok {
+		return f
+	}
+	return nil
+}
+
+// Steps returns a handler that runs each task as agent steps, with the task
+// runner's checkpoints (see package task): the first step gets the task's
+// parameters, every step's checkpoint is written fenced by the task's claim,
+// and an attempt that follows one that died (a worker killed, a claim lost)
+// resumes after the last checkpointed step instead of starting over. The
+// result is the last step's state. A step's error fails the attempt (and is
+// retried like any handler error).
+func Steps(store *task.Store, steps ...task.Step) Handler {
+	return func(ctx context.Context, t *Task) ([]byte, error) {
+		f, ok := ctx.Value(claimKey{}).(*claimFence)
+		if !ok {
+			return nil, Permanent(errors.New("queue.Steps handler run outside a worker"))
+		}
+		res, err := store.RunSteps(ctx, f, t.ID, steps, task.StepConfig{Worker: f.w.worker, Initial: t.Parameters})
+		if err != nil {
+			var tl *task.StateTooLargeError
+			if errors.As(err, &tl) || errors.Is(err, task.ErrStepsChanged) {
+				return nil, Permanent(err)
+			}
+			return nil, err
+		}
+		return res.State, nil
 	}
 }

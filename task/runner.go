@@ -218,61 +218,105 @@ func (r *Runner) Run(ctx context.Context, id string, steps []Step) (Result, erro
 		}
 	}()
 	r.emit(Event{Type: EventAcquired, TaskID: id, Token: l.Token()})
-	res := Result{TaskID: id, Token: l.Token()}
+	lctx := l.Context()
+	runCtx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	stop := context.AfterFunc(lctx, func() { cancel(context.Cause(lctx)) })
+	defer stop()
+	return r.store.RunSteps(runCtx, el, id, steps, StepConfig{Worker: r.worker, StateLimit: r.limit, OnEvent: r.emit})
+}
 
-	cp, err := r.store.Load(ctx, id)
+// StepConfig says how RunSteps runs and reports a task's steps.
+type StepConfig struct {
+	// Worker is recorded in checkpoints and step records.
+	Worker string
+	// Initial is the state the first step gets when there is no checkpoint.
+	Initial []byte
+	// StateLimit bounds a step's state; 0 means DefaultStateLimit.
+	StateLimit int
+	// OnEvent, if set, receives every event (Worker is filled in by the
+	// caller's own emitter).
+	OnEvent func(Event)
+}
+
+// RunSteps runs task id's steps under fence f, which the caller holds (a
+// task lock, a queue claim): it loads the checkpoint, resumes after the last
+// checkpointed step, and writes each step's checkpoint and record in one
+// transaction fenced by f. ctx is what the steps get; the caller ends it when
+// f is lost. This is the one implementation of step-wise resume, shared by
+// Runner and by queue handlers.
+func (s *Store) RunSteps(ctx context.Context, f Fence, id string, steps []Step, cfg StepConfig) (Result, error) {
+	if err := CheckSteps(steps); err != nil {
+		return Result{}, err
+	}
+	emit := cfg.OnEvent
+	if emit == nil {
+		emit = func(Event) {}
+	}
+	limit := cfg.StateLimit
+	if limit <= 0 {
+		limit = DefaultStateLimit
+	}
+	res := Result{TaskID: id, Token: f.Token()}
+	cp, err := s.Load(ctx, id)
 	if err != nil {
 		return res, err
 	}
 	res.State = cp.State
 	if cp.Completed {
 		res.AlreadyCompleted = true
-		r.emit(Event{Type: EventAlreadyCompleted, TaskID: id, Step: cp.Step})
+		emit(Event{Type: EventAlreadyCompleted, TaskID: id, Step: cp.Step})
 		return res, nil
 	}
 	if cp.Step > 0 && cp.Steps != len(steps) {
 		return res, fmt.Errorf("task %s: checkpoint at step %d of %d, but %d steps were given: %w", id, cp.Step, cp.Steps, len(steps), ErrStepsChanged)
 	}
+	if cp.Step == 0 {
+		cp.State = cfg.Initial
+	}
 	res.ResumedFrom = cp.Step + 1
-	r.emit(Event{Type: EventResumed, TaskID: id, Step: res.ResumedFrom, Name: steps[cp.Step].Name})
-
-	// Steps run under a context that ends with the caller's or the lock's.
-	lctx := l.Context()
-	runCtx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	stop := context.AfterFunc(lctx, func() { cancel(context.Cause(lctx)) })
-	defer stop()
-
+	emit(Event{Type: EventResumed, TaskID: id, Step: res.ResumedFrom, Name: steps[cp.Step].Name})
+	lostErr := func() error {
+		if e, ok := f.(interface{ Err() error }); ok {
+			return e.Err()
+		}
+		return nil
+	}
 	for i := cp.Step; i < len(steps); i++ {
 		n, step := i+1, steps[i]
 		started := time.Now()
-		r.emit(Event{Type: EventStepStarted, TaskID: id, Step: n, Name: step.Name, Token: l.Token()})
-		state, err := step.Run(runCtx, cp.State)
+		emit(Event{Type: EventStepStarted, TaskID: id, Step: n, Name: step.Name, Token: f.Token()})
+		state, err := step.Run(ctx, cp.State)
 		if err != nil {
-			if lerr := el.Err(); lerr != nil {
-				r.emit(Event{Type: EventLost, TaskID: id, Step: n, Name: step.Name, Err: lerr.Error()})
+			if lerr := lostErr(); lerr != nil {
+				emit(Event{Type: EventLost, TaskID: id, Step: n, Name: step.Name, Err: lerr.Error()})
 				return res, fmt.Errorf("task %s step %d (%s): %w", id, n, step.Name, lerr)
 			}
 			return res, &StepError{TaskID: id, Step: n, Name: step.Name, Err: err}
 		}
-		if len(state) > r.limit {
-			return res, &StateTooLargeError{TaskID: id, Step: n, Name: step.Name, Size: len(state), Limit: r.limit}
+		if len(state) > limit {
+			return res, &StateTooLargeError{TaskID: id, Step: n, Name: step.Name, Size: len(state), Limit: limit}
 		}
 		next := Checkpoint{TaskID: id, Step: n, StepName: step.Name, Steps: len(steps), Completed: n == len(steps),
-			State: state, Worker: r.worker, Token: l.Token(), At: time.Now().UTC()}
-		rec := StepRecord{Step: n, Name: step.Name, Worker: r.worker, Token: l.Token(), StartedAt: started.UTC(), FinishedAt: next.At}
-		if err := r.store.Commit(ctx, el, cp, &next, rec); err != nil {
+			State: state, Worker: cfg.Worker, Token: f.Token(), At: time.Now().UTC()}
+		rec := StepRecord{Step: n, Name: step.Name, Worker: cfg.Worker, Token: f.Token(), StartedAt: started.UTC(), FinishedAt: next.At}
+		// The fence, not the step's context, decides whether this write
+		// counts: commit even if the context ended as the step finished.
+		cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		err = s.Commit(cctx, f, cp, &next, rec)
+		ccancel()
+		if err != nil {
 			if errors.Is(err, lock.ErrFenced) {
-				r.emit(Event{Type: EventLost, TaskID: id, Step: n, Name: step.Name, Err: err.Error()})
+				emit(Event{Type: EventLost, TaskID: id, Step: n, Name: step.Name, Err: err.Error()})
 			}
 			return res, err
 		}
 		cp = next
 		res.StepsRun++
 		res.State = state
-		r.emit(Event{Type: EventStepCheckpointed, TaskID: id, Step: n, Name: step.Name, Token: l.Token()})
+		emit(Event{Type: EventStepCheckpointed, TaskID: id, Step: n, Name: step.Name, Token: f.Token()})
 	}
-	r.emit(Event{Type: EventCompleted, TaskID: id, Step: len(steps)})
+	emit(Event{Type: EventCompleted, TaskID: id, Step: len(steps)})
 	return res, nil
 }
 
