@@ -15,7 +15,11 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// SubmitBatch is how many tasks go into one etcd transaction: each takes a
+// maxRequestBytes keeps every request well under etcd's 1.5 MiB limit.
+const maxRequestBytes = 1 << 20
+
+// SubmitBatch is how many tasks go into one etcd transaction (fewer when
+// they are large: a request stays under 1 MiB): each takes a
 // nested transaction of two puts, and etcd allows 128 operations a request by
 // default.
 const SubmitBatch = 60
@@ -128,24 +132,16 @@ func (c *Client) Submit(ctx context.Context, q string, tasks []Task, progress fu
 		valid = append(valid, t)
 	}
 	done := len(tasks) - len(valid)
-	for start := 0; start < len(valid); start += SubmitBatch {
-		batch := valid[start:min(start+SubmitBatch, len(valid))]
-		ops := make([]clientv3.Op, 0, len(batch))
-		for i := range batch {
-			t := &batch[i]
-			rec, err := json.Marshal(t)
-			if err != nil {
-				return res, fmt.Errorf("queue: encode task %s: %w", t.ID, err)
-			}
-			recKey := c.keys.TaskRecord(t.ID)
-			ops = append(ops, clientv3.OpTxn(
-				[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(recKey), "=", 0)},
-				[]clientv3.Op{clientv3.OpPut(recKey, string(rec)), clientv3.OpPut(c.pendingKey(t), encodePending(0, false))},
-				nil))
+	seen := make(map[string]bool, len(valid))
+	var ops []clientv3.Op
+	size := 0
+	flush := func() error {
+		if len(ops) == 0 {
+			return nil
 		}
 		resp, err := c.cli.Txn(ctx).Then(ops...).Commit()
 		if err != nil {
-			return res, fmt.Errorf("queue: submit to %s (%d of %d submitted): %w", q, res.Submitted, len(valid), err)
+			return fmt.Errorf("queue: submit to %s (%d of %d submitted): %w", q, res.Submitted, len(valid), err)
 		}
 		for _, r := range resp.Responses {
 			if r.GetResponseTxn().Succeeded {
@@ -154,10 +150,39 @@ func (c *Client) Submit(ctx context.Context, q string, tasks []Task, progress fu
 				res.Duplicates++
 			}
 		}
-		done += len(batch)
+		done += len(ops)
+		ops, size = ops[:0], 0
 		if progress != nil {
 			progress(done)
 		}
+		return nil
+	}
+	for i := range valid {
+		t := &valid[i]
+		if seen[t.ID] { // etcd refuses a request that writes one key twice
+			res.Duplicates++
+			done++
+			continue
+		}
+		seen[t.ID] = true
+		rec, err := json.Marshal(t)
+		if err != nil {
+			return res, fmt.Errorf("queue: encode task %s: %w", t.ID, err)
+		}
+		if len(ops) == SubmitBatch || size+len(rec) > maxRequestBytes {
+			if err := flush(); err != nil {
+				return res, err
+			}
+		}
+		recKey := c.keys.TaskRecord(t.ID)
+		ops = append(ops, clientv3.OpTxn(
+			[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(recKey), "=", 0)},
+			[]clientv3.Op{clientv3.OpPut(recKey, string(rec)), clientv3.OpPut(c.pendingKey(t), encodePending(0, false))},
+			nil))
+		size += len(rec) + 200
+	}
+	if err := flush(); err != nil {
+		return res, err
 	}
 	return res, nil
 }
@@ -201,6 +226,7 @@ func (c *Client) getMany(ctx context.Context, ids []string) ([]*Task, error) {
 			if err := json.Unmarshal(kvs[0].Value, t); err != nil {
 				return nil, fmt.Errorf("queue: task record %s is unreadable: %w", kvs[0].Key, err)
 			}
+			t.rev = kvs[0].ModRevision
 			tasks = append(tasks, t)
 		}
 		if err := c.resolve(ctx, tasks); err != nil {
@@ -222,7 +248,7 @@ func (c *Client) resolve(ctx context.Context, tasks []*Task) error {
 	for _, t := range tasks {
 		ops = append(ops,
 			clientv3.OpGet(c.keys.QueueClaim(t.Queue, t.ID)),
-			clientv3.OpGet(c.pendingKey(t), clientv3.WithCountOnly()),
+			clientv3.OpGet(c.pendingKey(t), clientv3.WithKeysOnly()),
 			clientv3.OpGet(c.retryKey(t), clientv3.WithCountOnly()))
 	}
 	resp, err := c.cli.Txn(ctx).Then(ops...).Commit()
@@ -231,7 +257,12 @@ func (c *Client) resolve(ctx context.Context, tasks []*Task) error {
 	}
 	for i, t := range tasks {
 		claim := resp.Responses[3*i].GetResponseRange().Kvs
-		pending := resp.Responses[3*i+1].GetResponseRange().Count > 0
+		pend := resp.Responses[3*i+1].GetResponseRange().Kvs
+		pending := len(pend) > 0
+		t.pendingRev = 0
+		if pending {
+			t.pendingRev = pend[0].ModRevision
+		}
 		retry := resp.Responses[3*i+2].GetResponseRange().Count > 0
 		switch {
 		case len(claim) > 0:
@@ -405,7 +436,8 @@ func (c *Client) RemoveExpired(ctx context.Context, q string, retention time.Dur
 			for _, kv := range kvs {
 				_, id, _ := strings.Cut(strings.TrimPrefix(string(kv.Key), pre), "-")
 				cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(string(kv.Key)), "=", kv.ModRevision))
-				ops = append(ops, clientv3.OpDelete(string(kv.Key)), clientv3.OpDelete(c.keys.TaskRecord(id)))
+				// The record, and a step-wise task's checkpoint and steps.
+				ops = append(ops, clientv3.OpDelete(string(kv.Key)), clientv3.OpDelete(c.keys.Task(id), clientv3.WithPrefix()))
 			}
 			if st == Succeeded {
 				arch.Succeeded += int64(len(kvs))
@@ -443,10 +475,6 @@ func (c *Client) Cancel(ctx context.Context, id string) (*Task, error) {
 			return t, fmt.Errorf("%w: task %s is %s", ErrFinished, id, t.CurrentStatus)
 		}
 		recKey := c.keys.TaskRecord(id)
-		g, err := c.cli.Get(ctx, recKey)
-		if err != nil || len(g.Kvs) == 0 {
-			return nil, fmt.Errorf("queue: cancel %s: %w", id, errors.Join(err, ErrNotFound))
-		}
 		now := c.now().UTC()
 		t.CurrentStatus = Cancelled
 		t.Transitions = appendTransition(t.Transitions, Transition{Status: Cancelled, At: now, Attempt: t.Attempt})
@@ -465,7 +493,13 @@ func (c *Client) Cancel(ctx context.Context, id string) (*Task, error) {
 			}
 			ops = append(ops, clientv3.OpPut(c.keys.QueueCancel(t.Queue)+id, "", clientv3.WithLease(l.ID)))
 		}
-		resp, err := c.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(recKey), "=", g.Kvs[0].ModRevision)).Then(ops...).Commit()
+		// Nothing may have changed since the read that decided all this:
+		// not the record (an outcome rewrites it), not the pending key (a
+		// claim rewrites it, and would then need the cancel signal).
+		resp, err := c.cli.Txn(ctx).If(
+			clientv3.Compare(clientv3.ModRevision(recKey), "=", t.rev),
+			clientv3.Compare(clientv3.ModRevision(c.pendingKey(t)), "=", t.pendingRev),
+		).Then(ops...).Commit()
 		if err != nil {
 			return nil, fmt.Errorf("queue: cancel %s: %w", id, err)
 		}
@@ -499,7 +533,7 @@ func (c *Client) Requeue(ctx context.Context, q string, ids []string) (int, erro
 // Purge deletes dead tasks of queue q for good; ids empty means all of them.
 func (c *Client) Purge(ctx context.Context, q string, ids []string) (int, error) {
 	return c.eachDead(ctx, q, ids, func(t *Task, deadKey string) []clientv3.Op {
-		return []clientv3.Op{clientv3.OpDelete(deadKey), clientv3.OpDelete(c.keys.TaskRecord(t.ID))}
+		return []clientv3.Op{clientv3.OpDelete(deadKey), clientv3.OpDelete(c.keys.Task(t.ID), clientv3.WithPrefix())}
 	})
 }
 
@@ -530,7 +564,10 @@ func (c *Client) eachDead(ctx context.Context, q string, ids []string, ops func(
 		if t.Queue != q || t.CurrentStatus != Dead {
 			return n, fmt.Errorf("%w: %s is %s in queue %s", ErrNotDead, id, t.CurrentStatus, t.Queue)
 		}
-		resp, err := c.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(deadKey), ">", 0)).Then(ops(t, deadKey)...).Commit()
+		resp, err := c.cli.Txn(ctx).If(
+			clientv3.Compare(clientv3.CreateRevision(deadKey), ">", 0),
+			clientv3.Compare(clientv3.ModRevision(c.keys.TaskRecord(id)), "=", t.rev),
+		).Then(ops(t, deadKey)...).Commit()
 		if err != nil {
 			return n, fmt.Errorf("queue: %s: %w", id, err)
 		}

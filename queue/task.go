@@ -84,6 +84,11 @@ type Task struct {
 	Result      []byte       `json:"result,omitempty"`
 	ScheduledAt time.Time    `json:"scheduled_at,omitzero"`
 	Transitions []Transition `json:"transitions,omitempty"`
+
+	// Revisions seen by the read that returned the task, so that writes
+	// based on it can require that nothing changed since.
+	rev        int64 // the record's ModRevision
+	pendingRev int64 // the pending key's ModRevision; 0 when absent
 }
 
 // Retries returns the task's retry budget.

@@ -188,6 +188,7 @@ func NewWorker(ctx context.Context, cli *clientv3.Client, cfg WorkerConfig) (*Wo
 	}
 	w := &Worker{cfg: cfg, cli: cli, keys: client.keys, client: client, lease: cfg.Lease, logger: logger,
 		worker: lock.NewHolder(cfg.WorkerID).ID, handlers: map[string]Handler{}, inflight: map[string]*running{}}
+	w.shardCursor.Store(rand.Int64N(Shards)) // workers start on different shards
 	if w.lease == nil {
 		l, err := lease.Grant(ctx, cli, cfg.TTL, lease.WithLogger(logger))
 		if err != nil {
@@ -244,6 +245,7 @@ type claim struct {
 	pendingKey string
 	token      int64
 	claimedAt  time.Time
+	broken     error // the claimed task cannot run: it goes to the DLQ
 }
 
 // outcome is how an attempt ended, to be written by the acker.
@@ -329,7 +331,7 @@ func (w *Worker) loop(ctx, base context.Context, slots chan struct{}, finished c
 			}
 			continue
 		}
-		claims, rev, err := w.claim(ctx, min(free, w.cfg.Prefetch))
+		claims, rev, contended, err := w.claim(ctx, min(free, w.cfg.Prefetch))
 		if err != nil {
 			if ctx.Err() != nil || base.Err() != nil {
 				continue
@@ -358,6 +360,12 @@ func (w *Worker) loop(ctx, base context.Context, slots chan struct{}, finished c
 		if len(claims) > 0 {
 			continue
 		}
+		if contended {
+			// Tasks were there but other workers won them: try again
+			// at once, a little apart.
+			sleepCtx(ctx, time.Duration(rand.Int64N(int64(20*time.Millisecond))))
+			continue
+		}
 		if w.cfg.Drain && len(slots) == 0 {
 			st, err := w.client.Stats(ctx, w.cfg.Queue)
 			if err == nil && st.Unfinished() == 0 {
@@ -377,7 +385,7 @@ func (w *Worker) loop(ctx, base context.Context, slots chan struct{}, finished c
 // a few at a time, starting from a different shard each call, until it has
 // enough candidates. It also returns the revision its first read saw, from
 // which a watch misses nothing.
-func (w *Worker) claim(ctx context.Context, n int) ([]*claim, int64, error) {
+func (w *Worker) claim(ctx context.Context, n int) (claims []*claim, rev int64, contended bool, err error) {
 	q := w.cfg.Queue
 	pre := w.keys.QueuePending(q)
 	// One shard first: in a long queue it holds plenty. When it does not,
@@ -385,7 +393,6 @@ func (w *Worker) claim(ctx context.Context, n int) ([]*claim, int64, error) {
 	const perRead = 8
 	start := int(w.shardCursor.Add(1))
 	var cands, suspects []*mvccpb.KeyValue
-	var rev int64
 	next := start
 	for read := 0; next < start+Shards && len(cands) < n; read++ {
 		width, limit := 1, int64(2*n+8)
@@ -399,7 +406,7 @@ func (w *Worker) claim(ctx context.Context, n int) ([]*claim, int64, error) {
 		}
 		resp, err := w.cli.Txn(ctx).Then(ops...).Commit()
 		if err != nil {
-			return nil, 0, err
+			return nil, 0, false, err
 		}
 		if rev == 0 {
 			rev = resp.Header.Revision
@@ -416,8 +423,9 @@ func (w *Worker) claim(ctx context.Context, n int) ([]*claim, int64, error) {
 		}
 	}
 	// A claimed task whose claim key is gone (its worker died) is
-	// claimable again.
-	if len(cands) < n && len(suspects) > 0 {
+	// claimable again; such tasks sit at the head of their shards, so look
+	// at them first.
+	if len(suspects) > 0 {
 		suspects = suspects[:min(len(suspects), 100)]
 		ops := make([]clientv3.Op, len(suspects))
 		for i, kv := range suspects {
@@ -425,16 +433,18 @@ func (w *Worker) claim(ctx context.Context, n int) ([]*claim, int64, error) {
 		}
 		resp, err := w.cli.Txn(ctx).Then(ops...).Commit()
 		if err != nil {
-			return nil, 0, err
+			return nil, 0, false, err
 		}
+		var orphans []*mvccpb.KeyValue
 		for i, r := range resp.Responses {
 			if r.GetResponseRange().Count == 0 {
-				cands = append(cands, suspects[i])
+				orphans = append(orphans, suspects[i])
 			}
 		}
+		cands = append(orphans, cands...)
 	}
 	if len(cands) == 0 {
-		return nil, rev, nil
+		return nil, rev, false, nil
 	}
 	// Workers reading the same shards would race for the same tasks: each
 	// takes a random n of the first 2n.
@@ -457,9 +467,13 @@ func (w *Worker) claim(ctx context.Context, n int) ([]*claim, int64, error) {
 			[]clientv3.Op{clientv3.OpPut(ck, string(cv), clientv3.WithLease(w.lease.ID())), clientv3.OpPut(string(kv.Key), encodePending(attempts[i], true)), clientv3.OpGet(w.keys.TaskRecord(id))},
 			nil)
 	}
-	tr, err := w.cli.Txn(ctx).Then(ops...).Commit()
+	// Once sent, the claims may be applied whatever happens to ctx: do not
+	// let a shutdown cut the request short and leave claims nobody knows.
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	tr, err := w.cli.Txn(cctx).Then(ops...).Commit()
+	cancel()
 	if err != nil {
-		return nil, 0, err
+		return nil, 0, false, err
 	}
 	var out []*claim
 	for i, r := range tr.Responses {
@@ -467,21 +481,28 @@ func (w *Worker) claim(ctx context.Context, n int) ([]*claim, int64, error) {
 		if !sub.Succeeded {
 			continue
 		}
-		kvs := sub.Responses[2].GetResponseRange().Kvs
-		if len(kvs) == 0 {
-			continue // a pending key without a record: cannot happen through this package
-		}
+		c := &claim{claimKey: w.keys.QueueClaim(q, ids[i]), pendingKey: string(pick[i].Key), token: tr.Header.Revision, claimedAt: now}
 		t := new(Task)
-		if err := json.Unmarshal(kvs[0].Value, t); err != nil {
-			w.logger.Error("queue: unreadable task record", "task", ids[i], "err", err)
-			continue
+		kvs := sub.Responses[2].GetResponseRange().Kvs
+		switch {
+		case len(kvs) == 0:
+			c.broken = errors.New("the task has no record")
+		default:
+			if err := json.Unmarshal(kvs[0].Value, t); err != nil {
+				c.broken = fmt.Errorf("the task's record is unreadable: %w", err)
+			}
+			c.recRev = kvs[0].ModRevision
+		}
+		if c.broken != nil {
+			w.logger.Error("queue: claimed a broken task; sending it to the dead-letter queue", "task", ids[i], "err", c.broken)
+			t = &Task{ID: ids[i], Queue: q, Type: "unknown"}
 		}
 		t.Attempt, t.Token, t.CurrentStatus = attempts[i], tr.Header.Revision, Running
-		out = append(out, &claim{task: t, recRev: kvs[0].ModRevision, claimKey: w.keys.QueueClaim(q, ids[i]), pendingKey: string(pick[i].Key),
-			token: tr.Header.Revision, claimedAt: now})
+		c.task = t
+		out = append(out, c)
 	}
 	w.claimed.Add(int64(len(out)))
-	return out, rev, nil
+	return out, rev, len(out) == 0, nil
 }
 
 // waitForWork blocks until something may have become claimable: a pending
@@ -516,9 +537,7 @@ func (w *Worker) waitForWork(ctx, base context.Context, rev int64, finished chan
 				return nil
 			}
 		case <-finished:
-			if w.cfg.Drain {
-				return nil
-			}
+			return nil
 		case <-fallback.C:
 			return nil
 		case <-wctx.Done():
@@ -569,6 +588,9 @@ func watchOpened(ctx context.Context, wch clientv3.WatchChan) error {
 // execute runs one claimed task's handler and decides its outcome.
 func (w *Worker) execute(base context.Context, c *claim) outcome {
 	t := c.task
+	if c.broken != nil {
+		return outcome{c: c, kind: Dead, err: Permanent(c.broken)}
+	}
 	if t.Attempt > t.Retries()+1 {
 		return outcome{c: c, kind: Dead, err: fmt.Errorf("gave up after %d attempts: the worker running it died or lost its claim", t.Attempt-1)}
 	}
@@ -595,7 +617,7 @@ func (w *Worker) execute(base context.Context, c *claim) outcome {
 	if h == nil {
 		return outcome{c: c, kind: Dead, err: Permanent(fmt.Errorf("%w %q on worker %s", ErrNoHandler, t.Type, w.worker))}
 	}
-	hctx := context.WithValue(tctx, claimKey{}, &claimFence{w: w, c: c})
+	hctx := context.WithValue(tctx, claimKey{}, &claimFence{w: w, c: c, cancel: cancel})
 	result, err := call(hctx, h, t)
 	cause := context.Cause(tctx)
 	switch {
@@ -671,21 +693,34 @@ func (w *Worker) acker(outcomes <-chan outcome) {
 
 func (w *Worker) commit(batch []outcome) {
 	now := time.Now().UTC()
-	ops := make([]clientv3.Op, 0, len(batch))
-	kept := batch[:0]
+	var ops []clientv3.Op
+	var kept []outcome
+	size := 0
 	for _, o := range batch {
 		if o.kind == Cancelled {
 			continue // the canceller or the lease took the claim away
 		}
-		ops = append(ops, w.ackOp(o, now))
-		kept = append(kept, o)
+		op, n := w.ackOp(o, now)
+		if len(ops) > 0 && size+n > maxRequestBytes {
+			w.write(ops, kept)
+			ops, kept, size = nil, nil, 0
+		}
+		ops, kept, size = append(ops, op), append(kept, o), size+n
 	}
+	w.write(ops, kept)
+}
+
+// write records outcomes in one request, retrying a few times; a request
+// that keeps failing is split in two, and an outcome that cannot be written
+// at all is handed back, so its task does not stay claimed under a live
+// lease.
+func (w *Worker) write(ops []clientv3.Op, kept []outcome) {
 	if len(ops) == 0 {
 		return
 	}
 	var resp *clientv3.TxnResponse
 	var err error
-	for try := 0; try < 5; try++ {
+	for try := 0; try < 3; try++ {
 		ctx, cancel := context.WithTimeout(w.lease.Context(), 10*time.Second)
 		resp, err = w.cli.Txn(ctx).Then(ops...).Commit()
 		cancel()
@@ -695,7 +730,22 @@ func (w *Worker) commit(batch []outcome) {
 		time.Sleep(time.Duration(try+1) * 200 * time.Millisecond)
 	}
 	if err != nil {
-		w.logger.Warn("queue: could not record task outcomes; their claims end with the lease and the tasks run again", "tasks", len(ops), "err", err)
+		if w.lease.Err() != nil {
+			return // the claims went with the lease; others take the tasks
+		}
+		if len(ops) > 1 {
+			h := len(ops) / 2
+			w.write(ops[:h], kept[:h])
+			w.write(ops[h:], kept[h:])
+			return
+		}
+		w.logger.Warn("queue: could not record a task's outcome; handing it back", "task", kept[0].c.task.ID, "err", err)
+		if kept[0].kind != Pending {
+			back := kept[0]
+			back.kind = Pending
+			op, _ := w.ackOp(back, time.Now().UTC())
+			w.write([]clientv3.Op{op}, []outcome{back})
+		}
 		return
 	}
 	for i, r := range resp.Responses {
@@ -724,11 +774,11 @@ type retryValue struct {
 }
 
 // ackOp is the fenced nested transaction that records one outcome.
-func (w *Worker) ackOp(o outcome, now time.Time) clientv3.Op {
+func (w *Worker) ackOp(o outcome, now time.Time) (clientv3.Op, int) {
 	c, t := o.c, o.c.task
 	fence := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(c.claimKey), "=", c.token)}
 	if o.kind == Pending { // handed back: the attempt does not count
-		return clientv3.OpTxn(fence, []clientv3.Op{clientv3.OpDelete(c.claimKey), clientv3.OpPut(c.pendingKey, encodePending(t.Attempt-1, false))}, nil)
+		return clientv3.OpTxn(fence, []clientv3.Op{clientv3.OpDelete(c.claimKey), clientv3.OpPut(c.pendingKey, encodePending(t.Attempt-1, false))}, nil), 300
 	}
 	t.Transitions = appendTransition(t.Transitions, Transition{Status: Running, At: c.claimedAt, Attempt: t.Attempt, Worker: w.worker})
 	ops := []clientv3.Op{clientv3.OpDelete(c.claimKey), clientv3.OpDelete(c.pendingKey)}
@@ -737,12 +787,12 @@ func (w *Worker) ackOp(o outcome, now time.Time) clientv3.Op {
 		t.CurrentStatus, t.Result, t.LastError, t.RetriesAttempted = Succeeded, o.result, "", t.Attempt-1
 		ops = append(ops, clientv3.OpPut(w.client.doneKey(t.Queue, Succeeded, now, t.ID), ""))
 	case Retrying:
-		t.CurrentStatus, t.RetriesAttempted, t.LastError = Retrying, t.Attempt-1, o.err.Error()
+		t.CurrentStatus, t.RetriesAttempted, t.LastError = Retrying, t.Attempt-1, truncate(o.err.Error(), 4096)
 		t.ScheduledAt = now.Add(o.delay)
 		rv, _ := json.Marshal(retryValue{PendingKey: c.pendingKey, Attempts: t.Attempt})
 		ops = append(ops, clientv3.OpPut(w.client.retryKey(t), string(rv)))
 	case Dead:
-		t.CurrentStatus, t.RetriesAttempted, t.LastError = Dead, t.Attempt-1, o.err.Error()
+		t.CurrentStatus, t.RetriesAttempted, t.LastError = Dead, t.Attempt-1, truncate(o.err.Error(), 4096)
 		ops = append(ops, clientv3.OpPut(w.keys.QueueDead(t.Queue)+t.ID, ""))
 	}
 	tr := Transition{Status: t.CurrentStatus, At: now, Attempt: t.Attempt, Worker: w.worker}
@@ -753,7 +803,7 @@ func (w *Worker) ackOp(o outcome, now time.Time) clientv3.Op {
 	t.Token = c.token
 	rec, _ := json.Marshal(t)
 	ops = append(ops, clientv3.OpPut(w.keys.TaskRecord(t.ID), string(rec)))
-	return clientv3.OpTxn(fence, ops, nil)
+	return clientv3.OpTxn(fence, ops, nil), len(rec) + 500
 }
 
 func truncate(s string, n int) string {
@@ -782,19 +832,24 @@ func (w *Worker) promoteRetries(ctx context.Context) {
 			if err != nil {
 				break
 			}
-			var timer <-chan time.Time
+			var timer *time.Timer
+			var fire <-chan time.Time
 			if !due.IsZero() {
-				timer = time.After(time.Until(due))
+				timer = time.NewTimer(time.Until(due))
+				fire = timer.C
 			}
+			reopenNow := false
 			select {
-			case <-timer:
-				continue
+			case <-fire:
 			case wr, ok := <-wch:
-				if !ok || wr.Err() != nil {
-					goto reopen
-				}
-				continue
+				reopenNow = !ok || wr.Err() != nil
 			case <-ctx.Done():
+			}
+			if timer != nil {
+				timer.Stop()
+			}
+			if reopenNow {
+				goto reopen
 			}
 		}
 	reopen:
@@ -817,6 +872,8 @@ func (w *Worker) promoteDue(ctx context.Context, pre string) (time.Time, error) 
 			for _, kv := range g.Kvs {
 				var rv retryValue
 				if json.Unmarshal(kv.Value, &rv) != nil || rv.PendingKey == "" {
+					w.logger.Error("queue: dropping an unreadable retry key", "key", string(kv.Key))
+					ops = append(ops, clientv3.OpDelete(string(kv.Key)))
 					continue
 				}
 				ops = append(ops, clientv3.OpTxn(
@@ -844,9 +901,19 @@ func (w *Worker) promoteDue(ctx context.Context, pre string) (time.Time, error) 
 // cancel it.
 func (w *Worker) watchCancels(ctx context.Context) {
 	pre := w.keys.QueueCancel(w.cfg.Queue)
+	var last int64 // the last revision seen: a reopened watch resumes after it
 	for ctx.Err() == nil {
-		wch := w.cli.Watch(clientv3.WithRequireLeader(ctx), pre, clientv3.WithPrefix(), clientv3.WithFilterDelete())
+		opts := []clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithFilterDelete()}
+		if last > 0 {
+			opts = append(opts, clientv3.WithRev(last+1))
+		}
+		wch := w.cli.Watch(clientv3.WithRequireLeader(ctx), pre, opts...)
 		for wr := range wch {
+			if wr.CompactRevision > 0 {
+				last = 0 // fell behind compaction: start from now
+			} else if wr.Header.Revision > last {
+				last = wr.Header.Revision
+			}
 			for _, ev := range wr.Events {
 				id := strings.TrimPrefix(string(ev.Kv.Key), pre)
 				w.mu.Lock()
@@ -895,8 +962,9 @@ type claimKey struct{}
 // claimFence is a running task's claim as a fence for writes made while
 // handling it (see Steps).
 type claimFence struct {
-	w *Worker
-	c *claim
+	w      *Worker
+	c      *claim
+	cancel context.CancelCauseFunc // ends the handler's context
 }
 
 // Txn starts a transaction that commits only while the claim is held.
@@ -906,6 +974,7 @@ func (f *claimFence) Txn(ctx context.Context) clientv3.Txn {
 		Token: f.c.token,
 		Cmp:   clientv3.Compare(clientv3.CreateRevision(f.c.claimKey), "=", f.c.token),
 		Check: f.Err,
+		Lost:  func(cause error) { f.cancel(fmt.Errorf("%w: claim lost: %w", lock.ErrLost, cause)) },
 	})
 }
 

@@ -26,6 +26,11 @@ func Supervise(cmd *exec.Cmd, sigs <-chan os.Signal, stop <-chan struct{}, grace
 	}
 	cmd.SysProcAttr.Setpgid = true
 	cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
+	if cmd.WaitDelay == 0 {
+		// A grandchild that left the group but holds the output pipes
+		// must not keep Wait from returning.
+		cmd.WaitDelay = max(grace, time.Second)
+	}
 	if err := cmd.Start(); err != nil {
 		return nil, false, err
 	}

@@ -1,0 +1,117 @@
+package queue_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/droverhq/drover/internal/etcdtest"
+	"github.com/droverhq/drover/keyspace"
+	"github.com/droverhq/drover/queue"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Cancels racing with a draining worker: every task ends in exactly one
+// terminal state.
+func TestCancelRacingWithOutcomes(t *testing.T) {
+	const n = 1500
+	ns := etcdtest.Namespace(t)
+	c, cli := newClient(t, ns)
+	if _, err := c.Submit(context.Background(), "jobs", tasks(n, "work"), nil); err != nil {
+		t.Fatal(err)
+	}
+	w := newWorker(t, cli, queue.WorkerConfig{Namespace: ns, Queue: "jobs", Concurrency: 32, Drain: true})
+	w.HandleAll(func(ctx context.Context, task *queue.Task) ([]byte, error) { return []byte("r"), nil })
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	for g := 0; g < 8; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := g; i < n; i += 8 {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				_, _ = c.Cancel(context.Background(), fmt.Sprintf("t-%05d", i))
+			}
+		}()
+	}
+	runDrain(t, w)
+	close(done)
+	wg.Wait()
+	st, err := c.Stats(context.Background(), "jobs")
+	if err != nil || st.Total() != n || st.Unfinished() != 0 {
+		t.Fatalf("stats %+v (%v): want %d tasks, each in one terminal state", st, err, n)
+	}
+	keys := keyspace.MustNew(ns)
+	seen := map[string]string{}
+	for _, status := range []string{"SUCCEEDED", "CANCELLED"} {
+		g, _ := cli.Get(context.Background(), keys.QueueDone("jobs", status), clientv3.WithPrefix(), clientv3.WithKeysOnly())
+		for _, kv := range g.Kvs {
+			_, id, _ := strings.Cut(strings.TrimPrefix(string(kv.Key), keys.QueueDone("jobs", status)), "-")
+			if prev, dup := seen[id]; dup {
+				t.Fatalf("task %s is both %s and %s", id, prev, status)
+			}
+			seen[id] = status
+		}
+	}
+	if len(seen) != n {
+		t.Fatalf("%d tasks finished, want %d", len(seen), n)
+	}
+}
+
+// Large results, which no single request can carry a hundred of, all get
+// recorded; and ids repeated within one submission count as duplicates.
+func TestLargeResultsAndRepeatedIDs(t *testing.T) {
+	ns := etcdtest.Namespace(t)
+	c, cli := newClient(t, ns)
+	in := tasks(40, "big")
+	in = append(in, in[3], in[7]) // repeated within the batch
+	big := json.RawMessage(`{"blob":"` + strings.Repeat("p", 60000) + `"}`)
+	for i := range in {
+		in[i].Parameters = big
+	}
+	res, err := c.Submit(context.Background(), "jobs", in, nil)
+	if err != nil || res.Submitted != 40 || res.Duplicates != 2 {
+		t.Fatalf("submit: %+v, %v", res, err)
+	}
+	w := newWorker(t, cli, queue.WorkerConfig{Namespace: ns, Queue: "jobs", Concurrency: 40, Prefetch: 40, Drain: true})
+	w.HandleAll(func(ctx context.Context, task *queue.Task) ([]byte, error) {
+		return []byte(strings.Repeat("r", 200<<10)), nil
+	})
+	runDrain(t, w)
+	if st, _ := c.Stats(context.Background(), "jobs"); st.Succeeded != 40 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+// Workers that keep losing claim races to each other still keep busy.
+func TestContendedWorkersStayBusy(t *testing.T) {
+	ns := etcdtest.Namespace(t)
+	c, cli := newClient(t, ns)
+	if _, err := c.Submit(context.Background(), "jobs", tasks(80, "work"), nil); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	var wg sync.WaitGroup
+	for i := 0; i < 4; i++ {
+		w := newWorker(t, cli, queue.WorkerConfig{Namespace: ns, Queue: "jobs", Concurrency: 1, Drain: true})
+		w.HandleAll(func(ctx context.Context, task *queue.Task) ([]byte, error) {
+			time.Sleep(100 * time.Millisecond)
+			return nil, nil
+		})
+		wg.Add(1)
+		go func() { defer wg.Done(); runDrain(t, w) }()
+	}
+	wg.Wait()
+	// 80 tasks of 100 ms on 4 workers: 2 s if they never idle.
+	if took := time.Since(start); took > 6*time.Second {
+		t.Fatalf("took %s for 2 s of work", took)
+	}
+}
