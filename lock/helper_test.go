@@ -20,6 +20,7 @@ import (
 
 	"github.com/droverhq/drover/cluster"
 	"github.com/droverhq/drover/lock"
+	"github.com/redis/go-redis/v9"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -27,6 +28,9 @@ const helperEnv = "DROVER_LOCK_TEST_HELPER"
 
 func runHelper(mode string) int {
 	ctx := context.Background()
+	if mode == "redis-hold" {
+		return runRedisHelper(ctx)
+	}
 	cli, err := cluster.Connect(ctx, cluster.ClientConfig{Endpoints: strings.Split(os.Getenv("H_ENDPOINTS"), ",")})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -176,4 +180,32 @@ func (h *helper) line(t *testing.T, prefix string) string {
 		t.Fatalf("helper printed no %q within 30s", prefix)
 	}
 	return ""
+}
+
+// runRedisHelper holds a Redis lock until told to CHECK it, then reports
+// whether it knows the lock is lost.
+func runRedisHelper(ctx context.Context) int {
+	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv("H_REDIS")})
+	defer rdb.Close()
+	ttl, _ := time.ParseDuration(os.Getenv("H_TTL"))
+	locker, err := lock.NewRedis(rdb, lock.RedisConfig{Namespace: os.Getenv("H_NS"), TTL: ttl, HolderID: os.Getenv("H_ID")})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	l, err := locker.Acquire(ctx, os.Getenv("H_LOCK"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	fmt.Printf("ACQUIRED %d\n", l.Token())
+	in := bufio.NewScanner(os.Stdin)
+	for in.Scan() {
+		if in.Text() == "CHECK" {
+			rl := l.(*lock.RedisLock)
+			fmt.Printf("RESULT lost=%t\n", errors.Is(rl.Err(), lock.ErrLost))
+			return 0
+		}
+	}
+	return 0
 }

@@ -359,3 +359,34 @@ func containsFlag(args []string, flag string) bool {
 	}
 	return false
 }
+
+func TestLockRunOnRedis(t *testing.T) {
+	ns := etcdtest.Namespace(t)
+	backend := []string{"--namespace", ns, "lock", "--lock-backend", "redis://127.0.0.1:6379/0"}
+	r := drover(t, append(backend, "run", "job", "--", "sh", "-c", `echo "$DROVER_LOCK_TOKEN"; exit 3`)...)
+	if r.code != 3 {
+		t.Fatalf("exit %d, want 3; stderr %q", r.code, r.stderr)
+	}
+	if tok, err := strconv.ParseInt(strings.TrimSpace(r.stdout), 10, 64); err != nil || tok <= 0 {
+		t.Fatalf("token %q", r.stdout)
+	}
+	p := start(t, cleanEnv(), append(backend, "run", "held", "--ttl", "5s", "--", "sleep", "30")...)
+	waitFor(t, 10*time.Second, "the lock to be held", func() bool {
+		r := drover(t, append(backend, "status", "held", "--json")...)
+		return strings.Contains(r.stdout, `"held":true`)
+	})
+	if r := drover(t, append(backend, "run", "held", "--wait", "0", "--", "true")...); r.code != 75 {
+		t.Fatalf("busy lock on redis: exit %d, stderr %q", r.code, r.stderr)
+	}
+	if r := drover(t, append(backend, "list", "--json")...); !strings.Contains(r.stdout, `"name":"held"`) {
+		t.Fatalf("list on redis: %q", r.stdout)
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	p.wait(t, 10*time.Second)
+	if r := drover(t, "--namespace", ns, "lock", "--lock-backend", "mysql://x", "list"); r.code != 2 || !strings.Contains(r.stderr, "--lock-backend") {
+		t.Fatalf("bad backend: exit %d, %q", r.code, r.stderr)
+	}
+	if r := drover(t, "--namespace", ns, "--dial-timeout", "1s", "lock", "--lock-backend", "redis://127.0.0.1:1/0", "list"); r.code != 69 || !strings.Contains(r.stderr, "cannot reach redis") {
+		t.Fatalf("unreachable redis: exit %d, %q", r.code, r.stderr)
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"strconv"
+	"strings"
 	"syscall"
 	"text/tabwriter"
 	"time"
@@ -18,6 +19,7 @@ import (
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/lease"
 	"github.com/droverhq/drover/lock"
+	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 )
 
@@ -33,8 +35,10 @@ func (a *app) lockCommand() *cobra.Command {
 		Short: "Run commands under distributed locks; see who holds what",
 		Example: `  drover lock run nightly-report -- ./report.sh
   drover lock status nightly-report --json
+  drover lock run nightly-report --lock-backend redis://127.0.0.1:6379/0 -- ./report.sh
   drover lock list`,
 	}
+	cmd.PersistentFlags().StringVar(&a.lockBackend, "lock-backend", "etcd", "where locks live: etcd, or redis://HOST:PORT/DB")
 	cmd.AddCommand(a.lockRunCommand(), a.lockStatusCommand(), a.lockListCommand())
 	return cmd
 }
@@ -144,20 +148,11 @@ func (a *app) lockRun(ctx context.Context, name string, argv []string, ttl, wait
 		<-watched
 	}()
 
-	cli, err := a.connect(ctx)
+	locker, closeLocker, err := a.locker(ctx, ttl, holderID)
 	if err != nil {
 		return err
 	}
-	defer cli.Close()
-	locker, err := lock.NewEtcd(ctx, cli, lock.EtcdConfig{Namespace: a.namespace, TTL: ttl, HolderID: holderID, Logger: a.logger})
-	if err != nil {
-		return err
-	}
-	defer func() {
-		cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer ccancel()
-		_ = locker.Close(cctx)
-	}()
+	defer closeLocker()
 
 	l, err := locker.TryAcquire(ctx, name)
 	if errors.Is(err, lock.ErrHeld) && wait > 0 {
@@ -336,24 +331,53 @@ func (a *app) lockListCommand() *cobra.Command {
 	return cmd
 }
 
+// locker opens the lock backend named by --lock-backend: etcd (the
+// default) or redis://HOST:PORT/DB. The returned function closes it.
+func (a *app) locker(ctx context.Context, ttl time.Duration, holderID string) (lock.Locker, func(), error) {
+	switch b := a.lockBackend; {
+	case b == "" || b == "etcd":
+		cli, err := a.connect(ctx)
+		if err != nil {
+			return nil, nil, err
+		}
+		locker, err := lock.NewEtcd(ctx, cli, lock.EtcdConfig{Namespace: a.namespace, TTL: ttl, HolderID: holderID, Logger: a.logger})
+		if err != nil {
+			cli.Close()
+			return nil, nil, err
+		}
+		return locker, func() {
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			_ = locker.Close(cctx)
+			cli.Close()
+		}, nil
+	case strings.HasPrefix(b, "redis://"):
+		opt, err := redis.ParseURL(b)
+		if err != nil {
+			return nil, nil, &drover.InputError{Field: "--lock-backend", Value: b, Rule: "must be etcd or redis://HOST:PORT/DB: " + err.Error()}
+		}
+		rdb := redis.NewClient(opt)
+		pctx, cancel := context.WithTimeout(ctx, a.dialTimeout)
+		defer cancel()
+		if err := rdb.Ping(pctx).Err(); err != nil {
+			rdb.Close()
+			return nil, nil, withCode(ExitUnavailable, fmt.Errorf("cannot reach redis at %s (tried for %s: %v): start Redis or fix --lock-backend", opt.Addr, a.dialTimeout, err))
+		}
+		locker, err := lock.NewRedis(rdb, lock.RedisConfig{Namespace: a.namespace, TTL: ttl, HolderID: holderID, Logger: a.logger})
+		if err != nil {
+			rdb.Close()
+			return nil, nil, err
+		}
+		return locker, func() { rdb.Close() }, nil
+	default:
+		return nil, nil, &drover.InputError{Field: "--lock-backend", Value: b, Rule: "must be etcd or redis://HOST:PORT/DB"}
+	}
+}
+
 // inspector returns a locker for reading lock state. Reading needs no lease,
 // but the etcd locker always has one; it is short and revoked at once.
-func (a *app) inspector(ctx context.Context) (*lock.Etcd, func(), error) {
-	cli, err := a.connect(ctx)
-	if err != nil {
-		return nil, nil, err
-	}
-	locker, err := lock.NewEtcd(ctx, cli, lock.EtcdConfig{Namespace: a.namespace, TTL: 5 * time.Second, Logger: a.logger})
-	if err != nil {
-		cli.Close()
-		return nil, nil, err
-	}
-	return locker, func() {
-		cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = locker.Close(cctx)
-		cli.Close()
-	}, nil
+func (a *app) inspector(ctx context.Context) (lock.Locker, func(), error) {
+	return a.locker(ctx, 5*time.Second, "")
 }
 
 // startFailure turns a failure to start a program into the shell's exit

@@ -51,6 +51,7 @@ type app struct {
 	dialTimeout time.Duration
 	logFormat   string
 	logLevel    string
+	lockBackend string
 
 	logger *slog.Logger
 }

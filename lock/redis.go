@@ -1,0 +1,382 @@
+package lock
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/droverhq/drover/keyspace"
+	"github.com/droverhq/drover/lease"
+	"github.com/redis/go-redis/v9"
+)
+
+// Redis keys of lock NAME in namespace NS share one hash tag, so both live
+// in one Redis Cluster slot:
+//
+//	drover:{NS:NAME}:holder   "TOKEN NONCE RECORD", with the lock's TTL
+//	drover:{NS:NAME}:fence    the last fencing token issued (no TTL)
+
+// redisAcquire takes the lock if it is free, and issues its fencing token in
+// the same script, since SET NX issues none.
+//
+//	KEYS[1] holder key, KEYS[2] fence key
+//	ARGV[1] TTL in ms, ARGV[2] "NONCE RECORD", ARGV[3] token floor
+//	returns {token} when taken, {0, holder value, pttl} when held
+//
+// The token floor (the caller's clock in microseconds) keeps tokens
+// increasing even if Redis lost the fence key (a restart without
+// persistence), as long as clocks move forward. Tokens stay below 2^53, so
+// Lua's numbers hold them exactly; '%.0f' writes them without an exponent.
+var redisAcquire = redis.NewScript(`
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  return {0, redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1])}
+end
+local t = redis.call('INCR', KEYS[2])
+local floor = tonumber(ARGV[3])
+if t < floor then
+  redis.call('SET', KEYS[2], ARGV[3])
+  t = floor
+end
+redis.call('SET', KEYS[1], string.format('%.0f', t) .. ' ' .. ARGV[2], 'PX', ARGV[1])
+return {t}
+`)
+
+// redisRelease deletes the holder key only if it still holds TOKEN NONCE.
+//
+//	KEYS[1] holder key; ARGV[1] "TOKEN NONCE "; returns 1 if released
+var redisRelease = redis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if v and string.sub(v, 1, string.len(ARGV[1])) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+`)
+
+// redisExtend renews the holder key's TTL only if it still holds TOKEN NONCE.
+//
+//	KEYS[1] holder key; ARGV[1] "TOKEN NONCE ", ARGV[2] TTL in ms;
+//	returns 1 if renewed
+var redisExtend = redis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if v and string.sub(v, 1, string.len(ARGV[1])) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+`)
+
+// RedisConfig configures a Redis locker.
+type RedisConfig struct {
+	// Namespace of the keys; "" means "drover".
+	Namespace string
+	// TTL of each lock; zero means DefaultTTL. A watchdog renews it every
+	// TTL/3 while the lock is held.
+	TTL time.Duration
+	// HolderID names this worker in lock records; "" means "host:pid".
+	HolderID string
+	Logger   *slog.Logger
+}
+
+// Redis is the Redis backend of Locker (seed 003's lock, done right): SET NX
+// with a TTL, a fencing token issued atomically with it, compare-and-delete
+// release, and a watchdog that renews the TTL at a third of it and cancels
+// the holder's context the moment renewal fails or finds the lock taken.
+//
+// Redis gives weaker guarantees than etcd: a failover to a replica that had
+// not yet received the SET can hand the lock to a second holder. The fencing
+// token is what keeps that safe: stores must refuse tokens lower than the
+// highest they have seen. Waiters poll with jittered backoff; there is no
+// queue, so waiting is not first come, first served.
+type Redis struct {
+	rdb    redis.UniversalClient
+	ns     string
+	ttl    time.Duration
+	holder Holder
+	nonce  string
+	logger *slog.Logger
+}
+
+var _ Locker = (*Redis)(nil)
+
+// NewRedis returns a Redis locker on rdb.
+func NewRedis(rdb redis.UniversalClient, cfg RedisConfig) (*Redis, error) {
+	if _, err := keyspace.New(cfg.Namespace); err != nil {
+		return nil, err
+	}
+	ttl := cfg.TTL
+	if ttl == 0 {
+		ttl = DefaultTTL
+	}
+	if err := lease.CheckTTL("ttl", ttl); err != nil {
+		return nil, err
+	}
+	ns := cfg.Namespace
+	if ns == "" {
+		ns = keyspace.DefaultNamespace
+	}
+	logger := cfg.Logger
+	if logger == nil {
+		logger = slog.Default()
+	}
+	return &Redis{rdb: rdb, ns: ns, ttl: ttl, holder: NewHolder(cfg.HolderID), nonce: fmt.Sprintf("%016x", rand.Uint64()), logger: logger}, nil
+}
+
+func (r *Redis) holderKey(name string) string { return "drover:{" + r.ns + ":" + name + "}:holder" }
+func (r *Redis) fenceKey(name string) string  { return "drover:{" + r.ns + ":" + name + "}:fence" }
+
+// parseRedisHolder splits "TOKEN NONCE RECORD".
+func parseRedisHolder(v string) (token int64, nonce string, h Holder) {
+	parts := strings.SplitN(v, " ", 3)
+	if len(parts) > 0 {
+		token, _ = strconv.ParseInt(parts[0], 10, 64)
+	}
+	if len(parts) > 1 {
+		nonce = parts[1]
+	}
+	if len(parts) > 2 && json.Unmarshal([]byte(parts[2]), &h) != nil {
+		h.ID = "unknown (unreadable record)"
+	}
+	return token, nonce, h
+}
+
+// TryAcquire makes one attempt to take name.
+func (r *Redis) TryAcquire(ctx context.Context, name string) (Lock, error) {
+	if err := CheckName(name); err != nil {
+		return nil, err
+	}
+	h := r.holder
+	h.AcquiredAt = time.Now().UTC()
+	rec, _ := json.Marshal(h)
+	res, err := redisAcquire.Run(ctx, r.rdb, []string{r.holderKey(name), r.fenceKey(name)},
+		r.ttl.Milliseconds(), r.nonce+" "+string(rec), time.Now().UnixMicro()).Slice()
+	if err != nil {
+		return nil, fmt.Errorf("lock: try-acquire %q on redis: %w", name, err)
+	}
+	token, _ := res[0].(int64)
+	if token == 0 {
+		herr := &HeldError{Name: name}
+		if len(res) > 1 {
+			if v, ok := res[1].(string); ok {
+				herr.Token, _, herr.Holder = parseRedisHolder(v)
+			}
+		}
+		return nil, herr
+	}
+	l := &RedisLock{r: r, name: name, token: token, holder: h, acquired: time.Now()}
+	l.ctx, l.cancel = context.WithCancelCause(context.Background())
+	l.done = make(chan struct{})
+	go l.watchdog()
+	return l, nil
+}
+
+// Acquire tries until it holds name or ctx ends, backing off with jitter
+// from 10 ms to 250 ms between attempts.
+func (r *Redis) Acquire(ctx context.Context, name string) (Lock, error) {
+	backoff := 10 * time.Millisecond
+	for {
+		l, err := r.TryAcquire(ctx, name)
+		var held *HeldError
+		if !errors.As(err, &held) {
+			return l, err
+		}
+		t := time.NewTimer(backoff/2 + time.Duration(rand.Int64N(int64(backoff))))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			held.Err = ctx.Err()
+			return nil, held
+		case <-t.C:
+		}
+		backoff = min(2*backoff, 250*time.Millisecond)
+	}
+}
+
+// Release releases name if this locker holds it with token.
+func (r *Redis) Release(ctx context.Context, name string, token int64) error {
+	if err := CheckName(name); err != nil {
+		return err
+	}
+	n, err := redisRelease.Run(ctx, r.rdb, []string{r.holderKey(name)}, fmt.Sprintf("%d %s ", token, r.nonce)).Int()
+	if err != nil {
+		return fmt.Errorf("lock: release %q on redis: %w", name, err)
+	}
+	if n == 0 {
+		nerr := &NotHeldError{Name: name, Token: token}
+		if st, err := r.Status(ctx, name); err == nil {
+			nerr.Current = st
+		}
+		return nerr
+	}
+	return nil
+}
+
+// Status reads the holder of name.
+func (r *Redis) Status(ctx context.Context, name string) (Status, error) {
+	if err := CheckName(name); err != nil {
+		return Status{}, err
+	}
+	pipe := r.rdb.Pipeline()
+	get := pipe.Get(ctx, r.holderKey(name))
+	ttl := pipe.PTTL(ctx, r.holderKey(name))
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return Status{}, fmt.Errorf("lock: status %q on redis: %w", name, err)
+	}
+	st := Status{Name: name, TTL: -1}
+	if v, err := get.Result(); err == nil {
+		st.Held = true
+		st.Token, _, st.Holder = parseRedisHolder(v)
+		if d, err := ttl.Result(); err == nil && d >= 0 {
+			st.TTL = d
+		}
+	}
+	return st, nil
+}
+
+// List returns every held lock of the namespace, ordered by name.
+func (r *Redis) List(ctx context.Context) ([]Status, error) {
+	var out []Status
+	iter := r.rdb.Scan(ctx, 0, "drover:{"+r.ns+":*}:holder", 500).Iterator()
+	for iter.Next(ctx) {
+		k := iter.Val()
+		name := strings.TrimSuffix(strings.TrimPrefix(k, "drover:{"+r.ns+":"), "}:holder")
+		st, err := r.Status(ctx, name)
+		if err != nil {
+			return nil, err
+		}
+		if st.Held {
+			out = append(out, st)
+		}
+	}
+	if err := iter.Err(); err != nil {
+		return nil, fmt.Errorf("lock: list on redis: %w", err)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
+}
+
+// RedisLock is a lock held through the Redis backend.
+type RedisLock struct {
+	r        *Redis
+	name     string
+	token    int64
+	holder   Holder
+	acquired time.Time
+
+	ctx     context.Context
+	cancel  context.CancelCauseFunc
+	done    chan struct{} // closed when the watchdog has ended
+	mu      sync.Mutex
+	renewed time.Time // when the last successful renewal (or the acquire) was sent
+}
+
+var _ Lock = (*RedisLock)(nil)
+
+// Name is the lock's name.
+func (l *RedisLock) Name() string { return l.name }
+
+// Token is the fencing token Redis issued with the lock.
+func (l *RedisLock) Token() int64 { return l.token }
+
+// Holder is this holder's record.
+func (l *RedisLock) Holder() Holder { return l.holder }
+
+// Context is cancelled when the watchdog fails to renew the lock or finds it
+// taken, or when it is released.
+func (l *RedisLock) Context() context.Context { return l.ctx }
+
+// Err returns nil while the lock is held as far as this process knows. It
+// checks the TTL deadline itself, so it is exact right after a pause.
+func (l *RedisLock) Err() error {
+	l.mu.Lock()
+	late := time.Since(l.renewedOrAcquired()) > l.r.ttl
+	l.mu.Unlock()
+	if late {
+		l.lose(errors.New("renewal deadline passed"))
+	}
+	if l.ctx.Err() != nil {
+		return context.Cause(l.ctx)
+	}
+	return nil
+}
+
+func (l *RedisLock) renewedOrAcquired() time.Time {
+	if l.renewed.IsZero() {
+		return l.acquired
+	}
+	return l.renewed
+}
+
+func (l *RedisLock) lose(cause error) {
+	if l.ctx.Err() != nil {
+		return
+	}
+	err := &LostError{Name: l.name, Token: l.token, Cause: cause}
+	l.cancel(err)
+	if context.Cause(l.ctx) == error(err) {
+		l.r.logger.Warn("lock lost", "lock", l.name, "token", l.token, "backend", "redis", "cause", cause.Error())
+	}
+}
+
+// watchdog renews the lock every TTL/3 until it is released or lost. A
+// renewal that finds the lock taken, or no renewal succeeding before the TTL
+// runs out, loses it.
+func (l *RedisLock) watchdog() {
+	defer close(l.done)
+	ttl := l.r.ttl
+	prefix := fmt.Sprintf("%d %s ", l.token, l.r.nonce)
+	t := time.NewTimer(ttl / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-l.ctx.Done():
+			return
+		case <-t.C:
+		}
+		l.mu.Lock()
+		deadline := l.renewedOrAcquired().Add(ttl)
+		l.mu.Unlock()
+		if !time.Now().Before(deadline) {
+			l.lose(errors.New("renewal deadline passed"))
+			return
+		}
+		sent := time.Now()
+		ctx, cancel := context.WithDeadline(l.ctx, deadline)
+		n, err := redisExtend.Run(ctx, l.r.rdb, []string{l.r.holderKey(l.name)}, prefix, ttl.Milliseconds()).Int()
+		cancel()
+		switch {
+		case err == nil && n == 1:
+			l.mu.Lock()
+			l.renewed = sent
+			l.mu.Unlock()
+			t.Reset(ttl / 3)
+		case err == nil:
+			l.lose(errors.New("redis reports the lock expired or taken by another holder"))
+			return
+		default:
+			t.Reset(min(200*time.Millisecond, time.Until(deadline)))
+		}
+	}
+}
+
+// Release deletes the lock if it still holds this token, and cancels its
+// context; the watchdog has ended when it returns.
+func (l *RedisLock) Release(ctx context.Context) error {
+	err := l.r.Release(ctx, l.name, l.token)
+	switch {
+	case err == nil:
+		l.cancel(ErrReleased)
+	case errors.Is(err, ErrNotHeld):
+		l.lose(errors.New("released after the lock was lost"))
+	default:
+		return err
+	}
+	<-l.done
+	return err
+}

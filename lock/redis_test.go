@@ -1,0 +1,239 @@
+package lock_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/droverhq/drover"
+	"github.com/droverhq/drover/internal/etcdtest"
+	"github.com/droverhq/drover/lock"
+	"github.com/redis/go-redis/v9"
+)
+
+// redisAddr is the Redis the tests use; .ci/run starts one there.
+const redisAddr = "127.0.0.1:6379"
+
+func redisClient(t *testing.T) *redis.Client {
+	t.Helper()
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	if err := rdb.Ping(ctx).Err(); err != nil {
+		t.Fatalf("the Redis lock tests need Redis at %s (bash .ci/run starts one): %v", redisAddr, err)
+	}
+	t.Cleanup(func() { _ = rdb.Close() })
+	return rdb
+}
+
+func newRedisLocker(t *testing.T, rdb *redis.Client, ns string, ttl time.Duration, id string) *lock.Redis {
+	t.Helper()
+	l, err := lock.NewRedis(rdb, lock.RedisConfig{Namespace: ns, TTL: ttl, HolderID: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+func TestRedisMutualExclusion(t *testing.T) {
+	rdb := redisClient(t)
+	ns := etcdtest.Namespace(t)
+	dir := t.TempDir()
+	counter, logPath := filepath.Join(dir, "counter"), filepath.Join(dir, "log")
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for g := 0; g < 8; g++ {
+		locker := newRedisLocker(t, rdb, ns, 5*time.Second, fmt.Sprintf("g%d", g))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 10; i++ {
+				l, err := locker.Acquire(context.Background(), "counter")
+				if err != nil {
+					errs <- err
+					return
+				}
+				if err := criticalSection(counter, logPath, fmt.Sprintf("g%d", g)); err != nil {
+					errs <- err
+				}
+				if err := l.Release(context.Background()); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	b, _ := os.ReadFile(counter)
+	if strings.TrimSpace(string(b)) != "80" {
+		t.Fatalf("counter = %s, want 80", b)
+	}
+}
+
+func TestRedisTokensIncrease(t *testing.T) {
+	rdb := redisClient(t)
+	ns := etcdtest.Namespace(t)
+	a := newRedisLocker(t, rdb, ns, 5*time.Second, "a")
+	b := newRedisLocker(t, rdb, ns, 5*time.Second, "b")
+	var last int64
+	for i := 0; i < 30; i++ {
+		lk := []*lock.Redis{a, b}[i%2]
+		l, err := lk.Acquire(context.Background(), "fenced")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if l.Token() <= last {
+			t.Fatalf("holder %d got token %d after %d", i, l.Token(), last)
+		}
+		last = l.Token()
+		if err := l.Release(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Redis lost its counter (a restart without persistence): tokens still
+	// go up, from the clock.
+	if err := rdb.Del(context.Background(), "drover:{"+ns+":fenced}:fence").Err(); err != nil {
+		t.Fatal(err)
+	}
+	l, err := a.TryAcquire(context.Background(), "fenced")
+	if err != nil || l.Token() <= last {
+		t.Fatalf("after the counter was lost: token %v (%v), want above %d", l, err, last)
+	}
+	_ = l.Release(context.Background())
+}
+
+func TestRedisHeldReleaseAndStatus(t *testing.T) {
+	rdb := redisClient(t)
+	ns := etcdtest.Namespace(t)
+	ctx := context.Background()
+	a := newRedisLocker(t, rdb, ns, 5*time.Second, "worker-a")
+	b := newRedisLocker(t, rdb, ns, 5*time.Second, "worker-b")
+	la, err := a.TryAcquire(ctx, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var held *lock.HeldError
+	if _, err := b.TryAcquire(ctx, "job"); !errors.As(err, &held) || held.Holder.ID != "worker-a" || held.Token != la.Token() {
+		t.Fatalf("try-acquire of a held lock: %v", err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	if _, err := b.Acquire(wctx, "job"); !errors.Is(err, lock.ErrHeld) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("bounded wait: %v", err)
+	}
+	if err := b.Release(ctx, "job", la.Token()); !errors.Is(err, lock.ErrNotHeld) {
+		t.Fatalf("release by another locker with the right token: %v", err)
+	}
+	if err := a.Release(ctx, "job", la.Token()+1); !errors.Is(err, lock.ErrNotHeld) {
+		t.Fatalf("release with a wrong token: %v", err)
+	}
+	st, err := b.Status(ctx, "job")
+	if err != nil || !st.Held || st.Token != la.Token() || st.Holder.ID != "worker-a" || st.TTL <= 0 || st.TTL > 5*time.Second {
+		t.Fatalf("status %+v (%v)", st, err)
+	}
+	list, err := b.List(ctx)
+	if err != nil || len(list) != 1 || list[0].Name != "job" {
+		t.Fatalf("list %+v (%v)", list, err)
+	}
+	if err := la.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !errors.Is(context.Cause(la.Context()), lock.ErrReleased) {
+		t.Fatalf("cause after release: %v", context.Cause(la.Context()))
+	}
+	if st, _ := b.Status(ctx, "job"); st.Held {
+		t.Fatalf("still held after release: %+v", st)
+	}
+}
+
+func TestRedisWatchdog(t *testing.T) {
+	rdb := redisClient(t)
+	ns := etcdtest.Namespace(t)
+	ctx := context.Background()
+	a := newRedisLocker(t, rdb, ns, time.Second, "a")
+	l, err := a.TryAcquire(ctx, "long")
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2500 * time.Millisecond) // 2.5 TTLs: only renewals keep it
+	if l.Context().Err() != nil {
+		t.Fatalf("lost while renewed: %v", context.Cause(l.Context()))
+	}
+	if st, _ := a.Status(ctx, "long"); !st.Held || st.Token != l.Token() {
+		t.Fatalf("status %+v", st)
+	}
+	// Someone else takes it (a failover, an operator): the watchdog sees
+	// it and cancels the holder's context.
+	if err := rdb.Set(ctx, "drover:{"+ns+":long}:holder", "999 other {}", time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-l.Context().Done():
+	case <-time.After(2 * time.Second):
+		t.Fatal("the watchdog did not notice the lock was taken")
+	}
+	if !errors.Is(context.Cause(l.Context()), lock.ErrLost) {
+		t.Fatalf("cause %v", context.Cause(l.Context()))
+	}
+}
+
+func TestRedisHolderKilledAndPaused(t *testing.T) {
+	rdb := redisClient(t)
+	ns := etcdtest.Namespace(t)
+	const ttl = 2 * time.Second
+	for _, sig := range []syscall.Signal{syscall.SIGKILL, syscall.SIGSTOP} {
+		t.Run(sig.String(), func(t *testing.T) {
+			h := startHelper(t, "redis-hold", "H_NS="+ns, "H_LOCK=job-"+strconv.Itoa(int(sig)), "H_TTL="+ttl.String(), "H_ID=victim", "H_REDIS="+redisAddr)
+			oldToken, _ := strconv.ParseInt(h.line(t, "ACQUIRED"), 10, 64)
+			_ = h.cmd.Process.Signal(sig)
+			at := time.Now()
+			locker := newRedisLocker(t, rdb, ns, 5*time.Second, "successor")
+			ctx, cancel := context.WithTimeout(context.Background(), ttl+time.Second)
+			defer cancel()
+			l, err := locker.Acquire(ctx, "job-"+strconv.Itoa(int(sig)))
+			if err != nil {
+				_ = h.cmd.Process.Signal(syscall.SIGCONT)
+				t.Fatalf("no acquisition within TTL + 1s of %s: %v", sig, err)
+			}
+			t.Logf("acquired %s after %s", time.Since(at).Round(time.Millisecond), sig)
+			if l.Token() <= oldToken {
+				t.Fatalf("token %d not above the old holder's %d", l.Token(), oldToken)
+			}
+			if sig == syscall.SIGSTOP {
+				_ = h.cmd.Process.Signal(syscall.SIGCONT)
+				_, _ = h.stdin.Write([]byte("CHECK\n"))
+				if got := h.line(t, "RESULT"); got != "lost=true" {
+					t.Fatalf("paused holder after SIGCONT: %s", got)
+				}
+			}
+			_ = l.Release(context.Background())
+		})
+	}
+}
+
+func TestRedisBadInput(t *testing.T) {
+	rdb := redisClient(t)
+	for _, ttl := range []time.Duration{500 * time.Millisecond, 25 * time.Hour} {
+		if _, err := lock.NewRedis(rdb, lock.RedisConfig{TTL: ttl}); !errors.Is(err, drover.ErrInvalidInput) {
+			t.Fatalf("ttl %s: %v", ttl, err)
+		}
+	}
+	l := newRedisLocker(t, rdb, etcdtest.Namespace(t), time.Second, "a")
+	for _, name := range []string{"", "a/b", "a}b", strings.Repeat("x", 129)} {
+		if _, err := l.TryAcquire(context.Background(), name); !errors.Is(err, drover.ErrInvalidInput) {
+			t.Fatalf("name %q: %v", name, err)
+		}
+	}
+}
