@@ -389,4 +389,10 @@ func TestLockRunOnRedis(t *testing.T) {
 	if r := drover(t, "--namespace", ns, "--dial-timeout", "1s", "lock", "--lock-backend", "redis://127.0.0.1:1/0", "list"); r.code != 69 || !strings.Contains(r.stderr, "cannot reach redis") {
 		t.Fatalf("unreachable redis: exit %d, %q", r.code, r.stderr)
 	}
+	if r := drover(t, "--namespace", ns, "lock", "--lock-backend", "redlock://127.0.0.1:6379,127.0.0.1:6379", "list"); r.code != 2 || !strings.Contains(r.stderr, "odd number") {
+		t.Fatalf("redlock with two servers: exit %d, %q", r.code, r.stderr)
+	}
+	if r := drover(t, "--namespace", ns, "--dial-timeout", "500ms", "lock", "--lock-backend", "redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:6379", "list"); r.code != 69 || !strings.Contains(r.stderr, "needs a majority") {
+		t.Fatalf("redlock without a majority: exit %d, %q", r.code, r.stderr)
+	}
 }

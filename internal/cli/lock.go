@@ -38,7 +38,7 @@ func (a *app) lockCommand() *cobra.Command {
   drover lock run nightly-report --lock-backend redis://127.0.0.1:6379/0 -- ./report.sh
   drover lock list`,
 	}
-	cmd.PersistentFlags().StringVar(&a.lockBackend, "lock-backend", "etcd", "where locks live: etcd, or redis://HOST:PORT/DB")
+	cmd.PersistentFlags().StringVar(&a.lockBackend, "lock-backend", "etcd", "where locks live: etcd, redis://HOST:PORT/DB, or redlock://HOST:PORT,HOST:PORT,HOST:PORT")
 	cmd.AddCommand(a.lockRunCommand(), a.lockStatusCommand(), a.lockListCommand())
 	return cmd
 }
@@ -332,7 +332,8 @@ func (a *app) lockListCommand() *cobra.Command {
 }
 
 // locker opens the lock backend named by --lock-backend: etcd (the
-// default) or redis://HOST:PORT/DB. The returned function closes it.
+// default), redis://HOST:PORT/DB, or redlock://HOST:PORT,... over several
+// independent Redis servers. The returned function closes it.
 func (a *app) locker(ctx context.Context, ttl time.Duration, holderID string) (lock.Locker, func(), error) {
 	switch b := a.lockBackend; {
 	case b == "" || b == "etcd":
@@ -369,8 +370,44 @@ func (a *app) locker(ctx context.Context, ttl time.Duration, holderID string) (l
 			return nil, nil, err
 		}
 		return locker, func() { rdb.Close() }, nil
+	case strings.HasPrefix(b, "redlock://"):
+		var hosts []string
+		for _, h := range strings.Split(strings.TrimPrefix(b, "redlock://"), ",") {
+			if h = strings.TrimSpace(h); h != "" {
+				hosts = append(hosts, h)
+			}
+		}
+		if len(hosts) < 3 || len(hosts)%2 == 0 {
+			return nil, nil, &drover.InputError{Field: "--lock-backend", Value: b, Rule: "redlock:// needs an odd number, at least 3, of independent Redis servers"}
+		}
+		var clients []redis.UniversalClient
+		closeAll := func() {
+			for _, c := range clients {
+				_ = c.Close()
+			}
+		}
+		reachable := 0
+		for _, h := range hosts {
+			c := redis.NewClient(&redis.Options{Addr: h, DialTimeout: a.dialTimeout})
+			clients = append(clients, c)
+			pctx, cancel := context.WithTimeout(ctx, a.dialTimeout)
+			if c.Ping(pctx).Err() == nil {
+				reachable++
+			}
+			cancel()
+		}
+		if len(clients) > 0 && reachable < len(clients)/2+1 {
+			closeAll()
+			return nil, nil, withCode(ExitUnavailable, fmt.Errorf("only %d of the %d Redis servers in %s answered: Redlock needs a majority", reachable, len(clients), b))
+		}
+		locker, err := lock.NewRedlock(clients, lock.RedlockConfig{Namespace: a.namespace, TTL: ttl, HolderID: holderID, Logger: a.logger})
+		if err != nil {
+			closeAll()
+			return nil, nil, drover.Rename(err, "--lock-backend")
+		}
+		return locker, closeAll, nil
 	default:
-		return nil, nil, &drover.InputError{Field: "--lock-backend", Value: b, Rule: "must be etcd or redis://HOST:PORT/DB"}
+		return nil, nil, &drover.InputError{Field: "--lock-backend", Value: b, Rule: "must be etcd, redis://HOST:PORT/DB or redlock://HOST:PORT,HOST:PORT,HOST:PORT"}
 	}
 }
 
@@ -404,3 +441,11 @@ func childExit(err error) error {
 	}
 	return err
 }
+
+// quietRedis drops go-redis's own log lines (connection pool retries): the
+// errors that matter reach the user through drover's messages.
+type quietRedis struct{}
+
+func (quietRedis) Printf(context.Context, string, ...any) {}
+
+func init() { redis.SetLogger(quietRedis{}) }

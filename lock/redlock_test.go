@@ -1,0 +1,130 @@
+package lock_test
+
+import (
+	"context"
+	"errors"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/droverhq/drover"
+	"github.com/droverhq/drover/internal/etcdtest"
+	"github.com/droverhq/drover/lock"
+	"github.com/redis/go-redis/v9"
+)
+
+// redisServers starts n independent Redis servers on free loopback ports,
+// stopped when the test ends.
+func redisServers(t *testing.T, n int) ([]redis.UniversalClient, []*exec.Cmd) {
+	t.Helper()
+	var clients []redis.UniversalClient
+	var cmds []*exec.Cmd
+	for i := 0; i < n; i++ {
+		addr := etcdtest.FreeAddr()
+		port := addr[strings.LastIndexByte(addr, ':')+1:]
+		cmd := exec.Command("redis-server", "--bind", "127.0.0.1", "--port", port, "--save", "", "--appendonly", "no", "--dir", t.TempDir())
+		if err := cmd.Start(); err != nil {
+			t.Fatalf("start redis-server (the Redlock tests run their own): %v", err)
+		}
+		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+		c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: 500 * time.Millisecond})
+		t.Cleanup(func() { _ = c.Close() })
+		deadline := time.Now().Add(10 * time.Second)
+		for c.Ping(context.Background()).Err() != nil {
+			if time.Now().After(deadline) {
+				t.Fatalf("redis-server on %s did not come up", addr)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		clients, cmds = append(clients, c), append(cmds, cmd)
+	}
+	return clients, cmds
+}
+
+func TestRedlock(t *testing.T) {
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		t.Fatalf("the Redlock tests need redis-server on PATH (bash .ci/run installs it): %v", err)
+	}
+	clients, cmds := redisServers(t, 3)
+	ns := etcdtest.Namespace(t)
+	ctx := context.Background()
+	newRL := func(id string) *lock.Redlock {
+		rl, err := lock.NewRedlock(clients, lock.RedlockConfig{Namespace: ns, TTL: 2 * time.Second, HolderID: id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rl
+	}
+	a, b := newRL("a"), newRL("b")
+
+	var last int64
+	for i := 0; i < 20; i++ {
+		l, err := []*lock.Redlock{a, b}[i%2].Acquire(ctx, "job")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if l.Token() <= last {
+			t.Fatalf("holder %d token %d after %d", i, l.Token(), last)
+		}
+		last = l.Token()
+		if err := l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	la, err := a.TryAcquire(ctx, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var held *lock.HeldError
+	if _, err := b.TryAcquire(ctx, "job"); !errors.As(err, &held) || held.Holder.ID != "a" {
+		t.Fatalf("held lock: %v", err)
+	}
+	if st, err := b.Status(ctx, "job"); err != nil || !st.Held || st.Token != la.Token() || st.Holder.ID != "a" {
+		t.Fatalf("status %+v (%v), want a with token %d", st, err, la.Token())
+	}
+	if err := b.Release(ctx, "job", la.Token()); !errors.Is(err, lock.ErrNotHeld) {
+		t.Fatalf("release by another locker: %v", err)
+	}
+	time.Sleep(3 * time.Second) // 1.5 TTLs: the watchdog keeps it
+	if la.Context().Err() != nil {
+		t.Fatalf("lost while renewed: %v", context.Cause(la.Context()))
+	}
+	if err := la.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// One server of three down: a majority still grants the lock, with a
+	// token above every earlier one.
+	_ = cmds[0].Process.Kill()
+	_ = cmds[0].Wait()
+	l, err := a.TryAcquire(ctx, "job")
+	if err != nil {
+		t.Fatalf("with one server down: %v", err)
+	}
+	if l.Token() <= la.Token() {
+		t.Fatalf("token %d not above %d", l.Token(), la.Token())
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Two down: no majority, and the error says so.
+	_ = cmds[1].Process.Kill()
+	_ = cmds[1].Wait()
+	if _, err := a.TryAcquire(ctx, "job"); err == nil || !strings.Contains(err.Error(), "of 3 servers answered") {
+		t.Fatalf("with two servers down: %v", err)
+	}
+}
+
+func TestRedlockBadInput(t *testing.T) {
+	rdb := redisClient(t)
+	two := []redis.UniversalClient{rdb, rdb}
+	if _, err := lock.NewRedlock(two, lock.RedlockConfig{}); !errors.Is(err, drover.ErrInvalidInput) || !strings.Contains(err.Error(), "odd number") {
+		t.Fatalf("two servers: %v", err)
+	}
+	three := []redis.UniversalClient{rdb, rdb, rdb}
+	if _, err := lock.NewRedlock(three, lock.RedlockConfig{TTL: 100 * time.Millisecond}); !errors.Is(err, drover.ErrInvalidInput) {
+		t.Fatalf("ttl: %v", err)
+	}
+}
