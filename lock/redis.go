@@ -179,9 +179,16 @@ func (r *Redis) TryAcquire(ctx context.Context, name string) (Lock, error) {
 // Acquire tries until it holds name or ctx ends, backing off with jitter
 // from 10 ms to 250 ms between attempts.
 func (r *Redis) Acquire(ctx context.Context, name string) (Lock, error) {
+	return pollAcquire(ctx, name, r.TryAcquire)
+}
+
+// pollAcquire calls try until it takes the lock, fails other than by the
+// lock being held, or ctx ends; between attempts it waits a jittered backoff
+// from 10 ms to 250 ms. For backends without a way to wait in line.
+func pollAcquire(ctx context.Context, name string, try func(context.Context, string) (Lock, error)) (Lock, error) {
 	backoff := 10 * time.Millisecond
 	for {
-		l, err := r.TryAcquire(ctx, name)
+		l, err := try(ctx, name)
 		var held *HeldError
 		if !errors.As(err, &held) {
 			return l, err
@@ -314,13 +321,19 @@ func (l *RedisLock) renewedOrAcquired() time.Time {
 }
 
 func (l *RedisLock) lose(cause error) {
-	if l.ctx.Err() != nil {
+	loseOnce(l.ctx, l.cancel, l.r.logger, "redis", l.name, l.token, cause)
+}
+
+// loseOnce cancels a holding's context with a LostError and logs the loss,
+// the first time only.
+func loseOnce(ctx context.Context, cancel context.CancelCauseFunc, logger *slog.Logger, backend, name string, token int64, cause error) {
+	if ctx.Err() != nil {
 		return
 	}
-	err := &LostError{Name: l.name, Token: l.token, Cause: cause}
-	l.cancel(err)
-	if context.Cause(l.ctx) == error(err) {
-		l.r.logger.Warn("lock lost", "lock", l.name, "token", l.token, "backend", "redis", "cause", cause.Error())
+	err := &LostError{Name: name, Token: token, Cause: cause}
+	cancel(err)
+	if context.Cause(ctx) == error(err) {
+		logger.Warn("lock lost", "lock", name, "token", token, "backend", backend, "cause", cause.Error())
 	}
 }
 

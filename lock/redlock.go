@@ -227,23 +227,7 @@ func (rl *Redlock) releaseAll(name string) int {
 
 // Acquire tries until it holds name or ctx ends, with jittered backoff.
 func (rl *Redlock) Acquire(ctx context.Context, name string) (Lock, error) {
-	backoff := 10 * time.Millisecond
-	for {
-		l, err := rl.TryAcquire(ctx, name)
-		var held *HeldError
-		if !errors.As(err, &held) {
-			return l, err
-		}
-		t := time.NewTimer(backoff/2 + time.Duration(rand.Int64N(int64(backoff))))
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			held.Err = ctx.Err()
-			return nil, held
-		case <-t.C:
-		}
-		backoff = min(2*backoff, 250*time.Millisecond)
-	}
+	return pollAcquire(ctx, name, rl.TryAcquire)
 }
 
 // Release releases name if this locker holds it with token (on a majority).
@@ -357,14 +341,7 @@ func (l *RedlockLock) Err() error {
 }
 
 func (l *RedlockLock) lose(cause error) {
-	if l.ctx.Err() != nil {
-		return
-	}
-	err := &LostError{Name: l.name, Token: l.token, Cause: cause}
-	l.cancel(err)
-	if context.Cause(l.ctx) == error(err) {
-		l.rl.logger.Warn("lock lost", "lock", l.name, "token", l.token, "backend", "redlock", "cause", cause.Error())
-	}
+	loseOnce(l.ctx, l.cancel, l.rl.logger, "redlock", l.name, l.token, cause)
 }
 
 // watchdog renews on every server every TTL/3; a round that renews fewer
