@@ -32,6 +32,14 @@ func (a *app) queueClient(ctx context.Context) (*queue.Client, func(), error) {
 	return c, func() { cli.Close() }, nil
 }
 
+// queueFor validates --queue, then connects: bad input never waits for etcd.
+func (a *app) queueFor(ctx context.Context, q string) (*queue.Client, func(), error) {
+	if err := drover.Rename(queue.CheckQueue(q), "--queue"); err != nil {
+		return nil, nil, err
+	}
+	return a.queueClient(ctx)
+}
+
 // getTask validates id, connects and reads the task.
 func (a *app) getTask(ctx context.Context, id string) (*queue.Task, error) {
 	if err := checkTaskIDs([]string{id}); err != nil {
@@ -140,10 +148,7 @@ func (a *app) tasksCommand() *cobra.Command {
 		Use: "list --queue Q --status S", Short: "List a queue's tasks in one status", Args: cobra.NoArgs,
 		Example: "  drover tasks list --queue emails --status DEAD --limit 20 --json",
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := drover.Rename(queue.CheckQueue(q), "--queue"); err != nil {
-				return err
-			}
-			c, done, err := a.queueClient(cmd.Context())
+			c, done, err := a.queueFor(cmd.Context(), q)
 			if err != nil {
 				return err
 			}
@@ -164,10 +169,7 @@ func (a *app) tasksCommand() *cobra.Command {
 		Use: "stats --queue Q", Short: "Count a queue's tasks by status", Args: cobra.NoArgs,
 		Example: "  drover tasks stats --queue emails --json",
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := drover.Rename(queue.CheckQueue(q), "--queue"); err != nil {
-				return err
-			}
-			c, done, err := a.queueClient(cmd.Context())
+			c, done, err := a.queueFor(cmd.Context(), q)
 			if err != nil {
 				return err
 			}
@@ -233,10 +235,7 @@ func (a *app) dlqCommand() *cobra.Command {
 		Use: "list --queue Q", Short: "List a queue's dead tasks", Args: cobra.NoArgs,
 		Example: "  drover dlq list --queue emails --json",
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := drover.Rename(queue.CheckQueue(q), "--queue"); err != nil {
-				return err
-			}
-			c, done, err := a.queueClient(cmd.Context())
+			c, done, err := a.queueFor(cmd.Context(), q)
 			if err != nil {
 				return err
 			}
