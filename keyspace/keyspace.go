@@ -13,6 +13,7 @@
 //	/{ns}/queues/{q}/dead/{id}        a task in the dead-letter queue
 //	/{ns}/queues/{q}/done/{status}/{finished}-{id} a task that SUCCEEDED or was CANCELLED
 //	/{ns}/queues/{q}/archived         counts of finished tasks removed after their retention
+//	/{ns}/checkpoints/{thread}/{cpns}/{head|fence|cp/{id}|writes/{id}/...} agent state per thread
 //	/{ns}/queues/{q}/cancel/{id}      a request to cancel a running task
 //
 // Names that become one path segment are checked by [CheckName], so that no
@@ -164,3 +165,6 @@ func (s Space) QueueCancel(q string) string { return s.Queue(q) + "cancel/" }
 // QueueArchived is the key of queue q's counts of finished tasks that were
 // removed after their retention period.
 func (s Space) QueueArchived(q string) string { return s.Queue(q) + "archived" }
+
+// Checkpoints is the prefix of thread's checkpoints, ending in "/".
+func (s Space) Checkpoints(thread string) string { return s.root + "checkpoints/" + thread + "/" }

@@ -1,0 +1,14 @@
+package checkpoint_test
+
+import (
+	"os"
+	"testing"
+
+	"github.com/droverhq/drover/internal/etcdtest"
+)
+
+var srv *etcdtest.Server
+
+func TestMain(m *testing.M) {
+	os.Exit(etcdtest.Main(m, &srv, "", nil))
+}
