@@ -106,6 +106,8 @@ type Store interface {
 	// seen for the thread. It returns cp with its id and time filled in.
 	Put(ctx context.Context, cp Checkpoint, fence Fence) (Checkpoint, error)
 	PutWrites(ctx context.Context, thread, ns, checkpointID string, writes []Write, fence Fence) error
+	// Writes returns the pending writes saved for a checkpoint.
+	Writes(ctx context.Context, thread, ns, checkpointID string) ([]Write, error)
 	DeleteThread(ctx context.Context, thread string) error
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/droverhq/drover/checkpoint"
 	"github.com/droverhq/drover/internal/etcdtest"
 	"github.com/droverhq/drover/lock"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 type token int64
@@ -29,8 +30,38 @@ func newStore(t *testing.T) (*checkpoint.Etcd, string) {
 	return s, ns
 }
 
-func TestChainGetListDelete(t *testing.T) {
-	s, _ := newStore(t)
+// postgresURL is the PostgreSQL the tests use; .ci/run starts it.
+const postgresURL = "postgres://127.0.0.1:5432/test"
+
+// eachStore runs f against the etcd store and the PostgreSQL store, each in
+// a namespace of its own.
+func eachStore(t *testing.T, f func(t *testing.T, s checkpoint.Store, ns string)) {
+	t.Run("etcd", func(t *testing.T) {
+		s, ns := newStore(t)
+		f(t, s, ns)
+	})
+	t.Run("postgres", func(t *testing.T) {
+		ctx := context.Background()
+		pool, err := pgxpool.New(ctx, postgresURL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(pool.Close)
+		if err := pool.Ping(ctx); err != nil {
+			t.Fatalf("the PostgreSQL checkpoint tests need PostgreSQL at %s (bash .ci/run starts it): %v", postgresURL, err)
+		}
+		ns := etcdtest.Namespace(t)
+		s, err := checkpoint.NewPostgres(ctx, pool, ns)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f(t, s, ns)
+	})
+}
+
+func TestChainGetListDelete(t *testing.T) { eachStore(t, testChain) }
+
+func testChain(t *testing.T, s checkpoint.Store, _ string) {
 	ctx := context.Background()
 	parent := ""
 	var ids []string
@@ -80,8 +111,9 @@ func TestChainGetListDelete(t *testing.T) {
 	}
 }
 
-func TestOptimisticConflict(t *testing.T) {
-	s, _ := newStore(t)
+func TestOptimisticConflict(t *testing.T) { eachStore(t, testConflict) }
+
+func testConflict(t *testing.T, s checkpoint.Store, _ string) {
 	ctx := context.Background()
 	root, _ := s.Put(ctx, checkpoint.Checkpoint{ThreadID: "th", State: []byte("0")}, nil)
 	if _, err := s.Put(ctx, checkpoint.Checkpoint{ThreadID: "th", ParentID: root.ID, State: []byte("a")}, nil); err != nil {
@@ -97,8 +129,9 @@ func TestOptimisticConflict(t *testing.T) {
 	}
 }
 
-func TestTokenFence(t *testing.T) {
-	s, _ := newStore(t)
+func TestTokenFence(t *testing.T) { eachStore(t, testTokenFence) }
+
+func testTokenFence(t *testing.T, s checkpoint.Store, _ string) {
 	ctx := context.Background()
 	cp, err := s.Put(ctx, checkpoint.Checkpoint{ThreadID: "th", State: []byte("by 5")}, token(5))
 	if err != nil {
@@ -145,11 +178,15 @@ func TestEtcdLockFence(t *testing.T) {
 // Seed 003's experiment: 5 workers, 3 invocations each, on one thread; every
 // invocation reads the head, "calls the LLM", and writes a checkpoint. With
 // either protection all 15 updates survive, as one chain.
-func TestFiveWorkersThreeInvocations(t *testing.T) {
+func TestFiveWorkersThreeInvocations(t *testing.T) { eachStore(t, testFiveByThree) }
+
+func testFiveByThree(t *testing.T, s checkpoint.Store, ns string) {
 	for _, mode := range []string{"locked", "optimistic"} {
 		t.Run(mode, func(t *testing.T) {
-			s, ns := newStore(t)
 			ctx := context.Background()
+			if err := s.DeleteThread(ctx, "th"); err != nil {
+				t.Fatal(err)
+			}
 			root, err := s.Put(ctx, checkpoint.Checkpoint{ThreadID: "th", State: []byte("0")}, nil)
 			if err != nil {
 				t.Fatal(err)
@@ -203,7 +240,7 @@ func TestFiveWorkersThreeInvocations(t *testing.T) {
 
 // invoke is one read-modify-write of the thread: locked (the lock held across
 // the slow call and passed as the fence) or optimistic (retry on conflict).
-func invoke(ctx context.Context, s *checkpoint.Etcd, locker *lock.Etcd, worker string) error {
+func invoke(ctx context.Context, s checkpoint.Store, locker *lock.Etcd, worker string) error {
 	for {
 		var fence checkpoint.Fence
 		var l lock.Lock
@@ -232,14 +269,17 @@ func invoke(ctx context.Context, s *checkpoint.Etcd, locker *lock.Etcd, worker s
 	}
 }
 
-func TestBadInput(t *testing.T) {
-	s, _ := newStore(t)
+func TestBadInput(t *testing.T) { eachStore(t, testBadInput) }
+
+func testBadInput(t *testing.T, s checkpoint.Store, _ string) {
 	ctx := context.Background()
 	if _, err := s.Put(ctx, checkpoint.Checkpoint{ThreadID: "a/b"}, nil); !errors.Is(err, drover.ErrInvalidInput) {
 		t.Fatalf("bad thread id: %v", err)
 	}
-	if _, err := s.Put(ctx, checkpoint.Checkpoint{ThreadID: "th", State: make([]byte, checkpoint.MaxState+1)}, nil); !errors.Is(err, drover.ErrInvalidInput) {
-		t.Fatalf("oversize state: %v", err)
+	if _, isEtcd := s.(*checkpoint.Etcd); isEtcd {
+		if _, err := s.Put(ctx, checkpoint.Checkpoint{ThreadID: "th", State: make([]byte, checkpoint.MaxState+1)}, nil); !errors.Is(err, drover.ErrInvalidInput) {
+			t.Fatalf("oversize state: %v", err)
+		}
 	}
 	if _, err := s.GetLatest(ctx, "th", ""); !errors.Is(err, checkpoint.ErrNotFound) {
 		t.Fatalf("nothing should have been written: %v", err)
