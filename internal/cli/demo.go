@@ -10,7 +10,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/internal/demo"
+	"github.com/droverhq/drover/lock"
 	"github.com/droverhq/drover/task"
 	"github.com/spf13/cobra"
 )
@@ -62,6 +64,7 @@ With --json the timeline goes to stderr and one JSON object to stdout.`,
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the summary as one JSON object on stdout (the timeline goes to stderr)")
+	cmd.AddCommand(a.lostUpdateCommand())
 	return cmd
 }
 
@@ -107,5 +110,124 @@ func (a *app) demoWorkerCommand() *cobra.Command {
 	f.StringVar(&worker, "worker-id", "", "worker id")
 	f.DurationVar(&ttl, "ttl", demo.DefaultTTL, "lease TTL")
 	f.DurationVar(&step, "step-duration", demo.DefaultStepDuration, "duration of each step")
+	return cmd
+}
+
+func (a *app) lostUpdateCommand() *cobra.Command {
+	var (
+		cfg    demo.LostUpdateConfig
+		asJSON bool
+	)
+	cmd := &cobra.Command{
+		Use:   "lost-update [--workers 5] [--invocations 3] [--protect none|cas|lock] [--store etcd|postgres] [--lock-backend URL]",
+		Short: "Seed 003's experiment: worker processes increment one thread's counter; see which protection loses updates",
+		Long: `Start worker processes that each increment a counter in one thread's
+checkpointed state --invocations times, with a random delay (the LLM call)
+between reading and writing.
+
+  --protect none   write on top of whatever is the head (last writer wins):
+                   updates are lost, and the demo counts them
+  --protect cas    optimistic: the write requires its parent to be the head;
+                   on conflict, reload and redo
+  --protect lock   a thread lock (--lock-backend) held across the
+                   read-modify-write, its token fencing the write
+
+It runs a private embedded etcd (and uses PostgreSQL at --database-url with
+--store postgres). Exit 0 when a protected run lost nothing (and always for
+--protect none, which is there to show the loss).`,
+		Example: `  drover demo lost-update --protect none
+  drover demo lost-update --protect cas --workers 5 --invocations 20 --json
+  drover demo lost-update --protect lock --store postgres --lock-backend redis://127.0.0.1:6379/0`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			switch {
+			case cfg.Protect != "none" && cfg.Protect != "cas" && cfg.Protect != "lock":
+				return &drover.InputError{Field: "--protect", Value: cfg.Protect, Rule: "must be none, cas or lock"}
+			case cfg.Store != "etcd" && cfg.Store != "postgres":
+				return &drover.InputError{Field: "--store", Value: cfg.Store, Rule: "must be etcd or postgres"}
+			case cfg.Workers < 1 || cfg.Workers > 100:
+				return &drover.InputError{Field: "--workers", Value: cfg.Workers, Rule: "must be between 1 and 100"}
+			case cfg.Invocations < 1 || cfg.Invocations > 1000:
+				return &drover.InputError{Field: "--invocations", Value: cfg.Invocations, Rule: "must be between 1 and 1000"}
+			case cfg.MaxDelay < 0:
+				return &drover.InputError{Field: "--max-delay", Value: cfg.MaxDelay, Rule: "must not be negative"}
+			}
+			cfg.LockBackend = a.lockBackend
+			if cfg.LockBackend == "etcd" {
+				cfg.LockBackend = ""
+			}
+			cfg.Timeline = a.stderr
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			res, err := demo.RunLostUpdate(ctx, cfg)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				if err := json.NewEncoder(a.stdout).Encode(res); err != nil {
+					return err
+				}
+			} else {
+				fmt.Fprintf(a.stdout, "protect=%s store=%s: expected %d, actual %d, lost updates %d, conflicts retried %d (%d ms)\n",
+					res.Protect, res.Store, res.Expected, res.Actual, res.LostUpdates, res.ConflictsRetried, res.DurationMillis)
+			}
+			if res.Protect != "none" && res.LostUpdates != 0 {
+				return withCode(ExitFailure, fmt.Errorf("%d updates lost with --protect %s", res.LostUpdates, res.Protect))
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.IntVar(&cfg.Workers, "workers", 5, "worker processes")
+	f.IntVar(&cfg.Invocations, "invocations", 3, "increments per worker")
+	f.StringVar(&cfg.Protect, "protect", "lock", "none, cas or lock")
+	f.StringVar(&cfg.Store, "store", "etcd", "checkpoint store: etcd or postgres")
+	f.StringVar(&cfg.DatabaseURL, "database-url", demo.DefaultDatabaseURL, "PostgreSQL URL for --store postgres")
+	f.StringVar(&a.lockBackend, "lock-backend", "etcd", "lock backend for --protect lock: etcd, redis://HOST:PORT/DB or redlock://H:P,H:P,H:P")
+	f.DurationVar(&cfg.MaxDelay, "max-delay", 50*time.Millisecond, "longest random delay between read and write")
+	f.BoolVar(&asJSON, "json", false, `print {"expected":N,"actual":N,"lost_updates":N,"conflicts_retried":N,...}`)
+	return cmd
+}
+
+func (a *app) lostUpdateWorkerCommand() *cobra.Command {
+	var (
+		protect, store, databaseURL, worker string
+		invocations                         int
+		maxDelay                            time.Duration
+	)
+	cmd := &cobra.Command{
+		Use: "demo-lost-update-worker", Short: "One worker of drover demo lost-update (started by it)", Hidden: true, Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			cli, err := a.connect(ctx)
+			if err != nil {
+				return err
+			}
+			defer cli.Close()
+			s, closeStore, err := demo.OpenStore(ctx, store, databaseURL, cli, a.namespace)
+			if err != nil {
+				return err
+			}
+			defer closeStore()
+			var locker lock.Locker
+			if protect == "lock" {
+				l, closeLocker, err := a.locker(ctx, 5*time.Second, worker)
+				if err != nil {
+					return err
+				}
+				defer closeLocker()
+				locker = l
+			}
+			return demo.LostUpdateWorker(ctx, s, locker, protect, invocations, maxDelay, worker, a.stdout)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&protect, "protect", "lock", "")
+	f.StringVar(&store, "store", "etcd", "")
+	f.StringVar(&databaseURL, "database-url", demo.DefaultDatabaseURL, "")
+	f.StringVar(&worker, "worker-id", "", "")
+	f.IntVar(&invocations, "invocations", 3, "")
+	f.DurationVar(&maxDelay, "max-delay", 50*time.Millisecond, "")
+	f.StringVar(&a.lockBackend, "lock-backend", "etcd", "")
 	return cmd
 }

@@ -214,3 +214,35 @@ func TestTaskSurvivesFullRestart(t *testing.T) {
 	_ = server.cmd.Process.Signal(syscall.SIGTERM)
 	server.wait(t, 20*time.Second)
 }
+
+func TestDemoLostUpdate(t *testing.T) {
+	type result struct {
+		Expected, Actual int
+		Lost             int `json:"lost_updates"`
+	}
+	run := func(args ...string) result {
+		t.Helper()
+		r := drover(t, append([]string{"demo", "lost-update", "--json", "--workers", "5", "--invocations", "5"}, args...)...)
+		var res result
+		if r.code != 0 || json.Unmarshal([]byte(r.stdout), &res) != nil {
+			t.Fatalf("demo lost-update %v: exit %d, %q, %q", args, r.code, r.stdout, r.stderr)
+		}
+		return res
+	}
+	if res := run("--protect", "none"); res.Expected != 25 || res.Lost <= 0 || res.Actual+res.Lost != 25 {
+		t.Fatalf("none: %+v, want lost updates", res)
+	}
+	for _, args := range [][]string{
+		{"--protect", "cas"},
+		{"--protect", "lock"},
+		{"--protect", "lock", "--store", "postgres", "--lock-backend", "redis://127.0.0.1:6379/0"},
+		{"--protect", "cas", "--store", "postgres"},
+	} {
+		if res := run(args...); res.Expected != 25 || res.Actual != 25 || res.Lost != 0 {
+			t.Fatalf("%v: %+v, want every update kept", args, res)
+		}
+	}
+	if r := drover(t, "demo", "lost-update", "--protect", "maybe"); r.code != 2 || !strings.Contains(r.stderr, "--protect") {
+		t.Fatalf("bad --protect: exit %d, %q", r.code, r.stderr)
+	}
+}
