@@ -222,14 +222,14 @@ func TestDemoLostUpdate(t *testing.T) {
 	}
 	run := func(args ...string) result {
 		t.Helper()
-		r := drover(t, append([]string{"demo", "lost-update", "--json", "--workers", "5", "--invocations", "5"}, args...)...)
+		r := drover(t, append([]string{"demo", "lost-update", "--json", "--workers", "5", "--invocations", "20", "--max-delay", "20ms"}, args...)...)
 		var res result
 		if r.code != 0 || json.Unmarshal([]byte(r.stdout), &res) != nil {
 			t.Fatalf("demo lost-update %v: exit %d, %q, %q", args, r.code, r.stdout, r.stderr)
 		}
 		return res
 	}
-	if res := run("--protect", "none"); res.Expected != 25 || res.Lost <= 0 || res.Actual+res.Lost != 25 {
+	if res := run("--protect", "none"); res.Expected != 100 || res.Lost <= 0 || res.Actual+res.Lost != 100 {
 		t.Fatalf("none: %+v, want lost updates", res)
 	}
 	for _, args := range [][]string{
@@ -238,7 +238,7 @@ func TestDemoLostUpdate(t *testing.T) {
 		{"--protect", "lock", "--store", "postgres", "--lock-backend", "redis://127.0.0.1:6379/0"},
 		{"--protect", "cas", "--store", "postgres"},
 	} {
-		if res := run(args...); res.Expected != 25 || res.Actual != 25 || res.Lost != 0 {
+		if res := run(args...); res.Expected != 100 || res.Actual != 100 || res.Lost != 0 {
 			t.Fatalf("%v: %+v, want every update kept", args, res)
 		}
 	}
