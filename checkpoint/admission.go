@@ -1,0 +1,131 @@
+package checkpoint
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/droverhq/drover/keyspace"
+	"github.com/droverhq/drover/lock"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Admission is what happens when a run starts on a thread that another run
+// holds.
+type Admission string
+
+// Admission policies.
+const (
+	// Reject fails the new run at once with ErrBusy.
+	Reject Admission = "reject"
+	// Enqueue makes the new run wait its turn (first come, first served on
+	// the etcd lock; by polling on Redis backends).
+	Enqueue Admission = "enqueue"
+	// Interrupt cancels the running one's context (cause ErrInterrupted);
+	// the new run takes over once it has released the thread.
+	Interrupt Admission = "interrupt"
+)
+
+var (
+	// ErrBusy: another run holds the thread (Reject).
+	ErrBusy = errors.New("checkpoint: thread busy: another run holds it")
+	// ErrInterrupted is the cause of a run's context when a newer run
+	// interrupted it.
+	ErrInterrupted = errors.New("checkpoint: run interrupted by a newer run on the thread")
+)
+
+// Admitter admits runs on threads under a policy: the run holds the thread's
+// lock (any lock backend) for as long as it runs, and interrupt requests
+// travel through etcd.
+type Admitter struct {
+	cli    *clientv3.Client
+	keys   keyspace.Space
+	locker lock.Locker
+}
+
+// NewAdmitter returns an admitter of namespace ns whose runs hold locks from
+// locker.
+func NewAdmitter(cli *clientv3.Client, ns string, locker lock.Locker) (*Admitter, error) {
+	keys, err := keyspace.New(ns)
+	if err != nil {
+		return nil, err
+	}
+	return &Admitter{cli: cli, keys: keys, locker: locker}, nil
+}
+
+// Run is an admitted run on a thread. Pass Context to the run's steps and
+// Lock as the fence of its checkpoint writes.
+type Run struct {
+	Lock   lock.Lock
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	done   chan struct{}
+}
+
+// Context ends when the run's lock is lost or released, or a newer run
+// interrupts it (context.Cause is ErrInterrupted).
+func (r *Run) Context() context.Context { return r.ctx }
+
+// Release ends the run and gives the thread to the next one.
+func (r *Run) Release(ctx context.Context) error {
+	r.cancel(lock.ErrReleased)
+	<-r.done
+	return r.Lock.Release(ctx)
+}
+
+func (a *Admitter) interruptKey(thread string) string {
+	return a.keys.Checkpoints(thread) + "interrupt"
+}
+
+// Admit starts a run on thread under policy; ctx bounds the wait.
+func (a *Admitter) Admit(ctx context.Context, thread string, policy Admission) (*Run, error) {
+	if err := keyspace.CheckName("thread_id", thread); err != nil {
+		return nil, err
+	}
+	name := "thread:" + thread
+	var l lock.Lock
+	var err error
+	switch policy {
+	case Reject:
+		l, err = a.locker.TryAcquire(ctx, name)
+		if errors.Is(err, lock.ErrHeld) {
+			return nil, fmt.Errorf("%w: %w", ErrBusy, err)
+		}
+	case Enqueue:
+		l, err = a.locker.Acquire(ctx, name)
+	case Interrupt:
+		if l, err = a.locker.TryAcquire(ctx, name); errors.Is(err, lock.ErrHeld) {
+			if _, perr := a.cli.Put(ctx, a.interruptKey(thread), time.Now().UTC().Format(time.RFC3339Nano)); perr != nil {
+				return nil, fmt.Errorf("checkpoint: interrupt the run on %s: %w", thread, perr)
+			}
+			l, err = a.locker.Acquire(ctx, name)
+		}
+	default:
+		return nil, fmt.Errorf("checkpoint: unknown admission %q: use reject, enqueue or interrupt", policy)
+	}
+	if err != nil {
+		return nil, err
+	}
+	r := &Run{Lock: l, done: make(chan struct{})}
+	r.ctx, r.cancel = context.WithCancelCause(l.Context())
+	// Watch for interrupts from now on: a request written after this run
+	// was admitted cancels it.
+	wctx, wcancel := context.WithCancel(r.ctx)
+	wch := a.cli.Watch(clientv3.WithRequireLeader(wctx), a.interruptKey(thread), clientv3.WithFilterDelete(), clientv3.WithCreatedNotify())
+	select { // the watch is open before the run starts
+	case <-wch:
+	case <-r.ctx.Done():
+	}
+	go func() {
+		defer close(r.done)
+		defer wcancel()
+		for wr := range wch {
+			if len(wr.Events) > 0 {
+				r.cancel(ErrInterrupted)
+				return
+			}
+		}
+	}()
+	return r, nil
+}
