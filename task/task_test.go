@@ -290,11 +290,16 @@ func TestStepContextCancelledOnLockLoss(t *testing.T) {
 			return nil, errors.New("step context never cancelled")
 		}
 	}}}
+	revoked := make(chan struct{})
 	go func() {
+		defer close(revoked)
 		<-inStep
-		_, _ = cli.Revoke(context.Background(), r.Lease().ID())
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_, _ = cli.Revoke(ctx, r.Lease().ID())
 	}()
 	_, err := r.Run(context.Background(), "lost", steps)
+	<-revoked
 	if !errors.Is(err, lock.ErrLost) || !errors.Is(cause, lock.ErrLost) {
 		t.Fatalf("run err %v, step cause %v; want both to match lock.ErrLost", err, cause)
 	}
