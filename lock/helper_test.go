@@ -28,8 +28,8 @@ const helperEnv = "DROVER_LOCK_TEST_HELPER"
 
 func runHelper(mode string) int {
 	ctx := context.Background()
-	if mode == "redis-hold" {
-		return runRedisHelper(ctx)
+	if mode == "redis-hold" || mode == "redlock-hold" {
+		return runRedisHelper(ctx, mode)
 	}
 	cli, err := cluster.Connect(ctx, cluster.ClientConfig{Endpoints: strings.Split(os.Getenv("H_ENDPOINTS"), ",")})
 	if err != nil {
@@ -184,11 +184,21 @@ func (h *helper) line(t *testing.T, prefix string) string {
 
 // runRedisHelper holds a Redis lock until told to CHECK it, then reports
 // whether it knows the lock is lost.
-func runRedisHelper(ctx context.Context) int {
-	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv("H_REDIS")})
-	defer rdb.Close()
+func runRedisHelper(ctx context.Context, mode string) int {
 	ttl, _ := time.ParseDuration(os.Getenv("H_TTL"))
-	locker, err := lock.NewRedis(rdb, lock.RedisConfig{Namespace: os.Getenv("H_NS"), TTL: ttl, HolderID: os.Getenv("H_ID")})
+	var clients []redis.UniversalClient
+	for _, addr := range strings.Split(os.Getenv("H_REDIS"), ",") {
+		c := redis.NewClient(&redis.Options{Addr: addr})
+		defer c.Close()
+		clients = append(clients, c)
+	}
+	var locker lock.Locker
+	var err error
+	if mode == "redlock-hold" {
+		locker, err = lock.NewRedlock(clients, lock.RedlockConfig{Namespace: os.Getenv("H_NS"), TTL: ttl, HolderID: os.Getenv("H_ID")})
+	} else {
+		locker, err = lock.NewRedis(clients[0], lock.RedisConfig{Namespace: os.Getenv("H_NS"), TTL: ttl, HolderID: os.Getenv("H_ID")})
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
@@ -202,8 +212,8 @@ func runRedisHelper(ctx context.Context) int {
 	in := bufio.NewScanner(os.Stdin)
 	for in.Scan() {
 		if in.Text() == "CHECK" {
-			rl := l.(*lock.RedisLock)
-			fmt.Printf("RESULT lost=%t\n", errors.Is(rl.Err(), lock.ErrLost))
+			e, _ := l.(interface{ Err() error })
+			fmt.Printf("RESULT lost=%t\n", e != nil && errors.Is(e.Err(), lock.ErrLost))
 			return 0
 		}
 	}
