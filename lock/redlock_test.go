@@ -172,3 +172,38 @@ func TestRedlockHolderKilledAndPaused(t *testing.T) {
 		})
 	}
 }
+
+// Redis restarted (without persistence) under a held lock: the holder's
+// watchdog finds the lock gone and cancels its context, so it stops writing.
+func TestRedisRestartedUnderHolder(t *testing.T) {
+	clients, cmds := redisServers(t, 1)
+	addr := clients[0].(*redis.Client).Options().Addr
+	port := addr[strings.LastIndexByte(addr, ':')+1:]
+	ns := etcdtest.Namespace(t)
+	lk, err := lock.NewRedis(clients[0], lock.RedisConfig{Namespace: ns, TTL: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := lk.TryAcquire(context.Background(), "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = cmds[0].Process.Kill()
+	_ = cmds[0].Wait()
+	restarted := exec.Command("redis-server", "--bind", "127.0.0.1", "--port", port, "--save", "", "--appendonly", "no", "--dir", t.TempDir())
+	if err := restarted.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = restarted.Process.Kill(); _ = restarted.Wait() })
+	select {
+	case <-l.Context().Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the holder did not learn that Redis lost its lock")
+	}
+	if !errors.Is(context.Cause(l.Context()), lock.ErrLost) {
+		t.Fatalf("cause %v", context.Cause(l.Context()))
+	}
+	if err := l.(*lock.RedisLock).Err(); !errors.Is(err, lock.ErrLost) {
+		t.Fatalf("Err() = %v", err)
+	}
+}
