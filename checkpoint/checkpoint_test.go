@@ -12,8 +12,8 @@ import (
 	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/checkpoint"
 	"github.com/droverhq/drover/internal/etcdtest"
+	"github.com/droverhq/drover/internal/servicetest"
 	"github.com/droverhq/drover/lock"
-	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 type token int64
@@ -30,9 +30,6 @@ func newStore(t *testing.T) (*checkpoint.Etcd, string) {
 	return s, ns
 }
 
-// postgresURL is the PostgreSQL the tests use; .ci/run starts it.
-const postgresURL = "postgres://127.0.0.1:5432/test"
-
 // eachStore runs f against the etcd store and the PostgreSQL store, each in
 // a namespace of its own.
 func eachStore(t *testing.T, f func(t *testing.T, s checkpoint.Store, ns string)) {
@@ -42,14 +39,7 @@ func eachStore(t *testing.T, f func(t *testing.T, s checkpoint.Store, ns string)
 	})
 	t.Run("postgres", func(t *testing.T) {
 		ctx := context.Background()
-		pool, err := pgxpool.New(ctx, postgresURL)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(pool.Close)
-		if err := pool.Ping(ctx); err != nil {
-			t.Fatalf("the PostgreSQL checkpoint tests need PostgreSQL at %s (bash .ci/run starts it): %v", postgresURL, err)
-		}
+		pool := servicetest.Postgres(t)
 		ns := etcdtest.Namespace(t)
 		s, err := checkpoint.NewPostgres(ctx, pool, ns)
 		if err != nil {

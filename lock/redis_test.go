@@ -15,21 +15,16 @@ import (
 
 	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/internal/etcdtest"
+	"github.com/droverhq/drover/internal/servicetest"
 	"github.com/droverhq/drover/lock"
 	"github.com/redis/go-redis/v9"
 )
 
-// redisAddr is the Redis the tests use; .ci/run starts one there.
-const redisAddr = "127.0.0.1:6379"
-
+// redisClient returns a client of a Redis of the test's own (see
+// servicetest.Redis).
 func redisClient(t *testing.T) *redis.Client {
 	t.Helper()
-	rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-	defer cancel()
-	if err := rdb.Ping(ctx).Err(); err != nil {
-		t.Fatalf("the Redis lock tests need Redis at %s (bash .ci/run starts one): %v", redisAddr, err)
-	}
+	rdb := redis.NewClient(&redis.Options{Addr: servicetest.Redis(t)})
 	t.Cleanup(func() { _ = rdb.Close() })
 	return rdb
 }
@@ -195,7 +190,7 @@ func TestRedisHolderKilledAndPaused(t *testing.T) {
 	const ttl = 2 * time.Second
 	for _, sig := range []syscall.Signal{syscall.SIGKILL, syscall.SIGSTOP} {
 		t.Run(sig.String(), func(t *testing.T) {
-			h := startHelper(t, "redis-hold", "H_NS="+ns, "H_LOCK=job-"+strconv.Itoa(int(sig)), "H_TTL="+ttl.String(), "H_ID=victim", "H_REDIS="+redisAddr)
+			h := startHelper(t, "redis-hold", "H_NS="+ns, "H_LOCK=job-"+strconv.Itoa(int(sig)), "H_TTL="+ttl.String(), "H_ID=victim", "H_REDIS="+rdb.Options().Addr)
 			oldToken, _ := strconv.ParseInt(h.line(t, "ACQUIRED"), 10, 64)
 			_ = h.cmd.Process.Signal(sig)
 			at := time.Now()

@@ -12,6 +12,7 @@ import (
 
 	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/internal/etcdtest"
+	"github.com/droverhq/drover/internal/servicetest"
 	"github.com/droverhq/drover/lock"
 	"github.com/redis/go-redis/v9"
 )
@@ -23,31 +24,15 @@ func redisServers(t *testing.T, n int) ([]redis.UniversalClient, []*exec.Cmd) {
 	var clients []redis.UniversalClient
 	var cmds []*exec.Cmd
 	for i := 0; i < n; i++ {
-		addr := etcdtest.FreeAddr()
-		port := addr[strings.LastIndexByte(addr, ':')+1:]
-		cmd := exec.Command("redis-server", "--bind", "127.0.0.1", "--port", port, "--save", "", "--appendonly", "no", "--dir", t.TempDir())
-		if err := cmd.Start(); err != nil {
-			t.Fatalf("start redis-server (the Redlock tests run their own): %v", err)
-		}
-		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+		addr, cmd := servicetest.RedisServer(t)
 		c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: 500 * time.Millisecond})
 		t.Cleanup(func() { _ = c.Close() })
-		deadline := time.Now().Add(10 * time.Second)
-		for c.Ping(context.Background()).Err() != nil {
-			if time.Now().After(deadline) {
-				t.Fatalf("redis-server on %s did not come up", addr)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
 		clients, cmds = append(clients, c), append(cmds, cmd)
 	}
 	return clients, cmds
 }
 
 func TestRedlock(t *testing.T) {
-	if _, err := exec.LookPath("redis-server"); err != nil {
-		t.Fatalf("the Redlock tests need redis-server on PATH (bash .ci/run installs it): %v", err)
-	}
 	clients, cmds := redisServers(t, 3)
 	ns := etcdtest.Namespace(t)
 	ctx := context.Background()

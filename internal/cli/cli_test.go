@@ -14,6 +14,7 @@ import (
 
 	"github.com/droverhq/drover/internal/etcdtest"
 	"github.com/droverhq/drover/internal/proc"
+	"github.com/droverhq/drover/internal/servicetest"
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/lock"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -362,7 +363,8 @@ func containsFlag(args []string, flag string) bool {
 
 func TestLockRunOnRedis(t *testing.T) {
 	ns := etcdtest.Namespace(t)
-	backend := []string{"--namespace", ns, "lock", "--lock-backend", "redis://127.0.0.1:6379/0"}
+	own := servicetest.Redis(t)
+	backend := []string{"--namespace", ns, "lock", "--lock-backend", "redis://" + own + "/0"}
 	r := drover(t, append(backend, "run", "job", "--", "sh", "-c", `echo "$DROVER_LOCK_TOKEN"; exit 3`)...)
 	if r.code != 3 {
 		t.Fatalf("exit %d, want 3; stderr %q", r.code, r.stderr)
@@ -389,10 +391,10 @@ func TestLockRunOnRedis(t *testing.T) {
 	if r := drover(t, "--namespace", ns, "--dial-timeout", "1s", "lock", "--lock-backend", "redis://127.0.0.1:1/0", "list"); r.code != 69 || !strings.Contains(r.stderr, "cannot reach redis") {
 		t.Fatalf("unreachable redis: exit %d, %q", r.code, r.stderr)
 	}
-	if r := drover(t, "--namespace", ns, "lock", "--lock-backend", "redlock://127.0.0.1:6379,127.0.0.1:6379", "list"); r.code != 2 || !strings.Contains(r.stderr, "odd number") {
+	if r := drover(t, "--namespace", ns, "lock", "--lock-backend", "redlock://127.0.0.1:6379,127.0.0.1:6380", "list"); r.code != 2 || !strings.Contains(r.stderr, "odd number") {
 		t.Fatalf("redlock with two servers: exit %d, %q", r.code, r.stderr)
 	}
-	if r := drover(t, "--namespace", ns, "--dial-timeout", "500ms", "lock", "--lock-backend", "redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:6379", "list"); r.code != 69 || !strings.Contains(r.stderr, "needs a majority") {
+	if r := drover(t, "--namespace", ns, "--dial-timeout", "500ms", "lock", "--lock-backend", "redlock://127.0.0.1:1,127.0.0.1:2,"+own, "list"); r.code != 69 || !strings.Contains(r.stderr, "needs a majority") {
 		t.Fatalf("redlock without a majority: exit %d, %q", r.code, r.stderr)
 	}
 }

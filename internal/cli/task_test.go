@@ -13,6 +13,7 @@ import (
 
 	"github.com/droverhq/drover/internal/etcdtest"
 	"github.com/droverhq/drover/internal/proc"
+	"github.com/droverhq/drover/internal/servicetest"
 )
 
 func TestDemo(t *testing.T) {
@@ -229,14 +230,16 @@ func TestDemoLostUpdate(t *testing.T) {
 		}
 		return res
 	}
+	redisAddr := servicetest.Redis(t)
+	_ = servicetest.Postgres(t) // skips (or fails under DROVER_REQUIRE_SERVICES=1) when PostgreSQL is missing
 	if res := run("--protect", "none"); res.Expected != 100 || res.Lost <= 0 || res.Actual+res.Lost != 100 {
 		t.Fatalf("none: %+v, want lost updates", res)
 	}
 	for _, args := range [][]string{
 		{"--protect", "cas"},
 		{"--protect", "lock"},
-		{"--protect", "lock", "--store", "postgres", "--lock-backend", "redis://127.0.0.1:6379/0"},
-		{"--protect", "cas", "--store", "postgres"},
+		{"--protect", "lock", "--store", "postgres", "--database-url", servicetest.PostgresURL(), "--lock-backend", "redis://" + redisAddr + "/0"},
+		{"--protect", "cas", "--store", "postgres", "--database-url", servicetest.PostgresURL()},
 	} {
 		if res := run(args...); res.Expected != 100 || res.Actual != 100 || res.Lost != 0 {
 			t.Fatalf("%v: %+v, want every update kept", args, res)
