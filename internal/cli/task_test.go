@@ -235,7 +235,11 @@ func TestDemoLostUpdate(t *testing.T) {
 	if res := run("--protect", "none"); res.Expected != 100 || res.Lost <= 0 || res.Actual+res.Lost != 100 {
 		t.Fatalf("none: %+v, want lost updates", res)
 	}
+	a1, _ := servicetest.RedisServer(t)
+	a2, _ := servicetest.RedisServer(t)
+	a3, _ := servicetest.RedisServer(t)
 	for _, args := range [][]string{
+		{"--protect", "lock", "--lock-backend", "redlock://" + a1 + "," + a2 + "," + a3},
 		{"--protect", "cas"},
 		{"--protect", "lock"},
 		{"--protect", "lock", "--store", "postgres", "--database-url", servicetest.PostgresURL(), "--lock-backend", "redis://" + redisAddr + "/0"},
