@@ -6,13 +6,16 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/droverhq/drover/internal/etcdtest"
 	"github.com/droverhq/drover/lock"
+	"github.com/redis/go-redis/v9"
 )
 
 // backend makes lockers of one backend, each a separate holder identity.
@@ -20,25 +23,34 @@ type backend struct {
 	name   string
 	ttl    time.Duration
 	locker func(t *testing.T, ns, id string) lock.Locker
+	// helper is the helper process mode that holds a lock of this backend,
+	// and the environment it needs.
+	helper    string
+	helperEnv []string
+	counter   string // helper mode that counts under the lock
 }
 
 func backends(t *testing.T) []backend {
 	rdb := redisClient(t)
 	servers, _ := redisServers(t, 3)
+	var addrs []string
+	for _, c := range servers {
+		addrs = append(addrs, c.(*redis.Client).Options().Addr)
+	}
 	return []backend{
 		{"etcd", 2 * time.Second, func(t *testing.T, ns, id string) lock.Locker {
 			return newLocker(t, srv.Client(t), ns, 2*time.Second, id)
-		}},
+		}, "hold", nil, "counter"},
 		{"redis", time.Second, func(t *testing.T, ns, id string) lock.Locker {
 			return newRedisLocker(t, rdb, ns, time.Second, id)
-		}},
+		}, "redis-hold", []string{"H_REDIS=" + rdb.Options().Addr}, "redis-counter"},
 		{"redlock", time.Second, func(t *testing.T, ns, id string) lock.Locker {
 			l, err := lock.NewRedlock(servers, lock.RedlockConfig{Namespace: ns, TTL: time.Second, HolderID: id})
 			if err != nil {
 				t.Fatal(err)
 			}
 			return l
-		}},
+		}, "redlock-hold", []string{"H_REDIS=" + strings.Join(addrs, ",")}, "redlock-counter"},
 	}
 }
 
@@ -52,9 +64,16 @@ func TestConformance(t *testing.T) {
 				ns := etcdtest.Namespace(t)
 				dir := t.TempDir()
 				counter, logPath := filepath.Join(dir, "counter"), filepath.Join(dir, "log")
+				// Two holder processes and four goroutines.
+				var procs []*helper
+				for p := 0; p < 2; p++ {
+					env := append([]string{"H_NS=" + ns, "H_LOCK=counter", "H_TTL=5s", "H_ITER=8",
+						"H_COUNTER=" + counter, "H_LOG=" + logPath, fmt.Sprintf("H_ID=proc-%d", p)}, b.helperEnv...)
+					procs = append(procs, startHelper(t, b.counter, env...))
+				}
 				var wg sync.WaitGroup
 				errs := make(chan error, 6)
-				for g := 0; g < 6; g++ {
+				for g := 0; g < 4; g++ {
 					lk := b.locker(t, ns, fmt.Sprintf("g%d", g))
 					wg.Add(1)
 					go func() {
@@ -79,6 +98,11 @@ func TestConformance(t *testing.T) {
 				close(errs)
 				for err := range errs {
 					t.Fatal(err)
+				}
+				for _, p := range procs {
+					if err := p.cmd.Wait(); err != nil {
+						t.Fatalf("holder process: %v", err)
+					}
 				}
 				if b, _ := os.ReadFile(counter); strings.TrimSpace(string(b)) != "48" {
 					t.Fatalf("counter %s, want 48", b)
@@ -114,6 +138,34 @@ func TestConformance(t *testing.T) {
 					if err := l.Release(ctx); !errors.Is(err, lock.ErrNotHeld) {
 						t.Fatalf("second release: %v", err)
 					}
+				}
+			})
+			t.Run("holder killed or paused", func(t *testing.T) {
+				const ttl = 2 * time.Second
+				for _, sig := range []syscall.Signal{syscall.SIGKILL, syscall.SIGSTOP} {
+					ns := etcdtest.Namespace(t)
+					env := append([]string{"H_NS=" + ns, "H_LOCK=job", "H_TTL=" + ttl.String(), "H_ID=victim"}, b.helperEnv...)
+					h := startHelper(t, b.helper, env...)
+					old, _ := strconv.ParseInt(h.line(t, "ACQUIRED"), 10, 64)
+					_ = h.cmd.Process.Signal(sig)
+					ctx, cancel := context.WithTimeout(context.Background(), ttl+time.Second)
+					l, err := b.locker(t, ns, "successor").Acquire(ctx, "job")
+					cancel()
+					if err != nil {
+						_ = h.cmd.Process.Signal(syscall.SIGCONT)
+						t.Fatalf("%s: no acquisition within TTL + 1s: %v", sig, err)
+					}
+					if l.Token() <= old {
+						t.Fatalf("%s: token %d not above the old holder's %d", sig, l.Token(), old)
+					}
+					if sig == syscall.SIGSTOP {
+						_ = h.cmd.Process.Signal(syscall.SIGCONT)
+						_, _ = h.stdin.Write([]byte("CHECK\n"))
+						if got := h.line(t, "RESULT"); got != "lost=true" {
+							t.Fatalf("paused holder after SIGCONT: %s", got)
+						}
+					}
+					_ = l.Release(context.Background())
 				}
 			})
 			t.Run("renewal keeps it for 10 TTLs", func(t *testing.T) {

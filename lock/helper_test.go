@@ -28,7 +28,7 @@ const helperEnv = "DROVER_LOCK_TEST_HELPER"
 
 func runHelper(mode string) int {
 	ctx := context.Background()
-	if mode == "redis-hold" || mode == "redlock-hold" {
+	if mode == "redis-hold" || mode == "redlock-hold" || mode == "redis-counter" || mode == "redlock-counter" {
 		return runRedisHelper(ctx, mode)
 	}
 	cli, err := cluster.Connect(ctx, cluster.ClientConfig{Endpoints: strings.Split(os.Getenv("H_ENDPOINTS"), ",")})
@@ -47,23 +47,7 @@ func runHelper(mode string) int {
 	name := os.Getenv("H_LOCK")
 	switch mode {
 	case "counter":
-		n, _ := strconv.Atoi(os.Getenv("H_ITER"))
-		for i := 0; i < n; i++ {
-			l, err := locker.Acquire(ctx, name)
-			if err != nil {
-				fmt.Fprintln(os.Stderr, err)
-				return 1
-			}
-			if err := criticalSection(os.Getenv("H_COUNTER"), os.Getenv("H_LOG"), os.Getenv("H_ID")); err != nil {
-				fmt.Fprintln(os.Stderr, err)
-				return 1
-			}
-			if err := l.Release(ctx); err != nil {
-				fmt.Fprintln(os.Stderr, err)
-				return 1
-			}
-		}
-		return 0
+		return countUnder(ctx, locker)
 	case "hold":
 		l, err := locker.Acquire(ctx, name)
 		if err != nil {
@@ -75,6 +59,10 @@ func runHelper(mode string) int {
 		fmt.Printf("ACQUIRED %d\n", el.Token())
 		in := bufio.NewScanner(os.Stdin)
 		for in.Scan() {
+			if in.Text() == "CHECK" {
+				fmt.Printf("RESULT lost=%t\n", errors.Is(el.Err(), lock.ErrLost))
+				return 0
+			}
 			if in.Text() != "WRITE" {
 				continue
 			}
@@ -194,7 +182,7 @@ func runRedisHelper(ctx context.Context, mode string) int {
 	}
 	var locker lock.Locker
 	var err error
-	if mode == "redlock-hold" {
+	if mode == "redlock-hold" || mode == "redlock-counter" {
 		locker, err = lock.NewRedlock(clients, lock.RedlockConfig{Namespace: os.Getenv("H_NS"), TTL: ttl, HolderID: os.Getenv("H_ID")})
 	} else {
 		locker, err = lock.NewRedis(clients[0], lock.RedisConfig{Namespace: os.Getenv("H_NS"), TTL: ttl, HolderID: os.Getenv("H_ID")})
@@ -202,6 +190,9 @@ func runRedisHelper(ctx context.Context, mode string) int {
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
+	}
+	if strings.HasSuffix(mode, "-counter") {
+		return countUnder(ctx, locker)
 	}
 	l, err := locker.Acquire(ctx, os.Getenv("H_LOCK"))
 	if err != nil {
@@ -215,6 +206,27 @@ func runRedisHelper(ctx context.Context, mode string) int {
 			e, _ := l.(interface{ Err() error })
 			fmt.Printf("RESULT lost=%t\n", e != nil && errors.Is(e.Err(), lock.ErrLost))
 			return 0
+		}
+	}
+	return 0
+}
+
+// countUnder runs H_ITER critical sections under lock H_LOCK of locker.
+func countUnder(ctx context.Context, locker lock.Locker) int {
+	n, _ := strconv.Atoi(os.Getenv("H_ITER"))
+	for i := 0; i < n; i++ {
+		l, err := locker.Acquire(ctx, os.Getenv("H_LOCK"))
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		if err := criticalSection(os.Getenv("H_COUNTER"), os.Getenv("H_LOG"), os.Getenv("H_ID")); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		if err := l.Release(ctx); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
 		}
 	}
 	return 0

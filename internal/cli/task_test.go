@@ -238,13 +238,19 @@ func TestDemoLostUpdate(t *testing.T) {
 	a1, _ := servicetest.RedisServer(t)
 	a2, _ := servicetest.RedisServer(t)
 	a3, _ := servicetest.RedisServer(t)
-	for _, args := range [][]string{
-		{"--protect", "lock", "--lock-backend", "redlock://" + a1 + "," + a2 + "," + a3},
-		{"--protect", "cas"},
-		{"--protect", "lock"},
-		{"--protect", "lock", "--store", "postgres", "--database-url", servicetest.PostgresURL(), "--lock-backend", "redis://" + redisAddr + "/0"},
-		{"--protect", "cas", "--store", "postgres", "--database-url", servicetest.PostgresURL()},
-	} {
+	redlock := "redlock://" + a1 + "," + a2 + "," + a3
+	pg := servicetest.PostgresURL()
+	var cases [][]string
+	for _, store := range [][]string{{"--store", "etcd"}, {"--store", "postgres", "--database-url", pg}} {
+		cases = append(cases, append([]string{"--protect", "cas"}, store...))
+		for _, backend := range []string{"etcd", "redis://" + redisAddr + "/0", redlock} {
+			cases = append(cases, append([]string{"--protect", "lock", "--lock-backend", backend}, store...))
+		}
+	}
+	if res := run("--protect", "none", "--store", "postgres", "--database-url", pg); res.Lost <= 0 {
+		t.Fatalf("none on postgres: %+v, want lost updates", res)
+	}
+	for _, args := range cases {
 		if res := run(args...); res.Expected != 100 || res.Actual != 100 || res.Lost != 0 {
 			t.Fatalf("%v: %+v, want every update kept", args, res)
 		}
