@@ -3,13 +3,7 @@ package lock_test
 import (
 	"context"
 	"errors"
-	"fmt"
-	"os"
-	"path/filepath"
-	"strconv"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -36,45 +30,6 @@ func newRedisLocker(t *testing.T, rdb *redis.Client, ns string, ttl time.Duratio
 		t.Fatal(err)
 	}
 	return l
-}
-
-func TestRedisMutualExclusion(t *testing.T) {
-	rdb := redisClient(t)
-	ns := etcdtest.Namespace(t)
-	dir := t.TempDir()
-	counter, logPath := filepath.Join(dir, "counter"), filepath.Join(dir, "log")
-	var wg sync.WaitGroup
-	errs := make(chan error, 8)
-	for g := 0; g < 8; g++ {
-		locker := newRedisLocker(t, rdb, ns, 5*time.Second, fmt.Sprintf("g%d", g))
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; i < 10; i++ {
-				l, err := locker.Acquire(context.Background(), "counter")
-				if err != nil {
-					errs <- err
-					return
-				}
-				if err := criticalSection(counter, logPath, fmt.Sprintf("g%d", g)); err != nil {
-					errs <- err
-				}
-				if err := l.Release(context.Background()); err != nil {
-					errs <- err
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
-	b, _ := os.ReadFile(counter)
-	if strings.TrimSpace(string(b)) != "80" {
-		t.Fatalf("counter = %s, want 80", b)
-	}
 }
 
 func TestRedisTokensIncrease(t *testing.T) {
@@ -181,40 +136,6 @@ func TestRedisWatchdog(t *testing.T) {
 	}
 	if !errors.Is(context.Cause(l.Context()), lock.ErrLost) {
 		t.Fatalf("cause %v", context.Cause(l.Context()))
-	}
-}
-
-func TestRedisHolderKilledAndPaused(t *testing.T) {
-	rdb := redisClient(t)
-	ns := etcdtest.Namespace(t)
-	const ttl = 2 * time.Second
-	for _, sig := range []syscall.Signal{syscall.SIGKILL, syscall.SIGSTOP} {
-		t.Run(sig.String(), func(t *testing.T) {
-			h := startHelper(t, "redis-hold", "H_NS="+ns, "H_LOCK=job-"+strconv.Itoa(int(sig)), "H_TTL="+ttl.String(), "H_ID=victim", "H_REDIS="+rdb.Options().Addr)
-			oldToken, _ := strconv.ParseInt(h.line(t, "ACQUIRED"), 10, 64)
-			_ = h.cmd.Process.Signal(sig)
-			at := time.Now()
-			locker := newRedisLocker(t, rdb, ns, 5*time.Second, "successor")
-			ctx, cancel := context.WithTimeout(context.Background(), ttl+time.Second)
-			defer cancel()
-			l, err := locker.Acquire(ctx, "job-"+strconv.Itoa(int(sig)))
-			if err != nil {
-				_ = h.cmd.Process.Signal(syscall.SIGCONT)
-				t.Fatalf("no acquisition within TTL + 1s of %s: %v", sig, err)
-			}
-			t.Logf("acquired %s after %s", time.Since(at).Round(time.Millisecond), sig)
-			if l.Token() <= oldToken {
-				t.Fatalf("token %d not above the old holder's %d", l.Token(), oldToken)
-			}
-			if sig == syscall.SIGSTOP {
-				_ = h.cmd.Process.Signal(syscall.SIGCONT)
-				_, _ = h.stdin.Write([]byte("CHECK\n"))
-				if got := h.line(t, "RESULT"); got != "lost=true" {
-					t.Fatalf("paused holder after SIGCONT: %s", got)
-				}
-			}
-			_ = l.Release(context.Background())
-		})
 	}
 }
 

@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"os/exec"
-	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -113,48 +111,6 @@ func TestRedlockBadInput(t *testing.T) {
 	three := []redis.UniversalClient{rdb, rdb, rdb}
 	if _, err := lock.NewRedlock(three, lock.RedlockConfig{TTL: 100 * time.Millisecond}); !errors.Is(err, drover.ErrInvalidInput) {
 		t.Fatalf("ttl: %v", err)
-	}
-}
-
-func TestRedlockHolderKilledAndPaused(t *testing.T) {
-	clients, _ := redisServers(t, 3)
-	var addrs []string
-	for _, c := range clients {
-		addrs = append(addrs, c.(*redis.Client).Options().Addr)
-	}
-	ns := etcdtest.Namespace(t)
-	const ttl = 2 * time.Second
-	for _, sig := range []syscall.Signal{syscall.SIGKILL, syscall.SIGSTOP} {
-		t.Run(sig.String(), func(t *testing.T) {
-			name := "job-" + strconv.Itoa(int(sig))
-			h := startHelper(t, "redlock-hold", "H_NS="+ns, "H_LOCK="+name, "H_TTL="+ttl.String(), "H_ID=victim", "H_REDIS="+strings.Join(addrs, ","))
-			oldToken, _ := strconv.ParseInt(h.line(t, "ACQUIRED"), 10, 64)
-			_ = h.cmd.Process.Signal(sig)
-			at := time.Now()
-			rl, err := lock.NewRedlock(clients, lock.RedlockConfig{Namespace: ns, TTL: 5 * time.Second, HolderID: "successor"})
-			if err != nil {
-				t.Fatal(err)
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), ttl+time.Second)
-			defer cancel()
-			l, err := rl.Acquire(ctx, name)
-			if err != nil {
-				_ = h.cmd.Process.Signal(syscall.SIGCONT)
-				t.Fatalf("no acquisition within TTL + 1s of %s: %v", sig, err)
-			}
-			t.Logf("acquired %s after %s", time.Since(at).Round(time.Millisecond), sig)
-			if l.Token() <= oldToken {
-				t.Fatalf("token %d not above the old holder's %d", l.Token(), oldToken)
-			}
-			if sig == syscall.SIGSTOP {
-				_ = h.cmd.Process.Signal(syscall.SIGCONT)
-				_, _ = h.stdin.Write([]byte("CHECK\n"))
-				if got := h.line(t, "RESULT"); got != "lost=true" {
-					t.Fatalf("paused holder after SIGCONT: %s", got)
-				}
-			}
-			_ = l.Release(context.Background())
-		})
 	}
 }
 
