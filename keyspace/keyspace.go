@@ -15,6 +15,7 @@
 //	/{ns}/queues/{q}/archived         counts of finished tasks removed after their retention
 //	/{ns}/checkpoints/{thread}/{cpns}/{head|fence|cp/{id}|writes/{id}/...} agent state per thread
 //	/{ns}/queues/{q}/cancel/{id}      a request to cancel a running task
+//	/{ns}/components/{component}/endpoints/{id} a registered endpoint, bound to its process's primary lease
 //
 // Names that become one path segment are checked by [CheckName], so that no
 // name can reach into another name's keys.
@@ -168,3 +169,36 @@ func (s Space) QueueArchived(q string) string { return s.Queue(q) + "archived" }
 
 // Checkpoints is the prefix of thread's checkpoints, ending in "/".
 func (s Space) Checkpoints(thread string) string { return s.root + "checkpoints/" + thread + "/" }
+
+// Components is the prefix of every registered endpoint, ending in "/".
+func (s Space) Components() string { return s.root + "components/" }
+
+// ComponentEndpoints is the prefix of component's endpoints, ending in "/".
+func (s Space) ComponentEndpoints(component string) string {
+	return s.Components() + component + "/endpoints/"
+}
+
+// Endpoint is the key of endpoint id of component.
+func (s Space) Endpoint(component, id string) string { return s.ComponentEndpoints(component) + id }
+
+// EndpointOf returns the component and endpoint id of a key under
+// Space.Components, and false when key is not an endpoint key of this
+// namespace.
+func (s Space) EndpointOf(key string) (component, id string, ok bool) {
+	rest, ok := strings.CutPrefix(key, s.Components())
+	if !ok {
+		return "", "", false
+	}
+	component, rest, ok = strings.Cut(rest, "/")
+	if !ok || component == "" {
+		return "", "", false
+	}
+	id, ok = strings.CutPrefix(rest, "endpoints/")
+	if !ok || id == "" || strings.Contains(id, "/") {
+		return "", "", false
+	}
+	return component, id, true
+}
+
+// Namespace returns the namespace's name.
+func (s Space) Namespace() string { return strings.Trim(s.root, "/") }

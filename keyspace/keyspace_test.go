@@ -63,3 +63,22 @@ func TestLayout(t *testing.T) {
 		t.Fatalf("New(a/b) = %v", err)
 	}
 }
+
+func TestEndpointKeys(t *testing.T) {
+	s := keyspace.MustNew("dyn")
+	key := s.Endpoint("VllmWorker", "worker-1")
+	if key != "/dyn/components/VllmWorker/endpoints/worker-1" {
+		t.Fatalf("endpoint key %q", key)
+	}
+	if c, id, ok := s.EndpointOf(key); !ok || c != "VllmWorker" || id != "worker-1" {
+		t.Fatalf("EndpointOf(%q) = %q, %q, %t", key, c, id, ok)
+	}
+	for _, bad := range []string{
+		"/dyn/components/VllmWorker/endpoints/", "/dyn/components//endpoints/x", "/dyn/components/c/other/x",
+		"/dyn/components/c/endpoints/x/y", "/other/components/c/endpoints/x", "/dyn/components/c",
+	} {
+		if _, _, ok := s.EndpointOf(bad); ok {
+			t.Fatalf("EndpointOf(%q) accepted a key that is not an endpoint key", bad)
+		}
+	}
+}

@@ -1,0 +1,4 @@
+package registry
+
+// WithStartHook exports withStartHook to the tests.
+var WithStartHook = withStartHook
