@@ -30,7 +30,8 @@ func TestHelpListsCommands(t *testing.T) {
 			t.Errorf("drover --help lacks %q:\n%s", want, r.stdout)
 		}
 	}
-	for _, cmd := range [][]string{{"server"}, {"lock"}, {"lock", "run"}, {"lock", "status"}, {"lock", "list"}, {"version"}} {
+	for _, cmd := range [][]string{{"server"}, {"lock"}, {"lock", "run"}, {"lock", "status"}, {"lock", "list"}, {"version"},
+		{"registry"}, {"registry", "register"}, {"registry", "list"}, {"registry", "watch"}, {"workers"}, {"worker"}} {
 		r := drover(t, append(cmd, "--help")...)
 		if r.code != 0 || !strings.Contains(r.stdout, "Examples:") {
 			t.Errorf("drover %s --help: exit %d, no example:\n%s", strings.Join(cmd, " "), r.code, r.stdout)

@@ -14,7 +14,10 @@ import (
 	"time"
 
 	"github.com/droverhq/drover"
+	"github.com/droverhq/drover/lease"
 	"github.com/droverhq/drover/queue"
+	"github.com/droverhq/drover/registry"
+	"github.com/droverhq/drover/runtime"
 	"github.com/spf13/cobra"
 )
 
@@ -307,6 +310,9 @@ func isTerminal(w io.Writer) bool {
 	return err == nil && st.Mode()&os.ModeCharDevice != 0
 }
 
+// registryRefresh is how often a worker refreshes its load in the registry.
+const registryRefresh = 2 * time.Second
+
 func (a *app) workerCommand() *cobra.Command {
 	var (
 		cfg       queue.WorkerConfig
@@ -332,7 +338,12 @@ killed when the task times out, is cancelled, or the claim is lost.
 If this worker dies, its claims end with its lease (--ttl) and other workers
 take its tasks. Idle workers wait on a watch. SIGINT/SIGTERM stop claiming,
 let running tasks finish for --shutdown-timeout, then hand the rest back.
---drain exits 0 once the queue has nothing pending, running or retrying.`,
+--drain exits 0 once the queue has nothing pending, running or retrying.
+
+The worker registers itself in the registry (component "worker", id
+--worker-id) with its queue and in-flight count, refreshed every 2 s, under
+the same lease as its claims: "drover workers" lists it while it lives. If
+the lease is lost, it stops and exits 70.`,
 		Example: `  drover worker --queue emails --concurrency 16 --handler 'exec:python3 summarize.py'
   drover worker --queue emails --handler 'exec:./agent --model small' --drain --json`,
 		Args: cobra.NoArgs,
@@ -367,6 +378,14 @@ let running tasks finish for --shutdown-timeout, then hand the rest back.
 				return err
 			}
 			defer cli.Close()
+			// The worker's claims and its registry entry share the
+			// process's primary lease: both end together when it dies.
+			rt, err := runtime.Start(ctx, cli, runtime.WithTTL(cfg.TTL), runtime.WithNamespace(a.namespace), runtime.WithLogger(a.logger))
+			if err != nil {
+				return err
+			}
+			defer shutdown(rt)
+			cfg.Lease = rt.Lease()
 			w, err := queue.NewWorker(ctx, cli, cfg)
 			if err != nil {
 				return err
@@ -376,9 +395,18 @@ let running tasks finish for --shutdown-timeout, then hand the rest back.
 				defer cancel()
 				_ = w.Close(cctx)
 			}()
+			if err := registerWorker(ctx, rt, w, cfg, registryRefresh); err != nil {
+				if errors.Is(err, registry.ErrDuplicate) {
+					return withCode(ExitUsage, fmt.Errorf("%w (another worker runs with --worker-id %s)", err, w.ID()))
+				}
+				return err
+			}
 			w.HandleAll(h)
 			a.logger.Info("worker started", "queue", cfg.Queue, "worker", w.ID(), "concurrency", cfg.Concurrency, "drain", cfg.Drain)
 			runErr := w.Run(ctx)
+			if errors.Is(runErr, lease.ErrLost) {
+				runErr = withCode(ExitLeaseLost, fmt.Errorf("worker %s stopped: %w; its tasks are claimable by other workers", w.ID(), runErr))
+			}
 			st := w.Stats()
 			if asJSON {
 				_ = json.NewEncoder(a.stdout).Encode(st)

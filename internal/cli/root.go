@@ -26,6 +26,7 @@ const (
 	ExitUsage       = 2  // bad flags, arguments or input
 	ExitUnavailable = 69 // etcd could not be reached
 	ExitLockLost    = 70 // lock run: the lock was lost while the command ran
+	ExitLeaseLost   = 70 // registry register, worker: the primary lease was lost
 	ExitBusy        = 75 // the lock is held by someone else (try again later)
 )
 
@@ -98,8 +99,8 @@ func (a *app) rootCommand() *cobra.Command {
 		Use:   "drover",
 		Short: "The coordination plane for fleets of AI agents",
 		Long: `drover coordinates fleets of AI agents on etcd: locks with fencing tokens,
-leases whose loss cancels work, and (as they land) task runners, queues,
-checkpoints and a service registry.
+leases whose loss cancels work, task runners with fenced step checkpoints,
+durable queues with workers, agent checkpoints and a service registry.
 
 Every command except "server" talks to etcd at --etcd-endpoints, else
 $ETCD_ENDPOINTS, else 127.0.0.1:2379. "drover server" runs one for you.`,
@@ -122,7 +123,7 @@ $ETCD_ENDPOINTS, else 127.0.0.1:2379. "drover server" runs one for you.`,
 	pf.StringVar(&a.logFormat, "log-format", "text", "log format: text or json")
 	pf.StringVar(&a.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 
-	root.AddCommand(a.versionCommand(), a.serverCommand(), a.lockCommand(), a.taskCommand(), a.submitCommand(), a.workerCommand(), a.tasksCommand(), a.dlqCommand(), a.demoCommand(), a.demoWorkerCommand(), a.lostUpdateWorkerCommand())
+	root.AddCommand(a.versionCommand(), a.serverCommand(), a.lockCommand(), a.taskCommand(), a.submitCommand(), a.workerCommand(), a.tasksCommand(), a.dlqCommand(), a.registryCommand(), a.workersCommand(), a.demoCommand(), a.demoWorkerCommand(), a.lostUpdateWorkerCommand())
 	return root
 }
 
