@@ -44,7 +44,7 @@ var (
 	// ErrDuplicate is matched by the error of a registration whose endpoint
 	// id is already registered by another live process.
 	ErrDuplicate = errors.New("registry: endpoint id already registered")
-	// ErrNotRegistered is returned by Update and Close when the endpoint is
+	// ErrNotRegistered is returned by Update and Deregister when the endpoint is
 	// no longer registered under this runtime's lease.
 	ErrNotRegistered = errors.New("registry: endpoint not registered")
 )
@@ -138,7 +138,6 @@ type Registration struct {
 	ep    Endpoint
 	value []byte
 	lease *lease.Lease // the lease the key is bound to
-	rev   int64        // create revision of the key
 	err   error        // why the registration ended
 	done  chan struct{}
 
@@ -185,73 +184,90 @@ func Register(ctx context.Context, rt *runtime.Runtime, component string, ep End
 	return r, nil
 }
 
-// create writes the key under l; old, when not 0, is a previous lease of the
-// same runtime whose key may be taken over.
-func (r *Registration) create(ctx context.Context, l *lease.Lease, old clientv3.LeaseID) error {
+// DuplicateError says who holds an endpoint id that could not be
+// registered. It matches [ErrDuplicate].
+type DuplicateError struct {
+	Component, ID string
+	// Lease is the lease the existing key is bound to (0: none).
+	Lease clientv3.LeaseID
+	// CreateRevision is when the existing key was written.
+	CreateRevision int64
+	// Self is true when the key is bound to this process's own lease but
+	// holds other fields.
+	Self bool
+}
+
+// Error implements error.
+func (e *DuplicateError) Error() string {
+	switch {
+	case e.Self:
+		return fmt.Sprintf("registry: component %s endpoint %s is already registered by this process with another address or subject: deregister it first", e.Component, e.ID)
+	case e.Lease == 0:
+		return fmt.Sprintf("registry: component %s endpoint %s exists without a lease (written at revision %d by something other than a registration): delete the key or choose another id", e.Component, e.ID, e.CreateRevision)
+	}
+	return fmt.Sprintf("registry: component %s endpoint %s is held by another live process (lease %x, registered at revision %d): choose another id or stop that process", e.Component, e.ID, int64(e.Lease), e.CreateRevision)
+}
+
+// Unwrap returns ErrDuplicate.
+func (e *DuplicateError) Unwrap() error { return ErrDuplicate }
+
+// create writes the key under l; owned, when not 0, is a previous lease of
+// the same runtime whose key is taken over.
+func (r *Registration) create(ctx context.Context, l *lease.Lease, owned clientv3.LeaseID) error {
 	r.mu.Lock()
 	value := r.value
 	r.mu.Unlock()
 	cli := r.rt.Client()
-	if old != 0 {
+	if owned != 0 {
 		resp, err := cli.Txn(ctx).
-			If(clientv3.Compare(clientv3.LeaseValue(r.key), "=", old)).
+			If(clientv3.Compare(clientv3.LeaseValue(r.key), "=", owned)).
 			Then(clientv3.OpPut(r.key, string(value), clientv3.WithLease(l.ID()))).
 			Commit()
 		if err != nil {
 			return fmt.Errorf("registry: register %s: %w", r.key, err)
 		}
 		if resp.Succeeded {
-			return r.registered(ctx, l)
+			r.setLease(l)
+			return nil
 		}
 	}
 	_, _, err := kv.CreateOrValidate(ctx, cli, r.key, value, l.ID())
 	var ee *kv.ExistsError
-	if errors.As(err, &ee) && ee.Lease == l.ID() {
-		return fmt.Errorf("%w: component %s endpoint %s is already registered by this process with other fields: use Update to change its data",
-			ErrDuplicate, r.component, r.ep.ID)
-	}
 	if errors.As(err, &ee) {
-		return fmt.Errorf("%w: component %s endpoint %s is held by another live process (lease %x, registered at revision %d): choose another id or stop that process",
-			ErrDuplicate, r.component, r.ep.ID, int64(ee.Lease), ee.CreateRevision)
+		return &DuplicateError{Component: r.component, ID: r.ep.ID, Lease: ee.Lease, CreateRevision: ee.CreateRevision, Self: ee.Lease == l.ID()}
 	}
 	if err != nil {
 		return fmt.Errorf("registry: register %s: %w", r.key, err)
 	}
-	return r.registered(ctx, l)
+	r.setLease(l)
+	return nil
 }
 
-// registered records the lease and create revision of the key just written.
-func (r *Registration) registered(ctx context.Context, l *lease.Lease) error {
-	g, err := r.rt.Client().Get(ctx, r.key)
-	if err != nil {
-		return fmt.Errorf("registry: read back %s: %w", r.key, err)
-	}
+func (r *Registration) setLease(l *lease.Lease) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.lease = l
-	if len(g.Kvs) == 1 {
-		r.rev = g.Kvs[0].CreateRevision
-	}
-	return nil
 }
 
 // follow ends the registration with the runtime, and, with WithReRegister,
 // writes it again under each new lease.
 func (r *Registration) follow(ctx context.Context) {
 	defer close(r.done)
+	r.mu.Lock()
+	tried := r.lease
+	r.mu.Unlock()
 	for {
-		r.mu.Lock()
-		l := r.lease
-		r.mu.Unlock()
-		next, err := r.rt.NextLease(ctx, l)
+		next, err := r.rt.NextLease(ctx, tried)
 		if err != nil {
 			r.end(err)
 			return
 		}
+		tried = next
 		r.rt.Logger().Info("registering again under the new primary lease", "component", r.component, "id", r.ep.ID)
 		backoff := 200 * time.Millisecond
+	retry:
 		for {
-			err := r.create(ctx, next, l.ID())
+			err := r.create(ctx, next, r.Lease().ID())
 			if err == nil {
 				break
 			}
@@ -265,12 +281,10 @@ func (r *Registration) follow(ctx context.Context) {
 				r.end(context.Cause(ctx))
 				return
 			case <-next.Done():
-				// Lost again before it could be used: wait for the next one.
+				break retry // lost again before it could be used: wait for the next one
 			case <-time.After(backoff):
 				backoff = min(2*backoff, 5*time.Second)
-				continue
 			}
-			break
 		}
 	}
 }
@@ -350,9 +364,15 @@ func (r *Registration) Update(ctx context.Context, data json.RawMessage) error {
 // once; Deregister is for withdrawing one endpoint from a process that goes
 // on.
 func (r *Registration) Deregister(ctx context.Context) error {
-	r.mu.Lock()
-	l := r.lease
-	r.mu.Unlock()
+	// Stop following the runtime's lease first, so that no re-registration
+	// can bring the key back after it is deleted.
+	r.cancel(errDeregistered)
+	select {
+	case <-r.done:
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+	l := r.Lease()
 	resp, err := r.rt.Client().Txn(ctx).
 		If(clientv3.Compare(clientv3.LeaseValue(r.key), "=", l.ID())).
 		Then(clientv3.OpDelete(r.key)).
@@ -360,7 +380,6 @@ func (r *Registration) Deregister(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("registry: deregister %s: %w", r.key, err)
 	}
-	r.cancel(errDeregistered)
 	if !resp.Succeeded {
 		return fmt.Errorf("%w: %s is not bound to lease %x", ErrNotRegistered, r.key, int64(l.ID()))
 	}

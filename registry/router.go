@@ -124,7 +124,9 @@ func (r *Router) run() {
 				r.live[key] = r.entry(ev.Instance)
 			}
 			r.sorted = nil
-			r.applied = ev.Revision
+			if ev.last {
+				r.applied = ev.Revision
+			}
 			close(r.changed)
 			r.changed = make(chan struct{})
 			r.mu.Unlock()
@@ -183,7 +185,11 @@ func (r *Router) Revision() int64 {
 	return r.applied
 }
 
-// WaitRevision waits until the router has applied every change up to rev.
+// WaitRevision waits until the router has applied every change up to rev:
+// every endpoint of a transaction at rev, not only the first. rev must be
+// the revision of a change the router sees (a registration's write or
+// removal, an Event's Revision); the router learns of no other revisions,
+// so waiting for one past its last change waits for the next change.
 func (r *Router) WaitRevision(ctx context.Context, rev int64) error {
 	for {
 		r.mu.RLock()

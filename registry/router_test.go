@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/droverhq/drover/internal/etcdtest"
+	"github.com/droverhq/drover/lease"
 	"github.com/droverhq/drover/registry"
 	"github.com/droverhq/drover/runtime"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -214,4 +215,84 @@ func ExampleRouter() {
 	in, err := r.Pick()
 	fmt.Println(in.ID, err)
 	// Output: gpu-1 <nil>
+}
+
+// TestRouterAppliesWholeRevisions shuts down a process holding 300
+// endpoints: its lease's revoke deletes them all at one revision, and once
+// the router has applied that revision none of them may be picked.
+func TestRouterAppliesWholeRevisions(t *testing.T) {
+	cli := srv.Client(t)
+	ns := etcdtest.Namespace(t)
+	ctx := context.Background()
+	keep := start(t, srv.Client(t), ns)
+	register(t, keep, "model", "survivor", "")
+	rt := start(t, srv.Client(t), ns)
+	for i := range 300 {
+		register(t, rt, "model", fmt.Sprintf("e%03d", i), "")
+	}
+	r := router(t, cli, ns, "model", registry.RoundRobin())
+	if n := len(r.Endpoints()); n != 301 {
+		t.Fatalf("router has %d endpoints, want 301", n)
+	}
+	if err := rt.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	g, err := cli.Get(ctx, "/"+ns+"/components/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil || g.Count != 1 {
+		t.Fatalf("after shutdown %d keys (%v), want 1", g.Count, err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := r.WaitRevision(wctx, g.Header.Revision); err != nil {
+		t.Fatal(err)
+	}
+	if eps := r.Endpoints(); len(eps) != 1 || eps[0].ID != "survivor" {
+		t.Fatalf("after the revoke's revision was applied the router still has %d endpoints", len(eps))
+	}
+	for range 10 {
+		if in, err := r.Pick(); err != nil || in.ID != "survivor" {
+			t.Fatalf("picked %s (%v)", in.ID, err)
+		}
+	}
+}
+
+// TestReRegisterTakesOverOwnKey: when the old lease still holds the key, a
+// re-registration moves the key to the new lease in place, and only a key
+// bound to the process's own old lease can be taken over.
+func TestReRegisterTakesOverOwnKey(t *testing.T) {
+	cli := srv.Client(t)
+	ns := etcdtest.Namespace(t)
+	ctx := context.Background()
+	rt := start(t, cli, ns)
+	reg := register(t, rt, "router", "r1", `{"load":1}`)
+	before := getKey(t, cli, reg.Key()).Kvs[0]
+	next, err := lease.Grant(ctx, cli, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer next.Close(ctx)
+	if err := registry.TakeOver(ctx, reg, next, rt.Lease().ID()); err != nil {
+		t.Fatal(err)
+	}
+	after := getKey(t, cli, reg.Key()).Kvs[0]
+	if after.Lease != int64(next.ID()) || after.CreateRevision != before.CreateRevision || string(after.Value) != string(before.Value) {
+		t.Fatalf("take-over: lease %x (want %x), create revision %d (was %d)", after.Lease, int64(next.ID()), after.CreateRevision, before.CreateRevision)
+	}
+	if reg.Lease() != next {
+		t.Fatal("registration does not follow the new lease")
+	}
+	// A key bound to a lease that is not the one named is not taken over.
+	other, err := lease.Grant(ctx, cli, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close(ctx)
+	err = registry.TakeOver(ctx, reg, other, rt.Lease().ID())
+	var de *registry.DuplicateError
+	if !errors.As(err, &de) || de.Lease != next.ID() {
+		t.Fatalf("take-over from the wrong lease: %v", err)
+	}
+	if got := getKey(t, cli, reg.Key()).Kvs[0]; got.Lease != int64(next.ID()) {
+		t.Fatal("refused take-over changed the key")
+	}
 }

@@ -56,6 +56,10 @@ type Event struct {
 	// Revision is the etcd revision of the change. After a re-list (see
 	// Watch), a Delete carries the revision of the re-list.
 	Revision int64
+
+	// last marks the last event of its revision: one transaction (a lease
+	// revoked, say) deletes many endpoints at one revision.
+	last bool
 }
 
 // List returns the endpoints of component ("" for every component) and the
@@ -145,9 +149,11 @@ func withStartHook(f func()) WatchOption { return func(w *Watcher) { w.hook = f 
 // a compaction, the watch was cancelled), the Watcher reads the endpoints
 // again and emits the differences from what it had delivered: a Put for each
 // endpoint that is new or changed, a Delete for each that is gone. An etcd
-// restart is resumed by the client at the next revision. Events must be read
-// promptly: the Watcher does not buffer without bound, it waits for the
-// reader. Close ends it.
+// restart is resumed by the client at the next revision. After a re-read,
+// changes made in between are merged (an endpoint updated twice is one Put)
+// and a Delete carries the re-read's revision. Events must be read promptly:
+// the Watcher does not buffer without bound, it waits for the reader. ctx
+// bounds only the first read; Close ends the Watcher.
 func Watch(ctx context.Context, cli *clientv3.Client, keys keyspace.Space, component string, opts ...WatchOption) (*Watcher, error) {
 	prefix, err := prefixOf(keys, component)
 	if err != nil {
@@ -201,12 +207,25 @@ func (w *Watcher) run() {
 	if w.hook != nil {
 		w.hook()
 	}
+	backoff := 50 * time.Millisecond
 	for w.ctx.Err() == nil {
+		started := time.Now()
 		var ok bool
 		rev, ok = w.follow(state, rev)
 		if ok || w.ctx.Err() != nil {
 			continue
 		}
+		// A watch that breaks again at once must not spin: wait a little
+		// longer each time, up to 2 s.
+		if time.Since(started) > 10*time.Second {
+			backoff = 50 * time.Millisecond
+		}
+		select {
+		case <-w.ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 2*time.Second)
 		rev = w.relistUntilDone(state, rev)
 	}
 }
@@ -230,12 +249,13 @@ func (w *Watcher) follow(state map[string]Instance, rev int64) (int64, bool) {
 			}
 			return rev, false
 		}
+		// etcd never splits one revision across watch responses.
+		batch := make([]Event, 0, len(resp.Events))
 		for _, ev := range resp.Events {
 			if ev.Kv.ModRevision <= from {
 				continue // already delivered
 			}
 			key := string(ev.Kv.Key)
-			var e Event
 			switch ev.Type {
 			case mvccpb.PUT:
 				in, ok := decode(w.keys, ev.Kv)
@@ -243,15 +263,18 @@ func (w *Watcher) follow(state map[string]Instance, rev int64) (int64, bool) {
 					continue
 				}
 				state[key] = in
-				e = Event{Type: Put, Instance: in, Revision: ev.Kv.ModRevision}
+				batch = append(batch, Event{Type: Put, Instance: in, Revision: ev.Kv.ModRevision})
 			case mvccpb.DELETE:
 				in, ok := state[key]
 				if !ok {
 					continue
 				}
 				delete(state, key)
-				e = Event{Type: Delete, Instance: in, Revision: ev.Kv.ModRevision}
+				batch = append(batch, Event{Type: Delete, Instance: in, Revision: ev.Kv.ModRevision})
 			}
+		}
+		markLast(batch)
+		for _, e := range batch {
 			if !w.send(e) {
 				return rev, true
 			}
@@ -319,6 +342,7 @@ func (w *Watcher) diff(state map[string]Instance, g *clientv3.GetResponse) int64
 	for k, v := range fresh {
 		state[k] = v
 	}
+	markLast(events)
 	for _, e := range events {
 		if !w.send(e) {
 			break
@@ -334,5 +358,13 @@ func (w *Watcher) send(e Event) bool {
 		return true
 	case <-w.ctx.Done():
 		return false
+	}
+}
+
+// markLast marks the last event of each revision in events, which are in
+// revision order.
+func markLast(events []Event) {
+	for i := range events {
+		events[i].last = i == len(events)-1 || events[i+1].Revision != events[i].Revision
 	}
 }

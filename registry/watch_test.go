@@ -354,4 +354,20 @@ func TestWatcherSurvivesEtcdRestart(t *testing.T) {
 	if len(got) != 2 {
 		t.Fatalf("live set after restart %v, want a and b", got)
 	}
+	// Resumed, not re-read: exactly the three changes, in order.
+	if w.Relists() != 0 {
+		t.Fatalf("watcher re-read %d times across a restart with data kept", w.Relists())
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var seq []string
+	for i, ev := range c.events {
+		seq = append(seq, ev.Type.String()+" "+ev.Instance.ID)
+		if i > 0 && ev.Revision <= c.events[i-1].Revision {
+			t.Fatalf("events out of order: %+v", c.events)
+		}
+	}
+	if fmt.Sprint(seq) != "[put a put b delete before]" {
+		t.Fatalf("events across the restart %v", seq)
+	}
 }

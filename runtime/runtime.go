@@ -247,8 +247,9 @@ func (r *Runtime) supervise() {
 // Shutdown stops the runtime: it cancels the root context (cause
 // [ErrShutdown] unless it was already cancelled by a lease loss), waits for
 // every goroutine started with Go, and revokes the primary lease so that
-// everything registered under it disappears at once. It waits no longer than
-// ctx allows, and then returns ctx's error with the lease revoked anyway.
+// everything registered under it disappears at once. It waits for the
+// goroutines no longer than ctx allows, and then returns ctx's error with the
+// lease revoked anyway; the revoke itself takes at most 2 s more.
 // Shutdown is safe to call more than once.
 func (r *Runtime) Shutdown(ctx context.Context) error {
 	r.shutOnce.Do(func() {

@@ -397,7 +397,10 @@ the lease is lost, it stops and exits 70.`,
 			}()
 			if err := registerWorker(ctx, rt, w, cfg, registryRefresh); err != nil {
 				if errors.Is(err, registry.ErrDuplicate) {
-					return withCode(ExitUsage, fmt.Errorf("%w (another worker runs with --worker-id %s)", err, w.ID()))
+					if cfg.WorkerID != "" {
+						err = fmt.Errorf("%w (another worker runs with --worker-id %s)", err, w.ID())
+					}
+					return withCode(ExitUsage, err)
 				}
 				return err
 			}

@@ -238,8 +238,8 @@ func (a *app) registryWatchCommand() *cobra.Command {
 		Short: "Print the registered endpoints, then every change, until interrupted",
 		Long: `Print the current endpoints (as put events; --snapshot=false skips them), then
 every put and delete in revision order, with no gap and no duplicate, until
-SIGINT or SIGTERM. A watch that falls behind a compaction or an etcd restart
-re-reads the endpoints and prints the differences. With --json each event is
+SIGINT or SIGTERM. An etcd restart is resumed where it stopped; a watch that
+fell behind a compaction re-reads the endpoints and prints the differences. With --json each event is
 one line: {"type":"put"|"delete","component":...,"id":...,"value":...,"revision":N}.`,
 		Example: `  drover registry watch VllmWorker --json`,
 		Args:    cobra.MaximumNArgs(1),
@@ -331,7 +331,7 @@ func registerWorker(ctx context.Context, rt *runtime.Runtime, w *queue.Worker, c
 		return b
 	}
 	last := encode()
-	reg, err := registry.Register(ctx, rt, workerComponent, registry.Endpoint{ID: w.ID(), Address: host, Data: last})
+	reg, err := registerOnceFree(ctx, rt, workerComponent, registry.Endpoint{ID: w.ID(), Address: host, Data: last})
 	if err != nil {
 		return err
 	}
@@ -360,6 +360,42 @@ func registerWorker(ctx context.Context, rt *runtime.Runtime, w *queue.Worker, c
 			}
 		}
 	})
+}
+
+// registerOnceFree registers ep and, when its id is held under another
+// lease, waits for that lease to expire and tries again: a process restarted
+// at once (a container keeps its host name and pid) finds its dead
+// predecessor's entry, which goes within one TTL. A holder that keeps its
+// lease alive past twice its TTL is a live process: then the duplicate error
+// is returned.
+func registerOnceFree(ctx context.Context, rt *runtime.Runtime, component string, ep registry.Endpoint) (*registry.Registration, error) {
+	var deadline time.Time
+	for {
+		reg, err := registry.Register(ctx, rt, component, ep)
+		var de *registry.DuplicateError
+		if !errors.As(err, &de) || de.Self || de.Lease == 0 {
+			return reg, err
+		}
+		ttl, err2 := rt.Client().TimeToLive(ctx, de.Lease)
+		if err2 != nil {
+			return nil, err
+		}
+		if ttl.TTL < 0 { // expired between the two calls
+			continue
+		}
+		if deadline.IsZero() {
+			deadline = time.Now().Add(2*time.Duration(ttl.GrantedTTL)*time.Second + time.Second)
+			rt.Logger().Info("endpoint id held by another lease; waiting for it to expire", "component", component, "id", ep.ID, "lease", fmt.Sprintf("%x", int64(de.Lease)), "remaining", time.Duration(ttl.TTL)*time.Second)
+		}
+		if time.Now().After(deadline) {
+			return nil, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(min(time.Duration(ttl.TTL)*time.Second+200*time.Millisecond, time.Until(deadline))):
+		}
+	}
 }
 
 func (a *app) workersCommand() *cobra.Command {
