@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/droverhq/drover"
+	"github.com/droverhq/drover/metrics"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -189,6 +190,7 @@ func (l *Lease) lose(cause error) {
 	}
 	l.mu.Unlock()
 	if first {
+		metrics.LeaseLosses.Inc()
 		l.logger.Warn("lease lost", "lease", fmt.Sprintf("%x", int64(l.id)), "cause", cause.Error())
 	}
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/keyspace"
+	"github.com/droverhq/drover/metrics"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -139,7 +140,9 @@ func (c *Client) Submit(ctx context.Context, q string, tasks []Task, progress fu
 		if len(ops) == 0 {
 			return nil
 		}
+		began := time.Now()
 		resp, err := c.cli.Txn(ctx).Then(ops...).Commit()
+		metrics.ObserveTxn("submit", began)
 		if err != nil {
 			return fmt.Errorf("queue: submit to %s (%d of %d submitted): %w", q, res.Submitted, len(valid), err)
 		}

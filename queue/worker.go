@@ -17,6 +17,7 @@ import (
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/lease"
 	"github.com/droverhq/drover/lock"
+	"github.com/droverhq/drover/metrics"
 	"github.com/droverhq/drover/task"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -83,7 +84,11 @@ type WorkerConfig struct {
 	// kept; then the worker removes them (their counts stay in Stats).
 	// Zero means DefaultRetention; negative keeps them for ever.
 	Retention time.Duration
-	Logger    *slog.Logger
+	// DepthInterval is how often the worker counts the queue's tasks by
+	// state for the drover_queue_tasks metric; 0 never (counting walks
+	// the queue's keys in etcd, so keep it to seconds).
+	DepthInterval time.Duration
+	Logger        *slog.Logger
 }
 
 // Validate reports the first field that is not usable.
@@ -273,10 +278,11 @@ func (w *Worker) Run(ctx context.Context) error {
 
 	bg, stopBG := context.WithCancel(base)
 	var bgWG sync.WaitGroup
-	bgWG.Add(3)
+	bgWG.Add(4)
 	go func() { defer bgWG.Done(); w.promoteRetries(bg) }()
 	go func() { defer bgWG.Done(); w.watchCancels(bg) }()
 	go func() { defer bgWG.Done(); w.removeExpired(bg) }()
+	go func() { defer bgWG.Done(); w.countDepth(bg) }()
 
 	slots := make(chan struct{}, w.cfg.Concurrency)
 	var tasks sync.WaitGroup
@@ -470,7 +476,9 @@ func (w *Worker) claim(ctx context.Context, n int) (claims []*claim, rev int64, 
 	// Once sent, the claims may be applied whatever happens to ctx: do not
 	// let a shutdown cut the request short and leave claims nobody knows.
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	began := time.Now()
 	tr, err := w.cli.Txn(cctx).Then(ops...).Commit()
+	metrics.ObserveTxn("claim", began)
 	cancel()
 	if err != nil {
 		return nil, 0, false, err
@@ -502,6 +510,12 @@ func (w *Worker) claim(ctx context.Context, n int) (claims []*claim, rev int64, 
 		out = append(out, c)
 	}
 	w.claimed.Add(int64(len(out)))
+	if len(out) > 0 {
+		metrics.ClaimBatchSize.WithLabelValues(q).Observe(float64(len(out)))
+	}
+	for _, c := range out {
+		metrics.TasksClaimed.WithLabelValues(q, c.task.Type).Inc()
+	}
 	return out, rev, len(out) == 0, nil
 }
 
@@ -618,7 +632,13 @@ func (w *Worker) execute(base context.Context, c *claim) outcome {
 		return outcome{c: c, kind: Dead, err: Permanent(fmt.Errorf("%w %q on worker %s", ErrNoHandler, t.Type, w.worker))}
 	}
 	hctx := context.WithValue(tctx, claimKey{}, &claimFence{w: w, c: c, cancel: cancel})
+	began := time.Now()
 	result, err := call(hctx, h, t)
+	outcomeLabel := "succeeded"
+	if err != nil {
+		outcomeLabel = "failed"
+	}
+	metrics.TaskDuration.WithLabelValues(t.Queue, t.Type, outcomeLabel).Observe(time.Since(began).Seconds())
 	cause := context.Cause(tctx)
 	switch {
 	case err == nil && len(result) > MaxResult:
@@ -722,7 +742,9 @@ func (w *Worker) write(ops []clientv3.Op, kept []outcome) {
 	var err error
 	for try := 0; try < 3; try++ {
 		ctx, cancel := context.WithTimeout(w.lease.Context(), 10*time.Second)
+		began := time.Now()
 		resp, err = w.cli.Txn(ctx).Then(ops...).Commit()
+		metrics.ObserveTxn("ack", began)
 		cancel()
 		if err == nil || w.lease.Err() != nil {
 			break
@@ -754,13 +776,19 @@ func (w *Worker) write(ops []clientv3.Op, kept []outcome) {
 			w.logger.Warn("queue: outcome refused: the claim was lost", "task", kept[i].c.task.ID, "attempt", kept[i].c.task.Attempt)
 			continue
 		}
+		t := kept[i].c.task
 		switch kept[i].kind {
 		case Succeeded:
 			w.succeeded.Add(1)
+			metrics.TasksSucceeded.WithLabelValues(t.Queue, t.Type).Inc()
 		case Retrying:
 			w.retried.Add(1)
+			metrics.TasksFailed.WithLabelValues(t.Queue, t.Type).Inc()
+			metrics.TasksRetried.WithLabelValues(t.Queue, t.Type).Inc()
 		case Dead:
 			w.dead.Add(1)
+			metrics.TasksFailed.WithLabelValues(t.Queue, t.Type).Inc()
+			metrics.TasksDead.WithLabelValues(t.Queue, t.Type).Inc()
 		case Pending:
 			w.handedBack.Add(1)
 		}
@@ -1016,5 +1044,28 @@ func Steps(store *task.Store, steps ...task.Step) Handler {
 			return nil, err
 		}
 		return res.State, nil
+	}
+}
+
+// countDepth sets the drover_queue_tasks gauges every DepthInterval.
+func (w *Worker) countDepth(ctx context.Context) {
+	if w.cfg.DepthInterval <= 0 {
+		return
+	}
+	t := time.NewTicker(w.cfg.DepthInterval)
+	defer t.Stop()
+	for {
+		if st, err := w.client.Stats(ctx, w.cfg.Queue); err == nil {
+			q := w.cfg.Queue
+			for state, n := range map[string]int64{"pending": st.Pending, "running": st.Running, "retrying": st.Retrying,
+				"succeeded": st.Succeeded, "dead": st.Dead, "cancelled": st.Cancelled} {
+				metrics.QueueTasks.WithLabelValues(q, state).Set(float64(n))
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
 	}
 }

@@ -320,6 +320,9 @@ func (a *app) workerCommand() *cobra.Command {
 		maxOutput int
 		grace     time.Duration
 		asJSON    bool
+
+		metricsListen string
+		depthInterval time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "worker --queue Q --handler 'exec:CMD ARGS' [flags]",
@@ -373,6 +376,14 @@ the lease is lost, it stops and exits 70.`,
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
+			stopMetrics, err := a.serveMetrics(ctx, metricsListen)
+			if err != nil {
+				return err
+			}
+			defer stopMetrics()
+			if metricsListen != "" {
+				cfg.DepthInterval = depthInterval
+			}
 			cli, err := a.connect(ctx)
 			if err != nil {
 				return err
@@ -436,5 +447,7 @@ the lease is lost, it stops and exits 70.`,
 	f.IntVar(&maxOutput, "max-output", queue.DefaultMaxOutput, "largest result an exec handler may print, in bytes")
 	f.DurationVar(&grace, "grace", 5*time.Second, "time between SIGTERM and SIGKILL when a task's process is stopped")
 	f.BoolVar(&asJSON, "json", false, "print the worker's counts as JSON when it stops")
+	f.StringVar(&metricsListen, "metrics-listen", "", "host:port to serve Prometheus metrics on (/metrics), e.g. 127.0.0.1:9090")
+	f.DurationVar(&depthInterval, "depth-interval", 10*time.Second, "with --metrics-listen: how often the queue's tasks are counted by state")
 	return cmd
 }

@@ -11,15 +11,17 @@ import (
 
 	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/cluster"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 )
 
 func (a *app) serverCommand() *cobra.Command {
 	var (
-		dataDir    string
-		listen     string
-		peerListen string
-		retention  time.Duration
+		dataDir       string
+		listen        string
+		peerListen    string
+		retention     time.Duration
+		metricsListen string
 	)
 	cmd := &cobra.Command{
 		Use:   "server",
@@ -52,8 +54,18 @@ It logs one line when ready and shuts down cleanly on SIGINT or SIGTERM.`,
 						return usageError{fmt.Errorf("--%s has no effect with --etcd-endpoints or $ETCD_ENDPOINTS: the server embeds no etcd then; drop one of them", name)}
 					}
 				}
+				stopMetrics, err := a.serveMetrics(ctx, metricsListen, prometheus.DefaultGatherer)
+				if err != nil {
+					return err
+				}
+				defer stopMetrics()
 				return a.serveExternal(ctx)
 			}
+			stopMetrics, err := a.serveMetrics(ctx, metricsListen, prometheus.DefaultGatherer)
+			if err != nil {
+				return err
+			}
+			defer stopMetrics()
 			cfg := cluster.EmbedConfig{
 				DataDir:                 dataDir,
 				ClientURL:               listen,
@@ -102,6 +114,7 @@ It logs one line when ready and shuts down cleanly on SIGINT or SIGTERM.`,
 	f.StringVar(&listen, "etcd-listen", cluster.DefaultClientURL, "URL where the embedded etcd serves clients")
 	f.StringVar(&peerListen, "etcd-peer-listen", cluster.DefaultPeerURL, "URL of the embedded etcd's peer listener (loopback)")
 	f.DurationVar(&retention, "auto-compaction-retention", cluster.DefaultAutoCompactionRetention, "history kept before periodic compaction (0 turns compaction off)")
+	f.StringVar(&metricsListen, "metrics-listen", "", "host:port to serve Prometheus metrics on (/metrics: drover's and the embedded etcd's)")
 	return cmd
 }
 

@@ -1,0 +1,120 @@
+// Package metrics holds drover's Prometheus metrics and serves them.
+//
+// Every family is registered in [Registry] (with the Go runtime and process
+// collectors) under the drover_ prefix. Workers, the server and the flow
+// controls update them; `drover worker --metrics-listen` and `drover server
+// --metrics-listen` serve them with [Serve].
+package metrics
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Registry holds every drover metric of this process.
+var Registry = prometheus.NewRegistry()
+
+// Tasks by queue and task type.
+var (
+	TasksClaimed   = counter("drover_tasks_claimed_total", "Tasks claimed by this process's workers.", "queue", "type")
+	TasksSucceeded = counter("drover_tasks_succeeded_total", "Task attempts that succeeded.", "queue", "type")
+	TasksFailed    = counter("drover_tasks_failed_total", "Task attempts that failed (retried or dead).", "queue", "type")
+	TasksRetried   = counter("drover_tasks_retried_total", "Failed task attempts scheduled for a retry.", "queue", "type")
+	TasksDead      = counter("drover_tasks_dead_total", "Tasks moved to the dead-letter queue.", "queue", "type")
+	TasksDeferred  = counter("drover_tasks_deferred_total", "Tasks handed back for later by flow control (quota, breaker), not charged a retry.", "queue", "type", "reason")
+	TaskDuration   = histogram("drover_task_duration_seconds", "Time a task's handler ran.", prometheus.ExponentialBuckets(0.001, 4, 10), "queue", "type", "outcome")
+	QueueTasks     = gauge("drover_queue_tasks", "Tasks in a queue by state, as the worker last counted them.", "queue", "state")
+	ClaimBatchSize = histogram("drover_claim_batch_size", "Tasks claimed per claim transaction.", []float64{1, 2, 4, 8, 16, 32, 64, 100}, "queue")
+)
+
+// Coordination costs.
+var (
+	LeaseLosses     = plainCounter("drover_lease_losses_total", "Leases lost (renewal deadline passed or lease gone).")
+	EtcdTxnDuration = histogram("drover_etcd_txn_duration_seconds", "Latency of drover's etcd transactions by purpose.", prometheus.ExponentialBuckets(0.0002, 2, 14), "op")
+)
+
+// Flow control.
+var (
+	RateLimitWaitSeconds = counter("drover_ratelimit_wait_seconds_total", "Time tasks waited for rate-limit tokens.", "limit")
+	RateLimitWaits       = counter("drover_ratelimit_waits_total", "Times a task had to wait for rate-limit tokens.", "limit")
+	RateLimitTokensUsed  = counter("drover_ratelimit_tokens_used_total", "Rate-limit tokens used (settled weight).", "limit")
+	QuotaWaits           = counter("drover_quota_waits_total", "Tasks deferred because a concurrency quota was full.", "quota")
+	BreakerState         = gauge("drover_breaker_state", "Circuit breaker state: 0 closed, 1 half-open, 2 open.", "breaker")
+)
+
+func init() {
+	Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+}
+
+func counter(name, help string, labels ...string) *prometheus.CounterVec {
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, labels)
+	Registry.MustRegister(c)
+	return c
+}
+
+func plainCounter(name, help string) prometheus.Counter {
+	c := prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help})
+	Registry.MustRegister(c)
+	return c
+}
+
+func gauge(name, help string, labels ...string) *prometheus.GaugeVec {
+	g := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: name, Help: help}, labels)
+	Registry.MustRegister(g)
+	return g
+}
+
+func histogram(name, help string, buckets []float64, labels ...string) *prometheus.HistogramVec {
+	h := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: name, Help: help, Buckets: buckets}, labels)
+	Registry.MustRegister(h)
+	return h
+}
+
+// ObserveTxn records how long an etcd transaction for op took, from start.
+func ObserveTxn(op string, start time.Time) {
+	EtcdTxnDuration.WithLabelValues(op).Observe(time.Since(start).Seconds())
+}
+
+// Handler serves Registry, and extra registries (etcd's own metrics, say)
+// after it.
+func Handler(extra ...prometheus.Gatherer) http.Handler {
+	g := prometheus.Gatherers(append([]prometheus.Gatherer{Registry}, extra...))
+	return promhttp.HandlerFor(g, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError})
+}
+
+// Listen opens addr for Serve, so that a bad address fails before anything
+// else starts.
+func Listen(addr string) (net.Listener, error) {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("metrics: listen on %s: %w (choose a free host:port for --metrics-listen)", addr, err)
+	}
+	return l, nil
+}
+
+// Serve serves /metrics on l until ctx ends.
+func Serve(ctx context.Context, l net.Listener, logger *slog.Logger, extra ...prometheus.Gatherer) error {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", Handler(extra...))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}()
+	logger.Info("serving metrics", "url", "http://"+l.Addr().String()+"/metrics")
+	if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("metrics: %w", err)
+	}
+	return nil
+}
