@@ -16,6 +16,7 @@
 //	/{ns}/checkpoints/{thread}/{cpns}/{head|fence|cp/{id}|writes/{id}/...} agent state per thread
 //	/{ns}/queues/{q}/cancel/{id}      a request to cancel a running task
 //	/{ns}/components/{component}/endpoints/{id} a registered endpoint, bound to its process's primary lease
+//	/{ns}/limits/{name}/{config|state} a fleet-wide rate limit: its rate, and its token bucket
 //
 // Names that become one path segment are checked by [CheckName], so that no
 // name can reach into another name's keys.
@@ -202,3 +203,12 @@ func (s Space) EndpointOf(key string) (component, id string, ok bool) {
 
 // Namespace returns the namespace's name.
 func (s Space) Namespace() string { return strings.Trim(s.root, "/") }
+
+// Limits is the prefix of every rate limit, ending in "/".
+func (s Space) Limits() string { return s.root + "limits/" }
+
+// LimitConfig is the key of rate limit name's configuration.
+func (s Space) LimitConfig(name string) string { return s.Limits() + name + "/config" }
+
+// LimitState is the key of rate limit name's token bucket.
+func (s Space) LimitState(name string) string { return s.Limits() + name + "/state" }

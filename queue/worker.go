@@ -84,6 +84,9 @@ type WorkerConfig struct {
 	// kept; then the worker removes them (their counts stay in Stats).
 	// Zero means DefaultRetention; negative keeps them for ever.
 	Retention time.Duration
+	// Gates admit each task before its handler runs, in order: rate
+	// limits, concurrency quotas, circuit breakers (package flow).
+	Gates []Gate
 	// DepthInterval is how often the worker counts the queue's tasks by
 	// state for the drover_queue_tasks metric; 0 never (counting walks
 	// the queue's keys in etcd, so keep it to seconds).
@@ -204,6 +207,44 @@ func NewWorker(ctx context.Context, cli *clientv3.Client, cfg WorkerConfig) (*Wo
 	return w, nil
 }
 
+// Gate admits tasks before their handler runs: flow control (rate limits,
+// concurrency quotas, circuit breakers) plugs in here.
+type Gate interface {
+	// Admit returns once t may run, with done to be called with the
+	// handler's error after it ran. It returns ctx's error when ctx ends
+	// first, or a *DeferError to hand t back for later without charging
+	// it a retry.
+	Admit(ctx context.Context, t *Task) (done func(err error), err error)
+}
+
+// DeferError hands a task back to its queue, to be claimed again after
+// After, without counting the attempt.
+type DeferError struct {
+	Reason string
+	After  time.Duration
+}
+
+// Error implements error.
+func (e *DeferError) Error() string { return fmt.Sprintf("deferred for %s: %s", e.After, e.Reason) }
+
+// notAdmitted turns a gate's refusal into an outcome.
+func (w *Worker) notAdmitted(ctx, base context.Context, c *claim, err error) outcome {
+	var de *DeferError
+	switch cause := context.Cause(ctx); {
+	case errors.As(err, &de):
+		return outcome{c: c, kind: Pending, err: err, delay: de.After, deferred: de.Reason}
+	case errors.Is(cause, ErrCancelled):
+		return outcome{c: c, kind: Cancelled}
+	case errors.Is(cause, ErrShutdown):
+		return outcome{c: c, kind: Pending, err: ErrShutdown}
+	case base.Err() != nil:
+		return outcome{c: c, kind: Cancelled, err: context.Cause(base)}
+	}
+	// A gate that failed (etcd unreachable): hand the task back, uncharged.
+	w.logger.Warn("queue: flow control could not admit a task; handing it back", "task", c.task.ID, "err", err)
+	return outcome{c: c, kind: Pending, err: err, delay: time.Second, deferred: "gate-error"}
+}
+
 // Handle registers h for tasks of type taskType.
 func (w *Worker) Handle(taskType string, h Handler) {
 	w.mu.Lock()
@@ -260,6 +301,9 @@ type outcome struct {
 	result []byte
 	err    error
 	delay  time.Duration
+	// deferred is why flow control handed the task back (with delay), ""
+	// otherwise.
+	deferred string
 }
 
 // Run claims and runs tasks until ctx ends (then it shuts down gracefully:
@@ -614,8 +658,6 @@ func (w *Worker) execute(base context.Context, c *claim) outcome {
 	}
 	ctx, cancel := context.WithCancelCause(base)
 	defer cancel(nil)
-	tctx, tcancel := context.WithTimeoutCause(ctx, timeout, ErrTimeout)
-	defer tcancel()
 	w.mu.Lock()
 	w.inflight[t.ID] = &running{cancel: cancel}
 	h := w.handlers[t.Type]
@@ -631,9 +673,27 @@ func (w *Worker) execute(base context.Context, c *claim) outcome {
 	if h == nil {
 		return outcome{c: c, kind: Dead, err: Permanent(fmt.Errorf("%w %q on worker %s", ErrNoHandler, t.Type, w.worker))}
 	}
+	// Flow control first; waiting there does not count against the
+	// task's timeout.
+	var dones []func(error)
+	for _, g := range w.cfg.Gates {
+		done, err := g.Admit(ctx, t)
+		if err != nil {
+			for _, d := range dones {
+				d(err)
+			}
+			return w.notAdmitted(ctx, base, c, err)
+		}
+		dones = append(dones, done)
+	}
+	tctx, tcancel := context.WithTimeoutCause(ctx, timeout, ErrTimeout)
+	defer tcancel()
 	hctx := context.WithValue(tctx, claimKey{}, &claimFence{w: w, c: c, cancel: cancel})
 	began := time.Now()
 	result, err := call(hctx, h, t)
+	for _, d := range dones {
+		d(err)
+	}
 	outcomeLabel := "succeeded"
 	if err != nil {
 		outcomeLabel = "failed"
@@ -791,6 +851,9 @@ func (w *Worker) write(ops []clientv3.Op, kept []outcome) {
 			metrics.TasksDead.WithLabelValues(t.Queue, t.Type).Inc()
 		case Pending:
 			w.handedBack.Add(1)
+			if kept[i].deferred != "" {
+				metrics.TasksDeferred.WithLabelValues(t.Queue, t.Type, kept[i].deferred).Inc()
+			}
 		}
 	}
 }
@@ -805,6 +868,15 @@ type retryValue struct {
 func (w *Worker) ackOp(o outcome, now time.Time) (clientv3.Op, int) {
 	c, t := o.c, o.c.task
 	fence := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(c.claimKey), "=", c.token)}
+	if o.kind == Pending && o.delay > 0 { // deferred by flow control: back after the delay, uncharged
+		t.CurrentStatus, t.ScheduledAt = Pending, now.Add(o.delay)
+		t.Transitions = appendTransition(t.Transitions, Transition{Status: Pending, At: now, Attempt: t.Attempt, Worker: w.worker, Error: "deferred: " + o.deferred})
+		t.Attempt--
+		rv, _ := json.Marshal(retryValue{PendingKey: c.pendingKey, Attempts: t.Attempt})
+		rec, _ := json.Marshal(t)
+		return clientv3.OpTxn(fence, []clientv3.Op{clientv3.OpDelete(c.claimKey), clientv3.OpDelete(c.pendingKey),
+			clientv3.OpPut(w.client.retryKey(t), string(rv)), clientv3.OpPut(w.keys.TaskRecord(t.ID), string(rec))}, nil), len(rec) + 500
+	}
 	if o.kind == Pending { // handed back: the attempt does not count
 		return clientv3.OpTxn(fence, []clientv3.Op{clientv3.OpDelete(c.claimKey), clientv3.OpPut(c.pendingKey, encodePending(t.Attempt-1, false))}, nil), 300
 	}

@@ -323,6 +323,7 @@ func (a *app) workerCommand() *cobra.Command {
 
 		metricsListen string
 		depthInterval time.Duration
+		limitFlags    []string
 	)
 	cmd := &cobra.Command{
 		Use:   "worker --queue Q --handler 'exec:CMD ARGS' [flags]",
@@ -365,6 +366,14 @@ the lease is lost, it stops and exits 70.`,
 			if cfg.Concurrency == 0 {
 				return &drover.InputError{Field: "--concurrency", Value: 0, Rule: "must be between 1 and 10000"}
 			}
+			var limits []limitFlag
+			for _, l := range limitFlags {
+				lf, err := parseLimitFlag(l)
+				if err != nil {
+					return err
+				}
+				limits = append(limits, lf)
+			}
 			var h queue.Handler
 			switch {
 			case handler == "noop":
@@ -397,6 +406,12 @@ the lease is lost, it stops and exits 70.`,
 			}
 			defer shutdown(rt)
 			cfg.Lease = rt.Lease()
+			gates, closeLimits, err := a.rateGates(ctx, cli, limits)
+			if err != nil {
+				return err
+			}
+			defer closeLimits()
+			cfg.Gates = append(gates, cfg.Gates...)
 			w, err := queue.NewWorker(ctx, cli, cfg)
 			if err != nil {
 				return err
@@ -447,6 +462,7 @@ the lease is lost, it stops and exits 70.`,
 	f.IntVar(&maxOutput, "max-output", queue.DefaultMaxOutput, "largest result an exec handler may print, in bytes")
 	f.DurationVar(&grace, "grace", 5*time.Second, "time between SIGTERM and SIGKILL when a task's process is stopped")
 	f.BoolVar(&asJSON, "json", false, "print the worker's counts as JSON when it stops")
+	f.StringArrayVar(&limitFlags, "limit", nil, "fleet-wide rate limit 'NAME=RATE[;burst=N][;types=T1,T2]' (repeatable), e.g. openai=500/m; created in etcd if absent, else etcd's setting wins")
 	f.StringVar(&metricsListen, "metrics-listen", "", "host:port to serve Prometheus metrics on (/metrics), e.g. 127.0.0.1:9090")
 	f.DurationVar(&depthInterval, "depth-interval", 10*time.Second, "with --metrics-listen: how often the queue's tasks are counted by state")
 	return cmd

@@ -1,0 +1,421 @@
+package flow
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"sync"
+	"time"
+
+	"github.com/droverhq/drover/keyspace"
+	"github.com/droverhq/drover/kv"
+	"github.com/droverhq/drover/metrics"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+var (
+	// ErrNoLimit is returned for a rate limit that has no configuration.
+	ErrNoLimit = errors.New("flow: rate limit not configured")
+	// ErrExceedsBurst is returned for a reservation larger than the limit's
+	// burst: the bucket can never hold that many tokens.
+	ErrExceedsBurst = errors.New("flow: reservation exceeds the limit's burst")
+)
+
+// batchWindow is how much of a second's tokens a limiter takes from the
+// shared bucket at once: one transaction serves many tasks, and tokens a
+// worker holds but does not use are at most this much of the rate.
+const batchWindow = 100 * time.Millisecond
+
+// Limiter is one process's handle on a fleet-wide rate limit. Tokens come
+// from a token bucket stored in etcd, taken in batches of about a tenth of a
+// second's worth with one compare-and-swap transaction per batch; the
+// process spends them locally. A reservation of n tokens (a request, or the
+// estimated LLM tokens of a call) is settled with what was actually used;
+// the difference is given back or taken as a debt. Close gives back what
+// the process still holds, so that the bucket's recorded usage is exactly
+// the sum of settled amounts.
+//
+// The bucket refills by each writer's clock (clamped so that it never runs
+// backwards), so machines must keep their clocks synchronised (NTP): a skew
+// of d lets the fleet run ahead by at most d's worth of tokens.
+//
+// No library gives a rate limit shared across processes through etcd with
+// batched grants, so this one is drover's own; golang.org/x/time/rate
+// limits one process only.
+type Limiter struct {
+	cli    *clientv3.Client
+	keys   keyspace.Space
+	name   string
+	logger *slog.Logger
+
+	mu      sync.Mutex
+	rate    Rate
+	local   int64 // tokens held; negative: a debt
+	cached  bucketState
+	cacheMR int64 // mod revision of cached; 0: not read yet
+	changed chan struct{}
+	closed  bool
+
+	stop context.CancelFunc
+	done chan struct{}
+}
+
+// LimiterOption changes a Limiter.
+type LimiterOption func(*Limiter)
+
+// WithLimiterLogger sets where a Limiter logs configuration changes.
+func WithLimiterLogger(l *slog.Logger) LimiterOption { return func(lim *Limiter) { lim.logger = l } }
+
+// NewLimiter returns a handle on rate limit name. When def is not nil and the
+// limit has no configuration yet, def becomes its configuration (the first
+// worker to start creates it; later ones, and `drover limits set`, change
+// it). Without def, a limit nobody configured is ErrNoLimit.
+func NewLimiter(ctx context.Context, cli *clientv3.Client, keys keyspace.Space, name string, def *Rate, opts ...LimiterOption) (*Limiter, error) {
+	if err := keyspace.CheckName("limit name", name); err != nil {
+		return nil, err
+	}
+	l := &Limiter{cli: cli, keys: keys, name: name, logger: slog.Default(), changed: make(chan struct{}), done: make(chan struct{})}
+	for _, opt := range opts {
+		opt(l)
+	}
+	if def != nil {
+		b, _ := json.Marshal(def)
+		if _, err := kv.Create(ctx, cli, keys.LimitConfig(name), b, 0); err != nil && !errors.Is(err, kv.ErrExists) {
+			return nil, fmt.Errorf("flow: configure limit %s: %w", name, err)
+		}
+	}
+	rate, rev, err := GetRate(ctx, cli, keys, name)
+	if err != nil {
+		return nil, err
+	}
+	if def != nil && (rate.String() != def.String() || rate.Burst != def.Burst) {
+		l.logger.Info("rate limit already configured in etcd; using that", "limit", name, "rate", rate.String(), "burst", rate.Burst, "asked", def.String())
+	}
+	l.rate = rate
+	wctx, cancel := context.WithCancel(context.Background())
+	l.stop = cancel
+	go l.follow(wctx, rev)
+	return l, nil
+}
+
+// GetRate reads rate limit name's configuration and the revision it was
+// read at.
+func GetRate(ctx context.Context, cli *clientv3.Client, keys keyspace.Space, name string) (Rate, int64, error) {
+	g, err := cli.Get(ctx, keys.LimitConfig(name))
+	if err != nil {
+		return Rate{}, 0, fmt.Errorf("flow: read limit %s: %w", name, err)
+	}
+	if len(g.Kvs) == 0 {
+		return Rate{}, 0, fmt.Errorf("%w: %s (set it with `drover limits set %s RATE`)", ErrNoLimit, name, name)
+	}
+	var r Rate
+	if err := json.Unmarshal(g.Kvs[0].Value, &r); err != nil {
+		return Rate{}, 0, fmt.Errorf("flow: limit %s has an unreadable configuration: %w", name, err)
+	}
+	return r, g.Header.Revision, nil
+}
+
+// follow applies configuration changes as etcd reports them.
+func (l *Limiter) follow(ctx context.Context, rev int64) {
+	defer close(l.done)
+	for ctx.Err() == nil {
+		wch := l.cli.Watch(ctx, l.keys.LimitConfig(l.name), clientv3.WithRev(rev+1))
+		for resp := range wch {
+			if resp.Err() != nil {
+				break
+			}
+			for _, ev := range resp.Events {
+				rev = ev.Kv.ModRevision
+				var r Rate
+				if ev.Type != clientv3.EventTypePut || json.Unmarshal(ev.Kv.Value, &r) != nil {
+					continue // deleted or unreadable: keep the last rate
+				}
+				l.setRate(r)
+			}
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		// Compacted or broken: read the configuration again.
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(200 * time.Millisecond):
+		}
+		if r, nrev, err := GetRate(ctx, l.cli, l.keys, l.name); err == nil {
+			l.setRate(r)
+			rev = nrev
+		}
+	}
+}
+
+func (l *Limiter) setRate(r Rate) {
+	l.mu.Lock()
+	old := l.rate
+	l.rate = r
+	close(l.changed)
+	l.changed = make(chan struct{})
+	l.mu.Unlock()
+	if old != r {
+		l.logger.Info("rate limit changed", "limit", l.name, "rate", r.String(), "burst", r.Burst)
+	}
+}
+
+// Name returns the limit's name.
+func (l *Limiter) Name() string { return l.name }
+
+// Rate returns the limit's current configuration.
+func (l *Limiter) Rate() Rate {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.rate
+}
+
+// Reservation is n tokens taken by Reserve, to be settled with what was used.
+type Reservation struct {
+	l       *Limiter
+	n       int64
+	settled sync.Once
+}
+
+// Reserve waits until n tokens are available to this process and takes
+// them. It fails when ctx ends, when n exceeds the limit's burst
+// (ErrExceedsBurst), or when etcd cannot be reached.
+func (l *Limiter) Reserve(ctx context.Context, n int64) (*Reservation, error) {
+	if n < 0 {
+		return nil, fmt.Errorf("flow: reserve %d tokens of %s: must not be negative", n, l.name)
+	}
+	var waited time.Duration
+	defer func() {
+		if waited > 0 {
+			metrics.RateLimitWaits.WithLabelValues(l.name).Inc()
+			metrics.RateLimitWaitSeconds.WithLabelValues(l.name).Add(waited.Seconds())
+		}
+	}()
+	for {
+		l.mu.Lock()
+		if l.closed {
+			l.mu.Unlock()
+			return nil, fmt.Errorf("flow: limit %s: limiter closed", l.name)
+		}
+		if l.local >= n {
+			l.local -= n
+			l.mu.Unlock()
+			return &Reservation{l: l, n: n}, nil
+		}
+		rate, changed := l.rate, l.changed
+		// A debt can make the shortfall larger than the bucket ever
+		// holds: take it a bucketful at a time.
+		need := min(n-l.local, rate.Burst)
+		l.mu.Unlock()
+		if n > rate.Burst {
+			return nil, fmt.Errorf("%w: %d tokens of %s, burst %d", ErrExceedsBurst, n, l.name, rate.Burst)
+		}
+		// At most half the burst at once: the bucket keeps filling while a
+		// batch is in flight instead of spilling over its cap.
+		batch := min(max(need, int64(rate.PerSecond()*batchWindow.Seconds())), max(need, rate.Burst/2))
+		got, wait, err := l.take(ctx, rate, batch)
+		if err != nil {
+			return nil, err
+		}
+		if got > 0 {
+			l.mu.Lock()
+			l.local += got
+			l.mu.Unlock()
+			continue
+		}
+		began := time.Now()
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, context.Cause(ctx)
+		case <-changed:
+		case <-t.C:
+		}
+		t.Stop()
+		waited += time.Since(began)
+	}
+}
+
+// Settle records that the reservation used actual tokens: fewer gives the
+// rest back to this process, more takes the difference (as a debt paid by
+// later reservations). Only the first call counts.
+func (r *Reservation) Settle(actual int64) {
+	r.settled.Do(func() {
+		actual = max(actual, 0)
+		r.l.mu.Lock()
+		r.l.local += r.n - actual
+		r.l.mu.Unlock()
+		metrics.RateLimitTokensUsed.WithLabelValues(r.l.name).Add(float64(actual))
+	})
+}
+
+// take takes batch tokens from the shared bucket if it holds that many;
+// otherwise it takes nothing and says how long until it may. Waiting for a
+// whole batch (a tenth of a second's tokens) keeps the bucket's writes to
+// one per batch however many processes share it. One transaction, retried
+// on a conflicting write.
+func (l *Limiter) take(ctx context.Context, rate Rate, batch int64) (int64, time.Duration, error) {
+	need := batch
+	for {
+		l.mu.Lock()
+		st, mr := l.cached, l.cacheMR
+		l.mu.Unlock()
+		if mr == 0 {
+			var err error
+			if st, mr, err = l.read(ctx); err != nil {
+				return 0, 0, err
+			}
+		}
+		st = st.refill(rate, time.Now())
+		if st.Tokens < float64(need) {
+			l.cache(st, mr)
+			missing := float64(need) - st.Tokens
+			return 0, time.Duration(math.Ceil(missing/rate.PerSecond()*1e9)) + time.Millisecond, nil
+		}
+		k := batch
+		st.Tokens -= float64(k)
+		st.Used += k
+		ok, fresh, freshMR, err := l.cas(ctx, mr, st)
+		if err != nil {
+			return 0, 0, err
+		}
+		if ok {
+			return k, 0, nil
+		}
+		l.cache(fresh, freshMR)
+	}
+}
+
+// give returns n tokens (negative: takes a debt) to the shared bucket.
+func (l *Limiter) give(ctx context.Context, n int64) error {
+	for {
+		l.mu.Lock()
+		st, mr, rate := l.cached, l.cacheMR, l.rate
+		l.mu.Unlock()
+		if mr == 0 {
+			var err error
+			if st, mr, err = l.read(ctx); err != nil {
+				return err
+			}
+		}
+		st = st.refill(rate, time.Now())
+		st.Tokens = math.Min(float64(rate.Burst), st.Tokens+float64(n))
+		st.Used -= n
+		ok, fresh, freshMR, err := l.cas(ctx, mr, st)
+		if err != nil || ok {
+			return err
+		}
+		l.cache(fresh, freshMR)
+	}
+}
+
+func (l *Limiter) cache(st bucketState, mr int64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.cached, l.cacheMR = st, mr
+}
+
+// read returns the bucket and its mod revision (-1: no bucket yet).
+func (l *Limiter) read(ctx context.Context) (bucketState, int64, error) {
+	g, err := l.cli.Get(ctx, l.keys.LimitState(l.name))
+	if err != nil {
+		return bucketState{}, 0, fmt.Errorf("flow: read limit %s: %w", l.name, err)
+	}
+	if len(g.Kvs) == 0 {
+		return bucketState{}, -1, nil
+	}
+	var st bucketState
+	_ = json.Unmarshal(g.Kvs[0].Value, &st)
+	return st, g.Kvs[0].ModRevision, nil
+}
+
+// cas writes st if the bucket is still at mod revision mr (-1: absent);
+// otherwise it returns the bucket as it is.
+func (l *Limiter) cas(ctx context.Context, mr int64, st bucketState) (bool, bucketState, int64, error) {
+	key := l.keys.LimitState(l.name)
+	b, _ := json.Marshal(st)
+	cmpRev := max(mr, 0)
+	began := time.Now()
+	resp, err := l.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.ModRevision(key), "=", cmpRev)).
+		Then(clientv3.OpPut(key, string(b))).
+		Else(clientv3.OpGet(key)).
+		Commit()
+	metrics.ObserveTxn("ratelimit", began)
+	if err != nil {
+		return false, bucketState{}, 0, fmt.Errorf("flow: update limit %s: %w", l.name, err)
+	}
+	if resp.Succeeded {
+		l.cache(st, resp.Header.Revision)
+		return true, st, resp.Header.Revision, nil
+	}
+	kvs := resp.Responses[0].GetResponseRange().Kvs
+	if len(kvs) == 0 {
+		return false, bucketState{}, -1, nil
+	}
+	var fresh bucketState
+	_ = json.Unmarshal(kvs[0].Value, &fresh)
+	return false, fresh, kvs[0].ModRevision, nil
+}
+
+// Close gives back the tokens this process holds (or pays its debt), so that
+// the bucket's usage counts exactly what was settled, and stops following
+// the configuration.
+func (l *Limiter) Close(ctx context.Context) error {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return nil
+	}
+	l.closed = true
+	held := l.local
+	l.local = 0
+	l.mu.Unlock()
+	l.stop()
+	<-l.done
+	if held == 0 {
+		return nil
+	}
+	return l.give(ctx, held)
+}
+
+// Usage reads a limit's bucket: tokens now (refilled to this moment) and
+// tokens used in total.
+func Usage(ctx context.Context, cli *clientv3.Client, keys keyspace.Space, name string) (tokens float64, used int64, err error) {
+	r, _, err := GetRate(ctx, cli, keys, name)
+	if err != nil {
+		return 0, 0, err
+	}
+	l := &Limiter{cli: cli, keys: keys, name: name}
+	st, mr, err := l.read(ctx)
+	if err != nil {
+		return 0, 0, err
+	}
+	if mr < 0 {
+		return float64(r.Burst), 0, nil
+	}
+	st = st.refill(r, time.Now())
+	return st.Tokens, st.Used, nil
+}
+
+// SetRate writes rate limit name's configuration; every Limiter of it
+// follows within a moment. The bucket keeps its tokens (capped by the new
+// burst at the next refill).
+func SetRate(ctx context.Context, cli *clientv3.Client, keys keyspace.Space, name string, r Rate) error {
+	if err := keyspace.CheckName("limit name", name); err != nil {
+		return err
+	}
+	if err := CheckBurst("burst", r.Burst); err != nil {
+		return err
+	}
+	b, _ := json.Marshal(r)
+	if _, err := cli.Put(ctx, keys.LimitConfig(name), string(b)); err != nil {
+		return fmt.Errorf("flow: set limit %s: %w", name, err)
+	}
+	return nil
+}

@@ -1,0 +1,188 @@
+package flow_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/droverhq/drover"
+	"github.com/droverhq/drover/flow"
+	"github.com/droverhq/drover/internal/etcdtest"
+	"github.com/droverhq/drover/keyspace"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+func TestParseRate(t *testing.T) {
+	for in, want := range map[string]float64{"500/m": 500.0 / 60, "20/s": 20, "1000/h": 1000.0 / 3600, "10/30s": 10.0 / 30, "0.5/s": 0.5} {
+		r, err := flow.ParseRate("rate", in)
+		if err != nil || r.PerSecond() != want {
+			t.Errorf("ParseRate(%q) = %v/s, %v; want %v/s", in, r.PerSecond(), err, want)
+		}
+	}
+	for _, bad := range []string{"", "500", "x/m", "0/s", "-1/s", "5/fortnight", "5/0s", "1/1000h", "2e9/s"} {
+		if _, err := flow.ParseRate("rate", bad); !errors.Is(err, drover.ErrInvalidInput) {
+			t.Errorf("ParseRate(%q) = %v, want an input error", bad, err)
+		}
+	}
+	if r, _ := flow.ParseRate("rate", "500/m"); r.String() != "500/m" || r.Burst != 9 {
+		t.Errorf("500/m: %s burst %d", r, r.Burst)
+	}
+}
+
+func newLimiter(t *testing.T, ns, name string, def *flow.Rate) *flow.Limiter {
+	t.Helper()
+	l, err := flow.NewLimiter(context.Background(), srv.Client(t), keyspace.MustNew(ns), name, def)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// TestWeightedUsageAddsUp: three processes' limiters reserve estimated
+// weights and settle actual ones (more or less than reserved); once they
+// close, the bucket's recorded usage is exactly the sum of what was settled.
+func TestWeightedUsageAddsUp(t *testing.T) {
+	ns := etcdtest.Namespace(t)
+	r, _ := flow.ParseRate("rate", "20000/s")
+	r.Burst = 4000
+	var settled atomic.Int64
+	var wg sync.WaitGroup
+	lims := make([]*flow.Limiter, 3)
+	for i := range lims {
+		lims[i] = newLimiter(t, ns, "llm-tokens", &r)
+	}
+	for i, l := range lims {
+		for g := range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				rng := rand.New(rand.NewPCG(uint64(i), uint64(g)))
+				for range 50 {
+					est := int64(100 + rng.IntN(200))
+					res, err := l.Reserve(context.Background(), est)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					actual := est/2 + int64(rng.IntN(int(est))) // under or over the estimate
+					res.Settle(actual)
+					settled.Add(actual)
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	for _, l := range lims {
+		if err := l.Close(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, used, err := flow.Usage(context.Background(), srv.Client(t), keyspace.MustNew(ns), "llm-tokens")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if used != settled.Load() {
+		t.Fatalf("recorded usage %d, settled %d", used, settled.Load())
+	}
+	t.Logf("600 reservations, %d tokens settled and recorded", used)
+}
+
+// TestLimiterRate: four limiters sharing 50/s take 150 tokens in about
+// (150 - burst) / 50 seconds, and use few transactions per token.
+func TestLimiterRate(t *testing.T) {
+	ns := etcdtest.Namespace(t)
+	r, _ := flow.ParseRate("rate", "50/s")
+	var taken atomic.Int64
+	start := time.Now()
+	var wg sync.WaitGroup
+	for range 4 {
+		l := newLimiter(t, ns, "api", &r)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer l.Close(context.Background())
+			for taken.Add(1) <= 150 {
+				res, err := l.Reserve(context.Background(), 1)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				res.Settle(1)
+			}
+		}()
+	}
+	wg.Wait()
+	took := time.Since(start)
+	want := time.Duration(float64(150-r.Burst) / 50 * float64(time.Second))
+	if took < want*9/10 || took > want*12/10 {
+		t.Fatalf("150 tokens at 50/s (burst %d) took %s, want about %s", r.Burst, took, want)
+	}
+	g, err := srv.Client(t).Get(context.Background(), keyspace.MustNew(ns).LimitState("api"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Version counts the bucket's writes: batches of up to 5 tokens, plus
+	// the give-backs at close.
+	if v := g.Kvs[0].Version; v > 150/2 {
+		t.Fatalf("%d bucket writes for 150 tokens: not batched", v)
+	}
+}
+
+func TestLimiterErrors(t *testing.T) {
+	ns := etcdtest.Namespace(t)
+	ctx := context.Background()
+	if _, err := flow.NewLimiter(ctx, srv.Client(t), keyspace.MustNew(ns), "nobody-set-it", nil); !errors.Is(err, flow.ErrNoLimit) {
+		t.Fatalf("unconfigured limit: %v", err)
+	}
+	r, _ := flow.ParseRate("rate", "10/s")
+	l := newLimiter(t, ns, "small", &r)
+	defer l.Close(ctx)
+	if _, err := l.Reserve(ctx, 11); !errors.Is(err, flow.ErrExceedsBurst) {
+		t.Fatalf("reservation over the burst: %v", err)
+	}
+	// Waiting is bounded by ctx.
+	for range 10 {
+		res, _ := l.Reserve(ctx, 1)
+		res.Settle(1)
+	}
+	cctx, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+	defer cancel()
+	if _, err := l.Reserve(cctx, 10); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("reserve past ctx: %v", err)
+	}
+	if err := flow.SetRate(ctx, srv.Client(t), keyspace.MustNew(ns), "bad/name", r); !errors.Is(err, drover.ErrInvalidInput) {
+		t.Fatalf("bad name: %v", err)
+	}
+}
+
+// A fleet-wide limit: each process opens a Limiter; token-weighted calls
+// reserve their estimate and settle what they used.
+func ExampleLimiter() {
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{srv.ClientURL()}})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer cli.Close()
+	ctx := context.Background()
+	rate, _ := flow.ParseRate("rate", "90000/m") // an LLM provider's tokens per minute
+	lim, err := flow.NewLimiter(ctx, cli, keyspace.MustNew("example-flow"), "openai-tokens", &rate)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer lim.Close(ctx)
+	res, err := lim.Reserve(ctx, 800) // the call's estimated tokens
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	res.Settle(640) // what the response said it used
+	fmt.Println(lim.Rate())
+	// Output: 90000/m
+}

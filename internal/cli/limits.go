@@ -1,0 +1,214 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/droverhq/drover"
+	"github.com/droverhq/drover/flow"
+	"github.com/droverhq/drover/keyspace"
+	"github.com/droverhq/drover/queue"
+	"github.com/spf13/cobra"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// limitFlag is one --limit 'NAME=RATE[;burst=N][;types=a,b]'.
+type limitFlag struct {
+	name  string
+	rate  flow.Rate
+	types []string
+}
+
+const limitFlagRule = "must be NAME=RATE[;burst=N][;types=T1,T2] with RATE like 500/m or 20/s"
+
+func parseLimitFlag(s string) (limitFlag, error) {
+	bad := func(rule string) error { return &drover.InputError{Field: "--limit", Value: s, Rule: rule} }
+	parts := strings.Split(s, ";")
+	name, rate, ok := strings.Cut(parts[0], "=")
+	if !ok {
+		return limitFlag{}, bad(limitFlagRule)
+	}
+	if err := keyspace.CheckName("--limit", name); err != nil {
+		return limitFlag{}, err
+	}
+	r, err := flow.ParseRate("--limit", rate)
+	if err != nil {
+		return limitFlag{}, err
+	}
+	lf := limitFlag{name: name, rate: r}
+	for _, p := range parts[1:] {
+		k, v, _ := strings.Cut(p, "=")
+		switch k {
+		case "burst":
+			b, err := strconv.ParseInt(v, 10, 64)
+			if err != nil || flow.CheckBurst("burst", b) != nil {
+				return limitFlag{}, bad("burst must be an integer between 1 and 1e9")
+			}
+			lf.rate.Burst = b
+		case "types":
+			for _, t := range strings.Split(v, ",") {
+				if err := keyspace.CheckName("--limit types", t); err != nil {
+					return limitFlag{}, err
+				}
+				lf.types = append(lf.types, t)
+			}
+		default:
+			return limitFlag{}, bad(limitFlagRule)
+		}
+	}
+	return lf, nil
+}
+
+// rateGates opens a limiter and a gate for each --limit; close releases the
+// limiters (giving back the tokens they hold).
+func (a *app) rateGates(ctx context.Context, cli *clientv3.Client, flags []limitFlag) ([]queue.Gate, func(), error) {
+	var gates []queue.Gate
+	var lims []*flow.Limiter
+	closeAll := func() {
+		for _, l := range lims {
+			cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			_ = l.Close(cctx)
+			cancel()
+		}
+	}
+	for _, f := range flags {
+		r := f.rate
+		l, err := flow.NewLimiter(ctx, cli, keyspace.MustNew(a.namespace), f.name, &r, flow.WithLimiterLogger(a.logger))
+		if err != nil {
+			closeAll()
+			return nil, nil, err
+		}
+		lims = append(lims, l)
+		gates = append(gates, flow.RateGate(l, f.types...))
+	}
+	return gates, closeAll, nil
+}
+
+func (a *app) limitsCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "limits",
+		Short: "Fleet-wide rate limits: set and list",
+		Long: `Rate limits are shared by every worker that names them (drover worker --limit
+NAME=RATE). Their configuration lives in etcd: a change reaches every worker
+within a second, with no restart.`,
+		Example: `  drover limits set openai 500/m --burst 50
+  drover limits list --json`,
+	}
+	cmd.AddCommand(a.limitsSetCommand(), a.limitsListCommand())
+	return cmd
+}
+
+func (a *app) limitsSetCommand() *cobra.Command {
+	var burst int64
+	cmd := &cobra.Command{
+		Use:   "set NAME RATE [--burst N]",
+		Short: "Set (or create) a rate limit; workers follow within a second",
+		Example: `  drover limits set openai 500/m
+  drover limits set crm-api 20/s --burst 5`,
+		Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := keyspace.CheckName("NAME", args[0]); err != nil {
+				return err
+			}
+			r, err := flow.ParseRate("RATE", args[1])
+			if err != nil {
+				return err
+			}
+			if cmd.Flags().Changed("burst") {
+				if err := flow.CheckBurst("--burst", burst); err != nil {
+					return err
+				}
+				r.Burst = burst
+			}
+			if err := a.checkGlobal(); err != nil {
+				return err
+			}
+			cli, err := a.connect(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer cli.Close()
+			if err := flow.SetRate(cmd.Context(), cli, keyspace.MustNew(a.namespace), args[0], r); err != nil {
+				return err
+			}
+			fmt.Fprintf(a.stdout, "limit %s set to %s (burst %d)\n", args[0], r, r.Burst)
+			return nil
+		},
+	}
+	cmd.Flags().Int64Var(&burst, "burst", 0, "most tokens saved up (default one second's worth)")
+	return cmd
+}
+
+// limitRow is one line of limits list.
+type limitRow struct {
+	Name      string  `json:"name"`
+	Rate      string  `json:"rate"`
+	PerSecond float64 `json:"per_second"`
+	Burst     int64   `json:"burst"`
+	Available float64 `json:"available"`
+	Used      int64   `json:"used"`
+}
+
+func (a *app) limitsListCommand() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:     "list [--json]",
+		Short:   "List rate limits with their current use",
+		Example: `  drover limits list --json | jq '.[] | select(.available < 1)'`,
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := a.checkGlobal(); err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			cli, err := a.connect(ctx)
+			if err != nil {
+				return err
+			}
+			defer cli.Close()
+			keys := keyspace.MustNew(a.namespace)
+			g, err := cli.Get(ctx, keys.Limits(), clientv3.WithPrefix(), clientv3.WithKeysOnly())
+			if err != nil {
+				return err
+			}
+			rows := []limitRow{}
+			for _, kv := range g.Kvs {
+				name, ok := strings.CutSuffix(strings.TrimPrefix(string(kv.Key), keys.Limits()), "/config")
+				if !ok {
+					continue
+				}
+				r, _, err := flow.GetRate(ctx, cli, keys, name)
+				if err != nil {
+					return err
+				}
+				avail, used, err := flow.Usage(ctx, cli, keys, name)
+				if err != nil {
+					return err
+				}
+				rows = append(rows, limitRow{Name: name, Rate: r.String(), PerSecond: r.PerSecond(), Burst: r.Burst, Available: avail, Used: used})
+			}
+			sort.Slice(rows, func(i, j int) bool { return rows[i].Name < rows[j].Name })
+			if asJSON {
+				return json.NewEncoder(a.stdout).Encode(rows)
+			}
+			if len(rows) == 0 {
+				fmt.Fprintln(a.stdout, "no rate limits")
+				return nil
+			}
+			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "LIMIT\tRATE\tBURST\tAVAILABLE\tUSED")
+			for _, r := range rows {
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%.1f\t%d\n", r.Name, r.Rate, r.Burst, r.Available, r.Used)
+			}
+			return tw.Flush()
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print a JSON array")
+	return cmd
+}
