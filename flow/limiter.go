@@ -121,33 +121,40 @@ func GetRate(ctx context.Context, cli *clientv3.Client, keys keyspace.Space, nam
 // follow applies configuration changes as etcd reports them.
 func (l *Limiter) follow(ctx context.Context, rev int64) {
 	defer close(l.done)
+	followKey(ctx, l.cli, l.keys.LimitConfig(l.name), rev, func(v []byte) {
+		var r Rate
+		if json.Unmarshal(v, &r) == nil {
+			l.setRate(r)
+		}
+	})
+}
+
+// followKey calls apply with each new value of key written after rev,
+// until ctx ends; a deleted key keeps its last value. A watch that breaks
+// (compaction) is replaced after reading the key again.
+func followKey(ctx context.Context, cli *clientv3.Client, key string, rev int64, apply func([]byte)) {
 	for ctx.Err() == nil {
-		wch := l.cli.Watch(ctx, l.keys.LimitConfig(l.name), clientv3.WithRev(rev+1))
-		for resp := range wch {
+		for resp := range cli.Watch(ctx, key, clientv3.WithRev(rev+1)) {
 			if resp.Err() != nil {
 				break
 			}
 			for _, ev := range resp.Events {
 				rev = ev.Kv.ModRevision
-				var r Rate
-				if ev.Type != clientv3.EventTypePut || json.Unmarshal(ev.Kv.Value, &r) != nil {
-					continue // deleted or unreadable: keep the last rate
+				if ev.Type == clientv3.EventTypePut {
+					apply(ev.Kv.Value)
 				}
-				l.setRate(r)
 			}
 		}
-		if ctx.Err() != nil {
-			return
-		}
-		// Compacted or broken: read the configuration again.
 		select {
 		case <-ctx.Done():
 			return
 		case <-time.After(200 * time.Millisecond):
 		}
-		if r, nrev, err := GetRate(ctx, l.cli, l.keys, l.name); err == nil {
-			l.setRate(r)
-			rev = nrev
+		if g, err := cli.Get(ctx, key); err == nil {
+			rev = g.Header.Revision
+			if len(g.Kvs) == 1 {
+				apply(g.Kvs[0].Value)
+			}
 		}
 	}
 }

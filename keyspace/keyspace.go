@@ -17,6 +17,8 @@
 //	/{ns}/queues/{q}/cancel/{id}      a request to cancel a running task
 //	/{ns}/components/{component}/endpoints/{id} a registered endpoint, bound to its process's primary lease
 //	/{ns}/limits/{name}/{config|state} a fleet-wide rate limit: its rate, and its token bucket
+//	/{ns}/quotas/{name}/config        a concurrency quota's limit
+//	/{ns}/quotas/{name}/slots/{subject}/{lease}-{task} a running task's slot, bound to its worker's lease
 //
 // Names that become one path segment are checked by [CheckName], so that no
 // name can reach into another name's keys.
@@ -212,3 +214,19 @@ func (s Space) LimitConfig(name string) string { return s.Limits() + name + "/co
 
 // LimitState is the key of rate limit name's token bucket.
 func (s Space) LimitState(name string) string { return s.Limits() + name + "/state" }
+
+// Quotas is the prefix of every concurrency quota, ending in "/".
+func (s Space) Quotas() string { return s.root + "quotas/" }
+
+// QuotaConfig is the key of quota name's configuration.
+func (s Space) QuotaConfig(name string) string { return s.Quotas() + name + "/config" }
+
+// QuotaSlots is the prefix of quota name's slots for subject (a tenant, a
+// task type, or "-" for a named resource), ending in "/"; subject "" gives
+// the prefix of all its slots.
+func (s Space) QuotaSlots(name, subject string) string {
+	if subject == "" {
+		return s.Quotas() + name + "/slots/"
+	}
+	return s.Quotas() + name + "/slots/" + subject + "/"
+}

@@ -212,3 +212,188 @@ func (a *app) limitsListCommand() *cobra.Command {
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print a JSON array")
 	return cmd
 }
+
+// quotaFlag is one quota named by --quota flags: 'NAME=K' sets the limit of
+// every subject, 'NAME:SUBJECT=K' one subject's own limit.
+type quotaFlag struct {
+	name  string
+	cfg   flow.QuotaConfig
+	types []string
+}
+
+const quotaFlagRule = "must be NAME[:SUBJECT]=K[;types=T1,T2]: NAME tenant (per tenant), type (per task type) or a resource name; SUBJECT one tenant or type with a limit of its own; K from 1 to 100000"
+
+// parseQuotaFlags reads every --quota, merging those of one quota.
+func parseQuotaFlags(flags []string) ([]quotaFlag, error) {
+	var out []quotaFlag
+	index := map[string]int{}
+	for _, s := range flags {
+		bad := &drover.InputError{Field: "--quota", Value: s, Rule: quotaFlagRule}
+		parts := strings.Split(s, ";")
+		target, k, ok := strings.Cut(parts[0], "=")
+		if !ok {
+			return nil, bad
+		}
+		name, subject, _ := strings.Cut(target, ":")
+		if keyspace.CheckName("--quota", name) != nil || (subject != "" && strings.Contains(subject, "/")) {
+			return nil, bad
+		}
+		n, err := strconv.Atoi(k)
+		if err != nil || flow.CheckQuotaLimit("--quota", n) != nil {
+			return nil, bad
+		}
+		i, seen := index[name]
+		if !seen {
+			i = len(out)
+			index[name] = i
+			out = append(out, quotaFlag{name: name})
+		}
+		qf := &out[i]
+		if subject == "" {
+			qf.cfg.Limit = n
+		} else {
+			if qf.cfg.Subjects == nil {
+				qf.cfg.Subjects = map[string]int{}
+			}
+			qf.cfg.Subjects[subject] = n
+		}
+		for _, p := range parts[1:] {
+			v, ok := strings.CutPrefix(p, "types=")
+			if !ok {
+				return nil, bad
+			}
+			for _, t := range strings.Split(v, ",") {
+				if err := keyspace.CheckName("--quota types", t); err != nil {
+					return nil, err
+				}
+				qf.types = append(qf.types, t)
+			}
+		}
+	}
+	return out, nil
+}
+
+// quotaGates opens a quota and a gate for each --quota, with slots bound to
+// lease.
+func (a *app) quotaGates(ctx context.Context, cli *clientv3.Client, flags []quotaFlag, lease func() clientv3.LeaseID) ([]queue.Gate, func(), error) {
+	var gates []queue.Gate
+	var qs []*flow.Quota
+	closeAll := func() {
+		for _, q := range qs {
+			q.Close()
+		}
+	}
+	for _, f := range flags {
+		q, err := flow.NewQuota(ctx, cli, keyspace.MustNew(a.namespace), f.name, f.cfg, lease, f.types...)
+		if err != nil {
+			closeAll()
+			return nil, nil, err
+		}
+		qs = append(qs, q)
+		gates = append(gates, flow.QuotaGate(q))
+	}
+	return gates, closeAll, nil
+}
+
+func (a *app) quotasCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "quotas",
+		Short: "Fleet-wide concurrency quotas: set and list",
+		Long: `A quota caps how many tasks run at once across the fleet: per tenant (quota
+"tenant", from metadata.tenant), per task type (quota "type"), or holding a
+named resource (any other name). Workers name them with --quota NAME=K; the
+limit lives in etcd and changes reach every worker within a second.`,
+		Example: `  drover quotas set tenant 2
+  drover quotas list --json`,
+	}
+	var subject string
+	set := &cobra.Command{
+		Use:   "set NAME K [--subject S]",
+		Short: "Set (or create) a quota's limit, for every subject or one",
+		Example: `  drover quotas set tenant 4                   # every tenant: 4 at once
+  drover quotas set tenant 2 --subject acme    # acme: 2
+  drover quotas set tenant 0 --subject acme    # acme back to the default`,
+		Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := keyspace.CheckName("NAME", args[0]); err != nil {
+				return err
+			}
+			k, err := strconv.Atoi(args[1])
+			if err != nil {
+				k = -1
+			}
+			if k != 0 || subject == "" {
+				if err := flow.CheckQuotaLimit("K", k); err != nil {
+					return err
+				}
+			}
+			if strings.Contains(subject, "/") {
+				return &drover.InputError{Field: "--subject", Value: subject, Rule: "must not contain '/'"}
+			}
+			if err := a.checkGlobal(); err != nil {
+				return err
+			}
+			cli, err := a.connect(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer cli.Close()
+			if err := flow.SetQuota(cmd.Context(), cli, keyspace.MustNew(a.namespace), args[0], subject, k); err != nil {
+				return err
+			}
+			if subject != "" {
+				fmt.Fprintf(a.stdout, "quota %s for %s set to %d\n", args[0], subject, k)
+			} else {
+				fmt.Fprintf(a.stdout, "quota %s set to %d\n", args[0], k)
+			}
+			return nil
+		},
+	}
+	set.Flags().StringVar(&subject, "subject", "", "one tenant or task type to give a limit of its own (0 removes it)")
+	var asJSON bool
+	list := &cobra.Command{
+		Use:     "list [--json]",
+		Short:   "List quotas with the slots held now",
+		Example: `  drover quotas list --json | jq '.[] | select(.name == "tenant") | .held'`,
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := a.checkGlobal(); err != nil {
+				return err
+			}
+			cli, err := a.connect(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer cli.Close()
+			qs, err := flow.Quotas(cmd.Context(), cli, keyspace.MustNew(a.namespace))
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return json.NewEncoder(a.stdout).Encode(qs)
+			}
+			if len(qs) == 0 {
+				fmt.Fprintln(a.stdout, "no quotas")
+				return nil
+			}
+			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "QUOTA\tLIMIT\tOWN LIMITS\tHELD")
+			for _, q := range qs {
+				var held, own []string
+				for s, n := range q.Held {
+					held = append(held, fmt.Sprintf("%s=%d", s, n))
+				}
+				for s, n := range q.Subjects {
+					own = append(own, fmt.Sprintf("%s=%d", s, n))
+				}
+				sort.Strings(held)
+				sort.Strings(own)
+				fmt.Fprintf(tw, "%s\t%d\t%s\t%s\n", q.Name, q.Limit, strings.Join(own, " "), strings.Join(held, " "))
+			}
+			return tw.Flush()
+		},
+	}
+	list.Flags().BoolVar(&asJSON, "json", false, "print a JSON array")
+	cmd.AddCommand(set, list)
+	return cmd
+}

@@ -153,6 +153,12 @@ func TestLimitsBadInput(t *testing.T) {
 		{[]string{"worker", "--queue", "q", "--handler", "noop", "--limit", "api"}, "--limit"},
 		{[]string{"worker", "--queue", "q", "--handler", "noop", "--limit", "api=5/fortnight"}, "--limit"},
 		{[]string{"worker", "--queue", "q", "--handler", "noop", "--limit", "api=5/s;burst=x"}, "--limit"},
+		{[]string{"worker", "--queue", "q", "--handler", "noop", "--quota", "tenant"}, "--quota"},
+		{[]string{"worker", "--queue", "q", "--handler", "noop", "--quota", "tenant=0"}, "--quota"},
+		{[]string{"worker", "--queue", "q", "--handler", "noop", "--quota", "tenant=2;when=now"}, "--quota"},
+		{[]string{"quotas", "set", "tenant", "many"}, "K"},
+		{[]string{"quotas", "set", "tenant", "0"}, "K"},
+		{[]string{"quotas", "set", "a/b", "2"}, "NAME"},
 	} {
 		r := drover(t, append(etcdFlags(ns), tc.args...)...)
 		if r.code != 2 || !strings.Contains(r.stderr, tc.flag) {
@@ -161,5 +167,8 @@ func TestLimitsBadInput(t *testing.T) {
 	}
 	if r := drover(t, append(etcdFlags(ns), "limits", "list", "--json")...); strings.TrimSpace(r.stdout) != "[]" {
 		t.Errorf("bad input created limits: %s", r.stdout)
+	}
+	if r := drover(t, append(etcdFlags(ns), "quotas", "list", "--json")...); strings.TrimSpace(r.stdout) != "[]" {
+		t.Errorf("bad input created quotas: %s", r.stdout)
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/droverhq/drover/registry"
 	"github.com/droverhq/drover/runtime"
 	"github.com/spf13/cobra"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // ExitRejected is the exit code of a submission in which some lines were
@@ -324,6 +325,7 @@ func (a *app) workerCommand() *cobra.Command {
 		metricsListen string
 		depthInterval time.Duration
 		limitFlags    []string
+		quotaFlags    []string
 	)
 	cmd := &cobra.Command{
 		Use:   "worker --queue Q --handler 'exec:CMD ARGS' [flags]",
@@ -374,6 +376,10 @@ the lease is lost, it stops and exits 70.`,
 				}
 				limits = append(limits, lf)
 			}
+			quotas, err := parseQuotaFlags(quotaFlags)
+			if err != nil {
+				return err
+			}
 			var h queue.Handler
 			switch {
 			case handler == "noop":
@@ -406,12 +412,19 @@ the lease is lost, it stops and exits 70.`,
 			}
 			defer shutdown(rt)
 			cfg.Lease = rt.Lease()
-			gates, closeLimits, err := a.rateGates(ctx, cli, limits)
+			// Quotas first (a task over quota goes back to the queue),
+			// then rate limits (a task waits for its token).
+			qgates, closeQuotas, err := a.quotaGates(ctx, cli, quotas, func() clientv3.LeaseID { return rt.Lease().ID() })
+			if err != nil {
+				return err
+			}
+			defer closeQuotas()
+			rgates, closeLimits, err := a.rateGates(ctx, cli, limits)
 			if err != nil {
 				return err
 			}
 			defer closeLimits()
-			cfg.Gates = append(gates, cfg.Gates...)
+			cfg.Gates = append(append(qgates, rgates...), cfg.Gates...)
 			w, err := queue.NewWorker(ctx, cli, cfg)
 			if err != nil {
 				return err
@@ -463,6 +476,7 @@ the lease is lost, it stops and exits 70.`,
 	f.DurationVar(&grace, "grace", 5*time.Second, "time between SIGTERM and SIGKILL when a task's process is stopped")
 	f.BoolVar(&asJSON, "json", false, "print the worker's counts as JSON when it stops")
 	f.StringArrayVar(&limitFlags, "limit", nil, "fleet-wide rate limit 'NAME=RATE[;burst=N][;types=T1,T2]' (repeatable), e.g. openai=500/m; created in etcd if absent, else etcd's setting wins")
+	f.StringArrayVar(&quotaFlags, "quota", nil, "fleet-wide concurrency quota 'NAME[:SUBJECT]=K[;types=T1,T2]' (repeatable): tenant=K per tenant, tenant:acme=2 for one tenant, type=K per task type, any other NAME a shared resource; over-quota tasks wait in the queue")
 	f.StringVar(&metricsListen, "metrics-listen", "", "host:port to serve Prometheus metrics on (/metrics), e.g. 127.0.0.1:9090")
 	f.DurationVar(&depthInterval, "depth-interval", 10*time.Second, "with --metrics-listen: how often the queue's tasks are counted by state")
 	return cmd
