@@ -18,6 +18,7 @@
 //	/{ns}/components/{component}/endpoints/{id} a registered endpoint, bound to its process's primary lease
 //	/{ns}/limits/{name}/{config|state} a fleet-wide rate limit: its rate, and its token bucket
 //	/{ns}/quotas/{name}/config        a concurrency quota's limit
+//	/{ns}/breakers/{name}/{config|state} a circuit breaker: its thresholds, and its state
 //	/{ns}/quotas/{name}/slots/{subject}/{lease}-{task} a running task's slot, bound to its worker's lease
 //
 // Names that become one path segment are checked by [CheckName], so that no
@@ -230,3 +231,12 @@ func (s Space) QuotaSlots(name, subject string) string {
 	}
 	return s.Quotas() + name + "/slots/" + subject + "/"
 }
+
+// Breakers is the prefix of every circuit breaker, ending in "/".
+func (s Space) Breakers() string { return s.root + "breakers/" }
+
+// BreakerConfig is the key of breaker name's thresholds.
+func (s Space) BreakerConfig(name string) string { return s.Breakers() + name + "/config" }
+
+// BreakerState is the key of breaker name's state.
+func (s Space) BreakerState(name string) string { return s.Breakers() + name + "/state" }

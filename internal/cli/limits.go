@@ -397,3 +397,161 @@ limit lives in etcd and changes reach every worker within a second.`,
 	cmd.AddCommand(set, list)
 	return cmd
 }
+
+// breakerFlag is one --breaker 'NAME[;failures=N][;cooldown=D][;types=a,b]'.
+type breakerFlag struct {
+	name  string
+	cfg   flow.BreakerConfig
+	types []string
+}
+
+const breakerFlagRule = "must be NAME[;failures=N][;cooldown=DURATION][;types=T1,T2]"
+
+func parseBreakerFlag(s string) (breakerFlag, error) {
+	bad := func(rule string) error { return &drover.InputError{Field: "--breaker", Value: s, Rule: rule} }
+	parts := strings.Split(s, ";")
+	if err := keyspace.CheckName("--breaker", parts[0]); err != nil {
+		return breakerFlag{}, err
+	}
+	bf := breakerFlag{name: parts[0], cfg: flow.DefaultBreaker}
+	for _, p := range parts[1:] {
+		k, v, _ := strings.Cut(p, "=")
+		switch k {
+		case "failures":
+			n, err := strconv.Atoi(v)
+			if err != nil {
+				return breakerFlag{}, bad("failures must be an integer")
+			}
+			bf.cfg.Failures = n
+		case "cooldown":
+			d, err := time.ParseDuration(v)
+			if err != nil {
+				return breakerFlag{}, bad("cooldown must be a duration such as 30s")
+			}
+			bf.cfg.Cooldown = d
+		case "types":
+			for _, t := range strings.Split(v, ",") {
+				if err := keyspace.CheckName("--breaker types", t); err != nil {
+					return breakerFlag{}, err
+				}
+				bf.types = append(bf.types, t)
+			}
+		default:
+			return breakerFlag{}, bad(breakerFlagRule)
+		}
+	}
+	if err := bf.cfg.Check("--breaker"); err != nil {
+		return breakerFlag{}, err
+	}
+	return bf, nil
+}
+
+// breakerGates opens a breaker and a gate for each --breaker.
+func (a *app) breakerGates(ctx context.Context, cli *clientv3.Client, flags []breakerFlag) ([]queue.Gate, func(), error) {
+	var gates []queue.Gate
+	var bs []*flow.Breaker
+	closeAll := func() {
+		for _, b := range bs {
+			b.Close()
+		}
+	}
+	for _, f := range flags {
+		cfg := f.cfg
+		b, err := flow.NewBreaker(ctx, cli, keyspace.MustNew(a.namespace), f.name, &cfg, f.types...)
+		if err != nil {
+			closeAll()
+			return nil, nil, err
+		}
+		bs = append(bs, b)
+		gates = append(gates, flow.BreakerGate(b))
+	}
+	return gates, closeAll, nil
+}
+
+func (a *app) breakersCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "breakers",
+		Short: "Circuit breakers shared by the fleet: list and reset",
+		Long: `A breaker guards a downstream resource for every worker that names it
+(drover worker --breaker NAME): after N consecutive failures it opens for the
+whole fleet, tasks that need the resource are deferred (not failed, not
+charged a retry), and after a cool-down one probe task goes through; its
+success closes the breaker.`,
+		Example: `  drover breakers list --json
+  drover breakers reset crm-api`,
+	}
+	var asJSON bool
+	list := &cobra.Command{
+		Use:     "list [--json]",
+		Short:   "List breakers and their state",
+		Example: `  drover breakers list --json | jq '.[] | select(.state != "closed")'`,
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := a.checkGlobal(); err != nil {
+				return err
+			}
+			cli, err := a.connect(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer cli.Close()
+			bs, err := flow.Breakers(cmd.Context(), cli, keyspace.MustNew(a.namespace))
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				type row struct {
+					Name        string    `json:"name"`
+					State       string    `json:"state"`
+					Consecutive int       `json:"consecutive_failures"`
+					Since       time.Time `json:"since"`
+					Opened      int64     `json:"opened"`
+					Failures    int       `json:"failures_to_open"`
+					Cooldown    string    `json:"cooldown"`
+				}
+				rows := []row{}
+				for _, b := range bs {
+					rows = append(rows, row{b.Name, b.State, b.Consecutive, b.Since, b.Opened, b.Config.Failures, b.Config.Cooldown.String()})
+				}
+				return json.NewEncoder(a.stdout).Encode(rows)
+			}
+			if len(bs) == 0 {
+				fmt.Fprintln(a.stdout, "no breakers")
+				return nil
+			}
+			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "BREAKER\tSTATE\tFAILURES\tOPENS AT\tCOOLDOWN\tTIMES OPENED")
+			for _, b := range bs {
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%d\n", b.Name, b.State, b.Consecutive, b.Config.Failures, b.Config.Cooldown, b.Opened)
+			}
+			return tw.Flush()
+		},
+	}
+	list.Flags().BoolVar(&asJSON, "json", false, "print a JSON array")
+	reset := &cobra.Command{
+		Use:     "reset NAME",
+		Short:   "Close a breaker for the whole fleet",
+		Example: `  drover breakers reset crm-api`,
+		Args:    cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := keyspace.CheckName("NAME", args[0]); err != nil {
+				return err
+			}
+			if err := a.checkGlobal(); err != nil {
+				return err
+			}
+			cli, err := a.connect(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer cli.Close()
+			if err := flow.ResetBreaker(cmd.Context(), cli, keyspace.MustNew(a.namespace), args[0]); err != nil {
+				return err
+			}
+			fmt.Fprintf(a.stdout, "breaker %s closed\n", args[0])
+			return nil
+		},
+	}
+	cmd.AddCommand(list, reset)
+	return cmd
+}

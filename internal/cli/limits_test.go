@@ -156,6 +156,10 @@ func TestLimitsBadInput(t *testing.T) {
 		{[]string{"worker", "--queue", "q", "--handler", "noop", "--quota", "tenant"}, "--quota"},
 		{[]string{"worker", "--queue", "q", "--handler", "noop", "--quota", "tenant=0"}, "--quota"},
 		{[]string{"worker", "--queue", "q", "--handler", "noop", "--quota", "tenant=2;when=now"}, "--quota"},
+		{[]string{"worker", "--queue", "q", "--handler", "noop", "--breaker", "crm;failures=0"}, "--breaker"},
+		{[]string{"worker", "--queue", "q", "--handler", "noop", "--breaker", "crm;cooldown=soon"}, "--breaker"},
+		{[]string{"worker", "--queue", "q", "--handler", "noop", "--breaker", "a/b"}, "--breaker"},
+		{[]string{"breakers", "reset", "a/b"}, "NAME"},
 		{[]string{"quotas", "set", "tenant", "many"}, "K"},
 		{[]string{"quotas", "set", "tenant", "0"}, "K"},
 		{[]string{"quotas", "set", "a/b", "2"}, "NAME"},
@@ -170,5 +174,8 @@ func TestLimitsBadInput(t *testing.T) {
 	}
 	if r := drover(t, append(etcdFlags(ns), "quotas", "list", "--json")...); strings.TrimSpace(r.stdout) != "[]" {
 		t.Errorf("bad input created quotas: %s", r.stdout)
+	}
+	if r := drover(t, append(etcdFlags(ns), "breakers", "list", "--json")...); strings.TrimSpace(r.stdout) != "[]" {
+		t.Errorf("bad input created breakers: %s", r.stdout)
 	}
 }

@@ -326,6 +326,7 @@ func (a *app) workerCommand() *cobra.Command {
 		depthInterval time.Duration
 		limitFlags    []string
 		quotaFlags    []string
+		breakerFlags  []string
 	)
 	cmd := &cobra.Command{
 		Use:   "worker --queue Q --handler 'exec:CMD ARGS' [flags]",
@@ -380,6 +381,14 @@ the lease is lost, it stops and exits 70.`,
 			if err != nil {
 				return err
 			}
+			var breakers []breakerFlag
+			for _, b := range breakerFlags {
+				bf, err := parseBreakerFlag(b)
+				if err != nil {
+					return err
+				}
+				breakers = append(breakers, bf)
+			}
 			var h queue.Handler
 			switch {
 			case handler == "noop":
@@ -412,19 +421,24 @@ the lease is lost, it stops and exits 70.`,
 			}
 			defer shutdown(rt)
 			cfg.Lease = rt.Lease()
-			// Quotas first (a task over quota goes back to the queue),
-			// then rate limits (a task waits for its token).
+			// Quotas and breakers first (a task they hold off goes back
+			// to the queue), then rate limits (a task waits for its token).
 			qgates, closeQuotas, err := a.quotaGates(ctx, cli, quotas, func() clientv3.LeaseID { return rt.Lease().ID() })
 			if err != nil {
 				return err
 			}
 			defer closeQuotas()
+			bgates, closeBreakers, err := a.breakerGates(ctx, cli, breakers)
+			if err != nil {
+				return err
+			}
+			defer closeBreakers()
 			rgates, closeLimits, err := a.rateGates(ctx, cli, limits)
 			if err != nil {
 				return err
 			}
 			defer closeLimits()
-			cfg.Gates = append(append(qgates, rgates...), cfg.Gates...)
+			cfg.Gates = append(append(append(qgates, bgates...), rgates...), cfg.Gates...)
 			w, err := queue.NewWorker(ctx, cli, cfg)
 			if err != nil {
 				return err
@@ -477,6 +491,7 @@ the lease is lost, it stops and exits 70.`,
 	f.BoolVar(&asJSON, "json", false, "print the worker's counts as JSON when it stops")
 	f.StringArrayVar(&limitFlags, "limit", nil, "fleet-wide rate limit 'NAME=RATE[;burst=N][;types=T1,T2]' (repeatable), e.g. openai=500/m; created in etcd if absent, else etcd's setting wins")
 	f.StringArrayVar(&quotaFlags, "quota", nil, "fleet-wide concurrency quota 'NAME[:SUBJECT]=K[;types=T1,T2]' (repeatable): tenant=K per tenant, tenant:acme=2 for one tenant, type=K per task type, any other NAME a shared resource; over-quota tasks wait in the queue")
+	f.StringArrayVar(&breakerFlags, "breaker", nil, "circuit breaker shared by the fleet 'NAME[;failures=5][;cooldown=30s][;types=T1,T2]' (repeatable): open after N consecutive failures, defer tasks while open")
 	f.StringVar(&metricsListen, "metrics-listen", "", "host:port to serve Prometheus metrics on (/metrics), e.g. 127.0.0.1:9090")
 	f.DurationVar(&depthInterval, "depth-interval", 10*time.Second, "with --metrics-listen: how often the queue's tasks are counted by state")
 	return cmd

@@ -1,0 +1,441 @@
+package flow
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/droverhq/drover"
+	"github.com/droverhq/drover/keyspace"
+	"github.com/droverhq/drover/kv"
+	"github.com/droverhq/drover/metrics"
+	"github.com/droverhq/drover/queue"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Breaker states.
+const (
+	Closed   = "closed"
+	Open     = "open"
+	HalfOpen = "half-open"
+)
+
+// BreakerConfig is when a breaker opens and how long it stays open.
+type BreakerConfig struct {
+	// Failures is how many consecutive failures open the breaker.
+	Failures int `json:"failures"`
+	// Cooldown is how long it stays open before one probe is let through.
+	Cooldown time.Duration `json:"cooldown"`
+}
+
+// DefaultBreaker is the configuration a breaker gets when none is given.
+var DefaultBreaker = BreakerConfig{Failures: 5, Cooldown: 30 * time.Second}
+
+// Check returns an InputError for the first field out of range.
+func (c BreakerConfig) Check(field string) error {
+	if c.Failures < 1 || c.Failures > 1e6 {
+		return &drover.InputError{Field: field + " failures", Value: c.Failures, Rule: "must be between 1 and 1000000"}
+	}
+	return drover.CheckDuration(field+" cooldown", c.Cooldown, 100*time.Millisecond, 24*time.Hour)
+}
+
+// BreakerState is a breaker's shared state.
+type BreakerState struct {
+	State string `json:"state"`
+	// Consecutive counts failures since the last success.
+	Consecutive int `json:"consecutive"`
+	// Since is when the breaker entered its state.
+	Since time.Time `json:"since"`
+	// Probe is the task let through while half-open.
+	Probe string `json:"probe,omitempty"`
+	// Opened counts how many times the breaker opened.
+	Opened int64 `json:"opened"`
+}
+
+// Breaker is one process's handle on a circuit breaker shared by the fleet.
+// Its state lives in etcd and every worker follows it by watch, so when one
+// worker's failures open it, every worker holds off within moments.
+//
+//   - closed: tasks run; each failure counts, a success resets the count;
+//     Failures consecutive failures open it.
+//   - open: tasks that need the resource are deferred until the cooldown
+//     ends (not failed, not charged a retry).
+//   - half-open: after the cooldown one task (the probe) is let through, won
+//     by compare-and-swap so that only one worker sends it; its success
+//     closes the breaker, its failure opens it again. A probe that never
+//     reports (its worker died) is replaced after another cooldown.
+//
+// Transitions are compare-and-swap transactions on the state key. A success
+// while closed with no failures counted writes nothing.
+type Breaker struct {
+	cli    *clientv3.Client
+	keys   keyspace.Space
+	name   string
+	types  []string
+	logger *slog.Logger
+
+	mu    sync.Mutex
+	cfg   BreakerConfig
+	state BreakerState
+	mod   int64 // mod revision of state; 0: absent
+
+	stop context.CancelFunc
+	done chan struct{}
+}
+
+// NewBreaker returns a handle on breaker name. def, when not nil, configures
+// it if nobody has (etcd's configuration wins otherwise). types, when given,
+// limits it to tasks of those types.
+func NewBreaker(ctx context.Context, cli *clientv3.Client, keys keyspace.Space, name string, def *BreakerConfig, types ...string) (*Breaker, error) {
+	if err := keyspace.CheckName("breaker name", name); err != nil {
+		return nil, err
+	}
+	if def != nil {
+		if err := def.Check("breaker"); err != nil {
+			return nil, err
+		}
+		b, _ := json.Marshal(def)
+		if _, err := kv.Create(ctx, cli, keys.BreakerConfig(name), b, 0); err != nil && !errors.Is(err, kv.ErrExists) {
+			return nil, fmt.Errorf("flow: configure breaker %s: %w", name, err)
+		}
+	}
+	br := &Breaker{cli: cli, keys: keys, name: name, types: types, logger: slog.Default(), done: make(chan struct{})}
+	resp, err := cli.Txn(ctx).Then(clientv3.OpGet(keys.BreakerConfig(name)), clientv3.OpGet(keys.BreakerState(name))).Commit()
+	if err != nil {
+		return nil, fmt.Errorf("flow: read breaker %s: %w", name, err)
+	}
+	cfgKV := resp.Responses[0].GetResponseRange().Kvs
+	if len(cfgKV) == 0 {
+		return nil, fmt.Errorf("flow: breaker %s is not configured (start a worker with --breaker %s)", name, name)
+	}
+	if err := json.Unmarshal(cfgKV[0].Value, &br.cfg); err != nil {
+		return nil, fmt.Errorf("flow: breaker %s has an unreadable configuration: %w", name, err)
+	}
+	br.state = BreakerState{State: Closed}
+	if st := resp.Responses[1].GetResponseRange().Kvs; len(st) == 1 {
+		_ = json.Unmarshal(st[0].Value, &br.state)
+		br.mod = st[0].ModRevision
+	}
+	br.publish()
+	wctx, cancel := context.WithCancel(context.Background())
+	br.stop = cancel
+	rev := resp.Header.Revision
+	go func() {
+		defer close(br.done)
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			followKey(wctx, cli, keys.BreakerConfig(name), rev, func(v []byte) {
+				var c BreakerConfig
+				if json.Unmarshal(v, &c) == nil && c.Check("breaker") == nil {
+					br.mu.Lock()
+					br.cfg = c
+					br.mu.Unlock()
+				}
+			})
+		}()
+		br.followState(wctx, rev)
+		wg.Wait()
+	}()
+	return br, nil
+}
+
+// followState keeps the local copy of the state current.
+func (b *Breaker) followState(ctx context.Context, rev int64) {
+	key := b.keys.BreakerState(b.name)
+	for ctx.Err() == nil {
+		for resp := range b.cli.Watch(ctx, key, clientv3.WithRev(rev+1)) {
+			if resp.Err() != nil {
+				break
+			}
+			for _, ev := range resp.Events {
+				rev = ev.Kv.ModRevision
+				var st BreakerState
+				if ev.Type == clientv3.EventTypeDelete {
+					st = BreakerState{State: Closed}
+				} else if json.Unmarshal(ev.Kv.Value, &st) != nil {
+					continue
+				}
+				mod := ev.Kv.ModRevision
+				if ev.Type == clientv3.EventTypeDelete {
+					mod = 0
+				}
+				b.set(st, mod)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(200 * time.Millisecond):
+		}
+		if st, mod, err := b.read(ctx); err == nil {
+			b.set(st, mod)
+			rev = max(rev, mod)
+		}
+	}
+}
+
+// set records a state newer than the one held.
+func (b *Breaker) set(st BreakerState, mod int64) {
+	b.mu.Lock()
+	if mod != 0 && mod < b.mod {
+		b.mu.Unlock()
+		return
+	}
+	old := b.state.State
+	b.state, b.mod = st, mod
+	b.mu.Unlock()
+	b.publish()
+	if old != st.State {
+		b.logger.Info("circuit breaker changed", "breaker", b.name, "from", old, "to", st.State, "consecutive_failures", st.Consecutive)
+	}
+}
+
+func (b *Breaker) publish() {
+	b.mu.Lock()
+	s := b.state.State
+	b.mu.Unlock()
+	v := map[string]float64{Closed: 0, HalfOpen: 1, Open: 2}[s]
+	metrics.BreakerState.WithLabelValues(b.name).Set(v)
+}
+
+func (b *Breaker) read(ctx context.Context) (BreakerState, int64, error) {
+	g, err := b.cli.Get(ctx, b.keys.BreakerState(b.name))
+	if err != nil {
+		return BreakerState{}, 0, err
+	}
+	if len(g.Kvs) == 0 {
+		return BreakerState{State: Closed}, 0, nil
+	}
+	var st BreakerState
+	_ = json.Unmarshal(g.Kvs[0].Value, &st)
+	return st, g.Kvs[0].ModRevision, nil
+}
+
+// State returns the breaker's state as this process last saw it.
+func (b *Breaker) State() BreakerState {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.state
+}
+
+// update applies change to the state by compare-and-swap, retrying on a
+// conflicting write. change returns false to write nothing.
+func (b *Breaker) update(ctx context.Context, change func(st *BreakerState, cfg BreakerConfig) bool) (BreakerState, bool, error) {
+	key := b.keys.BreakerState(b.name)
+	for {
+		b.mu.Lock()
+		st, mod, cfg := b.state, b.mod, b.cfg
+		b.mu.Unlock()
+		if !change(&st, cfg) {
+			return st, false, nil
+		}
+		v, _ := json.Marshal(st)
+		began := time.Now()
+		resp, err := b.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", mod)).
+			Then(clientv3.OpPut(key, string(v))).Else(clientv3.OpGet(key)).Commit()
+		metrics.ObserveTxn("breaker", began)
+		if err != nil {
+			return st, false, fmt.Errorf("flow: breaker %s: %w", b.name, err)
+		}
+		if resp.Succeeded {
+			b.set(st, resp.Header.Revision)
+			return st, true, nil
+		}
+		if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) == 1 {
+			var fresh BreakerState
+			_ = json.Unmarshal(kvs[0].Value, &fresh)
+			b.set(fresh, kvs[0].ModRevision)
+		} else {
+			b.set(BreakerState{State: Closed}, 0)
+		}
+	}
+}
+
+// Allow says whether task id may call the resource now: nil, or a
+// *queue.DeferError saying for how long to hold it off. While open past the
+// cooldown, the first caller becomes the half-open probe.
+func (b *Breaker) Allow(ctx context.Context, id string) error {
+	st := b.State()
+	cfg := b.config()
+	now := time.Now()
+	switch {
+	case st.State == Closed:
+		return nil
+	case st.State == Open && now.Sub(st.Since) < cfg.Cooldown:
+		return b.deferFor(cfg.Cooldown - now.Sub(st.Since))
+	case st.State == HalfOpen && now.Sub(st.Since) < cfg.Cooldown:
+		return b.deferFor(cfg.Cooldown / 4)
+	}
+	// Open past the cooldown, or a half-open probe that never reported:
+	// try to become the probe.
+	_, won, err := b.update(ctx, func(s *BreakerState, c BreakerConfig) bool {
+		if s.State == Closed || time.Since(s.Since) < c.Cooldown {
+			return false
+		}
+		s.State, s.Since, s.Probe = HalfOpen, time.Now().UTC(), id
+		return true
+	})
+	if err != nil {
+		return err
+	}
+	if won || b.State().State == Closed {
+		return nil
+	}
+	return b.deferFor(cfg.Cooldown / 4)
+}
+
+func (b *Breaker) config() BreakerConfig {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.cfg
+}
+
+func (b *Breaker) deferFor(d time.Duration) error {
+	d = max(d, 50*time.Millisecond)
+	d += rand.N(d/10 + 1) // spread the fleet's returns
+	return &queue.DeferError{Reason: "breaker " + b.name + " open", After: d}
+}
+
+// Record reports how a call by task id went: a success closes a half-open
+// breaker and resets the failure count, a failure counts and opens the
+// breaker at the configured number (a failed probe opens it again).
+func (b *Breaker) Record(ctx context.Context, id string, failed bool) error {
+	_, _, err := b.update(ctx, func(s *BreakerState, c BreakerConfig) bool {
+		now := time.Now().UTC()
+		if !failed {
+			if s.State == Closed && s.Consecutive == 0 {
+				return false
+			}
+			if s.State == Open {
+				// A call let through before the breaker opened: its
+				// success does not close it; the probe decides.
+				return false
+			}
+			*s = BreakerState{State: Closed, Since: now, Opened: s.Opened}
+			return true
+		}
+		s.Consecutive++
+		switch {
+		case s.State == HalfOpen && s.Probe == id:
+			s.State, s.Since, s.Probe = Open, now, ""
+			s.Opened++
+		case s.State == Closed && s.Consecutive >= c.Failures:
+			s.State, s.Since = Open, now
+			s.Opened++
+		}
+		return true
+	})
+	return err
+}
+
+// Reset closes the breaker and clears its count.
+func (b *Breaker) Reset(ctx context.Context) error {
+	_, _, err := b.update(ctx, func(s *BreakerState, _ BreakerConfig) bool {
+		*s = BreakerState{State: Closed, Since: time.Now().UTC(), Opened: s.Opened}
+		return true
+	})
+	return err
+}
+
+// Close stops following the breaker.
+func (b *Breaker) Close() {
+	b.stop()
+	<-b.done
+}
+
+// BreakerGate holds tasks of the breaker's types off while it is open
+// (deferred, not charged a retry) and records each handler's result: success,
+// or a failure that is not permanent (a permanent failure is the task's own
+// fault) and not a cancellation. Timeouts count as failures.
+func BreakerGate(b *Breaker) queue.Gate { return breakerGate{b} }
+
+type breakerGate struct{ b *Breaker }
+
+func (g breakerGate) Admit(ctx context.Context, t *queue.Task) (func(error), error) {
+	if len(g.b.types) > 0 && !slices.Contains(g.b.types, t.Type) {
+		return func(error) {}, nil
+	}
+	if err := g.b.Allow(ctx, t.ID); err != nil {
+		return nil, err
+	}
+	return func(err error) {
+		if !countsForBreaker(err) {
+			return
+		}
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if rerr := g.b.Record(rctx, t.ID, err != nil); rerr != nil {
+			g.b.logger.Warn("flow: could not record a call's result in its breaker", "breaker", g.b.name, "err", rerr)
+		}
+	}, nil
+}
+
+// BreakerStatus is one breaker as `drover breakers list` shows it.
+type BreakerStatus struct {
+	Name   string        `json:"name"`
+	Config BreakerConfig `json:"config"`
+	BreakerState
+}
+
+// Breakers lists every configured breaker with its state.
+func Breakers(ctx context.Context, cli *clientv3.Client, keys keyspace.Space) ([]BreakerStatus, error) {
+	g, err := cli.Get(ctx, keys.Breakers(), clientv3.WithPrefix())
+	if err != nil {
+		return nil, fmt.Errorf("flow: list breakers: %w", err)
+	}
+	byName := map[string]*BreakerStatus{}
+	var names []string
+	for _, kv := range g.Kvs {
+		name, part, _ := strings.Cut(strings.TrimPrefix(string(kv.Key), keys.Breakers()), "/")
+		s := byName[name]
+		if s == nil {
+			s = &BreakerStatus{Name: name, BreakerState: BreakerState{State: Closed}}
+			byName[name] = s
+			names = append(names, name)
+		}
+		switch part {
+		case "config":
+			_ = json.Unmarshal(kv.Value, &s.Config)
+		case "state":
+			_ = json.Unmarshal(kv.Value, &s.BreakerState)
+		}
+	}
+	slices.Sort(names)
+	out := make([]BreakerStatus, 0, len(names))
+	for _, n := range names {
+		out = append(out, *byName[n])
+	}
+	return out, nil
+}
+
+// ResetBreaker closes breaker name for the whole fleet.
+func ResetBreaker(ctx context.Context, cli *clientv3.Client, keys keyspace.Space, name string) error {
+	b, err := NewBreaker(ctx, cli, keys, name, nil)
+	if err != nil {
+		return err
+	}
+	defer b.Close()
+	return b.Reset(ctx)
+}
+
+// countsForBreaker says whether a handler's result says anything about the
+// resource: a permanent failure is the task's own fault (bad input), and a
+// task cancelled or stopped by a shutdown did not finish its call.
+func countsForBreaker(err error) bool {
+	switch {
+	case err == nil:
+		return true
+	case errors.Is(err, queue.ErrPermanent), errors.Is(err, queue.ErrCancelled), errors.Is(err, queue.ErrShutdown), errors.Is(err, context.Canceled):
+		return false
+	}
+	return true
+}

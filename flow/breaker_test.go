@@ -1,0 +1,100 @@
+package flow_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/droverhq/drover/flow"
+	"github.com/droverhq/drover/internal/etcdtest"
+	"github.com/droverhq/drover/keyspace"
+	"github.com/droverhq/drover/queue"
+)
+
+// waitState waits until b sees state.
+func waitState(t *testing.T, b *flow.Breaker, state string) {
+	t.Helper()
+	deadline := time.Now().Add(3 * time.Second)
+	for b.State().State != state {
+		if time.Now().After(deadline) {
+			t.Fatalf("breaker is %s, want %s", b.State().State, state)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestBreakerSharedByProcesses: two handles (two workers) on one breaker.
+// Failures through one open it for both; after the cooldown exactly one
+// probe is let through; a failed probe opens it again, a good one closes it.
+func TestBreakerSharedByProcesses(t *testing.T) {
+	ns := etcdtest.Namespace(t)
+	ctx := context.Background()
+	cfg := flow.BreakerConfig{Failures: 3, Cooldown: 300 * time.Millisecond}
+	a, err := flow.NewBreaker(ctx, srv.Client(t), keyspace.MustNew(ns), "crm", &cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := flow.NewBreaker(ctx, srv.Client(t), keyspace.MustNew(ns), "crm", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	// Two failures, a success, two failures: not consecutive, stays closed.
+	for i, failed := range []bool{true, true, false, true, true} {
+		if err := a.Record(ctx, "t", failed); err != nil {
+			t.Fatal(err)
+		}
+		if a.State().State != flow.Closed {
+			t.Fatalf("opened after call %d", i)
+		}
+	}
+	if err := a.Record(ctx, "t", true); err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, b, flow.Open) // the other process sees it
+	var de *queue.DeferError
+	if err := b.Allow(ctx, "x"); !errors.As(err, &de) || de.After <= 0 || de.After > 400*time.Millisecond {
+		t.Fatalf("allow while open: %v", err)
+	}
+	time.Sleep(cfg.Cooldown)
+	// One probe only, whichever process asks first.
+	errA, errB := a.Allow(ctx, "probe-a"), b.Allow(ctx, "probe-b")
+	if (errA == nil) == (errB == nil) {
+		t.Fatalf("after the cooldown: a %v, b %v; want exactly one probe", errA, errB)
+	}
+	probe, other := "probe-a", b
+	if errA != nil {
+		probe, other = "probe-b", a
+	}
+	waitState(t, other, flow.HalfOpen)
+	// The probe fails: open again.
+	if err := a.Record(ctx, probe, true); err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, b, flow.Open)
+	time.Sleep(cfg.Cooldown)
+	if err := b.Allow(ctx, "probe-2"); err != nil {
+		t.Fatalf("second probe: %v", err)
+	}
+	if err := b.Record(ctx, "probe-2", false); err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, a, flow.Closed)
+	if err := a.Allow(ctx, "y"); err != nil {
+		t.Fatalf("allow once closed: %v", err)
+	}
+	if st := a.State(); st.Opened != 2 || st.Consecutive != 0 {
+		t.Fatalf("state %+v, want opened twice, no failures counted", st)
+	}
+	// Reset closes an open breaker for everyone.
+	for range 3 {
+		_ = a.Record(ctx, "t", true)
+	}
+	waitState(t, b, flow.Open)
+	if err := flow.ResetBreaker(ctx, srv.Client(t), keyspace.MustNew(ns), "crm"); err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, b, flow.Closed)
+}
