@@ -13,6 +13,7 @@
 //	/{ns}/queues/{q}/dead/{id}        a task in the dead-letter queue
 //	/{ns}/queues/{q}/done/{status}/{finished}-{id} a task that SUCCEEDED or was CANCELLED
 //	/{ns}/queues/{q}/archived         counts of finished tasks removed after their retention
+//	/{ns}/queues/{q}/config           the queue's settings (maximum depth)
 //	/{ns}/checkpoints/{thread}/{cpns}/{head|fence|cp/{id}|writes/{id}/...} agent state per thread
 //	/{ns}/queues/{q}/cancel/{id}      a request to cancel a running task
 //	/{ns}/components/{component}/endpoints/{id} a registered endpoint, bound to its process's primary lease
@@ -240,3 +241,6 @@ func (s Space) BreakerConfig(name string) string { return s.Breakers() + name + 
 
 // BreakerState is the key of breaker name's state.
 func (s Space) BreakerState(name string) string { return s.Breakers() + name + "/state" }
+
+// QueueConfig is the key of queue q's settings.
+func (s Space) QueueConfig(q string) string { return s.Queue(q) + "config" }

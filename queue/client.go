@@ -136,9 +136,30 @@ func (c *Client) Submit(ctx context.Context, q string, tasks []Task, progress fu
 	seen := make(map[string]bool, len(valid))
 	var ops []clientv3.Op
 	size := 0
-	flush := func() error {
+	depth, err := c.depthGuard(ctx, q)
+	if err != nil {
+		return res, err
+	}
+	flush := func() (err error) {
 		if len(ops) == 0 {
 			return nil
+		}
+		room, err := depth.room(ctx, len(ops))
+		if err != nil {
+			return err
+		}
+		full := room < len(ops)
+		if full {
+			done += len(ops) - room
+			ops = ops[:room]
+		}
+		defer func() {
+			if full && err == nil {
+				err = depth.fullError()
+			}
+		}()
+		if len(ops) == 0 {
+			return depth.fullError()
 		}
 		began := time.Now()
 		resp, err := c.cli.Txn(ctx).Then(ops...).Commit()
@@ -149,6 +170,7 @@ func (c *Client) Submit(ctx context.Context, q string, tasks []Task, progress fu
 		for _, r := range resp.Responses {
 			if r.GetResponseTxn().Succeeded {
 				res.Submitted++
+				depth.added(1)
 			} else {
 				res.Duplicates++
 			}
@@ -579,4 +601,117 @@ func (c *Client) eachDead(ctx context.Context, q string, ids []string, ops func(
 		}
 	}
 	return n, nil
+}
+
+// ErrQueueFull is matched by the error of a submission to a queue at its
+// maximum depth.
+var ErrQueueFull = errors.New("queue: full")
+
+// QueueFullError says how full the queue is.
+type QueueFullError struct {
+	Queue      string
+	Depth, Max int64
+	// Submitted counts the tasks this submission added before the queue
+	// filled.
+	Submitted int
+}
+
+// Error implements error.
+func (e *QueueFullError) Error() string {
+	return fmt.Sprintf("queue %s is full: %d unfinished tasks, at most %d (%d submitted before it filled); retry later, or raise the limit with `drover queues set %s --max-depth N`",
+		e.Queue, e.Depth, e.Max, e.Submitted, e.Queue)
+}
+
+// Unwrap returns ErrQueueFull.
+func (e *QueueFullError) Unwrap() error { return ErrQueueFull }
+
+// Config is a queue's settings, stored in etcd.
+type Config struct {
+	// MaxDepth bounds the queue's unfinished tasks (pending, running or
+	// waiting to retry): a submission beyond it fails fast with
+	// ErrQueueFull. 0 means no bound.
+	MaxDepth int64 `json:"max_depth"`
+}
+
+// MaxMaxDepth is the largest maximum depth.
+const MaxMaxDepth = 1 << 40
+
+// GetConfig reads queue q's settings (the zero Config when none are set).
+func (c *Client) GetConfig(ctx context.Context, q string) (Config, error) {
+	if err := CheckQueue(q); err != nil {
+		return Config{}, err
+	}
+	g, err := c.cli.Get(ctx, c.keys.QueueConfig(q))
+	if err != nil {
+		return Config{}, fmt.Errorf("queue: read settings of %s: %w", q, err)
+	}
+	var cfg Config
+	if len(g.Kvs) == 1 {
+		if err := json.Unmarshal(g.Kvs[0].Value, &cfg); err != nil {
+			return Config{}, fmt.Errorf("queue: settings of %s are unreadable: %w", q, err)
+		}
+	}
+	return cfg, nil
+}
+
+// SetConfig writes queue q's settings; submissions read them as they start.
+func (c *Client) SetConfig(ctx context.Context, q string, cfg Config) error {
+	if err := CheckQueue(q); err != nil {
+		return err
+	}
+	if cfg.MaxDepth < 0 || cfg.MaxDepth > MaxMaxDepth {
+		return &drover.InputError{Field: "max depth", Value: cfg.MaxDepth, Rule: fmt.Sprintf("must be between 0 (no bound) and %d", int64(MaxMaxDepth))}
+	}
+	b, _ := json.Marshal(cfg)
+	if _, err := c.cli.Put(ctx, c.keys.QueueConfig(q), string(b)); err != nil {
+		return fmt.Errorf("queue: write settings of %s: %w", q, err)
+	}
+	return nil
+}
+
+// depth keeps a submission within its queue's maximum depth. It counts the
+// queue's unfinished tasks at the start and again every few transactions or
+// when near the bound (counting walks the queue's keys in etcd), and adds
+// its own submissions in between. Concurrent submitters can overshoot the
+// bound by at most one transaction each.
+type depth struct {
+	c         *Client
+	q         string
+	max       int64
+	count     int64
+	sinceRead int
+	submitted int
+}
+
+func (c *Client) depthGuard(ctx context.Context, q string) (*depth, error) {
+	cfg, err := c.GetConfig(ctx, q)
+	if err != nil {
+		return nil, err
+	}
+	return &depth{c: c, q: q, max: cfg.MaxDepth, count: -1}, nil
+}
+
+// room returns how many of n tasks fit under the maximum depth.
+func (d *depth) room(ctx context.Context, n int) (int, error) {
+	if d.max == 0 {
+		return n, nil
+	}
+	if d.count < 0 || d.sinceRead >= 10 || d.count+int64(n) > d.max*9/10 {
+		st, err := d.c.Stats(ctx, d.q)
+		if err != nil {
+			return 0, err
+		}
+		d.count, d.sinceRead = st.Unfinished(), 0
+	}
+	d.sinceRead++
+	return int(max(0, min(int64(n), d.max-d.count))), nil
+}
+
+func (d *depth) fullError() error {
+	return &QueueFullError{Queue: d.q, Depth: d.count, Max: d.max, Submitted: d.submitted}
+}
+
+func (d *depth) added(n int) {
+	d.count += int64(n)
+	d.submitted += n
 }

@@ -91,6 +91,15 @@ read as JSON when it parses, else as a string).`,
 			} else {
 				res, err = a.submitFile(cmd.Context(), c, q, file)
 			}
+			if errors.Is(err, queue.ErrQueueFull) {
+				// Report what went in, then fail fast: try again later.
+				if asJSON {
+					_ = json.NewEncoder(a.stdout).Encode(res)
+				} else {
+					fmt.Fprintf(a.stdout, "submitted %d, duplicates %d, rejected %d\n", res.Submitted, res.Duplicates, len(res.Rejected))
+				}
+				return withCode(ExitBusy, err)
+			}
 			if err != nil {
 				return err
 			}

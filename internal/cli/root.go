@@ -27,7 +27,7 @@ const (
 	ExitUnavailable = 69 // etcd could not be reached
 	ExitLockLost    = 70 // lock run: the lock was lost while the command ran
 	ExitLeaseLost   = 70 // registry register, worker: the primary lease was lost
-	ExitBusy        = 75 // the lock is held by someone else (try again later)
+	ExitBusy        = 75 // the lock is held by someone else, or the queue is full (try again later)
 )
 
 // exitError carries an exit code up to Main.
@@ -123,7 +123,7 @@ $ETCD_ENDPOINTS, else 127.0.0.1:2379. "drover server" runs one for you.`,
 	pf.StringVar(&a.logFormat, "log-format", "text", "log format: text or json")
 	pf.StringVar(&a.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 
-	root.AddCommand(a.versionCommand(), a.serverCommand(), a.lockCommand(), a.taskCommand(), a.submitCommand(), a.workerCommand(), a.tasksCommand(), a.dlqCommand(), a.registryCommand(), a.workersCommand(), a.limitsCommand(), a.quotasCommand(), a.breakersCommand(), a.demoCommand(), a.demoWorkerCommand(), a.lostUpdateWorkerCommand())
+	root.AddCommand(a.versionCommand(), a.serverCommand(), a.lockCommand(), a.taskCommand(), a.submitCommand(), a.workerCommand(), a.tasksCommand(), a.dlqCommand(), a.registryCommand(), a.workersCommand(), a.limitsCommand(), a.quotasCommand(), a.breakersCommand(), a.queuesCommand(), a.demoCommand(), a.demoWorkerCommand(), a.lostUpdateWorkerCommand())
 	return root
 }
 
