@@ -14,6 +14,7 @@
 //	/{ns}/queues/{q}/done/{status}/{finished}-{id} a task that SUCCEEDED or was CANCELLED
 //	/{ns}/queues/{q}/archived         counts of finished tasks removed after their retention
 //	/{ns}/queues/{q}/config           the queue's settings (maximum depth)
+//	/{ns}/queues/{q}/levels/{level}   a priority level that may have pending tasks
 //	/{ns}/checkpoints/{thread}/{cpns}/{head|fence|cp/{id}|writes/{id}/...} agent state per thread
 //	/{ns}/queues/{q}/cancel/{id}      a request to cancel a running task
 //	/{ns}/components/{component}/endpoints/{id} a registered endpoint, bound to its process's primary lease
@@ -244,3 +245,7 @@ func (s Space) BreakerState(name string) string { return s.Breakers() + name + "
 
 // QueueConfig is the key of queue q's settings.
 func (s Space) QueueConfig(q string) string { return s.Queue(q) + "config" }
+
+// QueueLevels is the prefix of queue q's priority level markers, ending in
+// "/".
+func (s Space) QueueLevels(q string) string { return s.Queue(q) + "levels/" }

@@ -55,7 +55,9 @@ func NewClient(cli *clientv3.Client, ns string) (*Client, error) {
 // hash of the task id. etcd counts every key of a range it reads, even with
 // a limit, so a claim reads one shard (a five-hundred-and-twelfth of the
 // queue), never the whole queue. Within a shard, tasks are ordered by
-// priority, then submission time; across shards the order is approximate.
+// priority, then submission time; priority levels have markers so that a
+// claim reads the highest level first (see docs/flow.md); among equal
+// priorities the order across shards is approximate.
 const Shards = 512
 
 func shardOf(id string) int {
@@ -73,6 +75,22 @@ func (c *Client) shardPrefix(q string, i int) string {
 // priority first, then submission order.
 func (c *Client) pendingKey(t *Task) string {
 	return fmt.Sprintf("%s%04d%019d-%s", c.shardPrefix(t.Queue, shardOf(t.ID)), MaxPriority-t.Metadata.Priority, t.Metadata.CreatedAt.UnixNano(), t.ID)
+}
+
+// levelOf is the priority level part of a task's pending key: higher
+// priorities sort first.
+func levelOf(priority int) string { return fmt.Sprintf("%04d", MaxPriority-priority) }
+
+// levelKey is the marker of priority level lv in queue q.
+func (c *Client) levelKey(q, lv string) string { return c.keys.QueueLevels(q) + lv }
+
+// levelOfPending returns the priority level of a pending key.
+func (c *Client) levelOfPending(q, key string) string {
+	rest := strings.TrimPrefix(key, c.keys.QueuePending(q))
+	if len(rest) < 8 { // "{shard:03d}/{level:04d}"
+		return ""
+	}
+	return rest[4:8]
 }
 
 // pendingID returns the task id of a pending key, given the pending prefix.
@@ -134,7 +152,8 @@ func (c *Client) Submit(ctx context.Context, q string, tasks []Task, progress fu
 	}
 	done := len(tasks) - len(valid)
 	seen := make(map[string]bool, len(valid))
-	var ops []clientv3.Op
+	var ops, markers []clientv3.Op
+	levels := map[string]bool{}
 	size := 0
 	depth, err := c.depthGuard(ctx, q)
 	if err != nil {
@@ -162,12 +181,15 @@ func (c *Client) Submit(ctx context.Context, q string, tasks []Task, progress fu
 			return depth.fullError()
 		}
 		began := time.Now()
-		resp, err := c.cli.Txn(ctx).Then(ops...).Commit()
+		// The priority levels' markers go in the same transaction as
+		// the tasks, after them: a claimer that finds a level empty can
+		// only remove its marker if no task was added since.
+		resp, err := c.cli.Txn(ctx).Then(append(ops, markers...)...).Commit()
 		metrics.ObserveTxn("submit", began)
 		if err != nil {
 			return fmt.Errorf("queue: submit to %s (%d of %d submitted): %w", q, res.Submitted, len(valid), err)
 		}
-		for _, r := range resp.Responses {
+		for _, r := range resp.Responses[:len(ops)] {
 			if r.GetResponseTxn().Succeeded {
 				res.Submitted++
 				depth.added(1)
@@ -176,7 +198,8 @@ func (c *Client) Submit(ctx context.Context, q string, tasks []Task, progress fu
 			}
 		}
 		done += len(ops)
-		ops, size = ops[:0], 0
+		ops, size, markers = ops[:0], 0, nil
+		clear(levels)
 		if progress != nil {
 			progress(done)
 		}
@@ -198,6 +221,10 @@ func (c *Client) Submit(ctx context.Context, q string, tasks []Task, progress fu
 			if err := flush(); err != nil {
 				return res, err
 			}
+		}
+		if lv := levelOf(t.Metadata.Priority); !levels[lv] {
+			levels[lv] = true
+			markers = append(markers, clientv3.OpPut(c.levelKey(q, lv), ""))
 		}
 		recKey := c.keys.TaskRecord(t.ID)
 		ops = append(ops, clientv3.OpTxn(
@@ -551,7 +578,8 @@ func (c *Client) Requeue(ctx context.Context, q string, ids []string) (int, erro
 		t.CurrentStatus, t.RetriesAttempted, t.Attempt, t.Token = Pending, 0, 0, 0
 		t.Transitions = appendTransition(t.Transitions, Transition{Status: Pending, At: now, Error: "requeued from the dead-letter queue"})
 		rec, _ := json.Marshal(t)
-		return []clientv3.Op{clientv3.OpDelete(deadKey), clientv3.OpPut(c.keys.TaskRecord(t.ID), string(rec)), clientv3.OpPut(c.pendingKey(t), encodePending(0, false))}
+		return []clientv3.Op{clientv3.OpDelete(deadKey), clientv3.OpPut(c.keys.TaskRecord(t.ID), string(rec)), clientv3.OpPut(c.pendingKey(t), encodePending(0, false)),
+			clientv3.OpPut(c.levelKey(q, levelOf(t.Metadata.Priority)), "")}
 	})
 }
 

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"runtime/debug"
+	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -144,6 +145,8 @@ type Worker struct {
 
 	claimed, succeeded, retried, dead, handedBack, fenced atomic.Int64
 	shardCursor                                           atomic.Int64
+	claimSeq                                              atomic.Int64
+	busyLevels                                            map[string]time.Time // priority levels whose tasks all run, until when
 }
 
 type running struct {
@@ -194,7 +197,7 @@ func NewWorker(ctx context.Context, cli *clientv3.Client, cfg WorkerConfig) (*Wo
 	if err != nil {
 		return nil, err
 	}
-	w := &Worker{cfg: cfg, cli: cli, keys: client.keys, client: client, lease: cfg.Lease, logger: logger,
+	w := &Worker{cfg: cfg, cli: cli, keys: client.keys, client: client, lease: cfg.Lease, logger: logger, busyLevels: map[string]time.Time{},
 		worker: lock.NewHolder(cfg.WorkerID).ID, handlers: map[string]Handler{}, inflight: map[string]*running{}}
 	w.shardCursor.Store(rand.Int64N(Shards)) // workers start on different shards
 	if w.lease == nil {
@@ -438,58 +441,62 @@ func (w *Worker) loop(ctx, base context.Context, slots chan struct{}, finished c
 func (w *Worker) claim(ctx context.Context, n int) (claims []*claim, rev int64, contended bool, err error) {
 	q := w.cfg.Queue
 	pre := w.keys.QueuePending(q)
-	// One shard first: in a long queue it holds plenty. When it does not,
-	// read the following shards eight at a time.
-	const perRead = 8
-	start := int(w.shardCursor.Add(1))
+	seq := w.claimSeq.Add(1)
+	levels, err := w.readLevels(ctx)
+	if err != nil {
+		return nil, 0, false, err
+	}
 	var cands, suspects []*mvccpb.KeyValue
-	next := start
-	for read := 0; next < start+Shards && len(cands) < n; read++ {
-		width, limit := 1, int64(2*n+8)
-		if read > 0 {
-			width, limit = perRead, int64(2*n/perRead+4)
+	tried := map[string]bool{}
+	for {
+		lv, ok := w.pickLevel(levels, seq, tried)
+		if !ok {
+			break
 		}
-		ops := make([]clientv3.Op, 0, width)
-		for j := 0; j < width && next < start+Shards; j++ {
-			ops = append(ops, clientv3.OpGet(w.client.shardPrefix(q, next%Shards), clientv3.WithPrefix(), clientv3.WithLimit(limit)))
-			next++
-		}
-		resp, err := w.cli.Txn(ctx).Then(ops...).Commit()
+		tried[lv.name] = true
+		var covered bool
+		var r int64
+		cands, suspects, r, covered, err = w.readPending(ctx, n, lv.name)
 		if err != nil {
 			return nil, 0, false, err
 		}
 		if rev == 0 {
-			rev = resp.Header.Revision
+			rev = r
 		}
-		for _, r := range resp.Responses {
-			for _, kv := range r.GetResponseRange().Kvs {
-				var pv pendingValue
-				if json.Unmarshal(kv.Value, &pv) == nil && pv.Claimed {
-					suspects = append(suspects, kv)
-				} else {
-					cands = append(cands, kv)
-				}
+		if len(cands) > 0 {
+			break
+		}
+		if len(suspects) > 0 {
+			// Only claimed tasks: take those whose worker died.
+			orphans, err := w.orphans(ctx, suspects)
+			if err != nil {
+				return nil, 0, false, err
 			}
+			suspects = nil
+			if len(orphans) > 0 || lv.name == "" {
+				cands = orphans
+				break
+			}
+			w.busyLevels[lv.name] = time.Now().Add(levelBusyFor) // all running: skip it for a moment
+			continue
+		}
+		if lv.name == "" {
+			break
+		}
+		if covered { // empty: its marker goes, unless a task came since it was read
+			_, _ = w.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(w.client.levelKey(q, lv.name)), "=", lv.rev)).
+				Then(clientv3.OpDelete(w.client.levelKey(q, lv.name))).Commit()
 		}
 	}
+	// Oldest first within a priority level, across the shards read.
+	sort.SliceStable(cands, func(i, j int) bool { return string(cands[i].Key[len(pre)+4:]) < string(cands[j].Key[len(pre)+4:]) })
 	// A claimed task whose claim key is gone (its worker died) is
 	// claimable again; such tasks sit at the head of their shards, so look
 	// at them first.
 	if len(suspects) > 0 {
-		suspects = suspects[:min(len(suspects), 100)]
-		ops := make([]clientv3.Op, len(suspects))
-		for i, kv := range suspects {
-			ops[i] = clientv3.OpGet(w.keys.QueueClaim(q, pendingID(string(kv.Key), pre)), clientv3.WithCountOnly())
-		}
-		resp, err := w.cli.Txn(ctx).Then(ops...).Commit()
+		orphans, err := w.orphans(ctx, suspects)
 		if err != nil {
 			return nil, 0, false, err
-		}
-		var orphans []*mvccpb.KeyValue
-		for i, r := range resp.Responses {
-			if r.GetResponseRange().Count == 0 {
-				orphans = append(orphans, suspects[i])
-			}
 		}
 		cands = append(orphans, cands...)
 	}
@@ -969,6 +976,8 @@ func (w *Worker) promoteDue(ctx context.Context, pre string) (time.Time, error) 
 		}
 		if len(g.Kvs) > 0 {
 			ops := make([]clientv3.Op, 0, len(g.Kvs))
+			var markers []clientv3.Op
+			levels := map[string]bool{}
 			for _, kv := range g.Kvs {
 				var rv retryValue
 				if json.Unmarshal(kv.Value, &rv) != nil || rv.PendingKey == "" {
@@ -979,7 +988,12 @@ func (w *Worker) promoteDue(ctx context.Context, pre string) (time.Time, error) 
 				ops = append(ops, clientv3.OpTxn(
 					[]clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(string(kv.Key)), "=", kv.ModRevision)},
 					[]clientv3.Op{clientv3.OpDelete(string(kv.Key)), clientv3.OpPut(rv.PendingKey, encodePending(rv.Attempts, false))}, nil))
+				if lv := w.client.levelOfPending(w.cfg.Queue, rv.PendingKey); lv != "" && !levels[lv] {
+					levels[lv] = true
+					markers = append(markers, clientv3.OpPut(w.client.levelKey(w.cfg.Queue, lv), ""))
+				}
 			}
+			ops = append(ops, markers...)
 			if _, err := w.cli.Txn(ctx).Then(ops...).Commit(); err != nil {
 				return time.Time{}, err
 			}
@@ -1140,4 +1154,118 @@ func (w *Worker) countDepth(ctx context.Context) {
 		case <-t.C:
 		}
 	}
+}
+
+// levelBusyFor is how long a priority level whose tasks are all running is
+// skipped before it is read again.
+const levelBusyFor = 500 * time.Millisecond
+
+// level is a priority level marker; name "" stands for every level.
+type level struct {
+	name string
+	rev  int64
+}
+
+// readLevels returns queue's priority level markers, highest priority first.
+func (w *Worker) readLevels(ctx context.Context) ([]level, error) {
+	g, err := w.cli.Get(ctx, w.keys.QueueLevels(w.cfg.Queue), clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil {
+		return nil, err
+	}
+	out := make([]level, 0, len(g.Kvs))
+	for _, kv := range g.Kvs {
+		out = append(out, level{name: strings.TrimPrefix(string(kv.Key), w.keys.QueueLevels(w.cfg.Queue)), rev: kv.ModRevision})
+	}
+	return out, nil
+}
+
+// pickLevel chooses the priority level the next read takes tasks from; false
+// when every choice was tried. The rule: seven claims in eight read the
+// highest level with tasks that are not all running; every eighth reads the
+// levels below it in turn, so no level starves; every 64th, or whenever the
+// queue has one level or none, reads every level at once (shard order, which
+// also finds tasks whose level has no marker).
+func (w *Worker) pickLevel(levels []level, seq int64, tried map[string]bool) (level, bool) {
+	if len(levels) <= 1 || seq%64 == 0 {
+		return level{}, !tried[""]
+	}
+	now := time.Now()
+	var open []level
+	for _, lv := range levels {
+		if !tried[lv.name] && now.After(w.busyLevels[lv.name]) {
+			open = append(open, lv)
+		}
+	}
+	switch {
+	case len(open) == 0:
+		return level{}, !tried[""]
+	case seq%8 == 0 && len(open) > 1:
+		return open[1+int(seq/8)%(len(open)-1)], true
+	}
+	return open[0], true
+}
+
+// readPending reads up to about 2n pending keys of priority level lv (""
+// every level): one shard first, then the following shards several at a
+// time, starting from a different shard each call. covered says every shard
+// was read.
+func (w *Worker) readPending(ctx context.Context, n int, lv string) (cands, suspects []*mvccpb.KeyValue, rev int64, covered bool, err error) {
+	q := w.cfg.Queue
+	perRead := 8
+	if lv != "" {
+		perRead = 32 // a level may be sparse: read wide
+	}
+	start := int(w.shardCursor.Add(1))
+	next := start
+	for read := 0; next < start+Shards && len(cands) < n; read++ {
+		width, limit := 1, int64(2*n+8)
+		if read > 0 || lv != "" {
+			width, limit = perRead, int64(2*n/perRead+4)
+		}
+		ops := make([]clientv3.Op, 0, width)
+		for j := 0; j < width && next < start+Shards; j++ {
+			ops = append(ops, clientv3.OpGet(w.client.shardPrefix(q, next%Shards)+lv, clientv3.WithPrefix(), clientv3.WithLimit(limit)))
+			next++
+		}
+		resp, err := w.cli.Txn(ctx).Then(ops...).Commit()
+		if err != nil {
+			return nil, nil, 0, false, err
+		}
+		if rev == 0 {
+			rev = resp.Header.Revision
+		}
+		for _, r := range resp.Responses {
+			for _, kv := range r.GetResponseRange().Kvs {
+				var pv pendingValue
+				if json.Unmarshal(kv.Value, &pv) == nil && pv.Claimed {
+					suspects = append(suspects, kv)
+				} else {
+					cands = append(cands, kv)
+				}
+			}
+		}
+	}
+	return cands, suspects, rev, next >= start+Shards, nil
+}
+
+// orphans returns the claimed pending keys among suspects (at most 100)
+// whose claim key is gone: their worker died, and they are claimable again.
+func (w *Worker) orphans(ctx context.Context, suspects []*mvccpb.KeyValue) ([]*mvccpb.KeyValue, error) {
+	q, pre := w.cfg.Queue, w.keys.QueuePending(w.cfg.Queue)
+	suspects = suspects[:min(len(suspects), 100)]
+	ops := make([]clientv3.Op, len(suspects))
+	for i, kv := range suspects {
+		ops[i] = clientv3.OpGet(w.keys.QueueClaim(q, pendingID(string(kv.Key), pre)), clientv3.WithCountOnly())
+	}
+	resp, err := w.cli.Txn(ctx).Then(ops...).Commit()
+	if err != nil {
+		return nil, err
+	}
+	var out []*mvccpb.KeyValue
+	for i, r := range resp.Responses {
+		if r.GetResponseRange().Count == 0 {
+			out = append(out, suspects[i])
+		}
+	}
+	return out, nil
 }
