@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -73,16 +74,20 @@ func (c QuotaConfig) Check(field string) error {
 	return nil
 }
 
-// Quota is a fleet-wide concurrency quota: at most Limit tasks hold a slot
-// at once, per tenant (quota "tenant"), per task type (quota "type"), or in
-// total for a named resource. A slot is a key bound to the holding worker's
-// lease, so a dead worker's slots free themselves when its lease expires.
+// Quota is a fleet-wide concurrency quota: at most K tasks run at once per
+// tenant (quota "tenant"), per task type (quota "type"), or in total for a
+// named resource.
 //
-// Taking a slot is one transaction: write the slot key, then read the first
-// Limit slots by creation revision; the slot is held if it is among them,
-// and otherwise deleted at once. No more than Limit can ever hold: of any
-// Limit+1 holders, the newest would have seen the Limit older ones when it
-// read. A refused task is deferred (handed back to the queue for about a
+// Slots are granted to workers in batches, as rate-limit tokens are: each
+// worker holds a grant per subject, a key bound to its lease whose value is
+// how many slots it holds, and runs at most that many tasks of the subject.
+// A grant grows in one transaction that reads every grant of the subject and
+// rewrites the subject's ledger key only if it is unchanged since that read,
+// so two workers can never both take the last free slot: the grants never
+// sum to more than K. Shrinking needs no such check. A worker gives back
+// slots it has not used for grantIdle, and a dead worker's grants vanish
+// with its lease. So a task usually takes its slot without a round trip to
+// etcd. A refused task is deferred (handed back to the queue for about a
 // second, its attempt not counted), so it waits in the queue, not in a
 // worker slot that other tenants could use.
 type Quota struct {
@@ -93,8 +98,9 @@ type Quota struct {
 	lease  func() clientv3.LeaseID
 	logger *slog.Logger
 
-	mu  sync.Mutex
-	cfg QuotaConfig
+	mu     sync.Mutex
+	cfg    QuotaConfig
+	grants map[string]*grant
 
 	stop context.CancelFunc
 	done chan struct{}
@@ -109,7 +115,7 @@ func NewQuota(ctx context.Context, cli *clientv3.Client, keys keyspace.Space, na
 	if err := keyspace.CheckName("quota name", name); err != nil {
 		return nil, err
 	}
-	q := &Quota{cli: cli, keys: keys, name: name, types: types, lease: lease, logger: slog.Default(), done: make(chan struct{})}
+	q := &Quota{cli: cli, keys: keys, name: name, types: types, lease: lease, logger: slog.Default(), done: make(chan struct{}), grants: map[string]*grant{}}
 	if def.Limit > 0 || len(def.Subjects) > 0 {
 		if err := def.Check("quota"); err != nil {
 			return nil, err
@@ -227,6 +233,19 @@ func (q *Quota) subject(t *queue.Task) string {
 	return "-"
 }
 
+// grantIdle is how long a worker keeps slots it does not use before giving
+// them back to the fleet.
+const grantIdle = 100 * time.Millisecond
+
+// grant is this worker's share of one subject's slots.
+type grant struct {
+	grow  sync.Mutex // one change of the grant at a time
+	held  int        // slots granted to this worker
+	inUse int
+	lease clientv3.LeaseID
+	timer *time.Timer // gives idle slots back
+}
+
 // Acquire takes a slot for t. It returns release (nil when the quota does
 // not apply to t) and whether the slot was granted.
 func (q *Quota) Acquire(ctx context.Context, t *queue.Task) (release func(), ok bool, err error) {
@@ -238,40 +257,173 @@ func (q *Quota) Acquire(ctx context.Context, t *queue.Task) (release func(), ok 
 	if limit <= 0 {
 		return nil, true, nil
 	}
-	lease := q.lease()
-	pre := q.keys.QuotaSlots(q.name, subject)
-	key := fmt.Sprintf("%s%x-%s", pre, int64(lease), t.ID)
-	began := time.Now()
-	resp, err := q.cli.Txn(ctx).Then(
-		clientv3.OpPut(key, t.ID, clientv3.WithLease(lease)),
-		clientv3.OpGet(pre, clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithLimit(int64(limit)),
-			clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend)),
-	).Commit()
-	metrics.ObserveTxn("quota", began)
+	q.mu.Lock()
+	g := q.grants[subject]
+	if g == nil {
+		g = &grant{}
+		q.grants[subject] = g
+	}
+	if q.take(g) {
+		q.mu.Unlock()
+		return func() { q.release(subject, g) }, true, nil
+	}
+	q.mu.Unlock()
+	g.grow.Lock()
+	defer g.grow.Unlock()
+	q.mu.Lock()
+	if q.take(g) { // another task grew it meanwhile
+		q.mu.Unlock()
+		return func() { q.release(subject, g) }, true, nil
+	}
+	q.mu.Unlock()
+	grown, err := q.growGrant(ctx, subject, g, limit)
 	if err != nil {
-		return nil, false, fmt.Errorf("flow: quota %s: %w", q.name, err)
+		return nil, false, err
 	}
-	del := func() {
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		if _, err := q.cli.Delete(dctx, key); err != nil {
-			q.logger.Warn("flow: could not free a quota slot; it goes with the worker's lease", "quota", q.name, "key", key, "err", err)
-		}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if !grown || !q.take(g) {
+		metrics.QuotaWaits.WithLabelValues(q.name).Inc()
+		return nil, false, nil
 	}
-	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
-		if string(kv.Key) == key {
-			return del, true, nil
-		}
-	}
-	del()
-	metrics.QuotaWaits.WithLabelValues(q.name).Inc()
-	return nil, false, nil
+	return func() { q.release(subject, g) }, true, nil
 }
 
-// Close stops following the quota's configuration.
+// take uses one held slot if one is free; q.mu is held.
+func (q *Quota) take(g *grant) bool {
+	if g.lease != q.lease() {
+		g.held, g.lease = 0, q.lease() // a new lease: the old grant went with the old one
+	}
+	if g.inUse >= g.held {
+		return false
+	}
+	g.inUse++
+	if g.timer != nil {
+		g.timer.Stop()
+		g.timer = nil
+	}
+	return true
+}
+
+// growGrant asks the fleet for more slots of subject: it reads every grant
+// and the ledger, and raises this worker's grant by up to a batch if the
+// grants leave room, in a transaction that fails if any grant grew since the
+// read. g.grow is held.
+func (q *Quota) growGrant(ctx context.Context, subject string, g *grant, limit int) (bool, error) {
+	pre := q.keys.QuotaGrants(q.name, subject)
+	ledger := q.keys.QuotaLedger(q.name, subject)
+	lease := q.lease()
+	mine := fmt.Sprintf("%s%x", pre, int64(lease))
+	batch := max(1, min(limit/4, 16))
+	for {
+		began := time.Now()
+		resp, err := q.cli.Txn(ctx).Then(clientv3.OpGet(pre, clientv3.WithPrefix()), clientv3.OpGet(ledger)).Commit()
+		if err != nil {
+			return false, fmt.Errorf("flow: quota %s: %w", q.name, err)
+		}
+		sum, own := 0, 0
+		for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
+			n, _ := strconv.Atoi(string(kv.Value))
+			sum += n
+			if string(kv.Key) == mine {
+				own = n
+			}
+		}
+		var ledgerRev int64
+		if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) == 1 {
+			ledgerRev = kvs[0].ModRevision
+		}
+		free := limit - sum
+		if free <= 0 {
+			metrics.ObserveTxn("quota", began)
+			return false, nil
+		}
+		next := own + min(free, batch)
+		tr, err := q.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(ledger), "=", ledgerRev)).
+			Then(clientv3.OpPut(ledger, ""), clientv3.OpPut(mine, strconv.Itoa(next), clientv3.WithLease(lease))).Commit()
+		metrics.ObserveTxn("quota", began)
+		if err != nil {
+			return false, fmt.Errorf("flow: quota %s: %w", q.name, err)
+		}
+		if tr.Succeeded {
+			q.mu.Lock()
+			g.held, g.lease = next, lease
+			q.mu.Unlock()
+			return true, nil
+		}
+	}
+}
+
+// release frees a slot; slots left unused for grantIdle go back to the
+// fleet.
+func (q *Quota) release(subject string, g *grant) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	g.inUse--
+	if g.inUse < g.held && g.timer == nil {
+		g.timer = time.AfterFunc(grantIdle, func() { q.shrink(subject, g) })
+	}
+}
+
+// shrink gives back the slots g does not use.
+func (q *Quota) shrink(subject string, g *grant) {
+	g.grow.Lock()
+	defer g.grow.Unlock()
+	q.mu.Lock()
+	g.timer = nil
+	keep, lease := g.inUse, g.lease
+	if keep >= g.held || lease != q.lease() {
+		q.mu.Unlock()
+		return
+	}
+	q.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	key := fmt.Sprintf("%s%x", q.keys.QuotaGrants(q.name, subject), int64(lease))
+	var err error
+	if keep == 0 {
+		_, err = q.cli.Delete(ctx, key)
+	} else {
+		_, err = q.cli.Put(ctx, key, strconv.Itoa(keep), clientv3.WithLease(lease))
+	}
+	if err != nil {
+		q.logger.Warn("flow: could not give quota slots back; they go with the worker's lease", "quota", q.name, "subject", subject, "err", err)
+		return
+	}
+	q.mu.Lock()
+	g.held = max(keep, g.inUse)
+	if g.inUse < g.held && g.timer == nil {
+		g.timer = time.AfterFunc(grantIdle, func() { q.shrink(subject, g) })
+	}
+	q.mu.Unlock()
+}
+
+// Close stops following the quota's configuration and gives back every
+// slot this process holds (running tasks should have ended).
 func (q *Quota) Close() {
 	q.stop()
 	<-q.done
+	q.mu.Lock()
+	grants := q.grants
+	q.grants = map[string]*grant{}
+	q.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for subject, g := range grants {
+		g.grow.Lock()
+		q.mu.Lock()
+		if g.timer != nil {
+			g.timer.Stop()
+			g.timer = nil
+		}
+		held, lease := g.held, g.lease
+		g.held = 0
+		q.mu.Unlock()
+		if held > 0 {
+			_, _ = q.cli.Delete(ctx, fmt.Sprintf("%s%x", q.keys.QuotaGrants(q.name, subject), int64(lease)))
+		}
+		g.grow.Unlock()
+	}
 }
 
 // QuotaGate admits a task once it holds a slot of q, and frees the slot when
@@ -296,8 +448,8 @@ func (g quotaGate) Admit(ctx context.Context, t *queue.Task) (func(error), error
 	return func(error) { release() }, nil
 }
 
-// QuotaUsage is a quota's configuration and how many slots are held, by
-// subject.
+// QuotaUsage is a quota's configuration and how many slots workers hold, by
+// subject (granted: running, or kept for grantIdle after a task ended).
 type QuotaUsage struct {
 	Name string `json:"name"`
 	QuotaConfig
@@ -306,7 +458,7 @@ type QuotaUsage struct {
 
 // Quotas lists every configured quota with its held slots.
 func Quotas(ctx context.Context, cli *clientv3.Client, keys keyspace.Space) ([]QuotaUsage, error) {
-	g, err := cli.Get(ctx, keys.Quotas(), clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	g, err := cli.Get(ctx, keys.Quotas(), clientv3.WithPrefix())
 	if err != nil {
 		return nil, fmt.Errorf("flow: list quotas: %w", err)
 	}
@@ -322,15 +474,16 @@ func Quotas(ctx context.Context, cli *clientv3.Client, keys keyspace.Space) ([]Q
 			names = append(names, name)
 		}
 		if tail == "config" {
-			u.QuotaConfig, _, _ = GetQuota(ctx, cli, keys, name)
+			_ = json.Unmarshal(kv.Value, &u.QuotaConfig)
 			continue
 		}
-		if sub, ok := strings.CutPrefix(tail, "slots/"); ok {
+		if sub, ok := strings.CutPrefix(tail, "grants/"); ok {
 			subject, _, _ := strings.Cut(sub, "/")
 			if s, err := url.PathUnescape(subject); err == nil {
 				subject = s
 			}
-			u.Held[subject]++
+			n, _ := strconv.Atoi(string(kv.Value))
+			u.Held[subject] += n
 		}
 	}
 	slices.Sort(names)

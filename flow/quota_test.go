@@ -27,11 +27,14 @@ func grantLease(t *testing.T, cli *clientv3.Client, ttl int64) clientv3.LeaseID 
 // TestQuotaNeverExceeded: 12 contenders with leases of their own take
 // slots of a per-tenant quota of 3 as fast as they can; the holders counted
 // at any moment never exceed 3, and another tenant's slots are separate.
+// Idle slots go back to the fleet: a contender that stops asking lets the
+// others have them.
 func TestQuotaNeverExceeded(t *testing.T) {
 	ns := etcdtest.Namespace(t)
 	ctx := context.Background()
 	var holding, peak, grants atomic.Int64
 	var wg sync.WaitGroup
+	var contenders []*flow.Quota
 	for i := range 12 {
 		cli := srv.Client(t)
 		lease := grantLease(t, cli, 30)
@@ -39,7 +42,7 @@ func TestQuotaNeverExceeded(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer q.Close()
+		contenders = append(contenders, q)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -64,6 +67,9 @@ func TestQuotaNeverExceeded(t *testing.T) {
 		}()
 	}
 	wg.Wait()
+	for _, q := range contenders {
+		q.Close() // gives its slots back
+	}
 	if peak.Load() > 3 {
 		t.Fatalf("%d held a quota of 3 at once", peak.Load())
 	}

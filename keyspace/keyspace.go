@@ -21,7 +21,8 @@
 //	/{ns}/limits/{name}/{config|state} a fleet-wide rate limit: its rate, and its token bucket
 //	/{ns}/quotas/{name}/config        a concurrency quota's limit
 //	/{ns}/breakers/{name}/{config|state} a circuit breaker: its thresholds, and its state
-//	/{ns}/quotas/{name}/slots/{subject}/{lease}-{task} a running task's slot, bound to its worker's lease
+//	/{ns}/quotas/{name}/grants/{subject}/{lease} slots a worker holds, bound to its lease
+//	/{ns}/quotas/{name}/ledger/{subject} rewritten by every grant increase (compare-and-swap)
 //
 // Names that become one path segment are checked by [CheckName], so that no
 // name can reach into another name's keys.
@@ -224,14 +225,21 @@ func (s Space) Quotas() string { return s.root + "quotas/" }
 // QuotaConfig is the key of quota name's configuration.
 func (s Space) QuotaConfig(name string) string { return s.Quotas() + name + "/config" }
 
-// QuotaSlots is the prefix of quota name's slots for subject (a tenant, a
+// QuotaGrants is the prefix of quota name's grants for subject (a tenant, a
 // task type, or "-" for a named resource), ending in "/"; subject "" gives
-// the prefix of all its slots.
-func (s Space) QuotaSlots(name, subject string) string {
+// the prefix of all its grants. A grant is the number of slots one worker
+// holds, bound to its lease.
+func (s Space) QuotaGrants(name, subject string) string {
 	if subject == "" {
-		return s.Quotas() + name + "/slots/"
+		return s.Quotas() + name + "/grants/"
 	}
-	return s.Quotas() + name + "/slots/" + subject + "/"
+	return s.Quotas() + name + "/grants/" + subject + "/"
+}
+
+// QuotaLedger is the key every grant increase of quota name for subject
+// rewrites, so that two increases cannot both succeed on the same reading.
+func (s Space) QuotaLedger(name, subject string) string {
+	return s.Quotas() + name + "/ledger/" + subject
 }
 
 // Breakers is the prefix of every circuit breaker, ending in "/".
