@@ -95,6 +95,10 @@ func NewLimiter(ctx context.Context, cli *clientv3.Client, keys keyspace.Space, 
 		l.logger.Info("rate limit already configured in etcd; using that", "limit", name, "rate", rate.String(), "burst", rate.Burst, "asked", def.String())
 	}
 	l.rate = rate
+	// The limit's series exist from the start, at 0.
+	metrics.RateLimitWaits.WithLabelValues(name)
+	metrics.RateLimitWaitSeconds.WithLabelValues(name)
+	metrics.RateLimitTokensUsed.WithLabelValues(name)
 	wctx, cancel := context.WithCancel(context.Background())
 	l.stop = cancel
 	go l.follow(wctx, rev)

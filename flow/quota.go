@@ -130,6 +130,7 @@ func NewQuota(ctx context.Context, cli *clientv3.Client, keys keyspace.Space, na
 		return nil, err
 	}
 	q.cfg = cfg
+	metrics.QuotaWaits.WithLabelValues(name) // the series exists from the start, at 0
 	wctx, cancel := context.WithCancel(context.Background())
 	q.stop = cancel
 	go func() {

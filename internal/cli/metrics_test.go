@@ -75,6 +75,7 @@ func TestWorkerMetrics(t *testing.T) {
 	}
 	addr := etcdtest.FreeAddr()
 	w := start(t, cleanEnv(), append(etcdFlags(ns), "worker", "--queue", "m", "--metrics-listen", addr, "--depth-interval", "300ms",
+		"--limit", "api=1000/s", "--quota", "tenant=5", "--breaker", "crm;failures=100",
 		"--handler", `exec:if grep -q '"task_type":"bad"'; then exit 65; fi`)...)
 	var fams map[string]*dto.MetricFamily
 	waitFor(t, 30*time.Second, "all 25 tasks in the metrics", func() bool {
@@ -107,6 +108,10 @@ func TestWorkerMetrics(t *testing.T) {
 		{"drover_queue_tasks", map[string]string{"queue": "m", "state": "dead"}, 5},
 		{"drover_queue_tasks", map[string]string{"queue": "m", "state": "pending"}, 0},
 		{"drover_lease_losses_total", nil, 0},
+		{"drover_ratelimit_tokens_used_total", map[string]string{"limit": "api"}, 25},
+		{"drover_ratelimit_waits_total", map[string]string{"limit": "api"}, 0},
+		{"drover_quota_waits_total", map[string]string{"quota": "tenant"}, 0},
+		{"drover_breaker_state", map[string]string{"breaker": "crm"}, 0},
 	} {
 		if got := sum(fams[c.family], c.labels); got != c.want {
 			t.Errorf("%s%v = %v, want %v", c.family, c.labels, got, c.want)
