@@ -20,7 +20,7 @@ func TestPriorityOrder(t *testing.T) {
 	submitN(t, ns, "p", "high", 10, `,"metadata":{"priority":5}`)
 	log := filepath.Join(t.TempDir(), "order")
 	w := start(t, cleanEnv(), append(etcdFlags(ns), "worker", "--queue", "p", "--concurrency", "1", "--drain",
-		"--handler", `exec:t=$(sed 's/.*"task_type":"\([a-z]*\)".*/\1/'); echo "$t" >> `+log)...)
+		"--handler", `exec:t=$(sed 's/.*"task_id":"\([a-z0-9-]*\)".*/\1/'); echo "$t" >> `+log)...)
 	if code := w.wait(t, 60*time.Second); code != 0 {
 		t.Fatalf("worker exit %d: %s", code, w.stderr.String())
 	}
@@ -28,9 +28,16 @@ func TestPriorityOrder(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	order := strings.Fields(string(b))
-	if len(order) != 35 {
-		t.Fatalf("%d tasks ran, want 35", len(order))
+	ids := strings.Fields(string(b))
+	if len(ids) != 35 {
+		t.Fatalf("%d tasks ran, want 35", len(ids))
+	}
+	// Among equal priorities the order is only approximately FIFO across
+	// shards (docs/flow.md), so it is not asserted here.
+	var order []string
+	for _, id := range ids {
+		typ, _, _ := strings.Cut(id, "-")
+		order = append(order, typ)
 	}
 	t.Logf("order: %v", order)
 	rank := map[string]int{"high": 0, "mid": 1, "low": 2}
