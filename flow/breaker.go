@@ -85,6 +85,7 @@ type Breaker struct {
 	cfg   BreakerConfig
 	state BreakerState
 	mod   int64 // mod revision of state; 0: absent
+	seen  int64 // revision at which state was seen
 
 	stop context.CancelFunc
 	done chan struct{}
@@ -123,6 +124,7 @@ func NewBreaker(ctx context.Context, cli *clientv3.Client, keys keyspace.Space, 
 		_ = json.Unmarshal(st[0].Value, &br.state)
 		br.mod = st[0].ModRevision
 	}
+	br.seen = resp.Header.Revision
 	br.publish()
 	wctx, cancel := context.WithCancel(context.Background())
 	br.stop = cancel
@@ -168,7 +170,7 @@ func (b *Breaker) followState(ctx context.Context, rev int64) {
 				if ev.Type == clientv3.EventTypeDelete {
 					mod = 0
 				}
-				b.set(st, mod)
+				b.set(st, mod, ev.Kv.ModRevision)
 			}
 		}
 		select {
@@ -176,22 +178,23 @@ func (b *Breaker) followState(ctx context.Context, rev int64) {
 			return
 		case <-time.After(200 * time.Millisecond):
 		}
-		if st, mod, err := b.read(ctx); err == nil {
-			b.set(st, mod)
-			rev = max(rev, mod)
+		if st, mod, at, err := b.read(ctx); err == nil {
+			b.set(st, mod, at)
+			rev = at
 		}
 	}
 }
 
-// set records a state newer than the one held.
-func (b *Breaker) set(st BreakerState, mod int64) {
+// set records a state seen at revision at (mod: the key's mod revision, 0
+// when absent) unless a later one is held.
+func (b *Breaker) set(st BreakerState, mod, at int64) {
 	b.mu.Lock()
-	if mod != 0 && mod < b.mod {
+	if at < b.seen {
 		b.mu.Unlock()
 		return
 	}
 	old := b.state.State
-	b.state, b.mod = st, mod
+	b.state, b.mod, b.seen = st, mod, at
 	b.mu.Unlock()
 	b.publish()
 	if old != st.State {
@@ -207,17 +210,19 @@ func (b *Breaker) publish() {
 	metrics.BreakerState.WithLabelValues(b.name).Set(v)
 }
 
-func (b *Breaker) read(ctx context.Context) (BreakerState, int64, error) {
+// read returns the state, its mod revision (0: absent) and the revision it
+// was read at.
+func (b *Breaker) read(ctx context.Context) (BreakerState, int64, int64, error) {
 	g, err := b.cli.Get(ctx, b.keys.BreakerState(b.name))
 	if err != nil {
-		return BreakerState{}, 0, err
+		return BreakerState{}, 0, 0, fmt.Errorf("flow: read breaker %s: %w", b.name, err)
 	}
 	if len(g.Kvs) == 0 {
-		return BreakerState{State: Closed}, 0, nil
+		return BreakerState{State: Closed}, 0, g.Header.Revision, nil
 	}
 	var st BreakerState
 	_ = json.Unmarshal(g.Kvs[0].Value, &st)
-	return st, g.Kvs[0].ModRevision, nil
+	return st, g.Kvs[0].ModRevision, g.Header.Revision, nil
 }
 
 // State returns the breaker's state as this process last saw it.
@@ -247,15 +252,15 @@ func (b *Breaker) update(ctx context.Context, change func(st *BreakerState, cfg 
 			return st, false, fmt.Errorf("flow: breaker %s: %w", b.name, err)
 		}
 		if resp.Succeeded {
-			b.set(st, resp.Header.Revision)
+			b.set(st, resp.Header.Revision, resp.Header.Revision)
 			return st, true, nil
 		}
 		if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) == 1 {
 			var fresh BreakerState
 			_ = json.Unmarshal(kvs[0].Value, &fresh)
-			b.set(fresh, kvs[0].ModRevision)
+			b.set(fresh, kvs[0].ModRevision, resp.Header.Revision)
 		} else {
-			b.set(BreakerState{State: Closed}, 0)
+			b.set(BreakerState{State: Closed}, 0, resp.Header.Revision)
 		}
 	}
 }
@@ -315,7 +320,7 @@ func (b *Breaker) Record(ctx context.Context, id string, failed bool) error {
 			if s.State == Closed && s.Consecutive == 0 {
 				return false
 			}
-			if s.State == Open {
+			if s.State == Open || s.State == HalfOpen && s.Probe != id {
 				// A call let through before the breaker opened: its
 				// success does not close it; the probe decides.
 				return false
@@ -434,7 +439,8 @@ func countsForBreaker(err error) bool {
 	switch {
 	case err == nil:
 		return true
-	case errors.Is(err, queue.ErrPermanent), errors.Is(err, queue.ErrCancelled), errors.Is(err, queue.ErrShutdown), errors.Is(err, context.Canceled):
+	case errors.Is(err, queue.ErrPermanent), errors.Is(err, queue.ErrCancelled), errors.Is(err, queue.ErrShutdown),
+		errors.Is(err, queue.ErrNotRun), errors.Is(err, context.Canceled):
 		return false
 	}
 	return true

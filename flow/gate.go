@@ -2,6 +2,7 @@ package flow
 
 import (
 	"context"
+	"errors"
 	"slices"
 
 	"github.com/droverhq/drover/queue"
@@ -25,5 +26,11 @@ func (g *rateGate) Admit(ctx context.Context, t *queue.Task) (func(error), error
 	if err != nil {
 		return nil, err
 	}
-	return func(error) { r.Settle(1) }, nil
+	return func(err error) {
+		if errors.Is(err, queue.ErrNotRun) {
+			r.Settle(0) // a later gate refused the task: the token goes back
+			return
+		}
+		r.Settle(1)
+	}, nil
 }

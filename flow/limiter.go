@@ -39,8 +39,10 @@ const batchWindow = 100 * time.Millisecond
 // the sum of settled amounts.
 //
 // The bucket refills by each writer's clock (clamped so that it never runs
-// backwards), so machines must keep their clocks synchronised (NTP): a skew
-// of d lets the fleet run ahead by at most d's worth of tokens.
+// backwards), so machines must keep their clocks synchronised (NTP): a
+// writer whose clock is d ahead lets the fleet run ahead by d's worth of
+// tokens once, and holds back the refill seen by the others for d.
+// Settle every reservation before Close; one settled later still counts.
 //
 // No library gives a rate limit shared across processes through etcd with
 // batched grants, so this one is drover's own; golang.org/x/time/rate
@@ -58,6 +60,7 @@ type Limiter struct {
 	cacheMR int64 // mod revision of cached; 0: not read yet
 	changed chan struct{}
 	closed  bool
+	fetch   sync.Mutex // one batch fetch at a time
 
 	stop context.CancelFunc
 	done chan struct{}
@@ -228,14 +231,33 @@ func (l *Limiter) Reserve(ctx context.Context, n int64) (*Reservation, error) {
 		// At most half the burst at once: the bucket keeps filling while a
 		// batch is in flight instead of spilling over its cap.
 		batch := min(max(need, int64(rate.PerSecond()*batchWindow.Seconds())), max(need, rate.Burst/2))
+		// One batch fetch at a time per process: concurrent reservations
+		// share what it brings instead of each taking a batch.
+		l.fetch.Lock()
+		l.mu.Lock()
+		enough := l.local >= n
+		l.mu.Unlock()
+		if enough {
+			l.fetch.Unlock()
+			continue
+		}
 		got, wait, err := l.take(ctx, rate, batch)
+		if err == nil && got > 0 {
+			l.mu.Lock()
+			closed := l.closed
+			if !closed {
+				l.local += got
+			}
+			l.mu.Unlock()
+			if closed { // Close ran meanwhile: these go back
+				_ = l.give(context.WithoutCancel(ctx), got)
+			}
+		}
+		l.fetch.Unlock()
 		if err != nil {
 			return nil, err
 		}
 		if got > 0 {
-			l.mu.Lock()
-			l.local += got
-			l.mu.Unlock()
 			continue
 		}
 		began := time.Now()
@@ -259,8 +281,16 @@ func (r *Reservation) Settle(actual int64) {
 	r.settled.Do(func() {
 		actual = max(actual, 0)
 		r.l.mu.Lock()
-		r.l.local += r.n - actual
+		closed := r.l.closed
+		if !closed {
+			r.l.local += r.n - actual
+		}
 		r.l.mu.Unlock()
+		if closed && r.n != actual { // settled after Close: straight to the bucket
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			_ = r.l.give(ctx, r.n-actual)
+			cancel()
+		}
 		metrics.RateLimitTokensUsed.WithLabelValues(r.l.name).Add(float64(actual))
 	})
 }

@@ -217,21 +217,22 @@ func (q *Quota) Config() QuotaConfig {
 	return q.cfg
 }
 
-// subject is the slot group t counts in, "" when the quota does not apply.
-func (q *Quota) subject(t *queue.Task) string {
+// subject returns the slot group t counts in (its name, and its form in
+// keys), "" when the quota does not apply.
+func (q *Quota) subject(t *queue.Task) (name, key string) {
 	if len(q.types) > 0 && !slices.Contains(q.types, t.Type) {
-		return ""
+		return "", ""
 	}
 	switch q.name {
 	case PerTenant:
 		if t.Metadata.Tenant == "" {
-			return ""
+			return "", ""
 		}
-		return url.PathEscape(t.Metadata.Tenant)
+		return t.Metadata.Tenant, url.PathEscape(t.Metadata.Tenant)
 	case PerType:
-		return t.Type
+		return t.Type, t.Type
 	}
-	return "-"
+	return "-", "-"
 }
 
 // grantIdle is how long a worker keeps slots it does not use before giving
@@ -250,11 +251,11 @@ type grant struct {
 // Acquire takes a slot for t. It returns release (nil when the quota does
 // not apply to t) and whether the slot was granted.
 func (q *Quota) Acquire(ctx context.Context, t *queue.Task) (release func(), ok bool, err error) {
-	subject := q.subject(t)
+	name, subject := q.subject(t)
 	if subject == "" {
 		return nil, true, nil
 	}
-	limit := q.Config().For(subject)
+	limit := q.Config().For(name)
 	if limit <= 0 {
 		return nil, true, nil
 	}
@@ -264,7 +265,7 @@ func (q *Quota) Acquire(ctx context.Context, t *queue.Task) (release func(), ok 
 		g = &grant{}
 		q.grants[subject] = g
 	}
-	if q.take(g) {
+	if q.take(g, limit) {
 		q.mu.Unlock()
 		return func() { q.release(subject, g) }, true, nil
 	}
@@ -272,7 +273,7 @@ func (q *Quota) Acquire(ctx context.Context, t *queue.Task) (release func(), ok 
 	g.grow.Lock()
 	defer g.grow.Unlock()
 	q.mu.Lock()
-	if q.take(g) { // another task grew it meanwhile
+	if q.take(g, limit) { // another task grew it meanwhile
 		q.mu.Unlock()
 		return func() { q.release(subject, g) }, true, nil
 	}
@@ -283,26 +284,24 @@ func (q *Quota) Acquire(ctx context.Context, t *queue.Task) (release func(), ok 
 	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if !grown || !q.take(g) {
+	if !grown || !q.take(g, limit) {
 		metrics.QuotaWaits.WithLabelValues(q.name).Inc()
 		return nil, false, nil
 	}
 	return func() { q.release(subject, g) }, true, nil
 }
 
-// take uses one held slot if one is free; q.mu is held.
-func (q *Quota) take(g *grant) bool {
+// take uses one held slot if one is free and the limit (which may have been
+// lowered) allows; q.mu is held. It starts the timer that gives unused slots
+// back.
+func (q *Quota) take(g *grant, limit int) bool {
 	if g.lease != q.lease() {
-		g.held, g.lease = 0, q.lease() // a new lease: the old grant went with the old one
+		g.held, g.inUse, g.lease = 0, 0, q.lease() // a new lease: the old grant went with the old one
 	}
-	if g.inUse >= g.held {
+	if g.inUse >= min(g.held, limit) {
 		return false
 	}
 	g.inUse++
-	if g.timer != nil {
-		g.timer.Stop()
-		g.timer = nil
-	}
 	return true
 }
 
@@ -355,18 +354,20 @@ func (q *Quota) growGrant(ctx context.Context, subject string, g *grant, limit i
 	}
 }
 
-// release frees a slot; slots left unused for grantIdle go back to the
-// fleet.
+// release frees a slot. Every grantIdle while this worker holds more slots
+// than it uses, it gives the unused ones back to the fleet.
 func (q *Quota) release(subject string, g *grant) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	g.inUse--
+	g.inUse = max(0, g.inUse-1)
 	if g.inUse < g.held && g.timer == nil {
 		g.timer = time.AfterFunc(grantIdle, func() { q.shrink(subject, g) })
 	}
 }
 
-// shrink gives back the slots g does not use.
+// shrink gives back the slots g does not use now. The local count is lowered
+// before etcd's, so this worker never runs more tasks than etcd records for
+// it, whatever happens to the request.
 func (q *Quota) shrink(subject string, g *grant) {
 	g.grow.Lock()
 	defer g.grow.Unlock()
@@ -377,6 +378,7 @@ func (q *Quota) shrink(subject string, g *grant) {
 		q.mu.Unlock()
 		return
 	}
+	g.held = keep
 	q.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -388,15 +390,11 @@ func (q *Quota) shrink(subject string, g *grant) {
 		_, err = q.cli.Put(ctx, key, strconv.Itoa(keep), clientv3.WithLease(lease))
 	}
 	if err != nil {
-		q.logger.Warn("flow: could not give quota slots back; they go with the worker's lease", "quota", q.name, "subject", subject, "err", err)
-		return
+		// etcd still counts the old grant for this worker: the fleet is
+		// short of slots until the next shrink or the lease's end, never
+		// over.
+		q.logger.Warn("flow: could not give quota slots back", "quota", q.name, "subject", subject, "err", err)
 	}
-	q.mu.Lock()
-	g.held = max(keep, g.inUse)
-	if g.inUse < g.held && g.timer == nil {
-		g.timer = time.AfterFunc(grantIdle, func() { q.shrink(subject, g) })
-	}
-	q.mu.Unlock()
 }
 
 // Close stops following the quota's configuration and gives back every
@@ -417,10 +415,10 @@ func (q *Quota) Close() {
 			g.timer.Stop()
 			g.timer = nil
 		}
-		held, lease := g.held, g.lease
+		lease := g.lease
 		g.held = 0
 		q.mu.Unlock()
-		if held > 0 {
+		if lease != 0 {
 			_, _ = q.cli.Delete(ctx, fmt.Sprintf("%s%x", q.keys.QuotaGrants(q.name, subject), int64(lease)))
 		}
 		g.grow.Unlock()

@@ -79,10 +79,13 @@ type Task struct {
 	// Timeout bounds one attempt; 0 means the worker's default.
 	Timeout Duration `json:"timeout,omitempty"`
 	// BackoffBase and BackoffMax override the worker's retry backoff.
-	BackoffBase Duration     `json:"backoff_base,omitempty"`
-	BackoffMax  Duration     `json:"backoff_max,omitempty"`
-	Result      []byte       `json:"result,omitempty"`
-	ScheduledAt time.Time    `json:"scheduled_at,omitzero"`
+	BackoffBase Duration  `json:"backoff_base,omitempty"`
+	BackoffMax  Duration  `json:"backoff_max,omitempty"`
+	Result      []byte    `json:"result,omitempty"`
+	ScheduledAt time.Time `json:"scheduled_at,omitzero"`
+	// Deferrals counts the times in a row flow control handed the task
+	// back without running it; each doubles the next delay.
+	Deferrals   int          `json:"deferrals,omitempty"`
 	Transitions []Transition `json:"transitions,omitempty"`
 
 	// Revisions seen by the read that returned the task, so that writes

@@ -33,10 +33,13 @@ type Handler func(ctx context.Context, t *Task) ([]byte, error)
 // Errors a handler's context may end with (context.Cause), and the marker of
 // permanent failures.
 var (
-	ErrPermanent   = errors.New("queue: permanent failure")
-	ErrTimeout     = errors.New("queue: task timed out")
-	ErrCancelled   = errors.New("queue: task cancelled")
-	ErrShutdown    = errors.New("queue: worker shutting down; task handed back")
+	ErrPermanent = errors.New("queue: permanent failure")
+	ErrTimeout   = errors.New("queue: task timed out")
+	ErrCancelled = errors.New("queue: task cancelled")
+	ErrShutdown  = errors.New("queue: worker shutting down; task handed back")
+	// ErrNotRun is what a Gate's done hears when a later gate refused the
+	// task: the handler did not run.
+	ErrNotRun      = errors.New("queue: task not run: a later gate refused it")
 	ErrNoHandler   = errors.New("queue: no handler for the task type")
 	ErrResultLarge = errors.New("queue: result too large")
 )
@@ -85,8 +88,9 @@ type WorkerConfig struct {
 	// kept; then the worker removes them (their counts stay in Stats).
 	// Zero means DefaultRetention; negative keeps them for ever.
 	Retention time.Duration
-	// Gates admit each task before its handler runs, in order: rate
-	// limits, concurrency quotas, circuit breakers (package flow).
+	// Gates admit each task before its handler runs, in order. Put those
+	// that hand tasks back (concurrency quotas, circuit breakers) before
+	// those that wait (rate limits), as drover worker does (package flow).
 	Gates []Gate
 	// DepthInterval is how often the worker counts the queue's tasks by
 	// state for the drover_queue_tasks metric; 0 never (counting walks
@@ -235,7 +239,7 @@ func (w *Worker) notAdmitted(ctx, base context.Context, c *claim, err error) out
 	var de *DeferError
 	switch cause := context.Cause(ctx); {
 	case errors.As(err, &de):
-		return outcome{c: c, kind: Pending, err: err, delay: de.After, deferred: de.Reason}
+		return outcome{c: c, kind: Pending, err: err, delay: max(de.After, 100*time.Millisecond), deferred: de.Reason}
 	case errors.Is(cause, ErrCancelled):
 		return outcome{c: c, kind: Cancelled}
 	case errors.Is(cause, ErrShutdown):
@@ -488,6 +492,22 @@ func (w *Worker) claim(ctx context.Context, n int) (claims []*claim, rev int64, 
 				Then(clientv3.OpDelete(w.client.levelKey(q, lv.name))).Commit()
 		}
 	}
+	// A task whose level has no marker (written before markers existed) is
+	// found by the all-levels read: give its level one.
+	known := make(map[string]bool, len(levels))
+	for _, lv := range levels {
+		known[lv.name] = true
+	}
+	var missing []clientv3.Op
+	for _, kv := range cands {
+		if lv := w.client.levelOfPending(q, string(kv.Key)); lv != "" && !known[lv] {
+			known[lv] = true
+			missing = append(missing, clientv3.OpPut(w.client.levelKey(q, lv), ""))
+		}
+	}
+	if len(missing) > 0 {
+		_, _ = w.cli.Txn(ctx).Then(missing...).Commit()
+	}
 	// Oldest first within a priority level, across the shards read.
 	sort.SliceStable(cands, func(i, j int) bool { return string(cands[i].Key[len(pre)+4:]) < string(cands[j].Key[len(pre)+4:]) })
 	// A claimed task whose claim key is gone (its worker died) is
@@ -687,12 +707,13 @@ func (w *Worker) execute(base context.Context, c *claim) outcome {
 		done, err := g.Admit(ctx, t)
 		if err != nil {
 			for _, d := range dones {
-				d(err)
+				d(ErrNotRun)
 			}
 			return w.notAdmitted(ctx, base, c, err)
 		}
 		dones = append(dones, done)
 	}
+	t.Deferrals = 0 // admitted: the next deferral starts the count again
 	tctx, tcancel := context.WithTimeoutCause(ctx, timeout, ErrTimeout)
 	defer tcancel()
 	hctx := context.WithValue(tctx, claimKey{}, &claimFence{w: w, c: c, cancel: cancel})
@@ -828,13 +849,28 @@ func (w *Worker) write(ops []clientv3.Op, kept []outcome) {
 			w.write(ops[h:], kept[h:])
 			return
 		}
-		w.logger.Warn("queue: could not record a task's outcome; handing it back", "task", kept[0].c.task.ID, "err", err)
-		if kept[0].kind != Pending {
-			back := kept[0]
-			back.kind = Pending
-			op, _ := w.ackOp(back, time.Now().UTC())
-			w.write([]clientv3.Op{op}, []outcome{back})
+		if kept[0].kind == Pending {
+			// Handing back failed too: keep trying while the lease lives,
+			// or the task stays claimed (RUNNING) until this worker ends.
+			for try := 0; try < 30 && w.lease.Err() == nil; try++ {
+				time.Sleep(time.Second)
+				ctx, cancel := context.WithTimeout(w.lease.Context(), 10*time.Second)
+				_, err = w.cli.Txn(ctx).Then(ops...).Commit()
+				cancel()
+				if err == nil {
+					w.handedBack.Add(1)
+					return
+				}
+			}
+			w.logger.Error("queue: could not hand a task back; it is claimable again when this worker's lease ends", "task", kept[0].c.task.ID, "err", err)
+			return
 		}
+		w.logger.Warn("queue: could not record a task's outcome; handing it back", "task", kept[0].c.task.ID, "err", err)
+		back := kept[0]
+		back.kind = Pending
+		back.deferred = ""
+		op, _ := w.ackOp(back, time.Now().UTC())
+		w.write([]clientv3.Op{op}, []outcome{back})
 		return
 	}
 	for i, r := range resp.Responses {
@@ -875,9 +911,16 @@ type retryValue struct {
 func (w *Worker) ackOp(o outcome, now time.Time) (clientv3.Op, int) {
 	c, t := o.c, o.c.task
 	fence := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(c.claimKey), "=", c.token)}
-	if o.kind == Pending && o.delay > 0 { // deferred by flow control: back after the delay, uncharged
-		t.CurrentStatus, t.ScheduledAt = Pending, now.Add(o.delay)
-		t.Transitions = appendTransition(t.Transitions, Transition{Status: Pending, At: now, Attempt: t.Attempt, Worker: w.worker, Error: "deferred: " + o.deferred})
+	if o.kind == Pending && o.deferred != "" { // deferred by flow control: back after the delay, uncharged
+		// Each deferral in a row doubles the delay (up to 16x, 30 s at
+		// most), so a backlog held off by a quota or breaker does not keep
+		// the claims busy; only the first one goes into the history.
+		delay := min(o.delay<<min(t.Deferrals, 4), max(o.delay, 30*time.Second))
+		if t.Deferrals == 0 {
+			t.Transitions = appendTransition(t.Transitions, Transition{Status: Pending, At: now, Attempt: t.Attempt, Worker: w.worker, Error: "deferred: " + o.deferred})
+		}
+		t.Deferrals++
+		t.CurrentStatus, t.ScheduledAt = Pending, now.Add(delay)
 		t.Attempt--
 		rv, _ := json.Marshal(retryValue{PendingKey: c.pendingKey, Attempts: t.Attempt})
 		rec, _ := json.Marshal(t)
@@ -1170,7 +1213,7 @@ type level struct {
 func (w *Worker) readLevels(ctx context.Context) ([]level, error) {
 	g, err := w.cli.Get(ctx, w.keys.QueueLevels(w.cfg.Queue), clientv3.WithPrefix(), clientv3.WithKeysOnly())
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("queue: read the priority levels of %s: %w", w.cfg.Queue, err)
 	}
 	out := make([]level, 0, len(g.Kvs))
 	for _, kv := range g.Kvs {

@@ -175,7 +175,7 @@ func (a *app) limitsListCommand() *cobra.Command {
 			keys := keyspace.MustNew(a.namespace)
 			g, err := cli.Get(ctx, keys.Limits(), clientv3.WithPrefix(), clientv3.WithKeysOnly())
 			if err != nil {
-				return err
+				return fmt.Errorf("list rate limits: %w", err)
 			}
 			rows := []limitRow{}
 			for _, kv := range g.Kvs {
@@ -320,7 +320,7 @@ limit lives in etcd and changes reach every worker within a second.`,
 			}
 			k, err := strconv.Atoi(args[1])
 			if err != nil {
-				k = -1
+				return &drover.InputError{Field: "K", Value: args[1], Rule: "must be an integer between 1 and 100000 (0 with --subject: back to the default)"}
 			}
 			if k != 0 || subject == "" {
 				if err := flow.CheckQuotaLimit("K", k); err != nil {
