@@ -244,6 +244,7 @@ type grant struct {
 	grow  sync.Mutex // one change of the grant at a time
 	held  int        // slots granted to this worker
 	inUse int
+	peak  int // most in use since the last shrink
 	lease clientv3.LeaseID
 	timer *time.Timer // gives idle slots back
 }
@@ -302,6 +303,7 @@ func (q *Quota) take(g *grant, limit int) bool {
 		return false
 	}
 	g.inUse++
+	g.peak = max(g.peak, g.inUse)
 	return true
 }
 
@@ -355,7 +357,7 @@ func (q *Quota) growGrant(ctx context.Context, subject string, g *grant, limit i
 }
 
 // release frees a slot. Every grantIdle while this worker holds more slots
-// than it uses, it gives the unused ones back to the fleet.
+// than it uses, it gives back those it did not need in that time.
 func (q *Quota) release(subject string, g *grant) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -365,15 +367,21 @@ func (q *Quota) release(subject string, g *grant) {
 	}
 }
 
-// shrink gives back the slots g does not use now. The local count is lowered
-// before etcd's, so this worker never runs more tasks than etcd records for
-// it, whatever happens to the request.
+// shrink gives back the slots g has not used since the last shrink (beyond
+// its peak use in that window), so a busy worker keeps what it needs and an
+// idle one returns everything within two windows. The local count is
+// lowered before etcd's, so this worker never runs more tasks than etcd
+// records for it, whatever happens to the request.
 func (q *Quota) shrink(subject string, g *grant) {
 	g.grow.Lock()
 	defer g.grow.Unlock()
 	q.mu.Lock()
 	g.timer = nil
-	keep, lease := g.inUse, g.lease
+	keep, lease := max(g.peak, g.inUse), g.lease
+	g.peak = g.inUse
+	if g.inUse < g.held {
+		g.timer = time.AfterFunc(grantIdle, func() { q.shrink(subject, g) })
+	}
 	if keep >= g.held || lease != q.lease() {
 		q.mu.Unlock()
 		return
