@@ -74,7 +74,11 @@ func (c *Client) shardPrefix(q string, i int) string {
 // pendingKey is the task's key in the pending index: its shard, then higher
 // priority first, then submission order.
 func (c *Client) pendingKey(t *Task) string {
-	return fmt.Sprintf("%s%04d%019d-%s", c.shardPrefix(t.Queue, shardOf(t.ID)), MaxPriority-t.Metadata.Priority, t.Metadata.CreatedAt.UnixNano(), t.ID)
+	shard := shardOf(t.ID)
+	if t.Shard != nil {
+		shard = *t.Shard
+	}
+	return fmt.Sprintf("%s%04d%019d-%s", c.shardPrefix(t.Queue, shard), MaxPriority-t.Metadata.Priority, t.Metadata.CreatedAt.UnixNano(), t.ID)
 }
 
 // levelOf is the priority level part of a task's pending key: higher
@@ -158,6 +162,13 @@ func (c *Client) Submit(ctx context.Context, q string, tasks []Task, progress fu
 	depth, err := c.depthGuard(ctx, q)
 	if err != nil {
 		return res, err
+	}
+	for i := range valid {
+		valid[i].Shard = nil // drover's to set, not the submitter's
+		if depth.fifo {
+			zero := 0
+			valid[i].Shard = &zero
+		}
 	}
 	flush := func() (err error) {
 		if len(ops) == 0 {
@@ -659,6 +670,12 @@ type Config struct {
 	// waiting to retry): a submission beyond it fails fast with
 	// ErrQueueFull. 0 means no bound.
 	MaxDepth int64 `json:"max_depth"`
+	// FIFO puts every task submitted from now on into one shard of the
+	// pending index, so that tasks of equal priority are claimed exactly
+	// in submission order. The price: every claim's read counts the
+	// whole queue (etcd counts every key of a range), so keep FIFO queues
+	// to about 100,000 unfinished tasks.
+	FIFO bool `json:"fifo,omitempty"`
 }
 
 // MaxMaxDepth is the largest maximum depth.
@@ -709,6 +726,7 @@ type depth struct {
 	count     int64
 	sinceRead int
 	submitted int
+	fifo      bool
 }
 
 func (c *Client) depthGuard(ctx context.Context, q string) (*depth, error) {
@@ -716,7 +734,7 @@ func (c *Client) depthGuard(ctx context.Context, q string) (*depth, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &depth{c: c, q: q, max: cfg.MaxDepth, count: -1}, nil
+	return &depth{c: c, q: q, max: cfg.MaxDepth, count: -1, fifo: cfg.FIFO}, nil
 }
 
 // room returns how many of n tasks fit under the maximum depth.

@@ -85,7 +85,11 @@ type Task struct {
 	ScheduledAt time.Time `json:"scheduled_at,omitzero"`
 	// Deferrals counts the times in a row flow control handed the task
 	// back without running it; each doubles the next delay.
-	Deferrals   int          `json:"deferrals,omitempty"`
+	Deferrals int `json:"deferrals,omitempty"`
+	// Shard is the pending index shard the task was submitted to when it
+	// is not the one its id hashes to (a FIFO queue's tasks are all in
+	// shard 0); nil otherwise.
+	Shard       *int         `json:"shard,omitempty"`
 	Transitions []Transition `json:"transitions,omitempty"`
 
 	// Revisions seen by the read that returned the task, so that writes

@@ -446,7 +446,7 @@ func (w *Worker) claim(ctx context.Context, n int) (claims []*claim, rev int64, 
 	q := w.cfg.Queue
 	pre := w.keys.QueuePending(q)
 	seq := w.claimSeq.Add(1)
-	levels, err := w.readLevels(ctx)
+	levels, fifo, err := w.readLevels(ctx)
 	if err != nil {
 		return nil, 0, false, err
 	}
@@ -460,7 +460,7 @@ func (w *Worker) claim(ctx context.Context, n int) (claims []*claim, rev int64, 
 		tried[lv.name] = true
 		var covered bool
 		var r int64
-		cands, suspects, r, covered, err = w.readPending(ctx, n, lv.name)
+		cands, suspects, r, covered, err = w.readPending(ctx, n, lv.name, fifo)
 		if err != nil {
 			return nil, 0, false, err
 		}
@@ -526,7 +526,9 @@ func (w *Worker) claim(ctx context.Context, n int) (claims []*claim, rev int64, 
 	// Workers reading the same shards would race for the same tasks: each
 	// takes a random n of the first 2n.
 	window := cands[:min(len(cands), 2*n)]
-	rand.Shuffle(len(window), func(i, j int) { window[i], window[j] = window[j], window[i] })
+	if !fifo {
+		rand.Shuffle(len(window), func(i, j int) { window[i], window[j] = window[j], window[i] })
+	}
 	pick := window[:min(n, len(window))]
 	now := time.Now().UTC()
 	ops := make([]clientv3.Op, len(pick))
@@ -1209,17 +1211,26 @@ type level struct {
 	rev  int64
 }
 
-// readLevels returns queue's priority level markers, highest priority first.
-func (w *Worker) readLevels(ctx context.Context) ([]level, error) {
-	g, err := w.cli.Get(ctx, w.keys.QueueLevels(w.cfg.Queue), clientv3.WithPrefix(), clientv3.WithKeysOnly())
+// readLevels returns queue's priority level markers, highest priority first,
+// and whether the queue is FIFO, in one read.
+func (w *Worker) readLevels(ctx context.Context) ([]level, bool, error) {
+	resp, err := w.cli.Txn(ctx).Then(
+		clientv3.OpGet(w.keys.QueueLevels(w.cfg.Queue), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
+		clientv3.OpGet(w.keys.QueueConfig(w.cfg.Queue)),
+	).Commit()
 	if err != nil {
-		return nil, fmt.Errorf("queue: read the priority levels of %s: %w", w.cfg.Queue, err)
+		return nil, false, fmt.Errorf("queue: read the priority levels of %s: %w", w.cfg.Queue, err)
 	}
-	out := make([]level, 0, len(g.Kvs))
-	for _, kv := range g.Kvs {
+	kvs := resp.Responses[0].GetResponseRange().Kvs
+	out := make([]level, 0, len(kvs))
+	for _, kv := range kvs {
 		out = append(out, level{name: strings.TrimPrefix(string(kv.Key), w.keys.QueueLevels(w.cfg.Queue)), rev: kv.ModRevision})
 	}
-	return out, nil
+	var cfg Config
+	if c := resp.Responses[1].GetResponseRange().Kvs; len(c) == 1 {
+		_ = json.Unmarshal(c[0].Value, &cfg)
+	}
+	return out, cfg.FIFO, nil
 }
 
 // pickLevel chooses the priority level the next read takes tasks from; false
@@ -1250,19 +1261,22 @@ func (w *Worker) pickLevel(levels []level, seq int64, tried map[string]bool) (le
 
 // readPending reads up to about 2n pending keys of priority level lv (""
 // every level): one shard first, then the following shards several at a
-// time, starting from a different shard each call. covered says every shard
-// was read.
-func (w *Worker) readPending(ctx context.Context, n int, lv string) (cands, suspects []*mvccpb.KeyValue, rev int64, covered bool, err error) {
+// time, starting from a different shard each call (shard 0 in a FIFO queue).
+// covered says every shard was read.
+func (w *Worker) readPending(ctx context.Context, n int, lv string, fifo bool) (cands, suspects []*mvccpb.KeyValue, rev int64, covered bool, err error) {
 	q := w.cfg.Queue
 	perRead := 8
 	if lv != "" {
 		perRead = 32 // a level may be sparse: read wide
 	}
 	start := int(w.shardCursor.Add(1))
+	if fifo {
+		start = 0 // a FIFO queue's tasks are in shard 0: read it first, in order
+	}
 	next := start
 	for read := 0; next < start+Shards && len(cands) < n; read++ {
 		width, limit := 1, int64(2*n+8)
-		if read > 0 || lv != "" {
+		if read > 0 || lv != "" && !fifo {
 			width, limit = perRead, int64(2*n/perRead+4)
 		}
 		ops := make([]clientv3.Op, 0, width)

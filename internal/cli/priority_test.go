@@ -1,8 +1,10 @@
 package cli_test
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -40,23 +42,70 @@ func TestPriorityOrder(t *testing.T) {
 		order = append(order, typ)
 	}
 	t.Logf("order: %v", order)
-	rank := map[string]int{"high": 0, "mid": 1, "low": 2}
-	// Every task that jumps ahead of a higher-priority one must be an
-	// eighth claim (the anti-starvation turn).
-	for i, typ := range order {
-		for _, later := range order[i+1:] {
-			if rank[later] < rank[typ] && (i+1)%8 != 0 {
-				t.Fatalf("task %d (%s) ran before a %s task, and it was not an eighth claim: %v", i+1, typ, later, order)
+	checkPriorityOrder(t, order, []string{"high", "mid", "low"})
+}
+
+// checkPriorityOrder checks that tasks of lower priority (later in ranks)
+// ran ahead of higher ones only in the anti-starvation turns: at most one
+// claim in eight (plus one) before the last task of each higher priority.
+func checkPriorityOrder(t *testing.T, order, ranks []string) {
+	t.Helper()
+	for r, prio := range ranks[:len(ranks)-1] {
+		last := -1
+		for i, p := range order {
+			if p == prio {
+				last = i
 			}
 		}
-	}
-	lowerEarly := 0
-	for _, typ := range order[:10] {
-		if typ != "high" {
-			lowerEarly++
+		jumped := 0
+		for _, p := range order[:last+1] {
+			if slices.Index(ranks, p) > r {
+				jumped++
+			}
+		}
+		if jumped > (last+1)/8+1 {
+			t.Fatalf("%d lower-priority tasks ran before the last %s task (position %d): more than one claim in eight: %v", jumped, prio, last+1, order)
 		}
 	}
-	if lowerEarly > 1 {
-		t.Fatalf("%d of the first 10 were not high: %v", lowerEarly, order)
+}
+
+// TestFIFOQueue: in a queue set to FIFO, tasks of equal priority run
+// exactly in submission order, and priorities still go first.
+func TestFIFOQueue(t *testing.T) {
+	ns := etcdtest.Namespace(t)
+	if r := drover(t, append(etcdFlags(ns), "queues", "set", "f", "--fifo")...); r.code != 0 {
+		t.Fatal(r.stderr)
 	}
+	for i := range 3 { // three submissions per priority, a moment apart
+		submitN(t, ns, "f", fmt.Sprintf("low%d", i), 6, `,"metadata":{"priority":0}`)
+		submitN(t, ns, "f", fmt.Sprintf("high%d", i), 4, `,"metadata":{"priority":5}`)
+	}
+	log := filepath.Join(t.TempDir(), "order")
+	w := start(t, cleanEnv(), append(etcdFlags(ns), "worker", "--queue", "f", "--concurrency", "1", "--drain",
+		"--handler", `exec:t=$(sed 's/.*"task_id":"\([a-z0-9-]*\)".*/\1/'); echo "$t" >> `+log)...)
+	if code := w.wait(t, 60*time.Second); code != 0 {
+		t.Fatalf("worker exit %d: %s", code, w.stderr.String())
+	}
+	b, err := os.ReadFile(log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := strings.Fields(string(b))
+	if len(ids) != 30 {
+		t.Fatalf("%d tasks ran, want 30", len(ids))
+	}
+	t.Logf("order: %v", ids)
+	// Submission order within a priority: batch 0 before 1 before 2, and
+	// ids in order within a batch.
+	last := map[string]string{}
+	var order []string
+	for _, id := range ids {
+		prio := strings.TrimRight(strings.SplitN(id, "-", 2)[0], "0123456789")
+		if id < last[prio] {
+			t.Fatalf("%s ran after %s: not in submission order", id, last[prio])
+		}
+		last[prio] = id
+		order = append(order, prio)
+	}
+	checkPriorityOrder(t, order, []string{"high", "low"})
 }
