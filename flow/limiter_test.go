@@ -1,10 +1,14 @@
 package flow_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -43,53 +47,44 @@ func newLimiter(t *testing.T, ns, name string, def *flow.Rate) *flow.Limiter {
 	return l
 }
 
-// TestWeightedUsageAddsUp: three processes' limiters reserve estimated
-// weights and settle actual ones (more or less than reserved); once they
-// close, the bucket's recorded usage is exactly the sum of what was settled.
+// TestWeightedUsageAddsUp: three worker processes reserve estimated weights
+// of one limit (LLM tokens, say) and settle actual ones, under or over the
+// estimate; once they have closed their limiters, the bucket's recorded
+// usage is exactly the sum of what they settled.
 func TestWeightedUsageAddsUp(t *testing.T) {
 	ns := etcdtest.Namespace(t)
-	r, _ := flow.ParseRate("rate", "20000/s")
-	r.Burst = 4000
-	var settled atomic.Int64
-	var wg sync.WaitGroup
-	lims := make([]*flow.Limiter, 3)
-	for i := range lims {
-		lims[i] = newLimiter(t, ns, "llm-tokens", &r)
-	}
-	for i, l := range lims {
-		for g := range 4 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				rng := rand.New(rand.NewPCG(uint64(i), uint64(g)))
-				for range 50 {
-					est := int64(100 + rng.IntN(200))
-					res, err := l.Reserve(context.Background(), est)
-					if err != nil {
-						t.Error(err)
-						return
-					}
-					actual := est/2 + int64(rng.IntN(int(est))) // under or over the estimate
-					res.Settle(actual)
-					settled.Add(actual)
-				}
-			}()
-		}
-	}
-	wg.Wait()
-	for _, l := range lims {
-		if err := l.Close(context.Background()); err != nil {
+	var outs []*bytes.Buffer
+	var cmds []*exec.Cmd
+	for i := range 3 {
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), helperEnv+"=weighted", "H_ENDPOINTS="+strings.Join(srv.Endpoints(), ","),
+			"H_NS="+ns, "H_LIMIT=llm-tokens", fmt.Sprintf("H_SEED=%d", i))
+		out := &bytes.Buffer{}
+		cmd.Stdout, cmd.Stderr = out, os.Stderr
+		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
+		cmds, outs = append(cmds, cmd), append(outs, out)
+	}
+	var settled int64
+	for i, cmd := range cmds {
+		if err := cmd.Wait(); err != nil {
+			t.Fatalf("helper %d: %v", i, err)
+		}
+		n, err := strconv.ParseInt(strings.TrimSpace(outs[i].String()), 10, 64)
+		if err != nil {
+			t.Fatalf("helper %d printed %q", i, outs[i].String())
+		}
+		settled += n
 	}
 	_, used, err := flow.Usage(context.Background(), srv.Client(t), keyspace.MustNew(ns), "llm-tokens")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if used != settled.Load() {
-		t.Fatalf("recorded usage %d, settled %d", used, settled.Load())
+	if used != settled {
+		t.Fatalf("recorded usage %d, settled by the three processes %d", used, settled)
 	}
-	t.Logf("600 reservations, %d tokens settled and recorded", used)
+	t.Logf("3 processes, 600 reservations, %d tokens settled and recorded", used)
 }
 
 // TestLimiterRate: four limiters sharing 50/s take 150 tokens in about
