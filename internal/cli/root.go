@@ -100,7 +100,8 @@ func (a *app) rootCommand() *cobra.Command {
 		Short: "The coordination plane for fleets of AI agents",
 		Long: `drover coordinates fleets of AI agents on etcd: locks with fencing tokens,
 leases whose loss cancels work, task runners with fenced step checkpoints,
-durable queues with workers, agent checkpoints and a service registry.
+durable queues with workers, fleet-wide flow control (rate limits, quotas,
+circuit breakers), agent checkpoints and a service registry.
 
 Every command except "server" talks to etcd at --etcd-endpoints, else
 $ETCD_ENDPOINTS, else 127.0.0.1:2379. "drover server" runs one for you.`,
