@@ -33,6 +33,11 @@ type BreakerConfig struct {
 	Failures int `json:"failures"`
 	// Cooldown is how long it stays open before one probe is let through.
 	Cooldown time.Duration `json:"cooldown"`
+	// Ratio, when above 0, also opens the breaker when at least Ratio of
+	// the calls in a Window failed, once the window holds MinCalls calls.
+	Ratio    float64       `json:"ratio,omitempty"`
+	Window   time.Duration `json:"window,omitempty"`
+	MinCalls int64         `json:"min_calls,omitempty"`
 }
 
 // DefaultBreaker is the configuration a breaker gets when none is given.
@@ -43,8 +48,23 @@ func (c BreakerConfig) Check(field string) error {
 	if c.Failures < 1 || c.Failures > 1e6 {
 		return &drover.InputError{Field: field + " failures", Value: c.Failures, Rule: "must be between 1 and 1000000"}
 	}
-	return drover.CheckDuration(field+" cooldown", c.Cooldown, 100*time.Millisecond, 24*time.Hour)
+	if err := drover.CheckDuration(field+" cooldown", c.Cooldown, 100*time.Millisecond, 24*time.Hour); err != nil {
+		return err
+	}
+	if c.Ratio == 0 {
+		return nil
+	}
+	if c.Ratio < 0 || c.Ratio > 1 {
+		return &drover.InputError{Field: field + " ratio", Value: c.Ratio, Rule: "must be between 0 (off) and 1"}
+	}
+	if c.MinCalls < 1 || c.MinCalls > 1e9 {
+		return &drover.InputError{Field: field + " min-calls", Value: c.MinCalls, Rule: "must be between 1 and 1e9 with a ratio"}
+	}
+	return drover.CheckDuration(field+" window", c.Window, time.Second, 24*time.Hour)
 }
+
+// flushEvery is how often a worker adds its calls to the window's counts.
+func (c BreakerConfig) flushEvery() time.Duration { return min(c.Window/10, time.Second) }
 
 // BreakerState is a breaker's shared state.
 type BreakerState struct {
@@ -57,6 +77,11 @@ type BreakerState struct {
 	Probe string `json:"probe,omitempty"`
 	// Opened counts how many times the breaker opened.
 	Opened int64 `json:"opened"`
+	// WindowStart, Calls and Fails count the fleet's calls in the current
+	// window (ratio mode).
+	WindowStart time.Time `json:"window_start,omitzero"`
+	Calls       int64     `json:"calls,omitempty"`
+	Fails       int64     `json:"fails,omitempty"`
 }
 
 // Breaker is one process's handle on a circuit breaker shared by the fleet.
@@ -86,6 +111,10 @@ type Breaker struct {
 	state BreakerState
 	mod   int64 // mod revision of state; 0: absent
 	seen  int64 // revision at which state was seen
+
+	// ratio mode: this process's calls not yet added to the window
+	calls, fails int64
+	flushed      time.Time
 
 	stop context.CancelFunc
 	done chan struct{}
@@ -312,20 +341,53 @@ func (b *Breaker) deferFor(d time.Duration) error {
 
 // Record reports how a call by task id went: a success closes a half-open
 // breaker and resets the failure count, a failure counts and opens the
-// breaker at the configured number (a failed probe opens it again).
+// breaker at the configured number (a failed probe opens it again). With a
+// ratio, calls are also counted locally and added to the fleet's window
+// counts at most every tenth of the window (one write per worker), and the
+// breaker opens when the window's failure ratio reaches it.
 func (b *Breaker) Record(ctx context.Context, id string, failed bool) error {
+	cfg := b.config()
+	flush := false
+	var calls, fails int64
+	if cfg.Ratio > 0 {
+		b.mu.Lock()
+		b.calls++
+		if failed {
+			b.fails++
+		}
+		if time.Since(b.flushed) >= cfg.flushEvery() {
+			flush, calls, fails = true, b.calls, b.fails
+			b.calls, b.fails, b.flushed = 0, 0, time.Now()
+		}
+		b.mu.Unlock()
+	}
 	_, _, err := b.update(ctx, func(s *BreakerState, c BreakerConfig) bool {
 		now := time.Now().UTC()
+		changed := false
+		if flush {
+			if now.Sub(s.WindowStart) > c.Window {
+				s.WindowStart, s.Calls, s.Fails = now, 0, 0
+			}
+			s.Calls += calls
+			s.Fails += fails
+			changed = true
+			if s.State == Closed && c.Ratio > 0 && s.Calls >= c.MinCalls && float64(s.Fails) >= c.Ratio*float64(s.Calls) {
+				s.State, s.Since = Open, now
+				s.Opened++
+				s.WindowStart, s.Calls, s.Fails = now, 0, 0
+				return true
+			}
+		}
 		if !failed {
 			if s.State == Closed && s.Consecutive == 0 {
-				return false
+				return changed
 			}
 			if s.State == Open || s.State == HalfOpen && s.Probe != id {
 				// A call let through before the breaker opened: its
 				// success does not close it; the probe decides.
-				return false
+				return changed
 			}
-			*s = BreakerState{State: Closed, Since: now, Opened: s.Opened}
+			*s = BreakerState{State: Closed, Since: now, Opened: s.Opened, WindowStart: now}
 			return true
 		}
 		s.Consecutive++
@@ -339,6 +401,12 @@ func (b *Breaker) Record(ctx context.Context, id string, failed bool) error {
 		}
 		return true
 	})
+	if err != nil && flush { // the counts go in with the next flush
+		b.mu.Lock()
+		b.calls += calls
+		b.fails += fails
+		b.mu.Unlock()
+	}
 	return err
 }
 

@@ -98,3 +98,70 @@ func TestBreakerSharedByProcesses(t *testing.T) {
 	}
 	waitState(t, b, flow.Closed)
 }
+
+// TestBreakerRatio: with a ratio of 0.5 over a 1 s window (at least 10
+// calls), failures mixed with successes open the breaker, which consecutive
+// counting alone (threshold 1000) never would; successes reach etcd only in
+// batched window counts.
+func TestBreakerRatio(t *testing.T) {
+	ns := etcdtest.Namespace(t)
+	ctx := context.Background()
+	cfg := flow.BreakerConfig{Failures: 1000, Cooldown: time.Minute, Ratio: 0.5, Window: time.Second, MinCalls: 10}
+	a, err := flow.NewBreaker(ctx, srv.Client(t), keyspace.MustNew(ns), "llm", &cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := flow.NewBreaker(ctx, srv.Client(t), keyspace.MustNew(ns), "llm", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	// 40 % failures: stays closed.
+	for i := range 20 {
+		if err := a.Record(ctx, "t", i%5 < 2); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if st := a.State(); st.State != flow.Closed {
+		t.Fatalf("opened at a 40 %% failure ratio: %+v", st)
+	}
+	// 60 % failures from two processes: opens, for both.
+	deadline := time.Now().Add(5 * time.Second)
+	calls, failures := 20, 8
+	for i := 0; a.State().State == flow.Closed; i++ {
+		if time.Now().After(deadline) {
+			t.Fatalf("still closed at a 60 %% failure ratio: %+v", a.State())
+		}
+		br := a
+		if i%2 == 1 {
+			br = b
+		}
+		if err := br.Record(ctx, "t", i%5 < 3); err != nil {
+			t.Fatal(err)
+		}
+		calls++
+		if i%5 < 3 {
+			failures++
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	waitState(t, b, flow.Open)
+	if err := b.Allow(ctx, "x"); err == nil {
+		t.Fatal("open breaker allowed a call")
+	}
+	g, err := srv.Client(t).Get(ctx, keyspace.MustNew(ns).BreakerState("llm"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Failures are written one by one (the consecutive count), successes
+	// only in the batched window counts.
+	if v := g.Kvs[0].Version; v >= int64(calls) || v > int64(failures)+int64(calls)/3 {
+		t.Fatalf("%d writes of the breaker state for %d calls (%d failed): successes are not batched", v, calls, failures)
+	}
+	t.Logf("%d calls (%d failed), %d writes of the breaker state", calls, failures, g.Kvs[0].Version)
+	if err := (flow.BreakerConfig{Failures: 1, Cooldown: time.Second, Ratio: 1.5}).Check("breaker"); err == nil {
+		t.Fatal("ratio 1.5 accepted")
+	}
+}

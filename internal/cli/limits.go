@@ -405,7 +405,7 @@ type breakerFlag struct {
 	types []string
 }
 
-const breakerFlagRule = "must be NAME[;failures=N][;cooldown=DURATION][;types=T1,T2]"
+const breakerFlagRule = "must be NAME[;failures=N][;cooldown=DURATION][;ratio=R][;window=DURATION][;min-calls=N][;types=T1,T2]"
 
 func parseBreakerFlag(s string) (breakerFlag, error) {
 	bad := func(rule string) error { return &drover.InputError{Field: "--breaker", Value: s, Rule: rule} }
@@ -429,6 +429,30 @@ func parseBreakerFlag(s string) (breakerFlag, error) {
 				return breakerFlag{}, bad("cooldown must be a duration such as 30s")
 			}
 			bf.cfg.Cooldown = d
+		case "ratio":
+			r, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				return breakerFlag{}, bad("ratio must be a number between 0 and 1")
+			}
+			bf.cfg.Ratio = r
+			if bf.cfg.Window == 0 {
+				bf.cfg.Window = time.Minute
+			}
+			if bf.cfg.MinCalls == 0 {
+				bf.cfg.MinCalls = 20
+			}
+		case "window":
+			d, err := time.ParseDuration(v)
+			if err != nil {
+				return breakerFlag{}, bad("window must be a duration such as 1m")
+			}
+			bf.cfg.Window = d
+		case "min-calls":
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				return breakerFlag{}, bad("min-calls must be an integer")
+			}
+			bf.cfg.MinCalls = n
 		case "types":
 			for _, t := range strings.Split(v, ",") {
 				if err := keyspace.CheckName("--breaker types", t); err != nil {

@@ -159,6 +159,8 @@ func TestLimitsBadInput(t *testing.T) {
 		{[]string{"worker", "--queue", "q", "--handler", "noop", "--breaker", "crm;failures=0"}, "--breaker"},
 		{[]string{"worker", "--queue", "q", "--handler", "noop", "--breaker", "crm;cooldown=soon"}, "--breaker"},
 		{[]string{"worker", "--queue", "q", "--handler", "noop", "--breaker", "a/b"}, "--breaker"},
+		{[]string{"worker", "--queue", "q", "--handler", "noop", "--breaker", "crm;ratio=2"}, "--breaker"},
+		{[]string{"worker", "--queue", "q", "--handler", "noop", "--breaker", "crm;ratio=0.5;window=1ms"}, "--breaker"},
 		{[]string{"breakers", "reset", "a/b"}, "NAME"},
 		{[]string{"quotas", "set", "tenant", "many"}, "K"},
 		{[]string{"quotas", "set", "tenant", "0"}, "K"},

@@ -500,7 +500,7 @@ the lease is lost, it stops and exits 70.`,
 	f.BoolVar(&asJSON, "json", false, "print the worker's counts as JSON when it stops")
 	f.StringArrayVar(&limitFlags, "limit", nil, "fleet-wide rate limit 'NAME=RATE[;burst=N][;types=T1,T2]' (repeatable), e.g. openai=500/m; created in etcd if absent, else etcd's setting wins")
 	f.StringArrayVar(&quotaFlags, "quota", nil, "fleet-wide concurrency quota 'NAME[:SUBJECT]=K[;types=T1,T2]' (repeatable): tenant=K per tenant, tenant:acme=2 for one tenant, type=K per task type, any other NAME a shared resource; over-quota tasks wait in the queue")
-	f.StringArrayVar(&breakerFlags, "breaker", nil, "circuit breaker shared by the fleet 'NAME[;failures=5][;cooldown=30s][;types=T1,T2]' (repeatable): open after N consecutive failures, defer tasks while open")
+	f.StringArrayVar(&breakerFlags, "breaker", nil, "circuit breaker shared by the fleet 'NAME[;failures=5][;cooldown=30s][;ratio=0.5;window=1m;min-calls=20][;types=T1,T2]' (repeatable): open after N consecutive failures or a failure ratio over a window, defer tasks while open")
 	f.StringVar(&metricsListen, "metrics-listen", "", "host:port to serve Prometheus metrics on (/metrics), e.g. 127.0.0.1:9090")
 	f.DurationVar(&depthInterval, "depth-interval", 10*time.Second, "with --metrics-listen: how often the queue's tasks are counted by state")
 	return cmd
