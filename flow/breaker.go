@@ -387,6 +387,11 @@ func (b *Breaker) Record(ctx context.Context, id string, failed bool) error {
 				// success does not close it; the probe decides.
 				return changed
 			}
+			if s.State == Closed { // a success ends the run of failures
+				s.Consecutive = 0
+				return true
+			}
+			// The probe succeeded: closed, with a fresh window.
 			*s = BreakerState{State: Closed, Since: now, Opened: s.Opened, WindowStart: now}
 			return true
 		}
