@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -101,10 +102,17 @@ func Listen(addr string) (net.Listener, error) {
 	return l, nil
 }
 
-// Serve serves /metrics on l until ctx ends.
+// Serve serves /metrics, and Go's profiles under /debug/pprof/, on l until
+// ctx ends. Bind it to a loopback or otherwise private address.
 func Serve(ctx context.Context, l net.Listener, logger *slog.Logger, extra ...prometheus.Gatherer) error {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", Handler(extra...))
+	// Profiles for the on-call engineer: go tool pprof http://ADDR/debug/pprof/profile
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		<-ctx.Done()

@@ -156,6 +156,13 @@ func TestServerMetrics(t *testing.T) {
 	if v := sum(fams["etcd_server_has_leader"], nil); v != 1 {
 		t.Errorf("etcd_server_has_leader = %v", v)
 	}
+	resp, err := http.Get("http://" + addr + "/debug/pprof/goroutine?debug=1")
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Errorf("profiles not served on the metrics address: %v %v", resp, err)
+	}
+	if resp != nil {
+		resp.Body.Close()
+	}
 	// A busy address is refused with the flag named.
 	r := drover(t, "server", "--data-dir", dir+"/other", "--metrics-listen", addr)
 	if r.code != 2 || !strings.Contains(r.stderr, "--metrics-listen") {
