@@ -126,14 +126,11 @@ func (a *app) limitsSetCommand() *cobra.Command {
 				}
 				r.Burst = burst
 			}
-			if err := a.checkGlobal(); err != nil {
-				return err
-			}
-			cli, err := a.connect(cmd.Context())
+			cli, done, err := a.etcd(cmd.Context())
 			if err != nil {
 				return err
 			}
-			defer cli.Close()
+			defer done()
 			if err := flow.SetRate(cmd.Context(), cli, keyspace.MustNew(a.namespace), args[0], r); err != nil {
 				return err
 			}
@@ -330,14 +327,11 @@ limit lives in etcd and changes reach every worker within a second.`,
 			if strings.Contains(subject, "/") {
 				return &drover.InputError{Field: "--subject", Value: subject, Rule: "must not contain '/'"}
 			}
-			if err := a.checkGlobal(); err != nil {
-				return err
-			}
-			cli, err := a.connect(cmd.Context())
+			cli, done, err := a.etcd(cmd.Context())
 			if err != nil {
 				return err
 			}
-			defer cli.Close()
+			defer done()
 			if err := flow.SetQuota(cmd.Context(), cli, keyspace.MustNew(a.namespace), args[0], subject, k); err != nil {
 				return err
 			}
@@ -357,14 +351,11 @@ limit lives in etcd and changes reach every worker within a second.`,
 		Example: `  drover quotas list --json | jq '.[] | select(.name == "tenant") | .held'`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := a.checkGlobal(); err != nil {
-				return err
-			}
-			cli, err := a.connect(cmd.Context())
+			cli, done, err := a.etcd(cmd.Context())
 			if err != nil {
 				return err
 			}
-			defer cli.Close()
+			defer done()
 			qs, err := flow.Quotas(cmd.Context(), cli, keyspace.MustNew(a.namespace))
 			if err != nil {
 				return err
@@ -511,14 +502,11 @@ success closes the breaker.`,
 		Example: `  drover breakers list --json | jq '.[] | select(.state != "closed")'`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := a.checkGlobal(); err != nil {
-				return err
-			}
-			cli, err := a.connect(cmd.Context())
+			cli, done, err := a.etcd(cmd.Context())
 			if err != nil {
 				return err
 			}
-			defer cli.Close()
+			defer done()
 			bs, err := flow.Breakers(cmd.Context(), cli, keyspace.MustNew(a.namespace))
 			if err != nil {
 				return err
@@ -561,14 +549,11 @@ success closes the breaker.`,
 			if err := keyspace.CheckName("NAME", args[0]); err != nil {
 				return err
 			}
-			if err := a.checkGlobal(); err != nil {
-				return err
-			}
-			cli, err := a.connect(cmd.Context())
+			cli, done, err := a.etcd(cmd.Context())
 			if err != nil {
 				return err
 			}
-			defer cli.Close()
+			defer done()
 			if err := flow.ResetBreaker(cmd.Context(), cli, keyspace.MustNew(a.namespace), args[0]); err != nil {
 				return err
 			}

@@ -156,14 +156,11 @@ func optionalComponent(args []string) (string, error) {
 
 // listEndpoints connects and lists the endpoints of component ("" for all).
 func (a *app) listEndpoints(ctx context.Context, component string) ([]registry.Instance, error) {
-	if err := a.checkGlobal(); err != nil {
-		return nil, err
-	}
-	cli, err := a.connect(ctx)
+	cli, done, err := a.etcd(ctx)
 	if err != nil {
 		return nil, err
 	}
-	defer cli.Close()
+	defer done()
 	list, _, err := registry.List(ctx, cli, keyspace.MustNew(a.namespace), component)
 	return list, err
 }

@@ -170,4 +170,17 @@ func (a *app) connect(ctx context.Context) (*clientv3.Client, error) {
 	return cli, nil
 }
 
+// etcd checks the connection flags, connects, and returns the client with
+// its closer.
+func (a *app) etcd(ctx context.Context) (*clientv3.Client, func(), error) {
+	if err := a.checkGlobal(); err != nil {
+		return nil, nil, err
+	}
+	cli, err := a.connect(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	return cli, func() { cli.Close() }, nil
+}
+
 var getenv = os.Getenv
