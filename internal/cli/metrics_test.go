@@ -90,8 +90,12 @@ func TestWorkerMetrics(t *testing.T) {
 		}
 		resp.Body.Close()
 		fams = scrape(t, addr)
+		// The depth gauges are counted every 300 ms: wait for a count
+		// taken after the last task finished.
 		return sum(fams["drover_tasks_succeeded_total"], nil) == 20 && sum(fams["drover_tasks_dead_total"], nil) == 5 &&
-			sum(fams["drover_queue_tasks"], map[string]string{"state": "succeeded"}) == 20
+			sum(fams["drover_queue_tasks"], map[string]string{"state": "succeeded"}) == 20 &&
+			sum(fams["drover_queue_tasks"], map[string]string{"state": "dead"}) == 5 &&
+			sum(fams["drover_queue_tasks"], map[string]string{"state": "pending"}) == 0
 	})
 	for _, c := range []struct {
 		family string
