@@ -86,8 +86,10 @@ func TestBreakerHoldsFleetOff(t *testing.T) {
 	_, fail = runs(t, log)
 	heldOff := total(fail) - openedAfter
 	t.Logf("%d failed runs until the breaker opened, %d in the next 2.5 s (probes)", openedAfter, heldOff)
-	if openedAfter > 3+6 {
-		t.Fatalf("%d failed runs before the breaker opened: 3 failures plus at most 6 in flight", openedAfter)
+	// 3 counted failures, at most 6 more already running, and a probe or
+	// two if noticing the open state took this test past a cooldown.
+	if openedAfter > 3+6+2 {
+		t.Fatalf("%d failed runs before the breaker opened: 3 failures plus at most 6 in flight (and 2 probes)", openedAfter)
 	}
 	if heldOff > 4 {
 		t.Fatalf("%d failed runs in 2.5 s while open with a 1 s cooldown: the fleet was not held off", heldOff)
