@@ -17,6 +17,7 @@ import (
 	"github.com/droverhq/drover/kv"
 	"github.com/droverhq/drover/metrics"
 	"github.com/droverhq/drover/queue"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -164,53 +165,31 @@ func NewBreaker(ctx context.Context, cli *clientv3.Client, keys keyspace.Space, 
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			followKey(wctx, cli, keys.BreakerConfig(name), rev, func(v []byte) {
+			followKey(wctx, cli, keys.BreakerConfig(name), rev, func(kv *mvccpb.KeyValue, _ int64) {
 				var c BreakerConfig
-				if json.Unmarshal(v, &c) == nil && c.Check("breaker") == nil {
+				if kv != nil && json.Unmarshal(kv.Value, &c) == nil && c.Check("breaker") == nil {
 					br.mu.Lock()
 					br.cfg = c
 					br.mu.Unlock()
 				}
 			})
 		}()
-		br.followState(wctx, rev)
+		followKey(wctx, cli, keys.BreakerState(name), rev, br.observe)
 		wg.Wait()
 	}()
 	return br, nil
 }
 
-// followState keeps the local copy of the state current.
-func (b *Breaker) followState(ctx context.Context, rev int64) {
-	key := b.keys.BreakerState(b.name)
-	for ctx.Err() == nil {
-		for resp := range b.cli.Watch(ctx, key, clientv3.WithRev(rev+1)) {
-			if resp.Err() != nil {
-				break
-			}
-			for _, ev := range resp.Events {
-				rev = ev.Kv.ModRevision
-				var st BreakerState
-				if ev.Type == clientv3.EventTypeDelete {
-					st = BreakerState{State: Closed}
-				} else if json.Unmarshal(ev.Kv.Value, &st) != nil {
-					continue
-				}
-				mod := ev.Kv.ModRevision
-				if ev.Type == clientv3.EventTypeDelete {
-					mod = 0
-				}
-				b.set(st, mod, ev.Kv.ModRevision)
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(200 * time.Millisecond):
-		}
-		if st, mod, at, err := b.read(ctx); err == nil {
-			b.set(st, mod, at)
-			rev = at
-		}
+// observe records a change of the state key seen by watch or read (kv nil:
+// deleted, which is closed).
+func (b *Breaker) observe(kv *mvccpb.KeyValue, at int64) {
+	if kv == nil {
+		b.set(BreakerState{State: Closed}, 0, at)
+		return
+	}
+	var st BreakerState
+	if json.Unmarshal(kv.Value, &st) == nil {
+		b.set(st, kv.ModRevision, at)
 	}
 }
 
@@ -237,21 +216,6 @@ func (b *Breaker) publish() {
 	b.mu.Unlock()
 	v := map[string]float64{Closed: 0, HalfOpen: 1, Open: 2}[s]
 	metrics.BreakerState.WithLabelValues(b.name).Set(v)
-}
-
-// read returns the state, its mod revision (0: absent) and the revision it
-// was read at.
-func (b *Breaker) read(ctx context.Context) (BreakerState, int64, int64, error) {
-	g, err := b.cli.Get(ctx, b.keys.BreakerState(b.name))
-	if err != nil {
-		return BreakerState{}, 0, 0, fmt.Errorf("flow: read breaker %s: %w", b.name, err)
-	}
-	if len(g.Kvs) == 0 {
-		return BreakerState{State: Closed}, 0, g.Header.Revision, nil
-	}
-	var st BreakerState
-	_ = json.Unmarshal(g.Kvs[0].Value, &st)
-	return st, g.Kvs[0].ModRevision, g.Header.Revision, nil
 }
 
 // State returns the breaker's state as this process last saw it.

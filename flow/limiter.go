@@ -13,6 +13,7 @@ import (
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/kv"
 	"github.com/droverhq/drover/metrics"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -128,18 +129,19 @@ func GetRate(ctx context.Context, cli *clientv3.Client, keys keyspace.Space, nam
 // follow applies configuration changes as etcd reports them.
 func (l *Limiter) follow(ctx context.Context, rev int64) {
 	defer close(l.done)
-	followKey(ctx, l.cli, l.keys.LimitConfig(l.name), rev, func(v []byte) {
+	followKey(ctx, l.cli, l.keys.LimitConfig(l.name), rev, func(kv *mvccpb.KeyValue, _ int64) {
 		var r Rate
-		if json.Unmarshal(v, &r) == nil {
+		if kv != nil && json.Unmarshal(kv.Value, &r) == nil { // deleted: keep the last rate
 			l.setRate(r)
 		}
 	})
 }
 
-// followKey calls apply with each new value of key written after rev,
-// until ctx ends; a deleted key keeps its last value. A watch that breaks
-// (compaction) is replaced after reading the key again.
-func followKey(ctx context.Context, cli *clientv3.Client, key string, rev int64, apply func([]byte)) {
+// followKey calls apply with each change of key after rev, until ctx ends:
+// the key as written, or nil when it was deleted, and the revision of the
+// change. A watch that breaks (compaction) is replaced after reading the key
+// again, and apply gets what the read found, at the read's revision.
+func followKey(ctx context.Context, cli *clientv3.Client, key string, rev int64, apply func(kv *mvccpb.KeyValue, at int64)) {
 	for ctx.Err() == nil {
 		for resp := range cli.Watch(ctx, key, clientv3.WithRev(rev+1)) {
 			if resp.Err() != nil {
@@ -148,7 +150,9 @@ func followKey(ctx context.Context, cli *clientv3.Client, key string, rev int64,
 			for _, ev := range resp.Events {
 				rev = ev.Kv.ModRevision
 				if ev.Type == clientv3.EventTypePut {
-					apply(ev.Kv.Value)
+					apply(ev.Kv, rev)
+				} else {
+					apply(nil, rev)
 				}
 			}
 		}
@@ -160,7 +164,9 @@ func followKey(ctx context.Context, cli *clientv3.Client, key string, rev int64,
 		if g, err := cli.Get(ctx, key); err == nil {
 			rev = g.Header.Revision
 			if len(g.Kvs) == 1 {
-				apply(g.Kvs[0].Value)
+				apply(g.Kvs[0], rev)
+			} else {
+				apply(nil, rev)
 			}
 		}
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/droverhq/drover/kv"
 	"github.com/droverhq/drover/metrics"
 	"github.com/droverhq/drover/queue"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -135,9 +136,9 @@ func NewQuota(ctx context.Context, cli *clientv3.Client, keys keyspace.Space, na
 	q.stop = cancel
 	go func() {
 		defer close(q.done)
-		followKey(wctx, cli, keys.QuotaConfig(name), rev, func(v []byte) {
+		followKey(wctx, cli, keys.QuotaConfig(name), rev, func(kv *mvccpb.KeyValue, _ int64) {
 			var c QuotaConfig
-			if json.Unmarshal(v, &c) == nil {
+			if kv != nil && json.Unmarshal(kv.Value, &c) == nil {
 				q.mu.Lock()
 				q.cfg = c
 				q.mu.Unlock()
