@@ -446,7 +446,7 @@ func (w *Worker) claim(ctx context.Context, n int) (claims []*claim, rev int64, 
 	q := w.cfg.Queue
 	pre := w.keys.QueuePending(q)
 	seq := w.claimSeq.Add(1)
-	levels, fifo, err := w.readLevels(ctx)
+	levels, fifo, first, err := w.readLevels(ctx, n)
 	if err != nil {
 		return nil, 0, false, err
 	}
@@ -460,7 +460,8 @@ func (w *Worker) claim(ctx context.Context, n int) (claims []*claim, rev int64, 
 		tried[lv.name] = true
 		var covered bool
 		var r int64
-		cands, suspects, r, covered, err = w.readPending(ctx, n, lv.name, fifo)
+		cands, suspects, r, covered, err = w.readPending(ctx, n, lv.name, fifo, first)
+		first = nil
 		if err != nil {
 			return nil, 0, false, err
 		}
@@ -1211,15 +1212,26 @@ type level struct {
 	rev  int64
 }
 
+// firstRead is the head of one shard, read with the level markers.
+type firstRead struct {
+	start int
+	kvs   []*mvccpb.KeyValue
+	rev   int64
+}
+
 // readLevels returns queue's priority level markers, highest priority first,
-// and whether the queue is FIFO, in one read.
-func (w *Worker) readLevels(ctx context.Context) ([]level, bool, error) {
+// and whether the queue is FIFO; in the same read it takes the head of the
+// next shard, which a claim of a queue with one level uses as its first
+// read, so that the markers cost no round trip of their own.
+func (w *Worker) readLevels(ctx context.Context, n int) ([]level, bool, *firstRead, error) {
+	start := int(w.shardCursor.Add(1))
 	resp, err := w.cli.Txn(ctx).Then(
 		clientv3.OpGet(w.keys.QueueLevels(w.cfg.Queue), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
 		clientv3.OpGet(w.keys.QueueConfig(w.cfg.Queue)),
+		clientv3.OpGet(w.client.shardPrefix(w.cfg.Queue, start%Shards), clientv3.WithPrefix(), clientv3.WithLimit(int64(2*n+8))),
 	).Commit()
 	if err != nil {
-		return nil, false, fmt.Errorf("queue: read the priority levels of %s: %w", w.cfg.Queue, err)
+		return nil, false, nil, fmt.Errorf("queue: read the priority levels of %s: %w", w.cfg.Queue, err)
 	}
 	kvs := resp.Responses[0].GetResponseRange().Kvs
 	out := make([]level, 0, len(kvs))
@@ -1230,7 +1242,7 @@ func (w *Worker) readLevels(ctx context.Context) ([]level, bool, error) {
 	if c := resp.Responses[1].GetResponseRange().Kvs; len(c) == 1 {
 		_ = json.Unmarshal(c[0].Value, &cfg)
 	}
-	return out, cfg.FIFO, nil
+	return out, cfg.FIFO, &firstRead{start: start, kvs: resp.Responses[2].GetResponseRange().Kvs, rev: resp.Header.Revision}, nil
 }
 
 // pickLevel chooses the priority level the next read takes tasks from; false
@@ -1263,18 +1275,32 @@ func (w *Worker) pickLevel(levels []level, seq int64, tried map[string]bool) (le
 // every level): one shard first, then the following shards several at a
 // time, starting from a different shard each call (shard 0 in a FIFO queue).
 // covered says every shard was read.
-func (w *Worker) readPending(ctx context.Context, n int, lv string, fifo bool) (cands, suspects []*mvccpb.KeyValue, rev int64, covered bool, err error) {
+func (w *Worker) readPending(ctx context.Context, n int, lv string, fifo bool, pre *firstRead) (cands, suspects []*mvccpb.KeyValue, rev int64, covered bool, err error) {
 	q := w.cfg.Queue
 	perRead := 8
 	if lv != "" {
 		perRead = 32 // a level may be sparse: read wide
 	}
-	start := int(w.shardCursor.Add(1))
-	if fifo {
-		start = 0 // a FIFO queue's tasks are in shard 0: read it first, in order
+	classify := func(kvs []*mvccpb.KeyValue) {
+		for _, kv := range kvs {
+			var pv pendingValue
+			if json.Unmarshal(kv.Value, &pv) == nil && pv.Claimed {
+				suspects = append(suspects, kv)
+			} else {
+				cands = append(cands, kv)
+			}
+		}
 	}
-	next := start
-	for read := 0; next < start+Shards && len(cands) < n; read++ {
+	start, read := int(w.shardCursor.Add(1)), 0
+	switch {
+	case fifo:
+		start = 0 // a FIFO queue's tasks are in shard 0: read it first, in order
+	case lv == "" && pre != nil: // the first shard came with the level markers
+		start, read, rev = pre.start, 1, pre.rev
+		classify(pre.kvs)
+	}
+	next := start + read
+	for ; next < start+Shards && len(cands) < n; read++ {
 		width, limit := 1, int64(2*n+8)
 		if read > 0 || lv != "" && !fifo {
 			width, limit = perRead, int64(2*n/perRead+4)
@@ -1292,14 +1318,7 @@ func (w *Worker) readPending(ctx context.Context, n int, lv string, fifo bool) (
 			rev = resp.Header.Revision
 		}
 		for _, r := range resp.Responses {
-			for _, kv := range r.GetResponseRange().Kvs {
-				var pv pendingValue
-				if json.Unmarshal(kv.Value, &pv) == nil && pv.Claimed {
-					suspects = append(suspects, kv)
-				} else {
-					cands = append(cands, kv)
-				}
-			}
+			classify(r.GetResponseRange().Kvs)
 		}
 	}
 	return cands, suspects, rev, next >= start+Shards, nil
