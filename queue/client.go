@@ -701,17 +701,43 @@ func (c *Client) GetConfig(ctx context.Context, q string) (Config, error) {
 
 // SetConfig writes queue q's settings; submissions read them as they start.
 func (c *Client) SetConfig(ctx context.Context, q string, cfg Config) error {
+	return c.UpdateConfig(ctx, q, func(old *Config) { *old = cfg })
+}
+
+// UpdateConfig changes queue q's settings with change, in a compare-and-swap
+// on the settings key, so that two concurrent changes of different fields
+// both take effect.
+func (c *Client) UpdateConfig(ctx context.Context, q string, change func(*Config)) error {
 	if err := CheckQueue(q); err != nil {
 		return err
 	}
-	if cfg.MaxDepth < 0 || cfg.MaxDepth > MaxMaxDepth {
-		return &drover.InputError{Field: "max depth", Value: cfg.MaxDepth, Rule: fmt.Sprintf("must be between 0 (no bound) and %d", int64(MaxMaxDepth))}
+	key := c.keys.QueueConfig(q)
+	for {
+		g, err := c.cli.Get(ctx, key)
+		if err != nil {
+			return fmt.Errorf("queue: read settings of %s: %w", q, err)
+		}
+		var cfg Config
+		var mod int64
+		if len(g.Kvs) == 1 {
+			if err := json.Unmarshal(g.Kvs[0].Value, &cfg); err != nil {
+				return fmt.Errorf("queue: settings of %s are unreadable: %w", q, err)
+			}
+			mod = g.Kvs[0].ModRevision
+		}
+		change(&cfg)
+		if cfg.MaxDepth < 0 || cfg.MaxDepth > MaxMaxDepth {
+			return &drover.InputError{Field: "max depth", Value: cfg.MaxDepth, Rule: fmt.Sprintf("must be between 0 (no bound) and %d", int64(MaxMaxDepth))}
+		}
+		b, _ := json.Marshal(cfg)
+		resp, err := c.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", mod)).Then(clientv3.OpPut(key, string(b))).Commit()
+		if err != nil {
+			return fmt.Errorf("queue: write settings of %s: %w", q, err)
+		}
+		if resp.Succeeded {
+			return nil
+		}
 	}
-	b, _ := json.Marshal(cfg)
-	if _, err := c.cli.Put(ctx, c.keys.QueueConfig(q), string(b)); err != nil {
-		return fmt.Errorf("queue: write settings of %s: %w", q, err)
-	}
-	return nil
 }
 
 // depth keeps a submission within its queue's maximum depth. It counts the

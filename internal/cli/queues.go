@@ -44,17 +44,16 @@ exits 75) instead of growing etcd without bound.`,
 				return err
 			}
 			defer done()
-			cfg, err := c.GetConfig(cmd.Context(), args[0])
-			if err != nil {
-				return err
-			}
-			if cmd.Flags().Changed("max-depth") {
-				cfg.MaxDepth = maxDepth
-			}
-			if cmd.Flags().Changed("fifo") {
-				cfg.FIFO = fifo
-			}
-			if err := c.SetConfig(cmd.Context(), args[0], cfg); err != nil {
+			var cfg queue.Config
+			if err := c.UpdateConfig(cmd.Context(), args[0], func(old *queue.Config) {
+				if cmd.Flags().Changed("max-depth") {
+					old.MaxDepth = maxDepth
+				}
+				if cmd.Flags().Changed("fifo") {
+					old.FIFO = fifo
+				}
+				cfg = *old
+			}); err != nil {
 				return err
 			}
 			fmt.Fprintf(a.stdout, "queue %s: max depth %d, fifo %t\n", args[0], cfg.MaxDepth, cfg.FIFO)
