@@ -36,7 +36,7 @@ for _ in $(seq "${WORKERS:-1}"); do
 done
 wp=${pids[-1]}
 if [ -n "${PROF:-}" ]; then
-  (sleep 6; go tool pprof -top -nodecount=40 "http://127.0.0.1:$mport/debug/pprof/profile?seconds=10" > "$here/../server-profile.txt" 2>&1) &
+  (sleep 6; go tool pprof -top -nodecount=40 "http://127.0.0.1:$mport/debug/pprof/profile?seconds=10" > "$work/profile.txt" 2>&1) &
 fi
 prev=0
 while kill -0 "$wp" 2>/dev/null; do
@@ -48,4 +48,5 @@ done
 wait "${pids[@]}"
 t2=$(date +%s.%N)
 curl -s "http://127.0.0.1:$mport/metrics" | grep -E "^etcd_server_proposals_committed_total|^etcd_disk_wal_fsync_duration_seconds_(sum|count)" || true
+[ -f "$work/profile.txt" ] && cat "$work/profile.txt"
 echo "process $(python3 -c "print(round($N/($t2-$t1)))")/s, end to end $(python3 -c "print(round($t2-$t0,1))") s"
