@@ -304,3 +304,36 @@ func TestRetentionKeepsCounts(t *testing.T) {
 		t.Fatalf("%d task records left", g.Count)
 	}
 }
+
+// Claim loops run side by side and share the worker's slots: however they
+// interleave, no more handlers run at once than Concurrency, the slots are
+// used, and every task runs exactly once.
+func TestConcurrencyBoundAcrossClaimers(t *testing.T) {
+	ns := etcdtest.Namespace(t)
+	c, cli := newClient(t, ns)
+	if _, err := c.Submit(context.Background(), "jobs", tasks(600, "work"), nil); err != nil {
+		t.Fatal(err)
+	}
+	var running, peak atomic.Int32
+	var runs sync.Map
+	w := newWorker(t, cli, queue.WorkerConfig{Namespace: ns, Queue: "jobs", Concurrency: 6, Prefetch: 4, Drain: true})
+	w.Handle("work", func(ctx context.Context, task *queue.Task) ([]byte, error) {
+		n := running.Add(1)
+		defer running.Add(-1)
+		for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
+		}
+		if _, dup := runs.LoadOrStore(task.ID, true); dup {
+			t.Errorf("%s ran twice", task.ID)
+		}
+		time.Sleep(time.Millisecond)
+		return nil, nil
+	})
+	runDrain(t, w)
+	if p := peak.Load(); p > 6 || p < 5 {
+		t.Fatalf("peak handlers at once %d, want 5 or 6 (concurrency 6)", p)
+	}
+	st, err := c.Stats(context.Background(), "jobs")
+	if err != nil || st.Succeeded != 600 || st.Total() != 600 {
+		t.Fatalf("stats %+v, %v", st, err)
+	}
+}

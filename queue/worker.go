@@ -150,7 +150,8 @@ type Worker struct {
 	claimed, succeeded, retried, dead, handedBack, fenced atomic.Int64
 	shardCursor                                           atomic.Int64
 	claimSeq                                              atomic.Int64
-	busyLevels                                            map[string]time.Time // priority levels whose tasks all run, until when
+	levelMu                                               sync.Mutex
+	busyLevels                                            map[string]time.Time // priority levels whose tasks all run, until when (levelMu)
 }
 
 type running struct {
@@ -324,8 +325,11 @@ func (w *Worker) Run(ctx context.Context) error {
 	defer cancelBase(nil)
 
 	outcomes := make(chan outcome, w.cfg.Concurrency)
-	ackerDone := make(chan struct{})
-	go func() { defer close(ackerDone); w.acker(outcomes) }()
+	// Two ackers, so one outcome request is in flight while the next fills.
+	var ackers sync.WaitGroup
+	for range claimers {
+		ackers.Go(func() { w.acker(outcomes) })
+	}
 
 	bg, stopBG := context.WithCancel(base)
 	var bgWG sync.WaitGroup
@@ -335,10 +339,27 @@ func (w *Worker) Run(ctx context.Context) error {
 	go func() { defer bgWG.Done(); w.removeExpired(bg) }()
 	go func() { defer bgWG.Done(); w.countDepth(bg) }()
 
-	slots := make(chan struct{}, w.cfg.Concurrency)
+	// Claimers run side by side so that one claim's round trips overlap
+	// another's: a claim is two round trips (read, then the conditional
+	// write), and one claimer at a time left the server waiting.
+	slots := newSlotPool(w.cfg.Concurrency)
 	var tasks sync.WaitGroup
-	finished := make(chan struct{}, 1) // a task ended: a slot is free
-	runErr := w.loop(ctx, base, slots, finished, outcomes, &tasks)
+	// The first loop to end (drained, lease lost, ctx ended) ends them all.
+	loopCtx, endLoops := context.WithCancel(ctx)
+	defer endLoops()
+	errs := make(chan error, claimers)
+	for range claimers {
+		go func() {
+			defer endLoops()
+			errs <- w.loop(loopCtx, base, slots, outcomes, &tasks)
+		}()
+	}
+	var runErr error
+	for range claimers {
+		if err := <-errs; err != nil && runErr == nil {
+			runErr = err
+		}
+	}
 
 	// Shutdown: let running tasks finish, then cancel and hand them back.
 	allDone := make(chan struct{})
@@ -352,7 +373,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		<-allDone
 	}
 	close(outcomes)
-	<-ackerDone
+	ackers.Wait()
 	stopBG()
 	bgWG.Wait()
 	if err := w.lease.Err(); err != nil && runErr == nil {
@@ -369,9 +390,71 @@ func (w *Worker) cancelAll(cause error) {
 	}
 }
 
+// claimers is how many claim loops, and how many outcome writers, a worker
+// runs at once.
+const claimers = 2
+
+// slotPool counts a worker's task slots. A claimer reserves slots before it
+// claims, so that claimers running at once never claim more tasks than
+// there are slots, and gives back those its claim did not fill.
+type slotPool struct {
+	mu    sync.Mutex
+	free  int
+	size  int
+	freed chan struct{} // closed, and replaced, whenever slots come free
+	ended chan struct{} // closed, and replaced, whenever a task ends
+}
+
+func newSlotPool(n int) *slotPool {
+	return &slotPool{free: n, size: n, freed: make(chan struct{}), ended: make(chan struct{})}
+}
+
+// reserve takes up to n free slots; with none free it returns 0 and a
+// channel closed once some come free.
+func (p *slotPool) reserve(n int) (int, <-chan struct{}) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	k := min(n, p.free)
+	p.free -= k
+	return k, p.freed
+}
+
+// release gives back n reserved slots that a claim did not fill, and wakes
+// claimers waiting for a slot.
+func (p *slotPool) release(n int) {
+	if n == 0 {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.free += n
+	close(p.freed)
+	p.freed = make(chan struct{})
+}
+
+// end gives back the slot of a task that ended, and wakes claimers waiting
+// for a slot or for a task to end.
+func (p *slotPool) end() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.free++
+	close(p.freed)
+	p.freed = make(chan struct{})
+	close(p.ended)
+	p.ended = make(chan struct{})
+}
+
+// state returns how many slots are in use (running or reserved) and a
+// channel closed once a task ends.
+func (p *slotPool) state() (int, <-chan struct{}) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.size - p.free, p.ended
+}
+
 // loop claims while there are free slots and waits on a watch when there is
-// nothing to claim.
-func (w *Worker) loop(ctx, base context.Context, slots chan struct{}, finished chan struct{}, outcomes chan<- outcome, tasks *sync.WaitGroup) error {
+// nothing to claim. Several loops share one slot pool.
+func (w *Worker) loop(ctx, base context.Context, slots *slotPool, outcomes chan<- outcome, tasks *sync.WaitGroup) error {
 	for {
 		if ctx.Err() != nil {
 			return nil
@@ -379,16 +462,17 @@ func (w *Worker) loop(ctx, base context.Context, slots chan struct{}, finished c
 		if base.Err() != nil {
 			return context.Cause(base)
 		}
-		free := cap(slots) - len(slots)
-		if free == 0 {
+		n, freed := slots.reserve(w.cfg.Prefetch)
+		if n == 0 {
 			select {
-			case <-finished:
+			case <-freed:
 			case <-ctx.Done():
 			case <-base.Done():
 			}
 			continue
 		}
-		claims, rev, contended, err := w.claim(ctx, min(free, w.cfg.Prefetch))
+		claims, rev, contended, err := w.claim(ctx, n)
+		slots.release(n - len(claims))
 		if err != nil {
 			if ctx.Err() != nil || base.Err() != nil {
 				continue
@@ -401,17 +485,12 @@ func (w *Worker) loop(ctx, base context.Context, slots chan struct{}, finished c
 			continue
 		}
 		for _, c := range claims {
-			slots <- struct{}{}
 			tasks.Add(1)
 			go func() {
 				defer tasks.Done()
 				o := w.execute(base, c)
 				outcomes <- o
-				<-slots
-				select {
-				case finished <- struct{}{}:
-				default:
-				}
+				slots.end()
 			}()
 		}
 		if len(claims) > 0 {
@@ -423,13 +502,14 @@ func (w *Worker) loop(ctx, base context.Context, slots chan struct{}, finished c
 			sleepCtx(ctx, time.Duration(rand.Int64N(int64(20*time.Millisecond))))
 			continue
 		}
-		if w.cfg.Drain && len(slots) == 0 {
+		busy, ended := slots.state()
+		if w.cfg.Drain && busy == 0 {
 			st, err := w.client.Stats(ctx, w.cfg.Queue)
 			if err == nil && st.Unfinished() == 0 {
 				return nil
 			}
 		}
-		if err := w.waitForWork(ctx, base, rev, finished, len(slots) == 0); err != nil && ctx.Err() == nil && base.Err() == nil {
+		if err := w.waitForWork(ctx, base, rev, ended, busy == 0); err != nil && ctx.Err() == nil && base.Err() == nil {
 			w.logger.Debug("queue: watch interrupted", "err", err)
 		}
 	}
@@ -482,7 +562,9 @@ func (w *Worker) claim(ctx context.Context, n int) (claims []*claim, rev int64, 
 				cands = orphans
 				break
 			}
+			w.levelMu.Lock()
 			w.busyLevels[lv.name] = time.Now().Add(levelBusyFor) // all running: skip it for a moment
+			w.levelMu.Unlock()
 			continue
 		}
 		if lv.name == "" {
@@ -595,11 +677,11 @@ func (w *Worker) claim(ctx context.Context, n int) (claims []*claim, rev int64, 
 
 // waitForWork blocks until something may have become claimable: a pending
 // key created (a new, retried or requeued task), a claim deleted without its
-// pending key (a dead worker's or handed-back task), a slot freed while the
-// worker was full, or, when draining, any claim deleted. The watch starts
+// pending key (a dead worker's or handed-back task), a task of this worker
+// ended, or, when draining, any claim deleted. The watch starts
 // right after rev, the revision the last (empty) claim read, so nothing that
 // happened since is missed.
-func (w *Worker) waitForWork(ctx, base context.Context, rev int64, finished chan struct{}, idle bool) error {
+func (w *Worker) waitForWork(ctx, base context.Context, rev int64, ended <-chan struct{}, idle bool) error {
 	wctx, cancel := context.WithCancel(base)
 	defer cancel()
 	stop := context.AfterFunc(ctx, cancel)
@@ -624,7 +706,7 @@ func (w *Worker) waitForWork(ctx, base context.Context, rev int64, finished chan
 			if w.wakes(wr.Events, idle && w.cfg.Drain) {
 				return nil
 			}
-		case <-finished:
+		case <-ended:
 			return nil
 		case <-fallback.C:
 			return nil
@@ -1256,6 +1338,8 @@ func (w *Worker) pickLevel(levels []level, seq int64, tried map[string]bool) (le
 		return level{}, !tried[""]
 	}
 	now := time.Now()
+	w.levelMu.Lock()
+	defer w.levelMu.Unlock()
 	var open []level
 	for _, lv := range levels {
 		if !tried[lv.name] && now.After(w.busyLevels[lv.name]) {
