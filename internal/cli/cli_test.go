@@ -324,6 +324,7 @@ func TestBadInput(t *testing.T) {
 		{"server listen not an IP URL", []string{"server", "--etcd-listen", "localhost:2379"}, []string{"--etcd-listen", "IP:PORT"}},
 		{"server peers off loopback", []string{"server", "--etcd-peer-listen", "http://0.0.0.0:2380"}, []string{"--etcd-peer-listen", "LOOPBACK"}},
 		{"negative compaction retention", []string{"server", "--auto-compaction-retention", "-1h"}, []string{"--auto-compaction-retention", "0 (off) or positive"}},
+		{"gc percent too low", []string{"server", "--gc-percent", "10"}, []string{"--gc-percent", "between 50 and 1000"}},
 		{"embed flag with an external cluster", []string{"server", "--data-dir", "/tmp/x"}, []string{"--data-dir", "--etcd-endpoints"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

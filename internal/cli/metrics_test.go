@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/droverhq/drover/internal/cli"
 	"github.com/droverhq/drover/internal/etcdtest"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
@@ -148,7 +149,13 @@ func TestWorkerMetrics(t *testing.T) {
 func TestServerMetrics(t *testing.T) {
 	dir := t.TempDir()
 	addr := etcdtest.FreeAddr()
-	p := startIn(t, dir, cleanEnv(), "server", "--data-dir", dir+"/data", "--etcd-listen", "http://"+etcdtest.FreeAddr(),
+	var env []string // without $GOGC, so the server's own default shows
+	for _, kv := range cleanEnv() {
+		if !strings.HasPrefix(kv, "GOGC=") {
+			env = append(env, kv)
+		}
+	}
+	p := startIn(t, dir, env, "server", "--data-dir", dir+"/data", "--etcd-listen", "http://"+etcdtest.FreeAddr(),
 		"--etcd-peer-listen", "http://"+etcdtest.FreeAddr(), "--metrics-listen", addr)
 	waitFor(t, 30*time.Second, "the server", func() bool { return strings.Contains(p.stderr.String(), "drover server ready") })
 	fams := scrape(t, addr)
@@ -159,6 +166,9 @@ func TestServerMetrics(t *testing.T) {
 	}
 	if v := sum(fams["etcd_server_has_leader"], nil); v != 1 {
 		t.Errorf("etcd_server_has_leader = %v", v)
+	}
+	if v := sum(fams["go_gc_gogc_percent"], nil); v != cli.DefaultServerGCPercent {
+		t.Errorf("go_gc_gogc_percent = %v, want the server's default %d", v, cli.DefaultServerGCPercent)
 	}
 	resp, err := http.Get("http://" + addr + "/debug/pprof/goroutine?debug=1")
 	if err != nil || resp.StatusCode != http.StatusOK {
