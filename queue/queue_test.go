@@ -306,7 +306,7 @@ func TestRetentionKeepsCounts(t *testing.T) {
 }
 
 // Claim loops run side by side and share the worker's slots: however they
-// interleave, no more handlers run at once than Concurrency, the slots are
+// interleave, no more handlers run at once than Concurrency, every slot is
 // used, and every task runs exactly once.
 func TestConcurrencyBoundAcrossClaimers(t *testing.T) {
 	ns := etcdtest.Namespace(t)
@@ -314,23 +314,37 @@ func TestConcurrencyBoundAcrossClaimers(t *testing.T) {
 	if _, err := c.Submit(context.Background(), "jobs", tasks(600, "work"), nil); err != nil {
 		t.Fatal(err)
 	}
+	const conc = 6
 	var running, peak atomic.Int32
 	var runs sync.Map
-	w := newWorker(t, cli, queue.WorkerConfig{Namespace: ns, Queue: "jobs", Concurrency: 6, Prefetch: 4, Drain: true})
+	full := make(chan struct{}) // closed once conc handlers ran at once
+	var fullOnce sync.Once
+	w := newWorker(t, cli, queue.WorkerConfig{Namespace: ns, Queue: "jobs", Concurrency: conc, Prefetch: 4, Drain: true})
 	w.Handle("work", func(ctx context.Context, task *queue.Task) ([]byte, error) {
 		n := running.Add(1)
 		defer running.Add(-1)
 		for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
 		}
+		if n >= conc {
+			fullOnce.Do(func() { close(full) })
+		}
 		if _, dup := runs.LoadOrStore(task.ID, true); dup {
 			t.Errorf("%s ran twice", task.ID)
 		}
-		time.Sleep(time.Millisecond)
+		// The first handlers wait for the slots to fill (bounded), so the
+		// peak does not depend on how claims happen to overlap; every
+		// handler then holds its slot a while, long enough for a claim
+		// beyond the slots to start a handler beside it.
+		select {
+		case <-full:
+		case <-time.After(5 * time.Second):
+		}
+		time.Sleep(20 * time.Millisecond)
 		return nil, nil
 	})
 	runDrain(t, w)
-	if p := peak.Load(); p > 6 || p < 5 {
-		t.Fatalf("peak handlers at once %d, want 5 or 6 (concurrency 6)", p)
+	if p := peak.Load(); p != conc {
+		t.Fatalf("peak handlers at once %d, want %d (the concurrency)", p, conc)
 	}
 	st, err := c.Stats(context.Background(), "jobs")
 	if err != nil || st.Succeeded != 600 || st.Total() != 600 {

@@ -150,6 +150,8 @@ type Worker struct {
 	claimed, succeeded, retried, dead, handedBack, fenced atomic.Int64
 	shardCursor                                           atomic.Int64
 	claimSeq                                              atomic.Int64
+	fifo                                                  atomic.Bool // the queue was FIFO at the last claim
+	fifoMu                                                sync.Mutex  // taken by claims of a FIFO queue
 	levelMu                                               sync.Mutex
 	busyLevels                                            map[string]time.Time // priority levels whose tasks all run, until when (levelMu)
 }
@@ -341,7 +343,10 @@ func (w *Worker) Run(ctx context.Context) error {
 
 	// Claimers run side by side so that one claim's round trips overlap
 	// another's: a claim is two round trips (read, then the conditional
-	// write), and one claimer at a time left the server waiting.
+	// write), and one claimer at a time left the server waiting. The
+	// overlap is for short tasks: the first claimer reserves up to
+	// Prefetch free slots, so the second claims only while slots come free
+	// during the first one's claim, or when Prefetch < Concurrency.
 	slots := newSlotPool(w.cfg.Concurrency)
 	var tasks sync.WaitGroup
 	// The first loop to end (drained, lease lost, ctx ended) ends them all.
@@ -481,6 +486,7 @@ func (w *Worker) loop(ctx, base context.Context, slots *slotPool, outcomes chan<
 			select {
 			case <-time.After(500 * time.Millisecond):
 			case <-ctx.Done():
+			case <-base.Done():
 			}
 			continue
 		}
@@ -509,6 +515,12 @@ func (w *Worker) loop(ctx, base context.Context, slots *slotPool, outcomes chan<
 				return nil
 			}
 		}
+		if !w.cfg.Drain {
+			// A task of this worker ending makes nothing claimable (its
+			// outcome removes its pending key with its claim); only a
+			// draining worker wakes for it, to see whether it is done.
+			ended = nil
+		}
 		if err := w.waitForWork(ctx, base, rev, ended, busy == 0); err != nil && ctx.Err() == nil && base.Err() == nil {
 			w.logger.Debug("queue: watch interrupted", "err", err)
 		}
@@ -526,10 +538,17 @@ func (w *Worker) claim(ctx context.Context, n int) (claims []*claim, rev int64, 
 	q := w.cfg.Queue
 	pre := w.keys.QueuePending(q)
 	seq := w.claimSeq.Add(1)
+	if w.fifo.Load() {
+		// A FIFO queue's claims all want its oldest tasks: the worker's
+		// claim loops take turns rather than race each other for them.
+		w.fifoMu.Lock()
+		defer w.fifoMu.Unlock()
+	}
 	levels, fifo, first, err := w.readLevels(ctx, n)
 	if err != nil {
 		return nil, 0, false, err
 	}
+	w.fifo.Store(fifo)
 	var cands, suspects []*mvccpb.KeyValue
 	tried := map[string]bool{}
 	for {
