@@ -8,12 +8,14 @@ import (
 	"hash/fnv"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/metrics"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"golang.org/x/sync/errgroup"
 )
 
 // maxRequestBytes keeps every request well under etcd's 1.5 MiB limit.
@@ -24,6 +26,10 @@ const maxRequestBytes = 1 << 20
 // nested transaction of two puts, and etcd allows 128 operations a request by
 // default.
 const SubmitBatch = 60
+
+// submitInFlight is how many submit requests may be in flight at once for a
+// queue without a maximum depth.
+const submitInFlight = 4
 
 // Sentinel errors.
 var (
@@ -170,17 +176,65 @@ func (c *Client) Submit(ctx context.Context, q string, tasks []Task, progress fu
 			valid[i].Shard = &zero
 		}
 	}
+	// A queue without a maximum depth takes several requests in flight
+	// (etcd commits them in one batch, where one at a time leaves it
+	// waiting on the round trip); with a maximum depth each request waits
+	// for the room its predecessor left, so they go one at a time.
+	inFlight := submitInFlight
+	if depth.max > 0 {
+		inFlight = 1
+	}
+	// A failed request does not cancel the others in flight: what they
+	// submitted is counted.
+	var g errgroup.Group
+	g.SetLimit(inFlight)
+	var mu sync.Mutex // guards res, done, depth, failed and progress below
+	failed := false
+	send := func(batch []clientv3.Op, tasks int) error {
+		began := time.Now()
+		resp, err := c.cli.Txn(ctx).Then(batch...).Commit()
+		metrics.ObserveTxn("submit", began)
+		mu.Lock()
+		defer mu.Unlock()
+		if err != nil {
+			failed = true
+			return fmt.Errorf("queue: submit to %s: %w", q, err)
+		}
+		for _, r := range resp.Responses[:tasks] { // the level markers follow
+			if r.GetResponseTxn().Succeeded {
+				res.Submitted++
+				depth.added(1)
+			} else {
+				res.Duplicates++
+			}
+		}
+		done += tasks
+		if progress != nil {
+			progress(done)
+		}
+		return nil
+	}
 	flush := func() (err error) {
 		if len(ops) == 0 {
 			return nil
 		}
+		mu.Lock()
+		stop := failed
+		mu.Unlock()
+		if stop {
+			return g.Wait() // a request failed: send no more
+		}
+		mu.Lock()
 		room, err := depth.room(ctx, len(ops))
+		mu.Unlock()
 		if err != nil {
 			return err
 		}
 		full := room < len(ops)
 		if full {
+			mu.Lock()
 			done += len(ops) - room
+			mu.Unlock()
 			ops = ops[:room]
 		}
 		defer func() {
@@ -191,46 +245,49 @@ func (c *Client) Submit(ctx context.Context, q string, tasks []Task, progress fu
 		if len(ops) == 0 {
 			return depth.fullError()
 		}
-		began := time.Now()
 		// The priority levels' markers go in the same transaction as
 		// the tasks, after them: a claimer that finds a level empty can
 		// only remove its marker if no task was added since.
-		resp, err := c.cli.Txn(ctx).Then(append(ops, markers...)...).Commit()
-		metrics.ObserveTxn("submit", began)
-		if err != nil {
-			return fmt.Errorf("queue: submit to %s (%d of %d submitted): %w", q, res.Submitted, len(valid), err)
-		}
-		for _, r := range resp.Responses[:len(ops)] {
-			if r.GetResponseTxn().Succeeded {
-				res.Submitted++
-				depth.added(1)
-			} else {
-				res.Duplicates++
+		batch := append(append(make([]clientv3.Op, 0, len(ops)+len(markers)), ops...), markers...)
+		tasks := len(ops)
+		g.Go(func() error { return send(batch, tasks) })
+		if full || inFlight == 1 {
+			// A full queue ends the submission, and a bounded one counts
+			// each request before the next: wait for this one.
+			if err := g.Wait(); err != nil {
+				return err
 			}
 		}
-		done += len(ops)
 		ops, size, markers = ops[:0], 0, nil
 		clear(levels)
-		if progress != nil {
-			progress(done)
-		}
 		return nil
+	}
+	// fail waits for the requests in flight, so the counts are final, and
+	// says how far the submission got.
+	fail := func(err error) (SubmitResult, error) {
+		_ = g.Wait()
+		if qf := (*QueueFullError)(nil); errors.As(err, &qf) {
+			return res, err // it carries its own counts
+		}
+		return res, fmt.Errorf("%w (%d of %d submitted; submitting again is safe: tasks already in count as duplicates)", err, res.Submitted, len(valid))
 	}
 	for i := range valid {
 		t := &valid[i]
 		if seen[t.ID] { // etcd refuses a request that writes one key twice
+			mu.Lock()
 			res.Duplicates++
 			done++
+			mu.Unlock()
 			continue
 		}
 		seen[t.ID] = true
 		rec, err := json.Marshal(t)
 		if err != nil {
-			return res, fmt.Errorf("queue: encode task %s: %w", t.ID, err)
+			return fail(fmt.Errorf("queue: encode task %s: %w", t.ID, err))
 		}
 		if len(ops) == SubmitBatch || size+len(rec) > maxRequestBytes {
 			if err := flush(); err != nil {
-				return res, err
+				return fail(err)
 			}
 		}
 		if lv := levelOf(t.Metadata.Priority); !levels[lv] {
@@ -245,7 +302,10 @@ func (c *Client) Submit(ctx context.Context, q string, tasks []Task, progress fu
 		size += len(rec) + 200
 	}
 	if err := flush(); err != nil {
-		return res, err
+		return fail(err)
+	}
+	if err := g.Wait(); err != nil {
+		return fail(err)
 	}
 	return res, nil
 }

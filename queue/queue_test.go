@@ -13,6 +13,7 @@ import (
 
 	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/internal/etcdtest"
+	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/queue"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -349,5 +350,57 @@ func TestConcurrencyBoundAcrossClaimers(t *testing.T) {
 	st, err := c.Stats(context.Background(), "jobs")
 	if err != nil || st.Succeeded != 600 || st.Total() != 600 {
 		t.Fatalf("stats %+v, %v", st, err)
+	}
+}
+
+// Submission keeps several requests in flight: the counts stay exact, the
+// progress only grows, and a submission cut short counts no more than went
+// in, and submitting again completes it with duplicates for the rest.
+func TestPipelinedSubmitCounts(t *testing.T) {
+	ns := etcdtest.Namespace(t)
+	c, cli := newClient(t, ns)
+	all := tasks(3000, "work")
+	if res, err := c.Submit(context.Background(), "jobs", all[:500], nil); err != nil || res.Submitted != 500 {
+		t.Fatalf("first 500: %+v, %v", res, err)
+	}
+	var last atomic.Int64
+	res, err := c.Submit(context.Background(), "jobs", all, func(done int) {
+		if prev := last.Swap(int64(done)); int64(done) < prev {
+			t.Errorf("progress went back from %d to %d", prev, done)
+		}
+	})
+	if err != nil || res.Submitted != 2500 || res.Duplicates != 500 || last.Load() != 3000 {
+		t.Fatalf("pipelined: %+v, progress %d, %v", res, last.Load(), err)
+	}
+	records := func() int64 {
+		g, err := cli.Get(context.Background(), keyspace.MustNew(ns).Tasks(), clientv3.WithPrefix(), clientv3.WithCountOnly())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return g.Count
+	}
+	if n := records(); n != 3000 {
+		t.Fatalf("%d records, want 3000", n)
+	}
+
+	// Cut short: cancelled after the first request came back.
+	more := make([]queue.Task, 3000)
+	for i := range more {
+		more[i] = queue.Task{ID: fmt.Sprintf("m-%05d", i), Type: "work"}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	first, err := c.Submit(ctx, "jobs", more, func(int) { cancel() })
+	cancel()
+	if err == nil || !errors.Is(err, context.Canceled) || !strings.Contains(err.Error(), "submitting again is safe") {
+		t.Fatalf("cut short: %+v, %v", first, err)
+	}
+	// A request cut short on this side may still be applied by etcd, so
+	// what went in is known only from the resubmission's duplicates.
+	again, err := c.Submit(context.Background(), "jobs", more, nil)
+	if err != nil || again.Submitted+again.Duplicates != 3000 || records() != 6000 {
+		t.Fatalf("again: %+v, %d records, %v", again, records(), err)
+	}
+	if first.Submitted == 0 || first.Submitted > again.Duplicates || again.Duplicates == 3000 {
+		t.Fatalf("cut short: counted %d submitted, %d had gone in", first.Submitted, again.Duplicates)
 	}
 }
