@@ -137,20 +137,26 @@ type SubmitResult struct {
 // Submit adds tasks to queue q, in transactions of up to SubmitBatch tasks.
 // A task whose id exists already is counted as a duplicate and left as it
 // is, so submitting the same batch twice creates nothing new. Invalid tasks
-// are listed in Rejected and the valid ones still go in. progress, if set,
-// is called after each transaction with the number of tasks handled so far.
+// are listed in Rejected and the valid ones still go in. Up to four
+// transactions are in flight at once, except for a queue with a maximum
+// depth or in FIFO order, which takes one at a time. progress, if set, is
+// called after each transaction with the number of tasks handled so far:
+// from another goroutine, one call at a time, with growing numbers; it
+// should return quickly.
 func (c *Client) Submit(ctx context.Context, q string, tasks []Task, progress func(done int)) (SubmitResult, error) {
 	res := SubmitResult{Rejected: []LineError{}}
 	if err := CheckQueue(q); err != nil {
 		return res, err
 	}
 	now := c.now()
+	generated := false // some task was given its id here
 	valid := make([]Task, 0, len(tasks))
 	for i := range tasks {
 		t := tasks[i]
 		t.Queue = q
 		if t.ID == "" {
 			t.ID = NewID()
+			generated = true
 		}
 		if err := t.check(now); err != nil {
 			res.Rejected = append(res.Rejected, LineError{Line: i + 1, Error: err.Error()})
@@ -180,8 +186,10 @@ func (c *Client) Submit(ctx context.Context, q string, tasks []Task, progress fu
 	// (etcd commits them in one batch, where one at a time leaves it
 	// waiting on the round trip); with a maximum depth each request waits
 	// for the room its predecessor left, so they go one at a time.
+	// A FIFO queue also takes one at a time: a claimer must never see a
+	// later request's tasks before an earlier one's.
 	inFlight := submitInFlight
-	if depth.max > 0 {
+	if depth.max > 0 || depth.fifo {
 		inFlight = 1
 	}
 	// A failed request does not cancel the others in flight: what they
@@ -263,11 +271,15 @@ func (c *Client) Submit(ctx context.Context, q string, tasks []Task, progress fu
 		return nil
 	}
 	// fail waits for the requests in flight, so the counts are final, and
-	// says how far the submission got.
+	// says how far the submission got, and whether submitting the same
+	// tasks again is safe: it is when every task came with its id.
 	fail := func(err error) (SubmitResult, error) {
 		_ = g.Wait()
 		if qf := (*QueueFullError)(nil); errors.As(err, &qf) {
 			return res, err // it carries its own counts
+		}
+		if generated {
+			return res, fmt.Errorf("%w (%d of %d submitted; tasks without a task_id were given one here, so submitting them again would add them twice)", err, res.Submitted, len(valid))
 		}
 		return res, fmt.Errorf("%w (%d of %d submitted; submitting again is safe: tasks already in count as duplicates)", err, res.Submitted, len(valid))
 	}
@@ -283,7 +295,8 @@ func (c *Client) Submit(ctx context.Context, q string, tasks []Task, progress fu
 		seen[t.ID] = true
 		rec, err := json.Marshal(t)
 		if err != nil {
-			return fail(fmt.Errorf("queue: encode task %s: %w", t.ID, err))
+			_ = g.Wait()
+			return res, fmt.Errorf("queue: encode task %s (%d of %d submitted before it): %w", t.ID, res.Submitted, len(valid), err)
 		}
 		if len(ops) == SubmitBatch || size+len(rec) > maxRequestBytes {
 			if err := flush(); err != nil {

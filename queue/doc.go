@@ -12,7 +12,7 @@
 // create revision, so a worker that lost a claim cannot write.
 //
 //	c, _ := queue.NewClient(cli, "drover")
-//	res, _ := c.Submit(ctx, "emails", []queue.Task{{Type: "summarize", Parameters: params}})
+//	res, _ := c.Submit(ctx, "emails", []queue.Task{{Type: "summarize", Parameters: params}}, nil)
 //	w, _ := queue.NewWorker(ctx, cli, queue.WorkerConfig{Queue: "emails", Concurrency: 16})
 //	w.Handle("summarize", func(ctx context.Context, t *queue.Task) ([]byte, error) { ... })
 //	err := w.Run(ctx)

@@ -403,4 +403,17 @@ func TestPipelinedSubmitCounts(t *testing.T) {
 	if first.Submitted == 0 || first.Submitted > again.Duplicates || again.Duplicates == 3000 {
 		t.Fatalf("cut short: counted %d submitted, %d had gone in", first.Submitted, again.Duplicates)
 	}
+
+	// Tasks given their ids by Submit would go in twice: the error says so
+	// instead of calling a resubmission safe.
+	anon := make([]queue.Task, 3000)
+	for i := range anon {
+		anon[i] = queue.Task{Type: "work"}
+	}
+	ctx, cancel = context.WithCancel(context.Background())
+	_, err = c.Submit(ctx, "jobs", anon, func(int) { cancel() })
+	cancel()
+	if err == nil || strings.Contains(err.Error(), "submitting again is safe") || !strings.Contains(err.Error(), "would add them twice") {
+		t.Fatalf("cut short without ids: %v", err)
+	}
 }
