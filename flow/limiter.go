@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -431,23 +433,83 @@ func (l *Limiter) Close(ctx context.Context) error {
 	return l.give(ctx, held)
 }
 
-// Usage reads a limit's bucket: tokens now (refilled to this moment) and
-// tokens used in total.
+// LimitUsage is a rate limit with its bucket as it stands now.
+type LimitUsage struct {
+	Name      string  `json:"name"`
+	Rate      string  `json:"rate"`
+	PerSecond float64 `json:"per_second"`
+	Burst     int64   `json:"burst"`
+	// Available is the tokens in the bucket now (refilled to this moment;
+	// negative while tasks that used more than they reserved are paid
+	// back).
+	Available float64 `json:"available"`
+	// Used is the tokens taken out and not given back, in total.
+	Used int64 `json:"used"`
+}
+
+// usageOf reads limit name's configuration and bucket state (state may be
+// nil: a bucket nobody took from yet is full).
+func usageOf(name string, config, state []byte, now time.Time) (LimitUsage, error) {
+	var r Rate
+	if err := json.Unmarshal(config, &r); err != nil {
+		return LimitUsage{}, fmt.Errorf("flow: limit %s has an unreadable configuration: %w", name, err)
+	}
+	var st bucketState
+	if state != nil {
+		_ = json.Unmarshal(state, &st)
+	}
+	st = st.refill(r, now)
+	return LimitUsage{Name: name, Rate: r.String(), PerSecond: r.PerSecond(), Burst: r.Burst, Available: st.Tokens, Used: st.Used}, nil
+}
+
+// Usage reads a limit's bucket, its configuration and state in one read:
+// tokens now (refilled to this moment) and tokens used in total.
 func Usage(ctx context.Context, cli *clientv3.Client, keys keyspace.Space, name string) (tokens float64, used int64, err error) {
-	r, _, err := GetRate(ctx, cli, keys, name)
+	resp, err := cli.Txn(ctx).Then(clientv3.OpGet(keys.LimitConfig(name)), clientv3.OpGet(keys.LimitState(name))).Commit()
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, fmt.Errorf("flow: read limit %s: %w", name, err)
 	}
-	l := &Limiter{cli: cli, keys: keys, name: name}
-	st, mr, err := l.read(ctx)
+	cfg, st := resp.Responses[0].GetResponseRange().Kvs, resp.Responses[1].GetResponseRange().Kvs
+	if len(cfg) == 0 {
+		return 0, 0, fmt.Errorf("%w: %s (set it with `drover limits set %s RATE`)", ErrNoLimit, name, name)
+	}
+	var state []byte
+	if len(st) > 0 {
+		state = st[0].Value
+	}
+	u, err := usageOf(name, cfg[0].Value, state, time.Now())
+	return u.Available, u.Used, err
+}
+
+// Limits lists every rate limit of the namespace by name, with its bucket
+// as it stands now, from one read of the limits' keys.
+func Limits(ctx context.Context, cli *clientv3.Client, keys keyspace.Space) ([]LimitUsage, error) {
+	g, err := cli.Get(ctx, keys.Limits(), clientv3.WithPrefix())
 	if err != nil {
-		return 0, 0, err
+		return nil, fmt.Errorf("flow: list rate limits: %w", err)
 	}
-	if mr < 0 {
-		return float64(r.Burst), 0, nil
+	configs, states := map[string][]byte{}, map[string][]byte{}
+	var names []string
+	for _, kv := range g.Kvs {
+		rest := strings.TrimPrefix(string(kv.Key), keys.Limits())
+		if name, ok := strings.CutSuffix(rest, "/config"); ok {
+			configs[name] = kv.Value
+			names = append(names, name)
+		} else if name, ok := strings.CutSuffix(rest, "/state"); ok {
+			states[name] = kv.Value
+		}
 	}
-	st = st.refill(r, time.Now())
-	return st.Tokens, st.Used, nil
+	slices.Sort(names)
+	now := time.Now()
+	out := make([]LimitUsage, 0, len(names))
+	for _, name := range names {
+		u, err := usageOf(name, configs[name], states[name], now)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, u)
+	}
+	return out, nil
 }
 
 // SetRate writes rate limit name's configuration; every Limiter of it

@@ -181,3 +181,47 @@ func ExampleLimiter() {
 	fmt.Println(lim.Rate())
 	// Output: 90000/m
 }
+
+// Limits lists every limit from one read: an untouched bucket is full, a
+// used one shows what was taken, and the figures agree with Usage.
+func TestLimitsListsEveryLimit(t *testing.T) {
+	ns := etcdtest.Namespace(t)
+	ctx := context.Background()
+	cli, keys := srv.Client(t), keyspace.MustNew(ns)
+	for name, rate := range map[string]string{"idle": "10/s", "busy": "1/h"} {
+		r, err := flow.ParseRate("rate", rate)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Burst = 50
+		if err := flow.SetRate(ctx, cli, keys, name, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l, err := flow.NewLimiter(ctx, cli, keys, "busy", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := l.Reserve(ctx, 30)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Settle(30)
+	if err := l.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ls, err := flow.Limits(ctx, cli, keys)
+	if err != nil || len(ls) != 2 {
+		t.Fatalf("limits %+v, %v", ls, err)
+	}
+	busy, idle := ls[0], ls[1]
+	if busy.Name != "busy" || busy.Used != 30 || busy.Available < 19.9 || busy.Available > 20.1 || busy.Burst != 50 || busy.Rate != "1/h" {
+		t.Fatalf("busy: %+v, want 30 used, 20 available", busy)
+	}
+	if idle.Name != "idle" || idle.Used != 0 || idle.Available != 50 || idle.PerSecond != 10 {
+		t.Fatalf("idle: %+v, want a full bucket of 50", idle)
+	}
+	if avail, used, err := flow.Usage(ctx, cli, keys, "busy"); err != nil || used != 30 || avail < 19.9 || avail > 20.1 {
+		t.Fatalf("usage of busy: %.1f available, %d used, %v", avail, used, err)
+	}
+}

@@ -142,16 +142,6 @@ func (a *app) limitsSetCommand() *cobra.Command {
 	return cmd
 }
 
-// limitRow is one line of limits list.
-type limitRow struct {
-	Name      string  `json:"name"`
-	Rate      string  `json:"rate"`
-	PerSecond float64 `json:"per_second"`
-	Burst     int64   `json:"burst"`
-	Available float64 `json:"available"`
-	Used      int64   `json:"used"`
-}
-
 func (a *app) limitsListCommand() *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
@@ -160,37 +150,15 @@ func (a *app) limitsListCommand() *cobra.Command {
 		Example: `  drover limits list --json | jq '.[] | select(.available < 1)'`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := a.checkGlobal(); err != nil {
-				return err
-			}
-			ctx := cmd.Context()
-			cli, err := a.connect(ctx)
+			cli, done, err := a.etcd(cmd.Context())
 			if err != nil {
 				return err
 			}
-			defer cli.Close()
-			keys := keyspace.MustNew(a.namespace)
-			g, err := cli.Get(ctx, keys.Limits(), clientv3.WithPrefix(), clientv3.WithKeysOnly())
+			defer done()
+			rows, err := flow.Limits(cmd.Context(), cli, keyspace.MustNew(a.namespace))
 			if err != nil {
-				return fmt.Errorf("list rate limits: %w", err)
+				return err
 			}
-			rows := []limitRow{}
-			for _, kv := range g.Kvs {
-				name, ok := strings.CutSuffix(strings.TrimPrefix(string(kv.Key), keys.Limits()), "/config")
-				if !ok {
-					continue
-				}
-				r, _, err := flow.GetRate(ctx, cli, keys, name)
-				if err != nil {
-					return err
-				}
-				avail, used, err := flow.Usage(ctx, cli, keys, name)
-				if err != nil {
-					return err
-				}
-				rows = append(rows, limitRow{Name: name, Rate: r.String(), PerSecond: r.PerSecond(), Burst: r.Burst, Available: avail, Used: used})
-			}
-			sort.Slice(rows, func(i, j int) bool { return rows[i].Name < rows[j].Name })
 			if asJSON {
 				return json.NewEncoder(a.stdout).Encode(rows)
 			}
