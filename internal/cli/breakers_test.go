@@ -125,4 +125,10 @@ func TestBreakerHoldsFleetOff(t *testing.T) {
 	if r := drover(t, append(etcdFlags(ns), "breakers", "reset", "crm")...); r.code != 0 || !strings.Contains(r.stdout, "closed") {
 		t.Fatalf("breakers reset: %d %s %s", r.code, r.stdout, r.stderr)
 	}
+	r = drover(t, append(etcdFlags(ns), "breakers", "list")...)
+	if lines := strings.Split(strings.TrimSpace(r.stdout), "\n"); len(lines) != 2 ||
+		strings.Join(strings.Fields(lines[0]), " ") != "BREAKER STATE FAILURES OPENS AT COOLDOWN TIMES OPENED" ||
+		!strings.HasPrefix(strings.Join(strings.Fields(lines[1]), " "), "crm closed 0 3 1s ") {
+		t.Fatalf("breakers list:\n%s", r.stdout)
+	}
 }

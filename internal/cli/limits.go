@@ -143,11 +143,24 @@ func (a *app) limitsSetCommand() *cobra.Command {
 }
 
 func (a *app) limitsListCommand() *cobra.Command {
+	return flowList(a, "List rate limits with their current use",
+		`  drover limits list --json | jq '.[] | select(.available < 1)'`,
+		"no rate limits", "LIMIT\tRATE\tBURST\tAVAILABLE\tUSED", flow.Limits,
+		func(r flow.LimitUsage) string {
+			return fmt.Sprintf("%s\t%s\t%d\t%.1f\t%d", r.Name, r.Rate, r.Burst, r.Available, r.Used)
+		})
+}
+
+// flowList is the "list [--json]" command of limits, quotas and breakers:
+// the rows fetch reads, as a JSON array with --json, else as a table (or
+// none when there are none).
+func flowList[T any](a *app, short, example, none, header string,
+	fetch func(context.Context, *clientv3.Client, keyspace.Space) ([]T, error), line func(T) string) *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
 		Use:     "list [--json]",
-		Short:   "List rate limits with their current use",
-		Example: `  drover limits list --json | jq '.[] | select(.available < 1)'`,
+		Short:   short,
+		Example: example,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			cli, done, err := a.etcd(cmd.Context())
@@ -155,7 +168,7 @@ func (a *app) limitsListCommand() *cobra.Command {
 				return err
 			}
 			defer done()
-			rows, err := flow.Limits(cmd.Context(), cli, keyspace.MustNew(a.namespace))
+			rows, err := fetch(cmd.Context(), cli, keyspace.MustNew(a.namespace))
 			if err != nil {
 				return err
 			}
@@ -163,13 +176,13 @@ func (a *app) limitsListCommand() *cobra.Command {
 				return json.NewEncoder(a.stdout).Encode(rows)
 			}
 			if len(rows) == 0 {
-				fmt.Fprintln(a.stdout, "no rate limits")
+				fmt.Fprintln(a.stdout, none)
 				return nil
 			}
 			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "LIMIT\tRATE\tBURST\tAVAILABLE\tUSED")
+			fmt.Fprintln(tw, header)
 			for _, r := range rows {
-				fmt.Fprintf(tw, "%s\t%s\t%d\t%.1f\t%d\n", r.Name, r.Rate, r.Burst, r.Available, r.Used)
+				fmt.Fprintln(tw, line(r))
 			}
 			return tw.Flush()
 		},
@@ -312,47 +325,21 @@ limit lives in etcd and changes reach every worker within a second.`,
 		},
 	}
 	set.Flags().StringVar(&subject, "subject", "", "one tenant or task type to give a limit of its own (0 removes it)")
-	var asJSON bool
-	list := &cobra.Command{
-		Use:     "list [--json]",
-		Short:   "List quotas with the slots held now",
-		Example: `  drover quotas list --json | jq '.[] | select(.name == "tenant") | .held'`,
-		Args:    cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			cli, done, err := a.etcd(cmd.Context())
-			if err != nil {
-				return err
+	list := flowList(a, "List quotas with the slots held now",
+		`  drover quotas list --json | jq '.[] | select(.name == "tenant") | .held'`,
+		"no quotas", "QUOTA\tLIMIT\tOWN LIMITS\tHELD", flow.Quotas,
+		func(q flow.QuotaUsage) string {
+			var held, own []string
+			for s, n := range q.Held {
+				held = append(held, fmt.Sprintf("%s=%d", s, n))
 			}
-			defer done()
-			qs, err := flow.Quotas(cmd.Context(), cli, keyspace.MustNew(a.namespace))
-			if err != nil {
-				return err
+			for s, n := range q.Subjects {
+				own = append(own, fmt.Sprintf("%s=%d", s, n))
 			}
-			if asJSON {
-				return json.NewEncoder(a.stdout).Encode(qs)
-			}
-			if len(qs) == 0 {
-				fmt.Fprintln(a.stdout, "no quotas")
-				return nil
-			}
-			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "QUOTA\tLIMIT\tOWN LIMITS\tHELD")
-			for _, q := range qs {
-				var held, own []string
-				for s, n := range q.Held {
-					held = append(held, fmt.Sprintf("%s=%d", s, n))
-				}
-				for s, n := range q.Subjects {
-					own = append(own, fmt.Sprintf("%s=%d", s, n))
-				}
-				sort.Strings(held)
-				sort.Strings(own)
-				fmt.Fprintf(tw, "%s\t%d\t%s\t%s\n", q.Name, q.Limit, strings.Join(own, " "), strings.Join(held, " "))
-			}
-			return tw.Flush()
-		},
-	}
-	list.Flags().BoolVar(&asJSON, "json", false, "print a JSON array")
+			sort.Strings(held)
+			sort.Strings(own)
+			return fmt.Sprintf("%s\t%d\t%s\t%s", q.Name, q.Limit, strings.Join(own, " "), strings.Join(held, " "))
+		})
 	cmd.AddCommand(set, list)
 	return cmd
 }
@@ -451,6 +438,29 @@ func (a *app) breakerGates(ctx context.Context, cli *clientv3.Client, flags []br
 	return gates, closeAll, nil
 }
 
+// breakerRow is one breaker as drover breakers list prints it.
+type breakerRow struct {
+	Name        string    `json:"name"`
+	State       string    `json:"state"`
+	Consecutive int       `json:"consecutive_failures"`
+	Since       time.Time `json:"since"`
+	Opened      int64     `json:"opened"`
+	Failures    int       `json:"failures_to_open"`
+	Cooldown    string    `json:"cooldown"`
+}
+
+func breakerRows(ctx context.Context, cli *clientv3.Client, keys keyspace.Space) ([]breakerRow, error) {
+	bs, err := flow.Breakers(ctx, cli, keys)
+	if err != nil {
+		return nil, err
+	}
+	rows := make([]breakerRow, 0, len(bs))
+	for _, b := range bs {
+		rows = append(rows, breakerRow{b.Name, b.State, b.Consecutive, b.Since, b.Opened, b.Config.Failures, b.Config.Cooldown.String()})
+	}
+	return rows, nil
+}
+
 func (a *app) breakersCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "breakers",
@@ -463,51 +473,12 @@ success closes the breaker.`,
 		Example: `  drover breakers list --json
   drover breakers reset crm-api`,
 	}
-	var asJSON bool
-	list := &cobra.Command{
-		Use:     "list [--json]",
-		Short:   "List breakers and their state",
-		Example: `  drover breakers list --json | jq '.[] | select(.state != "closed")'`,
-		Args:    cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			cli, done, err := a.etcd(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer done()
-			bs, err := flow.Breakers(cmd.Context(), cli, keyspace.MustNew(a.namespace))
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				type row struct {
-					Name        string    `json:"name"`
-					State       string    `json:"state"`
-					Consecutive int       `json:"consecutive_failures"`
-					Since       time.Time `json:"since"`
-					Opened      int64     `json:"opened"`
-					Failures    int       `json:"failures_to_open"`
-					Cooldown    string    `json:"cooldown"`
-				}
-				rows := []row{}
-				for _, b := range bs {
-					rows = append(rows, row{b.Name, b.State, b.Consecutive, b.Since, b.Opened, b.Config.Failures, b.Config.Cooldown.String()})
-				}
-				return json.NewEncoder(a.stdout).Encode(rows)
-			}
-			if len(bs) == 0 {
-				fmt.Fprintln(a.stdout, "no breakers")
-				return nil
-			}
-			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "BREAKER\tSTATE\tFAILURES\tOPENS AT\tCOOLDOWN\tTIMES OPENED")
-			for _, b := range bs {
-				fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%d\n", b.Name, b.State, b.Consecutive, b.Config.Failures, b.Config.Cooldown, b.Opened)
-			}
-			return tw.Flush()
-		},
-	}
-	list.Flags().BoolVar(&asJSON, "json", false, "print a JSON array")
+	list := flowList(a, "List breakers and their state",
+		`  drover breakers list --json | jq '.[] | select(.state != "closed")'`,
+		"no breakers", "BREAKER\tSTATE\tFAILURES\tOPENS AT\tCOOLDOWN\tTIMES OPENED", breakerRows,
+		func(b breakerRow) string {
+			return fmt.Sprintf("%s\t%s\t%d\t%d\t%s\t%d", b.Name, b.State, b.Consecutive, b.Failures, b.Cooldown, b.Opened)
+		})
 	reset := &cobra.Command{
 		Use:     "reset NAME",
 		Short:   "Close a breaker for the whole fleet",

@@ -181,3 +181,32 @@ func TestLimitsBadInput(t *testing.T) {
 		t.Errorf("bad input created breakers: %s", r.stdout)
 	}
 }
+
+// The list commands print tables a person can read (and "no ..." when
+// there is nothing), the same rows as their --json.
+func TestFlowListTables(t *testing.T) {
+	ns := etcdtest.Namespace(t)
+	for _, args := range [][]string{{"breakers", "list"}, {"limits", "list"}, {"quotas", "list"}} {
+		r := drover(t, append(etcdFlags(ns), args...)...)
+		if want := "no " + map[string]string{"breakers": "breakers", "limits": "rate limits", "quotas": "quotas"}[args[0]]; r.code != 0 || strings.TrimSpace(r.stdout) != want {
+			t.Fatalf("%v on nothing: exit %d %q, want %q", args, r.code, r.stdout, want)
+		}
+	}
+	for _, args := range [][]string{{"limits", "set", "api", "20/s", "--burst", "5"}, {"quotas", "set", "tenant", "4"}, {"quotas", "set", "tenant", "2", "--subject", "acme"}} {
+		if r := drover(t, append(etcdFlags(ns), args...)...); r.code != 0 {
+			t.Fatalf("%v: %s", args, r.stderr)
+		}
+	}
+	r := drover(t, append(etcdFlags(ns), "limits", "list")...)
+	if lines := strings.Split(strings.TrimSpace(r.stdout), "\n"); len(lines) != 2 ||
+		strings.Join(strings.Fields(lines[0]), " ") != "LIMIT RATE BURST AVAILABLE USED" ||
+		strings.Join(strings.Fields(lines[1]), " ") != "api 20/s 5 5.0 0" {
+		t.Fatalf("limits list:\n%s", r.stdout)
+	}
+	r = drover(t, append(etcdFlags(ns), "quotas", "list")...)
+	if lines := strings.Split(strings.TrimSpace(r.stdout), "\n"); len(lines) != 2 ||
+		strings.Join(strings.Fields(lines[0]), " ") != "QUOTA LIMIT OWN LIMITS HELD" ||
+		strings.Join(strings.Fields(lines[1]), " ") != "tenant 4 acme=2" {
+		t.Fatalf("quotas list:\n%s", r.stdout)
+	}
+}
