@@ -20,17 +20,7 @@ func TestPriorityOrder(t *testing.T) {
 	submitN(t, ns, "p", "low", 20, `,"metadata":{"priority":0}`)
 	submitN(t, ns, "p", "mid", 5, `,"metadata":{"priority":3}`)
 	submitN(t, ns, "p", "high", 10, `,"metadata":{"priority":5}`)
-	log := filepath.Join(t.TempDir(), "order")
-	w := start(t, cleanEnv(), append(etcdFlags(ns), "worker", "--queue", "p", "--concurrency", "1", "--drain",
-		"--handler", `exec:t=$(sed 's/.*"task_id":"\([a-z0-9-]*\)".*/\1/'); echo "$t" >> `+log)...)
-	if code := w.wait(t, 60*time.Second); code != 0 {
-		t.Fatalf("worker exit %d: %s", code, w.stderr.String())
-	}
-	b, err := os.ReadFile(log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ids := strings.Fields(string(b))
+	ids := runOrder(t, ns, "p")
 	if len(ids) != 35 {
 		t.Fatalf("%d tasks ran, want 35", len(ids))
 	}
@@ -80,17 +70,7 @@ func TestFIFOQueue(t *testing.T) {
 		submitN(t, ns, "f", fmt.Sprintf("low%d", i), 6, `,"metadata":{"priority":0}`)
 		submitN(t, ns, "f", fmt.Sprintf("high%d", i), 4, `,"metadata":{"priority":5}`)
 	}
-	log := filepath.Join(t.TempDir(), "order")
-	w := start(t, cleanEnv(), append(etcdFlags(ns), "worker", "--queue", "f", "--concurrency", "1", "--drain",
-		"--handler", `exec:t=$(sed 's/.*"task_id":"\([a-z0-9-]*\)".*/\1/'); echo "$t" >> `+log)...)
-	if code := w.wait(t, 60*time.Second); code != 0 {
-		t.Fatalf("worker exit %d: %s", code, w.stderr.String())
-	}
-	b, err := os.ReadFile(log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ids := strings.Fields(string(b))
+	ids := runOrder(t, ns, "f")
 	if len(ids) != 30 {
 		t.Fatalf("%d tasks ran, want 30", len(ids))
 	}
@@ -108,4 +88,21 @@ func TestFIFOQueue(t *testing.T) {
 		order = append(order, prio)
 	}
 	checkPriorityOrder(t, order, []string{"high", "low"})
+}
+
+// runOrder drains queue q with one worker running one task at a time and
+// returns the ids of the tasks in the order they ran.
+func runOrder(t *testing.T, ns, q string) []string {
+	t.Helper()
+	log := filepath.Join(t.TempDir(), "order")
+	w := start(t, cleanEnv(), append(etcdFlags(ns), "worker", "--queue", q, "--concurrency", "1", "--drain",
+		"--handler", `exec:t=$(sed 's/.*"task_id":"\([a-z0-9-]*\)".*/\1/'); echo "$t" >> `+log)...)
+	if code := w.wait(t, 60*time.Second); code != 0 {
+		t.Fatalf("worker exit %d: %s", code, w.stderr.String())
+	}
+	b, err := os.ReadFile(log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Fields(string(b))
 }
