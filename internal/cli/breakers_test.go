@@ -74,11 +74,8 @@ func TestBreakerHoldsFleetOff(t *testing.T) {
 	}
 	handler := fmt.Sprintf(`exec:in=$(cat); id=$(printf '%%s' "$in" | sed 's/.*"task_id":"\([^"]*\)".*/\1/'); `+
 		`if [ -e %s ]; then echo "fail $(date +%%s.%%N) $id" >> %s; exit 1; fi; echo "ok $(date +%%s.%%N) $id" >> %s`, down, log, log)
-	var ws []*process
-	for range 3 {
-		ws = append(ws, start(t, cleanEnv(), append(etcdFlags(ns), "worker", "--queue", "b", "--concurrency", "2", "--drain",
-			"--backoff-base", "100ms", "--backoff-max", "200ms", "--breaker", "crm;failures=3;cooldown=1s", "--handler", handler)...))
-	}
+	ws := startWorkers(t, ns, 3, "--queue", "b", "--concurrency", "2", "--drain",
+		"--backoff-base", "100ms", "--backoff-max", "200ms", "--breaker", "crm;failures=3;cooldown=1s", "--handler", handler)
 	waitFor(t, 20*time.Second, "the breaker to open", func() bool { return breakerState(t, ns) == "open" })
 	_, fail := runs(t, log)
 	openedAfter := total(fail)
@@ -97,11 +94,7 @@ func TestBreakerHoldsFleetOff(t *testing.T) {
 	if err := os.Remove(down); err != nil {
 		t.Fatal(err)
 	}
-	for i, w := range ws {
-		if code := w.wait(t, 60*time.Second); code != 0 {
-			t.Fatalf("worker %d exit %d: %s", i, code, w.stderr.String())
-		}
-	}
+	waitWorkers(t, ws, 60*time.Second)
 	if s := breakerState(t, ns); s != "closed" {
 		t.Fatalf("breaker %s after the downstream recovered", s)
 	}

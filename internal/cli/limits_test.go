@@ -69,16 +69,9 @@ func TestRateLimitSharedByWorkers(t *testing.T) {
 	ns := etcdtest.Namespace(t)
 	submitN(t, ns, "rl", "call", 300, "")
 	log := filepath.Join(t.TempDir(), "starts")
-	var ws []*process
-	for range 3 {
-		ws = append(ws, start(t, cleanEnv(), append(etcdFlags(ns), "worker", "--queue", "rl", "--concurrency", "8", "--drain",
-			"--limit", "api=20/s", "--handler", "exec:date +%s.%N >> "+log)...))
-	}
-	for i, w := range ws {
-		if code := w.wait(t, 60*time.Second); code != 0 {
-			t.Fatalf("worker %d exit %d: %s", i, code, w.stderr.String())
-		}
-	}
+	ws := startWorkers(t, ns, 3, "--queue", "rl", "--concurrency", "8", "--drain",
+		"--limit", "api=20/s", "--handler", "exec:date +%s.%N >> "+log)
+	waitWorkers(t, ws, 60*time.Second)
 	ts := starts(t, log)
 	if len(ts) != 300 {
 		t.Fatalf("%d tasks ran, want 300", len(ts))
@@ -113,21 +106,14 @@ func TestRateLimitChangedAtRunTime(t *testing.T) {
 		t.Fatal(r.stderr)
 	}
 	log := filepath.Join(t.TempDir(), "starts")
-	var ws []*process
-	for range 3 {
-		ws = append(ws, start(t, cleanEnv(), append(etcdFlags(ns), "worker", "--queue", "rl", "--concurrency", "8", "--drain",
-			"--limit", "api=1000/s", "--handler", "exec:date +%s.%N >> "+log)...))
-	}
+	ws := startWorkers(t, ns, 3, "--queue", "rl", "--concurrency", "8", "--drain",
+		"--limit", "api=1000/s", "--handler", "exec:date +%s.%N >> "+log)
 	waitFor(t, 30*time.Second, "40 tasks at 10/s", func() bool { return len(starts(t, log)) >= 40 })
 	if r := drover(t, append(etcdFlags(ns), "limits", "set", "api", "40/s", "--burst", "4")...); r.code != 0 {
 		t.Fatal(r.stderr)
 	}
 	changed := float64(time.Now().UnixNano()) / 1e9
-	for i, w := range ws {
-		if code := w.wait(t, 60*time.Second); code != 0 {
-			t.Fatalf("worker %d exit %d: %s", i, code, w.stderr.String())
-		}
-	}
+	waitWorkers(t, ws, 60*time.Second)
 	ts := starts(t, log)
 	before := rateBetween(ts, ts[8], changed-0.2)
 	after := rateBetween(ts, changed+1, ts[len(ts)-1])

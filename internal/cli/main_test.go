@@ -146,3 +146,24 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// startWorkers starts n drover worker processes with the same arguments
+// (after "worker") against the test server, in namespace ns.
+func startWorkers(t *testing.T, ns string, n int, args ...string) []*process {
+	t.Helper()
+	ws := make([]*process, n)
+	for i := range ws {
+		ws[i] = start(t, cleanEnv(), append(append(etcdFlags(ns), "worker"), args...)...)
+	}
+	return ws
+}
+
+// waitWorkers waits for every worker to exit 0 within d.
+func waitWorkers(t *testing.T, ws []*process, d time.Duration) {
+	t.Helper()
+	for i, w := range ws {
+		if code := w.wait(t, d); code != 0 {
+			t.Fatalf("worker %d exit %d: %s", i, code, w.stderr.String())
+		}
+	}
+}

@@ -87,16 +87,9 @@ func TestTenantQuotaAcrossWorkers(t *testing.T) {
 	submitN(t, ns, "q", "globex", 24, `,"metadata":{"tenant":"globex"}`)
 	log := filepath.Join(t.TempDir(), "spans")
 	handler := strings.NewReplacer("LOG", log, "SLEEP", "0.4").Replace(recordSpan)
-	var ws []*process
-	for range 3 {
-		ws = append(ws, start(t, cleanEnv(), append(etcdFlags(ns), "worker", "--queue", "q", "--concurrency", "8", "--drain",
-			"--quota", "tenant:acme=2", "--handler", handler)...))
-	}
-	for i, w := range ws {
-		if code := w.wait(t, 90*time.Second); code != 0 {
-			t.Fatalf("worker %d exit %d: %s", i, code, w.stderr.String())
-		}
-	}
+	ws := startWorkers(t, ns, 3, "--queue", "q", "--concurrency", "8", "--drain",
+		"--quota", "tenant:acme=2", "--handler", handler)
+	waitWorkers(t, ws, 90*time.Second)
 	ss := spans(t, log)
 	if len(ss) != 40 {
 		t.Fatalf("%d tasks ran, want 40", len(ss))
