@@ -14,7 +14,6 @@ import (
 
 	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/keyspace"
-	"github.com/droverhq/drover/kv"
 	"github.com/droverhq/drover/metrics"
 	"github.com/droverhq/drover/queue"
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -132,9 +131,8 @@ func NewBreaker(ctx context.Context, cli *clientv3.Client, keys keyspace.Space, 
 		if err := def.Check("breaker"); err != nil {
 			return nil, err
 		}
-		b, _ := json.Marshal(def)
-		if _, err := kv.Create(ctx, cli, keys.BreakerConfig(name), b, 0); err != nil && !errors.Is(err, kv.ErrExists) {
-			return nil, fmt.Errorf("flow: configure breaker %s: %w", name, err)
+		if err := seedConfig(ctx, cli, keys.BreakerConfig(name), "breaker", name, def); err != nil {
+			return nil, err
 		}
 	}
 	br := &Breaker{cli: cli, keys: keys, name: name, types: types, logger: slog.Default(), done: make(chan struct{})}

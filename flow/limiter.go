@@ -88,9 +88,8 @@ func NewLimiter(ctx context.Context, cli *clientv3.Client, keys keyspace.Space, 
 		opt(l)
 	}
 	if def != nil {
-		b, _ := json.Marshal(def)
-		if _, err := kv.Create(ctx, cli, keys.LimitConfig(name), b, 0); err != nil && !errors.Is(err, kv.ErrExists) {
-			return nil, fmt.Errorf("flow: configure limit %s: %w", name, err)
+		if err := seedConfig(ctx, cli, keys.LimitConfig(name), "limit", name, def); err != nil {
+			return nil, err
 		}
 	}
 	rate, rev, err := GetRate(ctx, cli, keys, name)
@@ -431,6 +430,19 @@ func (l *Limiter) Close(ctx context.Context) error {
 		return nil
 	}
 	return l.give(ctx, held)
+}
+
+// seedConfig writes the configuration def of a limit, quota or breaker
+// (kind) at key if it has none: one set in etcd wins over a process's flag.
+func seedConfig(ctx context.Context, cli *clientv3.Client, key, kind, name string, def any) error {
+	b, err := json.Marshal(def)
+	if err != nil {
+		return fmt.Errorf("flow: encode %s %s: %w", kind, name, err)
+	}
+	if _, err := kv.Create(ctx, cli, key, b, 0); err != nil && !errors.Is(err, kv.ErrExists) {
+		return fmt.Errorf("flow: configure %s %s: %w", kind, name, err)
+	}
+	return nil
 }
 
 // LimitUsage is a rate limit with its bucket as it stands now.

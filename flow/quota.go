@@ -16,7 +16,6 @@ import (
 
 	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/keyspace"
-	"github.com/droverhq/drover/kv"
 	"github.com/droverhq/drover/metrics"
 	"github.com/droverhq/drover/queue"
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -121,9 +120,8 @@ func NewQuota(ctx context.Context, cli *clientv3.Client, keys keyspace.Space, na
 		if err := def.Check("quota"); err != nil {
 			return nil, err
 		}
-		b, _ := json.Marshal(def)
-		if _, err := kv.Create(ctx, cli, keys.QuotaConfig(name), b, 0); err != nil && !errors.Is(err, kv.ErrExists) {
-			return nil, fmt.Errorf("flow: configure quota %s: %w", name, err)
+		if err := seedConfig(ctx, cli, keys.QuotaConfig(name), "quota", name, def); err != nil {
+			return nil, err
 		}
 	}
 	cfg, rev, err := GetQuota(ctx, cli, keys, name)
