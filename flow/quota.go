@@ -16,6 +16,7 @@ import (
 
 	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/keyspace"
+	"github.com/droverhq/drover/kv"
 	"github.com/droverhq/drover/metrics"
 	"github.com/droverhq/drover/queue"
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -175,17 +176,10 @@ func SetQuota(ctx context.Context, cli *clientv3.Client, keys keyspace.Space, na
 			return err
 		}
 	}
-	key := keys.QuotaConfig(name)
-	for {
-		g, err := cli.Get(ctx, key)
-		if err != nil {
-			return fmt.Errorf("flow: set quota %s: %w", name, err)
-		}
+	err := kv.Update(ctx, cli, keys.QuotaConfig(name), func(old []byte) ([]byte, error) {
 		var c QuotaConfig
-		var mod int64
-		if len(g.Kvs) == 1 {
-			_ = json.Unmarshal(g.Kvs[0].Value, &c)
-			mod = g.Kvs[0].ModRevision
+		if old != nil {
+			_ = json.Unmarshal(old, &c)
 		}
 		switch {
 		case subject == "":
@@ -198,15 +192,12 @@ func SetQuota(ctx context.Context, cli *clientv3.Client, keys keyspace.Space, na
 			}
 			c.Subjects[subject] = limit
 		}
-		b, _ := json.Marshal(c)
-		resp, err := cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", mod)).Then(clientv3.OpPut(key, string(b))).Commit()
-		if err != nil {
-			return fmt.Errorf("flow: set quota %s: %w", name, err)
-		}
-		if resp.Succeeded {
-			return nil
-		}
+		return json.Marshal(c)
+	})
+	if err != nil {
+		return fmt.Errorf("flow: set quota %s: %w", name, err)
 	}
+	return nil
 }
 
 // Config returns the quota's current configuration.

@@ -1,7 +1,9 @@
 // Package kv holds the single-key conditional writes that everything which
 // registers builds on: create a key only if it is absent, and create it or
 // accept it as already there when it holds the same value under the same
-// lease. Each is one etcd transaction, so no client-side check can race.
+// lease; and update a value by compare-and-swap. Each write is one etcd
+// transaction conditional on what was read, so no client-side check can
+// race.
 package kv
 
 import (
@@ -93,4 +95,34 @@ func createOrGet(ctx context.Context, c clientv3.KV, key string, value []byte, l
 	}
 	kv := kvs[0]
 	return kv.ModRevision, &ExistsError{Key: key, Value: kv.Value, Lease: clientv3.LeaseID(kv.Lease), CreateRevision: kv.CreateRevision}, nil
+}
+
+// Update rewrites key with change(current value; nil when absent) by
+// compare-and-swap on the key's mod revision, reading again and retrying
+// when someone else wrote it in between, so concurrent updates of different
+// parts of one value never undo each other. An error from change ends it
+// with nothing written.
+func Update(ctx context.Context, c clientv3.KV, key string, change func(old []byte) ([]byte, error)) error {
+	for {
+		g, err := c.Get(ctx, key)
+		if err != nil {
+			return fmt.Errorf("kv: read %s: %w", key, err)
+		}
+		var old []byte
+		var mod int64
+		if len(g.Kvs) == 1 {
+			old, mod = g.Kvs[0].Value, g.Kvs[0].ModRevision
+		}
+		b, err := change(old)
+		if err != nil {
+			return err
+		}
+		resp, err := c.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", mod)).Then(clientv3.OpPut(key, string(b))).Commit()
+		if err != nil {
+			return fmt.Errorf("kv: write %s: %w", key, err)
+		}
+		if resp.Succeeded {
+			return nil
+		}
+	}
 }

@@ -2,6 +2,7 @@ package kv_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"testing"
@@ -111,4 +112,51 @@ func ExampleCreate() {
 	_, err = kv.Create(ctx, cli, key, []byte(`{"id":"r1"}`), 0)
 	fmt.Println(errors.Is(err, kv.ErrExists))
 	// Output: true
+}
+
+// Update: five writers each add 40 entries of their own to one JSON value
+// at the same time; no entry is lost to another writer's stale copy. An
+// error from the change writes nothing.
+func TestUpdateConcurrent(t *testing.T) {
+	key := etcdtest.Namespace(t) + "/counts"
+	errs := make(chan error, 5)
+	for w := range 5 {
+		go func() {
+			cli := srv.Client(t)
+			for i := range 40 {
+				err := kv.Update(context.Background(), cli, key, func(old []byte) ([]byte, error) {
+					m := map[string]int{}
+					if old != nil {
+						if err := json.Unmarshal(old, &m); err != nil {
+							return nil, err
+						}
+					}
+					m[fmt.Sprintf("w%d-%d", w, i)] = 1
+					return json.Marshal(m)
+				})
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range 5 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	v, _, mod := mustGet(t, srv.Client(t), key)
+	m := map[string]int{}
+	if err := json.Unmarshal([]byte(v), &m); err != nil || len(m) != 200 {
+		t.Fatalf("%d entries, want 200 (%v)", len(m), err)
+	}
+	refused := errors.New("refused")
+	if err := kv.Update(context.Background(), srv.Client(t), key, func([]byte) ([]byte, error) { return nil, refused }); !errors.Is(err, refused) {
+		t.Fatalf("change error: %v", err)
+	}
+	if _, _, after := mustGet(t, srv.Client(t), key); after != mod {
+		t.Fatalf("a refused change wrote (mod revision %d, was %d)", after, mod)
+	}
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/keyspace"
+	"github.com/droverhq/drover/kv"
 	"github.com/droverhq/drover/metrics"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"golang.org/x/sync/errgroup"
@@ -784,33 +785,26 @@ func (c *Client) UpdateConfig(ctx context.Context, q string, change func(*Config
 	if err := CheckQueue(q); err != nil {
 		return err
 	}
-	key := c.keys.QueueConfig(q)
-	for {
-		g, err := c.cli.Get(ctx, key)
-		if err != nil {
-			return fmt.Errorf("queue: read settings of %s: %w", q, err)
-		}
+	var invalid error // the change's own error, returned as it is
+	err := kv.Update(ctx, c.cli, c.keys.QueueConfig(q), func(old []byte) ([]byte, error) {
 		var cfg Config
-		var mod int64
-		if len(g.Kvs) == 1 {
-			if err := json.Unmarshal(g.Kvs[0].Value, &cfg); err != nil {
-				return fmt.Errorf("queue: settings of %s are unreadable: %w", q, err)
+		if old != nil {
+			if err := json.Unmarshal(old, &cfg); err != nil {
+				invalid = fmt.Errorf("queue: settings of %s are unreadable: %w", q, err)
+				return nil, invalid
 			}
-			mod = g.Kvs[0].ModRevision
 		}
 		change(&cfg)
 		if cfg.MaxDepth < 0 || cfg.MaxDepth > MaxMaxDepth {
-			return &drover.InputError{Field: "max depth", Value: cfg.MaxDepth, Rule: fmt.Sprintf("must be between 0 (no bound) and %d", int64(MaxMaxDepth))}
+			invalid = &drover.InputError{Field: "max depth", Value: cfg.MaxDepth, Rule: fmt.Sprintf("must be between 0 (no bound) and %d", int64(MaxMaxDepth))}
+			return nil, invalid
 		}
-		b, _ := json.Marshal(cfg)
-		resp, err := c.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", mod)).Then(clientv3.OpPut(key, string(b))).Commit()
-		if err != nil {
-			return fmt.Errorf("queue: write settings of %s: %w", q, err)
-		}
-		if resp.Succeeded {
-			return nil
-		}
+		return json.Marshal(cfg)
+	})
+	if err != nil && err != invalid {
+		return fmt.Errorf("queue: settings of %s: %w", q, err)
 	}
+	return err
 }
 
 // depth keeps a submission within its queue's maximum depth. It counts the
