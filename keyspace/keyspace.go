@@ -15,6 +15,7 @@
 //	/{ns}/queues/{q}/archived         counts of finished tasks removed after their retention
 //	/{ns}/queues/{q}/config           the queue's settings (maximum depth)
 //	/{ns}/queues/{q}/levels/{level}   a priority level that may have pending tasks
+//	/{ns}/queue-names/{q}             the queue directory: a queue that was submitted to or configured
 //	/{ns}/checkpoints/{thread}/{cpns}/{head|fence|cp/{id}|writes/{id}/...} agent state per thread
 //	/{ns}/queues/{q}/cancel/{id}      a request to cancel a running task
 //	/{ns}/components/{component}/endpoints/{id} a registered endpoint, bound to its process's primary lease
@@ -147,6 +148,14 @@ func (s Space) TaskRecord(id string) string { return s.Task(id) + "record" }
 
 // Queue is the prefix of queue q's keys, ending in "/".
 func (s Space) Queue(q string) string { return s.root + "queues/" + q + "/" }
+
+// QueueNames is the prefix of the queue directory: one key per queue that
+// was ever submitted to or configured, so that queues can be listed without
+// reading their tasks' keys.
+func (s Space) QueueNames() string { return s.root + "queue-names/" }
+
+// QueueName is queue q's key in the queue directory.
+func (s Space) QueueName(q string) string { return s.QueueNames() + q }
 
 // QueuePending is the prefix of queue q's pending index, ending in "/".
 func (s Space) QueuePending(q string) string { return s.Queue(q) + "pending/" }

@@ -4,9 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"os/exec"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -17,15 +15,10 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
+// startWorkerProcess starts a worker process that drains the queue "jobs".
 func startWorkerProcess(t *testing.T, ns string) *exec.Cmd {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), helperEnv+"=worker", "H_ENDPOINTS="+strings.Join(srv.Endpoints(), ","), "H_NS="+ns)
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	cmd, _ := startLoggingWorker(t, ns, "worker", 32)
 	return cmd
 }
 

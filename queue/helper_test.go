@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -54,7 +55,11 @@ func runHelper(mode string) int {
 		return 2
 	}
 	defer cli.Close()
-	w, err := queue.NewWorker(ctx, cli, queue.WorkerConfig{Namespace: os.Getenv("H_NS"), Queue: "jobs", Concurrency: 32,
+	conc := 32
+	if v, err := strconv.Atoi(os.Getenv("H_CONCURRENCY")); err == nil {
+		conc = v
+	}
+	w, err := queue.NewWorker(ctx, cli, queue.WorkerConfig{Namespace: os.Getenv("H_NS"), Queue: "jobs", Concurrency: conc,
 		TTL: 2 * time.Second, Drain: true, BackoffBase: 50 * time.Millisecond, BackoffMax: 200 * time.Millisecond})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -68,10 +73,15 @@ func runHelper(mode string) int {
 		return 0
 	}
 	w.HandleAll(func(ctx context.Context, t *queue.Task) ([]byte, error) {
-		if mode == "block" {
+		switch mode {
+		case "block":
 			fmt.Printf("STARTED %s\n", t.ID)
 			<-ctx.Done()
 			return nil, ctx.Err()
+		case "slow": // a start log line per attempt, then 50 ms of work
+			fmt.Printf("START %s %d %d\n", t.ID, t.Attempt, time.Now().UnixNano())
+			time.Sleep(50 * time.Millisecond)
+			return []byte(t.ID), nil
 		}
 		time.Sleep(time.Duration(rand.IntN(3)) * time.Millisecond)
 		return []byte(t.ID), nil

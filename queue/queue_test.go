@@ -165,12 +165,12 @@ func TestRetriesBackoffAndDLQ(t *testing.T) {
 	if p := get("panics"); p.CurrentStatus != queue.Dead || !strings.Contains(p.LastError, "panicked") || !strings.Contains(p.LastError, "goroutine") {
 		t.Fatalf("panic: %+v", p)
 	}
-	dead, err := c.List(context.Background(), "jobs", queue.Dead, 10)
-	if err != nil || len(dead) != 3 {
-		t.Fatalf("dead list: %d, %v", len(dead), err)
+	dead, err := c.List(context.Background(), "jobs", queue.Dead, queue.ListOptions{Limit: 10})
+	if err != nil || len(dead.Tasks) != 3 || dead.Next != "" {
+		t.Fatalf("dead list: %d, %q, %v", len(dead.Tasks), dead.Next, err)
 	}
 	// Requeue gives a fresh budget; now it succeeds.
-	n, err := c.Requeue(context.Background(), "jobs", []string{"hopeless"})
+	n, err := c.Requeue(context.Background(), "jobs", []string{"hopeless"}, nil)
 	if err != nil || n != 1 {
 		t.Fatalf("requeue: %d, %v", n, err)
 	}
@@ -184,7 +184,7 @@ func TestRetriesBackoffAndDLQ(t *testing.T) {
 	if st.Dead != 2 || st.Succeeded != 2 || st.Total() != 4 {
 		t.Fatalf("stats %+v", st)
 	}
-	if n, err := c.Purge(context.Background(), "jobs", nil); err != nil || n != 2 {
+	if n, err := c.Purge(context.Background(), "jobs", queue.Dead, nil, nil); err != nil || n != 2 {
 		t.Fatalf("purge: %d, %v", n, err)
 	}
 }

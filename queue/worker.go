@@ -154,6 +154,7 @@ type Worker struct {
 	fifoMu                                                sync.Mutex  // taken by claims of a FIFO queue
 	levelMu                                               sync.Mutex
 	busyLevels                                            map[string]time.Time // priority levels whose tasks all run, until when (levelMu)
+	lost                                                  *orphanList          // tasks whose claim vanished: claimed first
 }
 
 type running struct {
@@ -204,7 +205,7 @@ func NewWorker(ctx context.Context, cli *clientv3.Client, cfg WorkerConfig) (*Wo
 	if err != nil {
 		return nil, err
 	}
-	w := &Worker{cfg: cfg, cli: cli, keys: client.keys, client: client, lease: cfg.Lease, logger: logger, busyLevels: map[string]time.Time{},
+	w := &Worker{cfg: cfg, cli: cli, keys: client.keys, client: client, lease: cfg.Lease, logger: logger, busyLevels: map[string]time.Time{}, lost: newOrphanList(),
 		worker: lock.NewHolder(cfg.WorkerID).ID, handlers: map[string]Handler{}, inflight: map[string]*running{}}
 	w.shardCursor.Store(rand.Int64N(Shards)) // workers start on different shards
 	if w.lease == nil {
@@ -335,7 +336,8 @@ func (w *Worker) Run(ctx context.Context) error {
 
 	bg, stopBG := context.WithCancel(base)
 	var bgWG sync.WaitGroup
-	bgWG.Add(4)
+	bgWG.Add(5)
+	go func() { defer bgWG.Done(); w.watchOrphans(bg) }()
 	go func() { defer bgWG.Done(); w.promoteRetries(bg) }()
 	go func() { defer bgWG.Done(); w.watchCancels(bg) }()
 	go func() { defer bgWG.Done(); w.removeExpired(bg) }()
@@ -544,6 +546,18 @@ func (w *Worker) claim(ctx context.Context, n int) (claims []*claim, rev int64, 
 		w.fifoMu.Lock()
 		defer w.fifoMu.Unlock()
 	}
+	if ids := w.lost.take(n); len(ids) > 0 {
+		// A dead worker's tasks first: they have waited longest.
+		cands, err := w.orphanCandidates(ctx, ids)
+		if err != nil {
+			w.lost.add(ids)
+			return nil, 0, false, err
+		}
+		if len(cands) > 0 {
+			claims, err := w.claimKeys(ctx, cands, n, true)
+			return claims, 0, true, err // contended: claim again at once
+		}
+	}
 	levels, fifo, first, err := w.readLevels(ctx, n)
 	if err != nil {
 		return nil, 0, false, err
@@ -625,10 +639,21 @@ func (w *Worker) claim(ctx context.Context, n int) (claims []*claim, rev int64, 
 	if len(cands) == 0 {
 		return nil, rev, false, nil
 	}
-	// Workers reading the same shards would race for the same tasks: each
-	// takes a random n of the first 2n.
+	claims, err = w.claimKeys(ctx, cands, n, fifo)
+	return claims, rev, len(claims) == 0, err
+}
+
+// claimKeys claims up to n of the pending keys cands in one transaction: one
+// nested transaction per task that succeeds only if its pending key is
+// unchanged since it was read and it has no claim, and then writes the claim
+// (bound to the lease) and counts the attempt. Unless ordered, it takes a
+// random n of the first 2n, so that workers reading the same keys do not
+// all race for the same tasks.
+func (w *Worker) claimKeys(ctx context.Context, cands []*mvccpb.KeyValue, n int, ordered bool) ([]*claim, error) {
+	q := w.cfg.Queue
+	pre := w.keys.QueuePending(q)
 	window := cands[:min(len(cands), 2*n)]
-	if !fifo {
+	if !ordered {
 		rand.Shuffle(len(window), func(i, j int) { window[i], window[j] = window[j], window[i] })
 	}
 	pick := window[:min(n, len(window))]
@@ -656,7 +681,7 @@ func (w *Worker) claim(ctx context.Context, n int) (claims []*claim, rev int64, 
 	metrics.ObserveTxn("claim", began)
 	cancel()
 	if err != nil {
-		return nil, 0, false, err
+		return nil, err
 	}
 	var out []*claim
 	for i, r := range tr.Responses {
@@ -691,7 +716,7 @@ func (w *Worker) claim(ctx context.Context, n int) (claims []*claim, rev int64, 
 	for _, c := range out {
 		metrics.TasksClaimed.WithLabelValues(q, c.task.Type).Inc()
 	}
-	return out, rev, len(out) == 0, nil
+	return out, nil
 }
 
 // waitForWork blocks until something may have become claimable: a pending
@@ -1034,6 +1059,7 @@ func (w *Worker) ackOp(o outcome, now time.Time) (clientv3.Op, int) {
 	if o.kind == Pending { // handed back: the attempt does not count
 		return clientv3.OpTxn(fence, []clientv3.Op{clientv3.OpDelete(c.claimKey), clientv3.OpPut(c.pendingKey, encodePending(t.Attempt-1, false))}, nil), 300
 	}
+	t.Transitions = appendLost(t.Transitions, t.Attempt, c.claimedAt)
 	t.Transitions = appendTransition(t.Transitions, Transition{Status: Running, At: c.claimedAt, Attempt: t.Attempt, Worker: w.worker})
 	ops := []clientv3.Op{clientv3.OpDelete(c.claimKey), clientv3.OpDelete(c.pendingKey)}
 	switch o.kind {
@@ -1394,13 +1420,15 @@ func (w *Worker) readPending(ctx context.Context, n int, lv string, fifo bool, p
 			}
 		}
 	}
-	start, read := int(w.shardCursor.Add(1)), 0
+	var start, read int
 	switch {
 	case fifo:
 		start = 0 // a FIFO queue's tasks are in shard 0: read it first, in order
 	case lv == "" && pre != nil: // the first shard came with the level markers
 		start, read, rev = pre.start, 1, pre.rev
 		classify(pre.kvs)
+	default:
+		start = int(w.shardCursor.Add(1))
 	}
 	next := start + read
 	for ; next < start+Shards && len(cands) < n; read++ {

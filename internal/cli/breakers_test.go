@@ -107,7 +107,7 @@ func TestBreakerHoldsFleetOff(t *testing.T) {
 		ID      string `json:"task_id"`
 		Retries int    `json:"retries_attempted"`
 	}
-	if err := json.Unmarshal([]byte(r.stdout), &tasks); err != nil || len(tasks) != 30 {
+	if err := json.Unmarshal([]byte(r.stdout), &struct{ Tasks any }{&tasks}); err != nil || len(tasks) != 30 {
 		t.Fatalf("tasks list: %d tasks, %v: %s", len(tasks), err, r.stdout)
 	}
 	for _, tk := range tasks {

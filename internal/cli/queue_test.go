@@ -117,7 +117,7 @@ esac
 		ID        string `json:"task_id"`
 		LastError string `json:"last_error"`
 	}
-	if err := json.Unmarshal([]byte(r.stdout), &dead); err != nil || len(dead) != 2 {
+	if err := json.Unmarshal([]byte(r.stdout), &struct{ Tasks any }{&dead}); err != nil || len(dead) != 2 {
 		t.Fatalf("dlq list: %q (%v)", r.stdout, err)
 	}
 	r = drover(t, append(etcdFlags(ns), "dlq", "show", "bad")...)

@@ -2,7 +2,9 @@ package cli
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"text/tabwriter"
 
 	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/queue"
@@ -12,17 +14,20 @@ import (
 func (a *app) queuesCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "queues",
-		Short: "A queue's settings: maximum depth (backpressure), exact FIFO",
+		Short: "List, configure and delete queues: maximum depth (backpressure), exact FIFO",
 		Long: `A queue can have a maximum depth: once it holds that many unfinished tasks
 (pending, running or waiting to retry), submissions fail fast (drover submit
 exits 75) instead of growing etcd without bound.`,
-		Example: `  drover queues set emails --max-depth 100000
+		Example: `  drover queues list
+  drover queues set emails --max-depth 100000
   drover queues set approvals --fifo
-  drover queues get emails --json`,
+  drover queues get emails --json
+  drover queues delete old-emails --yes`,
 	}
 	var (
 		maxDepth int64
 		fifo     bool
+		setJSON  bool
 	)
 	set := &cobra.Command{
 		Use:     "set Q [--max-depth N] [--fifo]",
@@ -56,10 +61,14 @@ exits 75) instead of growing etcd without bound.`,
 			}); err != nil {
 				return err
 			}
+			if setJSON {
+				return json.NewEncoder(a.stdout).Encode(map[string]any{"queue": args[0], "max_depth": cfg.MaxDepth, "fifo": cfg.FIFO})
+			}
 			fmt.Fprintf(a.stdout, "queue %s: max depth %d, fifo %t\n", args[0], cfg.MaxDepth, cfg.FIFO)
 			return nil
 		},
 	}
+	set.Flags().BoolVar(&setJSON, "json", false, "print the settings as JSON")
 	set.Flags().Int64Var(&maxDepth, "max-depth", 0, "most unfinished tasks the queue holds (0: no bound)")
 	set.Flags().BoolVar(&fifo, "fifo", false, "claim equal priorities exactly in submission order (tasks submitted from now on; keep such queues to about 100,000 tasks)")
 	var asJSON bool
@@ -93,6 +102,88 @@ exits 75) instead of growing etcd without bound.`,
 		},
 	}
 	get.Flags().BoolVar(&asJSON, "json", false, "print JSON")
-	cmd.AddCommand(set, get)
+	cmd.AddCommand(set, get, a.queuesListCommand(), a.queuesDeleteCommand())
+	return cmd
+}
+
+func (a *app) queuesListCommand() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:     "list [--json]",
+		Short:   "List every queue that was submitted to or configured, with its counts",
+		Example: `  drover queues list --json`,
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, done, err := a.queueClient(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer done()
+			qs, err := c.Queues(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return json.NewEncoder(a.stdout).Encode(qs)
+			}
+			if len(qs) == 0 {
+				fmt.Fprintln(a.stdout, "no queues")
+				return nil
+			}
+			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "QUEUE\tPENDING\tRUNNING\tRETRYING\tSUCCEEDED\tDEAD\tCANCELLED\tMAX DEPTH\tFIFO")
+			for _, q := range qs {
+				s := q.Stats
+				fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%t\n", q.Name, s.Pending, s.Running, s.Retrying, s.Succeeded, s.Dead, s.Cancelled, q.Config.MaxDepth, q.Config.FIFO)
+			}
+			return tw.Flush()
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+func (a *app) queuesDeleteCommand() *cobra.Command {
+	var yes, asJSON bool
+	cmd := &cobra.Command{
+		Use:   "delete Q --yes",
+		Short: "Delete a queue with every task in it, for good",
+		Long: `Deletes queue Q: every pending, retrying, dead and finished task in it
+(records, checkpoints, index keys), its settings, and its entry in
+drover queues list. It refuses while tasks of the queue are running: stop
+its workers first. Stop submitting to it first too: a task submitted during
+the deletion may survive it. Shows progress on stderr.`,
+		Example: `  drover queues delete old-emails --yes`,
+		Args:    cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := drover.Rename(queue.CheckQueue(args[0]), "Q"); err != nil {
+				return err
+			}
+			if !yes {
+				return usageError{fmt.Errorf("deleting queue %s deletes every task in it for good: add --yes", args[0])}
+			}
+			c, done, err := a.queueClient(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer done()
+			prog := newProgress(a.stderr, "delete", 0)
+			n, err := c.DeleteQueue(cmd.Context(), args[0], func(done int) { prog.update(0, done) })
+			prog.done()
+			if errors.Is(err, queue.ErrNoQueue) || errors.Is(err, queue.ErrQueueBusy) {
+				return withCode(ExitFailure, err)
+			}
+			if err != nil {
+				return fmt.Errorf("%w (%d tasks deleted so far; run the command again to finish)", err, n)
+			}
+			if asJSON {
+				return json.NewEncoder(a.stdout).Encode(map[string]any{"queue": args[0], "deleted_tasks": n})
+			}
+			fmt.Fprintf(a.stdout, "queue %s deleted with %d tasks\n", args[0], n)
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&yes, "yes", false, "confirm: delete the queue and its tasks for good")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
 }

@@ -110,7 +110,7 @@ func TestTenantQuotaAcrossWorkers(t *testing.T) {
 		ID      string `json:"task_id"`
 		Retries int    `json:"retries_attempted"`
 	}
-	if err := json.Unmarshal([]byte(r.stdout), &tasks); err != nil || len(tasks) != 40 {
+	if err := json.Unmarshal([]byte(r.stdout), &struct{ Tasks any }{&tasks}); err != nil || len(tasks) != 40 {
 		t.Fatalf("tasks list: %d tasks, %v", len(tasks), err)
 	}
 	for _, tk := range tasks {

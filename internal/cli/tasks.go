@@ -3,7 +3,6 @@ package cli
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"strings"
 	"text/tabwriter"
@@ -12,7 +11,6 @@ import (
 	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/queue"
-	"github.com/spf13/cobra"
 )
 
 // queueClient connects and returns a queue client, and its closer.
@@ -62,24 +60,37 @@ func checkTaskIDs(ids []string) error {
 	return nil
 }
 
-func (a *app) printTasks(tasks []*queue.Task, asJSON bool) error {
+// printPage prints a page of a listing: JSON {"tasks": [...], "next":
+// CURSOR} with --json, else a table, and the command for the next page on
+// stderr when there is one.
+func (a *app) printPage(page queue.Page, asJSON bool, again string) error {
 	if asJSON {
-		if tasks == nil {
-			tasks = []*queue.Task{}
+		views := make([]queue.View, len(page.Tasks))
+		for i, t := range page.Tasks {
+			views[i] = queue.NewView(t)
 		}
-		return json.NewEncoder(a.stdout).Encode(tasks)
+		return json.NewEncoder(a.stdout).Encode(struct {
+			Tasks []queue.View `json:"tasks"`
+			Next  string       `json:"next,omitempty"`
+		}{views, page.Next})
 	}
-	if len(tasks) == 0 {
+	if len(page.Tasks) == 0 {
 		fmt.Fprintln(a.stdout, "no tasks")
 		return nil
 	}
 	tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "TASK\tTYPE\tSTATUS\tATTEMPT\tRETRIES\tCREATED\tLAST ERROR")
-	for _, t := range tasks {
+	for _, t := range page.Tasks {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d/%d\t%s\t%s\n", t.ID, t.Type, t.CurrentStatus, t.Attempt, t.RetriesAttempted, t.Retries(),
 			t.Metadata.CreatedAt.Format(time.RFC3339), firstLine(t.LastError, 60))
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if page.Next != "" {
+		fmt.Fprintf(a.stderr, "more: %s --after %s\n", again, page.Next)
+	}
+	return nil
 }
 
 func firstLine(s string, n int) string {
@@ -92,7 +103,7 @@ func firstLine(s string, n int) string {
 
 func (a *app) printTask(t *queue.Task, asJSON bool) error {
 	if asJSON {
-		return json.NewEncoder(a.stdout).Encode(t)
+		return json.NewEncoder(a.stdout).Encode(queue.NewView(t))
 	}
 	tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "task:\t%s\n", t.ID)
@@ -117,187 +128,4 @@ func (a *app) printTask(t *queue.Task, asJSON bool) error {
 		fmt.Fprintf(tw, "  %s\t%s\tattempt %d\t%s\t%s\n", tr.At.Format(time.RFC3339Nano), tr.Status, tr.Attempt, tr.Worker, firstLine(tr.Error, 80))
 	}
 	return tw.Flush()
-}
-
-func (a *app) tasksCommand() *cobra.Command {
-	cmd := &cobra.Command{
-		Use:   "tasks",
-		Short: "Inspect and cancel queued tasks",
-		Example: `  drover tasks stats --queue emails
-  drover tasks list --queue emails --status RETRYING
-  drover tasks get 7f3a91 --json
-  drover tasks cancel 7f3a91`,
-	}
-	var asJSON bool
-	get := &cobra.Command{
-		Use: "get ID", Short: "Show a task, its status and its history", Args: cobra.ExactArgs(1),
-		Example: "  drover tasks get 7f3a91 --json",
-		RunE: func(cmd *cobra.Command, args []string) error {
-			t, err := a.getTask(cmd.Context(), args[0])
-			if err != nil {
-				return err
-			}
-			return a.printTask(t, asJSON)
-		},
-	}
-	get.Flags().BoolVar(&asJSON, "json", false, "print JSON")
-
-	var q, status string
-	var limit int
-	list := &cobra.Command{
-		Use: "list --queue Q --status S", Short: "List a queue's tasks in one status", Args: cobra.NoArgs,
-		Example: "  drover tasks list --queue emails --status DEAD --limit 20 --json",
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, done, err := a.queueFor(cmd.Context(), q)
-			if err != nil {
-				return err
-			}
-			defer done()
-			ts, err := c.List(cmd.Context(), q, queue.Status(strings.ToUpper(status)), limit)
-			if err != nil {
-				return drover.Rename(err, "--status")
-			}
-			return a.printTasks(ts, asJSON)
-		},
-	}
-	list.Flags().StringVar(&q, "queue", "", "queue name")
-	list.Flags().StringVar(&status, "status", "PENDING", "PENDING, RUNNING, RETRYING, SUCCEEDED, DEAD or CANCELLED")
-	list.Flags().IntVar(&limit, "limit", 100, "most tasks listed")
-	list.Flags().BoolVar(&asJSON, "json", false, "print JSON")
-
-	stats := &cobra.Command{
-		Use: "stats --queue Q", Short: "Count a queue's tasks by status", Args: cobra.NoArgs,
-		Example: "  drover tasks stats --queue emails --json",
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, done, err := a.queueFor(cmd.Context(), q)
-			if err != nil {
-				return err
-			}
-			defer done()
-			st, err := c.Stats(cmd.Context(), q)
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				return json.NewEncoder(a.stdout).Encode(st)
-			}
-			fmt.Fprintf(a.stdout, "queue %s: pending %d, running %d, retrying %d, succeeded %d, dead %d, cancelled %d\n",
-				q, st.Pending, st.Running, st.Retrying, st.Succeeded, st.Dead, st.Cancelled)
-			return nil
-		},
-	}
-	stats.Flags().StringVar(&q, "queue", "", "queue name")
-	stats.Flags().BoolVar(&asJSON, "json", false, "print JSON")
-
-	cancel := &cobra.Command{
-		Use: "cancel ID", Short: "Cancel a task; a running one has its context cancelled and its process killed", Args: cobra.ExactArgs(1),
-		Example: "  drover tasks cancel 7f3a91",
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := checkTaskIDs(args); err != nil {
-				return err
-			}
-			c, done, err := a.queueClient(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer done()
-			t, err := c.Cancel(cmd.Context(), args[0])
-			if errors.Is(err, queue.ErrFinished) {
-				return withCode(ExitFailure, err)
-			}
-			if err != nil {
-				return err
-			}
-			fmt.Fprintf(a.stdout, "task %s cancelled\n", t.ID)
-			return nil
-		},
-	}
-	cmd.AddCommand(get, list, stats, cancel)
-	return cmd
-}
-
-func (a *app) dlqCommand() *cobra.Command {
-	cmd := &cobra.Command{
-		Use:   "dlq",
-		Short: "The dead-letter queue: tasks that failed for good",
-		Example: `  drover dlq list --queue emails
-  drover dlq show 7f3a91
-  drover dlq requeue --queue emails --all
-  drover dlq purge --queue emails 7f3a91`,
-	}
-	var (
-		q      string
-		asJSON bool
-		all    bool
-		limit  int
-	)
-	list := &cobra.Command{
-		Use: "list --queue Q", Short: "List a queue's dead tasks", Args: cobra.NoArgs,
-		Example: "  drover dlq list --queue emails --json",
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, done, err := a.queueFor(cmd.Context(), q)
-			if err != nil {
-				return err
-			}
-			defer done()
-			ts, err := c.List(cmd.Context(), q, queue.Dead, limit)
-			if err != nil {
-				return err
-			}
-			return a.printTasks(ts, asJSON)
-		},
-	}
-	list.Flags().StringVar(&q, "queue", "", "queue name")
-	list.Flags().IntVar(&limit, "limit", 100, "most tasks listed")
-	list.Flags().BoolVar(&asJSON, "json", false, "print JSON")
-	show := &cobra.Command{
-		Use: "show ID", Short: "Show a dead task with its full error history", Args: cobra.ExactArgs(1),
-		Example: "  drover dlq show 7f3a91",
-		RunE: func(cmd *cobra.Command, args []string) error {
-			t, err := a.getTask(cmd.Context(), args[0])
-			if err != nil {
-				return err
-			}
-			if t.CurrentStatus != queue.Dead {
-				return withCode(ExitFailure, fmt.Errorf("%w: %s is %s", queue.ErrNotDead, t.ID, t.CurrentStatus))
-			}
-			return a.printTask(t, asJSON)
-		},
-	}
-	show.Flags().BoolVar(&asJSON, "json", false, "print JSON")
-	each := func(use, short, example string, f func(*queue.Client, context.Context, []string) (int, error), verb string) *cobra.Command {
-		c := &cobra.Command{
-			Use: use, Short: short, Example: example,
-			RunE: func(cmd *cobra.Command, args []string) error {
-				if err := drover.Rename(queue.CheckQueue(q), "--queue"); err != nil {
-					return err
-				}
-				if all == (len(args) > 0) {
-					return usageError{errors.New("give task ids or --all, not both and not neither")}
-				}
-				if err := checkTaskIDs(args); err != nil {
-					return err
-				}
-				qc, done, err := a.queueClient(cmd.Context())
-				if err != nil {
-					return err
-				}
-				defer done()
-				n, err := f(qc, cmd.Context(), args)
-				fmt.Fprintf(a.stdout, "%s %d tasks\n", verb, n)
-				return err
-			},
-		}
-		c.Flags().StringVar(&q, "queue", "", "queue name")
-		c.Flags().BoolVar(&all, "all", false, "every dead task of the queue")
-		return c
-	}
-	requeue := each("requeue --queue Q (ID... | --all)", "Put dead tasks back in the queue with a fresh retry budget",
-		"  drover dlq requeue --queue emails --all",
-		func(c *queue.Client, ctx context.Context, ids []string) (int, error) { return c.Requeue(ctx, q, ids) }, "requeued")
-	purge := each("purge --queue Q (ID... | --all)", "Delete dead tasks for good",
-		"  drover dlq purge --queue emails --all",
-		func(c *queue.Client, ctx context.Context, ids []string) (int, error) { return c.Purge(ctx, q, ids) }, "purged")
-	cmd.AddCommand(list, show, requeue, purge)
-	return cmd
 }

@@ -1,0 +1,184 @@
+package queue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/droverhq/drover/keyspace"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// ErrWrongStatus: a task named for a bulk change is not in the queue and
+// status the change is for.
+var ErrWrongStatus = errors.New("queue: task is not in that status")
+
+// bulkChange returns the writes that change one task, an estimate of their
+// size beyond the fixed cost of a few keys, and a key to put once in the
+// request ("" for none: a priority level's marker, which several tasks of
+// one request may share, and etcd refuses a request that writes a key
+// twice).
+type bulkChange func(t *Task) (ops []clientv3.Op, size int, shared string)
+
+// bulk applies change to tasks of queue q in status st: the tasks ids name,
+// or every task in that status when ids is empty. Tasks are read readBatch
+// at a time and changed in one transaction per batch (fewer when the writes
+// are large), each task in a nested transaction that applies only while
+// the task is as it was read: record unchanged, still in its index, and for
+// a pending task not claimed since. A task that changed in between is left
+// as it is (not counted). A named task in another queue or status stops the
+// change with an error, after the tasks before it.
+func (c *Client) bulk(ctx context.Context, q string, st Status, ids []string, progress func(int), change bulkChange) (int, error) {
+	if err := CheckQueue(q); err != nil {
+		return 0, err
+	}
+	prefix, err := c.statusPrefix(q, st)
+	if err != nil {
+		return 0, err
+	}
+	for _, id := range ids {
+		if err := keyspace.CheckName("task id", id); err != nil {
+			return 0, err
+		}
+	}
+	ids = slices.Clone(ids)
+	slices.Sort(ids)
+	ids = slices.Compact(ids)
+	named := len(ids) > 0
+	n, done := 0, 0
+	var cursor string
+	for {
+		var batch []string
+		if named {
+			batch, ids = ids[:min(readBatch, len(ids))], ids[min(readBatch, len(ids)):]
+		} else if cursor != "end" {
+			if batch, cursor, err = c.indexPage(ctx, prefix, st, cursor); err != nil {
+				return n, err
+			}
+		}
+		if len(batch) == 0 {
+			return n, nil
+		}
+		tasks, err := c.getMany(ctx, batch)
+		if err != nil {
+			return n, err
+		}
+		if named && len(tasks) < len(batch) {
+			return n, fmt.Errorf("%w: %s", ErrNotFound, missing(batch, tasks))
+		}
+		var todo []*Task
+		for _, t := range tasks {
+			if t.Queue == q && t.CurrentStatus == st {
+				todo = append(todo, t)
+			} else if named {
+				return n, errNotIn(t, q, st)
+			}
+		}
+		k, err := c.applyBulk(ctx, st, todo, change)
+		n += k
+		if err != nil {
+			return n, err
+		}
+		if done += len(batch); progress != nil {
+			progress(done)
+		}
+	}
+}
+
+// indexPage returns the next ids of index prefix after cursor, and the
+// cursor after them ("end" when the index has no more).
+func (c *Client) indexPage(ctx context.Context, prefix string, st Status, cursor string) ([]string, string, error) {
+	from := prefix
+	if cursor != "" {
+		from = prefix + cursor + "\x00"
+	}
+	g, err := c.cli.Get(ctx, from, clientv3.WithRange(clientv3.GetPrefixRangeEnd(prefix)), clientv3.WithKeysOnly(), clientv3.WithLimit(readBatch))
+	if err != nil {
+		return nil, "", fmt.Errorf("queue: read %s: %w", prefix, err)
+	}
+	ids := make([]string, 0, len(g.Kvs))
+	for _, kv := range g.Kvs {
+		ids = append(ids, idOfIndexKey(st, string(kv.Key), prefix))
+		cursor = strings.TrimPrefix(string(kv.Key), prefix)
+	}
+	if !g.More {
+		cursor = "end"
+	}
+	return ids, cursor, nil
+}
+
+// applyBulk writes change for tasks, in requests that stay within etcd's
+// operation and size limits, and returns how many applied.
+func (c *Client) applyBulk(ctx context.Context, st Status, tasks []*Task, change bulkChange) (int, error) {
+	n, size := 0, 0
+	var ops []clientv3.Op
+	shared := map[string]bool{}
+	send := func() error {
+		if len(ops) == 0 {
+			return nil
+		}
+		tasks := len(ops)
+		for k := range shared {
+			ops = append(ops, clientv3.OpPut(k, ""))
+		}
+		resp, err := c.cli.Txn(ctx).Then(ops...).Commit()
+		if err != nil {
+			return fmt.Errorf("queue: change %d tasks: %w", tasks, err)
+		}
+		for _, r := range resp.Responses[:tasks] {
+			if r.GetResponseTxn().Succeeded {
+				n++
+			}
+		}
+		ops, size = ops[:0], 0
+		clear(shared)
+		return nil
+	}
+	for _, t := range tasks {
+		cmps := c.unchanged(t, st)
+		writes, sz, key := change(t)
+		if size+sz+1024 > maxRequestBytes {
+			if err := send(); err != nil {
+				return n, err
+			}
+		}
+		ops = append(ops, clientv3.OpTxn(cmps, writes, nil))
+		size += sz + 1024
+		if key != "" {
+			shared[key] = true
+		}
+	}
+	return n, send()
+}
+
+// unchanged are the compares that hold while t is as it was read in status
+// st.
+func (c *Client) unchanged(t *Task, st Status) []clientv3.Cmp {
+	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(c.keys.TaskRecord(t.ID)), "=", t.rev)}
+	switch st {
+	case Pending:
+		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(c.pendingKey(t)), "=", t.pendingRev),
+			clientv3.Compare(clientv3.CreateRevision(c.keys.QueueClaim(t.Queue, t.ID)), "=", 0))
+	case Retrying:
+		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(c.retryKey(t)), ">", 0))
+	case Dead:
+		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(c.keys.QueueDead(t.Queue)+t.ID), ">", 0))
+	}
+	return cmps
+}
+
+// missing returns the first of ids that has no task.
+func missing(ids []string, tasks []*Task) string {
+	found := make(map[string]bool, len(tasks))
+	for _, t := range tasks {
+		found[t.ID] = true
+	}
+	for _, id := range ids {
+		if !found[id] {
+			return id
+		}
+	}
+	return ""
+}

@@ -1,0 +1,300 @@
+package queue
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+
+	"github.com/droverhq/drover"
+	"github.com/droverhq/drover/keyspace"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Get returns task id with its current status.
+func (c *Client) Get(ctx context.Context, id string) (*Task, error) {
+	if err := keyspace.CheckName("task id", id); err != nil {
+		return nil, err
+	}
+	ts, err := c.getMany(ctx, []string{id})
+	if err != nil {
+		return nil, err
+	}
+	if len(ts) == 0 {
+		return nil, fmt.Errorf("%w: %s", ErrNotFound, id)
+	}
+	return ts[0], nil
+}
+
+// readBatch is how many tasks one read transaction takes: resolving a
+// task's status reads three keys, and etcd allows 128 operations a request
+// by default (--max-txn-ops).
+const readBatch = 40
+
+// getMany reads the records of ids (skipping missing ones) and resolves each
+// one's status from the index keys, two read transactions per readBatch ids.
+func (c *Client) getMany(ctx context.Context, ids []string) ([]*Task, error) {
+	var out []*Task
+	for start := 0; start < len(ids); start += readBatch {
+		chunk := ids[start:min(start+readBatch, len(ids))]
+		ops := make([]clientv3.Op, len(chunk))
+		for i, id := range chunk {
+			ops[i] = clientv3.OpGet(c.keys.TaskRecord(id))
+		}
+		resp, err := c.cli.Txn(ctx).Then(ops...).Commit()
+		if err != nil {
+			return nil, fmt.Errorf("queue: read tasks: %w", err)
+		}
+		var tasks []*Task
+		for _, r := range resp.Responses {
+			kvs := r.GetResponseRange().Kvs
+			if len(kvs) == 0 {
+				continue
+			}
+			t := new(Task)
+			if err := json.Unmarshal(kvs[0].Value, t); err != nil {
+				return nil, fmt.Errorf("queue: task record %s is unreadable: %w", kvs[0].Key, err)
+			}
+			t.rev = kvs[0].ModRevision
+			tasks = append(tasks, t)
+		}
+		if err := c.resolve(ctx, tasks); err != nil {
+			return nil, err
+		}
+		out = append(out, tasks...)
+	}
+	return out, nil
+}
+
+// resolve sets each task's CurrentStatus from where its keys are: a claim
+// means RUNNING; otherwise a terminal status in the record stands; otherwise
+// a retry key means RETRYING and a pending key PENDING. It reads at most
+// readBatch tasks' keys per transaction.
+func (c *Client) resolve(ctx context.Context, tasks []*Task) error {
+	for len(tasks) > readBatch {
+		if err := c.resolve(ctx, tasks[:readBatch]); err != nil {
+			return err
+		}
+		tasks = tasks[readBatch:]
+	}
+	if len(tasks) == 0 {
+		return nil
+	}
+	ops := make([]clientv3.Op, 0, 3*len(tasks))
+	for _, t := range tasks {
+		ops = append(ops,
+			clientv3.OpGet(c.keys.QueueClaim(t.Queue, t.ID)),
+			clientv3.OpGet(c.pendingKey(t), clientv3.WithKeysOnly()),
+			clientv3.OpGet(c.retryKey(t), clientv3.WithCountOnly()))
+	}
+	resp, err := c.cli.Txn(ctx).Then(ops...).Commit()
+	if err != nil {
+		return fmt.Errorf("queue: read task states: %w", err)
+	}
+	for i, t := range tasks {
+		claim := resp.Responses[3*i].GetResponseRange().Kvs
+		pend := resp.Responses[3*i+1].GetResponseRange().Kvs
+		pending := len(pend) > 0
+		t.pendingRev = 0
+		if pending {
+			t.pendingRev = pend[0].ModRevision
+		}
+		retry := resp.Responses[3*i+2].GetResponseRange().Count > 0
+		switch {
+		case len(claim) > 0:
+			var cv claimValue
+			_ = json.Unmarshal(claim[0].Value, &cv)
+			t.CurrentStatus, t.Attempt, t.Token = Running, cv.Attempt, claim[0].CreateRevision
+		case t.CurrentStatus.Terminal():
+		case retry:
+			t.CurrentStatus = Retrying
+		case pending:
+			t.CurrentStatus = Pending
+		}
+	}
+	return nil
+}
+
+// DefaultListLimit is how many tasks a page of List holds when no limit is
+// given; MaxListLimit is the most it can hold.
+const (
+	DefaultListLimit = 100
+	MaxListLimit     = 1000
+)
+
+// ListOptions selects a page of a listing.
+type ListOptions struct {
+	// Limit is the most tasks the page holds: 0 means DefaultListLimit,
+	// at most MaxListLimit.
+	Limit int
+	// After is the cursor of the page before (its Page.Next): the page
+	// starts after it. Empty starts at the beginning.
+	After string
+}
+
+// Page is one page of a listing. Next, when not empty, is the cursor that
+// gives the next page as ListOptions.After; empty means this was the last.
+type Page struct {
+	Tasks []*Task `json:"tasks"`
+	Next  string  `json:"next,omitempty"`
+}
+
+// maxCursor bounds the length of a listing cursor.
+const maxCursor = 512
+
+// List returns a page of queue q's tasks in status st, in index order
+// (pending tasks by shard, then priority and submission; retrying ones by
+// when they are due; finished ones by when they finished; running and dead
+// ones by id). Walking every page with Next sees each task that stays in
+// that status once, even while tasks come and go.
+func (c *Client) List(ctx context.Context, q string, st Status, opts ListOptions) (Page, error) {
+	if err := CheckQueue(q); err != nil {
+		return Page{}, err
+	}
+	limit := opts.Limit
+	if limit == 0 {
+		limit = DefaultListLimit
+	}
+	if limit < 0 || limit > MaxListLimit {
+		return Page{}, &drover.InputError{Field: "limit", Value: opts.Limit, Rule: fmt.Sprintf("must be between 1 and %d", MaxListLimit)}
+	}
+	if err := checkCursor(opts.After); err != nil {
+		return Page{}, err
+	}
+	prefix, err := c.statusPrefix(q, st)
+	if err != nil {
+		return Page{}, err
+	}
+	claimed := map[string]bool{}
+	if st == Pending {
+		// A pending key whose task is running stays until its outcome:
+		// leave those out.
+		g, err := c.cli.Get(ctx, c.keys.QueueClaims(q), clientv3.WithPrefix(), clientv3.WithKeysOnly())
+		if err != nil {
+			return Page{}, fmt.Errorf("queue: list %s: %w", q, err)
+		}
+		for _, kv := range g.Kvs {
+			claimed[strings.TrimPrefix(string(kv.Key), c.keys.QueueClaims(q))] = true
+		}
+	}
+	var ids []string
+	from, end := prefix+opts.After, clientv3.GetPrefixRangeEnd(prefix)
+	if opts.After != "" {
+		from += "\x00" // just after the cursor's key
+	}
+	page := Page{}
+	last, more := "", false
+	for len(ids) < limit {
+		g, err := c.cli.Get(ctx, from, clientv3.WithRange(end), clientv3.WithKeysOnly(), clientv3.WithLimit(int64(limit-len(ids)+len(claimed))))
+		if err != nil {
+			return Page{}, fmt.Errorf("queue: list %s: %w", q, err)
+		}
+		more = g.More
+		for k, kv := range g.Kvs {
+			key := string(kv.Key)
+			last = strings.TrimPrefix(key, prefix)
+			if id := idOfIndexKey(st, key, prefix); !claimed[id] {
+				if ids = append(ids, id); len(ids) == limit {
+					more = more || k < len(g.Kvs)-1
+					break
+				}
+			}
+		}
+		if !g.More {
+			break
+		}
+		from = prefix + last + "\x00"
+	}
+	if more {
+		page.Next = last
+	}
+	page.Tasks, err = c.getMany(ctx, ids)
+	if page.Tasks == nil {
+		page.Tasks = []*Task{}
+	}
+	return page, err
+}
+
+// statusPrefix is the index of tasks in status st.
+func (c *Client) statusPrefix(q string, st Status) (string, error) {
+	switch st {
+	case Pending:
+		return c.keys.QueuePending(q), nil
+	case Running:
+		return c.keys.QueueClaims(q), nil
+	case Retrying:
+		return c.keys.QueueRetry(q), nil
+	case Dead:
+		return c.keys.QueueDead(q), nil
+	case Succeeded, Cancelled:
+		return c.keys.QueueDone(q, string(st)), nil // "{finished}-{id}"
+	}
+	return "", &drover.InputError{Field: "status", Value: string(st), Rule: "must be PENDING, RUNNING, RETRYING, SUCCEEDED, DEAD or CANCELLED"}
+}
+
+// idOfIndexKey returns the task id of key in the index of status st.
+func idOfIndexKey(st Status, key, prefix string) string {
+	switch st {
+	case Pending:
+		return pendingID(key, prefix)
+	case Retrying, Succeeded, Cancelled: // "{time}-{id}"
+		_, id, _ := strings.Cut(strings.TrimPrefix(key, prefix), "-")
+		return id
+	}
+	return strings.TrimPrefix(key, prefix)
+}
+
+// checkCursor refuses a cursor that no listing gave: cursors are key
+// suffixes, made of the characters of names, '/' and '-'.
+func checkCursor(after string) error {
+	if len(after) > maxCursor {
+		return &drover.InputError{Field: "after", Value: after, Rule: "must be a cursor a listing gave (its next)"}
+	}
+	for i := 0; i < len(after); i++ {
+		ch := after[i]
+		if !(ch >= 'a' && ch <= 'z' || ch >= 'A' && ch <= 'Z' || ch >= '0' && ch <= '9' || strings.IndexByte("._:-/", ch) >= 0) {
+			return &drover.InputError{Field: "after", Value: after, Rule: "must be a cursor a listing gave (its next)"}
+		}
+	}
+	return nil
+}
+
+// Stats counts queue q's tasks by status.
+type Stats struct {
+	Pending   int64 `json:"pending"`
+	Running   int64 `json:"running"`
+	Retrying  int64 `json:"retrying"`
+	Succeeded int64 `json:"succeeded"`
+	Dead      int64 `json:"dead"`
+	Cancelled int64 `json:"cancelled"`
+}
+
+// Total is the sum of every count.
+func (s Stats) Total() int64 {
+	return s.Pending + s.Running + s.Retrying + s.Succeeded + s.Dead + s.Cancelled
+}
+
+// Unfinished counts tasks that are pending, running or retrying.
+func (s Stats) Unfinished() int64 { return s.Pending + s.Running + s.Retrying }
+
+// Stats counts queue q's tasks by status, in one read transaction.
+func (c *Client) Stats(ctx context.Context, q string) (Stats, error) {
+	if err := CheckQueue(q); err != nil {
+		return Stats{}, err
+	}
+	count := func(p string) clientv3.Op { return clientv3.OpGet(p, clientv3.WithPrefix(), clientv3.WithCountOnly()) }
+	resp, err := c.cli.Txn(ctx).Then(
+		count(c.keys.QueuePending(q)), count(c.keys.QueueClaims(q)), count(c.keys.QueueRetry(q)),
+		count(c.keys.QueueDone(q, string(Succeeded))), count(c.keys.QueueDead(q)), count(c.keys.QueueDone(q, string(Cancelled))),
+		clientv3.OpGet(c.keys.QueueArchived(q)),
+	).Commit()
+	if err != nil {
+		return Stats{}, fmt.Errorf("queue: stats of %s: %w", q, err)
+	}
+	n := func(i int) int64 { return resp.Responses[i].GetResponseRange().Count }
+	var arch archived
+	if kvs := resp.Responses[6].GetResponseRange().Kvs; len(kvs) > 0 {
+		_ = json.Unmarshal(kvs[0].Value, &arch)
+	}
+	return Stats{Pending: n(0) - n(1), Running: n(1), Retrying: n(2), Succeeded: n(3) + arch.Succeeded, Dead: n(4), Cancelled: n(5) + arch.Cancelled}, nil
+}
