@@ -59,8 +59,12 @@ func runHelper(mode string) int {
 	if v, err := strconv.Atoi(os.Getenv("H_CONCURRENCY")); err == nil {
 		conc = v
 	}
+	ttl := 2 * time.Second
+	if v, err := time.ParseDuration(os.Getenv("H_TTL")); err == nil {
+		ttl = v
+	}
 	w, err := queue.NewWorker(ctx, cli, queue.WorkerConfig{Namespace: os.Getenv("H_NS"), Queue: "jobs", Concurrency: conc,
-		TTL: 2 * time.Second, Drain: true, BackoffBase: 50 * time.Millisecond, BackoffMax: 200 * time.Millisecond})
+		TTL: ttl, Drain: true, BackoffBase: 50 * time.Millisecond, BackoffMax: 200 * time.Millisecond})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
@@ -81,6 +85,7 @@ func runHelper(mode string) int {
 		case "slow": // a start log line per attempt, then 50 ms of work
 			fmt.Printf("START %s %d %d\n", t.ID, t.Attempt, time.Now().UnixNano())
 			time.Sleep(50 * time.Millisecond)
+			fmt.Printf("END %s %d\n", t.ID, t.Attempt)
 			return []byte(t.ID), nil
 		}
 		time.Sleep(time.Duration(rand.IntN(3)) * time.Millisecond)

@@ -128,7 +128,13 @@ func (c WorkerConfig) Validate() error {
 
 // WorkerStats counts what a worker did.
 type WorkerStats struct {
-	Claimed, Succeeded, Retried, Dead, HandedBack, Fenced, InFlight int64
+	Claimed    int64 `json:"claimed"`
+	Succeeded  int64 `json:"succeeded"`
+	Retried    int64 `json:"retried"`
+	Dead       int64 `json:"dead"`
+	HandedBack int64 `json:"handed_back"`
+	Fenced     int64 `json:"fenced"`
+	InFlight   int64 `json:"in_flight"`
 }
 
 // Worker claims tasks of one queue and runs their handlers.

@@ -109,7 +109,7 @@ esac
 	r := drover(t, append(etcdFlags(ns), "worker", "--queue", "jobs", "--concurrency", "4", "--handler", "exec:"+script,
 		"--drain", "--backoff-base", "50ms", "--backoff-max", "100ms", "--json")...)
 	var st struct{ Succeeded, Dead int }
-	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &st) != nil || st.Succeeded != 20 || st.Dead != 2 {
+	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &st) != nil || st.Succeeded != 20 || st.Dead != 2 || !strings.Contains(r.stdout, `"succeeded":20,`) {
 		t.Fatalf("worker: exit %d, %q, %q", r.code, r.stdout, r.stderr)
 	}
 	r = drover(t, append(etcdFlags(ns), "dlq", "list", "--queue", "jobs", "--json")...)
