@@ -160,7 +160,9 @@ collect:
 	}
 	slices.Sort(all)
 	slices.Sort(firstDelays)
-	q := func(d []time.Duration, p int) time.Duration { return d[min(len(d)-1, len(d)*p/100)].Round(10 * time.Millisecond) }
+	q := func(d []time.Duration, p int) time.Duration {
+		return d[min(len(d)-1, len(d)*p/100)].Round(10 * time.Millisecond)
+	}
 	if len(all) == 0 {
 		t.Fatal("no task of a killed worker ran again")
 	}
