@@ -139,6 +139,7 @@ type Server struct {
 	dataDir   string
 	logLevel  zap.AtomicLevel
 	closeOnce sync.Once
+	unlock    func()        // releases the data dir's lock file
 	stop      chan struct{} // closed by Close: maintenance ends
 	done      chan struct{} // closed when maintenance has ended
 }
@@ -154,6 +155,25 @@ func Embed(ctx context.Context, cfg EmbedConfig) (*Server, error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("cluster: create data dir: %w", err)
 	}
+	unlock, err := lockDataDir(cfg.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	s, err := start(ctx, cfg)
+	if err != nil {
+		unlock()
+		return nil, err
+	}
+	s.unlock = unlock
+	return s, nil
+}
+
+// start starts etcd in cfg.DataDir, which the caller holds, and waits until
+// it serves clients. etcd's own start (opening and reading the database,
+// which takes seconds for a large one) cannot be interrupted, so it runs
+// in a goroutine: when ctx ends first, start returns at once and the
+// goroutine closes the server when its start returns.
+func start(ctx context.Context, cfg EmbedConfig) (*Server, error) {
 	ec := embed.NewConfig()
 	ec.Name = cfg.Name
 	ec.Dir = cfg.DataDir
@@ -174,7 +194,11 @@ func Embed(ctx context.Context, cfg EmbedConfig) (*Server, error) {
 	ec.QuotaBackendBytes = cfg.QuotaBackendBytes
 	level, _ := zapcore.ParseLevel(cfg.LogLevel)
 	zc := zap.NewProductionConfig()
-	zc.Level = zap.NewAtomicLevelAt(level)
+	// Quiet while starting: a failed start is returned as an error (with
+	// its cause), not also logged by etcd in its own format; once the
+	// server is ready it logs at cfg.LogLevel.
+	zc.Level = zap.NewAtomicLevelAt(zapcore.FatalLevel)
+	zc.DisableStacktrace = true
 	zc.Sampling = nil
 	zc.OutputPaths = []string{"stderr"}
 	zc.ErrorOutputPaths = []string{"stderr"}
@@ -185,9 +209,29 @@ func Embed(ctx context.Context, cfg EmbedConfig) (*Server, error) {
 	ec.ZapLoggerBuilder = embed.NewZapLoggerBuilder(lg)
 	ec.LogLevel = cfg.LogLevel
 
-	e, err := embed.StartEtcd(ec)
-	if err != nil {
-		return nil, fmt.Errorf("cluster: start embedded etcd in %s on %s: %w", cfg.DataDir, cfg.ClientURL, err)
+	type started struct {
+		e   *embed.Etcd
+		err error
+	}
+	ch := make(chan started, 1)
+	go func() {
+		e, err := embed.StartEtcd(ec)
+		ch <- started{e, err}
+	}()
+	var e *embed.Etcd
+	select {
+	case r := <-ch:
+		if r.err != nil {
+			return nil, fmt.Errorf("cluster: start embedded etcd in %s on %s: %w", cfg.DataDir, cfg.ClientURL, r.err)
+		}
+		e = r.e
+	case <-ctx.Done():
+		go func() {
+			if r := <-ch; r.e != nil {
+				r.e.Close()
+			}
+		}()
+		return nil, fmt.Errorf("cluster: start embedded etcd: %w", ctx.Err())
 	}
 	timer := time.NewTimer(cfg.StartTimeout)
 	defer timer.Stop()
@@ -204,6 +248,7 @@ func Embed(ctx context.Context, cfg EmbedConfig) (*Server, error) {
 		e.Close()
 		return nil, fmt.Errorf("cluster: start embedded etcd: %w", ctx.Err())
 	}
+	zc.Level.SetLevel(level)
 	s := &Server{etcd: e, dataDir: cfg.DataDir, logLevel: zc.Level, stop: make(chan struct{}), done: make(chan struct{})}
 	for _, l := range e.Clients {
 		s.endpoints = append(s.endpoints, l.Addr().String())
@@ -274,7 +319,8 @@ func (s *Server) Err() <-chan error { return s.etcd.Err() }
 
 // Close stops the server: it ends the maintenance goroutine, stops accepting
 // clients, closes open client connections and watches, then syncs and closes
-// the data files. It is safe to call more than once.
+// the data files, and releases the data dir's lock. It is safe to call more
+// than once.
 func (s *Server) Close() {
 	s.closeOnce.Do(func() {
 		close(s.stop)
@@ -283,6 +329,9 @@ func (s *Server) Close() {
 		// they are not.
 		s.logLevel.SetLevel(zap.FatalLevel)
 		s.etcd.Close()
+		if s.unlock != nil {
+			s.unlock()
+		}
 	})
 }
 

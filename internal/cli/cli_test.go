@@ -61,8 +61,8 @@ func TestServerKeepsDataAndStopsCleanly(t *testing.T) {
 	for i, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT} {
 		p := start(t, cleanEnv(), args...)
 		waitFor(t, 30*time.Second, "the ready line", func() bool { return strings.Contains(p.stderr.String(), "drover server ready") })
-		if n := strings.Count(p.stderr.String(), "\n"); n != 1 {
-			t.Fatalf("want exactly one line when ready, got %d:\n%s", n, p.stderr.String())
+		if n := strings.Count(p.stderr.String(), "\n"); n != 2 || !strings.Contains(p.stderr.String(), []string{"drover server starting", "drover server loading its data dir"}[i]) {
+			t.Fatalf("want exactly two lines, starting (or loading) and ready, got %d:\n%s", n, p.stderr.String())
 		}
 		cli, err := clientv3.New(clientv3.Config{Endpoints: []string{client}, DialTimeout: 5 * time.Second})
 		if err != nil {

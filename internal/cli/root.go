@@ -9,10 +9,12 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/cluster"
+	"github.com/droverhq/drover/internal/buildinfo"
 	"github.com/droverhq/drover/keyspace"
 	"github.com/spf13/cobra"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -124,8 +126,42 @@ $ETCD_ENDPOINTS, else 127.0.0.1:2379. "drover server" runs one for you.`,
 	pf.StringVar(&a.logFormat, "log-format", "text", "log format: text or json")
 	pf.StringVar(&a.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 
+	info := buildinfo.Get()
+	root.Version = fmt.Sprintf("%s (commit %s, %s)", info.Version, info.Commit, info.GoVersion)
+	root.SetVersionTemplate("drover {{.Version}}\n")
 	root.AddCommand(a.versionCommand(), a.serverCommand(), a.lockCommand(), a.taskCommand(), a.submitCommand(), a.workerCommand(), a.tasksCommand(), a.dlqCommand(), a.registryCommand(), a.workersCommand(), a.limitsCommand(), a.quotasCommand(), a.breakersCommand(), a.queuesCommand(), a.demoCommand(), a.demoWorkerCommand(), a.lostUpdateWorkerCommand())
+	refuseUnknownSubcommands(root)
 	return root
+}
+
+// refuseUnknownSubcommands makes every command group (a command with
+// subcommands) fail with exit 2 on an argument that names none of its
+// subcommands and that it does not take itself, suggesting the nearest;
+// cobra does so for the root only, and printed help with exit 0 (or failed
+// with exit 1) otherwise. A group with nothing to run of its own prints its
+// help when called with no argument.
+func refuseUnknownSubcommands(cmd *cobra.Command) {
+	for _, c := range cmd.Commands() {
+		refuseUnknownSubcommands(c)
+	}
+	if !cmd.HasSubCommands() || cmd.Parent() == nil {
+		return
+	}
+	own := cmd.Args
+	cmd.SuggestionsMinimumDistance = 2
+	cmd.Args = func(c *cobra.Command, args []string) error {
+		if len(args) == 0 || own != nil && own(c, args) == nil {
+			return nil
+		}
+		msg := fmt.Sprintf("unknown command %q for %q", args[0], c.CommandPath())
+		if s := c.SuggestionsFor(args[0]); len(s) > 0 {
+			msg += "\n\nDid you mean this?\n\t" + strings.Join(s, "\n\t")
+		}
+		return usageError{fmt.Errorf("%s\n\nRun '%s --help' for its commands", msg, c.CommandPath())}
+	}
+	if !cmd.Runnable() {
+		cmd.RunE = func(c *cobra.Command, args []string) error { return c.Help() }
+	}
 }
 
 func (a *app) setupLogging() error {

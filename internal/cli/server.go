@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime/debug"
 	"strings"
 	"syscall"
@@ -109,9 +111,10 @@ It logs one line when ready and shuts down cleanly on SIGINT or SIGTERM.`,
 				return usageError{err}
 			}
 			start := time.Now()
+			a.logStarting(dataDir)
 			srv, err := cluster.Embed(ctx, cfg)
 			if err != nil {
-				return fmt.Errorf("%w (is another drover server or etcd using %s or %s, or the data dir %s?)", err, listen, peerListen, dataDir)
+				return startError(err, dataDir, listen, peerListen)
 			}
 			defer srv.Close()
 			a.logger.Info("drover server ready",
@@ -151,4 +154,36 @@ func (a *app) serveExternal(ctx context.Context) error {
 	<-ctx.Done()
 	a.logger.Info("drover server stopped")
 	return nil
+}
+
+// logStarting says the server is starting, and when it reopens a data dir
+// how large it is: reading a large one takes seconds before the server
+// answers.
+func (a *app) logStarting(dataDir string) {
+	db := filepath.Join(dataDir, "member", "snap", "db")
+	if st, err := os.Stat(db); err == nil {
+		a.logger.Info("drover server loading its data dir; a large one takes a while", "data_dir", dataDir, "database_mib", st.Size()>>20)
+		return
+	}
+	a.logger.Info("drover server starting", "data_dir", dataDir)
+}
+
+// startError explains why the embedded etcd did not start, with what to do
+// about it. Causes in the flags or on the machine (a port in use, a data dir
+// that cannot be written or is held by another server) exit 2.
+func startError(err error, dataDir, listen, peerListen string) error {
+	var inUse *cluster.DataDirInUseError
+	switch {
+	case errors.As(err, &inUse):
+		return usageError{inUse}
+	case errors.Is(err, syscall.EADDRINUSE):
+		return usageError{fmt.Errorf("%w\nanother drover server or etcd listens on %s or %s: stop it, or choose other ports with --etcd-listen and --etcd-peer-listen", err, listen, peerListen)}
+	case errors.Is(err, syscall.ENOTDIR):
+		return usageError{fmt.Errorf("%w\n--data-dir %s: a part of that path is a file, not a directory; choose another --data-dir", err, dataDir)}
+	case errors.Is(err, os.ErrPermission):
+		return usageError{fmt.Errorf("%w\n--data-dir %s cannot be written by this user; choose another --data-dir, or fix its permissions", err, dataDir)}
+	case errors.Is(err, context.Canceled):
+		return withCode(ExitFailure, errors.New("stopped by a signal while starting"))
+	}
+	return err
 }
