@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"time"
+	"unicode/utf8"
 )
 
 // ErrInvalidInput is matched (with errors.Is) by every error that rejects a
@@ -22,10 +23,21 @@ type InputError struct {
 	Rule string
 }
 
-// Error implements error.
+// maxEcho is how much of a rejected string value an error shows.
+const maxEcho = 64
+
+// Error implements error. A long string value is shown cut to its first 64
+// bytes, with its length: the caller has the rest.
 func (e *InputError) Error() string {
 	switch v := e.Value.(type) {
 	case string:
+		if len(v) > maxEcho {
+			cut := maxEcho
+			for cut > 0 && !utf8.RuneStart(v[cut]) {
+				cut--
+			}
+			return fmt.Sprintf("invalid %s %q… (%d bytes): %s", e.Field, v[:cut], len(v), e.Rule)
+		}
 		return fmt.Sprintf("invalid %s %q: %s", e.Field, v, e.Rule)
 	case nil:
 		return fmt.Sprintf("invalid %s: %s", e.Field, e.Rule)

@@ -23,7 +23,8 @@ const ExitPermanent = 65
 const DefaultMaxOutput = MaxResult
 
 // ExecHandler returns a handler that runs argv in a process of its own for
-// each task (seed 001's process isolation): the task as JSON on standard
+// each task, so that tasks are isolated from each other and from the
+// worker: the task as JSON on standard
 // input, its standard output (at most maxOutput bytes; 0 means
 // DefaultMaxOutput) as the result. Exit 0 is success; exit 65 (EX_DATAERR) a
 // permanent failure; any other exit, a signal, or a timeout a transient one.

@@ -204,3 +204,25 @@ func TestSubmitConflicts(t *testing.T) {
 		t.Fatalf("1,280 conflicts: %d rejected, %v", len(res.Rejected), err)
 	}
 }
+
+// TestSubmitRejectsTextThatIsNotUTF8: every free-text field of a task must
+// be UTF-8; the others go in.
+func TestSubmitRejectsTextThatIsNotUTF8(t *testing.T) {
+	ns := etcdtest.Namespace(t)
+	c, _ := newClient(t, ns)
+	in := []queue.Task{
+		{ID: "p", Type: "t", Parameters: []byte("{\"x\":\"\xff\"}")},
+		{ID: "u", Type: "t", InputDataURI: "s3://\xc3"},
+		{ID: "m", Type: "t", Metadata: queue.Metadata{Tenant: "\xe2\x82"}},
+		{ID: "fine", Type: "t", Parameters: []byte(`{"x":"é"}`)},
+	}
+	res, err := c.Submit(context.Background(), "utf", in, nil)
+	if err != nil || res.Submitted != 1 || len(res.Rejected) != 3 {
+		t.Fatalf("%+v, %v", res, err)
+	}
+	for i, field := range []string{"parameters", "input_data_uri", "metadata.tenant"} {
+		if rj := res.Rejected[i]; rj.Line != i+1 || !strings.Contains(rj.Error, "invalid "+field+": must be UTF-8 text") {
+			t.Fatalf("rejected %+v, want line %d naming %s", rj, i+1, field)
+		}
+	}
+}

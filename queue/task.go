@@ -7,7 +7,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"time"
+	"unicode/utf8"
 
 	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/keyspace"
@@ -39,7 +41,8 @@ const (
 	MaxHistory = 50
 )
 
-// Metadata is seed 001's task metadata.
+// Metadata is a task's metadata: when it was created, its priority (higher
+// first), the system it came from and the tenant it is for.
 type Metadata struct {
 	CreatedAt    time.Time `json:"created_at"`
 	Priority     int       `json:"priority"`
@@ -56,7 +59,8 @@ type Transition struct {
 	Error   string    `json:"error,omitempty"`
 }
 
-// Task is seed 001's task model plus what drover needs to run it.
+// Task is a queued task: what its submitter gives (id, type, data URIs,
+// parameters, metadata, retry budget) and what drover adds to run it.
 type Task struct {
 	ID            string          `json:"task_id"`
 	Type          string          `json:"task_type"`
@@ -115,18 +119,26 @@ func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Durat
 
 // UnmarshalJSON implements json.Unmarshaler.
 func (d *Duration) UnmarshalJSON(b []byte) error {
+	// A *json.UnmarshalTypeError gets the field's name from the decoder.
 	var s string
 	if err := json.Unmarshal(b, &s); err == nil {
 		v, err := time.ParseDuration(s)
 		if err != nil {
-			return fmt.Errorf("duration %q: %w", s, err)
+			return &json.UnmarshalTypeError{Value: fmt.Sprintf("string %q", s), Type: reflect.TypeFor[Duration]()}
 		}
 		*d = Duration(v)
 		return nil
 	}
 	var secs float64
 	if err := json.Unmarshal(b, &secs); err != nil {
-		return errors.New(`a duration must be a string such as "30s" or a number of seconds`)
+		kind := "object"
+		switch {
+		case len(b) > 0 && b[0] == '[':
+			kind = "array"
+		case bytes.Equal(b, []byte("true")) || bytes.Equal(b, []byte("false")):
+			kind = "bool"
+		}
+		return &json.UnmarshalTypeError{Value: kind, Type: reflect.TypeFor[Duration]()}
 	}
 	*d = Duration(secs * float64(time.Second))
 	return nil
@@ -150,9 +162,6 @@ func (t *Task) check(now time.Time) error {
 	if err := keyspace.CheckName("task_id", t.ID); err != nil {
 		return err
 	}
-	if len(t.ID) > 120 {
-		return &drover.InputError{Field: "task_id", Value: t.ID, Rule: "must be at most 120 characters"}
-	}
 	if err := keyspace.CheckName("task_type", t.Type); err != nil {
 		return err
 	}
@@ -164,6 +173,9 @@ func (t *Task) check(now time.Time) error {
 	}
 	if len(t.Parameters) > 0 && !json.Valid(t.Parameters) {
 		return &drover.InputError{Field: "parameters", Rule: "must be valid JSON"}
+	}
+	if err := t.checkUTF8(); err != nil {
+		return err
 	}
 	if t.Timeout < 0 || t.BackoffBase < 0 || t.BackoffMax < 0 {
 		return &drover.InputError{Field: "timeout/backoff", Rule: "must not be negative"}
@@ -179,6 +191,31 @@ func (t *Task) check(now time.Time) error {
 	return nil
 }
 
+// Validate reports the first field of t that a submission would reject, as
+// a *drover.InputError naming it; t is not changed.
+func (t *Task) Validate() error {
+	c := *t
+	if c.ID == "" {
+		c.ID = "x" // a submission gives it one
+	}
+	return c.check(time.Now())
+}
+
+// checkUTF8 rejects text that is not UTF-8: it would be stored as it is and
+// given back as JSON that other languages cannot decode.
+func (t *Task) checkUTF8() error {
+	for _, f := range []struct{ name, value string }{
+		{"input_data_uri", t.InputDataURI}, {"output_data_uri", t.OutputDataURI},
+		{"metadata.source_system", t.Metadata.SourceSystem}, {"metadata.tenant", t.Metadata.Tenant},
+		{"parameters", string(t.Parameters)},
+	} {
+		if !utf8.ValidString(f.value) {
+			return &drover.InputError{Field: f.name, Rule: "must be UTF-8 text: it holds bytes that are not"}
+		}
+	}
+	return nil
+}
+
 // LineError is a line of a JSONL batch that is not a valid task.
 type LineError struct {
 	Line  int    `json:"line"`
@@ -186,8 +223,20 @@ type LineError struct {
 }
 
 // ParseLine reads one JSONL line as a task. Unknown fields are refused so
-// that a misspelt field does not pass silently.
+// that a misspelt field does not pass silently, and so is a line that is not
+// UTF-8 text.
 func ParseLine(line []byte) (Task, error) {
+	if !utf8.Valid(line) {
+		at := 0
+		for at < len(line) {
+			r, n := utf8.DecodeRune(line[at:])
+			if r == utf8.RuneError && n <= 1 {
+				break
+			}
+			at += n
+		}
+		return Task{}, fmt.Errorf("not UTF-8 text: invalid bytes at byte %d of the line", at+1)
+	}
 	var t Task
 	dec := json.NewDecoder(bytes.NewReader(line))
 	dec.DisallowUnknownFields()
@@ -210,10 +259,47 @@ func describeJSONError(err error) error {
 	var te *json.UnmarshalTypeError
 	var se *json.SyntaxError
 	switch {
+	case errors.As(err, &te) && te.Field == "":
+		return fmt.Errorf("a task must be a JSON object, not %s", jsonKind(te.Value))
 	case errors.As(err, &te):
-		return fmt.Errorf("field %s: must be %s, not JSON %s", te.Field, te.Type, te.Value)
+		return fmt.Errorf("field %s: must be %s, not %s", te.Field, jsonWant(te.Type), jsonKind(te.Value))
 	case errors.As(err, &se):
 		return fmt.Errorf("malformed JSON at byte %d: %v", se.Offset, err)
 	}
 	return fmt.Errorf("malformed task: %w", err)
+}
+
+// jsonWant says in JSON's words what a value of Go type t must be.
+func jsonWant(t reflect.Type) string {
+	if t == reflect.TypeFor[Duration]() {
+		return `a duration such as "30s", or a number of seconds`
+	}
+	switch t.Kind() {
+	case reflect.String:
+		return "a string"
+	case reflect.Bool:
+		return "true or false"
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "a whole number"
+	case reflect.Float32, reflect.Float64:
+		return "a number"
+	case reflect.Slice, reflect.Array:
+		return "an array"
+	case reflect.Pointer:
+		return jsonWant(t.Elem())
+	}
+	return "an object"
+}
+
+// jsonKind names a JSON value's kind as encoding/json reports it ("array",
+// "number 1.5", ...), with an article.
+func jsonKind(v string) string {
+	switch {
+	case v == "array", v == "object":
+		return "an " + v
+	case v == "":
+		return "that value"
+	}
+	return "a " + v
 }

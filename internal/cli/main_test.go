@@ -61,10 +61,19 @@ func cleanEnv(extra ...string) []string {
 // drover runs the binary to completion (bounded by 60 s).
 func drover(t *testing.T, args ...string) result {
 	t.Helper()
+	return droverIn(t, nil, args...)
+}
+
+// droverIn runs the binary with stdin to completion (bounded by 60 s).
+func droverIn(t *testing.T, stdin []byte, args ...string) result {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, droverBin, args...)
 	cmd.Env = cleanEnv()
+	if stdin != nil {
+		cmd.Stdin = bytes.NewReader(stdin)
+	}
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	err := cmd.Run()

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -43,14 +44,17 @@ func (a *app) submitCommand() *cobra.Command {
 		Short: "Submit tasks to a queue: a JSONL file (one task per line) or one task from flags",
 		Long: `Submit tasks to queue Q.
 
-With --file, each line is a task in JSON (seed 001's model): task_id, task_type,
+With --file, each line is a task as a JSON object: task_id, task_type,
 input_data_uri, output_data_uri, parameters, metadata {priority, source_system,
 tenant}, max_retries, timeout, backoff_base, backoff_max. "-" reads standard
 input. Lines are submitted in batched transactions. Submitting is idempotent on
-task_id: a task whose id exists is counted as a duplicate and left alone, so a
-file can be submitted again safely. Lines that are not valid tasks are reported
-with their line number while every valid line is submitted; the exit code is
-65 when any line was rejected.
+task_id, which is unique across queues: the same task again is counted as a
+duplicate and left alone, so a file can be submitted again safely; the same
+task_id with another queue, type or content is rejected. Lines that are not
+valid tasks are reported with their line number while every valid line is
+submitted; the exit code is 65 when any line was rejected. Input that is
+plainly not JSONL (a NUL byte, a line of over 1 MiB without a newline, more
+than 1,000 rejected lines) stops the submission, exit 65.
 
 With --type, one task is submitted from flags; --param k=v may repeat (v is
 read as JSON when it parses, else as a string).`,
@@ -74,7 +78,15 @@ read as JSON when it parses, else as a string).`,
 				if err != nil {
 					return err
 				}
+				if err := t.Validate(); err != nil {
+					return renameTaskField(err)
+				}
 				one = &t
+			}
+			if file != "" && file != "-" {
+				if err := checkInputFile(file); err != nil {
+					return err
+				}
 			}
 			cli, err := a.connect(cmd.Context())
 			if err != nil {
@@ -132,6 +144,20 @@ read as JSON when it parses, else as a string).`,
 	return cmd
 }
 
+// renameTaskField names the flag that set a task's field in an input error.
+func renameTaskField(err error) error {
+	var ie *drover.InputError
+	if !errors.As(err, &ie) {
+		return err
+	}
+	flags := map[string]string{"task_id": "--id", "task_type": "--type", "metadata.priority": "--priority",
+		"max_retries": "--max-retries", "timeout/backoff": "--timeout", "parameters": "--param"}
+	if f, ok := flags[ie.Field]; ok {
+		return ie.Renamed(f)
+	}
+	return err
+}
+
 func taskFromFlags(cmd *cobra.Command, id, typ string, params []string, priority, maxRetries int, timeout time.Duration) (queue.Task, error) {
 	t := queue.Task{ID: id, Type: typ, Metadata: queue.Metadata{Priority: priority}, Timeout: queue.Duration(timeout)}
 	if cmd.Flags().Changed("max-retries") {
@@ -163,7 +189,7 @@ func (a *app) submitFile(ctx context.Context, c *queue.Client, q, file string) (
 	if file != "-" {
 		f, err := os.Open(file)
 		if err != nil {
-			return queue.SubmitResult{}, &drover.InputError{Field: "--file", Value: file, Rule: "must be a readable file: " + err.Error()}
+			return queue.SubmitResult{}, fileError(file, err)
 		}
 		defer f.Close()
 		if st, err := f.Stat(); err == nil {
@@ -173,42 +199,10 @@ func (a *app) submitFile(ctx context.Context, c *queue.Client, q, file string) (
 	}
 	total := queue.SubmitResult{Rejected: []queue.LineError{}}
 	prog := newProgress(a.stderr, "submit", size)
-	r := bufio.NewReaderSize(in, 1<<20)
-	lineNo, read := 0, int64(0)
+	defer prog.done()
+	lr := &lineReader{r: bufio.NewReaderSize(in, 1<<20)}
 	for {
-		var batch []queue.Task
-		var lines []int
-		eof := false
-		for len(batch) < submitChunk {
-			line, err := readLine(r, queue.MaxPayload*2)
-			read += int64(len(line.text)) + 1
-			if err == io.EOF && len(line.text) == 0 && !line.tooLong {
-				eof = true
-				break
-			}
-			if err != nil && err != io.EOF {
-				return total, fmt.Errorf("read %s: %w", file, err)
-			}
-			lineNo++
-			switch {
-			case line.tooLong:
-				total.Rejected = append(total.Rejected, queue.LineError{Line: lineNo, Error: fmt.Sprintf("line longer than %d bytes: put large inputs behind input_data_uri", queue.MaxPayload*2)})
-			case len(strings.TrimSpace(string(line.text))) == 0:
-				// blank lines are skipped
-			default:
-				t, perr := queue.ParseLine(line.text)
-				if perr != nil {
-					total.Rejected = append(total.Rejected, queue.LineError{Line: lineNo, Error: perr.Error()})
-				} else {
-					batch = append(batch, t)
-					lines = append(lines, lineNo)
-				}
-			}
-			if err == io.EOF {
-				eof = true
-				break
-			}
-		}
+		batch, lines, eof, stop := lr.batch(&total)
 		if len(batch) > 0 {
 			res, err := c.Submit(ctx, q, batch, nil)
 			total.Submitted += res.Submitted
@@ -217,18 +211,109 @@ func (a *app) submitFile(ctx context.Context, c *queue.Client, q, file string) (
 				total.Rejected = append(total.Rejected, queue.LineError{Line: lines[rj.Line-1], Error: rj.Error})
 			}
 			if err != nil {
-				prog.done()
 				return total, err
 			}
 		}
-		prog.update(read, total.Submitted+total.Duplicates)
+		prog.update(lr.read, total.Submitted+total.Duplicates)
+		if stop != nil {
+			sortRejected(total.Rejected)
+			return total, withCode(ExitRejected, fmt.Errorf("%w; stopped there: submitted %d, duplicates %d, rejected %d before it. Fix the input and submit it again: lines already in count as duplicates",
+				stop, total.Submitted, total.Duplicates, len(total.Rejected)))
+		}
 		if eof {
 			break
 		}
 	}
-	prog.done()
 	sortRejected(total.Rejected)
 	return total, nil
+}
+
+// checkInputFile refuses a --file that cannot be read as a file, before
+// anything is contacted.
+func checkInputFile(file string) error {
+	f, err := os.Open(file)
+	if err != nil {
+		return fileError(file, err)
+	}
+	defer f.Close()
+	if st, err := f.Stat(); err == nil && st.IsDir() {
+		return &drover.InputError{Field: "--file", Value: file, Rule: "is a directory: give a JSONL file, or - for standard input"}
+	}
+	return nil
+}
+
+// fileError says why --file could not be opened, once.
+func fileError(file string, err error) error {
+	var pe *os.PathError
+	if errors.As(err, &pe) {
+		err = pe.Err
+	}
+	return &drover.InputError{Field: "--file", Value: file, Rule: "must be a readable file: " + err.Error()}
+}
+
+// Bounds on input that is plainly not JSONL, so that a wrong file (a binary,
+// /dev/urandom, /dev/zero) stops at once instead of filling memory or
+// running forever.
+const (
+	// maxRejectedLines: more rejected lines than this stop the submission.
+	maxRejectedLines = 1000
+	// maxLineScan: a line this long with no newline stops the submission.
+	maxLineScan = 1 << 20
+)
+
+// errNotJSONL stops a submission whose input is not JSONL text.
+var errNotJSONL = errors.New("the input is not JSONL")
+
+// lineReader reads a JSONL submission line by line.
+type lineReader struct {
+	r      *bufio.Reader
+	lineNo int
+	read   int64
+}
+
+// batch reads up to submitChunk valid tasks, adding rejected lines to total.
+// It returns the tasks with their line numbers, whether the input ended, and
+// why the submission must stop, if it must.
+func (lr *lineReader) batch(total *queue.SubmitResult) (batch []queue.Task, lines []int, eof bool, stop error) {
+	for len(batch) < submitChunk {
+		line, err := readLine(lr.r, queue.MaxPayload*2, maxLineScan)
+		lr.read += int64(line.n)
+		if err == io.EOF && line.n == 0 {
+			return batch, lines, true, nil
+		}
+		if err != nil && err != io.EOF {
+			return batch, lines, false, fmt.Errorf("read line %d: %w", lr.lineNo+1, err)
+		}
+		lr.lineNo++
+		if lr.lineNo == 1 {
+			line.text = bytes.TrimPrefix(line.text, []byte("\xef\xbb\xbf")) // a UTF-8 byte order mark
+		}
+		switch {
+		case line.endless:
+			return batch, lines, false, fmt.Errorf("%w: line %d runs past %d MiB without a newline", errNotJSONL, lr.lineNo, maxLineScan>>20)
+		case bytes.IndexByte(line.text, 0) >= 0:
+			return batch, lines, false, fmt.Errorf("%w: line %d holds a NUL byte", errNotJSONL, lr.lineNo)
+		case line.tooLong:
+			total.Rejected = append(total.Rejected, queue.LineError{Line: lr.lineNo, Error: fmt.Sprintf("line longer than %d bytes: put large inputs behind input_data_uri", queue.MaxPayload*2)})
+		case len(bytes.TrimSpace(line.text)) == 0:
+			// blank lines are skipped
+		default:
+			t, perr := queue.ParseLine(line.text)
+			if perr != nil {
+				total.Rejected = append(total.Rejected, queue.LineError{Line: lr.lineNo, Error: perr.Error()})
+			} else {
+				batch = append(batch, t)
+				lines = append(lines, lr.lineNo)
+			}
+		}
+		if len(total.Rejected) > maxRejectedLines {
+			return batch, lines, false, fmt.Errorf("%w: more than %d lines rejected", errNotJSONL, maxRejectedLines)
+		}
+		if err == io.EOF {
+			return batch, lines, true, nil
+		}
+	}
+	return batch, lines, false, nil
 }
 
 func sortRejected(r []queue.LineError) {
@@ -241,27 +326,33 @@ func sortRejected(r []queue.LineError) {
 
 type lineRead struct {
 	text    []byte
-	tooLong bool
+	n       int  // bytes read, newline included
+	tooLong bool // longer than max: text is nil
+	endless bool // longer than scan without a newline: the rest is unread
 }
 
 // readLine reads one line of at most max bytes; a longer line is consumed
-// and reported as too long.
-func readLine(r *bufio.Reader, max int) (lineRead, error) {
+// (up to scan bytes) and reported as too long; a line with no newline in its
+// first scan bytes is reported as endless.
+func readLine(r *bufio.Reader, max, scan int) (lineRead, error) {
 	var out lineRead
 	for {
 		chunk, err := r.ReadSlice('\n')
+		out.n += len(chunk)
 		if len(out.text)+len(chunk) > max {
 			out.tooLong = true
-		} else {
+			out.text = nil
+		} else if !out.tooLong {
 			out.text = append(out.text, chunk...)
 		}
 		if err == bufio.ErrBufferFull {
+			if out.n > scan {
+				out.endless, out.text = true, nil
+				return out, nil
+			}
 			continue
 		}
-		out.text = []byte(strings.TrimRight(string(out.text), "\r\n"))
-		if out.tooLong {
-			out.text = nil
-		}
+		out.text = bytes.TrimRight(out.text, "\r\n")
 		return out, err
 	}
 }
@@ -377,6 +468,9 @@ the lease is lost, it stops and exits 70.`,
 			}
 			if cfg.Concurrency == 0 {
 				return &drover.InputError{Field: "--concurrency", Value: 0, Rule: "must be between 1 and 10000"}
+			}
+			if err := checkWorkerFlags(cfg, maxOutput, grace, depthInterval); err != nil {
+				return err
 			}
 			var limits []limitFlag
 			for _, l := range limitFlags {
@@ -504,4 +598,26 @@ the lease is lost, it stops and exits 70.`,
 	f.StringVar(&metricsListen, "metrics-listen", "", "host:port to serve Prometheus metrics on (/metrics), e.g. 127.0.0.1:9090")
 	f.DurationVar(&depthInterval, "depth-interval", 10*time.Second, "with --metrics-listen: how often the queue's tasks are counted by state")
 	return cmd
+}
+
+// checkWorkerFlags refuses worker flags that the library would read as
+// "the default" (a zero duration) or that make no sense, so that a typo does
+// not pass silently.
+func checkWorkerFlags(cfg queue.WorkerConfig, maxOutput int, grace, depthInterval time.Duration) error {
+	if maxOutput < 1 || maxOutput > queue.MaxResult {
+		return &drover.InputError{Field: "--max-output", Value: maxOutput, Rule: fmt.Sprintf("must be between 1 and %d bytes", queue.MaxResult)}
+	}
+	for _, d := range []struct {
+		flag string
+		v    time.Duration
+	}{{"--timeout", cfg.Timeout}, {"--grace", grace}, {"--backoff-base", cfg.BackoffBase}, {"--backoff-max", cfg.BackoffMax},
+		{"--shutdown-timeout", cfg.ShutdownTimeout}, {"--depth-interval", depthInterval}} {
+		if d.v <= 0 {
+			return &drover.InputError{Field: d.flag, Value: d.v, Rule: "must be positive"}
+		}
+	}
+	if cfg.BackoffMax < cfg.BackoffBase {
+		return &drover.InputError{Field: "--backoff-max", Value: cfg.BackoffMax, Rule: "must be at least --backoff-base"}
+	}
+	return nil
 }
