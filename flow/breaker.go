@@ -131,7 +131,7 @@ func NewBreaker(ctx context.Context, cli *clientv3.Client, keys keyspace.Space, 
 		if err := def.Check("breaker"); err != nil {
 			return nil, err
 		}
-		if err := seedConfig(ctx, cli, keys.BreakerConfig(name), "breaker", name, def); err != nil {
+		if err := seedConfig(ctx, cli, slog.Default(), keys.BreakerConfig(name), "breaker", name, "drover breakers set "+name+" [--failures N] [--cooldown D] ...", def); err != nil {
 			return nil, err
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -88,16 +89,13 @@ func NewLimiter(ctx context.Context, cli *clientv3.Client, keys keyspace.Space, 
 		opt(l)
 	}
 	if def != nil {
-		if err := seedConfig(ctx, cli, keys.LimitConfig(name), "limit", name, def); err != nil {
+		if err := seedConfig(ctx, cli, l.logger, keys.LimitConfig(name), "limit", name, "drover limits set "+name+" RATE [--burst N]", def); err != nil {
 			return nil, err
 		}
 	}
 	rate, rev, err := GetRate(ctx, cli, keys, name)
 	if err != nil {
 		return nil, err
-	}
-	if def != nil && (rate.String() != def.String() || rate.Burst != def.Burst) {
-		l.logger.Info("rate limit already configured in etcd; using that", "limit", name, "rate", rate.String(), "burst", rate.Burst, "asked", def.String())
 	}
 	l.rate = rate
 	// The limit's series exist from the start, at 0.
@@ -434,15 +432,31 @@ func (l *Limiter) Close(ctx context.Context) error {
 
 // seedConfig writes the configuration def of a limit, quota or breaker
 // (kind) at key if it has none: one set in etcd wins over a process's flag.
-func seedConfig(ctx context.Context, cli *clientv3.Client, key, kind, name string, def any) error {
+// When etcd's differs from def, it says so on logger, with the command that
+// changes it (change), so that a flag is never ignored without a word.
+func seedConfig(ctx context.Context, cli *clientv3.Client, logger *slog.Logger, key, kind, name, change string, def any) error {
 	b, err := json.Marshal(def)
 	if err != nil {
 		return fmt.Errorf("flow: encode %s %s: %w", kind, name, err)
 	}
-	if _, err := kv.Create(ctx, cli, key, b, 0); err != nil && !errors.Is(err, kv.ErrExists) {
+	_, err = kv.Create(ctx, cli, key, b, 0)
+	var exists *kv.ExistsError
+	switch {
+	case errors.As(err, &exists):
+		if !sameJSON(exists.Value, b) {
+			logger.Warn(fmt.Sprintf("%s %s is already configured in etcd, differently: etcd's setting wins over the one given here", kind, name),
+				kind, name, "given", string(b), "in_etcd", string(exists.Value), "change_with", change)
+		}
+	case err != nil:
 		return fmt.Errorf("flow: configure %s %s: %w", kind, name, err)
 	}
 	return nil
+}
+
+// sameJSON reports whether a and b hold the same JSON value.
+func sameJSON(a, b []byte) bool {
+	var va, vb any
+	return json.Unmarshal(a, &va) == nil && json.Unmarshal(b, &vb) == nil && reflect.DeepEqual(va, vb)
 }
 
 // LimitUsage is a rate limit with its bucket as it stands now.

@@ -121,7 +121,7 @@ func NewQuota(ctx context.Context, cli *clientv3.Client, keys keyspace.Space, na
 		if err := def.Check("quota"); err != nil {
 			return nil, err
 		}
-		if err := seedConfig(ctx, cli, keys.QuotaConfig(name), "quota", name, def); err != nil {
+		if err := seedConfig(ctx, cli, slog.Default(), keys.QuotaConfig(name), "quota", name, "drover quotas set "+name+" K", def); err != nil {
 			return nil, err
 		}
 	}

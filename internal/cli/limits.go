@@ -93,19 +93,20 @@ func (a *app) rateGates(ctx context.Context, cli *clientv3.Client, flags []limit
 func (a *app) limitsCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "limits",
-		Short: "Fleet-wide rate limits: set and list",
+		Short: "Fleet-wide rate limits: set, list and delete",
 		Long: `Rate limits are shared by every worker that names them (drover worker --limit
 NAME=RATE). Their configuration lives in etcd: a change reaches every worker
 within a second, with no restart.`,
 		Example: `  drover limits set openai 500/m --burst 50
   drover limits list --json`,
 	}
-	cmd.AddCommand(a.limitsSetCommand(), a.limitsListCommand())
+	cmd.AddCommand(a.limitsSetCommand(), a.limitsListCommand(), a.flowDeleteCommand("limit", flow.DeleteLimit, flow.ErrNoLimit, "drover limits list"))
 	return cmd
 }
 
 func (a *app) limitsSetCommand() *cobra.Command {
 	var burst int64
+	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "set NAME RATE [--burst N]",
 		Short: "Set (or create) a rate limit; workers follow within a second",
@@ -134,11 +135,15 @@ func (a *app) limitsSetCommand() *cobra.Command {
 			if err := flow.SetRate(cmd.Context(), cli, keyspace.MustNew(a.namespace), args[0], r); err != nil {
 				return err
 			}
+			if asJSON {
+				return json.NewEncoder(a.stdout).Encode(map[string]any{"name": args[0], "rate": r.String(), "per_second": r.PerSecond(), "burst": r.Burst})
+			}
 			fmt.Fprintf(a.stdout, "limit %s set to %s (burst %d)\n", args[0], r, r.Burst)
 			return nil
 		},
 	}
 	cmd.Flags().Int64Var(&burst, "burst", 0, "most tokens saved up (default one second's worth)")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the limit as JSON")
 	return cmd
 }
 
@@ -276,7 +281,7 @@ func (a *app) quotaGates(ctx context.Context, cli *clientv3.Client, flags []quot
 func (a *app) quotasCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "quotas",
-		Short: "Fleet-wide concurrency quotas: set and list",
+		Short: "Fleet-wide concurrency quotas: set, list and delete",
 		Long: `A quota caps how many tasks run at once across the fleet: per tenant (quota
 "tenant", from metadata.tenant), per task type (quota "type"), or holding a
 named resource (any other name). Workers name them with --quota NAME=K; the
@@ -285,6 +290,7 @@ limit lives in etcd and changes reach every worker within a second.`,
   drover quotas list --json`,
 	}
 	var subject string
+	var asJSON bool
 	set := &cobra.Command{
 		Use:   "set NAME K [--subject S]",
 		Short: "Set (or create) a quota's limit, for every subject or one",
@@ -316,6 +322,9 @@ limit lives in etcd and changes reach every worker within a second.`,
 			if err := flow.SetQuota(cmd.Context(), cli, keyspace.MustNew(a.namespace), args[0], subject, k); err != nil {
 				return err
 			}
+			if asJSON {
+				return json.NewEncoder(a.stdout).Encode(map[string]any{"name": args[0], "subject": subject, "limit": k})
+			}
 			if subject != "" {
 				fmt.Fprintf(a.stdout, "quota %s for %s set to %d\n", args[0], subject, k)
 			} else {
@@ -325,6 +334,7 @@ limit lives in etcd and changes reach every worker within a second.`,
 		},
 	}
 	set.Flags().StringVar(&subject, "subject", "", "one tenant or task type to give a limit of its own (0 removes it)")
+	set.Flags().BoolVar(&asJSON, "json", false, "print the quota's setting as JSON")
 	list := flowList(a, "List quotas with the slots held now",
 		`  drover quotas list --json | jq '.[] | select(.name == "tenant") | .held'`,
 		"no quotas", "QUOTA\tLIMIT\tOWN LIMITS\tHELD", flow.Quotas,
@@ -340,7 +350,7 @@ limit lives in etcd and changes reach every worker within a second.`,
 			sort.Strings(own)
 			return fmt.Sprintf("%s\t%d\t%s\t%s", q.Name, q.Limit, strings.Join(own, " "), strings.Join(held, " "))
 		})
-	cmd.AddCommand(set, list)
+	cmd.AddCommand(set, list, a.flowDeleteCommand("quota", flow.DeleteQuota, flow.ErrNoQuota, "drover quotas list"))
 	return cmd
 }
 
@@ -354,12 +364,18 @@ type breakerFlag struct {
 const breakerFlagRule = "must be NAME[;failures=N][;cooldown=DURATION][;ratio=R][;window=DURATION][;min-calls=N][;types=T1,T2]"
 
 func parseBreakerFlag(s string) (breakerFlag, error) {
-	bad := func(rule string) error { return &drover.InputError{Field: "--breaker", Value: s, Rule: rule} }
+	return parseBreakerSpec("--breaker", s, flow.DefaultBreaker)
+}
+
+// parseBreakerSpec reads 'NAME[;failures=N]...' (flag names it in errors)
+// over the configuration base.
+func parseBreakerSpec(flag, s string, base flow.BreakerConfig) (breakerFlag, error) {
+	bad := func(rule string) error { return &drover.InputError{Field: flag, Value: s, Rule: rule} }
 	parts := strings.Split(s, ";")
-	if err := keyspace.CheckName("--breaker", parts[0]); err != nil {
+	if err := keyspace.CheckName(flag, parts[0]); err != nil {
 		return breakerFlag{}, err
 	}
-	bf := breakerFlag{name: parts[0], cfg: flow.DefaultBreaker}
+	bf := breakerFlag{name: parts[0], cfg: base}
 	for _, p := range parts[1:] {
 		k, v, _ := strings.Cut(p, "=")
 		switch k {
@@ -410,7 +426,7 @@ func parseBreakerFlag(s string) (breakerFlag, error) {
 			return breakerFlag{}, bad(breakerFlagRule)
 		}
 	}
-	if err := bf.cfg.Check("--breaker"); err != nil {
+	if err := bf.cfg.Check(flag); err != nil {
 		return breakerFlag{}, err
 	}
 	return bf, nil
@@ -464,15 +480,18 @@ func breakerRows(ctx context.Context, cli *clientv3.Client, keys keyspace.Space)
 func (a *app) breakersCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "breakers",
-		Short: "Circuit breakers shared by the fleet: list and reset",
+		Short: "Circuit breakers shared by the fleet: set, list, reset and delete",
 		Long: `A breaker guards a downstream resource for every worker that names it
 (drover worker --breaker NAME): after N consecutive failures it opens for the
 whole fleet, tasks that need the resource are deferred (not failed, not
 charged a retry), and after a cool-down one probe task goes through; its
 success closes the breaker.`,
 		Example: `  drover breakers list --json
-  drover breakers reset crm-api`,
+  drover breakers set crm-api 'failures=3;cooldown=1m'
+  drover breakers reset crm-api
+  drover breakers delete crm-api`,
 	}
+	var resetJSON bool
 	list := flowList(a, "List breakers and their state",
 		`  drover breakers list --json | jq '.[] | select(.state != "closed")'`,
 		"no breakers", "BREAKER\tSTATE\tFAILURES\tOPENS AT\tCOOLDOWN\tTIMES OPENED", breakerRows,
@@ -496,10 +515,14 @@ success closes the breaker.`,
 			if err := flow.ResetBreaker(cmd.Context(), cli, keyspace.MustNew(a.namespace), args[0]); err != nil {
 				return err
 			}
+			if resetJSON {
+				return json.NewEncoder(a.stdout).Encode(map[string]any{"name": args[0], "state": "closed"})
+			}
 			fmt.Fprintf(a.stdout, "breaker %s closed\n", args[0])
 			return nil
 		},
 	}
-	cmd.AddCommand(list, reset)
+	reset.Flags().BoolVar(&resetJSON, "json", false, "print JSON")
+	cmd.AddCommand(list, reset, a.breakersSetCommand(), a.flowDeleteCommand("breaker", flow.DeleteBreaker, flow.ErrNoBreaker, "drover breakers list"))
 	return cmd
 }
