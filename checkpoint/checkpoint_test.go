@@ -165,7 +165,7 @@ func TestEtcdLockFence(t *testing.T) {
 	}
 }
 
-// Seed 003's experiment: 5 workers, 3 invocations each, on one thread; every
+// The lost-update experiment: 5 workers, 3 invocations each, on one thread; every
 // invocation reads the head, "calls the LLM", and writes a checkpoint. With
 // either protection all 15 updates survive, as one chain.
 func TestFiveWorkersThreeInvocations(t *testing.T) { eachStore(t, testFiveByThree) }

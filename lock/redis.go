@@ -86,8 +86,8 @@ type RedisConfig struct {
 	Logger   *slog.Logger
 }
 
-// Redis is the Redis backend of Locker (seed 003's lock, done right): SET NX
-// with a TTL, a fencing token issued atomically with it, compare-and-delete
+// Redis is the Redis backend of Locker, a single-instance lock with fencing
+// tokens: SET NX with a TTL, a fencing token issued atomically with it, compare-and-delete
 // release, and a watchdog that renews the TTL at a third of it and cancels
 // the holder's context the moment renewal fails or finds the lock taken.
 //

@@ -49,7 +49,7 @@ var (
 	ErrNotRegistered = errors.New("registry: endpoint not registered")
 )
 
-// Endpoint is what a process registers: seed 002's value.
+// Endpoint is what a process registers: its id, subject, address and data.
 type Endpoint struct {
 	ID      string          `json:"id"`
 	Subject string          `json:"subject,omitempty"`

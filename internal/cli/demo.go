@@ -120,7 +120,7 @@ func (a *app) lostUpdateCommand() *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "lost-update [--workers 5] [--invocations 3] [--protect none|cas|lock] [--store etcd|postgres] [--lock-backend URL]",
-		Short: "Seed 003's experiment: worker processes increment one thread's counter; see which protection loses updates",
+		Short: "Worker processes increment one thread's counter; see which protection loses updates",
 		Long: `Start worker processes that each increment a counter in one thread's
 checkpointed state --invocations times, with a random delay (the LLM call)
 between reading and writing.
@@ -160,6 +160,9 @@ It runs a private embedded etcd (and uses PostgreSQL at --database-url with
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
 			res, err := demo.RunLostUpdate(ctx, cfg)
+			if errors.Is(err, demo.ErrStoreUnreachable) {
+				return withCode(ExitUnavailable, err)
+			}
 			if err != nil {
 				return err
 			}

@@ -1,4 +1,4 @@
-// Package demo plays seed 000's scenario end to end with real processes: three
+// Package demo plays a crash-and-resume scenario end to end with real processes: three
 // worker processes race for one four-step agent task, the winner is killed
 // with SIGKILL during step 3, and another worker takes over and resumes at
 // step 3, not step 1. It checks every invariant of the run from etcd's
@@ -24,7 +24,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// StepNames are the steps of the demo's agent task, as in seed 000.
+// StepNames are the steps of the demo's agent task.
 var StepNames = []string{"Data Ingestion", "LLM Analysis", "Report Generation", "Finalization"}
 
 // Defaults of Config.

@@ -20,7 +20,8 @@ import (
 	"github.com/droverhq/drover/lock"
 )
 
-// LostUpdateConfig says how to play seed 003's lost-update experiment.
+// LostUpdateConfig says how to play the lost-update experiment: workers that
+// increment one thread's counter with and without protection.
 type LostUpdateConfig struct {
 	Executable  string
 	Workers     int

@@ -2,6 +2,7 @@ package demo
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/droverhq/drover/checkpoint"
@@ -11,6 +12,10 @@ import (
 
 // DefaultDatabaseURL is the PostgreSQL the demos use unless told otherwise.
 const DefaultDatabaseURL = "postgres://127.0.0.1:5432/test"
+
+// ErrStoreUnreachable is matched by the error of a run whose checkpoint
+// store (PostgreSQL) could not be reached.
+var ErrStoreUnreachable = errors.New("cannot reach PostgreSQL")
 
 func openStore(ctx context.Context, kind, databaseURL string, cli interface{}, ns string) (checkpoint.Store, func(), error) {
 	switch kind {
@@ -31,7 +36,7 @@ func openStore(ctx context.Context, kind, databaseURL string, cli interface{}, n
 		}
 		if err := pool.Ping(ctx); err != nil {
 			pool.Close()
-			return nil, nil, fmt.Errorf("cannot reach PostgreSQL at %s: %w: start it or pass --database-url", databaseURL, err)
+			return nil, nil, fmt.Errorf("%w at %s: %w: start it or pass --database-url", ErrStoreUnreachable, databaseURL, err)
 		}
 		s, err := checkpoint.NewPostgres(ctx, pool, ns)
 		if err != nil {
