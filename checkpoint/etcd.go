@@ -136,51 +136,6 @@ func (s *Etcd) Put(ctx context.Context, cp Checkpoint, fence Fence) (Checkpoint,
 	return cp, nil
 }
 
-// PutWrites saves pending writes for checkpoint id, fenced like Put.
-func (s *Etcd) PutWrites(ctx context.Context, thread, ns, id string, writes []Write, fence Fence) error {
-	if err := check(thread, ns); err != nil {
-		return err
-	}
-	base := s.base(thread, ns)
-	ops := make([]clientv3.Op, 0, len(writes))
-	for i, w := range writes {
-		if err := keyspace.CheckName("task_id", w.TaskID); err != nil {
-			return err
-		}
-		b, _ := json.Marshal(w)
-		ops = append(ops, clientv3.OpPut(fmt.Sprintf("%swrites/%s/%s/%06d", base, id, w.TaskID, i), string(b)))
-	}
-	ok, fenced, err := s.commit(ctx, base, []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(base+"cp/"+id), ">", 0)}, ops, fence)
-	switch {
-	case fenced:
-		return err
-	case err != nil:
-		return fmt.Errorf("checkpoint: put writes of %s/%s: %w", thread, id, err)
-	case !ok:
-		return fmt.Errorf("%w: checkpoint %s of thread %s", ErrNotFound, id, thread)
-	}
-	return nil
-}
-
-// Writes returns the pending writes saved for checkpoint id.
-func (s *Etcd) Writes(ctx context.Context, thread, ns, id string) ([]Write, error) {
-	if err := check(thread, ns); err != nil {
-		return nil, err
-	}
-	g, err := s.cli.Get(ctx, s.base(thread, ns)+"writes/"+id+"/", clientv3.WithPrefix())
-	if err != nil {
-		return nil, fmt.Errorf("checkpoint: writes of %s/%s: %w", thread, id, err)
-	}
-	out := make([]Write, 0, len(g.Kvs))
-	for _, kv := range g.Kvs {
-		var w Write
-		if err := json.Unmarshal(kv.Value, &w); err == nil {
-			out = append(out, w)
-		}
-	}
-	return out, nil
-}
-
 // GetLatest returns the thread's head checkpoint.
 func (s *Etcd) GetLatest(ctx context.Context, thread, ns string) (*Checkpoint, error) {
 	if err := check(thread, ns); err != nil {
