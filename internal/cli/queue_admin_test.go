@@ -127,7 +127,7 @@ func TestQueueAdministration(t *testing.T) {
 	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &qs) != nil || len(qs) != 1 || qs[0].Name != "emails" || qs[0].Stats.Pending != 50 {
 		t.Fatalf("queues list: %d %q %q", r.code, r.stdout, r.stderr)
 	}
-	for _, args := range [][]string{{"tasks", "stats", "--queue", "emial"}, {"tasks", "list", "--queue", "emial"}, {"dlq", "list", "--queue", "emial"}, {"dlq", "purge", "--queue", "emial", "--all"}} {
+	for _, args := range [][]string{{"tasks", "stats", "--queue", "emial"}, {"tasks", "list", "--queue", "emial"}, {"dlq", "list", "--queue", "emial"}, {"dlq", "purge", "--queue", "emial", "--all"}, {"queues", "get", "emial"}} {
 		if r := drover(t, append(etcdFlags(ns), args...)...); r.code != 1 || !strings.Contains(r.stderr, "queue emial does not exist") {
 			t.Fatalf("%v: %d %q", args, r.code, r.stderr)
 		}

@@ -94,6 +94,11 @@ exits 75) instead of growing etcd without bound.`,
 			if err != nil {
 				return err
 			}
+			if st.Total() == 0 && cfg == (queue.Config{}) {
+				if err := a.mustExist(cmd.Context(), c, args[0]); err != nil {
+					return err
+				}
+			}
 			if asJSON {
 				return json.NewEncoder(a.stdout).Encode(map[string]any{"queue": args[0], "max_depth": cfg.MaxDepth, "fifo": cfg.FIFO, "depth": st.Unfinished()})
 			}
