@@ -9,10 +9,27 @@
 //     client configuration every command shares.
 //   - [github.com/droverhq/drover/keyspace]: the one place where etcd keys are
 //     built.
+//   - [github.com/droverhq/drover/kv]: small etcd transactions every part
+//     uses: create if absent, compare-and-swap updates.
 //   - [github.com/droverhq/drover/lease]: etcd leases kept alive with a
 //     deadline, whose loss cancels a context.
+//   - [github.com/droverhq/drover/runtime]: a process's primary lease, with
+//     the goroutines that live under it.
 //   - [github.com/droverhq/drover/lock]: named locks with fencing tokens
-//     behind a backend-neutral interface.
+//     behind a backend-neutral interface (etcd, Redis, Redlock).
+//   - [github.com/droverhq/drover/task]: agent tasks run step by step under
+//     a lock, each step's checkpoint written fenced, resumed after a crash.
+//   - [github.com/droverhq/drover/queue]: durable task queues: batched
+//     submission, fenced claims, retries, a dead-letter queue, workers.
+//   - [github.com/droverhq/drover/flow]: fleet-wide rate limits,
+//     concurrency quotas and circuit breakers, as gates of a queue worker.
+//   - [github.com/droverhq/drover/registry]: endpoints registered under a
+//     process's lease, discovered by snapshot and watch.
+//   - [github.com/droverhq/drover/checkpoint]: agent state per thread, with
+//     history, on etcd or PostgreSQL.
+//   - [github.com/droverhq/drover/metrics]: the Prometheus metrics every
+//     part records.
+//   - [github.com/droverhq/drover/cmd/drover]: the one binary.
 //
 // This package holds what every part shares: the error type for bad input.
 package drover

@@ -1,0 +1,70 @@
+package queue_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/droverhq/drover/cluster"
+	"github.com/droverhq/drover/queue"
+)
+
+// Submitting tasks, running them with a worker until the queue drains, and
+// reading a result. Submitting the same tasks again adds nothing; the same
+// id with other content is refused with its position.
+func Example() {
+	ctx := context.Background()
+	cli, err := cluster.Connect(ctx, cluster.ClientConfig{Endpoints: srv.Endpoints()})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer cli.Close()
+	ns := fmt.Sprintf("example-%d", time.Now().UnixNano())
+	c, err := queue.NewClient(cli, ns)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	tasks := []queue.Task{
+		{ID: "summarize-1", Type: "summarize", Parameters: json.RawMessage(`{"words":20}`)},
+		{ID: "summarize-2", Type: "summarize", Parameters: json.RawMessage(`{"words":50}`)},
+	}
+	res, err := c.Submit(ctx, "emails", tasks, nil)
+	fmt.Printf("submitted %d, duplicates %d, %v\n", res.Submitted, res.Duplicates, err)
+	res, _ = c.Submit(ctx, "emails", tasks, nil)
+	fmt.Printf("again: submitted %d, duplicates %d\n", res.Submitted, res.Duplicates)
+	res, _ = c.Submit(ctx, "emails", []queue.Task{{ID: "summarize-1", Type: "translate"}}, nil)
+	fmt.Printf("conflict on line %d\n", res.Rejected[0].Line)
+
+	w, err := queue.NewWorker(ctx, cli, queue.WorkerConfig{Namespace: ns, Queue: "emails", Concurrency: 4, Drain: true})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer w.Close(ctx)
+	w.Handle("summarize", func(ctx context.Context, t *queue.Task) ([]byte, error) {
+		// ctx ends on timeout, cancellation or a lost claim: pass it to
+		// the LLM call.
+		var p struct{ Words int }
+		if err := json.Unmarshal(t.Parameters, &p); err != nil {
+			return nil, queue.Permanent(err) // retrying cannot fix it
+		}
+		return []byte(fmt.Sprintf("a summary in %d words", p.Words)), nil
+	})
+	if err := w.Run(ctx); err != nil { // until the queue is drained
+		fmt.Println(err)
+		return
+	}
+	t, _ := c.Wait(ctx, "summarize-2")
+	fmt.Printf("%s: %s, %q\n", t.ID, t.CurrentStatus, t.Result)
+	st, _ := c.Stats(ctx, "emails")
+	fmt.Printf("succeeded %d\n", st.Succeeded)
+	// Output:
+	// submitted 2, duplicates 0, <nil>
+	// again: submitted 0, duplicates 2
+	// conflict on line 1
+	// summarize-2: SUCCEEDED, "a summary in 50 words"
+	// succeeded 2
+}
