@@ -12,7 +12,10 @@
 //   - [github.com/droverhq/drover/kv]: small etcd transactions every part
 //     uses: create if absent, compare-and-swap updates.
 //   - [github.com/droverhq/drover/lease]: etcd leases kept alive with a
-//     deadline, whose loss cancels a context.
+//     deadline, whose loss cancels a context; lease.Fence, the one type of
+//     a right held under a lease, and its fenced transactions.
+//   - [github.com/droverhq/drover/lease/fencetest]: the conformance suite
+//     every lease.Fence passes.
 //   - [github.com/droverhq/drover/runtime]: a process's primary lease, with
 //     the goroutines that live under it.
 //   - [github.com/droverhq/drover/lock]: named locks with fencing tokens

@@ -24,7 +24,6 @@ import (
 
 	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/keyspace"
-	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // MaxState is the largest state a checkpoint holds in etcd; put larger state
@@ -60,8 +59,10 @@ type Write struct {
 	Value   []byte `json:"value"`
 }
 
-// Fence is the lock a locked write is made under: its token, and for etcd
-// locks (lock.EtcdLock) a transaction that commits only while it is held.
+// Fence is the right a fenced write is made under. Only its token is needed,
+// so that a lock of any backend fences a write to any store (a Redis lock
+// and PostgreSQL, say). When it is a lease.Fence (an etcd lock, a queue
+// task's claim) the etcd store also commits only while it is held.
 type Fence interface{ Token() int64 }
 
 // ListOptions filters List.
@@ -130,9 +131,4 @@ func checkState(cp Checkpoint) error {
 			Rule: fmt.Sprintf("must be at most %d bytes in etcd: keep large state in PostgreSQL or an object store", MaxState)}
 	}
 	return nil
-}
-
-// etcdTxner is a fence that can fence an etcd transaction (lock.EtcdLock).
-type etcdTxner interface {
-	Txn(ctx context.Context) clientv3.Txn
 }

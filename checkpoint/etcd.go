@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/droverhq/drover/keyspace"
+	"github.com/droverhq/drover/lease"
 	"github.com/droverhq/drover/lock"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -52,7 +53,7 @@ func pad(t int64) string { return fmt.Sprintf("%020d", t) }
 // etcd lock the transaction is nested under the lock's own fence too.
 func (s *Etcd) commit(ctx context.Context, base string, cmps []clientv3.Cmp, ops []clientv3.Op, fence Fence) (ok bool, fenced bool, err error) {
 	var txn clientv3.Txn
-	if et, isEtcd := fence.(etcdTxner); isEtcd {
+	if et, isEtcd := fence.(lease.Fence); isEtcd {
 		txn = et.Txn(ctx)
 	} else {
 		txn = s.cli.Txn(ctx)

@@ -21,9 +21,9 @@
 //	locker, err := lock.NewEtcd(ctx, cli, lock.EtcdConfig{TTL: 15 * time.Second})
 //	if err != nil { ... }
 //	defer locker.Close(context.Background())
-//	l, err := locker.Acquire(ctx, "report-42")
+//	l, err := locker.AcquireFenced(ctx, "report-42") // Acquire, as a lease.Fence
 //	if err != nil { ... }
 //	defer l.Release(context.Background())
-//	resp, err := l.(*lock.EtcdLock).Txn(ctx).Then(clientv3.OpPut(k, v)).Commit()
+//	resp, err := l.Txn(ctx).Then(clientv3.OpPut(k, v)).Commit()
 //	if errors.Is(err, lock.ErrFenced) { ... the lock was lost; the write was refused }
 package lock

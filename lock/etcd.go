@@ -188,6 +188,16 @@ func (e *Etcd) record(at time.Time) (Holder, string) {
 // TryAcquire takes name if, and only if, nobody holds it or waits for it, in
 // one transaction: "if no key exists under the lock's prefix, create mine".
 func (e *Etcd) TryAcquire(ctx context.Context, name string) (Lock, error) {
+	l, err := e.TryAcquireFenced(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+// TryAcquireFenced is TryAcquire returning the etcd lock itself, which is a
+// lease.Fence: its Txn fences etcd writes by the lock.
+func (e *Etcd) TryAcquireFenced(ctx context.Context, name string) (*EtcdLock, error) {
 	if err := CheckName(name); err != nil {
 		return nil, err
 	}
@@ -220,6 +230,16 @@ func (e *Etcd) TryAcquire(ctx context.Context, name string) (Lock, error) {
 // Acquire queues for name and waits until every earlier contender is gone.
 // It never polls: each waiter watches the one key just ahead of it.
 func (e *Etcd) Acquire(ctx context.Context, name string) (Lock, error) {
+	l, err := e.AcquireFenced(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+// AcquireFenced is Acquire returning the etcd lock itself, which is a
+// lease.Fence: its Txn fences etcd writes by the lock.
+func (e *Etcd) AcquireFenced(ctx context.Context, name string) (*EtcdLock, error) {
 	if err := CheckName(name); err != nil {
 		return nil, err
 	}
@@ -516,6 +536,8 @@ func decodeHolder(kv *mvccpb.KeyValue) Holder {
 	return h
 }
 
+var _ lease.Fence = (*EtcdLock)(nil)
+
 func (e *Etcd) newLock(name, key string, token int64, h Holder, done func(bool)) *EtcdLock {
 	return &EtcdLock{locker: e, name: name, key: key, token: token, holder: h, done: done}
 }
@@ -718,80 +740,5 @@ func (l *EtcdLock) end(cause error) (first bool) {
 // of the caller's If/Then/Else, or an error matching ErrFenced, with nothing
 // applied, when the lock was lost. A fenced-out lock's context is cancelled.
 func (l *EtcdLock) Txn(ctx context.Context) clientv3.Txn {
-	return NewFencedTxn(ctx, l.locker.cli, Fence{Name: fmt.Sprintf("lock %q", l.name), Token: l.token, Cmp: l.Cmp(), Check: l.Err, Lost: l.lose})
-}
-
-// Fence is a right held in etcd that writes can be made conditional on: a
-// lock, a queue claim.
-type Fence struct {
-	// Name names the right in errors.
-	Name string
-	// Token is the right's fencing token.
-	Token int64
-	// Cmp holds while the right is held with Token.
-	Cmp clientv3.Cmp
-	// Check, if set, reports a loss known locally (a passed lease deadline)
-	// before anything is sent.
-	Check func() error
-	// Lost, if set, is told when etcd refused a write under the fence.
-	Lost func(cause error)
-}
-
-// NewFencedTxn starts an etcd transaction that commits only while f holds. It
-// is used like clientv3.Txn: the caller's If/Then/Else run nested inside one
-// transaction whose own compare is f.Cmp. Commit returns the caller's
-// response, or an error matching ErrFenced, with nothing applied.
-func NewFencedTxn(ctx context.Context, cli *clientv3.Client, f Fence) clientv3.Txn {
-	return &fencedTxn{cli: cli, f: f, ctx: ctx}
-}
-
-type fencedTxn struct {
-	cli       *clientv3.Client
-	f         Fence
-	ctx       context.Context
-	cmps      []clientv3.Cmp
-	then, els []clientv3.Op
-}
-
-func (t *fencedTxn) If(cs ...clientv3.Cmp) clientv3.Txn {
-	t.cmps = append(t.cmps, cs...)
-	return t
-}
-
-func (t *fencedTxn) Then(ops ...clientv3.Op) clientv3.Txn {
-	t.then = append(t.then, ops...)
-	return t
-}
-
-func (t *fencedTxn) Else(ops ...clientv3.Op) clientv3.Txn {
-	t.els = append(t.els, ops...)
-	return t
-}
-
-// Commit sends one transaction: if the fence holds, the caller's transaction
-// runs nested inside it; otherwise nothing runs.
-func (t *fencedTxn) Commit() (*clientv3.TxnResponse, error) {
-	f := t.f
-	if f.Check != nil {
-		if err := f.Check(); err != nil {
-			return nil, fmt.Errorf("%w: %s token %d: %w", ErrFenced, f.Name, f.Token, err)
-		}
-	}
-	resp, err := t.cli.Txn(t.ctx).
-		If(f.Cmp).
-		Then(clientv3.OpTxn(t.cmps, t.then, t.els)).
-		Commit()
-	if err != nil {
-		return nil, fmt.Errorf("lock: fenced transaction under %s: %w", f.Name, err)
-	}
-	if !resp.Succeeded {
-		cause := errors.New("a write under it was refused: it is held by a later token or free")
-		if f.Lost != nil {
-			f.Lost(cause)
-		}
-		return nil, fmt.Errorf("%w: %s token %d: %w", ErrFenced, f.Name, f.Token, cause)
-	}
-	inner := (*clientv3.TxnResponse)(resp.Responses[0].GetResponseTxn())
-	inner.Header = resp.Header
-	return inner, nil
+	return lease.NewFencedTxn(ctx, l.locker.cli, lease.Spec{Name: fmt.Sprintf("lock %q", l.name), Token: l.token, Cmp: l.Cmp(), Check: l.Err, Lost: l.lose})
 }

@@ -29,7 +29,7 @@ func ExampleEtcd() {
 		return
 	}
 	defer worker.Close(ctx)
-	l, err := worker.Acquire(ctx, "report-42")
+	l, err := worker.AcquireFenced(ctx, "report-42") // an *EtcdLock: a lease.Fence
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -38,7 +38,7 @@ func ExampleEtcd() {
 
 	// The write commits only while the lock is held with this token.
 	key := "/" + ns + "/reports/42"
-	resp, err := l.(*lock.EtcdLock).Txn(ctx).Then(clientv3.OpPut(key, "written by worker-a")).Commit()
+	resp, err := l.Txn(ctx).Then(clientv3.OpPut(key, "written by worker-a")).Commit()
 	if err != nil {
 		fmt.Println(err)
 		return

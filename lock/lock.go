@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/droverhq/drover/keyspace"
+	"github.com/droverhq/drover/lease"
 )
 
 // Locker acquires named locks on one backend. Implementations are safe for
@@ -60,7 +61,8 @@ var (
 	ErrNotHeld = errors.New("lock: not held")
 	// ErrFenced: a write fenced by a lock was refused because the lock is
 	// no longer held with that token.
-	ErrFenced = errors.New("lock: fenced out")
+	// It is lease.ErrFenced: every right fences the same way.
+	ErrFenced = lease.ErrFenced
 	// ErrLost is matched by the cause of a lost lock's context.
 	ErrLost = errors.New("lock: lost")
 	// ErrReleased is the cause of a released lock's context.

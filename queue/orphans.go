@@ -3,11 +3,13 @@ package queue
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"math/rand/v2"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/droverhq/drover/lock"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -89,7 +91,7 @@ func (w *Worker) watchOrphans(ctx context.Context) {
 				break
 			}
 			if ids := w.orphaned(wr.Events); len(ids) > 0 {
-				w.lost.add(ids)
+				w.lost.add(w.loseOwn(ids))
 			}
 			if len(wr.Events) > 0 {
 				last = wr.Events[len(wr.Events)-1].Kv.ModRevision
@@ -102,10 +104,36 @@ func (w *Worker) watchOrphans(ctx context.Context) {
 	}
 }
 
-// orphaned returns the ids whose claim deletion in events came without the
+// lostClaim is a claim deleted without its task's pending key: the task's id
+// and the revision of the deletion.
+type lostClaim struct {
+	id  string
+	rev int64
+}
+
+// loseOwn cancels the running tasks of this worker among lost (their claim
+// is gone: the lease was revoked or expired before this process noticed),
+// at once rather than at the lease's next renewal, and returns the ids of
+// all of them.
+func (w *Worker) loseOwn(lost []lostClaim) []string {
+	ids := make([]string, len(lost))
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for i, l := range lost {
+		ids[i] = l.id
+		// Only a deletion after this worker's claim was made is of its
+		// claim: an older one is a predecessor's, delivered late.
+		if r := w.inflight[l.id]; r != nil && l.rev > r.token {
+			r.cancel(fmt.Errorf("%w: the claim of task %s was deleted (its lease ended)", lock.ErrLost, l.id))
+		}
+	}
+	return ids
+}
+
+// orphaned returns the claims whose deletion in events came without the
 // deletion of their pending key at the same revision. etcd delivers all
 // events of one revision in one response.
-func (w *Worker) orphaned(events []*clientv3.Event) []string {
+func (w *Worker) orphaned(events []*clientv3.Event) []lostClaim {
 	q := w.cfg.Queue
 	pre, claims := w.keys.QueuePending(q), w.keys.QueueClaims(q)
 	type at struct {
@@ -118,13 +146,13 @@ func (w *Worker) orphaned(events []*clientv3.Event) []string {
 			pendingGone[at{pendingID(k, pre), ev.Kv.ModRevision}] = true
 		}
 	}
-	var ids []string
+	var lost []lostClaim
 	for _, ev := range events {
 		if id, ok := strings.CutPrefix(string(ev.Kv.Key), claims); ok && !pendingGone[at{id, ev.Kv.ModRevision}] {
-			ids = append(ids, id)
+			lost = append(lost, lostClaim{id, ev.Kv.ModRevision})
 		}
 	}
-	return ids
+	return lost
 }
 
 // orphanCandidates reads the pending keys of the tasks ids (at most a
@@ -187,4 +215,40 @@ func appendLost(ts []Transition, attempt int, at time.Time) []Transition {
 		ts = appendTransition(ts, Transition{Status: Running, At: at, Attempt: k, Error: lostAttempt})
 	}
 	return ts
+}
+
+// runnerHeldFor is how long a task that a task runner holds is left out of
+// claims before it is tried again.
+const runnerHeldFor = time.Second
+
+// runnerHolds notes that a task runner holds task id, so that claims leave
+// it out for a while instead of failing on it again and again.
+func (w *Worker) runnerHolds(id string) {
+	w.levelMu.Lock()
+	defer w.levelMu.Unlock()
+	now := time.Now()
+	for k, until := range w.runnerHeld {
+		if now.After(until) {
+			delete(w.runnerHeld, k)
+		}
+	}
+	w.runnerHeld[id] = now.Add(runnerHeldFor)
+}
+
+// withoutRunnerHeld returns cands without the tasks a task runner was
+// recently found holding.
+func (w *Worker) withoutRunnerHeld(cands []*mvccpb.KeyValue) []*mvccpb.KeyValue {
+	w.levelMu.Lock()
+	defer w.levelMu.Unlock()
+	if len(w.runnerHeld) == 0 {
+		return cands
+	}
+	pre, now := w.keys.QueuePending(w.cfg.Queue), time.Now()
+	out := cands[:0:0]
+	for _, kv := range cands {
+		if until, ok := w.runnerHeld[pendingID(string(kv.Key), pre)]; !ok || now.After(until) {
+			out = append(out, kv)
+		}
+	}
+	return out
 }

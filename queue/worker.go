@@ -161,10 +161,12 @@ type Worker struct {
 	levelMu                                               sync.Mutex
 	busyLevels                                            map[string]time.Time // priority levels whose tasks all run, until when (levelMu)
 	lost                                                  *orphanList          // tasks whose claim vanished: claimed first
+	runnerHeld                                            map[string]time.Time // tasks a task runner holds, skipped until when (levelMu)
 }
 
 type running struct {
 	cancel context.CancelCauseFunc
+	token  int64 // the claim's create revision
 }
 
 // claimValue is what a claim key holds.
@@ -211,7 +213,7 @@ func NewWorker(ctx context.Context, cli *clientv3.Client, cfg WorkerConfig) (*Wo
 	if err != nil {
 		return nil, err
 	}
-	w := &Worker{cfg: cfg, cli: cli, keys: client.keys, client: client, lease: cfg.Lease, logger: logger, busyLevels: map[string]time.Time{}, lost: newOrphanList(),
+	w := &Worker{cfg: cfg, cli: cli, keys: client.keys, client: client, lease: cfg.Lease, logger: logger, busyLevels: map[string]time.Time{}, lost: newOrphanList(), runnerHeld: map[string]time.Time{},
 		worker: lock.NewHolder(cfg.WorkerID).ID, handlers: map[string]Handler{}, inflight: map[string]*running{}}
 	w.shardCursor.Store(rand.Int64N(Shards)) // workers start on different shards
 	if w.lease == nil {
@@ -658,6 +660,7 @@ func (w *Worker) claim(ctx context.Context, n int) (claims []*claim, rev int64, 
 func (w *Worker) claimKeys(ctx context.Context, cands []*mvccpb.KeyValue, n int, ordered bool) ([]*claim, error) {
 	q := w.cfg.Queue
 	pre := w.keys.QueuePending(q)
+	cands = w.withoutRunnerHeld(cands)
 	window := cands[:min(len(cands), 2*n)]
 	if !ordered {
 		rand.Shuffle(len(window), func(i, j int) { window[i], window[j] = window[j], window[i] })
@@ -674,10 +677,16 @@ func (w *Worker) claimKeys(ctx context.Context, cands []*mvccpb.KeyValue, n int,
 		ids[i], attempts[i] = id, pv.Attempts+1
 		cv, _ := json.Marshal(claimValue{Worker: w.worker, Attempt: attempts[i], ClaimedAt: now})
 		ck := w.keys.QueueClaim(q, id)
+		// A task id is held by one claimer at a time, a queue worker or a
+		// task runner (package task): no claim while the runner's lock on
+		// the id has a holder or a waiter. The runner, for its part, waits
+		// for a queue claim to end before it runs.
+		runner := w.keys.Lock(keyspace.TaskLock(id))
 		ops[i] = clientv3.OpTxn(
-			[]clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(string(kv.Key)), "=", kv.ModRevision), clientv3.Compare(clientv3.CreateRevision(ck), "=", 0)},
+			[]clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(string(kv.Key)), "=", kv.ModRevision), clientv3.Compare(clientv3.CreateRevision(ck), "=", 0),
+				clientv3.Compare(clientv3.CreateRevision(runner), "=", 0).WithPrefix()},
 			[]clientv3.Op{clientv3.OpPut(ck, string(cv), clientv3.WithLease(w.lease.ID())), clientv3.OpPut(string(kv.Key), encodePending(attempts[i], true)), clientv3.OpGet(w.keys.TaskRecord(id))},
-			nil)
+			[]clientv3.Op{clientv3.OpGet(runner, clientv3.WithPrefix(), clientv3.WithCountOnly())})
 	}
 	// Once sent, the claims may be applied whatever happens to ctx: do not
 	// let a shutdown cut the request short and leave claims nobody knows.
@@ -693,6 +702,9 @@ func (w *Worker) claimKeys(ctx context.Context, cands []*mvccpb.KeyValue, n int,
 	for i, r := range tr.Responses {
 		sub := r.GetResponseTxn()
 		if !sub.Succeeded {
+			if sub.Responses[0].GetResponseRange().Count > 0 {
+				w.runnerHolds(ids[i]) // a task runner has it: skip it for a while
+			}
 			continue
 		}
 		c := &claim{claimKey: w.keys.QueueClaim(q, ids[i]), pendingKey: string(pick[i].Key), token: tr.Header.Revision, claimedAt: now}
@@ -821,7 +833,7 @@ func (w *Worker) execute(base context.Context, c *claim) outcome {
 	ctx, cancel := context.WithCancelCause(base)
 	defer cancel(nil)
 	w.mu.Lock()
-	w.inflight[t.ID] = &running{cancel: cancel}
+	w.inflight[t.ID] = &running{cancel: cancel, token: c.token}
 	h := w.handlers[t.Type]
 	if h == nil {
 		h = w.fallback
@@ -851,7 +863,7 @@ func (w *Worker) execute(base context.Context, c *claim) outcome {
 	t.Deferrals = 0 // admitted: the next deferral starts the count again
 	tctx, tcancel := context.WithTimeoutCause(ctx, timeout, ErrTimeout)
 	defer tcancel()
-	hctx := context.WithValue(tctx, claimKey{}, &claimFence{w: w, c: c, cancel: cancel})
+	hctx := context.WithValue(tctx, claimKey{}, &claimFence{w: w, c: c, cancel: cancel, ctx: ctx})
 	began := time.Now()
 	result, err := call(hctx, h, t)
 	for _, d := range dones {
@@ -874,6 +886,8 @@ func (w *Worker) execute(base context.Context, c *claim) outcome {
 		return outcome{c: c, kind: Pending, err: ErrShutdown}
 	case base.Err() != nil:
 		return outcome{c: c, kind: Cancelled, err: context.Cause(base)} // the lease is gone: so are the claims
+	case errors.Is(cause, lock.ErrLost):
+		return outcome{c: c, kind: Cancelled, err: cause} // the claim is gone: an outcome would be refused
 	}
 	if errors.Is(cause, ErrTimeout) && !errors.Is(err, ErrTimeout) {
 		err = fmt.Errorf("%w after %s: %w", ErrTimeout, timeout, err)
@@ -1258,11 +1272,14 @@ type claimFence struct {
 	w      *Worker
 	c      *claim
 	cancel context.CancelCauseFunc // ends the handler's context
+	ctx    context.Context         // the claim's: ends with a cancel, the lease, or the attempt
 }
+
+var _ lease.Fence = (*claimFence)(nil)
 
 // Txn starts a transaction that commits only while the claim is held.
 func (f *claimFence) Txn(ctx context.Context) clientv3.Txn {
-	return lock.NewFencedTxn(ctx, f.w.cli, lock.Fence{
+	return lease.NewFencedTxn(ctx, f.w.cli, lease.Spec{
 		Name:  fmt.Sprintf("claim of task %s", f.c.task.ID),
 		Token: f.c.token,
 		Cmp:   clientv3.Compare(clientv3.CreateRevision(f.c.claimKey), "=", f.c.token),
@@ -1274,13 +1291,27 @@ func (f *claimFence) Txn(ctx context.Context) clientv3.Txn {
 // Token is the claim's fencing token.
 func (f *claimFence) Token() int64 { return f.c.token }
 
-// Err reports the worker's lease loss, which ends every claim.
-func (f *claimFence) Err() error { return f.w.lease.Err() }
+// Context is cancelled when the claim ends: the task was cancelled, the
+// worker's lease was lost, a write under the claim was refused, or the
+// attempt is over.
+func (f *claimFence) Context() context.Context { return f.ctx }
 
-// ClaimFence returns the claim of the task a handler runs, as a task.Fence:
-// writes made with its Txn commit only while the claim is held. It is nil
-// outside a handler.
-func ClaimFence(ctx context.Context) task.Fence {
+// Err reports the worker's lease loss, which ends every claim, and the end
+// of the claim's context.
+func (f *claimFence) Err() error {
+	if err := f.w.lease.Err(); err != nil {
+		return err
+	}
+	if f.ctx.Err() != nil {
+		return context.Cause(f.ctx)
+	}
+	return nil
+}
+
+// ClaimFence returns the claim of the task a handler runs, as a lease.Fence:
+// writes made with its Txn commit only while the claim is held, and its
+// Context ends when the claim does. It is nil outside a handler.
+func ClaimFence(ctx context.Context) lease.Fence {
 	if f, ok := ctx.Value(claimKey{}).(*claimFence); ok {
 		return f
 	}

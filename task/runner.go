@@ -196,7 +196,7 @@ func (r *Runner) Run(ctx context.Context, id string, steps []Step) (Result, erro
 		return Result{}, err
 	}
 	name := keyspace.TaskLock(id)
-	l, err := r.locker.TryAcquire(ctx, name)
+	l, err := r.locker.TryAcquireFenced(ctx, name)
 	if errors.Is(err, lock.ErrHeld) {
 		var held *lock.HeldError
 		ev := Event{Type: EventWaiting, TaskID: id}
@@ -204,12 +204,11 @@ func (r *Runner) Run(ctx context.Context, id string, steps []Step) (Result, erro
 			ev.Token, ev.Err = held.Token, held.Error()
 		}
 		r.emit(ev)
-		l, err = r.locker.Acquire(ctx, name)
+		l, err = r.locker.AcquireFenced(ctx, name)
 	}
 	if err != nil {
 		return Result{TaskID: id}, fmt.Errorf("task %s: take the task: %w", id, err)
 	}
-	el := l.(*lock.EtcdLock)
 	defer func() {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
@@ -217,13 +216,20 @@ func (r *Runner) Run(ctx context.Context, id string, steps []Step) (Result, erro
 			r.logger.Warn("task: release failed; the lock frees itself when the lease ends", "task", id, "err", err)
 		}
 	}()
+	// The lock's key now keeps queue workers from claiming the task; one
+	// that claimed it before is waited for.
+	if err := r.store.waitQueueClaim(ctx, id, l.Context(), func(q string) {
+		r.emit(Event{Type: EventWaiting, TaskID: id, Err: "a worker of queue " + q + " is running it"})
+	}); err != nil {
+		return Result{TaskID: id}, fmt.Errorf("task %s: wait for the queue worker running it: %w", id, err)
+	}
 	r.emit(Event{Type: EventAcquired, TaskID: id, Token: l.Token()})
 	lctx := l.Context()
 	runCtx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	stop := context.AfterFunc(lctx, func() { cancel(context.Cause(lctx)) })
 	defer stop()
-	return r.store.RunSteps(runCtx, el, id, steps, StepConfig{Worker: r.worker, StateLimit: r.limit, OnEvent: r.emit})
+	return r.store.RunSteps(runCtx, l, id, steps, StepConfig{Worker: r.worker, StateLimit: r.limit, OnEvent: r.emit})
 }
 
 // StepConfig says how RunSteps runs and reports a task's steps.
@@ -245,7 +251,7 @@ type StepConfig struct {
 // transaction fenced by f. ctx is what the steps get; the caller ends it when
 // f is lost. This is the one implementation of step-wise resume, shared by
 // Runner and by queue handlers.
-func (s *Store) RunSteps(ctx context.Context, f Fence, id string, steps []Step, cfg StepConfig) (Result, error) {
+func (s *Store) RunSteps(ctx context.Context, f lease.Fence, id string, steps []Step, cfg StepConfig) (Result, error) {
 	if err := CheckSteps(steps); err != nil {
 		return Result{}, err
 	}
@@ -276,12 +282,7 @@ func (s *Store) RunSteps(ctx context.Context, f Fence, id string, steps []Step, 
 	}
 	res.ResumedFrom = cp.Step + 1
 	emit(Event{Type: EventResumed, TaskID: id, Step: res.ResumedFrom, Name: steps[cp.Step].Name})
-	lostErr := func() error {
-		if e, ok := f.(interface{ Err() error }); ok {
-			return e.Err()
-		}
-		return nil
-	}
+	lostErr := f.Err
 	for i := cp.Step; i < len(steps); i++ {
 		n, step := i+1, steps[i]
 		started := time.Now()

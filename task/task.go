@@ -9,6 +9,7 @@ import (
 
 	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/keyspace"
+	"github.com/droverhq/drover/lease"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -185,21 +186,12 @@ func (s *Store) History(ctx context.Context, id string) ([]StepRecord, error) {
 	return out, nil
 }
 
-// Fence is the right under which checkpoints are written: a held lock.
-// *lock.EtcdLock is one.
-type Fence interface {
-	// Txn starts a transaction that commits only while the right is held.
-	Txn(ctx context.Context) clientv3.Txn
-	// Token is the right's fencing token.
-	Token() int64
-}
-
 // Commit writes next as task id's checkpoint together with rec, in one
 // transaction fenced by f, and only if the checkpoint is still prev (same
 // modification revision) and step rec.Step has no record yet. The step
 // record is written once per step, ever. On success next carries its new
 // revision, ready to be the prev of the following commit.
-func (s *Store) Commit(ctx context.Context, f Fence, prev Checkpoint, next *Checkpoint, rec StepRecord) error {
+func (s *Store) Commit(ctx context.Context, f lease.Fence, prev Checkpoint, next *Checkpoint, rec StepRecord) error {
 	cpKey, stepKey := s.keys.TaskCheckpoint(next.TaskID), s.keys.TaskStep(next.TaskID, rec.Step)
 	cpVal, err := json.Marshal(next)
 	if err != nil {
