@@ -68,7 +68,7 @@ from failures=5;cooldown=30s). The grammar is that of drover worker
 				spec += ";" + args[1]
 			}
 			// Check the grammar before anything is contacted.
-			if _, err := parseBreakerSpec("breaker", spec, flow.DefaultBreaker); err != nil {
+			if _, err := flow.ParseBreaker("breaker", spec, flow.DefaultBreaker); err != nil {
 				return err
 			}
 			cli, done, err := a.etcd(cmd.Context())
@@ -77,14 +77,14 @@ from failures=5;cooldown=30s). The grammar is that of drover worker
 			}
 			defer done()
 			cfg, err := flow.UpdateBreaker(cmd.Context(), cli, keyspace.MustNew(a.namespace), args[0], func(c *flow.BreakerConfig) error {
-				bf, err := parseBreakerSpec("breaker", spec, *c)
+				bf, err := flow.ParseBreaker("breaker", spec, *c)
 				if err != nil {
 					return err
 				}
-				if len(bf.types) > 0 {
+				if len(bf.Types) > 0 {
 					return usageError{errors.New("types belong to a worker's --breaker, not to the breaker's settings")}
 				}
-				*c = bf.cfg
+				*c = bf.Config
 				return nil
 			})
 			if err != nil {

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/droverhq/drover"
+	"github.com/droverhq/drover/flow"
+	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/lease"
 	"github.com/droverhq/drover/queue"
 	"github.com/droverhq/drover/registry"
@@ -472,25 +474,9 @@ the lease is lost, it stops and exits 70.`,
 			if err := checkWorkerFlags(cfg, maxOutput, grace, depthInterval); err != nil {
 				return err
 			}
-			var limits []limitFlag
-			for _, l := range limitFlags {
-				lf, err := parseLimitFlag(l)
-				if err != nil {
-					return err
-				}
-				limits = append(limits, lf)
-			}
-			quotas, err := parseQuotaFlags(quotaFlags)
+			spec, err := flow.ParseSpec(limitFlags, quotaFlags, breakerFlags)
 			if err != nil {
 				return err
-			}
-			var breakers []breakerFlag
-			for _, b := range breakerFlags {
-				bf, err := parseBreakerFlag(b)
-				if err != nil {
-					return err
-				}
-				breakers = append(breakers, bf)
 			}
 			var h queue.Handler
 			switch {
@@ -524,24 +510,13 @@ the lease is lost, it stops and exits 70.`,
 			}
 			defer shutdown(rt)
 			cfg.Lease = rt.Lease()
-			// Quotas and breakers first (a task they hold off goes back
-			// to the queue), then rate limits (a task waits for its token).
-			qgates, closeQuotas, err := a.quotaGates(ctx, cli, quotas, func() clientv3.LeaseID { return rt.Lease().ID() })
+			gates, closeGates, err := spec.Gates(ctx, cli, keyspace.MustNew(a.namespace), func() clientv3.LeaseID { return rt.Lease().ID() },
+				flow.WithLimiterLogger(a.logger))
 			if err != nil {
 				return err
 			}
-			defer closeQuotas()
-			bgates, closeBreakers, err := a.breakerGates(ctx, cli, breakers)
-			if err != nil {
-				return err
-			}
-			defer closeBreakers()
-			rgates, closeLimits, err := a.rateGates(ctx, cli, limits)
-			if err != nil {
-				return err
-			}
-			defer closeLimits()
-			cfg.Gates = append(append(append(qgates, bgates...), rgates...), cfg.Gates...)
+			defer closeGates(context.Background())
+			cfg.Gates = append(gates, cfg.Gates...)
 			w, err := queue.NewWorker(ctx, cli, cfg)
 			if err != nil {
 				return err
