@@ -77,7 +77,7 @@ func TestSeedConfigSaysWhenEtcdWins(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		q.Close()
+		q.Close(context.Background())
 		if got := strings.Count(logs.String(), "quota tenant is already configured in etcd, differently"); got != i/2 {
 			t.Fatalf("after quota %d: %d notices; logs:\n%s", limit, got, logs.String())
 		}
@@ -90,7 +90,7 @@ func TestSeedConfigSaysWhenEtcdWins(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		b.Close()
+		b.Close(context.Background())
 	}
 	lim, err := flow.NewLimiter(ctx, cli, keys, "api", &flow.Rate{Events: 1, Per: time.Second, Burst: 1}, flow.WithLimiterLogger(slog.Default()))
 	if err != nil {
@@ -105,6 +105,35 @@ func TestSeedConfigSaysWhenEtcdWins(t *testing.T) {
 	for _, want := range []string{"breaker crm is already configured in etcd, differently", "limit api is already configured in etcd, differently"} {
 		if strings.Count(logs.String(), want) != 1 {
 			t.Fatalf("want one %q in:\n%s", want, logs.String())
+		}
+	}
+}
+
+// TestCloseTwice: quotas, breakers and limiters stop with Close(ctx) error,
+// and a second Close is harmless.
+func TestCloseTwice(t *testing.T) {
+	ns := etcdtest.Namespace(t)
+	ctx := context.Background()
+	cli := srv.Client(t)
+	keys := keyspace.MustNew(ns)
+	lease := grantLease(t, cli, 30)
+	q, err := flow.NewQuota(ctx, cli, keys, "q", flow.QuotaConfig{Limit: 1}, func() clientv3.LeaseID { return lease })
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := flow.NewBreaker(ctx, cli, keys, "b", &flow.DefaultBreaker)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := flow.NewLimiter(ctx, cli, keys, "l", &flow.Rate{Events: 1, Per: time.Second, Burst: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		for name, closer := range map[string]func(context.Context) error{"quota": q.Close, "breaker": b.Close, "limiter": l.Close} {
+			if err := closer(ctx); err != nil {
+				t.Fatalf("close %d of the %s: %v", i+1, name, err)
+			}
 		}
 	}
 }

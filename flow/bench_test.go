@@ -65,7 +65,7 @@ func runOverhead(b *testing.B, s *etcdtest.Server, mode string) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		defer q.Close()
+		defer q.Close(context.Background())
 		gates = append(gates, flow.QuotaGate(q))
 	}
 	w, err := queue.NewWorker(ctx, cli, queue.WorkerConfig{Namespace: ns, Queue: "jobs", Concurrency: 64, Prefetch: 64, Drain: true, Lease: l, Gates: gates})

@@ -386,10 +386,16 @@ func (b *Breaker) Reset(ctx context.Context) error {
 	return err
 }
 
-// Close stops following the breaker.
-func (b *Breaker) Close() {
+// Close stops following the breaker, waiting no longer than ctx allows. It
+// is safe to call more than once.
+func (b *Breaker) Close(ctx context.Context) error {
 	b.stop()
-	<-b.done
+	select {
+	case <-b.done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("flow: close breaker %s: %w", b.name, ctx.Err())
+	}
 }
 
 // BreakerGate holds tasks of the breaker's types off while it is open
@@ -463,7 +469,7 @@ func ResetBreaker(ctx context.Context, cli *clientv3.Client, keys keyspace.Space
 	if err != nil {
 		return err
 	}
-	defer b.Close()
+	defer func() { _ = b.Close(context.WithoutCancel(ctx)) }()
 	return b.Reset(ctx)
 }
 

@@ -35,12 +35,12 @@ func TestBreakerSharedByProcesses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer a.Close()
+	defer a.Close(context.Background())
 	b, err := flow.NewBreaker(ctx, srv.Client(t), keyspace.MustNew(ns), "crm", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer b.Close()
+	defer b.Close(context.Background())
 	// Two failures, a success, two failures: not consecutive, stays closed.
 	for i, failed := range []bool{true, true, false, true, true} {
 		if err := a.Record(ctx, "t", failed); err != nil {
@@ -111,12 +111,12 @@ func TestBreakerRatio(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer a.Close()
+	defer a.Close(context.Background())
 	b, err := flow.NewBreaker(ctx, srv.Client(t), keyspace.MustNew(ns), "llm", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer b.Close()
+	defer b.Close(context.Background())
 	// 40 % failures: stays closed.
 	for i := range 20 {
 		if err := a.Record(ctx, "t", i%5 < 2); err != nil {

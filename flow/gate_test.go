@@ -24,7 +24,7 @@ func TestGatesIgnoreTasksThatDidNotRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer b.Close()
+	defer b.Close(context.Background())
 	task := &queue.Task{ID: "t1", Type: "x"}
 	for _, g := range []queue.Gate{flow.RateGate(l), flow.BreakerGate(b)} {
 		done, err := g.Admit(ctx, task)

@@ -396,16 +396,21 @@ func (q *Quota) shrink(subject string, g *grant) {
 }
 
 // Close stops following the quota's configuration and gives back every
-// slot this process holds (running tasks should have ended).
-func (q *Quota) Close() {
+// slot this process holds (running tasks should have ended), with ctx
+// bounding the writes; slots it could not give back go with the lease. It
+// is safe to call more than once.
+func (q *Quota) Close(ctx context.Context) error {
 	q.stop()
-	<-q.done
+	select {
+	case <-q.done:
+	case <-ctx.Done():
+		return fmt.Errorf("flow: close quota %s: %w", q.name, ctx.Err())
+	}
 	q.mu.Lock()
 	grants := q.grants
 	q.grants = map[string]*grant{}
 	q.mu.Unlock()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
+	var first error
 	for subject, g := range grants {
 		g.grow.Lock()
 		q.mu.Lock()
@@ -417,10 +422,13 @@ func (q *Quota) Close() {
 		g.held = 0
 		q.mu.Unlock()
 		if lease != 0 {
-			_, _ = q.cli.Delete(ctx, fmt.Sprintf("%s%x", q.keys.QuotaGrants(q.name, subject), int64(lease)))
+			if _, err := q.cli.Delete(ctx, fmt.Sprintf("%s%x", q.keys.QuotaGrants(q.name, subject), int64(lease))); err != nil && first == nil {
+				first = fmt.Errorf("flow: close quota %s: give back slots of %s: %w", q.name, subject, err)
+			}
 		}
 		g.grow.Unlock()
 	}
+	return first
 }
 
 // QuotaGate admits a task once it holds a slot of q, and frees the slot when

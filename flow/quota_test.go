@@ -68,7 +68,7 @@ func TestQuotaNeverExceeded(t *testing.T) {
 	}
 	wg.Wait()
 	for _, q := range contenders {
-		q.Close() // gives its slots back
+		q.Close(context.Background()) // gives its slots back
 	}
 	if peak.Load() > 3 {
 		t.Fatalf("%d held a quota of 3 at once", peak.Load())
@@ -84,7 +84,7 @@ func TestQuotaNeverExceeded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer q.Close()
+	defer q.Close(context.Background())
 	for i := range 3 {
 		if _, ok, _ := q.Acquire(ctx, &queue.Task{ID: fmt.Sprintf("acme-%d", i), Metadata: queue.Metadata{Tenant: "acme"}}); !ok {
 			t.Fatalf("acme slot %d refused with none held", i)
@@ -108,7 +108,7 @@ func TestQuotaNeverExceeded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer q2.Close()
+	defer q2.Close(context.Background())
 	if _, ok, _ := q2.Acquire(ctx, &queue.Task{ID: "acme-5", Metadata: queue.Metadata{Tenant: "acme"}}); !ok {
 		t.Fatal("slots of a revoked lease still held")
 	}

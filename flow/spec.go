@@ -58,8 +58,12 @@ func ParseSpec(limits, quotas, breakers []string) (Spec, error) {
 func (s Spec) Gates(ctx context.Context, cli *clientv3.Client, keys keyspace.Space, lease func() clientv3.LeaseID, opts ...LimiterOption) (gates []queue.Gate, closeAll func(ctx context.Context), err error) {
 	var closers []func(context.Context)
 	closeAll = func(ctx context.Context) {
+		// A bounded context of its own: a caller's ended context must not
+		// keep slots and tokens from going back.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
 		for _, c := range closers {
-			c(ctx)
+			c(cctx)
 		}
 		closers = nil
 	}
@@ -73,7 +77,7 @@ func (s Spec) Gates(ctx context.Context, cli *clientv3.Client, keys keyspace.Spa
 		if err != nil {
 			return nil, nil, err
 		}
-		closers = append(closers, func(context.Context) { qu.Close() })
+		closers = append(closers, func(ctx context.Context) { _ = qu.Close(ctx) })
 		gates = append(gates, QuotaGate(qu))
 	}
 	for _, b := range s.Breakers {
@@ -82,7 +86,7 @@ func (s Spec) Gates(ctx context.Context, cli *clientv3.Client, keys keyspace.Spa
 		if err != nil {
 			return nil, nil, err
 		}
-		closers = append(closers, func(context.Context) { br.Close() })
+		closers = append(closers, func(ctx context.Context) { _ = br.Close(ctx) })
 		gates = append(gates, BreakerGate(br))
 	}
 	for _, l := range s.Limits {
@@ -91,11 +95,7 @@ func (s Spec) Gates(ctx context.Context, cli *clientv3.Client, keys keyspace.Spa
 		if err != nil {
 			return nil, nil, err
 		}
-		closers = append(closers, func(ctx context.Context) {
-			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			defer cancel()
-			_ = li.Close(cctx)
-		})
+		closers = append(closers, func(ctx context.Context) { _ = li.Close(ctx) })
 		gates = append(gates, RateGate(li, l.Types...))
 	}
 	return gates, closeAll, nil

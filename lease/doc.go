@@ -18,7 +18,10 @@
 //	defer l.Close(context.Background()) // revokes: keys bound to it vanish at once
 //	resp, err := llm.Call(l.Context(), prompt)
 //
-// [Primary] returns one lease shared by the whole process, as NVIDIA Dynamo's
-// runtime does: everything a process registers is bound to it and disappears
-// when the process dies.
+// A process's primary lease, which everything it registers is bound to, is
+// package runtime's: it grants one lease with this package and keeps it.
+//
+// [Fence] is the one type of a right held under a lease (a lock, a queue
+// task's claim), and [NewFencedTxn] the etcd transaction that commits only
+// while such a right is held.
 package lease

@@ -350,54 +350,6 @@ func TestErr(t *testing.T) {
 	})
 }
 
-func TestPrimary(t *testing.T) {
-	cli := srv.Client(t)
-	ctx := context.Background()
-	primary := func(cli *clientv3.Client, ttl time.Duration) *lease.Lease {
-		t.Helper()
-		l, err := lease.Primary(ctx, cli, ttl)
-		if err != nil {
-			t.Fatalf("Primary: %v", err)
-		}
-		t.Cleanup(func() { _ = l.Close(ctx) })
-		return l
-	}
-
-	first := primary(cli, 2*time.Second)
-	if again := primary(cli, 5*time.Second); again != first {
-		t.Fatalf("second Primary call returned lease %x, want the same *Lease %x", int64(again.ID()), int64(first.ID()))
-	}
-	if first.TTL() != 2*time.Second {
-		t.Fatalf("primary TTL = %s, want the 2s of the first call", first.TTL())
-	}
-
-	if err := first.Close(ctx); err != nil {
-		t.Fatal(err)
-	}
-	next := primary(cli, 2*time.Second)
-	if next == first || next.ID() == first.ID() {
-		t.Fatalf("Primary after Close returned the closed lease %x", int64(first.ID()))
-	}
-	if err := next.Err(); err != nil {
-		t.Fatalf("new primary lease: Err() = %v, want nil", err)
-	}
-	if _, remaining := grantedTTL(t, cli, next.ID()); remaining <= 0 {
-		t.Fatalf("etcd says the new primary lease has %ds left, want > 0", remaining)
-	}
-	if again := primary(cli, 2*time.Second); again != next {
-		t.Fatalf("Primary returned lease %x, want the live primary %x", int64(again.ID()), int64(next.ID()))
-	}
-
-	// Another client gets its own primary lease; the first one is left alone.
-	other := primary(srv.Client(t), 2*time.Second)
-	if other == next {
-		t.Fatal("Primary with another client returned the first client's lease")
-	}
-	if err := next.Err(); err != nil {
-		t.Fatalf("Primary with another client ended the earlier lease: %v", err)
-	}
-}
-
 func TestBadTTL(t *testing.T) {
 	cli := srv.Client(t)
 	ctx := context.Background()

@@ -162,6 +162,15 @@ type Worker struct {
 	busyLevels                                            map[string]time.Time // priority levels whose tasks all run, until when (levelMu)
 	lost                                                  *orphanList          // tasks whose claim vanished: claimed first
 	runnerHeld                                            map[string]time.Time // tasks a task runner holds, skipped until when (levelMu)
+
+	// The lifecycle: Run once; Stop and StopAndCancel end it, before or
+	// after it started, any number of times.
+	lifeMu   sync.Mutex
+	started  bool
+	stopReq  chan struct{} // closed by the first Stop or StopAndCancel
+	stopOnce sync.Once
+	ran      chan struct{} // closed when Run returns
+	hardStop atomic.Bool   // StopAndCancel: running tasks are cancelled and handed back
 }
 
 type running struct {
@@ -214,6 +223,7 @@ func NewWorker(ctx context.Context, cli *clientv3.Client, cfg WorkerConfig) (*Wo
 		return nil, err
 	}
 	w := &Worker{cfg: cfg, cli: cli, keys: client.keys, client: client, lease: cfg.Lease, logger: logger, busyLevels: map[string]time.Time{}, lost: newOrphanList(), runnerHeld: map[string]time.Time{},
+		stopReq: make(chan struct{}), ran: make(chan struct{}),
 		worker: lock.NewHolder(cfg.WorkerID).ID, handlers: map[string]Handler{}, inflight: map[string]*running{}}
 	w.shardCursor.Store(rand.Int64N(Shards)) // workers start on different shards
 	if w.lease == nil {
@@ -330,6 +340,23 @@ type outcome struct {
 // cancelled and handed back), the queue is drained (WorkerConfig.Drain), or
 // the lease is lost (lease.ErrLost).
 func (w *Worker) Run(ctx context.Context) error {
+	w.lifeMu.Lock()
+	if w.started {
+		w.lifeMu.Unlock()
+		return errors.New("queue: Run was called before; a worker runs once")
+	}
+	w.started = true
+	w.lifeMu.Unlock()
+	defer close(w.ran)
+	ctx, endRun := context.WithCancel(ctx)
+	defer endRun()
+	go func() {
+		select {
+		case <-w.stopReq:
+			endRun()
+		case <-ctx.Done():
+		}
+	}()
 	// Handlers run under the lease, not under ctx: ctx ending asks for a
 	// graceful stop, the lease ending means the claims are gone.
 	base, cancelBase := context.WithCancelCause(w.lease.Context())
@@ -402,6 +429,42 @@ func (w *Worker) cancelAll(cause error) {
 	defer w.mu.Unlock()
 	for _, r := range w.inflight {
 		r.cancel(cause)
+	}
+}
+
+// Stop ends Run gracefully, as ctx ending does: no new claims, running tasks
+// get ShutdownTimeout to finish and are then cancelled and handed back. It
+// waits for Run to return, no longer than ctx allows. Called before Run, it
+// makes Run return at once; it is safe to call more than once.
+func (w *Worker) Stop(ctx context.Context) error {
+	w.stopOnce.Do(func() { close(w.stopReq) })
+	return w.waitRan(ctx)
+}
+
+// StopAndCancel ends Run at once: no new claims, and every running task's
+// context is cancelled (cause ErrShutdown) and the task handed back, its
+// attempt not counted. It waits for Run to return, no longer than ctx
+// allows. It is safe to call before Run, after Stop, and more than once.
+func (w *Worker) StopAndCancel(ctx context.Context) error {
+	w.hardStop.Store(true)
+	w.stopOnce.Do(func() { close(w.stopReq) })
+	w.cancelAll(ErrShutdown)
+	return w.waitRan(ctx)
+}
+
+// waitRan waits for Run to return, if it started.
+func (w *Worker) waitRan(ctx context.Context) error {
+	w.lifeMu.Lock()
+	started := w.started
+	w.lifeMu.Unlock()
+	if !started {
+		return nil
+	}
+	select {
+	case <-w.ran:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("queue: stop worker %s: %w", w.worker, ctx.Err())
 	}
 }
 
@@ -832,8 +895,14 @@ func (w *Worker) execute(base context.Context, c *claim) outcome {
 	}
 	ctx, cancel := context.WithCancelCause(base)
 	defer cancel(nil)
+	if w.hardStop.Load() { // claimed as StopAndCancel came: hand it back
+		return outcome{c: c, kind: Pending, err: ErrShutdown}
+	}
 	w.mu.Lock()
 	w.inflight[t.ID] = &running{cancel: cancel, token: c.token}
+	if w.hardStop.Load() { // StopAndCancel came between the check and here
+		cancel(ErrShutdown)
+	}
 	h := w.handlers[t.Type]
 	if h == nil {
 		h = w.fallback

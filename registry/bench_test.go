@@ -169,7 +169,7 @@ func (d *droverChurn) watch(ctx context.Context, got func(int64)) error {
 	}
 	go func() {
 		<-ctx.Done()
-		w.Close()
+		w.Close(context.Background())
 	}()
 	go func() {
 		for ev := range w.Events() {

@@ -48,7 +48,7 @@ func watch(t *testing.T, cli *clientv3.Client, ns, component string, opts ...reg
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(w.Close)
+	t.Cleanup(func() { _ = w.Close(context.Background()) })
 	return w
 }
 

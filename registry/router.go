@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"sort"
 	"sync"
@@ -208,8 +209,15 @@ func (r *Router) WaitRevision(ctx context.Context, rev int64) error {
 	}
 }
 
-// Close stops the router. The Watcher stays open; close it separately.
-func (r *Router) Close() {
+// Close stops the router, waiting for its goroutine no longer than ctx
+// allows. The Watcher stays open; close it separately. It is safe to call
+// more than once.
+func (r *Router) Close(ctx context.Context) error {
 	r.stopOnce.Do(func() { close(r.stop) })
-	<-r.done
+	select {
+	case <-r.done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("registry: close router: %w", ctx.Err())
+	}
 }

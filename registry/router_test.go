@@ -19,7 +19,7 @@ func router(t *testing.T, cli *clientv3.Client, ns, component string, p registry
 	t.Helper()
 	w := watch(t, cli, ns, component)
 	r := registry.NewRouter(w, p)
-	t.Cleanup(r.Close)
+	t.Cleanup(func() { _ = r.Close(context.Background()) })
 	return r
 }
 
@@ -209,9 +209,9 @@ func ExampleRouter() {
 		fmt.Println(err)
 		return
 	}
-	defer w.Close()
+	defer w.Close(context.Background())
 	r := registry.NewRouter(w, registry.LeastLoad("request_active_slots"))
-	defer r.Close()
+	defer r.Close(context.Background())
 	in, err := r.Pick()
 	fmt.Println(in.ID, err)
 	// Output: gpu-1 <nil>

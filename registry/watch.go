@@ -189,10 +189,16 @@ func (w *Watcher) Relists() int {
 }
 
 // Close stops the watcher and frees its watch; Events is closed once Close
-// returns.
-func (w *Watcher) Close() {
+// returns. It waits for the watcher's goroutine no longer than ctx allows.
+// It is safe to call more than once.
+func (w *Watcher) Close(ctx context.Context) error {
 	w.cancel()
-	<-w.done
+	select {
+	case <-w.done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("registry: close watcher: %w", ctx.Err())
+	}
 }
 
 // run is the watcher's one goroutine.

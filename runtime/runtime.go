@@ -34,7 +34,7 @@ import (
 )
 
 // DefaultTTL is the primary lease's TTL when none is given.
-const DefaultTTL = lease.DefaultPrimaryTTL
+const DefaultTTL = 10 * time.Second
 
 // ErrShutdown is the cause of the root context after Shutdown, and the
 // error of Go once the runtime is shutting down.
@@ -243,6 +243,10 @@ func (r *Runtime) supervise() {
 		}
 	}
 }
+
+// Close is Shutdown: every long-lived component of drover stops with
+// Close(ctx) error.
+func (r *Runtime) Close(ctx context.Context) error { return r.Shutdown(ctx) }
 
 // Shutdown stops the runtime: it cancels the root context (cause
 // [ErrShutdown] unless it was already cancelled by a lease loss), waits for

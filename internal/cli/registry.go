@@ -259,7 +259,7 @@ one line: {"type":"put"|"delete","component":...,"id":...,"value":...,"revision"
 			if err != nil {
 				return err
 			}
-			defer w.Close()
+			defer w.Close(context.Background())
 			enc := json.NewEncoder(a.stdout)
 			print := func(ev registry.Event) error {
 				if asJSON {

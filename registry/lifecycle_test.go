@@ -1,0 +1,36 @@
+package registry_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/droverhq/drover/internal/etcdtest"
+	"github.com/droverhq/drover/keyspace"
+	"github.com/droverhq/drover/registry"
+	"github.com/droverhq/drover/runtime"
+)
+
+// TestCloseTwice: the registry's long-lived components (runtime, watcher,
+// router) stop with Close(ctx) error, and a second Close is harmless.
+func TestCloseTwice(t *testing.T) {
+	ns := etcdtest.Namespace(t)
+	ctx := context.Background()
+	cli := srv.Client(t)
+	rt, err := runtime.Start(ctx, cli, runtime.WithNamespace(ns), runtime.WithTTL(2*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := registry.Watch(ctx, cli, keyspace.MustNew(ns), "model")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := registry.NewRouter(w, registry.RoundRobin())
+	for i := range 2 {
+		for name, closer := range map[string]func(context.Context) error{"router": r.Close, "watcher": w.Close, "runtime": rt.Close} {
+			if err := closer(ctx); err != nil {
+				t.Fatalf("close %d of the %s: %v", i+1, name, err)
+			}
+		}
+	}
+}
