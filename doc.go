@@ -16,7 +16,7 @@
 //     a right held under a lease, and its fenced transactions.
 //   - [github.com/droverhq/drover/lease/fencetest]: the conformance suite
 //     every lease.Fence passes.
-//   - [github.com/droverhq/drover/runtime]: a process's primary lease, with
+//   - [github.com/droverhq/drover/process]: a process's primary lease, with
 //     the goroutines that live under it.
 //   - [github.com/droverhq/drover/lock]: named locks with fencing tokens
 //     behind a backend-neutral interface (etcd, Redis, Redlock).

@@ -11,8 +11,8 @@ import (
 
 	"github.com/droverhq/drover/internal/etcdtest"
 	"github.com/droverhq/drover/keyspace"
+	"github.com/droverhq/drover/process"
 	"github.com/droverhq/drover/registry"
-	"github.com/droverhq/drover/runtime"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/naming/endpoints"
 )
@@ -142,7 +142,7 @@ func newDroverChurn(b *testing.B, s *etcdtest.Server) *droverChurn {
 	d := &droverChurn{keys: keyspace.MustNew(ns), s: s, b: b}
 	ctx := context.Background()
 	for p := range churnProcesses {
-		rt, err := runtime.Start(ctx, s.Client(b), runtime.WithNamespace(ns))
+		rt, err := process.Start(ctx, s.Client(b), process.WithNamespace(ns))
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -7,8 +7,8 @@ import (
 
 	"github.com/droverhq/drover/internal/etcdtest"
 	"github.com/droverhq/drover/keyspace"
+	"github.com/droverhq/drover/process"
 	"github.com/droverhq/drover/registry"
-	"github.com/droverhq/drover/runtime"
 )
 
 // TestCloseTwice: the registry's long-lived components (runtime, watcher,
@@ -17,7 +17,7 @@ func TestCloseTwice(t *testing.T) {
 	ns := etcdtest.Namespace(t)
 	ctx := context.Background()
 	cli := srv.Client(t)
-	rt, err := runtime.Start(ctx, cli, runtime.WithNamespace(ns), runtime.WithTTL(2*time.Second))
+	rt, err := process.Start(ctx, cli, process.WithNamespace(ns), process.WithTTL(2*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,8 +14,8 @@ import (
 
 	"github.com/droverhq/drover/cluster"
 	"github.com/droverhq/drover/internal/etcdtest"
+	"github.com/droverhq/drover/process"
 	"github.com/droverhq/drover/registry"
-	"github.com/droverhq/drover/runtime"
 )
 
 // srv is the embedded etcd the tests share; each test uses its own namespace.
@@ -39,7 +39,7 @@ func runHelper(string) int {
 		return 2
 	}
 	defer cli.Close()
-	rt, err := runtime.Start(ctx, cli, runtime.WithTTL(2*time.Second), runtime.WithNamespace(os.Getenv("H_NS")))
+	rt, err := process.Start(ctx, cli, process.WithTTL(2*time.Second), process.WithNamespace(os.Getenv("H_NS")))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 2

@@ -4,7 +4,7 @@
 //	/{ns}/components/{component}/endpoints/{id} = {"id","subject","address","data"}
 //
 // [Register] writes an endpoint bound to the primary lease of a
-// [runtime.Runtime], so it disappears by itself when the process dies (within
+// [process.Runtime], so it disappears by itself when the process dies (within
 // the lease's TTL) or shuts down (at once, by revoking the lease).
 // [Registration.Update] rewrites the endpoint's data (load figures such as
 // kv_active_blocks or request_active_slots) in place, without registering
@@ -29,7 +29,7 @@ import (
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/kv"
 	"github.com/droverhq/drover/lease"
-	"github.com/droverhq/drover/runtime"
+	"github.com/droverhq/drover/process"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -130,7 +130,7 @@ func (ep Endpoint) encode() ([]byte, error) {
 // Registration is one endpoint registered under a runtime's primary lease.
 // It is safe for concurrent use.
 type Registration struct {
-	rt        *runtime.Runtime
+	rt        *process.Runtime
 	component string
 	key       string
 
@@ -155,9 +155,9 @@ var errDeregistered = errors.New("registry: deregistered")
 // [ErrDuplicate], and nothing is written. Invalid input is a
 // [drover.InputError].
 //
-// With [runtime.WithReRegister], the registration follows the runtime's
+// With [process.WithReRegister], the registration follows the runtime's
 // lease: after a loss it is written again under the new lease.
-func Register(ctx context.Context, rt *runtime.Runtime, component string, ep Endpoint) (*Registration, error) {
+func Register(ctx context.Context, rt *process.Runtime, component string, ep Endpoint) (*Registration, error) {
 	if err := CheckComponent("component", component); err != nil {
 		return nil, err
 	}

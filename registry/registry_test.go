@@ -13,15 +13,15 @@ import (
 	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/internal/etcdtest"
 	"github.com/droverhq/drover/keyspace"
+	"github.com/droverhq/drover/process"
 	"github.com/droverhq/drover/registry"
-	"github.com/droverhq/drover/runtime"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // start starts a runtime in ns that is shut down when the test ends.
-func start(t *testing.T, cli *clientv3.Client, ns string, opts ...runtime.Option) *runtime.Runtime {
+func start(t *testing.T, cli *clientv3.Client, ns string, opts ...process.Option) *process.Runtime {
 	t.Helper()
-	rt, err := runtime.Start(context.Background(), cli, append([]runtime.Option{runtime.WithNamespace(ns), runtime.WithTTL(2 * time.Second)}, opts...)...)
+	rt, err := process.Start(context.Background(), cli, append([]process.Option{process.WithNamespace(ns), process.WithTTL(2 * time.Second)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -33,7 +33,7 @@ func start(t *testing.T, cli *clientv3.Client, ns string, opts ...runtime.Option
 	return rt
 }
 
-func register(t *testing.T, rt *runtime.Runtime, component, id, data string) *registry.Registration {
+func register(t *testing.T, rt *process.Runtime, component, id, data string) *registry.Registration {
 	t.Helper()
 	r, err := registry.Register(context.Background(), rt, component, registry.Endpoint{ID: id, Address: "127.0.0.1:9000", Data: json.RawMessage(data)})
 	if err != nil {
@@ -196,7 +196,7 @@ func TestBadInputWritesNothing(t *testing.T) {
 		})
 	}
 	for _, ttl := range []time.Duration{0, 500 * time.Millisecond, 48 * time.Hour} {
-		if _, err := runtime.Start(ctx, cli, runtime.WithNamespace(ns), runtime.WithTTL(ttl)); !errors.Is(err, drover.ErrInvalidInput) {
+		if _, err := process.Start(ctx, cli, process.WithNamespace(ns), process.WithTTL(ttl)); !errors.Is(err, drover.ErrInvalidInput) {
 			t.Fatalf("TTL %s: %v, want ErrInvalidInput", ttl, err)
 		}
 	}

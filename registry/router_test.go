@@ -10,8 +10,8 @@ import (
 
 	"github.com/droverhq/drover/internal/etcdtest"
 	"github.com/droverhq/drover/lease"
+	"github.com/droverhq/drover/process"
 	"github.com/droverhq/drover/registry"
-	"github.com/droverhq/drover/runtime"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -152,7 +152,7 @@ func TestReRegisteredEndpointFollowsNewLease(t *testing.T) {
 	cli := srv.Client(t)
 	ns := etcdtest.Namespace(t)
 	ctx := context.Background()
-	rt := start(t, srv.Client(t), ns, runtime.WithReRegister())
+	rt := start(t, srv.Client(t), ns, process.WithReRegister())
 	reg := register(t, rt, "router", "r1", `{"load":1}`)
 	w := watch(t, cli, ns, "router")
 	old := rt.Lease().ID()
@@ -191,7 +191,7 @@ func ExampleRouter() {
 	}
 	defer cli.Close()
 	ctx := context.Background()
-	rt, err := runtime.Start(ctx, cli, runtime.WithNamespace("example-router"))
+	rt, err := process.Start(ctx, cli, process.WithNamespace("example-router"))
 	if err != nil {
 		fmt.Println(err)
 		return

@@ -14,8 +14,8 @@ import (
 
 	"github.com/droverhq/drover/internal/etcdtest"
 	"github.com/droverhq/drover/keyspace"
+	"github.com/droverhq/drover/process"
 	"github.com/droverhq/drover/registry"
-	"github.com/droverhq/drover/runtime"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -116,9 +116,9 @@ func TestWatcherFollowsChurn(t *testing.T) {
 	ctx := context.Background()
 
 	// Some endpoints exist before the watcher opens: they are its snapshot.
-	rts := make([]*runtime.Runtime, 10)
+	rts := make([]*process.Runtime, 10)
 	for i := range rts {
-		rts[i] = start(t, srv.Client(t), ns, runtime.WithTTL(5*time.Second))
+		rts[i] = start(t, srv.Client(t), ns, process.WithTTL(5*time.Second))
 	}
 	var regs []*registry.Registration
 	for i := range 100 {

@@ -18,9 +18,9 @@ import (
 	"github.com/droverhq/drover/flow"
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/lease"
+	"github.com/droverhq/drover/process"
 	"github.com/droverhq/drover/queue"
 	"github.com/droverhq/drover/registry"
-	"github.com/droverhq/drover/runtime"
 	"github.com/spf13/cobra"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -504,7 +504,7 @@ the lease is lost, it stops and exits 70.`,
 			defer cli.Close()
 			// The worker's claims and its registry entry share the
 			// process's primary lease: both end together when it dies.
-			rt, err := runtime.Start(ctx, cli, runtime.WithTTL(cfg.TTL), runtime.WithNamespace(a.namespace), runtime.WithLogger(a.logger))
+			rt, err := process.Start(ctx, cli, process.WithTTL(cfg.TTL), process.WithNamespace(a.namespace), process.WithLogger(a.logger))
 			if err != nil {
 				return err
 			}

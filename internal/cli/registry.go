@@ -14,9 +14,9 @@ import (
 	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/lease"
+	"github.com/droverhq/drover/process"
 	"github.com/droverhq/drover/queue"
 	"github.com/droverhq/drover/registry"
-	"github.com/droverhq/drover/runtime"
 	"github.com/spf13/cobra"
 )
 
@@ -80,11 +80,11 @@ a JSON object (load figures such as request_active_slots).`,
 				return err
 			}
 			defer cli.Close()
-			opts := []runtime.Option{runtime.WithTTL(ttl), runtime.WithNamespace(a.namespace), runtime.WithLogger(a.logger)}
+			opts := []process.Option{process.WithTTL(ttl), process.WithNamespace(a.namespace), process.WithLogger(a.logger)}
 			if reRegister {
-				opts = append(opts, runtime.WithReRegister())
+				opts = append(opts, process.WithReRegister())
 			}
-			rt, err := runtime.Start(ctx, cli, opts...)
+			rt, err := process.Start(ctx, cli, opts...)
 			if err != nil {
 				return err
 			}
@@ -119,7 +119,7 @@ a JSON object (load figures such as request_active_slots).`,
 	f.StringVar(&ep.Address, "address", "", "address others reach the endpoint at (required)")
 	f.StringVar(&ep.Subject, "subject", "", "subject (default {namespace}.{component}.{id})")
 	f.StringVar(&data, "data", "", "JSON object: load figures and anything routers need")
-	f.DurationVar(&ttl, "ttl", runtime.DefaultTTL, "primary lease TTL: a dead process's endpoint disappears after about this long")
+	f.DurationVar(&ttl, "ttl", process.DefaultTTL, "primary lease TTL: a dead process's endpoint disappears after about this long")
 	f.BoolVar(&reRegister, "reregister", false, "after a lease loss, grant a new lease and register again instead of exiting")
 	f.BoolVar(&asJSON, "json", false, "print the registration as JSON")
 	return cmd
@@ -140,7 +140,7 @@ func flagError(err error) error {
 }
 
 // shutdown stops a runtime, revoking its lease, within 5 s.
-func shutdown(rt *runtime.Runtime) {
+func shutdown(rt *process.Runtime) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	_ = rt.Shutdown(ctx)
@@ -315,7 +315,7 @@ type workerData struct {
 
 // registerWorker registers w as component "worker" under rt and refreshes
 // its load every interval until rt stops.
-func registerWorker(ctx context.Context, rt *runtime.Runtime, w *queue.Worker, cfg queue.WorkerConfig, interval time.Duration) error {
+func registerWorker(ctx context.Context, rt *process.Runtime, w *queue.Worker, cfg queue.WorkerConfig, interval time.Duration) error {
 	host, _ := os.Hostname()
 	d := workerData{Queue: cfg.Queue, Concurrency: cfg.Concurrency, Prefetch: cfg.Prefetch, PID: os.Getpid(), Host: host, StartedAt: time.Now().UTC().Truncate(time.Second)}
 	if d.Prefetch == 0 {
@@ -365,7 +365,7 @@ func registerWorker(ctx context.Context, rt *runtime.Runtime, w *queue.Worker, c
 // predecessor's entry, which goes within one TTL. A holder that keeps its
 // lease alive past twice its TTL is a live process: then the duplicate error
 // is returned.
-func registerOnceFree(ctx context.Context, rt *runtime.Runtime, component string, ep registry.Endpoint) (*registry.Registration, error) {
+func registerOnceFree(ctx context.Context, rt *process.Runtime, component string, ep registry.Endpoint) (*registry.Registration, error) {
 	var deadline time.Time
 	for {
 		reg, err := registry.Register(ctx, rt, component, ep)

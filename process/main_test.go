@@ -1,4 +1,4 @@
-package runtime_test
+package process_test
 
 import (
 	"os"

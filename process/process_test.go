@@ -1,4 +1,4 @@
-package runtime_test
+package process_test
 
 import (
 	"context"
@@ -10,7 +10,7 @@ import (
 
 	"github.com/droverhq/drover/internal/etcdtest"
 	"github.com/droverhq/drover/lease"
-	"github.com/droverhq/drover/runtime"
+	"github.com/droverhq/drover/process"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -21,7 +21,7 @@ import (
 func TestLeaseLossCancelsRuntime(t *testing.T) {
 	own, cli := etcdtest.StartOwn(t)
 	const ttl = 2 * time.Second
-	rt, err := runtime.Start(context.Background(), cli, runtime.WithTTL(ttl))
+	rt, err := process.Start(context.Background(), cli, process.WithTTL(ttl))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,7 +60,7 @@ func TestLeaseLossCancelsRuntime(t *testing.T) {
 	if ended.Load() != 3 {
 		t.Fatalf("%d of 3 goroutines ended", ended.Load())
 	}
-	if err := rt.Go(func(context.Context) {}); !errors.Is(err, runtime.ErrShutdown) {
+	if err := rt.Go(func(context.Context) {}); !errors.Is(err, process.ErrShutdown) {
 		t.Fatalf("Go after shutdown: %v", err)
 	}
 }
@@ -70,7 +70,7 @@ func TestLeaseLossCancelsRuntime(t *testing.T) {
 func TestShutdownRevokesAndWaits(t *testing.T) {
 	cli := srv.Client(t)
 	ctx := context.Background()
-	rt, err := runtime.Start(ctx, cli, runtime.WithNamespace(etcdtest.Namespace(t)))
+	rt, err := process.Start(ctx, cli, process.WithNamespace(etcdtest.Namespace(t)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,7 +90,7 @@ func TestShutdownRevokesAndWaits(t *testing.T) {
 	if !finished.Load() {
 		t.Fatal("Shutdown returned before its goroutine finished")
 	}
-	if !errors.Is(rt.Err(), runtime.ErrShutdown) {
+	if !errors.Is(rt.Err(), process.ErrShutdown) {
 		t.Fatalf("cause %v", rt.Err())
 	}
 	g, err := cli.Get(ctx, key)
@@ -98,7 +98,7 @@ func TestShutdownRevokesAndWaits(t *testing.T) {
 		t.Fatalf("key bound to the primary lease survived Shutdown: %v %v", g, err)
 	}
 	// Bounded: a goroutine that ignores its context does not hold Shutdown.
-	rt2, err := runtime.Start(ctx, cli)
+	rt2, err := process.Start(ctx, cli)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,7 +121,7 @@ func TestShutdownRevokesAndWaits(t *testing.T) {
 func TestReRegisterSurvivesLeaseLoss(t *testing.T) {
 	cli := srv.Client(t)
 	ctx := context.Background()
-	rt, err := runtime.Start(ctx, cli, runtime.WithTTL(2*time.Second), runtime.WithReRegister())
+	rt, err := process.Start(ctx, cli, process.WithTTL(2*time.Second), process.WithReRegister())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -153,7 +153,7 @@ func ExampleStart() {
 		return
 	}
 	defer cli.Close()
-	rt, err := runtime.Start(context.Background(), cli, runtime.WithTTL(10*time.Second))
+	rt, err := process.Start(context.Background(), cli, process.WithTTL(10*time.Second))
 	if err != nil {
 		fmt.Println(err)
 		return

@@ -1,4 +1,4 @@
-// Package runtime is one drover process in the fleet: its primary lease,
+// Package process is one drover process in the fleet: its primary lease,
 // the root context everything it starts runs under, and its shutdown.
 //
 // A Runtime grants the process's primary lease (TTL 10 s by default) and
@@ -18,7 +18,7 @@
 // that was bound to the old lease (locks, task claims) is gone regardless, so
 // only processes whose work does not depend on an unbroken lease (stateless
 // model servers, routers) should choose it.
-package runtime
+package process
 
 import (
 	"context"
@@ -38,7 +38,7 @@ const DefaultTTL = 10 * time.Second
 
 // ErrShutdown is the cause of the root context after Shutdown, and the
 // error of Go once the runtime is shutting down.
-var ErrShutdown = errors.New("runtime: shut down")
+var ErrShutdown = errors.New("process: shut down")
 
 // Option changes how Start builds a Runtime.
 type Option func(*options)
@@ -108,7 +108,7 @@ func Start(ctx context.Context, cli *clientv3.Client, opts ...Option) (*Runtime,
 	}
 	l, err := lease.Grant(ctx, cli, o.ttl, lease.WithLogger(o.logger))
 	if err != nil {
-		return nil, fmt.Errorf("runtime: %w", err)
+		return nil, fmt.Errorf("process: %w", err)
 	}
 	r := &Runtime{
 		cli: cli, space: space, ttl: o.ttl, logger: o.logger, reRegister: o.reRegister,
@@ -267,14 +267,14 @@ func (r *Runtime) Shutdown(ctx context.Context) error {
 		select {
 		case <-done:
 		case <-ctx.Done():
-			r.shutErr = fmt.Errorf("runtime: shutdown: tasks still running: %w", ctx.Err())
+			r.shutErr = fmt.Errorf("process: shutdown: tasks still running: %w", ctx.Err())
 		}
 		// Revoke with a fresh bound: an expired ctx must not leave the
 		// process registered for a whole TTL.
 		rctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		if err := r.Lease().Close(rctx); err != nil && r.shutErr == nil {
-			r.shutErr = fmt.Errorf("runtime: shutdown: %w", err)
+			r.shutErr = fmt.Errorf("process: shutdown: %w", err)
 		}
 	})
 	return r.shutErr
