@@ -39,19 +39,12 @@ func NewEtcd(cli *clientv3.Client, ns string) (*Etcd, error) {
 	return &Etcd{cli: cli, keys: keys}, nil
 }
 
-func (s *Etcd) base(thread, ns string) string {
-	if ns == "" {
-		ns = "@"
-	}
-	return s.keys.Checkpoints(thread) + ns + "/"
-}
-
 func pad(t int64) string { return fmt.Sprintf("%020d", t) }
 
 // fenced wraps ops in the thread's token fence: they apply only if no token
 // higher than the fence's was seen, and raise the highest seen to it. With an
 // etcd lock the transaction is nested under the lock's own fence too.
-func (s *Etcd) commit(ctx context.Context, base string, cmps []clientv3.Cmp, ops []clientv3.Op, fence Fence) (ok bool, fenced bool, err error) {
+func (s *Etcd) commit(ctx context.Context, thread, ns string, cmps []clientv3.Cmp, ops []clientv3.Op, fence Fence) (ok bool, fenced bool, err error) {
 	var txn clientv3.Txn
 	if et, isEtcd := fence.(lease.Fence); isEtcd {
 		txn = et.Txn(ctx)
@@ -65,7 +58,7 @@ func (s *Etcd) commit(ctx context.Context, base string, cmps []clientv3.Cmp, ops
 		}
 		return resp.Succeeded, false, nil
 	}
-	fk := base + "fence"
+	fk := s.keys.CheckpointFence(thread, ns)
 	tok := fence.Token()
 	withFence := append(ops[:len(ops):len(ops)], clientv3.OpPut(fk, pad(tok)))
 	resp, err := txn.If(clientv3.Compare(clientv3.CreateRevision(fk), "=", 0)).
@@ -112,16 +105,15 @@ func (s *Etcd) Put(ctx context.Context, cp Checkpoint, fence Fence) (Checkpoint,
 	if err != nil {
 		return cp, err
 	}
-	base := s.base(cp.ThreadID, cp.NS)
-	head := base + "head"
+	head := s.keys.CheckpointHead(cp.ThreadID, cp.NS)
 	var cmp clientv3.Cmp
 	if cp.ParentID == "" {
 		cmp = clientv3.Compare(clientv3.CreateRevision(head), "=", 0)
 	} else {
 		cmp = clientv3.Compare(clientv3.Value(head), "=", cp.ParentID)
 	}
-	ok, fenced, err := s.commit(ctx, base, []clientv3.Cmp{cmp},
-		[]clientv3.Op{clientv3.OpPut(base+"cp/"+cp.ID, string(b)), clientv3.OpPut(head, cp.ID)}, fence)
+	ok, fenced, err := s.commit(ctx, cp.ThreadID, cp.NS, []clientv3.Cmp{cmp},
+		[]clientv3.Op{clientv3.OpPut(s.keys.CheckpointKey(cp.ThreadID, cp.NS, cp.ID), string(b)), clientv3.OpPut(head, cp.ID)}, fence)
 	switch {
 	case fenced:
 		return cp, err
@@ -142,7 +134,7 @@ func (s *Etcd) GetLatest(ctx context.Context, thread, ns string) (*Checkpoint, e
 	if err := check(thread, ns); err != nil {
 		return nil, err
 	}
-	g, err := s.cli.Get(ctx, s.base(thread, ns)+"head")
+	g, err := s.cli.Get(ctx, s.keys.CheckpointHead(thread, ns))
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: latest of %s: %w", thread, err)
 	}
@@ -157,7 +149,7 @@ func (s *Etcd) Get(ctx context.Context, thread, ns, id string) (*Checkpoint, err
 	if err := check(thread, ns); err != nil {
 		return nil, err
 	}
-	g, err := s.cli.Get(ctx, s.base(thread, ns)+"cp/"+id)
+	g, err := s.cli.Get(ctx, s.keys.CheckpointKey(thread, ns, id))
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: get %s/%s: %w", thread, id, err)
 	}
@@ -180,7 +172,7 @@ func (s *Etcd) List(ctx context.Context, thread, ns string, opts ListOptions) ([
 	if limit <= 0 {
 		limit = 100
 	}
-	pre := s.base(thread, ns) + "cp/"
+	pre := s.keys.CheckpointKey(thread, ns, "")
 	end := clientv3.GetPrefixRangeEnd(pre)
 	if opts.Before != "" {
 		end = pre + opts.Before

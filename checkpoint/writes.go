@@ -42,8 +42,7 @@ func (s *Etcd) PutWrites(ctx context.Context, thread, ns, id string, writes []Wr
 			return err
 		}
 	}
-	base := s.base(thread, ns)
-	key, cpKey := base+"writes/"+id, base+"cp/"+id
+	key, cpKey := s.keys.CheckpointWrites(thread, ns, id), s.keys.CheckpointKey(thread, ns, id)
 	for try := 0; try < maxWriteTries; try++ {
 		g, err := s.cli.Get(ctx, key)
 		if err != nil {
@@ -62,7 +61,7 @@ func (s *Etcd) PutWrites(ctx context.Context, thread, ns, id string, writes []Wr
 			return &drover.InputError{Field: "writes", Value: fmt.Sprintf("%d bytes", len(b)),
 				Rule: fmt.Sprintf("the pending writes of one checkpoint must be at most %d bytes in etcd: keep large values in PostgreSQL or an object store and write a reference", MaxState)}
 		}
-		ok, fenced, err := s.commit(ctx, base, []clientv3.Cmp{
+		ok, fenced, err := s.commit(ctx, thread, ns, []clientv3.Cmp{
 			clientv3.Compare(clientv3.CreateRevision(cpKey), ">", 0),
 			clientv3.Compare(clientv3.ModRevision(key), "=", rev),
 		}, []clientv3.Op{clientv3.OpPut(key, string(b))}, fence)
@@ -117,7 +116,7 @@ func (s *Etcd) Writes(ctx context.Context, thread, ns, id string) ([]Write, erro
 	if err := check(thread, ns); err != nil {
 		return nil, err
 	}
-	g, err := s.cli.Get(ctx, s.base(thread, ns)+"writes/"+id)
+	g, err := s.cli.Get(ctx, s.keys.CheckpointWrites(thread, ns, id))
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: writes of %s/%s: %w", thread, id, err)
 	}

@@ -19,20 +19,20 @@ var ErrNoBreaker = errors.New("flow: breaker not configured")
 // running ones keep their last rate until they stop. ErrNoLimit when it
 // was not configured.
 func DeleteLimit(ctx context.Context, cli *clientv3.Client, keys keyspace.Space, name string) error {
-	return deleteConfigured(ctx, cli, "limit", name, keys.LimitConfig(name), keys.Limits()+name+"/", ErrNoLimit)
+	return deleteConfigured(ctx, cli, "limit", name, keys.LimitConfig(name), keys.Limit(name), ErrNoLimit)
 }
 
 // DeleteQuota removes quota name: its limits, grants and ledgers. Workers
 // that hold its slots keep running those tasks. ErrNoQuota when it was not
 // configured.
 func DeleteQuota(ctx context.Context, cli *clientv3.Client, keys keyspace.Space, name string) error {
-	return deleteConfigured(ctx, cli, "quota", name, keys.QuotaConfig(name), keys.Quotas()+name+"/", ErrNoQuota)
+	return deleteConfigured(ctx, cli, "quota", name, keys.QuotaConfig(name), keys.Quota(name), ErrNoQuota)
 }
 
 // DeleteBreaker removes breaker name: its configuration and state.
 // ErrNoBreaker when it was not configured.
 func DeleteBreaker(ctx context.Context, cli *clientv3.Client, keys keyspace.Space, name string) error {
-	return deleteConfigured(ctx, cli, "breaker", name, keys.BreakerConfig(name), keys.Breakers()+name+"/", ErrNoBreaker)
+	return deleteConfigured(ctx, cli, "breaker", name, keys.BreakerConfig(name), keys.Breaker(name), ErrNoBreaker)
 }
 
 // deleteConfigured deletes every key under prefix in one transaction that

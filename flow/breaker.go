@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -441,7 +440,7 @@ func Breakers(ctx context.Context, cli *clientv3.Client, keys keyspace.Space) ([
 	byName := map[string]*BreakerStatus{}
 	var names []string
 	for _, kv := range g.Kvs {
-		name, part, _ := strings.Cut(strings.TrimPrefix(string(kv.Key), keys.Breakers()), "/")
+		name, part, _ := keyspace.SplitName(keys.Breakers(), string(kv.Key))
 		s := byName[name]
 		if s == nil {
 			s = &BreakerStatus{Name: name, BreakerState: BreakerState{State: Closed}}

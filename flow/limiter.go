@@ -9,7 +9,6 @@ import (
 	"math"
 	"reflect"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -517,11 +516,11 @@ func Limits(ctx context.Context, cli *clientv3.Client, keys keyspace.Space) ([]L
 	configs, states := map[string][]byte{}, map[string][]byte{}
 	var names []string
 	for _, kv := range g.Kvs {
-		rest := strings.TrimPrefix(string(kv.Key), keys.Limits())
-		if name, ok := strings.CutSuffix(rest, "/config"); ok {
+		name, part, _ := keyspace.SplitName(keys.Limits(), string(kv.Key))
+		if part == "config" {
 			configs[name] = kv.Value
 			names = append(names, name)
-		} else if name, ok := strings.CutSuffix(rest, "/state"); ok {
+		} else if part == "state" {
 			states[name] = kv.Value
 		}
 	}

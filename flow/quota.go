@@ -10,7 +10,6 @@ import (
 	"net/url"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -305,7 +304,7 @@ func (q *Quota) growGrant(ctx context.Context, subject string, g *grant, limit i
 	pre := q.keys.QuotaGrants(q.name, subject)
 	ledger := q.keys.QuotaLedger(q.name, subject)
 	lease := q.lease()
-	mine := fmt.Sprintf("%s%x", pre, int64(lease))
+	mine := q.keys.QuotaGrant(q.name, subject, int64(lease))
 	batch := max(1, min(limit/4, 16))
 	for {
 		began := time.Now()
@@ -380,7 +379,7 @@ func (q *Quota) shrink(subject string, g *grant) {
 	q.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	key := fmt.Sprintf("%s%x", q.keys.QuotaGrants(q.name, subject), int64(lease))
+	key := q.keys.QuotaGrant(q.name, subject, int64(lease))
 	var err error
 	if keep == 0 {
 		_, err = q.cli.Delete(ctx, key)
@@ -422,7 +421,7 @@ func (q *Quota) Close(ctx context.Context) error {
 		g.held = 0
 		q.mu.Unlock()
 		if lease != 0 {
-			if _, err := q.cli.Delete(ctx, fmt.Sprintf("%s%x", q.keys.QuotaGrants(q.name, subject), int64(lease))); err != nil && first == nil {
+			if _, err := q.cli.Delete(ctx, q.keys.QuotaGrant(q.name, subject, int64(lease))); err != nil && first == nil {
 				first = fmt.Errorf("flow: close quota %s: give back slots of %s: %w", q.name, subject, err)
 			}
 		}
@@ -470,8 +469,10 @@ func Quotas(ctx context.Context, cli *clientv3.Client, keys keyspace.Space) ([]Q
 	byName := map[string]*QuotaUsage{}
 	var names []string
 	for _, kv := range g.Kvs {
-		rest := strings.TrimPrefix(string(kv.Key), keys.Quotas())
-		name, tail, _ := strings.Cut(rest, "/")
+		name, tail, ok := keyspace.SplitName(keys.Quotas(), string(kv.Key))
+		if !ok {
+			continue
+		}
 		u := byName[name]
 		if u == nil {
 			u = &QuotaUsage{Name: name, Held: map[string]int{}}
@@ -482,8 +483,7 @@ func Quotas(ctx context.Context, cli *clientv3.Client, keys keyspace.Space) ([]Q
 			_ = json.Unmarshal(kv.Value, &u.QuotaConfig)
 			continue
 		}
-		if sub, ok := strings.CutPrefix(tail, "grants/"); ok {
-			subject, _, _ := strings.Cut(sub, "/")
+		if subject, ok := keyspace.GrantSubject(tail); ok {
 			if s, err := url.PathUnescape(subject); err == nil {
 				subject = s
 			}

@@ -7,26 +7,32 @@
 //	/{ns}/tasks/{id}/checkpoint       a task's latest checkpoint
 //	/{ns}/tasks/{id}/steps/{NNNNNN}   the record of each completed step
 //	/{ns}/tasks/{id}/record           a queued task's record
-//	/{ns}/queues/{q}/pending/{order}  a queued task that is not finished (order: priority, then submission)
+//	/{ns}/queues/{q}/pending/{shard}/{level}{submitted}-{id} a queued task that is not finished
 //	/{ns}/queues/{q}/claims/{id}      the claim of a running task, bound to its worker's lease
-//	/{ns}/queues/{q}/retry/{due}-{id} a task waiting for its backoff
+//	/{ns}/queues/{q}/retry/{due}-{id} a task waiting for its backoff (times: 19-digit Unix nanoseconds)
 //	/{ns}/queues/{q}/dead/{id}        a task in the dead-letter queue
 //	/{ns}/queues/{q}/done/{status}/{finished}-{id} a task that SUCCEEDED or was CANCELLED
 //	/{ns}/queues/{q}/archived         counts of finished tasks removed after their retention
 //	/{ns}/queues/{q}/config           the queue's settings (maximum depth)
 //	/{ns}/queues/{q}/levels/{level}   a priority level that may have pending tasks
 //	/{ns}/queue-names/{q}             the queue directory: a queue that was submitted to or configured
-//	/{ns}/checkpoints/{thread}/{cpns}/{head|fence|cp/{id}|writes/{id}} agent state per thread
+//	/{ns}/checkpoints/{thread}/{cpns|@}/{head|fence|cp/{id}|writes/{id}} agent state per thread
 //	/{ns}/queues/{q}/cancel/{id}      a request to cancel a running task
 //	/{ns}/components/{component}/endpoints/{id} a registered endpoint, bound to its process's primary lease
 //	/{ns}/limits/{name}/{config|state} a fleet-wide rate limit: its rate, and its token bucket
 //	/{ns}/quotas/{name}/config        a concurrency quota's limit
 //	/{ns}/breakers/{name}/{config|state} a circuit breaker: its thresholds, and its state
-//	/{ns}/quotas/{name}/grants/{subject}/{lease} slots a worker holds, bound to its lease
+//	/{ns}/quotas/{name}/grants/{subject}/{lease:hex} slots a worker holds, bound to its lease
 //	/{ns}/quotas/{name}/ledger/{subject} rewritten by every grant increase (compare-and-swap)
 //
 // Names that become one path segment are checked by [CheckName], so that no
-// name can reach into another name's keys.
+// name can reach into another name's keys. The keys that carry more than a
+// name (a pending task's shard, level and submission time; a retry's due
+// time; a quota grant's lease; a checkpoint's parts) are built and parsed
+// here too ([Space.PendingKey] and [ParsePending], [TimedKey] and
+// [ParseTimedKey], [SplitName], ...), with round-trip tests: no other package
+// builds or slices a key. (The Redis lock's keys are Redis's, named in
+// package lock next to the scripts that use them.)
 package keyspace
 
 import (

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 
 	"github.com/droverhq/drover/keyspace"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -101,7 +100,7 @@ func (c *Client) indexPage(ctx context.Context, prefix string, st Status, cursor
 	ids := make([]string, 0, len(g.Kvs))
 	for _, kv := range g.Kvs {
 		ids = append(ids, idOfIndexKey(st, string(kv.Key), prefix))
-		cursor = strings.TrimPrefix(string(kv.Key), prefix)
+		cursor = keyspace.Rest(prefix, string(kv.Key))
 	}
 	if !g.More {
 		cursor = "end"

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"strings"
 	"time"
 
 	"github.com/droverhq/drover"
@@ -70,9 +69,7 @@ func shardOf(id string) int {
 }
 
 // shardPrefix is the prefix of shard i of queue q's pending index.
-func (c *Client) shardPrefix(q string, i int) string {
-	return fmt.Sprintf("%s%03d/", c.keys.QueuePending(q), i)
-}
+func (c *Client) shardPrefix(q string, i int) string { return c.keys.QueueShard(q, i) }
 
 // pendingKey is the task's key in the pending index: its shard, then higher
 // priority first, then submission order.
@@ -81,33 +78,29 @@ func (c *Client) pendingKey(t *Task) string {
 	if t.Shard != nil {
 		shard = *t.Shard
 	}
-	return fmt.Sprintf("%s%04d%019d-%s", c.shardPrefix(t.Queue, shard), MaxPriority-t.Metadata.Priority, t.Metadata.CreatedAt.UnixNano(), t.ID)
+	return c.keys.PendingKey(t.Queue, keyspace.Pending{Shard: shard, Level: MaxPriority - t.Metadata.Priority, Submitted: t.Metadata.CreatedAt, ID: t.ID})
 }
 
 // levelOf is the priority level part of a task's pending key: higher
 // priorities sort first.
-func levelOf(priority int) string { return fmt.Sprintf("%04d", MaxPriority-priority) }
+func levelOf(priority int) string { return keyspace.LevelName(MaxPriority - priority) }
 
 // levelKey is the marker of priority level lv in queue q.
-func (c *Client) levelKey(q, lv string) string { return c.keys.QueueLevels(q) + lv }
+func (c *Client) levelKey(q, lv string) string { return c.keys.QueueLevel(q, lv) }
 
 // levelOfPending returns the priority level of a pending key.
 func (c *Client) levelOfPending(q, key string) string {
-	rest := strings.TrimPrefix(key, c.keys.QueuePending(q))
-	if len(rest) < 8 { // "{shard:03d}/{level:04d}"
+	p, ok := c.keys.ParsePendingKey(q, key)
+	if !ok {
 		return ""
 	}
-	return rest[4:8]
+	return keyspace.LevelName(p.Level)
 }
 
 // pendingID returns the task id of a pending key, given the pending prefix.
 func pendingID(key, prefix string) string {
-	rest := strings.TrimPrefix(key, prefix)
-	if _, after, ok := strings.Cut(rest, "/"); ok {
-		rest = after
-	}
-	_, id, _ := strings.Cut(rest, "-")
-	return id
+	p, _ := keyspace.ParsePending(prefix, key)
+	return p.ID
 }
 
 // pendingValue is what a pending key holds: how many attempts were started,
@@ -125,7 +118,7 @@ func encodePending(attempts int, claimed bool) string {
 
 // retryKey is the task's key in the retry schedule.
 func (c *Client) retryKey(t *Task) string {
-	return fmt.Sprintf("%s%019d-%s", c.keys.QueueRetry(t.Queue), t.ScheduledAt.UnixNano(), t.ID)
+	return c.keys.QueueRetryKey(t.Queue, t.ScheduledAt, t.ID)
 }
 
 // archived counts finished tasks removed after their retention period, so
@@ -138,7 +131,7 @@ type archived struct {
 // doneKey is a finished task's key in the done index: by finishing time, so
 // that the oldest are removed first.
 func (c *Client) doneKey(q string, st Status, at time.Time, id string) string {
-	return fmt.Sprintf("%s%019d-%s", c.keys.QueueDone(q, string(st)), at.UnixNano(), id)
+	return c.keys.QueueDoneKey(q, string(st), at, id)
 }
 
 // DefaultRetention is how long finished tasks are kept by default.
@@ -163,7 +156,7 @@ func (c *Client) RemoveExpired(ctx context.Context, q string, retention time.Dur
 		pre := c.keys.QueueDone(q, string(st))
 		for {
 			g, err := c.cli.Txn(ctx).Then(
-				clientv3.OpGet(pre, clientv3.WithRange(fmt.Sprintf("%s%019d", pre, cutoff)), clientv3.WithLimit(sweepBatch), clientv3.WithKeysOnly()),
+				clientv3.OpGet(pre, clientv3.WithRange(keyspace.TimeBound(pre, cutoff)), clientv3.WithLimit(sweepBatch), clientv3.WithKeysOnly()),
 				clientv3.OpGet(c.keys.QueueArchived(q)),
 			).Commit()
 			if err != nil {
@@ -182,7 +175,7 @@ func (c *Client) RemoveExpired(ctx context.Context, q string, retention time.Dur
 			ops := make([]clientv3.Op, 0, 2*len(kvs)+1)
 			cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(c.keys.QueueArchived(q)), "=", archRev)}
 			for _, kv := range kvs {
-				_, id, _ := strings.Cut(strings.TrimPrefix(string(kv.Key), pre), "-")
+				_, id, _ := keyspace.ParseTimedKey(pre, string(kv.Key))
 				cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(string(kv.Key)), "=", kv.ModRevision))
 				// The record, and a step-wise task's checkpoint and steps.
 				ops = append(ops, clientv3.OpDelete(string(kv.Key)), clientv3.OpDelete(c.keys.Task(id), clientv3.WithPrefix()))

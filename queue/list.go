@@ -174,7 +174,8 @@ func (c *Client) List(ctx context.Context, q string, st Status, opts ListOptions
 			return Page{}, fmt.Errorf("queue: list %s: %w", q, err)
 		}
 		for _, kv := range g.Kvs {
-			claimed[strings.TrimPrefix(string(kv.Key), c.keys.QueueClaims(q))] = true
+			id, _ := keyspace.Last(c.keys.QueueClaims(q), string(kv.Key))
+			claimed[id] = true
 		}
 	}
 	var ids []string
@@ -192,7 +193,7 @@ func (c *Client) List(ctx context.Context, q string, st Status, opts ListOptions
 		more = g.More
 		for k, kv := range g.Kvs {
 			key := string(kv.Key)
-			last = strings.TrimPrefix(key, prefix)
+			last = keyspace.Rest(prefix, key)
 			if id := idOfIndexKey(st, key, prefix); !claimed[id] {
 				if ids = append(ids, id); len(ids) == limit {
 					more = more || k < len(g.Kvs)-1
@@ -238,10 +239,11 @@ func idOfIndexKey(st Status, key, prefix string) string {
 	case Pending:
 		return pendingID(key, prefix)
 	case Retrying, Succeeded, Cancelled: // "{time}-{id}"
-		_, id, _ := strings.Cut(strings.TrimPrefix(key, prefix), "-")
+		_, id, _ := keyspace.ParseTimedKey(prefix, key)
 		return id
 	}
-	return strings.TrimPrefix(key, prefix)
+	id, _ := keyspace.Last(prefix, key)
+	return id
 }
 
 // checkCursor refuses a cursor that no listing gave: cursors are key

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/lock"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -148,7 +149,7 @@ func (w *Worker) orphaned(events []*clientv3.Event) []lostClaim {
 	}
 	var lost []lostClaim
 	for _, ev := range events {
-		if id, ok := strings.CutPrefix(string(ev.Kv.Key), claims); ok && !pendingGone[at{id, ev.Kv.ModRevision}] {
+		if id, ok := keyspace.Last(claims, string(ev.Kv.Key)); ok && !pendingGone[at{id, ev.Kv.ModRevision}] {
 			lost = append(lost, lostClaim{id, ev.Kv.ModRevision})
 		}
 	}

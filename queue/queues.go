@@ -4,9 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
+	"github.com/droverhq/drover/keyspace"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -37,7 +37,7 @@ func (c *Client) Queues(ctx context.Context) ([]QueueInfo, error) {
 			return nil, fmt.Errorf("queue: list queues: %w", err)
 		}
 		for _, kv := range g.Kvs {
-			q := strings.TrimPrefix(string(kv.Key), pre)
+			q, _ := keyspace.Last(pre, string(kv.Key))
 			st, err := c.Stats(ctx, q)
 			if err != nil {
 				return nil, err

@@ -609,7 +609,6 @@ func (w *Worker) loop(ctx, base context.Context, slots *slotPool, outcomes chan<
 // which a watch misses nothing.
 func (w *Worker) claim(ctx context.Context, n int) (claims []*claim, rev int64, contended bool, err error) {
 	q := w.cfg.Queue
-	pre := w.keys.QueuePending(q)
 	seq := w.claimSeq.Add(1)
 	if w.fifo.Load() {
 		// A FIFO queue's claims all want its oldest tasks: the worker's
@@ -696,7 +695,9 @@ func (w *Worker) claim(ctx context.Context, n int) (claims []*claim, rev int64, 
 		_, _ = w.cli.Txn(ctx).Then(missing...).Commit()
 	}
 	// Oldest first within a priority level, across the shards read.
-	sort.SliceStable(cands, func(i, j int) bool { return string(cands[i].Key[len(pre)+4:]) < string(cands[j].Key[len(pre)+4:]) })
+	sort.SliceStable(cands, func(i, j int) bool {
+		return w.keys.PendingOrder(q, string(cands[i].Key)) < w.keys.PendingOrder(q, string(cands[j].Key))
+	})
 	// A claimed task whose claim key is gone (its worker died) is
 	// claimable again; such tasks sit at the head of their shards, so look
 	// at them first.
@@ -860,7 +861,8 @@ func (w *Worker) wakes(events []*clientv3.Event, anyClaimDelete bool) bool {
 			if anyClaimDelete {
 				return true
 			}
-			if rev, ok := pendingDeleted[strings.TrimPrefix(k, claims)]; !ok || rev != ev.Kv.ModRevision {
+			id, _ := keyspace.Last(claims, k)
+			if rev, ok := pendingDeleted[id]; !ok || rev != ev.Kv.ModRevision {
 				return true
 			}
 		}
@@ -1232,7 +1234,7 @@ func (w *Worker) promoteRetries(ctx context.Context) {
 func (w *Worker) promoteDue(ctx context.Context, pre string) (time.Time, error) {
 	for {
 		now := time.Now()
-		g, err := w.cli.Get(ctx, pre, clientv3.WithRange(fmt.Sprintf("%s%019d", pre, now.UnixNano()+1)), clientv3.WithLimit(50))
+		g, err := w.cli.Get(ctx, pre, clientv3.WithRange(keyspace.TimeBound(pre, now.UnixNano()+1)), clientv3.WithLimit(50))
 		if err != nil {
 			return time.Time{}, err
 		}
@@ -1267,8 +1269,7 @@ func (w *Worker) promoteDue(ctx context.Context, pre string) (time.Time, error) 
 		if err != nil || len(next.Kvs) == 0 {
 			return time.Time{}, err
 		}
-		var ns int64
-		fmt.Sscanf(strings.TrimPrefix(string(next.Kvs[0].Key), pre), "%019d", &ns)
+		ns, _, _ := keyspace.ParseTimedKey(pre, string(next.Kvs[0].Key))
 		return time.Unix(0, ns), nil
 	}
 }
@@ -1291,7 +1292,7 @@ func (w *Worker) watchCancels(ctx context.Context) {
 				last = wr.Header.Revision
 			}
 			for _, ev := range wr.Events {
-				id := strings.TrimPrefix(string(ev.Kv.Key), pre)
+				id, _ := keyspace.Last(pre, string(ev.Kv.Key))
 				w.mu.Lock()
 				if r := w.inflight[id]; r != nil {
 					r.cancel(ErrCancelled)
@@ -1469,7 +1470,8 @@ func (w *Worker) readLevels(ctx context.Context, n int) ([]level, bool, *firstRe
 	kvs := resp.Responses[0].GetResponseRange().Kvs
 	out := make([]level, 0, len(kvs))
 	for _, kv := range kvs {
-		out = append(out, level{name: strings.TrimPrefix(string(kv.Key), w.keys.QueueLevels(w.cfg.Queue)), rev: kv.ModRevision})
+		name, _ := keyspace.Last(w.keys.QueueLevels(w.cfg.Queue), string(kv.Key))
+		out = append(out, level{name: name, rev: kv.ModRevision})
 	}
 	var cfg Config
 	if c := resp.Responses[1].GetResponseRange().Kvs; len(c) == 1 {

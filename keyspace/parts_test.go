@@ -1,0 +1,38 @@
+package keyspace_test
+
+import (
+	"testing"
+
+	"github.com/droverhq/drover/keyspace"
+)
+
+// TestFlowAndCheckpointKeysRoundTrip: keys of limits, quotas, breakers and
+// checkpoints parse back to their parts.
+func TestFlowAndCheckpointKeysRoundTrip(t *testing.T) {
+	s := keyspace.MustNew("ns")
+	for _, c := range []struct{ key, prefix, name, part string }{
+		{s.LimitConfig("openai"), s.Limits(), "openai", "config"},
+		{s.BreakerState("crm"), s.Breakers(), "crm", "state"},
+		{s.QuotaGrant("tenant", "acme", 0x1f), s.Quotas(), "tenant", "grants/acme/1f"},
+	} {
+		name, part, ok := keyspace.SplitName(c.prefix, c.key)
+		if !ok || name != c.name || part != c.part {
+			t.Fatalf("%s split as %q %q %t", c.key, name, part, ok)
+		}
+	}
+	if sub, ok := keyspace.GrantSubject("grants/acme/1f"); !ok || sub != "acme" {
+		t.Fatalf("subject %q %t", sub, ok)
+	}
+	if _, ok := keyspace.GrantSubject("ledger/acme"); ok {
+		t.Fatal("a ledger read as a grant")
+	}
+	if got := s.CheckpointKey("th", "", "c1"); got != "/ns/checkpoints/th/@/cp/c1" {
+		t.Fatal(got)
+	}
+	if got := s.CheckpointWrites("th", "sub", "c1"); got != "/ns/checkpoints/th/sub/writes/c1" {
+		t.Fatal(got)
+	}
+	if s.CheckpointHead("th", "") != s.CheckpointBase("th", "")+"head" || s.CheckpointFence("th", "x") != s.CheckpointBase("th", "x")+"fence" {
+		t.Fatal("head or fence outside the base")
+	}
+}
