@@ -526,7 +526,7 @@ the lease is lost, it stops and exits 70.`,
 				defer cancel()
 				_ = w.Close(cctx)
 			}()
-			if err := registerWorker(ctx, rt, w, cfg, registryRefresh); err != nil {
+			if err := registry.RegisterWorker(ctx, rt, w, cfg, registryRefresh); err != nil {
 				if errors.Is(err, registry.ErrDuplicate) {
 					if cfg.WorkerID != "" {
 						err = fmt.Errorf("%w (another worker runs with --worker-id %s)", err, w.ID())
