@@ -95,23 +95,43 @@ func (c *Client) Submit(ctx context.Context, q string, tasks []Task, progress fu
 		began := time.Now()
 		resp, err := c.cli.Txn(ctx).Then(batch...).Commit()
 		metrics.ObserveTxn("submit", began)
+		var existing []int // indexes in valid of the tasks whose id exists
+		var stored []*clientv3.TxnResponse
+		if err == nil {
+			for k, r := range resp.Responses[:len(sent)] { // the level markers follow
+				if !r.GetResponseTxn().Succeeded {
+					existing = append(existing, sent[k])
+				}
+			}
+			// Tell duplicates from conflicts by what is stored: one read,
+			// made only when some id existed.
+			if len(existing) > 0 {
+				gets := make([]clientv3.Op, len(existing))
+				for k, i := range existing {
+					gets[k] = clientv3.OpGet(c.keys.TaskRecord(valid[i].ID))
+				}
+				var rr *clientv3.TxnResponse
+				if rr, err = c.cli.Txn(ctx).Then(gets...).Commit(); err == nil {
+					stored = append(stored, rr)
+				}
+			}
+		}
 		mu.Lock()
 		defer mu.Unlock()
 		if err != nil {
 			failed = true
+			if resp != nil { // the tasks went in; only telling duplicates from conflicts failed
+				res.Submitted += len(sent) - len(existing)
+				depth.added(len(sent) - len(existing))
+			}
 			return fmt.Errorf("queue: submit to %s: %w", q, err)
 		}
-		for k, r := range resp.Responses[:len(sent)] { // the level markers follow
-			sub := r.GetResponseTxn()
-			if sub.Succeeded {
-				res.Submitted++
-				depth.added(1)
-				continue
-			}
-			// The id exists: a resubmission of the same task is a
-			// duplicate, anything else a conflict.
-			i := sent[k]
-			if err := sameSubmission(sub.Responses[0].GetResponseRange().Kvs, &valid[i], subs[i].dated); err != nil {
+		res.Submitted += len(sent) - len(existing)
+		depth.added(len(sent) - len(existing))
+		for k, i := range existing {
+			// A resubmission of the same task is a duplicate, anything
+			// else a conflict.
+			if err := sameSubmission(stored[0].Responses[k].GetResponseRange().Kvs, &valid[i], subs[i].dated); err != nil {
 				res.Rejected = append(res.Rejected, LineError{Line: subs[i].line, Error: err.Error()})
 				continue
 			}
@@ -222,7 +242,7 @@ func (c *Client) Submit(ctx context.Context, q string, tasks []Task, progress fu
 		ops = append(ops, clientv3.OpTxn(
 			[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(recKey), "=", 0)},
 			[]clientv3.Op{clientv3.OpPut(recKey, string(rec)), clientv3.OpPut(c.pendingKey(t), encodePending(0, false))},
-			[]clientv3.Op{clientv3.OpGet(recKey)}))
+			nil))
 		idx = append(idx, i)
 		size += len(rec) + 200
 	}
