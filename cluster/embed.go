@@ -105,6 +105,9 @@ func (c EmbedConfig) Validate() error {
 	if !listenURL(c.PeerURL, true) {
 		return &drover.InputError{Field: "PeerURL", Value: c.PeerURL, Rule: "must be http(s)://LOOPBACK-IP:PORT with no path, such as http://127.0.0.1:2380: the embedded etcd has no peers"}
 	}
+	if cu, pu := hostPort(c.ClientURL), hostPort(c.PeerURL); cu == pu {
+		return &drover.InputError{Field: "PeerURL", Value: c.PeerURL, Rule: "must not be the client URL's address and port: the two listeners need a port each"}
+	}
 	switch c.LogLevel {
 	case "debug", "info", "warn", "error":
 	default:
@@ -119,6 +122,12 @@ func (c EmbedConfig) Validate() error {
 // listenURL reports whether raw is a URL etcd can listen on: http or https,
 // an IP address (etcd binds to IPs, not names; a loopback one if loopback is
 // set) and a port, and no path.
+// hostPort is the host and port of a URL that listenURL accepted.
+func hostPort(raw string) string {
+	u, _ := url.Parse(raw)
+	return u.Host
+}
+
 func listenURL(raw string, loopback bool) bool {
 	u, err := url.Parse(raw)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || (u.Path != "" && u.Path != "/") || u.RawQuery != "" {

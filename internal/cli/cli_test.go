@@ -323,6 +323,7 @@ func TestBadInput(t *testing.T) {
 		{"bad log format", []string{"lock", "list", "--log-format", "xml"}, []string{"--log-format", "text or json"}},
 		{"server listen not an IP URL", []string{"server", "--etcd-listen", "localhost:2379"}, []string{"--etcd-listen", "IP:PORT"}},
 		{"server peers off loopback", []string{"server", "--etcd-peer-listen", "http://0.0.0.0:2380"}, []string{"--etcd-peer-listen", "LOOPBACK"}},
+		{"server peers on the client port", []string{"server", "--etcd-listen", "http://127.0.0.1:23999", "--etcd-peer-listen", "http://127.0.0.1:23999"}, []string{"--etcd-peer-listen", "a port each"}},
 		{"negative compaction retention", []string{"server", "--auto-compaction-retention", "-1h"}, []string{"--auto-compaction-retention", "0 (off) or positive"}},
 		{"gc percent too low", []string{"server", "--gc-percent", "10"}, []string{"--gc-percent", "between 50 and 1000"}},
 		{"embed flag with an external cluster", []string{"server", "--data-dir", "/tmp/x"}, []string{"--data-dir", "--etcd-endpoints"}},

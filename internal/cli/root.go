@@ -79,7 +79,8 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return ee.code
 	}
 	fmt.Fprintln(stderr, "drover:", err)
-	if errors.Is(err, drover.ErrInvalidInput) || isUsage(err) {
+	// cobra's own error for an unknown command of the root.
+	if errors.Is(err, drover.ErrInvalidInput) || isUsage(err) || strings.HasPrefix(err.Error(), "unknown command ") {
 		return ExitUsage
 	}
 	if errors.Is(err, cluster.ErrUnreachable) {
@@ -144,7 +145,22 @@ func refuseUnknownSubcommands(cmd *cobra.Command) {
 	for _, c := range cmd.Commands() {
 		refuseUnknownSubcommands(c)
 	}
-	if !cmd.HasSubCommands() || cmd.Parent() == nil {
+	if !cmd.HasSubCommands() {
+		// A wrong number of arguments is a usage error too (exit 2).
+		if own := cmd.Args; own != nil {
+			cmd.Args = func(c *cobra.Command, args []string) error {
+				if err := own(c, args); err != nil {
+					if isUsage(err) {
+						return err
+					}
+					return usageError{fmt.Errorf("%w (see '%s --help')", err, c.CommandPath())}
+				}
+				return nil
+			}
+		}
+		return
+	}
+	if cmd.Parent() == nil {
 		return
 	}
 	own := cmd.Args

@@ -109,7 +109,8 @@ func TestServerStartErrors(t *testing.T) {
 
 // TestUnknownSubcommands: every command group refuses an argument that is
 // none of its subcommands with exit 2, suggesting the nearest; it used to
-// print its help and exit 0.
+// print its help and exit 0. An unknown command of the root, and a command
+// given the wrong number of arguments, exit 2 too (they exited 1).
 func TestUnknownSubcommands(t *testing.T) {
 	var groups [][]string
 	var walk func(c *cobra.Command, path []string)
@@ -135,6 +136,14 @@ func TestUnknownSubcommands(t *testing.T) {
 	}
 	if r := drover(t, "lock", "lsit"); r.code != 2 || !strings.Contains(r.stderr, "Did you mean this?\n\tlist") {
 		t.Fatalf("drover lock lsit: exit %d, stderr %q", r.code, r.stderr)
+	}
+	if r := drover(t, "bogus"); r.code != 2 || !strings.Contains(r.stderr, `unknown command "bogus" for "drover"`) {
+		t.Fatalf("drover bogus: exit %d, stderr %q", r.code, r.stderr)
+	}
+	for _, args := range [][]string{{"tasks", "get"}, {"lock", "status"}, {"queues", "delete"}} {
+		if r := drover(t, args...); r.code != 2 || !strings.Contains(r.stderr, "see 'drover "+strings.Join(args, " ")+" --help'") {
+			t.Fatalf("drover %v without its argument: exit %d, stderr %q", args, r.code, r.stderr)
+		}
 	}
 	if r := drover(t, "lock"); r.code != 0 || !strings.Contains(r.stdout, "Available Commands") {
 		t.Fatalf("drover lock: exit %d, %q", r.code, r.stdout)
