@@ -18,20 +18,32 @@ var ErrNoBreaker = errors.New("flow: breaker not configured")
 // Workers that name it with a default create it again when they start;
 // running ones keep their last rate until they stop. ErrNoLimit when it
 // was not configured.
-func DeleteLimit(ctx context.Context, cli *clientv3.Client, keys keyspace.Space, name string) error {
+func DeleteLimit(ctx context.Context, cli *clientv3.Client, ns, name string) error {
+	keys, err := keyspace.New(ns)
+	if err != nil {
+		return err
+	}
 	return deleteConfigured(ctx, cli, "limit", name, keys.LimitConfig(name), keys.Limit(name), ErrNoLimit)
 }
 
 // DeleteQuota removes quota name: its limits, grants and ledgers. Workers
 // that hold its slots keep running those tasks. ErrNoQuota when it was not
 // configured.
-func DeleteQuota(ctx context.Context, cli *clientv3.Client, keys keyspace.Space, name string) error {
+func DeleteQuota(ctx context.Context, cli *clientv3.Client, ns, name string) error {
+	keys, err := keyspace.New(ns)
+	if err != nil {
+		return err
+	}
 	return deleteConfigured(ctx, cli, "quota", name, keys.QuotaConfig(name), keys.Quota(name), ErrNoQuota)
 }
 
 // DeleteBreaker removes breaker name: its configuration and state.
 // ErrNoBreaker when it was not configured.
-func DeleteBreaker(ctx context.Context, cli *clientv3.Client, keys keyspace.Space, name string) error {
+func DeleteBreaker(ctx context.Context, cli *clientv3.Client, ns, name string) error {
+	keys, err := keyspace.New(ns)
+	if err != nil {
+		return err
+	}
 	return deleteConfigured(ctx, cli, "breaker", name, keys.BreakerConfig(name), keys.Breaker(name), ErrNoBreaker)
 }
 
@@ -56,13 +68,17 @@ func deleteConfigured(ctx context.Context, cli *clientv3.Client, kind, name, con
 // from the configuration it has (DefaultBreaker when it has none), in a
 // compare-and-swap; every worker follows the change within a second. It
 // returns the configuration written; an invalid one writes nothing.
-func UpdateBreaker(ctx context.Context, cli *clientv3.Client, keys keyspace.Space, name string, change func(*BreakerConfig) error) (BreakerConfig, error) {
+func UpdateBreaker(ctx context.Context, cli *clientv3.Client, ns, name string, change func(*BreakerConfig) error) (BreakerConfig, error) {
+	keys, err := keyspace.New(ns)
+	if err != nil {
+		return BreakerConfig{}, err
+	}
 	if err := keyspace.CheckName("breaker name", name); err != nil {
 		return BreakerConfig{}, err
 	}
 	var cfg BreakerConfig
 	var refused error // change's own error, or the check's, returned as it is
-	err := kv.Update(ctx, cli, keys.BreakerConfig(name), func(old []byte) ([]byte, error) {
+	err = kv.Update(ctx, cli, keys.BreakerConfig(name), func(old []byte) ([]byte, error) {
 		cfg = DefaultBreaker
 		if old != nil {
 			if err := json.Unmarshal(old, &cfg); err != nil {

@@ -24,36 +24,36 @@ func TestDeleteAndUpdateBreaker(t *testing.T) {
 	ctx := context.Background()
 	cli := srv.Client(t)
 	keys := keyspace.MustNew(ns)
-	if err := flow.SetRate(ctx, cli, keys, "api", flow.Rate{Events: 5, Per: time.Second, Burst: 5}); err != nil {
+	if err := flow.SetRate(ctx, cli, ns, "api", flow.Rate{Events: 5, Per: time.Second, Burst: 5}); err != nil {
 		t.Fatal(err)
 	}
-	if err := flow.SetQuota(ctx, cli, keys, "tenant", "", 3); err != nil {
+	if err := flow.SetQuota(ctx, cli, ns, "tenant", "", 3); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := flow.UpdateBreaker(ctx, cli, keys, "crm", func(c *flow.BreakerConfig) error { c.Failures = 3; return nil })
+	cfg, err := flow.UpdateBreaker(ctx, cli, ns, "crm", func(c *flow.BreakerConfig) error { c.Failures = 3; return nil })
 	if err != nil || cfg.Failures != 3 || cfg.Cooldown != flow.DefaultBreaker.Cooldown {
 		t.Fatalf("new breaker: %+v, %v", cfg, err)
 	}
-	cfg, err = flow.UpdateBreaker(ctx, cli, keys, "crm", func(c *flow.BreakerConfig) error { c.Cooldown = time.Minute; return nil })
+	cfg, err = flow.UpdateBreaker(ctx, cli, ns, "crm", func(c *flow.BreakerConfig) error { c.Cooldown = time.Minute; return nil })
 	if err != nil || cfg.Failures != 3 || cfg.Cooldown != time.Minute {
 		t.Fatalf("changed breaker: %+v, %v", cfg, err)
 	}
-	if _, err := flow.UpdateBreaker(ctx, cli, keys, "crm", func(c *flow.BreakerConfig) error { c.Failures = 0; return nil }); !errors.Is(err, drover.ErrInvalidInput) {
+	if _, err := flow.UpdateBreaker(ctx, cli, ns, "crm", func(c *flow.BreakerConfig) error { c.Failures = 0; return nil }); !errors.Is(err, drover.ErrInvalidInput) {
 		t.Fatalf("failures 0: %v", err)
 	}
 	for _, d := range []struct {
 		name string
-		del  func(context.Context, *clientv3.Client, keyspace.Space, string) error
+		del  func(context.Context, *clientv3.Client, string, string) error
 		miss error
 		pre  string
 	}{{"api", flow.DeleteLimit, flow.ErrNoLimit, keys.Limits()}, {"tenant", flow.DeleteQuota, flow.ErrNoQuota, keys.Quotas()}, {"crm", flow.DeleteBreaker, flow.ErrNoBreaker, keys.Breakers()}} {
-		if err := d.del(ctx, cli, keys, d.name); err != nil {
+		if err := d.del(ctx, cli, ns, d.name); err != nil {
 			t.Fatalf("delete %s: %v", d.name, err)
 		}
 		if g, _ := cli.Get(ctx, d.pre, clientv3.WithPrefix(), clientv3.WithCountOnly()); g.Count != 0 {
 			t.Fatalf("%d keys left under %s", g.Count, d.pre)
 		}
-		if err := d.del(ctx, cli, keys, d.name); !errors.Is(err, d.miss) {
+		if err := d.del(ctx, cli, ns, d.name); !errors.Is(err, d.miss) {
 			t.Fatalf("delete %s again: %v", d.name, err)
 		}
 	}
@@ -66,14 +66,13 @@ func TestSeedConfigSaysWhenEtcdWins(t *testing.T) {
 	ns := etcdtest.Namespace(t)
 	ctx := context.Background()
 	cli := srv.Client(t)
-	keys := keyspace.MustNew(ns)
 	var logs bytes.Buffer
 	prev := slog.Default()
 	slog.SetDefault(slog.New(slog.NewTextHandler(&logs, nil)))
 	t.Cleanup(func() { slog.SetDefault(prev) })
 	lease := grantLease(t, cli, 30)
 	for i, limit := range []int{2, 2, 5} {
-		q, err := flow.NewQuota(ctx, cli, keys, "tenant", flow.QuotaConfig{Limit: limit}, func() clientv3.LeaseID { return lease })
+		q, err := flow.NewQuota(ctx, cli, ns, "tenant", flow.QuotaConfig{Limit: limit}, func() clientv3.LeaseID { return lease })
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -86,18 +85,18 @@ func TestSeedConfigSaysWhenEtcdWins(t *testing.T) {
 		t.Fatalf("no command in %s", logs.String())
 	}
 	for _, cfg := range []flow.BreakerConfig{{Failures: 4, Cooldown: time.Second}, {Failures: 9, Cooldown: time.Second}} {
-		b, err := flow.NewBreaker(ctx, cli, keys, "crm", &cfg)
+		b, err := flow.NewBreaker(ctx, cli, ns, "crm", &cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
 		b.Close(context.Background())
 	}
-	lim, err := flow.NewLimiter(ctx, cli, keys, "api", &flow.Rate{Events: 1, Per: time.Second, Burst: 1}, flow.WithLimiterLogger(slog.Default()))
+	lim, err := flow.NewLimiter(ctx, cli, ns, "api", &flow.Rate{Events: 1, Per: time.Second, Burst: 1}, flow.WithLimiterLogger(slog.Default()))
 	if err != nil {
 		t.Fatal(err)
 	}
 	_ = lim.Close(ctx)
-	lim, err = flow.NewLimiter(ctx, cli, keys, "api", &flow.Rate{Events: 2, Per: time.Second, Burst: 2}, flow.WithLimiterLogger(slog.Default()))
+	lim, err = flow.NewLimiter(ctx, cli, ns, "api", &flow.Rate{Events: 2, Per: time.Second, Burst: 2}, flow.WithLimiterLogger(slog.Default()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,17 +114,16 @@ func TestCloseTwice(t *testing.T) {
 	ns := etcdtest.Namespace(t)
 	ctx := context.Background()
 	cli := srv.Client(t)
-	keys := keyspace.MustNew(ns)
 	lease := grantLease(t, cli, 30)
-	q, err := flow.NewQuota(ctx, cli, keys, "q", flow.QuotaConfig{Limit: 1}, func() clientv3.LeaseID { return lease })
+	q, err := flow.NewQuota(ctx, cli, ns, "q", flow.QuotaConfig{Limit: 1}, func() clientv3.LeaseID { return lease })
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := flow.NewBreaker(ctx, cli, keys, "b", &flow.DefaultBreaker)
+	b, err := flow.NewBreaker(ctx, cli, ns, "b", &flow.DefaultBreaker)
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := flow.NewLimiter(ctx, cli, keys, "l", &flow.Rate{Events: 1, Per: time.Second, Burst: 1})
+	l, err := flow.NewLimiter(ctx, cli, ns, "l", &flow.Rate{Events: 1, Per: time.Second, Burst: 1})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,7 +8,6 @@ import (
 
 	"github.com/droverhq/drover/flow"
 	"github.com/droverhq/drover/internal/etcdtest"
-	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/lease"
 	"github.com/droverhq/drover/queue"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -32,7 +31,6 @@ func BenchmarkFlowOverhead(b *testing.B) {
 func runOverhead(b *testing.B, s *etcdtest.Server, mode string) {
 	cli := s.Client(b)
 	ns := fmt.Sprintf("bench-%s-%d", mode, time.Now().UnixNano())
-	keys := keyspace.MustNew(ns)
 	ctx := context.Background()
 	c, err := queue.NewClient(cli, ns)
 	if err != nil {
@@ -54,14 +52,14 @@ func runOverhead(b *testing.B, s *etcdtest.Server, mode string) {
 	switch mode {
 	case "ratelimit":
 		r, _ := flow.ParseRate("rate", "1000000/s")
-		lim, err := flow.NewLimiter(ctx, cli, keys, "api", &r)
+		lim, err := flow.NewLimiter(ctx, cli, ns, "api", &r)
 		if err != nil {
 			b.Fatal(err)
 		}
 		defer lim.Close(ctx)
 		gates = append(gates, flow.RateGate(lim))
 	case "quota":
-		q, err := flow.NewQuota(ctx, cli, keys, flow.PerTenant, flow.QuotaConfig{Limit: 10000}, func() clientv3.LeaseID { return l.ID() })
+		q, err := flow.NewQuota(ctx, cli, ns, flow.PerTenant, flow.QuotaConfig{Limit: 10000}, func() clientv3.LeaseID { return l.ID() })
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -122,7 +122,11 @@ type Breaker struct {
 // NewBreaker returns a handle on breaker name. def, when not nil, configures
 // it if nobody has (etcd's configuration wins otherwise). types, when given,
 // limits it to tasks of those types.
-func NewBreaker(ctx context.Context, cli *clientv3.Client, keys keyspace.Space, name string, def *BreakerConfig, types ...string) (*Breaker, error) {
+func NewBreaker(ctx context.Context, cli *clientv3.Client, ns, name string, def *BreakerConfig, types ...string) (*Breaker, error) {
+	keys, err := keyspace.New(ns)
+	if err != nil {
+		return nil, err
+	}
 	if err := keyspace.CheckName("breaker name", name); err != nil {
 		return nil, err
 	}
@@ -432,7 +436,11 @@ type BreakerStatus struct {
 }
 
 // Breakers lists every configured breaker with its state.
-func Breakers(ctx context.Context, cli *clientv3.Client, keys keyspace.Space) ([]BreakerStatus, error) {
+func Breakers(ctx context.Context, cli *clientv3.Client, ns string) ([]BreakerStatus, error) {
+	keys, err := keyspace.New(ns)
+	if err != nil {
+		return nil, err
+	}
 	g, err := cli.Get(ctx, keys.Breakers(), clientv3.WithPrefix())
 	if err != nil {
 		return nil, fmt.Errorf("flow: list breakers: %w", err)
@@ -463,8 +471,8 @@ func Breakers(ctx context.Context, cli *clientv3.Client, keys keyspace.Space) ([
 }
 
 // ResetBreaker closes breaker name for the whole fleet.
-func ResetBreaker(ctx context.Context, cli *clientv3.Client, keys keyspace.Space, name string) error {
-	b, err := NewBreaker(ctx, cli, keys, name, nil)
+func ResetBreaker(ctx context.Context, cli *clientv3.Client, ns, name string) error {
+	b, err := NewBreaker(ctx, cli, ns, name, nil)
 	if err != nil {
 		return err
 	}

@@ -31,12 +31,12 @@ func TestBreakerSharedByProcesses(t *testing.T) {
 	ns := etcdtest.Namespace(t)
 	ctx := context.Background()
 	cfg := flow.BreakerConfig{Failures: 3, Cooldown: 300 * time.Millisecond}
-	a, err := flow.NewBreaker(ctx, srv.Client(t), keyspace.MustNew(ns), "crm", &cfg)
+	a, err := flow.NewBreaker(ctx, srv.Client(t), ns, "crm", &cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer a.Close(context.Background())
-	b, err := flow.NewBreaker(ctx, srv.Client(t), keyspace.MustNew(ns), "crm", nil)
+	b, err := flow.NewBreaker(ctx, srv.Client(t), ns, "crm", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,7 +93,7 @@ func TestBreakerSharedByProcesses(t *testing.T) {
 		_ = a.Record(ctx, "t", true)
 	}
 	waitState(t, b, flow.Open)
-	if err := flow.ResetBreaker(ctx, srv.Client(t), keyspace.MustNew(ns), "crm"); err != nil {
+	if err := flow.ResetBreaker(ctx, srv.Client(t), ns, "crm"); err != nil {
 		t.Fatal(err)
 	}
 	waitState(t, b, flow.Closed)
@@ -107,12 +107,12 @@ func TestBreakerRatio(t *testing.T) {
 	ns := etcdtest.Namespace(t)
 	ctx := context.Background()
 	cfg := flow.BreakerConfig{Failures: 1000, Cooldown: time.Minute, Ratio: 0.5, Window: time.Second, MinCalls: 10}
-	a, err := flow.NewBreaker(ctx, srv.Client(t), keyspace.MustNew(ns), "llm", &cfg)
+	a, err := flow.NewBreaker(ctx, srv.Client(t), ns, "llm", &cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer a.Close(context.Background())
-	b, err := flow.NewBreaker(ctx, srv.Client(t), keyspace.MustNew(ns), "llm", nil)
+	b, err := flow.NewBreaker(ctx, srv.Client(t), ns, "llm", nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,7 +7,6 @@ import (
 
 	"github.com/droverhq/drover/flow"
 	"github.com/droverhq/drover/internal/etcdtest"
-	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/queue"
 )
 
@@ -20,7 +19,7 @@ func TestGatesIgnoreTasksThatDidNotRun(t *testing.T) {
 	r, _ := flow.ParseRate("rate", "100/s")
 	l := newLimiter(t, ns, "api", &r)
 	cfg := flow.BreakerConfig{Failures: 1, Cooldown: flow.DefaultBreaker.Cooldown}
-	b, err := flow.NewBreaker(ctx, srv.Client(t), keyspace.MustNew(ns), "crm", &cfg)
+	b, err := flow.NewBreaker(ctx, srv.Client(t), ns, "crm", &cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -39,7 +38,7 @@ func TestGatesIgnoreTasksThatDidNotRun(t *testing.T) {
 	if err := l.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, used, err := flow.Usage(ctx, srv.Client(t), keyspace.MustNew(ns), "api"); err != nil || used != 0 {
+	if _, used, err := flow.Usage(ctx, srv.Client(t), ns, "api"); err != nil || used != 0 {
 		t.Fatalf("usage %d (%v) after a task that did not run, want 0", used, err)
 	}
 	// A real failure does count.

@@ -79,7 +79,11 @@ func WithLimiterLogger(l *slog.Logger) LimiterOption { return func(lim *Limiter)
 // limit has no configuration yet, def becomes its configuration (the first
 // worker to start creates it; later ones, and `drover limits set`, change
 // it). Without def, a limit nobody configured is ErrNoLimit.
-func NewLimiter(ctx context.Context, cli *clientv3.Client, keys keyspace.Space, name string, def *Rate, opts ...LimiterOption) (*Limiter, error) {
+func NewLimiter(ctx context.Context, cli *clientv3.Client, ns, name string, def *Rate, opts ...LimiterOption) (*Limiter, error) {
+	keys, err := keyspace.New(ns)
+	if err != nil {
+		return nil, err
+	}
 	if err := keyspace.CheckName("limit name", name); err != nil {
 		return nil, err
 	}
@@ -92,7 +96,7 @@ func NewLimiter(ctx context.Context, cli *clientv3.Client, keys keyspace.Space, 
 			return nil, err
 		}
 	}
-	rate, rev, err := GetRate(ctx, cli, keys, name)
+	rate, rev, err := GetRate(ctx, cli, ns, name)
 	if err != nil {
 		return nil, err
 	}
@@ -109,7 +113,11 @@ func NewLimiter(ctx context.Context, cli *clientv3.Client, keys keyspace.Space, 
 
 // GetRate reads rate limit name's configuration and the revision it was
 // read at.
-func GetRate(ctx context.Context, cli *clientv3.Client, keys keyspace.Space, name string) (Rate, int64, error) {
+func GetRate(ctx context.Context, cli *clientv3.Client, ns, name string) (Rate, int64, error) {
+	keys, err := keyspace.New(ns)
+	if err != nil {
+		return Rate{}, 0, err
+	}
 	g, err := cli.Get(ctx, keys.LimitConfig(name))
 	if err != nil {
 		return Rate{}, 0, fmt.Errorf("flow: read limit %s: %w", name, err)
@@ -489,7 +497,11 @@ func usageOf(name string, config, state []byte, now time.Time) (LimitUsage, erro
 
 // Usage reads a limit's bucket, its configuration and state in one read:
 // tokens now (refilled to this moment) and tokens used in total.
-func Usage(ctx context.Context, cli *clientv3.Client, keys keyspace.Space, name string) (tokens float64, used int64, err error) {
+func Usage(ctx context.Context, cli *clientv3.Client, ns, name string) (tokens float64, used int64, err error) {
+	keys, err := keyspace.New(ns)
+	if err != nil {
+		return 0, 0, err
+	}
 	resp, err := cli.Txn(ctx).Then(clientv3.OpGet(keys.LimitConfig(name)), clientv3.OpGet(keys.LimitState(name))).Commit()
 	if err != nil {
 		return 0, 0, fmt.Errorf("flow: read limit %s: %w", name, err)
@@ -508,7 +520,11 @@ func Usage(ctx context.Context, cli *clientv3.Client, keys keyspace.Space, name 
 
 // Limits lists every rate limit of the namespace by name, with its bucket
 // as it stands now, from one read of the limits' keys.
-func Limits(ctx context.Context, cli *clientv3.Client, keys keyspace.Space) ([]LimitUsage, error) {
+func Limits(ctx context.Context, cli *clientv3.Client, ns string) ([]LimitUsage, error) {
+	keys, err := keyspace.New(ns)
+	if err != nil {
+		return nil, err
+	}
 	g, err := cli.Get(ctx, keys.Limits(), clientv3.WithPrefix())
 	if err != nil {
 		return nil, fmt.Errorf("flow: list rate limits: %w", err)
@@ -540,7 +556,11 @@ func Limits(ctx context.Context, cli *clientv3.Client, keys keyspace.Space) ([]L
 // SetRate writes rate limit name's configuration; every Limiter of it
 // follows within a moment. The bucket keeps its tokens (capped by the new
 // burst at the next refill).
-func SetRate(ctx context.Context, cli *clientv3.Client, keys keyspace.Space, name string, r Rate) error {
+func SetRate(ctx context.Context, cli *clientv3.Client, ns, name string, r Rate) error {
+	keys, err := keyspace.New(ns)
+	if err != nil {
+		return err
+	}
 	if err := keyspace.CheckName("limit name", name); err != nil {
 		return err
 	}

@@ -40,7 +40,7 @@ func TestParseRate(t *testing.T) {
 
 func newLimiter(t *testing.T, ns, name string, def *flow.Rate) *flow.Limiter {
 	t.Helper()
-	l, err := flow.NewLimiter(context.Background(), srv.Client(t), keyspace.MustNew(ns), name, def)
+	l, err := flow.NewLimiter(context.Background(), srv.Client(t), ns, name, def)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,7 +77,7 @@ func TestWeightedUsageAddsUp(t *testing.T) {
 		}
 		settled += n
 	}
-	_, used, err := flow.Usage(context.Background(), srv.Client(t), keyspace.MustNew(ns), "llm-tokens")
+	_, used, err := flow.Usage(context.Background(), srv.Client(t), ns, "llm-tokens")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,7 +131,7 @@ func TestLimiterRate(t *testing.T) {
 func TestLimiterErrors(t *testing.T) {
 	ns := etcdtest.Namespace(t)
 	ctx := context.Background()
-	if _, err := flow.NewLimiter(ctx, srv.Client(t), keyspace.MustNew(ns), "nobody-set-it", nil); !errors.Is(err, flow.ErrNoLimit) {
+	if _, err := flow.NewLimiter(ctx, srv.Client(t), ns, "nobody-set-it", nil); !errors.Is(err, flow.ErrNoLimit) {
 		t.Fatalf("unconfigured limit: %v", err)
 	}
 	r, _ := flow.ParseRate("rate", "10/s")
@@ -150,7 +150,7 @@ func TestLimiterErrors(t *testing.T) {
 	if _, err := l.Reserve(cctx, 10); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("reserve past ctx: %v", err)
 	}
-	if err := flow.SetRate(ctx, srv.Client(t), keyspace.MustNew(ns), "bad/name", r); !errors.Is(err, drover.ErrInvalidInput) {
+	if err := flow.SetRate(ctx, srv.Client(t), ns, "bad/name", r); !errors.Is(err, drover.ErrInvalidInput) {
 		t.Fatalf("bad name: %v", err)
 	}
 }
@@ -166,7 +166,7 @@ func ExampleLimiter() {
 	defer cli.Close()
 	ctx := context.Background()
 	rate, _ := flow.ParseRate("rate", "90000/m") // an LLM provider's tokens per minute
-	lim, err := flow.NewLimiter(ctx, cli, keyspace.MustNew("example-flow"), "openai-tokens", &rate)
+	lim, err := flow.NewLimiter(ctx, cli, "example-flow", "openai-tokens", &rate)
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -187,18 +187,18 @@ func ExampleLimiter() {
 func TestLimitsListsEveryLimit(t *testing.T) {
 	ns := etcdtest.Namespace(t)
 	ctx := context.Background()
-	cli, keys := srv.Client(t), keyspace.MustNew(ns)
+	cli := srv.Client(t)
 	for name, rate := range map[string]string{"idle": "10/s", "busy": "1/h"} {
 		r, err := flow.ParseRate("rate", rate)
 		if err != nil {
 			t.Fatal(err)
 		}
 		r.Burst = 50
-		if err := flow.SetRate(ctx, cli, keys, name, r); err != nil {
+		if err := flow.SetRate(ctx, cli, ns, name, r); err != nil {
 			t.Fatal(err)
 		}
 	}
-	l, err := flow.NewLimiter(ctx, cli, keys, "busy", nil)
+	l, err := flow.NewLimiter(ctx, cli, ns, "busy", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -210,7 +210,7 @@ func TestLimitsListsEveryLimit(t *testing.T) {
 	if err := l.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
-	ls, err := flow.Limits(ctx, cli, keys)
+	ls, err := flow.Limits(ctx, cli, ns)
 	if err != nil || len(ls) != 2 {
 		t.Fatalf("limits %+v, %v", ls, err)
 	}
@@ -221,7 +221,7 @@ func TestLimitsListsEveryLimit(t *testing.T) {
 	if idle.Name != "idle" || idle.Used != 0 || idle.Available != 50 || idle.PerSecond != 10 {
 		t.Fatalf("idle: %+v, want a full bucket of 50", idle)
 	}
-	if avail, used, err := flow.Usage(ctx, cli, keys, "busy"); err != nil || used != 30 || avail < 19.9 || avail > 20.1 {
+	if avail, used, err := flow.Usage(ctx, cli, ns, "busy"); err != nil || used != 30 || avail < 19.9 || avail > 20.1 {
 		t.Fatalf("usage of busy: %.1f available, %d used, %v", avail, used, err)
 	}
 }

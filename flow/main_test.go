@@ -14,7 +14,6 @@ import (
 	"github.com/droverhq/drover/cluster"
 	"github.com/droverhq/drover/flow"
 	"github.com/droverhq/drover/internal/etcdtest"
-	"github.com/droverhq/drover/keyspace"
 )
 
 // srv is the embedded etcd the tests share; each test uses its own namespace.
@@ -41,7 +40,7 @@ func runHelper(string) int {
 	seed, _ := strconv.Atoi(os.Getenv("H_SEED"))
 	r, _ := flow.ParseRate("rate", "20000/s")
 	r.Burst = 4000
-	l, err := flow.NewLimiter(ctx, cli, keyspace.MustNew(os.Getenv("H_NS")), os.Getenv("H_LIMIT"), &r)
+	l, err := flow.NewLimiter(ctx, cli, os.Getenv("H_NS"), os.Getenv("H_LIMIT"), &r)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 2

@@ -111,7 +111,11 @@ type Quota struct {
 // the quota if nobody has; etcd's configuration wins otherwise and changes
 // are followed live. types, when given, limits the quota to tasks of those
 // types.
-func NewQuota(ctx context.Context, cli *clientv3.Client, keys keyspace.Space, name string, def QuotaConfig, lease func() clientv3.LeaseID, types ...string) (*Quota, error) {
+func NewQuota(ctx context.Context, cli *clientv3.Client, ns, name string, def QuotaConfig, lease func() clientv3.LeaseID, types ...string) (*Quota, error) {
+	keys, err := keyspace.New(ns)
+	if err != nil {
+		return nil, err
+	}
 	if err := keyspace.CheckName("quota name", name); err != nil {
 		return nil, err
 	}
@@ -124,7 +128,7 @@ func NewQuota(ctx context.Context, cli *clientv3.Client, keys keyspace.Space, na
 			return nil, err
 		}
 	}
-	cfg, rev, err := GetQuota(ctx, cli, keys, name)
+	cfg, rev, err := GetQuota(ctx, cli, ns, name)
 	if err != nil {
 		return nil, err
 	}
@@ -147,7 +151,11 @@ func NewQuota(ctx context.Context, cli *clientv3.Client, keys keyspace.Space, na
 }
 
 // GetQuota reads quota name's configuration and the revision it was read at.
-func GetQuota(ctx context.Context, cli *clientv3.Client, keys keyspace.Space, name string) (QuotaConfig, int64, error) {
+func GetQuota(ctx context.Context, cli *clientv3.Client, ns, name string) (QuotaConfig, int64, error) {
+	keys, err := keyspace.New(ns)
+	if err != nil {
+		return QuotaConfig{}, 0, err
+	}
 	g, err := cli.Get(ctx, keys.QuotaConfig(name))
 	if err != nil {
 		return QuotaConfig{}, 0, fmt.Errorf("flow: read quota %s: %w", name, err)
@@ -166,7 +174,11 @@ func GetQuota(ctx context.Context, cli *clientv3.Client, keys keyspace.Space, na
 // has no limit of its own; limit 0 removes a subject's own limit), in one
 // compare-and-swap; every worker follows within a moment. Lowering a limit
 // does not stop running tasks; new ones wait until fewer hold.
-func SetQuota(ctx context.Context, cli *clientv3.Client, keys keyspace.Space, name, subject string, limit int) error {
+func SetQuota(ctx context.Context, cli *clientv3.Client, ns, name, subject string, limit int) error {
+	keys, err := keyspace.New(ns)
+	if err != nil {
+		return err
+	}
 	if err := keyspace.CheckName("quota name", name); err != nil {
 		return err
 	}
@@ -175,7 +187,7 @@ func SetQuota(ctx context.Context, cli *clientv3.Client, keys keyspace.Space, na
 			return err
 		}
 	}
-	err := kv.Update(ctx, cli, keys.QuotaConfig(name), func(old []byte) ([]byte, error) {
+	err = kv.Update(ctx, cli, keys.QuotaConfig(name), func(old []byte) ([]byte, error) {
 		var c QuotaConfig
 		if old != nil {
 			_ = json.Unmarshal(old, &c)
@@ -461,7 +473,11 @@ type QuotaUsage struct {
 }
 
 // Quotas lists every configured quota with its held slots.
-func Quotas(ctx context.Context, cli *clientv3.Client, keys keyspace.Space) ([]QuotaUsage, error) {
+func Quotas(ctx context.Context, cli *clientv3.Client, ns string) ([]QuotaUsage, error) {
+	keys, err := keyspace.New(ns)
+	if err != nil {
+		return nil, err
+	}
 	g, err := cli.Get(ctx, keys.Quotas(), clientv3.WithPrefix())
 	if err != nil {
 		return nil, fmt.Errorf("flow: list quotas: %w", err)

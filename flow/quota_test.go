@@ -10,7 +10,6 @@ import (
 
 	"github.com/droverhq/drover/flow"
 	"github.com/droverhq/drover/internal/etcdtest"
-	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/queue"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -38,7 +37,7 @@ func TestQuotaNeverExceeded(t *testing.T) {
 	for i := range 12 {
 		cli := srv.Client(t)
 		lease := grantLease(t, cli, 30)
-		q, err := flow.NewQuota(ctx, cli, keyspace.MustNew(ns), flow.PerTenant, flow.QuotaConfig{Limit: 3}, func() clientv3.LeaseID { return lease })
+		q, err := flow.NewQuota(ctx, cli, ns, flow.PerTenant, flow.QuotaConfig{Limit: 3}, func() clientv3.LeaseID { return lease })
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -80,7 +79,7 @@ func TestQuotaNeverExceeded(t *testing.T) {
 	// tenant are not limited.
 	cli := srv.Client(t)
 	lease := grantLease(t, cli, 30)
-	q, err := flow.NewQuota(ctx, cli, keyspace.MustNew(ns), flow.PerTenant, flow.QuotaConfig{}, func() clientv3.LeaseID { return lease })
+	q, err := flow.NewQuota(ctx, cli, ns, flow.PerTenant, flow.QuotaConfig{}, func() clientv3.LeaseID { return lease })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,7 +103,7 @@ func TestQuotaNeverExceeded(t *testing.T) {
 		t.Fatal(err)
 	}
 	lease2 := grantLease(t, cli, 30)
-	q2, err := flow.NewQuota(ctx, cli, keyspace.MustNew(ns), flow.PerTenant, flow.QuotaConfig{}, func() clientv3.LeaseID { return lease2 })
+	q2, err := flow.NewQuota(ctx, cli, ns, flow.PerTenant, flow.QuotaConfig{}, func() clientv3.LeaseID { return lease2 })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -113,7 +112,7 @@ func TestQuotaNeverExceeded(t *testing.T) {
 		t.Fatal("slots of a revoked lease still held")
 	}
 	// A subject's own limit, set live: globex may now hold only one.
-	if err := flow.SetQuota(ctx, cli, keyspace.MustNew(ns), flow.PerTenant, "globex", 1); err != nil {
+	if err := flow.SetQuota(ctx, cli, ns, flow.PerTenant, "globex", 1); err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(2 * time.Second)
@@ -126,7 +125,7 @@ func TestQuotaNeverExceeded(t *testing.T) {
 	if _, ok, _ := q2.Acquire(ctx, &queue.Task{ID: "globex-3", Metadata: queue.Metadata{Tenant: "globex"}}); ok {
 		t.Fatal("second globex slot granted over its own limit of 1")
 	}
-	us, err := flow.Quotas(ctx, cli, keyspace.MustNew(ns))
+	us, err := flow.Quotas(ctx, cli, ns)
 	if err != nil || len(us) != 1 || us[0].Limit != 3 || us[0].Subjects["globex"] != 1 || us[0].Held["acme"] != 1 || us[0].Held["globex"] != 1 {
 		t.Fatalf("quotas: %+v %v", us, err)
 	}

@@ -55,7 +55,7 @@ func ParseSpec(limits, quotas, breakers []string) (Spec, error) {
 // Configurations are created in etcd where absent; where etcd has its own,
 // it wins (logged). closeAll gives back held tokens and slots and stops
 // following changes; it is safe to call more than once.
-func (s Spec) Gates(ctx context.Context, cli *clientv3.Client, keys keyspace.Space, lease func() clientv3.LeaseID, opts ...LimiterOption) (gates []queue.Gate, closeAll func(ctx context.Context), err error) {
+func (s Spec) Gates(ctx context.Context, cli *clientv3.Client, ns string, lease func() clientv3.LeaseID, opts ...LimiterOption) (gates []queue.Gate, closeAll func(ctx context.Context), err error) {
 	var closers []func(context.Context)
 	closeAll = func(ctx context.Context) {
 		// A bounded context of its own: a caller's ended context must not
@@ -73,7 +73,7 @@ func (s Spec) Gates(ctx context.Context, cli *clientv3.Client, keys keyspace.Spa
 		}
 	}()
 	for _, q := range s.Quotas {
-		qu, err := NewQuota(ctx, cli, keys, q.Name, q.Config, lease, q.Types...)
+		qu, err := NewQuota(ctx, cli, ns, q.Name, q.Config, lease, q.Types...)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -82,7 +82,7 @@ func (s Spec) Gates(ctx context.Context, cli *clientv3.Client, keys keyspace.Spa
 	}
 	for _, b := range s.Breakers {
 		cfg := b.Config
-		br, err := NewBreaker(ctx, cli, keys, b.Name, &cfg, b.Types...)
+		br, err := NewBreaker(ctx, cli, ns, b.Name, &cfg, b.Types...)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -91,7 +91,7 @@ func (s Spec) Gates(ctx context.Context, cli *clientv3.Client, keys keyspace.Spa
 	}
 	for _, l := range s.Limits {
 		r := l.Rate
-		li, err := NewLimiter(ctx, cli, keys, l.Name, &r, opts...)
+		li, err := NewLimiter(ctx, cli, ns, l.Name, &r, opts...)
 		if err != nil {
 			return nil, nil, err
 		}

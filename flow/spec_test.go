@@ -11,7 +11,6 @@ import (
 	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/flow"
 	"github.com/droverhq/drover/internal/etcdtest"
-	"github.com/droverhq/drover/keyspace"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -43,7 +42,7 @@ func TestParseSpecAndGates(t *testing.T) {
 	ns := etcdtest.Namespace(t)
 	cli := srv.Client(t)
 	l := grantLease(t, cli, 30)
-	gates, closeAll, err := spec.Gates(context.Background(), cli, keyspace.MustNew(ns), func() clientv3.LeaseID { return l })
+	gates, closeAll, err := spec.Gates(context.Background(), cli, ns, func() clientv3.LeaseID { return l })
 	if err != nil {
 		t.Fatal(err)
 	}

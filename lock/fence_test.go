@@ -50,3 +50,25 @@ func TestEtcdLockIsAFence(t *testing.T) {
 		},
 	})
 }
+
+// TestCloseTwice: the etcd locker, its lease and a task runner on it close
+// with Close(ctx) error, and a second Close is harmless.
+func TestCloseTwice(t *testing.T) {
+	ctx := context.Background()
+	locker, err := lock.NewEtcd(ctx, srv.Client(t), lock.EtcdConfig{Namespace: etcdtest.Namespace(t), TTL: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := lease.Grant(ctx, srv.Client(t), 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		if err := locker.Close(ctx); err != nil {
+			t.Fatalf("locker close %d: %v", i+1, err)
+		}
+		if err := l.Close(ctx); err != nil {
+			t.Fatalf("lease close %d: %v", i+1, err)
+		}
+	}
+}

@@ -125,6 +125,9 @@ func (r *Runtime) Client() *clientv3.Client { return r.cli }
 // Keys returns the key space of the runtime's namespace.
 func (r *Runtime) Keys() keyspace.Space { return r.space }
 
+// Namespace returns the name of the runtime's namespace.
+func (r *Runtime) Namespace() string { return r.space.Namespace() }
+
 // Logger returns the runtime's logger.
 func (r *Runtime) Logger() *slog.Logger { return r.logger }
 

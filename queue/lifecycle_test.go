@@ -18,6 +18,16 @@ func TestWorkerStop(t *testing.T) {
 	c, cli := newClient(t, ns)
 	ctx := context.Background()
 
+	unstarted := newWorker(t, cli, queue.WorkerConfig{Namespace: ns, Queue: "life"})
+	for range 2 { // closing a worker that never ran, twice
+		if err := unstarted.Close(ctx); err != nil {
+			t.Fatalf("Close before Run: %v", err)
+		}
+	}
+	if err := unstarted.StopAndCancel(ctx); err != nil {
+		t.Fatalf("StopAndCancel before Run: %v", err)
+	}
+
 	early := newWorker(t, cli, queue.WorkerConfig{Namespace: ns, Queue: "life"})
 	if err := early.Stop(ctx); err != nil {
 		t.Fatal(err)

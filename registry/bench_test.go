@@ -163,7 +163,7 @@ func (d *droverChurn) update(ctx context.Context, i int, data []byte) error {
 }
 
 func (d *droverChurn) watch(ctx context.Context, got func(int64)) error {
-	w, err := registry.Watch(ctx, d.s.Client(d.b), d.keys, "model")
+	w, err := registry.Watch(ctx, d.s.Client(d.b), d.keys.Namespace(), "model")
 	if err != nil {
 		return err
 	}

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/droverhq/drover/internal/etcdtest"
-	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/process"
 	"github.com/droverhq/drover/registry"
 )
@@ -21,7 +20,7 @@ func TestCloseTwice(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := registry.Watch(ctx, cli, keyspace.MustNew(ns), "model")
+	w, err := registry.Watch(ctx, cli, ns, "model")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -44,7 +44,7 @@ func register(t *testing.T, rt *process.Runtime, component, id, data string) *re
 
 func watch(t *testing.T, cli *clientv3.Client, ns, component string, opts ...registry.WatchOption) *registry.Watcher {
 	t.Helper()
-	w, err := registry.Watch(context.Background(), cli, keyspace.MustNew(ns), component, opts...)
+	w, err := registry.Watch(context.Background(), cli, ns, component, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}

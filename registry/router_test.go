@@ -204,7 +204,7 @@ func ExampleRouter() {
 			return
 		}
 	}
-	w, err := registry.Watch(ctx, cli, rt.Keys(), "VllmWorker")
+	w, err := registry.Watch(ctx, cli, rt.Namespace(), "VllmWorker")
 	if err != nil {
 		fmt.Println(err)
 		return

@@ -64,7 +64,11 @@ type Event struct {
 
 // List returns the endpoints of component ("" for every component) and the
 // revision they were read at.
-func List(ctx context.Context, cli *clientv3.Client, keys keyspace.Space, component string) ([]Instance, int64, error) {
+func List(ctx context.Context, cli *clientv3.Client, ns string, component string) ([]Instance, int64, error) {
+	keys, err := keyspace.New(ns)
+	if err != nil {
+		return nil, 0, err
+	}
 	prefix, err := prefixOf(keys, component)
 	if err != nil {
 		return nil, 0, err
@@ -154,7 +158,11 @@ func withStartHook(f func()) WatchOption { return func(w *Watcher) { w.hook = f 
 // and a Delete carries the re-read's revision. Events must be read promptly:
 // the Watcher does not buffer without bound, it waits for the reader. ctx
 // bounds only the first read; Close ends the Watcher.
-func Watch(ctx context.Context, cli *clientv3.Client, keys keyspace.Space, component string, opts ...WatchOption) (*Watcher, error) {
+func Watch(ctx context.Context, cli *clientv3.Client, ns string, component string, opts ...WatchOption) (*Watcher, error) {
+	keys, err := keyspace.New(ns)
+	if err != nil {
+		return nil, err
+	}
 	prefix, err := prefixOf(keys, component)
 	if err != nil {
 		return nil, err
@@ -163,7 +171,7 @@ func Watch(ctx context.Context, cli *clientv3.Client, keys keyspace.Space, compo
 	for _, opt := range opts {
 		opt(w)
 	}
-	w.snapshot, w.rev, err = List(ctx, cli, keys, component)
+	w.snapshot, w.rev, err = List(ctx, cli, ns, component)
 	if err != nil {
 		return nil, err
 	}

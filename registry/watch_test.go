@@ -74,7 +74,7 @@ func (c *collector) lastRevision() int64 {
 // revision.
 func etcdLive(t *testing.T, cli *clientv3.Client, ns string) ([]string, int64) {
 	t.Helper()
-	list, rev, err := registry.List(context.Background(), cli, keyspace.MustNew(ns), "")
+	list, rev, err := registry.List(context.Background(), cli, ns, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -180,7 +180,7 @@ func TestWatcherFollowsChurn(t *testing.T) {
 	// Wait for the unrenewed lease to expire.
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		list, _, err := registry.List(ctx, cli, keys, "model")
+		list, _, err := registry.List(ctx, cli, ns, "model")
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/droverhq/drover/internal/etcdtest"
-	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/process"
 	"github.com/droverhq/drover/queue"
 	"github.com/droverhq/drover/registry"
@@ -32,7 +31,7 @@ func TestRegisterWorker(t *testing.T) {
 	if err := registry.RegisterWorker(ctx, rt, w, cfg, time.Second); err != nil {
 		t.Fatal(err)
 	}
-	list, _, err := registry.List(ctx, cli, keyspace.MustNew(ns), registry.WorkerComponent)
+	list, _, err := registry.List(ctx, cli, ns, registry.WorkerComponent)
 	if err != nil || len(list) != 1 || list[0].ID != "w-1" {
 		t.Fatalf("workers %+v, %v", list, err)
 	}
@@ -43,7 +42,7 @@ func TestRegisterWorker(t *testing.T) {
 	if err := rt.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if list, _, _ := registry.List(ctx, cli, keyspace.MustNew(ns), registry.WorkerComponent); len(list) != 0 {
+	if list, _, _ := registry.List(ctx, cli, ns, registry.WorkerComponent); len(list) != 0 {
 		t.Fatalf("entry left after the runtime closed: %+v", list)
 	}
 }

@@ -15,7 +15,7 @@ import (
 // flowDeleteCommand is "delete NAME [--json]" of limits, quotas and
 // breakers: del removes the kind's keys; missing is its error for a name
 // that is not configured (exit 1, pointing at list).
-func (a *app) flowDeleteCommand(kind string, del func(context.Context, *clientv3.Client, keyspace.Space, string) error, missing error, list string) *cobra.Command {
+func (a *app) flowDeleteCommand(kind string, del func(context.Context, *clientv3.Client, string, string) error, missing error, list string) *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "delete NAME",
@@ -34,7 +34,7 @@ running keep their last setting until they stop; a worker started with the
 				return err
 			}
 			defer done()
-			if err := del(cmd.Context(), cli, keyspace.MustNew(a.namespace), args[0]); err != nil {
+			if err := del(cmd.Context(), cli, a.namespace, args[0]); err != nil {
 				if errors.Is(err, missing) {
 					return withCode(ExitFailure, fmt.Errorf("no such %s %s; see %s", kind, args[0], list))
 				}
@@ -76,7 +76,7 @@ from failures=5;cooldown=30s). The grammar is that of drover worker
 				return err
 			}
 			defer done()
-			cfg, err := flow.UpdateBreaker(cmd.Context(), cli, keyspace.MustNew(a.namespace), args[0], func(c *flow.BreakerConfig) error {
+			cfg, err := flow.UpdateBreaker(cmd.Context(), cli, a.namespace, args[0], func(c *flow.BreakerConfig) error {
 				bf, err := flow.ParseBreaker("breaker", spec, *c)
 				if err != nil {
 					return err

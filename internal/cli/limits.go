@@ -59,7 +59,7 @@ func (a *app) limitsSetCommand() *cobra.Command {
 				return err
 			}
 			defer done()
-			if err := flow.SetRate(cmd.Context(), cli, keyspace.MustNew(a.namespace), args[0], r); err != nil {
+			if err := flow.SetRate(cmd.Context(), cli, a.namespace, args[0], r); err != nil {
 				return err
 			}
 			if asJSON {
@@ -87,7 +87,7 @@ func (a *app) limitsListCommand() *cobra.Command {
 // the rows fetch reads, as a JSON array with --json, else as a table (or
 // none when there are none).
 func flowList[T any](a *app, short, example, none, header string,
-	fetch func(context.Context, *clientv3.Client, keyspace.Space) ([]T, error), line func(T) string) *cobra.Command {
+	fetch func(context.Context, *clientv3.Client, string) ([]T, error), line func(T) string) *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
 		Use:     "list [--json]",
@@ -100,7 +100,7 @@ func flowList[T any](a *app, short, example, none, header string,
 				return err
 			}
 			defer done()
-			rows, err := fetch(cmd.Context(), cli, keyspace.MustNew(a.namespace))
+			rows, err := fetch(cmd.Context(), cli, a.namespace)
 			if err != nil {
 				return err
 			}
@@ -164,7 +164,7 @@ limit lives in etcd and changes reach every worker within a second.`,
 				return err
 			}
 			defer done()
-			if err := flow.SetQuota(cmd.Context(), cli, keyspace.MustNew(a.namespace), args[0], subject, k); err != nil {
+			if err := flow.SetQuota(cmd.Context(), cli, a.namespace, args[0], subject, k); err != nil {
 				return err
 			}
 			if asJSON {
@@ -210,8 +210,8 @@ type breakerRow struct {
 	Cooldown    string    `json:"cooldown"`
 }
 
-func breakerRows(ctx context.Context, cli *clientv3.Client, keys keyspace.Space) ([]breakerRow, error) {
-	bs, err := flow.Breakers(ctx, cli, keys)
+func breakerRows(ctx context.Context, cli *clientv3.Client, ns string) ([]breakerRow, error) {
+	bs, err := flow.Breakers(ctx, cli, ns)
 	if err != nil {
 		return nil, err
 	}
@@ -257,7 +257,7 @@ success closes the breaker.`,
 				return err
 			}
 			defer done()
-			if err := flow.ResetBreaker(cmd.Context(), cli, keyspace.MustNew(a.namespace), args[0]); err != nil {
+			if err := flow.ResetBreaker(cmd.Context(), cli, a.namespace, args[0]); err != nil {
 				return err
 			}
 			if resetJSON {

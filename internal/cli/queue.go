@@ -16,7 +16,6 @@ import (
 
 	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/flow"
-	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/lease"
 	"github.com/droverhq/drover/process"
 	"github.com/droverhq/drover/queue"
@@ -510,7 +509,7 @@ the lease is lost, it stops and exits 70.`,
 			}
 			defer shutdown(rt)
 			cfg.Lease = rt.Lease()
-			gates, closeGates, err := spec.Gates(ctx, cli, keyspace.MustNew(a.namespace), func() clientv3.LeaseID { return rt.Lease().ID() },
+			gates, closeGates, err := spec.Gates(ctx, cli, a.namespace, func() clientv3.LeaseID { return rt.Lease().ID() },
 				flow.WithLimiterLogger(a.logger))
 			if err != nil {
 				return err

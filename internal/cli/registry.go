@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/droverhq/drover"
-	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/lease"
 	"github.com/droverhq/drover/process"
 	"github.com/droverhq/drover/queue"
@@ -160,7 +159,7 @@ func (a *app) listEndpoints(ctx context.Context, component string) ([]registry.I
 		return nil, err
 	}
 	defer done()
-	list, _, err := registry.List(ctx, cli, keyspace.MustNew(a.namespace), component)
+	list, _, err := registry.List(ctx, cli, a.namespace, component)
 	return list, err
 }
 
@@ -254,7 +253,7 @@ one line: {"type":"put"|"delete","component":...,"id":...,"value":...,"revision"
 				return err
 			}
 			defer cli.Close()
-			w, err := registry.Watch(ctx, cli, keyspace.MustNew(a.namespace), component, registry.WithWatchLogger(a.logger))
+			w, err := registry.Watch(ctx, cli, a.namespace, component, registry.WithWatchLogger(a.logger))
 			if err != nil {
 				return err
 			}
