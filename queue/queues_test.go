@@ -113,3 +113,41 @@ func TestWait(t *testing.T) {
 		t.Fatal("Wait did not return after the task succeeded")
 	}
 }
+
+// TestWaitAfterCompaction: a task whose record was last written before a
+// compaction is still waited for by watch, and Wait returns when it ends.
+func TestWaitAfterCompaction(t *testing.T) {
+	ns := etcdtest.Namespace(t)
+	c, cli := newClient(t, ns)
+	ctx := context.Background()
+	if _, err := c.Submit(ctx, "wc", []queue.Task{{ID: "old", Type: "t"}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	put, err := cli.Put(ctx, "/"+ns+"/filler", "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Compact(ctx, put.Header.Revision); err != nil {
+		t.Fatal(err)
+	}
+	waited := make(chan *queue.Task, 1)
+	go func() {
+		got, err := c.Wait(ctx, "old")
+		if err != nil {
+			t.Error(err)
+		}
+		waited <- got
+	}()
+	time.Sleep(200 * time.Millisecond)
+	w := newWorker(t, cli, queue.WorkerConfig{Namespace: ns, Queue: "wc", Drain: true})
+	w.HandleAll(func(context.Context, *queue.Task) ([]byte, error) { return nil, nil })
+	runDrain(t, w)
+	select {
+	case got := <-waited:
+		if got == nil || got.CurrentStatus != queue.Succeeded {
+			t.Fatalf("waited: %+v", got)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Wait did not return after a compaction and the task's end")
+	}
+}

@@ -730,6 +730,9 @@ func (w *Worker) claimKeys(ctx context.Context, cands []*mvccpb.KeyValue, n int,
 		rand.Shuffle(len(window), func(i, j int) { window[i], window[j] = window[j], window[i] })
 	}
 	pick := window[:min(n, len(window))]
+	if len(pick) == 0 {
+		return nil, nil
+	}
 	now := time.Now().UTC()
 	ops := make([]clientv3.Op, len(pick))
 	ids := make([]string, len(pick))
