@@ -1,0 +1,369 @@
+package queue
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sort"
+	"time"
+
+	"github.com/droverhq/drover/keyspace"
+	"github.com/droverhq/drover/metrics"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// claim takes up to n claimable tasks in one transaction: one nested
+// transaction per task that succeeds only if its pending key is unchanged
+// since it was read and it has no claim, and then writes the claim (bound to
+// the lease) and counts the attempt. It reads shards of the pending index,
+// a few at a time, starting from a different shard each call, until it has
+// enough candidates. It also returns the revision its first read saw, from
+// which a watch misses nothing.
+func (w *Worker) claim(ctx context.Context, n int) (claims []*claim, rev int64, contended bool, err error) {
+	q := w.cfg.Queue
+	seq := w.claimSeq.Add(1)
+	if w.fifo.Load() {
+		// A FIFO queue's claims all want its oldest tasks: the worker's
+		// claim loops take turns rather than race each other for them.
+		w.fifoMu.Lock()
+		defer w.fifoMu.Unlock()
+	}
+	if ids := w.lost.take(n); len(ids) > 0 {
+		// A dead worker's tasks first: they have waited longest.
+		cands, err := w.orphanCandidates(ctx, ids)
+		if err != nil {
+			w.lost.add(ids)
+			return nil, 0, false, err
+		}
+		if len(cands) > 0 {
+			claims, err := w.claimKeys(ctx, cands, n, true)
+			return claims, 0, true, err // contended: claim again at once
+		}
+	}
+	levels, fifo, first, err := w.readLevels(ctx, n)
+	if err != nil {
+		return nil, 0, false, err
+	}
+	w.fifo.Store(fifo)
+	var cands, suspects []*mvccpb.KeyValue
+	tried := map[string]bool{}
+	for {
+		lv, ok := w.pickLevel(levels, seq, tried)
+		if !ok {
+			break
+		}
+		tried[lv.name] = true
+		var covered bool
+		var r int64
+		cands, suspects, r, covered, err = w.readPending(ctx, n, lv.name, fifo, first)
+		first = nil
+		if err != nil {
+			return nil, 0, false, err
+		}
+		if rev == 0 {
+			rev = r
+		}
+		if len(cands) > 0 {
+			break
+		}
+		if len(suspects) > 0 {
+			// Only claimed tasks: take those whose worker died.
+			orphans, err := w.orphans(ctx, suspects)
+			if err != nil {
+				return nil, 0, false, err
+			}
+			suspects = nil
+			if len(orphans) > 0 || lv.name == "" {
+				cands = orphans
+				break
+			}
+			w.levelMu.Lock()
+			w.busyLevels[lv.name] = time.Now().Add(levelBusyFor) // all running: skip it for a moment
+			w.levelMu.Unlock()
+			continue
+		}
+		if lv.name == "" {
+			break
+		}
+		if covered { // empty: its marker goes, unless a task came since it was read
+			_, _ = w.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(w.client.levelKey(q, lv.name)), "=", lv.rev)).
+				Then(clientv3.OpDelete(w.client.levelKey(q, lv.name))).Commit()
+		}
+	}
+	// A task whose level has no marker (written before markers existed) is
+	// found by the all-levels read: give its level one.
+	known := make(map[string]bool, len(levels))
+	for _, lv := range levels {
+		known[lv.name] = true
+	}
+	var missing []clientv3.Op
+	for _, kv := range cands {
+		if lv := w.client.levelOfPending(q, string(kv.Key)); lv != "" && !known[lv] {
+			known[lv] = true
+			missing = append(missing, clientv3.OpPut(w.client.levelKey(q, lv), ""))
+		}
+	}
+	if len(missing) > 0 {
+		_, _ = w.cli.Txn(ctx).Then(missing...).Commit()
+	}
+	// Oldest first within a priority level, across the shards read.
+	sort.SliceStable(cands, func(i, j int) bool {
+		return w.keys.PendingOrder(q, string(cands[i].Key)) < w.keys.PendingOrder(q, string(cands[j].Key))
+	})
+	// A claimed task whose claim key is gone (its worker died) is
+	// claimable again; such tasks sit at the head of their shards, so look
+	// at them first.
+	if len(suspects) > 0 {
+		orphans, err := w.orphans(ctx, suspects)
+		if err != nil {
+			return nil, 0, false, err
+		}
+		cands = append(orphans, cands...)
+	}
+	if len(cands) == 0 {
+		return nil, rev, false, nil
+	}
+	claims, err = w.claimKeys(ctx, cands, n, fifo)
+	return claims, rev, len(claims) == 0, err
+}
+
+// claimKeys claims up to n of the pending keys cands in one transaction: one
+// nested transaction per task that succeeds only if its pending key is
+// unchanged since it was read and it has no claim, and then writes the claim
+// (bound to the lease) and counts the attempt. Unless ordered, it takes a
+// random n of the first 2n, so that workers reading the same keys do not
+// all race for the same tasks.
+func (w *Worker) claimKeys(ctx context.Context, cands []*mvccpb.KeyValue, n int, ordered bool) ([]*claim, error) {
+	q := w.cfg.Queue
+	pre := w.keys.QueuePending(q)
+	cands = w.withoutRunnerHeld(cands)
+	window := cands[:min(len(cands), 2*n)]
+	if !ordered {
+		rand.Shuffle(len(window), func(i, j int) { window[i], window[j] = window[j], window[i] })
+	}
+	pick := window[:min(n, len(window))]
+	if len(pick) == 0 {
+		return nil, nil
+	}
+	now := time.Now().UTC()
+	ops := make([]clientv3.Op, len(pick))
+	ids := make([]string, len(pick))
+	attempts := make([]int, len(pick))
+	for i, kv := range pick {
+		id := pendingID(string(kv.Key), pre)
+		var pv pendingValue
+		_ = json.Unmarshal(kv.Value, &pv)
+		ids[i], attempts[i] = id, pv.Attempts+1
+		cv, _ := json.Marshal(claimValue{Worker: w.worker, Attempt: attempts[i], ClaimedAt: now})
+		ck := w.keys.QueueClaim(q, id)
+		// A task id is held by one claimer at a time, a queue worker or a
+		// task runner (package task): no claim while the runner's lock on
+		// the id has a holder or a waiter. The runner, for its part, waits
+		// for a queue claim to end before it runs.
+		runner := w.keys.Lock(keyspace.TaskLock(id))
+		ops[i] = clientv3.OpTxn(
+			[]clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(string(kv.Key)), "=", kv.ModRevision), clientv3.Compare(clientv3.CreateRevision(ck), "=", 0),
+				clientv3.Compare(clientv3.CreateRevision(runner), "=", 0).WithPrefix()},
+			[]clientv3.Op{clientv3.OpPut(ck, string(cv), clientv3.WithLease(w.lease.ID())), clientv3.OpPut(string(kv.Key), encodePending(attempts[i], true)), clientv3.OpGet(w.keys.TaskRecord(id))},
+			[]clientv3.Op{clientv3.OpGet(runner, clientv3.WithPrefix(), clientv3.WithCountOnly())})
+	}
+	// Once sent, the claims may be applied whatever happens to ctx: do not
+	// let a shutdown cut the request short and leave claims nobody knows.
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	began := time.Now()
+	tr, err := w.cli.Txn(cctx).Then(ops...).Commit()
+	metrics.ObserveTxn("claim", began)
+	cancel()
+	if err != nil {
+		return nil, err
+	}
+	var out []*claim
+	for i, r := range tr.Responses {
+		sub := r.GetResponseTxn()
+		if !sub.Succeeded {
+			if sub.Responses[0].GetResponseRange().Count > 0 {
+				w.runnerHolds(ids[i]) // a task runner has it: skip it for a while
+			}
+			continue
+		}
+		c := &claim{claimKey: w.keys.QueueClaim(q, ids[i]), pendingKey: string(pick[i].Key), token: tr.Header.Revision, claimedAt: now}
+		t := new(Task)
+		kvs := sub.Responses[2].GetResponseRange().Kvs
+		switch {
+		case len(kvs) == 0:
+			c.broken = errors.New("the task has no record")
+		default:
+			if err := json.Unmarshal(kvs[0].Value, t); err != nil {
+				c.broken = fmt.Errorf("the task's record is unreadable: %w", err)
+			}
+			c.recRev = kvs[0].ModRevision
+		}
+		if c.broken != nil {
+			w.logger.Error("queue: claimed a broken task; sending it to the dead-letter queue", "task", ids[i], "err", c.broken)
+			t = &Task{ID: ids[i], Queue: q, Type: "unknown"}
+		}
+		t.Attempt, t.Token, t.CurrentStatus = attempts[i], tr.Header.Revision, Running
+		c.task = t
+		out = append(out, c)
+	}
+	w.claimed.Add(int64(len(out)))
+	if len(out) > 0 {
+		metrics.ClaimBatchSize.WithLabelValues(q).Observe(float64(len(out)))
+	}
+	for _, c := range out {
+		metrics.TasksClaimed.WithLabelValues(q, c.task.Type).Inc()
+	}
+	return out, nil
+}
+
+// levelBusyFor is how long a priority level whose tasks are all running is
+// skipped before it is read again.
+const levelBusyFor = 500 * time.Millisecond
+
+// level is a priority level marker; name "" stands for every level.
+type level struct {
+	name string
+	rev  int64
+}
+
+// firstRead is the head of one shard, read with the level markers.
+type firstRead struct {
+	start int
+	kvs   []*mvccpb.KeyValue
+	rev   int64
+}
+
+// readLevels returns queue's priority level markers, highest priority first,
+// and whether the queue is FIFO; in the same read it takes the head of the
+// next shard, which a claim of a queue with one level uses as its first
+// read, so that the markers cost no round trip of their own.
+func (w *Worker) readLevels(ctx context.Context, n int) ([]level, bool, *firstRead, error) {
+	start := int(w.shardCursor.Add(1))
+	resp, err := w.cli.Txn(ctx).Then(
+		clientv3.OpGet(w.keys.QueueLevels(w.cfg.Queue), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
+		clientv3.OpGet(w.keys.QueueConfig(w.cfg.Queue)),
+		clientv3.OpGet(w.client.shardPrefix(w.cfg.Queue, start%Shards), clientv3.WithPrefix(), clientv3.WithLimit(int64(2*n+8))),
+	).Commit()
+	if err != nil {
+		return nil, false, nil, fmt.Errorf("queue: read the priority levels of %s: %w", w.cfg.Queue, err)
+	}
+	kvs := resp.Responses[0].GetResponseRange().Kvs
+	out := make([]level, 0, len(kvs))
+	for _, kv := range kvs {
+		name, _ := keyspace.Last(w.keys.QueueLevels(w.cfg.Queue), string(kv.Key))
+		out = append(out, level{name: name, rev: kv.ModRevision})
+	}
+	var cfg Config
+	if c := resp.Responses[1].GetResponseRange().Kvs; len(c) == 1 {
+		_ = json.Unmarshal(c[0].Value, &cfg)
+	}
+	return out, cfg.FIFO, &firstRead{start: start, kvs: resp.Responses[2].GetResponseRange().Kvs, rev: resp.Header.Revision}, nil
+}
+
+// pickLevel chooses the priority level the next read takes tasks from; false
+// when every choice was tried. The rule: seven claims in eight read the
+// highest level with tasks that are not all running; every eighth reads the
+// levels below it in turn, so no level starves; every 64th, or whenever the
+// queue has one level or none, reads every level at once (shard order, which
+// also finds tasks whose level has no marker).
+func (w *Worker) pickLevel(levels []level, seq int64, tried map[string]bool) (level, bool) {
+	if len(levels) <= 1 || seq%64 == 0 {
+		return level{}, !tried[""]
+	}
+	now := time.Now()
+	w.levelMu.Lock()
+	defer w.levelMu.Unlock()
+	var open []level
+	for _, lv := range levels {
+		if !tried[lv.name] && now.After(w.busyLevels[lv.name]) {
+			open = append(open, lv)
+		}
+	}
+	switch {
+	case len(open) == 0:
+		return level{}, !tried[""]
+	case seq%8 == 0 && len(open) > 1:
+		return open[1+int(seq/8)%(len(open)-1)], true
+	}
+	return open[0], true
+}
+
+// readPending reads up to about 2n pending keys of priority level lv (""
+// every level): one shard first, then the following shards several at a
+// time, starting from a different shard each call (shard 0 in a FIFO queue).
+// covered says every shard was read.
+func (w *Worker) readPending(ctx context.Context, n int, lv string, fifo bool, pre *firstRead) (cands, suspects []*mvccpb.KeyValue, rev int64, covered bool, err error) {
+	q := w.cfg.Queue
+	perRead := 8
+	if lv != "" {
+		perRead = 32 // a level may be sparse: read wide
+	}
+	classify := func(kvs []*mvccpb.KeyValue) {
+		for _, kv := range kvs {
+			var pv pendingValue
+			if json.Unmarshal(kv.Value, &pv) == nil && pv.Claimed {
+				suspects = append(suspects, kv)
+			} else {
+				cands = append(cands, kv)
+			}
+		}
+	}
+	var start, read int
+	switch {
+	case fifo:
+		start = 0 // a FIFO queue's tasks are in shard 0: read it first, in order
+	case lv == "" && pre != nil: // the first shard came with the level markers
+		start, read, rev = pre.start, 1, pre.rev
+		classify(pre.kvs)
+	default:
+		start = int(w.shardCursor.Add(1))
+	}
+	next := start + read
+	for ; next < start+Shards && len(cands) < n; read++ {
+		width, limit := 1, int64(2*n+8)
+		if read > 0 || lv != "" && !fifo {
+			width, limit = perRead, int64(2*n/perRead+4)
+		}
+		ops := make([]clientv3.Op, 0, width)
+		for j := 0; j < width && next < start+Shards; j++ {
+			ops = append(ops, clientv3.OpGet(w.client.shardPrefix(q, next%Shards)+lv, clientv3.WithPrefix(), clientv3.WithLimit(limit)))
+			next++
+		}
+		resp, err := w.cli.Txn(ctx).Then(ops...).Commit()
+		if err != nil {
+			return nil, nil, 0, false, err
+		}
+		if rev == 0 {
+			rev = resp.Header.Revision
+		}
+		for _, r := range resp.Responses {
+			classify(r.GetResponseRange().Kvs)
+		}
+	}
+	return cands, suspects, rev, next >= start+Shards, nil
+}
+
+// orphans returns the claimed pending keys among suspects (at most 100)
+// whose claim key is gone: their worker died, and they are claimable again.
+func (w *Worker) orphans(ctx context.Context, suspects []*mvccpb.KeyValue) ([]*mvccpb.KeyValue, error) {
+	q, pre := w.cfg.Queue, w.keys.QueuePending(w.cfg.Queue)
+	suspects = suspects[:min(len(suspects), 100)]
+	ops := make([]clientv3.Op, len(suspects))
+	for i, kv := range suspects {
+		ops[i] = clientv3.OpGet(w.keys.QueueClaim(q, pendingID(string(kv.Key), pre)), clientv3.WithCountOnly())
+	}
+	resp, err := w.cli.Txn(ctx).Then(ops...).Commit()
+	if err != nil {
+		return nil, err
+	}
+	var out []*mvccpb.KeyValue
+	for i, r := range resp.Responses {
+		if r.GetResponseRange().Count == 0 {
+			out = append(out, suspects[i])
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,302 @@
+package queue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/droverhq/drover/keyspace"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Run claims and runs tasks until ctx ends (then it shuts down gracefully:
+// no new claims, running tasks get ShutdownTimeout to finish and are then
+// cancelled and handed back), the queue is drained (WorkerConfig.Drain), or
+// the lease is lost (lease.ErrLost).
+func (w *Worker) Run(ctx context.Context) error {
+	w.lifeMu.Lock()
+	if w.started {
+		w.lifeMu.Unlock()
+		return errors.New("queue: Run was called before; a worker runs once")
+	}
+	w.started = true
+	w.lifeMu.Unlock()
+	defer close(w.ran)
+	ctx, endRun := context.WithCancel(ctx)
+	defer endRun()
+	go func() {
+		select {
+		case <-w.stopReq:
+			endRun()
+		case <-ctx.Done():
+		}
+	}()
+	// Handlers run under the lease, not under ctx: ctx ending asks for a
+	// graceful stop, the lease ending means the claims are gone.
+	base, cancelBase := context.WithCancelCause(w.lease.Context())
+	defer cancelBase(nil)
+
+	outcomes := make(chan outcome, w.cfg.Concurrency)
+	// Two ackers, so one outcome request is in flight while the next fills.
+	var ackers sync.WaitGroup
+	for range claimers {
+		ackers.Go(func() { w.acker(outcomes) })
+	}
+
+	bg, stopBG := context.WithCancel(base)
+	var bgWG sync.WaitGroup
+	bgWG.Add(5)
+	go func() { defer bgWG.Done(); w.watchOrphans(bg) }()
+	go func() { defer bgWG.Done(); w.promoteRetries(bg) }()
+	go func() { defer bgWG.Done(); w.watchCancels(bg) }()
+	go func() { defer bgWG.Done(); w.removeExpired(bg) }()
+	go func() { defer bgWG.Done(); w.countDepth(bg) }()
+
+	// Claimers run side by side so that one claim's round trips overlap
+	// another's: a claim is two round trips (read, then the conditional
+	// write), and one claimer at a time left the server waiting. The
+	// overlap is for short tasks: the first claimer reserves up to
+	// Prefetch free slots, so the second claims only while slots come free
+	// during the first one's claim, or when Prefetch < Concurrency.
+	slots := newSlotPool(w.cfg.Concurrency)
+	var tasks sync.WaitGroup
+	// The first loop to end (drained, lease lost, ctx ended) ends them all.
+	loopCtx, endLoops := context.WithCancel(ctx)
+	defer endLoops()
+	errs := make(chan error, claimers)
+	for range claimers {
+		go func() {
+			defer endLoops()
+			errs <- w.loop(loopCtx, base, slots, outcomes, &tasks)
+		}()
+	}
+	var runErr error
+	for range claimers {
+		if err := <-errs; err != nil && runErr == nil {
+			runErr = err
+		}
+	}
+
+	// Shutdown: let running tasks finish, then cancel and hand them back.
+	allDone := make(chan struct{})
+	go func() { tasks.Wait(); close(allDone) }()
+	select {
+	case <-allDone:
+	case <-time.After(w.cfg.ShutdownTimeout):
+		w.cancelAll(ErrShutdown)
+		<-allDone
+	case <-base.Done():
+		<-allDone
+	}
+	close(outcomes)
+	ackers.Wait()
+	stopBG()
+	bgWG.Wait()
+	if err := w.lease.Err(); err != nil && runErr == nil {
+		runErr = fmt.Errorf("queue: worker %s: %w", w.worker, err)
+	}
+	return runErr
+}
+
+func (w *Worker) cancelAll(cause error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, r := range w.inflight {
+		r.cancel(cause)
+	}
+}
+
+// Stop ends Run gracefully, as ctx ending does: no new claims, running tasks
+// get ShutdownTimeout to finish and are then cancelled and handed back. It
+// waits for Run to return, no longer than ctx allows. Called before Run, it
+// makes Run return at once; it is safe to call more than once.
+func (w *Worker) Stop(ctx context.Context) error {
+	w.stopOnce.Do(func() { close(w.stopReq) })
+	return w.waitRan(ctx)
+}
+
+// StopAndCancel ends Run at once: no new claims, and every running task's
+// context is cancelled (cause ErrShutdown) and the task handed back, its
+// attempt not counted. It waits for Run to return, no longer than ctx
+// allows. It is safe to call before Run, after Stop, and more than once.
+func (w *Worker) StopAndCancel(ctx context.Context) error {
+	w.hardStop.Store(true)
+	w.stopOnce.Do(func() { close(w.stopReq) })
+	w.cancelAll(ErrShutdown)
+	return w.waitRan(ctx)
+}
+
+// waitRan waits for Run to return, if it started.
+func (w *Worker) waitRan(ctx context.Context) error {
+	w.lifeMu.Lock()
+	started := w.started
+	w.lifeMu.Unlock()
+	if !started {
+		return nil
+	}
+	select {
+	case <-w.ran:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("queue: stop worker %s: %w", w.worker, ctx.Err())
+	}
+}
+
+// claimers is how many claim loops, and how many outcome writers, a worker
+// runs at once.
+const claimers = 2
+
+// loop claims while there are free slots and waits on a watch when there is
+// nothing to claim. Several loops share one slot pool.
+func (w *Worker) loop(ctx, base context.Context, slots *slotPool, outcomes chan<- outcome, tasks *sync.WaitGroup) error {
+	for {
+		if ctx.Err() != nil {
+			return nil
+		}
+		if base.Err() != nil {
+			return context.Cause(base)
+		}
+		n, freed := slots.reserve(w.cfg.Prefetch)
+		if n == 0 {
+			select {
+			case <-freed:
+			case <-ctx.Done():
+			case <-base.Done():
+			}
+			continue
+		}
+		claims, rev, contended, err := w.claim(ctx, n)
+		slots.release(n - len(claims))
+		if err != nil {
+			if ctx.Err() != nil || base.Err() != nil {
+				continue
+			}
+			w.logger.Warn("queue: claim failed; retrying", "queue", w.cfg.Queue, "err", err)
+			select {
+			case <-time.After(500 * time.Millisecond):
+			case <-ctx.Done():
+			case <-base.Done():
+			}
+			continue
+		}
+		for _, c := range claims {
+			tasks.Add(1)
+			go func() {
+				defer tasks.Done()
+				o := w.execute(base, c)
+				outcomes <- o
+				slots.end()
+			}()
+		}
+		if len(claims) > 0 {
+			continue
+		}
+		if contended {
+			// Tasks were there but other workers won them: try again
+			// at once, a little apart.
+			sleepCtx(ctx, time.Duration(rand.Int64N(int64(20*time.Millisecond))))
+			continue
+		}
+		busy, ended := slots.state()
+		if w.cfg.Drain && busy == 0 {
+			st, err := w.client.Stats(ctx, w.cfg.Queue)
+			if err == nil && st.Unfinished() == 0 {
+				return nil
+			}
+		}
+		if !w.cfg.Drain {
+			// A task of this worker ending makes nothing claimable (its
+			// outcome removes its pending key with its claim); only a
+			// draining worker wakes for it, to see whether it is done.
+			ended = nil
+		}
+		if err := w.waitForWork(ctx, base, rev, ended, busy == 0); err != nil && ctx.Err() == nil && base.Err() == nil {
+			w.logger.Debug("queue: watch interrupted", "err", err)
+		}
+	}
+}
+
+// waitForWork blocks until something may have become claimable: a pending
+// key created (a new, retried or requeued task), a claim deleted without its
+// pending key (a dead worker's or handed-back task), a task of this worker
+// ended, or, when draining, any claim deleted. The watch starts
+// right after rev, the revision the last (empty) claim read, so nothing that
+// happened since is missed.
+func (w *Worker) waitForWork(ctx, base context.Context, rev int64, ended <-chan struct{}, idle bool) error {
+	wctx, cancel := context.WithCancel(base)
+	defer cancel()
+	stop := context.AfterFunc(ctx, cancel)
+	defer stop()
+	q := w.cfg.Queue
+	opts := []clientv3.OpOption{clientv3.WithPrefix()}
+	if rev > 0 {
+		opts = append(opts, clientv3.WithRev(rev+1))
+	}
+	wch := w.cli.Watch(clientv3.WithRequireLeader(wctx), w.keys.Queue(q), opts...)
+	fallback := time.NewTimer(30 * time.Second) // a safety net, not the mechanism
+	defer fallback.Stop()
+	for {
+		select {
+		case wr, ok := <-wch:
+			if !ok {
+				return wctx.Err()
+			}
+			if err := wr.Err(); err != nil {
+				return err
+			}
+			if w.wakes(wr.Events, idle && w.cfg.Drain) {
+				return nil
+			}
+		case <-ended:
+			return nil
+		case <-fallback.C:
+			return nil
+		case <-wctx.Done():
+			return wctx.Err()
+		}
+	}
+}
+
+func (w *Worker) wakes(events []*clientv3.Event, anyClaimDelete bool) bool {
+	q := w.cfg.Queue
+	pre, claims := w.keys.QueuePending(q), w.keys.QueueClaims(q)
+	pendingDeleted := map[string]int64{}
+	for _, ev := range events {
+		k := string(ev.Kv.Key)
+		if ev.Type == clientv3.EventTypeDelete && strings.HasPrefix(k, pre) {
+			pendingDeleted[pendingID(k, pre)] = ev.Kv.ModRevision
+		}
+	}
+	for _, ev := range events {
+		k := string(ev.Kv.Key)
+		switch {
+		case ev.Type == clientv3.EventTypePut && strings.HasPrefix(k, pre) && ev.IsCreate():
+			return true
+		case ev.Type == clientv3.EventTypeDelete && strings.HasPrefix(k, claims):
+			if anyClaimDelete {
+				return true
+			}
+			id, _ := keyspace.Last(claims, k)
+			if rev, ok := pendingDeleted[id]; !ok || rev != ev.Kv.ModRevision {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func watchOpened(ctx context.Context, wch clientv3.WatchChan) error {
+	select {
+	case wr, ok := <-wch:
+		if !ok {
+			return errors.New("watch closed before it opened")
+		}
+		return wr.Err()
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

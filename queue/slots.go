@@ -1,0 +1,61 @@
+package queue
+
+import "sync"
+
+// slotPool counts a worker's task slots. A claimer reserves slots before it
+// claims, so that claimers running at once never claim more tasks than
+// there are slots, and gives back those its claim did not fill.
+type slotPool struct {
+	mu    sync.Mutex
+	free  int
+	size  int
+	freed chan struct{} // closed, and replaced, whenever slots come free
+	ended chan struct{} // closed, and replaced, whenever a task ends
+}
+
+func newSlotPool(n int) *slotPool {
+	return &slotPool{free: n, size: n, freed: make(chan struct{}), ended: make(chan struct{})}
+}
+
+// reserve takes up to n free slots; with none free it returns 0 and a
+// channel closed once some come free.
+func (p *slotPool) reserve(n int) (int, <-chan struct{}) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	k := min(n, p.free)
+	p.free -= k
+	return k, p.freed
+}
+
+// release gives back n reserved slots that a claim did not fill, and wakes
+// claimers waiting for a slot.
+func (p *slotPool) release(n int) {
+	if n == 0 {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.free += n
+	close(p.freed)
+	p.freed = make(chan struct{})
+}
+
+// end gives back the slot of a task that ended, and wakes claimers waiting
+// for a slot or for a task to end.
+func (p *slotPool) end() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.free++
+	close(p.freed)
+	p.freed = make(chan struct{})
+	close(p.ended)
+	p.ended = make(chan struct{})
+}
+
+// state returns how many slots are in use (running or reserved) and a
+// channel closed once a task ends.
+func (p *slotPool) state() (int, <-chan struct{}) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.size - p.free, p.ended
+}
