@@ -68,7 +68,7 @@ func sameJSON(a, b json.RawMessage) bool {
 	return reflect.DeepEqual(va, vb)
 }
 
-// sortLines orders rejected lines by line number.
-func sortLines(r []LineError) {
+// SortLineErrors orders rejected lines by line number.
+func SortLineErrors(r []LineError) {
 	sort.Slice(r, func(i, j int) bool { return r[i].Line < r[j].Line })
 }

@@ -199,7 +199,7 @@ func (c *Client) Submit(ctx context.Context, q string, tasks []Task, progress fu
 	// tasks again is safe: it is when every task came with its id.
 	fail := func(err error) (SubmitResult, error) {
 		_ = g.Wait()
-		sortLines(res.Rejected)
+		SortLineErrors(res.Rejected)
 		if qf := (*QueueFullError)(nil); errors.As(err, &qf) {
 			return res, err // it carries its own counts
 		}
@@ -252,7 +252,7 @@ func (c *Client) Submit(ctx context.Context, q string, tasks []Task, progress fu
 	if err := g.Wait(); err != nil {
 		return fail(err)
 	}
-	sortLines(res.Rejected)
+	SortLineErrors(res.Rejected)
 	return res, nil
 }
 

@@ -217,7 +217,7 @@ func (a *app) submitFile(ctx context.Context, c *queue.Client, q, file string) (
 		}
 		prog.update(lr.read, total.Submitted+total.Duplicates)
 		if stop != nil {
-			sortRejected(total.Rejected)
+			queue.SortLineErrors(total.Rejected)
 			return total, withCode(ExitRejected, fmt.Errorf("%w; stopped there: submitted %d, duplicates %d, rejected %d before it. Fix the input and submit it again: lines already in count as duplicates",
 				stop, total.Submitted, total.Duplicates, len(total.Rejected)))
 		}
@@ -225,7 +225,7 @@ func (a *app) submitFile(ctx context.Context, c *queue.Client, q, file string) (
 			break
 		}
 	}
-	sortRejected(total.Rejected)
+	queue.SortLineErrors(total.Rejected)
 	return total, nil
 }
 
@@ -315,14 +315,6 @@ func (lr *lineReader) batch(total *queue.SubmitResult) (batch []queue.Task, line
 		}
 	}
 	return batch, lines, false, nil
-}
-
-func sortRejected(r []queue.LineError) {
-	for i := 1; i < len(r); i++ {
-		for j := i; j > 0 && r[j].Line < r[j-1].Line; j-- {
-			r[j], r[j-1] = r[j-1], r[j]
-		}
-	}
 }
 
 type lineRead struct {
