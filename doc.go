@@ -32,7 +32,12 @@
 //     history, on etcd or PostgreSQL.
 //   - [github.com/droverhq/drover/metrics]: the Prometheus metrics every
 //     part records.
+//   - [github.com/droverhq/drover/storeguard]: the store-full guard key that
+//     data-plane writes compare, so that they yield before etcd's quota
+//     stops the control plane (leases, locks); cluster.Guard sets it.
 //   - [github.com/droverhq/drover/cmd/drover]: the one binary.
 //
-// This package holds what every part shares: the error type for bad input.
+// This package holds what every part shares: the error type for bad input,
+// and the one for a write refused because etcd's database is near its quota
+// ([StoreFullError], matched by [ErrStoreFull]).
 package drover

@@ -12,10 +12,17 @@ import (
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/lease"
 	"github.com/droverhq/drover/lock"
+	"github.com/droverhq/drover/storeguard"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // Etcd is the etcd checkpoint store (small state, the default).
+//
+// Its writes (Put, PutWrites) are data-plane writes: while the namespace's
+// store-full guard key exists (the server sets it when etcd's database
+// nears its quota; see package storeguard) they write nothing and return a
+// *drover.StoreFullError, matched by drover.ErrStoreFull. DeleteThread
+// frees space and is always accepted.
 //
 // Keys of thread T, checkpoint namespace N ("@" for the default ""):
 //
@@ -41,9 +48,12 @@ func NewEtcd(cli *clientv3.Client, ns string) (*Etcd, error) {
 
 func pad(t int64) string { return fmt.Sprintf("%020d", t) }
 
-// fenced wraps ops in the thread's token fence: they apply only if no token
-// higher than the fence's was seen, and raise the highest seen to it. With an
-// etcd lock the transaction is nested under the lock's own fence too.
+// commit applies ops if cmps hold, wrapped in the thread's token fence:
+// they apply only if no token higher than the fence's was seen, and raise
+// the highest seen to it. With an etcd lock the transaction is nested under
+// the lock's own fence too. Every commit also requires that the store-full
+// guard key is absent (these are data-plane writes): while it exists nothing
+// is written and err is the guard's *drover.StoreFullError.
 func (s *Etcd) commit(ctx context.Context, thread, ns string, cmps []clientv3.Cmp, ops []clientv3.Op, fence Fence) (ok bool, fenced bool, err error) {
 	var txn clientv3.Txn
 	if et, isEtcd := fence.(lease.Fence); isEtcd {
@@ -51,20 +61,24 @@ func (s *Etcd) commit(ctx context.Context, thread, ns string, cmps []clientv3.Cm
 	} else {
 		txn = s.cli.Txn(ctx)
 	}
+	cmps = append(cmps[:len(cmps):len(cmps)], storeguard.NotFull(s.keys))
 	if fence == nil {
-		resp, err := txn.If(cmps...).Then(ops...).Commit()
+		resp, err := txn.If(cmps...).Then(ops...).Else(storeguard.GetOp(s.keys)).Commit()
 		if err != nil {
 			return false, false, err
 		}
-		return resp.Succeeded, false, nil
+		if !resp.Succeeded {
+			return false, false, storeguard.FromRange(resp.Responses[0].GetResponseRange())
+		}
+		return true, false, nil
 	}
 	fk := s.keys.CheckpointFence(thread, ns)
 	tok := fence.Token()
 	withFence := append(ops[:len(ops):len(ops)], clientv3.OpPut(fk, pad(tok)))
 	resp, err := txn.If(clientv3.Compare(clientv3.CreateRevision(fk), "=", 0)).
-		Then(clientv3.OpTxn(cmps, withFence, nil)).
+		Then(clientv3.OpTxn(cmps, withFence, []clientv3.Op{storeguard.GetOp(s.keys)})).
 		Else(clientv3.OpTxn(append(cmps[:len(cmps):len(cmps)], clientv3.Compare(clientv3.Value(fk), "<", pad(tok+1))), withFence,
-			[]clientv3.Op{clientv3.OpGet(fk)})).
+			[]clientv3.Op{clientv3.OpGet(fk), storeguard.GetOp(s.keys)})).
 		Commit()
 	if err != nil {
 		if errors.Is(err, lock.ErrFenced) {
@@ -76,14 +90,16 @@ func (s *Etcd) commit(ctx context.Context, thread, ns string, cmps []clientv3.Cm
 	if inner.Succeeded {
 		return true, false, nil
 	}
-	if !resp.Succeeded && len(inner.Responses) > 0 {
+	guard := inner.Responses[0]
+	if !resp.Succeeded {
 		if kvs := inner.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
 			if seen, _ := strconv.ParseInt(string(kvs[0].Value), 10, 64); seen > tok {
 				return false, true, fmt.Errorf("%w: token %d is below %d, already seen for this thread", lock.ErrFenced, tok, seen)
 			}
 		}
+		guard = inner.Responses[1]
 	}
-	return false, false, nil
+	return false, false, storeguard.FromRange(guard.GetResponseRange())
 }
 
 // Put writes cp as the new head; see Store.

@@ -32,7 +32,8 @@ const maxWriteTries = 100
 // compare-and-swap: etcd allows 128 operations in a request, so a key per
 // write failed past about 126 writes in one call, and one key costs a single
 // write however many there are. They share the checkpoint state's bound,
-// MaxState encoded.
+// MaxState encoded. While the store-full guard key exists it writes nothing
+// and returns a *drover.StoreFullError.
 func (s *Etcd) PutWrites(ctx context.Context, thread, ns, id string, writes []Write, fence Fence) error {
 	if err := check(thread, ns); err != nil {
 		return err

@@ -11,4 +11,9 @@
 //	if err != nil { ... }
 //	defer srv.Close()
 //	cli, err := cluster.Connect(ctx, cluster.ClientConfig{Endpoints: srv.Endpoints()})
+//
+// A [Guard] keeps the server's database under its quota: past a high-water
+// mark it makes data-plane writes (queue submissions, checkpoints) fail with
+// drover.ErrStoreFull, so that leases and locks keep working, and it
+// compacts, defragments and disarms etcd's NOSPACE alarm once space is freed.
 package cluster

@@ -146,6 +146,7 @@ type Server struct {
 	etcd      *embed.Etcd
 	endpoints []string
 	dataDir   string
+	quota     int64
 	logLevel  zap.AtomicLevel
 	closeOnce sync.Once
 	unlock    func()        // releases the data dir's lock file
@@ -258,7 +259,7 @@ func start(ctx context.Context, cfg EmbedConfig) (*Server, error) {
 		return nil, fmt.Errorf("cluster: start embedded etcd: %w", ctx.Err())
 	}
 	zc.Level.SetLevel(level)
-	s := &Server{etcd: e, dataDir: cfg.DataDir, logLevel: zc.Level, stop: make(chan struct{}), done: make(chan struct{})}
+	s := &Server{etcd: e, dataDir: cfg.DataDir, quota: cfg.QuotaBackendBytes, logLevel: zc.Level, stop: make(chan struct{}), done: make(chan struct{})}
 	for _, l := range e.Clients {
 		s.endpoints = append(s.endpoints, l.Addr().String())
 	}
@@ -321,6 +322,10 @@ func (s *Server) Endpoints() []string { return append([]string(nil), s.endpoints
 
 // DataDir returns the server's data directory.
 func (s *Server) DataDir() string { return s.dataDir }
+
+// Quota returns the server's database quota in bytes
+// (EmbedConfig.QuotaBackendBytes); negative means none.
+func (s *Server) Quota() int64 { return s.quota }
 
 // Err returns a channel that receives an error if the server fails while
 // running.

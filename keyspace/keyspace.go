@@ -6,8 +6,16 @@
 //	/{ns}/locks/{name}/{contender}   lock contenders; the oldest is the holder
 //	/{ns}/tasks/{id}/checkpoint       a task's latest checkpoint
 //	/{ns}/tasks/{id}/steps/{NNNNNN}   the record of each completed step
-//	/{ns}/tasks/{id}/record           a queued task's record
-//	/{ns}/queues/{q}/pending/{shard}/{level}{submitted}-{id} a queued task that is not finished
+//	/{ns}/tasks/{id}/record           a queued task's record of its own (retrying, dead, cancelled, handed back)
+//	/{ns}/ids/{id}                    a queued task's index key: "{queue}/{segment}/{slot}"; makes task_id idempotent
+//	/{ns}/segments/{q}/{segment}      up to 100 tasks of queue q as submitted, in one key
+//	/{ns}/queues/{q}/open/{segment}   a segment with unfinished tasks; value: its number of tasks
+//	/{ns}/queues/{q}/closed/{closed}-{segment} a finished segment; value: how many succeeded in it
+//	/{ns}/queues/{q}/runs/{segment}/{n}-{run} a claim of n slots of a segment, bound to the worker's lease
+//	/{ns}/queues/{q}/tries/{segment}/{n}-{run} a run's durable twin: the attempts it started
+//	/{ns}/queues/{q}/outs/{segment}/{token}-{ok}-{moved}-{seq} a batch of a run's outcomes
+//	/{ns}/queues/{q}/exits/{segment}/{slot}[-ok] a slot that left its segment (cancelled, purged)
+//	/{ns}/queues/{q}/pending/{shard}/{level}{submitted}-{id} a task with a record of its own that waits to run
 //	/{ns}/queues/{q}/claims/{id}      the claim of a running task, bound to its worker's lease
 //	/{ns}/queues/{q}/retry/{due}-{id} a task waiting for its backoff (times: 19-digit Unix nanoseconds)
 //	/{ns}/queues/{q}/dead/{id}        a task in the dead-letter queue
@@ -24,6 +32,7 @@
 //	/{ns}/breakers/{name}/{config|state} a circuit breaker: its thresholds, and its state
 //	/{ns}/quotas/{name}/grants/{subject}/{lease:hex} slots a worker holds, bound to its lease
 //	/{ns}/quotas/{name}/ledger/{subject} rewritten by every grant increase (compare-and-swap)
+//	/{ns}/store/full                  the store-full guard: while it exists, data-plane writes (submissions, checkpoints) are refused
 //
 // Names that become one path segment are checked by [CheckName], so that no
 // name can reach into another name's keys. The keys that carry more than a
@@ -272,3 +281,9 @@ func (s Space) QueueConfig(q string) string { return s.Queue(q) + "config" }
 // QueueLevels is the prefix of queue q's priority level markers, ending in
 // "/".
 func (s Space) QueueLevels(q string) string { return s.Queue(q) + "levels/" }
+
+// StoreFull is the key of the store-full guard: the server writes it (its
+// value says how full etcd's database is) while usage is past the
+// high-water mark, and data-plane writers compare its absence in their
+// transactions (package storeguard).
+func (s Space) StoreFull() string { return s.root + "store/full" }

@@ -116,3 +116,194 @@ func Last(prefix, key string) (string, bool) {
 
 // Rest is what follows prefix in key: a listing's cursor.
 func Rest(prefix, key string) string { return strings.TrimPrefix(key, prefix) }
+
+// A segment holds the records of up to a hundred tasks of one queue and one
+// priority level, submitted together, in one key. A segment's name,
+// "{level:04d}-{submitted:019d}-{rand}", sorts by level (higher priority
+// first), then submission time. Its state lives beside it in small keys: the
+// runs claimed on it (lease-bound), their durable twins (the attempts
+// started), the outcomes written in batches, and the slots that left it.
+
+// SegmentName names a segment of priority level level, submitted at at;
+// suffix keeps names of one instant apart.
+func SegmentName(level int, at time.Time, suffix string) string {
+	return fmt.Sprintf("%s-%019d-%s", LevelName(level), at.UnixNano(), suffix)
+}
+
+// SegmentLevel returns the priority level of segment name; false when name
+// is not a segment name.
+func SegmentLevel(name string) (int, bool) {
+	lv, _, ok := ParseSegmentName(name)
+	return lv, ok
+}
+
+// ParseSegmentName returns the priority level and submission time of
+// segment name; false when name is not a segment name.
+func ParseSegmentName(name string) (level int, at time.Time, ok bool) {
+	if len(name) < 4+1+19+2 || name[4] != '-' || name[24] != '-' {
+		return 0, time.Time{}, false
+	}
+	lv, err1 := strconv.Atoi(name[:4])
+	ns, err2 := strconv.ParseInt(name[5:24], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, time.Time{}, false
+	}
+	return lv, time.Unix(0, ns), true
+}
+
+// SegmentBound is the first key under prefix (a queue's SegmentsOpen) of
+// the segments of level level submitted at or after at: a range that ends
+// there holds the open segments before it.
+func SegmentBound(prefix string, level int, at time.Time) string {
+	return fmt.Sprintf("%s%s-%019d", prefix, LevelName(level), at.UnixNano())
+}
+
+// RunName is a run's (and its try's) key below its segment's prefix in
+// [Space.Runs] and [Space.Tries]: "{n:03d}-{id}-{seq}", the number of slots
+// first, so that counting needs no values.
+func RunName(n int, id string, seq int64) string { return fmt.Sprintf("%03d-%s-%d", n, id, seq) }
+
+// RunSlots reads the number of slots of a run's name (see [RunName]).
+func RunSlots(name string) int {
+	if len(name) < 3 {
+		return 0
+	}
+	n, _ := strconv.Atoi(name[:3])
+	return n
+}
+
+// OutName is an outcome batch's key below its segment's prefix in
+// [Space.Outs]: "{token:019d}-{ok:03d}-{moved:03d}-{seq}". The run's token
+// first, so that a claim can require that no run made after its read left
+// outcomes (a range compare from [OutsFrom] on).
+func OutName(token int64, ok, moved int, seq int64) string {
+	return fmt.Sprintf("%019d-%03d-%03d-%d", token, ok, moved, seq)
+}
+
+// ParseOutName reads what [OutName] wrote; false when name is not one.
+func ParseOutName(name string) (token int64, ok, moved int, valid bool) {
+	parts := strings.SplitN(name, "-", 4)
+	if len(parts) < 4 {
+		return 0, 0, 0, false
+	}
+	token, err1 := strconv.ParseInt(parts[0], 10, 64)
+	ok, err2 := strconv.Atoi(parts[1])
+	moved, err3 := strconv.Atoi(parts[2])
+	return token, ok, moved, err1 == nil && err2 == nil && err3 == nil
+}
+
+// OutsFrom is the first outcome key of segment seg of queue q written by a
+// run made at or after revision rev.
+func (s Space) OutsFrom(q, seg string, rev int64) string {
+	return fmt.Sprintf("%s%019d", s.Outs(q, seg), rev)
+}
+
+// ParseExit reads an exit's name below its segment's prefix in
+// [Space.Exits]: its slot, and whether the slot had succeeded (an
+// [Space.ExitDone] key); false when name is not one.
+func ParseExit(name string) (slot int, done, ok bool) {
+	if len(name) < 3 {
+		return 0, false, false
+	}
+	slot, err := strconv.Atoi(name[:3])
+	rest := name[3:]
+	return slot, rest == "-ok", err == nil && (rest == "" || rest == "-ok")
+}
+
+// TaskIndex is the key that makes task id's submission idempotent and says
+// where the task is: its queue, segment and slot.
+func (s Space) TaskIndex(id string) string { return s.root + "ids/" + id }
+
+// Segments is the prefix of queue q's segment records, ending in "/". It is
+// outside the queue's prefix so that watchers of the queue's small keys are
+// not sent the records.
+func (s Space) Segments(q string) string { return s.root + "segments/" + q + "/" }
+
+// Segment is the key of segment seg of queue q: its tasks' records.
+func (s Space) Segment(q, seg string) string { return s.Segments(q) + seg }
+
+// SegmentsOpen is the prefix of queue q's open segments (with tasks not yet
+// finished), ending in "/"; the value of each is its number of tasks.
+func (s Space) SegmentsOpen(q string) string { return s.Queue(q) + "open/" }
+
+// SegmentOpen is segment seg's key in queue q's open segments.
+func (s Space) SegmentOpen(q, seg string) string { return s.SegmentsOpen(q) + seg }
+
+// SegmentsClosed is the prefix of queue q's closed segments, ending in "/":
+// keys "{closed:019d}-{seg}" whose value counts the tasks that succeeded in
+// them.
+func (s Space) SegmentsClosed(q string) string { return s.Queue(q) + "closed/" }
+
+// SegmentClosed is segment seg's key in queue q's closed segments.
+func (s Space) SegmentClosed(q, seg string, at time.Time) string {
+	return TimedKey(s.SegmentsClosed(q), at.UnixNano(), seg)
+}
+
+// Runs is the prefix of queue q's runs (claims of slots of a segment, bound
+// to the worker's lease), ending in "/"; with seg, of that segment's.
+func (s Space) Runs(q, seg string) string { return segPart(s.Queue(q)+"runs/", seg) }
+
+// Tries is the prefix of queue q's tries (a run's durable twin: the
+// attempts it started), ending in "/"; with seg, of that segment's.
+func (s Space) Tries(q, seg string) string { return segPart(s.Queue(q)+"tries/", seg) }
+
+// Outs is the prefix of queue q's outcome batches, ending in "/"; with seg,
+// of that segment's.
+func (s Space) Outs(q, seg string) string { return segPart(s.Queue(q)+"outs/", seg) }
+
+// Exits is the prefix of queue q's exits (slots that left their segment
+// while not running: cancelled or purged), ending in "/"; with seg, of that
+// segment's.
+func (s Space) Exits(q, seg string) string { return segPart(s.Queue(q)+"exits/", seg) }
+
+// Exit is the key of slot slot of segment seg in queue q's exits.
+func (s Space) Exit(q, seg string, slot int) string {
+	return fmt.Sprintf("%s%03d", s.Exits(q, seg), slot)
+}
+
+// ExitDone is the key of slot slot of segment seg in queue q's exits when
+// the slot had succeeded before it left (it was purged): a name of its own,
+// so that counting keys tells it from a slot that left unfinished.
+func (s Space) ExitDone(q, seg string, slot int) string { return s.Exit(q, seg, slot) + "-ok" }
+
+func segPart(pre, seg string) string {
+	if seg == "" {
+		return pre
+	}
+	return pre + seg + "/"
+}
+
+// SegmentPart splits a key under prefix (Runs, Tries, Outs or Exits of a
+// queue, without segment) into its segment and the rest; false when key is
+// not one.
+func SegmentPart(prefix, key string) (seg, rest string, ok bool) {
+	r, ok := strings.CutPrefix(key, prefix)
+	if !ok {
+		return "", "", false
+	}
+	seg, rest, ok = strings.Cut(r, "/")
+	return seg, rest, ok && seg != "" && rest != ""
+}
+
+// TaskPlace is where a task in a segment is: the value of its
+// [Space.TaskIndex] key.
+type TaskPlace struct {
+	Queue, Segment string
+	Slot           int
+}
+
+// String encodes p as its index key holds it: "{queue}/{segment}/{slot}".
+func (p TaskPlace) String() string { return p.Queue + "/" + p.Segment + "/" + strconv.Itoa(p.Slot) }
+
+// ParseTaskPlace reads an index key's value; false when v is not one.
+func ParseTaskPlace(v string) (TaskPlace, bool) {
+	parts := strings.Split(v, "/")
+	if len(parts) != 3 || parts[0] == "" || parts[1] == "" {
+		return TaskPlace{}, false
+	}
+	slot, err := strconv.Atoi(parts[2])
+	if err != nil || slot < 0 {
+		return TaskPlace{}, false
+	}
+	return TaskPlace{Queue: parts[0], Segment: parts[1], Slot: slot}, true
+}

@@ -47,3 +47,86 @@ func TestQueueKeysRoundTrip(t *testing.T) {
 		t.Fatal("a nested key read as a claim")
 	}
 }
+
+// TestSegmentKeysRoundTrip: segment names carry their level and sort by
+// level, then time; a task's place and the parts of a segment's state keys
+// parse back to what built them; others are refused.
+func TestSegmentKeysRoundTrip(t *testing.T) {
+	s := keyspace.MustNew("ns")
+	at := time.Unix(0, 1763820000123456789)
+	name := keyspace.SegmentName(37, at, "abcdef12")
+	if lv, ok := keyspace.SegmentLevel(name); !ok || lv != 37 {
+		t.Fatalf("level of %s: %d, %t", name, lv, ok)
+	}
+	if later := keyspace.SegmentName(37, at.Add(time.Nanosecond), "00000000"); later <= name {
+		t.Fatalf("%s sorts before %s", later, name)
+	}
+	if higher := keyspace.SegmentName(36, at.Add(time.Hour), "ffffffff"); higher >= name {
+		t.Fatalf("a higher priority (level 36) sorts after level 37: %s", higher)
+	}
+	if _, ok := keyspace.SegmentLevel("x"); ok {
+		t.Fatal("x parsed as a segment name")
+	}
+	p := keyspace.TaskPlace{Queue: "q-1", Segment: name, Slot: 99}
+	if got, ok := keyspace.ParseTaskPlace(p.String()); !ok || got != p {
+		t.Fatalf("%s parsed as %+v, %t", p, got, ok)
+	}
+	for _, bad := range []string{"", "q/seg", "q//1", "q/seg/-1", "q/seg/x", "/seg/1"} {
+		if _, ok := keyspace.ParseTaskPlace(bad); ok {
+			t.Fatalf("%q parsed as a place", bad)
+		}
+	}
+	for _, pre := range []string{s.Runs("q", ""), s.Tries("q", ""), s.Outs("q", ""), s.Exits("q", "")} {
+		key := pre + name + "/003-w-1"
+		seg, rest, ok := keyspace.SegmentPart(pre, key)
+		if !ok || seg != name || rest != "003-w-1" {
+			t.Fatalf("%s split as %q %q %t", key, seg, rest, ok)
+		}
+		if _, _, ok := keyspace.SegmentPart(pre, pre+name); ok {
+			t.Fatalf("%s split without a rest", pre+name)
+		}
+	}
+	if k := s.Exit("q", name, 7); k != s.Exits("q", name)+"007" || s.ExitDone("q", name, 7) != k+"-ok" {
+		t.Fatalf("exit keys %s %s", k, s.ExitDone("q", name, 7))
+	}
+}
+
+// TestSegmentStateNamesRoundTrip: run, outcome and exit names, and segment
+// names, parse back to what built them; others are refused.
+func TestSegmentStateNamesRoundTrip(t *testing.T) {
+	if n := keyspace.RunSlots(keyspace.RunName(42, "w-1:x", 7)); n != 42 {
+		t.Fatalf("run slots %d", n)
+	}
+	token, ok, moved, valid := keyspace.ParseOutName(keyspace.OutName(1234567, 98, 2, 3))
+	if !valid || token != 1234567 || ok != 98 || moved != 2 {
+		t.Fatalf("out name parsed as %d %d %d %t", token, ok, moved, valid)
+	}
+	if _, _, _, valid := keyspace.ParseOutName("x-1"); valid {
+		t.Fatal("x-1 parsed as an outcome name")
+	}
+	// Outcome names sort by token, so a range from OutsFrom(rev) holds the
+	// runs made at or after rev.
+	s := keyspace.MustNew("ns")
+	if from := s.OutsFrom("q", "seg", 1000); s.Outs("q", "seg")+keyspace.OutName(999, 1, 0, 1) >= from || s.Outs("q", "seg")+keyspace.OutName(1000, 1, 0, 1) < from {
+		t.Fatalf("OutsFrom(1000) = %s does not split tokens 999 and 1000", from)
+	}
+	for name, want := range map[string][2]any{"007": {7, false}, "007-ok": {7, true}} {
+		slot, done, ok := keyspace.ParseExit(name)
+		if !ok || slot != want[0] || done != want[1] {
+			t.Fatalf("exit %s parsed as %d %t %t", name, slot, done, ok)
+		}
+	}
+	for _, bad := range []string{"7", "007-x", "abc"} {
+		if _, _, ok := keyspace.ParseExit(bad); ok {
+			t.Fatalf("%q parsed as an exit", bad)
+		}
+	}
+	at := time.Unix(0, 1763820000123456789)
+	lv, got, isName := keyspace.ParseSegmentName(keyspace.SegmentName(500, at, "abcdef12"))
+	if !isName || lv != 500 || !got.Equal(at) {
+		t.Fatalf("segment name parsed as %d %s %t", lv, got, isName)
+	}
+	if b := keyspace.SegmentBound("/p/", 500, at); b >= "/p/"+keyspace.SegmentName(500, at, "00000000") || b <= "/p/"+keyspace.SegmentName(500, at.Add(-1), "ffffffff") {
+		t.Fatalf("bound %s is not the first key of segments submitted at %s", b, at)
+	}
+}

@@ -40,6 +40,9 @@ type Spec struct {
 	Token int64
 	// Cmp holds while the right is held with Token.
 	Cmp clientv3.Cmp
+	// Also holds while the right is held too, beside Cmp (a queue task
+	// claimed in a run: that the task was not cancelled since).
+	Also []clientv3.Cmp
 	// Check, if set, reports a loss known locally (a passed lease deadline)
 	// before anything is sent.
 	Check func() error
@@ -91,7 +94,7 @@ func (t *fencedTxn) Commit() (*clientv3.TxnResponse, error) {
 		}
 	}
 	resp, err := t.cli.Txn(t.ctx).
-		If(s.Cmp).
+		If(append([]clientv3.Cmp{s.Cmp}, s.Also...)...).
 		Then(clientv3.OpTxn(t.cmps, t.then, t.els)).
 		Commit()
 	if err != nil {

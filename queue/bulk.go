@@ -47,22 +47,38 @@ func (c *Client) bulk(ctx context.Context, q string, st Status, ids []string, pr
 	ids = slices.Compact(ids)
 	named := len(ids) > 0
 	n, done := 0, 0
-	var cursor string
+	var cursor, segCursor string
+	segments := true // the segments are still to be walked
 	for {
 		var batch []string
-		if named {
+		var tasks []*Task
+		switch {
+		case named:
 			batch, ids = ids[:min(readBatch, len(ids))], ids[min(readBatch, len(ids)):]
-		} else if cursor != "end" {
+		case cursor != "end":
 			if batch, cursor, err = c.indexPage(ctx, prefix, st, cursor); err != nil {
 				return n, err
 			}
+		case segments && segmentStatus(st):
+			// Then the tasks in segments, a page at a time.
+			if tasks, segCursor, err = c.listSegments(ctx, q, st, segCursor, readBatch); err != nil {
+				return n, err
+			}
+			segments = segCursor != ""
+			for _, t := range tasks {
+				batch = append(batch, t.ID)
+			}
 		}
 		if len(batch) == 0 {
+			if !named && cursor == "end" && segments && segmentStatus(st) {
+				continue // the index is done: on to the segments
+			}
 			return n, nil
 		}
-		tasks, err := c.getMany(ctx, batch)
-		if err != nil {
-			return n, err
+		if tasks == nil {
+			if tasks, err = c.getMany(ctx, batch); err != nil {
+				return n, err
+			}
 		}
 		if named && len(tasks) < len(batch) {
 			return n, fmt.Errorf("%w: %s", ErrNotFound, missing(batch, tasks))
@@ -111,27 +127,65 @@ func (c *Client) indexPage(ctx context.Context, prefix string, st Status, cursor
 // applyBulk writes change for tasks, in requests that stay within etcd's
 // operation and size limits, and returns how many applied.
 func (c *Client) applyBulk(ctx context.Context, st Status, tasks []*Task, change bulkChange) (int, error) {
+	n := 0
+	for try := 0; len(tasks) > 0; try++ {
+		k, missed, err := c.applyOnce(ctx, st, tasks, change)
+		if n += k; err != nil {
+			return n, err
+		}
+		// A task in a segment is refused when a neighbour in it was
+		// claimed or finished since the read: read such tasks again,
+		// and change those still in status st, a few times.
+		var again []string
+		for _, t := range missed {
+			if t.seg != nil {
+				again = append(again, t.ID)
+			}
+		}
+		if len(again) == 0 || try == 10 {
+			return n, nil
+		}
+		fresh, err := c.getMany(ctx, again)
+		if err != nil {
+			return n, err
+		}
+		tasks = nil
+		for _, t := range fresh {
+			if t.CurrentStatus == st {
+				tasks = append(tasks, t)
+			}
+		}
+	}
+	return n, nil
+}
+
+// applyOnce is one pass of applyBulk: it returns how many changes applied
+// and the tasks whose change did not (they changed since they were read).
+func (c *Client) applyOnce(ctx context.Context, st Status, tasks []*Task, change bulkChange) (int, []*Task, error) {
 	n, size := 0, 0
 	var ops []clientv3.Op
+	var sent, missed []*Task
 	shared := map[string]bool{}
 	send := func() error {
 		if len(ops) == 0 {
 			return nil
 		}
-		tasks := len(ops)
+		count := len(ops)
 		for k := range shared {
 			ops = append(ops, clientv3.OpPut(k, ""))
 		}
 		resp, err := c.cli.Txn(ctx).Then(ops...).Commit()
 		if err != nil {
-			return fmt.Errorf("queue: change %d tasks: %w", tasks, err)
+			return fmt.Errorf("queue: change %d tasks: %w", count, err)
 		}
-		for _, r := range resp.Responses[:tasks] {
+		for i, r := range resp.Responses[:count] {
 			if r.GetResponseTxn().Succeeded {
 				n++
+			} else {
+				missed = append(missed, sent[i])
 			}
 		}
-		ops, size = ops[:0], 0
+		ops, sent, size = ops[:0], sent[:0], 0
 		clear(shared)
 		return nil
 	}
@@ -140,21 +194,24 @@ func (c *Client) applyBulk(ctx context.Context, st Status, tasks []*Task, change
 		writes, sz, key := change(t)
 		if size+sz+1024 > maxRequestBytes {
 			if err := send(); err != nil {
-				return n, err
+				return n, missed, err
 			}
 		}
-		ops = append(ops, clientv3.OpTxn(cmps, writes, nil))
+		ops, sent = append(ops, clientv3.OpTxn(cmps, writes, nil)), append(sent, t)
 		size += sz + 1024
 		if key != "" {
 			shared[key] = true
 		}
 	}
-	return n, send()
+	return n, missed, send()
 }
 
 // unchanged are the compares that hold while t is as it was read in status
 // st.
 func (c *Client) unchanged(t *Task, st Status) []clientv3.Cmp {
+	if t.seg != nil {
+		return c.segmentUnchanged(t, st)
+	}
 	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(c.keys.TaskRecord(t.ID)), "=", t.rev)}
 	switch st {
 	case Pending:

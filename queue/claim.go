@@ -22,8 +22,7 @@ import (
 // a few at a time, starting from a different shard each call, until it has
 // enough candidates. It also returns the revision its first read saw, from
 // which a watch misses nothing.
-func (w *Worker) claim(ctx context.Context, n int) (claims []*claim, rev int64, contended bool, err error) {
-	q := w.cfg.Queue
+func (w *Worker) claim(ctx context.Context, lane, n int) (claims []*claim, rev int64, contended bool, err error) {
 	seq := w.claimSeq.Add(1)
 	if w.fifo.Load() {
 		// A FIFO queue's claims all want its oldest tasks: the worker's
@@ -43,12 +42,42 @@ func (w *Worker) claim(ctx context.Context, n int) (claims []*claim, rev int64, 
 			return claims, 0, true, err // contended: claim again at once
 		}
 	}
-	levels, fifo, first, err := w.readLevels(ctx, n)
+	hot := w.hotSegment(lane)
+	// The open segments' list (etcd counts every key of the range, even
+	// with a limit) only when the loop has no segment with slots left, or
+	// one claim in sixteen.
+	listOpen := hot == "" || seq%16 == 0
+	levels, fifo, first, open, hotState, err := w.readLevels(ctx, n, hot, listOpen)
 	if err != nil {
 		return nil, 0, false, err
 	}
 	w.fifo.Store(fifo)
-	var cands, suspects []*mvccpb.KeyValue
+	if len(levels) == 0 {
+		// No task with a record of its own waits (those back from a
+		// retry, a requeue or a hand-back, which go first): claim from
+		// the segments.
+		claims, contended, err := w.claimSegments(ctx, lane, n, segmentRead{open, listOpen, hotState, fifo, seq})
+		return claims, first.rev, contended, err
+	}
+	cands, rev, err := w.recordCandidates(ctx, n, seq, levels, fifo, first)
+	if err != nil {
+		return nil, 0, false, err
+	}
+	if len(cands) == 0 {
+		claims, contended, err := w.claimSegments(ctx, lane, n, segmentRead{open, listOpen, hotState, fifo, seq})
+		return claims, first.rev, contended, err
+	}
+	claims, err = w.claimKeys(ctx, cands, n, fifo)
+	return claims, rev, len(claims) == 0, err
+}
+
+// recordCandidates finds up to about 2n claimable tasks with records of
+// their own (back from a retry, a requeue or a hand-back) in the priority
+// levels levels, by the priority rule, oldest first, a dead worker's first;
+// rev is the revision of its first read.
+func (w *Worker) recordCandidates(ctx context.Context, n int, seq int64, levels []level, fifo bool, first *firstRead) (cands []*mvccpb.KeyValue, rev int64, err error) {
+	q := w.cfg.Queue
+	var suspects []*mvccpb.KeyValue
 	tried := map[string]bool{}
 	for {
 		lv, ok := w.pickLevel(levels, seq, tried)
@@ -61,7 +90,7 @@ func (w *Worker) claim(ctx context.Context, n int) (claims []*claim, rev int64, 
 		cands, suspects, r, covered, err = w.readPending(ctx, n, lv.name, fifo, first)
 		first = nil
 		if err != nil {
-			return nil, 0, false, err
+			return nil, 0, err
 		}
 		if rev == 0 {
 			rev = r
@@ -73,7 +102,7 @@ func (w *Worker) claim(ctx context.Context, n int) (claims []*claim, rev int64, 
 			// Only claimed tasks: take those whose worker died.
 			orphans, err := w.orphans(ctx, suspects)
 			if err != nil {
-				return nil, 0, false, err
+				return nil, 0, err
 			}
 			suspects = nil
 			if len(orphans) > 0 || lv.name == "" {
@@ -119,15 +148,11 @@ func (w *Worker) claim(ctx context.Context, n int) (claims []*claim, rev int64, 
 	if len(suspects) > 0 {
 		orphans, err := w.orphans(ctx, suspects)
 		if err != nil {
-			return nil, 0, false, err
+			return nil, 0, err
 		}
 		cands = append(orphans, cands...)
 	}
-	if len(cands) == 0 {
-		return nil, rev, false, nil
-	}
-	claims, err = w.claimKeys(ctx, cands, n, fifo)
-	return claims, rev, len(claims) == 0, err
+	return cands, rev, nil
 }
 
 // claimKeys claims up to n of the pending keys cands in one transaction: one
@@ -240,15 +265,36 @@ type firstRead struct {
 // and whether the queue is FIFO; in the same read it takes the head of the
 // next shard, which a claim of a queue with one level uses as its first
 // read, so that the markers cost no round trip of their own.
-func (w *Worker) readLevels(ctx context.Context, n int) ([]level, bool, *firstRead, error) {
+func (w *Worker) readLevels(ctx context.Context, n int, hot string, listOpen bool) ([]level, bool, *firstRead, []*mvccpb.KeyValue, *segState, error) {
 	start := int(w.shardCursor.Add(1))
-	resp, err := w.cli.Txn(ctx).Then(
+	ops := []clientv3.Op{
 		clientv3.OpGet(w.keys.QueueLevels(w.cfg.Queue), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
 		clientv3.OpGet(w.keys.QueueConfig(w.cfg.Queue)),
 		clientv3.OpGet(w.client.shardPrefix(w.cfg.Queue, start%Shards), clientv3.WithPrefix(), clientv3.WithLimit(int64(2*n+8))),
-	).Commit()
+	}
+	pre := w.keys.SegmentsOpen(w.cfg.Queue)
+	w.levelMu.Lock()
+	above, from, end, bounded := w.window.bounds(pre)
+	w.levelMu.Unlock()
+	if !bounded {
+		above, from, end = pre, pre, clientv3.GetPrefixRangeEnd(pre)
+	}
+	if listOpen {
+		ops = append(ops, clientv3.OpGet(from, clientv3.WithRange(end), clientv3.WithKeysOnly(), clientv3.WithLimit(openRead)))
+	} else {
+		ops = append(ops, clientv3.OpGet(w.keys.SegmentOpen(w.cfg.Queue, hot), clientv3.WithKeysOnly()))
+	}
+	ops = append(ops, clientv3.OpGet(pre, clientv3.WithRange(above), clientv3.WithKeysOnly(), clientv3.WithLimit(openRead)))
+	if hot != "" { // the segment this claim loop took from last, read in the same request
+		ops = append(ops, w.client.stateOps(w.cfg.Queue, hot)...)
+	}
+	resp, err := w.cli.Txn(ctx).Then(ops...).Commit()
 	if err != nil {
-		return nil, false, nil, fmt.Errorf("queue: read the priority levels of %s: %w", w.cfg.Queue, err)
+		return nil, false, nil, nil, nil, fmt.Errorf("queue: read the priority levels of %s: %w", w.cfg.Queue, err)
+	}
+	var hotState *segState
+	if hot != "" {
+		hotState = w.client.parseState(w.cfg.Queue, hot, resp.Header.Revision, resp.Responses[5:])
 	}
 	kvs := resp.Responses[0].GetResponseRange().Kvs
 	out := make([]level, 0, len(kvs))
@@ -260,7 +306,37 @@ func (w *Worker) readLevels(ctx context.Context, n int) ([]level, bool, *firstRe
 	if c := resp.Responses[1].GetResponseRange().Kvs; len(c) == 1 {
 		_ = json.Unmarshal(c[0].Value, &cfg)
 	}
-	return out, cfg.FIFO, &firstRead{start: start, kvs: resp.Responses[2].GetResponseRange().Kvs, rev: resp.Header.Revision}, nil
+	// Segments of a higher level than the window's first, then the window.
+	open := append(resp.Responses[4].GetResponseRange().Kvs, resp.Responses[3].GetResponseRange().Kvs...)
+	if listOpen {
+		if open, err = w.sawOpen(ctx, pre, bounded, open); err != nil {
+			return nil, false, nil, nil, nil, err
+		}
+	}
+	return out, cfg.FIFO, &firstRead{start: start, kvs: resp.Responses[2].GetResponseRange().Kvs, rev: resp.Header.Revision}, open, hotState, nil
+}
+
+// sawOpen adapts the window to the open segments a read found, and reads
+// them again without a bound when a bounded read found none.
+func (w *Worker) sawOpen(ctx context.Context, pre string, bounded bool, open []*mvccpb.KeyValue) ([]*mvccpb.KeyValue, error) {
+	for {
+		names := make([]string, 0, len(open))
+		for _, kv := range open {
+			name, _ := keyspace.Last(pre, string(kv.Key))
+			names = append(names, name)
+		}
+		w.levelMu.Lock()
+		enough := w.window.saw(names, openRead, bounded)
+		w.levelMu.Unlock()
+		if enough {
+			return open, nil
+		}
+		g, err := w.cli.Get(ctx, pre, clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithLimit(openRead))
+		if err != nil {
+			return nil, fmt.Errorf("queue: read open segments of %s: %w", w.cfg.Queue, err)
+		}
+		open, bounded = g.Kvs, false
+	}
 }
 
 // pickLevel chooses the priority level the next read takes tasks from; false

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"reflect"
 	"sort"
-
-	"go.etcd.io/etcd/api/v3/mvccpb"
 )
 
 // submitted is where a valid task of a submission came from: its 1-based
@@ -17,21 +15,18 @@ type submitted struct {
 	dated bool
 }
 
-// sameSubmission returns nil when stored (the record read back when a
-// task's id already existed) holds the same task as t, which makes t a
-// duplicate; otherwise an error that names where the id is taken. A task
-// id is unique across queues, for as long as its record is kept.
-func sameSubmission(stored []*mvccpb.KeyValue, t *Task, dated bool) error {
-	if len(stored) == 0 {
-		// The record went between the failed compare and the read: it
+// sameStored returns nil when stored (the task read back when a task's id
+// already existed; nil when it was gone by then) is the same task as t,
+// which makes t a duplicate; otherwise an error that names where the id is
+// taken. A task id is unique across queues, for as long as its task is
+// kept.
+func sameStored(stored *Task, t *Task, dated bool) error {
+	if stored == nil {
+		// The task went between the failed compare and the read: it
 		// was removed after its retention, in the same instant.
 		return fmt.Errorf("task_id %s was taken a moment ago and has just been removed; submit it again", t.ID)
 	}
-	var old Task
-	if err := json.Unmarshal(stored[0].Value, &old); err != nil {
-		return fmt.Errorf("task_id %s already exists with an unreadable record; choose another task_id", t.ID)
-	}
-	return sameTask(&old, t, dated)
+	return sameTask(stored, t, dated)
 }
 
 // sameTask compares what a submitter gives of a task: queue, type, data

@@ -71,16 +71,16 @@ func TestWorkersKilledWhileProcessing(t *testing.T) {
 		t.Fatalf("stats %+v (%v), want %d succeeded and nothing else", st, err, n)
 	}
 	keys := keyspace.MustNew(ns)
-	g, err := cli.Get(context.Background(), keys.QueueDone("jobs", "SUCCEEDED"), clientv3.WithPrefix(), clientv3.WithKeysOnly())
-	if err != nil || len(g.Kvs) != n {
-		t.Fatalf("%d done keys (%v)", len(g.Kvs), err)
+	ids := succeededIDs(t, c, cli, ns, "jobs")
+	if len(ids) != n {
+		t.Fatalf("%d tasks recorded as succeeded, want %d", len(ids), n)
 	}
-	for _, kv := range g.Kvs {
-		if kv.Version != 1 {
-			t.Fatalf("%s was marked SUCCEEDED %d times", kv.Key, kv.Version)
+	for id, k := range ids {
+		if k != 1 {
+			t.Fatalf("%s was recorded as SUCCEEDED %d times", id, k)
 		}
 	}
-	for _, p := range []string{keys.QueuePending("jobs"), keys.QueueClaims("jobs"), keys.QueueRetry("jobs"), keys.QueueDead("jobs")} {
+	for _, p := range []string{keys.QueuePending("jobs"), keys.QueueClaims("jobs"), keys.QueueRetry("jobs"), keys.QueueDead("jobs"), keys.Runs("jobs", ""), keys.SegmentsOpen("jobs")} {
 		if g, _ := cli.Get(context.Background(), p, clientv3.WithPrefix(), clientv3.WithCountOnly()); g.Count != 0 {
 			t.Fatalf("%d keys left under %s", g.Count, p)
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/droverhq/drover"
@@ -34,8 +35,37 @@ func (c *Client) Purge(ctx context.Context, q string, st Status, ids []string, p
 	if st == Running {
 		return 0, &drover.InputError{Field: "status", Value: string(st), Rule: "running tasks cannot be purged: cancel them first"}
 	}
-	return c.bulk(ctx, q, st, ids, progress, func(t *Task) ([]clientv3.Op, int, string) {
-		ops := []clientv3.Op{clientv3.OpDelete(c.keys.Task(t.ID), clientv3.WithPrefix())}
+	whole := 0
+	if st == Succeeded && len(ids) == 0 {
+		// Finished segments go whole, with deletes only (this works while
+		// etcd refuses writes that grow it); what is left below is in
+		// open segments or has records.
+		if _, err := c.closeFinished(ctx, q); err != nil {
+			return 0, err
+		}
+		n, err := c.removeExpiredSegments(ctx, q, math.MaxInt64, false)
+		if whole = n; err != nil {
+			return n, err
+		}
+		if progress != nil && n > 0 {
+			progress(n)
+		}
+	}
+	if st == Pending && len(ids) == 0 {
+		n, err := c.purgePendingSegments(ctx, q, progress)
+		if whole = n; err != nil {
+			return n, err
+		}
+	}
+	n, err := c.bulk(ctx, q, st, ids, progressFrom(whole, progress), func(t *Task) ([]clientv3.Op, int, string) {
+		ops := []clientv3.Op{clientv3.OpDelete(c.keys.Task(t.ID), clientv3.WithPrefix()), clientv3.OpDelete(c.keys.TaskIndex(t.ID))}
+		if t.seg != nil {
+			exit := c.keys.Exit(q, t.seg.seg, t.seg.slot)
+			if st == Succeeded {
+				exit = c.keys.ExitDone(q, t.seg.seg, t.seg.slot)
+			}
+			return append(ops, clientv3.OpPut(exit, "purged")), 0, ""
+		}
 		switch st {
 		case Pending:
 			ops = append(ops, clientv3.OpDelete(c.pendingKey(t)))
@@ -48,6 +78,15 @@ func (c *Client) Purge(ctx context.Context, q string, st Status, ids []string, p
 		}
 		return ops, 0, ""
 	})
+	return whole + n, err
+}
+
+// progressFrom returns progress, counting from base.
+func progressFrom(base int, progress func(int)) func(int) {
+	if progress == nil {
+		return nil
+	}
+	return func(done int) { progress(base + done) }
 }
 
 // CancelTasks cancels tasks of queue q that are PENDING or RETRYING (ids, or
@@ -72,6 +111,13 @@ func (c *Client) cancelOps(t *Task) []clientv3.Op {
 	t.CurrentStatus = Cancelled
 	t.Transitions = appendTransition(t.Transitions, Transition{Status: Cancelled, At: now, Attempt: t.Attempt})
 	rec, _ := json.Marshal(t)
+	if t.seg != nil { // the task leaves its segment for a record of its own
+		return []clientv3.Op{
+			clientv3.OpPut(c.keys.TaskRecord(t.ID), string(rec)),
+			clientv3.OpPut(c.keys.Exit(t.Queue, t.seg.seg, t.seg.slot), "cancelled"),
+			clientv3.OpPut(c.doneKey(t.Queue, Cancelled, now, t.ID), ""),
+		}
+	}
 	return []clientv3.Op{
 		clientv3.OpPut(c.keys.TaskRecord(t.ID), string(rec)),
 		clientv3.OpDelete(c.pendingKey(t)),

@@ -49,7 +49,11 @@ func (w *Worker) execute(base context.Context, c *claim) outcome {
 		return outcome{c: c, kind: Pending, err: ErrShutdown}
 	}
 	w.mu.Lock()
-	w.inflight[t.ID] = &running{cancel: cancel, token: c.token}
+	r := &running{cancel: cancel, token: c.token}
+	if c.run != nil {
+		r.runKey = c.run.runKey
+	}
+	w.inflight[t.ID] = r
 	if w.hardStop.Load() { // StopAndCancel came between the check and here
 		cancel(ErrShutdown)
 	}

@@ -2,6 +2,9 @@ package queue_test
 
 import (
 	"context"
+	"encoding/json"
+	"testing"
+
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -10,6 +13,9 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/droverhq/drover/keyspace"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/droverhq/drover/cluster"
 	"github.com/droverhq/drover/queue"
@@ -97,4 +103,63 @@ func runHelper(mode string) int {
 	}
 	fmt.Printf("DRAINED %+v\n", w.Stats())
 	return 0
+}
+
+// succeededIDs returns how many times each task of queue q is recorded as
+// SUCCEEDED in what etcd stores: in its segment's outcome batches, and in
+// the index of finished tasks with records of their own. A task recorded
+// twice shows as 2.
+func succeededIDs(t *testing.T, c *queue.Client, cli *clientv3.Client, ns, q string) map[string]int {
+	t.Helper()
+	ctx := context.Background()
+	keys := keyspace.MustNew(ns)
+	out := map[string]int{}
+	outs, err := cli.Get(ctx, keys.Outs(q, ""), clientv3.WithPrefix())
+	if err != nil {
+		t.Fatal(err)
+	}
+	perSlot := map[string]int{}
+	for _, kv := range outs.Kvs {
+		seg, _, _ := keyspace.SegmentPart(keys.Outs(q, ""), string(kv.Key))
+		var v struct {
+			OK []struct {
+				Slot int `json:"s"`
+			} `json:"ok"`
+		}
+		if err := json.Unmarshal(kv.Value, &v); err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range v.OK {
+			perSlot[fmt.Sprintf("%s/%d", seg, s.Slot)]++
+		}
+	}
+	// Name the slots by their task ids, through the listing.
+	var after string
+	for {
+		p, err := c.List(ctx, q, queue.Succeeded, queue.ListOptions{Limit: 1000, After: after})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, task := range p.Tasks {
+			out[task.ID] = max(out[task.ID], 1)
+		}
+		if after = p.Next; after == "" {
+			break
+		}
+	}
+	for k, n := range perSlot {
+		if n > 1 {
+			out["slot "+k] = n
+		}
+	}
+	done, err := cli.Get(ctx, keys.QueueDone(q, "SUCCEEDED"), clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, kv := range done.Kvs {
+		if kv.Version != 1 {
+			out[string(kv.Key)] = int(kv.Version)
+		}
+	}
+	return out
 }

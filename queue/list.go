@@ -1,6 +1,7 @@
 package queue
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -31,24 +32,40 @@ func (c *Client) Get(ctx context.Context, id string) (*Task, error) {
 // by default (--max-txn-ops).
 const readBatch = 40
 
-// getMany reads the records of ids (skipping missing ones) and resolves each
-// one's status from the index keys, two read transactions per readBatch ids.
+// getMany reads the tasks ids (skipping missing ones): a task with a
+// record of its own has its status resolved from its index keys; a task in
+// a segment, from its segment's state. Two or three read transactions per
+// readBatch ids, and one per segment.
 func (c *Client) getMany(ctx context.Context, ids []string) ([]*Task, error) {
+	return c.readTasks(ctx, ids, true)
+}
+
+// readTasks is getMany; inSegments false reads records only.
+func (c *Client) readTasks(ctx context.Context, ids []string, inSegments bool) ([]*Task, error) {
 	var out []*Task
 	for start := 0; start < len(ids); start += readBatch {
 		chunk := ids[start:min(start+readBatch, len(ids))]
-		ops := make([]clientv3.Op, len(chunk))
-		for i, id := range chunk {
-			ops[i] = clientv3.OpGet(c.keys.TaskRecord(id))
+		ops := make([]clientv3.Op, 0, 2*len(chunk))
+		for _, id := range chunk {
+			ops = append(ops, clientv3.OpGet(c.keys.TaskRecord(id)), clientv3.OpGet(c.keys.TaskIndex(id)))
 		}
 		resp, err := c.cli.Txn(ctx).Then(ops...).Commit()
 		if err != nil {
 			return nil, fmt.Errorf("queue: read tasks: %w", err)
 		}
 		var tasks []*Task
-		for _, r := range resp.Responses {
-			kvs := r.GetResponseRange().Kvs
+		var inSeg []segmentSlot
+		for i, id := range chunk {
+			kvs := resp.Responses[2*i].GetResponseRange().Kvs
 			if len(kvs) == 0 {
+				if !inSegments {
+					continue
+				}
+				if ix := resp.Responses[2*i+1].GetResponseRange().Kvs; len(ix) > 0 {
+					if v, ok := keyspace.ParseTaskPlace(string(ix[0].Value)); ok {
+						inSeg = append(inSeg, segmentSlot{id: id, at: v})
+					}
+				}
 				continue
 			}
 			t := new(Task)
@@ -61,9 +78,39 @@ func (c *Client) getMany(ctx context.Context, ids []string) ([]*Task, error) {
 		if err := c.resolve(ctx, tasks); err != nil {
 			return nil, err
 		}
-		out = append(out, tasks...)
+		segTasks, moved, err := c.segmentSlots(ctx, inSeg)
+		if err != nil {
+			return nil, err
+		}
+		if len(moved) > 0 { // they left their segment after the first read
+			again, err := c.readTasks(ctx, moved, false)
+			if err != nil {
+				return nil, err
+			}
+			segTasks = append(segTasks, again...)
+		}
+		out = append(out, mergeByID(chunk, tasks, segTasks)...)
 	}
 	return out, nil
+}
+
+// mergeByID returns the tasks of a and b in the order of ids.
+func mergeByID(ids []string, a, b []*Task) []*Task {
+	if len(b) == 0 {
+		return a
+	}
+	by := make(map[string]*Task, len(a)+len(b))
+	for _, t := range append(a, b...) {
+		by[t.ID] = t
+	}
+	out := make([]*Task, 0, len(by))
+	for _, id := range ids {
+		if t, ok := by[id]; ok {
+			out = append(out, t)
+			delete(by, id)
+		}
+	}
+	return out
 }
 
 // resolve sets each task's CurrentStatus from where its keys are: a claim
@@ -151,6 +198,49 @@ func (c *Client) List(ctx context.Context, q string, st Status, opts ListOptions
 	if err := CheckQueue(q); err != nil {
 		return Page{}, err
 	}
+	if opts.Limit < 0 || opts.Limit > MaxListLimit {
+		return Page{}, &drover.InputError{Field: "limit", Value: opts.Limit, Rule: fmt.Sprintf("must be between 1 and %d", MaxListLimit)}
+	}
+	if err := checkCursor(opts.After); err != nil {
+		return Page{}, err
+	}
+	if _, err := c.statusPrefix(q, st); err != nil {
+		return Page{}, err
+	}
+	limit := cmp.Or(opts.Limit, DefaultListLimit)
+	// Tasks with records of their own first (cursor "t/..."), then the
+	// tasks in segments (cursor "s/...").
+	after, inSegs := strings.CutPrefix(opts.After, "s/")
+	page := Page{Tasks: []*Task{}}
+	if !inSegs {
+		p, err := c.listRecords(ctx, q, st, ListOptions{Limit: limit, After: strings.TrimPrefix(opts.After, "t/")})
+		if err != nil || p.Next != "" {
+			if p.Next != "" {
+				p.Next = "t/" + p.Next
+			}
+			return p, err
+		}
+		page.Tasks, after = p.Tasks, ""
+		if len(page.Tasks) == limit {
+			if segmentStatus(st) {
+				page.Next = "s/"
+			}
+			return page, nil
+		}
+	}
+	if !segmentStatus(st) {
+		return page, nil
+	}
+	more, next, err := c.listSegments(ctx, q, st, after, limit-len(page.Tasks))
+	page.Tasks = append(page.Tasks, more...)
+	if next != "" {
+		page.Next = "s/" + next
+	}
+	return page, err
+}
+
+// listRecords lists tasks with records of their own, from their indexes.
+func (c *Client) listRecords(ctx context.Context, q string, st Status, opts ListOptions) (Page, error) {
 	limit := opts.Limit
 	if limit == 0 {
 		limit = DefaultListLimit
@@ -285,11 +375,14 @@ func (c *Client) Stats(ctx context.Context, q string) (Stats, error) {
 		return Stats{}, err
 	}
 	count := func(p string) clientv3.Op { return clientv3.OpGet(p, clientv3.WithPrefix(), clientv3.WithCountOnly()) }
-	resp, err := c.cli.Txn(ctx).Then(
+	// One read: a task moves from its segment to a record of its own in
+	// one transaction, and two reads could see it in neither place.
+	ops := []clientv3.Op{
 		count(c.keys.QueuePending(q)), count(c.keys.QueueClaims(q)), count(c.keys.QueueRetry(q)),
 		count(c.keys.QueueDone(q, string(Succeeded))), count(c.keys.QueueDead(q)), count(c.keys.QueueDone(q, string(Cancelled))),
 		clientv3.OpGet(c.keys.QueueArchived(q)),
-	).Commit()
+	}
+	resp, err := c.cli.Txn(ctx).Then(append(ops, c.segmentStatsOps(q)...)...).Commit()
 	if err != nil {
 		return Stats{}, fmt.Errorf("queue: stats of %s: %w", q, err)
 	}
@@ -298,5 +391,7 @@ func (c *Client) Stats(ctx context.Context, q string) (Stats, error) {
 	if kvs := resp.Responses[6].GetResponseRange().Kvs; len(kvs) > 0 {
 		_ = json.Unmarshal(kvs[0].Value, &arch)
 	}
-	return Stats{Pending: n(0) - n(1), Running: n(1), Retrying: n(2), Succeeded: n(3) + arch.Succeeded, Dead: n(4), Cancelled: n(5) + arch.Cancelled}, nil
+	pending, running, succeeded := c.segmentStats(q, resp.Responses[len(ops):])
+	return Stats{Pending: n(0) - n(1) + pending, Running: n(1) + running, Retrying: n(2), Succeeded: n(3) + arch.Succeeded + succeeded + arch.SegmentSucceeded,
+		Dead: n(4), Cancelled: n(5) + arch.Cancelled}, nil
 }

@@ -51,9 +51,9 @@ func backlogSize(t *testing.T) int {
 }
 
 // TestDeadWorkerTasksRunAgainWithinTTL: with a large backlog, a worker
-// holding 32 tasks is killed with SIGKILL; two other workers, busy with the
-// backlog, must start each of its tasks again within the lease's TTL (2 s)
-// plus 1 s. They learn of the dead claims from the watch on their deletion,
+// holding 32 tasks (a run of part of a segment) is killed with SIGKILL; two
+// other workers, busy with the backlog, must start each of its tasks again
+// within the lease's TTL (2 s) plus 1 s, and no other task a second time. They learn of the dead claims from the watch on their deletion,
 // not by reading the 512 shards of the pending index in turn, which at the
 // claim rate of these workers (about 80 claims a second) takes several
 // seconds.
@@ -104,11 +104,13 @@ func TestDeadWorkerTasksRunAgainWithinTTL(t *testing.T) {
 	}
 	var delays []time.Duration
 	deadline := time.After(ttl + 20*time.Second)
-	for len(delays) < len(held) {
+	want := len(held)
+	for len(delays) < want {
 		select {
 		case r := <-restarts:
 			if !held[r[0]] {
-				continue
+				// Only the dead worker's tasks come back, each once.
+				t.Fatalf("task %s ran a second attempt, but the dead worker did not hold it (or it came back twice)", r[0])
 			}
 			delete(held, r[0])
 			ns, _ := strconv.ParseInt(r[1], 10, 64)

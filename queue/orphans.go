@@ -51,6 +51,32 @@ func (o *orphanList) add(ids []string) {
 	}
 }
 
+// first returns the oldest id listed, without removing it ("" for none).
+func (o *orphanList) first() string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if len(o.ids) == 0 {
+		return ""
+	}
+	return o.ids[0]
+}
+
+// remove takes id off the list.
+func (o *orphanList) remove(id string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if !o.known[id] {
+		return
+	}
+	delete(o.known, id)
+	for i, x := range o.ids {
+		if x == id {
+			o.ids = append(o.ids[:i], o.ids[i+1:]...)
+			break
+		}
+	}
+}
+
 // take removes and returns up to n ids, in random order so that workers
 // that all heard of the same orphans try them in different orders.
 func (o *orphanList) take(n int) []string {
@@ -93,6 +119,9 @@ func (w *Worker) watchOrphans(ctx context.Context) {
 			}
 			if ids := w.orphaned(wr.Events); len(ids) > 0 {
 				w.lost.add(w.loseOwn(ids))
+			}
+			if segs := w.orphanedRuns(wr.Events); len(segs) > 0 {
+				w.lostSegs.add(segs)
 			}
 			if len(wr.Events) > 0 {
 				last = wr.Events[len(wr.Events)-1].Kv.ModRevision
@@ -154,6 +183,42 @@ func (w *Worker) orphaned(events []*clientv3.Event) []lostClaim {
 		}
 	}
 	return lost
+}
+
+// orphanedRuns returns the segments of the runs whose deletion in events
+// came without the deletion of their try at the same revision (an outcome
+// deletes both; a lease that expires only the run): their unfinished tasks
+// are claimable again. This worker's own such runs have their tasks
+// cancelled at once.
+func (w *Worker) orphanedRuns(events []*clientv3.Event) []string {
+	q := w.cfg.Queue
+	runs, tries := w.keys.Runs(q, ""), w.keys.Tries(q, "")
+	type at struct {
+		key string
+		rev int64
+	}
+	tryGone := map[at]bool{}
+	for _, ev := range events {
+		if seg, rest, ok := keyspace.SegmentPart(tries, string(ev.Kv.Key)); ok {
+			tryGone[at{seg + "/" + rest, ev.Kv.ModRevision}] = true
+		}
+	}
+	var segs []string
+	for _, ev := range events {
+		seg, rest, ok := keyspace.SegmentPart(runs, string(ev.Kv.Key))
+		if !ok || tryGone[at{seg + "/" + rest, ev.Kv.ModRevision}] {
+			continue
+		}
+		segs = append(segs, seg)
+		w.mu.Lock()
+		for id, r := range w.inflight {
+			if r.runKey == string(ev.Kv.Key) && ev.Kv.ModRevision > r.token {
+				r.cancel(fmt.Errorf("%w: the run of task %s was deleted (its lease ended)", lock.ErrLost, id))
+			}
+		}
+		w.mu.Unlock()
+	}
+	return segs
 }
 
 // orphanCandidates reads the pending keys of the tasks ids (at most a

@@ -9,9 +9,17 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// acker writes outcomes in batches: one transaction, one nested transaction
-// per task, each fenced by the task's claim. It ends when outcomes is closed
-// and everything in it is written.
+// writer is the outcome writer of o: a run's outcomes all go to one, in
+// order.
+func (o outcome) writer() int {
+	if o.c.run != nil {
+		return o.c.run.writer
+	}
+	return shardOf(o.c.task.ID) % claimers
+}
+
+// acker writes outcomes in batches. It ends when outcomes is closed and
+// everything in it is written.
 func (w *Worker) acker(outcomes <-chan outcome) {
 	batch := make([]outcome, 0, 100)
 	for o := range outcomes {
@@ -32,33 +40,92 @@ func (w *Worker) acker(outcomes <-chan outcome) {
 	}
 }
 
+// ackReq is one nested transaction of an outcome request and the outcomes
+// it records.
+type ackReq struct {
+	cmps []clientv3.Cmp
+	then []clientv3.Op
+	kept []outcome
+	size int
+	// run is the run whose outcomes these are (nil for a task with a
+	// record of its own); final: the request deletes it.
+	run   *segRun
+	final bool
+}
+
+func (r ackReq) op() clientv3.Op { return clientv3.OpTxn(r.cmps, r.then, nil) }
+
+// width is the most operations at one level of the nested transaction:
+// etcd allows 128 a level, counting the request's own operations in each.
+func (r ackReq) width() int { return max(len(r.cmps), len(r.then)) }
+
+// commit writes a batch of outcomes: a task with a record of its own in a
+// nested transaction fenced by its claim; the tasks of one run together, in
+// one nested transaction fenced by the run. The batch with a run's last
+// outcome deletes the run: in the same nested transaction when it takes
+// one, else after the others were written, and never when an outcome of
+// the run could not be written (the run then stays until the lease ends,
+// so its tasks keep their attempts).
 func (w *Worker) commit(batch []outcome) {
 	now := time.Now().UTC()
-	var ops []clientv3.Op
-	var kept []outcome
-	size := 0
+	markers := map[string]bool{}
+	var reqs []ackReq
+	var runs []*segRun
+	byRun := map[*segRun][]outcome{}
 	for _, o := range batch {
-		if o.kind == Cancelled {
-			continue // the canceller or the lease took the claim away
+		if o.c.run == nil {
+			if o.kind == Cancelled {
+				continue // the canceller or the lease took the claim away
+			}
+			cmps, then, n := w.ackOp(o, now, markers)
+			reqs = append(reqs, ackReq{cmps: cmps, then: then, kept: []outcome{o}, size: n})
+			continue
 		}
-		op, n := w.ackOp(o, now)
-		if len(ops) > 0 && size+n > maxRequestBytes {
-			w.write(ops, kept)
-			ops, kept, size = nil, nil, 0
+		if _, ok := byRun[o.c.run]; !ok {
+			runs = append(runs, o.c.run)
 		}
-		ops, kept, size = append(ops, op), append(kept, o), size+n
+		byRun[o.c.run] = append(byRun[o.c.run], o)
 	}
-	w.write(ops, kept)
+	var deleteAfter []*segRun
+	for _, r := range runs {
+		final := r.remaining.Add(-int32(len(byRun[r]))) == 0
+		more, later := w.runReqs(r, byRun[r], final, now, markers)
+		reqs = append(reqs, more...)
+		if later {
+			deleteAfter = append(deleteAfter, r)
+		}
+	}
+	extra := markerOps(markers)
+	var part []ackReq
+	size, width := 0, 0
+	for _, r := range reqs {
+		if len(part) > 0 && (size+r.size > maxRequestBytes || len(part)+1+len(extra)+max(width, r.width()) > 127) {
+			w.write(part, extra)
+			part, size, width = nil, 0, 0
+		}
+		part, size, width = append(part, r), size+r.size, max(width, r.width())
+	}
+	w.write(part, extra)
+	for _, r := range deleteAfter {
+		if !r.lost.Load() {
+			w.write([]ackReq{w.runDelete(r)}, nil)
+		}
+	}
 }
 
 // write records outcomes in one request, retrying a few times; a request
 // that keeps failing is split in two, and an outcome that cannot be written
 // at all is handed back, so its task does not stay claimed under a live
-// lease.
-func (w *Worker) write(ops []clientv3.Op, kept []outcome) {
-	if len(ops) == 0 {
+// lease. extra are puts made once per request (priority level markers).
+func (w *Worker) write(reqs []ackReq, extra []clientv3.Op) {
+	if len(reqs) == 0 {
 		return
 	}
+	ops := make([]clientv3.Op, 0, len(reqs)+len(extra))
+	for _, r := range reqs {
+		ops = append(ops, r.op())
+	}
+	ops = append(ops, extra...)
 	var resp *clientv3.TxnResponse
 	var err error
 	for try := 0; try < 3; try++ {
@@ -73,63 +140,101 @@ func (w *Worker) write(ops []clientv3.Op, kept []outcome) {
 		time.Sleep(time.Duration(try+1) * 200 * time.Millisecond)
 	}
 	if err != nil {
-		if w.lease.Err() != nil {
-			return // the claims went with the lease; others take the tasks
-		}
-		if len(ops) > 1 {
-			h := len(ops) / 2
-			w.write(ops[:h], kept[:h])
-			w.write(ops[h:], kept[h:])
-			return
-		}
-		if kept[0].kind == Pending {
-			// Handing back failed too: keep trying while the lease lives,
-			// or the task stays claimed (RUNNING) until this worker ends.
-			for try := 0; try < 30 && w.lease.Err() == nil; try++ {
-				time.Sleep(time.Second)
-				ctx, cancel := context.WithTimeout(w.lease.Context(), 10*time.Second)
-				_, err = w.cli.Txn(ctx).Then(ops...).Commit()
-				cancel()
-				if err == nil {
-					w.handedBack.Add(1)
-					return
-				}
-			}
-			w.logger.Error("queue: could not hand a task back; it is claimable again when this worker's lease ends", "task", kept[0].c.task.ID, "err", err)
-			return
-		}
-		w.logger.Warn("queue: could not record a task's outcome; handing it back", "task", kept[0].c.task.ID, "err", err)
-		back := kept[0]
-		back.kind = Pending
-		back.deferred = ""
-		op, _ := w.ackOp(back, time.Now().UTC())
-		w.write([]clientv3.Op{op}, []outcome{back})
+		w.writeFailed(reqs, extra, err)
 		return
 	}
-	for i, r := range resp.Responses {
-		if !r.GetResponseTxn().Succeeded {
+	for i, r := range reqs {
+		if !resp.Responses[i].GetResponseTxn().Succeeded {
+			if r.run != nil {
+				w.runRefused(r, extra)
+				continue
+			}
 			w.fenced.Add(1)
-			w.logger.Warn("queue: outcome refused: the claim was lost", "task", kept[i].c.task.ID, "attempt", kept[i].c.task.Attempt)
+			w.logger.Warn("queue: outcome refused: the claim was lost", "task", r.kept[0].c.task.ID, "attempt", r.kept[0].c.task.Attempt)
 			continue
 		}
-		t := kept[i].c.task
-		switch kept[i].kind {
-		case Succeeded:
-			w.succeeded.Add(1)
-			metrics.TasksSucceeded.WithLabelValues(t.Queue, t.Type).Inc()
-		case Retrying:
-			w.retried.Add(1)
-			metrics.TasksFailed.WithLabelValues(t.Queue, t.Type).Inc()
-			metrics.TasksRetried.WithLabelValues(t.Queue, t.Type).Inc()
-		case Dead:
-			w.dead.Add(1)
-			metrics.TasksFailed.WithLabelValues(t.Queue, t.Type).Inc()
-			metrics.TasksDead.WithLabelValues(t.Queue, t.Type).Inc()
-		case Pending:
-			w.handedBack.Add(1)
-			if kept[i].deferred != "" {
-				metrics.TasksDeferred.WithLabelValues(t.Queue, t.Type, kept[i].deferred).Inc()
+		for _, o := range r.kept {
+			w.count(o)
+		}
+		if r.final && r.run.last {
+			w.runEnded(r.run)
+		}
+	}
+}
+
+// writeFailed handles a request that could not be written: split in two,
+// or, for one task, handed back.
+func (w *Worker) writeFailed(reqs []ackReq, extra []clientv3.Op, err error) {
+	if w.lease.Err() != nil {
+		return // the claims went with the lease; others take the tasks
+	}
+	if len(reqs) > 1 {
+		h := len(reqs) / 2
+		w.write(reqs[:h], extra)
+		w.write(reqs[h:], extra)
+		return
+	}
+	if reqs[0].run != nil {
+		// A run's outcomes that cannot be written: the run stays until
+		// the lease ends (nothing deletes it now), and then its tasks
+		// run again, their attempts counted.
+		reqs[0].run.lost.Store(true)
+		w.logger.Error("queue: could not record the outcomes of a run; its tasks run again when this worker's lease ends", "segment", reqs[0].run.seg, "tasks", len(reqs[0].kept), "err", err)
+		return
+	}
+	o := reqs[0].kept[0]
+	if o.kind == Pending {
+		// Handing back failed too: keep trying while the lease lives,
+		// or the task stays claimed (RUNNING) until this worker ends.
+		for try := 0; try < 30 && w.lease.Err() == nil; try++ {
+			time.Sleep(time.Second)
+			ctx, cancel := context.WithTimeout(w.lease.Context(), 10*time.Second)
+			_, err = w.cli.Txn(ctx).Then(append([]clientv3.Op{reqs[0].op()}, extra...)...).Commit()
+			cancel()
+			if err == nil {
+				w.handedBack.Add(1)
+				return
 			}
+		}
+		w.logger.Error("queue: could not hand a task back; it is claimable again when this worker's lease ends", "task", o.c.task.ID, "err", err)
+		return
+	}
+	w.logger.Warn("queue: could not record a task's outcome; handing it back", "task", o.c.task.ID, "err", err)
+	back := o
+	back.kind = Pending
+	back.deferred = ""
+	markers := map[string]bool{}
+	cmps, then, _ := w.ackOp(back, time.Now().UTC(), markers)
+	w.write([]ackReq{{cmps: cmps, then: then, kept: []outcome{back}}}, markerOps(markers))
+}
+
+func markerOps(markers map[string]bool) []clientv3.Op {
+	var out []clientv3.Op
+	for k := range markers {
+		out = append(out, clientv3.OpPut(k, ""))
+	}
+	return out
+}
+
+// count adds a written outcome to the worker's counts and metrics.
+func (w *Worker) count(o outcome) {
+	t := o.c.task
+	switch o.kind {
+	case Succeeded:
+		w.succeeded.Add(1)
+		metrics.TasksSucceeded.WithLabelValues(t.Queue, t.Type).Inc()
+	case Retrying:
+		w.retried.Add(1)
+		metrics.TasksFailed.WithLabelValues(t.Queue, t.Type).Inc()
+		metrics.TasksRetried.WithLabelValues(t.Queue, t.Type).Inc()
+	case Dead:
+		w.dead.Add(1)
+		metrics.TasksFailed.WithLabelValues(t.Queue, t.Type).Inc()
+		metrics.TasksDead.WithLabelValues(t.Queue, t.Type).Inc()
+	case Pending:
+		w.handedBack.Add(1)
+		if o.deferred != "" {
+			metrics.TasksDeferred.WithLabelValues(t.Queue, t.Type, o.deferred).Inc()
 		}
 	}
 }
@@ -140,10 +245,33 @@ type retryValue struct {
 	Attempts   int    `json:"a"`
 }
 
-// ackOp is the fenced nested transaction that records one outcome.
-func (w *Worker) ackOp(o outcome, now time.Time) (clientv3.Op, int) {
-	c, t := o.c, o.c.task
+// ackOp is the fenced nested transaction that records one outcome of a task
+// with a record of its own: its compares and writes, and its size.
+func (w *Worker) ackOp(o outcome, now time.Time, markers map[string]bool) ([]clientv3.Cmp, []clientv3.Op, int) {
+	c := o.c
 	fence := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(c.claimKey), "=", c.token)}
+	ops, n := w.recordOps(o, now, markers)
+	return fence, ops, n
+}
+
+// recordOps are the writes that record outcome o in its task's own record
+// and indexes. For a task claimed from a segment, they create the record:
+// the task leaves its segment (it is retrying, dead or handed back).
+func (w *Worker) recordOps(o outcome, now time.Time, markers map[string]bool) ([]clientv3.Op, int) {
+	c, t := o.c, o.c.task
+	seg := c.run != nil
+	var ops []clientv3.Op
+	if !seg {
+		ops = append(ops, clientv3.OpDelete(c.claimKey))
+	}
+	if seg && w.fifo.Load() {
+		zero := 0
+		t.Shard = &zero // a FIFO queue's tasks with records are in shard 0
+	}
+	pendingKey := w.client.pendingKey(t)
+	if !seg {
+		pendingKey = c.pendingKey
+	}
 	if o.kind == Pending && o.deferred != "" { // deferred by flow control: back after the delay, uncharged
 		// Each deferral in a row doubles the delay (up to 16x, 30 s at
 		// most), so a backlog held off by a quota or breaker does not keep
@@ -155,17 +283,29 @@ func (w *Worker) ackOp(o outcome, now time.Time) (clientv3.Op, int) {
 		t.Deferrals++
 		t.CurrentStatus, t.ScheduledAt = Pending, now.Add(delay)
 		t.Attempt--
-		rv, _ := json.Marshal(retryValue{PendingKey: c.pendingKey, Attempts: t.Attempt})
+		rv, _ := json.Marshal(retryValue{PendingKey: pendingKey, Attempts: t.Attempt})
 		rec, _ := json.Marshal(t)
-		return clientv3.OpTxn(fence, []clientv3.Op{clientv3.OpDelete(c.claimKey), clientv3.OpDelete(c.pendingKey),
-			clientv3.OpPut(w.client.retryKey(t), string(rv)), clientv3.OpPut(w.keys.TaskRecord(t.ID), string(rec))}, nil), len(rec) + 500
+		if !seg {
+			ops = append(ops, clientv3.OpDelete(pendingKey))
+		}
+		return append(ops, clientv3.OpPut(w.client.retryKey(t), string(rv)), clientv3.OpPut(w.keys.TaskRecord(t.ID), string(rec))), len(rec) + 500
 	}
 	if o.kind == Pending { // handed back: the attempt does not count
-		return clientv3.OpTxn(fence, []clientv3.Op{clientv3.OpDelete(c.claimKey), clientv3.OpPut(c.pendingKey, encodePending(t.Attempt-1, false))}, nil), 300
+		ops = append(ops, clientv3.OpPut(pendingKey, encodePending(t.Attempt-1, false)))
+		if seg {
+			t.CurrentStatus, t.Attempt, t.Token = Pending, t.Attempt-1, 0
+			rec, _ := json.Marshal(t)
+			ops = append(ops, clientv3.OpPut(w.keys.TaskRecord(t.ID), string(rec)))
+			markers[w.client.levelKey(t.Queue, levelOf(t.Metadata.Priority))] = true
+			return ops, len(rec) + 500
+		}
+		return ops, 300
 	}
 	t.Transitions = appendLost(t.Transitions, t.Attempt, c.claimedAt)
 	t.Transitions = appendTransition(t.Transitions, Transition{Status: Running, At: c.claimedAt, Attempt: t.Attempt, Worker: w.worker})
-	ops := []clientv3.Op{clientv3.OpDelete(c.claimKey), clientv3.OpDelete(c.pendingKey)}
+	if !seg {
+		ops = append(ops, clientv3.OpDelete(pendingKey))
+	}
 	switch o.kind {
 	case Succeeded:
 		t.CurrentStatus, t.Result, t.LastError, t.RetriesAttempted = Succeeded, o.result, "", t.Attempt-1
@@ -173,7 +313,7 @@ func (w *Worker) ackOp(o outcome, now time.Time) (clientv3.Op, int) {
 	case Retrying:
 		t.CurrentStatus, t.RetriesAttempted, t.LastError = Retrying, t.Attempt-1, truncate(o.err.Error(), 4096)
 		t.ScheduledAt = now.Add(o.delay)
-		rv, _ := json.Marshal(retryValue{PendingKey: c.pendingKey, Attempts: t.Attempt})
+		rv, _ := json.Marshal(retryValue{PendingKey: pendingKey, Attempts: t.Attempt})
 		ops = append(ops, clientv3.OpPut(w.client.retryKey(t), string(rv)))
 	case Dead:
 		t.CurrentStatus, t.RetriesAttempted, t.LastError = Dead, t.Attempt-1, truncate(o.err.Error(), 4096)
@@ -187,7 +327,7 @@ func (w *Worker) ackOp(o outcome, now time.Time) (clientv3.Op, int) {
 	t.Token = c.token
 	rec, _ := json.Marshal(t)
 	ops = append(ops, clientv3.OpPut(w.keys.TaskRecord(t.ID), string(rec)))
-	return clientv3.OpTxn(fence, ops, nil), len(rec) + 500
+	return ops, len(rec) + 500
 }
 
 func truncate(s string, n int) string {

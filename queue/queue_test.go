@@ -373,7 +373,7 @@ func TestPipelinedSubmitCounts(t *testing.T) {
 		t.Fatalf("pipelined: %+v, progress %d, %v", res, last.Load(), err)
 	}
 	records := func() int64 {
-		g, err := cli.Get(context.Background(), keyspace.MustNew(ns).Tasks(), clientv3.WithPrefix(), clientv3.WithCountOnly())
+		g, err := cli.Get(context.Background(), keyspace.MustNew(ns).TaskIndex(""), clientv3.WithPrefix(), clientv3.WithCountOnly())
 		if err != nil {
 			t.Fatal(err)
 		}

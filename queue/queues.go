@@ -118,7 +118,8 @@ func (c *Client) DeleteQueue(ctx context.Context, q string, progress func(done i
 	}
 	// What is left: settings, level markers, counts, cancel signals, and
 	// index keys of tasks whose record was gone.
-	if _, err := c.cli.Txn(ctx).Then(clientv3.OpDelete(c.keys.Queue(q), clientv3.WithPrefix()), clientv3.OpDelete(c.keys.QueueName(q))).Commit(); err != nil {
+	if _, err := c.cli.Txn(ctx).Then(clientv3.OpDelete(c.keys.Queue(q), clientv3.WithPrefix()), clientv3.OpDelete(c.keys.QueueName(q)),
+		clientv3.OpDelete(c.keys.Segments(q), clientv3.WithPrefix())).Commit(); err != nil {
 		return n, fmt.Errorf("queue: delete queue %s: %w", q, err)
 	}
 	return n, nil

@@ -10,9 +10,7 @@ import (
 	"time"
 
 	"github.com/droverhq/drover/internal/etcdtest"
-	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/queue"
-	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // Cancels racing with a draining worker: every task ends in exactly one
@@ -49,16 +47,28 @@ func TestCancelRacingWithOutcomes(t *testing.T) {
 	if err != nil || st.Total() != n || st.Unfinished() != 0 {
 		t.Fatalf("stats %+v (%v): want %d tasks, each in one terminal state", st, err, n)
 	}
-	keys := keyspace.MustNew(ns)
 	seen := map[string]string{}
-	for _, status := range []string{"SUCCEEDED", "CANCELLED"} {
-		g, _ := cli.Get(context.Background(), keys.QueueDone("jobs", status), clientv3.WithPrefix(), clientv3.WithKeysOnly())
-		for _, kv := range g.Kvs {
-			_, id, _ := strings.Cut(strings.TrimPrefix(string(kv.Key), keys.QueueDone("jobs", status)), "-")
-			if prev, dup := seen[id]; dup {
-				t.Fatalf("task %s is both %s and %s", id, prev, status)
+	for _, status := range []queue.Status{queue.Succeeded, queue.Cancelled} {
+		after := ""
+		for {
+			p, err := c.List(context.Background(), "jobs", status, queue.ListOptions{Limit: 1000, After: after})
+			if err != nil {
+				t.Fatal(err)
 			}
-			seen[id] = status
+			for _, task := range p.Tasks {
+				if prev, dup := seen[task.ID]; dup {
+					t.Fatalf("task %s is both %s and %s", task.ID, prev, status)
+				}
+				seen[task.ID] = string(status)
+			}
+			if after = p.Next; after == "" {
+				break
+			}
+		}
+	}
+	for id, k := range succeededIDs(t, c, cli, ns, "jobs") {
+		if k != 1 {
+			t.Fatalf("%s was recorded as SUCCEEDED %d times", id, k)
 		}
 	}
 	if len(seen) != n {

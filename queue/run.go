@@ -40,11 +40,14 @@ func (w *Worker) Run(ctx context.Context) error {
 	base, cancelBase := context.WithCancelCause(w.lease.Context())
 	defer cancelBase(nil)
 
-	outcomes := make(chan outcome, w.cfg.Concurrency)
-	// Two ackers, so one outcome request is in flight while the next fills.
+	// Two ackers, so one outcome request is in flight while the next
+	// fills. Each run's outcomes go to one of them, in order: a run's
+	// last batch deletes it.
+	var outcomes [claimers]chan outcome
 	var ackers sync.WaitGroup
-	for range claimers {
-		ackers.Go(func() { w.acker(outcomes) })
+	for i := range outcomes {
+		outcomes[i] = make(chan outcome, w.cfg.Concurrency)
+		ackers.Go(func() { w.acker(outcomes[i]) })
 	}
 
 	bg, stopBG := context.WithCancel(base)
@@ -68,10 +71,10 @@ func (w *Worker) Run(ctx context.Context) error {
 	loopCtx, endLoops := context.WithCancel(ctx)
 	defer endLoops()
 	errs := make(chan error, claimers)
-	for range claimers {
+	for lane := range claimers {
 		go func() {
 			defer endLoops()
-			errs <- w.loop(loopCtx, base, slots, outcomes, &tasks)
+			errs <- w.loop(loopCtx, base, lane, slots, outcomes, &tasks)
 		}()
 	}
 	var runErr error
@@ -92,7 +95,9 @@ func (w *Worker) Run(ctx context.Context) error {
 	case <-base.Done():
 		<-allDone
 	}
-	close(outcomes)
+	for _, ch := range outcomes {
+		close(ch)
+	}
 	ackers.Wait()
 	stopBG()
 	bgWG.Wait()
@@ -146,13 +151,17 @@ func (w *Worker) waitRan(ctx context.Context) error {
 	}
 }
 
+// gatherFor is how long a claim loop waits for slots to come free before it
+// claims fewer than half of Prefetch.
+const gatherFor = 3 * time.Millisecond
+
 // claimers is how many claim loops, and how many outcome writers, a worker
 // runs at once.
 const claimers = 2
 
 // loop claims while there are free slots and waits on a watch when there is
 // nothing to claim. Several loops share one slot pool.
-func (w *Worker) loop(ctx, base context.Context, slots *slotPool, outcomes chan<- outcome, tasks *sync.WaitGroup) error {
+func (w *Worker) loop(ctx, base context.Context, lane int, slots *slotPool, outcomes [claimers]chan outcome, tasks *sync.WaitGroup) error {
 	for {
 		if ctx.Err() != nil {
 			return nil
@@ -160,6 +169,9 @@ func (w *Worker) loop(ctx, base context.Context, slots *slotPool, outcomes chan<
 		if base.Err() != nil {
 			return context.Cause(base)
 		}
+		// With tasks running, wait a moment for half a claim's worth of
+		// slots: one claim then takes a batch.
+		slots.gather(max(1, w.cfg.Prefetch/2), gatherFor, ctx.Done())
 		n, freed := slots.reserve(w.cfg.Prefetch)
 		if n == 0 {
 			select {
@@ -169,7 +181,7 @@ func (w *Worker) loop(ctx, base context.Context, slots *slotPool, outcomes chan<
 			}
 			continue
 		}
-		claims, rev, contended, err := w.claim(ctx, n)
+		claims, rev, contended, err := w.claim(ctx, lane, n)
 		slots.release(n - len(claims))
 		if err != nil {
 			if ctx.Err() != nil || base.Err() != nil {
@@ -188,7 +200,7 @@ func (w *Worker) loop(ctx, base context.Context, slots *slotPool, outcomes chan<
 			go func() {
 				defer tasks.Done()
 				o := w.execute(base, c)
-				outcomes <- o
+				outcomes[o.writer()] <- o
 				slots.end()
 			}()
 		}
@@ -203,6 +215,7 @@ func (w *Worker) loop(ctx, base context.Context, slots *slotPool, outcomes chan<
 		}
 		busy, ended := slots.state()
 		if w.cfg.Drain && busy == 0 {
+			_, _ = w.client.closeFinished(ctx, w.cfg.Queue)
 			st, err := w.client.Stats(ctx, w.cfg.Queue)
 			if err == nil && st.Unfinished() == 0 {
 				return nil
@@ -271,10 +284,22 @@ func (w *Worker) wakes(events []*clientv3.Event, anyClaimDelete bool) bool {
 			pendingDeleted[pendingID(k, pre)] = ev.Kv.ModRevision
 		}
 	}
+	tries := map[string]int64{} // a run's name → the revision its try was deleted
+	for _, ev := range events {
+		if seg, rest, ok := keyspace.SegmentPart(w.keys.Tries(q, ""), string(ev.Kv.Key)); ok && ev.Type == clientv3.EventTypeDelete {
+			tries[seg+"/"+rest] = ev.Kv.ModRevision
+		}
+	}
 	for _, ev := range events {
 		k := string(ev.Kv.Key)
+		if seg, rest, ok := keyspace.SegmentPart(w.keys.Runs(q, ""), k); ok && ev.Type == clientv3.EventTypeDelete {
+			// A run deleted without its try: a dead worker's tasks.
+			if rev, ok := tries[seg+"/"+rest]; anyClaimDelete || !ok || rev != ev.Kv.ModRevision {
+				return true
+			}
+		}
 		switch {
-		case ev.Type == clientv3.EventTypePut && strings.HasPrefix(k, pre) && ev.IsCreate():
+		case ev.Type == clientv3.EventTypePut && ev.IsCreate() && (strings.HasPrefix(k, pre) || strings.HasPrefix(k, w.keys.SegmentsOpen(q))):
 			return true
 		case ev.Type == clientv3.EventTypeDelete && strings.HasPrefix(k, claims):
 			if anyClaimDelete {

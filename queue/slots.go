@@ -1,6 +1,9 @@
 package queue
 
-import "sync"
+import (
+	"sync"
+	"time"
+)
 
 // slotPool counts a worker's task slots. A claimer reserves slots before it
 // claims, so that claimers running at once never claim more tasks than
@@ -58,4 +61,30 @@ func (p *slotPool) state() (int, <-chan struct{}) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.size - p.free, p.ended
+}
+
+// gather waits, for at most d, until want slots are free or no task is
+// running (a claim of a few slots costs the round trips of a claim of many),
+// or until stop is closed.
+func (p *slotPool) gather(want int, d time.Duration, stop <-chan struct{}) {
+	var timer *time.Timer
+	for {
+		p.mu.Lock()
+		free, busy, freed := p.free, p.size-p.free, p.freed
+		p.mu.Unlock()
+		if free >= want || busy == 0 || free == 0 {
+			return
+		}
+		if timer == nil {
+			timer = time.NewTimer(d)
+			defer timer.Stop()
+		}
+		select {
+		case <-freed:
+		case <-timer.C:
+			return
+		case <-stop:
+			return
+		}
+	}
 }

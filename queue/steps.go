@@ -26,10 +26,15 @@ var _ lease.Fence = (*claimFence)(nil)
 
 // Txn starts a transaction that commits only while the claim is held.
 func (f *claimFence) Txn(ctx context.Context) clientv3.Txn {
+	var also []clientv3.Cmp
+	if f.c.run != nil { // a task of a run: not cancelled (its slot has no exit)
+		also = append(also, clientv3.Compare(clientv3.CreateRevision(f.w.keys.Exit(f.w.cfg.Queue, f.c.run.seg, f.c.slot)), "=", 0))
+	}
 	return lease.NewFencedTxn(ctx, f.w.cli, lease.Spec{
 		Name:  fmt.Sprintf("claim of task %s", f.c.task.ID),
 		Token: f.c.token,
 		Cmp:   clientv3.Compare(clientv3.CreateRevision(f.c.claimKey), "=", f.c.token),
+		Also:  also,
 		Check: f.Err,
 		Lost:  func(cause error) { f.cancel(fmt.Errorf("%w: claim lost: %w", lock.ErrLost, cause)) },
 	})

@@ -2,14 +2,16 @@ package queue
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
+	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/metrics"
+	"github.com/droverhq/drover/storeguard"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"golang.org/x/sync/errgroup"
 )
@@ -22,24 +24,207 @@ type SubmitResult struct {
 	Rejected   []LineError `json:"rejected"`
 }
 
-// Submit adds tasks to queue q, in transactions of up to SubmitBatch tasks.
-// A task whose id exists already is counted as a duplicate and left as it
-// is, so submitting the same batch twice creates nothing new. Invalid tasks
-// are listed in Rejected and the valid ones still go in. Up to four
-// transactions are in flight at once, except for a queue with a maximum
-// depth or in FIFO order, which takes one at a time. progress, if set, is
-// called after each transaction with the number of tasks handled so far:
-// from another goroutine, one call at a time, with growing numbers; it
-// should return quickly.
+// Submit adds tasks to queue q. Tasks go in segments: one key holds up to
+// SegmentSize tasks of one priority level, written in one transaction with
+// an index key per task that makes task_id idempotent. A task whose id
+// exists already is counted as a duplicate and left as it is, so submitting
+// the same batch twice creates nothing new. Invalid tasks are listed in
+// Rejected and the valid ones still go in. Up to 16 transactions are in
+// flight at once, except for a queue with a maximum depth or in FIFO order,
+// which takes one at a time. progress, if set, is called after each
+// transaction with the number of tasks handled so far: from another
+// goroutine, one call at a time, with growing numbers; it should return
+// quickly.
 func (c *Client) Submit(ctx context.Context, q string, tasks []Task, progress func(done int)) (SubmitResult, error) {
 	res := SubmitResult{Rejected: []LineError{}}
 	if err := CheckQueue(q); err != nil {
 		return res, err
 	}
+	valid, subs, generated := c.validate(q, tasks, &res)
+	depth, err := c.depthGuard(ctx, q)
+	if err != nil {
+		return res, err
+	}
+	sb := &submission{c: c, ctx: ctx, q: q, valid: valid, subs: subs, res: res, progress: progress,
+		done: len(tasks) - len(valid), depth: depth, inFlight: submitInFlight}
+	// A queue without a maximum depth takes several requests in flight
+	// (etcd commits them in one batch, where one at a time leaves it
+	// waiting on the round trip); with a maximum depth each request waits
+	// for the room its predecessor left, so they go one at a time.
+	// A FIFO queue also takes one at a time: a claimer must never see a
+	// later request's tasks before an earlier one's.
+	if depth.max > 0 || depth.fifo {
+		sb.inFlight = 1
+	}
+	// A failed request does not cancel the others in flight: what they
+	// submitted is counted.
+	sb.g.SetLimit(sb.inFlight)
+	seen := make(map[string]int, len(valid)) // id → its first index in valid
+	batches := map[int][]int{}               // level → indexes in valid
+	sizes := map[int]int{}
+	var levels []int // in the order they first came
+	for i := range valid {
+		t := &valid[i]
+		if first, ok := seen[t.ID]; ok { // one id twice in one submission
+			sb.repeated(first, i)
+			continue
+		}
+		seen[t.ID] = i
+		size := recordSize(t)
+		lv := MaxPriority - t.Metadata.Priority
+		if _, ok := batches[lv]; !ok {
+			levels = append(levels, lv)
+		}
+		if len(batches[lv]) == SegmentSize || sizes[lv]+size > maxSegmentBytes {
+			if err := sb.flush(batches[lv]); err != nil {
+				return sb.fail(err, generated)
+			}
+			batches[lv], sizes[lv] = nil, 0
+		}
+		batches[lv] = append(batches[lv], i)
+		sizes[lv] += size
+	}
+	for _, lv := range levels {
+		if err := sb.flush(batches[lv]); err != nil {
+			return sb.fail(err, generated)
+		}
+	}
+	if err := sb.g.Wait(); err != nil {
+		return sb.fail(err, generated)
+	}
+	SortLineErrors(sb.res.Rejected)
+	return sb.res, nil
+}
+
+// submission is one call of Submit: its segments in flight and its counts.
+type submission struct {
+	c        *Client
+	ctx      context.Context
+	q        string
+	valid    []Task
+	subs     []submitted
+	progress func(done int)
+	inFlight int
+	g        errgroup.Group
+
+	mu     sync.Mutex // guards what follows, and progress calls
+	res    SubmitResult
+	done   int
+	depth  *depth
+	failed bool
+	named  bool // the queue was entered in the directory
+}
+
+// repeated counts valid[i], whose id valid[first] has too: a duplicate when
+// the same, else a rejected line.
+func (sb *submission) repeated(first, i int) {
+	err := sameTask(&sb.valid[first], &sb.valid[i], sb.subs[i].dated)
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if err != nil {
+		sb.res.Rejected = append(sb.res.Rejected, LineError{Line: sb.subs[i].line,
+			Error: fmt.Sprintf("task_id %s is also on line %d, with different content; give each task its own task_id", sb.valid[i].ID, sb.subs[first].line)})
+	} else {
+		sb.res.Duplicates++
+	}
+	sb.done++
+}
+
+// flush sends the tasks valid[idx] as one segment, within the queue's
+// maximum depth.
+func (sb *submission) flush(idx []int) (err error) {
+	if len(idx) == 0 {
+		return nil
+	}
+	sb.mu.Lock()
+	stop := sb.failed
+	room, err := sb.depth.room(sb.ctx, len(idx))
+	full := room < len(idx)
+	if full && err == nil {
+		sb.done += len(idx) - room
+	}
+	first := !sb.named // the first request enters the queue in the directory
+	sb.named = true
+	sb.mu.Unlock()
+	if stop {
+		return sb.g.Wait() // a request failed: send no more
+	}
+	if err != nil {
+		return err
+	}
+	idx = idx[:room]
+	defer func() {
+		if full && err == nil {
+			err = sb.depth.fullError()
+		}
+	}()
+	if len(idx) == 0 {
+		return sb.depth.fullError()
+	}
+	sb.g.Go(func() error { return sb.send(idx, first) })
+	if full || sb.inFlight == 1 {
+		// A full queue ends the submission, and a bounded one counts
+		// each request before the next: wait for this one.
+		return sb.g.Wait()
+	}
+	return nil
+}
+
+// send writes one segment and counts what it did.
+func (sb *submission) send(idx []int, first bool) error {
+	existing, err := sb.c.putSegment(sb.ctx, sb.q, sb.valid, idx, first)
+	var stored map[string]*Task
+	if err == nil && len(existing) > 0 {
+		// Tell duplicates from conflicts by what is stored: one read,
+		// made only when some id existed.
+		stored, err = sb.c.storedTasks(sb.ctx, sb.valid, existing)
+	}
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if err != nil {
+		sb.failed = true
+		return fmt.Errorf("queue: submit to %s: %w", sb.q, err)
+	}
+	sb.res.Submitted += len(idx) - len(existing)
+	sb.depth.added(len(idx) - len(existing))
+	for _, i := range existing {
+		// A resubmission of the same task is a duplicate, anything else
+		// a conflict.
+		if err := sameStored(stored[sb.valid[i].ID], &sb.valid[i], sb.subs[i].dated); err != nil {
+			sb.res.Rejected = append(sb.res.Rejected, LineError{Line: sb.subs[i].line, Error: err.Error()})
+			continue
+		}
+		sb.res.Duplicates++
+	}
+	sb.done += len(idx)
+	if sb.progress != nil {
+		sb.progress(sb.done)
+	}
+	return nil
+}
+
+// fail waits for the requests in flight, so the counts are final, and says
+// how far the submission got, and whether submitting the same tasks again
+// is safe: it is when every task came with its id (generated false).
+func (sb *submission) fail(err error, generated bool) (SubmitResult, error) {
+	_ = sb.g.Wait()
+	SortLineErrors(sb.res.Rejected)
+	if qf := (*QueueFullError)(nil); errors.As(err, &qf) {
+		return sb.res, err // it carries its own counts
+	}
+	if generated {
+		return sb.res, fmt.Errorf("%w (%d of %d submitted; tasks without a task_id were given one here, so submitting them again would add them twice)", err, sb.res.Submitted, len(sb.valid))
+	}
+	return sb.res, fmt.Errorf("%w (%d of %d submitted; submitting again is safe: tasks already in count as duplicates)", err, sb.res.Submitted, len(sb.valid))
+}
+
+// validate checks tasks for queue q, gives those without an id one, and
+// returns the valid ones with where each came from; rejected ones go into
+// res. generated says some task was given its id here.
+func (c *Client) validate(q string, tasks []Task, res *SubmitResult) (valid []Task, subs []submitted, generated bool) {
 	now := c.now()
-	generated := false // some task was given its id here
-	valid := make([]Task, 0, len(tasks))
-	subs := make([]submitted, 0, len(tasks)) // valid[i] is tasks[subs[i].line-1]
+	valid = make([]Task, 0, len(tasks))
+	subs = make([]submitted, 0, len(tasks)) // valid[i] is tasks[subs[i].line-1]
 	for i := range tasks {
 		t := tasks[i]
 		t.Queue = q
@@ -52,208 +237,101 @@ func (c *Client) Submit(ctx context.Context, q string, tasks []Task, progress fu
 			res.Rejected = append(res.Rejected, LineError{Line: i + 1, Error: err.Error()})
 			continue
 		}
-		t.CurrentStatus = Pending
-		t.Transitions = []Transition{{Status: Pending, At: now.UTC()}}
+		t.CurrentStatus, t.Shard, t.Transitions = "", nil, nil // drover's to set, not the submitter's
 		valid = append(valid, t)
 		subs = append(subs, submitted{line: i + 1, dated: datedBySubmitter})
 	}
-	done := len(tasks) - len(valid)
-	seen := make(map[string]int, len(valid)) // id → its first index in valid
-	var ops, markers []clientv3.Op
-	var idx []int // idx[k] is the index in valid of the task of ops[k]
-	named := false
-	levels := map[string]bool{}
-	size := 0
-	depth, err := c.depthGuard(ctx, q)
-	if err != nil {
-		return res, err
-	}
-	for i := range valid {
-		valid[i].Shard = nil // drover's to set, not the submitter's
-		if depth.fifo {
-			zero := 0
-			valid[i].Shard = &zero
+	return valid, subs, generated
+}
+
+// recordSize estimates a task's encoded size.
+func recordSize(t *Task) int {
+	return 256 + len(t.ID) + len(t.Type) + len(t.InputDataURI) + len(t.OutputDataURI) + len(t.Parameters) +
+		len(t.Metadata.SourceSystem) + len(t.Metadata.Tenant)
+}
+
+// putSegment writes the tasks valid[idx] as one new segment of queue q,
+// with an index key per task, in one transaction that requires every index
+// key to be absent. When some exist, it leaves those tasks out and writes
+// the others; it returns the indexes (in valid) of those that existed.
+// first adds the queue to the queue directory.
+func (c *Client) putSegment(ctx context.Context, q string, valid []Task, idx []int, first bool) (existing []int, err error) {
+	idx = slices.Clone(idx)
+	for try := 0; len(idx) > 0; try++ {
+		if try == 5 {
+			return existing, errors.New("the segment kept being refused while nothing said why; submit again")
 		}
-	}
-	// A queue without a maximum depth takes several requests in flight
-	// (etcd commits them in one batch, where one at a time leaves it
-	// waiting on the round trip); with a maximum depth each request waits
-	// for the room its predecessor left, so they go one at a time.
-	// A FIFO queue also takes one at a time: a claimer must never see a
-	// later request's tasks before an earlier one's.
-	inFlight := submitInFlight
-	if depth.max > 0 || depth.fifo {
-		inFlight = 1
-	}
-	// A failed request does not cancel the others in flight: what they
-	// submitted is counted.
-	var g errgroup.Group
-	g.SetLimit(inFlight)
-	var mu sync.Mutex // guards res, done, depth, failed and progress below
-	failed := false
-	send := func(batch []clientv3.Op, sent []int) error {
+		t0 := &valid[idx[0]]
+		seg := keyspace.SegmentName(MaxPriority-t0.Metadata.Priority, c.now(), NewID()[:8])
+		ts := make([]Task, len(idx))
+		for k, i := range idx {
+			ts[k] = valid[i]
+			ts[k].Queue = ""
+		}
+		data, err := encodeSegment(ts)
+		if err != nil {
+			return existing, fmt.Errorf("encode segment: %w", err)
+		}
+		cmps := make([]clientv3.Cmp, 0, len(idx)+1)
+		puts := make([]clientv3.Op, 0, len(idx)+3)
+		gets := make([]clientv3.Op, 0, len(idx))
+		for k, i := range idx {
+			key := c.keys.TaskIndex(valid[i].ID)
+			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(key), "=", 0))
+			puts = append(puts, clientv3.OpPut(key, keyspace.TaskPlace{Queue: q, Segment: seg, Slot: k}.String()))
+			gets = append(gets, clientv3.OpGet(key, clientv3.WithCountOnly()))
+		}
+		// The store guard: refused past the high-water mark, and the
+		// guard key read back in the same request to say why.
+		cmps = append(cmps, storeguard.NotFull(c.keys))
+		gets = append(gets, storeguard.GetOp(c.keys))
+		puts = append(puts, clientv3.OpPut(c.keys.Segment(q, seg), string(data)), clientv3.OpPut(c.keys.SegmentOpen(q, seg), strconv.Itoa(len(idx))))
+		if first {
+			puts = append(puts, c.nameOp(q))
+		}
 		began := time.Now()
-		resp, err := c.cli.Txn(ctx).Then(batch...).Commit()
+		resp, err := c.cli.Txn(ctx).If(cmps...).Then(puts...).Else(gets...).Commit()
 		metrics.ObserveTxn("submit", began)
-		var existing []int // indexes in valid of the tasks whose id exists
-		var stored []*clientv3.TxnResponse
-		if err == nil {
-			for k, r := range resp.Responses[:len(sent)] { // the level markers follow
-				if !r.GetResponseTxn().Succeeded {
-					existing = append(existing, sent[k])
-				}
-			}
-			// Tell duplicates from conflicts by what is stored: one read,
-			// made only when some id existed.
-			if len(existing) > 0 {
-				gets := make([]clientv3.Op, len(existing))
-				for k, i := range existing {
-					gets[k] = clientv3.OpGet(c.keys.TaskRecord(valid[i].ID))
-				}
-				var rr *clientv3.TxnResponse
-				if rr, err = c.cli.Txn(ctx).Then(gets...).Commit(); err == nil {
-					stored = append(stored, rr)
-				}
-			}
-		}
-		mu.Lock()
-		defer mu.Unlock()
 		if err != nil {
-			failed = true
-			if resp != nil { // the tasks went in; only telling duplicates from conflicts failed
-				res.Submitted += len(sent) - len(existing)
-				depth.added(len(sent) - len(existing))
-			}
-			return fmt.Errorf("queue: submit to %s: %w", q, err)
+			return existing, err
 		}
-		res.Submitted += len(sent) - len(existing)
-		depth.added(len(sent) - len(existing))
-		for k, i := range existing {
-			// A resubmission of the same task is a duplicate, anything
-			// else a conflict.
-			if err := sameSubmission(stored[0].Responses[k].GetResponseRange().Kvs, &valid[i], subs[i].dated); err != nil {
-				res.Rejected = append(res.Rejected, LineError{Line: subs[i].line, Error: err.Error()})
-				continue
-			}
-			res.Duplicates++
+		if resp.Succeeded {
+			return existing, nil
 		}
-		done += len(sent)
-		if progress != nil {
-			progress(done)
+		if err := storeguard.FromRange(resp.Responses[len(idx)].GetResponseRange()); err != nil {
+			return existing, err
 		}
-		return nil
-	}
-	flush := func() (err error) {
-		if len(ops) == 0 {
-			return nil
-		}
-		mu.Lock()
-		stop := failed
-		mu.Unlock()
-		if stop {
-			return g.Wait() // a request failed: send no more
-		}
-		mu.Lock()
-		room, err := depth.room(ctx, len(ops))
-		mu.Unlock()
-		if err != nil {
-			return err
-		}
-		full := room < len(ops)
-		if full {
-			mu.Lock()
-			done += len(ops) - room
-			mu.Unlock()
-			ops, idx = ops[:room], idx[:room]
-		}
-		defer func() {
-			if full && err == nil {
-				err = depth.fullError()
-			}
-		}()
-		if len(ops) == 0 {
-			return depth.fullError()
-		}
-		// The priority levels' markers go in the same transaction as
-		// the tasks, after them: a claimer that finds a level empty can
-		// only remove its marker if no task was added since.
-		batch := append(append(make([]clientv3.Op, 0, len(ops)+len(markers)+1), ops...), markers...)
-		if !named { // the first request enters the queue in the directory
-			batch, named = append(batch, c.nameOp(q)), true
-		}
-		sent := slices.Clone(idx)
-		g.Go(func() error { return send(batch, sent) })
-		if full || inFlight == 1 {
-			// A full queue ends the submission, and a bounded one counts
-			// each request before the next: wait for this one.
-			if err := g.Wait(); err != nil {
-				return err
-			}
-		}
-		ops, idx, size, markers = ops[:0], idx[:0], 0, nil
-		clear(levels)
-		return nil
-	}
-	// fail waits for the requests in flight, so the counts are final, and
-	// says how far the submission got, and whether submitting the same
-	// tasks again is safe: it is when every task came with its id.
-	fail := func(err error) (SubmitResult, error) {
-		_ = g.Wait()
-		SortLineErrors(res.Rejected)
-		if qf := (*QueueFullError)(nil); errors.As(err, &qf) {
-			return res, err // it carries its own counts
-		}
-		if generated {
-			return res, fmt.Errorf("%w (%d of %d submitted; tasks without a task_id were given one here, so submitting them again would add them twice)", err, res.Submitted, len(valid))
-		}
-		return res, fmt.Errorf("%w (%d of %d submitted; submitting again is safe: tasks already in count as duplicates)", err, res.Submitted, len(valid))
-	}
-	for i := range valid {
-		t := &valid[i]
-		if first, ok := seen[t.ID]; ok { // etcd refuses a request that writes one key twice
-			err := sameTask(&valid[first], t, subs[i].dated)
-			mu.Lock()
-			if err != nil {
-				res.Rejected = append(res.Rejected, LineError{Line: subs[i].line,
-					Error: fmt.Sprintf("task_id %s is also on line %d, with different content; give each task its own task_id", t.ID, subs[first].line)})
+		var left []int
+		for k, r := range resp.Responses[:len(idx)] {
+			if r.GetResponseRange().Count > 0 {
+				existing = append(existing, idx[k])
 			} else {
-				res.Duplicates++
+				left = append(left, idx[k])
 			}
-			done++
-			mu.Unlock()
+		}
+		if len(left) == len(idx) { // refused, yet no index key and no guard key: they went since
 			continue
 		}
-		seen[t.ID] = i
-		rec, err := json.Marshal(t)
-		if err != nil {
-			_ = g.Wait()
-			return res, fmt.Errorf("queue: encode task %s (%d of %d submitted before it): %w", t.ID, res.Submitted, len(valid), err)
-		}
-		if len(ops) == SubmitBatch || size+len(rec) > maxRequestBytes {
-			if err := flush(); err != nil {
-				return fail(err)
-			}
-		}
-		if lv := levelOf(t.Metadata.Priority); !levels[lv] {
-			levels[lv] = true
-			markers = append(markers, clientv3.OpPut(c.levelKey(q, lv), ""))
-		}
-		recKey := c.keys.TaskRecord(t.ID)
-		ops = append(ops, clientv3.OpTxn(
-			[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(recKey), "=", 0)},
-			[]clientv3.Op{clientv3.OpPut(recKey, string(rec)), clientv3.OpPut(c.pendingKey(t), encodePending(0, false))},
-			nil))
-		idx = append(idx, i)
-		size += len(rec) + 200
+		idx = left
 	}
-	if err := flush(); err != nil {
-		return fail(err)
+	return existing, nil
+}
+
+// storedTasks reads the stored tasks of valid[existing] by id.
+func (c *Client) storedTasks(ctx context.Context, valid []Task, existing []int) (map[string]*Task, error) {
+	ids := make([]string, len(existing))
+	for k, i := range existing {
+		ids[k] = valid[i].ID
 	}
-	if err := g.Wait(); err != nil {
-		return fail(err)
+	ts, err := c.getMany(ctx, ids)
+	if err != nil {
+		return nil, err
 	}
-	SortLineErrors(res.Rejected)
-	return res, nil
+	out := make(map[string]*Task, len(ts))
+	for _, t := range ts {
+		out[t.ID] = t
+	}
+	return out, nil
 }
 
 // ErrQueueFull is matched by the error of a submission to a queue at its

@@ -100,6 +100,9 @@ type Task struct {
 	// based on it can require that nothing changed since.
 	rev        int64 // the record's ModRevision
 	pendingRev int64 // the pending key's ModRevision; 0 when absent
+	// seg is where a task read from its segment is; nil for a task with a
+	// record of its own.
+	seg *segRef
 }
 
 // Retries returns the task's retry budget.

@@ -155,6 +155,13 @@ type Worker struct {
 	busyLevels                                            map[string]time.Time // priority levels whose tasks all run, until when (levelMu)
 	lost                                                  *orphanList          // tasks whose claim vanished: claimed first
 	runnerHeld                                            map[string]time.Time // tasks a task runner holds, skipped until when (levelMu)
+	busySegs                                              map[string]time.Time // segments whose slots all run, skipped until when (levelMu)
+	turns                                                 levelTurns           // the anti-starvation turns of segments' levels (levelMu)
+	window                                                openWindow           // bounds the read of the open segments (levelMu)
+	lostSegs                                              *orphanList          // segments a dead worker's run left tasks in: claimed first
+	runSeq                                                atomic.Int64
+	hot                                                   [claimers]string // per claim loop, the segment it took from last, with slots left (levelMu)
+	runID                                                 string           // names this worker's runs: unique, where worker ids may not be
 
 	// The lifecycle: Run once; Stop and StopAndCancel end it, before or
 	// after it started, any number of times.
@@ -168,7 +175,8 @@ type Worker struct {
 
 type running struct {
 	cancel context.CancelCauseFunc
-	token  int64 // the claim's create revision
+	token  int64  // the claim's create revision
+	runKey string // the run's key, for a task claimed from a segment
 }
 
 // claimValue is what a claim key holds.
@@ -216,6 +224,7 @@ func NewWorker(ctx context.Context, cli *clientv3.Client, cfg WorkerConfig) (*Wo
 		return nil, err
 	}
 	w := &Worker{cfg: cfg, cli: cli, keys: client.keys, client: client, lease: cfg.Lease, logger: logger, busyLevels: map[string]time.Time{}, lost: newOrphanList(), runnerHeld: map[string]time.Time{},
+		busySegs: map[string]time.Time{}, lostSegs: newOrphanList(), runID: NewID()[:12],
 		stopReq: make(chan struct{}), ran: make(chan struct{}),
 		worker: lock.NewHolder(cfg.WorkerID).ID, handlers: map[string]Handler{}, inflight: map[string]*running{}}
 	w.shardCursor.Store(rand.Int64N(Shards)) // workers start on different shards
@@ -296,6 +305,10 @@ type claim struct {
 	token      int64
 	claimedAt  time.Time
 	broken     error // the claimed task cannot run: it goes to the DLQ
+	// run is the run of a task claimed from a segment (claimKey is its
+	// key), with the task's slot; nil for a task with a record of its own.
+	run  *segRun
+	slot int
 }
 
 // outcome is how an attempt ended, to be written by the acker.

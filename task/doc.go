@@ -14,7 +14,9 @@
 //   - writes each checkpoint, with the step's record (step, name, worker,
 //     fencing token, times), in one etcd transaction fenced by the lock's
 //     token: a worker that lost its lock (paused, partitioned) can never
-//     write, and a refused write stops its run at once;
+//     write, and a refused write stops its run at once; checkpoints are
+//     data-plane writes, refused with drover.ErrStoreFull while etcd's
+//     database is past the server's high-water mark (package storeguard);
 //   - marks the task completed in the same transaction as the last
 //     checkpoint, so a finished task never starts again.
 //

@@ -4,6 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
+
+	"github.com/droverhq/drover/keyspace"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -17,17 +20,23 @@ import (
 // when there is one to wait for. It returns early with the cause when held
 // (the lock's context) ends, or with ctx's error.
 func (s *Store) waitQueueClaim(ctx context.Context, id string, held context.Context, waiting func(queue string)) error {
-	g, err := s.cli.Get(ctx, s.keys.TaskRecord(id))
+	g, err := s.cli.Txn(ctx).Then(clientv3.OpGet(s.keys.TaskRecord(id)), clientv3.OpGet(s.keys.TaskIndex(id))).Commit()
 	if err != nil {
 		return fmt.Errorf("read task record: %w", err)
 	}
-	if len(g.Kvs) == 0 {
+	if len(g.Responses[0].GetResponseRange().Kvs) == 0 {
+		if ix := g.Responses[1].GetResponseRange().Kvs; len(ix) > 0 {
+			if at, ok := keyspace.ParseTaskPlace(string(ix[0].Value)); ok {
+				return s.waitQueueRun(ctx, at, held, waiting)
+			}
+		}
 		return nil // not a queued task
 	}
+	kvs := g.Responses[0].GetResponseRange().Kvs
 	var rec struct {
 		Queue string `json:"queue"`
 	}
-	if err := json.Unmarshal(g.Kvs[0].Value, &rec); err != nil || rec.Queue == "" {
+	if err := json.Unmarshal(kvs[0].Value, &rec); err != nil || rec.Queue == "" {
 		return nil
 	}
 	claim := s.keys.QueueClaim(rec.Queue, id)
@@ -45,6 +54,38 @@ func (s *Store) waitQueueClaim(ctx context.Context, id string, held context.Cont
 			told = true
 		}
 		if err := waitGone(ctx, held, s.cli, claim, c.Header.Revision); err != nil {
+			return err
+		}
+	}
+}
+
+// waitQueueRun is waitQueueClaim for a task in a queue's segment: it
+// returns once no run of the segment holds the task's slot. A run's value
+// names its slots in "s" (package queue writes it).
+func (s *Store) waitQueueRun(ctx context.Context, at keyspace.TaskPlace, held context.Context, waiting func(queue string)) error {
+	told := false
+	for {
+		g, err := s.cli.Get(ctx, s.keys.Runs(at.Queue, at.Segment), clientv3.WithPrefix())
+		if err != nil {
+			return fmt.Errorf("read queue runs: %w", err)
+		}
+		holder := ""
+		for _, kv := range g.Kvs {
+			var run struct {
+				Slots []int `json:"s"`
+			}
+			if json.Unmarshal(kv.Value, &run) == nil && slices.Contains(run.Slots, at.Slot) {
+				holder = string(kv.Key)
+			}
+		}
+		if holder == "" {
+			return nil
+		}
+		if !told {
+			waiting(at.Queue)
+			told = true
+		}
+		if err := waitGone(ctx, held, s.cli, holder, g.Header.Revision); err != nil {
 			return err
 		}
 	}

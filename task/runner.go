@@ -186,8 +186,9 @@ func CheckSteps(steps []Step) error {
 // run. It resumes after the last checkpointed step, and returns once the last
 // step is checkpointed (or was before), or with the first error: a step's
 // error (ErrStepFailed), a refused checkpoint (lock.ErrFenced), too much
-// state (ErrStateTooLarge), or ctx's. The task's lock is released when Run
-// returns.
+// state (ErrStateTooLarge), a full store (drover.ErrStoreFull: the step ran
+// but its checkpoint was not written, so a later Run starts at that step),
+// or ctx's. The task's lock is released when Run returns.
 func (r *Runner) Run(ctx context.Context, id string, steps []Step) (Result, error) {
 	if err := CheckID(id); err != nil {
 		return Result{}, err

@@ -10,6 +10,7 @@ import (
 	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/lease"
+	"github.com/droverhq/drover/storeguard"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -191,6 +192,12 @@ func (s *Store) History(ctx context.Context, id string) ([]StepRecord, error) {
 // modification revision) and step rec.Step has no record yet. The step
 // record is written once per step, ever. On success next carries its new
 // revision, ready to be the prev of the following commit.
+//
+// It is a data-plane write: while the namespace's store-full guard key
+// exists (the server sets it when etcd's database nears its quota; see
+// package storeguard) it writes nothing and returns an error matching
+// drover.ErrStoreFull (a *drover.StoreFullError); the same commit
+// succeeds once the key is gone.
 func (s *Store) Commit(ctx context.Context, f lease.Fence, prev Checkpoint, next *Checkpoint, rec StepRecord) error {
 	cpKey, stepKey := s.keys.TaskCheckpoint(next.TaskID), s.keys.TaskStep(next.TaskID, rec.Step)
 	cpVal, err := json.Marshal(next)
@@ -201,15 +208,23 @@ func (s *Store) Commit(ctx context.Context, f lease.Fence, prev Checkpoint, next
 	if err != nil {
 		return fmt.Errorf("task: encode step record: %w", err)
 	}
+	// The Else branch reads the guard key, so that a refusal says, in the
+	// same transaction, whether the store was full or the checkpoint
+	// changed.
 	resp, err := f.Txn(ctx).
 		If(clientv3.Compare(clientv3.ModRevision(cpKey), "=", prev.modRev),
-			clientv3.Compare(clientv3.Version(stepKey), "=", 0)).
+			clientv3.Compare(clientv3.Version(stepKey), "=", 0),
+			storeguard.NotFull(s.keys)).
 		Then(clientv3.OpPut(cpKey, string(cpVal)), clientv3.OpPut(stepKey, string(recVal))).
+		Else(storeguard.GetOp(s.keys)).
 		Commit()
 	if err != nil {
 		return fmt.Errorf("task %s: checkpoint step %d: %w", next.TaskID, rec.Step, err)
 	}
 	if !resp.Succeeded {
+		if err := storeguard.FromRange(resp.Responses[0].GetResponseRange()); err != nil {
+			return fmt.Errorf("task %s: checkpoint step %d: %w", next.TaskID, rec.Step, err)
+		}
 		return fmt.Errorf("task %s: checkpoint step %d: %w", next.TaskID, rec.Step, ErrConflict)
 	}
 	next.modRev = resp.Header.Revision

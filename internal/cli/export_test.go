@@ -11,3 +11,6 @@ func CommandTree() *cobra.Command {
 	a := &app{stdin: nil, stdout: io.Discard, stderr: io.Discard}
 	return a.rootCommand()
 }
+
+// ExitCode is the exit code Main gives an error that carries none.
+func ExitCode(err error) int { return exitCode(err) }

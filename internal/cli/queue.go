@@ -29,7 +29,7 @@ import (
 const ExitRejected = 65
 
 // submitChunk is how many JSONL lines are read before they are submitted.
-const submitChunk = 6000
+const submitChunk = 20000
 
 func (a *app) submitCommand() *cobra.Command {
 	var (
@@ -184,7 +184,7 @@ func taskFromFlags(cmd *cobra.Command, id, typ string, params []string, priority
 }
 
 // submitFile streams a JSONL file into the queue in chunks, with progress.
-func (a *app) submitFile(ctx context.Context, c *queue.Client, q, file string) (queue.SubmitResult, error) {
+func (a *app) submitFile(ctx context.Context, sub *queue.Client, q, file string) (queue.SubmitResult, error) {
 	var in io.Reader = a.stdin
 	var size int64
 	if file != "-" {
@@ -201,28 +201,43 @@ func (a *app) submitFile(ctx context.Context, c *queue.Client, q, file string) (
 	total := queue.SubmitResult{Rejected: []queue.LineError{}}
 	prog := newProgress(a.stderr, "submit", size)
 	defer prog.done()
-	lr := &lineReader{r: bufio.NewReaderSize(in, 1<<20)}
-	for {
-		batch, lines, eof, stop := lr.batch(&total)
-		if len(batch) > 0 {
-			res, err := c.Submit(ctx, q, batch, nil)
+	// The next chunk is read and parsed while this one is submitted.
+	rctx, stopReading := context.WithCancel(ctx)
+	defer stopReading()
+	chunks := make(chan lineChunk, 1)
+	go func() {
+		defer close(chunks)
+		lr := &lineReader{r: bufio.NewReaderSize(in, 1<<20)}
+		for {
+			c := lr.chunk()
+			select {
+			case chunks <- c:
+			case <-rctx.Done():
+				return
+			}
+			if c.eof || c.stop != nil {
+				return
+			}
+		}
+	}()
+	for c := range chunks {
+		total.Rejected = append(total.Rejected, c.rejected...)
+		if len(c.batch) > 0 {
+			res, err := sub.Submit(ctx, q, c.batch, nil)
 			total.Submitted += res.Submitted
 			total.Duplicates += res.Duplicates
 			for _, rj := range res.Rejected {
-				total.Rejected = append(total.Rejected, queue.LineError{Line: lines[rj.Line-1], Error: rj.Error})
+				total.Rejected = append(total.Rejected, queue.LineError{Line: c.lines[rj.Line-1], Error: rj.Error})
 			}
 			if err != nil {
 				return total, err
 			}
 		}
-		prog.update(lr.read, total.Submitted+total.Duplicates)
-		if stop != nil {
+		prog.update(c.read, total.Submitted+total.Duplicates)
+		if c.stop != nil {
 			queue.SortLineErrors(total.Rejected)
 			return total, withCode(ExitRejected, fmt.Errorf("%w; stopped there: submitted %d, duplicates %d, rejected %d before it. Fix the input and submit it again: lines already in count as duplicates",
-				stop, total.Submitted, total.Duplicates, len(total.Rejected)))
-		}
-		if eof {
-			break
+				c.stop, total.Submitted, total.Duplicates, len(total.Rejected)))
 		}
 	}
 	queue.SortLineErrors(total.Rejected)
@@ -267,23 +282,47 @@ var errNotJSONL = errors.New("the input is not JSONL")
 
 // lineReader reads a JSONL submission line by line.
 type lineReader struct {
-	r      *bufio.Reader
-	lineNo int
-	read   int64
+	r        *bufio.Reader
+	lineNo   int
+	read     int64
+	rejected int // lines rejected so far
 }
 
-// batch reads up to submitChunk valid tasks, adding rejected lines to total.
-// It returns the tasks with their line numbers, whether the input ended, and
-// why the submission must stop, if it must.
-func (lr *lineReader) batch(total *queue.SubmitResult) (batch []queue.Task, lines []int, eof bool, stop error) {
-	for len(batch) < submitChunk {
+// lineChunk is a chunk of a JSONL submission: up to submitChunk valid tasks
+// (and at most submitChunkBytes of them) with their line numbers, the lines
+// rejected among them, how many bytes were read by its end, whether the
+// input ended, and why the submission must stop, if it must.
+type lineChunk struct {
+	batch    []queue.Task
+	lines    []int
+	rejected []queue.LineError
+	read     int64
+	eof      bool
+	stop     error
+}
+
+// submitChunkBytes bounds the bytes of lines a chunk holds.
+const submitChunkBytes = 32 << 20
+
+// chunk reads the next chunk.
+func (lr *lineReader) chunk() (c lineChunk) {
+	defer func() { c.read = lr.read }()
+	size := 0
+	reject := func(e queue.LineError) {
+		c.rejected = append(c.rejected, e)
+		lr.rejected++
+	}
+	for len(c.batch) < submitChunk && size < submitChunkBytes {
 		line, err := readLine(lr.r, queue.MaxPayload*2, maxLineScan)
 		lr.read += int64(line.n)
+		size += line.n
 		if err == io.EOF && line.n == 0 {
-			return batch, lines, true, nil
+			c.eof = true
+			return c
 		}
 		if err != nil && err != io.EOF {
-			return batch, lines, false, fmt.Errorf("read line %d: %w", lr.lineNo+1, err)
+			c.stop = fmt.Errorf("read line %d: %w", lr.lineNo+1, err)
+			return c
 		}
 		lr.lineNo++
 		if lr.lineNo == 1 {
@@ -291,30 +330,34 @@ func (lr *lineReader) batch(total *queue.SubmitResult) (batch []queue.Task, line
 		}
 		switch {
 		case line.endless:
-			return batch, lines, false, fmt.Errorf("%w: line %d runs past %d MiB without a newline", errNotJSONL, lr.lineNo, maxLineScan>>20)
+			c.stop = fmt.Errorf("%w: line %d runs past %d MiB without a newline", errNotJSONL, lr.lineNo, maxLineScan>>20)
+			return c
 		case bytes.IndexByte(line.text, 0) >= 0:
-			return batch, lines, false, fmt.Errorf("%w: line %d holds a NUL byte", errNotJSONL, lr.lineNo)
+			c.stop = fmt.Errorf("%w: line %d holds a NUL byte", errNotJSONL, lr.lineNo)
+			return c
 		case line.tooLong:
-			total.Rejected = append(total.Rejected, queue.LineError{Line: lr.lineNo, Error: fmt.Sprintf("line longer than %d bytes: put large inputs behind input_data_uri", queue.MaxPayload*2)})
+			reject(queue.LineError{Line: lr.lineNo, Error: fmt.Sprintf("line longer than %d bytes: put large inputs behind input_data_uri", queue.MaxPayload*2)})
 		case len(bytes.TrimSpace(line.text)) == 0:
 			// blank lines are skipped
 		default:
 			t, perr := queue.ParseLine(line.text)
 			if perr != nil {
-				total.Rejected = append(total.Rejected, queue.LineError{Line: lr.lineNo, Error: perr.Error()})
+				reject(queue.LineError{Line: lr.lineNo, Error: perr.Error()})
 			} else {
-				batch = append(batch, t)
-				lines = append(lines, lr.lineNo)
+				c.batch = append(c.batch, t)
+				c.lines = append(c.lines, lr.lineNo)
 			}
 		}
-		if len(total.Rejected) > maxRejectedLines {
-			return batch, lines, false, fmt.Errorf("%w: more than %d lines rejected", errNotJSONL, maxRejectedLines)
+		if lr.rejected > maxRejectedLines {
+			c.stop = fmt.Errorf("%w: more than %d lines rejected", errNotJSONL, maxRejectedLines)
+			return c
 		}
 		if err == io.EOF {
-			return batch, lines, true, nil
+			c.eof = true
+			return c
 		}
 	}
-	return batch, lines, false, nil
+	return c
 }
 
 type lineRead struct {

@@ -29,7 +29,7 @@ const (
 	ExitUnavailable = 69 // etcd could not be reached
 	ExitLockLost    = 70 // lock run: the lock was lost while the command ran
 	ExitLeaseLost   = 70 // registry register, worker: the primary lease was lost
-	ExitBusy        = 75 // the lock is held by someone else, or the queue is full (try again later)
+	ExitBusy        = 75 // the lock is held by someone else, the queue is full, or the store is full (try again later)
 )
 
 // exitError carries an exit code up to Main.
@@ -79,12 +79,20 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return ee.code
 	}
 	fmt.Fprintln(stderr, "drover:", err)
+	return exitCode(err)
+}
+
+// exitCode is the exit code of an error that carries none of its own.
+func exitCode(err error) int {
+	switch {
 	// cobra's own error for an unknown command of the root.
-	if errors.Is(err, drover.ErrInvalidInput) || isUsage(err) || strings.HasPrefix(err.Error(), "unknown command ") {
+	case errors.Is(err, drover.ErrInvalidInput) || isUsage(err) || strings.HasPrefix(err.Error(), "unknown command "):
 		return ExitUsage
-	}
-	if errors.Is(err, cluster.ErrUnreachable) {
+	case errors.Is(err, cluster.ErrUnreachable):
 		return ExitUnavailable
+	case errors.Is(err, drover.ErrStoreFull):
+		// etcd's database is near its quota: try again once space is freed.
+		return ExitBusy
 	}
 	return ExitFailure
 }

@@ -4,11 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"os/signal"
 	"path/filepath"
 	"runtime/debug"
+	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -24,15 +27,24 @@ import (
 // peak memory (docs/BENCHMARKS.md).
 const DefaultServerGCPercent = 200
 
+// serverFlags are the server command's own flags.
+type serverFlags struct {
+	dataDir       string
+	listen        string
+	peerListen    string
+	retention     time.Duration
+	metricsListen string
+	gcPercent     int
+	quota         int64
+	highWater     waterMark
+	lowWater      waterMark
+}
+
+// minQuotaBytes is the smallest --quota-backend-bytes the server takes.
+const minQuotaBytes = 16 << 20
+
 func (a *app) serverCommand() *cobra.Command {
-	var (
-		dataDir       string
-		listen        string
-		peerListen    string
-		retention     time.Duration
-		metricsListen string
-		gcPercent     int
-	)
+	f := serverFlags{highWater: waterMark(cluster.DefaultHighWater), lowWater: waterMark(cluster.DefaultLowWater)}
 	cmd := &cobra.Command{
 		Use:   "server",
 		Short: "Run drover's server with an embedded etcd (or against an existing cluster)",
@@ -43,6 +55,16 @@ loopback port; history compacted every --auto-compaction-retention.
 With --etcd-endpoints (or $ETCD_ENDPOINTS) it embeds nothing and serves
 against that existing etcd cluster instead.
 
+The embedded etcd refuses every write that adds data once its database
+reaches --quota-backend-bytes (4 GiB), lease grants included, so every lock
+and worker would stop. The server keeps it from getting there: once the
+database passes --high-water of the quota (default 70%) it refuses new tasks
+and checkpoints in --namespace ("store full"; drover submit exits 75) while
+leases and locks keep working, and accepts them again once less than
+--low-water (default 60%) is in use. Free space with "drover tasks purge";
+the server compacts and defragments by itself. Both marks take a percent
+(70%) or a fraction (0.7).
+
 The embedded etcd's in-memory index makes the process's heap large, so with
 Go's default garbage collection setting a fifth of its CPU goes to collecting;
 --gc-percent (default 200, or $GOGC when set and the flag is not) trades
@@ -52,95 +74,193 @@ collector then works harder as the limit nears instead of running out.
 It logs one line when ready and shuts down cleanly on SIGINT or SIGTERM.`,
 		Example: `  drover server
   drover server --data-dir /var/lib/drover --etcd-listen http://127.0.0.1:2379
+  drover server --quota-backend-bytes 8589934592 --high-water 80% --low-water 70%
   drover server --etcd-endpoints 10.0.0.5:2379,10.0.0.6:2379`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := a.checkGlobal(); err != nil {
-				return err
-			}
-			if retention < 0 {
-				return &drover.InputError{Field: "--auto-compaction-retention", Value: retention, Rule: "must be 0 (off) or positive"}
-			}
-			if gcPercent < 50 || gcPercent > 1000 {
-				return &drover.InputError{Field: "--gc-percent", Value: gcPercent, Rule: "must be between 50 and 1000"}
-			}
-			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
-			defer stop()
-			external := a.endpoints != "" || strings.TrimSpace(getenv(cluster.EnvEndpoints)) != ""
-			if external {
-				for _, name := range []string{"data-dir", "etcd-listen", "etcd-peer-listen", "auto-compaction-retention", "gc-percent"} {
-					if cmd.Flags().Changed(name) {
-						return usageError{fmt.Errorf("--%s has no effect with --etcd-endpoints or $ETCD_ENDPOINTS: the server embeds no etcd then; drop one of them", name)}
-					}
-				}
-				stopMetrics, err := a.serveMetrics(ctx, metricsListen, prometheus.DefaultGatherer)
-				if err != nil {
-					return err
-				}
-				defer stopMetrics()
-				return a.serveExternal(ctx)
-			}
-			stopMetrics, err := a.serveMetrics(ctx, metricsListen, prometheus.DefaultGatherer)
-			if err != nil {
-				return err
-			}
-			defer stopMetrics()
-			if cmd.Flags().Changed("gc-percent") || getenv("GOGC") == "" {
-				debug.SetGCPercent(gcPercent)
-			}
-			cfg := cluster.EmbedConfig{
-				DataDir:                 dataDir,
-				ClientURL:               listen,
-				PeerURL:                 peerListen,
-				AutoCompactionRetention: retention,
-				LogLevel:                "error",
-			}
-			if retention == 0 {
-				cfg.AutoCompactionRetention = -1
-			}
-			if err := cfg.Validate(); err != nil {
-				var ie *drover.InputError
-				if errors.As(err, &ie) {
-					switch ie.Field {
-					case "ClientURL":
-						return ie.Renamed("--etcd-listen")
-					case "PeerURL":
-						return ie.Renamed("--etcd-peer-listen")
-					}
-				}
-				return usageError{err}
-			}
-			start := time.Now()
-			a.logStarting(dataDir)
-			srv, err := cluster.Embed(ctx, cfg)
-			if err != nil {
-				return startError(err, dataDir, listen, peerListen)
-			}
-			defer srv.Close()
-			a.logger.Info("drover server ready",
-				"etcd", "embedded", "endpoints", strings.Join(srv.Endpoints(), ","),
-				"data_dir", srv.DataDir(), "namespace", a.namespace,
-				"startup", time.Since(start).Round(time.Millisecond).String())
-			select {
-			case <-ctx.Done():
-			case err := <-srv.Err():
-				return fmt.Errorf("embedded etcd failed: %w", err)
-			}
-			a.logger.Info("drover server stopping", "reason", "signal")
-			srv.Close()
-			a.logger.Info("drover server stopped")
-			return nil
-		},
+		RunE: func(cmd *cobra.Command, args []string) error { return a.runServer(cmd, &f) },
 	}
-	f := cmd.Flags()
-	f.StringVar(&dataDir, "data-dir", cluster.DefaultDataDir, "directory for etcd's data (kept across restarts)")
-	f.StringVar(&listen, "etcd-listen", cluster.DefaultClientURL, "URL where the embedded etcd serves clients")
-	f.StringVar(&peerListen, "etcd-peer-listen", cluster.DefaultPeerURL, "URL of the embedded etcd's peer listener (loopback)")
-	f.DurationVar(&retention, "auto-compaction-retention", cluster.DefaultAutoCompactionRetention, "history kept before periodic compaction (0 turns compaction off)")
-	f.StringVar(&metricsListen, "metrics-listen", "", "host:port to serve Prometheus metrics on (/metrics: drover's and the embedded etcd's)")
-	f.IntVar(&gcPercent, "gc-percent", DefaultServerGCPercent, "garbage collection target of the embedded server (Go's GOGC; $GOGC wins when set and this flag is not)")
+	fl := cmd.Flags()
+	fl.StringVar(&f.dataDir, "data-dir", cluster.DefaultDataDir, "directory for etcd's data (kept across restarts)")
+	fl.StringVar(&f.listen, "etcd-listen", cluster.DefaultClientURL, "URL where the embedded etcd serves clients")
+	fl.StringVar(&f.peerListen, "etcd-peer-listen", cluster.DefaultPeerURL, "URL of the embedded etcd's peer listener (loopback)")
+	fl.DurationVar(&f.retention, "auto-compaction-retention", cluster.DefaultAutoCompactionRetention, "history kept before periodic compaction (0 turns compaction off)")
+	fl.StringVar(&f.metricsListen, "metrics-listen", "", "host:port to serve Prometheus metrics on (/metrics: drover's and the embedded etcd's)")
+	fl.IntVar(&f.gcPercent, "gc-percent", DefaultServerGCPercent, "garbage collection target of the embedded server (Go's GOGC; $GOGC wins when set and this flag is not)")
+	fl.Int64Var(&f.quota, "quota-backend-bytes", cluster.DefaultQuotaBackendBytes, "the embedded etcd's database quota in bytes (etcd advises at most 8 GiB)")
+	fl.Var(&f.highWater, "high-water", "share of the quota past which new tasks and checkpoints are refused (a percent, 70%, or a fraction, 0.7)")
+	fl.Var(&f.lowWater, "low-water", "share of the quota in use under which they are accepted again; below --high-water")
 	return cmd
 }
+
+// check validates the server's flags before anything starts.
+func (f *serverFlags) check() error {
+	if f.retention < 0 {
+		return &drover.InputError{Field: "--auto-compaction-retention", Value: f.retention, Rule: "must be 0 (off) or positive"}
+	}
+	if f.gcPercent < 50 || f.gcPercent > 1000 {
+		return &drover.InputError{Field: "--gc-percent", Value: f.gcPercent, Rule: "must be between 50 and 1000"}
+	}
+	if f.quota < minQuotaBytes {
+		return &drover.InputError{Field: "--quota-backend-bytes", Value: f.quota, Rule: fmt.Sprintf("must be at least %d (16 MiB)", minQuotaBytes)}
+	}
+	if h := float64(f.highWater); !(h > 0 && h < 1) {
+		return &drover.InputError{Field: "--high-water", Value: f.highWater.String(), Rule: "must be above 0% and below 100% of the quota"}
+	}
+	if l := float64(f.lowWater); !(l > 0 && l < float64(f.highWater)) {
+		return &drover.InputError{Field: "--low-water", Value: f.lowWater.String(), Rule: fmt.Sprintf("must be above 0%% and below --high-water (%s)", f.highWater.String())}
+	}
+	return nil
+}
+
+func (a *app) runServer(cmd *cobra.Command, f *serverFlags) error {
+	if err := a.checkGlobal(); err != nil {
+		return err
+	}
+	if err := f.check(); err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	external := a.endpoints != "" || strings.TrimSpace(getenv(cluster.EnvEndpoints)) != ""
+	if external {
+		for _, name := range []string{"data-dir", "etcd-listen", "etcd-peer-listen", "auto-compaction-retention", "gc-percent", "quota-backend-bytes", "high-water", "low-water"} {
+			if cmd.Flags().Changed(name) {
+				return usageError{fmt.Errorf("--%s has no effect with --etcd-endpoints or $ETCD_ENDPOINTS: the server embeds no etcd then; drop one of them", name)}
+			}
+		}
+	}
+	stopMetrics, err := a.serveMetrics(ctx, f.metricsListen, prometheus.DefaultGatherer)
+	if err != nil {
+		return err
+	}
+	defer stopMetrics()
+	if external {
+		return a.serveExternal(ctx)
+	}
+	if cmd.Flags().Changed("gc-percent") || getenv("GOGC") == "" {
+		debug.SetGCPercent(f.gcPercent)
+	}
+	return a.serveEmbedded(ctx, f)
+}
+
+// serveEmbedded runs the server with an embedded etcd and its store guard
+// until ctx ends or etcd fails.
+func (a *app) serveEmbedded(ctx context.Context, f *serverFlags) error {
+	cfg := cluster.EmbedConfig{
+		DataDir:                 f.dataDir,
+		ClientURL:               f.listen,
+		PeerURL:                 f.peerListen,
+		AutoCompactionRetention: f.retention,
+		LogLevel:                "error",
+		QuotaBackendBytes:       f.quota,
+	}
+	if f.retention == 0 {
+		cfg.AutoCompactionRetention = -1
+	}
+	if err := cfg.Validate(); err != nil {
+		var ie *drover.InputError
+		if errors.As(err, &ie) {
+			switch ie.Field {
+			case "ClientURL":
+				return ie.Renamed("--etcd-listen")
+			case "PeerURL":
+				return ie.Renamed("--etcd-peer-listen")
+			}
+		}
+		return usageError{err}
+	}
+	start := time.Now()
+	a.logStarting(f.dataDir)
+	srv, err := cluster.Embed(ctx, cfg)
+	if err != nil {
+		return startError(err, f.dataDir, f.listen, f.peerListen)
+	}
+	defer srv.Close()
+	stopGuard, err := a.startGuard(ctx, srv, f)
+	if err != nil {
+		return err
+	}
+	defer stopGuard()
+	a.logger.Info("drover server ready",
+		"etcd", "embedded", "endpoints", strings.Join(srv.Endpoints(), ","),
+		"data_dir", srv.DataDir(), "namespace", a.namespace,
+		"quota_mib", srv.Quota()>>20, "high_water", f.highWater.String(), "low_water", f.lowWater.String(),
+		"startup", time.Since(start).Round(time.Millisecond).String())
+	select {
+	case <-ctx.Done():
+	case err := <-srv.Err():
+		return fmt.Errorf("embedded etcd failed: %w", err)
+	}
+	a.logger.Info("drover server stopping", "reason", "signal")
+	stopGuard()
+	srv.Close()
+	a.logger.Info("drover server stopped")
+	return nil
+}
+
+// startGuard starts the embedded server's store guard on the server's
+// namespace, and returns what stops it (safe to call twice).
+func (a *app) startGuard(ctx context.Context, srv *cluster.Server, f *serverFlags) (func(), error) {
+	cli, err := cluster.Connect(ctx, cluster.ClientConfig{Endpoints: srv.Endpoints()})
+	if err != nil {
+		return nil, fmt.Errorf("store guard: %w", err)
+	}
+	g, err := cluster.NewGuard(cli, cluster.GuardConfig{
+		Endpoint:   srv.Endpoints()[0],
+		Quota:      srv.Quota(),
+		Namespaces: []string{a.namespace},
+		HighWater:  float64(f.highWater),
+		LowWater:   float64(f.lowWater),
+		Logger:     a.logger,
+	})
+	if err == nil {
+		err = g.Start()
+	}
+	if err != nil {
+		_ = cli.Close()
+		return nil, fmt.Errorf("store guard: %w", err)
+	}
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := g.Close(cctx); err != nil {
+				a.logger.Warn("store guard did not stop in time", "err", err)
+			}
+			_ = cli.Close()
+		})
+	}, nil
+}
+
+// waterMark is a share of the database quota, given as a percent ("70%")
+// or a fraction ("0.7").
+type waterMark float64
+
+// String implements pflag.Value.
+func (w *waterMark) String() string {
+	return strconv.FormatFloat(math.Round(float64(*w)*1000)/10, 'f', -1, 64) + "%"
+}
+
+// Set implements pflag.Value.
+func (w *waterMark) Set(s string) error {
+	s = strings.TrimSpace(s)
+	p, percent := strings.CutSuffix(s, "%")
+	v, err := strconv.ParseFloat(strings.TrimSpace(p), 64)
+	switch {
+	case err != nil || math.IsNaN(v) || math.IsInf(v, 0):
+		return errors.New("must be a percent such as 70% or a fraction such as 0.7")
+	case percent:
+		v /= 100
+	case v >= 1:
+		return fmt.Errorf("a fraction must be below 1: write a percent with its sign (%s%%)", s)
+	}
+	*w = waterMark(v)
+	return nil
+}
+
+// Type implements pflag.Value.
+func (w *waterMark) Type() string { return "percent" }
 
 // serveExternal runs the server against an existing etcd cluster.
 func (a *app) serveExternal(ctx context.Context) error {

@@ -1,0 +1,518 @@
+package queue
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sort"
+	"sync/atomic"
+	"time"
+
+	"github.com/droverhq/drover/keyspace"
+	"github.com/droverhq/drover/metrics"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// segRun is a run this worker holds: slots of one segment claimed with one
+// lease-bound key, whose create revision fences every outcome written for
+// them.
+type segRun struct {
+	seg            string
+	runKey, tryKey string
+	token          int64
+	claimedAt      time.Time
+	// remaining counts the run's outcomes not yet given to its writer;
+	// the batch that takes the last one deletes the run.
+	remaining atomic.Int32
+	outSeq    atomic.Int64
+	// last says the claim took one of the segment's last runs of free
+	// slots: once the run ends, the segment may be finished.
+	last bool
+	// writer is the outcome writer that writes all of the run's outcomes,
+	// in order (a run's last batch deletes it).
+	writer int
+	// lost says an outcome of the run could not be written: the run is
+	// not deleted, so that its tasks keep their attempts when the lease
+	// ends.
+	lost atomic.Bool
+}
+
+// openRead is how many open segments a claim reads at a time.
+
+const openRead = 32
+
+// segBusyFor is how long a segment whose slots all run is skipped.
+const segBusyFor = 2 * time.Second
+
+// segmentRead is what a claim's first read saw of the segments: the first
+// open ones (when listed), the state of the segment the claim loop took
+// from last (hot, nil for none), whether the queue is FIFO, and the claim's
+// sequence number.
+type segmentRead struct {
+	open   []*mvccpb.KeyValue
+	listed bool
+	hot    *segState
+	fifo   bool
+	seq    int64
+}
+
+// claimSegments claims up to n tasks from queue's segments: from a segment a
+// dead worker left tasks in first, then from the segment the claim loop
+// took from last, else from the open segments that the priority rule picks.
+func (w *Worker) claimSegments(ctx context.Context, lane, n int, r segmentRead) (claims []*claim, contended bool, err error) {
+	if claims, ok, err := w.claimLost(ctx, lane, n); ok || err != nil {
+		return claims, true, err // a dead worker's tasks first
+	}
+	if claims, ok, err := w.claimHot(ctx, lane, n, r.hot, r.fifo); ok || err != nil || !r.listed {
+		return claims, true, err // (without the list: claim again with it)
+	}
+	open, fifo, seq := r.open, r.fifo, r.seq
+	// Segments whose slots all run are marked busy as they are found, so
+	// each round reads on past them: a pending task behind many running
+	// segments is found now, not when a timer fires.
+	for round := 0; round < 8; round++ {
+		cands, err := w.pickSegments(ctx, open, fifo, seq)
+		if !fifo {
+			cands = w.notOthersHot(lane, cands)
+		}
+		if err != nil || len(cands) == 0 {
+			return nil, contended, err
+		}
+		busy := 0
+		for _, seg := range cands {
+			claims, c, err := w.claimSegment(ctx, lane, seg, n)
+			if err != nil || len(claims) > 0 {
+				return claims, false, err
+			}
+			contended = contended || c
+			if w.isBusy(seg) {
+				busy++
+			}
+		}
+		if contended || busy < len(cands) {
+			return nil, contended, nil
+		}
+	}
+	return nil, true, nil // still only busy segments: claim again, reading on
+}
+
+// claimLost claims from the segment a dead worker's run left tasks in, if
+// any; ok says it claimed, or found others racing for them.
+func (w *Worker) claimLost(ctx context.Context, lane, n int) (claims []*claim, ok bool, err error) {
+	seg := w.lostSegs.first()
+	if seg == "" {
+		return nil, false, nil
+	}
+	claims, contended, err := w.claimSegment(ctx, lane, seg, n)
+	return claims, len(claims) > 0 || contended, err
+}
+
+// isBusy reports whether seg is marked busy.
+func (w *Worker) isBusy(seg string) bool {
+	w.levelMu.Lock()
+	defer w.levelMu.Unlock()
+	until, ok := w.busySegs[seg]
+	return ok && time.Now().Before(until)
+}
+
+// pickSegments returns up to eight segments to claim from, in the order to
+// try them. The rule, as for
+// tasks with records of their own: seven claims in eight take the highest
+// priority level's oldest segments; every eighth takes the next level below
+// it in turn, so no level starves. Among the first segments of the level it
+// picks at random (in a FIFO queue: the oldest), so that workers do not all
+// race for one segment.
+func (w *Worker) pickSegments(ctx context.Context, open []*mvccpb.KeyValue, fifo bool, seq int64) ([]string, error) {
+	q := w.cfg.Queue
+	pre := w.keys.SegmentsOpen(q)
+	names := w.notBusy(pre, open)
+	if len(names) == 0 && len(open) == openRead {
+		// The first page is all busy: read on.
+		g, err := w.cli.Get(ctx, string(open[len(open)-1].Key)+"\x00", clientv3.WithRange(clientv3.GetPrefixRangeEnd(pre)), clientv3.WithKeysOnly(), clientv3.WithLimit(4*openRead))
+		if err != nil {
+			return nil, fmt.Errorf("queue: read open segments of %s: %w", q, err)
+		}
+		names = w.notBusy(pre, g.Kvs)
+	}
+	if len(names) == 0 {
+		return nil, nil
+	}
+	top, _ := keyspace.SegmentLevel(names[0])
+	w.levelMu.Lock()
+	from, lower := w.turns.from(seq, top)
+	w.levelMu.Unlock()
+	for try := 0; lower && !fifo && try < 2; try++ {
+		g, err := w.cli.Get(ctx, pre+keyspace.LevelName(from), clientv3.WithRange(clientv3.GetPrefixRangeEnd(pre)), clientv3.WithKeysOnly(), clientv3.WithLimit(openRead))
+		if err != nil {
+			return nil, fmt.Errorf("queue: read open segments of %s: %w", q, err)
+		}
+		low := w.notBusy(pre, g.Kvs)
+		lv := 0
+		if len(low) > 0 {
+			lv, _ = keyspace.SegmentLevel(low[0])
+			names = low
+		}
+		w.levelMu.Lock()
+		w.turns.took(lv, len(low) > 0, top)
+		w.levelMu.Unlock()
+		if len(low) > 0 || from == top+1 {
+			break
+		}
+		from = top + 1 // past the lowest level: start again below the top
+	}
+	lv, _ := keyspace.SegmentLevel(names[0])
+	same := 0
+	for same < len(names) {
+		if l, _ := keyspace.SegmentLevel(names[same]); l != lv {
+			break
+		}
+		same++
+	}
+	names = names[:same]
+	if fifo {
+		return names[:1], nil
+	}
+	window := names[:min(len(names), 4)]
+	rand.Shuffle(len(window), func(i, j int) { window[i], window[j] = window[j], window[i] })
+	return names[:min(len(names), 8)], nil
+}
+
+// levelTurns applies the anti-starvation rule to the priority levels of a
+// queue's open segments: seven claims in eight (by sequence number) read the
+// highest level; every eighth reads the levels below it, starting after the
+// level the last such turn took, so that the levels below take turns. The
+// zero value is ready; it is not safe for concurrent use.
+type levelTurns struct {
+	last int // the level the last lower turn took
+}
+
+// from returns the level a claim with sequence number seq reads from, given
+// the highest level with open segments, top, and whether it is a lower
+// level's turn.
+func (lt *levelTurns) from(seq int64, top int) (level int, lower bool) {
+	if seq%8 != 0 {
+		return top, false
+	}
+	return max(top, lt.last) + 1, true
+}
+
+// took records what a lower turn found: the level it took, or none (found
+// false: no level below the last one has open segments), which starts the
+// turns again below the top; the caller then reads once more from top+1.
+func (lt *levelTurns) took(level int, found bool, top int) {
+	if found {
+		lt.last = level
+	} else {
+		lt.last = top
+	}
+}
+
+// notBusy returns the names of the open segments kvs that are not known to
+// have all their slots running.
+func (w *Worker) notBusy(pre string, kvs []*mvccpb.KeyValue) []string {
+	now := time.Now()
+	w.levelMu.Lock()
+	defer w.levelMu.Unlock()
+	var out []string
+	for _, kv := range kvs {
+		name, ok := keyspace.Last(pre, string(kv.Key))
+		if !ok {
+			continue
+		}
+		if until, busy := w.busySegs[name]; busy && now.Before(until) {
+			continue
+		}
+		out = append(out, name)
+	}
+	for k, until := range w.busySegs {
+		if now.After(until) {
+			delete(w.busySegs, k)
+		}
+	}
+	return out
+}
+
+// markBusy skips segment seg for a while (all its slots run, or it is done).
+func (w *Worker) markBusy(seg string) {
+	w.levelMu.Lock()
+	w.busySegs[seg] = time.Now().Add(segBusyFor)
+	w.levelMu.Unlock()
+}
+
+// claimSegment claims up to n free slots of segment seg in one transaction:
+// a run key bound to the lease and its durable twin, the try, which keeps
+// the attempts when the worker dies. The transaction requires that no run
+// was made, no outcome of a run made since written and no slot exited since
+// the segment's state was read, that the segment is open, and that no task runner holds any of
+// the tasks.
+func (w *Worker) claimSegment(ctx context.Context, lane int, seg string, n int) (claims []*claim, contended bool, err error) {
+	q := w.cfg.Queue
+	ops := w.client.stateOps(q, seg)
+	ts, cached := w.client.segCache.get(q + "/" + seg)
+	if !cached {
+		ops = append(ops, clientv3.OpGet(w.keys.Segment(q, seg)))
+	}
+	resp, err := w.cli.Txn(ctx).Then(ops...).Commit()
+	if err != nil {
+		return nil, false, fmt.Errorf("queue: read segment %s of %s: %w", seg, q, err)
+	}
+	st := w.client.parseState(q, seg, resp.Header.Revision, resp.Responses)
+	if !cached {
+		kvs := resp.Responses[len(ops)-1].GetResponseRange().Kvs
+		if len(kvs) == 0 {
+			w.markBusy(seg)
+			return nil, false, nil // removed
+		}
+		if ts, err = w.client.cacheSegment(q, seg, kvs[0].Value); err != nil {
+			return nil, false, err
+		}
+	}
+	return w.claimFrom(ctx, lane, st, ts, n)
+}
+
+// claimHot claims from hot, the state of the segment claim loop lane took
+// from last, read with the claim's first read; ok false when it has nothing
+// to claim (or its records are not at hand) and the claim goes on as usual.
+func (w *Worker) claimHot(ctx context.Context, lane, n int, hot *segState, fifo bool) (claims []*claim, ok bool, err error) {
+	if hot == nil || fifo {
+		return nil, false, nil
+	}
+	ts, cached := w.client.segCache.get(w.cfg.Queue + "/" + hot.name)
+	if !cached || !hot.open || len(hot.free()) == 0 {
+		w.setHot(lane, "")
+		return nil, false, nil
+	}
+	claims, contended, err := w.claimFrom(ctx, lane, hot, ts, n)
+	return claims, len(claims) > 0 || contended, err
+}
+
+// hotSegment is the segment claim loop lane took from last, if it had
+// slots left.
+func (w *Worker) hotSegment(lane int) string {
+	w.levelMu.Lock()
+	defer w.levelMu.Unlock()
+	return w.hot[lane]
+}
+
+func (w *Worker) setHot(lane int, seg string) {
+	w.levelMu.Lock()
+	w.hot[lane] = seg
+	w.levelMu.Unlock()
+}
+
+// claimFrom claims up to n free slots of segment st, whose tasks are ts.
+func (w *Worker) claimFrom(ctx context.Context, lane int, st *segState, ts []Task, n int) (claims []*claim, contended bool, err error) {
+	q, seg := w.cfg.Queue, st.name
+	if !st.open {
+		w.markBusy(seg)
+		w.lostSegs.remove(seg)
+		w.setHot(lane, "")
+		return nil, true, nil // closed since the list was read: read it again
+	}
+	free := w.withoutRunnerHeldSlots(ts, st.free())
+	if len(free) == 0 {
+		w.lostSegs.remove(seg)
+		w.markBusy(seg)
+		if st.done() {
+			w.client.closeSegment(ctx, q, st)
+			return nil, true, nil // finished: the list has changed
+		}
+		return nil, false, nil
+	}
+	// A dead worker's tasks first: they have waited longest.
+	sort.SliceStable(free, func(i, j int) bool { return st.attempts(free[i]) > st.attempts(free[j]) })
+	pick := free[:min(n, len(free))]
+	// The runs that take the segment's last slots check, when they end,
+	// whether it is finished.
+	claims, contended, err = w.takeSlots(ctx, st, ts, pick, len(free)-len(pick) < 2*n)
+	if len(claims) > 0 && len(free) > len(pick) {
+		w.setHot(lane, seg) // slots left: read it with the next claim's first read
+	} else {
+		w.setHot(lane, "")
+	}
+	// A dead worker's tasks stay first in line until none is left here.
+	if !(contended && st.attempts(pick[0]) > 0) && (len(free) == len(pick) || st.attempts(free[len(pick)]) == 0) {
+		w.lostSegs.remove(seg)
+	}
+	return claims, contended, err
+}
+
+// takeSlots writes the run of pick; see claimSegment.
+func (w *Worker) takeSlots(ctx context.Context, st *segState, ts []Task, pick []int, last bool) ([]*claim, bool, error) {
+	q, seg := w.cfg.Queue, st.name
+	now := time.Now().UTC()
+	v := runValue{Worker: w.worker, ClaimedAt: now, Slots: pick, Attempts: make([]int, len(pick))}
+	for i, s := range pick {
+		v.Attempts[i] = st.attempts(s) + 1
+	}
+	rv, _ := json.Marshal(v)
+	name := keyspace.RunName(len(pick), w.runID, w.runSeq.Add(1))
+	runKey, tryKey := w.keys.Runs(q, seg)+name, w.keys.Tries(q, seg)+name
+	cmps := []clientv3.Cmp{
+		clientv3.Compare(clientv3.ModRevision(w.keys.Runs(q, seg)).WithPrefix(), "<", st.rev+1),
+		clientv3.Compare(clientv3.ModRevision(w.keys.Exits(q, seg)).WithPrefix(), "<", st.rev+1),
+		// A run made and finished since the read left outcomes (runs
+		// older than the read hold slots the read did not take).
+		clientv3.Compare(clientv3.CreateRevision(w.keys.OutsFrom(q, seg, st.rev+1)), "=", 0).WithRange(clientv3.GetPrefixRangeEnd(w.keys.Outs(q, seg))),
+		clientv3.Compare(clientv3.CreateRevision(w.keys.SegmentOpen(q, seg)), ">", 0),
+	}
+	then := []clientv3.Op{clientv3.OpPut(runKey, string(rv), clientv3.WithLease(w.lease.ID())), clientv3.OpPut(tryKey, string(rv))}
+	// Tries of dead runs whose every slot is finished or taken again now
+	// carry nothing the new try does not: they go.
+	for _, tr := range st.tries {
+		if st.liveRun(tr.rest) {
+			continue
+		}
+		covered := true
+		for _, s := range tr.v.Slots {
+			if !st.finished(s) && !slices.Contains(pick, s) {
+				covered = false
+				break
+			}
+		}
+		if covered {
+			then = append(then, clientv3.OpDelete(tr.key))
+		}
+	}
+	// A task id is held by one claimer at a time, a queue worker or a task
+	// runner (package task): no claim while the runner's lock on one of
+	// the ids has a holder or a waiter.
+	var els []clientv3.Op
+	for _, s := range pick {
+		runner := w.keys.Lock(keyspace.TaskLock(ts[s].ID))
+		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(runner), "=", 0).WithPrefix())
+		els = append(els, clientv3.OpGet(runner, clientv3.WithPrefix(), clientv3.WithCountOnly()))
+	}
+	// Once sent, the claim may be applied whatever happens to ctx: do not
+	// let a shutdown cut the request short and leave a run nobody knows.
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	began := time.Now()
+	resp, err := w.cli.Txn(cctx).If(cmps...).Then(then...).Else(els...).Commit()
+	metrics.ObserveTxn("claim", began)
+	cancel()
+	if err != nil {
+		return nil, false, err
+	}
+	if !resp.Succeeded {
+		for i, r := range resp.Responses {
+			if r.GetResponseRange().Count > 0 {
+				w.runnerHolds(ts[pick[i]].ID) // a task runner has it: skip it for a while
+			}
+		}
+		return nil, true, nil
+	}
+	run := &segRun{seg: seg, runKey: runKey, tryKey: tryKey, token: resp.Header.Revision, claimedAt: now, last: last,
+		writer: int(w.runSeq.Load() % claimers)}
+	run.remaining.Store(int32(len(pick)))
+	out := make([]*claim, len(pick))
+	for i, s := range pick {
+		t, _ := taskOf(ts, s)
+		t.Queue = q
+		t.Transitions = []Transition{{Status: Pending, At: t.Metadata.CreatedAt}}
+		t.Attempt, t.Token, t.CurrentStatus = v.Attempts[i], run.token, Running
+		out[i] = &claim{task: t, claimKey: runKey, token: run.token, claimedAt: now, run: run, slot: s}
+		metrics.TasksClaimed.WithLabelValues(q, t.Type).Inc()
+	}
+	w.claimed.Add(int64(len(out)))
+	metrics.ClaimBatchSize.WithLabelValues(q).Observe(float64(len(out)))
+	return out, false, nil
+}
+
+// liveRun reports whether the run named rest (below the segment) still
+// exists.
+func (s *segState) liveRun(rest string) bool {
+	for _, r := range s.runs {
+		if r.rest == rest {
+			return true
+		}
+	}
+	return false
+}
+
+// withoutRunnerHeldSlots returns free without the slots whose task a task
+// runner was recently found holding.
+func (w *Worker) withoutRunnerHeldSlots(ts []Task, free []int) []int {
+	w.levelMu.Lock()
+	defer w.levelMu.Unlock()
+	if len(w.runnerHeld) == 0 {
+		return free
+	}
+	now := time.Now()
+	out := free[:0:0]
+	for _, s := range free {
+		if s >= len(ts) {
+			continue
+		}
+		if until, ok := w.runnerHeld[ts[s].ID]; !ok || now.After(until) {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// closeSegment closes segment st when, as read, every slot has finished and
+// no run is left: its open key goes and a closed key counts the tasks that
+// succeeded in it, unless anything changed since the read. Retention
+// removes it later.
+func (c *Client) closeSegment(ctx context.Context, q string, st *segState) {
+	seg := st.name
+	resp, err := c.cli.Txn(ctx).If(
+		clientv3.Compare(clientv3.CreateRevision(c.keys.SegmentOpen(q, seg)), ">", 0),
+		clientv3.Compare(clientv3.CreateRevision(c.keys.Runs(q, seg)).WithPrefix(), "=", 0),
+		clientv3.Compare(clientv3.ModRevision(c.keys.Outs(q, seg)).WithPrefix(), "<", st.rev+1),
+		clientv3.Compare(clientv3.ModRevision(c.keys.Exits(q, seg)).WithPrefix(), "<", st.rev+1),
+	).Then(
+		clientv3.OpDelete(c.keys.SegmentOpen(q, seg)),
+		clientv3.OpDelete(c.keys.Tries(q, seg), clientv3.WithPrefix()),
+		clientv3.OpPut(c.keys.SegmentClosed(q, seg, c.now()), fmt.Sprintf("%d", len(st.ok)-st.purgedOK)),
+	).Commit()
+	_, _ = resp, err // a change in between: whoever made it closes it later
+}
+
+// closeFinished closes the finished segments among the first open ones of
+// queue q (a segment whose last runs ended on several workers may be left
+// open by all of them), and returns how many it closed.
+func (c *Client) closeFinished(ctx context.Context, q string) (int, error) {
+	g, err := c.cli.Get(ctx, c.keys.SegmentsOpen(q), clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithLimit(openRead))
+	if err != nil {
+		return 0, fmt.Errorf("queue: read open segments of %s: %w", q, err)
+	}
+	n := 0
+	for _, kv := range g.Kvs {
+		seg, _ := keyspace.Last(c.keys.SegmentsOpen(q), string(kv.Key))
+		st, err := c.readState(ctx, q, seg)
+		if err != nil {
+			return n, err
+		}
+		if st.open && st.done() {
+			c.closeSegment(ctx, q, st)
+			n++
+		}
+	}
+	return n, nil
+}
+
+// notOthersHot returns cands without the segments the worker's other claim
+// loops are taking from (two loops on one segment spoil each other's
+// claims), unless that leaves none.
+func (w *Worker) notOthersHot(lane int, cands []string) []string {
+	w.levelMu.Lock()
+	defer w.levelMu.Unlock()
+	var out []string
+	for _, seg := range cands {
+		taken := false
+		for l, h := range w.hot {
+			taken = taken || l != lane && h == seg
+		}
+		if !taken {
+			out = append(out, seg)
+		}
+	}
+	if len(out) == 0 {
+		return cands
+	}
+	return out
+}

@@ -1,0 +1,214 @@
+package queue
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/droverhq/drover/keyspace"
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// segmentStatus reports whether tasks in status st can be in segments:
+// pending, running and succeeded ones. Tasks retrying, dead or cancelled
+// have records of their own.
+func segmentStatus(st Status) bool { return st == Pending || st == Running || st == Succeeded }
+
+// slotCursor is a place in a listing of segment tasks: "{seg}/{slot:03d}".
+func slotCursor(seg string, slot int) string { return fmt.Sprintf("%s/%03d", seg, slot) }
+
+func parseSlotCursor(after string) (seg string, slot int) {
+	seg, s, ok := strings.Cut(after, "/")
+	if !ok {
+		return after, -1
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		return seg, -1
+	}
+	return seg, n
+}
+
+// listSegments lists up to limit tasks of queue q in status st that are in
+// segments, after cursor after, in segment and slot order. It returns the
+// cursor of the next page ("" at the end).
+func (c *Client) listSegments(ctx context.Context, q string, st Status, after string, limit int) ([]*Task, string, error) {
+	seg0, slot0 := parseSlotCursor(after)
+	var out []*Task
+	for from := seg0; ; {
+		segs, more, err := c.segmentsWith(ctx, q, st, from)
+		if err != nil {
+			return nil, "", err
+		}
+		for _, seg := range segs {
+			next, err := c.listSegment(ctx, q, st, seg, seg0, slot0, limit, &out)
+			if err != nil || next != "" {
+				return out, next, err
+			}
+		}
+		if !more || len(segs) == 0 {
+			return out, "", nil
+		}
+		// Past every key of the last segment ('0' follows '/'; names
+		// are of one length, so no other segment starts with this one).
+		from = segs[len(segs)-1] + "0"
+	}
+}
+
+// segmentsWith returns the segments from segment from on that may hold
+// tasks in status st, and whether there are more.
+func (c *Client) segmentsWith(ctx context.Context, q string, st Status, from string) ([]string, bool, error) {
+	switch st {
+	case Pending:
+		return c.segmentNames(ctx, c.keys.SegmentsOpen(q), from, false)
+	case Succeeded:
+		return c.segmentNames(ctx, c.keys.Outs(q, ""), from, true)
+	default:
+		return c.segmentNames(ctx, c.keys.Runs(q, ""), from, true)
+	}
+}
+
+// listSegment appends to out the tasks of segment seg in status st after
+// slot slot0 of segment seg0, up to limit; it returns the next page's
+// cursor when the page filled before the segment's end.
+func (c *Client) listSegment(ctx context.Context, q string, st Status, seg, seg0 string, slot0, limit int, out *[]*Task) (string, error) {
+	state, err := c.readState(ctx, q, seg)
+	if err != nil {
+		return "", err
+	}
+	ts, err := c.segmentTasks(ctx, q, seg)
+	if err != nil {
+		return "", err
+	}
+	if !state.open && state.n == 0 {
+		state.n = len(ts)
+	}
+	for slot := range ts {
+		if seg == seg0 && slot <= slot0 {
+			continue
+		}
+		t, _ := taskOf(ts, slot)
+		if !state.fill(t, slot) || t.CurrentStatus != st {
+			continue
+		}
+		t.seg = &segRef{queue: q, seg: seg, slot: slot, rev: state.rev}
+		if len(*out) == limit {
+			last := (*out)[len(*out)-1].seg
+			return slotCursor(last.seg, last.slot), nil
+		}
+		*out = append(*out, t)
+	}
+	return "", nil
+}
+
+// segmentNames returns the segments named by the keys under prefix from
+// segment from on, in order: the keys are the segments' own (open
+// segments) or, with nested, keys below a segment's name (runs, outcomes).
+// It reads at most a few thousand keys, and says whether there are more.
+func (c *Client) segmentNames(ctx context.Context, prefix, from string, nested bool) ([]string, bool, error) {
+	g, err := c.cli.Get(ctx, prefix+from, clientv3.WithRange(clientv3.GetPrefixRangeEnd(prefix)), clientv3.WithKeysOnly(), clientv3.WithLimit(4096))
+	if err != nil {
+		return nil, false, fmt.Errorf("queue: read segments: %w", err)
+	}
+	var out []string
+	for _, kv := range g.Kvs {
+		var seg string
+		if nested {
+			seg, _, _ = keyspace.SegmentPart(prefix, string(kv.Key))
+		} else {
+			seg, _ = keyspace.Last(prefix, string(kv.Key))
+		}
+		if seg != "" && (len(out) == 0 || out[len(out)-1] != seg) {
+			out = append(out, seg)
+		}
+	}
+	return out, g.More, nil
+}
+
+// segmentStatsOps are the reads segmentStats counts from: keys only
+// (counts are in their names), except the open and closed segments' small
+// values and the live runs' (their slots).
+func (c *Client) segmentStatsOps(q string) []clientv3.Op {
+	keysOnly := func(p string) clientv3.Op {
+		return clientv3.OpGet(p, clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	}
+	return []clientv3.Op{
+		clientv3.OpGet(c.keys.SegmentsOpen(q), clientv3.WithPrefix()),
+		clientv3.OpGet(c.keys.Runs(q, ""), clientv3.WithPrefix()), keysOnly(c.keys.Outs(q, "")), keysOnly(c.keys.Exits(q, "")),
+		clientv3.OpGet(c.keys.SegmentsClosed(q), clientv3.WithPrefix()),
+	}
+}
+
+// segmentStats counts queue q's tasks in segments, pending, running and
+// succeeded, from the responses of segmentStatsOps.
+func (c *Client) segmentStats(q string, rs []*pb.ResponseOp) (pending, running, succeeded int64) {
+	open := map[string]bool{}
+	for _, kv := range rs[0].GetResponseRange().Kvs {
+		seg, _ := keyspace.Last(c.keys.SegmentsOpen(q), string(kv.Key))
+		n, _ := strconv.ParseInt(string(kv.Value), 10, 64)
+		open[seg] = true
+		pending += n
+	}
+	inOpen := func(k int, pre string, count func(rest string) (int64, int64)) (a, b int64) {
+		for _, kv := range rs[k].GetResponseRange().Kvs {
+			seg, rest, ok := keyspace.SegmentPart(pre, string(kv.Key))
+			if ok && open[seg] {
+				x, y := count(rest)
+				a, b = a+x, b+y
+			}
+		}
+		return a, b
+	}
+	live := map[int64]bool{} // live runs' tokens: their tasks with outcomes do not run any more
+	for _, kv := range rs[1].GetResponseRange().Kvs {
+		live[kv.CreateRevision] = true
+	}
+	running, _ = inOpen(1, c.keys.Runs(q, ""), func(rest string) (int64, int64) { return int64(keyspace.RunSlots(rest)), 0 })
+	var ended int64
+	ok, moved := inOpen(2, c.keys.Outs(q, ""), func(rest string) (int64, int64) {
+		token, o, m, _ := keyspace.ParseOutName(rest)
+		if live[token] {
+			ended += int64(o + m)
+		}
+		return int64(o), int64(m)
+	})
+	running -= ended
+	// An exit is a slot that left unfinished (not pending any more; if its
+	// run still lives, not running either: cancelled while it ran), or a
+	// purged success ("-ok": not succeeded any more).
+	held := map[string]bool{} // "{segment}/{slot}" of the live runs
+	for _, kv := range rs[1].GetResponseRange().Kvs {
+		seg, _, _ := keyspace.SegmentPart(c.keys.Runs(q, ""), string(kv.Key))
+		var v runValue
+		if json.Unmarshal(kv.Value, &v) == nil {
+			for _, s := range v.Slots {
+				held[fmt.Sprintf("%s/%d", seg, s)] = true
+			}
+		}
+	}
+	var exits, purgedOK int64
+	for _, kv := range rs[3].GetResponseRange().Kvs {
+		seg, rest, ok := keyspace.SegmentPart(c.keys.Exits(q, ""), string(kv.Key))
+		if !ok || !open[seg] {
+			continue
+		}
+		slot, done, _ := keyspace.ParseExit(rest)
+		switch {
+		case done:
+			purgedOK++
+		case held[fmt.Sprintf("%s/%d", seg, slot)]:
+			running--
+			exits++
+		default:
+			exits++
+		}
+	}
+	for _, kv := range rs[4].GetResponseRange().Kvs {
+		n, _ := strconv.ParseInt(string(kv.Value), 10, 64)
+		succeeded += n
+	}
+	return pending - running - ok - moved - exits, running, succeeded + ok - purgedOK
+}

@@ -1,0 +1,336 @@
+package queue
+
+import (
+	"bytes"
+	"compress/flate"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/droverhq/drover/keyspace"
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// SegmentSize is the most tasks one segment holds: a submission request
+// writes one segment with one index key per task, within etcd's 128
+// operations a request.
+const SegmentSize = 100
+
+// maxSegmentBytes bounds a segment's encoded tasks before compression, so
+// that its request stays under etcd's request size limit.
+const maxSegmentBytes = 768 << 10
+
+// encodeSegment writes tasks as a JSON array, compressed with DEFLATE.
+// Tasks of one submission look alike, so a segment takes a fraction of the
+// bytes of their records.
+func encodeSegment(tasks []Task) ([]byte, error) {
+	raw, err := json.Marshal(tasks)
+	if err != nil {
+		return nil, err
+	}
+	var buf bytes.Buffer
+	zw, _ := flate.NewWriter(&buf, flate.BestSpeed)
+	if _, err := zw.Write(raw); err != nil {
+		return nil, err
+	}
+	if err := zw.Close(); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
+
+// decodeSegment reads what encodeSegment wrote.
+func decodeSegment(b []byte) ([]Task, error) {
+	raw, err := io.ReadAll(flate.NewReader(bytes.NewReader(b)))
+	if err != nil {
+		return nil, fmt.Errorf("decompress: %w", err)
+	}
+	var tasks []Task
+	if err := json.Unmarshal(raw, &tasks); err != nil {
+		return nil, err
+	}
+	return tasks, nil
+}
+
+// runValue is what a run and its try hold: the slots claimed, the attempt
+// each starts, the worker and when.
+type runValue struct {
+	Worker    string    `json:"w"`
+	ClaimedAt time.Time `json:"t"`
+	Slots     []int     `json:"s"`
+	Attempts  []int     `json:"a"`
+}
+
+// outValue is one batch of outcomes of a run: the slots that succeeded,
+// with attempt and result, and the slots that moved out of the segment
+// (to records of their own: retrying, dead, handed back).
+type outValue struct {
+	Worker     string    `json:"w"`
+	Token      int64     `json:"k"`
+	ClaimedAt  time.Time `json:"c"`
+	FinishedAt time.Time `json:"f"`
+	OK         []okSlot  `json:"ok,omitempty"`
+	Moved      []int     `json:"m,omitempty"`
+}
+
+type okSlot struct {
+	Slot    int    `json:"s"`
+	Attempt int    `json:"a"`
+	Result  []byte `json:"r,omitempty"`
+}
+
+// segState is a segment's state as one read saw it.
+type segState struct {
+	name  string
+	rev   int64 // the revision of the read
+	open  bool
+	n     int // tasks in the segment
+	runs  []runRef
+	tries []runRef
+	ok    map[int]okRef
+	moved map[int]bool
+	exits map[int]bool
+	// purgedOK counts the slots that succeeded and were purged since.
+	purgedOK int
+}
+
+type runRef struct {
+	key   string
+	rest  string // the name below the segment: a run and its try share it
+	token int64  // create revision
+	v     runValue
+}
+
+type okRef struct {
+	okSlot
+	out *outValue
+}
+
+// stateOps are the reads of segment seg's state, in the order parseState
+// takes them.
+func (c *Client) stateOps(q, seg string) []clientv3.Op {
+	return []clientv3.Op{
+		clientv3.OpGet(c.keys.SegmentOpen(q, seg)),
+		clientv3.OpGet(c.keys.Runs(q, seg), clientv3.WithPrefix()),
+		clientv3.OpGet(c.keys.Tries(q, seg), clientv3.WithPrefix()),
+		clientv3.OpGet(c.keys.Outs(q, seg), clientv3.WithPrefix()),
+		clientv3.OpGet(c.keys.Exits(q, seg), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
+	}
+}
+
+// parseState reads the responses of stateOps.
+func (c *Client) parseState(q, seg string, rev int64, rs []*pb.ResponseOp) *segState {
+	st := &segState{name: seg, rev: rev, ok: map[int]okRef{}, moved: map[int]bool{}, exits: map[int]bool{}}
+	if kvs := rs[0].GetResponseRange().Kvs; len(kvs) > 0 {
+		st.open = true
+		st.n, _ = strconv.Atoi(string(kvs[0].Value))
+	}
+	refs := func(pre string, kvs []*mvccpb.KeyValue) []runRef {
+		var out []runRef
+		for _, kv := range kvs {
+			var v runValue
+			if json.Unmarshal(kv.Value, &v) != nil {
+				continue
+			}
+			out = append(out, runRef{key: string(kv.Key), rest: strings.TrimPrefix(string(kv.Key), pre), token: kv.CreateRevision, v: v})
+		}
+		return out
+	}
+	st.runs = refs(c.keys.Runs(q, seg), rs[1].GetResponseRange().Kvs)
+	st.tries = refs(c.keys.Tries(q, seg), rs[2].GetResponseRange().Kvs)
+	for _, kv := range rs[3].GetResponseRange().Kvs {
+		o := new(outValue)
+		if json.Unmarshal(kv.Value, o) != nil {
+			continue
+		}
+		for _, s := range o.OK {
+			st.ok[s.Slot] = okRef{okSlot: s, out: o}
+		}
+		for _, s := range o.Moved {
+			st.moved[s] = true
+		}
+	}
+	for _, kv := range rs[4].GetResponseRange().Kvs {
+		if s, done, ok := keyspace.ParseExit(strings.TrimPrefix(string(kv.Key), c.keys.Exits(q, seg))); ok {
+			st.exits[s] = true
+			if done {
+				st.purgedOK++
+			}
+		}
+	}
+	return st
+}
+
+// readState reads segment seg's state in one request.
+func (c *Client) readState(ctx context.Context, q, seg string) (*segState, error) {
+	resp, err := c.cli.Txn(ctx).Then(c.stateOps(q, seg)...).Commit()
+	if err != nil {
+		return nil, fmt.Errorf("queue: read segment %s of %s: %w", seg, q, err)
+	}
+	return c.parseState(q, seg, resp.Header.Revision, resp.Responses), nil
+}
+
+// finished reports whether slot has left the running: it succeeded, moved
+// to a record of its own, or exited.
+func (s *segState) finished(slot int) bool {
+	_, ok := s.ok[slot]
+	return ok || s.moved[slot] || s.exits[slot]
+}
+
+// runOf returns the live run that holds slot, if any.
+func (s *segState) runOf(slot int) (runRef, int, bool) {
+	for _, r := range s.runs {
+		if i := slices.Index(r.v.Slots, slot); i >= 0 {
+			return r, r.v.Attempts[i], true
+		}
+	}
+	return runRef{}, 0, false
+}
+
+// attempts returns how many attempts of slot were started: the most any try
+// records.
+func (s *segState) attempts(slot int) int {
+	n := 0
+	for _, r := range s.tries {
+		if i := slices.Index(r.v.Slots, slot); i >= 0 {
+			n = max(n, r.v.Attempts[i])
+		}
+	}
+	return n
+}
+
+// free returns the slots nobody runs and that have not finished, in order.
+func (s *segState) free() []int {
+	var out []int
+	for i := 0; i < s.n; i++ {
+		if s.finished(i) {
+			continue
+		}
+		if _, _, held := s.runOf(i); held {
+			continue
+		}
+		out = append(out, i)
+	}
+	return out
+}
+
+// done reports whether every slot has finished and no run is left.
+func (s *segState) done() bool {
+	if len(s.runs) > 0 {
+		return false
+	}
+	for i := 0; i < s.n; i++ {
+		if !s.finished(i) {
+			return false
+		}
+	}
+	return true
+}
+
+// fill sets t's status and history from the segment's state: t is the task
+// of slot as submitted. It returns false when the slot has left the
+// segment (the task's record, if any, says the rest).
+func (s *segState) fill(t *Task, slot int) bool {
+	if s.moved[slot] || s.exits[slot] {
+		return false
+	}
+	created := t.Metadata.CreatedAt
+	t.Transitions = []Transition{{Status: Pending, At: created}}
+	if ok, done := s.ok[slot]; done {
+		t.Transitions = appendLost(t.Transitions, ok.Attempt, ok.out.ClaimedAt)
+		t.Transitions = append(t.Transitions,
+			Transition{Status: Running, At: ok.out.ClaimedAt, Attempt: ok.Attempt, Worker: ok.out.Worker},
+			Transition{Status: Succeeded, At: ok.out.FinishedAt, Attempt: ok.Attempt, Worker: ok.out.Worker})
+		t.CurrentStatus, t.Attempt, t.Token, t.Result, t.RetriesAttempted = Succeeded, ok.Attempt, ok.out.Token, ok.Result, ok.Attempt-1
+		return true
+	}
+	if r, attempt, held := s.runOf(slot); held {
+		t.Transitions = appendLost(t.Transitions, attempt, r.v.ClaimedAt)
+		t.Transitions = append(t.Transitions, Transition{Status: Running, At: r.v.ClaimedAt, Attempt: attempt, Worker: r.v.Worker})
+		t.CurrentStatus, t.Attempt, t.Token = Running, attempt, r.token
+		return true
+	}
+	t.CurrentStatus, t.Attempt = Pending, s.attempts(slot)
+	t.Transitions = appendLost(t.Transitions, t.Attempt+1, created)
+	return true
+}
+
+// segmentCache keeps decoded segments, which never change once written, so
+// that a worker claiming several runs of one segment decodes it once.
+type segmentCache struct {
+	mu    sync.Mutex
+	segs  map[string][]Task
+	order []string
+}
+
+const segmentCacheSize = 64
+
+func (sc *segmentCache) get(seg string) ([]Task, bool) {
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	t, ok := sc.segs[seg]
+	return t, ok
+}
+
+func (sc *segmentCache) put(seg string, tasks []Task) {
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	if sc.segs == nil {
+		sc.segs = map[string][]Task{}
+	}
+	if _, ok := sc.segs[seg]; ok {
+		return
+	}
+	if len(sc.order) >= segmentCacheSize {
+		delete(sc.segs, sc.order[0])
+		sc.order = sc.order[1:]
+	}
+	sc.segs[seg] = tasks
+	sc.order = append(sc.order, seg)
+}
+
+// segmentTasks returns segment seg's tasks, from the cache or from etcd.
+func (c *Client) segmentTasks(ctx context.Context, q, seg string) ([]Task, error) {
+	if ts, ok := c.segCache.get(q + "/" + seg); ok {
+		return ts, nil
+	}
+	g, err := c.cli.Get(ctx, c.keys.Segment(q, seg))
+	if err != nil {
+		return nil, fmt.Errorf("queue: read segment %s of %s: %w", seg, q, err)
+	}
+	if len(g.Kvs) == 0 {
+		return nil, nil
+	}
+	return c.cacheSegment(q, seg, g.Kvs[0].Value)
+}
+
+// cacheSegment decodes a segment's value and keeps it.
+func (c *Client) cacheSegment(q, seg string, v []byte) ([]Task, error) {
+	ts, err := decodeSegment(v)
+	if err != nil {
+		return nil, fmt.Errorf("queue: segment %s of %s is unreadable: %w", seg, q, err)
+	}
+	for i := range ts {
+		ts[i].Queue = q
+	}
+	c.segCache.put(q+"/"+seg, ts)
+	return ts, nil
+}
+
+// taskOf returns a copy of the task of slot, ready to be filled in.
+func taskOf(ts []Task, slot int) (*Task, bool) {
+	if slot < 0 || slot >= len(ts) {
+		return nil, false
+	}
+	t := ts[slot]
+	t.Transitions = nil
+	return &t, true
+}
