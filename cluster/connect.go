@@ -2,12 +2,16 @@ package cluster
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
+
 	"os"
 	"strings"
 	"time"
 
+	"github.com/droverhq/drover"
+	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 )
@@ -49,6 +53,28 @@ type ClientConfig struct {
 	Endpoints []string
 	// DialTimeout bounds the reachability check. Zero means 5 s.
 	DialTimeout time.Duration
+	// CACert, Cert and Key are PEM files for TLS to etcd: the CA that
+	// signed the members' certificates, and the client's own certificate
+	// and key (both, or neither). Any of them makes the connection TLS.
+	CACert, Cert, Key string
+	// Username and Password authenticate to an etcd with auth enabled.
+	Username, Password string
+}
+
+// tls builds the client's TLS configuration; nil without TLS files.
+func (c ClientConfig) tls() (*tls.Config, error) {
+	if c.CACert == "" && c.Cert == "" && c.Key == "" {
+		return nil, nil
+	}
+	if (c.Cert == "") != (c.Key == "") {
+		return nil, &drover.InputError{Field: "--etcd-cert", Value: c.Cert, Rule: "needs --etcd-key, and the other way round"}
+	}
+	info := transport.TLSInfo{TrustedCAFile: c.CACert, CertFile: c.Cert, KeyFile: c.Key}
+	cfg, err := info.ClientConfig()
+	if err != nil {
+		return nil, fmt.Errorf("cluster: TLS to etcd (--etcd-cacert %q, --etcd-cert %q, --etcd-key %q): %w", c.CACert, c.Cert, c.Key, err)
+	}
+	return cfg, nil
 }
 
 // ResolveEndpoints picks the endpoints a command uses: the flag value when it
@@ -84,12 +110,19 @@ func Connect(ctx context.Context, cfg ClientConfig) (*clientv3.Client, error) {
 	if cfg.DialTimeout <= 0 {
 		cfg.DialTimeout = DefaultDialTimeout
 	}
+	tlsCfg, err := cfg.tls()
+	if err != nil {
+		return nil, err
+	}
 	cli, err := clientv3.New(clientv3.Config{
 		Endpoints:            cfg.Endpoints,
 		DialTimeout:          cfg.DialTimeout,
 		DialKeepAliveTime:    10 * time.Second,
 		DialKeepAliveTimeout: 5 * time.Second,
 		Logger:               zap.NewNop(),
+		TLS:                  tlsCfg,
+		Username:             cfg.Username,
+		Password:             cfg.Password,
 	})
 	if err != nil {
 		return nil, &UnreachableError{Endpoints: cfg.Endpoints, Timeout: cfg.DialTimeout, Err: err}

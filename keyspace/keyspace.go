@@ -32,6 +32,7 @@
 //	/{ns}/breakers/{name}/{config|state} a circuit breaker: its thresholds, and its state
 //	/{ns}/quotas/{name}/grants/{subject}/{lease:hex} slots a worker holds, bound to its lease
 //	/{ns}/quotas/{name}/ledger/{subject} rewritten by every grant increase (compare-and-swap)
+//	/{ns}/sessions/{id}               an HTTP client's session: bound to the etcd lease it stands for (id: the lease, hex)
 //	/{ns}/store/full                  the store-full guard: while it exists, data-plane writes (submissions, checkpoints) are refused
 //
 // Names that become one path segment are checked by [CheckName], so that no
@@ -287,3 +288,10 @@ func (s Space) QueueLevels(q string) string { return s.Queue(q) + "levels/" }
 // high-water mark, and data-plane writers compare its absence in their
 // transactions (package storeguard).
 func (s Space) StoreFull() string { return s.root + "store/full" }
+
+// Sessions is the prefix of the HTTP API's sessions, ending in "/".
+func (s Space) Sessions() string { return s.root + "sessions/" }
+
+// Session is the key of session id (its etcd lease, in hex), bound to that
+// lease: it exists exactly as long as the session does.
+func (s Space) Session(id string) string { return s.Sessions() + id }

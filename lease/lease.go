@@ -89,6 +89,7 @@ type Lease struct {
 	done      chan struct{} // closed when the renewal loop has ended
 	closeOnce sync.Once
 	closeErr  error
+	attached  bool // kept alive by someone else (Attach): never revoked here
 }
 
 // Grant creates a lease with the given TTL and starts renewing it. The TTL
@@ -258,7 +259,7 @@ func (l *Lease) Close(ctx context.Context) error {
 			l.cancel(ErrClosed)
 		}
 		l.mu.Unlock()
-		if lost {
+		if lost || l.attached {
 			return
 		}
 		// Past the deadline the server has expired the lease itself; do
@@ -270,4 +271,29 @@ func (l *Lease) Close(ctx context.Context) error {
 		}
 	})
 	return l.closeErr
+}
+
+// Attach returns lease id, which someone else keeps alive (an HTTP
+// client's session), for binding keys to it and fencing by it for the
+// length of one request, without a round trip: etcd itself refuses a key
+// bound to a lease it no longer has. deadline is when the caller knows the
+// lease may have expired; Err reports it once passed. The lease is never
+// renewed, and Close only cancels its context: it is not revoked.
+func Attach(cli *clientv3.Client, id clientv3.LeaseID, ttl time.Duration, deadline time.Time) *Lease {
+	lctx, cancel := context.WithCancelCause(context.Background())
+	l := &Lease{
+		cli:      cli,
+		id:       id,
+		ttl:      ttl,
+		logger:   slog.Default(),
+		ctx:      lctx,
+		cancel:   cancel,
+		deadline: deadline,
+		renewed:  time.Now(),
+		done:     make(chan struct{}),
+		attached: true,
+	}
+	l.run, l.stop = context.WithCancel(context.Background())
+	close(l.done)
+	return l
 }

@@ -439,13 +439,36 @@ func (e *Etcd) Release(ctx context.Context, name string, token int64) error {
 		return err
 	}
 	prefix := e.keys.Lock(name)
-	g, err := e.cli.Get(ctx, prefix, clientv3.WithFirstCreate()...)
+	// The holder's key must be one of this locker's: its name carries the
+	// locker's lease and nonce, and a key's name never changes.
+	return e.releaseMatching(ctx, name, token, func(kv *mvccpb.KeyValue) bool {
+		return strings.HasPrefix(string(kv.Key), prefix+e.nonce)
+	})
+}
+
+// ReleaseIf releases name if it is held with token and match accepts the
+// holder: the lease its key is bound to and its record. It is for servers
+// that release on behalf of clients who prove the holding by the token and
+// their session or owner name (the HTTP API builds a locker per request, so
+// Release's check of the locker itself cannot serve them). A refusal is a
+// *NotHeldError, and nothing changes.
+func (e *Etcd) ReleaseIf(ctx context.Context, name string, token int64, match func(lease clientv3.LeaseID, h Holder) bool) error {
+	if err := CheckName(name); err != nil {
+		return err
+	}
+	return e.releaseMatching(ctx, name, token, func(kv *mvccpb.KeyValue) bool {
+		return match(clientv3.LeaseID(kv.Lease), decodeHolder(kv))
+	})
+}
+
+// releaseMatching deletes the holder's key of name if its create revision
+// is token and match accepts it.
+func (e *Etcd) releaseMatching(ctx context.Context, name string, token int64, match func(*mvccpb.KeyValue) bool) error {
+	g, err := e.cli.Get(ctx, e.keys.Lock(name), clientv3.WithFirstCreate()...)
 	if err != nil {
 		return fmt.Errorf("lock: release %q: %w", name, err)
 	}
-	// The holder's key must be one of this locker's: its name carries the
-	// locker's lease and nonce, and a key's name never changes.
-	if len(g.Kvs) == 0 || g.Kvs[0].CreateRevision != token || !strings.HasPrefix(string(g.Kvs[0].Key), prefix+e.nonce) {
+	if len(g.Kvs) == 0 || g.Kvs[0].CreateRevision != token || !match(g.Kvs[0]) {
 		return e.notHeld(ctx, name, token)
 	}
 	return e.releaseKey(ctx, name, string(g.Kvs[0].Key), token)

@@ -55,8 +55,42 @@ type app struct {
 	logFormat   string
 	logLevel    string
 	lockBackend string
+	etcdTLS     etcdTLSFlags
 
 	logger *slog.Logger
+}
+
+// etcdTLSFlags are the global flags for an etcd with TLS or auth.
+type etcdTLSFlags struct {
+	caCert, cert, key, user string
+}
+
+// clientConfig is the etcd client configuration of the global flags. The
+// TLS files and the user fall back to etcdctl's own environment variables
+// (ETCDCTL_CACERT, ETCDCTL_CERT, ETCDCTL_KEY, ETCDCTL_USER as user:password);
+// the password may also come from ETCDCTL_PASSWORD, so it need not be on
+// the command line.
+func (a *app) clientConfig() cluster.ClientConfig {
+	pick := func(flag, env string) string {
+		if flag != "" {
+			return flag
+		}
+		return getenv(env)
+	}
+	user := pick(a.etcdTLS.user, "ETCDCTL_USER")
+	name, pass, ok := strings.Cut(user, ":")
+	if !ok {
+		pass = getenv("ETCDCTL_PASSWORD")
+	}
+	return cluster.ClientConfig{
+		Endpoints:   cluster.ResolveEndpoints(a.endpoints),
+		DialTimeout: a.dialTimeout,
+		CACert:      pick(a.etcdTLS.caCert, "ETCDCTL_CACERT"),
+		Cert:        pick(a.etcdTLS.cert, "ETCDCTL_CERT"),
+		Key:         pick(a.etcdTLS.key, "ETCDCTL_KEY"),
+		Username:    name,
+		Password:    pass,
+	}
 }
 
 // Main runs the drover command line with args and returns the exit code.
@@ -132,6 +166,10 @@ $ETCD_ENDPOINTS, else 127.0.0.1:2379. "drover server" runs one for you.`,
 	pf.StringVar(&a.endpoints, "etcd-endpoints", "", "etcd endpoints, comma-separated (default $ETCD_ENDPOINTS, else 127.0.0.1:2379)")
 	pf.StringVar(&a.namespace, "namespace", keyspace.DefaultNamespace, "namespace of every key drover reads or writes")
 	pf.DurationVar(&a.dialTimeout, "dial-timeout", cluster.DefaultDialTimeout, "how long to try to reach etcd before giving up")
+	pf.StringVar(&a.etcdTLS.caCert, "etcd-cacert", "", "CA certificate (PEM) of an etcd with TLS (default $ETCDCTL_CACERT)")
+	pf.StringVar(&a.etcdTLS.cert, "etcd-cert", "", "client certificate (PEM) for etcd, with --etcd-key (default $ETCDCTL_CERT)")
+	pf.StringVar(&a.etcdTLS.key, "etcd-key", "", "client key (PEM) for etcd (default $ETCDCTL_KEY)")
+	pf.StringVar(&a.etcdTLS.user, "etcd-user", "", "etcd user, as user or user:password (default $ETCDCTL_USER; password also from $ETCDCTL_PASSWORD)")
 	pf.StringVar(&a.logFormat, "log-format", "text", "log format: text or json")
 	pf.StringVar(&a.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 
@@ -220,11 +258,12 @@ func (a *app) checkGlobal() error {
 // connect reaches etcd with the global flags, or fails with an error that
 // says what was tried and what to do.
 func (a *app) connect(ctx context.Context) (*clientv3.Client, error) {
-	cli, err := cluster.Connect(ctx, cluster.ClientConfig{
-		Endpoints:   cluster.ResolveEndpoints(a.endpoints),
-		DialTimeout: a.dialTimeout,
-	})
+	cli, err := cluster.Connect(ctx, a.clientConfig())
 	if err != nil {
+		var ie *drover.InputError
+		if errors.As(err, &ie) {
+			return nil, usageError{err}
+		}
 		return nil, withCode(ExitUnavailable, err)
 	}
 	return cli, nil

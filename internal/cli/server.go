@@ -38,6 +38,7 @@ type serverFlags struct {
 	quota         int64
 	highWater     waterMark
 	lowWater      waterMark
+	http          httpFlags
 }
 
 // minQuotaBytes is the smallest --quota-backend-bytes the server takes.
@@ -75,7 +76,9 @@ It logs one line when ready and shuts down cleanly on SIGINT or SIGTERM.`,
 		Example: `  drover server
   drover server --data-dir /var/lib/drover --etcd-listen http://127.0.0.1:2379
   drover server --quota-backend-bytes 8589934592 --high-water 80% --low-water 70%
-  drover server --etcd-endpoints 10.0.0.5:2379,10.0.0.6:2379`,
+  drover server --etcd-endpoints 10.0.0.5:2379,10.0.0.6:2379
+  drover server --http-listen 127.0.0.1:8080
+  drover server --http-listen 0.0.0.0:8443 --auth-file tokens.json --tls-cert cert.pem --tls-key key.pem`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error { return a.runServer(cmd, &f) },
 	}
@@ -88,6 +91,11 @@ It logs one line when ready and shuts down cleanly on SIGINT or SIGTERM.`,
 	fl.IntVar(&f.gcPercent, "gc-percent", DefaultServerGCPercent, "garbage collection target of the embedded server (Go's GOGC; $GOGC wins when set and this flag is not)")
 	fl.Int64Var(&f.quota, "quota-backend-bytes", cluster.DefaultQuotaBackendBytes, "the embedded etcd's database quota in bytes (etcd advises at most 8 GiB)")
 	fl.Var(&f.highWater, "high-water", "share of the quota past which new tasks and checkpoints are refused (a percent, 70%, or a fraction, 0.7)")
+	fl.StringVar(&f.http.listen, "http-listen", "", "host:port to serve the HTTP API on (JSON routes under /v1, OpenAPI at /openapi.json); nothing listens without it")
+	fl.StringVar(&f.http.authFile, "auth-file", "", "JSON file of bearer tokens with their namespaces and roles (docs/http.md); required beyond loopback")
+	fl.StringVar(&f.http.tlsCert, "tls-cert", "", "certificate (PEM) to serve the HTTP API over HTTPS, with --tls-key")
+	fl.StringVar(&f.http.tlsKey, "tls-key", "", "private key (PEM) of --tls-cert")
+	fl.BoolVar(&f.http.insecure, "insecure", false, "serve the HTTP API beyond loopback without --auth-file (a trusted network only)")
 	fl.Var(&f.lowWater, "low-water", "share of the quota in use under which they are accepted again; below --high-water")
 	return cmd
 }
@@ -119,6 +127,9 @@ func (a *app) runServer(cmd *cobra.Command, f *serverFlags) error {
 	if err := f.check(); err != nil {
 		return err
 	}
+	if err := f.http.check(); err != nil {
+		return err
+	}
 	ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	external := a.endpoints != "" || strings.TrimSpace(getenv(cluster.EnvEndpoints)) != ""
@@ -135,7 +146,7 @@ func (a *app) runServer(cmd *cobra.Command, f *serverFlags) error {
 	}
 	defer stopMetrics()
 	if external {
-		return a.serveExternal(ctx)
+		return a.serveExternal(ctx, &f.http)
 	}
 	if cmd.Flags().Changed("gc-percent") || getenv("GOGC") == "" {
 		debug.SetGCPercent(f.gcPercent)
@@ -181,6 +192,16 @@ func (a *app) serveEmbedded(ctx context.Context, f *serverFlags) error {
 		return err
 	}
 	defer stopGuard()
+	cli, err := embeddedClient(ctx, srv)
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	stopHTTP, err := a.startHTTP(&f.http, cli)
+	if err != nil {
+		return err
+	}
+	defer stopHTTP()
 	a.logger.Info("drover server ready",
 		"etcd", "embedded", "endpoints", strings.Join(srv.Endpoints(), ","),
 		"data_dir", srv.DataDir(), "namespace", a.namespace,
@@ -192,6 +213,7 @@ func (a *app) serveEmbedded(ctx context.Context, f *serverFlags) error {
 		return fmt.Errorf("embedded etcd failed: %w", err)
 	}
 	a.logger.Info("drover server stopping", "reason", "signal")
+	stopHTTP()
 	stopGuard()
 	srv.Close()
 	a.logger.Info("drover server stopped")
@@ -263,12 +285,17 @@ func (w *waterMark) Set(s string) error {
 func (w *waterMark) Type() string { return "percent" }
 
 // serveExternal runs the server against an existing etcd cluster.
-func (a *app) serveExternal(ctx context.Context) error {
+func (a *app) serveExternal(ctx context.Context, h *httpFlags) error {
 	cli, err := a.connect(ctx)
 	if err != nil {
 		return err
 	}
 	defer cli.Close()
+	stopHTTP, err := a.startHTTP(h, cli)
+	if err != nil {
+		return err
+	}
+	defer stopHTTP()
 	a.logger.Info("drover server ready", "etcd", "external",
 		"endpoints", strings.Join(cluster.ResolveEndpoints(a.endpoints), ","), "namespace", a.namespace)
 	<-ctx.Done()

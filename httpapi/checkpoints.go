@@ -1,0 +1,4 @@
+package httpapi
+
+// checkpointRoutes registers the checkpoints routes.
+func (s *Server) checkpointRoutes() {}

@@ -1,0 +1,4 @@
+package httpapi
+
+// flowRoutes registers the flow routes.
+func (s *Server) flowRoutes() {}

@@ -1,0 +1,260 @@
+package httpapi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/danielgtaylor/huma/v2"
+	"github.com/droverhq/drover/lease"
+	"github.com/droverhq/drover/lock"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// LockStatus is a lock as the API shows it.
+type LockStatus struct {
+	Name    string      `json:"name" doc:"The lock's name."`
+	Held    bool        `json:"held" doc:"Whether someone holds it."`
+	Token   int64       `json:"token,omitempty" doc:"The holder's fencing token: it strictly increases each time the lock changes hands."`
+	Holder  lock.Holder `json:"holder" doc:"Who holds it: its owner or session name, host, pid and since when."`
+	TTL     float64     `json:"ttl_left,omitempty" doc:"Seconds the holder's session or lease has left unless renewed; absent when unknown."`
+	Waiters int         `json:"waiters" doc:"Contenders queued behind the holder."`
+}
+
+func lockStatusOf(st lock.Status) LockStatus {
+	out := LockStatus{Name: st.Name, Held: st.Held, Token: st.Token, Holder: st.Holder, Waiters: st.Waiters}
+	if st.TTL >= 0 {
+		out.TTL = st.TTL.Seconds()
+	}
+	return out
+}
+
+// LockAcquired is the answer to an acquisition.
+type LockAcquired struct {
+	Status    string      `json:"status" enum:"acquired" doc:"Always acquired (a lock held by another is a 409)."`
+	Name      string      `json:"name"`
+	Token     int64       `json:"token" doc:"The fencing token: pass it to every write made under the lock, and to release it."`
+	Holder    lock.Holder `json:"holder"`
+	Session   string      `json:"session,omitempty" doc:"The session the lock is bound to, when one was given."`
+	ExpiresAt time.Time   `json:"expires_at" doc:"When the lock frees itself unless the session is kept alive (an owner lock is never renewed)."`
+}
+
+type lockPath struct {
+	Name string `path:"name" minLength:"1" maxLength:"128" doc:"The lock's name."`
+}
+
+type acquireInput struct {
+	Name string `path:"name" minLength:"1" maxLength:"128" doc:"The lock's name."`
+	Wait string `query:"wait" doc:"How long to wait in line for the lock (Go duration: 10s, 500ms); without it one attempt is made."`
+	Body struct {
+		Session string `json:"session,omitempty" doc:"Bind the lock to this session: it is held until released or the session ends."`
+		Owner   string `json:"owner,omitempty" maxLength:"128" doc:"With ttl and no session: who holds the lock (the lock service's form)."`
+		TTL     int64  `json:"ttl,omitempty" minimum:"1" maximum:"86400" doc:"With owner: seconds the lock lasts; it is not renewed."`
+	}
+}
+
+type releaseInput struct {
+	Name    string `path:"name" minLength:"1" maxLength:"128" doc:"The lock's name."`
+	Token   int64  `query:"token" required:"true" minimum:"1" doc:"The fencing token the acquisition returned."`
+	Session string `query:"session" doc:"The session the lock was acquired under."`
+	Owner   string `query:"owner" doc:"The owner named at acquisition, for a lock taken with owner and ttl."`
+}
+
+type lockStatusOutput struct{ Body LockStatus }
+
+func (s *Server) lockRoutes() {
+	for _, base := range []string{"/v1/locks", "/locks"} {
+		suffix, note := "", ""
+		if base == "/locks" {
+			suffix, note = "-service", " The lock service's path: the same as under /v1/locks."
+		}
+		huma.Register(s.api, huma.Operation{
+			OperationID: "acquire-lock" + suffix, Method: http.MethodPost, Path: base + "/{name}", Tags: []string{"locks"},
+			Summary: "Acquire a lock",
+			Description: "Give a session (the lock lasts as long as it) or an owner and a ttl. 200 with the fencing token; 409 with the holder " +
+				"when held by another; ?wait=10s waits in line, first come first served." + note,
+			Errors: []int{http.StatusConflict, http.StatusNotFound},
+		}, s.acquireLock)
+		huma.Register(s.api, huma.Operation{
+			OperationID: "get-lock" + suffix, Method: http.MethodGet, Path: base + "/{name}", Tags: []string{"locks"},
+			Summary: "Who holds a lock; 404 when nobody does." + note,
+			Errors:  []int{http.StatusNotFound},
+		}, s.lockStatus)
+		huma.Register(s.api, huma.Operation{
+			OperationID: "release-lock" + suffix, Method: http.MethodDelete, Path: base + "/{name}", Tags: []string{"locks"},
+			Summary:       "Release a lock held with a token",
+			Description:   "The token and the session (or owner) it was acquired with; 409 when the lock is not held with that token." + note,
+			DefaultStatus: http.StatusNoContent,
+			Errors:        []int{http.StatusConflict},
+		}, s.releaseLock)
+	}
+	huma.Register(s.api, huma.Operation{
+		OperationID: "list-locks", Method: http.MethodGet, Path: "/v1/locks", Tags: []string{"locks"},
+		Summary: "Every held lock, by name",
+	}, func(ctx context.Context, _ *struct{}) (*struct{ Body []LockStatus }, error) {
+		l, err := s.locker(ctx, nil, "")
+		if err != nil {
+			return nil, err
+		}
+		defer l.Close(context.WithoutCancel(ctx))
+		sts, err := l.List(ctx)
+		if err != nil {
+			return nil, problem(err, nil)
+		}
+		out := make([]LockStatus, len(sts))
+		for i, st := range sts {
+			out[i] = lockStatusOf(st)
+		}
+		return &struct{ Body []LockStatus }{out}, nil
+	})
+}
+
+// locker is a locker of the request's namespace on l (nil: an attached
+// placeholder for reads, which bind nothing), its holder named holder.
+func (s *Server) locker(ctx context.Context, l *lease.Lease, holder string) (*lock.Etcd, error) {
+	if l == nil {
+		l = lease.Attach(s.cli, clientv3.NoLease, time.Second, time.Now().Add(time.Minute))
+	}
+	e, err := lock.NewEtcd(ctx, s.cli, lock.EtcdConfig{Namespace: s.nsOf(ctx), Lease: l, HolderID: holder, Logger: s.cfg.Logger})
+	if err != nil {
+		return nil, problem(err, nil)
+	}
+	return e, nil
+}
+
+// wait parses a wait bound ("" is none), capped at the server's MaxWait.
+func (s *Server) wait(location, v string) (time.Duration, error) {
+	if v == "" {
+		return 0, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d < 0 {
+		return 0, invalid(location, v, "must be a duration such as 10s or 500ms")
+	}
+	return min(d, s.cfg.MaxWait), nil
+}
+
+func (s *Server) acquireLock(ctx context.Context, in *acquireInput) (*struct{ Body LockAcquired }, error) {
+	if err := lock.CheckName(in.Name); err != nil {
+		return nil, problem(err, map[string]string{"name": "path.name"})
+	}
+	wait, err := s.wait("query.wait", in.Wait)
+	if err != nil {
+		return nil, err
+	}
+	b := in.Body
+	var (
+		l       *lease.Lease
+		holder  string
+		expires time.Time
+		own     clientv3.LeaseID // a lease granted for this lock alone
+	)
+	switch {
+	case b.Session != "" && (b.Owner != "" || b.TTL != 0):
+		return nil, invalid("body.session", b.Session, "give a session, or an owner and a ttl, not both")
+	case b.Session != "":
+		sess, err := s.session(ctx, b.Session)
+		if err != nil {
+			return nil, err
+		}
+		l, holder, expires = sess.lease, sess.name, sess.lease.Deadline()
+		if holder == "" {
+			holder = "session " + b.Session
+		}
+	case b.Owner != "" && b.TTL > 0:
+		sent := time.Now()
+		g, err := s.cli.Grant(ctx, b.TTL)
+		if err != nil {
+			return nil, problem(fmt.Errorf("grant the lock's %d s lease: %w", b.TTL, err), nil)
+		}
+		own, holder = g.ID, b.Owner
+		expires = sent.Add(time.Duration(g.TTL) * time.Second)
+		l = lease.Attach(s.cli, g.ID, time.Duration(g.TTL)*time.Second, expires)
+	default:
+		return nil, invalid("body", nil, "give a session, or an owner and a ttl (seconds)")
+	}
+	locker, err := s.locker(ctx, l, holder)
+	if err != nil {
+		return nil, err
+	}
+	defer locker.Close(context.WithoutCancel(ctx))
+	var held *lock.EtcdLock
+	if wait > 0 {
+		wctx, cancel := context.WithTimeout(ctx, wait)
+		held, err = locker.AcquireFenced(wctx, in.Name)
+		cancel()
+	} else {
+		held, err = locker.TryAcquireFenced(ctx, in.Name)
+	}
+	if err != nil {
+		if own != 0 {
+			_, _ = s.cli.Revoke(context.WithoutCancel(ctx), own)
+		}
+		if errors.Is(err, lease.ErrLost) && b.Session != "" {
+			return nil, sessionGone(b.Session, s.nsOf(ctx))
+		}
+		return nil, problem(err, nil)
+	}
+	return &struct{ Body LockAcquired }{LockAcquired{Status: "acquired", Name: in.Name, Token: held.Token(), Holder: held.Holder(), Session: b.Session, ExpiresAt: expires.UTC()}}, nil
+}
+
+func (s *Server) lockStatus(ctx context.Context, in *lockPath) (*lockStatusOutput, error) {
+	if err := lock.CheckName(in.Name); err != nil {
+		return nil, problem(err, map[string]string{"name": "path.name"})
+	}
+	l, err := s.locker(ctx, nil, "")
+	if err != nil {
+		return nil, err
+	}
+	defer l.Close(context.WithoutCancel(ctx))
+	st, err := l.Status(ctx, in.Name)
+	if err != nil {
+		return nil, problem(err, nil)
+	}
+	if !st.Held {
+		return nil, newProblem(http.StatusNotFound, "lock-not-held", fmt.Sprintf("lock %q is not held", in.Name))
+	}
+	return &lockStatusOutput{Body: lockStatusOf(st)}, nil
+}
+
+func (s *Server) releaseLock(ctx context.Context, in *releaseInput) (*struct{}, error) {
+	if err := lock.CheckName(in.Name); err != nil {
+		return nil, problem(err, map[string]string{"name": "path.name"})
+	}
+	var match func(clientv3.LeaseID, lock.Holder) bool
+	switch {
+	case in.Session != "" && in.Owner != "":
+		return nil, invalid("query.session", in.Session, "give the session or the owner the lock was acquired with, not both")
+	case in.Session != "":
+		id, err := strconv.ParseUint(in.Session, 16, 64)
+		if err != nil {
+			return nil, invalid("query.session", in.Session, "must be a session id")
+		}
+		match = func(l clientv3.LeaseID, _ lock.Holder) bool { return l == clientv3.LeaseID(id) }
+	case in.Owner != "":
+		match = func(_ clientv3.LeaseID, h lock.Holder) bool { return h.ID == in.Owner }
+	default:
+		return nil, invalid("query.session", nil, "give the session (or the owner) the lock was acquired with")
+	}
+	l, err := s.locker(ctx, nil, "")
+	if err != nil {
+		return nil, err
+	}
+	defer l.Close(context.WithoutCancel(ctx))
+	if err := l.ReleaseIf(ctx, in.Name, in.Token, match); err != nil {
+		var nh *lock.NotHeldError
+		if errors.As(err, &nh) {
+			p := newProblem(http.StatusConflict, "lock-not-held", err.Error()+": nothing was released")
+			if nh.Current.Held {
+				st := lockStatusOf(nh.Current)
+				p.Holder = &st
+			}
+			return nil, p
+		}
+		return nil, problem(err, nil)
+	}
+	return nil, nil
+}

@@ -1,0 +1,192 @@
+package httpapi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/danielgtaylor/huma/v2"
+	"github.com/droverhq/drover"
+	"github.com/droverhq/drover/checkpoint"
+	"github.com/droverhq/drover/flow"
+	"github.com/droverhq/drover/lease"
+	"github.com/droverhq/drover/lock"
+	"github.com/droverhq/drover/queue"
+	"github.com/droverhq/drover/registry"
+	"github.com/droverhq/drover/task"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+)
+
+// Problem is an RFC 9457 problem document: every error the API answers
+// with, as application/problem+json. Errors lists the inputs at fault, each
+// with its location ("body.ttl", "path.name", "query.wait", "body[3]") and
+// the rule it broke.
+type Problem struct {
+	Type     string              `json:"type,omitempty" doc:"A URI naming the kind of problem; about:blank when the status says it all."`
+	Title    string              `json:"title,omitempty" doc:"The status's short summary."`
+	Status   int                 `json:"status,omitempty" doc:"The HTTP status code."`
+	Detail   string              `json:"detail,omitempty" doc:"What went wrong in this request, and what to do about it."`
+	Instance string              `json:"instance,omitempty" doc:"The request's path."`
+	Errors   []*huma.ErrorDetail `json:"errors,omitempty" doc:"The inputs at fault: location, value and the rule each broke."`
+	// Holder names who holds a lock, on a 409 of a lock route.
+	Holder *LockStatus `json:"holder,omitempty" doc:"On a lock's 409: who holds it."`
+	// Lines are a submission's rejected lines, on its 400.
+	Lines []queue.LineError `json:"lines,omitempty" doc:"On a submission's 400: the rejected lines."`
+
+	headers http.Header
+}
+
+// Error implements error.
+func (p *Problem) Error() string { return p.Detail }
+
+// GetStatus implements huma.StatusError.
+func (p *Problem) GetStatus() int { return p.Status }
+
+// GetHeaders implements huma.HeadersError (Retry-After on 429 and 503).
+func (p *Problem) GetHeaders() http.Header { return p.headers }
+
+// ContentType implements huma.ContentTypeFilter: problems are
+// application/problem+json.
+func (p *Problem) ContentType(ct string) string {
+	if ct == "application/json" || ct == "" {
+		return "application/problem+json"
+	}
+	return ct
+}
+
+// problemTypes name each kind of problem the API gives, under one base.
+const problemBase = "https://drover.dev/problems/"
+
+func init() {
+	// Every error huma writes itself (malformed JSON, a body that does not
+	// match the schema, an oversized body) becomes a Problem too. huma
+	// says 422 for a body that parses but breaks the schema (unknown
+	// field, wrong type); the API says 400 for every bad input.
+	huma.NewError = func(status int, msg string, errs ...error) huma.StatusError {
+		if status == http.StatusUnprocessableEntity {
+			status = http.StatusBadRequest
+		}
+		p := &Problem{Status: status, Title: http.StatusText(status), Detail: msg}
+		for _, e := range errs {
+			if e == nil {
+				continue
+			}
+			var d huma.ErrorDetailer
+			if errors.As(e, &d) {
+				p.Errors = append(p.Errors, d.ErrorDetail())
+			} else {
+				p.Errors = append(p.Errors, &huma.ErrorDetail{Message: e.Error()})
+			}
+		}
+		switch status {
+		case http.StatusBadRequest:
+			p.Type = problemBase + "invalid-input"
+			p.Detail = badInputDetail(msg, p.Errors)
+		case http.StatusRequestEntityTooLarge:
+			p.Type = problemBase + "too-large"
+			p.Detail = msg + ": send less per request (submissions: split the batch)"
+		}
+		return p
+	}
+}
+
+// badInputDetail says in one sentence what huma found wrong.
+func badInputDetail(msg string, errs []*huma.ErrorDetail) string {
+	if len(errs) == 0 {
+		return msg
+	}
+	parts := make([]string, 0, len(errs))
+	for _, e := range errs {
+		parts = append(parts, fmt.Sprintf("%s: %s", e.Location, e.Message))
+	}
+	return msg + ": " + strings.Join(parts, "; ") + "; fix the request and send it again (the OpenAPI document at /openapi.json describes every route)"
+}
+
+// newProblem is a problem of status with the detail given.
+func newProblem(status int, kind, detail string) *Problem {
+	return &Problem{Type: problemBase + kind, Title: http.StatusText(status), Status: status, Detail: detail}
+}
+
+// invalid is a 400 naming the input at fault (location as huma names it:
+// "body.ttl", "path.name", "query.wait").
+func invalid(location string, value any, rule string) *Problem {
+	p := newProblem(http.StatusBadRequest, "invalid-input", fmt.Sprintf("invalid %s: %s", location, rule))
+	p.Errors = []*huma.ErrorDetail{{Location: location, Message: rule, Value: value}}
+	return p
+}
+
+// problem turns an error of drover's packages into the problem the API
+// answers with. where names the request's inputs (a Go field name of an
+// InputError maps to its location: "ttl" → "body.ttl").
+func problem(err error, where map[string]string) error {
+	var p *Problem
+	if errors.As(err, &p) {
+		return p
+	}
+	var ie *drover.InputError
+	var sf *drover.StoreFullError
+	var qf *queue.QueueFullError
+	var held *lock.HeldError
+	switch {
+	case errors.As(err, &ie):
+		loc := where[ie.Field]
+		if loc == "" {
+			loc = ie.Field
+		}
+		p = invalid(loc, ie.Value, ie.Rule)
+		p.Detail = strings.Replace(err.Error(), ie.Field, loc, 1)
+		return p
+	case errors.As(err, &sf):
+		p = newProblem(http.StatusInsufficientStorage, "store-full", err.Error())
+		p.headers = http.Header{"Retry-After": {"30"}}
+		return p
+	case errors.As(err, &qf):
+		p = newProblem(http.StatusTooManyRequests, "queue-full", err.Error())
+		p.headers = http.Header{"Retry-After": {"5"}}
+		return p
+	case errors.As(err, &held):
+		p = newProblem(http.StatusConflict, "lock-held", err.Error())
+		st := lockStatusOf(lock.Status{Name: held.Name, Held: true, Holder: held.Holder, Token: held.Token})
+		p.Holder = &st
+		return p
+	case errors.Is(err, lease.ErrFenced), errors.Is(err, lock.ErrNotHeld), errors.Is(err, lease.ErrLost):
+		return newProblem(http.StatusConflict, "fenced", err.Error()+": the right this request names is no longer held (its session expired, or another holder took over); claim or acquire again")
+	case errors.Is(err, checkpoint.ErrConflict), errors.Is(err, task.ErrConflict), errors.Is(err, checkpoint.ErrBusy), errors.Is(err, registry.ErrDuplicate):
+		return newProblem(http.StatusConflict, "conflict", err.Error())
+	case errors.Is(err, queue.ErrFinished), errors.Is(err, queue.ErrWrongStatus), errors.Is(err, queue.ErrNotDead), errors.Is(err, queue.ErrQueueBusy):
+		return newProblem(http.StatusConflict, "conflict", err.Error())
+	case errors.Is(err, queue.ErrNotFound), errors.Is(err, queue.ErrNoQueue), errors.Is(err, checkpoint.ErrNotFound),
+		errors.Is(err, flow.ErrNoLimit), errors.Is(err, flow.ErrNoQuota), errors.Is(err, flow.ErrNoBreaker), errors.Is(err, registry.ErrNotRegistered):
+		return newProblem(http.StatusNotFound, "not-found", err.Error())
+	case errors.Is(err, flow.ErrExceedsBurst):
+		return newProblem(http.StatusBadRequest, "invalid-input", err.Error())
+	case errors.Is(err, rpctypes.ErrNoSpace):
+		p = newProblem(http.StatusInsufficientStorage, "store-full", "etcd's database is full (NOSPACE alarm): "+err.Error()+"; delete data, the server recovers once space is back")
+		p.headers = http.Header{"Retry-After": {"30"}}
+		return p
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled), isUnavailable(err):
+		p = newProblem(http.StatusServiceUnavailable, "unavailable", "etcd did not answer in time: "+err.Error()+"; retry")
+		p.headers = http.Header{"Retry-After": {"1"}}
+		return p
+	}
+	return newProblem(http.StatusInternalServerError, "internal", err.Error())
+}
+
+// isUnavailable reports an etcd that cannot be reached or has no leader.
+func isUnavailable(err error) bool {
+	return errors.Is(err, rpctypes.ErrNoLeader) || errors.Is(err, rpctypes.ErrTimeout) ||
+		errors.Is(err, rpctypes.ErrTimeoutDueToLeaderFail) || errors.Is(err, rpctypes.ErrTimeoutDueToConnectionLost) ||
+		errors.Is(err, rpctypes.ErrGRPCNoLeader)
+}
+
+// retryAfter is the Retry-After header value of d, in whole seconds, at
+// least 1.
+func retryAfter(secs float64) string {
+	if secs < 1 {
+		secs = 1
+	}
+	return strconv.Itoa(int(secs + 0.999))
+}

@@ -1,0 +1,4 @@
+package httpapi
+
+// queueRoutes registers the queues routes.
+func (s *Server) queueRoutes() {}

@@ -1,0 +1,4 @@
+package httpapi
+
+// registryRoutes registers the registry routes.
+func (s *Server) registryRoutes() {}

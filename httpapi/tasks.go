@@ -1,0 +1,4 @@
+package httpapi
+
+// taskRoutes registers the tasks routes.
+func (s *Server) taskRoutes() {}
