@@ -163,6 +163,10 @@ func problem(err error, where map[string]string) error {
 		return newProblem(http.StatusNotFound, "not-found", err.Error())
 	case errors.Is(err, flow.ErrExceedsBurst):
 		return newProblem(http.StatusBadRequest, "invalid-input", err.Error())
+	case errors.Is(err, rpctypes.ErrLeaseNotFound):
+		p = newProblem(http.StatusNotFound, "session-not-found", "the session this request names has ended (no keepalive within its TTL, or deleted): "+
+			err.Error()+"; create one with POST /v1/sessions")
+		return p
 	case errors.Is(err, rpctypes.ErrNoSpace):
 		p = newProblem(http.StatusInsufficientStorage, "store-full", "etcd's database is full (NOSPACE alarm): "+err.Error()+"; delete data, the server recovers once space is back")
 		p.headers = http.Header{"Retry-After": {"30"}}

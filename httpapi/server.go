@@ -97,6 +97,8 @@ type Server struct {
 	mux     *http.ServeMux
 	handler http.Handler
 	metrics *requestMetrics
+	// sessions caches the records of sessions seen (see Server.session).
+	sessions sessionCache
 
 	life    sync.Mutex
 	srv     *http.Server

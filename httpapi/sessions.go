@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/danielgtaylor/huma/v2"
@@ -95,6 +96,7 @@ func (s *Server) sessionRoutes() {
 			return nil, problem(err, nil)
 		}
 		if t.TTL < 0 { // etcd says -1 for a lease it no longer has; 0 is under a second left
+			s.sessions.forget(s.nsOf(ctx), in.ID)
 			return nil, sessionGone(in.ID, s.nsOf(ctx))
 		}
 		return &sessionOutput{Body: SessionBody{ID: in.ID, Name: sess.name, TTL: t.GrantedTTL, ExpiresAt: sent.Add(time.Duration(t.TTL) * time.Second).UTC()}}, nil
@@ -112,6 +114,7 @@ func (s *Server) sessionRoutes() {
 		sent := time.Now()
 		k, err := s.cli.KeepAliveOnce(ctx, sess.id)
 		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			s.sessions.forget(s.nsOf(ctx), in.ID)
 			return nil, sessionGone(in.ID, s.nsOf(ctx))
 		}
 		if err != nil {
@@ -125,11 +128,15 @@ func (s *Server) sessionRoutes() {
 		Summary:       "End a session: everything held under it is released at once",
 		DefaultStatus: http.StatusNoContent,
 	}, func(ctx context.Context, in *sessionIDPath) (*struct{}, error) {
+		s.sessions.forget(s.nsOf(ctx), in.ID)
 		sess, err := s.session(ctx, in.ID)
 		if err != nil {
 			return nil, err
 		}
-		if _, err := s.cli.Revoke(ctx, sess.id); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		s.sessions.forget(s.nsOf(ctx), in.ID)
+		if _, err := s.cli.Revoke(ctx, sess.id); errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			return nil, sessionGone(in.ID, s.nsOf(ctx))
+		} else if err != nil {
 			return nil, problem(err, nil)
 		}
 		return nil, nil
@@ -137,27 +144,75 @@ func (s *Server) sessionRoutes() {
 }
 
 // session reads session id of the request's namespace: 404 when it does
-// not exist there (expired, ended, or another namespace's).
+// not exist there (expired, ended, or another namespace's). A session seen
+// before is taken from the server's cache without a read: a session's
+// namespace and name never change, and etcd itself refuses to bind a key
+// to a lease that ended, so a stale entry can only cost a later error
+// (mapped to the same 404), never a wrong answer.
 func (s *Server) session(ctx context.Context, id string) (*session, error) {
 	n, err := strconv.ParseUint(id, 16, 64)
 	if err != nil || n == 0 || n > 1<<63-1 {
 		return nil, invalid("session", id, "must be a session id: the hex id POST /v1/sessions returned")
 	}
-	g, err := s.cli.Get(ctx, s.keys(ctx).Session(id))
-	if err != nil {
-		return nil, problem(err, nil)
+	ns := s.nsOf(ctx)
+	rec, ok := s.sessions.get(ns, id)
+	if !ok {
+		if rec, err = s.readSession(ctx, id, clientv3.LeaseID(n)); err != nil {
+			return nil, err
+		}
+		s.sessions.put(ns, id, rec)
 	}
-	if len(g.Kvs) == 0 || g.Kvs[0].Lease != int64(n) {
-		return nil, sessionGone(id, s.nsOf(ctx))
-	}
-	var rec sessionRecord
-	_ = json.Unmarshal(g.Kvs[0].Value, &rec)
 	ttl := time.Duration(max(rec.TTL, 1)) * time.Second
-	// The session may have been renewed just now: it lasts at least until
-	// a TTL from the read, the longest it can (a renewal resets it).
+	// The session may have been renewed just now: it lasts at most a TTL
+	// from now (a renewal resets it to that).
 	sess := &session{id: clientv3.LeaseID(n), name: rec.Name}
 	sess.lease = lease.Attach(s.cli, sess.id, ttl, time.Now().Add(ttl))
 	return sess, nil
+}
+
+// readSession reads the record of session id from etcd.
+func (s *Server) readSession(ctx context.Context, id string, lid clientv3.LeaseID) (sessionRecord, error) {
+	var rec sessionRecord
+	g, err := s.cli.Get(ctx, s.keys(ctx).Session(id))
+	if err != nil {
+		return rec, problem(err, nil)
+	}
+	if len(g.Kvs) == 0 || g.Kvs[0].Lease != int64(lid) {
+		return rec, sessionGone(id, s.nsOf(ctx))
+	}
+	_ = json.Unmarshal(g.Kvs[0].Value, &rec)
+	return rec, nil
+}
+
+// sessionCache remembers the records of sessions seen, by namespace and
+// id; it forgets everything past maxCachedSessions.
+type sessionCache struct {
+	mu sync.Mutex
+	m  map[string]sessionRecord
+}
+
+const maxCachedSessions = 100_000
+
+func (c *sessionCache) get(ns, id string) (sessionRecord, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	r, ok := c.m[ns+"/"+id]
+	return r, ok
+}
+
+func (c *sessionCache) put(ns, id string, r sessionRecord) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil || len(c.m) >= maxCachedSessions {
+		c.m = map[string]sessionRecord{}
+	}
+	c.m[ns+"/"+id] = r
+}
+
+func (c *sessionCache) forget(ns, id string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.m, ns+"/"+id)
 }
 
 // sessionGone is the 404 of a session that does not exist.
