@@ -1,4 +1,243 @@
 package httpapi
 
-// queueRoutes registers the queues routes.
-func (s *Server) queueRoutes() {}
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/danielgtaylor/huma/v2"
+	"github.com/droverhq/drover/lease"
+	"github.com/droverhq/drover/queue"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// queuePath names a queue in a route's path.
+type queuePath struct {
+	Queue string `path:"queue" minLength:"1" maxLength:"128" doc:"The queue's name."`
+}
+
+// queueTaskPath names a task of a queue.
+type queueTaskPath struct {
+	Queue string `path:"queue" minLength:"1" maxLength:"128" doc:"The queue's name."`
+	ID    string `path:"id" minLength:"1" maxLength:"128" doc:"The task's id."`
+}
+
+// queueWhere maps the queue package's input fields to the API's locations.
+var queueWhere = map[string]string{"queue": "path.queue", "task id": "path.id", "limit": "query.limit", "after": "query.after",
+	"status": "query.status", "max": "body.max", "token": "body.token", "result": "body.result"}
+
+type claimInput struct {
+	Queue string `path:"queue" minLength:"1" maxLength:"128" doc:"The queue's name."`
+	Body  struct {
+		Session string `json:"session" pattern:"^[0-9a-f]{1,16}$" doc:"The session the claims are bound to: when it ends, etcd frees them and the tasks run again elsewhere."`
+		Max     int    `json:"max,omitempty" minimum:"1" maximum:"100" doc:"The most tasks to claim; default 1."`
+		Wait    string `json:"wait,omitempty" doc:"How long to wait for a task when none is claimable (Go duration: 10s, 500ms), capped by the server's longest wait; without it one attempt is made."`
+	}
+}
+
+// ClaimResult is the answer to a claim.
+type ClaimResult struct {
+	Tasks []QueueTask `json:"tasks" doc:"The tasks claimed, RUNNING, each with its attempt and token; empty when none came within the wait."`
+}
+
+type heartbeatInput struct {
+	Queue string `path:"queue" minLength:"1" maxLength:"128" doc:"The queue's name."`
+	ID    string `path:"id" minLength:"1" maxLength:"128" doc:"The task's id."`
+	Body  struct {
+		Session string `json:"session" pattern:"^[0-9a-f]{1,16}$" doc:"The session the task was claimed under."`
+		Token   int64  `json:"token" minimum:"1" doc:"The token the claim returned with the task."`
+	}
+}
+
+// HeartbeatResult is the answer to a heartbeat.
+type HeartbeatResult struct {
+	TaskID    string    `json:"task_id" doc:"The task."`
+	Attempt   int       `json:"attempt" doc:"The attempt that runs."`
+	Token     int64     `json:"token" doc:"The claim's token."`
+	ExpiresAt time.Time `json:"expires_at" doc:"When the session, and with it the claim, ends unless kept alive (the heartbeat renewed it)."`
+}
+
+type ackInput struct {
+	Queue string `path:"queue" minLength:"1" maxLength:"128" doc:"The queue's name."`
+	ID    string `path:"id" minLength:"1" maxLength:"128" doc:"The task's id."`
+	Body  struct {
+		Session string          `json:"session" pattern:"^[0-9a-f]{1,16}$" doc:"The session the task was claimed under."`
+		Token   int64           `json:"token" minimum:"1" doc:"The token the claim returned with the task."`
+		Result  json.RawMessage `json:"result,omitempty" doc:"The task's result: any JSON value, at most 256 KiB."`
+	}
+}
+
+type failInput struct {
+	Queue string `path:"queue" minLength:"1" maxLength:"128" doc:"The queue's name."`
+	ID    string `path:"id" minLength:"1" maxLength:"128" doc:"The task's id."`
+	Body  struct {
+		Session   string `json:"session" pattern:"^[0-9a-f]{1,16}$" doc:"The session the task was claimed under."`
+		Token     int64  `json:"token" minimum:"1" doc:"The token the claim returned with the task."`
+		Error     string `json:"error" minLength:"1" maxLength:"65536" doc:"What went wrong: kept in the task's history (the first 4 KiB)."`
+		Permanent bool   `json:"permanent,omitempty" doc:"True when retrying cannot help: the task goes to the dead-letter queue at once. Otherwise it is retried after the queue's backoff while its retry budget lasts."`
+	}
+}
+
+type queueTaskOutput struct{ Body QueueTask }
+
+func (s *Server) queueRoutes() {
+	tags := []string{"queues"}
+	s.submitRoute()
+	huma.Register(s.api, huma.Operation{
+		OperationID: "claim-tasks", Method: http.MethodPost, Path: "/v1/queues/{queue}/claim", Tags: tags,
+		Summary: "Claim tasks, waiting for them (long poll)",
+		Description: "Claims up to max tasks for the session, as a Go worker does: each claim is bound to the session's lease and " +
+			"fenced by its token, attempts are counted durably. With wait, the request waits for tasks (it watches the queue) " +
+			"and answers as soon as one is claimed, or with no tasks once the wait ran out. Keep the session alive while the " +
+			"tasks run; if it expires their claims go and the tasks run again elsewhere. Report each with ack or fail.",
+		Errors: []int{http.StatusNotFound},
+	}, s.claimTasks)
+	huma.Register(s.api, huma.Operation{
+		OperationID: "heartbeat-task", Method: http.MethodPost, Path: "/v1/queues/{queue}/tasks/{id}/heartbeat", Tags: tags,
+		Summary:     "Check that a claim still holds, and keep its session alive",
+		Description: "409 when the claim is gone (the session expired, the task was cancelled, or its outcome was written): stop working on the task.",
+		Errors:      []int{http.StatusConflict, http.StatusNotFound},
+	}, s.heartbeatTask)
+	huma.Register(s.api, huma.Operation{
+		OperationID: "ack-task", Method: http.MethodPost, Path: "/v1/queues/{queue}/tasks/{id}/ack", Tags: tags,
+		Summary:     "Report that a claimed task succeeded, with its result",
+		Description: "Fenced by the claim's token: 409 when the claim no longer holds (nothing is written; the task runs, or ran, elsewhere).",
+		Errors:      []int{http.StatusConflict, http.StatusNotFound},
+	}, s.ackTask)
+	huma.Register(s.api, huma.Operation{
+		OperationID: "fail-task", Method: http.MethodPost, Path: "/v1/queues/{queue}/tasks/{id}/fail", Tags: tags,
+		Summary: "Report that a claimed task failed",
+		Description: "A transient failure is retried after the task's backoff while its retry budget lasts, then the task is dead; " +
+			"a permanent one goes to the dead-letter queue at once. Fenced by the claim's token: 409 when the claim no longer holds.",
+		Errors: []int{http.StatusConflict, http.StatusNotFound},
+	}, s.failTask)
+	s.taskQueryRoutes(tags)
+	s.dlqRoutes()
+}
+
+// queueClient is a queue client of the request's namespace.
+func (s *Server) queueClient(ctx context.Context) (*queue.Client, error) {
+	c, err := queue.NewClient(s.cli, s.nsOf(ctx))
+	if err != nil {
+		return nil, problem(err, nil)
+	}
+	return c, nil
+}
+
+// checkQueue validates a queue name of the path.
+func checkQueue(q string) error {
+	if err := queue.CheckQueue(q); err != nil {
+		return problem(err, queueWhere)
+	}
+	return nil
+}
+
+func (s *Server) claimTasks(ctx context.Context, in *claimInput) (*struct{ Body ClaimResult }, error) {
+	if err := checkQueue(in.Queue); err != nil {
+		return nil, err
+	}
+	wait, err := s.wait("body.wait", in.Body.Wait)
+	if err != nil {
+		return nil, err
+	}
+	sess, err := s.session(ctx, in.Body.Session)
+	if err != nil {
+		return nil, err
+	}
+	c, err := s.queueClient(ctx)
+	if err != nil {
+		return nil, err
+	}
+	worker := sess.name
+	if worker == "" {
+		worker = "session " + in.Body.Session
+	}
+	tasks, err := c.Claim(ctx, in.Queue, queue.ClaimRequest{Lease: sess.lease, Worker: worker, Max: in.Body.Max, Wait: wait, Logger: s.cfg.Logger})
+	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		return nil, sessionGone(in.Body.Session, s.nsOf(ctx))
+	}
+	if err != nil {
+		return nil, problem(err, queueWhere)
+	}
+	return &struct{ Body ClaimResult }{ClaimResult{Tasks: queueTasksOf(tasks)}}, nil
+}
+
+// held is the claim a request names; it does not read the session, which
+// may have expired (then the claim is gone: 409).
+func held(q, taskID, session string, token int64) (queue.Held, error) {
+	if err := checkQueue(q); err != nil {
+		return queue.Held{}, err
+	}
+	id, err := strconv.ParseUint(session, 16, 64)
+	if err != nil || id == 0 || id > 1<<63-1 {
+		return queue.Held{}, invalid("body.session", session, "must be a session id: the hex id POST /v1/sessions returned")
+	}
+	return queue.Held{Queue: q, ID: taskID, Token: token, Lease: clientv3.LeaseID(id)}, nil
+}
+
+func (s *Server) heartbeatTask(ctx context.Context, in *heartbeatInput) (*struct{ Body HeartbeatResult }, error) {
+	h, err := held(in.Queue, in.ID, in.Body.Session, in.Body.Token)
+	if err != nil {
+		return nil, err
+	}
+	c, err := s.queueClient(ctx)
+	if err != nil {
+		return nil, err
+	}
+	t, err := c.Heartbeat(ctx, h)
+	if err != nil {
+		return nil, problem(err, queueWhere)
+	}
+	sent := time.Now()
+	k, err := s.cli.KeepAliveOnce(ctx, h.Lease)
+	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		// The session ended since the claim was read: the claim went with it.
+		return nil, problem(fmt.Errorf("task %s token %d: %w: the session ended", h.ID, h.Token, lease.ErrFenced), nil)
+	}
+	if err != nil {
+		return nil, problem(err, nil)
+	}
+	return &struct{ Body HeartbeatResult }{HeartbeatResult{TaskID: t.ID, Attempt: t.Attempt, Token: t.Token,
+		ExpiresAt: sent.Add(time.Duration(k.TTL) * time.Second).UTC()}}, nil
+}
+
+func (s *Server) ackTask(ctx context.Context, in *ackInput) (*queueTaskOutput, error) {
+	h, err := held(in.Queue, in.ID, in.Body.Session, in.Body.Token)
+	if err != nil {
+		return nil, err
+	}
+	c, err := s.queueClient(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var result []byte
+	if r := in.Body.Result; len(r) > 0 && string(r) != "null" {
+		result = r
+	}
+	t, err := c.Ack(ctx, h, result)
+	if err != nil {
+		return nil, problem(err, queueWhere)
+	}
+	return &queueTaskOutput{queueTaskOf(t)}, nil
+}
+
+func (s *Server) failTask(ctx context.Context, in *failInput) (*queueTaskOutput, error) {
+	h, err := held(in.Queue, in.ID, in.Body.Session, in.Body.Token)
+	if err != nil {
+		return nil, err
+	}
+	c, err := s.queueClient(ctx)
+	if err != nil {
+		return nil, err
+	}
+	t, err := c.Fail(ctx, h, in.Body.Error, in.Body.Permanent)
+	if err != nil {
+		return nil, problem(err, queueWhere)
+	}
+	return &queueTaskOutput{queueTaskOf(t)}, nil
+}

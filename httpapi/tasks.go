@@ -1,4 +1,147 @@
 package httpapi
 
-// taskRoutes registers the tasks routes.
-func (s *Server) taskRoutes() {}
+import (
+	"net/http"
+	"time"
+
+	"github.com/danielgtaylor/huma/v2"
+	"github.com/droverhq/drover/lock"
+	"github.com/droverhq/drover/task"
+)
+
+// AgentTask is an agent task as the API shows it: its last checkpointed
+// step, the state that step returned, and who wrote it. It is package
+// task's model, the same for Go runners and HTTP clients.
+type AgentTask struct {
+	TaskID    string `json:"task_id" doc:"The task's id."`
+	Step      int    `json:"step" doc:"The last completed (checkpointed) step, 1-based; 0 before any."`
+	StepName  string `json:"step_name,omitempty" doc:"The name of that step."`
+	Steps     int    `json:"steps,omitempty" doc:"How many steps the task has, when known: writing the last one completes the task."`
+	NextStep  int    `json:"next_step,omitempty" doc:"The step to run and write next; absent once the task is completed."`
+	Completed bool   `json:"completed" doc:"Whether the task is completed: it never runs again."`
+	State     []byte `json:"state,omitempty" doc:"The state the last step returned (its result once completed), base64."`
+	// WrittenBy and WrittenToken say who wrote the checkpoint.
+	WrittenBy    string     `json:"written_by,omitempty" doc:"The worker that wrote the checkpoint (a session's name, or a Go runner's worker id)."`
+	WrittenToken int64      `json:"written_token,omitempty" doc:"The claim's fencing token the checkpoint was written under."`
+	WrittenAt    *time.Time `json:"written_at,omitempty" doc:"When it was written."`
+	// History lists the completed steps (GET only).
+	History []AgentTaskStep `json:"history,omitempty" doc:"Every completed step, in order: who ran it, under which token, when (GET only)."`
+	// Claim is who holds the task now (GET only).
+	Claim *LockStatus `json:"claim,omitempty" doc:"Who holds the task's claim now, if anyone (GET only); the lock is named task:{id}."`
+}
+
+// AgentTaskStep is the record of one completed step.
+type AgentTaskStep struct {
+	Step       int       `json:"step" doc:"The step's number, 1-based."`
+	Name       string    `json:"name" doc:"The step's name."`
+	Worker     string    `json:"worker" doc:"The worker that ran it."`
+	Token      int64     `json:"token" doc:"The claim's fencing token it was written under: a change means another worker took over."`
+	StartedAt  time.Time `json:"started_at" doc:"When it started (for HTTP clients: when the previous checkpoint was written or the claim taken)."`
+	FinishedAt time.Time `json:"finished_at" doc:"When its checkpoint was written."`
+}
+
+// AgentTaskClaim is the answer to a claim: the token every write under the
+// claim names, and where to resume.
+type AgentTaskClaim struct {
+	TaskID    string      `json:"task_id" doc:"The task's id."`
+	Token     int64       `json:"token,omitempty" doc:"The claim's fencing token: pass it to every step write and to complete. Absent when the task is already completed (nothing is held)."`
+	Session   string      `json:"session" doc:"The session the claim is bound to: it lasts until released, completed or the session ends."`
+	Holder    lock.Holder `json:"holder" doc:"The holder record, as others see it."`
+	ExpiresAt *time.Time  `json:"expires_at,omitempty" doc:"When the claim ends unless the session is kept alive."`
+	Step      int         `json:"step" doc:"The last checkpointed step, 1-based; 0 before any."`
+	StepName  string      `json:"step_name,omitempty" doc:"The name of that step."`
+	Steps     int         `json:"steps,omitempty" doc:"How many steps the task has, when known."`
+	NextStep  int         `json:"next_step,omitempty" doc:"The step to run next: resume here. Absent when completed."`
+	Completed bool        `json:"completed" doc:"The task was completed before: nothing is claimed, state is its result."`
+	State     []byte      `json:"state,omitempty" doc:"The last checkpointed state, base64: the input of the next step."`
+}
+
+// agentTaskPath names a task. Inputs repeat its field rather than embed
+// it: huma does not fill parameters of an embedded unexported struct.
+type agentTaskPath struct {
+	ID string `path:"id" minLength:"1" maxLength:"120" doc:"The task's id: letters, digits, '.', '_', '-' and ':'."`
+}
+
+type claimTaskInput struct {
+	ID   string `path:"id" minLength:"1" maxLength:"120" doc:"The task's id: letters, digits, '.', '_', '-' and ':'."`
+	Wait string `query:"wait" doc:"How long to wait in line while another holds the task (Go duration: 10s); without it one attempt is made."`
+	Body struct {
+		Session string `json:"session" doc:"The session the claim is bound to (POST /v1/sessions); keep it alive while working."`
+		Steps   int    `json:"steps,omitempty" minimum:"1" maximum:"100000" doc:"How many steps the task has, if known: a checkpoint written with another count is a 409."`
+	}
+}
+
+type stepInput struct {
+	ID   string `path:"id" minLength:"1" maxLength:"120" doc:"The task's id: letters, digits, '.', '_', '-' and ':'."`
+	N    int    `path:"n" minimum:"1" maximum:"100000" doc:"The step's number, 1-based: the claim's next_step."`
+	Body struct {
+		Session string `json:"session" doc:"The session the claim is bound to."`
+		Token   int64  `json:"token" minimum:"1" doc:"The claim's fencing token."`
+		Name    string `json:"name,omitempty" maxLength:"200" doc:"The step's name; default \"step N\"."`
+		Steps   int    `json:"steps,omitempty" minimum:"1" maximum:"100000" doc:"How many steps the task has, if known: writing step number steps completes the task."`
+		State   []byte `json:"state" doc:"The state the step returned, base64; at most 1 MiB decoded."`
+	}
+}
+
+type completeInput struct {
+	ID   string `path:"id" minLength:"1" maxLength:"120" doc:"The task's id: letters, digits, '.', '_', '-' and ':'."`
+	Body struct {
+		Session string `json:"session" doc:"The session the claim is bound to."`
+		Token   int64  `json:"token" minimum:"1" doc:"The claim's fencing token."`
+		Result  []byte `json:"result,omitempty" doc:"The task's result, base64, kept as its final state; without it the last step's state is kept."`
+	}
+}
+
+type releaseTaskInput struct {
+	ID      string `path:"id" minLength:"1" maxLength:"120" doc:"The task's id: letters, digits, '.', '_', '-' and ':'."`
+	Session string `query:"session" required:"true" doc:"The session the claim is bound to."`
+	Token   int64  `query:"token" required:"true" minimum:"1" doc:"The claim's fencing token."`
+}
+
+type agentTaskOutput struct{ Body AgentTask }
+
+// maxStepBody is the largest step write: the state limit, base64, and room
+// for the rest.
+const maxStepBody = task.DefaultStateLimit*4/3 + 64<<10
+
+// taskRoutes registers the agent task routes: claim a task under a
+// session, write each step's checkpoint fenced by the claim's token,
+// complete it; the claim and the fence are package task's, so HTTP clients
+// and Go runners exclude each other.
+func (s *Server) taskRoutes() {
+	tags := []string{"agent tasks"}
+	huma.Register(s.api, huma.Operation{
+		OperationID: "claim-agent-task", Method: http.MethodPost, Path: "/v1/agent-tasks/{id}/claim", Tags: tags,
+		Summary: "Claim an agent task: one holder at a time, resume after its last checkpoint",
+		Description: "Takes the task's claim (the lock task:{id}, as a Go runner does) under the session and answers the fencing token, " +
+			"the last checkpointed step and its state. 409 while another holds it (?wait=10s waits in line) or a queue worker runs it. " +
+			"A completed task is not claimed: the answer says completed.",
+		Errors: []int{http.StatusConflict, http.StatusNotFound},
+	}, s.claimTask)
+	huma.Register(s.api, huma.Operation{
+		OperationID: "put-agent-task-step", Method: http.MethodPut, Path: "/v1/agent-tasks/{id}/steps/{n}", Tags: tags,
+		Summary: "Checkpoint a step of a claimed task, fenced by the claim's token",
+		Description: "Writes step n's state and record in one transaction that commits only while the claim is held with the token: " +
+			"409 once it is lost (the session ended, another took over) and nothing is written. n must be the next step; " +
+			"repeating the last write is answered as it was. 507 while etcd is past its high-water mark.",
+		MaxBodyBytes: maxStepBody,
+		Errors:       []int{http.StatusConflict, http.StatusRequestEntityTooLarge, http.StatusInsufficientStorage},
+	}, s.putTaskStep)
+	huma.Register(s.api, huma.Operation{
+		OperationID: "complete-agent-task", Method: http.MethodPost, Path: "/v1/agent-tasks/{id}/complete", Tags: tags,
+		Summary:      "Complete a claimed task (fenced), keep its result and release the claim",
+		MaxBodyBytes: maxStepBody,
+		Errors:       []int{http.StatusConflict, http.StatusRequestEntityTooLarge, http.StatusInsufficientStorage},
+	}, s.completeTask)
+	huma.Register(s.api, huma.Operation{
+		OperationID: "release-agent-task", Method: http.MethodDelete, Path: "/v1/agent-tasks/{id}/claim", Tags: tags,
+		Summary:       "Give up a claim without completing: the next claim resumes after the last checkpoint",
+		DefaultStatus: http.StatusNoContent,
+		Errors:        []int{http.StatusConflict},
+	}, s.releaseTask)
+	huma.Register(s.api, huma.Operation{
+		OperationID: "get-agent-task", Method: http.MethodGet, Path: "/v1/agent-tasks/{id}", Tags: tags,
+		Summary: "Read a task: its last checkpoint, step history and current claim; 404 when it has none of them",
+		Errors:  []int{http.StatusNotFound},
+	}, s.getTask)
+}

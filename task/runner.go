@@ -196,19 +196,11 @@ func (r *Runner) Run(ctx context.Context, id string, steps []Step) (Result, erro
 	if err := CheckSteps(steps); err != nil {
 		return Result{}, err
 	}
-	name := keyspace.TaskLock(id)
-	l, err := r.locker.TryAcquireFenced(ctx, name)
-	if errors.Is(err, lock.ErrHeld) {
-		var held *lock.HeldError
-		ev := Event{Type: EventWaiting, TaskID: id}
-		if errors.As(err, &held) {
-			ev.Token, ev.Err = held.Token, held.Error()
-		}
-		r.emit(ev)
-		l, err = r.locker.AcquireFenced(ctx, name)
-	}
+	// Claim waits in line for the task's lock, then for a queue worker
+	// running the task; on error nothing is held.
+	l, err := r.store.Claim(ctx, r.locker, id, ClaimOptions{Wait: true, OnEvent: r.emit})
 	if err != nil {
-		return Result{TaskID: id}, fmt.Errorf("task %s: take the task: %w", id, err)
+		return Result{TaskID: id}, err
 	}
 	defer func() {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
@@ -217,13 +209,6 @@ func (r *Runner) Run(ctx context.Context, id string, steps []Step) (Result, erro
 			r.logger.Warn("task: release failed; the lock frees itself when the lease ends", "task", id, "err", err)
 		}
 	}()
-	// The lock's key now keeps queue workers from claiming the task; one
-	// that claimed it before is waited for.
-	if err := r.store.waitQueueClaim(ctx, id, l.Context(), func(q string) {
-		r.emit(Event{Type: EventWaiting, TaskID: id, Err: "a worker of queue " + q + " is running it"})
-	}); err != nil {
-		return Result{TaskID: id}, fmt.Errorf("task %s: wait for the queue worker running it: %w", id, err)
-	}
 	r.emit(Event{Type: EventAcquired, TaskID: id, Token: l.Token()})
 	lctx := l.Context()
 	runCtx, cancel := context.WithCancelCause(ctx)

@@ -1,0 +1,271 @@
+package httpapi
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/droverhq/drover/keyspace"
+	"github.com/droverhq/drover/task"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// taskWhere maps the task package's input fields to request locations.
+var taskWhere = map[string]string{"task id": "path.id", "state": "body.state"}
+
+// taskStore is the task store of the request's namespace.
+func (s *Server) taskStore(ctx context.Context) (*task.Store, error) {
+	st, err := task.NewStore(s.cli, s.nsOf(ctx))
+	if err != nil {
+		return nil, problem(err, nil)
+	}
+	return st, nil
+}
+
+// taskProblem is problem for the task package's errors, with those it
+// does not know itself.
+func taskProblem(err error) error {
+	switch {
+	case errors.Is(err, task.ErrBusy):
+		return newProblem(http.StatusConflict, "task-busy", err.Error()+"; claim again once it is done, or with ?wait")
+	case errors.Is(err, task.ErrStepsChanged):
+		return newProblem(http.StatusConflict, "conflict", err.Error())
+	}
+	return problem(err, taskWhere)
+}
+
+func agentTaskOf(cp task.Checkpoint) AgentTask {
+	out := AgentTask{TaskID: cp.TaskID, Step: cp.Step, StepName: cp.StepName, Steps: cp.Steps, Completed: cp.Completed,
+		State: cp.State, WrittenBy: cp.Worker, WrittenToken: cp.Token}
+	if !cp.Completed {
+		out.NextStep = cp.Step + 1
+	}
+	if !cp.At.IsZero() {
+		at := cp.At
+		out.WrittenAt = &at
+	}
+	return out
+}
+
+func (s *Server) claimTask(ctx context.Context, in *claimTaskInput) (*struct{ Body AgentTaskClaim }, error) {
+	if err := task.CheckID(in.ID); err != nil {
+		return nil, problem(err, taskWhere)
+	}
+	wait, err := s.wait("query.wait", in.Wait)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := sessionID("body.session", in.Body.Session); err != nil {
+		return nil, err
+	}
+	sess, err := s.session(ctx, in.Body.Session)
+	if err != nil {
+		return nil, err
+	}
+	store, err := s.taskStore(ctx)
+	if err != nil {
+		return nil, err
+	}
+	holder := sess.name
+	if holder == "" {
+		holder = "session " + in.Body.Session
+	}
+	locker, err := s.locker(ctx, sess.lease, holder)
+	if err != nil {
+		return nil, err
+	}
+	defer locker.Close(context.WithoutCancel(ctx))
+	cctx, cancel := ctx, context.CancelFunc(func() {})
+	if wait > 0 {
+		cctx, cancel = context.WithTimeout(ctx, wait)
+	}
+	l, err := store.Claim(cctx, locker, in.ID, task.ClaimOptions{Wait: wait > 0, Held: ctx})
+	cancel()
+	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		return nil, sessionGone(in.Body.Session, s.nsOf(ctx)) // it ended since it was read
+	}
+	if err != nil {
+		return nil, taskProblem(err)
+	}
+	cp, err := store.Load(ctx, in.ID)
+	if err == nil && in.Body.Steps > 0 && cp.Step > 0 && cp.Steps != in.Body.Steps {
+		err = fmt.Errorf("task %s: checkpoint at step %d of %d, but the claim says %d steps: %w", in.ID, cp.Step, cp.Steps, in.Body.Steps, task.ErrStepsChanged)
+	}
+	if err != nil || cp.Completed {
+		_ = l.Release(context.WithoutCancel(ctx)) // nothing is held on error, nor for a completed task
+		if err != nil {
+			return nil, taskProblem(err)
+		}
+	}
+	out := AgentTaskClaim{TaskID: in.ID, Session: in.Body.Session, Holder: l.Holder(), Step: cp.Step, StepName: cp.StepName,
+		Steps: cp.Steps, Completed: cp.Completed, State: cp.State}
+	if !cp.Completed {
+		exp := sess.lease.Deadline().UTC()
+		out.Token, out.ExpiresAt, out.NextStep = l.Token(), &exp, cp.Step+1
+	}
+	if out.Steps == 0 {
+		out.Steps = in.Body.Steps
+	}
+	return &struct{ Body AgentTaskClaim }{out}, nil
+}
+
+// claimFence finds task id's claim held with token under session: the
+// fence of the task's writes (a 409 when it is not held so).
+func (s *Server) claimFence(ctx context.Context, id, session string, token int64) (*heldLock, error) {
+	if err := task.CheckID(id); err != nil {
+		return nil, problem(err, taskWhere)
+	}
+	return s.heldLock(ctx, keyspace.TaskLock(id), token, session, "body.session")
+}
+
+func (s *Server) putTaskStep(ctx context.Context, in *stepInput) (*agentTaskOutput, error) {
+	b := in.Body
+	if len(b.State) > task.DefaultStateLimit {
+		return nil, invalid("body.state", fmt.Sprintf("%d bytes", len(b.State)),
+			fmt.Sprintf("must be at most %d bytes: keep large state in an object store or PostgreSQL and checkpoint its URI", task.DefaultStateLimit))
+	}
+	if b.Steps > 0 && in.N > b.Steps {
+		return nil, invalid("path.n", in.N, fmt.Sprintf("must be at most steps (%d)", b.Steps))
+	}
+	f, err := s.claimFence(ctx, in.ID, b.Session, b.Token)
+	if err != nil {
+		return nil, err
+	}
+	store, err := s.taskStore(ctx)
+	if err != nil {
+		return nil, err
+	}
+	cp, err := store.Load(ctx, in.ID)
+	if err != nil {
+		return nil, taskProblem(err)
+	}
+	if in.N == cp.Step && cp.Token == b.Token && bytes.Equal(cp.State, b.State) {
+		return &agentTaskOutput{Body: agentTaskOf(cp)}, nil // a repeated write, already applied
+	}
+	switch {
+	case cp.Completed:
+		return nil, newProblem(http.StatusConflict, "conflict", fmt.Sprintf("task %s is completed: nothing more is written", in.ID))
+	case in.N != cp.Step+1:
+		return nil, newProblem(http.StatusConflict, "conflict",
+			fmt.Sprintf("task %s: step %d cannot be written: %s, the next step is %d", in.ID, in.N, task.CheckpointedUpTo(cp.Step), cp.Step+1))
+	case b.Steps > 0 && cp.Step > 0 && cp.Steps != 0 && cp.Steps != b.Steps:
+		return nil, taskProblem(fmt.Errorf("task %s: checkpoint at step %d of %d, but this write says %d steps: %w", in.ID, cp.Step, cp.Steps, b.Steps, task.ErrStepsChanged))
+	}
+	steps := b.Steps
+	if steps == 0 {
+		steps = cp.Steps
+	}
+	name := b.Name
+	if name == "" {
+		name = fmt.Sprintf("step %d", in.N)
+	}
+	started := cp.At
+	if started.IsZero() {
+		started = time.Now()
+	}
+	now := time.Now().UTC()
+	next := task.Checkpoint{TaskID: in.ID, Step: in.N, StepName: name, Steps: steps, Completed: steps > 0 && in.N == steps,
+		State: b.State, Worker: f.holder.ID, Token: b.Token, At: now}
+	rec := task.StepRecord{Step: in.N, Name: name, Worker: f.holder.ID, Token: b.Token, StartedAt: started.UTC(), FinishedAt: now}
+	if err := store.Commit(ctx, f, cp, &next, rec); err != nil {
+		return nil, taskProblem(err)
+	}
+	if next.Completed {
+		s.releaseClaim(ctx, in.ID, f)
+	}
+	return &agentTaskOutput{Body: agentTaskOf(next)}, nil
+}
+
+// releaseClaim releases a task's claim after its completion; a failure
+// leaves it to the session's end.
+func (s *Server) releaseClaim(ctx context.Context, id string, f *heldLock) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	_, err := s.cli.Txn(rctx).If(clientv3.Compare(clientv3.CreateRevision(f.key), "=", f.token)).Then(clientv3.OpDelete(f.key)).Commit()
+	if err != nil {
+		s.cfg.Logger.Warn("agent task: release after completion failed; the claim ends with its session", "task", id, "err", err)
+	}
+}
+
+func (s *Server) completeTask(ctx context.Context, in *completeInput) (*agentTaskOutput, error) {
+	b := in.Body
+	if len(b.Result) > task.DefaultStateLimit {
+		return nil, invalid("body.result", fmt.Sprintf("%d bytes", len(b.Result)), fmt.Sprintf("must be at most %d bytes", task.DefaultStateLimit))
+	}
+	f, err := s.claimFence(ctx, in.ID, b.Session, b.Token)
+	if err != nil {
+		return nil, err
+	}
+	store, err := s.taskStore(ctx)
+	if err != nil {
+		return nil, err
+	}
+	cp, err := store.Complete(ctx, f, in.ID, b.Result, f.holder.ID)
+	if err != nil {
+		return nil, taskProblem(err)
+	}
+	s.releaseClaim(ctx, in.ID, f)
+	return &agentTaskOutput{Body: agentTaskOf(cp)}, nil
+}
+
+func (s *Server) releaseTask(ctx context.Context, in *releaseTaskInput) (*struct{}, error) {
+	f, err := s.claimFence(ctx, in.ID, in.Session, in.Token)
+	if err != nil {
+		var p *Problem
+		if errors.As(err, &p) && p.Status == http.StatusConflict {
+			p.Type, p.Detail = problemBase+"lock-not-held", p.Detail+": nothing was released"
+		}
+		return nil, err
+	}
+	resp, err := s.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(f.key), "=", f.token)).Then(clientv3.OpDelete(f.key)).Commit()
+	if err != nil {
+		return nil, problem(fmt.Errorf("release the claim of task %s: %w", in.ID, err), nil)
+	}
+	if !resp.Succeeded {
+		return nil, newProblem(http.StatusConflict, "lock-not-held", fmt.Sprintf("the claim of task %s with token %d ended meanwhile: nothing was released", in.ID, in.Token))
+	}
+	return nil, nil
+}
+
+func (s *Server) getTask(ctx context.Context, in *agentTaskPath) (*agentTaskOutput, error) {
+	if err := task.CheckID(in.ID); err != nil {
+		return nil, problem(err, taskWhere)
+	}
+	store, err := s.taskStore(ctx)
+	if err != nil {
+		return nil, err
+	}
+	cp, err := store.Load(ctx, in.ID)
+	if err != nil {
+		return nil, taskProblem(err)
+	}
+	hist, err := store.History(ctx, in.ID)
+	if err != nil {
+		return nil, taskProblem(err)
+	}
+	l, err := s.locker(ctx, nil, "")
+	if err != nil {
+		return nil, err
+	}
+	defer l.Close(context.WithoutCancel(ctx))
+	st, err := l.Status(ctx, keyspace.TaskLock(in.ID))
+	if err != nil {
+		return nil, problem(err, nil)
+	}
+	if cp.At.IsZero() && len(hist) == 0 && !st.Held {
+		return nil, newProblem(http.StatusNotFound, "not-found", fmt.Sprintf("agent task %s has no checkpoint and no claim in namespace %s", in.ID, s.nsOf(ctx)))
+	}
+	out := agentTaskOf(cp)
+	for _, r := range hist {
+		out.History = append(out.History, AgentTaskStep(r))
+	}
+	if st.Held {
+		c := lockStatusOf(st)
+		out.Claim = &c
+	}
+	return &agentTaskOutput{Body: out}, nil
+}

@@ -1,0 +1,137 @@
+package httpapi
+
+import (
+	"encoding/json"
+	"reflect"
+	"time"
+
+	"github.com/droverhq/drover/queue"
+)
+
+// QueueTask is a queued task as the API shows it: what its submitter gave
+// and what drover adds to run it.
+type QueueTask struct {
+	ID               string            `json:"task_id" doc:"The task's id, unique across queues."`
+	Type             string            `json:"task_type" doc:"The task's type: what its worker does with it."`
+	Queue            string            `json:"queue" doc:"The queue it is in."`
+	InputDataURI     string            `json:"input_data_uri,omitempty" doc:"Where the task's input is."`
+	OutputDataURI    string            `json:"output_data_uri,omitempty" doc:"Where the task's output goes."`
+	Parameters       json.RawMessage   `json:"parameters,omitempty" doc:"The task's parameters: any JSON value."`
+	Metadata         QueueTaskMetadata `json:"metadata" doc:"When the task was created, its priority, source and tenant."`
+	Status           queue.Status      `json:"current_status" enum:"PENDING,RUNNING,SUCCEEDED,RETRYING,DEAD,CANCELLED" doc:"The task's state when it was read."`
+	Attempt          int               `json:"attempt" doc:"The number of the current or last attempt (1-based; 0 before the first)."`
+	Token            int64             `json:"token,omitempty" doc:"The fencing token of the current attempt's claim: heartbeat, ack and fail need it."`
+	RetriesAttempted int               `json:"retries_attempted" doc:"The attempts after the first that have run."`
+	MaxRetries       int               `json:"max_retries" doc:"The task's retry budget."`
+	LastError        string            `json:"last_error,omitempty" doc:"The error of the last failed attempt."`
+	Timeout          string            `json:"timeout,omitempty" doc:"What one attempt may take (a Go duration), when the task sets it."`
+	BackoffBase      string            `json:"backoff_base,omitempty" doc:"The first retry's backoff bound, when the task sets it."`
+	BackoffMax       string            `json:"backoff_max,omitempty" doc:"The largest retry backoff, when the task sets it."`
+	Result           json.RawMessage   `json:"result,omitempty" doc:"The result of a task that succeeded: the JSON value it is, or a JSON string of other text."`
+	ResultBase64     []byte            `json:"result_base64,omitempty" doc:"A result that is not text, in base64 (then result is absent)."`
+	ScheduledAt      *time.Time        `json:"scheduled_at,omitempty" doc:"When a RETRYING task runs again."`
+	Transitions      []QueueTransition `json:"transitions,omitempty" doc:"The task's history, oldest first (the first and the last 49 changes)."`
+}
+
+// QueueTaskMetadata is a task's metadata.
+type QueueTaskMetadata struct {
+	CreatedAt    time.Time `json:"created_at" doc:"When the task was submitted."`
+	Priority     int       `json:"priority" doc:"0 to 1000, higher first."`
+	SourceSystem string    `json:"source_system,omitempty" doc:"The system the task came from."`
+	Tenant       string    `json:"tenant,omitempty" doc:"The tenant the task is for."`
+}
+
+// QueueTransition is one change of a task's state.
+type QueueTransition struct {
+	Status  queue.Status `json:"status" doc:"The state entered."`
+	At      time.Time    `json:"at" doc:"When."`
+	Attempt int          `json:"attempt,omitempty" doc:"The attempt it belongs to."`
+	Worker  string       `json:"worker,omitempty" doc:"The worker (or session name) that made it."`
+	Error   string       `json:"error,omitempty" doc:"The error of a failure."`
+}
+
+// queueTaskOf is t as the API shows it.
+func queueTaskOf(t *queue.Task) QueueTask {
+	v := queue.NewView(t)
+	out := QueueTask{
+		ID: t.ID, Type: t.Type, Queue: t.Queue, InputDataURI: t.InputDataURI, OutputDataURI: t.OutputDataURI,
+		Parameters: t.Parameters, Status: t.CurrentStatus, Attempt: t.Attempt, Token: t.Token,
+		RetriesAttempted: t.RetriesAttempted, MaxRetries: t.Retries(), LastError: t.LastError,
+		Result: v.Result, ResultBase64: v.ResultBase64,
+		Metadata: QueueTaskMetadata{CreatedAt: t.Metadata.CreatedAt, Priority: t.Metadata.Priority, SourceSystem: t.Metadata.SourceSystem, Tenant: t.Metadata.Tenant},
+	}
+	dur := func(d queue.Duration) string {
+		if d == 0 {
+			return ""
+		}
+		return time.Duration(d).String()
+	}
+	out.Timeout, out.BackoffBase, out.BackoffMax = dur(t.Timeout), dur(t.BackoffBase), dur(t.BackoffMax)
+	if t.CurrentStatus == queue.Retrying && !t.ScheduledAt.IsZero() {
+		at := t.ScheduledAt
+		out.ScheduledAt = &at
+	}
+	for _, tr := range t.Transitions {
+		out.Transitions = append(out.Transitions, QueueTransition(tr))
+	}
+	return out
+}
+
+// queueTasksOf is ts as the API shows them (never nil).
+func queueTasksOf(ts []*queue.Task) []QueueTask {
+	out := make([]QueueTask, len(ts))
+	for i, t := range ts {
+		out[i] = queueTaskOf(t)
+	}
+	return out
+}
+
+// SubmitResult is what a submission did: the same as drover submit --json.
+type SubmitResult struct {
+	Submitted  int               `json:"submitted" doc:"Tasks stored."`
+	Duplicates int               `json:"duplicates" doc:"Tasks whose id was stored already (the same task): left as they were."`
+	Rejected   []queue.LineError `json:"rejected" doc:"The tasks that were not valid, by line (NDJSON) or 1-based position (array), with why; the others went in."`
+}
+
+// TaskPage is one page of a listing.
+type TaskPage struct {
+	Tasks []QueueTask `json:"tasks" doc:"The tasks of the page."`
+	Next  string      `json:"next,omitempty" doc:"Pass as after for the next page; absent on the last page."`
+}
+
+// QueueStats counts a queue's tasks by status.
+type QueueStats struct {
+	Queue     string `json:"queue" doc:"The queue."`
+	Pending   int64  `json:"pending" doc:"Waiting to be claimed."`
+	Running   int64  `json:"running" doc:"Claimed by a worker."`
+	Retrying  int64  `json:"retrying" doc:"Failed, waiting for their next attempt."`
+	Succeeded int64  `json:"succeeded" doc:"Finished with a result (those past their retention included)."`
+	Dead      int64  `json:"dead" doc:"In the dead-letter queue."`
+	Cancelled int64  `json:"cancelled" doc:"Cancelled."`
+}
+
+// BulkResult is what a change of many tasks did.
+type BulkResult struct {
+	Queue  string `json:"queue" doc:"The queue."`
+	Status string `json:"status" doc:"The status of the tasks changed."`
+	Action string `json:"action" enum:"requeued,purged" doc:"What was done."`
+	Count  int    `json:"count" doc:"How many tasks it was done to."`
+}
+
+// SubmittedTask is a task as a submission gives it (the OpenAPI document's
+// description; the server reads it with the queue package's own rules:
+// unknown fields are refused).
+type SubmittedTask struct {
+	ID            string             `json:"task_id" doc:"The task's id: required, unique across queues; submitting the same task again is safe."`
+	Type          string             `json:"task_type" doc:"The task's type."`
+	InputDataURI  string             `json:"input_data_uri,omitempty" doc:"Where the task's input is."`
+	OutputDataURI string             `json:"output_data_uri,omitempty" doc:"Where the task's output goes."`
+	Parameters    json.RawMessage    `json:"parameters,omitempty" doc:"Any JSON value; with the metadata, at most 64 KiB."`
+	Metadata      *QueueTaskMetadata `json:"metadata,omitempty" doc:"Priority (0 to 1000, higher first), source_system, tenant."`
+	MaxRetries    *int               `json:"max_retries,omitempty" minimum:"0" maximum:"100" doc:"The retry budget; default 3."`
+	Timeout       string             `json:"timeout,omitempty" doc:"What one attempt may take (Go duration, or seconds)."`
+	BackoffBase   string             `json:"backoff_base,omitempty" doc:"The first retry's backoff bound."`
+	BackoffMax    string             `json:"backoff_max,omitempty" doc:"The largest retry backoff."`
+}
+
+var reflectTaskInput = reflect.TypeFor[SubmittedTask]()

@@ -1,0 +1,306 @@
+package queue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"strings"
+	"time"
+
+	"github.com/droverhq/drover"
+	"github.com/droverhq/drover/keyspace"
+	"github.com/droverhq/drover/lease"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// External workers: a worker outside this process (an HTTP client of
+// package httpapi) claims tasks with Claim under a lease it keeps alive
+// itself, runs them, and reports each with Ack or Fail, naming the claim by
+// what Claim returned (the task's id and its token). The claims are the
+// Worker's own: the same transactions, bound to the lease, fenced by the
+// token, attempts counted durably; so a worker whose lease expires loses
+// its claims within the TTL, and an outcome it sends later is refused with
+// an error matching lease.ErrFenced.
+
+// MaxClaim is the most tasks one Claim takes.
+const MaxClaim = 100
+
+// ClaimRequest says who claims and how many.
+type ClaimRequest struct {
+	// Lease binds the claims (required): when it ends, etcd deletes them
+	// and the tasks run again elsewhere. The caller keeps it alive (an
+	// attached lease, lease.Attach, for an HTTP session).
+	Lease *lease.Lease
+	// Worker names the claimer in the claims and the tasks' history.
+	Worker string
+	// Max is the most tasks claimed: 1 to MaxClaim; 0 means 1.
+	Max int
+	// Wait is how long Claim waits for a claimable task when there is
+	// none: it watches the queue, it does not poll. 0 makes one attempt.
+	Wait time.Duration
+	// Logger receives the queue's warnings; default slog.Default().
+	Logger *slog.Logger
+}
+
+// Held names a claim by what Claim returned: the queue, the task's id and
+// the claim's token; Lease, when not 0, must be the lease the task was
+// claimed under.
+type Held struct {
+	Queue string
+	ID    string
+	Token int64
+	Lease clientv3.LeaseID
+}
+
+// check validates h's names.
+func (h Held) check() error {
+	if err := CheckQueue(h.Queue); err != nil {
+		return err
+	}
+	if err := keyspace.CheckName("task id", h.ID); err != nil {
+		return err
+	}
+	if h.Token <= 0 {
+		return &drover.InputError{Field: "token", Value: h.Token, Rule: "must be the token the claim returned"}
+	}
+	return nil
+}
+
+// externalWorker is a worker of queue q that claims and writes outcomes
+// for an external worker named worker, under l (nil for outcomes only). It
+// never runs: its state lasts one call.
+func (c *Client) externalWorker(q, worker string, l *lease.Lease, logger *slog.Logger) *Worker {
+	if logger == nil {
+		logger = slog.Default()
+	}
+	return &Worker{
+		cfg: WorkerConfig{Queue: q, Concurrency: 1, Prefetch: 1, BackoffBase: time.Second, BackoffMax: 5 * time.Minute},
+		cli: c.cli, keys: c.keys, client: c, lease: l, logger: logger, worker: worker,
+		busyLevels: map[string]time.Time{}, lost: newOrphanList(), runnerHeld: map[string]time.Time{},
+		busySegs: map[string]time.Time{}, lostSegs: newOrphanList(), runID: NewID()[:12],
+		handlers: map[string]Handler{}, inflight: map[string]*running{},
+	}
+}
+
+// Claim claims up to req.Max tasks of queue q under req.Lease, waiting up
+// to req.Wait for one when none is claimable. Each task comes back RUNNING
+// with its Attempt and its Token: the fencing token that Heartbeat, Ack and
+// Fail need. Retries that fell due are moved back to pending first (no
+// Worker may be running to do it). No task (and no error) means none came
+// within the wait.
+func (c *Client) Claim(ctx context.Context, q string, req ClaimRequest) ([]*Task, error) {
+	if err := CheckQueue(q); err != nil {
+		return nil, err
+	}
+	if req.Max < 0 || req.Max > MaxClaim {
+		return nil, &drover.InputError{Field: "max", Value: req.Max, Rule: fmt.Sprintf("must be between 1 and %d", MaxClaim)}
+	}
+	if req.Lease == nil || req.Lease.ID() == clientv3.NoLease {
+		return nil, &drover.InputError{Field: "lease", Rule: "is required: the claims are bound to it"}
+	}
+	if req.Wait < 0 {
+		return nil, &drover.InputError{Field: "wait", Value: req.Wait, Rule: "must not be negative"}
+	}
+	n := max(req.Max, 1)
+	w := c.externalWorker(q, req.Worker, req.Lease, req.Logger)
+	w.cfg.Prefetch = n
+	deadline := time.Now().Add(req.Wait)
+	for raced := 0; ; {
+		due, err := w.promoteDue(ctx, w.keys.QueueRetry(q))
+		if err != nil {
+			return nil, fmt.Errorf("queue: claim from %s: move due retries: %w", q, err)
+		}
+		claims, rev, contended, err := w.claim(ctx, 0, n)
+		if err != nil {
+			return nil, fmt.Errorf("queue: claim from %s: %w", q, err)
+		}
+		tasks, err := c.runnable(ctx, w, claims, req.Lease.ID())
+		if err != nil || len(tasks) > 0 {
+			return tasks, err
+		}
+		left := time.Until(deadline)
+		switch {
+		case ctx.Err() != nil:
+			return nil, fmt.Errorf("queue: claim from %s: %w", q, ctx.Err())
+		case len(claims) > 0:
+			continue // every one was given up on: claim again
+		case contended && (left > 0 || raced < 10):
+			// Tasks were there but others won them: again, a little
+			// apart (a few times even without a wait).
+			raced++
+			sleepCtx(ctx, time.Duration(rand.Int64N(int64(20*time.Millisecond))))
+			continue
+		case left <= 0:
+			return []*Task{}, nil
+		}
+		if !due.IsZero() {
+			left = min(left, time.Until(due)+time.Millisecond)
+		}
+		w.awaitWork(ctx, rev, left)
+	}
+}
+
+// runnable returns the tasks of claims that may run: a task past its
+// retry budget (its workers died or lost their claims) or whose record is
+// unreadable goes to the dead-letter queue here, as a Worker would send it.
+func (c *Client) runnable(ctx context.Context, w *Worker, claims []*claim, l clientv3.LeaseID) ([]*Task, error) {
+	out := make([]*Task, 0, len(claims))
+	for _, cl := range claims {
+		t := cl.task
+		var why error
+		switch {
+		case cl.broken != nil:
+			why = Permanent(cl.broken)
+		case t.Attempt > t.Retries()+1:
+			why = fmt.Errorf("gave up after %d attempts: the worker running it died or lost its claim", t.Attempt-1)
+		default:
+			out = append(out, t)
+			continue
+		}
+		var err error
+		if cl.run == nil {
+			_, err = w.writeOutcome(ctx, outcome{c: cl, kind: Dead, err: why}, nil)
+		} else {
+			_, err = c.settle(ctx, Held{Queue: t.Queue, ID: t.ID, Token: cl.token, Lease: l}, "give up on", func(*Worker, *claim) (outcome, error) {
+				return outcome{kind: Dead, err: why}, nil
+			})
+		}
+		if err != nil && !errors.Is(err, lease.ErrFenced) {
+			w.logger.Warn("queue: could not send a task past its retry budget to the dead-letter queue", "task", t.ID, "err", err)
+		}
+	}
+	return out, nil
+}
+
+// awaitWork blocks for at most d until something may have become
+// claimable in the queue after revision rev (see waitForWork), or a retry
+// was scheduled (it may fall due before d ends).
+func (w *Worker) awaitWork(ctx context.Context, rev int64, d time.Duration) {
+	wctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	q := w.cfg.Queue
+	opts := []clientv3.OpOption{clientv3.WithPrefix()}
+	if rev > 0 {
+		opts = append(opts, clientv3.WithRev(rev+1))
+	}
+	wch := w.cli.Watch(clientv3.WithRequireLeader(wctx), w.keys.Queue(q), opts...)
+	retries := w.keys.QueueRetry(q)
+	for {
+		select {
+		case wr, ok := <-wch:
+			if !ok || wr.Err() != nil || w.wakes(wr.Events, false) {
+				return
+			}
+			for _, ev := range wr.Events {
+				if ev.Type == clientv3.EventTypePut && ev.IsCreate() && strings.HasPrefix(string(ev.Kv.Key), retries) {
+					return
+				}
+			}
+		case <-wctx.Done():
+			return
+		}
+	}
+}
+
+// Heartbeat checks that the claim h still holds, and returns its task,
+// RUNNING. An error matching lease.ErrFenced says it does not: the lease
+// ended, the task was cancelled, or its outcome was written.
+func (c *Client) Heartbeat(ctx context.Context, h Held) (*Task, error) {
+	if err := h.check(); err != nil {
+		return nil, err
+	}
+	_, cl, _, err := c.held(ctx, h)
+	if err != nil {
+		return nil, err
+	}
+	return cl.task, nil
+}
+
+// Ack records that the claimed task h succeeded with result (at most
+// MaxResult bytes), and returns it, SUCCEEDED. An error matching
+// lease.ErrFenced says the claim no longer holds and nothing was written.
+func (c *Client) Ack(ctx context.Context, h Held, result []byte) (*Task, error) {
+	if err := h.check(); err != nil {
+		return nil, err
+	}
+	if len(result) > MaxResult {
+		return nil, &drover.InputError{Field: "result", Value: fmt.Sprintf("%d bytes", len(result)),
+			Rule: fmt.Sprintf("must be at most %d bytes: put large outputs behind output_data_uri", MaxResult)}
+	}
+	t, err := c.settle(ctx, h, "ack", func(*Worker, *claim) (outcome, error) {
+		return outcome{kind: Succeeded, result: result}, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	t.CurrentStatus, t.Result, t.LastError, t.RetriesAttempted = Succeeded, result, "", t.Attempt-1
+	return t, nil
+}
+
+// Fail records that the claimed task h failed with reason: a permanent
+// failure, or a transient one past the task's retry budget, sends it to
+// the dead-letter queue; a transient one schedules a retry after the
+// task's backoff (full jitter; a Worker's defaults, 1 s and 5 m, unless the
+// task sets its own). It returns the task, RETRYING (with ScheduledAt) or
+// DEAD. An error matching lease.ErrFenced says the claim no longer holds
+// and nothing was written.
+func (c *Client) Fail(ctx context.Context, h Held, reason string, permanent bool) (*Task, error) {
+	if err := h.check(); err != nil {
+		return nil, err
+	}
+	if strings.TrimSpace(reason) == "" {
+		reason = "failed (no reason given)"
+	}
+	return c.settle(ctx, h, "fail", func(w *Worker, cl *claim) (outcome, error) {
+		err := errors.New(reason)
+		if permanent {
+			return outcome{kind: Dead, err: Permanent(err)}, nil
+		}
+		if t := cl.task; t.Attempt > t.Retries() {
+			return outcome{kind: Dead, err: err}, nil
+		}
+		return outcome{kind: Retrying, err: err, delay: w.backoff(cl.task)}, nil
+	})
+}
+
+// settle writes the outcome decide gives for claim h, reading the claim
+// again when a concurrent outcome of the same run got in first.
+func (c *Client) settle(ctx context.Context, h Held, verb string, decide func(*Worker, *claim) (outcome, error)) (*Task, error) {
+	for try := 0; try < 20; try++ {
+		w, cl, st, err := c.held(ctx, h)
+		if err != nil {
+			return nil, err
+		}
+		o, err := decide(w, cl)
+		if err != nil {
+			return nil, err
+		}
+		o.c = cl
+		if cl.run != nil && o.kind != Succeeded {
+			// The task leaves its segment for a record of its own: in
+			// a FIFO queue, in shard 0.
+			cfg, err := c.GetConfig(ctx, h.Queue)
+			if err != nil {
+				return nil, err
+			}
+			w.fifo.Store(cfg.FIFO)
+		}
+		ok, err := w.writeOutcome(ctx, o, st)
+		if err != nil {
+			return nil, fmt.Errorf("queue: %s task %s: %w", verb, h.ID, err)
+		}
+		if ok {
+			return cl.task, nil
+		}
+		sleepCtx(ctx, time.Duration(rand.Int64N(int64(5*time.Millisecond))))
+	}
+	return nil, fmt.Errorf("queue: %s task %s: the other outcomes of its claim kept changing; try again", verb, h.ID)
+}
+
+// fenced is the error of an outcome or heartbeat for a claim that no
+// longer holds.
+func fenced(h Held, why string) error {
+	return fmt.Errorf("queue: task %s token %d: %w: %s", h.ID, h.Token, lease.ErrFenced, why)
+}

@@ -1,0 +1,223 @@
+package queue_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/droverhq/drover/internal/etcdtest"
+	"github.com/droverhq/drover/lease"
+	"github.com/droverhq/drover/queue"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// grantLease grants a lease of ttl that the test closes (revokes) at its end.
+func grantLease(t *testing.T, cli *clientv3.Client, ttl time.Duration) *lease.Lease {
+	t.Helper()
+	l, err := lease.Grant(context.Background(), cli, ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close(context.Background()) })
+	return l
+}
+
+func submitN(t *testing.T, c *queue.Client, q string, n int, edit func(*queue.Task)) {
+	t.Helper()
+	tasks := make([]queue.Task, n)
+	for i := range tasks {
+		tasks[i] = queue.Task{ID: fmt.Sprintf("%s-%d", q, i), Type: "x"}
+		if edit != nil {
+			edit(&tasks[i])
+		}
+	}
+	if res, err := c.Submit(context.Background(), q, tasks, nil); err != nil || res.Submitted != n {
+		t.Fatalf("submit: %+v %v", res, err)
+	}
+}
+
+func held(q string, t *queue.Task, l *lease.Lease) queue.Held {
+	return queue.Held{Queue: q, ID: t.ID, Token: t.Token, Lease: l.ID()}
+}
+
+// TestExternalOutcomes: an external worker claims tasks of a segment under
+// its lease and reports each: ack (SUCCEEDED with its result), a transient
+// failure (RETRYING), a permanent one (DEAD); a second outcome for the same
+// claim, or a heartbeat after it, is fenced out, and so is a claim named
+// with another lease.
+func TestExternalOutcomes(t *testing.T) {
+	ctx := context.Background()
+	c, cli := newClient(t, etcdtest.Namespace(t))
+	submitN(t, c, "ext", 3, nil)
+	l := grantLease(t, cli, 10*time.Second)
+	tasks, err := c.Claim(ctx, "ext", queue.ClaimRequest{Lease: l, Worker: "w1", Max: 5})
+	if err != nil || len(tasks) != 3 {
+		t.Fatalf("claimed %d tasks, err %v", len(tasks), err)
+	}
+	for _, tk := range tasks {
+		if tk.Attempt != 1 || tk.Token == 0 || tk.CurrentStatus != queue.Running {
+			t.Fatalf("claimed %+v", tk)
+		}
+		if _, err := c.Heartbeat(ctx, held("ext", tk, l)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	other := queue.Held{Queue: "ext", ID: tasks[0].ID, Token: tasks[0].Token, Lease: l.ID() + 1}
+	if _, err := c.Ack(ctx, other, nil); !errors.Is(err, lease.ErrFenced) {
+		t.Fatalf("ack under another lease: %v", err)
+	}
+	if _, err := c.Ack(ctx, held("ext", tasks[0], l), []byte(`{"ok":1}`)); err != nil {
+		t.Fatal(err)
+	}
+	if tk, err := c.Fail(ctx, held("ext", tasks[1], l), "flaky", false); err != nil || tk.CurrentStatus != queue.Retrying {
+		t.Fatalf("transient failure: %+v %v", tk, err)
+	}
+	if tk, err := c.Fail(ctx, held("ext", tasks[2], l), "broken input", true); err != nil || tk.CurrentStatus != queue.Dead {
+		t.Fatalf("permanent failure: %+v %v", tk, err)
+	}
+	for _, tk := range tasks {
+		if _, err := c.Ack(ctx, held("ext", tk, l), nil); !errors.Is(err, lease.ErrFenced) {
+			t.Fatalf("second outcome of %s: %v", tk.ID, err)
+		}
+		if _, err := c.Heartbeat(ctx, held("ext", tk, l)); !errors.Is(err, lease.ErrFenced) {
+			t.Fatalf("heartbeat after the outcome of %s: %v", tk.ID, err)
+		}
+	}
+	want := map[string]queue.Status{tasks[0].ID: queue.Succeeded, tasks[1].ID: queue.Retrying, tasks[2].ID: queue.Dead}
+	for id, st := range want {
+		got, err := c.Get(ctx, id)
+		if err != nil || got.CurrentStatus != st {
+			t.Fatalf("%s: %+v %v, want %s", id, got, err, st)
+		}
+		if st == queue.Succeeded && string(got.Result) != `{"ok":1}` {
+			t.Fatalf("result %q", got.Result)
+		}
+		if st != queue.Succeeded && got.LastError == "" {
+			t.Fatalf("%s without its error", id)
+		}
+	}
+	if _, err := c.Ack(ctx, queue.Held{Queue: "ext", ID: "nope", Token: 5}, nil); !errors.Is(err, queue.ErrNotFound) {
+		t.Fatalf("ack of no task: %v", err)
+	}
+}
+
+// TestExternalRetryAndRecordClaim: a task that failed transiently is moved
+// back to pending by the next claim once due (no Worker runs), claimed from
+// its record with its attempt counted, and acked.
+func TestExternalRetryAndRecordClaim(t *testing.T) {
+	ctx := context.Background()
+	c, cli := newClient(t, etcdtest.Namespace(t))
+	submitN(t, c, "retry", 1, func(tk *queue.Task) {
+		tk.BackoffBase, tk.BackoffMax = queue.Duration(time.Millisecond), queue.Duration(50*time.Millisecond)
+	})
+	l := grantLease(t, cli, 10*time.Second)
+	first, err := c.Claim(ctx, "retry", queue.ClaimRequest{Lease: l, Worker: "w"})
+	if err != nil || len(first) != 1 {
+		t.Fatalf("%v %v", first, err)
+	}
+	if _, err := c.Fail(ctx, held("retry", first[0], l), "again", false); err != nil {
+		t.Fatal(err)
+	}
+	second, err := c.Claim(ctx, "retry", queue.ClaimRequest{Lease: l, Worker: "w", Wait: 5 * time.Second})
+	if err != nil || len(second) != 1 || second[0].Attempt != 2 || second[0].Token == first[0].Token {
+		t.Fatalf("second claim: %+v %v", second, err)
+	}
+	if _, err := c.Ack(ctx, held("retry", first[0], l), nil); !errors.Is(err, lease.ErrFenced) {
+		t.Fatalf("ack with the first attempt's token: %v", err)
+	}
+	if _, err := c.Ack(ctx, held("retry", second[0], l), []byte("done")); err != nil {
+		t.Fatal(err)
+	}
+	got, err := c.Get(ctx, second[0].ID)
+	if err != nil || got.CurrentStatus != queue.Succeeded || got.RetriesAttempted != 1 {
+		t.Fatalf("%+v %v", got, err)
+	}
+}
+
+// TestExternalLeaseLoss: the claims of a lease that ends are claimable by
+// another lease at once, attempt 2, and the first holder's ack is fenced.
+func TestExternalLeaseLoss(t *testing.T) {
+	ctx := context.Background()
+	c, cli := newClient(t, etcdtest.Namespace(t))
+	submitN(t, c, "loss", 2, nil)
+	l1 := grantLease(t, cli, 10*time.Second)
+	lost, err := c.Claim(ctx, "loss", queue.ClaimRequest{Lease: l1, Worker: "w1", Max: 2})
+	if err != nil || len(lost) != 2 {
+		t.Fatalf("%v %v", lost, err)
+	}
+	if _, err := cli.Revoke(ctx, l1.ID()); err != nil {
+		t.Fatal(err)
+	}
+	l2 := grantLease(t, cli, 10*time.Second)
+	again, err := c.Claim(ctx, "loss", queue.ClaimRequest{Lease: l2, Worker: "w2", Max: 2, Wait: 2 * time.Second})
+	if err != nil || len(again) != 2 {
+		t.Fatalf("%v %v", again, err)
+	}
+	for i := range again {
+		if again[i].Attempt != 2 {
+			t.Fatalf("attempt %d, want 2", again[i].Attempt)
+		}
+		if _, err := c.Ack(ctx, held("loss", lost[i], l1), nil); !errors.Is(err, lease.ErrFenced) {
+			t.Fatalf("late ack: %v", err)
+		}
+	}
+	for _, tk := range again {
+		if _, err := c.Ack(ctx, held("loss", tk, l2), nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st, err := c.Stats(ctx, "loss")
+	if err != nil || st.Succeeded != 2 || st.Unfinished() != 0 {
+		t.Fatalf("%+v %v", st, err)
+	}
+}
+
+// TestExternalClaimOnce: claimers racing for 60 tasks, acking what they
+// get, claim each exactly once.
+func TestExternalClaimOnce(t *testing.T) {
+	ctx := context.Background()
+	c, cli := newClient(t, etcdtest.Namespace(t))
+	submitN(t, c, "race", 60, nil)
+	var mu sync.Mutex
+	seen := map[string]int{}
+	var wg sync.WaitGroup
+	for i := range 4 {
+		wg.Go(func() {
+			l := grantLease(t, cli, 10*time.Second)
+			for {
+				tasks, err := c.Claim(ctx, "race", queue.ClaimRequest{Lease: l, Worker: fmt.Sprint("w", i), Max: 7})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if len(tasks) == 0 {
+					return
+				}
+				for _, tk := range tasks {
+					mu.Lock()
+					seen[tk.ID]++
+					mu.Unlock()
+					if _, err := c.Ack(ctx, held("race", tk, l), nil); err != nil {
+						t.Error(err)
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if len(seen) != 60 {
+		t.Fatalf("claimed %d distinct tasks, want 60", len(seen))
+	}
+	for id, n := range seen {
+		if n != 1 {
+			t.Fatalf("%s claimed %d times", id, n)
+		}
+	}
+	st, err := c.Stats(ctx, "race")
+	if err != nil || st.Succeeded != 60 || st.Unfinished() != 0 {
+		t.Fatalf("%+v %v", st, err)
+	}
+}

@@ -1,0 +1,167 @@
+package queue
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/droverhq/drover/keyspace"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// held reads the claim h names and rebuilds it as the Worker that made it
+// kept it: for a task with a record of its own, its claim key; for a task
+// in a segment, the run holding its slot (and the segment's state, st). An
+// error matching lease.ErrFenced says the claim no longer holds;
+// ErrNotFound, that queue h.Queue has no task h.ID.
+func (c *Client) held(ctx context.Context, h Held) (*Worker, *claim, *segState, error) {
+	resp, err := c.cli.Txn(ctx).Then(
+		clientv3.OpGet(c.keys.TaskRecord(h.ID)),
+		clientv3.OpGet(c.keys.TaskIndex(h.ID)),
+		clientv3.OpGet(c.keys.QueueClaim(h.Queue, h.ID)),
+	).Commit()
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("queue: read the claim of task %s: %w", h.ID, err)
+	}
+	rec := resp.Responses[0].GetResponseRange().Kvs
+	idx := resp.Responses[1].GetResponseRange().Kvs
+	if ck := resp.Responses[2].GetResponseRange().Kvs; len(ck) > 0 {
+		kv := ck[0]
+		if kv.CreateRevision != h.Token {
+			return nil, nil, nil, fenced(h, "the task was claimed again since (its claim has another token)")
+		}
+		if h.Lease != 0 && kv.Lease != int64(h.Lease) {
+			return nil, nil, nil, fenced(h, "the claim is bound to another session")
+		}
+		if len(rec) == 0 {
+			return nil, nil, nil, fmt.Errorf("%w: %s (a claim without a record)", ErrNotFound, h.ID)
+		}
+		t := new(Task)
+		if err := json.Unmarshal(rec[0].Value, t); err != nil {
+			return nil, nil, nil, fmt.Errorf("queue: task record %s is unreadable: %w", h.ID, err)
+		}
+		var cv claimValue
+		_ = json.Unmarshal(kv.Value, &cv)
+		t.Attempt, t.Token, t.CurrentStatus = cv.Attempt, h.Token, Running
+		w := c.externalWorker(h.Queue, cv.Worker, nil, nil)
+		return w, &claim{task: t, recRev: rec[0].ModRevision, claimKey: string(kv.Key), pendingKey: c.pendingKey(t), token: h.Token, claimedAt: cv.ClaimedAt}, nil, nil
+	}
+	if len(rec) > 0 {
+		var t Task
+		if json.Unmarshal(rec[0].Value, &t) == nil && t.Queue != h.Queue {
+			return nil, nil, nil, fmt.Errorf("%w: %s is in queue %s, not %s", ErrNotFound, h.ID, t.Queue, h.Queue)
+		}
+		return nil, nil, nil, fenced(h, "the task is not claimed (its claim ended: the session expired, the task was cancelled, or its outcome was written)")
+	}
+	if len(idx) == 0 {
+		return nil, nil, nil, fmt.Errorf("%w: %s", ErrNotFound, h.ID)
+	}
+	at, ok := keyspace.ParseTaskPlace(string(idx[0].Value))
+	if !ok || at.Queue != h.Queue {
+		return nil, nil, nil, fmt.Errorf("%w: %s is not in queue %s", ErrNotFound, h.ID, h.Queue)
+	}
+	return c.heldInSegment(ctx, h, at)
+}
+
+// heldInSegment is held for a task in slot at of a segment.
+func (c *Client) heldInSegment(ctx context.Context, h Held, at keyspace.TaskPlace) (*Worker, *claim, *segState, error) {
+	q, seg, slot := at.Queue, at.Segment, at.Slot
+	st, err := c.readState(ctx, q, seg)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	r, attempt, live := st.runOf(slot)
+	switch {
+	case st.finished(slot):
+		return nil, nil, nil, fenced(h, "the task's attempt has ended (its outcome was written, or it was cancelled)")
+	case !live:
+		return nil, nil, nil, fenced(h, "the task is not claimed (its claim ended with its session)")
+	case r.token != h.Token:
+		return nil, nil, nil, fenced(h, "the task was claimed again since (its claim has another token)")
+	}
+	if h.Lease != 0 {
+		g, err := c.cli.Get(ctx, r.key)
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("queue: read the claim of task %s: %w", h.ID, err)
+		}
+		if len(g.Kvs) == 0 || g.Kvs[0].CreateRevision != h.Token {
+			return nil, nil, nil, fenced(h, "the task is not claimed (its claim ended with its session)")
+		}
+		if g.Kvs[0].Lease != int64(h.Lease) {
+			return nil, nil, nil, fenced(h, "the claim is bound to another session")
+		}
+	}
+	ts, err := c.segmentTasks(ctx, q, seg)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	t, ok := taskOf(ts, slot)
+	if !ok || t.ID != h.ID {
+		return nil, nil, nil, fmt.Errorf("%w: %s (its segment is gone)", ErrNotFound, h.ID)
+	}
+	t.Queue = q
+	t.Transitions = []Transition{{Status: Pending, At: t.Metadata.CreatedAt}}
+	t.Attempt, t.Token, t.CurrentStatus = attempt, h.Token, Running
+	run := &segRun{seg: seg, runKey: r.key, tryKey: c.keys.Tries(q, seg) + r.rest, token: r.token, claimedAt: r.v.ClaimedAt}
+	// The run's outcome keys are told apart by a sequence number, which a
+	// Worker counts in memory; here, the clock's (writeOutcome lets no
+	// two outcomes of a run in at once).
+	run.outSeq.Store(time.Now().UnixNano())
+	w := c.externalWorker(q, r.v.Worker, nil, nil)
+	return w, &claim{task: t, claimKey: r.key, token: r.token, claimedAt: r.v.ClaimedAt, run: run, slot: slot}, st, nil
+}
+
+// writeOutcome writes outcome o of one claim in one transaction, with the
+// Worker's own writes: fenced by the claim (a task with a record of its
+// own), or by the run, the slot's exit and the run's outcomes as st saw
+// them (a task in a segment). When o ends the run's last slot, the run
+// goes in the same transaction, and the segment closes once finished. ok
+// false: refused, nothing written (the claim is lost, or another outcome
+// of the run got in first: read again).
+func (w *Worker) writeOutcome(ctx context.Context, o outcome, st *segState) (ok bool, err error) {
+	now := time.Now().UTC()
+	markers := map[string]bool{}
+	if o.c.run == nil {
+		cmps, then, _ := w.ackOp(o, now, markers)
+		resp, err := w.cli.Txn(ctx).If(cmps...).Then(append(then, markerOps(markers)...)...).Commit()
+		if err != nil {
+			return false, err
+		}
+		if resp.Succeeded {
+			w.count(o)
+		}
+		return resp.Succeeded, nil
+	}
+	r, q := o.c.run, w.cfg.Queue
+	final := true
+	if held, _, ok := st.runOf(o.c.slot); ok {
+		for _, s := range held.v.Slots {
+			final = final && (s == o.c.slot || st.finished(s))
+		}
+	}
+	reqs, _ := w.runReqs(r, []outcome{o}, final, now, markers)
+	if len(reqs) != 1 {
+		return false, fmt.Errorf("queue: %d requests for one outcome", len(reqs))
+	}
+	// No other outcome of the run since st was read: it would have made
+	// this one the run's last, or be this one's twin.
+	ownOuts := w.keys.Outs(q, r.seg) + fmt.Sprintf("%019d-", r.token)
+	cmps := append(reqs[0].cmps, clientv3.Compare(clientv3.ModRevision(ownOuts).WithPrefix(), "<", st.rev+1))
+	resp, err := w.cli.Txn(ctx).If(cmps...).Then(append(reqs[0].then, markerOps(markers)...)...).Commit()
+	if err != nil {
+		return false, err
+	}
+	if !resp.Succeeded {
+		return false, nil
+	}
+	w.count(o)
+	if final && len(st.runs) == 1 && slices.ContainsFunc(st.runs, func(x runRef) bool { return x.key == r.runKey }) {
+		// The segment's only run ended: close the segment if finished.
+		if now, err := w.client.readState(ctx, q, r.seg); err == nil && now.open && now.done() {
+			w.client.closeSegment(ctx, q, now)
+		}
+	}
+	return true, nil
+}
