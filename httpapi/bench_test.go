@@ -91,11 +91,14 @@ func BenchmarkLockCycle(b *testing.B) {
 		var lat latencies
 		runClients(b, clients, func(c, i int) error {
 			start := time.Now()
-			var got struct{ Token int64 }
+			var got struct {
+				Token     int64
+				Contender string
+			}
 			if err := call(hc, "POST", fmt.Sprintf("%s/v1/locks/l%d", base, c), map[string]any{"session": sessions[c]}, 200, &got); err != nil {
 				return err
 			}
-			err := call(hc, "DELETE", fmt.Sprintf("%s/v1/locks/l%d?token=%d&session=%s", base, c, got.Token, sessions[c]), nil, 204, nil)
+			err := call(hc, "DELETE", fmt.Sprintf("%s/v1/locks/l%d?token=%d&session=%s&contender=%s", base, c, got.Token, sessions[c], got.Contender), nil, 204, nil)
 			lat.add(time.Since(start))
 			return err
 		})

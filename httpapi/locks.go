@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/danielgtaylor/huma/v2"
@@ -39,6 +40,7 @@ type LockAcquired struct {
 	Token     int64       `json:"token" doc:"The fencing token: pass it to every write made under the lock, and to release it."`
 	Holder    lock.Holder `json:"holder"`
 	Session   string      `json:"session,omitempty" doc:"The session the lock is bound to, when one was given."`
+	Contender string      `json:"contender" doc:"The holding's key within the lock: pass it to release to release in one step."`
 	ExpiresAt time.Time   `json:"expires_at" doc:"When the lock frees itself unless the session is kept alive (an owner lock is never renewed)."`
 }
 
@@ -61,6 +63,8 @@ type releaseInput struct {
 	Token   int64  `query:"token" required:"true" minimum:"1" doc:"The fencing token the acquisition returned."`
 	Session string `query:"session" doc:"The session the lock was acquired under."`
 	Owner   string `query:"owner" doc:"The owner named at acquisition, for a lock taken with owner and ttl."`
+	// Contender lets a session's release skip the read of the holder.
+	Contender string `query:"contender" doc:"With session: the contender the acquisition returned; the release then takes one step instead of two."`
 }
 
 type lockStatusOutput struct{ Body LockStatus }
@@ -198,7 +202,8 @@ func (s *Server) acquireLock(ctx context.Context, in *acquireInput) (*struct{ Bo
 		}
 		return nil, problem(err, nil)
 	}
-	return &struct{ Body LockAcquired }{LockAcquired{Status: "acquired", Name: in.Name, Token: held.Token(), Holder: held.Holder(), Session: b.Session, ExpiresAt: expires.UTC()}}, nil
+	return &struct{ Body LockAcquired }{LockAcquired{Status: "acquired", Name: in.Name, Token: held.Token(), Holder: held.Holder(), Session: b.Session,
+		Contender: held.Key()[len(s.keys(ctx).Lock(in.Name)):], ExpiresAt: expires.UTC()}}, nil
 }
 
 func (s *Server) lockStatus(ctx context.Context, in *lockPath) (*lockStatusOutput, error) {
@@ -244,7 +249,17 @@ func (s *Server) releaseLock(ctx context.Context, in *releaseInput) (*struct{}, 
 		return nil, err
 	}
 	defer l.Close(context.WithoutCancel(ctx))
-	if err := l.ReleaseIf(ctx, in.Name, in.Token, match); err != nil {
+	release := func() error { return l.ReleaseIf(ctx, in.Name, in.Token, match) }
+	if in.Contender != "" && in.Session != "" {
+		// The key's name carries the lease it was created under, and a
+		// key's name never changes: a session can name only its own.
+		id, _ := strconv.ParseUint(in.Session, 16, 64)
+		if !strings.HasPrefix(in.Contender, fmt.Sprintf("%016x-", id)) {
+			return nil, invalid("query.contender", in.Contender, "must be a contender of the session's own, as the acquisition returned it")
+		}
+		release = func() error { return l.ReleaseContender(ctx, in.Name, in.Contender, in.Token) }
+	}
+	if err := release(); err != nil {
 		var nh *lock.NotHeldError
 		if errors.As(err, &nh) {
 			p := newProblem(http.StatusConflict, "lock-not-held", err.Error()+": nothing was released")

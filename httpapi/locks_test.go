@@ -144,3 +144,21 @@ func TestLockMutualExclusion(t *testing.T) {
 		t.Fatalf("max holders at once %d (want 1), acquisitions %d (want 160)", maxInside, acquired)
 	}
 }
+
+// TestLockReleaseByContender: the contender the acquisition returned
+// releases in one step; another session cannot name it (400), a wrong
+// token is refused (409) and releases nothing.
+func TestLockReleaseByContender(t *testing.T) {
+	a := newAPI(t)
+	s1, s2 := a.session(10), a.session(10)
+	r := a.do("POST", "/v1/locks/c", map[string]any{"session": s1}).want(t, 200)
+	tok, cont := int64(r.num("token")), r.str("contender")
+	if cont == "" {
+		t.Fatalf("no contender: %s", r.Raw)
+	}
+	a.do("DELETE", fmt.Sprintf("/v1/locks/c?token=%d&session=%s&contender=%s", tok, s2, cont), nil).problem(t, 400)
+	a.do("DELETE", fmt.Sprintf("/v1/locks/c?token=%d&session=%s&contender=%s", tok+1, s1, cont), nil).problem(t, 409)
+	a.do("GET", "/v1/locks/c", nil).want(t, 200)
+	a.do("DELETE", fmt.Sprintf("/v1/locks/c?token=%d&session=%s&contender=%s", tok, s1, cont), nil).want(t, 204)
+	a.do("GET", "/v1/locks/c", nil).problem(t, 404)
+}

@@ -461,6 +461,21 @@ func (e *Etcd) ReleaseIf(ctx context.Context, name string, token int64, match fu
 	})
 }
 
+// ReleaseContender releases name if the contender key named contender
+// (the last part of a holding's Key, as an HTTP client was told it) is the
+// holder with token, in one transaction. The caller checks that the key is
+// the client's (its name starts with the client's lease); a refusal is a
+// *NotHeldError, and nothing changes.
+func (e *Etcd) ReleaseContender(ctx context.Context, name, contender string, token int64) error {
+	if err := CheckName(name); err != nil {
+		return err
+	}
+	if err := keyspace.CheckName("contender", contender); err != nil {
+		return err
+	}
+	return e.releaseKey(ctx, name, e.keys.LockContender(name, contender), token)
+}
+
 // releaseMatching deletes the holder's key of name if its create revision
 // is token and match accepts it.
 func (e *Etcd) releaseMatching(ctx context.Context, name string, token int64, match func(*mvccpb.KeyValue) bool) error {

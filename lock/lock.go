@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/droverhq/drover/keyspace"
@@ -84,7 +85,7 @@ type Holder struct {
 // NewHolder describes the current process, with id as its ID ("" means
 // "host:pid").
 func NewHolder(id string) Holder {
-	host, _ := os.Hostname()
+	host := hostname()
 	if host == "" {
 		host = "unknown"
 	}
@@ -94,6 +95,9 @@ func NewHolder(id string) Holder {
 	}
 	return Holder{ID: id, Host: host, PID: pid}
 }
+
+// hostname is os.Hostname, read once: servers make a holder per request.
+var hostname = sync.OnceValue(func() string { h, _ := os.Hostname(); return h })
 
 // String describes the holder in one phrase, for messages.
 func (h Holder) String() string {
