@@ -80,7 +80,7 @@ func testChain(t *testing.T, s checkpoint.Store, _ string) {
 	if err != nil || len(list) != 2 || list[0].ID != ids[3] || list[1].ID != ids[2] {
 		t.Fatalf("list before/limit: %+v (%v)", list, err)
 	}
-	list, err = s.List(ctx, "th", "", checkpoint.ListOptions{Filter: map[string]string{"source": "input"}})
+	list, err = s.List(ctx, "th", "", checkpoint.ListOptions{Filter: map[string]any{"source": "input"}})
 	if err != nil || len(list) != 1 || list[0].ID != ids[0] {
 		t.Fatalf("list filtered: %+v (%v)", list, err)
 	}

@@ -5,10 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sort"
 	"strconv"
-	"strings"
 	"time"
 
+	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/lease"
 	"github.com/droverhq/drover/lock"
@@ -24,7 +25,9 @@ import (
 // *drover.StoreFullError, matched by drover.ErrStoreFull. DeleteThread
 // frees space and is always accepted.
 //
-// Keys of thread T, checkpoint namespace N ("@" for the default ""):
+// Keys of thread T, checkpoint namespace N ("@" for the default "", and
+// "~" with its base64url encoding when it is not a plain name: see
+// keyspace.CheckpointNSName):
 //
 //	.../checkpoints/T/N/head              id of the head checkpoint
 //	.../checkpoints/T/N/cp/{id}           a checkpoint
@@ -72,7 +75,7 @@ func (s *Etcd) commit(ctx context.Context, thread, ns string, cmps []clientv3.Cm
 		}
 		return true, false, nil
 	}
-	fk := s.keys.CheckpointFence(thread, ns)
+	fk := s.keys.CheckpointFence(thread, keyspace.CheckpointNSName(ns))
 	tok := fence.Token()
 	withFence := append(ops[:len(ops):len(ops)], clientv3.OpPut(fk, pad(tok)))
 	resp, err := txn.If(clientv3.Compare(clientv3.CreateRevision(fk), "=", 0)).
@@ -102,9 +105,20 @@ func (s *Etcd) commit(ctx context.Context, thread, ns string, cmps []clientv3.Cm
 	return false, false, storeguard.FromRange(guard.GetResponseRange())
 }
 
-// Put writes cp as the new head; see Store.
+// Put writes cp as the new head if its parent is the head; see Store.
 func (s *Etcd) Put(ctx context.Context, cp Checkpoint, fence Fence) (Checkpoint, error) {
-	if err := check(cp.ThreadID, cp.NS); err != nil {
+	return s.put(ctx, cp, fence, true)
+}
+
+// Append writes cp as the new head whatever the head is; see Store.
+func (s *Etcd) Append(ctx context.Context, cp Checkpoint, fence Fence) (Checkpoint, error) {
+	return s.put(ctx, cp, fence, false)
+}
+
+// put writes cp and moves the head to it, if cas only when its parent is
+// the head.
+func (s *Etcd) put(ctx context.Context, cp Checkpoint, fence Fence, cas bool) (Checkpoint, error) {
+	if err := checkPut(cp); err != nil {
 		return cp, err
 	}
 	if err := checkState(cp); err != nil {
@@ -117,19 +131,25 @@ func (s *Etcd) Put(ctx context.Context, cp Checkpoint, fence Fence) (Checkpoint,
 	if fence != nil {
 		cp.Token = fence.Token()
 	}
-	b, err := json.Marshal(cp)
-	if err != nil {
+	if _, err := encodeMetadata(cp.Metadata); err != nil {
 		return cp, err
 	}
-	head := s.keys.CheckpointHead(cp.ThreadID, cp.NS)
-	var cmp clientv3.Cmp
-	if cp.ParentID == "" {
-		cmp = clientv3.Compare(clientv3.CreateRevision(head), "=", 0)
-	} else {
-		cmp = clientv3.Compare(clientv3.Value(head), "=", cp.ParentID)
+	b, err := json.Marshal(cp)
+	if err != nil {
+		return cp, fmt.Errorf("checkpoint: encode %s/%s: %w", cp.ThreadID, cp.ID, err)
 	}
-	ok, fenced, err := s.commit(ctx, cp.ThreadID, cp.NS, []clientv3.Cmp{cmp},
-		[]clientv3.Op{clientv3.OpPut(s.keys.CheckpointKey(cp.ThreadID, cp.NS, cp.ID), string(b)), clientv3.OpPut(head, cp.ID)}, fence)
+	ns := keyspace.CheckpointNSName(cp.NS)
+	head := s.keys.CheckpointHead(cp.ThreadID, ns)
+	var cmps []clientv3.Cmp
+	switch {
+	case !cas:
+	case cp.ParentID == "":
+		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(head), "=", 0))
+	default:
+		cmps = append(cmps, clientv3.Compare(clientv3.Value(head), "=", cp.ParentID))
+	}
+	ok, fenced, err := s.commit(ctx, cp.ThreadID, cp.NS, cmps,
+		[]clientv3.Op{clientv3.OpPut(s.keys.CheckpointKey(cp.ThreadID, ns, cp.ID), string(b)), clientv3.OpPut(head, cp.ID)}, fence)
 	switch {
 	case fenced:
 		return cp, err
@@ -150,7 +170,7 @@ func (s *Etcd) GetLatest(ctx context.Context, thread, ns string) (*Checkpoint, e
 	if err := check(thread, ns); err != nil {
 		return nil, err
 	}
-	g, err := s.cli.Get(ctx, s.keys.CheckpointHead(thread, ns))
+	g, err := s.cli.Get(ctx, s.keys.CheckpointHead(thread, keyspace.CheckpointNSName(ns)))
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: latest of %s: %w", thread, err)
 	}
@@ -165,7 +185,7 @@ func (s *Etcd) Get(ctx context.Context, thread, ns, id string) (*Checkpoint, err
 	if err := check(thread, ns); err != nil {
 		return nil, err
 	}
-	g, err := s.cli.Get(ctx, s.keys.CheckpointKey(thread, ns, id))
+	g, err := s.cli.Get(ctx, s.keys.CheckpointKey(thread, keyspace.CheckpointNSName(ns), id))
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: get %s/%s: %w", thread, id, err)
 	}
@@ -179,32 +199,98 @@ func (s *Etcd) Get(ctx context.Context, thread, ns, id string) (*Checkpoint, err
 	return cp, nil
 }
 
-// List returns the thread's checkpoints, newest first.
+// List returns the thread's checkpoints, newest first; with
+// opts.AllNamespaces those of every checkpoint namespace.
 func (s *Etcd) List(ctx context.Context, thread, ns string, opts ListOptions) ([]Checkpoint, error) {
 	if err := check(thread, ns); err != nil {
 		return nil, err
 	}
-	limit := opts.Limit
-	if limit <= 0 {
-		limit = 100
+	f, err := newFilter(opts.Filter)
+	if err != nil {
+		return nil, err
 	}
-	pre := s.keys.CheckpointKey(thread, ns, "")
+	if opts.Limit <= 0 {
+		opts.Limit = 100
+	}
+	if !opts.AllNamespaces {
+		return s.list(ctx, thread, ns, opts, f)
+	}
+	if ns != "" {
+		return nil, &drover.InputError{Field: "checkpoint_ns", Value: ns, Rule: "must be empty when listing every namespace"}
+	}
+	nss, err := s.namespaces(ctx, thread)
+	if err != nil {
+		return nil, err
+	}
+	var out []Checkpoint
+	for _, n := range nss {
+		cps, err := s.list(ctx, thread, n, opts, f)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, cps...)
+	}
+	return newestFirst(out, opts.Limit), nil
+}
+
+// newestFirst sorts checkpoints of several namespaces by id, newest first
+// (then by namespace), and keeps the first limit.
+func newestFirst(cps []Checkpoint, limit int) []Checkpoint {
+	sort.Slice(cps, func(i, j int) bool {
+		if cps[i].ID != cps[j].ID {
+			return cps[i].ID > cps[j].ID
+		}
+		return cps[i].NS < cps[j].NS
+	})
+	return cps[:min(len(cps), limit)]
+}
+
+// namespaces returns the checkpoint namespaces of thread that have keys,
+// reading one key of each: after a namespace's first key it skips past all
+// of that namespace's keys.
+func (s *Etcd) namespaces(ctx context.Context, thread string) ([]string, error) {
+	pre := s.keys.Checkpoints(thread)
+	from, end := pre, clientv3.GetPrefixRangeEnd(pre)
+	var out []string
+	for {
+		g, err := s.cli.Get(ctx, from, clientv3.WithRange(end), clientv3.WithKeysOnly(), clientv3.WithLimit(1))
+		if err != nil {
+			return nil, fmt.Errorf("checkpoint: namespaces of %s: %w", thread, err)
+		}
+		if len(g.Kvs) == 0 {
+			return out, nil
+		}
+		key := string(g.Kvs[0].Key)
+		ns, ok := s.keys.CheckpointNSOfKey(thread, key)
+		if !ok { // the thread's interrupt key
+			from = key + "\x00"
+			continue
+		}
+		out = append(out, ns)
+		from = clientv3.GetPrefixRangeEnd(s.keys.CheckpointBase(thread, keyspace.CheckpointNSName(ns)))
+	}
+}
+
+// list returns the checkpoints of one namespace of the thread, newest
+// first.
+func (s *Etcd) list(ctx context.Context, thread, ns string, opts ListOptions, f filter) ([]Checkpoint, error) {
+	pre := s.keys.CheckpointKey(thread, keyspace.CheckpointNSName(ns), "")
 	end := clientv3.GetPrefixRangeEnd(pre)
 	if opts.Before != "" {
 		end = pre + opts.Before
 	}
 	var out []Checkpoint
-	for len(out) < limit {
-		g, err := s.cli.Get(ctx, pre, clientv3.WithRange(end), clientv3.WithSort(clientv3.SortByKey, clientv3.SortDescend), clientv3.WithLimit(int64(limit)))
+	for len(out) < opts.Limit {
+		g, err := s.cli.Get(ctx, pre, clientv3.WithRange(end), clientv3.WithSort(clientv3.SortByKey, clientv3.SortDescend), clientv3.WithLimit(int64(opts.Limit)))
 		if err != nil {
 			return nil, fmt.Errorf("checkpoint: list %s: %w", thread, err)
 		}
 		for _, kv := range g.Kvs {
 			var cp Checkpoint
-			if json.Unmarshal(kv.Value, &cp) != nil || !matches(cp.Metadata, opts.Filter) {
+			if json.Unmarshal(kv.Value, &cp) != nil || !f.matches(cp.Metadata) {
 				continue
 			}
-			if out = append(out, cp); len(out) == limit {
+			if out = append(out, cp); len(out) == opts.Limit {
 				break
 			}
 		}
@@ -214,30 +300,6 @@ func (s *Etcd) List(ctx context.Context, thread, ns string, opts ListOptions) ([
 		end = string(g.Kvs[len(g.Kvs)-1].Key)
 	}
 	return out, nil
-}
-
-func matches(m Metadata, filter map[string]string) bool {
-	for k, v := range filter {
-		switch strings.ToLower(k) {
-		case "source":
-			if m.Source != v {
-				return false
-			}
-		case "writer":
-			if m.Writer != v {
-				return false
-			}
-		case "step":
-			if strconv.Itoa(m.Step) != v {
-				return false
-			}
-		default:
-			if m.Extra[k] != v {
-				return false
-			}
-		}
-	}
-	return true
 }
 
 // DeleteThread deletes every checkpoint, write and fence of the thread.

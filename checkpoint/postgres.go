@@ -111,13 +111,28 @@ func (s *Postgres) lockHead(ctx context.Context, tx pgx.Tx, thread, ns string, f
 	return head, nil
 }
 
-// Put writes cp as the new head; see Store.
+// Put writes cp as the new head if its parent is the head; see Store.
 func (s *Postgres) Put(ctx context.Context, cp Checkpoint, fence Fence) (Checkpoint, error) {
-	if err := check(cp.ThreadID, cp.NS); err != nil {
+	return s.put(ctx, cp, fence, true)
+}
+
+// Append writes cp as the new head whatever the head is; see Store.
+func (s *Postgres) Append(ctx context.Context, cp Checkpoint, fence Fence) (Checkpoint, error) {
+	return s.put(ctx, cp, fence, false)
+}
+
+// put writes cp and moves the head to it, if cas only when its parent is
+// the head.
+func (s *Postgres) put(ctx context.Context, cp Checkpoint, fence Fence, cas bool) (Checkpoint, error) {
+	if err := checkPut(cp); err != nil {
 		return cp, err
 	}
 	if len(cp.State) > MaxPostgresState {
 		return cp, &drover.InputError{Field: "state", Value: fmt.Sprintf("%d bytes", len(cp.State)), Rule: fmt.Sprintf("must be at most %d bytes", MaxPostgresState)}
+	}
+	meta, err := encodeMetadata(cp.Metadata)
+	if err != nil {
+		return cp, err
 	}
 	if cp.ID == "" {
 		cp.ID = NewID()
@@ -126,17 +141,19 @@ func (s *Postgres) Put(ctx context.Context, cp Checkpoint, fence Fence) (Checkpo
 	if fence != nil {
 		cp.Token = fence.Token()
 	}
-	meta, _ := json.Marshal(cp.Metadata)
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		head, err := s.lockHead(ctx, tx, cp.ThreadID, cp.NS, fence)
 		if err != nil {
 			return err
 		}
-		if head != cp.ParentID {
+		if cas && head != cp.ParentID {
 			return &ConflictError{ThreadID: cp.ThreadID, NS: cp.NS, Parent: cp.ParentID, Head: head}
 		}
 		if _, err := tx.Exec(ctx, `INSERT INTO drover_checkpoints (ns, thread_id, checkpoint_ns, checkpoint_id, parent_id, metadata, state, token, created_at)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`, s.ns, cp.ThreadID, cp.NS, cp.ID, cp.ParentID, meta, cp.State, cp.Token, cp.CreatedAt); err != nil {
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+			ON CONFLICT (ns, thread_id, checkpoint_ns, checkpoint_id) DO UPDATE SET parent_id = excluded.parent_id,
+				metadata = excluded.metadata, state = excluded.state, token = excluded.token, created_at = excluded.created_at`,
+			s.ns, cp.ThreadID, cp.NS, cp.ID, cp.ParentID, meta, cp.State, cp.Token, cp.CreatedAt); err != nil {
 			return err
 		}
 		_, err = tx.Exec(ctx, `UPDATE drover_checkpoint_heads SET head = $4 WHERE ns = $1 AND thread_id = $2 AND checkpoint_ns = $3`, s.ns, cp.ThreadID, cp.NS, cp.ID)
@@ -148,17 +165,17 @@ func (s *Postgres) Put(ctx context.Context, cp Checkpoint, fence Fence) (Checkpo
 	return cp, err
 }
 
-// PutWrites saves pending writes for checkpoint id, fenced like Put.
+// PutWrites saves pending writes for checkpoint id, fenced like Put, each
+// at its Write.Idx: insert-if-absent at an index >= 0, replace at a
+// negative one; see Etcd.PutWrites.
 func (s *Postgres) PutWrites(ctx context.Context, thread, ns, id string, writes []Write, fence Fence) error {
 	if err := check(thread, ns); err != nil {
 		return err
 	}
-	for _, w := range writes {
-		if err := keyspace.CheckName("task_id", w.TaskID); err != nil {
-			return err
-		}
+	if err := checkWrites(writes); err != nil {
+		return err
 	}
-	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		if _, err := s.lockHead(ctx, tx, thread, ns, fence); err != nil {
 			return err
 		}
@@ -170,20 +187,31 @@ func (s *Postgres) PutWrites(ctx context.Context, thread, ns, id string, writes 
 		if n == 0 {
 			return fmt.Errorf("%w: checkpoint %s of thread %s", ErrNotFound, id, thread)
 		}
-		for i, w := range writes {
+		for _, w := range writes {
+			onConflict := `DO NOTHING`
+			if w.Idx < 0 {
+				onConflict = `DO UPDATE SET channel = excluded.channel, value = excluded.value`
+			}
 			if _, err := tx.Exec(ctx, `INSERT INTO drover_checkpoint_writes VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
-				ON CONFLICT (ns, thread_id, checkpoint_ns, checkpoint_id, task_id, idx) DO UPDATE SET channel = excluded.channel, value = excluded.value`,
-				s.ns, thread, ns, id, w.TaskID, i, w.Channel, w.Value); err != nil {
+				ON CONFLICT (ns, thread_id, checkpoint_ns, checkpoint_id, task_id, idx) `+onConflict,
+				s.ns, thread, ns, id, w.TaskID, w.Idx, w.Channel, w.Value); err != nil {
 				return err
 			}
 		}
 		return nil
 	})
+	if err != nil && !errors.Is(err, ErrNotFound) && !errors.Is(err, lock.ErrFenced) {
+		err = fmt.Errorf("checkpoint: put writes of %s/%s: %w", thread, id, err)
+	}
+	return err
 }
 
 // Writes returns the pending writes saved for checkpoint id.
 func (s *Postgres) Writes(ctx context.Context, thread, ns, id string) ([]Write, error) {
-	rows, err := s.pool.Query(ctx, `SELECT task_id, channel, value FROM drover_checkpoint_writes
+	if err := check(thread, ns); err != nil {
+		return nil, err
+	}
+	rows, err := s.pool.Query(ctx, `SELECT task_id, idx, channel, value FROM drover_checkpoint_writes
 		WHERE ns = $1 AND thread_id = $2 AND checkpoint_ns = $3 AND checkpoint_id = $4 ORDER BY task_id, idx`, s.ns, thread, ns, id)
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: writes of %s/%s: %w", thread, id, err)
@@ -191,8 +219,8 @@ func (s *Postgres) Writes(ctx context.Context, thread, ns, id string) ([]Write, 
 	out := []Write{}
 	for rows.Next() {
 		var w Write
-		if err := rows.Scan(&w.TaskID, &w.Channel, &w.Value); err != nil {
-			return nil, err
+		if err := rows.Scan(&w.TaskID, &w.Idx, &w.Channel, &w.Value); err != nil {
+			return nil, fmt.Errorf("checkpoint: writes of %s/%s: %w", thread, id, err)
 		}
 		out = append(out, w)
 	}
@@ -241,34 +269,41 @@ func (s *Postgres) Get(ctx context.Context, thread, ns, id string) (*Checkpoint,
 	return cp, err
 }
 
-// List returns the thread's checkpoints, newest first.
+// List returns the thread's checkpoints, newest first; with
+// opts.AllNamespaces those of every checkpoint namespace.
 func (s *Postgres) List(ctx context.Context, thread, ns string, opts ListOptions) ([]Checkpoint, error) {
 	if err := check(thread, ns); err != nil {
+		return nil, err
+	}
+	f, err := newFilter(opts.Filter)
+	if err != nil {
 		return nil, err
 	}
 	limit := opts.Limit
 	if limit <= 0 {
 		limit = 100
 	}
-	where := []string{"ns = $1", "thread_id = $2", "checkpoint_ns = $3"}
-	args := []any{s.ns, thread, ns}
+	where := []string{"ns = $1", "thread_id = $2"}
+	args := []any{s.ns, thread}
+	if opts.AllNamespaces {
+		if ns != "" {
+			return nil, &drover.InputError{Field: "checkpoint_ns", Value: ns, Rule: "must be empty when listing every namespace"}
+		}
+	} else {
+		args = append(args, ns)
+		where = append(where, "checkpoint_ns = $3")
+	}
 	if opts.Before != "" {
 		args = append(args, opts.Before)
 		where = append(where, fmt.Sprintf("checkpoint_id < $%d", len(args)))
 	}
-	for k, v := range opts.Filter {
-		args = append(args, v)
-		switch strings.ToLower(k) {
-		case "source", "writer", "step":
-			where = append(where, fmt.Sprintf("metadata->>'%s' = $%d", strings.ToLower(k), len(args)))
-		default:
-			args = append(args, k)
-			where = append(where, fmt.Sprintf("metadata->'extra'->>$%d = $%d", len(args), len(args)-1))
-		}
+	for k, v := range f {
+		args = append(args, k, v)
+		where = append(where, fmt.Sprintf("metadata -> $%d::text = $%d::jsonb", len(args)-1, len(args)))
 	}
 	args = append(args, limit)
 	rows, err := s.pool.Query(ctx, `SELECT `+cpColumns+` FROM drover_checkpoints WHERE `+strings.Join(where, " AND ")+
-		fmt.Sprintf(` ORDER BY checkpoint_id DESC LIMIT $%d`, len(args)), args...)
+		fmt.Sprintf(` ORDER BY checkpoint_id DESC, checkpoint_ns LIMIT $%d`, len(args)), args...)
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: list %s: %w", thread, err)
 	}
@@ -277,7 +312,7 @@ func (s *Postgres) List(ctx context.Context, thread, ns string, opts ListOptions
 	for rows.Next() {
 		cp, err := scanCheckpoint(rows)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("checkpoint: list %s: %w", thread, err)
 		}
 		out = append(out, *cp)
 	}

@@ -13,20 +13,15 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// storedWrite is a pending write as the etcd store keeps it: with its task
-// and its position in the call that saved it.
-type storedWrite struct {
-	Write
-	Idx int `json:"idx"`
-}
-
 // maxWriteTries bounds the compare-and-swap retries of PutWrites when other
 // tasks save writes for the same checkpoint at the same moment.
 const maxWriteTries = 100
 
 // PutWrites saves pending writes for checkpoint id, fenced like Put, all or
-// nothing. A write replaces an earlier one of the same task at the same
-// position, as in the PostgreSQL store.
+// nothing, each at its Write.Idx as LangGraph's savers do (and the
+// PostgreSQL store): a write at an index >= 0 is saved only if its task has
+// no write at that index yet, the first of a call's duplicates; one at a
+// negative index (a special channel's) replaces the task's earlier one.
 //
 // The pending writes of one checkpoint are one etcd key, rewritten by
 // compare-and-swap: etcd allows 128 operations in a request, so a key per
@@ -38,18 +33,17 @@ func (s *Etcd) PutWrites(ctx context.Context, thread, ns, id string, writes []Wr
 	if err := check(thread, ns); err != nil {
 		return err
 	}
-	for _, w := range writes {
-		if err := keyspace.CheckName("task_id", w.TaskID); err != nil {
-			return err
-		}
+	if err := checkWrites(writes); err != nil {
+		return err
 	}
-	key, cpKey := s.keys.CheckpointWrites(thread, ns, id), s.keys.CheckpointKey(thread, ns, id)
+	nsName := keyspace.CheckpointNSName(ns)
+	key, cpKey := s.keys.CheckpointWrites(thread, nsName, id), s.keys.CheckpointKey(thread, nsName, id)
 	for try := 0; try < maxWriteTries; try++ {
 		g, err := s.cli.Get(ctx, key)
 		if err != nil {
 			return fmt.Errorf("checkpoint: read writes of %s/%s: %w", thread, id, err)
 		}
-		var stored []storedWrite
+		var stored []Write
 		var rev int64
 		if len(g.Kvs) == 1 {
 			if err := json.Unmarshal(g.Kvs[0].Value, &stored); err != nil {
@@ -83,24 +77,27 @@ func (s *Etcd) PutWrites(ctx context.Context, thread, ns, id string, writes []Wr
 	return fmt.Errorf("checkpoint: put writes of %s/%s: the writes kept changing under %d tries; try again", thread, id, maxWriteTries)
 }
 
-// mergeWrites puts writes over stored, by task and position, ordered by task
-// then position.
-func mergeWrites(stored []storedWrite, writes []Write) []storedWrite {
+// mergeWrites adds writes to stored by task and index: insert-if-absent at
+// an index >= 0, replace at a negative one. The result is ordered by task
+// then index.
+func mergeWrites(stored []Write, writes []Write) []Write {
 	type at struct {
 		task string
 		idx  int
 	}
-	pos := make(map[at]int, len(stored))
+	pos := make(map[at]int, len(stored)+len(writes))
 	for i, w := range stored {
 		pos[at{w.TaskID, w.Idx}] = i
 	}
-	for i, w := range writes {
-		if k, ok := pos[at{w.TaskID, i}]; ok {
-			stored[k].Write = w
+	for _, w := range writes {
+		if k, ok := pos[at{w.TaskID, w.Idx}]; ok {
+			if w.Idx < 0 {
+				stored[k] = w
+			}
 			continue
 		}
-		pos[at{w.TaskID, i}] = len(stored)
-		stored = append(stored, storedWrite{Write: w, Idx: i})
+		pos[at{w.TaskID, w.Idx}] = len(stored)
+		stored = append(stored, w)
 	}
 	sort.SliceStable(stored, func(i, j int) bool {
 		if stored[i].TaskID != stored[j].TaskID {
@@ -112,12 +109,12 @@ func mergeWrites(stored []storedWrite, writes []Write) []storedWrite {
 }
 
 // Writes returns the pending writes saved for checkpoint id, ordered by task
-// then position.
+// then index.
 func (s *Etcd) Writes(ctx context.Context, thread, ns, id string) ([]Write, error) {
 	if err := check(thread, ns); err != nil {
 		return nil, err
 	}
-	g, err := s.cli.Get(ctx, s.keys.CheckpointWrites(thread, ns, id))
+	g, err := s.cli.Get(ctx, s.keys.CheckpointWrites(thread, keyspace.CheckpointNSName(ns), id))
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: writes of %s/%s: %w", thread, id, err)
 	}
@@ -125,12 +122,8 @@ func (s *Etcd) Writes(ctx context.Context, thread, ns, id string) ([]Write, erro
 	if len(g.Kvs) == 0 {
 		return out, nil
 	}
-	var stored []storedWrite
-	if err := json.Unmarshal(g.Kvs[0].Value, &stored); err != nil {
+	if err := json.Unmarshal(g.Kvs[0].Value, &out); err != nil {
 		return nil, fmt.Errorf("checkpoint: writes of %s/%s are unreadable: %w", thread, id, err)
-	}
-	for _, w := range stored {
-		out = append(out, w.Write)
 	}
 	return out, nil
 }

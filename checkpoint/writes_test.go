@@ -14,8 +14,8 @@ import (
 
 // TestManyPendingWrites: one call with 1,280 pending writes (ten times
 // etcd's 128 operations a request) is saved whole and read back in order; a
-// second call replaces by position; a fenced-out call and an oversize one
-// write nothing. A key per write made the first call fail with "too many
+// second call at the same indexes changes nothing (insert-if-absent); a
+// fenced-out call and an oversize one write nothing. A key per write made the first call fail with "too many
 // operations in txn request".
 func TestManyPendingWrites(t *testing.T) { eachStore(t, testManyPendingWrites) }
 
@@ -28,7 +28,7 @@ func testManyPendingWrites(t *testing.T, s checkpoint.Store, _ string) {
 	writes := func(n int, task, tag string) []checkpoint.Write {
 		out := make([]checkpoint.Write, n)
 		for i := range out {
-			out[i] = checkpoint.Write{TaskID: task, Channel: fmt.Sprintf("ch-%04d", i), Value: []byte(tag + fmt.Sprint(i))}
+			out[i] = checkpoint.Write{TaskID: task, Channel: fmt.Sprintf("ch-%04d", i), Value: []byte(tag + fmt.Sprint(i)), Idx: i}
 		}
 		return out
 	}
@@ -42,7 +42,7 @@ func testManyPendingWrites(t *testing.T, s checkpoint.Store, _ string) {
 		t.Fatal(err)
 	}
 	got, err := s.Writes(ctx, "th", "", cp.ID)
-	if err != nil || len(got) != 1283 {
+	if err != nil || len(got) != 1283 || got[1282].Idx != 1279 {
 		t.Fatalf("%d writes, %v", len(got), err)
 	}
 	want := func(i int, task, value string) {
@@ -53,8 +53,8 @@ func testManyPendingWrites(t *testing.T, s checkpoint.Store, _ string) {
 	}
 	want(0, "t0", "b0")
 	want(2, "t0", "b2")
-	want(3, "t1", "c0") // replaced by position
-	want(4, "t1", "c1")
+	want(3, "t1", "a0") // kept: a write at an index >= 0 is never replaced
+	want(4, "t1", "a1")
 	want(5, "t1", "a2")
 	want(1282, "t1", "a1279")
 	// Fenced out: a lower token writes nothing.

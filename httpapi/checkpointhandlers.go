@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -15,7 +16,8 @@ import (
 // locations.
 var checkpointWhere = map[string]string{
 	"thread_id": "path.thread_id", "checkpoint_ns": "checkpoint_ns", "state": "body.state",
-	"writes": "body.writes", "task_id": "body.task_id",
+	"writes": "body.writes", "task_id": "body.task_id", "metadata": "body.metadata", "filter": "query.filter",
+	"checkpoint_id": "body.checkpoint_id", "parent_checkpoint_id": "body.parent_checkpoint_id",
 }
 
 // checkpointStore is the etcd checkpoint store of the request's namespace.
@@ -33,10 +35,8 @@ func checkNames(thread, ns, nsLoc string, ids map[string]string) error {
 	if err := keyspace.CheckName("thread_id", thread); err != nil {
 		return problem(err, map[string]string{"thread_id": "path.thread_id"})
 	}
-	if ns != "" {
-		if err := keyspace.CheckName("checkpoint_ns", ns); err != nil {
-			return problem(err, map[string]string{"checkpoint_ns": nsLoc})
-		}
+	if err := checkpoint.CheckNS(ns); err != nil {
+		return problem(err, map[string]string{"checkpoint_ns": nsLoc})
 	}
 	for loc, id := range ids {
 		if id == "" {
@@ -83,6 +83,9 @@ func (s *Server) putCheckpoint(ctx context.Context, in *putCheckpointInput) (*st
 	if err := checkNames(in.Thread, b.NS, "body.checkpoint_ns", map[string]string{"body.checkpoint_id": b.ID, "body.parent_checkpoint_id": b.ParentID}); err != nil {
 		return nil, err
 	}
+	if b.ID != "" && b.ID == b.ParentID {
+		return nil, invalid("body.parent_checkpoint_id", b.ParentID, "must not be the checkpoint's own id")
+	}
 	if len(b.State) > checkpoint.MaxState {
 		return nil, invalid("body.state", fmt.Sprintf("%d bytes", len(b.State)),
 			fmt.Sprintf("must be at most %d bytes in etcd: keep large state in PostgreSQL or an object store", checkpoint.MaxState))
@@ -95,9 +98,12 @@ func (s *Server) putCheckpoint(ctx context.Context, in *putCheckpointInput) (*st
 	if err != nil {
 		return nil, err
 	}
-	m := b.Metadata
-	cp, err := store.Put(ctx, checkpoint.Checkpoint{ThreadID: in.Thread, NS: b.NS, ID: b.ID, ParentID: b.ParentID,
-		Metadata: checkpoint.Metadata{Source: m.Source, Step: m.Step, Writer: m.Writer, Extra: m.Extra}, State: b.State}, f)
+	put := store.Put
+	if b.Mode == putAppend {
+		put = store.Append
+	}
+	cp, err := put(ctx, checkpoint.Checkpoint{ThreadID: in.Thread, NS: b.NS, ID: b.ID, ParentID: b.ParentID,
+		Metadata: checkpoint.MetadataOf(b.Metadata), State: b.State}, f)
 	if err != nil {
 		return nil, checkpointProblem(err)
 	}
@@ -119,7 +125,10 @@ func (s *Server) putCheckpointWrites(ctx context.Context, in *putWritesInput) (*
 	}
 	writes := make([]checkpoint.Write, len(b.Writes))
 	for i, w := range b.Writes {
-		writes[i] = checkpoint.Write{TaskID: b.TaskID, Channel: w.Channel, Value: w.Value}
+		writes[i] = checkpoint.Write{TaskID: b.TaskID, Channel: w.Channel, Value: w.Value, Idx: i}
+		if w.Idx != nil {
+			writes[i].Idx = *w.Idx
+		}
 	}
 	if err := store.PutWrites(ctx, in.Thread, b.NS, in.ID, writes, f); err != nil {
 		return nil, checkpointProblem(err)
@@ -133,11 +142,10 @@ func tuple(ctx context.Context, store *checkpoint.Etcd, cp *checkpoint.Checkpoin
 	if err != nil {
 		return Checkpoint{}, checkpointProblem(err)
 	}
-	m := cp.Metadata
 	out := Checkpoint{ThreadID: cp.ThreadID, NS: cp.NS, ID: cp.ID, ParentID: cp.ParentID, State: cp.State, Token: cp.Token, CreatedAt: cp.CreatedAt,
-		Metadata: CheckpointMetadata{Source: m.Source, Step: m.Step, Writer: m.Writer, Extra: m.Extra}, Writes: make([]PendingWrite, len(ws))}
+		Metadata: cp.Metadata.Fields(), Writes: make([]PendingWrite, len(ws))}
 	for i, w := range ws {
-		out.Writes[i] = PendingWrite(w)
+		out.Writes[i] = PendingWrite{TaskID: w.TaskID, Channel: w.Channel, Value: append([]byte{}, w.Value...), Idx: w.Idx} // "" for empty, not null
 	}
 	return out, nil
 }
@@ -202,23 +210,37 @@ func (s *Server) getCheckpointState(ctx context.Context, in *getCheckpointInput)
 	return &rawOutput{ContentType: "application/octet-stream", Body: cp.State}, nil
 }
 
+// listFilter parses list filters: key=value, the value JSON or else a
+// string.
+func listFilter(in []string) (map[string]any, error) {
+	filter := map[string]any{}
+	for _, f := range in {
+		k, v, ok := strings.Cut(f, "=")
+		if !ok || k == "" {
+			return nil, invalid("query.filter", f, "must be key=value: a top-level metadata key and the JSON value it must have (a value that is not JSON is a string)")
+		}
+		if json.Valid([]byte(v)) {
+			filter[k] = json.RawMessage(v)
+		} else {
+			filter[k] = v
+		}
+	}
+	return filter, nil
+}
+
 func (s *Server) listCheckpoints(ctx context.Context, in *listCheckpointsInput) (*struct{ Body []Checkpoint }, error) {
 	if err := checkNames(in.Thread, in.NS, "query.checkpoint_ns", map[string]string{"query.before": in.Before}); err != nil {
 		return nil, err
 	}
-	filter := map[string]string{}
-	for _, f := range in.Filter {
-		k, v, ok := strings.Cut(f, "=")
-		if !ok || k == "" {
-			return nil, invalid("query.filter", f, "must be key=value, a metadata key (source, step, writer or an extra key) and the value it must have")
-		}
-		filter[k] = v
+	filter, err := listFilter(in.Filter)
+	if err != nil {
+		return nil, err
 	}
 	store, err := s.checkpointStore(ctx)
 	if err != nil {
 		return nil, err
 	}
-	cps, err := store.List(ctx, in.Thread, in.NS, checkpoint.ListOptions{Before: in.Before, Limit: in.Limit, Filter: filter})
+	cps, err := store.List(ctx, in.Thread, in.NS, checkpoint.ListOptions{Before: in.Before, Limit: in.Limit, Filter: filter, AllNamespaces: in.allNS})
 	if err != nil {
 		return nil, checkpointProblem(err)
 	}

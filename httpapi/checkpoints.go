@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"encoding/json"
 	"net/http"
 	"time"
 
@@ -8,14 +9,10 @@ import (
 	"github.com/droverhq/drover/checkpoint"
 )
 
-// CheckpointMetadata is LangGraph's checkpoint metadata as the store keeps
-// it: the fields List filters on.
-type CheckpointMetadata struct {
-	Source string            `json:"source,omitempty" doc:"How the checkpoint was made: input, loop, update, fork."`
-	Step   int               `json:"step" doc:"The graph's step number (-1 for the input)."`
-	Writer string            `json:"writer,omitempty" doc:"Who wrote it (a node, a worker)."`
-	Extra  map[string]string `json:"extra,omitempty" doc:"Any other metadata, as strings: list filters match them too."`
-}
+// CheckpointMetadata is a checkpoint's metadata: a JSON object of any keys
+// and values (LangGraph's source, step, parents, writes and the user's own),
+// kept and returned unaltered; list filters match its top-level keys.
+type CheckpointMetadata map[string]json.RawMessage
 
 // PendingWrite is a pending write of a task, saved before its checkpoint's
 // successor exists.
@@ -23,6 +20,7 @@ type PendingWrite struct {
 	TaskID  string `json:"task_id" doc:"The task that made the write."`
 	Channel string `json:"channel" doc:"The channel it writes to."`
 	Value   []byte `json:"value" doc:"The value, base64."`
+	Idx     int    `json:"idx" doc:"Its index among the task's writes (negative for LangGraph's special channels)."`
 }
 
 // Checkpoint is one checkpoint of a thread with its pending writes:
@@ -36,7 +34,7 @@ type Checkpoint struct {
 	State     []byte             `json:"state" doc:"The state (the serialized checkpoint), base64."`
 	Token     int64              `json:"token,omitempty" doc:"The lock token it was written under, when fenced."`
 	CreatedAt time.Time          `json:"created_at" doc:"When it was written."`
-	Writes    []PendingWrite     `json:"pending_writes" doc:"The pending writes saved for it, by task then position."`
+	Writes    []PendingWrite     `json:"pending_writes" doc:"The pending writes saved for it, by task then index."`
 }
 
 // CheckpointPut is the answer to a put: the new checkpoint's coordinates.
@@ -62,13 +60,20 @@ type threadPath struct {
 	Thread string `path:"thread_id" minLength:"1" maxLength:"128" doc:"The thread: letters, digits, '.', '_', '-' and ':'."`
 }
 
+// Put modes.
+const (
+	putCAS    = "cas"
+	putAppend = "append"
+)
+
 type putCheckpointInput struct {
 	Thread string `path:"thread_id" minLength:"1" maxLength:"128" doc:"The thread: letters, digits, '.', '_', '-' and ':'."`
 	Body   struct {
-		NS       string             `json:"checkpoint_ns,omitempty" maxLength:"128" doc:"The checkpoint namespace; default \"\"."`
-		ID       string             `json:"checkpoint_id,omitempty" maxLength:"128" doc:"The new checkpoint's id (LangGraph's); generated, time-ordered, when absent."`
-		ParentID string             `json:"parent_checkpoint_id,omitempty" maxLength:"128" doc:"The thread's head this checkpoint follows (compare-and-swap): 409 when the head is another. Absent for a thread's first."`
-		Metadata CheckpointMetadata `json:"metadata,omitempty" doc:"Its metadata."`
+		NS       string             `json:"checkpoint_ns,omitempty" maxLength:"1024" doc:"The checkpoint namespace; default \"\". Any text of at most 1024 bytes without control characters, LangGraph's subgraph paths (\"parent:<task>|child:<task>\") included."`
+		ID       string             `json:"checkpoint_id,omitempty" maxLength:"128" doc:"The new checkpoint's id (LangGraph's); generated, time-ordered, when absent. With mode append, an existing checkpoint of this id is replaced."`
+		ParentID string             `json:"parent_checkpoint_id,omitempty" maxLength:"128" doc:"Its parent. Mode cas: the thread's head this checkpoint follows, 409 when the head is another; absent for a thread's first. Mode append: any checkpoint, or none."`
+		Mode     string             `json:"mode,omitempty" enum:"cas,append" doc:"cas (the default): compare-and-swap, written only if parent_checkpoint_id is the head. append: LangGraph's put, written whatever the head is (a fork, update_state, a replay from an older checkpoint). Either way it becomes the head, and a lock fences it."`
+		Metadata CheckpointMetadata `json:"metadata,omitempty" doc:"Its metadata: a JSON object of any keys and values, returned unaltered."`
 		State    []byte             `json:"state" doc:"The state, base64: at most 1 MiB decoded."`
 		Lock     string             `json:"lock,omitempty" maxLength:"128" doc:"Fence the write by this drover lock (POST /v1/locks/{name} with a session), held across the read-modify-write: a write after the lock was lost is a 409. Needs session and token."`
 		Session  string             `json:"session,omitempty" doc:"With lock: the session the lock is held under."`
@@ -76,39 +81,53 @@ type putCheckpointInput struct {
 	}
 }
 
+// PendingWriteInput is one write of a put writes request.
+type PendingWriteInput struct {
+	Channel string `json:"channel" minLength:"1" maxLength:"256" doc:"The channel."`
+	Value   []byte `json:"value,omitempty" doc:"The value, base64; absent for an empty value."`
+	Idx     *int   `json:"idx,omitempty" minimum:"-2147483648" maximum:"2147483647" doc:"Its index among the task's writes, as LangGraph's putWrites gives it (WRITES_IDX_MAP: __error__ -1, __scheduled__ -2, __interrupt__ -3, __resume__ -4, else the position); default: its position in this call. At an index >= 0 it is saved only if the task has no write there yet; at a negative index it replaces the task's earlier one."`
+}
+
 type putWritesInput struct {
 	Thread string `path:"thread_id" minLength:"1" maxLength:"128" doc:"The thread: letters, digits, '.', '_', '-' and ':'."`
 	ID     string `path:"checkpoint_id" minLength:"1" maxLength:"128" doc:"The checkpoint's id."`
 	Body   struct {
-		NS     string `json:"checkpoint_ns,omitempty" maxLength:"128" doc:"The checkpoint namespace; default \"\"."`
-		TaskID string `json:"task_id" minLength:"1" maxLength:"128" doc:"The task that made the writes."`
-		Writes []struct {
-			Channel string `json:"channel" minLength:"1" maxLength:"256" doc:"The channel."`
-			Value   []byte `json:"value" doc:"The value, base64."`
-		} `json:"writes" maxItems:"10000" doc:"The writes, in order: a write replaces the task's earlier one at the same position."`
-		Lock    string `json:"lock,omitempty" maxLength:"128" doc:"Fence the write by this drover lock (POST /v1/locks/{name} with a session), held across the read-modify-write: a write after the lock was lost is a 409. Needs session and token."`
-		Session string `json:"session,omitempty" doc:"With lock: the session the lock is held under."`
-		Token   int64  `json:"token,omitempty" minimum:"1" doc:"With lock: its fencing token. The store also refuses a token lower than one already seen for the thread."`
+		NS      string              `json:"checkpoint_ns,omitempty" maxLength:"1024" doc:"The checkpoint namespace; default \"\"."`
+		TaskID  string              `json:"task_id" minLength:"1" maxLength:"128" doc:"The task that made the writes."`
+		Writes  []PendingWriteInput `json:"writes" maxItems:"10000" doc:"The writes, each at its idx: insert-if-absent at an index >= 0 (a retried call changes nothing), replace at a negative one."`
+		Lock    string              `json:"lock,omitempty" maxLength:"128" doc:"Fence the write by this drover lock (POST /v1/locks/{name} with a session), held across the read-modify-write: a write after the lock was lost is a 409. Needs session and token."`
+		Session string              `json:"session,omitempty" doc:"With lock: the session the lock is held under."`
+		Token   int64               `json:"token,omitempty" minimum:"1" doc:"With lock: its fencing token. The store also refuses a token lower than one already seen for the thread."`
 	}
 }
 
 type getCheckpointInput struct {
 	Thread string `path:"thread_id" minLength:"1" maxLength:"128" doc:"The thread: letters, digits, '.', '_', '-' and ':'."`
 	ID     string `path:"checkpoint_id" minLength:"1" maxLength:"128" doc:"The checkpoint's id."`
-	NS     string `query:"checkpoint_ns" maxLength:"128" doc:"The checkpoint namespace; default \"\"."`
+	NS     string `query:"checkpoint_ns" maxLength:"1024" doc:"The checkpoint namespace; default \"\"."`
 }
 
 type headInput struct {
 	Thread string `path:"thread_id" minLength:"1" maxLength:"128" doc:"The thread: letters, digits, '.', '_', '-' and ':'."`
-	NS     string `query:"checkpoint_ns" maxLength:"128" doc:"The checkpoint namespace; default \"\"."`
+	NS     string `query:"checkpoint_ns" maxLength:"1024" doc:"The checkpoint namespace; default \"\"."`
 }
 
 type listCheckpointsInput struct {
 	Thread string   `path:"thread_id" minLength:"1" maxLength:"128" doc:"The thread: letters, digits, '.', '_', '-' and ':'."`
-	NS     string   `query:"checkpoint_ns" maxLength:"128" doc:"The checkpoint namespace; default \"\"."`
+	NS     string   `query:"checkpoint_ns" maxLength:"1024" doc:"The checkpoint namespace (checkpoint_ns= is the default one, \"\"). Absent: every namespace of the thread, newest first by id (LangGraph's list without checkpoint_ns)."`
 	Before string   `query:"before" maxLength:"128" doc:"Only checkpoints older than this id."`
 	Limit  int      `query:"limit" minimum:"0" maximum:"1000" doc:"The most returned; default 100."`
-	Filter []string `query:"filter,explode" doc:"key=value: only checkpoints whose metadata has it (source, step, writer or an extra key); repeat for more."`
+	Filter []string `query:"filter,explode" doc:"key=value: only checkpoints whose metadata has top-level key with a deeply equal value. The value is JSON (step=0, parents={\"\":\"1ef\"}, source=\"loop\"); one that is not valid JSON is taken as a string (source=loop). Repeat for more keys."`
+	// allNS is set when the query has no checkpoint_ns (see Resolve).
+	allNS bool
+}
+
+// Resolve tells an absent checkpoint_ns (every namespace) from an empty
+// one (the default namespace).
+func (in *listCheckpointsInput) Resolve(ctx huma.Context) []error {
+	u := ctx.URL()
+	in.allNS = !u.Query().Has("checkpoint_ns")
+	return nil
 }
 
 type checkpointOutput struct{ Body Checkpoint }
@@ -125,8 +144,9 @@ func (s *Server) checkpointRoutes() {
 	huma.Register(s.api, huma.Operation{
 		OperationID: "put-checkpoint", Method: http.MethodPost, Path: "/v1/threads/{thread_id}/checkpoints", Tags: tags,
 		Summary: "Put a checkpoint as the thread's new head",
-		Description: "Compare-and-swap: it is written only if parent_checkpoint_id is the thread's head (absent: the thread has none), " +
-			"else 409 naming the head, and nothing is written. With lock, session and token it is also fenced by that lock: 409 once lost. " +
+		Description: "Mode cas (the default), compare-and-swap: it is written only if parent_checkpoint_id is the thread's head (absent: the thread has none), " +
+			"else 409 naming the head, and nothing is written. Mode append (LangGraph's put): written on any parent, or none, for forks and time travel. " +
+			"Either way it becomes the head. With lock, session and token it is also fenced by that lock: 409 once lost. " +
 			"507 while etcd is past its high-water mark.",
 		DefaultStatus: http.StatusCreated,
 		MaxBodyBytes:  maxCheckpointBody,
@@ -134,8 +154,9 @@ func (s *Server) checkpointRoutes() {
 	}, s.putCheckpoint)
 	huma.Register(s.api, huma.Operation{
 		OperationID: "put-checkpoint-writes", Method: http.MethodPost, Path: "/v1/threads/{thread_id}/checkpoints/{checkpoint_id}/writes", Tags: tags,
-		Summary:       "Save a task's pending writes for a checkpoint (LangGraph's putWrites), all or nothing",
-		Description:   "404 when the checkpoint does not exist. Fenced like a put when lock, session and token are given.",
+		Summary: "Save a task's pending writes for a checkpoint (LangGraph's putWrites), all or nothing",
+		Description: "Each write at its idx: insert-if-absent at an index >= 0, replace at a negative one (LangGraph's special channels). " +
+			"404 when the checkpoint does not exist. Fenced like a put when lock, session and token are given.",
 		DefaultStatus: http.StatusNoContent,
 		MaxBodyBytes:  maxCheckpointBody,
 		Errors:        []int{http.StatusConflict, http.StatusNotFound, http.StatusRequestEntityTooLarge, http.StatusInsufficientStorage},
@@ -157,7 +178,7 @@ func (s *Server) checkpointRoutes() {
 	}, s.getCheckpointState)
 	huma.Register(s.api, huma.Operation{
 		OperationID: "list-checkpoints", Method: http.MethodGet, Path: "/v1/threads/{thread_id}/checkpoints", Tags: tags,
-		Summary: "The thread's checkpoints, newest first, with their pending writes (LangGraph's list)",
+		Summary: "The thread's checkpoints, newest first, with their pending writes (LangGraph's list); without checkpoint_ns, those of every namespace",
 	}, s.listCheckpoints)
 	huma.Register(s.api, huma.Operation{
 		OperationID: "delete-thread", Method: http.MethodDelete, Path: "/v1/threads/{thread_id}", Tags: tags,
