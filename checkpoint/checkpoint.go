@@ -98,6 +98,15 @@ type ListOptions struct {
 	// the thread, newest first by id (LangGraph's list without a
 	// checkpoint_ns); the ns argument of List must then be "".
 	AllNamespaces bool
+	// AllThreads lists the checkpoints of every thread of the store's
+	// namespace (LangGraph's list without a thread_id); the thread argument
+	// of List must then be "". Threads come in the byte order of their id
+	// followed by "/" (etcd's key order), each thread's checkpoints newest
+	// first by id as a one-thread List gives them; Before (an id: only
+	// older checkpoints, in every thread), Limit (in all) and Filter apply
+	// across them. With AllNamespaces every namespace of each thread, else
+	// namespace ns of each.
+	AllThreads bool
 }
 
 // Sentinel errors.
@@ -178,6 +187,30 @@ func check(thread, ns string) error {
 
 // checkPut checks a checkpoint to put: its names, and that it is not its
 // own parent.
+// checkList checks List's arguments, defaults opts.Limit, and returns the
+// encoded filter.
+func checkList(thread, ns string, opts *ListOptions) (filter, error) {
+	var err error
+	switch {
+	case !opts.AllThreads:
+		err = check(thread, ns)
+	case thread != "":
+		err = &drover.InputError{Field: "thread_id", Value: thread, Rule: "must be empty when listing every thread"}
+	default:
+		err = CheckNS(ns)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if opts.AllNamespaces && ns != "" {
+		return nil, &drover.InputError{Field: "checkpoint_ns", Value: ns, Rule: "must be empty when listing every namespace"}
+	}
+	if opts.Limit <= 0 {
+		opts.Limit = 100
+	}
+	return newFilter(opts.Filter)
+}
+
 func checkPut(cp Checkpoint) error {
 	if err := check(cp.ThreadID, cp.NS); err != nil {
 		return err

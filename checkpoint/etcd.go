@@ -9,7 +9,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/lease"
 	"github.com/droverhq/drover/lock"
@@ -200,23 +199,24 @@ func (s *Etcd) Get(ctx context.Context, thread, ns, id string) (*Checkpoint, err
 }
 
 // List returns the thread's checkpoints, newest first; with
-// opts.AllNamespaces those of every checkpoint namespace.
+// opts.AllNamespaces those of every checkpoint namespace, with
+// opts.AllThreads those of every thread (see ListOptions).
 func (s *Etcd) List(ctx context.Context, thread, ns string, opts ListOptions) ([]Checkpoint, error) {
-	if err := check(thread, ns); err != nil {
-		return nil, err
-	}
-	f, err := newFilter(opts.Filter)
+	f, err := checkList(thread, ns, &opts)
 	if err != nil {
 		return nil, err
 	}
-	if opts.Limit <= 0 {
-		opts.Limit = 100
+	if opts.AllThreads {
+		return s.listThreads(ctx, ns, opts, f)
 	}
+	return s.listThread(ctx, thread, ns, opts, f)
+}
+
+// listThread lists one thread: namespace ns, or with opts.AllNamespaces
+// every namespace, newest first.
+func (s *Etcd) listThread(ctx context.Context, thread, ns string, opts ListOptions, f filter) ([]Checkpoint, error) {
 	if !opts.AllNamespaces {
 		return s.list(ctx, thread, ns, opts, f)
-	}
-	if ns != "" {
-		return nil, &drover.InputError{Field: "checkpoint_ns", Value: ns, Rule: "must be empty when listing every namespace"}
 	}
 	nss, err := s.namespaces(ctx, thread)
 	if err != nil {

@@ -270,40 +270,38 @@ func (s *Postgres) Get(ctx context.Context, thread, ns, id string) (*Checkpoint,
 }
 
 // List returns the thread's checkpoints, newest first; with
-// opts.AllNamespaces those of every checkpoint namespace.
+// opts.AllNamespaces those of every checkpoint namespace, with
+// opts.AllThreads those of every thread (see ListOptions), in one query.
+// Ids, namespaces and threads are compared bytewise (COLLATE "C"), as the
+// etcd store orders its keys, whatever the database's collation.
 func (s *Postgres) List(ctx context.Context, thread, ns string, opts ListOptions) ([]Checkpoint, error) {
-	if err := check(thread, ns); err != nil {
-		return nil, err
-	}
-	f, err := newFilter(opts.Filter)
+	f, err := checkList(thread, ns, &opts)
 	if err != nil {
 		return nil, err
 	}
-	limit := opts.Limit
-	if limit <= 0 {
-		limit = 100
+	where := []string{"ns = $1"}
+	args := []any{s.ns}
+	add := func(cond string, v any) {
+		args = append(args, v)
+		where = append(where, fmt.Sprintf(cond, len(args)))
 	}
-	where := []string{"ns = $1", "thread_id = $2"}
-	args := []any{s.ns, thread}
-	if opts.AllNamespaces {
-		if ns != "" {
-			return nil, &drover.InputError{Field: "checkpoint_ns", Value: ns, Rule: "must be empty when listing every namespace"}
-		}
-	} else {
-		args = append(args, ns)
-		where = append(where, "checkpoint_ns = $3")
+	if !opts.AllThreads {
+		add("thread_id = $%d", thread)
+	}
+	if !opts.AllNamespaces {
+		add("checkpoint_ns = $%d", ns)
 	}
 	if opts.Before != "" {
-		args = append(args, opts.Before)
-		where = append(where, fmt.Sprintf("checkpoint_id < $%d", len(args)))
+		add(`checkpoint_id COLLATE "C" < $%d`, opts.Before)
 	}
 	for k, v := range f {
-		args = append(args, k, v)
-		where = append(where, fmt.Sprintf("metadata -> $%d::text = $%d::jsonb", len(args)-1, len(args)))
+		args = append(args, k)
+		add(fmt.Sprintf("metadata -> $%d::text = $%%d::jsonb", len(args)), v)
 	}
-	args = append(args, limit)
+	args = append(args, opts.Limit)
 	rows, err := s.pool.Query(ctx, `SELECT `+cpColumns+` FROM drover_checkpoints WHERE `+strings.Join(where, " AND ")+
-		fmt.Sprintf(` ORDER BY checkpoint_id DESC, checkpoint_ns LIMIT $%d`, len(args)), args...)
+		` ORDER BY (thread_id || '/') COLLATE "C", checkpoint_id COLLATE "C" DESC, checkpoint_ns COLLATE "C"`+
+		fmt.Sprintf(` LIMIT $%d`, len(args)), args...)
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: list %s: %w", thread, err)
 	}
@@ -316,7 +314,10 @@ func (s *Postgres) List(ctx context.Context, thread, ns string, opts ListOptions
 		}
 		out = append(out, *cp)
 	}
-	return out, rows.Err()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("checkpoint: list %s: %w", thread, err)
+	}
+	return out, nil
 }
 
 // DeleteThread deletes every checkpoint, write and head of the thread.

@@ -232,15 +232,36 @@ func (s *Server) listCheckpoints(ctx context.Context, in *listCheckpointsInput) 
 	if err := checkNames(in.Thread, in.NS, "query.checkpoint_ns", map[string]string{"query.before": in.Before}); err != nil {
 		return nil, err
 	}
-	filter, err := listFilter(in.Filter)
+	return s.listTuples(ctx, in.Thread, in.NS, in.Filter, checkpoint.ListOptions{Before: in.Before, Limit: in.Limit, AllNamespaces: in.allNS})
+}
+
+// listAllCheckpoints lists every thread (LangGraph's list without a
+// thread_id).
+func (s *Server) listAllCheckpoints(ctx context.Context, in *listAllCheckpointsInput) (*struct{ Body []Checkpoint }, error) {
+	if err := checkpoint.CheckNS(in.NS); err != nil {
+		return nil, problem(err, map[string]string{"checkpoint_ns": "query.checkpoint_ns"})
+	}
+	if in.Before != "" {
+		if err := keyspace.CheckName("query.before", in.Before); err != nil {
+			return nil, problem(err, nil)
+		}
+	}
+	return s.listTuples(ctx, "", in.NS, in.Filter, checkpoint.ListOptions{Before: in.Before, Limit: in.Limit, AllNamespaces: in.allNS, AllThreads: true})
+}
+
+// listTuples answers a list request: the checkpoints opts selects, each with its
+// pending writes.
+func (s *Server) listTuples(ctx context.Context, thread, ns string, filters []string, opts checkpoint.ListOptions) (*struct{ Body []Checkpoint }, error) {
+	filter, err := listFilter(filters)
 	if err != nil {
 		return nil, err
 	}
+	opts.Filter = filter
 	store, err := s.checkpointStore(ctx)
 	if err != nil {
 		return nil, err
 	}
-	cps, err := store.List(ctx, in.Thread, in.NS, checkpoint.ListOptions{Before: in.Before, Limit: in.Limit, Filter: filter, AllNamespaces: in.allNS})
+	cps, err := store.List(ctx, thread, ns, opts)
 	if err != nil {
 		return nil, checkpointProblem(err)
 	}

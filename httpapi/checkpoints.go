@@ -130,6 +130,24 @@ func (in *listCheckpointsInput) Resolve(ctx huma.Context) []error {
 	return nil
 }
 
+// listAllCheckpointsInput lists the checkpoints of every thread.
+type listAllCheckpointsInput struct {
+	NS     string   `query:"checkpoint_ns" maxLength:"1024" doc:"The checkpoint namespace (checkpoint_ns= is the default one, \"\"). Absent: every namespace of each thread."`
+	Before string   `query:"before" maxLength:"128" doc:"Only checkpoints whose id is below this one, in every thread (LangGraph's before: a config's checkpoint_id)."`
+	Limit  int      `query:"limit" minimum:"0" maximum:"1000" doc:"The most returned, across threads; default 100."`
+	Filter []string `query:"filter,explode" doc:"key=value: only checkpoints whose metadata has top-level key with a deeply equal value. The value is JSON (step=0, parents={\"\":\"1ef\"}, source=\"loop\"); one that is not valid JSON is taken as a string (source=loop). Repeat for more keys."`
+	// allNS is set when the query has no checkpoint_ns (see Resolve).
+	allNS bool
+}
+
+// Resolve tells an absent checkpoint_ns (every namespace) from an empty
+// one (the default namespace).
+func (in *listAllCheckpointsInput) Resolve(ctx huma.Context) []error {
+	u := ctx.URL()
+	in.allNS = !u.Query().Has("checkpoint_ns")
+	return nil
+}
+
 type checkpointOutput struct{ Body Checkpoint }
 
 // maxCheckpointBody is the largest checkpoint put or writes request: the
@@ -180,6 +198,14 @@ func (s *Server) checkpointRoutes() {
 		OperationID: "list-checkpoints", Method: http.MethodGet, Path: "/v1/threads/{thread_id}/checkpoints", Tags: tags,
 		Summary: "The thread's checkpoints, newest first, with their pending writes (LangGraph's list); without checkpoint_ns, those of every namespace",
 	}, s.listCheckpoints)
+	huma.Register(s.api, huma.Operation{
+		OperationID: "list-all-checkpoints", Method: http.MethodGet, Path: "/v1/checkpoints", Tags: tags,
+		Summary: "The checkpoints of every thread, with their pending writes (LangGraph's list without a thread_id)",
+		Description: "Threads in the byte order of their id followed by \"/\" (the etcd key order), each thread's checkpoints newest first by id " +
+			"(across namespaces when checkpoint_ns is absent), as the thread's own list gives them. " +
+			"before compares checkpoint ids in every thread; limit counts across threads; filter as on the thread's list. " +
+			"The cost grows with the threads read before the limit is reached: every thread when before or filter keeps few.",
+	}, s.listAllCheckpoints)
 	huma.Register(s.api, huma.Operation{
 		OperationID: "delete-thread", Method: http.MethodDelete, Path: "/v1/threads/{thread_id}", Tags: tags,
 		Summary:       "Delete every checkpoint, write and fence of a thread, in every checkpoint namespace",

@@ -159,7 +159,8 @@ func TestCheckpointLockFencedPut(t *testing.T) {
 	a := newAPI(t)
 	s, s2 := a.session(30), a.session(30)
 	older := a.do("POST", "/v1/locks/other", map[string]any{"session": s}).want(t, 200).num("token")
-	tok1 := a.do("POST", "/v1/locks/thread-x", map[string]any{"session": s}).want(t, 200).num("token")
+	l1 := a.do("POST", "/v1/locks/thread-x", map[string]any{"session": s}).want(t, 200)
+	tok1 := l1.num("token")
 	fenced := func(parent string, tok float64, state string) map[string]any {
 		return map[string]any{"parent_checkpoint_id": parent, "state": b64(state), "lock": "thread-x", "session": s, "token": tok}
 	}
@@ -168,7 +169,7 @@ func TestCheckpointLockFencedPut(t *testing.T) {
 	if r.num("token") != tok1 {
 		t.Fatalf("put under token %v: %s", tok1, r.Raw)
 	}
-	a.do("DELETE", fmt.Sprintf("/v1/locks/thread-x?token=%d&session=%s", int64(tok1), s), nil).want(t, 204)
+	a.do("DELETE", fmt.Sprintf("/v1/locks/thread-x?token=%d&session=%s&contender=%s", int64(tok1), s, l1.str("contender")), nil).want(t, 204)
 	tok2 := a.do("POST", "/v1/locks/thread-x", map[string]any{"session": s}).want(t, 200).num("token")
 
 	before := a.keyCount()
@@ -333,6 +334,12 @@ func badCheckpointRequests(s, head string) []badCheckpointRequest {
 		{"GET", "/v1/threads/ok/checkpoints?before=a*b", nil, 400},
 		{"GET", "/v1/threads/ok/checkpoints?filter=source", nil, 400},
 		{"GET", "/v1/threads/bad*t/checkpoints", nil, 400},
+		{"GET", "/v1/checkpoints?checkpoint_ns=%00", nil, 400},
+		{"GET", "/v1/checkpoints?before=a*b", nil, 400},
+		{"GET", "/v1/checkpoints?limit=5000", nil, 400},
+		{"GET", "/v1/checkpoints?limit=-1", nil, 400},
+		{"GET", "/v1/checkpoints?filter==1", nil, 400},
+		{"GET", "/v1/checkpoints?filter=source", nil, 400},
 		{"DELETE", "/v1/threads/bad*t", nil, 400},
 		{"DELETE", "/v1/threads/" + strings.Repeat("t", 129), nil, 400},
 	}
@@ -367,14 +374,15 @@ func TestCheckpointForkAppend(t *testing.T) {
 	}
 
 	s := a.session(30)
-	tok1 := a.do("POST", "/v1/locks/fk", map[string]any{"session": s}).want(t, 200).num("token")
+	l1 := a.do("POST", "/v1/locks/fk", map[string]any{"session": s}).want(t, 200)
+	tok1 := l1.num("token")
 	appendUnder := func(tok float64, state string) resp {
 		return a.put("fk", map[string]any{"mode": "append", "parent_checkpoint_id": c1, "state": b64(state), "lock": "fk", "session": s, "token": tok})
 	}
 	if r := appendUnder(tok1, "locked").want(t, 201); r.num("token") != tok1 {
 		t.Fatalf("fenced append: %s", r.Raw)
 	}
-	a.do("DELETE", fmt.Sprintf("/v1/locks/fk?token=%d&session=%s", int64(tok1), s), nil).want(t, 204)
+	a.do("DELETE", fmt.Sprintf("/v1/locks/fk?token=%d&session=%s&contender=%s", int64(tok1), s, l1.str("contender")), nil).want(t, 204)
 	tok2 := a.do("POST", "/v1/locks/fk", map[string]any{"session": s}).want(t, 200).num("token")
 	before = a.keyCount()
 	appendUnder(tok1, "stale").problem(t, 409)

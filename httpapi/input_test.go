@@ -37,7 +37,9 @@ func TestBadInputSessionsAndLocks(t *testing.T) {
 		{"lock: bad session", "POST", "/v1/locks/a", `{"session": "zz"}`, 400, "session"},
 		{"release: no token", "DELETE", "/v1/locks/a?session=" + sid, nil, 400, "query.token"},
 		{"release: token not a number", "DELETE", "/v1/locks/a?token=x&session=" + sid, nil, 400, "query.token"},
-		{"release: neither session nor owner", "DELETE", "/v1/locks/a?token=5", nil, 400, "query.session"},
+		{"release: no contender", "DELETE", "/v1/locks/a?token=5&session=" + sid, nil, 400, "query.contender"},
+		{"release: bad contender", "DELETE", "/v1/locks/a?token=5&contender=nothex-0", nil, 400, "query.contender"},
+		{"lock: a task runner's lock", "POST", "/v1/locks/task:job-1", `{"session": "` + sid + `"}`, 400, "path.name"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			before := a.keyCount()

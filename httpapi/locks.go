@@ -10,8 +10,10 @@ import (
 	"time"
 
 	"github.com/danielgtaylor/huma/v2"
+	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/lease"
 	"github.com/droverhq/drover/lock"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -40,7 +42,7 @@ type LockAcquired struct {
 	Token     int64       `json:"token" doc:"The fencing token: pass it to every write made under the lock, and to release it."`
 	Holder    lock.Holder `json:"holder"`
 	Session   string      `json:"session,omitempty" doc:"The session the lock is bound to, when one was given."`
-	Contender string      `json:"contender" doc:"The holding's key within the lock: pass it to release to release in one step."`
+	Contender string      `json:"contender" doc:"The holding's key within the lock, a secret of the holder: pass it, with the token, to release."`
 	ExpiresAt time.Time   `json:"expires_at" doc:"When the lock frees itself unless the session is kept alive (an owner lock is never renewed)."`
 }
 
@@ -61,10 +63,10 @@ type acquireInput struct {
 type releaseInput struct {
 	Name    string `path:"name" minLength:"1" maxLength:"128" doc:"The lock's name."`
 	Token   int64  `query:"token" required:"true" minimum:"1" doc:"The fencing token the acquisition returned."`
-	Session string `query:"session" doc:"The session the lock was acquired under."`
-	Owner   string `query:"owner" doc:"The owner named at acquisition, for a lock taken with owner and ttl."`
-	// Contender lets a session's release skip the read of the holder.
-	Contender string `query:"contender" doc:"With session: the contender the acquisition returned; the release then takes one step instead of two."`
+	Session string `query:"session" doc:"The session the lock was acquired under (checked against the contender)."`
+	Owner   string `query:"owner" doc:"The owner named at acquisition, for a lock taken with owner and ttl: its lease is revoked with the release."`
+	// Contender proves the holding, with the token.
+	Contender string `query:"contender" required:"true" doc:"The contender the acquisition returned: with the token it proves the holding."`
 }
 
 type lockStatusOutput struct{ Body LockStatus }
@@ -142,8 +144,8 @@ func (s *Server) wait(location, v string) (time.Duration, error) {
 }
 
 func (s *Server) acquireLock(ctx context.Context, in *acquireInput) (*struct{ Body LockAcquired }, error) {
-	if err := lock.CheckName(in.Name); err != nil {
-		return nil, problem(err, map[string]string{"name": "path.name"})
+	if err := checkLockName(in.Name); err != nil {
+		return nil, err
 	}
 	wait, err := s.wait("query.wait", in.Wait)
 	if err != nil {
@@ -166,7 +168,7 @@ func (s *Server) acquireLock(ctx context.Context, in *acquireInput) (*struct{ Bo
 		}
 		l, holder, expires = sess.lease, sess.name, sess.lease.Deadline()
 		if holder == "" {
-			holder = "session " + b.Session
+			holder = "http-session" // never the id: with a token it proves holdings
 		}
 	case b.Owner != "" && b.TTL > 0:
 		sent := time.Now()
@@ -226,40 +228,35 @@ func (s *Server) lockStatus(ctx context.Context, in *lockPath) (*lockStatusOutpu
 }
 
 func (s *Server) releaseLock(ctx context.Context, in *releaseInput) (*struct{}, error) {
-	if err := lock.CheckName(in.Name); err != nil {
-		return nil, problem(err, map[string]string{"name": "path.name"})
+	if err := checkLockName(in.Name); err != nil {
+		return nil, err
 	}
-	var match func(clientv3.LeaseID, lock.Holder) bool
-	switch {
-	case in.Session != "" && in.Owner != "":
+	if in.Session != "" && in.Owner != "" {
 		return nil, invalid("query.session", in.Session, "give the session or the owner the lock was acquired with, not both")
-	case in.Session != "":
+	}
+	if in.Contender == "" {
+		return nil, invalid("query.contender", nil, "is required: the contender the acquisition returned (with the token, it proves the holding)")
+	}
+	// The contender's name starts with the lease it was created under (a
+	// key's name never changes), and its random part is known only to the
+	// client that acquired it: with the token it proves the holding.
+	leaseHex, _, _ := strings.Cut(in.Contender, "-")
+	lid, err := strconv.ParseUint(leaseHex, 16, 64)
+	if err != nil || len(leaseHex) != 16 {
+		return nil, invalid("query.contender", in.Contender, "must be the contender the acquisition returned")
+	}
+	if in.Session != "" {
 		id, err := strconv.ParseUint(in.Session, 16, 64)
-		if err != nil {
-			return nil, invalid("query.session", in.Session, "must be a session id")
+		if err != nil || id != lid {
+			return nil, invalid("query.contender", in.Contender, "must be a contender of the session's own, as the acquisition returned it")
 		}
-		match = func(l clientv3.LeaseID, _ lock.Holder) bool { return l == clientv3.LeaseID(id) }
-	case in.Owner != "":
-		match = func(_ clientv3.LeaseID, h lock.Holder) bool { return h.ID == in.Owner }
-	default:
-		return nil, invalid("query.session", nil, "give the session (or the owner) the lock was acquired with")
 	}
 	l, err := s.locker(ctx, nil, "")
 	if err != nil {
 		return nil, err
 	}
 	defer l.Close(context.WithoutCancel(ctx))
-	release := func() error { return l.ReleaseIf(ctx, in.Name, in.Token, match) }
-	if in.Contender != "" && in.Session != "" {
-		// The key's name carries the lease it was created under, and a
-		// key's name never changes: a session can name only its own.
-		id, _ := strconv.ParseUint(in.Session, 16, 64)
-		if !strings.HasPrefix(in.Contender, fmt.Sprintf("%016x-", id)) {
-			return nil, invalid("query.contender", in.Contender, "must be a contender of the session's own, as the acquisition returned it")
-		}
-		release = func() error { return l.ReleaseContender(ctx, in.Name, in.Contender, in.Token) }
-	}
-	if err := release(); err != nil {
+	if err := l.ReleaseContender(ctx, in.Name, in.Contender, in.Token); err != nil {
 		var nh *lock.NotHeldError
 		if errors.As(err, &nh) {
 			p := newProblem(http.StatusConflict, "lock-not-held", err.Error()+": nothing was released")
@@ -271,5 +268,25 @@ func (s *Server) releaseLock(ctx context.Context, in *releaseInput) (*struct{}, 
 		}
 		return nil, problem(err, nil)
 	}
+	if in.Owner != "" {
+		// An owner lock's lease was granted for it alone: give it back.
+		if _, err := s.cli.Revoke(ctx, clientv3.LeaseID(lid)); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			s.cfg.Logger.Warn("owner lock released, its lease not revoked (it expires by itself)", "lock", in.Name, "err", err)
+		}
+	}
 	return nil, nil
+}
+
+// checkLockName checks a lock name of the API: a valid name, and not one
+// of the task runner's locks ("task:ID"), which are taken only through the
+// agent-task routes (their claim also checks that no queue worker runs the
+// task).
+func checkLockName(name string) error {
+	if err := lock.CheckName(name); err != nil {
+		return problem(err, map[string]string{"name": "path.name"})
+	}
+	if strings.HasPrefix(name, keyspace.TaskLock("")) {
+		return invalid("path.name", name, "must not start with \"task:\": agent tasks are claimed with POST /v1/agent-tasks/{id}/claim")
+	}
+	return nil
 }

@@ -1,7 +1,9 @@
 package httpapi_test
 
 import (
+	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -15,7 +17,7 @@ func TestLockSessionLifecycle(t *testing.T) {
 	a := newAPI(t)
 	s1, s2 := a.session(10), a.session(10)
 	r := a.do("POST", "/v1/locks/report-42", map[string]any{"session": s1}).want(t, 200)
-	tok := int64(r.num("token"))
+	tok, cont := int64(r.num("token")), r.str("contender")
 	if tok <= 0 || r.str("status") != "acquired" || r.str("session") != s1 {
 		t.Fatalf("acquire: %s", r.Raw)
 	}
@@ -31,10 +33,15 @@ func TestLockSessionLifecycle(t *testing.T) {
 		t.Fatalf("list: %s", l.Raw)
 	}
 	// Wrong token, wrong session: 409, nothing released.
-	a.do("DELETE", fmt.Sprintf("/v1/locks/report-42?token=%d&session=%s", tok+1, s1), nil).problem(t, 409)
-	a.do("DELETE", fmt.Sprintf("/v1/locks/report-42?token=%d&session=%s", tok, s2), nil).problem(t, 409)
+	a.do("DELETE", fmt.Sprintf("/v1/locks/report-42?token=%d&session=%s&contender=%s", tok+1, s1, cont), nil).problem(t, 409)
+	a.do("DELETE", fmt.Sprintf("/v1/locks/report-42?token=%d&session=%s&contender=%s", tok, s2, cont), nil).problem(t, 400)
+	a.do("DELETE", fmt.Sprintf("/v1/locks/report-42?token=%d&session=%s", tok, s1), nil).problem(t, 400)
+	// Knowing the token and the session is not enough: the contender's
+	// random part is the holder's alone.
+	forged := cont[:strings.LastIndex(cont[:len(cont)-2], "-")+1] + "aaaaaaaaaaaaaaaaaaaaaaaaaa-0"
+	a.do("DELETE", fmt.Sprintf("/v1/locks/report-42?token=%d&session=%s&contender=%s", tok, s1, forged), nil).problem(t, 409)
 	a.do("GET", "/v1/locks/report-42", nil).want(t, 200)
-	a.do("DELETE", fmt.Sprintf("/v1/locks/report-42?token=%d&session=%s", tok, s1), nil).want(t, 204)
+	a.do("DELETE", fmt.Sprintf("/v1/locks/report-42?token=%d&session=%s&contender=%s", tok, s1, cont), nil).want(t, 204)
 	a.do("GET", "/v1/locks/report-42", nil).problem(t, 404)
 	r2 := a.do("POST", "/v1/locks/report-42", map[string]any{"session": s2}).want(t, 200)
 	if int64(r2.num("token")) <= tok {
@@ -48,12 +55,12 @@ func TestLockSessionLifecycle(t *testing.T) {
 func TestLockServicePath(t *testing.T) {
 	a := newAPI(t)
 	r := a.do("POST", "/locks/res-1", map[string]any{"owner": "client-abc", "ttl": 2}).want(t, 200)
-	tok := int64(r.num("token"))
+	tok, cont := int64(r.num("token")), r.str("contender")
 	a.do("POST", "/locks/res-1", map[string]any{"owner": "client-xyz", "ttl": 2}).problem(t, 409)
 	if g := a.do("GET", "/v1/locks/res-1", nil).want(t, 200); g.JSON["holder"].(map[string]any)["id"] != "client-abc" {
 		t.Fatalf("holder: %s", g.Raw)
 	}
-	a.do("DELETE", fmt.Sprintf("/locks/res-1?token=%d&owner=client-xyz", tok), nil).problem(t, 409)
+	a.do("DELETE", fmt.Sprintf("/locks/res-1?token=%d&owner=client-xyz&contender=%s", tok+1, cont), nil).problem(t, 409)
 	start := time.Now()
 	for a.do("GET", "/locks/res-1", nil).Status == 200 {
 		if time.Since(start) > 4*time.Second {
@@ -61,8 +68,21 @@ func TestLockServicePath(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	r = a.do("POST", "/locks/res-1", map[string]any{"owner": "client-xyz", "ttl": 5}).want(t, 200)
-	a.do("DELETE", fmt.Sprintf("/locks/res-1?token=%d&owner=client-xyz", int64(r.num("token"))), nil).want(t, 204)
+	r = a.do("POST", "/locks/res-1", map[string]any{"owner": "client-xyz", "ttl": 3600}).want(t, 200)
+	leases := func() int {
+		l, err := a.cli.Leases(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(l.Leases)
+	}
+	before := leases()
+	a.do("DELETE", fmt.Sprintf("/locks/res-1?token=%d&owner=client-xyz&contender=%s", int64(r.num("token")), r.str("contender")), nil).want(t, 204)
+	if after := leases(); after != before-1 {
+		t.Fatalf("leases %d before the owner lock's release, %d after: its lease was not revoked", before, after)
+	}
+	// The task runner's locks are taken only through the agent-task routes.
+	a.do("POST", "/locks/task:job-1", map[string]any{"owner": "x", "ttl": 5}).problem(t, 400)
 }
 
 // TestLockWaitInLine: ?wait= waits for the holder's release and then
@@ -70,7 +90,8 @@ func TestLockServicePath(t *testing.T) {
 func TestLockWaitInLine(t *testing.T) {
 	a := newAPI(t)
 	s1, s2 := a.session(10), a.session(10)
-	tok := int64(a.do("POST", "/v1/locks/w", map[string]any{"session": s1}).want(t, 200).num("token"))
+	first := a.do("POST", "/v1/locks/w", map[string]any{"session": s1}).want(t, 200)
+	tok := int64(first.num("token"))
 	start := time.Now()
 	a.do("POST", "/v1/locks/w?wait=300ms", map[string]any{"session": s2}).problem(t, 409)
 	if d := time.Since(start); d < 250*time.Millisecond {
@@ -82,7 +103,7 @@ func TestLockWaitInLine(t *testing.T) {
 	go func() { defer wg.Done(); got = a.do("POST", "/v1/locks/w?wait=5s", map[string]any{"session": s2}) }()
 	time.Sleep(200 * time.Millisecond)
 	released := time.Now()
-	a.do("DELETE", fmt.Sprintf("/v1/locks/w?token=%d&session=%s", tok, s1), nil).want(t, 204)
+	a.do("DELETE", fmt.Sprintf("/v1/locks/w?token=%d&session=%s&contender=%s", tok, s1, first.str("contender")), nil).want(t, 204)
 	wg.Wait()
 	got.want(t, 200)
 	if d := time.Since(released); d > time.Second {
@@ -135,7 +156,7 @@ func TestLockMutualExclusion(t *testing.T) {
 				mu.Lock()
 				inside--
 				mu.Unlock()
-				a.do("DELETE", fmt.Sprintf("/v1/locks/mx?token=%d&session=%s", int64(r.num("token")), sid), nil)
+				a.do("DELETE", fmt.Sprintf("/v1/locks/mx?token=%d&session=%s&contender=%s", int64(r.num("token")), sid, r.str("contender")), nil)
 			}
 		}()
 	}
@@ -157,6 +178,7 @@ func TestLockReleaseByContender(t *testing.T) {
 		t.Fatalf("no contender: %s", r.Raw)
 	}
 	a.do("DELETE", fmt.Sprintf("/v1/locks/c?token=%d&session=%s&contender=%s", tok, s2, cont), nil).problem(t, 400)
+	a.do("DELETE", fmt.Sprintf("/v1/locks/c?token=%d&contender=%s", tok, "zz-1"), nil).problem(t, 400)
 	a.do("DELETE", fmt.Sprintf("/v1/locks/c?token=%d&session=%s&contender=%s", tok+1, s1, cont), nil).problem(t, 409)
 	a.do("GET", "/v1/locks/c", nil).want(t, 200)
 	a.do("DELETE", fmt.Sprintf("/v1/locks/c?token=%d&session=%s&contender=%s", tok, s1, cont), nil).want(t, 204)

@@ -3,11 +3,11 @@ package lock
 import (
 	"bytes"
 	"context"
+	crand "crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"sort"
 	"strconv"
 	"strings"
@@ -112,7 +112,9 @@ func NewEtcd(ctx context.Context, cli *clientv3.Client, cfg EtcdConfig) (*Etcd, 
 		}
 		e.lease, e.ownsLease = l, true
 	}
-	e.nonce = fmt.Sprintf("%016x-%08x-", int64(e.lease.ID()), rand.Uint32())
+	// The random part (128 bits, crypto/rand) makes a holding's key a
+	// secret of its holder: the HTTP API releases by it.
+	e.nonce = fmt.Sprintf("%016x-%s-", int64(e.lease.ID()), strings.ToLower(crand.Text()))
 	return e, nil
 }
 

@@ -1,0 +1,23 @@
+package keyspace
+
+import "strings"
+
+// CheckpointThreads is the prefix of every thread's checkpoints, ending in
+// "/": [Space.Checkpoints](thread) is CheckpointThreads() + thread + "/".
+// Threads sort under it in the byte order of their id followed by "/".
+func (s Space) CheckpointThreads() string { return s.root + "checkpoints/" }
+
+// CheckpointThreadOfKey is the thread whose key under
+// [Space.CheckpointThreads] key is; false for a key that is not under it or
+// whose thread segment is not a valid name.
+func (s Space) CheckpointThreadOfKey(key string) (string, bool) {
+	rest, ok := strings.CutPrefix(key, s.CheckpointThreads())
+	if !ok {
+		return "", false
+	}
+	thread, _, ok := strings.Cut(rest, "/")
+	if !ok || !validName(thread) {
+		return "", false
+	}
+	return thread, true
+}
