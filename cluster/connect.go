@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/droverhq/drover"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
@@ -129,7 +130,9 @@ func Connect(ctx context.Context, cfg ClientConfig) (*clientv3.Client, error) {
 	}
 	cctx, cancel := context.WithTimeout(ctx, cfg.DialTimeout)
 	defer cancel()
-	if _, err := cli.Get(cctx, "/", clientv3.WithCountOnly()); err != nil {
+	// A user whose role covers only some keys (etcd auth) is refused the
+	// read of "/": that refusal came from etcd, which is reachable.
+	if _, err := cli.Get(cctx, "/", clientv3.WithCountOnly()); err != nil && !errors.Is(err, rpctypes.ErrPermissionDenied) {
 		_ = cli.Close()
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("cluster: connect: %w", ctx.Err())

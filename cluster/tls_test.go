@@ -20,6 +20,7 @@ import (
 	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/cluster"
 	"github.com/droverhq/drover/internal/etcdtest"
+	clientv3 "go.etcd.io/etcd/client/v3"
 	etcdembed "go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
 )
@@ -134,8 +135,31 @@ func TestConnectTLSAndAuth(t *testing.T) {
 	if _, err := cli.UserGrantRole(ctx, "root", "root"); err != nil {
 		t.Fatal(err)
 	}
+	// A least-privilege user: read and write under /drover/ only.
+	if _, err := cli.RoleAdd(ctx, "app"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.RoleGrantPermission(ctx, "app", "/drover/", clientv3.GetPrefixRangeEnd("/drover/"), clientv3.PermissionType(clientv3.PermReadWrite)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.UserAdd(ctx, "app", "app-pass"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.UserGrantRole(ctx, "app", "app"); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := cli.AuthEnable(ctx); err != nil {
 		t.Fatal(err)
+	}
+	app := good
+	app.Username, app.Password = "app", "app-pass"
+	appCli, err := cluster.Connect(ctx, app)
+	if err != nil {
+		t.Fatalf("a user allowed /drover/ only: %v", err)
+	}
+	defer appCli.Close()
+	if _, err := appCli.Put(ctx, "/drover/app", "y"); err != nil {
+		t.Fatalf("put within its role: %v", err)
 	}
 	withUser := good
 	withUser.Cert, withUser.Key = p.clientCert, p.clientKey

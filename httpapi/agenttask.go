@@ -72,7 +72,7 @@ func (s *Server) claimTask(ctx context.Context, in *claimTaskInput) (*struct{ Bo
 	}
 	holder := sess.name
 	if holder == "" {
-		holder = "session " + in.Body.Session
+		holder = "http-session" // never the id: with a token it proves holdings
 	}
 	locker, err := s.locker(ctx, sess.lease, holder)
 	if err != nil {

@@ -109,6 +109,11 @@ func NewAuth(entries []AuthEntry) (*Auth, error) {
 		default:
 			return nil, &drover.InputError{Field: field("token"), Rule: "is required (or sha256)"}
 		}
+		for _, prev := range a.entries {
+			if prev.sum == ae.sum {
+				return nil, &drover.InputError{Field: field("token"), Rule: fmt.Sprintf("is the same token as %q: each token has one entry", prev.name)}
+			}
+		}
 		r, ok := roleNames[e.Role]
 		if !ok {
 			return nil, &drover.InputError{Field: field("role"), Value: e.Role, Rule: "must be read, write or admin"}
@@ -192,28 +197,23 @@ func (s *Server) authorize(ctx huma.Context, next func(huma.Context)) {
 		next(ctx)
 		return
 	}
-	if _, err := keyspace.New(ns); err != nil {
-		s.writeProblem(ctx, invalid("header."+NamespaceHeader, ns, "must be a namespace name: letters, digits, '.', '_' and '-'"))
-		return
-	}
 	who := "anonymous"
 	if s.cfg.Auth != nil {
-		h := ctx.Header("Authorization")
-		token, ok := strings.CutPrefix(h, "Bearer ")
-		if !ok || token == "" {
+		scheme, token, _ := strings.Cut(ctx.Header("Authorization"), " ")
+		if !strings.EqualFold(scheme, "Bearer") || token == "" {
 			p := newProblem(http.StatusUnauthorized, "unauthorized", "this server requires a bearer token: send `Authorization: Bearer TOKEN` with a token of its --auth-file")
 			p.headers = http.Header{"WWW-Authenticate": {`Bearer realm="drover"`}}
 			s.writeProblem(ctx, p)
 			return
 		}
-		e, ok := s.cfg.Auth.match(token)
+		e, ok := s.cfg.Auth.match(strings.TrimSpace(token))
 		if !ok {
 			p := newProblem(http.StatusUnauthorized, "unauthorized", "the bearer token is not one of this server's --auth-file")
 			p.headers = http.Header{"WWW-Authenticate": {`Bearer realm="drover", error="invalid_token"`}}
 			s.writeProblem(ctx, p)
 			return
 		}
-		if !e.allows(ns) {
+		if !e.allows(ns) && validNamespace(ns) {
 			s.writeProblem(ctx, newProblem(http.StatusForbidden, "forbidden",
 				fmt.Sprintf("token %q may not use namespace %q; send %s with one of its namespaces (%s)", e.name, ns, NamespaceHeader, strings.Join(e.namespaces, ", "))))
 			return
@@ -225,10 +225,16 @@ func (s *Server) authorize(ctx huma.Context, next func(huma.Context)) {
 		}
 		who = e.name
 	}
+	if !validNamespace(ns) {
+		s.writeProblem(ctx, invalid("header."+NamespaceHeader, ns, "must be a namespace name: letters, digits, '.', '_' and '-'"))
+		return
+	}
 	ctx = huma.WithValue(ctx, nsKey, ns)
 	ctx = huma.WithValue(ctx, whoKey, who)
 	next(ctx)
 }
+
+func validNamespace(ns string) bool { _, err := keyspace.New(ns); return err == nil }
 
 // writeProblem answers with p from a middleware.
 func (s *Server) writeProblem(ctx huma.Context, p *Problem) {

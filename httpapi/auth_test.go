@@ -54,8 +54,13 @@ func TestAuthMatrix(t *testing.T) {
 	a.do("GET", "/v1/locks", nil).problem(t, 401)
 	a.do("GET", "/v1/locks", nil, "Authorization: Basic dXNlcjpwYXNz").problem(t, 401)
 
+	// No token and a bad namespace: 401 first, the namespace is not judged.
+	a.do("GET", "/v1/locks", nil, httpapi.NamespaceHeader+": bad/ns").problem(t, 401)
+	a.do("GET", "/v1/locks", nil, "Authorization: bearer "+readTok).want(t, 200)
+
 	a.token = readTok
 	a.do("GET", "/v1/locks", nil).want(t, 200)
+	a.do("GET", "/v1/locks", nil, httpapi.NamespaceHeader+": bad/ns").problem(t, 400)
 	before := a.keyCount()
 	a.do("POST", "/v1/sessions", map[string]any{"ttl": 5}).problem(t, 403)
 	if a.keyCount() != before {

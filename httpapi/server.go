@@ -178,6 +178,7 @@ func (s *Server) Serve(l net.Listener, tlsCert, tlsKey string) error {
 	s.srv = &http.Server{
 		Handler:           s.handler,
 		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       2 * time.Minute, // a slow client's body (submissions take up to 64 MiB)
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(s.cfg.Logger.Handler(), slog.LevelWarn),
 	}

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"net"
 	"sync"
@@ -42,6 +43,11 @@ func (h *httpFlags) check() error {
 	}
 	if (h.tlsCert == "") != (h.tlsKey == "") {
 		return &drover.InputError{Field: "--tls-cert", Value: h.tlsCert, Rule: "needs --tls-key, and the other way round"}
+	}
+	if h.tlsCert != "" {
+		if _, err := tls.LoadX509KeyPair(h.tlsCert, h.tlsKey); err != nil {
+			return usageError{fmt.Errorf("--tls-cert %s with --tls-key %s: %w; give a PEM certificate and its private key", h.tlsCert, h.tlsKey, err)}
+		}
 	}
 	if h.authFile != "" {
 		if h.auth, err = httpapi.LoadAuth(h.authFile); err != nil {
