@@ -19,21 +19,22 @@ import (
 // may be up to registry.MaxDataLen (64 KiB), with room for the rest.
 const MaxRegisterBytes = 128 << 10
 
-// EndpointBody is a registered endpoint as the API shows it.
+// EndpointBody is a registered endpoint as the API shows it. Its lease is
+// not shown: for an endpoint registered over the API it is the session's
+// id, which with a token proves what the session holds.
 type EndpointBody struct {
 	Component      string          `json:"component" doc:"The component it is registered under."`
 	ID             string          `json:"id" doc:"The endpoint's id, unique within its component."`
 	Subject        string          `json:"subject,omitempty" doc:"Its subject; default {namespace}.{component}.{id}."`
 	Address        string          `json:"address" doc:"Where to reach it."`
 	Data           json.RawMessage `json:"data,omitempty" doc:"What it publishes about itself (load figures...): a JSON object."`
-	Lease          string          `json:"lease,omitempty" doc:"The etcd lease it is bound to, in hex: the session's id for endpoints registered over this API. It disappears when the lease ends."`
 	CreateRevision int64           `json:"create_revision" doc:"The etcd revision it was registered at."`
 	ModRevision    int64           `json:"mod_revision" doc:"The etcd revision it was last written at."`
 }
 
 func endpointBodyOf(in registry.Instance) EndpointBody {
 	return EndpointBody{Component: in.Component, ID: in.ID, Subject: in.Subject, Address: in.Address, Data: in.Data,
-		Lease: formatLease(in.Lease), CreateRevision: in.CreateRevision, ModRevision: in.ModRevision}
+		CreateRevision: in.CreateRevision, ModRevision: in.ModRevision}
 }
 
 // WorkerBody is a live queue worker, as `drover workers` shows it.
