@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"sort"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -106,9 +107,20 @@ func BenchmarkLockCycle(b *testing.B) {
 	})
 }
 
-// runClients runs b.N operations spread over n goroutines, op(client, i).
+// cpuTime is the process's CPU time so far (user and system): the
+// embedded etcd, the server and the clients all run in it.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// runClients runs b.N operations spread over n goroutines, op(client, i),
+// and reports the process's CPU time per operation.
 func runClients(b *testing.B, n int, op func(c, i int) error) {
 	b.Helper()
+	cpu0 := cpuTime()
+	defer func() { b.ReportMetric(float64((cpuTime()-cpu0).Microseconds())/float64(b.N), "cpu-µs/op") }()
 	var wg sync.WaitGroup
 	next := make(chan int, b.N)
 	for i := 0; i < b.N; i++ {
