@@ -116,17 +116,9 @@ func (s *Server) queueRoutes() {
 			"a permanent one goes to the dead-letter queue at once. Fenced by the claim's token: 409 when the claim no longer holds.",
 		Errors: []int{http.StatusConflict, http.StatusNotFound},
 	}, s.failTask)
+	s.outcomesRoute(tags)
 	s.taskQueryRoutes(tags)
 	s.dlqRoutes()
-}
-
-// queueClient is a queue client of the request's namespace.
-func (s *Server) queueClient(ctx context.Context) (*queue.Client, error) {
-	c, err := queue.NewClient(s.cli, s.nsOf(ctx))
-	if err != nil {
-		return nil, problem(err, nil)
-	}
-	return c, nil
 }
 
 // checkQueue validates a queue name of the path.
@@ -155,7 +147,7 @@ func (s *Server) claimTasks(ctx context.Context, in *claimInput) (*struct{ Body 
 	}
 	worker := sess.name
 	if worker == "" {
-		worker = "session " + in.Body.Session
+		worker = "http-session" // never the id: with a token it proves holdings
 	}
 	tasks, err := c.Claim(ctx, in.Queue, queue.ClaimRequest{Lease: sess.lease, Worker: worker, Max: in.Body.Max, Wait: wait, Logger: s.cfg.Logger})
 	if errors.Is(err, rpctypes.ErrLeaseNotFound) {

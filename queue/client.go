@@ -39,6 +39,8 @@ type Client struct {
 	keys     keyspace.Space
 	now      func() time.Time
 	segCache segmentCache
+	// ext is what external claims share (external.go).
+	ext externalState
 }
 
 // NewClient returns a client of namespace ns ("" means "drover").

@@ -75,13 +75,8 @@ func (c *Client) externalWorker(q, worker string, l *lease.Lease, logger *slog.L
 	if logger == nil {
 		logger = slog.Default()
 	}
-	return &Worker{
-		cfg: WorkerConfig{Queue: q, Concurrency: 1, Prefetch: 1, BackoffBase: time.Second, BackoffMax: 5 * time.Minute},
-		cli: c.cli, keys: c.keys, client: c, lease: l, logger: logger, worker: worker,
-		busyLevels: map[string]time.Time{}, lost: newOrphanList(), runnerHeld: map[string]time.Time{},
-		busySegs: map[string]time.Time{}, lostSegs: newOrphanList(), runID: NewID()[:12],
-		handlers: map[string]Handler{}, inflight: map[string]*running{},
-	}
+	cfg := WorkerConfig{Queue: q, Concurrency: 1, Prefetch: 1, BackoffBase: time.Second, BackoffMax: 5 * time.Minute}
+	return newWorker(c, cfg, l, worker, logger)
 }
 
 // Claim claims up to req.Max tasks of queue q under req.Lease, waiting up
@@ -106,9 +101,19 @@ func (c *Client) Claim(ctx context.Context, q string, req ClaimRequest) ([]*Task
 	n := max(req.Max, 1)
 	w := c.externalWorker(q, req.Worker, req.Lease, req.Logger)
 	w.cfg.Prefetch = n
+	// The claims of all sessions take turns: each starts at another open
+	// segment, and every eighth takes a lower priority level's (see
+	// levelTurns); each session goes on with the segment it took from last.
+	turn := c.ext.turns.Add(1)
+	w.spread = turn
+	w.claimSeq.Store(int64(turn % (1 << 62)))
+	lid := int64(req.Lease.ID())
+	hot := c.hotOf(q, lid)
+	w.hot[0] = hot
+	defer func() { c.setHot(q, lid, w.hotSegment(0)) }()
 	deadline := time.Now().Add(req.Wait)
 	for raced := 0; ; {
-		due, err := w.promoteDue(ctx, w.keys.QueueRetry(q))
+		due, err := c.promoteDue(ctx, w, q)
 		if err != nil {
 			return nil, fmt.Errorf("queue: claim from %s: move due retries: %w", q, err)
 		}
@@ -119,6 +124,10 @@ func (c *Client) Claim(ctx context.Context, q string, req ClaimRequest) ([]*Task
 		tasks, err := c.runnable(ctx, w, claims, req.Lease.ID())
 		if err != nil || len(tasks) > 0 {
 			return tasks, err
+		}
+		if hot != "" && len(claims) == 0 && w.hotSegment(0) == "" {
+			hot = "" // the session's segment had nothing left: claim again at once, from the list
+			continue
 		}
 		left := time.Until(deadline)
 		switch {
@@ -222,21 +231,7 @@ func (c *Client) Heartbeat(ctx context.Context, h Held) (*Task, error) {
 // MaxResult bytes), and returns it, SUCCEEDED. An error matching
 // lease.ErrFenced says the claim no longer holds and nothing was written.
 func (c *Client) Ack(ctx context.Context, h Held, result []byte) (*Task, error) {
-	if err := h.check(); err != nil {
-		return nil, err
-	}
-	if len(result) > MaxResult {
-		return nil, &drover.InputError{Field: "result", Value: fmt.Sprintf("%d bytes", len(result)),
-			Rule: fmt.Sprintf("must be at most %d bytes: put large outputs behind output_data_uri", MaxResult)}
-	}
-	t, err := c.settle(ctx, h, "ack", func(*Worker, *claim) (outcome, error) {
-		return outcome{kind: Succeeded, result: result}, nil
-	})
-	if err != nil {
-		return nil, err
-	}
-	t.CurrentStatus, t.Result, t.LastError, t.RetriesAttempted = Succeeded, result, "", t.Attempt-1
-	return t, nil
+	return c.reportOne(ctx, Outcome{Held: h, Result: result})
 }
 
 // Fail records that the claimed task h failed with reason: a permanent
@@ -247,22 +242,16 @@ func (c *Client) Ack(ctx context.Context, h Held, result []byte) (*Task, error) 
 // DEAD. An error matching lease.ErrFenced says the claim no longer holds
 // and nothing was written.
 func (c *Client) Fail(ctx context.Context, h Held, reason string, permanent bool) (*Task, error) {
-	if err := h.check(); err != nil {
+	return c.reportOne(ctx, Outcome{Held: h, Failed: true, Error: reason, Permanent: permanent})
+}
+
+// reportOne is Report of one outcome.
+func (c *Client) reportOne(ctx context.Context, o Outcome) (*Task, error) {
+	if err := o.check(); err != nil {
 		return nil, err
 	}
-	if strings.TrimSpace(reason) == "" {
-		reason = "failed (no reason given)"
-	}
-	return c.settle(ctx, h, "fail", func(w *Worker, cl *claim) (outcome, error) {
-		err := errors.New(reason)
-		if permanent {
-			return outcome{kind: Dead, err: Permanent(err)}, nil
-		}
-		if t := cl.task; t.Attempt > t.Retries() {
-			return outcome{kind: Dead, err: err}, nil
-		}
-		return outcome{kind: Retrying, err: err, delay: w.backoff(cl.task)}, nil
-	})
+	r := c.report(ctx, []Outcome{o})[0]
+	return r.Task, r.Err
 }
 
 // settle writes the outcome decide gives for claim h, reading the claim

@@ -175,6 +175,14 @@ func (w *Worker) pickSegments(ctx context.Context, open []*mvccpb.KeyValue, fifo
 	if fifo {
 		return names[:1], nil
 	}
+	if w.spread > 0 {
+		// Many external claims at once, each of its own Worker: each
+		// starts at another of the level's segments, in turn, rather than
+		// all racing for the first few.
+		k := int(w.spread % uint64(len(names)))
+		names = append(slices.Clone(names[k:]), names[:k]...)
+		return names[:min(len(names), 8)], nil
+	}
 	window := names[:min(len(names), 4)]
 	rand.Shuffle(len(window), func(i, j int) { window[i], window[j] = window[j], window[i] })
 	return names[:min(len(names), 8)], nil

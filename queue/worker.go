@@ -162,6 +162,7 @@ type Worker struct {
 	runSeq                                                atomic.Int64
 	hot                                                   [claimers]string // per claim loop, the segment it took from last, with slots left (levelMu)
 	runID                                                 string           // names this worker's runs: unique, where worker ids may not be
+	spread                                                uint64           // an external claim's turn: where in the open segments it starts (0: at random among the first)
 
 	// The lifecycle: Run once; Stop and StopAndCancel end it, before or
 	// after it started, any number of times.
@@ -223,10 +224,7 @@ func NewWorker(ctx context.Context, cli *clientv3.Client, cfg WorkerConfig) (*Wo
 	if err != nil {
 		return nil, err
 	}
-	w := &Worker{cfg: cfg, cli: cli, keys: client.keys, client: client, lease: cfg.Lease, logger: logger, busyLevels: map[string]time.Time{}, lost: newOrphanList(), runnerHeld: map[string]time.Time{},
-		busySegs: map[string]time.Time{}, lostSegs: newOrphanList(), runID: NewID()[:12],
-		stopReq: make(chan struct{}), ran: make(chan struct{}),
-		worker: lock.NewHolder(cfg.WorkerID).ID, handlers: map[string]Handler{}, inflight: map[string]*running{}}
+	w := newWorker(client, cfg, cfg.Lease, lock.NewHolder(cfg.WorkerID).ID, logger)
 	w.shardCursor.Store(rand.Int64N(Shards)) // workers start on different shards
 	if w.lease == nil {
 		l, err := lease.Grant(ctx, cli, cfg.TTL, lease.WithLogger(logger))
@@ -236,6 +234,17 @@ func NewWorker(ctx context.Context, cli *clientv3.Client, cfg WorkerConfig) (*Wo
 		w.lease, w.ownsLease = l, true
 	}
 	return w, nil
+}
+
+// newWorker is a worker of client's namespace with cfg (defaults applied),
+// claiming under l as worker: every field set, so that NewWorker and the
+// external workers (external.go) build the same thing.
+func newWorker(client *Client, cfg WorkerConfig, l *lease.Lease, worker string, logger *slog.Logger) *Worker {
+	return &Worker{cfg: cfg, cli: client.cli, keys: client.keys, client: client, lease: l, logger: logger, worker: worker,
+		busyLevels: map[string]time.Time{}, lost: newOrphanList(), runnerHeld: map[string]time.Time{},
+		busySegs: map[string]time.Time{}, lostSegs: newOrphanList(), runID: NewID()[:12],
+		stopReq: make(chan struct{}), ran: make(chan struct{}),
+		handlers: map[string]Handler{}, inflight: map[string]*running{}}
 }
 
 // Gate admits tasks before their handler runs: flow control (rate limits,

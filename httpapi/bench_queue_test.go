@@ -1,0 +1,179 @@
+package httpapi_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"net/http"
+	"slices"
+
+	"github.com/droverhq/drover/queue"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// benchTasks is how many no-op tasks each side of BenchmarkQueueClaimAck
+// drains per iteration.
+const benchTasks = 5000
+
+// BenchmarkQueueClaimAck compares draining no-op tasks through 64 HTTP
+// workers (keep-alive connections, one session each, claim up to 8 then
+// report the 8 outcomes in one request, http-batch, or ack each,
+// http-acks) with the Go worker (concurrency 64) on the same queue layout
+// of one fsync'd embedded etcd, in one run. One iteration drains
+// benchTasks tasks; tasks/s and the p99 of one claim or outcome request
+// (of each, and of either) are reported.
+func BenchmarkQueueClaimAck(b *testing.B) {
+	s := fsyncServer(b)
+	cli := s.Client(b)
+	b.Run("go", func(b *testing.B) {
+		var lat latencies
+		for i := 0; i < b.N; i++ {
+			ns := fmt.Sprintf("bench-qgo-%d-%d", time.Now().UnixNano(), i)
+			fill(b, cli, ns)
+			var done atomic.Int64
+			ctx, cancel := context.WithCancel(context.Background())
+			w, err := queue.NewWorker(ctx, cli, queue.WorkerConfig{Namespace: ns, Queue: "q", Concurrency: 64})
+			if err != nil {
+				b.Fatal(err)
+			}
+			w.HandleAll(func(context.Context, *queue.Task) ([]byte, error) {
+				if done.Add(1) == benchTasks {
+					cancel()
+				}
+				return nil, nil
+			})
+			b.StartTimer()
+			start := time.Now()
+			_ = w.Run(ctx)
+			b.StopTimer()
+			_ = w.Close(context.Background())
+			lat.add(time.Since(start) / benchTasks)
+		}
+		b.ReportMetric(float64(b.N*benchTasks)/b.Elapsed().Seconds(), "tasks/s")
+	})
+	for _, batch := range []bool{true, false} {
+		name := "http-batch"
+		if !batch {
+			name = "http-acks"
+		}
+		b.Run(name, func(b *testing.B) { benchHTTPWorkers(b, cli, batch) })
+	}
+}
+
+// benchHTTPWorkers drains benchTasks tasks per iteration through 64 HTTP
+// workers, which report outcomes in one batch per claim (or one ack per
+// task), and reports tasks/s and the p99 of a request: a claim, an outcome
+// request, and either.
+func benchHTTPWorkers(b *testing.B, cli *clientv3.Client, batch bool) {
+	var claims, outs, all latencies
+	for i := 0; i < b.N; i++ {
+		ns := fmt.Sprintf("bench-qhttp-%d-%d", time.Now().UnixNano(), i)
+		fill(b, cli, ns)
+		base, hc := benchAPI(b, cli, ns)
+		var left atomic.Int64
+		left.Store(benchTasks)
+		var wg sync.WaitGroup
+		errs := make(chan error, 64)
+		b.StartTimer()
+		for c := 0; c < 64; c++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if err := httpWorker(hc, base, batch, &left, &claims, &outs); err != nil {
+					errs <- err
+				}
+			}()
+		}
+		wg.Wait()
+		b.StopTimer()
+		close(errs)
+		if err := <-errs; err != nil {
+			b.Fatal(err)
+		}
+	}
+	all.d = append(append(all.d, claims.d...), outs.d...)
+	all.report(b)
+	b.ReportMetric(p99ms(claims.d), "claim-p99-ms")
+	b.ReportMetric(p99ms(outs.d), "outcome-p99-ms")
+	b.ReportMetric(float64(b.N*benchTasks)/b.Elapsed().Seconds(), "tasks/s")
+}
+
+// p99ms is the 99th percentile of d, in milliseconds.
+func p99ms(d []time.Duration) float64 {
+	if len(d) == 0 {
+		return 0
+	}
+	d = slices.Clone(d)
+	slices.Sort(d)
+	return float64(d[len(d)*99/100].Microseconds()) / 1000
+}
+
+// fill submits benchTasks no-op tasks to queue q of ns.
+func fill(b *testing.B, cli *clientv3.Client, ns string) {
+	b.StopTimer()
+	c, err := queue.NewClient(cli, ns)
+	if err != nil {
+		b.Fatal(err)
+	}
+	tasks := make([]queue.Task, benchTasks)
+	for i := range tasks {
+		tasks[i] = queue.Task{ID: fmt.Sprintf("t%d", i), Type: "noop"}
+	}
+	if _, err := c.Submit(context.Background(), "q", tasks, nil); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// httpWorker claims up to 8 tasks at a time and reports their outcomes in
+// one request (batch), or acks each, until left reaches 0.
+func httpWorker(hc *http.Client, base string, batch bool, left *atomic.Int64, claims, outs *latencies) error {
+	var sess struct{ ID string }
+	if err := call(hc, "POST", base+"/v1/sessions", map[string]any{"ttl": 30}, 201, &sess); err != nil {
+		return err
+	}
+	for left.Load() > 0 {
+		var got struct {
+			Tasks []struct {
+				ID    string `json:"task_id"`
+				Token int64  `json:"token"`
+			} `json:"tasks"`
+		}
+		start := time.Now()
+		if err := call(hc, "POST", base+"/v1/queues/q/claim", map[string]any{"session": sess.ID, "max": 8, "wait": "200ms"}, 200, &got); err != nil {
+			return err
+		}
+		claims.add(time.Since(start))
+		if batch && len(got.Tasks) > 0 {
+			os := make([]map[string]any, len(got.Tasks))
+			for i, t := range got.Tasks {
+				os[i] = map[string]any{"task_id": t.ID, "token": t.Token}
+			}
+			var res struct{ Results []struct{ Status int } }
+			start := time.Now()
+			if err := call(hc, "POST", base+"/v1/queues/q/outcomes", map[string]any{"session": sess.ID, "outcomes": os}, 200, &res); err != nil {
+				return err
+			}
+			outs.add(time.Since(start))
+			for _, r := range res.Results {
+				if r.Status != 200 {
+					return fmt.Errorf("an outcome answered %d", r.Status)
+				}
+			}
+			left.Add(-int64(len(got.Tasks)))
+			continue
+		}
+		for _, t := range got.Tasks {
+			start := time.Now()
+			if err := call(hc, "POST", fmt.Sprintf("%s/v1/queues/q/tasks/%s/ack", base, t.ID), map[string]any{"session": sess.ID, "token": t.Token}, 200, nil); err != nil {
+				return err
+			}
+			outs.add(time.Since(start))
+			left.Add(-1)
+		}
+	}
+	return nil
+}

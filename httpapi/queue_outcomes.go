@@ -1,0 +1,125 @@
+package httpapi
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/danielgtaylor/huma/v2"
+	"github.com/droverhq/drover"
+	"github.com/droverhq/drover/queue"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// OutcomeInput is one outcome of a batch: a success (with its result) or,
+// with error, a failure.
+type OutcomeInput struct {
+	TaskID    string          `json:"task_id" minLength:"1" maxLength:"128" doc:"The task."`
+	Token     int64           `json:"token" minimum:"1" doc:"The token the claim returned with the task."`
+	OK        *bool           `json:"ok,omitempty" doc:"True for a success (the default without error); false requires error."`
+	Result    json.RawMessage `json:"result,omitempty" doc:"A success's result: any JSON value, at most 256 KiB."`
+	Error     string          `json:"error,omitempty" maxLength:"65536" doc:"A failure: what went wrong (kept in the task's history, the first 4 KiB)."`
+	Permanent bool            `json:"permanent,omitempty" doc:"A failure that retrying cannot help: the task goes to the dead-letter queue at once."`
+}
+
+type outcomesInput struct {
+	Queue string `path:"queue" minLength:"1" maxLength:"128" doc:"The queue's name."`
+	Body  struct {
+		Session  string         `json:"session" pattern:"^[0-9a-f]{1,16}$" doc:"The session the tasks were claimed under."`
+		Outcomes []OutcomeInput `json:"outcomes" minItems:"1" maxItems:"256" doc:"The outcomes, one per claimed task, of one claim or several."`
+	}
+}
+
+// OutcomeResult is how one outcome of a batch went.
+type OutcomeResult struct {
+	TaskID string `json:"task_id" doc:"The task."`
+	// Status is the HTTP status the outcome alone would have had.
+	Status      int          `json:"status" doc:"200: recorded; 409: the claim no longer holds (nothing written; the task runs, or ran, elsewhere); 404: no such task in the queue; 5xx: not recorded, try again."`
+	TaskStatus  queue.Status `json:"current_status,omitempty" enum:"SUCCEEDED,RETRYING,DEAD" doc:"The task's state the outcome left it in (on 200)."`
+	Attempt     int          `json:"attempt,omitempty" doc:"The attempt the outcome ended (on 200)."`
+	ScheduledAt *time.Time   `json:"scheduled_at,omitempty" doc:"When a RETRYING task runs again."`
+	Detail      string       `json:"detail,omitempty" doc:"Why the outcome was not recorded."`
+}
+
+// OutcomesResult is the answer to a batch of outcomes, in their order.
+type OutcomesResult struct {
+	Results []OutcomeResult `json:"results" doc:"One per outcome sent, in order."`
+}
+
+// outcomesRoute registers the batch outcome route.
+func (s *Server) outcomesRoute(tags []string) {
+	huma.Register(s.api, huma.Operation{
+		OperationID: "report-outcomes", Method: http.MethodPost, Path: "/v1/queues/{queue}/outcomes", Tags: tags,
+		Summary: "Report the outcomes of claimed tasks, in one request",
+		Description: "Acks and fails many claimed tasks at once (of one claim or several), as a Go worker writes them: the " +
+			"outcomes of one claim in one transaction fenced by its token. Each outcome is answered apart, in order, with " +
+			"the status it alone would have had: a stale token (409) or an unknown task (404) does not fail the others. " +
+			"The same task and token twice in one request count once: the first (the second gets 409). Bad input anywhere " +
+			"is a 400, and then nothing is written.",
+	}, s.reportOutcomes)
+}
+
+func (s *Server) reportOutcomes(ctx context.Context, in *outcomesInput) (*struct{ Body OutcomesResult }, error) {
+	if err := checkQueue(in.Queue); err != nil {
+		return nil, err
+	}
+	id, err := strconv.ParseUint(in.Body.Session, 16, 64)
+	if err != nil || id == 0 || id > 1<<63-1 {
+		return nil, invalid("body.session", in.Body.Session, "must be a session id: the hex id POST /v1/sessions returned")
+	}
+	os := make([]queue.Outcome, len(in.Body.Outcomes))
+	for i, o := range in.Body.Outcomes {
+		failed := o.Error != ""
+		switch {
+		case o.OK != nil && *o.OK == failed:
+			return nil, invalid("body.outcomes["+strconv.Itoa(i)+"].ok", *o.OK, "must be true for a success, false (or absent) with error")
+		case failed && len(o.Result) > 0:
+			return nil, invalid("body.outcomes["+strconv.Itoa(i)+"].result", nil, "must be absent from a failure")
+		}
+		os[i] = queue.Outcome{Held: queue.Held{Queue: in.Queue, ID: o.TaskID, Token: o.Token, Lease: clientv3.LeaseID(id)},
+			Failed: failed, Error: o.Error, Permanent: o.Permanent}
+		if len(o.Result) > 0 && string(o.Result) != "null" {
+			os[i].Result = o.Result
+		}
+	}
+	c, err := s.queueClient(ctx)
+	if err != nil {
+		return nil, err
+	}
+	rs, err := c.Report(ctx, os)
+	var ie *drover.InputError
+	if errors.As(err, &ie) && strings.HasPrefix(ie.Field, "outcomes[") {
+		return nil, problem(err, map[string]string{ie.Field: "body." + ie.Field})
+	}
+	if err != nil {
+		return nil, problem(err, queueWhere)
+	}
+	out := OutcomesResult{Results: make([]OutcomeResult, len(rs))}
+	for i, r := range rs {
+		out.Results[i] = outcomeResultOf(os[i].ID, r)
+	}
+	return &struct{ Body OutcomesResult }{out}, nil
+}
+
+// outcomeResultOf is r, the outcome of task id, as the API shows it.
+func outcomeResultOf(id string, r queue.Reported) OutcomeResult {
+	if r.Err != nil {
+		res := OutcomeResult{TaskID: id, Status: http.StatusInternalServerError, Detail: r.Err.Error()}
+		var p *Problem
+		if errors.As(problem(r.Err, queueWhere), &p) {
+			res.Status, res.Detail = p.Status, p.Detail
+		}
+		return res
+	}
+	t := r.Task
+	res := OutcomeResult{TaskID: id, Status: http.StatusOK, TaskStatus: t.CurrentStatus, Attempt: t.Attempt}
+	if t.CurrentStatus == queue.Retrying && !t.ScheduledAt.IsZero() {
+		at := t.ScheduledAt
+		res.ScheduledAt = &at
+	}
+	return res
+}

@@ -1,0 +1,94 @@
+package queue
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// promoteEvery is how often the external claims of one Client move a
+// queue's due retries back to pending, at most (besides when a retry they
+// know of falls due): a claim reads the retry schedule only then, so a
+// retry another process scheduled may wait this much longer.
+const promoteEvery = 250 * time.Millisecond
+
+// externalState is what the external claims of one Client share: the turn
+// that spreads them over a queue's open segments, and per queue when its
+// due retries were last moved back to pending and when the next falls due.
+type externalState struct {
+	turns atomic.Uint64
+	mu    sync.Mutex
+	due   map[string]dueState
+	hot   map[hotKey]string
+}
+
+// hotKey names the claims of one session (lease) from one queue.
+type hotKey struct {
+	q     string
+	lease int64
+}
+
+// hotOf is the segment the last claim of lease from queue q took from, if
+// it had slots left: the next claim reads it with its first read, as a
+// Worker's claim loop does.
+func (c *Client) hotOf(q string, lease int64) string {
+	c.ext.mu.Lock()
+	defer c.ext.mu.Unlock()
+	return c.ext.hot[hotKey{q, lease}]
+}
+
+// setHot records the segment the claims of lease from queue q took from
+// last ("": none with slots left).
+func (c *Client) setHot(q string, lease int64, seg string) {
+	c.ext.mu.Lock()
+	defer c.ext.mu.Unlock()
+	k := hotKey{q, lease}
+	switch {
+	case seg == "":
+		delete(c.ext.hot, k)
+	case c.ext.hot == nil || len(c.ext.hot) >= 4096:
+		c.ext.hot = map[hotKey]string{k: seg}
+	default:
+		c.ext.hot[k] = seg
+	}
+}
+
+// dueState is when a queue's due retries were last moved, and when its next
+// retry falls due (zero: none was scheduled).
+type dueState struct{ checked, next time.Time }
+
+// promoteDue moves queue q's due retries back to pending, unless that was
+// done less than promoteEvery ago and no retry known fell due since; it
+// returns when the next falls due (zero: none known).
+func (c *Client) promoteDue(ctx context.Context, w *Worker, q string) (time.Time, error) {
+	now := time.Now()
+	c.ext.mu.Lock()
+	d, ok := c.ext.due[q]
+	c.ext.mu.Unlock()
+	if ok && now.Sub(d.checked) < promoteEvery && (d.next.IsZero() || now.Before(d.next)) {
+		return d.next, nil
+	}
+	next, err := w.promoteDue(ctx, w.keys.QueueRetry(q))
+	if err != nil {
+		return time.Time{}, err
+	}
+	c.ext.mu.Lock()
+	defer c.ext.mu.Unlock()
+	if c.ext.due == nil || len(c.ext.due) >= 1024 {
+		c.ext.due = map[string]dueState{}
+	}
+	c.ext.due[q] = dueState{checked: now, next: next}
+	return next, nil
+}
+
+// retryAt notes that a retry of queue q falls due at at, so that a claim
+// moves it back to pending then.
+func (c *Client) retryAt(q string, at time.Time) {
+	c.ext.mu.Lock()
+	defer c.ext.mu.Unlock()
+	if d, ok := c.ext.due[q]; ok && (d.next.IsZero() || at.Before(d.next)) {
+		d.next = at
+		c.ext.due[q] = d
+	}
+}

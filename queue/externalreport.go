@@ -1,0 +1,204 @@
+package queue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/droverhq/drover"
+	"github.com/droverhq/drover/keyspace"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// MaxReport is the most outcomes one Report takes.
+const MaxReport = 256
+
+// Outcome is what an external worker reports of one claim: success (Failed
+// false) with Result (at most MaxResult bytes), or failure with Error,
+// Permanent when retrying cannot help (see Fail).
+type Outcome struct {
+	Held
+	Result    []byte
+	Failed    bool
+	Error     string
+	Permanent bool
+}
+
+// Reported is how one outcome of a Report went: Task is the task as the
+// outcome left it (SUCCEEDED, RETRYING or DEAD), or Err says why nothing
+// of it was written: an error matching lease.ErrFenced when its claim no
+// longer holds (or it was reported twice in one Report), ErrNotFound when
+// its queue has no such task, or the store's error.
+type Reported struct {
+	Task *Task
+	Err  error
+}
+
+// check validates o; the fields it names are those of an Outcome.
+func (o Outcome) check() error {
+	if err := o.Held.check(); err != nil {
+		return err
+	}
+	if len(o.Result) > MaxResult {
+		return &drover.InputError{Field: "result", Value: fmt.Sprintf("%d bytes", len(o.Result)),
+			Rule: fmt.Sprintf("must be at most %d bytes: put large outputs behind output_data_uri", MaxResult)}
+	}
+	if o.Failed && len(o.Result) > 0 {
+		return &drover.InputError{Field: "result", Rule: "must be absent from a failure"}
+	}
+	return nil
+}
+
+// Report records the outcomes os of claims, each fenced by its token as Ack
+// and Fail are, in as few transactions as a Worker takes: the outcomes of
+// one run (the tasks of one claim in one segment) in one nested
+// transaction, as many runs in a request as etcd allows. It answers each
+// outcome apart, in order: a stale token fails its own outcome, not the
+// others. The same claim reported twice counts once: the first report.
+// An input error (nothing is written) names the outcome at fault,
+// "outcomes[3].token".
+func (c *Client) Report(ctx context.Context, os []Outcome) ([]Reported, error) {
+	if len(os) == 0 || len(os) > MaxReport {
+		return nil, &drover.InputError{Field: "outcomes", Value: len(os), Rule: fmt.Sprintf("must hold 1 to %d outcomes", MaxReport)}
+	}
+	for i, o := range os {
+		if err := o.check(); err != nil {
+			var ie *drover.InputError
+			if errors.As(err, &ie) {
+				return nil, &drover.InputError{Field: fmt.Sprintf("outcomes[%d].%s", i, strings.ReplaceAll(ie.Field, " ", "_")), Value: ie.Value, Rule: ie.Rule}
+			}
+			return nil, err
+		}
+	}
+	return c.report(ctx, os), nil
+}
+
+// report is Report on valid outcomes.
+func (c *Client) report(ctx context.Context, os []Outcome) []Reported {
+	out := make([]Reported, len(os))
+	seen := make(map[Held]bool, len(os))
+	todo := make([]int, 0, len(os))
+	for i, o := range os {
+		k := o.Held
+		k.Lease = 0
+		if seen[k] {
+			out[i].Err = fenced(o.Held, "reported twice in one request: the first report counts")
+			continue
+		}
+		seen[k] = true
+		todo = append(todo, i)
+	}
+	groups, records, err := c.places(ctx, os, todo, out)
+	if err != nil {
+		for _, i := range todo {
+			out[i].Err = err
+		}
+		return out
+	}
+	for _, i := range records {
+		out[i] = c.reportRecord(ctx, os[i])
+	}
+	if len(groups) > 0 {
+		c.reportSegments(ctx, os, groups, out)
+	}
+	return out
+}
+
+// places finds where the tasks of outcomes todo are: in a segment (grouped
+// by segment, in order) or in a record of their own (records). An outcome
+// of a task not found gets its error in out.
+func (c *Client) places(ctx context.Context, os []Outcome, todo []int, out []Reported) (groups []*segGroup, records []int, err error) {
+	bySeg := map[string]*segGroup{}
+	const perTxn = 40 // three reads each, within etcd's 128 operations
+	for from := 0; from < len(todo); from += perTxn {
+		part := todo[from:min(from+perTxn, len(todo))]
+		ops := make([]clientv3.Op, 0, 3*len(part))
+		for _, i := range part {
+			h := os[i].Held
+			ops = append(ops, clientv3.OpGet(c.keys.TaskRecord(h.ID), clientv3.WithKeysOnly()),
+				clientv3.OpGet(c.keys.TaskIndex(h.ID)), clientv3.OpGet(c.keys.QueueClaim(h.Queue, h.ID), clientv3.WithKeysOnly()))
+		}
+		resp, err := c.cli.Txn(ctx).Then(ops...).Commit()
+		if err != nil {
+			return nil, nil, fmt.Errorf("queue: read the claims of %d tasks: %w", len(part), err)
+		}
+		for j, i := range part {
+			h := os[i].Held
+			rec := resp.Responses[3*j].GetResponseRange().Kvs
+			idx := resp.Responses[3*j+1].GetResponseRange().Kvs
+			claimed := resp.Responses[3*j+2].GetResponseRange().Kvs
+			if len(rec) > 0 || len(claimed) > 0 {
+				records = append(records, i) // held tells the rest
+				continue
+			}
+			if len(idx) == 0 {
+				out[i].Err = fmt.Errorf("%w: %s", ErrNotFound, h.ID)
+				continue
+			}
+			at, ok := keyspace.ParseTaskPlace(string(idx[0].Value))
+			if !ok || at.Queue != h.Queue {
+				out[i].Err = fmt.Errorf("%w: %s is not in queue %s", ErrNotFound, h.ID, h.Queue)
+				continue
+			}
+			k := at.Queue + "/" + at.Segment
+			g := bySeg[k]
+			if g == nil {
+				g = &segGroup{q: at.Queue, seg: at.Segment, slots: map[int]int{}, tok: map[int]int64{}}
+				bySeg[k] = g
+				groups = append(groups, g)
+			}
+			g.items = append(g.items, i)
+			g.slots[i], g.tok[i] = at.Slot, h.Token
+		}
+	}
+	return groups, records, nil
+}
+
+// reportRecord records outcome o of a task with a record of its own (or
+// finds that its claim no longer holds), as Ack and Fail did before runs.
+func (c *Client) reportRecord(ctx context.Context, o Outcome) Reported {
+	verb := "ack"
+	if o.Failed {
+		verb = "fail"
+	}
+	t, err := c.settle(ctx, o.Held, verb, func(w *Worker, cl *claim) (outcome, error) {
+		return decideOutcome(w, cl.task, o), nil
+	})
+	if err != nil {
+		return Reported{Err: err}
+	}
+	switch {
+	case !o.Failed:
+		succeeded(t, o.Result)
+	case t.CurrentStatus == Retrying:
+		c.retryAt(o.Queue, t.ScheduledAt)
+	}
+	return Reported{Task: t}
+}
+
+// decideOutcome is the outcome o reports of a claim of t: success, a
+// retry after the task's backoff, or the dead-letter queue (a permanent
+// failure, or one past the retry budget).
+func decideOutcome(w *Worker, t *Task, o Outcome) outcome {
+	if !o.Failed {
+		return outcome{kind: Succeeded, result: o.Result}
+	}
+	reason := o.Error
+	if strings.TrimSpace(reason) == "" {
+		reason = "failed (no reason given)"
+	}
+	err := errors.New(reason)
+	switch {
+	case o.Permanent:
+		return outcome{kind: Dead, err: Permanent(err)}
+	case t.Attempt > t.Retries():
+		return outcome{kind: Dead, err: err}
+	}
+	return outcome{kind: Retrying, err: err, delay: w.backoff(t)}
+}
+
+// succeeded sets t as an ack with result left it.
+func succeeded(t *Task, result []byte) {
+	t.CurrentStatus, t.Result, t.LastError, t.RetriesAttempted = Succeeded, result, "", t.Attempt-1
+}
