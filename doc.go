@@ -35,6 +35,9 @@
 //   - [github.com/droverhq/drover/storeguard]: the store-full guard key that
 //     data-plane writes compare, so that they yield before etcd's quota
 //     stops the control plane (leases, locks); cluster.Guard sets it.
+//   - [github.com/droverhq/drover/httpapi]: every capability as JSON routes
+//     over HTTP, described by OpenAPI, with sessions standing in for
+//     leases, bearer tokens and TLS, for agents in other languages.
 //   - [github.com/droverhq/drover/cmd/drover]: the one binary.
 //
 // This package holds what every part shares: the error type for bad input,
