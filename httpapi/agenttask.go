@@ -59,8 +59,8 @@ func (s *Server) claimTask(ctx context.Context, in *claimTaskInput) (*struct{ Bo
 	if err != nil {
 		return nil, err
 	}
-	if _, err := sessionID("body.session", in.Body.Session); err != nil {
-		return nil, err
+	if _, _, _, ok := parseSessionID(in.Body.Session); !ok {
+		return nil, invalid("body.session", in.Body.Session, sessionIDRule)
 	}
 	sess, err := s.session(ctx, in.Body.Session)
 	if err != nil {

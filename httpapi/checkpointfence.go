@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"strconv"
 
 	"github.com/droverhq/drover/lease"
 	"github.com/droverhq/drover/lock"
@@ -48,22 +47,11 @@ func (h *heldLock) Context() context.Context { return context.Background() }
 // Err is nil: a loss is found by Txn's compare, not known beforehand.
 func (h *heldLock) Err() error { return nil }
 
-// sessionID parses a session id ("" or malformed is a 400 at location).
-// Unlike s.session it does not require the session to exist: a write under
-// a lock of an ended session is a 409 (fenced), not a 404.
-func sessionID(location, id string) (clientv3.LeaseID, error) {
-	n, err := strconv.ParseUint(id, 16, 64)
-	if err != nil || n == 0 || n > 1<<63-1 {
-		return 0, invalid(location, id, "must be a session id: the hex id POST /v1/sessions returned")
-	}
-	return clientv3.LeaseID(n), nil
-}
-
 // heldLock finds lock name held with token under session (the hex id, at
 // location for errors): a 409 (fenced) unless its holder's key has that
 // create revision and is bound to that session.
 func (s *Server) heldLock(ctx context.Context, name string, token int64, session, location string) (*heldLock, error) {
-	id, err := sessionID(location, session)
+	id, err := s.sessionLease(ctx, location, session)
 	if err != nil {
 		return nil, err
 	}

@@ -246,8 +246,8 @@ func (s *Server) releaseLock(ctx context.Context, in *releaseInput) (*struct{}, 
 		return nil, invalid("query.contender", in.Contender, "must be the contender the acquisition returned")
 	}
 	if in.Session != "" {
-		id, err := strconv.ParseUint(in.Session, 16, 64)
-		if err != nil || id != lid {
+		id, _, _, ok := parseSessionID(in.Session)
+		if !ok || uint64(id) != lid {
 			return nil, invalid("query.contender", in.Contender, "must be a contender of the session's own, as the acquisition returned it")
 		}
 	}

@@ -12,7 +12,6 @@ import (
 	"github.com/danielgtaylor/huma/v2"
 	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/queue"
-	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // OutcomeInput is one outcome of a batch: a success (with its result) or,
@@ -29,7 +28,7 @@ type OutcomeInput struct {
 type outcomesInput struct {
 	Queue string `path:"queue" minLength:"1" maxLength:"128" doc:"The queue's name."`
 	Body  struct {
-		Session  string         `json:"session" pattern:"^[0-9a-f]{1,16}$" doc:"The session the tasks were claimed under."`
+		Session  string         `json:"session" pattern:"^[0-9a-f]{1,16}\\.[a-z2-7]{16,64}$" doc:"The session the tasks were claimed under."`
 		Outcomes []OutcomeInput `json:"outcomes" minItems:"1" maxItems:"256" doc:"The outcomes, one per claimed task, of one claim or several."`
 	}
 }
@@ -67,9 +66,9 @@ func (s *Server) reportOutcomes(ctx context.Context, in *outcomesInput) (*struct
 	if err := checkQueue(in.Queue); err != nil {
 		return nil, err
 	}
-	id, err := strconv.ParseUint(in.Body.Session, 16, 64)
-	if err != nil || id == 0 || id > 1<<63-1 {
-		return nil, invalid("body.session", in.Body.Session, "must be a session id: the hex id POST /v1/sessions returned")
+	lid, err := s.sessionLease(ctx, "body.session", in.Body.Session)
+	if err != nil {
+		return nil, err
 	}
 	os := make([]queue.Outcome, len(in.Body.Outcomes))
 	for i, o := range in.Body.Outcomes {
@@ -80,7 +79,7 @@ func (s *Server) reportOutcomes(ctx context.Context, in *outcomesInput) (*struct
 		case failed && len(o.Result) > 0:
 			return nil, invalid("body.outcomes["+strconv.Itoa(i)+"].result", nil, "must be absent from a failure")
 		}
-		os[i] = queue.Outcome{Held: queue.Held{Queue: in.Queue, ID: o.TaskID, Token: o.Token, Lease: clientv3.LeaseID(id)},
+		os[i] = queue.Outcome{Held: queue.Held{Queue: in.Queue, ID: o.TaskID, Token: o.Token, Lease: lid},
 			Failed: failed, Error: o.Error, Permanent: o.Permanent}
 		if len(o.Result) > 0 && string(o.Result) != "null" {
 			os[i].Result = o.Result

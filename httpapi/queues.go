@@ -6,14 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"strconv"
 	"time"
 
 	"github.com/danielgtaylor/huma/v2"
 	"github.com/droverhq/drover/lease"
 	"github.com/droverhq/drover/queue"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
-	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // queuePath names a queue in a route's path.
@@ -34,7 +32,7 @@ var queueWhere = map[string]string{"queue": "path.queue", "task id": "path.id", 
 type claimInput struct {
 	Queue string `path:"queue" minLength:"1" maxLength:"128" doc:"The queue's name."`
 	Body  struct {
-		Session string `json:"session" pattern:"^[0-9a-f]{1,16}$" doc:"The session the claims are bound to: when it ends, etcd frees them and the tasks run again elsewhere."`
+		Session string `json:"session" pattern:"^[0-9a-f]{1,16}\\.[a-z2-7]{16,64}$" doc:"The session the claims are bound to: when it ends, etcd frees them and the tasks run again elsewhere."`
 		Max     int    `json:"max,omitempty" minimum:"1" maximum:"100" doc:"The most tasks to claim; default 1."`
 		Wait    string `json:"wait,omitempty" doc:"How long to wait for a task when none is claimable (Go duration: 10s, 500ms), capped by the server's longest wait; without it one attempt is made."`
 	}
@@ -49,7 +47,7 @@ type heartbeatInput struct {
 	Queue string `path:"queue" minLength:"1" maxLength:"128" doc:"The queue's name."`
 	ID    string `path:"id" minLength:"1" maxLength:"128" doc:"The task's id."`
 	Body  struct {
-		Session string `json:"session" pattern:"^[0-9a-f]{1,16}$" doc:"The session the task was claimed under."`
+		Session string `json:"session" pattern:"^[0-9a-f]{1,16}\\.[a-z2-7]{16,64}$" doc:"The session the task was claimed under."`
 		Token   int64  `json:"token" minimum:"1" doc:"The token the claim returned with the task."`
 	}
 }
@@ -66,7 +64,7 @@ type ackInput struct {
 	Queue string `path:"queue" minLength:"1" maxLength:"128" doc:"The queue's name."`
 	ID    string `path:"id" minLength:"1" maxLength:"128" doc:"The task's id."`
 	Body  struct {
-		Session string          `json:"session" pattern:"^[0-9a-f]{1,16}$" doc:"The session the task was claimed under."`
+		Session string          `json:"session" pattern:"^[0-9a-f]{1,16}\\.[a-z2-7]{16,64}$" doc:"The session the task was claimed under."`
 		Token   int64           `json:"token" minimum:"1" doc:"The token the claim returned with the task."`
 		Result  json.RawMessage `json:"result,omitempty" doc:"The task's result: any JSON value, at most 256 KiB."`
 	}
@@ -76,7 +74,7 @@ type failInput struct {
 	Queue string `path:"queue" minLength:"1" maxLength:"128" doc:"The queue's name."`
 	ID    string `path:"id" minLength:"1" maxLength:"128" doc:"The task's id."`
 	Body  struct {
-		Session   string `json:"session" pattern:"^[0-9a-f]{1,16}$" doc:"The session the task was claimed under."`
+		Session   string `json:"session" pattern:"^[0-9a-f]{1,16}\\.[a-z2-7]{16,64}$" doc:"The session the task was claimed under."`
 		Token     int64  `json:"token" minimum:"1" doc:"The token the claim returned with the task."`
 		Error     string `json:"error" minLength:"1" maxLength:"65536" doc:"What went wrong: kept in the task's history (the first 4 KiB)."`
 		Permanent bool   `json:"permanent,omitempty" doc:"True when retrying cannot help: the task goes to the dead-letter queue at once. Otherwise it is retried after the queue's backoff while its retry budget lasts."`
@@ -161,19 +159,21 @@ func (s *Server) claimTasks(ctx context.Context, in *claimInput) (*struct{ Body 
 
 // held is the claim a request names; it does not read the session, which
 // may have expired (then the claim is gone: 409).
-func held(q, taskID, session string, token int64) (queue.Held, error) {
+// held names a claim of the request: the session's lease, verified by the
+// session id's secret (an ended session is a 409: its claims went with it).
+func (s *Server) held(ctx context.Context, q, taskID, session string, token int64) (queue.Held, error) {
 	if err := checkQueue(q); err != nil {
 		return queue.Held{}, err
 	}
-	id, err := strconv.ParseUint(session, 16, 64)
-	if err != nil || id == 0 || id > 1<<63-1 {
-		return queue.Held{}, invalid("body.session", session, "must be a session id: the hex id POST /v1/sessions returned")
+	lid, err := s.sessionLease(ctx, "body.session", session)
+	if err != nil {
+		return queue.Held{}, err
 	}
-	return queue.Held{Queue: q, ID: taskID, Token: token, Lease: clientv3.LeaseID(id)}, nil
+	return queue.Held{Queue: q, ID: taskID, Token: token, Lease: lid}, nil
 }
 
 func (s *Server) heartbeatTask(ctx context.Context, in *heartbeatInput) (*struct{ Body HeartbeatResult }, error) {
-	h, err := held(in.Queue, in.ID, in.Body.Session, in.Body.Token)
+	h, err := s.held(ctx, in.Queue, in.ID, in.Body.Session, in.Body.Token)
 	if err != nil {
 		return nil, err
 	}
@@ -199,7 +199,7 @@ func (s *Server) heartbeatTask(ctx context.Context, in *heartbeatInput) (*struct
 }
 
 func (s *Server) ackTask(ctx context.Context, in *ackInput) (*queueTaskOutput, error) {
-	h, err := held(in.Queue, in.ID, in.Body.Session, in.Body.Token)
+	h, err := s.held(ctx, in.Queue, in.ID, in.Body.Session, in.Body.Token)
 	if err != nil {
 		return nil, err
 	}
@@ -219,7 +219,7 @@ func (s *Server) ackTask(ctx context.Context, in *ackInput) (*queueTaskOutput, e
 }
 
 func (s *Server) failTask(ctx context.Context, in *failInput) (*queueTaskOutput, error) {
-	h, err := held(in.Queue, in.ID, in.Body.Session, in.Body.Token)
+	h, err := s.held(ctx, in.Queue, in.ID, in.Body.Session, in.Body.Token)
 	if err != nil {
 		return nil, err
 	}

@@ -2,11 +2,16 @@ package httpapi
 
 import (
 	"context"
+	crand "crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -21,7 +26,7 @@ const DefaultSessionTTL = 15
 
 // SessionBody is a session as the API returns it.
 type SessionBody struct {
-	ID        string    `json:"id" doc:"The session's id: its etcd lease, in hex. Pass it to routes that hold something under the session."`
+	ID        string    `json:"id" doc:"The session's id: its etcd lease in hex, a dot, and a secret. Pass it to routes that hold something under the session; keep it secret, it proves what the session holds."`
 	Name      string    `json:"name,omitempty" doc:"The name given at creation (a worker's id), shown as the holder of what the session holds."`
 	TTL       int64     `json:"ttl" doc:"Seconds the session lives without a keepalive."`
 	ExpiresAt time.Time `json:"expires_at" doc:"When the session ends unless kept alive."`
@@ -29,13 +34,15 @@ type SessionBody struct {
 
 // sessionRecord is the value of a session's key.
 type sessionRecord struct {
+	// Secret is the SHA-256, in hex, of the id's secret part.
+	Secret    string    `json:"secret_sha256"`
 	Name      string    `json:"name,omitempty"`
 	TTL       int64     `json:"ttl"`
 	CreatedAt time.Time `json:"created_at"`
 }
 
 type sessionIDPath struct {
-	ID string `path:"id" pattern:"^[0-9a-f]{1,16}$" doc:"The session's id."`
+	ID string `path:"id" pattern:"^[0-9a-f]{1,16}\\.[a-z2-7]{16,64}$" doc:"The session's id."`
 }
 
 type sessionOutput struct {
@@ -72,10 +79,12 @@ func (s *Server) sessionRoutes() {
 		if err != nil {
 			return nil, problem(fmt.Errorf("grant a %d s lease: %w", ttl, err), nil)
 		}
-		rec := sessionRecord{Name: in.Body.Name, TTL: g.TTL, CreatedAt: sent.UTC()}
+		secret := strings.ToLower(crand.Text())
+		rec := sessionRecord{Secret: secretSum(secret), Name: in.Body.Name, TTL: g.TTL, CreatedAt: sent.UTC()}
 		val, _ := json.Marshal(rec)
-		id := strconv.FormatInt(int64(g.ID), 16)
-		if _, err := s.cli.Put(ctx, s.keys(ctx).Session(id), string(val), clientv3.WithLease(g.ID)); err != nil {
+		leaseHex := strconv.FormatInt(int64(g.ID), 16)
+		id := leaseHex + "." + secret
+		if _, err := s.cli.Put(ctx, s.keys(ctx).Session(leaseHex), string(val), clientv3.WithLease(g.ID)); err != nil {
 			_, _ = s.cli.Revoke(context.WithoutCancel(ctx), g.ID)
 			return nil, problem(fmt.Errorf("record the session: %w", err), nil)
 		}
@@ -96,7 +105,7 @@ func (s *Server) sessionRoutes() {
 			return nil, problem(err, nil)
 		}
 		if t.TTL < 0 { // etcd says -1 for a lease it no longer has; 0 is under a second left
-			s.sessions.forget(s.nsOf(ctx), in.ID)
+			s.sessions.forget(s.nsOf(ctx), leaseHexOf(in.ID))
 			return nil, sessionGone(in.ID, s.nsOf(ctx))
 		}
 		return &sessionOutput{Body: SessionBody{ID: in.ID, Name: sess.name, TTL: t.GrantedTTL, ExpiresAt: sent.Add(time.Duration(t.TTL) * time.Second).UTC()}}, nil
@@ -114,7 +123,7 @@ func (s *Server) sessionRoutes() {
 		sent := time.Now()
 		k, err := s.cli.KeepAliveOnce(ctx, sess.id)
 		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
-			s.sessions.forget(s.nsOf(ctx), in.ID)
+			s.sessions.forget(s.nsOf(ctx), leaseHexOf(in.ID))
 			return nil, sessionGone(in.ID, s.nsOf(ctx))
 		}
 		if err != nil {
@@ -128,12 +137,12 @@ func (s *Server) sessionRoutes() {
 		Summary:       "End a session: everything held under it is released at once",
 		DefaultStatus: http.StatusNoContent,
 	}, func(ctx context.Context, in *sessionIDPath) (*struct{}, error) {
-		s.sessions.forget(s.nsOf(ctx), in.ID)
+		s.sessions.forget(s.nsOf(ctx), leaseHexOf(in.ID))
 		sess, err := s.session(ctx, in.ID)
 		if err != nil {
 			return nil, err
 		}
-		s.sessions.forget(s.nsOf(ctx), in.ID)
+		s.sessions.forget(s.nsOf(ctx), leaseHexOf(in.ID))
 		if _, err := s.cli.Revoke(ctx, sess.id); errors.Is(err, rpctypes.ErrLeaseNotFound) {
 			return nil, sessionGone(in.ID, s.nsOf(ctx))
 		} else if err != nil {
@@ -143,37 +152,90 @@ func (s *Server) sessionRoutes() {
 	})
 }
 
+// sessionIDRule is the rule a malformed session id breaks.
+const sessionIDRule = "must be a session id: the id POST /v1/sessions returned (its lease in hex, a dot, its secret)"
+
+// parseSessionID splits a session id into its lease and its secret.
+func parseSessionID(id string) (lid clientv3.LeaseID, leaseHex, secret string, ok bool) {
+	leaseHex, secret, found := strings.Cut(id, ".")
+	n, err := strconv.ParseUint(leaseHex, 16, 64)
+	if !found || err != nil || n == 0 || n > 1<<63-1 || len(leaseHex) > 16 || len(secret) < 16 || len(secret) > 64 {
+		return 0, "", "", false
+	}
+	return clientv3.LeaseID(n), leaseHex, secret, true
+}
+
+// secretSum is what a session's record keeps of its secret.
+func secretSum(secret string) string {
+	sum := sha256.Sum256([]byte(secret))
+	return hex.EncodeToString(sum[:])
+}
+
 // session reads session id of the request's namespace: 404 when it does
-// not exist there (expired, ended, or another namespace's). A session seen
+// not exist there (expired, ended, or another namespace's) or when the
+// id's secret is not the session's. The id's secret is what proves a
+// session: the lease alone shows in places (a lock contender's name), the
+// secret only in the answer to the session's creation. A session seen
 // before is taken from the server's cache without a read: a session's
-// namespace and name never change, and etcd itself refuses to bind a key
-// to a lease that ended, so a stale entry can only cost a later error
-// (mapped to the same 404), never a wrong answer.
+// namespace, name and secret never change, and etcd itself refuses to bind
+// a key to a lease that ended, so a stale entry can only cost a later
+// error (mapped to the same 404), never a wrong answer.
 func (s *Server) session(ctx context.Context, id string) (*session, error) {
-	n, err := strconv.ParseUint(id, 16, 64)
-	if err != nil || n == 0 || n > 1<<63-1 {
-		return nil, invalid("session", id, "must be a session id: the hex id POST /v1/sessions returned")
+	lid, leaseHex, secret, ok := parseSessionID(id)
+	if !ok {
+		return nil, invalid("session", id, sessionIDRule)
 	}
 	ns := s.nsOf(ctx)
-	rec, ok := s.sessions.get(ns, id)
+	rec, ok := s.sessions.get(ns, leaseHex)
 	if !ok {
-		if rec, err = s.readSession(ctx, id, clientv3.LeaseID(n)); err != nil {
+		var err error
+		if rec, err = s.readSession(ctx, id, leaseHex, lid); err != nil {
 			return nil, err
 		}
-		s.sessions.put(ns, id, rec)
+		s.sessions.put(ns, leaseHex, rec)
+	}
+	if subtle.ConstantTimeCompare([]byte(secretSum(secret)), []byte(rec.Secret)) != 1 {
+		return nil, sessionGone(id, ns)
 	}
 	ttl := time.Duration(max(rec.TTL, 1)) * time.Second
 	// The session may have been renewed just now: it lasts at most a TTL
 	// from now (a renewal resets it to that).
-	sess := &session{id: clientv3.LeaseID(n), name: rec.Name}
+	sess := &session{id: lid, name: rec.Name}
 	sess.lease = lease.Attach(s.cli, sess.id, ttl, time.Now().Add(ttl))
 	return sess, nil
 }
 
-// readSession reads the record of session id from etcd.
-func (s *Server) readSession(ctx context.Context, id string, lid clientv3.LeaseID) (sessionRecord, error) {
+// sessionLease is the lease of session id for a route that writes under
+// something the session held (an ack, a fenced write): a session that
+// does not exist is a 409 there, since what it held went with it, and a
+// malformed id a 400 at location.
+func (s *Server) sessionLease(ctx context.Context, location, id string) (clientv3.LeaseID, error) {
+	if _, _, _, ok := parseSessionID(id); !ok {
+		return 0, invalid(location, id, sessionIDRule)
+	}
+	sess, err := s.session(ctx, id)
+	var p *Problem
+	if errors.As(err, &p) && p.Status == http.StatusNotFound {
+		return 0, problem(fmt.Errorf("session %s: %w: the session ended, and what it held with it", redact(id), lease.ErrFenced), nil)
+	}
+	if err != nil {
+		return 0, err
+	}
+	return sess.id, nil
+}
+
+// redact shows a session id without its secret.
+func redact(id string) string {
+	if h, _, ok := strings.Cut(id, "."); ok {
+		return h + ".…"
+	}
+	return id
+}
+
+// readSession reads the record of session id (lease leaseHex) from etcd.
+func (s *Server) readSession(ctx context.Context, id, leaseHex string, lid clientv3.LeaseID) (sessionRecord, error) {
 	var rec sessionRecord
-	g, err := s.cli.Get(ctx, s.keys(ctx).Session(id))
+	g, err := s.cli.Get(ctx, s.keys(ctx).Session(leaseHex))
 	if err != nil {
 		return rec, problem(err, nil)
 	}
@@ -218,7 +280,10 @@ func (c *sessionCache) forget(ns, id string) {
 // sessionGone is the 404 of a session that does not exist.
 func sessionGone(id, ns string) *Problem {
 	p := newProblem(http.StatusNotFound, "session-not-found",
-		fmt.Sprintf("session %s does not exist in namespace %s: it expired (no keepalive within its TTL), was deleted, or belongs to another namespace; create one with POST /v1/sessions", id, ns))
-	p.Errors = []*huma.ErrorDetail{{Location: "session", Value: id, Message: "no such session"}}
+		fmt.Sprintf("session %s does not exist in namespace %s: it expired (no keepalive within its TTL), was deleted, belongs to another namespace, or the id is not the one its creation returned; create one with POST /v1/sessions", redact(id), ns))
+	p.Errors = []*huma.ErrorDetail{{Location: "session", Value: redact(id), Message: "no such session"}}
 	return p
 }
+
+// leaseHexOf is the lease part of a session id, which keys the cache.
+func leaseHexOf(id string) string { h, _, _ := strings.Cut(id, "."); return h }

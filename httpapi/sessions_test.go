@@ -2,6 +2,7 @@ package httpapi_test
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 )
@@ -48,4 +49,32 @@ func TestSessionExpires(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	a.do("POST", "/v1/sessions/"+id+"/keepalive", nil).problem(t, 404)
+}
+
+// TestSessionSecret: a session id is its lease and a secret; the lease
+// with another secret is no session: 404 on the session's routes and on a
+// lock acquisition, 409 on an outcome under it, and nothing is written.
+func TestSessionSecret(t *testing.T) {
+	a := newAPI(t)
+	id := a.session(10)
+	lease, secret, ok := strings.Cut(id, ".")
+	if !ok || len(secret) < 16 {
+		t.Fatalf("session id %q is not lease.secret", id)
+	}
+	forged := lease + "." + strings.Repeat("a", len(secret))
+	a.do("GET", "/v1/sessions/"+id, nil).want(t, 200)
+	before := a.keyCount()
+	a.do("GET", "/v1/sessions/"+forged, nil).problem(t, 404)
+	a.do("POST", "/v1/sessions/"+forged+"/keepalive", nil).problem(t, 404)
+	a.do("DELETE", "/v1/sessions/"+forged, nil).problem(t, 404)
+	r := a.do("POST", "/v1/locks/secret", map[string]any{"session": forged}).problem(t, 404)
+	if strings.Contains(string(r.Raw), secret[:8]) || strings.Contains(string(r.Raw), "aaaaaaaa") {
+		t.Fatalf("a problem echoes a session secret: %s", r.Raw)
+	}
+	a.do("POST", "/v1/queues/q/tasks/t1/ack", map[string]any{"session": forged, "token": 5}).problem(t, 409)
+	a.do("POST", "/v1/sessions/"+lease+"/keepalive", nil).problem(t, 400)
+	if n := a.keyCount(); n != before {
+		t.Fatalf("%d keys before, %d after requests with a forged session", before, n)
+	}
+	a.do("GET", "/v1/sessions/"+id, nil).want(t, 200)
 }
