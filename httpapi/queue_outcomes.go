@@ -115,6 +115,9 @@ func outcomeResultOf(id string, r queue.Reported) OutcomeResult {
 		return res
 	}
 	t := r.Task
+	if t == nil { // never expected: an outcome is answered with a task or an error
+		return OutcomeResult{TaskID: id, Status: http.StatusInternalServerError, Detail: "the outcome's fate is unknown: report it again"}
+	}
 	res := OutcomeResult{TaskID: id, Status: http.StatusOK, TaskStatus: t.CurrentStatus, Attempt: t.Attempt}
 	if t.CurrentStatus == queue.Retrying && !t.ScheduledAt.IsZero() {
 		at := t.ScheduledAt

@@ -110,7 +110,16 @@ func (c *Client) Claim(ctx context.Context, q string, req ClaimRequest) ([]*Task
 	lid := int64(req.Lease.ID())
 	hot := c.hotOf(q, lid)
 	w.hot[0] = hot
-	defer func() { c.setHot(q, lid, w.hotSegment(0)) }()
+	defer func() {
+		// A FIFO queue's claims all take its oldest segment: a session
+		// keeps none of its own (a kept one would make the next claim skip
+		// the open list and find nothing).
+		seg := w.hotSegment(0)
+		if w.fifo.Load() {
+			seg = ""
+		}
+		c.setHot(q, lid, seg)
+	}()
 	deadline := time.Now().Add(req.Wait)
 	for raced := 0; ; {
 		due, err := c.promoteDue(ctx, w, q)

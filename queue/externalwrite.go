@@ -191,6 +191,10 @@ func (c *Client) writeChained(ctx context.Context, rw *runWrite, reqs []ackReq, 
 		r.cmps = append(r.cmps, rw.ownOuts(c, rev))
 		resp, err := c.cli.Txn(ctx).If(r.cmps...).Then(r.then...).Commit()
 		if err != nil {
+			// The parts before this one were written: answer them (and
+			// keep the run, which still has outcomes to come).
+			rw.final = false
+			c.written(ctx, rw, n, out)
 			for _, i := range rw.items[n:] {
 				out[i].Err = fmt.Errorf("queue: record the outcome of task %s: %w", rw.os[n].c.task.ID, err)
 			}
