@@ -24,6 +24,16 @@ import (
 // which a watch misses nothing.
 func (w *Worker) claim(ctx context.Context, lane, n int) (claims []*claim, rev int64, contended bool, err error) {
 	seq := w.claimSeq.Add(1)
+	// The priority turns (one claim in eight serves a lower level) count
+	// the claims that took something, not the attempts: under load many
+	// attempts find nothing (a race lost to the worker's own outcome
+	// writer), and counting them would hand the lower levels more turns.
+	turn := w.turnSeq.Load() + 1
+	defer func() {
+		if err == nil && len(claims) > 0 {
+			w.turnSeq.Add(1)
+		}
+	}()
 	if w.fifo.Load() {
 		// A FIFO queue's claims all want its oldest tasks: the worker's
 		// claim loops take turns rather than race each other for them.
@@ -56,15 +66,15 @@ func (w *Worker) claim(ctx context.Context, lane, n int) (claims []*claim, rev i
 		// No task with a record of its own waits (those back from a
 		// retry, a requeue or a hand-back, which go first): claim from
 		// the segments.
-		claims, contended, err := w.claimSegments(ctx, lane, n, segmentRead{open, listOpen, hotState, fifo, seq})
+		claims, contended, err := w.claimSegments(ctx, lane, n, segmentRead{open, listOpen, hotState, fifo, turn})
 		return claims, first.rev, contended, err
 	}
-	cands, rev, err := w.recordCandidates(ctx, n, seq, levels, fifo, first)
+	cands, rev, err := w.recordCandidates(ctx, n, turn, levels, fifo, first)
 	if err != nil {
 		return nil, 0, false, err
 	}
 	if len(cands) == 0 {
-		claims, contended, err := w.claimSegments(ctx, lane, n, segmentRead{open, listOpen, hotState, fifo, seq})
+		claims, contended, err := w.claimSegments(ctx, lane, n, segmentRead{open, listOpen, hotState, fifo, turn})
 		return claims, first.rev, contended, err
 	}
 	claims, err = w.claimKeys(ctx, cands, n, fifo)

@@ -107,6 +107,7 @@ func (c *Client) Claim(ctx context.Context, q string, req ClaimRequest) ([]*Task
 	turn := c.ext.turns.Add(1)
 	w.spread = turn
 	w.claimSeq.Store(int64(turn % (1 << 62)))
+	w.turnSeq.Store(int64(turn % (1 << 62)))
 	lid := int64(req.Lease.ID())
 	hot := c.hotOf(q, lid)
 	w.hot[0] = hot

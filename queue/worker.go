@@ -149,8 +149,9 @@ type Worker struct {
 	claimed, succeeded, retried, dead, handedBack, fenced atomic.Int64
 	shardCursor                                           atomic.Int64
 	claimSeq                                              atomic.Int64
-	fifo                                                  atomic.Bool // the queue was FIFO at the last claim
-	fifoMu                                                sync.Mutex  // taken by claims of a FIFO queue
+	turnSeq                                               atomic.Int64 // claims that took something: the priority turns count these
+	fifo                                                  atomic.Bool  // the queue was FIFO at the last claim
+	fifoMu                                                sync.Mutex   // taken by claims of a FIFO queue
 	levelMu                                               sync.Mutex
 	busyLevels                                            map[string]time.Time // priority levels whose tasks all run, until when (levelMu)
 	lost                                                  *orphanList          // tasks whose claim vanished: claimed first
