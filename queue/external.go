@@ -108,6 +108,13 @@ func (c *Client) Claim(ctx context.Context, q string, req ClaimRequest) ([]*Task
 	w.spread = turn
 	w.claimSeq.Store(int64(turn % (1 << 62)))
 	w.turnSeq.Store(int64(turn % (1 << 62)))
+	w.turns = c.levelTurnsOf(q)
+	defer func() {
+		w.levelMu.Lock()
+		lt := w.turns
+		w.levelMu.Unlock()
+		c.setLevelTurns(q, lt)
+	}()
 	lid := int64(req.Lease.ID())
 	hot := c.hotOf(q, lid)
 	w.hot[0] = hot

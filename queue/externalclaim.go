@@ -21,6 +21,26 @@ type externalState struct {
 	mu    sync.Mutex
 	due   map[string]dueState
 	hot   map[hotKey]string
+	// levels keeps each queue's anti-starvation turns (levelTurns) from
+	// one external claim to the next: each claim has a Worker of its own.
+	levels map[string]levelTurns
+}
+
+// levelTurnsOf returns the turns the last external claim of queue q left.
+func (c *Client) levelTurnsOf(q string) levelTurns {
+	c.ext.mu.Lock()
+	defer c.ext.mu.Unlock()
+	return c.ext.levels[q]
+}
+
+// setLevelTurns keeps the turns an external claim of queue q leaves.
+func (c *Client) setLevelTurns(q string, lt levelTurns) {
+	c.ext.mu.Lock()
+	defer c.ext.mu.Unlock()
+	if c.ext.levels == nil || len(c.ext.levels) >= 4096 {
+		c.ext.levels = map[string]levelTurns{}
+	}
+	c.ext.levels[q] = lt
 }
 
 // hotKey names the claims of one session (lease) from one queue.
