@@ -221,6 +221,12 @@ func (w *Worker) awaitWork(ctx context.Context, rev int64, d time.Duration) {
 			}
 			for _, ev := range wr.Events {
 				if ev.Type == clientv3.EventTypePut && ev.IsCreate() && strings.HasPrefix(string(ev.Kv.Key), retries) {
+					// A retry scheduled (perhaps by another process): the
+					// next claim moves it back when it falls due, rather
+					// than after its promotion interval.
+					if at, _, ok := keyspace.ParseTimedKey(retries, string(ev.Kv.Key)); ok {
+						w.client.retryAt(q, time.Unix(0, at))
+					}
 					return
 				}
 			}

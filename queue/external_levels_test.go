@@ -46,3 +46,47 @@ func TestExternalClaimLevelTurns(t *testing.T) {
 		t.Fatalf("48 claims took %v: the lowest level must get turns, the top most claims", got)
 	}
 }
+
+// TestExternalClaimWakesForRetry: a claim waiting on an empty queue gets
+// a task that another process's worker failed, soon after its short
+// backoff, not at the end of its wait (a retry scheduled within the
+// claimer's promotion interval used to wait out the whole long poll).
+func TestExternalClaimWakesForRetry(t *testing.T) {
+	ctx := context.Background()
+	ns := etcdtest.Namespace(t)
+	waiter, cli := newClient(t, ns)
+	other, _ := newClient(t, ns) // another process: its own client state
+	submitN(t, other, "rw", 1, func(tk *queue.Task) {
+		tk.BackoffBase, tk.BackoffMax = queue.Duration(50*time.Millisecond), queue.Duration(80*time.Millisecond)
+	})
+	lo := grantLease(t, cli, 30*time.Second)
+	tasks, err := other.Claim(ctx, "rw", queue.ClaimRequest{Lease: lo, Worker: "other", Max: 1})
+	if err != nil || len(tasks) != 1 {
+		t.Fatalf("claim: %d, %v", len(tasks), err)
+	}
+	lw := grantLease(t, cli, 30*time.Second)
+	// The waiter checks for due retries now, finds none, and waits.
+	if got, err := waiter.Claim(ctx, "rw", queue.ClaimRequest{Lease: lw, Worker: "waiter", Max: 1}); err != nil || len(got) != 0 {
+		t.Fatalf("first claim: %d, %v", len(got), err)
+	}
+	done := make(chan []*queue.Task, 1)
+	start := time.Now()
+	go func() {
+		got, err := waiter.Claim(ctx, "rw", queue.ClaimRequest{Lease: lw, Worker: "waiter", Max: 1, Wait: 4 * time.Second})
+		if err != nil {
+			t.Error(err)
+		}
+		done <- got
+	}()
+	time.Sleep(30 * time.Millisecond)
+	if _, err := other.Fail(ctx, held("rw", tasks[0], lo), "transient", false); err != nil {
+		t.Fatal(err)
+	}
+	got := <-done
+	if len(got) != 1 || got[0].Attempt != 2 {
+		t.Fatalf("the waiting claim got %d tasks", len(got))
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("the retry (backoff under 80 ms) was claimed %s after the wait began", d)
+	}
+}
