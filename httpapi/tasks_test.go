@@ -310,3 +310,26 @@ func (a *api) send(method, path string) {
 		r.Body.Close()
 	}
 }
+
+// TestAgentTaskHeldByQueueWorker: a task id a queue worker has claimed
+// cannot be claimed as an agent task (409, at once and after a wait), and
+// can once the queue's claim has ended.
+func TestAgentTaskHeldByQueueWorker(t *testing.T) {
+	a := newAPI(t)
+	s1, s2 := a.session(30), a.session(30)
+	a.do("POST", "/v1/queues/jobs/tasks", []map[string]any{{"task_id": "qjob", "task_type": "x"}}).want(t, 200)
+	c := a.do("POST", "/v1/queues/jobs/claim", map[string]any{"session": s1, "max": 1}).want(t, 200)
+	tasks, _ := c.JSON["tasks"].([]any)
+	if len(tasks) != 1 {
+		t.Fatalf("queue claim: %s", c.Raw)
+	}
+	before := a.keyCount()
+	a.do("POST", "/v1/agent-tasks/qjob/claim", map[string]any{"session": s2}).problem(t, 409)
+	a.do("POST", "/v1/agent-tasks/qjob/claim?wait=200ms", map[string]any{"session": s2}).problem(t, 409)
+	if n := a.keyCount(); n != before {
+		t.Fatalf("%d keys before refused claims, %d after", before, n)
+	}
+	tok := tasks[0].(map[string]any)["token"]
+	a.do("POST", "/v1/queues/jobs/tasks/qjob/ack", map[string]any{"session": s1, "token": tok}).want(t, 200)
+	a.do("POST", "/v1/agent-tasks/qjob/claim", map[string]any{"session": s2}).want(t, 200)
+}

@@ -15,7 +15,8 @@ import (
 )
 
 // ErrBusy: a queue worker runs the task, and the claim was not to wait
-// (ClaimOptions.Wait false). Nothing is held.
+// (ClaimOptions.Wait false) or its wait bound ended first (the error then
+// matches the context's error too). Nothing is held.
 var ErrBusy = errors.New("task: a queue worker is running it")
 
 // ClaimOptions says how Claim takes a task.
@@ -85,6 +86,10 @@ func (s *Store) Claim(ctx context.Context, locker *lock.Etcd, id string, o Claim
 	_ = l.Release(rctx) // on failure the lock frees itself when its lease ends
 	if busy != "" {
 		return nil, fmt.Errorf("task %s: %w: a worker of queue %s holds it", id, ErrBusy, busy)
+	}
+	if ctx.Err() != nil {
+		// The caller's wait bound ended with the queue worker still on it.
+		return nil, fmt.Errorf("task %s: %w: a queue worker still runs it when the wait ended: %w", id, ErrBusy, err)
 	}
 	return nil, fmt.Errorf("task %s: wait for the queue worker running it: %w", id, err)
 }
