@@ -73,15 +73,11 @@ func AcquireSlot(ctx context.Context, cli *clientv3.Client, ns, name, subject st
 	if err != nil {
 		return SlotResult{}, err
 	}
-	pre, ledger := keys.QuotaGrants(name, sub), keys.QuotaLedger(name, sub)
+	ledger := keys.QuotaLedger(name, sub)
 	mine := keys.QuotaGrant(name, sub, int64(lease))
 	for {
 		began := time.Now()
-		resp, err := cli.Txn(ctx).Then(clientv3.OpGet(keys.QuotaConfig(name)), clientv3.OpGet(pre, clientv3.WithPrefix()), clientv3.OpGet(ledger)).Commit()
-		if err != nil {
-			return SlotResult{}, fmt.Errorf("flow: quota %s: %w", name, err)
-		}
-		res, ledgerRev, err := readSlots(name, subject, mine, resp)
+		res, ledgerRev, _, err := slotState(ctx, cli, keys, name, subject, sub, mine)
 		if err != nil {
 			return SlotResult{}, err
 		}
@@ -111,14 +107,9 @@ func ReleaseSlot(ctx context.Context, cli *clientv3.Client, ns, name, subject st
 	if err != nil {
 		return SlotResult{}, err
 	}
-	pre, ledger := keys.QuotaGrants(name, sub), keys.QuotaLedger(name, sub)
 	mine := keys.QuotaGrant(name, sub, int64(lease))
 	for {
-		resp, err := cli.Txn(ctx).Then(clientv3.OpGet(keys.QuotaConfig(name)), clientv3.OpGet(pre, clientv3.WithPrefix()), clientv3.OpGet(ledger)).Commit()
-		if err != nil {
-			return SlotResult{}, fmt.Errorf("flow: quota %s: %w", name, err)
-		}
-		res, _, err := readSlots(name, subject, mine, resp)
+		res, _, resp, err := slotState(ctx, cli, keys, name, subject, sub, mine)
 		if err != nil {
 			return SlotResult{}, err
 		}
@@ -144,6 +135,20 @@ func ReleaseSlot(ctx context.Context, cli *clientv3.Client, ns, name, subject st
 			return res, nil
 		}
 	}
+}
+
+// slotState reads, in one transaction, quota name's configuration, the
+// grants of subject (in keys: sub) and its ledger, and returns what they
+// say with mine (this lease's grant key), the ledger's revision and the
+// response.
+func slotState(ctx context.Context, cli *clientv3.Client, keys keyspace.Space, name, subject, sub, mine string) (SlotResult, int64, *clientv3.TxnResponse, error) {
+	resp, err := cli.Txn(ctx).Then(clientv3.OpGet(keys.QuotaConfig(name)), clientv3.OpGet(keys.QuotaGrants(name, sub), clientv3.WithPrefix()),
+		clientv3.OpGet(keys.QuotaLedger(name, sub))).Commit()
+	if err != nil {
+		return SlotResult{}, 0, nil, fmt.Errorf("flow: quota %s: %w", name, err)
+	}
+	res, ledgerRev, err := readSlots(name, subject, mine, resp)
+	return res, ledgerRev, resp, err
 }
 
 // slotKeys checks ns, name and subject and returns the key space and the

@@ -5,47 +5,44 @@ import (
 	"sync"
 
 	"github.com/droverhq/drover/queue"
-	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// queueClientsMax bounds the queue clients kept: one a namespace served
-// (of each etcd client), the oldest dropped first beyond it.
+// queueClientsMax bounds the queue clients a server keeps: one a
+// namespace it served.
 const queueClientsMax = 256
 
-// queueClientKey names a kept queue client: its etcd client and namespace.
-type queueClientKey struct {
-	cli *clientv3.Client
-	ns  string
-}
-
-// queueClients keeps one queue.Client per etcd client and namespace, so
-// that its cache of decoded segments lasts from a claim to the acks of its
-// tasks (a queue.Client is safe for concurrent use, and holds nothing else
-// of a request). It lives outside Server so that the queue routes own it.
-var queueClients = struct {
+// queueClientCache keeps one queue.Client per namespace the server
+// serves, so that a client's cache of decoded segments lasts from a claim
+// to the acks of its tasks (a queue.Client is safe for concurrent use, and
+// holds nothing else of a request); the oldest is dropped first beyond
+// queueClientsMax.
+type queueClientCache struct {
 	mu    sync.Mutex
-	m     map[queueClientKey]*queue.Client
-	order []queueClientKey
-}{m: map[queueClientKey]*queue.Client{}}
+	m     map[string]*queue.Client
+	order []string
+}
 
 // queueClient is the queue client of the request's namespace.
 func (s *Server) queueClient(ctx context.Context) (*queue.Client, error) {
-	k := queueClientKey{cli: s.cli, ns: s.nsOf(ctx)}
-	qc := &queueClients
+	ns := s.nsOf(ctx)
+	qc := &s.queueClients
 	qc.mu.Lock()
 	defer qc.mu.Unlock()
-	if c, ok := qc.m[k]; ok {
+	if c, ok := qc.m[ns]; ok {
 		return c, nil
 	}
-	c, err := queue.NewClient(s.cli, k.ns)
+	c, err := queue.NewClient(s.cli, ns)
 	if err != nil {
 		return nil, problem(err, nil)
+	}
+	if qc.m == nil {
+		qc.m = map[string]*queue.Client{}
 	}
 	if len(qc.order) >= queueClientsMax {
 		delete(qc.m, qc.order[0])
 		qc.order = qc.order[1:]
 	}
-	qc.m[k] = c
-	qc.order = append(qc.order, k)
+	qc.m[ns] = c
+	qc.order = append(qc.order, ns)
 	return c, nil
 }

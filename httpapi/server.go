@@ -99,6 +99,8 @@ type Server struct {
 	metrics *requestMetrics
 	// sessions caches the records of sessions seen (see Server.session).
 	sessions sessionCache
+	// queueClients keeps a queue client per namespace (queueclients.go).
+	queueClients queueClientCache
 
 	life    sync.Mutex
 	srv     *http.Server
