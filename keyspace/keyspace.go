@@ -24,7 +24,7 @@
 //	/{ns}/queues/{q}/config           the queue's settings (maximum depth)
 //	/{ns}/queues/{q}/levels/{level}   a priority level that may have pending tasks
 //	/{ns}/queue-names/{q}             the queue directory: a queue that was submitted to or configured
-//	/{ns}/checkpoints/{thread}/{cpns|@}/{head|fence|cp/{id}|writes/{id}} agent state per thread
+//	/{ns}/checkpoints/{thread}/{cpns|@}/{head|fence|cp/{id}|writes/{id}} agent state per thread ({cpns}: the checkpoint namespace as it is when it is a name, else "~" and its base64url)
 //	/{ns}/queues/{q}/cancel/{id}      a request to cancel a running task
 //	/{ns}/components/{component}/endpoints/{id} a registered endpoint, bound to its process's primary lease
 //	/{ns}/limits/{name}/{config|state} a fleet-wide rate limit: its rate, and its token bucket
