@@ -1,0 +1,178 @@
+package paxos
+
+import (
+	"sort"
+	"time"
+)
+
+// The acceptor's rules. Every reply that depends on acceptor state is sent
+// only after that state is durable: a promise is fsynced before the
+// Promise goes out; accepted entries are collected in n.unsynced and the
+// Accepted replies in n.outbox, and flush persists the one before it sends
+// the other. Every handler is idempotent: a duplicated, delayed or
+// reordered message is judged by its ballot and slots and changes nothing
+// it should not.
+
+// onPrepare answers phase 1: Prepare{Ballot, Slot: the candidate's
+// commit+1} gets Promise{Ballot, Entries: accepted entries from Slot on,
+// Commit, Slot: this node's snapshot index} when Ballot is at or above
+// every ballot promised, else Nack{Ballot: the promise}.
+func (n *Node) onPrepare(m Message, now time.Time) error {
+	if n.role == roleRemoved {
+		return nil
+	}
+	if !n.conf.has(m.From) {
+		// Not a member here: a removed node that has not learned it (tell
+		// it how far the log is), or we are behind a change that added it
+		// (learn from it).
+		n.nonMember(m, now)
+		return nil
+	}
+	if m.Ballot.Less(n.promised) {
+		n.send(Message{Type: MsgNack, To: m.From, Ballot: n.promised, Commit: n.commit})
+		return nil
+	}
+	if err := n.sync(); err != nil {
+		return err
+	}
+	if n.promised.Less(m.Ballot) {
+		if err := n.store.SetPromised(m.Ballot); err != nil {
+			return err
+		}
+		n.promised = m.Ballot
+	}
+	if n.proposerBallot().Less(m.Ballot) && n.role != roleFollower {
+		n.stepDown(now)
+	}
+	// The candidate may be about to lead: give it a full election timeout
+	// before competing, and stop forwarding to a deposed leader.
+	n.hasLeader = false
+	n.resetElection(now)
+	n.send(Message{
+		Type: MsgPromise, To: m.From, Ballot: m.Ballot,
+		Entries: n.entriesFrom(m.Slot), Commit: n.commit, Slot: n.snapIndex(),
+	})
+	return nil
+}
+
+// nonMember answers a Prepare from a node outside this configuration.
+func (n *Node) nonMember(m Message, now time.Time) {
+	if m.Slot > n.commit+1 {
+		n.requestCatchUp(m.From, now)
+		return
+	}
+	n.send(Message{Type: MsgNack, To: m.From, Ballot: n.promised, Commit: n.commit})
+}
+
+// onAccept answers phase 2: Accept{Ballot, Entries (contiguous slots),
+// Commit} at or above the promise is accepted, persisted, and answered
+// Accepted{Ballot, Slot, Last} after the persist; below it, Nack.
+func (n *Node) onAccept(m Message, now time.Time) {
+	if n.role == roleRemoved || len(m.Entries) == 0 {
+		return
+	}
+	if m.Ballot.Less(n.promised) {
+		n.send(Message{Type: MsgNack, To: m.From, Ballot: n.promised, Commit: n.commit})
+		return
+	}
+	n.observeLeader(m.From, m.Ballot, now)
+	if n.promised.Less(m.Ballot) {
+		n.promised, n.promiseDirt = m.Ballot, true
+	}
+	for _, e := range m.Entries {
+		if e.Slot <= n.commit {
+			continue // chosen already: the value is the same
+		}
+		if old, ok := n.entries[e.Slot]; ok && old.Ballot == e.Ballot {
+			continue // a duplicate
+		}
+		n.putEntry(e)
+	}
+	first, last := m.Entries[0].Slot, m.Entries[len(m.Entries)-1].Slot
+	n.outbox = append(n.outbox, Message{Type: MsgAccepted, To: m.From, Ballot: m.Ballot, Slot: first, Last: last})
+	n.learnCommit(m.From, m.Ballot, m.Commit, now)
+}
+
+// onHeartbeat: a leader at or above the promise resets the election timer
+// and says how far the log is chosen; it is answered with this node's
+// commit (when the leader asked, Seq != 0). A stale leader gets a Nack.
+// The promise rises to the leader's ballot (persisted with the next
+// write), so an older leader still sending is refused rather than
+// followed.
+func (n *Node) onHeartbeat(m Message, now time.Time) {
+	if n.role == roleRemoved {
+		return
+	}
+	if m.Ballot.Less(n.promised) {
+		n.send(Message{Type: MsgNack, To: m.From, Ballot: n.promised, Commit: n.commit})
+		return
+	}
+	n.observeLeader(m.From, m.Ballot, now)
+	if n.promised.Less(m.Ballot) {
+		n.promised, n.promiseDirt = m.Ballot, true
+	}
+	n.learnCommit(m.From, m.Ballot, m.Commit, now)
+	if m.Seq != 0 {
+		n.send(Message{Type: MsgHeartbeatAck, To: m.From, Ballot: m.Ballot, Slot: n.commit, Seq: m.Seq})
+	}
+}
+
+// observeLeader notes that from leads at ballot b (b is at or above the
+// promise): a proposer with a lower ballot steps down, the election
+// timer restarts, and a leader change re-sends the waiting proposals.
+func (n *Node) observeLeader(from NodeID, b Ballot, now time.Time) {
+	if n.role == roleLeader || n.role == roleCandidate {
+		if !n.proposerBallot().Less(b) {
+			return
+		}
+		n.stepDown(now)
+	}
+	n.resetElection(now)
+	if n.hasLeader && n.leader == from {
+		return
+	}
+	n.leader, n.hasLeader = from, true
+	n.log.Debug("leader", "leader", from, "ballot", b)
+	n.rerouteWaits(now)
+}
+
+// putEntry accepts e in memory; flush persists it.
+func (n *Node) putEntry(e Entry) {
+	n.entries[e.Slot] = e
+	n.unsynced = append(n.unsynced, e)
+	if e.Ballot.Round > n.maxRound {
+		n.maxRound = e.Ballot.Round
+	}
+}
+
+// entriesFrom returns the accepted entries with slot >= from, by slot.
+func (n *Node) entriesFrom(from uint64) []Entry {
+	var out []Entry
+	for s, e := range n.entries {
+		if s >= from {
+			out = append(out, e)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Slot < out[j].Slot })
+	return out
+}
+
+// snapIndex is the index of the latest snapshot (0 if none).
+func (n *Node) snapIndex() uint64 {
+	if n.snap == nil {
+		return 0
+	}
+	return n.snap.Index
+}
+
+// proposerBallot is the ballot this node leads or campaigns with (zero
+// when it does neither).
+func (n *Node) proposerBallot() Ballot {
+	switch {
+	case n.lead != nil:
+		return n.lead.ballot
+	case n.cand != nil:
+		return n.cand.ballot
+	}
+	return Ballot{}
+}

@@ -1,0 +1,356 @@
+package paxos
+
+import (
+	"slices"
+	"time"
+)
+
+// The learner. A follower learns that slot s is chosen when a leader at
+// ballot b says its commit is at or past s and the follower's own accepted
+// entry for s has ballot b (the leader proposes one value per slot per
+// ballot). A gap, an entry of another ballot or a missing one makes it ask
+// CatchUp{Slot: commit+1}; any node answers with its chosen entries from
+// there (at most maxCatchUp), or with its snapshot when those entries
+// were truncated. Chosen slots are applied in order to the table; the
+// Propose waiting for the command's ID gets the result. Every
+// SnapshotEvery applied entries the table is snapshotted and the log
+// truncated.
+
+// maxCatchUp bounds the entries of one catch-up reply.
+const maxCatchUp = 1000
+
+// wait is a local Propose (or several with the same ID) waiting for its
+// command to be applied here.
+type wait struct {
+	cmd    Command
+	reqs   []*request
+	sentAt time.Time
+}
+
+// onPropose takes a Propose: the leader queues it, a follower forwards it
+// to the leader, and both wait for the local apply.
+func (n *Node) onPropose(req *request) {
+	if n.role == roleRemoved {
+		req.ch <- proposeResult{err: ErrRemoved}
+		return
+	}
+	if w := n.waits[req.cmd.ID]; w != nil {
+		w.reqs = append(w.reqs, req)
+		return
+	}
+	w := &wait{cmd: req.cmd, reqs: []*request{req}}
+	n.waits[req.cmd.ID] = w
+	n.route(w, time.Now())
+}
+
+// route sends a waiting command to the leader, if one is known.
+func (n *Node) route(w *wait, now time.Time) {
+	switch {
+	case n.lead != nil:
+		n.enqueue(w.cmd)
+	case n.hasLeader && n.leader != n.cfg.ID:
+		n.forwards[n.leader] = append(n.forwards[n.leader], w.cmd)
+	default:
+		return // retried on a tick, or when a leader shows up
+	}
+	w.sentAt = now
+}
+
+// sendForwards sends the commands collected for the leader, batched.
+func (n *Node) sendForwards() {
+	for to, cmds := range n.forwards {
+		for len(cmds) > 0 {
+			k := min(len(cmds), n.cfg.MaxBatch)
+			n.send(Message{Type: MsgForward, To: to, Commands: cmds[:k]})
+			cmds = cmds[k:]
+		}
+		delete(n.forwards, to)
+	}
+}
+
+// rerouteWaits re-sends every waiting command (a new leader, or a
+// snapshot that may have covered some).
+func (n *Node) rerouteWaits(now time.Time) {
+	for _, w := range n.waits {
+		n.route(w, now)
+	}
+}
+
+// retryInterval is how long a forwarded command waits for its apply
+// before it is sent again.
+func (n *Node) retryInterval() time.Duration {
+	return max(4*n.cfg.Heartbeat, n.cfg.ElectionTimeout/2)
+}
+
+// retryWaits drops the waiters whose context ended and re-sends the
+// commands that were not applied within retryInterval.
+func (n *Node) retryWaits(now time.Time) {
+	for id, w := range n.waits {
+		w.reqs = slices.DeleteFunc(w.reqs, func(r *request) bool {
+			select {
+			case <-r.done:
+				return true
+			default:
+				return false
+			}
+		})
+		if len(w.reqs) == 0 {
+			delete(n.waits, id)
+			continue
+		}
+		if now.Sub(w.sentAt) >= n.retryInterval() {
+			n.route(w, now)
+		}
+	}
+}
+
+// deliver answers the waiters of id.
+func (n *Node) deliver(id string, res Result) {
+	w := n.waits[id]
+	if w == nil {
+		return
+	}
+	for _, r := range w.reqs {
+		r.ch <- proposeResult{res: res}
+	}
+	delete(n.waits, id)
+}
+
+// failWaits answers every waiter with err.
+func (n *Node) failWaits(err error) {
+	for id, w := range n.waits {
+		for _, r := range w.reqs {
+			r.ch <- proposeResult{err: err}
+		}
+		delete(n.waits, id)
+	}
+}
+
+// learnCommit advances the commit to c where the local entries are the
+// ballot-b leader's, and asks from for the rest.
+func (n *Node) learnCommit(from NodeID, b Ballot, c uint64, now time.Time) {
+	for n.commit < c {
+		e, ok := n.entries[n.commit+1]
+		if !ok || e.Ballot != b {
+			break
+		}
+		n.commitTo(e.Slot)
+	}
+	if n.commit < c {
+		n.requestCatchUp(from, now)
+	}
+}
+
+// commitTo marks slot (the one after the commit) chosen and applies it.
+func (n *Node) commitTo(slot uint64) {
+	n.commit = slot
+	n.apply(n.entries[slot])
+}
+
+// apply applies one chosen entry: to the table, to the configuration for a
+// membership change, to the waiters of its ID; then snapshots if due.
+func (n *Node) apply(e Entry) {
+	res := n.sm.Apply(e.Slot, e.Cmd)
+	var next *config
+	if isChange(e.Cmd) {
+		res, next = n.changeResult(e.Slot, e.Cmd)
+	}
+	n.applied = e.Slot
+	if e.Cmd.ID != "" {
+		n.deliver(e.Cmd.ID, res)
+	}
+	n.leaderApplied(e)
+	if next != nil {
+		n.setConfig(next)
+	}
+	if n.applied-n.snapIndex() >= n.cfg.SnapshotEvery {
+		n.takeSnapshot()
+	}
+}
+
+// takeSnapshot saves the table as of the applied index and truncates the
+// log below it.
+func (n *Node) takeSnapshot() {
+	data, err := n.sm.Snapshot()
+	if err != nil {
+		n.fail(err)
+		return
+	}
+	snap := Snapshot{Index: n.applied, Members: n.conf.peerList(), Data: data}
+	if err := n.store.SaveSnapshot(snap); err != nil {
+		n.fail(err)
+		return
+	}
+	n.snap = &snap
+	n.savedCommit = max(n.savedCommit, snap.Index)
+	for s := range n.entries {
+		if s <= snap.Index {
+			delete(n.entries, s)
+		}
+	}
+	n.log.Debug("snapshot", "index", snap.Index)
+}
+
+// fail records an error that halts the node at the end of the round.
+func (n *Node) fail(err error) {
+	if n.failed == nil {
+		n.failed = err
+	}
+}
+
+// requestCatchUp asks to for the chosen entries after the commit; one
+// request at a time, re-sent after catchUpTimeout.
+func (n *Node) requestCatchUp(to NodeID, now time.Time) {
+	if n.catchPending && now.Sub(n.catchAt) < n.catchUpTimeout() {
+		return
+	}
+	n.catchPending, n.catchAt = true, now
+	n.send(Message{Type: MsgCatchUp, To: to, Slot: n.commit + 1})
+}
+
+func (n *Node) catchUpTimeout() time.Duration { return 4 * n.cfg.Heartbeat }
+
+// onCatchUp answers with chosen entries from m.Slot, or the snapshot when
+// they were truncated.
+func (n *Node) onCatchUp(m Message) {
+	if m.Slot == 0 {
+		return
+	}
+	reply := Message{Type: MsgCatchUpReply, To: m.From, Ballot: n.promised, Commit: n.commit}
+	n.log.Debug("catch-up request", "from", m.From, "slot", m.Slot, "snapshot", n.snapIndex(), "commit", n.commit)
+	if n.snap != nil && m.Slot <= n.snap.Index {
+		reply.Snapshot = n.snap
+		n.send(reply)
+		return
+	}
+	for s := m.Slot; s <= n.commit && len(reply.Entries) < maxCatchUp; s++ {
+		e, ok := n.entries[s]
+		if !ok {
+			break
+		}
+		reply.Entries = append(reply.Entries, e)
+	}
+	n.send(reply)
+}
+
+// onCatchUpReply learns chosen entries (or a snapshot) and asks for more
+// while the sender is ahead. A candidate that was behind campaigns again
+// once caught up.
+func (n *Node) onCatchUpReply(m Message, now time.Time) error {
+	if n.lead != nil {
+		return nil
+	}
+	n.catchPending = false
+	if m.Snapshot != nil && m.Snapshot.Index > n.commit {
+		if err := n.installSnapshot(*m.Snapshot, now); err != nil {
+			return err
+		}
+	}
+	for _, e := range m.Entries {
+		if e.Slot <= n.commit {
+			continue
+		}
+		if e.Slot != n.commit+1 {
+			break
+		}
+		n.learnChosen(e)
+		n.commitTo(e.Slot)
+	}
+	if c := n.cand; c != nil && c.behindTo > 0 && n.commit >= c.behindTo {
+		return n.campaign(now)
+	}
+	if n.commit < m.Commit {
+		n.requestCatchUp(m.From, now)
+	}
+	return nil
+}
+
+// learnChosen stores the chosen entry e as accepted. Its ballot never goes
+// down: a lower stamp could let a later candidate prefer another value
+// accepted at a ballot between the two.
+func (n *Node) learnChosen(e Entry) {
+	old, ok := n.entries[e.Slot]
+	if ok && old.Ballot == e.Ballot && old.Cmd.ID == e.Cmd.ID && old.Cmd.Op == e.Cmd.Op {
+		return
+	}
+	if ok && e.Ballot.Less(old.Ballot) {
+		e.Ballot = old.Ballot
+	}
+	n.putEntry(e)
+}
+
+// installSnapshot replaces the table and log up to snap.Index with a
+// snapshot from another node.
+func (n *Node) installSnapshot(snap Snapshot, now time.Time) error {
+	if err := n.sync(); err != nil {
+		return err
+	}
+	if err := n.sm.Restore(snap.Data); err != nil {
+		n.log.Warn("snapshot from a peer refused", "index", snap.Index, "err", err)
+		return nil
+	}
+	if err := n.store.SaveSnapshot(snap); err != nil {
+		return err
+	}
+	n.snap = &snap
+	n.commit, n.applied = snap.Index, snap.Index
+	n.savedCommit = max(n.savedCommit, snap.Index)
+	for s := range n.entries {
+		if s <= snap.Index {
+			delete(n.entries, s)
+		}
+	}
+	n.log.Info("installed snapshot", "index", snap.Index)
+	n.setConfig(newConfig(snap.Members))
+	// Commands applied inside the snapshot answer their waiters when
+	// re-sent: the table remembers their results by ID.
+	n.rerouteWaits(now)
+	return nil
+}
+
+// restore rebuilds the node from its data dir: the snapshot, then the
+// entries known chosen (up to the persisted commit). Entries above it are
+// kept as acceptor state; whether they were chosen is learned from the
+// group.
+func (n *Node) restore(st State) error {
+	n.promised, n.maxRound = st.Promised, st.Promised.Round
+	members := st.Members
+	n.everMember = newConfig(st.Members).has(n.cfg.ID)
+	if st.Snapshot != nil {
+		if err := n.sm.Restore(st.Snapshot.Data); err != nil {
+			return err
+		}
+		snap := *st.Snapshot
+		n.snap = &snap
+		n.commit, n.applied = snap.Index, snap.Index
+		members = snap.Members
+	}
+	n.conf = newConfig(members)
+	if n.conf.has(n.cfg.ID) {
+		n.everMember = true
+	}
+	for _, e := range st.Entries {
+		if e.Slot > n.commit {
+			n.entries[e.Slot] = e
+			n.maxRound = max(n.maxRound, e.Ballot.Round)
+		}
+	}
+	for n.commit < st.Commit {
+		if _, ok := n.entries[n.commit+1]; !ok {
+			break
+		}
+		n.commitTo(n.commit + 1)
+	}
+	if n.failed != nil {
+		return n.failed
+	}
+	if n.commit < st.Commit {
+		n.log.Warn("log shorter than the recorded commit; the rest is learned from the group",
+			"commit", st.Commit, "applied", n.commit)
+	}
+	n.savedCommit = n.commit
+	if !n.conf.has(n.cfg.ID) && n.everMember {
+		n.role = roleRemoved
+	}
+	return nil
+}

@@ -1,0 +1,442 @@
+package paxos
+
+import (
+	"context"
+	crand "crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"time"
+)
+
+// Errors a caller of Propose, AddNode or RemoveNode branches on.
+var (
+	// ErrTimeout: the context ended before the command was applied on
+	// this node (no leader, no quorum, or just slow). The command may still
+	// be applied later; retrying with the same Command.ID is safe.
+	ErrTimeout = errors.New("paxos: timed out waiting for consensus")
+	// ErrStopped: the node is stopped (or stopping): send the request to
+	// another node.
+	ErrStopped = errors.New("paxos: node stopped")
+	// ErrRemoved: this node was removed from the group and no longer takes
+	// part in it: send the request to another node.
+	ErrRemoved = errors.New("paxos: node removed from the group")
+)
+
+// Defaults for the zero values of Config.
+const (
+	// DefaultGroup is the group name when Config.Group is empty.
+	DefaultGroup = "drover"
+	// DefaultHeartbeat is the leader's heartbeat period.
+	DefaultHeartbeat = 50 * time.Millisecond
+	// DefaultElectionTimeout is T: followers campaign after [T, 2T) of
+	// silence.
+	DefaultElectionTimeout = 500 * time.Millisecond
+	// DefaultSnapshotEvery is how many applied entries trigger a snapshot.
+	DefaultSnapshotEvery = 10000
+	// DefaultMaxBatch caps the commands of one Accept.
+	DefaultMaxBatch = 512
+)
+
+// Config configures a Node. Zero values mean the defaults.
+type Config struct {
+	// ID is this node's id in the group.
+	ID NodeID
+	// Group names the group; a data dir of another group is refused.
+	// Default DefaultGroup.
+	Group string
+	// Peers are the initial members, used when the data dir is new (a
+	// restarted node reads its members from its data dir). Founding
+	// members list every member, themselves included. A node that joins
+	// a running group lists the current members without itself and waits,
+	// without voting or campaigning, until an AddNode for it is applied.
+	Peers []Peer
+	// Transport carries messages to the other members. The node does not
+	// close it.
+	Transport Transport
+	// DataDir holds the durable acceptor state (DataDir/paxos.db).
+	DataDir string
+	// Heartbeat is the leader's heartbeat period, and the node's tick.
+	// Default DefaultHeartbeat.
+	Heartbeat time.Duration
+	// ElectionTimeout T: a follower that hears no leader for a random time
+	// in [T, 2T) campaigns. Must be above Heartbeat. Default
+	// DefaultElectionTimeout.
+	ElectionTimeout time.Duration
+	// LockDelay blocks re-granting an expired lock for this long (see
+	// NewTable). Default 0.
+	LockDelay time.Duration
+	// SnapshotEvery is how many applied entries trigger a snapshot that
+	// truncates the log. Default DefaultSnapshotEvery.
+	SnapshotEvery uint64
+	// MaxBatch caps the commands of one Accept. Default DefaultMaxBatch.
+	MaxBatch int
+	// Logger receives the node's log. Default: discard.
+	Logger *slog.Logger
+	// Now is the clock the leader stamps commands with. Default time.Now.
+	Now func() time.Time
+}
+
+// Validate fills in the defaults of zero fields and reports the first
+// field that is wrong.
+func (c *Config) Validate() error {
+	if c.Group == "" {
+		c.Group = DefaultGroup
+	}
+	if c.Heartbeat == 0 {
+		c.Heartbeat = DefaultHeartbeat
+	}
+	if c.ElectionTimeout == 0 {
+		c.ElectionTimeout = DefaultElectionTimeout
+	}
+	if c.SnapshotEvery == 0 {
+		c.SnapshotEvery = DefaultSnapshotEvery
+	}
+	if c.MaxBatch == 0 {
+		c.MaxBatch = DefaultMaxBatch
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	switch {
+	case c.Transport == nil:
+		return errors.New("paxos: config: Transport is required")
+	case c.DataDir == "":
+		return errors.New("paxos: config: DataDir is required")
+	case len(c.Peers) == 0:
+		return errors.New("paxos: config: Peers is required (the group's members, this node included when it founds the group)")
+	case c.Heartbeat < 0 || c.ElectionTimeout < 0 || c.LockDelay < 0:
+		return errors.New("paxos: config: Heartbeat, ElectionTimeout and LockDelay must not be negative")
+	case c.ElectionTimeout <= c.Heartbeat:
+		return fmt.Errorf("paxos: config: ElectionTimeout (%s) must be above Heartbeat (%s), ideally 10 times it",
+			c.ElectionTimeout, c.Heartbeat)
+	case c.MaxBatch < 0:
+		return fmt.Errorf("paxos: config: MaxBatch %d must be positive", c.MaxBatch)
+	}
+	seen := map[NodeID]bool{}
+	for _, p := range c.Peers {
+		if seen[p.ID] {
+			return fmt.Errorf("paxos: config: peer %d listed twice", p.ID)
+		}
+		seen[p.ID] = true
+	}
+	return nil
+}
+
+// NodeStatus is a node's view of the group.
+type NodeStatus struct {
+	// ID is this node's id.
+	ID NodeID `json:"id"`
+	// Role is "leader", "follower", "candidate" or "removed".
+	Role string `json:"role"`
+	// Leader is the node this one follows (itself when leading); valid
+	// when HasLeader.
+	Leader    NodeID `json:"leader"`
+	HasLeader bool   `json:"has_leader"`
+	// LeaderAddr is the leader's address, when known.
+	LeaderAddr string `json:"leader_addr,omitempty"`
+	// Ballot is the highest ballot this node promised.
+	Ballot Ballot `json:"ballot"`
+	// Commit is the highest slot this node knows chosen; Applied the
+	// highest applied (they are equal but while a snapshot installs).
+	Commit        uint64 `json:"commit"`
+	Applied       uint64 `json:"applied"`
+	SnapshotIndex uint64 `json:"snapshot_index"`
+	// Members is the configuration in effect at Applied.
+	Members []PeerStatus `json:"members"`
+}
+
+// PeerStatus is one member as a node sees it. Match, Lag and LastSeen are
+// known on the leader only (zero elsewhere).
+type PeerStatus struct {
+	// ID and Addr name the member.
+	ID   NodeID `json:"id"`
+	Addr string `json:"addr,omitempty"`
+	// Match is the highest slot the member is known to have accepted or
+	// applied.
+	Match uint64 `json:"match"`
+	// Lag is the leader's commit minus Match.
+	Lag uint64 `json:"lag"`
+	// LastSeen is when the leader last heard from the member.
+	LastSeen time.Time `json:"last_seen,omitzero"`
+}
+
+// Node is one member of a group: proposer, acceptor and learner of the
+// replicated lock table. One goroutine, the run loop, owns all consensus
+// state; Propose, Status, AddNode and RemoveNode talk to it over
+// channels, and every channel operation also watches for the loop's end.
+//
+// Every command, reads (OpGet, OpList) included, goes through the log and
+// is answered from this node's own apply of it, so answers are
+// linearizable; no leader lease is assumed.
+type Node struct {
+	cfg   Config
+	log   *slog.Logger
+	store *Storage
+	sm    StateMachine
+	tr    Transport
+
+	mu      sync.Mutex // guards started, stopped
+	started bool
+	stopped bool
+	stopc   chan struct{} // closed by Stop
+	done    chan struct{} // closed when the loop has ended and storage is closed
+	// Read after done: why the loop ended (errLoopStopped for Stop), and
+	// the error Stop reports (a storage failure, or closing the storage).
+	exitErr error
+	stopErr error
+
+	propc   chan *request
+	statusc chan chan NodeStatus
+	kickc   chan struct{}
+
+	// Everything below is owned by the run loop (or by NewNode before
+	// Start, and by anyone after done).
+	rng        *rand.Rand
+	role       role
+	promised   Ballot
+	maxRound   uint64
+	leader     NodeID
+	hasLeader  bool
+	electAt    time.Time
+	conf       *config
+	everMember bool
+
+	entries     map[uint64]Entry // accepted entries above the snapshot
+	commit      uint64
+	applied     uint64
+	savedCommit uint64
+	snap        *Snapshot
+	unsynced    []Entry   // accepted in memory, to persist before outbox goes
+	promiseDirt bool      // promised raised in memory by an Accept
+	outbox      []Message // replies that wait for the persist
+	forwards    map[NodeID][]Command
+
+	cand *candidate
+	lead *leaderState
+
+	waits        map[string]*wait
+	failed       error // a storage failure: the loop halts at the end of the round
+	catchPending bool
+	catchAt      time.Time
+}
+
+// request is one Propose handed to the loop.
+type request struct {
+	cmd  Command
+	ch   chan proposeResult // buffered: the loop never blocks on it
+	done <-chan struct{}    // the caller's ctx.Done()
+}
+
+type proposeResult struct {
+	res Result
+	err error
+}
+
+// NewNode validates cfg, opens the data dir (refusing another group's with
+// an error matching ErrWrongGroup) and recovers from the snapshot and the
+// chosen log there. It starts no goroutine: call Start.
+func NewNode(cfg Config) (*Node, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	store, st, err := OpenStorage(cfg.DataDir, cfg.Group, cfg.ID, cfg.Peers)
+	if err != nil {
+		return nil, fmt.Errorf("paxos: node %d: %w", cfg.ID, err)
+	}
+	n := &Node{
+		cfg:      cfg,
+		log:      cfg.Logger.With("node", cfg.ID),
+		store:    store,
+		sm:       NewTable(cfg.LockDelay),
+		tr:       cfg.Transport,
+		stopc:    make(chan struct{}),
+		done:     make(chan struct{}),
+		propc:    make(chan *request, 256),
+		statusc:  make(chan chan NodeStatus),
+		kickc:    make(chan struct{}, 1),
+		rng:      rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), uint64(cfg.ID))),
+		entries:  map[uint64]Entry{},
+		waits:    map[string]*wait{},
+		forwards: map[NodeID][]Command{},
+	}
+	if err := n.restore(st); err != nil {
+		_ = store.Close()
+		return nil, fmt.Errorf("paxos: node %d: recover from %s: %w", cfg.ID, cfg.DataDir, err)
+	}
+	return n, nil
+}
+
+// Start starts the run loop. The node runs until Stop is called or ctx is
+// cancelled. Calling Start again does nothing; once the node has stopped
+// (Stop, or ctx) it returns ErrStopped.
+func (n *Node) Start(ctx context.Context) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.stopped {
+		return ErrStopped
+	}
+	if n.started {
+		select {
+		case <-n.done:
+			return ErrStopped
+		default:
+			return nil
+		}
+	}
+	n.started = true
+	n.tr.SetPeers(n.conf.peerList())
+	n.resetElection(time.Now())
+	go n.run(ctx)
+	return nil
+}
+
+// Stop stops the node: the run loop ends (waiting Propose calls return
+// ErrStopped), then the storage is closed. It does not close the
+// transport. Safe to call twice and before Start.
+func (n *Node) Stop() error {
+	n.mu.Lock()
+	if n.stopped {
+		n.mu.Unlock()
+		<-n.done
+		return nil
+	}
+	n.stopped = true
+	close(n.stopc)
+	started := n.started
+	n.mu.Unlock()
+	if !started {
+		err := n.store.Close()
+		close(n.done)
+		return err
+	}
+	<-n.done
+	return n.stopErr
+}
+
+var errLoopStopped = errors.New("stopped")
+
+// Propose has the group choose cmd and returns its result as applied on
+// this node: the node sends cmd to the leader (itself, or over the
+// network), retries with the same ID while no leader answers, and waits
+// until its own copy of the log applies a command with cmd.ID (Propose
+// gives cmd a unique ID if it has none; the table answers a repeated ID
+// with the first result). When ctx ends first the error wraps ErrTimeout
+// and ctx.Err(). On a stopped node it is ErrStopped, on a removed one
+// ErrRemoved.
+func (n *Node) Propose(ctx context.Context, cmd Command) (Result, error) {
+	if cmd.ID == "" {
+		cmd.ID = n.newID()
+	}
+	req := &request{cmd: cmd, ch: make(chan proposeResult, 1), done: ctx.Done()}
+	select {
+	case n.propc <- req:
+	case <-ctx.Done():
+		return Result{}, proposeTimeout(ctx, cmd)
+	case <-n.done:
+		return Result{}, n.stoppedErr()
+	}
+	select {
+	case r := <-req.ch:
+		return r.res, r.err
+	case <-ctx.Done():
+		return Result{}, proposeTimeout(ctx, cmd)
+	case <-n.done:
+		return Result{}, n.stoppedErr()
+	}
+}
+
+func proposeTimeout(ctx context.Context, cmd Command) error {
+	return fmt.Errorf("paxos: %s %s (id %s): %w: %w", cmd.Op, cmd.Lock, cmd.ID, ErrTimeout, ctx.Err())
+}
+
+func (n *Node) stoppedErr() error {
+	if n.exitErr != nil && !errors.Is(n.exitErr, errLoopStopped) {
+		return fmt.Errorf("%w: %w", ErrStopped, n.exitErr)
+	}
+	return ErrStopped
+}
+
+func (n *Node) newID() string {
+	var b [12]byte
+	_, _ = crand.Read(b[:])
+	return fmt.Sprintf("%d-%s", n.cfg.ID, hex.EncodeToString(b[:]))
+}
+
+// Status reports the node's view of the group. It is cheap and safe to
+// call at any time, before Start and after Stop included.
+func (n *Node) Status() NodeStatus {
+	n.mu.Lock()
+	if !n.started {
+		defer n.mu.Unlock()
+		return n.status() // no loop yet: the state is NewNode's
+	}
+	n.mu.Unlock()
+	ch := make(chan NodeStatus, 1)
+	select {
+	case n.statusc <- ch:
+		return <-ch
+	case <-n.done:
+		return n.status()
+	}
+}
+
+// status builds a NodeStatus from the loop's state.
+func (n *Node) status() NodeStatus {
+	s := NodeStatus{
+		ID: n.cfg.ID, Role: n.role.String(), Leader: n.leader, HasLeader: n.hasLeader,
+		Ballot: n.promised, Commit: n.commit, Applied: n.applied, SnapshotIndex: n.snapIndex(),
+	}
+	if n.hasLeader {
+		s.LeaderAddr = n.conf.addr(n.leader)
+	}
+	for _, p := range n.conf.peers {
+		ps := PeerStatus{ID: p.ID, Addr: p.Addr}
+		if n.lead != nil {
+			ps.Match = n.lead.match[p.ID]
+			if p.ID == n.cfg.ID {
+				ps.Match = n.commit
+			}
+			ps.LastSeen = n.lead.seen[p.ID]
+			if ps.Match < n.commit {
+				ps.Lag = n.commit - ps.Match
+			}
+		}
+		s.Members = append(s.Members, ps)
+	}
+	return s
+}
+
+// role is what a node is doing in the group.
+type role uint8
+
+const (
+	roleFollower role = iota
+	roleCandidate
+	roleLeader
+	roleRemoved
+)
+
+func (r role) String() string {
+	switch r {
+	case roleCandidate:
+		return "candidate"
+	case roleLeader:
+		return "leader"
+	case roleRemoved:
+		return "removed"
+	default:
+		return "follower"
+	}
+}
+
+// randBetween returns a random duration in [d, 2d).
+func (n *Node) randBetween(d time.Duration) time.Duration {
+	return d + time.Duration(n.rng.Int64N(int64(d)))
+}
