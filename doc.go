@@ -19,7 +19,11 @@
 //   - [github.com/droverhq/drover/process]: a process's primary lease, with
 //     the goroutines that live under it.
 //   - [github.com/droverhq/drover/lock]: named locks with fencing tokens
-//     behind a backend-neutral interface (etcd, Redis, Redlock).
+//     behind a backend-neutral interface (etcd, Redis, Redlock, the Paxos
+//     lock service).
+//   - [github.com/droverhq/drover/paxos]: a lock service of its own for
+//     teams without etcd: a lock table replicated by Multi-Paxos over
+//     RabbitMQ or a direct transport, with a REST API and fencing tokens.
 //   - [github.com/droverhq/drover/task]: agent tasks run step by step under
 //     a lock, each step's checkpoint written fenced, resumed after a crash.
 //   - [github.com/droverhq/drover/queue]: durable task queues: batched
