@@ -37,6 +37,7 @@ func backends(t *testing.T) []backend {
 	for _, c := range servers {
 		addrs = append(addrs, c.(*redis.Client).Options().Addr)
 	}
+	pg := startPaxosGroup(t, paxosGroupSize)
 	return []backend{
 		{"etcd", 2 * time.Second, func(t *testing.T, ns, id string) lock.Locker {
 			return newLocker(t, srv.Client(t), ns, 2*time.Second, id)
@@ -51,6 +52,9 @@ func backends(t *testing.T) []backend {
 			}
 			return l
 		}, "redlock-hold", []string{"H_REDIS=" + strings.Join(addrs, ",")}, "redlock-counter"},
+		{"paxos", time.Second, func(t *testing.T, ns, id string) lock.Locker {
+			return newPaxosLocker(t, pg, ns, time.Second, id)
+		}, "paxos-hold", []string{"H_PAXOS=" + strings.Join(pg.endpoints, ",")}, "paxos-counter"},
 	}
 }
 

@@ -31,6 +31,9 @@ func runHelper(mode string) int {
 	if mode == "redis-hold" || mode == "redlock-hold" || mode == "redis-counter" || mode == "redlock-counter" {
 		return runRedisHelper(ctx, mode)
 	}
+	if mode == "paxos-hold" || mode == "paxos-counter" {
+		return runPaxosHelper(ctx, mode)
+	}
 	cli, err := cluster.Connect(ctx, cluster.ClientConfig{Endpoints: strings.Split(os.Getenv("H_ENDPOINTS"), ",")})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -194,6 +197,27 @@ func runRedisHelper(ctx context.Context, mode string) int {
 	if strings.HasSuffix(mode, "-counter") {
 		return countUnder(ctx, locker)
 	}
+	return holdUntilChecked(ctx, locker)
+}
+
+// runPaxosHelper is runRedisHelper for the paxos group at H_PAXOS.
+func runPaxosHelper(ctx context.Context, mode string) int {
+	ttl, _ := time.ParseDuration(os.Getenv("H_TTL"))
+	locker, err := lock.NewPaxos(lock.PaxosConfig{Endpoints: strings.Split(os.Getenv("H_PAXOS"), ","), Namespace: os.Getenv("H_NS"), TTL: ttl, HolderID: os.Getenv("H_ID")})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	defer locker.Close()
+	if mode == "paxos-counter" {
+		return countUnder(ctx, locker)
+	}
+	return holdUntilChecked(ctx, locker)
+}
+
+// holdUntilChecked holds lock H_LOCK of locker until told to CHECK it,
+// then reports whether it knows the lock is lost.
+func holdUntilChecked(ctx context.Context, locker lock.Locker) int {
 	l, err := locker.Acquire(ctx, os.Getenv("H_LOCK"))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

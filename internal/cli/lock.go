@@ -19,6 +19,7 @@ import (
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/lease"
 	"github.com/droverhq/drover/lock"
+	"github.com/droverhq/drover/paxos"
 	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 )
@@ -36,9 +37,10 @@ func (a *app) lockCommand() *cobra.Command {
 		Example: `  drover lock run nightly-report -- ./report.sh
   drover lock status nightly-report --json
   drover lock run nightly-report --lock-backend redis://127.0.0.1:6379/0 -- ./report.sh
+  drover lock run nightly-report --lock-backend paxos://127.0.0.1:7100,127.0.0.1:7101,127.0.0.1:7102 -- ./report.sh
   drover lock list`,
 	}
-	cmd.PersistentFlags().StringVar(&a.lockBackend, "lock-backend", "etcd", "where locks live: etcd, redis://HOST:PORT/DB, or redlock://HOST:PORT,HOST:PORT,HOST:PORT")
+	cmd.PersistentFlags().StringVar(&a.lockBackend, "lock-backend", "etcd", "where locks live: etcd, redis://HOST:PORT/DB, redlock://HOST:PORT,HOST:PORT,HOST:PORT, or paxos://HOST:PORT,HOST:PORT,HOST:PORT (drover paxos serve)")
 	cmd.AddCommand(a.lockRunCommand(), a.lockStatusCommand(), a.lockListCommand())
 	return cmd
 }
@@ -332,8 +334,9 @@ func (a *app) lockListCommand() *cobra.Command {
 }
 
 // locker opens the lock backend named by --lock-backend: etcd (the
-// default), redis://HOST:PORT/DB, or redlock://HOST:PORT,... over several
-// independent Redis servers. The returned function closes it.
+// default), redis://HOST:PORT/DB, redlock://HOST:PORT,... over several
+// independent Redis servers, or paxos://HOST:PORT,... (a drover paxos
+// group). The returned function closes it.
 func (a *app) locker(ctx context.Context, ttl time.Duration, holderID string) (lock.Locker, func(), error) {
 	switch b := a.lockBackend; {
 	case b == "" || b == "etcd":
@@ -406,9 +409,51 @@ func (a *app) locker(ctx context.Context, ttl time.Duration, holderID string) (l
 			return nil, nil, drover.Rename(err, "--lock-backend")
 		}
 		return locker, closeAll, nil
+	case strings.HasPrefix(b, "paxos://"):
+		return a.paxosLocker(ctx, b, ttl, holderID)
 	default:
-		return nil, nil, &drover.InputError{Field: "--lock-backend", Value: b, Rule: "must be etcd, redis://HOST:PORT/DB or redlock://HOST:PORT,HOST:PORT,HOST:PORT"}
+		return nil, nil, &drover.InputError{Field: "--lock-backend", Value: b, Rule: "must be etcd, redis://HOST:PORT/DB, redlock://HOST:PORT,HOST:PORT,HOST:PORT or paxos://HOST:PORT,HOST:PORT,HOST:PORT"}
 	}
+}
+
+// paxosLocker opens a locker on the drover paxos group at
+// paxos://HOST:PORT,...: locks of the default namespace keep their names
+// there, others are NAMESPACE:NAME. It fails with exit 69 unless some node
+// answers.
+func (a *app) paxosLocker(ctx context.Context, b string, ttl time.Duration, holderID string) (lock.Locker, func(), error) {
+	var hosts []string
+	for _, h := range strings.Split(strings.TrimPrefix(b, "paxos://"), ",") {
+		if h = strings.TrimSpace(h); h != "" {
+			hosts = append(hosts, h)
+		}
+	}
+	rule := "paxos:// needs the API addresses of the group's nodes, HOST:PORT comma-separated"
+	if len(hosts) == 0 {
+		return nil, nil, &drover.InputError{Field: "--lock-backend", Value: b, Rule: rule}
+	}
+	for _, h := range hosts {
+		if _, err := paxos.ParseEndpoint(h); err != nil {
+			return nil, nil, &drover.InputError{Field: "--lock-backend", Value: b, Rule: rule + ": " + err.Error()}
+		}
+	}
+	ns := a.namespace
+	if ns == keyspace.DefaultNamespace {
+		ns = ""
+	}
+	locker, err := lock.NewPaxos(lock.PaxosConfig{Endpoints: hosts, Namespace: ns, TTL: ttl, HolderID: holderID, Logger: a.logger})
+	if err != nil {
+		return nil, nil, drover.Rename(err, "--lock-backend")
+	}
+	c, _ := paxos.NewClient(paxos.ClientConfig{Endpoints: hosts})
+	defer c.Close()
+	pctx, cancel := context.WithTimeout(ctx, a.dialTimeout)
+	defer cancel()
+	if _, err := c.Status(pctx); err != nil {
+		locker.Close()
+		return nil, nil, withCode(ExitUnavailable, fmt.Errorf("cannot reach any node of the paxos group at %s (tried for %s: %v): start it (drover paxos serve) or fix --lock-backend",
+			strings.Join(hosts, ","), a.dialTimeout, err))
+	}
+	return locker, locker.Close, nil
 }
 
 // inspector returns a locker for reading lock state. Reading needs no lease,

@@ -239,11 +239,12 @@ func TestDemoLostUpdate(t *testing.T) {
 	a2, _ := servicetest.RedisServer(t)
 	a3, _ := servicetest.RedisServer(t)
 	redlock := "redlock://" + a1 + "," + a2 + "," + a3
+	paxosGroup := "paxos://" + startPaxosNodes(t, 3).endpoints()
 	pg := servicetest.PostgresURL()
 	var cases [][]string
 	for _, store := range [][]string{{"--store", "etcd"}, {"--store", "postgres", "--database-url", pg}} {
 		cases = append(cases, append([]string{"--protect", "cas"}, store...))
-		for _, backend := range []string{"etcd", "redis://" + redisAddr + "/0", redlock} {
+		for _, backend := range []string{"etcd", "redis://" + redisAddr + "/0", redlock, paxosGroup} {
 			cases = append(cases, append([]string{"--protect", "lock", "--lock-backend", backend}, store...))
 		}
 	}

@@ -1,0 +1,547 @@
+package paxos
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/droverhq/drover/keyspace"
+)
+
+// The REST API of a node. The seed's two routes keep their shapes, so its
+// clients work unchanged; the rest are added:
+//
+//	POST   /locks/{id}        {owner, ttl, holder?}  200 {status:"acquired", details:{lockId, owner, expires}, token}
+//	                                                  409 {error:"Lock already held", holder:{...}}
+//	GET    /locks/{id}                               200 {owner, expires, token, ...}; 404 {error:"Lock not found or expired"}
+//	DELETE /locks/{id}        {owner, token}         200 {status:"released"}; 409 not the holder
+//	POST   /locks/{id}/renew  {owner, token, ttl}    200 {status:"renewed", expires, token}; 409 not the holder
+//	GET    /locks                                    200 {data:[...]}
+//	GET    /status                                   200 NodeStatus
+//	POST   /members           {id, addr?}            200 {status:"added", id, addr}
+//	DELETE /members/{id}                             200 {status:"removed", id}
+//
+// Every lock route, reads included, is a command through the log: a read
+// is answered once this node has applied it, so it sees every write that
+// finished before it began (linearizable, with no leader lease and no
+// clock assumption). ttl is in seconds and may be fractional; expires and
+// acquired are the leader's clock in Unix milliseconds. An error is
+// {"error": "..."}: 400 for a bad request (nothing is proposed), 504
+// {"error":"Consensus timeout"} when no quorum answered within the request
+// timeout, 503 when this node is stopped or was removed from the group.
+
+// Service is what the API serves: *Node implements it.
+type Service interface {
+	Propose(ctx context.Context, cmd Command) (Result, error)
+	Status() NodeStatus
+	AddNode(ctx context.Context, p Peer) error
+	RemoveNode(ctx context.Context, id NodeID) error
+}
+
+var _ Service = (*Node)(nil)
+
+// API limits.
+const (
+	// MaxBodyBytes bounds a request body.
+	MaxBodyBytes = 1 << 20
+	// MaxTTL is the longest lease a request may ask for.
+	MaxTTL = 24 * time.Hour
+	// MaxOwnerBytes bounds an owner string.
+	MaxOwnerBytes = 1024
+	// MaxHolderBytes bounds the holder object stored with a grant.
+	MaxHolderBytes = 4096
+	// DefaultRequestTimeout bounds how long a request waits for consensus.
+	DefaultRequestTimeout = 10 * time.Second
+	// IdempotencyHeader names a request: a request sent again with the same
+	// key (after a lost answer, to another node) is applied once and
+	// answered with the first answer, for as long as the lock table keeps
+	// its command ids (five minutes of log time).
+	IdempotencyHeader = "Idempotency-Key"
+)
+
+// Seed-compatible error messages.
+const (
+	msgHeld        = "Lock already held"
+	msgNotFound    = "Lock not found or expired"
+	msgTimeout     = "Consensus timeout"
+	msgOwnerTTL    = "owner and ttl are required"
+	msgOwnerToken  = "owner and token are required"
+	msgNotHolder   = "Not the lock holder"
+	maxIdempotency = 128
+)
+
+// APIConfig configures the HTTP API of a node.
+type APIConfig struct {
+	// RequestTimeout bounds the wait for consensus; zero means 10s.
+	RequestTimeout time.Duration
+	// Direct, when set, is mounted at /paxos/v1/stream: the direct
+	// transport's peer connections.
+	Direct http.Handler
+	// Logger gets one line per failed request; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// api serves the routes of one node.
+type api struct {
+	node    Service
+	timeout time.Duration
+	logger  *slog.Logger
+}
+
+// NewAPI returns the HTTP handler of node's REST API.
+func NewAPI(node Service, cfg APIConfig) http.Handler {
+	a := &api{node: node, timeout: cfg.RequestTimeout, logger: cfg.Logger}
+	if a.timeout <= 0 {
+		a.timeout = DefaultRequestTimeout
+	}
+	if a.logger == nil {
+		a.logger = slog.Default()
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /locks/{id}", a.acquire)
+	mux.HandleFunc("GET /locks/{id}", a.get)
+	mux.HandleFunc("DELETE /locks/{id}", a.release)
+	mux.HandleFunc("/locks/{id}", notAllowed("GET, POST, DELETE"))
+	mux.HandleFunc("POST /locks/{id}/renew", a.renew)
+	mux.HandleFunc("/locks/{id}/renew", notAllowed("POST"))
+	mux.HandleFunc("GET /locks", a.list)
+	mux.HandleFunc("/locks", notAllowed("GET"))
+	mux.HandleFunc("GET /status", a.status)
+	mux.HandleFunc("/status", notAllowed("GET"))
+	mux.HandleFunc("POST /members", a.addMember)
+	mux.HandleFunc("/members", notAllowed("POST"))
+	mux.HandleFunc("DELETE /members/{id}", a.removeMember)
+	mux.HandleFunc("/members/{id}", notAllowed("DELETE"))
+	if cfg.Direct != nil {
+		mux.Handle(DirectStreamPath, cfg.Direct)
+	}
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, fmt.Sprintf("no route %s %s: see GET /status, /locks and /locks/{id}", r.Method, r.URL.Path))
+	})
+	return mux
+}
+
+func notAllowed(allow string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Allow", allow)
+		writeError(w, http.StatusMethodNotAllowed, fmt.Sprintf("method %s not allowed on %s: use %s", r.Method, r.URL.Path, allow))
+	}
+}
+
+// LockInfo is a held lock as the API shows it.
+type LockInfo struct {
+	LockID string `json:"lockId"`
+	Owner  string `json:"owner"`
+	// Token is the fencing token: the log index of the grant.
+	Token uint64 `json:"token"`
+	// Acquired and Expires are the leader's clock in Unix milliseconds.
+	Acquired int64 `json:"acquired"`
+	Expires  int64 `json:"expires"`
+	// TTL is the time left, in seconds, by the answering node's clock.
+	TTL float64 `json:"ttl"`
+	// Holder is the object the owner stored with the grant, if any.
+	Holder json.RawMessage `json:"holder,omitempty"`
+}
+
+// lockInfo describes st as of now (the answering node's clock).
+func lockInfo(st LockState, now time.Time) LockInfo {
+	li := LockInfo{LockID: st.Name, Owner: st.Owner, Token: st.Token, Acquired: st.Acquired, Expires: st.Expires}
+	li.TTL = math.Max(0, float64(st.Expires-now.UnixMilli())/1000)
+	if st.Meta != "" && json.Valid([]byte(st.Meta)) {
+		li.Holder = json.RawMessage(st.Meta)
+	}
+	return li
+}
+
+// AcquireResponse is the 200 answer of POST /locks/{id}.
+type AcquireResponse struct {
+	Status  string       `json:"status"`
+	Details GrantDetails `json:"details"`
+	Token   uint64       `json:"token"`
+}
+
+// GrantDetails describes a grant: the seed's lockId, owner and expires,
+// with acquired and the holder object added.
+type GrantDetails struct {
+	LockID   string          `json:"lockId"`
+	Owner    string          `json:"owner"`
+	Expires  int64           `json:"expires"`
+	Acquired int64           `json:"acquired"`
+	Holder   json.RawMessage `json:"holder,omitempty"`
+}
+
+// acquireBody is the body of POST /locks/{id}. Pointers tell a field left
+// out from a zero one.
+type acquireBody struct {
+	Owner  *string          `json:"owner"`
+	TTL    *float64         `json:"ttl"`
+	Holder *json.RawMessage `json:"holder"`
+}
+
+// ownerTokenBody is the body of DELETE /locks/{id} and of renew.
+type ownerTokenBody struct {
+	Owner *string  `json:"owner"`
+	Token *uint64  `json:"token"`
+	TTL   *float64 `json:"ttl"`
+}
+
+// memberBody is the body of POST /members.
+type memberBody struct {
+	ID   *uint64 `json:"id"`
+	Addr string  `json:"addr"`
+}
+
+func (a *api) acquire(w http.ResponseWriter, r *http.Request) {
+	id, ok := lockID(w, r)
+	if !ok {
+		return
+	}
+	var b acquireBody
+	if !decode(w, r, &b, "owner, ttl and holder") {
+		return
+	}
+	if b.Owner == nil || *b.Owner == "" || b.TTL == nil || *b.TTL == 0 {
+		writeError(w, http.StatusBadRequest, msgOwnerTTL)
+		return
+	}
+	ttl, msg := checkTTL(*b.TTL)
+	if msg == "" {
+		msg = checkOwner(*b.Owner)
+	}
+	var meta string
+	if msg == "" && b.Holder != nil {
+		meta, msg = checkHolder(*b.Holder)
+	}
+	if msg != "" {
+		writeError(w, http.StatusBadRequest, msg)
+		return
+	}
+	cmd := Command{Op: OpAcquire, Lock: id, Owner: *b.Owner, TTL: ttl.Milliseconds(), Meta: meta}
+	res, ok := a.propose(w, r, cmd)
+	if !ok {
+		return
+	}
+	switch res.Code {
+	case CodeOK:
+		li := lockInfo(res.Lock, time.Now())
+		writeJSON(w, http.StatusOK, AcquireResponse{Status: "acquired", Token: li.Token,
+			Details: GrantDetails{LockID: id, Owner: li.Owner, Expires: li.Expires, Acquired: li.Acquired, Holder: li.Holder}})
+	case CodeHeld:
+		writeJSON(w, http.StatusConflict, map[string]any{"error": msgHeld, "holder": lockInfo(res.Lock, time.Now())})
+	default:
+		a.unexpected(w, cmd, res)
+	}
+}
+
+func (a *api) get(w http.ResponseWriter, r *http.Request) {
+	id, ok := lockID(w, r)
+	if !ok {
+		return
+	}
+	cmd := Command{Op: OpGet, Lock: id}
+	res, ok := a.propose(w, r, cmd)
+	if !ok {
+		return
+	}
+	switch res.Code {
+	case CodeOK:
+		writeJSON(w, http.StatusOK, lockInfo(res.Lock, time.Now()))
+	case CodeNotFound:
+		writeError(w, http.StatusNotFound, msgNotFound)
+	default:
+		a.unexpected(w, cmd, res)
+	}
+}
+
+func (a *api) release(w http.ResponseWriter, r *http.Request) {
+	a.ownerTokenOp(w, r, OpRelease)
+}
+
+func (a *api) renew(w http.ResponseWriter, r *http.Request) {
+	a.ownerTokenOp(w, r, OpRenew)
+}
+
+// ownerTokenOp serves release and renew: both name the holder by owner
+// and token, and both answer 409 to anyone else.
+func (a *api) ownerTokenOp(w http.ResponseWriter, r *http.Request, op Op) {
+	id, ok := lockID(w, r)
+	if !ok {
+		return
+	}
+	var b ownerTokenBody
+	fields := "owner and token"
+	if op == OpRenew {
+		fields = "owner, token and ttl"
+	}
+	if !decode(w, r, &b, fields) {
+		return
+	}
+	if b.Owner == nil || *b.Owner == "" || b.Token == nil || *b.Token == 0 {
+		writeError(w, http.StatusBadRequest, msgOwnerToken)
+		return
+	}
+	cmd := Command{Op: op, Lock: id, Owner: *b.Owner, Token: *b.Token}
+	switch {
+	case op == OpRelease && b.TTL != nil:
+		writeError(w, http.StatusBadRequest, `unknown field "ttl": a release takes owner and token`)
+		return
+	case op == OpRenew && (b.TTL == nil || *b.TTL == 0):
+		writeError(w, http.StatusBadRequest, "owner, token and ttl are required")
+		return
+	case op == OpRenew:
+		ttl, msg := checkTTL(*b.TTL)
+		if msg != "" {
+			writeError(w, http.StatusBadRequest, msg)
+			return
+		}
+		cmd.TTL = ttl.Milliseconds()
+	}
+	res, ok := a.propose(w, r, cmd)
+	if !ok {
+		return
+	}
+	switch {
+	case res.Code == CodeOK && op == OpRelease:
+		writeJSON(w, http.StatusOK, map[string]any{"status": "released"})
+	case res.Code == CodeOK:
+		writeJSON(w, http.StatusOK, map[string]any{"status": "renewed", "expires": res.Lock.Expires, "token": res.Lock.Token})
+	case res.Code == CodeNotHeld:
+		body := map[string]any{"error": msgNotHolder + ": the lock is free"}
+		if res.Lock.Owner != "" {
+			body["error"] = msgNotHolder + ": it is held by another owner or token"
+			body["holder"] = lockInfo(res.Lock, time.Now())
+		}
+		writeJSON(w, http.StatusConflict, body)
+	default:
+		a.unexpected(w, cmd, res)
+	}
+}
+
+func (a *api) list(w http.ResponseWriter, r *http.Request) {
+	cmd := Command{Op: OpList}
+	res, ok := a.propose(w, r, cmd)
+	if !ok {
+		return
+	}
+	if res.Code != CodeOK {
+		a.unexpected(w, cmd, res)
+		return
+	}
+	now := time.Now()
+	data := make([]LockInfo, 0, len(res.Locks))
+	for _, st := range res.Locks {
+		data = append(data, lockInfo(st, now))
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"data": data})
+}
+
+// status answers this node's own view, without a round through the log:
+// it is what an operator (and a readiness probe) needs when there is no
+// quorum.
+func (a *api) status(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, a.node.Status())
+}
+
+func (a *api) addMember(w http.ResponseWriter, r *http.Request) {
+	var b memberBody
+	if !decode(w, r, &b, "id and addr") {
+		return
+	}
+	if b.ID == nil {
+		writeError(w, http.StatusBadRequest, "id is required (the new node's id, a number)")
+		return
+	}
+	if b.Addr != "" {
+		if _, _, err := net.SplitHostPort(b.Addr); err != nil {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("addr %q must be host:port: %v", b.Addr, err))
+			return
+		}
+	}
+	p := Peer{ID: NodeID(*b.ID), Addr: b.Addr}
+	ctx, cancel := context.WithTimeout(r.Context(), a.timeout)
+	defer cancel()
+	if err := a.node.AddNode(ctx, p); err != nil {
+		a.nodeError(w, r, "add node", err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"status": "added", "id": p.ID, "addr": p.Addr})
+}
+
+func (a *api) removeMember(w http.ResponseWriter, r *http.Request) {
+	n, err := strconv.ParseUint(r.PathValue("id"), 10, 64)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("member id %q must be a node id (a number)", r.PathValue("id")))
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), a.timeout)
+	defer cancel()
+	if err := a.node.RemoveNode(ctx, NodeID(n)); err != nil {
+		a.nodeError(w, r, "remove node", err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"status": "removed", "id": n})
+}
+
+// propose runs cmd through the log within the request timeout. On failure
+// it has answered the request and returns false.
+func (a *api) propose(w http.ResponseWriter, r *http.Request, cmd Command) (Result, bool) {
+	key := r.Header.Get(IdempotencyHeader)
+	if len(key) > maxIdempotency || strings.ContainsFunc(key, func(c rune) bool { return c < 0x21 || c > 0x7e }) {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("%s must be at most %d printable ASCII characters without spaces", IdempotencyHeader, maxIdempotency))
+		return Result{}, false
+	}
+	if key != "" {
+		cmd.ID = "http:" + key
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), a.timeout)
+	defer cancel()
+	res, err := a.node.Propose(ctx, cmd)
+	if err != nil {
+		a.nodeError(w, r, string(cmd.Op), err)
+		return Result{}, false
+	}
+	return res, true
+}
+
+// nodeError answers a failed Propose, AddNode or RemoveNode.
+func (a *api) nodeError(w http.ResponseWriter, r *http.Request, what string, err error) {
+	switch {
+	case errors.Is(err, ErrTimeout) && r.Context().Err() == nil:
+		writeError(w, http.StatusGatewayTimeout, msgTimeout)
+	case errors.Is(err, ErrRemoved):
+		writeError(w, http.StatusServiceUnavailable, "this node was removed from the group: send requests to another node")
+	case errors.Is(err, ErrStopped):
+		writeError(w, http.StatusServiceUnavailable, "this node is stopping: send requests to another node")
+	case r.Context().Err() != nil:
+		// The client went away; nobody reads this answer.
+		writeError(w, http.StatusServiceUnavailable, "request cancelled by the client")
+	case what == "add node" || what == "remove node":
+		writeError(w, http.StatusConflict, err.Error())
+	default:
+		a.logger.Error("paxos: request failed", "op", what, "err", err)
+		writeError(w, http.StatusInternalServerError, fmt.Sprintf("%s failed: %v", what, err))
+	}
+}
+
+// unexpected answers a result code the operation cannot give.
+func (a *api) unexpected(w http.ResponseWriter, cmd Command, res Result) {
+	a.logger.Error("paxos: unexpected result", "op", cmd.Op, "lock", cmd.Lock, "code", res.Code, "err", res.Err)
+	writeError(w, http.StatusInternalServerError, fmt.Sprintf("%s answered %s %s", cmd.Op, res.Code, res.Err))
+}
+
+// lockID reads and checks the {id} of the path.
+func lockID(w http.ResponseWriter, r *http.Request) (string, bool) {
+	id := r.PathValue("id")
+	if err := keyspace.CheckName("lock id", id); err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return "", false
+	}
+	return id, true
+}
+
+// checkTTL converts ttl seconds, or says what is wrong with them.
+func checkTTL(secs float64) (time.Duration, string) {
+	const rule = "ttl must be a number of seconds above 0 and at most 86400 (1 day)"
+	if math.IsNaN(secs) || secs <= 0 || secs > MaxTTL.Seconds() {
+		return 0, fmt.Sprintf("%s, got %v", rule, secs)
+	}
+	d := time.Duration(math.Ceil(secs*1000)) * time.Millisecond
+	return d, ""
+}
+
+func checkOwner(owner string) string {
+	if len(owner) > MaxOwnerBytes {
+		return fmt.Sprintf("owner must be at most %d bytes, got %d", MaxOwnerBytes, len(owner))
+	}
+	return ""
+}
+
+// checkHolder compacts the holder object, or says what is wrong with it.
+func checkHolder(raw json.RawMessage) (string, string) {
+	var buf bytes.Buffer
+	if err := json.Compact(&buf, raw); err != nil || buf.Len() == 0 || buf.Bytes()[0] != '{' {
+		if bytes.Equal(bytes.TrimSpace(raw), []byte("null")) {
+			return "", ""
+		}
+		return "", "holder must be a JSON object"
+	}
+	if buf.Len() > MaxHolderBytes {
+		return "", fmt.Sprintf("holder must be at most %d bytes of JSON, got %d", MaxHolderBytes, buf.Len())
+	}
+	return buf.String(), ""
+}
+
+// decode reads one JSON object of at most MaxBodyBytes into v, refusing
+// unknown fields and wrong types; an empty body is an empty object. On
+// failure it has answered 400 and returns false. fields lists what the
+// body takes, for the message.
+func decode(w http.ResponseWriter, r *http.Request, v any, fields string) bool {
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
+	dec.DisallowUnknownFields()
+	err := dec.Decode(v)
+	if err == nil {
+		if _, extra := dec.Token(); extra != io.EOF {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("body must be one JSON object with %s: data follows it", fields))
+			return false
+		}
+	}
+	var (
+		maxErr  *http.MaxBytesError
+		typeErr *json.UnmarshalTypeError
+		synErr  *json.SyntaxError
+	)
+	switch {
+	case err == nil || errors.Is(err, io.EOF):
+		return true
+	case errors.As(err, &maxErr):
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("body larger than %d bytes (1 MiB)", MaxBodyBytes))
+	case errors.As(err, &typeErr) && typeErr.Field != "":
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("%s must be %s, got a JSON %s", typeErr.Field, jsonKind(typeErr.Type.Kind().String()), typeErr.Value))
+	case errors.As(err, &typeErr):
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("body must be a JSON object with %s, got a JSON %s", fields, typeErr.Value))
+	case strings.HasPrefix(err.Error(), "json: unknown field "):
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("%s: the body takes %s", strings.TrimPrefix(err.Error(), "json: "), fields))
+	case errors.As(err, &synErr) || errors.Is(err, io.ErrUnexpectedEOF):
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("malformed JSON body: %v", err))
+	default:
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("bad body: %v", err))
+	}
+	return false
+}
+
+// jsonKind names a Go kind the way a JSON client thinks of it.
+func jsonKind(kind string) string {
+	switch {
+	case kind == "string":
+		return "a string"
+	case strings.HasPrefix(kind, "int"):
+		return "a whole number"
+	case strings.HasPrefix(kind, "uint"):
+		return "a whole number, 0 or more"
+	case strings.HasPrefix(kind, "float"):
+		return "a number"
+	case kind == "slice", kind == "map", kind == "struct":
+		return "a JSON object"
+	}
+	return "of another type"
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func writeError(w http.ResponseWriter, status int, msg string) {
+	writeJSON(w, status, map[string]string{"error": msg})
+}
