@@ -70,7 +70,7 @@ func (w *workload) client(ctx context.Context, c int) error {
 		case mine && r < 8:
 			cmd.Op, cmd.Token = OpRenew, tok
 		case r < 2:
-			cmd.Op, cmd.Token = OpRelease, uint64(rng.IntN(50)) // most likely stale
+			cmd.Op, cmd.Token = OpRelease, 1+uint64(rng.IntN(50)) // most likely stale
 		case r < 4:
 			cmd.Op = OpGet
 		default:
