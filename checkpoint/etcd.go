@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"sort"
-	"strconv"
 	"time"
 
 	"github.com/droverhq/drover/keyspace"
@@ -48,14 +47,13 @@ func NewEtcd(cli *clientv3.Client, ns string) (*Etcd, error) {
 	return &Etcd{cli: cli, keys: keys}, nil
 }
 
-func pad(t int64) string { return fmt.Sprintf("%020d", t) }
-
-// commit applies ops if cmps hold, wrapped in the thread's token fence:
-// they apply only if no token higher than the fence's was seen, and raise
-// the highest seen to it. With an etcd lock the transaction is nested under
-// the lock's own fence too. Every commit also requires that the store-full
-// guard key is absent (these are data-plane writes): while it exists nothing
-// is written and err is the guard's *drover.StoreFullError.
+// commit applies ops if cmps hold, wrapped in the thread's token fence
+// (lease.NewTokenTxn): they apply only if no token higher than the fence's
+// was seen, and raise the highest seen to it. With an etcd lock the
+// transaction is nested under the lock's own fence too. Every commit also
+// requires that the store-full guard key is absent (these are data-plane
+// writes): while it exists nothing is written and err is the guard's
+// *drover.StoreFullError.
 func (s *Etcd) commit(ctx context.Context, thread, ns string, cmps []clientv3.Cmp, ops []clientv3.Op, fence Fence) (ok bool, fenced bool, err error) {
 	var txn clientv3.Txn
 	if et, isEtcd := fence.(lease.Fence); isEtcd {
@@ -63,45 +61,21 @@ func (s *Etcd) commit(ctx context.Context, thread, ns string, cmps []clientv3.Cm
 	} else {
 		txn = s.cli.Txn(ctx)
 	}
+	if fence != nil {
+		txn = lease.NewTokenTxn(txn, lease.TokenSpec{Name: "thread " + thread,
+			Key: s.keys.CheckpointFence(thread, keyspace.CheckpointNSName(ns)), Token: fence.Token()})
+	}
 	cmps = append(cmps[:len(cmps):len(cmps)], storeguard.NotFull(s.keys))
-	if fence == nil {
-		resp, err := txn.If(cmps...).Then(ops...).Else(storeguard.GetOp(s.keys)).Commit()
-		if err != nil {
-			return false, false, err
-		}
-		if !resp.Succeeded {
-			return false, false, storeguard.FromRange(resp.Responses[0].GetResponseRange())
-		}
-		return true, false, nil
-	}
-	fk := s.keys.CheckpointFence(thread, keyspace.CheckpointNSName(ns))
-	tok := fence.Token()
-	withFence := append(ops[:len(ops):len(ops)], clientv3.OpPut(fk, pad(tok)))
-	resp, err := txn.If(clientv3.Compare(clientv3.CreateRevision(fk), "=", 0)).
-		Then(clientv3.OpTxn(cmps, withFence, []clientv3.Op{storeguard.GetOp(s.keys)})).
-		Else(clientv3.OpTxn(append(cmps[:len(cmps):len(cmps)], clientv3.Compare(clientv3.Value(fk), "<", pad(tok+1))), withFence,
-			[]clientv3.Op{clientv3.OpGet(fk), storeguard.GetOp(s.keys)})).
-		Commit()
-	if err != nil {
-		if errors.Is(err, lock.ErrFenced) {
-			return false, true, err
-		}
+	resp, err := txn.If(cmps...).Then(ops...).Else(storeguard.GetOp(s.keys)).Commit()
+	switch {
+	case errors.Is(err, lock.ErrFenced):
+		return false, true, err
+	case err != nil:
 		return false, false, err
+	case !resp.Succeeded:
+		return false, false, storeguard.FromRange(resp.Responses[0].GetResponseRange())
 	}
-	inner := resp.Responses[0].GetResponseTxn()
-	if inner.Succeeded {
-		return true, false, nil
-	}
-	guard := inner.Responses[0]
-	if !resp.Succeeded {
-		if kvs := inner.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
-			if seen, _ := strconv.ParseInt(string(kvs[0].Value), 10, 64); seen > tok {
-				return false, true, fmt.Errorf("%w: token %d is below %d, already seen for this thread", lock.ErrFenced, tok, seen)
-			}
-		}
-		guard = inner.Responses[1]
-	}
-	return false, false, storeguard.FromRange(guard.GetResponseRange())
+	return true, false, nil
 }
 
 // Put writes cp as the new head if its parent is the head; see Store.

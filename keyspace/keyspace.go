@@ -7,6 +7,7 @@
 //	/{ns}/tasks/{id}/checkpoint       a task's latest checkpoint
 //	/{ns}/tasks/{id}/steps/{NNNNNN}   the record of each completed step
 //	/{ns}/tasks/{id}/record           a queued task's record of its own (retrying, dead, cancelled, handed back)
+//	/{ns}/tasks/{id}/fence            the highest fencing token a task's writes were made under, 20 digits, when its runner takes its lock from another backend than etcd
 //	/{ns}/ids/{id}                    a queued task's index key: "{queue}/{segment}/{slot}"; makes task_id idempotent
 //	/{ns}/segments/{q}/{segment}      up to 100 tasks of queue q as submitted, in one key
 //	/{ns}/queues/{q}/open/{segment}   a segment with unfinished tasks; value: its number of tasks
@@ -155,6 +156,11 @@ func (s Space) TaskSteps(id string) string { return s.Task(id) + "steps/" }
 // TaskStep is the key of the record of step n (1-based) of task id. Step
 // numbers are zero-padded so that keys sort in step order.
 func (s Space) TaskStep(id string, n int) string { return fmt.Sprintf("%s%06d", s.TaskSteps(id), n) }
+
+// TaskFence is the key holding the highest fencing token task id's
+// checkpoints were written under, when its runner holds the task through a
+// lock of another backend than etcd (package task).
+func (s Space) TaskFence(id string) string { return s.Task(id) + "fence" }
 
 // TaskLock is the lock name that guards task id's runner.
 func TaskLock(id string) string { return "task:" + id }

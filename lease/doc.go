@@ -23,5 +23,8 @@
 //
 // [Fence] is the one type of a right held under a lease (a lock, a queue
 // task's claim), and [NewFencedTxn] the etcd transaction that commits only
-// while such a right is held.
+// while such a right is held. [NewTokenTxn] fences etcd writes by a token
+// alone, for a right held outside etcd (a lock on Redis, Redlock or the
+// Paxos service): etcd keeps the highest token that wrote, and refuses
+// lower ones.
 package lease

@@ -32,4 +32,33 @@
 //		{Name: "Data Ingestion", Run: ingest},
 //		{Name: "LLM Analysis", Run: analyze},
 //	})
+//
+// # On another lock backend
+//
+// With RunnerConfig.Locker set to a lock.Redis, lock.Redlock or lock.Paxos,
+// the runner takes the task's lock ("task:ID") from that backend, waiting
+// with Acquire, and runs the steps under the lock's context; checkpoints stay
+// in etcd. The guarantees do not change, because the fence is the lock's
+// token, checked in etcd: the key /{ns}/tasks/{id}/fence holds the highest
+// token that wrote for the task, and each checkpoint (and the completion
+// mark) is written in one transaction that commits only if that key is at
+// most the writer's token, and raises it to the token. A new holder raises
+// the key as soon as it holds the lock, before it loads the checkpoint, so
+// from then on a paused or cut-off earlier holder's write is refused
+// (lock.ErrFenced) and its run stops, even if the new holder has written
+// nothing yet. The lock is released fenced by its token in its backend.
+//
+//	locker, err := lock.NewPaxos(lock.PaxosConfig{Endpoints: nodes, TTL: 10 * time.Second, HolderID: "worker-1"})
+//	if err != nil { ... }
+//	defer locker.Close()
+//	r, err := task.NewRunner(ctx, cli, task.RunnerConfig{WorkerID: "worker-1", Locker: locker})
+//
+// What differs is not safety: waiters poll the backend rather than watch
+// etcd; the runner holds no etcd lease; every worker of a task must use the
+// same backend (tokens of different backends are not comparable); and a
+// backend's tokens must keep growing for a task (a Paxos group rebuilt with
+// empty data restarts them: delete the task's fence key to start over). A
+// queue worker's claim sees only etcd's task lock: the runner waits for a
+// queue worker already running the id, but give no queued task the id of a
+// task run on another backend.
 package task

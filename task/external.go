@@ -50,12 +50,7 @@ func (s *Store) Claim(ctx context.Context, locker *lock.Etcd, id string, o Claim
 	name := keyspace.TaskLock(id)
 	l, err := locker.TryAcquireFenced(ctx, name)
 	if errors.Is(err, lock.ErrHeld) && o.Wait {
-		var held *lock.HeldError
-		ev := Event{Type: EventWaiting, TaskID: id}
-		if errors.As(err, &held) {
-			ev.Token, ev.Err = held.Token, held.Error()
-		}
-		emit(ev)
+		emit(waitingEvent(id, err))
 		l, err = locker.AcquireFenced(ctx, name)
 	}
 	if err != nil {
@@ -65,33 +60,53 @@ func (s *Store) Claim(ctx context.Context, locker *lock.Etcd, id string, o Claim
 	if held == nil {
 		held = l.Context()
 	}
-	// The lock's key now keeps queue workers from claiming the task; one
-	// that claimed it before is waited for, or refused without Wait.
+	if err := s.awaitQueue(ctx, id, held, o.Wait, emit); err != nil {
+		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer rcancel()
+		_ = l.Release(rctx) // on failure the lock frees itself when its lease ends
+		return nil, err
+	}
+	return l, nil
+}
+
+// waitingEvent is EventWaiting for err, the refusal of a try-acquire: it
+// names the holder's token when err says it.
+func waitingEvent(id string, err error) Event {
+	ev := Event{Type: EventWaiting, TaskID: id}
+	var held *lock.HeldError
+	if errors.As(err, &held) {
+		ev.Token, ev.Err = held.Token, held.Error()
+	}
+	return ev
+}
+
+// awaitQueue returns once no queue worker runs task id, whose lock the
+// caller now holds (an etcd lock's key keeps queue workers from claiming
+// the task from now on; one that claimed it before is waited for). Without
+// wait, a queue worker running it is refused at once with ErrBusy. held
+// ends the wait when the caller's right ends.
+func (s *Store) awaitQueue(ctx context.Context, id string, held context.Context, wait bool, emit func(Event)) error {
 	wctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	busy := ""
-	err = s.waitQueueClaim(wctx, id, held, func(q string) {
-		if !o.Wait {
+	err := s.waitQueueClaim(wctx, id, held, func(q string) {
+		if !wait {
 			busy = q
 			cancel(ErrBusy)
 			return
 		}
 		emit(Event{Type: EventWaiting, TaskID: id, Err: "a worker of queue " + q + " is running it"})
 	})
-	if err == nil {
-		return l, nil
-	}
-	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	defer rcancel()
-	_ = l.Release(rctx) // on failure the lock frees itself when its lease ends
-	if busy != "" {
-		return nil, fmt.Errorf("task %s: %w: a worker of queue %s holds it", id, ErrBusy, busy)
-	}
-	if ctx.Err() != nil {
+	switch {
+	case err == nil:
+		return nil
+	case busy != "":
+		return fmt.Errorf("task %s: %w: a worker of queue %s holds it", id, ErrBusy, busy)
+	case ctx.Err() != nil:
 		// The caller's wait bound ended with the queue worker still on it.
-		return nil, fmt.Errorf("task %s: %w: a queue worker still runs it when the wait ended: %w", id, ErrBusy, err)
+		return fmt.Errorf("task %s: %w: a queue worker still runs it when the wait ended: %w", id, ErrBusy, err)
 	}
-	return nil, fmt.Errorf("task %s: wait for the queue worker running it: %w", id, err)
+	return fmt.Errorf("task %s: wait for the queue worker running it: %w", id, err)
 }
 
 // Complete marks task id completed under fence f, which holds its claim:

@@ -21,6 +21,7 @@ import (
 	"github.com/droverhq/drover/cluster"
 	"github.com/droverhq/drover/lock"
 	"github.com/droverhq/drover/task"
+	"github.com/redis/go-redis/v9"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -88,7 +89,7 @@ func runHelper(mode string) int {
 	nsteps, _ := strconv.Atoi(os.Getenv("H_STEPS"))
 	worker := os.Getenv("H_ID")
 	var outMu sync.Mutex
-	r, err := task.NewRunner(ctx, cli, task.RunnerConfig{
+	cfg := task.RunnerConfig{
 		Namespace: os.Getenv("H_NS"), WorkerID: worker, TTL: ttl,
 		OnEvent: func(ev task.Event) {
 			b, _ := json.Marshal(ev)
@@ -96,7 +97,17 @@ func runHelper(mode string) int {
 			fmt.Printf("EVENT %s\n", b)
 			outMu.Unlock()
 		},
-	})
+	}
+	if url := os.Getenv("H_LOCKER"); url != "" {
+		locker, done, err := lockerFor(url, cfg.Namespace, ttl, worker)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 2
+		}
+		defer done()
+		cfg.Locker, cfg.TTL = locker, 0
+	}
+	r, err := task.NewRunner(ctx, cli, cfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
@@ -112,6 +123,33 @@ func runHelper(mode string) int {
 		fmt.Printf("RESULT %s ok\n", id)
 	}
 	return 0
+}
+
+// lockerFor opens the locker at url, redis://HOST:PORT or
+// paxos://HOST:PORT,..., with namespace ns, TTL ttl and holder id; done
+// closes it.
+func lockerFor(url, ns string, ttl time.Duration, id string) (locker lock.Locker, done func(), err error) {
+	switch {
+	case strings.HasPrefix(url, "redis://"):
+		opt, err := redis.ParseURL(url)
+		if err != nil {
+			return nil, nil, err
+		}
+		rdb := redis.NewClient(opt)
+		l, err := lock.NewRedis(rdb, lock.RedisConfig{Namespace: ns, TTL: ttl, HolderID: id})
+		if err != nil {
+			_ = rdb.Close()
+			return nil, nil, err
+		}
+		return l, func() { _ = rdb.Close() }, nil
+	case strings.HasPrefix(url, "paxos://"):
+		l, err := lock.NewPaxos(lock.PaxosConfig{Endpoints: strings.Split(strings.TrimPrefix(url, "paxos://"), ","), Namespace: ns, TTL: ttl, HolderID: id})
+		if err != nil {
+			return nil, nil, err
+		}
+		return l, l.Close, nil
+	}
+	return nil, nil, fmt.Errorf("no locker for %q", url)
 }
 
 // worker is a running worker process.

@@ -49,11 +49,25 @@ type RunnerConfig struct {
 	// "host:pid".
 	WorkerID string
 	// TTL of the runner's lease when Lease is nil: how soon another worker
-	// takes over after this one dies. Zero means lock.DefaultTTL.
+	// takes over after this one dies. Zero means lock.DefaultTTL. Unset
+	// with Locker, which has a TTL of its own.
 	TTL time.Duration
 	// Lease, when set, binds the runner's task locks to it (for example the
-	// process's primary lease); the runner does not close it.
+	// process's primary lease); the runner does not close it. Unset with
+	// Locker.
 	Lease *lease.Lease
+	// Locker, when set, is where the runner takes each task's lock
+	// ("task:ID", waiting with Acquire): a lock.Redis, lock.Redlock or
+	// lock.Paxos. Steps run under the lock's context, and each checkpoint
+	// (the last one with the completion mark) is written in one etcd
+	// transaction fenced by the lock's token: it commits only if no write
+	// under a higher token was made for the task, and the runner raises the
+	// task's highest token to its own as soon as it holds the lock, so a
+	// holder that lost the lock (paused, cut off) writes nothing once its
+	// successor holds it. A *lock.Etcd takes the etcd claim through that
+	// locker instead. The runner does not close Locker. nil means the
+	// runner's own etcd claim, on its own lease (TTL) or on Lease.
+	Locker lock.Locker
 	// StateLimit is the largest state a step may return, in bytes; 0 means
 	// DefaultStateLimit, at most MaxStateLimit.
 	StateLimit int
@@ -78,6 +92,12 @@ func (c RunnerConfig) Validate() error {
 			return err
 		}
 	}
+	if c.Locker != nil && c.TTL != 0 {
+		return &drover.InputError{Field: "ttl", Value: c.TTL, Rule: "must be unset with a Locker: set the TTL on the Locker, whose locks the runner holds"}
+	}
+	if c.Locker != nil && c.Lease != nil {
+		return &drover.InputError{Field: "lease", Rule: "must be unset with a Locker: the Locker's locks have lifetimes of their own"}
+	}
 	if c.StateLimit < 0 || c.StateLimit > MaxStateLimit {
 		return &drover.InputError{Field: "state limit", Value: c.StateLimit, Rule: fmt.Sprintf("must be between 1 and %d bytes (0 means %d)", MaxStateLimit, DefaultStateLimit)}
 	}
@@ -88,12 +108,16 @@ func (c RunnerConfig) Validate() error {
 // last checkpoint. A Runner is safe for concurrent use; each Run takes its
 // own task lock.
 type Runner struct {
-	store   *Store
-	locker  *lock.Etcd
-	worker  string
-	limit   int
-	onEvent func(Event)
-	logger  *slog.Logger
+	store *Store
+	// locker takes etcd claims; nil when other (RunnerConfig.Locker, not
+	// etcd) takes the tasks' locks.
+	locker     *lock.Etcd
+	ownsLocker bool
+	other      lock.Locker
+	worker     string
+	limit      int
+	onEvent    func(Event)
+	logger     *slog.Logger
 }
 
 // NewRunner returns a runner on cli. Close it to release its lease.
@@ -109,15 +133,24 @@ func NewRunner(ctx context.Context, cli *clientv3.Client, cfg RunnerConfig) (*Ru
 	if err != nil {
 		return nil, err
 	}
-	locker, err := lock.NewEtcd(ctx, cli, lock.EtcdConfig{Namespace: cfg.Namespace, TTL: cfg.TTL, Lease: cfg.Lease, HolderID: cfg.WorkerID, Logger: logger})
-	if err != nil {
-		return nil, fmt.Errorf("task: %w", err)
-	}
 	limit := cfg.StateLimit
 	if limit == 0 {
 		limit = DefaultStateLimit
 	}
-	return &Runner{store: store, locker: locker, worker: lock.NewHolder(cfg.WorkerID).ID, limit: limit, onEvent: cfg.OnEvent, logger: logger}, nil
+	r := &Runner{store: store, worker: lock.NewHolder(cfg.WorkerID).ID, limit: limit, onEvent: cfg.OnEvent, logger: logger}
+	switch l := cfg.Locker.(type) {
+	case nil:
+		locker, err := lock.NewEtcd(ctx, cli, lock.EtcdConfig{Namespace: cfg.Namespace, TTL: cfg.TTL, Lease: cfg.Lease, HolderID: cfg.WorkerID, Logger: logger})
+		if err != nil {
+			return nil, fmt.Errorf("task: %w", err)
+		}
+		r.locker, r.ownsLocker = locker, true
+	case *lock.Etcd:
+		r.locker = l
+	default:
+		r.other = l
+	}
+	return r, nil
 }
 
 // Store returns the runner's checkpoint store.
@@ -126,11 +159,23 @@ func (r *Runner) Store() *Store { return r.store }
 // Worker returns the worker id the runner records.
 func (r *Runner) Worker() string { return r.worker }
 
-// Lease returns the lease the runner's task locks are bound to.
-func (r *Runner) Lease() *lease.Lease { return r.locker.Lease() }
+// Lease returns the lease the runner's task locks are bound to; nil when
+// RunnerConfig.Locker is of another backend than etcd.
+func (r *Runner) Lease() *lease.Lease {
+	if r.locker == nil {
+		return nil
+	}
+	return r.locker.Lease()
+}
 
-// Close releases the runner's own lease, and with it any task it holds.
-func (r *Runner) Close(ctx context.Context) error { return r.locker.Close(ctx) }
+// Close releases the runner's own lease, and with it any task it holds. A
+// RunnerConfig.Locker is left open: its creator closes it.
+func (r *Runner) Close(ctx context.Context) error {
+	if !r.ownsLocker {
+		return nil
+	}
+	return r.locker.Close(ctx)
+}
 
 func (r *Runner) emit(ev Event) {
 	if r.onEvent == nil {
@@ -196,26 +241,44 @@ func (r *Runner) Run(ctx context.Context, id string, steps []Step) (Result, erro
 	if err := CheckSteps(steps); err != nil {
 		return Result{}, err
 	}
-	// Claim waits in line for the task's lock, then for a queue worker
-	// running the task; on error nothing is held.
-	l, err := r.store.Claim(ctx, r.locker, id, ClaimOptions{Wait: true, OnEvent: r.emit})
+	f, release, err := r.claim(ctx, id)
 	if err != nil {
 		return Result{TaskID: id}, err
 	}
 	defer func() {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
-		if err := l.Release(rctx); err != nil && !errors.Is(err, lock.ErrNotHeld) {
-			r.logger.Warn("task: release failed; the lock frees itself when the lease ends", "task", id, "err", err)
+		if err := release(rctx); err != nil && !errors.Is(err, lock.ErrNotHeld) {
+			r.logger.Warn("task: release failed; the lock frees itself when its TTL ends", "task", id, "err", err)
 		}
 	}()
-	r.emit(Event{Type: EventAcquired, TaskID: id, Token: l.Token()})
-	lctx := l.Context()
+	r.emit(Event{Type: EventAcquired, TaskID: id, Token: f.Token()})
+	lctx := f.Context()
 	runCtx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	stop := context.AfterFunc(lctx, func() { cancel(context.Cause(lctx)) })
 	defer stop()
-	return r.store.RunSteps(runCtx, l, id, steps, StepConfig{Worker: r.worker, StateLimit: r.limit, OnEvent: r.emit})
+	return r.store.RunSteps(runCtx, f, id, steps, StepConfig{Worker: r.worker, StateLimit: r.limit, OnEvent: r.emit})
+}
+
+// claim waits in line for task id's lock, then for a queue worker running
+// the task: an etcd claim (Claim), or the lock of RunnerConfig.Locker
+// (claimLock). It returns the fence of the task's writes and its release;
+// on error nothing is held.
+func (r *Runner) claim(ctx context.Context, id string) (lease.Fence, func(context.Context) error, error) {
+	o := ClaimOptions{Wait: true, OnEvent: r.emit}
+	if r.locker == nil {
+		f, err := r.store.claimLock(ctx, r.other, id, o)
+		if err != nil {
+			return nil, nil, err
+		}
+		return f, f.Release, nil
+	}
+	l, err := r.store.Claim(ctx, r.locker, id, o)
+	if err != nil {
+		return nil, nil, err
+	}
+	return l, l.Release, nil
 }
 
 // StepConfig says how RunSteps runs and reports a task's steps.

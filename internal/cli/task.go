@@ -75,18 +75,8 @@ func parseSteps(specs []string) ([]string, []string, error) {
 	return names, cmds, nil
 }
 
-func (a *app) taskRunCommand() *cobra.Command {
-	var (
-		specs    []string
-		ttl      time.Duration
-		grace    time.Duration
-		workerID string
-		asJSON   bool
-	)
-	cmd := &cobra.Command{
-		Use:   "run TASK_ID --step NAME=COMMAND [--step NAME=COMMAND ...]",
-		Short: "Run a task's steps as commands, exactly one worker at a time, resuming after the last checkpoint",
-		Long: `Run task TASK_ID made of shell-command steps, run in order with sh -c.
+// taskRunLong is the help of drover task run.
+const taskRunLong = `Run task TASK_ID made of shell-command steps, run in order with sh -c.
 
 Each step gets the state the previous step printed on its standard input,
 and prints the new state on its standard output (at most 1 MiB). Its
@@ -101,13 +91,37 @@ token, together with the step's record (see drover task history). If the lock
 is lost while a step runs, the step's process group gets SIGTERM, then
 SIGKILL after --grace, and drover exits 70. A completed task never runs again.
 
+--lock-backend takes the task's lock (task:TASK_ID) from another backend, as
+drover lock does: redis://HOST:PORT/DB, redlock://HOST:PORT,... or
+paxos://HOST:PORT,... (drover paxos serve). Waiting workers then poll the
+lock instead of watching it, and --ttl is the lock's TTL. Checkpoints stay
+in etcd, each written in one etcd transaction fenced by the lock's token:
+it commits only if no worker with a higher token has written for the task,
+and a worker raises that mark to its own token as soon as it holds the lock.
+Every worker of a task must use the same backend.
+
 Progress goes to stderr; the final state to stdout (or a JSON result with
---json).`,
+--json).`
+
+func (a *app) taskRunCommand() *cobra.Command {
+	var (
+		specs    []string
+		ttl      time.Duration
+		grace    time.Duration
+		workerID string
+		asJSON   bool
+	)
+	cmd := &cobra.Command{
+		Use:   "run TASK_ID --step NAME=COMMAND [--step NAME=COMMAND ...]",
+		Short: "Run a task's steps as commands, exactly one worker at a time, resuming after the last checkpoint",
+		Long:  taskRunLong,
 		Example: `  drover task run report-42 \
       --step 'ingest=curl -s https://example.test/data' \
       --step 'analyze=python3 analyze.py' \
       --step 'report=python3 report.py'
-  drover task run report-42 --ttl 30s --step 'llm=./call-model.sh' --json`,
+  drover task run report-42 --ttl 30s --step 'llm=./call-model.sh' --json
+  drover task run report-42 --lock-backend paxos://10.0.0.1:7100,10.0.0.2:7100,10.0.0.3:7100 \
+      --step 'ingest=./ingest.sh' --step 'analyze=python3 analyze.py'`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) != 1 {
 				return usageError{errors.New("task run needs exactly one TASK_ID (see 'drover task run --help')")}
@@ -145,10 +159,11 @@ Progress goes to stderr; the final state to stdout (or a JSON result with
 	}
 	f := cmd.Flags()
 	f.StringArrayVar(&specs, "step", nil, "a step as NAME=COMMAND; repeat in order")
-	f.DurationVar(&ttl, "ttl", 15*time.Second, "lease TTL: how soon another worker takes over if this one dies (1s to 24h)")
+	f.DurationVar(&ttl, "ttl", 15*time.Second, "lease (or lock) TTL: how soon another worker takes over if this one dies (1s to 24h)")
 	f.DurationVar(&grace, "grace", 10*time.Second, "after the lock is lost, time between SIGTERM and SIGKILL for the step")
 	f.StringVar(&workerID, "worker-id", "", "name recorded for this worker (default host:pid)")
 	f.BoolVar(&asJSON, "json", false, "print the result as JSON")
+	f.StringVar(&a.lockBackend, "lock-backend", "etcd", "where the task's lock lives: etcd, redis://HOST:PORT/DB, redlock://HOST:PORT,HOST:PORT,HOST:PORT, or paxos://HOST:PORT,HOST:PORT,HOST:PORT (drover paxos serve); checkpoints stay in etcd")
 	return cmd
 }
 
@@ -169,25 +184,19 @@ func (a *app) taskRun(ctx context.Context, id string, names, cmds []string, ttl,
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 
-	cli, err := a.connect(ctx)
-	if err != nil {
-		return err
-	}
-	defer cli.Close()
 	// A signal while no step runs ends the run; during a step it goes to
 	// the step's process group, and the step decides.
-	var inStep atomic.Bool
-	stepSigs := make(chan os.Signal, 4)
+	sr := &stepRunner{a: a, id: id, grace: grace, sigs: make(chan os.Signal, 4)}
 	go func() {
 		for {
 			select {
 			case sig := <-sigs:
-				if !inStep.Load() {
+				if !sr.inStep.Load() {
 					cancel()
 					continue
 				}
 				select {
-				case stepSigs <- sig:
+				case sr.sigs <- sig:
 				default:
 				}
 			case <-ctx.Done():
@@ -195,61 +204,23 @@ func (a *app) taskRun(ctx context.Context, id string, names, cmds []string, ttl,
 			}
 		}
 	}()
-	var token int64
-	r, err := task.NewRunner(ctx, cli, task.RunnerConfig{
-		Namespace: a.namespace, WorkerID: workerID, TTL: ttl, Logger: a.logger,
-		OnEvent: func(ev task.Event) {
-			if ev.Type == task.EventAcquired {
-				token = ev.Token
-			}
-			a.printTaskEvent(ev, len(names))
-		},
+	r, closeRunner, err := a.taskRunner(ctx, ttl, workerID, func(ev task.Event) {
+		if ev.Type == task.EventAcquired {
+			sr.token = ev.Token
+		}
+		a.printTaskEvent(ev, len(names))
 	})
 	if err != nil {
 		return err
 	}
-	defer func() {
-		cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer ccancel()
-		_ = r.Close(cctx)
-	}()
-
+	defer closeRunner()
 	steps := make([]task.Step, len(names))
-	lost := false
 	for i := range names {
-		n, name, script := i+1, names[i], cmds[i]
-		steps[i] = task.Step{Name: name, Run: func(sctx context.Context, state []byte) ([]byte, error) {
-			c := exec.Command("sh", "-c", script)
-			c.Env = append(os.Environ(), EnvTaskID+"="+id, EnvStep+"="+strconv.Itoa(n), EnvStepName+"="+name,
-				EnvLockToken+"="+strconv.FormatInt(token, 10))
-			c.Stdin = bytes.NewReader(state)
-			out := &limitedBuffer{limit: task.DefaultStateLimit}
-			c.Stdout, c.Stderr = out, a.stderr
-			if sctx.Err() != nil {
-				return nil, context.Cause(sctx) // interrupted or lost before the step began
-			}
-			inStep.Store(true)
-			defer inStep.Store(false)
-			waitErr, stopped, startErr := proc.Supervise(c, stepSigs, sctx.Done(), grace, func() {
-				fmt.Fprintf(a.stderr, "drover: task %s step %d (%s): %v; stopping it (SIGTERM, SIGKILL after %s)\n", id, n, name, context.Cause(sctx), grace)
-			})
-			switch {
-			case startErr != nil:
-				return nil, startErr
-			case stopped:
-				lost = errors.Is(context.Cause(sctx), lock.ErrLost)
-				return nil, context.Cause(sctx)
-			case waitErr != nil:
-				return nil, fmt.Errorf("%s: %w", script, waitErr)
-			case out.over:
-				return nil, &task.StateTooLargeError{TaskID: id, Step: n, Name: name, Size: out.n, Limit: out.limit}
-			}
-			return out.Bytes(), nil
-		}}
+		steps[i] = task.Step{Name: names[i], Run: sr.step(i+1, names[i], cmds[i])}
 	}
 	res, err := r.Run(ctx, id, steps)
 	if err != nil {
-		if lost || errors.Is(err, lock.ErrFenced) || errors.Is(err, lock.ErrLost) {
+		if sr.lost || errors.Is(err, lock.ErrFenced) || errors.Is(err, lock.ErrLost) {
 			return withCode(ExitLockLost, err)
 		}
 		if ctx.Err() != nil && errors.Is(err, context.Canceled) {
@@ -265,12 +236,95 @@ func (a *app) taskRun(ctx context.Context, id string, names, cmds []string, ttl,
 	return err
 }
 
+// taskRunner connects and makes the runner of drover task run: on its own
+// etcd lease with --lock-backend etcd, else holding tasks through the
+// locker that --lock-backend names (a.locker, as drover lock does), opened
+// first so that a bad --lock-backend is refused before etcd is contacted.
+// The returned function closes the runner, the etcd client, then the
+// locker.
+func (a *app) taskRunner(ctx context.Context, ttl time.Duration, workerID string, onEvent func(task.Event)) (*task.Runner, func(), error) {
+	cfg := task.RunnerConfig{Namespace: a.namespace, WorkerID: workerID, TTL: ttl, Logger: a.logger, OnEvent: onEvent}
+	closeLocker := func() {}
+	if b := a.lockBackend; b != "" && b != "etcd" {
+		locker, done, err := a.locker(ctx, ttl, workerID)
+		if err != nil {
+			return nil, nil, err
+		}
+		cfg.Locker, cfg.TTL, closeLocker = locker, 0, done
+	}
+	cli, err := a.connect(ctx)
+	if err != nil {
+		closeLocker()
+		return nil, nil, err
+	}
+	r, err := task.NewRunner(ctx, cli, cfg)
+	if err != nil {
+		cli.Close()
+		closeLocker()
+		return nil, nil, err
+	}
+	return r, func() {
+		cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer ccancel()
+		_ = r.Close(cctx)
+		cli.Close()
+		closeLocker()
+	}, nil
+}
+
+// stepRunner runs the steps of drover task run as shell commands.
+type stepRunner struct {
+	a      *app
+	id     string
+	grace  time.Duration
+	sigs   chan os.Signal // signals for the running step's process group
+	inStep atomic.Bool
+	token  int64 // the fencing token the task is held with
+	lost   bool  // a step was stopped because the lock was lost
+}
+
+// step returns the function of step n, name, which runs script with sh -c.
+func (sr *stepRunner) step(n int, name, script string) task.StepFunc {
+	a, id := sr.a, sr.id
+	return func(sctx context.Context, state []byte) ([]byte, error) {
+		c := exec.Command("sh", "-c", script)
+		c.Env = append(os.Environ(), EnvTaskID+"="+id, EnvStep+"="+strconv.Itoa(n), EnvStepName+"="+name,
+			EnvLockToken+"="+strconv.FormatInt(sr.token, 10))
+		c.Stdin = bytes.NewReader(state)
+		out := &limitedBuffer{limit: task.DefaultStateLimit}
+		c.Stdout, c.Stderr = out, a.stderr
+		if sctx.Err() != nil {
+			return nil, context.Cause(sctx) // interrupted or lost before the step began
+		}
+		sr.inStep.Store(true)
+		defer sr.inStep.Store(false)
+		waitErr, stopped, startErr := proc.Supervise(c, sr.sigs, sctx.Done(), sr.grace, func() {
+			fmt.Fprintf(a.stderr, "drover: task %s step %d (%s): %v; stopping it (SIGTERM, SIGKILL after %s)\n", id, n, name, context.Cause(sctx), sr.grace)
+		})
+		switch {
+		case startErr != nil:
+			return nil, startErr
+		case stopped:
+			sr.lost = errors.Is(context.Cause(sctx), lock.ErrLost)
+			return nil, context.Cause(sctx)
+		case waitErr != nil:
+			return nil, fmt.Errorf("%s: %w", script, waitErr)
+		case out.over:
+			return nil, &task.StateTooLargeError{TaskID: id, Step: n, Name: name, Size: out.n, Limit: out.limit}
+		}
+		return out.Bytes(), nil
+	}
+}
+
 // printTaskEvent writes one progress line for a task event to stderr.
 func (a *app) printTaskEvent(ev task.Event, steps int) {
 	var msg string
 	switch ev.Type {
 	case task.EventWaiting:
 		msg = "held by another worker; waiting for it (watching its lock)"
+		if b := a.lockBackend; b != "" && b != "etcd" {
+			msg = "held by another worker; waiting for it (polling its lock)"
+		}
 	case task.EventAcquired:
 		msg = fmt.Sprintf("acquired (fencing token %d)", ev.Token)
 	case task.EventResumed:
