@@ -18,7 +18,7 @@ import (
 	"github.com/droverhq/drover/keyspace"
 )
 
-// The REST API of a node. The seed's two routes keep their shapes, so its
+// The REST API of a node. The Express lock service's two routes keep their shapes, so its
 // clients work unchanged; the rest are added:
 //
 //	POST   /locks/{id}        {owner, ttl, holder?}  200 {status:"acquired", details:{lockId, owner, expires}, token}
@@ -69,7 +69,7 @@ const (
 	IdempotencyHeader = "Idempotency-Key"
 )
 
-// Seed-compatible error messages.
+// Error messages compatible with the Express lock service's clients.
 const (
 	msgHeld        = "Lock already held"
 	msgNotFound    = "Lock not found or expired"
@@ -170,7 +170,7 @@ type AcquireResponse struct {
 	Token   uint64       `json:"token"`
 }
 
-// GrantDetails describes a grant: the seed's lockId, owner and expires,
+// GrantDetails describes a grant: the Express service's lockId, owner and expires,
 // with acquired and the holder object added.
 type GrantDetails struct {
 	LockID   string          `json:"lockId"`

@@ -186,7 +186,7 @@ It runs a private embedded etcd (and uses PostgreSQL at --database-url with
 	f.StringVar(&cfg.Protect, "protect", "lock", "none, cas or lock")
 	f.StringVar(&cfg.Store, "store", "etcd", "checkpoint store: etcd or postgres")
 	f.StringVar(&cfg.DatabaseURL, "database-url", demo.DefaultDatabaseURL, "PostgreSQL URL for --store postgres")
-	f.StringVar(&a.lockBackend, "lock-backend", "etcd", "lock backend for --protect lock: etcd, redis://HOST:PORT/DB or redlock://H:P,H:P,H:P")
+	f.StringVar(&a.lockBackend, "lock-backend", "etcd", "lock backend for --protect lock: etcd, redis://HOST:PORT/DB, redlock://H:P,H:P,H:P or paxos://H:P,H:P,H:P")
 	f.DurationVar(&cfg.MaxDelay, "max-delay", 50*time.Millisecond, "longest random delay between read and write")
 	f.BoolVar(&asJSON, "json", false, `print {"expected":N,"actual":N,"lost_updates":N,"conflicts_retried":N,...}`)
 	return cmd

@@ -170,7 +170,7 @@ func (a *app) lockRun(ctx context.Context, name string, argv []string, ttl, wait
 			}
 			hint := "try again later or raise --wait"
 			if wait == 0 {
-				hint = "try again later, or pass --wait to queue for it"
+				hint = "try again later, or pass --wait to wait for it"
 			}
 			return withCode(ExitBusy, fmt.Errorf("%w; %s", err, hint))
 		}

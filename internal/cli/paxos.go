@@ -25,8 +25,8 @@ import (
 
 // Environment read by drover paxos.
 const (
-	// EnvRabbitMQURL is the default of --transport, as the seed's
-	// deployment sets it.
+	// EnvRabbitMQURL is the default of --transport, as a Kubernetes
+	// deployment sets it from a Secret.
 	EnvRabbitMQURL = "RABBITMQ_URL"
 	// EnvPaxosEndpoints is the default of --endpoints.
 	EnvPaxosEndpoints = "PAXOS_ENDPOINTS"
@@ -117,7 +117,7 @@ Exit codes: 2 for bad flags, a port in use or a data dir of another group
 		},
 	}
 	fl := cmd.Flags()
-	fl.Int64Var(&f.id, "id", -1, "this node's id (default: the ordinal of $HOSTNAME, lock-service-2 is 2)")
+	fl.Int64Var(&f.id, "id", 0, "this node's id (default: the ordinal of $HOSTNAME, lock-service-2 is 2)")
 	fl.StringVar(&f.peers, "peers", "", `every member: "0=HOST:PORT,1=HOST:PORT,2=HOST:PORT", or HOST-N:PORT names ending in their ordinal`)
 	fl.StringVar(&f.transport, "transport", "", "amqp://USER:PASS@HOST:5672/ or direct (default $RABBITMQ_URL)")
 	fl.StringVar(&f.listen, "listen", "", "host:port of the REST API (and of the direct transport) (default: this node's address in --peers)")
@@ -573,7 +573,7 @@ a request the group refused as malformed; 1 if it refused the change.`,
 	pf := cmd.PersistentFlags()
 	pf.StringVar(&f.endpoints, "endpoints", "", "the nodes' API addresses, HOST:PORT comma-separated (default $PAXOS_ENDPOINTS, else 127.0.0.1:7100)")
 	pf.DurationVar(&f.timeout, "timeout", 30*time.Second, "how long to wait for the change to be chosen")
-	pf.Int64Var(&f.id, "id", -1, "the node's id (required)")
+	pf.Int64Var(&f.id, "id", 0, "the node's id (required)")
 	add := &cobra.Command{
 		Use:     "add --id N [--addr HOST:PORT]",
 		Short:   "Add node N (its API and direct transport at --addr) to the group",
@@ -585,7 +585,7 @@ a request the group refused as malformed; 1 if it refused the change.`,
 			})
 		},
 	}
-	add.Flags().StringVar(&f.addr, "addr", "", "the node's HOST:PORT (required with the direct transport)")
+	add.Flags().StringVar(&f.addr, "addr", "", "the node's HOST:PORT: where its API and direct transport answer (a node without one is reachable over RabbitMQ only)")
 	remove := &cobra.Command{
 		Use:     "remove --id N",
 		Short:   "Remove node N from the group",
@@ -614,7 +614,7 @@ func (a *app) paxosChange(cmd *cobra.Command, f *paxosMemberFlags, done string, 
 	if err := a.checkGlobal(); err != nil {
 		return err
 	}
-	if f.id < 0 {
+	if !cmd.Flags().Changed("id") || f.id < 0 {
 		return &drover.InputError{Field: "--id", Value: f.id, Rule: "is required: the node's id, 0 or more"}
 	}
 	if f.addr != "" {

@@ -165,7 +165,7 @@ $ETCD_ENDPOINTS, else 127.0.0.1:2379. "drover server" runs one for you.`,
 	pf := root.PersistentFlags()
 	pf.StringVar(&a.endpoints, "etcd-endpoints", "", "etcd endpoints, comma-separated (default $ETCD_ENDPOINTS, else 127.0.0.1:2379)")
 	pf.StringVar(&a.namespace, "namespace", keyspace.DefaultNamespace, "namespace of every key drover reads or writes")
-	pf.DurationVar(&a.dialTimeout, "dial-timeout", cluster.DefaultDialTimeout, "how long to try to reach etcd before giving up")
+	pf.DurationVar(&a.dialTimeout, "dial-timeout", cluster.DefaultDialTimeout, "how long to try to reach etcd (or a lock backend, RabbitMQ, the Paxos nodes) before giving up")
 	pf.StringVar(&a.etcdTLS.caCert, "etcd-cacert", "", "CA certificate (PEM) of an etcd with TLS (default $ETCDCTL_CACERT)")
 	pf.StringVar(&a.etcdTLS.cert, "etcd-cert", "", "client certificate (PEM) for etcd, with --etcd-key (default $ETCDCTL_CERT)")
 	pf.StringVar(&a.etcdTLS.key, "etcd-key", "", "client key (PEM) for etcd (default $ETCDCTL_KEY)")
