@@ -44,10 +44,11 @@ func (n *Node) onPrepare(m Message, now time.Time) error {
 	if n.proposerBallot().Less(m.Ballot) && n.role != roleFollower {
 		n.stepDown(now)
 	}
-	// The candidate may be about to lead: give it a full election timeout
-	// before competing, and stop forwarding to a deposed leader.
+	// The candidate may be about to lead: stop forwarding to a deposed
+	// leader. The election timer is not restarted: only a live leader's
+	// heartbeat or Accept does that, so a candidate that never wins (one
+	// that cannot hear the answers) does not hold the others back.
 	n.hasLeader = false
-	n.resetElection(now)
 	n.send(Message{
 		Type: MsgPromise, To: m.From, Ballot: m.Ballot,
 		Entries: n.entriesFrom(m.Slot), Commit: n.commit, Slot: n.snapIndex(),
@@ -101,6 +102,12 @@ func (n *Node) onAccept(m Message, now time.Time) {
 // followed.
 func (n *Node) onHeartbeat(m Message, now time.Time) {
 	if n.role == roleRemoved {
+		// A removed node does not vote or follow, but it keeps learning
+		// the chosen log: a leader that heartbeats it has added it back,
+		// and it must apply that change to vote again.
+		if m.Commit > n.commit {
+			n.requestCatchUp(m.From, now)
+		}
 		return
 	}
 	if m.Ballot.Less(n.promised) {

@@ -13,6 +13,17 @@ import (
 // leader that meets a higher ballot (a Nack, a Prepare, an Accept or a
 // heartbeat) steps down and waits a new random time before it competes
 // again, so two proposers do not keep pre-empting each other.
+//
+// Three rules keep a node that cannot hear the group (a one-way failure)
+// from holding it still. A leader that has heard from no majority for two
+// election timeouts steps down: its heartbeats would otherwise keep the
+// others from ever electing a leader that can commit. A Prepare never
+// restarts an election timer (only a live leader's heartbeat or Accept
+// does), so a candidate that cannot win does not hold the others back.
+// And a campaign that no other node answered is not followed by one with
+// a higher ballot, only by the same Prepare again: a candidate that hears
+// nothing would otherwise climb above every ballot and depose each leader
+// the others elect.
 
 // candidate is the state of a campaign.
 type candidate struct {
@@ -22,6 +33,8 @@ type candidate struct {
 	// behindTo is set when a promiser's snapshot is past our commit: we
 	// catch up to it before we may lead, then campaign again.
 	behindTo uint64
+	// heard is set when another node promised this ballot.
+	heard bool
 }
 
 // resetElection restarts the election timer with a random wait in [T, 2T).
@@ -61,6 +74,20 @@ func (n *Node) campaign(now time.Time) error {
 	return nil
 }
 
+// electionTimeout runs when the election timer fires: a new campaign,
+// unless the current one was answered by nobody. Then the same Prepare
+// goes out again (the ballot was never led with, so reusing it is safe):
+// a higher one would only climb above the ballots of nodes that can
+// hear each other.
+func (n *Node) electionTimeout(now time.Time) error {
+	if c := n.cand; c != nil && !c.heard {
+		n.resetElection(now)
+		n.repeatPrepares()
+		return nil
+	}
+	return n.campaign(now)
+}
+
 // askPromise sends the campaign's Prepare to id once.
 func (n *Node) askPromise(id NodeID) {
 	c := n.cand
@@ -88,6 +115,7 @@ func (n *Node) onPromise(m Message, now time.Time) error {
 		return nil // a late or duplicated promise
 	}
 	n.cand.promises[m.From] = m
+	n.cand.heard = true
 	n.tryWin(now)
 	return nil
 }

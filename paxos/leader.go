@@ -39,6 +39,10 @@ type leaderState struct {
 	seen       map[NodeID]time.Time
 	seq        uint64
 	sentCommit uint64 // the highest commit told to the followers
+	// since starts the grace before the quorum check (see quorumLost);
+	// lastTick is when leaderTick last ran.
+	since    time.Time
+	lastTick time.Time
 }
 
 // proposal is one slot the leader proposed and not yet saw chosen.
@@ -59,7 +63,7 @@ func (n *Node) becomeLeader(vals map[uint64]Entry, top uint64, now time.Time) {
 		ballot: b, first: n.commit + 1, next: top + 1,
 		props: map[uint64]*proposal{}, queued: map[string]bool{},
 		match: map[NodeID]uint64{}, seen: map[NodeID]time.Time{},
-		lastTime: n.sm.Now(),
+		lastTime: n.sm.Now(), since: now, lastTick: now,
 	}
 	n.role, n.cand, n.lead = roleLeader, nil, L
 	n.leader, n.hasLeader = n.cfg.ID, true
@@ -254,8 +258,15 @@ func (n *Node) onForward(m Message) {
 	}
 }
 
-// leaderTick: heartbeats, retransmission of unchosen slots, expiry ticks.
+// leaderTick: heartbeats, retransmission of unchosen slots, expiry ticks;
+// a leader that no longer hears a majority steps down.
 func (n *Node) leaderTick(now time.Time) {
+	if n.quorumLost(now) {
+		n.log.Warn("no majority heard from: giving up leadership", "ballot", n.lead.ballot,
+			"for", n.quorumWindow())
+		n.stepDown(now)
+		return
+	}
 	n.sendHeartbeats()
 	n.retransmit(now)
 	L := n.lead
@@ -266,6 +277,38 @@ func (n *Node) leaderTick(now time.Time) {
 		L.tickQueued = true
 		L.pending = append(L.pending, Command{Op: OpTick})
 	}
+}
+
+// quorumWindow is how long a leader may go without hearing from a
+// majority of its configuration.
+func (n *Node) quorumWindow() time.Duration { return 2 * n.cfg.ElectionTimeout }
+
+// quorumLost reports whether a majority of the configuration (this node
+// included) has gone unheard (no Accepted, no heartbeat ack) for
+// quorumWindow. Such a leader commits nothing; if the others still hear
+// its heartbeats (a one-way failure) they never elect another, so it must
+// step down. A long gap between ticks (this loop stalled, say on a slow
+// disk) restarts the grace: the replies that waited meanwhile are not
+// read yet.
+func (n *Node) quorumLost(now time.Time) bool {
+	L := n.lead
+	window := n.quorumWindow()
+	if now.Sub(L.lastTick) > window/2 {
+		L.since = now
+	}
+	L.lastTick = now
+	if now.Sub(L.since) < window {
+		return false
+	}
+	return !n.heardMajority(now, window)
+}
+
+// heardMajority reports whether the leader heard a majority of the
+// configuration (itself included) within d.
+func (n *Node) heardMajority(now time.Time, d time.Duration) bool {
+	return n.conf.majority(func(id NodeID) bool {
+		return id == n.cfg.ID || now.Sub(n.lead.seen[id]) < d
+	})
 }
 
 // sendHeartbeats tells every member the leader lives and how far the log

@@ -11,7 +11,10 @@ import (
 // ballot). A gap, an entry of another ballot or a missing one makes it ask
 // CatchUp{Slot: commit+1}; any node answers with its chosen entries from
 // there (at most maxCatchUp), or with its snapshot when those entries
-// were truncated. Chosen slots are applied in order to the table; the
+// were truncated. A joining node with an empty log asks CatchUp{Slot: 0}
+// and gets a snapshot of the current state: it must not replay the
+// earlier membership changes against the members it was started with.
+// Chosen slots are applied in order to the table; the
 // Propose waiting for the command's ID gets the result. Every
 // SnapshotEvery applied entries the table is snapshotted and the log
 // truncated.
@@ -152,8 +155,15 @@ func (n *Node) commitTo(slot uint64) {
 func (n *Node) apply(e Entry) {
 	res := n.sm.Apply(e.Slot, e.Cmd)
 	var next *config
-	if isChange(e.Cmd) {
+	if isChange(e.Cmd) && res.Index == e.Slot {
+		// A change applies once. The table answers a repeat of its ID
+		// (a retry, a redelivered forward) with the first result, Index
+		// included; the configuration must not change again, or a late
+		// copy of "remove n" would undo a later "add n".
 		res, next = n.changeResult(e.Slot, e.Cmd)
+		if r, ok := n.sm.(resultRememberer); ok && e.Cmd.ID != "" {
+			r.rememberResult(e.Cmd.ID, res)
+		}
 	}
 	n.applied = e.Slot
 	if e.Cmd.ID != "" {
@@ -168,15 +178,31 @@ func (n *Node) apply(e Entry) {
 	}
 }
 
+// currentSnapshot is the table and configuration as of the applied index.
+func (n *Node) currentSnapshot() (Snapshot, error) {
+	data, err := n.sm.Snapshot()
+	if err != nil {
+		return Snapshot{}, err
+	}
+	return Snapshot{Index: n.applied, Members: n.conf.peerList(), Data: data}, nil
+}
+
+// resultRememberer is a state machine whose remembered result for a
+// command ID the node can set: a membership change's result is decided by
+// the configuration, which the table does not know, and a repeat of the
+// change must get that result.
+type resultRememberer interface {
+	rememberResult(id string, res Result)
+}
+
 // takeSnapshot saves the table as of the applied index and truncates the
 // log below it.
 func (n *Node) takeSnapshot() {
-	data, err := n.sm.Snapshot()
+	snap, err := n.currentSnapshot()
 	if err != nil {
 		n.fail(err)
 		return
 	}
-	snap := Snapshot{Index: n.applied, Members: n.conf.peerList(), Data: data}
 	if err := n.store.SaveSnapshot(snap); err != nil {
 		n.fail(err)
 		return
@@ -205,7 +231,16 @@ func (n *Node) requestCatchUp(to NodeID, now time.Time) {
 		return
 	}
 	n.catchPending, n.catchAt = true, now
-	n.send(Message{Type: MsgCatchUp, To: to, Slot: n.commit + 1})
+	slot := n.commit + 1
+	if n.commit == 0 && !n.everMember {
+		// Joining, with an empty log: this node was started with the
+		// current members, not the group's first ones, and replaying the
+		// log from slot 1 against them would apply every earlier
+		// membership change to the wrong configuration. Slot 0 asks for
+		// the whole state instead.
+		slot = 0
+	}
+	n.send(Message{Type: MsgCatchUp, To: to, Slot: slot})
 }
 
 func (n *Node) catchUpTimeout() time.Duration { return 4 * n.cfg.Heartbeat }
@@ -213,22 +248,30 @@ func (n *Node) catchUpTimeout() time.Duration { return 4 * n.cfg.Heartbeat }
 // onCatchUp answers with chosen entries from m.Slot, or the snapshot when
 // they were truncated.
 func (n *Node) onCatchUp(m Message) {
-	if m.Slot == 0 {
-		return
-	}
 	reply := Message{Type: MsgCatchUpReply, To: m.From, Ballot: n.promised, Commit: n.commit}
 	n.log.Debug("catch-up request", "from", m.From, "slot", m.Slot, "snapshot", n.snapIndex(), "commit", n.commit)
-	if n.snap != nil && m.Slot <= n.snap.Index {
-		reply.Snapshot = n.snap
-		n.send(reply)
-		return
-	}
-	for s := m.Slot; s <= n.commit && len(reply.Entries) < maxCatchUp; s++ {
-		e, ok := n.entries[s]
-		if !ok {
-			break
+	switch {
+	case m.Slot == 0:
+		// A joining node with an empty log (see requestCatchUp) gets the
+		// whole state, configuration included.
+		if n.applied > 0 {
+			snap, err := n.currentSnapshot()
+			if err != nil {
+				n.log.Warn("catch-up: snapshot for a joining node failed", "to", m.From, "err", err)
+				return
+			}
+			reply.Snapshot = &snap
 		}
-		reply.Entries = append(reply.Entries, e)
+	case n.snap != nil && m.Slot <= n.snap.Index:
+		reply.Snapshot = n.snap
+	default:
+		for s := m.Slot; s <= n.commit && len(reply.Entries) < maxCatchUp; s++ {
+			e, ok := n.entries[s]
+			if !ok {
+				break
+			}
+			reply.Entries = append(reply.Entries, e)
+		}
 	}
 	n.send(reply)
 }

@@ -139,7 +139,7 @@ func (n *Node) tick(now time.Time) error {
 		n.leaderTick(now)
 	case roleFollower, roleCandidate:
 		if n.conf.has(n.cfg.ID) && !now.Before(n.electAt) {
-			if err := n.campaign(now); err != nil {
+			if err := n.electionTimeout(now); err != nil {
 				return err
 			}
 		} else if n.cand != nil {

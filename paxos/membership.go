@@ -28,9 +28,13 @@ import (
 //     configuration they lead to as well.
 //   - A removed node stops voting (it ignores Prepare and Accept), stops
 //     campaigning, reports Role "removed" and answers Propose with
-//     ErrRemoved; acceptors ignore Prepares from non-members. An added
-//     node is caught up by log or snapshot and votes once its own log has
-//     applied the change.
+//     ErrRemoved; acceptors ignore Prepares from non-members. It still
+//     learns the chosen log when a leader heartbeats it, so a node added
+//     back votes again once it has applied the addition. An added node is
+//     caught up by log or snapshot and votes once its own log has applied
+//     the change.
+//   - A change applies once: a repeat of its command ID (a retry, a
+//     redelivered forward) gets the first result and changes nothing.
 
 // config is one configuration of the group: its members sorted by id.
 // A config is never modified; a change makes a new one.

@@ -109,6 +109,18 @@ func (t *Table) Apply(index uint64, cmd Command) Result {
 	return r
 }
 
+// rememberResult replaces the result remembered for id, if any: the node
+// decides a membership change's result, which a repeat of the change must
+// get. Every node does so at the same slot, so tables stay equal.
+func (t *Table) rememberResult(id string, res Result) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if s, ok := t.seen[id]; ok {
+		s.Result = res
+		t.seen[id] = s
+	}
+}
+
 // apply dispatches cmd.
 func (t *Table) apply(index uint64, now int64, cmd Command) Result {
 	switch cmd.Op {
