@@ -15,6 +15,7 @@ import (
 	"sort"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -36,7 +37,9 @@ import (
 // names=64 gives each client a lock of its own; names=1 makes all 64
 // contend for one lock (a 409 is retried after a random 0-2 ms). Clients
 // send to the nodes in turn, as a load balancer in front of the group
-// would. One b.N is one completed cycle; p50/p99 are per request.
+// would. One b.N is one completed cycle; p50/p99 are per request;
+// cpu-µs/cycle is the whole process's CPU (nodes, servers and clients).
+// DROVER_BENCH_CLIENTS changes the number of clients.
 func BenchmarkLockService(b *testing.B) {
 	for _, names := range []int{64, 1} {
 		b.Run(fmt.Sprintf("paxos-direct/names=%d", names), func(b *testing.B) {
@@ -79,7 +82,12 @@ var etcdShape = shape{
 
 // benchCycles runs b.N acquire+release cycles from 64 clients over bases.
 func benchCycles(b *testing.B, names int, bases []string, sh shape) {
-	const clients = 64
+	clients := 64
+	if s := os.Getenv("DROVER_BENCH_CLIENTS"); s != "" {
+		if _, err := fmt.Sscan(s, &clients); err != nil || clients < 1 {
+			b.Fatalf("DROVER_BENCH_CLIENTS=%q: want a positive number", s)
+		}
+	}
 	hc := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConns: 256, MaxIdleConnsPerHost: 256}}
 	defer hc.CloseIdleConnections()
 	var left atomic.Int64
@@ -90,6 +98,7 @@ func benchCycles(b *testing.B, names int, bases []string, sh shape) {
 	errs := make(chan error, clients)
 	var wg sync.WaitGroup
 	b.ResetTimer()
+	cpu0 := cpuTime()
 	for c := range clients {
 		wg.Add(1)
 		go func() {
@@ -128,6 +137,8 @@ func benchCycles(b *testing.B, names int, bases []string, sh shape) {
 	}
 	wg.Wait()
 	b.StopTimer()
+	cpu := cpuTime() - cpu0
+	b.ReportMetric(float64(cpu.Microseconds())/float64(b.N), "cpu-µs/cycle")
 	close(errs)
 	if err := <-errs; err != nil {
 		b.Fatal(err)
@@ -139,6 +150,13 @@ func benchCycles(b *testing.B, names int, bases []string, sh shape) {
 	}
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "cycles/s")
 	b.ReportMetric(float64(conflicts.Load())/float64(b.N), "409s/cycle")
+}
+
+// cpuTime is the process's CPU time so far (user and system).
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // benchDo sends one JSON request; an answer other than 200 or 409 is an
