@@ -27,7 +27,7 @@ import (
 //	DELETE /locks/{id}        {owner, token}         200 {status:"released"}; 409 not the holder
 //	POST   /locks/{id}/renew  {owner, token, ttl}    200 {status:"renewed", expires, token}; 409 not the holder
 //	GET    /locks                                    200 {data:[...]}
-//	GET    /status                                   200 NodeStatus
+//	GET    /status                                   200 NodeStatus; 503 {NodeStatus, error} stopped or halted
 //	POST   /members           {id, addr?}            200 {status:"added", id, addr}
 //	DELETE /members/{id}                             200 {status:"removed", id}
 //
@@ -38,7 +38,8 @@ import (
 // acquired are the leader's clock in Unix milliseconds. An error is
 // {"error": "..."}: 400 for a bad request (nothing is proposed), 504
 // {"error":"Consensus timeout"} when no quorum answered within the request
-// timeout, 503 when this node is stopped or was removed from the group.
+// timeout, 503 when this node is stopped or was removed from the group,
+// 422 when the Idempotency-Key was used for a different request.
 
 // Service is what the API serves: *Node implements it.
 type Service interface {
@@ -65,7 +66,9 @@ const (
 	// IdempotencyHeader names a request: a request sent again with the same
 	// key (after a lost answer, to another node) is applied once and
 	// answered with the first answer, for as long as the lock table keeps
-	// its command ids (five minutes of log time).
+	// its command ids (five minutes of log time). A key sent with a
+	// different request (another route, lock, owner, token, ttl or
+	// holder) is answered 422 and nothing is applied.
 	IdempotencyHeader = "Idempotency-Key"
 )
 
@@ -347,9 +350,29 @@ func (a *api) list(w http.ResponseWriter, r *http.Request) {
 
 // status answers this node's own view, without a round through the log:
 // it is what an operator (and a readiness probe) needs when there is no
-// quorum.
+// quorum. A node that no longer runs (stopped, or halted by a storage
+// failure) answers 503 with its last view and why, so a liveness probe
+// restarts it.
 func (a *api) status(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, a.node.Status())
+	st := a.node.Status()
+	if h, ok := a.node.(interface{ Health() error }); ok {
+		if err := h.Health(); err != nil {
+			msg := "this node is stopped: " + err.Error()
+			if errors.Is(err, ErrHalted) {
+				msg = "this node halted and takes no part in the group until restarted: " + err.Error()
+			}
+			writeJSON(w, http.StatusServiceUnavailable, StatusDown{NodeStatus: st, Error: msg})
+			return
+		}
+	}
+	writeJSON(w, http.StatusOK, st)
+}
+
+// StatusDown is the 503 answer of GET /status: the node's last view, and
+// why it no longer runs.
+type StatusDown struct {
+	NodeStatus
+	Error string `json:"error"`
 }
 
 func (a *api) addMember(w http.ResponseWriter, r *http.Request) {
@@ -408,6 +431,12 @@ func (a *api) propose(w http.ResponseWriter, r *http.Request, cmd Command) (Resu
 	res, err := a.node.Propose(ctx, cmd)
 	if err != nil {
 		a.nodeError(w, r, string(cmd.Op), err)
+		return Result{}, false
+	}
+	if res.Code == CodeReusedID {
+		writeError(w, http.StatusUnprocessableEntity, fmt.Sprintf(
+			"%s %s was used for a different request (applied at slot %d): send a new key with each new request, the same key only to repeat one",
+			IdempotencyHeader, key, res.Index))
 		return Result{}, false
 	}
 	return res, true

@@ -8,8 +8,8 @@ type Op string
 const (
 	// OpNoop fills a slot a new leader found empty.
 	OpNoop Op = "noop"
-	// OpAcquire takes Lock for Owner for TTL, if free (or expired, lock
-	// delay included) at Time.
+	// OpAcquire takes Lock for Owner for TTL, if free (or expired, and
+	// past the command's LockDelay) at Time.
 	OpAcquire Op = "acquire"
 	// OpRelease frees Lock if Owner holds it with Token.
 	OpRelease Op = "release"
@@ -30,9 +30,9 @@ const (
 )
 
 // Command is one value of the replicated log. The leader assigns Time
-// when it proposes the command; the state machine judges expiry against
-// it, never against a local clock, so every node applies the log to the
-// same table.
+// and LockDelay when it proposes the command; the state machine judges
+// expiry and lock-delay against them, never against a local clock or a
+// node's own settings, so every node applies the log to the same table.
 type Command struct {
 	Op Op `json:"op"`
 	// ID identifies the request, so a command forwarded twice is applied
@@ -40,9 +40,13 @@ type Command struct {
 	ID string `json:"id,omitempty"`
 	// Time is the leader's clock when it proposed the command, in Unix
 	// milliseconds, never below any earlier command's Time.
-	Time  int64  `json:"time,omitempty"`
-	Lock  string `json:"lock,omitempty"`
-	Owner string `json:"owner,omitempty"`
+	Time int64 `json:"time,omitempty"`
+	// LockDelay is the proposing leader's lock-delay (Config.LockDelay)
+	// in milliseconds: an acquire or tick judges the lock-delay of an
+	// expired lock by it. The leader overwrites what a caller set.
+	LockDelay int64  `json:"lock_delay,omitempty"`
+	Lock      string `json:"lock,omitempty"`
+	Owner     string `json:"owner,omitempty"`
 	// TTL is the lease length in milliseconds.
 	TTL int64 `json:"ttl,omitempty"`
 	// Token is the fencing token a release or renewal names.
@@ -69,6 +73,11 @@ const (
 	CodeNotFound Code = "not_found"
 	// CodeRejected: a membership change broke a rule (Err says which).
 	CodeRejected Code = "rejected"
+	// CodeReusedID: the command's ID was applied before for a different
+	// request (another op, lock, owner, token, ttl, holder or member);
+	// nothing was applied, and Err says so. Index is the slot the ID was
+	// first applied at.
+	CodeReusedID Code = "reused_id"
 )
 
 // LockState is one held lock.
@@ -90,7 +99,7 @@ type Result struct {
 	Lock LockState `json:"lock"`
 	// Locks answers OpList.
 	Locks []LockState `json:"locks,omitempty"`
-	// Err explains CodeRejected.
+	// Err explains CodeRejected and CodeReusedID.
 	Err string `json:"err,omitempty"`
 	// Index is the slot the command was applied at.
 	Index uint64 `json:"index"`

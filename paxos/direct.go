@@ -105,6 +105,9 @@ type DirectTransport struct {
 	closed bool
 	peers  map[NodeID]*directPeer
 	conns  map[net.Conn]struct{} // accepted streams
+	// former are the addresses of peers SetPeers dropped, by id: a member
+	// still answers a removed node (see Send).
+	former map[NodeID]string
 
 	sent, dropped, received, discarded  atomic.Uint64
 	dials, dialErrors, refused, flushes atomic.Uint64
@@ -129,20 +132,23 @@ func NewDirect(cfg DirectConfig) *DirectTransport {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	t := &DirectTransport{
-		cfg:   cfg,
-		log:   cfg.Logger.With("transport", "direct", "group", cfg.Group, "node", uint64(cfg.ID)),
-		recv:  make(chan Message, directRecvBuffer),
-		peers: make(map[NodeID]*directPeer),
-		conns: make(map[net.Conn]struct{}),
+		cfg:    cfg,
+		log:    cfg.Logger.With("transport", "direct", "group", cfg.Group, "node", uint64(cfg.ID)),
+		recv:   make(chan Message, directRecvBuffer),
+		peers:  make(map[NodeID]*directPeer),
+		conns:  make(map[net.Conn]struct{}),
+		former: make(map[NodeID]string),
 	}
 	t.ctx, t.cancel = context.WithCancel(context.Background())
 	return t
 }
 
 // Send queues m for node m.To and returns at once; a message to this node
-// itself goes straight to Recv. It stamps m.Group when empty. A peer
-// without an address or with a full queue costs the message (counted),
-// and the error says which.
+// itself goes straight to Recv. It stamps m.Group when empty. A node
+// SetPeers dropped is still reached at its last address: a removed node
+// that has not learned so campaigns, and a member's answer (how far the
+// log is, and the entries) is how it learns. A peer without an address or
+// with a full queue costs the message (counted), and the error says which.
 func (t *DirectTransport) Send(m Message) error {
 	if m.Group == "" {
 		m.Group = t.cfg.Group
@@ -161,14 +167,16 @@ func (t *DirectTransport) Send(m Message) error {
 		return fmt.Errorf("paxos: direct send %s to node %d: %d bytes is over the %d-byte frame limit", m.Type, m.To, len(b), DirectMaxFrame)
 	}
 	t.mu.RLock()
-	defer t.mu.RUnlock()
-	if t.closed {
+	p, closed := t.peers[m.To], t.closed
+	t.mu.RUnlock()
+	if closed {
 		return errDirectClosed
 	}
-	p := t.peers[m.To]
 	if p == nil {
-		t.dropped.Add(1)
-		return fmt.Errorf("paxos: direct send %s: no address for node %d", m.Type, m.To)
+		if p = t.formerPeer(m.To); p == nil {
+			t.dropped.Add(1)
+			return fmt.Errorf("paxos: direct send %s: no address for node %d", m.Type, m.To)
+		}
 	}
 	select {
 	case p.queue <- b:
@@ -177,6 +185,35 @@ func (t *DirectTransport) Send(m Message) error {
 		t.dropped.Add(1)
 		return fmt.Errorf("paxos: direct send %s to node %d: queue full (%d), message dropped", m.Type, m.To, directQueue)
 	}
+}
+
+// formerPeer starts a writer towards a node SetPeers dropped, at its last
+// address (nil when there is none, or after Close). The next SetPeers
+// stops it again.
+func (t *DirectTransport) formerPeer(id NodeID) *directPeer {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return nil
+	}
+	if p := t.peers[id]; p != nil {
+		return p
+	}
+	addr, ok := t.former[id]
+	if !ok {
+		return nil
+	}
+	return t.startPeer(id, addr)
+}
+
+// startPeer starts the writer towards id at addr. t.mu is held.
+func (t *DirectTransport) startPeer(id NodeID, addr string) *directPeer {
+	ctx, cancel := context.WithCancel(t.ctx)
+	p := &directPeer{id: id, addr: addr, queue: make(chan []byte, directQueue), ctx: ctx, cancel: cancel}
+	t.peers[id] = p
+	t.wg.Add(1)
+	go t.runPeer(p)
+	return p
 }
 
 func (t *DirectTransport) loopback(m Message) error {
@@ -201,8 +238,9 @@ func (t *DirectTransport) Recv() <-chan Message { return t.recv }
 
 // SetPeers sets the addresses (host:port of each peer's HTTP listener) to
 // dial. A peer whose address changed is dialed anew; a peer no longer
-// listed has its writer stopped and its queue dropped. Peers without an
-// address, and this node, are skipped.
+// listed has its writer stopped and its queue dropped, but its address is
+// kept (up to directFormer of them), so Send still reaches it. Peers
+// without an address, and this node, are skipped.
 func (t *DirectTransport) SetPeers(peers []Peer) {
 	want := make(map[NodeID]string, len(peers))
 	for _, p := range peers {
@@ -219,18 +257,31 @@ func (t *DirectTransport) SetPeers(peers []Peer) {
 		if addr, ok := want[id]; !ok || addr != p.addr {
 			p.cancel()
 			delete(t.peers, id)
+			if !ok {
+				t.forget(id, p.addr)
+			}
 		}
 	}
 	for id, addr := range want {
-		if t.peers[id] != nil {
-			continue
+		delete(t.former, id)
+		if t.peers[id] == nil {
+			t.startPeer(id, addr)
 		}
-		ctx, cancel := context.WithCancel(t.ctx)
-		p := &directPeer{id: id, addr: addr, queue: make(chan []byte, directQueue), ctx: ctx, cancel: cancel}
-		t.peers[id] = p
-		t.wg.Add(1)
-		go t.runPeer(p)
 	}
+}
+
+// directFormer bounds the addresses kept of peers that left.
+const directFormer = 64
+
+// forget records the address of a peer that left. t.mu is held.
+func (t *DirectTransport) forget(id NodeID, addr string) {
+	if _, ok := t.former[id]; !ok && len(t.former) >= directFormer {
+		for old := range t.former {
+			delete(t.former, old) // any one: membership changes are rare
+			break
+		}
+	}
+	t.former[id] = addr
 }
 
 // directHostPort accepts host:port, or a URL whose host:port it takes.
@@ -440,151 +491,6 @@ func directWriteFrame(w *bufio.Writer, b []byte) error {
 	}
 	_, err := w.Write(b)
 	return err
-}
-
-// Handler serves peers' streams; mount it at DirectStreamPath. It answers
-// 405 to a method other than GET, 426 without the upgrade headers, 400
-// to another group, a bad node id or a stream meant for another node, and
-// 503 after Close; otherwise it hijacks the connection, answers 101 and
-// reads frames until the peer or Close ends it.
-func (t *DirectTransport) Handler() http.Handler { return http.HandlerFunc(t.serveStream) }
-
-func (t *DirectTransport) serveStream(w http.ResponseWriter, r *http.Request) {
-	from, status, msg := t.checkUpgrade(r)
-	if status != 0 {
-		t.refused.Add(1)
-		t.log.Warn("paxos: stream refused", "remote", r.RemoteAddr, "status", status, "reason", msg)
-		if status == http.StatusUpgradeRequired {
-			w.Header().Set("Connection", "Upgrade")
-			w.Header().Set("Upgrade", directProtocol)
-		}
-		http.Error(w, msg, status)
-		return
-	}
-	t.mu.Lock()
-	if t.closed {
-		t.mu.Unlock()
-		http.Error(w, "paxos: node is shutting down", http.StatusServiceUnavailable)
-		return
-	}
-	t.wg.Add(1)
-	t.mu.Unlock()
-	defer t.wg.Done()
-	// The controller finds the connection behind middleware that wraps
-	// the ResponseWriter (through Unwrap).
-	conn, brw, err := http.NewResponseController(w).Hijack()
-	if err != nil {
-		t.log.Warn("paxos: cannot take over the stream's connection", "remote", r.RemoteAddr, "err", err)
-		http.Error(w, "paxos: this server cannot hand over connections (HTTP/1.1 required)", http.StatusInternalServerError)
-		return
-	}
-	if !t.trackConn(conn) {
-		_ = conn.Close()
-		return
-	}
-	defer t.untrackConn(conn)
-	_ = conn.SetDeadline(time.Time{})
-	_, err = brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: " + directProtocol + "\r\n\r\n")
-	if err == nil {
-		err = brw.Flush()
-	}
-	if err != nil {
-		return
-	}
-	t.log.Debug("paxos: peer stream open", "peer", from, "remote", r.RemoteAddr)
-	t.readFrames(brw.Reader, from)
-}
-
-// checkUpgrade validates an upgrade request. A zero status means
-// accept.
-func (t *DirectTransport) checkUpgrade(r *http.Request) (from uint64, status int, msg string) {
-	if r.Method != http.MethodGet {
-		return 0, http.StatusMethodNotAllowed, "paxos: stream wants GET with an upgrade to " + directProtocol
-	}
-	if !directHasToken(r.Header, "Connection", "upgrade") || !directHasToken(r.Header, "Upgrade", directProtocol) {
-		return 0, http.StatusUpgradeRequired, "paxos: stream wants Connection: Upgrade and Upgrade: " + directProtocol
-	}
-	if g := r.Header.Get(directHeaderGrp); g != t.cfg.Group {
-		return 0, http.StatusBadRequest, fmt.Sprintf("paxos: stream of group %q refused: this node is in group %q", g, t.cfg.Group)
-	}
-	from, err := strconv.ParseUint(r.Header.Get(directHeaderFrom), 10, 64)
-	if err != nil {
-		return 0, http.StatusBadRequest, "paxos: stream wants a numeric " + directHeaderFrom + " header"
-	}
-	if to := r.Header.Get(directHeaderTo); to != "" && to != strconv.FormatUint(uint64(t.cfg.ID), 10) {
-		return 0, http.StatusBadRequest, fmt.Sprintf("paxos: stream for node %s reached node %d: check the peer addresses", to, t.cfg.ID)
-	}
-	return from, 0, ""
-}
-
-// directHasToken reports whether header key lists token
-// (case-insensitively), as in "Connection: keep-alive, Upgrade".
-func directHasToken(h http.Header, key, token string) bool {
-	for _, v := range h.Values(key) {
-		for _, f := range strings.Split(v, ",") {
-			if strings.EqualFold(strings.TrimSpace(f), token) {
-				return true
-			}
-		}
-	}
-	return false
-}
-
-func (t *DirectTransport) trackConn(c net.Conn) bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.closed {
-		return false
-	}
-	t.conns[c] = struct{}{}
-	return true
-}
-
-func (t *DirectTransport) untrackConn(c net.Conn) {
-	t.mu.Lock()
-	delete(t.conns, c)
-	t.mu.Unlock()
-	_ = c.Close()
-}
-
-// readFrames reads frames from one peer's stream into Recv until the
-// stream ends, a frame is oversized, or Close.
-func (t *DirectTransport) readFrames(r *bufio.Reader, from uint64) {
-	var hdr [4]byte
-	buf := make([]byte, 4096)
-	for t.ctx.Err() == nil {
-		if _, err := io.ReadFull(r, hdr[:]); err != nil {
-			return
-		}
-		n := int(binary.BigEndian.Uint32(hdr[:]))
-		if n == 0 || n > DirectMaxFrame {
-			t.refused.Add(1)
-			t.log.Warn("paxos: bad frame size, closing stream", "peer", from, "bytes", n, "limit", DirectMaxFrame)
-			return
-		}
-		b := buf
-		if n > directKeepBuffer {
-			b = make([]byte, n)
-		} else if n > cap(buf) {
-			buf = make([]byte, n)
-			b = buf
-		}
-		if _, err := io.ReadFull(r, b[:n]); err != nil {
-			return
-		}
-		m, err := Decode(b[:n])
-		if err != nil || m.Group != t.cfg.Group || m.To != t.cfg.ID {
-			t.discarded.Add(1)
-			t.log.Warn("paxos: frame dropped", "peer", from, "err", err, "msg_group", m.Group, "msg_to", uint64(m.To))
-			continue
-		}
-		select {
-		case t.recv <- m:
-			t.received.Add(1)
-		case <-t.ctx.Done():
-			return
-		}
-	}
 }
 
 // redialSleep waits d or until ctx ends; it reports whether d passed.

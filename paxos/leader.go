@@ -151,12 +151,13 @@ func (n *Node) proposeBatches(now time.Time) {
 	}
 }
 
-// stamp gives cmd the next slot and its Time: never below the clock's,
-// the table's, or any Time assigned before.
+// stamp gives cmd the next slot, its Time (never below the clock's, the
+// table's, or any Time assigned before) and this leader's LockDelay.
 func (n *Node) stamp(cmd Command) Entry {
 	L := n.lead
 	t := max(n.cfg.Now().UnixMilli(), n.sm.Now(), L.lastTime)
 	cmd.Time, L.lastTime = t, t
+	cmd.LockDelay = n.cfg.LockDelay.Milliseconds()
 	slot := L.next
 	L.next++
 	if cmd.Op == OpTick {

@@ -28,9 +28,15 @@ import (
 //     configuration they lead to as well.
 //   - A removed node stops voting (it ignores Prepare and Accept), stops
 //     campaigning, reports Role "removed" and answers Propose with
-//     ErrRemoved; acceptors ignore Prepares from non-members. It still
-//     learns the chosen log when a leader heartbeats it, so a node added
-//     back votes again once it has applied the addition. An added node is
+//     ErrRemoved; acceptors promise nothing to non-members. A removed node
+//     that has not applied its removal yet (it was not the leader, and the
+//     members stopped sending to it) campaigns: each member answers its
+//     Prepare with a Nack carrying the commit, it catches up from that
+//     member and applies its own removal. Transports keep reaching a node
+//     that left the configuration for this (the direct transport keeps
+//     its last address). It still learns the chosen log when a leader
+//     heartbeats it, so a node added back votes again once it has applied
+//     the addition. An added node is
 //     caught up by log or snapshot and votes once its own log has applied
 //     the change.
 //   - A change applies once: a repeat of its command ID (a retry, a

@@ -80,6 +80,10 @@ const (
 	// storFreshPages is how many pages bbolt writes when it creates a file.
 	// A file that size or smaller never held a commit of ours.
 	storFreshPages = 4
+	// storFill is how full bbolt fills the entries bucket's pages when it
+	// splits them: slots are appended in order, so pages are filled
+	// (bbolt's advice for append-only keys) rather than left half empty.
+	storFill = 0.95
 )
 
 // Layout: bucket "meta" holds the identity and the acceptor's scalars,
@@ -347,6 +351,7 @@ func (s *Storage) Accept(promised Ballot, es []Entry) error {
 		}
 		snapIndex, _ := storGetU64(tx.Bucket(storBucketSnapshot).Get(storKeyIndex))
 		entries := tx.Bucket(storBucketEntries)
+		entries.FillPercent = storFill
 		for i, e := range es {
 			if e.Slot <= snapIndex {
 				continue
@@ -395,20 +400,30 @@ func (s *Storage) SaveSnapshot(snap Snapshot) error {
 				return err
 			}
 		}
-		return storTruncate(tx.Bucket(storBucketEntries), snap.Index)
+		return storTruncate(tx, snap.Index)
 	})
 }
 
-// storTruncate deletes the entries with Slot <= index. Keys are
-// collected first: deleting under a moving cursor can skip keys.
-func storTruncate(b *bolt.Bucket, index uint64) error {
-	var keys [][]byte
-	c := b.Cursor()
-	for k, _ := c.First(); k != nil && binary.BigEndian.Uint64(k) <= index; k, _ = c.Next() {
-		keys = append(keys, bytes.Clone(k))
+// storTruncate deletes the entries with Slot <= index. The bucket is
+// dropped whole and the entries above index (few: the undecided tail) are
+// put back: freeing the bucket's pages costs far less than deleting keys
+// one by one, which rebalances the tree at every commit of a big log.
+func storTruncate(tx *bolt.Tx, index uint64) error {
+	var keep [][2][]byte
+	c := tx.Bucket(storBucketEntries).Cursor()
+	for k, v := c.Seek(storU64(index + 1)); k != nil; k, v = c.Next() {
+		keep = append(keep, [2][]byte{bytes.Clone(k), bytes.Clone(v)})
 	}
-	for _, k := range keys {
-		if err := b.Delete(k); err != nil {
+	if err := tx.DeleteBucket(storBucketEntries); err != nil {
+		return err
+	}
+	b, err := tx.CreateBucket(storBucketEntries)
+	if err != nil {
+		return err
+	}
+	b.FillPercent = storFill
+	for _, kv := range keep {
+		if err := b.Put(kv[0], kv[1]); err != nil {
 			return err
 		}
 	}

@@ -12,29 +12,32 @@ import (
 )
 
 // DedupeWindow is how long, in command Time, the table remembers a
-// command ID: a command applied again within it gets the first result.
+// command ID: the same request applied again within it gets the first
+// result (a different request with that ID gets CodeReusedID).
 const DedupeWindow = 5 * time.Minute
 
-// tableSnapFormat is the version of the snapshot layout.
-const tableSnapFormat = 1
+// tableSnapFormat is the version of the snapshot layout: 2 keeps the
+// remembered results compact (see tableSeen); Restore reads 1 as well.
+const tableSnapFormat = 2
 
 // Table is the replicated lock table: the StateMachine every node applies
-// the chosen log to. It is deterministic: it reads no clock (expiry is
-// judged against each command's Time, assigned by the leader), and no map
-// order leaks into a result or a snapshot. A grant's fencing token is the
-// slot it was chosen at, so tokens only grow.
+// the chosen log to. It is deterministic: it reads no clock and no setting
+// of its own (expiry is judged against each command's Time, lock-delay
+// against its LockDelay, both assigned by the leader), and no map order
+// leaks into a result or a snapshot. A grant's fencing token is the slot
+// it was chosen at, so tokens only grow.
 //
 // An expired lock stays in the table until an OpTick removes it, but it
-// is no longer held: get, list, renew and release treat it as free. When
-// the table has a lock-delay, a lock that expired (not one that was
-// released) cannot be granted again until its expiry plus the delay.
+// is no longer held: get, list, renew and release treat it as free. A
+// lock that expired (not one that was released) cannot be granted again
+// until its expiry plus the lock-delay the acquire (or the tick that
+// removes it) carries.
 //
 // Methods are safe for concurrent use; the node's run loop is expected to
 // be the only caller of Apply and Restore.
 type Table struct {
-	mu        sync.Mutex
-	lockDelay int64 // milliseconds
-	now       int64
+	mu  sync.Mutex
+	now int64
 	// locks are the grants, expired ones included until a tick.
 	locks map[string]LockState
 	// delays are expired holders whose lock-delay runs: Expires is the
@@ -51,14 +54,6 @@ type Table struct {
 	nextOK  bool
 }
 
-// tableSeen is a remembered result and the Time its command was applied
-// at.
-type tableSeen struct {
-	ID     string `json:"id"`
-	Time   int64  `json:"time"`
-	Result Result `json:"result"`
-}
-
 // tableSnapshot is the serialized table: slices in a fixed order so two
 // equal tables give equal bytes.
 type tableSnapshot struct {
@@ -71,23 +66,27 @@ type tableSnapshot struct {
 
 var _ StateMachine = (*Table)(nil)
 
-// NewTable returns an empty table whose locks, once expired, stay
-// blocked for lockDelay (0 for none).
+// NewTable returns an empty table. lockDelay is not used: the lock-delay
+// is each command's LockDelay, which the leader stamps, so that nodes
+// started with different settings still apply the log alike. The
+// parameter stays for the callers written when it was the table's.
 func NewTable(lockDelay time.Duration) *Table {
+	_ = lockDelay
 	return &Table{
-		lockDelay: max(lockDelay.Milliseconds(), 0),
-		locks:     map[string]LockState{},
-		delays:    map[string]LockState{},
-		seen:      map[string]tableSeen{},
+		locks:  map[string]LockState{},
+		delays: map[string]LockState{},
+		seen:   map[string]tableSeen{},
 	}
 }
 
 // Apply applies cmd, chosen at slot index, at the command's Time (or at
 // Now, if cmd.Time is below it, so time never runs backwards). A command
-// whose ID was applied within DedupeWindow is not applied again: it gets
-// the first result, Index included. Reads (get, list) are not remembered:
-// answering one again is as correct as the first answer. An unknown Op is
-// answered CodeRejected and changes nothing.
+// whose ID was applied within DedupeWindow is not applied again: the same
+// request gets the first result, Index included; a different request
+// (another op, lock, owner, token, ttl, holder or member: see
+// tableFingerprint) gets CodeReusedID. Reads (get, list) are not
+// remembered: answering one again is as correct as the first answer. An
+// unknown Op is answered CodeRejected and changes nothing.
 func (t *Table) Apply(index uint64, cmd Command) Result {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -95,15 +94,20 @@ func (t *Table) Apply(index uint64, cmd Command) Result {
 	t.now = now
 	t.prune(now)
 	remember := cmd.ID != "" && cmd.Op != OpGet && cmd.Op != OpList
+	fp := tableFingerprint(cmd)
 	if remember {
 		if s, ok := t.seen[cmd.ID]; ok {
-			return s.Result
+			if s.FP != 0 && s.FP != fp {
+				return Result{Code: CodeReusedID, Index: s.Index,
+					Err: fmt.Sprintf("command id %q was used for a different request, applied at slot %d", cmd.ID, s.Index)}
+			}
+			return s.result(cmd)
 		}
 	}
 	r := t.apply(index, now, cmd)
 	r.Index = index
 	if remember {
-		t.seen[cmd.ID] = tableSeen{ID: cmd.ID, Time: now, Result: r}
+		t.seen[cmd.ID] = tableRemember(cmd, fp, now, r)
 		t.order = append(t.order, cmd.ID)
 	}
 	return r
@@ -116,8 +120,7 @@ func (t *Table) rememberResult(id string, res Result) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if s, ok := t.seen[id]; ok {
-		s.Result = res
-		t.seen[id] = s
+		t.seen[id] = tableRememberAll(id, s.FP, s.Time, res)
 	}
 }
 
@@ -138,7 +141,7 @@ func (t *Table) apply(index uint64, now int64, cmd Command) Result {
 	case OpList:
 		return Result{Code: CodeOK, Locks: t.list(now)}
 	case OpTick:
-		t.tick(now)
+		t.tick(now, max(cmd.LockDelay, 0))
 		return Result{Code: CodeOK}
 	case OpNoop, OpAddNode, OpRemoveNode:
 		return Result{Code: CodeOK}
@@ -155,7 +158,7 @@ func (t *Table) acquire(index uint64, now int64, cmd Command) Result {
 		if now < h.Expires {
 			return Result{Code: CodeHeld, Lock: h}
 		}
-		if end := tableAddMillis(h.Expires, t.lockDelay); now < end {
+		if end := tableAddMillis(h.Expires, max(cmd.LockDelay, 0)); now < end {
 			h.Expires = end
 			return Result{Code: CodeHeld, Lock: h}
 		}
@@ -227,9 +230,9 @@ func (t *Table) list(now int64) []LockState {
 	return out
 }
 
-// tick removes the locks expired at now, starting their lock-delay, and
-// forgets the lock-delays that have ended.
-func (t *Table) tick(now int64) {
+// tick removes the locks expired at now, starting their lock-delay
+// (lockDelay ms, the tick's), and forgets the lock-delays that have ended.
+func (t *Table) tick(now, lockDelay int64) {
 	for name, d := range t.delays {
 		if d.Expires <= now {
 			delete(t.delays, name)
@@ -240,7 +243,7 @@ func (t *Table) tick(now int64) {
 			continue
 		}
 		delete(t.locks, name)
-		if end := tableAddMillis(h.Expires, t.lockDelay); now < end {
+		if end := tableAddMillis(h.Expires, lockDelay); now < end {
 			h.Expires = end
 			t.delays[name] = h
 		}
@@ -347,10 +350,7 @@ func (t *Table) Snapshot() ([]byte, error) {
 		Now:    t.now,
 		Locks:  tableSortedStates(t.locks),
 		Delays: tableSortedStates(t.delays),
-		Seen:   make([]tableSeen, 0, len(t.order)),
-	}
-	for _, id := range t.order {
-		snap.Seen = append(snap.Seen, t.seen[id])
+		Seen:   t.seenList(),
 	}
 	b, err := json.Marshal(snap)
 	if err != nil {
@@ -359,8 +359,19 @@ func (t *Table) Snapshot() ([]byte, error) {
 	return b, nil
 }
 
-// Restore replaces the table's state with what Snapshot made. On error the
-// table is unchanged. The lock-delay stays the one NewTable was given.
+// seenList is the memory of IDs, oldest first.
+func (t *Table) seenList() []tableSeen {
+	out := make([]tableSeen, 0, len(t.order))
+	for _, id := range t.order {
+		out = append(out, t.seen[id])
+	}
+	return out
+}
+
+// Restore replaces the table's state with what Snapshot made (this
+// build's format, or format 1, whose remembered results have no
+// fingerprint: any request with such an ID gets its first result). On
+// error the table is unchanged.
 func (t *Table) Restore(data []byte) error {
 	if len(data) == 0 {
 		return errors.New("paxos: restore table: empty snapshot")
@@ -369,8 +380,16 @@ func (t *Table) Restore(data []byte) error {
 	if err := json.Unmarshal(data, &snap); err != nil {
 		return fmt.Errorf("paxos: restore table: %w", err)
 	}
-	if snap.Format != tableSnapFormat {
-		return fmt.Errorf("paxos: restore table: unknown snapshot format %d (this build reads format %d)",
+	switch snap.Format {
+	case tableSnapFormat:
+	case 1: // its seen entries have another layout
+		var v1 tableSnapshotV1
+		if err := json.Unmarshal(data, &v1); err != nil {
+			return fmt.Errorf("paxos: restore table: %w", err)
+		}
+		snap.Seen = v1.upgrade()
+	default:
+		return fmt.Errorf("paxos: restore table: unknown snapshot format %d (this build reads formats 1 and %d)",
 			snap.Format, tableSnapFormat)
 	}
 	locks := make(map[string]LockState, len(snap.Locks))

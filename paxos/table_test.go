@@ -207,35 +207,54 @@ func TestTableFencingTokensAreSlots(t *testing.T) {
 	}
 }
 
+// tblDelay is cmd as a leader with lock-delay ms stamps it.
+func tblDelay(ms int64, cmd Command) Command {
+	cmd.LockDelay = ms
+	return cmd
+}
+
 func TestTableLockDelay(t *testing.T) {
-	const delay = 2 * time.Second
+	const delay = 2000
 	blocked := tblA
 	blocked.Expires = 8000 // expiry + lock-delay
-	tblRunCases(t, delay, []tblCase{
+	tblRunCases(t, 0, []tblCase{
 		{name: "expiry blocks until delay ends", steps: []tblStep{
-			{1, tblAcquire("a", "o1", 1000, 5000), Result{Code: CodeOK, Lock: tblA}},
-			{2, tblAcquire("a", "o2", 6000, 1000), Result{Code: CodeHeld, Lock: blocked}},
-			{3, tblAcquire("a", "o1", 7999, 1000), Result{Code: CodeHeld, Lock: blocked}},
-			{4, tblGet("a", 7000), Result{Code: CodeNotFound, Lock: LockState{Name: "a"}}},
-			{5, tblAcquire("a", "o2", 8000, 1000), Result{Code: CodeOK, Lock: tblHeld("a", "o2", 5, 8000, 9000)}},
+			{1, tblDelay(delay, tblAcquire("a", "o1", 1000, 5000)), Result{Code: CodeOK, Lock: tblA}},
+			{2, tblDelay(delay, tblAcquire("a", "o2", 6000, 1000)), Result{Code: CodeHeld, Lock: blocked}},
+			{3, tblDelay(delay, tblAcquire("a", "o1", 7999, 1000)), Result{Code: CodeHeld, Lock: blocked}},
+			{4, tblDelay(delay, tblGet("a", 7000)), Result{Code: CodeNotFound, Lock: LockState{Name: "a"}}},
+			{5, tblDelay(delay, tblAcquire("a", "o2", 8000, 1000)), Result{Code: CodeOK, Lock: tblHeld("a", "o2", 5, 8000, 9000)}},
 		}},
 		{name: "delay survives tick", steps: []tblStep{
-			{1, tblAcquire("a", "o1", 1000, 5000), Result{Code: CodeOK, Lock: tblA}},
-			{2, Command{Op: OpTick, Time: 6500}, Result{Code: CodeOK}},
-			{3, tblAcquire("a", "o2", 7000, 1000), Result{Code: CodeHeld, Lock: blocked}},
-			{4, Command{Op: OpTick, Time: 8000}, Result{Code: CodeOK}},
-			{5, tblAcquire("a", "o2", 8000, 1000), Result{Code: CodeOK, Lock: tblHeld("a", "o2", 5, 8000, 9000)}},
+			{1, tblDelay(delay, tblAcquire("a", "o1", 1000, 5000)), Result{Code: CodeOK, Lock: tblA}},
+			{2, tblDelay(delay, Command{Op: OpTick, Time: 6500}), Result{Code: CodeOK}},
+			{3, tblDelay(delay, tblAcquire("a", "o2", 7000, 1000)), Result{Code: CodeHeld, Lock: blocked}},
+			{4, tblDelay(delay, Command{Op: OpTick, Time: 8000}), Result{Code: CodeOK}},
+			{5, tblDelay(delay, tblAcquire("a", "o2", 8000, 1000)), Result{Code: CodeOK, Lock: tblHeld("a", "o2", 5, 8000, 9000)}},
 		}},
 		{name: "release starts no delay", steps: []tblStep{
+			{1, tblDelay(delay, tblAcquire("a", "o1", 1000, 5000)), Result{Code: CodeOK, Lock: tblA}},
+			{2, tblDelay(delay, tblRelease("a", "o1", 1, 2000)), Result{Code: CodeOK, Lock: LockState{Name: "a"}}},
+			{3, tblDelay(delay, tblAcquire("a", "o2", 2000, 1000)), Result{Code: CodeOK, Lock: tblHeld("a", "o2", 3, 2000, 3000)}},
+		}},
+	})
+	// The delay is the command's, never the table's own: NewTable's
+	// argument is not used.
+	tblRunCases(t, time.Hour, []tblCase{
+		{name: "no stamp, no delay", steps: []tblStep{
 			{1, tblAcquire("a", "o1", 1000, 5000), Result{Code: CodeOK, Lock: tblA}},
-			{2, tblRelease("a", "o1", 1, 2000), Result{Code: CodeOK, Lock: LockState{Name: "a"}}},
-			{3, tblAcquire("a", "o2", 2000, 1000), Result{Code: CodeOK, Lock: tblHeld("a", "o2", 3, 2000, 3000)}},
+			{2, tblAcquire("a", "o2", 6000, 1000), Result{Code: CodeOK, Lock: tblHeld("a", "o2", 2, 6000, 7000)}},
+		}},
+		{name: "the tick's stamp starts the delay", steps: []tblStep{
+			{1, tblAcquire("a", "o1", 1000, 5000), Result{Code: CodeOK, Lock: tblA}},
+			{2, tblDelay(delay, Command{Op: OpTick, Time: 6500}), Result{Code: CodeOK}},
+			{3, tblAcquire("a", "o2", 7000, 1000), Result{Code: CodeHeld, Lock: blocked}},
 		}},
 	})
 }
 
 func TestTableNextExpiry(t *testing.T) {
-	tb := NewTable(time.Second)
+	tb := NewTable(0)
 	if got := tb.NextExpiry(); got != 0 {
 		t.Fatalf("empty table NextExpiry = %d, want 0", got)
 	}
@@ -248,7 +267,7 @@ func TestTableNextExpiry(t *testing.T) {
 	if got := tb.NextExpiry(); got != 6000 {
 		t.Fatalf("after renewing b, NextExpiry = %d, want 6000 (a's expiry)", got)
 	}
-	tb.Apply(4, Command{Op: OpTick, Time: 6000})
+	tb.Apply(4, Command{Op: OpTick, Time: 6000, LockDelay: 1000})
 	if got := tb.NextExpiry(); got != 7000 {
 		t.Fatalf("after tick, NextExpiry = %d, want 7000 (a's lock-delay end)", got)
 	}
@@ -287,7 +306,7 @@ func TestTableDedupe(t *testing.T) {
 	if err := tb2.Restore(snap); err != nil {
 		t.Fatal(err)
 	}
-	if r := tb2.Apply(5, Command{Op: OpAcquire, ID: "req-1", Lock: "a", Owner: "o1", Time: 1000 + window - 1}); !reflect.DeepEqual(r, first) {
+	if r := tb2.Apply(5, Command{Op: OpAcquire, ID: "req-1", Lock: "a", Owner: "o1", Time: 1000 + window - 1, TTL: 5000}); !reflect.DeepEqual(r, first) {
 		t.Fatalf("duplicate after restore = %+v, want %+v", r, first)
 	}
 	// Forgotten once the window has passed: applied afresh.
@@ -325,7 +344,9 @@ func tblRandomCommands(seed uint64, n int) []Command {
 			Owner: fmt.Sprintf("owner-%d", rng.IntN(4)),
 			TTL:   rng.Int64N(3000) - 100,
 			Token: uint64(rng.IntN(i + 1)),
-			Meta:  fmt.Sprintf(`{"n":%d}`, i),
+			Meta:  fmt.Sprintf(`{"n":%d}`, i%3),
+			// The leader's lock-delay: it changes with leaders.
+			LockDelay: []int64{0, 500, 2000}[rng.IntN(3)],
 		}
 		if rng.IntN(10) == 0 {
 			c.ID = ""

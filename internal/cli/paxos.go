@@ -6,15 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/http"
 	"net/url"
-	"os/signal"
 	"regexp"
 	"slices"
 	"sort"
 	"strconv"
 	"strings"
-	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -68,6 +65,7 @@ type paxosServeConfig struct {
 	amqpURL    *url.URL // nil for the direct transport
 	listen     string
 	reqTimeout time.Duration
+	join       bool
 }
 
 func (a *app) paxosServeCommand() *cobra.Command {
@@ -91,6 +89,13 @@ refuses to be reused by another. A node that joins a running group takes
 --join, lists the current members without itself, and waits until
 "drover paxos members add" adds it.
 
+On a new (empty) data dir without --join, the node first asks the other
+members (for up to 5 s, until enough have answered) whether the group already
+has state. If one has a commit or a promise, this node is a member that lost
+its data dir (or a founder started after the group began): it is refused,
+since it would vote as if it had promised nothing. Remove it ("drover paxos
+members remove"), then start it with --join and add it.
+
 The API has no authentication: listen on a network only trusted clients
 reach. Acceptor state is fsynced to --data-dir before any reply.
 
@@ -98,8 +103,9 @@ On SIGTERM or SIGINT it stops in this order: the API stops accepting and
 drains the requests in flight (up to --request-timeout), then the node stops
 (its log and storage closed), then the transport is closed.
 
-Exit codes: 2 for bad flags, a port in use or a data dir of another group
-(nothing is written); 69 if RabbitMQ cannot be reached; 0 after a signal.`,
+Exit codes: 2 for bad flags, a port in use, a data dir of another group, or
+a new data dir for a member of a group that already has state (nothing is
+written); 69 if RabbitMQ cannot be reached; 0 after a signal.`,
 		Example: `  drover paxos serve --id 0 --peers 0=127.0.0.1:7100,1=127.0.0.1:7101,2=127.0.0.1:7102 --transport direct --data-dir ./paxos-0
   RABBITMQ_URL=amqp://guest:guest@127.0.0.1:5672/ drover paxos serve --id 1 --peers 0,1,2 --listen 127.0.0.1:7101 --data-dir ./paxos-1
   drover paxos serve --join --id 3 --listen 127.0.0.1:7103 --peers 0=127.0.0.1:7100,1=127.0.0.1:7101,2=127.0.0.1:7102 --transport direct --data-dir ./paxos-3
@@ -202,7 +208,7 @@ func (f *paxosServeFlags) check(cmd *cobra.Command) (paxosServeConfig, error) {
 	if err := drover.CheckDuration("--request-timeout", f.requestTimeout, 100*time.Millisecond, 10*time.Minute); err != nil {
 		return cfg, err
 	}
-	cfg.reqTimeout = f.requestTimeout
+	cfg.reqTimeout, cfg.join = f.requestTimeout, f.join
 	cfg.node = paxos.Config{ID: id, Group: f.group, Peers: peers, DataDir: f.dataDir, LockDelay: f.lockDelay}
 	return cfg, nil
 }
@@ -299,82 +305,6 @@ func parsePeers(s string) ([]paxos.Peer, error) {
 	}
 	sort.Slice(peers, func(i, j int) bool { return peers[i].ID < peers[j].ID })
 	return peers, nil
-}
-
-// paxosServe runs a node until a signal; see the serve command's help for
-// the shutdown order.
-func (a *app) paxosServe(ctx context.Context, cfg paxosServeConfig) error {
-	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
-	ln, err := net.Listen("tcp", cfg.listen)
-	if err != nil {
-		return usageError{fmt.Errorf("--listen %s: %w; another process listens there: stop it or choose another --listen", cfg.listen, err)}
-	}
-	defer ln.Close()
-	cfg.node.Logger = a.logger
-	var direct http.Handler
-	if cfg.amqpURL == nil {
-		d := paxos.NewDirect(paxos.DirectConfig{ID: cfg.node.ID, Group: cfg.node.Group, Logger: a.logger})
-		cfg.node.Transport, direct = d, d.Handler()
-	} else {
-		dctx, cancel := context.WithTimeout(ctx, a.dialTimeout)
-		t, err := paxos.DialAMQP(dctx, paxos.AMQPConfig{URL: cfg.amqpURL.String(), Group: cfg.node.Group, ID: cfg.node.ID, Logger: a.logger})
-		cancel()
-		switch {
-		case errors.Is(err, paxos.ErrBrokerUnreachable):
-			return withCode(ExitUnavailable, fmt.Errorf("%w (tried for %s; the URL is --transport, else $%s)", err, a.dialTimeout, EnvRabbitMQURL))
-		case err != nil:
-			return usageError{fmt.Errorf("--transport %s: %w", cfg.amqpURL.Redacted(), err)}
-		}
-		cfg.node.Transport = t
-	}
-	defer cfg.node.Transport.Close()
-	node, err := paxos.NewNode(cfg.node)
-	if err != nil {
-		if errors.Is(err, paxos.ErrWrongGroup) || errors.Is(err, paxos.ErrDataDirInUse) {
-			return usageError{fmt.Errorf("--data-dir %s: %w", cfg.node.DataDir, err)}
-		}
-		return usageError{fmt.Errorf("--data-dir %s: cannot open this node's state: %w", cfg.node.DataDir, err)}
-	}
-	defer node.Stop()
-	if err := node.Start(context.WithoutCancel(ctx)); err != nil {
-		return fmt.Errorf("start paxos node %d: %w", cfg.node.ID, err)
-	}
-	srv := &http.Server{
-		Handler:           paxos.NewAPI(node, paxos.APIConfig{RequestTimeout: cfg.reqTimeout, Direct: direct, Logger: a.logger}),
-		ReadHeaderTimeout: 10 * time.Second,
-	}
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ln) }()
-	transport := "direct"
-	if cfg.amqpURL != nil {
-		transport = cfg.amqpURL.Redacted()
-	}
-	a.logger.Info("paxos node ready", "id", cfg.node.ID, "group", cfg.node.Group, "listen", ln.Addr().String(),
-		"transport", transport, "members", len(cfg.node.Peers), "data_dir", cfg.node.DataDir)
-	var serveErr error
-	select {
-	case <-ctx.Done():
-	case serveErr = <-served:
-	}
-	a.logger.Info("paxos node stopping", "id", cfg.node.ID)
-	// 1. drain the API, 2. stop the node, 3. close the transport.
-	sctx, cancel := context.WithTimeout(context.Background(), cfg.reqTimeout+time.Second)
-	defer cancel()
-	if err := srv.Shutdown(sctx); err != nil {
-		_ = srv.Close()
-	}
-	if err := node.Stop(); err != nil {
-		a.logger.Warn("paxos node did not stop cleanly", "err", err)
-	}
-	if err := cfg.node.Transport.Close(); err != nil {
-		a.logger.Warn("paxos transport did not close cleanly", "err", err)
-	}
-	a.logger.Info("paxos node stopped", "id", cfg.node.ID)
-	if serveErr != nil && !errors.Is(serveErr, http.ErrServerClosed) {
-		return fmt.Errorf("paxos API on %s: %w", cfg.listen, serveErr)
-	}
-	return nil
 }
 
 // paxosClient makes a client of --endpoints (default $PAXOS_ENDPOINTS,
