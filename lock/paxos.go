@@ -10,7 +10,6 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/droverhq/drover/keyspace"
@@ -150,11 +149,17 @@ func (p *Paxos) TryAcquire(ctx context.Context, name string) (Lock, error) {
 	case err != nil:
 		return nil, fmt.Errorf("lock: try-acquire %q on paxos: %w", name, err)
 	}
-	l := &PaxosLock{p: p, name: name, key: key, token: li.Token, holder: holderOf(li), renewed: sent}
-	l.ctx, l.cancel = context.WithCancelCause(context.Background())
-	l.mu.Lock()
-	l.timer = time.AfterFunc(p.ttl/3, l.renew)
-	l.mu.Unlock()
+	token := li.Token
+	l := &PaxosLock{holder: holderOf(li), watchdog: watchdog{backend: "paxos", name: name, token: int64(token), ttl: p.ttl, logger: p.logger}}
+	l.extend = func(ctx context.Context) (error, error) {
+		_, err := p.c.Renew(ctx, key, p.owner, token, p.ttl)
+		if errors.Is(err, paxos.ErrNotHeld) {
+			return fmt.Errorf("the lock service reports the lock expired or taken by another holder: %w", err), nil
+		}
+		return nil, err
+	}
+	l.release = func(ctx context.Context) error { return p.Release(ctx, name, int64(token)) }
+	l.start(sent)
 	return l, nil
 }
 
@@ -231,17 +236,8 @@ func (p *Paxos) List(ctx context.Context) ([]Status, error) {
 
 // PaxosLock is a lock held through the Paxos backend.
 type PaxosLock struct {
-	p      *Paxos
-	name   string
-	key    string
-	token  uint64
+	watchdog
 	holder Holder
-
-	ctx     context.Context
-	cancel  context.CancelCauseFunc
-	mu      sync.Mutex
-	timer   *time.Timer // fires the next renewal
-	renewed time.Time   // when the last successful renewal (or the acquire) was sent
 }
 
 var _ Lock = (*PaxosLock)(nil)
@@ -250,84 +246,7 @@ var _ Lock = (*PaxosLock)(nil)
 func (l *PaxosLock) Name() string { return l.name }
 
 // Token is the fencing token: the log index of the grant.
-func (l *PaxosLock) Token() int64 { return int64(l.token) }
+func (l *PaxosLock) Token() int64 { return l.token }
 
 // Holder is this holder's record, AcquiredAt by the leader's clock.
 func (l *PaxosLock) Holder() Holder { return l.holder }
-
-// Context is cancelled when the watchdog's renewal is refused or does not
-// succeed within the TTL, or when the lock is released.
-func (l *PaxosLock) Context() context.Context { return l.ctx }
-
-// Err returns nil while the lock is held as far as this process knows. It
-// checks the TTL deadline itself, so it is exact right after a pause.
-func (l *PaxosLock) Err() error {
-	l.mu.Lock()
-	late := time.Since(l.renewed) > l.p.ttl
-	l.mu.Unlock()
-	if late {
-		l.lose(errors.New("renewal deadline passed"))
-	}
-	if l.ctx.Err() != nil {
-		return context.Cause(l.ctx)
-	}
-	return nil
-}
-
-func (l *PaxosLock) lose(cause error) {
-	loseOnce(l.ctx, l.cancel, l.p.logger, "paxos", l.name, int64(l.token), cause)
-}
-
-// renew is the watchdog: a timer runs it every TTL/3. A renewal the
-// service refuses, or no renewal succeeding before the TTL runs out, loses
-// the lock; a failed one (no quorum, no node reachable) is tried again
-// soon.
-func (l *PaxosLock) renew() {
-	if l.ctx.Err() != nil {
-		return
-	}
-	ttl := l.p.ttl
-	l.mu.Lock()
-	deadline := l.renewed.Add(ttl)
-	l.mu.Unlock()
-	if !time.Now().Before(deadline) {
-		l.lose(errors.New("renewal deadline passed"))
-		return
-	}
-	sent := time.Now()
-	ctx, cancel := context.WithDeadline(l.ctx, deadline)
-	_, err := l.p.c.Renew(ctx, l.key, l.p.owner, l.token, ttl)
-	cancel()
-	switch {
-	case err == nil:
-		l.mu.Lock()
-		l.renewed = sent
-		l.timer.Reset(ttl / 3)
-		l.mu.Unlock()
-	case errors.Is(err, paxos.ErrNotHeld):
-		l.lose(fmt.Errorf("the lock service reports the lock expired or taken by another holder: %w", err))
-	case l.ctx.Err() != nil:
-	default:
-		l.mu.Lock()
-		l.timer.Reset(min(200*time.Millisecond, max(time.Until(deadline), 0)))
-		l.mu.Unlock()
-	}
-}
-
-// Release frees the lock if it still holds this token, cancels its context
-// and stops its renewals.
-func (l *PaxosLock) Release(ctx context.Context) error {
-	err := l.p.Release(ctx, l.name, int64(l.token))
-	switch {
-	case err == nil:
-		l.cancel(ErrReleased)
-	case errors.Is(err, ErrNotHeld):
-		l.lose(errors.New("released after the lock was lost"))
-	default:
-		return err
-	}
-	l.mu.Lock()
-	l.timer.Stop()
-	l.mu.Unlock()
-	return err
-}

@@ -10,7 +10,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/droverhq/drover/keyspace"
@@ -171,11 +170,16 @@ func (r *Redis) TryAcquire(ctx context.Context, name string) (Lock, error) {
 		}
 		return nil, herr
 	}
-	l := &RedisLock{r: r, name: name, token: token, holder: h, acquired: time.Now()}
-	l.ctx, l.cancel = context.WithCancelCause(context.Background())
-	l.mu.Lock()
-	l.timer = time.AfterFunc(l.r.ttl/3, l.renew)
-	l.mu.Unlock()
+	l := &RedisLock{holder: h, watchdog: watchdog{backend: "redis", name: name, token: token, ttl: r.ttl, logger: r.logger}}
+	l.extend = func(ctx context.Context) (error, error) {
+		n, err := redisExtend.Run(ctx, r.rdb, []string{r.holderKey(name)}, fmt.Sprintf("%d %s ", token, r.nonce), r.ttl.Milliseconds()).Int()
+		if err == nil && n != 1 {
+			return errors.New("redis reports the lock expired or taken by another holder"), nil
+		}
+		return nil, err
+	}
+	l.release = func(ctx context.Context) error { return r.Release(ctx, name, token) }
+	l.start(time.Now())
 	return l, nil
 }
 
@@ -273,17 +277,8 @@ func (r *Redis) List(ctx context.Context) ([]Status, error) {
 
 // RedisLock is a lock held through the Redis backend.
 type RedisLock struct {
-	r        *Redis
-	name     string
-	token    int64
-	holder   Holder
-	acquired time.Time
-
-	ctx     context.Context
-	cancel  context.CancelCauseFunc
-	timer   *time.Timer // fires the next renewal
-	mu      sync.Mutex
-	renewed time.Time // when the last successful renewal (or the acquire) was sent
+	watchdog
+	holder Holder
 }
 
 var _ Lock = (*RedisLock)(nil)
@@ -297,36 +292,6 @@ func (l *RedisLock) Token() int64 { return l.token }
 // Holder is this holder's record.
 func (l *RedisLock) Holder() Holder { return l.holder }
 
-// Context is cancelled when the watchdog fails to renew the lock or finds it
-// taken, or when it is released.
-func (l *RedisLock) Context() context.Context { return l.ctx }
-
-// Err returns nil while the lock is held as far as this process knows. It
-// checks the TTL deadline itself, so it is exact right after a pause.
-func (l *RedisLock) Err() error {
-	l.mu.Lock()
-	late := time.Since(l.renewedOrAcquired()) > l.r.ttl
-	l.mu.Unlock()
-	if late {
-		l.lose(errors.New("renewal deadline passed"))
-	}
-	if l.ctx.Err() != nil {
-		return context.Cause(l.ctx)
-	}
-	return nil
-}
-
-func (l *RedisLock) renewedOrAcquired() time.Time {
-	if l.renewed.IsZero() {
-		return l.acquired
-	}
-	return l.renewed
-}
-
-func (l *RedisLock) lose(cause error) {
-	loseOnce(l.ctx, l.cancel, l.r.logger, "redis", l.name, l.token, cause)
-}
-
 // loseOnce cancels a holding's context with a LostError and logs the loss,
 // the first time only.
 func loseOnce(ctx context.Context, cancel context.CancelCauseFunc, logger *slog.Logger, backend, name string, token int64, cause error) {
@@ -338,57 +303,4 @@ func loseOnce(ctx context.Context, cancel context.CancelCauseFunc, logger *slog.
 	if context.Cause(ctx) == error(err) {
 		logger.Warn("lock lost", "lock", name, "token", token, "backend", backend, "cause", cause.Error())
 	}
-}
-
-// renew is the watchdog: a timer runs it every TTL/3 (no goroutine waits in
-// between). A renewal that finds the lock taken, or no renewal succeeding
-// before the TTL runs out, loses the lock; a failed one is tried again soon.
-func (l *RedisLock) renew() {
-	if l.ctx.Err() != nil {
-		return
-	}
-	ttl := l.r.ttl
-	l.mu.Lock()
-	deadline := l.renewedOrAcquired().Add(ttl)
-	l.mu.Unlock()
-	if !time.Now().Before(deadline) {
-		l.lose(errors.New("renewal deadline passed"))
-		return
-	}
-	sent := time.Now()
-	ctx, cancel := context.WithDeadline(l.ctx, deadline)
-	n, err := redisExtend.Run(ctx, l.r.rdb, []string{l.r.holderKey(l.name)}, fmt.Sprintf("%d %s ", l.token, l.r.nonce), ttl.Milliseconds()).Int()
-	cancel()
-	switch {
-	case err == nil && n == 1:
-		l.mu.Lock()
-		l.renewed = sent
-		l.timer.Reset(ttl / 3)
-		l.mu.Unlock()
-	case err == nil:
-		l.lose(errors.New("redis reports the lock expired or taken by another holder"))
-	case l.ctx.Err() != nil:
-	default:
-		l.mu.Lock()
-		l.timer.Reset(min(200*time.Millisecond, time.Until(deadline)))
-		l.mu.Unlock()
-	}
-}
-
-// Release deletes the lock if it still holds this token, cancels its
-// context and stops its renewals.
-func (l *RedisLock) Release(ctx context.Context) error {
-	err := l.r.Release(ctx, l.name, l.token)
-	switch {
-	case err == nil:
-		l.cancel(ErrReleased)
-	case errors.Is(err, ErrNotHeld):
-		l.lose(errors.New("released after the lock was lost"))
-	default:
-		return err
-	}
-	l.mu.Lock()
-	l.timer.Stop()
-	l.mu.Unlock()
-	return err
 }
