@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/droverhq/drover/internal/segcodec"
 	"github.com/droverhq/drover/keyspace"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -152,8 +153,8 @@ func (g *segGroup) parseRuns(c *Client, rev int64, rs []*pb.ResponseOp) {
 	g.rev, g.runs, g.exits, g.done = rev, nil, map[int]bool{}, map[int64]map[int]bool{}
 	pre := c.keys.Runs(g.q, g.seg)
 	for _, kv := range rs[0].GetResponseRange().Kvs {
-		var v runValue
-		if json.Unmarshal(kv.Value, &v) != nil || len(v.Attempts) != len(v.Slots) {
+		v, err := segcodec.DecodeRun(kv.Value)
+		if err != nil || len(v.Attempts) != len(v.Slots) {
 			continue
 		}
 		g.runs = append(g.runs, leasedRun{runRef{key: string(kv.Key), rest: strings.TrimPrefix(string(kv.Key), pre), token: kv.CreateRevision, v: v}, kv.Lease})
@@ -171,8 +172,8 @@ func (g *segGroup) parseRuns(c *Client, rev int64, rs []*pb.ResponseOp) {
 	for j, tok := range g.tokens() {
 		done := map[int]bool{}
 		for _, kv := range rs[3+j].GetResponseRange().Kvs {
-			var o outValue
-			if json.Unmarshal(kv.Value, &o) != nil {
+			o, err := segcodec.DecodeOut(kv.Value)
+			if err != nil {
 				continue
 			}
 			for _, s := range o.OK {

@@ -2,7 +2,6 @@ package queue_test
 
 import (
 	"context"
-	"encoding/json"
 	"testing"
 
 	"fmt"
@@ -14,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/droverhq/drover/internal/segcodec"
 	"github.com/droverhq/drover/keyspace"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -121,12 +121,8 @@ func succeededIDs(t *testing.T, c *queue.Client, cli *clientv3.Client, ns, q str
 	perSlot := map[string]int{}
 	for _, kv := range outs.Kvs {
 		seg, _, _ := keyspace.SegmentPart(keys.Outs(q, ""), string(kv.Key))
-		var v struct {
-			OK []struct {
-				Slot int `json:"s"`
-			} `json:"ok"`
-		}
-		if err := json.Unmarshal(kv.Value, &v); err != nil {
+		v, err := segcodec.DecodeOut(kv.Value)
+		if err != nil {
 			t.Fatal(err)
 		}
 		for _, s := range v.OK {

@@ -2,7 +2,6 @@ package queue
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -356,7 +355,7 @@ func (w *Worker) takeSlots(ctx context.Context, st *segState, ts []Task, pick []
 	for i, s := range pick {
 		v.Attempts[i] = st.attempts(s) + 1
 	}
-	rv, _ := json.Marshal(v)
+	rv := v.Encode()
 	name := keyspace.RunName(len(pick), w.runID, w.runSeq.Add(1))
 	runKey, tryKey := w.keys.Runs(q, seg)+name, w.keys.Tries(q, seg)+name
 	cmps := []clientv3.Cmp{

@@ -11,8 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"time"
 
+	"github.com/droverhq/drover/internal/segcodec"
 	"github.com/droverhq/drover/keyspace"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -60,32 +60,14 @@ func decodeSegment(b []byte) ([]Task, error) {
 	return tasks, nil
 }
 
-// runValue is what a run and its try hold: the slots claimed, the attempt
-// each starts, the worker and when.
-type runValue struct {
-	Worker    string    `json:"w"`
-	ClaimedAt time.Time `json:"t"`
-	Slots     []int     `json:"s"`
-	Attempts  []int     `json:"a"`
-}
+// runValue is what a run and its try hold (their stored form is
+// segcodec's).
+type runValue = segcodec.Run
 
-// outValue is one batch of outcomes of a run: the slots that succeeded,
-// with attempt and result, and the slots that moved out of the segment
-// (to records of their own: retrying, dead, handed back).
-type outValue struct {
-	Worker     string    `json:"w"`
-	Token      int64     `json:"k"`
-	ClaimedAt  time.Time `json:"c"`
-	FinishedAt time.Time `json:"f"`
-	OK         []okSlot  `json:"ok,omitempty"`
-	Moved      []int     `json:"m,omitempty"`
-}
+// outValue is one batch of outcomes of a run.
+type outValue = segcodec.Out
 
-type okSlot struct {
-	Slot    int    `json:"s"`
-	Attempt int    `json:"a"`
-	Result  []byte `json:"r,omitempty"`
-}
+type okSlot = segcodec.OKSlot
 
 // segState is a segment's state as one read saw it.
 type segState struct {
@@ -136,8 +118,8 @@ func (c *Client) parseState(q, seg string, rev int64, rs []*pb.ResponseOp) *segS
 	refs := func(pre string, kvs []*mvccpb.KeyValue) []runRef {
 		var out []runRef
 		for _, kv := range kvs {
-			var v runValue
-			if json.Unmarshal(kv.Value, &v) != nil {
+			v, err := segcodec.DecodeRun(kv.Value)
+			if err != nil {
 				continue
 			}
 			out = append(out, runRef{key: string(kv.Key), rest: strings.TrimPrefix(string(kv.Key), pre), token: kv.CreateRevision, v: v})
@@ -147,8 +129,8 @@ func (c *Client) parseState(q, seg string, rev int64, rs []*pb.ResponseOp) *segS
 	st.runs = refs(c.keys.Runs(q, seg), rs[1].GetResponseRange().Kvs)
 	st.tries = refs(c.keys.Tries(q, seg), rs[2].GetResponseRange().Kvs)
 	for _, kv := range rs[3].GetResponseRange().Kvs {
-		o := new(outValue)
-		if json.Unmarshal(kv.Value, o) != nil {
+		o, err := segcodec.DecodeOut(kv.Value)
+		if err != nil {
 			continue
 		}
 		for _, s := range o.OK {

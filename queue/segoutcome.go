@@ -2,7 +2,6 @@ package queue
 
 import (
 	"context"
-	"encoding/json"
 	"time"
 
 	"github.com/droverhq/drover/keyspace"
@@ -36,7 +35,7 @@ func (w *Worker) runReqs(r *segRun, os []outcome, final bool, now time.Time, mar
 			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(w.keys.Exit(q, r.seg, o.c.slot)), "=", 0))
 		}
 		if len(ok)+len(moved) > 0 {
-			v, _ := json.Marshal(outValue{Worker: w.worker, Token: r.token, ClaimedAt: r.claimedAt, FinishedAt: now, OK: ok, Moved: moved})
+			v := outValue{Worker: w.worker, Token: r.token, ClaimedAt: r.claimedAt, FinishedAt: now, OK: ok, Moved: moved}.Encode()
 			then = append(then, clientv3.OpPut(w.keys.Outs(q, r.seg)+keyspace.OutName(r.token, len(ok), len(moved), r.outSeq.Add(1)), string(v)))
 			size += len(v)
 		}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/droverhq/drover/internal/segcodec"
 	"github.com/droverhq/drover/keyspace"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -60,8 +61,8 @@ func (s *Store) waitQueueClaim(ctx context.Context, id string, held context.Cont
 }
 
 // waitQueueRun is waitQueueClaim for a task in a queue's segment: it
-// returns once no run of the segment holds the task's slot. A run's value
-// names its slots in "s" (package queue writes it).
+// returns once no run of the segment holds the task's slot (a run's value
+// names its slots: segcodec.Run).
 func (s *Store) waitQueueRun(ctx context.Context, at keyspace.TaskPlace, held context.Context, waiting func(queue string)) error {
 	told := false
 	for {
@@ -71,10 +72,7 @@ func (s *Store) waitQueueRun(ctx context.Context, at keyspace.TaskPlace, held co
 		}
 		holder := ""
 		for _, kv := range g.Kvs {
-			var run struct {
-				Slots []int `json:"s"`
-			}
-			if json.Unmarshal(kv.Value, &run) == nil && slices.Contains(run.Slots, at.Slot) {
+			if run, err := segcodec.DecodeRun(kv.Value); err == nil && slices.Contains(run.Slots, at.Slot) {
 				holder = string(kv.Key)
 			}
 		}
