@@ -52,6 +52,11 @@ func (w *Worker) claim(ctx context.Context, lane, n int) (claims []*claim, rev i
 			return claims, 0, true, err // contended: claim again at once
 		}
 	}
+	if seq%readEvery != 0 {
+		if claims, ok, err := w.claimPredicted(ctx, lane, n); ok {
+			return claims, 0, false, err
+		}
+	}
 	hot := w.hotSegment(lane)
 	// The open segments' list (etcd counts every key of the range, even
 	// with a limit) only when the loop has no segment with slots left, or
@@ -253,6 +258,13 @@ func (w *Worker) claimKeys(ctx context.Context, cands []*mvccpb.KeyValue, n int,
 	}
 	return out, nil
 }
+
+// readEvery: one claim in readEvery reads the queue first even when its
+// loop could claim from the segment it took from last without a read, so
+// that tasks with records of their own (back from a retry, a requeue or a
+// hand-back), which go first, and a change to the queue's FIFO setting are
+// seen within a few claims.
+const readEvery = 4
 
 // levelBusyFor is how long a priority level whose tasks are all running is
 // skipped before it is read again.

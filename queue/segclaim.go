@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sort"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -307,7 +308,37 @@ func (w *Worker) hotSegment(lane int) string {
 func (w *Worker) setHot(lane int, seg string) {
 	w.levelMu.Lock()
 	w.hot[lane] = seg
+	w.predicted[lane] = nil
 	w.levelMu.Unlock()
+}
+
+// setPredicted makes seg, as st says it is, the segment claim loop lane
+// takes from next.
+func (w *Worker) setPredicted(lane int, st *segState) {
+	w.levelMu.Lock()
+	w.hot[lane], w.predicted[lane] = st.name, st
+	w.levelMu.Unlock()
+}
+
+// claimPredicted claims from the segment claim loop lane took from last,
+// without reading it first: its state is what the loop's last claim left,
+// and the claim's compares (no run made, no outcome of a run made since and
+// no slot exited since that claim, the segment still open) refuse it if
+// anything else changed the segment since. ok false: there was no such
+// state, or the claim was refused; claim as usual, reading first.
+func (w *Worker) claimPredicted(ctx context.Context, lane, n int) (claims []*claim, ok bool, err error) {
+	w.levelMu.Lock()
+	st := w.predicted[lane]
+	w.levelMu.Unlock()
+	if st == nil || w.fifo.Load() || w.lostSegs.first() != "" {
+		return nil, false, nil
+	}
+	ts, cached := w.client.segCache.get(w.cfg.Queue + "/" + st.name)
+	if !cached {
+		return nil, false, nil
+	}
+	claims, _, err = w.claimFrom(ctx, lane, st, ts, n)
+	return claims, len(claims) > 0 || err != nil, err
 }
 
 // claimFrom claims up to n free slots of segment st, whose tasks are ts.
@@ -336,7 +367,9 @@ func (w *Worker) claimFrom(ctx context.Context, lane int, st *segState, ts []Tas
 	// whether it is finished.
 	claims, contended, err = w.takeSlots(ctx, st, ts, pick, len(free)-len(pick) < 2*n)
 	if len(claims) > 0 && len(free) > len(pick) {
-		w.setHot(lane, seg) // slots left: read it with the next claim's first read
+		// Slots left: the next claim takes from here, most often without
+		// reading first.
+		w.setPredicted(lane, st.after(claims, w.worker, w.keys.Runs(q, seg), pick))
 	} else {
 		w.setHot(lane, "")
 	}
@@ -367,22 +400,8 @@ func (w *Worker) takeSlots(ctx context.Context, st *segState, ts []Task, pick []
 		clientv3.Compare(clientv3.CreateRevision(w.keys.SegmentOpen(q, seg)), ">", 0),
 	}
 	then := []clientv3.Op{clientv3.OpPut(runKey, string(rv), clientv3.WithLease(w.lease.ID())), clientv3.OpPut(tryKey, string(rv))}
-	// Tries of dead runs whose every slot is finished or taken again now
-	// carry nothing the new try does not: they go.
-	for _, tr := range st.tries {
-		if st.liveRun(tr.rest) {
-			continue
-		}
-		covered := true
-		for _, s := range tr.v.Slots {
-			if !st.finished(s) && !slices.Contains(pick, s) {
-				covered = false
-				break
-			}
-		}
-		if covered {
-			then = append(then, clientv3.OpDelete(tr.key))
-		}
+	for _, tr := range st.coveredTries(pick) {
+		then = append(then, clientv3.OpDelete(tr.key))
 	}
 	// A task id is held by one claimer at a time, a queue worker or a task
 	// runner (package task): no claim while the runner's lock on one of
@@ -426,6 +445,54 @@ func (w *Worker) takeSlots(ctx context.Context, st *segState, ts []Task, pick []
 	w.claimed.Add(int64(len(out)))
 	metrics.ClaimBatchSize.WithLabelValues(q).Observe(float64(len(out)))
 	return out, false, nil
+}
+
+// coveredTries returns the tries of dead runs that a claim of pick makes
+// useless: every slot of theirs is finished or taken again, so they carry
+// nothing the new try does not, and the claim deletes them.
+func (s *segState) coveredTries(pick []int) []runRef {
+	var out []runRef
+	for _, tr := range s.tries {
+		if s.liveRun(tr.rest) {
+			continue
+		}
+		covered := true
+		for _, slot := range tr.v.Slots {
+			if !s.finished(slot) && !slices.Contains(pick, slot) {
+				covered = false
+				break
+			}
+		}
+		if covered {
+			out = append(out, tr)
+		}
+	}
+	return out
+}
+
+// after returns the state s is in once claims, the run of slots pick made
+// from it, were written, if nothing else changed the segment: the run and
+// its try added, the tries the claim deleted gone, read at the run's
+// revision. worker made the run; runs is the prefix of the segment's runs.
+func (s *segState) after(claims []*claim, worker, runs string, pick []int) *segState {
+	r := claims[0].run
+	v := runValue{Worker: worker, ClaimedAt: r.claimedAt, Slots: make([]int, len(claims)), Attempts: make([]int, len(claims))}
+	for i, c := range claims {
+		v.Slots[i], v.Attempts[i] = c.slot, c.task.Attempt
+	}
+	next := *s
+	next.rev = r.token
+	ref := runRef{key: r.runKey, rest: strings.TrimPrefix(r.runKey, runs), token: r.token, v: v}
+	next.runs = append(slices.Clip(s.runs), ref)
+	gone := s.coveredTries(pick)
+	next.tries = make([]runRef, 0, len(s.tries)+1)
+	for _, tr := range s.tries {
+		if !slices.ContainsFunc(gone, func(g runRef) bool { return g.key == tr.key }) {
+			next.tries = append(next.tries, tr)
+		}
+	}
+	next.tries = append(next.tries, runRef{key: r.tryKey, rest: ref.rest, token: r.token, v: v})
+	return &next
 }
 
 // liveRun reports whether the run named rest (below the segment) still
