@@ -1,0 +1,243 @@
+"""The client: one drover server (or a load balancer in front of several)."""
+
+import ssl
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Union
+
+from . import agent as _agent
+from . import locks as _locks
+from . import registry as _registry
+from ._transport import IDEMPOTENT, Transport
+from .agent import JSON_CODEC, AgentTasks, Codec, RunResult, Step
+from .checkpoint import CheckpointClient
+from .flow import Breakers, Limits, Quotas
+from .locks import Lock
+from .queues import Queue, SubmitResult, Task
+from .registry import Registration, Watch
+from .sessions import Session
+from .workers import Worker
+
+__all__ = ["Client"]
+
+
+class Client:
+    """A client of one drover server's HTTP API.
+
+    ``url`` is the server (``http://127.0.0.1:8080``; ``https://`` for TLS).
+    ``token`` is a bearer token (servers with ``--auth-file``);
+    ``namespace`` is sent as ``Drover-Namespace`` on every request (the
+    server's default without it). For HTTPS, ``ca_file`` names a CA bundle
+    (PEM) to trust, or ``ssl_context`` is used as it is. ``timeout`` bounds
+    each request, in seconds (long polls add their wait to it).
+
+    Requests go over a pool of keep-alive connections; the client is safe to
+    share between threads. A request is sent again after a connection error
+    only when that is safe: when it never went out, or when it is a read, a
+    keepalive or another request that cannot be applied twice. A claim is
+    never sent twice.
+    """
+
+    def __init__(
+        self,
+        url: str = "http://127.0.0.1:8080",
+        token: Optional[str] = None,
+        namespace: Optional[str] = None,
+        *,
+        ca_file: Optional[str] = None,
+        ssl_context: Optional[ssl.SSLContext] = None,
+        timeout: float = 30.0,
+        retries: int = 3,
+        max_idle: int = 32,
+    ) -> None:
+        self.url = url
+        self.token = token
+        self.namespace = namespace
+        self.timeout = float(timeout)
+        self._opts: Dict[str, Any] = dict(
+            token=token, namespace=namespace, ca_file=ca_file, ssl_context=ssl_context, timeout=timeout, retries=retries
+        )
+        self._t = Transport(url, max_idle=max_idle, **self._opts)
+        self.limits = Limits(self)
+        self.quotas = Quotas(self)
+        self.breakers = Breakers(self)
+        self.agent_tasks = AgentTasks(self)
+        self.checkpoints = CheckpointClient(self)
+
+    def _clone(self, max_idle: int = 32) -> "Client":
+        return Client(self.url, max_idle=max_idle, **self._opts)
+
+    def __repr__(self) -> str:
+        return "<drover.Client %s%s>" % (self.url, " ns=%s" % self.namespace if self.namespace else "")
+
+    def close(self) -> None:
+        """Close the idle connections."""
+        self._t.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- server ------------------------------------------------------------
+
+    def ready(self) -> bool:
+        """Whether the server is ready (``GET /readyz`` answers 200)."""
+        try:
+            self._t.request("GET", "/readyz", retry=IDEMPOTENT, retries=0)
+            return True
+        except Exception:  # noqa: BLE001
+            return False
+
+    def health(self) -> Dict[str, Any]:
+        """``GET /readyz``: ``status``, ``store_full`` (raises when unready)."""
+        return self._t.request("GET", "/readyz", retry=IDEMPOTENT).data
+
+    # -- sessions and locks ------------------------------------------------
+
+    def session(self, ttl: int = 15, name: Optional[str] = None) -> Session:
+        """A new session kept alive in the background (see :class:`Session`)."""
+        return Session(self, ttl=ttl, name=name)
+
+    def lock(
+        self,
+        name: str,
+        ttl: int = 15,
+        wait: Optional[float] = None,
+        *,
+        session: Optional[Session] = None,
+        holder: Optional[str] = None,
+    ) -> Lock:
+        """A lock to acquire with ``with`` (see :class:`Lock`)."""
+        return Lock(self, name, ttl=ttl, wait=wait, session=session, holder=holder)
+
+    def lock_status(self, name: str) -> Optional[Dict[str, Any]]:
+        """Who holds lock ``name`` (token, waiters, seconds left), or ``None``."""
+        return _locks.lock_status(self, name)
+
+    def locks(self) -> List[Dict[str, Any]]:
+        """Every held lock."""
+        return _locks.list_locks(self)
+
+    # -- queues ------------------------------------------------------------
+
+    def queue(self, name: str) -> Queue:
+        """Queue ``name``: submit, tasks, stats, cancel, ``dlq``, claims."""
+        return Queue(self, name)
+
+    def submit(self, queue: str, tasks: Sequence[Mapping[str, Any]]) -> SubmitResult:
+        """Submit a list of tasks to ``queue`` (see :meth:`Queue.submit`)."""
+        return self.queue(queue).submit(tasks)
+
+    def submit_ndjson(self, queue: str, source: Union[str, bytes, Iterable[Any], Any]) -> SubmitResult:
+        """Submit NDJSON to ``queue``, streamed (see :meth:`Queue.submit_ndjson`)."""
+        return self.queue(queue).submit_ndjson(source)
+
+    def task(self, queue: str, task_id: str) -> Task:
+        return self.queue(queue).get(task_id)
+
+    def worker(
+        self,
+        queue: str,
+        concurrency: int = 8,
+        *,
+        ttl: int = 15,
+        wait: float = 2.0,
+        name: Optional[str] = None,
+    ) -> Callable[[Callable[[Task], Any]], Worker]:
+        """Decorator making a :class:`Worker` of a task handler::
+
+            @client.worker("emails", concurrency=8)
+            def send(task): ...
+
+            send.run()
+        """
+
+        def wrap(fn: Callable[[Task], Any]) -> Worker:
+            return Worker(self, queue, fn, concurrency=concurrency, ttl=ttl, wait=wait, name=name)
+
+        return wrap
+
+    def workers(self, queue: Optional[str] = None) -> List[Dict[str, Any]]:
+        """The live Go queue workers (``drover workers --json``)."""
+        return list(self._t.request("GET", "/v1/workers", query={"queue": queue}, retry=IDEMPOTENT).data or [])
+
+    # -- agent tasks -------------------------------------------------------
+
+    def run_steps(
+        self,
+        task_id: str,
+        steps: Sequence[Step],
+        *,
+        session: Optional[Session] = None,
+        ttl: int = 15,
+        wait: Optional[float] = None,
+        initial: Any = None,
+        codec: Codec = JSON_CODEC,
+        name: Optional[str] = None,
+    ) -> RunResult:
+        """Run agent task ``task_id`` step by step, resuming after a crash.
+
+        Claims the task under ``session`` (or a session of its own with
+        ``ttl``), waiting up to ``wait`` seconds for another worker's claim
+        to end; reads its last checkpoint; runs only the steps after it,
+        each as ``state = step(state)`` starting from the checkpointed
+        state (``initial`` before any); writes each step's checkpoint fenced
+        by the claim's token (:class:`Fenced` once the claim was lost: stop);
+        the last step's write completes the task. A task completed before is
+        not run again: its result comes back with ``ran == []``.
+
+        ``steps`` are callables or ``(name, callable)`` pairs. ``codec``
+        turns states into checkpoint bytes: JSON by default,
+        ``drover.BYTES_CODEC`` for raw bytes (what Go runners write).
+        """
+        return _agent.run_steps(
+            self, task_id, steps, session=session, ttl=ttl, wait=wait, initial=initial, codec=codec, name=name
+        )
+
+    # -- registry ----------------------------------------------------------
+
+    def register(
+        self,
+        component: str,
+        id: str,
+        address: str,
+        *,
+        data: Optional[Dict[str, Any]] = None,
+        subject: Optional[str] = None,
+        session: Optional[Session] = None,
+        ttl: int = 15,
+    ) -> Registration:
+        """Register endpoint ``id`` of ``component`` at ``address`` under
+        ``session`` (or one of its own): it disappears from every watcher
+        when the registration is closed or the session ends."""
+        return Registration(self, component, id, address, data=data, subject=subject, session=session, ttl=ttl)
+
+    def deregister(self, component: str, id: str, session: Any) -> None:
+        _registry.deregister(self, component, id, session)
+
+    def endpoints(self, component: str) -> List[Dict[str, Any]]:
+        """The live endpoints of ``component``."""
+        return _registry.list_endpoints(self, component)
+
+    def endpoint(self, component: str, id: str) -> Dict[str, Any]:
+        return _registry.get_endpoint(self, component, id)
+
+    def watch(
+        self,
+        component: str,
+        *,
+        last_event_id: Optional[str] = None,
+        reconnects: Optional[int] = None,
+        idle_timeout: float = 45.0,
+    ) -> Watch:
+        """Follow ``component``'s endpoints: an iterator of
+        :class:`WatchEvent` (a ``snapshot``, then ``put`` and ``delete``),
+        reconnecting with ``Last-Event-ID`` when the stream breaks."""
+        return Watch(self, component, last_event_id=last_event_id, reconnects=reconnects, idle_timeout=idle_timeout)
+
+    # -- checkpoints -------------------------------------------------------
+
+    def checkpointer(self, serde: Any = None, mode: str = "append", lock: Any = None) -> CheckpointClient:
+        """A :class:`CheckpointClient` with its own serializer, mode or lock
+        (``client.checkpoints`` is one with JSON, append, no lock)."""
+        return CheckpointClient(self, serde=serde, mode=mode, lock=lock)

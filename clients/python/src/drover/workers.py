@@ -1,0 +1,421 @@
+"""Queue workers: long-poll claims, a pool of handler threads, fenced
+outcomes sent in batches, a graceful drain on SIGTERM/SIGINT."""
+
+import json
+import logging
+import queue as _queue
+import signal
+import threading
+import time
+import traceback
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
+
+from ._transport import shutdown_socket
+from .errors import DroverError, Permanent, SessionNotFound, TransportError
+from .queues import MAX_CLAIM, MAX_OUTCOMES, Task
+from .sessions import Session
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .client import Client
+
+log = logging.getLogger("drover")
+
+__all__ = ["Worker"]
+
+Handler = Callable[[Task], Any]
+
+
+class _Slot:
+    """A session the worker claims under, and the tasks it holds under it
+    whose outcomes are not yet reported."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self.held = 0
+        self.retiring = False
+
+
+class Worker:
+    """Runs a handler on the tasks of one queue.
+
+    Made with the ``worker`` decorator::
+
+        @client.worker("emails", concurrency=8)
+        def send(task):
+            deliver(task.params["to"])
+            return {"sent": True}          # the task's result (any JSON value)
+
+        send.run()                          # until SIGTERM or SIGINT
+
+    The worker holds a session (kept alive every TTL/3), claims tasks with
+    long polls as slots free up (never more than ``concurrency`` at once),
+    runs the handler in a thread pool, and reports outcomes in batches
+    through ``POST /v1/queues/{q}/outcomes``, each fenced by its claim's
+    token. A handler that returns succeeds; one that raises
+    :class:`~drover.Permanent` sends the task to the dead-letter queue;
+    any other exception is retried with the queue's backoff while the
+    task's retry budget lasts. An outcome answered 409 belongs to a claim
+    that was lost (the session expired and the task runs elsewhere): its
+    result is dropped.
+
+    SIGTERM or SIGINT (or :meth:`stop`) drains: no more claims, running
+    tasks finish, their outcomes are sent, the session ends. A second
+    signal is handled as the process's default again.
+
+    The handler gets a :class:`~drover.Task` (a dict with ``id``, ``type``,
+    ``params``, ``attempt``, ``token``), plus ``task.lost`` (the session's
+    lost event: the claim may be gone once it is set) and
+    ``task.heartbeat()`` (raises :class:`~drover.Fenced` once the claim is
+    gone).
+
+    ``wait`` bounds each claim's long poll (seconds): the server answers as
+    soon as a task is claimed, and an idle worker asks again after ``wait``.
+    ``ttl`` is the session's TTL: a worker that dies frees its tasks within
+    it.
+    """
+
+    def __init__(
+        self,
+        client: Optional["Client"],
+        queue: str,
+        fn: Handler,
+        *,
+        concurrency: int = 8,
+        ttl: int = 15,
+        wait: float = 2.0,
+        name: Optional[str] = None,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError("drover: concurrency must be at least 1")
+        self._client = client
+        self.queue = queue
+        self.fn = fn
+        self.concurrency = int(concurrency)
+        self.ttl = int(ttl)
+        self.wait = float(wait)
+        self.name = name
+        self.stats: Dict[str, int] = {
+            "claimed": 0,
+            "succeeded": 0,
+            "failed": 0,
+            "dead": 0,
+            "lost": 0,
+            "not_found": 0,
+            "errors": 0,
+        }
+        self.__name__ = getattr(fn, "__name__", "worker")
+        self.__doc__ = getattr(fn, "__doc__", None)
+        self._mu = threading.Lock()
+        self._cond = threading.Condition(self._mu)
+        self._running = 0
+        self._stopping = threading.Event()
+        self._claim_conn: Any = None
+        self._slot: Optional[_Slot] = None
+        self._slots: List[_Slot] = []
+        self._outbox: "_queue.Queue[Optional[Tuple[_Slot, Dict[str, Any]]]]" = _queue.Queue()
+        self._started = False
+        self.running = threading.Event()
+        """Set once :meth:`run` has installed its signal handlers and claims."""
+
+    def __call__(self, task: Any) -> Any:
+        """Call the handler directly (tests, local runs)."""
+        return self.fn(task)
+
+    def __repr__(self) -> str:
+        return "<drover.Worker %s on %r concurrency=%d>" % (self.__name__, self.queue, self.concurrency)
+
+    @property
+    def client(self) -> "Client":
+        if self._client is None:
+            from . import default_client
+
+            self._client = default_client()
+        return self._client
+
+    # -- control -----------------------------------------------------------
+
+    def stop(self) -> None:
+        """Drain: stop claiming (ending a claim's long poll at once), let
+        running tasks finish and their outcomes go out, then end the
+        session. :meth:`run` returns once that is done. Safe from any thread
+        and from a signal handler."""
+        self._stopping.set()
+        with self._cond:
+            self._cond.notify_all()
+        shutdown_socket(self._claim_conn)
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    def run(
+        self,
+        *,
+        max_tasks: Optional[int] = None,
+        idle_timeout: Optional[float] = None,
+        duration: Optional[float] = None,
+        handle_signals: bool = True,
+    ) -> Dict[str, int]:
+        """Work until stopped (SIGTERM, SIGINT, :meth:`stop`), or until
+        ``max_tasks`` were claimed, or no task came for ``idle_timeout``
+        seconds, or ``duration`` seconds passed; then drain. Returns the
+        counts: claimed, succeeded, failed (to be retried), dead, lost (an
+        outcome refused with 409: the claim was lost), not_found, errors
+        (outcomes that could not be sent)."""
+        if self._started:
+            raise RuntimeError("drover: a Worker runs once; make another")
+        self._started = True
+        client = self.client
+        # Claims run on a connection of their own: stop() shuts it to end a
+        # long poll without touching other requests.
+        self._claim_client = client._clone(max_idle=1)
+        restore: List[Tuple[int, Any]] = []
+        if handle_signals and threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                restore.append((sig, signal.getsignal(sig)))
+                signal.signal(sig, self._on_signal)
+        self._restore = restore
+        from concurrent.futures import ThreadPoolExecutor
+
+        pool = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="drover-task")
+        reporter = threading.Thread(target=self._report_loop, name="drover-outcomes", daemon=True)
+        reporter.start()
+        claimer = threading.Thread(
+            target=self._claim_loop,
+            args=(pool, max_tasks, idle_timeout, None if duration is None else time.monotonic() + duration),
+            name="drover-claimer",
+            daemon=True,
+        )
+        claimer.start()
+        self.running.set()
+        try:
+            while claimer.is_alive():
+                claimer.join(0.2)
+        finally:
+            self._stopping.set()
+            claimer.join(10)
+            pool.shutdown(wait=True)
+            self._outbox.put(None)
+            reporter.join(max(30.0, self.ttl * 2.0))
+            with self._mu:
+                slots = list(self._slots)
+            for s in slots:
+                s.session.close()
+            self._claim_client.close()
+            self._restore_signals()
+        return dict(self.stats)
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        log.info("drover: worker %s got signal %d: draining", self.__name__, signum)
+        self._restore_signals()
+        self.stop()
+
+    def _restore_signals(self) -> None:
+        restore, self._restore = getattr(self, "_restore", []), []
+        for sig, h in restore:
+            try:
+                signal.signal(sig, h)
+            except (ValueError, TypeError):  # not the main thread, or a C handler
+                pass
+
+    # -- claims ------------------------------------------------------------
+
+    def _current_slot(self) -> _Slot:
+        with self._mu:
+            slot = self._slot
+        if slot is not None and not slot.session.lost.is_set() and not slot.retiring:
+            return slot
+        if slot is not None:
+            self._retire(slot)
+        s = Session(self.client, ttl=self.ttl, name=self.name)
+        new = _Slot(s)
+        with self._mu:
+            self._slot = new
+            self._slots.append(new)
+        return new
+
+    def _retire(self, slot: _Slot) -> None:
+        """Stop claiming under slot; end its session once its tasks are reported."""
+        with self._mu:
+            slot.retiring = True
+            if self._slot is slot:
+                self._slot = None
+            done = slot.held == 0
+            if done and slot in self._slots:
+                self._slots.remove(slot)
+        if done:
+            slot.session.close()
+
+    def _claim_loop(self, pool: Any, max_tasks: Optional[int], idle_timeout: Optional[float], until: Optional[float]) -> None:
+        q = self._claim_client.queue(self.queue)
+        backoff = 0.1
+        last_task = time.monotonic()
+        try:
+            while not self._stopping.is_set():
+                with self._cond:
+                    while self._running >= self.concurrency and not self._stopping.is_set():
+                        self._cond.wait(0.5)
+                    free = self.concurrency - self._running
+                if self._stopping.is_set():
+                    return
+                n = min(free, MAX_CLAIM)
+                if max_tasks is not None:
+                    n = min(n, max_tasks - self.stats["claimed"])
+                    if n <= 0:
+                        return
+                wait = self.wait
+                now = time.monotonic()
+                if until is not None:
+                    if now >= until:
+                        return
+                    wait = min(wait, until - now)
+                if idle_timeout is not None:
+                    if self._running == 0 and self._outbox.empty() and now - last_task >= idle_timeout:
+                        return
+                    wait = min(wait, max(0.05, idle_timeout - (now - last_task)))
+                try:
+                    slot = self._current_slot()
+                    tasks = q.claim(slot.session, max=n, wait=wait, on_conn=self._set_claim_conn)
+                    backoff = 0.1
+                except SessionNotFound:
+                    slot.session._mark_lost("a claim found the session ended")
+                    continue
+                except TransportError as e:
+                    if self._stopping.is_set():
+                        if e.sent and self._slot is not None:
+                            self._retire(self._slot)
+                        return
+                    if e.sent and self._slot is not None:
+                        # The answer is lost but tasks may have been claimed:
+                        # they are freed when that session ends, once the
+                        # tasks it holds are reported.
+                        log.warning("drover: a claim's answer was lost (%s): claiming under a new session", e)
+                        self._retire(self._slot)
+                    else:
+                        log.warning("drover: claim failed: %s", e)
+                    self._stopping.wait(backoff)
+                    backoff = min(backoff * 2, 5.0)
+                    continue
+                except DroverError as e:
+                    log.warning("drover: claim failed: %s", e)
+                    self._stopping.wait(backoff)
+                    backoff = min(backoff * 2, 5.0)
+                    continue
+                finally:
+                    self._claim_conn = None
+                if not tasks:
+                    continue
+                last_task = time.monotonic()
+                with self._cond:
+                    self._running += len(tasks)
+                    slot.held += len(tasks)
+                    self.stats["claimed"] += len(tasks)
+                for t in tasks:
+                    pool.submit(self._run_one, slot, t)
+        except BaseException:  # noqa: BLE001
+            log.exception("drover: the claim loop of worker %s stopped", self.__name__)
+            raise
+
+    def _set_claim_conn(self, conn: Any) -> None:
+        self._claim_conn = conn
+        if self._stopping.is_set():
+            shutdown_socket(conn)
+
+    # -- tasks -------------------------------------------------------------
+
+    def _run_one(self, slot: _Slot, task: Task) -> None:
+        session = slot.session
+        task.lost = session.lost  # type: ignore[attr-defined]
+        task.session = session  # type: ignore[attr-defined]
+        q = self.client.queue(self.queue)
+        task.heartbeat = lambda: q.heartbeat(session, task.id, task.token or 0)  # type: ignore[attr-defined]
+        outcome: Dict[str, Any] = {"task_id": task.id, "token": task.token}
+        try:
+            result = self.fn(task)
+            if result is not None:
+                json.dumps(result)  # a result that is not JSON fails the task, not the batch
+                outcome["result"] = result
+            outcome["ok"] = True
+        except Permanent as e:
+            outcome["error"] = _describe(e) or "permanent failure"
+            outcome["permanent"] = True
+        except Exception as e:  # noqa: BLE001 - a task's failure, retried
+            log.info("drover: task %s failed: %s", task.id, "".join(traceback.format_exception_only(type(e), e)).strip())
+            outcome["error"] = _describe(e)
+        finally:
+            with self._cond:
+                self._running -= 1
+                self._cond.notify_all()
+        self._outbox.put((slot, outcome))
+
+    # -- outcomes ----------------------------------------------------------
+
+    def _report_loop(self) -> None:
+        q = self.client.queue(self.queue)
+        closing = False
+        while not closing:
+            item = self._outbox.get()
+            if item is None:
+                break
+            batch = [item]
+            while len(batch) < MAX_OUTCOMES:
+                try:
+                    nxt = self._outbox.get_nowait()
+                except _queue.Empty:
+                    break
+                if nxt is None:
+                    closing = True
+                    break
+                batch.append(nxt)
+            by_slot: Dict[int, Tuple[_Slot, List[Dict[str, Any]]]] = {}
+            for slot, o in batch:
+                by_slot.setdefault(id(slot), (slot, []))[1].append(o)
+            for slot, outs in by_slot.values():
+                self._send(q, slot, outs)
+
+    def _send(self, q: Any, slot: _Slot, outs: List[Dict[str, Any]]) -> None:
+        session = slot.session
+        results = None
+        delay = 0.1
+        while results is None:
+            if session.lost.is_set():
+                break  # every claim of the session is gone: each would be a 409
+            try:
+                results = q.outcomes(session, outs)
+            except DroverError as e:
+                if time.monotonic() >= session.deadline:
+                    break
+                log.warning("drover: sending %d outcomes failed (retrying): %s", len(outs), e)
+                time.sleep(delay)
+                delay = min(delay * 2, 2.0)
+        with self._mu:
+            if results is None:
+                key = "lost" if session.lost.is_set() else "errors"
+                self.stats[key] += len(outs)
+            else:
+                for o, r in zip(outs, results):
+                    if r.status == 200:
+                        if r.current_status == "DEAD":
+                            self.stats["dead"] += 1
+                        elif o.get("ok"):
+                            self.stats["succeeded"] += 1
+                        else:
+                            self.stats["failed"] += 1
+                    elif r.status == 409:
+                        self.stats["lost"] += 1
+                        log.warning("drover: task %s: outcome refused, the claim was lost (%s): result dropped", r.task_id, r.detail)
+                    elif r.status == 404:
+                        self.stats["not_found"] += 1
+                    else:
+                        self.stats["errors"] += 1
+            slot.held -= len(outs)
+            done = slot.retiring and slot.held == 0
+            if done and slot in self._slots:
+                self._slots.remove(slot)
+        if done:
+            session.close()
+
+
+def _describe(e: BaseException) -> str:
+    msg = str(e)
+    return "%s: %s" % (type(e).__name__, msg) if msg else type(e).__name__
