@@ -71,7 +71,7 @@ func (w *Worker) claim(ctx context.Context, lane, n int) (claims []*claim, rev i
 		// No task with a record of its own waits (those back from a
 		// retry, a requeue or a hand-back, which go first): claim from
 		// the segments.
-		claims, contended, err := w.claimSegments(ctx, lane, n, segmentRead{open, listOpen, hotState, fifo, turn})
+		claims, contended, err := w.claimSegments(ctx, lane, n, segmentRead{open, listOpen, first.bounded, hotState, fifo, turn})
 		return claims, first.rev, contended, err
 	}
 	cands, rev, err := w.recordCandidates(ctx, n, turn, levels, fifo, first)
@@ -79,7 +79,7 @@ func (w *Worker) claim(ctx context.Context, lane, n int) (claims []*claim, rev i
 		return nil, 0, false, err
 	}
 	if len(cands) == 0 {
-		claims, contended, err := w.claimSegments(ctx, lane, n, segmentRead{open, listOpen, hotState, fifo, turn})
+		claims, contended, err := w.claimSegments(ctx, lane, n, segmentRead{open, listOpen, first.bounded, hotState, fifo, turn})
 		return claims, first.rev, contended, err
 	}
 	claims, err = w.claimKeys(ctx, cands, n, fifo)
@@ -281,6 +281,9 @@ type firstRead struct {
 	start int
 	kvs   []*mvccpb.KeyValue
 	rev   int64
+	// bounded: the open segments' list was read within the window, so
+	// segments submitted after its end were not seen.
+	bounded bool
 }
 
 // readLevels returns queue's priority level markers, highest priority first,
@@ -297,6 +300,7 @@ func (w *Worker) readLevels(ctx context.Context, n int, hot string, listOpen boo
 	pre := w.keys.SegmentsOpen(w.cfg.Queue)
 	w.levelMu.Lock()
 	above, from, end, bounded := w.window.bounds(pre)
+	tail := w.window.tail
 	w.levelMu.Unlock()
 	if !bounded {
 		above, from, end = pre, pre, clientv3.GetPrefixRangeEnd(pre)
@@ -331,16 +335,17 @@ func (w *Worker) readLevels(ctx context.Context, n int, hot string, listOpen boo
 	// Segments of a higher level than the window's first, then the window.
 	open := append(resp.Responses[4].GetResponseRange().Kvs, resp.Responses[3].GetResponseRange().Kvs...)
 	if listOpen {
-		if open, err = w.sawOpen(ctx, pre, bounded, open); err != nil {
+		if open, bounded, err = w.sawOpen(ctx, pre, bounded, open); err != nil {
 			return nil, false, nil, nil, nil, err
 		}
 	}
-	return out, cfg.FIFO, &firstRead{start: start, kvs: resp.Responses[2].GetResponseRange().Kvs, rev: resp.Header.Revision}, open, hotState, nil
+	return out, cfg.FIFO, &firstRead{start: start, kvs: resp.Responses[2].GetResponseRange().Kvs, rev: resp.Header.Revision, bounded: listOpen && bounded && !tail}, open, hotState, nil
 }
 
 // sawOpen adapts the window to the open segments a read found, and reads
-// them again without a bound when a bounded read found none.
-func (w *Worker) sawOpen(ctx context.Context, pre string, bounded bool, open []*mvccpb.KeyValue) ([]*mvccpb.KeyValue, error) {
+// them again without a bound when a bounded read found none; it returns
+// the segments and whether their read was bounded.
+func (w *Worker) sawOpen(ctx context.Context, pre string, bounded bool, open []*mvccpb.KeyValue) ([]*mvccpb.KeyValue, bool, error) {
 	for {
 		names := make([]string, 0, len(open))
 		for _, kv := range open {
@@ -351,11 +356,11 @@ func (w *Worker) sawOpen(ctx context.Context, pre string, bounded bool, open []*
 		enough := w.window.saw(names, openRead, bounded)
 		w.levelMu.Unlock()
 		if enough {
-			return open, nil
+			return open, bounded, nil
 		}
 		g, err := w.cli.Get(ctx, pre, clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithLimit(openRead))
 		if err != nil {
-			return nil, fmt.Errorf("queue: read open segments of %s: %w", w.cfg.Queue, err)
+			return nil, false, fmt.Errorf("queue: read open segments of %s: %w", w.cfg.Queue, err)
 		}
 		open, bounded = g.Kvs, false
 	}

@@ -54,15 +54,33 @@ const segBusyFor = 2 * time.Second
 type segmentRead struct {
 	open   []*mvccpb.KeyValue
 	listed bool
-	hot    *segState
-	fifo   bool
-	seq    int64
+	// bounded: the list was read within the open window (see openWindow).
+	bounded bool
+	hot     *segState
+	fifo    bool
+	seq     int64
 }
 
 // claimSegments claims up to n tasks from queue's segments: from a segment a
 // dead worker left tasks in first, then from the segment the claim loop
 // took from last, else from the open segments that the priority rule picks.
 func (w *Worker) claimSegments(ctx context.Context, lane, n int, r segmentRead) (claims []*claim, contended bool, err error) {
+	claims, contended, err = w.claimListed(ctx, lane, n, r)
+	if err == nil && len(claims) == 0 && !contended && r.listed && r.bounded {
+		// The window held only segments with nothing to claim (a long
+		// task keeps the oldest open): segments submitted after its end
+		// were not read. Read on to the last before waiting, or a claim
+		// woken by a new segment would not see it.
+		w.levelMu.Lock()
+		w.window.widen()
+		w.levelMu.Unlock()
+		return nil, true, nil
+	}
+	return claims, contended, err
+}
+
+// claimListed is claimSegments from what r read.
+func (w *Worker) claimListed(ctx context.Context, lane, n int, r segmentRead) (claims []*claim, contended bool, err error) {
 	if claims, ok, err := w.claimLost(ctx, lane, n); ok || err != nil {
 		return claims, true, err // a dead worker's tasks first
 	}

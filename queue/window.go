@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/droverhq/drover/keyspace"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // openWindow bounds the read of a queue's open segments. etcd counts every
@@ -19,7 +20,16 @@ type openWindow struct {
 	head  time.Time     // the oldest open segment's submission time at the last read
 	width time.Duration // how far after head the range ends
 	known bool
+	// tail: the next read runs from head to the last open segment (see
+	// widen).
+	tail bool
 }
+
+// widen makes the next read run from the window's head to the last open
+// segment: a read within the window found nothing to claim (a long task
+// keeps the oldest segment open), and segments submitted after the
+// window's end may be waiting. The read after it is bounded again.
+func (ow *openWindow) widen() { ow.tail = true }
 
 const (
 	minOpenWidth = 10 * time.Millisecond
@@ -36,8 +46,11 @@ func (ow *openWindow) bounds(prefix string) (above, from, end string, ok bool) {
 	if !ow.known {
 		return "", "", "", false
 	}
-	return prefix + keyspace.LevelName(ow.level), keyspace.SegmentBound(prefix, ow.level, ow.head),
-		keyspace.SegmentBound(prefix, ow.level, ow.head.Add(ow.width)), true
+	end = keyspace.SegmentBound(prefix, ow.level, ow.head.Add(ow.width))
+	if ow.tail {
+		end = clientv3.GetPrefixRangeEnd(prefix)
+	}
+	return prefix + keyspace.LevelName(ow.level), keyspace.SegmentBound(prefix, ow.level, ow.head), end, true
 }
 
 // saw adapts the window to the names a read returned (in order), limit
@@ -46,6 +59,7 @@ func (ow *openWindow) bounds(prefix string) (above, from, end string, ok bool) {
 // behind (or the queue is empty), and the caller reads once without a
 // bound.
 func (ow *openWindow) saw(names []string, limit int, bounded bool) bool {
+	ow.tail = false
 	if len(names) == 0 {
 		ow.known = false
 		return !bounded
