@@ -311,8 +311,15 @@ func (w *Worker) readLevels(ctx context.Context, n int, hot string, listOpen boo
 		ops = append(ops, clientv3.OpGet(w.keys.SegmentOpen(w.cfg.Queue, hot), clientv3.WithKeysOnly()))
 	}
 	ops = append(ops, clientv3.OpGet(pre, clientv3.WithRange(above), clientv3.WithKeysOnly(), clientv3.WithLimit(openRead)))
-	if hot != "" { // the segment this claim loop took from last, read in the same request
+	// The segment this claim loop takes from (the one it took from last,
+	// or the next open one), read in the same request, with its tasks
+	// when they are not at hand yet.
+	_, hotCached := w.client.segCache.get(w.cfg.Queue + "/" + hot)
+	if hot != "" {
 		ops = append(ops, w.client.stateOps(w.cfg.Queue, hot)...)
+		if !hotCached {
+			ops = append(ops, clientv3.OpGet(w.keys.Segment(w.cfg.Queue, hot)))
+		}
 	}
 	resp, err := w.cli.Txn(ctx).Then(ops...).Commit()
 	if err != nil {
@@ -321,6 +328,11 @@ func (w *Worker) readLevels(ctx context.Context, n int, hot string, listOpen boo
 	var hotState *segState
 	if hot != "" {
 		hotState = w.client.parseState(w.cfg.Queue, hot, resp.Header.Revision, resp.Responses[5:])
+		if kvs := resp.Responses[len(resp.Responses)-1].GetResponseRange().Kvs; !hotCached && len(kvs) == 1 {
+			if _, err := w.client.cacheSegment(w.cfg.Queue, hot, kvs[0].Value); err != nil {
+				return nil, false, nil, nil, nil, err
+			}
+		}
 	}
 	kvs := resp.Responses[0].GetResponseRange().Kvs
 	out := make([]level, 0, len(kvs))

@@ -88,6 +88,9 @@ func (w *Worker) claimListed(ctx context.Context, lane, n int, r segmentRead) (c
 		return claims, true, err // (without the list: claim again with it)
 	}
 	open, fifo, seq := r.open, r.fifo, r.seq
+	if !fifo {
+		w.listed(open)
+	}
 	// Segments whose slots all run are marked busy as they are found, so
 	// each round reads on past them: a pending task behind many running
 	// segments is found now, not when a timer fires.
@@ -330,6 +333,46 @@ func (w *Worker) setHot(lane int, seg string) {
 	w.levelMu.Unlock()
 }
 
+// listed records the open segments a list read found (in order), from
+// which a claim loop that used up its segment takes the next.
+func (w *Worker) listed(open []*mvccpb.KeyValue) {
+	pre := w.keys.SegmentsOpen(w.cfg.Queue)
+	names := make([]string, 0, len(open))
+	for _, kv := range open {
+		if name, ok := keyspace.Last(pre, string(kv.Key)); ok {
+			names = append(names, name)
+		}
+	}
+	w.levelMu.Lock()
+	w.lastListed = names
+	w.levelMu.Unlock()
+}
+
+// nextListed returns the first segment of the last list after done that
+// no claim loop takes from and that is not known busy, or "" for none: the
+// claim loop that used up done reads it with its next claim's first read.
+func (w *Worker) nextListed(lane int, done string) string {
+	now := time.Now()
+	w.levelMu.Lock()
+	defer w.levelMu.Unlock()
+	for i, name := range w.lastListed {
+		if name == done {
+			w.lastListed = w.lastListed[i+1:]
+			break
+		}
+	}
+	for _, name := range w.lastListed {
+		if until, busy := w.busySegs[name]; busy && now.Before(until) {
+			continue
+		}
+		if slices.Contains(w.hot[:], name) {
+			continue
+		}
+		return name
+	}
+	return ""
+}
+
 // setPredicted makes seg, as st says it is, the segment claim loop lane
 // takes from next.
 func (w *Worker) setPredicted(lane int, st *segState) {
@@ -384,11 +427,16 @@ func (w *Worker) claimFrom(ctx context.Context, lane int, st *segState, ts []Tas
 	// The runs that take the segment's last slots check, when they end,
 	// whether it is finished.
 	claims, contended, err = w.takeSlots(ctx, st, ts, pick, len(free)-len(pick) < 2*n)
-	if len(claims) > 0 && len(free) > len(pick) {
+	switch {
+	case len(claims) > 0 && len(free) > len(pick):
 		// Slots left: the next claim takes from here, most often without
 		// reading first.
 		w.setPredicted(lane, st.after(claims, w.worker, w.keys.Runs(q, seg), pick))
-	} else {
+	case len(claims) > 0:
+		// The segment's last free slots: the next claim reads the next
+		// open segment the last list showed with its first read.
+		w.setHot(lane, w.nextListed(lane, seg))
+	default:
 		w.setHot(lane, "")
 	}
 	// A dead worker's tasks stay first in line until none is left here.

@@ -163,6 +163,7 @@ type Worker struct {
 	runSeq                                                atomic.Int64
 	hot                                                   [claimers]string    // per claim loop, the segment it took from last, with slots left (levelMu)
 	predicted                                             [claimers]*segState // per claim loop, hot's state as its last claim left it (levelMu)
+	lastListed                                            []string            // the open segments the last list read found, in order (levelMu)
 	runID                                                 string              // names this worker's runs: unique, where worker ids may not be
 	spread                                                uint64              // an external claim's turn: where in the open segments it starts (0: at random among the first)
 
