@@ -1,0 +1,213 @@
+import { FencedError, LockHeldError, type Holder, type LockStatus } from "./errors.js";
+import { durMs, seg, sleep, type Transport } from "./http.js";
+import { Session } from "./session.js";
+
+/** The answer to an agent task's claim. */
+export interface AgentTaskClaim {
+  task_id: string;
+  session: string;
+  holder: Holder;
+  /** The claim's fencing token (absent when the task is completed). */
+  token?: number;
+  expires_at?: string;
+  /** The last checkpointed step (0: none). */
+  step: number;
+  step_name?: string;
+  steps?: number;
+  next_step?: number;
+  /** The last checkpointed state, base64. */
+  state?: string;
+  completed: boolean;
+}
+
+/** An agent task as the server shows it. */
+export interface AgentTask {
+  task_id: string;
+  step: number;
+  step_name?: string;
+  steps?: number;
+  next_step?: number;
+  completed: boolean;
+  state?: string;
+  written_by?: string;
+  written_token?: number;
+  written_at?: string;
+  history?: { step: number; name: string; worker: string; token: number; started_at: string; finished_at: string }[] | null;
+  claim?: LockStatus;
+}
+
+/** What a step gets besides the state. */
+export interface StepContext {
+  /** Fires when the claim's session is lost: stop, another worker resumes from the last written step. */
+  signal: AbortSignal;
+  /** The claim's fencing token. */
+  token: number;
+  /** This step's number, from 1. */
+  step: number;
+  session: Session;
+}
+
+/** One step: a function of the previous step's state (the input for step 1). */
+export type StepFn<S = unknown> = (state: S, ctx: StepContext) => S | Promise<S>;
+export type Step<S = unknown> = StepFn<S> | { name: string; run: StepFn<S> };
+
+export interface RunStepsOptions<S> {
+  /** The state step 1 starts from (default undefined). */
+  input?: S;
+  /** Claim under this session; default one of the run's own (closed at the end). */
+  session?: Session;
+  /** TTL in seconds of the run's own session (default 15). */
+  ttl?: number;
+  /** The holder's name shown to others. */
+  name?: string;
+  /**
+   * How long to wait in line when another process runs the task, in seconds
+   * or as a duration ("30s"). Default: do not wait ({@link LockHeldError}).
+   */
+  wait?: number | string;
+  /** Turns a state into the bytes checkpointed (default JSON). */
+  encode?: (state: S) => Uint8Array;
+  /** Turns checkpointed bytes back into a state (default JSON). */
+  decode?: (bytes: Uint8Array) => S;
+  signal?: AbortSignal;
+}
+
+export interface RunStepsResult<S> {
+  /** The final state (the last step's). */
+  state: S;
+  /** The steps this call ran (numbers from 1); empty when the task was already complete. */
+  ran: number[];
+  /** The step this call resumed after (0: it started from the beginning). */
+  resumedAfter: number;
+  /** True when the task was already complete and nothing ran. */
+  alreadyComplete: boolean;
+}
+
+const te = new TextEncoder();
+const td = new TextDecoder();
+const b64 = (b: Uint8Array) => Buffer.from(b.buffer, b.byteOffset, b.byteLength).toString("base64");
+const unb64 = (s: string) => new Uint8Array(Buffer.from(s, "base64"));
+
+/** The agent-task routes: one claim per task, step checkpoints fenced by its token. */
+export class AgentTasks {
+  constructor(private readonly t: Transport) {}
+
+  /** Claims the task (never sent twice). `wait` waits in line; throws {@link LockHeldError} when held. */
+  async claim(id: string, opts: { session: Session; steps?: number; wait?: number | string; signal?: AbortSignal }): Promise<AgentTaskClaim> {
+    const waitMs = opts.wait === undefined ? 0 : durMs(opts.wait, 0);
+    const deadline = Date.now() + waitMs;
+    const signal = opts.signal ? AbortSignal.any([opts.signal, opts.session.signal]) : opts.session.signal;
+    for (;;) {
+      const w = Math.min(Math.max(0, deadline - Date.now()), 60_000);
+      try {
+        return await this.t.post<AgentTaskClaim>(`/v1/agent-tasks/${seg(id)}/claim`,
+          { session: opts.session.id, ...(opts.steps ? { steps: opts.steps } : {}) },
+          { query: w > 0 ? { wait: `${Math.ceil(w)}ms` } : undefined, retry: false, signal, timeoutMs: w + this.t.timeoutMs });
+      } catch (err) {
+        opts.session.observe(err);
+        if (err instanceof LockHeldError && deadline - Date.now() > 50) {
+          await sleep(20, signal);
+          continue;
+        }
+        throw err;
+      }
+    }
+  }
+
+  /**
+   * Writes step n's checkpoint, fenced by the token (n must be the next
+   * step; the same write again changes nothing). Writing the last step
+   * (n = steps) completes the task and releases the claim.
+   */
+  writeStep(id: string, n: number, opts: { session: Session | string; token: number; state: Uint8Array; name?: string; steps?: number }): Promise<AgentTask> {
+    return this.t.put<AgentTask>(`/v1/agent-tasks/${seg(id)}/steps/${n}`, {
+      session: typeof opts.session === "string" ? opts.session : opts.session.id,
+      token: opts.token,
+      state: b64(opts.state),
+      ...(opts.name ? { name: opts.name.slice(0, 200) } : {}),
+      ...(opts.steps ? { steps: opts.steps } : {}),
+    });
+  }
+
+  /** Marks the task complete (with a result kept as its final state) and releases the claim. */
+  complete(id: string, opts: { session: Session | string; token: number; result?: Uint8Array }): Promise<AgentTask> {
+    return this.t.post<AgentTask>(`/v1/agent-tasks/${seg(id)}/complete`, {
+      session: typeof opts.session === "string" ? opts.session : opts.session.id,
+      token: opts.token,
+      ...(opts.result ? { result: b64(opts.result) } : {}),
+    });
+  }
+
+  /** Gives the claim up without completing. */
+  async release(id: string, opts: { session: Session | string; token: number }): Promise<void> {
+    await this.t.delete(`/v1/agent-tasks/${seg(id)}/claim`, { query: { session: typeof opts.session === "string" ? opts.session : opts.session.id, token: opts.token } });
+  }
+
+  /** The task's last step, state, history and current claim. */
+  get(id: string): Promise<AgentTask> {
+    return this.t.get<AgentTask>(`/v1/agent-tasks/${seg(id)}`);
+  }
+
+  /**
+   * Runs an agent task step by step under a claim: claims the task by id,
+   * reads its last checkpoint, runs only the steps after it, and writes
+   * each step's state, fenced by the claim's token; writing the last step
+   * completes the task. A process that dies mid-step leaves the task to
+   * another, which resumes at that step once the dead one's session
+   * expired. A step that finds its claim lost ({@link FencedError}) stops
+   * the run: the steps it wrote stay written, and nothing runs twice that
+   * was checkpointed.
+   */
+  async runSteps<S = unknown>(id: string, steps: Step<S>[], opts: RunStepsOptions<S> = {}): Promise<RunStepsResult<S>> {
+    if (steps.length === 0) throw new TypeError("runSteps needs at least one step");
+    const encode = opts.encode ?? ((s: S) => te.encode(JSON.stringify(s ?? null)));
+    const decode = opts.decode ?? ((b: Uint8Array) => JSON.parse(td.decode(b)) as S);
+    const own = !opts.session;
+    const session = opts.session ?? (await Session.create(this.t, { ttl: opts.ttl ?? 15, ...(opts.name ? { name: opts.name } : {}) }));
+    let held: number | undefined;
+    try {
+      const claim = await this.claim(id, { session, steps: steps.length, wait: opts.wait, signal: opts.signal });
+      const stateOf = (b64s: string | undefined): S => (b64s ? decode(unb64(b64s)) : (opts.input as S));
+      if (claim.completed) {
+        return { state: stateOf(claim.state), ran: [], resumedAfter: claim.step, alreadyComplete: true };
+      }
+      const token = claim.token!;
+      held = token;
+      let state: S = claim.step > 0 ? stateOf(claim.state) : (opts.input as S);
+      const ran: number[] = [];
+      const signal = opts.signal ? AbortSignal.any([opts.signal, session.signal]) : session.signal;
+      for (let n = claim.step + 1; n <= steps.length; n++) {
+        signal.throwIfAborted();
+        const step = steps[n - 1]!;
+        const fn = typeof step === "function" ? step : step.run;
+        const name = typeof step === "function" ? step.name || `step ${n}` : step.name;
+        state = await fn(state, { signal, token, step: n, session });
+        signal.throwIfAborted();
+        const bytes = encode(state);
+        try {
+          await this.writeStep(id, n, { session, token, state: bytes, name, steps: steps.length });
+        } catch (err) {
+          session.observe(err);
+          // A repeated last write finds the claim released by the first: check that it landed.
+          if (err instanceof FencedError) {
+            const now = await this.get(id).catch(() => undefined);
+            if (now && now.step >= n && now.written_token === token) {
+              ran.push(n);
+              continue;
+            }
+          }
+          throw err;
+        }
+        ran.push(n);
+      }
+      held = undefined; // the last write completed the task and released the claim
+      return { state, ran, resumedAfter: claim.step, alreadyComplete: false };
+    } catch (err) {
+      // A failed step gives the task up, so that another process can take it now.
+      if (!own && held !== undefined && session.alive) await this.release(id, { session, token: held }).catch(() => {});
+      throw err;
+    } finally {
+      if (own) await session.close().catch(() => {});
+    }
+  }
+}

@@ -1,0 +1,463 @@
+/**
+ * A LangGraph checkpoint saver on drover: `DroverSaver extends
+ * BaseCheckpointSaver`, so two machines running one thread cannot lose each
+ * other's updates.
+ *
+ * ```ts
+ * import { Drover } from "@droverhq/client";
+ * import { DroverSaver } from "@droverhq/client/langgraph";
+ * const saver = new DroverSaver({ drover: new Drover("http://127.0.0.1:8080") });
+ * const graph = builder.compile({ checkpointer: saver });
+ * ```
+ *
+ * Protection per thread, enforced by the server in the transaction that
+ * writes the checkpoint:
+ *
+ * - `"cas"` (the default): a checkpoint is written only if its parent is
+ *   still the thread's head; otherwise `put` throws {@link ConflictError}
+ *   and nothing is written. Catch it around `invoke` and invoke again: the
+ *   graph reloads the new head.
+ * - a lock (`lock` option or {@link DroverSaver.withLock}): every write
+ *   carries the lock's fencing token and is refused with
+ *   {@link FencedError} once the lock was lost. Hold the lock across the
+ *   whole invocation.
+ * - `"none"`: LangGraph's own semantics (the last writer wins); what forks
+ *   and `updateState` on an older checkpoint need when no lock is held.
+ *
+ * Storage: each checkpoint stores the values of the channels that changed
+ * in it (those in `newVersions`) and, for the others, which ancestor holds
+ * their current version; reading resolves them, so a long conversation
+ * does not rewrite every channel at every step.
+ */
+import {
+  BaseCheckpointSaver,
+  TASKS,
+  WRITES_IDX_MAP,
+  copyCheckpoint,
+  maxChannelVersion,
+  type ChannelVersions,
+  type Checkpoint,
+  type CheckpointListOptions,
+  type CheckpointMetadata,
+  type CheckpointPendingWrite,
+  type CheckpointTuple,
+  type PendingWrite,
+  type SerializerProtocol,
+} from "@langchain/langgraph-checkpoint";
+import type { RunnableConfig } from "@langchain/core/runnables";
+import { Drover } from "./index.js";
+import { NotFoundError } from "./errors.js";
+import type { CheckpointFence, CheckpointRecord, Checkpoints } from "./checkpoints.js";
+import type { Lock } from "./locks.js";
+
+export { ConflictError, FencedError } from "./errors.js";
+
+export interface DroverSaverOptions {
+  /** The client (default: `new Drover()`, which reads `$DROVER_URL`). */
+  drover?: Drover;
+  /**
+   * `"cas"` (default without a lock): refuse a checkpoint whose parent is
+   * not the head. `"none"` (default with a lock): LangGraph's semantics,
+   * any parent.
+   */
+  protection?: "cas" | "none";
+  /** Fence every write by this lock (a {@link Lock} or its name, session and token). */
+  lock?: Lock | CheckpointFence;
+  /** The serializer (default LangGraph's JsonPlusSerializer). */
+  serde?: SerializerProtocol;
+  /** Ancestor checkpoints kept in memory to resolve carried-over channels (default 256). */
+  cacheSize?: number;
+}
+
+/** A serialized value: JSON inline when the serializer produced JSON, base64 otherwise. */
+type Typed = { t: string; j?: unknown; b?: string };
+
+/** What a checkpoint's state bytes hold. */
+interface Envelope {
+  /** Format version. */
+  f: 1;
+  /** The checkpoint without its channel values. */
+  checkpoint: Typed;
+  /** Channels stored in this checkpoint: channel → version (null: no version). */
+  stored: Record<string, string | number | null>;
+  /** Their values (a stored channel without a value is empty). */
+  values: Record<string, Typed>;
+  /** Channels carried from an ancestor: channel → [checkpoint id, version]. */
+  refs: Record<string, [string, string | number]>;
+}
+
+/** A pending write's value bytes hold this. */
+interface WriteEnvelope extends Typed {
+  /** The task path given to putWrites. */
+  p?: string;
+}
+
+const te = new TextEncoder();
+const td = new TextDecoder();
+const fromB64 = (s: string) => new Uint8Array(Buffer.from(s, "base64"));
+const toB64 = (b: Uint8Array) => Buffer.from(b.buffer, b.byteOffset, b.byteLength).toString("base64");
+
+const THREAD_RE = /^[A-Za-z0-9._:-]{1,128}$/;
+const ENCODED_PREFIX = "_x.";
+
+/** A thread id as drover takes it: ids outside its name rule are encoded (base64url). */
+export function encodeThreadId(id: string): string {
+  if (THREAD_RE.test(id) && !id.startsWith(ENCODED_PREFIX)) return id;
+  const e = ENCODED_PREFIX + Buffer.from(id, "utf8").toString("base64url");
+  if (e.length > 128) throw new Error(`thread_id ${JSON.stringify(id.slice(0, 40))}... is too long for drover (at most 128 characters of letters, digits, '.', '_', '-', ':', or about 90 bytes of other text)`);
+  return e;
+}
+
+/** The inverse of {@link encodeThreadId}. */
+export function decodeThreadId(id: string): string {
+  return id.startsWith(ENCODED_PREFIX) ? Buffer.from(id.slice(ENCODED_PREFIX.length), "base64url").toString("utf8") : id;
+}
+
+/** Strings by code point, as LangGraph orders a superstep's writes. */
+function cmpCodePoints(a: string, b: string): number {
+  if (a === b) return 0;
+  const ai = a[Symbol.iterator]();
+  const bi = b[Symbol.iterator]();
+  for (;;) {
+    const x = ai.next();
+    const y = bi.next();
+    if (x.done) return y.done ? 0 : -1;
+    if (y.done) return 1;
+    const d = x.value.codePointAt(0)! - y.value.codePointAt(0)!;
+    if (d !== 0) return d;
+  }
+}
+
+function fenceOf(l: Lock | CheckpointFence | undefined): CheckpointFence | undefined {
+  if (!l) return undefined;
+  if ("contender" in l) return { lock: l.name, session: l.session.id, token: l.token };
+  return l;
+}
+
+/** A LangGraph checkpoint saver storing on drover; see the module's description. */
+export class DroverSaver extends BaseCheckpointSaver {
+  readonly drover: Drover;
+  readonly protection: "cas" | "none";
+  private readonly fence: CheckpointFence | undefined;
+  private readonly cp: Checkpoints;
+  private readonly cache: Map<string, Envelope>;
+  private readonly cacheSize: number;
+  private readonly opts: DroverSaverOptions;
+  /** Outcomes of recent puts (key → the error, or null), for writes that arrived first. */
+  private readonly putOutcomes = new Map<string, unknown>();
+  /** Writes waiting for a put on their thread and namespace to settle. */
+  private readonly putWaiters = new Map<string, (() => void)[]>();
+  /** Per thread and namespace: puts under way, and how the last one ended. */
+  private readonly putState = new Map<string, { inflight: number; lastError: unknown; failures: number }>();
+
+  constructor(opts: DroverSaverOptions = {}) {
+    super(opts.serde);
+    this.opts = opts;
+    this.drover = opts.drover ?? new Drover();
+    this.cp = this.drover.checkpoints;
+    this.fence = fenceOf(opts.lock);
+    this.protection = opts.protection ?? (this.fence ? "none" : "cas");
+    this.cacheSize = opts.cacheSize ?? 256;
+    this.cache = new Map();
+  }
+
+  /** The same saver, its writes fenced by this lock (hold it across the invocation). */
+  withLock(lock: Lock | CheckpointFence, protection?: "cas" | "none"): DroverSaver {
+    return new DroverSaver({ ...this.opts, drover: this.drover, lock, protection: protection ?? this.opts.protection ?? "none", serde: this.serde });
+  }
+
+  // ------------------------------------------------------------ encoding
+
+  private async dump(value: unknown): Promise<Typed> {
+    const [t, data] = await this.serde.dumpsTyped(value);
+    if (t === "json") return { t, j: JSON.parse(typeof data === "string" ? data : td.decode(data)) };
+    return { t, b: toB64(typeof data === "string" ? te.encode(data) : data) };
+  }
+
+  private async load(v: Typed): Promise<unknown> {
+    if (v.t === "json") return this.serde.loadsTyped("json", JSON.stringify(v.j));
+    return this.serde.loadsTyped(v.t, fromB64(v.b ?? ""));
+  }
+
+  private key(thread: string, ns: string, id: string): string {
+    return `${thread}\u0000${ns}\u0000${id}`;
+  }
+
+  private remember(thread: string, ns: string, id: string, env: Envelope): void {
+    const k = this.key(thread, ns, id);
+    this.cache.delete(k);
+    this.cache.set(k, env);
+    while (this.cache.size > this.cacheSize) this.cache.delete(this.cache.keys().next().value!);
+  }
+
+  private envOf(rec: CheckpointRecord): Envelope {
+    const env = JSON.parse(td.decode(fromB64(rec.state))) as Envelope;
+    if (env.f !== 1) throw new Error(`checkpoint ${rec.checkpoint_id} of thread ${rec.thread_id} was not written by DroverSaver (unknown format)`);
+    return env;
+  }
+
+  /** The envelope of a checkpoint, from the cache or the server. */
+  private async envelope(thread: string, ns: string, id: string): Promise<Envelope | undefined> {
+    const hit = this.cache.get(this.key(thread, ns, id));
+    if (hit) return hit;
+    const rec = await this.cp.get(thread, id, ns);
+    if (!rec) return undefined;
+    const env = this.envOf(rec);
+    this.remember(thread, ns, id, env);
+    return env;
+  }
+
+  /** A record as LangGraph's tuple. */
+  private async tupleOf(rec: CheckpointRecord): Promise<CheckpointTuple> {
+    const thread = rec.thread_id;
+    const ns = rec.checkpoint_ns ?? "";
+    const env = this.envOf(rec);
+    this.remember(thread, ns, rec.checkpoint_id, env);
+    const checkpoint = (await this.load(env.checkpoint)) as Checkpoint;
+    const values: Record<string, unknown> = {};
+    for (const [ch, v] of Object.entries(env.values)) values[ch] = await this.load(v);
+    for (const [ch, [id, ver]] of Object.entries(env.refs)) {
+      const anc = await this.envelope(thread, ns, id);
+      if (anc && anc.stored[ch] === ver && anc.values[ch]) values[ch] = await this.load(anc.values[ch]);
+    }
+    checkpoint.channel_values = values;
+    const metadata = (await this.serde.loadsTyped("json", JSON.stringify(rec.metadata ?? {}))) as CheckpointMetadata;
+    const writes = await this.pendingWritesOf(rec);
+    const tuple: CheckpointTuple = {
+      config: { configurable: { thread_id: decodeThreadId(thread), checkpoint_ns: ns, checkpoint_id: rec.checkpoint_id } },
+      checkpoint,
+      metadata,
+      pendingWrites: writes,
+    };
+    if (rec.parent_checkpoint_id) {
+      tuple.parentConfig = { configurable: { thread_id: decodeThreadId(thread), checkpoint_ns: ns, checkpoint_id: rec.parent_checkpoint_id } };
+      if (checkpoint.v < 4) await this.migratePendingSends(checkpoint, thread, ns, rec.parent_checkpoint_id);
+    }
+    return tuple;
+  }
+
+  /** Pending writes in LangGraph's order: task path, task id, index. */
+  private async pendingWritesOf(rec: CheckpointRecord): Promise<CheckpointPendingWrite[]> {
+    const ws = (rec.pending_writes ?? []).map((w) => {
+      const env = (w.value ? JSON.parse(td.decode(fromB64(w.value))) : { t: "json", j: null }) as WriteEnvelope;
+      return { w, env, path: env.p ?? "" };
+    });
+    ws.sort((a, b) => cmpCodePoints(a.path, b.path) || cmpCodePoints(a.w.task_id, b.w.task_id) || a.w.idx - b.w.idx);
+    const out: CheckpointPendingWrite[] = [];
+    for (const { w, env } of ws) out.push([w.task_id, w.channel, await this.load(env)]);
+    return out;
+  }
+
+  /** Checkpoints of format < 4 kept pending sends in the parent's writes. */
+  private async migratePendingSends(checkpoint: Checkpoint, thread: string, ns: string, parentId: string): Promise<void> {
+    const parent = await this.cp.get(thread, parentId, ns);
+    const writes = parent ? await this.pendingWritesOf(parent) : [];
+    const sends = writes.filter(([, ch]) => ch === TASKS).map(([, , v]) => v);
+    checkpoint.channel_values ??= {};
+    checkpoint.channel_values[TASKS] = sends;
+    checkpoint.channel_versions ??= {};
+    const versions = Object.values(checkpoint.channel_versions);
+    checkpoint.channel_versions[TASKS] = versions.length > 0 ? maxChannelVersion(...versions) : this.getNextVersion(undefined);
+  }
+
+  // ------------------------------------------------------------ the saver
+
+  async getTuple(config: RunnableConfig): Promise<CheckpointTuple | undefined> {
+    const threadId = config.configurable?.thread_id as string | undefined;
+    if (threadId === undefined || threadId === null) return undefined;
+    const thread = encodeThreadId(String(threadId));
+    const ns = (config.configurable?.checkpoint_ns as string | undefined) ?? "";
+    const id = config.configurable?.checkpoint_id as string | undefined;
+    const rec = id ? await this.cp.get(thread, id, ns) : await this.cp.head(thread, ns);
+    if (!rec) return undefined;
+    const tuple = await this.tupleOf(rec);
+    if (id) tuple.config = config.configurable?.checkpoint_ns === undefined ? { ...config, configurable: { ...config.configurable, checkpoint_ns: ns } } : config;
+    return tuple;
+  }
+
+  async *list(config: RunnableConfig, options: CheckpointListOptions = {}): AsyncGenerator<CheckpointTuple> {
+    const { limit, before, filter } = options;
+    const threadId = config.configurable?.thread_id as string | undefined;
+    const ns = config.configurable?.checkpoint_ns as string | undefined;
+    const onlyId = config.configurable?.checkpoint_id as string | undefined;
+    let beforeId = before?.configurable?.checkpoint_id as string | undefined;
+    const cleanFilter = filter ? Object.fromEntries(Object.entries(filter).filter(([, v]) => v !== undefined)) : undefined;
+    let left = limit === undefined ? Infinity : limit;
+    if (left <= 0) return;
+    const thread = threadId === undefined || threadId === null ? undefined : encodeThreadId(String(threadId));
+    for (;;) {
+      const pageSize = Math.min(1000, left);
+      const q = { checkpoint_ns: ns, before: beforeId, limit: pageSize, filter: cleanFilter };
+      const page = thread ? await this.cp.list(thread, q) : await this.cp.listAll(q);
+      for (const rec of page) this.remember(rec.thread_id, rec.checkpoint_ns ?? "", rec.checkpoint_id, this.envOf(rec));
+      for (const rec of page) {
+        if (onlyId && rec.checkpoint_id !== onlyId) continue;
+        yield await this.tupleOf(rec);
+        if (--left <= 0) return;
+      }
+      // One thread pages by `before`; across threads the API has no cursor.
+      if (!thread || page.length < pageSize) return;
+      beforeId = page[page.length - 1]!.checkpoint_id;
+    }
+  }
+
+  put(config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata, newVersions: ChannelVersions): Promise<RunnableConfig> {
+    if (!config.configurable) return Promise.reject(new Error('DroverSaver.put: the config has no "configurable" (it needs a thread_id)'));
+    const threadId = config.configurable.thread_id as string | undefined;
+    if (threadId === undefined || threadId === null) {
+      return Promise.reject(new Error('DroverSaver.put: the config is missing "thread_id" in "configurable": pass one, e.g. graph.invoke(input, { configurable: { thread_id: "..." } })'));
+    }
+    let thread: string;
+    try {
+      thread = encodeThreadId(String(threadId));
+    } catch (err) {
+      return Promise.reject(err);
+    }
+    const ns = (config.configurable.checkpoint_ns as string | undefined) ?? "";
+    // Counted as under way from the call on (writes to it wait for it).
+    const key = this.key(thread, ns, checkpoint.id);
+    const tn = this.key(thread, ns, "");
+    const st = this.putState.get(tn) ?? { inflight: 0, lastError: null, failures: 0 };
+    st.inflight++;
+    this.putState.set(tn, st);
+    return this.doPut(config, thread, ns, checkpoint, metadata, newVersions).then(
+      (r) => (this.putSettled(key, tn, null), r),
+      (err) => {
+        this.putSettled(key, tn, err);
+        throw err;
+      },
+    );
+  }
+
+  private async doPut(config: RunnableConfig, thread: string, ns: string, checkpoint: Checkpoint, metadata: CheckpointMetadata, newVersions: ChannelVersions): Promise<RunnableConfig> {
+    const threadId = config.configurable!.thread_id as string;
+    const parentId = config.configurable!.checkpoint_id as string | undefined;
+    const prepared = copyCheckpoint(checkpoint);
+    const channelValues = (prepared.channel_values ?? {}) as Record<string, unknown>;
+    const versions = (prepared.channel_versions ?? {}) as Record<string, string | number>;
+    const env: Envelope = { f: 1, checkpoint: { t: "json" }, stored: {}, values: {}, refs: {} };
+    // Channels written in this step, and values with no version at all.
+    const toStore = new Set([...Object.keys(newVersions ?? {}), ...Object.keys(channelValues).filter((ch) => !(ch in versions))]);
+    for (const ch of toStore) {
+      env.stored[ch] = (newVersions?.[ch] ?? versions[ch] ?? null) as string | number | null;
+      if (ch in channelValues && channelValues[ch] !== undefined) env.values[ch] = await this.dump(channelValues[ch]);
+    }
+    // The others are where the parent found them.
+    const carried = Object.keys(versions).filter((ch) => !toStore.has(ch));
+    if (carried.length && parentId) {
+      const parent = await this.envelope(thread, ns, parentId);
+      if (parent) {
+        for (const ch of carried) {
+          const ver = versions[ch]!;
+          if (ch in parent.stored && parent.stored[ch] === ver) env.refs[ch] = [parentId, ver];
+          else if (parent.refs[ch] && parent.refs[ch]![1] === ver) env.refs[ch] = parent.refs[ch]!;
+        }
+      }
+    }
+    env.checkpoint = await this.dump({ ...prepared, channel_values: {} });
+    const [mt, mdata] = await this.serde.dumpsTyped(metadata);
+    const meta = mt === "json" ? (JSON.parse(typeof mdata === "string" ? mdata : td.decode(mdata)) as Record<string, unknown>) : { ...metadata };
+    await this.cp.put(thread, {
+      checkpoint_ns: ns,
+      checkpoint_id: checkpoint.id,
+      ...(parentId ? { parent_checkpoint_id: parentId } : {}),
+      metadata: meta,
+      state: te.encode(JSON.stringify(env)),
+      mode: this.protection === "cas" ? "cas" : "append",
+      ...(this.fence ? { fence: this.fence } : {}),
+    });
+    this.remember(thread, ns, checkpoint.id, env);
+    return { configurable: { thread_id: threadId, checkpoint_ns: ns, checkpoint_id: checkpoint.id } };
+  }
+
+  async putWrites(config: RunnableConfig, writes: PendingWrite[], taskId: string, taskPath?: string): Promise<void> {
+    const threadId = config.configurable?.thread_id as string | undefined;
+    const id = config.configurable?.checkpoint_id as string | undefined;
+    if (threadId === undefined || threadId === null) throw new Error('DroverSaver.putWrites: the config is missing "thread_id" in "configurable"');
+    if (!id) throw new Error('DroverSaver.putWrites: the config is missing "checkpoint_id" in "configurable"');
+    const ns = (config.configurable?.checkpoint_ns as string | undefined) ?? "";
+    const out: { channel: string; value: Uint8Array; idx: number }[] = [];
+    for (const [i, [channel, value]] of writes.entries()) {
+      const env: WriteEnvelope = await this.dump(value);
+      if (taskPath) env.p = taskPath;
+      out.push({ channel, value: te.encode(JSON.stringify(env)), idx: WRITES_IDX_MAP[channel] ?? i });
+    }
+    const thread = encodeThreadId(String(threadId));
+    const key = this.key(thread, ns, id);
+    const tn = this.key(thread, ns, "");
+    // LangGraph sends a step's writes without waiting for the put of its
+    // checkpoint (its puts are chained, its writes are not); drover refuses
+    // writes to a checkpoint it does not have yet (404). So: wait while puts
+    // of this thread are under way here; once none is, a failed last put
+    // means the chain stopped and this checkpoint will never come.
+    const deadline = Date.now() + 30_000;
+    const failuresBefore = this.putState.get(tn)?.failures ?? 0;
+    for (let attempt = 0; ; attempt++) {
+      try {
+        await this.cp.putWrites(thread, id, { checkpoint_ns: ns, task_id: taskId, writes: out, ...(this.fence ? { fence: this.fence } : {}) });
+        return;
+      } catch (err) {
+        if (!(err instanceof NotFoundError)) throw err;
+        if (this.putOutcomes.has(key)) {
+          const putErr = this.putOutcomes.get(key);
+          if (putErr) throw putErr; // the checkpoint was never written
+          if (attempt > 0) throw err; // written, and gone since (the thread was deleted)
+          continue; // written between the write's answer and now
+        }
+        const st = this.putState.get(tn);
+        // No put of this thread under way here, and one failed: the chain
+        // this checkpoint belonged to stopped (LangGraph puts in order).
+        if (st && st.inflight === 0 && (st.lastError || st.failures > failuresBefore)) throw st.lastError ?? err;
+        if (Date.now() > deadline) throw err;
+        await this.untilPutSettled(tn, st && st.inflight > 0 ? 5_000 : Math.min(500, 10 * 2 ** attempt));
+      }
+    }
+  }
+
+  private putSettled(key: string, tn: string, err: unknown): void {
+    this.putOutcomes.delete(key);
+    this.putOutcomes.set(key, err);
+    while (this.putOutcomes.size > 1024) this.putOutcomes.delete(this.putOutcomes.keys().next().value!);
+    const st = this.putState.get(tn);
+    if (st) {
+      st.inflight--;
+      st.lastError = err;
+      if (err) st.failures++;
+    }
+    if (this.putState.size > 4096) {
+      for (const [k, v] of this.putState) if (v.inflight <= 0 && !this.putWaiters.has(k)) this.putState.delete(k);
+    }
+    // Wake the writes waiting on this thread once the chain had a microtask to call its next put.
+    const ws = this.putWaiters.get(tn);
+    this.putWaiters.delete(tn);
+    if (ws) setImmediate(() => ws.forEach((w) => w()));
+  }
+
+  private untilPutSettled(tn: string, ms: number): Promise<void> {
+    return new Promise((resolve) => {
+      const done = () => {
+        clearTimeout(t);
+        const list = this.putWaiters.get(tn);
+        if (list) {
+          const i = list.indexOf(done);
+          if (i >= 0) list.splice(i, 1);
+          if (list.length === 0) this.putWaiters.delete(tn);
+        }
+        resolve();
+      };
+      // Unref'd: a write whose checkpoint never comes does not hold the process.
+      const t = setTimeout(done, ms);
+      t.unref();
+      let list = this.putWaiters.get(tn);
+      if (!list) this.putWaiters.set(tn, (list = []));
+      list.push(done);
+    });
+  }
+
+  async deleteThread(threadId: string): Promise<void> {
+    const thread = encodeThreadId(String(threadId));
+    await this.cp.deleteThread(thread);
+    const prefix = `${thread}\u0000`;
+    for (const k of [...this.cache.keys()]) if (k.startsWith(prefix)) this.cache.delete(k);
+  }
+}

@@ -1,0 +1,555 @@
+import { ConnectionError, DroverError, InvalidInputError, isPermanent, type LineError } from "./errors.js";
+import { durMs, seg, sleep, type Transport } from "./http.js";
+import { Session } from "./session.js";
+
+/** A task as submitted. */
+export interface SubmittedTask {
+  task_id: string;
+  task_type: string;
+  parameters?: unknown;
+  input_data_uri?: string;
+  output_data_uri?: string;
+  max_retries?: number;
+  backoff_base?: string;
+  backoff_max?: string;
+  timeout?: string;
+  metadata?: { priority?: number; tenant?: string; source_system?: string; [k: string]: unknown };
+  [key: string]: unknown;
+}
+
+/** A task transition in its history. */
+export interface QueueTransition {
+  status: string;
+  at: string;
+  attempt?: number;
+  worker?: string;
+  error?: string;
+}
+
+/** A task as the server shows it. */
+export interface QueueTask {
+  task_id: string;
+  task_type: string;
+  queue: string;
+  parameters?: unknown;
+  metadata: { created_at: string; priority: number; tenant?: string; source_system?: string };
+  current_status: "PENDING" | "RUNNING" | "RETRYING" | "SUCCEEDED" | "DEAD" | "CANCELLED" | string;
+  attempt: number;
+  /** On a claimed task: the claim's fencing token, sent back with its outcome. */
+  token?: number;
+  retries_attempted: number;
+  max_retries: number;
+  last_error?: string;
+  result?: unknown;
+  result_base64?: string;
+  scheduled_at?: string;
+  transitions?: QueueTransition[] | null;
+  input_data_uri?: string;
+  output_data_uri?: string;
+  timeout?: string;
+  backoff_base?: string;
+  backoff_max?: string;
+}
+
+/** The answer to a submission. */
+export interface SubmitResult {
+  submitted: number;
+  duplicates: number;
+  /** The rejected lines (NDJSON), by line number starting at 1. */
+  rejected: LineError[];
+}
+
+export interface QueueStats {
+  queue: string;
+  pending: number;
+  running: number;
+  retrying: number;
+  succeeded: number;
+  dead: number;
+  cancelled: number;
+}
+
+export interface TaskPage {
+  tasks: QueueTask[];
+  /** The cursor of the next page (pass as `after`), absent on the last. */
+  next?: string;
+}
+
+export interface BulkResult {
+  queue: string;
+  status: string;
+  action: string;
+  count: number;
+}
+
+/** One outcome of the batch outcome route. */
+export type Outcome =
+  | { task_id: string; token: number; ok: true; result?: unknown }
+  | { task_id: string; token: number; ok?: false; error: string; permanent?: boolean };
+
+/** The server's answer for one outcome: 200, 409 (the claim was lost), 404. */
+export interface OutcomeResult {
+  task_id: string;
+  status: number;
+  current_status?: string;
+  attempt?: number;
+  scheduled_at?: string;
+  detail?: string;
+}
+
+const enc = new TextEncoder();
+
+/** The queue routes: submission, inspection, claims, outcomes and the dead-letter queue. */
+export class Queues {
+  constructor(private readonly t: Transport) {}
+
+  /**
+   * Submits tasks. An array is sent as one JSON array (checked whole: one
+   * invalid task rejects the request with {@link InvalidInputError}, its
+   * `problem.lines` naming the positions, and nothing is stored). An async
+   * iterable or a stream is sent as NDJSON while it is produced: bad lines
+   * are reported in `rejected` by line number while the valid ones go in.
+   * Resubmitting a task with the same id and content counts it as a
+   * duplicate, so an array submission is repeated after a connection error.
+   */
+  async submit(queue: string, tasks: SubmittedTask[] | AsyncIterable<SubmittedTask | string> | Iterable<string> | ReadableStream<Uint8Array>, opts: { signal?: AbortSignal } = {}): Promise<SubmitResult> {
+    const path = `/v1/queues/${seg(queue)}/tasks`;
+    if (Array.isArray(tasks) && tasks.every((x) => typeof x === "object")) {
+      const r = await this.t.post<SubmitResult>(path, tasks, { retry: true, signal: opts.signal, timeoutMs: 0 });
+      return { ...r, rejected: r.rejected ?? [] };
+    }
+    const stream = tasks instanceof ReadableStream ? tasks : ndjsonStream(tasks as AsyncIterable<SubmittedTask | string>);
+    const r = await this.t.request<SubmitResult>("POST", path, {
+      rawBody: stream,
+      contentType: "application/x-ndjson",
+      retry: false,
+      signal: opts.signal,
+      timeoutMs: 0,
+    });
+    return { ...r.data, rejected: r.data.rejected ?? [] };
+  }
+
+  /** One task, with its status, attempts, history and result. */
+  get(queue: string, id: string): Promise<QueueTask> {
+    return this.t.get<QueueTask>(`/v1/queues/${seg(queue)}/tasks/${seg(id)}`);
+  }
+
+  /** A page of tasks by status. */
+  async list(queue: string, opts: { status?: string; limit?: number; after?: string } = {}): Promise<TaskPage> {
+    const p = await this.t.get<TaskPage>(`/v1/queues/${seg(queue)}/tasks`, { query: opts });
+    return { ...p, tasks: p.tasks ?? [] };
+  }
+
+  /** Every task of a status, page by page. */
+  async *iterate(queue: string, opts: { status?: string; pageSize?: number } = {}): AsyncGenerator<QueueTask> {
+    let after: string | undefined;
+    for (;;) {
+      const page = await this.list(queue, { status: opts.status, limit: opts.pageSize ?? 500, after });
+      yield* page.tasks;
+      if (!page.next || page.tasks.length === 0) return;
+      after = page.next;
+    }
+  }
+
+  /** Counts by status. */
+  stats(queue: string): Promise<QueueStats> {
+    return this.t.get<QueueStats>(`/v1/queues/${seg(queue)}/stats`);
+  }
+
+  /** Cancels a task that has not finished. */
+  cancel(queue: string, id: string): Promise<QueueTask> {
+    return this.t.post<QueueTask>(`/v1/queues/${seg(queue)}/tasks/${seg(id)}/cancel`, undefined, { retry: false });
+  }
+
+  /**
+   * Claims up to `max` tasks under the session: a long poll woken by the
+   * queue's watch, answered empty when `wait` runs out. Never sent twice (a
+   * claim whose answer is lost stays claimed until the session ends).
+   */
+  async claim(queue: string, opts: { session: Session; max?: number; wait?: number | string; signal?: AbortSignal }): Promise<QueueTask[]> {
+    const waitMs = durMs(opts.wait, 20_000);
+    const signal = opts.signal ? AbortSignal.any([opts.signal, opts.session.signal]) : opts.session.signal;
+    try {
+      const r = await this.t.post<{ tasks: QueueTask[] | null }>(`/v1/queues/${seg(queue)}/claim`,
+        { session: opts.session.id, max: opts.max ?? 1, wait: `${Math.round(waitMs)}ms` },
+        { retry: false, signal, timeoutMs: waitMs + this.t.timeoutMs });
+      return r.tasks ?? [];
+    } catch (err) {
+      opts.session.observe(err);
+      throw err;
+    }
+  }
+
+  /**
+   * Sends up to 256 outcomes in one request, each fenced by its claim's
+   * token and answered on its own (409: the claim was lost, drop the
+   * result). Repeated after a connection error: an outcome that landed the
+   * first time is answered 409 the second, and changes nothing.
+   */
+  async outcomes(queue: string, session: Session | string, outcomes: Outcome[], opts: { signal?: AbortSignal } = {}): Promise<OutcomeResult[]> {
+    const r = await this.t.request<{ results: OutcomeResult[] | null }>("POST", `/v1/queues/${seg(queue)}/outcomes`,
+      { body: { session: typeof session === "string" ? session : session.id, outcomes }, retry: true, signal: opts.signal });
+    const results = r.data.results ?? [];
+    if (r.attempts > 1) {
+      // Sent again after a lost answer: a 409 may be this outcome's own first write.
+      const byId = new Map(outcomes.map((o) => [o.task_id, o]));
+      await Promise.all(results.map(async (res, i) => {
+        const o = byId.get(res.task_id);
+        if (res.status !== 409 || !o) return;
+        const t = await this.get(queue, res.task_id).catch(() => undefined);
+        const want = o.ok ? ["SUCCEEDED"] : ["RETRYING", "DEAD", "PENDING"];
+        if (t && t.token === o.token && want.includes(t.current_status)) results[i] = { task_id: res.task_id, status: 200, current_status: t.current_status, attempt: t.attempt };
+      }));
+    }
+    return results;
+  }
+
+  /** Acks one task (SUCCEEDED, with a JSON result). Throws {@link FencedError} when the claim was lost. */
+  ack(queue: string, session: Session | string, task: { task_id: string; token?: number }, result?: unknown): Promise<QueueTask> {
+    return this.t.post<QueueTask>(`/v1/queues/${seg(queue)}/tasks/${seg(task.task_id)}/ack`,
+      { session: typeof session === "string" ? session : session.id, token: task.token, result: result ?? null }, { retry: true });
+  }
+
+  /** Fails one task: retried with the queue's backoff, or to the dead-letter queue (permanent, or out of retries). */
+  fail(queue: string, session: Session | string, task: { task_id: string; token?: number }, error: string, permanent = false): Promise<QueueTask> {
+    return this.t.post<QueueTask>(`/v1/queues/${seg(queue)}/tasks/${seg(task.task_id)}/fail`,
+      { session: typeof session === "string" ? session : session.id, token: task.token, error, permanent }, { retry: true });
+  }
+
+  /** Says a task is still running (and renews the session). */
+  heartbeat(queue: string, session: Session | string, task: { task_id: string; token?: number }): Promise<{ task_id: string; attempt: number; token: number; expires_at: string }> {
+    return this.t.post(`/v1/queues/${seg(queue)}/tasks/${seg(task.task_id)}/heartbeat`,
+      { session: typeof session === "string" ? session : session.id, token: task.token }, { retry: true });
+  }
+}
+
+/** The dead-letter queue of a queue. */
+export class DeadLetters {
+  constructor(private readonly t: Transport) {}
+
+  /** A page of dead tasks. */
+  async list(queue: string, opts: { limit?: number; after?: string } = {}): Promise<TaskPage> {
+    const p = await this.t.get<TaskPage>(`/v1/queues/${seg(queue)}/dlq`, { query: opts });
+    return { ...p, tasks: p.tasks ?? [] };
+  }
+  /** One dead task. */
+  show(queue: string, id: string): Promise<QueueTask> {
+    return this.t.get<QueueTask>(`/v1/queues/${seg(queue)}/dlq/${seg(id)}`);
+  }
+  /** Runs a dead task again; without an id, every dead task of the queue. */
+  requeue(queue: string, id?: string): Promise<BulkResult> {
+    const path = id === undefined ? `/v1/queues/${seg(queue)}/dlq/requeue` : `/v1/queues/${seg(queue)}/dlq/${seg(id)}/requeue`;
+    return this.t.post<BulkResult>(path, undefined, { retry: false });
+  }
+  /** Deletes a dead task; without an id, every dead task of the queue (admin role). */
+  purge(queue: string, id?: string): Promise<BulkResult> {
+    const path = id === undefined ? `/v1/queues/${seg(queue)}/dlq` : `/v1/queues/${seg(queue)}/dlq/${seg(id)}`;
+    return this.t.delete<BulkResult>(path);
+  }
+}
+
+function ndjsonStream(src: AsyncIterable<SubmittedTask | string> | Iterable<SubmittedTask | string>): ReadableStream<Uint8Array> {
+  const it = (Symbol.asyncIterator in src ? (src as AsyncIterable<SubmittedTask | string>)[Symbol.asyncIterator]() : (src as Iterable<SubmittedTask | string>)[Symbol.iterator]()) as AsyncIterator<SubmittedTask | string> | Iterator<SubmittedTask | string>;
+  return new ReadableStream<Uint8Array>({
+    async pull(controller) {
+      // Up to 256 lines a chunk.
+      const parts: string[] = [];
+      for (let i = 0; i < 256; i++) {
+        const r = await it.next();
+        if (r.done) {
+          if (parts.length) controller.enqueue(enc.encode(parts.join("")));
+          controller.close();
+          return;
+        }
+        const v = r.value;
+        const line = typeof v === "string" ? v.replace(/\r?\n$/, "") : JSON.stringify(v);
+        parts.push(line + "\n");
+      }
+      controller.enqueue(enc.encode(parts.join("")));
+    },
+    async cancel() {
+      await it.return?.();
+    },
+  });
+}
+
+// ---------------------------------------------------------------- workers
+
+/** What a task handler gets besides the task. */
+export interface TaskContext {
+  /** Fires when the claim's session is lost (the task runs again elsewhere) or the worker stops hard. */
+  signal: AbortSignal;
+  /** The claim's fencing token: pass it to your own systems with every write. */
+  token: number;
+  /** The attempt number, from 1. */
+  attempt: number;
+  /** The session the task is claimed under. */
+  session: Session;
+}
+
+export type TaskHandler = (task: QueueTask, ctx: TaskContext) => unknown | Promise<unknown>;
+
+export interface WorkerOptions {
+  /** Tasks run at once (default 1). */
+  concurrency?: number;
+  /** Claim under this session (not closed by the worker). Default: the worker's own, renewed if lost. */
+  session?: Session;
+  /** TTL in seconds of the worker's own session (default 15). */
+  ttl?: number;
+  /** The worker's name, shown as the holder of its claims. */
+  name?: string;
+  /** How long one claim waits for tasks (default "20s", at most the server's 60 s). */
+  wait?: number | string;
+  /** Drain on these signals (default SIGTERM and SIGINT); false or [] to handle none. */
+  signals?: NodeJS.Signals[] | false;
+  /** Called with errors the worker recovers from (claim failures, outcome failures). */
+  onError?: (err: unknown) => void;
+}
+
+export interface WorkerStats {
+  /** Tasks claimed. */
+  claimed: number;
+  /** Outcomes accepted as a success. */
+  succeeded: number;
+  /** Failures accepted (retried, or dead when out of retries). */
+  failed: number;
+  /** Failures sent as permanent (to the dead-letter queue). */
+  permanent: number;
+  /** Outcomes dropped because the claim was lost (409/404, or the session ended). */
+  lost: number;
+  /** Tasks running now. */
+  running: number;
+}
+
+/** The largest result a task keeps (256 KiB of JSON). */
+const MAX_RESULT = 256 << 10;
+
+/** The byte length of v as JSON, or -1 when it cannot be. */
+function jsonSize(v: unknown): number {
+  try {
+    return Buffer.byteLength(JSON.stringify(v) ?? "null");
+  } catch {
+    return -1;
+  }
+}
+
+interface PendingOutcome {
+  outcome: Outcome;
+  resolve: (r: OutcomeResult | undefined) => void;
+}
+
+/**
+ * A queue worker: claims tasks with long polls, runs up to `concurrency` at
+ * once, and sends each outcome fenced by its claim's token (batched when
+ * several are ready). A handler that throws {@link Permanent} sends the
+ * task to the dead-letter queue; any other error is retried with the
+ * queue's backoff. On SIGTERM (or {@link drain}) it stops claiming,
+ * finishes the running tasks, sends their outcomes and ends its session.
+ */
+export class Worker {
+  readonly queue: string;
+  /** Resolves with the final counts once the worker has drained. */
+  readonly done: Promise<WorkerStats>;
+  private readonly q: Queues;
+  private readonly t: Transport;
+  private readonly handler: TaskHandler;
+  private readonly concurrency: number;
+  private readonly waitMs: number;
+  private readonly opts: WorkerOptions;
+  private session: Session | undefined;
+  private readonly drainAc = new AbortController();
+  private readonly running = new Set<Promise<void>>();
+  private slotWaiter: (() => void) | undefined;
+  private readonly pending = new Map<Session, PendingOutcome[]>();
+  private flushing: Promise<void> | undefined;
+  private readonly counts = { claimed: 0, succeeded: 0, failed: 0, permanent: 0, lost: 0 };
+  private readonly onSignal: () => void;
+  private readonly signals: NodeJS.Signals[];
+
+  /** @internal use {@link Drover.worker} */
+  constructor(t: Transport, queue: string, opts: WorkerOptions, handler: TaskHandler) {
+    this.t = t;
+    this.q = new Queues(t);
+    this.queue = queue;
+    this.opts = opts;
+    this.handler = handler;
+    this.concurrency = Math.max(1, opts.concurrency ?? 1);
+    this.waitMs = Math.min(60_000, durMs(opts.wait, 20_000));
+    this.session = opts.session;
+    this.signals = opts.signals === false ? [] : opts.signals ?? ["SIGTERM", "SIGINT"];
+    // The first signal drains; the handler is then removed, so that a second
+    // one ends the process as it would without a worker.
+    this.onSignal = () => {
+      for (const sig of this.signals) process.off(sig, this.onSignal);
+      void this.drain();
+    };
+    for (const s of this.signals) process.on(s, this.onSignal);
+    this.done = this.loop().finally(() => {
+      for (const s of this.signals) process.off(s, this.onSignal);
+    });
+  }
+
+  /** The counts so far. */
+  get stats(): WorkerStats {
+    return { ...this.counts, running: this.running.size };
+  }
+
+  /** The session claims are made under now (undefined before the first claim). */
+  get currentSession(): Session | undefined {
+    return this.session;
+  }
+
+  /** True once draining started. */
+  get draining(): boolean {
+    return this.drainAc.signal.aborted;
+  }
+
+  /** Stops claiming, lets the running tasks finish, sends their outcomes and ends the session. */
+  drain(): Promise<WorkerStats> {
+    if (!this.drainAc.signal.aborted) this.drainAc.abort(new Error("worker draining"));
+    this.slotWaiter?.();
+    return this.done;
+  }
+
+  private report(err: unknown): void {
+    try {
+      this.opts.onError?.(err);
+    } catch {
+      /* the callback's own failure is not the worker's */
+    }
+  }
+
+  private async ensureSession(): Promise<Session> {
+    if (this.session && this.session.alive) return this.session;
+    if (this.opts.session) throw this.opts.session.signal.reason ?? new Error("the worker's session ended");
+    this.session = await Session.create(this.t, { ttl: this.opts.ttl ?? 15, name: this.opts.name ?? `worker-${process.pid}` });
+    return this.session;
+  }
+
+  private async loop(): Promise<WorkerStats> {
+    let backoff = 250;
+    const drain = this.drainAc.signal;
+    try {
+      while (!drain.aborted) {
+        if (this.running.size >= this.concurrency) {
+          await new Promise<void>((r) => (this.slotWaiter = r));
+          this.slotWaiter = undefined;
+          continue;
+        }
+        let session: Session;
+        try {
+          session = await this.ensureSession();
+        } catch (err) {
+          if (this.opts.session) throw err;
+          this.report(err);
+          await sleep(backoff, drain).catch(() => {});
+          backoff = Math.min(5000, backoff * 2);
+          continue;
+        }
+        let tasks: QueueTask[];
+        try {
+          tasks = await this.q.claim(this.queue, { session, max: this.concurrency - this.running.size, wait: this.waitMs / 1000, signal: drain });
+          backoff = 250;
+        } catch (err) {
+          if (drain.aborted) break;
+          if (!session.alive) continue; // a new session next round
+          // A bad queue name is not something waiting fixes.
+          if (err instanceof InvalidInputError) throw err;
+          this.report(err);
+          await sleep(backoff, drain).catch(() => {});
+          backoff = Math.min(5000, backoff * 2);
+          continue;
+        }
+        for (const task of tasks) {
+          this.counts.claimed++;
+          const p = this.run(task, session).finally(() => {
+            this.running.delete(p);
+            this.slotWaiter?.();
+          });
+          this.running.add(p);
+        }
+      }
+    } finally {
+      await Promise.allSettled([...this.running]);
+      await this.flush();
+      if (this.session && this.session !== this.opts.session) await this.session.close().catch((e) => this.report(e));
+    }
+    return this.stats;
+  }
+
+  private async run(task: QueueTask, session: Session): Promise<void> {
+    const token = task.token ?? 0;
+    const ctx: TaskContext = { signal: session.signal, token, attempt: task.attempt, session };
+    let outcome: Outcome;
+    try {
+      const result = await this.handler(task, ctx);
+      const value = result === undefined ? null : result;
+      const size = jsonSize(value);
+      if (size < 0) outcome = { task_id: task.task_id, token, error: "the handler's result is not JSON (a BigInt, a cycle...)", permanent: true };
+      else if (size > MAX_RESULT) outcome = { task_id: task.task_id, token, error: `the handler's result is ${size} bytes of JSON, over the ${MAX_RESULT} a task keeps`, permanent: true };
+      else outcome = { task_id: task.task_id, token, ok: true, result: value };
+    } catch (err) {
+      const msg = err instanceof Error ? err.message || err.name : String(err);
+      outcome = { task_id: task.task_id, token, error: msg.slice(0, 65536) || "error", permanent: isPermanent(err) };
+    }
+    if (!session.alive) {
+      // The claim went with the session: the task runs again elsewhere.
+      this.counts.lost++;
+      return;
+    }
+    const r = await this.send(session, outcome);
+    if (!r || r.status !== 200) {
+      this.counts.lost++;
+      return;
+    }
+    if (outcome.ok) this.counts.succeeded++;
+    else if (outcome.permanent) this.counts.permanent++;
+    else this.counts.failed++;
+  }
+
+  /** Queues an outcome; sent with every other ready one in one request. */
+  private send(session: Session, outcome: Outcome): Promise<OutcomeResult | undefined> {
+    return new Promise((resolve) => {
+      let list = this.pending.get(session);
+      if (!list) this.pending.set(session, (list = []));
+      list.push({ outcome, resolve });
+      if (!this.flushing) this.flushing = this.flushLoop().finally(() => (this.flushing = undefined));
+    });
+  }
+
+  private async flush(): Promise<void> {
+    while (this.flushing || this.pending.size) {
+      if (!this.flushing) this.flushing = this.flushLoop().finally(() => (this.flushing = undefined));
+      await this.flushing;
+    }
+  }
+
+  private async flushLoop(): Promise<void> {
+    while (this.pending.size) {
+      const [session, list] = this.pending.entries().next().value as [Session, PendingOutcome[]];
+      const batch = list.splice(0, 256);
+      if (list.length === 0) this.pending.delete(session);
+      let backoff = 200;
+      for (;;) {
+        try {
+          const results = await this.q.outcomes(this.queue, session, batch.map((b) => b.outcome));
+          const byId = new Map(results.map((r) => [r.task_id, r]));
+          for (const b of batch) b.resolve(byId.get(b.outcome.task_id));
+          break;
+        } catch (err) {
+          session.observe(err);
+          this.report(err);
+          // Unreachable: try again while the claims can still hold (the session
+          // is lost, and these outcomes with it, once its TTL runs out).
+          if (session.alive && (err instanceof ConnectionError || (err instanceof DroverError && err.status >= 500))) {
+            await sleep(backoff, session.signal).catch(() => {});
+            backoff = Math.min(2000, backoff * 2);
+            if (session.alive) continue;
+          }
+          for (const b of batch) b.resolve(undefined);
+          break;
+        }
+      }
+    }
+  }
+}

@@ -1,0 +1,33 @@
+// Runs every example of the README (examples/*.ts, compiled to
+// build/examples by `npm run build`) against the real server, each in a
+// namespace of its own: they must exit 0 by themselves.
+import { test, after, before } from "node:test";
+import assert from "node:assert/strict";
+import { execFile } from "node:child_process";
+import { readdirSync } from "node:fs";
+import { promisify } from "node:util";
+import { fileURLToPath } from "node:url";
+import { sharedServer, uniq } from "./helpers/server.mjs";
+
+let srv;
+before(async () => (srv = await sharedServer()));
+after(async () => srv.release());
+
+const dir = fileURLToPath(new URL("../build/examples/", import.meta.url));
+const examples = readdirSync(dir).filter((f) => f.endsWith(".js")).sort();
+
+test("every example was built", () => {
+  assert.deepEqual(examples, ["langgraph.js", "limits.js", "lock.js", "registry.js", "session.js", "steps.js", "submit-ndjson.js", "worker.js"]);
+});
+
+for (const f of examples) {
+  test(`example ${f} runs`, async () => {
+    const env = { ...process.env, DROVER_URL: srv.url, DROVER_NAMESPACE: uniq("ex") };
+    const { stdout } = await promisify(execFile)(process.execPath, [dir + f], { env, timeout: 60_000 });
+    assert.ok(stdout.length > 0);
+    if (f === "worker.js") assert.match(stdout, /welcome-2/);
+    if (f === "submit-ndjson.js") assert.match(stdout, /^10000 0 \[/m);
+    if (f === "langgraph.js") assert.match(stdout, /count: 2/);
+    if (f === "steps.js") assert.match(stdout, /\[ 1, 2, 3 \]/);
+  });
+}
