@@ -359,6 +359,8 @@ export class Worker {
   private session: Session | undefined;
   private readonly drainAc = new AbortController();
   private readonly running = new Set<Promise<void>>();
+  /** Outcomes handed to the batch sender and not yet answered. */
+  private readonly sending = new Set<Promise<void>>();
   private slotWaiter: (() => void) | undefined;
   private readonly pending = new Map<Session, PendingOutcome[]>();
   private flushing: Promise<void> | undefined;
@@ -431,10 +433,17 @@ export class Worker {
     const drain = this.drainAc.signal;
     try {
       while (!drain.aborted) {
-        if (this.running.size >= this.concurrency) {
+        // A slot is free once its handler returned; its outcome goes out
+        // in the next batch. Outcomes not yet answered are bounded too.
+        if (this.running.size >= this.concurrency || this.sending.size >= 4 * this.concurrency) {
           await new Promise<void>((r) => (this.slotWaiter = r));
           this.slotWaiter = undefined;
           continue;
+        }
+        // With tasks running, wait a moment for half the slots to come free,
+        // so that one claim takes several tasks rather than one at a time.
+        if (this.running.size > 0 && this.concurrency - this.running.size < this.concurrency / 2) {
+          await sleep(2, drain).catch(() => {});
         }
         let session: Session;
         try {
@@ -471,6 +480,7 @@ export class Worker {
       }
     } finally {
       await Promise.allSettled([...this.running]);
+      await Promise.allSettled([...this.sending]);
       await this.flush();
       if (this.session && this.session !== this.opts.session) await this.session.close().catch((e) => this.report(e));
     }
@@ -497,14 +507,17 @@ export class Worker {
       this.counts.lost++;
       return;
     }
-    const r = await this.send(session, outcome);
-    if (!r || r.status !== 200) {
-      this.counts.lost++;
-      return;
-    }
-    if (outcome.ok) this.counts.succeeded++;
-    else if (outcome.permanent) this.counts.permanent++;
-    else this.counts.failed++;
+    // The slot frees now; the outcome is counted once the server answers.
+    const sent: Promise<void> = this.send(session, outcome).then((r) => {
+      if (!r || r.status !== 200) this.counts.lost++;
+      else if (outcome.ok) this.counts.succeeded++;
+      else if (outcome.permanent) this.counts.permanent++;
+      else this.counts.failed++;
+    }).finally(() => {
+      this.sending.delete(sent);
+      this.slotWaiter?.();
+    });
+    this.sending.add(sent);
   }
 
   /** Queues an outcome; sent with every other ready one in one request. */
