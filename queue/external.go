@@ -108,12 +108,13 @@ func (c *Client) Claim(ctx context.Context, q string, req ClaimRequest) ([]*Task
 	w.spread = turn
 	w.claimSeq.Store(int64(turn % (1 << 62)))
 	w.turnSeq.Store(int64(turn % (1 << 62)))
-	w.turns = c.levelTurnsOf(q)
+	w.turns, w.window = c.levelTurnsOf(q), c.windowOf(q)
 	defer func() {
 		w.levelMu.Lock()
-		lt := w.turns
+		lt, ow := w.turns, w.window
 		w.levelMu.Unlock()
 		c.setLevelTurns(q, lt)
+		c.setWindow(q, ow)
 	}()
 	lid := int64(req.Lease.ID())
 	hot := c.hotOf(q, lid)

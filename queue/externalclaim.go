@@ -24,6 +24,29 @@ type externalState struct {
 	// levels keeps each queue's anti-starvation turns (levelTurns) from
 	// one external claim to the next: each claim has a Worker of its own.
 	levels map[string]levelTurns
+	// windows keeps each queue's bound on the read of its open segments
+	// (openWindow) from one external claim to the next: without it every
+	// claim read the open segments unbounded, and etcd counts every key of
+	// that range, deleted ones too until compaction.
+	windows map[string]openWindow
+}
+
+// windowOf returns the open window the last external claim of queue q
+// left.
+func (c *Client) windowOf(q string) openWindow {
+	c.ext.mu.Lock()
+	defer c.ext.mu.Unlock()
+	return c.ext.windows[q]
+}
+
+// setWindow keeps the open window an external claim of queue q leaves.
+func (c *Client) setWindow(q string, ow openWindow) {
+	c.ext.mu.Lock()
+	defer c.ext.mu.Unlock()
+	if c.ext.windows == nil || len(c.ext.windows) >= 4096 {
+		c.ext.windows = map[string]openWindow{}
+	}
+	c.ext.windows[q] = ow
 }
 
 // levelTurnsOf returns the turns the last external claim of queue q left.
