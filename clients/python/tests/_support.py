@@ -17,6 +17,7 @@ import sys
 import tempfile
 import threading
 import time
+import unittest
 import urllib.request
 import uuid
 from typing import Any, Callable, Dict, List, Optional
@@ -228,3 +229,27 @@ def last_json_line(text: str) -> Dict[str, Any]:
             return json.loads(line)
     raise AssertionError("no JSON line in output:\n" + text)
 
+
+
+_shared: Optional[Server] = None
+
+
+def shared_server() -> Server:
+    """The drover server the test modules share: started on first use,
+    stopped when the test run ends. Tests give their queues, locks and
+    threads names of their own, so they do not meet on it."""
+    global _shared
+    if _shared is None:
+        _shared = Server().start()
+        atexit.register(_shared.stop)
+    return _shared
+
+
+class ClientTest(unittest.TestCase):
+    """A test with a client of the shared server as ``self.c``."""
+
+    def setUp(self) -> None:
+        import drover
+
+        self.c = drover.Client(shared_server().url)
+        self.addCleanup(self.c.close)

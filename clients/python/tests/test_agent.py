@@ -7,7 +7,7 @@ import tempfile
 import time
 import unittest
 
-from _support import Server, last_json_line, spawn, unique
+from _support import ClientTest, Server, last_json_line, shared_server, spawn, unique
 
 import drover
 
@@ -16,20 +16,11 @@ srv: Server
 
 def setUpModule() -> None:
     global srv
-    srv = Server().start()
+    srv = shared_server()
 
 
-def tearDownModule() -> None:
-    srv.stop()
 
-
-class RunStepsTest(unittest.TestCase):
-    def setUp(self) -> None:
-        self.c = drover.Client(srv.url)
-
-    def tearDown(self) -> None:
-        self.c.close()
-
+class RunStepsTest(ClientTest):
     def tmpdir(self) -> str:
         d = tempfile.mkdtemp(prefix="drover-pyagent-")
         self.addCleanup(shutil.rmtree, d, True)

@@ -2,7 +2,7 @@
 
 import unittest
 
-from _support import Server, unique
+from _support import ClientTest, Server, shared_server, unique
 
 import drover
 from drover import thread_config
@@ -12,24 +12,18 @@ srv: Server
 
 def setUpModule() -> None:
     global srv
-    srv = Server().start()
+    srv = shared_server()
 
-
-def tearDownModule() -> None:
-    srv.stop()
 
 
 def cid(config):
     return config["configurable"]["checkpoint_id"]
 
 
-class CheckpointTest(unittest.TestCase):
+class CheckpointTest(ClientTest):
     def setUp(self) -> None:
-        self.c = drover.Client(srv.url)
+        super().setUp()
         self.cp = self.c.checkpoints
-
-    def tearDown(self) -> None:
-        self.c.close()
 
     def test_put_get_tuple_list_put_writes_delete(self) -> None:
         thread = unique("chat")

@@ -3,7 +3,7 @@
 import time
 import unittest
 
-from _support import Server, unique
+from _support import ClientTest, Server, shared_server, unique
 
 import drover
 
@@ -12,20 +12,11 @@ srv: Server
 
 def setUpModule() -> None:
     global srv
-    srv = Server().start()
+    srv = shared_server()
 
 
-def tearDownModule() -> None:
-    srv.stop()
 
-
-class FlowTest(unittest.TestCase):
-    def setUp(self) -> None:
-        self.c = drover.Client(srv.url)
-
-    def tearDown(self) -> None:
-        self.c.close()
-
+class FlowTest(ClientTest):
     def test_take_waits_within_its_bound_and_settle_gives_back(self) -> None:
         name = unique("llm-tokens")
         self.c.limits.set(name, "10/s", burst=10)

@@ -18,7 +18,7 @@ import tempfile
 import textwrap
 import unittest
 
-from _support import PYROOT, Server, unique
+from _support import ClientTest, PYROOT, Server, shared_server, unique
 
 import drover
 
@@ -62,11 +62,8 @@ STUB = textwrap.dedent(
 
 def setUpModule() -> None:
     global srv
-    srv = Server().start()
+    srv = shared_server()
 
-
-def tearDownModule() -> None:
-    srv.stop()
 
 
 def load_example():

@@ -10,7 +10,7 @@ import threading
 import time
 import unittest
 
-from _support import Server, last_json_line, spawn, unique
+from _support import ClientTest, Server, last_json_line, shared_server, spawn, unique
 
 import drover
 
@@ -19,20 +19,11 @@ srv: Server
 
 def setUpModule() -> None:
     global srv
-    srv = Server().start()
+    srv = shared_server()
 
 
-def tearDownModule() -> None:
-    srv.stop()
 
-
-class SessionTest(unittest.TestCase):
-    def setUp(self) -> None:
-        self.c = drover.Client(srv.url)
-
-    def tearDown(self) -> None:
-        self.c.close()
-
+class SessionTest(ClientTest):
     def test_keepalive_keeps_a_session_past_its_ttl(self) -> None:
         with self.c.session(ttl=2, name="kept") as s:
             self.assertEqual(s.ttl, 2)
@@ -109,13 +100,7 @@ class SessionTest(unittest.TestCase):
             own.stop()
 
 
-class LockTest(unittest.TestCase):
-    def setUp(self) -> None:
-        self.c = drover.Client(srv.url)
-
-    def tearDown(self) -> None:
-        self.c.close()
-
+class LockTest(ClientTest):
     def test_lock_token_held_release(self) -> None:
         name = unique("lk")
         with self.c.lock(name, ttl=5) as lk:

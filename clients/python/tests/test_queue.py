@@ -11,7 +11,7 @@ import threading
 import time
 import unittest
 
-from _support import Server, read_json_lines, spawn, unique, wait_until, last_json_line
+from _support import ClientTest, Server, last_json_line, read_json_lines, shared_server, spawn, unique, wait_until
 
 import drover
 
@@ -20,11 +20,8 @@ srv: Server
 
 def setUpModule() -> None:
     global srv
-    srv = Server().start()
+    srv = shared_server()
 
-
-def tearDownModule() -> None:
-    srv.stop()
 
 
 def claim_until(q: drover.Queue, session: drover.Session, want: int, timeout: float) -> list:
@@ -35,14 +32,13 @@ def claim_until(q: drover.Queue, session: drover.Session, want: int, timeout: fl
     return got
 
 
-class QueueAPITest(unittest.TestCase):
+class QueueAPITest(ClientTest):
     def setUp(self) -> None:
-        self.c = drover.Client(srv.url)
+        super().setUp()
         self.s = self.c.session(ttl=10, name="api-test")
 
     def tearDown(self) -> None:
         self.s.close()
-        self.c.close()
 
     def test_submit_claim_ack_with_result(self) -> None:
         q = self.c.queue(unique("q-ack"))
@@ -193,13 +189,7 @@ class QueueAPITest(unittest.TestCase):
         self.assertIsInstance(cm.exception, drover.TooManyRequests)
 
 
-class WorkerTest(unittest.TestCase):
-    def setUp(self) -> None:
-        self.c = drover.Client(srv.url)
-
-    def tearDown(self) -> None:
-        self.c.close()
-
+class WorkerTest(ClientTest):
     def run_worker(self, w: drover.Worker, **kw):
         out = {}
         th = threading.Thread(target=lambda: out.update(w.run(handle_signals=False, **kw)), daemon=True)

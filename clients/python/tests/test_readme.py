@@ -6,7 +6,7 @@ import subprocess
 import sys
 import unittest
 
-from _support import PYROOT, Server, proc_env
+from _support import ClientTest, PYROOT, Server, proc_env, shared_server
 
 README = os.path.join(PYROOT, "README.md")
 LOCAL = "http://127.0.0.1:8080"
@@ -16,11 +16,8 @@ srv: Server
 
 def setUpModule() -> None:
     global srv
-    srv = Server().start()
+    srv = shared_server()
 
-
-def tearDownModule() -> None:
-    srv.stop()
 
 
 def blocks():

@@ -6,7 +6,7 @@ import threading
 import time
 import unittest
 
-from _support import Server, unique
+from _support import ClientTest, Server, shared_server, unique
 
 import drover
 from drover._transport import shutdown_socket
@@ -16,11 +16,8 @@ srv: Server
 
 def setUpModule() -> None:
     global srv
-    srv = Server().start()
+    srv = shared_server()
 
-
-def tearDownModule() -> None:
-    srv.stop()
 
 
 class Follower:
@@ -44,13 +41,7 @@ class Follower:
         self.t.join(5)
 
 
-class RegistryTest(unittest.TestCase):
-    def setUp(self) -> None:
-        self.c = drover.Client(srv.url)
-
-    def tearDown(self) -> None:
-        self.c.close()
-
+class RegistryTest(ClientTest):
     def test_watch_sees_register_update_deregister(self) -> None:
         comp = unique("gateway")
         f = Follower(self.c.watch(comp))

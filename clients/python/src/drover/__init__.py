@@ -29,38 +29,15 @@ from ._version import __version__
 from .agent import BYTES_CODEC, JSON_CODEC, Codec, RunResult
 from .checkpoint import WRITES_IDX_MAP, CheckpointClient, CheckpointTuple, JsonSerde, thread_config
 from .client import Client
-from .errors import (
-    BreakerOpen,
-    Conflict,
-    DroverError,
-    Fenced,
-    Forbidden,
-    Gone,
-    Held,
-    InvalidInput,
-    NotFound,
-    Permanent,
-    QueueFull,
-    QuotaFull,
-    RateLimited,
-    SessionLost,
-    SessionNotFound,
-    StoreFull,
-    TaskBusy,
-    TooLarge,
-    TooManyRequests,
-    TransportError,
-    Unauthorized,
-    Unavailable,
-    UnsupportedMediaType,
-)
+from . import errors as _errors
+from .errors import *  # noqa: F401,F403 (every error class, listed in errors.__all__)
 from .locks import Lock
 from .queues import OutcomeResult, Queue, Rejected, SubmitResult, Task
 from .registry import Registration, Watch, WatchEvent
 from .sessions import Session
 from .workers import Worker
 
-__all__ = [
+__all__ = _errors.__all__ + [
     "__version__",
     "Client",
     "Session",
@@ -83,30 +60,6 @@ __all__ = [
     "JsonSerde",
     "WRITES_IDX_MAP",
     "thread_config",
-    # errors
-    "DroverError",
-    "TransportError",
-    "InvalidInput",
-    "Unauthorized",
-    "Forbidden",
-    "NotFound",
-    "SessionNotFound",
-    "Conflict",
-    "Held",
-    "TaskBusy",
-    "Fenced",
-    "Gone",
-    "TooLarge",
-    "UnsupportedMediaType",
-    "TooManyRequests",
-    "QueueFull",
-    "RateLimited",
-    "QuotaFull",
-    "Unavailable",
-    "BreakerOpen",
-    "StoreFull",
-    "SessionLost",
-    "Permanent",
     # the default client
     "configure",
     "default_client",
