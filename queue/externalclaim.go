@@ -31,39 +31,35 @@ type externalState struct {
 	windows map[string]openWindow
 }
 
-// windowOf returns the open window the last external claim of queue q
-// left.
-func (c *Client) windowOf(q string) openWindow {
-	c.ext.mu.Lock()
-	defer c.ext.mu.Unlock()
-	return c.ext.windows[q]
-}
-
-// setWindow keeps the open window an external claim of queue q leaves.
-func (c *Client) setWindow(q string, ow openWindow) {
-	c.ext.mu.Lock()
-	defer c.ext.mu.Unlock()
-	if c.ext.windows == nil || len(c.ext.windows) >= 4096 {
-		c.ext.windows = map[string]openWindow{}
-	}
-	c.ext.windows[q] = ow
-}
-
 // levelTurnsOf returns the turns the last external claim of queue q left.
-func (c *Client) levelTurnsOf(q string) levelTurns {
-	c.ext.mu.Lock()
-	defer c.ext.mu.Unlock()
-	return c.ext.levels[q]
-}
+func (c *Client) levelTurnsOf(q string) levelTurns { return loadFor(&c.ext.mu, &c.ext.levels, q) }
 
 // setLevelTurns keeps the turns an external claim of queue q leaves.
-func (c *Client) setLevelTurns(q string, lt levelTurns) {
-	c.ext.mu.Lock()
-	defer c.ext.mu.Unlock()
-	if c.ext.levels == nil || len(c.ext.levels) >= 4096 {
-		c.ext.levels = map[string]levelTurns{}
+func (c *Client) setLevelTurns(q string, lt levelTurns) { storeFor(&c.ext.mu, &c.ext.levels, q, lt) }
+
+// windowOf returns the open window the last external claim of queue q
+// left.
+func (c *Client) windowOf(q string) openWindow { return loadFor(&c.ext.mu, &c.ext.windows, q) }
+
+// setWindow keeps the open window an external claim of queue q leaves.
+func (c *Client) setWindow(q string, ow openWindow) { storeFor(&c.ext.mu, &c.ext.windows, q, ow) }
+
+// loadFor returns queue q's value in *m, read under mu.
+func loadFor[T any](mu *sync.Mutex, m *map[string]T, q string) T {
+	mu.Lock()
+	defer mu.Unlock()
+	return (*m)[q]
+}
+
+// storeFor sets queue q's value in *m under mu; the map starts over past
+// 4,096 queues, so that it stays bounded.
+func storeFor[T any](mu *sync.Mutex, m *map[string]T, q string, v T) {
+	mu.Lock()
+	defer mu.Unlock()
+	if *m == nil || len(*m) >= 4096 {
+		*m = map[string]T{}
 	}
-	c.ext.levels[q] = lt
+	(*m)[q] = v
 }
 
 // hotKey names the claims of one session (lease) from one queue.
