@@ -52,18 +52,22 @@ func (w *Worker) claim(ctx context.Context, lane, n int) (claims []*claim, rev i
 			return claims, 0, true, err // contended: claim again at once
 		}
 	}
-	if seq%readEvery != 0 {
+	if w.laneClaims[lane].Add(1)%readEvery != 0 {
 		if claims, ok, err := w.claimPredicted(ctx, lane, n); ok {
 			return claims, 0, false, err
 		}
 	}
-	hot := w.hotSegment(lane)
+	hot, guessed := w.hotSegment(lane)
 	// The open segments' list (etcd counts every key of the range, even
-	// with a limit) only when the loop has no segment with slots left, or
-	// one claim in sixteen.
-	listOpen := hot == "" || seq%16 == 0
+	// with a limit) only when the loop has no segment with slots left, one
+	// claim in sixteen, or when its segment is a guess (the next one of
+	// its last list), which the priority rule must confirm.
+	listOpen := hot == "" || guessed || seq%16 == 0
 	levels, fifo, first, open, hotState, err := w.readLevels(ctx, n, hot, listOpen)
 	if err != nil {
+		if hot != "" {
+			w.setHot(lane, "") // its tasks may be what could not be read
+		}
 		return nil, 0, false, err
 	}
 	w.fifo.Store(fifo)

@@ -122,9 +122,10 @@ func (c *Client) Claim(ctx context.Context, q string, req ClaimRequest) ([]*Task
 	defer func() {
 		// A FIFO queue's claims all take its oldest segment: a session
 		// keeps none of its own (a kept one would make the next claim skip
-		// the open list and find nothing).
-		seg := w.hotSegment(0)
-		if w.fifo.Load() {
+		// the open list and find nothing). Nor does it keep a guess at the
+		// next segment: its next claim lists the open segments.
+		seg, guessed := w.hotSegment(0)
+		if w.fifo.Load() || guessed {
 			seg = ""
 		}
 		c.setHot(q, lid, seg)
@@ -143,7 +144,7 @@ func (c *Client) Claim(ctx context.Context, q string, req ClaimRequest) ([]*Task
 		if err != nil || len(tasks) > 0 {
 			return tasks, err
 		}
-		if hot != "" && len(claims) == 0 && w.hotSegment(0) == "" {
+		if seg, _ := w.hotSegment(0); hot != "" && len(claims) == 0 && seg == "" {
 			hot = "" // the session's segment had nothing left: claim again at once, from the list
 			continue
 		}

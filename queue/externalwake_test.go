@@ -44,7 +44,7 @@ func TestExternalClaimWokenEveryRound(t *testing.T) {
 			t.Fatalf("round %d: the waiting claim got %v (%v) after %v; want %s", round, got, err, took, third)
 		}
 		if took > 2500*time.Millisecond {
-			t.Fatalf("round %d: the waiting claim took %v; want it woken by the submission at 300 ms", round, took)
+			t.Fatalf("round %d: the waiting claim took %v; want it woken by the submission at 1 s", round, took)
 		}
 		// The third stays running under the session.
 	}

@@ -2,7 +2,9 @@ package queue
 
 import (
 	"context"
+	"fmt"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -94,5 +96,82 @@ func TestPredictedClaimRefusedAfterAnotherClaim(t *testing.T) {
 			t.Fatalf("slot %d claimed twice", cl.slot)
 		}
 		seen[cl.slot] = true
+	}
+}
+
+// A run another worker made after the prediction and that ended with its
+// lease leaves only its try; the predicted claim is refused (it would count
+// that attempt's slots as never tried), and the claim that reads first
+// takes them with the attempt after it.
+func TestPredictedClaimRefusedAfterADeadRun(t *testing.T) {
+	e := newReviewEnv(t).space(t)
+	seg := e.submitSegment(t, "d", 30)
+	a := e.worker(t, WorkerConfig{Concurrency: 30, Prefetch: 10})
+	b := e.worker(t, WorkerConfig{Concurrency: 30, Prefetch: 10})
+	ctx := context.Background()
+
+	claimRun(t, a, seg, 10)
+	fromB := claimRun(t, b, seg, 10)
+	if err := b.lease.Close(ctx); err != nil { // b dies: its run goes, its try stays
+		t.Fatal(err)
+	}
+	claims, ok, err := a.claimPredicted(ctx, 0, 10)
+	if err != nil || ok || len(claims) != 0 {
+		t.Fatalf("a predicted claim after a dead run took %d (ok %v, %v); want it refused", len(claims), ok, err)
+	}
+	again := claimRun(t, a, seg, 10)
+	died := map[int]bool{}
+	for _, cl := range fromB {
+		died[cl.slot] = true
+	}
+	for _, cl := range again {
+		if died[cl.slot] && cl.task.Attempt != 2 {
+			t.Fatalf("slot %d, whose first attempt died, claimed as attempt %d; want 2", cl.slot, cl.task.Attempt)
+		}
+	}
+}
+
+// A loop that used up its segment guesses the next one of its last list;
+// its next claim lists the open segments again and takes a higher-priority
+// segment submitted since, not the guess.
+func TestGuessedSegmentYieldsToHigherPriority(t *testing.T) {
+	e := newReviewEnv(t).space(t)
+	ctx := context.Background()
+	submit := func(prefix string, prio int) {
+		ts := make([]Task, 10)
+		for i := range ts {
+			ts[i] = Task{ID: fmt.Sprintf("%s-%d", prefix, i), Type: "work", Metadata: Metadata{Priority: prio}}
+		}
+		if _, err := e.c.Submit(ctx, reviewQueue, ts, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := 0; i < 6; i++ {
+		submit(fmt.Sprintf("low-%d", i), 1)
+	}
+	w := e.worker(t, WorkerConfig{Concurrency: 60, Prefetch: 10})
+	// Claims pick among the first segments at random: claim whole segments
+	// until one leaves a guess (one whose list has a segment after it).
+	for i := 0; ; i++ {
+		took, _, _, err := w.claim(ctx, 0, 10)
+		if err != nil || len(took) != 10 {
+			t.Fatalf("claim %d took %d, %v", i, len(took), err)
+		}
+		if seg, guessed := w.hotSegment(0); guessed && seg != "" {
+			break
+		}
+		if i == 4 {
+			t.Fatal("no claim that took a segment's last slots left a guess at the next")
+		}
+	}
+	submit("high", 9)
+	next, _, _, err := w.claim(ctx, 0, 10)
+	if err != nil || len(next) == 0 {
+		t.Fatalf("second claim took %d, %v", len(next), err)
+	}
+	for _, cl := range next {
+		if !strings.HasPrefix(cl.task.ID, "high-") {
+			t.Fatalf("claimed %s before the higher-priority tasks", cl.task.ID)
+		}
 	}
 }

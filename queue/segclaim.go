@@ -84,6 +84,10 @@ func (w *Worker) claimListed(ctx context.Context, lane, n int, r segmentRead) (c
 	if claims, ok, err := w.claimLost(ctx, lane, n); ok || err != nil {
 		return claims, true, err // a dead worker's tasks first
 	}
+	if r.hot != nil && r.listed && !w.stillFirst(lane, r) {
+		r.hot = nil // a higher level, or a lower level's turn: the rule picks
+		w.setHot(lane, "")
+	}
 	if claims, ok, err := w.claimHot(ctx, lane, n, r.hot, r.fifo); ok || err != nil || !r.listed {
 		return claims, true, err // (without the list: claim again with it)
 	}
@@ -318,19 +322,45 @@ func (w *Worker) claimHot(ctx context.Context, lane, n int, hot *segState, fifo 
 	return claims, len(claims) > 0 || contended, err
 }
 
-// hotSegment is the segment claim loop lane took from last, if it had
-// slots left.
-func (w *Worker) hotSegment(lane int) string {
+// hotSegment is the segment claim loop lane takes from next: the one it
+// took from last, if it had slots left, or (guessed) the next one of its
+// last list.
+func (w *Worker) hotSegment(lane int) (seg string, guessed bool) {
 	w.levelMu.Lock()
 	defer w.levelMu.Unlock()
-	return w.hot[lane]
+	return w.hot[lane], w.guessed[lane]
 }
 
 func (w *Worker) setHot(lane int, seg string) {
 	w.levelMu.Lock()
-	w.hot[lane] = seg
-	w.predicted[lane] = nil
+	w.hot[lane], w.predicted[lane], w.guessed[lane] = seg, nil, false
 	w.levelMu.Unlock()
+}
+
+// setGuess makes seg, the next segment of the loop's last list, the one
+// claim loop lane reads with its next claim's first read, if the priority
+// rule agrees then (stillFirst).
+func (w *Worker) setGuess(lane int, seg string) {
+	w.levelMu.Lock()
+	w.hot[lane], w.predicted[lane], w.guessed[lane] = seg, nil, seg != ""
+	w.levelMu.Unlock()
+}
+
+// stillFirst reports whether the loop's segment may be claimed from on the
+// list r read: always when the loop took from it before; a guessed one only
+// when it is of the list's highest level and the claim is not a lower
+// level's turn (see levelTurns).
+func (w *Worker) stillFirst(lane int, r segmentRead) bool {
+	if _, guessed := w.hotSegment(lane); !guessed {
+		return true
+	}
+	if r.seq%8 == 0 || len(r.open) == 0 {
+		return false
+	}
+	top, _ := keyspace.Last(w.keys.SegmentsOpen(w.cfg.Queue), string(r.open[0].Key))
+	tl, ok1 := keyspace.SegmentLevel(top)
+	hl, ok2 := keyspace.SegmentLevel(r.hot.name)
+	return ok1 && ok2 && tl == hl
 }
 
 // listed records the open segments a list read found (in order), from
@@ -377,7 +407,7 @@ func (w *Worker) nextListed(lane int, done string) string {
 // takes from next.
 func (w *Worker) setPredicted(lane int, st *segState) {
 	w.levelMu.Lock()
-	w.hot[lane], w.predicted[lane] = st.name, st
+	w.hot[lane], w.predicted[lane], w.guessed[lane] = st.name, st, false
 	w.levelMu.Unlock()
 }
 
@@ -411,6 +441,14 @@ func (w *Worker) claimFrom(ctx context.Context, lane int, st *segState, ts []Tas
 		w.setHot(lane, "")
 		return nil, true, nil // closed since the list was read: read it again
 	}
+	if st.unreadable > 0 {
+		// A run, try or outcome this worker cannot read (another format):
+		// which slots it holds is unknown, so claim none of them.
+		w.logger.Warn("queue: a segment holds state this worker cannot read; skipping it", "queue", q, "segment", seg, "values", st.unreadable)
+		w.markBusy(seg)
+		w.setHot(lane, "")
+		return nil, false, nil
+	}
 	free := w.withoutRunnerHeldSlots(ts, st.free())
 	if len(free) == 0 {
 		w.lostSegs.remove(seg)
@@ -435,7 +473,7 @@ func (w *Worker) claimFrom(ctx context.Context, lane int, st *segState, ts []Tas
 	case len(claims) > 0:
 		// The segment's last free slots: the next claim reads the next
 		// open segment the last list showed with its first read.
-		w.setHot(lane, w.nextListed(lane, seg))
+		w.setGuess(lane, w.nextListed(lane, seg))
 	default:
 		w.setHot(lane, "")
 	}
@@ -459,6 +497,9 @@ func (w *Worker) takeSlots(ctx context.Context, st *segState, ts []Task, pick []
 	runKey, tryKey := w.keys.Runs(q, seg)+name, w.keys.Tries(q, seg)+name
 	cmps := []clientv3.Cmp{
 		clientv3.Compare(clientv3.ModRevision(w.keys.Runs(q, seg)).WithPrefix(), "<", st.rev+1),
+		// A run made since and already ended (its lease gone) leaves
+		// only its try, which counts the attempt it started.
+		clientv3.Compare(clientv3.ModRevision(w.keys.Tries(q, seg)).WithPrefix(), "<", st.rev+1),
 		clientv3.Compare(clientv3.ModRevision(w.keys.Exits(q, seg)).WithPrefix(), "<", st.rev+1),
 		// A run made and finished since the read left outcomes (runs
 		// older than the read hold slots the read did not take).

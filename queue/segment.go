@@ -82,6 +82,9 @@ type segState struct {
 	exits map[int]bool
 	// purgedOK counts the slots that succeeded and were purged since.
 	purgedOK int
+	// unreadable counts the run, try and outcome values that could not be
+	// decoded: claims take nothing from such a segment.
+	unreadable int
 }
 
 type runRef struct {
@@ -120,6 +123,7 @@ func (c *Client) parseState(q, seg string, rev int64, rs []*pb.ResponseOp) *segS
 		for _, kv := range kvs {
 			v, err := segcodec.DecodeRun(kv.Value)
 			if err != nil {
+				st.unreadable++
 				continue
 			}
 			out = append(out, runRef{key: string(kv.Key), rest: strings.TrimPrefix(string(kv.Key), pre), token: kv.CreateRevision, v: v})
@@ -131,6 +135,7 @@ func (c *Client) parseState(q, seg string, rev int64, rs []*pb.ResponseOp) *segS
 	for _, kv := range rs[3].GetResponseRange().Kvs {
 		o, err := segcodec.DecodeOut(kv.Value)
 		if err != nil {
+			st.unreadable++
 			continue
 		}
 		for _, s := range o.OK {

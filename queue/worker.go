@@ -161,11 +161,13 @@ type Worker struct {
 	window                                                openWindow           // bounds the read of the open segments (levelMu)
 	lostSegs                                              *orphanList          // segments a dead worker's run left tasks in: claimed first
 	runSeq                                                atomic.Int64
-	hot                                                   [claimers]string    // per claim loop, the segment it took from last, with slots left (levelMu)
-	predicted                                             [claimers]*segState // per claim loop, hot's state as its last claim left it (levelMu)
-	lastListed                                            []string            // the open segments the last list read found, in order (levelMu)
-	runID                                                 string              // names this worker's runs: unique, where worker ids may not be
-	spread                                                uint64              // an external claim's turn: where in the open segments it starts (0: at random among the first)
+	hot                                                   [claimers]string       // per claim loop, the segment it took from last, with slots left (levelMu)
+	predicted                                             [claimers]*segState    // per claim loop, hot's state as its last claim left it (levelMu)
+	lastListed                                            []string               // the open segments the last list read found, in order (levelMu)
+	guessed                                               [claimers]bool         // per claim loop, hot is the next of the last list, not yet confirmed (levelMu)
+	laneClaims                                            [claimers]atomic.Int64 // per claim loop, its claims: one in readEvery reads first
+	runID                                                 string                 // names this worker's runs: unique, where worker ids may not be
+	spread                                                uint64                 // an external claim's turn: where in the open segments it starts (0: at random among the first)
 
 	// The lifecycle: Run once; Stop and StopAndCancel end it, before or
 	// after it started, any number of times.
