@@ -65,7 +65,11 @@ func (w *Worker) Run(ctx context.Context) error {
 	// overlap is for short tasks: the first claimer reserves up to
 	// Prefetch free slots, so the second claims only while slots come free
 	// during the first one's claim, or when Prefetch < Concurrency.
-	slots := newSlotPool(w.cfg.Concurrency)
+	// The pool holds Concurrency slots for running tasks and Prefetch more
+	// for tasks claimed ahead, which wait for a running slot (run); the
+	// ahead slots are held back while tasks take long (aheadFor).
+	slots := newSlotPool(w.cfg.Concurrency+w.cfg.Prefetch, w.cfg.Prefetch)
+	run := make(chan struct{}, w.cfg.Concurrency)
 	var tasks sync.WaitGroup
 	// The first loop to end (drained, lease lost, ctx ended) ends them all.
 	loopCtx, endLoops := context.WithCancel(ctx)
@@ -74,7 +78,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	for lane := range claimers {
 		go func() {
 			defer endLoops()
-			errs <- w.loop(loopCtx, base, lane, slots, outcomes, &tasks)
+			errs <- w.loop(loopCtx, base, lane, slots, run, outcomes, &tasks)
 		}()
 	}
 	var runErr error
@@ -151,6 +155,29 @@ func (w *Worker) waitRan(ctx context.Context) error {
 	}
 }
 
+// aheadBelow: tasks are claimed ahead of a free running slot while the
+// worker's tasks take less than this on average (a claim's round trip,
+// which waits for etcd's fsync, is then most of a task's time); longer
+// tasks are not, so that a worker does not sit on tasks others could run.
+const aheadBelow = 5 * time.Millisecond
+
+// aheadFor records that a task took d, and returns how many of the
+// Prefetch slots for tasks claimed ahead are to be held back now: none
+// while tasks are short on average, all of them otherwise.
+func (w *Worker) aheadFor(d time.Duration) int {
+	avg := w.taskTime.Load()
+	if avg == 0 {
+		avg = int64(d) // the first task
+	} else {
+		avg += (int64(d) - avg) / 8
+	}
+	w.taskTime.Store(max(avg, 1))
+	if time.Duration(avg) < aheadBelow {
+		return 0
+	}
+	return w.cfg.Prefetch
+}
+
 // gatherFor is how long a claim loop waits for slots to come free before it
 // claims fewer than half of Prefetch.
 const gatherFor = 3 * time.Millisecond
@@ -161,7 +188,7 @@ const claimers = 2
 
 // loop claims while there are free slots and waits on a watch when there is
 // nothing to claim. Several loops share one slot pool.
-func (w *Worker) loop(ctx, base context.Context, lane int, slots *slotPool, outcomes [claimers]chan outcome, tasks *sync.WaitGroup) error {
+func (w *Worker) loop(ctx, base context.Context, lane int, slots *slotPool, run chan struct{}, outcomes [claimers]chan outcome, tasks *sync.WaitGroup) error {
 	for {
 		if ctx.Err() != nil {
 			return nil
@@ -199,7 +226,11 @@ func (w *Worker) loop(ctx, base context.Context, lane int, slots *slotPool, outc
 			tasks.Add(1)
 			go func() {
 				defer tasks.Done()
+				run <- struct{}{}
+				began := time.Now()
 				o := w.execute(base, c)
+				<-run
+				slots.hold(w.aheadFor(time.Since(began)))
 				outcomes[o.writer()] <- o
 				slots.end()
 			}()

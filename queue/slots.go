@@ -5,19 +5,33 @@ import (
 	"time"
 )
 
-// slotPool counts a worker's task slots. A claimer reserves slots before it
-// claims, so that claimers running at once never claim more tasks than
-// there are slots, and gives back those its claim did not fill.
+// slotPool counts a worker's task slots: the tasks it holds claimed,
+// running or waiting to run. A claimer reserves slots before it claims, so
+// that claimers running at once never claim more tasks than there are
+// slots, and gives back those its claim did not fill. held slots are not
+// to be reserved for now (see Worker.aheadFor).
 type slotPool struct {
 	mu    sync.Mutex
 	free  int
 	size  int
+	held  int
 	freed chan struct{} // closed, and replaced, whenever slots come free
 	ended chan struct{} // closed, and replaced, whenever a task ends
 }
 
-func newSlotPool(n int) *slotPool {
-	return &slotPool{free: n, size: n, freed: make(chan struct{}), ended: make(chan struct{})}
+func newSlotPool(n, held int) *slotPool {
+	return &slotPool{free: n, size: n, held: held, freed: make(chan struct{}), ended: make(chan struct{})}
+}
+
+// hold keeps n slots from being reserved (0: all may be).
+func (p *slotPool) hold(n int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if n < p.held {
+		close(p.freed)
+		p.freed = make(chan struct{})
+	}
+	p.held = n
 }
 
 // reserve takes up to n free slots; with none free it returns 0 and a
@@ -25,7 +39,7 @@ func newSlotPool(n int) *slotPool {
 func (p *slotPool) reserve(n int) (int, <-chan struct{}) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	k := min(n, p.free)
+	k := max(0, min(n, p.free-p.held))
 	p.free -= k
 	return k, p.freed
 }
@@ -70,7 +84,7 @@ func (p *slotPool) gather(want int, d time.Duration, stop <-chan struct{}) {
 	var timer *time.Timer
 	for {
 		p.mu.Lock()
-		free, busy, freed := p.free, p.size-p.free, p.freed
+		free, busy, freed := max(0, p.free-p.held), p.size-p.free, p.freed
 		p.mu.Unlock()
 		if free >= want || busy == 0 || free == 0 {
 			return
