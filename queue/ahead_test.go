@@ -2,6 +2,8 @@ package queue_test
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -61,11 +63,13 @@ func runCounted(t *testing.T, n, prefetch int, d time.Duration) (handlers, claim
 // trips overlap the work), but never more run at once than the
 // concurrency.
 func TestShortTasksClaimedAheadRunWithinConcurrency(t *testing.T) {
-	handlers, claimed := runCounted(t, 400, 4, 2*time.Millisecond)
+	// Prefetch 12: up to 16 claimed; without claiming ahead at most 4,
+	// plus the few finished whose outcome is not written yet.
+	handlers, claimed := runCounted(t, 400, 12, time.Millisecond)
 	if handlers > 4 {
 		t.Fatalf("%d handlers ran at once, concurrency 4", handlers)
 	}
-	if claimed <= 4 {
+	if claimed <= 8 {
 		t.Fatalf("at most %d tasks claimed at once: short tasks were not claimed ahead", claimed)
 	}
 	t.Logf("short tasks: at most %d handlers at once, %d claimed", handlers, claimed)
@@ -81,5 +85,94 @@ func TestLongTasksNotClaimedAhead(t *testing.T) {
 	}
 	if claimed > 8 {
 		t.Fatalf("the queue showed %d tasks RUNNING at once with concurrency 4 and tasks of 60 ms: claimed ahead", claimed)
+	}
+}
+
+// A task claimed ahead and waiting for a running slot is cancelled like a
+// running one: its handler never starts.
+func TestTaskCancelledWhileWaitingNeverStarts(t *testing.T) {
+	ctx := context.Background()
+	ns := etcdtest.Namespace(t)
+	c, cli := newClient(t, ns)
+	q := "ahead-cancel"
+	w, err := queue.NewWorker(ctx, cli, queue.WorkerConfig{Namespace: ns, Queue: q, Concurrency: 1, Prefetch: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close(context.Background())
+	started := make(chan string, 64)
+	release := make(chan struct{})
+	var blocking atomic.Bool
+	w.HandleAll(func(ctx context.Context, tk *queue.Task) ([]byte, error) {
+		started <- tk.ID
+		if strings.HasPrefix(tk.ID, "batch-") && blocking.CompareAndSwap(false, true) {
+			<-release // the first of the batch holds the only running slot
+		}
+		return nil, nil
+	})
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- w.Run(runCtx) }()
+	defer func() { stop(); <-done }()
+	// Short tasks first, so that the worker claims ahead.
+	warm := make([]queue.Task, 20)
+	for i := range warm {
+		warm[i] = queue.Task{ID: fmt.Sprintf("warm-%d", i), Type: "t"}
+	}
+	if _, err := c.Submit(ctx, q, warm, nil); err != nil {
+		t.Fatal(err)
+	}
+	for range warm {
+		<-started
+	}
+	batch := make([]queue.Task, 6)
+	for i := range batch {
+		batch[i] = queue.Task{ID: fmt.Sprintf("batch-%d", i), Type: "t"}
+	}
+	if _, err := c.Submit(ctx, q, batch, nil); err != nil {
+		t.Fatal(err)
+	}
+	first := <-started
+	// Wait until the worker holds the whole batch: claimed ahead.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		st, err := c.Stats(ctx, q)
+		if err == nil && st.Running == 6 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the worker did not claim the batch ahead: stats %+v", st)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	victim := "batch-0"
+	if first == victim {
+		victim = "batch-1"
+	}
+	if _, err := c.Cancel(ctx, victim); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond) // the cancel reaches the worker
+	close(release)
+	ran := map[string]bool{first: true}
+	for len(ran) < 5 {
+		select {
+		case id := <-started:
+			ran[id] = true
+		case <-time.After(5 * time.Second):
+			t.Fatalf("only %v ran", ran)
+		}
+	}
+	if ran[victim] {
+		t.Fatalf("%s was cancelled while it waited and still ran", victim)
+	}
+	select {
+	case id := <-started:
+		t.Fatalf("%s ran after the rest of the batch", id)
+	case <-time.After(300 * time.Millisecond):
+	}
+	got, err := c.Get(ctx, victim)
+	if err != nil || got.CurrentStatus != queue.Cancelled {
+		t.Fatalf("%s: %+v, %v; want CANCELLED", victim, got, err)
 	}
 }

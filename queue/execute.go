@@ -49,7 +49,7 @@ func (w *Worker) execute(base context.Context, c *claim) outcome {
 		return outcome{c: c, kind: Pending, err: ErrShutdown}
 	}
 	w.mu.Lock()
-	r := &running{cancel: cancel, token: c.token}
+	r := &running{cancel: cancel, token: c.token, started: time.Now()}
 	if c.run != nil {
 		r.runKey = c.run.runKey
 	}

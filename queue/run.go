@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/droverhq/drover/keyspace"
+	"github.com/droverhq/drover/lock"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -161,21 +162,90 @@ func (w *Worker) waitRan(ctx context.Context) error {
 // tasks are not, so that a worker does not sit on tasks others could run.
 const aheadBelow = 5 * time.Millisecond
 
-// aheadFor records that a task took d, and returns how many of the
-// Prefetch slots for tasks claimed ahead are to be held back now: none
-// while tasks are short on average, all of them otherwise.
-func (w *Worker) aheadFor(d time.Duration) int {
-	avg := w.taskTime.Load()
-	if avg == 0 {
-		avg = int64(d) // the first task
-	} else {
-		avg += (int64(d) - avg) / 8
+// sampleTaskTime adds a task that took d to the worker's running average.
+func (w *Worker) sampleTaskTime(d time.Duration) {
+	for {
+		avg := w.taskTime.Load()
+		next := int64(d) // the first task
+		if avg != 0 {
+			next = avg + (int64(d)-avg)/8
+		}
+		if w.taskTime.CompareAndSwap(avg, max(next, 1)) {
+			return
+		}
 	}
-	w.taskTime.Store(max(avg, 1))
-	if time.Duration(avg) < aheadBelow {
-		return 0
+}
+
+// aheadHeld returns how many of the Prefetch slots for tasks claimed ahead
+// are to be held back now: none while the worker's tasks take less than
+// aheadBelow on average and none of those running has run longer; all of
+// them otherwise, and in a FIFO queue (tasks claimed ahead could start out
+// of order).
+func (w *Worker) aheadHeld() int {
+	if avg := w.taskTime.Load(); w.fifo.Load() || avg == 0 || time.Duration(avg) >= aheadBelow {
+		return w.cfg.Prefetch
 	}
-	return w.cfg.Prefetch
+	since := time.Now().Add(-aheadBelow)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, r := range w.inflight {
+		if !r.started.IsZero() && r.started.Before(since) {
+			return w.cfg.Prefetch
+		}
+	}
+	return 0
+}
+
+// startWhenFree runs claimed task c once a running slot is free. A task
+// claimed ahead waits for one registered as in flight, so that a cancel,
+// StopAndCancel, the shutdown timeout and the lease's end reach it; when
+// the worker stops (stop ends) before it started, it is handed back, not
+// started.
+func (w *Worker) startWhenFree(stop, base context.Context, c *claim, run chan struct{}) outcome {
+	select {
+	case run <- struct{}{}:
+	default:
+		tctx, cancel := context.WithCancelCause(base)
+		r := &running{cancel: cancel, token: c.token}
+		if c.run != nil {
+			r.runKey = c.run.runKey
+		}
+		w.mu.Lock()
+		w.inflight[c.task.ID] = r
+		w.mu.Unlock()
+		if w.hardStop.Load() {
+			cancel(ErrShutdown)
+		}
+		got := false
+		select {
+		case run <- struct{}{}:
+			got = true
+		case <-tctx.Done():
+		case <-stop.Done():
+			cancel(ErrShutdown)
+		}
+		w.mu.Lock()
+		delete(w.inflight, c.task.ID)
+		w.mu.Unlock()
+		if tctx.Err() != nil {
+			if got {
+				<-run
+			}
+			if cause := context.Cause(tctx); errors.Is(cause, lock.ErrLost) {
+				return outcome{c: c, kind: Cancelled, err: cause} // its claim is gone
+			}
+			return w.notAdmitted(tctx, base, c, context.Cause(tctx))
+		}
+		cancel(nil)
+	}
+	defer func() { <-run }()
+	if base.Err() != nil { // the lease ended: the claims went with it
+		return outcome{c: c, kind: Cancelled, err: context.Cause(base)}
+	}
+	began := time.Now()
+	o := w.execute(base, c)
+	w.sampleTaskTime(time.Since(began))
+	return o
 }
 
 // gatherFor is how long a claim loop waits for slots to come free before it
@@ -198,6 +268,7 @@ func (w *Worker) loop(ctx, base context.Context, lane int, slots *slotPool, run 
 		}
 		// With tasks running, wait a moment for half a claim's worth of
 		// slots: one claim then takes a batch.
+		slots.hold(w.aheadHeld())
 		slots.gather(max(1, w.cfg.Prefetch/2), gatherFor, ctx.Done())
 		n, freed := slots.reserve(w.cfg.Prefetch)
 		if n == 0 {
@@ -226,11 +297,7 @@ func (w *Worker) loop(ctx, base context.Context, lane int, slots *slotPool, run 
 			tasks.Add(1)
 			go func() {
 				defer tasks.Done()
-				run <- struct{}{}
-				began := time.Now()
-				o := w.execute(base, c)
-				<-run
-				slots.hold(w.aheadFor(time.Since(began)))
+				o := w.startWhenFree(ctx, base, c, run)
 				outcomes[o.writer()] <- o
 				slots.end()
 			}()

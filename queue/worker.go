@@ -59,10 +59,12 @@ type WorkerConfig struct {
 	Concurrency int
 	// Prefetch is the most tasks claimed in one transaction (default
 	// Concurrency, at most 100). While the worker's tasks take less than
-	// 5 ms on average, it also claims up to Prefetch tasks ahead of a free
-	// running slot, so that the round trip of the next claim overlaps the
-	// work; longer tasks are claimed only for free slots, so a worker does
-	// not sit on tasks that others could run.
+	// 5 ms on average and none running has run longer, it also claims up
+	// to Prefetch tasks ahead of a free running slot, so that the round
+	// trip of the next claim overlaps the work (not in a FIFO queue);
+	// otherwise tasks are claimed only for free slots, so a worker does
+	// not sit on tasks that others could run. A task waiting for a slot is
+	// cancelled like a running one and handed back unstarted on Stop.
 	Prefetch int
 	// TTL of the worker's lease when Lease is nil (default 10 s): a dead
 	// worker's tasks are claimable again about this long after it died.
@@ -185,9 +187,10 @@ type Worker struct {
 }
 
 type running struct {
-	cancel context.CancelCauseFunc
-	token  int64  // the claim's create revision
-	runKey string // the run's key, for a task claimed from a segment
+	cancel  context.CancelCauseFunc
+	token   int64     // the claim's create revision
+	runKey  string    // the run's key, for a task claimed from a segment
+	started time.Time // when its handler started (zero: claimed ahead, waiting)
 }
 
 // claimValue is what a claim key holds.
