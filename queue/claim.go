@@ -318,8 +318,9 @@ func (w *Worker) readLevels(ctx context.Context, n int, hot string, listOpen boo
 	// The segment this claim loop takes from (the one it took from last,
 	// or the next open one), read in the same request, with its tasks
 	// when they are not at hand yet.
-	_, hotCached := w.client.segCache.get(w.cfg.Queue + "/" + hot)
+	hotCached := false
 	if hot != "" {
+		_, hotCached = w.client.segCache.get(w.cfg.Queue + "/" + hot)
 		ops = append(ops, w.client.stateOps(w.cfg.Queue, hot)...)
 		if !hotCached {
 			ops = append(ops, clientv3.OpGet(w.keys.Segment(w.cfg.Queue, hot)))

@@ -30,6 +30,30 @@ func (w *Worker) notAdmitted(ctx, base context.Context, c *claim, err error) out
 	return outcome{c: c, kind: Pending, err: err, delay: time.Second, deferred: "gate-error"}
 }
 
+// track registers claimed task c as in flight with cancel, which a cancel
+// of the task, StopAndCancel, the shutdown timeout and a lost claim call;
+// started is when its handler started (zero: it waits for a running
+// slot). A StopAndCancel already under way cancels it at once.
+func (w *Worker) track(c *claim, cancel context.CancelCauseFunc, started time.Time) {
+	r := &running{cancel: cancel, token: c.token, started: started}
+	if c.run != nil {
+		r.runKey = c.run.runKey
+	}
+	w.mu.Lock()
+	w.inflight[c.task.ID] = r
+	w.mu.Unlock()
+	if w.hardStop.Load() { // StopAndCancel sets it before it cancels what is in flight
+		cancel(ErrShutdown)
+	}
+}
+
+// untrack removes task id from the tasks in flight.
+func (w *Worker) untrack(id string) {
+	w.mu.Lock()
+	delete(w.inflight, id)
+	w.mu.Unlock()
+}
+
 // execute runs one claimed task's handler and decides its outcome.
 func (w *Worker) execute(base context.Context, c *claim) outcome {
 	t := c.task
@@ -48,25 +72,14 @@ func (w *Worker) execute(base context.Context, c *claim) outcome {
 	if w.hardStop.Load() { // claimed as StopAndCancel came: hand it back
 		return outcome{c: c, kind: Pending, err: ErrShutdown}
 	}
+	w.track(c, cancel, time.Now())
+	defer w.untrack(t.ID)
 	w.mu.Lock()
-	r := &running{cancel: cancel, token: c.token, started: time.Now()}
-	if c.run != nil {
-		r.runKey = c.run.runKey
-	}
-	w.inflight[t.ID] = r
-	if w.hardStop.Load() { // StopAndCancel came between the check and here
-		cancel(ErrShutdown)
-	}
 	h := w.handlers[t.Type]
 	if h == nil {
 		h = w.fallback
 	}
 	w.mu.Unlock()
-	defer func() {
-		w.mu.Lock()
-		delete(w.inflight, t.ID)
-		w.mu.Unlock()
-	}()
 	if h == nil {
 		return outcome{c: c, kind: Dead, err: Permanent(fmt.Errorf("%w %q on worker %s", ErrNoHandler, t.Type, w.worker))}
 	}

@@ -104,7 +104,7 @@ func (c *Client) heldInSegment(ctx context.Context, h Held, at keyspace.TaskPlac
 	t.Queue = q
 	t.Transitions = []Transition{{Status: Pending, At: t.Metadata.CreatedAt}}
 	t.Attempt, t.Token, t.CurrentStatus = attempt, h.Token, Running
-	run := &segRun{seg: seg, runKey: r.key, tryKey: c.keys.Tries(q, seg) + r.rest, token: r.token, claimedAt: r.v.ClaimedAt}
+	run := &segRun{seg: seg, runKey: r.key, tryKey: c.keys.Tries(q, seg) + r.rest, token: r.token, claimedAt: r.v.ClaimedAt, v: r.v}
 	// The run's outcome keys are told apart by a sequence number, which a
 	// Worker counts in memory; here, the clock's (writeOutcome lets no
 	// two outcomes of a run in at once).

@@ -51,9 +51,10 @@ func TestExternalClaimWokenEveryRound(t *testing.T) {
 }
 
 // A worker whose oldest open segment is kept open by a long task still
-// runs tasks submitted seconds later at once: its bounded read of the open
-// segments (which starts at the oldest) reads on past the window's end
-// before it waits.
+// runs tasks submitted seconds later at once (its reads of the open
+// segments start at the oldest; the claim it makes when woken must reach
+// the new one). The external claim's test above is the one that failed
+// before reads past the window's end; this one keeps the worker's side.
 func TestWorkerSeesNewSegmentsBehindALongTask(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

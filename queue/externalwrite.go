@@ -103,7 +103,7 @@ func (c *Client) groupTask(ctx context.Context, g *segGroup, slot int, id string
 
 // newRunWrite is the write of outcomes of run r of g.
 func (c *Client) newRunWrite(g *segGroup, r leasedRun) *runWrite {
-	run := &segRun{seg: g.seg, runKey: r.key, tryKey: c.keys.Tries(g.q, g.seg) + r.rest, token: r.token, claimedAt: r.v.ClaimedAt}
+	run := &segRun{seg: g.seg, runKey: r.key, tryKey: c.keys.Tries(g.q, g.seg) + r.rest, token: r.token, claimedAt: r.v.ClaimedAt, v: r.v}
 	// The run's outcome keys are told apart by a sequence number, which a
 	// Worker counts in memory; here, the clock's (the write lets no two
 	// outcomes of a run in at once).

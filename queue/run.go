@@ -68,7 +68,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	// during the first one's claim, or when Prefetch < Concurrency.
 	// The pool holds Concurrency slots for running tasks and Prefetch more
 	// for tasks claimed ahead, which wait for a running slot (run); the
-	// ahead slots are held back while tasks take long (aheadFor).
+	// ahead slots are held back while tasks take long (aheadHeld).
 	slots := newSlotPool(w.cfg.Concurrency+w.cfg.Prefetch, w.cfg.Prefetch)
 	run := make(chan struct{}, w.cfg.Concurrency)
 	var tasks sync.WaitGroup
@@ -206,16 +206,7 @@ func (w *Worker) startWhenFree(stop, base context.Context, c *claim, run chan st
 	case run <- struct{}{}:
 	default:
 		tctx, cancel := context.WithCancelCause(base)
-		r := &running{cancel: cancel, token: c.token}
-		if c.run != nil {
-			r.runKey = c.run.runKey
-		}
-		w.mu.Lock()
-		w.inflight[c.task.ID] = r
-		w.mu.Unlock()
-		if w.hardStop.Load() {
-			cancel(ErrShutdown)
-		}
+		w.track(c, cancel, time.Time{})
 		got := false
 		select {
 		case run <- struct{}{}:
@@ -224,9 +215,7 @@ func (w *Worker) startWhenFree(stop, base context.Context, c *claim, run chan st
 		case <-stop.Done():
 			cancel(ErrShutdown)
 		}
-		w.mu.Lock()
-		delete(w.inflight, c.task.ID)
-		w.mu.Unlock()
+		w.untrack(c.task.ID)
 		if tctx.Err() != nil {
 			if got {
 				<-run

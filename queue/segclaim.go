@@ -24,6 +24,7 @@ type segRun struct {
 	runKey, tryKey string
 	token          int64
 	claimedAt      time.Time
+	v              runValue // what the run holds
 	// remaining counts the run's outcomes not yet given to its writer;
 	// the batch that takes the last one deletes the run.
 	remaining atomic.Int32
@@ -413,9 +414,9 @@ func (w *Worker) setPredicted(lane int, st *segState) {
 
 // claimPredicted claims from the segment claim loop lane took from last,
 // without reading it first: its state is what the loop's last claim left,
-// and the claim's compares (no run made, no outcome of a run made since and
-// no slot exited since that claim, the segment still open) refuse it if
-// anything else changed the segment since. ok false: there was no such
+// and the claim's compares (no run or try made, no outcome of a run made
+// since and no slot exited since that claim, the segment still open)
+// refuse it if anything else changed the segment since. ok false: there was no such
 // state, or the claim was refused; claim as usual, reading first.
 func (w *Worker) claimPredicted(ctx context.Context, lane, n int) (claims []*claim, ok bool, err error) {
 	w.levelMu.Lock()
@@ -469,7 +470,7 @@ func (w *Worker) claimFrom(ctx context.Context, lane int, st *segState, ts []Tas
 	case len(claims) > 0 && len(free) > len(pick):
 		// Slots left: the next claim takes from here, most often without
 		// reading first.
-		w.setPredicted(lane, st.after(claims, w.worker, w.keys.Runs(q, seg), pick))
+		w.setPredicted(lane, st.after(claims[0].run, w.keys.Runs(q, seg), pick))
 	case len(claims) > 0:
 		// The segment's last free slots: the next claim reads the next
 		// open segment the last list showed with its first read.
@@ -537,7 +538,7 @@ func (w *Worker) takeSlots(ctx context.Context, st *segState, ts []Task, pick []
 		}
 		return nil, true, nil
 	}
-	run := &segRun{seg: seg, runKey: runKey, tryKey: tryKey, token: resp.Header.Revision, claimedAt: now, last: last,
+	run := &segRun{seg: seg, runKey: runKey, tryKey: tryKey, token: resp.Header.Revision, claimedAt: now, v: v, last: last,
 		writer: int(w.runSeq.Load() % claimers)}
 	run.remaining.Store(int32(len(pick)))
 	out := make([]*claim, len(pick))
@@ -577,19 +578,14 @@ func (s *segState) coveredTries(pick []int) []runRef {
 	return out
 }
 
-// after returns the state s is in once claims, the run of slots pick made
-// from it, were written, if nothing else changed the segment: the run and
-// its try added, the tries the claim deleted gone, read at the run's
-// revision. worker made the run; runs is the prefix of the segment's runs.
-func (s *segState) after(claims []*claim, worker, runs string, pick []int) *segState {
-	r := claims[0].run
-	v := runValue{Worker: worker, ClaimedAt: r.claimedAt, Slots: make([]int, len(claims)), Attempts: make([]int, len(claims))}
-	for i, c := range claims {
-		v.Slots[i], v.Attempts[i] = c.slot, c.task.Attempt
-	}
+// after returns the state s is in once run r, of slots pick, was made from
+// it, if nothing else changed the segment: the run and its try added, the
+// tries the claim deleted gone, read at the run's revision. runs is the
+// prefix of the segment's runs.
+func (s *segState) after(r *segRun, runs string, pick []int) *segState {
 	next := *s
 	next.rev = r.token
-	ref := runRef{key: r.runKey, rest: strings.TrimPrefix(r.runKey, runs), token: r.token, v: v}
+	ref := runRef{key: r.runKey, rest: strings.TrimPrefix(r.runKey, runs), token: r.token, v: r.v}
 	next.runs = append(slices.Clip(s.runs), ref)
 	gone := s.coveredTries(pick)
 	next.tries = make([]runRef, 0, len(s.tries)+1)
@@ -598,7 +594,7 @@ func (s *segState) after(claims []*claim, worker, runs string, pick []int) *segS
 			next.tries = append(next.tries, tr)
 		}
 	}
-	next.tries = append(next.tries, runRef{key: r.tryKey, rest: ref.rest, token: r.token, v: v})
+	next.tries = append(next.tries, runRef{key: r.tryKey, rest: ref.rest, token: r.token, v: r.v})
 	return &next
 }
 

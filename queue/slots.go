@@ -9,7 +9,7 @@ import (
 // running or waiting to run. A claimer reserves slots before it claims, so
 // that claimers running at once never claim more tasks than there are
 // slots, and gives back those its claim did not fill. held slots are not
-// to be reserved for now (see Worker.aheadFor).
+// to be reserved for now (see Worker.aheadHeld).
 type slotPool struct {
 	mu    sync.Mutex
 	free  int
