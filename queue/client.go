@@ -41,6 +41,8 @@ type Client struct {
 	segCache segmentCache
 	// ext is what external claims share (external.go).
 	ext externalState
+	// reports combines concurrent reports of outcomes (reportcombine.go).
+	reports reportCombiner
 }
 
 // NewClient returns a client of namespace ns ("" means "drover").

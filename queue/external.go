@@ -275,7 +275,7 @@ func (c *Client) reportOne(ctx context.Context, o Outcome) (*Task, error) {
 	if err := o.check(); err != nil {
 		return nil, err
 	}
-	r := c.report(ctx, []Outcome{o})[0]
+	r := c.reportCombined(ctx, []Outcome{o})[0]
 	return r.Task, r.Err
 }
 

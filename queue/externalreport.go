@@ -28,7 +28,7 @@ type Outcome struct {
 // Reported is how one outcome of a Report went: Task is the task as the
 // outcome left it (SUCCEEDED, RETRYING or DEAD), or Err says why nothing
 // of it was written: an error matching lease.ErrFenced when its claim no
-// longer holds (or it was reported twice in one Report), ErrNotFound when
+// longer holds (or the same claim was reported twice at once), ErrNotFound when
 // its queue has no such task, or the store's error.
 type Reported struct {
 	Task *Task
@@ -71,7 +71,7 @@ func (c *Client) Report(ctx context.Context, os []Outcome) ([]Reported, error) {
 			return nil, err
 		}
 	}
-	return c.report(ctx, os), nil
+	return c.reportCombined(ctx, os), nil
 }
 
 // report is Report on valid outcomes.
@@ -83,7 +83,7 @@ func (c *Client) report(ctx context.Context, os []Outcome) []Reported {
 		k := o.Held
 		k.Lease = 0
 		if seen[k] {
-			out[i].Err = fenced(o.Held, "reported twice in one request: the first report counts")
+			out[i].Err = fenced(o.Held, "reported twice: the first report counts")
 			continue
 		}
 		seen[k] = true
