@@ -228,8 +228,15 @@ func (w *Worker) startWhenFree(stop, base context.Context, c *claim, run chan st
 		cancel(nil)
 	}
 	defer func() { <-run }()
-	if base.Err() != nil { // the lease ended: the claims went with it
-		return outcome{c: c, kind: Cancelled, err: context.Cause(base)}
+	// The lease ended: the claims went with it. Its own check, not only
+	// base's: a process woken from a pause past the TTL starts tasks
+	// before the lease's renewal loop runs and cancels base, and the
+	// check of the renewal deadline sees the loss at once.
+	if err := w.lease.Err(); err != nil || base.Err() != nil {
+		if base.Err() != nil {
+			err = context.Cause(base)
+		}
+		return outcome{c: c, kind: Cancelled, err: err}
 	}
 	began := time.Now()
 	o := w.execute(base, c)
