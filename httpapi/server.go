@@ -15,6 +15,7 @@ import (
 	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/internal/buildinfo"
 	"github.com/droverhq/drover/keyspace"
+	"github.com/droverhq/drover/paxos"
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -51,6 +52,14 @@ type Config struct {
 	// MaxWait bounds every long poll (claims, lock waits, limit takes).
 	// Default 60 s.
 	MaxWait time.Duration
+	// StatsInterval is how often the queues' counts are sampled for GET
+	// /v1/stats/history, which keeps an hour of samples; default
+	// DefaultStatsInterval.
+	StatsInterval time.Duration
+	// PaxosEndpoints are the API addresses (host:port) of a Paxos lock
+	// service group to show at GET /v1/paxos; none means the server knows
+	// no group, and says so.
+	PaxosEndpoints []string
 }
 
 func (c Config) withDefaults() Config {
@@ -66,6 +75,9 @@ func (c Config) withDefaults() Config {
 	if c.MaxWait == 0 {
 		c.MaxWait = 60 * time.Second
 	}
+	if c.StatsInterval == 0 {
+		c.StatsInterval = DefaultStatsInterval
+	}
 	return c
 }
 
@@ -79,6 +91,14 @@ func (c Config) Validate() error {
 	}
 	if c.MaxWait < 0 {
 		return &drover.InputError{Field: "MaxWait", Value: c.MaxWait, Rule: "must be 0 (60 s) or positive"}
+	}
+	if c.StatsInterval < 0 || (c.StatsInterval > 0 && c.StatsInterval < 10*time.Millisecond) || c.StatsInterval > time.Hour {
+		return &drover.InputError{Field: "StatsInterval", Value: c.StatsInterval, Rule: "must be 0 (5 s), or from 10ms to 1h"}
+	}
+	for _, e := range c.PaxosEndpoints {
+		if _, err := paxos.ParseEndpoint(e); err != nil {
+			return &drover.InputError{Field: "PaxosEndpoints", Value: e, Rule: "must be host:port of a Paxos node's API"}
+		}
 	}
 	return nil
 }
@@ -101,6 +121,10 @@ type Server struct {
 	sessions sessionCache
 	// queueClients keeps a queue client per namespace (queueclients.go).
 	queueClients queueClientCache
+	// hub samples the queues for the history and the event stream (hub.go).
+	hub *hub
+	// paxos asks the Paxos group of Config.PaxosEndpoints; nil without.
+	paxos *paxos.Client
 
 	life    sync.Mutex
 	srv     *http.Server
@@ -119,9 +143,16 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{cfg: cfg, cli: cfg.Etcd, mux: http.NewServeMux(), metrics: m}
+	s.hub = newHub(s, cfg.StatsInterval)
+	if len(cfg.PaxosEndpoints) > 0 {
+		if s.paxos, err = paxos.NewClient(paxos.ClientConfig{Endpoints: cfg.PaxosEndpoints}); err != nil {
+			return nil, drover.Rename(err, "PaxosEndpoints")
+		}
+	}
 	s.api = humago.New(s.mux, apiConfig())
 	s.api.UseMiddleware(s.observe, s.authorize)
 	s.routes()
+	s.mountUI()
 	s.handler = s.mux
 	return s, nil
 }
@@ -153,6 +184,7 @@ func (s *Server) routes() {
 	s.checkpointRoutes()
 	s.flowRoutes()
 	s.registryRoutes()
+	s.dashboardRoutes()
 }
 
 // Handler returns the server's routes, for an http.Server of the caller's.
@@ -187,6 +219,7 @@ func (s *Server) Serve(l net.Listener, tlsCert, tlsKey string) error {
 	s.serving = make(chan struct{})
 	srv, serving := s.srv, s.serving
 	s.life.Unlock()
+	s.hub.start()
 	defer close(serving)
 	var err error
 	if tlsCert != "" || tlsKey != "" {
@@ -201,13 +234,19 @@ func (s *Server) Serve(l net.Listener, tlsCert, tlsKey string) error {
 }
 
 // Close stops accepting requests and waits, no longer than ctx allows, for
-// those under way (long polls end with ctx); it is safe to call twice and
-// before Serve.
+// those under way (long polls and streams end with ctx); it is safe to call
+// twice and before Serve. Call it too when serving from Handler: it stops
+// the goroutine that samples the queues. The order: the listener and the
+// requests first (streams end as the shutdown begins), then the sampler.
 func (s *Server) Close(ctx context.Context) error {
 	s.life.Lock()
 	s.closed = true
 	srv, serving := s.srv, s.serving
 	s.life.Unlock()
+	defer s.hub.close()
+	if s.paxos != nil {
+		defer s.paxos.Close()
+	}
 	if srv == nil {
 		return nil
 	}

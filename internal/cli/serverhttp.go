@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"time"
 
@@ -78,8 +79,12 @@ func (a *app) startHTTP(h *httpFlags, cli *clientv3.Client) (stop func(), err er
 	if h.listen == "" {
 		return func() {}, nil
 	}
-	s, err := httpapi.New(httpapi.Config{Etcd: cli, Namespace: a.namespace, Auth: h.auth, Logger: a.logger})
+	paxosEndpoints := strings.FieldsFunc(getenv(EnvPaxosEndpoints), func(r rune) bool { return r == ',' || r == ' ' })
+	s, err := httpapi.New(httpapi.Config{Etcd: cli, Namespace: a.namespace, Auth: h.auth, Logger: a.logger, PaxosEndpoints: paxosEndpoints})
 	if err != nil {
+		if len(paxosEndpoints) > 0 {
+			return nil, usageError{fmt.Errorf("$%s (the Paxos group the dashboard shows): %w; give HOST:PORT,HOST:PORT of the nodes' APIs, or unset it", EnvPaxosEndpoints, err)}
+		}
 		return nil, err
 	}
 	l, err := net.Listen("tcp", h.listen)
@@ -97,7 +102,8 @@ func (a *app) startHTTP(h *httpFlags, cli *clientv3.Client) (stop func(), err er
 	if h.tlsCert != "" {
 		scheme = "https"
 	}
-	a.logger.Info("HTTP API ready", "url", fmt.Sprintf("%s://%s", scheme, l.Addr()), "auth", h.auth != nil, "openapi", "/openapi.json")
+	a.logger.Info("HTTP API ready", "url", fmt.Sprintf("%s://%s", scheme, l.Addr()), "auth", h.auth != nil, "openapi", "/openapi.json",
+		"dashboard", fmt.Sprintf("%s://%s/ui/", scheme, l.Addr()))
 	var once sync.Once
 	return func() {
 		once.Do(func() {

@@ -1,0 +1,127 @@
+package httpapi
+
+import (
+	"context"
+	"net/http"
+	"sort"
+	"strings"
+
+	"github.com/danielgtaylor/huma/v2"
+	"github.com/droverhq/drover/registry"
+)
+
+// QueueSummary is a queue with its counts by status and its settings.
+type QueueSummary struct {
+	Name      string `json:"name" doc:"The queue's name."`
+	Pending   int64  `json:"pending" doc:"Waiting to be claimed."`
+	Running   int64  `json:"running" doc:"Claimed by a worker."`
+	Retrying  int64  `json:"retrying" doc:"Failed, waiting for their next attempt."`
+	Succeeded int64  `json:"succeeded" doc:"Finished with a result (those past their retention included)."`
+	Dead      int64  `json:"dead" doc:"In the dead-letter queue."`
+	Cancelled int64  `json:"cancelled" doc:"Cancelled."`
+	MaxDepth  int64  `json:"max_depth" doc:"The most unfinished tasks the queue takes (0: no bound)."`
+	FIFO      bool   `json:"fifo" doc:"Whether tasks of equal priority are claimed exactly in submission order."`
+}
+
+// Whoami is what the request's token may do.
+type Whoami struct {
+	Auth       bool     `json:"auth" doc:"Whether the server requires a token; without, every request may do everything."`
+	Name       string   `json:"name" doc:"The token's name in the auth file (anonymous without auth)."`
+	Role       string   `json:"role" enum:"read,write,admin" doc:"What the token may do: read; write (also change data); admin (also change settings and purge)."`
+	Namespace  string   `json:"namespace" doc:"The namespace of the request: its Drover-Namespace header, else the server's."`
+	Namespaces []string `json:"namespaces" doc:"The namespaces the token may use; * is every one."`
+}
+
+// ComponentBody is a registered component with its live endpoints.
+type ComponentBody struct {
+	Component string         `json:"component" doc:"The component's name."`
+	Endpoints []EndpointBody `json:"endpoints" doc:"Its live endpoints, by id."`
+}
+
+type whoamiInput struct {
+	Authorization string `header:"Authorization" hidden:"true"`
+}
+
+// dashboardRoutes registers the routes the dashboard reads beside the
+// others: every queue at once, every component at once, what the token may
+// do, lock waiters, the Paxos group, the history and the event stream.
+func (s *Server) dashboardRoutes() {
+	tags := []string{"dashboard"}
+	huma.Register(s.api, huma.Operation{
+		OperationID: "list-queues", Method: http.MethodGet, Path: "/v1/queues", Tags: []string{"queues"},
+		Summary:     "Every queue, with its counts by status and its settings",
+		Description: "Every queue that was submitted to or configured, by name, as `drover queues list`.",
+	}, func(ctx context.Context, _ *struct{}) (*struct{ Body []QueueSummary }, error) {
+		qs, err := s.queueSummaries(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return &struct{ Body []QueueSummary }{qs}, nil
+	})
+	huma.Register(s.api, huma.Operation{
+		OperationID: "list-components", Method: http.MethodGet, Path: "/v1/registry", Tags: []string{"registry"},
+		Summary: "Every registered component, with its live endpoints",
+	}, s.listComponents)
+	huma.Register(s.api, huma.Operation{
+		OperationID: "whoami", Method: http.MethodGet, Path: "/v1/whoami", Tags: tags,
+		Summary: "What the request's token may do: its name, role and namespaces",
+		Description: "401 without a valid token when the server requires one: the dashboard asks it to find out whether to " +
+			"show its login.",
+	}, s.whoami)
+	s.waiterRoutes()
+	s.paxosRoutes()
+	s.historyRoutes()
+	s.eventRoutes()
+}
+
+// queueSummaries reads every queue of the request's namespace.
+func (s *Server) queueSummaries(ctx context.Context) ([]QueueSummary, error) {
+	c, err := s.queueClient(ctx)
+	if err != nil {
+		return nil, err
+	}
+	infos, err := c.Queues(ctx)
+	if err != nil {
+		return nil, problem(err, nil)
+	}
+	out := make([]QueueSummary, len(infos))
+	for i, q := range infos {
+		st := q.Stats
+		out[i] = QueueSummary{Name: q.Name, Pending: st.Pending, Running: st.Running, Retrying: st.Retrying, Succeeded: st.Succeeded,
+			Dead: st.Dead, Cancelled: st.Cancelled, MaxDepth: q.Config.MaxDepth, FIFO: q.Config.FIFO}
+	}
+	return out, nil
+}
+
+func (s *Server) listComponents(ctx context.Context, _ *struct{}) (*struct{ Body []ComponentBody }, error) {
+	list, _, err := registry.List(ctx, s.cli, s.nsOf(ctx), "")
+	if err != nil {
+		return nil, problem(err, nil)
+	}
+	byName := map[string]*ComponentBody{}
+	for _, in := range list {
+		c := byName[in.Component]
+		if c == nil {
+			c = &ComponentBody{Component: in.Component}
+			byName[in.Component] = c
+		}
+		c.Endpoints = append(c.Endpoints, endpointBodyOf(in))
+	}
+	out := make([]ComponentBody, 0, len(byName))
+	for _, c := range byName {
+		out = append(out, *c)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Component < out[j].Component })
+	return &struct{ Body []ComponentBody }{out}, nil
+}
+
+func (s *Server) whoami(ctx context.Context, in *whoamiInput) (*struct{ Body Whoami }, error) {
+	out := Whoami{Name: whoOf(ctx), Role: RoleAdmin.String(), Namespace: s.nsOf(ctx), Namespaces: []string{"*"}}
+	if s.cfg.Auth != nil {
+		// authorize let the request through: its token is one of the file's.
+		_, token, _ := strings.Cut(in.Authorization, " ")
+		e, _ := s.cfg.Auth.match(strings.TrimSpace(token))
+		out.Auth, out.Role, out.Namespaces = true, e.role.String(), e.namespaces
+	}
+	return &struct{ Body Whoami }{out}, nil
+}

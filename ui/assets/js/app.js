@@ -1,0 +1,216 @@
+// The dashboard's shell: login, the namespace, the live event stream
+// (GET /v1/events) and the hash router that mounts one page at a time.
+
+import { api, follow, onUnauthorized, session } from "./api.js";
+import { h, replace, errorBox, errorText } from "./dom.js";
+import * as overview from "./overview.js";
+import * as queuePage from "./queue.js";
+import * as taskPage from "./task.js";
+import * as locks from "./locks.js";
+import * as workers from "./workers.js";
+import * as flow from "./flow.js";
+import * as paxos from "./paxos.js";
+import * as login from "./login.js";
+
+// state is what every page may read: the token's role, the namespace, and
+// the latest queue counts from the stream.
+const state = { role: "", name: "", auth: false, namespace: "", queues: null, ready: false };
+
+const main = document.getElementById("main");
+let current = null; // the mounted page's controller
+let generation = 0; // bumped at every mount: a page whose number is old is gone
+let stream = null; // the AbortController of the event stream
+
+const routes = [
+  { re: /^\/?$/, page: overview, nav: "overview" },
+  { re: /^\/queue\/([^/]+)$/, page: queuePage, nav: "overview", keys: ["queue"] },
+  { re: /^\/queue\/([^/]+)\/task\/([^/]+)$/, page: taskPage, nav: "overview", keys: ["queue", "id"] },
+  { re: /^\/locks$/, page: locks, nav: "locks" },
+  { re: /^\/workers$/, page: workers, nav: "workers" },
+  { re: /^\/flow$/, page: flow, nav: "flow" },
+  { re: /^\/paxos$/, page: paxos, nav: "paxos" },
+];
+
+function parseHash() {
+  const hash = location.hash.replace(/^#/, "") || "/";
+  const [path, qs] = hash.split("?");
+  const query = new URLSearchParams(qs || "");
+  for (const r of routes) {
+    const m = path.match(r.re);
+    if (!m) continue;
+    const params = {};
+    (r.keys || []).forEach((k, i) => { params[k] = decodeURIComponent(m[i + 1]); });
+    return { ...r, params, query };
+  }
+  return null;
+}
+
+function unmount() {
+  generation++;
+  if (current && current.destroy) current.destroy();
+  current = null;
+}
+
+// route mounts the page the address names.
+function route() {
+  if (!state.ready) return;
+  unmount();
+  const r = parseHash();
+  document.querySelectorAll("#nav a").forEach((a) => a.classList.toggle("active", !!r && a.dataset.nav === r.nav));
+  document.getElementById("nav").classList.remove("open");
+  if (!r) {
+    replace(main, h("h1", {}, "Not found"), h("p", {}, "No such page. ", h("a", { href: "#/" }, "Go to the overview.")));
+    return;
+  }
+  const mine = generation;
+  const ctx = { main, state, params: r.params, query: r.query, alive: () => mine === generation };
+  main.replaceChildren();
+  try {
+    current = r.page.mount(ctx);
+  } catch (e) {
+    replace(main, errorBox(e));
+  }
+}
+
+// pageEvent hands an event of the stream to the mounted page.
+function pageEvent(name, data) {
+  if (current && current.event) {
+    try {
+      current.event(name, data);
+    } catch (e) {
+      replace(main, errorBox(e));
+    }
+  }
+}
+
+function setLive(on, why) {
+  const el = document.getElementById("live");
+  el.className = "live " + (on ? "on" : "off");
+  el.textContent = on ? "live" : "offline";
+  el.title = on ? "live updates from GET /v1/events" : why || "reconnecting to GET /v1/events";
+}
+
+const sleep = (ms, signal) => new Promise((resolve) => {
+  const t = setTimeout(resolve, ms);
+  signal.addEventListener("abort", () => { clearTimeout(t); resolve(); }, { once: true });
+});
+
+// startEvents follows GET /v1/events until stopped, reconnecting after a
+// break with a growing pause (1 s to 15 s).
+async function startEvents() {
+  stopEvents();
+  const ctrl = new AbortController();
+  stream = ctrl;
+  let pause = 1000;
+  while (!ctrl.signal.aborted) {
+    try {
+      await follow("/v1/events", (name, data) => {
+        pause = 1000;
+        onServerEvent(name, data);
+      }, ctrl.signal);
+    } catch (e) {
+      if (ctrl.signal.aborted) return;
+      if (e.status === 401 || e.status === 403) {
+        setLive(false, errorText(e));
+        return;
+      }
+    }
+    if (ctrl.signal.aborted) return;
+    setLive(false);
+    await sleep(pause, ctrl.signal);
+    pause = Math.min(pause * 2, 15000);
+  }
+}
+
+function stopEvents() {
+  if (stream) stream.abort();
+  stream = null;
+}
+
+function onServerEvent(name, data) {
+  if (name === "snapshot") {
+    setLive(true);
+    state.namespace = data.namespace;
+    document.getElementById("ns").placeholder = data.namespace;
+    state.queues = data.queues;
+    pageEvent("queues", data.queues);
+  } else if (name === "queues") {
+    state.queues = data.queues;
+    pageEvent("queues", data.queues);
+  } else if (name === "changed") {
+    pageEvent("changed", data.topics);
+  } else if (name === "sample") {
+    pageEvent("sample", data);
+  } else if (name === "end") {
+    setLive(false, data.detail);
+  }
+}
+
+function showLogin(message) {
+  state.ready = false;
+  stopEvents();
+  unmount();
+  document.getElementById("session").hidden = true;
+  document.getElementById("nav").hidden = true;
+  document.getElementById("menu-toggle").hidden = true;
+  login.mount({ main, message, onToken: start });
+}
+
+// start asks the server who the token is, then shows the pages; a 401
+// shows the login instead, and nothing else is read.
+async function start() {
+  state.ready = false;
+  let me;
+  try {
+    me = await api("GET", "/v1/whoami");
+  } catch (e) {
+    if (e.status === 401) {
+      const had = session.token() !== "";
+      session.setToken("");
+      showLogin(had ? "The server does not accept this token." : "");
+      return;
+    }
+    replace(main, h("h1", {}, "drover"), errorBox(e), h("button", { type: "button", onclick: start }, "Try again"));
+    return;
+  }
+  Object.assign(state, { role: me.role, name: me.name, auth: me.auth, namespace: me.namespace, ready: true });
+  document.getElementById("session").hidden = false;
+  document.getElementById("nav").hidden = false;
+  document.getElementById("menu-toggle").hidden = false;
+  document.getElementById("ns").placeholder = me.namespace;
+  document.getElementById("ns").value = session.namespace();
+  document.getElementById("who").textContent = me.auth ? me.name + " (" + me.role + ")" : "no auth";
+  document.getElementById("logout").hidden = !me.auth;
+  setLive(false, "connecting");
+  startEvents();
+  route();
+}
+
+onUnauthorized(() => {
+  if (state.ready) {
+    session.setToken("");
+    showLogin("The server no longer accepts the token: log in again.");
+  }
+});
+
+window.addEventListener("hashchange", route);
+
+document.getElementById("menu-toggle").addEventListener("click", () => {
+  const nav = document.getElementById("nav");
+  nav.classList.toggle("open");
+  document.getElementById("menu-toggle").setAttribute("aria-expanded", String(nav.classList.contains("open")));
+});
+
+document.getElementById("ns-form").addEventListener("submit", (e) => {
+  e.preventDefault();
+  session.setNamespace(document.getElementById("ns").value.trim());
+  state.queues = null;
+  start();
+});
+
+document.getElementById("logout").addEventListener("click", () => {
+  session.setToken("");
+  showLogin("Logged out.");
+});
+
+start();
