@@ -51,6 +51,8 @@ func (e *UnreachableError) Unwrap() []error { return []error{ErrUnreachable, e.E
 // ClientConfig says how to reach etcd.
 type ClientConfig struct {
 	// Endpoints are host:port or URLs. Empty means [ResolveEndpoints]("").
+	// Give every member of a cluster: the client spreads its requests over
+	// them and goes on through the others when one stops answering.
 	Endpoints []string
 	// DialTimeout bounds the reachability check. Zero means 5 s.
 	DialTimeout time.Duration

@@ -12,6 +12,15 @@
 //	defer srv.Close()
 //	cli, err := cluster.Connect(ctx, cluster.ClientConfig{Endpoints: srv.Endpoints()})
 //
+// Three (or five) embedded servers form one etcd cluster, replicated by
+// etcd's raft: each is given its Name and the same InitialCluster, or joins
+// a running cluster ([EmbedConfig].Join, as a learner promoted once it has
+// caught up). [MemberStatuses] and [RemoveMember] show and change the
+// members. [Backup] streams a snapshot of the database to a file with its
+// sha256; [Restore] makes a new member's data dir from it with etcd's own
+// restore code, moving the revision counter on so that fencing tokens never
+// go back.
+//
 // A [Guard] keeps the server's database under its quota: past a high-water
 // mark it makes data-plane writes (queue submissions, checkpoints) fail with
 // drover.ErrStoreFull, so that leases and locks keep working, and it

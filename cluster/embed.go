@@ -6,148 +6,25 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
-	"github.com/droverhq/drover"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 )
 
-// Defaults of [EmbedConfig].
-const (
-	DefaultDataDir                 = "./drover-data"
-	DefaultClientURL               = "http://127.0.0.1:2379"
-	DefaultPeerURL                 = "http://127.0.0.1:2380"
-	DefaultMemberName              = "drover"
-	DefaultAutoCompactionRetention = time.Hour
-	DefaultStartTimeout            = 60 * time.Second
-	// DefaultQuotaBackendBytes is the embedded etcd's database quota.
-	DefaultQuotaBackendBytes = 4 << 30
-	// DefaultDefragInterval is how often the embedded server checks
-	// whether its database file is worth defragmenting.
-	DefaultDefragInterval = 10 * time.Minute
-)
-
-// EmbedConfig configures an embedded single-member etcd server. The zero value
-// is valid and means the defaults.
-type EmbedConfig struct {
-	// DataDir holds etcd's data; it survives restarts. Default ./drover-data.
-	DataDir string
-	// ClientURL is where etcd serves clients. Default http://127.0.0.1:2379.
-	ClientURL string
-	// PeerURL is etcd's peer listener, on a loopback port. Default
-	// http://127.0.0.1:2380.
-	PeerURL string
-	// Name is the member name. Default "drover".
-	Name string
-	// AutoCompactionRetention keeps this much history; older revisions are
-	// compacted periodically. Zero means one hour; negative turns compaction
-	// off.
-	AutoCompactionRetention time.Duration
-	// UnsafeNoFsync skips fsync: much faster, loses data on a machine crash.
-	// For tests and throw-away runs only.
-	UnsafeNoFsync bool
-	// LogLevel is etcd's own log level ("debug", "info", "warn", "error").
-	// Default "error": drover logs what matters itself.
-	LogLevel string
-	// StartTimeout bounds how long Embed waits for the server to be ready.
-	// Default one minute.
-	StartTimeout time.Duration
-	// QuotaBackendBytes is the database quota (default 4 GiB). Past it etcd
-	// refuses writes until space is freed.
-	QuotaBackendBytes int64
-	// DefragInterval is how often the server checks its database file and
-	// defragments it when at least 64 MiB and half of it is free space
-	// left by compaction. Zero means 10 minutes; negative turns it off.
-	DefragInterval time.Duration
-}
-
-func (c EmbedConfig) withDefaults() EmbedConfig {
-	if c.DataDir == "" {
-		c.DataDir = DefaultDataDir
-	}
-	if c.ClientURL == "" {
-		c.ClientURL = DefaultClientURL
-	}
-	if c.PeerURL == "" {
-		c.PeerURL = DefaultPeerURL
-	}
-	if c.Name == "" {
-		c.Name = DefaultMemberName
-	}
-	if c.AutoCompactionRetention == 0 {
-		c.AutoCompactionRetention = DefaultAutoCompactionRetention
-	}
-	if c.LogLevel == "" {
-		c.LogLevel = "error"
-	}
-	if c.StartTimeout == 0 {
-		c.StartTimeout = DefaultStartTimeout
-	}
-	if c.QuotaBackendBytes == 0 {
-		c.QuotaBackendBytes = DefaultQuotaBackendBytes
-	}
-	if c.DefragInterval == 0 {
-		c.DefragInterval = DefaultDefragInterval
-	}
-	return c
-}
-
-// Validate reports the first field that is not usable.
-func (c EmbedConfig) Validate() error {
-	c = c.withDefaults()
-	if !listenURL(c.ClientURL, false) {
-		return &drover.InputError{Field: "ClientURL", Value: c.ClientURL, Rule: "must be http(s)://IP:PORT with no path, such as http://127.0.0.1:2379"}
-	}
-	if !listenURL(c.PeerURL, true) {
-		return &drover.InputError{Field: "PeerURL", Value: c.PeerURL, Rule: "must be http(s)://LOOPBACK-IP:PORT with no path, such as http://127.0.0.1:2380: the embedded etcd has no peers"}
-	}
-	if cu, pu := hostPort(c.ClientURL), hostPort(c.PeerURL); cu == pu {
-		return &drover.InputError{Field: "PeerURL", Value: c.PeerURL, Rule: "must not be the client URL's address and port: the two listeners need a port each"}
-	}
-	switch c.LogLevel {
-	case "debug", "info", "warn", "error":
-	default:
-		return fmt.Errorf("cluster: LogLevel %q: must be debug, info, warn or error", c.LogLevel)
-	}
-	if c.StartTimeout < 0 {
-		return fmt.Errorf("cluster: StartTimeout %s: must not be negative", c.StartTimeout)
-	}
-	return nil
-}
-
-// listenURL reports whether raw is a URL etcd can listen on: http or https,
-// an IP address (etcd binds to IPs, not names; a loopback one if loopback is
-// set) and a port, and no path.
-// hostPort is the host and port of a URL that listenURL accepted.
-func hostPort(raw string) string {
-	u, _ := url.Parse(raw)
-	return u.Host
-}
-
-func listenURL(raw string, loopback bool) bool {
-	u, err := url.Parse(raw)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || (u.Path != "" && u.Path != "/") || u.RawQuery != "" {
-		return false
-	}
-	host, port, err := net.SplitHostPort(u.Host)
-	if err != nil || port == "" {
-		return false
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && (!loopback || ip.IsLoopback())
-}
-
 // Server is a running embedded etcd server.
 type Server struct {
 	etcd      *embed.Etcd
 	endpoints []string
 	dataDir   string
+	name      string
 	quota     int64
 	logLevel  zap.AtomicLevel
+	level     zapcore.Level // etcd's log level once started
 	closeOnce sync.Once
 	unlock    func()        // releases the data dir's lock file
 	stop      chan struct{} // closed by Close: maintenance ends
@@ -156,7 +33,10 @@ type Server struct {
 
 // Embed starts an embedded etcd server and waits until it serves clients, ctx
 // is done, or cfg.StartTimeout passes. Data in cfg.DataDir from an earlier run
-// is kept.
+// is kept: a restarted member rejoins its cluster whatever cfg.InitialCluster
+// says. With cfg.Join and a data dir that holds no member yet, Embed first
+// adds the member to the running cluster; a member that starts as a learner
+// is promoted to a voter before Embed returns.
 func Embed(ctx context.Context, cfg EmbedConfig) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -169,31 +49,53 @@ func Embed(ctx context.Context, cfg EmbedConfig) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	var added *addedMember
+	switch {
+	case len(cfg.Join) == 0:
+	case HasMember(cfg.DataDir):
+		// A restart: etcd reads its cluster from the data dir.
+		cfg.InitialCluster = cfg.Name + "=" + cfg.AdvertisePeerURL
+	default:
+		if added, err = addMember(ctx, cfg); err != nil {
+			unlock()
+			return nil, err
+		}
+		cfg.InitialCluster, cfg.InitialClusterState = added.initialCluster, ClusterStateExisting
+	}
 	s, err := start(ctx, cfg)
 	if err != nil {
 		unlock()
+		if added != nil {
+			err = &JoinError{Cause: err, ID: added.id, PeerURL: cfg.AdvertisePeerURL}
+		}
 		return nil, err
 	}
 	s.unlock = unlock
+	if s.etcd.Server.IsLearner() {
+		if err := s.promote(ctx, cfg); err != nil {
+			s.Close()
+			return nil, err
+		}
+	}
+	s.logLevel.SetLevel(s.level)
 	return s, nil
 }
 
-// start starts etcd in cfg.DataDir, which the caller holds, and waits until
-// it serves clients. etcd's own start (opening and reading the database,
-// which takes seconds for a large one) cannot be interrupted, so it runs
-// in a goroutine: when ctx ends first, start returns at once and the
-// goroutine closes the server when its start returns.
-func start(ctx context.Context, cfg EmbedConfig) (*Server, error) {
+// etcdConfig is the etcd configuration of cfg, with defaults.
+func etcdConfig(cfg EmbedConfig) *embed.Config {
 	ec := embed.NewConfig()
 	ec.Name = cfg.Name
 	ec.Dir = cfg.DataDir
 	cu, _ := url.Parse(cfg.ClientURL)
 	pu, _ := url.Parse(cfg.PeerURL)
+	acu, _ := url.Parse(cfg.AdvertiseClientURL)
+	apu, _ := url.Parse(cfg.AdvertisePeerURL)
 	ec.ListenClientUrls = []url.URL{*cu}
-	ec.AdvertiseClientUrls = []url.URL{*cu}
+	ec.AdvertiseClientUrls = []url.URL{*acu}
 	ec.ListenPeerUrls = []url.URL{*pu}
-	ec.AdvertisePeerUrls = []url.URL{*pu}
-	ec.InitialCluster = cfg.Name + "=" + pu.String()
+	ec.AdvertisePeerUrls = []url.URL{*apu}
+	ec.InitialCluster = cfg.InitialCluster
+	ec.ClusterState = cfg.InitialClusterState
 	if cfg.AutoCompactionRetention > 0 {
 		ec.AutoCompactionMode = "periodic"
 		ec.AutoCompactionRetention = cfg.AutoCompactionRetention.String()
@@ -202,11 +104,22 @@ func start(ctx context.Context, cfg EmbedConfig) (*Server, error) {
 	}
 	ec.UnsafeNoFsync = cfg.UnsafeNoFsync
 	ec.QuotaBackendBytes = cfg.QuotaBackendBytes
+	return ec
+}
+
+// start starts etcd in cfg.DataDir, which the caller holds, and waits until
+// it serves clients. etcd's own start (opening and reading the database,
+// which takes seconds for a large one) cannot be interrupted, so it runs
+// in a goroutine: when ctx ends first, start returns at once and the
+// goroutine closes the server when its start returns.
+func start(ctx context.Context, cfg EmbedConfig) (*Server, error) {
+	ec := etcdConfig(cfg)
 	level, _ := zapcore.ParseLevel(cfg.LogLevel)
 	zc := zap.NewProductionConfig()
 	// Quiet while starting: a failed start is returned as an error (with
 	// its cause), not also logged by etcd in its own format; once the
-	// server is ready it logs at cfg.LogLevel.
+	// server is ready (and a joining member promoted) it logs at
+	// cfg.LogLevel.
 	zc.Level = zap.NewAtomicLevelAt(zapcore.FatalLevel)
 	zc.DisableStacktrace = true
 	zc.Sampling = nil
@@ -219,6 +132,26 @@ func start(ctx context.Context, cfg EmbedConfig) (*Server, error) {
 	ec.ZapLoggerBuilder = embed.NewZapLoggerBuilder(lg)
 	ec.LogLevel = cfg.LogLevel
 
+	e, err := startEtcd(ctx, ec, cfg)
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{etcd: e, dataDir: cfg.DataDir, name: cfg.Name, quota: cfg.QuotaBackendBytes, logLevel: zc.Level, level: level,
+		stop: make(chan struct{}), done: make(chan struct{})}
+	for _, l := range e.Clients {
+		s.endpoints = append(s.endpoints, l.Addr().String())
+	}
+	if cfg.DefragInterval > 0 {
+		go s.maintain(cfg.DefragInterval)
+	} else {
+		close(s.done)
+	}
+	return s, nil
+}
+
+// startEtcd starts etcd with ec and waits until it is ready (a member of
+// a new cluster: until a quorum of members has started).
+func startEtcd(ctx context.Context, ec *embed.Config, cfg EmbedConfig) (*embed.Etcd, error) {
 	type started struct {
 		e   *embed.Etcd
 		err error
@@ -247,28 +180,24 @@ func start(ctx context.Context, cfg EmbedConfig) (*Server, error) {
 	defer timer.Stop()
 	select {
 	case <-e.Server.ReadyNotify():
+		return e, nil
 	case err := <-e.Err():
 		e.Close()
 		return nil, fmt.Errorf("cluster: embedded etcd failed while starting: %w", err)
+	case <-e.Server.StopNotify():
+		e.Close()
+		return nil, fmt.Errorf("cluster: embedded etcd stopped while starting (was this member removed from its cluster? then remove --data-dir %s before it joins again)", cfg.DataDir)
 	case <-timer.C:
 		e.Server.Stop()
 		e.Close()
+		if strings.Contains(cfg.InitialCluster, ",") {
+			return nil, fmt.Errorf("cluster: embedded etcd was not ready within %s: a member needs a quorum of its cluster's members running and reachable on their peer URLs (%s)", cfg.StartTimeout, cfg.InitialCluster)
+		}
 		return nil, fmt.Errorf("cluster: embedded etcd was not ready within %s", cfg.StartTimeout)
 	case <-ctx.Done():
 		e.Close()
 		return nil, fmt.Errorf("cluster: start embedded etcd: %w", ctx.Err())
 	}
-	zc.Level.SetLevel(level)
-	s := &Server{etcd: e, dataDir: cfg.DataDir, quota: cfg.QuotaBackendBytes, logLevel: zc.Level, stop: make(chan struct{}), done: make(chan struct{})}
-	for _, l := range e.Clients {
-		s.endpoints = append(s.endpoints, l.Addr().String())
-	}
-	if cfg.DefragInterval > 0 {
-		go s.maintain(cfg.DefragInterval)
-	} else {
-		close(s.done)
-	}
-	return s, nil
 }
 
 // Defrag thresholds: defragment once the file is at least minDefragBytes and
@@ -330,6 +259,20 @@ func (s *Server) Quota() int64 { return s.quota }
 // Err returns a channel that receives an error if the server fails while
 // running.
 func (s *Server) Err() <-chan error { return s.etcd.Err() }
+
+// Stopped returns a channel that is closed once etcd has stopped: after
+// Close, or by itself, when the member was removed from its cluster.
+func (s *Server) Stopped() <-chan struct{} { return s.etcd.Server.StopNotify() }
+
+// Name returns the member's name.
+func (s *Server) Name() string { return s.name }
+
+// MemberID returns the member's id in its cluster.
+func (s *Server) MemberID() uint64 { return uint64(s.etcd.Server.MemberID()) }
+
+// Members returns how many members the cluster has, learners included, as
+// this member last saw it.
+func (s *Server) Members() int { return len(s.etcd.Server.Cluster().Members()) }
 
 // Close stops the server: it ends the maintenance goroutine, stops accepting
 // clients, closes open client connections and watches, then syncs and closes

@@ -143,6 +143,13 @@ func (c GuardConfig) Validate() error {
 // with clearing gives the file back its size, so that the next check does
 // not set the key again.
 //
+// In a cluster of several members each member's server runs a guard of
+// its own member: it defragments that member only, disarms only that
+// member's NOSPACE alarm (and those of members that left the cluster), and
+// deletes the keys only when no other member that answers is still past its
+// low-water mark, so that guards of members whose files differ do not undo
+// each other.
+//
 // Start begins the checks and Close ends them; both are safe to call twice,
 // and Close before Start.
 type Guard struct {
@@ -264,12 +271,14 @@ type GuardStatus struct {
 	Revision int64
 	// Full says whether the guard keys exist after the check.
 	Full bool
-	// Alarm says whether etcd's NOSPACE alarm is raised after the check.
+	// Alarm says whether etcd's NOSPACE alarm is raised after the check,
+	// by any member: one member's alarm stops writes on all of them.
 	Alarm bool
 	// keys counts the guard keys that exist; alarms are the raised
-	// NOSPACE alarms.
+	// NOSPACE alarms; member is the id of the member the guard watches.
 	keys   int
 	alarms []*pb.AlarmMember
+	member uint64
 }
 
 // Check runs one check at once, and returns what it saw and left; the
@@ -324,7 +333,7 @@ func (g *Guard) read(ctx context.Context) (GuardStatus, error) {
 	if err != nil {
 		return GuardStatus{}, fmt.Errorf("cluster: guard: status of %s: %w", g.cfg.Endpoint, err)
 	}
-	st := GuardStatus{Size: sr.DbSize, InUse: sr.DbSizeInUse, Quota: g.cfg.Quota, Revision: sr.Header.Revision}
+	st := GuardStatus{Size: sr.DbSize, InUse: sr.DbSizeInUse, Quota: g.cfg.Quota, Revision: sr.Header.Revision, member: sr.Header.MemberId}
 	if st.Quota == 0 {
 		st.Quota = sr.DbSizeQuota
 	}
@@ -420,24 +429,37 @@ func (g *Guard) defragment(ctx context.Context, st GuardStatus) (GuardStatus, er
 }
 
 // recover makes the store usable again once less than the low-water mark is
-// in use: it defragments when the file is still past the high-water mark
-// or the alarm is raised, disarms the alarm, and deletes the guard keys.
+// in use in the guard's member: it defragments the member when its file is
+// still past the high-water mark or its alarm is raised, disarms its
+// alarm, and deletes the guard keys unless another member is still past
+// its own low-water mark.
 func (g *Guard) recover(ctx context.Context, st GuardStatus, high int64) (GuardStatus, error) {
-	if (st.Size >= high || st.Alarm) && g.defragged != st.Revision {
+	if (st.Size >= high || st.ownAlarm()) && g.defragged != st.Revision {
 		var err error
 		if st, err = g.defragment(ctx, st); err != nil {
 			return st, err
 		}
 	}
-	for _, a := range st.alarms {
+	disarm, keep, err := g.disarmable(ctx, st)
+	if err != nil {
+		return st, err
+	}
+	for _, a := range disarm {
 		if _, err := g.cli.AlarmDisarm(ctx, (*clientv3.AlarmMember)(a)); err != nil {
 			return st, fmt.Errorf("cluster: guard: disarm etcd's NOSPACE alarm of member %x: %w", a.MemberID, err)
 		}
 		g.cfg.Logger.Warn("store guard: disarmed etcd's NOSPACE alarm: writes and lease grants are accepted again",
 			append(g.attrs(st), "member", fmt.Sprintf("%x", a.MemberID))...)
 	}
-	st.alarms, st.Alarm, g.alarmSeen = nil, false, false
+	st.alarms, st.Alarm = keep, len(keep) > 0
+	if !st.Alarm {
+		g.alarmSeen = false
+	}
 	if st.keys > 0 {
+		busy, err := g.peerAboveLow(ctx, st.member)
+		if err != nil || busy != "" {
+			return st, err // that member's guard clears the keys once it is under its mark
+		}
 		if err := storeguard.Clear(ctx, g.cli, g.keys...); err != nil {
 			return st, fmt.Errorf("cluster: guard: %w", err)
 		}

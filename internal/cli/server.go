@@ -39,19 +39,34 @@ type serverFlags struct {
 	highWater     waterMark
 	lowWater      waterMark
 	http          httpFlags
+	cluster       clusterFlags
 }
 
 // minQuotaBytes is the smallest --quota-backend-bytes the server takes.
 const minQuotaBytes = 16 << 20
 
-func (a *app) serverCommand() *cobra.Command {
-	f := serverFlags{highWater: waterMark(cluster.DefaultHighWater), lowWater: waterMark(cluster.DefaultLowWater)}
-	cmd := &cobra.Command{
-		Use:   "server",
-		Short: "Run drover's server with an embedded etcd (or against an existing cluster)",
-		Long: `Run drover's server. By default it embeds a single-member etcd: data in
+// serverLong and serverExample are the help of the server command.
+const (
+	serverLong = `Run drover's server. By default it embeds a single-member etcd: data in
 --data-dir, kept across restarts; clients on --etcd-listen; peers on a
 loopback port; history compacted every --auto-compaction-retention.
+
+Three (or five) servers form one etcd cluster, replicated by etcd's raft:
+give each its --name and the same --initial-cluster listing every member's
+peer URL; each member's entry must be its --etcd-peer-listen (or
+--etcd-advertise-peer). A server started with --join (client URLs of running
+members) adds itself to that cluster instead, as a learner that is promoted
+to a voter once it has caught up. A restarted member rejoins its cluster from
+its --data-dir; --initial-cluster and --join are then not read. "drover
+cluster status" shows the members; "drover cluster remove NAME" removes one.
+
+Listening beyond loopback (--etcd-listen or --etcd-peer-listen on 0.0.0.0
+or a private address) exposes etcd without TLS or authentication: anyone
+who reaches the ports can read and write every key, and on the peer port
+pose as a member. Do it on a private network only (a Kubernetes pod network
+with a NetworkPolicy); elsewhere run etcd with TLS yourself and point drover
+at it with --etcd-endpoints. A single member listens for peers on loopback
+only; 0.0.0.0 needs --etcd-advertise-client and --etcd-advertise-peer.
 
 With --etcd-endpoints (or $ETCD_ENDPOINTS) it embeds nothing and serves
 against that existing etcd cluster instead.
@@ -72,20 +87,38 @@ Go's default garbage collection setting a fifth of its CPU goes to collecting;
 memory for that CPU. Set $GOMEMLIMIT in memory-limited containers: the
 collector then works harder as the limit nears instead of running out.
 
-It logs one line when ready and shuts down cleanly on SIGINT or SIGTERM.`,
-		Example: `  drover server
+It logs one line when ready and shuts down cleanly on SIGINT or SIGTERM.`
+	serverExample = `  drover server
   drover server --data-dir /var/lib/drover --etcd-listen http://127.0.0.1:2379
   drover server --quota-backend-bytes 8589934592 --high-water 80% --low-water 70%
+  drover server --name s1 --data-dir /var/lib/drover \
+    --initial-cluster s1=http://127.0.0.1:2380,s2=http://127.0.0.1:12380,s3=http://127.0.0.1:22380 \
+    --etcd-peer-listen http://127.0.0.1:2380 --etcd-listen http://127.0.0.1:2379
+  drover server --name s4 --join http://127.0.0.1:2379 --data-dir /var/lib/drover-s4 \
+    --etcd-peer-listen http://127.0.0.1:32380 --etcd-listen http://127.0.0.1:32379
+  drover server --name drover-0 --data-dir /var/lib/drover \
+    --initial-cluster drover-0=http://drover-0.drover:2380,drover-1=http://drover-1.drover:2380,drover-2=http://drover-2.drover:2380 \
+    --etcd-peer-listen http://0.0.0.0:2380 --etcd-listen http://0.0.0.0:2379 \
+    --etcd-advertise-peer http://drover-0.drover:2380 --etcd-advertise-client http://drover-0.drover:2379
   drover server --etcd-endpoints 10.0.0.5:2379,10.0.0.6:2379
   drover server --http-listen 127.0.0.1:8080
-  drover server --http-listen 0.0.0.0:8443 --auth-file tokens.json --tls-cert cert.pem --tls-key key.pem`,
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, args []string) error { return a.runServer(cmd, &f) },
+  drover server --http-listen 0.0.0.0:8443 --auth-file tokens.json --tls-cert cert.pem --tls-key key.pem`
+)
+
+func (a *app) serverCommand() *cobra.Command {
+	f := serverFlags{highWater: waterMark(cluster.DefaultHighWater), lowWater: waterMark(cluster.DefaultLowWater)}
+	cmd := &cobra.Command{
+		Use:     "server",
+		Short:   "Run drover's server with an embedded etcd (or against an existing cluster)",
+		Long:    serverLong,
+		Example: serverExample,
+		Args:    cobra.NoArgs,
+		RunE:    func(cmd *cobra.Command, args []string) error { return a.runServer(cmd, &f) },
 	}
 	fl := cmd.Flags()
 	fl.StringVar(&f.dataDir, "data-dir", cluster.DefaultDataDir, "directory for etcd's data (kept across restarts)")
 	fl.StringVar(&f.listen, "etcd-listen", cluster.DefaultClientURL, "URL where the embedded etcd serves clients")
-	fl.StringVar(&f.peerListen, "etcd-peer-listen", cluster.DefaultPeerURL, "URL of the embedded etcd's peer listener (loopback)")
+	fl.StringVar(&f.peerListen, "etcd-peer-listen", cluster.DefaultPeerURL, "URL of the embedded etcd's peer listener (loopback, unless --initial-cluster or --join)")
 	fl.DurationVar(&f.retention, "auto-compaction-retention", cluster.DefaultAutoCompactionRetention, "history kept before periodic compaction (0 turns compaction off)")
 	fl.StringVar(&f.metricsListen, "metrics-listen", "", "host:port to serve Prometheus metrics on (/metrics: drover's and the embedded etcd's)")
 	fl.IntVar(&f.gcPercent, "gc-percent", DefaultServerGCPercent, "garbage collection target of the embedded server (Go's GOGC; $GOGC wins when set and this flag is not)")
@@ -97,6 +130,7 @@ It logs one line when ready and shuts down cleanly on SIGINT or SIGTERM.`,
 	fl.StringVar(&f.http.tlsKey, "tls-key", "", "private key (PEM) of --tls-cert")
 	fl.BoolVar(&f.http.insecure, "insecure", false, "serve the HTTP API beyond loopback without --auth-file (a trusted network only)")
 	fl.Var(&f.lowWater, "low-water", "share of the quota in use under which they are accepted again; below --high-water")
+	f.cluster.register(fl)
 	return cmd
 }
 
@@ -134,7 +168,7 @@ func (a *app) runServer(cmd *cobra.Command, f *serverFlags) error {
 	defer stop()
 	external := a.endpoints != "" || strings.TrimSpace(getenv(cluster.EnvEndpoints)) != ""
 	if external {
-		for _, name := range []string{"data-dir", "etcd-listen", "etcd-peer-listen", "auto-compaction-retention", "gc-percent", "quota-backend-bytes", "high-water", "low-water"} {
+		for _, name := range append([]string{"data-dir", "etcd-listen", "etcd-peer-listen", "auto-compaction-retention", "gc-percent", "quota-backend-bytes", "high-water", "low-water"}, clusterFlagNames...) {
 			if cmd.Flags().Changed(name) {
 				return usageError{fmt.Errorf("--%s has no effect with --etcd-endpoints or $ETCD_ENDPOINTS: the server embeds no etcd then; drop one of them", name)}
 			}
@@ -168,17 +202,16 @@ func (a *app) serveEmbedded(ctx context.Context, f *serverFlags) error {
 	if f.retention == 0 {
 		cfg.AutoCompactionRetention = -1
 	}
+	f.cluster.apply(&cfg)
 	if err := cfg.Validate(); err != nil {
-		var ie *drover.InputError
-		if errors.As(err, &ie) {
-			switch ie.Field {
-			case "ClientURL":
-				return ie.Renamed("--etcd-listen")
-			case "PeerURL":
-				return ie.Renamed("--etcd-peer-listen")
-			}
+		if errors.Is(err, drover.ErrInvalidInput) {
+			return embedFlagError(err)
 		}
 		return usageError{err}
+	}
+	if out := exposed(cfg); len(out) > 0 {
+		a.logger.Warn("etcd listens beyond loopback without TLS or authentication: whoever reaches these ports can read and write every key; keep them on a private network",
+			"urls", strings.Join(out, ","))
 	}
 	start := time.Now()
 	a.logStarting(f.dataDir)
@@ -204,6 +237,7 @@ func (a *app) serveEmbedded(ctx context.Context, f *serverFlags) error {
 	defer stopHTTP()
 	a.logger.Info("drover server ready",
 		"etcd", "embedded", "endpoints", strings.Join(srv.Endpoints(), ","),
+		"name", srv.Name(), "member_id", fmt.Sprintf("%x", srv.MemberID()), "members", srv.Members(),
 		"data_dir", srv.DataDir(), "namespace", a.namespace,
 		"quota_mib", srv.Quota()>>20, "high_water", f.highWater.String(), "low_water", f.lowWater.String(),
 		"startup", time.Since(start).Round(time.Millisecond).String())
@@ -211,6 +245,9 @@ func (a *app) serveEmbedded(ctx context.Context, f *serverFlags) error {
 	case <-ctx.Done():
 	case err := <-srv.Err():
 		return fmt.Errorf("embedded etcd failed: %w", err)
+	case <-srv.Stopped():
+		return fmt.Errorf("embedded etcd stopped: this member was removed from its cluster (or failed); "+
+			"to bring it back, remove --data-dir %s and start it with --join", f.dataDir)
 	}
 	a.logger.Info("drover server stopping", "reason", "signal")
 	stopHTTP()

@@ -1,0 +1,59 @@
+package cluster_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/droverhq/drover/cluster"
+	"github.com/droverhq/drover/internal/etcdtest"
+	"github.com/droverhq/drover/keyspace"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// TestGuardOnTwoMembers: the guards of two members whose quotas differ (a
+// small one on member 0, a large one on member 1) do not undo each other.
+// Member 0's guard sets the store-full key once its file passes its
+// high-water mark; member 1's guard, under its own low-water mark, leaves
+// the key alone while member 0 is still past its mark; it used to delete
+// it at once, and the two flapped.
+func TestGuardOnTwoMembers(t *testing.T) {
+	servers := startCluster(t, 8<<20, 1<<30)
+	ns := etcdtest.Namespace(t)
+	ctx := context.Background()
+	var logs etcdtest.LogBuffer
+	guards := make([]*cluster.Guard, len(servers))
+	clis := make([]*clientv3.Client, len(servers))
+	for i, s := range servers {
+		cli, err := cluster.Connect(ctx, cluster.ClientConfig{Endpoints: s.Endpoints()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = cli.Close() })
+		clis[i] = cli
+		guards[i] = etcdtest.NewGuard(t, cli, cluster.GuardConfig{
+			Endpoint: s.Endpoints()[0], Quota: s.Quota(), Namespaces: []string{ns},
+			HighWater: 0.1, LowWater: 0.05, Interval: time.Hour,
+			Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+		})
+	}
+	val := strings.Repeat("x", 100<<10)
+	for i := 0; i < 10; i++ { // 1 MiB: past 10 % of member 0's quota, under 5 % of member 1's
+		if _, err := clis[0].Put(ctx, fmt.Sprintf("/%s/fill/%03d", ns, i), val); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st, err := guards[0].Check(ctx); err != nil || !st.Full {
+		t.Fatalf("member 0's guard at %d of %d bytes: full=%t, %v; logs:\n%s", st.Size, st.Quota, st.Full, err, logs.String())
+	}
+	st, err := guards[1].Check(ctx)
+	if err != nil || st.InUse >= int64(0.05*float64(st.Quota)) {
+		t.Fatalf("member 1's guard: %+v, %v", st, err)
+	}
+	if !exists(t, clis[1], keyspace.MustNew(ns).StoreFull()) {
+		t.Fatalf("member 1's guard deleted the key that member 0's set, member 0 still past its mark; logs:\n%s", logs.String())
+	}
+}

@@ -1,0 +1,263 @@
+package cluster
+
+import (
+	"bufio"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/droverhq/drover"
+	"go.etcd.io/etcd/etcdutl/v3/snapshot"
+	"go.etcd.io/etcd/server/v3/embed"
+	"go.uber.org/zap"
+)
+
+// DefaultRevisionBump is how far Restore moves the store's revision past
+// the backup's, by default: more revisions than a cluster writes between a
+// backup and its restore, so that revisions, and the fencing tokens drawn
+// from them, never go back.
+const DefaultRevisionBump = 1_000_000_000
+
+// RestoreConfig configures [Restore]. Snapshot and DataDir are required.
+type RestoreConfig struct {
+	// Snapshot is the backup file, written by [Backup] (or etcdctl
+	// snapshot save).
+	Snapshot string
+	// SHA256 is the hex sha256 the file must have; "" reads it from
+	// Snapshot+ChecksumSuffix.
+	SHA256 string
+	// DataDir is the new member's data directory; it must not exist, or
+	// be empty.
+	DataDir string
+	// Name is the member's name. Default "drover".
+	Name string
+	// PeerURL is the member's (advertised) peer URL. Default: Name's in
+	// InitialCluster, else http://127.0.0.1:2380.
+	PeerURL string
+	// InitialCluster lists every member of the restored cluster as
+	// NAME=PEER-URL pairs; default Name=PeerURL, a single member. Each
+	// member of a cluster is restored from the same file with the same
+	// InitialCluster and its own Name.
+	InitialCluster string
+	// RevisionBump is added to the store's revision, which is then marked
+	// compacted (watchers from an older revision are told to re-read).
+	// Zero means DefaultRevisionBump; negative keeps the backup's revision.
+	RevisionBump int64
+}
+
+// RestoreResult describes a restore.
+type RestoreResult struct {
+	// Revision is the backup's store revision; Restored the restored
+	// store's, Revision plus the bump.
+	Revision, Restored int64
+	// SHA256 is the backup file's checksum, as verified.
+	SHA256 string
+}
+
+// ErrChecksumMismatch is matched by the error of Restore when the backup
+// file's sha256 is not the one expected.
+var ErrChecksumMismatch = errors.New("cluster: backup checksum mismatch")
+
+// ChecksumError says which file did not match which checksum.
+type ChecksumError struct {
+	File, Want, Got, From string
+}
+
+// Error implements error.
+func (e *ChecksumError) Error() string {
+	return fmt.Sprintf("backup %s has sha256 %s, but %s says %s: the file is damaged or is not the backup that checksum belongs to; nothing was restored: restore another backup",
+		e.File, e.Got, e.From, e.Want)
+}
+
+// Unwrap returns ErrChecksumMismatch.
+func (e *ChecksumError) Unwrap() error { return ErrChecksumMismatch }
+
+func (c RestoreConfig) withDefaults() RestoreConfig {
+	if c.Name == "" {
+		c.Name = DefaultMemberName
+	}
+	if c.PeerURL == "" && c.InitialCluster != "" {
+		if members, err := ParseInitialCluster(c.InitialCluster); err == nil {
+			c.PeerURL = members[c.Name]
+		}
+	}
+	if c.PeerURL == "" {
+		c.PeerURL = DefaultPeerURL
+	}
+	if c.InitialCluster == "" {
+		c.InitialCluster = c.Name + "=" + c.PeerURL
+	}
+	if c.RevisionBump == 0 {
+		c.RevisionBump = DefaultRevisionBump
+	}
+	return c
+}
+
+// Validate reports the first field that is not usable, as a
+// drover.InputError naming it.
+func (c RestoreConfig) Validate() error {
+	c = c.withDefaults()
+	bad := func(field string, v any, rule string) error {
+		return &drover.InputError{Field: field, Value: v, Rule: rule}
+	}
+	switch {
+	case c.Snapshot == "":
+		return bad("Snapshot", c.Snapshot, "must name the backup file")
+	case c.DataDir == "":
+		return bad("DataDir", c.DataDir, "must name the new data directory")
+	case !memberName(c.Name):
+		return bad("Name", c.Name, "must be 1 to 64 letters, digits, '-', '_' or '.'")
+	case !hostURL(c.PeerURL):
+		return bad("PeerURL", c.PeerURL, "must be http(s)://HOST:PORT with no path")
+	}
+	if c.SHA256 != "" {
+		if b, err := hex.DecodeString(c.SHA256); err != nil || len(b) != sha256.Size {
+			return bad("SHA256", c.SHA256, "must be 64 hex digits")
+		}
+	}
+	members, err := ParseInitialCluster(c.InitialCluster)
+	if err != nil {
+		return err
+	}
+	peer, ok := members[c.Name]
+	if !ok {
+		return bad("Name", c.Name, "must be one of the names in the initial cluster ("+strings.Join(sortedNames(members), ", ")+")")
+	}
+	if !sameURL(peer, c.PeerURL) {
+		return bad("PeerURL", c.PeerURL, fmt.Sprintf("must be %s's peer URL in the initial cluster, %s", c.Name, peer))
+	}
+	return nil
+}
+
+// Restore makes a new member's data directory from a backup, with etcd's
+// own restore (etcdutl's snapshot package): it verifies the file's sha256
+// (and etcd's checksum inside it), refuses a DataDir that holds anything,
+// and writes the store with the cluster membership of cfg. A server
+// started on DataDir then serves the backup's data. On failure nothing is
+// left in DataDir.
+//
+// Leases in the backup are restored with their keys: each runs its whole
+// TTL again from the moment the restored cluster elects a leader, and
+// expires then unless its holder renews it.
+func Restore(cfg RestoreConfig) (RestoreResult, error) {
+	var res RestoreResult
+	if err := cfg.Validate(); err != nil {
+		return res, err
+	}
+	cfg = cfg.withDefaults()
+	if err := emptyDir(cfg.DataDir); err != nil {
+		return res, err
+	}
+	sum, err := verifyChecksum(cfg.Snapshot, cfg.SHA256)
+	if err != nil {
+		return res, err
+	}
+	res.SHA256 = sum
+	if res.Revision, err = SnapshotRevision(cfg.Snapshot); err != nil {
+		return res, err
+	}
+	_, statErr := os.Stat(cfg.DataDir)
+	created := errors.Is(statErr, fs.ErrNotExist)
+	rc := snapshot.RestoreConfig{
+		SnapshotPath:        cfg.Snapshot,
+		Name:                cfg.Name,
+		OutputDataDir:       cfg.DataDir,
+		PeerURLs:            []string{cfg.PeerURL},
+		InitialCluster:      cfg.InitialCluster,
+		InitialClusterToken: embed.NewConfig().InitialClusterToken,
+	}
+	res.Restored = res.Revision
+	if cfg.RevisionBump > 0 {
+		rc.RevisionBump, rc.MarkCompacted = uint64(cfg.RevisionBump), true
+		res.Restored += cfg.RevisionBump
+	}
+	if err := snapshot.NewV3(zap.NewNop()).Restore(rc); err != nil {
+		_ = os.RemoveAll(filepath.Join(cfg.DataDir, "member"))
+		if created {
+			_ = os.Remove(cfg.DataDir)
+		}
+		return res, fmt.Errorf("cluster: restore %s into %s: %w", cfg.Snapshot, cfg.DataDir, err)
+	}
+	if err := syncDir(cfg.DataDir); err != nil {
+		return res, fmt.Errorf("cluster: restore: %w", err)
+	}
+	return res, nil
+}
+
+// emptyDir returns nil when dir does not exist or is an empty directory.
+func emptyDir(dir string) error {
+	f, err := os.Open(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("cluster: restore: open the data dir: %w", err)
+	}
+	defer f.Close()
+	names, err := f.Readdirnames(1)
+	if err != nil && !errors.Is(err, io.EOF) {
+		return &drover.InputError{Field: "DataDir", Value: dir, Rule: "must be a new or empty directory: " + err.Error()}
+	}
+	if len(names) > 0 {
+		return &drover.InputError{Field: "DataDir", Value: dir, Rule: "must be a new or empty directory, and this one holds files: " +
+			"restore into a new directory, then start the server on it (an existing member's data is never overwritten)"}
+	}
+	return nil
+}
+
+// verifyChecksum checks the sha256 of file against want, or when want is
+// empty against file+ChecksumSuffix, and returns it.
+func verifyChecksum(file, want string) (string, error) {
+	from := "--sha256"
+	if want == "" {
+		from = file + ChecksumSuffix
+		w, err := readChecksumFile(from)
+		if err != nil {
+			return "", err
+		}
+		want = w
+	}
+	f, err := os.Open(file)
+	if err != nil {
+		return "", fmt.Errorf("cluster: restore: open the backup: %w", err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, bufio.NewReaderSize(f, 1<<20)); err != nil {
+		return "", fmt.Errorf("cluster: restore: read the backup %s: %w", file, err)
+	}
+	got := hex.EncodeToString(h.Sum(nil))
+	if !strings.EqualFold(got, want) {
+		return "", &ChecksumError{File: file, Want: strings.ToLower(want), Got: got, From: from}
+	}
+	return got, nil
+}
+
+// ErrNoChecksum is matched by the error of Restore when the backup has no
+// checksum file and none was given.
+var ErrNoChecksum = errors.New("cluster: no checksum for the backup")
+
+// readChecksumFile reads the first field of a sha256sum line.
+func readChecksumFile(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return "", fmt.Errorf("%w: %s does not exist: keep it beside the backup, or give the checksum (drover backup --json prints it)", ErrNoChecksum, path)
+	}
+	if err != nil {
+		return "", fmt.Errorf("cluster: restore: read the checksum: %w", err)
+	}
+	fields := strings.Fields(string(b))
+	if len(fields) == 0 {
+		return "", fmt.Errorf("%w: %s is empty", ErrNoChecksum, path)
+	}
+	if d, err := hex.DecodeString(fields[0]); err != nil || len(d) != sha256.Size {
+		return "", fmt.Errorf("%w: %s does not start with a sha256 (64 hex digits)", ErrNoChecksum, path)
+	}
+	return fields[0], nil
+}

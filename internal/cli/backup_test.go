@@ -1,0 +1,198 @@
+package cli_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/droverhq/drover/cluster"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// writer puts keys one after another until stopped, and records the
+// revision etcd acknowledged each at.
+type writer struct {
+	mu    sync.Mutex
+	acked map[string]int64
+	stop  chan struct{}
+	done  chan struct{}
+}
+
+func startWriter(t *testing.T, cli *clientv3.Client, prefix string) *writer {
+	t.Helper()
+	w := &writer{acked: map[string]int64{}, stop: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(w.done)
+		val := strings.Repeat("v", 1024)
+		for i := 0; ; i++ {
+			select {
+			case <-w.stop:
+				return
+			default:
+			}
+			key := fmt.Sprintf("%s%06d", prefix, i)
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			resp, err := cli.Put(ctx, key, val)
+			cancel()
+			if err != nil {
+				continue // not acknowledged: it may or may not be in the backup
+			}
+			w.mu.Lock()
+			w.acked[key] = resp.Header.Revision
+			w.mu.Unlock()
+		}
+	}()
+	t.Cleanup(w.halt)
+	return w
+}
+
+func (w *writer) count() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.acked)
+}
+
+func (w *writer) halt() {
+	select {
+	case <-w.stop:
+	default:
+		close(w.stop)
+	}
+	<-w.done
+}
+
+// fenceToken runs `drover lock run fence` against endpoint and returns the
+// token it was given.
+func fenceToken(t *testing.T, endpoint string) int64 {
+	t.Helper()
+	r := drover(t, "--etcd-endpoints", endpoint, "lock", "run", "fence", "--", "sh", "-c", `echo "$DROVER_LOCK_TOKEN"`)
+	tok, err := strconv.ParseInt(strings.TrimSpace(r.stdout), 10, 64)
+	if r.code != 0 || err != nil {
+		t.Fatalf("lock run fence: exit %d, %q, %q", r.code, r.stdout, r.stderr)
+	}
+	return tok
+}
+
+// TestBackupRestore: `drover backup` of a server that a writer keeps
+// putting keys into, then `drover restore` into a new data dir and a
+// server on it: every key acknowledged at or before the backup's revision
+// is there, none after it, and a lock's fencing token is higher than every
+// token and revision before. A restore into a data dir that holds files,
+// and one of a file whose checksum does not match, are refused.
+func TestBackupRestore(t *testing.T) {
+	dir := t.TempDir()
+	src := newMember(t, "drover")
+	src.p = start(t, cleanEnv(), "server", "--data-dir", src.dataDir, "--etcd-listen", src.client, "--etcd-peer-listen", src.peer)
+	src.waitReady(t)
+	before := fenceToken(t, src.client)
+	cli, err := cluster.Connect(context.Background(), cluster.ClientConfig{Endpoints: []string{src.client}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	w := startWriter(t, cli, "/backup-test/")
+	waitFor(t, 10*time.Second, "200 writes", func() bool { return w.count() >= 200 })
+	file := filepath.Join(dir, "drover.db")
+	r := drover(t, "--etcd-endpoints", src.client, "backup", file, "--json")
+	var b struct {
+		Bytes      int64  `json:"bytes"`
+		SHA256     string `json:"sha256"`
+		SHA256File string `json:"sha256_file"`
+		Revision   int64  `json:"revision"`
+		TookMS     int64  `json:"took_ms"`
+	}
+	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &b) != nil || b.Revision <= before || b.SHA256File != file+".sha256" {
+		t.Fatalf("backup: exit %d, %q, %q", r.code, r.stdout, r.stderr)
+	}
+	t.Logf("backup under load: %d bytes, revision %d, %d ms", b.Bytes, b.Revision, b.TookMS)
+	n := w.count()
+	waitFor(t, 10*time.Second, "writes after the backup", func() bool { return w.count() >= n+50 })
+	w.halt()
+	_ = src.p.cmd.Process.Signal(syscall.SIGTERM)
+	src.p.wait(t, 20*time.Second)
+	last := int64(0)
+	for _, rev := range w.acked {
+		last = max(last, rev)
+	}
+
+	restoreRefusals(t, dir, file)
+	dst := newMember(t, "drover")
+	if r := drover(t, "restore", file, "--data-dir", dst.dataDir); r.code != 0 || !strings.Contains(r.stdout, "sha256 verified") {
+		t.Fatalf("restore: exit %d, %q, %q", r.code, r.stdout, r.stderr)
+	}
+	dst.p = start(t, cleanEnv(), "server", "--data-dir", dst.dataDir, "--etcd-listen", dst.client, "--etcd-peer-listen", dst.peer)
+	dst.waitReady(t)
+	rcli, err := cluster.Connect(context.Background(), cluster.ClientConfig{Endpoints: []string{dst.client}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rcli.Close()
+	g, err := rcli.Get(context.Background(), "/backup-test/", clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	have := map[string]bool{}
+	for _, kv := range g.Kvs {
+		have[string(kv.Key)] = true
+	}
+	in := 0
+	for key, rev := range w.acked {
+		switch {
+		case rev <= b.Revision && !have[key]:
+			t.Fatalf("%s, acknowledged at revision %d, is missing from the backup of revision %d", key, rev, b.Revision)
+		case rev > b.Revision && have[key]:
+			t.Fatalf("%s, written at revision %d, is in the backup of revision %d", key, rev, b.Revision)
+		case rev <= b.Revision:
+			in++
+		}
+	}
+	after := fenceToken(t, dst.client)
+	t.Logf("%d of %d acknowledged keys in the backup; fencing token %d before the backup, %d after the restore (last write before it at revision %d)",
+		in, len(w.acked), before, after, last)
+	if after <= before || after <= last {
+		t.Fatalf("fencing token after the restore %d: want above %d (before the backup) and %d (the last write)", after, before, last)
+	}
+}
+
+// restoreRefusals: a restore into a data dir that holds files, and of a
+// file whose checksum file does not match it, exit 2 and restore nothing.
+func restoreRefusals(t *testing.T, dir, file string) {
+	t.Helper()
+	full := filepath.Join(dir, "full")
+	if err := os.MkdirAll(filepath.Join(full, "member"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if r := drover(t, "restore", file, "--data-dir", full); r.code != 2 || !strings.Contains(r.stderr, `invalid --data-dir "`+full+`": must be a new or empty directory`) {
+		t.Fatalf("restore into a data dir that holds files: exit %d, %q", r.code, r.stderr)
+	}
+	data, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	copyFile := filepath.Join(dir, "copy.db")
+	if err := os.WriteFile(copyFile, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(copyFile+".sha256", []byte(strings.Repeat("0", 64)+"  copy.db\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	target := filepath.Join(dir, "never")
+	r := drover(t, "restore", copyFile, "--data-dir", target)
+	if r.code != 2 || !strings.Contains(r.stderr, "says "+strings.Repeat("0", 64)+": the file is damaged or is not the backup that checksum belongs to") {
+		t.Fatalf("restore with a wrong checksum: exit %d, %q", r.code, r.stderr)
+	}
+	if _, err := os.Stat(target); err == nil {
+		t.Fatalf("a refused restore created %s", target)
+	}
+	if r := drover(t, "restore", copyFile); r.code != 2 || !strings.Contains(r.stderr, "invalid --data-dir") {
+		t.Fatalf("restore without --data-dir: exit %d, %q", r.code, r.stderr)
+	}
+}
