@@ -369,7 +369,9 @@ func TestPaxosClientCommandsUnreachable(t *testing.T) {
 // manifests pass to drover exists, and that the StatefulSet reads
 // HOSTNAME and RABBITMQ_URL as the CLI expects.
 func TestDeployManifestsUseRealFlags(t *testing.T) {
-	files, _ := filepath.Glob("../../deploy/k8s/*.yaml")
+	// The lock service's manifests; the others (drover server, drover
+	// worker) are checked command by command in deploy/.
+	files, _ := filepath.Glob("../../deploy/k8s/lock-service*.yaml")
 	if len(files) == 0 {
 		t.Fatal("no manifests in deploy/k8s")
 	}
