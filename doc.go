@@ -42,6 +42,10 @@
 //   - [github.com/droverhq/drover/httpapi]: every capability as JSON routes
 //     over HTTP, described by OpenAPI, with sessions standing in for
 //     leases, bearer tokens and TLS, for agents in other languages.
+//   - [github.com/droverhq/drover/ui]: the web dashboard the HTTP API
+//     serves at /ui, embedded in the binary.
+//   - [github.com/droverhq/drover/chaos]: tests only: crashes, pauses and
+//     leader kills of real processes, and linearizability checks of locks.
 //   - [github.com/droverhq/drover/cmd/drover]: the one binary.
 //
 // This package holds what every part shares: the error type for bad input,

@@ -104,6 +104,10 @@ func Backup(ctx context.Context, cli *clientv3.Client, path string, progress fun
 	res.SHA256 = hex.EncodeToString(whole.Sum(nil))
 	line := res.SHA256 + "  " + filepath.Base(path) + "\n"
 	if err := writeFileSync(path+ChecksumSuffix, []byte(line)); err != nil {
+		// A backup without its checksum is refused by restore, and a
+		// rerun would find FILE taken: leave neither.
+		_ = os.Remove(path)
+		_ = os.Remove(path + ChecksumSuffix)
 		return res, fmt.Errorf("cluster: backup: write the checksum: %w", err)
 	}
 	if err := syncDir(filepath.Dir(path)); err != nil {

@@ -47,7 +47,11 @@ type MemberStatus struct {
 // of each no longer than timeout. It fails only when the member list cannot
 // be read; a member that does not answer has its Err set.
 func MemberStatuses(ctx context.Context, cli *clientv3.Client, timeout time.Duration) ([]MemberStatus, error) {
-	list, err := cli.MemberList(ctx)
+	// Serializable: a member without a leader answers from its own state
+	// (a linearizable read would wait for a leader forever), bounded too.
+	lctx, cancel := context.WithTimeout(ctx, timeout)
+	list, err := cli.MemberList(lctx, clientv3.WithSerializable())
+	cancel()
 	if err != nil {
 		return nil, fmt.Errorf("cluster: list the members: %w", err)
 	}
@@ -97,12 +101,17 @@ func (st *MemberStatus) fill(ctx context.Context, cli *clientv3.Client, timeout 
 // the name or id it was given.
 var ErrNoMember = errors.New("cluster: no such member")
 
+// removeTimeout bounds RemoveMember: without a quorum etcd never answers.
+const removeTimeout = 15 * time.Second
+
 // RemoveMember removes the member named nameOrID (its name, or its id in
 // hex as `drover cluster status` shows it) from the cluster cli reaches,
 // and returns it. etcd refuses a removal that would leave fewer started
 // members than a quorum. The removed member's server stops by itself.
 func RemoveMember(ctx context.Context, cli *clientv3.Client, nameOrID string) (*pb.Member, error) {
-	list, err := cli.MemberList(ctx)
+	ctx, cancel := context.WithTimeout(ctx, removeTimeout)
+	defer cancel()
+	list, err := cli.MemberList(ctx, clientv3.WithSerializable())
 	if err != nil {
 		return nil, fmt.Errorf("cluster: list the members: %w", err)
 	}

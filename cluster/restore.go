@@ -14,7 +14,6 @@ import (
 
 	"github.com/droverhq/drover"
 	"go.etcd.io/etcd/etcdutl/v3/snapshot"
-	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
 )
 
@@ -165,12 +164,15 @@ func Restore(cfg RestoreConfig) (RestoreResult, error) {
 	_, statErr := os.Stat(cfg.DataDir)
 	created := errors.Is(statErr, fs.ErrNotExist)
 	rc := snapshot.RestoreConfig{
-		SnapshotPath:        cfg.Snapshot,
-		Name:                cfg.Name,
-		OutputDataDir:       cfg.DataDir,
-		PeerURLs:            []string{cfg.PeerURL},
-		InitialCluster:      cfg.InitialCluster,
-		InitialClusterToken: embed.NewConfig().InitialClusterToken,
+		SnapshotPath:   cfg.Snapshot,
+		Name:           cfg.Name,
+		OutputDataDir:  cfg.DataDir,
+		PeerURLs:       []string{cfg.PeerURL},
+		InitialCluster: cfg.InitialCluster,
+		// A token of its own (the same on every member restored from
+		// this file): member and cluster ids derive from it, so a member
+		// of the old cluster still running cannot join the new one.
+		InitialClusterToken: "drover-restored-" + sum[:16],
 	}
 	res.Restored = res.Revision
 	if cfg.RevisionBump > 0 {

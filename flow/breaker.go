@@ -53,7 +53,7 @@ func (c BreakerConfig) Check(field string) error {
 	if c.Ratio == 0 {
 		return nil
 	}
-	if c.Ratio < 0 || c.Ratio > 1 {
+	if !(c.Ratio >= 0 && c.Ratio <= 1) { // NaN too
 		return &drover.InputError{Field: field + " ratio", Value: c.Ratio, Rule: "must be between 0 (off) and 1"}
 	}
 	if c.MinCalls < 1 || c.MinCalls > 1e9 {

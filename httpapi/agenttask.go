@@ -62,7 +62,7 @@ func (s *Server) claimTask(ctx context.Context, in *claimTaskInput) (*struct{ Bo
 	if _, _, _, ok := parseSessionID(in.Body.Session); !ok {
 		return nil, invalid("body.session", in.Body.Session, sessionIDRule)
 	}
-	sess, err := s.session(ctx, in.Body.Session)
+	sess, err := s.session(ctx, "body.session", in.Body.Session)
 	if err != nil {
 		return nil, err
 	}

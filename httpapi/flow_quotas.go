@@ -162,7 +162,7 @@ func (s *Server) acquireSlot(ctx context.Context, in *slotInput) (*slotOutput, e
 	if err != nil {
 		return nil, err
 	}
-	sess, err := s.session(ctx, b.Session)
+	sess, err := s.session(ctx, "body.session", b.Session)
 	if err != nil {
 		return nil, err
 	}
@@ -213,7 +213,7 @@ func (s *Server) releaseSlot(ctx context.Context, in *slotInput) (*slotOutput, e
 	if _, err := flow.SlotSubject(in.Name, b.Subject); err != nil {
 		return nil, problem(err, slotWhere)
 	}
-	sess, err := s.session(ctx, b.Session)
+	sess, err := s.session(ctx, "body.session", b.Session)
 	if err != nil {
 		return nil, err
 	}

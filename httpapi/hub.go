@@ -292,6 +292,12 @@ func (h *hub) subscribe(ns string) (sub *subscriber, cancel func()) {
 	}
 	sub = &subscriber{wake: make(chan struct{}, 1)}
 	sp.subs[sub] = struct{}{}
+	if sp.last != nil {
+		// The stream's snapshot was read before it subscribed: a round of
+		// the hub in between saw counts the stream has not, and posts
+		// nothing unless they change again. Start it with them.
+		sub.post(sp.last.queues, true, nil, nil)
+	}
 	return sub, func() {
 		h.mu.Lock()
 		defer h.mu.Unlock()

@@ -34,7 +34,7 @@ func TestBadInputSessionsAndLocks(t *testing.T) {
 		{"lock: session and owner", "POST", "/v1/locks/a", `{"session": "` + sid + `", "owner": "x", "ttl": 5}`, 400, "body.session"},
 		{"lock: owner without ttl", "POST", "/locks/a", `{"owner": "x"}`, 400, "body"},
 		{"lock: bad wait", "POST", "/v1/locks/a?wait=soon", `{"session": "` + sid + `"}`, 400, "query.wait"},
-		{"lock: bad session", "POST", "/v1/locks/a", `{"session": "zz"}`, 400, "session"},
+		{"lock: bad session", "POST", "/v1/locks/a", `{"session": "zz"}`, 400, "body.session"},
 		{"release: no token", "DELETE", "/v1/locks/a?session=" + sid, nil, 400, "query.token"},
 		{"release: token not a number", "DELETE", "/v1/locks/a?token=x&session=" + sid, nil, 400, "query.token"},
 		{"release: no contender", "DELETE", "/v1/locks/a?token=5&session=" + sid, nil, 400, "query.contender"},

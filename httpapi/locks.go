@@ -162,7 +162,7 @@ func (s *Server) acquireLock(ctx context.Context, in *acquireInput) (*struct{ Bo
 	case b.Session != "" && (b.Owner != "" || b.TTL != 0):
 		return nil, invalid("body.session", b.Session, "give a session, or an owner and a ttl, not both")
 	case b.Session != "":
-		sess, err := s.session(ctx, b.Session)
+		sess, err := s.session(ctx, "body.session", b.Session)
 		if err != nil {
 			return nil, err
 		}
@@ -191,7 +191,14 @@ func (s *Server) acquireLock(ctx context.Context, in *acquireInput) (*struct{ Bo
 	if wait > 0 {
 		wctx, cancel := context.WithTimeout(ctx, wait)
 		held, err = locker.AcquireFenced(wctx, in.Name)
+		ranOut := wctx.Err() != nil
 		cancel()
+		var he *lock.HeldError
+		if err != nil && ranOut && ctx.Err() == nil && !errors.As(err, &he) {
+			// The wait ran out before etcd answered the first attempt
+			// (a wait of a few ms): answer as an attempt without a wait.
+			held, err = locker.TryAcquireFenced(ctx, in.Name)
+		}
 	} else {
 		held, err = locker.TryAcquireFenced(ctx, in.Name)
 	}

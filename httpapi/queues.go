@@ -135,7 +135,7 @@ func (s *Server) claimTasks(ctx context.Context, in *claimInput) (*struct{ Body 
 	if err != nil {
 		return nil, err
 	}
-	sess, err := s.session(ctx, in.Body.Session)
+	sess, err := s.session(ctx, "body.session", in.Body.Session)
 	if err != nil {
 		return nil, err
 	}

@@ -110,7 +110,7 @@ func (s *Server) registryRoutes() {
 		if err := checkEndpointPath(endpointPath{in.Component, in.ID}); err != nil {
 			return nil, err
 		}
-		sess, err := s.session(ctx, in.Session)
+		sess, err := s.session(ctx, "query.session", in.Session)
 		if err != nil {
 			return nil, err
 		}
@@ -167,7 +167,7 @@ func (s *Server) registerEndpoint(ctx context.Context, in *registerInput) (*regi
 	if err := ep.Check(); err != nil {
 		return nil, problem(err, registryWhere)
 	}
-	sess, err := s.session(ctx, b.Session)
+	sess, err := s.session(ctx, "body.session", b.Session)
 	if err != nil {
 		return nil, err
 	}

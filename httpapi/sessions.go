@@ -95,7 +95,7 @@ func (s *Server) sessionRoutes() {
 		OperationID: "get-session", Method: http.MethodGet, Path: "/v1/sessions/{id}", Tags: []string{"sessions"},
 		Summary: "Read a session: its TTL and when it expires",
 	}, func(ctx context.Context, in *sessionIDPath) (*sessionOutput, error) {
-		sess, err := s.session(ctx, in.ID)
+		sess, err := s.session(ctx, "path.id", in.ID)
 		if err != nil {
 			return nil, err
 		}
@@ -116,7 +116,7 @@ func (s *Server) sessionRoutes() {
 		Summary:     "Keep a session alive",
 		Description: "Renews the session's TTL from now. Send one every TTL/3; 404 means the session ended (expired or deleted) and everything held under it is gone.",
 	}, func(ctx context.Context, in *sessionIDPath) (*sessionOutput, error) {
-		sess, err := s.session(ctx, in.ID)
+		sess, err := s.session(ctx, "path.id", in.ID)
 		if err != nil {
 			return nil, err
 		}
@@ -138,7 +138,7 @@ func (s *Server) sessionRoutes() {
 		DefaultStatus: http.StatusNoContent,
 	}, func(ctx context.Context, in *sessionIDPath) (*struct{}, error) {
 		s.sessions.forget(s.nsOf(ctx), leaseHexOf(in.ID))
-		sess, err := s.session(ctx, in.ID)
+		sess, err := s.session(ctx, "path.id", in.ID)
 		if err != nil {
 			return nil, err
 		}
@@ -175,15 +175,16 @@ func secretSum(secret string) string {
 // not exist there (expired, ended, or another namespace's) or when the
 // id's secret is not the session's. The id's secret is what proves a
 // session: the lease alone shows in places (a lock contender's name), the
-// secret only in the answer to the session's creation. A session seen
+// secret only in the answer to the session's creation; a malformed id is a
+// 400 at location (where the request holds it). A session seen
 // before is taken from the server's cache without a read: a session's
 // namespace, name and secret never change, and etcd itself refuses to bind
 // a key to a lease that ended, so a stale entry can only cost a later
 // error (mapped to the same 404), never a wrong answer.
-func (s *Server) session(ctx context.Context, id string) (*session, error) {
+func (s *Server) session(ctx context.Context, location, id string) (*session, error) {
 	lid, leaseHex, secret, ok := parseSessionID(id)
 	if !ok {
-		return nil, invalid("session", id, sessionIDRule)
+		return nil, invalid(location, id, sessionIDRule)
 	}
 	ns := s.nsOf(ctx)
 	rec, ok := s.sessions.get(ns, leaseHex)
@@ -213,7 +214,7 @@ func (s *Server) sessionLease(ctx context.Context, location, id string) (clientv
 	if _, _, _, ok := parseSessionID(id); !ok {
 		return 0, invalid(location, id, sessionIDRule)
 	}
-	sess, err := s.session(ctx, id)
+	sess, err := s.session(ctx, location, id)
 	var p *Problem
 	if errors.As(err, &p) && p.Status == http.StatusNotFound {
 		return 0, problem(fmt.Errorf("session %s: %w: the session ended, and what it held with it", redact(id), lease.ErrFenced), nil)

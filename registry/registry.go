@@ -24,6 +24,7 @@ import (
 	"fmt"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/keyspace"
@@ -62,13 +63,16 @@ type Endpoint struct {
 func CheckComponent(field, component string) error { return keyspace.CheckName(field, component) }
 
 // CheckData returns a [drover.InputError] for field unless data is empty or a
-// JSON object of at most MaxDataLen bytes.
+// JSON object of at most MaxDataLen bytes of UTF-8 text.
 func CheckData(field string, data []byte) error {
 	if len(bytes.TrimSpace(data)) == 0 {
 		return nil
 	}
 	if len(data) > MaxDataLen {
 		return &drover.InputError{Field: field, Value: fmt.Sprintf("%d bytes", len(data)), Rule: fmt.Sprintf("must be at most %d bytes", MaxDataLen)}
+	}
+	if !utf8.Valid(data) {
+		return &drover.InputError{Field: field, Rule: "must be UTF-8 text: it holds bytes that are not"}
 	}
 	var obj map[string]json.RawMessage
 	if err := json.Unmarshal(data, &obj); err != nil || obj == nil {
@@ -101,6 +105,10 @@ func (ep Endpoint) Check() error {
 		return &drover.InputError{Field: "address", Value: truncate(ep.Address, 80), Rule: fmt.Sprintf("must be at most %d bytes", MaxAddressLen)}
 	case len(ep.Subject) > MaxSubjectLen:
 		return &drover.InputError{Field: "subject", Value: truncate(ep.Subject, 80), Rule: fmt.Sprintf("must be at most %d bytes", MaxSubjectLen)}
+	case !utf8.ValidString(ep.Address):
+		return &drover.InputError{Field: "address", Rule: "must be UTF-8 text: it holds bytes that are not"}
+	case !utf8.ValidString(ep.Subject):
+		return &drover.InputError{Field: "subject", Rule: "must be UTF-8 text: it holds bytes that are not"}
 	}
 	return CheckData("data", ep.Data)
 }
