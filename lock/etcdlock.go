@@ -138,7 +138,11 @@ func (l *EtcdLock) watch(ctx context.Context) {
 					return false, err
 				}
 				for _, ev := range wr.Events {
-					if ev.Type == clientv3.EventTypeDelete {
+					// A deletion at or before the token's revision is of an
+					// earlier holding of the same key: on a cluster the
+					// watch may start on a member that has not applied this
+					// acquisition yet, and replays it.
+					if ev.Type == clientv3.EventTypeDelete && ev.Kv.ModRevision > l.token {
 						return true, nil
 					}
 				}

@@ -155,6 +155,10 @@ func (r *Redis) TryAcquire(ctx context.Context, name string) (Lock, error) {
 	h := r.holder
 	h.AcquiredAt = time.Now().UTC()
 	rec, _ := json.Marshal(h)
+	// The holder's deadline counts from the send: Redis starts the key's
+	// TTL when it runs the script, which a reply read late (a pause, a slow
+	// network) must not push back.
+	sent := time.Now()
 	res, err := redisAcquire.Run(ctx, r.rdb, []string{r.holderKey(name), r.fenceKey(name)},
 		r.ttl.Milliseconds(), r.nonce+" "+string(rec), time.Now().UnixMicro()).Slice()
 	if err != nil {
@@ -179,7 +183,7 @@ func (r *Redis) TryAcquire(ctx context.Context, name string) (Lock, error) {
 		return nil, err
 	}
 	l.release = func(ctx context.Context) error { return r.Release(ctx, name, token) }
-	l.start(time.Now())
+	l.start(sent)
 	return l, nil
 }
 

@@ -1,0 +1,90 @@
+package chaos
+
+import (
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// process is a subprocess of a test: started with Pdeathsig so it never
+// outlives the test binary, killed when the test ends, and reaped by a
+// goroutine of its own so that exited reports its end without blocking.
+type process struct {
+	name    string
+	cmd     *exec.Cmd
+	pid     int
+	started time.Time
+	done    chan struct{} // closed once the process was reaped
+	err     error         // Wait's error, once done is closed
+	ended   time.Time     // when it was reaped, once done is closed
+}
+
+// startProcess starts bin with args and env added to the test's
+// environment; stdout and stderr go to the writers given (nil: discarded).
+func startProcess(t *testing.T, name string, stdout, stderr io.Writer, env []string, bin string, args ...string) *process {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Stdout, cmd.Stderr = stdout, stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start %s: %v", name, err)
+	}
+	p := &process{name: name, cmd: cmd, pid: cmd.Process.Pid, started: time.Now(), done: make(chan struct{})}
+	go func() {
+		p.err = cmd.Wait()
+		p.ended = time.Now()
+		close(p.done)
+	}()
+	t.Cleanup(func() { p.kill() })
+	return p
+}
+
+// signal sends sig to the process unless it has been reaped.
+func (p *process) signal(sig syscall.Signal) error {
+	if p.exited() {
+		return errors.New(p.name + " has exited")
+	}
+	return p.cmd.Process.Signal(sig)
+}
+
+// kill sends SIGKILL (which also ends a stopped process) and waits until
+// the process is reaped.
+func (p *process) kill() {
+	_ = p.signal(syscall.SIGKILL)
+	<-p.done
+}
+
+// exited reports whether the process has ended and been reaped.
+func (p *process) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// exitCode is the process's exit status once it has exited: -1 when a
+// signal ended it.
+func (p *process) exitCode() int {
+	<-p.done
+	return p.cmd.ProcessState.ExitCode()
+}
+
+// wait waits up to d for the process to end by itself and reports whether
+// it did.
+func (p *process) wait(d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-p.done:
+		return true
+	case <-t.C:
+		return false
+	}
+}

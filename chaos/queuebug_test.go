@@ -1,0 +1,69 @@
+package chaos
+
+import (
+	"syscall"
+	"testing"
+	"time"
+)
+
+// TestQueuePausedWorkerStartsNoTask shows a bug of the queue worker, found
+// by TestQueueChaos: a worker woken from a pause longer than its TTL can
+// start handlers for tasks it claimed before the pause, although its lease
+// (and with it every claim) is gone and other workers have run those tasks
+// since. Before it starts a task, the worker checks that its lease's
+// context has not ended (queue/run.go, startWhenFree: base.Err()), and that
+// context is cancelled by the lease's renewal goroutine, which after a
+// SIGCONT may run later than the goroutines waiting for a running slot.
+// lease.Lease.Err() checks the deadline itself and would see the loss
+// (docs/locks.md: "A woken process knows at once"). The handler gets a live
+// context; its outcome is refused, so nothing is acknowledged twice, but
+// the work runs again after the task's next attempt, with no fault hitting
+// the worker while it runs.
+//
+// Reproduction: tasks of 1 ms, a worker of concurrency 1 that claims 16
+// ahead (they wait for its running slot), SIGSTOPped for TTL + 1 s and
+// continued; it fails when the woken worker starts any attempt, trying up
+// to five pauses. It fails until the worker checks its lease's deadline
+// before starting a task; run it with
+//
+//	DROVER_CHAOS_KNOWN_BUGS=1 go test -run TestQueuePausedWorkerStartsNoTask -v ./chaos/
+func TestQueuePausedWorkerStartsNoTask(t *testing.T) {
+	if !long() {
+		t.Skip("five pauses past the TTL, about a minute: DROVER_CHAOS=long runs it")
+	}
+	set := startEtcdSet(t, droverBin(t), 1)
+	cfg := queueConfig{tasks: 20000, workers: 2, concurrency: 1, prefetch: 16, ttl: 2 * time.Second, taskTime: time.Millisecond}
+	r := newQueueRun(t, set, cfg)
+	r.submit()
+	r.workers = []*workerProc{r.startWorker(0)}
+	for try := range 5 {
+		victim := r.startWorker(1)
+		time.Sleep(time.Second)
+		if err := victim.signal(syscall.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
+		paused := time.Now()
+		time.Sleep(cfg.ttl + time.Second)
+		_ = victim.signal(syscall.SIGCONT)
+		p := fault{kind: faultWorkerPause, at: paused, until: time.Now(), pids: []int{victim.pid}}
+		if !victim.wait(10 * time.Second) {
+			t.Fatalf("the woken worker did not exit within 10 s (its lease is lost)")
+		}
+		attempts, _, err := readAttempts(r.log)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var stale []string
+		for _, as := range attempts {
+			for _, a := range as {
+				if a.pid == victim.pid && a.start > paused.Add(500*time.Millisecond).UnixNano() {
+					stale = append(stale, staleStart(a, as, p))
+				}
+			}
+		}
+		if len(stale) > 0 {
+			t.Fatalf("pause %d: the woken worker started %d attempts after its lease was gone, e.g.: %v", try+1, len(stale), first(stale))
+		}
+	}
+	t.Logf("five pauses past the TTL, no attempt started by a woken worker")
+}
