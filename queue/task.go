@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"reflect"
 	"time"
 	"unicode/utf8"
@@ -142,6 +143,10 @@ func (d *Duration) UnmarshalJSON(b []byte) error {
 			kind = "bool"
 		}
 		return &json.UnmarshalTypeError{Value: kind, Type: reflect.TypeFor[Duration]()}
+	}
+	if math.IsNaN(secs) || math.Abs(secs) >= math.MaxInt64/float64(time.Second) {
+		// Past about 292 years the nanoseconds overflow (and flip sign).
+		return &json.UnmarshalTypeError{Value: fmt.Sprintf("number %s (seconds, beyond about 292 years)", b), Type: reflect.TypeFor[Duration]()}
 	}
 	*d = Duration(secs * float64(time.Second))
 	return nil
