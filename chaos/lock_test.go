@@ -258,7 +258,7 @@ type holding struct {
 
 // falseLosses lists the holdings whose client saw the lock's key deleted
 // and then released it by token with success: the key was there all along
-// (a known bug, TestEtcdLockNoFalseLossOnCluster).
+// (see TestEtcdLockNoFalseLossOnCluster).
 func (r *lockRun) falseLosses() []string {
 	var out []string
 	for _, op := range r.ops {

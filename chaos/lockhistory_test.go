@@ -83,7 +83,7 @@ type lockReport struct {
 	takeovers map[faultKind][]time.Duration
 	errors    []string // errors the clients met (operations left out)
 	// falseLosses are holdings reported lost although their key was
-	// there (a known bug, TestEtcdLockNoFalseLossOnCluster).
+	// there (see TestEtcdLockNoFalseLossOnCluster).
 	falseLosses []string
 }
 
@@ -165,6 +165,9 @@ func (r *lockReport) fail(t *testing.T) {
 	if counts[faultClientPause] == 0 || counts[faultClientKill] == 0 || counts[faultServerKill] == 0 {
 		t.Errorf("faults injected %v: want a pause, a kill and a server restart", counts)
 	}
+	if len(r.falseLosses) > 0 {
+		t.Errorf("%d holdings reported lost (lock key deleted) while their key was there, e.g. %v", len(r.falseLosses), first(r.falseLosses))
+	}
 	if r.counts()[string(opWrite)+" "+resRefused] == 0 {
 		t.Errorf("no fenced write was refused: the pause did not reach a write after the takeover")
 	}
@@ -200,7 +203,7 @@ func (r *lockReport) print(t *testing.T, what string) {
 		t.Logf("a client met: %s", e)
 	}
 	if len(r.falseLosses) > 0 {
-		t.Logf("known bug (TestEtcdLockNoFalseLossOnCluster): %d holdings reported lost (lock key deleted) while held, e.g. %v",
+		t.Logf("%d holdings reported lost (lock key deleted) while held (see TestEtcdLockNoFalseLossOnCluster), e.g. %v",
 			len(r.falseLosses), first(r.falseLosses))
 	}
 	t.Logf("violations: %d of %d lock names", r.violations(), len(r.verdicts))

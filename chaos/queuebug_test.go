@@ -6,27 +6,24 @@ import (
 	"time"
 )
 
-// TestQueuePausedWorkerStartsNoTask shows a bug of the queue worker, found
-// by TestQueueChaos: a worker woken from a pause longer than its TTL can
-// start handlers for tasks it claimed before the pause, although its lease
-// (and with it every claim) is gone and other workers have run those tasks
-// since. Before it starts a task, the worker checks that its lease's
-// context has not ended (queue/run.go, startWhenFree: base.Err()), and that
-// context is cancelled by the lease's renewal goroutine, which after a
-// SIGCONT may run later than the goroutines waiting for a running slot.
-// lease.Lease.Err() checks the deadline itself and would see the loss
-// (docs/locks.md: "A woken process knows at once"). The handler gets a live
-// context; its outcome is refused, so nothing is acknowledged twice, but
-// the work runs again after the task's next attempt, with no fault hitting
-// the worker while it runs.
+// TestQueuePausedWorkerStartsNoTask: a worker woken from a pause longer
+// than its TTL starts none of the tasks it claimed before the pause. Its
+// lease, and with it every claim, is gone, and other workers have run those
+// tasks since.
 //
-// Reproduction: tasks of 1 ms, a worker of concurrency 1 that claims 16
-// ahead (they wait for its running slot), SIGSTOPped for TTL + 1 s and
-// continued; it fails when the woken worker starts any attempt, trying up
-// to five pauses. It fails until the worker checks its lease's deadline
-// before starting a task; run it with
+// TestQueueChaos found it broken: the worker checked its lease's context
+// before starting a task (queue/run.go, startWhenFree), which the lease's
+// renewal goroutine cancels, and after a SIGCONT the goroutines waiting for
+// a running slot could run first; the handler got a live context and the
+// work ran again after the task's next attempt (its outcome was refused).
+// A task now starts only while the lease holds by its own deadline
+// (lease.Lease.Err): 1 stale start in 5 pauses before, none after.
 //
-//	DROVER_CHAOS_KNOWN_BUGS=1 go test -run TestQueuePausedWorkerStartsNoTask -v ./chaos/
+// Tasks of 1 ms, a worker of concurrency 1 that claims 16 ahead (they wait
+// for its running slot), SIGSTOPped for TTL + 1 s and continued, five
+// times; any attempt the woken worker starts fails the test.
+//
+//	DROVER_CHAOS=long go test -run TestQueuePausedWorkerStartsNoTask -v ./chaos/
 func TestQueuePausedWorkerStartsNoTask(t *testing.T) {
 	if !long() {
 		t.Skip("five pauses past the TTL, about a minute: DROVER_CHAOS=long runs it")

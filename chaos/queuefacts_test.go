@@ -31,7 +31,7 @@ type queueFindings struct {
 	dupAttempt   []string          // one attempt number started by two workers
 	lateRefused  int               // attempts a paused worker finished during its pause, whose success was refused
 	lateAccepted []string          // ... whose success was stored
-	staleStarts  []string          // attempts a paused worker started after its pause: its lease was gone (a known bug)
+	staleStarts  []string          // attempts a paused worker started after its pause: its lease was gone
 }
 
 // accepted reports whether attempt a is the one whose success was stored.

@@ -27,23 +27,24 @@ func (c stallConn) Read(p []byte) (int, error) {
 	return c.Conn.Read(p)
 }
 
-// TestRedisLockDeadlineCountsFromReply shows a bug of the Redis backend,
-// found while writing these tests: the client-side deadline of a Redis lock
-// just acquired counts from when the reply was read, not from when the
-// request was sent (lock/redis.go, TryAcquire: l.start(time.Now()) after
-// the script returned; the Paxos backend passes the send time). Redis
-// starts the holder key's TTL when it runs the script. A holder that reads
-// the reply late (paused by GC or SIGSTOP, or a slow network) believes it
-// holds the lock for up to a whole TTL after Redis dropped it: Err() is nil
-// and the context is live while another holder has the lock. Fenced stores
-// still refuse its writes; an unfenced side effect is not protected, and
-// docs/locks.md says Err() "checks that deadline itself after a pause".
+// TestRedisLockDeadlineCountsFromReply: the client-side deadline of a
+// Redis lock just acquired counts from when the request was sent, so a
+// holder that reads the reply late knows the lock lost once Redis dropped
+// it.
 //
-// Reproduction: TTL 1 s; the reply of the acquisition is read 1.5 s after
-// Redis ran it; then Err() is nil although a second locker takes the lock.
-// It fails until the deadline counts from the send time; run it with
+// Found broken while writing these tests: TryAcquire started the watchdog
+// with the time the reply was read (lock/redis.go), while Redis starts the
+// holder key's TTL when it runs the script. A holder that read its reply
+// late (paused by GC or SIGSTOP, a slow network) believed it held the lock
+// for up to a TTL after Redis dropped it: Err() nil, context live, while
+// another locker held it. It now counts from the send, as the Paxos backend
+// does.
 //
-//	DROVER_CHAOS_KNOWN_BUGS=1 go test -run TestRedisLockDeadlineCountsFromReply -v ./chaos/
+// TTL 1 s; the acquisition's reply is read 1.5 s after Redis ran it (a
+// connection that stalls one read); a second locker takes the lock, and
+// the first must report the loss.
+//
+//	go test -run TestRedisLockDeadlineCountsFromReply -v ./chaos/
 func TestRedisLockDeadlineCountsFromReply(t *testing.T) {
 	srv := startRedis(t, "--save", "", "--appendonly", "no")
 	ctx := context.Background()
