@@ -72,7 +72,7 @@ type lockRun struct {
 	armed      faultKind          // the fault to inject at the next HOLD line
 	faults     []fault
 	held       map[time.Time]string // per pause, kill or restart, the lock name held
-	losses     map[holding]string   // losses the clients reported, and what they came from
+	losses     map[holding]loss     // losses the clients reported
 	outages    []outage
 	restarts   int            // clients started to replace killed ones
 	restarting sync.WaitGroup // the server restart under way
@@ -83,7 +83,7 @@ type lockRun struct {
 // history's verdicts.
 func runLocks(t *testing.T, cfg lockConfig, env []string, restart func() outage) *lockReport {
 	r := &lockRun{t: t, cfg: cfg, bin: lockClientBin(t), env: env, restart: restart, dropped: map[lockOpKind]int{},
-		held: map[time.Time]string{}, losses: map[holding]string{}}
+		held: map[time.Time]string{}, losses: map[holding]loss{}}
 	began := time.Now()
 	for range cfg.clients {
 		r.startClient(cfg.cycles)
@@ -227,7 +227,7 @@ func (r *lockRun) line(s string) {
 		at, _ := strconv.ParseInt(f[4], 10, 64)
 		r.add(id, lockInput{Kind: opExpirable, Name: f[2], Client: id, Token: token}, resOK, at, at)
 		r.mu.Lock()
-		r.losses[holding{id, f[2], token}] = f[5]
+		r.losses[holding{id, f[2], token}] = loss{kind: f[5], at: at}
 		r.mu.Unlock()
 	case f[0] == "HOLD" && len(f) == 4:
 		r.hold(id, f[2])
@@ -256,14 +256,24 @@ type holding struct {
 	token  int64
 }
 
+// loss is a loss a client reported: what it came from ("key", "lease",
+// "other") and from when the lock may be gone (Unix ns).
+type loss struct {
+	kind string
+	at   int64
+}
+
 // falseLosses lists the holdings whose client saw the lock's key deleted
-// and then released it by token with success: the key was there all along
-// (see TestEtcdLockNoFalseLossOnCluster).
+// before it released the lock, and then released it by token with success:
+// the key was there all along (see TestEtcdLockNoFalseLossOnCluster). A
+// loss seen during the release is the release's own deletion (a retry by
+// token after an error).
 func (r *lockRun) falseLosses() []string {
 	var out []string
 	for _, op := range r.ops {
 		in := op.Input.(lockInput)
-		if in.Kind == opRelease && op.Output.(lockOutput).Result == resOK && r.losses[holding{in.Client, in.Name, in.Token}] == "key" {
+		l := r.losses[holding{in.Client, in.Name, in.Token}]
+		if in.Kind == opRelease && op.Output.(lockOutput).Result == resOK && l.kind == "key" && l.at < op.Call {
 			d := fmt.Sprintf("c%d %s token %d", in.Client, in.Name, in.Token)
 			for _, f := range r.faults {
 				if off := time.Duration(op.Call - f.at.UnixNano()); off > -3*time.Second && off < 3*time.Second {
