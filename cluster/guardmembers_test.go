@@ -46,10 +46,19 @@ func TestGuardOnTwoMembers(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if st, err := guards[0].Check(ctx); err != nil || !st.Full {
+	// Member 0 may be the follower: it applies the writes, and its backend
+	// commits them to its file, a little after the leader answered them.
+	var st cluster.GuardStatus
+	var err error
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		if st, err = guards[0].Check(ctx); (err == nil && st.Full) || time.Now().After(deadline) {
+			break
+		}
+	}
+	if err != nil || !st.Full {
 		t.Fatalf("member 0's guard at %d of %d bytes: full=%t, %v; logs:\n%s", st.Size, st.Quota, st.Full, err, logs.String())
 	}
-	st, err := guards[1].Check(ctx)
+	st, err = guards[1].Check(ctx)
 	if err != nil || st.InUse >= int64(0.05*float64(st.Quota)) {
 		t.Fatalf("member 1's guard: %+v, %v", st, err)
 	}
