@@ -25,12 +25,14 @@ const benchTasks = 5000
 // http-acks) with the Go worker (concurrency 64) on the same queue layout
 // of one fsync'd embedded etcd, in one run. One iteration drains
 // benchTasks tasks; tasks/s and the p99 of one claim or outcome request
-// (of each, and of either) are reported.
+// (of each, and of either) are reported, with the CPU time of the whole
+// process (server, etcd and clients) per task.
 func BenchmarkQueueClaimAck(b *testing.B) {
 	s := fsyncServer(b)
 	cli := s.Client(b)
 	b.Run("go", func(b *testing.B) {
 		var lat latencies
+		var cpu time.Duration
 		for i := 0; i < b.N; i++ {
 			ns := fmt.Sprintf("bench-qgo-%d-%d", time.Now().UnixNano(), i)
 			fill(b, cli, ns)
@@ -47,13 +49,15 @@ func BenchmarkQueueClaimAck(b *testing.B) {
 				return nil, nil
 			})
 			b.StartTimer()
-			start := time.Now()
+			start, cpu0 := time.Now(), cpuTime()
 			_ = w.Run(ctx)
 			b.StopTimer()
+			cpu += cpuTime() - cpu0
 			_ = w.Close(context.Background())
 			lat.add(time.Since(start) / benchTasks)
 		}
 		b.ReportMetric(float64(b.N*benchTasks)/b.Elapsed().Seconds(), "tasks/s")
+		b.ReportMetric(float64(cpu.Microseconds())/float64(b.N*benchTasks), "cpu-µs/task")
 	})
 	for _, batch := range []bool{true, false} {
 		name := "http-batch"
@@ -70,6 +74,7 @@ func BenchmarkQueueClaimAck(b *testing.B) {
 // request, and either.
 func benchHTTPWorkers(b *testing.B, cli *clientv3.Client, batch bool) {
 	var claims, outs, all latencies
+	var cpu time.Duration
 	for i := 0; i < b.N; i++ {
 		ns := fmt.Sprintf("bench-qhttp-%d-%d", time.Now().UnixNano(), i)
 		fill(b, cli, ns)
@@ -79,6 +84,7 @@ func benchHTTPWorkers(b *testing.B, cli *clientv3.Client, batch bool) {
 		var wg sync.WaitGroup
 		errs := make(chan error, 64)
 		b.StartTimer()
+		cpu0 := cpuTime()
 		for c := 0; c < 64; c++ {
 			wg.Add(1)
 			go func() {
@@ -90,6 +96,7 @@ func benchHTTPWorkers(b *testing.B, cli *clientv3.Client, batch bool) {
 		}
 		wg.Wait()
 		b.StopTimer()
+		cpu += cpuTime() - cpu0
 		close(errs)
 		if err := <-errs; err != nil {
 			b.Fatal(err)
@@ -100,6 +107,7 @@ func benchHTTPWorkers(b *testing.B, cli *clientv3.Client, batch bool) {
 	b.ReportMetric(p99ms(claims.d), "claim-p99-ms")
 	b.ReportMetric(p99ms(outs.d), "outcome-p99-ms")
 	b.ReportMetric(float64(b.N*benchTasks)/b.Elapsed().Seconds(), "tasks/s")
+	b.ReportMetric(float64(cpu.Microseconds())/float64(b.N*benchTasks), "cpu-µs/task")
 }
 
 // p99ms is the 99th percentile of d, in milliseconds.

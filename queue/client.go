@@ -43,6 +43,8 @@ type Client struct {
 	ext externalState
 	// reports combines concurrent reports of outcomes (reportcombine.go).
 	reports reportCombiner
+	// claims remembers the runs of external claims (claimcache.go).
+	claims claimCache
 }
 
 // NewClient returns a client of namespace ns ("" means "drover").

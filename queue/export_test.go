@@ -5,3 +5,9 @@ package queue
 func CombinedReports(c *Client) (writes, reports int64) {
 	return c.reports.writes.Load(), c.reports.reports.Load()
 }
+
+// RememberedOutcomes returns how many outcomes c wrote from its memory of
+// its claims, and how many such writes etcd refused as stale.
+func RememberedOutcomes(c *Client) (hits, stale int64) {
+	return c.claims.hits.Load(), c.claims.stale.Load()
+}

@@ -142,6 +142,9 @@ func (c *Client) Claim(ctx context.Context, q string, req ClaimRequest) ([]*Task
 		}
 		tasks, err := c.runnable(ctx, w, claims, req.Lease.ID())
 		if err != nil || len(tasks) > 0 {
+			if err == nil {
+				c.claims.remember(func(seg string) string { return c.keys.Runs(q, seg) }, q, claims, tasks, req.Lease.ID())
+			}
 			return tasks, err
 		}
 		if seg, _ := w.hotSegment(0); hot != "" && len(claims) == 0 && seg == "" {

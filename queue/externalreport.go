@@ -89,13 +89,16 @@ func (c *Client) report(ctx context.Context, os []Outcome) []Reported {
 		seen[k] = true
 		todo = append(todo, i)
 	}
+	todo, remembered := c.fromMemory(os, todo)
+	again := c.reportRemembered(ctx, os, remembered, out)
 	groups, records, err := c.places(ctx, os, todo, out)
 	if err != nil {
 		for _, i := range todo {
 			out[i].Err = err
 		}
-		return out
+		groups, records = nil, nil
 	}
+	groups = append(groups, again...)
 	for _, i := range records {
 		out[i] = c.reportRecord(ctx, os[i])
 	}

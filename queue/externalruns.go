@@ -37,6 +37,10 @@ type segGroup struct {
 	exits map[int]bool
 	fifo  bool
 	tasks []Task // the segment's tasks, once needed
+	// cached is the run the group was made of from memory (claimcache.go),
+	// byslot the tasks of its slots as claimed; nil when read.
+	cached *cachedRun
+	byslot map[int]Task
 }
 
 // leasedRun is a run as read, with its lease.

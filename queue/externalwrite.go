@@ -51,6 +51,11 @@ func (c *Client) runWrites(ctx context.Context, g *segGroup, os []Outcome, out [
 	}
 	for _, rw := range writes {
 		rw.others = len(g.runs) > ending // runs of the segment that go on
+		if g.cached != nil {
+			// Not read: others may have runs in the segment unless this
+			// one took its last free slots.
+			rw.others = !g.cached.last
+		}
 	}
 	return writes
 }
@@ -85,6 +90,10 @@ func (g *segGroup) holds(h Held, slot int) (leasedRun, int, error) {
 // from the client's cache of segments (read and decoded only when not
 // there).
 func (c *Client) groupTask(ctx context.Context, g *segGroup, slot int, id string) (*Task, error) {
+	if t, ok := g.byslot[slot]; ok && t.ID == id {
+		t.Transitions = []Transition{{Status: Pending, At: t.Metadata.CreatedAt}}
+		return &t, nil
+	}
 	if g.tasks == nil {
 		ts, err := c.segmentTasks(ctx, g.q, g.seg)
 		if err != nil {
@@ -132,6 +141,15 @@ func (c *Client) writeRuns(ctx context.Context, writes []*runWrite, out []Report
 	var again []*segGroup
 	for _, rw := range writes {
 		rs, later := rw.w.runReqs(rw.run, rw.os, rw.final, now, markers)
+		if rw.g.cached != nil {
+			if len(rs) != 1 || later {
+				// Large results: written from a read, as below.
+				c.claims.forget(rw.g.cached)
+				again = retryLater(again, rw, 0)
+				continue
+			}
+			rs[0].cmps = append(rs[0].cmps, rw.g.exitsSince(c))
+		}
 		if len(rs) != 1 || later {
 			// Large results: the run's parts one after the other.
 			again = c.writeChained(ctx, rw, rs, later, out, again)
@@ -167,12 +185,20 @@ func (c *Client) writeReqs(ctx context.Context, reqs []ackReq, owners []*runWrit
 	for k, rw := range owners {
 		switch {
 		case err != nil:
+			c.claims.forget(rw.g.cached)
 			for _, i := range rw.items {
 				out[i].Err = fmt.Errorf("queue: record the outcome of task %s: %w", rw.os[0].c.task.ID, err)
 			}
 		case resp.Responses[k].GetResponseTxn().Succeeded:
+			if rw.g.cached != nil {
+				c.claims.wrote(rw.g.cached, rw.writtenSlots(), resp.Header.Revision, rw.final)
+			}
 			c.written(ctx, rw, len(rw.os), out)
 		default:
+			if rw.g.cached != nil {
+				c.claims.stale.Add(1)
+				c.claims.forget(rw.g.cached)
+			}
 			again = retryLater(again, rw, 0)
 		}
 	}
@@ -230,6 +256,15 @@ func (c *Client) written(ctx context.Context, rw *runWrite, n int, out []Reporte
 			c.closeSegment(ctx, rw.g.q, st)
 		}
 	}
+}
+
+// writtenSlots are the slots of rw's outcomes.
+func (rw *runWrite) writtenSlots() []int {
+	out := make([]int, len(rw.os))
+	for k, o := range rw.os {
+		out[k] = o.c.slot
+	}
+	return out
 }
 
 // retryLater adds rw's outcomes from the nth on to the groups to read
