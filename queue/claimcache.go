@@ -29,6 +29,10 @@ import (
 // over (runs whose sessions died unreported would otherwise stay).
 const claimCacheRuns = 8192
 
+// claimCacheSlots bounds the claimed tasks remembered (each with a copy
+// of its task) the same way.
+const claimCacheSlots = 65536
+
 // claimCache is what a Client remembers of its external claims. The zero
 // value is ready.
 type claimCache struct {
@@ -97,7 +101,7 @@ func (cc *claimCache) remember(runsPrefix func(seg string) string, q string, cla
 		if !all {
 			continue
 		}
-		if cc.runs == nil || len(cc.runs) >= claimCacheRuns {
+		if cc.runs == nil || len(cc.runs) >= claimCacheRuns || len(cc.slots) >= claimCacheSlots {
 			cc.runs, cc.slots = map[string]*cachedRun{}, map[heldKey]*cachedSlot{}
 		}
 		cr := &cachedRun{q: q, seg: r.seg, lease: int64(l), last: r.last, rev: r.token, done: map[int]bool{},
