@@ -45,6 +45,8 @@ type Client struct {
 	reports reportCombiner
 	// claims remembers the runs of external claims (claimcache.go).
 	claims claimCache
+	// claimers combines concurrent external claims (claimcombine.go).
+	claimers claimCombiner
 }
 
 // NewClient returns a client of namespace ns ("" means "drover").

@@ -11,3 +11,9 @@ func CombinedReports(c *Client) (writes, reports int64) {
 func RememberedOutcomes(c *Client) (hits, stale int64) {
 	return c.claims.hits.Load(), c.claims.stale.Load()
 }
+
+// CombinedClaims returns how many combined claims c made, and how many
+// claims they served with tasks.
+func CombinedClaims(c *Client) (rounds, served int64) {
+	return c.claimers.rounds.Load(), c.claimers.served.Load()
+}

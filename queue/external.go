@@ -46,7 +46,9 @@ type ClaimRequest struct {
 
 // Held names a claim by what Claim returned: the queue, the task's id and
 // the claim's token; Lease, when not 0, must be the lease the task was
-// claimed under.
+// claimed under. Claims combined into one request (see claimcombine.go)
+// share their token, each in a segment of its own: a token names a claim
+// together with the task, and Lease binds it to its session.
 type Held struct {
 	Queue string
 	ID    string
@@ -99,44 +101,22 @@ func (c *Client) Claim(ctx context.Context, q string, req ClaimRequest) ([]*Task
 		return nil, &drover.InputError{Field: "wait", Value: req.Wait, Rule: "must not be negative"}
 	}
 	n := max(req.Max, 1)
-	w := c.externalWorker(q, req.Worker, req.Lease, req.Logger)
-	w.cfg.Prefetch = n
-	// The claims of all sessions take turns: each starts at another open
-	// segment, and every eighth takes a lower priority level's (see
-	// levelTurns); each session goes on with the segment it took from last.
-	turn := c.ext.turns.Add(1)
-	w.spread = turn
-	w.claimSeq.Store(int64(turn % (1 << 62)))
-	w.turnSeq.Store(int64(turn % (1 << 62)))
-	w.turns, w.window = c.levelTurnsOf(q), c.windowOf(q)
-	defer func() {
-		w.levelMu.Lock()
-		lt, ow := w.turns, w.window
-		w.levelMu.Unlock()
-		c.setLevelTurns(q, lt)
-		c.setWindow(q, ow)
-	}()
-	lid := int64(req.Lease.ID())
-	hot := c.hotOf(q, lid)
-	w.hot[0] = hot
-	defer func() {
-		// A FIFO queue's claims all take its oldest segment: a session
-		// keeps none of its own (a kept one would make the next claim skip
-		// the open list and find nothing). Nor does it keep a guess at the
-		// next segment: its next claim lists the open segments.
-		seg, guessed := w.hotSegment(0)
-		if w.fifo.Load() || guessed {
-			seg = ""
-		}
-		c.setHot(q, lid, seg)
-	}()
+	w, sc, done := c.claimer(q, req, n)
+	defer done()
 	deadline := time.Now().Add(req.Wait)
-	for raced := 0; ; {
+	for raced, first := 0, true; ; first = false {
 		due, err := c.promoteDue(ctx, w, q)
 		if err != nil {
 			return nil, fmt.Errorf("queue: claim from %s: move due retries: %w", q, err)
 		}
-		claims, rev, contended, err := w.claim(ctx, 0, n)
+		var claims []*claim
+		var rev int64
+		var contended bool
+		if first {
+			claims, rev, contended, err = c.claimTurn(ctx, w, q, n)
+		} else {
+			claims, rev, contended, err = w.claim(ctx, 0, n)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("queue: claim from %s: %w", q, err)
 		}
@@ -147,8 +127,8 @@ func (c *Client) Claim(ctx context.Context, q string, req ClaimRequest) ([]*Task
 			}
 			return tasks, err
 		}
-		if seg, _ := w.hotSegment(0); hot != "" && len(claims) == 0 && seg == "" {
-			hot = "" // the session's segment had nothing left: claim again at once, from the list
+		if seg, _ := w.hotSegment(0); sc.hot != "" && len(claims) == 0 && seg == "" {
+			sc.hot = "" // the session's segment had nothing left: claim again at once, from the list
 			continue
 		}
 		left := time.Until(deadline)
@@ -170,6 +150,42 @@ func (c *Client) Claim(ctx context.Context, q string, req ClaimRequest) ([]*Task
 			left = min(left, time.Until(due)+time.Millisecond)
 		}
 		w.awaitWork(ctx, rev, left)
+	}
+}
+
+// claimer is the Worker that makes one external claim of up to n tasks of
+// queue q, with what the claims of the Client and of req's session left
+// it; done keeps what the claim leaves for the next.
+func (c *Client) claimer(q string, req ClaimRequest, n int) (w *Worker, sc sessionClaims, done func()) {
+	w = c.externalWorker(q, req.Worker, req.Lease, req.Logger)
+	w.cfg.Prefetch = n
+	// The claims of all sessions take turns: each starts at another open
+	// segment, and every eighth takes a lower priority level's (see
+	// levelTurns); each session goes on with the segment it took from last.
+	turn := c.ext.turns.Add(1)
+	w.spread = turn
+	w.claimSeq.Store(int64(turn % (1 << 62)))
+	w.turnSeq.Store(int64(turn % (1 << 62)))
+	w.turns, w.window = c.levelTurnsOf(q), c.windowOf(q)
+	lid := int64(req.Lease.ID())
+	sc = c.sessionOf(q, lid)
+	w.hot[0], w.predicted[0] = sc.hot, sc.st
+	w.laneClaims[0].Store(sc.claims)
+	return w, sc, func() {
+		// A FIFO queue's claims all take its oldest segment: a session
+		// keeps none of its own (a kept one would make the next claim skip
+		// the open list and find nothing). Nor does it keep a guess at the
+		// next segment: its next claim lists the open segments.
+		seg, guessed := w.hotSegment(0)
+		if w.fifo.Load() || guessed {
+			seg = ""
+		}
+		w.levelMu.Lock()
+		lt, ow, st := w.turns, w.window, w.predicted[0]
+		w.levelMu.Unlock()
+		c.setLevelTurns(q, lt)
+		c.setWindow(q, ow)
+		c.setSession(q, lid, sessionClaims{hot: seg, st: st, claims: w.laneClaims[0].Load()})
 	}
 }
 

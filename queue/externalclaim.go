@@ -20,7 +20,7 @@ type externalState struct {
 	turns atomic.Uint64
 	mu    sync.Mutex
 	due   map[string]dueState
-	hot   map[hotKey]string
+	hot   map[hotKey]sessionClaims
 	// levels keeps each queue's anti-starvation turns (levelTurns) from
 	// one external claim to the next: each claim has a Worker of its own.
 	levels map[string]levelTurns
@@ -68,29 +68,37 @@ type hotKey struct {
 	lease int64
 }
 
-// hotOf is the segment the last claim of lease from queue q took from, if
-// it had slots left: the next claim reads it with its first read, as a
-// Worker's claim loop does.
-func (c *Client) hotOf(q string, lease int64) string {
+// sessionClaims is what one session's claims of a queue carry from one to
+// the next, as a Worker's claim loop keeps it: the segment the last took
+// from, if it had slots left (the next claim reads it with its first
+// read); that segment's state as the claim left it, when known (the next
+// claim takes from it without reading first, claimPredicted); and how many
+// claims the session made (one in readEvery reads first all the same).
+type sessionClaims struct {
+	hot    string
+	st     *segState
+	claims int64
+}
+
+// sessionOf returns what the last claim of lease from queue q left.
+func (c *Client) sessionOf(q string, lease int64) sessionClaims {
 	c.ext.mu.Lock()
 	defer c.ext.mu.Unlock()
 	return c.ext.hot[hotKey{q, lease}]
 }
 
-// setHot records the segment the claims of lease from queue q took from
-// last ("": none with slots left).
-func (c *Client) setHot(q string, lease int64, seg string) {
+// setSession keeps what a claim of lease from queue q leaves; a session
+// with no segment with slots left keeps only its count of claims.
+func (c *Client) setSession(q string, lease int64, sc sessionClaims) {
 	c.ext.mu.Lock()
 	defer c.ext.mu.Unlock()
-	k := hotKey{q, lease}
-	switch {
-	case seg == "":
-		delete(c.ext.hot, k)
-	case c.ext.hot == nil || len(c.ext.hot) >= 4096:
-		c.ext.hot = map[hotKey]string{k: seg}
-	default:
-		c.ext.hot[k] = seg
+	if sc.hot == "" || sc.st == nil || sc.st.name != sc.hot {
+		sc.st = nil
 	}
+	if c.ext.hot == nil || len(c.ext.hot) >= 4096 {
+		c.ext.hot = map[hotKey]sessionClaims{}
+	}
+	c.ext.hot[hotKey{q, lease}] = sc
 }
 
 // dueState is when a queue's due retries were last moved, and when its next

@@ -207,7 +207,7 @@ func (w *Worker) pickSegments(ctx context.Context, open []*mvccpb.KeyValue, fifo
 		// all racing for the first few.
 		k := int(w.spread % uint64(len(names)))
 		names = append(slices.Clone(names[k:]), names[:k]...)
-		return names[:min(len(names), 8)], nil
+		return names[:min(len(names), max(w.pickN, 8))], nil
 	}
 	window := names[:min(len(names), 4)]
 	rand.Shuffle(len(window), func(i, j int) { window[i], window[j] = window[j], window[i] })
@@ -487,72 +487,22 @@ func (w *Worker) claimFrom(ctx context.Context, lane int, st *segState, ts []Tas
 
 // takeSlots writes the run of pick; see claimSegment.
 func (w *Worker) takeSlots(ctx context.Context, st *segState, ts []Task, pick []int, last bool) ([]*claim, bool, error) {
-	q, seg := w.cfg.Queue, st.name
-	now := time.Now().UTC()
-	v := runValue{Worker: w.worker, ClaimedAt: now, Slots: pick, Attempts: make([]int, len(pick))}
-	for i, s := range pick {
-		v.Attempts[i] = st.attempts(s) + 1
-	}
-	rv := v.Encode()
-	name := keyspace.RunName(len(pick), w.runID, w.runSeq.Add(1))
-	runKey, tryKey := w.keys.Runs(q, seg)+name, w.keys.Tries(q, seg)+name
-	cmps := []clientv3.Cmp{
-		clientv3.Compare(clientv3.ModRevision(w.keys.Runs(q, seg)).WithPrefix(), "<", st.rev+1),
-		// A run made since and already ended (its lease gone) leaves
-		// only its try, which counts the attempt it started.
-		clientv3.Compare(clientv3.ModRevision(w.keys.Tries(q, seg)).WithPrefix(), "<", st.rev+1),
-		clientv3.Compare(clientv3.ModRevision(w.keys.Exits(q, seg)).WithPrefix(), "<", st.rev+1),
-		// A run made and finished since the read left outcomes (runs
-		// older than the read hold slots the read did not take).
-		clientv3.Compare(clientv3.CreateRevision(w.keys.OutsFrom(q, seg, st.rev+1)), "=", 0).WithRange(clientv3.GetPrefixRangeEnd(w.keys.Outs(q, seg))),
-		clientv3.Compare(clientv3.CreateRevision(w.keys.SegmentOpen(q, seg)), ">", 0),
-	}
-	then := []clientv3.Op{clientv3.OpPut(runKey, string(rv), clientv3.WithLease(w.lease.ID())), clientv3.OpPut(tryKey, string(rv))}
-	for _, tr := range st.coveredTries(pick) {
-		then = append(then, clientv3.OpDelete(tr.key))
-	}
-	// A task id is held by one claimer at a time, a queue worker or a task
-	// runner (package task): no claim while the runner's lock on one of
-	// the ids has a holder or a waiter.
-	var els []clientv3.Op
-	for _, s := range pick {
-		runner := w.keys.Lock(keyspace.TaskLock(ts[s].ID))
-		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(runner), "=", 0).WithPrefix())
-		els = append(els, clientv3.OpGet(runner, clientv3.WithPrefix(), clientv3.WithCountOnly()))
-	}
+	rc := w.prepareRun(st, ts, pick, last)
 	// Once sent, the claim may be applied whatever happens to ctx: do not
 	// let a shutdown cut the request short and leave a run nobody knows.
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	began := time.Now()
-	resp, err := w.cli.Txn(cctx).If(cmps...).Then(then...).Else(els...).Commit()
+	resp, err := w.cli.Txn(cctx).If(rc.cmps...).Then(rc.then...).Else(rc.els...).Commit()
 	metrics.ObserveTxn("claim", began)
 	cancel()
 	if err != nil {
 		return nil, false, err
 	}
 	if !resp.Succeeded {
-		for i, r := range resp.Responses {
-			if r.GetResponseRange().Count > 0 {
-				w.runnerHolds(ts[pick[i]].ID) // a task runner has it: skip it for a while
-			}
-		}
+		rc.refused(resp.Responses)
 		return nil, true, nil
 	}
-	run := &segRun{seg: seg, runKey: runKey, tryKey: tryKey, token: resp.Header.Revision, claimedAt: now, v: v, last: last,
-		writer: int(w.runSeq.Load() % claimers)}
-	run.remaining.Store(int32(len(pick)))
-	out := make([]*claim, len(pick))
-	for i, s := range pick {
-		t, _ := taskOf(ts, s)
-		t.Queue = q
-		t.Transitions = []Transition{{Status: Pending, At: t.Metadata.CreatedAt}}
-		t.Attempt, t.Token, t.CurrentStatus = v.Attempts[i], run.token, Running
-		out[i] = &claim{task: t, claimKey: runKey, token: run.token, claimedAt: now, run: run, slot: s}
-		metrics.TasksClaimed.WithLabelValues(q, t.Type).Inc()
-	}
-	w.claimed.Add(int64(len(out)))
-	metrics.ClaimBatchSize.WithLabelValues(q).Observe(float64(len(out)))
-	return out, false, nil
+	return rc.claimed(resp.Header.Revision), false, nil
 }
 
 // coveredTries returns the tries of dead runs that a claim of pick makes

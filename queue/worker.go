@@ -175,6 +175,7 @@ type Worker struct {
 	laneClaims                                            [claimers]atomic.Int64 // per claim loop, its claims: one in readEvery reads first
 	runID                                                 string                 // names this worker's runs: unique, where worker ids may not be
 	spread                                                uint64                 // an external claim's turn: where in the open segments it starts (0: at random among the first)
+	pickN                                                 int                    // the most segments pickSegments returns (0: 8)
 
 	// The lifecycle: Run once; Stop and StopAndCancel end it, before or
 	// after it started, any number of times.

@@ -1,0 +1,102 @@
+package queue
+
+import (
+	"time"
+
+	"github.com/droverhq/drover/keyspace"
+	"github.com/droverhq/drover/metrics"
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// runClaim is the claim of slots pick of segment st, whose tasks are ts,
+// as one (nested) transaction: cmps, then its writes, els its reads when
+// refused.
+type runClaim struct {
+	w              *Worker
+	st             *segState
+	ts             []Task
+	pick           []int
+	last           bool
+	v              runValue
+	runKey, tryKey string
+	now            time.Time
+	cmps           []clientv3.Cmp
+	then, els      []clientv3.Op
+	// call and free, for a run of a combined claim (claimcombine.go): the
+	// claim it serves, and the segment's free slots it picked from.
+	call *claimCall
+	free []int
+}
+
+// prepareRun is the transaction that writes the run of pick: a run key
+// bound to w's lease and its try, required that no run was made, no
+// outcome of a run made since written and no slot exited since st was
+// read, that the segment is open, and that no task runner holds any of
+// the tasks.
+func (w *Worker) prepareRun(st *segState, ts []Task, pick []int, last bool) *runClaim {
+	q, seg := w.cfg.Queue, st.name
+	now := time.Now().UTC()
+	v := runValue{Worker: w.worker, ClaimedAt: now, Slots: pick, Attempts: make([]int, len(pick))}
+	for i, s := range pick {
+		v.Attempts[i] = st.attempts(s) + 1
+	}
+	rv := v.Encode()
+	name := keyspace.RunName(len(pick), w.runID, w.runSeq.Add(1))
+	rc := &runClaim{w: w, st: st, ts: ts, pick: pick, last: last, v: v, now: now,
+		runKey: w.keys.Runs(q, seg) + name, tryKey: w.keys.Tries(q, seg) + name}
+	rc.cmps = []clientv3.Cmp{
+		clientv3.Compare(clientv3.ModRevision(w.keys.Runs(q, seg)).WithPrefix(), "<", st.rev+1),
+		// A run made since and already ended (its lease gone) leaves
+		// only its try, which counts the attempt it started.
+		clientv3.Compare(clientv3.ModRevision(w.keys.Tries(q, seg)).WithPrefix(), "<", st.rev+1),
+		clientv3.Compare(clientv3.ModRevision(w.keys.Exits(q, seg)).WithPrefix(), "<", st.rev+1),
+		// A run made and finished since the read left outcomes (runs
+		// older than the read hold slots the read did not take).
+		clientv3.Compare(clientv3.CreateRevision(w.keys.OutsFrom(q, seg, st.rev+1)), "=", 0).WithRange(clientv3.GetPrefixRangeEnd(w.keys.Outs(q, seg))),
+		clientv3.Compare(clientv3.CreateRevision(w.keys.SegmentOpen(q, seg)), ">", 0),
+	}
+	rc.then = []clientv3.Op{clientv3.OpPut(rc.runKey, string(rv), clientv3.WithLease(w.lease.ID())), clientv3.OpPut(rc.tryKey, string(rv))}
+	for _, tr := range st.coveredTries(pick) {
+		rc.then = append(rc.then, clientv3.OpDelete(tr.key))
+	}
+	// A task id is held by one claimer at a time, a queue worker or a task
+	// runner (package task): no claim while the runner's lock on one of
+	// the ids has a holder or a waiter.
+	for _, s := range pick {
+		runner := w.keys.Lock(keyspace.TaskLock(ts[s].ID))
+		rc.cmps = append(rc.cmps, clientv3.Compare(clientv3.CreateRevision(runner), "=", 0).WithPrefix())
+		rc.els = append(rc.els, clientv3.OpGet(runner, clientv3.WithPrefix(), clientv3.WithCountOnly()))
+	}
+	return rc
+}
+
+// refused notes the tasks of rc that a task runner holds, from the
+// responses of its refused transaction: they are skipped for a while.
+func (rc *runClaim) refused(rs []*pb.ResponseOp) {
+	for i, r := range rs {
+		if i < len(rc.pick) && r.GetResponseRange().Count > 0 {
+			rc.w.runnerHolds(rc.ts[rc.pick[i]].ID)
+		}
+	}
+}
+
+// claimed returns the claims of rc, written at revision rev (its token).
+func (rc *runClaim) claimed(rev int64) []*claim {
+	w, q := rc.w, rc.w.cfg.Queue
+	run := &segRun{seg: rc.st.name, runKey: rc.runKey, tryKey: rc.tryKey, token: rev, claimedAt: rc.now, v: rc.v, last: rc.last,
+		writer: int(w.runSeq.Load() % claimers)}
+	run.remaining.Store(int32(len(rc.pick)))
+	out := make([]*claim, len(rc.pick))
+	for i, s := range rc.pick {
+		t, _ := taskOf(rc.ts, s)
+		t.Queue = q
+		t.Transitions = []Transition{{Status: Pending, At: t.Metadata.CreatedAt}}
+		t.Attempt, t.Token, t.CurrentStatus = rc.v.Attempts[i], run.token, Running
+		out[i] = &claim{task: t, claimKey: rc.runKey, token: run.token, claimedAt: rc.now, run: run, slot: s}
+		metrics.TasksClaimed.WithLabelValues(q, t.Type).Inc()
+	}
+	w.claimed.Add(int64(len(out)))
+	metrics.ClaimBatchSize.WithLabelValues(q).Observe(float64(len(out)))
+	return out
+}
