@@ -124,7 +124,7 @@ func (s *Server) locker(ctx context.Context, l *lease.Lease, holder string) (*lo
 	if l == nil {
 		l = lease.Attach(s.cli, clientv3.NoLease, time.Second, time.Now().Add(time.Minute))
 	}
-	e, err := lock.NewEtcd(ctx, s.cli, lock.EtcdConfig{Namespace: s.nsOf(ctx), Lease: l, HolderID: holder, Logger: s.cfg.Logger})
+	e, err := lock.NewEtcd(ctx, s.cli, lock.EtcdConfig{Namespace: s.nsOf(ctx), Lease: l, HolderID: holder, Logger: s.cfg.Logger, Batcher: s.locks})
 	if err != nil {
 		return nil, problem(err, nil)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/internal/buildinfo"
 	"github.com/droverhq/drover/keyspace"
+	"github.com/droverhq/drover/lock"
 	"github.com/droverhq/drover/paxos"
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -125,6 +126,9 @@ type Server struct {
 	hub *hub
 	// paxos asks the Paxos group of Config.PaxosEndpoints; nil without.
 	paxos *paxos.Client
+	// locks sends the sessions' lock acquisitions and releases that arrive
+	// together in fewer etcd requests (lock.Batcher).
+	locks *lock.Batcher
 
 	life    sync.Mutex
 	srv     *http.Server
@@ -142,7 +146,7 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, cli: cfg.Etcd, mux: http.NewServeMux(), metrics: m}
+	s := &Server{cfg: cfg, cli: cfg.Etcd, mux: http.NewServeMux(), metrics: m, locks: lock.NewBatcher(cfg.Etcd)}
 	s.hub = newHub(s, cfg.StatsInterval)
 	if len(cfg.PaxosEndpoints) > 0 {
 		if s.paxos, err = paxos.NewClient(paxos.ClientConfig{Endpoints: cfg.PaxosEndpoints}); err != nil {
