@@ -2,9 +2,11 @@ package lock
 
 import (
 	"context"
-	"sync"
+	"slices"
 	"sync/atomic"
 	"time"
+
+	"github.com/droverhq/drover/internal/groupcommit"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -27,10 +29,8 @@ import (
 // No library offers this for etcd (its client sends each Txn as a
 // request of its own), so it is written here.
 type Batcher struct {
-	cli     *clientv3.Client
-	mu      sync.Mutex
-	busy    bool
-	waiting []*batchCall
+	cli  *clientv3.Client
+	line groupcommit.Line[*batchCall]
 	// requests counts the requests sent, txns the transactions in them.
 	requests, txns atomic.Int64
 }
@@ -50,9 +50,8 @@ func NewBatcher(cli *clientv3.Client) *Batcher { return &Batcher{cli: cli} }
 // transactions they carried.
 func (b *Batcher) Counts() (requests, txns int64) { return b.requests.Load(), b.txns.Load() }
 
-// batchCall is one transaction waiting: its lock name, its parts, its
-// answer once sent, and done, closed when the answer is there or when the
-// call is to send the next request itself (lead).
+// batchCall is one transaction: its lock name, its parts, and its answer
+// once sent.
 type batchCall struct {
 	name string
 	cmps []clientv3.Cmp
@@ -60,8 +59,6 @@ type batchCall struct {
 	els  []clientv3.Op
 	resp *clientv3.TxnResponse
 	err  error
-	lead bool
-	done chan struct{}
 }
 
 // txn commits If(cmps).Then(then).Else(els), about lock name, with the
@@ -71,56 +68,26 @@ func (b *Batcher) txn(ctx context.Context, cli *clientv3.Client, name string, cm
 	if b == nil {
 		return cli.Txn(ctx).If(cmps...).Then(then...).Else(els...).Commit()
 	}
-	call := &batchCall{name: name, cmps: cmps, then: then, els: els, done: make(chan struct{})}
-	b.mu.Lock()
-	b.waiting = append(b.waiting, call)
-	if b.busy {
-		b.mu.Unlock()
-		<-call.done // the sender always answers, within batchTimeout
-		if !call.lead {
-			return call.resp, call.err
-		}
-	} else {
-		b.busy = true
-		b.mu.Unlock()
+	call := &batchCall{name: name, cmps: cmps, then: then, els: els}
+	if !b.line.Join(call) {
+		return call.resp, call.err
 	}
-	b.send(ctx, b.take())
-	b.handOn()
+	// The next request: in order, one per lock name, up to batchMax.
+	batch, calls := b.line.Take(func(taken []*batchCall, next *batchCall) bool {
+		return len(taken) < batchMax && !slices.ContainsFunc(taken, func(c *batchCall) bool { return c.name == next.name })
+	})
+	b.send(ctx, batch)
+	groupcommit.Answer(calls)
+	b.line.HandOn()
 	return call.resp, call.err
 }
 
-// take removes from the waiting calls those the next request carries: in
-// order, one per lock name, up to batchMax. The call that sends it is
-// first.
-func (b *Batcher) take() []*batchCall {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	names := map[string]bool{}
-	var batch, left []*batchCall
-	for _, c := range b.waiting {
-		if len(batch) == batchMax || names[c.name] {
-			left = append(left, c)
-			continue
-		}
-		names[c.name] = true
-		batch = append(batch, c)
-	}
-	b.waiting = left
-	return batch
-}
-
-// send sends batch in one request and answers every call of it but the
-// first, which sends it.
+// send sends batch in one request, and writes each call's answer.
 func (b *Batcher) send(ctx context.Context, batch []*batchCall) {
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), batchTimeout)
 	defer cancel()
 	b.requests.Add(1)
 	b.txns.Add(int64(len(batch)))
-	defer func() {
-		for _, c := range batch[1:] {
-			close(c.done)
-		}
-	}()
 	if len(batch) == 1 {
 		c := batch[0]
 		c.resp, c.err = b.cli.Txn(sctx).If(c.cmps...).Then(c.then...).Else(c.els...).Commit()
@@ -139,19 +106,4 @@ func (b *Batcher) send(ctx context.Context, batch []*batchCall) {
 		r := resp.Responses[i].GetResponseTxn()
 		c.resp = (*clientv3.TxnResponse)(&pb.TxnResponse{Header: resp.Header, Succeeded: r.GetSucceeded(), Responses: r.GetResponses()})
 	}
-}
-
-// handOn makes the first waiting call the sender of the next request, or
-// ends the sending when none waits.
-func (b *Batcher) handOn() {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if len(b.waiting) == 0 {
-		b.busy = false
-		b.waiting = nil
-		return
-	}
-	next := b.waiting[0]
-	next.lead = true
-	close(next.done)
 }

@@ -2,9 +2,10 @@ package queue
 
 import (
 	"context"
-	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/droverhq/drover/internal/groupcommit"
 )
 
 // Outcomes reported at the same time by different external workers (the
@@ -25,44 +26,37 @@ const reportWriteTimeout = 30 * time.Second
 // reportCombiner queues the reports of one Client that wait for the one
 // being written. The zero value is ready.
 type reportCombiner struct {
-	mu      sync.Mutex
-	writing bool
-	waiting []*reportCall
+	line groupcommit.Line[*reportCall]
 	// writes counts the combined reports written, reports the reports in
 	// them.
 	writes, reports atomic.Int64
 }
 
-// reportCall is one report waiting to be written: its outcomes, their
-// answers once written, and done, closed when they are there or when the
-// call is to write the next combined report itself (lead).
+// reportCall is one report: its outcomes, and their answers once written.
 type reportCall struct {
-	os   []Outcome
-	out  []Reported
-	lead bool
-	done chan struct{}
+	os  []Outcome
+	out []Reported
 }
 
 // reportCombined is report, written together with the reports of other
 // callers that arrive at the same time.
 func (c *Client) reportCombined(ctx context.Context, os []Outcome) []Reported {
 	rc := &c.reports
-	call := &reportCall{os: os, done: make(chan struct{})}
-	rc.mu.Lock()
-	rc.waiting = append(rc.waiting, call)
-	if rc.writing {
-		rc.mu.Unlock()
-		<-call.done // the writer always answers: no context can cut this short
-		if !call.lead {
-			return call.out
-		}
-	} else {
-		rc.writing = true
-		rc.mu.Unlock()
+	call := &reportCall{os: os}
+	if !rc.line.Join(call) {
+		return call.out
 	}
+	// The next combined report: the first waiting, and those after it
+	// while the outcomes stay within MaxReport.
+	batch, calls := rc.line.Take(func(taken []*reportCall, next *reportCall) bool {
+		size := len(next.os)
+		for _, t := range taken {
+			size += len(t.os)
+		}
+		return size <= MaxReport
+	})
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), reportWriteTimeout)
 	defer cancel()
-	batch := rc.take()
 	var all []Outcome
 	for _, b := range batch {
 		all = append(all, b.os...)
@@ -72,43 +66,8 @@ func (c *Client) reportCombined(ctx context.Context, os []Outcome) []Reported {
 	rc.reports.Add(int64(len(batch)))
 	for _, b := range batch {
 		b.out, out = out[:len(b.os)], out[len(b.os):]
-		if b != call {
-			close(b.done)
-		}
 	}
-	rc.handOn()
+	groupcommit.Answer(calls)
+	rc.line.HandOn()
 	return call.out
-}
-
-// take removes from the waiting reports those the next combined report
-// writes: the first, and those after it while the outcomes stay within
-// MaxReport.
-func (rc *reportCombiner) take() []*reportCall {
-	rc.mu.Lock()
-	defer rc.mu.Unlock()
-	n, size := 0, 0
-	for _, w := range rc.waiting {
-		if n > 0 && size+len(w.os) > MaxReport {
-			break
-		}
-		n, size = n+1, size+len(w.os)
-	}
-	batch := rc.waiting[:n:n]
-	rc.waiting = rc.waiting[n:]
-	return batch
-}
-
-// handOn makes the first waiting report the writer of the next combined
-// report, or ends the writing when none waits.
-func (rc *reportCombiner) handOn() {
-	rc.mu.Lock()
-	defer rc.mu.Unlock()
-	if len(rc.waiting) == 0 {
-		rc.writing = false
-		rc.waiting = nil
-		return
-	}
-	next := rc.waiting[0]
-	next.lead = true
-	close(next.done)
 }
