@@ -33,6 +33,14 @@
 //     shows the check fails on histories that break each rule.
 //   - TestQueueChaosThreeMembers and TestLockLinearizableEtcdThreeMembers
 //     run the same on a three-member cluster and kill its leader.
+//   - TestLeaderFailover runs everything at once on a three-member cluster,
+//     in CI too: the queue worked by three worker processes, three lock
+//     holders taking one lock in turn with a fenced write each time, a
+//     registrar changing endpoints every 10 ms under a registry watcher, and
+//     a write probe; then SIGKILLs the leader. It checks the queue as above,
+//     that no two holders held the lock at once and tokens grew, that the
+//     watcher saw exactly etcd's history of the endpoints with no re-list,
+//     and holds the first write after the kill to 3 s.
 //   - TestQueuePausedWorkerStartsNoTask, TestEtcdLockNoFalseLossOnCluster
 //     and TestRedisLockDeadlineCountsFromReply reproduce bugs these tests
 //     found, now fixed; the first two run with DROVER_CHAOS=long.

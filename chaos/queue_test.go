@@ -34,6 +34,9 @@ type queueConfig struct {
 	pauseAt     []time.Duration
 	serverAt    time.Duration // when the server (the leader) is killed
 	deadline    time.Duration // the whole run, at most
+	// leaderOnly: the plan's one fault is the server's (the leader's)
+	// kill; no worker is killed or paused.
+	leaderOnly bool
 }
 
 // queueConfigFor returns the CI or the long configuration.

@@ -173,7 +173,11 @@ func (c *Client) claimTogether(ctx context.Context, q string, batch []*claimCall
 	}
 	resp, err := c.cli.Txn(rctx).Then(ops...).Commit()
 	if err != nil {
-		return // (a claim the write may have made is freed with its session)
+		// Its answer lost: each run may have been made.
+		for _, rc := range runs {
+			rc.call.claims = rc.resolve()
+		}
+		return
 	}
 	c.claimers.rounds.Add(1)
 	for k, rc := range runs {

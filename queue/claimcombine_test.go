@@ -92,3 +92,39 @@ func TestClaimsCombined(t *testing.T) {
 		t.Fatalf("%d combined claims served %d claims: want some, each serving more than one", rounds, served)
 	}
 }
+
+// TestLostClaimResolved: a claim whose answer was lost (the connection to
+// the leader broke) is settled by one transaction. Applied, its run is
+// adopted (its tasks run here, not stuck RUNNING under a live worker's
+// lease); not applied, a try is written in its stead, so that the request,
+// should it arrive late, is refused; either way the late request is
+// refused, and the tasks end up claimed once.
+func TestLostClaimResolved(t *testing.T) {
+	ctx := context.Background()
+	for _, applied := range []bool{true, false} {
+		c, cli := newClient(t, etcdtest.Namespace(t))
+		submitN(t, c, "lost", 4, nil)
+		l := grantLease(t, cli, 30*time.Second)
+		adopted, late, err := queue.LostClaim(ctx, c, "lost", l, applied)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, err := c.Stats(ctx, "lost")
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, running := 0, int64(0)
+		if applied {
+			want, running = 2, 2
+		}
+		if adopted != want || late || st.Running != running || st.Pending != 4-running {
+			t.Fatalf("applied %t: adopted %d (want %d), late request applied %t, stats %+v", applied, adopted, want, late, st)
+		}
+		// The rest is claimable as usual; a slot the lost claim would
+		// have taken counts the attempt it would have started.
+		ts, err := c.Claim(ctx, "lost", queue.ClaimRequest{Lease: l, Worker: "w", Max: 4})
+		if err != nil || int64(len(ts)) != 4-running {
+			t.Fatalf("applied %t: claimed %d, %v", applied, len(ts), err)
+		}
+	}
+}

@@ -1,5 +1,14 @@
 package queue
 
+import (
+	"context"
+	"fmt"
+
+	"github.com/droverhq/drover/keyspace"
+	"github.com/droverhq/drover/lease"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
 // CombinedReports returns how many combined reports c wrote, and how many
 // reports they held.
 func CombinedReports(c *Client) (writes, reports int64) {
@@ -16,4 +25,40 @@ func RememberedOutcomes(c *Client) (hits, stale int64) {
 // claims they served with tasks.
 func CombinedClaims(c *Client) (rounds, served int64) {
 	return c.claimers.rounds.Load(), c.claimers.served.Load()
+}
+
+// LostClaim makes a claim of two tasks of queue q's first open segment
+// under l as if its answer were lost: applied (or not) without the worker
+// learning it; then resolves it (runClaim.resolve), and sends the claim's
+// request once more, as a late duplicate would arrive. It returns how
+// many tasks the resolution adopted, and whether etcd applied the late
+// request.
+func LostClaim(ctx context.Context, c *Client, q string, l *lease.Lease, applied bool) (adopted int, late bool, err error) {
+	g, err := c.cli.Get(ctx, c.keys.SegmentsOpen(q), clientv3.WithPrefix(), clientv3.WithLimit(1))
+	if err != nil || len(g.Kvs) == 0 {
+		return 0, false, fmt.Errorf("no open segment: %v", err)
+	}
+	seg, _ := keyspace.Last(c.keys.SegmentsOpen(q), string(g.Kvs[0].Key))
+	st, err := c.readState(ctx, q, seg)
+	if err != nil {
+		return 0, false, err
+	}
+	ts, err := c.segmentTasks(ctx, q, seg)
+	if err != nil {
+		return 0, false, err
+	}
+	w := c.externalWorker(q, "lost", l, nil)
+	rc := w.prepareRun(st, ts, st.free()[:2], false)
+	send := func() (bool, error) {
+		resp, err := c.cli.Txn(ctx).If(rc.cmps...).Then(rc.then...).Else(rc.els...).Commit()
+		return err == nil && resp.Succeeded, err
+	}
+	if applied {
+		if ok, err := send(); !ok || err != nil {
+			return 0, false, fmt.Errorf("the claim was not applied: %v", err)
+		}
+	}
+	adopted = len(rc.resolve())
+	late, err = send()
+	return adopted, late, err
 }

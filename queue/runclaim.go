@@ -1,6 +1,7 @@
 package queue
 
 import (
+	"context"
 	"time"
 
 	"github.com/droverhq/drover/keyspace"
@@ -19,6 +20,7 @@ type runClaim struct {
 	pick           []int
 	last           bool
 	v              runValue
+	rv             []byte // v encoded
 	runKey, tryKey string
 	now            time.Time
 	cmps           []clientv3.Cmp
@@ -43,7 +45,7 @@ func (w *Worker) prepareRun(st *segState, ts []Task, pick []int, last bool) *run
 	}
 	rv := v.Encode()
 	name := keyspace.RunName(len(pick), w.runID, w.runSeq.Add(1))
-	rc := &runClaim{w: w, st: st, ts: ts, pick: pick, last: last, v: v, now: now,
+	rc := &runClaim{w: w, st: st, ts: ts, pick: pick, last: last, v: v, rv: rv, now: now,
 		runKey: w.keys.Runs(q, seg) + name, tryKey: w.keys.Tries(q, seg) + name}
 	rc.cmps = []clientv3.Cmp{
 		clientv3.Compare(clientv3.ModRevision(w.keys.Runs(q, seg)).WithPrefix(), "<", st.rev+1),
@@ -100,3 +102,49 @@ func (rc *runClaim) claimed(rev int64) []*claim {
 	metrics.ClaimBatchSize.WithLabelValues(q).Observe(float64(len(out)))
 	return out
 }
+
+// resolve finds out what became of rc's claim when its request failed
+// without an answer (the connection to the leader broke, the leader
+// changed): etcd may have applied it, and then a run nobody knows holds
+// its tasks RUNNING until the lease ends, which for a live worker is
+// never. One transaction settles it either way: when the run exists, it
+// is read and adopted (its claims returned, to run as usual); when it
+// does not, its try is written, as a dead run's would be, so that the
+// request, should it still arrive, is refused (its comparisons require no
+// try written since its read) and the attempt it would have started is
+// counted. It tries while the lease lives, for up to claimResolveFor;
+// nil claims: none were made (or it could not tell, and the tasks come
+// back when the lease ends).
+func (rc *runClaim) resolve() []*claim {
+	w := rc.w
+	deadline := time.Now().Add(claimResolveFor)
+	for try := 0; time.Now().Before(deadline) && w.lease.Err() == nil; try++ {
+		if try > 0 {
+			time.Sleep(min(time.Duration(try)*200*time.Millisecond, time.Second))
+		}
+		ctx, cancel := context.WithTimeout(w.lease.Context(), 5*time.Second)
+		resp, err := w.cli.Txn(ctx).
+			If(clientv3.Compare(clientv3.CreateRevision(rc.runKey), ">", 0)).
+			Then(clientv3.OpGet(rc.runKey)).
+			Else(clientv3.OpPut(rc.tryKey, string(rc.rv))).Commit()
+		cancel()
+		if err != nil {
+			continue
+		}
+		if !resp.Succeeded {
+			return nil
+		}
+		kvs := resp.Responses[0].GetResponseRange().Kvs
+		if len(kvs) == 0 || kvs[0].Lease != int64(w.lease.ID()) {
+			return nil
+		}
+		w.logger.Info("queue: a claim whose answer was lost had been made; its tasks run here", "segment", rc.st.name, "tasks", len(rc.pick))
+		return rc.claimed(kvs[0].CreateRevision)
+	}
+	w.logger.Error("queue: could not tell whether a claim whose answer was lost was made; its tasks, if it was, run again when this worker's lease ends", "segment", rc.st.name, "tasks", len(rc.pick))
+	return nil
+}
+
+// claimResolveFor bounds how long a worker tries to find out what became
+// of a claim whose answer was lost (runClaim.resolve).
+const claimResolveFor = 15 * time.Second

@@ -496,6 +496,9 @@ func (w *Worker) takeSlots(ctx context.Context, st *segState, ts []Task, pick []
 	metrics.ObserveTxn("claim", began)
 	cancel()
 	if err != nil {
+		if claims := rc.resolve(); len(claims) > 0 {
+			return claims, false, nil
+		}
 		return nil, false, err
 	}
 	if !resp.Succeeded {
