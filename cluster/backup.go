@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"hash"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"time"
@@ -47,11 +48,11 @@ var ErrBackupExists = errors.New("cluster: backup file exists")
 // Backup streams a snapshot of etcd's database from a member that cli
 // reaches (etcd's maintenance Snapshot: the member's state at one point in
 // time, taken while it keeps serving) into path. It writes path.part,
-// checks etcd's own trailing sha256 of the data, fsyncs and renames it to
-// path, then writes the file's sha256 to path+ChecksumSuffix. progress,
+// checks etcd's own trailing sha256 of the data, fsyncs it and links it
+// to path (never replacing a file there), then writes the file's sha256 to path+ChecksumSuffix. progress,
 // when not nil, is called with the bytes written so far as they arrive.
-// Backup refuses a path that exists; a path.part left by a failed backup
-// is overwritten.
+// Backup refuses a path that exists, and a path.part that exists (another
+// backup to path running, or one interrupted: remove it then).
 func Backup(ctx context.Context, cli *clientv3.Client, path string, progress func(written int64)) (BackupResult, error) {
 	started := time.Now()
 	res := BackupResult{Path: path}
@@ -59,7 +60,11 @@ func Backup(ctx context.Context, cli *clientv3.Client, path string, progress fun
 		return res, fmt.Errorf("%w: %s: choose another file name, or move it away first", ErrBackupExists, path)
 	}
 	part := path + ".part"
-	f, err := os.OpenFile(part, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	// O_EXCL: two backups to one file would write one .part together.
+	f, err := os.OpenFile(part, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if errors.Is(err, fs.ErrExist) {
+		return res, fmt.Errorf("%w: %s exists: another backup to %s is running, or one was interrupted; remove %s if none runs", ErrBackupExists, part, path, part)
+	}
 	if err != nil {
 		return res, fmt.Errorf("cluster: backup: create %s: %w", part, err)
 	}
@@ -97,10 +102,16 @@ func Backup(ctx context.Context, cli *clientv3.Client, path string, progress fun
 		_ = os.Remove(part)
 		return res, err
 	}
-	if err := os.Rename(part, path); err != nil {
+	// A link, not a rename: it fails rather than replace a file that
+	// appeared at path meanwhile.
+	if err := os.Link(part, path); err != nil {
 		_ = os.Remove(part)
-		return res, fmt.Errorf("cluster: backup: rename %s to %s: %w", part, path, err)
+		if errors.Is(err, fs.ErrExist) {
+			return res, fmt.Errorf("%w: %s appeared while the backup ran: choose another file name", ErrBackupExists, path)
+		}
+		return res, fmt.Errorf("cluster: backup: link %s to %s: %w", part, path, err)
 	}
+	_ = os.Remove(part)
 	res.SHA256 = hex.EncodeToString(whole.Sum(nil))
 	line := res.SHA256 + "  " + filepath.Base(path) + "\n"
 	if err := writeFileSync(path+ChecksumSuffix, []byte(line)); err != nil {

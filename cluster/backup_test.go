@@ -89,6 +89,21 @@ func TestBackupRestoreTokensAndLeases(t *testing.T) {
 	if _, err := cluster.Backup(ctx, cli, file, nil); !errors.Is(err, cluster.ErrBackupExists) {
 		t.Fatalf("second backup to the same file: %v", err)
 	}
+	// Another backup to a file is running (its .part exists): refused,
+	// and the other's .part is left alone.
+	other := filepath.Join(dir, "other.db")
+	if err := os.WriteFile(other+".part", []byte("in progress"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cluster.Backup(ctx, cli, other, nil); !errors.Is(err, cluster.ErrBackupExists) || !strings.Contains(err.Error(), "another backup") {
+		t.Fatalf("backup while another to the same file runs: %v", err)
+	}
+	if b, err := os.ReadFile(other + ".part"); err != nil || string(b) != "in progress" {
+		t.Fatalf("the other backup's .part: %q, %v", b, err)
+	}
+	if _, err := os.Stat(other); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a refused backup wrote %s: %v", other, err)
+	}
 	if _, err := cli.Revoke(ctx, l.ID); err != nil {
 		t.Fatal(err)
 	}
@@ -173,7 +188,7 @@ func TestRestoreRefuses(t *testing.T) {
 		{"checksum mismatch", cluster.RestoreConfig{Snapshot: mismatch}, func(err error) bool { return errors.Is(err, cluster.ErrChecksumMismatch) }, "is damaged or is not the backup that checksum belongs to"},
 		{"given checksum mismatch", cluster.RestoreConfig{Snapshot: file, SHA256: hex.EncodeToString(sum[:])}, func(err error) bool { return errors.Is(err, cluster.ErrChecksumMismatch) }, "--sha256"},
 		{"no checksum", cluster.RestoreConfig{Snapshot: bare}, func(err error) bool { return errors.Is(err, cluster.ErrNoChecksum) }, "bare.db.sha256 does not exist"},
-		{"damaged inside", cluster.RestoreConfig{Snapshot: damagedFile}, func(err error) bool { return err != nil }, "sha256"},
+		{"damaged inside", cluster.RestoreConfig{Snapshot: damagedFile}, func(err error) bool { return errors.Is(err, cluster.ErrChecksumMismatch) }, "does not end with the sha256 of its data"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			target := tc.cfg.DataDir
@@ -189,6 +204,9 @@ func TestRestoreRefuses(t *testing.T) {
 				if _, err := os.Stat(target); !errors.Is(err, os.ErrNotExist) {
 					t.Fatalf("a refused restore left %s (%v)", target, err)
 				}
+			}
+			if left, _ := filepath.Glob(filepath.Join(dir, "*.restoring-*")); len(left) > 0 {
+				t.Fatalf("a refused restore left %v", left)
 			}
 		})
 	}

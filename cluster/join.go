@@ -82,6 +82,16 @@ func addMember(ctx context.Context, cfg EmbedConfig) (*addedMember, error) {
 			return nil, fmt.Errorf("cluster: join: add %s as a learner: %w", cfg.AdvertisePeerURL, err)
 		}
 		id, members = resp.Member.ID, resp.Members
+		ic, err := initialCluster(members, id, cfg.Name)
+		if err != nil {
+			// Added now, and it cannot start: take it out again rather
+			// than leave a learner nobody starts.
+			if _, rerr := cli.MemberRemove(ctx, id); rerr != nil {
+				return nil, fmt.Errorf("%w (and this member, id %x, added as a learner, could not be removed again: %v; remove it with `drover cluster remove %x`)", err, id, rerr, id)
+			}
+			return nil, err
+		}
+		return &addedMember{id: id, initialCluster: ic}, nil
 	}
 	ic, err := initialCluster(members, id, cfg.Name)
 	if err != nil {

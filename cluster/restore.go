@@ -53,7 +53,8 @@ type RestoreConfig struct {
 // RestoreResult describes a restore.
 type RestoreResult struct {
 	// Revision is the backup's store revision; Restored the restored
-	// store's, Revision plus the bump.
+	// store's, as read back from the restored data dir (Revision plus the
+	// bump).
 	Revision, Restored int64
 	// SHA256 is the backup file's checksum, as verified.
 	SHA256 string
@@ -137,9 +138,10 @@ func (c RestoreConfig) Validate() error {
 // Restore makes a new member's data directory from a backup, with etcd's
 // own restore (etcdutl's snapshot package): it verifies the file's sha256
 // (and etcd's checksum inside it), refuses a DataDir that holds anything,
-// and writes the store with the cluster membership of cfg. A server
-// started on DataDir then serves the backup's data. On failure nothing is
-// left in DataDir.
+// and writes the store with the cluster membership of cfg, into a new
+// directory beside DataDir that it then renames to DataDir. A server
+// started on DataDir then serves the backup's data. On failure, or if the
+// restore is interrupted, nothing is left in DataDir.
 //
 // Leases in the backup are restored with their keys: each runs its whole
 // TTL again from the moment the restored cluster elects a leader, and
@@ -161,12 +163,20 @@ func Restore(cfg RestoreConfig) (RestoreResult, error) {
 	if res.Revision, err = SnapshotRevision(cfg.Snapshot); err != nil {
 		return res, err
 	}
-	_, statErr := os.Stat(cfg.DataDir)
-	created := errors.Is(statErr, fs.ErrNotExist)
+	// Restored beside DataDir, then renamed to it: an interrupted restore
+	// leaves no partial data dir that a server could start on.
+	parent := filepath.Dir(filepath.Clean(cfg.DataDir))
+	if err := os.MkdirAll(parent, 0o700); err != nil {
+		return res, fmt.Errorf("cluster: restore: create %s: %w", parent, err)
+	}
+	tmp, err := os.MkdirTemp(parent, filepath.Base(cfg.DataDir)+".restoring-")
+	if err != nil {
+		return res, fmt.Errorf("cluster: restore: %w", err)
+	}
 	rc := snapshot.RestoreConfig{
 		SnapshotPath:   cfg.Snapshot,
 		Name:           cfg.Name,
-		OutputDataDir:  cfg.DataDir,
+		OutputDataDir:  tmp,
 		PeerURLs:       []string{cfg.PeerURL},
 		InitialCluster: cfg.InitialCluster,
 		// A token of its own (the same on every member restored from
@@ -174,22 +184,32 @@ func Restore(cfg RestoreConfig) (RestoreResult, error) {
 		// of the old cluster still running cannot join the new one.
 		InitialClusterToken: "drover-restored-" + sum[:16],
 	}
-	res.Restored = res.Revision
 	if cfg.RevisionBump > 0 {
 		rc.RevisionBump, rc.MarkCompacted = uint64(cfg.RevisionBump), true
-		res.Restored += cfg.RevisionBump
 	}
-	if err := snapshot.NewV3(zap.NewNop()).Restore(rc); err != nil {
-		_ = os.RemoveAll(filepath.Join(cfg.DataDir, "member"))
-		if created {
-			_ = os.Remove(cfg.DataDir)
-		}
+	if err := restoreInto(rc, tmp, cfg.DataDir); err != nil {
+		_ = os.RemoveAll(tmp)
 		return res, fmt.Errorf("cluster: restore %s into %s: %w", cfg.Snapshot, cfg.DataDir, err)
 	}
-	if err := syncDir(cfg.DataDir); err != nil {
-		return res, fmt.Errorf("cluster: restore: %w", err)
+	if res.Restored, err = SnapshotRevision(filepath.Join(cfg.DataDir, "member", "snap", "db")); err != nil {
+		return res, fmt.Errorf("cluster: restore: read the restored store's revision: %w", err)
 	}
 	return res, nil
+}
+
+// restoreInto restores rc into tmp, syncs it, and renames it to dir (new,
+// or an empty directory, which rename replaces).
+func restoreInto(rc snapshot.RestoreConfig, tmp, dir string) error {
+	if err := snapshot.NewV3(zap.NewNop()).Restore(rc); err != nil {
+		return err
+	}
+	if err := syncDir(tmp); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, dir); err != nil {
+		return fmt.Errorf("rename the restored data dir into place: %w", err)
+	}
+	return syncDir(filepath.Dir(filepath.Clean(dir)))
 }
 
 // emptyDir returns nil when dir does not exist or is an empty directory.
@@ -230,13 +250,18 @@ func verifyChecksum(file, want string) (string, error) {
 		return "", fmt.Errorf("cluster: restore: open the backup: %w", err)
 	}
 	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, bufio.NewReaderSize(f, 1<<20)); err != nil {
+	h, data := sha256.New(), &tailHash{h: sha256.New()}
+	if _, err := io.Copy(io.MultiWriter(h, data), bufio.NewReaderSize(f, 1<<20)); err != nil {
 		return "", fmt.Errorf("cluster: restore: read the backup %s: %w", file, err)
 	}
 	got := hex.EncodeToString(h.Sum(nil))
 	if !strings.EqualFold(got, want) {
 		return "", &ChecksumError{File: file, Want: strings.ToLower(want), Got: got, From: from}
+	}
+	// etcd's own checksum too, before the file is opened as a database:
+	// a snapshot ends with the sha256 of its data.
+	if !data.matches() {
+		return "", fmt.Errorf("%w: %s does not end with the sha256 of its data, as an etcd snapshot does: it is not a complete snapshot; nothing was restored: restore another backup", ErrChecksumMismatch, file)
 	}
 	return got, nil
 }
