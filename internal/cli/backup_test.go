@@ -84,8 +84,10 @@ func fenceToken(t *testing.T, endpoint string) int64 {
 // TestBackupRestore: `drover backup` of a server that a writer keeps
 // putting keys into, then `drover restore` into a new data dir and a
 // server on it: every key acknowledged at or before the backup's revision
-// is there, none after it, and a lock's fencing token is higher than every
-// token and revision before. A restore into a data dir that holds files,
+// is there, none after it, so is every task acknowledged and every
+// checkpoint written before it (a second writer submits, claims and acks
+// tasks and writes checkpoints meanwhile), and a lock's fencing token is
+// higher than every token and revision before. A restore into a data dir that holds files,
 // and one of a file whose checksum does not match, are refused.
 func TestBackupRestore(t *testing.T) {
 	dir := t.TempDir()
@@ -99,7 +101,9 @@ func TestBackupRestore(t *testing.T) {
 	}
 	defer cli.Close()
 	w := startWriter(t, cli, "/backup-test/")
+	work := startWorkWriter(t, cli)
 	waitFor(t, 10*time.Second, "200 writes", func() bool { return w.count() >= 200 })
+	waitFor(t, 20*time.Second, "20 tasks and checkpoints", func() bool { n, c := work.counts(); return n >= 20 && c >= 20 })
 	file := filepath.Join(dir, "drover.db")
 	r := drover(t, "--etcd-endpoints", src.client, "backup", file, "--json")
 	var b struct {
@@ -116,6 +120,7 @@ func TestBackupRestore(t *testing.T) {
 	n := w.count()
 	waitFor(t, 10*time.Second, "writes after the backup", func() bool { return w.count() >= n+50 })
 	w.halt()
+	work.halt()
 	_ = src.p.cmd.Process.Signal(syscall.SIGTERM)
 	src.p.wait(t, 20*time.Second)
 	last := int64(0)
@@ -154,6 +159,7 @@ func TestBackupRestore(t *testing.T) {
 			in++
 		}
 	}
+	work.checkRestored(t, rcli, b.Revision)
 	after := fenceToken(t, dst.client)
 	t.Logf("%d of %d acknowledged keys in the backup; fencing token %d before the backup, %d after the restore (last write before it at revision %d)",
 		in, len(w.acked), before, after, last)
