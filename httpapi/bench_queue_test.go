@@ -22,7 +22,8 @@ const benchTasks = 5000
 // BenchmarkQueueClaimAck compares draining no-op tasks through 64 HTTP
 // workers (keep-alive connections, one session each, claim up to 8 then
 // report the 8 outcomes in one request, http-batch, or ack each,
-// http-acks) with the Go worker (concurrency 64) on the same queue layout
+// http-acks, or report them in a request that claims the next 8 too,
+// http-pipelined) with the Go worker (concurrency 64) on the same queue layout
 // of one fsync'd embedded etcd, in one run. One iteration drains
 // benchTasks tasks; tasks/s and the p99 of one claim or outcome request
 // (of each, and of either) are reported, with the CPU time of the whole
@@ -59,12 +60,8 @@ func BenchmarkQueueClaimAck(b *testing.B) {
 		b.ReportMetric(float64(b.N*benchTasks)/b.Elapsed().Seconds(), "tasks/s")
 		b.ReportMetric(float64(cpu.Microseconds())/float64(b.N*benchTasks), "cpu-µs/task")
 	})
-	for _, batch := range []bool{true, false} {
-		name := "http-batch"
-		if !batch {
-			name = "http-acks"
-		}
-		b.Run(name, func(b *testing.B) { benchHTTPWorkers(b, cli, batch) })
+	for _, mode := range []string{"http-batch", "http-acks", "http-pipelined"} {
+		b.Run(mode, func(b *testing.B) { benchHTTPWorkers(b, cli, mode) })
 	}
 }
 
@@ -72,7 +69,7 @@ func BenchmarkQueueClaimAck(b *testing.B) {
 // workers, which report outcomes in one batch per claim (or one ack per
 // task), and reports tasks/s and the p99 of a request: a claim, an outcome
 // request, and either.
-func benchHTTPWorkers(b *testing.B, cli *clientv3.Client, batch bool) {
+func benchHTTPWorkers(b *testing.B, cli *clientv3.Client, mode string) {
 	var claims, outs, all latencies
 	var cpu time.Duration
 	for i := 0; i < b.N; i++ {
@@ -89,7 +86,7 @@ func benchHTTPWorkers(b *testing.B, cli *clientv3.Client, batch bool) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				if err := httpWorker(hc, base, batch, &left, &claims, &outs); err != nil {
+				if err := httpWorker(hc, base, mode, &left, &claims, &outs); err != nil {
 					errs <- err
 				}
 			}()
@@ -136,56 +133,71 @@ func fill(b *testing.B, cli *clientv3.Client, ns string) {
 	}
 }
 
-// httpWorker claims up to 8 tasks at a time and reports their outcomes in
-// one request (batch), or acks each, until left reaches 0.
-func httpWorker(hc *http.Client, base string, batch bool, left *atomic.Int64, claims, outs *latencies) error {
+// claimed is the tasks of a claim's (or an outcome batch's) answer.
+type claimed struct {
+	Tasks []struct {
+		ID    string `json:"task_id"`
+		Token int64  `json:"token"`
+	} `json:"tasks"`
+}
+
+// httpWorker claims up to 8 tasks at a time and reports their outcomes,
+// until left reaches 0: in one request (http-batch), one ack each
+// (http-acks), or in one request that also claims the next 8
+// (http-pipelined).
+func httpWorker(hc *http.Client, base, mode string, left *atomic.Int64, claims, outs *latencies) error {
 	var sess struct{ ID string }
 	if err := call(hc, "POST", base+"/v1/sessions", map[string]any{"ttl": 30}, 201, &sess); err != nil {
 		return err
 	}
+	var got claimed
 	for left.Load() > 0 {
-		var got struct {
-			Tasks []struct {
-				ID    string `json:"task_id"`
-				Token int64  `json:"token"`
-			} `json:"tasks"`
-		}
-		start := time.Now()
-		if err := call(hc, "POST", base+"/v1/queues/q/claim", map[string]any{"session": sess.ID, "max": 8, "wait": "200ms"}, 200, &got); err != nil {
-			return err
-		}
-		if len(got.Tasks) > 0 {
-			// A claim that found nothing waited its 200 ms on purpose
-			// (the drained queue's last polls): not a latency.
+		if len(got.Tasks) == 0 {
+			start := time.Now()
+			if err := call(hc, "POST", base+"/v1/queues/q/claim", map[string]any{"session": sess.ID, "max": 8, "wait": "200ms"}, 200, &got); err != nil {
+				return err
+			}
+			if len(got.Tasks) == 0 {
+				continue // a claim that found nothing waited its 200 ms on purpose: not a latency
+			}
 			claims.add(time.Since(start))
 		}
-		if batch && len(got.Tasks) > 0 {
-			os := make([]map[string]any, len(got.Tasks))
-			for i, t := range got.Tasks {
-				os[i] = map[string]any{"task_id": t.ID, "token": t.Token}
-			}
-			var res struct{ Results []struct{ Status int } }
-			start := time.Now()
-			if err := call(hc, "POST", base+"/v1/queues/q/outcomes", map[string]any{"session": sess.ID, "outcomes": os}, 200, &res); err != nil {
-				return err
-			}
-			outs.add(time.Since(start))
-			for _, r := range res.Results {
-				if r.Status != 200 {
-					return fmt.Errorf("an outcome answered %d", r.Status)
+		if mode == "http-acks" {
+			for _, t := range got.Tasks {
+				start := time.Now()
+				if err := call(hc, "POST", fmt.Sprintf("%s/v1/queues/q/tasks/%s/ack", base, t.ID), map[string]any{"session": sess.ID, "token": t.Token}, 200, nil); err != nil {
+					return err
 				}
+				outs.add(time.Since(start))
+				left.Add(-1)
 			}
-			left.Add(-int64(len(got.Tasks)))
+			got.Tasks = nil
 			continue
 		}
-		for _, t := range got.Tasks {
-			start := time.Now()
-			if err := call(hc, "POST", fmt.Sprintf("%s/v1/queues/q/tasks/%s/ack", base, t.ID), map[string]any{"session": sess.ID, "token": t.Token}, 200, nil); err != nil {
-				return err
-			}
-			outs.add(time.Since(start))
-			left.Add(-1)
+		os := make([]map[string]any, len(got.Tasks))
+		for i, t := range got.Tasks {
+			os[i] = map[string]any{"task_id": t.ID, "token": t.Token}
 		}
+		body := map[string]any{"session": sess.ID, "outcomes": os}
+		if mode == "http-pipelined" {
+			body["claim"] = map[string]any{"max": 8}
+		}
+		var res struct {
+			Results []struct{ Status int }
+			claimed
+		}
+		start := time.Now()
+		if err := call(hc, "POST", base+"/v1/queues/q/outcomes", body, 200, &res); err != nil {
+			return err
+		}
+		outs.add(time.Since(start))
+		for _, r := range res.Results {
+			if r.Status != 200 {
+				return fmt.Errorf("an outcome answered %d", r.Status)
+			}
+		}
+		left.Add(-int64(len(got.Tasks)))
+		got = res.claimed
 	}
 	return nil
 }

@@ -30,7 +30,14 @@ type outcomesInput struct {
 	Body  struct {
 		Session  string         `json:"session" pattern:"^[0-9a-f]{1,16}\\.[a-z2-7]{16,64}$" doc:"The session the tasks were claimed under."`
 		Outcomes []OutcomeInput `json:"outcomes" minItems:"1" maxItems:"256" doc:"The outcomes, one per claimed task, of one claim or several."`
+		Claim    *NextClaim     `json:"claim,omitempty" doc:"Claim more tasks under the same session once the outcomes are written, and answer them in tasks: a worker's next claim, without a request of its own."`
 	}
+}
+
+// NextClaim is a claim made with a batch of outcomes, after them.
+type NextClaim struct {
+	Max  int    `json:"max,omitempty" minimum:"1" maximum:"100" doc:"The most tasks to claim; default 1."`
+	Wait string `json:"wait,omitempty" doc:"How long to wait for a task when none is claimable (Go duration), capped by the server's longest wait; without it one attempt is made."`
 }
 
 // OutcomeResult is how one outcome of a batch went.
@@ -47,6 +54,9 @@ type OutcomeResult struct {
 // OutcomesResult is the answer to a batch of outcomes, in their order.
 type OutcomesResult struct {
 	Results []OutcomeResult `json:"results" doc:"One per outcome sent, in order."`
+	// Tasks and ClaimError answer the claim sent with the outcomes.
+	Tasks      []QueueTask `json:"tasks,omitempty" doc:"With claim: the tasks claimed after the outcomes, RUNNING, each with its attempt and token (absent: none came within the wait)."`
+	ClaimError string      `json:"claim_error,omitempty" doc:"With claim: why no task was claimed when the claim itself failed (the outcomes were written all the same); claim again."`
 }
 
 // outcomesRoute registers the batch outcome route.
@@ -58,13 +68,21 @@ func (s *Server) outcomesRoute(tags []string) {
 			"outcomes of one claim in one transaction fenced by its token. Each outcome is answered apart, in order, with " +
 			"the status it alone would have had: a stale token (409) or an unknown task (404) does not fail the others. " +
 			"The same task and token twice in one request count once: the first (the second gets 409). Bad input anywhere " +
-			"is a 400, and then nothing is written.",
+			"is a 400, and then nothing is written. With claim, the same session then claims more tasks, answered in " +
+			"tasks: one request per batch of a worker's work instead of two.",
 	}, s.reportOutcomes)
 }
 
 func (s *Server) reportOutcomes(ctx context.Context, in *outcomesInput) (*struct{ Body OutcomesResult }, error) {
-	if err := checkQueue(in.Queue); err != nil {
+	err := checkQueue(in.Queue)
+	if err != nil {
 		return nil, err
+	}
+	var wait time.Duration
+	if nc := in.Body.Claim; nc != nil {
+		if wait, err = s.wait("body.claim.wait", nc.Wait); err != nil {
+			return nil, err
+		}
 	}
 	lid, err := s.sessionLease(ctx, "body.session", in.Body.Session)
 	if err != nil {
@@ -100,6 +118,17 @@ func (s *Server) reportOutcomes(ctx context.Context, in *outcomesInput) (*struct
 	out := OutcomesResult{Results: make([]OutcomeResult, len(rs))}
 	for i, r := range rs {
 		out.Results[i] = outcomeResultOf(os[i].ID, r)
+	}
+	if nc := in.Body.Claim; nc != nil {
+		tasks, err := s.claimFor(ctx, in.Queue, in.Body.Session, nc.Max, wait)
+		if err != nil {
+			out.ClaimError = err.Error()
+			var p *Problem
+			if errors.As(err, &p) {
+				out.ClaimError = p.Detail
+			}
+		}
+		out.Tasks = tasks
 	}
 	return &struct{ Body OutcomesResult }{out}, nil
 }

@@ -191,3 +191,48 @@ func TestQueueOutcomesConcurrent(t *testing.T) {
 		t.Fatalf("stats %s", st.Raw)
 	}
 }
+
+// TestQueueOutcomesWithClaim: a batch of outcomes that carries a claim
+// writes the outcomes, then claims for the same session, answering the
+// tasks in the same response (fenced as any claim: their outcomes go in
+// the next batch); with nothing left to claim, tasks is absent; a bad
+// claim (wait or max) is a 400 naming the field, and nothing is written.
+func TestQueueOutcomesWithClaim(t *testing.T) {
+	a := newAPI(t)
+	a.do("POST", "/v1/queues/oc/tasks", qtasksJSON("oc", 5)).want(t, 200)
+	sess := a.session(10)
+	first := a.qclaim("oc", sess, 2, "")
+	before := a.keyCount()
+	for _, bad := range []map[string]any{{"max": 2, "wait": "soon"}, {"max": 101}} {
+		r := a.do("POST", "/v1/queues/oc/outcomes", map[string]any{"session": sess, "outcomes": []map[string]any{qoutcome(first[0])}, "claim": bad}).want(t, 400)
+		if !strings.Contains(string(r.Raw), "claim.") {
+			t.Fatalf("bad claim %v: %s", bad, r.Raw)
+		}
+	}
+	if n := a.keyCount(); n != before {
+		t.Fatalf("a refused request changed the keys: %d, then %d", before, n)
+	}
+	r := a.do("POST", "/v1/queues/oc/outcomes", map[string]any{"session": sess, "outcomes": []map[string]any{qoutcome(first[0]), qoutcome(first[1])},
+		"claim": map[string]any{"max": 2}}).want(t, 200)
+	next, _ := r.JSON["tasks"].([]any)
+	if len(next) != 2 {
+		t.Fatalf("the batch's claim: %s", r.Raw)
+	}
+	var outs []map[string]any
+	for _, tk := range next {
+		outs = append(outs, qoutcome(tk.(map[string]any)))
+	}
+	r = a.do("POST", "/v1/queues/oc/outcomes", map[string]any{"session": sess, "outcomes": outs, "claim": map[string]any{"max": 5}}).want(t, 200)
+	last, _ := r.JSON["tasks"].([]any)
+	if len(last) != 1 {
+		t.Fatalf("the second batch's claim: %s", r.Raw)
+	}
+	r = a.do("POST", "/v1/queues/oc/outcomes", map[string]any{"session": sess, "outcomes": []map[string]any{qoutcome(last[0].(map[string]any))}, "claim": map[string]any{"max": 5}}).want(t, 200)
+	if _, ok := r.JSON["tasks"]; ok {
+		t.Fatalf("a claim that found nothing answered tasks: %s", r.Raw)
+	}
+	st := a.do("GET", "/v1/queues/oc/stats", nil).want(t, 200)
+	if fmt.Sprint(st.JSON["succeeded"]) != "5" {
+		t.Fatalf("stats: %s", st.Raw)
+	}
+}

@@ -135,7 +135,20 @@ func (s *Server) claimTasks(ctx context.Context, in *claimInput) (*struct{ Body 
 	if err != nil {
 		return nil, err
 	}
-	sess, err := s.session(ctx, "body.session", in.Body.Session)
+	tasks, err := s.claimFor(ctx, in.Queue, in.Body.Session, in.Body.Max, wait)
+	if err != nil {
+		return nil, err
+	}
+	if tasks == nil {
+		tasks = []QueueTask{}
+	}
+	return &struct{ Body ClaimResult }{ClaimResult{Tasks: tasks}}, nil
+}
+
+// claimFor claims up to max tasks of queue q (valid) for session, waiting
+// up to wait: the claim route's work, and a batch of outcomes' next claim.
+func (s *Server) claimFor(ctx context.Context, q, session string, max int, wait time.Duration) ([]QueueTask, error) {
+	sess, err := s.session(ctx, "body.session", session)
 	if err != nil {
 		return nil, err
 	}
@@ -147,14 +160,14 @@ func (s *Server) claimTasks(ctx context.Context, in *claimInput) (*struct{ Body 
 	if worker == "" {
 		worker = "http-session" // never the id: with a token it proves holdings
 	}
-	tasks, err := c.Claim(ctx, in.Queue, queue.ClaimRequest{Lease: sess.lease, Worker: worker, Max: in.Body.Max, Wait: wait, Logger: s.cfg.Logger})
+	tasks, err := c.Claim(ctx, q, queue.ClaimRequest{Lease: sess.lease, Worker: worker, Max: max, Wait: wait, Logger: s.cfg.Logger})
 	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
-		return nil, sessionGone(in.Body.Session, s.nsOf(ctx))
+		return nil, sessionGone(session, s.nsOf(ctx))
 	}
 	if err != nil {
 		return nil, problem(err, queueWhere)
 	}
-	return &struct{ Body ClaimResult }{ClaimResult{Tasks: queueTasksOf(tasks)}}, nil
+	return queueTasksOf(tasks), nil
 }
 
 // held is the claim a request names; it does not read the session, which

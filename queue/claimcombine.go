@@ -173,11 +173,13 @@ func (c *Client) claimTogether(ctx context.Context, q string, batch []*claimCall
 	}
 	resp, err := c.cli.Txn(rctx).Then(ops...).Commit()
 	if err != nil {
-		// Its answer lost: each run may have been made.
-		for _, rc := range runs {
-			rc.call.claims = rc.resolve()
+		if outcomeUnknown(err) {
+			// Its answer lost: each run may have been made.
+			for _, rc := range runs {
+				rc.call.claims = rc.resolve()
+			}
 		}
-		return
+		return // (refused, as when one session's lease is gone: each claims alone)
 	}
 	c.claimers.rounds.Add(1)
 	for k, rc := range runs {

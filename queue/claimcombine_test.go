@@ -2,9 +2,15 @@ package queue_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/droverhq/drover/internal/etcdtest"
 	"github.com/droverhq/drover/queue"
@@ -125,6 +131,29 @@ func TestLostClaimResolved(t *testing.T) {
 		ts, err := c.Claim(ctx, "lost", queue.ClaimRequest{Lease: l, Worker: "w", Max: 4})
 		if err != nil || int64(len(ts)) != 4-running {
 			t.Fatalf("applied %t: claimed %d, %v", applied, len(ts), err)
+		}
+	}
+}
+
+// TestOutcomeUnknown: the errors after which a claim may have been applied
+// (a broken connection, a leader change, a timeout) are told from etcd's
+// answers (a lease not found, no space), which apply nothing.
+func TestOutcomeUnknown(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		want bool
+	}{
+		{rpctypes.ErrLeaseNotFound, false},
+		{fmt.Errorf("wrapped: %w", rpctypes.ErrLeaseNotFound), false},
+		{rpctypes.ErrNoSpace, false},
+		{rpctypes.ErrLeaderChanged, true},
+		{rpctypes.ErrTimeout, true},
+		{status.Error(codes.Unavailable, "error reading from server: connection reset by peer"), true},
+		{context.DeadlineExceeded, true},
+		{errors.New("anything else"), false},
+	} {
+		if got := queue.OutcomeUnknown(c.err); got != c.want {
+			t.Errorf("%v: %t, want %t", c.err, got, c.want)
 		}
 	}
 }

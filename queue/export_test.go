@@ -62,3 +62,6 @@ func LostClaim(ctx context.Context, c *Client, q string, l *lease.Lease, applied
 	late, err = send()
 	return adopted, late, err
 }
+
+// OutcomeUnknown is outcomeUnknown.
+func OutcomeUnknown(err error) bool { return outcomeUnknown(err) }

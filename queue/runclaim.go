@@ -2,12 +2,16 @@ package queue
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/metrics"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // runClaim is the claim of slots pick of segment st, whose tasks are ts,
@@ -148,3 +152,31 @@ func (rc *runClaim) resolve() []*claim {
 // claimResolveFor bounds how long a worker tries to find out what became
 // of a claim whose answer was lost (runClaim.resolve).
 const claimResolveFor = 15 * time.Second
+
+// outcomeUnknown reports whether a request that failed with err may have
+// been applied all the same: the connection broke, the leader changed or
+// the request timed out. etcd's refusals (a lease not found, a request too
+// large, no space) are answers: nothing was applied.
+func outcomeUnknown(err error) bool {
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		return true
+	}
+	var ee rpctypes.EtcdError
+	if errors.As(err, &ee) {
+		return unknownCode(ee.Code()) // leader changed, request timed out: Unavailable
+	}
+	if st, ok := status.FromError(err); ok {
+		return unknownCode(st.Code()) // a broken connection: Unavailable
+	}
+	return false
+}
+
+// unknownCode reports whether a request that failed with code may have
+// been applied.
+func unknownCode(code codes.Code) bool {
+	switch code {
+	case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled, codes.Unknown, codes.Aborted:
+		return true
+	}
+	return false
+}

@@ -496,6 +496,9 @@ func (w *Worker) takeSlots(ctx context.Context, st *segState, ts []Task, pick []
 	metrics.ObserveTxn("claim", began)
 	cancel()
 	if err != nil {
+		if !outcomeUnknown(err) {
+			return nil, false, err
+		}
 		if claims := rc.resolve(); len(claims) > 0 {
 			return claims, false, nil
 		}
