@@ -39,6 +39,9 @@ if [ "${#targets[@]}" -eq 0 ]; then
   exit 1
 fi
 
+# files counts the files in dir (0 when it does not exist).
+files() { if [ -d "$1" ]; then find "$1" -type f | wc -l; else echo 0; fi; }
+
 start=$SECONDS
 built=""
 i=0
@@ -56,7 +59,7 @@ for t in "${targets[@]}"; do
   printf '== [%d/%d] %s %s for %s (%ds so far)\n' "$i" "${#targets[@]}" "$pkg" "$name" "$FUZZTIME" $((SECONDS - start))
   for try in 1 2; do
     corpus="$root$dir/testdata/fuzz/$name"
-    before=$(ls "$corpus" 2>/dev/null | wc -l)
+    before=$(files "$corpus")
     out="$bin/$name.out"
     if (cd "$root$dir" && "$test" -test.run '^$' -test.fuzz "^${name}\$" -test.fuzztime "$FUZZTIME" \
       -test.fuzzcachedir "$cache/$module$dir") >"$out" 2>&1; then
@@ -68,7 +71,7 @@ for t in "${targets[@]}"; do
     # when the fuzz time runs out under a worker in the middle of an
     # input, and then writes no failing input: not a finding. Run it once
     # more; anything else, or the same twice, is a failure.
-    after=$(ls "$corpus" 2>/dev/null | wc -l)
+    after=$(files "$corpus")
     if [ "$try" = 1 ] && [ "$before" = "$after" ] && grep -q 'context deadline exceeded' "$out" && ! grep -q 'Failing input written' "$out"; then
       printf 'fuzz: %s ended with "context deadline exceeded" and no failing input: running it once more\n' "$name"
       continue
