@@ -4,17 +4,14 @@ import "testing"
 
 // threeMembers starts a three-member cluster of drover servers, or skips
 // the test: in the default (CI) run, whose time budget the single-member
-// suites take, and when `drover server` lacks a flag to form a cluster.
+// suites take, and when `drover server` lacks a flag to form a cluster
+// (see clusterOfThree).
 func threeMembers(t *testing.T) *etcdSet {
 	t.Helper()
 	if !long() {
 		t.Skip("three-member variant: DROVER_CHAOS=long runs it")
 	}
-	bin := droverBin(t)
-	if f := missingClusterFlag(t, bin); f != "" {
-		t.Skipf("drover server has no %s flag: the three-member scenario needs --name, --initial-cluster, --etcd-peer-listen, --etcd-listen and --data-dir", f)
-	}
-	return startEtcdSet(t, bin, 3)
+	return clusterOfThree(t)
 }
 
 // TestQueueChaosThreeMembers is TestQueueChaos on a three-member cluster,

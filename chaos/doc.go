@@ -34,13 +34,18 @@
 //   - TestQueueChaosThreeMembers and TestLockLinearizableEtcdThreeMembers
 //     run the same on a three-member cluster and kill its leader.
 //   - TestLeaderFailover runs everything at once on a three-member cluster,
-//     in CI too: the queue worked by three worker processes, three lock
-//     holders taking one lock in turn with a fenced write each time, a
-//     registrar changing endpoints every 10 ms under a registry watcher, and
-//     a write probe; then SIGKILLs the leader. It checks the queue as above,
-//     that no two holders held the lock at once and tokens grew, that the
-//     watcher saw exactly etcd's history of the endpoints with no re-list,
-//     and holds the first write after the kill to 3 s.
+//     in CI too, and SIGKILLs the etcd leader once (restarting it on its
+//     data dir TTL + 0.5 s later): the queue worked by three worker
+//     processes, lock client processes on a few lock names (four on two;
+//     long: six on three), a registrar changing endpoints every 10 ms under
+//     two registry watchers (one whose watch stream began on the leader,
+//     one on a follower), and a write probe; every client knows all three
+//     endpoints. It checks the queue as above, the lock history with
+//     porcupine against lockModel, that each watcher delivered exactly
+//     etcd's history of the endpoints, which is the registrar's requests
+//     with every acknowledged one in it, and ended with the store's view;
+//     it holds the first write after the kill to 3 s and reports when the
+//     queue, the locks and the registry worked again.
 //   - TestQueuePausedWorkerStartsNoTask, TestEtcdLockNoFalseLossOnCluster
 //     and TestRedisLockDeadlineCountsFromReply reproduce bugs these tests
 //     found, now fixed; the first two run with DROVER_CHAOS=long.

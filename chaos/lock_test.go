@@ -82,8 +82,7 @@ type lockRun struct {
 // restart to kill and restart the backend's server, and returns the
 // history's verdicts.
 func runLocks(t *testing.T, cfg lockConfig, env []string, restart func() outage) *lockReport {
-	r := &lockRun{t: t, cfg: cfg, bin: lockClientBin(t), env: env, restart: restart, dropped: map[lockOpKind]int{},
-		held: map[time.Time]string{}, losses: map[holding]loss{}}
+	r := newLockRun(t, cfg, env, restart)
 	began := time.Now()
 	for range cfg.clients {
 		r.startClient(cfg.cycles)
@@ -96,6 +95,14 @@ func runLocks(t *testing.T, cfg lockConfig, env []string, restart func() outage)
 		dropped: r.dropped, faults: r.faults, outages: r.outages, takeovers: r.takeovers(), errors: r.clientErrors(),
 		falseLosses: r.falseLosses()}
 	return rep
+}
+
+// newLockRun prepares a run of cfg's clients against the backend env
+// describes; restart kills and restarts the backend's server (nil when
+// the run injects no fault of its own).
+func newLockRun(t *testing.T, cfg lockConfig, env []string, restart func() outage) *lockRun {
+	return &lockRun{t: t, cfg: cfg, bin: lockClientBin(t), env: env, restart: restart, dropped: map[lockOpKind]int{},
+		held: map[time.Time]string{}, losses: map[holding]loss{}}
 }
 
 // startClient starts a lock client process with cycles cycles.

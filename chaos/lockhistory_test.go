@@ -143,14 +143,15 @@ func (r *lockReport) around(v lockVerdict) []string {
 	return out
 }
 
-// fail fails the test on a violation, an undecided check, or too short a
-// history.
-func (r *lockReport) fail(t *testing.T) {
+// failVerdicts fails the test on a history porcupine found not
+// linearizable or could not decide, and on too short a history.
+func (r *lockReport) failVerdicts(t *testing.T) {
 	t.Helper()
 	for _, v := range r.verdicts {
 		switch v.result {
 		case porcupine.Illegal:
-			t.Errorf("lock %q: history not linearizable: %s; porcupine's view: %s", v.name, v.stuck, visualize(t, v))
+			t.Errorf("lock %q: history not linearizable (granted twice, a token not above the last, or a fenced write accepted from a client not holding it): %s; porcupine's view: %s",
+				v.name, v.stuck, visualize(t, v))
 			for _, l := range r.around(v) {
 				t.Log(l)
 			}
@@ -159,8 +160,15 @@ func (r *lockReport) fail(t *testing.T) {
 		}
 	}
 	if n := r.checked(); n < r.cfg.minOps {
-		t.Errorf("%d operations checked, want at least %d", n, r.cfg.minOps)
+		t.Errorf("%d lock operations checked, want at least %d", n, r.cfg.minOps)
 	}
+}
+
+// fail fails the test on a violation, an undecided check, or too short a
+// history.
+func (r *lockReport) fail(t *testing.T) {
+	t.Helper()
+	r.failVerdicts(t)
 	counts, _ := faultCounts(r.faults)
 	if counts[faultClientPause] == 0 || counts[faultClientKill] == 0 || counts[faultServerKill] == 0 {
 		t.Errorf("faults injected %v: want a pause, a kill and a server restart", counts)

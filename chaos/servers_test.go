@@ -163,6 +163,9 @@ func (s *etcdSet) leader() (*member, error) {
 			continue
 		}
 		for _, o := range s.members {
+			if o.proc.exited() {
+				continue // a killed member answers no one: asking it would only wait
+			}
 			if ost, err := o.status(500 * time.Millisecond); err == nil && ost.Header.MemberId == st.Leader {
 				return o, nil
 			}

@@ -10,6 +10,11 @@
 //	                                kind: what the loss came from, see lossKind)
 //	DONE client
 //
+// SIGTERM ends it between two cycles: the cycle under way finishes (its
+// release settled and printed), then it prints DONE and exits 0, so that a
+// test can stop clients that run for as long as it needs them without
+// leaving an operation half reported.
+//
 // kind is acquire, write or release; result is ok, refused (a write the
 // store refused), refused-here (a write the client refused itself, knowing
 // the lock lost), notheld (a release of a lock not held), ambiguous (a
@@ -31,9 +36,11 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"os/signal"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/droverhq/drover/lock"
@@ -155,6 +162,8 @@ func accepted(ok bool) string {
 
 func run() int {
 	ctx := context.Background()
+	stop, unhook := signal.NotifyContext(ctx, syscall.SIGTERM) // ends the loop only, never an operation
+	defer unhook()
 	id, cycles, longEvery := envInt("CHAOS_CLIENT"), envInt("CHAOS_CYCLES"), envInt("CHAOS_LONG_EVERY")
 	names := strings.Split(os.Getenv("CHAOS_NAMES"), ",")
 	b, err := newLockBackend(ctx, id)
@@ -167,7 +176,7 @@ func run() int {
 	rng := rand.New(rand.NewPCG(uint64(id), uint64(time.Now().UnixNano())))
 	// Cycles whose acquisition failed (etcd without a leader, a server
 	// restarting) do not count, up to three times as many attempts.
-	for i, done := 0, 0; done < cycles && i < 3*cycles; i++ {
+	for i, done := 0, 0; done < cycles && i < 3*cycles && stop.Err() == nil; i++ {
 		name := names[rng.IntN(len(names))]
 		hold := time.Duration(rng.IntN(3)) * time.Millisecond
 		if longEvery > 0 && i%longEvery == longEvery-1 {
