@@ -48,11 +48,16 @@ var ErrBackupExists = errors.New("cluster: backup file exists")
 // Backup streams a snapshot of etcd's database from a member that cli
 // reaches (etcd's maintenance Snapshot: the member's state at one point in
 // time, taken while it keeps serving) into path. It writes path.part,
-// checks etcd's own trailing sha256 of the data, fsyncs it and links it
-// to path (never replacing a file there), then writes the file's sha256 to path+ChecksumSuffix. progress,
+// created exclusively, checks etcd's own trailing sha256 of the data,
+// fsyncs it and links it to path (a hard link, which never replaces a file
+// there), then writes the file's sha256 to path+ChecksumSuffix. progress,
 // when not nil, is called with the bytes written so far as they arrive.
-// Backup refuses a path that exists, and a path.part that exists (another
-// backup to path running, or one interrupted: remove it then).
+//
+// Backup refuses, with an error matching ErrBackupExists, a path that
+// exists, a path.part that exists (another backup to path is running, or
+// one was interrupted: remove it then) and a path that appears while it
+// runs. On any error it leaves neither path.part nor, unless it was there
+// before, path.
 func Backup(ctx context.Context, cli *clientv3.Client, path string, progress func(written int64)) (BackupResult, error) {
 	started := time.Now()
 	res := BackupResult{Path: path}
@@ -60,72 +65,102 @@ func Backup(ctx context.Context, cli *clientv3.Client, path string, progress fun
 		return res, fmt.Errorf("%w: %s: choose another file name, or move it away first", ErrBackupExists, path)
 	}
 	part := path + ".part"
-	// O_EXCL: two backups to one file would write one .part together.
+	// O_EXCL: of two backups to one file, the second fails here rather
+	// than write into the first one's .part.
 	f, err := os.OpenFile(part, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if errors.Is(err, fs.ErrExist) {
-		return res, fmt.Errorf("%w: %s exists: another backup to %s is running, or one was interrupted; remove %s if none runs", ErrBackupExists, part, path, part)
+		return res, fmt.Errorf("%w: %s exists: another backup to %s is running, or one was interrupted; wait for it, or remove %s if none runs, then back up again",
+			ErrBackupExists, part, path, part)
 	}
 	if err != nil {
 		return res, fmt.Errorf("cluster: backup: create %s: %w", part, err)
 	}
+	ours := true // part is this backup's (O_EXCL) until renamed away
 	defer func() {
-		if f != nil {
-			_ = f.Close()
+		if ours {
 			_ = os.Remove(part)
 		}
 	}()
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	snap, err := cli.SnapshotWithVersion(ctx)
+	whole, err := receiveSnapshot(ctx, cli, f, part, progress, &res)
+	if cerr := f.Close(); err == nil && cerr != nil {
+		err = fmt.Errorf("cluster: backup: close %s: %w", part, cerr)
+	}
 	if err != nil {
-		return res, fmt.Errorf("cluster: backup: ask etcd for a snapshot: %w", err)
-	}
-	defer snap.Snapshot.Close()
-	res.Version = snap.Version
-	whole, data := sha256.New(), &tailHash{h: sha256.New()}
-	w := &countingWriter{w: io.MultiWriter(f, whole, data), progress: progress}
-	if _, err := io.Copy(w, snap.Snapshot); err != nil {
-		return res, fmt.Errorf("cluster: backup: receive the snapshot (%d bytes so far): %w", w.n, err)
-	}
-	res.Size = w.n
-	if !data.matches() {
-		return res, fmt.Errorf("cluster: backup: the snapshot received (%d bytes) does not end with the sha256 of its data: it is incomplete or damaged; back up again", w.n)
-	}
-	if err := f.Sync(); err != nil {
-		return res, fmt.Errorf("cluster: backup: sync %s: %w", part, err)
-	}
-	if err := f.Close(); err != nil {
-		return res, fmt.Errorf("cluster: backup: close %s: %w", part, err)
-	}
-	f = nil
-	if res.Revision, err = SnapshotRevision(part); err != nil {
-		_ = os.Remove(part)
 		return res, err
 	}
-	// A link, not a rename: it fails rather than replace a file that
-	// appeared at path meanwhile.
-	if err := os.Link(part, path); err != nil {
-		_ = os.Remove(part)
-		if errors.Is(err, fs.ErrExist) {
-			return res, fmt.Errorf("%w: %s appeared while the backup ran: choose another file name", ErrBackupExists, path)
-		}
-		return res, fmt.Errorf("cluster: backup: link %s to %s: %w", part, path, err)
+	if res.Revision, err = SnapshotRevision(part); err != nil {
+		return res, err
 	}
-	_ = os.Remove(part)
-	res.SHA256 = hex.EncodeToString(whole.Sum(nil))
+	renamed, err := publish(part, path)
+	ours = !renamed
+	if err != nil {
+		return res, err
+	}
+	res.SHA256 = hex.EncodeToString(whole)
 	line := res.SHA256 + "  " + filepath.Base(path) + "\n"
 	if err := writeFileSync(path+ChecksumSuffix, []byte(line)); err != nil {
 		// A backup without its checksum is refused by restore, and a
-		// rerun would find FILE taken: leave neither.
+		// rerun would find path taken: leave neither.
 		_ = os.Remove(path)
-		_ = os.Remove(path + ChecksumSuffix)
-		return res, fmt.Errorf("cluster: backup: write the checksum: %w", err)
+		return res, fmt.Errorf("cluster: backup: write the checksum %s (the backup was removed again; fix the cause and back up again): %w", path+ChecksumSuffix, err)
 	}
 	if err := syncDir(filepath.Dir(path)); err != nil {
 		return res, fmt.Errorf("cluster: backup: %w", err)
 	}
 	res.Took = time.Since(started)
 	return res, nil
+}
+
+// receiveSnapshot streams a snapshot from cli into f (named part), checks
+// the sha256 etcd appends to it and fsyncs f. It sets res's Size and
+// Version and returns the sha256 of the whole file.
+func receiveSnapshot(ctx context.Context, cli *clientv3.Client, f *os.File, part string, progress func(int64), res *BackupResult) ([]byte, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	snap, err := cli.SnapshotWithVersion(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("cluster: backup: ask etcd for a snapshot: %w", err)
+	}
+	defer snap.Snapshot.Close()
+	res.Version = snap.Version
+	whole, data := sha256.New(), &tailHash{h: sha256.New()}
+	w := &countingWriter{w: io.MultiWriter(f, whole, data), progress: progress}
+	if _, err := io.Copy(w, snap.Snapshot); err != nil {
+		return nil, fmt.Errorf("cluster: backup: receive the snapshot (%d bytes so far): %w", w.n, err)
+	}
+	res.Size = w.n
+	if !data.matches() {
+		return nil, fmt.Errorf("cluster: backup: the snapshot received (%d bytes) does not end with the sha256 of its data: it is incomplete or damaged; back up again", w.n)
+	}
+	if err := f.Sync(); err != nil {
+		return nil, fmt.Errorf("cluster: backup: sync %s: %w", part, err)
+	}
+	return whole.Sum(nil), nil
+}
+
+// publish makes the finished part the file path without ever replacing a
+// file at path: a hard link, which fails when path exists, so that the
+// check and the creation are one step; the caller then removes part. On a
+// file system without hard links (FAT, some network file systems) it
+// checks that path is free and renames part to it, two steps, and reports
+// that it renamed it.
+func publish(part, path string) (renamed bool, err error) {
+	err = os.Link(part, path)
+	if err != nil && !errors.Is(err, fs.ErrExist) && (errors.Is(err, errors.ErrUnsupported) || errors.Is(err, fs.ErrPermission)) {
+		if _, lerr := os.Lstat(path); lerr == nil {
+			err = fs.ErrExist
+		} else if err = os.Rename(part, path); err == nil {
+			renamed = true
+		}
+	}
+	if errors.Is(err, fs.ErrExist) {
+		return false, fmt.Errorf("%w: %s appeared while the backup ran (another backup, or another program, wrote it) and was left as it is: choose another file name and back up again",
+			ErrBackupExists, path)
+	}
+	if err != nil {
+		return false, fmt.Errorf("cluster: backup: link %s to %s: %w", part, path, err)
+	}
+	return renamed, nil
 }
 
 // countingWriter counts what goes through it and reports it.
@@ -198,21 +233,24 @@ func SnapshotRevision(path string) (int64, error) {
 	return rev, nil
 }
 
-// writeFileSync writes data to path and fsyncs it.
+// writeFileSync writes data to path and fsyncs it. When a write or the
+// sync fails, it removes the file it opened.
 func writeFileSync(path string, data []byte) error {
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
 		return err
 	}
-	if _, err := f.Write(data); err != nil {
-		_ = f.Close()
-		return err
+	_, err = f.Write(data)
+	if err == nil {
+		err = f.Sync()
 	}
-	if err := f.Sync(); err != nil {
-		_ = f.Close()
-		return err
+	if cerr := f.Close(); err == nil {
+		err = cerr
 	}
-	return f.Close()
+	if err != nil {
+		_ = os.Remove(path)
+	}
+	return err
 }
 
 // syncDir fsyncs a directory, so that renames and new files in it last.

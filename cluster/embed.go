@@ -2,10 +2,12 @@ package cluster
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -31,17 +33,30 @@ type Server struct {
 	done      chan struct{} // closed when maintenance has ended
 }
 
+// ErrRestoreLeftover is matched by the error of Embed when its data dir
+// holds no member and an interrupted restore's work directory is there.
+var ErrRestoreLeftover = errors.New("cluster: an interrupted restore's work directory is there")
+
 // Embed starts an embedded etcd server and waits until it serves clients, ctx
 // is done, or cfg.StartTimeout passes. Data in cfg.DataDir from an earlier run
 // is kept: a restarted member rejoins its cluster whatever cfg.InitialCluster
 // says. With cfg.Join and a data dir that holds no member yet, Embed first
 // adds the member to the running cluster; a member that starts as a learner
-// is promoted to a voter before Embed returns.
+// is promoted to a voter before Embed returns. A member it added and could
+// not start it removes again (see JoinError). Embed refuses a data dir that
+// holds no member while an interrupted restore's work directory is there
+// (see Restore).
 func Embed(ctx context.Context, cfg EmbedConfig) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
+	if !HasMember(cfg.DataDir) {
+		if left := restoreLeftovers(cfg.DataDir); len(left) > 0 {
+			return nil, fmt.Errorf("%w: data dir %s holds no member, and %s is there: a restore into it was interrupted (or still runs); "+
+				"once none runs, remove %s, then restore again, or start without it", ErrRestoreLeftover, cfg.DataDir, left[0], strings.Join(left, " "))
+		}
+	}
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("cluster: create data dir: %w", err)
 	}
@@ -62,12 +77,13 @@ func Embed(ctx context.Context, cfg EmbedConfig) (*Server, error) {
 		}
 		cfg.InitialCluster, cfg.InitialClusterState = added.initialCluster, ClusterStateExisting
 	}
+	_, statErr := os.Stat(filepath.Join(cfg.DataDir, "member"))
 	s, err := start(ctx, cfg)
 	if err != nil {
-		unlock()
 		if added != nil {
-			err = &JoinError{Cause: err, ID: added.id, PeerURL: cfg.AdvertisePeerURL}
+			err = undoJoin(ctx, cfg, added, err, statErr == nil)
 		}
+		unlock()
 		return nil, err
 	}
 	s.unlock = unlock

@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"fmt"
+	"log/slog"
 	"net"
 	"net/url"
 	"sort"
@@ -88,6 +89,10 @@ type EmbedConfig struct {
 	// QuotaBackendBytes is the database quota (default 4 GiB). Past it etcd
 	// refuses writes until space is freed.
 	QuotaBackendBytes int64
+	// Logger receives what Embed logs of its own (a joining member that
+	// did not start, removed from the cluster again). Default
+	// slog.Default().
+	Logger *slog.Logger
 	// DefragInterval is how often the server checks its database file and
 	// defragments it when at least 64 MiB and half of it is free space
 	// left by compaction. Zero means 10 minutes; negative turns it off.
@@ -133,6 +138,9 @@ func (c EmbedConfig) withDefaults() EmbedConfig {
 	}
 	if c.DefragInterval == 0 {
 		c.DefragInterval = DefaultDefragInterval
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
 	}
 	return c
 }

@@ -137,11 +137,20 @@ func (c RestoreConfig) Validate() error {
 
 // Restore makes a new member's data directory from a backup, with etcd's
 // own restore (etcdutl's snapshot package): it verifies the file's sha256
-// (and etcd's checksum inside it), refuses a DataDir that holds anything,
-// and writes the store with the cluster membership of cfg, into a new
-// directory beside DataDir that it then renames to DataDir. A server
-// started on DataDir then serves the backup's data. On failure, or if the
-// restore is interrupted, nothing is left in DataDir.
+// and etcd's checksum inside it before it opens the file, refuses a DataDir
+// that holds anything, and writes the store with the cluster membership of
+// cfg into a work directory, which it syncs and then moves into place in
+// one rename: DataDir holds a member only once the restore is complete.
+// On failure the work directory is removed; an interrupted restore (a
+// crash) may leave it, and nothing in DataDir that a server starts on
+// (Embed refuses to start while such a directory is there).
+//
+// The work directory is a sibling of DataDir, DataDir.restoring-RANDOM,
+// renamed to DataDir, when DataDir does not exist. When DataDir exists (and
+// is empty) it is DataDir/.restoring-RANDOM, whose member directory is
+// renamed to DataDir/member: DataDir itself stays, with its owner and
+// mode, and works when it is a mount point (which a rename onto it would
+// not replace).
 //
 // Leases in the backup are restored with their keys: each runs its whole
 // TTL again from the moment the restored cluster elects a leader, and
@@ -160,23 +169,18 @@ func Restore(cfg RestoreConfig) (RestoreResult, error) {
 		return res, err
 	}
 	res.SHA256 = sum
+	// Opened as a database only now that both checksums passed.
 	if res.Revision, err = SnapshotRevision(cfg.Snapshot); err != nil {
 		return res, err
 	}
-	// Restored beside DataDir, then renamed to it: an interrupted restore
-	// leaves no partial data dir that a server could start on.
-	parent := filepath.Dir(filepath.Clean(cfg.DataDir))
-	if err := os.MkdirAll(parent, 0o700); err != nil {
-		return res, fmt.Errorf("cluster: restore: create %s: %w", parent, err)
-	}
-	tmp, err := os.MkdirTemp(parent, filepath.Base(cfg.DataDir)+".restoring-")
+	st, err := newStaging(cfg.DataDir)
 	if err != nil {
-		return res, fmt.Errorf("cluster: restore: %w", err)
+		return res, err
 	}
 	rc := snapshot.RestoreConfig{
 		SnapshotPath:   cfg.Snapshot,
 		Name:           cfg.Name,
-		OutputDataDir:  tmp,
+		OutputDataDir:  st.work,
 		PeerURLs:       []string{cfg.PeerURL},
 		InitialCluster: cfg.InitialCluster,
 		// A token of its own (the same on every member restored from
@@ -187,29 +191,135 @@ func Restore(cfg RestoreConfig) (RestoreResult, error) {
 	if cfg.RevisionBump > 0 {
 		rc.RevisionBump, rc.MarkCompacted = uint64(cfg.RevisionBump), true
 	}
-	if err := restoreInto(rc, tmp, cfg.DataDir); err != nil {
-		_ = os.RemoveAll(tmp)
-		return res, fmt.Errorf("cluster: restore %s into %s: %w", cfg.Snapshot, cfg.DataDir, err)
-	}
-	if res.Restored, err = SnapshotRevision(filepath.Join(cfg.DataDir, "member", "snap", "db")); err != nil {
-		return res, fmt.Errorf("cluster: restore: read the restored store's revision: %w", err)
+	res.Restored, err = st.restore(rc)
+	switch {
+	case err != nil && st.placed:
+		return res, fmt.Errorf("cluster: restore %s into %s: the restored data is in place, but %w: check the file system, then start the server on it (or remove it and restore again)",
+			cfg.Snapshot, cfg.DataDir, err)
+	case err != nil:
+		_ = os.RemoveAll(st.work)
+		return res, fmt.Errorf("cluster: restore %s into %s: %w (nothing was restored into %s)", cfg.Snapshot, cfg.DataDir, err, cfg.DataDir)
 	}
 	return res, nil
 }
 
-// restoreInto restores rc into tmp, syncs it, and renames it to dir (new,
-// or an empty directory, which rename replaces).
-func restoreInto(rc snapshot.RestoreConfig, tmp, dir string) error {
+// restoringInfix names a restore's work directory: DIR.restoring-RANDOM
+// beside a data dir DIR, or DIR/.restoring-RANDOM inside it.
+const restoringInfix = ".restoring-"
+
+// staging is where a restore writes a data dir before it is moved into
+// place.
+type staging struct {
+	dir    string // the data dir
+	work   string // the directory etcd's restore writes
+	inside bool   // work is inside dir, an existing empty directory
+	placed bool   // the restored member is in dir
+}
+
+// newStaging makes the work directory of a restore into dir: inside dir
+// when it exists, beside it when not.
+func newStaging(dir string) (*staging, error) {
+	dir = filepath.Clean(dir)
+	st := &staging{dir: dir}
+	parent, prefix := filepath.Dir(dir), filepath.Base(dir)+restoringInfix
+	if fi, err := os.Stat(dir); err == nil && fi.IsDir() {
+		st.inside, parent, prefix = true, dir, restoringInfix
+	} else if err := os.MkdirAll(parent, 0o700); err != nil {
+		return nil, fmt.Errorf("cluster: restore: create %s, the data dir's parent: %w", parent, err)
+	}
+	work, err := os.MkdirTemp(parent, prefix)
+	if err != nil {
+		return nil, fmt.Errorf("cluster: restore: create a work directory in %s: %w", parent, err)
+	}
+	st.work = work
+	return st, nil
+}
+
+// restoreHook, when set (by tests), is called once etcd's restore has
+// written the work directory, before it is moved into place; an error it
+// returns fails the restore there.
+var restoreHook func(dataDir, work string) error
+
+// restore runs etcd's restore into the work directory, reads the restored
+// store's revision back from it, syncs it and moves it into place.
+func (st *staging) restore(rc snapshot.RestoreConfig) (int64, error) {
 	if err := snapshot.NewV3(zap.NewNop()).Restore(rc); err != nil {
-		return err
+		return 0, err
 	}
-	if err := syncDir(tmp); err != nil {
-		return err
+	rev, err := SnapshotRevision(filepath.Join(st.work, "member", "snap", "db"))
+	if err != nil {
+		return 0, fmt.Errorf("read the restored store's revision: %w", err)
 	}
-	if err := os.Rename(tmp, dir); err != nil {
-		return fmt.Errorf("rename the restored data dir into place: %w", err)
+	if restoreHook != nil {
+		if err := restoreHook(st.dir, st.work); err != nil {
+			return 0, err
+		}
 	}
-	return syncDir(filepath.Dir(filepath.Clean(dir)))
+	if err := syncTree(st.work); err != nil {
+		return 0, err
+	}
+	if !st.inside {
+		// os.Rename refuses a directory that appeared at dir meanwhile.
+		if err := os.Rename(st.work, st.dir); err != nil {
+			return 0, fmt.Errorf("move the restored data dir into place (did %s appear meanwhile? then restore into a new directory): %w", st.dir, err)
+		}
+		st.placed = true
+		return rev, syncDir(filepath.Dir(st.dir))
+	}
+	// The rename of member is what makes dir a member's data dir; it fails
+	// if a member directory appeared there meanwhile.
+	if err := os.Rename(filepath.Join(st.work, "member"), filepath.Join(st.dir, "member")); err != nil {
+		return 0, fmt.Errorf("move the restored member into %s (did a server start on it meanwhile? then restore into a new directory): %w", st.dir, err)
+	}
+	st.placed = true
+	// Empty now; one left behind is harmless: a server starts on a data
+	// dir that holds a member whatever else is there.
+	_ = os.Remove(st.work)
+	return rev, syncDir(st.dir)
+}
+
+// syncTree fsyncs every file and directory under root, root included, so
+// that a restored data dir is on disk before it is moved into place.
+func syncTree(root string) error {
+	return filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if !d.IsDir() && !d.Type().IsRegular() {
+			return nil
+		}
+		f, err := os.Open(path)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := f.Sync(); err != nil {
+			return fmt.Errorf("sync %s: %w", path, err)
+		}
+		return nil
+	})
+}
+
+// restoreLeftovers lists the work directories of interrupted restores
+// into dir: DIR.restoring-* beside it and DIR/.restoring-* inside it.
+func restoreLeftovers(dir string) []string {
+	dir = filepath.Clean(dir)
+	var out []string
+	for _, place := range []struct{ dir, prefix string }{
+		{filepath.Dir(dir), filepath.Base(dir) + restoringInfix},
+		{dir, restoringInfix},
+	} {
+		entries, err := os.ReadDir(place.dir)
+		if err != nil {
+			continue
+		}
+		for _, e := range entries {
+			if e.IsDir() && strings.HasPrefix(e.Name(), place.prefix) {
+				out = append(out, filepath.Join(place.dir, e.Name()))
+			}
+		}
+	}
+	return out
 }
 
 // emptyDir returns nil when dir does not exist or is an empty directory.
@@ -222,9 +332,13 @@ func emptyDir(dir string) error {
 		return fmt.Errorf("cluster: restore: open the data dir: %w", err)
 	}
 	defer f.Close()
-	names, err := f.Readdirnames(1)
+	names, err := f.Readdirnames(2)
 	if err != nil && !errors.Is(err, io.EOF) {
 		return &drover.InputError{Field: "DataDir", Value: dir, Rule: "must be a new or empty directory: " + err.Error()}
+	}
+	if len(names) == 1 && strings.HasPrefix(names[0], restoringInfix) {
+		return &drover.InputError{Field: "DataDir", Value: dir, Rule: "must be a new or empty directory, and this one holds " + names[0] +
+			", the work directory of an interrupted restore (or of one still running): once none runs, remove it and restore again"}
 	}
 	if len(names) > 0 {
 		return &drover.InputError{Field: "DataDir", Value: dir, Rule: "must be a new or empty directory, and this one holds files: " +

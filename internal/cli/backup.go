@@ -34,11 +34,14 @@ func (a *app) backupCommand() *cobra.Command {
 		Short: "Save a snapshot of etcd's data to FILE, with its sha256",
 		Long: `Save a snapshot of etcd's whole database, as one member that --etcd-endpoints
 reaches holds it at one moment (etcd's maintenance snapshot: the member keeps
-serving meanwhile), to FILE. The snapshot is streamed into FILE.part, checked
-against the sha256 etcd appends to it, fsynced and renamed to FILE; then its
+serving meanwhile), to FILE. The snapshot is streamed into FILE.part (created
+only if it does not exist), checked against the sha256 etcd appends to it,
+fsynced and linked to FILE, which never replaces a file there; then its
 sha256 is written to FILE.sha256 (as sha256sum writes it, so "sha256sum -c
-FILE.sha256" checks it). A FILE that exists is refused. While a long snapshot
-streams, the bytes received are logged every second.
+FILE.sha256" checks it). A FILE that exists, or appears while the backup
+runs, is refused, and so is a FILE.part that exists (another backup to FILE
+runs, or one was interrupted). While a long snapshot streams, the bytes
+received are logged every second.
 
 The backup holds every write acknowledged up to its revision (printed, and
 in --json). "drover restore" makes a new data dir from it.`,
@@ -95,8 +98,12 @@ const (
 	restoreLong = `Make a new data dir from a backup written by "drover backup" (or etcdctl
 snapshot save), with etcd's own restore code, then start "drover server
 --data-dir DIR" on it. The file's sha256 must match FILE.sha256 (or
---sha256); etcd's own checksum inside the file is checked too. DIR must not
-exist, or be empty: a data dir is never overwritten.
+--sha256); etcd's own checksum inside the file is checked too, before the
+file is opened. DIR must not exist, or be empty: a data dir is never
+overwritten. The data dir is written into a work directory (DIR.restoring-*
+beside DIR, or DIR/.restoring-* inside an existing empty DIR), synced, and
+moved into place in one rename, so that a failed or interrupted restore
+leaves nothing in DIR that a server would start on.
 
 A single server is restored with the defaults. For a cluster, restore the
 same file once per member, each with its own --name and the same

@@ -3,9 +3,11 @@ package cli_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -14,8 +16,13 @@ import (
 	"time"
 
 	"github.com/droverhq/drover/cluster"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
+
+// maxWrites bounds how many rounds a test's writer makes (it is stopped
+// long before).
+const maxWrites = 1_000_000
 
 // writer puts keys one after another until stopped, and records the
 // revision etcd acknowledged each at.
@@ -32,7 +39,7 @@ func startWriter(t *testing.T, cli *clientv3.Client, prefix string) *writer {
 	go func() {
 		defer close(w.done)
 		val := strings.Repeat("v", 1024)
-		for i := 0; ; i++ {
+		for i := 0; i < maxWrites; i++ {
 			select {
 			case <-w.stop:
 				return
@@ -81,14 +88,27 @@ func fenceToken(t *testing.T, endpoint string) int64 {
 	return tok
 }
 
-// TestBackupRestore: `drover backup` of a server that a writer keeps
-// putting keys into, then `drover restore` into a new data dir and a
-// server on it: every key acknowledged at or before the backup's revision
-// is there, none after it, so is every task acknowledged and every
-// checkpoint written before it (a second writer submits, claims and acks
-// tasks and writes checkpoints meanwhile), and a lock's fencing token is
-// higher than every token and revision before. A restore into a data dir that holds files,
-// and one of a file whose checksum does not match, are refused.
+// TestBackupRestore: `drover backup` of a server under load, then `drover
+// restore` into a new data dir and a server on it. Meanwhile one writer
+// puts keys, each recorded with the revision of its Put's response (the
+// revision it was written at), and another submits, claims and acks tasks
+// (queue's Claim and Ack) and writes checkpoints. Neither API returns the
+// revision of its write, so each task acked and each checkpoint written
+// is recorded with the revision read right after its acknowledgement (a
+// linearizable read): at or above the revision the write was made at. A
+// task or checkpoint whose recorded revision is at or below the backup's
+// was therefore written at or below it, and must be on the restored
+// server: the task SUCCEEDED with its result, the checkpoint with its
+// state. The bound is conservative: work acknowledged just before the
+// backup's revision may be recorded above it, and is then not checked
+// (it is not required to be absent either).
+//
+// Every key acknowledged at or before the backup's revision is there,
+// none after it; the restored server's revision is the backup's plus the
+// bump the restore reported, marked compacted; a lock's fencing token is
+// higher than every token and revision before. A restore into a data dir
+// that holds files, and one of a file whose checksum does not match, are
+// refused.
 func TestBackupRestore(t *testing.T) {
 	dir := t.TempDir()
 	src := newMember(t, "drover")
@@ -130,8 +150,13 @@ func TestBackupRestore(t *testing.T) {
 
 	restoreRefusals(t, dir, file)
 	dst := newMember(t, "drover")
-	if r := drover(t, "restore", file, "--data-dir", dst.dataDir); r.code != 0 || !strings.Contains(r.stdout, "sha256 verified") {
-		t.Fatalf("restore: exit %d, %q, %q", r.code, r.stdout, r.stderr)
+	r = drover(t, "restore", file, "--data-dir", dst.dataDir)
+	var restoredRev int64
+	if m := restoredFrom.FindStringSubmatch(r.stdout); m != nil {
+		restoredRev, _ = strconv.ParseInt(m[1], 10, 64)
+	}
+	if r.code != 0 || !strings.Contains(r.stdout, "sha256 verified") || restoredRev != b.Revision+cluster.DefaultRevisionBump {
+		t.Fatalf("restore: exit %d, %q, %q; want revisions to go on from %d", r.code, r.stdout, r.stderr, b.Revision+cluster.DefaultRevisionBump)
 	}
 	dst.p = start(t, cleanEnv(), "server", "--data-dir", dst.dataDir, "--etcd-listen", dst.client, "--etcd-peer-listen", dst.peer)
 	dst.waitReady(t)
@@ -160,6 +185,7 @@ func TestBackupRestore(t *testing.T) {
 		}
 	}
 	work.checkRestored(t, rcli, b.Revision)
+	checkRestoredRevision(t, rcli, restoredRev)
 	after := fenceToken(t, dst.client)
 	t.Logf("%d of %d acknowledged keys in the backup; fencing token %d before the backup, %d after the restore (last write before it at revision %d)",
 		in, len(w.acked), before, after, last)
@@ -200,5 +226,26 @@ func restoreRefusals(t *testing.T, dir, file string) {
 	}
 	if r := drover(t, "restore", copyFile); r.code != 2 || !strings.Contains(r.stderr, "invalid --data-dir") {
 		t.Fatalf("restore without --data-dir: exit %d, %q", r.code, r.stderr)
+	}
+}
+
+// restoredFrom finds the revision `drover restore` says revisions go on
+// from.
+var restoredFrom = regexp.MustCompile(`revisions go on from (\d+)`)
+
+// checkRestoredRevision checks, through a client of the restored server,
+// the revision the restore reported: the server serves at least it (the
+// server may have written since it started), and it is marked compacted,
+// so that a read below it is refused.
+func checkRestoredRevision(t *testing.T, cli *clientv3.Client, rev int64) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	g, err := cli.Get(ctx, "/backup-test/", clientv3.WithPrefix(), clientv3.WithCountOnly(), clientv3.WithRev(rev))
+	if err != nil || g.Header.Revision < rev {
+		t.Fatalf("read at the restored revision %d: %v, %v; want the server at or past it", rev, g, err)
+	}
+	if _, err := cli.Get(ctx, "/backup-test/", clientv3.WithPrefix(), clientv3.WithCountOnly(), clientv3.WithRev(rev-1)); !errors.Is(err, rpctypes.ErrCompacted) {
+		t.Fatalf("read at revision %d, below the restored one: %v; want it compacted", rev-1, err)
 	}
 }

@@ -64,7 +64,7 @@ func startWorkWriter(t *testing.T, cli *clientv3.Client) *workWriter {
 		defer close(w.done)
 		defer l.Close(context.Background())
 		heads := map[string]string{}
-		for i := 0; ; i++ {
+		for i := 0; i < maxWrites; i++ {
 			select {
 			case <-w.stop:
 				return
