@@ -205,17 +205,16 @@ func (c *Client) fromMemory(os []Outcome, todo []int) (rest []int, groups []*seg
 }
 
 // reportRemembered writes the outcomes of groups, made from memory, and
-// returns the groups to read and write again: those of runs whose write
-// etcd refused (the memory was stale; the run is forgotten) or that take
-// more than one transaction.
-func (c *Client) reportRemembered(ctx context.Context, os []Outcome, groups []*segGroup, out []Reported) []*segGroup {
+// returns those to read and write again: of runs whose write etcd refused
+// (the memory was stale; the run is forgotten) or that take more than one
+// transaction.
+func (c *Client) reportRemembered(ctx context.Context, os []Outcome, groups []*segGroup, out []Reported) (again []int) {
 	var writes []*runWrite
 	for _, g := range groups {
 		writes = append(writes, c.runWrites(ctx, g, os, out)...)
 	}
-	again := c.writeRuns(ctx, writes, out)
-	for _, g := range again {
-		g.cached, g.byslot = nil, nil
+	for _, g := range c.writeRuns(ctx, writes, out) {
+		again = append(again, g.items...)
 	}
 	return again
 }

@@ -113,3 +113,29 @@ func TestReportFromMemory(t *testing.T) {
 		t.Fatalf("stats %+v: want 9 succeeded, 1 cancelled, 2 pending (their lease ended)", st)
 	}
 }
+
+// TestReportStaleMemoryMixedRun: one report of a success (from a stale
+// memory of its claim) and a failure of the same run writes both and ends
+// the run: the refused success is read again with the failure, in one
+// write of the run, not two that each see the other's slot unfinished.
+func TestReportStaleMemoryMixedRun(t *testing.T) {
+	ctx := context.Background()
+	ns := etcdtest.Namespace(t)
+	c, cli := newClient(t, ns)
+	submitN(t, c, "mix", 3, nil)
+	l := grantLease(t, cli, 10*time.Second)
+	run, err := c.Claim(ctx, "mix", queue.ClaimRequest{Lease: l, Worker: "w", Max: 2})
+	if err != nil || len(run) != 2 {
+		t.Fatalf("claim: %d, %v", len(run), err)
+	}
+	if _, err := c.Cancel(ctx, "mix-2"); err != nil { // the segment's third task: the memory goes stale
+		t.Fatal(err)
+	}
+	rs, err := c.Report(ctx, []queue.Outcome{{Held: held("mix", run[0], l)}, {Held: held("mix", run[1], l), Failed: true, Error: "flaky"}})
+	if err != nil || rs[0].Err != nil || rs[1].Err != nil {
+		t.Fatalf("%+v %v", rs, err)
+	}
+	if g, err := cli.Get(ctx, keyspace.MustNew(ns).Runs("mix", ""), clientv3.WithPrefix(), clientv3.WithCountOnly()); err != nil || g.Count != 0 {
+		t.Fatalf("runs left after the run's outcomes were all written: %v %v", g, err)
+	}
+}

@@ -88,16 +88,17 @@ func (c *Client) claimTurn(ctx context.Context, w *Worker, q string, n int) (cla
 	}
 	line.waiting = append(line.waiting, call)
 	cc.mu.Unlock()
-	<-call.done // the maker always answers, within claimCombineTimeout
+	<-call.done // the maker answers once its claim (alone or combined) is made
 	if call.lead {
 		batch := cc.take(q)
-		if len(batch) > 1 {
-			c.claimTogether(ctx, q, batch)
-		}
-		cc.handOn(q)
 		if len(batch) == 1 {
+			cc.handOn(q)
 			return w.claim(ctx, 0, n)
 		}
+		func() {
+			defer cc.handOn(q) // even if the claim panics: the line must move on
+			c.claimTogether(ctx, q, batch)
+		}()
 	}
 	if len(call.claims) > 0 {
 		return call.claims, 0, false, nil

@@ -90,7 +90,10 @@ func (c *Client) report(ctx context.Context, os []Outcome) []Reported {
 		todo = append(todo, i)
 	}
 	todo, remembered := c.fromMemory(os, todo)
-	again := c.reportRemembered(ctx, os, remembered, out)
+	// Outcomes the memory could not write go back with the rest, so that
+	// each segment has one group: two writes of one run in one request
+	// would each see the other's slots unfinished (etcd compares first).
+	todo = append(todo, c.reportRemembered(ctx, os, remembered, out)...)
 	groups, records, err := c.places(ctx, os, todo, out)
 	if err != nil {
 		for _, i := range todo {
@@ -98,7 +101,6 @@ func (c *Client) report(ctx context.Context, os []Outcome) []Reported {
 		}
 		groups, records = nil, nil
 	}
-	groups = append(groups, again...)
 	for _, i := range records {
 		out[i] = c.reportRecord(ctx, os[i])
 	}
