@@ -11,6 +11,15 @@ clock runs until the queue reports all N succeeded. Prints one JSON line
 per system and the clients' ratios to the Go worker.
 
     python3 bench/run-clients.py --tasks 20000 --workers 16 --concurrency 64
+    python3 bench/run-clients.py --tasks 20000 --workers 16 --concurrency 64 --prefetch 16
+
+--prefetch P is passed to every client worker process (its `prefetch`: the
+most tasks one claim takes, and how many it may claim ahead of its free
+slots while tasks take under 5 ms). Without it each process uses the
+clients' default, its own concurrency (C/W). The Go worker always runs with
+its default, --prefetch equal to its concurrency C. For the clients the
+JSON lines also give the workers' summed counts: tasks claimed ahead of a
+free slot, and tasks per claim request and outcomes per outcome request.
 
 Needs node, the TypeScript client built (cd clients/js && npm ci && npm run
 build) and a drover binary ($DROVER_BIN, else built here).
@@ -45,19 +54,23 @@ def cpu_seconds(pids):
     return total
 
 
-def run(system, srv, client, n, workers, conc):
+def run(system, srv, client, n, workers, conc, prefetch=None):
     queue = "bench-%s-%d" % (system, int(time.time()))
     per = max(1, conc // workers)
+    extra = [] if prefetch is None else ["--prefetch", str(prefetch)]
     if system == "go":
         cmds = [[binary(), "worker", "--etcd-endpoints", srv.etcd, "--queue", queue, "--handler", "noop",
                  "--concurrency", str(conc)]]
     elif system == "js":
         cmds = [["node", os.path.join(ROOT, "clients", "js", "bench", "noop-worker.mjs"), "--url", srv.url,
-                 "--queue", queue, "--concurrency", str(per), "--idle-exit", "600"] for _ in range(workers)]
+                 "--queue", queue, "--concurrency", str(per), "--idle-exit", "600"] + extra for _ in range(workers)]
     else:
         cmds = [[sys.executable, os.path.join(ROOT, "clients", "python", "bench", "noop_worker.py"), "--url", srv.url,
-                 "--queue", queue, "--concurrency", str(per)] for _ in range(workers)]
-    procs = [subprocess.Popen(c, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for c in cmds]
+                 "--queue", queue, "--concurrency", str(per)] + extra for _ in range(workers)]
+    # The clients' workers print their counts as a JSON line when they end.
+    out = subprocess.DEVNULL if system == "go" else subprocess.PIPE
+    procs = [subprocess.Popen(c, stdout=out, stderr=subprocess.DEVNULL) for c in cmds]
+    finals = []
     try:
         time.sleep(3)  # every worker connected and waiting in its claim
         lines = (json.dumps({"task_id": "%s-%d" % (queue, i), "task_type": "noop"}) + "\n" for i in range(n))
@@ -79,14 +92,27 @@ def run(system, srv, client, n, workers, conc):
                 p.send_signal(signal.SIGTERM)
         for p in procs:
             try:
-                p.wait(timeout=30)
+                stdout, _ = p.communicate(timeout=30)
             except subprocess.TimeoutExpired:
                 p.kill()
-    out = {"system": system, "tasks": n, "processes": len(procs), "concurrency": per * len(procs) if system != "go" else conc,
+                stdout, _ = p.communicate()
+            for line in reversed((stdout or b"").decode("utf-8", "replace").splitlines()):
+                if line.startswith("{"):
+                    finals.append(json.loads(line))
+                    break
+    res = {"system": system, "tasks": n, "processes": len(procs), "concurrency": per * len(procs) if system != "go" else conc,
+           "prefetch": conc if system == "go" else (per if prefetch is None else prefetch),
            "seconds": round(secs, 2), "tasks_per_s": round(n / secs),
            "worker_cpu_ms_per_task": round(1000 * cpu / n, 3), "server_cpu_ms_per_task": round(1000 * scpu / n, 3)}
-    print(json.dumps(out), flush=True)
-    return out
+    if finals:
+        total = {k: sum(f.get(k) or 0 for f in finals) for k in ("claimed", "ahead", "claim_requests", "outcome_requests")}
+        res["claimed_ahead"] = total["ahead"]
+        if total["claim_requests"]:
+            res["tasks_per_claim_request"] = round(total["claimed"] / total["claim_requests"], 2)
+        if total["outcome_requests"]:
+            res["outcomes_per_request"] = round(total["claimed"] / total["outcome_requests"], 2)
+    print(json.dumps(res), flush=True)
+    return res
 
 
 def main():
@@ -94,12 +120,14 @@ def main():
     ap.add_argument("--tasks", type=int, default=20000)
     ap.add_argument("--workers", type=int, default=16, help="processes per client language")
     ap.add_argument("--concurrency", type=int, default=64, help="total concurrency per system")
+    ap.add_argument("--prefetch", type=int, default=None,
+                    help="the client workers' prefetch (default: their concurrency, the clients' default); the Go worker keeps its default")
     ap.add_argument("--systems", default="go,js,python")
     a = ap.parse_args()
     srv = Server().start()
     try:
         client = drover.Client(srv.url)
-        results = {s: run(s, srv, client, a.tasks, a.workers, a.concurrency) for s in a.systems.split(",")}
+        results = {s: run(s, srv, client, a.tasks, a.workers, a.concurrency, a.prefetch) for s in a.systems.split(",")}
     finally:
         srv.stop()
     if "go" in results:

@@ -3,7 +3,9 @@
 // starts --workers processes of noop-worker.mjs (--concurrency each), lets
 // them go at once, and measures until every task succeeded.
 //
-//   npm run build && node bench/bench.mjs [--url URL] [--tasks 20000] [--workers 16] [--concurrency 8]
+//   npm run build && node bench/bench.mjs [--url URL] [--tasks 20000] [--workers 16] [--concurrency 8] [--prefetch P]
+//
+// --prefetch is passed to each worker (default: its concurrency).
 //
 // Without --url (or $DROVER_URL) it starts a drover server of its own
 // ($DROVER_BIN, else built from this repository) on free loopback ports.
@@ -22,6 +24,7 @@ const { values: a } = parseArgs({
     tasks: { type: "string", default: "20000" },
     workers: { type: "string", default: "16" },
     concurrency: { type: "string", default: "8" },
+    prefetch: { type: "string" },
     "timeout-seconds": { type: "string", default: "600" },
   },
 });
@@ -44,7 +47,7 @@ try {
 
   const script = fileURLToPath(new URL("./noop-worker.mjs", import.meta.url));
   for (let i = 0; i < W; i++) {
-    const p = spawn(process.execPath, [script, "--url", url, "--namespace", namespace, "--queue", queue, "--concurrency", a.concurrency, "--wait-go", "--idle-exit", "2"], { stdio: ["pipe", "pipe", "inherit"] });
+    const p = spawn(process.execPath, [script, "--url", url, "--namespace", namespace, "--queue", queue, "--concurrency", a.concurrency, ...(a.prefetch ? ["--prefetch", a.prefetch] : []), "--wait-go", "--idle-exit", "2"], { stdio: ["pipe", "pipe", "inherit"] });
     p.lines = [];
     createInterface({ input: p.stdout }).on("line", (l) => p.lines.push(l));
     p.exited = new Promise((r) => p.on("exit", r));
@@ -76,6 +79,7 @@ try {
     tasks: N,
     workers: W,
     concurrency: Number(a.concurrency),
+    prefetch: Number(a.prefetch ?? a.concurrency),
     seconds: Number(seconds.toFixed(3)),
     tasks_per_second: Number(rate.toFixed(1)),
     submit_seconds: Number(submitSeconds.toFixed(3)),

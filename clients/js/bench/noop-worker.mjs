@@ -2,12 +2,15 @@
 // A queue worker whose handler does nothing: for measuring what the client
 // and the server cost per task.
 //
-//   node bench/noop-worker.mjs --url URL --queue Q --concurrency N
+//   node bench/noop-worker.mjs --url URL --queue Q --concurrency N [--prefetch P]
 //        [--namespace NS] [--wait 2s] [--idle-exit 3] [--max-seconds 600] [--wait-go]
 //
-// It claims and acks until SIGTERM/SIGINT (it drains), or until no task came
-// for --idle-exit seconds after its first one, or --max-seconds passed; then
-// prints one JSON line: {"pid","claimed","succeeded","failed","lost","seconds"}.
+// --prefetch is the worker's `prefetch` (default: its concurrency, the
+// client's default). It claims and acks until SIGTERM/SIGINT (it drains), or
+// until no task came for --idle-exit seconds after its first one, or
+// --max-seconds passed; then prints one JSON line: {"pid","claimed",
+// "succeeded","failed","lost","ahead","claim_requests","outcome_requests",
+// "seconds"}.
 // With --wait-go it prints "ready" and starts claiming on a line on stdin.
 import { createInterface } from "node:readline";
 import { parseArgs } from "node:util";
@@ -18,6 +21,7 @@ const { values: a } = parseArgs({
     url: { type: "string", default: process.env.DROVER_URL ?? "http://127.0.0.1:8080" },
     queue: { type: "string" },
     concurrency: { type: "string", default: "8" },
+    prefetch: { type: "string" },
     namespace: { type: "string" },
     wait: { type: "string", default: "2s" },
     "idle-exit": { type: "string", default: "3" },
@@ -39,7 +43,9 @@ if (a["wait-go"]) {
 }
 const t0 = Date.now();
 let last = 0;
-const worker = drover.worker(a.queue, { concurrency: Number(a.concurrency), wait: a.wait, name: `noop-${process.pid}` }, () => {
+const opts = { concurrency: Number(a.concurrency), wait: a.wait, name: `noop-${process.pid}` };
+if (a.prefetch !== undefined) opts.prefetch = Number(a.prefetch);
+const worker = drover.worker(a.queue, opts, () => {
   last = Date.now();
   return null;
 });
@@ -52,4 +58,7 @@ const timer = setInterval(() => {
 const st = await worker.done;
 clearInterval(timer);
 const seconds = ((last || Date.now()) - t0) / 1000;
-console.log(JSON.stringify({ pid: process.pid, claimed: st.claimed, succeeded: st.succeeded, failed: st.failed, lost: st.lost, seconds }));
+console.log(JSON.stringify({
+  pid: process.pid, claimed: st.claimed, succeeded: st.succeeded, failed: st.failed, lost: st.lost,
+  ahead: st.ahead, claim_requests: st.claimRequests, outcome_requests: st.outcomeRequests, seconds,
+}));

@@ -1,7 +1,7 @@
 """Python side of the worker benchmark: N no-op worker processes against one
 drover server; prints tasks/s.
 
-    python3 bench/bench.py --url http://127.0.0.1:8080 --tasks 20000 --workers 16 --concurrency 8
+    python3 bench/bench.py --url http://127.0.0.1:8080 --tasks 20000 --workers 16 --concurrency 8 [--prefetch P]
 
 Without --url it starts a server of its own on free loopback ports (the
 binary from $DROVER_BIN, else built with `go build ./cmd/drover` in the
@@ -11,6 +11,7 @@ submission until the queue reports every task SUCCEEDED. The workers are
 then drained with SIGTERM and their counts summed. The last line printed is
 one JSON object: tasks, workers, concurrency, submit_s, seconds (submission
 to the last success), tasks_per_s, and the workers' summed counts.
+--prefetch is passed to each worker (default: its concurrency).
 """
 
 import argparse
@@ -37,6 +38,7 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, default=20000)
     ap.add_argument("--workers", type=int, default=16)
     ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--prefetch", type=int, default=None, help="each worker's prefetch (default: --concurrency)")
     ap.add_argument("--queue", default=None, help="default: a new queue per run")
     ap.add_argument("--timeout", type=float, default=600, help="give up after this many seconds")
     a = ap.parse_args()
@@ -62,7 +64,8 @@ def main() -> None:
                         [
                             sys.executable, os.path.join(HERE, "noop_worker.py"), "--url", url, "--queue", queue,
                             "--concurrency", str(a.concurrency), "--ready", ready,
-                        ],
+                        ]
+                        + ([] if a.prefetch is None else ["--prefetch", str(a.prefetch)]),
                         stdout=subprocess.PIPE,
                         text=True,
                     ),
@@ -119,6 +122,7 @@ def main() -> None:
                 tasks=a.tasks,
                 workers=a.workers,
                 concurrency=a.concurrency,
+                prefetch=a.prefetch if a.prefetch is not None else a.concurrency,
                 submit_s=round(submit_s, 3),
                 seconds=round(secs, 3),
                 tasks_per_s=round(a.tasks / secs, 1),

@@ -1,12 +1,13 @@
 """A drover queue worker whose tasks do nothing: it measures the client and
 the server, not the work.
 
-    python3 bench/noop_worker.py --url http://127.0.0.1:8080 --queue bench --concurrency 8
+    python3 bench/noop_worker.py --url http://127.0.0.1:8080 --queue bench --concurrency 8 [--prefetch P]
 
-Runs until SIGTERM/SIGINT (or --idle-timeout seconds without a task, or
---max-tasks claimed), drains, and prints one JSON line with its counts:
-claimed, succeeded, failed, dead, lost, not_found, errors, seconds,
-tasks_per_s.
+--prefetch is the worker's ``prefetch`` (default: its concurrency, the
+client's default). Runs until SIGTERM/SIGINT (or --idle-timeout seconds
+without a task, or --max-tasks claimed), drains, and prints one JSON line
+with its counts: claimed, succeeded, failed, dead, lost, not_found, errors,
+ahead, claim_requests, outcome_requests, seconds, tasks_per_s.
 """
 
 import argparse
@@ -25,6 +26,7 @@ def main() -> None:
     ap.add_argument("--url", default=os.environ.get("DROVER_URL", "http://127.0.0.1:8080"))
     ap.add_argument("--queue", required=True)
     ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--prefetch", type=int, default=None, help="most tasks per claim (default: --concurrency)")
     ap.add_argument("--ttl", type=int, default=15, help="session TTL, seconds")
     ap.add_argument("--wait", type=float, default=2.0, help="longest claim long poll, seconds")
     ap.add_argument("--idle-timeout", type=float, default=None, help="stop after this many seconds without a task")
@@ -36,7 +38,9 @@ def main() -> None:
 
     client = drover.Client(a.url, token=a.token, namespace=a.namespace)
 
-    @client.worker(a.queue, concurrency=a.concurrency, ttl=a.ttl, wait=a.wait, name="noop-%d" % os.getpid())
+    @client.worker(
+        a.queue, concurrency=a.concurrency, prefetch=a.prefetch, ttl=a.ttl, wait=a.wait, name="noop-%d" % os.getpid()
+    )
     def noop(task):
         return None
 

@@ -1,6 +1,8 @@
-"""Queue workers: long-poll claims, a pool of handler threads, fenced
-outcomes sent in batches, a graceful drain on SIGTERM/SIGINT."""
+"""Queue workers: long-poll claims (ahead of free slots while tasks are
+short), a pool of handler threads, fenced outcomes sent in batches, a
+graceful drain on SIGTERM/SIGINT."""
 
+import collections
 import json
 import logging
 import queue as _queue
@@ -8,7 +10,7 @@ import signal
 import threading
 import time
 import traceback
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, List, Optional, Tuple
 
 from ._transport import shutdown_socket
 from .errors import DroverError, Permanent, SessionNotFound, TransportError
@@ -23,6 +25,14 @@ log = logging.getLogger("drover")
 __all__ = ["Worker"]
 
 Handler = Callable[[Task], Any]
+
+# Tasks are claimed ahead of a free running slot while the worker's tasks
+# take less than this on average (seconds) and none running has run longer:
+# a claim's round trip is then most of a task's time. Longer tasks are not,
+# so that a worker does not sit on tasks that others could run.
+AHEAD_BELOW = 0.005
+# How long a claim waits for room for half a claim before it claims less.
+_GATHER = 0.003
 
 
 class _Slot:
@@ -48,10 +58,23 @@ class Worker:
         send.run()                          # until SIGTERM or SIGINT
 
     The worker holds a session (kept alive every TTL/3), claims tasks with
-    long polls as slots free up (never more than ``concurrency`` at once),
-    runs the handler in a thread pool, and reports outcomes in batches
+    long polls as slots free up, runs the handler in a thread pool (never
+    more than ``concurrency`` at once), and reports outcomes in batches
     through ``POST /v1/queues/{q}/outcomes``, each fenced by its claim's
-    token. A handler that returns succeeds; one that raises
+    token: one request in flight at a time, carrying every outcome that
+    became ready meanwhile (up to 256).
+
+    ``prefetch`` (default ``concurrency``, at most 100, the server's
+    largest claim) is the most tasks one claim takes. While the worker's
+    tasks take less than 5 ms on average and none running has run longer,
+    it also claims up to ``prefetch`` tasks ahead of a free running slot,
+    so that the next claim's round trip overlaps the work; they wait in the
+    worker and start, in claim order, as slots free up. Otherwise it claims
+    only for free slots, so that it does not sit on tasks other workers
+    could run. A task claimed ahead whose session is lost before it starts
+    is not started (counted as ``lost``): it runs again elsewhere.
+
+    A handler that returns succeeds; one that raises
     :class:`~drover.Permanent` sends the task to the dead-letter queue;
     any other exception is retried with the queue's backoff while the
     task's retry budget lasts. An outcome answered 409 belongs to a claim
@@ -59,8 +82,10 @@ class Worker:
     result is dropped.
 
     SIGTERM or SIGINT (or :meth:`stop`) drains: no more claims, running
-    tasks finish, their outcomes are sent, the session ends. A second
-    signal is handled as the process's default again.
+    tasks finish, tasks claimed ahead run too (no route hands a claim back,
+    and they were claimed only while tasks took under 5 ms), their outcomes
+    are sent, the session ends. A second signal is handled as the process's
+    default again.
 
     The handler gets a :class:`~drover.Task` (a dict with ``id``, ``type``,
     ``params``, ``attempt``, ``token``), plus ``task.lost`` (the session's
@@ -84,13 +109,17 @@ class Worker:
         ttl: int = 15,
         wait: float = 2.0,
         name: Optional[str] = None,
+        prefetch: Optional[int] = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError("drover: concurrency must be at least 1")
+        if prefetch is not None and not (1 <= int(prefetch) <= MAX_CLAIM):
+            raise ValueError("drover: prefetch must be between 1 and %d, not %r" % (MAX_CLAIM, prefetch))
         self._client = client
         self.queue = queue
         self.fn = fn
         self.concurrency = int(concurrency)
+        self.prefetch = int(prefetch) if prefetch is not None else min(self.concurrency, MAX_CLAIM)
         self.ttl = int(ttl)
         self.wait = float(wait)
         self.name = name
@@ -102,12 +131,22 @@ class Worker:
             "lost": 0,
             "not_found": 0,
             "errors": 0,
+            "ahead": 0,
+            "claim_requests": 0,
+            "outcome_requests": 0,
         }
         self.__name__ = getattr(fn, "__name__", "worker")
         self.__doc__ = getattr(fn, "__doc__", None)
         self._mu = threading.Lock()
         self._cond = threading.Condition(self._mu)
-        self._running = 0
+        # Tasks claimed whose handler has not returned: running, or claimed
+        # ahead and waiting in _waiting for a thread.
+        self._held = 0
+        self._waiting: Deque[Tuple[_Slot, Task]] = collections.deque()
+        # When each running handler started, by thread.
+        self._active: Dict[int, float] = {}
+        # A running average of how long handlers take, in seconds (0: none ran yet).
+        self._task_time = 0.0
         self._stopping = threading.Event()
         self._claim_conn: Any = None
         self._slot: Optional[_Slot] = None
@@ -122,7 +161,12 @@ class Worker:
         return self.fn(task)
 
     def __repr__(self) -> str:
-        return "<drover.Worker %s on %r concurrency=%d>" % (self.__name__, self.queue, self.concurrency)
+        return "<drover.Worker %s on %r concurrency=%d prefetch=%d>" % (
+            self.__name__,
+            self.queue,
+            self.concurrency,
+            self.prefetch,
+        )
 
     @property
     def client(self) -> "Client":
@@ -136,9 +180,9 @@ class Worker:
 
     def stop(self) -> None:
         """Drain: stop claiming (ending a claim's long poll at once), let
-        running tasks finish and their outcomes go out, then end the
-        session. :meth:`run` returns once that is done. Safe from any thread
-        and from a signal handler."""
+        running tasks finish, run the tasks claimed ahead, send their
+        outcomes, then end the session. :meth:`run` returns once that is
+        done. Safe from any thread and from a signal handler."""
         self._stopping.set()
         with self._cond:
             self._cond.notify_all()
@@ -147,6 +191,12 @@ class Worker:
     @property
     def stopping(self) -> bool:
         return self._stopping.is_set()
+
+    @property
+    def waiting(self) -> int:
+        """Tasks claimed ahead of a free running slot that wait for one now."""
+        with self._mu:
+            return len(self._waiting)
 
     def run(
         self,
@@ -160,8 +210,11 @@ class Worker:
         ``max_tasks`` were claimed, or no task came for ``idle_timeout``
         seconds, or ``duration`` seconds passed; then drain. Returns the
         counts: claimed, succeeded, failed (to be retried), dead, lost (an
-        outcome refused with 409: the claim was lost), not_found, errors
-        (outcomes that could not be sent)."""
+        outcome refused with 409, or a task claimed ahead and not started:
+        the claim was lost), not_found, errors (outcomes that could not be
+        sent), ahead (tasks claimed ahead of a free running slot, which
+        waited for one), claim_requests and outcome_requests (requests
+        sent)."""
         if self._started:
             raise RuntimeError("drover: a Worker runs once; make another")
         self._started = True
@@ -232,6 +285,9 @@ class Worker:
         with self._mu:
             self._slot = new
             self._slots.append(new)
+        # The claims go with the session: tasks claimed ahead under it are
+        # not started.
+        s.on_lost(lambda _s: self._drop_waiting(new))
         return new
 
     def _retire(self, slot: _Slot) -> None:
@@ -253,12 +309,23 @@ class Worker:
         try:
             while not self._stopping.is_set():
                 with self._cond:
-                    while self._running >= self.concurrency and not self._stopping.is_set():
+                    while self._room() <= 0 and not self._stopping.is_set():
                         self._cond.wait(0.5)
-                    free = self.concurrency - self._running
+                    if self._held > 0:
+                        # With tasks held, wait a moment for room for half
+                        # a claim, so that one claim takes several tasks.
+                        half = max(1, min(self.prefetch, self._cap()) // 2)
+                        until_gathered = time.monotonic() + _GATHER
+                        while self._room() < half and not self._stopping.is_set():
+                            left = until_gathered - time.monotonic()
+                            if left <= 0:
+                                break
+                            self._cond.wait(left)
+                    n = min(self._room(), self.prefetch, MAX_CLAIM)
                 if self._stopping.is_set():
                     return
-                n = min(free, MAX_CLAIM)
+                if n <= 0:
+                    continue
                 if max_tasks is not None:
                     n = min(n, max_tasks - self.stats["claimed"])
                     if n <= 0:
@@ -270,11 +337,13 @@ class Worker:
                         return
                     wait = min(wait, until - now)
                 if idle_timeout is not None:
-                    if self._running == 0 and self._outbox.empty() and now - last_task >= idle_timeout:
+                    if self._held == 0 and self._outbox.empty() and now - last_task >= idle_timeout:
                         return
                     wait = min(wait, max(0.05, idle_timeout - (now - last_task)))
                 try:
                     slot = self._current_slot()
+                    with self._mu:
+                        self.stats["claim_requests"] += 1
                     tasks = q.claim(slot.session, max=n, wait=wait, on_conn=self._set_claim_conn)
                     backoff = 0.1
                 except SessionNotFound:
@@ -307,14 +376,60 @@ class Worker:
                     continue
                 last_task = time.monotonic()
                 with self._cond:
-                    self._running += len(tasks)
+                    free = max(0, self.concurrency - self._held)
+                    self._held += len(tasks)
                     slot.held += len(tasks)
                     self.stats["claimed"] += len(tasks)
-                for t in tasks:
-                    pool.submit(self._run_one, slot, t)
+                    self.stats["ahead"] += max(0, len(tasks) - free)
+                    for t in tasks:
+                        self._waiting.append((slot, t))
+                if slot.session.lost.is_set():
+                    self._drop_waiting(slot)  # lost before they were queued
+                for _ in tasks:
+                    pool.submit(self._run_next)
         except BaseException:  # noqa: BLE001
             log.exception("drover: the claim loop of worker %s stopped", self.__name__)
             raise
+
+    def _cap(self) -> int:
+        """The most tasks the worker may hold now (with self._mu held)."""
+        return self.concurrency + (self.prefetch if self._ahead_ok() else 0)
+
+    def _room(self) -> int:
+        """How many more tasks the worker may claim now (with self._mu held)."""
+        return self._cap() - self._held
+
+    def _ahead_ok(self) -> bool:
+        """Whether tasks may be claimed ahead of a free running slot: the
+        handlers took under AHEAD_BELOW on average and none running has run
+        longer (with self._mu held)."""
+        if self._task_time <= 0 or self._task_time >= AHEAD_BELOW:
+            return False
+        since = time.monotonic() - AHEAD_BELOW
+        for started in self._active.values():
+            if started < since:
+                return False
+        return True
+
+    def _drop_waiting(self, slot: _Slot) -> None:
+        """Drop the tasks claimed ahead under a lost session: they run again
+        elsewhere."""
+        with self._cond:
+            keep = collections.deque(e for e in self._waiting if e[0] is not slot)
+            k = len(self._waiting) - len(keep)
+            if not k:
+                return
+            self._waiting = keep
+            self._held -= k
+            self.stats["lost"] += k
+            slot.held -= k
+            done = slot.retiring and slot.held == 0
+            if done and slot in self._slots:
+                self._slots.remove(slot)
+            self._cond.notify_all()
+        log.info("drover: %d tasks claimed ahead were not started: their session was lost", k)
+        if done:
+            slot.session.close()
 
     def _set_claim_conn(self, conn: Any) -> None:
         self._claim_conn = conn
@@ -323,6 +438,29 @@ class Worker:
 
     # -- tasks -------------------------------------------------------------
 
+    def _run_next(self) -> None:
+        """Run the oldest task waiting for a thread (one pool job per task
+        claimed; a job finds none when its task was dropped)."""
+        with self._mu:
+            if not self._waiting:
+                return
+            slot, task = self._waiting.popleft()
+        if slot.session.lost.is_set():
+            # Claimed ahead, and the claim went with its session before the
+            # task started: it runs again elsewhere.
+            with self._cond:
+                self._held -= 1
+                self.stats["lost"] += 1
+                slot.held -= 1
+                done = slot.retiring and slot.held == 0
+                if done and slot in self._slots:
+                    self._slots.remove(slot)
+                self._cond.notify_all()
+            if done:
+                slot.session.close()
+            return
+        self._run_one(slot, task)
+
     def _run_one(self, slot: _Slot, task: Task) -> None:
         session = slot.session
         task.lost = session.lost  # type: ignore[attr-defined]
@@ -330,6 +468,10 @@ class Worker:
         q = self.client.queue(self.queue)
         task.heartbeat = lambda: q.heartbeat(session, task.id, task.token or 0)  # type: ignore[attr-defined]
         outcome: Dict[str, Any] = {"task_id": task.id, "token": task.token}
+        me = threading.get_ident()
+        started = time.monotonic()
+        with self._mu:
+            self._active[me] = started
         try:
             result = self.fn(task)
             if result is not None:
@@ -343,8 +485,12 @@ class Worker:
             log.info("drover: task %s failed: %s", task.id, "".join(traceback.format_exception_only(type(e), e)).strip())
             outcome["error"] = _describe(e)
         finally:
+            took = time.monotonic() - started
             with self._cond:
-                self._running -= 1
+                self._active.pop(me, None)
+                self._held -= 1
+                tt = self._task_time
+                self._task_time = max(1e-9, took if tt == 0 else tt + (took - tt) / 8)
                 self._cond.notify_all()
         self._outbox.put((slot, outcome))
 
@@ -381,6 +527,8 @@ class Worker:
             if session.lost.is_set():
                 break  # every claim of the session is gone: each would be a 409
             try:
+                with self._mu:
+                    self.stats["outcome_requests"] += 1
                 results = q.outcomes(session, outs)
             except DroverError as e:
                 if time.monotonic() >= session.deadline:

@@ -1,0 +1,268 @@
+// Claiming ahead (the worker's prefetch option): short tasks are claimed
+// ahead of free slots, slow ones are not; tasks claimed ahead survive a
+// SIGKILL (they come back after the TTL), run on drain, and are not started
+// once their session is lost.
+import { test, after, before, beforeEach } from "node:test";
+import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
+import { fileURLToPath } from "node:url";
+import { Drover } from "../dist/index.js";
+import { sharedServer, uniq } from "./helpers/server.mjs";
+
+let srv;
+let ns;
+let drover;
+before(async () => (srv = await sharedServer()));
+// Task ids are unique within a namespace: each test gets one of its own.
+beforeEach(() => {
+  ns = uniq("prefetch");
+  drover = new Drover({ url: srv.url, namespace: ns });
+});
+after(async () => srv.release());
+
+const fixture = fileURLToPath(new URL("./fixtures/prefetch-worker.mjs", import.meta.url));
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+async function until(cond, ms, what) {
+  const deadline = Date.now() + ms;
+  for (;;) {
+    const v = await cond();
+    if (v) return v;
+    if (Date.now() > deadline) throw new Error(`not within ${ms} ms: ${typeof what === "function" ? what() : what}`);
+    await sleep(20);
+  }
+}
+
+/** A client that records every claim: when it was sent, the max it asked for, and how many tasks it got. */
+function recordingClient() {
+  const claims = [];
+  const client = new Drover({
+    url: srv.url,
+    namespace: ns,
+    fetch: async (url, init) => {
+      if (!String(url).endsWith("/claim")) return fetch(url, init);
+      const rec = { at: performance.now(), max: JSON.parse(init.body).max, got: 0 };
+      claims.push(rec);
+      const res = await fetch(url, init);
+      if (res.ok) rec.got = ((await res.clone().json()).tasks ?? []).length;
+      return res;
+    },
+  });
+  return { client, claims };
+}
+
+test("prefetch: a worker is checked: 1 to 100, default its concurrency (at most 100)", () => {
+  for (const bad of [0, 101, 2.5, -1]) {
+    assert.throws(() => drover.worker(uniq("q"), { prefetch: bad, signals: false }, () => null), RangeError, String(bad));
+  }
+});
+
+test("prefetch: short tasks are claimed ahead of the free slots, never more than concurrency run at once", async () => {
+  const q = uniq("ahead");
+  const n = 200;
+  await drover.submit(q, Array.from({ length: n }, (_, i) => ({ task_id: `a-${i}`, task_type: "t" })));
+  const { client, claims } = recordingClient();
+  let now = 0;
+  let peak = 0;
+  const seen = new Map();
+  const w = client.worker(q, { concurrency: 2, prefetch: 8, wait: 1, signals: false }, async (task) => {
+    now++;
+    peak = Math.max(peak, now);
+    seen.set(task.task_id, (seen.get(task.task_id) ?? 0) + 1);
+    await new Promise((r) => setImmediate(r));
+    now--;
+    return null;
+  });
+  await until(async () => (await drover.tasks.stats(q)).succeeded === n, 30_000, "every task succeeded");
+  const st = await w.drain();
+  assert.equal(st.succeeded, n);
+  assert.equal(st.claimed, n);
+  assert.equal(st.lost, 0);
+  assert.equal(st.waiting, 0);
+  assert.ok(peak <= 2, `at most 2 ran at once, saw ${peak}`);
+  assert.equal(seen.size, n);
+  for (const [id, k] of seen) assert.equal(k, 1, `${id} ran once`);
+  // The first claim (no task timed yet) is for the free slots; later ones
+  // take up to prefetch, more than the slots.
+  assert.equal(claims[0].max, 2);
+  const most = Math.max(...claims.map((c) => c.got));
+  assert.ok(most > 2, `a claim took more tasks than the 2 slots: claims took ${claims.map((c) => c.got).join(",")}`);
+  assert.ok(claims.every((c) => c.max <= 8 && c.got <= c.max), "no claim asked for more than prefetch");
+  assert.ok(st.ahead > 0, `tasks waited for a slot: ${JSON.stringify(st)}`);
+  assert.equal(st.claimRequests, claims.length);
+  assert.ok(st.outcomeRequests < n, `${n} outcomes in ${st.outcomeRequests} requests`);
+});
+
+test("prefetch: slow tasks (over 5 ms) are claimed only for free slots", async () => {
+  const q = uniq("slow");
+  const n = 16;
+  await drover.submit(q, Array.from({ length: n }, (_, i) => ({ task_id: `s-${i}`, task_type: "t" })));
+  const { client, claims } = recordingClient();
+  const w = client.worker(q, { concurrency: 2, prefetch: 8, wait: 1, signals: false }, async () => {
+    await sleep(25);
+    return null;
+  });
+  await until(async () => (await drover.tasks.stats(q)).succeeded === n, 30_000, "every task succeeded");
+  const st = await w.drain();
+  assert.equal(st.succeeded, n);
+  assert.equal(st.ahead, 0);
+  assert.ok(claims.every((c) => c.max <= 2 && c.got <= 2), `claims asked for ${claims.map((c) => c.max).join(",")}`);
+});
+
+test("prefetch: while a running task has run over 5 ms, claims are for free slots only", async () => {
+  const q = uniq("mixed");
+  await drover.submit(q, Array.from({ length: 40 }, (_, i) => ({ task_id: `warm-${i}`, task_type: "t" })));
+  const { client, claims } = recordingClient();
+  let longStart = 0;
+  let longEnd = 0;
+  const w = client.worker(q, { concurrency: 2, prefetch: 8, wait: 1, signals: false }, async (task) => {
+    if (task.task_id === "long") {
+      longStart = performance.now();
+      await sleep(600);
+      longEnd = performance.now();
+      return null;
+    }
+    await new Promise((r) => setImmediate(r));
+    return null;
+  });
+  await until(async () => (await drover.tasks.stats(q)).succeeded === 40, 30_000, "the warm-up tasks succeeded");
+  await drover.submit(q, [{ task_id: "long", task_type: "t", metadata: { priority: 9 } }]);
+  await until(() => longStart > 0, 10_000, "the long task started");
+  await sleep(50);
+  // Short tasks keep coming while the long one runs.
+  await drover.submit(q, Array.from({ length: 30 }, (_, i) => ({ task_id: `short-${i}`, task_type: "t" })));
+  await until(async () => (await drover.tasks.stats(q)).succeeded === 71, 30_000, "every task succeeded");
+  const st = await w.drain();
+  assert.equal(st.succeeded, 71);
+  const during = claims.filter((c) => c.at > longStart + 20 && c.at < longEnd - 5);
+  assert.ok(during.length > 0, "claims were made while the long task ran");
+  assert.ok(during.every((c) => c.max <= 1), `claims while the long task ran asked for ${during.map((c) => c.max).join(",")} (one slot free)`);
+  assert.ok(claims.some((c) => c.got > 2), "short tasks were claimed ahead before it");
+});
+
+/** Starts the fixture; returns helpers over its output. */
+function startWorker(q, { concurrency = 1, prefetch = 8, ttl = 2 } = {}) {
+  const child = spawn(process.execPath, [fixture, srv.url, ns, q, String(concurrency), String(prefetch), String(ttl)], { stdio: ["ignore", "pipe", "inherit"] });
+  let out = "";
+  child.stdout.on("data", (d) => (out += d));
+  const exited = new Promise((res) => child.on("exit", (code, sig) => res({ code, sig })));
+  const lines = () => out.split("\n");
+  const started = () => lines().filter((l) => l.startsWith("start ")).map((l) => l.split(" ")[1]);
+  const holder = () => lines().find((l) => l.startsWith("hold "))?.split(" ")[1];
+  const lastStats = () => {
+    const l = lines().filter((x) => x.startsWith("stats ")).pop();
+    return l ? JSON.parse(l.slice(6)) : undefined;
+  };
+  return { child, exited, out: () => out, started, holder, lastStats };
+}
+
+const held = Array.from({ length: 8 }, (_, i) => `h-${i}`);
+
+/**
+ * Warms a worker up with short tasks (so that it claims ahead), then gives
+ * it 8 tasks at once: the first to start runs for holdMs, and the others,
+ * claimed with it, wait behind it.
+ */
+async function holdAhead(q, w, holdMs) {
+  await drover.submit(q, Array.from({ length: 20 }, (_, i) => ({ task_id: `warm-${i}`, task_type: "t" })));
+  await until(async () => (await drover.tasks.stats(q)).succeeded === 20, 20_000, () => `the warm-up tasks succeeded:\n${w.out()}`);
+  await drover.submit(q, held.map((id) => ({ task_id: id, task_type: "t", parameters: { hold: holdMs } })));
+  await until(() => w.holder() && w.lastStats()?.waiting > 0, 20_000, () => `tasks claimed ahead wait behind the held one:\n${w.out()}`);
+  return w.lastStats();
+}
+
+test("prefetch: a worker SIGKILLed while holding tasks claimed ahead loses none: they run once, elsewhere, after its TTL", async () => {
+  const q = uniq("kill");
+  const w = startWorker(q, { concurrency: 1, prefetch: 8, ttl: 2 });
+  try {
+    const st = await holdAhead(q, w, 60_000);
+    const waiting = st.waiting;
+    w.child.kill("SIGKILL");
+    const killed = Date.now();
+    await w.exited;
+    const claimedByDead = (await Promise.all(held.map((id) => drover.tasks.get(q, id)))).filter((t) => t.current_status === "RUNNING").map((t) => t.task_id);
+    assert.ok(claimedByDead.length >= 1 + waiting, `the dead worker held one running and ${waiting} claimed ahead: ${claimedByDead}`);
+    const handled = new Map();
+    const rescuer = drover.worker(q, { concurrency: 4, wait: 1, signals: false }, (task) => {
+      handled.set(task.task_id, (handled.get(task.task_id) ?? 0) + 1);
+      return { by: "rescuer", attempt: task.attempt };
+    });
+    await until(async () => (await drover.tasks.stats(q)).succeeded === 28, 20_000, "every task succeeded");
+    const back = Date.now() - killed;
+    await rescuer.drain();
+    assert.ok(back >= 1000, `the tasks came back after the TTL (${back} ms)`);
+    for (const id of held) {
+      assert.equal(handled.get(id), 1, `${id} ran once on the rescuer`);
+      const t = await drover.tasks.get(q, id);
+      assert.equal(t.current_status, "SUCCEEDED");
+      assert.equal(t.result.by, "rescuer");
+      if (claimedByDead.includes(id)) assert.equal(t.attempt, 2, `${id} was claimed once before`);
+    }
+    // Those claimed ahead never started on the dead worker.
+    assert.deepEqual(w.started().filter((id) => held.includes(id)), [w.holder()]);
+  } finally {
+    w.child.kill("SIGKILL");
+  }
+});
+
+test("prefetch: drain runs the tasks claimed ahead before the worker exits", async () => {
+  const q = uniq("drainahead");
+  const w = startWorker(q, { concurrency: 1, prefetch: 8, ttl: 5 });
+  try {
+    const st = await holdAhead(q, w, 700);
+    assert.ok(st.waiting > 0);
+    w.child.kill("SIGTERM");
+    const { code, sig } = await w.exited;
+    assert.equal(sig, null);
+    assert.equal(code, 0);
+    const final = JSON.parse(w.out().trim().split("\n").pop());
+    assert.equal(final.final, true);
+    assert.equal(final.lost, 0);
+    assert.equal(final.waiting, 0);
+    assert.equal(final.succeeded, final.claimed, "every task claimed, ahead or not, ran and succeeded");
+    const started = w.started();
+    assert.equal(started.length, final.claimed);
+    assert.equal(new Set(started).size, started.length, "each started once");
+    assert.ok(started.length >= 21 + st.waiting, "the tasks that waited ran after SIGTERM");
+    for (const id of started) assert.equal((await drover.tasks.get(q, id)).current_status, "SUCCEEDED", id);
+    const stats = await drover.tasks.stats(q);
+    assert.equal(stats.running, 0, "no claim left behind");
+    assert.equal(stats.succeeded, final.claimed);
+    assert.equal(stats.pending, 28 - final.claimed);
+    const sessionId = w.out().match(/session (\S+)/)[1];
+    const r = await fetch(`${srv.url}/v1/sessions/${sessionId}`, { headers: { "Drover-Namespace": ns } });
+    assert.equal(r.status, 404, "the worker's session was ended");
+  } finally {
+    w.child.kill("SIGKILL");
+  }
+});
+
+test("prefetch: tasks claimed ahead are not started once their session is lost; they run again under the next one", async () => {
+  const q = uniq("lostahead");
+  await drover.submit(q, Array.from({ length: 20 }, (_, i) => ({ task_id: `warm-${i}`, task_type: "t" })));
+  const starts = [];
+  let first;
+  let holder;
+  const w = drover.worker(q, { concurrency: 1, prefetch: 8, ttl: 5, wait: 1, signals: false }, async (task, { signal, session }) => {
+    starts.push({ id: task.task_id, session: session.id, attempt: task.attempt });
+    if (!task.task_id.startsWith("h-") || holder) return null;
+    holder = task.task_id;
+    first = session;
+    await until(() => w.stats.waiting > 0, 5000, "tasks claimed ahead wait behind this one");
+    // The session ends server-side while tasks wait behind this one.
+    await fetch(`${srv.url}/v1/sessions/${session.id}`, { method: "DELETE", headers: { "Drover-Namespace": ns } });
+    await new Promise((r) => signal.addEventListener("abort", r, { once: true }));
+    return "too late";
+  });
+  await until(async () => (await drover.tasks.stats(q)).succeeded === 20, 20_000, "the warm-up tasks succeeded");
+  await drover.submit(q, held.map((id) => ({ task_id: id, task_type: "t" })));
+  await until(async () => (await drover.tasks.stats(q)).succeeded === 28, 20_000, () => `every task succeeded: ${JSON.stringify(w.stats)}`);
+  const st = await w.drain();
+  assert.ok(first, "a task held the slot");
+  const underLost = starts.filter((s) => s.session === first.id && s.id.startsWith("h-")).map((s) => s.id);
+  assert.deepEqual(underLost, [holder], "nothing claimed ahead started under the lost session");
+  assert.ok(st.lost >= 2, `the held task's outcome and the tasks claimed ahead were counted lost: ${JSON.stringify(st)}`);
+  const rest = starts.filter((s) => s.id.startsWith("h-") && s.id !== holder);
+  assert.equal(rest.length, 7, "each of the others ran once");
+  assert.equal(new Set(rest.map((s) => s.id)).size, 7);
+});

@@ -1,0 +1,308 @@
+"""Claiming ahead (a worker's ``prefetch``) against a real server: short
+tasks are claimed ahead of free slots, slow ones are not; tasks claimed
+ahead survive a SIGKILL (they come back after the TTL), run on drain, and
+are not started once their session is lost."""
+
+import json
+import os
+import shutil
+import signal
+import tempfile
+import threading
+import time
+import unittest
+from typing import Any, Dict, List, Optional
+from unittest import mock
+
+from _support import ClientTest, Server, last_json_line, read_json_lines, shared_server, spawn, unique, wait_until
+
+import drover
+import drover.queues
+
+srv: Server
+
+
+def setUpModule() -> None:
+    global srv
+    srv = shared_server()
+
+
+class _Claims:
+    """Records the claims made on one queue: when each was sent, the max it
+    asked for and how many tasks it got."""
+
+    def __init__(self, queue: str) -> None:
+        self.queue = queue
+        self.list: List[Dict[str, Any]] = []
+        orig = drover.queues.Queue.claim
+        claims = self
+
+        def claim(q: Any, session: Any, max: int = 1, wait: Optional[float] = None, on_conn: Any = None) -> Any:
+            rec = {"at": time.monotonic(), "max": max, "got": 0}
+            got = orig(q, session, max=max, wait=wait, on_conn=on_conn)
+            if q.name == claims.queue:
+                rec["got"] = len(got)
+                claims.list.append(rec)
+            return got
+
+        self.patch = mock.patch.object(drover.queues.Queue, "claim", claim)
+
+    def __enter__(self) -> "_Claims":
+        self.patch.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.patch.stop()
+
+
+class PrefetchTest(ClientTest):
+    def run_worker(self, w: drover.Worker, **kw: Any):
+        out: Dict[str, int] = {}
+        th = threading.Thread(target=lambda: out.update(w.run(handle_signals=False, **kw)), daemon=True)
+        th.start()
+        return th, out
+
+    def test_prefetch_is_checked_and_defaults_to_concurrency(self) -> None:
+        for bad in (0, 101, -1):
+            with self.assertRaises(ValueError):
+                self.c.worker("q", concurrency=2, prefetch=bad)(lambda t: None)
+        self.assertEqual(self.c.worker("q", concurrency=3)(lambda t: None).prefetch, 3)
+        self.assertEqual(self.c.worker("q", concurrency=500)(lambda t: None).prefetch, 100)
+        self.assertEqual(drover.worker("q", concurrency=2, prefetch=7)(lambda t: None).prefetch, 7)
+
+    def test_short_tasks_are_claimed_ahead_of_free_slots(self) -> None:
+        name = unique("q-ahead")
+        n = 200
+        ids = [unique("a") for _ in range(n)]
+        self.c.queue(name).submit([{"task_id": i, "task_type": "x"} for i in ids])
+        mu = threading.Lock()
+        now, peak = [0], [0]
+        seen: Dict[str, int] = {}
+
+        @self.c.worker(name, concurrency=2, prefetch=8, ttl=5, wait=1)
+        def handle(task):
+            with mu:
+                now[0] += 1
+                peak[0] = max(peak[0], now[0])
+                seen[task.id] = seen.get(task.id, 0) + 1
+            with mu:
+                now[0] -= 1
+
+        with _Claims(name) as claims:
+            stats = handle.run(idle_timeout=1.0, duration=60, handle_signals=False)
+        self.assertEqual(stats["succeeded"], n)
+        self.assertEqual(stats["claimed"], n)
+        self.assertEqual(stats["lost"], 0)
+        self.assertLessEqual(peak[0], 2)
+        self.assertEqual(sorted(seen), sorted(ids))
+        self.assertEqual(set(seen.values()), {1}, "each task ran once")
+        # The first claim (no task timed yet) is for the free slots; later
+        # ones take up to prefetch, more than the slots.
+        self.assertEqual(claims.list[0]["max"], 2)
+        self.assertGreater(max(c["got"] for c in claims.list), 2, [c["got"] for c in claims.list])
+        self.assertTrue(all(c["max"] <= 8 and c["got"] <= c["max"] for c in claims.list))
+        self.assertGreater(stats["ahead"], 0)
+        self.assertEqual(stats["claim_requests"], len(claims.list))
+        self.assertLess(stats["outcome_requests"], n)
+        self.assertEqual(handle.waiting, 0)
+
+    def test_slow_tasks_are_claimed_only_for_free_slots(self) -> None:
+        name = unique("q-slow")
+        n = 16
+        self.c.queue(name).submit([{"task_id": unique("s"), "task_type": "x"} for _ in range(n)])
+
+        @self.c.worker(name, concurrency=2, prefetch=8, ttl=5, wait=1)
+        def handle(task):
+            time.sleep(0.025)
+
+        with _Claims(name) as claims:
+            stats = handle.run(idle_timeout=1.0, duration=60, handle_signals=False)
+        self.assertEqual(stats["succeeded"], n)
+        self.assertEqual(stats["ahead"], 0)
+        self.assertTrue(all(c["max"] <= 2 and c["got"] <= 2 for c in claims.list), [c["max"] for c in claims.list])
+
+    def test_no_claim_ahead_while_a_running_task_has_run_over_5ms(self) -> None:
+        name = unique("q-mixed")
+        q = self.c.queue(name)
+        q.submit([{"task_id": unique("warm"), "task_type": "x"} for _ in range(40)])
+        long_id = unique("long")
+        span: Dict[str, float] = {}
+
+        @self.c.worker(name, concurrency=2, prefetch=8, ttl=5, wait=1)
+        def handle(task):
+            if task.id == long_id:
+                span["start"] = time.monotonic()
+                time.sleep(0.8)
+                span["end"] = time.monotonic()
+
+        with _Claims(name) as claims:
+            th, out = self.run_worker(handle, duration=60)
+            self.assertTrue(wait_until(lambda: q.stats()["succeeded"] == 40, 20))
+            q.submit([{"task_id": long_id, "task_type": "x"}])
+            self.assertTrue(wait_until(lambda: "start" in span, 10))
+            time.sleep(0.05)
+            # Short tasks keep coming while the long one runs.
+            q.submit([{"task_id": unique("short"), "task_type": "x"} for _ in range(30)])
+            self.assertTrue(wait_until(lambda: q.stats()["succeeded"] == 71, 20))
+            handle.stop()
+            th.join(15)
+        self.assertEqual(out["succeeded"], 71)
+        during = [c for c in claims.list if span["start"] + 0.02 < c["at"] < span["end"] - 0.005]
+        self.assertTrue(during, "claims were made while the long task ran")
+        self.assertTrue(all(c["max"] <= 1 for c in during), [c["max"] for c in during])
+        self.assertTrue(any(c["got"] > 2 for c in claims.list), "short tasks were claimed ahead before it")
+
+    def test_tasks_claimed_ahead_are_not_started_once_their_session_is_lost(self) -> None:
+        name = unique("q-lostahead")
+        q = self.c.queue(name)
+        q.submit([{"task_id": unique("warm"), "task_type": "x"} for _ in range(20)])
+        held = [unique("h") for _ in range(8)]
+        starts: List[Dict[str, Any]] = []
+        holder: Dict[str, Any] = {}
+
+        @self.c.worker(name, concurrency=1, prefetch=8, ttl=3, wait=1)
+        def handle(task):
+            starts.append({"id": task.id, "session": task.session.id, "attempt": task.attempt})
+            if task.id not in held or holder:
+                return None
+            holder["id"], holder["session"] = task.id, task.session
+            self.assertTrue(wait_until(lambda: handle.waiting > 0, 5), "tasks claimed ahead wait behind this one")
+            # The session ends server-side while tasks wait behind this one.
+            self.c._t.request("DELETE", "/v1/sessions/%s" % task.session.id)
+            task.lost.wait(10)
+            return "too late"
+
+        th, out = self.run_worker(handle, duration=60)
+        self.assertTrue(wait_until(lambda: q.stats()["succeeded"] == 20, 20))
+        q.submit([{"task_id": i, "task_type": "x"} for i in held])
+        self.assertTrue(wait_until(lambda: q.stats()["succeeded"] == 28, 20), handle.stats)
+        handle.stop()
+        th.join(15)
+        self.assertIn("id", holder)
+        under_lost = [s["id"] for s in starts if s["session"] == holder["session"].id and s["id"] in held]
+        self.assertEqual(under_lost, [holder["id"]], "nothing claimed ahead started under the lost session")
+        self.assertGreaterEqual(out["lost"], 2, out)
+        rest = [s["id"] for s in starts if s["id"] in held and s["id"] != holder["id"]]
+        self.assertEqual(sorted(rest), sorted(set(held) - {holder["id"]}), "each of the others ran once")
+
+
+class PrefetchProcessTest(unittest.TestCase):
+    """Worker processes holding tasks claimed ahead: SIGKILLed, drained."""
+
+    def setUp(self) -> None:
+        self.c = drover.Client(srv.url)
+        self.dir = tempfile.mkdtemp(prefix="drover-pyprefetch-")
+        self.addCleanup(shutil.rmtree, self.dir, True)
+        self.procs: List[Any] = []
+
+    def tearDown(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait(10)
+            for f in (p.stdout, p.stderr, p.stdin):
+                if f:
+                    f.close()
+        self.c.close()
+
+    def start(self, name: str, ttl: int) -> Dict[str, Any]:
+        w = {"out": os.path.join(self.dir, name + ".out"), "stats": os.path.join(self.dir, name + ".stats")}
+        w["proc"] = spawn(
+            "prefetch_proc.py", "--url", srv.url, "--queue", name, "--out", w["out"], "--stats", w["stats"],
+            "--concurrency", "1", "--prefetch", "8", "--ttl", str(ttl),
+        )
+        self.procs.append(w["proc"])
+        return w
+
+    @staticmethod
+    def stats(w: Dict[str, Any]) -> Dict[str, Any]:
+        try:
+            with open(w["stats"]) as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            return {}
+
+    def hold_ahead(self, q: drover.Queue, w: Dict[str, Any], hold_ms: int) -> List[str]:
+        """Warm the worker up with short tasks (so that it claims ahead),
+        then give it 8 tasks at once: the first to start runs for hold_ms,
+        and the others, claimed with it, wait behind it."""
+        q.submit([{"task_id": unique("warm"), "task_type": "x"} for _ in range(20)])
+        self.assertTrue(wait_until(lambda: q.stats()["succeeded"] == 20, 20), read_json_lines(w["out"]))
+        held = [unique("h") for _ in range(8)]
+        q.submit([{"task_id": i, "task_type": "x", "parameters": {"hold": hold_ms}} for i in held])
+        ok = wait_until(
+            lambda: any(r["hold"] for r in read_json_lines(w["out"])) and self.stats(w).get("waiting", 0) > 0, 20
+        )
+        self.assertTrue(ok, "tasks claimed ahead wait behind the held one: %s" % self.stats(w))
+        return held
+
+    def test_sigkilled_worker_loses_no_task_claimed_ahead(self) -> None:
+        name = unique("q-killahead")
+        q = self.c.queue(name)
+        w = self.start(name, ttl=2)
+        held = self.hold_ahead(q, w, 60000)
+        waiting = self.stats(w)["waiting"]
+        w["proc"].kill()
+        killed = time.monotonic()
+        w["proc"].wait(10)
+        dead_claimed = [i for i in held if q.get(i).status == "RUNNING"]
+        self.assertGreaterEqual(len(dead_claimed), 1 + waiting, dead_claimed)
+        handled: Dict[str, int] = {}
+        mu = threading.Lock()
+
+        @self.c.worker(name, concurrency=4, ttl=5, wait=1)
+        def rescue(task):
+            with mu:
+                handled[task.id] = handled.get(task.id, 0) + 1
+            return {"by": "rescuer"}
+
+        out: Dict[str, int] = {}
+        th = threading.Thread(target=lambda: out.update(rescue.run(handle_signals=False, duration=60)), daemon=True)
+        th.start()
+        try:
+            self.assertTrue(wait_until(lambda: q.stats()["succeeded"] == 28, 20), q.stats())
+            back = time.monotonic() - killed
+        finally:
+            rescue.stop()
+            th.join(15)
+        self.assertGreaterEqual(back, 1.0, "the tasks came back after the TTL")
+        for i in held:
+            self.assertEqual(handled.get(i), 1, "%s ran once on the rescuer" % i)
+            t = q.get(i)
+            self.assertEqual(t.status, "SUCCEEDED")
+            self.assertEqual(t.result, {"by": "rescuer"})
+            if i in dead_claimed:
+                self.assertEqual(t.attempt, 2)
+        # Those claimed ahead never started on the dead worker.
+        started = [r["task_id"] for r in read_json_lines(w["out"]) if r["task_id"] in held]
+        self.assertEqual(len(started), 1, started)
+
+    def test_drain_runs_the_tasks_claimed_ahead(self) -> None:
+        name = unique("q-drainahead")
+        q = self.c.queue(name)
+        w = self.start(name, ttl=5)
+        self.hold_ahead(q, w, 700)
+        waiting = self.stats(w)["waiting"]
+        self.assertGreater(waiting, 0)
+        w["proc"].send_signal(signal.SIGTERM)
+        stdout, stderr = w["proc"].communicate(timeout=30)
+        self.assertEqual(w["proc"].returncode, 0, stderr)
+        final = last_json_line(stdout)
+        self.assertEqual(final["lost"], 0)
+        self.assertEqual(final["waiting"], 0)
+        self.assertEqual(final["succeeded"], final["claimed"], "every task claimed, ahead or not, ran and succeeded")
+        recs = read_json_lines(w["out"])
+        started = [r["task_id"] for r in recs]
+        self.assertEqual(len(started), final["claimed"])
+        self.assertEqual(len(set(started)), len(started), "each started once")
+        self.assertGreaterEqual(len(started), 21 + waiting, "the tasks that waited ran after SIGTERM")
+        for i in started:
+            self.assertEqual(q.get(i).status, "SUCCEEDED")
+        st = q.stats()
+        self.assertEqual((st["running"], st["succeeded"], st["pending"]), (0, final["claimed"], 28 - final["claimed"]))
+        r = self.c._t.request("GET", "/v1/sessions/%s" % recs[0]["session"], ok=(404,))
+        self.assertEqual(r.status, 404, "the worker's session was ended")
+
+
+if __name__ == "__main__":
+    unittest.main()
