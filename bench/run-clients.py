@@ -16,7 +16,7 @@ per system and the clients' ratios to the Go worker.
 --prefetch P is passed to every client worker process (its `prefetch`: the
 most tasks one claim takes, and how many it may claim ahead of its free
 slots while tasks take under 5 ms). Without it each process uses the
-clients' default, its own concurrency (C/W). The Go worker always runs with
+clients' default, 100 (held ahead: about 50 ms of work). The Go worker always runs with
 its default, --prefetch equal to its concurrency C. For the clients the
 JSON lines also give the workers' summed counts: tasks claimed ahead of a
 free slot, and tasks per claim request and outcomes per outcome request.
@@ -101,7 +101,7 @@ def run(system, srv, client, n, workers, conc, prefetch=None):
                     finals.append(json.loads(line))
                     break
     res = {"system": system, "tasks": n, "processes": len(procs), "concurrency": per * len(procs) if system != "go" else conc,
-           "prefetch": conc if system == "go" else (per if prefetch is None else prefetch),
+           "prefetch": conc if system == "go" else (100 if prefetch is None else prefetch),
            "seconds": round(secs, 2), "tasks_per_s": round(n / secs),
            "worker_cpu_ms_per_task": round(1000 * cpu / n, 3), "server_cpu_ms_per_task": round(1000 * scpu / n, 3)}
     if finals:
@@ -121,7 +121,7 @@ def main():
     ap.add_argument("--workers", type=int, default=16, help="processes per client language")
     ap.add_argument("--concurrency", type=int, default=64, help="total concurrency per system")
     ap.add_argument("--prefetch", type=int, default=None,
-                    help="the client workers' prefetch (default: their concurrency, the clients' default); the Go worker keeps its default")
+                    help="the client workers' prefetch (default: 100, the clients' default); the Go worker keeps its default")
     ap.add_argument("--systems", default="go,js,python")
     a = ap.parse_args()
     srv = Server().start()

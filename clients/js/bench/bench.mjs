@@ -5,7 +5,7 @@
 //
 //   npm run build && node bench/bench.mjs [--url URL] [--tasks 20000] [--workers 16] [--concurrency 8] [--prefetch P]
 //
-// --prefetch is passed to each worker (default: its concurrency).
+// --prefetch is passed to each worker (default: 100, the client's default).
 //
 // Without --url (or $DROVER_URL) it starts a drover server of its own
 // ($DROVER_BIN, else built from this repository) on free loopback ports.
@@ -79,7 +79,7 @@ try {
     tasks: N,
     workers: W,
     concurrency: Number(a.concurrency),
-    prefetch: Number(a.prefetch ?? a.concurrency),
+    prefetch: Number(a.prefetch ?? 100),
     seconds: Number(seconds.toFixed(3)),
     tasks_per_second: Number(rate.toFixed(1)),
     submit_seconds: Number(submitSeconds.toFixed(3)),

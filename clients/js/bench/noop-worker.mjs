@@ -5,7 +5,7 @@
 //   node bench/noop-worker.mjs --url URL --queue Q --concurrency N [--prefetch P]
 //        [--namespace NS] [--wait 2s] [--idle-exit 3] [--max-seconds 600] [--wait-go]
 //
-// --prefetch is the worker's `prefetch` (default: its concurrency, the
+// --prefetch is the worker's `prefetch` (default: 100, the
 // client's default). It claims and acks until SIGTERM/SIGINT (it drains), or
 // until no task came for --idle-exit seconds after its first one, or
 // --max-seconds passed; then prints one JSON line: {"pid","claimed",

@@ -18,7 +18,8 @@ import { Checkpoints } from "./checkpoints.js";
 import { Breakers, Limits, Quotas } from "./flow.js";
 import { Transport, type ClientOptions } from "./http.js";
 import { acquireLock, lockStatus, type Lock, type LockOptions } from "./locks.js";
-import { DeadLetters, Queues, Worker, type SubmitResult, type SubmittedTask, type TaskHandler, type WorkerOptions } from "./queue.js";
+import { DeadLetters, Queues, type SubmitResult, type SubmittedTask } from "./queue.js";
+import { Worker, type TaskHandler, type WorkerOptions } from "./worker.js";
 import { Registry } from "./registry.js";
 import { Session, type SessionOptions } from "./session.js";
 import type { LockStatus } from "./errors.js";
@@ -31,7 +32,6 @@ export { Lock, type LockAcquired, type LockOptions } from "./locks.js";
 export {
   Queues,
   DeadLetters,
-  Worker,
   type BulkResult,
   type Outcome,
   type OutcomeResult,
@@ -40,12 +40,9 @@ export {
   type QueueTransition,
   type SubmitResult,
   type SubmittedTask,
-  type TaskContext,
-  type TaskHandler,
   type TaskPage,
-  type WorkerOptions,
-  type WorkerStats,
 } from "./queue.js";
+export { Worker, type TaskContext, type TaskHandler, type WorkerOptions, type WorkerStats } from "./worker.js";
 export { AgentTasks, type AgentTask, type AgentTaskClaim, type RunStepsOptions, type RunStepsResult, type Step, type StepContext, type StepFn } from "./agent.js";
 export { Limits, Quotas, Breakers, type AllowResult, type BreakerInfo, type LimitInfo, type QuotaInfo, type Slot, type TakeOptions, type TakeResult } from "./flow.js";
 export { Registry, Registration, type Endpoint, type RegistryEvent, type WatchOptions } from "./registry.js";

@@ -51,10 +51,43 @@ function recordingClient() {
   return { client, claims };
 }
 
-test("prefetch: a worker is checked: 1 to 100, default its concurrency (at most 100)", () => {
+test("prefetch: a worker is checked: 1 to 100, default 100", async () => {
   for (const bad of [0, 101, 2.5, -1]) {
     assert.throws(() => drover.worker(uniq("q"), { prefetch: bad, signals: false }, () => null), RangeError, String(bad));
   }
+  const w = drover.worker(uniq("q"), { concurrency: 2, signals: false, wait: 0.2 }, () => null);
+  assert.equal(w.prefetch, 100);
+  await w.drain();
+});
+
+test("prefetch: the tasks held ahead are about 50 ms of work at the measured average", async () => {
+  // The rule itself, on the worker's running average (ms) of its tasks.
+  const w = drover.worker(uniq("q"), { concurrency: 2, signals: false, wait: 0.2 }, () => null);
+  for (const [taskTime, ahead] of [[0, 0], [0.1, 100], [2, 50], [4, 25], [4.9, 20], [5, 0], [20, 0]]) {
+    w.taskTime = taskTime;
+    assert.equal(w.aheadLimit(), ahead, `average task time ${taskTime} ms`);
+    assert.equal(w.cap(), 2 + ahead);
+  }
+  await w.drain();
+  const capped = drover.worker(uniq("q"), { concurrency: 2, prefetch: 8, signals: false, wait: 0.2 }, () => null);
+  capped.taskTime = 0.1;
+  assert.equal(capped.aheadLimit(), 8, "never more than prefetch");
+  await capped.drain();
+});
+
+test("prefetch: by default short tasks are claimed many at a time", async () => {
+  const q = uniq("default");
+  const n = 600;
+  await drover.submit(q, Array.from({ length: n }, (_, i) => ({ task_id: `d-${i}`, task_type: "t" })));
+  const { client, claims } = recordingClient();
+  const w = client.worker(q, { concurrency: 2, wait: 1, signals: false }, () => null);
+  await until(async () => (await drover.tasks.stats(q)).succeeded === n, 30_000, "every task succeeded");
+  const st = await w.drain();
+  assert.equal(st.succeeded, n);
+  assert.equal(claims[0].max, 2, "the first claim is for the free slots");
+  assert.ok(claims.every((c) => c.got <= c.max && c.max <= 100));
+  const most = Math.max(...claims.map((c) => c.got));
+  assert.ok(most > 8, `claims took ${claims.map((c) => c.got).join(",")}`);
 });
 
 test("prefetch: short tasks are claimed ahead of the free slots, never more than concurrency run at once", async () => {

@@ -11,7 +11,7 @@ submission until the queue reports every task SUCCEEDED. The workers are
 then drained with SIGTERM and their counts summed. The last line printed is
 one JSON object: tasks, workers, concurrency, submit_s, seconds (submission
 to the last success), tasks_per_s, and the workers' summed counts.
---prefetch is passed to each worker (default: its concurrency).
+--prefetch is passed to each worker (default: 100, the client's default).
 """
 
 import argparse
@@ -38,7 +38,7 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, default=20000)
     ap.add_argument("--workers", type=int, default=16)
     ap.add_argument("--concurrency", type=int, default=8)
-    ap.add_argument("--prefetch", type=int, default=None, help="each worker's prefetch (default: --concurrency)")
+    ap.add_argument("--prefetch", type=int, default=None, help="each worker's prefetch (default: 100, the client's default)")
     ap.add_argument("--queue", default=None, help="default: a new queue per run")
     ap.add_argument("--timeout", type=float, default=600, help="give up after this many seconds")
     a = ap.parse_args()
@@ -122,7 +122,7 @@ def main() -> None:
                 tasks=a.tasks,
                 workers=a.workers,
                 concurrency=a.concurrency,
-                prefetch=a.prefetch if a.prefetch is not None else a.concurrency,
+                prefetch=a.prefetch if a.prefetch is not None else 100,
                 submit_s=round(submit_s, 3),
                 seconds=round(secs, 3),
                 tasks_per_s=round(a.tasks / secs, 1),

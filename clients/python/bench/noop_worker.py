@@ -3,7 +3,7 @@ the server, not the work.
 
     python3 bench/noop_worker.py --url http://127.0.0.1:8080 --queue bench --concurrency 8 [--prefetch P]
 
---prefetch is the worker's ``prefetch`` (default: its concurrency, the
+--prefetch is the worker's ``prefetch`` (default: 100, the
 client's default). Runs until SIGTERM/SIGINT (or --idle-timeout seconds
 without a task, or --max-tasks claimed), drains, and prints one JSON line
 with its counts: claimed, succeeded, failed, dead, lost, not_found, errors,
@@ -26,7 +26,7 @@ def main() -> None:
     ap.add_argument("--url", default=os.environ.get("DROVER_URL", "http://127.0.0.1:8080"))
     ap.add_argument("--queue", required=True)
     ap.add_argument("--concurrency", type=int, default=8)
-    ap.add_argument("--prefetch", type=int, default=None, help="most tasks per claim (default: --concurrency)")
+    ap.add_argument("--prefetch", type=int, default=None, help="most tasks per claim and held ahead (default: 100)")
     ap.add_argument("--ttl", type=int, default=15, help="session TTL, seconds")
     ap.add_argument("--wait", type=float, default=2.0, help="longest claim long poll, seconds")
     ap.add_argument("--idle-timeout", type=float, default=None, help="stop after this many seconds without a task")

@@ -62,13 +62,39 @@ class PrefetchTest(ClientTest):
         th.start()
         return th, out
 
-    def test_prefetch_is_checked_and_defaults_to_concurrency(self) -> None:
+    def test_prefetch_is_checked_and_defaults_to_100(self) -> None:
         for bad in (0, 101, -1):
             with self.assertRaises(ValueError):
                 self.c.worker("q", concurrency=2, prefetch=bad)(lambda t: None)
-        self.assertEqual(self.c.worker("q", concurrency=3)(lambda t: None).prefetch, 3)
+        self.assertEqual(self.c.worker("q", concurrency=3)(lambda t: None).prefetch, 100)
         self.assertEqual(self.c.worker("q", concurrency=500)(lambda t: None).prefetch, 100)
         self.assertEqual(drover.worker("q", concurrency=2, prefetch=7)(lambda t: None).prefetch, 7)
+
+    def test_tasks_held_ahead_are_about_50ms_of_work(self) -> None:
+        w = self.c.worker("q", concurrency=2)(lambda t: None)
+        for task_time, ahead in ((0, 0), (0.0001, 100), (0.002, 50), (0.004, 25), (0.0049, 20), (0.005, 0), (0.02, 0)):
+            w._task_time = task_time
+            self.assertEqual(w._ahead_limit(), ahead, "average task time %s s" % task_time)
+            self.assertEqual(w._cap(), 2 + ahead)
+        w = self.c.worker("q", concurrency=2, prefetch=8)(lambda t: None)
+        w._task_time = 0.0001
+        self.assertEqual(w._ahead_limit(), 8, "never more than prefetch")
+
+    def test_by_default_short_tasks_are_claimed_many_at_once(self) -> None:
+        name = unique("q-default")
+        n = 600
+        self.c.queue(name).submit([{"task_id": unique("d"), "task_type": "x"} for _ in range(n)])
+
+        @self.c.worker(name, concurrency=2, ttl=5, wait=1)
+        def handle(task):
+            return None
+
+        with _Claims(name) as claims:
+            stats = handle.run(idle_timeout=1.0, duration=60, handle_signals=False)
+        self.assertEqual(stats["succeeded"], n)
+        self.assertEqual(claims.list[0]["max"], 2, "the first claim is for the free slots")
+        self.assertTrue(all(c["got"] <= c["max"] <= 100 for c in claims.list))
+        self.assertGreater(max(c["got"] for c in claims.list), 8, [c["got"] for c in claims.list])
 
     def test_short_tasks_are_claimed_ahead_of_free_slots(self) -> None:
         name = unique("q-ahead")

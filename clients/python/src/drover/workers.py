@@ -31,6 +31,9 @@ Handler = Callable[[Task], Any]
 # a claim's round trip is then most of a task's time. Longer tasks are not,
 # so that a worker does not sit on tasks that others could run.
 AHEAD_BELOW = 0.005
+# The work (seconds, at the measured average task time) the tasks claimed
+# ahead may hold: the longest a task waits in the worker for a slot.
+AHEAD_WORK = 0.05
 # How long a claim waits for room for half a claim before it claims less.
 _GATHER = 0.003
 
@@ -64,14 +67,16 @@ class Worker:
     token: one request in flight at a time, carrying every outcome that
     became ready meanwhile (up to 256).
 
-    ``prefetch`` (default ``concurrency``, at most 100, the server's
-    largest claim) is the most tasks one claim takes. While the worker's
-    tasks take less than 5 ms on average and none running has run longer,
-    it also claims up to ``prefetch`` tasks ahead of a free running slot,
-    so that the next claim's round trip overlaps the work; they wait in the
-    worker and start, in claim order, as slots free up. Otherwise it claims
-    only for free slots, so that it does not sit on tasks other workers
-    could run. A task claimed ahead whose session is lost before it starts
+    ``prefetch`` (default 100, the server's largest claim; 1 to 100) is
+    the most tasks one claim takes and the most the worker holds ahead of
+    its free running slots. While the worker's tasks take less than 5 ms on
+    average and none running has run longer, it claims ahead of its free
+    slots as many tasks as its slots finish in about 50 ms at the measured
+    average (at most ``prefetch``), so that the next claim's round trip
+    overlaps the work; they wait in the worker and start, in claim order,
+    as slots free up. Otherwise it claims only for free slots, so that it
+    does not sit on tasks other workers could run. ``prefetch=concurrency``
+    is the Go worker's default. A task claimed ahead whose session is lost before it starts
     is not started (counted as ``lost``): it runs again elsewhere.
 
     A handler that returns succeeds; one that raises
@@ -119,7 +124,7 @@ class Worker:
         self.queue = queue
         self.fn = fn
         self.concurrency = int(concurrency)
-        self.prefetch = int(prefetch) if prefetch is not None else min(self.concurrency, MAX_CLAIM)
+        self.prefetch = int(prefetch) if prefetch is not None else MAX_CLAIM
         self.ttl = int(ttl)
         self.wait = float(wait)
         self.name = name
@@ -393,23 +398,24 @@ class Worker:
 
     def _cap(self) -> int:
         """The most tasks the worker may hold now (with self._mu held)."""
-        return self.concurrency + (self.prefetch if self._ahead_ok() else 0)
+        return self.concurrency + self._ahead_limit()
 
     def _room(self) -> int:
         """How many more tasks the worker may claim now (with self._mu held)."""
         return self._cap() - self._held
 
-    def _ahead_ok(self) -> bool:
-        """Whether tasks may be claimed ahead of a free running slot: the
-        handlers took under AHEAD_BELOW on average and none running has run
-        longer (with self._mu held)."""
+    def _ahead_limit(self) -> int:
+        """How many tasks may be held ahead of the running slots: none
+        unless the handlers took under AHEAD_BELOW on average and none
+        running has run longer, else about AHEAD_WORK of work at that
+        average, at most prefetch (with self._mu held)."""
         if self._task_time <= 0 or self._task_time >= AHEAD_BELOW:
-            return False
+            return 0
         since = time.monotonic() - AHEAD_BELOW
         for started in self._active.values():
             if started < since:
-                return False
-        return True
+                return 0
+        return min(self.prefetch, max(1, int(self.concurrency * AHEAD_WORK / self._task_time)))
 
     def _drop_waiting(self, slot: _Slot) -> None:
         """Drop the tasks claimed ahead under a lost session: they run again

@@ -1,0 +1,475 @@
+// Queue workers: claims with long polls, tasks claimed ahead while they are
+// short, outcomes sent fenced by their claims' tokens, in batches.
+import { ConnectionError, DroverError, InvalidInputError, isPermanent } from "./errors.js";
+import { durMs, sleep, type Transport } from "./http.js";
+import { Queues, type Outcome, type OutcomeResult, type QueueTask } from "./queue.js";
+import { Session } from "./session.js";
+/** What a task handler gets besides the task. */
+export interface TaskContext {
+  /** Fires when the claim's session is lost (the task runs again elsewhere) or the worker stops hard. */
+  signal: AbortSignal;
+  /** The claim's fencing token: pass it to your own systems with every write. */
+  token: number;
+  /** The attempt number, from 1. */
+  attempt: number;
+  /** The session the task is claimed under. */
+  session: Session;
+}
+
+export type TaskHandler = (task: QueueTask, ctx: TaskContext) => unknown | Promise<unknown>;
+
+export interface WorkerOptions {
+  /** Tasks run at once (default 1). */
+  concurrency?: number;
+  /**
+   * The most tasks one claim takes, and the most the worker holds ahead of
+   * its free running slots (default 100, the server's largest claim; 1 to
+   * 100). While the worker's tasks take less than 5 ms on average and none
+   * running has run longer, it claims ahead of its free slots as many tasks
+   * as its slots finish in about 50 ms at the measured average (at most
+   * `prefetch`), so that the next claim's round trip overlaps the work:
+   * they wait in the worker, in claim order, and start as slots come free.
+   * Otherwise it claims only for free slots, so that it does not sit on
+   * tasks other workers could run. `prefetch: concurrency` is the Go
+   * worker's default.
+   */
+  prefetch?: number;
+  /** Claim under this session (not closed by the worker). Default: the worker's own, renewed if lost. */
+  session?: Session;
+  /** TTL in seconds of the worker's own session (default 15). */
+  ttl?: number;
+  /** The worker's name, shown as the holder of its claims. */
+  name?: string;
+  /** How long one claim waits for tasks (default "20s", at most the server's 60 s). */
+  wait?: number | string;
+  /** Drain on these signals (default SIGTERM and SIGINT); false or [] to handle none. */
+  signals?: NodeJS.Signals[] | false;
+  /** Called with errors the worker recovers from (claim failures, outcome failures). */
+  onError?: (err: unknown) => void;
+}
+
+export interface WorkerStats {
+  /** Tasks claimed. */
+  claimed: number;
+  /** Outcomes accepted as a success. */
+  succeeded: number;
+  /** Failures accepted (retried, or dead when out of retries). */
+  failed: number;
+  /** Failures sent as permanent (to the dead-letter queue). */
+  permanent: number;
+  /**
+   * Outcomes dropped because the claim was lost (409/404, or the session
+   * ended), and tasks claimed ahead that were not started because their
+   * claim's session was lost.
+   */
+  lost: number;
+  /** Tasks running now. */
+  running: number;
+  /** Tasks claimed ahead of a free running slot (they waited for one), so far. */
+  ahead: number;
+  /** Tasks claimed ahead that wait for a running slot now. */
+  waiting: number;
+  /** Claim requests sent. */
+  claimRequests: number;
+  /** Outcome requests sent (each carries up to 256 outcomes). */
+  outcomeRequests: number;
+}
+
+/** The largest result a task keeps (256 KiB of JSON). */
+const MAX_RESULT = 256 << 10;
+/** The most tasks one claim takes (the server's limit). */
+const MAX_CLAIM = 100;
+/** The most outcomes one request carries (the server's limit). */
+const MAX_OUTCOMES = 256;
+/**
+ * Tasks are claimed ahead of a free running slot while the worker's tasks
+ * take less than this on average (ms) and none running has run longer: a
+ * claim's round trip is then most of a task's time. Longer tasks are not,
+ * so that a worker does not sit on tasks that others could run.
+ */
+const AHEAD_BELOW_MS = 5;
+/**
+ * The work (ms, at the measured average task time) the tasks claimed ahead
+ * may hold: the longest a task waits in the worker for a slot.
+ */
+const AHEAD_WORK_MS = 50;
+/** How long (ms) a claim waits for half a claim's worth of room before it claims less. */
+const GATHER_MS = 3;
+
+/** The byte length of v as JSON, or -1 when it cannot be. */
+function jsonSize(v: unknown): number {
+  try {
+    return Buffer.byteLength(JSON.stringify(v) ?? "null");
+  } catch {
+    return -1;
+  }
+}
+
+interface PendingOutcome {
+  outcome: Outcome;
+  resolve: (r: OutcomeResult | undefined) => void;
+}
+
+/** A task claimed ahead, waiting for a running slot. */
+interface Waiting {
+  task: QueueTask;
+  session: Session;
+}
+
+/**
+ * A queue worker: claims tasks with long polls, runs up to `concurrency` at
+ * once, and sends each outcome fenced by its claim's token (batched: one
+ * outcome request in flight at a time, carrying every outcome that became
+ * ready meanwhile, up to 256). While tasks are short (under 5 ms on
+ * average) it claims tasks ahead of its free slots (see
+ * {@link WorkerOptions.prefetch}). A handler that throws {@link Permanent}
+ * sends the task to the dead-letter queue; any other error is retried with
+ * the queue's backoff. On SIGTERM (or {@link drain}) it stops claiming,
+ * lets the running tasks finish, runs the tasks it claimed ahead (there is
+ * no route to hand a claim back, and they were claimed only while tasks
+ * took under 5 ms), sends their outcomes and ends its session. A task
+ * claimed ahead whose session is lost before it starts is not started: it
+ * runs again elsewhere.
+ */
+export class Worker {
+  readonly queue: string;
+  /** Resolves with the final counts once the worker has drained. */
+  readonly done: Promise<WorkerStats>;
+  private readonly q: Queues;
+  private readonly t: Transport;
+  private readonly handler: TaskHandler;
+  private readonly concurrency: number;
+  /** The most tasks one claim takes and the most held ahead of free slots (see {@link WorkerOptions.prefetch}). */
+  readonly prefetch: number;
+  private readonly waitMs: number;
+  private readonly opts: WorkerOptions;
+  private session: Session | undefined;
+  private readonly drainAc = new AbortController();
+  /** The running tasks, with when their handler started (performance.now()). */
+  private readonly running = new Map<Promise<void>, number>();
+  /** Tasks claimed ahead of a free slot, in claim order. */
+  private readonly waiting: Waiting[] = [];
+  /** A running average of how long handlers take, in ms (0: none ran yet). */
+  private taskTime = 0;
+  /** Outcomes handed to the batch sender and not yet answered. */
+  private readonly sending = new Set<Promise<void>>();
+  private readonly maxSending: number;
+  private slotWaiter: (() => void) | undefined;
+  private readonly pending = new Map<Session, PendingOutcome[]>();
+  private flushing: Promise<void> | undefined;
+  private readonly watched = new WeakSet<Session>();
+  private readonly counts = { claimed: 0, succeeded: 0, failed: 0, permanent: 0, lost: 0, ahead: 0, claimRequests: 0, outcomeRequests: 0 };
+  private readonly onSignal: () => void;
+  private readonly signals: NodeJS.Signals[];
+
+  /** @internal use {@link Drover.worker} */
+  constructor(t: Transport, queue: string, opts: WorkerOptions, handler: TaskHandler) {
+    this.t = t;
+    this.q = new Queues(t);
+    this.queue = queue;
+    this.opts = opts;
+    this.handler = handler;
+    this.concurrency = Math.max(1, opts.concurrency ?? 1);
+    if (opts.prefetch !== undefined && !(Number.isInteger(opts.prefetch) && opts.prefetch >= 1 && opts.prefetch <= MAX_CLAIM)) {
+      throw new RangeError(`drover: prefetch must be an integer from 1 to ${MAX_CLAIM}, not ${opts.prefetch}`);
+    }
+    this.prefetch = opts.prefetch ?? MAX_CLAIM;
+    this.maxSending = 4 * (this.concurrency + this.prefetch);
+    this.waitMs = Math.min(60_000, durMs(opts.wait, 20_000));
+    this.session = opts.session;
+    this.signals = opts.signals === false ? [] : opts.signals ?? ["SIGTERM", "SIGINT"];
+    // The first signal drains; the handler is then removed, so that a second
+    // one ends the process as it would without a worker.
+    this.onSignal = () => {
+      for (const sig of this.signals) process.off(sig, this.onSignal);
+      void this.drain();
+    };
+    for (const s of this.signals) process.on(s, this.onSignal);
+    this.done = this.loop().finally(() => {
+      for (const s of this.signals) process.off(s, this.onSignal);
+    });
+  }
+
+  /** The counts so far. */
+  get stats(): WorkerStats {
+    return { ...this.counts, running: this.running.size, waiting: this.waiting.length };
+  }
+
+  /** The session claims are made under now (undefined before the first claim). */
+  get currentSession(): Session | undefined {
+    return this.session;
+  }
+
+  /** True once draining started. */
+  get draining(): boolean {
+    return this.drainAc.signal.aborted;
+  }
+
+  /**
+   * Stops claiming, lets the running tasks finish, runs the tasks claimed
+   * ahead, sends their outcomes and ends the session.
+   */
+  drain(): Promise<WorkerStats> {
+    if (!this.drainAc.signal.aborted) this.drainAc.abort(new Error("worker draining"));
+    this.wake();
+    return this.done;
+  }
+
+  private report(err: unknown): void {
+    try {
+      this.opts.onError?.(err);
+    } catch {
+      /* the callback's own failure is not the worker's */
+    }
+  }
+
+  private wake(): void {
+    const w = this.slotWaiter;
+    this.slotWaiter = undefined;
+    w?.();
+  }
+
+  /** Resolves when a task ends, an outcome is answered, or the worker drains; or after ms. */
+  private changed(ms?: number): Promise<void> {
+    return new Promise<void>((resolve) => {
+      let timer: NodeJS.Timeout | undefined;
+      const done = () => {
+        clearTimeout(timer);
+        if (this.slotWaiter === done) this.slotWaiter = undefined;
+        resolve();
+      };
+      this.slotWaiter = done;
+      if (ms !== undefined) timer = setTimeout(done, Math.max(0, ms));
+    });
+  }
+
+  private async ensureSession(): Promise<Session> {
+    if (!(this.session && this.session.alive)) {
+      if (this.opts.session) throw this.opts.session.signal.reason ?? new Error("the worker's session ended");
+      this.session = await Session.create(this.t, { ttl: this.opts.ttl ?? 15, name: this.opts.name ?? `worker-${process.pid}` });
+    }
+    const s = this.session;
+    if (!this.watched.has(s)) {
+      this.watched.add(s);
+      // The claims went with the session: tasks claimed ahead under it are not started.
+      s.signal.addEventListener("abort", () => this.dropWaiting(s), { once: true });
+    }
+    return s;
+  }
+
+  /** Drops the tasks claimed ahead under a session that ended: they run again elsewhere. */
+  private dropWaiting(session: Session): void {
+    let dropped = 0;
+    for (let i = this.waiting.length - 1; i >= 0; i--) {
+      if (this.waiting[i]!.session === session) {
+        this.waiting.splice(i, 1);
+        dropped++;
+      }
+    }
+    if (dropped) {
+      this.counts.lost += dropped;
+      this.wake();
+    }
+  }
+
+  /**
+   * How many tasks may be held ahead of the running slots now: none unless
+   * tasks are short (see AHEAD_BELOW_MS), else about AHEAD_WORK_MS of work,
+   * at most prefetch.
+   */
+  private aheadLimit(): number {
+    if (this.taskTime <= 0 || this.taskTime >= AHEAD_BELOW_MS) return 0;
+    const since = performance.now() - AHEAD_BELOW_MS;
+    for (const started of this.running.values()) if (started < since) return 0;
+    return Math.min(this.prefetch, Math.max(1, Math.floor((this.concurrency * AHEAD_WORK_MS) / this.taskTime)));
+  }
+
+  /** The most tasks the worker may hold now (running and waiting). */
+  private cap(): number {
+    return this.concurrency + this.aheadLimit();
+  }
+
+  /** How many more tasks the worker may hold now. */
+  private room(): number {
+    return this.cap() - this.running.size - this.waiting.length;
+  }
+
+  private sampleTaskTime(ms: number): void {
+    this.taskTime = Math.max(1e-6, this.taskTime === 0 ? ms : this.taskTime + (ms - this.taskTime) / 8);
+  }
+
+  /** Starts tasks claimed ahead while running slots are free, in claim order. */
+  private pump(): void {
+    while (this.running.size < this.concurrency && this.waiting.length) {
+      const { task, session } = this.waiting.shift()!;
+      if (!session.alive) {
+        // The claim went with the session: the task runs again elsewhere.
+        this.counts.lost++;
+        continue;
+      }
+      const started = performance.now();
+      const p: Promise<void> = this.run(task, session, started).finally(() => {
+        this.running.delete(p);
+        this.pump();
+        this.wake();
+      });
+      this.running.set(p, started);
+    }
+  }
+
+  private async loop(): Promise<WorkerStats> {
+    let backoff = 250;
+    const drain = this.drainAc.signal;
+    try {
+      while (!drain.aborted) {
+        // A slot is free once its handler returned; its outcome goes out
+        // in the next batch. Outcomes not yet answered are bounded too.
+        if (this.room() <= 0 || this.sending.size >= this.maxSending) {
+          await this.changed();
+          continue;
+        }
+        // With tasks held, wait a moment for room for half a claim, so
+        // that one claim takes several tasks rather than one at a time.
+        if (this.running.size + this.waiting.length > 0) {
+          const half = Math.max(1, Math.floor(Math.min(this.prefetch, this.cap()) / 2));
+          const until = performance.now() + GATHER_MS;
+          while (!drain.aborted && this.room() < half && performance.now() < until) await this.changed(until - performance.now());
+          if (drain.aborted) break;
+          if (this.room() <= 0) continue;
+        }
+        let session: Session;
+        try {
+          session = await this.ensureSession();
+        } catch (err) {
+          if (this.opts.session) throw err;
+          this.report(err);
+          await sleep(backoff, drain).catch(() => {});
+          backoff = Math.min(5000, backoff * 2);
+          continue;
+        }
+        const n = Math.min(this.prefetch, MAX_CLAIM, this.room());
+        if (n <= 0) continue;
+        let tasks: QueueTask[];
+        try {
+          this.counts.claimRequests++;
+          tasks = await this.q.claim(this.queue, { session, max: n, wait: this.waitMs / 1000, signal: drain });
+          backoff = 250;
+        } catch (err) {
+          if (drain.aborted) break;
+          if (!session.alive) continue; // a new session next round
+          // A bad queue name is not something waiting fixes.
+          if (err instanceof InvalidInputError) throw err;
+          this.report(err);
+          await sleep(backoff, drain).catch(() => {});
+          backoff = Math.min(5000, backoff * 2);
+          continue;
+        }
+        if (tasks.length === 0) continue;
+        const free = this.waiting.length ? 0 : Math.max(0, this.concurrency - this.running.size);
+        this.counts.claimed += tasks.length;
+        this.counts.ahead += Math.max(0, tasks.length - free);
+        for (const task of tasks) this.waiting.push({ task, session });
+        if (!session.alive) this.dropWaiting(session);
+        this.pump();
+      }
+    } finally {
+      // The tasks claimed ahead run too (those whose session is lost are
+      // dropped): no route hands a claim back, and they are short.
+      for (;;) {
+        this.pump();
+        if (this.running.size === 0) break;
+        await Promise.allSettled([...this.running.keys()]);
+      }
+      await Promise.allSettled([...this.sending]);
+      await this.flush();
+      if (this.session && this.session !== this.opts.session) await this.session.close().catch((e) => this.report(e));
+    }
+    return this.stats;
+  }
+
+  private async run(task: QueueTask, session: Session, started: number): Promise<void> {
+    const token = task.token ?? 0;
+    const ctx: TaskContext = { signal: session.signal, token, attempt: task.attempt, session };
+    let outcome: Outcome;
+    try {
+      const result = await this.handler(task, ctx);
+      this.sampleTaskTime(performance.now() - started);
+      const value = result === undefined ? null : result;
+      const size = jsonSize(value);
+      if (size < 0) outcome = { task_id: task.task_id, token, error: "the handler's result is not JSON (a BigInt, a cycle...)", permanent: true };
+      else if (size > MAX_RESULT) outcome = { task_id: task.task_id, token, error: `the handler's result is ${size} bytes of JSON, over the ${MAX_RESULT} a task keeps`, permanent: true };
+      else outcome = { task_id: task.task_id, token, ok: true, result: value };
+    } catch (err) {
+      this.sampleTaskTime(performance.now() - started);
+      const msg = err instanceof Error ? err.message || err.name : String(err);
+      outcome = { task_id: task.task_id, token, error: msg.slice(0, 65536) || "error", permanent: isPermanent(err) };
+    }
+    if (!session.alive) {
+      // The claim went with the session: the task runs again elsewhere.
+      this.counts.lost++;
+      return;
+    }
+    // The slot frees now; the outcome is counted once the server answers.
+    const sent: Promise<void> = this.send(session, outcome).then((r) => {
+      if (!r || r.status !== 200) this.counts.lost++;
+      else if (outcome.ok) this.counts.succeeded++;
+      else if (outcome.permanent) this.counts.permanent++;
+      else this.counts.failed++;
+    }).finally(() => {
+      this.sending.delete(sent);
+      this.wake();
+    });
+    this.sending.add(sent);
+  }
+
+  /**
+   * Queues an outcome. One outcome request is in flight at a time; it
+   * carries every outcome of its session that is ready (up to 256), so
+   * that under load each request carries many.
+   */
+  private send(session: Session, outcome: Outcome): Promise<OutcomeResult | undefined> {
+    return new Promise((resolve) => {
+      let list = this.pending.get(session);
+      if (!list) this.pending.set(session, (list = []));
+      list.push({ outcome, resolve });
+      if (!this.flushing) this.flushing = this.flushLoop().finally(() => (this.flushing = undefined));
+    });
+  }
+
+  private async flush(): Promise<void> {
+    while (this.flushing || this.pending.size) {
+      if (!this.flushing) this.flushing = this.flushLoop().finally(() => (this.flushing = undefined));
+      await this.flushing;
+    }
+  }
+
+  private async flushLoop(): Promise<void> {
+    while (this.pending.size) {
+      const [session, list] = this.pending.entries().next().value as [Session, PendingOutcome[]];
+      const batch = list.splice(0, MAX_OUTCOMES);
+      if (list.length === 0) this.pending.delete(session);
+      let backoff = 200;
+      for (;;) {
+        try {
+          this.counts.outcomeRequests++;
+          const results = await this.q.outcomes(this.queue, session, batch.map((b) => b.outcome));
+          const byId = new Map(results.map((r) => [r.task_id, r]));
+          for (const b of batch) b.resolve(byId.get(b.outcome.task_id));
+          break;
+        } catch (err) {
+          session.observe(err);
+          this.report(err);
+          // Unreachable: try again while the claims can still hold (the session
+          // is lost, and these outcomes with it, once its TTL runs out).
+          if (session.alive && (err instanceof ConnectionError || (err instanceof DroverError && err.status >= 500))) {
+            await sleep(backoff, session.signal).catch(() => {});
+            backoff = Math.min(2000, backoff * 2);
+            if (session.alive) continue;
+          }
+          for (const b of batch) b.resolve(undefined);
+          break;
+        }
+      }
+    }
+  }
+}
