@@ -60,7 +60,7 @@ func BenchmarkQueueClaimAck(b *testing.B) {
 		b.ReportMetric(float64(b.N*benchTasks)/b.Elapsed().Seconds(), "tasks/s")
 		b.ReportMetric(float64(cpu.Microseconds())/float64(b.N*benchTasks), "cpu-µs/task")
 	})
-	for _, mode := range []string{"http-batch", "http-acks", "http-pipelined"} {
+	for _, mode := range []string{"http-batch", "http-acks", "http-pipelined", "http-pipelined-32"} {
 		b.Run(mode, func(b *testing.B) { benchHTTPWorkers(b, cli, mode) })
 	}
 }
@@ -144,8 +144,13 @@ type claimed struct {
 // httpWorker claims up to 8 tasks at a time and reports their outcomes,
 // until left reaches 0: in one request (http-batch), one ack each
 // (http-acks), or in one request that also claims the next 8
-// (http-pipelined).
+// (http-pipelined), or the next 32 (http-pipelined-32: claims as large as
+// the language clients' workers make while tasks are short).
 func httpWorker(hc *http.Client, base, mode string, left *atomic.Int64, claims, outs *latencies) error {
+	most := 8
+	if mode == "http-pipelined-32" {
+		most, mode = 32, "http-pipelined"
+	}
 	var sess struct{ ID string }
 	if err := call(hc, "POST", base+"/v1/sessions", map[string]any{"ttl": 30}, 201, &sess); err != nil {
 		return err
@@ -154,7 +159,7 @@ func httpWorker(hc *http.Client, base, mode string, left *atomic.Int64, claims, 
 	for left.Load() > 0 {
 		if len(got.Tasks) == 0 {
 			start := time.Now()
-			if err := call(hc, "POST", base+"/v1/queues/q/claim", map[string]any{"session": sess.ID, "max": 8, "wait": "200ms"}, 200, &got); err != nil {
+			if err := call(hc, "POST", base+"/v1/queues/q/claim", map[string]any{"session": sess.ID, "max": most, "wait": "200ms"}, 200, &got); err != nil {
 				return err
 			}
 			if len(got.Tasks) == 0 {
@@ -180,7 +185,7 @@ func httpWorker(hc *http.Client, base, mode string, left *atomic.Int64, claims, 
 		}
 		body := map[string]any{"session": sess.ID, "outcomes": os}
 		if mode == "http-pipelined" {
-			body["claim"] = map[string]any{"max": 8}
+			body["claim"] = map[string]any{"max": most}
 		}
 		var res struct {
 			Results []struct{ Status int }

@@ -33,6 +33,16 @@ const claimCacheRuns = 8192
 // of its task) the same way.
 const claimCacheSlots = 65536
 
+// claimCacheBytes bounds the remembered tasks' bytes (their ids, inputs,
+// parameters...) the same way: 65,536 tasks of 2 KB inputs would
+// otherwise hold 128 MiB.
+const claimCacheBytes = 32 << 20
+
+// taskBytes is about what a copy of t holds.
+func taskBytes(t *Task) int {
+	return 256 + len(t.ID) + len(t.Type) + len(t.InputDataURI) + len(t.OutputDataURI) + len(t.Parameters) + len(t.Result) + len(t.LastError)
+}
+
 // claimCache is what a Client remembers of its external claims. The zero
 // value is ready.
 type claimCache struct {
@@ -42,6 +52,7 @@ type claimCache struct {
 	mu          sync.Mutex
 	runs        map[string]*cachedRun // by run key
 	slots       map[heldKey]*cachedSlot
+	bytes       int // the remembered tasks' taskBytes
 }
 
 // heldKey names a claim: its queue, task and token.
@@ -61,6 +72,7 @@ type cachedRun struct {
 	rev  int64
 	done map[int]bool // slots with an outcome written
 	ids  []heldKey    // its claims, to forget with it
+	size int          // its tasks' taskBytes
 }
 
 // cachedSlot is one claimed task of a cached run, as the claim returned
@@ -101,8 +113,8 @@ func (cc *claimCache) remember(runsPrefix func(seg string) string, q string, cla
 		if !all {
 			continue
 		}
-		if cc.runs == nil || len(cc.runs) >= claimCacheRuns || len(cc.slots) >= claimCacheSlots {
-			cc.runs, cc.slots = map[string]*cachedRun{}, map[heldKey]*cachedSlot{}
+		if cc.runs == nil || len(cc.runs) >= claimCacheRuns || len(cc.slots) >= claimCacheSlots || cc.bytes >= claimCacheBytes {
+			cc.runs, cc.slots, cc.bytes = map[string]*cachedRun{}, map[heldKey]*cachedSlot{}, 0
 		}
 		cr := &cachedRun{q: q, seg: r.seg, lease: int64(l), last: r.last, rev: r.token, done: map[int]bool{},
 			ref: runRef{key: r.runKey, rest: strings.TrimPrefix(r.runKey, runsPrefix(r.seg)), token: r.token, v: r.v}}
@@ -110,7 +122,9 @@ func (cc *claimCache) remember(runsPrefix func(seg string) string, q string, cla
 			k := heldKey{q, cl.task.ID, r.token}
 			cr.ids = append(cr.ids, k)
 			cc.slots[k] = &cachedSlot{run: cr, slot: cl.slot, task: *cl.task}
+			cr.size += taskBytes(cl.task)
 		}
+		cc.bytes += cr.size
 		cc.runs[r.runKey] = cr
 	}
 }
@@ -170,6 +184,7 @@ func (cc *claimCache) forgetLocked(cr *cachedRun) {
 		return
 	}
 	delete(cc.runs, cr.ref.key)
+	cc.bytes -= cr.size
 	for _, k := range cr.ids {
 		delete(cc.slots, k)
 	}

@@ -2,6 +2,7 @@ package queue
 
 import (
 	"context"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -88,7 +89,9 @@ func (c *Client) claimTurn(ctx context.Context, w *Worker, q string, n int) (cla
 	}
 	line.waiting = append(line.waiting, call)
 	cc.mu.Unlock()
-	<-call.done // the maker answers once its claim (alone or combined) is made
+	if err := cc.await(ctx, line, call); err != nil {
+		return nil, 0, false, err
+	}
 	if call.lead {
 		batch := cc.take(q)
 		if len(batch) == 1 {
@@ -104,6 +107,29 @@ func (c *Client) claimTurn(ctx context.Context, w *Worker, q string, n int) (cla
 		return call.claims, 0, false, nil
 	}
 	return w.claim(ctx, 0, n)
+}
+
+// await waits for call's turn: until the maker answers it, once its claim
+// (alone or combined) is made. When ctx ends first and call is still only
+// waiting, it leaves the line with ctx's error; a call already taken into
+// a combined claim, or made the next maker, goes on waiting: a combined
+// claim answers within claimCombineTimeout, and a run made for a call that
+// left would stay claimed until its session ended.
+func (cc *claimCombiner) await(ctx context.Context, line *claimLine, call *claimCall) error {
+	select {
+	case <-call.done:
+		return nil
+	case <-ctx.Done():
+	}
+	cc.mu.Lock()
+	if i := slices.Index(line.waiting, call); i >= 0 && !call.lead {
+		line.waiting = slices.Delete(line.waiting, i, i+1)
+		cc.mu.Unlock()
+		return ctx.Err()
+	}
+	cc.mu.Unlock()
+	<-call.done
+	return nil
 }
 
 // take removes from queue q's waiting claims those the next combined

@@ -540,6 +540,7 @@ func (s *segState) coveredTries(pick []int) []runRef {
 // prefix of the segment's runs.
 func (s *segState) after(r *segRun, runs string, pick []int) *segState {
 	next := *s
+	next.ok = s.okSlots()
 	next.rev = r.token
 	ref := runRef{key: r.runKey, rest: strings.TrimPrefix(r.runKey, runs), token: r.token, v: r.v}
 	next.runs = append(slices.Clip(s.runs), ref)
