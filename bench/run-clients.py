@@ -19,7 +19,8 @@ slots while tasks take under 5 ms). Without it each process uses the
 clients' default, 100 (held ahead: about 50 ms of work). The Go worker always runs with
 its default, --prefetch equal to its concurrency C. For the clients the
 JSON lines also give the workers' summed counts: tasks claimed ahead of a
-free slot, and tasks per claim request and outcomes per outcome request.
+free slot, and tasks per claim (a claim request or one sent with outcomes), outcomes per
+outcome request, and requests per 100 tasks.
 
 Needs node, the TypeScript client built (cd clients/js && npm ci && npm run
 build) and a drover binary ($DROVER_BIN, else built here).
@@ -105,12 +106,16 @@ def run(system, srv, client, n, workers, conc, prefetch=None):
            "seconds": round(secs, 2), "tasks_per_s": round(n / secs),
            "worker_cpu_ms_per_task": round(1000 * cpu / n, 3), "server_cpu_ms_per_task": round(1000 * scpu / n, 3)}
     if finals:
-        total = {k: sum(f.get(k) or 0 for f in finals) for k in ("claimed", "ahead", "claim_requests", "outcome_requests")}
+        total = {k: sum(f.get(k) or 0 for f in finals)
+                 for k in ("claimed", "ahead", "claim_requests", "outcome_requests", "claims_with_outcomes")}
         res["claimed_ahead"] = total["ahead"]
-        if total["claim_requests"]:
-            res["tasks_per_claim_request"] = round(total["claimed"] / total["claim_requests"], 2)
+        # Claims sent with outcomes count as claims here.
+        claims = total["claim_requests"] + total["claims_with_outcomes"]
+        if claims:
+            res["tasks_per_claim"] = round(total["claimed"] / claims, 2)
         if total["outcome_requests"]:
             res["outcomes_per_request"] = round(total["claimed"] / total["outcome_requests"], 2)
+        res["requests_per_100_tasks"] = round(100 * (total["claim_requests"] + total["outcome_requests"]) / max(1, total["claimed"]), 2)
     print(json.dumps(res), flush=True)
     return res
 

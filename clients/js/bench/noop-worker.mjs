@@ -9,7 +9,7 @@
 // client's default). It claims and acks until SIGTERM/SIGINT (it drains), or
 // until no task came for --idle-exit seconds after its first one, or
 // --max-seconds passed; then prints one JSON line: {"pid","claimed",
-// "succeeded","failed","lost","ahead","claim_requests","outcome_requests",
+// "succeeded","failed","lost","ahead","claim_requests","outcome_requests","claims_with_outcomes",
 // "seconds"}.
 // With --wait-go it prints "ready" and starts claiming on a line on stdin.
 import { createInterface } from "node:readline";
@@ -60,5 +60,5 @@ clearInterval(timer);
 const seconds = ((last || Date.now()) - t0) / 1000;
 console.log(JSON.stringify({
   pid: process.pid, claimed: st.claimed, succeeded: st.succeeded, failed: st.failed, lost: st.lost,
-  ahead: st.ahead, claim_requests: st.claimRequests, outcome_requests: st.outcomeRequests, seconds,
+  ahead: st.ahead, claim_requests: st.claimRequests, outcome_requests: st.outcomeRequests, claims_with_outcomes: st.claimsWithOutcomes, seconds,
 }));

@@ -186,11 +186,44 @@ export class Queues {
    * result). Repeated after a connection error: an outcome that landed the
    * first time is answered 409 the second, and changes nothing.
    */
-  async outcomes(queue: string, session: Session | string, outcomes: Outcome[], opts: { signal?: AbortSignal } = {}): Promise<OutcomeResult[]> {
+  async outcomes(queue: string, session: Session | string, outcomes: Outcome[], opts: { signal?: AbortSignal; sentBefore?: boolean } = {}): Promise<OutcomeResult[]> {
     const r = await this.t.request<{ results: OutcomeResult[] | null }>("POST", `/v1/queues/${seg(queue)}/outcomes`,
       { body: { session: typeof session === "string" ? session : session.id, outcomes }, retry: true, signal: opts.signal });
-    const results = r.data.results ?? [];
-    if (r.attempts > 1) {
+    return this.settled(queue, outcomes, r.data.results ?? [], r.attempts > 1 || opts.sentBefore === true);
+  }
+
+  /**
+   * Sends outcomes as {@link outcomes} does, then claims up to `claim.max`
+   * more tasks under the same session in the same request (one attempt, or
+   * a long poll of `claim.wait`): a worker's next claim without a request
+   * of its own. Never sent twice, since its claim is not safe to repeat:
+   * after a {@link ConnectionError} send the outcomes again with
+   * `outcomes(..., { sentBefore: true })` (an outcome that landed is then
+   * told apart from a lost claim). `claimError` says why the claim failed
+   * when the outcomes were written all the same.
+   */
+  async report(queue: string, session: Session, outcomes: Outcome[], claim: { max: number; wait?: number | string }, opts: { signal?: AbortSignal } = {}): Promise<{ results: OutcomeResult[]; tasks: QueueTask[]; claimError?: string }> {
+    const waitMs = claim.wait === undefined ? 0 : durMs(claim.wait, 0);
+    const signal = opts.signal ? AbortSignal.any([opts.signal, session.signal]) : session.signal;
+    try {
+      const r = await this.t.post<{ results: OutcomeResult[] | null; tasks?: QueueTask[] | null; claim_error?: string }>(`/v1/queues/${seg(queue)}/outcomes`,
+        { session: session.id, outcomes, claim: { max: claim.max, ...(waitMs > 0 ? { wait: `${Math.round(waitMs)}ms` } : {}) } },
+        { retry: false, signal, timeoutMs: waitMs + this.t.timeoutMs });
+      return { results: r.results ?? [], tasks: r.tasks ?? [], ...(r.claim_error ? { claimError: r.claim_error } : {}) };
+    } catch (err) {
+      session.observe(err);
+      throw err;
+    }
+  }
+
+  /**
+   * results, with each 409 that may be the outcome's own earlier write (the
+   * request was sent before) checked against the task: it counts as
+   * written when the task holds that token in the state the outcome leads
+   * to.
+   */
+  private async settled(queue: string, outcomes: Outcome[], results: OutcomeResult[], sentBefore: boolean): Promise<OutcomeResult[]> {
+    if (sentBefore) {
       // Sent again after a lost answer: a 409 may be this outcome's own first write.
       const byId = new Map(outcomes.map((o) => [o.task_id, o]));
       await Promise.all(results.map(async (res, i) => {

@@ -73,6 +73,8 @@ export interface WorkerStats {
   claimRequests: number;
   /** Outcome requests sent (each carries up to 256 outcomes). */
   outcomeRequests: number;
+  /** Outcome requests that carried the worker's next claim too (counted in outcomeRequests, not in claimRequests). */
+  claimsWithOutcomes: number;
 }
 
 /** The largest result a task keeps (256 KiB of JSON). */
@@ -158,7 +160,9 @@ export class Worker {
   private readonly pending = new Map<Session, PendingOutcome[]>();
   private flushing: Promise<void> | undefined;
   private readonly watched = new WeakSet<Session>();
-  private readonly counts = { claimed: 0, succeeded: 0, failed: 0, permanent: 0, lost: 0, ahead: 0, claimRequests: 0, outcomeRequests: 0 };
+  private readonly counts = { claimed: 0, succeeded: 0, failed: 0, permanent: 0, lost: 0, ahead: 0, claimRequests: 0, outcomeRequests: 0, claimsWithOutcomes: 0 };
+  /** A claim is in flight: a claim request, or an outcome request that carries one. */
+  private claiming = false;
   private readonly onSignal: () => void;
   private readonly signals: NodeJS.Signals[];
 
@@ -324,7 +328,7 @@ export class Worker {
       while (!drain.aborted) {
         // A slot is free once its handler returned; its outcome goes out
         // in the next batch. Outcomes not yet answered are bounded too.
-        if (this.room() <= 0 || this.sending.size >= this.maxSending) {
+        if (this.room() <= 0 || this.sending.size >= this.maxSending || this.claiming) {
           await this.changed();
           continue;
         }
@@ -348,13 +352,15 @@ export class Worker {
           continue;
         }
         const n = Math.min(this.prefetch, MAX_CLAIM, this.room());
-        if (n <= 0) continue;
+        if (n <= 0 || this.claiming) continue;
         let tasks: QueueTask[];
+        this.claiming = true;
         try {
           this.counts.claimRequests++;
           tasks = await this.q.claim(this.queue, { session, max: n, wait: this.waitMs / 1000, signal: drain });
           backoff = 250;
         } catch (err) {
+          this.claiming = false;
           if (drain.aborted) break;
           if (!session.alive) continue; // a new session next round
           // A bad queue name is not something waiting fixes.
@@ -364,13 +370,8 @@ export class Worker {
           backoff = Math.min(5000, backoff * 2);
           continue;
         }
-        if (tasks.length === 0) continue;
-        const free = this.waiting.length ? 0 : Math.max(0, this.concurrency - this.running.size);
-        this.counts.claimed += tasks.length;
-        this.counts.ahead += Math.max(0, tasks.length - free);
-        for (const task of tasks) this.waiting.push({ task, session });
-        if (!session.alive) this.dropWaiting(session);
-        this.pump();
+        this.claiming = false;
+        this.take(tasks, session);
       }
     } finally {
       // The tasks claimed ahead run too (those whose session is lost are
@@ -385,6 +386,17 @@ export class Worker {
       if (this.session && this.session !== this.opts.session) await this.session.close().catch((e) => this.report(e));
     }
     return this.stats;
+  }
+
+  /** Takes claimed tasks: they wait for a running slot, in claim order. */
+  private take(tasks: QueueTask[], session: Session): void {
+    if (tasks.length === 0) return;
+    const free = this.waiting.length ? 0 : Math.max(0, this.concurrency - this.running.size);
+    this.counts.claimed += tasks.length;
+    this.counts.ahead += Math.max(0, tasks.length - free);
+    for (const task of tasks) this.waiting.push({ task, session });
+    if (!session.alive) this.dropWaiting(session);
+    this.pump();
   }
 
   private async run(task: QueueTask, session: Session, started: number): Promise<void> {
@@ -448,20 +460,45 @@ export class Worker {
       const [session, list] = this.pending.entries().next().value as [Session, PendingOutcome[]];
       const batch = list.splice(0, MAX_OUTCOMES);
       if (list.length === 0) this.pending.delete(session);
+      const outcomes = batch.map((b) => b.outcome);
       let backoff = 200;
+      let sentBefore = false;
       for (;;) {
         try {
           this.counts.outcomeRequests++;
-          const results = await this.q.outcomes(this.queue, session, batch.map((b) => b.outcome));
+          let results: OutcomeResult[];
+          const n = sentBefore ? 0 : this.nextClaim(session);
+          if (n > 0) {
+            // The worker's next claim goes with the outcomes: one request
+            // instead of two.
+            this.claiming = true;
+            this.counts.claimsWithOutcomes++;
+            let r: Awaited<ReturnType<Queues["report"]>>;
+            try {
+              r = await this.q.report(this.queue, session, outcomes, { max: n });
+            } finally {
+              this.claiming = false;
+              this.wake();
+            }
+            results = r.results;
+            if (r.claimError) this.report(new Error(`drover: the claim sent with outcomes failed: ${r.claimError}`));
+            this.take(r.tasks, session);
+          } else {
+            results = await this.q.outcomes(this.queue, session, outcomes, { sentBefore });
+          }
           const byId = new Map(results.map((r) => [r.task_id, r]));
           for (const b of batch) b.resolve(byId.get(b.outcome.task_id));
           break;
         } catch (err) {
           session.observe(err);
           this.report(err);
+          // Its answer may be lost with the outcomes written: if sent again,
+          // a 409 is checked against the task.
+          const unreachable = err instanceof ConnectionError || (err instanceof DroverError && err.status >= 500);
+          sentBefore = sentBefore || unreachable;
           // Unreachable: try again while the claims can still hold (the session
           // is lost, and these outcomes with it, once its TTL runs out).
-          if (session.alive && (err instanceof ConnectionError || (err instanceof DroverError && err.status >= 500))) {
+          if (session.alive && unreachable) {
             await sleep(backoff, session.signal).catch(() => {});
             backoff = Math.min(2000, backoff * 2);
             if (session.alive) continue;
@@ -471,5 +508,15 @@ export class Worker {
         }
       }
     }
+  }
+
+  /**
+   * How many tasks the outcomes of session may claim as they go (0: none):
+   * while the worker claims under that session, has room for them, and no
+   * other claim is in flight; not once it drains.
+   */
+  private nextClaim(session: Session): number {
+    if (this.claiming || this.drainAc.signal.aborted || session !== this.session || !session.alive) return 0;
+    return Math.max(0, Math.min(this.prefetch, MAX_CLAIM, this.room()));
   }
 }

@@ -33,15 +33,22 @@ async function until(cond, ms, what) {
   }
 }
 
-/** A client that records every claim: when it was sent, the max it asked for, and how many tasks it got. */
+/**
+ * A client that records every claim, of a claim request or sent with
+ * outcomes (withOutcomes): when it was sent, the max it asked for, and how
+ * many tasks it got.
+ */
 function recordingClient() {
   const claims = [];
   const client = new Drover({
     url: srv.url,
     namespace: ns,
     fetch: async (url, init) => {
-      if (!String(url).endsWith("/claim")) return fetch(url, init);
-      const rec = { at: performance.now(), max: JSON.parse(init.body).max, got: 0 };
+      const u = String(url);
+      const body = u.endsWith("/claim") || u.endsWith("/outcomes") ? JSON.parse(init.body) : undefined;
+      const max = u.endsWith("/claim") ? body.max : body?.claim?.max;
+      if (max === undefined) return fetch(url, init);
+      const rec = { at: performance.now(), max, got: 0, withOutcomes: u.endsWith("/outcomes") };
       claims.push(rec);
       const res = await fetch(url, init);
       if (res.ok) rec.got = ((await res.clone().json()).tasks ?? []).length;
@@ -122,7 +129,9 @@ test("prefetch: short tasks are claimed ahead of the free slots, never more than
   assert.ok(most > 2, `a claim took more tasks than the 2 slots: claims took ${claims.map((c) => c.got).join(",")}`);
   assert.ok(claims.every((c) => c.max <= 8 && c.got <= c.max), "no claim asked for more than prefetch");
   assert.ok(st.ahead > 0, `tasks waited for a slot: ${JSON.stringify(st)}`);
-  assert.equal(st.claimRequests, claims.length);
+  assert.equal(st.claimRequests, claims.filter((c) => !c.withOutcomes).length);
+  assert.equal(st.claimsWithOutcomes, claims.filter((c) => c.withOutcomes).length);
+  assert.ok(st.claimsWithOutcomes > 0, "outcome requests carried the next claim");
   assert.ok(st.outcomeRequests < n, `${n} outcomes in ${st.outcomeRequests} requests`);
 });
 
@@ -298,4 +307,39 @@ test("prefetch: tasks claimed ahead are not started once their session is lost; 
   const rest = starts.filter((s) => s.id.startsWith("h-") && s.id !== holder);
   assert.equal(rest.length, 7, "each of the others ran once");
   assert.equal(new Set(rest.map((s) => s.id)).size, 7);
+});
+
+test("prefetch: an outcome request that carried a claim and lost its answer: its outcomes count once, written; the claimed tasks come back when the session ends", async () => {
+  const q = uniq("lostanswer");
+  const n = 120;
+  await drover.submit(q, Array.from({ length: n }, (_, i) => ({ task_id: `l-${i}`, task_type: "t" })));
+  let dropped = 0;
+  const client = new Drover({
+    url: srv.url,
+    namespace: ns,
+    fetch: async (url, init) => {
+      const res = await fetch(url, init);
+      if (dropped === 0 && String(url).endsWith("/outcomes") && JSON.parse(init.body).claim) {
+        dropped++;
+        await res.arrayBuffer();
+        throw new TypeError("fetch failed: the answer was lost"); // written and claimed, never answered
+      }
+      return res;
+    },
+  });
+  const ran = new Map();
+  const count = (t) => ran.set(t.task_id, (ran.get(t.task_id) ?? 0) + 1);
+  const errors = [];
+  const a = client.worker(q, { concurrency: 2, wait: 0.3, signals: false, ttl: 5, onError: (e) => errors.push(e) }, (t) => (count(t), null));
+  await until(async () => dropped === 1 && (await drover.tasks.stats(q)).pending === 0, 30_000, "the answer was dropped and the queue worked");
+  await sleep(300);
+  const sa = await a.drain(); // ends its session: the tasks the lost answer claimed are free again
+  assert.equal(sa.lost, 0, `outcomes written before the lost answer count as written: ${JSON.stringify(sa)}`);
+  assert.ok(errors.some((e) => String(e).includes("answer was lost")), "the lost answer was reported");
+  const b = drover.worker(q, { concurrency: 2, wait: 0.3, signals: false }, (t) => (count(t), null));
+  await until(async () => (await drover.tasks.stats(q)).succeeded === n, 30_000, () => `every task succeeded: ${JSON.stringify(ran.size)}`);
+  const sb = await b.drain();
+  assert.equal(sa.succeeded + sb.succeeded, n, `${sa.succeeded} + ${sb.succeeded}`);
+  assert.equal(ran.size, n);
+  for (const [id, k] of ran) assert.equal(k, 1, `${id} ran ${k} times`);
 });
