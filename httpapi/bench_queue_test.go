@@ -17,7 +17,7 @@ import (
 
 // benchTasks is how many no-op tasks each side of BenchmarkQueueClaimAck
 // drains per iteration.
-const benchTasks = 5000
+const benchTasks = 20000
 
 // BenchmarkQueueClaimAck compares draining no-op tasks through 64 HTTP
 // workers (keep-alive connections, one session each, claim up to 8 then
@@ -60,7 +60,7 @@ func BenchmarkQueueClaimAck(b *testing.B) {
 		b.ReportMetric(float64(b.N*benchTasks)/b.Elapsed().Seconds(), "tasks/s")
 		b.ReportMetric(float64(cpu.Microseconds())/float64(b.N*benchTasks), "cpu-µs/task")
 	})
-	for _, mode := range []string{"http-batch", "http-acks", "http-pipelined", "http-pipelined-32"} {
+	for _, mode := range []string{"http-batch", "http-acks", "http-pipelined", "http-pipelined-32", "http-pipelined-64"} {
 		b.Run(mode, func(b *testing.B) { benchHTTPWorkers(b, cli, mode) })
 	}
 }
@@ -148,8 +148,11 @@ type claimed struct {
 // the language clients' workers make while tasks are short).
 func httpWorker(hc *http.Client, base, mode string, left *atomic.Int64, claims, outs *latencies) error {
 	most := 8
-	if mode == "http-pipelined-32" {
+	switch mode {
+	case "http-pipelined-32":
 		most, mode = 32, "http-pipelined"
+	case "http-pipelined-64":
+		most, mode = 64, "http-pipelined"
 	}
 	var sess struct{ ID string }
 	if err := call(hc, "POST", base+"/v1/sessions", map[string]any{"ttl": 30}, 201, &sess); err != nil {

@@ -120,7 +120,7 @@ func (s *Server) reportOutcomes(ctx context.Context, in *outcomesInput) (*struct
 		out.Results[i] = outcomeResultOf(os[i].ID, r)
 	}
 	if nc := in.Body.Claim; nc != nil {
-		tasks, err := s.claimFor(ctx, in.Queue, in.Body.Session, nc.Max, wait)
+		tasks, err := s.claimFor(ctx, in.Queue, in.Body.Session, nc.Max, wait, wait == 0)
 		if err != nil {
 			out.ClaimError = err.Error()
 			var p *Problem

@@ -135,7 +135,7 @@ func (s *Server) claimTasks(ctx context.Context, in *claimInput) (*struct{ Body 
 	if err != nil {
 		return nil, err
 	}
-	tasks, err := s.claimFor(ctx, in.Queue, in.Body.Session, in.Body.Max, wait)
+	tasks, err := s.claimFor(ctx, in.Queue, in.Body.Session, in.Body.Max, wait, false)
 	if err != nil {
 		return nil, err
 	}
@@ -147,7 +147,7 @@ func (s *Server) claimTasks(ctx context.Context, in *claimInput) (*struct{ Body 
 
 // claimFor claims up to max tasks of queue q (valid) for session, waiting
 // up to wait: the claim route's work, and a batch of outcomes' next claim.
-func (s *Server) claimFor(ctx context.Context, q, session string, max int, wait time.Duration) ([]QueueTask, error) {
+func (s *Server) claimFor(ctx context.Context, q, session string, max int, wait time.Duration, once bool) ([]QueueTask, error) {
 	sess, err := s.session(ctx, "body.session", session)
 	if err != nil {
 		return nil, err
@@ -160,7 +160,7 @@ func (s *Server) claimFor(ctx context.Context, q, session string, max int, wait 
 	if worker == "" {
 		worker = "http-session" // never the id: with a token it proves holdings
 	}
-	tasks, err := c.Claim(ctx, q, queue.ClaimRequest{Lease: sess.lease, Worker: worker, Max: max, Wait: wait, Logger: s.cfg.Logger})
+	tasks, err := c.Claim(ctx, q, queue.ClaimRequest{Lease: sess.lease, Worker: worker, Max: max, Wait: wait, Once: once, Logger: s.cfg.Logger})
 	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
 		return nil, sessionGone(session, s.nsOf(ctx))
 	}

@@ -40,6 +40,11 @@ type ClaimRequest struct {
 	// Wait is how long Claim waits for a claimable task when there is
 	// none: it watches the queue, it does not poll. 0 makes one attempt.
 	Wait time.Duration
+	// Once, with no Wait, returns what the first attempt claimed: no
+	// second attempt after claimers elsewhere won the tasks it found (by
+	// default it tries a few times, a little apart). For a claim sent
+	// along with other work, whose caller claims again anyway.
+	Once bool
 	// Logger receives the queue's warnings; default slog.Default().
 	Logger *slog.Logger
 }
@@ -137,7 +142,7 @@ func (c *Client) Claim(ctx context.Context, q string, req ClaimRequest) ([]*Task
 			return nil, fmt.Errorf("queue: claim from %s: %w", q, ctx.Err())
 		case len(claims) > 0:
 			continue // every one was given up on: claim again
-		case contended && (left > 0 || raced < 10):
+		case contended && (left > 0 || (raced < 10 && !req.Once)):
 			// Tasks were there but others won them: again, a little
 			// apart (a few times even without a wait).
 			raced++
