@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/droverhq/drover/lock"
 	"github.com/droverhq/drover/queue"
 )
 
@@ -89,16 +88,7 @@ func BenchmarkLockLatency(b *testing.B) {
 	s := fsyncServer(b)
 	cli := s.Client(b)
 	b.Run("go", func(b *testing.B) {
-		ns := fmt.Sprintf("bench-lgo-%d", time.Now().UnixNano())
-		lockers := make([]*lock.Etcd, clients)
-		for i := range lockers {
-			l, err := lock.NewEtcd(context.Background(), cli, lock.EtcdConfig{Namespace: ns, TTL: 30 * time.Second})
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer l.Close(context.Background())
-			lockers[i] = l
-		}
+		lockers := goLockers(b, cli, fmt.Sprintf("bench-lgo-%d", time.Now().UnixNano()), clients)
 		openLoop(b, clients, rate, func(c int) error {
 			held, err := lockers[c].TryAcquire(context.Background(), fmt.Sprintf("l%d", c))
 			if err != nil {
@@ -110,14 +100,7 @@ func BenchmarkLockLatency(b *testing.B) {
 	b.Run("http", func(b *testing.B) {
 		ns := fmt.Sprintf("bench-lhttp-%d", time.Now().UnixNano())
 		base, hc := benchAPI(b, cli, ns)
-		sessions := make([]string, clients)
-		for i := range sessions {
-			var out struct{ ID string }
-			if err := call(hc, "POST", base+"/v1/sessions", map[string]any{"ttl": 30}, 201, &out); err != nil {
-				b.Fatal(err)
-			}
-			sessions[i] = out.ID
-		}
+		sessions := httpSessions(b, hc, base, clients)
 		openLoop(b, clients, rate, func(c int) error {
 			var got struct {
 				Token     int64

@@ -55,16 +55,7 @@ func BenchmarkLockCycle(b *testing.B) {
 	s := fsyncServer(b)
 	cli := s.Client(b)
 	b.Run("go", func(b *testing.B) {
-		ns := fmt.Sprintf("bench-go-%d", time.Now().UnixNano())
-		lockers := make([]*lock.Etcd, clients)
-		for i := range lockers {
-			l, err := lock.NewEtcd(context.Background(), cli, lock.EtcdConfig{Namespace: ns, TTL: 30 * time.Second})
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer l.Close(context.Background())
-			lockers[i] = l
-		}
+		lockers := goLockers(b, cli, fmt.Sprintf("bench-go-%d", time.Now().UnixNano()), clients)
 		var lat latencies
 		runClients(b, clients, func(c, i int) error {
 			start := time.Now()
@@ -81,14 +72,7 @@ func BenchmarkLockCycle(b *testing.B) {
 	b.Run("http", func(b *testing.B) {
 		ns := fmt.Sprintf("bench-http-%d", time.Now().UnixNano())
 		base, hc := benchAPI(b, cli, ns)
-		sessions := make([]string, clients)
-		for i := range sessions {
-			var out struct{ ID string }
-			if err := call(hc, "POST", base+"/v1/sessions", map[string]any{"ttl": 30}, 201, &out); err != nil {
-				b.Fatal(err)
-			}
-			sessions[i] = out.ID
-		}
+		sessions := httpSessions(b, hc, base, clients)
 		var lat latencies
 		runClients(b, clients, func(c, i int) error {
 			start := time.Now()
@@ -105,6 +89,34 @@ func BenchmarkLockCycle(b *testing.B) {
 		})
 		lat.report(b)
 	})
+}
+
+// goLockers returns n Go lockers of namespace ns, closed when the
+// benchmark ends.
+func goLockers(b *testing.B, cli *clientv3.Client, ns string, n int) []*lock.Etcd {
+	lockers := make([]*lock.Etcd, n)
+	for i := range lockers {
+		l, err := lock.NewEtcd(context.Background(), cli, lock.EtcdConfig{Namespace: ns, TTL: 30 * time.Second})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _ = l.Close(context.Background()) })
+		lockers[i] = l
+	}
+	return lockers
+}
+
+// httpSessions opens n sessions (TTL 30 s) on the API at base.
+func httpSessions(b *testing.B, hc *http.Client, base string, n int) []string {
+	sessions := make([]string, n)
+	for i := range sessions {
+		var out struct{ ID string }
+		if err := call(hc, "POST", base+"/v1/sessions", map[string]any{"ttl": 30}, 201, &out); err != nil {
+			b.Fatal(err)
+		}
+		sessions[i] = out.ID
+	}
+	return sessions
 }
 
 // cpuTime is the process's CPU time so far (user and system): the

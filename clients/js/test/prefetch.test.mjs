@@ -7,7 +7,7 @@ import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
 import { fileURLToPath } from "node:url";
 import { Drover } from "../dist/index.js";
-import { sharedServer, uniq } from "./helpers/server.mjs";
+import { sharedServer, uniq, until } from "./helpers/server.mjs";
 
 let srv;
 let ns;
@@ -22,16 +22,6 @@ after(async () => srv.release());
 
 const fixture = fileURLToPath(new URL("./fixtures/prefetch-worker.mjs", import.meta.url));
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
-
-async function until(cond, ms, what) {
-  const deadline = Date.now() + ms;
-  for (;;) {
-    const v = await cond();
-    if (v) return v;
-    if (Date.now() > deadline) throw new Error(`not within ${ms} ms: ${typeof what === "function" ? what() : what}`);
-    await sleep(20);
-  }
-}
 
 /**
  * A client that records every claim, of a claim request or sent with

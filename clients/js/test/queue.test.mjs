@@ -1,7 +1,7 @@
 import { test, after, before } from "node:test";
 import assert from "node:assert/strict";
 import { Drover, FencedError, InvalidInputError, Permanent, QueueFullError } from "../dist/index.js";
-import { droverCli, sharedServer, uniq } from "./helpers/server.mjs";
+import { droverCli, sharedServer, uniq, until } from "./helpers/server.mjs";
 
 let srv;
 let drover;
@@ -15,16 +15,6 @@ after(async () => srv.release());
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
-/** Waits (at most ms) until cond() is truthy. */
-async function until(cond, ms, what) {
-  const deadline = Date.now() + ms;
-  for (;;) {
-    const v = await cond();
-    if (v) return v;
-    if (Date.now() > deadline) throw new Error(`not within ${ms} ms: ${what}`);
-    await sleep(50);
-  }
-}
 
 test("submit: a JSON array, duplicates, and a whole-array rejection naming the positions", async () => {
   const q = uniq("q");

@@ -149,3 +149,17 @@ export async function withTimeout(promise, ms, msg) {
     clearTimeout(t);
   }
 }
+
+/**
+ * Waits (at most ms) until cond() is truthy, and returns its value; what
+ * (a string, or a function giving one) says what did not happen.
+ */
+export async function until(cond, ms, what) {
+  const deadline = Date.now() + ms;
+  for (;;) {
+    const v = await cond();
+    if (v) return v;
+    if (Date.now() > deadline) throw new Error(`not within ${ms} ms: ${typeof what === "function" ? what() : what}`);
+    await new Promise((r) => setTimeout(r, 20));
+  }
+}
