@@ -163,6 +163,14 @@ export class Worker {
   private readonly counts = { claimed: 0, succeeded: 0, failed: 0, permanent: 0, lost: 0, ahead: 0, claimRequests: 0, outcomeRequests: 0, claimsWithOutcomes: 0 };
   /** A claim is in flight: a claim request, or an outcome request that carries one. */
   private claiming = false;
+  /** Per session, the tasks claimed under it whose outcome is not yet answered (or that were dropped). */
+  private readonly outstanding = new Map<Session, number>();
+  /**
+   * The worker's own sessions it claims under no more, because a claim's
+   * answer was lost under them: each is closed once it holds nothing else,
+   * which frees the tasks that claim may have taken.
+   */
+  private readonly retired = new Set<Session>();
   private readonly onSignal: () => void;
   private readonly signals: NodeJS.Signals[];
 
@@ -261,6 +269,32 @@ export class Worker {
     return s;
   }
 
+  /**
+   * Counts n tasks of session as done with (answered or dropped); a
+   * retired session that holds none any more is closed.
+   */
+  private settle(session: Session, n = 1): void {
+    const left = (this.outstanding.get(session) ?? 0) - n;
+    if (left > 0) {
+      this.outstanding.set(session, left);
+      return;
+    }
+    this.outstanding.delete(session);
+    if (this.retired.delete(session)) void session.close().catch((e) => this.report(e));
+  }
+
+  /**
+   * Claims no more under session: a claim's answer was lost, and the tasks
+   * it may have taken are freed when the session ends, once the tasks it
+   * holds are answered. A session the caller gave is kept.
+   */
+  private retire(session: Session): void {
+    if (session === this.opts.session || !session.alive) return;
+    if (this.session === session) this.session = undefined;
+    this.retired.add(session);
+    this.settle(session, 0);
+  }
+
   /** Drops the tasks claimed ahead under a session that ended: they run again elsewhere. */
   private dropWaiting(session: Session): void {
     let dropped = 0;
@@ -272,6 +306,7 @@ export class Worker {
     }
     if (dropped) {
       this.counts.lost += dropped;
+      this.settle(session, dropped);
       this.wake();
     }
   }
@@ -309,6 +344,7 @@ export class Worker {
       if (!session.alive) {
         // The claim went with the session: the task runs again elsewhere.
         this.counts.lost++;
+        this.settle(session);
         continue;
       }
       const started = performance.now();
@@ -363,6 +399,8 @@ export class Worker {
           this.claiming = false;
           if (drain.aborted) break;
           if (!session.alive) continue; // a new session next round
+          // Its answer may be lost with tasks claimed: claim under another session.
+          if (err instanceof ConnectionError) this.retire(session);
           // A bad queue name is not something waiting fixes.
           if (err instanceof InvalidInputError) throw err;
           this.report(err);
@@ -384,6 +422,8 @@ export class Worker {
       await Promise.allSettled([...this.sending]);
       await this.flush();
       if (this.session && this.session !== this.opts.session) await this.session.close().catch((e) => this.report(e));
+      for (const s of this.retired) await s.close().catch((e) => this.report(e));
+      this.retired.clear();
     }
     return this.stats;
   }
@@ -391,6 +431,7 @@ export class Worker {
   /** Takes claimed tasks: they wait for a running slot, in claim order. */
   private take(tasks: QueueTask[], session: Session): void {
     if (tasks.length === 0) return;
+    this.outstanding.set(session, (this.outstanding.get(session) ?? 0) + tasks.length);
     const free = this.waiting.length ? 0 : Math.max(0, this.concurrency - this.running.size);
     this.counts.claimed += tasks.length;
     this.counts.ahead += Math.max(0, tasks.length - free);
@@ -419,6 +460,7 @@ export class Worker {
     if (!session.alive) {
       // The claim went with the session: the task runs again elsewhere.
       this.counts.lost++;
+      this.settle(session);
       return;
     }
     // The slot frees now; the outcome is counted once the server answers.
@@ -429,6 +471,7 @@ export class Worker {
       else this.counts.failed++;
     }).finally(() => {
       this.sending.delete(sent);
+      this.settle(session);
       this.wake();
     });
     this.sending.add(sent);
@@ -463,11 +506,13 @@ export class Worker {
       const outcomes = batch.map((b) => b.outcome);
       let backoff = 200;
       let sentBefore = false;
+      let claimed = false;
       for (;;) {
         try {
           this.counts.outcomeRequests++;
           let results: OutcomeResult[];
           const n = sentBefore ? 0 : this.nextClaim(session);
+          claimed = n > 0;
           if (n > 0) {
             // The worker's next claim goes with the outcomes: one request
             // instead of two.
@@ -492,6 +537,8 @@ export class Worker {
         } catch (err) {
           session.observe(err);
           this.report(err);
+          // A claim it carried may have taken tasks: claim under another session.
+          if (claimed && err instanceof ConnectionError) this.retire(session);
           // Its answer may be lost with the outcomes written: if sent again,
           // a 409 is checked against the task.
           const unreachable = err instanceof ConnectionError || (err instanceof DroverError && err.status >= 500);
@@ -516,7 +563,7 @@ export class Worker {
    * other claim is in flight; not once it drains.
    */
   private nextClaim(session: Session): number {
-    if (this.claiming || this.drainAc.signal.aborted || session !== this.session || !session.alive) return 0;
+    if (this.claiming || this.drainAc.signal.aborted || session !== this.session || !session.alive || this.retired.has(session)) return 0;
     return Math.max(0, Math.min(this.prefetch, MAX_CLAIM, this.room()));
   }
 }
