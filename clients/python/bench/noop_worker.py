@@ -7,7 +7,8 @@ the server, not the work.
 client's default). Runs until SIGTERM/SIGINT (or --idle-timeout seconds
 without a task, or --max-tasks claimed), drains, and prints one JSON line
 with its counts: claimed, succeeded, failed, dead, lost, not_found, errors,
-ahead, claim_requests, outcome_requests, seconds, tasks_per_s.
+ahead, claim_requests, outcome_requests, claims_with_outcomes, seconds,
+tasks_per_s.
 """
 
 import argparse

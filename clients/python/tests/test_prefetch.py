@@ -28,31 +28,46 @@ def setUpModule() -> None:
 
 
 class _Claims:
-    """Records the claims made on one queue: when each was sent, the max it
-    asked for and how many tasks it got."""
+    """Records the claims made on one queue, of a claim request or sent
+    with outcomes (with_outcomes): when each was sent, the max it asked for
+    and how many tasks it got."""
 
     def __init__(self, queue: str) -> None:
         self.queue = queue
         self.list: List[Dict[str, Any]] = []
-        orig = drover.queues.Queue.claim
+        orig_claim, orig_report = drover.queues.Queue.claim, drover.queues.Queue.report
         claims = self
 
         def claim(q: Any, session: Any, max: int = 1, wait: Optional[float] = None, on_conn: Any = None) -> Any:
-            rec = {"at": time.monotonic(), "max": max, "got": 0}
-            got = orig(q, session, max=max, wait=wait, on_conn=on_conn)
+            rec = {"at": time.monotonic(), "max": max, "got": 0, "with_outcomes": False}
+            got = orig_claim(q, session, max=max, wait=wait, on_conn=on_conn)
             if q.name == claims.queue:
                 rec["got"] = len(got)
                 claims.list.append(rec)
             return got
 
-        self.patch = mock.patch.object(drover.queues.Queue, "claim", claim)
+        def report(q: Any, session: Any, outcomes: Any, claim_max: int, on_conn: Any = None) -> Any:
+            rec = {"at": time.monotonic(), "max": claim_max, "got": 0, "with_outcomes": True}
+            res = orig_report(q, session, outcomes, claim_max, on_conn=on_conn)
+            if q.name == claims.queue:
+                rec["got"] = len(res[1])
+                claims.list.append(rec)
+            return res
+
+        self.patches = [mock.patch.object(drover.queues.Queue, "claim", claim), mock.patch.object(drover.queues.Queue, "report", report)]
+
+    def requests(self) -> int:
+        """The claim requests (not those sent with outcomes)."""
+        return len([c for c in self.list if not c["with_outcomes"]])
 
     def __enter__(self) -> "_Claims":
-        self.patch.start()
+        for p in self.patches:
+            p.start()
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self.patch.stop()
+        for p in self.patches:
+            p.stop()
 
 
 class PrefetchTest(ClientTest):
@@ -128,9 +143,56 @@ class PrefetchTest(ClientTest):
         self.assertGreater(max(c["got"] for c in claims.list), 2, [c["got"] for c in claims.list])
         self.assertTrue(all(c["max"] <= 8 and c["got"] <= c["max"] for c in claims.list))
         self.assertGreater(stats["ahead"], 0)
-        self.assertEqual(stats["claim_requests"], len(claims.list))
+        self.assertEqual(stats["claim_requests"], claims.requests())
+        self.assertEqual(stats["claims_with_outcomes"], len(claims.list) - claims.requests())
+        self.assertGreater(stats["claims_with_outcomes"], 0, "outcome requests carried the next claim")
         self.assertLess(stats["outcome_requests"], n)
         self.assertEqual(handle.waiting, 0)
+
+    def test_outcomes_with_a_claim_whose_answer_is_lost(self) -> None:
+        # The answer of the first outcome request that carried a claim is
+        # lost after the server applied it: its outcomes count as written
+        # (sent again, each 409 checked against its task), and the worker
+        # claims under a new session and ends the old one once its tasks
+        # are reported, which frees what the lost claim took, long before
+        # the 30 s TTL.
+        name = unique("q-lostanswer")
+        n = 120
+        self.c.queue(name).submit([{"task_id": unique("l"), "task_type": "x"} for _ in range(n)])
+        orig = drover.queues.Queue.report
+        lost: Dict[str, int] = {"answers": 0, "claimed": 0}
+
+        def report(q: Any, session: Any, outcomes: Any, claim_max: int, on_conn: Any = None) -> Any:
+            res = orig(q, session, outcomes, claim_max, on_conn=on_conn)
+            if lost["answers"] == 0 and q.name == name:
+                lost["answers"], lost["claimed"] = 1, len(res[1])
+                e = drover.TransportError("drover: the answer was lost")
+                e.sent = True
+                raise e
+            return res
+
+        mu = threading.Lock()
+        ran: Dict[str, int] = {}
+        sessions = set()
+
+        @self.c.worker(name, concurrency=2, ttl=30, wait=0.3)
+        def handle(task):
+            with mu:
+                ran[task.id] = ran.get(task.id, 0) + 1
+                sessions.add(task.session.id)
+
+        with mock.patch.object(drover.queues.Queue, "report", report):
+            th, out = self.run_worker(handle)
+            self.assertTrue(wait_until(lambda: self.c.queue(name).stats()["succeeded"] == n, 20), "every task succeeded")
+            handle.stop()
+            th.join(30)
+        self.assertEqual(lost["answers"], 1)
+        self.assertGreater(lost["claimed"], 0, "the lost answer had claimed tasks")
+        self.assertEqual(out["succeeded"], n, out)
+        self.assertEqual(out["lost"], 0, out)
+        self.assertGreaterEqual(len(sessions), 2, "tasks ran under a new session after the lost answer")
+        self.assertEqual(len(ran), n)
+        self.assertEqual(set(ran.values()), {1}, "each task ran once")
 
     def test_slow_tasks_are_claimed_only_for_free_slots(self) -> None:
         name = unique("q-slow")

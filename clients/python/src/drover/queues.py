@@ -13,6 +13,7 @@ from typing import (
     NamedTuple,
     Optional,
     Sequence,
+    Tuple,
     Union,
 )
 
@@ -86,6 +87,17 @@ class SubmitResult(NamedTuple):
     submitted: int
     duplicates: int
     rejected: List[Rejected]
+
+
+def _outcome_result(o: Mapping[str, Any]) -> "OutcomeResult":
+    return OutcomeResult(
+        str(o.get("task_id", "")),
+        int(o.get("status") or 0),
+        o.get("current_status"),
+        o.get("attempt"),
+        o.get("detail"),
+        o.get("scheduled_at"),
+    )
 
 
 class OutcomeResult(NamedTuple):
@@ -341,6 +353,32 @@ class Queue:
             ).data
         )
 
+    def report(
+        self, session: "Session", outcomes: Sequence[Mapping[str, Any]], claim_max: int, on_conn: Any = None
+    ) -> Tuple[List[OutcomeResult], List[Task], Optional[str]]:
+        """Report up to 256 outcomes as :meth:`outcomes` does, then claim up
+        to ``claim_max`` more tasks under the same session in the same
+        request (one attempt): a worker's next claim without a request of
+        its own. Returns the outcomes' results, the tasks claimed, and why
+        the claim failed when it did (the outcomes were written all the
+        same).
+
+        Never sent twice, since its claim is not safe to repeat: after a
+        :class:`TransportError` with ``sent``, send the outcomes again with
+        :meth:`outcomes` (an outcome that landed is then answered 409), and
+        the tasks the claim may have taken stay claimed until the session
+        ends.
+        """
+        if len(outcomes) > MAX_OUTCOMES:
+            raise ValueError("drover: at most %d outcomes go with a claim, not %d" % (MAX_OUTCOMES, len(outcomes)))
+        body = {"session": _sid(session), "outcomes": list(outcomes), "claim": {"max": int(min(claim_max, MAX_CLAIM))}}
+        r = self._t.request("POST", self._base + "/outcomes", json_body=body, retry=NEVER, on_conn=on_conn).data
+        return (
+            [_outcome_result(o) for o in r.get("results") or []],
+            [Task(t) for t in (r.get("tasks") or [])],
+            r.get("claim_error") or None,
+        )
+
     def outcomes(self, session: Any, outcomes: Sequence[Mapping[str, Any]]) -> List[OutcomeResult]:
         """Report up to 256 outcomes in one request, each answered on its own
         (one stale token does not fail the rest). Each outcome is
@@ -361,16 +399,7 @@ class Queue:
                 retry=IDEMPOTENT,
             ).data
             for o in r.get("results") or []:
-                results.append(
-                    OutcomeResult(
-                        str(o.get("task_id", "")),
-                        int(o.get("status") or 0),
-                        o.get("current_status"),
-                        o.get("attempt"),
-                        o.get("detail"),
-                        o.get("scheduled_at"),
-                    )
-                )
+                results.append(_outcome_result(o))
         return results
 
 

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, List, Optional, Tu
 
 from ._transport import shutdown_socket
 from .errors import DroverError, Permanent, SessionNotFound, TransportError
-from .queues import MAX_CLAIM, MAX_OUTCOMES, Task
+from .queues import MAX_CLAIM, Task
+from ._reporting import _Reporting
 from .sessions import Session
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -36,6 +37,9 @@ AHEAD_BELOW = 0.005
 AHEAD_WORK = 0.05
 # How long a claim waits for room for half a claim before it claims less.
 _GATHER = 0.003
+# How long a claim waits for outcomes that are ready to be sent: the
+# reporter claims with them (one request instead of two).
+_DEFER = 0.005
 
 
 class _Slot:
@@ -48,7 +52,7 @@ class _Slot:
         self.retiring = False
 
 
-class Worker:
+class Worker(_Reporting):
     """Runs a handler on the tasks of one queue.
 
     Made with the ``worker`` decorator::
@@ -65,7 +69,8 @@ class Worker:
     more than ``concurrency`` at once), and reports outcomes in batches
     through ``POST /v1/queues/{q}/outcomes``, each fenced by its claim's
     token: one request in flight at a time, carrying every outcome that
-    became ready meanwhile (up to 256).
+    became ready meanwhile (up to 256), and the worker's next claim when it
+    has room and no claim is in flight.
 
     ``prefetch`` (default 100, the server's largest claim; 1 to 100) is
     the most tasks one claim takes and the most the worker holds ahead of
@@ -139,6 +144,7 @@ class Worker:
             "ahead": 0,
             "claim_requests": 0,
             "outcome_requests": 0,
+            "claims_with_outcomes": 0,
         }
         self.__name__ = getattr(fn, "__name__", "worker")
         self.__doc__ = getattr(fn, "__doc__", None)
@@ -158,6 +164,13 @@ class Worker:
         self._slots: List[_Slot] = []
         self._outbox: "_queue.Queue[Optional[Tuple[_Slot, Dict[str, Any]]]]" = _queue.Queue()
         self._started = False
+        # A claim is in flight: a claim request, or an outcome request that
+        # carries the worker's next claim (the reporter's).
+        self._claiming = False
+        self._pool: Any = None
+        self._max_tasks: Optional[int] = None
+        # When the last claim (of either kind) brought tasks.
+        self._last_task = time.monotonic()
         self.running = threading.Event()
         """Set once :meth:`run` has installed its signal handlers and claims."""
 
@@ -219,7 +232,8 @@ class Worker:
         the claim was lost), not_found, errors (outcomes that could not be
         sent), ahead (tasks claimed ahead of a free running slot, which
         waited for one), claim_requests and outcome_requests (requests
-        sent)."""
+        sent) and claims_with_outcomes (outcome requests that carried the
+        next claim)."""
         if self._started:
             raise RuntimeError("drover: a Worker runs once; make another")
         self._started = True
@@ -236,6 +250,9 @@ class Worker:
         from concurrent.futures import ThreadPoolExecutor
 
         pool = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="drover-task")
+        self._pool = pool
+        self._max_tasks = max_tasks
+        self._last_task = time.monotonic()
         reporter = threading.Thread(target=self._report_loop, name="drover-outcomes", daemon=True)
         reporter.start()
         claimer = threading.Thread(
@@ -252,6 +269,9 @@ class Worker:
         finally:
             self._stopping.set()
             claimer.join(10)
+            with self._cond:  # a claim the reporter sent hands its tasks to the pool
+                while self._claiming:
+                    self._cond.wait(0.5)
             pool.shutdown(wait=True)
             self._outbox.put(None)
             reporter.join(max(30.0, self.ttl * 2.0))
@@ -310,11 +330,10 @@ class Worker:
     def _claim_loop(self, pool: Any, max_tasks: Optional[int], idle_timeout: Optional[float], until: Optional[float]) -> None:
         q = self._claim_client.queue(self.queue)
         backoff = 0.1
-        last_task = time.monotonic()
         try:
             while not self._stopping.is_set():
                 with self._cond:
-                    while self._room() <= 0 and not self._stopping.is_set():
+                    while (self._room() <= 0 or self._claiming) and not self._stopping.is_set():
                         self._cond.wait(0.5)
                     if self._held > 0:
                         # With tasks held, wait a moment for room for half
@@ -326,6 +345,13 @@ class Worker:
                             if left <= 0:
                                 break
                             self._cond.wait(left)
+                    # Outcomes about to go out carry the next claim (the
+                    # reporter's): give it a moment to take them.
+                    defer_until = time.monotonic() + _DEFER
+                    while not self._claiming and not self._outbox.empty() and time.monotonic() < defer_until:
+                        self._cond.wait(0.001)
+                    if self._claiming:
+                        continue
                     n = min(self._room(), self.prefetch, MAX_CLAIM)
                 if self._stopping.is_set():
                     return
@@ -342,9 +368,15 @@ class Worker:
                         return
                     wait = min(wait, until - now)
                 if idle_timeout is not None:
+                    with self._mu:
+                        last_task = self._last_task
                     if self._held == 0 and self._outbox.empty() and now - last_task >= idle_timeout:
                         return
                     wait = min(wait, max(0.05, idle_timeout - (now - last_task)))
+                with self._mu:
+                    if self._claiming:
+                        continue  # the reporter's claim went first
+                    self._claiming = True
                 try:
                     slot = self._current_slot()
                     with self._mu:
@@ -377,24 +409,45 @@ class Worker:
                     continue
                 finally:
                     self._claim_conn = None
-                if not tasks:
-                    continue
-                last_task = time.monotonic()
-                with self._cond:
-                    free = max(0, self.concurrency - self._held)
-                    self._held += len(tasks)
-                    slot.held += len(tasks)
-                    self.stats["claimed"] += len(tasks)
-                    self.stats["ahead"] += max(0, len(tasks) - free)
-                    for t in tasks:
-                        self._waiting.append((slot, t))
-                if slot.session.lost.is_set():
-                    self._drop_waiting(slot)  # lost before they were queued
-                for _ in tasks:
-                    pool.submit(self._run_next)
+                    with self._cond:
+                        self._claiming = False
+                        self._cond.notify_all()
+                self._take(slot, tasks)
         except BaseException:  # noqa: BLE001
             log.exception("drover: the claim loop of worker %s stopped", self.__name__)
             raise
+
+    def _take(self, slot: _Slot, tasks: List[Task]) -> None:
+        """Queue claimed tasks for the handler threads, in claim order."""
+        if not tasks:
+            return
+        with self._cond:
+            self._last_task = time.monotonic()
+            free = max(0, self.concurrency - self._held)
+            self._held += len(tasks)
+            slot.held += len(tasks)
+            self.stats["claimed"] += len(tasks)
+            self.stats["ahead"] += max(0, len(tasks) - free)
+            for t in tasks:
+                self._waiting.append((slot, t))
+        if slot.session.lost.is_set():
+            self._drop_waiting(slot)  # lost before they were queued
+        for _ in tasks:
+            self._pool.submit(self._run_next)
+
+    def _next_claim(self, slot: _Slot) -> int:
+        """How many tasks an outcome request of slot may claim as it goes
+        (0: none): while the worker claims under slot's session, has room
+        and no claim in flight, and is not stopping; with self._mu held,
+        which it marks the claim in flight."""
+        if self._claiming or self._stopping.is_set() or self._slot is not slot or slot.retiring or slot.session.lost.is_set():
+            return 0
+        n = min(self._room(), self.prefetch, MAX_CLAIM)
+        if self._max_tasks is not None:
+            n = min(n, self._max_tasks - self.stats["claimed"])
+        if n > 0:
+            self._claiming = True
+        return max(0, n)
 
     def _cap(self) -> int:
         """The most tasks the worker may hold now (with self._mu held)."""
@@ -499,76 +552,6 @@ class Worker:
                 self._task_time = max(1e-9, took if tt == 0 else tt + (took - tt) / 8)
                 self._cond.notify_all()
         self._outbox.put((slot, outcome))
-
-    # -- outcomes ----------------------------------------------------------
-
-    def _report_loop(self) -> None:
-        q = self.client.queue(self.queue)
-        closing = False
-        while not closing:
-            item = self._outbox.get()
-            if item is None:
-                break
-            batch = [item]
-            while len(batch) < MAX_OUTCOMES:
-                try:
-                    nxt = self._outbox.get_nowait()
-                except _queue.Empty:
-                    break
-                if nxt is None:
-                    closing = True
-                    break
-                batch.append(nxt)
-            by_slot: Dict[int, Tuple[_Slot, List[Dict[str, Any]]]] = {}
-            for slot, o in batch:
-                by_slot.setdefault(id(slot), (slot, []))[1].append(o)
-            for slot, outs in by_slot.values():
-                self._send(q, slot, outs)
-
-    def _send(self, q: Any, slot: _Slot, outs: List[Dict[str, Any]]) -> None:
-        session = slot.session
-        results = None
-        delay = 0.1
-        while results is None:
-            if session.lost.is_set():
-                break  # every claim of the session is gone: each would be a 409
-            try:
-                with self._mu:
-                    self.stats["outcome_requests"] += 1
-                results = q.outcomes(session, outs)
-            except DroverError as e:
-                if time.monotonic() >= session.deadline:
-                    break
-                log.warning("drover: sending %d outcomes failed (retrying): %s", len(outs), e)
-                time.sleep(delay)
-                delay = min(delay * 2, 2.0)
-        with self._mu:
-            if results is None:
-                key = "lost" if session.lost.is_set() else "errors"
-                self.stats[key] += len(outs)
-            else:
-                for o, r in zip(outs, results):
-                    if r.status == 200:
-                        if r.current_status == "DEAD":
-                            self.stats["dead"] += 1
-                        elif o.get("ok"):
-                            self.stats["succeeded"] += 1
-                        else:
-                            self.stats["failed"] += 1
-                    elif r.status == 409:
-                        self.stats["lost"] += 1
-                        log.warning("drover: task %s: outcome refused, the claim was lost (%s): result dropped", r.task_id, r.detail)
-                    elif r.status == 404:
-                        self.stats["not_found"] += 1
-                    else:
-                        self.stats["errors"] += 1
-            slot.held -= len(outs)
-            done = slot.retiring and slot.held == 0
-            if done and slot in self._slots:
-                self._slots.remove(slot)
-        if done:
-            session.close()
-
 
 def _describe(e: BaseException) -> str:
     msg = str(e)
