@@ -1,5 +1,8 @@
 """A queue worker of the Python client for the mixed-fleet test: it appends
 the id of every task it runs to LOG, and stops once no task came for 3 s.
+Its prefetch is 8, so that the four workers share the tasks (at the
+default, a worker holds up to 100 short tasks ahead, and one process may
+take most of 1,000).
 
     python3 py_worker.py URL QUEUE LOG
 """
@@ -15,7 +18,7 @@ url, queue, log = sys.argv[1:4]
 client = drover.Client(url)
 
 
-@client.worker(queue, concurrency=8)
+@client.worker(queue, concurrency=8, prefetch=8)
 def handle(task):
     with open(log, "a") as f:
         f.write(task.id + "\n")
