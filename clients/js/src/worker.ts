@@ -413,14 +413,20 @@ export class Worker {
       }
     } finally {
       // The tasks claimed ahead run too (those whose session is lost are
-      // dropped): no route hands a claim back, and they are short.
+      // dropped): no route hands a claim back, and they are short. An
+      // outcome request sent before the drain may still bring tasks (its
+      // claim): they run too, before the worker ends.
       for (;;) {
         this.pump();
-        if (this.running.size === 0) break;
-        await Promise.allSettled([...this.running.keys()]);
+        if (this.running.size > 0) {
+          await Promise.allSettled([...this.running.keys()]);
+        } else if (this.sending.size > 0 || this.flushing || this.pending.size > 0) {
+          await Promise.allSettled([...this.sending]);
+          await this.flush();
+        } else if (this.waiting.length === 0) {
+          break;
+        }
       }
-      await Promise.allSettled([...this.sending]);
-      await this.flush();
       if (this.session && this.session !== this.opts.session) await this.session.close().catch((e) => this.report(e));
       for (const s of this.retired) await s.close().catch((e) => this.report(e));
       this.retired.clear();

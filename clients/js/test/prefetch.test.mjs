@@ -370,3 +370,40 @@ test("a claim whose answer is lost: the worker claims under a new session and en
   assert.equal(st.lost, 0);
   for (const [id, k] of ran) assert.equal(k, 1, `${id} ran ${k} times`);
 });
+
+test("drain while an outcome request that carries a claim is in flight: the tasks it brings run before the worker ends", async () => {
+  const q = uniq("draininflight");
+  const n = 60;
+  await drover.submit(q, Array.from({ length: n }, (_, i) => ({ task_id: `d-${i}`, task_type: "t" })));
+  let w;
+  let drained = false;
+  const client = new Drover({
+    url: srv.url,
+    namespace: ns,
+    fetch: async (url, init) => {
+      if (!drained && String(url).endsWith("/outcomes") && JSON.parse(init.body).claim) {
+        drained = true;
+        void w.drain(); // the drain starts while this request, with its claim, is on its way
+      }
+      return fetch(url, init);
+    },
+  });
+  const ran = new Map();
+  w = client.worker(q, { concurrency: 2, wait: 0.3, signals: false }, async (t) => {
+    ran.set(t.task_id, (ran.get(t.task_id) ?? 0) + 1);
+    // Once the drain has begun, tasks take a while: some still run when
+    // the last outcome request is answered.
+    await (drained ? sleep(30) : new Promise((r) => setImmediate(r)));
+    return null;
+  });
+  const st = await w.done;
+  assert.ok(drained, "an outcome request carried a claim");
+  assert.equal(st.running, 0, `nothing runs once the worker is done: ${JSON.stringify(st)}`);
+  assert.equal(st.waiting, 0);
+  assert.equal(st.lost, 0, `no task or outcome was dropped: ${JSON.stringify(st)}`);
+  assert.equal(st.succeeded, st.claimed, `every task claimed succeeded here: ${JSON.stringify(st)}`);
+  const stats = await drover.tasks.stats(q);
+  assert.equal(stats.running, 0, "no task left running on the server");
+  assert.equal(stats.succeeded + stats.pending, n);
+  for (const [id, k] of ran) assert.equal(k, 1, `${id} ran ${k} times`);
+});

@@ -194,6 +194,37 @@ class PrefetchTest(ClientTest):
         self.assertEqual(len(ran), n)
         self.assertEqual(set(ran.values()), {1}, "each task ran once")
 
+    def test_stop_while_outcomes_carry_a_claim(self) -> None:
+        # The worker is told to stop while an outcome request that carries
+        # a claim is on its way: the tasks it brings still run and are
+        # reported before run() returns (none is left claimed, unrun).
+        name = unique("q-stopclaim")
+        n = 60
+        self.c.queue(name).submit([{"task_id": unique("s"), "task_type": "x"} for _ in range(n)])
+        orig = drover.queues.Queue.report
+        seen = {"stopped": False}
+
+        def report(q: Any, session: Any, outcomes: Any, claim_max: int, on_conn: Any = None) -> Any:
+            if not seen["stopped"] and q.name == name:
+                seen["stopped"] = True
+                handle.stop()
+            return orig(q, session, outcomes, claim_max, on_conn=on_conn)
+
+        @self.c.worker(name, concurrency=2, ttl=30, wait=0.3)
+        def handle(task):
+            if seen["stopped"]:
+                time.sleep(0.02)
+
+        with mock.patch.object(drover.queues.Queue, "report", report):
+            stats = handle.run(duration=60, handle_signals=False)
+        self.assertTrue(seen["stopped"], "an outcome request carried a claim")
+        self.assertEqual(stats["lost"], 0, stats)
+        self.assertEqual(stats["errors"], 0, stats)
+        self.assertEqual(stats["succeeded"], stats["claimed"], stats)
+        st = self.c.queue(name).stats()
+        self.assertEqual(st["running"], 0, st)
+        self.assertEqual(st["succeeded"] + st["pending"], n, st)
+
     def test_slow_tasks_are_claimed_only_for_free_slots(self) -> None:
         name = unique("q-slow")
         n = 16

@@ -71,13 +71,15 @@ class _Reporting:
                         self.stats["claims_with_outcomes"] += 1
                     try:
                         results, tasks, claim_error = q.report(session, outs, n)
+                        # Handed to the pool before the claim counts as done:
+                        # run() waits for that before it shuts the pool.
+                        self._take(slot, tasks)
                     finally:
                         with self._cond:
                             self._claiming = False
                             self._cond.notify_all()
                     if claim_error:
                         log.warning("drover: the claim sent with outcomes failed: %s", claim_error)
-                    self._take(slot, tasks)
                 else:
                     results = q.outcomes(session, outs)
             except DroverError as e:

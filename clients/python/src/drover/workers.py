@@ -376,6 +376,12 @@ class Worker(_Reporting):
                 with self._mu:
                     if self._claiming:
                         continue  # the reporter's claim went first
+                    # The reporter may have claimed since n was counted.
+                    n = min(n, self._room())
+                    if max_tasks is not None:
+                        n = min(n, max_tasks - self.stats["claimed"])
+                    if n <= 0:
+                        continue
                     self._claiming = True
                 try:
                     slot = self._current_slot()
@@ -383,6 +389,9 @@ class Worker(_Reporting):
                         self.stats["claim_requests"] += 1
                     tasks = q.claim(slot.session, max=n, wait=wait, on_conn=self._set_claim_conn)
                     backoff = 0.1
+                    # Handed to the pool before the claim counts as done
+                    # (run() waits for that before it shuts the pool).
+                    self._take(slot, tasks)
                 except SessionNotFound:
                     slot.session._mark_lost("a claim found the session ended")
                     continue
@@ -412,7 +421,6 @@ class Worker(_Reporting):
                     with self._cond:
                         self._claiming = False
                         self._cond.notify_all()
-                self._take(slot, tasks)
         except BaseException:  # noqa: BLE001
             log.exception("drover: the claim loop of worker %s stopped", self.__name__)
             raise
