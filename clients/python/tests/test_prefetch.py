@@ -18,6 +18,7 @@ from _support import ClientTest, Server, last_json_line, read_json_lines, shared
 
 import drover
 import drover.queues
+import drover.workers
 
 srv: Server
 
@@ -215,7 +216,16 @@ class PrefetchTest(ClientTest):
             if seen["stopped"]:
                 time.sleep(0.02)
 
-        with mock.patch.object(drover.queues.Queue, "report", report):
+        take = drover.workers.Worker._take
+
+        def slow_take(w: Any, slot: Any, tasks: Any) -> None:
+            # Widens the window in which run() could shut its pool before
+            # the reporter hands it the claimed tasks.
+            if seen["stopped"] and threading.current_thread().name == "drover-outcomes":
+                time.sleep(0.3)
+            take(w, slot, tasks)
+
+        with mock.patch.object(drover.queues.Queue, "report", report), mock.patch.object(drover.workers.Worker, "_take", slow_take):
             stats = handle.run(duration=60, handle_signals=False)
         self.assertTrue(seen["stopped"], "an outcome request carried a claim")
         self.assertEqual(stats["lost"], 0, stats)
