@@ -121,7 +121,6 @@ test("prefetch: short tasks are claimed ahead of the free slots, never more than
   assert.ok(st.ahead > 0, `tasks waited for a slot: ${JSON.stringify(st)}`);
   assert.equal(st.claimRequests, claims.filter((c) => !c.withOutcomes).length);
   assert.equal(st.claimsWithOutcomes, claims.filter((c) => c.withOutcomes).length);
-  assert.ok(st.claimsWithOutcomes > 0, "outcome requests carried the next claim");
   assert.ok(st.outcomeRequests < n, `${n} outcomes in ${st.outcomeRequests} requests`);
 });
 
@@ -396,6 +395,9 @@ test("drain while an outcome request that carries a claim is in flight: the task
     await (drained ? sleep(30) : new Promise((r) => setImmediate(r)));
     return null;
   });
+  // Bounded: should no outcome request carry a claim, drain all the same
+  // (and fail below) rather than leave the worker running.
+  await until(() => drained, 20_000, "an outcome request carried a claim").catch(() => w.drain());
   const st = await w.done;
   assert.ok(drained, "an outcome request carried a claim");
   assert.equal(st.running, 0, `nothing runs once the worker is done: ${JSON.stringify(st)}`);
