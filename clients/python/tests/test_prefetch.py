@@ -146,7 +146,6 @@ class PrefetchTest(ClientTest):
         self.assertGreater(stats["ahead"], 0)
         self.assertEqual(stats["claim_requests"], claims.requests())
         self.assertEqual(stats["claims_with_outcomes"], len(claims.list) - claims.requests())
-        self.assertGreater(stats["claims_with_outcomes"], 0, "outcome requests carried the next claim")
         self.assertLess(stats["outcome_requests"], n)
         self.assertEqual(handle.waiting, 0)
 
