@@ -225,7 +225,7 @@ class PrefetchTest(ClientTest):
             take(w, slot, tasks)
 
         with mock.patch.object(drover.queues.Queue, "report", report), mock.patch.object(drover.workers.Worker, "_take", slow_take):
-            stats = handle.run(duration=60, handle_signals=False)
+            stats = handle.run(duration=60, idle_timeout=3, handle_signals=False)
         self.assertTrue(seen["stopped"], "an outcome request carried a claim")
         self.assertEqual(stats["lost"], 0, stats)
         self.assertEqual(stats["errors"], 0, stats)
