@@ -209,6 +209,22 @@ def spawn(script: str, *args: str, **kw: Any) -> subprocess.Popen:
     )
 
 
+def reap(procs: List[subprocess.Popen]) -> None:
+    """Kill (after a SIGCONT, should one be stopped) and wait for each
+    process still running, and close its pipes."""
+    for p in procs:
+        if p.poll() is None:
+            try:
+                os.kill(p.pid, signal.SIGCONT)
+            except OSError:
+                pass
+            p.kill()
+        p.wait(10)
+        for f in (p.stdout, p.stderr, p.stdin):
+            if f:
+                f.close()
+
+
 def read_json_lines(path: str) -> List[Dict[str, Any]]:
     out = []
     try:

@@ -14,7 +14,7 @@ import unittest
 from typing import Any, Dict, List, Optional
 from unittest import mock
 
-from _support import ClientTest, Server, last_json_line, read_json_lines, shared_server, spawn, unique, wait_until
+from _support import reap, ClientTest, Server, last_json_line, read_json_lines, shared_server, spawn, unique, wait_until
 
 import drover
 import drover.queues
@@ -324,13 +324,7 @@ class PrefetchProcessTest(unittest.TestCase):
         self.procs: List[Any] = []
 
     def tearDown(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                p.kill()
-            p.wait(10)
-            for f in (p.stdout, p.stderr, p.stdin):
-                if f:
-                    f.close()
+        reap(self.procs)
         self.c.close()
 
     def start(self, name: str, ttl: int) -> Dict[str, Any]:

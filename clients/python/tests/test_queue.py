@@ -11,7 +11,7 @@ import threading
 import time
 import unittest
 
-from _support import ClientTest, Server, last_json_line, read_json_lines, shared_server, spawn, unique, wait_until
+from _support import reap, ClientTest, Server, last_json_line, read_json_lines, shared_server, spawn, unique, wait_until
 
 import drover
 
@@ -337,17 +337,7 @@ class WorkerProcessTest(unittest.TestCase):
         self.procs = []
 
     def tearDown(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                try:
-                    os.kill(p.pid, signal.SIGCONT)
-                except OSError:
-                    pass
-                p.kill()
-            p.wait(10)
-            for f in (p.stdout, p.stderr, p.stdin):
-                if f:
-                    f.close()
+        reap(self.procs)
         self.c.close()
 
     def spawn(self, *args, **kw):
