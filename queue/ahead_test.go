@@ -76,15 +76,16 @@ func TestShortTasksClaimedAheadRunWithinConcurrency(t *testing.T) {
 }
 
 // Long tasks are not claimed ahead: the worker holds no more tasks than it
-// runs, so that it does not sit on tasks other workers could run.
+// runs, so that it does not sit on tasks other workers could run. Tasks of
+// 300 ms at concurrency 4 would need claims of 75 ms for one to be.
 func TestLongTasksNotClaimedAhead(t *testing.T) {
 	// Prefetch 12: claimed ahead, the worker would hold up to 16.
-	handlers, claimed := runCounted(t, 24, 12, 60*time.Millisecond)
+	handlers, claimed := runCounted(t, 16, 12, 300*time.Millisecond)
 	if handlers > 4 {
 		t.Fatalf("%d handlers ran at once, concurrency 4", handlers)
 	}
 	if claimed > 8 {
-		t.Fatalf("the queue showed %d tasks RUNNING at once with concurrency 4 and tasks of 60 ms: claimed ahead", claimed)
+		t.Fatalf("the queue showed %d tasks RUNNING at once with concurrency 4 and tasks of 300 ms: claimed ahead", claimed)
 	}
 }
 
@@ -174,5 +175,30 @@ func TestTaskCancelledWhileWaitingNeverStarts(t *testing.T) {
 	got, err := c.Get(ctx, victim)
 	if err != nil || got.CurrentStatus != queue.Cancelled {
 		t.Fatalf("%s: %+v, %v; want CANCELLED", victim, got, err)
+	}
+}
+
+// Tasks of 5 ms or more are claimed ahead only as many as the running
+// slots finish during one claim's round trip, so that a task so held waits
+// no longer than a claim would take.
+func TestAheadCoversOneClaim(t *testing.T) {
+	for _, c := range []struct {
+		task, claim    time.Duration
+		conc, prefetch int
+		want           int
+	}{
+		{50 * time.Millisecond, 40 * time.Millisecond, 2, 2, 1},   // 1.6 tasks end during a claim
+		{50 * time.Millisecond, 60 * time.Millisecond, 2, 2, 2},   // 2.4, at most Prefetch
+		{50 * time.Millisecond, 60 * time.Millisecond, 2, 100, 2}, // 2.4
+		{10 * time.Millisecond, 20 * time.Millisecond, 8, 100, 16},
+		{10 * time.Millisecond, 20 * time.Millisecond, 8, 8, 8},
+		{300 * time.Millisecond, 20 * time.Millisecond, 4, 12, 0}, // long tasks: none
+		{time.Minute, time.Second, 100, 100, 1},
+		{time.Minute, 500 * time.Millisecond, 100, 100, 0},
+		{0, time.Second, 4, 4, 0}, // no average yet
+	} {
+		if got := queue.AheadFor(c.task, c.claim, c.conc, c.prefetch); got != c.want {
+			t.Errorf("tasks of %s, claims of %s, concurrency %d, prefetch %d: %d ahead, want %d", c.task, c.claim, c.conc, c.prefetch, got, c.want)
+		}
 	}
 }

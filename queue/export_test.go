@@ -3,11 +3,18 @@ package queue
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/lease"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
+
+// AheadFor is aheadFor: how many tasks a worker claims ahead of a free
+// slot when its tasks take task and its claims claim.
+func AheadFor(task, claim time.Duration, conc, prefetch int) int {
+	return aheadFor(task, claim, conc, prefetch)
+}
 
 // CombinedReports returns how many combined reports c wrote, and how many
 // reports they held.

@@ -176,16 +176,52 @@ func (w *Worker) sampleTaskTime(d time.Duration) {
 	}
 }
 
+// sampleClaimTime adds a claim that took d to the worker's running average.
+func (w *Worker) sampleClaimTime(d time.Duration) {
+	for {
+		avg := w.claimTime.Load()
+		next := int64(d)
+		if avg != 0 {
+			next = avg + (int64(d)-avg)/8
+		}
+		if w.claimTime.CompareAndSwap(avg, max(next, 1)) {
+			return
+		}
+	}
+}
+
+// aheadFor returns how many tasks a worker of conc running slots claims
+// ahead of a free slot when its tasks take task on average and its claims
+// claim (task at least aheadBelow): what its slots finish during one
+// claim's round trip, rounded down, at most prefetch. By Little's law a
+// task so held waits about one claim's round trip for its slot, which is
+// no longer than claiming it when the slot comes free would take.
+func aheadFor(task, claim time.Duration, conc, prefetch int) int {
+	if task <= 0 {
+		return 0
+	}
+	return int(min(int64(prefetch), int64(conc)*int64(claim)/int64(task)))
+}
+
 // aheadHeld returns how many of the Prefetch slots for tasks claimed ahead
-// are to be held back now: none while the worker's tasks take less than
-// aheadBelow on average and none of those running has run longer; all of
-// them otherwise, and in a FIFO queue (tasks claimed ahead could start out
-// of order).
+// are to be held back now. While the worker's tasks take less than
+// aheadBelow on average and none of those running has run longer, none;
+// for longer tasks, all but aheadFor's count, and all of them while a
+// running task has run four times the average. All of them in a FIFO queue
+// (tasks claimed ahead could start out of order) and before a task ended.
 func (w *Worker) aheadHeld() int {
-	if avg := w.taskTime.Load(); w.fifo.Load() || avg == 0 || time.Duration(avg) >= aheadBelow {
+	avg := time.Duration(w.taskTime.Load())
+	if w.fifo.Load() || avg == 0 {
 		return w.cfg.Prefetch
 	}
-	since := time.Now().Add(-aheadBelow)
+	ahead, longer := w.cfg.Prefetch, aheadBelow
+	if avg >= aheadBelow {
+		ahead, longer = aheadFor(avg, time.Duration(w.claimTime.Load()), w.cfg.Concurrency, w.cfg.Prefetch), 4*avg
+	}
+	if ahead == 0 {
+		return w.cfg.Prefetch
+	}
+	since := time.Now().Add(-longer)
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for _, r := range w.inflight {
@@ -193,7 +229,7 @@ func (w *Worker) aheadHeld() int {
 			return w.cfg.Prefetch
 		}
 	}
-	return 0
+	return w.cfg.Prefetch - ahead
 }
 
 // startWhenFree runs claimed task c once a running slot is free. A task
@@ -275,7 +311,11 @@ func (w *Worker) loop(ctx, base context.Context, lane int, slots *slotPool, run 
 			}
 			continue
 		}
+		began := time.Now()
 		claims, rev, contended, err := w.claim(ctx, lane, n)
+		if err == nil {
+			w.sampleClaimTime(time.Since(began))
+		}
 		slots.release(n - len(claims))
 		if err != nil {
 			if ctx.Err() != nil || base.Err() != nil {

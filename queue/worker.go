@@ -58,13 +58,18 @@ type WorkerConfig struct {
 	// Concurrency is how many tasks run at once (default 8).
 	Concurrency int
 	// Prefetch is the most tasks claimed in one transaction (default
-	// Concurrency, at most 100). While the worker's tasks take less than
-	// 5 ms on average and none running has run longer, it also claims up
-	// to Prefetch tasks ahead of a free running slot, so that the round
-	// trip of the next claim overlaps the work (not in a FIFO queue);
-	// otherwise tasks are claimed only for free slots, so a worker does
-	// not sit on tasks that others could run. A task waiting for a slot is
-	// cancelled like a running one and handed back unstarted on Stop.
+	// Concurrency, at most 100). The worker also claims tasks ahead of a
+	// free running slot, so that the round trip of the next claim overlaps
+	// the work (not in a FIFO queue): up to Prefetch while its tasks take
+	// less than 5 ms on average and none running has run longer; for
+	// longer tasks only as many as its slots finish during one claim's
+	// round trip (Concurrency × claim time / task time, rounded down: none
+	// for tasks much longer than a claim), and none while a running task
+	// has run four times the average. A task so held waits about one
+	// claim's round trip, no longer than it would take to claim it, so a
+	// worker does not sit on tasks that others could run. A task waiting
+	// for a slot is cancelled like a running one and handed back
+	// unstarted on Stop.
 	Prefetch int
 	// TTL of the worker's lease when Lease is nil (default 10 s): a dead
 	// worker's tasks are claimable again about this long after it died.
@@ -171,6 +176,7 @@ type Worker struct {
 	predicted                                             [claimers]*segState    // per claim loop, hot's state as its last claim left it (levelMu)
 	lastListed                                            []string               // the open segments the last list read found, in order (levelMu)
 	taskTime                                              atomic.Int64           // a running average of how long tasks take, in ns (sampleTaskTime)
+	claimTime                                             atomic.Int64           // a running average of how long claims take, in ns (sampleClaimTime)
 	guessed                                               [claimers]bool         // per claim loop, hot is the next of the last list, not yet confirmed (levelMu)
 	laneClaims                                            [claimers]atomic.Int64 // per claim loop, its claims: one in readEvery reads first
 	runID                                                 string                 // names this worker's runs: unique, where worker ids may not be
