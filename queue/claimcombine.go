@@ -64,6 +64,11 @@ type claimCall struct {
 	claims []*claim
 	lead   bool
 	done   chan struct{}
+	// idle: the combined claim found nothing left for this call, as of
+	// revision rev; it waits for what comes after rather than claiming
+	// alone.
+	idle bool
+	rev  int64
 }
 
 // claimTurn is one claim of up to n tasks of queue q for w: alone when no
@@ -105,6 +110,9 @@ func (c *Client) claimTurn(ctx context.Context, w *Worker, q string, n int) (cla
 	}
 	if len(call.claims) > 0 {
 		return call.claims, 0, false, nil
+	}
+	if call.idle {
+		return nil, call.rev, false, nil
 	}
 	return w.claim(ctx, 0, n)
 }
@@ -171,7 +179,7 @@ func (c *Client) claimTogether(ctx context.Context, q string, batch []*claimCall
 		}
 	}()
 	lead := batch[0].w
-	levels, fifo, _, open, _, err := lead.readLevels(rctx, batch[0].n, "", true)
+	levels, fifo, first, open, _, err := lead.readLevels(rctx, batch[0].n, "", true)
 	if err != nil || len(levels) > 0 || fifo {
 		// Tasks with records of their own go first, and a FIFO queue's
 		// claims all take its oldest segment: each claims alone.
@@ -179,7 +187,16 @@ func (c *Client) claimTogether(ctx context.Context, q string, batch []*claimCall
 	}
 	lead.pickN = len(batch)
 	names, err := lead.pickSegments(rctx, open, false, lead.turnSeq.Load()+1)
-	if err != nil || len(names) == 0 {
+	if err != nil {
+		return
+	}
+	// Every open segment the read found is handed to a call: the calls
+	// left without one have nothing to claim, unless a segment keeps
+	// free slots after its call's run (see idleRest).
+	whole := !first.bounded && len(open) < openRead && len(names) == len(lead.notBusy(c.keys.SegmentsOpen(q), open))
+	var runs []*runClaim
+	defer func() { idleRest(all, runs, len(names), whole, first.rev) }()
+	if len(names) == 0 {
 		return
 	}
 	batch = batch[:min(len(batch), len(names))]
@@ -188,7 +205,6 @@ func (c *Client) claimTogether(ctx context.Context, q string, batch []*claimCall
 		return
 	}
 	var ops []clientv3.Op
-	var runs []*runClaim
 	for i, call := range batch {
 		if rc := c.planRun(rctx, call, states[i], tss[i]); rc != nil {
 			ops = append(ops, clientv3.OpTxn(rc.cmps, rc.then, rc.els))
@@ -223,6 +239,26 @@ func (c *Client) claimTogether(ctx context.Context, q string, batch []*claimCall
 		} else {
 			call.w.setHot(0, "")
 		}
+	}
+}
+
+// idleRest marks idle, as of revision rev, the calls of all past the
+// first given, which the combined claim had no segment for, when the read
+// was whole (every open segment it found went to a call) and no run of
+// runs left free slots in its segment: a stream of one-task submissions
+// wakes every waiting claim for each, and without this all but one went
+// on to race alone for a task already taken.
+func idleRest(all []*claimCall, runs []*runClaim, given int, whole bool, rev int64) {
+	if !whole {
+		return
+	}
+	for _, rc := range runs {
+		if len(rc.free) > len(rc.pick) {
+			return
+		}
+	}
+	for _, call := range all[min(given, len(all)):] {
+		call.idle, call.rev = true, rev
 	}
 }
 

@@ -3,7 +3,6 @@ package queue
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"slices"
 	"sort"
 	"strings"
@@ -108,14 +107,21 @@ func (w *Worker) claimListed(ctx context.Context, lane, n int, r segmentRead) (c
 			return nil, contended, err
 		}
 		busy := 0
-		for _, seg := range cands {
-			claims, c, err := w.claimSegment(ctx, lane, seg, n)
+		// The first candidate's state alone (most often it has free
+		// slots), then the others' in one read: under a stream of small
+		// submissions many listed segments are taken or closed by the
+		// time their state is read, and a read each made one claim many
+		// round trips long.
+		for i, k := 0, 1; i < len(cands); i, k = i+k, len(cands)-i-k {
+			claims, c, err := w.claimAmong(ctx, lane, cands[i:i+k], n)
 			if err != nil || len(claims) > 0 {
 				return claims, false, err
 			}
 			contended = contended || c
-			if w.isBusy(seg) {
-				busy++
+			for _, seg := range cands[i : i+k] {
+				if w.isBusy(seg) {
+					busy++
+				}
 			}
 		}
 		if contended || busy < len(cands) {
@@ -123,6 +129,33 @@ func (w *Worker) claimListed(ctx context.Context, lane, n int, r segmentRead) (c
 		}
 	}
 	return nil, true, nil // still only busy segments: claim again, reading on
+}
+
+// claimAmong reads the states of segments segs in one request and claims
+// up to n free slots from the first that has some, as claimSegment does;
+// contended says a claim lost a race. A segment removed or unreadable
+// since it was listed is marked busy.
+func (w *Worker) claimAmong(ctx context.Context, lane int, segs []string, n int) (claims []*claim, contended bool, err error) {
+	if len(segs) == 1 {
+		return w.claimSegment(ctx, lane, segs[0], n)
+	}
+	q := w.cfg.Queue
+	states, tss, err := w.client.readStates(ctx, q, segs)
+	if err != nil {
+		return nil, false, fmt.Errorf("queue: read segments of %s: %w", q, err)
+	}
+	for i, seg := range segs {
+		if tss[i] == nil {
+			w.markBusy(seg) // removed, or its tasks unreadable
+			continue
+		}
+		claims, c, err := w.claimFrom(ctx, lane, states[i], tss[i], n)
+		if err != nil || len(claims) > 0 {
+			return claims, false, err
+		}
+		contended = contended || c
+	}
+	return nil, contended, nil
 }
 
 // claimLost claims from the segment a dead worker's run left tasks in, if
@@ -136,84 +169,6 @@ func (w *Worker) claimLost(ctx context.Context, lane, n int) (claims []*claim, o
 	return claims, len(claims) > 0 || contended, err
 }
 
-// isBusy reports whether seg is marked busy.
-func (w *Worker) isBusy(seg string) bool {
-	w.levelMu.Lock()
-	defer w.levelMu.Unlock()
-	until, ok := w.busySegs[seg]
-	return ok && time.Now().Before(until)
-}
-
-// pickSegments returns up to eight segments to claim from, in the order to
-// try them. The rule, as for
-// tasks with records of their own: seven claims in eight take the highest
-// priority level's oldest segments; every eighth takes the next level below
-// it in turn, so no level starves. Among the first segments of the level it
-// picks at random (in a FIFO queue: the oldest), so that workers do not all
-// race for one segment.
-func (w *Worker) pickSegments(ctx context.Context, open []*mvccpb.KeyValue, fifo bool, seq int64) ([]string, error) {
-	q := w.cfg.Queue
-	pre := w.keys.SegmentsOpen(q)
-	names := w.notBusy(pre, open)
-	if len(names) == 0 && len(open) == openRead {
-		// The first page is all busy: read on.
-		g, err := w.cli.Get(ctx, string(open[len(open)-1].Key)+"\x00", clientv3.WithRange(clientv3.GetPrefixRangeEnd(pre)), clientv3.WithKeysOnly(), clientv3.WithLimit(4*openRead))
-		if err != nil {
-			return nil, fmt.Errorf("queue: read open segments of %s: %w", q, err)
-		}
-		names = w.notBusy(pre, g.Kvs)
-	}
-	if len(names) == 0 {
-		return nil, nil
-	}
-	top, _ := keyspace.SegmentLevel(names[0])
-	w.levelMu.Lock()
-	from, lower := w.turns.from(seq, top)
-	w.levelMu.Unlock()
-	for try := 0; lower && !fifo && try < 2; try++ {
-		g, err := w.cli.Get(ctx, pre+keyspace.LevelName(from), clientv3.WithRange(clientv3.GetPrefixRangeEnd(pre)), clientv3.WithKeysOnly(), clientv3.WithLimit(openRead))
-		if err != nil {
-			return nil, fmt.Errorf("queue: read open segments of %s: %w", q, err)
-		}
-		low := w.notBusy(pre, g.Kvs)
-		lv := 0
-		if len(low) > 0 {
-			lv, _ = keyspace.SegmentLevel(low[0])
-			names = low
-		}
-		w.levelMu.Lock()
-		w.turns.took(lv, len(low) > 0, top)
-		w.levelMu.Unlock()
-		if len(low) > 0 || from == top+1 {
-			break
-		}
-		from = top + 1 // past the lowest level: start again below the top
-	}
-	lv, _ := keyspace.SegmentLevel(names[0])
-	same := 0
-	for same < len(names) {
-		if l, _ := keyspace.SegmentLevel(names[same]); l != lv {
-			break
-		}
-		same++
-	}
-	names = names[:same]
-	if fifo {
-		return names[:1], nil
-	}
-	if w.spread > 0 {
-		// Many external claims at once, each of its own Worker: each
-		// starts at another of the level's segments, in turn, rather than
-		// all racing for the first few.
-		k := int(w.spread % uint64(len(names)))
-		names = append(slices.Clone(names[k:]), names[:k]...)
-		return names[:min(len(names), max(w.pickN, 8))], nil
-	}
-	window := names[:min(len(names), 4)]
-	rand.Shuffle(len(window), func(i, j int) { window[i], window[j] = window[j], window[i] })
-	return names[:min(len(names), 8)], nil
-}
-
 // levelTurns applies the anti-starvation rule to the priority levels of a
 // queue's open segments: seven claims in eight (by sequence number) read the
 // highest level; every eighth reads the levels below it, starting after the
@@ -221,59 +176,6 @@ func (w *Worker) pickSegments(ctx context.Context, open []*mvccpb.KeyValue, fifo
 // zero value is ready; it is not safe for concurrent use.
 type levelTurns struct {
 	last int // the level the last lower turn took
-}
-
-// from returns the level a claim with sequence number seq reads from, given
-// the highest level with open segments, top, and whether it is a lower
-// level's turn.
-func (lt *levelTurns) from(seq int64, top int) (level int, lower bool) {
-	if seq%8 != 0 {
-		return top, false
-	}
-	return max(top, lt.last) + 1, true
-}
-
-// took records what a lower turn found: the level it took, or none (found
-// false: no level below the last one has open segments), which starts the
-// turns again below the top; the caller then reads once more from top+1.
-func (lt *levelTurns) took(level int, found bool, top int) {
-	if found {
-		lt.last = level
-	} else {
-		lt.last = top
-	}
-}
-
-// notBusy returns the names of the open segments kvs that are not known to
-// have all their slots running.
-func (w *Worker) notBusy(pre string, kvs []*mvccpb.KeyValue) []string {
-	now := time.Now()
-	w.levelMu.Lock()
-	defer w.levelMu.Unlock()
-	var out []string
-	for _, kv := range kvs {
-		name, ok := keyspace.Last(pre, string(kv.Key))
-		if !ok {
-			continue
-		}
-		if until, busy := w.busySegs[name]; busy && now.Before(until) {
-			continue
-		}
-		out = append(out, name)
-	}
-	for k, until := range w.busySegs {
-		if now.After(until) {
-			delete(w.busySegs, k)
-		}
-	}
-	return out
-}
-
-// markBusy skips segment seg for a while (all its slots run, or it is done).
-func (w *Worker) markBusy(seg string) {
-	w.levelMu.Lock()
-	w.busySegs[seg] = time.Now().Add(segBusyFor)
-	w.levelMu.Unlock()
 }
 
 // claimSegment claims up to n free slots of segment seg in one transaction:
@@ -440,7 +342,12 @@ func (w *Worker) claimFrom(ctx context.Context, lane int, st *segState, ts []Tas
 		w.markBusy(seg)
 		w.lostSegs.remove(seg)
 		w.setHot(lane, "")
-		return nil, true, nil // closed since the list was read: read it again
+		// Closed since the list was read: nothing in it to claim. Not a
+		// lost race either: a claim that found nothing else waits for
+		// what comes after its list's revision (a claim that retried at
+		// once spun through the segments that close every moment under
+		// a stream of small submissions).
+		return nil, false, nil
 	}
 	if st.unreadable > 0 {
 		// A run, try or outcome this worker cannot read (another format):
@@ -456,7 +363,7 @@ func (w *Worker) claimFrom(ctx context.Context, lane int, st *segState, ts []Tas
 		w.markBusy(seg)
 		if st.done() {
 			w.client.closeSegment(ctx, q, st)
-			return nil, true, nil // finished: the list has changed
+			return nil, false, nil // finished: nothing to claim, as when closed
 		}
 		return nil, false, nil
 	}
@@ -627,26 +534,4 @@ func (c *Client) closeFinished(ctx context.Context, q string) (int, error) {
 		}
 	}
 	return n, nil
-}
-
-// notOthersHot returns cands without the segments the worker's other claim
-// loops are taking from (two loops on one segment spoil each other's
-// claims), unless that leaves none.
-func (w *Worker) notOthersHot(lane int, cands []string) []string {
-	w.levelMu.Lock()
-	defer w.levelMu.Unlock()
-	var out []string
-	for _, seg := range cands {
-		taken := false
-		for l, h := range w.hot {
-			taken = taken || l != lane && h == seg
-		}
-		if !taken {
-			out = append(out, seg)
-		}
-	}
-	if len(out) == 0 {
-		return cands
-	}
-	return out
 }
