@@ -43,8 +43,8 @@ type claimCombiner struct {
 	mu     sync.Mutex
 	queues map[string]*claimLine
 	// rounds counts the combined claims made, served the claims they
-	// served with tasks.
-	rounds, served atomic.Int64
+	// served with tasks, idled the claims they told to wait (idleRest).
+	rounds, served, idled atomic.Int64
 }
 
 // claimLine is the claims of one queue: whether one is being made, and
@@ -195,7 +195,7 @@ func (c *Client) claimTogether(ctx context.Context, q string, batch []*claimCall
 	// free slots after its call's run (see idleRest).
 	whole := !first.bounded && len(open) < openRead && len(names) == len(lead.notBusy(c.keys.SegmentsOpen(q), open))
 	var runs []*runClaim
-	defer func() { idleRest(all, runs, len(names), whole, first.rev) }()
+	defer func() { c.claimers.idleRest(all, runs, len(names), whole, first.rev) }()
 	if len(names) == 0 {
 		return
 	}
@@ -248,7 +248,7 @@ func (c *Client) claimTogether(ctx context.Context, q string, batch []*claimCall
 // runs left free slots in its segment: a stream of one-task submissions
 // wakes every waiting claim for each, and without this all but one went
 // on to race alone for a task already taken.
-func idleRest(all []*claimCall, runs []*runClaim, given int, whole bool, rev int64) {
+func (cc *claimCombiner) idleRest(all []*claimCall, runs []*runClaim, given int, whole bool, rev int64) {
 	if !whole {
 		return
 	}
@@ -259,6 +259,7 @@ func idleRest(all []*claimCall, runs []*runClaim, given int, whole bool, rev int
 	}
 	for _, call := range all[min(given, len(all)):] {
 		call.idle, call.rev = true, rev
+		cc.idled.Add(1)
 	}
 }
 

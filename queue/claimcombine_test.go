@@ -157,3 +157,80 @@ func TestOutcomeUnknown(t *testing.T) {
 		}
 	}
 }
+
+// TestWokenClaimsWait: sixteen long polls wait on an empty queue; tasks
+// then come one submission at a time. Each submission wakes every poll,
+// and the polls woken together are combined: the one the new task's
+// segment goes to takes it, and the others, which the combined read showed
+// had nothing left, wait again rather than racing alone for it. Every task
+// is claimed once, and every poll returns within its wait.
+func TestWokenClaimsWait(t *testing.T) {
+	ctx := context.Background()
+	ns := etcdtest.Namespace(t)
+	c, cli := newClient(t, ns)
+	const tasks, polls = 30, 16
+	var mu sync.Mutex
+	claimed := map[string]int{}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range polls {
+		l := grantLease(t, cli, 30*time.Second)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 200; i++ { // bounded: about 20 s of polls
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				began := time.Now()
+				ts, err := c.Claim(ctx, "woken", queue.ClaimRequest{Lease: l, Worker: "w", Max: 1, Wait: 100 * time.Millisecond})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if d := time.Since(began); len(ts) == 0 && d > 5*time.Second {
+					t.Errorf("a poll of 100 ms returned after %s", d)
+				}
+				mu.Lock()
+				for _, tk := range ts {
+					claimed[tk.ID]++
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	time.Sleep(300 * time.Millisecond) // the polls wait
+	idled := queue.IdledClaims(c)
+	for i := range tasks {
+		if _, err := c.Submit(ctx, "woken", []queue.Task{{ID: fmt.Sprintf("t%d", i), Type: "t"}}, nil); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(30 * time.Millisecond)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		mu.Lock()
+		n := len(claimed)
+		mu.Unlock()
+		if n == tasks || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	close(stop)
+	wg.Wait()
+	if len(claimed) != tasks {
+		t.Fatalf("%d of %d tasks claimed", len(claimed), tasks)
+	}
+	for id, k := range claimed {
+		if k != 1 {
+			t.Errorf("task %s claimed %d times", id, k)
+		}
+	}
+	if got := queue.IdledClaims(c) - idled; got == 0 {
+		t.Fatalf("no woken claim was told to wait: each raced alone for the new task")
+	}
+	t.Logf("%d woken claims waited again instead of racing", queue.IdledClaims(c)-idled)
+}
