@@ -1,0 +1,102 @@
+package paxos_test
+
+import (
+	"fmt"
+	"net/http"
+	"os"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+)
+
+// BenchmarkLockServiceLatency measures lock acquire+release cycles at an
+// offered load below saturation (DROVER_BENCH_RATE, default 1,000 cycles/s
+// in all) from 64 clients, each on a lock name of its own, over the same
+// three backends as BenchmarkLockService in one run. Open loop: each
+// cycle starts on its schedule whether or not the client's previous one
+// has ended, and its latency is taken from that scheduled start, so that
+// time spent behind a slow cycle counts. A closed loop of 64 clients
+// measures mostly its own queue (latency about 64 ÷ throughput at
+// saturation); this is the latency a fleet sees at a load the service
+// carries. It reports p50/p99 of cycles (two requests each) and p99 of
+// single requests.
+//
+//	go test ./paxos -run '^$' -bench BenchmarkLockServiceLatency -benchtime 10000x
+func BenchmarkLockServiceLatency(b *testing.B) {
+	rate := 1000
+	if v := os.Getenv("DROVER_BENCH_RATE"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			b.Fatalf("DROVER_BENCH_RATE=%q: want a positive number of cycles a second", v)
+		}
+		rate = n
+	}
+	b.Run("paxos-direct", func(b *testing.B) { openCycles(b, rate, benchPaxos(b, "direct"), paxosShape) })
+	b.Run("paxos-amqp", func(b *testing.B) { openCycles(b, rate, benchPaxos(b, "amqp"), paxosShape) })
+	b.Run("etcd-http", func(b *testing.B) { openCycles(b, rate, benchEtcd(b), etcdShape) })
+}
+
+// openCycles runs b.N cycles from 64 clients on 64 names over bases at
+// rate cycles a second in all (client c's i-th at start + (i*64+c)/rate).
+func openCycles(b *testing.B, rate int, bases []string, sh shape) {
+	const clients = 64
+	hc := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConns: 256, MaxIdleConnsPerHost: 256}}
+	defer hc.CloseIdleConnections()
+	var mu sync.Mutex
+	var cycles, reqs []time.Duration
+	errs := make(chan error, clients)
+	every := time.Second / time.Duration(rate)
+	var wg sync.WaitGroup
+	b.ResetTimer()
+	start := time.Now()
+	for c := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var mine, one []time.Duration
+			defer func() {
+				mu.Lock()
+				cycles, reqs = append(cycles, mine...), append(reqs, one...)
+				mu.Unlock()
+			}()
+			name, owner := fmt.Sprintf("bench-%d", c), fmt.Sprintf("owner-%d", c)
+			for i := 0; i*clients+c < b.N; i++ {
+				at := start.Add(time.Duration(i*clients+c) * every)
+				time.Sleep(time.Until(at))
+				base := bases[(c+i)%len(bases)]
+				m, u, body := sh.acquire(base, name, owner)
+				t0 := time.Now()
+				ans, code, err := benchDo(hc, m, u, body)
+				one = append(one, time.Since(t0))
+				if err != nil || code != http.StatusOK {
+					errs <- fmt.Errorf("acquire %s: %d %v (its own name: never held by another)", name, code, err)
+					return
+				}
+				m, u, body = sh.release(base, name, owner, ans)
+				t0 = time.Now()
+				_, code, err = benchDo(hc, m, u, body)
+				one = append(one, time.Since(t0))
+				if err != nil || code/100 != 2 {
+					errs <- fmt.Errorf("release %s: %d %v", name, code, err)
+					return
+				}
+				mine = append(mine, time.Since(at))
+			}
+		}()
+	}
+	wg.Wait()
+	b.StopTimer()
+	close(errs)
+	if err := <-errs; err != nil {
+		b.Fatal(err)
+	}
+	slices.Sort(cycles)
+	slices.Sort(reqs)
+	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+	b.ReportMetric(ms(cycles[len(cycles)/2]), "p50-ms")
+	b.ReportMetric(ms(cycles[len(cycles)*99/100]), "p99-ms")
+	b.ReportMetric(ms(reqs[len(reqs)*99/100]), "request-p99-ms")
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "cycles/s")
+}
