@@ -43,8 +43,8 @@ type claimCombiner struct {
 	mu     sync.Mutex
 	queues map[string]*claimLine
 	// rounds counts the combined claims made, served the claims they
-	// served with tasks, idled the claims they told to wait (idleRest).
-	rounds, served, idled atomic.Int64
+	// served with tasks.
+	rounds, served atomic.Int64
 }
 
 // claimLine is the claims of one queue: whether one is being made, and
@@ -64,11 +64,6 @@ type claimCall struct {
 	claims []*claim
 	lead   bool
 	done   chan struct{}
-	// idle: the combined claim found nothing left for this call, as of
-	// revision rev; it waits for what comes after rather than claiming
-	// alone.
-	idle bool
-	rev  int64
 }
 
 // claimTurn is one claim of up to n tasks of queue q for w: alone when no
@@ -110,9 +105,6 @@ func (c *Client) claimTurn(ctx context.Context, w *Worker, q string, n int) (cla
 	}
 	if len(call.claims) > 0 {
 		return call.claims, 0, false, nil
-	}
-	if call.idle {
-		return nil, call.rev, false, nil
 	}
 	return w.claim(ctx, 0, n)
 }
@@ -179,7 +171,7 @@ func (c *Client) claimTogether(ctx context.Context, q string, batch []*claimCall
 		}
 	}()
 	lead := batch[0].w
-	levels, fifo, first, open, _, err := lead.readLevels(rctx, batch[0].n, "", true)
+	levels, fifo, _, open, _, err := lead.readLevels(rctx, batch[0].n, "", true)
 	if err != nil || len(levels) > 0 || fifo {
 		// Tasks with records of their own go first, and a FIFO queue's
 		// claims all take its oldest segment: each claims alone.
@@ -187,16 +179,7 @@ func (c *Client) claimTogether(ctx context.Context, q string, batch []*claimCall
 	}
 	lead.pickN = len(batch)
 	names, err := lead.pickSegments(rctx, open, false, lead.turnSeq.Load()+1)
-	if err != nil {
-		return
-	}
-	// Every open segment the read found is handed to a call: the calls
-	// left without one have nothing to claim, unless a segment keeps
-	// free slots after its call's run (see idleRest).
-	whole := !first.bounded && len(open) < openRead && len(names) == len(lead.notBusy(c.keys.SegmentsOpen(q), open))
-	var runs []*runClaim
-	defer func() { c.claimers.idleRest(all, runs, len(names), whole, first.rev) }()
-	if len(names) == 0 {
+	if err != nil || len(names) == 0 {
 		return
 	}
 	batch = batch[:min(len(batch), len(names))]
@@ -205,6 +188,7 @@ func (c *Client) claimTogether(ctx context.Context, q string, batch []*claimCall
 		return
 	}
 	var ops []clientv3.Op
+	var runs []*runClaim
 	for i, call := range batch {
 		if rc := c.planRun(rctx, call, states[i], tss[i]); rc != nil {
 			ops = append(ops, clientv3.OpTxn(rc.cmps, rc.then, rc.els))
@@ -239,27 +223,6 @@ func (c *Client) claimTogether(ctx context.Context, q string, batch []*claimCall
 		} else {
 			call.w.setHot(0, "")
 		}
-	}
-}
-
-// idleRest marks idle, as of revision rev, the calls of all past the
-// first given, which the combined claim had no segment for, when the read
-// was whole (every open segment it found went to a call) and no run of
-// runs left free slots in its segment: a stream of one-task submissions
-// wakes every waiting claim for each, and without this all but one went
-// on to race alone for a task already taken.
-func (cc *claimCombiner) idleRest(all []*claimCall, runs []*runClaim, given int, whole bool, rev int64) {
-	if !whole {
-		return
-	}
-	for _, rc := range runs {
-		if len(rc.free) > len(rc.pick) {
-			return
-		}
-	}
-	for _, call := range all[min(given, len(all)):] {
-		call.idle, call.rev = true, rev
-		cc.idled.Add(1)
 	}
 }
 

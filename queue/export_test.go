@@ -34,12 +34,6 @@ func CombinedClaims(c *Client) (rounds, served int64) {
 	return c.claimers.rounds.Load(), c.claimers.served.Load()
 }
 
-// IdledClaims returns how many claims c's combined claims told to wait:
-// they had no segment, and the combined read saw every open one.
-func IdledClaims(c *Client) int64 {
-	return c.claimers.idled.Load()
-}
-
 // LostClaim makes a claim of two tasks of queue q's first open segment
 // under l as if its answer were lost: applied (or not) without the worker
 // learning it; then resolves it (runClaim.resolve), and sends the claim's

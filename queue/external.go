@@ -109,7 +109,7 @@ func (c *Client) Claim(ctx context.Context, q string, req ClaimRequest) ([]*Task
 	w, sc, done := c.claimer(q, req, n)
 	defer done()
 	deadline := time.Now().Add(req.Wait)
-	for raced := 0; ; {
+	for raced, first := 0, true; ; first = false {
 		due, err := c.promoteDue(ctx, w, q)
 		if err != nil {
 			return nil, fmt.Errorf("queue: claim from %s: move due retries: %w", q, err)
@@ -117,9 +117,11 @@ func (c *Client) Claim(ctx context.Context, q string, req ClaimRequest) ([]*Task
 		var claims []*claim
 		var rev int64
 		var contended bool
-		// Every attempt may be combined: claims woken together (a
-		// submission wakes every waiting one) are made as one.
-		claims, rev, contended, err = c.claimTurn(ctx, w, q, n)
+		if first {
+			claims, rev, contended, err = c.claimTurn(ctx, w, q, n)
+		} else {
+			claims, rev, contended, err = w.claim(ctx, 0, n)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("queue: claim from %s: %w", q, err)
 		}
