@@ -3,6 +3,7 @@ package queue_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -88,5 +89,48 @@ func TestExternalReport(t *testing.T) {
 	st, err := c.Stats(ctx, "rep")
 	if err != nil || st.Succeeded != 4 || st.Retrying != 1 || st.Dead != 1 || st.Running != 0 || st.Pending != 0 {
 		t.Fatalf("%+v %v", st, err)
+	}
+}
+
+// TestReportClosesFinishedSegments: one report with the outcomes of twenty
+// tasks, each submitted alone (a segment each) and claimed by a session of
+// its own, finishes all twenty segments, and closes every one of them
+// (their states read in one request and the closes written in one more):
+// no segment of the queue is left open, and the stats count all twenty.
+func TestReportClosesFinishedSegments(t *testing.T) {
+	ctx := context.Background()
+	ns := etcdtest.Namespace(t)
+	c, cli := newClient(t, ns)
+	const n = 20
+	var os []queue.Outcome
+	for i := range n {
+		if _, err := c.Submit(ctx, "closing", []queue.Task{{ID: fmt.Sprintf("t%d", i), Type: "t"}}, nil); err != nil {
+			t.Fatal(err)
+		}
+		l := grantLease(t, cli, 30*time.Second)
+		ts, err := c.Claim(ctx, "closing", queue.ClaimRequest{Lease: l, Worker: "w", Max: 1})
+		if err != nil || len(ts) != 1 {
+			t.Fatalf("claim %d: %v, %v", i, ts, err)
+		}
+		os = append(os, queue.Outcome{Held: held("closing", ts[0], l)})
+	}
+	rs, err := c.Report(ctx, os)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range rs {
+		if r.Err != nil || r.Task.CurrentStatus != queue.Succeeded {
+			t.Fatalf("outcome %d: %+v", i, r)
+		}
+	}
+	open, err := cli.Get(ctx, keyspace.MustNew(ns).SegmentsOpen("closing"), clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if open.Count != 0 {
+		t.Fatalf("%d of the %d finished segments left open", open.Count, n)
+	}
+	if st, err := c.Stats(ctx, "closing"); err != nil || st.Succeeded != n || st.Unfinished() != 0 {
+		t.Fatalf("stats %+v, %v", st, err)
 	}
 }

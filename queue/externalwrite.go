@@ -182,6 +182,7 @@ func (c *Client) writeReqs(ctx context.Context, reqs []ackReq, owners []*runWrit
 	began := time.Now()
 	resp, err := c.cli.Txn(ctx).Then(append(ops, extra...)...).Commit()
 	metrics.ObserveTxn("ack", began)
+	var closing [][2]string // segments the outcomes may have finished
 	for k, rw := range owners {
 		switch {
 		case err != nil:
@@ -193,7 +194,10 @@ func (c *Client) writeReqs(ctx context.Context, reqs []ackReq, owners []*runWrit
 			if rw.g.cached != nil {
 				c.claims.wrote(rw.g.cached, rw.writtenSlots(), resp.Header.Revision, rw.final)
 			}
-			c.written(ctx, rw, len(rw.os), out)
+			c.answer(rw, len(rw.os), out)
+			if rw.final && !rw.others {
+				closing = append(closing, [2]string{rw.g.q, rw.g.seg})
+			}
 		default:
 			if rw.g.cached != nil {
 				c.claims.stale.Add(1)
@@ -202,6 +206,7 @@ func (c *Client) writeReqs(ctx context.Context, reqs []ackReq, owners []*runWrit
 			again = retryLater(again, rw, 0)
 		}
 	}
+	c.closeDone(ctx, closing)
 	return again
 }
 
@@ -241,6 +246,14 @@ func (c *Client) writeChained(ctx context.Context, rw *runWrite, reqs []ackReq, 
 // closes the segment when the run that ended was its only one (as read) and
 // every slot has finished.
 func (c *Client) written(ctx context.Context, rw *runWrite, n int, out []Reported) {
+	c.answer(rw, n, out)
+	if rw.final && !rw.others {
+		c.closeDone(ctx, [][2]string{{rw.g.q, rw.g.seg}})
+	}
+}
+
+// answer answers the first n outcomes of rw, which were written.
+func (c *Client) answer(rw *runWrite, n int, out []Reported) {
 	for k, o := range rw.os[:n] {
 		rw.w.count(o)
 		switch o.kind {
@@ -250,11 +263,6 @@ func (c *Client) written(ctx context.Context, rw *runWrite, n int, out []Reporte
 			c.retryAt(rw.g.q, o.c.task.ScheduledAt)
 		}
 		out[rw.items[k]] = Reported{Task: o.c.task}
-	}
-	if rw.final && !rw.others {
-		if st, err := c.readState(ctx, rw.g.q, rw.g.seg); err == nil && st.open && st.done() {
-			c.closeSegment(ctx, rw.g.q, st)
-		}
 	}
 }
 

@@ -499,18 +499,65 @@ func (w *Worker) withoutRunnerHeldSlots(ts []Task, free []int) []int {
 // succeeded in it, unless anything changed since the read. Retention
 // removes it later.
 func (c *Client) closeSegment(ctx context.Context, q string, st *segState) {
-	seg := st.name
-	resp, err := c.cli.Txn(ctx).If(
-		clientv3.Compare(clientv3.CreateRevision(c.keys.SegmentOpen(q, seg)), ">", 0),
-		clientv3.Compare(clientv3.CreateRevision(c.keys.Runs(q, seg)).WithPrefix(), "=", 0),
-		clientv3.Compare(clientv3.ModRevision(c.keys.Outs(q, seg)).WithPrefix(), "<", st.rev+1),
-		clientv3.Compare(clientv3.ModRevision(c.keys.Exits(q, seg)).WithPrefix(), "<", st.rev+1),
-	).Then(
-		clientv3.OpDelete(c.keys.SegmentOpen(q, seg)),
-		clientv3.OpDelete(c.keys.Tries(q, seg), clientv3.WithPrefix()),
-		clientv3.OpPut(c.keys.SegmentClosed(q, seg, c.now()), fmt.Sprintf("%d", len(st.ok)-st.purgedOK)),
-	).Commit()
+	cmps, then := c.closeOps(q, st)
+	resp, err := c.cli.Txn(ctx).If(cmps...).Then(then...).Commit()
 	_, _ = resp, err // a change in between: whoever made it closes it later
+}
+
+// closeOps are the compares and the writes of closeSegment.
+func (c *Client) closeOps(q string, st *segState) ([]clientv3.Cmp, []clientv3.Op) {
+	seg := st.name
+	return []clientv3.Cmp{
+			clientv3.Compare(clientv3.CreateRevision(c.keys.SegmentOpen(q, seg)), ">", 0),
+			clientv3.Compare(clientv3.CreateRevision(c.keys.Runs(q, seg)).WithPrefix(), "=", 0),
+			clientv3.Compare(clientv3.ModRevision(c.keys.Outs(q, seg)).WithPrefix(), "<", st.rev+1),
+			clientv3.Compare(clientv3.ModRevision(c.keys.Exits(q, seg)).WithPrefix(), "<", st.rev+1),
+		}, []clientv3.Op{
+			clientv3.OpDelete(c.keys.SegmentOpen(q, seg)),
+			clientv3.OpDelete(c.keys.Tries(q, seg), clientv3.WithPrefix()),
+			clientv3.OpPut(c.keys.SegmentClosed(q, seg, c.now()), fmt.Sprintf("%d", len(st.ok)-st.purgedOK)),
+		}
+}
+
+// closeDone closes the segments segs (queue and name) that are finished:
+// their states read in one request, and the finished ones closed in one
+// more, each as a nested transaction fenced as closeSegment is. A combined
+// report that finished many one-task segments read and closed them one
+// after the other, two round trips each, and every report waiting behind
+// it waited for all of them.
+func (c *Client) closeDone(ctx context.Context, segs [][2]string) {
+	// Once each: one request may not write a key twice.
+	seen := make(map[[2]string]bool, len(segs))
+	segs = slices.DeleteFunc(slices.Clone(segs), func(s [2]string) bool {
+		dup := seen[s]
+		seen[s] = true
+		return dup
+	})
+	const perRead = 24 // five reads each, within etcd's 128 operations
+	for from := 0; from < len(segs); from += perRead {
+		part := segs[from:min(from+perRead, len(segs))]
+		var ops []clientv3.Op
+		for _, s := range part {
+			ops = append(ops, c.stateOps(s[0], s[1])...)
+		}
+		resp, err := c.cli.Txn(ctx).Then(ops...).Commit()
+		if err != nil {
+			return // whoever changes these segments next closes them
+		}
+		var closes []clientv3.Op
+		rs := resp.Responses
+		for _, s := range part {
+			k := len(c.stateOps(s[0], s[1]))
+			if st := c.parseState(s[0], s[1], resp.Header.Revision, rs[:k]); st.open && st.done() {
+				cmps, then := c.closeOps(s[0], st)
+				closes = append(closes, clientv3.OpTxn(cmps, then, nil))
+			}
+			rs = rs[k:]
+		}
+		if len(closes) > 0 {
+			_, _ = c.cli.Txn(ctx).Then(closes...).Commit() // each refused alone if changed since
+		}
+	}
 }
 
 // closeFinished closes the finished segments among the first open ones of
