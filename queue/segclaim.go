@@ -107,21 +107,14 @@ func (w *Worker) claimListed(ctx context.Context, lane, n int, r segmentRead) (c
 			return nil, contended, err
 		}
 		busy := 0
-		// The first candidate's state alone (most often it has free
-		// slots), then the others' in one read: under a stream of small
-		// submissions many listed segments are taken or closed by the
-		// time their state is read, and a read each made one claim many
-		// round trips long.
-		for i, k := 0, 1; i < len(cands); i, k = i+k, len(cands)-i-k {
-			claims, c, err := w.claimAmong(ctx, lane, cands[i:i+k], n)
+		for _, seg := range cands {
+			claims, c, err := w.claimSegment(ctx, lane, seg, n)
 			if err != nil || len(claims) > 0 {
 				return claims, false, err
 			}
 			contended = contended || c
-			for _, seg := range cands[i : i+k] {
-				if w.isBusy(seg) {
-					busy++
-				}
+			if w.isBusy(seg) {
+				busy++
 			}
 		}
 		if contended || busy < len(cands) {
@@ -129,33 +122,6 @@ func (w *Worker) claimListed(ctx context.Context, lane, n int, r segmentRead) (c
 		}
 	}
 	return nil, true, nil // still only busy segments: claim again, reading on
-}
-
-// claimAmong reads the states of segments segs in one request and claims
-// up to n free slots from the first that has some, as claimSegment does;
-// contended says a claim lost a race. A segment removed or unreadable
-// since it was listed is marked busy.
-func (w *Worker) claimAmong(ctx context.Context, lane int, segs []string, n int) (claims []*claim, contended bool, err error) {
-	if len(segs) == 1 {
-		return w.claimSegment(ctx, lane, segs[0], n)
-	}
-	q := w.cfg.Queue
-	states, tss, err := w.client.readStates(ctx, q, segs)
-	if err != nil {
-		return nil, false, fmt.Errorf("queue: read segments of %s: %w", q, err)
-	}
-	for i, seg := range segs {
-		if tss[i] == nil {
-			w.markBusy(seg) // removed, or its tasks unreadable
-			continue
-		}
-		claims, c, err := w.claimFrom(ctx, lane, states[i], tss[i], n)
-		if err != nil || len(claims) > 0 {
-			return claims, false, err
-		}
-		contended = contended || c
-	}
-	return nil, contended, nil
 }
 
 // claimLost claims from the segment a dead worker's run left tasks in, if
@@ -342,12 +308,7 @@ func (w *Worker) claimFrom(ctx context.Context, lane int, st *segState, ts []Tas
 		w.markBusy(seg)
 		w.lostSegs.remove(seg)
 		w.setHot(lane, "")
-		// Closed since the list was read: nothing in it to claim. Not a
-		// lost race either: a claim that found nothing else waits for
-		// what comes after its list's revision (a claim that retried at
-		// once spun through the segments that close every moment under
-		// a stream of small submissions).
-		return nil, false, nil
+		return nil, true, nil // closed since the list was read: read it again
 	}
 	if st.unreadable > 0 {
 		// A run, try or outcome this worker cannot read (another format):
@@ -363,7 +324,7 @@ func (w *Worker) claimFrom(ctx context.Context, lane int, st *segState, ts []Tas
 		w.markBusy(seg)
 		if st.done() {
 			w.client.closeSegment(ctx, q, st)
-			return nil, false, nil // finished: nothing to claim, as when closed
+			return nil, true, nil // finished: the list has changed
 		}
 		return nil, false, nil
 	}
