@@ -4,10 +4,13 @@ package etcdtest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"regexp"
+	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -33,8 +36,28 @@ type Options struct {
 	ClientURL string
 }
 
-// Start starts an embedded etcd server on free loopback ports.
+// Start starts an embedded etcd server on free loopback ports. A port
+// found free can be taken by another process before etcd binds it (test
+// binaries of several packages run at once): when neither the directory
+// nor the address is pinned, Start tries again with new ports, up to five
+// times.
 func Start(opts Options) (*Server, error) {
+	for try := 1; ; try++ {
+		s, err := start(opts)
+		if err == nil || try == 5 || opts.Dir != "" || opts.ClientURL != "" || !portTaken(err) {
+			return s, err
+		}
+	}
+}
+
+// portTaken reports whether err says a listener's port was in use (etcd
+// may not keep the system call's error in its chain, so its text counts).
+func portTaken(err error) bool {
+	return errors.Is(err, syscall.EADDRINUSE) || strings.Contains(err.Error(), "address already in use")
+}
+
+// start is one attempt of Start.
+func start(opts Options) (*Server, error) {
 	dir, owned := opts.Dir, false
 	if dir == "" {
 		d, err := os.MkdirTemp("", "drover-etcd-")
