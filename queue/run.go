@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/droverhq/drover/keyspace"
@@ -162,29 +163,16 @@ func (w *Worker) waitRan(ctx context.Context) error {
 // tasks are not, so that a worker does not sit on tasks others could run.
 const aheadBelow = 5 * time.Millisecond
 
-// sampleTaskTime adds a task that took d to the worker's running average.
-func (w *Worker) sampleTaskTime(d time.Duration) {
+// sample adds d to the running average avg (in ns; 0: no sample yet):
+// the worker's task times and claim times.
+func sample(avg *atomic.Int64, d time.Duration) {
 	for {
-		avg := w.taskTime.Load()
-		next := int64(d) // the first task
-		if avg != 0 {
-			next = avg + (int64(d)-avg)/8
+		old := avg.Load()
+		next := int64(d) // the first sample
+		if old != 0 {
+			next = old + (int64(d)-old)/8
 		}
-		if w.taskTime.CompareAndSwap(avg, max(next, 1)) {
-			return
-		}
-	}
-}
-
-// sampleClaimTime adds a claim that took d to the worker's running average.
-func (w *Worker) sampleClaimTime(d time.Duration) {
-	for {
-		avg := w.claimTime.Load()
-		next := int64(d)
-		if avg != 0 {
-			next = avg + (int64(d)-avg)/8
-		}
-		if w.claimTime.CompareAndSwap(avg, max(next, 1)) {
+		if avg.CompareAndSwap(old, max(next, 1)) {
 			return
 		}
 	}
@@ -276,7 +264,7 @@ func (w *Worker) startWhenFree(stop, base context.Context, c *claim, run chan st
 	}
 	began := time.Now()
 	o := w.execute(base, c)
-	w.sampleTaskTime(time.Since(began))
+	sample(&w.taskTime, time.Since(began))
 	return o
 }
 
@@ -314,7 +302,7 @@ func (w *Worker) loop(ctx, base context.Context, lane int, slots *slotPool, run 
 		began := time.Now()
 		claims, rev, contended, err := w.claim(ctx, lane, n)
 		if err == nil {
-			w.sampleClaimTime(time.Since(began))
+			sample(&w.claimTime, time.Since(began))
 		}
 		slots.release(n - len(claims))
 		if err != nil {

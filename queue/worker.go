@@ -175,8 +175,8 @@ type Worker struct {
 	hot                                                   [claimers]string       // per claim loop, the segment it took from last, with slots left (levelMu)
 	predicted                                             [claimers]*segState    // per claim loop, hot's state as its last claim left it (levelMu)
 	lastListed                                            []string               // the open segments the last list read found, in order (levelMu)
-	taskTime                                              atomic.Int64           // a running average of how long tasks take, in ns (sampleTaskTime)
-	claimTime                                             atomic.Int64           // a running average of how long claims take, in ns (sampleClaimTime)
+	taskTime                                              atomic.Int64           // a running average of how long tasks take, in ns (sample)
+	claimTime                                             atomic.Int64           // a running average of how long claims take, in ns (sample)
 	guessed                                               [claimers]bool         // per claim loop, hot is the next of the last list, not yet confirmed (levelMu)
 	laneClaims                                            [claimers]atomic.Int64 // per claim loop, its claims: one in readEvery reads first
 	runID                                                 string                 // names this worker's runs: unique, where worker ids may not be
