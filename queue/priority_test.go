@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/droverhq/drover/internal/etcdtest"
 	"github.com/droverhq/drover/queue"
@@ -25,7 +26,10 @@ func submitLevel(t *testing.T, c *queue.Client, q, prefix string, n, p int) {
 }
 
 // runInOrder drains queue q with one worker running one task at a time and
-// returns the ids in the order they ran.
+// returns the ids in the order they ran. Each task takes 3 ms, below the
+// worker's claim-ahead bound, so the worker claims the next task while one
+// runs, as it does in production: a lower level's turn must not make that
+// claim take from the lower level's segment again.
 func runInOrder(t *testing.T, ns, q string) []string {
 	t.Helper()
 	_, cli := newClient(t, ns)
@@ -36,6 +40,7 @@ func runInOrder(t *testing.T, ns, q string) []string {
 		mu.Lock()
 		ids = append(ids, task.ID)
 		mu.Unlock()
+		time.Sleep(3 * time.Millisecond)
 		return nil, nil
 	})
 	runDrain(t, w)

@@ -109,6 +109,11 @@ func (w *Worker) claimListed(ctx context.Context, lane, n int, r segmentRead) (c
 		busy := 0
 		for _, seg := range cands {
 			claims, c, err := w.claimSegment(ctx, lane, seg, n)
+			if len(claims) > 0 && !fifo && w.belowTop(seg, open) {
+				// A lower level's turn: the loop's next claim must not
+				// take from this segment again without the rule.
+				w.setHot(lane, "")
+			}
 			if err != nil || len(claims) > 0 {
 				return claims, false, err
 			}
@@ -122,6 +127,19 @@ func (w *Worker) claimListed(ctx context.Context, lane, n int, r segmentRead) (c
 		}
 	}
 	return nil, true, nil // still only busy segments: claim again, reading on
+}
+
+// belowTop reports whether segment seg is of a lower priority level than
+// the first of the open segments open (a list read, highest level first):
+// a lower level's turn took it.
+func (w *Worker) belowTop(seg string, open []*mvccpb.KeyValue) bool {
+	if len(open) == 0 {
+		return false
+	}
+	top, _ := keyspace.Last(w.keys.SegmentsOpen(w.cfg.Queue), string(open[0].Key))
+	tl, ok1 := keyspace.SegmentLevel(top)
+	sl, ok2 := keyspace.SegmentLevel(seg)
+	return ok1 && ok2 && sl != tl
 }
 
 // claimLost claims from the segment a dead worker's run left tasks in, if
@@ -226,10 +244,7 @@ func (w *Worker) stillFirst(lane int, r segmentRead) bool {
 	if r.seq%8 == 0 || len(r.open) == 0 {
 		return false
 	}
-	top, _ := keyspace.Last(w.keys.SegmentsOpen(w.cfg.Queue), string(r.open[0].Key))
-	tl, ok1 := keyspace.SegmentLevel(top)
-	hl, ok2 := keyspace.SegmentLevel(r.hot.name)
-	return ok1 && ok2 && tl == hl
+	return !w.belowTop(r.hot.name, r.open)
 }
 
 // listed records the open segments a list read found (in order), from
