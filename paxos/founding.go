@@ -179,15 +179,23 @@ func probeRefusal(id NodeID, has []PeerState) error {
 		ErrGroupHasState, strings.Join(who, "; "), id, id, id)
 }
 
-// DataDirIsNew reports whether dir holds no node state yet (no paxos.db):
-// NewNode would start there with no promise and no accepted value.
+// DataDirIsNew reports whether dir holds no node state yet (neither
+// paxos.db nor an acceptor log): NewNode would start there with no promise
+// and no accepted value.
 func DataDirIsNew(dir string) (bool, error) {
 	_, err := os.Stat(filepath.Join(dir, storFile))
 	switch {
 	case err == nil:
 		return false, nil
-	case errors.Is(err, os.ErrNotExist):
+	case !errors.Is(err, os.ErrNotExist):
+		return false, fmt.Errorf("paxos: data dir %s: %w", dir, err)
+	}
+	gens, _, err := walGenerations(dir)
+	if errors.Is(err, os.ErrNotExist) {
 		return true, nil
 	}
-	return false, fmt.Errorf("paxos: data dir %s: %w", dir, err)
+	if err != nil {
+		return false, fmt.Errorf("paxos: data dir %s: %w", dir, err)
+	}
+	return len(gens) == 0, nil
 }

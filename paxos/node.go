@@ -57,7 +57,8 @@ type Config struct {
 	// Transport carries messages to the other members. The node does not
 	// close it.
 	Transport Transport
-	// DataDir holds the durable acceptor state (DataDir/paxos.db).
+	// DataDir holds the durable acceptor state (DataDir/acceptor-*.log)
+	// and the identity and latest snapshot (DataDir/paxos.db).
 	DataDir string
 	// Heartbeat is the leader's heartbeat period, and the node's tick.
 	// Default DefaultHeartbeat.
