@@ -102,7 +102,15 @@ var (
 	storKeyCommit   = []byte("commit")
 	storKeyIndex    = []byte("index")
 	storKeyData     = []byte("data")
+	// storKeyLog is set once the acceptor's log was made: from then on a
+	// missing log is refused, not started afresh.
+	storKeyLog = []byte("log")
 )
+
+// storStartAfresh is what to do with a data dir whose acceptor state is
+// lost: such a node must not vote again as if it had promised nothing.
+const storStartAfresh = "to start this node afresh, move the data dir away, remove the node from the group " +
+	"(drover paxos members remove), then start it with --join and add it again (drover paxos members add)"
 
 // Storage is a node's durable state in dir: the acceptor's promises,
 // accepted entries and commit index in an append-only log (see wal.go),
@@ -123,7 +131,9 @@ type Storage struct {
 	st        walState
 	snapIndex uint64
 	buf       []byte
-	failed    error
+	// commitDirty: the commit index moved since the last record.
+	commitDirty bool
+	failed      error
 }
 
 // OpenStorage opens the state in dir, creating dir, dir/paxos.db and the
@@ -147,11 +157,14 @@ func OpenStorage(dir, group string, id NodeID, peers []Peer) (*Storage, State, e
 		return nil, State{}, fmt.Errorf("paxos: open storage: create data dir: %w", err)
 	}
 	path := filepath.Join(dir, storFile)
-	db, err := storOpenBolt(path)
+	if err := storLogAlone(dir, path); err != nil {
+		return nil, State{}, err
+	}
+	db, err := storOpenBolt(dir, path)
 	if err != nil {
 		return nil, State{}, err
 	}
-	st, format, err := storLoad(db, dir, group, id, peers)
+	st, format, hasLog, err := storLoad(db, dir, group, id, peers)
 	if err != nil {
 		_ = db.Close()
 		return nil, State{}, err
@@ -163,7 +176,7 @@ func OpenStorage(dir, group string, id NodeID, peers []Peer) (*Storage, State, e
 	if format == storFormatBolt {
 		err = s.moveToLog(st)
 	} else {
-		err = s.openLog(format == 0, st.Snapshot != nil)
+		err = s.openLog(hasLog || st.Snapshot != nil)
 	}
 	if err != nil {
 		_ = db.Close()
@@ -183,27 +196,18 @@ func OpenStorage(dir, group string, id NodeID, peers []Peer) (*Storage, State, e
 	return s, st, nil
 }
 
-// openLog opens the acceptor's log, or starts one when there is none: a
-// dir just created, or one whose creation a crash cut short. With a
-// snapshot saved there must be a log, and a bbolt file just created must
-// not find one (whose identity would be unknown): both are refused.
-func (s *Storage) openLog(created, snapshotted bool) error {
-	if created {
-		gens, _, err := walGenerations(s.dir)
-		if err != nil {
-			return err
-		}
-		if len(gens) > 0 {
-			return fmt.Errorf("it holds an acceptor log (%s) but no %s that says whose: restore %s, or move the dir away", walName(gens[len(gens)-1]), storFile, storFile)
-		}
-	}
+// openLog opens the acceptor's log, or starts one when there is none and
+// none was ever made (a dir just created, or one whose creation a crash
+// cut short); hadLog says one was: its absence is then refused. Once the
+// log is there, the bbolt file records that it is.
+func (s *Storage) openLog(hadLog bool) error {
 	f, gen, st, ok, err := walOpen(s.dir)
 	if err != nil {
 		return err
 	}
 	if !ok {
-		if snapshotted {
-			return fmt.Errorf("the acceptor's log (%s*%s) is missing: restore it, or move the data dir away to start this node afresh (it will catch up from its peers)", walPrefix, walSuffix)
+		if hadLog {
+			return fmt.Errorf("the acceptor's log (%s*%s) is missing: restore it; %s", walPrefix, walSuffix, storStartAfresh)
 		}
 		st, gen = walState{entries: map[uint64][]byte{}}, 1
 		if f, err = walCreate(s.dir, gen, st); err != nil {
@@ -211,6 +215,29 @@ func (s *Storage) openLog(created, snapshotted bool) error {
 		}
 	}
 	s.log, s.gen, s.st = f, gen, st
+	if !hadLog {
+		if err := s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(storBucketMeta).Put(storKeyLog, storU64(1)) }); err != nil {
+			_ = f.Close()
+			return fmt.Errorf("record the acceptor's log: %w", err)
+		}
+	}
+	return nil
+}
+
+// storLogAlone refuses a dir holding an acceptor log but no bbolt file,
+// which would say whose it is, before anything is created there.
+func storLogAlone(dir, path string) error {
+	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
+		return nil // there, or not readable: opening it tells
+	}
+	gens, _, err := walGenerations(dir)
+	if err != nil {
+		return fmt.Errorf("paxos: open storage %s: %w", dir, err)
+	}
+	if len(gens) > 0 {
+		return fmt.Errorf("paxos: open storage %s: it holds an acceptor log (%s) but no %s, which says whose it is: restore %s, or move the dir away",
+			dir, walName(gens[len(gens)-1]), storFile, storFile)
+	}
 	return nil
 }
 
@@ -244,17 +271,18 @@ func (s *Storage) usable(what string) error {
 }
 
 // write appends one record of the promise, the commit index and ents to
-// the log, synced when sync; the caller holds mu.
-func (s *Storage) write(what string, ents [][]byte, sync bool) error {
+// the log and syncs it; the caller holds mu.
+func (s *Storage) write(what string, ents [][]byte) error {
 	s.buf = walAppendRecord(s.buf[:0], s.st.promised, s.st.commit, ents)
 	_, err := s.log.Write(s.buf)
-	if err == nil && sync {
+	if err == nil {
 		err = s.log.Sync()
 	}
 	if err != nil {
 		s.failed = err
 		return fmt.Errorf("paxos: %s: %w", what, err)
 	}
+	s.commitDirty = false
 	return nil
 }
 
@@ -270,7 +298,7 @@ func (s *Storage) SetPromised(b Ballot) error {
 		return nil
 	}
 	s.st.promised = b
-	return s.write("save promise", nil, true)
+	return s.write("save promise", nil)
 }
 
 // Accept records, in one synced write, the promise promised (raised
@@ -305,7 +333,7 @@ func (s *Storage) Accept(promised Ballot, es []Entry) error {
 			slots = append(slots, e.Slot)
 		}
 	}
-	if err := s.write("accept", keep, true); err != nil {
+	if err := s.write("accept", keep); err != nil {
 		return err
 	}
 	for i, slot := range slots {
@@ -315,27 +343,28 @@ func (s *Storage) Accept(promised Ballot, es []Entry) error {
 }
 
 // SetCommit records that every slot up to c is chosen. A value at or below
-// the stored one changes nothing. The write is not synced on its own: the
-// next promise or acceptance syncs it, or Close. The commit index may lag
-// after a crash, never lead.
+// the stored one changes nothing. It is written with the next promise or
+// acceptance (every record carries the commit index), or by Close: the
+// commit index may lag after a crash, never lead. Writing only synced
+// records keeps a crash's damage to the one record being written.
 func (s *Storage) SetCommit(c uint64) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.usable("save commit"); err != nil {
 		return err
 	}
-	if c <= s.st.commit {
-		return nil
+	if c > s.st.commit {
+		s.st.commit = c
+		s.commitDirty = true
 	}
-	s.st.commit = c
-	return s.write("save commit", nil, false)
+	return nil
 }
 
 // SaveSnapshot stores snap in bbolt (synced) and then starts the next
 // generation of the log with the entries above snap.Index only; Commit is
 // raised to snap.Index. A snapshot older than the stored one is refused.
-// When the new generation cannot be written, the error is returned and
-// the current one, which still holds everything, stays in use.
+// When the new generation cannot be written, the storage takes no more
+// writes.
 func (s *Storage) SaveSnapshot(snap Snapshot) error {
 	what := fmt.Sprintf("save snapshot at %d", snap.Index)
 	members, err := json.Marshal(snap.Members)
@@ -371,8 +400,13 @@ func (s *Storage) SaveSnapshot(snap Snapshot) error {
 	}
 	f, err := walCreate(s.dir, s.gen+1, s.st)
 	if err != nil {
+		// The new generation may be in place (renamed, its dir not
+		// synced): the next open would take it and drop the current
+		// one, so nothing more may be written to the current one.
+		s.failed = err
 		return fmt.Errorf("paxos: %s: %w", what, err)
 	}
+	s.commitDirty = false
 	old := s.log
 	s.log, s.gen = f, s.gen+1
 	_ = old.Close()
@@ -380,7 +414,7 @@ func (s *Storage) SaveSnapshot(snap Snapshot) error {
 	return nil
 }
 
-// Close syncs the log and closes the files, waiting for a write in
+// Close writes the commit index if it moved and closes the files, waiting for a write in
 // progress. It is safe to call twice; writes after Close fail.
 func (s *Storage) Close() error {
 	s.mu.Lock()
@@ -390,8 +424,8 @@ func (s *Storage) Close() error {
 	}
 	var errs []error
 	if s.log != nil {
-		if s.failed == nil {
-			errs = append(errs, s.log.Sync())
+		if s.failed == nil && s.commitDirty {
+			errs = append(errs, s.write("save commit", nil))
 		}
 		errs = append(errs, s.log.Close())
 	}

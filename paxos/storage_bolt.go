@@ -55,6 +55,9 @@ func (s *Storage) moveToLog(st State) error {
 				return err
 			}
 		}
+		if err := meta.Put(storKeyLog, storU64(1)); err != nil {
+			return err
+		}
 		return meta.Put(storKeyFormat, storU64(storFormat))
 	})
 	if err != nil {
@@ -67,8 +70,9 @@ func (s *Storage) moveToLog(st State) error {
 	return nil
 }
 
-// storOpenBolt opens path, replacing a file torn while bbolt was creating it.
-func storOpenBolt(path string) (*bolt.DB, error) {
+// storOpenBolt opens path, replacing a file torn while bbolt was creating
+// it (never one whose dir holds an acceptor log).
+func storOpenBolt(dir, path string) (*bolt.DB, error) {
 	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: storOpenTimeout})
 	if err == nil {
 		return db, nil
@@ -78,9 +82,9 @@ func storOpenBolt(path string) (*bolt.DB, error) {
 			ErrDataDirInUse, path, err)
 	}
 	info, statErr := os.Stat(path)
-	if statErr != nil || info.Size() > int64(storFreshPages*os.Getpagesize()) {
-		return nil, fmt.Errorf("paxos: open storage %s: not a readable paxos database (move it away to start this node afresh, "+
-			"it will catch up from its peers): %w", path, err)
+	gens, _, _ := walGenerations(dir)
+	if statErr != nil || info.Size() > int64(storFreshPages*os.Getpagesize()) || len(gens) > 0 {
+		return nil, fmt.Errorf("paxos: open storage %s: not a readable paxos database: %w; %s", path, err, storStartAfresh)
 	}
 	// bbolt writes its first pages in one write: a file no bigger than
 	// them that does not open never held our state.
@@ -96,9 +100,10 @@ func storOpenBolt(path string) (*bolt.DB, error) {
 
 // storLoad reads the identity, the members and the snapshot (and, from a
 // dir of the earlier layout, format storFormatBolt, the acceptor state)
-// and returns the dir's format; a file without identity is initialized for
-// group, id and peers (format 0: created now).
-func storLoad(db *bolt.DB, dir, group string, id NodeID, peers []Peer) (st State, format uint64, err error) {
+// and returns the dir's format and whether the acceptor's log was made; a
+// file without identity is initialized for group, id and peers (format 0:
+// created now).
+func storLoad(db *bolt.DB, dir, group string, id NodeID, peers []Peer) (st State, format uint64, hasLog bool, err error) {
 	err = db.View(func(tx *bolt.Tx) error {
 		meta := tx.Bucket(storBucketMeta)
 		if meta == nil {
@@ -107,21 +112,22 @@ func storLoad(db *bolt.DB, dir, group string, id NodeID, peers []Peer) (st State
 		if format, err = storCheckIdentity(meta, dir, group, id); err != nil {
 			return err
 		}
+		hasLog = meta.Get(storKeyLog) != nil
 		st, err = storReadState(tx, format == storFormatBolt)
 		return err
 	})
 	if err != nil {
 		if errors.Is(err, ErrWrongGroup) {
-			return State{}, 0, err
+			return State{}, 0, false, err
 		}
-		return State{}, 0, fmt.Errorf("paxos: open storage %s: %w", dir, err)
+		return State{}, 0, false, fmt.Errorf("paxos: open storage %s: %w", dir, err)
 	}
 	if format != 0 {
-		return st, format, nil
+		return st, format, hasLog, nil
 	}
 	members, err := json.Marshal(peers)
 	if err != nil {
-		return State{}, 0, fmt.Errorf("paxos: open storage: encode members: %w", err)
+		return State{}, 0, false, fmt.Errorf("paxos: open storage: encode members: %w", err)
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
 		meta, err := tx.CreateBucketIfNotExists(storBucketMeta)
@@ -139,9 +145,9 @@ func storLoad(db *bolt.DB, dir, group string, id NodeID, peers []Peer) (st State
 		return err
 	})
 	if err != nil {
-		return State{}, 0, fmt.Errorf("paxos: open storage %s: initialize: %w", dir, err)
+		return State{}, 0, false, fmt.Errorf("paxos: open storage %s: initialize: %w", dir, err)
 	}
-	return State{Members: append([]Peer(nil), peers...)}, 0, nil
+	return State{Members: append([]Peer(nil), peers...)}, 0, false, nil
 }
 
 // storCheckIdentity refuses a dir of an unknown format, another group or

@@ -266,7 +266,7 @@ func TestStorageRefusesCorruptFile(t *testing.T) {
 		s.Close()
 		t.Fatal("OpenStorage accepted a corrupt file")
 	}
-	if !strings.Contains(err.Error(), "move it away") {
+	if !strings.Contains(err.Error(), "move the data dir away") {
 		t.Errorf("error %q does not say what to do", err)
 	}
 	if b, _ := os.ReadFile(path); !bytes.Equal(b, junk) {

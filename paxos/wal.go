@@ -42,6 +42,9 @@ const (
 	walTemp   = ".tmp"
 	// walHeader is a record's length and checksum.
 	walHeader = 8
+	// walMinPayload is the smallest payload: a ballot, a commit index
+	// and a count of entries.
+	walMinPayload = 16 + 8 + 4
 	// walMaxRecord bounds a record's payload: a larger length is damage.
 	walMaxRecord = 1 << 30
 )
@@ -79,7 +82,7 @@ func walAppendRecord(buf []byte, promised Ballot, commit uint64, ents [][]byte) 
 
 // walApply replays one record's payload p onto st.
 func walApply(st *walState, p []byte) error {
-	if len(p) < 16+8+4 {
+	if len(p) < walMinPayload {
 		return errors.New("record too short")
 	}
 	if b := storGetBallot(p[:16]); st.promised.Less(b) {
@@ -108,46 +111,59 @@ func walApply(st *walState, p []byte) error {
 }
 
 // walReplay replays data, a log file's bytes, and returns the state and
-// how many bytes hold whole records. What follows them is a torn tail (a
-// write the crash cut short, never synced, so never answered for): a
-// header cut short, a record running past the end, a last record whose
-// checksum fails, or zeros to the end. A damaged record with more after
-// it is an error: a synced write was lost.
+// how many bytes hold whole records. A record that is cut short or fails
+// its checksum ends the replay: when no whole record follows it anywhere,
+// it is a torn tail (the one write a crash cut short: only the last write
+// can be unsynced, and an unsynced write was never answered for); when a
+// whole record follows, a synced write was damaged, which is an error.
 func walReplay(data []byte) (walState, int, error) {
 	st := walState{entries: map[uint64][]byte{}}
 	off := 0
 	for off < len(data) {
-		rest := data[off:]
-		if len(rest) < walHeader {
+		n, ok := walRecordAt(data, off)
+		if !ok {
+			if next := walNextRecord(data, off+1); next >= 0 {
+				return st, off, fmt.Errorf("damaged record at byte %d, with a whole record at byte %d after it", off, next)
+			}
 			return st, off, nil
 		}
-		l := int64(binary.BigEndian.Uint32(rest))
-		end := walHeader + l
-		if end >= int64(len(rest)) && (end > int64(len(rest)) || crc32.Checksum(rest[walHeader:], walTable) != binary.BigEndian.Uint32(rest[4:])) {
-			return st, off, nil // runs past the end, or the last one and damaged
-		}
-		if l == 0 || l > walMaxRecord || crc32.Checksum(rest[walHeader:end], walTable) != binary.BigEndian.Uint32(rest[4:]) {
-			if allZero(rest) {
-				return st, off, nil
-			}
-			return st, off, fmt.Errorf("damaged record at byte %d, with more records after it", off)
-		}
-		if err := walApply(&st, rest[walHeader:end]); err != nil {
+		if err := walApply(&st, data[off+walHeader:off+n]); err != nil {
 			return st, off, fmt.Errorf("record at byte %d: %w", off, err)
 		}
-		off += int(end)
+		off += n
 	}
 	return st, off, nil
 }
 
-// allZero reports whether b holds only zero bytes.
-func allZero(b []byte) bool {
-	for _, c := range b {
-		if c != 0 {
-			return false
+// walRecordAt returns the size of the whole record at data[off:], ok false
+// when none is there: a header cut short, a length out of bounds or running
+// past the end, or a checksum that fails.
+func walRecordAt(data []byte, off int) (int, bool) {
+	rest := data[off:]
+	if len(rest) < walHeader {
+		return 0, false
+	}
+	l := int64(binary.BigEndian.Uint32(rest))
+	if l < walMinPayload || l > walMaxRecord || walHeader+l > int64(len(rest)) {
+		return 0, false
+	}
+	end := walHeader + int(l)
+	if crc32.Checksum(rest[walHeader:end], walTable) != binary.BigEndian.Uint32(rest[4:]) {
+		return 0, false
+	}
+	return end, true
+}
+
+// walNextRecord returns the offset of the first whole record at or after
+// from, -1 if none. Only a damaged log makes it scan: a torn tail is at
+// most one write long.
+func walNextRecord(data []byte, from int) int {
+	for off := from; off+walHeader+walMinPayload <= len(data); off++ {
+		if _, ok := walRecordAt(data, off); ok {
+			return off
 		}
 	}
-	return true
+	return -1
 }
 
 // walGenerations returns the generations of the log files in dir, oldest
@@ -203,7 +219,7 @@ func walOpen(dir string) (f *os.File, gen uint64, st walState, ok bool, err erro
 	}
 	st, good, err := walReplay(data)
 	if err != nil {
-		return nil, 0, walState{}, false, fmt.Errorf("acceptor log %s: %w (move the data dir away to start this node afresh; it will catch up from its peers)", path, err)
+		return nil, 0, walState{}, false, fmt.Errorf("acceptor log %s: %w: %s", path, err, storStartAfresh)
 	}
 	f, err = os.OpenFile(path, os.O_RDWR|os.O_APPEND, 0o600)
 	if err != nil {
@@ -220,6 +236,12 @@ func walOpen(dir string) (f *os.File, gen uint64, st walState, ok bool, err erro
 			_ = f.Close()
 			return nil, 0, walState{}, false, fmt.Errorf("remove old acceptor log: %w", err)
 		}
+	}
+	// The generation in use may have been renamed into place by a process
+	// that crashed before it synced the dir.
+	if err := storSyncDir(dir); err != nil {
+		_ = f.Close()
+		return nil, 0, walState{}, false, err
 	}
 	return f, gen, st, true, nil
 }

@@ -2,7 +2,9 @@ package paxos
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -67,6 +69,7 @@ func TestStorageLogTornTail(t *testing.T) {
 		"record past the end":        rec[:len(rec)-3],
 		"last record damaged":        badSum,
 		"zeros of an unsynced write": make([]byte, 4096),
+		"header never written back":  append(make([]byte, walHeader), rec[walHeader:]...),
 	} {
 		t.Run(name, func(t *testing.T) {
 			dir := t.TempDir()
@@ -227,11 +230,29 @@ func TestStorageRefusesMissingLog(t *testing.T) {
 		if err := os.Remove(filepath.Join(dir, storFile)); err != nil {
 			t.Fatal(err)
 		}
-		if s, _, err := OpenStorage(dir, "g", 1, storTestPeers); err == nil || !strings.Contains(err.Error(), "restore "+storFile) {
+		for i := range 2 { // the refusal writes nothing, so it holds on the next try
+			if s, _, err := OpenStorage(dir, "other", 9, nil); err == nil || !strings.Contains(err.Error(), "restore "+storFile) {
+				if s != nil {
+					s.Close()
+				}
+				t.Fatalf("open %d without %s: %v, want refused", i+1, storFile, err)
+			}
+		}
+		if _, err := os.Stat(filepath.Join(dir, storFile)); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("a refused open created %s: %v", storFile, err)
+		}
+	})
+	t.Run("log missing before any snapshot", func(t *testing.T) {
+		dir := t.TempDir()
+		walWritten(t, dir)
+		for _, f := range walFiles(t, dir) {
+			os.Remove(filepath.Join(dir, f))
+		}
+		if s, _, err := OpenStorage(dir, "g", 1, storTestPeers); err == nil || !strings.Contains(err.Error(), "missing") {
 			if s != nil {
 				s.Close()
 			}
-			t.Fatalf("open without %s: %v, want refused", storFile, err)
+			t.Fatalf("open without the log: %v, want refused", err)
 		}
 	})
 }
@@ -327,5 +348,94 @@ func TestDataDirWithOnlyLogIsNotNew(t *testing.T) {
 	}
 	if isNew, err := DataDirIsNew(filepath.Join(dir, "absent")); err != nil || !isNew {
 		t.Fatalf("DataDirIsNew(an absent dir) = %v, %v, want true", isNew, err)
+	}
+}
+
+// TestStorageLogLengthDamageRefused: a record whose length was damaged
+// (here made to run past the end of the file) with whole records after it
+// is damage, not a torn tail: the open is refused rather than cutting the
+// synced records after it.
+func TestStorageLogLengthDamageRefused(t *testing.T) {
+	dir := t.TempDir()
+	walWritten(t, dir)
+	s, _ := storOpenTest(t, dir)
+	path := filepath.Join(dir, walName(s.gen))
+	info, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mid := info.Size()
+	for _, r := range []uint64{50, 60} {
+		if err := s.SetPromised(Ballot{Round: r, Node: 2}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.Close()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	binary.BigEndian.PutUint32(data[mid:], binary.BigEndian.Uint32(data[mid:])|1<<20)
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if s, st, err := OpenStorage(dir, "g", 1, storTestPeers); err == nil {
+		s.Close()
+		t.Fatalf("open with a damaged length succeeded with promise %v (60 was synced)", st.Promised)
+	}
+}
+
+// TestStorageCommitWrittenWithNextRecord: SetCommit appends nothing; the
+// next synced record carries the commit index (so a crash can damage only
+// the one record being written).
+func TestStorageCommitWrittenWithNextRecord(t *testing.T) {
+	dir := t.TempDir()
+	s, _ := storOpenTest(t, dir)
+	path := filepath.Join(dir, walName(s.gen))
+	size := func() int64 {
+		info, err := os.Stat(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.Size()
+	}
+	before := size()
+	if err := s.SetCommit(4); err != nil {
+		t.Fatal(err)
+	}
+	if got := size(); got != before {
+		t.Fatalf("SetCommit wrote %d bytes", got-before)
+	}
+	b := Ballot{Round: 1, Node: 1}
+	if err := s.Accept(b, storTestEntries(1, 4, b)); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, _, err := walReplay(data) // without Close
+	if err != nil || st.commit != 4 {
+		t.Fatalf("log after the acceptance: commit %d, %v; want 4", st.commit, err)
+	}
+}
+
+// TestStorageFailedSnapshotStopsWrites: when the log's next generation
+// cannot be written after a snapshot was saved, the storage takes no more
+// writes (the new generation might be in place and replace the current
+// one on the next open).
+func TestStorageFailedSnapshotStopsWrites(t *testing.T) {
+	dir := t.TempDir()
+	walWritten(t, dir)
+	s, _ := storOpenTest(t, dir)
+	// A directory where the new generation's temporary file goes.
+	if err := os.Mkdir(filepath.Join(dir, walName(s.gen+1)+walTemp), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SaveSnapshot(Snapshot{Index: 3, Members: storTestPeers}); err == nil {
+		t.Fatal("SaveSnapshot succeeded without its log generation")
+	}
+	if err := s.SetPromised(Ballot{Round: 99}); err == nil || !strings.Contains(err.Error(), "earlier write failed") {
+		t.Fatalf("write after the failed snapshot: %v, want refused", err)
 	}
 }
