@@ -1,6 +1,7 @@
 package paxos
 
 import (
+	"errors"
 	"slices"
 	"time"
 )
@@ -173,7 +174,7 @@ func (n *Node) apply(e Entry) {
 	if next != nil {
 		n.setConfig(next)
 	}
-	if n.applied-n.snapIndex() >= n.cfg.SnapshotEvery {
+	if !n.snapping && n.applied-n.snapIndex() >= max(n.cfg.SnapshotEvery, n.snapItems) {
 		n.takeSnapshot()
 	}
 }
@@ -195,26 +196,69 @@ type resultRememberer interface {
 	rememberResult(id string, res Result)
 }
 
-// takeSnapshot saves the table as of the applied index and truncates the
-// log below it.
+// snapSaved is the outcome of a snapshot saved in the background.
+type snapSaved struct {
+	snap Snapshot
+	err  error
+}
+
+// takeSnapshot starts saving the table as of the applied index. The state
+// is captured here, on the loop; encoding it and the synced writes run on
+// a goroutine of their own, and snapshotSaved, back on the loop, truncates
+// the log below it. A busy group's table remembers every result of the
+// dedupe window (at 2,800 writes/s, 840,000 of them: an 85 MB snapshot,
+// about a second to encode), which on the loop would stall the node past
+// an election timeout. One snapshot is saved at a time.
 func (n *Node) takeSnapshot() {
-	snap, err := n.currentSnapshot()
-	if err != nil {
-		n.fail(err)
+	encode, items := n.captureState()
+	snap := Snapshot{Index: n.applied, Members: n.conf.peerList()}
+	// The next snapshot waits until the log has as many entries as this
+	// one has items, so encoding costs at most one item per entry applied.
+	n.snapping, n.snapItems = true, uint64(items)
+	n.snapWG.Add(1)
+	go func() {
+		defer n.snapWG.Done()
+		data, err := encode()
+		if err == nil {
+			snap.Data = data
+			err = n.store.SaveSnapshot(snap)
+		}
+		n.snapDone <- snapSaved{snap: snap, err: err} // buffered: one at a time
+	}()
+}
+
+// captureState captures the state machine for a snapshot: the returned
+// function encodes it and may run on another goroutine.
+func (n *Node) captureState() (func() ([]byte, error), int) {
+	if sl, ok := n.sm.(interface {
+		snapshotLater() (func() ([]byte, error), int)
+	}); ok {
+		return sl.snapshotLater()
+	}
+	data, err := n.sm.Snapshot()
+	return func() ([]byte, error) { return data, err }, 0
+}
+
+// snapshotSaved takes a background snapshot's outcome on the loop.
+func (n *Node) snapshotSaved(r snapSaved) {
+	n.snapping = false
+	switch {
+	case errors.Is(r.err, errSnapshotOlder):
+		return // a peer's newer snapshot was installed meanwhile
+	case r.err != nil:
+		n.fail(r.err)
+		return
+	case r.snap.Index <= n.snapIndex():
 		return
 	}
-	if err := n.store.SaveSnapshot(snap); err != nil {
-		n.fail(err)
-		return
-	}
-	n.snap = &snap
-	n.savedCommit = max(n.savedCommit, snap.Index)
+	n.snap = &r.snap
+	n.savedCommit = max(n.savedCommit, r.snap.Index)
 	for s := range n.entries {
-		if s <= snap.Index {
+		if s <= r.snap.Index {
 			delete(n.entries, s)
 		}
 	}
-	n.log.Debug("snapshot", "index", snap.Index)
+	n.log.Debug("snapshot", "index", r.snap.Index)
 }
 
 // fail records an error that halts the node at the end of the round.

@@ -38,6 +38,8 @@ func (n *Node) run(ctx context.Context) {
 			ch <- n.status()
 		case <-n.kickc:
 			err = n.campaign(time.Now())
+		case r := <-n.snapDone:
+			n.snapshotSaved(r)
 		case <-ticker.C:
 			err = n.tick(time.Now())
 		}
@@ -85,6 +87,7 @@ func (n *Node) drain(recv <-chan Message) error {
 // shutdown ends the loop: it records the commit index and closes the
 // storage; waiting Propose calls see done closed and return ErrStopped.
 func (n *Node) shutdown() {
+	n.snapWG.Wait() // a snapshot being saved ends before the storage closes
 	if n.stopErr == nil {
 		if err := n.sync(); err == nil && n.commit > n.savedCommit {
 			_ = n.store.SetCommit(n.commit)

@@ -196,6 +196,10 @@ type Node struct {
 	propc   chan *request
 	statusc chan chan NodeStatus
 	kickc   chan struct{}
+	// snapDone carries a background snapshot's outcome to the loop
+	// (buffered 1, one snapshot at a time); snapWG counts that goroutine.
+	snapDone chan snapSaved
+	snapWG   sync.WaitGroup
 
 	// Everything below is owned by the run loop (or by NewNode before
 	// Start, and by anyone after done).
@@ -214,6 +218,8 @@ type Node struct {
 	applied     uint64
 	savedCommit uint64
 	snap        *Snapshot
+	snapping    bool      // a snapshot is being saved in the background
+	snapItems   uint64    // items in the last snapshot taken
 	unsynced    []Entry   // accepted in memory, to persist before outbox goes
 	promiseDirt bool      // promised raised in memory by an Accept
 	outbox      []Message // replies that wait for the persist
@@ -262,6 +268,7 @@ func NewNode(cfg Config) (*Node, error) {
 		propc:    make(chan *request, 256),
 		statusc:  make(chan chan NodeStatus),
 		kickc:    make(chan struct{}, 1),
+		snapDone: make(chan snapSaved, 1),
 		rng:      rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), uint64(cfg.ID))),
 		entries:  map[uint64]Entry{},
 		waits:    map[string]*wait{},

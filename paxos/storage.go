@@ -360,11 +360,20 @@ func (s *Storage) SetCommit(c uint64) error {
 	return nil
 }
 
+// errSnapshotOlder is SaveSnapshot's refusal of a snapshot older than the
+// stored one: a node that saves its own snapshot in the background while
+// it installs a newer one from a peer gets it, and loses nothing.
+var errSnapshotOlder = errors.New("older than the stored snapshot")
+
 // SaveSnapshot stores snap in bbolt (synced) and then starts the next
 // generation of the log with the entries above snap.Index only; Commit is
-// raised to snap.Index. A snapshot older than the stored one is refused.
-// When the new generation cannot be written, the storage takes no more
-// writes.
+// raised to snap.Index. A snapshot older than the stored one is refused
+// with an error matching errSnapshotOlder. When the new generation cannot
+// be written, the storage takes no more writes.
+//
+// It may run on another goroutine than the writes of the log: the bbolt
+// write, which is as large as the table, does not hold up Accept; only the
+// switch to the next generation does.
 func (s *Storage) SaveSnapshot(snap Snapshot) error {
 	what := fmt.Sprintf("save snapshot at %d", snap.Index)
 	members, err := json.Marshal(snap.Members)
@@ -372,14 +381,18 @@ func (s *Storage) SaveSnapshot(snap Snapshot) error {
 		return fmt.Errorf("paxos: %s: encode members: %w", what, err)
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	if err := s.usable(what); err != nil {
+	db, err := s.db, s.usable(what)
+	s.mu.Unlock()
+	if err != nil {
 		return err
 	}
-	err = s.db.Update(func(tx *bolt.Tx) error {
+	// bbolt orders its own writers, and the check below is in the same
+	// transaction as the write, so of two snapshots saved at once the older
+	// is refused whichever commits first.
+	err = db.Update(func(tx *bolt.Tx) error {
 		sb := tx.Bucket(storBucketSnapshot)
 		if cur, ok := storGetU64(sb.Get(storKeyIndex)); ok && snap.Index < cur {
-			return fmt.Errorf("older than the stored snapshot at %d", cur)
+			return fmt.Errorf("%w at %d", errSnapshotOlder, cur)
 		}
 		for _, kv := range [][2][]byte{{storKeyIndex, storU64(snap.Index)}, {storKeyMembers, members}, {storKeyData, snap.Data}} {
 			if err := sb.Put(kv[0], kv[1]); err != nil {
@@ -391,10 +404,24 @@ func (s *Storage) SaveSnapshot(snap Snapshot) error {
 	if err != nil {
 		return fmt.Errorf("paxos: %s: %w", what, err)
 	}
-	s.snapIndex = snap.Index
-	s.st.commit = max(s.st.commit, snap.Index)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.usable(what); err != nil {
+		return err
+	}
+	if snap.Index <= s.snapIndex {
+		return nil // a newer snapshot, saved meanwhile, started its generation
+	}
+	return s.nextGeneration(what, snap.Index)
+}
+
+// nextGeneration drops the entries at or below index from memory and
+// starts the log's next generation with the rest; the caller holds mu.
+func (s *Storage) nextGeneration(what string, index uint64) error {
+	s.snapIndex = index
+	s.st.commit = max(s.st.commit, index)
 	for slot := range s.st.entries {
-		if slot <= snap.Index {
+		if slot <= index {
 			delete(s.st.entries, slot)
 		}
 	}

@@ -120,14 +120,61 @@ func TestStorageSnapshotTruncates(t *testing.T) {
 		t.Fatal(err)
 	}
 	// An older snapshot is refused.
-	if err := s.SaveSnapshot(Snapshot{Index: 5}); err == nil {
-		t.Fatal("SaveSnapshot below the stored index succeeded")
+	if err := s.SaveSnapshot(Snapshot{Index: 5}); !errors.Is(err, errSnapshotOlder) {
+		t.Fatalf("SaveSnapshot below the stored index: %v, want errSnapshotOlder", err)
 	}
 	s.Close()
 	_, st := storOpenTest(t, dir)
 	want := State{Promised: b, Commit: 6, Entries: storTestEntries(7, 10, b), Snapshot: &snap, Members: storTestPeers}
 	if !reflect.DeepEqual(st, want) {
 		t.Fatalf("state after snapshot =\n%+v\nwant\n%+v", st, want)
+	}
+}
+
+// TestStorageSnapshotWhileAccepting saves snapshots on another goroutine,
+// as the node does, while entries are accepted one write at a time: after
+// a reopen the last snapshot and every entry above it are there.
+func TestStorageSnapshotWhileAccepting(t *testing.T) {
+	dir := t.TempDir()
+	s, _ := storOpenTest(t, dir)
+	b := Ballot{Round: 2, Node: 1}
+	data := bytes.Repeat([]byte("x"), 1<<20) // a large table: its write takes a while
+	snaps := make(chan uint64, 16)
+	saved := make(chan error, 1)
+	go func() {
+		var err error
+		for idx := range snaps {
+			if err == nil {
+				err = s.SaveSnapshot(Snapshot{Index: idx, Members: storTestPeers, Data: data})
+			}
+		}
+		saved <- err
+	}()
+	const last = 600
+	for slot := uint64(1); slot <= last; slot++ {
+		if err := s.Accept(b, storTestEntries(slot, slot, b)); err != nil {
+			t.Fatal(err)
+		}
+		if slot%100 == 0 {
+			snaps <- slot - 50
+		}
+	}
+	close(snaps)
+	if err := <-saved; err != nil {
+		t.Fatal(err)
+	}
+	// One older than the stored one, as a background save that lost the
+	// race to an installed snapshot: refused, nothing changed.
+	if err := s.SaveSnapshot(Snapshot{Index: 100, Members: storTestPeers, Data: data}); !errors.Is(err, errSnapshotOlder) {
+		t.Fatalf("older snapshot: %v, want errSnapshotOlder", err)
+	}
+	s.Close()
+	_, st := storOpenTest(t, dir)
+	if st.Snapshot == nil || st.Snapshot.Index != last-50 || !bytes.Equal(st.Snapshot.Data, data) {
+		t.Fatalf("snapshot after reopen: %+v, want index %d", st.Snapshot != nil, last-50)
+	}
+	if want := storTestEntries(last-49, last, b); !reflect.DeepEqual(st.Entries, want) {
+		t.Fatalf("entries after reopen: %d (first %v), want slots %d..%d", len(st.Entries), st.Entries[:min(1, len(st.Entries))], last-49, last)
 	}
 }
 

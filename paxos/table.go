@@ -44,9 +44,14 @@ type Table struct {
 	// time the delay ends.
 	delays map[string]LockState
 	// seen are the results of the commands applied in the dedupe window,
-	// by ID; order lists those IDs oldest first.
-	seen  map[string]tableSeen
-	order []string
+	// oldest first. seenAt maps an ID to its position counted from the
+	// first result ever remembered; seenBase is that count for seen[0].
+	// An element of seen is never changed in place (rememberResult copies
+	// the slice first), so a snapshot can encode a prefix of it on another
+	// goroutine while Apply goes on.
+	seen     []tableSeen
+	seenAt   map[string]int
+	seenBase int
 	// next caches NextExpiry when nextOK; nextHas is false when nothing
 	// will expire.
 	next    int64
@@ -75,7 +80,7 @@ func NewTable(lockDelay time.Duration) *Table {
 	return &Table{
 		locks:  map[string]LockState{},
 		delays: map[string]LockState{},
-		seen:   map[string]tableSeen{},
+		seenAt: map[string]int{},
 	}
 }
 
@@ -96,7 +101,7 @@ func (t *Table) Apply(index uint64, cmd Command) Result {
 	remember := cmd.ID != "" && cmd.Op != OpGet && cmd.Op != OpList
 	fp := tableFingerprint(cmd)
 	if remember {
-		if s, ok := t.seen[cmd.ID]; ok {
+		if s, ok := t.remembered(cmd.ID); ok {
 			if s.FP != 0 && s.FP != fp {
 				return Result{Code: CodeReusedID, Index: s.Index,
 					Err: fmt.Sprintf("command id %q was used for a different request, applied at slot %d", cmd.ID, s.Index)}
@@ -107,8 +112,8 @@ func (t *Table) Apply(index uint64, cmd Command) Result {
 	r := t.apply(index, now, cmd)
 	r.Index = index
 	if remember {
-		t.seen[cmd.ID] = tableRemember(cmd, fp, now, r)
-		t.order = append(t.order, cmd.ID)
+		t.seenAt[cmd.ID] = t.seenBase + len(t.seen)
+		t.seen = append(t.seen, tableRemember(cmd, fp, now, r))
 	}
 	return r
 }
@@ -119,9 +124,19 @@ func (t *Table) Apply(index uint64, cmd Command) Result {
 func (t *Table) rememberResult(id string, res Result) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if s, ok := t.seen[id]; ok {
-		t.seen[id] = tableRememberAll(id, s.FP, s.Time, res)
+	if s, ok := t.remembered(id); ok {
+		t.seen = slices.Clone(t.seen) // a snapshot being encoded may share it
+		t.seen[t.seenAt[id]-t.seenBase] = tableRememberAll(id, s.FP, s.Time, res)
 	}
+}
+
+// remembered is the result remembered for id, if any.
+func (t *Table) remembered(id string) (tableSeen, bool) {
+	i, ok := t.seenAt[id]
+	if !ok {
+		return tableSeen{}, false
+	}
+	return t.seen[i-t.seenBase], true
 }
 
 // apply dispatches cmd.
@@ -255,20 +270,15 @@ func (t *Table) tick(now, lockDelay int64) {
 func (t *Table) prune(now int64) {
 	window := DedupeWindow.Milliseconds()
 	n := 0
-	for _, id := range t.order {
-		s, ok := t.seen[id]
-		if ok && tableAddMillis(s.Time, window) > now {
-			break
-		}
-		delete(t.seen, id)
+	for n < len(t.seen) && tableAddMillis(t.seen[n].Time, window) <= now {
+		delete(t.seenAt, t.seen[n].ID)
 		n++
 	}
-	if n > 0 {
-		// Reslice rather than shift: append reallocates once the tail
-		// runs out, so the dropped prefix is freed in amortized O(1).
-		clear(t.order[:n])
-		t.order = t.order[n:]
-	}
+	// Reslice rather than shift (a snapshot being encoded may read the
+	// dropped prefix): append reallocates once the tail runs out, so the
+	// prefix is freed in amortized O(1).
+	t.seen = t.seen[n:]
+	t.seenBase += n
 }
 
 // setLock stores ls, keeping the NextExpiry cache right.
@@ -343,6 +353,17 @@ func (t *Table) Now() int64 {
 // Snapshot serializes the whole table: grants, running lock-delays,
 // remembered results and Now. Equal tables give equal bytes.
 func (t *Table) Snapshot() ([]byte, error) {
+	encode, _ := t.snapshotLater()
+	return encode()
+}
+
+// snapshotLater captures the table as it is and returns a function that
+// serializes that state, as Snapshot does, and may run on another
+// goroutine while Apply goes on; and the number of items (grants,
+// lock-delays, remembered results) the snapshot holds. The capture copies
+// the grants; the remembered results, which a busy group has hundreds of
+// thousands of, are shared (see seen).
+func (t *Table) snapshotLater() (func() ([]byte, error), int) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	snap := tableSnapshot{
@@ -352,20 +373,20 @@ func (t *Table) Snapshot() ([]byte, error) {
 		Delays: tableSortedStates(t.delays),
 		Seen:   t.seenList(),
 	}
-	b, err := json.Marshal(snap)
-	if err != nil {
-		return nil, fmt.Errorf("paxos: snapshot table: %w", err)
-	}
-	return b, nil
+	items := len(snap.Locks) + len(snap.Delays) + len(snap.Seen)
+	return func() ([]byte, error) {
+		b, err := json.Marshal(snap)
+		if err != nil {
+			return nil, fmt.Errorf("paxos: snapshot table: %w", err)
+		}
+		return b, nil
+	}, items
 }
 
-// seenList is the memory of IDs, oldest first.
+// seenList is the memory of IDs, oldest first, as it is now: appends
+// after the call do not show in it. The caller holds mu.
 func (t *Table) seenList() []tableSeen {
-	out := make([]tableSeen, 0, len(t.order))
-	for _, id := range t.order {
-		out = append(out, t.seen[id])
-	}
-	return out
+	return t.seen[:len(t.seen):len(t.seen)]
 }
 
 // Restore replaces the table's state with what Snapshot made (this
@@ -400,17 +421,18 @@ func (t *Table) Restore(data []byte) error {
 	for _, d := range snap.Delays {
 		delays[d.Name] = d
 	}
-	seen := make(map[string]tableSeen, len(snap.Seen))
-	order := make([]string, 0, len(snap.Seen))
+	seenAt := make(map[string]int, len(snap.Seen))
+	seen := make([]tableSeen, 0, len(snap.Seen))
 	for _, s := range snap.Seen {
-		if _, dup := seen[s.ID]; !dup {
-			seen[s.ID] = s
-			order = append(order, s.ID)
+		if _, dup := seenAt[s.ID]; !dup {
+			seenAt[s.ID] = len(seen)
+			seen = append(seen, s)
 		}
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.now, t.locks, t.delays, t.seen, t.order = snap.Now, locks, delays, seen, order
+	t.now, t.locks, t.delays = snap.Now, locks, delays
+	t.seen, t.seenAt, t.seenBase = seen, seenAt, 0
 	t.nextOK = false
 	return nil
 }

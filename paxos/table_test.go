@@ -2,6 +2,7 @@ package paxos
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -418,6 +419,51 @@ func TestTableSnapshotRoundTrip(t *testing.T) {
 		if ro, rr := orig.Apply(slot, c), restored.Apply(slot, c); !reflect.DeepEqual(ro, rr) {
 			t.Fatalf("command %d after restore: %+v, want %+v", slot, rr, ro)
 		}
+	}
+}
+
+// TestTableSnapshotLater checks that a captured snapshot encodes the
+// table as it was at the capture, while commands are applied, results
+// pruned from the dedupe memory and one replaced, on another goroutine
+// (run with -race: the memory is shared, never changed in place).
+func TestTableSnapshotLater(t *testing.T) {
+	cmds := tblRandomCommands(11, 4000) // the second half prunes the first's IDs
+	tb := NewTable(time.Second)
+	for i, c := range cmds[:2000] {
+		tb.Apply(uint64(i+1), c)
+	}
+	want, err := tb.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var snap tableSnapshot
+	if err := json.Unmarshal(want, &snap); err != nil {
+		t.Fatal(err)
+	}
+	encode, items := tb.snapshotLater()
+	if n := len(snap.Locks) + len(snap.Delays) + len(snap.Seen); items != n || len(snap.Seen) == 0 {
+		t.Fatalf("items = %d, want %d (seen %d)", items, n, len(snap.Seen))
+	}
+	done := make(chan []byte)
+	go func() {
+		b, err := encode()
+		if err != nil {
+			t.Error(err)
+		}
+		done <- b
+	}()
+	tb.rememberResult(snap.Seen[len(snap.Seen)-1].ID, Result{Code: CodeRejected, Err: "replaced"})
+	for i, c := range cmds[2000:] {
+		tb.Apply(uint64(2001+i), c)
+	}
+	if got := <-done; !bytes.Equal(got, want) {
+		t.Fatalf("captured snapshot changed by later commands:\n%s\nwant\n%s", got, want)
+	}
+	if again, _ := encode(); !bytes.Equal(again, want) {
+		t.Fatal("a second encode of the capture differs")
+	}
+	if now, _ := tb.Snapshot(); bytes.Equal(now, want) {
+		t.Fatal("the table did not change: the test proves nothing")
 	}
 }
 
