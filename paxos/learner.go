@@ -16,9 +16,10 @@ import (
 // and gets a snapshot of the current state: it must not replay the
 // earlier membership changes against the members it was started with.
 // Chosen slots are applied in order to the table; the
-// Propose waiting for the command's ID gets the result. Every
-// SnapshotEvery applied entries the table is snapshotted and the log
-// truncated.
+// Propose waiting for the command's ID gets the result. Once the log
+// above the last snapshot holds SnapshotEvery applied entries and a
+// quarter of that snapshot's items, the table is snapshotted (in the
+// background) and the log truncated.
 
 // maxCatchUp bounds the entries of one catch-up reply.
 const maxCatchUp = 1000
@@ -174,7 +175,7 @@ func (n *Node) apply(e Entry) {
 	if next != nil {
 		n.setConfig(next)
 	}
-	if !n.snapping && n.applied-n.snapIndex() >= max(n.cfg.SnapshotEvery, n.snapItems) {
+	if !n.snapping && n.applied-n.snapIndex() >= max(n.cfg.SnapshotEvery, n.snapItems/snapItemsPerEntry) {
 		n.takeSnapshot()
 	}
 }
@@ -196,6 +197,10 @@ type resultRememberer interface {
 	rememberResult(id string, res Result)
 }
 
+// snapItemsPerEntry bounds the snapshot items encoded per applied entry
+// (see takeSnapshot).
+const snapItemsPerEntry = 4
+
 // snapSaved is the outcome of a snapshot saved in the background.
 type snapSaved struct {
 	snap Snapshot
@@ -212,8 +217,10 @@ type snapSaved struct {
 func (n *Node) takeSnapshot() {
 	encode, items := n.captureState()
 	snap := Snapshot{Index: n.applied, Members: n.conf.peerList()}
-	// The next snapshot waits until the log has as many entries as this
-	// one has items, so encoding costs at most one item per entry applied.
+	// The next snapshot waits until the log has a quarter as many entries
+	// as this one has items: encoding costs at most snapItemsPerEntry
+	// items per entry applied, and the log stays within a quarter of the
+	// table.
 	n.snapping, n.snapItems = true, uint64(items)
 	n.snapWG.Add(1)
 	go func() {

@@ -98,10 +98,10 @@ func TestNodeRestartFromSnapshotAndLog(t *testing.T) {
 	applied := map[NodeID]uint64{}
 	for id, n := range c.stopAndCompare() {
 		before[id], applied[id] = tableBytes(t, n), n.applied
-		// A snapshot is due once the log holds SnapshotEvery entries and as
-		// many as the last snapshot had items (the dedupe memory), unless
-		// one is being saved.
-		if due := max(100, n.snapItems); n.snapIndex() == 0 || n.snapItems == 0 ||
+		// A snapshot is due once the log holds SnapshotEvery entries and a
+		// quarter as many as the last snapshot had items (the dedupe
+		// memory), unless one is being saved.
+		if due := max(100, n.snapItems/snapItemsPerEntry); n.snapIndex() == 0 || n.snapItems == 0 ||
 			!n.snapping && n.applied-n.snapIndex() >= due {
 			t.Fatalf("node %d: snapshot at %d, applied %d, last snapshot's items %d: want one every %d entries",
 				id, n.snapIndex(), n.applied, n.snapItems, due)

@@ -70,8 +70,11 @@ type Config struct {
 	// LockDelay blocks re-granting an expired lock for this long (see
 	// NewTable). Default 0.
 	LockDelay time.Duration
-	// SnapshotEvery is how many applied entries trigger a snapshot that
-	// truncates the log. Default DefaultSnapshotEvery.
+	// SnapshotEvery is how many applied entries above the last snapshot
+	// trigger the next, which truncates the log; more when the table is
+	// large (a quarter of the last snapshot's items: locks and remembered
+	// results), so that encoding stays cheap per entry. Default
+	// DefaultSnapshotEvery.
 	SnapshotEvery uint64
 	// MaxBatch caps the commands of one Accept. Default DefaultMaxBatch.
 	MaxBatch int
@@ -248,7 +251,8 @@ type proposeResult struct {
 
 // NewNode validates cfg, opens the data dir (refusing another group's with
 // an error matching ErrWrongGroup) and recovers from the snapshot and the
-// chosen log there. It starts no goroutine: call Start.
+// chosen log there. It may start saving a snapshot of what it recovered in
+// the background (Stop waits for it); the node runs once Start is called.
 func NewNode(cfg Config) (*Node, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -320,6 +324,7 @@ func (n *Node) Stop() error {
 	started := n.started
 	n.mu.Unlock()
 	if !started {
+		n.snapWG.Wait() // a snapshot NewNode began saving
 		err := n.store.Close()
 		close(n.done)
 		return err

@@ -118,7 +118,7 @@ const storStartAfresh = "to start this node afresh, move the data dir away, remo
 // an acceptance is synced before the method returns, so a node may reply
 // as soon as the write that justifies the reply has returned. Methods are
 // safe for concurrent use; the node's run loop is expected to be the only
-// writer. After a failed write every later one fails: the log may end in
+// writer but for SaveSnapshot, which may also run on a goroutine of its own. After a failed write every later one fails: the log may end in
 // part of a record, which only a reopen cuts off.
 type Storage struct {
 	mu   sync.Mutex
@@ -386,9 +386,9 @@ func (s *Storage) SaveSnapshot(snap Snapshot) error {
 	if err != nil {
 		return err
 	}
-	// bbolt orders its own writers, and the check below is in the same
-	// transaction as the write, so of two snapshots saved at once the older
-	// is refused whichever commits first.
+	// bbolt orders its own writers. Of two snapshots saved at once, the
+	// older is refused here if the newer committed first, and skipped
+	// below (the newer one's generation stands) if it committed first.
 	err = db.Update(func(tx *bolt.Tx) error {
 		sb := tx.Bucket(storBucketSnapshot)
 		if cur, ok := storGetU64(sb.Get(storKeyIndex)); ok && snap.Index < cur {

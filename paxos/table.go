@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"strings"
@@ -52,6 +53,7 @@ type Table struct {
 	seen     []tableSeen
 	seenAt   map[string]int
 	seenBase int
+	seenDead int // pruned results still held by seen's array
 	// next caches NextExpiry when nextOK; nextHas is false when nothing
 	// will expire.
 	next    int64
@@ -279,6 +281,13 @@ func (t *Table) prune(now int64) {
 	// prefix is freed in amortized O(1).
 	t.seen = t.seen[n:]
 	t.seenBase += n
+	// The dropped prefix stays in memory until append reallocates, which
+	// a group that has gone quiet after a burst may never do: once it is
+	// twice what is kept, the rest is copied out (amortized O(1)).
+	t.seenDead += n
+	if n > 0 && t.seenDead > 2*len(t.seen)+1024 {
+		t.seen, t.seenDead = slices.Clone(t.seen), 0
+	}
 }
 
 // setLock stores ls, keeping the NextExpiry cache right.
@@ -369,12 +378,14 @@ func (t *Table) snapshotLater() (func() ([]byte, error), int) {
 	snap := tableSnapshot{
 		Format: tableSnapFormat,
 		Now:    t.now,
-		Locks:  tableSortedStates(t.locks),
-		Delays: tableSortedStates(t.delays),
+		Locks:  slices.Collect(maps.Values(t.locks)),
+		Delays: slices.Collect(maps.Values(t.delays)),
 		Seen:   t.seenList(),
 	}
 	items := len(snap.Locks) + len(snap.Delays) + len(snap.Seen)
 	return func() ([]byte, error) {
+		tableSortByName(snap.Locks) // copies, sorted here: off the caller's goroutine
+		tableSortByName(snap.Delays)
 		b, err := json.Marshal(snap)
 		if err != nil {
 			return nil, fmt.Errorf("paxos: snapshot table: %w", err)
@@ -384,8 +395,12 @@ func (t *Table) snapshotLater() (func() ([]byte, error), int) {
 }
 
 // seenList is the memory of IDs, oldest first, as it is now: appends
-// after the call do not show in it. The caller holds mu.
+// after the call do not show in it. Never nil, so that it encodes as []
+// however the table got empty. The caller holds mu.
 func (t *Table) seenList() []tableSeen {
+	if t.seen == nil {
+		return []tableSeen{}
+	}
 	return t.seen[:len(t.seen):len(t.seen)]
 }
 
@@ -432,19 +447,9 @@ func (t *Table) Restore(data []byte) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.now, t.locks, t.delays = snap.Now, locks, delays
-	t.seen, t.seenAt, t.seenBase = seen, seenAt, 0
+	t.seen, t.seenAt, t.seenBase, t.seenDead = seen, seenAt, 0, 0
 	t.nextOK = false
 	return nil
-}
-
-// tableSortedStates returns m's values sorted by name.
-func tableSortedStates(m map[string]LockState) []LockState {
-	out := make([]LockState, 0, len(m))
-	for _, l := range m {
-		out = append(out, l)
-	}
-	tableSortByName(out)
-	return out
 }
 
 // tableSortByName sorts locks by name.

@@ -9,6 +9,7 @@ import (
 	"reflect"
 	"testing"
 	"time"
+	"unsafe"
 )
 
 // tblStep is one command applied at a slot and the result expected.
@@ -464,6 +465,54 @@ func TestTableSnapshotLater(t *testing.T) {
 	}
 	if now, _ := tb.Snapshot(); bytes.Equal(now, want) {
 		t.Fatal("the table did not change: the test proves nothing")
+	}
+}
+
+// TestTableSnapshotEmptyMemory checks that a table that never remembered a
+// result snapshots as one whose memory was emptied or restored: equal
+// tables give equal bytes.
+func TestTableSnapshotEmptyMemory(t *testing.T) {
+	fresh := NewTable(0)
+	fresh.Apply(1, Command{Op: OpNoop, Time: 5})
+	a, err := fresh.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	restored := NewTable(0)
+	if err := restored.Restore(a); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := restored.Snapshot(); !bytes.Equal(a, b) {
+		t.Fatalf("fresh %s, restored %s", a, b)
+	}
+	if !bytes.Contains(a, []byte(`"seen":[]`)) {
+		t.Fatalf("snapshot %s: want an empty list of remembered results", a)
+	}
+}
+
+// TestTablePrunedBurstReleased checks that once a burst of remembered
+// results is pruned the table no longer holds the array they were in.
+func TestTablePrunedBurstReleased(t *testing.T) {
+	tb := NewTable(0)
+	for i := range 10_001 {
+		tb.Apply(uint64(i+1), Command{Op: OpAcquire, ID: fmt.Sprintf("id-%d", i), Lock: "a", Owner: "o", Time: 1000, TTL: 10})
+	}
+	burst := tb.seen[:cap(tb.seen)]
+	if len(burst) == len(tb.seen) {
+		t.Fatal("no spare capacity: the test proves nothing")
+	}
+	late := int64(1000) + DedupeWindow.Milliseconds() + 1
+	tb.Apply(20_000, Command{Op: OpAcquire, ID: "late", Lock: "b", Owner: "o", Time: late, TTL: 10})
+	if len(tb.seen) != 1 {
+		t.Fatalf("remembered %d results, want the late one only", len(tb.seen))
+	}
+	lo := uintptr(unsafe.Pointer(&burst[0]))
+	hi := lo + uintptr(len(burst))*unsafe.Sizeof(burst[0])
+	if p := uintptr(unsafe.Pointer(unsafe.SliceData(tb.seen))); p >= lo && p < hi {
+		t.Fatal("the burst's array is still held after its results were pruned")
+	}
+	if r := tb.Apply(20_001, Command{Op: OpAcquire, ID: "late", Lock: "b", Owner: "o", Time: late, TTL: 10}); r.Index != 20_000 {
+		t.Fatalf("the late result after the copy: %+v, want the one applied at 20000", r)
 	}
 }
 
