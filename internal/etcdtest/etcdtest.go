@@ -9,6 +9,7 @@ import (
 	"os"
 	"regexp"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -137,14 +138,32 @@ func Namespace(tb testing.TB) string {
 	return fmt.Sprintf("t%d-%d-%s", os.Getpid(), nsSeq.Add(1), name)
 }
 
-// FreeAddr returns a loopback host:port that was free a moment ago.
+// FreeAddr returns a loopback host:port that was free a moment ago and that
+// it has not returned before in this process.
 func FreeAddr() string {
-	addr, err := cluster.FreeLoopbackAddr()
-	if err != nil {
-		panic(err)
+	handedMu.Lock()
+	defer handedMu.Unlock()
+	// The port is free when it is found, not when it is used: the kernel
+	// may find the same one twice in a row (a client and a peer URL of one
+	// server got the same port). No address is handed out twice in a process.
+	for range 100 {
+		addr, err := cluster.FreeLoopbackAddr()
+		if err != nil {
+			panic(err)
+		}
+		if !handed[addr] {
+			handed[addr] = true
+			return addr
+		}
 	}
-	return addr
+	panic("etcdtest: no loopback port not handed out before in 100 tries")
 }
+
+// handed are the addresses FreeAddr returned.
+var (
+	handedMu sync.Mutex
+	handed   = map[string]bool{}
+)
 
 // LeakOptions are the goleak options for packages that run an embedded etcd:
 // they ignore the few goroutines that etcd and its libraries leave behind for
