@@ -101,10 +101,14 @@ func (w *Worker) promoteDue(ctx context.Context, pre string) (time.Time, error) 
 }
 
 // watchCancels cancels the context of a running task when someone asks to
-// cancel it.
-func (w *Worker) watchCancels(ctx context.Context) {
+// cancel it. The first watch resumes after from (0: from when it is set
+// up).
+func (w *Worker) watchCancels(ctx context.Context, from int64) {
 	pre := w.keys.QueueCancel(w.cfg.Queue)
-	var last int64 // the last revision seen: a reopened watch resumes after it
+	last := from // the last revision seen: a reopened watch resumes after it
+	if hook := testHookWatchOpen.Load(); hook != nil {
+		(*hook)()
+	}
 	for ctx.Err() == nil {
 		opts := []clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithFilterDelete()}
 		if last > 0 {

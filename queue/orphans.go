@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/droverhq/drover/keyspace"
@@ -100,9 +101,13 @@ func (o *orphanList) take(n int) []string {
 // revision (an outcome deletes both at once; a lease that expires deletes
 // only the claim). Watch, don't poll: the DELETE event of the dead worker's
 // claims is what gets its tasks run again within about the lease's TTL.
-func (w *Worker) watchOrphans(ctx context.Context) {
+// The first watch resumes after from (0: from when it is set up).
+func (w *Worker) watchOrphans(ctx context.Context, from int64) {
 	q := w.cfg.Queue
-	var last int64 // the last revision seen: a reopened watch resumes after it
+	last := from // the last revision seen: a reopened watch resumes after it
+	if hook := testHookWatchOpen.Load(); hook != nil {
+		(*hook)()
+	}
 	for ctx.Err() == nil {
 		opts := []clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithFilterPut(), clientv3.WithCreatedNotify()}
 		if last > 0 {
@@ -132,6 +137,19 @@ func (w *Worker) watchOrphans(ctx context.Context) {
 		cancel()
 		sleepCtx(ctx, 200*time.Millisecond)
 	}
+}
+
+// testHookWatchOpen, when set by a test, runs before the worker's watches
+// are first set up (to delay them past a claim).
+var testHookWatchOpen atomic.Pointer[func()]
+
+// currentRevision is the store's revision now, or 0 when it cannot be read.
+func (w *Worker) currentRevision(ctx context.Context) int64 {
+	resp, err := w.cli.Get(ctx, w.keys.Queue(w.cfg.Queue), clientv3.WithKeysOnly())
+	if err != nil {
+		return 0
+	}
+	return resp.Header.Revision
 }
 
 // lostClaim is a claim deleted without its task's pending key: the task's id

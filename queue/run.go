@@ -52,12 +52,17 @@ func (w *Worker) Run(ctx context.Context) error {
 		ackers.Go(func() { w.acker(outcomes[i]) })
 	}
 
+	// The watches start after the revision read here, before any claim:
+	// a claim deleted (its lease revoked) or a cancel asked for before a
+	// watch is set up is still seen, at once rather than at the lease's
+	// next renewal.
+	startRev := w.currentRevision(ctx)
 	bg, stopBG := context.WithCancel(base)
 	var bgWG sync.WaitGroup
 	bgWG.Add(5)
-	go func() { defer bgWG.Done(); w.watchOrphans(bg) }()
+	go func() { defer bgWG.Done(); w.watchOrphans(bg, startRev) }()
 	go func() { defer bgWG.Done(); w.promoteRetries(bg) }()
-	go func() { defer bgWG.Done(); w.watchCancels(bg) }()
+	go func() { defer bgWG.Done(); w.watchCancels(bg, startRev) }()
 	go func() { defer bgWG.Done(); w.removeExpired(bg) }()
 	go func() { defer bgWG.Done(); w.countDepth(bg) }()
 
