@@ -311,12 +311,29 @@ func (s *Server) Close() {
 // FreeLoopbackAddr returns a 127.0.0.1 host:port that was free a moment ago,
 // for servers that must be told their port before they listen (etcd's peer
 // and client URLs). Another process may take it in between; callers retry or
-// fail.
+// fail. It never returns the same address twice in a process: the kernel
+// may find the same free port twice in a row, and a server's client and
+// peer URLs then got the same port.
 func FreeLoopbackAddr() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", fmt.Errorf("cluster: find a free loopback port: %w", err)
+	handedMu.Lock()
+	defer handedMu.Unlock()
+	for range 100 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return "", fmt.Errorf("cluster: find a free loopback port: %w", err)
+		}
+		addr := l.Addr().String()
+		_ = l.Close()
+		if !handed[addr] {
+			handed[addr] = true
+			return addr, nil
+		}
 	}
-	defer l.Close()
-	return l.Addr().String(), nil
+	return "", errors.New("cluster: find a free loopback port: 100 tries found only ports handed out before")
 }
+
+// handed are the addresses FreeLoopbackAddr returned.
+var (
+	handedMu sync.Mutex
+	handed   = map[string]bool{}
+)

@@ -118,8 +118,9 @@ const storStartAfresh = "to start this node afresh, move the data dir away, remo
 // an acceptance is synced before the method returns, so a node may reply
 // as soon as the write that justifies the reply has returned. Methods are
 // safe for concurrent use; the node's run loop is expected to be the only
-// writer but for SaveSnapshot, which may also run on a goroutine of its own. After a failed write every later one fails: the log may end in
-// part of a record, which only a reopen cuts off.
+// writer but for SaveSnapshot, which may also run on a goroutine of its
+// own. After a failed write every later one fails: the log may end in part
+// of a record, which only a reopen cuts off.
 type Storage struct {
 	mu   sync.Mutex
 	db   *bolt.DB

@@ -9,7 +9,6 @@ import (
 	"os"
 	"regexp"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -138,32 +137,14 @@ func Namespace(tb testing.TB) string {
 	return fmt.Sprintf("t%d-%d-%s", os.Getpid(), nsSeq.Add(1), name)
 }
 
-// FreeAddr returns a loopback host:port that was free a moment ago and that
-// it has not returned before in this process.
+// FreeAddr returns a loopback host:port that was free a moment ago.
 func FreeAddr() string {
-	handedMu.Lock()
-	defer handedMu.Unlock()
-	// The port is free when it is found, not when it is used: the kernel
-	// may find the same one twice in a row (a client and a peer URL of one
-	// server got the same port). No address is handed out twice in a process.
-	for range 100 {
-		addr, err := cluster.FreeLoopbackAddr()
-		if err != nil {
-			panic(err)
-		}
-		if !handed[addr] {
-			handed[addr] = true
-			return addr
-		}
+	addr, err := cluster.FreeLoopbackAddr()
+	if err != nil {
+		panic(err)
 	}
-	panic("etcdtest: no loopback port not handed out before in 100 tries")
+	return addr
 }
-
-// handed are the addresses FreeAddr returned.
-var (
-	handedMu sync.Mutex
-	handed   = map[string]bool{}
-)
 
 // LeakOptions are the goleak options for packages that run an embedded etcd:
 // they ignore the few goroutines that etcd and its libraries leave behind for
