@@ -31,7 +31,7 @@ if [ -n "${PROFILE_DIR:-}" ]; then
   mkdir -p "$PROFILE_DIR"
   prof_server=(--metrics-listen "127.0.0.1:$((port + 2))") prof_worker=(--metrics-listen "127.0.0.1:$((port + 3))")
 fi
-/usr/bin/time -f '%M' -o "$work/server.rss" "$work/drover" server --data-dir "$work/data" "${prof_server[@]}" ${SERVER_FLAGS:-} \
+/usr/bin/time -f '%M %U %S' -o "$work/server.rss" "$work/drover" server --data-dir "$work/data" "${prof_server[@]}" ${SERVER_FLAGS:-} \
   --etcd-listen "http://127.0.0.1:$port" --etcd-peer-listen "http://127.0.0.1:$((port + 1))" 2>"$work/server.log" &
 timer=$!
 for _ in $(seq 50); do grep -q ready "$work/server.log" 2>/dev/null && break; sleep 0.2; done
@@ -44,7 +44,7 @@ if [ -n "${PROFILE_DIR:-}" ]; then
    curl -s -o "$PROFILE_DIR/server.pprof" "http://127.0.0.1:$((port + 2))/debug/pprof/profile?seconds=20" &
    curl -s -o "$PROFILE_DIR/worker.pprof" "http://127.0.0.1:$((port + 3))/debug/pprof/profile?seconds=20"; wait) &
 fi
-/usr/bin/time -f '%M' -o "$work/worker.rss" "$work/drover" worker $E --queue bench --handler noop "${prof_worker[@]}" \
+/usr/bin/time -f '%M %U %S' -o "$work/worker.rss" "$work/drover" worker $E --queue bench --handler noop "${prof_worker[@]}" \
   --concurrency "$CONC" --prefetch "$CONC" --drain >/dev/null 2>&1
 t2=$(date +%s.%N)
 db=$(du -sb "$work/data" | cut -f1)
@@ -55,12 +55,17 @@ compacted=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["db_
 kill -TERM "$(pgrep -P "$timer")"; wait "$timer" || true
 python3 - "$N" "$t0" "$t1" "$t2" "$(cat "$work/server.rss")" "$(cat "$work/worker.rss")" "$db" "$compacted" <<'PY' | tee "$work/drover.json"
 import json, sys
-n, t0, t1, t2, srss, wrss, db, compacted = sys.argv[1:]
+n, t0, t1, t2, stime, wtime, db, compacted = sys.argv[1:]
 n = int(n)
+# /usr/bin/time: peak RSS (KiB), user and system CPU seconds. The server's
+# CPU covers submission and processing, the worker's processing alone.
+srss, su, ss = stime.split()
+wrss, wu, ws = wtime.split()
 print(json.dumps({"system": "drover", "tasks": n, "insert_per_s": round(n / (float(t1) - float(t0))),
   "process_per_s": round(n / (float(t2) - float(t1))), "end_to_end_s": round(float(t2) - float(t0), 1),
   "server_peak_rss_mib": int(srss) // 1024, "worker_peak_rss_mib": int(wrss) // 1024, "etcd_data_mib": int(db) >> 20,
-  "db_bytes_per_task_compacted": round(int(compacted) / n)}))
+  "db_bytes_per_task_compacted": round(int(compacted) / n),
+  "server_cpu_s": round(float(su) + float(ss), 1), "worker_cpu_s": round(float(wu) + float(ws), 1)}))
 PY
 [ -n "${DROVER_ONLY:-}" ] && exit 0
 rport=$((25000 + RANDOM % 2000))

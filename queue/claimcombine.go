@@ -191,7 +191,7 @@ func (c *Client) claimTogether(ctx context.Context, q string, batch []*claimCall
 	var runs []*runClaim
 	for i, call := range batch {
 		if rc := c.planRun(rctx, call, states[i], tss[i]); rc != nil {
-			ops = append(ops, clientv3.OpTxn(rc.cmps, rc.then, rc.els))
+			ops = append(ops, rc.op())
 			runs = append(runs, rc)
 		}
 	}
@@ -210,9 +210,11 @@ func (c *Client) claimTogether(ctx context.Context, q string, batch []*claimCall
 	}
 	c.claimers.rounds.Add(1)
 	for k, rc := range runs {
-		r := resp.Responses[k].GetResponseTxn()
-		if !r.Succeeded {
-			rc.refused(r.Responses)
+		made, runnerHeld := rc.result(resp.Responses[k].GetResponseTxn())
+		if runnerHeld {
+			rc.findRunners(rctx)
+		}
+		if !made {
 			continue
 		}
 		call := rc.call

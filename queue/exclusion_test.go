@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/droverhq/drover/internal/etcdtest"
+	"github.com/droverhq/drover/lock"
 	"github.com/droverhq/drover/queue"
 	"github.com/droverhq/drover/task"
 )
@@ -97,5 +98,77 @@ func TestRunnerAndQueueNeverHoldOneTaskAtOnce(t *testing.T) {
 	}
 	if st, err := c.Stats(context.Background(), "jobs"); err != nil || st.Succeeded != n {
 		t.Fatalf("stats %+v, %v", st, err)
+	}
+}
+
+// TestRunnerHeldTaskLeftOutOfClaims: a task runner holds one task of a
+// segment. A worker's claim that picks it is refused; the worker then finds
+// which task the runner holds and claims the others, which all succeed
+// while the held one waits. Once the runner lets it go, the worker runs it
+// too. Without that finding, every claim of the segment would be refused
+// again and nothing would run.
+func TestRunnerHeldTaskLeftOutOfClaims(t *testing.T) {
+	ns := etcdtest.Namespace(t)
+	c, qcli := newClient(t, ns)
+	ctx := context.Background()
+	ts := tasks(10, "noop")
+	if _, err := c.Submit(ctx, "held", ts, nil); err != nil {
+		t.Fatal(err)
+	}
+	store, err := task.NewStore(qcli, ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	locker, err := lock.NewEtcd(ctx, srv.Client(t), lock.EtcdConfig{Namespace: ns, TTL: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer locker.Close(ctx)
+	held := ts[3].ID
+	l, err := store.Claim(ctx, locker, held, task.ClaimOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	ran := map[string]int{}
+	w := newWorker(t, qcli, queue.WorkerConfig{Namespace: ns, Queue: "held", Concurrency: 10, Prefetch: 10})
+	w.HandleAll(func(ctx context.Context, t *queue.Task) ([]byte, error) {
+		mu.Lock()
+		ran[t.ID]++
+		mu.Unlock()
+		return nil, nil
+	})
+	wctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- w.Run(wctx) }()
+	defer func() { stop(); <-done }()
+	succeeded := func() int64 {
+		st, err := c.Stats(ctx, "held")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.Succeeded
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for succeeded() < 9 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n := succeeded(); n != 9 {
+		t.Fatalf("%d tasks succeeded while the runner held %s; want the other 9", n, held)
+	}
+	mu.Lock()
+	if ran[held] != 0 {
+		t.Fatalf("the worker ran %s while the runner held it", held)
+	}
+	mu.Unlock()
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	deadline = time.Now().Add(10 * time.Second)
+	for succeeded() < 10 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n := succeeded(); n != 10 {
+		t.Fatalf("%d tasks succeeded after the runner let %s go; want 10", n, held)
 	}
 }

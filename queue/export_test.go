@@ -7,6 +7,7 @@ import (
 
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/lease"
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -57,8 +58,12 @@ func LostClaim(ctx context.Context, c *Client, q string, l *lease.Lease, applied
 	w := c.externalWorker(q, "lost", l, nil)
 	rc := w.prepareRun(st, ts, st.free()[:2], false)
 	send := func() (bool, error) {
-		resp, err := c.cli.Txn(ctx).If(rc.cmps...).Then(rc.then...).Else(rc.els...).Commit()
-		return err == nil && resp.Succeeded, err
+		resp, err := c.cli.Do(ctx, rc.op())
+		if err != nil {
+			return false, err
+		}
+		made, _ := rc.result((*pb.TxnResponse)(resp.Txn()))
+		return made, nil
 	}
 	if applied {
 		if ok, err := send(); !ok || err != nil {

@@ -141,7 +141,7 @@ func (w *Worker) writeOutcome(ctx context.Context, o outcome, st *segState) (ok 
 			final = final && (s == o.c.slot || st.finished(s))
 		}
 	}
-	reqs, _ := w.runReqs(r, []outcome{o}, final, now, markers)
+	reqs, _ := w.runReqs(r, []outcome{o}, final, true, now, markers)
 	if len(reqs) != 1 {
 		return false, fmt.Errorf("queue: %d requests for one outcome", len(reqs))
 	}

@@ -140,7 +140,7 @@ func (c *Client) writeRuns(ctx context.Context, writes []*runWrite, out []Report
 	var owners []*runWrite
 	var again []*segGroup
 	for _, rw := range writes {
-		rs, later := rw.w.runReqs(rw.run, rw.os, rw.final, now, markers)
+		rs, later := rw.w.runReqs(rw.run, rw.os, rw.final, true, now, markers)
 		if rw.g.cached != nil {
 			if len(rs) != 1 || later {
 				// Large results: written from a read, as below.

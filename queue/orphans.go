@@ -319,6 +319,19 @@ func (w *Worker) runnerHolds(id string) {
 	w.runnerHeld[id] = now.Add(runnerHeldFor)
 }
 
+// runnerHeldWait is how long an idle worker waits for a change of the
+// queue, at most limit: until the first task left out because a task runner
+// held it is tried again, when there is one.
+func (w *Worker) runnerHeldWait(limit time.Duration) time.Duration {
+	w.levelMu.Lock()
+	defer w.levelMu.Unlock()
+	now := time.Now()
+	for _, until := range w.runnerHeld {
+		limit = min(limit, until.Sub(now))
+	}
+	return max(limit, 0)
+}
+
 // withoutRunnerHeld returns cands without the tasks a task runner was
 // recently found holding.
 func (w *Worker) withoutRunnerHeld(cands []*mvccpb.KeyValue) []*mvccpb.KeyValue {

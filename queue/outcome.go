@@ -51,6 +51,9 @@ type ackReq struct {
 	// record of its own); final: the request deletes it.
 	run   *segRun
 	final bool
+	// exact: the run's outcomes are fenced by a compare per slot of their
+	// exits, not by one over the segment's (runReqs).
+	exact bool
 }
 
 func (r ackReq) op() clientv3.Op { return clientv3.OpTxn(r.cmps, r.then, nil) }
@@ -89,7 +92,7 @@ func (w *Worker) commit(batch []outcome) {
 	var deleteAfter []*segRun
 	for _, r := range runs {
 		final := r.remaining.Add(-int32(len(byRun[r]))) == 0
-		more, later := w.runReqs(r, byRun[r], final, now, markers)
+		more, later := w.runReqs(r, byRun[r], final, false, now, markers)
 		reqs = append(reqs, more...)
 		if later {
 			deleteAfter = append(deleteAfter, r)

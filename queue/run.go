@@ -377,7 +377,10 @@ func (w *Worker) waitForWork(ctx, base context.Context, rev int64, ended <-chan 
 		opts = append(opts, clientv3.WithRev(rev+1))
 	}
 	wch := w.cli.Watch(clientv3.WithRequireLeader(wctx), w.keys.Queue(q), opts...)
-	fallback := time.NewTimer(30 * time.Second) // a safety net, not the mechanism
+	// A safety net, not the mechanism; and, while tasks are left out of
+	// claims because a task runner held them, the moment they are tried
+	// again: a runner letting a task go changes nothing in the queue.
+	fallback := time.NewTimer(w.runnerHeldWait(30 * time.Second))
 	defer fallback.Stop()
 	for {
 		select {

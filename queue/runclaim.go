@@ -15,8 +15,8 @@ import (
 )
 
 // runClaim is the claim of slots pick of segment st, whose tasks are ts,
-// as one (nested) transaction: cmps, then its writes, els its reads when
-// refused.
+// as one nested transaction (op): cmps, the segment's, and inside them
+// runners, that no task runner holds any of the tasks, then its writes.
 type runClaim struct {
 	w              *Worker
 	st             *segState
@@ -27,8 +27,8 @@ type runClaim struct {
 	rv             []byte // v encoded
 	runKey, tryKey string
 	now            time.Time
-	cmps           []clientv3.Cmp
-	then, els      []clientv3.Op
+	cmps, runners  []clientv3.Cmp
+	then           []clientv3.Op
 	// call and free, for a run of a combined claim (claimcombine.go): the
 	// claim it serves, and the segment's free slots it picked from.
 	call *claimCall
@@ -71,17 +71,46 @@ func (w *Worker) prepareRun(st *segState, ts []Task, pick []int, last bool) *run
 	// the ids has a holder or a waiter.
 	for _, s := range pick {
 		runner := w.keys.Lock(keyspace.TaskLock(ts[s].ID))
-		rc.cmps = append(rc.cmps, clientv3.Compare(clientv3.CreateRevision(runner), "=", 0).WithPrefix())
-		rc.els = append(rc.els, clientv3.OpGet(runner, clientv3.WithPrefix(), clientv3.WithCountOnly()))
+		rc.runners = append(rc.runners, clientv3.Compare(clientv3.CreateRevision(runner), "=", 0).WithPrefix())
 	}
 	return rc
 }
 
-// refused notes the tasks of rc that a task runner holds, from the
-// responses of its refused transaction: they are skipped for a while.
-func (rc *runClaim) refused(rs []*pb.ResponseOp) {
-	for i, r := range rs {
-		if i < len(rc.pick) && r.GetResponseRange().Count > 0 {
+// op is rc's transaction as an operation: the segment's compares outside,
+// the runners' inside, so that a refusal says which of them failed
+// (runClaim.result) without a read per task in the request. Reads of each
+// task's lock in the request, to tell which task a runner holds when one
+// does, cost a tenth of the worker's claim throughput (docs/BENCHMARKS.md);
+// that rare case reads them afterwards (runClaim.findRunners).
+func (rc *runClaim) op() clientv3.Op {
+	return clientv3.OpTxn(rc.cmps, []clientv3.Op{clientv3.OpTxn(rc.runners, rc.then, nil)}, nil)
+}
+
+// result reads the answer r to op: whether the claim was made, and when
+// not, whether it was a task runner holding one of the tasks that refused
+// it (rather than a change of the segment since its read).
+func (rc *runClaim) result(r *pb.TxnResponse) (made, runnerHeld bool) {
+	if r == nil || !r.Succeeded || len(r.Responses) == 0 {
+		return false, false
+	}
+	inner := r.Responses[0].GetResponseTxn()
+	return inner.GetSucceeded(), !inner.GetSucceeded()
+}
+
+// findRunners reads which of rc's tasks a task runner holds, after a
+// claim refused for it: they are left out of claims for a while
+// (Worker.runnerHolds) instead of refusing the next claim again.
+func (rc *runClaim) findRunners(ctx context.Context) {
+	ops := make([]clientv3.Op, len(rc.pick))
+	for i, s := range rc.pick {
+		ops[i] = clientv3.OpGet(rc.w.keys.Lock(keyspace.TaskLock(rc.ts[s].ID)), clientv3.WithPrefix(), clientv3.WithCountOnly())
+	}
+	resp, err := rc.w.cli.Txn(ctx).Then(ops...).Commit()
+	if err != nil {
+		return // the next claim is refused again and reads again
+	}
+	for i, r := range resp.Responses {
+		if r.GetResponseRange().Count > 0 {
 			rc.w.runnerHolds(rc.ts[rc.pick[i]].ID)
 		}
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/metrics"
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -375,7 +376,7 @@ func (w *Worker) takeSlots(ctx context.Context, st *segState, ts []Task, pick []
 	// let a shutdown cut the request short and leave a run nobody knows.
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	began := time.Now()
-	resp, err := w.cli.Txn(cctx).If(rc.cmps...).Then(rc.then...).Else(rc.els...).Commit()
+	resp, err := w.cli.Do(cctx, rc.op())
 	metrics.ObserveTxn("claim", began)
 	cancel()
 	if err != nil {
@@ -387,11 +388,14 @@ func (w *Worker) takeSlots(ctx context.Context, st *segState, ts []Task, pick []
 		}
 		return nil, false, err
 	}
-	if !resp.Succeeded {
-		rc.refused(resp.Responses)
+	made, runnerHeld := rc.result((*pb.TxnResponse)(resp.Txn()))
+	if runnerHeld {
+		rc.findRunners(ctx)
+	}
+	if !made {
 		return nil, true, nil
 	}
-	return rc.claimed(resp.Header.Revision), false, nil
+	return rc.claimed(resp.Txn().Header.Revision), false, nil
 }
 
 // coveredTries returns the tries of dead runs that a claim of pick makes

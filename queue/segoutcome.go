@@ -13,12 +13,17 @@ import (
 // one outcome key per batch for the tasks that succeeded (with their
 // results) and the tasks that left the segment, whose records of their own
 // are written beside it. Each is fenced by the run (its key's create
-// revision) and by the absence of an exit for each of its slots (a task
-// cancelled while it ran). final: the run's last outcomes are among os, and
-// the run and its try go: in the one nested transaction when os takes
-// one, else later (deleteLater) once every part was written, because the
-// parts commit or fail apart.
-func (w *Worker) runReqs(r *segRun, os []outcome, final bool, now time.Time, markers map[string]bool) (reqs []ackReq, deleteLater bool) {
+// revision) and by the absence of an exit for its slots (a task cancelled
+// while it ran): with exact, one compare per slot; without, one compare
+// that no exit at all was made in the segment since the run's claim,
+// which a cancellation of another task of the segment refuses too, and
+// whose refusal is then sent again exact (Worker.runRefused). Exits are
+// rare; a compare per task costs the server a key lookup per task.
+// final: the run's last outcomes are among os, and the run and its try
+// go: in the one nested transaction when os takes one, else later
+// (deleteLater) once every part was written, because the parts commit or
+// fail apart.
+func (w *Worker) runReqs(r *segRun, os []outcome, final, exact bool, now time.Time, markers map[string]bool) (reqs []ackReq, deleteLater bool) {
 	q := w.cfg.Queue
 	var ok []okSlot
 	var moved []int
@@ -31,8 +36,12 @@ func (w *Worker) runReqs(r *segRun, os []outcome, final bool, now time.Time, mar
 		}
 		cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(r.runKey), "=", r.token)}
 		var then []clientv3.Op
-		for _, o := range kept {
-			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(w.keys.Exit(q, r.seg, o.c.slot)), "=", 0))
+		if exact {
+			for _, o := range kept {
+				cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(w.keys.Exit(q, r.seg, o.c.slot)), "=", 0))
+			}
+		} else {
+			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(w.keys.Exits(q, r.seg)).WithPrefix(), "<", r.token+1))
 		}
 		if len(ok)+len(moved) > 0 {
 			v := outValue{Worker: w.worker, Token: r.token, ClaimedAt: r.claimedAt, FinishedAt: now, OK: ok, Moved: moved}.Encode()
@@ -40,7 +49,7 @@ func (w *Worker) runReqs(r *segRun, os []outcome, final bool, now time.Time, mar
 			size += len(v)
 		}
 		then = append(then, ops...)
-		reqs = append(reqs, ackReq{cmps: cmps, then: then, kept: kept, size: size + 500, run: r})
+		reqs = append(reqs, ackReq{cmps: cmps, then: then, kept: kept, size: size + 500, run: r, exact: exact})
 		ok, moved, ops, kept, size = nil, nil, nil, nil, 0
 	}
 	for _, o := range os {
@@ -121,12 +130,14 @@ func (w *Worker) runRefused(req ackReq, extra []clientv3.Op) {
 		}
 	}
 	fenced(len(req.kept)-len(left), "the tasks were cancelled while they ran")
-	if len(left) == len(req.kept) {
+	if len(left) == len(req.kept) && req.exact {
 		w.logger.Error("queue: outcomes refused for no known reason", "segment", r.seg, "tasks", len(left))
 		return
 	}
+	// Sent again with a compare per slot: an exit of another task of the
+	// segment refused the first, and would refuse it again.
 	markers := map[string]bool{}
-	reqs, later := w.runReqs(r, left, req.final, time.Now().UTC(), markers)
+	reqs, later := w.runReqs(r, left, req.final, true, time.Now().UTC(), markers)
 	w.write(reqs, append(extra, markerOps(markers)...))
 	if later && !r.lost.Load() {
 		w.write([]ackReq{w.runDelete(r)}, nil)
