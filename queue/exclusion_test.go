@@ -171,4 +171,10 @@ func TestRunnerHeldTaskLeftOutOfClaims(t *testing.T) {
 	if n := succeeded(); n != 10 {
 		t.Fatalf("%d tasks succeeded after the runner let %s go; want 10", n, held)
 	}
+	// The held task was claimed once its second out had passed: nothing
+	// is left out any more, and an idle wait is the full safety net, not
+	// a wait cut to nothing by the expired entry (a busy loop of claims).
+	if d := queue.RunnerHeldWait(w, 30*time.Second); d != 30*time.Second {
+		t.Fatalf("an idle wait after the runner's task ran is %v; want 30s", d)
+	}
 }

@@ -77,3 +77,6 @@ func LostClaim(ctx context.Context, c *Client, q string, l *lease.Lease, applied
 
 // OutcomeUnknown is outcomeUnknown.
 func OutcomeUnknown(err error) bool { return outcomeUnknown(err) }
+
+// RunnerHeldWait is Worker.runnerHeldWait.
+func RunnerHeldWait(w *Worker, limit time.Duration) time.Duration { return w.runnerHeldWait(limit) }

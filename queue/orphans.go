@@ -326,10 +326,40 @@ func (w *Worker) runnerHeldWait(limit time.Duration) time.Duration {
 	w.levelMu.Lock()
 	defer w.levelMu.Unlock()
 	now := time.Now()
-	for _, until := range w.runnerHeld {
-		limit = min(limit, until.Sub(now))
+	for id, until := range w.runnerHeld {
+		switch d := until.Sub(now); {
+		case d > 0:
+			limit = min(limit, d)
+		case -d < runnerHeldFor:
+			// Its time is up, but no claim has tried it since (a claim
+			// that does drops the entry: triedAgain): claim again soon.
+			limit = min(limit, runnerRetryAfter)
+		default:
+			// No claim came to it for a whole second more (the task
+			// left the queue's first segments): stop waking for it.
+			delete(w.runnerHeld, id)
+		}
 	}
-	return max(limit, 0)
+	return limit
+}
+
+// runnerRetryAfter is how soon an idle worker claims again when a task
+// that was left out because a task runner held it may be tried again.
+const runnerRetryAfter = 50 * time.Millisecond
+
+// triedAgain reports whether a claim may take task id: no task runner was
+// found holding it, or that was over runnerHeldFor ago, and then the claim
+// tries it again and its entry goes (levelMu held).
+func (w *Worker) triedAgain(id string, now time.Time) bool {
+	until, ok := w.runnerHeld[id]
+	if !ok {
+		return true
+	}
+	if now.After(until) {
+		delete(w.runnerHeld, id)
+		return true
+	}
+	return false
 }
 
 // withoutRunnerHeld returns cands without the tasks a task runner was
@@ -343,7 +373,7 @@ func (w *Worker) withoutRunnerHeld(cands []*mvccpb.KeyValue) []*mvccpb.KeyValue 
 	pre, now := w.keys.QueuePending(w.cfg.Queue), time.Now()
 	out := cands[:0:0]
 	for _, kv := range cands {
-		if until, ok := w.runnerHeld[pendingID(string(kv.Key), pre)]; !ok || now.After(until) {
+		if w.triedAgain(pendingID(string(kv.Key), pre), now) {
 			out = append(out, kv)
 		}
 	}

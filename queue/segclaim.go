@@ -39,6 +39,10 @@ type segRun struct {
 	// not deleted, so that its tasks keep their attempts when the lease
 	// ends.
 	lost atomic.Bool
+	// exact says an exit of the segment since the claim refused an
+	// outcome batch of the run: its later batches compare each slot's
+	// exit (runReqs), which that exit would refuse every time.
+	exact atomic.Bool
 }
 
 // openRead is how many open segments a claim reads at a time.
@@ -334,10 +338,16 @@ func (w *Worker) claimFrom(ctx context.Context, lane int, st *segState, ts []Tas
 		w.setHot(lane, "")
 		return nil, false, nil
 	}
-	free := w.withoutRunnerHeldSlots(ts, st.free())
+	all := st.free()
+	free := w.withoutRunnerHeldSlots(ts, all)
 	if len(free) == 0 {
 		w.lostSegs.remove(seg)
-		w.markBusy(seg)
+		if len(all) == 0 {
+			// Every slot runs. (Slots left out because a task runner
+			// held them are tried again after their second, which a
+			// segment skipped as busy for longer would not let happen.)
+			w.markBusy(seg)
+		}
 		if st.done() {
 			w.client.closeSegment(ctx, q, st)
 			return nil, true, nil // finished: the list has changed
@@ -467,7 +477,7 @@ func (w *Worker) withoutRunnerHeldSlots(ts []Task, free []int) []int {
 		if s >= len(ts) {
 			continue
 		}
-		if until, ok := w.runnerHeld[ts[s].ID]; !ok || now.After(until) {
+		if w.triedAgain(ts[s].ID, now) {
 			out = append(out, s)
 		}
 	}

@@ -36,7 +36,7 @@ func (w *Worker) runReqs(r *segRun, os []outcome, final, exact bool, now time.Ti
 		}
 		cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(r.runKey), "=", r.token)}
 		var then []clientv3.Op
-		if exact {
+		if exact || r.exact.Load() {
 			for _, o := range kept {
 				cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(w.keys.Exit(q, r.seg, o.c.slot)), "=", 0))
 			}
@@ -49,7 +49,7 @@ func (w *Worker) runReqs(r *segRun, os []outcome, final, exact bool, now time.Ti
 			size += len(v)
 		}
 		then = append(then, ops...)
-		reqs = append(reqs, ackReq{cmps: cmps, then: then, kept: kept, size: size + 500, run: r, exact: exact})
+		reqs = append(reqs, ackReq{cmps: cmps, then: then, kept: kept, size: size + 500, run: r, exact: exact || r.exact.Load()})
 		ok, moved, ops, kept, size = nil, nil, nil, nil, 0
 	}
 	for _, o := range os {
@@ -100,17 +100,30 @@ func (w *Worker) runRefused(req ackReq, extra []clientv3.Op) {
 	if len(req.kept) == 0 {
 		return // a delete of the run alone: the run is gone already
 	}
-	ctx, cancel := context.WithTimeout(w.lease.Context(), 10*time.Second)
-	defer cancel()
-	g, err := w.cli.Txn(ctx).Then(clientv3.OpGet(r.runKey, clientv3.WithKeysOnly()),
-		clientv3.OpGet(w.keys.Exits(q, r.seg), clientv3.WithPrefix(), clientv3.WithKeysOnly())).Commit()
+	var g *clientv3.TxnResponse
+	var err error
+	for try := 0; try < 3 && w.lease.Err() == nil; try++ {
+		if try > 0 {
+			time.Sleep(time.Duration(try) * 200 * time.Millisecond)
+		}
+		ctx, cancel := context.WithTimeout(w.lease.Context(), 10*time.Second)
+		g, err = w.cli.Txn(ctx).Then(clientv3.OpGet(r.runKey, clientv3.WithKeysOnly()),
+			clientv3.OpGet(w.keys.Exits(q, r.seg), clientv3.WithPrefix(), clientv3.WithKeysOnly())).Commit()
+		cancel()
+		if err == nil {
+			break
+		}
+	}
 	fenced := func(n int, why string) {
 		w.fenced.Add(int64(n))
 		if n > 0 {
 			w.logger.Warn("queue: outcomes refused: "+why, "segment", r.seg, "tasks", n)
 		}
 	}
-	if err != nil {
+	if g == nil || err != nil {
+		// Their outcomes unwritten, the run must stay until the lease
+		// ends, so that its tasks run again with their attempts counted.
+		r.lost.Store(true)
 		fenced(len(req.kept), "the run could not be read back")
 		return
 	}
@@ -131,11 +144,14 @@ func (w *Worker) runRefused(req ackReq, extra []clientv3.Op) {
 	}
 	fenced(len(req.kept)-len(left), "the tasks were cancelled while they ran")
 	if len(left) == len(req.kept) && req.exact {
+		r.lost.Store(true) // as when they could not be written
 		w.logger.Error("queue: outcomes refused for no known reason", "segment", r.seg, "tasks", len(left))
 		return
 	}
-	// Sent again with a compare per slot: an exit of another task of the
-	// segment refused the first, and would refuse it again.
+	// Sent again with a compare per slot, and so are the run's later
+	// batches: an exit of another task of the segment refused the first,
+	// and would refuse them all.
+	r.exact.Store(true)
 	markers := map[string]bool{}
 	reqs, later := w.runReqs(r, left, req.final, true, time.Now().UTC(), markers)
 	w.write(reqs, append(extra, markerOps(markers)...))
