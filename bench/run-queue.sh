@@ -37,7 +37,7 @@ timer=$!
 for _ in $(seq 50); do grep -q ready "$work/server.log" 2>/dev/null && break; sleep 0.2; done
 E="--etcd-endpoints 127.0.0.1:$port"
 t0=$(date +%s.%N)
-"$work/drover" submit $E --queue bench --file "$work/tasks.jsonl" >/dev/null 2>&1
+/usr/bin/time -f '%U %S' -o "$work/submit.cpu" "$work/drover" submit $E --queue bench --file "$work/tasks.jsonl" >/dev/null 2>&1
 t1=$(date +%s.%N)
 if [ -n "${PROFILE_DIR:-}" ]; then
   (sleep 10
@@ -53,19 +53,21 @@ db=$(du -sb "$work/data" | cut -f1)
 "$work/etcdsize" -endpoint "127.0.0.1:$port" -prefix /drover/ > "$work/size.json"
 compacted=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["db_bytes"])' "$work/size.json")
 kill -TERM "$(pgrep -P "$timer")"; wait "$timer" || true
-python3 - "$N" "$t0" "$t1" "$t2" "$(cat "$work/server.rss")" "$(cat "$work/worker.rss")" "$db" "$compacted" <<'PY' | tee "$work/drover.json"
+python3 - "$N" "$t0" "$t1" "$t2" "$(cat "$work/server.rss")" "$(cat "$work/worker.rss")" "$db" "$compacted" "$(cat "$work/submit.cpu")" <<'PY' | tee "$work/drover.json"
 import json, sys
-n, t0, t1, t2, stime, wtime, db, compacted = sys.argv[1:]
+n, t0, t1, t2, stime, wtime, db, compacted, subtime = sys.argv[1:]
 n = int(n)
 # /usr/bin/time: peak RSS (KiB), user and system CPU seconds. The server's
-# CPU covers submission and processing, the worker's processing alone.
+# CPU covers submission and processing, the worker's processing alone,
+# drover submit's (submit_cpu_s) submission alone.
 srss, su, ss = stime.split()
 wrss, wu, ws = wtime.split()
 print(json.dumps({"system": "drover", "tasks": n, "insert_per_s": round(n / (float(t1) - float(t0))),
   "process_per_s": round(n / (float(t2) - float(t1))), "end_to_end_s": round(float(t2) - float(t0), 1),
   "server_peak_rss_mib": int(srss) // 1024, "worker_peak_rss_mib": int(wrss) // 1024, "etcd_data_mib": int(db) >> 20,
   "db_bytes_per_task_compacted": round(int(compacted) / n),
-  "server_cpu_s": round(float(su) + float(ss), 1), "worker_cpu_s": round(float(wu) + float(ws), 1)}))
+  "server_cpu_s": round(float(su) + float(ss), 1), "worker_cpu_s": round(float(wu) + float(ws), 1),
+  "submit_cpu_s": round(sum(map(float, subtime.split())), 1)}))
 PY
 [ -n "${DROVER_ONLY:-}" ] && exit 0
 rport=$((25000 + RANDOM % 2000))
