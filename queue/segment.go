@@ -38,11 +38,12 @@ var (
 	flateReaders = sync.Pool{New: func() any { return flate.NewReader(nil) }}
 )
 
-// encodeSegment writes tasks as a JSON array, compressed with DEFLATE.
+// encodeSegment writes tasks in their binary form (segtasks.go),
+// compressed with DEFLATE.
 // Tasks of one submission look alike, so a segment takes a fraction of the
 // bytes of their records.
 func encodeSegment(tasks []Task) ([]byte, error) {
-	raw, err := json.Marshal(tasks)
+	raw, err := encodeTasks(tasks)
 	if err != nil {
 		return nil, err
 	}
@@ -69,6 +70,9 @@ func decodeSegment(b []byte) ([]Task, error) {
 	raw, err := io.ReadAll(zr)
 	if err != nil {
 		return nil, fmt.Errorf("decompress: %w", err)
+	}
+	if len(raw) > 0 && raw[0] == segTasksV1 {
+		return decodeTasks(raw[1:])
 	}
 	var tasks []Task
 	if err := json.Unmarshal(raw, &tasks); err != nil {

@@ -1,6 +1,8 @@
 // Package segcodec is the stored form of the values of a queue segment's
 // runs, tries and outcome batches, shared by package queue, which writes
-// them, and package task, which reads which slots a run holds.
+// them, and package task, which reads which slots a run holds. Its
+// appenders and Reader also serve package queue's binary form of a
+// segment's tasks.
 package segcodec
 
 import (
@@ -55,14 +57,16 @@ type OKSlot struct {
 // errTruncated is returned for a value that ends too soon.
 var errTruncated = errors.New("value ends too soon")
 
-func appendTime(b []byte, t time.Time) []byte {
+// AppendTime appends t as varint Unix nanoseconds, 0 for the zero time.
+func AppendTime(b []byte, t time.Time) []byte {
 	if t.IsZero() {
 		return binary.AppendVarint(b, 0)
 	}
 	return binary.AppendVarint(b, t.UnixNano())
 }
 
-func appendBytes(b, s []byte) []byte {
+// AppendBytes appends s with its uvarint length.
+func AppendBytes(b, s []byte) []byte {
 	return append(binary.AppendUvarint(b, uint64(len(s))), s...)
 }
 
@@ -70,8 +74,8 @@ func appendBytes(b, s []byte) []byte {
 func (v Run) Encode() []byte {
 	b := make([]byte, 0, 16+len(v.Worker)+4*len(v.Slots))
 	b = append(b, segCodecV1)
-	b = appendBytes(b, []byte(v.Worker))
-	b = appendTime(b, v.ClaimedAt)
+	b = AppendBytes(b, []byte(v.Worker))
+	b = AppendTime(b, v.ClaimedAt)
 	b = binary.AppendUvarint(b, uint64(len(v.Slots)))
 	for i, s := range v.Slots {
 		a := 0
@@ -92,15 +96,15 @@ func (o Out) Encode() []byte {
 	}
 	b := make([]byte, 0, n)
 	b = append(b, segCodecV1)
-	b = appendBytes(b, []byte(o.Worker))
+	b = AppendBytes(b, []byte(o.Worker))
 	b = binary.AppendVarint(b, o.Token)
-	b = appendTime(b, o.ClaimedAt)
-	b = appendTime(b, o.FinishedAt)
+	b = AppendTime(b, o.ClaimedAt)
+	b = AppendTime(b, o.FinishedAt)
 	b = binary.AppendUvarint(b, uint64(len(o.OK)))
 	for _, s := range o.OK {
 		b = binary.AppendVarint(b, int64(s.Slot))
 		b = binary.AppendVarint(b, int64(s.Attempt))
-		b = appendBytes(b, s.Result)
+		b = AppendBytes(b, s.Result)
 	}
 	b = binary.AppendUvarint(b, uint64(len(o.Moved)))
 	for _, s := range o.Moved {
@@ -109,14 +113,37 @@ func (o Out) Encode() []byte {
 	return b
 }
 
-// decoder reads the fields of a stored value in order; the first error
-// sticks.
-type decoder struct {
+// Reader reads the fields of a stored value in order (varints, counts,
+// length-prefixed bytes, times as AppendTime writes them); the first error
+// sticks and Err returns it. Package queue reads a segment's tasks with it
+// too.
+type Reader struct {
 	b   []byte
 	err error
 }
 
-func (d *decoder) varint() int64 {
+// NewReader reads b.
+func NewReader(b []byte) *Reader { return &Reader{b: b} }
+
+// Err is the first error a read met: the value ended too soon.
+func (d *Reader) Err() error { return d.err }
+
+// Len is how many bytes are left to read.
+func (d *Reader) Len() int { return len(d.b) }
+
+// Byte reads one byte.
+func (d *Reader) Byte() byte {
+	if d.err != nil || len(d.b) == 0 {
+		d.err = errTruncated
+		return 0
+	}
+	c := d.b[0]
+	d.b = d.b[1:]
+	return c
+}
+
+// Varint reads a varint.
+func (d *Reader) Varint() int64 {
 	if d.err != nil {
 		return 0
 	}
@@ -129,7 +156,8 @@ func (d *decoder) varint() int64 {
 	return v
 }
 
-func (d *decoder) count() int {
+// Count reads a uvarint count of elements that take a byte at least each.
+func (d *Reader) Count() int {
 	if d.err != nil {
 		return 0
 	}
@@ -142,8 +170,9 @@ func (d *decoder) count() int {
 	return int(v)
 }
 
-func (d *decoder) bytes() []byte {
-	n := d.count()
+// Bytes reads a uvarint length and as many bytes; they alias the value.
+func (d *Reader) Bytes() []byte {
+	n := d.Count()
 	if d.err != nil || n > len(d.b) {
 		d.err = errTruncated
 		return nil
@@ -153,8 +182,9 @@ func (d *decoder) bytes() []byte {
 	return s
 }
 
-func (d *decoder) time() time.Time {
-	ns := d.varint()
+// Time reads a time that AppendTime wrote.
+func (d *Reader) Time() time.Time {
+	ns := d.Varint()
 	if ns == 0 {
 		return time.Time{}
 	}
@@ -162,7 +192,7 @@ func (d *decoder) time() time.Time {
 }
 
 // start checks the format byte; ok false says the value is JSON.
-func (d *decoder) start() (binaryForm bool, err error) {
+func (d *Reader) start() (binaryForm bool, err error) {
 	switch {
 	case len(d.b) == 0:
 		return false, errTruncated
@@ -178,7 +208,7 @@ func (d *decoder) start() (binaryForm bool, err error) {
 // DecodeRun reads a run's or a try's value.
 func DecodeRun(b []byte) (Run, error) {
 	var v Run
-	d := decoder{b: b}
+	d := Reader{b: b}
 	bin, err := d.start()
 	if err != nil {
 		return v, err
@@ -187,14 +217,14 @@ func DecodeRun(b []byte) (Run, error) {
 		err := json.Unmarshal(b, &v)
 		return v, err
 	}
-	v.Worker = string(d.bytes())
-	v.ClaimedAt = d.time()
-	n := d.count()
+	v.Worker = string(d.Bytes())
+	v.ClaimedAt = d.Time()
+	n := d.Count()
 	if d.err == nil {
 		v.Slots, v.Attempts = make([]int, n), make([]int, n)
 	}
 	for i := 0; i < n && d.err == nil; i++ {
-		v.Slots[i], v.Attempts[i] = int(d.varint()), int(d.varint())
+		v.Slots[i], v.Attempts[i] = int(d.Varint()), int(d.Varint())
 	}
 	return v, d.err
 }
@@ -202,7 +232,7 @@ func DecodeRun(b []byte) (Run, error) {
 // DecodeOut reads an outcome batch's value.
 func DecodeOut(b []byte) (*Out, error) {
 	o := new(Out)
-	d := decoder{b: b}
+	d := Reader{b: b}
 	bin, err := d.start()
 	if err != nil {
 		return nil, err
@@ -213,22 +243,22 @@ func DecodeOut(b []byte) (*Out, error) {
 		}
 		return o, nil
 	}
-	o.Worker = string(d.bytes())
-	o.Token = d.varint()
-	o.ClaimedAt, o.FinishedAt = d.time(), d.time()
-	if n := d.count(); n > 0 {
+	o.Worker = string(d.Bytes())
+	o.Token = d.Varint()
+	o.ClaimedAt, o.FinishedAt = d.Time(), d.Time()
+	if n := d.Count(); n > 0 {
 		o.OK = make([]OKSlot, n)
 		for i := 0; i < n && d.err == nil; i++ {
-			o.OK[i].Slot, o.OK[i].Attempt = int(d.varint()), int(d.varint())
-			if r := d.bytes(); len(r) > 0 {
+			o.OK[i].Slot, o.OK[i].Attempt = int(d.Varint()), int(d.Varint())
+			if r := d.Bytes(); len(r) > 0 {
 				o.OK[i].Result = append([]byte(nil), r...)
 			}
 		}
 	}
-	if n := d.count(); n > 0 {
+	if n := d.Count(); n > 0 {
 		o.Moved = make([]int, n)
 		for i := 0; i < n && d.err == nil; i++ {
-			o.Moved[i] = int(d.varint())
+			o.Moved[i] = int(d.Varint())
 		}
 	}
 	if d.err != nil {

@@ -1,0 +1,136 @@
+package queue
+
+import (
+	"bytes"
+	"compress/flate"
+	"encoding/json"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/droverhq/drover/internal/segcodec"
+)
+
+// viaJSON is what a segment of tasks read back as when segments were a
+// JSON array: the binary form must read back the same.
+func viaJSON(t *testing.T, tasks []Task) []Task {
+	t.Helper()
+	raw, err := json.Marshal(tasks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []Task
+	if err := json.Unmarshal(raw, &out); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func sampleTasks() []Task {
+	three, zero := 3, 0
+	at := time.Date(2026, 11, 27, 6, 1, 2, 345678901, time.UTC)
+	return []Task{
+		{ID: "t-1", Type: "noop", Metadata: Metadata{CreatedAt: at}},
+		{ID: "t-2", Type: "summarize", InputDataURI: "s3://in/2", OutputDataURI: "s3://out/2",
+			Parameters: json.RawMessage(`{ "n": 1, "html": "<b>&</b>", "list": [1, 2] }`),
+			Metadata:   Metadata{CreatedAt: at, Priority: -7, SourceSystem: "crm", Tenant: "acme"},
+			MaxRetries: &three, Timeout: Duration(90 * time.Second), BackoffBase: Duration(time.Second), BackoffMax: Duration(time.Minute)},
+		{ID: "t-3", Type: "x", MaxRetries: &zero, Metadata: Metadata{CreatedAt: at.Add(time.Hour), Priority: 99}},
+		// Fields the binary form does not hold: the task is kept as JSON.
+		{ID: "t-4", Type: "x", LastError: "boom", RetriesAttempted: 2, Metadata: Metadata{CreatedAt: at}},
+		{ID: "t-5", Type: "x", Metadata: Metadata{CreatedAt: at.In(time.FixedZone("CET", 3600))}},
+		{ID: "t-6", Type: "x", ScheduledAt: at, Deferrals: 1, Metadata: Metadata{CreatedAt: at}},
+		{ID: "t-7", Type: "x", Parameters: json.RawMessage(`"\u2028"`), Metadata: Metadata{CreatedAt: at}},
+	}
+}
+
+// TestSegmentTasksReadBackAsJSONDid: a segment in the binary form reads
+// back exactly as the same tasks did from a JSON array (parameters
+// compacted and HTML-escaped, times in UTC, the other fields as JSON).
+func TestSegmentTasksReadBackAsJSONDid(t *testing.T) {
+	in := sampleTasks()
+	b, err := encodeSegment(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := decodeSegment(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := viaJSON(t, in)
+	if !reflect.DeepEqual(got, want) {
+		for i := range want {
+			if !reflect.DeepEqual(got[i], want[i]) {
+				t.Errorf("task %d:\n got %+v\nwant %+v", i, got[i], want[i])
+			}
+		}
+	}
+	raw, err := encodeTasks(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	forms := map[byte]int{}
+	r := segcodec.NewReader(raw[1:])
+	r.Count()
+	for range in {
+		rest := r.Len()
+		var tk Task
+		if err := readTask(r, &tk); err != nil {
+			t.Fatal(err)
+		}
+		forms[raw[len(raw)-rest]]++
+	}
+	if forms[taskBinary] != 4 || forms[taskJSON] != 3 {
+		t.Fatalf("forms %v; want 4 binary and 3 JSON", forms)
+	}
+}
+
+// TestSegmentReadsJSONArrays: a segment written as a JSON array (before
+// the binary form) still reads.
+func TestSegmentReadsJSONArrays(t *testing.T) {
+	in := sampleTasks()
+	raw, err := json.Marshal(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	zw, _ := flate.NewWriter(&buf, flate.BestSpeed)
+	if _, err := zw.Write(raw); err != nil || zw.Close() != nil {
+		t.Fatal(err)
+	}
+	got, err := decodeSegment(buf.Bytes())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, viaJSON(t, in)) {
+		t.Fatalf("a JSON segment read back as %+v", got)
+	}
+}
+
+// TestSegmentTasksRefuseDamage: a binary segment cut short, or with bytes
+// after its last task, or with an unknown task form, is refused.
+func TestSegmentTasksRefuseDamage(t *testing.T) {
+	raw, err := encodeTasks(sampleTasks())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range [][]byte{raw[1 : len(raw)-1], append(raw[1:len(raw):len(raw)], 0), {1, 0x07}, {200}} {
+		if _, err := decodeTasks(b); err == nil {
+			t.Errorf("% x decoded", b)
+		}
+	}
+}
+
+// FuzzDecodeTasks: no input makes the decoder panic or allocate beyond
+// its length.
+func FuzzDecodeTasks(f *testing.F) {
+	raw, _ := encodeTasks(sampleTasks())
+	f.Add(raw[1:])
+	f.Add([]byte{0})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		tasks, err := decodeTasks(b)
+		if err == nil && len(tasks) > len(b) {
+			t.Fatalf("%d tasks from %d bytes", len(tasks), len(b))
+		}
+	})
+}
