@@ -28,6 +28,9 @@ const SegmentSize = 100
 // that its request stays under etcd's request size limit.
 const maxSegmentBytes = 768 << 10
 
+// maxSegmentDecoded bounds a segment's decompressed size when read.
+const maxSegmentDecoded = 32 << 20
+
 // flateWriters and flateReaders reuse DEFLATE's state: a new writer
 // allocates about a megabyte, most of a small segment's encoding cost.
 var (
@@ -67,9 +70,14 @@ func decodeSegment(b []byte) ([]Task, error) {
 	if err := zr.(flate.Resetter).Reset(bytes.NewReader(b), nil); err != nil {
 		return nil, fmt.Errorf("decompress: %w", err)
 	}
-	raw, err := io.ReadAll(zr)
+	// A damaged value must not decompress into gigabytes: a segment is at
+	// most maxSegmentBytes of tasks as estimated, with room for escapes.
+	raw, err := io.ReadAll(io.LimitReader(zr, maxSegmentDecoded+1))
 	if err != nil {
 		return nil, fmt.Errorf("decompress: %w", err)
+	}
+	if len(raw) > maxSegmentDecoded {
+		return nil, fmt.Errorf("decompress: over %d bytes", maxSegmentDecoded)
 	}
 	if len(raw) > 0 && raw[0] == segTasksV1 {
 		return decodeTasks(raw[1:])

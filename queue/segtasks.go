@@ -21,7 +21,7 @@ import (
 //	    | 0x01 the task as JSON (a task with any other field set, or a time not in UTC)
 //
 // Strings and parameters are a uvarint length and the bytes; createdAt is
-// varint Unix nanoseconds (0 for the zero time); maxRetries is 0 for none
+// 0 for the zero time, else 1, Unix seconds and nanoseconds; maxRetries is 0 for none
 // and n+1 for n; numbers are varints (internal/segcodec's forms, read with
 // its Reader). Parameters are stored
 // compact and HTML-escaped, as encoding/json writes them, so a task reads
@@ -69,7 +69,7 @@ func appendTask(b []byte, t *Task) ([]byte, error) {
 		b = segcodec.AppendBytes(b, []byte(s))
 	}
 	b = segcodec.AppendBytes(b, params)
-	b = segcodec.AppendTime(b, t.Metadata.CreatedAt)
+	b = appendCreated(b, t.Metadata.CreatedAt)
 	b = binary.AppendVarint(b, int64(t.Metadata.Priority))
 	b = segcodec.AppendBytes(b, []byte(t.Metadata.SourceSystem))
 	b = segcodec.AppendBytes(b, []byte(t.Metadata.Tenant))
@@ -114,10 +114,39 @@ func binaryTask(t *Task) bool {
 	}
 	rest := *t
 	rest.ID, rest.Type, rest.InputDataURI, rest.OutputDataURI, rest.Parameters = "", "", "", "", nil
-	rest.Metadata, rest.MaxRetries = Metadata{}, nil
+	// Each field the form holds is cleared by name: a field added to Task
+	// or Metadata later stays set and sends the task to the JSON form
+	// (TestSegmentTasksFormCoversTheFields lists them).
+	rest.Metadata.CreatedAt, rest.Metadata.Priority, rest.Metadata.SourceSystem, rest.Metadata.Tenant = time.Time{}, 0, "", ""
+	rest.MaxRetries = nil
 	rest.Timeout, rest.BackoffBase, rest.BackoffMax = 0, 0, 0
 	rest.rev, rest.pendingRev, rest.seg = 0, 0, nil
 	return reflect.ValueOf(rest).IsZero()
+}
+
+// appendCreated appends a creation time: 0 for the zero time, else 1 and
+// its Unix seconds and nanoseconds (whole nanoseconds since 1970 do not
+// span the years 0000-9999 a submitter may give, and 0 of them is a time
+// too).
+func appendCreated(b []byte, at time.Time) []byte {
+	if at.IsZero() {
+		return binary.AppendVarint(b, 0)
+	}
+	b = binary.AppendVarint(b, 1)
+	b = binary.AppendVarint(b, at.Unix())
+	return binary.AppendVarint(b, int64(at.Nanosecond()))
+}
+
+// readCreated reads what appendCreated wrote.
+func readCreated(r *segcodec.Reader) time.Time {
+	if r.Varint() == 0 {
+		return time.Time{}
+	}
+	sec, nsec := r.Varint(), r.Varint()
+	if nsec < 0 || nsec >= 1e9 {
+		return time.Time{} // damaged: Unix would carry it into the seconds
+	}
+	return time.Unix(sec, nsec).UTC()
 }
 
 // decodeTasks reads what encodeTasks wrote (after its format byte).
@@ -126,6 +155,9 @@ func decodeTasks(b []byte) ([]Task, error) {
 	n := r.Count() // every task takes a byte at least
 	if err := r.Err(); err != nil {
 		return nil, err
+	}
+	if n > SegmentSize {
+		return nil, fmt.Errorf("%d tasks: a segment holds at most %d", n, SegmentSize)
 	}
 	tasks := make([]Task, n)
 	for i := range tasks {
@@ -158,7 +190,7 @@ func readTask(r *segcodec.Reader, t *Task) error {
 	if p := r.Bytes(); len(p) > 0 {
 		t.Parameters = json.RawMessage(bytes.Clone(p))
 	}
-	t.Metadata.CreatedAt = r.Time()
+	t.Metadata.CreatedAt = readCreated(r)
 	t.Metadata.Priority = int(r.Varint())
 	t.Metadata.SourceSystem, t.Metadata.Tenant = str(), str()
 	if retries := r.Varint(); retries > 0 {
