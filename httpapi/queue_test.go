@@ -1,6 +1,9 @@
 package httpapi_test
 
 import (
+	"bytes"
+	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -344,4 +347,64 @@ func (z *qzeros) Read(p []byte) (int, error) {
 	}
 	z.n -= k
 	return k, nil
+}
+
+// TestClaimOfALeftClientHandedBack: tasks claimed for a request whose
+// client left before the answer was written are handed back, claimable at
+// once by another session with the same attempt, not held under the first
+// session (which lives on) until it ends.
+func TestClaimOfALeftClientHandedBack(t *testing.T) {
+	a := newAPI(t)
+	a.do("POST", "/v1/queues/left/tasks", qtasksJSON("left", 2)).want(t, 200)
+	hooked := make(chan bool, 1)
+	restore := httpapi.SetAfterClaim(func(ctx context.Context, q string) {
+		if q != "left" {
+			return
+		}
+		select { // the client gives up meanwhile
+		case <-ctx.Done():
+			hooked <- true
+		case <-time.After(5 * time.Second):
+			hooked <- false
+		}
+	})
+	defer restore()
+	sess := a.session(30)
+	body, _ := json.Marshal(map[string]any{"session": sess, "max": 2})
+	req, _ := http.NewRequest("POST", a.base+"/v1/queues/left/claim", bytes.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	hc := &http.Client{Timeout: 300 * time.Millisecond}
+	if r, err := hc.Do(req); err == nil {
+		r.Body.Close()
+		t.Fatalf("the claim answered %d; want the client to give up first", r.StatusCode)
+	}
+	if !<-hooked {
+		t.Fatal("the request's context did not end when its client left")
+	}
+	restore()
+	// The server hands them back after the hook: both PENDING again.
+	for _, id := range []string{"left-0", "left-1"} {
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			st := a.do("GET", "/v1/queues/left/tasks/"+id, nil).want(t, 200).str("current_status")
+			if st == "PENDING" {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("task %s is %s 5 s after its client left, want PENDING (handed back)", id, st)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	other := a.session(30)
+	got := a.qclaim("left", other, 2, "2s")
+	if len(got) != 2 {
+		t.Fatalf("another session claimed %d tasks, want both handed back", len(got))
+	}
+	for _, tk := range got {
+		if tk["attempt"].(float64) != 1 {
+			t.Fatalf("task %v: attempt %v, want 1 (a hand back does not count)", tk["task_id"], tk["attempt"])
+		}
+		a.do("POST", qtaskPath("left", tk, "ack"), qfence(other, tk)).want(t, 200)
+	}
 }

@@ -6,12 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/danielgtaylor/huma/v2"
 	"github.com/droverhq/drover/lease"
 	"github.com/droverhq/drover/queue"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // queuePath names a queue in a route's path.
@@ -145,6 +147,10 @@ func (s *Server) claimTasks(ctx context.Context, in *claimInput) (*struct{ Body 
 	return &struct{ Body ClaimResult }{ClaimResult{Tasks: tasks}}, nil
 }
 
+// afterClaim, when set (by tests), runs when a claim has its tasks and
+// before its answer is written.
+var afterClaim atomic.Pointer[func(ctx context.Context, q string)]
+
 // claimFor claims up to max tasks of queue q (valid) for session, waiting
 // up to wait: the claim route's work, and a batch of outcomes' next claim.
 func (s *Server) claimFor(ctx context.Context, q, session string, max int, wait time.Duration, once bool) ([]QueueTask, error) {
@@ -167,7 +173,30 @@ func (s *Server) claimFor(ctx context.Context, q, session string, max int, wait 
 	if err != nil {
 		return nil, problem(err, queueWhere)
 	}
+	if hook := afterClaim.Load(); hook != nil {
+		(*hook)(ctx, q)
+	}
+	if ctx.Err() != nil && len(tasks) > 0 {
+		// The client left before the answer was written: its tasks go
+		// back rather than stay claimed under a session that may live on.
+		s.release(ctx, c, q, sess.lease.ID(), tasks)
+		return nil, problem(fmt.Errorf("queue: claim from %s: %w", q, ctx.Err()), queueWhere)
+	}
 	return queueTasksOf(tasks), nil
+}
+
+// release hands back tasks claimed under lease for a request that ended
+// before its answer was written; a task it cannot hand back stays claimed
+// until the session ends.
+func (s *Server) release(ctx context.Context, c *queue.Client, q string, l clientv3.LeaseID, tasks []*queue.Task) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	for _, t := range tasks {
+		if _, err := c.Release(rctx, queue.Held{Queue: q, ID: t.ID, Token: t.Token, Lease: l}); err != nil {
+			s.cfg.Logger.Warn("http: could not hand back a task claimed for a request that ended; it is freed when its session ends",
+				"queue", q, "task", t.ID, "err", err)
+		}
+	}
 }
 
 // held is the claim a request names; it does not read the session, which

@@ -294,6 +294,21 @@ func (c *Client) Fail(ctx context.Context, h Held, reason string, permanent bool
 	return c.reportOne(ctx, Outcome{Held: h, Failed: true, Error: reason, Permanent: permanent})
 }
 
+// Release hands the claimed task h back: it is PENDING again, claimable at
+// once, and the attempt does not count. It is for a claim whose caller will
+// not run the task (the HTTP API releases the tasks of a claim whose client
+// left before the answer was written). It returns the task, PENDING. An
+// error matching lease.ErrFenced says the claim no longer holds and nothing
+// was written.
+func (c *Client) Release(ctx context.Context, h Held) (*Task, error) {
+	if err := h.check(); err != nil {
+		return nil, err
+	}
+	return c.settle(ctx, h, "hand back", func(*Worker, *claim) (outcome, error) {
+		return outcome{kind: Pending}, nil
+	})
+}
+
 // reportOne is Report of one outcome.
 func (c *Client) reportOne(ctx context.Context, o Outcome) (*Task, error) {
 	if err := o.check(); err != nil {

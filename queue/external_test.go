@@ -221,3 +221,41 @@ func TestExternalClaimOnce(t *testing.T) {
 		t.Fatalf("%+v %v", st, err)
 	}
 }
+
+// TestExternalRelease: a task handed back is claimable at once with the
+// same attempt, the released claim's ack is fenced, and the run's other
+// tasks are unaffected.
+func TestExternalRelease(t *testing.T) {
+	ctx := context.Background()
+	c, cli := newClient(t, etcdtest.Namespace(t))
+	submitN(t, c, "rel", 3, nil)
+	l1 := grantLease(t, cli, 10*time.Second)
+	got, err := c.Claim(ctx, "rel", queue.ClaimRequest{Lease: l1, Worker: "w1", Max: 3})
+	if err != nil || len(got) != 3 {
+		t.Fatalf("%v %v", got, err)
+	}
+	back, err := c.Release(ctx, held("rel", got[0], l1))
+	if err != nil || back.CurrentStatus != queue.Pending {
+		t.Fatalf("release: %+v %v", back, err)
+	}
+	if _, err := c.Release(ctx, held("rel", got[0], l1)); !errors.Is(err, lease.ErrFenced) {
+		t.Fatalf("second release: %v", err)
+	}
+	if _, err := c.Ack(ctx, held("rel", got[0], l1), nil); !errors.Is(err, lease.ErrFenced) {
+		t.Fatalf("ack of the released claim: %v", err)
+	}
+	l2 := grantLease(t, cli, 10*time.Second)
+	again, err := c.Claim(ctx, "rel", queue.ClaimRequest{Lease: l2, Worker: "w2", Max: 3})
+	if err != nil || len(again) != 1 || again[0].ID != got[0].ID || again[0].Attempt != got[0].Attempt {
+		t.Fatalf("claimed again: %v %v (released %s attempt %d)", again, err, got[0].ID, got[0].Attempt)
+	}
+	for _, h := range []queue.Held{held("rel", got[1], l1), held("rel", got[2], l1), held("rel", again[0], l2)} {
+		if _, err := c.Ack(ctx, h, nil); err != nil {
+			t.Fatalf("ack %s: %v", h.ID, err)
+		}
+	}
+	st, err := c.Stats(ctx, "rel")
+	if err != nil || st.Succeeded != 3 || st.Unfinished() != 0 {
+		t.Fatalf("%+v %v", st, err)
+	}
+}

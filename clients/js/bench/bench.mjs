@@ -36,6 +36,20 @@ const namespace = `bench-${Date.now().toString(36)}-${randomBytes(3).toString("h
 const queue = "noop";
 const drover = new Drover({ url, namespace });
 const procs = [];
+/** What the tasks not yet succeeded are doing, and which workers still run: for a run that times out. */
+async function unfinished() {
+  const out = [];
+  for (const status of ["PENDING", "RUNNING", "RETRYING", "DEAD"]) {
+    const page = await drover.tasks.list(queue, { status, limit: 10 }).catch((e) => ({ tasks: [], error: String(e) }));
+    for (const t of page.tasks ?? []) {
+      const last = t.transitions?.at(-1);
+      out.push(`${t.task_id} ${t.current_status} attempt ${t.attempt}${last ? ` (${last.status} at ${last.at}${last.worker ? ` on ${last.worker}` : ""})` : ""}`);
+    }
+  }
+  const alive = procs.filter((p) => p.exitCode === null && p.signalCode === null).length;
+  return `${out.join("; ") || "no task listed"}; ${alive} of ${procs.length} workers running`;
+}
+
 try {
   const ts = Date.now();
   async function* tasks() {
@@ -47,7 +61,7 @@ try {
 
   const script = fileURLToPath(new URL("./noop-worker.mjs", import.meta.url));
   for (let i = 0; i < W; i++) {
-    const p = spawn(process.execPath, [script, "--url", url, "--namespace", namespace, "--queue", queue, "--concurrency", a.concurrency, ...(a.prefetch ? ["--prefetch", a.prefetch] : []), "--wait-go", "--idle-exit", "2"], { stdio: ["pipe", "pipe", "inherit"] });
+    const p = spawn(process.execPath, [script, "--url", url, "--namespace", namespace, "--queue", queue, "--concurrency", a.concurrency, ...(a.prefetch ? ["--prefetch", a.prefetch] : []), "--wait-go", "--idle-exit", "0", "--max-seconds", String(Number(a["timeout-seconds"]) + 60)], { stdio: ["pipe", "pipe", "inherit"] });
     p.lines = [];
     createInterface({ input: p.stdout }).on("line", (l) => p.lines.push(l));
     p.exited = new Promise((r) => p.on("exit", r));
@@ -65,10 +79,12 @@ try {
   for (;;) {
     st = await drover.tasks.stats(queue);
     if (st.succeeded >= N) break;
-    if (Date.now() > deadline) throw new Error(`only ${st.succeeded} of ${N} within the timeout`);
+    if (Date.now() > deadline) throw new Error(`only ${st.succeeded} of ${N} within the timeout: ${await unfinished()}`);
     await new Promise((r) => setTimeout(r, 50));
   }
   const seconds = (Date.now() - t0) / 1000;
+  // The workers run until every task succeeded (they do not leave on their
+  // own when idle: a server that stalls for a moment must not end them).
   for (const p of procs) p.kill("SIGTERM");
   await Promise.all(procs.map((p) => p.exited));
   const per = procs.map((p) => JSON.parse(p.lines[p.lines.length - 1]));

@@ -7,7 +7,7 @@
 //
 // --prefetch is the worker's `prefetch` (default: 100, the
 // client's default). It claims and acks until SIGTERM/SIGINT (it drains), or
-// until no task came for --idle-exit seconds after its first one, or
+// until no task came for --idle-exit seconds after its first one (0: never), or
 // --max-seconds passed; then prints one JSON line: {"pid","claimed",
 // "succeeded","failed","lost","ahead","claim_requests","outcome_requests","claims_with_outcomes",
 // "seconds"}.
@@ -53,7 +53,7 @@ const idleMs = Number(a["idle-exit"]) * 1000;
 const maxMs = Number(a["max-seconds"]) * 1000;
 const timer = setInterval(() => {
   const now = Date.now();
-  if ((last && now - last > idleMs) || now - t0 > maxMs) void worker.drain();
+  if ((idleMs > 0 && last && now - last > idleMs) || now - t0 > maxMs) void worker.drain();
 }, 200);
 const st = await worker.done;
 clearInterval(timer);

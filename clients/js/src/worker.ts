@@ -126,10 +126,11 @@ interface Waiting {
  * average) it claims tasks ahead of its free slots (see
  * {@link WorkerOptions.prefetch}). A handler that throws {@link Permanent}
  * sends the task to the dead-letter queue; any other error is retried with
- * the queue's backoff. On SIGTERM (or {@link drain}) it stops claiming,
- * lets the running tasks finish, runs the tasks it claimed ahead (there is
- * no route to hand a claim back, and they were claimed only while tasks
- * took under 5 ms), sends their outcomes and ends its session. A task
+ * the queue's backoff. On SIGTERM (or {@link drain}) it stops claiming (a
+ * claim in flight is abandoned: the server hands back the tasks it claimed
+ * for a request whose client left), lets the running tasks finish, runs
+ * the tasks it claimed ahead (they were claimed only while tasks took
+ * under 5 ms), sends their outcomes and ends its session. A task
  * claimed ahead whose session is lost before it starts is not started: it
  * runs again elsewhere.
  */

@@ -157,18 +157,27 @@ test("prefetch: while a running task has run over 5 ms, claims are for free slot
     return null;
   });
   await until(async () => (await drover.tasks.stats(q)).succeeded === 40, 30_000, "the warm-up tasks succeeded");
+  // The worker claims ahead once it measured its tasks under 5 ms: on a
+  // loaded machine the first ones may take longer, so warm up again (at
+  // most 4 more rounds) until a claim took more than its 2 free slots.
+  let warm = 40;
+  for (let round = 1; round < 5 && !claims.some((c) => c.got > 2); round++) {
+    await drover.submit(q, Array.from({ length: 40 }, (_, i) => ({ task_id: `warm-${round}-${i}`, task_type: "t" })));
+    warm += 40;
+    await until(async () => (await drover.tasks.stats(q)).succeeded === warm, 30_000, "the warm-up tasks succeeded");
+  }
+  assert.ok(claims.some((c) => c.got > 2), "short tasks were claimed ahead before it");
   await drover.submit(q, [{ task_id: "long", task_type: "t", metadata: { priority: 9 } }]);
   await until(() => longStart > 0, 10_000, "the long task started");
   await sleep(50);
   // Short tasks keep coming while the long one runs.
   await drover.submit(q, Array.from({ length: 30 }, (_, i) => ({ task_id: `short-${i}`, task_type: "t" })));
-  await until(async () => (await drover.tasks.stats(q)).succeeded === 71, 30_000, "every task succeeded");
+  await until(async () => (await drover.tasks.stats(q)).succeeded === warm + 31, 30_000, "every task succeeded");
   const st = await w.drain();
-  assert.equal(st.succeeded, 71);
+  assert.equal(st.succeeded, warm + 31);
   const during = claims.filter((c) => c.at > longStart + 20 && c.at < longEnd - 5);
   assert.ok(during.length > 0, "claims were made while the long task ran");
   assert.ok(during.every((c) => c.max <= 1), `claims while the long task ran asked for ${during.map((c) => c.max).join(",")} (one slot free)`);
-  assert.ok(claims.some((c) => c.got > 2), "short tasks were claimed ahead before it");
 });
 
 /** Starts the fixture; returns helpers over its output. */
