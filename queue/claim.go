@@ -402,13 +402,22 @@ func (w *Worker) pickLevel(levels []level, seq int64, tried map[string]bool) (le
 			open = append(open, lv)
 		}
 	}
-	switch {
-	case len(open) == 0:
+	if len(open) == 0 {
 		return level{}, !tried[""]
-	case seq%8 == 0 && len(open) > 1:
-		return open[1+int(seq/8)%(len(open)-1)], true
 	}
-	return open[0], true
+	return open[lowerTurn(len(open), seq)], true
+}
+
+// lowerTurn is the anti-starvation rule among open levels, highest first,
+// for the claim with sequence number seq (not negative): it reads the top
+// one (index 0) seven times in eight, and on every eighth claim the levels
+// below it in turn, so that each of them is read within 8*(open-1) claims.
+// levelTurns keeps the same rule for segments, whose levels are numbers.
+func lowerTurn(open int, seq int64) int {
+	if seq%8 != 0 || open < 2 {
+		return 0
+	}
+	return 1 + int((seq/8)%int64(open-1))
 }
 
 // readPending reads up to about 2n pending keys of priority level lv (""

@@ -64,3 +64,36 @@ func TestLevelTurns(t *testing.T) {
 		})
 	}
 }
+
+// TestLowerTurn: the same rule among the levels of tasks with records of
+// their own. With open levels, highest first, 56 of 64 claims read the
+// top one and the 8 lower turns go round the levels below it, each within
+// 8*(open-1) claims; with one level every claim reads it.
+func TestLowerTurn(t *testing.T) {
+	for _, tc := range []struct {
+		open int
+		want []int // claims of 64 per index
+	}{
+		{1, []int{64}},
+		{2, []int{56, 8}},
+		{3, []int{56, 4, 4}},
+		{5, []int{56, 2, 2, 2, 2}},
+	} {
+		got := make([]int, tc.open)
+		last := make([]int64, tc.open)
+		for seq := int64(1); seq <= 64; seq++ {
+			i := lowerTurn(tc.open, seq)
+			if i < 0 || i >= tc.open {
+				t.Fatalf("open %d, claim %d: index %d out of range", tc.open, seq, i)
+			}
+			got[i]++
+			if i > 0 && last[i] > 0 && seq-last[i] > int64(8*(tc.open-1)) {
+				t.Fatalf("open %d: level %d read at claims %d and %d, over %d apart", tc.open, i, last[i], seq, 8*(tc.open-1))
+			}
+			last[i] = seq
+		}
+		if !slices.Equal(got, tc.want) {
+			t.Fatalf("open %d: claims per level %v, want %v", tc.open, got, tc.want)
+		}
+	}
+}

@@ -11,7 +11,6 @@ import (
 	"runtime/debug"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -38,6 +37,7 @@ type serverFlags struct {
 	quota         int64
 	highWater     waterMark
 	lowWater      waterMark
+	storeGuard    bool
 	http          httpFlags
 	cluster       clusterFlags
 }
@@ -130,6 +130,7 @@ func (a *app) serverCommand() *cobra.Command {
 	fl.StringVar(&f.http.tlsKey, "tls-key", "", "private key (PEM) of --tls-cert")
 	fl.BoolVar(&f.http.insecure, "insecure", false, "serve the HTTP API beyond loopback without --auth-file (a trusted network only)")
 	fl.Var(&f.lowWater, "low-water", "share of the quota in use under which they are accepted again; below --high-water")
+	fl.BoolVar(&f.storeGuard, "store-guard", true, "guard etcd's space: refuse new tasks and checkpoints past --high-water, and compact, defragment and disarm a NOSPACE alarm (of every member of an --etcd-endpoints cluster too)")
 	f.cluster.register(fl)
 	return cmd
 }
@@ -168,7 +169,7 @@ func (a *app) runServer(cmd *cobra.Command, f *serverFlags) error {
 	defer stop()
 	external := a.endpoints != "" || strings.TrimSpace(getenv(cluster.EnvEndpoints)) != ""
 	if external {
-		for _, name := range append([]string{"data-dir", "etcd-listen", "etcd-peer-listen", "auto-compaction-retention", "gc-percent", "quota-backend-bytes", "high-water", "low-water"}, clusterFlagNames...) {
+		for _, name := range append([]string{"data-dir", "etcd-listen", "etcd-peer-listen", "auto-compaction-retention", "gc-percent", "quota-backend-bytes"}, clusterFlagNames...) {
 			if cmd.Flags().Changed(name) {
 				return usageError{fmt.Errorf("--%s has no effect with --etcd-endpoints or $ETCD_ENDPOINTS: the server embeds no etcd then; drop one of them", name)}
 			}
@@ -180,7 +181,7 @@ func (a *app) runServer(cmd *cobra.Command, f *serverFlags) error {
 	}
 	defer stopMetrics()
 	if external {
-		return a.serveExternal(ctx, &f.http)
+		return a.serveExternal(ctx, f)
 	}
 	if cmd.Flags().Changed("gc-percent") || getenv("GOGC") == "" {
 		debug.SetGCPercent(f.gcPercent)
@@ -220,7 +221,7 @@ func (a *app) serveEmbedded(ctx context.Context, f *serverFlags) error {
 		return startError(err, f.dataDir, f.listen, f.peerListen)
 	}
 	defer srv.Close()
-	stopGuard, err := a.startGuard(ctx, srv, f)
+	stopGuard, err := a.startEmbeddedGuard(ctx, srv, f)
 	if err != nil {
 		return err
 	}
@@ -257,41 +258,6 @@ func (a *app) serveEmbedded(ctx context.Context, f *serverFlags) error {
 	return nil
 }
 
-// startGuard starts the embedded server's store guard on the server's
-// namespace, and returns what stops it (safe to call twice).
-func (a *app) startGuard(ctx context.Context, srv *cluster.Server, f *serverFlags) (func(), error) {
-	cli, err := cluster.Connect(ctx, cluster.ClientConfig{Endpoints: srv.Endpoints()})
-	if err != nil {
-		return nil, fmt.Errorf("store guard: %w", err)
-	}
-	g, err := cluster.NewGuard(cli, cluster.GuardConfig{
-		Endpoint:   srv.Endpoints()[0],
-		Quota:      srv.Quota(),
-		Namespaces: []string{a.namespace},
-		HighWater:  float64(f.highWater),
-		LowWater:   float64(f.lowWater),
-		Logger:     a.logger,
-	})
-	if err == nil {
-		err = g.Start()
-	}
-	if err != nil {
-		_ = cli.Close()
-		return nil, fmt.Errorf("store guard: %w", err)
-	}
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			if err := g.Close(cctx); err != nil {
-				a.logger.Warn("store guard did not stop in time", "err", err)
-			}
-			_ = cli.Close()
-		})
-	}, nil
-}
-
 // waterMark is a share of the database quota, given as a percent ("70%")
 // or a fraction ("0.7").
 type waterMark float64
@@ -321,21 +287,33 @@ func (w *waterMark) Set(s string) error {
 // Type implements pflag.Value.
 func (w *waterMark) Type() string { return "percent" }
 
-// serveExternal runs the server against an existing etcd cluster.
-func (a *app) serveExternal(ctx context.Context, h *httpFlags) error {
+// serveExternal runs the server against an existing etcd cluster, with a
+// store guard of each of its members unless --store-guard=false.
+func (a *app) serveExternal(ctx context.Context, f *serverFlags) error {
 	cli, err := a.connect(ctx)
 	if err != nil {
 		return err
 	}
 	defer cli.Close()
-	stopHTTP, err := a.startHTTP(h, cli)
+	stopGuard := func() {}
+	if f.storeGuard {
+		targets := a.externalGuardTargets(ctx, cli)
+		if stopGuard, err = a.startGuards(cli, false, targets, f); err != nil {
+			return err
+		}
+	}
+	defer stopGuard()
+	stopHTTP, err := a.startHTTP(&f.http, cli)
 	if err != nil {
 		return err
 	}
 	defer stopHTTP()
 	a.logger.Info("drover server ready", "etcd", "external",
-		"endpoints", strings.Join(cluster.ResolveEndpoints(a.endpoints), ","), "namespace", a.namespace)
+		"endpoints", strings.Join(cluster.ResolveEndpoints(a.endpoints), ","), "namespace", a.namespace,
+		"store_guard", f.storeGuard, "high_water", f.highWater.String(), "low_water", f.lowWater.String())
 	<-ctx.Done()
+	stopHTTP()
+	stopGuard()
 	a.logger.Info("drover server stopped")
 	return nil
 }

@@ -19,8 +19,8 @@ import (
 
 // TestServerWaterMarkFlags: bad --high-water, --low-water and
 // --quota-backend-bytes values exit 2 naming the flag, before anything
-// starts; the marks are refused with an external etcd too; the help shows
-// an example.
+// starts, with an external etcd too (whose quota is its own: the flag
+// is refused); the help shows an example.
 func TestServerWaterMarkFlags(t *testing.T) {
 	for _, tc := range []struct {
 		args []string
@@ -42,9 +42,13 @@ func TestServerWaterMarkFlags(t *testing.T) {
 			t.Fatalf("server %v: exit %d, stderr %q; want exit 2 saying %q", tc.args, r.code, r.stderr, tc.want)
 		}
 	}
-	r := drover(t, "server", "--etcd-endpoints", etcdtest.FreeAddr(), "--high-water", "80%")
-	if r.code != cli.ExitUsage || !strings.Contains(r.stderr, "--high-water has no effect with --etcd-endpoints") {
-		t.Fatalf("--high-water with --etcd-endpoints: exit %d, stderr %q", r.code, r.stderr)
+	r := drover(t, "server", "--etcd-endpoints", etcdtest.FreeAddr(), "--quota-backend-bytes", fmt.Sprint(64<<20))
+	if r.code != cli.ExitUsage || !strings.Contains(r.stderr, "--quota-backend-bytes has no effect with --etcd-endpoints") {
+		t.Fatalf("--quota-backend-bytes with --etcd-endpoints: exit %d, stderr %q", r.code, r.stderr)
+	}
+	r = drover(t, "server", "--etcd-endpoints", etcdtest.FreeAddr(), "--high-water", "120%")
+	if r.code != cli.ExitUsage || !strings.Contains(r.stderr, `invalid --high-water "120%"`) {
+		t.Fatalf("a bad --high-water with --etcd-endpoints: exit %d, stderr %q", r.code, r.stderr)
 	}
 	r = drover(t, "server", "--help")
 	for _, want := range []string{"--high-water 80% --low-water 70%", "--high-water percent", "(default 70%)", "(default 60%)", "--quota-backend-bytes int"} {
@@ -80,14 +84,9 @@ func TestServerGuardsItsNamespace(t *testing.T) {
 	if !strings.Contains(p.stderr.String(), "quota_mib=32 high_water=50% low_water=40%") {
 		t.Fatalf("the ready line does not name the quota and marks:\n%s", p.stderr.String())
 	}
-	endpoint := strings.Fields(p.stderr.String()[strings.Index(p.stderr.String(), "endpoints=")+len("endpoints="):])[0]
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	c, err := cluster.Connect(ctx, cluster.ClientConfig{Endpoints: []string{endpoint}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := connectTo(ctx, t, readyEndpoint(p))
 	keys := keyspace.MustNew(ns)
 	big := strings.Repeat("x", 1<<20)
 	for i := 0; i < 20; i++ { // 20 MiB: past 50 % of 32 MiB, under the quota
@@ -114,4 +113,22 @@ func TestServerGuardsItsNamespace(t *testing.T) {
 	if code := p.wait(t, 20*time.Second); code != 0 {
 		t.Fatalf("server: exit %d; stderr:\n%s", code, p.stderr.String())
 	}
+}
+
+// readyEndpoint is the first etcd endpoint of the embedded server p's ready
+// line.
+func readyEndpoint(p *process) string {
+	out := p.stderr.String()
+	return strings.Fields(out[strings.Index(out, "endpoints=")+len("endpoints="):])[0]
+}
+
+// connectTo is an etcd client of endpoint, closed when the test ends.
+func connectTo(ctx context.Context, t *testing.T, endpoint string) *clientv3.Client {
+	t.Helper()
+	c, err := cluster.Connect(ctx, cluster.ClientConfig{Endpoints: []string{endpoint}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
 }

@@ -16,7 +16,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/droverhq/drover/cluster"
 	"github.com/droverhq/drover/internal/cli"
 	"github.com/droverhq/drover/internal/etcdtest"
 	"github.com/droverhq/drover/keyspace"
@@ -73,7 +72,7 @@ func TestSubmitExitsBusyWhileStoreFull(t *testing.T) {
 		"--quota-backend-bytes", fmt.Sprint(quota), "--high-water", "30%", "--low-water", "20%")
 	p := start(t, cleanEnv(), args...)
 	waitFor(t, 30*time.Second, "the server ready", func() bool { return strings.Contains(p.stderr.String(), "drover server ready") })
-	endpoint := strings.Fields(p.stderr.String()[strings.Index(p.stderr.String(), "endpoints=")+len("endpoints="):])[0]
+	endpoint := readyEndpoint(p)
 	flags := []string{"--etcd-endpoints", endpoint, "--namespace", ns}
 	dir := t.TempDir()
 	rng := rand.New(rand.NewPCG(7, 8))
@@ -147,11 +146,7 @@ func TestSubmitExitsBusyWhileStoreFull(t *testing.T) {
 	if !etcdtest.Eventually(20*time.Second, cleared) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		c, err := cluster.Connect(ctx, cluster.ClientConfig{Endpoints: []string{endpoint}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
+		c := connectTo(ctx, t, endpoint)
 		segs := keyspace.MustNew(ns).Segments("fill")
 		g, err := c.Get(ctx, segs, clientv3.WithPrefix(), clientv3.WithCountOnly())
 		if err != nil {
