@@ -329,7 +329,7 @@ func (g *Guard) Check(ctx context.Context) (GuardStatus, error) {
 
 // read takes the member's status, its NOSPACE alarms and the guard keys.
 func (g *Guard) read(ctx context.Context) (GuardStatus, error) {
-	sr, err := g.cli.Status(ctx, g.cfg.Endpoint)
+	sr, err := g.status(ctx)
 	if err != nil {
 		return GuardStatus{}, fmt.Errorf("cluster: guard: status of %s: %w", g.cfg.Endpoint, err)
 	}
@@ -366,6 +366,24 @@ func (g *Guard) read(ctx context.Context) (GuardStatus, error) {
 	st.Full = st.keys > 0
 	return st, nil
 }
+
+// status reads the member's status, bounded: a member that does not answer
+// fails the check (which is tried again), it does not hang it.
+func (g *Guard) status(ctx context.Context) (*clientv3.StatusResponse, error) {
+	sctx, cancel := context.WithTimeout(ctx, max(guardStatusTimeout, g.cfg.Interval))
+	defer cancel()
+	return g.cli.Status(sctx, g.cfg.Endpoint)
+}
+
+// Bounds of the guard's requests to its member: a status read, and a
+// defragmentation (etcd copies the whole database: about a second per GiB).
+const (
+	guardStatusTimeout = 5 * time.Second
+	guardDefragTimeout = 5 * time.Minute
+)
+
+// defragMu makes the guards of a process defragment one member at a time.
+var defragMu sync.Mutex
 
 func (g *Guard) compactDue(st GuardStatus) bool {
 	return st.Revision > g.compacted && (g.compactedAt.IsZero() || g.cfg.Now().Sub(g.compactedAt) >= g.cfg.CompactInterval)
@@ -415,11 +433,19 @@ func (g *Guard) recount(ctx context.Context, st GuardStatus) (GuardStatus, error
 // sizes it then reports.
 func (g *Guard) defragment(ctx context.Context, st GuardStatus) (GuardStatus, error) {
 	before := st
-	if _, err := g.cli.Defragment(ctx, g.cfg.Endpoint); err != nil {
+	// One defragmentation at a time in the process: a member that
+	// defragments stops serving, and a process guards every member of an
+	// external cluster.
+	defragMu.Lock()
+	dctx, cancel := context.WithTimeout(ctx, guardDefragTimeout)
+	_, err := g.cli.Defragment(dctx, g.cfg.Endpoint)
+	cancel()
+	defragMu.Unlock()
+	if err != nil {
 		return st, fmt.Errorf("cluster: guard: defragment %s: %w", g.cfg.Endpoint, err)
 	}
 	g.defragged = st.Revision
-	sr, err := g.cli.Status(ctx, g.cfg.Endpoint)
+	sr, err := g.status(ctx)
 	if err != nil {
 		return st, fmt.Errorf("cluster: guard: status of %s: %w", g.cfg.Endpoint, err)
 	}

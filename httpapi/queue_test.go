@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -356,27 +357,46 @@ func (z *qzeros) Read(p []byte) (int, error) {
 func TestClaimOfALeftClientHandedBack(t *testing.T) {
 	a := newAPI(t)
 	a.do("POST", "/v1/queues/left/tasks", qtasksJSON("left", 2)).want(t, 200)
+	entered := make(chan struct{})
 	hooked := make(chan bool, 1)
 	restore := httpapi.SetAfterClaim(func(ctx context.Context, q string) {
 		if q != "left" {
 			return
 		}
+		close(entered)
 		select { // the client gives up meanwhile
 		case <-ctx.Done():
 			hooked <- true
-		case <-time.After(5 * time.Second):
+		case <-time.After(10 * time.Second):
 			hooked <- false
 		}
 	})
 	defer restore()
 	sess := a.session(30)
 	body, _ := json.Marshal(map[string]any{"session": sess, "max": 2})
-	req, _ := http.NewRequest("POST", a.base+"/v1/queues/left/claim", bytes.NewReader(body))
+	cctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	req, _ := http.NewRequestWithContext(cctx, "POST", a.base+"/v1/queues/left/claim", bytes.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
-	hc := &http.Client{Timeout: 300 * time.Millisecond}
-	if r, err := hc.Do(req); err == nil {
-		r.Body.Close()
-		t.Fatalf("the claim answered %d; want the client to give up first", r.StatusCode)
+	answered := make(chan error, 1)
+	go func() {
+		r, err := http.DefaultClient.Do(req)
+		if err == nil {
+			r.Body.Close()
+			err = fmt.Errorf("the claim answered %d; want the client to give up first", r.StatusCode)
+		}
+		answered <- err
+	}()
+	select { // the claim has its tasks: the client gives up now
+	case <-entered:
+		cancel()
+	case err := <-answered:
+		t.Fatalf("the claim ended before it had its tasks: %v", err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("the claim did not get its tasks within 20 s")
+	}
+	if err := <-answered; !errors.Is(err, context.Canceled) {
+		t.Fatal(err)
 	}
 	if !<-hooked {
 		t.Fatal("the request's context did not end when its client left")

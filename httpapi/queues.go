@@ -186,13 +186,20 @@ func (s *Server) claimFor(ctx context.Context, q, session string, max int, wait 
 }
 
 // release hands back tasks claimed under lease for a request that ended
-// before its answer was written; a task it cannot hand back stays claimed
-// until the session ends.
+// before its answer was written, each within 5 s and all within 30 s; a
+// task it cannot hand back stays claimed until the session ends.
 func (s *Server) release(ctx context.Context, c *queue.Client, q string, l clientv3.LeaseID, tasks []*queue.Task) {
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	all, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
 	for _, t := range tasks {
-		if _, err := c.Release(rctx, queue.Held{Queue: q, ID: t.ID, Token: t.Token, Lease: l}); err != nil {
+		tctx, tcancel := context.WithTimeout(all, 5*time.Second)
+		_, err := c.Release(tctx, queue.Held{Queue: q, ID: t.ID, Token: t.Token, Lease: l})
+		tcancel()
+		switch {
+		case err == nil:
+		case errors.Is(err, lease.ErrFenced): // the session ended meanwhile: its claims went with it
+			s.cfg.Logger.Debug("http: a task claimed for a request that ended was no longer held", "queue", q, "task", t.ID, "err", err)
+		default:
 			s.cfg.Logger.Warn("http: could not hand back a task claimed for a request that ended; it is freed when its session ends",
 				"queue", q, "task", t.ID, "err", err)
 		}

@@ -304,9 +304,18 @@ func (c *Client) Release(ctx context.Context, h Held) (*Task, error) {
 	if err := h.check(); err != nil {
 		return nil, err
 	}
-	return c.settle(ctx, h, "hand back", func(*Worker, *claim) (outcome, error) {
+	if s, ok := c.claims.lookup(h); ok {
+		c.claims.forget(s.run) // the run changes: its remembered state is stale
+	}
+	t, err := c.settle(ctx, h, "hand back", func(*Worker, *claim) (outcome, error) {
 		return outcome{kind: Pending}, nil
 	})
+	if err == nil && t.CurrentStatus != Pending {
+		// A task with a record of its own keeps its record: the copy
+		// shows what the hand back wrote.
+		t.CurrentStatus, t.Attempt, t.Token = Pending, t.Attempt-1, 0
+	}
+	return t, err
 }
 
 // reportOne is Report of one outcome.

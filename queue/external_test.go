@@ -110,17 +110,7 @@ func TestExternalOutcomes(t *testing.T) {
 func TestExternalRetryAndRecordClaim(t *testing.T) {
 	ctx := context.Background()
 	c, cli := newClient(t, etcdtest.Namespace(t))
-	submitN(t, c, "retry", 1, func(tk *queue.Task) {
-		tk.BackoffBase, tk.BackoffMax = queue.Duration(time.Millisecond), queue.Duration(50*time.Millisecond)
-	})
-	l := grantLease(t, cli, 10*time.Second)
-	first, err := c.Claim(ctx, "retry", queue.ClaimRequest{Lease: l, Worker: "w"})
-	if err != nil || len(first) != 1 {
-		t.Fatalf("%v %v", first, err)
-	}
-	if _, err := c.Fail(ctx, held("retry", first[0], l), "again", false); err != nil {
-		t.Fatal(err)
-	}
+	l, first := failedOnce(t, c, cli, "retry")
 	second, err := c.Claim(ctx, "retry", queue.ClaimRequest{Lease: l, Worker: "w", Wait: 5 * time.Second})
 	if err != nil || len(second) != 1 || second[0].Attempt != 2 || second[0].Token == first[0].Token {
 		t.Fatalf("second claim: %+v %v", second, err)
@@ -258,4 +248,53 @@ func TestExternalRelease(t *testing.T) {
 	if err != nil || st.Succeeded != 3 || st.Unfinished() != 0 {
 		t.Fatalf("%+v %v", st, err)
 	}
+}
+
+// TestExternalReleaseRecordTask: a task with a record of its own (it failed
+// once) handed back is PENDING as Release returns it and as read, claimed
+// again with the same attempt, and the released claim's ack is fenced.
+func TestExternalReleaseRecordTask(t *testing.T) {
+	ctx := context.Background()
+	c, cli := newClient(t, etcdtest.Namespace(t))
+	l, _ := failedOnce(t, c, cli, "relrec")
+	second, err := c.Claim(ctx, "relrec", queue.ClaimRequest{Lease: l, Worker: "w", Wait: 5 * time.Second})
+	if err != nil || len(second) != 1 || second[0].Attempt != 2 {
+		t.Fatalf("second claim: %+v %v", second, err)
+	}
+	back, err := c.Release(ctx, held("relrec", second[0], l))
+	if err != nil || back.CurrentStatus != queue.Pending || back.Attempt != 1 || back.Token != 0 {
+		t.Fatalf("release: %+v %v", back, err)
+	}
+	if got, err := c.Get(ctx, second[0].ID); err != nil || got.CurrentStatus != queue.Pending {
+		t.Fatalf("read after the release: %+v %v", got, err)
+	}
+	if _, err := c.Ack(ctx, held("relrec", second[0], l), nil); !errors.Is(err, lease.ErrFenced) {
+		t.Fatalf("ack of the released claim: %v", err)
+	}
+	third, err := c.Claim(ctx, "relrec", queue.ClaimRequest{Lease: l, Worker: "w", Wait: 5 * time.Second})
+	if err != nil || len(third) != 1 || third[0].Attempt != 2 {
+		t.Fatalf("claimed again: %+v %v (want attempt 2 again)", third, err)
+	}
+	if _, err := c.Ack(ctx, held("relrec", third[0], l), nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// failedOnce submits one task to q with a 1-50 ms backoff, claims it under
+// a new lease and fails it transiently: it is RETRYING, with a record of
+// its own. It returns the lease and the first claim.
+func failedOnce(t *testing.T, c *queue.Client, cli *clientv3.Client, q string) (*lease.Lease, []*queue.Task) {
+	t.Helper()
+	submitN(t, c, q, 1, func(tk *queue.Task) {
+		tk.BackoffBase, tk.BackoffMax = queue.Duration(time.Millisecond), queue.Duration(50*time.Millisecond)
+	})
+	l := grantLease(t, cli, 10*time.Second)
+	first, err := c.Claim(context.Background(), q, queue.ClaimRequest{Lease: l, Worker: "w"})
+	if err != nil || len(first) != 1 {
+		t.Fatalf("%v %v", first, err)
+	}
+	if _, err := c.Fail(context.Background(), held(q, first[0], l), "again", false); err != nil {
+		t.Fatal(err)
+	}
+	return l, first
 }

@@ -297,10 +297,7 @@ func (a *app) serveExternal(ctx context.Context, f *serverFlags) error {
 	defer cli.Close()
 	stopGuard := func() {}
 	if f.storeGuard {
-		targets := a.externalGuardTargets(ctx, cli)
-		if stopGuard, err = a.startGuards(cli, false, targets, f); err != nil {
-			return err
-		}
+		stopGuard = a.startExternalGuards(ctx, cli, f)
 	}
 	defer stopGuard()
 	stopHTTP, err := a.startHTTP(&f.http, cli)

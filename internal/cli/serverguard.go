@@ -3,6 +3,8 @@ package cli
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -32,40 +34,95 @@ func (a *app) startEmbeddedGuard(ctx context.Context, srv *cluster.Server, f *se
 	return a.startGuards(cli, true, []guardTarget{{endpoint: srv.Endpoints()[0], quota: srv.Quota()}}, f)
 }
 
-// externalGuardTargets lists the members of an external cluster to guard:
-// each member's first client URL, as its MemberList gives it. A member
-// that reports no quota (etcd before 3.6 does not) is left out, and so is
-// one without a client URL; a member that does not answer now is guarded
-// anyway (its checks retry). Each is logged.
-func (a *app) externalGuardTargets(ctx context.Context, cli *clientv3.Client) []guardTarget {
+// startExternalGuards starts, in the background, a store guard of each
+// member of the external cluster cli reaches: it lists the members (again
+// every 10 s until that works, so that a cluster that starts with the
+// server is guarded too), then starts the guards. It returns what stops
+// them (safe to call twice).
+func (a *app) startExternalGuards(ctx context.Context, cli *clientv3.Client, f *serverFlags) func() {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	var stopGuards func()
+	go func() {
+		defer close(done)
+		for logged := false; ; logged = true {
+			targets, err := a.externalGuardTargets(ctx, cli)
+			if err == nil {
+				stop, err := a.startGuards(cli, false, targets, f)
+				if err != nil {
+					a.logger.Error("store guard off", "err", err)
+					return
+				}
+				stopGuards = stop
+				return
+			}
+			if !logged {
+				a.logger.Warn("store guard: the cluster's members could not be listed; trying again every 10 s", "err", err)
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(10 * time.Second):
+			}
+		}
+	}()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			cancel()
+			<-done
+			if stopGuards != nil {
+				stopGuards()
+			}
+		})
+	}
+}
+
+// externalGuardTargets lists the members of an external cluster to guard,
+// each through the first of its client URLs (then of the server's
+// --etcd-endpoints) that answers as that member. A member that reports no
+// quota (etcd before 3.6 does not) is left out; one that answers at none
+// is guarded through its first client URL (its checks fail and are tried
+// again until it answers). Each choice is logged.
+func (a *app) externalGuardTargets(ctx context.Context, cli *clientv3.Client) ([]guardTarget, error) {
 	lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	ml, err := cli.MemberList(lctx)
 	if err != nil {
-		a.logger.Warn("store guard off: the cluster's members could not be listed; restart the server to try again", "err", err)
-		return nil
+		return nil, err
 	}
+	configured := a.clientConfig().Endpoints
 	var out []guardTarget
+	var names []string
 	for _, m := range ml.Members {
 		id := fmt.Sprintf("%x", m.ID)
-		if len(m.ClientURLs) == 0 {
-			a.logger.Warn("store guard: a member without a client URL is not guarded", "member", id, "name", m.Name)
-			continue
+		ep, quota, answered := "", int64(0), false
+		for _, c := range append(slices.Clone(m.ClientURLs), configured...) {
+			sctx, scancel := context.WithTimeout(ctx, 3*time.Second)
+			sr, err := cli.Status(sctx, c)
+			scancel()
+			if err == nil && sr.Header.MemberId == m.ID {
+				ep, quota, answered = c, sr.DbSizeQuota, true
+				break
+			}
 		}
-		ep := m.ClientURLs[0]
-		sctx, scancel := context.WithTimeout(ctx, 5*time.Second)
-		sr, err := cli.Status(sctx, ep)
-		scancel()
 		switch {
-		case err != nil:
-			a.logger.Warn("store guard: a member does not answer at its client URL; guarded anyway, its checks retry", "member", id, "endpoint", ep, "err", err)
-		case sr.DbSizeQuota <= 0:
+		case !answered && len(m.ClientURLs) == 0:
+			a.logger.Warn("store guard: a member without a client URL that answers is not guarded", "member", id, "name", m.Name)
+			continue
+		case !answered:
+			ep = m.ClientURLs[0]
+			a.logger.Warn("store guard: a member answers at none of its client URLs nor --etcd-endpoints; guarded through its first, its checks retry",
+				"member", id, "endpoint", ep)
+		case quota <= 0:
 			a.logger.Warn("store guard: a member reports no quota (etcd before 3.6): it is not guarded", "member", id, "endpoint", ep)
 			continue
 		}
 		out = append(out, guardTarget{endpoint: ep})
+		names = append(names, ep)
 	}
-	return out
+	a.logger.Info("store guard: guarding the cluster's members", "members", len(out), "of", len(ml.Members), "endpoints", strings.Join(names, ","))
+	return out, nil
 }
 
 // startGuards starts a store guard of each target on the server's
