@@ -1,7 +1,6 @@
 package paxos
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -17,9 +16,10 @@ import (
 // result (a different request with that ID gets CodeReusedID).
 const DedupeWindow = 5 * time.Minute
 
-// tableSnapFormat is the version of the snapshot layout: 2 keeps the
-// remembered results compact (see tableSeen); Restore reads 1 as well.
-const tableSnapFormat = 2
+// tableSnapFormat is the version of the snapshot layout: 3 is binary (see
+// tablesnap.go); 2 was JSON with the remembered results compact (see
+// tableSeen), 1 JSON with them whole. Restore reads all three.
+const tableSnapFormat = 3
 
 // Table is the replicated lock table: the StateMachine every node applies
 // the chosen log to. It is deterministic: it reads no clock and no setting
@@ -386,7 +386,7 @@ func (t *Table) snapshotLater() (func() ([]byte, error), int) {
 	return func() ([]byte, error) {
 		tableSortByName(snap.Locks) // copies, sorted here: off the caller's goroutine
 		tableSortByName(snap.Delays)
-		b, err := json.Marshal(snap)
+		b, err := encodeTableSnapshot(snap)
 		if err != nil {
 			return nil, fmt.Errorf("paxos: snapshot table: %w", err)
 		}
@@ -405,28 +405,16 @@ func (t *Table) seenList() []tableSeen {
 }
 
 // Restore replaces the table's state with what Snapshot made (this
-// build's format, or format 1, whose remembered results have no
-// fingerprint: any request with such an ID gets its first result). On
-// error the table is unchanged.
+// build's format 3, or an earlier build's JSON formats 2 and 1; format 1's
+// remembered results have no fingerprint: any request with such an ID
+// gets its first result). On error the table is unchanged.
 func (t *Table) Restore(data []byte) error {
 	if len(data) == 0 {
 		return errors.New("paxos: restore table: empty snapshot")
 	}
-	var snap tableSnapshot
-	if err := json.Unmarshal(data, &snap); err != nil {
+	snap, err := decodeTableSnapshot(data)
+	if err != nil {
 		return fmt.Errorf("paxos: restore table: %w", err)
-	}
-	switch snap.Format {
-	case tableSnapFormat:
-	case 1: // its seen entries have another layout
-		var v1 tableSnapshotV1
-		if err := json.Unmarshal(data, &v1); err != nil {
-			return fmt.Errorf("paxos: restore table: %w", err)
-		}
-		snap.Seen = v1.upgrade()
-	default:
-		return fmt.Errorf("paxos: restore table: unknown snapshot format %d (this build reads formats 1 and %d)",
-			snap.Format, tableSnapFormat)
 	}
 	locks := make(map[string]LockState, len(snap.Locks))
 	for _, l := range snap.Locks {

@@ -1,11 +1,14 @@
 package paxos
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestTableRepeatGetsTheFirstResultExactly: the memory leaves out what the
@@ -157,5 +160,66 @@ func TestTableMemoryIsCompact(t *testing.T) {
 		if got > limit {
 			t.Errorf("%s: %.1f bytes per remembered id, want at most %.0f", op, got, limit)
 		}
+	}
+}
+
+// TestTableSnapshotFormat3: the binary snapshot restores to a table that
+// snapshots to the same bytes and answers repeats alike; the JSON format 2
+// of the same table restores to it too; every cut of the bytes and a byte
+// past the end are refused, leaving the table as it was.
+func TestTableSnapshotFormat3(t *testing.T) {
+	tb := NewTable(time.Second)
+	cmds := tblRandomCommands(5, 3000)
+	for i, c := range cmds {
+		tb.Apply(uint64(i+1), c)
+	}
+	snap, err := tb.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if snap[0] != tableSnapBinary {
+		t.Fatalf("snapshot begins with %#x, want format 3", snap[0])
+	}
+	decoded, err := decodeTableSnapshot(snap)
+	if err != nil || len(decoded.Seen) == 0 {
+		t.Fatalf("decode: %v (%d remembered)", err, len(decoded.Seen))
+	}
+	v2 := decoded
+	v2.Format = 2
+	asJSON, err := json.Marshal(v2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, data := range map[string][]byte{"format 3": snap, "format 2": asJSON} {
+		restored := NewTable(0)
+		if err := restored.Restore(data); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if again, _ := restored.Snapshot(); !bytes.Equal(again, snap) {
+			t.Fatalf("%s: the restored table snapshots to other bytes", name)
+		}
+		for i, c := range cmds[len(cmds)-50:] { // repeats get their first answers
+			if c.ID == "" {
+				continue
+			}
+			want, got := tb.Apply(uint64(5000+i), c), restored.Apply(uint64(5000+i), c)
+			if !reflect.DeepEqual(want, got) {
+				t.Fatalf("%s: repeat of %s answered %+v, want %+v", name, c.ID, got, want)
+			}
+		}
+	}
+	keep := NewTable(0)
+	keep.Apply(1, tblAcquire("a", "o", 1000, 5000))
+	before, _ := keep.Snapshot()
+	for cut := 1; cut < len(snap); cut += max(1, len(snap)/500) {
+		if err := keep.Restore(snap[:cut]); err == nil {
+			t.Fatalf("a snapshot cut at byte %d of %d was restored", cut, len(snap))
+		}
+	}
+	if err := keep.Restore(append(slices.Clone(snap), 0)); err == nil {
+		t.Fatal("a snapshot with a byte past its end was restored")
+	}
+	if after, _ := keep.Snapshot(); !bytes.Equal(after, before) {
+		t.Fatal("a refused Restore changed the table")
 	}
 }

@@ -156,6 +156,20 @@ func (d *Reader) Varint() int64 {
 	return v
 }
 
+// Uvarint reads a uvarint.
+func (d *Reader) Uvarint() uint64 {
+	if d.err != nil {
+		return 0
+	}
+	v, n := binary.Uvarint(d.b)
+	if n <= 0 {
+		d.err = errTruncated
+		return 0
+	}
+	d.b = d.b[n:]
+	return v
+}
+
 // Count reads a uvarint count of elements that take a byte at least each.
 func (d *Reader) Count() int {
 	if d.err != nil {
