@@ -99,4 +99,14 @@ func openCycles(b *testing.B, rate int, bases []string, sh shape) {
 	b.ReportMetric(ms(cycles[len(cycles)*99/100]), "p99-ms")
 	b.ReportMetric(ms(reqs[len(reqs)*99/100]), "request-p99-ms")
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "cycles/s")
+	// Each election raises the ballot's round: a tail of several hundred
+	// milliseconds is a leader change (500 ms election timeout). The etcd
+	// shape's server has no /status.
+	if ans, code, err := benchDo(hc, http.MethodGet, bases[0]+"/status", nil); err == nil && code == http.StatusOK {
+		if ballot, ok := ans["ballot"].(map[string]any); ok {
+			if r, ok := ballot["r"].(float64); ok {
+				b.ReportMetric(r, "ballot-round")
+			}
+		}
+	}
 }

@@ -395,8 +395,9 @@ func (t *Table) snapshotLater() (func() ([]byte, error), int) {
 }
 
 // seenList is the memory of IDs, oldest first, as it is now: appends
-// after the call do not show in it. Never nil, so that it encodes as []
-// however the table got empty. The caller holds mu.
+// after the call do not show in it. Never nil, so that a table that got
+// empty and one that never remembered anything look alike. The caller
+// holds mu.
 func (t *Table) seenList() []tableSeen {
 	if t.seen == nil {
 		return []tableSeen{}

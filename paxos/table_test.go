@@ -409,7 +409,7 @@ func TestTableSnapshotRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	if !bytes.Equal(snap, again) {
-		t.Fatalf("snapshot of the restored table differs:\n%s\n%s", snap, again)
+		t.Fatalf("snapshot of the restored table differs:\n%q\n%q", snap, again)
 	}
 	if orig.Now() != restored.Now() || orig.NextExpiry() != restored.NextExpiry() {
 		t.Fatal("Now or NextExpiry differ after restore")
@@ -457,7 +457,7 @@ func TestTableSnapshotLater(t *testing.T) {
 		tb.Apply(uint64(2001+i), c)
 	}
 	if got := <-done; !bytes.Equal(got, want) {
-		t.Fatalf("captured snapshot changed by later commands:\n%s\nwant\n%s", got, want)
+		t.Fatalf("captured snapshot changed by later commands:\n%q\nwant\n%q", got, want)
 	}
 	if again, _ := encode(); !bytes.Equal(again, want) {
 		t.Fatal("a second encode of the capture differs")
@@ -482,9 +482,9 @@ func TestTableSnapshotEmptyMemory(t *testing.T) {
 		t.Fatal(err)
 	}
 	if b, _ := restored.Snapshot(); !bytes.Equal(a, b) {
-		t.Fatalf("fresh %s, restored %s", a, b)
+		t.Fatalf("fresh %q, restored %q", a, b)
 	}
-	if snap, err := decodeTableSnapshot(a); err != nil || snap.Seen == nil || len(snap.Seen) != 0 {
+	if snap, err := decodeTableSnapshot(a); err != nil || len(snap.Seen) != 0 {
 		t.Fatalf("snapshot %q: %v; want an empty list of remembered results", a, err)
 	}
 }

@@ -184,6 +184,9 @@ func TestTableSnapshotFormat3(t *testing.T) {
 	if err != nil || len(decoded.Seen) == 0 {
 		t.Fatalf("decode: %v (%d remembered)", err, len(decoded.Seen))
 	}
+	if want := tb.seenList(); !reflect.DeepEqual(decoded.Seen, want) {
+		t.Fatal("the decoded remembered results differ from the table's")
+	}
 	v2 := decoded
 	v2.Format = 2
 	asJSON, err := json.Marshal(v2)
@@ -221,5 +224,27 @@ func TestTableSnapshotFormat3(t *testing.T) {
 	}
 	if after, _ := keep.Snapshot(); !bytes.Equal(after, before) {
 		t.Fatal("a refused Restore changed the table")
+	}
+}
+
+// TestTableSnapshotFormat3EveryField: a remembered result with every field
+// set (none zero) decodes field for field, so that a field left out of
+// both the encoder and the decoder is caught.
+func TestTableSnapshotFormat3EveryField(t *testing.T) {
+	full := tableSeen{ID: "id-1", Time: 1_795_424_738_330, FP: 1<<63 + 5, Code: CodeHeld, Index: 1 << 40, Err: "err",
+		Same: 0x7f, Name: "lock", Owner: "owner", Token: 1<<33 + 1, Acquired: -7, Expires: 1 << 50, Meta: `{"pid":1}`}
+	v := reflect.ValueOf(full)
+	for i := range v.NumField() {
+		if v.Field(i).IsZero() {
+			t.Fatalf("field %s of the sample is zero: set it", v.Type().Field(i).Name)
+		}
+	}
+	data, err := encodeTableSnapshot(tableSnapshot{Now: 9, Seen: []tableSeen{full}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := decodeTableSnapshot(data)
+	if err != nil || len(got.Seen) != 1 || !reflect.DeepEqual(got.Seen[0], full) {
+		t.Fatalf("decoded %+v (%v), want %+v", got.Seen, err, full)
 	}
 }

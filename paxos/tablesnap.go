@@ -26,6 +26,10 @@ import (
 // tableSnapBinary is the first byte of a format-3 snapshot.
 const tableSnapBinary = 3
 
+// tableSeenMinBytes is the fewest bytes a remembered result takes in
+// format 3: one per field.
+const tableSeenMinBytes = 13
+
 // tableSnapHead is a format-3 snapshot's JSON part.
 type tableSnapHead struct {
 	Format int         `json:"format"`
@@ -83,7 +87,7 @@ func decodeTableSnapshot(data []byte) (tableSnapshot, error) {
 			}
 			snap.Seen = v1.upgrade()
 		default:
-			return snap, fmt.Errorf("unknown snapshot format %d (this build reads formats 1 to %d)", snap.Format, tableSnapFormat)
+			return snap, fmt.Errorf("unknown JSON snapshot format %d (this build reads JSON formats 1 and 2, and format %d)", snap.Format, tableSnapFormat)
 		}
 		return snap, nil
 	case data[0] != tableSnapBinary:
@@ -94,9 +98,14 @@ func decodeTableSnapshot(data []byte) (tableSnapshot, error) {
 	if err := json.Unmarshal(d.Bytes(), &head); d.Err() != nil || err != nil {
 		return snap, fmt.Errorf("format 3 head: %w", firstErr(d.Err(), err))
 	}
+	if head.Format != tableSnapBinary {
+		return snap, fmt.Errorf("format 3 head says format %d", head.Format)
+	}
 	snap.Format, snap.Now, snap.Locks, snap.Delays = head.Format, head.Now, head.Locks, head.Delays
 	n := d.Count()
-	snap.Seen = make([]tableSeen, 0, n)
+	// A damaged count must not reserve gigabytes: every result takes
+	// tableSeenMinBytes at least.
+	snap.Seen = make([]tableSeen, 0, min(n, d.Len()/tableSeenMinBytes))
 	str := func() string { return string(d.Bytes()) }
 	for i := 0; i < n && d.Err() == nil; i++ {
 		var s tableSeen
