@@ -102,11 +102,21 @@ func openCycles(b *testing.B, rate int, bases []string, sh shape) {
 	// Each election raises the ballot's round: a tail of several hundred
 	// milliseconds is a leader change (500 ms election timeout). The etcd
 	// shape's server has no /status.
-	if ans, code, err := benchDo(hc, http.MethodGet, bases[0]+"/status", nil); err == nil && code == http.StatusOK {
-		if ballot, ok := ans["ballot"].(map[string]any); ok {
+	// Snapshots sent to catch a node up are reported too: each is the
+	// whole table, installed on the receiver's loop.
+	var sent float64
+	for i, base := range bases {
+		ans, code, err := benchDo(hc, http.MethodGet, base+"/status", nil)
+		if err != nil || code != http.StatusOK {
+			return
+		}
+		if ballot, ok := ans["ballot"].(map[string]any); ok && i == 0 {
 			if r, ok := ballot["r"].(float64); ok {
 				b.ReportMetric(r, "ballot-round")
 			}
 		}
+		n, _ := ans["snapshots_sent"].(float64)
+		sent += n
 	}
+	b.ReportMetric(sent, "snapshots-sent")
 }

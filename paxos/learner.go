@@ -260,11 +260,16 @@ func (n *Node) snapshotSaved(r snapSaved) {
 	}
 	n.snap = &r.snap
 	n.savedCommit = max(n.savedCommit, r.snap.Index)
+	// The last trailing() entries at and below the snapshot stay, so
+	// that a peer a little behind catches up from them rather than with
+	// the whole snapshot (which, large, it would install on its loop).
+	cut := r.snap.Index - min(r.snap.Index, n.trailing())
 	for s := range n.entries {
-		if s <= r.snap.Index {
+		if s <= cut {
 			delete(n.entries, s)
 		}
 	}
+	n.trailFrom = max(n.trailFrom, cut)
 	n.log.Debug("snapshot", "index", r.snap.Index)
 }
 
@@ -313,7 +318,7 @@ func (n *Node) onCatchUp(m Message) {
 			}
 			reply.Snapshot = &snap
 		}
-	case n.snap != nil && m.Slot <= n.snap.Index:
+	case n.snap != nil && m.Slot <= n.snap.Index && !n.retains(m.Slot):
 		reply.Snapshot = n.snap
 	default:
 		for s := m.Slot; s <= n.commit && len(reply.Entries) < maxCatchUp; s++ {
@@ -324,7 +329,18 @@ func (n *Node) onCatchUp(m Message) {
 			reply.Entries = append(reply.Entries, e)
 		}
 	}
+	if reply.Snapshot != nil {
+		n.snapsSent++
+	}
 	n.send(reply)
+}
+
+// retains reports whether the chosen entries from slot s to the commit
+// are still in memory, though at or below the snapshot (see
+// trailing).
+func (n *Node) retains(s uint64) bool {
+	_, ok := n.entries[s]
+	return ok && s > n.trailFrom
 }
 
 // onCatchUpReply learns chosen entries (or a snapshot) and asks for more
@@ -339,6 +355,7 @@ func (n *Node) onCatchUpReply(m Message, now time.Time) error {
 		if err := n.installSnapshot(*m.Snapshot, now); err != nil {
 			return err
 		}
+		n.snapsIn++
 	}
 	for _, e := range m.Entries {
 		if e.Slot <= n.commit {
@@ -394,6 +411,7 @@ func (n *Node) installSnapshot(snap Snapshot, now time.Time) error {
 			delete(n.entries, s)
 		}
 	}
+	n.trailFrom = max(n.trailFrom, snap.Index)
 	n.log.Info("installed snapshot", "index", snap.Index)
 	n.setConfig(newConfig(snap.Members))
 	// Commands applied inside the snapshot answer their waiters when
@@ -417,6 +435,7 @@ func (n *Node) restore(st State) error {
 		snap := *st.Snapshot
 		n.snap = &snap
 		n.commit, n.applied = snap.Index, snap.Index
+		n.trailFrom = snap.Index
 		members = snap.Members
 	}
 	n.conf = newConfig(members)
@@ -448,3 +467,9 @@ func (n *Node) restore(st State) error {
 	}
 	return nil
 }
+
+// trailing is how many entries at and below a snapshot stay in memory for
+// catch-ups: SnapshotEvery, so that the log in memory holds at most twice
+// what it held between snapshots (hashicorp/raft's TrailingLogs has the
+// same purpose).
+func (n *Node) trailing() uint64 { return n.cfg.SnapshotEvery }

@@ -139,9 +139,13 @@ func TestNodeCatchesUp(t *testing.T) {
 		name          string
 		snapshotEvery uint64
 		bySnapshot    bool
+		// snapshotted: the others snapshot past node 2's commit while it
+		// is down, by fewer entries than they keep below a snapshot.
+		snapshotted bool
 	}{
 		{name: "by log", snapshotEvery: 10000},
 		{name: "by snapshot", snapshotEvery: 100, bySnapshot: true},
+		{name: "by the entries kept below a snapshot", snapshotEvery: 1000, snapshotted: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
@@ -163,6 +167,17 @@ func TestNodeCatchesUp(t *testing.T) {
 			if lead < behind+1000 {
 				t.Fatalf("commit %d, want at least %d", lead, behind+1000)
 			}
+			if tc.snapshotted {
+				deadline := time.Now().Add(10 * time.Second)
+				for _, r := range c.running() {
+					for r.Status().SnapshotIndex <= behind {
+						if time.Now().After(deadline) {
+							t.Fatalf("node %d did not snapshot past %d", r.cfg.ID, behind)
+						}
+						time.Sleep(10 * time.Millisecond)
+					}
+				}
+			}
 			n := c.start(2)
 			start := time.Now()
 			c.converge(20 * time.Second)
@@ -172,6 +187,9 @@ func TestNodeCatchesUp(t *testing.T) {
 			}
 			if s := n.Status(); tc.bySnapshot && s.SnapshotIndex <= behind+100 {
 				t.Fatalf("node 2 snapshot index %d: it should have installed a peer's snapshot past %d", s.SnapshotIndex, behind)
+			}
+			if s := n.Status(); !tc.bySnapshot && s.SnapshotsInstalled != 0 {
+				t.Fatalf("node 2 installed %d snapshots; want it caught up from entries", s.SnapshotsInstalled)
 			}
 			// It serves reads and takes part again.
 			c.mustPropose(2, Command{Op: OpGet, Lock: "early"})

@@ -152,6 +152,12 @@ type NodeStatus struct {
 	Commit        uint64 `json:"commit"`
 	Applied       uint64 `json:"applied"`
 	SnapshotIndex uint64 `json:"snapshot_index"`
+	// SnapshotsSent counts the catch-up answers this node sent as its
+	// whole snapshot (the entries asked for were truncated), and
+	// SnapshotsInstalled the snapshots it installed from a peer, since it
+	// started.
+	SnapshotsSent      uint64 `json:"snapshots_sent"`
+	SnapshotsInstalled uint64 `json:"snapshots_installed"`
 	// Members is the configuration in effect at Applied.
 	Members []PeerStatus `json:"members"`
 }
@@ -216,13 +222,19 @@ type Node struct {
 	conf       *config
 	everMember bool
 
-	entries     map[uint64]Entry // accepted entries above the snapshot
+	// entries are the accepted entries above the snapshot, and the
+	// trailing ones at and below it that catch-ups may still be served
+	// from (see trailing).
+	entries     map[uint64]Entry
 	commit      uint64
 	applied     uint64
 	savedCommit uint64
 	snap        *Snapshot
 	snapping    bool      // a snapshot is being saved in the background
 	snapItems   uint64    // items in the last snapshot taken
+	trailFrom   uint64    // entries at or below it were cut: catch-ups from there need the snapshot
+	snapsSent   uint64    // catch-up replies that carried the snapshot
+	snapsIn     uint64    // snapshots installed from a peer
 	unsynced    []Entry   // accepted in memory, to persist before outbox goes
 	promiseDirt bool      // promised raised in memory by an Accept
 	outbox      []Message // replies that wait for the persist
@@ -405,6 +417,7 @@ func (n *Node) status() NodeStatus {
 	s := NodeStatus{
 		ID: n.cfg.ID, Role: n.role.String(), Leader: n.leader, HasLeader: n.hasLeader,
 		Ballot: n.promised, Commit: n.commit, Applied: n.applied, SnapshotIndex: n.snapIndex(),
+		SnapshotsSent: n.snapsSent, SnapshotsInstalled: n.snapsIn,
 	}
 	if n.hasLeader {
 		s.LeaderAddr = n.conf.addr(n.leader)

@@ -150,21 +150,23 @@ class PrefetchTest(ClientTest):
         self.assertEqual(handle.waiting, 0)
 
     def test_outcomes_with_a_claim_whose_answer_is_lost(self) -> None:
-        # The answer of the first outcome request that carried a claim is
-        # lost after the server applied it: its outcomes count as written
-        # (sent again, each 409 checked against its task), and the worker
-        # claims under a new session and ends the old one once its tasks
-        # are reported, which frees what the lost claim took, long before
-        # the 30 s TTL.
+        # The answer of the first outcome request whose claim took tasks
+        # is lost after the server applied it: its outcomes count as
+        # written (sent again, each 409 checked against its task), and the
+        # worker claims under a new session and ends the old one once its
+        # tasks are reported, which frees what the lost claim took, long
+        # before the 30 s TTL. (Which request that is depends on how many
+        # tasks the claims ahead took: 300 tasks leave some for the
+        # outcome requests' claims.)
         name = unique("q-lostanswer")
-        n = 120
+        n = 300
         self.c.queue(name).submit([{"task_id": unique("l"), "task_type": "x"} for _ in range(n)])
         orig = drover.queues.Queue.report
         lost: Dict[str, int] = {"answers": 0, "claimed": 0}
 
         def report(q: Any, session: Any, outcomes: Any, claim_max: int, on_conn: Any = None) -> Any:
             res = orig(q, session, outcomes, claim_max, on_conn=on_conn)
-            if lost["answers"] == 0 and q.name == name:
+            if lost["answers"] == 0 and q.name == name and len(res[1]) > 0:
                 lost["answers"], lost["claimed"] = 1, len(res[1])
                 e = drover.TransportError("drover: the answer was lost")
                 e.sent = True
