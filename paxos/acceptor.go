@@ -51,7 +51,9 @@ func (n *Node) onPrepare(m Message, now time.Time) error {
 	n.hasLeader = false
 	n.send(Message{
 		Type: MsgPromise, To: m.From, Ballot: m.Ballot,
-		Entries: n.entriesFrom(m.Slot), Commit: n.commit, Slot: n.snapIndex(),
+		// Entries at or below the snapshot (kept for catch-ups) are of no
+		// use to the candidate: one behind the snapshot catches up first.
+		Entries: n.entriesFrom(max(m.Slot, n.snapIndex()+1)), Commit: n.commit, Slot: n.snapIndex(),
 	})
 	return nil
 }

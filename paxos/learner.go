@@ -336,8 +336,9 @@ func (n *Node) onCatchUp(m Message) {
 }
 
 // retains reports whether the chosen entries from slot s to the commit
-// are still in memory, though at or below the snapshot (see
-// trailing).
+// are still in memory, though at or below the snapshot (see trailing). It
+// looks at slot s only: entries are deleted only up to a cut, which raises
+// trailFrom, so those above it up to the commit have no gap.
 func (n *Node) retains(s uint64) bool {
 	_, ok := n.entries[s]
 	return ok && s > n.trailFrom
@@ -355,7 +356,6 @@ func (n *Node) onCatchUpReply(m Message, now time.Time) error {
 		if err := n.installSnapshot(*m.Snapshot, now); err != nil {
 			return err
 		}
-		n.snapsIn++
 	}
 	for _, e := range m.Entries {
 		if e.Slot <= n.commit {
@@ -412,6 +412,7 @@ func (n *Node) installSnapshot(snap Snapshot, now time.Time) error {
 		}
 	}
 	n.trailFrom = max(n.trailFrom, snap.Index)
+	n.snapsIn++
 	n.log.Info("installed snapshot", "index", snap.Index)
 	n.setConfig(newConfig(snap.Members))
 	// Commands applied inside the snapshot answer their waiters when

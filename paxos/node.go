@@ -152,10 +152,10 @@ type NodeStatus struct {
 	Commit        uint64 `json:"commit"`
 	Applied       uint64 `json:"applied"`
 	SnapshotIndex uint64 `json:"snapshot_index"`
-	// SnapshotsSent counts the catch-up answers this node sent as its
-	// whole snapshot (the entries asked for were truncated), and
-	// SnapshotsInstalled the snapshots it installed from a peer, since it
-	// started.
+	// SnapshotsSent counts the catch-up answers this node sent as a whole
+	// snapshot (the entries asked for were truncated, or the peer joins
+	// with an empty log), and SnapshotsInstalled the snapshots it
+	// installed from a peer, since it started.
 	SnapshotsSent      uint64 `json:"snapshots_sent"`
 	SnapshotsInstalled uint64 `json:"snapshots_installed"`
 	// Members is the configuration in effect at Applied.

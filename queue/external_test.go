@@ -298,3 +298,41 @@ func failedOnce(t *testing.T, c *queue.Client, cli *clientv3.Client, q string) (
 	}
 	return l, first
 }
+
+// TestExternalClaimWokenByALostRun: a claim that waits while the only
+// task runs (its segment then looks busy) gets the task at once when the
+// holder's lease ends: the run's DELETE wakes it and clears the busy mark,
+// rather than the claim skipping the segment until the mark expires or its
+// wait ends.
+func TestExternalClaimWokenByALostRun(t *testing.T) {
+	ctx := context.Background()
+	c, cli := newClient(t, etcdtest.Namespace(t))
+	submitN(t, c, "woken", 1, nil)
+	l1 := grantLease(t, cli, 10*time.Second)
+	if got, err := c.Claim(ctx, "woken", queue.ClaimRequest{Lease: l1, Worker: "w1", Max: 1}); err != nil || len(got) != 1 {
+		t.Fatalf("%v %v", got, err)
+	}
+	l2 := grantLease(t, cli, 10*time.Second)
+	type result struct {
+		tasks []*queue.Task
+		err   error
+		at    time.Time
+	}
+	done := make(chan result, 1)
+	go func() {
+		got, err := c.Claim(ctx, "woken", queue.ClaimRequest{Lease: l2, Worker: "w2", Max: 1, Wait: 8 * time.Second})
+		done <- result{got, err, time.Now()}
+	}()
+	time.Sleep(300 * time.Millisecond) // the claim found the segment's slot running and waits
+	revoked := time.Now()
+	if _, err := cli.Revoke(ctx, l1.ID()); err != nil {
+		t.Fatal(err)
+	}
+	r := <-done
+	if r.err != nil || len(r.tasks) != 1 || r.tasks[0].Attempt != 2 {
+		t.Fatalf("the waiting claim: %v %v", r.tasks, r.err)
+	}
+	if lag := r.at.Sub(revoked); lag > time.Second {
+		t.Fatalf("the waiting claim got the task %v after the holder's lease ended, want within 1 s", lag)
+	}
+}

@@ -420,13 +420,21 @@ func (w *Worker) wakes(events []*clientv3.Event, anyClaimDelete bool) bool {
 			tries[seg+"/"+rest] = ev.Kv.ModRevision
 		}
 	}
+	woke := false
 	for _, ev := range events {
 		k := string(ev.Kv.Key)
 		if seg, rest, ok := keyspace.SegmentPart(w.keys.Runs(q, ""), k); ok && ev.Type == clientv3.EventTypeDelete {
-			// A run deleted without its try: a dead worker's tasks.
+			// A run deleted without its try: a dead worker's tasks. Its
+			// segment may be marked busy (all its slots were running):
+			// the claim this wakes must try it.
 			if rev, ok := tries[seg+"/"+rest]; anyClaimDelete || !ok || rev != ev.Kv.ModRevision {
-				return true
+				w.unmarkBusy(seg)
+				woke = true
 			}
+			continue
+		}
+		if woke {
+			continue
 		}
 		switch {
 		case ev.Type == clientv3.EventTypePut && ev.IsCreate() && (strings.HasPrefix(k, pre) || strings.HasPrefix(k, w.keys.SegmentsOpen(q))):
@@ -441,7 +449,7 @@ func (w *Worker) wakes(events []*clientv3.Event, anyClaimDelete bool) bool {
 			}
 		}
 	}
-	return false
+	return woke
 }
 
 func watchOpened(ctx context.Context, wch clientv3.WatchChan) error {

@@ -148,6 +148,13 @@ func (w *Worker) markBusy(seg string) {
 	w.levelMu.Unlock()
 }
 
+// unmarkBusy forgets that seg was marked busy: a run of it ended.
+func (w *Worker) unmarkBusy(seg string) {
+	w.levelMu.Lock()
+	delete(w.busySegs, seg)
+	w.levelMu.Unlock()
+}
+
 // notOthersHot returns cands without the segments the worker's other claim
 // loops are taking from (two loops on one segment spoil each other's
 // claims), unless that leaves none.
