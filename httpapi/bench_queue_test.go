@@ -17,7 +17,7 @@ import (
 
 // benchTasks is how many no-op tasks each side of BenchmarkQueueClaimAck
 // drains per iteration.
-const benchTasks = 20000
+const benchTasks = 100000
 
 // BenchmarkQueueClaimAck compares draining no-op tasks through 64 HTTP
 // workers (keep-alive connections, one session each, claim up to 8 then

@@ -47,6 +47,10 @@ type Client struct {
 	claims claimCache
 	// claimers combines concurrent external claims (claimcombine.go).
 	claimers claimCombiner
+	// waits lines up external claims that wait for work (claimwait.go).
+	waits claimWaits
+	// watches are the watches of queues that waits share (watchhub.go).
+	watches watchHub
 }
 
 // NewClient returns a client of namespace ns ("" means "drover").

@@ -35,6 +35,10 @@ func CombinedClaims(c *Client) (rounds, served int64) {
 	return c.claimers.rounds.Load(), c.claimers.served.Load()
 }
 
+// ClaimAttempts returns how many claims of the store c's external claims
+// made.
+func ClaimAttempts(c *Client) int64 { return c.ext.attempts.Load() }
+
 // LostClaim makes a claim of two tasks of queue q's first open segment
 // under l as if its answer were lost: applied (or not) without the worker
 // learning it; then resolves it (runClaim.resolve), and sends the claim's

@@ -93,23 +93,22 @@ func (c *Client) externalWorker(q, worker string, l *lease.Lease, logger *slog.L
 // Worker may be running to do it). No task (and no error) means none came
 // within the wait.
 func (c *Client) Claim(ctx context.Context, q string, req ClaimRequest) ([]*Task, error) {
-	if err := CheckQueue(q); err != nil {
+	if err := checkClaim(q, req); err != nil {
 		return nil, err
-	}
-	if req.Max < 0 || req.Max > MaxClaim {
-		return nil, &drover.InputError{Field: "max", Value: req.Max, Rule: fmt.Sprintf("must be between 1 and %d", MaxClaim)}
-	}
-	if req.Lease == nil || req.Lease.ID() == clientv3.NoLease {
-		return nil, &drover.InputError{Field: "lease", Rule: "is required: the claims are bound to it"}
-	}
-	if req.Wait < 0 {
-		return nil, &drover.InputError{Field: "wait", Value: req.Wait, Rule: "must not be negative"}
 	}
 	n := max(req.Max, 1)
 	w, sc, done := c.claimer(q, req, n)
 	defer done()
 	deadline := time.Now().Add(req.Wait)
-	for raced, first := 0, true; ; first = false {
+	// lead: this claim leads its queue's line of waiting claims
+	// (claimwait.go); full: it took all it asked for.
+	lead, full := false, false
+	defer func() {
+		if lead {
+			c.waits.leave(q, full)
+		}
+	}()
+	for raced, turn := 0, true; ; {
 		due, err := c.promoteDue(ctx, w, q)
 		if err != nil {
 			return nil, fmt.Errorf("queue: claim from %s: move due retries: %w", q, err)
@@ -117,11 +116,13 @@ func (c *Client) Claim(ctx context.Context, q string, req ClaimRequest) ([]*Task
 		var claims []*claim
 		var rev int64
 		var contended bool
-		if first {
+		c.ext.attempts.Add(1)
+		if turn {
 			claims, rev, contended, err = c.claimTurn(ctx, w, q, n)
 		} else {
 			claims, rev, contended, err = w.claim(ctx, 0, n)
 		}
+		turn = false
 		if err != nil {
 			return nil, fmt.Errorf("queue: claim from %s: %w", q, err)
 		}
@@ -129,6 +130,7 @@ func (c *Client) Claim(ctx context.Context, q string, req ClaimRequest) ([]*Task
 		if err != nil || len(tasks) > 0 {
 			if err == nil {
 				c.claims.remember(func(seg string) string { return c.keys.Runs(q, seg) }, q, claims, tasks, req.Lease.ID())
+				full = len(tasks) >= n
 			}
 			return tasks, err
 		}
@@ -142,20 +144,55 @@ func (c *Client) Claim(ctx context.Context, q string, req ClaimRequest) ([]*Task
 			return nil, fmt.Errorf("queue: claim from %s: %w", q, ctx.Err())
 		case len(claims) > 0:
 			continue // every one was given up on: claim again
-		case contended && (left > 0 || (raced < 10 && !req.Once)):
+		case contended && left <= 0 && raced < 10 && !req.Once:
 			// Tasks were there but others won them: again, a little
-			// apart (a few times even without a wait).
+			// apart, a few times even without a wait.
 			raced++
-			sleepCtx(ctx, time.Duration(rand.Int64N(int64(20*time.Millisecond))))
+			afterLostRace(ctx)
 			continue
 		case left <= 0:
 			return []*Task{}, nil
 		}
-		if !due.IsZero() {
-			left = min(left, time.Until(due)+time.Millisecond)
+		if !lead {
+			// It waits: behind the claim that leads the line, if one does.
+			var waited, ok bool
+			if lead, waited, ok = c.waits.join(ctx, q, deadline); !ok {
+				if ctx.Err() != nil {
+					return nil, fmt.Errorf("queue: claim from %s: %w", q, ctx.Err())
+				}
+				return []*Task{}, nil
+			}
+			if waited {
+				w.forgetBusy() // runs may have ended meanwhile: the leader saw them, not this claim
+				turn = !lead   // woken with the whole line: claim together
+				continue
+			}
 		}
-		w.awaitWork(ctx, rev, left)
+		if contended {
+			// Others won the tasks it saw: again a little apart, or at
+			// once when something new comes meanwhile.
+			raced++
+			left = min(left, raceGap())
+		}
+		w.awaitWork(ctx, rev, left, due)
 	}
+}
+
+// checkClaim checks the queue q and the request req of a Claim.
+func checkClaim(q string, req ClaimRequest) error {
+	if err := CheckQueue(q); err != nil {
+		return err
+	}
+	if req.Max < 0 || req.Max > MaxClaim {
+		return &drover.InputError{Field: "max", Value: req.Max, Rule: fmt.Sprintf("must be between 1 and %d", MaxClaim)}
+	}
+	if req.Lease == nil || req.Lease.ID() == clientv3.NoLease {
+		return &drover.InputError{Field: "lease", Rule: "is required: the claims are bound to it"}
+	}
+	if req.Wait < 0 {
+		return &drover.InputError{Field: "wait", Value: req.Wait, Rule: "must not be negative"}
+	}
+	return nil
 }
 
 // claimer is the Worker that makes one external claim of up to n tasks of
@@ -226,26 +263,28 @@ func (c *Client) runnable(ctx context.Context, w *Worker, claims []*claim, l cli
 	return out, nil
 }
 
-// awaitWork blocks for at most d until something may have become
-// claimable in the queue after revision rev (see waitForWork), or a retry
-// was scheduled (it may fall due before d ends).
-func (w *Worker) awaitWork(ctx context.Context, rev int64, d time.Duration) {
-	wctx, cancel := context.WithTimeout(ctx, d)
-	defer cancel()
-	q := w.cfg.Queue
-	opts := []clientv3.OpOption{clientv3.WithPrefix()}
-	if rev > 0 {
-		opts = append(opts, clientv3.WithRev(rev+1))
+// awaitWork blocks for at most d, and not past due (when a known retry
+// falls due), until something may have become claimable in the queue after
+// revision rev (see waitForWork), or a retry was scheduled (it may fall due
+// before d ends).
+func (w *Worker) awaitWork(ctx context.Context, rev int64, d time.Duration, due time.Time) {
+	if !due.IsZero() {
+		d = min(d, time.Until(due)+time.Millisecond)
 	}
-	wch := w.cli.Watch(clientv3.WithRequireLeader(wctx), w.keys.Queue(q), opts...)
+	t := time.NewTimer(d)
+	defer t.Stop()
+	q := w.cfg.Queue
+	wt := w.client.waitAfter(q, rev)
+	defer wt.Stop()
 	retries := w.keys.QueueRetry(q)
 	for {
 		select {
-		case wr, ok := <-wch:
-			if !ok || wr.Err() != nil || w.wakes(wr.Events, false) {
+		case <-wt.C():
+			evs, missed := wt.Take()
+			if missed || w.wakes(evs, false) {
 				return
 			}
-			for _, ev := range wr.Events {
+			for _, ev := range evs {
 				if ev.Type == clientv3.EventTypePut && ev.IsCreate() && strings.HasPrefix(string(ev.Kv.Key), retries) {
 					// A retry scheduled (perhaps by another process): the
 					// next claim moves it back when it falls due, rather
@@ -256,7 +295,9 @@ func (w *Worker) awaitWork(ctx context.Context, rev int64, d time.Duration) {
 					return
 				}
 			}
-		case <-wctx.Done():
+		case <-t.C:
+			return
+		case <-ctx.Done():
 			return
 		}
 	}

@@ -336,3 +336,47 @@ func TestExternalClaimWokenByALostRun(t *testing.T) {
 		t.Fatalf("the waiting claim got the task %v after the holder's lease ended, want within 1 s", lag)
 	}
 }
+
+// TestExternalClaimsInLineWokenByLostRuns: two claims of one task each
+// wait while another session holds both tasks of the queue's only segment;
+// one of them leads the line of waiting claims, the other waits behind it.
+// When the holder's lease ends, both tasks are claimable again: the leader
+// takes one, and the claim behind it, which had marked the segment busy
+// before it lined up and saw none of the runs' deletions itself, takes the
+// other within a second, not when its busy mark or its wait runs out.
+func TestExternalClaimsInLineWokenByLostRuns(t *testing.T) {
+	ctx := context.Background()
+	c, cli := newClient(t, etcdtest.Namespace(t))
+	submitN(t, c, "lined", 2, nil)
+	l1 := grantLease(t, cli, 10*time.Second)
+	if got, err := c.Claim(ctx, "lined", queue.ClaimRequest{Lease: l1, Worker: "w1", Max: 2}); err != nil || len(got) != 2 {
+		t.Fatalf("%v %v", got, err)
+	}
+	type result struct {
+		tasks []*queue.Task
+		err   error
+		at    time.Time
+	}
+	done := make(chan result, 2)
+	for i := 0; i < 2; i++ {
+		l := grantLease(t, cli, 10*time.Second)
+		go func() {
+			got, err := c.Claim(ctx, "lined", queue.ClaimRequest{Lease: l, Worker: fmt.Sprint("w", i+2), Max: 1, Wait: 8 * time.Second})
+			done <- result{got, err, time.Now()}
+		}()
+	}
+	time.Sleep(300 * time.Millisecond) // both found the segment's slots running and wait
+	revoked := time.Now()
+	if _, err := cli.Revoke(ctx, l1.ID()); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 2; i++ {
+		r := <-done
+		if r.err != nil || len(r.tasks) != 1 || r.tasks[0].Attempt != 2 {
+			t.Fatalf("a waiting claim: %v %v", r.tasks, r.err)
+		}
+		if lag := r.at.Sub(revoked); lag > time.Second {
+			t.Fatalf("a waiting claim got its task %v after the holder's lease ended, want within 1 s", lag)
+		}
+	}
+}

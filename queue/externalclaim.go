@@ -18,9 +18,12 @@ const promoteEvery = 250 * time.Millisecond
 // due retries were last moved back to pending and when the next falls due.
 type externalState struct {
 	turns atomic.Uint64
-	mu    sync.Mutex
-	due   map[string]dueState
-	hot   map[hotKey]sessionClaims
+	// attempts counts the claims external claims made (tries of the
+	// store, not calls of Claim).
+	attempts atomic.Int64
+	mu       sync.Mutex
+	due      map[string]dueState
+	hot      map[hotKey]sessionClaims
 	// levels keeps each queue's anti-starvation turns (levelTurns) from
 	// one external claim to the next: each claim has a Worker of its own.
 	levels map[string]levelTurns

@@ -105,3 +105,58 @@ func TestWorkerSeesNewSegmentsBehindALongTask(t *testing.T) {
 	cancel()
 	<-done
 }
+
+// TestWaitingClaimsLineUp: 16 sessions' claims wait on an empty queue, and
+// tasks come one at a time. Each task is claimed by one of them, and the
+// others do not all claim for it: the claims that wait line up behind one
+// that claims for the queue (the line), so the store sees a few claims per
+// task, not one per waiting session (which made 16 or more per task).
+func TestWaitingClaimsLineUp(t *testing.T) {
+	const sessions, tasks = 16, 30
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	c, cli := newClient(t, etcdtest.Namespace(t))
+	q := "line"
+	got := make(chan string, tasks)
+	done := make(chan struct{})
+	for s := 0; s < sessions; s++ {
+		l := grantLease(t, cli, 30*time.Second)
+		go func() {
+			defer func() { done <- struct{}{} }()
+			for ctx.Err() == nil {
+				ts, err := c.Claim(ctx, q, queue.ClaimRequest{Lease: l, Worker: fmt.Sprint("s", s), Max: 8, Wait: 2 * time.Second})
+				if err != nil {
+					return
+				}
+				for _, tk := range ts {
+					got <- tk.ID
+				}
+			}
+		}()
+	}
+	time.Sleep(500 * time.Millisecond) // all of them waiting
+	before := queue.ClaimAttempts(c)
+	for i := 0; i < tasks; i++ {
+		id := fmt.Sprintf("t%d", i)
+		if _, err := c.Submit(ctx, q, []queue.Task{{ID: id, Type: "t"}}, nil); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case g := <-got:
+			if g != id {
+				t.Fatalf("claimed %s, want %s", g, id)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("task %s not claimed within 5 s of its submission", id)
+		}
+	}
+	per := float64(queue.ClaimAttempts(c)-before) / tasks
+	cancel()
+	for s := 0; s < sessions; s++ {
+		<-done
+	}
+	t.Logf("%.1f claims of the store per task with %d sessions waiting", per, sessions)
+	if per > 4 {
+		t.Fatalf("%.1f claims of the store per task; want at most 4 with the waiting claims lined up", per)
+	}
+}

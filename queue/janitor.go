@@ -3,6 +3,7 @@ package queue
 import (
 	"context"
 	"encoding/json"
+	"math/rand/v2"
 	"time"
 
 	"github.com/droverhq/drover/keyspace"
@@ -132,6 +133,19 @@ func (w *Worker) watchCancels(ctx context.Context, from int64) {
 		}
 		sleepCtx(ctx, 100*time.Millisecond)
 	}
+}
+
+// afterLostRace waits a random moment of up to 20 ms (or until ctx ends)
+// before a claim that lost its tasks to others tries again, so that the
+// claims that lost do not meet again at once.
+func afterLostRace(ctx context.Context) {
+	sleepCtx(ctx, raceGap())
+}
+
+// raceGap is how long a claim that lost a race waits before it tries
+// again: a random moment of up to 20 ms.
+func raceGap() time.Duration {
+	return time.Duration(rand.Int64N(int64(20 * time.Millisecond)))
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -336,8 +335,9 @@ func (w *Worker) loop(ctx, base context.Context, lane int, slots *slotPool, run 
 		}
 		if contended {
 			// Tasks were there but other workers won them: try again
-			// at once, a little apart.
-			sleepCtx(ctx, time.Duration(rand.Int64N(int64(20*time.Millisecond))))
+			// a little apart, or at once when something new comes
+			// meanwhile.
+			_ = w.waitForWork(ctx, base, rev, nil, false, raceGap())
 			continue
 		}
 		busy, ended := slots.state()
@@ -354,7 +354,7 @@ func (w *Worker) loop(ctx, base context.Context, lane int, slots *slotPool, run 
 			// draining worker wakes for it, to see whether it is done.
 			ended = nil
 		}
-		if err := w.waitForWork(ctx, base, rev, ended, busy == 0); err != nil && ctx.Err() == nil && base.Err() == nil {
+		if err := w.waitForWork(ctx, base, rev, ended, busy == 0, 0); err != nil && ctx.Err() == nil && base.Err() == nil {
 			w.logger.Debug("queue: watch interrupted", "err", err)
 		}
 	}
@@ -363,43 +363,37 @@ func (w *Worker) loop(ctx, base context.Context, lane int, slots *slotPool, run 
 // waitForWork blocks until something may have become claimable: a pending
 // key created (a new, retried or requeued task), a claim deleted without its
 // pending key (a dead worker's or handed-back task), a task of this worker
-// ended, or, when draining, any claim deleted. The watch starts
-// right after rev, the revision the last (empty) claim read, so nothing that
-// happened since is missed.
-func (w *Worker) waitForWork(ctx, base context.Context, rev int64, ended <-chan struct{}, idle bool) error {
-	wctx, cancel := context.WithCancel(base)
-	defer cancel()
-	stop := context.AfterFunc(ctx, cancel)
-	defer stop()
-	q := w.cfg.Queue
-	opts := []clientv3.OpOption{clientv3.WithPrefix()}
-	if rev > 0 {
-		opts = append(opts, clientv3.WithRev(rev+1))
-	}
-	wch := w.cli.Watch(clientv3.WithRequireLeader(wctx), w.keys.Queue(q), opts...)
+// ended, or, when draining, any claim deleted. It sees every event after
+// rev, the revision the last (empty) claim read, through the queue's shared
+// watch (watchhub.go), so nothing that happened since is missed. It waits at
+// most most (0: a safety net of 30 s).
+func (w *Worker) waitForWork(ctx, base context.Context, rev int64, ended <-chan struct{}, idle bool, most time.Duration) error {
+	wt := w.client.waitAfter(w.cfg.Queue, rev)
+	defer wt.Stop()
 	// A safety net, not the mechanism; and, while tasks are left out of
 	// claims because a task runner held them, the moment they are tried
 	// again: a runner letting a task go changes nothing in the queue.
-	fallback := time.NewTimer(w.runnerHeldWait(30 * time.Second))
+	d := w.runnerHeldWait(30 * time.Second)
+	if most > 0 {
+		d = min(d, most)
+	}
+	fallback := time.NewTimer(d)
 	defer fallback.Stop()
 	for {
 		select {
-		case wr, ok := <-wch:
-			if !ok {
-				return wctx.Err()
-			}
-			if err := wr.Err(); err != nil {
-				return err
-			}
-			if w.wakes(wr.Events, idle && w.cfg.Drain) {
+		case <-wt.C():
+			evs, missed := wt.Take()
+			if missed || w.wakes(evs, idle && w.cfg.Drain) {
 				return nil
 			}
 		case <-ended:
 			return nil
 		case <-fallback.C:
 			return nil
-		case <-wctx.Done():
-			return wctx.Err()
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-base.Done():
+			return base.Err()
 		}
 	}
 }

@@ -148,6 +148,15 @@ func (w *Worker) markBusy(seg string) {
 	w.levelMu.Unlock()
 }
 
+// forgetBusy forgets every segment marked busy: an external claim that
+// waited in line did not see the runs that ended meanwhile (the line's
+// leader did).
+func (w *Worker) forgetBusy() {
+	w.levelMu.Lock()
+	clear(w.busySegs)
+	w.levelMu.Unlock()
+}
+
 // unmarkBusy forgets that seg was marked busy: a run of it ended.
 func (w *Worker) unmarkBusy(seg string) {
 	w.levelMu.Lock()

@@ -1,0 +1,270 @@
+package queue
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// A Client keeps one etcd watch per queue for all the waits of its claims
+// (a Worker's claim loop waiting for work, and each external claim leading
+// its line, claimwait.go), opened by the first wait and kept while waits
+// come, instead of a watch of its own for each wait.
+//
+// The reason is latency, not only the cost of opening watches: a wait
+// must see everything after the revision its claim read, so its own watch
+// had to start at that revision, and etcd serves a watch that starts at a
+// past revision from its "unsynced" set, which it catches up every 100 ms.
+// Under load the store has always moved past the claim's read by the time
+// the watch opens, so a wait learned of a new task up to 100 ms late:
+// measured, the HTTP long polls' p99 from submission to claim was 92-98 ms
+// with a watch per wait and 23 ms with watches that start at the current
+// revision (docs/BENCHMARKS.md). The shared watch starts at the current
+// revision, so etcd sends its events as they commit, and keeps the last
+// watchHistory events (keys and revisions, no values) so that a wait that
+// starts after events it must see replays them; a wait whose revision is
+// older than that history, or than the watch, is woken at once to claim
+// again (it may have missed something).
+
+// watchHistory is how many of a queue's latest events its shared watch
+// keeps for waits that start after them.
+const watchHistory = 4096
+
+// watchLinger is how long a queue's shared watch stays open after its
+// last wait ended, for the next.
+const watchLinger = 10 * time.Second
+
+// watchHub is a Client's shared watches, per queue. The zero value is
+// ready.
+type watchHub struct {
+	mu     sync.Mutex
+	queues map[string]*queueWatch
+}
+
+// queueWatch is the shared watch of one queue. Every field is guarded by
+// mu.
+type queueWatch struct {
+	mu sync.Mutex
+	// open: the watch is open and has sent every event up to seen; hist
+	// holds those after histFrom (at least the last watchHistory).
+	open           bool
+	histFrom, seen int64
+	hist           []*clientv3.Event
+	waits          map[*queueWait]struct{}
+	linger         *time.Timer
+	stop           context.CancelFunc
+}
+
+// queueWait is one wait's view of its queue's shared watch: the events
+// after its revision, or missed when some could not be given to it.
+type queueWait struct {
+	qw      *queueWatch
+	hub     *watchHub
+	q       string
+	after   int64 // the revision its claim read; 0: from when it started
+	pending []*clientv3.Event
+	missed  bool
+	signal  chan struct{} // holds a token when pending or missed changed
+}
+
+// waitAfter starts a wait for the events of queue q after revision rev
+// (0: after whatever the watch has sent so far). The caller must call
+// stop once it stops waiting.
+func (c *Client) waitAfter(q string, rev int64) *queueWait {
+	h := &c.watches
+	h.mu.Lock() // held throughout: the linger must not close a watch being joined
+	defer h.mu.Unlock()
+	if h.queues == nil {
+		h.queues = map[string]*queueWatch{}
+	}
+	qw := h.queues[q]
+	if qw == nil {
+		ctx, cancel := context.WithCancel(c.cli.Ctx())
+		qw = &queueWatch{waits: map[*queueWait]struct{}{}, stop: cancel}
+		h.queues[q] = qw
+		go c.runWatch(ctx, h, q, qw)
+	}
+	wt := &queueWait{qw: qw, hub: h, q: q, after: rev, signal: make(chan struct{}, 1)}
+	qw.mu.Lock()
+	defer qw.mu.Unlock()
+	if qw.linger != nil {
+		qw.linger.Stop()
+		qw.linger = nil
+	}
+	qw.waits[wt] = struct{}{}
+	if !qw.open {
+		return wt // judged when the watch opens
+	}
+	if wt.after == 0 {
+		wt.after = qw.seen
+	}
+	if wt.after < qw.histFrom {
+		wt.miss()
+		return wt
+	}
+	wt.add(qw.hist)
+	return wt
+}
+
+// C is signalled when Take has something for the wait.
+func (wt *queueWait) C() <-chan struct{} { return wt.signal }
+
+// Take returns the events the wait got since the last Take, and whether
+// it missed some (then it must claim again).
+func (wt *queueWait) Take() (events []*clientv3.Event, missed bool) {
+	wt.qw.mu.Lock()
+	defer wt.qw.mu.Unlock()
+	events, wt.pending = wt.pending, nil
+	return events, wt.missed
+}
+
+// Stop ends the wait. When it was the queue's last, the watch closes a
+// while later unless another wait starts.
+func (wt *queueWait) Stop() {
+	qw := wt.qw
+	qw.mu.Lock()
+	defer qw.mu.Unlock()
+	if _, ok := qw.waits[wt]; !ok {
+		return
+	}
+	delete(qw.waits, wt)
+	if len(qw.waits) == 0 && qw.linger == nil {
+		qw.linger = time.AfterFunc(watchLinger, func() { wt.hub.close(wt.q, qw) })
+	}
+}
+
+// close ends queue q's shared watch qw if no wait started since its last
+// ended.
+func (h *watchHub) close(q string, qw *queueWatch) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	qw.mu.Lock()
+	defer qw.mu.Unlock()
+	if len(qw.waits) > 0 || h.queues[q] != qw {
+		return
+	}
+	delete(h.queues, q)
+	qw.stop()
+}
+
+// add gives the wait the events of evs after its revision. qw.mu is held.
+func (wt *queueWait) add(evs []*clientv3.Event) {
+	n := len(wt.pending)
+	for _, ev := range evs {
+		if ev.Kv.ModRevision > wt.after {
+			wt.pending = append(wt.pending, ev)
+		}
+	}
+	if len(wt.pending) > watchHistory {
+		wt.pending = nil // a wait that takes nothing for that long claims again
+		wt.miss()
+		return
+	}
+	if len(wt.pending) > n {
+		wt.notify()
+	}
+}
+
+// miss marks that the wait may have missed events. qw.mu is held.
+func (wt *queueWait) miss() {
+	wt.missed = true
+	wt.notify()
+}
+
+func (wt *queueWait) notify() {
+	select {
+	case wt.signal <- struct{}{}:
+	default:
+	}
+}
+
+// runWatch keeps queue q's shared watch qw open until ctx ends (the hub
+// closed it, or the etcd client closed), opening it again after an error;
+// every wait is woken (as having missed events) when it closes.
+func (c *Client) runWatch(ctx context.Context, h *watchHub, q string, qw *queueWatch) {
+	defer func() {
+		h.mu.Lock()
+		if h.queues[q] == qw {
+			delete(h.queues, q) // the etcd client closed: a next wait opens another
+		}
+		h.mu.Unlock()
+		qw.reset()
+	}()
+	for ctx.Err() == nil {
+		wch := c.cli.Watch(clientv3.WithRequireLeader(ctx), c.keys.Queue(q), clientv3.WithPrefix(), clientv3.WithCreatedNotify())
+		for wr := range wch {
+			if wr.Err() != nil {
+				break
+			}
+			if wr.Created {
+				qw.opened(wr.Header.Revision)
+				continue
+			}
+			qw.deliver(wr.Events, wr.Header.Revision)
+		}
+		qw.reset()
+		select {
+		case <-ctx.Done():
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// opened records that the watch sends every event after rev, and wakes
+// the waits whose revision is older: what came between is not known.
+func (qw *queueWatch) opened(rev int64) {
+	qw.mu.Lock()
+	defer qw.mu.Unlock()
+	qw.open, qw.histFrom, qw.seen, qw.hist = true, rev, rev, nil
+	for wt := range qw.waits {
+		if wt.after == 0 {
+			wt.after = rev
+		}
+		if wt.after < rev {
+			wt.miss()
+		}
+	}
+}
+
+// deliver keeps evs (without their values) in the history and gives them
+// to the waits; rev is the revision the watch has sent every event up to.
+func (qw *queueWatch) deliver(evs []*clientv3.Event, rev int64) {
+	light := make([]*clientv3.Event, len(evs))
+	for i, ev := range evs {
+		light[i] = &clientv3.Event{Type: ev.Type, Kv: &mvccpb.KeyValue{
+			Key: ev.Kv.Key, CreateRevision: ev.Kv.CreateRevision, ModRevision: ev.Kv.ModRevision,
+		}}
+	}
+	qw.mu.Lock()
+	defer qw.mu.Unlock()
+	qw.seen = max(qw.seen, rev)
+	qw.hist = append(qw.hist, light...)
+	if over := len(qw.hist) - watchHistory; over > watchHistory {
+		// Drop the oldest, down to watchHistory, whole revisions at a
+		// time (a transaction's events together), and say from where the
+		// history is complete.
+		cut := qw.hist[over-1].Kv.ModRevision
+		for over < len(qw.hist) && qw.hist[over].Kv.ModRevision == cut {
+			over++
+		}
+		qw.histFrom = cut
+		qw.hist = append([]*clientv3.Event(nil), qw.hist[over:]...)
+	}
+	for wt := range qw.waits {
+		wt.add(light)
+	}
+}
+
+// reset marks the watch closed and wakes every wait: events may be lost
+// until it opens again.
+func (qw *queueWatch) reset() {
+	qw.mu.Lock()
+	defer qw.mu.Unlock()
+	qw.open, qw.hist = false, nil
+	for wt := range qw.waits {
+		wt.miss()
+	}
+}
