@@ -143,9 +143,10 @@ func afterLostRace(ctx context.Context) {
 }
 
 // raceGap is how long a claim that lost a race waits before it tries
-// again: a random moment of up to 20 ms.
+// again: a random moment of 1 to 20 ms (never 0, which waitForWork takes
+// for "no bound").
 func raceGap() time.Duration {
-	return time.Duration(rand.Int64N(int64(20 * time.Millisecond)))
+	return time.Millisecond + time.Duration(rand.Int64N(int64(19*time.Millisecond)))
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) {

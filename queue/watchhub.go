@@ -2,6 +2,7 @@ package queue
 
 import (
 	"context"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -27,7 +28,8 @@ import (
 // watchHistory events (keys and revisions, no values) so that a wait that
 // starts after events it must see replays them; a wait whose revision is
 // older than that history, or than the watch, is woken at once to claim
-// again (it may have missed something).
+// again (it may have missed something): more than 4,096 events of the
+// queue between a claim's read and its wait cost one more claim.
 
 // watchHistory is how many of a queue's latest events its shared watch
 // keeps for waits that start after them.
@@ -70,13 +72,14 @@ type queueWait struct {
 	signal  chan struct{} // holds a token when pending or missed changed
 }
 
-// waitAfter starts a wait for the events of queue q after revision rev
-// (0: after whatever the watch has sent so far). The caller must call
-// stop once it stops waiting.
+// waitAfter starts a wait for the events of queue q after revision rev.
+// With rev 0 (the claim's read revision is unknown) it sees the events
+// from about when it starts: those etcd had not yet sent at the revision
+// of the watch's last answer may be skipped. The caller must call Stop
+// once it stops waiting.
 func (c *Client) waitAfter(q string, rev int64) *queueWait {
 	h := &c.watches
-	h.mu.Lock() // held throughout: the linger must not close a watch being joined
-	defer h.mu.Unlock()
+	h.mu.Lock() // until qw.mu is held: the linger must not close a watch being joined
 	if h.queues == nil {
 		h.queues = map[string]*queueWatch{}
 	}
@@ -89,6 +92,7 @@ func (c *Client) waitAfter(q string, rev int64) *queueWait {
 	}
 	wt := &queueWait{qw: qw, hub: h, q: q, after: rev, signal: make(chan struct{}, 1)}
 	qw.mu.Lock()
+	h.mu.Unlock() // the history's replay below holds up no other queue's waits
 	defer qw.mu.Unlock()
 	if qw.linger != nil {
 		qw.linger.Stop()
@@ -193,23 +197,33 @@ func (c *Client) runWatch(ctx context.Context, h *watchHub, q string, qw *queueW
 		h.mu.Unlock()
 		qw.reset()
 	}()
+	backoff := 50 * time.Millisecond
 	for ctx.Err() == nil {
 		wch := c.cli.Watch(clientv3.WithRequireLeader(ctx), c.keys.Queue(q), clientv3.WithPrefix(), clientv3.WithCreatedNotify())
+		var err error
 		for wr := range wch {
-			if wr.Err() != nil {
+			if err = wr.Err(); err != nil {
 				break
 			}
 			if wr.Created {
 				qw.opened(wr.Header.Revision)
+				backoff = 50 * time.Millisecond
 				continue
 			}
 			qw.deliver(wr.Events, wr.Header.Revision)
 		}
 		qw.reset()
+		if ctx.Err() != nil {
+			return
+		}
+		// The waits were woken to claim again; the watch opens again
+		// after a pause that grows while it keeps failing.
+		slog.Warn("queue: the watch of a queue's keys ended; opening it again", "queue", q, "err", err, "in", backoff)
 		select {
 		case <-ctx.Done():
-		case <-time.After(50 * time.Millisecond):
+		case <-time.After(backoff):
 		}
+		backoff = min(2*backoff, 5*time.Second)
 	}
 }
 
