@@ -137,6 +137,7 @@ func (n *Node) observeLeader(from NodeID, b Ballot, now time.Time) {
 		n.stepDown(now)
 	}
 	n.resetElection(now)
+	n.health.lastLeader = now
 	if n.hasLeader && n.leader == from {
 		return
 	}

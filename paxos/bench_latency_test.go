@@ -104,7 +104,10 @@ func openCycles(b *testing.B, rate int, bases []string, sh shape) {
 	// shape's server has no /status.
 	// Snapshots sent to catch a node up are reported too: each is the
 	// whole table, installed on the receiver's loop.
-	var sent float64
+	// So are the nodes' own measures of an election's cause (stalls.go):
+	// campaigns, timers restarted for a stall of the node's own loop, its
+	// rounds over half an election timeout and the longest.
+	var sent, elections, restarts, stalls, longest float64
 	for i, base := range bases {
 		ans, code, err := benchDo(hc, http.MethodGet, base+"/status", nil)
 		if err != nil || code != http.StatusOK {
@@ -115,8 +118,16 @@ func openCycles(b *testing.B, rate int, bases []string, sh shape) {
 				b.ReportMetric(r, "ballot-round")
 			}
 		}
-		n, _ := ans["snapshots_sent"].(float64)
-		sent += n
+		num := func(k string) float64 { f, _ := ans[k].(float64); return f }
+		sent += num("snapshots_sent")
+		elections += num("elections_started")
+		restarts += num("timer_restarts")
+		stalls += num("loop_stalls")
+		longest = max(longest, num("longest_round_ms"))
 	}
 	b.ReportMetric(sent, "snapshots-sent")
+	b.ReportMetric(elections, "elections")
+	b.ReportMetric(restarts, "timer-restarts")
+	b.ReportMetric(stalls, "loop-stalls")
+	b.ReportMetric(longest, "longest-round-ms")
 }

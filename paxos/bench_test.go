@@ -218,8 +218,10 @@ func benchPaxos(b *testing.B, transport string) []string {
 			d := paxos.NewDirect(paxos.DirectConfig{ID: id, Group: group})
 			tr, direct = d, d.Handler()
 		}
+		// Warnings (a campaign says why) go to stderr; the rest is dropped.
+		logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})).With("node", id)
 		node, err := paxos.NewNode(paxos.Config{ID: id, Group: group, Peers: peers, Transport: tr, DataDir: b.TempDir(),
-			Logger: slog.New(slog.DiscardHandler)})
+			Logger: logger})
 		if err != nil {
 			b.Fatal(err)
 		}

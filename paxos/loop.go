@@ -31,16 +31,22 @@ func (n *Node) run(ctx context.Context) {
 				recv = nil
 				continue
 			}
+			n.health.roundBegan(time.Now())
 			err = n.step(m)
 		case req := <-n.propc:
+			n.health.roundBegan(time.Now())
 			n.onPropose(req)
 		case ch := <-n.statusc:
+			n.health.roundBegan(time.Now())
 			ch <- n.status()
 		case <-n.kickc:
+			n.health.roundBegan(time.Now())
 			err = n.campaign(time.Now())
 		case r := <-n.snapDone:
+			n.health.roundBegan(time.Now())
 			n.snapshotSaved(r)
 		case <-ticker.C:
+			n.health.roundBegan(time.Now())
 			err = n.tick(time.Now())
 		}
 		if err == nil {
@@ -49,6 +55,7 @@ func (n *Node) run(ctx context.Context) {
 		if err == nil {
 			err = n.flush(time.Now())
 		}
+		n.health.roundEnded(time.Now(), n.cfg.ElectionTimeout/2)
 		if err == nil {
 			err = n.failed
 		}
@@ -141,12 +148,8 @@ func (n *Node) tick(now time.Time) error {
 	case roleLeader:
 		n.leaderTick(now)
 	case roleFollower, roleCandidate:
-		if n.conf.has(n.cfg.ID) && !now.Before(n.electAt) {
-			if err := n.electionTimeout(now); err != nil {
-				return err
-			}
-		} else if n.cand != nil {
-			n.repeatPrepares()
+		if err := n.followerTick(now); err != nil {
+			return err
 		}
 	}
 	n.retryWaits(now)
@@ -190,9 +193,11 @@ func (n *Node) sync() error {
 	}
 	es := n.unsynced
 	if len(es) > 0 || n.promiseDirt {
+		began := time.Now()
 		if err := n.store.Accept(n.promised, es); err != nil {
 			return err
 		}
+		n.health.synced(time.Now(), time.Since(began))
 	}
 	n.unsynced, n.promiseDirt = nil, false
 	out := n.outbox

@@ -158,6 +158,16 @@ type NodeStatus struct {
 	// installed from a peer, since it started.
 	SnapshotsSent      uint64 `json:"snapshots_sent"`
 	SnapshotsInstalled uint64 `json:"snapshots_installed"`
+	// ElectionsStarted counts the campaigns this node started because its
+	// election timer fired; TimerRestarts the times it restarted the timer
+	// instead, its own loop having been held up for more than half an
+	// election timeout. LoopStalls counts the rounds of its loop that took
+	// longer than that, LongestRoundMS is the longest in milliseconds, all
+	// since it started (see stalls.go).
+	ElectionsStarted uint64  `json:"elections_started"`
+	TimerRestarts    uint64  `json:"timer_restarts"`
+	LoopStalls       uint64  `json:"loop_stalls"`
+	LongestRoundMS   float64 `json:"longest_round_ms"`
 	// Members is the configuration in effect at Applied.
 	Members []PeerStatus `json:"members"`
 }
@@ -244,6 +254,7 @@ type Node struct {
 	lead *leaderState
 
 	waits        map[string]*wait
+	health       loopHealth
 	failed       error // a storage failure: the loop halts at the end of the round
 	catchPending bool
 	catchAt      time.Time
@@ -418,6 +429,8 @@ func (n *Node) status() NodeStatus {
 		ID: n.cfg.ID, Role: n.role.String(), Leader: n.leader, HasLeader: n.hasLeader,
 		Ballot: n.promised, Commit: n.commit, Applied: n.applied, SnapshotIndex: n.snapIndex(),
 		SnapshotsSent: n.snapsSent, SnapshotsInstalled: n.snapsIn,
+		ElectionsStarted: n.health.elections, TimerRestarts: n.health.forgave,
+		LoopStalls: n.health.stalls, LongestRoundMS: float64(n.health.longest.Microseconds()) / 1000,
 	}
 	if n.hasLeader {
 		s.LeaderAddr = n.conf.addr(n.leader)

@@ -1,0 +1,129 @@
+package paxos
+
+import (
+	"time"
+)
+
+// A node's election timer says "no word from the leader for a while". That
+// is evidence against the leader only if this node's own loop was free to
+// hear it: a round of the loop stuck on a slow fsync, or the whole process
+// descheduled, looks the same from inside. The loop therefore measures its
+// own stalls, and a follower whose timer fires
+//   - first reads the messages that waited meanwhile (the leader's
+//     heartbeats may be among them: the loop's select picks the tick or a
+//     waiting message at random), and
+//   - restarts its timer instead of campaigning when its own ticks were
+//     held up for more than half an election timeout (as the leader's
+//     quorum check already does, leader.go).
+//
+// What it measured is in NodeStatus and in the warning a campaign logs, so
+// that an election in production says whether this node or the leader
+// stalled.
+
+// stallWindow is how far back "recent" reaches for the longest round and
+// fsync that a campaign's warning reports.
+const stallWindow = 5 * time.Second
+
+// loopHealth is what the run loop measures of itself. Owned by the loop.
+type loopHealth struct {
+	lastLeader time.Time // a message of the leader was last handled
+	lastTick   time.Time
+	began      time.Time // the current round
+	// The longest round and fsync in the current window, and in the one
+	// before it; since start: the longest round, the rounds over half an
+	// election timeout, the campaigns started by the timer and the timer
+	// restarts for a stall of this node.
+	windowFrom                 time.Time
+	round, prevRound           time.Duration
+	sync, prevSync             time.Duration
+	longest                    time.Duration
+	stalls, elections, forgave uint64
+}
+
+// roundBegan records that the loop took an input at now.
+func (h *loopHealth) roundBegan(now time.Time) { h.began = now }
+
+// roundEnded records the round that began at h.began; a round longer than
+// limit counts as a stall.
+func (h *loopHealth) roundEnded(now time.Time, limit time.Duration) {
+	d := now.Sub(h.began)
+	h.roll(now)
+	h.round = max(h.round, d)
+	h.longest = max(h.longest, d)
+	if d > limit {
+		h.stalls++
+	}
+}
+
+// synced records one fsync'd write of the acceptor's state that took d.
+func (h *loopHealth) synced(now time.Time, d time.Duration) {
+	h.roll(now)
+	h.sync = max(h.sync, d)
+}
+
+// roll starts a new window when the current one is over.
+func (h *loopHealth) roll(now time.Time) {
+	if now.Sub(h.windowFrom) < stallWindow {
+		return
+	}
+	h.windowFrom = now
+	h.prevRound, h.round = h.round, 0
+	h.prevSync, h.sync = h.sync, 0
+}
+
+// recent returns the longest round and fsync of the last 5 to 10 s.
+func (h *loopHealth) recent() (round, sync time.Duration) {
+	return max(h.round, h.prevRound), max(h.sync, h.prevSync)
+}
+
+// tickGap records a tick at now and returns how long since the last one.
+func (h *loopHealth) tickGap(now time.Time) time.Duration {
+	gap := now.Sub(h.lastTick)
+	if h.lastTick.IsZero() {
+		gap = 0
+	}
+	h.lastTick = now
+	return gap
+}
+
+// followerTick is a follower's or candidate's tick: its election timer,
+// judged after the messages that waited and with this node's own stalls
+// forgiven (see above), else the candidate's repeated Prepares.
+func (n *Node) followerTick(now time.Time) error {
+	if gap := n.health.tickGap(now); gap > n.cfg.ElectionTimeout/2 {
+		// This loop was held up itself: the silence says nothing of the
+		// leader. The timer starts again from now.
+		n.health.forgave++
+		n.resetElection(now)
+		n.log.Info("election timer restarted: this node's loop was held up", "gap", gap)
+	}
+	if !n.conf.has(n.cfg.ID) || now.Before(n.electAt) {
+		if n.cand != nil {
+			n.repeatPrepares()
+		}
+		return nil
+	}
+	waiting := len(n.tr.Recv())
+	if err := n.drain(n.tr.Recv()); err != nil {
+		return err
+	}
+	if now = time.Now(); now.Before(n.electAt) {
+		return nil // a message that waited was the leader's
+	}
+	if n.cand == nil {
+		n.health.elections++
+		round, sync := n.health.recent()
+		n.log.Warn("election timer fired: campaigning",
+			"since_leader", sinceOrNever(now, n.health.lastLeader), "had_leader", n.hasLeader,
+			"waiting_messages", waiting, "longest_round_recently", round, "longest_fsync_recently", sync)
+	}
+	return n.electionTimeout(now)
+}
+
+// sinceOrNever is now-t, or -1 when t is zero (never).
+func sinceOrNever(now, t time.Time) time.Duration {
+	if t.IsZero() {
+		return -1
+	}
+	return now.Sub(t)
+}

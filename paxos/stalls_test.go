@@ -1,0 +1,43 @@
+package paxos
+
+import (
+	"fmt"
+	"testing"
+	"time"
+)
+
+// TestFollowerStallIsNoElection holds a follower's loop up three times,
+// each for three election timeouts, the way a slow disk does (its writes
+// of accepted entries wait on its storage's lock), while the leader,
+// with the other follower, keeps choosing commands. Each time the
+// follower's loop runs again its election timer has long passed and the
+// leader's messages wait in its inbox: it must restart the timer (its own
+// loop was held up) rather than campaign; the leader keeps its ballot and
+// the follower catches up.
+func TestFollowerStallIsNoElection(t *testing.T) {
+	c := newTestCluster(t, 3, nil)
+	defer c.close()
+	c.startAll()
+	leader := c.leader(5 * time.Second)
+	ballot := leader.Status().Ballot
+	f := c.node((leader.cfg.ID + 1) % 3)
+	timeout := f.cfg.ElectionTimeout
+	for hold := 0; hold < 3; hold++ {
+		f.store.mu.Lock()
+		for end := time.Now().Add(3 * timeout); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+			c.mustPropose(leader.cfg.ID, Command{Op: OpAcquire, Lock: fmt.Sprintf("l%d", hold), Owner: "o", TTL: 60000})
+		}
+		f.store.mu.Unlock()
+		time.Sleep(3 * timeout)
+	}
+	c.converge(5 * time.Second)
+	st, ls := f.Status(), leader.Status()
+	t.Logf("follower: %d timer restarts, %d loop stalls, longest round %.0f ms, %d elections",
+		st.TimerRestarts, st.LoopStalls, st.LongestRoundMS, st.ElectionsStarted)
+	if st.ElectionsStarted != 0 || ls.Role != "leader" || ls.Ballot != ballot {
+		t.Fatalf("the stalled follower started %d elections; the leader is %s with ballot %v (was %v)", st.ElectionsStarted, ls.Role, ls.Ballot, ballot)
+	}
+	if st.TimerRestarts == 0 || st.LoopStalls == 0 {
+		t.Fatalf("the follower's loop was held up 3 times; it measured %d stalls and restarted its timer %d times", st.LoopStalls, st.TimerRestarts)
+	}
+}
