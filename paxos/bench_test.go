@@ -219,7 +219,7 @@ func benchPaxos(b *testing.B, transport string) []string {
 			tr, direct = d, d.Handler()
 		}
 		// Warnings (a campaign says why) go to stderr; the rest is dropped.
-		logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})).With("node", id)
+		logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 		node, err := paxos.NewNode(paxos.Config{ID: id, Group: group, Peers: peers, Transport: tr, DataDir: b.TempDir(),
 			Logger: logger})
 		if err != nil {

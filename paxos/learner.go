@@ -175,9 +175,24 @@ func (n *Node) apply(e Entry) {
 	if next != nil {
 		n.setConfig(next)
 	}
-	if !n.snapping && n.applied-n.snapIndex() >= max(n.cfg.SnapshotEvery, n.snapItems/snapItemsPerEntry) {
+	if !n.snapping && n.applied-n.snapIndex() >= n.snapshotDue() {
 		n.takeSnapshot()
 	}
+}
+
+// snapshotDue is how many entries applied above the last snapshot start
+// the next. A node's first snapshot comes later by a third of that for
+// each step of its id (modulo 3): the members of a group apply the same
+// log, and without the offset they all encoded and wrote their snapshot
+// at the same slot, which on shared cores or a shared disk held up every
+// node's fsyncs at once (docs/BENCHMARKS.md). The later snapshots keep
+// the offset, each coming the same count of entries after the last.
+func (n *Node) snapshotDue() uint64 {
+	due := max(n.cfg.SnapshotEvery, n.snapItems/snapItemsPerEntry)
+	if n.snapIndex() == 0 {
+		due += due * (uint64(n.cfg.ID) % 3) / 3
+	}
+	return due
 }
 
 // currentSnapshot is the table and configuration as of the applied index.
@@ -470,7 +485,11 @@ func (n *Node) restore(st State) error {
 }
 
 // trailing is how many entries at and below a snapshot stay in memory for
-// catch-ups: SnapshotEvery, so that the log in memory holds at most twice
-// what it held between snapshots (hashicorp/raft's TrailingLogs has the
-// same purpose).
-func (n *Node) trailing() uint64 { return n.cfg.SnapshotEvery }
+// catch-ups: the node's first snapshot interval (SnapshotEvery, and its
+// offset, see snapshotDue), so that every member still holds the group's
+// first entries after its first snapshot, and the log in memory holds at
+// most about twice what it held between snapshots (hashicorp/raft's
+// TrailingLogs has the same purpose).
+func (n *Node) trailing() uint64 {
+	return n.cfg.SnapshotEvery + n.cfg.SnapshotEvery*(uint64(n.cfg.ID)%3)/3
+}

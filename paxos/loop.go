@@ -31,22 +31,22 @@ func (n *Node) run(ctx context.Context) {
 				recv = nil
 				continue
 			}
-			n.health.roundBegan(time.Now())
+			n.health.roundBegan(time.Now(), m.Type.String())
 			err = n.step(m)
 		case req := <-n.propc:
-			n.health.roundBegan(time.Now())
+			n.health.roundBegan(time.Now(), "proposal")
 			n.onPropose(req)
 		case ch := <-n.statusc:
-			n.health.roundBegan(time.Now())
+			n.health.roundBegan(time.Now(), "status")
 			ch <- n.status()
 		case <-n.kickc:
-			n.health.roundBegan(time.Now())
+			n.health.roundBegan(time.Now(), "campaign")
 			err = n.campaign(time.Now())
 		case r := <-n.snapDone:
-			n.health.roundBegan(time.Now())
+			n.health.roundBegan(time.Now(), "snapshot saved")
 			n.snapshotSaved(r)
 		case <-ticker.C:
-			n.health.roundBegan(time.Now())
+			n.health.roundBegan(time.Now(), "tick")
 			err = n.tick(time.Now())
 		}
 		if err == nil {
@@ -55,7 +55,7 @@ func (n *Node) run(ctx context.Context) {
 		if err == nil {
 			err = n.flush(time.Now())
 		}
-		n.health.roundEnded(time.Now(), n.cfg.ElectionTimeout/2)
+		n.roundEnded()
 		if err == nil {
 			err = n.failed
 		}

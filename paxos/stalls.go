@@ -1,6 +1,8 @@
 package paxos
 
 import (
+	"context"
+	"log/slog"
 	"time"
 )
 
@@ -28,7 +30,9 @@ const stallWindow = 5 * time.Second
 type loopHealth struct {
 	lastLeader time.Time // a message of the leader was last handled
 	lastTick   time.Time
-	began      time.Time // the current round
+	began      time.Time     // the current round
+	input      string        // what began it
+	inRound    time.Duration // its fsyncs so far
 	// The longest round and fsync in the current window, and in the one
 	// before it; since start: the longest round, the rounds over half an
 	// election timeout, the campaigns started by the timer and the timer
@@ -40,12 +44,14 @@ type loopHealth struct {
 	stalls, elections, forgave uint64
 }
 
-// roundBegan records that the loop took an input at now.
-func (h *loopHealth) roundBegan(now time.Time) { h.began = now }
+// roundBegan records that the loop took an input (what says which) at now.
+func (h *loopHealth) roundBegan(now time.Time, what string) {
+	h.began, h.input, h.inRound = now, what, 0
+}
 
-// roundEnded records the round that began at h.began; a round longer than
-// limit counts as a stall.
-func (h *loopHealth) roundEnded(now time.Time, limit time.Duration) {
+// roundEnded records the round that began at h.began, and returns how
+// long it took; a round longer than limit counts as a stall.
+func (h *loopHealth) roundEnded(now time.Time, limit time.Duration) time.Duration {
 	d := now.Sub(h.began)
 	h.roll(now)
 	h.round = max(h.round, d)
@@ -53,12 +59,25 @@ func (h *loopHealth) roundEnded(now time.Time, limit time.Duration) {
 	if d > limit {
 		h.stalls++
 	}
+	return d
+}
+
+// roundEnded ends the loop's round; one that held the loop up for more
+// than half an election timeout is logged with what began it and how much
+// of it was fsync.
+func (n *Node) roundEnded() {
+	limit := n.cfg.ElectionTimeout / 2
+	if d := n.health.roundEnded(time.Now(), limit); d > limit {
+		n.log.Warn("the run loop was held up", "round", d, "input", n.health.input,
+			"fsync", n.health.inRound, "role", n.role.String())
+	}
 }
 
 // synced records one fsync'd write of the acceptor's state that took d.
 func (h *loopHealth) synced(now time.Time, d time.Duration) {
 	h.roll(now)
 	h.sync = max(h.sync, d)
+	h.inRound += d
 }
 
 // roll starts a new window when the current one is over.
@@ -113,7 +132,11 @@ func (n *Node) followerTick(now time.Time) error {
 	if n.cand == nil {
 		n.health.elections++
 		round, sync := n.health.recent()
-		n.log.Warn("election timer fired: campaigning",
+		level := slog.LevelWarn // a leader lost
+		if n.health.lastLeader.IsZero() {
+			level = slog.LevelInfo // the first election this node sees
+		}
+		n.log.Log(context.Background(), level, "election timer fired: campaigning",
 			"since_leader", sinceOrNever(now, n.health.lastLeader), "had_leader", n.hasLeader,
 			"waiting_messages", waiting, "longest_round_recently", round, "longest_fsync_recently", sync)
 	}

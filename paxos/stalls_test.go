@@ -41,3 +41,36 @@ func TestFollowerStallIsNoElection(t *testing.T) {
 		t.Fatalf("the follower's loop was held up 3 times; it measured %d stalls and restarted its timer %d times", st.LoopStalls, st.TimerRestarts)
 	}
 }
+
+// TestSnapshotsStaggered: the members of a group apply the same log but
+// do not snapshot at the same slot: node i's first snapshot comes a third
+// of SnapshotEvery later per step of its id, and the offset stays.
+func TestSnapshotsStaggered(t *testing.T) {
+	const every = 300
+	c := newTestCluster(t, 3, func(cfg *Config) { cfg.SnapshotEvery = every })
+	defer c.close()
+	c.startAll()
+	leader := c.leader(5 * time.Second)
+	for i := 0; i < 4*every; i++ {
+		c.mustPropose(leader.cfg.ID, Command{Op: OpAcquire, Lock: fmt.Sprint("s", i%16), Owner: fmt.Sprint("o", i), TTL: 60000})
+	}
+	c.converge(5 * time.Second)
+	idx := map[uint64]NodeID{}
+	for id := NodeID(0); id < 3; id++ {
+		s := c.node(id).Status()
+		if s.SnapshotIndex == 0 {
+			t.Fatalf("node %d has no snapshot after %d commands", id, 4*every)
+		}
+		// The first at every*(1+id/3), then every entries apart: the
+		// index is that offset modulo every (a few entries late at most).
+		off := (s.SnapshotIndex - every*uint64(id)/3) % every
+		if off > 20 {
+			t.Fatalf("node %d's snapshot is at %d: not every*(1+%d/3) plus a multiple of %d", id, s.SnapshotIndex, id, every)
+		}
+		if other, ok := idx[s.SnapshotIndex]; ok {
+			t.Fatalf("nodes %d and %d snapshot at the same slot %d", other, id, s.SnapshotIndex)
+		}
+		idx[s.SnapshotIndex] = id
+		t.Logf("node %d: snapshot at %d", id, s.SnapshotIndex)
+	}
+}

@@ -46,14 +46,12 @@ type Table struct {
 	delays map[string]LockState
 	// seen are the results of the commands applied in the dedupe window,
 	// oldest first. seenAt maps an ID to its position counted from the
-	// first result ever remembered; seenBase is that count for seen[0].
-	// An element of seen is never changed in place (rememberResult copies
-	// the slice first), so a snapshot can encode a prefix of it on another
-	// goroutine while Apply goes on.
-	seen     []tableSeen
+	// first result ever remembered; seenBase is that count for seen's
+	// oldest. A snapshot encodes a view of seen on another goroutine
+	// while Apply goes on (seenlog.go).
+	seen     seenLog
 	seenAt   map[string]int
 	seenBase int
-	seenDead int // pruned results still held by seen's array
 	// next caches NextExpiry when nextOK; nextHas is false when nothing
 	// will expire.
 	next    int64
@@ -69,6 +67,17 @@ type tableSnapshot struct {
 	Locks  []LockState `json:"locks"`  // by name
 	Delays []LockState `json:"delays"` // by name
 	Seen   []tableSeen `json:"seen"`   // oldest first
+	// seenChunks, when set, stands for Seen: a view of the table's
+	// chunks, which encodeTableSnapshot reads without copying them out.
+	seenChunks [][]tableSeen
+}
+
+// seenParts is the remembered results of snap in parts, oldest first.
+func (snap *tableSnapshot) seenParts() [][]tableSeen {
+	if snap.seenChunks != nil {
+		return snap.seenChunks
+	}
+	return [][]tableSeen{snap.Seen}
 }
 
 var _ StateMachine = (*Table)(nil)
@@ -114,8 +123,8 @@ func (t *Table) Apply(index uint64, cmd Command) Result {
 	r := t.apply(index, now, cmd)
 	r.Index = index
 	if remember {
-		t.seenAt[cmd.ID] = t.seenBase + len(t.seen)
-		t.seen = append(t.seen, tableRemember(cmd, fp, now, r))
+		t.seenAt[cmd.ID] = t.seenBase + t.seen.len()
+		t.seen.push(tableRemember(cmd, fp, now, r))
 	}
 	return r
 }
@@ -127,8 +136,7 @@ func (t *Table) rememberResult(id string, res Result) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if s, ok := t.remembered(id); ok {
-		t.seen = slices.Clone(t.seen) // a snapshot being encoded may share it
-		t.seen[t.seenAt[id]-t.seenBase] = tableRememberAll(id, s.FP, s.Time, res)
+		t.seen.set(t.seenAt[id]-t.seenBase, tableRememberAll(id, s.FP, s.Time, res))
 	}
 }
 
@@ -138,7 +146,7 @@ func (t *Table) remembered(id string) (tableSeen, bool) {
 	if !ok {
 		return tableSeen{}, false
 	}
-	return t.seen[i-t.seenBase], true
+	return t.seen.at(i - t.seenBase), true
 }
 
 // apply dispatches cmd.
@@ -272,22 +280,12 @@ func (t *Table) tick(now, lockDelay int64) {
 func (t *Table) prune(now int64) {
 	window := DedupeWindow.Milliseconds()
 	n := 0
-	for n < len(t.seen) && tableAddMillis(t.seen[n].Time, window) <= now {
-		delete(t.seenAt, t.seen[n].ID)
+	for n < t.seen.len() && tableAddMillis(t.seen.at(n).Time, window) <= now {
+		delete(t.seenAt, t.seen.at(n).ID)
 		n++
 	}
-	// Reslice rather than shift (a snapshot being encoded may read the
-	// dropped prefix): append reallocates once the tail runs out, so the
-	// prefix is freed in amortized O(1).
-	t.seen = t.seen[n:]
+	t.seen.drop(n)
 	t.seenBase += n
-	// The dropped prefix stays in memory until append reallocates, which
-	// a group that has gone quiet after a burst may never do: once it is
-	// twice what is kept, the rest is copied out (amortized O(1)).
-	t.seenDead += n
-	if n > 0 && t.seenDead > 2*len(t.seen)+1024 {
-		t.seen, t.seenDead = slices.Clone(t.seen), 0
-	}
 }
 
 // setLock stores ls, keeping the NextExpiry cache right.
@@ -371,7 +369,8 @@ func (t *Table) Snapshot() ([]byte, error) {
 // goroutine while Apply goes on; and the number of items (grants,
 // lock-delays, remembered results) the snapshot holds. The capture copies
 // the grants; the remembered results, which a busy group has hundreds of
-// thousands of, are shared (see seen).
+// thousands of, are shared (a view of seen's chunks, which the encoding
+// reads where they are).
 func (t *Table) snapshotLater() (func() ([]byte, error), int) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -380,13 +379,15 @@ func (t *Table) snapshotLater() (func() ([]byte, error), int) {
 		Now:    t.now,
 		Locks:  slices.Collect(maps.Values(t.locks)),
 		Delays: slices.Collect(maps.Values(t.delays)),
-		Seen:   t.seenList(),
 	}
-	items := len(snap.Locks) + len(snap.Delays) + len(snap.Seen)
+	seen := t.seen.view()
+	items := len(snap.Locks) + len(snap.Delays) + t.seen.len()
 	return func() ([]byte, error) {
 		tableSortByName(snap.Locks) // copies, sorted here: off the caller's goroutine
 		tableSortByName(snap.Delays)
-		b, err := encodeTableSnapshot(snap)
+		s := snap
+		s.seenChunks = seen
+		b, err := encodeTableSnapshot(s)
 		if err != nil {
 			return nil, fmt.Errorf("paxos: snapshot table: %w", err)
 		}
@@ -394,15 +395,11 @@ func (t *Table) snapshotLater() (func() ([]byte, error), int) {
 	}, items
 }
 
-// seenList is the memory of IDs, oldest first, as it is now: appends
-// after the call do not show in it. Never nil, so that a table that got
-// empty and one that never remembered anything look alike. The caller
-// holds mu.
+// seenList is a copy of the memory of IDs, oldest first, as it is now.
+// Never nil, so that a table that got empty and one that never remembered
+// anything look alike. The caller holds mu.
 func (t *Table) seenList() []tableSeen {
-	if t.seen == nil {
-		return []tableSeen{}
-	}
-	return t.seen[:len(t.seen):len(t.seen)]
+	return flatten(t.seen.view())
 }
 
 // Restore replaces the table's state with what Snapshot made (this
@@ -426,17 +423,17 @@ func (t *Table) Restore(data []byte) error {
 		delays[d.Name] = d
 	}
 	seenAt := make(map[string]int, len(snap.Seen))
-	seen := make([]tableSeen, 0, len(snap.Seen))
+	var seen seenLog
 	for _, s := range snap.Seen {
 		if _, dup := seenAt[s.ID]; !dup {
-			seenAt[s.ID] = len(seen)
-			seen = append(seen, s)
+			seenAt[s.ID] = seen.len()
+			seen.push(s)
 		}
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.now, t.locks, t.delays = snap.Now, locks, delays
-	t.seen, t.seenAt, t.seenBase, t.seenDead = seen, seenAt, 0, 0
+	t.seen, t.seenAt, t.seenBase = seen, seenAt, 0
 	t.nextOK = false
 	return nil
 }

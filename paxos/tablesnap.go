@@ -44,27 +44,38 @@ func encodeTableSnapshot(snap tableSnapshot) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := make([]byte, 0, 16+len(head)+48*len(snap.Seen))
+	parts, n := snap.seenParts(), 0
+	for _, p := range parts {
+		n += len(p)
+	}
+	b := make([]byte, 0, 16+len(head)+48*n)
 	b = append(b, tableSnapBinary)
 	b = segcodec.AppendBytes(b, head)
-	b = binary.AppendUvarint(b, uint64(len(snap.Seen)))
-	str := func(s string) { b = append(binary.AppendUvarint(b, uint64(len(s))), s...) }
-	for _, s := range snap.Seen {
-		str(s.ID)
-		b = binary.AppendVarint(b, s.Time)
-		b = binary.AppendUvarint(b, s.FP)
-		str(string(s.Code))
-		b = binary.AppendUvarint(b, s.Index)
-		str(s.Err)
-		b = append(b, s.Same)
-		str(s.Name)
-		str(s.Owner)
-		b = binary.AppendUvarint(b, s.Token)
-		b = binary.AppendVarint(b, s.Acquired)
-		b = binary.AppendVarint(b, s.Expires)
-		str(s.Meta)
+	b = binary.AppendUvarint(b, uint64(n))
+	for _, p := range parts {
+		for k := range p {
+			b = appendTableSeen(b, &p[k])
+		}
 	}
 	return b, nil
+}
+
+// appendTableSeen appends s in format 3 to b.
+func appendTableSeen(b []byte, s *tableSeen) []byte {
+	str := func(b []byte, s string) []byte { return append(binary.AppendUvarint(b, uint64(len(s))), s...) }
+	b = str(b, s.ID)
+	b = binary.AppendVarint(b, s.Time)
+	b = binary.AppendUvarint(b, s.FP)
+	b = str(b, string(s.Code))
+	b = binary.AppendUvarint(b, s.Index)
+	b = str(b, s.Err)
+	b = append(b, s.Same)
+	b = str(b, s.Name)
+	b = str(b, s.Owner)
+	b = binary.AppendUvarint(b, s.Token)
+	b = binary.AppendVarint(b, s.Acquired)
+	b = binary.AppendVarint(b, s.Expires)
+	return str(b, s.Meta)
 }
 
 // decodeTableSnapshot reads a snapshot of any format this build knows:
