@@ -144,20 +144,25 @@ func (n *Node) step(m Message) error {
 // expiry ticks; a follower's election timer; retries of waiting
 // proposals.
 func (n *Node) tick(now time.Time) error {
+	// The commit the last round's flush covers with entries on disk: a
+	// follower's tick may read messages (followerTick) that raise the
+	// commit over entries not written yet.
+	commit := n.commit
+	gap := n.health.tickGap(now)
 	switch n.role {
 	case roleLeader:
 		n.leaderTick(now)
 	case roleFollower, roleCandidate:
-		if err := n.followerTick(now); err != nil {
+		if err := n.followerTick(now, gap); err != nil {
 			return err
 		}
 	}
 	n.retryWaits(now)
-	if n.commit > n.savedCommit {
-		if err := n.store.SetCommit(n.commit); err != nil {
+	if commit > n.savedCommit {
+		if err := n.store.SetCommit(commit); err != nil {
 			return err
 		}
-		n.savedCommit = n.commit
+		n.savedCommit = commit
 	}
 	return nil
 }

@@ -76,5 +76,8 @@ func (l *seenLog) view() [][]tableSeen {
 
 // flatten is a view's results in one slice, never nil (see seenList).
 func flatten(view [][]tableSeen) []tableSeen {
-	return slices.Concat(append([][]tableSeen{{}}, view...)...)
+	if out := slices.Concat(view...); out != nil {
+		return out
+	}
+	return []tableSeen{}
 }

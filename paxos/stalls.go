@@ -95,7 +95,8 @@ func (h *loopHealth) recent() (round, sync time.Duration) {
 	return max(h.round, h.prevRound), max(h.sync, h.prevSync)
 }
 
-// tickGap records a tick at now and returns how long since the last one.
+// tickGap records a tick at now and returns how long since the last one
+// (of any role: a leader that steps down has ticked all along).
 func (h *loopHealth) tickGap(now time.Time) time.Duration {
 	gap := now.Sub(h.lastTick)
 	if h.lastTick.IsZero() {
@@ -108,8 +109,11 @@ func (h *loopHealth) tickGap(now time.Time) time.Duration {
 // followerTick is a follower's or candidate's tick: its election timer,
 // judged after the messages that waited and with this node's own stalls
 // forgiven (see above), else the candidate's repeated Prepares.
-func (n *Node) followerTick(now time.Time) error {
-	if gap := n.health.tickGap(now); gap > n.cfg.ElectionTimeout/2 {
+func (n *Node) followerTick(now time.Time, gap time.Duration) error {
+	// Half an election timeout, and never under two heartbeats: ticks
+	// come a heartbeat apart, and a timeout near it must not make every
+	// gap a stall (no node would ever campaign).
+	if gap > max(n.cfg.ElectionTimeout/2, 2*n.cfg.Heartbeat) {
 		// This loop was held up itself: the silence says nothing of the
 		// leader. The timer starts again from now.
 		n.health.forgave++
@@ -126,8 +130,12 @@ func (n *Node) followerTick(now time.Time) error {
 	if err := n.drain(n.tr.Recv()); err != nil {
 		return err
 	}
-	if now = time.Now(); now.Before(n.electAt) {
+	now = time.Now()
+	switch {
+	case now.Before(n.electAt):
 		return nil // a message that waited was the leader's
+	case n.role != roleFollower && n.role != roleCandidate, !n.conf.has(n.cfg.ID):
+		return nil // a promise that waited made it leader, or it was removed
 	}
 	if n.cand == nil {
 		n.health.elections++

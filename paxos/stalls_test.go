@@ -74,3 +74,35 @@ func TestSnapshotsStaggered(t *testing.T) {
 		t.Logf("node %d: snapshot at %d", id, s.SnapshotIndex)
 	}
 }
+
+// TestElectionWithATimeoutNearTheHeartbeat: an election timeout under two
+// heartbeats (which Validate allows) still elects a leader: ticks a
+// heartbeat apart are not stalls of the node's own loop.
+func TestElectionWithATimeoutNearTheHeartbeat(t *testing.T) {
+	c := newTestCluster(t, 3, func(cfg *Config) { cfg.Heartbeat, cfg.ElectionTimeout = 20*time.Millisecond, 30*time.Millisecond })
+	defer c.close()
+	c.startAll()
+	c.leader(5 * time.Second)
+}
+
+// TestSteppedDownLeaderNoStall: a leader that steps down (another node
+// campaigns) has ticked all along: its first ticks as a follower count no
+// stall of its loop and restart no timer.
+func TestSteppedDownLeaderNoStall(t *testing.T) {
+	c := newTestCluster(t, 3, nil)
+	defer c.close()
+	c.startAll()
+	old := c.leader(5 * time.Second)
+	time.Sleep(10 * old.cfg.ElectionTimeout) // leading for a while
+	other := c.node((old.cfg.ID + 1) % 3)
+	other.campaignNow()
+	for end := time.Now().Add(5 * time.Second); old.Status().Role == "leader"; time.Sleep(time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatal("the old leader did not step down within 5 s of another node's campaign")
+		}
+	}
+	time.Sleep(3 * old.cfg.ElectionTimeout)
+	if s := old.Status(); s.TimerRestarts != 0 {
+		t.Fatalf("the stepped-down leader restarted its timer %d times for a stall of its own loop", s.TimerRestarts)
+	}
+}
