@@ -39,10 +39,8 @@ type leaderState struct {
 	seen       map[NodeID]time.Time
 	seq        uint64
 	sentCommit uint64 // the highest commit told to the followers
-	// since starts the grace before the quorum check (see quorumLost);
-	// lastTick is when leaderTick last ran.
-	since    time.Time
-	lastTick time.Time
+	// since starts the grace before the quorum check (see quorumLost).
+	since time.Time
 }
 
 // proposal is one slot the leader proposed and not yet saw chosen.
@@ -63,7 +61,7 @@ func (n *Node) becomeLeader(vals map[uint64]Entry, top uint64, now time.Time) {
 		ballot: b, first: n.commit + 1, next: top + 1,
 		props: map[uint64]*proposal{}, queued: map[string]bool{},
 		match: map[NodeID]uint64{}, seen: map[NodeID]time.Time{},
-		lastTime: n.sm.Now(), since: now, lastTick: now,
+		lastTime: n.sm.Now(), since: now,
 	}
 	n.role, n.cand, n.lead = roleLeader, nil, L
 	n.leader, n.hasLeader = n.cfg.ID, true
@@ -260,9 +258,10 @@ func (n *Node) onForward(m Message) {
 }
 
 // leaderTick: heartbeats, retransmission of unchosen slots, expiry ticks;
-// a leader that no longer hears a majority steps down.
-func (n *Node) leaderTick(now time.Time) {
-	if n.quorumLost(now) {
+// a leader that no longer hears a majority steps down. gap is the time
+// since the loop's last tick.
+func (n *Node) leaderTick(now time.Time, gap time.Duration) {
+	if n.quorumLost(now, gap) {
 		n.log.Warn("no majority heard from: giving up leadership", "ballot", n.lead.ballot,
 			"for", n.quorumWindow())
 		n.stepDown(now)
@@ -288,16 +287,15 @@ func (n *Node) quorumWindow() time.Duration { return 2 * n.cfg.ElectionTimeout }
 // included) has gone unheard (no Accepted, no heartbeat ack) for
 // quorumWindow. Such a leader commits nothing; if the others still hear
 // its heartbeats (a one-way failure) they never elect another, so it must
-// step down. A long gap between ticks (this loop stalled, say on a slow
-// disk) restarts the grace: the replies that waited meanwhile are not
+// step down. A long gap since the last tick (this loop stalled, say on a
+// slow disk) restarts the grace: the replies that waited meanwhile are not
 // read yet.
-func (n *Node) quorumLost(now time.Time) bool {
+func (n *Node) quorumLost(now time.Time, gap time.Duration) bool {
 	L := n.lead
 	window := n.quorumWindow()
-	if now.Sub(L.lastTick) > window/2 {
+	if gap > window/2 {
 		L.since = now
 	}
-	L.lastTick = now
 	if now.Sub(L.since) < window {
 		return false
 	}

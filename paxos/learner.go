@@ -190,9 +190,15 @@ func (n *Node) apply(e Entry) {
 func (n *Node) snapshotDue() uint64 {
 	due := max(n.cfg.SnapshotEvery, n.snapItems/snapItemsPerEntry)
 	if n.snapIndex() == 0 {
-		due += due * (uint64(n.cfg.ID) % 3) / 3
+		due += n.snapshotOffset(due)
 	}
 	return due
+}
+
+// snapshotOffset is how much later than after every entries this node's
+// first snapshot comes: a third of every per step of its id, modulo 3.
+func (n *Node) snapshotOffset(every uint64) uint64 {
+	return every * (uint64(n.cfg.ID) % 3) / 3
 }
 
 // currentSnapshot is the table and configuration as of the applied index.
@@ -491,5 +497,5 @@ func (n *Node) restore(st State) error {
 // most about twice what it held between snapshots (hashicorp/raft's
 // TrailingLogs has the same purpose).
 func (n *Node) trailing() uint64 {
-	return n.cfg.SnapshotEvery + n.cfg.SnapshotEvery*(uint64(n.cfg.ID)%3)/3
+	return n.cfg.SnapshotEvery + n.snapshotOffset(n.cfg.SnapshotEvery)
 }

@@ -151,7 +151,7 @@ func (n *Node) tick(now time.Time) error {
 	gap := n.health.tickGap(now)
 	switch n.role {
 	case roleLeader:
-		n.leaderTick(now)
+		n.leaderTick(now, gap)
 	case roleFollower, roleCandidate:
 		if err := n.followerTick(now, gap); err != nil {
 			return err

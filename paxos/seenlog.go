@@ -1,7 +1,5 @@
 package paxos
 
-import "slices"
-
 // seenChunk is how many remembered results one chunk of a seenLog holds.
 const seenChunk = 4096
 
@@ -72,12 +70,4 @@ func (l *seenLog) view() [][]tableSeen {
 		out = append(out, c[:len(c):len(c)])
 	}
 	return out
-}
-
-// flatten is a view's results in one slice, never nil (see seenList).
-func flatten(view [][]tableSeen) []tableSeen {
-	if out := slices.Concat(view...); out != nil {
-		return out
-	}
-	return []tableSeen{}
 }

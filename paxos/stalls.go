@@ -96,7 +96,8 @@ func (h *loopHealth) recent() (round, sync time.Duration) {
 }
 
 // tickGap records a tick at now and returns how long since the last one
-// (of any role: a leader that steps down has ticked all along).
+// (of any role: a leader that steps down has ticked all along, and a
+// leader's quorum grace uses it too).
 func (h *loopHealth) tickGap(now time.Time) time.Duration {
 	gap := now.Sub(h.lastTick)
 	if h.lastTick.IsZero() {

@@ -395,13 +395,6 @@ func (t *Table) snapshotLater() (func() ([]byte, error), int) {
 	}, items
 }
 
-// seenList is a copy of the memory of IDs, oldest first, as it is now.
-// Never nil, so that a table that got empty and one that never remembered
-// anything look alike. The caller holds mu.
-func (t *Table) seenList() []tableSeen {
-	return flatten(t.seen.view())
-}
-
 // Restore replaces the table's state with what Snapshot made (this
 // build's format 3, or an earlier build's JSON formats 2 and 1; format 1's
 // remembered results have no fingerprint: any request with such an ID

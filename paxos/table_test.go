@@ -6,7 +6,6 @@ import (
 	"math"
 	"math/rand/v2"
 	"reflect"
-	"slices"
 	"testing"
 	"time"
 )
@@ -506,57 +505,6 @@ func TestTablePrunedBurstReleased(t *testing.T) {
 	}
 	if r := tb.Apply(20_001, Command{Op: OpAcquire, ID: "late", Lock: "b", Owner: "o", Time: late, TTL: 10}); r.Index != 20_000 {
 		t.Fatalf("the late result after the prune: %+v, want the one applied at 20000", r)
-	}
-}
-
-// TestSeenLog checks the chunked log against a plain slice through
-// pushes, sets and drops across chunk boundaries, and that a view taken
-// before them keeps what it saw.
-func TestSeenLog(t *testing.T) {
-	var l seenLog
-	var ref []tableSeen
-	rng := rand.New(rand.NewPCG(3, 4))
-	var views [][][]tableSeen
-	var wants [][]tableSeen
-	for step := 0; step < 30_000; step++ {
-		switch r := rng.IntN(100); {
-		case r < 70:
-			s := tableSeen{ID: fmt.Sprint(step), Time: int64(step)}
-			l.push(s)
-			ref = append(ref, s)
-		case r < 80 && len(ref) > 0:
-			i := rng.IntN(len(ref))
-			s := tableSeen{ID: fmt.Sprint("set", step)}
-			l.set(i, s)
-			ref = slices.Clone(ref)
-			ref[i] = s
-		case r < 95 && len(ref) > 0:
-			n := rng.IntN(min(len(ref), 3*seenChunk/2) + 1)
-			l.drop(n)
-			ref = ref[n:]
-		default:
-			views = append(views, l.view())
-			wants = append(wants, slices.Clone(ref))
-		}
-		if l.len() != len(ref) {
-			t.Fatalf("step %d: len %d, want %d", step, l.len(), len(ref))
-		}
-		if len(ref) > 0 {
-			if i := rng.IntN(len(ref)); l.at(i) != ref[i] {
-				t.Fatalf("step %d: at(%d) = %+v, want %+v", step, i, l.at(i), ref[i])
-			}
-		}
-	}
-	if len(views) < 10 {
-		t.Fatalf("%d views: the test proves nothing", len(views))
-	}
-	for k, v := range views {
-		if got := flatten(v); !slices.Equal(got, wants[k]) {
-			t.Fatalf("view %d changed: %d results, want %d", k, len(got), len(wants[k]))
-		}
-	}
-	if got := flatten(l.view()); !slices.Equal(got, ref) || got == nil {
-		t.Fatalf("the log's view: %d results, want %d (never nil)", len(got), len(ref))
 	}
 }
 

@@ -337,7 +337,7 @@ func (w *Worker) loop(ctx, base context.Context, lane int, slots *slotPool, run 
 			// Tasks were there but other workers won them: try again
 			// a little apart, or at once when something new comes
 			// meanwhile.
-			_ = w.waitForWork(ctx, base, rev, nil, false, raceGap())
+			w.waitForWork(ctx, base, rev, nil, false, raceGap())
 			continue
 		}
 		busy, ended := slots.state()
@@ -354,9 +354,7 @@ func (w *Worker) loop(ctx, base context.Context, lane int, slots *slotPool, run 
 			// draining worker wakes for it, to see whether it is done.
 			ended = nil
 		}
-		if err := w.waitForWork(ctx, base, rev, ended, busy == 0, 0); err != nil && ctx.Err() == nil && base.Err() == nil {
-			w.logger.Debug("queue: watch interrupted", "err", err)
-		}
+		w.waitForWork(ctx, base, rev, ended, busy == 0, 0)
 	}
 }
 
@@ -365,9 +363,10 @@ func (w *Worker) loop(ctx, base context.Context, lane int, slots *slotPool, run 
 // pending key (a dead worker's or handed-back task), a task of this worker
 // ended, or, when draining, any claim deleted. It sees every event after
 // rev, the revision the last (empty) claim read, through the queue's shared
-// watch (watchhub.go), so nothing that happened since is missed. It waits at
-// most most (0: a safety net of 30 s).
-func (w *Worker) waitForWork(ctx, base context.Context, rev int64, ended <-chan struct{}, idle bool, most time.Duration) error {
+// watch (watchhub.go), so nothing that happened since is missed (the watch
+// logs its own errors). It waits at most most (0: a safety net of 30 s), or
+// until ctx or base ends.
+func (w *Worker) waitForWork(ctx, base context.Context, rev int64, ended <-chan struct{}, idle bool, most time.Duration) {
 	wt := w.client.waitAfter(w.cfg.Queue, rev)
 	defer wt.Stop()
 	// A safety net, not the mechanism; and, while tasks are left out of
@@ -384,16 +383,16 @@ func (w *Worker) waitForWork(ctx, base context.Context, rev int64, ended <-chan 
 		case <-wt.C():
 			evs, missed := wt.Take()
 			if missed || w.wakes(evs, idle && w.cfg.Drain) {
-				return nil
+				return
 			}
 		case <-ended:
-			return nil
+			return
 		case <-fallback.C:
-			return nil
+			return
 		case <-ctx.Done():
-			return ctx.Err()
+			return
 		case <-base.Done():
-			return base.Err()
+			return
 		}
 	}
 }
