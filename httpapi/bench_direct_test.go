@@ -19,7 +19,7 @@ import (
 // HTTP's and how much the claim model's (64 independent claimers).
 func BenchmarkQueueExternalDirect(b *testing.B) {
 	s := fsyncServer(b)
-	cli := s.Client(b)
+	_, cli := benchClients(b, s) // the HTTP API's side, without HTTP
 	for i := 0; i < b.N; i++ {
 		ns := fmt.Sprintf("bench-qdirect-%d-%d", time.Now().UnixNano(), i)
 		fill(b, cli, ns)
@@ -80,7 +80,7 @@ func BenchmarkQueueExternalDirect(b *testing.B) {
 // Report), as a server could combine its concurrent requests.
 func BenchmarkQueueExternalCombined(b *testing.B) {
 	s := fsyncServer(b)
-	cli := s.Client(b)
+	_, cli := benchClients(b, s) // the HTTP API's side, without HTTP
 	for i := 0; i < b.N; i++ {
 		ns := fmt.Sprintf("bench-qcomb-%d-%d", time.Now().UnixNano(), i)
 		fill(b, cli, ns)

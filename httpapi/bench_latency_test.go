@@ -42,7 +42,7 @@ func openLoop(b *testing.B, n, rate int, op func(c int) error) {
 	var wg sync.WaitGroup
 	every := time.Second / time.Duration(rate)
 	b.ResetTimer()
-	start := time.Now()
+	start, steal0 := time.Now(), stolen()
 	for c := 0; c < n; c++ {
 		wg.Add(1)
 		go func() {
@@ -66,6 +66,7 @@ func openLoop(b *testing.B, n, rate int, op func(c int) error) {
 	}
 	lat.report(b)
 	b.ReportMetric(p50ms(lat.d), "p50-ms")
+	reportStolen(b, steal0)
 }
 
 // p50ms is the median of d (sorted), in milliseconds.
@@ -87,9 +88,9 @@ func BenchmarkLockLatency(b *testing.B) {
 	const clients = 64
 	rate := benchRate(b, 1000)
 	s := fsyncServer(b)
-	cli := s.Client(b)
+	goCli, httpCli := benchClients(b, s)
 	b.Run("go", func(b *testing.B) {
-		lockers := goLockers(b, cli, fmt.Sprintf("bench-lgo-%d", time.Now().UnixNano()), clients)
+		lockers := goLockers(b, goCli, fmt.Sprintf("bench-lgo-%d", time.Now().UnixNano()), clients)
 		openLoop(b, clients, rate, func(c int) error {
 			held, err := lockers[c].TryAcquire(context.Background(), fmt.Sprintf("l%d", c))
 			if err != nil {
@@ -100,7 +101,7 @@ func BenchmarkLockLatency(b *testing.B) {
 	})
 	b.Run("http", func(b *testing.B) {
 		ns := fmt.Sprintf("bench-lhttp-%d", time.Now().UnixNano())
-		base, hc := benchAPI(b, cli, ns)
+		base, hc := benchAPI(b, httpCli, ns)
 		sessions := httpSessions(b, hc, base, clients)
 		openLoop(b, clients, rate, func(c int) error {
 			var got struct {
@@ -132,17 +133,17 @@ func BenchmarkLockLatency(b *testing.B) {
 func BenchmarkQueueLatency(b *testing.B) {
 	rate := benchRate(b, 200)
 	s := fsyncServer(b)
-	cli := s.Client(b)
+	goCli, httpCli := benchClients(b, s)
 	b.Run("go", func(b *testing.B) {
 		ns := fmt.Sprintf("bench-qlgo-%d", time.Now().UnixNano())
-		c, err := queue.NewClient(cli, ns)
+		c, err := queue.NewClient(goCli, ns)
 		if err != nil {
 			b.Fatal(err)
 		}
 		var sent sentTasks
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
-		w, err := queue.NewWorker(ctx, cli, queue.WorkerConfig{Namespace: ns, Queue: "q", Concurrency: 64})
+		w, err := queue.NewWorker(ctx, goCli, queue.WorkerConfig{Namespace: ns, Queue: "q", Concurrency: 64})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -155,20 +156,22 @@ func BenchmarkQueueLatency(b *testing.B) {
 			return nil, nil
 		})
 		go func() { _ = w.Run(ctx) }()
+		steal0 := stolen()
 		submitAtRate(b, c, rate, &sent)
 		wg.Wait()
 		b.StopTimer()
 		sent.report(b)
+		reportStolen(b, steal0)
 		cancel()
 		_ = w.Close(context.Background())
 	})
 	b.Run("http", func(b *testing.B) {
 		ns := fmt.Sprintf("bench-qlhttp-%d", time.Now().UnixNano())
-		c, err := queue.NewClient(cli, ns)
+		c, err := queue.NewClient(goCli, ns)
 		if err != nil {
 			b.Fatal(err)
 		}
-		base, hc := benchAPI(b, cli, ns)
+		base, hc := benchAPI(b, httpCli, ns)
 		var sent sentTasks
 		var outs latencies
 		var left sync.WaitGroup
@@ -183,9 +186,11 @@ func BenchmarkQueueLatency(b *testing.B) {
 				}
 			}()
 		}
+		steal0 := stolen()
 		submitAtRate(b, c, rate, &sent)
 		left.Wait()
 		b.StopTimer()
+		reportStolen(b, steal0)
 		cancel()
 		select {
 		case err := <-errs:

@@ -30,16 +30,17 @@ const benchTasks = 100000
 // process (server, etcd and clients) per task.
 func BenchmarkQueueClaimAck(b *testing.B) {
 	s := fsyncServer(b)
-	cli := s.Client(b)
+	goCli, httpCli := benchClients(b, s)
 	b.Run("go", func(b *testing.B) {
 		var lat latencies
 		var cpu time.Duration
+		steal0 := stolen()
 		for i := 0; i < b.N; i++ {
 			ns := fmt.Sprintf("bench-qgo-%d-%d", time.Now().UnixNano(), i)
-			fill(b, cli, ns)
+			fill(b, goCli, ns)
 			var done atomic.Int64
 			ctx, cancel := context.WithCancel(context.Background())
-			w, err := queue.NewWorker(ctx, cli, queue.WorkerConfig{Namespace: ns, Queue: "q", Concurrency: 64})
+			w, err := queue.NewWorker(ctx, goCli, queue.WorkerConfig{Namespace: ns, Queue: "q", Concurrency: 64})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -59,23 +60,26 @@ func BenchmarkQueueClaimAck(b *testing.B) {
 		}
 		b.ReportMetric(float64(b.N*benchTasks)/b.Elapsed().Seconds(), "tasks/s")
 		b.ReportMetric(float64(cpu.Microseconds())/float64(b.N*benchTasks), "cpu-µs/task")
+		reportStolen(b, steal0)
 	})
 	for _, mode := range []string{"http-batch", "http-acks", "http-pipelined", "http-pipelined-32", "http-pipelined-64"} {
-		b.Run(mode, func(b *testing.B) { benchHTTPWorkers(b, cli, mode) })
+		b.Run(mode, func(b *testing.B) { benchHTTPWorkers(b, goCli, httpCli, mode) })
 	}
 }
 
 // benchHTTPWorkers drains benchTasks tasks per iteration through 64 HTTP
 // workers, which report outcomes in one batch per claim (or one ack per
 // task), and reports tasks/s and the p99 of a request: a claim, an outcome
-// request, and either.
-func benchHTTPWorkers(b *testing.B, cli *clientv3.Client, mode string) {
+// request, and either. The tasks are submitted through goCli; the HTTP
+// API calls etcd through httpCli (benchClients).
+func benchHTTPWorkers(b *testing.B, goCli, httpCli *clientv3.Client, mode string) {
 	var claims, outs, all latencies
 	var cpu time.Duration
+	steal0 := stolen()
 	for i := 0; i < b.N; i++ {
 		ns := fmt.Sprintf("bench-qhttp-%d-%d", time.Now().UnixNano(), i)
-		fill(b, cli, ns)
-		base, hc := benchAPI(b, cli, ns)
+		fill(b, goCli, ns)
+		base, hc := benchAPI(b, httpCli, ns)
 		var left atomic.Int64
 		left.Store(benchTasks)
 		var wg sync.WaitGroup
@@ -105,6 +109,7 @@ func benchHTTPWorkers(b *testing.B, cli *clientv3.Client, mode string) {
 	b.ReportMetric(p99ms(outs.d), "outcome-p99-ms")
 	b.ReportMetric(float64(b.N*benchTasks)/b.Elapsed().Seconds(), "tasks/s")
 	b.ReportMetric(float64(cpu.Microseconds())/float64(b.N*benchTasks), "cpu-µs/task")
+	reportStolen(b, steal0)
 }
 
 // p99ms is the 99th percentile of d, in milliseconds.

@@ -9,7 +9,10 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"sort"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -28,6 +31,30 @@ func fsyncServer(b *testing.B) *etcdtest.Server {
 	s := etcdtest.MustStart(etcdtest.Options{Fsync: true})
 	b.Cleanup(s.Stop)
 	return s
+}
+
+// benchClients are the clients of s that a benchmark's two sides use, as
+// users run them: goCli, a Go program's (the Go worker or locker, and
+// whoever submits tasks), is a gRPC client over the loopback, as in a
+// process of its own; httpCli, the HTTP API's, calls the embedded etcd in
+// process, as drover server's does (cluster.Server.LocalClient).
+// DROVER_BENCH_ETCD_CLIENT=local or grpc gives both sides that kind: local
+// as a Go program that embeds etcd has it, grpc as a drover server in front
+// of an etcd cluster (--etcd-endpoints) has it.
+func benchClients(b *testing.B, s *etcdtest.Server) (goCli, httpCli *clientv3.Client) {
+	switch v := os.Getenv("DROVER_BENCH_ETCD_CLIENT"); v {
+	case "":
+		return s.Client(b), s.LocalClient(b)
+	case "local":
+		cli := s.LocalClient(b)
+		return cli, cli
+	case "grpc":
+		cli := s.Client(b)
+		return cli, cli
+	default:
+		b.Fatalf("DROVER_BENCH_ETCD_CLIENT=%q: want local or grpc (unset: each side as users run it)", v)
+		return nil, nil
+	}
 }
 
 // latencies collects per-operation latencies and reports their p99.
@@ -53,9 +80,9 @@ func (l *latencies) report(b *testing.B) {
 func BenchmarkLockCycle(b *testing.B) {
 	const clients = 64
 	s := fsyncServer(b)
-	cli := s.Client(b)
+	goCli, httpCli := benchClients(b, s)
 	b.Run("go", func(b *testing.B) {
-		lockers := goLockers(b, cli, fmt.Sprintf("bench-go-%d", time.Now().UnixNano()), clients)
+		lockers := goLockers(b, goCli, fmt.Sprintf("bench-go-%d", time.Now().UnixNano()), clients)
 		var lat latencies
 		runClients(b, clients, func(c, i int) error {
 			start := time.Now()
@@ -71,7 +98,7 @@ func BenchmarkLockCycle(b *testing.B) {
 	})
 	b.Run("http", func(b *testing.B) {
 		ns := fmt.Sprintf("bench-http-%d", time.Now().UnixNano())
-		base, hc := benchAPI(b, cli, ns)
+		base, hc := benchAPI(b, httpCli, ns)
 		sessions := httpSessions(b, hc, base, clients)
 		var lat latencies
 		runClients(b, clients, func(c, i int) error {
@@ -125,6 +152,32 @@ func cpuTime() time.Duration {
 	var ru syscall.Rusage
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// stolen is the CPU time the machine's hypervisor gave other guests while
+// this one had work (steal, from /proc/stat; zero where it is not told):
+// on a shared virtual machine, a run with much of it measures the
+// neighbours, and its tail latencies are not the code's.
+func stolen() time.Duration {
+	raw, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0
+	}
+	line, _, _ := strings.Cut(string(raw), "\n")
+	f := strings.Fields(line)
+	if len(f) < 9 || f[0] != "cpu" {
+		return 0
+	}
+	ticks, err := strconv.ParseInt(f[8], 10, 64)
+	if err != nil {
+		return 0
+	}
+	return time.Duration(ticks) * 10 * time.Millisecond // USER_HZ is 100 on Linux
+}
+
+// reportStolen reports the steal since from, in ms (steal-ms).
+func reportStolen(b *testing.B, from time.Duration) {
+	b.ReportMetric(float64((stolen() - from).Milliseconds()), "steal-ms")
 }
 
 // runClients runs b.N operations spread over n goroutines, op(client, i),

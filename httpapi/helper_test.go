@@ -31,10 +31,12 @@ type api struct {
 	token string
 }
 
-// newAPI starts a server on the shared etcd; edit changes its config.
+// newAPI starts a server on the shared etcd, calling it in process as drover
+// server's HTTP API does (tests that need a gRPC client, a server in front
+// of a cluster, make their own); edit changes its config.
 func newAPI(t *testing.T, edit ...func(*httpapi.Config)) *api {
 	t.Helper()
-	cli := srv.Client(t)
+	cli := srv.LocalClient(t)
 	ns := etcdtest.Namespace(t)
 	cfg := httpapi.Config{Etcd: cli, Namespace: ns, Logger: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry(), MaxWait: 10 * time.Second}
 	for _, e := range edit {

@@ -11,6 +11,7 @@ import (
 	"runtime/debug"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -230,7 +231,8 @@ func (a *app) serveEmbedded(ctx context.Context, f *serverFlags) error {
 	if err != nil {
 		return err
 	}
-	defer cli.Close()
+	closeCli := sync.OnceFunc(func() { _ = cli.Close() }) // before the server: it calls the server in process
+	defer closeCli()
 	stopHTTP, err := a.startHTTP(&f.http, cli)
 	if err != nil {
 		return err
@@ -252,6 +254,7 @@ func (a *app) serveEmbedded(ctx context.Context, f *serverFlags) error {
 	}
 	a.logger.Info("drover server stopping", "reason", "signal")
 	stopHTTP()
+	closeCli()
 	stopGuard()
 	srv.Close()
 	a.logger.Info("drover server stopped")

@@ -117,11 +117,16 @@ func (a *app) startHTTP(h *httpFlags, cli *clientv3.Client) (stop func(), err er
 	}, nil
 }
 
-// embeddedClient connects to the embedded server for the HTTP API.
+// embeddedClient is the HTTP API's client of the embedded server: in
+// process, without gRPC (cluster.Server.LocalClient). A linearizable read
+// first, so that a server that cannot answer fails here.
 func embeddedClient(ctx context.Context, srv *cluster.Server) (*clientv3.Client, error) {
-	cli, err := cluster.Connect(ctx, cluster.ClientConfig{Endpoints: srv.Endpoints()})
-	if err != nil {
-		return nil, fmt.Errorf("HTTP API: %w", err)
+	cli := srv.LocalClient()
+	cctx, cancel := context.WithTimeout(ctx, cluster.DefaultDialTimeout)
+	defer cancel()
+	if _, err := cli.Get(cctx, "/", clientv3.WithCountOnly()); err != nil {
+		_ = cli.Close()
+		return nil, fmt.Errorf("HTTP API: the embedded etcd does not answer: %w", err)
 	}
 	return cli, nil
 }

@@ -123,6 +123,16 @@ func (s *Server) Client(tb testing.TB) *clientv3.Client {
 	return cli
 }
 
+// LocalClient returns a client that calls the server in process, as the
+// HTTP API of drover server does (cluster.Server.LocalClient), closed when
+// the test ends.
+func (s *Server) LocalClient(tb testing.TB) *clientv3.Client {
+	tb.Helper()
+	cli := s.Server.LocalClient()
+	tb.Cleanup(func() { _ = cli.Close() })
+	return cli
+}
+
 var nsSeq atomic.Int64
 
 var unsafeChars = regexp.MustCompile(`[^A-Za-z0-9_.:-]+`)
