@@ -14,7 +14,6 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
-	"go.etcd.io/etcd/server/v3/etcdserver/api/v3client"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 )
@@ -338,14 +337,3 @@ var (
 	handedMu sync.Mutex
 	handed   = map[string]bool{}
 )
-
-// LocalClient returns a client of this server that calls it in process:
-// each request is a function call into the server, not a gRPC message
-// marshalled by the client, sent through the loopback and unmarshalled by
-// the server, and its answer the same way back. It is for the parts of the
-// server's own process (the HTTP API): on two cores the gRPC path cost
-// them about a quarter of the CPU and most of their tail latency
-// (docs/architecture.md). It answers as a gRPC client of this member does,
-// with the same errors; it never fails over to another member. Close it
-// before the server; once the server is closed its calls fail.
-func (s *Server) LocalClient() *clientv3.Client { return v3client.New(s.etcd.Server) }

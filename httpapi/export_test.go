@@ -1,10 +1,22 @@
 package httpapi
 
-import "context"
+import (
+	"context"
+	"errors"
+)
 
 // SetAfterClaim sets the hook run when a claim has its tasks, before its
 // answer is written, until the returned func restores it.
 func SetAfterClaim(f func(ctx context.Context, q string)) (restore func()) {
 	old := afterClaim.Swap(&f)
 	return func() { afterClaim.Store(old) }
+}
+
+// StatusOf is the HTTP status the API answers err with.
+func StatusOf(err error) int {
+	var p *Problem
+	if errors.As(problem(err, nil), &p) {
+		return p.Status
+	}
+	return 0
 }

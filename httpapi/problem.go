@@ -8,6 +8,9 @@ import (
 	"strconv"
 	"strings"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/danielgtaylor/huma/v2"
 	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/checkpoint"
@@ -171,7 +174,7 @@ func problem(err error, where map[string]string) error {
 		p = newProblem(http.StatusInsufficientStorage, "store-full", "etcd's database is full (NOSPACE alarm): "+err.Error()+"; delete data, the server recovers once space is back")
 		p.headers = http.Header{"Retry-After": {"30"}}
 		return p
-	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled), isUnavailable(err):
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled), etcdCode(err) == codes.Canceled, isUnavailable(err):
 		p = newProblem(http.StatusServiceUnavailable, "unavailable", "etcd did not answer in time: "+err.Error()+"; retry")
 		p.headers = http.Header{"Retry-After": {"1"}}
 		return p
@@ -179,11 +182,28 @@ func problem(err error, where map[string]string) error {
 	return newProblem(http.StatusInternalServerError, "internal", err.Error())
 }
 
-// isUnavailable reports an etcd that cannot be reached or has no leader.
+// isUnavailable reports an etcd that cannot be reached, has no leader, or
+// is between leaders: every error etcd gives the Unavailable code (no
+// leader, leader changed, timeouts, stopped). A gRPC client retried reads
+// through these; the in-process client of drover server's HTTP API hands
+// them over, and the HTTP client retries after Retry-After.
 func isUnavailable(err error) bool {
-	return errors.Is(err, rpctypes.ErrNoLeader) || errors.Is(err, rpctypes.ErrTimeout) ||
+	return etcdCode(err) == codes.Unavailable || errors.Is(err, rpctypes.ErrNoLeader) || errors.Is(err, rpctypes.ErrTimeout) ||
 		errors.Is(err, rpctypes.ErrTimeoutDueToLeaderFail) || errors.Is(err, rpctypes.ErrTimeoutDueToConnectionLost) ||
 		errors.Is(err, rpctypes.ErrGRPCNoLeader)
+}
+
+// etcdCode is the gRPC code of an etcd error (the client's EtcdError, or a
+// status the server gave), codes.OK for any other error.
+func etcdCode(err error) codes.Code {
+	var ee rpctypes.EtcdError
+	if errors.As(err, &ee) {
+		return ee.Code()
+	}
+	if st, ok := status.FromError(err); ok {
+		return st.Code()
+	}
+	return codes.OK
 }
 
 // retryAfter is the Retry-After header value of d, in whole seconds, at

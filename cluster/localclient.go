@@ -1,0 +1,113 @@
+package cluster
+
+import (
+	"context"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	"go.etcd.io/etcd/client/pkg/v3/types"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/server/v3/etcdserver"
+	"go.etcd.io/etcd/server/v3/etcdserver/api/v3client"
+	"google.golang.org/grpc/metadata"
+)
+
+// LocalClient returns a client of this server that calls it in process:
+// each request is a function call into the handlers etcd's gRPC server
+// calls (quotas, validation, raft), not a gRPC message marshalled by the
+// client, sent through the loopback and unmarshalled by the server, and
+// its answer the same way back. It is for the parts of the server's own
+// process (drover server's HTTP API): on two cores the gRPC path cost them
+// about a quarter of their CPU and most of their tail latency
+// (docs/architecture.md).
+//
+// It differs from a gRPC client of this member in what gRPC did on top of
+// etcd: it never fails over to another member; it does not retry reads
+// that etcd refuses while it is between leaders (the caller gets etcd's
+// Unavailable errors, as the HTTP API's 503); and a watch that requires a
+// leader (clientv3.WithRequireLeader), which etcd's gRPC interceptor ends
+// when the member has had no leader for three election timeouts, is ended
+// here the same way (its channel closes), and refused (closed at once)
+// when the member has no leader as it opens.
+//
+// Close it before the server. Until the server closes, a call made after
+// Close still reaches it; once the server has closed, calls fail with
+// etcd's "server stopped".
+func (s *Server) LocalClient() *clientv3.Client {
+	srv := s.etcd.Server
+	cli := v3client.New(srv)
+	cli.Watcher = &leaderWatcher{Watcher: cli.Watcher, srv: srv,
+		election: time.Duration(srv.Cfg.TickMs) * time.Duration(srv.Cfg.ElectionTicks) * time.Millisecond}
+	return cli
+}
+
+// noLeader is the leader a member without one reports (raft's None).
+const noLeader = types.ID(0)
+
+// noLeaderTimeouts is how many election timeouts in a row without a
+// leader end a watch that requires one, as etcd's gRPC interceptor counts.
+const noLeaderTimeouts = 3
+
+// leaderWatcher honours clientv3.WithRequireLeader for watches that go to
+// an in-process etcd, where only the gRPC server did (its stream
+// interceptor): written here because v3client has no such wrapper.
+type leaderWatcher struct {
+	clientv3.Watcher
+	srv      *etcdserver.EtcdServer
+	election time.Duration
+}
+
+// Watch is clientv3.Watcher's Watch; a watch that requires a leader is
+// ended when the member has none (see LocalClient).
+func (w *leaderWatcher) Watch(ctx context.Context, key string, opts ...clientv3.OpOption) clientv3.WatchChan {
+	if !requiresLeader(ctx) {
+		return w.Watcher.Watch(ctx, key, opts...)
+	}
+	out := make(chan clientv3.WatchResponse)
+	if w.srv.Leader() == noLeader {
+		close(out)
+		return out
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	in := w.Watcher.Watch(wctx, key, opts...)
+	go func() { // ends with the watch: its context, its channel, or no leader
+		defer close(out)
+		defer cancel()
+		tick := time.NewTicker(w.election)
+		defer tick.Stop()
+		missed := 0
+		for {
+			select {
+			case wr, ok := <-in:
+				if !ok {
+					return
+				}
+				select {
+				case out <- wr:
+				case <-wctx.Done():
+					return
+				}
+			case <-tick.C:
+				if missed++; w.srv.Leader() != noLeader {
+					missed = 0
+				}
+				if missed >= noLeaderTimeouts {
+					return
+				}
+			case <-wctx.Done():
+				return
+			}
+		}
+	}()
+	return out
+}
+
+// requiresLeader reports whether ctx carries clientv3.WithRequireLeader.
+func requiresLeader(ctx context.Context) bool {
+	md, ok := metadata.FromOutgoingContext(ctx)
+	if !ok {
+		return false
+	}
+	ks := md[rpctypes.MetadataRequireLeaderKey]
+	return len(ks) > 0 && ks[0] == rpctypes.MetadataHasLeader
+}
