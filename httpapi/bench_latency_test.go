@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/droverhq/drover/internal/steal"
 	"github.com/droverhq/drover/queue"
 )
 
@@ -42,7 +43,7 @@ func openLoop(b *testing.B, n, rate int, op func(c int) error) {
 	var wg sync.WaitGroup
 	every := time.Second / time.Duration(rate)
 	b.ResetTimer()
-	start, steal0 := time.Now(), stolen()
+	start, steal0 := time.Now(), steal.Total()
 	for c := 0; c < n; c++ {
 		wg.Add(1)
 		go func() {
@@ -156,7 +157,7 @@ func BenchmarkQueueLatency(b *testing.B) {
 			return nil, nil
 		})
 		go func() { _ = w.Run(ctx) }()
-		steal0 := stolen()
+		steal0 := steal.Total()
 		submitAtRate(b, c, rate, &sent)
 		wg.Wait()
 		b.StopTimer()
@@ -186,7 +187,7 @@ func BenchmarkQueueLatency(b *testing.B) {
 				}
 			}()
 		}
-		steal0 := stolen()
+		steal0 := steal.Total()
 		submitAtRate(b, c, rate, &sent)
 		left.Wait()
 		b.StopTimer()

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"slices"
 
+	"github.com/droverhq/drover/internal/steal"
 	"github.com/droverhq/drover/queue"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -34,7 +35,7 @@ func BenchmarkQueueClaimAck(b *testing.B) {
 	b.Run("go", func(b *testing.B) {
 		var lat latencies
 		var cpu time.Duration
-		var steal time.Duration // during the timed part only
+		var stole time.Duration // during the timed part only
 		for i := 0; i < b.N; i++ {
 			ns := fmt.Sprintf("bench-qgo-%d-%d", time.Now().UnixNano(), i)
 			fill(b, goCli, ns)
@@ -51,18 +52,18 @@ func BenchmarkQueueClaimAck(b *testing.B) {
 				return nil, nil
 			})
 			b.StartTimer()
-			steal0 := stolen()
+			steal0 := steal.Total()
 			start, cpu0 := time.Now(), cpuTime()
 			_ = w.Run(ctx)
 			b.StopTimer()
-			steal += stolen() - steal0
+			stole += steal.Total() - steal0
 			cpu += cpuTime() - cpu0
 			_ = w.Close(context.Background())
 			lat.add(time.Since(start) / benchTasks)
 		}
 		b.ReportMetric(float64(b.N*benchTasks)/b.Elapsed().Seconds(), "tasks/s")
 		b.ReportMetric(float64(cpu.Microseconds())/float64(b.N*benchTasks), "cpu-µs/task")
-		b.ReportMetric(float64(steal.Milliseconds()), "steal-ms")
+		b.ReportMetric(float64(stole.Milliseconds()), "steal-ms")
 	})
 	for _, mode := range []string{"http-batch", "http-acks", "http-pipelined", "http-pipelined-32", "http-pipelined-64"} {
 		b.Run(mode, func(b *testing.B) { benchHTTPWorkers(b, goCli, httpCli, mode) })
@@ -77,7 +78,7 @@ func BenchmarkQueueClaimAck(b *testing.B) {
 func benchHTTPWorkers(b *testing.B, goCli, httpCli *clientv3.Client, mode string) {
 	var claims, outs, all latencies
 	var cpu time.Duration
-	var steal time.Duration // during the timed part only
+	var stole time.Duration // during the timed part only
 	for i := 0; i < b.N; i++ {
 		ns := fmt.Sprintf("bench-qhttp-%d-%d", time.Now().UnixNano(), i)
 		fill(b, goCli, ns)
@@ -87,7 +88,7 @@ func benchHTTPWorkers(b *testing.B, goCli, httpCli *clientv3.Client, mode string
 		var wg sync.WaitGroup
 		errs := make(chan error, 64)
 		b.StartTimer()
-		steal0 := stolen()
+		steal0 := steal.Total()
 		cpu0 := cpuTime()
 		for c := 0; c < 64; c++ {
 			wg.Add(1)
@@ -100,7 +101,7 @@ func benchHTTPWorkers(b *testing.B, goCli, httpCli *clientv3.Client, mode string
 		}
 		wg.Wait()
 		b.StopTimer()
-		steal += stolen() - steal0
+		stole += steal.Total() - steal0
 		cpu += cpuTime() - cpu0
 		close(errs)
 		if err := <-errs; err != nil {
@@ -113,7 +114,7 @@ func benchHTTPWorkers(b *testing.B, goCli, httpCli *clientv3.Client, mode string
 	b.ReportMetric(p99ms(outs.d), "outcome-p99-ms")
 	b.ReportMetric(float64(b.N*benchTasks)/b.Elapsed().Seconds(), "tasks/s")
 	b.ReportMetric(float64(cpu.Microseconds())/float64(b.N*benchTasks), "cpu-µs/task")
-	b.ReportMetric(float64(steal.Milliseconds()), "steal-ms")
+	b.ReportMetric(float64(stole.Milliseconds()), "steal-ms")
 }
 
 // p99ms is the 99th percentile of d, in milliseconds.

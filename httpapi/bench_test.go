@@ -11,8 +11,6 @@ import (
 	"net/http"
 	"os"
 	"sort"
-	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -20,6 +18,7 @@ import (
 
 	"github.com/droverhq/drover/httpapi"
 	"github.com/droverhq/drover/internal/etcdtest"
+	"github.com/droverhq/drover/internal/steal"
 	"github.com/droverhq/drover/lock"
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -154,30 +153,9 @@ func cpuTime() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-// stolen is the CPU time the machine's hypervisor gave other guests while
-// this one had work (steal, from /proc/stat; zero where it is not told):
-// on a shared virtual machine, a run with much of it measures the
-// neighbours, and its tail latencies are not the code's.
-func stolen() time.Duration {
-	raw, err := os.ReadFile("/proc/stat")
-	if err != nil {
-		return 0
-	}
-	line, _, _ := strings.Cut(string(raw), "\n")
-	f := strings.Fields(line)
-	if len(f) < 9 || f[0] != "cpu" {
-		return 0
-	}
-	ticks, err := strconv.ParseInt(f[8], 10, 64)
-	if err != nil {
-		return 0
-	}
-	return time.Duration(ticks) * 10 * time.Millisecond // USER_HZ is 100 on Linux
-}
-
 // reportStolen reports the steal since from, in ms (steal-ms).
 func reportStolen(b *testing.B, from time.Duration) {
-	b.ReportMetric(float64((stolen() - from).Milliseconds()), "steal-ms")
+	b.ReportMetric(float64((steal.Total() - from).Milliseconds()), "steal-ms")
 }
 
 // runClients runs b.N operations spread over n goroutines, op(client, i),

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/droverhq/drover/internal/steal"
 )
 
 // BenchmarkLockServiceLatency measures lock acquire+release cycles at an
@@ -46,19 +48,21 @@ func openCycles(b *testing.B, rate int, bases []string, sh shape) {
 	defer hc.CloseIdleConnections()
 	var mu sync.Mutex
 	var cycles, reqs []time.Duration
+	var timed []timedReq
 	errs := make(chan error, clients)
 	every := time.Second / time.Duration(rate)
 	var wg sync.WaitGroup
 	b.ResetTimer()
-	start := time.Now()
+	start, steal0 := time.Now(), steal.Total()
 	for c := range clients {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			var mine, one []time.Duration
+			var when []timedReq
 			defer func() {
 				mu.Lock()
-				cycles, reqs = append(cycles, mine...), append(reqs, one...)
+				cycles, reqs, timed = append(cycles, mine...), append(reqs, one...), append(timed, when...)
 				mu.Unlock()
 			}()
 			name, owner := fmt.Sprintf("bench-%d", c), fmt.Sprintf("owner-%d", c)
@@ -70,6 +74,7 @@ func openCycles(b *testing.B, rate int, bases []string, sh shape) {
 				t0 := time.Now()
 				ans, code, err := benchDo(hc, m, u, body)
 				one = append(one, time.Since(t0))
+				when = append(when, timedReq{t0.Sub(start), one[len(one)-1]})
 				if err != nil || code != http.StatusOK {
 					errs <- fmt.Errorf("acquire %s: %d %v (its own name: never held by another)", name, code, err)
 					return
@@ -88,10 +93,12 @@ func openCycles(b *testing.B, rate int, bases []string, sh shape) {
 	}
 	wg.Wait()
 	b.StopTimer()
+	reportStolen(b, steal0)
 	close(errs)
 	if err := <-errs; err != nil {
 		b.Fatal(err)
 	}
+	reportEnds(b, timed, time.Since(start))
 	slices.Sort(cycles)
 	slices.Sort(reqs)
 	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
@@ -130,4 +137,38 @@ func openCycles(b *testing.B, rate int, bases []string, sh shape) {
 	b.ReportMetric(restarts, "timer-restarts")
 	b.ReportMetric(stalls, "loop-stalls")
 	b.ReportMetric(longest, "longest-round-ms")
+}
+
+// timedReq is a request's latency d and when it started, from the run's
+// start.
+type timedReq struct{ at, d time.Duration }
+
+// reportEnds reports the p99 of the acquire requests of the run's first
+// and last fifth (first-fifth-p99-ms, last-fifth-p99-ms): a tail that
+// grows with the run (the memory of results, the snapshots, the log)
+// shows as a difference between the two.
+func reportEnds(b *testing.B, timed []timedReq, run time.Duration) {
+	var first, last []time.Duration
+	for _, r := range timed {
+		switch {
+		case r.at < run/5:
+			first = append(first, r.d)
+		case r.at >= run*4/5:
+			last = append(last, r.d)
+		}
+	}
+	p99 := func(d []time.Duration) float64 {
+		if len(d) == 0 {
+			return 0
+		}
+		slices.Sort(d)
+		return float64(d[len(d)*99/100].Microseconds()) / 1000
+	}
+	b.ReportMetric(p99(first), "first-fifth-p99-ms")
+	b.ReportMetric(p99(last), "last-fifth-p99-ms")
+}
+
+// reportStolen reports the steal since from, in ms (steal-ms).
+func reportStolen(b *testing.B, from time.Duration) {
+	b.ReportMetric(float64((steal.Total() - from).Milliseconds()), "steal-ms")
 }
