@@ -180,24 +180,27 @@ func BenchmarkQueueLatency(b *testing.B) {
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		errs := make(chan error, 64)
+		// The sessions outlive the run: the workers send no keepalives.
+		ttl := 60 + 2*b.N/rate
 		for i := 0; i < 64; i++ {
 			go func() {
-				if err := latencyWorker(ctx, hc, base, &sent, &outs, &left); err != nil && ctx.Err() == nil {
+				if err := latencyWorker(ctx, hc, base, ttl, &sent, &outs, &left); err != nil && ctx.Err() == nil {
 					errs <- err
 				}
 			}()
 		}
 		steal0 := steal.Total()
 		submitAtRate(b, c, rate, &sent)
-		left.Wait()
+		all := make(chan struct{})
+		go func() { left.Wait(); close(all) }()
+		select {
+		case <-all:
+		case err := <-errs: // a worker that stopped leaves its tasks undone
+			b.Fatal(err)
+		}
 		b.StopTimer()
 		reportStolen(b, steal0)
 		cancel()
-		select {
-		case err := <-errs:
-			b.Fatal(err)
-		default:
-		}
 		sent.report(b)
 		b.ReportMetric(p99ms(outs.d), "outcome-p99-ms")
 	})
@@ -273,9 +276,9 @@ func submitAtRate(b *testing.B, c *queue.Client, rate int, sent *sentTasks) {
 // (a long poll of 1 s), then sends each claim's outcomes in a request that
 // claims again, until ctx ends. A task's latency is taken when the worker
 // has it: when the claim that took it is answered.
-func latencyWorker(ctx context.Context, hc *http.Client, base string, sent *sentTasks, outs *latencies, left *sync.WaitGroup) error {
+func latencyWorker(ctx context.Context, hc *http.Client, base string, ttl int, sent *sentTasks, outs *latencies, left *sync.WaitGroup) error {
 	var sess struct{ ID string }
-	if err := call(hc, "POST", base+"/v1/sessions", map[string]any{"ttl": 30}, 201, &sess); err != nil {
+	if err := call(hc, "POST", base+"/v1/sessions", map[string]any{"ttl": ttl}, 201, &sess); err != nil {
 		return err
 	}
 	var got claimed

@@ -360,9 +360,12 @@ func (w *Worker) readLevels(ctx context.Context, n int, hot string, listOpen boo
 }
 
 // sawOpen adapts the window to the open segments a read found, and reads
-// them again without a bound when a bounded read found none; it returns
-// the segments and whether their read was bounded.
+// them again, as the window then says (from its head to the last open
+// segment, or without a bound), when the read found none; it returns the
+// segments and whether their read stopped before the last open segment
+// (bounded).
 func (w *Worker) sawOpen(ctx context.Context, pre string, bounded bool, open []*mvccpb.KeyValue) ([]*mvccpb.KeyValue, bool, error) {
+	toLast := false // the last read ran to the last open segment
 	for {
 		names := make([]string, 0, len(open))
 		for _, kv := range open {
@@ -371,15 +374,28 @@ func (w *Worker) sawOpen(ctx context.Context, pre string, bounded bool, open []*
 		}
 		w.levelMu.Lock()
 		enough := w.window.saw(names, openRead, bounded)
+		above, from, end, ok := w.window.bounds(pre)
 		w.levelMu.Unlock()
 		if enough {
-			return open, bounded, nil
+			return open, bounded && !toLast, nil
 		}
-		g, err := w.cli.Get(ctx, pre, clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithLimit(openRead))
+		if !ok {
+			g, err := w.cli.Get(ctx, pre, clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithLimit(openRead))
+			if err != nil {
+				return nil, false, fmt.Errorf("queue: read open segments of %s: %w", w.cfg.Queue, err)
+			}
+			open, bounded, toLast = g.Kvs, false, true
+			continue
+		}
+		// To the last open segment: bounded only below its head.
+		resp, err := w.cli.Txn(ctx).Then(
+			clientv3.OpGet(pre, clientv3.WithRange(above), clientv3.WithKeysOnly(), clientv3.WithLimit(openRead)),
+			clientv3.OpGet(from, clientv3.WithRange(end), clientv3.WithKeysOnly(), clientv3.WithLimit(openRead)),
+		).Commit()
 		if err != nil {
 			return nil, false, fmt.Errorf("queue: read open segments of %s: %w", w.cfg.Queue, err)
 		}
-		open, bounded = g.Kvs, false
+		open, bounded, toLast = append(resp.Responses[0].GetResponseRange().Kvs, resp.Responses[1].GetResponseRange().Kvs...), true, true
 	}
 }
 

@@ -23,6 +23,11 @@ type openWindow struct {
 	// tail: the next read runs from head to the last open segment (see
 	// widen).
 	tail bool
+	// leveled: a read has found an open segment, so level is one the
+	// queue uses. fullAt: when the open segments were last read without a
+	// bound.
+	leveled bool
+	fullAt  time.Time
 }
 
 // widen makes the next read run from the window's head to the last open
@@ -34,6 +39,25 @@ func (ow *openWindow) widen() { ow.tail = true }
 const (
 	minOpenWidth = 10 * time.Millisecond
 	maxOpenWidth = time.Hour
+	// emptyRecheck is how often, at most, the open segments of a queue
+	// found empty are read without a bound; between two such reads they
+	// are read from clockSlack before the last one on. A closed segment's
+	// key stays in etcd's index until compaction (an hour of history by
+	// default) and a read counts it: read without a bound whenever its
+	// window came back empty, as it did, an often empty queue that gets
+	// 200 one-task submissions a second counted up to 720,000 of them at
+	// nearly every claim.
+	emptyRecheck = time.Second
+	// fullEvery is how often, at most, a queue that is never found empty
+	// has its open segments read without a bound all the same: a segment
+	// whose name sorts before the window's head (a submitter's clock
+	// behind this one's) is seen within it.
+	fullEvery = 10 * time.Second
+	// clockSlack is how far behind this process's clock a submitter's
+	// clock (which names its segments) may be before a segment it submits
+	// to an empty queue waits for the next read without a bound (at most
+	// emptyRecheck) to be seen.
+	clockSlack = time.Second
 )
 
 // bounds returns the ranges the read of the open segments under prefix
@@ -43,7 +67,7 @@ const (
 // its head, after the closed segments. ok false: no bound (the window is
 // not known yet).
 func (ow *openWindow) bounds(prefix string) (above, from, end string, ok bool) {
-	if !ow.known {
+	if !ow.known || time.Since(ow.fullAt) >= fullEvery {
 		return "", "", "", false
 	}
 	end = keyspace.SegmentBound(prefix, ow.level, ow.head.Add(ow.width))
@@ -54,13 +78,34 @@ func (ow *openWindow) bounds(prefix string) (above, from, end string, ok bool) {
 }
 
 // saw adapts the window to the names a read returned (in order), limit
-// being its page size; bounded says whether the read had an end. It
-// returns false when a bounded read found nothing: the window has fallen
-// behind (or the queue is empty), and the caller reads once without a
-// bound.
+// being its page size; bounded says whether the read had a bound. It
+// returns false when the read found nothing and another is due: the
+// caller reads again with the window's bounds. A window that ends before
+// the last open segment and found nothing is read again to the last (the
+// window fell behind, or the queue is empty); a read to the last that
+// found nothing is read again without a bound unless one was made within
+// emptyRecheck; and a queue that a read without a bound found empty is
+// read from then (less clockSlack) to its last open segment.
 func (ow *openWindow) saw(names []string, limit int, bounded bool) bool {
+	wasTail := ow.tail
 	ow.tail = false
+	now := time.Now()
+	if !bounded {
+		ow.fullAt = now
+	}
 	if len(names) == 0 {
+		switch {
+		case !bounded && ow.leveled: // nothing open anywhere
+			ow.known, ow.tail = true, true
+			ow.head = now.Add(-clockSlack)
+			return true
+		case bounded && !wasTail && ow.known: // the window fell behind, or the queue is empty
+			ow.tail = true
+			return false
+		case bounded && wasTail && ow.known && now.Sub(ow.fullAt) < emptyRecheck:
+			ow.tail = true // nothing open from the head to the last: still empty
+			return true
+		}
 		ow.known = false
 		return !bounded
 	}
@@ -78,6 +123,6 @@ func (ow *openWindow) saw(names []string, limit int, bounded bool) bool {
 	case len(names) < limit/4:
 		ow.width = min(ow.width*2, maxOpenWidth)
 	}
-	ow.level, ow.head, ow.known = lv, at, true
+	ow.level, ow.head, ow.known, ow.leveled = lv, at, true, true
 	return true
 }

@@ -10,7 +10,8 @@ import (
 
 // TestOpenWindow: the bound on the read of open segments follows the oldest
 // segment, widens when reads find few, narrows when a page is full, and
-// asks for an unbounded read when a bounded one found nothing.
+// asks for a read to the last open segment when a bounded one found
+// nothing.
 func TestOpenWindow(t *testing.T) {
 	var ow openWindow
 	pre := "/ns/queues/q/open/"
@@ -50,11 +51,79 @@ func TestOpenWindow(t *testing.T) {
 	if above, _, _, _ := ow.bounds(pre); pre+seg(0, t0.Add(time.Hour)) >= above {
 		t.Fatalf("a segment of a higher level falls outside the range above, ending %q", above)
 	}
-	// A bounded read that found nothing: read again without a bound.
+	// A bounded read that found nothing: read again to the last open
+	// segment (TestOpenWindowEmptyQueue has what follows).
 	if ow.saw(nil, 32, true) {
-		t.Fatal("an empty bounded read must ask for an unbounded one")
+		t.Fatal("an empty bounded read must ask for another")
+	}
+	if _, _, end, ok := ow.bounds(pre); !ok || end != pre[:len(pre)-1]+"0" {
+		t.Fatalf("after an empty read: bounded %t, end %q: want a read to the last open segment", ok, end)
+	}
+}
+
+// TestOpenWindowEmptyQueue: a window that found nothing is read again to
+// the last open segment before a read without a bound; a queue found empty
+// by a read without a bound is read from then (less the clock slack) to
+// its last open segment, and without a bound again only when such a read
+// finds nothing emptyRecheck after the last, or fullEvery after the last
+// whatever it finds; a queue whose level is not known yet is read without
+// a bound as before.
+func TestOpenWindowEmptyQueue(t *testing.T) {
+	pre := "/ns/queues/q/open/"
+	var fresh openWindow
+	if fresh.saw(nil, 32, true) || !fresh.saw(nil, 32, false) {
+		t.Fatal("a window that never saw a segment: an empty bounded read asks for an unbounded one, which ends it")
+	}
+	if _, _, _, ok := fresh.bounds(pre); ok {
+		t.Fatal("a window that never saw a segment must not bound the read")
+	}
+
+	var ow openWindow
+	seg := func(level int, at time.Time) string { return keyspace.SegmentName(level, at, "abcdef12") }
+	toLast := func(what string) {
+		t.Helper()
+		if _, _, end, ok := ow.bounds(pre); !ok || end != pre[:len(pre)-1]+"0" {
+			t.Fatalf("%s: bounded %t, end %q: want a read to the last open segment", what, ok, end)
+		}
+	}
+	ow.saw([]string{seg(1000, time.Now().Add(-time.Hour))}, 32, false)
+	if ow.saw(nil, 32, true) {
+		t.Fatal("an empty window must ask for another read")
+	}
+	toLast("after an empty window")
+	if !ow.saw(nil, 32, true) {
+		t.Fatal("an empty read to the last, right after a read without a bound, needs no other")
+	}
+	toLast("while empty")
+	ow.fullAt = time.Now().Add(-emptyRecheck - time.Millisecond)
+	if ow.saw(nil, 32, true) {
+		t.Fatal("an empty read to the last, emptyRecheck after the last read without a bound, must ask for one")
 	}
 	if _, _, _, ok := ow.bounds(pre); ok {
-		t.Fatal("after an empty read the window must be unknown")
+		t.Fatal("the read asked for must have no bound")
+	}
+	if !ow.saw(nil, 32, false) {
+		t.Fatal("an empty read without a bound needs no other")
+	}
+	toLast("after an empty read without a bound")
+	now := time.Now()
+	above, from, _, _ := ow.bounds(pre)
+	if above != pre+"1000" {
+		t.Fatalf("above %q: want the levels before 1000", above)
+	}
+	if from < keyspace.SegmentBound(pre, 1000, now.Add(-clockSlack-time.Second)) || from > keyspace.SegmentBound(pre, 1000, now.Add(-clockSlack+time.Second)) {
+		t.Fatalf("from %q: want about %s before now", from, clockSlack)
+	}
+	if s := pre + seg(1000, time.Now()); s < from {
+		t.Fatalf("a segment submitted now, %q, is before the read's start %q", s, from)
+	}
+	// A queue never found empty is read without a bound every fullEvery.
+	ow.saw([]string{seg(1000, time.Now())}, 32, true)
+	if _, _, _, ok := ow.bounds(pre); !ok {
+		t.Fatal("a window that found segments must bound the next read")
+	}
+	ow.fullAt = time.Now().Add(-fullEvery)
+	if _, _, _, ok := ow.bounds(pre); ok {
+		t.Fatal("fullEvery after the last read without a bound, the next must have none")
 	}
 }
