@@ -84,3 +84,7 @@ func OutcomeUnknown(err error) bool { return outcomeUnknown(err) }
 
 // RunnerHeldWait is Worker.runnerHeldWait.
 func RunnerHeldWait(w *Worker, limit time.Duration) time.Duration { return w.runnerHeldWait(limit) }
+
+// SetClock sets the clock c names its segments by (a submitter whose
+// clock is off).
+func SetClock(c *Client, now func() time.Time) { c.now = now }

@@ -397,10 +397,21 @@ func (w *Worker) waitForWork(ctx, base context.Context, rev int64, ended <-chan 
 	}
 }
 
+// wakes reports whether events may have made something claimable (a
+// segment or task created, a dead worker's claims deleted), and tells the
+// open window of every segment created (openWindow.created).
 func (w *Worker) wakes(events []*clientv3.Event, anyClaimDelete bool) bool {
 	q := w.cfg.Queue
 	pre, claims := w.keys.QueuePending(q), w.keys.QueueClaims(q)
 	pendingDeleted := map[string]int64{}
+	open := w.keys.SegmentsOpen(q)
+	for _, ev := range events {
+		if k := string(ev.Kv.Key); ev.Type == clientv3.EventTypePut && ev.IsCreate() && strings.HasPrefix(k, open) {
+			w.levelMu.Lock()
+			w.window.created(k[len(open):])
+			w.levelMu.Unlock()
+		}
+	}
 	for _, ev := range events {
 		k := string(ev.Kv.Key)
 		if ev.Type == clientv3.EventTypeDelete && strings.HasPrefix(k, pre) {
@@ -430,7 +441,7 @@ func (w *Worker) wakes(events []*clientv3.Event, anyClaimDelete bool) bool {
 			continue
 		}
 		switch {
-		case ev.Type == clientv3.EventTypePut && ev.IsCreate() && (strings.HasPrefix(k, pre) || strings.HasPrefix(k, w.keys.SegmentsOpen(q))):
+		case ev.Type == clientv3.EventTypePut && ev.IsCreate() && (strings.HasPrefix(k, pre) || strings.HasPrefix(k, open)):
 			return true
 		case ev.Type == clientv3.EventTypeDelete && strings.HasPrefix(k, claims):
 			if anyClaimDelete {

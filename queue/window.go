@@ -53,10 +53,10 @@ const (
 	// whose name sorts before the window's head (a submitter's clock
 	// behind this one's) is seen within it.
 	fullEvery = 10 * time.Second
-	// clockSlack is how far behind this process's clock a submitter's
-	// clock (which names its segments) may be before a segment it submits
-	// to an empty queue waits for the next read without a bound (at most
-	// emptyRecheck) to be seen.
+	// clockSlack is how far before the moment a read without a bound
+	// found the queue empty the window starts: a segment named earlier (a
+	// submitter's clock behind this one's, a submission held up) is read
+	// without a bound when its watch event comes (openWindow.created).
 	clockSlack = time.Second
 )
 
@@ -125,4 +125,20 @@ func (ow *openWindow) saw(names []string, limit int, bounded bool) bool {
 	}
 	ow.level, ow.head, ow.known, ow.leveled = lv, at, true, true
 	return true
+}
+
+// created notes that segment name was opened (a watch event): a segment
+// of the window's level named before its head (its submitter's clock
+// behind this one's, or its submission held up past a read that found the
+// queue empty) lies outside every read the window bounds, so the next
+// read has no bound. Without it the claim that event woke would find
+// nothing and wait, its wake-up spent.
+func (ow *openWindow) created(name string) {
+	if !ow.known {
+		return
+	}
+	lv, at, ok := keyspace.ParseSegmentName(name)
+	if !ok || (lv == ow.level && at.Before(ow.head)) {
+		ow.known = false
+	}
 }

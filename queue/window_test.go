@@ -127,3 +127,23 @@ func TestOpenWindowEmptyQueue(t *testing.T) {
 		t.Fatal("fullEvery after the last read without a bound, the next must have none")
 	}
 }
+
+// TestOpenWindowCreated: a segment opened at the window's level before its
+// head makes the next read unbounded; one after the head, or of a higher
+// level (the range above), leaves the window as it is.
+func TestOpenWindowCreated(t *testing.T) {
+	pre := "/ns/queues/q/open/"
+	seg := func(level int, at time.Time) string { return keyspace.SegmentName(level, at, "abcdef12") }
+	t0 := time.Now()
+	var ow openWindow
+	ow.saw([]string{seg(1000, t0)}, 32, false)
+	ow.created(seg(1000, t0.Add(time.Second)))
+	ow.created(seg(900, t0.Add(-time.Hour)))
+	if _, _, _, ok := ow.bounds(pre); !ok {
+		t.Fatal("a segment after the head, or of a higher level, must leave the window bounded")
+	}
+	ow.created(seg(1000, t0.Add(-time.Second)))
+	if _, _, _, ok := ow.bounds(pre); ok {
+		t.Fatal("a segment of the window's level before its head must make the next read unbounded")
+	}
+}
