@@ -374,7 +374,11 @@ func (w *Worker) sawOpen(ctx context.Context, pre string, bounded bool, open []*
 		}
 		w.levelMu.Lock()
 		enough := w.window.saw(names, openRead, bounded)
-		above, from, end, ok := w.window.bounds(pre)
+		var above, from, end string
+		var ok bool
+		if !enough {
+			above, from, end, ok = w.window.bounds(pre)
+		}
 		w.levelMu.Unlock()
 		if enough {
 			return open, bounded && !toLast, nil

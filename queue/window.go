@@ -65,9 +65,14 @@ const (
 // priority), then the window from its head on. Deleted keys stay in etcd's
 // index until compaction and count in a range too, so the window starts at
 // its head, after the closed segments. ok false: no bound (the window is
-// not known yet).
+// not known yet, or fullEvery has passed: then the time is noted, so that
+// one claim loop sharing the window reads without a bound, not all).
 func (ow *openWindow) bounds(prefix string) (above, from, end string, ok bool) {
-	if !ow.known || time.Since(ow.fullAt) >= fullEvery {
+	if !ow.known {
+		return "", "", "", false
+	}
+	if now := time.Now(); now.Sub(ow.fullAt) >= fullEvery {
+		ow.fullAt = now // this read has no bound: the other claim loops' keep theirs
 		return "", "", "", false
 	}
 	end = keyspace.SegmentBound(prefix, ow.level, ow.head.Add(ow.width))

@@ -126,6 +126,9 @@ func TestOpenWindowEmptyQueue(t *testing.T) {
 	if _, _, _, ok := ow.bounds(pre); ok {
 		t.Fatal("fullEvery after the last read without a bound, the next must have none")
 	}
+	if _, _, _, ok := ow.bounds(pre); !ok {
+		t.Fatal("a read without a bound given to one claim loop must leave the others' reads bounded")
+	}
 }
 
 // TestOpenWindowCreated: a segment opened at the window's level before its
