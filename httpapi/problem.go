@@ -187,11 +187,7 @@ func problem(err error, where map[string]string) error {
 // leader, leader changed, timeouts, stopped). A gRPC client retried reads
 // through these; the in-process client of drover server's HTTP API hands
 // them over, and the HTTP client retries after Retry-After.
-func isUnavailable(err error) bool {
-	return etcdCode(err) == codes.Unavailable || errors.Is(err, rpctypes.ErrNoLeader) || errors.Is(err, rpctypes.ErrTimeout) ||
-		errors.Is(err, rpctypes.ErrTimeoutDueToLeaderFail) || errors.Is(err, rpctypes.ErrTimeoutDueToConnectionLost) ||
-		errors.Is(err, rpctypes.ErrGRPCNoLeader)
-}
+func isUnavailable(err error) bool { return etcdCode(err) == codes.Unavailable }
 
 // etcdCode is the gRPC code of an etcd error (the client's EtcdError, or a
 // status the server gave), codes.OK for any other error.

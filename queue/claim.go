@@ -310,11 +310,11 @@ func (w *Worker) readLevels(ctx context.Context, n int, hot string, listOpen boo
 		above, from, end = pre, pre, clientv3.GetPrefixRangeEnd(pre)
 	}
 	if listOpen {
-		ops = append(ops, clientv3.OpGet(from, clientv3.WithRange(end), clientv3.WithKeysOnly(), clientv3.WithLimit(openRead)))
+		ops = append(ops, openRange(from, end))
 	} else {
 		ops = append(ops, clientv3.OpGet(w.keys.SegmentOpen(w.cfg.Queue, hot), clientv3.WithKeysOnly()))
 	}
-	ops = append(ops, clientv3.OpGet(pre, clientv3.WithRange(above), clientv3.WithKeysOnly(), clientv3.WithLimit(openRead)))
+	ops = append(ops, openRange(pre, above))
 	// The segment this claim loop takes from (the one it took from last,
 	// or the next open one), read in the same request, with its tasks
 	// when they are not at hand yet.
@@ -392,15 +392,18 @@ func (w *Worker) sawOpen(ctx context.Context, pre string, bounded bool, open []*
 			continue
 		}
 		// To the last open segment: bounded only below its head.
-		resp, err := w.cli.Txn(ctx).Then(
-			clientv3.OpGet(pre, clientv3.WithRange(above), clientv3.WithKeysOnly(), clientv3.WithLimit(openRead)),
-			clientv3.OpGet(from, clientv3.WithRange(end), clientv3.WithKeysOnly(), clientv3.WithLimit(openRead)),
-		).Commit()
+		resp, err := w.cli.Txn(ctx).Then(openRange(pre, above), openRange(from, end)).Commit()
 		if err != nil {
 			return nil, false, fmt.Errorf("queue: read open segments of %s: %w", w.cfg.Queue, err)
 		}
 		open, bounded, toLast = append(resp.Responses[0].GetResponseRange().Kvs, resp.Responses[1].GetResponseRange().Kvs...), true, true
 	}
+}
+
+// openRange is the read of the open segments' keys in [from, end), a page
+// of openRead at most.
+func openRange(from, end string) clientv3.Op {
+	return clientv3.OpGet(from, clientv3.WithRange(end), clientv3.WithKeysOnly(), clientv3.WithLimit(openRead))
 }
 
 // pickLevel chooses the priority level the next read takes tasks from; false

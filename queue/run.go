@@ -406,14 +406,12 @@ func (w *Worker) wakes(events []*clientv3.Event, anyClaimDelete bool) bool {
 	pendingDeleted := map[string]int64{}
 	open := w.keys.SegmentsOpen(q)
 	for _, ev := range events {
-		if k := string(ev.Kv.Key); ev.Type == clientv3.EventTypePut && ev.IsCreate() && strings.HasPrefix(k, open) {
+		k := string(ev.Kv.Key)
+		if ev.Type == clientv3.EventTypePut && ev.IsCreate() && strings.HasPrefix(k, open) {
 			w.levelMu.Lock()
 			w.window.created(k[len(open):])
 			w.levelMu.Unlock()
 		}
-	}
-	for _, ev := range events {
-		k := string(ev.Kv.Key)
 		if ev.Type == clientv3.EventTypeDelete && strings.HasPrefix(k, pre) {
 			pendingDeleted[pendingID(k, pre)] = ev.Kv.ModRevision
 		}
