@@ -69,12 +69,13 @@ func openCycles(b *testing.B, rate int, bases []string, sh shape) {
 			for i := 0; i*clients+c < b.N; i++ {
 				at := start.Add(time.Duration(i*clients+c) * every)
 				time.Sleep(time.Until(at))
-				base := bases[(c+i)%len(bases)]
+				node := (c + i) % len(bases)
+				base := bases[node]
 				m, u, body := sh.acquire(base, name, owner)
 				t0 := time.Now()
 				ans, code, err := benchDo(hc, m, u, body)
 				one = append(one, time.Since(t0))
-				when = append(when, timedReq{t0.Sub(start), one[len(one)-1]})
+				when = append(when, timedReq{t0.Sub(start), one[len(one)-1], node})
 				if err != nil || code != http.StatusOK {
 					errs <- fmt.Errorf("acquire %s: %d %v (its own name: never held by another)", name, code, err)
 					return
@@ -115,6 +116,7 @@ func openCycles(b *testing.B, rate int, bases []string, sh shape) {
 	// campaigns, timers restarted for a stall of the node's own loop, its
 	// rounds over half an election timeout and the longest.
 	var sent, elections, restarts, stalls, longest float64
+	leader := -1
 	for i, base := range bases {
 		ans, code, err := benchDo(hc, http.MethodGet, base+"/status", nil)
 		if err != nil || code != http.StatusOK {
@@ -124,6 +126,9 @@ func openCycles(b *testing.B, rate int, bases []string, sh shape) {
 			if r, ok := ballot["r"].(float64); ok {
 				b.ReportMetric(r, "ballot-round")
 			}
+		}
+		if ans["role"] == "leader" {
+			leader = i
 		}
 		num := func(k string) float64 { f, _ := ans[k].(float64); return f }
 		sent += num("snapshots_sent")
@@ -137,11 +142,45 @@ func openCycles(b *testing.B, rate int, bases []string, sh shape) {
 	b.ReportMetric(restarts, "timer-restarts")
 	b.ReportMetric(stalls, "loop-stalls")
 	b.ReportMetric(longest, "longest-round-ms")
+	reportByRole(b, timed, leader)
+}
+
+// reportByRole reports the p99 of the acquire requests asked of the
+// leader (leader-request-p99-ms) and of the other nodes, which forward
+// them to it and answer once they applied the result
+// (follower-request-p99-ms).
+func reportByRole(b *testing.B, timed []timedReq, leader int) {
+	if leader < 0 {
+		return
+	}
+	var led, followed []time.Duration
+	for _, r := range timed {
+		if r.node == leader {
+			led = append(led, r.d)
+		} else {
+			followed = append(followed, r.d)
+		}
+	}
+	b.ReportMetric(p99ms(led), "leader-request-p99-ms")
+	b.ReportMetric(p99ms(followed), "follower-request-p99-ms")
+}
+
+// p99ms is the 99th percentile of d in milliseconds (0 if d is empty); it
+// sorts d.
+func p99ms(d []time.Duration) float64 {
+	if len(d) == 0 {
+		return 0
+	}
+	slices.Sort(d)
+	return float64(d[len(d)*99/100].Microseconds()) / 1000
 }
 
 // timedReq is a request's latency d and when it started, from the run's
 // start.
-type timedReq struct{ at, d time.Duration }
+type timedReq struct {
+	at, d time.Duration
+	node  int // the index in bases of the node asked
+}
 
 // reportEnds reports the p99 of the acquire requests of the run's first
 // and last fifth (first-fifth-p99-ms, last-fifth-p99-ms): a tail that
@@ -157,15 +196,8 @@ func reportEnds(b *testing.B, timed []timedReq, run time.Duration) {
 			last = append(last, r.d)
 		}
 	}
-	p99 := func(d []time.Duration) float64 {
-		if len(d) == 0 {
-			return 0
-		}
-		slices.Sort(d)
-		return float64(d[len(d)*99/100].Microseconds()) / 1000
-	}
-	b.ReportMetric(p99(first), "first-fifth-p99-ms")
-	b.ReportMetric(p99(last), "last-fifth-p99-ms")
+	b.ReportMetric(p99ms(first), "first-fifth-p99-ms")
+	b.ReportMetric(p99ms(last), "last-fifth-p99-ms")
 }
 
 // reportStolen reports the steal since from, in ms (steal-ms).

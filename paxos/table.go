@@ -45,13 +45,9 @@ type Table struct {
 	// time the delay ends.
 	delays map[string]LockState
 	// seen are the results of the commands applied in the dedupe window,
-	// oldest first. seenAt maps an ID to its position counted from the
-	// first result ever remembered; seenBase is that count for seen's
-	// oldest. A snapshot encodes a view of seen on another goroutine
-	// while Apply goes on (seenlog.go).
-	seen     seenLog
-	seenAt   map[string]int
-	seenBase int
+	// oldest first, by ID. A snapshot copies a view of seen on another
+	// goroutine while Apply goes on (seenlog.go).
+	seen seenLog
 	// next caches NextExpiry when nextOK; nextHas is false when nothing
 	// will expire.
 	next    int64
@@ -67,17 +63,9 @@ type tableSnapshot struct {
 	Locks  []LockState `json:"locks"`  // by name
 	Delays []LockState `json:"delays"` // by name
 	Seen   []tableSeen `json:"seen"`   // oldest first
-	// seenChunks, when set, stands for Seen: a view of the table's
-	// chunks, which encodeTableSnapshot reads without copying them out.
-	seenChunks [][]tableSeen
-}
-
-// seenParts is the remembered results of snap in parts, oldest first.
-func (snap *tableSnapshot) seenParts() [][]tableSeen {
-	if snap.seenChunks != nil {
-		return snap.seenChunks
-	}
-	return [][]tableSeen{snap.Seen}
+	// seenRaw, when set, stands for Seen: a view of the table's
+	// remembered results, already encoded as format 3 holds them.
+	seenRaw *seenView
 }
 
 var _ StateMachine = (*Table)(nil)
@@ -91,7 +79,6 @@ func NewTable(lockDelay time.Duration) *Table {
 	return &Table{
 		locks:  map[string]LockState{},
 		delays: map[string]LockState{},
-		seenAt: map[string]int{},
 	}
 }
 
@@ -112,7 +99,7 @@ func (t *Table) Apply(index uint64, cmd Command) Result {
 	remember := cmd.ID != "" && cmd.Op != OpGet && cmd.Op != OpList
 	fp := tableFingerprint(cmd)
 	if remember {
-		if s, ok := t.remembered(cmd.ID); ok {
+		if s, ok := t.seen.find(cmd.ID); ok {
 			if s.FP != 0 && s.FP != fp {
 				return Result{Code: CodeReusedID, Index: s.Index,
 					Err: fmt.Sprintf("command id %q was used for a different request, applied at slot %d", cmd.ID, s.Index)}
@@ -123,7 +110,6 @@ func (t *Table) Apply(index uint64, cmd Command) Result {
 	r := t.apply(index, now, cmd)
 	r.Index = index
 	if remember {
-		t.seenAt[cmd.ID] = t.seenBase + t.seen.len()
 		t.seen.push(tableRemember(cmd, fp, now, r))
 	}
 	return r
@@ -135,18 +121,9 @@ func (t *Table) Apply(index uint64, cmd Command) Result {
 func (t *Table) rememberResult(id string, res Result) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if s, ok := t.remembered(id); ok {
-		t.seen.set(t.seenAt[id]-t.seenBase, tableRememberAll(id, s.FP, s.Time, res))
+	if s, ok := t.seen.find(id); ok {
+		t.seen.replace(tableRememberAll(id, s.FP, s.Time, res))
 	}
-}
-
-// remembered is the result remembered for id, if any.
-func (t *Table) remembered(id string) (tableSeen, bool) {
-	i, ok := t.seenAt[id]
-	if !ok {
-		return tableSeen{}, false
-	}
-	return t.seen.at(i - t.seenBase), true
 }
 
 // apply dispatches cmd.
@@ -279,13 +256,7 @@ func (t *Table) tick(now, lockDelay int64) {
 // prune forgets the remembered results older than DedupeWindow at now.
 func (t *Table) prune(now int64) {
 	window := DedupeWindow.Milliseconds()
-	n := 0
-	for n < t.seen.len() && tableAddMillis(t.seen.at(n).Time, window) <= now {
-		delete(t.seenAt, t.seen.at(n).ID)
-		n++
-	}
-	t.seen.drop(n)
-	t.seenBase += n
+	t.seen.dropWhile(func(at int64) bool { return tableAddMillis(at, window) <= now })
 }
 
 // setLock stores ls, keeping the NextExpiry cache right.
@@ -386,7 +357,7 @@ func (t *Table) snapshotLater() (func() ([]byte, error), int) {
 		tableSortByName(snap.Locks) // copies, sorted here: off the caller's goroutine
 		tableSortByName(snap.Delays)
 		s := snap
-		s.seenChunks = seen
+		s.seenRaw = &seen
 		b, err := encodeTableSnapshot(s)
 		if err != nil {
 			return nil, fmt.Errorf("paxos: snapshot table: %w", err)
@@ -415,18 +386,16 @@ func (t *Table) Restore(data []byte) error {
 	for _, d := range snap.Delays {
 		delays[d.Name] = d
 	}
-	seenAt := make(map[string]int, len(snap.Seen))
 	var seen seenLog
 	for _, s := range snap.Seen {
-		if _, dup := seenAt[s.ID]; !dup {
-			seenAt[s.ID] = seen.len()
+		if _, dup := seen.find(s.ID); !dup {
 			seen.push(s)
 		}
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.now, t.locks, t.delays = snap.Now, locks, delays
-	t.seen, t.seenAt, t.seenBase = seen, seenAt, 0
+	t.seen = seen
 	t.nextOK = false
 	return nil
 }

@@ -44,18 +44,26 @@ func encodeTableSnapshot(snap tableSnapshot) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	parts, n := snap.seenParts(), 0
-	for _, p := range parts {
-		n += len(p)
+	parts, n := [][]byte(nil), len(snap.Seen)
+	if snap.seenRaw != nil {
+		parts, n = snap.seenRaw.parts, snap.seenRaw.n
+	} else { // a decoded snapshot's results
+		var p []byte
+		for k := range snap.Seen {
+			p = appendTableSeen(p, &snap.Seen[k])
+		}
+		parts = [][]byte{p}
 	}
-	b := make([]byte, 0, 16+len(head)+48*n)
+	size := 0
+	for _, p := range parts {
+		size += len(p)
+	}
+	b := make([]byte, 0, 16+len(head)+size)
 	b = append(b, tableSnapBinary)
 	b = segcodec.AppendBytes(b, head)
 	b = binary.AppendUvarint(b, uint64(n))
 	for _, p := range parts {
-		for k := range p {
-			b = appendTableSeen(b, &p[k])
-		}
+		b = append(b, p...) // the log keeps results as format 3 does
 	}
 	return b, nil
 }
@@ -76,6 +84,34 @@ func appendTableSeen(b []byte, s *tableSeen) []byte {
 	b = binary.AppendVarint(b, s.Acquired)
 	b = binary.AppendVarint(b, s.Expires)
 	return str(b, s.Meta)
+}
+
+// readTableSeen reads a result that appendTableSeen wrote.
+func readTableSeen(d *segcodec.Reader) tableSeen {
+	str := func() string { return string(d.Bytes()) }
+	var s tableSeen
+	s.ID = str()
+	s.Time = d.Varint()
+	s.FP = d.Uvarint()
+	s.Code = Code(str())
+	s.Index = d.Uvarint()
+	s.Err = str()
+	s.Same = d.Byte()
+	s.Name = str()
+	s.Owner = str()
+	s.Token = d.Uvarint()
+	s.Acquired = d.Varint()
+	s.Expires = d.Varint()
+	s.Meta = str()
+	return s
+}
+
+// decodeTableSeen decodes the result that raw begins with (a seenLog's,
+// written by appendTableSeen) and returns the bytes after it.
+func decodeTableSeen(raw []byte) (tableSeen, []byte) {
+	d := segcodec.NewReader(raw)
+	s := readTableSeen(d)
+	return s, raw[len(raw)-d.Len():]
 }
 
 // decodeTableSnapshot reads a snapshot of any format this build knows:
@@ -117,23 +153,8 @@ func decodeTableSnapshot(data []byte) (tableSnapshot, error) {
 	// A damaged count must not reserve gigabytes: every result takes
 	// tableSeenMinBytes at least.
 	snap.Seen = make([]tableSeen, 0, min(n, d.Len()/tableSeenMinBytes))
-	str := func() string { return string(d.Bytes()) }
 	for i := 0; i < n && d.Err() == nil; i++ {
-		var s tableSeen
-		s.ID = str()
-		s.Time = d.Varint()
-		s.FP = d.Uvarint()
-		s.Code = Code(str())
-		s.Index = d.Uvarint()
-		s.Err = str()
-		s.Same = d.Byte()
-		s.Name = str()
-		s.Owner = str()
-		s.Token = d.Uvarint()
-		s.Acquired = d.Varint()
-		s.Expires = d.Varint()
-		s.Meta = str()
-		snap.Seen = append(snap.Seen, s)
+		snap.Seen = append(snap.Seen, readTableSeen(d))
 	}
 	switch {
 	case d.Err() != nil:
