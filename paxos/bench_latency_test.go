@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"sync"
@@ -95,6 +97,7 @@ func openCycles(b *testing.B, rate int, bases []string, sh shape) {
 	wg.Wait()
 	b.StopTimer()
 	reportStolen(b, steal0)
+	writeHeapProfile(b)
 	close(errs)
 	if err := <-errs; err != nil {
 		b.Fatal(err)
@@ -173,6 +176,25 @@ func p99ms(d []time.Duration) float64 {
 	}
 	slices.Sort(d)
 	return float64(d[len(d)*99/100].Microseconds()) / 1000
+}
+
+// writeHeapProfile writes the live heap, with the group still running, to
+// the file DROVER_BENCH_HEAPPROFILE names, if set (-test.memprofile is
+// written after the nodes stopped).
+func writeHeapProfile(b *testing.B) {
+	path := os.Getenv("DROVER_BENCH_HEAPPROFILE")
+	if path == "" {
+		return
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	runtime.GC()
+	if err := pprof.WriteHeapProfile(f); err != nil {
+		b.Fatal(err)
+	}
 }
 
 // timedReq is a request's latency d and when it started, from the run's
