@@ -63,6 +63,10 @@ const (
 	MaxHolderBytes = 4096
 	// DefaultRequestTimeout bounds how long a request waits for consensus.
 	DefaultRequestTimeout = 10 * time.Second
+	// LeaderHeader, on every answer of a node that knows the leader and
+	// its address, is the leader's host:port: a client that sends its
+	// requests there saves the hops of a forward (Client does).
+	LeaderHeader = "Paxos-Leader"
 	// IdempotencyHeader names a request: a request sent again with the same
 	// key (after a lost answer, to another node) is applied once and
 	// answered with the first answer, for as long as the lock table keeps
@@ -131,7 +135,16 @@ func NewAPI(node Service, cfg APIConfig) http.Handler {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("no route %s %s: see GET /status, /locks and /locks/{id}", r.Method, r.URL.Path))
 	})
-	return mux
+	la, ok := node.(interface{ LeaderAddr() string })
+	if !ok {
+		return mux
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if a := la.LeaderAddr(); a != "" && r.URL.Path != DirectStreamPath {
+			w.Header().Set(LeaderHeader, a)
+		}
+		mux.ServeHTTP(w, r)
+	})
 }
 
 func notAllowed(allow string) http.HandlerFunc {

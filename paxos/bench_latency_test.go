@@ -37,9 +37,32 @@ func BenchmarkLockServiceLatency(b *testing.B) {
 		}
 		rate = n
 	}
-	b.Run("paxos-direct", func(b *testing.B) { openCycles(b, rate, benchPaxos(b, "direct"), paxosShape) })
-	b.Run("paxos-amqp", func(b *testing.B) { openCycles(b, rate, benchPaxos(b, "amqp"), paxosShape) })
+	b.Run("paxos-direct", func(b *testing.B) { openCycles(b, rate, toLeader(b, benchPaxos(b, "direct")), paxosShape) })
+	b.Run("paxos-amqp", func(b *testing.B) { openCycles(b, rate, toLeader(b, benchPaxos(b, "amqp")), paxosShape) })
 	b.Run("etcd-http", func(b *testing.B) { openCycles(b, rate, benchEtcd(b), etcdShape) })
+}
+
+// toLeader is bases, or with DROVER_BENCH_PAXOS_TO=leader only the base of
+// the group's leader: the clients then send every request to the leader,
+// as paxos.Client does once an answer named it (Paxos-Leader), instead of
+// spreading them over the nodes as a load balancer in front of the group
+// does (the followers forward theirs).
+func toLeader(b *testing.B, bases []string) []string {
+	switch to := os.Getenv("DROVER_BENCH_PAXOS_TO"); to {
+	case "":
+		return bases
+	case "leader":
+	default:
+		b.Fatalf("DROVER_BENCH_PAXOS_TO=%q: want leader, or unset for every node", to)
+	}
+	hc := &http.Client{Timeout: 2 * time.Second}
+	for _, base := range bases {
+		if ans, code, err := benchDo(hc, http.MethodGet, base+"/status", nil); err == nil && code == http.StatusOK && ans["role"] == "leader" {
+			return []string{base}
+		}
+	}
+	b.Fatal("no node says it leads")
+	return nil
 }
 
 // openCycles runs b.N cycles from 64 clients on 64 names over bases at

@@ -104,14 +104,18 @@ type ClientConfig struct {
 }
 
 // Client calls the REST API of a group. Any node serves any request, so it
-// sends each request to the node that last answered and fails over to the
-// next one when a node cannot be reached, is stopping (503) or has no
+// sends each request to the leader, when the last answer named it
+// (LeaderHeader) by the address of one of the endpoints, and otherwise to
+// the node that last answered (a follower forwards a request to the
+// leader and answers once it applied it: two hops more). It fails over to
+// the next one when a node cannot be reached, is stopping (503) or has no
 // quorum (504); it does not fail over on a 4xx answer, which any node
 // would give. Requests that change state carry an Idempotency-Key, the
 // same on every endpoint tried, so a request whose answer was lost is
 // applied once. Safe for concurrent use.
 type Client struct {
 	endpoints []string
+	hosts     []string // each endpoint's host:port
 	hc        *http.Client
 	own       bool
 	next      atomic.Uint32
@@ -130,6 +134,7 @@ func NewClient(cfg ClientConfig) (*Client, error) {
 			return nil, err
 		}
 		c.endpoints = append(c.endpoints, u)
+		c.hosts = append(c.hosts, u[strings.Index(u, "://")+3:])
 	}
 	if c.hc == nil {
 		c.own = true
@@ -356,6 +361,7 @@ type answer struct {
 	endpoint string
 	status   int
 	body     []byte
+	leader   string // the LeaderHeader, host:port
 }
 
 // maxAnswerBytes bounds an answer (a list of many locks).
@@ -413,7 +419,7 @@ func (c *Client) do(ctx context.Context, method, path string, body any) (answer,
 		ans, err := c.send(actx, c.endpoints[n], method, path, body, key)
 		cancel()
 		if err == nil && ans.status != http.StatusServiceUnavailable && ans.status != http.StatusBadGateway && ans.status != http.StatusGatewayTimeout {
-			c.next.Store(uint32(n))
+			c.next.Store(uint32(c.leaderOr(ans.leader, n)))
 			return ans, nil
 		}
 		if ctx.Err() != nil {
@@ -431,6 +437,21 @@ func (c *Client) do(ctx context.Context, method, path string, body any) (answer,
 		return *timeout, nil
 	}
 	return answer{}, fmt.Errorf("%w (%s %s): %s", ErrUnreachable, method, path, strings.Join(errs, "; "))
+}
+
+// leaderOr is the index of the endpoint at leader (host:port, as a node
+// names it in LeaderHeader), or n if none is: the next request goes
+// straight to the leader when the client knows it by that address.
+func (c *Client) leaderOr(leader string, n int) int {
+	if leader == "" {
+		return n
+	}
+	for i, h := range c.hosts {
+		if h == leader {
+			return i
+		}
+	}
+	return n
 }
 
 // send makes one request to one endpoint.
@@ -466,5 +487,5 @@ func (c *Client) send(ctx context.Context, endpoint, method, path string, body a
 	if err != nil {
 		return answer{}, fmt.Errorf("paxos: read answer of %s %s%s: %w", method, endpoint, path, err)
 	}
-	return answer{endpoint: endpoint, status: resp.StatusCode, body: b}, nil
+	return answer{endpoint: endpoint, status: resp.StatusCode, body: b, leader: resp.Header.Get(LeaderHeader)}, nil
 }

@@ -174,3 +174,93 @@ func TestParseEndpoint(t *testing.T) {
 		t.Fatal("a client without endpoints")
 	}
 }
+
+// TestClientGoesToTheLeader starts a group of three, each node's API on
+// its direct transport's address, and checks that a client whose first
+// endpoint is a follower sends its next requests to the leader, which
+// every answer names (LeaderHeader), and that the follower then serves
+// none of them.
+func TestClientGoesToTheLeader(t *testing.T) {
+	nodes, srvs := startAPIGroup(t, 3)
+	var leader int
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no leader known to every node")
+		}
+		addr := nodes[0].LeaderAddr()
+		if addr == "" || addr != nodes[1].LeaderAddr() || addr != nodes[2].LeaderAddr() {
+			continue
+		}
+		for i, s := range srvs {
+			if s.Listener.Addr().String() == addr {
+				leader = i
+			}
+		}
+		break
+	}
+	follower := (leader + 1) % 3
+	c := newTestClient(t, srvs[follower].URL, srvs[(leader+2)%3].URL, srvs[leader].URL)
+	ctx := context.Background()
+	li, err := c.Acquire(ctx, "x", AcquireRequest{Owner: "me", TTL: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := int(c.next.Load()); got != 2 {
+		t.Fatalf("after an answer naming the leader, the client's next endpoint is %d, want 2 (the leader)", got)
+	}
+	before := nodes[follower].proposals.Load()
+	for range 5 {
+		if _, err := c.Get(ctx, "x"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.Release(ctx, "x", "me", li.Token); err != nil {
+		t.Fatal(err)
+	}
+	if n := nodes[follower].proposals.Load() - before; n != 0 {
+		t.Fatalf("the follower served %d requests after the client learned the leader", n)
+	}
+	code, _ := call(t, srvs[follower], http.MethodGet, "/status", "")
+	if code != http.StatusOK {
+		t.Fatalf("status: %d", code)
+	}
+}
+
+// startAPIGroup starts a group of n nodes over the direct transport, each
+// serving its API (and the transport) on an httptest server whose address
+// is the node's peer address, and stops them at the end of the test.
+func startAPIGroup(t *testing.T, n int) ([]*counted, []*httptest.Server) {
+	t.Helper()
+	var srvs []*httptest.Server
+	var peers []Peer
+	handlers := make([]http.Handler, n)
+	for i := range n {
+		srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			handlers[i].ServeHTTP(w, r)
+		}))
+		srvs = append(srvs, srv)
+		peers = append(peers, Peer{ID: NodeID(i), Addr: srv.Listener.Addr().String()})
+	}
+	var nodes []*counted
+	for i := range n {
+		tr := NewDirect(DirectConfig{ID: NodeID(i), Group: "client-test"})
+		node, err := NewNode(Config{ID: NodeID(i), Group: "client-test", Peers: peers, Transport: tr, DataDir: t.TempDir(),
+			Heartbeat: 10 * time.Millisecond, ElectionTimeout: 100 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := node.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		c := &counted{Node: node}
+		handlers[i] = NewAPI(c, APIConfig{Direct: tr.Handler()})
+		srvs[i].Start()
+		nodes = append(nodes, c)
+		t.Cleanup(func() {
+			srvs[i].Close()
+			_ = node.Stop()
+			_ = tr.Close()
+		})
+	}
+	return nodes, srvs
+}

@@ -55,6 +55,7 @@ func (n *Node) run(ctx context.Context) {
 		if err == nil {
 			err = n.flush(time.Now())
 		}
+		n.publishLeader()
 		n.roundEnded()
 		if err == nil {
 			err = n.failed
@@ -94,7 +95,8 @@ func (n *Node) drain(recv <-chan Message) error {
 // shutdown ends the loop: it records the commit index and closes the
 // storage; waiting Propose calls see done closed and return ErrStopped.
 func (n *Node) shutdown() {
-	n.snapWG.Wait() // a snapshot being saved ends before the storage closes
+	n.leaderAddr.Store(new(string)) // a stopped node names no leader
+	n.snapWG.Wait()                 // a snapshot being saved ends before the storage closes
 	if n.stopErr == nil {
 		if err := n.sync(); err == nil && n.commit > n.savedCommit {
 			_ = n.store.SetCommit(n.commit)

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -196,11 +197,14 @@ type PeerStatus struct {
 // is answered from this node's own apply of it, so answers are
 // linearizable; no leader lease is assumed.
 type Node struct {
-	cfg   Config
-	log   *slog.Logger
-	store *Storage
-	sm    StateMachine
-	tr    Transport
+	// leaderAddr is the address of the leader as of the run loop's last
+	// round (LeaderAddr).
+	leaderAddr atomic.Pointer[string]
+	cfg        Config
+	log        *slog.Logger
+	store      *Storage
+	sm         StateMachine
+	tr         Transport
 
 	mu      sync.Mutex // guards started, stopped
 	started bool
@@ -403,6 +407,29 @@ func (n *Node) newID() string {
 	var b [12]byte
 	_, _ = crand.Read(b[:])
 	return fmt.Sprintf("%d-%s", n.cfg.ID, hex.EncodeToString(b[:]))
+}
+
+// LeaderAddr is the address of the leader this node knows, as of its run
+// loop's last round: "" when it knows none, when the leader has no address
+// (over RabbitMQ) or when this node has stopped or was removed. Unlike
+// Status it does not wait for the loop; the API names the leader with it
+// on every answer (LeaderHeader).
+func (n *Node) LeaderAddr() string {
+	if p := n.leaderAddr.Load(); p != nil {
+		return *p
+	}
+	return ""
+}
+
+// publishLeader sets what LeaderAddr returns (run loop only).
+func (n *Node) publishLeader() {
+	addr := ""
+	if n.hasLeader && n.role != roleRemoved {
+		addr = n.conf.addr(n.leader)
+	}
+	if p := n.leaderAddr.Load(); p == nil || *p != addr {
+		n.leaderAddr.Store(&addr)
+	}
 }
 
 // Status reports the node's view of the group. It is cheap and safe to
