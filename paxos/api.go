@@ -140,12 +140,44 @@ func NewAPI(node Service, cfg APIConfig) http.Handler {
 		return mux
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if a := la.LeaderAddr(); a != "" && r.URL.Path != DirectStreamPath {
-			w.Header().Set(LeaderHeader, a)
+		if r.URL.Path == DirectStreamPath {
+			mux.ServeHTTP(w, r)
+			return
 		}
-		mux.ServeHTTP(w, r)
+		mux.ServeHTTP(&leaderWriter{ResponseWriter: w, la: la}, r)
 	})
 }
+
+// leaderWriter sets LeaderHeader as the answer is written, not as the
+// request came: a request that waited through an election names the
+// leader that answered it, not the one that died.
+type leaderWriter struct {
+	http.ResponseWriter
+	la    interface{ LeaderAddr() string }
+	named bool
+}
+
+func (w *leaderWriter) name() {
+	if !w.named {
+		w.named = true
+		if a := w.la.LeaderAddr(); a != "" {
+			w.Header().Set(LeaderHeader, a)
+		}
+	}
+}
+
+func (w *leaderWriter) WriteHeader(code int) {
+	w.name()
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *leaderWriter) Write(b []byte) (int, error) {
+	w.name()
+	return w.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.ResponseController reach the connection's writer.
+func (w *leaderWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 func notAllowed(allow string) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {

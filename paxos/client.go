@@ -116,9 +116,11 @@ type ClientConfig struct {
 type Client struct {
 	endpoints []string
 	hosts     []string // each endpoint's host:port
-	hc        *http.Client
-	own       bool
-	next      atomic.Uint32
+	// failed is when each endpoint last failed a request (UnixNano).
+	failed []atomic.Int64
+	hc     *http.Client
+	own    bool
+	next   atomic.Uint32
 }
 
 // NewClient returns a client of the nodes at cfg.Endpoints. It contacts
@@ -136,6 +138,7 @@ func NewClient(cfg ClientConfig) (*Client, error) {
 		c.endpoints = append(c.endpoints, u)
 		c.hosts = append(c.hosts, u[strings.Index(u, "://")+3:])
 	}
+	c.failed = make([]atomic.Int64, len(c.endpoints))
 	if c.hc == nil {
 		c.own = true
 		c.hc = &http.Client{Transport: &http.Transport{
@@ -393,7 +396,8 @@ func (a answer) notHeld(id string, token uint64) error {
 }
 
 // do sends a request, failing over from endpoint to endpoint, starting
-// with the one that answered last. It moves on when a node cannot be
+// with the leader the last answer named (when it is an endpoint that did
+// not fail in that call) or else the one that answered last. It moves on when a node cannot be
 // reached, is stopping (502, 503) or found no quorum (504): a node cut off
 // from the majority must not hold up a client that reaches the others.
 // When ctx has a deadline, each attempt but the last gets an equal share
@@ -425,6 +429,7 @@ func (c *Client) do(ctx context.Context, method, path string, body any) (answer,
 		if ctx.Err() != nil {
 			return answer{}, fmt.Errorf("paxos: %s %s: %w", method, path, context.Cause(ctx))
 		}
+		c.failed[n].Store(time.Now().UnixNano())
 		if err == nil {
 			if ans.status == http.StatusGatewayTimeout {
 				timeout = &ans
@@ -439,15 +444,24 @@ func (c *Client) do(ctx context.Context, method, path string, body any) (answer,
 	return answer{}, fmt.Errorf("%w (%s %s): %s", ErrUnreachable, method, path, strings.Join(errs, "; "))
 }
 
+// leaderRetry is how long the client does not follow a node's word that
+// the leader is an endpoint that failed it: the other nodes may name a
+// leader that this client cannot reach (or that just died) for a while.
+const leaderRetry = 5 * time.Second
+
 // leaderOr is the index of the endpoint at leader (host:port, as a node
-// names it in LeaderHeader), or n if none is: the next request goes
-// straight to the leader when the client knows it by that address.
+// names it in LeaderHeader), or n if none is, or if that endpoint failed
+// a request in the last leaderRetry: the next request goes straight to
+// the leader when the client knows it by that address and reaches it.
 func (c *Client) leaderOr(leader string, n int) int {
 	if leader == "" {
 		return n
 	}
 	for i, h := range c.hosts {
 		if h == leader {
+			if time.Since(time.Unix(0, c.failed[i].Load())) < leaderRetry {
+				return n
+			}
 			return i
 		}
 	}

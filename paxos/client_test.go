@@ -205,8 +205,8 @@ func TestClientGoesToTheLeader(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := int(c.next.Load()); got != 2 {
-		t.Fatalf("after an answer naming the leader, the client's next endpoint is %d, want 2 (the leader)", got)
+	if got := c.endpoints[c.next.Load()]; got != srvs[leader].URL || nodes[follower].LeaderAddr() != srvs[leader].Listener.Addr().String() {
+		t.Fatalf("after an answer naming the leader, the client's next endpoint is %s, want %s (the leader)", got, srvs[leader].URL)
 	}
 	before := nodes[follower].proposals.Load()
 	for range 5 {
@@ -220,9 +220,35 @@ func TestClientGoesToTheLeader(t *testing.T) {
 	if n := nodes[follower].proposals.Load() - before; n != 0 {
 		t.Fatalf("the follower served %d requests after the client learned the leader", n)
 	}
-	code, _ := call(t, srvs[follower], http.MethodGet, "/status", "")
-	if code != http.StatusOK {
-		t.Fatalf("status: %d", code)
+	resp, err := srvs[follower].Client().Get(srvs[follower].URL + "/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = resp.Body.Close()
+	if got := resp.Header.Get(LeaderHeader); got != srvs[leader].Listener.Addr().String() {
+		t.Fatalf("the follower's answer names %q as the leader, want %s", got, srvs[leader].Listener.Addr())
+	}
+}
+
+// TestClientLeaderThatFailedIsNotFollowed checks that an answer naming as
+// the leader an endpoint that failed the client lately does not send the
+// next request back there: the nodes may still name a leader this client
+// cannot reach.
+func TestClientLeaderThatFailedIsNotFollowed(t *testing.T) {
+	c := newTestClient(t, "127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3")
+	if got := c.leaderOr("127.0.0.1:3", 1); got != 2 {
+		t.Fatalf("leader at the third endpoint: next %d, want 2", got)
+	}
+	if got := c.leaderOr("127.0.0.1:9", 1); got != 1 {
+		t.Fatalf("a leader that is not an endpoint: next %d, want 1 (the one that answered)", got)
+	}
+	c.failed[2].Store(time.Now().UnixNano())
+	if got := c.leaderOr("127.0.0.1:3", 1); got != 1 {
+		t.Fatalf("a leader that just failed: next %d, want 1 (the one that answered)", got)
+	}
+	c.failed[2].Store(time.Now().Add(-leaderRetry).UnixNano())
+	if got := c.leaderOr("127.0.0.1:3", 1); got != 2 {
+		t.Fatalf("a leader that failed %v ago: next %d, want 2", leaderRetry, got)
 	}
 }
 
@@ -245,7 +271,7 @@ func startAPIGroup(t *testing.T, n int) ([]*counted, []*httptest.Server) {
 	for i := range n {
 		tr := NewDirect(DirectConfig{ID: NodeID(i), Group: "client-test"})
 		node, err := NewNode(Config{ID: NodeID(i), Group: "client-test", Peers: peers, Transport: tr, DataDir: t.TempDir(),
-			Heartbeat: 10 * time.Millisecond, ElectionTimeout: 100 * time.Millisecond})
+			Heartbeat: 20 * time.Millisecond, ElectionTimeout: 200 * time.Millisecond})
 		if err != nil {
 			t.Fatal(err)
 		}

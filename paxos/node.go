@@ -428,7 +428,8 @@ func (n *Node) publishLeader() {
 		addr = n.conf.addr(n.leader)
 	}
 	if p := n.leaderAddr.Load(); p == nil || *p != addr {
-		n.leaderAddr.Store(&addr)
+		s := addr // allocated only when the leader changes
+		n.leaderAddr.Store(&s)
 	}
 }
 
