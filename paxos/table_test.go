@@ -587,11 +587,7 @@ func BenchmarkTableApply(b *testing.B) {
 func BenchmarkTableSnapshot(b *testing.B) {
 	for _, n := range []int{20_000, 840_000} {
 		b.Run(fmt.Sprint(n), func(b *testing.B) {
-			tb := NewTable(time.Second)
-			for i := 1; i <= n; i++ {
-				tb.Apply(uint64(i), Command{Op: OpAcquire, ID: fmt.Sprintf("cmd-%016x", i), Lock: fmt.Sprintf("lock-%d", i%64),
-					Owner: "owner-1234", Time: 1_000_000, TTL: 50})
-			}
+			tb := benchTable(n)
 			var size int
 			for b.Loop() {
 				data, err := tb.Snapshot()
