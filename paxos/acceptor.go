@@ -8,8 +8,8 @@ import (
 // The acceptor's rules. Every reply that depends on acceptor state is sent
 // only after that state is durable: a promise is fsynced before the
 // Promise goes out; accepted entries are collected in n.unsynced and the
-// Accepted replies in n.outbox, and flush persists the one before it sends
-// the other. Every handler is idempotent: a duplicated, delayed or
+// Accepted replies in n.outbox, and flush hands the one to the writer and
+// holds the other until the writer says the write is durable (writer.go). Every handler is idempotent: a duplicated, delayed or
 // reordered message is judged by its ballot and slots and changes nothing
 // it should not.
 

@@ -3,6 +3,7 @@ package paxos
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -13,7 +14,8 @@ import (
 // invariantTransport checks, as each message leaves a node (Send runs on
 // the node's own loop goroutine, so it may read the node's state), that:
 //   - an Accepted or a Promise goes out only once the state it reports is
-//     persisted (nothing of it is still waiting in n.unsynced);
+//     persisted (nothing of it is still waiting in n.unsynced or in a
+//     write the writer has not made durable);
 //   - a leader proposes no slot past an undecided membership change.
 type invariantTransport struct {
 	Transport
@@ -38,8 +40,14 @@ func (it *invariantTransport) Send(m Message) error {
 func checkSend(n *Node, m Message) string {
 	switch m.Type {
 	case MsgAccepted:
-		for _, e := range n.unsynced {
-			if e.Slot >= m.Slot && e.Slot <= m.Last {
+		pending := n.unsynced
+		for _, h := range n.held {
+			if h.seq > n.durableSeq {
+				pending = append(slices.Clip(pending), h.entries...)
+			}
+		}
+		for _, e := range pending {
+			if e.Slot >= m.Slot && e.Slot <= m.Last && e.Ballot == m.Ballot {
 				return fmt.Sprintf("node %d sent Accepted %d..%d before persisting slot %d", n.cfg.ID, m.Slot, m.Last, e.Slot)
 			}
 		}
@@ -47,7 +55,7 @@ func checkSend(n *Node, m Message) string {
 			return fmt.Sprintf("node %d sent Accepted before persisting its promise", n.cfg.ID)
 		}
 	case MsgPromise:
-		if len(n.unsynced) > 0 || n.promiseDirt || n.promised != m.Ballot {
+		if len(n.unsynced) > 0 || n.promiseDirt || n.promised != m.Ballot || n.durableSeq < n.lastSeq {
 			return fmt.Sprintf("node %d promised %s with unpersisted state", n.cfg.ID, m.Ballot)
 		}
 	case MsgAccept:

@@ -10,9 +10,10 @@ import (
 
 // run is the loop that owns the consensus state (hashicorp/raft's run
 // loop is the model): it takes one input, drains whatever else is ready,
-// then persists what was accepted and only then sends the replies that
-// depend on it.
+// then hands what was accepted to the writer (writer.go); the replies that
+// depend on it go when the writer says it is durable.
 func (n *Node) run(ctx context.Context) {
+	n.wr = newWriter(n.store)
 	defer n.shutdown()
 	ticker := time.NewTicker(n.cfg.Heartbeat)
 	defer ticker.Stop()
@@ -42,6 +43,9 @@ func (n *Node) run(ctx context.Context) {
 		case <-n.kickc:
 			n.health.roundBegan(time.Now(), "campaign")
 			err = n.campaign(time.Now())
+		case <-n.wr.notify:
+			n.health.roundBegan(time.Now(), "durable")
+			err = n.onDurable()
 		case r := <-n.snapDone:
 			n.health.roundBegan(time.Now(), "snapshot saved")
 			n.snapshotSaved(r)
@@ -102,6 +106,7 @@ func (n *Node) shutdown() {
 			_ = n.store.SetCommit(n.commit)
 		}
 	}
+	n.wr.close()
 	if err := n.store.Close(); err != nil && n.stopErr == nil {
 		n.stopErr = err
 	}
@@ -161,59 +166,107 @@ func (n *Node) tick(now time.Time) error {
 	}
 	n.retryWaits(now)
 	if commit > n.savedCommit {
-		if err := n.store.SetCommit(commit); err != nil {
-			return err
-		}
-		n.savedCommit = commit
+		n.submit(writeJob{commit: commit})
 	}
 	return nil
 }
 
 // flush ends a round: the leader places pending commands in slots, then
-// the accepted entries are persisted (one fsynced transaction) and only
-// then the replies that announce them are sent.
+// what was accepted goes to the writer, and the replies that report it
+// wait for the write (persist).
 func (n *Node) flush(now time.Time) error {
-	for range 4 {
-		if n.role == roleLeader {
-			n.proposeBatches(now)
-		}
-		n.sendForwards()
-		before := n.commit
-		if err := n.sync(); err != nil {
-			return err
-		}
-		if n.commit == before || n.role != roleLeader {
-			break
-		}
+	if n.role == roleLeader {
+		n.proposeBatches(now)
 	}
+	n.sendForwards()
+	n.persist()
 	if n.role == roleLeader {
 		n.announceCommit()
 	}
 	return nil
 }
 
-// sync persists what was accepted in memory, then sends the replies
-// waiting for it, then counts the leader's own acceptance.
-func (n *Node) sync() error {
-	if len(n.unsynced) == 0 && !n.promiseDirt && len(n.outbox) == 0 {
-		return nil
-	}
+// heldReplies are the replies of a round and the entries it accepted,
+// waiting until the writes up to seq are durable.
+type heldReplies struct {
+	seq     uint64
+	out     []Message
+	entries []Entry
+}
+
+// persist hands the round's accepted entries and raised promise to the
+// writer, and holds the round's replies until every write submitted so
+// far is durable: a reply may report an entry that an earlier round's
+// write, still running, holds (a duplicated Accept).
+func (n *Node) persist() {
 	es := n.unsynced
 	if len(es) > 0 || n.promiseDirt {
-		began := time.Now()
-		if err := n.store.Accept(n.promised, es); err != nil {
+		n.submit(writeJob{promised: n.promised, entries: es, write: true, commit: n.commit})
+	}
+	if len(es) > 0 || len(n.outbox) > 0 {
+		n.held = append(n.held, heldReplies{seq: n.lastSeq, out: n.outbox, entries: es})
+	}
+	n.unsynced, n.promiseDirt, n.outbox = nil, false, nil
+	n.release()
+}
+
+// submit gives j the next sequence number and queues it on the writer. A
+// job carries the commit as of its round: every entry at or below it is
+// in this job or an earlier one.
+func (n *Node) submit(j writeJob) {
+	n.lastSeq++
+	j.seq = n.lastSeq
+	n.wr.submit(j)
+	n.savedCommit = max(n.savedCommit, j.commit)
+}
+
+// release sends the held replies whose writes are durable, and counts the
+// leader's own acceptance of the entries in them.
+func (n *Node) release() {
+	for len(n.held) > 0 && n.held[0].seq <= n.durableSeq {
+		h := n.held[0]
+		n.held[0] = heldReplies{}
+		n.held = n.held[1:]
+		for _, m := range h.out {
+			n.send(m)
+		}
+		if n.role == roleLeader {
+			n.ackOwn(h.entries)
+		}
+	}
+}
+
+// onDurable takes the writer's report: it releases what became durable,
+// or returns the write's error (the loop halts).
+func (n *Node) onDurable() error {
+	durable, took, err := n.wr.report()
+	if took > 0 {
+		n.health.synced(time.Now(), took)
+	}
+	if err != nil {
+		return err
+	}
+	n.durableSeq = durable
+	n.release()
+	return nil
+}
+
+// sync persists what was accepted and waits until every write submitted
+// is durable, sending the replies that waited. Phase 1, a campaign, a
+// snapshot's install and shutdown write the storage directly after it.
+func (n *Node) sync() error {
+	n.persist()
+	for n.durableSeq < n.lastSeq {
+		select {
+		case <-n.wr.notify:
+		case <-n.wr.done:
+		}
+		if err := n.onDurable(); err != nil {
 			return err
 		}
-		n.health.synced(time.Now(), time.Since(began))
-	}
-	n.unsynced, n.promiseDirt = nil, false
-	out := n.outbox
-	n.outbox = nil
-	for _, m := range out {
-		n.send(m)
-	}
-	if n.role == roleLeader {
-		n.ackOwn(es)
+		if n.durableSeq < n.lastSeq && n.wr.ended() {
+			return errWriterEnded
+		}
 	}
 	return nil
 }

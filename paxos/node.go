@@ -249,10 +249,16 @@ type Node struct {
 	trailFrom   uint64    // entries at or below it were cut: catch-ups from there need the snapshot
 	snapsSent   uint64    // catch-up replies that carried the snapshot
 	snapsIn     uint64    // snapshots installed from a peer
-	unsynced    []Entry   // accepted in memory, to persist before outbox goes
+	unsynced    []Entry   // accepted in memory, to hand to the writer
 	promiseDirt bool      // promised raised in memory by an Accept
-	outbox      []Message // replies that wait for the persist
-	forwards    map[NodeID][]Command
+	outbox      []Message // the round's replies that wait for its write
+	// The writer (writer.go), created by run: the last job submitted, the
+	// last it reported durable, and the replies held for writes.
+	wr         *writer
+	lastSeq    uint64
+	durableSeq uint64
+	held       []heldReplies
+	forwards   map[NodeID][]Command
 
 	cand *candidate
 	lead *leaderState

@@ -7,8 +7,10 @@ import (
 )
 
 // TestFollowerStallIsNoElection holds a follower's loop up three times,
-// each for three election timeouts, the way a slow disk does (its writes
-// of accepted entries wait on its storage's lock), while the leader,
+// each for three election timeouts, the way a descheduled process or a
+// round stuck on storage (a campaign's promise, a snapshot's install)
+// does: the loop takes a status request and cannot hand the answer over
+// until the test reads it. Meanwhile the leader,
 // with the other follower, keeps choosing commands. Each time the
 // follower's loop runs again its election timer has long passed and the
 // leader's messages wait in its inbox: it must restart the timer (its own
@@ -23,11 +25,12 @@ func TestFollowerStallIsNoElection(t *testing.T) {
 	f := c.node((leader.cfg.ID + 1) % 3)
 	timeout := f.cfg.ElectionTimeout
 	for hold := 0; hold < 3; hold++ {
-		f.store.mu.Lock()
+		held := make(chan NodeStatus)
+		f.statusc <- held // the loop now waits to hand its status over
 		for end := time.Now().Add(3 * timeout); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
 			c.mustPropose(leader.cfg.ID, Command{Op: OpAcquire, Lock: fmt.Sprintf("l%d", hold), Owner: "o", TTL: 60000})
 		}
-		f.store.mu.Unlock()
+		<-held
 		time.Sleep(3 * timeout)
 	}
 	c.converge(5 * time.Second)
