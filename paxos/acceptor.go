@@ -18,6 +18,12 @@ import (
 // Commit, Slot: this node's snapshot index} when Ballot is at or above
 // every ballot promised, else Nack{Ballot: the promise}.
 func (n *Node) onPrepare(m Message, now time.Time) error {
+	// Every write in flight ends first (the Promise reports the accepted
+	// entries, durable), and before the checks below: releasing them may
+	// apply entries, a removal of this node among them.
+	if err := n.sync(); err != nil {
+		return err
+	}
 	if n.role == roleRemoved {
 		return nil
 	}
@@ -31,9 +37,6 @@ func (n *Node) onPrepare(m Message, now time.Time) error {
 	if m.Ballot.Less(n.promised) {
 		n.send(Message{Type: MsgNack, To: m.From, Ballot: n.promised, Commit: n.commit})
 		return nil
-	}
-	if err := n.sync(); err != nil {
-		return err
 	}
 	if n.promised.Less(m.Ballot) {
 		if err := n.store.SetPromised(m.Ballot); err != nil {

@@ -2,8 +2,8 @@ package paxos
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
-	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -14,8 +14,8 @@ import (
 // invariantTransport checks, as each message leaves a node (Send runs on
 // the node's own loop goroutine, so it may read the node's state), that:
 //   - an Accepted or a Promise goes out only once the state it reports is
-//     persisted (nothing of it is still waiting in n.unsynced or in a
-//     write the writer has not made durable);
+//     in the node's storage, as the log's records put it there (the
+//     writer fsyncs a record before it updates that state);
 //   - a leader proposes no slot past an undecided membership change.
 type invariantTransport struct {
 	Transport
@@ -40,23 +40,22 @@ func (it *invariantTransport) Send(m Message) error {
 func checkSend(n *Node, m Message) string {
 	switch m.Type {
 	case MsgAccepted:
-		pending := n.unsynced
-		for _, h := range n.held {
-			if h.seq > n.durableSeq {
-				pending = append(slices.Clip(pending), h.entries...)
+		for slot := m.Slot; slot <= m.Last; slot++ {
+			if !storedAt(n, slot, m.Ballot, true) {
+				return fmt.Sprintf("node %d sent Accepted %d..%d at %s before slot %d was durable", n.cfg.ID, m.Slot, m.Last, m.Ballot, slot)
 			}
 		}
-		for _, e := range pending {
-			if e.Slot >= m.Slot && e.Slot <= m.Last && e.Ballot == m.Ballot {
-				return fmt.Sprintf("node %d sent Accepted %d..%d before persisting slot %d", n.cfg.ID, m.Slot, m.Last, e.Slot)
-			}
-		}
-		if n.promiseDirt {
-			return fmt.Sprintf("node %d sent Accepted before persisting its promise", n.cfg.ID)
+		if storedPromise(n).Less(m.Ballot) {
+			return fmt.Sprintf("node %d sent Accepted at %s before its promise was durable", n.cfg.ID, m.Ballot)
 		}
 	case MsgPromise:
-		if len(n.unsynced) > 0 || n.promiseDirt || n.promised != m.Ballot || n.durableSeq < n.lastSeq {
-			return fmt.Sprintf("node %d promised %s with unpersisted state", n.cfg.ID, m.Ballot)
+		for _, e := range m.Entries {
+			if !storedAt(n, e.Slot, e.Ballot, false) {
+				return fmt.Sprintf("node %d promised %s reporting slot %d at %s, not durable", n.cfg.ID, m.Ballot, e.Slot, e.Ballot)
+			}
+		}
+		if storedPromise(n) != m.Ballot {
+			return fmt.Sprintf("node %d promised %s with its promise not durable", n.cfg.ID, m.Ballot)
 		}
 	case MsgAccept:
 		for _, e := range m.Entries {
@@ -68,6 +67,31 @@ func checkSend(n *Node, m Message) string {
 		}
 	}
 	return ""
+}
+
+// storedPromise is the promise in n's storage.
+func storedPromise(n *Node) Ballot {
+	n.store.mu.Lock()
+	defer n.store.mu.Unlock()
+	return n.store.st.promised
+}
+
+// storedAt reports whether n's storage holds slot accepted at ballot b
+// (or, with atLeast, at b or a later ballot), or covers it otherwise: by
+// its snapshot, or as chosen (an Accept repeating a chosen slot is
+// answered without taking it again).
+func storedAt(n *Node, slot uint64, b Ballot, atLeast bool) bool {
+	n.store.mu.Lock()
+	defer n.store.mu.Unlock()
+	if slot <= n.store.snapIndex {
+		return true
+	}
+	raw, ok := n.store.st.entries[slot]
+	var e Entry
+	if !ok || json.Unmarshal(raw, &e) != nil {
+		return false
+	}
+	return slot <= n.store.st.commit || e.Ballot == b || (atLeast && b.Less(e.Ballot))
 }
 
 func TestNodeInvariantsUnderFaultsAndChanges(t *testing.T) {

@@ -38,6 +38,7 @@ func BenchmarkLockServiceLatency(b *testing.B) {
 		rate = n
 	}
 	b.Run("paxos-direct", func(b *testing.B) { openCycles(b, rate, toLeader(b, benchPaxos(b, "direct")), paxosShape) })
+	b.Run("paxos-direct-procs", func(b *testing.B) { openCycles(b, rate, toLeader(b, benchPaxosProcs(b)), paxosShape) })
 	b.Run("paxos-amqp", func(b *testing.B) { openCycles(b, rate, toLeader(b, benchPaxos(b, "amqp")), paxosShape) })
 	b.Run("etcd-http", func(b *testing.B) { openCycles(b, rate, benchEtcd(b), etcdShape) })
 }

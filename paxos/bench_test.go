@@ -233,6 +233,12 @@ func benchPaxos(b *testing.B, transport string) []string {
 		b.Cleanup(func() { _ = srv.Close(); _ = node.Stop(); _ = tr.Close() })
 		bases = append(bases, "http://"+ln.Addr().String())
 	}
+	return benchReady(b, bases)
+}
+
+// benchReady waits until the group at bases grants a lock, and returns
+// bases.
+func benchReady(b *testing.B, bases []string) []string {
 	hc := &http.Client{Timeout: 2 * time.Second}
 	for try := 0; ; try++ {
 		ans, code, err := benchDo(hc, http.MethodPost, bases[0]+"/locks/ready", map[string]any{"owner": "ready", "ttl": 1})

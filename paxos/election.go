@@ -44,12 +44,14 @@ func (n *Node) resetElection(now time.Time) {
 
 // campaign starts phase 1 with a new ballot.
 func (n *Node) campaign(now time.Time) error {
+	// Every write in flight ends first: the promise to itself reports the
+	// accepted entries, and releasing the writes may apply a removal.
+	if err := n.sync(); err != nil {
+		return err
+	}
 	if n.role == roleRemoved || !n.conf.has(n.cfg.ID) {
 		n.resetElection(now)
 		return nil
-	}
-	if err := n.sync(); err != nil {
-		return err
 	}
 	b := Ballot{Round: max(n.maxRound, n.promised.Round) + 1, Node: n.cfg.ID}
 	if err := n.store.SetPromised(b); err != nil {

@@ -287,9 +287,9 @@ func (n *Node) quorumWindow() time.Duration { return 2 * n.cfg.ElectionTimeout }
 // included) has gone unheard (no Accepted, no heartbeat ack) for
 // quorumWindow. Such a leader commits nothing; if the others still hear
 // its heartbeats (a one-way failure) they never elect another, so it must
-// step down. A long gap since the last tick (this loop stalled, say on a
-// slow disk) restarts the grace: the replies that waited meanwhile are not
-// read yet.
+// step down. A long gap since the last tick (this loop stalled: the
+// process descheduled, a round waiting for a promise's fsync) restarts the
+// grace: the replies that waited meanwhile are not read yet.
 func (n *Node) quorumLost(now time.Time, gap time.Duration) bool {
 	L := n.lead
 	window := n.quorumWindow()

@@ -417,6 +417,9 @@ func (n *Node) installSnapshot(snap Snapshot, now time.Time) error {
 	if err := n.sync(); err != nil {
 		return err
 	}
+	if snap.Index <= n.commit {
+		return nil // the writes released just now applied as far
+	}
 	if err := n.sm.Restore(snap.Data); err != nil {
 		n.log.Warn("snapshot from a peer refused", "index", snap.Index, "err", err)
 		return nil

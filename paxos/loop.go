@@ -100,13 +100,17 @@ func (n *Node) drain(recv <-chan Message) error {
 // storage; waiting Propose calls see done closed and return ErrStopped.
 func (n *Node) shutdown() {
 	n.leaderAddr.Store(new(string)) // a stopped node names no leader
-	n.snapWG.Wait()                 // a snapshot being saved ends before the storage closes
 	if n.stopErr == nil {
-		if err := n.sync(); err == nil && n.commit > n.savedCommit {
+		// The writes in flight end first: releasing them may apply
+		// entries, and so start a snapshot.
+		if err := n.sync(); err != nil {
+			n.stopErr = err
+		} else if n.commit > n.savedCommit {
 			_ = n.store.SetCommit(n.commit)
 		}
 	}
 	n.wr.close()
+	n.snapWG.Wait() // a snapshot being saved ends before the storage closes
 	if err := n.store.Close(); err != nil && n.stopErr == nil {
 		n.stopErr = err
 	}
@@ -186,8 +190,8 @@ func (n *Node) flush(now time.Time) error {
 	return nil
 }
 
-// heldReplies are the replies of a round and the entries it accepted,
-// waiting until the writes up to seq are durable.
+// heldReplies are the replies of a round and, on a leader, the entries
+// it accepted, waiting until the writes up to seq are durable.
 type heldReplies struct {
 	seq     uint64
 	out     []Message
@@ -203,8 +207,12 @@ func (n *Node) persist() {
 	if len(es) > 0 || n.promiseDirt {
 		n.submit(writeJob{promised: n.promised, entries: es, write: true, commit: n.commit})
 	}
-	if len(es) > 0 || len(n.outbox) > 0 {
-		n.held = append(n.held, heldReplies{seq: n.lastSeq, out: n.outbox, entries: es})
+	if len(n.outbox) > 0 || (len(es) > 0 && n.role == roleLeader) {
+		h := heldReplies{seq: n.lastSeq, out: n.outbox}
+		if n.role == roleLeader {
+			h.entries = es // its own acceptance counts once they are durable
+		}
+		n.held = append(n.held, h)
 	}
 	n.unsynced, n.promiseDirt, n.outbox = nil, false, nil
 	n.release()
@@ -256,6 +264,9 @@ func (n *Node) onDurable() error {
 // snapshot's install and shutdown write the storage directly after it.
 func (n *Node) sync() error {
 	n.persist()
+	if n.durableSeq < n.lastSeq {
+		defer n.health.waited(time.Now())
+	}
 	for n.durableSeq < n.lastSeq {
 		select {
 		case <-n.wr.notify:

@@ -32,7 +32,7 @@ type loopHealth struct {
 	lastTick   time.Time
 	began      time.Time     // the current round
 	input      string        // what began it
-	inRound    time.Duration // its fsyncs so far
+	inRound    time.Duration // how long it waited for writes so far
 	// The longest round and fsync in the current window, and in the one
 	// before it; since start: the longest round, the rounds over half an
 	// election timeout, the campaigns started by the timer and the timer
@@ -69,15 +69,21 @@ func (n *Node) roundEnded() {
 	limit := n.cfg.ElectionTimeout / 2
 	if d := n.health.roundEnded(time.Now(), limit); d > limit {
 		n.log.Warn("the run loop was held up", "round", d, "input", n.health.input,
-			"fsync", n.health.inRound, "role", n.role.String())
+			"waiting_for_writes", n.health.inRound, "role", n.role.String())
 	}
 }
 
-// synced records one fsync'd write of the acceptor's state that took d.
+// synced records one fsync'd write of the acceptor's state that took d
+// (on the writer: the loop did not wait for it but in waited).
 func (h *loopHealth) synced(now time.Time, d time.Duration) {
 	h.roll(now)
 	h.sync = max(h.sync, d)
-	h.inRound += d
+}
+
+// waited records that the round, begun at since, waited for every write
+// to be durable (a promise, a snapshot's install).
+func (h *loopHealth) waited(since time.Time) {
+	h.inRound += time.Since(since)
 }
 
 // roll starts a new window when the current one is over.

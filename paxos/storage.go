@@ -307,6 +307,15 @@ func (s *Storage) SetPromised(b Ballot) error {
 // at or below the snapshot's index are already covered by the snapshot and
 // are skipped. Slot 0 is not a slot: it is refused and nothing is written.
 func (s *Storage) Accept(promised Ballot, es []Entry) error {
+	return s.acceptCommit(promised, 0, es, true)
+}
+
+// acceptCommit is Accept that also raises the commit index to commit, in
+// the same record, under one hold of the lock: a snapshot's next
+// generation (written from the state in memory) can never hold the
+// commit without the entries it covers. With write false and no entries
+// it only raises the commit in memory, as SetCommit does.
+func (s *Storage) acceptCommit(promised Ballot, commit uint64, es []Entry, write bool) error {
 	vals := make([][]byte, len(es))
 	for i, e := range es {
 		if e.Slot == 0 {
@@ -325,6 +334,13 @@ func (s *Storage) Accept(promised Ballot, es []Entry) error {
 	}
 	if s.st.promised.Less(promised) {
 		s.st.promised = promised
+	}
+	if commit > s.st.commit {
+		s.st.commit = commit
+		s.commitDirty = true
+	}
+	if !write && len(es) == 0 {
+		return nil
 	}
 	keep := vals[:0]
 	var slots []uint64

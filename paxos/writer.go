@@ -96,14 +96,14 @@ func (w *writer) close() {
 	<-w.done
 }
 
-// run takes every queued job at once and writes them as one record.
+// run takes the queued jobs (up to writerMaxEntries entries) and writes
+// them as one record, until closed or a write fails.
 func (w *writer) run() {
 	defer close(w.done)
 	for range w.wake {
 		for {
 			w.mu.Lock()
-			jobs, closing, failed := w.queue, w.closing, w.err != nil
-			w.queue = nil
+			jobs, closing, failed := w.take(), w.closing, w.err != nil
 			w.mu.Unlock()
 			if len(jobs) == 0 || failed {
 				if closing || failed {
@@ -127,6 +127,27 @@ func (w *writer) run() {
 	}
 }
 
+// writerMaxEntries bounds the entries of one record: after a long stall
+// of the disk the jobs that queued meanwhile are written a bounded record
+// at a time (a record is at most walMaxRecord bytes).
+const writerMaxEntries = 8192
+
+// take removes and returns the queued jobs up to writerMaxEntries entries
+// (one job at least); the caller holds mu.
+func (w *writer) take() []writeJob {
+	k, n := 0, 0
+	for k < len(w.queue) && (k == 0 || n+len(w.queue[k].entries) <= writerMaxEntries) {
+		n += len(w.queue[k].entries)
+		k++
+	}
+	jobs := w.queue[:k:k]
+	w.queue = w.queue[k:]
+	if len(w.queue) == 0 {
+		w.queue = nil
+	}
+	return jobs
+}
+
 // write makes jobs durable with at most one record (one fsync).
 func (w *writer) write(jobs []writeJob) error {
 	var promised Ballot
@@ -141,13 +162,7 @@ func (w *writer) write(jobs []writeJob) error {
 		entries = append(entries, j.entries...)
 		write = write || j.write
 	}
-	if err := w.store.SetCommit(commit); err != nil {
-		return err
-	}
-	if !write {
-		return nil
-	}
-	return w.store.Accept(promised, entries)
+	return w.store.acceptCommit(promised, commit, entries, write)
 }
 
 // errWriterEnded is a wait for a write after the writer was closed.

@@ -113,9 +113,10 @@ func TestWriterGroupsWaitingJobs(t *testing.T) {
 	}
 }
 
-// TestWriterStopsOnAFailedWrite: a write that fails is reported, nothing
-// after it is reported durable, and the writer's goroutine ends (a later
-// submit does not block, close returns).
+// TestWriterStopsOnAFailedWrite: a write that fails (the log file is gone
+// from under the storage) is reported, nothing after it is reported
+// durable, the storage takes no more writes, and the writer's goroutine
+// ends (a later submit does not block, close returns).
 func TestWriterStopsOnAFailedWrite(t *testing.T) {
 	s, _, err := OpenStorage(t.TempDir(), "g", 0, []Peer{{ID: 0}})
 	if err != nil {
@@ -126,9 +127,10 @@ func TestWriterStopsOnAFailedWrite(t *testing.T) {
 	if err := waitDurable(t, w, 1); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Close(); err != nil {
-		t.Fatal(err)
-	}
+	defer s.Close()
+	s.mu.Lock()
+	_ = s.log.Close() // the next append fails
+	s.mu.Unlock()
 	w.submit(writeJob{seq: 2, entries: []Entry{writerEntry(2)}, write: true})
 	if err := waitDurable(t, w, 2); err == nil {
 		t.Fatal("a write to a closed storage was reported durable")
@@ -137,6 +139,9 @@ func TestWriterStopsOnAFailedWrite(t *testing.T) {
 	case <-w.done:
 	case <-time.After(5 * time.Second):
 		t.Fatal("the writer did not end after a failed write")
+	}
+	if err := s.Accept(Ballot{}, []Entry{writerEntry(4)}); err == nil {
+		t.Fatal("the storage took a write after one failed")
 	}
 	w.submit(writeJob{seq: 3, entries: []Entry{writerEntry(3)}, write: true})
 	w.close()
