@@ -126,7 +126,7 @@ type Storage struct {
 	db   *bolt.DB
 	dir  string
 	path string
-	log  *os.File
+	log  *walFile
 	gen  uint64
 	// st is what the log holds: entries above snapIndex only.
 	st        walState
@@ -275,11 +275,7 @@ func (s *Storage) usable(what string) error {
 // the log and syncs it; the caller holds mu.
 func (s *Storage) write(what string, ents [][]byte) error {
 	s.buf = walAppendRecord(s.buf[:0], s.st.promised, s.st.commit, ents)
-	_, err := s.log.Write(s.buf)
-	if err == nil {
-		err = s.log.Sync()
-	}
-	if err != nil {
+	if err := s.log.append(s.buf); err != nil {
 		s.failed = err
 		return fmt.Errorf("paxos: %s: %w", what, err)
 	}
