@@ -240,7 +240,7 @@ func walOpen(dir string) (lf *walFile, gen uint64, st walState, ok bool, err err
 		}
 		lf.size = int64(good)
 	}
-	if err := lf.ahead(); err != nil {
+	if err := lf.ahead(walZeroAhead / 2); err != nil {
 		_ = f.Close()
 		return nil, 0, walState{}, false, fmt.Errorf("open acceptor log: %w", err)
 	}
@@ -300,7 +300,7 @@ func walCreate(dir string, gen uint64, st walState) (*walFile, error) {
 		return fail(err)
 	}
 	lf := &walFile{f: f, end: int64(len(rec)), size: int64(len(rec))}
-	if err := lf.ahead(); err != nil { // syncs the record with the zeros
+	if err := lf.ahead(walZeroAhead / 2); err != nil { // syncs the record with the zeros
 		return fail(err)
 	}
 	if err := os.Rename(tmp, final); err != nil {
@@ -313,8 +313,8 @@ func walCreate(dir string, gen uint64, st walState) (*walFile, error) {
 	return lf, nil
 }
 
-// walZeroAhead is how many bytes of zeros a log file is extended by when
-// an append would run past its end.
+// walZeroAhead is how far past its last record a log file is filled with
+// zeros when it is extended.
 const walZeroAhead = 2 << 20
 
 // walFile is the log file being appended to. Its end is extended with
@@ -333,15 +333,16 @@ type walFile struct {
 	size int64 // the file's size: zeros from end to size
 }
 
-// ahead extends the file with zeros to walZeroAhead past its end, and
-// syncs it (the new size and blocks), when less than half of that is
-// left. A new or reopened log gets its zeros when it is opened, so the
-// first appends (a campaign's promise, on the run loop) write none.
-func (w *walFile) ahead() error {
-	if w.size-w.end >= walZeroAhead/2 {
+// ahead makes sure at least n bytes of zeros follow the end: when fewer
+// do, it extends the file with zeros to walZeroAhead (or n) past the end
+// and syncs it (the new size and blocks). A new or reopened log gets its
+// zeros when it is opened (n = walZeroAhead/2), so the first appends (a
+// campaign's promise, on the run loop) write none.
+func (w *walFile) ahead(n int64) error {
+	if w.size-w.end >= n {
 		return nil
 	}
-	size := w.end + walZeroAhead
+	size := w.end + max(n, walZeroAhead)
 	if _, err := w.f.WriteAt(make([]byte, size-w.size), w.size); err != nil {
 		return err
 	}
@@ -352,24 +353,10 @@ func (w *walFile) ahead() error {
 	return nil
 }
 
-// append writes rec at the end and syncs it.
+// append writes rec over the zeros at the end and syncs it.
 func (w *walFile) append(rec []byte) error {
-	if w.end+int64(len(rec)) > w.size {
-		w.size = max(w.size, w.end) // never write zeros over records
-		if err := w.ahead(); err != nil {
-			return err
-		}
-	}
-	if w.end+int64(len(rec)) > w.size { // a record larger than the zeros ahead
-		w.size = w.end + int64(len(rec))
-		if _, err := w.f.WriteAt(rec, w.end); err != nil {
-			return err
-		}
-		if err := w.f.Sync(); err != nil {
-			return err
-		}
-		w.end = w.size
-		return nil
+	if err := w.ahead(int64(len(rec))); err != nil {
+		return err
 	}
 	if _, err := w.f.WriteAt(rec, w.end); err != nil {
 		return err
