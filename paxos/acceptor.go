@@ -158,16 +158,34 @@ func (n *Node) putEntry(e Entry) {
 	}
 }
 
-// entriesFrom returns the accepted entries with slot >= from, by slot.
+// entriesFrom returns the accepted entries with slot >= from, by slot:
+// the chosen ones kept, then those not yet applied.
 func (n *Node) entriesFrom(from uint64) []Entry {
 	var out []Entry
+	if k := n.chosen.len(); k > 0 {
+		for s := max(from, n.chosen.first); s < n.chosen.first+uint64(k); s++ {
+			if e, ok := n.chosen.get(s); ok {
+				out = append(out, e)
+			}
+		}
+	}
+	chosen := len(out)
 	for s, e := range n.entries {
 		if s >= from {
 			out = append(out, e)
 		}
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Slot < out[j].Slot })
+	rest := out[chosen:]
+	sort.Slice(rest, func(i, j int) bool { return rest[i].Slot < rest[j].Slot })
 	return out
+}
+
+// entry is the entry the node keeps at slot s, applied or not.
+func (n *Node) entry(s uint64) (Entry, bool) {
+	if e, ok := n.entries[s]; ok {
+		return e, true
+	}
+	return n.chosen.get(s)
 }
 
 // snapIndex is the index of the latest snapshot (0 if none).

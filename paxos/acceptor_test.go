@@ -60,7 +60,7 @@ func checkSend(n *Node, m Message) string {
 	case MsgAccept:
 		for _, e := range m.Entries {
 			for s := n.applied + 1; s < e.Slot; s++ {
-				if p, ok := n.entries[s]; ok && isChange(p.Cmd) && n.lead != nil && s >= n.lead.first {
+				if p, ok := n.entry(s); ok && isChange(p.Cmd) && n.lead != nil && s >= n.lead.first {
 					return fmt.Sprintf("node %d proposed slot %d past the undecided change at %d", n.cfg.ID, e.Slot, s)
 				}
 			}
@@ -86,7 +86,7 @@ func storedAt(n *Node, slot uint64, b Ballot, atLeast bool) bool {
 	if slot <= n.store.snapIndex {
 		return true
 	}
-	raw, ok := n.store.st.entries[slot]
+	raw, ok := n.store.st.entries.get(slot)
 	var e Entry
 	if !ok || json.Unmarshal(raw, &e) != nil {
 		return false

@@ -149,7 +149,12 @@ func (n *Node) learnCommit(from NodeID, b Ballot, c uint64, now time.Time) {
 // commitTo marks slot (the one after the commit) chosen and applies it.
 func (n *Node) commitTo(slot uint64) {
 	n.commit = slot
-	n.apply(n.entries[slot])
+	e, ok := n.entries[slot]
+	if ok {
+		delete(n.entries, slot)
+		n.chosen.push(e)
+	}
+	n.apply(e)
 }
 
 // apply applies one chosen entry: to the table, to the configuration for a
@@ -285,11 +290,7 @@ func (n *Node) snapshotSaved(r snapSaved) {
 	// that a peer a little behind catches up from them rather than with
 	// the whole snapshot (which, large, it would install on its loop).
 	cut := r.snap.Index - min(r.snap.Index, n.trailing())
-	for s := range n.entries {
-		if s <= cut {
-			delete(n.entries, s)
-		}
-	}
+	n.chosen.dropThrough(cut) // the map holds slots above the commit only
 	n.trailFrom = max(n.trailFrom, cut)
 	n.log.Debug("snapshot", "index", r.snap.Index)
 }
@@ -343,7 +344,7 @@ func (n *Node) onCatchUp(m Message) {
 		reply.Snapshot = n.snap
 	default:
 		for s := m.Slot; s <= n.commit && len(reply.Entries) < maxCatchUp; s++ {
-			e, ok := n.entries[s]
+			e, ok := n.entry(s)
 			if !ok {
 				break
 			}
@@ -361,7 +362,7 @@ func (n *Node) onCatchUp(m Message) {
 // looks at slot s only: entries are deleted only up to a cut, which raises
 // trailFrom, so those above it up to the commit have no gap.
 func (n *Node) retains(s uint64) bool {
-	_, ok := n.entries[s]
+	_, ok := n.entry(s)
 	return ok && s > n.trailFrom
 }
 
@@ -435,6 +436,7 @@ func (n *Node) installSnapshot(snap Snapshot, now time.Time) error {
 			delete(n.entries, s)
 		}
 	}
+	n.chosen = chosenLog{} // all at or below the commit, below snap.Index
 	n.trailFrom = max(n.trailFrom, snap.Index)
 	n.snapsIn++
 	n.log.Info("installed snapshot", "index", snap.Index)

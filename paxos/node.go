@@ -236,10 +236,12 @@ type Node struct {
 	conf       *config
 	everMember bool
 
-	// entries are the accepted entries above the snapshot, and the
-	// trailing ones at and below it that catch-ups may still be served
-	// from (see trailing).
+	// entries are the accepted entries not yet applied (above the
+	// commit); chosen keeps the applied ones down to the snapshot, and
+	// the trailing ones at and below it that catch-ups may still be
+	// served from (see trailing).
 	entries     map[uint64]Entry
+	chosen      chosenLog
 	commit      uint64
 	applied     uint64
 	savedCommit uint64

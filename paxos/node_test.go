@@ -200,7 +200,8 @@ func (c *testCluster) converge(within time.Duration) uint64 {
 func logOf(n *Node) []Entry {
 	var out []Entry
 	for s := n.snapIndex() + 1; s <= n.commit; s++ {
-		out = append(out, n.entries[s])
+		e, _ := n.entry(s)
+		out = append(out, e)
 	}
 	return out
 }
@@ -264,7 +265,9 @@ func (c *testCluster) stopAndCompare() map[NodeID]*Node {
 		}
 		lo := max(n.snapIndex(), ref.snapIndex()) + 1
 		for s := lo; s <= min(n.commit, ref.commit); s++ {
-			a, b := n.entries[s].Cmd, ref.entries[s].Cmd
+			ea, _ := n.entry(s)
+			eb, _ := ref.entry(s)
+			a, b := ea.Cmd, eb.Cmd
 			if a.ID != b.ID || a.Op != b.Op || a.Time != b.Time || a.Lock != b.Lock {
 				c.t.Fatalf("slot %d: node %d has %+v, node %d has %+v", s, n.cfg.ID, a, ref.cfg.ID, b)
 			}

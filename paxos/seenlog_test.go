@@ -60,7 +60,7 @@ func checkSeenLog(t *testing.T, mask uint64) {
 			}
 			l.replace(s)
 		case r < 93 && len(ref) > 0:
-			before := ref[rng.IntN(min(len(ref), 3*seenChunk/2))].Time
+			before := ref[rng.IntN(min(len(ref), 3*byteChunkRecords/2))].Time
 			n := l.dropWhile(func(at int64) bool { return at < before })
 			k := 0
 			for k < len(ref) && ref[k].Time < before {

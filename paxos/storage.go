@@ -1,13 +1,11 @@
 package paxos
 
 import (
-	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"sync"
 	"time"
 
@@ -183,11 +181,7 @@ func OpenStorage(dir, group string, id NodeID, peers []Peer) (*Storage, State, e
 		_ = db.Close()
 		return nil, State{}, fmt.Errorf("paxos: open storage %s: %w", dir, err)
 	}
-	for slot := range s.st.entries {
-		if slot <= s.snapIndex {
-			delete(s.st.entries, slot)
-		}
-	}
+	s.st.entries.keepAbove(s.snapIndex)
 	s.st.commit = max(s.st.commit, s.snapIndex)
 	st.Promised, st.Commit = s.st.promised, s.st.commit
 	if st.Entries, err = s.st.sorted(); err != nil {
@@ -210,7 +204,7 @@ func (s *Storage) openLog(hadLog bool) error {
 		if hadLog {
 			return fmt.Errorf("the acceptor's log (%s*%s) is missing: restore it; %s", walPrefix, walSuffix, storStartAfresh)
 		}
-		st, gen = walState{entries: map[uint64][]byte{}}, 1
+		st, gen = walState{}, 1
 		if f, err = walCreate(s.dir, gen, st); err != nil {
 			return err
 		}
@@ -242,20 +236,20 @@ func storLogAlone(dir, path string) error {
 	return nil
 }
 
-// sorted decodes the entries, ordered by slot.
+// sorted decodes the entries, ordered by slot (as slots gives them).
 func (st walState) sorted() ([]Entry, error) {
-	if len(st.entries) == 0 {
+	if st.entries.len() == 0 {
 		return nil, nil
 	}
-	out := make([]Entry, 0, len(st.entries))
-	for slot, v := range st.entries {
+	out := make([]Entry, 0, st.entries.len())
+	for _, slot := range st.entries.slots() {
+		v, _ := st.entries.get(slot)
 		var e Entry
 		if err := json.Unmarshal(v, &e); err != nil {
 			return nil, fmt.Errorf("decode entry at slot %d: %w", slot, err)
 		}
 		out = append(out, e)
 	}
-	slices.SortFunc(out, func(a, b Entry) int { return cmp.Compare(a.Slot, b.Slot) })
 	return out, nil
 }
 
@@ -350,7 +344,7 @@ func (s *Storage) acceptCommit(promised Ballot, commit uint64, es []Entry, write
 		return err
 	}
 	for i, slot := range slots {
-		s.st.entries[slot] = keep[i]
+		s.st.entries.put(slot, keep[i])
 	}
 	return nil
 }
@@ -433,11 +427,7 @@ func (s *Storage) SaveSnapshot(snap Snapshot) error {
 func (s *Storage) nextGeneration(what string, index uint64) error {
 	s.snapIndex = index
 	s.st.commit = max(s.st.commit, index)
-	for slot := range s.st.entries {
-		if slot <= index {
-			delete(s.st.entries, slot)
-		}
-	}
+	s.st.entries.keepAbove(index)
 	f, err := walCreate(s.dir, s.gen+1, s.st)
 	if err != nil {
 		// The new generation may be in place (renamed, its dir not

@@ -22,13 +22,13 @@ import (
 // drops the state from bbolt. A crash between the two leaves the earlier
 // layout, moved again on the next open.
 func (s *Storage) moveToLog(st State) error {
-	ws := walState{promised: st.Promised, commit: st.Commit, entries: map[uint64][]byte{}}
+	ws := walState{promised: st.Promised, commit: st.Commit}
 	for _, e := range st.Entries {
 		v, err := json.Marshal(e)
 		if err != nil {
 			return fmt.Errorf("encode slot %d: %w", e.Slot, err)
 		}
-		ws.entries[e.Slot] = v
+		ws.entries.put(e.Slot, v)
 	}
 	gens, _, err := walGenerations(s.dir)
 	if err != nil {

@@ -495,16 +495,16 @@ func TestTablePrunedBurstReleased(t *testing.T) {
 	for i := range 10_001 {
 		tb.Apply(uint64(i+1), Command{Op: OpAcquire, ID: fmt.Sprintf("id-%d", i), Lock: "a", Owner: "o", Time: 1000, TTL: 10})
 	}
-	if len(tb.seen.chunks) < 3 {
-		t.Fatalf("%d chunks for 10,001 results: the test proves nothing", len(tb.seen.chunks))
+	if len(tb.seen.raw.chunks) < 3 {
+		t.Fatalf("%d chunks for 10,001 results: the test proves nothing", len(tb.seen.raw.chunks))
 	}
 	late := int64(1000) + DedupeWindow.Milliseconds() + 1
 	if len(tb.seen.index)+len(tb.seen.clash) != 10_001 {
 		t.Fatalf("%d IDs indexed, want 10,001", len(tb.seen.index)+len(tb.seen.clash))
 	}
 	tb.Apply(20_000, Command{Op: OpAcquire, ID: "late", Lock: "b", Owner: "o", Time: late, TTL: 10})
-	if tb.seen.len() != 1 || len(tb.seen.chunks) != 1 || tb.seen.head != 0 || len(tb.seen.index)+len(tb.seen.clash) != 1 {
-		t.Fatalf("remembered %d results in %d chunks (head %d), %d IDs indexed; want the late one only, in one", tb.seen.len(), len(tb.seen.chunks), tb.seen.head, len(tb.seen.index)+len(tb.seen.clash))
+	if tb.seen.len() != 1 || len(tb.seen.raw.chunks) != 1 || tb.seen.raw.head != 0 || len(tb.seen.index)+len(tb.seen.clash) != 1 {
+		t.Fatalf("remembered %d results in %d chunks (head %d), %d IDs indexed; want the late one only, in one", tb.seen.len(), len(tb.seen.raw.chunks), tb.seen.raw.head, len(tb.seen.index)+len(tb.seen.clash))
 	}
 	if r := tb.Apply(20_001, Command{Op: OpAcquire, ID: "late", Lock: "b", Owner: "o", Time: late, TTL: 10}); r.Index != 20_000 {
 		t.Fatalf("the late result after the prune: %+v, want the one applied at 20000", r)

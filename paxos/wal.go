@@ -60,7 +60,7 @@ type walState struct {
 	promised Ballot
 	commit   uint64
 	// entries are the accepted entries by slot, as encoded (JSON).
-	entries map[uint64][]byte
+	entries walEntries
 }
 
 // walName is the file of generation gen.
@@ -105,7 +105,7 @@ func walApply(st *walState, p []byte) error {
 		if err := json.Unmarshal(v, &e); err != nil {
 			return fmt.Errorf("entry %d of %d: %w", i+1, n, err)
 		}
-		st.entries[e.Slot] = bytes.Clone(v)
+		st.entries.put(e.Slot, v)
 		p = p[4+l:]
 	}
 	if len(p) != 0 {
@@ -121,7 +121,7 @@ func walApply(st *walState, p []byte) error {
 // can be unsynced, and an unsynced write was never answered for); when a
 // whole record follows, a synced write was damaged, which is an error.
 func walReplay(data []byte) (walState, int, error) {
-	st := walState{entries: map[uint64][]byte{}}
+	var st walState
 	off := 0
 	for off < len(data) {
 		n, ok := walRecordAt(data, off)
@@ -275,14 +275,10 @@ func walCut(f *os.File, size int64) error {
 // record, durably (written to a temporary file, synced, renamed into
 // place, the dir synced), and returns it open for appending.
 func walCreate(dir string, gen uint64, st walState) (*walFile, error) {
-	slots := make([]uint64, 0, len(st.entries))
-	for s := range st.entries {
-		slots = append(slots, s)
-	}
-	slices.Sort(slots)
+	slots := st.entries.slots()
 	ents := make([][]byte, len(slots))
 	for i, s := range slots {
-		ents[i] = st.entries[s]
+		ents[i], _ = st.entries.get(s)
 	}
 	final := filepath.Join(dir, walName(gen))
 	tmp := final + walTemp
