@@ -180,12 +180,14 @@ func (n *Node) entriesFrom(from uint64) []Entry {
 	return out
 }
 
-// entry is the entry the node keeps at slot s, applied or not.
+// entry is the entry the node keeps at slot s, applied (in chosen) or
+// not (in the map).
 func (n *Node) entry(s uint64) (Entry, bool) {
-	if e, ok := n.entries[s]; ok {
-		return e, true
+	if s <= n.commit {
+		return n.chosen.get(s)
 	}
-	return n.chosen.get(s)
+	e, ok := n.entries[s]
+	return e, ok
 }
 
 // snapIndex is the index of the latest snapshot (0 if none).

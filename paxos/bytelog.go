@@ -13,9 +13,9 @@ const byteChunkBytes = 64 << 10
 // records are kept in chunks of byteChunkRecords whose bytes and offsets
 // hold no pointers, so the garbage collector never scans them: kept as
 // structs of strings, in slices or maps, they were most of what each
-// collection marked, and a collection's mark phase, 40-380 ms with them
-// and 5-16 ms without at 1,800 cycles/s, is when the requests' tail
-// piled up (docs/BENCHMARKS.md).
+// collection marked, and a collection's mark phase (at 1,800 cycles/s
+// 43-56 ms on average and up to 380 ms with them, 3-4 ms without) is when
+// the requests' tail piled up (docs/BENCHMARKS.md).
 //
 // Chunks are never copied to grow the log, and dropping the oldest
 // records frees whole chunks. A chunk's bytes and offsets are only

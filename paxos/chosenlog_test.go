@@ -82,6 +82,39 @@ func TestEntryEncoding(t *testing.T) {
 	}
 }
 
+// TestEntryEncodingEveryField fills every field of an Entry, by
+// reflection, with a value of its own, so that a field added to Command
+// later and left out of appendCommand fails here.
+func TestEntryEncodingEveryField(t *testing.T) {
+	var e Entry
+	k := 0
+	var fill func(v reflect.Value)
+	fill = func(v reflect.Value) {
+		switch v.Kind() {
+		case reflect.Struct:
+			for i := range v.NumField() {
+				fill(v.Field(i))
+			}
+		case reflect.String:
+			k++
+			v.SetString(fmt.Sprintf("field-%d", k))
+		case reflect.Int64, reflect.Int:
+			k++
+			v.SetInt(-int64(k) * 1000)
+		case reflect.Uint64:
+			k++
+			v.SetUint(uint64(k) << 33)
+		default:
+			t.Fatalf("field of kind %s: teach this test and appendCommand about it", v.Kind())
+		}
+	}
+	fill(reflect.ValueOf(&e).Elem())
+	got, err := decodeEntry(appendEntry(nil, &e))
+	if err != nil || !reflect.DeepEqual(got, e) {
+		t.Fatalf("round trip of %+v: got %+v, %v", e, got, err)
+	}
+}
+
 // TestWalEntries checks the acceptor log's entries in memory: a slot put
 // again has its latest bytes, a value larger than a chunk gets one of its
 // own, slots come in order, and keepAbove forgets the low slots and

@@ -2,6 +2,7 @@ package paxos
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"time"
 )
@@ -150,10 +151,12 @@ func (n *Node) learnCommit(from NodeID, b Ballot, c uint64, now time.Time) {
 func (n *Node) commitTo(slot uint64) {
 	n.commit = slot
 	e, ok := n.entries[slot]
-	if ok {
-		delete(n.entries, slot)
-		n.chosen.push(e)
+	if !ok { // every caller checks first: this is a bug, not a fault
+		n.fail(fmt.Errorf("paxos: slot %d committed without its entry", slot))
+		return
 	}
+	delete(n.entries, slot)
+	n.chosen.push(e)
 	n.apply(e)
 }
 
@@ -362,8 +365,7 @@ func (n *Node) onCatchUp(m Message) {
 // looks at slot s only: entries are deleted only up to a cut, which raises
 // trailFrom, so those above it up to the commit have no gap.
 func (n *Node) retains(s uint64) bool {
-	_, ok := n.entry(s)
-	return ok && s > n.trailFrom
+	return s <= n.commit && n.chosen.has(s) && s > n.trailFrom
 }
 
 // onCatchUpReply learns chosen entries (or a snapshot) and asks for more
