@@ -12,6 +12,8 @@
  * ```
  *
  * The LangGraph checkpoint saver is in `@droverhq/client/langgraph`.
+ * {@link PaxosLocks} is the client of the replicated lock service
+ * `drover paxos serve`, which needs no drover server.
  */
 import { AgentTasks, type RunStepsOptions, type RunStepsResult, type Step } from "./agent.js";
 import { Checkpoints } from "./checkpoints.js";
@@ -46,6 +48,25 @@ export { Worker, type TaskContext, type TaskHandler, type WorkerOptions, type Wo
 export { AgentTasks, type AgentTask, type AgentTaskClaim, type RunStepsOptions, type RunStepsResult, type Step, type StepContext, type StepFn } from "./agent.js";
 export { Limits, Quotas, Breakers, type AllowResult, type BreakerInfo, type LimitInfo, type QuotaInfo, type Slot, type TakeOptions, type TakeResult } from "./flow.js";
 export { Registry, Registration, type Endpoint, type RegistryEvent, type WatchOptions } from "./registry.js";
+export {
+  PaxosLocks,
+  PaxosLockHeldError,
+  PaxosNotHeldError,
+  PaxosTimeoutError,
+  PaxosUnreachableError,
+  parsePaxosEndpoint,
+  PAXOS_LEADER_HEADER,
+  PAXOS_LEADER_RETRY_MS,
+  IDEMPOTENCY_KEY_HEADER,
+  type PaxosAcquireOptions,
+  type PaxosCallOptions,
+  type PaxosEndpointStatus,
+  type PaxosLock,
+  type PaxosLocksOptions,
+  type PaxosMemberStatus,
+  type PaxosNodeStatus,
+  type PaxosRenewal,
+} from "./paxos.js";
 export {
   Checkpoints,
   type CheckpointFence,

@@ -18,6 +18,12 @@ or the module-level functions, which use a default client configured by
 
     with drover.lock("report-42", wait=10) as lk:
         ...
+
+:class:`PaxosLocks` is a client of the Paxos lock service (``drover paxos
+serve``), which needs no etcd::
+
+    locks = drover.PaxosLocks(["127.0.0.1:7100", "127.0.0.1:7101", "127.0.0.1:7102"])
+    grant = locks.acquire("report-42", "worker-7", ttl=30)
 """
 
 import logging
@@ -32,6 +38,7 @@ from .client import Client
 from . import errors as _errors
 from .errors import *  # noqa: F401,F403 (every error class, listed in errors.__all__)
 from .locks import Lock
+from .paxos import EndpointStatus, PaxosLockInfo, PaxosLocks
 from .queues import OutcomeResult, Queue, Rejected, SubmitResult, Task
 from .registry import Registration, Watch, WatchEvent
 from .sessions import Session
@@ -42,6 +49,9 @@ __all__ = _errors.__all__ + [
     "Client",
     "Session",
     "Lock",
+    "PaxosLocks",
+    "PaxosLockInfo",
+    "EndpointStatus",
     "Queue",
     "Task",
     "Worker",

@@ -34,6 +34,9 @@ __all__ = [
     "StoreFull",
     "Permanent",
     "SessionLost",
+    "NotHeld",
+    "ConsensusTimeout",
+    "Unreachable",
     "error_from_problem",
 ]
 
@@ -203,6 +206,67 @@ class StoreFull(DroverError):
 
 class SessionLost(DroverError):
     """A session (and everything held under it) ended before it was closed."""
+
+
+class NotHeld(Fenced):
+    """409 from the Paxos lock service: a release or renewal named an owner
+    and token that do not hold the lock, and nothing changed.
+
+    ``lock`` and ``token`` are what the call named; ``holder`` is the lock's
+    holder (``lockId``, ``owner``, ``token``, ``expires``...) when another
+    owner or token holds it, ``None`` when it is free. Stop writing under
+    that token, then acquire the lock again::
+
+        try:
+            locks.release("report-42", "worker-7", token)
+        except drover.NotHeld as e:
+            print(e.lock, e.token, e.holder)   # the lock was lost before the release
+    """
+
+    lock: str = ""
+    token: Optional[int] = None
+
+    @property
+    def holder(self) -> Optional[Dict[str, Any]]:
+        h = self.problem.get("holder")
+        return dict(h) if isinstance(h, dict) else None
+
+
+class ConsensusTimeout(Unavailable):
+    """504 from the Paxos lock service: every node that answered found no
+    quorum within its ``--request-timeout`` (a majority of the nodes is down
+    or cut off, or no leader was elected yet).
+
+    The request may still be applied later. ``idempotency_key`` is the key
+    it was sent with (``None`` for reads): call again with
+    ``idempotency_key=e.idempotency_key`` to learn its outcome, once a
+    majority of the nodes runs::
+
+        try:
+            grant = locks.acquire("report-42", "worker-7", ttl=30)
+        except drover.ConsensusTimeout as e:
+            grant = locks.acquire("report-42", "worker-7", ttl=30, idempotency_key=e.idempotency_key)
+    """
+
+    idempotency_key: Optional[str] = None
+
+
+class Unreachable(TransportError):
+    """No node of the Paxos lock service answered: each endpoint could not be
+    reached, was stopping (502, 503), or the call's timeout ran out.
+
+    ``sent`` tells whether the request may have reached a node (then it may
+    have been applied); ``idempotency_key`` is the key it was sent with
+    (``None`` for reads): call again with ``idempotency_key=...`` to apply it
+    at most once::
+
+        try:
+            locks.release("report-42", "worker-7", token)
+        except drover.Unreachable as e:
+            print(e)   # each endpoint's error: check that the nodes run
+    """
+
+    idempotency_key: Optional[str] = None
 
 
 class Permanent(Exception):
