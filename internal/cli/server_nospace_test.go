@@ -53,7 +53,10 @@ func TestServerDisarmsNOSPACE(t *testing.T) {
 			for i := 0; i < 60 && refused == nil; i++ { // 60 MiB at most: past the 32 MiB quota
 				_, refused = c.Put(ctx, fmt.Sprintf("%s%03d", filler, i), big)
 				if i == 20 { // past 50 %: the guard sets its key (raw puts go on regardless)
-					waitFor(t, 10*time.Second, "the guard key past the high-water mark", func() bool {
+					// The guard checks every 2 s; a full `go test -race ./...`
+					// run on two cores once waited more than 10 s for it
+					// here, so the wait allows 30.
+					waitFor(t, 30*time.Second, "the guard key past the high-water mark", func() bool {
 						g, err := c.Get(ctx, keys.StoreFull())
 						return err == nil && len(g.Kvs) == 1
 					})

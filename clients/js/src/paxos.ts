@@ -293,7 +293,7 @@ function answerError(a: Answer, key?: string): DroverError {
     case 504:
       return new PaxosTimeoutError(
         `${said}: no quorum applied it in time (a majority of the group is down or cut off, or a leader is being elected); ` +
-          "it may still be applied: repeat the call with the error's idempotencyKey to learn its outcome",
+          (key ? "it may still be applied: repeat the call with the error's idempotencyKey to learn its outcome" : "try again once the group has a majority"),
         { ...opts, ...(key ? { idempotencyKey: key } : {}) },
       );
   }
@@ -413,7 +413,7 @@ export class PaxosLocks {
   async get(lock: string, opts: PaxosCallOptions = {}): Promise<PaxosLock> {
     const { ans } = await this.call("GET", lockPath(lock), undefined, opts);
     if (ans.status === 200) return decode<PaxosLock>(ans);
-    if (ans.status === 404) {
+    if (ans.status === 404 && answerMessage(ans).startsWith("Lock not found")) {
       throw new NotFoundError(`lock "${lock}" is free (never acquired, released, or expired): acquire it to hold it`, {
         status: 404,
         problem: { status: 404, detail: answerMessage(ans) },
@@ -496,7 +496,7 @@ export class PaxosLocks {
    */
   private async call(method: string, path: string, body: unknown, opts: PaxosCallOptions): Promise<{ ans: Answer; key?: string }> {
     const request = `${method} ${path}`;
-    const key = method === "GET" ? undefined : (opts.idempotencyKey ?? randomUUID());
+    const key = method === "GET" ? undefined : opts.idempotencyKey || randomUUID();
     const keyed = key ? { idempotencyKey: key } : {};
     const timeoutMs = opts.timeoutMs ?? this.timeoutMs;
     const deadline = timeoutMs > 0 ? Date.now() + timeoutMs : Infinity;
@@ -522,21 +522,24 @@ export class PaxosLocks {
         // The last attempt's share is all the time left (a timer may fire a ms early).
         outOfTime = i === n - 1 && err instanceof ShareSpent;
       }
+      if (ans?.status === 504) timedOut = ans;
       if (outOfTime || Date.now() >= deadline) {
+        // A node that found no quorum says more than the time running out.
+        if (timedOut) return { ans: timedOut, key };
         throw new PaxosUnreachableError(
-          `${request}: no node answered within ${timeoutMs} ms (${attempts.join("; ")}): check that a majority of the group runs, or allow more time (timeoutMs); ` +
-            "the request may have been applied: repeat it with the error's idempotencyKey",
+          `${request}: no node answered within ${timeoutMs} ms (${attempts.join("; ")}): check that a majority of the group runs, or allow more time (timeoutMs)` +
+            (key ? "; the request may have been applied: repeat it with the error's idempotencyKey" : ""),
           attempts,
           { request, ...keyed },
         );
       }
       this.failedAt[e] = Date.now();
-      if (ans?.status === 504) timedOut = ans;
     }
     if (timedOut) return { ans: timedOut, key };
     throw new PaxosUnreachableError(
       `${request}: no node of the group answered (${attempts.join("; ")}): check that the nodes run (drover paxos status --endpoints ...) ` +
-        "and that these endpoints reach them",
+        "and that these endpoints reach them" +
+        (key ? "; a node may have applied the request before its answer was lost: repeat it with the error's idempotencyKey" : ""),
       attempts,
       { request, ...keyed },
     );

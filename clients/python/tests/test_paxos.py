@@ -46,13 +46,18 @@ class PaxosGroup:
         for attempt in range(3):  # a port taken between the probe and the bind: try others
             self.addrs = ["127.0.0.1:%d" % free_port() for _ in range(self.size)]
             peers = ",".join("%d=%s" % (i, a) for i, a in enumerate(self.addrs))
-            self.procs = [self._spawn(i, peers, attempt) for i in range(self.size)]
+            self.procs = []
             try:
+                for i in range(self.size):  # appended one by one: a failed spawn stops those started
+                    self.procs.append(self._spawn(i, peers, attempt))
                 self.wait_leader(ready_timeout)
                 return self
             except RuntimeError as e:
                 last = "%s\n%s" % (e, self.log_tail())
                 self._stop_procs()
+            except BaseException:
+                self.stop()
+                raise
         self.stop()
         raise RuntimeError("the paxos group did not elect a leader: " + last)
 
@@ -139,8 +144,11 @@ class PaxosGroup:
             try:
                 p.wait(10)
             except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(10)
+                p.kill()  # SIGKILL ends even a stopped (SIGSTOP) process
+                try:
+                    p.wait(10)
+                except subprocess.TimeoutExpired:
+                    pass  # reported by the test that leaves it; the others are still waited for
         self.procs = []
 
     def stop(self) -> None:
@@ -154,7 +162,7 @@ class PaxosGroup:
 
 
 def dead_endpoint() -> str:
-    """host:port where nothing listens (bound, never listening)."""
+    """host:port where nothing listens (a free port, closed again)."""
     return "127.0.0.1:%d" % free_port()
 
 

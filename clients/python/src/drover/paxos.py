@@ -482,9 +482,19 @@ class PaxosLocks:
         threads = [threading.Thread(target=ask, args=(k,), daemon=True) for k in range(len(out))]
         for th in threads:
             th.start()
-        for th in threads:
-            th.join(t + 1.0)
-        return out
+        until = time.monotonic() + t + 1.0
+        result = []
+        for k, th in enumerate(threads):
+            th.join(max(0.0, until - time.monotonic()))
+            got = EndpointStatus(endpoint=out[k].endpoint, status=out[k].status, error=out[k].error)
+            if th.is_alive() or (got.status is None and got.error is None):
+                # Still asking (a socket operation's timeout is per operation,
+                # not per request): reported as no answer, and the thread's
+                # late result is not written into what is returned.
+                msg = "paxos: GET %s/status: no answer within %.1f s: check that the node runs and that this endpoint reaches it"
+                got = EndpointStatus(endpoint=got.endpoint, error=Unreachable(msg % (got.endpoint, t)))
+            result.append(got)
+        return result
 
     # -- sending -----------------------------------------------------------
 
@@ -511,6 +521,8 @@ class PaxosLocks:
         if method != "GET" and not key:
             key = _new_key()
         total = self.timeout if timeout is None else float(timeout)
+        if not total > 0:
+            raise ValueError("timeout must be a positive number of seconds, got %r" % (timeout,))
         deadline = time.monotonic() + total
         n = len(self._transports)
         with self._mu:
@@ -522,6 +534,8 @@ class PaxosLocks:
             k = (start + i) % n
             left = deadline - time.monotonic()
             if left <= 0:
+                if timed_out is not None:  # a node that found no quorum says more
+                    return timed_out
                 raise self._unreachable(method, path, key, errs, sent, total)
             try:
                 ans = self._send(k, method, path, body, key, left / (n - i))
@@ -537,6 +551,8 @@ class PaxosLocks:
                     timed_out = ans
                 errs.append("%s answered %d: %s" % (ans.endpoint, ans.status, ans.message()))
             if time.monotonic() >= deadline:
+                if timed_out is not None:
+                    return timed_out
                 raise self._unreachable(method, path, key, errs, sent, total)
             with self._mu:
                 self._failed[k] = time.monotonic()
