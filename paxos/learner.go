@@ -365,7 +365,7 @@ func (n *Node) onCatchUp(m Message) {
 // looks at slot s only: entries are deleted only up to a cut, which raises
 // trailFrom, so those above it up to the commit have no gap.
 func (n *Node) retains(s uint64) bool {
-	return s <= n.commit && n.chosen.has(s) && s > n.trailFrom
+	return n.chosen.has(s) && s > n.trailFrom // chosen holds applied slots only
 }
 
 // onCatchUpReply learns chosen entries (or a snapshot) and asks for more

@@ -64,7 +64,7 @@ func (w *walEntries) slots() []uint64 {
 // entries.
 func (w *walEntries) keepAbove(index uint64) {
 	var next walEntries
-	for _, s := range w.slots() {
+	for s := range w.at { // in any order: slots sorts when order matters
 		if s > index {
 			v, _ := w.get(s)
 			next.put(s, v)

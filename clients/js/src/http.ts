@@ -84,6 +84,12 @@ function retryAfterOf(h: Headers): number | undefined {
 /** Encodes one path segment. */
 export const seg = (s: string | number) => encodeURIComponent(String(s));
 
+/** Why a fetch failed, shortly (ECONNREFUSED, "other side closed"). @internal */
+export function fetchFailure(err: unknown): string {
+  const cause = (err as { cause?: { code?: string; message?: string } })?.cause;
+  return cause?.code ?? cause?.message ?? (err as Error)?.message ?? String(err);
+}
+
 /**
  * The HTTP layer: base URL, bearer token, namespace, timeouts, typed errors
  * and the retry rule (only requests that are safe to repeat are repeated).
@@ -185,9 +191,7 @@ export class Transport {
     } catch (err) {
       if (opts.signal?.aborted) throw opts.signal.reason;
       if (timeout?.aborted) throw new ConnectionError(`${what}: no answer within ${timeoutMs} ms`, { request: what, cause: err });
-      const cause = (err as { cause?: { code?: string; message?: string } })?.cause;
-      const why = cause?.code ?? cause?.message ?? (err as Error)?.message ?? String(err);
-      throw new ConnectionError(`${what}: cannot reach ${this.url} (${why})`, { request: what, cause: err });
+      throw new ConnectionError(`${what}: cannot reach ${this.url} (${fetchFailure(err)})`, { request: what, cause: err });
     }
     if (res.status >= 400) {
       let problem: Problem = {};

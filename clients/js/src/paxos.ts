@@ -12,6 +12,7 @@
  */
 import { randomUUID } from "node:crypto";
 import { ConnectionError, DroverError, FencedError, InvalidInputError, LockHeldError, NotFoundError, UnavailableError, errorFromProblem, type Problem } from "./errors.js";
+import { fetchFailure, seg } from "./http.js";
 
 /** The answer header that names the leader's `host:port`, as the group's `--peers` writes it. */
 export const PAXOS_LEADER_HEADER = "Paxos-Leader";
@@ -300,16 +301,10 @@ function answerError(a: Answer, key?: string): DroverError {
   return errorFromProblem(a.status, { status: a.status, detail: `${a.endpoint} answered ${a.status}: ${msg}` }, { request: a.request });
 }
 
-/** Why a fetch failed, shortly (ECONNREFUSED, "other side closed"). */
-function fetchFailure(err: unknown): string {
-  const cause = (err as { cause?: { code?: string; message?: string } })?.cause;
-  return cause?.code ?? cause?.message ?? (err as Error)?.message ?? String(err);
-}
-
 /** An attempt that got no answer within its share of the call's time. */
 class ShareSpent extends Error {}
 
-const lockPath = (lock: string) => `/locks/${encodeURIComponent(lock)}`;
+const lockPath = (lock: string) => `/locks/${seg(lock)}`;
 
 /**
  * A client of a `drover paxos serve` group: fenced locks with a TTL,
