@@ -6,7 +6,7 @@
 import { test, describe, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { spawn, execFile } from "node:child_process";
-import { mkdtempSync, rmSync } from "node:fs";
+import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { promisify } from "node:util";
@@ -109,6 +109,18 @@ const nodeStatus = (n) =>
 const signal = (nodes, sig) => {
   for (const n of nodes) if (!n.exited) process.kill(n.proc.pid, sig);
 };
+
+/**
+ * Pauses nodes (SIGSTOP) and waits, at most 5 s, until the kernel shows
+ * each process stopped (state T in /proc/PID/stat): a signal sent is not
+ * yet a process stopped, and a request sent in between could still be
+ * served.
+ */
+async function pause(nodes) {
+  signal(nodes, "SIGSTOP");
+  const state = (n) => readFileSync(`/proc/${n.proc.pid}/stat`, "utf8").replace(/^.*\) /s, "")[0];
+  await until(async () => nodes.every((n) => state(n) === "T") || undefined, 5_000, () => `nodes ${nodes.map((n) => n.id)} to stop`);
+}
 
 /** The node every live node names as the leader, and which says it leads (waits at most 30 s). */
 function agreedLeader(g) {
@@ -308,7 +320,7 @@ describe("a group of three drover paxos serve nodes", () => {
     const hung = g.nodes.find((n) => n !== leader);
     const c = new PaxosLocks([hung.endpoint, ...g.nodes.filter((n) => n !== hung).map((n) => n.endpoint)], { timeoutMs: 3_000 });
     const id = uniq("hang");
-    signal([hung], "SIGSTOP");
+    await pause([hung]);
     try {
       const t0 = Date.now();
       const a = await c.acquire(id, { owner: "alice", ttl: 30 });
@@ -334,10 +346,14 @@ describe("a group of three drover paxos serve nodes", () => {
     const c = new PaxosLocks([...paused.map((n) => n.endpoint), live.endpoint], { timeoutMs: 12_000 });
     const id = uniq("noquorum");
     let key;
-    signal(paused, "SIGSTOP");
+    await pause(paused);
     try {
       const t0 = Date.now();
-      await assert.rejects(c.acquire(id, { owner: "alice", ttl: 60 }), (err) => {
+      // A grant here would name who answered: said in the failure.
+      const granted = (a) => {
+        throw new Error(`granted with two of three nodes paused: ${JSON.stringify(a)}; next endpoint ${c.nextEndpoint}; paused ${paused.map((n) => n.id)}`);
+      };
+      await assert.rejects(c.acquire(id, { owner: "alice", ttl: 60 }).then(granted), (err) => {
         assert.ok(err instanceof PaxosTimeoutError && err instanceof UnavailableError, `${err?.constructor?.name}: ${err?.message}`);
         assert.equal(err.status, 504);
         assert.match(err.message, new RegExp(`${live.url.replace(/[.]/g, "\\.")} answered 504.*repeat the call with the error's idempotencyKey`));
