@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/droverhq/drover/checkpoint"
-	"github.com/droverhq/drover/internal/etcdtest"
+	"github.com/droverhq/drover/internal/testenv/etcdtest"
 	"github.com/droverhq/drover/lock"
 )
 

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/droverhq/drover/internal/etcdtest"
+	"github.com/droverhq/drover/internal/testenv/etcdtest"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 

@@ -12,7 +12,7 @@ import (
 	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/checkpoint"
 	"github.com/droverhq/drover/cluster"
-	"github.com/droverhq/drover/internal/etcdtest"
+	"github.com/droverhq/drover/internal/testenv/etcdtest"
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/lock"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/droverhq/drover/cluster"
-	"github.com/droverhq/drover/internal/etcdtest"
+	"github.com/droverhq/drover/internal/testenv/etcdtest"
 	"github.com/droverhq/drover/keyspace"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )

@@ -11,7 +11,7 @@ import (
 
 	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/cluster"
-	"github.com/droverhq/drover/internal/etcdtest"
+	"github.com/droverhq/drover/internal/testenv/etcdtest"
 	"go.uber.org/goleak"
 )
 

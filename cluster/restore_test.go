@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"github.com/droverhq/drover/cluster"
-	"github.com/droverhq/drover/internal/etcdtest"
+	"github.com/droverhq/drover/internal/testenv/etcdtest"
 )
 
 // backupOf writes a key to a new server in dir/src, backs it up into

@@ -19,7 +19,7 @@ import (
 
 	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/cluster"
-	"github.com/droverhq/drover/internal/etcdtest"
+	"github.com/droverhq/drover/internal/testenv/etcdtest"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	etcdembed "go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"

@@ -3,10 +3,12 @@ package deploy
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -14,7 +16,6 @@ import (
 	"time"
 
 	"github.com/droverhq/drover/httpapi"
-	"github.com/droverhq/drover/internal/cli"
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
@@ -57,11 +58,48 @@ func podName(d droverContainer) string {
 	return d.w.obj.GetName() + "-5d8f7c9b6d-x2k4q"
 }
 
-// runDrover runs drover's command line in this process, as the container's
-// entrypoint would, and returns its exit code and output.
+// The exit codes of drover's command line that these tests expect (its
+// documented codes: docs/operations.md).
+const (
+	exitOK          = 0
+	exitUnavailable = 69 // etcd could not be reached
+)
+
+// droverBin is the drover binary TestMain builds from this checkout.
+var droverBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "drover-deploy-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	droverBin = filepath.Join(dir, "drover")
+	build := exec.Command("go", "build", "-o", droverBin, "github.com/droverhq/drover/cmd/drover")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "building drover:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// runDrover runs drover's command line as the container's entrypoint
+// would, and returns its exit code and output.
 func runDrover(args []string) (code int, stdout, stderr string) {
 	var out, errOut bytes.Buffer
-	code = cli.Main(args, strings.NewReader(""), &out, &errOut)
+	cmd := exec.Command(droverBin, args...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = strings.NewReader(""), &out, &errOut
+	err := cmd.Run()
+	var exit *exec.ExitError
+	switch {
+	case errors.As(err, &exit):
+		code = exit.ExitCode()
+	case err != nil:
+		code, errOut = -1, *bytes.NewBufferString(err.Error())
+	}
 	return code, out.String(), errOut.String()
 }
 
@@ -76,7 +114,7 @@ func TestEntrypointFlags(t *testing.T) {
 		t.Run(d.w.obj.GetName()+"/"+d.c.Name, func(t *testing.T) {
 			args := expandArgs(d.c, podName(d))
 			code, stdout, stderr := runDrover(append(slices.Clone(args), "--help"))
-			if code != cli.ExitOK {
+			if code != exitOK {
 				t.Fatalf("%v: drover %s --help exited %d:\n%s", d, strings.Join(args, " "), code, stderr)
 			}
 			usage := "Usage:\n  drover " + strings.Join(d.path, " ")
@@ -101,9 +139,9 @@ func TestWorkerPassesItsChecks(t *testing.T) {
 		}
 		start := time.Now()
 		code, _, stderr := runDrover(args)
-		if code != cli.ExitUnavailable {
+		if code != exitUnavailable {
 			t.Errorf("%v: exited %d after %v, want %d (etcd unreachable), having checked every flag:\n%s",
-				d, code, time.Since(start).Round(time.Millisecond), cli.ExitUnavailable, stderr)
+				d, code, time.Since(start).Round(time.Millisecond), exitUnavailable, stderr)
 		}
 	}
 }

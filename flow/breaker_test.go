@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/droverhq/drover/flow"
-	"github.com/droverhq/drover/internal/etcdtest"
+	"github.com/droverhq/drover/internal/testenv/etcdtest"
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/queue"
 )

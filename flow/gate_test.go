@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/droverhq/drover/flow"
-	"github.com/droverhq/drover/internal/etcdtest"
+	"github.com/droverhq/drover/internal/testenv/etcdtest"
 	"github.com/droverhq/drover/queue"
 )
 

@@ -10,7 +10,7 @@ import (
 
 	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/flow"
-	"github.com/droverhq/drover/internal/etcdtest"
+	"github.com/droverhq/drover/internal/testenv/etcdtest"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/droverhq/drover/internal/steal"
+	"github.com/droverhq/drover/internal/testenv/steal"
 	"github.com/droverhq/drover/queue"
 )
 

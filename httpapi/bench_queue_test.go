@@ -11,7 +11,7 @@ import (
 	"net/http"
 	"slices"
 
-	"github.com/droverhq/drover/internal/steal"
+	"github.com/droverhq/drover/internal/testenv/steal"
 	"github.com/droverhq/drover/queue"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )

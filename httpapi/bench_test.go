@@ -17,8 +17,8 @@ import (
 	"time"
 
 	"github.com/droverhq/drover/httpapi"
-	"github.com/droverhq/drover/internal/etcdtest"
-	"github.com/droverhq/drover/internal/steal"
+	"github.com/droverhq/drover/internal/testenv/etcdtest"
+	"github.com/droverhq/drover/internal/testenv/steal"
 	"github.com/droverhq/drover/lock"
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/droverhq/drover/httpapi"
-	"github.com/droverhq/drover/internal/etcdtest"
+	"github.com/droverhq/drover/internal/testenv/etcdtest"
 	"github.com/prometheus/client_golang/prometheus"
 )
 

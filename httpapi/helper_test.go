@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/droverhq/drover/httpapi"
-	"github.com/droverhq/drover/internal/etcdtest"
+	"github.com/droverhq/drover/internal/testenv/etcdtest"
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )

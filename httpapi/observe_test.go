@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/droverhq/drover/httpapi"
-	"github.com/droverhq/drover/internal/etcdtest"
+	"github.com/droverhq/drover/internal/testenv/etcdtest"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )

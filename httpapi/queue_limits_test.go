@@ -10,7 +10,7 @@ import (
 
 	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/httpapi"
-	"github.com/droverhq/drover/internal/etcdtest"
+	"github.com/droverhq/drover/internal/testenv/etcdtest"
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/queue"
 	"github.com/droverhq/drover/storeguard"

@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/droverhq/drover/httpapi"
-	"github.com/droverhq/drover/internal/etcdtest"
+	"github.com/droverhq/drover/internal/testenv/etcdtest"
 	"github.com/droverhq/drover/process"
 	"github.com/droverhq/drover/registry"
 	"github.com/prometheus/client_golang/prometheus"

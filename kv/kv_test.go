@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/droverhq/drover/internal/etcdtest"
+	"github.com/droverhq/drover/internal/testenv/etcdtest"
 	"github.com/droverhq/drover/kv"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )

@@ -15,7 +15,7 @@ import (
 
 	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/cluster"
-	"github.com/droverhq/drover/internal/etcdtest"
+	"github.com/droverhq/drover/internal/testenv/etcdtest"
 	"github.com/droverhq/drover/lease"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )

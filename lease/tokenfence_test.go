@@ -6,7 +6,7 @@ import (
 	"strconv"
 	"testing"
 
-	"github.com/droverhq/drover/internal/etcdtest"
+	"github.com/droverhq/drover/internal/testenv/etcdtest"
 	"github.com/droverhq/drover/lease"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )

@@ -4,7 +4,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/droverhq/drover/internal/etcdtest"
+	"github.com/droverhq/drover/internal/testenv/etcdtest"
 )
 
 // srv is the embedded etcd every test of this package shares; each test uses

@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/droverhq/drover"
-	"github.com/droverhq/drover/internal/etcdtest"
-	"github.com/droverhq/drover/internal/servicetest"
+	"github.com/droverhq/drover/internal/testenv/etcdtest"
+	"github.com/droverhq/drover/internal/testenv/servicetest"
 	"github.com/droverhq/drover/lock"
 	"github.com/redis/go-redis/v9"
 )

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/droverhq/drover/internal/steal"
+	"github.com/droverhq/drover/internal/testenv/steal"
 )
 
 // BenchmarkLockServiceLatency measures lock acquire+release cycles at an

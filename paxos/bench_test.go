@@ -20,7 +20,7 @@ import (
 	"time"
 
 	"github.com/droverhq/drover/httpapi"
-	"github.com/droverhq/drover/internal/etcdtest"
+	"github.com/droverhq/drover/internal/testenv/etcdtest"
 	"github.com/droverhq/drover/paxos"
 	"github.com/prometheus/client_golang/prometheus"
 )

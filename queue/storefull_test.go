@@ -15,7 +15,7 @@ import (
 	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/checkpoint"
 	"github.com/droverhq/drover/cluster"
-	"github.com/droverhq/drover/internal/etcdtest"
+	"github.com/droverhq/drover/internal/testenv/etcdtest"
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/lock"
 	"github.com/droverhq/drover/queue"

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/droverhq/drover/cluster"
-	"github.com/droverhq/drover/internal/etcdtest"
+	"github.com/droverhq/drover/internal/testenv/etcdtest"
 	"github.com/droverhq/drover/process"
 	"github.com/droverhq/drover/registry"
 )

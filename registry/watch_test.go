@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/droverhq/drover/internal/etcdtest"
+	"github.com/droverhq/drover/internal/testenv/etcdtest"
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/process"
 	"github.com/droverhq/drover/registry"

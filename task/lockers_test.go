@@ -16,9 +16,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/droverhq/drover/internal/etcdtest"
-	"github.com/droverhq/drover/internal/paxostest"
-	"github.com/droverhq/drover/internal/servicetest"
+	"github.com/droverhq/drover/internal/testenv/etcdtest"
+	"github.com/droverhq/drover/internal/testenv/paxostest"
+	"github.com/droverhq/drover/internal/testenv/servicetest"
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/lease"
 	"github.com/droverhq/drover/lease/fencetest"

@@ -4,7 +4,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/droverhq/drover/internal/etcdtest"
+	"github.com/droverhq/drover/internal/testenv/etcdtest"
 )
 
 var srv *etcdtest.Server

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/droverhq/drover"
-	"github.com/droverhq/drover/internal/etcdtest"
+	"github.com/droverhq/drover/internal/testenv/etcdtest"
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/lock"
 	"github.com/droverhq/drover/storeguard"

@@ -8,7 +8,7 @@ import (
 
 	"github.com/chromedp/chromedp"
 	"github.com/droverhq/drover/httpapi"
-	"github.com/droverhq/drover/internal/etcdtest"
+	"github.com/droverhq/drover/internal/testenv/etcdtest"
 )
 
 // TestUIOverviewCounts: the overview shows the counts by state of a queue

@@ -5,7 +5,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/droverhq/drover/internal/etcdtest"
+	"github.com/droverhq/drover/internal/testenv/etcdtest"
 	"go.uber.org/goleak"
 )
 

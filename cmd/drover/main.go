@@ -9,7 +9,7 @@ package main
 import (
 	"os"
 
-	"github.com/droverhq/drover/internal/cli"
+	"github.com/droverhq/drover/cmd/drover/internal/cli"
 )
 
 func main() {

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/droverhq/drover/internal/etcdtest"
+	"github.com/droverhq/drover/internal/testenv/etcdtest"
 )
 
 // writeTasks writes n tasks of type typ with ids prefix-00000... as a JSONL

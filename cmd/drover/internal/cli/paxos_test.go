@@ -15,8 +15,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/droverhq/drover/internal/cli"
-	"github.com/droverhq/drover/internal/etcdtest"
+	"github.com/droverhq/drover/cmd/drover/internal/cli"
+	"github.com/droverhq/drover/internal/testenv/etcdtest"
 )
 
 // paxosNodes is a group of drover paxos serve processes on loopback, over
@@ -371,7 +371,7 @@ func TestPaxosClientCommandsUnreachable(t *testing.T) {
 func TestDeployManifestsUseRealFlags(t *testing.T) {
 	// The lock service's manifests; the others (drover server, drover
 	// worker) are checked command by command in deploy/.
-	files, _ := filepath.Glob("../../deploy/k8s/lock-service*.yaml")
+	files, _ := filepath.Glob("../../../../deploy/k8s/lock-service*.yaml")
 	if len(files) == 0 {
 		t.Fatal("no manifests in deploy/k8s")
 	}
@@ -406,7 +406,7 @@ func TestDeployManifestsUseRealFlags(t *testing.T) {
 			t.Errorf("manifests lack %q", want)
 		}
 	}
-	df, err := os.ReadFile("../../Dockerfile")
+	df, err := os.ReadFile("../../../../Dockerfile")
 	if err != nil || !strings.Contains(string(df), "./cmd/drover") || !strings.Contains(string(df), "USER 65532") {
 		t.Fatalf("Dockerfile does not build ./cmd/drover to run as non-root: %v", err)
 	}

@@ -16,8 +16,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/droverhq/drover/internal/cli"
-	"github.com/droverhq/drover/internal/etcdtest"
+	"github.com/droverhq/drover/cmd/drover/internal/cli"
+	"github.com/droverhq/drover/internal/testenv/etcdtest"
 	"github.com/droverhq/drover/keyspace"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )

@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/droverhq/drover/internal/cli"
-	"github.com/droverhq/drover/internal/etcdtest"
+	"github.com/droverhq/drover/cmd/drover/internal/cli"
+	"github.com/droverhq/drover/internal/testenv/etcdtest"
 )
 
 // TestServerHTTPFlags: the HTTP flags are checked before anything starts:

@@ -12,9 +12,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/droverhq/drover/internal/etcdtest"
 	"github.com/droverhq/drover/internal/proc"
-	"github.com/droverhq/drover/internal/servicetest"
+	"github.com/droverhq/drover/internal/testenv/etcdtest"
+	"github.com/droverhq/drover/internal/testenv/servicetest"
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/lock"
 	clientv3 "go.etcd.io/etcd/client/v3"

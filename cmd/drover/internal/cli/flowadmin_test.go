@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/droverhq/drover/internal/etcdtest"
+	"github.com/droverhq/drover/internal/testenv/etcdtest"
 )
 
 // TestFlowAdministration: set, delete and --json for limits, quotas and

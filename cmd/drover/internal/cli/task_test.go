@@ -11,9 +11,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/droverhq/drover/internal/etcdtest"
 	"github.com/droverhq/drover/internal/proc"
-	"github.com/droverhq/drover/internal/servicetest"
+	"github.com/droverhq/drover/internal/testenv/etcdtest"
+	"github.com/droverhq/drover/internal/testenv/servicetest"
 )
 
 func TestDemo(t *testing.T) {

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/droverhq/drover/internal/etcdtest"
+	"github.com/droverhq/drover/internal/testenv/etcdtest"
 )
 
 func TestQueueMaxDepth(t *testing.T) {

@@ -4,7 +4,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/droverhq/drover/internal/steal"
+	"github.com/droverhq/drover/internal/testenv/steal"
 )
 
 // TestTotalNeverFalls: the steal read twice never goes back, and is read

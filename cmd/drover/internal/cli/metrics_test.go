@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/droverhq/drover/internal/cli"
-	"github.com/droverhq/drover/internal/etcdtest"
+	"github.com/droverhq/drover/cmd/drover/internal/cli"
+	"github.com/droverhq/drover/internal/testenv/etcdtest"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"

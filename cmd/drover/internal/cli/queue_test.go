@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/droverhq/drover/internal/etcdtest"
 	"github.com/droverhq/drover/internal/proc"
+	"github.com/droverhq/drover/internal/testenv/etcdtest"
 )
 
 type submitOut struct {

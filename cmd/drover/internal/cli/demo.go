@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/droverhq/drover"
-	"github.com/droverhq/drover/internal/demo"
+	"github.com/droverhq/drover/cmd/drover/internal/demo"
 	"github.com/droverhq/drover/lock"
 	"github.com/droverhq/drover/task"
 	"github.com/spf13/cobra"

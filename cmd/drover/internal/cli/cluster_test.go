@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/droverhq/drover/cluster"
-	"github.com/droverhq/drover/internal/etcdtest"
+	"github.com/droverhq/drover/internal/testenv/etcdtest"
 )
 
 // etcdMember is one `drover server` process of a test cluster.

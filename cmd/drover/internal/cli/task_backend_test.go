@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/droverhq/drover/internal/etcdtest"
-	"github.com/droverhq/drover/internal/servicetest"
+	"github.com/droverhq/drover/internal/testenv/etcdtest"
+	"github.com/droverhq/drover/internal/testenv/servicetest"
 )
 
 // TestTaskRunOnLockBackends runs drover task run with its lock on a real

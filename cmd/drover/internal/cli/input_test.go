@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/droverhq/drover/internal/etcdtest"
+	"github.com/droverhq/drover/internal/testenv/etcdtest"
 )
 
 // TestSubmitRejectsInvalidUTF8: text that is not UTF-8 is rejected with its

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/droverhq/drover/internal/etcdtest"
+	"github.com/droverhq/drover/internal/testenv/etcdtest"
 )
 
 // submitN submits n tasks of type typ to queue q through a JSONL file.

@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/droverhq/drover/internal/cli"
-	"github.com/droverhq/drover/internal/etcdtest"
+	"github.com/droverhq/drover/cmd/drover/internal/cli"
+	"github.com/droverhq/drover/internal/testenv/etcdtest"
 	"github.com/spf13/cobra"
 )
 
