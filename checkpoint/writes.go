@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/droverhq/drover"
+	"github.com/droverhq/drover/internal/lifecycle"
 	"github.com/droverhq/drover/keyspace"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -72,7 +73,9 @@ func (s *Etcd) PutWrites(ctx context.Context, thread, ns, id string, writes []Wr
 			return fmt.Errorf("%w: checkpoint %s of thread %s", ErrNotFound, id, thread)
 		}
 		// Another task saved writes in between: merge again.
-		time.Sleep(time.Duration(rand.Int64N(int64(time.Millisecond) << min(try, 6))))
+		if err := lifecycle.Sleep(ctx, time.Duration(rand.Int64N(int64(time.Millisecond)<<min(try, 6)))); err != nil {
+			return fmt.Errorf("checkpoint: put writes of %s/%s: %w", thread, id, err)
+		}
 	}
 	return fmt.Errorf("checkpoint: put writes of %s/%s: the writes kept changing under %d tries; try again", thread, id, maxWriteTries)
 }

@@ -118,7 +118,7 @@ func TestBackupRestoreTokensAndLeases(t *testing.T) {
 	for i := 0; i < 5; i++ {
 		after = lockToken(t, cli, ns)
 	}
-	old.Close()
+	_ = old.Close(context.Background())
 
 	bumped := restored(t, file, filepath.Join(dir, "bumped"), 0, res.Revision, "/"+ns+"/leased")
 	g, err := bumped.Get(ctx, "/"+ns+"/leased")

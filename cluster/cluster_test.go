@@ -35,7 +35,7 @@ func embed(t *testing.T, dir string) *cluster.Server {
 	if err != nil {
 		t.Fatalf("embed in %s: %v", dir, err)
 	}
-	t.Cleanup(srv.Close)
+	t.Cleanup(func() { _ = srv.Close(context.Background()) })
 	return srv
 }
 
@@ -57,7 +57,7 @@ func TestEmbedKeepsDataAcrossRestarts(t *testing.T) {
 	}
 	_ = cli.Close()
 	firstEndpoints := first.Endpoints()
-	first.Close()
+	_ = first.Close(context.Background())
 	if c, err := net.DialTimeout("tcp", firstEndpoints[0], time.Second); err == nil {
 		_ = c.Close()
 		t.Fatalf("first server still accepts connections on %s after Close", firstEndpoints[0])
@@ -178,7 +178,7 @@ func TestEmbedConfigValidate(t *testing.T) {
 			tc.cfg.DataDir = filepath.Join(t.TempDir(), "data")
 			srv, err := cluster.Embed(context.Background(), tc.cfg)
 			if srv != nil {
-				srv.Close()
+				_ = srv.Close(context.Background())
 				t.Fatal("Embed started a server with an invalid config")
 			}
 			if err == nil || !strings.Contains(err.Error(), tc.field) {
@@ -197,8 +197,8 @@ func TestServerCloseTwice(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		srv.Close()
-		srv.Close()
+		_ = srv.Close(context.Background())
+		_ = srv.Close(context.Background())
 	}()
 	select {
 	case <-done:

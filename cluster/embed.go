@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/droverhq/drover/internal/lifecycle"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
@@ -28,9 +29,9 @@ type Server struct {
 	logLevel  zap.AtomicLevel
 	level     zapcore.Level // etcd's log level once started
 	closeOnce sync.Once
-	unlock    func()        // releases the data dir's lock file
-	stop      chan struct{} // closed by Close: maintenance ends
-	done      chan struct{} // closed when maintenance has ended
+	unlock    func() // releases the data dir's lock file
+	// maintenance runs the defragmenting goroutine; Close stops it.
+	maintenance lifecycle.Lifecycle
 }
 
 // ErrRestoreLeftover is matched by the error of Embed when its data dir
@@ -89,7 +90,7 @@ func Embed(ctx context.Context, cfg EmbedConfig) (*Server, error) {
 	s.unlock = unlock
 	if s.etcd.Server.IsLearner() {
 		if err := s.promote(ctx, cfg); err != nil {
-			s.Close()
+			_ = s.Close(context.WithoutCancel(ctx))
 			return nil, err
 		}
 	}
@@ -152,15 +153,12 @@ func start(ctx context.Context, cfg EmbedConfig) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{etcd: e, dataDir: cfg.DataDir, name: cfg.Name, quota: cfg.QuotaBackendBytes, logLevel: zc.Level, level: level,
-		stop: make(chan struct{}), done: make(chan struct{})}
+	s := &Server{etcd: e, dataDir: cfg.DataDir, name: cfg.Name, quota: cfg.QuotaBackendBytes, logLevel: zc.Level, level: level}
 	for _, l := range e.Clients {
 		s.endpoints = append(s.endpoints, l.Addr().String())
 	}
 	if cfg.DefragInterval > 0 {
-		go s.maintain(cfg.DefragInterval)
-	} else {
-		close(s.done)
+		s.maintenance.Start(context.Background(), func(ctx context.Context) { s.maintain(ctx, cfg.DefragInterval) })
 	}
 	return s, nil
 }
@@ -221,26 +219,14 @@ func startEtcd(ctx context.Context, ec *embed.Config, cfg EmbedConfig) (*embed.E
 const minDefragBytes = 64 << 20
 
 // maintain defragments the database file when compaction has left enough of
-// it free. It ends when the server closes.
-func (s *Server) maintain(every time.Duration) {
-	defer close(s.done)
+// it free, until ctx ends (Close ends it).
+func (s *Server) maintain(ctx context.Context, every time.Duration) {
 	cli, err := clientv3.New(clientv3.Config{Endpoints: s.endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
 	if err != nil {
 		return
 	}
 	defer cli.Close()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go func() {
-		<-s.stop
-		cancel()
-	}()
-	for {
-		select {
-		case <-s.stop:
-			return
-		case <-time.After(every):
-		}
+	for lifecycle.Sleep(ctx, every) == nil {
 		_, _ = s.DefragIfWorth(ctx, cli)
 	}
 }
@@ -290,14 +276,16 @@ func (s *Server) MemberID() uint64 { return uint64(s.etcd.Server.MemberID()) }
 // this member last saw it.
 func (s *Server) Members() int { return len(s.etcd.Server.Cluster().Members()) }
 
-// Close stops the server: it ends the maintenance goroutine, stops accepting
-// clients, closes open client connections and watches, then syncs and closes
-// the data files, and releases the data dir's lock. It is safe to call more
-// than once.
-func (s *Server) Close() {
+// Close stops the server, in this order: it ends the maintenance goroutine
+// (a defragmentation under way is cancelled), stops accepting clients,
+// closes open client connections and watches, then syncs and closes the
+// data files, and releases the data dir's lock. It is safe to call more
+// than once; ctx bounds the wait for the maintenance goroutine, and if it
+// ends first the server is closed anyway and the error says so.
+func (s *Server) Close(ctx context.Context) error {
+	var err error
 	s.closeOnce.Do(func() {
-		close(s.stop)
-		<-s.done
+		err = s.maintenance.Stop(ctx)
 		// etcd reports its own listeners closing as errors; on purpose
 		// they are not.
 		s.logLevel.SetLevel(zap.FatalLevel)
@@ -306,6 +294,10 @@ func (s *Server) Close() {
 			s.unlock()
 		}
 	})
+	if err != nil {
+		return fmt.Errorf("cluster: close %s: %w", s.name, err)
+	}
+	return nil
 }
 
 // FreeLoopbackAddr returns a 127.0.0.1 host:port that was free a moment ago,

@@ -74,7 +74,7 @@ func TestJoinThatCannotStartRemovesItsMember(t *testing.T) {
 	}
 	s, err := cluster.Embed(context.Background(), cfg)
 	if s != nil {
-		s.Close()
+		_ = s.Close(context.Background())
 		t.Fatal("the member started on a peer port that is taken")
 	}
 	var je *cluster.JoinError
@@ -99,7 +99,7 @@ func TestJoinThatCannotStartRemovesItsMember(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the same join with the port free: %v", err)
 	}
-	t.Cleanup(joined.Close)
+	t.Cleanup(func() { _ = joined.Close(context.Background()) })
 	if n := len(memberList(t, cli)); n != 2 || joined.Members() != 2 {
 		t.Fatalf("after the join: %d members listed, the joined member sees %d; want 2", n, joined.Members())
 	}

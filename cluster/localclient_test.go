@@ -43,7 +43,7 @@ func TestLocalClientWatchRequiresLeader(t *testing.T) {
 	}
 	<-plain
 
-	servers[1].Close() // no quorum: member 0 loses its leader
+	_ = servers[1].Close(context.Background()) // no quorum: member 0 loses its leader
 	start := time.Now()
 	timeout := time.After(30 * time.Second)
 	for done := false; !done; {

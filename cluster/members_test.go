@@ -109,7 +109,7 @@ func startCluster(t *testing.T, quotas ...int64) []*cluster.Server {
 	t.Cleanup(func() {
 		for _, s := range servers {
 			if s != nil {
-				s.Close()
+				_ = s.Close(context.Background())
 			}
 		}
 		// The leader polls the other members' versions over keep-alive

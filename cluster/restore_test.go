@@ -107,7 +107,7 @@ func TestRestoreStagesItsWork(t *testing.T) {
 				cfg := cluster.EmbedConfig{DataDir: target, ClientURL: "http://" + etcdtest.FreeAddr(), PeerURL: "http://" + etcdtest.FreeAddr()}
 				if s, err := cluster.Embed(context.Background(), cfg); !errors.Is(err, cluster.ErrRestoreLeftover) || !strings.Contains(err.Error(), work) {
 					if s != nil {
-						s.Close()
+						_ = s.Close(context.Background())
 					}
 					t.Errorf("a server started on %s during a restore: %v; want ErrRestoreLeftover naming %s", target, err, work)
 				}

@@ -274,7 +274,7 @@ func TestEtcdStoppedUnderLease(t *testing.T) {
 		t.Fatalf("no renewal within %s", ttl/2)
 	}
 	stopped := time.Now()
-	own.Close()
+	_ = own.Close(context.Background())
 	// No renewal can succeed from here on: these are final.
 	deadline, renewed := l.Deadline(), l.Renewed()
 	if got := deadline.Sub(renewed); got != l.TTL() {
@@ -478,7 +478,7 @@ func TestCloseWithEtcdDownIsBounded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	own.Close()
+	_ = own.Close(context.Background())
 	deadline := l.Deadline()
 	returned := make(chan error, 1)
 	go func() { returned <- l.Close(context.Background()) }()

@@ -274,7 +274,7 @@ func TestEtcdStoppedUnderHolder(t *testing.T) {
 	lctx := l.Context()
 	time.Sleep(ttl / 2) // let a renewal or two go through
 	stopped := time.Now()
-	own.Close()
+	_ = own.Close(context.Background())
 	select {
 	case <-lctx.Done():
 	case <-time.After(2 * ttl):

@@ -103,7 +103,7 @@ func MustStart(opts Options) *Server {
 
 // Stop closes the server and removes its directory if Start made it.
 func (s *Server) Stop() {
-	s.Close()
+	_ = s.Close(context.Background())
 	if s.dir != "" {
 		_ = os.RemoveAll(s.dir)
 	}

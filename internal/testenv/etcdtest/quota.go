@@ -31,7 +31,7 @@ func QuotaServer(tb testing.TB, quota int64) (*cluster.Server, *clientv3.Client)
 	if err != nil {
 		tb.Fatal(err)
 	}
-	tb.Cleanup(s.Close)
+	tb.Cleanup(func() { _ = s.Close(context.Background()) })
 	cli, err := cluster.Connect(ctx, cluster.ClientConfig{Endpoints: s.Endpoints()})
 	if err != nil {
 		tb.Fatal(err)

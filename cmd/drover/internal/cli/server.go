@@ -221,7 +221,7 @@ func (a *app) serveEmbedded(ctx context.Context, f *serverFlags) error {
 	if err != nil {
 		return startError(err, f.dataDir, f.listen, f.peerListen)
 	}
-	defer srv.Close()
+	defer func() { _ = srv.Close(context.WithoutCancel(ctx)) }()
 	stopGuard, err := a.startEmbeddedGuard(ctx, srv, f)
 	if err != nil {
 		return err
@@ -256,7 +256,14 @@ func (a *app) serveEmbedded(ctx context.Context, f *serverFlags) error {
 	stopHTTP()
 	closeCli()
 	stopGuard()
-	srv.Close()
+	// The maintenance goroutine's defragmentation, if one runs, is
+	// cancelled by Close; the bound only keeps a stuck one from holding
+	// the exit.
+	closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if err := srv.Close(closeCtx); err != nil {
+		a.logger.Warn("drover server closed without its maintenance goroutine ending", "err", err)
+	}
 	a.logger.Info("drover server stopped")
 	return nil
 }

@@ -141,7 +141,7 @@ func Run(ctx context.Context, cfg Config) (Summary, error) {
 	if err != nil {
 		return sum, fmt.Errorf("demo: %w", err)
 	}
-	defer srv.Close()
+	defer func() { _ = srv.Close(context.WithoutCancel(ctx)) }()
 	line("etcd", "embedded etcd ready at %s (data in a temporary directory)", clientAddr)
 	cli, err := cluster.Connect(ctx, cluster.ClientConfig{Endpoints: srv.Endpoints()})
 	if err != nil {

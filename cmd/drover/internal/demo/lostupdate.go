@@ -82,7 +82,7 @@ func RunLostUpdate(ctx context.Context, cfg LostUpdateConfig) (LostUpdateResult,
 	if err != nil {
 		return res, err
 	}
-	defer srv.Close()
+	defer func() { _ = srv.Close(context.WithoutCancel(ctx)) }()
 	cli, err := cluster.Connect(ctx, cluster.ClientConfig{Endpoints: srv.Endpoints()})
 	if err != nil {
 		return res, err
