@@ -19,11 +19,15 @@
 //	resp, err := llm.Call(l.Context(), prompt)
 //
 // A process's primary lease, which everything it registers is bound to, is
-// package runtime's: it grants one lease with this package and keeps it.
+// package process's: its Runtime grants one lease with this package and
+// keeps it. [Attach] wraps a lease that something else keeps alive (an
+// HTTP client's session) for the length of one request: it is never
+// renewed, and its Close does not revoke it.
 //
-// [Fence] is the one type of a right held under a lease (a lock, a queue
-// task's claim), and [NewFencedTxn] the etcd transaction that commits only
-// while such a right is held. [NewTokenTxn] fences etcd writes by a token
+// [Fence] is the one type of a right held under a lease (an etcd lock, a
+// queue task's claim, a task runner's hold on its task), and [NewFencedTxn]
+// the etcd transaction that commits only while such a right is held.
+// [NewTokenTxn] fences etcd writes by a token
 // alone, for a right held outside etcd (a lock on Redis, Redlock or the
 // Paxos service): etcd keeps the highest token that wrote, and refuses
 // lower ones.

@@ -15,7 +15,7 @@ const byteChunkBytes = 64 << 10
 // structs of strings, in slices or maps, they were most of what each
 // collection marked, and a collection's mark phase (at 1,800 cycles/s
 // 43-56 ms on average and up to 380 ms with them, 3-4 ms without) is when
-// the requests' tail piled up (docs/BENCHMARKS.md).
+// the requests' tail piled up (docs/bench-log/paxos.md).
 //
 // Chunks are never copied to grow the log, and dropping the oldest
 // records frees whole chunks. A chunk's bytes and offsets are only

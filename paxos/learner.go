@@ -193,7 +193,7 @@ func (n *Node) apply(e Entry) {
 // each step of its id (modulo 3): the members of a group apply the same
 // log, and without the offset they all encoded and wrote their snapshot
 // at the same slot, which on shared cores or a shared disk held up every
-// node's fsyncs at once (docs/BENCHMARKS.md). The later snapshots keep
+// node's fsyncs at once (docs/bench-log/paxos.md). The later snapshots keep
 // the offset, each coming the same count of entries after the last.
 func (n *Node) snapshotDue() uint64 {
 	due := max(n.cfg.SnapshotEvery, n.snapItems/snapItemsPerEntry)

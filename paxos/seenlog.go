@@ -16,7 +16,7 @@ import (
 //     the result's position): as structs with five strings each, plus a
 //     map keyed by the ID strings, three nodes' memories made a live heap
 //     of 350 MB that every collection marked, and the requests' tail grew
-//     with it over the window's first minutes (docs/BENCHMARKS.md). A
+//     with it over the window's first minutes (docs/bench-log/paxos.md). A
 //     snapshot copies the log's bytes instead of encoding each result.
 //   - Two IDs whose hashes are equal are told apart by the ID stored in
 //     the result; the later one is indexed in clash, by its ID.

@@ -22,7 +22,7 @@ import (
 // latest snapshot. A bbolt commit writes the changed B+tree pages and then
 // its meta page, with an fsync after each; an append writes only the batch
 // and syncs once, which halves the durable write every reply waits for
-// (docs/BENCHMARKS.md, "The Paxos lock service").
+// (docs/bench-log/paxos.md).
 //
 // It is written here, not taken from etcd's WAL package, because that log
 // holds Raft entries, which are contiguous and each overwrite the tail
@@ -319,7 +319,7 @@ const walZeroAhead = 2 << 20
 // file's size and blocks do not change, so the sync flushes the record's
 // data and no metadata (no journal commit). On this machine's disk that
 // took an append from 0.54 to 0.33 ms (p50) and from 193 to 116 µs of
-// CPU (docs/BENCHMARKS.md). PostgreSQL fills its WAL segments with zeros
+// CPU (docs/bench-log/paxos.md). PostgreSQL fills its WAL segments with zeros
 // for the same reason. Replay stops at the first record that is not whole
 // (the zeros are not); an open keeps the zeros and cuts off a torn record
 // written over them.

@@ -20,7 +20,7 @@ const maxRequestBytes = 1 << 20
 // submitInFlight is how many submit requests (segments) may be in flight at
 // once for a queue without a maximum depth: etcd commits requests that
 // arrive together in one batch and one fsync (16 against 4: 57,000–65,000
-// against 48,000 tasks/s at 200,000, docs/BENCHMARKS.md).
+// against 48,000 tasks/s at 200,000, docs/bench-log/queue.md).
 const submitInFlight = 16
 
 // Sentinel errors.

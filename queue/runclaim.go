@@ -80,7 +80,7 @@ func (w *Worker) prepareRun(st *segState, ts []Task, pick []int, last bool) *run
 // the runners' inside, so that a refusal says which of them failed
 // (runClaim.result) without a read per task in the request. Reads of each
 // task's lock in the request, to tell which task a runner holds when one
-// does, cost a tenth of the worker's claim throughput (docs/BENCHMARKS.md);
+// does, cost a tenth of the worker's claim throughput (docs/bench-log/queue.md);
 // that rare case reads them afterwards (runClaim.findRunners).
 func (rc *runClaim) op() clientv3.Op {
 	return clientv3.OpTxn(rc.cmps, []clientv3.Op{clientv3.OpTxn(rc.runners, rc.then, nil)}, nil)

@@ -23,7 +23,7 @@ import (
 // the watch opens, so a wait learned of a new task up to 100 ms late:
 // measured, the HTTP long polls' p99 from submission to claim was 92-98 ms
 // with a watch per wait and 23 ms with watches that start at the current
-// revision (docs/BENCHMARKS.md). The shared watch starts at the current
+// revision (docs/bench-log/http-api.md). The shared watch starts at the current
 // revision, so etcd sends its events as they commit, and keeps the last
 // watchHistory events (keys and revisions, no values) so that a wait that
 // starts after events it must see replays them; a wait whose revision is

@@ -24,7 +24,7 @@ import (
 // DefaultServerGCPercent is the embedded server's garbage collection target
 // (Go's GOGC). Measured with 60,000 no-op tasks through one worker: about
 // 12 % more tasks/s than Go's default of 100, for about 1.4x the server's
-// peak memory (docs/BENCHMARKS.md).
+// peak memory (docs/bench-log/queue.md).
 const DefaultServerGCPercent = 200
 
 // serverFlags are the server command's own flags.
