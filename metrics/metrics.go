@@ -114,15 +114,30 @@ func Serve(ctx context.Context, l net.Listener, logger *slog.Logger, extra ...pr
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	served, stopped := make(chan struct{}), make(chan struct{})
 	go func() {
-		<-ctx.Done()
+		defer close(stopped)
+		select {
+		case <-ctx.Done():
+		case <-served:
+			return
+		}
+		// Requests in flight (a CPU profile takes its seconds) get 2 s,
+		// then their connections are closed: Serve returns only once
+		// nothing of the server runs.
 		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		_ = srv.Shutdown(sctx)
+		if srv.Shutdown(sctx) != nil {
+			_ = srv.Close()
+		}
 	}()
 	logger.Info("serving metrics", "url", "http://"+l.Addr().String()+"/metrics")
-	if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+	err := srv.Serve(l)
+	if err != nil && !errors.Is(err, http.ErrServerClosed) {
+		close(served)
+		<-stopped
 		return fmt.Errorf("metrics: %w", err)
 	}
+	<-stopped
 	return nil
 }
