@@ -57,8 +57,8 @@ type RunnerConfig struct {
 	// Locker.
 	Lease *lease.Lease
 	// Locker, when set, is where the runner takes each task's lock
-	// ("task:ID", waiting with Acquire): a lock.Redis, lock.Redlock or
-	// lock.Paxos. Steps run under the lock's context, and each checkpoint
+	// ("task:ID", waiting with Acquire): a redislock.Locker,
+	// redislock.Redlock or paxoslock.Locker. Steps run under the lock's context, and each checkpoint
 	// (the last one with the completion mark) is written in one etcd
 	// transaction fenced by the lock's token: it commits only if no write
 	// under a higher token was made for the task, and the runner raises the
