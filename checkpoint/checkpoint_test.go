@@ -59,10 +59,12 @@ func TestStoreConformance(t *testing.T) {
 // a namespace of its own.
 func eachStore(t *testing.T, f func(t *testing.T, s checkpoint.Store, ns string)) {
 	t.Run("etcd", func(t *testing.T) {
+		t.Parallel()
 		s, ns := newStore(t)
 		f(t, s, ns)
 	})
 	t.Run("postgres", func(t *testing.T) {
+		t.Parallel()
 		ctx := context.Background()
 		pool := servicetest.Postgres(t)
 		ns := etcdtest.Namespace(t)
@@ -75,6 +77,7 @@ func eachStore(t *testing.T, f func(t *testing.T, s checkpoint.Store, ns string)
 }
 
 func TestEtcdLockFence(t *testing.T) {
+	t.Parallel()
 	s, ns := newStore(t)
 	ctx := context.Background()
 	locker, err := lock.NewEtcd(ctx, srv.Client(t), lock.EtcdConfig{Namespace: ns, TTL: 5 * time.Second})
@@ -99,7 +102,10 @@ func TestEtcdLockFence(t *testing.T) {
 // The lost-update experiment: 5 workers, 3 invocations each, on one thread; every
 // invocation reads the head, "calls the LLM", and writes a checkpoint. With
 // either protection all 15 updates survive, as one chain.
-func TestFiveWorkersThreeInvocations(t *testing.T) { eachStore(t, testFiveByThree) }
+func TestFiveWorkersThreeInvocations(t *testing.T) {
+	t.Parallel()
+	eachStore(t, testFiveByThree)
+}
 
 func testFiveByThree(t *testing.T, s checkpoint.Store, ns string) {
 	for _, mode := range []string{"locked", "optimistic"} {

@@ -36,7 +36,10 @@ func checkEachNamespace(t *testing.T, s checkpoint.Store, nss []string) {
 // ':', longer than a name, any text) are accepted and kept apart; List with
 // AllNamespaces returns every namespace's checkpoints newest first, with
 // Before, Limit and Filter; bad namespaces are refused and write nothing.
-func TestNamespacesAndAllNamespaceList(t *testing.T) { eachStore(t, testNamespaces) }
+func TestNamespacesAndAllNamespaceList(t *testing.T) {
+	t.Parallel()
+	eachStore(t, testNamespaces)
+}
 
 func testNamespaces(t *testing.T, s checkpoint.Store, ns string) {
 	ctx := context.Background()

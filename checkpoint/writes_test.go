@@ -13,6 +13,7 @@ import (
 // TestOversizePendingWrites: the etcd store refuses pending writes past
 // 1 MiB for one checkpoint, naming the limit, and writes nothing.
 func TestOversizePendingWrites(t *testing.T) {
+	t.Parallel()
 	s, _ := newStore(t)
 	ctx := context.Background()
 	cp, err := s.Put(ctx, checkpoint.Checkpoint{ThreadID: "th"}, nil)

@@ -43,6 +43,7 @@ func countKeys(t *testing.T, cli *clientv3.Client, ns string) int64 {
 }
 
 func TestMutualExclusion(t *testing.T) {
+	t.Parallel()
 	const goroutines, procs, iters = 8, 3, 10
 	cli := srv.Client(t)
 	ns := etcdtest.Namespace(t)
@@ -131,6 +132,7 @@ func TestMutualExclusion(t *testing.T) {
 }
 
 func TestFencingTokensIncrease(t *testing.T) {
+	t.Parallel()
 	cli := srv.Client(t)
 	ns := etcdtest.Namespace(t)
 	lockers := []*lock.Etcd{newLocker(t, cli, ns, 5*time.Second, "a"), newLocker(t, cli, ns, 5*time.Second, "b")}
@@ -171,6 +173,7 @@ func TestFencingTokensIncrease(t *testing.T) {
 }
 
 func TestFencedTxnKeepsCallerConditions(t *testing.T) {
+	t.Parallel()
 	cli := srv.Client(t)
 	ns := etcdtest.Namespace(t)
 	ctx := context.Background()
@@ -294,6 +297,7 @@ func TestEtcdStoppedUnderHolder(t *testing.T) {
 }
 
 func TestTryAcquireHeld(t *testing.T) {
+	t.Parallel()
 	cli := srv.Client(t)
 	ns := etcdtest.Namespace(t)
 	ctx := context.Background()
@@ -327,6 +331,7 @@ func TestTryAcquireHeld(t *testing.T) {
 }
 
 func TestAcquireWaitBound(t *testing.T) {
+	t.Parallel()
 	cli := srv.Client(t)
 	ns := etcdtest.Namespace(t)
 	a := newLocker(t, cli, ns, 5*time.Second, "worker-a")
@@ -352,6 +357,7 @@ func TestAcquireWaitBound(t *testing.T) {
 }
 
 func TestFIFO(t *testing.T) {
+	t.Parallel()
 	cli := srv.Client(t)
 	ns := etcdtest.Namespace(t)
 	ctx := context.Background()
@@ -408,6 +414,7 @@ func TestFIFO(t *testing.T) {
 }
 
 func TestReleaseOnlyByHolder(t *testing.T) {
+	t.Parallel()
 	cli := srv.Client(t)
 	ns := etcdtest.Namespace(t)
 	ctx := context.Background()
@@ -456,6 +463,7 @@ func TestReleaseOnlyByHolder(t *testing.T) {
 }
 
 func TestStatusAndList(t *testing.T) {
+	t.Parallel()
 	cli := srv.Client(t)
 	ns := etcdtest.Namespace(t)
 	ctx := context.Background()
@@ -491,6 +499,7 @@ func TestStatusAndList(t *testing.T) {
 }
 
 func TestLockLostWhenKeyDeleted(t *testing.T) {
+	t.Parallel()
 	cli := srv.Client(t)
 	ns := etcdtest.Namespace(t)
 	l, err := newLocker(t, cli, ns, 5*time.Second, "a").Acquire(context.Background(), "x")
@@ -512,6 +521,7 @@ func TestLockLostWhenKeyDeleted(t *testing.T) {
 }
 
 func TestBadInput(t *testing.T) {
+	t.Parallel()
 	cli := srv.Client(t)
 	ns := etcdtest.Namespace(t)
 	ctx := context.Background()
@@ -555,6 +565,7 @@ func TestBadInput(t *testing.T) {
 }
 
 func TestLockersSharingALease(t *testing.T) {
+	t.Parallel()
 	cli := srv.Client(t)
 	ns := etcdtest.Namespace(t)
 	ctx := context.Background()

@@ -31,6 +31,7 @@ func newPaxosLocker(t testing.TB, g *paxostest.Group, ns string, ttl time.Durati
 // TestPaxosStatusShowsHolder checks that Status and List show the holder
 // record (host, pid, since when) and the token, by namespace.
 func TestPaxosStatusShowsHolder(t *testing.T) {
+	t.Parallel()
 	g := paxostest.Start(t, paxosGroupSize)
 	ns := etcdtest.Namespace(t)
 	lk := newPaxosLocker(t, g, ns, 5*time.Second, "worker-1")
@@ -72,6 +73,7 @@ func TestPaxosStatusShowsHolder(t *testing.T) {
 // are different owners: neither releases the other's lock, and a second
 // acquire through the same locker is refused.
 func TestPaxosLockerOwnersDiffer(t *testing.T) {
+	t.Parallel()
 	g := paxostest.Start(t, paxosGroupSize)
 	ns := etcdtest.Namespace(t)
 	a, b := newPaxosLocker(t, g, ns, 5*time.Second, "same"), newPaxosLocker(t, g, ns, 5*time.Second, "same")
@@ -96,6 +98,7 @@ func TestPaxosLockerOwnersDiffer(t *testing.T) {
 // a *LostError once the service refuses a renewal (here: the lock was
 // released behind the holder's back).
 func TestPaxosLostWhenRenewalRefused(t *testing.T) {
+	t.Parallel()
 	g := paxostest.Start(t, paxosGroupSize)
 	ns := etcdtest.Namespace(t)
 	lk := newPaxosLocker(t, g, ns, time.Second, "victim")
@@ -152,6 +155,7 @@ func TestPaxosLostWhenGroupUnreachable(t *testing.T) {
 
 // TestNewPaxosRefusesBadConfig checks the config errors.
 func TestNewPaxosRefusesBadConfig(t *testing.T) {
+	t.Parallel()
 	for _, cfg := range []paxoslock.Config{
 		{},
 		{Endpoints: []string{"no-port"}},

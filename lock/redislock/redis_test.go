@@ -34,6 +34,7 @@ func newRedisLocker(t *testing.T, rdb *redis.Client, ns string, ttl time.Duratio
 }
 
 func TestRedisTokensIncrease(t *testing.T) {
+	t.Parallel()
 	rdb := redisClient(t)
 	ns := etcdtest.Namespace(t)
 	a := newRedisLocker(t, rdb, ns, 5*time.Second, "a")
@@ -66,6 +67,7 @@ func TestRedisTokensIncrease(t *testing.T) {
 }
 
 func TestRedisHeldReleaseAndStatus(t *testing.T) {
+	t.Parallel()
 	rdb := redisClient(t)
 	ns := etcdtest.Namespace(t)
 	ctx := context.Background()
@@ -141,6 +143,7 @@ func TestRedisWatchdog(t *testing.T) {
 }
 
 func TestRedisBadInput(t *testing.T) {
+	t.Parallel()
 	rdb := redisClient(t)
 	for _, ttl := range []time.Duration{500 * time.Millisecond, 25 * time.Hour} {
 		if _, err := redislock.New(rdb, redislock.Config{TTL: ttl}); !errors.Is(err, drover.ErrInvalidInput) {

@@ -32,6 +32,7 @@ func redisServers(t *testing.T, n int) ([]redis.UniversalClient, []*exec.Cmd) {
 }
 
 func TestRedlock(t *testing.T) {
+	t.Parallel()
 	clients, cmds := redisServers(t, 3)
 	ns := etcdtest.Namespace(t)
 	ctx := context.Background()
@@ -104,6 +105,7 @@ func TestRedlock(t *testing.T) {
 }
 
 func TestRedlockBadInput(t *testing.T) {
+	t.Parallel()
 	rdb := redisClient(t)
 	two := []redis.UniversalClient{rdb, rdb}
 	if _, err := redislock.NewRedlock(two, redislock.RedlockConfig{}); !errors.Is(err, drover.ErrInvalidInput) || !strings.Contains(err.Error(), "odd number") {
@@ -118,6 +120,7 @@ func TestRedlockBadInput(t *testing.T) {
 // Redis restarted (without persistence) under a held lock: the holder's
 // watchdog finds the lock gone and cancels its context, so it stops writing.
 func TestRedisRestartedUnderHolder(t *testing.T) {
+	t.Parallel()
 	clients, cmds := redisServers(t, 1)
 	addr := clients[0].(*redis.Client).Options().Addr
 	port := addr[strings.LastIndexByte(addr, ':')+1:]

@@ -28,6 +28,7 @@ func newTestClient(t *testing.T, endpoints ...string) *client.Client {
 // checks the typed errors: *client.HeldError with the holder, *client.NotHeldError with
 // the current holder, client.ErrNotFound.
 func TestClientOperations(t *testing.T) {
+	t.Parallel()
 	_, srv := singleNode(t)
 	c := newTestClient(t, srv.URL)
 	ctx := context.Background()
@@ -80,6 +81,7 @@ func TestClientOperations(t *testing.T) {
 // refuse connections or are stopping (503), and stays on an endpoint that
 // answered 409 (another node would answer the same).
 func TestClientFailover(t *testing.T) {
+	t.Parallel()
 	_, a := singleNode(t)
 	_, b := singleNode(t)
 	stopped, s := singleNode(t)
@@ -112,6 +114,7 @@ func TestClientFailover(t *testing.T) {
 // connection cut after the node applied it) is sent again elsewhere with
 // the same Idempotency-Key and applied once.
 func TestClientLostAnswer(t *testing.T) {
+	t.Parallel()
 	_, srv := singleNode(t)
 	api := srv.Config.Handler
 	cut := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -137,6 +140,7 @@ func TestClientLostAnswer(t *testing.T) {
 // off from its group's majority gets its answer from the next endpoint
 // within its deadline.
 func TestClientSkipsMinorityNode(t *testing.T) {
+	t.Parallel()
 	peers := []paxos.Peer{{ID: 0}, {ID: 1, Addr: freeAddr(t)}, {ID: 2, Addr: freeAddr(t)}}
 	_, minority := startAPINode(t, peers, paxos.APIConfig{RequestTimeout: 10 * time.Second})
 	_, healthy := singleNode(t)
@@ -150,6 +154,7 @@ func TestClientSkipsMinorityNode(t *testing.T) {
 
 // TestClientTimeout checks a 504 is client.ErrTimeout.
 func TestClientTimeout(t *testing.T) {
+	t.Parallel()
 	peers := []paxos.Peer{{ID: 0}, {ID: 1, Addr: freeAddr(t)}, {ID: 2, Addr: freeAddr(t)}}
 	_, srv := startAPINode(t, peers, paxos.APIConfig{RequestTimeout: 200 * time.Millisecond})
 	_, err := newTestClient(t, srv.URL).Acquire(context.Background(), "x", client.AcquireRequest{Owner: "o", TTL: time.Second})
@@ -165,6 +170,7 @@ func TestClientTimeout(t *testing.T) {
 // every answer names (client.LeaderHeader), and that the follower then serves
 // none of them.
 func TestClientGoesToTheLeader(t *testing.T) {
+	t.Parallel()
 	nodes, srvs := startAPIGroup(t, 3)
 	var leader int
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {

@@ -17,6 +17,7 @@ func newTestClient(t *testing.T, endpoints ...string) *Client {
 
 // TestParseEndpoint checks the endpoint forms a client takes.
 func TestParseEndpoint(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct{ in, want string }{
 		{"127.0.0.1:7100", "http://127.0.0.1:7100"},
 		{" lock-service-0.lock-service-headless:3000 ", "http://lock-service-0.lock-service-headless:3000"},
@@ -39,6 +40,7 @@ func TestParseEndpoint(t *testing.T) {
 // next request back there: the nodes may still name a leader this client
 // cannot reach.
 func TestClientLeaderThatFailedIsNotFollowed(t *testing.T) {
+	t.Parallel()
 	c := newTestClient(t, "127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3")
 	if got := c.leaderOr("127.0.0.1:3", 1); got != 2 {
 		t.Fatalf("leader at the third endpoint: next %d, want 2", got)
