@@ -79,18 +79,19 @@ return 0
 type Config struct {
 	// Namespace of the keys; "" means "drover".
 	Namespace string
-	// TTL of each lock; zero means lock.DefaultTTL. A watchdog renews it every
-	// TTL/3 while the lock is held.
+	// TTL of each lock; zero means lock.DefaultTTL. A watchdog renews it
+	// every TTL/3 while the lock is held.
 	TTL time.Duration
 	// HolderID names this worker in lock records; "" means "host:pid".
 	HolderID string
 	Logger   *slog.Logger
 }
 
-// Locker is the Redis backend of lock.Locker, a single-instance lock with fencing
-// tokens: SET NX with a TTL, a fencing token issued atomically with it, compare-and-delete
-// release, and a watchdog that renews the TTL at a third of it and cancels
-// the holder's context the moment renewal fails or finds the lock taken.
+// Locker is the Redis backend of lock.Locker, a single-instance lock with
+// fencing tokens: SET NX with a TTL, a fencing token issued atomically
+// with it, compare-and-delete release, and a watchdog that renews the TTL
+// at a third of it and cancels the holder's context the moment renewal
+// fails or finds the lock taken.
 //
 // Redis gives weaker guarantees than etcd: a failover to a replica that had
 // not yet received the SET can hand the lock to a second holder. The fencing
