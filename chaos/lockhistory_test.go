@@ -37,7 +37,7 @@ func runEtcdLocks(t *testing.T, set *etcdSet, restart func() outage) {
 }
 
 // TestLockLinearizableRedis is the same history on the Redis backend
-// (lock.NewRedis, one redis-server), the store fenced by a script that
+// (redislock.New, one redis-server), the store fenced by a script that
 // compares the lock's holder key with the writer's token. Redis restarts at
 // once, as etcd does: without persistence (how the repo's tests run it),
 // and, in the long run, with appendfsync always. Violations do not fail the test: Redis does

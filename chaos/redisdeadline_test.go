@@ -1,13 +1,14 @@
 package chaos
 
 import (
+	"github.com/droverhq/drover/lock/redislock"
+
 	"context"
 	"net"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/droverhq/drover/lock"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -58,11 +59,11 @@ func TestRedisLockDeadlineCountsFromReply(t *testing.T) {
 	fast := redis.NewClient(&redis.Options{Addr: srv.addr})
 	defer fast.Close()
 	ttl := time.Second
-	a, err := lock.NewRedis(slow, lock.RedisConfig{Namespace: "bug", TTL: ttl, HolderID: "a"})
+	a, err := redislock.New(slow, redislock.Config{Namespace: "bug", TTL: ttl, HolderID: "a"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := lock.NewRedis(fast, lock.RedisConfig{Namespace: "bug", TTL: ttl, HolderID: "b"})
+	b, err := redislock.New(fast, redislock.Config{Namespace: "bug", TTL: ttl, HolderID: "b"})
 	if err != nil {
 		t.Fatal(err)
 	}

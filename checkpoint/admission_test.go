@@ -12,6 +12,7 @@ import (
 )
 
 func TestAdmission(t *testing.T) {
+	t.Parallel()
 	ns := etcdtest.Namespace(t)
 	cli := srv.Client(t)
 	ctx := context.Background()

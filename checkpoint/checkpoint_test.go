@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/checkpoint"
+	"github.com/droverhq/drover/checkpoint/checkpointtest"
 	"github.com/droverhq/drover/internal/testenv/etcdtest"
 	"github.com/droverhq/drover/internal/testenv/servicetest"
 	"github.com/droverhq/drover/lock"
@@ -30,14 +30,41 @@ func newStore(t *testing.T) (*checkpoint.Etcd, string) {
 	return s, ns
 }
 
+// TestStoreConformance runs the checkpoint.Store suite against the etcd
+// store and the PostgreSQL store, each subtest in a namespace of its own.
+func TestStoreConformance(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	t.Run("etcd", func(t *testing.T) {
+		t.Parallel()
+		checkpointtest.Exercise(ctx, t, func(t *testing.T) checkpoint.Store {
+			s, _ := newStore(t)
+			return s
+		}, checkpointtest.Options{MaxState: checkpoint.MaxState})
+	})
+	t.Run("postgres", func(t *testing.T) {
+		t.Parallel()
+		pool := servicetest.Postgres(t)
+		checkpointtest.Exercise(ctx, t, func(t *testing.T) checkpoint.Store {
+			s, err := checkpoint.NewPostgres(ctx, pool, etcdtest.Namespace(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return s
+		}, checkpointtest.Options{})
+	})
+}
+
 // eachStore runs f against the etcd store and the PostgreSQL store, each in
 // a namespace of its own.
 func eachStore(t *testing.T, f func(t *testing.T, s checkpoint.Store, ns string)) {
 	t.Run("etcd", func(t *testing.T) {
+		t.Parallel()
 		s, ns := newStore(t)
 		f(t, s, ns)
 	})
 	t.Run("postgres", func(t *testing.T) {
+		t.Parallel()
 		ctx := context.Background()
 		pool := servicetest.Postgres(t)
 		ns := etcdtest.Namespace(t)
@@ -49,101 +76,8 @@ func eachStore(t *testing.T, f func(t *testing.T, s checkpoint.Store, ns string)
 	})
 }
 
-func TestChainGetListDelete(t *testing.T) { eachStore(t, testChain) }
-
-func testChain(t *testing.T, s checkpoint.Store, _ string) {
-	ctx := context.Background()
-	parent := ""
-	var ids []string
-	for i := 0; i < 5; i++ {
-		src := "loop"
-		if i == 0 {
-			src = "input"
-		}
-		cp, err := s.Put(ctx, checkpoint.Checkpoint{ThreadID: "th", ParentID: parent, State: []byte(strconv.Itoa(i)),
-			Metadata: checkpoint.Metadata{Source: src, Step: i, Writer: "w"}}, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		parent = cp.ID
-		ids = append(ids, cp.ID)
-		time.Sleep(time.Millisecond)
-	}
-	latest, err := s.GetLatest(ctx, "th", "")
-	if err != nil || latest.ID != ids[4] || string(latest.State) != "4" || latest.ParentID != ids[3] {
-		t.Fatalf("latest %+v (%v)", latest, err)
-	}
-	if got, err := s.Get(ctx, "th", "", ids[1]); err != nil || string(got.State) != "1" {
-		t.Fatalf("get %+v (%v)", got, err)
-	}
-	list, err := s.List(ctx, "th", "", checkpoint.ListOptions{Before: ids[4], Limit: 2})
-	if err != nil || len(list) != 2 || list[0].ID != ids[3] || list[1].ID != ids[2] {
-		t.Fatalf("list before/limit: %+v (%v)", list, err)
-	}
-	list, err = s.List(ctx, "th", "", checkpoint.ListOptions{Filter: map[string]any{"source": "input"}})
-	if err != nil || len(list) != 1 || list[0].ID != ids[0] {
-		t.Fatalf("list filtered: %+v (%v)", list, err)
-	}
-	if err := s.PutWrites(ctx, "th", "", ids[4], []checkpoint.Write{{TaskID: "t1", Channel: "messages", Value: []byte("hi")}}, nil); err != nil {
-		t.Fatal(err)
-	}
-	if ws, err := s.Writes(ctx, "th", "", ids[4]); err != nil || len(ws) != 1 || string(ws[0].Value) != "hi" {
-		t.Fatalf("writes %+v (%v)", ws, err)
-	}
-	if err := s.PutWrites(ctx, "th", "", "nope", nil, nil); !errors.Is(err, checkpoint.ErrNotFound) {
-		t.Fatalf("writes for a missing checkpoint: %v", err)
-	}
-	if err := s.DeleteThread(ctx, "th"); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := s.GetLatest(ctx, "th", ""); !errors.Is(err, checkpoint.ErrNotFound) {
-		t.Fatalf("after delete: %v", err)
-	}
-}
-
-func TestOptimisticConflict(t *testing.T) { eachStore(t, testConflict) }
-
-func testConflict(t *testing.T, s checkpoint.Store, _ string) {
-	ctx := context.Background()
-	root, _ := s.Put(ctx, checkpoint.Checkpoint{ThreadID: "th", State: []byte("0")}, nil)
-	if _, err := s.Put(ctx, checkpoint.Checkpoint{ThreadID: "th", ParentID: root.ID, State: []byte("a")}, nil); err != nil {
-		t.Fatal(err)
-	}
-	_, err := s.Put(ctx, checkpoint.Checkpoint{ThreadID: "th", ParentID: root.ID, State: []byte("b")}, nil)
-	var ce *checkpoint.ConflictError
-	if !errors.As(err, &ce) || ce.Head == root.ID || ce.Head == "" {
-		t.Fatalf("second writer on the same parent: %v", err)
-	}
-	if latest, _ := s.GetLatest(ctx, "th", ""); string(latest.State) != "a" {
-		t.Fatalf("the losing write got through: %q", latest.State)
-	}
-}
-
-func TestTokenFence(t *testing.T) { eachStore(t, testTokenFence) }
-
-func testTokenFence(t *testing.T, s checkpoint.Store, _ string) {
-	ctx := context.Background()
-	cp, err := s.Put(ctx, checkpoint.Checkpoint{ThreadID: "th", State: []byte("by 5")}, token(5))
-	if err != nil {
-		t.Fatal(err)
-	}
-	// A writer whose lock expired (an older token) is refused...
-	if _, err := s.Put(ctx, checkpoint.Checkpoint{ThreadID: "th", ParentID: cp.ID, State: []byte("by 3")}, token(3)); !errors.Is(err, lock.ErrFenced) {
-		t.Fatalf("older token: %v, want ErrFenced", err)
-	}
-	if err := s.PutWrites(ctx, "th", "", cp.ID, []checkpoint.Write{{TaskID: "t", Channel: "c"}}, token(4)); !errors.Is(err, lock.ErrFenced) {
-		t.Fatalf("older token on writes: %v", err)
-	}
-	// ...and the newer holder goes on.
-	if _, err := s.Put(ctx, checkpoint.Checkpoint{ThreadID: "th", ParentID: cp.ID, State: []byte("by 7")}, token(7)); err != nil {
-		t.Fatal(err)
-	}
-	if latest, _ := s.GetLatest(ctx, "th", ""); string(latest.State) != "by 7" || latest.Token != 7 {
-		t.Fatalf("latest %+v", latest)
-	}
-}
-
 func TestEtcdLockFence(t *testing.T) {
+	t.Parallel()
 	s, ns := newStore(t)
 	ctx := context.Background()
 	locker, err := lock.NewEtcd(ctx, srv.Client(t), lock.EtcdConfig{Namespace: ns, TTL: 5 * time.Second})
@@ -168,7 +102,10 @@ func TestEtcdLockFence(t *testing.T) {
 // The lost-update experiment: 5 workers, 3 invocations each, on one thread; every
 // invocation reads the head, "calls the LLM", and writes a checkpoint. With
 // either protection all 15 updates survive, as one chain.
-func TestFiveWorkersThreeInvocations(t *testing.T) { eachStore(t, testFiveByThree) }
+func TestFiveWorkersThreeInvocations(t *testing.T) {
+	t.Parallel()
+	eachStore(t, testFiveByThree)
+}
 
 func testFiveByThree(t *testing.T, s checkpoint.Store, ns string) {
 	for _, mode := range []string{"locked", "optimistic"} {
@@ -256,22 +193,5 @@ func invoke(ctx context.Context, s checkpoint.Store, locker *lock.Etcd, worker s
 			continue // someone else wrote first: reload and redo the step
 		}
 		return err
-	}
-}
-
-func TestBadInput(t *testing.T) { eachStore(t, testBadInput) }
-
-func testBadInput(t *testing.T, s checkpoint.Store, _ string) {
-	ctx := context.Background()
-	if _, err := s.Put(ctx, checkpoint.Checkpoint{ThreadID: "a/b"}, nil); !errors.Is(err, drover.ErrInvalidInput) {
-		t.Fatalf("bad thread id: %v", err)
-	}
-	if _, isEtcd := s.(*checkpoint.Etcd); isEtcd {
-		if _, err := s.Put(ctx, checkpoint.Checkpoint{ThreadID: "th", State: make([]byte, checkpoint.MaxState+1)}, nil); !errors.Is(err, drover.ErrInvalidInput) {
-			t.Fatalf("oversize state: %v", err)
-		}
-	}
-	if _, err := s.GetLatest(ctx, "th", ""); !errors.Is(err, checkpoint.ErrNotFound) {
-		t.Fatalf("nothing should have been written: %v", err)
 	}
 }

@@ -19,7 +19,10 @@ import (
 // first; one namespace or all of them; Before compares ids across threads;
 // Limit counts across threads; Filter as a one-thread list. Both stores
 // agree, and wrong arguments are refused.
-func TestListEveryThread(t *testing.T) { eachStore(t, testListEveryThread) }
+func TestListEveryThread(t *testing.T) {
+	t.Parallel()
+	eachStore(t, testListEveryThread)
+}
 
 func testListEveryThread(t *testing.T, s checkpoint.Store, ns string) {
 	ctx := context.Background()

@@ -21,6 +21,7 @@ import (
 // and quota, and change nothing: not the head, not the writes, not the
 // thread's fence. Once the key is gone the same writes succeed.
 func TestEtcdStoreYieldsWhileStoreFull(t *testing.T) {
+	t.Parallel()
 	s, ns := newStore(t)
 	ctx := context.Background()
 	cli := srv.Client(t)
@@ -104,6 +105,7 @@ func checkStoreFull(t *testing.T, what string, err error) {
 // TestStoreFullDoesNotReachPostgres: the PostgreSQL store ignores the guard
 // key (its data is not in etcd).
 func TestStoreFullDoesNotReachPostgres(t *testing.T) {
+	t.Parallel()
 	eachStore(t, func(t *testing.T, s checkpoint.Store, ns string) {
 		if _, ok := s.(*checkpoint.Etcd); ok {
 			return

@@ -1,6 +1,8 @@
 package httpapi
 
 import (
+	"github.com/droverhq/drover/paxos/client"
+
 	"context"
 	"net/http"
 	"time"
@@ -59,7 +61,7 @@ func (s *Server) paxosRoutes() {
 // paxosGroupOf puts the nodes' views together: the leader is the node
 // that says it leads with the highest ballot, and each node's lag is the
 // leader's view of it.
-func paxosGroupOf(all []paxos.EndpointStatus) PaxosGroup {
+func paxosGroupOf(all []client.EndpointStatus) PaxosGroup {
 	out := PaxosGroup{Configured: true, Nodes: []PaxosNode{}}
 	var lead *paxos.NodeStatus
 	for i := range all {

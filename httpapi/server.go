@@ -1,6 +1,8 @@
 package httpapi
 
 import (
+	"github.com/droverhq/drover/paxos/client"
+
 	"context"
 	"errors"
 	"fmt"
@@ -16,7 +18,6 @@ import (
 	"github.com/droverhq/drover/internal/buildinfo"
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/lock"
-	"github.com/droverhq/drover/paxos"
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -97,7 +98,7 @@ func (c Config) Validate() error {
 		return &drover.InputError{Field: "StatsInterval", Value: c.StatsInterval, Rule: "must be 0 (5 s), or from 10ms to 1h"}
 	}
 	for _, e := range c.PaxosEndpoints {
-		if _, err := paxos.ParseEndpoint(e); err != nil {
+		if _, err := client.ParseEndpoint(e); err != nil {
 			return &drover.InputError{Field: "PaxosEndpoints", Value: e, Rule: "must be host:port of a Paxos node's API"}
 		}
 	}
@@ -125,7 +126,7 @@ type Server struct {
 	// hub samples the queues for the history and the event stream (hub.go).
 	hub *hub
 	// paxos asks the Paxos group of Config.PaxosEndpoints; nil without.
-	paxos *paxos.Client
+	paxos *client.Client
 	// locks sends the sessions' lock acquisitions and releases that arrive
 	// together in fewer etcd requests (lock.Batcher).
 	locks *lock.Batcher
@@ -149,7 +150,7 @@ func New(cfg Config) (*Server, error) {
 	s := &Server{cfg: cfg, cli: cfg.Etcd, mux: http.NewServeMux(), metrics: m, locks: lock.NewBatcher(cfg.Etcd)}
 	s.hub = newHub(s, cfg.StatsInterval)
 	if len(cfg.PaxosEndpoints) > 0 {
-		if s.paxos, err = paxos.NewClient(paxos.ClientConfig{Endpoints: cfg.PaxosEndpoints}); err != nil {
+		if s.paxos, err = client.New(client.Config{Endpoints: cfg.PaxosEndpoints}); err != nil {
 			return nil, drover.Rename(err, "PaxosEndpoints")
 		}
 	}
@@ -249,7 +250,7 @@ func (s *Server) Close(ctx context.Context) error {
 	s.life.Unlock()
 	defer s.hub.close()
 	if s.paxos != nil {
-		defer s.paxos.Close()
+		defer func() { _ = s.paxos.Close(ctx) }()
 	}
 	if srv == nil {
 		return nil

@@ -19,6 +19,7 @@ import (
 // holds a name at a time, every release of a held lock succeeds, and the
 // tokens of each name only grow.
 func TestBatcherMutualExclusion(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	cli := srv.Client(t)
 	ns := etcdtest.Namespace(t)

@@ -26,4 +26,10 @@
 //	defer l.Release(context.Background())
 //	resp, err := l.Txn(ctx).Then(clientv3.OpPut(k, v)).Commit()
 //	if errors.Is(err, lock.ErrFenced) { ... the lock was lost; the write was refused }
+//
+// Other backends live in packages of their own, so that a program links
+// only the one it uses: lock/redislock (Redis, and Redlock over several
+// Redis servers) and lock/paxoslock (drover's Paxos lock service). They
+// keep held locks with a [Watchdog] and wait with [PollAcquire]. Every
+// backend passes the suite of lock/locktest.
 package lock

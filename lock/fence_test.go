@@ -16,6 +16,7 @@ import (
 // lock (which the task runner holds its tasks with): each claim is a locker
 // of its own, with its own lease; a loss is its lease revoked.
 func TestEtcdLockIsAFence(t *testing.T) {
+	t.Parallel()
 	ns := etcdtest.Namespace(t)
 	cli := srv.Client(t)
 	var mu sync.Mutex
@@ -54,6 +55,7 @@ func TestEtcdLockIsAFence(t *testing.T) {
 // TestCloseTwice: the etcd locker, its lease and a task runner on it close
 // with Close(ctx) error, and a second Close is harmless.
 func TestCloseTwice(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	locker, err := lock.NewEtcd(ctx, srv.Client(t), lock.EtcdConfig{Namespace: etcdtest.Namespace(t), TTL: 5 * time.Second})
 	if err != nil {

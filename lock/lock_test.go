@@ -19,6 +19,7 @@ import (
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/lease"
 	"github.com/droverhq/drover/lock"
+	"github.com/droverhq/drover/lock/internal/proctest"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -42,13 +43,14 @@ func countKeys(t *testing.T, cli *clientv3.Client, ns string) int64 {
 }
 
 func TestMutualExclusion(t *testing.T) {
+	t.Parallel()
 	const goroutines, procs, iters = 8, 3, 10
 	cli := srv.Client(t)
 	ns := etcdtest.Namespace(t)
 	dir := t.TempDir()
 	counter, logPath := filepath.Join(dir, "counter"), filepath.Join(dir, "log")
 
-	var helpers []*helper
+	var helpers []*proctest.Helper
 	for i := 0; i < procs; i++ {
 		helpers = append(helpers, startHelper(t, "counter", "H_NS="+ns, "H_LOCK=counter", "H_TTL=5s",
 			"H_ITER="+strconv.Itoa(iters), "H_COUNTER="+counter, "H_LOG="+logPath, fmt.Sprintf("H_ID=proc-%d", i)))
@@ -66,7 +68,7 @@ func TestMutualExclusion(t *testing.T) {
 					errs <- err
 					return
 				}
-				if err := criticalSection(counter, logPath, id); err != nil {
+				if err := proctest.CriticalSection(counter, logPath, id); err != nil {
 					errs <- err
 					return
 				}
@@ -83,7 +85,7 @@ func TestMutualExclusion(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, h := range helpers {
-		if err := h.cmd.Wait(); err != nil {
+		if err := h.Cmd.Wait(); err != nil {
 			t.Fatalf("helper process: %v", err)
 		}
 	}
@@ -130,6 +132,7 @@ func TestMutualExclusion(t *testing.T) {
 }
 
 func TestFencingTokensIncrease(t *testing.T) {
+	t.Parallel()
 	cli := srv.Client(t)
 	ns := etcdtest.Namespace(t)
 	lockers := []*lock.Etcd{newLocker(t, cli, ns, 5*time.Second, "a"), newLocker(t, cli, ns, 5*time.Second, "b")}
@@ -170,6 +173,7 @@ func TestFencingTokensIncrease(t *testing.T) {
 }
 
 func TestFencedTxnKeepsCallerConditions(t *testing.T) {
+	t.Parallel()
 	cli := srv.Client(t)
 	ns := etcdtest.Namespace(t)
 	ctx := context.Background()
@@ -199,13 +203,13 @@ func TestHolderKilled(t *testing.T) {
 	ns := etcdtest.Namespace(t)
 	const ttl = 2 * time.Second
 	h := startHelper(t, "hold", "H_NS="+ns, "H_LOCK=job", "H_TTL="+ttl.String(), "H_ID=victim")
-	h.line(t, "ACQUIRED")
+	h.Line(t, "ACQUIRED")
 	locker := newLocker(t, cli, ns, 5*time.Second, "survivor")
 	if _, err := locker.TryAcquire(context.Background(), "job"); !errors.Is(err, lock.ErrHeld) {
 		t.Fatalf("lock should be held by the helper: %v", err)
 	}
 	killed := time.Now()
-	if err := h.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+	if err := h.Cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), ttl+time.Second)
@@ -224,8 +228,8 @@ func TestHolderPaused(t *testing.T) {
 	const ttl = 2 * time.Second
 	data := "/" + ns + "/data"
 	h := startHelper(t, "hold", "H_NS="+ns, "H_LOCK=job", "H_TTL="+ttl.String(), "H_ID=sleeper", "H_DATA="+data)
-	oldToken, _ := strconv.ParseInt(h.line(t, "ACQUIRED"), 10, 64)
-	if err := h.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+	oldToken, _ := strconv.ParseInt(h.Line(t, "ACQUIRED"), 10, 64)
+	if err := h.Cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
 	paused := time.Now()
@@ -234,7 +238,7 @@ func TestHolderPaused(t *testing.T) {
 	defer cancel()
 	l, err := locker.Acquire(ctx, "job")
 	if err != nil {
-		_ = h.cmd.Process.Signal(syscall.SIGCONT)
+		_ = h.Cmd.Process.Signal(syscall.SIGCONT)
 		t.Fatalf("no acquisition while the holder is paused: %v", err)
 	}
 	t.Logf("acquired %s after SIGSTOP; token %d after %d", time.Since(paused).Round(time.Millisecond), l.Token(), oldToken)
@@ -244,13 +248,13 @@ func TestHolderPaused(t *testing.T) {
 	if _, err := l.(*lock.EtcdLock).Txn(ctx).Then(clientv3.OpPut(data, "successor")).Commit(); err != nil {
 		t.Fatal(err)
 	}
-	if err := h.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+	if err := h.Cmd.Process.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := h.stdin.Write([]byte("WRITE\n")); err != nil {
+	if _, err := h.Stdin.Write([]byte("WRITE\n")); err != nil {
 		t.Fatal(err)
 	}
-	got := h.line(t, "RESULT")
+	got := h.Line(t, "RESULT")
 	if want := "cancelled=true lost=true raw_applied=false fenced=true"; got != want {
 		t.Fatalf("paused holder after SIGCONT: %s, want %s", got, want)
 	}
@@ -293,6 +297,7 @@ func TestEtcdStoppedUnderHolder(t *testing.T) {
 }
 
 func TestTryAcquireHeld(t *testing.T) {
+	t.Parallel()
 	cli := srv.Client(t)
 	ns := etcdtest.Namespace(t)
 	ctx := context.Background()
@@ -326,6 +331,7 @@ func TestTryAcquireHeld(t *testing.T) {
 }
 
 func TestAcquireWaitBound(t *testing.T) {
+	t.Parallel()
 	cli := srv.Client(t)
 	ns := etcdtest.Namespace(t)
 	a := newLocker(t, cli, ns, 5*time.Second, "worker-a")
@@ -351,6 +357,7 @@ func TestAcquireWaitBound(t *testing.T) {
 }
 
 func TestFIFO(t *testing.T) {
+	t.Parallel()
 	cli := srv.Client(t)
 	ns := etcdtest.Namespace(t)
 	ctx := context.Background()
@@ -407,6 +414,7 @@ func TestFIFO(t *testing.T) {
 }
 
 func TestReleaseOnlyByHolder(t *testing.T) {
+	t.Parallel()
 	cli := srv.Client(t)
 	ns := etcdtest.Namespace(t)
 	ctx := context.Background()
@@ -455,6 +463,7 @@ func TestReleaseOnlyByHolder(t *testing.T) {
 }
 
 func TestStatusAndList(t *testing.T) {
+	t.Parallel()
 	cli := srv.Client(t)
 	ns := etcdtest.Namespace(t)
 	ctx := context.Background()
@@ -490,6 +499,7 @@ func TestStatusAndList(t *testing.T) {
 }
 
 func TestLockLostWhenKeyDeleted(t *testing.T) {
+	t.Parallel()
 	cli := srv.Client(t)
 	ns := etcdtest.Namespace(t)
 	l, err := newLocker(t, cli, ns, 5*time.Second, "a").Acquire(context.Background(), "x")
@@ -511,6 +521,7 @@ func TestLockLostWhenKeyDeleted(t *testing.T) {
 }
 
 func TestBadInput(t *testing.T) {
+	t.Parallel()
 	cli := srv.Client(t)
 	ns := etcdtest.Namespace(t)
 	ctx := context.Background()
@@ -554,6 +565,7 @@ func TestBadInput(t *testing.T) {
 }
 
 func TestLockersSharingALease(t *testing.T) {
+	t.Parallel()
 	cli := srv.Client(t)
 	ns := etcdtest.Namespace(t)
 	ctx := context.Background()

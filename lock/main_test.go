@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/droverhq/drover/internal/testenv/etcdtest"
+	"github.com/droverhq/drover/lock/internal/proctest"
 )
 
 // srv is the embedded etcd every test of this package shares; each test uses
@@ -12,7 +13,7 @@ import (
 var srv *etcdtest.Server
 
 func TestMain(m *testing.M) {
-	code := etcdtest.Main(m, &srv, helperEnv, runHelper)
+	code := etcdtest.Main(m, &srv, proctest.Env, runHelper)
 	if benchSrv != nil {
 		benchSrv.Stop()
 	}

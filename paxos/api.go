@@ -1,12 +1,10 @@
 package paxos
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"math"
 	"net"
@@ -15,7 +13,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/droverhq/drover/keyspace"
+	"github.com/droverhq/drover/paxos/client"
 )
 
 // The REST API of a node. The Express lock service's two routes keep their shapes, so its
@@ -63,17 +61,12 @@ const (
 	MaxHolderBytes = 4096
 	// DefaultRequestTimeout bounds how long a request waits for consensus.
 	DefaultRequestTimeout = 10 * time.Second
-	// LeaderHeader, on every answer of a node that knows the leader and
-	// its address, is the leader's host:port: a client that sends its
-	// requests there saves the hops of a forward (Client does).
-	LeaderHeader = "Paxos-Leader"
-	// IdempotencyHeader names a request: a request sent again with the same
-	// key (after a lost answer, to another node) is applied once and
-	// answered with the first answer, for as long as the lock table keeps
-	// its command ids (five minutes of log time). A key sent with a
-	// different request (another route, lock, owner, token, ttl or
-	// holder) is answered 422 and nothing is applied.
-	IdempotencyHeader = "Idempotency-Key"
+	// LeaderHeader names the leader's host:port on every answer of a node
+	// that knows it (client.LeaderHeader).
+	LeaderHeader = client.LeaderHeader
+	// IdempotencyHeader names a request, so a request sent again is
+	// applied once (client.IdempotencyHeader).
+	IdempotencyHeader = client.IdempotencyHeader
 )
 
 // Error messages compatible with the Express lock service's clients.
@@ -186,21 +179,6 @@ func notAllowed(allow string) http.HandlerFunc {
 	}
 }
 
-// LockInfo is a held lock as the API shows it.
-type LockInfo struct {
-	LockID string `json:"lockId"`
-	Owner  string `json:"owner"`
-	// Token is the fencing token: the log index of the grant.
-	Token uint64 `json:"token"`
-	// Acquired and Expires are the leader's clock in Unix milliseconds.
-	Acquired int64 `json:"acquired"`
-	Expires  int64 `json:"expires"`
-	// TTL is the time left, in seconds, by the answering node's clock.
-	TTL float64 `json:"ttl"`
-	// Holder is the object the owner stored with the grant, if any.
-	Holder json.RawMessage `json:"holder,omitempty"`
-}
-
 // lockInfo describes st as of now (the answering node's clock).
 func lockInfo(st LockState, now time.Time) LockInfo {
 	li := LockInfo{LockID: st.Name, Owner: st.Owner, Token: st.Token, Acquired: st.Acquired, Expires: st.Expires}
@@ -209,44 +187,6 @@ func lockInfo(st LockState, now time.Time) LockInfo {
 		li.Holder = json.RawMessage(st.Meta)
 	}
 	return li
-}
-
-// AcquireResponse is the 200 answer of POST /locks/{id}.
-type AcquireResponse struct {
-	Status  string       `json:"status"`
-	Details GrantDetails `json:"details"`
-	Token   uint64       `json:"token"`
-}
-
-// GrantDetails describes a grant: the Express service's lockId, owner and expires,
-// with acquired and the holder object added.
-type GrantDetails struct {
-	LockID   string          `json:"lockId"`
-	Owner    string          `json:"owner"`
-	Expires  int64           `json:"expires"`
-	Acquired int64           `json:"acquired"`
-	Holder   json.RawMessage `json:"holder,omitempty"`
-}
-
-// acquireBody is the body of POST /locks/{id}. Pointers tell a field left
-// out from a zero one.
-type acquireBody struct {
-	Owner  *string          `json:"owner"`
-	TTL    *float64         `json:"ttl"`
-	Holder *json.RawMessage `json:"holder"`
-}
-
-// ownerTokenBody is the body of DELETE /locks/{id} and of renew.
-type ownerTokenBody struct {
-	Owner *string  `json:"owner"`
-	Token *uint64  `json:"token"`
-	TTL   *float64 `json:"ttl"`
-}
-
-// memberBody is the body of POST /members.
-type memberBody struct {
-	ID   *uint64 `json:"id"`
-	Addr string  `json:"addr"`
 }
 
 func (a *api) acquire(w http.ResponseWriter, r *http.Request) {
@@ -511,111 +451,4 @@ func (a *api) nodeError(w http.ResponseWriter, r *http.Request, what string, err
 func (a *api) unexpected(w http.ResponseWriter, cmd Command, res Result) {
 	a.logger.Error("paxos: unexpected result", "op", cmd.Op, "lock", cmd.Lock, "code", res.Code, "err", res.Err)
 	writeError(w, http.StatusInternalServerError, fmt.Sprintf("%s answered %s %s", cmd.Op, res.Code, res.Err))
-}
-
-// lockID reads and checks the {id} of the path.
-func lockID(w http.ResponseWriter, r *http.Request) (string, bool) {
-	id := r.PathValue("id")
-	if err := keyspace.CheckName("lock id", id); err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
-		return "", false
-	}
-	return id, true
-}
-
-// checkTTL converts ttl seconds, or says what is wrong with them.
-func checkTTL(secs float64) (time.Duration, string) {
-	const rule = "ttl must be a number of seconds above 0 and at most 86400 (1 day)"
-	if math.IsNaN(secs) || secs <= 0 || secs > MaxTTL.Seconds() {
-		return 0, fmt.Sprintf("%s, got %v", rule, secs)
-	}
-	d := time.Duration(math.Ceil(secs*1000)) * time.Millisecond
-	return d, ""
-}
-
-func checkOwner(owner string) string {
-	if len(owner) > MaxOwnerBytes {
-		return fmt.Sprintf("owner must be at most %d bytes, got %d", MaxOwnerBytes, len(owner))
-	}
-	return ""
-}
-
-// checkHolder compacts the holder object, or says what is wrong with it.
-func checkHolder(raw json.RawMessage) (string, string) {
-	var buf bytes.Buffer
-	if err := json.Compact(&buf, raw); err != nil || buf.Len() == 0 || buf.Bytes()[0] != '{' {
-		if bytes.Equal(bytes.TrimSpace(raw), []byte("null")) {
-			return "", ""
-		}
-		return "", "holder must be a JSON object"
-	}
-	if buf.Len() > MaxHolderBytes {
-		return "", fmt.Sprintf("holder must be at most %d bytes of JSON, got %d", MaxHolderBytes, buf.Len())
-	}
-	return buf.String(), ""
-}
-
-// decode reads one JSON object of at most MaxBodyBytes into v, refusing
-// unknown fields and wrong types; an empty body is an empty object. On
-// failure it has answered 400 and returns false. fields lists what the
-// body takes, for the message.
-func decode(w http.ResponseWriter, r *http.Request, v any, fields string) bool {
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
-	dec.DisallowUnknownFields()
-	err := dec.Decode(v)
-	if err == nil {
-		if _, extra := dec.Token(); extra != io.EOF {
-			writeError(w, http.StatusBadRequest, fmt.Sprintf("body must be one JSON object with %s: data follows it", fields))
-			return false
-		}
-	}
-	var (
-		maxErr  *http.MaxBytesError
-		typeErr *json.UnmarshalTypeError
-		synErr  *json.SyntaxError
-	)
-	switch {
-	case err == nil || errors.Is(err, io.EOF):
-		return true
-	case errors.As(err, &maxErr):
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("body larger than %d bytes (1 MiB)", MaxBodyBytes))
-	case errors.As(err, &typeErr) && typeErr.Field != "":
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("%s must be %s, got a JSON %s", typeErr.Field, jsonKind(typeErr.Type.Kind().String()), typeErr.Value))
-	case errors.As(err, &typeErr):
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("body must be a JSON object with %s, got a JSON %s", fields, typeErr.Value))
-	case strings.HasPrefix(err.Error(), "json: unknown field "):
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("%s: the body takes %s", strings.TrimPrefix(err.Error(), "json: "), fields))
-	case errors.As(err, &synErr) || errors.Is(err, io.ErrUnexpectedEOF):
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("malformed JSON body: %v", err))
-	default:
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("bad body: %v", err))
-	}
-	return false
-}
-
-// jsonKind names a Go kind the way a JSON client thinks of it.
-func jsonKind(kind string) string {
-	switch {
-	case kind == "string":
-		return "a string"
-	case strings.HasPrefix(kind, "int"):
-		return "a whole number"
-	case strings.HasPrefix(kind, "uint"):
-		return "a whole number, 0 or more"
-	case strings.HasPrefix(kind, "float"):
-		return "a number"
-	case kind == "slice", kind == "map", kind == "struct":
-		return "a JSON object"
-	}
-	return "of another type"
-}
-
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
-}
-
-func writeError(w http.ResponseWriter, status int, msg string) {
-	writeJSON(w, status, map[string]string{"error": msg})
 }

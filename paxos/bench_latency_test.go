@@ -45,7 +45,7 @@ func BenchmarkLockServiceLatency(b *testing.B) {
 
 // toLeader is bases, or with DROVER_BENCH_PAXOS_TO=leader only the base of
 // the group's leader: the clients then send every request to the leader,
-// as paxos.Client does once an answer named it (Paxos-Leader), instead of
+// as client.Client does once an answer named it (Paxos-Leader), instead of
 // spreading them over the nodes as a load balancer in front of the group
 // does (the followers forward theirs).
 func toLeader(b *testing.B, bases []string) []string {

@@ -1,6 +1,7 @@
 package paxos
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -12,17 +13,32 @@ import (
 // the table is a replicated state machine: every node must judge a
 // lock-delay by the value the leader stamped into the command, or nodes
 // with different settings answer the same slot differently and their
-// tables diverge.
+// tables diverge. It runs under a leader without a lock-delay (node 0)
+// and under one with it (node 1), each pinned so the stamp to expect is
+// known: the other nodes' election timeout is an hour, so none of them
+// campaigns while the test runs.
 func TestLockDelayComesFromTheLog(t *testing.T) {
+	for _, pinned := range []NodeID{0, 1} {
+		t.Run(fmt.Sprintf("leader %d", pinned), func(t *testing.T) { testLockDelayFromTheLog(t, pinned) })
+	}
+}
+
+func testLockDelayFromTheLog(t *testing.T, pinned NodeID) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	c := newTestCluster(t, 3, func(cfg *Config) {
 		if cfg.ID != 0 {
 			cfg.LockDelay = 10 * time.Minute
 		}
+		if cfg.ID != pinned {
+			cfg.ElectionTimeout = time.Hour
+		}
 	})
 	defer c.close()
 	c.startAll()
 	lead := c.leader(5 * time.Second)
+	if lead.cfg.ID != pinned {
+		t.Fatalf("node %d leads, want node %d, the only one whose election timer fires", lead.cfg.ID, pinned)
+	}
 	// A follower whose setting differs from the leader's.
 	var f NodeID
 	for _, p := range c.peers {
@@ -41,7 +57,7 @@ func TestLockDelayComesFromTheLog(t *testing.T) {
 		want = CodeHeld
 	}
 	if cur := c.leader(time.Second); cur != lead {
-		t.Skip("the leader changed during the test: the stamp to expect is unknown")
+		t.Fatalf("node %d leads now, though node %d was pinned", cur.cfg.ID, pinned)
 	}
 	if res.Code != want {
 		t.Errorf("node %d (lock-delay %s) answered %s under leader %d (lock-delay %s), want %s: the lock-delay must be the leader's, from the log",

@@ -3,33 +3,51 @@ package paxos
 import (
 	"encoding/json"
 	"fmt"
+
+	"github.com/droverhq/drover/paxos/client"
 )
 
-// NodeID names one node of a group. In a StatefulSet it is the pod's
-// ordinal: lock-service-2 is node 2.
-type NodeID uint64
+// The wire types the server shares with its client.
+type (
+	// NodeID names one node of a group (client.NodeID).
+	NodeID = client.NodeID
+	// Ballot is a proposal number (client.Ballot).
+	Ballot = client.Ballot
+	// Peer is one member of the group and its address (client.Peer).
+	Peer = client.Peer
+	// NodeStatus is a node's view of the group (client.NodeStatus).
+	NodeStatus = client.NodeStatus
+	// PeerStatus is one member as a node sees it (client.PeerStatus).
+	PeerStatus = client.PeerStatus
+	// LockInfo is a held lock as the API shows it (client.LockInfo).
+	LockInfo = client.LockInfo
+	// AcquireResponse is the 200 answer of POST /locks/{id}
+	// (client.AcquireResponse).
+	AcquireResponse = client.AcquireResponse
+	// GrantDetails describes a grant (client.GrantDetails).
+	GrantDetails = client.GrantDetails
+)
 
-// Ballot is a proposal number: a round, with the proposing node's id to
-// break ties, so two nodes never share a ballot. The zero Ballot is below
-// every real one (real rounds start at 1).
-type Ballot struct {
-	Round uint64 `json:"r"`
-	Node  NodeID `json:"n"`
+// Transport carries messages between the nodes of one group. It is best
+// effort: a message may be lost, duplicated, delayed or reordered, and the
+// node copes with all four (every message is idempotent by ballot and
+// slot). Implementations: RabbitMQ (AMQP), direct (TCP via HTTP upgrade),
+// and an in-memory network with fault injection for tests.
+type Transport interface {
+	// Send delivers m to node m.To. It does not wait for the receiver and
+	// must not block for long: a slow or absent peer costs a dropped
+	// message, never a stuck sender. An error means m was not sent.
+	Send(m Message) error
+	// Recv is the stream of messages addressed to this node. It is closed
+	// by Close.
+	Recv() <-chan Message
+	// SetPeers tells the transport where the group's members are (the
+	// direct transport dials Addr; others may ignore it). Called at start
+	// and after every membership change.
+	SetPeers(peers []Peer)
+	// Close stops delivery and releases connections. Safe to call twice.
+	Close() error
 }
-
-// Less reports whether b orders before o: by round, then by node id.
-func (b Ballot) Less(o Ballot) bool {
-	if b.Round != o.Round {
-		return b.Round < o.Round
-	}
-	return b.Node < o.Node
-}
-
-// IsZero reports whether b is the zero ballot (no ballot yet).
-func (b Ballot) IsZero() bool { return b.Round == 0 }
-
-// String formats b as round.node.
-func (b Ballot) String() string { return fmt.Sprintf("%d.%d", b.Round, b.Node) }
 
 // MsgType says what a Message is.
 type MsgType uint8
@@ -104,14 +122,6 @@ type Snapshot struct {
 	Index   uint64 `json:"i"`
 	Members []Peer `json:"m"`
 	Data    []byte `json:"d"`
-}
-
-// Peer is one member of the group and the address its direct transport
-// and HTTP API answer on (empty over RabbitMQ, where nodes need no
-// addresses to reach each other).
-type Peer struct {
-	ID   NodeID `json:"id"`
-	Addr string `json:"addr,omitempty"`
 }
 
 // Encode serializes m for a transport.

@@ -11,14 +11,17 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/droverhq/drover/paxos/client"
 )
 
 // Errors a caller of Propose, AddNode or RemoveNode branches on.
 var (
 	// ErrTimeout: the context ended before the command was applied on
 	// this node (no leader, no quorum, or just slow). The command may still
-	// be applied later; retrying with the same Command.ID is safe.
-	ErrTimeout = errors.New("paxos: timed out waiting for consensus")
+	// be applied later; retrying with the same Command.ID is safe. It is
+	// client.ErrTimeout, which the API's 504 answers match too.
+	ErrTimeout = client.ErrTimeout
 	// ErrStopped: the node is stopped (or stopping): send the request to
 	// another node.
 	ErrStopped = errors.New("paxos: node stopped")
@@ -132,60 +135,6 @@ func (c *Config) Validate() error {
 		seen[p.ID] = true
 	}
 	return nil
-}
-
-// NodeStatus is a node's view of the group.
-type NodeStatus struct {
-	// ID is this node's id.
-	ID NodeID `json:"id"`
-	// Role is "leader", "follower", "candidate" or "removed".
-	Role string `json:"role"`
-	// Leader is the node this one follows (itself when leading); valid
-	// when HasLeader.
-	Leader    NodeID `json:"leader"`
-	HasLeader bool   `json:"has_leader"`
-	// LeaderAddr is the leader's address, when known.
-	LeaderAddr string `json:"leader_addr,omitempty"`
-	// Ballot is the highest ballot this node promised.
-	Ballot Ballot `json:"ballot"`
-	// Commit is the highest slot this node knows chosen; Applied the
-	// highest applied (they are equal but while a snapshot installs).
-	Commit        uint64 `json:"commit"`
-	Applied       uint64 `json:"applied"`
-	SnapshotIndex uint64 `json:"snapshot_index"`
-	// SnapshotsSent counts the catch-up answers this node sent as a whole
-	// snapshot (the entries asked for were truncated, or the peer joins
-	// with an empty log), and SnapshotsInstalled the snapshots it
-	// installed from a peer, since it started.
-	SnapshotsSent      uint64 `json:"snapshots_sent"`
-	SnapshotsInstalled uint64 `json:"snapshots_installed"`
-	// ElectionsStarted counts the campaigns this node started because its
-	// election timer fired; TimerRestarts the times it restarted the timer
-	// instead, its own loop having been held up for more than half an
-	// election timeout. LoopStalls counts the rounds of its loop that took
-	// longer than that, LongestRoundMS is the longest in milliseconds, all
-	// since it started (see stalls.go).
-	ElectionsStarted uint64  `json:"elections_started"`
-	TimerRestarts    uint64  `json:"timer_restarts"`
-	LoopStalls       uint64  `json:"loop_stalls"`
-	LongestRoundMS   float64 `json:"longest_round_ms"`
-	// Members is the configuration in effect at Applied.
-	Members []PeerStatus `json:"members"`
-}
-
-// PeerStatus is one member as a node sees it. Match, Lag and LastSeen are
-// known on the leader only (zero elsewhere).
-type PeerStatus struct {
-	// ID and Addr name the member.
-	ID   NodeID `json:"id"`
-	Addr string `json:"addr,omitempty"`
-	// Match is the highest slot the member is known to have accepted or
-	// applied.
-	Match uint64 `json:"match"`
-	// Lag is the leader's commit minus Match.
-	Lag uint64 `json:"lag"`
-	// LastSeen is when the leader last heard from the member.
-	LastSeen time.Time `json:"last_seen,omitzero"`
 }
 
 // Node is one member of a group: proposer, acceptor and learner of the
@@ -514,4 +463,45 @@ func (r role) String() string {
 // randBetween returns a random duration in [d, 2d).
 func (n *Node) randBetween(d time.Duration) time.Duration {
 	return d + time.Duration(n.rng.Int64N(int64(d)))
+}
+
+// ErrHalted matches (with errors.Is) the Health of a node whose run loop
+// halted on a storage failure: it takes no further part in the group
+// until it is restarted. It matches ErrStopped as well.
+var ErrHalted = errors.New("paxos: node halted")
+
+// errNotStarted is the Health of a node before Start.
+var errNotStarted = fmt.Errorf("%w: not started", ErrStopped)
+
+// Health reports whether the node takes part in its group: nil while its
+// run loop runs (as a follower, candidate, leader, or removed member); an
+// error matching ErrStopped before Start and once Stop was called or the
+// Start context ended; and one matching ErrHalted too when the loop
+// halted because its durable state could not be written, which only a
+// restart cures. Status still answers then, with the last view the loop
+// had: Health is what a liveness probe needs.
+func (n *Node) Health() error {
+	n.mu.Lock()
+	started, stopped := n.started, n.stopped
+	n.mu.Unlock()
+	if !started {
+		if stopped {
+			return ErrStopped
+		}
+		return errNotStarted
+	}
+	select {
+	case <-n.done:
+		// exitErr and stopErr are written before done is closed.
+		if n.stopErr != nil && n.exitErr == n.stopErr {
+			return fmt.Errorf("%w: %w: its durable state could not be written (%v); restart it",
+				ErrStopped, ErrHalted, n.stopErr)
+		}
+		return n.stoppedErr()
+	default:
+	}
+	if stopped {
+		return fmt.Errorf("%w: stopping", ErrStopped)
+	}
+	return nil
 }

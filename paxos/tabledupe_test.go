@@ -120,7 +120,7 @@ func TestTableRestoresFormat1(t *testing.T) {
 }
 
 // TestTableMemoryIsCompact bounds the snapshot bytes per remembered ID
-// for the writes lock.NewPaxos makes (a 37-byte key, its owner and holder
+// for the writes paxoslock.New makes (a 37-byte key, its owner and holder
 // record): before the memory was compact they were about 417 (acquire,
 // renew) and 187 (release).
 func TestTableMemoryIsCompact(t *testing.T) {

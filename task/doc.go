@@ -35,10 +35,10 @@
 //
 // # On another lock backend
 //
-// With RunnerConfig.Locker set to a lock.Redis, lock.Redlock or lock.Paxos,
-// the runner takes the task's lock ("task:ID") from that backend, waiting
-// with Acquire, and runs the steps under the lock's context; checkpoints stay
-// in etcd. The guarantees do not change, because the fence is the lock's
+// With RunnerConfig.Locker set to a redislock.Locker, redislock.Redlock or
+// paxoslock.Locker, the runner takes the task's lock ("task:ID") from that
+// backend, waiting with Acquire, and runs the steps under the lock's
+// context; checkpoints stay in etcd. The guarantees do not change, because the fence is the lock's
 // token, checked in etcd: the key /{ns}/tasks/{id}/fence holds the highest
 // token that wrote for the task, and each checkpoint (and the completion
 // mark) is written in one transaction that commits only if that key is at
@@ -48,9 +48,9 @@
 // (lock.ErrFenced) and its run stops, even if the new holder has written
 // nothing yet. The lock is released fenced by its token in its backend.
 //
-//	locker, err := lock.NewPaxos(lock.PaxosConfig{Endpoints: nodes, TTL: 10 * time.Second, HolderID: "worker-1"})
+//	locker, err := paxoslock.New(paxoslock.Config{Endpoints: nodes, TTL: 10 * time.Second, HolderID: "worker-1"})
 //	if err != nil { ... }
-//	defer locker.Close()
+//	defer locker.Close(context.Background())
 //	r, err := task.NewRunner(ctx, cli, task.RunnerConfig{WorkerID: "worker-1", Locker: locker})
 //
 // What differs is not safety: waiters poll the backend rather than watch

@@ -5,6 +5,9 @@ package task_test
 // workers.
 
 import (
+	"github.com/droverhq/drover/lock/paxoslock"
+	"github.com/droverhq/drover/lock/redislock"
+
 	"bufio"
 	"context"
 	"encoding/json"
@@ -136,18 +139,18 @@ func lockerFor(url, ns string, ttl time.Duration, id string) (locker lock.Locker
 			return nil, nil, err
 		}
 		rdb := redis.NewClient(opt)
-		l, err := lock.NewRedis(rdb, lock.RedisConfig{Namespace: ns, TTL: ttl, HolderID: id})
+		l, err := redislock.New(rdb, redislock.Config{Namespace: ns, TTL: ttl, HolderID: id})
 		if err != nil {
 			_ = rdb.Close()
 			return nil, nil, err
 		}
 		return l, func() { _ = rdb.Close() }, nil
 	case strings.HasPrefix(url, "paxos://"):
-		l, err := lock.NewPaxos(lock.PaxosConfig{Endpoints: strings.Split(strings.TrimPrefix(url, "paxos://"), ","), Namespace: ns, TTL: ttl, HolderID: id})
+		l, err := paxoslock.New(paxoslock.Config{Endpoints: strings.Split(strings.TrimPrefix(url, "paxos://"), ","), Namespace: ns, TTL: ttl, HolderID: id})
 		if err != nil {
 			return nil, nil, err
 		}
-		return l, l.Close, nil
+		return l, func() { _ = l.Close(context.Background()) }, nil
 	}
 	return nil, nil, fmt.Errorf("no locker for %q", url)
 }

@@ -6,6 +6,9 @@ package task_test
 // in etcd.
 
 import (
+	"github.com/droverhq/drover/lock/paxoslock"
+	"github.com/droverhq/drover/paxos/client"
+
 	"context"
 	"errors"
 	"fmt"
@@ -23,7 +26,6 @@ import (
 	"github.com/droverhq/drover/lease"
 	"github.com/droverhq/drover/lease/fencetest"
 	"github.com/droverhq/drover/lock"
-	"github.com/droverhq/drover/paxos"
 	"github.com/droverhq/drover/task"
 	"github.com/redis/go-redis/v9"
 )
@@ -46,19 +48,19 @@ func lockerBackends(t *testing.T) []lockerBackend {
 		{"redis", "redis://" + addr + "/0", func(t *testing.T, ns, name string, _ lock.Locker, _ int64) {
 			rdb := redis.NewClient(&redis.Options{Addr: addr})
 			defer rdb.Close()
-			// The holder key of lock.Redis (see lock/redis.go).
+			// The holder key of redislock.Locker (see lock/redis.go).
 			if err := rdb.Del(context.Background(), "drover:{"+ns+":"+name+"}:holder").Err(); err != nil {
 				t.Fatal(err)
 			}
 		}},
 		{"paxos", g.URL(), func(t *testing.T, ns, name string, holder lock.Locker, token int64) {
-			c, err := paxos.NewClient(paxos.ClientConfig{Endpoints: g.Endpoints})
+			c, err := client.New(client.Config{Endpoints: g.Endpoints})
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer c.Close()
-			// lock.Paxos keeps names of namespace NS as NS:NAME.
-			if err := c.Release(context.Background(), ns+":"+name, holder.(*lock.Paxos).Owner(), uint64(token)); err != nil {
+			defer func() { _ = c.Close(context.Background()) }()
+			// paxoslock.Locker keeps names of namespace NS as NS:NAME.
+			if err := c.Release(context.Background(), ns+":"+name, holder.(*paxoslock.Locker).Owner(), uint64(token)); err != nil {
 				t.Fatal(err)
 			}
 		}},

@@ -57,14 +57,14 @@ type RunnerConfig struct {
 	// Locker.
 	Lease *lease.Lease
 	// Locker, when set, is where the runner takes each task's lock
-	// ("task:ID", waiting with Acquire): a lock.Redis, lock.Redlock or
-	// lock.Paxos. Steps run under the lock's context, and each checkpoint
-	// (the last one with the completion mark) is written in one etcd
-	// transaction fenced by the lock's token: it commits only if no write
-	// under a higher token was made for the task, and the runner raises the
-	// task's highest token to its own as soon as it holds the lock, so a
-	// holder that lost the lock (paused, cut off) writes nothing once its
-	// successor holds it. A *lock.Etcd takes the etcd claim through that
+	// ("task:ID", waiting with Acquire): a redislock.Locker,
+	// redislock.Redlock or paxoslock.Locker. Steps run under the lock's
+	// context, and each checkpoint (the last one with the completion mark)
+	// is written in one etcd transaction fenced by the lock's token: it
+	// commits only if no write under a higher token was made for the task,
+	// and the runner raises the task's highest token to its own as soon as
+	// it holds the lock, so a holder that lost the lock (paused, cut off)
+	// writes nothing once its successor holds it. A *lock.Etcd takes the etcd claim through that
 	// locker instead. The runner does not close Locker. nil means the
 	// runner's own etcd claim, on its own lease (TTL) or on Lease.
 	Locker lock.Locker

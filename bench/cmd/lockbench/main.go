@@ -5,6 +5,8 @@
 package main
 
 import (
+	"github.com/droverhq/drover/lock/redislock"
+
 	"context"
 	"encoding/json"
 	"flag"
@@ -14,7 +16,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/droverhq/drover/lock"
 	"github.com/go-redsync/redsync/v4"
 	"github.com/go-redsync/redsync/v4/redis/goredis/v9"
 	"github.com/redis/go-redis/v9"
@@ -28,7 +29,7 @@ func main() {
 	rdb := redis.NewClient(&redis.Options{Addr: *addr, PoolSize: *workers * 2})
 	defer rdb.Close()
 	ctx := context.Background()
-	locker, err := lock.NewRedis(rdb, lock.RedisConfig{Namespace: "lockbench", TTL: 10 * time.Second})
+	locker, err := redislock.New(rdb, redislock.Config{Namespace: "lockbench", TTL: 10 * time.Second})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)

@@ -31,6 +31,8 @@
 package main
 
 import (
+	"github.com/droverhq/drover/lock/redislock"
+
 	"context"
 	"errors"
 	"fmt"
@@ -117,7 +119,7 @@ func newLockBackend(ctx context.Context, id int) (*lockBackend, error) {
 			close: func() { _ = e.Close(context.Background()); _ = cli.Close() }}, nil
 	case "redis":
 		rdb := redis.NewClient(&redis.Options{Addr: os.Getenv("CHAOS_ADDR"), MaxRetries: -1})
-		r, err := lock.NewRedis(rdb, lock.RedisConfig{Namespace: ns, TTL: ttl, HolderID: fmt.Sprintf("c%d", id)})
+		r, err := redislock.New(rdb, redislock.Config{Namespace: ns, TTL: ttl, HolderID: fmt.Sprintf("c%d", id)})
 		if err != nil {
 			rdb.Close()
 			return nil, err

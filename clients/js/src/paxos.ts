@@ -308,7 +308,7 @@ const lockPath = (lock: string) => `/locks/${seg(lock)}`;
 
 /**
  * A client of a `drover paxos serve` group: fenced locks with a TTL,
- * replicated by Multi-Paxos. It mirrors the Go `paxos.Client`:
+ * replicated by Multi-Paxos. It mirrors the Go `client.Client` (package `paxos/client`):
  *
  * - each call goes to the leader once an answer named it (`Paxos-Leader`,
  *   when that address is one of the endpoints as written), else to the node

@@ -1,10 +1,12 @@
 // Package paxostest runs a group of drover's Paxos lock service nodes inside
 // a test process: each node on the direct transport over loopback, serving
 // the REST API, with its acceptor state in a TempDir. Tests of code that
-// takes locks through lock.Paxos use it as they use servicetest's Redis.
+// takes locks through paxoslock.Locker use it as they use servicetest's Redis.
 package paxostest
 
 import (
+	"github.com/droverhq/drover/paxos/client"
+
 	"context"
 	"net"
 	"net/http"
@@ -77,28 +79,34 @@ func (g *Group) Stop() {
 	g.stop = nil
 }
 
-// waitReady waits up to 10 s until the group grants and releases a lock.
+// waitReady waits up to 10 s until the group grants and releases a lock,
+// trying again every 50 ms.
 func (g *Group) waitReady(tb testing.TB) {
 	tb.Helper()
-	c, err := paxos.NewClient(paxos.ClientConfig{Endpoints: g.Endpoints})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := client.New(client.Config{Endpoints: g.Endpoints})
 	if err != nil {
 		tb.Fatal(err)
 	}
-	defer c.Close()
-	deadline := time.Now().Add(10 * time.Second)
+	defer func() { _ = c.Close(ctx) }()
+	retry := time.NewTimer(0)
+	defer retry.Stop()
 	for {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		li, err := c.Acquire(ctx, "paxostest-ready", paxos.AcquireRequest{Owner: "ready", TTL: time.Second})
+		actx, acancel := context.WithTimeout(ctx, time.Second)
+		li, err := c.Acquire(actx, "paxostest-ready", client.AcquireRequest{Owner: "ready", TTL: time.Second})
 		if err == nil {
-			err = c.Release(ctx, "paxostest-ready", "ready", li.Token)
+			err = c.Release(actx, "paxostest-ready", "ready", li.Token)
 		}
-		cancel()
+		acancel()
 		if err == nil {
 			return
 		}
-		if time.Now().After(deadline) {
+		retry.Reset(50 * time.Millisecond)
+		select {
+		case <-ctx.Done():
 			tb.Fatalf("paxos group not ready after 10s: %v", err)
+		case <-retry.C:
 		}
-		time.Sleep(50 * time.Millisecond)
 	}
 }

@@ -1,6 +1,10 @@
 package cli
 
 import (
+	"github.com/droverhq/drover/lock/paxoslock"
+	"github.com/droverhq/drover/lock/redislock"
+	"github.com/droverhq/drover/paxos/client"
+
 	"context"
 	"encoding/json"
 	"errors"
@@ -19,7 +23,6 @@ import (
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/lease"
 	"github.com/droverhq/drover/lock"
-	"github.com/droverhq/drover/paxos"
 	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 )
@@ -367,7 +370,7 @@ func (a *app) locker(ctx context.Context, ttl time.Duration, holderID string) (l
 			rdb.Close()
 			return nil, nil, withCode(ExitUnavailable, fmt.Errorf("cannot reach redis at %s (tried for %s: %v): start Redis or fix --lock-backend", opt.Addr, a.dialTimeout, err))
 		}
-		locker, err := lock.NewRedis(rdb, lock.RedisConfig{Namespace: a.namespace, TTL: ttl, HolderID: holderID, Logger: a.logger})
+		locker, err := redislock.New(rdb, redislock.Config{Namespace: a.namespace, TTL: ttl, HolderID: holderID, Logger: a.logger})
 		if err != nil {
 			rdb.Close()
 			return nil, nil, err
@@ -403,7 +406,7 @@ func (a *app) locker(ctx context.Context, ttl time.Duration, holderID string) (l
 			closeAll()
 			return nil, nil, withCode(ExitUnavailable, fmt.Errorf("only %d of the %d Redis servers in %s answered: Redlock needs a majority", reachable, len(clients), b))
 		}
-		locker, err := lock.NewRedlock(clients, lock.RedlockConfig{Namespace: a.namespace, TTL: ttl, HolderID: holderID, Logger: a.logger})
+		locker, err := redislock.NewRedlock(clients, redislock.RedlockConfig{Namespace: a.namespace, TTL: ttl, HolderID: holderID, Logger: a.logger})
 		if err != nil {
 			closeAll()
 			return nil, nil, drover.Rename(err, "--lock-backend")
@@ -432,7 +435,7 @@ func (a *app) paxosLocker(ctx context.Context, b string, ttl time.Duration, hold
 		return nil, nil, &drover.InputError{Field: "--lock-backend", Value: b, Rule: rule}
 	}
 	for _, h := range hosts {
-		if _, err := paxos.ParseEndpoint(h); err != nil {
+		if _, err := client.ParseEndpoint(h); err != nil {
 			return nil, nil, &drover.InputError{Field: "--lock-backend", Value: b, Rule: rule + ": " + err.Error()}
 		}
 	}
@@ -440,20 +443,20 @@ func (a *app) paxosLocker(ctx context.Context, b string, ttl time.Duration, hold
 	if ns == keyspace.DefaultNamespace {
 		ns = ""
 	}
-	locker, err := lock.NewPaxos(lock.PaxosConfig{Endpoints: hosts, Namespace: ns, TTL: ttl, HolderID: holderID, Logger: a.logger})
+	locker, err := paxoslock.New(paxoslock.Config{Endpoints: hosts, Namespace: ns, TTL: ttl, HolderID: holderID, Logger: a.logger})
 	if err != nil {
 		return nil, nil, drover.Rename(err, "--lock-backend")
 	}
-	c, _ := paxos.NewClient(paxos.ClientConfig{Endpoints: hosts})
-	defer c.Close()
+	c, _ := client.New(client.Config{Endpoints: hosts})
+	defer func() { _ = c.Close(ctx) }()
 	pctx, cancel := context.WithTimeout(ctx, a.dialTimeout)
 	defer cancel()
 	if _, err := c.Status(pctx); err != nil {
-		locker.Close()
+		_ = locker.Close(ctx)
 		return nil, nil, withCode(ExitUnavailable, fmt.Errorf("cannot reach any node of the paxos group at %s (tried for %s: %v): start it (drover paxos serve) or fix --lock-backend",
 			strings.Join(hosts, ","), a.dialTimeout, err))
 	}
-	return locker, locker.Close, nil
+	return locker, func() { _ = locker.Close(context.Background()) }, nil
 }
 
 // inspector returns a locker for reading lock state. Reading needs no lease,

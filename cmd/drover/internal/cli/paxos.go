@@ -1,6 +1,8 @@
 package cli
 
 import (
+	"github.com/droverhq/drover/paxos/client"
+
 	"context"
 	"encoding/json"
 	"errors"
@@ -309,14 +311,14 @@ func parsePeers(s string) ([]paxos.Peer, error) {
 
 // paxosClient makes a client of --endpoints (default $PAXOS_ENDPOINTS,
 // else 127.0.0.1:7100).
-func paxosClient(endpoints string) (*paxos.Client, error) {
+func paxosClient(endpoints string) (*client.Client, error) {
 	for _, e := range []string{getenv(EnvPaxosEndpoints), "127.0.0.1:7100"} {
 		if strings.TrimSpace(endpoints) == "" {
 			endpoints = e
 		}
 	}
 	eps := strings.FieldsFunc(endpoints, func(r rune) bool { return r == ',' || r == ' ' })
-	c, err := paxos.NewClient(paxos.ClientConfig{Endpoints: eps})
+	c, err := client.New(client.Config{Endpoints: eps})
 	if err != nil {
 		return nil, &drover.InputError{Field: "--endpoints", Value: endpoints, Rule: "must be HOST:PORT of the nodes' APIs, comma-separated: " + err.Error()}
 	}
@@ -327,11 +329,11 @@ func paxosClient(endpoints string) (*paxos.Client, error) {
 // answered or there is no quorum, 2 for a refused request.
 func paxosError(err error) error {
 	switch {
-	case errors.Is(err, paxos.ErrUnreachable):
+	case errors.Is(err, client.ErrUnreachable):
 		return withCode(ExitUnavailable, fmt.Errorf("%w; check --endpoints, and that the nodes run", err))
 	case errors.Is(err, paxos.ErrTimeout):
 		return withCode(ExitUnavailable, fmt.Errorf("%w; a majority of the group must be up and connected", err))
-	case errors.Is(err, paxos.ErrBadRequest):
+	case errors.Is(err, client.ErrBadRequest):
 		return usageError{err}
 	}
 	return err
@@ -367,7 +369,7 @@ type paxosStatusJSON struct {
 // paxosSummary puts the nodes' views together: the leader is the node
 // that says it leads with the highest ballot, and each node's lag is the
 // leader's view of it.
-func paxosSummary(all []paxos.EndpointStatus) paxosStatusJSON {
+func paxosSummary(all []client.EndpointStatus) paxosStatusJSON {
 	var out paxosStatusJSON
 	var lead *paxos.NodeStatus
 	for i := range all {
@@ -432,7 +434,7 @@ Exit codes: 0 when at least one node answered; 69 when none did.`,
 			if err != nil {
 				return err
 			}
-			defer c.Close()
+			defer func() { _ = c.Close(cmd.Context()) }()
 			ctx, cancel := context.WithTimeout(cmd.Context(), a.dialTimeout)
 			defer cancel()
 			sum := paxosSummary(c.StatusAll(ctx))
@@ -510,7 +512,7 @@ a request the group refused as malformed; 1 if it refused the change.`,
 		Example: `  drover paxos members add --id 3 --addr 127.0.0.1:7103 --endpoints 127.0.0.1:7100,127.0.0.1:7101`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return a.paxosChange(cmd, f, "added to", func(ctx context.Context, c *paxos.Client) error {
+			return a.paxosChange(cmd, f, "added to", func(ctx context.Context, c *client.Client) error {
 				return c.AddNode(ctx, paxos.Peer{ID: paxos.NodeID(f.id), Addr: f.addr})
 			})
 		},
@@ -522,7 +524,7 @@ a request the group refused as malformed; 1 if it refused the change.`,
 		Example: `  drover paxos members remove --id 3 --endpoints 127.0.0.1:7100,127.0.0.1:7101`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return a.paxosChange(cmd, f, "removed from", func(ctx context.Context, c *paxos.Client) error {
+			return a.paxosChange(cmd, f, "removed from", func(ctx context.Context, c *client.Client) error {
 				return c.RemoveNode(ctx, paxos.NodeID(f.id))
 			})
 		},
@@ -540,7 +542,7 @@ type paxosMemberFlags struct {
 }
 
 // paxosChange checks the flags and makes a membership change.
-func (a *app) paxosChange(cmd *cobra.Command, f *paxosMemberFlags, done string, change func(context.Context, *paxos.Client) error) error {
+func (a *app) paxosChange(cmd *cobra.Command, f *paxosMemberFlags, done string, change func(context.Context, *client.Client) error) error {
 	if err := a.checkGlobal(); err != nil {
 		return err
 	}
@@ -559,7 +561,7 @@ func (a *app) paxosChange(cmd *cobra.Command, f *paxosMemberFlags, done string, 
 	if err != nil {
 		return err
 	}
-	defer c.Close()
+	defer func() { _ = c.Close(cmd.Context()) }()
 	ctx, cancel := context.WithTimeout(cmd.Context(), f.timeout)
 	defer cancel()
 	if err := change(ctx, c); err != nil {

@@ -1,4 +1,4 @@
-package lock_test
+package redislock_test
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"github.com/droverhq/drover/internal/testenv/etcdtest"
 	"github.com/droverhq/drover/internal/testenv/servicetest"
 	"github.com/droverhq/drover/lock"
+	"github.com/droverhq/drover/lock/redislock"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -31,11 +32,12 @@ func redisServers(t *testing.T, n int) ([]redis.UniversalClient, []*exec.Cmd) {
 }
 
 func TestRedlock(t *testing.T) {
+	t.Parallel()
 	clients, cmds := redisServers(t, 3)
 	ns := etcdtest.Namespace(t)
 	ctx := context.Background()
-	newRL := func(id string) *lock.Redlock {
-		rl, err := lock.NewRedlock(clients, lock.RedlockConfig{Namespace: ns, TTL: 2 * time.Second, HolderID: id})
+	newRL := func(id string) *redislock.Redlock {
+		rl, err := redislock.NewRedlock(clients, redislock.RedlockConfig{Namespace: ns, TTL: 2 * time.Second, HolderID: id})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -45,7 +47,7 @@ func TestRedlock(t *testing.T) {
 
 	var last int64
 	for i := 0; i < 20; i++ {
-		l, err := []*lock.Redlock{a, b}[i%2].Acquire(ctx, "job")
+		l, err := []*redislock.Redlock{a, b}[i%2].Acquire(ctx, "job")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -103,13 +105,14 @@ func TestRedlock(t *testing.T) {
 }
 
 func TestRedlockBadInput(t *testing.T) {
+	t.Parallel()
 	rdb := redisClient(t)
 	two := []redis.UniversalClient{rdb, rdb}
-	if _, err := lock.NewRedlock(two, lock.RedlockConfig{}); !errors.Is(err, drover.ErrInvalidInput) || !strings.Contains(err.Error(), "odd number") {
+	if _, err := redislock.NewRedlock(two, redislock.RedlockConfig{}); !errors.Is(err, drover.ErrInvalidInput) || !strings.Contains(err.Error(), "odd number") {
 		t.Fatalf("two servers: %v", err)
 	}
 	three := []redis.UniversalClient{rdb, rdb, rdb}
-	if _, err := lock.NewRedlock(three, lock.RedlockConfig{TTL: 100 * time.Millisecond}); !errors.Is(err, drover.ErrInvalidInput) {
+	if _, err := redislock.NewRedlock(three, redislock.RedlockConfig{TTL: 100 * time.Millisecond}); !errors.Is(err, drover.ErrInvalidInput) {
 		t.Fatalf("ttl: %v", err)
 	}
 }
@@ -117,11 +120,12 @@ func TestRedlockBadInput(t *testing.T) {
 // Redis restarted (without persistence) under a held lock: the holder's
 // watchdog finds the lock gone and cancels its context, so it stops writing.
 func TestRedisRestartedUnderHolder(t *testing.T) {
+	t.Parallel()
 	clients, cmds := redisServers(t, 1)
 	addr := clients[0].(*redis.Client).Options().Addr
 	port := addr[strings.LastIndexByte(addr, ':')+1:]
 	ns := etcdtest.Namespace(t)
-	lk, err := lock.NewRedis(clients[0], lock.RedisConfig{Namespace: ns, TTL: 3 * time.Second})
+	lk, err := redislock.New(clients[0], redislock.Config{Namespace: ns, TTL: 3 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,7 +148,7 @@ func TestRedisRestartedUnderHolder(t *testing.T) {
 	if !errors.Is(context.Cause(l.Context()), lock.ErrLost) {
 		t.Fatalf("cause %v", context.Cause(l.Context()))
 	}
-	if err := l.(*lock.RedisLock).Err(); !errors.Is(err, lock.ErrLost) {
+	if err := l.(*redislock.Lock).Err(); !errors.Is(err, lock.ErrLost) {
 		t.Fatalf("Err() = %v", err)
 	}
 }

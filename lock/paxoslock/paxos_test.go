@@ -1,120 +1,38 @@
-package lock_test
+package paxoslock_test
 
 import (
 	"context"
 	"errors"
-	"net"
-	"net/http"
 	"os"
 	"testing"
 	"time"
 
 	"github.com/droverhq/drover/internal/testenv/etcdtest"
+	"github.com/droverhq/drover/internal/testenv/paxostest"
 	"github.com/droverhq/drover/lock"
-	"github.com/droverhq/drover/paxos"
+	"github.com/droverhq/drover/lock/paxoslock"
+	"github.com/droverhq/drover/paxos/client"
 )
 
-// paxosGroupSize is the number of nodes startPaxosGroup runs.
+// paxosGroupSize is the number of nodes of the groups the tests start.
 const paxosGroupSize = 3
 
-// paxosGroup is a group of paxos nodes run in the test process, over the
-// direct transport on loopback, each serving the REST API.
-type paxosGroup struct {
-	endpoints []string
-	stop      []func()
-}
-
-// startPaxosGroup starts a group of n nodes with data dirs in TempDirs,
-// waits until it grants a lock, and stops it when the test ends.
-func startPaxosGroup(t testing.TB, n int) *paxosGroup {
-	t.Helper()
-	var lns []net.Listener
-	var peers []paxos.Peer
-	for i := 0; i < n; i++ {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		lns = append(lns, ln)
-		peers = append(peers, paxos.Peer{ID: paxos.NodeID(i), Addr: ln.Addr().String()})
-	}
-	g := &paxosGroup{}
-	for i, ln := range lns {
-		tr := paxos.NewDirect(paxos.DirectConfig{ID: paxos.NodeID(i), Group: "lock-test"})
-		node, err := paxos.NewNode(paxos.Config{ID: paxos.NodeID(i), Group: "lock-test", Peers: peers, Transport: tr,
-			DataDir: t.TempDir(), Heartbeat: 20 * time.Millisecond, ElectionTimeout: 200 * time.Millisecond})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := node.Start(context.Background()); err != nil {
-			t.Fatal(err)
-		}
-		srv := &http.Server{Handler: paxos.NewAPI(node, paxos.APIConfig{Direct: tr.Handler(), RequestTimeout: 2 * time.Second}), ReadHeaderTimeout: 5 * time.Second}
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			_ = srv.Serve(ln)
-		}()
-		g.endpoints = append(g.endpoints, ln.Addr().String())
-		g.stop = append(g.stop, func() {
-			_ = srv.Close()
-			<-done
-			_ = node.Stop()
-			_ = tr.Close()
-		})
-	}
-	t.Cleanup(g.stopAll)
-	g.waitReady(t)
-	return g
-}
-
-func (g *paxosGroup) stopAll() {
-	for _, stop := range g.stop {
-		stop()
-	}
-}
-
-// waitReady waits up to 10 s until the group grants and releases a lock.
-func (g *paxosGroup) waitReady(t testing.TB) {
-	t.Helper()
-	c, err := paxos.NewClient(paxos.ClientConfig{Endpoints: g.endpoints})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		li, err := c.Acquire(ctx, "ready-check", paxos.AcquireRequest{Owner: "ready", TTL: time.Second})
-		if err == nil {
-			err = c.Release(ctx, "ready-check", "ready", li.Token)
-		}
-		cancel()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("paxos group not ready after 10s: %v", err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
 // newPaxosLocker makes a locker on g, closed when the test ends.
-func newPaxosLocker(t testing.TB, g *paxosGroup, ns string, ttl time.Duration, id string) *lock.Paxos {
+func newPaxosLocker(t testing.TB, g *paxostest.Group, ns string, ttl time.Duration, id string) *paxoslock.Locker {
 	t.Helper()
-	l, err := lock.NewPaxos(lock.PaxosConfig{Endpoints: g.endpoints, Namespace: ns, TTL: ttl, HolderID: id})
+	l, err := paxoslock.New(paxoslock.Config{Endpoints: g.Endpoints, Namespace: ns, TTL: ttl, HolderID: id})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(l.Close)
+	t.Cleanup(func() { _ = l.Close(context.Background()) })
 	return l
 }
 
 // TestPaxosStatusShowsHolder checks that Status and List show the holder
 // record (host, pid, since when) and the token, by namespace.
 func TestPaxosStatusShowsHolder(t *testing.T) {
-	g := startPaxosGroup(t, paxosGroupSize)
+	t.Parallel()
+	g := paxostest.Start(t, paxosGroupSize)
 	ns := etcdtest.Namespace(t)
 	lk := newPaxosLocker(t, g, ns, 5*time.Second, "worker-1")
 	ctx := context.Background()
@@ -155,7 +73,8 @@ func TestPaxosStatusShowsHolder(t *testing.T) {
 // are different owners: neither releases the other's lock, and a second
 // acquire through the same locker is refused.
 func TestPaxosLockerOwnersDiffer(t *testing.T) {
-	g := startPaxosGroup(t, paxosGroupSize)
+	t.Parallel()
+	g := paxostest.Start(t, paxosGroupSize)
 	ns := etcdtest.Namespace(t)
 	a, b := newPaxosLocker(t, g, ns, 5*time.Second, "same"), newPaxosLocker(t, g, ns, 5*time.Second, "same")
 	ctx := context.Background()
@@ -179,18 +98,19 @@ func TestPaxosLockerOwnersDiffer(t *testing.T) {
 // a *LostError once the service refuses a renewal (here: the lock was
 // released behind the holder's back).
 func TestPaxosLostWhenRenewalRefused(t *testing.T) {
-	g := startPaxosGroup(t, paxosGroupSize)
+	t.Parallel()
+	g := paxostest.Start(t, paxosGroupSize)
 	ns := etcdtest.Namespace(t)
 	lk := newPaxosLocker(t, g, ns, time.Second, "victim")
 	l, err := lk.Acquire(context.Background(), "taken")
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := paxos.NewClient(paxos.ClientConfig{Endpoints: g.endpoints})
+	c, err := client.New(client.Config{Endpoints: g.Endpoints})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
+	defer func() { _ = c.Close(context.Background()) }()
 	// The locker keeps names of namespace NS as NS:NAME in the group.
 	if err := c.Release(context.Background(), ns+":taken", lk.Owner(), uint64(l.Token())); err != nil {
 		t.Fatal(err)
@@ -212,14 +132,14 @@ func TestPaxosLostWhenRenewalRefused(t *testing.T) {
 // TestPaxosLostWhenGroupUnreachable checks that the lock's context ends
 // within the TTL once no node answers renewals.
 func TestPaxosLostWhenGroupUnreachable(t *testing.T) {
-	g := startPaxosGroup(t, paxosGroupSize)
+	g := paxostest.Start(t, paxosGroupSize)
 	lk := newPaxosLocker(t, g, "", time.Second, "cut-off")
 	l, err := lk.Acquire(context.Background(), "cut")
 	if err != nil {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	g.stopAll()
+	g.Stop()
 	select {
 	case <-l.Context().Done():
 	case <-time.After(3 * time.Second):
@@ -235,13 +155,14 @@ func TestPaxosLostWhenGroupUnreachable(t *testing.T) {
 
 // TestNewPaxosRefusesBadConfig checks the config errors.
 func TestNewPaxosRefusesBadConfig(t *testing.T) {
-	for _, cfg := range []lock.PaxosConfig{
+	t.Parallel()
+	for _, cfg := range []paxoslock.Config{
 		{},
 		{Endpoints: []string{"no-port"}},
 		{Endpoints: []string{"127.0.0.1:1"}, TTL: time.Millisecond},
 		{Endpoints: []string{"127.0.0.1:1"}, Namespace: "a b"},
 	} {
-		if _, err := lock.NewPaxos(cfg); err == nil {
+		if _, err := paxoslock.New(cfg); err == nil {
 			t.Errorf("NewPaxos(%+v) took it", cfg)
 		}
 	}

@@ -1,4 +1,4 @@
-package lock_test
+package redislock_test
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 	"github.com/droverhq/drover/internal/testenv/etcdtest"
 	"github.com/droverhq/drover/internal/testenv/servicetest"
 	"github.com/droverhq/drover/lock"
+	"github.com/droverhq/drover/lock/redislock"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -23,9 +24,9 @@ func redisClient(t *testing.T) *redis.Client {
 	return rdb
 }
 
-func newRedisLocker(t *testing.T, rdb *redis.Client, ns string, ttl time.Duration, id string) *lock.Redis {
+func newRedisLocker(t *testing.T, rdb *redis.Client, ns string, ttl time.Duration, id string) *redislock.Locker {
 	t.Helper()
-	l, err := lock.NewRedis(rdb, lock.RedisConfig{Namespace: ns, TTL: ttl, HolderID: id})
+	l, err := redislock.New(rdb, redislock.Config{Namespace: ns, TTL: ttl, HolderID: id})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -33,13 +34,14 @@ func newRedisLocker(t *testing.T, rdb *redis.Client, ns string, ttl time.Duratio
 }
 
 func TestRedisTokensIncrease(t *testing.T) {
+	t.Parallel()
 	rdb := redisClient(t)
 	ns := etcdtest.Namespace(t)
 	a := newRedisLocker(t, rdb, ns, 5*time.Second, "a")
 	b := newRedisLocker(t, rdb, ns, 5*time.Second, "b")
 	var last int64
 	for i := 0; i < 30; i++ {
-		lk := []*lock.Redis{a, b}[i%2]
+		lk := []*redislock.Locker{a, b}[i%2]
 		l, err := lk.Acquire(context.Background(), "fenced")
 		if err != nil {
 			t.Fatal(err)
@@ -65,6 +67,7 @@ func TestRedisTokensIncrease(t *testing.T) {
 }
 
 func TestRedisHeldReleaseAndStatus(t *testing.T) {
+	t.Parallel()
 	rdb := redisClient(t)
 	ns := etcdtest.Namespace(t)
 	ctx := context.Background()
@@ -140,9 +143,10 @@ func TestRedisWatchdog(t *testing.T) {
 }
 
 func TestRedisBadInput(t *testing.T) {
+	t.Parallel()
 	rdb := redisClient(t)
 	for _, ttl := range []time.Duration{500 * time.Millisecond, 25 * time.Hour} {
-		if _, err := lock.NewRedis(rdb, lock.RedisConfig{TTL: ttl}); !errors.Is(err, drover.ErrInvalidInput) {
+		if _, err := redislock.New(rdb, redislock.Config{TTL: ttl}); !errors.Is(err, drover.ErrInvalidInput) {
 			t.Fatalf("ttl %s: %v", ttl, err)
 		}
 	}

@@ -1,4 +1,4 @@
-package lock
+package paxoslock
 
 import (
 	"context"
@@ -14,11 +14,12 @@ import (
 
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/lease"
-	"github.com/droverhq/drover/paxos"
+	"github.com/droverhq/drover/lock"
+	"github.com/droverhq/drover/paxos/client"
 )
 
-// PaxosConfig configures a Paxos locker.
-type PaxosConfig struct {
+// Config configures a Paxos locker.
+type Config struct {
 	// Endpoints are the API addresses (host:port) of the group's nodes;
 	// any node serves any request, and the locker fails over between
 	// them.
@@ -27,17 +28,18 @@ type PaxosConfig struct {
 	// keeps names as they are, so other clients of the REST API see them
 	// under the names given here.
 	Namespace string
-	// TTL of each lock; zero means DefaultTTL. A watchdog renews it every
+	// TTL of each lock; zero means lock.DefaultTTL. A watchdog renews it every
 	// TTL/3 while the lock is held.
 	TTL time.Duration
 	// HolderID names this worker in lock records; "" means "host:pid".
 	HolderID string
-	// HTTPClient sends the requests; nil means the paxos client's default.
+	// HTTPClient sends the requests; nil means the default of package
+	// paxos/client.
 	HTTPClient *http.Client
 	Logger     *slog.Logger
 }
 
-// Paxos is the backend of Locker on drover's replicated lock service
+// Locker is the backend of lock.Locker on drover's replicated lock service
 // (package paxos, `drover paxos serve`): a lock table kept by Multi-Paxos
 // on three or five nodes, reached over its REST API.
 //
@@ -51,26 +53,26 @@ type PaxosConfig struct {
 // so two lockers with the same holder id never release each other's locks.
 // Waiters poll with jittered backoff, as on Redis: not first come, first
 // served.
-type Paxos struct {
-	c      *paxos.Client
+type Locker struct {
+	c      *client.Client
 	prefix string
 	ttl    time.Duration
-	holder Holder
+	holder lock.Holder
 	owner  string
 	logger *slog.Logger
 }
 
-var _ Locker = (*Paxos)(nil)
+var _ lock.Locker = (*Locker)(nil)
 
-// NewPaxos returns a locker on the group at cfg.Endpoints. It contacts
+// New returns a locker on the group at cfg.Endpoints. It contacts
 // nothing.
-func NewPaxos(cfg PaxosConfig) (*Paxos, error) {
+func New(cfg Config) (*Locker, error) {
 	if len(cfg.Endpoints) == 0 {
 		return nil, errors.New("lock: a paxos locker needs the endpoints of the group's nodes")
 	}
 	ttl := cfg.TTL
 	if ttl == 0 {
-		ttl = DefaultTTL
+		ttl = lock.DefaultTTL
 	}
 	if err := lease.CheckTTL("ttl", ttl); err != nil {
 		return nil, err
@@ -82,7 +84,7 @@ func NewPaxos(cfg PaxosConfig) (*Paxos, error) {
 		}
 		prefix = cfg.Namespace + ":"
 	}
-	c, err := paxos.NewClient(paxos.ClientConfig{Endpoints: cfg.Endpoints, HTTPClient: cfg.HTTPClient})
+	c, err := client.New(client.Config{Endpoints: cfg.Endpoints, HTTPClient: cfg.HTTPClient})
 	if err != nil {
 		return nil, fmt.Errorf("lock: %w", err)
 	}
@@ -90,21 +92,27 @@ func NewPaxos(cfg PaxosConfig) (*Paxos, error) {
 	if logger == nil {
 		logger = slog.Default()
 	}
-	h := NewHolder(cfg.HolderID)
+	h := lock.NewHolder(cfg.HolderID)
 	var nonce [8]byte
 	_, _ = rand.Read(nonce[:])
-	return &Paxos{c: c, prefix: prefix, ttl: ttl, holder: h, owner: h.ID + "#" + hex.EncodeToString(nonce[:]), logger: logger}, nil
+	return &Locker{c: c, prefix: prefix, ttl: ttl, holder: h, owner: h.ID + "#" + hex.EncodeToString(nonce[:]), logger: logger}, nil
 }
 
-// Close releases the client's idle connections. Held locks stay held until
-// released or expired.
-func (p *Paxos) Close() { p.c.Close() }
+// Close ends the locker's lifecycle; calling it again does nothing and
+// returns nil.
+//
+// Shutdown order: release the locks you hold first. Close does not
+// release them: a lock still held stays held, its watchdog renewing it
+// through the client, until it is released or lost, and otherwise expires
+// on the service after its TTL. Then Close closes the client (see
+// client.Client.Close), which drops its idle connections.
+func (p *Locker) Close(ctx context.Context) error { return p.c.Close(ctx) }
 
 // Owner is the owner string this locker's grants carry.
-func (p *Paxos) Owner() string { return p.owner }
+func (p *Locker) Owner() string { return p.owner }
 
-func (p *Paxos) key(name string) (string, error) {
-	if err := CheckName(name); err != nil {
+func (p *Locker) key(name string) (string, error) {
+	if err := lock.CheckName(name); err != nil {
 		return "", err
 	}
 	k := p.prefix + name
@@ -116,10 +124,10 @@ func (p *Paxos) key(name string) (string, error) {
 
 // holderOf reads the Holder record stored with a grant; its AcquiredAt is
 // the leader's time of the grant.
-func holderOf(li paxos.LockInfo) Holder {
-	var h Holder
+func holderOf(li client.LockInfo) lock.Holder {
+	var h lock.Holder
 	if len(li.Holder) == 0 || json.Unmarshal(li.Holder, &h) != nil || h.ID == "" {
-		h = Holder{ID: li.Owner}
+		h = lock.Holder{ID: li.Owner}
 	}
 	if li.Acquired > 0 {
 		h.AcquiredAt = time.UnixMilli(li.Acquired).UTC()
@@ -127,12 +135,12 @@ func holderOf(li paxos.LockInfo) Holder {
 	return h
 }
 
-func (p *Paxos) status(name string, li paxos.LockInfo) Status {
-	return Status{Name: name, Held: true, Holder: holderOf(li), Token: int64(li.Token), TTL: time.Duration(li.TTL * float64(time.Second))}
+func (p *Locker) status(name string, li client.LockInfo) lock.Status {
+	return lock.Status{Name: name, Held: true, Holder: holderOf(li), Token: int64(li.Token), TTL: time.Duration(li.TTL * float64(time.Second))}
 }
 
 // TryAcquire makes one attempt to take name.
-func (p *Paxos) TryAcquire(ctx context.Context, name string) (Lock, error) {
+func (p *Locker) TryAcquire(ctx context.Context, name string) (lock.Lock, error) {
 	key, err := p.key(name)
 	if err != nil {
 		return nil, err
@@ -141,36 +149,37 @@ func (p *Paxos) TryAcquire(ctx context.Context, name string) (Lock, error) {
 	h.AcquiredAt = time.Now().UTC()
 	rec, _ := json.Marshal(h)
 	sent := time.Now()
-	li, err := p.c.Acquire(ctx, key, paxos.AcquireRequest{Owner: p.owner, TTL: p.ttl, Holder: rec})
-	var held *paxos.HeldError
+	li, err := p.c.Acquire(ctx, key, client.AcquireRequest{Owner: p.owner, TTL: p.ttl, Holder: rec})
+	var held *client.HeldError
 	switch {
 	case errors.As(err, &held):
-		return nil, &HeldError{Name: name, Holder: holderOf(held.Holder), Token: int64(held.Holder.Token)}
+		return nil, &lock.HeldError{Name: name, Holder: holderOf(held.Holder), Token: int64(held.Holder.Token)}
 	case err != nil:
 		return nil, fmt.Errorf("lock: try-acquire %q on paxos: %w", name, err)
 	}
 	token := li.Token
-	l := &PaxosLock{holder: holderOf(li), watchdog: watchdog{backend: "paxos", name: name, token: int64(token), ttl: p.ttl, logger: p.logger}}
-	l.extend = func(ctx context.Context) (error, error) {
-		_, err := p.c.Renew(ctx, key, p.owner, token, p.ttl)
-		if errors.Is(err, paxos.ErrNotHeld) {
-			return fmt.Errorf("the lock service reports the lock expired or taken by another holder: %w", err), nil
-		}
-		return nil, err
-	}
-	l.release = func(ctx context.Context) error { return p.Release(ctx, name, int64(token)) }
-	l.start(sent)
+	l := &Lock{name: name, token: int64(token), holder: holderOf(li)}
+	l.Start(sent, lock.WatchdogConfig{Backend: "paxos", Name: name, Token: int64(token), TTL: p.ttl, Logger: p.logger,
+		Extend: func(ctx context.Context) (error, error) {
+			_, err := p.c.Renew(ctx, key, p.owner, token, p.ttl)
+			if errors.Is(err, client.ErrNotHeld) {
+				return fmt.Errorf("the lock service reports the lock expired or taken by another holder: %w", err), nil
+			}
+			return nil, err
+		},
+		Release: func(ctx context.Context) error { return p.Release(ctx, name, int64(token)) },
+	})
 	return l, nil
 }
 
 // Acquire tries until it holds name or ctx ends, backing off with jitter
 // from 10 ms to 250 ms between attempts.
-func (p *Paxos) Acquire(ctx context.Context, name string) (Lock, error) {
-	return pollAcquire(ctx, name, p.TryAcquire)
+func (p *Locker) Acquire(ctx context.Context, name string) (lock.Lock, error) {
+	return lock.PollAcquire(ctx, name, p.TryAcquire)
 }
 
 // Release releases name if this locker holds it with token.
-func (p *Paxos) Release(ctx context.Context, name string, token int64) error {
+func (p *Locker) Release(ctx context.Context, name string, token int64) error {
 	key, err := p.key(name)
 	if err != nil {
 		return err
@@ -179,10 +188,10 @@ func (p *Paxos) Release(ctx context.Context, name string, token int64) error {
 		return p.notHeld(ctx, name, token)
 	}
 	err = p.c.Release(ctx, key, p.owner, uint64(token))
-	var nh *paxos.NotHeldError
+	var nh *client.NotHeldError
 	switch {
 	case errors.As(err, &nh):
-		nerr := &NotHeldError{Name: name, Token: token, Current: Status{Name: name, TTL: -1}}
+		nerr := &lock.NotHeldError{Name: name, Token: token, Current: lock.Status{Name: name, TTL: -1}}
 		if nh.Current != nil {
 			nerr.Current = p.status(name, *nh.Current)
 		}
@@ -193,9 +202,9 @@ func (p *Paxos) Release(ctx context.Context, name string, token int64) error {
 	return nil
 }
 
-// notHeld is the NotHeldError of a token that cannot hold any lock.
-func (p *Paxos) notHeld(ctx context.Context, name string, token int64) error {
-	nerr := &NotHeldError{Name: name, Token: token}
+// notHeld is the lock.NotHeldError of a token that cannot hold any lock.
+func (p *Locker) notHeld(ctx context.Context, name string, token int64) error {
+	nerr := &lock.NotHeldError{Name: name, Token: token}
 	if st, err := p.Status(ctx, name); err == nil {
 		nerr.Current = st
 	}
@@ -203,28 +212,28 @@ func (p *Paxos) notHeld(ctx context.Context, name string, token int64) error {
 }
 
 // Status reads the holder of name through the log.
-func (p *Paxos) Status(ctx context.Context, name string) (Status, error) {
+func (p *Locker) Status(ctx context.Context, name string) (lock.Status, error) {
 	key, err := p.key(name)
 	if err != nil {
-		return Status{}, err
+		return lock.Status{}, err
 	}
 	li, err := p.c.Get(ctx, key)
 	switch {
-	case errors.Is(err, paxos.ErrNotFound):
-		return Status{Name: name, TTL: -1}, nil
+	case errors.Is(err, client.ErrNotFound):
+		return lock.Status{Name: name, TTL: -1}, nil
 	case err != nil:
-		return Status{}, fmt.Errorf("lock: status %q on paxos: %w", name, err)
+		return lock.Status{}, fmt.Errorf("lock: status %q on paxos: %w", name, err)
 	}
 	return p.status(name, li), nil
 }
 
 // List returns every held lock of the namespace, ordered by name.
-func (p *Paxos) List(ctx context.Context) ([]Status, error) {
+func (p *Locker) List(ctx context.Context) ([]lock.Status, error) {
 	all, err := p.c.List(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("lock: list on paxos: %w", err)
 	}
-	var out []Status
+	var out []lock.Status
 	for _, li := range all {
 		name, ok := strings.CutPrefix(li.LockID, p.prefix)
 		if ok {
@@ -234,19 +243,21 @@ func (p *Paxos) List(ctx context.Context) ([]Status, error) {
 	return out, nil
 }
 
-// PaxosLock is a lock held through the Paxos backend.
-type PaxosLock struct {
-	watchdog
-	holder Holder
+// Lock is a lock held through the Paxos backend.
+type Lock struct {
+	lock.Watchdog
+	name   string
+	token  int64
+	holder lock.Holder
 }
 
-var _ Lock = (*PaxosLock)(nil)
+var _ lock.Lock = (*Lock)(nil)
 
 // Name is the lock's name.
-func (l *PaxosLock) Name() string { return l.name }
+func (l *Lock) Name() string { return l.name }
 
 // Token is the fencing token: the log index of the grant.
-func (l *PaxosLock) Token() int64 { return l.token }
+func (l *Lock) Token() int64 { return l.token }
 
 // Holder is this holder's record, AcquiredAt by the leader's clock.
-func (l *PaxosLock) Holder() Holder { return l.holder }
+func (l *Lock) Holder() lock.Holder { return l.holder }

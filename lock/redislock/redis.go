@@ -1,4 +1,4 @@
-package lock
+package redislock
 
 import (
 	"context"
@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/droverhq/drover/lock"
 
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/lease"
@@ -73,47 +75,48 @@ end
 return 0
 `)
 
-// RedisConfig configures a Redis locker.
-type RedisConfig struct {
+// Config configures a Redis locker.
+type Config struct {
 	// Namespace of the keys; "" means "drover".
 	Namespace string
-	// TTL of each lock; zero means DefaultTTL. A watchdog renews it every
-	// TTL/3 while the lock is held.
+	// TTL of each lock; zero means lock.DefaultTTL. A watchdog renews it
+	// every TTL/3 while the lock is held.
 	TTL time.Duration
 	// HolderID names this worker in lock records; "" means "host:pid".
 	HolderID string
 	Logger   *slog.Logger
 }
 
-// Redis is the Redis backend of Locker, a single-instance lock with fencing
-// tokens: SET NX with a TTL, a fencing token issued atomically with it, compare-and-delete
-// release, and a watchdog that renews the TTL at a third of it and cancels
-// the holder's context the moment renewal fails or finds the lock taken.
+// Locker is the Redis backend of lock.Locker, a single-instance lock with
+// fencing tokens: SET NX with a TTL, a fencing token issued atomically
+// with it, compare-and-delete release, and a watchdog that renews the TTL
+// at a third of it and cancels the holder's context the moment renewal
+// fails or finds the lock taken.
 //
 // Redis gives weaker guarantees than etcd: a failover to a replica that had
 // not yet received the SET can hand the lock to a second holder. The fencing
 // token is what keeps that safe: stores must refuse tokens lower than the
 // highest they have seen. Waiters poll with jittered backoff; there is no
 // queue, so waiting is not first come, first served.
-type Redis struct {
+type Locker struct {
 	rdb    redis.UniversalClient
 	ns     string
 	ttl    time.Duration
-	holder Holder
+	holder lock.Holder
 	nonce  string
 	logger *slog.Logger
 }
 
-var _ Locker = (*Redis)(nil)
+var _ lock.Locker = (*Locker)(nil)
 
-// NewRedis returns a Redis locker on rdb.
-func NewRedis(rdb redis.UniversalClient, cfg RedisConfig) (*Redis, error) {
+// New returns a Redis locker on rdb.
+func New(rdb redis.UniversalClient, cfg Config) (*Locker, error) {
 	if _, err := keyspace.New(cfg.Namespace); err != nil {
 		return nil, err
 	}
 	ttl := cfg.TTL
 	if ttl == 0 {
-		ttl = DefaultTTL
+		ttl = lock.DefaultTTL
 	}
 	if err := lease.CheckTTL("ttl", ttl); err != nil {
 		return nil, err
@@ -126,14 +129,14 @@ func NewRedis(rdb redis.UniversalClient, cfg RedisConfig) (*Redis, error) {
 	if logger == nil {
 		logger = slog.Default()
 	}
-	return &Redis{rdb: rdb, ns: ns, ttl: ttl, holder: NewHolder(cfg.HolderID), nonce: fmt.Sprintf("%016x", rand.Uint64()), logger: logger}, nil
+	return &Locker{rdb: rdb, ns: ns, ttl: ttl, holder: lock.NewHolder(cfg.HolderID), nonce: fmt.Sprintf("%016x", rand.Uint64()), logger: logger}, nil
 }
 
-func (r *Redis) holderKey(name string) string { return "drover:{" + r.ns + ":" + name + "}:holder" }
-func (r *Redis) fenceKey(name string) string  { return "drover:{" + r.ns + ":" + name + "}:fence" }
+func (r *Locker) holderKey(name string) string { return "drover:{" + r.ns + ":" + name + "}:holder" }
+func (r *Locker) fenceKey(name string) string  { return "drover:{" + r.ns + ":" + name + "}:fence" }
 
-// parseRedisHolder splits "TOKEN NONCE RECORD".
-func parseRedisHolder(v string) (token int64, nonce string, h Holder) {
+// parseHolder splits "TOKEN NONCE RECORD".
+func parseHolder(v string) (token int64, nonce string, h lock.Holder) {
 	parts := strings.SplitN(v, " ", 3)
 	if len(parts) > 0 {
 		token, _ = strconv.ParseInt(parts[0], 10, 64)
@@ -148,8 +151,8 @@ func parseRedisHolder(v string) (token int64, nonce string, h Holder) {
 }
 
 // TryAcquire makes one attempt to take name.
-func (r *Redis) TryAcquire(ctx context.Context, name string) (Lock, error) {
-	if err := CheckName(name); err != nil {
+func (r *Locker) TryAcquire(ctx context.Context, name string) (lock.Lock, error) {
+	if err := lock.CheckName(name); err != nil {
 		return nil, err
 	}
 	h := r.holder
@@ -166,59 +169,37 @@ func (r *Redis) TryAcquire(ctx context.Context, name string) (Lock, error) {
 	}
 	token, _ := res[0].(int64)
 	if token == 0 {
-		herr := &HeldError{Name: name}
+		herr := &lock.HeldError{Name: name}
 		if len(res) > 1 {
 			if v, ok := res[1].(string); ok {
-				herr.Token, _, herr.Holder = parseRedisHolder(v)
+				herr.Token, _, herr.Holder = parseHolder(v)
 			}
 		}
 		return nil, herr
 	}
-	l := &RedisLock{holder: h, watchdog: watchdog{backend: "redis", name: name, token: token, ttl: r.ttl, logger: r.logger}}
-	l.extend = func(ctx context.Context) (error, error) {
-		n, err := redisExtend.Run(ctx, r.rdb, []string{r.holderKey(name)}, fmt.Sprintf("%d %s ", token, r.nonce), r.ttl.Milliseconds()).Int()
-		if err == nil && n != 1 {
-			return errors.New("redis reports the lock expired or taken by another holder"), nil
-		}
-		return nil, err
-	}
-	l.release = func(ctx context.Context) error { return r.Release(ctx, name, token) }
-	l.start(sent)
+	l := &Lock{name: name, token: token, holder: h}
+	l.Start(sent, lock.WatchdogConfig{Backend: "redis", Name: name, Token: token, TTL: r.ttl, Logger: r.logger,
+		Extend: func(ctx context.Context) (error, error) {
+			n, err := redisExtend.Run(ctx, r.rdb, []string{r.holderKey(name)}, fmt.Sprintf("%d %s ", token, r.nonce), r.ttl.Milliseconds()).Int()
+			if err == nil && n != 1 {
+				return errors.New("redis reports the lock expired or taken by another holder"), nil
+			}
+			return nil, err
+		},
+		Release: func(ctx context.Context) error { return r.Release(ctx, name, token) },
+	})
 	return l, nil
 }
 
 // Acquire tries until it holds name or ctx ends, backing off with jitter
 // from 10 ms to 250 ms between attempts.
-func (r *Redis) Acquire(ctx context.Context, name string) (Lock, error) {
-	return pollAcquire(ctx, name, r.TryAcquire)
-}
-
-// pollAcquire calls try until it takes the lock, fails other than by the
-// lock being held, or ctx ends; between attempts it waits a jittered backoff
-// from 10 ms to 250 ms. For backends without a way to wait in line.
-func pollAcquire(ctx context.Context, name string, try func(context.Context, string) (Lock, error)) (Lock, error) {
-	backoff := 10 * time.Millisecond
-	for {
-		l, err := try(ctx, name)
-		var held *HeldError
-		if !errors.As(err, &held) {
-			return l, err
-		}
-		t := time.NewTimer(backoff/2 + time.Duration(rand.Int64N(int64(backoff))))
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			held.Err = ctx.Err()
-			return nil, held
-		case <-t.C:
-		}
-		backoff = min(2*backoff, 250*time.Millisecond)
-	}
+func (r *Locker) Acquire(ctx context.Context, name string) (lock.Lock, error) {
+	return lock.PollAcquire(ctx, name, r.TryAcquire)
 }
 
 // Release releases name if this locker holds it with token.
-func (r *Redis) Release(ctx context.Context, name string, token int64) error {
-	if err := CheckName(name); err != nil {
+func (r *Locker) Release(ctx context.Context, name string, token int64) error {
+	if err := lock.CheckName(name); err != nil {
 		return err
 	}
 	n, err := redisRelease.Run(ctx, r.rdb, []string{r.holderKey(name)}, fmt.Sprintf("%d %s ", token, r.nonce)).Int()
@@ -226,7 +207,7 @@ func (r *Redis) Release(ctx context.Context, name string, token int64) error {
 		return fmt.Errorf("lock: release %q on redis: %w", name, err)
 	}
 	if n == 0 {
-		nerr := &NotHeldError{Name: name, Token: token}
+		nerr := &lock.NotHeldError{Name: name, Token: token}
 		if st, err := r.Status(ctx, name); err == nil {
 			nerr.Current = st
 		}
@@ -236,20 +217,20 @@ func (r *Redis) Release(ctx context.Context, name string, token int64) error {
 }
 
 // Status reads the holder of name.
-func (r *Redis) Status(ctx context.Context, name string) (Status, error) {
-	if err := CheckName(name); err != nil {
-		return Status{}, err
+func (r *Locker) Status(ctx context.Context, name string) (lock.Status, error) {
+	if err := lock.CheckName(name); err != nil {
+		return lock.Status{}, err
 	}
 	pipe := r.rdb.Pipeline()
 	get := pipe.Get(ctx, r.holderKey(name))
 	ttl := pipe.PTTL(ctx, r.holderKey(name))
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-		return Status{}, fmt.Errorf("lock: status %q on redis: %w", name, err)
+		return lock.Status{}, fmt.Errorf("lock: status %q on redis: %w", name, err)
 	}
-	st := Status{Name: name, TTL: -1}
+	st := lock.Status{Name: name, TTL: -1}
 	if v, err := get.Result(); err == nil {
 		st.Held = true
-		st.Token, _, st.Holder = parseRedisHolder(v)
+		st.Token, _, st.Holder = parseHolder(v)
 		if d, err := ttl.Result(); err == nil && d >= 0 {
 			st.TTL = d
 		}
@@ -258,8 +239,8 @@ func (r *Redis) Status(ctx context.Context, name string) (Status, error) {
 }
 
 // List returns every held lock of the namespace, ordered by name.
-func (r *Redis) List(ctx context.Context) ([]Status, error) {
-	var out []Status
+func (r *Locker) List(ctx context.Context) ([]lock.Status, error) {
+	var out []lock.Status
 	iter := r.rdb.Scan(ctx, 0, "drover:{"+r.ns+":*}:holder", 500).Iterator()
 	for iter.Next(ctx) {
 		k := iter.Val()
@@ -279,32 +260,21 @@ func (r *Redis) List(ctx context.Context) ([]Status, error) {
 	return out, nil
 }
 
-// RedisLock is a lock held through the Redis backend.
-type RedisLock struct {
-	watchdog
-	holder Holder
+// Lock is a lock held through the Redis backend.
+type Lock struct {
+	lock.Watchdog
+	name   string
+	token  int64
+	holder lock.Holder
 }
 
-var _ Lock = (*RedisLock)(nil)
+var _ lock.Lock = (*Lock)(nil)
 
 // Name is the lock's name.
-func (l *RedisLock) Name() string { return l.name }
+func (l *Lock) Name() string { return l.name }
 
 // Token is the fencing token Redis issued with the lock.
-func (l *RedisLock) Token() int64 { return l.token }
+func (l *Lock) Token() int64 { return l.token }
 
 // Holder is this holder's record.
-func (l *RedisLock) Holder() Holder { return l.holder }
-
-// loseOnce cancels a holding's context with a LostError and logs the loss,
-// the first time only.
-func loseOnce(ctx context.Context, cancel context.CancelCauseFunc, logger *slog.Logger, backend, name string, token int64, cause error) {
-	if ctx.Err() != nil {
-		return
-	}
-	err := &LostError{Name: name, Token: token, Cause: cause}
-	cancel(err)
-	if context.Cause(ctx) == error(err) {
-		logger.Warn("lock lost", "lock", name, "token", token, "backend", backend, "cause", cause.Error())
-	}
-}
+func (l *Lock) Holder() lock.Holder { return l.holder }

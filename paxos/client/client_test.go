@@ -1,4 +1,4 @@
-package paxos
+package client_test
 
 import (
 	"context"
@@ -9,50 +9,54 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/droverhq/drover/paxos"
+	"github.com/droverhq/drover/paxos/client"
 )
 
-func newTestClient(t *testing.T, endpoints ...string) *Client {
+func newTestClient(t *testing.T, endpoints ...string) *client.Client {
 	t.Helper()
-	c, err := NewClient(ClientConfig{Endpoints: endpoints})
+	c, err := client.New(client.Config{Endpoints: endpoints})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(c.Close)
+	t.Cleanup(func() { _ = c.Close(t.Context()) })
 	return c
 }
 
 // TestClientOperations runs every lock call against a real node and
-// checks the typed errors: *HeldError with the holder, *NotHeldError with
-// the current holder, ErrNotFound.
+// checks the typed errors: *client.HeldError with the holder, *client.NotHeldError with
+// the current holder, client.ErrNotFound.
 func TestClientOperations(t *testing.T) {
+	t.Parallel()
 	_, srv := singleNode(t)
 	c := newTestClient(t, srv.URL)
 	ctx := context.Background()
-	li, err := c.Acquire(ctx, "job", AcquireRequest{Owner: "a", TTL: 10 * time.Second, Holder: json.RawMessage(`{"id":"w1"}`)})
+	li, err := c.Acquire(ctx, "job", client.AcquireRequest{Owner: "a", TTL: 10 * time.Second, Holder: json.RawMessage(`{"id":"w1"}`)})
 	if err != nil || li.Token == 0 || li.Owner != "a" || string(li.Holder) != `{"id":"w1"}` {
 		t.Fatalf("acquire: %+v, %v", li, err)
 	}
-	_, err = c.Acquire(ctx, "job", AcquireRequest{Owner: "b", TTL: time.Second})
-	var held *HeldError
-	if !errors.As(err, &held) || !errors.Is(err, ErrHeld) || held.Holder.Owner != "a" || held.Holder.Token != li.Token {
+	_, err = c.Acquire(ctx, "job", client.AcquireRequest{Owner: "b", TTL: time.Second})
+	var held *client.HeldError
+	if !errors.As(err, &held) || !errors.Is(err, client.ErrHeld) || held.Holder.Owner != "a" || held.Holder.Token != li.Token {
 		t.Fatalf("acquire of a held lock: %v", err)
 	}
 	got, err := c.Get(ctx, "job")
 	if err != nil || got.Owner != "a" || got.Token != li.Token || got.TTL <= 9 || got.TTL > 10 {
 		t.Fatalf("get: %+v, %v", got, err)
 	}
-	if _, err := c.Get(ctx, "other"); !errors.Is(err, ErrNotFound) {
+	if _, err := c.Get(ctx, "other"); !errors.Is(err, client.ErrNotFound) {
 		t.Fatalf("get of a free lock: %v", err)
 	}
 	r, err := c.Renew(ctx, "job", "a", li.Token, 20*time.Second)
 	if err != nil || r.Expires < li.Expires+9000 {
 		t.Fatalf("renew: %+v, %v (acquired expiring %d)", r, err, li.Expires)
 	}
-	var nh *NotHeldError
+	var nh *client.NotHeldError
 	if _, err := c.Renew(ctx, "job", "b", li.Token, time.Second); !errors.As(err, &nh) || nh.Current == nil || nh.Current.Owner != "a" {
 		t.Fatalf("renew by another owner: %v", err)
 	}
-	if err := c.Release(ctx, "job", "a", li.Token+1); !errors.As(err, &nh) || !errors.Is(err, ErrNotHeld) {
+	if err := c.Release(ctx, "job", "a", li.Token+1); !errors.As(err, &nh) || !errors.Is(err, client.ErrNotHeld) {
 		t.Fatalf("release with a wrong token: %v", err)
 	}
 	list, err := c.List(ctx)
@@ -68,7 +72,7 @@ func TestClientOperations(t *testing.T) {
 	if st, err := c.Status(ctx); err != nil || st.Commit == 0 {
 		t.Fatalf("status: %+v, %v", st, err)
 	}
-	if _, err := c.Acquire(ctx, "bad name", AcquireRequest{Owner: "a", TTL: time.Second}); !errors.Is(err, ErrBadRequest) {
+	if _, err := c.Acquire(ctx, "bad name", client.AcquireRequest{Owner: "a", TTL: time.Second}); !errors.Is(err, client.ErrBadRequest) {
 		t.Fatalf("acquire with a bad name: %v", err)
 	}
 }
@@ -77,6 +81,7 @@ func TestClientOperations(t *testing.T) {
 // refuse connections or are stopping (503), and stays on an endpoint that
 // answered 409 (another node would answer the same).
 func TestClientFailover(t *testing.T) {
+	t.Parallel()
 	_, a := singleNode(t)
 	_, b := singleNode(t)
 	stopped, s := singleNode(t)
@@ -85,7 +90,7 @@ func TestClientFailover(t *testing.T) {
 	ctx := context.Background()
 
 	c := newTestClient(t, dead, s.URL, a.URL, b.URL)
-	li, err := c.Acquire(ctx, "x", AcquireRequest{Owner: "me", TTL: 10 * time.Second})
+	li, err := c.Acquire(ctx, "x", client.AcquireRequest{Owner: "me", TTL: 10 * time.Second})
 	if err != nil {
 		t.Fatalf("acquire past a dead and a stopped endpoint: %v", err)
 	}
@@ -93,14 +98,14 @@ func TestClientFailover(t *testing.T) {
 		t.Fatalf("the lock is not on the first live endpoint: %v", err)
 	}
 	// a answers 409 now: no failover to b, where "x" is free.
-	if _, err := c.Acquire(ctx, "x", AcquireRequest{Owner: "you", TTL: time.Second}); !errors.Is(err, ErrHeld) {
-		t.Fatalf("second acquire: %v, want ErrHeld from the same endpoint", err)
+	if _, err := c.Acquire(ctx, "x", client.AcquireRequest{Owner: "you", TTL: time.Second}); !errors.Is(err, client.ErrHeld) {
+		t.Fatalf("second acquire: %v, want client.ErrHeld from the same endpoint", err)
 	}
 	if err := c.Release(ctx, "x", "me", li.Token); err != nil {
 		t.Fatal(err)
 	}
 	_, err = newTestClient(t, dead, "http://"+freeAddr(t)).Status(ctx)
-	if !errors.Is(err, ErrUnreachable) || !strings.Contains(err.Error(), strings.TrimPrefix(dead, "http://")) {
+	if !errors.Is(err, client.ErrUnreachable) || !strings.Contains(err.Error(), strings.TrimPrefix(dead, "http://")) {
 		t.Fatalf("no live endpoint: %v", err)
 	}
 }
@@ -109,6 +114,7 @@ func TestClientFailover(t *testing.T) {
 // connection cut after the node applied it) is sent again elsewhere with
 // the same Idempotency-Key and applied once.
 func TestClientLostAnswer(t *testing.T) {
+	t.Parallel()
 	_, srv := singleNode(t)
 	api := srv.Config.Handler
 	cut := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -120,7 +126,7 @@ func TestClientLostAnswer(t *testing.T) {
 	}))
 	defer cut.Close()
 	c := newTestClient(t, cut.URL, srv.URL)
-	li, err := c.Acquire(context.Background(), "once", AcquireRequest{Owner: "me", TTL: 10 * time.Second})
+	li, err := c.Acquire(context.Background(), "once", client.AcquireRequest{Owner: "me", TTL: 10 * time.Second})
 	if err != nil {
 		t.Fatalf("acquire whose first answer was lost: %v", err)
 	}
@@ -134,53 +140,37 @@ func TestClientLostAnswer(t *testing.T) {
 // off from its group's majority gets its answer from the next endpoint
 // within its deadline.
 func TestClientSkipsMinorityNode(t *testing.T) {
-	peers := []Peer{{ID: 0}, {ID: 1, Addr: freeAddr(t)}, {ID: 2, Addr: freeAddr(t)}}
-	_, minority := startAPINode(t, peers, APIConfig{RequestTimeout: 10 * time.Second})
+	t.Parallel()
+	peers := []paxos.Peer{{ID: 0}, {ID: 1, Addr: freeAddr(t)}, {ID: 2, Addr: freeAddr(t)}}
+	_, minority := startAPINode(t, peers, paxos.APIConfig{RequestTimeout: 10 * time.Second})
 	_, healthy := singleNode(t)
 	c := newTestClient(t, minority.URL, healthy.URL)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	if _, err := c.Acquire(ctx, "x", AcquireRequest{Owner: "o", TTL: time.Second}); err != nil {
+	if _, err := c.Acquire(ctx, "x", client.AcquireRequest{Owner: "o", TTL: time.Second}); err != nil {
 		t.Fatalf("acquire past a node without quorum: %v", err)
 	}
 }
 
-// TestClientTimeout checks a 504 is ErrTimeout.
+// TestClientTimeout checks a 504 is client.ErrTimeout.
 func TestClientTimeout(t *testing.T) {
-	peers := []Peer{{ID: 0}, {ID: 1, Addr: freeAddr(t)}, {ID: 2, Addr: freeAddr(t)}}
-	_, srv := startAPINode(t, peers, APIConfig{RequestTimeout: 200 * time.Millisecond})
-	_, err := newTestClient(t, srv.URL).Acquire(context.Background(), "x", AcquireRequest{Owner: "o", TTL: time.Second})
-	var apiErr *APIError
-	if !errors.Is(err, ErrTimeout) || !errors.As(err, &apiErr) || apiErr.StatusCode != 504 {
-		t.Fatalf("no quorum: %v, want ErrTimeout", err)
-	}
-}
-
-// TestParseEndpoint checks the endpoint forms a client takes.
-func TestParseEndpoint(t *testing.T) {
-	for _, tc := range []struct{ in, want string }{
-		{"127.0.0.1:7100", "http://127.0.0.1:7100"},
-		{" lock-service-0.lock-service-headless:3000 ", "http://lock-service-0.lock-service-headless:3000"},
-		{"https://h:443/", "https://h:443"},
-		{"[::1]:7100", "http://[::1]:7100"},
-		{"127.0.0.1", ""}, {"ftp://h:1", ""}, {"h:99999", ""}, {"http://h:1/path", ""}, {"", ""},
-	} {
-		got, err := ParseEndpoint(tc.in)
-		if got != tc.want || (err != nil) != (tc.want == "") {
-			t.Errorf("ParseEndpoint(%q) = %q, %v; want %q", tc.in, got, err, tc.want)
-		}
-	}
-	if _, err := NewClient(ClientConfig{}); err == nil {
-		t.Fatal("a client without endpoints")
+	t.Parallel()
+	peers := []paxos.Peer{{ID: 0}, {ID: 1, Addr: freeAddr(t)}, {ID: 2, Addr: freeAddr(t)}}
+	_, srv := startAPINode(t, peers, paxos.APIConfig{RequestTimeout: 200 * time.Millisecond})
+	_, err := newTestClient(t, srv.URL).Acquire(context.Background(), "x", client.AcquireRequest{Owner: "o", TTL: time.Second})
+	var apiErr *client.APIError
+	if !errors.Is(err, client.ErrTimeout) || !errors.As(err, &apiErr) || apiErr.StatusCode != 504 {
+		t.Fatalf("no quorum: %v, want client.ErrTimeout", err)
 	}
 }
 
 // TestClientGoesToTheLeader starts a group of three, each node's API on
 // its direct transport's address, and checks that a client whose first
 // endpoint is a follower sends its next requests to the leader, which
-// every answer names (LeaderHeader), and that the follower then serves
+// every answer names (client.LeaderHeader), and that the follower then serves
 // none of them.
 func TestClientGoesToTheLeader(t *testing.T) {
+	t.Parallel()
 	nodes, srvs := startAPIGroup(t, 3)
 	var leader int
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
@@ -201,11 +191,11 @@ func TestClientGoesToTheLeader(t *testing.T) {
 	follower := (leader + 1) % 3
 	c := newTestClient(t, srvs[follower].URL, srvs[(leader+2)%3].URL, srvs[leader].URL)
 	ctx := context.Background()
-	li, err := c.Acquire(ctx, "x", AcquireRequest{Owner: "me", TTL: 10 * time.Second})
+	li, err := c.Acquire(ctx, "x", client.AcquireRequest{Owner: "me", TTL: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := c.endpoints[c.next.Load()]; got != srvs[leader].URL || nodes[follower].LeaderAddr() != srvs[leader].Listener.Addr().String() {
+	if got := client.NextEndpoint(c); got != srvs[leader].URL || nodes[follower].LeaderAddr() != srvs[leader].Listener.Addr().String() {
 		t.Fatalf("after an answer naming the leader, the client's next endpoint is %s, want %s (the leader)", got, srvs[leader].URL)
 	}
 	before := nodes[follower].proposals.Load()
@@ -225,68 +215,7 @@ func TestClientGoesToTheLeader(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = resp.Body.Close()
-	if got := resp.Header.Get(LeaderHeader); got != srvs[leader].Listener.Addr().String() {
+	if got := resp.Header.Get(client.LeaderHeader); got != srvs[leader].Listener.Addr().String() {
 		t.Fatalf("the follower's answer names %q as the leader, want %s", got, srvs[leader].Listener.Addr())
 	}
-}
-
-// TestClientLeaderThatFailedIsNotFollowed checks that an answer naming as
-// the leader an endpoint that failed the client lately does not send the
-// next request back there: the nodes may still name a leader this client
-// cannot reach.
-func TestClientLeaderThatFailedIsNotFollowed(t *testing.T) {
-	c := newTestClient(t, "127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3")
-	if got := c.leaderOr("127.0.0.1:3", 1); got != 2 {
-		t.Fatalf("leader at the third endpoint: next %d, want 2", got)
-	}
-	if got := c.leaderOr("127.0.0.1:9", 1); got != 1 {
-		t.Fatalf("a leader that is not an endpoint: next %d, want 1 (the one that answered)", got)
-	}
-	c.failed[2].Store(time.Now().UnixNano())
-	if got := c.leaderOr("127.0.0.1:3", 1); got != 1 {
-		t.Fatalf("a leader that just failed: next %d, want 1 (the one that answered)", got)
-	}
-	c.failed[2].Store(time.Now().Add(-leaderRetry).UnixNano())
-	if got := c.leaderOr("127.0.0.1:3", 1); got != 2 {
-		t.Fatalf("a leader that failed %v ago: next %d, want 2", leaderRetry, got)
-	}
-}
-
-// startAPIGroup starts a group of n nodes over the direct transport, each
-// serving its API (and the transport) on an httptest server whose address
-// is the node's peer address, and stops them at the end of the test.
-func startAPIGroup(t *testing.T, n int) ([]*counted, []*httptest.Server) {
-	t.Helper()
-	var srvs []*httptest.Server
-	var peers []Peer
-	handlers := make([]http.Handler, n)
-	for i := range n {
-		srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			handlers[i].ServeHTTP(w, r)
-		}))
-		srvs = append(srvs, srv)
-		peers = append(peers, Peer{ID: NodeID(i), Addr: srv.Listener.Addr().String()})
-	}
-	var nodes []*counted
-	for i := range n {
-		tr := NewDirect(DirectConfig{ID: NodeID(i), Group: "client-test"})
-		node, err := NewNode(Config{ID: NodeID(i), Group: "client-test", Peers: peers, Transport: tr, DataDir: t.TempDir(),
-			Heartbeat: 20 * time.Millisecond, ElectionTimeout: 200 * time.Millisecond})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := node.Start(context.Background()); err != nil {
-			t.Fatal(err)
-		}
-		c := &counted{Node: node}
-		handlers[i] = NewAPI(c, APIConfig{Direct: tr.Handler()})
-		srvs[i].Start()
-		nodes = append(nodes, c)
-		t.Cleanup(func() {
-			srvs[i].Close()
-			_ = node.Stop()
-			_ = tr.Close()
-		})
-	}
-	return nodes, srvs
 }

@@ -1,4 +1,4 @@
-package lock
+package redislock
 
 import (
 	"context"
@@ -9,6 +9,8 @@ import (
 	"math/rand/v2"
 	"sync"
 	"time"
+
+	"github.com/droverhq/drover/lock"
 
 	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/keyspace"
@@ -32,7 +34,7 @@ return cur
 // RedlockConfig configures a Redlock locker.
 type RedlockConfig struct {
 	Namespace string
-	// TTL of each lock on each server; zero means DefaultTTL.
+	// TTL of each lock on each server; zero means lock.DefaultTTL.
 	TTL time.Duration
 	// DriftFactor is the share of the TTL allowed for clock drift between
 	// the servers (default 0.01, plus 2 ms).
@@ -41,7 +43,7 @@ type RedlockConfig struct {
 	Logger      *slog.Logger
 }
 
-// Redlock is the Redlock backend of Locker over N independent Redis servers
+// Redlock is the Redlock backend of lock.Locker over N independent Redis servers
 // (N odd, at least 3). A lock is held when a majority of the servers granted
 // it within its validity time (TTL minus the time acquiring took minus the
 // allowed drift); the holder's context ends when a renewal on a majority
@@ -56,14 +58,14 @@ type RedlockConfig struct {
 // a server with this one, so its token is higher: stores that refuse lower
 // tokens refuse the stale holder.
 type Redlock struct {
-	nodes  []*Redis
+	nodes  []*Locker
 	quorum int
 	ttl    time.Duration
 	drift  time.Duration
 	logger *slog.Logger
 }
 
-var _ Locker = (*Redlock)(nil)
+var _ lock.Locker = (*Redlock)(nil)
 
 // NewRedlock returns a Redlock locker over clients, one per independent
 // Redis server.
@@ -76,7 +78,7 @@ func NewRedlock(clients []redis.UniversalClient, cfg RedlockConfig) (*Redlock, e
 	}
 	ttl := cfg.TTL
 	if ttl == 0 {
-		ttl = DefaultTTL
+		ttl = lock.DefaultTTL
 	}
 	if err := lease.CheckTTL("ttl", ttl); err != nil {
 		return nil, err
@@ -95,7 +97,7 @@ func NewRedlock(clients []redis.UniversalClient, cfg RedlockConfig) (*Redlock, e
 	nonce := fmt.Sprintf("%016x", rand.Uint64())
 	rl := &Redlock{quorum: len(clients)/2 + 1, ttl: ttl, drift: time.Duration(float64(ttl)*factor) + 2*time.Millisecond, logger: logger}
 	for _, c := range clients {
-		n, err := NewRedis(c, RedisConfig{Namespace: cfg.Namespace, TTL: ttl, HolderID: cfg.HolderID, Logger: logger})
+		n, err := New(c, Config{Namespace: cfg.Namespace, TTL: ttl, HolderID: cfg.HolderID, Logger: logger})
 		if err != nil {
 			return nil, err
 		}
@@ -106,7 +108,7 @@ func NewRedlock(clients []redis.UniversalClient, cfg RedlockConfig) (*Redlock, e
 }
 
 // each runs f on every server at once and returns the results in order.
-func (rl *Redlock) each(f func(i int, n *Redis) (int64, error)) ([]int64, []error) {
+func (rl *Redlock) each(f func(i int, n *Locker) (int64, error)) ([]int64, []error) {
 	out, errs := make([]int64, len(rl.nodes)), make([]error, len(rl.nodes))
 	var wg sync.WaitGroup
 	for i, n := range rl.nodes {
@@ -121,8 +123,8 @@ func (rl *Redlock) each(f func(i int, n *Redis) (int64, error)) ([]int64, []erro
 }
 
 // TryAcquire makes one attempt on every server.
-func (rl *Redlock) TryAcquire(ctx context.Context, name string) (Lock, error) {
-	if err := CheckName(name); err != nil {
+func (rl *Redlock) TryAcquire(ctx context.Context, name string) (lock.Lock, error) {
+	if err := lock.CheckName(name); err != nil {
 		return nil, err
 	}
 	base := rl.nodes[0]
@@ -132,9 +134,9 @@ func (rl *Redlock) TryAcquire(ctx context.Context, name string) (Lock, error) {
 	start := time.Now()
 	actx, cancel := context.WithTimeout(ctx, rl.ttl/2)
 	defer cancel()
-	var held *HeldError
+	var held *lock.HeldError
 	var mu sync.Mutex
-	tokens, errs := rl.each(func(i int, n *Redis) (int64, error) {
+	tokens, errs := rl.each(func(i int, n *Locker) (int64, error) {
 		res, err := redisAcquire.Run(actx, n.rdb, []string{n.holderKey(name), n.fenceKey(name)},
 			rl.ttl.Milliseconds(), n.nonce+" "+string(rec), time.Now().UnixMicro()).Slice()
 		if err != nil {
@@ -145,8 +147,8 @@ func (rl *Redlock) TryAcquire(ctx context.Context, name string) (Lock, error) {
 			if v, ok := res[1].(string); ok {
 				mu.Lock()
 				if held == nil {
-					held = &HeldError{Name: name}
-					held.Token, _, held.Holder = parseRedisHolder(v)
+					held = &lock.HeldError{Name: name}
+					held.Token, _, held.Holder = parseHolder(v)
 				}
 				mu.Unlock()
 			}
@@ -164,7 +166,7 @@ func (rl *Redlock) TryAcquire(ctx context.Context, name string) (Lock, error) {
 	validity := rl.ttl - time.Since(start) - rl.drift
 	if len(got) >= rl.quorum && validity > 0 {
 		// Raise the majority's counters to the token before using it.
-		raised, rerrs := rl.each(func(i int, n *Redis) (int64, error) {
+		raised, rerrs := rl.each(func(i int, n *Locker) (int64, error) {
 			return redisRaise.Run(actx, n.rdb, []string{n.fenceKey(name)}, token).Int64()
 		})
 		ok := 0
@@ -183,7 +185,7 @@ func (rl *Redlock) TryAcquire(ctx context.Context, name string) (Lock, error) {
 	}
 	rl.releaseAll(name)
 	if held == nil {
-		held = &HeldError{Name: name}
+		held = &lock.HeldError{Name: name}
 	}
 	if err := errors.Join(errs...); err != nil && len(got)+countHeld(tokens, errs) < rl.quorum {
 		return nil, fmt.Errorf("lock: redlock %q: only %d of %d servers answered: %w", name, len(got)+countHeld(tokens, errs), len(rl.nodes), err)
@@ -205,14 +207,14 @@ func countHeld(tokens []int64, errs []error) int {
 func (rl *Redlock) releaseAll(name string) int {
 	ctx, cancel := context.WithTimeout(context.Background(), rl.ttl/2)
 	defer cancel()
-	res, _ := rl.each(func(i int, n *Redis) (int64, error) {
+	res, _ := rl.each(func(i int, n *Locker) (int64, error) {
 		// The holder value starts "TOKEN NONCE": the token is the one each
 		// server issued, so match on the nonce alone.
 		v, err := n.rdb.Get(ctx, n.holderKey(name)).Result()
 		if err != nil {
 			return 0, err
 		}
-		t, nonce, _ := parseRedisHolder(v)
+		t, nonce, _ := parseHolder(v)
 		if nonce != n.nonce {
 			return 0, nil
 		}
@@ -226,13 +228,13 @@ func (rl *Redlock) releaseAll(name string) int {
 }
 
 // Acquire tries until it holds name or ctx ends, with jittered backoff.
-func (rl *Redlock) Acquire(ctx context.Context, name string) (Lock, error) {
-	return pollAcquire(ctx, name, rl.TryAcquire)
+func (rl *Redlock) Acquire(ctx context.Context, name string) (lock.Lock, error) {
+	return lock.PollAcquire(ctx, name, rl.TryAcquire)
 }
 
 // Release releases name if this locker holds it with token (on a majority).
 func (rl *Redlock) Release(ctx context.Context, name string, token int64) error {
-	if err := CheckName(name); err != nil {
+	if err := lock.CheckName(name); err != nil {
 		return err
 	}
 	st, err := rl.Status(ctx, name)
@@ -240,18 +242,18 @@ func (rl *Redlock) Release(ctx context.Context, name string, token int64) error 
 		return err
 	}
 	if !st.Held || st.Token != token || rl.releaseAll(name) < rl.quorum {
-		return &NotHeldError{Name: name, Token: token, Current: st}
+		return &lock.NotHeldError{Name: name, Token: token, Current: st}
 	}
 	return nil
 }
 
 // Status reports the holder a majority of the servers agree on.
-func (rl *Redlock) Status(ctx context.Context, name string) (Status, error) {
-	if err := CheckName(name); err != nil {
-		return Status{}, err
+func (rl *Redlock) Status(ctx context.Context, name string) (lock.Status, error) {
+	if err := lock.CheckName(name); err != nil {
+		return lock.Status{}, err
 	}
-	sts := make([]Status, len(rl.nodes))
-	_, errs := rl.each(func(i int, n *Redis) (int64, error) {
+	sts := make([]lock.Status, len(rl.nodes))
+	_, errs := rl.each(func(i int, n *Locker) (int64, error) {
 		st, err := n.Status(ctx, name)
 		sts[i] = st
 		return 0, err
@@ -273,13 +275,13 @@ func (rl *Redlock) Status(ctx context.Context, name string) (Status, error) {
 			return st, nil
 		}
 	}
-	return Status{Name: name, TTL: -1}, nil
+	return lock.Status{Name: name, TTL: -1}, nil
 }
 
 // List returns the locks a majority of the servers agree are held.
-func (rl *Redlock) List(ctx context.Context) ([]Status, error) {
+func (rl *Redlock) List(ctx context.Context) ([]lock.Status, error) {
 	seen := map[string]bool{}
-	var out []Status
+	var out []lock.Status
 	for _, n := range rl.nodes {
 		sts, err := n.List(ctx)
 		if err != nil {
@@ -303,7 +305,7 @@ type RedlockLock struct {
 	rl         *Redlock
 	name       string
 	token      int64
-	holder     Holder
+	holder     lock.Holder
 	ctx        context.Context
 	cancel     context.CancelCauseFunc
 	done       chan struct{}
@@ -311,7 +313,7 @@ type RedlockLock struct {
 	validUntil time.Time
 }
 
-var _ Lock = (*RedlockLock)(nil)
+var _ lock.Lock = (*RedlockLock)(nil)
 
 // Name is the lock's name.
 func (l *RedlockLock) Name() string { return l.name }
@@ -320,7 +322,7 @@ func (l *RedlockLock) Name() string { return l.name }
 func (l *RedlockLock) Token() int64 { return l.token }
 
 // Holder is this holder's record.
-func (l *RedlockLock) Holder() Holder { return l.holder }
+func (l *RedlockLock) Holder() lock.Holder { return l.holder }
 
 // Context ends when the lock's validity runs out without a majority renewal,
 // or on release.
@@ -341,7 +343,7 @@ func (l *RedlockLock) Err() error {
 }
 
 func (l *RedlockLock) lose(cause error) {
-	loseOnce(l.ctx, l.cancel, l.rl.logger, "redlock", l.name, l.token, cause)
+	lock.LoseOnce(l.ctx, l.cancel, l.rl.logger, "redlock", l.name, l.token, cause)
 }
 
 // watchdog renews on every server every TTL/3; a round that renews fewer
@@ -366,12 +368,12 @@ func (l *RedlockLock) watchdog() {
 		}
 		start := time.Now()
 		ctx, cancel := context.WithDeadline(l.ctx, valid)
-		res, errs := l.rl.each(func(i int, n *Redis) (int64, error) {
+		res, errs := l.rl.each(func(i int, n *Locker) (int64, error) {
 			v, err := n.rdb.Get(ctx, n.holderKey(l.name)).Result()
 			if err != nil {
 				return 0, err
 			}
-			tok, nonce, _ := parseRedisHolder(v)
+			tok, nonce, _ := parseHolder(v)
 			if nonce != n.nonce {
 				return 0, nil
 			}
@@ -401,9 +403,9 @@ func (l *RedlockLock) Release(ctx context.Context) error {
 	if released < l.rl.quorum {
 		l.lose(errors.New("released after the lock was lost"))
 		<-l.done
-		return &NotHeldError{Name: l.name, Token: l.token}
+		return &lock.NotHeldError{Name: l.name, Token: l.token}
 	}
-	l.cancel(ErrReleased)
+	l.cancel(lock.ErrReleased)
 	<-l.done
 	return nil
 }
