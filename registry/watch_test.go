@@ -110,7 +110,7 @@ func settle(t *testing.T, cli *clientv3.Client, ns string, c *collector) []strin
 // set, and deliver exactly the changes a raw etcd watch from the same
 // revision sees: same order, no gap, no duplicate.
 func TestWatcherFollowsChurn(t *testing.T) {
-	t.Parallel()
+	// Not parallel: 100 writes must fit in the life of a 2 s lease.
 	cli := srv.Client(t)
 	ns := etcdtest.Namespace(t)
 	keys := keyspace.MustNew(ns)
