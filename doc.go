@@ -29,9 +29,12 @@
 //   - [github.com/droverhq/drover/queue]: durable task queues: batched
 //     submission, fenced claims, retries, a dead-letter queue, workers.
 //   - [github.com/droverhq/drover/flow]: fleet-wide rate limits,
-//     concurrency quotas and circuit breakers, as gates of a queue worker.
+//     concurrency quotas and circuit breakers, as gates that admit calls.
 //   - [github.com/droverhq/drover/registry]: endpoints registered under a
 //     process's lease, discovered by snapshot and watch.
+//   - [github.com/droverhq/drover/fleet]: a queue worker assembled as
+//     drover worker assembles one (primary lease, flow control gates,
+//     worker, registry entry), for Go programs.
 //   - [github.com/droverhq/drover/checkpoint]: agent state per thread, with
 //     history, on etcd or PostgreSQL.
 //   - [github.com/droverhq/drover/metrics]: the Prometheus metrics every

@@ -20,6 +20,7 @@ import (
 // name that is not configured; UpdateBreaker changes what it is given and
 // refuses a bad configuration without writing.
 func TestDeleteAndUpdateBreaker(t *testing.T) {
+	t.Parallel()
 	ns := etcdtest.Namespace(t)
 	ctx := context.Background()
 	cli := srv.Client(t)
@@ -111,6 +112,7 @@ func TestSeedConfigSaysWhenEtcdWins(t *testing.T) {
 // TestCloseTwice: quotas, breakers and limiters stop with Close(ctx) error,
 // and a second Close is harmless.
 func TestCloseTwice(t *testing.T) {
+	t.Parallel()
 	ns := etcdtest.Namespace(t)
 	ctx := context.Background()
 	cli := srv.Client(t)

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/droverhq/drover/fleet"
 	"github.com/droverhq/drover/flow"
 	"github.com/droverhq/drover/internal/testenv/etcdtest"
 	"github.com/droverhq/drover/lease"
@@ -57,14 +58,14 @@ func runOverhead(b *testing.B, s *etcdtest.Server, mode string) {
 			b.Fatal(err)
 		}
 		defer lim.Close(ctx)
-		gates = append(gates, flow.RateGate(lim))
+		gates = append(gates, fleet.Gate(flow.RateGate(lim)))
 	case "quota":
 		q, err := flow.NewQuota(ctx, cli, ns, flow.PerTenant, flow.QuotaConfig{Limit: 10000}, func() clientv3.LeaseID { return l.ID() })
 		if err != nil {
 			b.Fatal(err)
 		}
 		defer q.Close(context.Background())
-		gates = append(gates, flow.QuotaGate(q))
+		gates = append(gates, fleet.Gate(flow.QuotaGate(q)))
 	}
 	w, err := queue.NewWorker(ctx, cli, queue.WorkerConfig{Namespace: ns, Queue: "jobs", Concurrency: 64, Prefetch: 64, Drain: true, Lease: l, Gates: gates})
 	if err != nil {

@@ -3,7 +3,6 @@ package flow
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -14,7 +13,6 @@ import (
 	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/metrics"
-	"github.com/droverhq/drover/queue"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -104,6 +102,9 @@ type Breaker struct {
 	name   string
 	types  []string
 	logger *slog.Logger
+	now    func() time.Time
+	// openReason is the reason of the breaker's deferrals.
+	openReason string
 
 	mu    sync.Mutex
 	cfg   BreakerConfig
@@ -138,7 +139,8 @@ func NewBreaker(ctx context.Context, cli *clientv3.Client, ns, name string, def 
 			return nil, err
 		}
 	}
-	br := &Breaker{cli: cli, keys: keys, name: name, types: types, logger: slog.Default(), done: make(chan struct{})}
+	br := newBreaker(cli, keys, name, types)
+	br.done = make(chan struct{})
 	resp, err := cli.Txn(ctx).Then(clientv3.OpGet(keys.BreakerConfig(name)), clientv3.OpGet(keys.BreakerState(name))).Commit()
 	if err != nil {
 		return nil, fmt.Errorf("flow: read breaker %s: %w", name, err)
@@ -179,6 +181,12 @@ func NewBreaker(ctx context.Context, cli *clientv3.Client, ns, name string, def 
 		wg.Wait()
 	}()
 	return br, nil
+}
+
+// newBreaker returns a Breaker with its fixed fields set.
+func newBreaker(cli *clientv3.Client, keys keyspace.Space, name string, types []string) *Breaker {
+	return &Breaker{cli: cli, keys: keys, name: name, types: types, logger: slog.Default(), now: time.Now,
+		openReason: "breaker " + name + " open"}
 }
 
 // observe records a change of the state key seen by watch or read (kv nil:
@@ -260,12 +268,12 @@ func (b *Breaker) update(ctx context.Context, change func(st *BreakerState, cfg 
 }
 
 // Allow says whether task id may call the resource now: nil, or a
-// *queue.DeferError saying for how long to hold it off. While open past the
+// *DeferError saying for how long to hold it off. While open past the
 // cooldown, the first caller becomes the half-open probe.
 func (b *Breaker) Allow(ctx context.Context, id string) error {
 	st := b.State()
 	cfg := b.config()
-	now := time.Now()
+	now := b.now()
 	switch {
 	case st.State == Closed:
 		return nil
@@ -277,10 +285,11 @@ func (b *Breaker) Allow(ctx context.Context, id string) error {
 	// Open past the cooldown, or a half-open probe that never reported:
 	// try to become the probe.
 	_, won, err := b.update(ctx, func(s *BreakerState, c BreakerConfig) bool {
-		if s.State == Closed || time.Since(s.Since) < c.Cooldown {
+		now := b.now()
+		if s.State == Closed || now.Sub(s.Since) < c.Cooldown {
 			return false
 		}
-		s.State, s.Since, s.Probe = HalfOpen, time.Now().UTC(), id
+		s.State, s.Since, s.Probe = HalfOpen, now.UTC(), id
 		return true
 	})
 	if err != nil {
@@ -301,7 +310,7 @@ func (b *Breaker) config() BreakerConfig {
 func (b *Breaker) deferFor(d time.Duration) error {
 	d = max(d, 50*time.Millisecond)
 	d += rand.N(d/10 + 1) // spread the fleet's returns
-	return &queue.DeferError{Reason: "breaker " + b.name + " open", After: d}
+	return &DeferError{Reason: b.openReason, After: d}
 }
 
 // Record reports how a call by task id went: a success closes a half-open
@@ -320,14 +329,14 @@ func (b *Breaker) Record(ctx context.Context, id string, failed bool) error {
 		if failed {
 			b.fails++
 		}
-		if time.Since(b.flushed) >= cfg.flushEvery() {
+		if now := b.now(); now.Sub(b.flushed) >= cfg.flushEvery() {
 			flush, calls, fails = true, b.calls, b.fails
-			b.calls, b.fails, b.flushed = 0, 0, time.Now()
+			b.calls, b.fails, b.flushed = 0, 0, now
 		}
 		b.mu.Unlock()
 	}
 	_, _, err := b.update(ctx, func(s *BreakerState, c BreakerConfig) bool {
-		now := time.Now().UTC()
+		now := b.now().UTC()
 		changed := false
 		if flush {
 			if now.Sub(s.WindowStart) > c.Window {
@@ -383,7 +392,7 @@ func (b *Breaker) Record(ctx context.Context, id string, failed bool) error {
 // Reset closes the breaker and clears its count.
 func (b *Breaker) Reset(ctx context.Context) error {
 	_, _, err := b.update(ctx, func(s *BreakerState, _ BreakerConfig) bool {
-		*s = BreakerState{State: Closed, Since: time.Now().UTC(), Opened: s.Opened}
+		*s = BreakerState{State: Closed, Since: b.now().UTC(), Opened: s.Opened}
 		return true
 	})
 	return err
@@ -401,28 +410,31 @@ func (b *Breaker) Close(ctx context.Context) error {
 	}
 }
 
-// BreakerGate holds tasks of the breaker's types off while it is open
-// (deferred, not charged a retry) and records each handler's result: success,
-// or a failure that is not permanent (a permanent failure is the task's own
-// fault) and not a cancellation. Timeouts count as failures.
-func BreakerGate(b *Breaker) queue.Gate { return breakerGate{b} }
+// BreakerGate holds calls of the breaker's types off while it is open
+// (deferred: a queued task is not charged a retry) and records each call's
+// outcome: Succeeded and Failed count (timeouts are failures), Inconclusive
+// (a permanent failure is the input's own fault; a cancelled call did not
+// finish) and NotRun do not.
+func BreakerGate(b *Breaker) Gate { return breakerGate{b} }
 
 type breakerGate struct{ b *Breaker }
 
-func (g breakerGate) Admit(ctx context.Context, t *queue.Task) (func(error), error) {
-	if len(g.b.types) > 0 && !slices.Contains(g.b.types, t.Type) {
-		return func(error) {}, nil
+func (g breakerGate) Admit(ctx context.Context, c Call) (func(error), error) {
+	if len(g.b.types) > 0 && !slices.Contains(g.b.types, c.Type) {
+		return nil, nil
 	}
-	if err := g.b.Allow(ctx, t.ID); err != nil {
+	if err := g.b.Allow(ctx, c.ID); err != nil {
 		return nil, err
 	}
+	id, outcome := c.ID, c.outcomes()
 	return func(err error) {
-		if !countsForBreaker(err) {
+		o := outcome(err)
+		if o != Succeeded && o != Failed {
 			return
 		}
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
-		if rerr := g.b.Record(rctx, t.ID, err != nil); rerr != nil {
+		if rerr := g.b.Record(rctx, id, o == Failed); rerr != nil {
 			g.b.logger.Warn("flow: could not record a call's result in its breaker", "breaker", g.b.name, "err", rerr)
 		}
 	}, nil
@@ -478,18 +490,4 @@ func ResetBreaker(ctx context.Context, cli *clientv3.Client, ns, name string) er
 	}
 	defer func() { _ = b.Close(context.WithoutCancel(ctx)) }()
 	return b.Reset(ctx)
-}
-
-// countsForBreaker says whether a handler's result says anything about the
-// resource: a permanent failure is the task's own fault (bad input), and a
-// task cancelled or stopped by a shutdown did not finish its call.
-func countsForBreaker(err error) bool {
-	switch {
-	case err == nil:
-		return true
-	case errors.Is(err, queue.ErrPermanent), errors.Is(err, queue.ErrCancelled), errors.Is(err, queue.ErrShutdown),
-		errors.Is(err, queue.ErrNotRun), errors.Is(err, context.Canceled):
-		return false
-	}
-	return true
 }

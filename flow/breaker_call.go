@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"log/slog"
 
 	"github.com/droverhq/drover/keyspace"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -26,7 +25,7 @@ func GetBreaker(ctx context.Context, cli *clientv3.Client, ns, name string) (Bre
 }
 
 // AllowCall asks breaker name whether call id may go to the resource now.
-// It returns the breaker's state, and nil or a *queue.DeferError saying how
+// It returns the breaker's state, and nil or a *DeferError saying how
 // long to hold off while the breaker is open. Past the cooldown the first
 // caller becomes the half-open probe (the state's Probe is id): its outcome,
 // reported with RecordCall and the same id, closes or reopens the breaker.
@@ -87,7 +86,8 @@ func breakerOnce(ctx context.Context, cli *clientv3.Client, ns, name string) (*B
 	}
 	done := make(chan struct{})
 	close(done)
-	b := &Breaker{cli: cli, keys: keys, name: name, logger: slog.Default(), state: BreakerState{State: Closed}, seen: resp.Header.Revision, stop: func() {}, done: done}
+	b := newBreaker(cli, keys, name, nil)
+	b.state, b.seen, b.stop, b.done = BreakerState{State: Closed}, resp.Header.Revision, func() {}, done
 	if err := json.Unmarshal(cfgKV[0].Value, &b.cfg); err != nil {
 		return nil, fmt.Errorf("flow: breaker %s has an unreadable configuration: %w", name, err)
 	}

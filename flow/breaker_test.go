@@ -9,7 +9,6 @@ import (
 	"github.com/droverhq/drover/flow"
 	"github.com/droverhq/drover/internal/testenv/etcdtest"
 	"github.com/droverhq/drover/keyspace"
-	"github.com/droverhq/drover/queue"
 )
 
 // waitState waits until b sees state.
@@ -27,7 +26,9 @@ func waitState(t *testing.T, b *flow.Breaker, state string) {
 // TestBreakerSharedByProcesses: two handles (two workers) on one breaker.
 // Failures through one open it for both; after the cooldown exactly one
 // probe is let through; a failed probe opens it again, a good one closes it.
+// Their clock is moved by hand.
 func TestBreakerSharedByProcesses(t *testing.T) {
+	t.Parallel()
 	ns := etcdtest.Namespace(t)
 	ctx := context.Background()
 	cfg := flow.BreakerConfig{Failures: 3, Cooldown: 300 * time.Millisecond}
@@ -41,6 +42,9 @@ func TestBreakerSharedByProcesses(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b.Close(context.Background())
+	clock := newFakeClock()
+	flow.SetBreakerClock(a, clock.Now)
+	flow.SetBreakerClock(b, clock.Now)
 	// Two failures, a success, two failures: not consecutive, stays closed.
 	for i, failed := range []bool{true, true, false, true, true} {
 		if err := a.Record(ctx, "t", failed); err != nil {
@@ -54,11 +58,11 @@ func TestBreakerSharedByProcesses(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitState(t, b, flow.Open) // the other process sees it
-	var de *queue.DeferError
+	var de *flow.DeferError
 	if err := b.Allow(ctx, "x"); !errors.As(err, &de) || de.After <= 0 || de.After > 400*time.Millisecond {
 		t.Fatalf("allow while open: %v", err)
 	}
-	time.Sleep(cfg.Cooldown)
+	clock.Add(cfg.Cooldown)
 	// One probe only, whichever process asks first.
 	errA, errB := a.Allow(ctx, "probe-a"), b.Allow(ctx, "probe-b")
 	if (errA == nil) == (errB == nil) {
@@ -74,7 +78,7 @@ func TestBreakerSharedByProcesses(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitState(t, b, flow.Open)
-	time.Sleep(cfg.Cooldown)
+	clock.Add(cfg.Cooldown)
 	if err := b.Allow(ctx, "probe-2"); err != nil {
 		t.Fatalf("second probe: %v", err)
 	}
@@ -100,10 +104,12 @@ func TestBreakerSharedByProcesses(t *testing.T) {
 }
 
 // TestBreakerRatio: with a ratio of 0.5 over a 1 s window (at least 10
-// calls), failures mixed with successes open the breaker, which consecutive
+// calls, one every 10 ms of the clock), failures mixed with successes open
+// the breaker, which consecutive
 // counting alone (threshold 1000) never would; successes reach etcd only in
 // batched window counts.
 func TestBreakerRatio(t *testing.T) {
+	t.Parallel()
 	ns := etcdtest.Namespace(t)
 	ctx := context.Background()
 	cfg := flow.BreakerConfig{Failures: 1000, Cooldown: time.Minute, Ratio: 0.5, Window: time.Second, MinCalls: 10}
@@ -117,12 +123,15 @@ func TestBreakerRatio(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b.Close(context.Background())
+	clock := newFakeClock()
+	flow.SetBreakerClock(a, clock.Now)
+	flow.SetBreakerClock(b, clock.Now)
 	// 40 % failures: stays closed.
 	for i := range 20 {
 		if err := a.Record(ctx, "t", i%5 < 2); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(10 * time.Millisecond)
+		clock.Add(10 * time.Millisecond)
 	}
 	if st := a.State(); st.State != flow.Closed {
 		t.Fatalf("opened at a 40 %% failure ratio: %+v", st)
@@ -145,7 +154,7 @@ func TestBreakerRatio(t *testing.T) {
 		if i%5 < 3 {
 			failures++
 		}
-		time.Sleep(10 * time.Millisecond)
+		clock.Add(10 * time.Millisecond)
 	}
 	waitState(t, b, flow.Open)
 	if err := b.Allow(ctx, "x"); err == nil {

@@ -32,7 +32,7 @@ type TakeResult struct {
 // GetLimit reads rate limit name with its bucket as it stands now;
 // ErrNoLimit when it has no configuration.
 func GetLimit(ctx context.Context, cli *clientv3.Client, ns, name string) (LimitUsage, error) {
-	return changeBucket(ctx, cli, ns, name, func(*bucketState, Rate) (bool, error) { return false, nil })
+	return changeBucket(ctx, cli, ns, name, time.Now, func(*bucketState, Rate) (bool, error) { return false, nil })
 }
 
 // TakeTokens takes n tokens from rate limit name's shared bucket if it holds
@@ -41,11 +41,16 @@ func GetLimit(ctx context.Context, cli *clientv3.Client, ns, name string) (Limit
 // at least 1 and at most the limit's burst (ErrExceedsBurst). ErrNoLimit
 // when the limit has no configuration.
 func TakeTokens(ctx context.Context, cli *clientv3.Client, ns, name string, n int64) (TakeResult, error) {
+	return takeTokens(ctx, cli, ns, name, n, time.Now)
+}
+
+// takeTokens is TakeTokens with the bucket refilled by the clock now.
+func takeTokens(ctx context.Context, cli *clientv3.Client, ns, name string, n int64, now func() time.Time) (TakeResult, error) {
 	if n < 1 {
 		return TakeResult{}, &drover.InputError{Field: "n", Value: n, Rule: "must be at least 1"}
 	}
 	var res TakeResult
-	u, err := changeBucket(ctx, cli, ns, name, func(st *bucketState, r Rate) (bool, error) {
+	u, err := changeBucket(ctx, cli, ns, name, now, func(st *bucketState, r Rate) (bool, error) {
 		res = TakeResult{}
 		if n > r.Burst {
 			return false, fmt.Errorf("%w: %d tokens of %s, burst %d", ErrExceedsBurst, n, name, r.Burst)
@@ -75,7 +80,7 @@ func TakeTokens(ctx context.Context, cli *clientv3.Client, ns, name string, n in
 // (one that used more). The bucket's recorded usage changes by -n; it never
 // holds more than its burst. It returns the limit after the change.
 func GiveTokens(ctx context.Context, cli *clientv3.Client, ns, name string, n int64) (LimitUsage, error) {
-	return changeBucket(ctx, cli, ns, name, func(st *bucketState, r Rate) (bool, error) {
+	return changeBucket(ctx, cli, ns, name, time.Now, func(st *bucketState, r Rate) (bool, error) {
 		if n == 0 {
 			return false, nil
 		}
@@ -86,11 +91,11 @@ func GiveTokens(ctx context.Context, cli *clientv3.Client, ns, name string, n in
 }
 
 // changeBucket reads limit name's configuration and bucket (refilled to
-// now) and passes them to change, which edits the bucket and says whether
+// now()) and passes them to change, which edits the bucket and says whether
 // to write it; the write is a compare-and-swap on the bucket's revision,
 // and a conflicting write starts over. It returns the limit as it stands
 // after the change.
-func changeBucket(ctx context.Context, cli *clientv3.Client, ns, name string, change func(st *bucketState, r Rate) (bool, error)) (LimitUsage, error) {
+func changeBucket(ctx context.Context, cli *clientv3.Client, ns, name string, now func() time.Time, change func(st *bucketState, r Rate) (bool, error)) (LimitUsage, error) {
 	keys, err := keyspace.New(ns)
 	if err != nil {
 		return LimitUsage{}, err
@@ -118,7 +123,7 @@ func changeBucket(ctx context.Context, cli *clientv3.Client, ns, name string, ch
 			_ = json.Unmarshal(stKVs[0].Value, &st)
 			mr = stKVs[0].ModRevision
 		}
-		st = st.refill(r, time.Now())
+		st = st.refill(r, now())
 		write, err := change(&st, r)
 		u := LimitUsage{Name: name, Rate: r.String(), PerSecond: r.PerSecond(), Burst: r.Burst, Available: st.Tokens, Used: st.Used}
 		if err != nil || !write {

@@ -7,13 +7,24 @@ import (
 
 	"github.com/droverhq/drover/flow"
 	"github.com/droverhq/drover/internal/testenv/etcdtest"
-	"github.com/droverhq/drover/queue"
 )
 
-// TestGatesIgnoreTasksThatDidNotRun: when a later gate refuses a task, the
-// earlier gates hear queue.ErrNotRun: the rate limit gets its token back
-// and the breaker counts nothing.
-func TestGatesIgnoreTasksThatDidNotRun(t *testing.T) {
+// errRefused stands for what a caller's later gate refusing a call looks
+// like; the call's Outcome reads it as NotRun.
+var errRefused = errors.New("refused by a later gate")
+
+func readRefused(err error) flow.Outcome {
+	if errors.Is(err, errRefused) {
+		return flow.NotRun
+	}
+	return flow.DefaultOutcome(err)
+}
+
+// TestGatesIgnoreCallsThatDidNotRun: when a later gate refuses a call, the
+// earlier gates hear NotRun: the rate limit gets its token back and the
+// breaker counts nothing.
+func TestGatesIgnoreCallsThatDidNotRun(t *testing.T) {
+	t.Parallel()
 	ns := etcdtest.Namespace(t)
 	ctx := context.Background()
 	r, _ := flow.ParseRate("rate", "100/s")
@@ -24,25 +35,25 @@ func TestGatesIgnoreTasksThatDidNotRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b.Close(context.Background())
-	task := &queue.Task{ID: "t1", Type: "x"}
-	for _, g := range []queue.Gate{flow.RateGate(l), flow.BreakerGate(b)} {
-		done, err := g.Admit(ctx, task)
+	call := flow.Call{ID: "t1", Type: "x", Outcome: readRefused}
+	for _, g := range []flow.Gate{flow.RateGate(l), flow.BreakerGate(b)} {
+		done, err := g.Admit(ctx, call)
 		if err != nil {
 			t.Fatal(err)
 		}
-		done(queue.ErrNotRun)
+		done(errRefused)
 	}
 	if st := b.State(); st.State != flow.Closed || st.Consecutive != 0 {
-		t.Fatalf("breaker counted a task that did not run: %+v", st)
+		t.Fatalf("breaker counted a call that did not run: %+v", st)
 	}
 	if err := l.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if _, used, err := flow.Usage(ctx, srv.Client(t), ns, "api"); err != nil || used != 0 {
-		t.Fatalf("usage %d (%v) after a task that did not run, want 0", used, err)
+		t.Fatalf("usage %d (%v) after a call that did not run, want 0", used, err)
 	}
 	// A real failure does count.
-	done, err := flow.BreakerGate(b).Admit(ctx, task)
+	done, err := flow.BreakerGate(b).Admit(ctx, call)
 	if err != nil {
 		t.Fatal(err)
 	}

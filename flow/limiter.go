@@ -55,6 +55,7 @@ type Limiter struct {
 	keys   keyspace.Space
 	name   string
 	logger *slog.Logger
+	now    func() time.Time // refills the bucket
 
 	mu      sync.Mutex
 	rate    Rate
@@ -87,7 +88,7 @@ func NewLimiter(ctx context.Context, cli *clientv3.Client, ns, name string, def 
 	if err := keyspace.CheckName("limit name", name); err != nil {
 		return nil, err
 	}
-	l := &Limiter{cli: cli, keys: keys, name: name, logger: slog.Default(), changed: make(chan struct{}), done: make(chan struct{})}
+	l := &Limiter{cli: cli, keys: keys, name: name, logger: slog.Default(), now: time.Now, changed: make(chan struct{}), done: make(chan struct{})}
 	for _, opt := range opts {
 		opt(l)
 	}
@@ -324,7 +325,7 @@ func (l *Limiter) take(ctx context.Context, rate Rate, batch int64) (int64, time
 				return 0, 0, err
 			}
 		}
-		st = st.refill(rate, time.Now())
+		st = st.refill(rate, l.now())
 		if st.Tokens < float64(need) {
 			l.cache(st, mr)
 			missing := float64(need) - st.Tokens
@@ -356,7 +357,7 @@ func (l *Limiter) give(ctx context.Context, n int64) error {
 				return err
 			}
 		}
-		st = st.refill(rate, time.Now())
+		st = st.refill(rate, l.now())
 		st.Tokens = math.Min(float64(rate.Burst), st.Tokens+float64(n))
 		st.Used -= n
 		ok, fresh, freshMR, err := l.cas(ctx, mr, st)

@@ -3,6 +3,7 @@ package flow_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -22,6 +23,7 @@ import (
 )
 
 func TestParseRate(t *testing.T) {
+	t.Parallel()
 	for in, want := range map[string]float64{"500/m": 500.0 / 60, "20/s": 20, "1000/h": 1000.0 / 3600, "10/30s": 10.0 / 30, "0.5/s": 0.5} {
 		r, err := flow.ParseRate("rate", in)
 		if err != nil || r.PerSecond() != want {
@@ -52,6 +54,7 @@ func newLimiter(t *testing.T, ns, name string, def *flow.Rate) *flow.Limiter {
 // estimate; once they have closed their limiters, the bucket's recorded
 // usage is exactly the sum of what they settled.
 func TestWeightedUsageAddsUp(t *testing.T) {
+	t.Parallel()
 	ns := etcdtest.Namespace(t)
 	var outs []*bytes.Buffer
 	var cmds []*exec.Cmd
@@ -87,37 +90,67 @@ func TestWeightedUsageAddsUp(t *testing.T) {
 	t.Logf("3 processes, 600 reservations, %d tokens settled and recorded", used)
 }
 
-// TestLimiterRate: four limiters sharing 50/s take 150 tokens in about
-// (150 - burst) / 50 seconds, and use few transactions per token.
+// TestLimiterRate: four limiters sharing 50/s (burst 50), asking for
+// tokens without pause, are granted 150 in exactly (150 - burst) / 50 = 2
+// seconds of their clock: the burst while the clock stands still and never
+// more, then 50 for each second it moves; and they use few transactions per
+// token.
 func TestLimiterRate(t *testing.T) {
+	t.Parallel()
 	ns := etcdtest.Namespace(t)
+	ctx := context.Background()
 	r, _ := flow.ParseRate("rate", "50/s")
-	var taken atomic.Int64
-	start := time.Now()
+	clock := newFakeClock()
+	rctx, stop := context.WithCancel(ctx)
+	defer stop()
+	var granted atomic.Int64
 	var wg sync.WaitGroup
 	for range 4 {
 		l := newLimiter(t, ns, "api", &r)
+		flow.SetLimiterClock(l, clock.Now)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			defer l.Close(context.Background())
-			for taken.Add(1) <= 150 {
-				res, err := l.Reserve(context.Background(), 1)
+			for {
+				res, err := l.Reserve(rctx, 1)
 				if err != nil {
-					t.Error(err)
+					if rctx.Err() == nil {
+						t.Error(err)
+					}
 					return
 				}
+				granted.Add(1)
 				res.Settle(1)
 			}
 		}()
 	}
-	wg.Wait()
-	took := time.Since(start)
-	want := time.Duration(float64(150-r.Burst) / 50 * float64(time.Second))
-	if took < want*9/10 || took > want*12/10 {
-		t.Fatalf("150 tokens at 50/s (burst %d) took %s, want about %s", r.Burst, took, want)
+	state := keyspace.MustNew(ns).LimitState("api")
+	for second := range 3 {
+		want := r.Burst + int64(second)*50
+		deadline := time.Now().Add(30 * time.Second)
+		for granted.Load() < want && time.Now().Before(deadline) {
+			time.Sleep(5 * time.Millisecond)
+		}
+		time.Sleep(250 * time.Millisecond) // room for a limiter to take more than it may
+		if got := granted.Load(); got != want {
+			t.Fatalf("%d tokens granted after %d s of the clock, want %d", got, second, want)
+		}
+		g, err := srv.Client(t).Get(ctx, state)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var b struct{ Used int64 }
+		if err := json.Unmarshal(g.Kvs[0].Value, &b); err != nil || b.Used != want {
+			t.Fatalf("the bucket records %d tokens taken after %d s of the clock (%v), want %d", b.Used, second, err, want)
+		}
+		if second < 2 {
+			clock.Add(time.Second)
+		}
 	}
-	g, err := srv.Client(t).Get(context.Background(), keyspace.MustNew(ns).LimitState("api"))
+	stop()
+	wg.Wait()
+	g, err := srv.Client(t).Get(ctx, state)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -129,6 +162,7 @@ func TestLimiterRate(t *testing.T) {
 }
 
 func TestLimiterErrors(t *testing.T) {
+	t.Parallel()
 	ns := etcdtest.Namespace(t)
 	ctx := context.Background()
 	if _, err := flow.NewLimiter(ctx, srv.Client(t), ns, "nobody-set-it", nil); !errors.Is(err, flow.ErrNoLimit) {
@@ -185,6 +219,7 @@ func ExampleLimiter() {
 // Limits lists every limit from one read: an untouched bucket is full, a
 // used one shows what was taken, and the figures agree with Usage.
 func TestLimitsListsEveryLimit(t *testing.T) {
+	t.Parallel()
 	ns := etcdtest.Namespace(t)
 	ctx := context.Background()
 	cli := srv.Client(t)

@@ -17,7 +17,6 @@ import (
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/kv"
 	"github.com/droverhq/drover/metrics"
-	"github.com/droverhq/drover/queue"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -97,6 +96,8 @@ type Quota struct {
 	types  []string
 	lease  func() clientv3.LeaseID
 	logger *slog.Logger
+	// fullReason is the reason of the quota's deferrals.
+	fullReason string
 
 	mu     sync.Mutex
 	cfg    QuotaConfig
@@ -119,7 +120,8 @@ func NewQuota(ctx context.Context, cli *clientv3.Client, ns, name string, def Qu
 	if err := keyspace.CheckName("quota name", name); err != nil {
 		return nil, err
 	}
-	q := &Quota{cli: cli, keys: keys, name: name, types: types, lease: lease, logger: slog.Default(), done: make(chan struct{}), grants: map[string]*grant{}}
+	q := &Quota{cli: cli, keys: keys, name: name, types: types, lease: lease, logger: slog.Default(), fullReason: "quota " + name + " full",
+		done: make(chan struct{}), grants: map[string]*grant{}}
 	if def.Limit > 0 || len(def.Subjects) > 0 {
 		if err := def.Check("quota"); err != nil {
 			return nil, err
@@ -218,20 +220,20 @@ func (q *Quota) Config() QuotaConfig {
 	return q.cfg
 }
 
-// subject returns the slot group t counts in (its name, and its form in
+// subject returns the slot group c counts in (its name, and its form in
 // keys), "" when the quota does not apply.
-func (q *Quota) subject(t *queue.Task) (name, key string) {
-	if len(q.types) > 0 && !slices.Contains(q.types, t.Type) {
+func (q *Quota) subject(c Call) (name, key string) {
+	if len(q.types) > 0 && !slices.Contains(q.types, c.Type) {
 		return "", ""
 	}
 	switch q.name {
 	case PerTenant:
-		if t.Metadata.Tenant == "" {
+		if c.Tenant == "" {
 			return "", ""
 		}
-		return t.Metadata.Tenant, url.PathEscape(t.Metadata.Tenant)
+		return c.Tenant, url.PathEscape(c.Tenant)
 	case PerType:
-		return t.Type, t.Type
+		return c.Type, c.Type
 	}
 	return "-", "-"
 }
@@ -250,10 +252,10 @@ type grant struct {
 	timer *time.Timer // gives idle slots back
 }
 
-// Acquire takes a slot for t. It returns release (nil when the quota does
-// not apply to t) and whether the slot was granted.
-func (q *Quota) Acquire(ctx context.Context, t *queue.Task) (release func(), ok bool, err error) {
-	name, subject := q.subject(t)
+// Acquire takes a slot for c. It returns release (nil when the quota does
+// not apply to c) and whether the slot was granted.
+func (q *Quota) Acquire(ctx context.Context, c Call) (release func(), ok bool, err error) {
+	name, subject := q.subject(c)
 	if subject == "" {
 		return nil, true, nil
 	}
@@ -442,24 +444,24 @@ func (q *Quota) Close(ctx context.Context) error {
 	return first
 }
 
-// QuotaGate admits a task once it holds a slot of q, and frees the slot when
-// its handler returns. A task over quota is deferred for about a second
-// (jittered), not charged a retry.
-func QuotaGate(q *Quota) queue.Gate { return quotaGate{q} }
+// QuotaGate admits a call once it holds a slot of q, and frees the slot
+// when the call ends, whatever its outcome. A call over quota is deferred
+// for about a second (jittered; a queued task is not charged a retry).
+func QuotaGate(q *Quota) Gate { return quotaGate{q} }
 
 type quotaGate struct{ q *Quota }
 
-func (g quotaGate) Admit(ctx context.Context, t *queue.Task) (func(error), error) {
-	release, ok, err := g.q.Acquire(ctx, t)
+func (g quotaGate) Admit(ctx context.Context, c Call) (func(error), error) {
+	release, ok, err := g.q.Acquire(ctx, c)
 	if err != nil {
 		return nil, err
 	}
 	if !ok {
 		after := 500*time.Millisecond + rand.N(time.Second)
-		return nil, &queue.DeferError{Reason: "quota " + g.q.name + " full", After: after}
+		return nil, &DeferError{Reason: g.q.fullReason, After: after}
 	}
 	if release == nil {
-		return func(error) {}, nil
+		return nil, nil
 	}
 	return func(error) { release() }, nil
 }

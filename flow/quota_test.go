@@ -10,7 +10,6 @@ import (
 
 	"github.com/droverhq/drover/flow"
 	"github.com/droverhq/drover/internal/testenv/etcdtest"
-	"github.com/droverhq/drover/queue"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -29,6 +28,7 @@ func grantLease(t *testing.T, cli *clientv3.Client, ttl int64) clientv3.LeaseID 
 // Idle slots go back to the fleet: a contender that stops asking lets the
 // others have them.
 func TestQuotaNeverExceeded(t *testing.T) {
+	t.Parallel()
 	ns := etcdtest.Namespace(t)
 	ctx := context.Background()
 	var holding, peak, grants atomic.Int64
@@ -46,7 +46,7 @@ func TestQuotaNeverExceeded(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for j := range 30 {
-				task := &queue.Task{ID: fmt.Sprintf("c%d-%d", i, j), Type: "x", Metadata: queue.Metadata{Tenant: "acme"}}
+				task := flow.Call{ID: fmt.Sprintf("c%d-%d", i, j), Type: "x", Tenant: "acme"}
 				release, ok, err := q.Acquire(ctx, task)
 				if err != nil {
 					t.Error(err)
@@ -85,17 +85,17 @@ func TestQuotaNeverExceeded(t *testing.T) {
 	}
 	defer q.Close(context.Background())
 	for i := range 3 {
-		if _, ok, _ := q.Acquire(ctx, &queue.Task{ID: fmt.Sprintf("acme-%d", i), Metadata: queue.Metadata{Tenant: "acme"}}); !ok {
+		if _, ok, _ := q.Acquire(ctx, flow.Call{ID: fmt.Sprintf("acme-%d", i), Tenant: "acme"}); !ok {
 			t.Fatalf("acme slot %d refused with none held", i)
 		}
 	}
-	if _, ok, _ := q.Acquire(ctx, &queue.Task{ID: "acme-4", Metadata: queue.Metadata{Tenant: "acme"}}); ok {
+	if _, ok, _ := q.Acquire(ctx, flow.Call{ID: "acme-4", Tenant: "acme"}); ok {
 		t.Fatal("a fourth acme slot was granted")
 	}
-	if _, ok, _ := q.Acquire(ctx, &queue.Task{ID: "globex-1", Metadata: queue.Metadata{Tenant: "globex"}}); !ok {
+	if _, ok, _ := q.Acquire(ctx, flow.Call{ID: "globex-1", Tenant: "globex"}); !ok {
 		t.Fatal("another tenant was refused")
 	}
-	if rel, ok, _ := q.Acquire(ctx, &queue.Task{ID: "none"}); !ok || rel != nil {
+	if rel, ok, _ := q.Acquire(ctx, flow.Call{ID: "none"}); !ok || rel != nil {
 		t.Fatal("a task without a tenant was limited")
 	}
 	// The holder's lease revoked (its worker died): the slots are free.
@@ -108,7 +108,7 @@ func TestQuotaNeverExceeded(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer q2.Close(context.Background())
-	if _, ok, _ := q2.Acquire(ctx, &queue.Task{ID: "acme-5", Metadata: queue.Metadata{Tenant: "acme"}}); !ok {
+	if _, ok, _ := q2.Acquire(ctx, flow.Call{ID: "acme-5", Tenant: "acme"}); !ok {
 		t.Fatal("slots of a revoked lease still held")
 	}
 	// A subject's own limit, set live: globex may now hold only one.
@@ -119,10 +119,10 @@ func TestQuotaNeverExceeded(t *testing.T) {
 	for q2.Config().For("globex") != 1 && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}
-	if _, ok, _ := q2.Acquire(ctx, &queue.Task{ID: "globex-2", Metadata: queue.Metadata{Tenant: "globex"}}); !ok {
+	if _, ok, _ := q2.Acquire(ctx, flow.Call{ID: "globex-2", Tenant: "globex"}); !ok {
 		t.Fatal("first globex slot refused")
 	}
-	if _, ok, _ := q2.Acquire(ctx, &queue.Task{ID: "globex-3", Metadata: queue.Metadata{Tenant: "globex"}}); ok {
+	if _, ok, _ := q2.Acquire(ctx, flow.Call{ID: "globex-3", Tenant: "globex"}); ok {
 		t.Fatal("second globex slot granted over its own limit of 1")
 	}
 	us, err := flow.Quotas(ctx, cli, ns)

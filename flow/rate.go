@@ -1,11 +1,3 @@
-// Package flow keeps a fleet of workers within the limits of what they
-// call: rate limits shared by every worker (a token bucket in etcd, handed
-// out in batches), concurrency quotas (lease-bound slots), circuit breakers
-// shared by the fleet, and the gates that apply them to queued tasks.
-//
-// Everything is configured in etcd under /{ns}/limits/, so a change made
-// with `drover limits set` reaches every worker within a second (watch) and
-// nothing restarts.
 package flow
 
 import (

@@ -8,7 +8,6 @@ import (
 
 	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/keyspace"
-	"github.com/droverhq/drover/queue"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -55,7 +54,7 @@ func ParseSpec(limits, quotas, breakers []string) (Spec, error) {
 // Configurations are created in etcd where absent; where etcd has its own,
 // it wins (logged). closeAll gives back held tokens and slots and stops
 // following changes; it is safe to call more than once.
-func (s Spec) Gates(ctx context.Context, cli *clientv3.Client, ns string, lease func() clientv3.LeaseID, opts ...LimiterOption) (gates []queue.Gate, closeAll func(ctx context.Context), err error) {
+func (s Spec) Gates(ctx context.Context, cli *clientv3.Client, ns string, lease func() clientv3.LeaseID, opts ...LimiterOption) (gates []Gate, closeAll func(ctx context.Context), err error) {
 	var closers []func(context.Context)
 	closeAll = func(ctx context.Context) {
 		// A bounded context of its own: a caller's ended context must not

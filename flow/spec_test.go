@@ -18,6 +18,7 @@ import (
 // by the library, gates in the documented order (quotas, breakers, then
 // rate limits), and bad specs name their flag.
 func TestParseSpecAndGates(t *testing.T) {
+	t.Parallel()
 	spec, err := flow.ParseSpec([]string{"openai=500/m;burst=50;types=chat"}, []string{"tenant=2", "tenant:acme=5"}, []string{"crm;failures=3;cooldown=1m"})
 	if err != nil {
 		t.Fatal(err)

@@ -11,7 +11,6 @@ import (
 
 	"github.com/danielgtaylor/huma/v2"
 	"github.com/droverhq/drover/flow"
-	"github.com/droverhq/drover/queue"
 )
 
 // BreakerConfigBody is when a breaker opens and how long it stays open.
@@ -235,7 +234,7 @@ func (s *Server) allowCall(ctx context.Context, in *allowInput) (*struct{ Body A
 		call = "call-" + hex.EncodeToString(b[:])
 	}
 	st, err := flow.AllowCall(ctx, s.cli, s.nsOf(ctx), in.Name, call)
-	var de *queue.DeferError
+	var de *flow.DeferError
 	if errors.As(err, &de) {
 		p := newProblem(http.StatusServiceUnavailable, "breaker-open",
 			fmt.Sprintf("breaker %s is %s after %d consecutive failures: calls to its resource are held off for the whole fleet; retry in %s",

@@ -13,6 +13,7 @@ import (
 // TestCloseTwice: the registry's long-lived components (runtime, watcher,
 // router) stop with Close(ctx) error, and a second Close is harmless.
 func TestCloseTwice(t *testing.T) {
+	t.Parallel()
 	ns := etcdtest.Namespace(t)
 	ctx := context.Background()
 	cli := srv.Client(t)

@@ -77,6 +77,7 @@ func getKey(t *testing.T, cli *clientv3.Client, key string) *clientv3.GetRespons
 }
 
 func TestRegisterUpdateAndDuplicates(t *testing.T) {
+	t.Parallel()
 	cli := srv.Client(t)
 	ns := etcdtest.Namespace(t)
 	ctx := context.Background()
@@ -148,6 +149,7 @@ func TestRegisterUpdateAndDuplicates(t *testing.T) {
 }
 
 func TestDeregister(t *testing.T) {
+	t.Parallel()
 	cli := srv.Client(t)
 	ns := etcdtest.Namespace(t)
 	rt := start(t, cli, ns)
@@ -169,6 +171,7 @@ func TestDeregister(t *testing.T) {
 }
 
 func TestBadInputWritesNothing(t *testing.T) {
+	t.Parallel()
 	cli := srv.Client(t)
 	ns := etcdtest.Namespace(t)
 	rt := start(t, cli, ns)
@@ -216,6 +219,7 @@ func TestBadInputWritesNothing(t *testing.T) {
 // TestKilledProcessDisappearsFromEveryWatcher kills a registered process
 // with SIGKILL: each of three watchers must see its Delete within TTL + 1 s.
 func TestKilledProcessDisappearsFromEveryWatcher(t *testing.T) {
+	t.Parallel()
 	cli := srv.Client(t)
 	ns := etcdtest.Namespace(t)
 	const ttl = 2 * time.Second

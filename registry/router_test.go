@@ -42,6 +42,7 @@ func caughtUp(t *testing.T, cli *clientv3.Client, r *registry.Router, ns string)
 }
 
 func TestRouterLeastLoad(t *testing.T) {
+	t.Parallel()
 	cli := srv.Client(t)
 	ns := etcdtest.Namespace(t)
 	rt := start(t, cli, ns)
@@ -83,6 +84,8 @@ func TestRouterLeastLoad(t *testing.T) {
 // TestRouterNeverPicksDeleted removes endpoints while the router picks: once
 // the router has applied an endpoint's Delete, it is never picked again.
 func TestRouterNeverPicksDeleted(t *testing.T) {
+	// Not parallel: it reads the store's current revision as its own
+	// change's.
 	cli := srv.Client(t)
 	ns := etcdtest.Namespace(t)
 	ctx := context.Background()
@@ -149,6 +152,7 @@ func TestRouterNeverPicksDeleted(t *testing.T) {
 // whose lease is revoked behind the process's back comes back under the new
 // lease, and the runtime keeps running.
 func TestReRegisteredEndpointFollowsNewLease(t *testing.T) {
+	t.Parallel()
 	cli := srv.Client(t)
 	ns := etcdtest.Namespace(t)
 	ctx := context.Background()
@@ -221,6 +225,8 @@ func ExampleRouter() {
 // endpoints: its lease's revoke deletes them all at one revision, and once
 // the router has applied that revision none of them may be picked.
 func TestRouterAppliesWholeRevisions(t *testing.T) {
+	// Not parallel: it reads the store's current revision as its own
+	// change's.
 	cli := srv.Client(t)
 	ns := etcdtest.Namespace(t)
 	ctx := context.Background()
@@ -260,6 +266,7 @@ func TestRouterAppliesWholeRevisions(t *testing.T) {
 // re-registration moves the key to the new lease in place, and only a key
 // bound to the process's own old lease can be taken over.
 func TestReRegisterTakesOverOwnKey(t *testing.T) {
+	t.Parallel()
 	cli := srv.Client(t)
 	ns := etcdtest.Namespace(t)
 	ctx := context.Background()

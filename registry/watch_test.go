@@ -110,6 +110,7 @@ func settle(t *testing.T, cli *clientv3.Client, ns string, c *collector) []strin
 // set, and deliver exactly the changes a raw etcd watch from the same
 // revision sees: same order, no gap, no duplicate.
 func TestWatcherFollowsChurn(t *testing.T) {
+	// Not parallel: 100 writes must fit in the life of a 2 s lease.
 	cli := srv.Client(t)
 	ns := etcdtest.Namespace(t)
 	keys := keyspace.MustNew(ns)
@@ -309,6 +310,7 @@ func TestWatcherRecoversFromCompaction(t *testing.T) {
 // TestWatcherSurvivesEtcdRestart stops etcd under a watcher, changes the
 // registry after it is back, and expects the watcher to deliver the changes.
 func TestWatcherSurvivesEtcdRestart(t *testing.T) {
+	t.Parallel()
 	dir := filepath.Join(t.TempDir(), "etcd")
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		t.Fatal(err)

@@ -1,4 +1,4 @@
-package registry_test
+package fleet_test
 
 import (
 	"context"
@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/droverhq/drover/fleet"
 	"github.com/droverhq/drover/internal/testenv/etcdtest"
 	"github.com/droverhq/drover/process"
 	"github.com/droverhq/drover/queue"
@@ -16,6 +17,7 @@ import (
 // worker does, under the lease its claims are bound to; the entry goes with
 // the runtime.
 func TestRegisterWorker(t *testing.T) {
+	t.Parallel()
 	ns := etcdtest.Namespace(t)
 	ctx := context.Background()
 	cli := srv.Client(t)
@@ -28,7 +30,7 @@ func TestRegisterWorker(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := registry.RegisterWorker(ctx, rt, w, cfg, time.Second); err != nil {
+	if err := fleet.RegisterWorker(ctx, rt, w, cfg, time.Second); err != nil {
 		t.Fatal(err)
 	}
 	list, _, err := registry.List(ctx, cli, ns, registry.WorkerComponent)

@@ -1,0 +1,273 @@
+package cli
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/droverhq/drover"
+	"github.com/droverhq/drover/queue"
+	"github.com/spf13/cobra"
+)
+
+// ExitRejected is the exit code of a submission in which some lines were
+// rejected (EX_DATAERR); the valid ones were submitted.
+const ExitRejected = 65
+
+// submitChunk is how many JSONL lines are read before they are submitted.
+const submitChunk = 20000
+
+// submitFlags are drover submit's flags.
+type submitFlags struct {
+	q, file, typ, id string
+	params           []string
+	priority         int
+	maxRetries       int
+	timeout          time.Duration
+	asJSON           bool
+}
+
+func (a *app) submitCommand() *cobra.Command {
+	var sf submitFlags
+	cmd := &cobra.Command{
+		Use:   "submit --queue Q (--file tasks.jsonl | --type T [--param k=v ...])",
+		Short: "Submit tasks to a queue: a JSONL file (one task per line) or one task from flags",
+		Long: `Submit tasks to queue Q.
+
+With --file, each line is a task as a JSON object: task_id, task_type,
+input_data_uri, output_data_uri, parameters, metadata {priority, source_system,
+tenant}, max_retries, timeout, backoff_base, backoff_max. "-" reads standard
+input. Lines are submitted in batched transactions. Submitting is idempotent on
+task_id, which is unique across queues: the same task again is counted as a
+duplicate and left alone, so a file can be submitted again safely; the same
+task_id with another queue, type or content is rejected. Lines that are not
+valid tasks are reported with their line number while every valid line is
+submitted; the exit code is 65 when any line was rejected. Input that is
+plainly not JSONL (a NUL byte, a line of over 1 MiB without a newline, more
+than 1,000 rejected lines) stops the submission, exit 65.
+
+With --type, one task is submitted from flags; --param k=v may repeat (v is
+read as JSON when it parses, else as a string).`,
+		Example: `  drover submit --queue emails --file tasks.jsonl
+  cat tasks.jsonl | drover submit --queue emails --file - --json
+  drover submit --queue emails --type summarize --param thread=4411 --param max_words=200`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error { return a.runSubmit(cmd, &sf) },
+	}
+	f := cmd.Flags()
+	f.StringVar(&sf.q, "queue", "", "queue name (required)")
+	f.StringVar(&sf.file, "file", "", "JSONL file of tasks, - for standard input")
+	f.StringVar(&sf.typ, "type", "", "task type of a single task")
+	f.StringVar(&sf.id, "id", "", "task id of a single task (default: random)")
+	f.StringArrayVar(&sf.params, "param", nil, "parameter of a single task as k=v (repeat)")
+	f.IntVar(&sf.priority, "priority", 0, "priority of a single task (0-1000, higher first)")
+	f.IntVar(&sf.maxRetries, "max-retries", queue.DefaultMaxRetries, "retry budget of a single task")
+	f.DurationVar(&sf.timeout, "timeout", 0, "timeout of one attempt of a single task (default: the worker's)")
+	f.BoolVar(&sf.asJSON, "json", false, `print {"submitted":N,"duplicates":N,"rejected":[{"line":N,"error":"..."}]}`)
+	return cmd
+}
+
+// runSubmit checks the flags, submits the file or the one task, and reports
+// what went in.
+func (a *app) runSubmit(cmd *cobra.Command, sf *submitFlags) error {
+	if err := a.checkGlobal(); err != nil {
+		return err
+	}
+	if err := drover.Rename(queue.CheckQueue(sf.q), "--queue"); err != nil {
+		return err
+	}
+	if (sf.file == "") == (sf.typ == "") {
+		return usageError{errors.New("give either --file or --type (see 'drover submit --help')")}
+	}
+	var one *queue.Task
+	if sf.typ != "" {
+		t, err := taskFromFlags(cmd, sf.id, sf.typ, sf.params, sf.priority, sf.maxRetries, sf.timeout)
+		if err != nil {
+			return err
+		}
+		if err := t.Validate(); err != nil {
+			return renameTaskField(err)
+		}
+		one = &t
+	}
+	if sf.file != "" && sf.file != "-" {
+		if err := checkInputFile(sf.file); err != nil {
+			return err
+		}
+	}
+	cli, err := a.connect(cmd.Context())
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	c, err := queue.NewClient(cli, a.namespace)
+	if err != nil {
+		return err
+	}
+	var res queue.SubmitResult
+	if one != nil {
+		res, err = c.Submit(cmd.Context(), sf.q, []queue.Task{*one}, nil)
+	} else {
+		res, err = a.submitFile(cmd.Context(), c, sf.q, sf.file)
+	}
+	return a.reportSubmit(res, err, sf.asJSON)
+}
+
+// reportSubmit prints what a submission did and returns its error, with the
+// exit code that says how it ended.
+func (a *app) reportSubmit(res queue.SubmitResult, err error, asJSON bool) error {
+	if errors.Is(err, queue.ErrQueueFull) {
+		// Report what went in, then fail fast: try again later.
+		if asJSON {
+			_ = json.NewEncoder(a.stdout).Encode(res)
+		} else {
+			fmt.Fprintf(a.stdout, "submitted %d, duplicates %d, rejected %d\n", res.Submitted, res.Duplicates, len(res.Rejected))
+		}
+		return withCode(ExitBusy, err)
+	}
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		if err := json.NewEncoder(a.stdout).Encode(res); err != nil {
+			return err
+		}
+	} else {
+		fmt.Fprintf(a.stdout, "submitted %d, duplicates %d, rejected %d\n", res.Submitted, res.Duplicates, len(res.Rejected))
+		for _, r := range res.Rejected {
+			fmt.Fprintf(a.stderr, "line %d: %s\n", r.Line, r.Error)
+		}
+	}
+	if len(res.Rejected) > 0 {
+		return withCode(ExitRejected, fmt.Errorf("%d lines rejected; every valid line was submitted", len(res.Rejected)))
+	}
+	return nil
+}
+
+// renameTaskField names the flag that set a task's field in an input error.
+func renameTaskField(err error) error {
+	var ie *drover.InputError
+	if !errors.As(err, &ie) {
+		return err
+	}
+	flags := map[string]string{"task_id": "--id", "task_type": "--type", "metadata.priority": "--priority",
+		"max_retries": "--max-retries", "timeout/backoff": "--timeout", "parameters": "--param"}
+	if f, ok := flags[ie.Field]; ok {
+		return ie.Renamed(f)
+	}
+	return err
+}
+
+func taskFromFlags(cmd *cobra.Command, id, typ string, params []string, priority, maxRetries int, timeout time.Duration) (queue.Task, error) {
+	t := queue.Task{ID: id, Type: typ, Metadata: queue.Metadata{Priority: priority}, Timeout: queue.Duration(timeout)}
+	if cmd.Flags().Changed("max-retries") {
+		t.MaxRetries = &maxRetries
+	}
+	if len(params) > 0 {
+		m := map[string]json.RawMessage{}
+		for i, p := range params {
+			k, v, ok := strings.Cut(p, "=")
+			if !ok || k == "" {
+				return t, &drover.InputError{Field: fmt.Sprintf("--param #%d", i+1), Value: p, Rule: "must be k=v"}
+			}
+			if json.Valid([]byte(v)) {
+				m[k] = json.RawMessage(v)
+			} else {
+				b, _ := json.Marshal(v)
+				m[k] = b
+			}
+		}
+		t.Parameters, _ = json.Marshal(m)
+	}
+	return t, nil
+}
+
+// submitFile streams a JSONL file into the queue in chunks, with progress.
+func (a *app) submitFile(ctx context.Context, sub *queue.Client, q, file string) (queue.SubmitResult, error) {
+	var in io.Reader = a.stdin
+	var size int64
+	if file != "-" {
+		f, err := os.Open(file)
+		if err != nil {
+			return queue.SubmitResult{}, fileError(file, err)
+		}
+		defer f.Close()
+		if st, err := f.Stat(); err == nil {
+			size = st.Size()
+		}
+		in = f
+	}
+	total := queue.SubmitResult{Rejected: []queue.LineError{}}
+	prog := newProgress(a.stderr, "submit", size)
+	defer prog.done()
+	// The next chunk is read and parsed while this one is submitted.
+	rctx, stopReading := context.WithCancel(ctx)
+	defer stopReading()
+	chunks := make(chan lineChunk, 1)
+	go func() {
+		defer close(chunks)
+		lr := &lineReader{r: bufio.NewReaderSize(in, 1<<20)}
+		for {
+			c := lr.chunk()
+			select {
+			case chunks <- c:
+			case <-rctx.Done():
+				return
+			}
+			if c.eof || c.stop != nil {
+				return
+			}
+		}
+	}()
+	for c := range chunks {
+		total.Rejected = append(total.Rejected, c.rejected...)
+		if len(c.batch) > 0 {
+			res, err := sub.Submit(ctx, q, c.batch, nil)
+			total.Submitted += res.Submitted
+			total.Duplicates += res.Duplicates
+			for _, rj := range res.Rejected {
+				total.Rejected = append(total.Rejected, queue.LineError{Line: c.lines[rj.Line-1], Error: rj.Error})
+			}
+			if err != nil {
+				return total, err
+			}
+		}
+		prog.update(c.read, total.Submitted+total.Duplicates)
+		if c.stop != nil {
+			queue.SortLineErrors(total.Rejected)
+			return total, withCode(ExitRejected, fmt.Errorf("%w; stopped there: submitted %d, duplicates %d, rejected %d before it. Fix the input and submit it again: lines already in count as duplicates",
+				c.stop, total.Submitted, total.Duplicates, len(total.Rejected)))
+		}
+	}
+	queue.SortLineErrors(total.Rejected)
+	return total, nil
+}
+
+// checkInputFile refuses a --file that cannot be read as a file, before
+// anything is contacted.
+func checkInputFile(file string) error {
+	f, err := os.Open(file)
+	if err != nil {
+		return fileError(file, err)
+	}
+	defer f.Close()
+	if st, err := f.Stat(); err == nil && st.IsDir() {
+		return &drover.InputError{Field: "--file", Value: file, Rule: "is a directory: give a JSONL file, or - for standard input"}
+	}
+	return nil
+}
+
+// fileError says why --file could not be opened, once.
+func fileError(file string, err error) error {
+	var pe *os.PathError
+	if errors.As(err, &pe) {
+		err = pe.Err
+	}
+	return &drover.InputError{Field: "--file", Value: file, Rule: "must be a readable file: " + err.Error()}
+}
