@@ -19,11 +19,18 @@
 //   - [github.com/droverhq/drover/process]: a process's primary lease, with
 //     the goroutines that live under it.
 //   - [github.com/droverhq/drover/lock]: named locks with fencing tokens
-//     behind a backend-neutral interface (etcd, Redis, Redlock, the Paxos
-//     lock service).
+//     behind a backend-neutral interface, and its etcd backend.
+//   - [github.com/droverhq/drover/lock/redislock]: the Redis and Redlock
+//     backends of the lock interface.
+//   - [github.com/droverhq/drover/lock/paxoslock]: the Paxos lock service as
+//     a backend of the lock interface.
+//   - [github.com/droverhq/drover/lock/locktest]: the conformance suite every
+//     lock backend passes.
 //   - [github.com/droverhq/drover/paxos]: a lock service of its own for
 //     teams without etcd: a lock table replicated by Multi-Paxos over
 //     RabbitMQ or a direct transport, with a REST API and fencing tokens.
+//   - [github.com/droverhq/drover/paxos/client]: the lock service's Go
+//     client and wire types, without the server's storage or transports.
 //   - [github.com/droverhq/drover/task]: agent tasks run step by step under
 //     a lock, each step's checkpoint written fenced, resumed after a crash.
 //   - [github.com/droverhq/drover/queue]: durable task queues: batched
@@ -37,6 +44,8 @@
 //     worker, registry entry), for Go programs.
 //   - [github.com/droverhq/drover/checkpoint]: agent state per thread, with
 //     history, on etcd or PostgreSQL.
+//   - [github.com/droverhq/drover/checkpoint/checkpointtest]: the
+//     conformance suite every checkpoint store passes.
 //   - [github.com/droverhq/drover/metrics]: the Prometheus metrics every
 //     part records.
 //   - [github.com/droverhq/drover/storeguard]: the store-full guard key that
