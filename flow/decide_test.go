@@ -86,10 +86,16 @@ func TestLimiterByClock(t *testing.T) {
 	if g, err := cli.Get(ctx, state); err != nil || g.Kvs[0].Version != 10 {
 		t.Fatalf("bucket written %d times for 100 tokens (%v), want 10 batches of 10", g.Kvs[0].Version, err)
 	}
-	cancelled, cancel := context.WithCancel(ctx)
+	// The clock stands still: the reservation waits until its context
+	// ends, and takes nothing from the bucket meanwhile.
+	bounded, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	_, err = l.Reserve(bounded, 1)
 	cancel()
-	if _, err := l.Reserve(cancelled, 1); !errors.Is(err, context.Canceled) {
-		t.Fatalf("a reservation from an empty bucket: %v, want it to wait", err)
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a reservation from an empty bucket: %v, want it to wait until its context ends", err)
+	}
+	if g, err := cli.Get(ctx, state); err != nil || g.Kvs[0].Version != 10 {
+		t.Fatalf("the bucket was written while empty (version %d, %v), want still 10", g.Kvs[0].Version, err)
 	}
 	clock.Add(100 * time.Millisecond) // one batch refilled
 	res, err := l.Reserve(ctx, 1)

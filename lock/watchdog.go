@@ -44,15 +44,19 @@ type WatchdogConfig struct {
 }
 
 // Start begins the holding described by cfg, taken (or last renewed) at
-// at, and arms the first renewal. Call it once, before the lock is handed
-// out.
+// at, and arms the first renewal. The backend calls it once, before the
+// lock is handed out; a later call (a user's, through the lock type that
+// embeds the watchdog) changes nothing.
 func (w *Watchdog) Start(at time.Time, cfg WatchdogConfig) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.timer != nil {
+		return
+	}
 	w.cfg = cfg
 	w.renewed = at
 	w.ctx, w.cancel = context.WithCancelCause(context.Background())
-	w.mu.Lock()
 	w.timer = time.AfterFunc(w.cfg.TTL/3, w.renew)
-	w.mu.Unlock()
 }
 
 // Context is cancelled when the watchdog's renewal is refused or does not

@@ -80,6 +80,11 @@ func (l *Lifecycle) Stop(ctx context.Context) error {
 		}
 	}
 	l.mu.Unlock()
+	select { // an end already there wins over an ended ctx
+	case <-done:
+		return nil
+	default:
+	}
 	select {
 	case <-done:
 		return nil

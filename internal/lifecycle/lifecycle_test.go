@@ -114,7 +114,34 @@ func TestSleep(t *testing.T) {
 	if err := Sleep(ctx, time.Hour); !errors.Is(err, stop) {
 		t.Fatalf("Sleep on an ended context = %v, want its cause", err)
 	}
-	if err := Sleep(ctx, 0); !errors.Is(err, stop) {
-		t.Fatalf("Sleep(0) on an ended context = %v, want its cause", err)
+	if err := Sleep(ctx, 0); !errors.Is(err, stop) || !errors.Is(err, context.Canceled) {
+		t.Fatalf("Sleep(0) on an ended context = %v, want its cause and context.Canceled", err)
+	}
+	if err := Sleep(ctx, time.Hour); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Sleep on a cancelled context = %v, want it to match context.Canceled", err)
+	}
+	if err := Sleep(context.Background(), 0); err != nil {
+		t.Fatalf("Sleep(0) on a live context = %v", err)
+	}
+}
+
+// Stop on a Lifecycle whose run has ended, or that never started, reports
+// no error even when its own context has ended too (a select between two
+// ready cases would pick either).
+func TestStopAfterTheEndWithAnEndedContext(t *testing.T) {
+	t.Parallel()
+	ended, cancel := context.WithCancel(context.Background())
+	cancel()
+	for i := range 200 {
+		var never Lifecycle
+		if err := never.Stop(ended); err != nil {
+			t.Fatalf("try %d: Stop of a never-started Lifecycle = %v", i, err)
+		}
+		var finished Lifecycle
+		finished.Start(context.Background(), func(context.Context) {})
+		<-finished.Done()
+		if err := finished.Stop(ended); err != nil {
+			t.Fatalf("try %d: Stop of a finished Lifecycle = %v", i, err)
+		}
 	}
 }

@@ -90,8 +90,11 @@ func (s suite) mutualExclusion(t *testing.T) {
 					t.Error(err)
 					return
 				}
-				if n := in.Add(1); n > peak.Load() {
-					peak.Store(n)
+				for n := in.Add(1); ; { // peak = max(peak, n), atomically
+					p := peak.Load()
+					if n <= p || peak.CompareAndSwap(p, n) {
+						break
+					}
 				}
 				n := counter
 				time.Sleep(500 * time.Microsecond)
