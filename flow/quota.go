@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"net/url"
 	"slices"
 	"strconv"
 	"sync"
@@ -229,7 +228,7 @@ func (q *Quota) subject(t *queue.Task) (name, key string) {
 		if t.Metadata.Tenant == "" {
 			return "", ""
 		}
-		return t.Metadata.Tenant, url.PathEscape(t.Metadata.Tenant)
+		return t.Metadata.Tenant, keyspace.EscapeSubject(t.Metadata.Tenant)
 	case PerType:
 		return t.Type, t.Type
 	}
@@ -495,14 +494,11 @@ func Quotas(ctx context.Context, cli *clientv3.Client, ns string) ([]QuotaUsage,
 			byName[name] = u
 			names = append(names, name)
 		}
-		if tail == "config" {
+		if tail == keyspace.ConfigPart {
 			_ = json.Unmarshal(kv.Value, &u.QuotaConfig)
 			continue
 		}
 		if subject, ok := keyspace.GrantSubject(tail); ok {
-			if s, err := url.PathUnescape(subject); err == nil {
-				subject = s
-			}
 			n, _ := strconv.Atoi(string(kv.Value))
 			u.Held[subject] += n
 		}

@@ -50,7 +50,7 @@ func TestCheckpointNSRoundTrip(t *testing.T) {
 			t.Fatalf("segment %q parsed as %q", seg, ns)
 		}
 	}
-	if _, ok := s.CheckpointNSOfKey("th", s.Checkpoints("th")+"interrupt"); ok {
+	if _, ok := s.CheckpointNSOfKey("th", s.CheckpointInterrupt("th")); ok {
 		t.Fatal("the interrupt key read as a namespace's")
 	}
 }
