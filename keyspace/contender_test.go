@@ -11,6 +11,7 @@ import (
 // which reads back from the name alone; its key reads back to the lock
 // name and the contender name; one locker's names share its prefix.
 func TestContenderRoundTrip(t *testing.T) {
+	t.Parallel()
 	s := keyspace.MustNew("ns")
 	for _, lease := range []int64{1, 0x694d9a1f2b3c4d5e, 1<<63 - 1} {
 		prefix := keyspace.ContenderPrefix(lease, "abc")
@@ -49,6 +50,7 @@ func TestContenderRoundTrip(t *testing.T) {
 // TestLockNames: the task runner's and the thread run's locks are told
 // from other lock names.
 func TestLockNames(t *testing.T) {
+	t.Parallel()
 	if !keyspace.IsTaskLock(keyspace.TaskLock("t1")) || keyspace.IsTaskLock(keyspace.ThreadLock("t1")) || keyspace.IsTaskLock("report") {
 		t.Fatal("IsTaskLock")
 	}

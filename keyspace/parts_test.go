@@ -10,6 +10,7 @@ import (
 // TestFlowAndCheckpointKeysRoundTrip: keys of limits, quotas, breakers and
 // checkpoints parse back to their parts.
 func TestFlowAndCheckpointKeysRoundTrip(t *testing.T) {
+	t.Parallel()
 	s := keyspace.MustNew("ns")
 	for _, c := range []struct{ key, prefix, name, part string }{
 		{s.LimitConfig("openai"), s.Limits(), "openai", "config"},

@@ -142,6 +142,7 @@ func TestRenewalKeepsLeaseAlive(t *testing.T) {
 }
 
 func TestRevokedElsewhereCancelsContext(t *testing.T) {
+	t.Parallel()
 	cli := srv.Client(t)
 	other := srv.Client(t)
 	key := "/" + etcdtest.Namespace(t) + "/worker"
@@ -211,6 +212,7 @@ func TestRevokedElsewhereCancelsContext(t *testing.T) {
 }
 
 func TestCloseRevokes(t *testing.T) {
+	t.Parallel()
 	cli := srv.Client(t)
 	key := "/" + etcdtest.Namespace(t) + "/worker"
 	loops := renewLoops()
@@ -306,6 +308,7 @@ func TestEtcdStoppedUnderLease(t *testing.T) {
 }
 
 func TestErr(t *testing.T) {
+	t.Parallel()
 	cli := srv.Client(t)
 	other := srv.Client(t)
 	ctx := context.Background()
@@ -351,6 +354,7 @@ func TestErr(t *testing.T) {
 }
 
 func TestBadTTL(t *testing.T) {
+	t.Parallel()
 	cli := srv.Client(t)
 	ctx := context.Background()
 	leases := func() map[clientv3.LeaseID]bool {
