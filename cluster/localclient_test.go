@@ -15,7 +15,6 @@ import (
 // does, and a new one is refused at once; a watch that does not require
 // one stays open. Reads and writes on a member that has one go through.
 func TestLocalClientWatchRequiresLeader(t *testing.T) {
-	t.Parallel()
 	servers := startCluster(t, 1<<30, 1<<30)
 	cli := servers[0].LocalClient()
 	defer cli.Close()

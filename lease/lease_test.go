@@ -212,7 +212,6 @@ func TestRevokedElsewhereCancelsContext(t *testing.T) {
 }
 
 func TestCloseRevokes(t *testing.T) {
-	t.Parallel()
 	cli := srv.Client(t)
 	key := "/" + etcdtest.Namespace(t) + "/worker"
 	loops := renewLoops()
@@ -354,7 +353,6 @@ func TestErr(t *testing.T) {
 }
 
 func TestBadTTL(t *testing.T) {
-	t.Parallel()
 	cli := srv.Client(t)
 	ctx := context.Background()
 	leases := func() map[clientv3.LeaseID]bool {
