@@ -75,7 +75,7 @@ func (r *Run) Release(ctx context.Context) error {
 }
 
 func (a *Admitter) interruptKey(thread string) string {
-	return a.keys.Checkpoints(thread) + "interrupt"
+	return a.keys.CheckpointInterrupt(thread)
 }
 
 // Admit starts a run on thread under policy; ctx bounds the wait.
@@ -83,7 +83,7 @@ func (a *Admitter) Admit(ctx context.Context, thread string, policy Admission) (
 	if err := keyspace.CheckName("thread_id", thread); err != nil {
 		return nil, err
 	}
-	name := "thread:" + thread
+	name := keyspace.ThreadLock(thread)
 	var l lock.Lock
 	var err error
 	switch policy {

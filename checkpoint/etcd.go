@@ -248,10 +248,10 @@ func (s *Etcd) namespaces(ctx context.Context, thread string) ([]string, error) 
 // list returns the checkpoints of one namespace of the thread, newest
 // first.
 func (s *Etcd) list(ctx context.Context, thread, ns string, opts ListOptions, f filter) ([]Checkpoint, error) {
-	pre := s.keys.CheckpointKey(thread, keyspace.CheckpointNSName(ns), "")
+	pre := s.keys.CheckpointKeys(thread, keyspace.CheckpointNSName(ns))
 	end := clientv3.GetPrefixRangeEnd(pre)
 	if opts.Before != "" {
-		end = pre + opts.Before
+		end = s.keys.CheckpointKey(thread, keyspace.CheckpointNSName(ns), opts.Before)
 	}
 	var out []Checkpoint
 	for len(out) < opts.Limit {

@@ -46,7 +46,7 @@ func testNamespaces(t *testing.T, s checkpoint.Store, ns string) {
 	long := strings.Repeat("agent:1f0b3f7e-0d3c-6a2e-8000-0123456789ab|", 20) + "tools:x"
 	nss := []string{"", "child:1", "parent:1|child:2", long, "nœud à espaces|x", "@", "~YQ"}
 	if _, ok := s.(*checkpoint.Etcd); ok { // the thread's interrupt key sits next to its namespaces: List skips it
-		if _, err := srv.Client(t).Put(ctx, keyspace.MustNew(ns).Checkpoints("th")+"interrupt", "x"); err != nil {
+		if _, err := srv.Client(t).Put(ctx, keyspace.MustNew(ns).CheckpointInterrupt("th"), "x"); err != nil {
 			t.Fatal(err)
 		}
 	}

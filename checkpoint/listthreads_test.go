@@ -27,7 +27,7 @@ func TestListEveryThread(t *testing.T) {
 func testListEveryThread(t *testing.T, s checkpoint.Store, ns string) {
 	ctx := context.Background()
 	if _, ok := s.(*checkpoint.Etcd); ok { // a thread with only an interrupt key has no checkpoint
-		if _, err := srv.Client(t).Put(ctx, keyspace.MustNew(ns).Checkpoints("only-interrupt")+"interrupt", "x"); err != nil {
+		if _, err := srv.Client(t).Put(ctx, keyspace.MustNew(ns).CheckpointInterrupt("only-interrupt"), "x"); err != nil {
 			t.Fatal(err)
 		}
 	}

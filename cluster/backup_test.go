@@ -57,6 +57,7 @@ func connect(t *testing.T, s *cluster.Server) *clientv3.Client {
 // after the backup comes back with its key and, renewed by nobody,
 // expires by itself.
 func TestBackupRestoreTokensAndLeases(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	ctx := context.Background()
 	ns := etcdtest.Namespace(t)
@@ -190,6 +191,7 @@ func restored(t *testing.T, file, dir string, bump, backupRev int64, leased stri
 // refused by etcd's checksum inside it, checked before the file is opened
 // as a database (whose damaged header would fail otherwise, differently).
 func TestRestoreRefuses(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	s := embed(t, filepath.Join(dir, "src"))
 	file := filepath.Join(dir, "b.db")
@@ -266,6 +268,7 @@ func TestRestoreRefuses(t *testing.T) {
 // fails at once, saying another backup runs, and the first completes; a
 // backup whose checksum file cannot be written removes FILE and FILE.part.
 func TestBackupNeverOverwrites(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	ctx := context.Background()
 	cli := connect(t, embed(t, filepath.Join(dir, "src")))

@@ -111,6 +111,7 @@ func TestConnectUnreachable(t *testing.T) {
 }
 
 func TestConnectCancelled(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	cli, err := cluster.Connect(ctx, cluster.ClientConfig{Endpoints: []string{etcdtest.FreeAddr()}, DialTimeout: time.Second})
@@ -150,6 +151,7 @@ func TestResolveEndpoints(t *testing.T) {
 }
 
 func TestEmbedConfigValidate(t *testing.T) {
+	t.Parallel()
 	if err := (cluster.EmbedConfig{}).Validate(); err != nil {
 		t.Fatalf("zero EmbedConfig: %v, want valid (defaults)", err)
 	}
@@ -192,6 +194,7 @@ func TestEmbedConfigValidate(t *testing.T) {
 }
 
 func TestServerCloseTwice(t *testing.T) {
+	t.Parallel()
 	srv := embed(t, t.TempDir())
 	addr := srv.Endpoints()[0]
 	done := make(chan struct{})

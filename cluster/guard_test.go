@@ -234,6 +234,7 @@ func TestGuardRecoversFromNOSPACE(t *testing.T) {
 // Close is refused; a started guard's goroutine ends on Close even while it
 // waits for its next tick (time is injected: the tick never comes).
 func TestGuardLifecycle(t *testing.T) {
+	t.Parallel()
 	srv, cli := etcdtest.QuotaServer(t, 64<<20)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -289,6 +290,7 @@ func TestGuardLifecycle(t *testing.T) {
 }
 
 func TestGuardConfigValidate(t *testing.T) {
+	t.Parallel()
 	ok := cluster.GuardConfig{Endpoint: "127.0.0.1:2379"}
 	if err := ok.Validate(); err != nil {
 		t.Fatalf("defaults: %v", err)

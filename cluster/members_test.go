@@ -16,6 +16,7 @@ import (
 )
 
 func TestEmbedConfigValidateCluster(t *testing.T) {
+	t.Parallel()
 	const (
 		p1 = "http://127.0.0.1:21380"
 		p2 = "http://127.0.0.1:22380"

@@ -44,6 +44,7 @@ func leftovers(t *testing.T, dir string) {
 // directory, which keeps its mode, leaves no work directory, and a server
 // started on it serves the backup's data.
 func TestRestoreIntoEmptyDir(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	file := backupOf(t, dir)
 	target := filepath.Join(dir, "empty")
@@ -80,6 +81,7 @@ func TestRestoreIntoEmptyDir(t *testing.T) {
 // removes its work directory; a server started on the data dir while one
 // is left is refused, naming it.
 func TestRestoreStagesItsWork(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	file := backupOf(t, dir)
 	for _, tc := range []struct {

@@ -101,6 +101,7 @@ func tlsEtcd(t *testing.T, p pki) string {
 // user's password and fails with a wrong one; a certificate without its
 // key is refused before dialing, naming the flag.
 func TestConnectTLSAndAuth(t *testing.T) {
+	t.Parallel()
 	p := newPKI(t, t.TempDir())
 	addr := tlsEtcd(t, p)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)

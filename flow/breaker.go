@@ -468,9 +468,9 @@ func Breakers(ctx context.Context, cli *clientv3.Client, ns string) ([]BreakerSt
 			names = append(names, name)
 		}
 		switch part {
-		case "config":
+		case keyspace.ConfigPart:
 			_ = json.Unmarshal(kv.Value, &s.Config)
-		case "state":
+		case keyspace.StatePart:
 			_ = json.Unmarshal(kv.Value, &s.BreakerState)
 		}
 	}

@@ -534,10 +534,10 @@ func Limits(ctx context.Context, cli *clientv3.Client, ns string) ([]LimitUsage,
 	var names []string
 	for _, kv := range g.Kvs {
 		name, part, _ := keyspace.SplitName(keys.Limits(), string(kv.Key))
-		if part == "config" {
+		if part == keyspace.ConfigPart {
 			configs[name] = kv.Value
 			names = append(names, name)
-		} else if part == "state" {
+		} else if part == keyspace.StatePart {
 			states[name] = kv.Value
 		}
 	}

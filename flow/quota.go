@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"net/url"
 	"slices"
 	"strconv"
 	"sync"
@@ -231,7 +230,7 @@ func (q *Quota) subject(c Call) (name, key string) {
 		if c.Tenant == "" {
 			return "", ""
 		}
-		return c.Tenant, url.PathEscape(c.Tenant)
+		return c.Tenant, keyspace.EscapeSubject(c.Tenant)
 	case PerType:
 		return c.Type, c.Type
 	}
@@ -497,14 +496,11 @@ func Quotas(ctx context.Context, cli *clientv3.Client, ns string) ([]QuotaUsage,
 			byName[name] = u
 			names = append(names, name)
 		}
-		if tail == "config" {
+		if tail == keyspace.ConfigPart {
 			_ = json.Unmarshal(kv.Value, &u.QuotaConfig)
 			continue
 		}
 		if subject, ok := keyspace.GrantSubject(tail); ok {
-			if s, err := url.PathUnescape(subject); err == nil {
-				subject = s
-			}
 			n, _ := strconv.Atoi(string(kv.Value))
 			u.Held[subject] += n
 		}

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/url"
 	"slices"
 	"strconv"
 	"time"
@@ -47,7 +46,7 @@ func SlotSubject(name, subject string) (string, error) {
 		if subject == "" || len(subject) > keyspace.MaxNameLen {
 			return "", &drover.InputError{Field: "subject", Value: subject, Rule: "must name the tenant (1 to 128 characters) for quota tenant"}
 		}
-		return url.PathEscape(subject), nil
+		return keyspace.EscapeSubject(subject), nil
 	case PerType:
 		if err := keyspace.CheckName("subject", subject); err != nil {
 			return "", &drover.InputError{Field: "subject", Value: subject, Rule: "must name the task type for quota type: " + keyspace.NameRule}

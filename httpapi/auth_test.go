@@ -45,6 +45,7 @@ func authAPI(t *testing.T) *api {
 // token writes in its namespace only (403 elsewhere); the admin token,
 // known by its hash, works everywhere; health checks need no token.
 func TestAuthMatrix(t *testing.T) {
+	t.Parallel()
 	a := authAPI(t)
 	r := a.do("GET", "/v1/locks", nil).problem(t, 401)
 	if !strings.HasPrefix(r.Header.Get("WWW-Authenticate"), "Bearer") {
@@ -87,6 +88,7 @@ func TestAuthMatrix(t *testing.T) {
 
 // TestLoadAuth: a file is read and checked; bad entries are named.
 func TestLoadAuth(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	write := func(s string) string {
 		p := filepath.Join(dir, "auth.json")

@@ -30,6 +30,7 @@ func threadIDs(r resp) string {
 // list; each item names its thread and carries its pending writes. Bad
 // input is a 400 and writes nothing.
 func TestCheckpointListEveryThread(t *testing.T) {
+	t.Parallel()
 	a := newAPI(t)
 	if l := a.do("GET", "/v1/checkpoints", nil).want(t, 200); string(l.Raw) != "[]\n" && string(l.Raw) != "[]" {
 		t.Fatalf("no thread yet: %q", l.Raw)

@@ -46,6 +46,7 @@ func (a *api) wantCheckpointList(path string, want ...string) {
 // list with before, limit and filters, a second checkpoint namespace, and
 // deleteThread, after which no key of the thread is left.
 func TestCheckpointSaverRoutes(t *testing.T) {
+	t.Parallel()
 	a := newAPI(t)
 	empty := a.keyCount()
 	r := a.put("th-1", map[string]any{"state": b64("s0"), "metadata": map[string]any{"source": "input", "step": -1, "writer": "w"}}).want(t, 201)
@@ -130,6 +131,7 @@ func TestCheckpointSaverRoutes(t *testing.T) {
 // is a 409 naming the head, and changes nothing; so is a put writes for a
 // checkpoint that does not exist (404).
 func TestCheckpointCompareAndSwapConflict(t *testing.T) {
+	t.Parallel()
 	a := newAPI(t)
 	root := a.put("th", map[string]any{"state": b64("0")}).want(t, 201).str("checkpoint_id")
 	winner := a.put("th", map[string]any{"parent_checkpoint_id": root, "state": b64("a")}).want(t, 201).str("checkpoint_id")
@@ -156,6 +158,7 @@ func TestCheckpointCompareAndSwapConflict(t *testing.T) {
 // 409 that writes nothing, and so is a lower token of another lock once a
 // higher one was seen for the thread.
 func TestCheckpointLockFencedPut(t *testing.T) {
+	t.Parallel()
 	a := newAPI(t)
 	s, s2 := a.session(30), a.session(30)
 	older := a.do("POST", "/v1/locks/other", map[string]any{"session": s}).want(t, 200).num("token")
@@ -210,6 +213,7 @@ func TestCheckpointLockFencedPut(t *testing.T) {
 // TestCheckpointStoreFull: past the high-water mark puts and put writes are
 // 507 and write nothing; reads and deleteThread still work.
 func TestCheckpointStoreFull(t *testing.T) {
+	t.Parallel()
 	a := newAPI(t)
 	head := a.put("full", map[string]any{"state": b64("x")}).want(t, 201).str("checkpoint_id")
 	keys := keyspace.MustNew(a.ns)
@@ -232,6 +236,7 @@ func TestCheckpointStoreFull(t *testing.T) {
 // TestCheckpointLargeState: a put of state near the store's 1 MiB bound (a
 // body above the server's default limit) is accepted and read back whole.
 func TestCheckpointLargeState(t *testing.T) {
+	t.Parallel()
 	a := newAPI(t)
 	state := bytes.Repeat([]byte("z"), checkpoint.MaxState)
 	a.put("big", map[string]any{"state": base64.StdEncoding.EncodeToString(state)}).want(t, 201)
@@ -245,6 +250,7 @@ func TestCheckpointLargeState(t *testing.T) {
 // oversized bodies are 400 or 413 problems on every route, and write
 // nothing.
 func TestCheckpointBadInput(t *testing.T) {
+	t.Parallel()
 	a := newAPI(t)
 	head := a.put("ok", map[string]any{"state": b64("x")}).want(t, 201).str("checkpoint_id")
 	cases := badCheckpointRequests(a.session(30), head)
@@ -350,6 +356,7 @@ func badCheckpointRequests(s, head string) []badCheckpointRequest {
 // cas keeps refusing a stale parent; a lock-fenced append is refused once
 // the lock changed hands, and writes nothing.
 func TestCheckpointForkAppend(t *testing.T) {
+	t.Parallel()
 	a := newAPI(t)
 	c1 := a.put("fk", map[string]any{"state": b64("1")}).want(t, 201).str("checkpoint_id")
 	c2 := a.put("fk", map[string]any{"parent_checkpoint_id": c1, "mode": "cas", "state": b64("2")}).want(t, 201).str("checkpoint_id")
@@ -399,6 +406,7 @@ func TestCheckpointForkAppend(t *testing.T) {
 // unaltered by getTuple and list; list filters by deep equality of
 // top-level keys, JSON values (a value that is not JSON is a string).
 func TestCheckpointMetadataJSON(t *testing.T) {
+	t.Parallel()
 	a := newAPI(t)
 	meta := `{"source":"loop","step":0,"parents":{"":"1ef","sub|x:1":"2ab"},"writes":{"node":[{"k":[1,2]},null]},"user_id":"u-7","n":1.5,"ok":false}`
 	id := a.put("md", map[string]any{"state": b64("s"), "metadata": json.RawMessage(meta)}).want(t, 201).str("checkpoint_id")
@@ -442,6 +450,7 @@ func TestCheckpointMetadataJSON(t *testing.T) {
 // position in the call): a regular write (idx >= 0) is insert-if-absent, a
 // special one (negative idx) an upsert; writes come back by task then idx.
 func TestCheckpointWriteIdx(t *testing.T) {
+	t.Parallel()
 	a := newAPI(t)
 	id := a.put("wi", map[string]any{"state": b64("s")}).want(t, 201).str("checkpoint_id")
 	path := "/v1/threads/wi/checkpoints/" + id + "/writes"
@@ -481,6 +490,7 @@ func TestCheckpointWriteIdx(t *testing.T) {
 // checkpoints newest first, with before, limit and filter; deleteThread
 // removes them all.
 func TestCheckpointNamespacesList(t *testing.T) {
+	t.Parallel()
 	a := newAPI(t)
 	empty := a.keyCount()
 	long := strings.Repeat("agent:1f0b3f7e-0d3c-6a2e-8000-0123456789ab|", 10) + "tools:9"

@@ -20,6 +20,7 @@ import (
 // TestDashboardQueues: GET /v1/queues lists every queue with its counts by
 // status and its settings (max depth, FIFO).
 func TestDashboardQueues(t *testing.T) {
+	t.Parallel()
 	a := newAPI(t)
 	a.do("POST", "/v1/queues/alpha/tasks", qtasksJSON("a", 3)).want(t, 200)
 	a.do("POST", "/v1/queues/beta/tasks", qtasksJSON("b", 2)).want(t, 200)
@@ -51,6 +52,7 @@ func TestDashboardQueues(t *testing.T) {
 // auth, whoami names the token, its role and namespaces, and no token is a
 // 401 (what the dashboard's login waits for).
 func TestDashboardWhoami(t *testing.T) {
+	t.Parallel()
 	a := newAPI(t)
 	r := a.do("GET", "/v1/whoami", nil).want(t, 200)
 	if r.JSON["auth"] != false || r.str("role") != "admin" || r.str("namespace") != a.ns {
@@ -75,6 +77,7 @@ func TestDashboardWhoami(t *testing.T) {
 // TestDashboardComponents: GET /v1/registry lists every component with its
 // live endpoints, by name.
 func TestDashboardComponents(t *testing.T) {
+	t.Parallel()
 	a := newAPI(t)
 	sess := a.session(30)
 	a.do("PUT", "/v1/registry/gw/g1", map[string]any{"session": sess, "address": "127.0.0.1:9001", "data": map[string]any{"load": 3}}).want(t, 201)
@@ -96,6 +99,7 @@ func TestDashboardComponents(t *testing.T) {
 // contenders waiting in order, by their holder records, with the token each
 // will get; never a contender key.
 func TestDashboardLockWaiters(t *testing.T) {
+	t.Parallel()
 	a := newAPI(t)
 	holder, waiter := a.session(30), a.session(30)
 	r := a.do("POST", "/v1/locks/report", map[string]any{"session": holder}).want(t, 200)
@@ -131,6 +135,7 @@ func TestDashboardLockWaiters(t *testing.T) {
 // the leader with the highest ballot and each node's lag as the leader sees
 // it, and a node that does not answer with its error.
 func TestDashboardPaxos(t *testing.T) {
+	t.Parallel()
 	a := newAPI(t)
 	if r := a.do("GET", "/v1/paxos", nil).want(t, 200); r.JSON["configured"] != false || r.str("detail") == "" {
 		t.Fatalf("no group: %s", r.Raw)
@@ -224,6 +229,7 @@ func (a *api) history() httpapi.StatsHistory {
 // the counts again when a task is submitted, and names the locks when one
 // is taken; without text/event-stream the answer is the snapshot as JSON.
 func TestDashboardEvents(t *testing.T) {
+	t.Parallel()
 	a := newAPI(t)
 	a.do("POST", "/v1/queues/ev/tasks", qtasksJSON("e", 1)).want(t, 200)
 	r := a.do("GET", "/v1/events", nil, "Accept: application/json").want(t, 200)
@@ -272,6 +278,7 @@ func pendingOf(ev sseEvent, q string) float64 {
 // content security policy, / and /ui redirect to it, its scripts load, and
 // a missing file is a 404.
 func TestDashboardServed(t *testing.T) {
+	t.Parallel()
 	a := newAPI(t)
 	hc := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }, Timeout: 10 * time.Second}
 	for _, p := range []string{"/", "/ui"} {

@@ -121,6 +121,7 @@ func TestLimitTakeWaits(t *testing.T) {
 // TestLimitBadInput: every bad input to the limit routes is a 400 problem
 // (413 for an oversize body) and writes nothing.
 func TestLimitBadInput(t *testing.T) {
+	t.Parallel()
 	a := newAPI(t)
 	a.do("PUT", "/v1/limits/llm", map[string]any{"rate": "10/s"}).want(t, 200)
 	long := strings.Repeat("n", 129)
@@ -157,6 +158,7 @@ func TestLimitBadInput(t *testing.T) {
 // with Retry-After beyond it), released, counted per tenant for the tenant
 // quota, and listed; releasing a slot not held is a 409.
 func TestQuotaSlots(t *testing.T) {
+	t.Parallel()
 	a := newAPI(t)
 	r := a.do("PUT", "/v1/quotas/db", map[string]any{"limit": 2}).want(t, 200)
 	if r.num("limit") != 2 {
@@ -232,6 +234,7 @@ func TestQuotaSlotFreedWithSession(t *testing.T) {
 // TestQuotaBadInput: bad input to the quota routes is a 400 problem and
 // writes nothing.
 func TestQuotaBadInput(t *testing.T) {
+	t.Parallel()
 	a := newAPI(t)
 	a.do("PUT", "/v1/quotas/db", map[string]any{"limit": 1}).want(t, 200)
 	a.do("PUT", "/v1/quotas/tenant", map[string]any{"limit": 1}).want(t, 200)
@@ -269,6 +272,7 @@ func TestQuotaBadInput(t *testing.T) {
 // (allow then answers 503 with Retry-After), lets one probe through after
 // its cooldown, closes on the probe's success, and is reset and deleted.
 func TestBreakerRoutes(t *testing.T) {
+	t.Parallel()
 	a := newAPI(t)
 	r := a.do("PUT", "/v1/breakers/crm", map[string]any{"failures": 2, "cooldown": "1s"}).want(t, 200)
 	if cfg := r.JSON["config"].(map[string]any); cfg["failures"] != 2.0 || cfg["cooldown"] != "1s" || r.str("state") != "closed" {
@@ -316,6 +320,7 @@ func TestBreakerRoutes(t *testing.T) {
 // TestBreakerBadInput: bad input to the breaker routes is a 400 problem
 // and writes nothing.
 func TestBreakerBadInput(t *testing.T) {
+	t.Parallel()
 	a := newAPI(t)
 	a.do("PUT", "/v1/breakers/crm", map[string]any{}).want(t, 200)
 	cases := []badCase{
@@ -339,6 +344,7 @@ func TestBreakerBadInput(t *testing.T) {
 // TestFlowAdminRole: with auth on, changing limits, quotas and breakers
 // needs the admin role; a write token may take, acquire and report.
 func TestFlowAdminRole(t *testing.T) {
+	t.Parallel()
 	auth, err := httpapi.NewAuth([]httpapi.AuthEntry{
 		{Name: "writer", Token: "writer-token-0123456789", Namespaces: []string{"*"}, Role: "write"},
 		{Name: "admin", Token: "admin-token-0123456789", Namespaces: []string{"*"}, Role: "admin"},

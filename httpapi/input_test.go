@@ -9,6 +9,7 @@ import (
 // and lock routes gets a 400 (or 413) problem naming the input at fault,
 // and writes nothing.
 func TestBadInputSessionsAndLocks(t *testing.T) {
+	t.Parallel()
 	a := newAPI(t)
 	sid := a.session(10)
 	huge := `{"name":"` + strings.Repeat("x", 2<<20) + `"}`

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/danielgtaylor/huma/v2"
@@ -211,8 +209,9 @@ func (s *Server) acquireLock(ctx context.Context, in *acquireInput) (*struct{ Bo
 		}
 		return nil, problem(err, nil)
 	}
+	_, contender, _ := s.keys(ctx).ParseLockContender(held.Key())
 	return &struct{ Body LockAcquired }{LockAcquired{Status: "acquired", Name: in.Name, Token: held.Token(), Holder: held.Holder(), Session: b.Session,
-		Contender: held.Key()[len(s.keys(ctx).Lock(in.Name)):], ExpiresAt: expires.UTC()}}, nil
+		Contender: contender, ExpiresAt: expires.UTC()}}, nil
 }
 
 func (s *Server) lockStatus(ctx context.Context, in *lockPath) (*lockStatusOutput, error) {
@@ -247,14 +246,13 @@ func (s *Server) releaseLock(ctx context.Context, in *releaseInput) (*struct{}, 
 	// The contender's name starts with the lease it was created under (a
 	// key's name never changes), and its random part is known only to the
 	// client that acquired it: with the token it proves the holding.
-	leaseHex, _, _ := strings.Cut(in.Contender, "-")
-	lid, err := strconv.ParseUint(leaseHex, 16, 64)
-	if err != nil || len(leaseHex) != 16 {
+	lid, ok := keyspace.ContenderLease(in.Contender)
+	if !ok {
 		return nil, invalid("query.contender", in.Contender, "must be the contender the acquisition returned")
 	}
 	if in.Session != "" {
 		id, _, _, ok := parseSessionID(in.Session)
-		if !ok || uint64(id) != lid {
+		if !ok || int64(id) != lid {
 			return nil, invalid("query.contender", in.Contender, "must be a contender of the session's own, as the acquisition returned it")
 		}
 	}
@@ -292,7 +290,7 @@ func checkLockName(name string) error {
 	if err := lock.CheckName(name); err != nil {
 		return problem(err, map[string]string{"name": "path.name"})
 	}
-	if strings.HasPrefix(name, keyspace.TaskLock("")) {
+	if keyspace.IsTaskLock(name) {
 		return invalid("path.name", name, "must not start with \"task:\": agent tasks are claimed with POST /v1/agent-tasks/{id}/claim")
 	}
 	return nil

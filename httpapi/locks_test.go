@@ -14,6 +14,7 @@ import (
 // release needs the token and the session; the next holder's token is
 // larger.
 func TestLockSessionLifecycle(t *testing.T) {
+	t.Parallel()
 	a := newAPI(t)
 	s1, s2 := a.session(10), a.session(10)
 	r := a.do("POST", "/v1/locks/report-42", map[string]any{"session": s1}).want(t, 200)
@@ -133,6 +134,7 @@ func TestLockFreedWhenSessionStops(t *testing.T) {
 // 20 rounds each; at most one holds it at any time, counted by a shared
 // counter that each holder raises and lowers.
 func TestLockMutualExclusion(t *testing.T) {
+	t.Parallel()
 	a := newAPI(t)
 	var mu sync.Mutex
 	inside, maxInside, acquired := 0, 0, 0
@@ -170,6 +172,7 @@ func TestLockMutualExclusion(t *testing.T) {
 // releases in one step; another session cannot name it (400), a wrong
 // token is refused (409) and releases nothing.
 func TestLockReleaseByContender(t *testing.T) {
+	t.Parallel()
 	a := newAPI(t)
 	s1, s2 := a.session(10), a.session(10)
 	r := a.do("POST", "/v1/locks/c", map[string]any{"session": s1}).want(t, 200)

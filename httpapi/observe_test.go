@@ -15,6 +15,7 @@ import (
 // method and code, timed, and logged once with its route and status, and
 // never with the bearer token.
 func TestRequestMetricsAndLogs(t *testing.T) {
+	t.Parallel()
 	reg := prometheus.NewRegistry()
 	var logs etcdtest.LogBuffer
 	a := newAPI(t, func(c *httpapi.Config) {

@@ -20,6 +20,7 @@ var openAPIFile = filepath.Join("..", "docs", "openapi.json")
 // method it lists is answered by a route (JSON or a problem, never the
 // router's plain-text 404 or a 405).
 func TestOpenAPIMatchesRoutes(t *testing.T) {
+	t.Parallel()
 	a := newAPI(t, nil...)
 	doc, err := json.MarshalIndent(a.srv.API().OpenAPI(), "", "  ")
 	if err != nil {

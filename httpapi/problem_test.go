@@ -17,6 +17,7 @@ import (
 // its embedded etcd hands them to the API (a gRPC client retried reads
 // through some of them), and none is the server's fault.
 func TestEtcdBetweenLeadersIs503(t *testing.T) {
+	t.Parallel()
 	for _, err := range []error{
 		rpctypes.ErrLeaderChanged, rpctypes.ErrStopped, rpctypes.ErrNoLeader, rpctypes.ErrTimeout,
 		rpctypes.ErrGRPCLeaderChanged, rpctypes.ErrGRPCStopped, rpctypes.ErrGRPCCanceled,

@@ -10,6 +10,7 @@ import (
 // values get a 400 (413 for size, 415 for a media type) problem document,
 // and write nothing.
 func TestQueueBadInput(t *testing.T) {
+	t.Parallel()
 	a := newAPI(t)
 	a.do("POST", "/v1/queues/bad/tasks", qtasksJSON("b", 1)).want(t, 200)
 	sess := a.session(10)

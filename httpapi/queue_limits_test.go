@@ -23,6 +23,7 @@ import (
 // nothing, while a lock is still granted; /readyz says store_full and
 // stays ready.
 func TestQueueSubmitFullAnswers(t *testing.T) {
+	t.Parallel()
 	a := newAPI(t)
 	c, err := queue.NewClient(a.cli, a.ns)
 	if err != nil {
@@ -69,6 +70,7 @@ func TestQueueSubmitFullAnswers(t *testing.T) {
 // TestReadyzWhenEtcdIsDown: /readyz answers 503 with the reason once etcd
 // stops answering; /healthz still answers 200.
 func TestReadyzWhenEtcdIsDown(t *testing.T) {
+	t.Parallel()
 	own, cli := etcdtest.StartOwn(t)
 	a := startAPI(t, httpapi.Config{Etcd: cli, Namespace: etcdtest.Namespace(t), Logger: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry()})
 	a.do("GET", "/readyz", nil).want(t, 200)

@@ -48,6 +48,7 @@ func wantResults(t *testing.T, got []map[string]any, want ...string) {
 // nothing (the task stays RUNNING, its true claim acks later); an unknown
 // task is a 404; the same task and token twice count once.
 func TestQueueOutcomesBatch(t *testing.T) {
+	t.Parallel()
 	a := newAPI(t)
 	a.do("POST", "/v1/queues/ob/tasks", qtasksJSON("ob", 8)).want(t, 200)
 	sess := a.session(10)
@@ -89,6 +90,7 @@ func TestQueueOutcomesBatch(t *testing.T) {
 // TestQueueOutcomesBadInput: an outcome that breaks a rule anywhere in the
 // batch is a 400 naming it, and nothing of the batch is written.
 func TestQueueOutcomesBadInput(t *testing.T) {
+	t.Parallel()
 	a := newAPI(t)
 	a.do("POST", "/v1/queues/obad/tasks", qtasksJSON("obad", 2)).want(t, 200)
 	sess := a.session(10)
@@ -137,6 +139,7 @@ func TestQueueOutcomesBadInput(t *testing.T) {
 // batch sent twice at once: every task is recorded exactly once (one 200
 // across all answers), and the queue ends with every task SUCCEEDED.
 func TestQueueOutcomesConcurrent(t *testing.T) {
+	t.Parallel()
 	const n = 60
 	a := newAPI(t)
 	a.do("POST", "/v1/queues/oc/tasks", qtasksJSON("oc", n)).want(t, 200)
@@ -198,6 +201,7 @@ func TestQueueOutcomesConcurrent(t *testing.T) {
 // the next batch); with nothing left to claim, tasks is absent; a bad
 // claim (wait or max) is a 400 naming the field, and nothing is written.
 func TestQueueOutcomesWithClaim(t *testing.T) {
+	t.Parallel()
 	a := newAPI(t)
 	a.do("POST", "/v1/queues/oc/tasks", qtasksJSON("oc", 5)).want(t, 200)
 	sess := a.session(10)

@@ -54,6 +54,7 @@ func qtaskPath(q string, task map[string]any, verb string) string {
 // get, list, stats and the DLQ's routes show each; a dead task is requeued
 // and claimed again; a pending one is cancelled.
 func TestQueueTaskLifecycle(t *testing.T) {
+	t.Parallel()
 	a := newAPI(t)
 	r := a.do("POST", "/v1/queues/q1/tasks", qtasksJSON("t", 4)).want(t, 200)
 	if r.num("submitted") != 4 || r.num("duplicates") != 0 {
@@ -142,6 +143,7 @@ func TestQueueTaskLifecycle(t *testing.T) {
 // TestQueueSubmitNDJSON: an NDJSON body's malformed lines are reported by
 // line number while every valid line is stored.
 func TestQueueSubmitNDJSON(t *testing.T) {
+	t.Parallel()
 	a := newAPI(t)
 	body := strings.Join([]string{
 		`{"task_id":"n-1","task_type":"x"}`,
@@ -174,6 +176,7 @@ func TestQueueSubmitNDJSON(t *testing.T) {
 // TestQueueClaimConcurrent: sessions claiming and acking over HTTP at once
 // claim each task exactly once, and every task succeeds.
 func TestQueueClaimConcurrent(t *testing.T) {
+	t.Parallel()
 	a := newAPI(t)
 	a.do("POST", "/v1/queues/cc/tasks", qtasksJSON("c", 40)).want(t, 200)
 	var mu sync.Mutex
@@ -274,6 +277,7 @@ func TestClaimSessionExpires(t *testing.T) {
 // TestQueueAdminRoutes: purge and requeue of the whole DLQ need the admin
 // role; a write token gets 403 and changes nothing.
 func TestQueueAdminRoutes(t *testing.T) {
+	t.Parallel()
 	writer, admin := strings.Repeat("w", 20), strings.Repeat("a", 20)
 	auth, err := httpapi.NewAuth([]httpapi.AuthEntry{
 		{Name: "writer", Token: writer, Namespaces: []string{"*"}, Role: "write"},
@@ -312,6 +316,7 @@ func TestQueueAdminRoutes(t *testing.T) {
 // TestQueueSubmitTooLarge: a submission over MaxSubmitBytes gets 413 and
 // stores nothing.
 func TestQueueSubmitTooLarge(t *testing.T) {
+	t.Parallel()
 	a := newAPI(t)
 	before := a.keyCount()
 	for _, ct := range []string{"application/json", "application/x-ndjson"} {

@@ -122,6 +122,7 @@ func (e sseEvent) endpointOf() map[string]any { m, _ := e.Data["endpoint"].(map[
 // registered again by it (200, same create revision), refused to another
 // session (409), read, listed, and withdrawn only by its own session.
 func TestRegistryRegister(t *testing.T) {
+	t.Parallel()
 	a := newAPI(t)
 	s1, s2 := a.session(30), a.session(30)
 	body := map[string]any{"session": s1, "address": "10.0.0.5:8000", "data": map[string]any{"kv_active_blocks": 1000}}
@@ -159,6 +160,7 @@ func TestRegistryRegister(t *testing.T) {
 // TestRegistryBadInput: bad input to the registry routes is a 400 problem
 // (413 for an oversize body) and writes nothing.
 func TestRegistryBadInput(t *testing.T) {
+	t.Parallel()
 	a := newAPI(t)
 	sess := a.session(30)
 	put := "/v1/registry/model/m1"
@@ -224,6 +226,7 @@ func TestRegistryEndpointExpires(t *testing.T) {
 // in order, and no snapshot; changes of one revision carry the id on their
 // last event only.
 func TestRegistryWatchResume(t *testing.T) {
+	t.Parallel()
 	a := newAPI(t)
 	s1, s2 := a.session(30), a.session(30)
 	reg := func(sess, id, addr string) {
@@ -342,6 +345,7 @@ func TestRegistryWatchEnds(t *testing.T) {
 // worker writes it) is listed with its load, filtered by queue, and gone
 // once the worker's runtime shuts down.
 func TestWorkers(t *testing.T) {
+	t.Parallel()
 	a := newAPI(t)
 	ctx := context.Background()
 	rt, err := process.Start(ctx, a.cli, process.WithNamespace(a.ns), process.WithTTL(5*time.Second))

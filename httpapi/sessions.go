@@ -64,92 +64,107 @@ func (s *Server) sessionRoutes() {
 		Description: "A session is an etcd lease that the client keeps alive with keepalive requests. Everything held under it " +
 			"(locks, claims, registrations, quota slots) is freed by etcd within its TTL once the client stops: exactly as for Go clients.",
 		DefaultStatus: http.StatusCreated,
-	}, func(ctx context.Context, in *struct {
-		Body struct {
-			TTL  int64  `json:"ttl,omitempty" minimum:"1" maximum:"86400" doc:"Seconds; default 15. etcd raises TTLs under its minimum (about 2 s)."`
-			Name string `json:"name,omitempty" maxLength:"128" doc:"A name for what holds the session (a worker's id)."`
-		}
-	}) (*sessionOutput, error) {
-		ttl := in.Body.TTL
-		if ttl == 0 {
-			ttl = DefaultSessionTTL
-		}
-		sent := time.Now()
-		g, err := s.cli.Grant(ctx, ttl)
-		if err != nil {
-			return nil, problem(fmt.Errorf("grant a %d s lease: %w", ttl, err), nil)
-		}
-		secret := strings.ToLower(crand.Text())
-		rec := sessionRecord{Secret: secretSum(secret), Name: in.Body.Name, TTL: g.TTL, CreatedAt: sent.UTC()}
-		val, _ := json.Marshal(rec)
-		leaseHex := strconv.FormatInt(int64(g.ID), 16)
-		id := leaseHex + "." + secret
-		if _, err := s.cli.Put(ctx, s.keys(ctx).Session(leaseHex), string(val), clientv3.WithLease(g.ID)); err != nil {
-			_, _ = s.cli.Revoke(context.WithoutCancel(ctx), g.ID)
-			return nil, problem(fmt.Errorf("record the session: %w", err), nil)
-		}
-		return &sessionOutput{Body: SessionBody{ID: id, Name: rec.Name, TTL: g.TTL, ExpiresAt: sent.Add(time.Duration(g.TTL) * time.Second).UTC()}}, nil
-	})
-
+	}, s.createSession)
 	huma.Register(s.api, huma.Operation{
 		OperationID: "get-session", Method: http.MethodGet, Path: "/v1/sessions/{id}", Tags: []string{"sessions"},
 		Summary: "Read a session: its TTL and when it expires",
-	}, func(ctx context.Context, in *sessionIDPath) (*sessionOutput, error) {
-		sess, err := s.session(ctx, "path.id", in.ID)
-		if err != nil {
-			return nil, err
-		}
-		sent := time.Now()
-		t, err := s.cli.TimeToLive(ctx, sess.id)
-		if err != nil {
-			return nil, problem(err, nil)
-		}
-		if t.TTL < 0 { // etcd says -1 for a lease it no longer has; 0 is under a second left
-			s.sessions.forget(s.nsOf(ctx), leaseHexOf(in.ID))
-			return nil, sessionGone(in.ID, s.nsOf(ctx))
-		}
-		return &sessionOutput{Body: SessionBody{ID: in.ID, Name: sess.name, TTL: t.GrantedTTL, ExpiresAt: sent.Add(time.Duration(t.TTL) * time.Second).UTC()}}, nil
-	})
-
+	}, s.getSession)
 	huma.Register(s.api, huma.Operation{
 		OperationID: "keepalive-session", Method: http.MethodPost, Path: "/v1/sessions/{id}/keepalive", Tags: []string{"sessions"},
 		Summary:     "Keep a session alive",
 		Description: "Renews the session's TTL from now. Send one every TTL/3; 404 means the session ended (expired or deleted) and everything held under it is gone.",
-	}, func(ctx context.Context, in *sessionIDPath) (*sessionOutput, error) {
-		sess, err := s.session(ctx, "path.id", in.ID)
-		if err != nil {
-			return nil, err
-		}
-		sent := time.Now()
-		k, err := s.cli.KeepAliveOnce(ctx, sess.id)
-		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
-			s.sessions.forget(s.nsOf(ctx), leaseHexOf(in.ID))
-			return nil, sessionGone(in.ID, s.nsOf(ctx))
-		}
-		if err != nil {
-			return nil, problem(err, nil)
-		}
-		return &sessionOutput{Body: SessionBody{ID: in.ID, Name: sess.name, TTL: k.TTL, ExpiresAt: sent.Add(time.Duration(k.TTL) * time.Second).UTC()}}, nil
-	})
-
+	}, s.keepaliveSession)
 	huma.Register(s.api, huma.Operation{
 		OperationID: "delete-session", Method: http.MethodDelete, Path: "/v1/sessions/{id}", Tags: []string{"sessions"},
 		Summary:       "End a session: everything held under it is released at once",
 		DefaultStatus: http.StatusNoContent,
-	}, func(ctx context.Context, in *sessionIDPath) (*struct{}, error) {
+	}, s.deleteSession)
+}
+
+// createSessionInput is an alias of an unnamed struct, as the route's
+// document names its body after the operation ("Create-sessionRequest").
+type createSessionInput = struct {
+	Body struct {
+		TTL  int64  `json:"ttl,omitempty" minimum:"1" maximum:"86400" doc:"Seconds; default 15. etcd raises TTLs under its minimum (about 2 s)."`
+		Name string `json:"name,omitempty" maxLength:"128" doc:"A name for what holds the session (a worker's id)."`
+	}
+}
+
+// createSession grants the session's lease and records the session under
+// it.
+func (s *Server) createSession(ctx context.Context, in *createSessionInput) (*sessionOutput, error) {
+	ttl := in.Body.TTL
+	if ttl == 0 {
+		ttl = DefaultSessionTTL
+	}
+	sent := time.Now()
+	g, err := s.cli.Grant(ctx, ttl)
+	if err != nil {
+		return nil, problem(fmt.Errorf("grant a %d s lease: %w", ttl, err), nil)
+	}
+	secret := strings.ToLower(crand.Text())
+	rec := sessionRecord{Secret: secretSum(secret), Name: in.Body.Name, TTL: g.TTL, CreatedAt: sent.UTC()}
+	val, _ := json.Marshal(rec)
+	leaseHex := strconv.FormatInt(int64(g.ID), 16)
+	id := leaseHex + "." + secret
+	if _, err := s.cli.Put(ctx, s.keys(ctx).Session(leaseHex), string(val), clientv3.WithLease(g.ID)); err != nil {
+		_, _ = s.cli.Revoke(context.WithoutCancel(ctx), g.ID)
+		return nil, problem(fmt.Errorf("record the session: %w", err), nil)
+	}
+	return &sessionOutput{Body: SessionBody{ID: id, Name: rec.Name, TTL: g.TTL, ExpiresAt: sent.Add(time.Duration(g.TTL) * time.Second).UTC()}}, nil
+}
+
+// getSession reads the session's lease's time to live.
+func (s *Server) getSession(ctx context.Context, in *sessionIDPath) (*sessionOutput, error) {
+	sess, err := s.session(ctx, "path.id", in.ID)
+	if err != nil {
+		return nil, err
+	}
+	sent := time.Now()
+	t, err := s.cli.TimeToLive(ctx, sess.id)
+	if err != nil {
+		return nil, problem(err, nil)
+	}
+	if t.TTL < 0 { // etcd says -1 for a lease it no longer has; 0 is under a second left
 		s.sessions.forget(s.nsOf(ctx), leaseHexOf(in.ID))
-		sess, err := s.session(ctx, "path.id", in.ID)
-		if err != nil {
-			return nil, err
-		}
+		return nil, sessionGone(in.ID, s.nsOf(ctx))
+	}
+	return &sessionOutput{Body: SessionBody{ID: in.ID, Name: sess.name, TTL: t.GrantedTTL, ExpiresAt: sent.Add(time.Duration(t.TTL) * time.Second).UTC()}}, nil
+}
+
+// keepaliveSession renews the session's lease once.
+func (s *Server) keepaliveSession(ctx context.Context, in *sessionIDPath) (*sessionOutput, error) {
+	sess, err := s.session(ctx, "path.id", in.ID)
+	if err != nil {
+		return nil, err
+	}
+	sent := time.Now()
+	k, err := s.cli.KeepAliveOnce(ctx, sess.id)
+	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
 		s.sessions.forget(s.nsOf(ctx), leaseHexOf(in.ID))
-		if _, err := s.cli.Revoke(ctx, sess.id); errors.Is(err, rpctypes.ErrLeaseNotFound) {
-			return nil, sessionGone(in.ID, s.nsOf(ctx))
-		} else if err != nil {
-			return nil, problem(err, nil)
-		}
-		return nil, nil
-	})
+		return nil, sessionGone(in.ID, s.nsOf(ctx))
+	}
+	if err != nil {
+		return nil, problem(err, nil)
+	}
+	return &sessionOutput{Body: SessionBody{ID: in.ID, Name: sess.name, TTL: k.TTL, ExpiresAt: sent.Add(time.Duration(k.TTL) * time.Second).UTC()}}, nil
+}
+
+// deleteSession revokes the session's lease, and with it everything held
+// under it.
+func (s *Server) deleteSession(ctx context.Context, in *sessionIDPath) (*struct{}, error) {
+	s.sessions.forget(s.nsOf(ctx), leaseHexOf(in.ID))
+	sess, err := s.session(ctx, "path.id", in.ID)
+	if err != nil {
+		return nil, err
+	}
+	s.sessions.forget(s.nsOf(ctx), leaseHexOf(in.ID))
+	if _, err := s.cli.Revoke(ctx, sess.id); errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		return nil, sessionGone(in.ID, s.nsOf(ctx))
+	} else if err != nil {
+		return nil, problem(err, nil)
+	}
+	return nil, nil
 }
 
 // sessionIDRule is the rule a malformed session id breaks.

@@ -55,6 +55,7 @@ func TestSessionExpires(t *testing.T) {
 // with another secret is no session: 404 on the session's routes and on a
 // lock acquisition, 409 on an outcome under it, and nothing is written.
 func TestSessionSecret(t *testing.T) {
+	t.Parallel()
 	a := newAPI(t)
 	id := a.session(10)
 	lease, secret, ok := strings.Cut(id, ".")

@@ -46,6 +46,7 @@ func (a *api) step(id string, n int, session string, token float64, state string
 // writes nothing), completion with a result that releases the claim, and a
 // completed task is not claimed again.
 func TestAgentTaskLifecycle(t *testing.T) {
+	t.Parallel()
 	a := newAPI(t)
 	s1, s2 := a.session(30), a.session(30)
 	r := a.do("POST", "/v1/agent-tasks/report-1/claim", map[string]any{"session": s1, "steps": 3}).want(t, 200)
@@ -100,6 +101,7 @@ func TestAgentTaskLifecycle(t *testing.T) {
 // TestAgentTaskLastStepCompletes: with the step count known, writing the
 // last step completes the task and releases the claim, as a Go runner does.
 func TestAgentTaskLastStepCompletes(t *testing.T) {
+	t.Parallel()
 	a := newAPI(t)
 	s := a.session(30)
 	tok := a.claim("two-steps", s, 200).num("token")
@@ -158,6 +160,7 @@ func TestAgentTaskSessionExpiredIsFenced(t *testing.T) {
 // each other (one claim path), and the runner resumes after the step an
 // HTTP client wrote.
 func TestAgentTaskSharedWithGoRunner(t *testing.T) {
+	t.Parallel()
 	a := newAPI(t)
 	s := a.session(30)
 	tok := a.do("POST", "/v1/agent-tasks/mixed/claim", map[string]any{"session": s, "steps": 2}).want(t, 200).num("token")
@@ -195,6 +198,7 @@ func TestAgentTaskSharedWithGoRunner(t *testing.T) {
 // TestAgentTaskWaitInLine: ?wait queues the claim until the holder
 // releases it.
 func TestAgentTaskWaitInLine(t *testing.T) {
+	t.Parallel()
 	a := newAPI(t)
 	s1, s2 := a.session(30), a.session(30)
 	tok := a.claim("queued", s1, 200).num("token")
@@ -212,6 +216,7 @@ func TestAgentTaskWaitInLine(t *testing.T) {
 // TestAgentTaskStoreFull: past the high-water mark a step write and a
 // completion are 507 and write nothing; the claim itself still works.
 func TestAgentTaskStoreFull(t *testing.T) {
+	t.Parallel()
 	a := newAPI(t)
 	s := a.session(30)
 	tok := a.claim("full", s, 200).num("token")
@@ -235,6 +240,7 @@ func TestAgentTaskStoreFull(t *testing.T) {
 // invalid ids and sessions, out-of-range numbers and oversized bodies are
 // 400 or 413 problems on every route, and write nothing.
 func TestAgentTaskBadInput(t *testing.T) {
+	t.Parallel()
 	a := newAPI(t)
 	s := a.session(30)
 	tok := a.claim("ok-task", s, 200).num("token")
@@ -315,6 +321,7 @@ func (a *api) send(method, path string) {
 // cannot be claimed as an agent task (409, at once and after a wait), and
 // can once the queue's claim has ended.
 func TestAgentTaskHeldByQueueWorker(t *testing.T) {
+	t.Parallel()
 	a := newAPI(t)
 	s1, s2 := a.session(30), a.session(30)
 	a.do("POST", "/v1/queues/jobs/tasks", []map[string]any{{"task_id": "qjob", "task_type": "x"}}).want(t, 200)

@@ -61,6 +61,7 @@ func selfSigned(t *testing.T, dir string) (certFile, keyFile string, pool *x509.
 // only: a client that trusts the certificate gets its answer, a plain HTTP
 // request does not.
 func TestServeTLS(t *testing.T) {
+	t.Parallel()
 	certFile, keyFile, pool := selfSigned(t, t.TempDir())
 	s, err := httpapi.New(httpapi.Config{Etcd: srv.Client(t), Logger: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry()})
 	if err != nil {

@@ -12,6 +12,7 @@ import (
 // segment that parses back to it; plain names keep their keys; no
 // namespace's keys fall under another's prefix.
 func TestCheckpointNSRoundTrip(t *testing.T) {
+	t.Parallel()
 	s := keyspace.MustNew("ns")
 	nss := []string{"", "child", "child:1", "parent:1f0b|child:2a3c", "a|b", "@", ".", "..", "~", "~YQ", "a/b", "a b",
 		"écho|ünï", strings.Repeat("n", 128), strings.Repeat("n", 129), strings.Repeat("agent:1f0b3f7e-0d3c-6a2e-8000-0123456789ab|", 20)}
@@ -50,7 +51,7 @@ func TestCheckpointNSRoundTrip(t *testing.T) {
 			t.Fatalf("segment %q parsed as %q", seg, ns)
 		}
 	}
-	if _, ok := s.CheckpointNSOfKey("th", s.Checkpoints("th")+"interrupt"); ok {
+	if _, ok := s.CheckpointNSOfKey("th", s.CheckpointInterrupt("th")); ok {
 		t.Fatal("the interrupt key read as a namespace's")
 	}
 }

@@ -21,3 +21,10 @@ func (s Space) CheckpointThreadOfKey(key string) (string, bool) {
 	}
 	return thread, true
 }
+
+// CheckpointInterrupt is the key that asks the run holding thread to stop
+// for a newer one: a run watches it while it holds the thread, and a
+// newer run admitted with the interrupt policy writes it (its value: when
+// the request was made). It sits beside the thread's namespaces, and
+// [Space.CheckpointNSOfKey] reads no namespace from it.
+func (s Space) CheckpointInterrupt(thread string) string { return s.Checkpoints(thread) + "interrupt" }

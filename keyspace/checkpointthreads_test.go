@@ -10,8 +10,9 @@ import (
 // outside the checkpoints prefix, or without a valid thread segment, do
 // not.
 func TestCheckpointThreadOfKey(t *testing.T) {
+	t.Parallel()
 	s := keyspace.MustNew("ns")
-	for _, key := range []string{s.CheckpointKey("a-b", "@", "c1"), s.CheckpointHead("a-b", keyspace.CheckpointNSName("x|y")), s.Checkpoints("a-b") + "interrupt"} {
+	for _, key := range []string{s.CheckpointKey("a-b", "@", "c1"), s.CheckpointHead("a-b", keyspace.CheckpointNSName("x|y")), s.CheckpointInterrupt("a-b")} {
 		if th, ok := s.CheckpointThreadOfKey(key); !ok || th != "a-b" {
 			t.Fatalf("%s: %q %v", key, th, ok)
 		}

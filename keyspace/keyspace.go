@@ -3,7 +3,7 @@
 // Every key drover writes lives under a namespace, "/{ns}/", so that several
 // drover installations can share one etcd cluster. The layout is:
 //
-//	/{ns}/locks/{name}/{contender}   lock contenders; the oldest is the holder
+//	/{ns}/locks/{name}/{contender}   lock contenders; the oldest is the holder ({contender}: "{lease:016x}-{random}-{slot}")
 //	/{ns}/tasks/{id}/checkpoint       a task's latest checkpoint
 //	/{ns}/tasks/{id}/steps/{NNNNNN}   the record of each completed step
 //	/{ns}/tasks/{id}/record           a queued task's record of its own (retrying, dead, cancelled, handed back)
@@ -26,6 +26,7 @@
 //	/{ns}/queues/{q}/levels/{level}   a priority level that may have pending tasks
 //	/{ns}/queue-names/{q}             the queue directory: a queue that was submitted to or configured
 //	/{ns}/checkpoints/{thread}/{cpns|@}/{head|fence|cp/{id}|writes/{id}} agent state per thread ({cpns}: the checkpoint namespace as it is when it is a name, else "~" and its base64url)
+//	/{ns}/checkpoints/{thread}/interrupt a request that the thread's current run stop for a newer one (its value: when it was made)
 //	/{ns}/queues/{q}/cancel/{id}      a request to cancel a running task
 //	/{ns}/components/{component}/endpoints/{id} a registered endpoint, bound to its process's primary lease
 //	/{ns}/limits/{name}/{config|state} a fleet-wide rate limit: its rate, and its token bucket
@@ -38,9 +39,10 @@
 //
 // Names that become one path segment are checked by [CheckName], so that no
 // name can reach into another name's keys. The keys that carry more than a
-// name (a pending task's shard, level and submission time; a retry's due
-// time; a quota grant's lease; a checkpoint's parts) are built and parsed
-// here too ([Space.PendingKey] and [ParsePending], [TimedKey] and
+// name (a lock contender's lease; a pending task's shard, level and
+// submission time; a retry's due time; a quota grant's subject and lease; a
+// checkpoint's parts) are built and parsed here too ([ContenderPrefix] and
+// [ContenderLease], [Space.PendingKey] and [ParsePending], [TimedKey] and
 // [ParseTimedKey], [SplitName], ...), with round-trip tests: no other package
 // builds or slices a key. (The Redis lock's keys are Redis's, named in
 // package lock next to the scripts that use them.)
@@ -130,12 +132,8 @@ func (s Space) LockContender(name, contender string) string { return s.Lock(name
 // LockName returns the lock name of a key under [Space.Locks], and false when
 // key is not a contender key of this namespace.
 func (s Space) LockName(key string) (string, bool) {
-	rest, ok := strings.CutPrefix(key, s.Locks())
-	if !ok {
-		return "", false
-	}
-	name, contender, ok := strings.Cut(rest, "/")
-	return name, ok && name != "" && contender != ""
+	name, _, ok := s.ParseLockContender(key)
+	return name, ok
 }
 
 // String returns the namespace root, for logs.
@@ -164,6 +162,10 @@ func (s Space) TaskFence(id string) string { return s.Task(id) + "fence" }
 
 // TaskLock is the lock name that guards task id's runner.
 func TaskLock(id string) string { return "task:" + id }
+
+// ThreadLock is the lock name that a run on checkpoint thread thread holds
+// (package checkpoint's admission).
+func ThreadLock(thread string) string { return "thread:" + thread }
 
 // TaskRecord is the key of queued task id's record.
 func (s Space) TaskRecord(id string) string { return s.Task(id) + "record" }
@@ -245,16 +247,16 @@ func (s Space) Namespace() string { return strings.Trim(s.root, "/") }
 func (s Space) Limits() string { return s.root + "limits/" }
 
 // LimitConfig is the key of rate limit name's configuration.
-func (s Space) LimitConfig(name string) string { return s.Limits() + name + "/config" }
+func (s Space) LimitConfig(name string) string { return s.Limit(name) + ConfigPart }
 
 // LimitState is the key of rate limit name's token bucket.
-func (s Space) LimitState(name string) string { return s.Limits() + name + "/state" }
+func (s Space) LimitState(name string) string { return s.Limit(name) + StatePart }
 
 // Quotas is the prefix of every concurrency quota, ending in "/".
 func (s Space) Quotas() string { return s.root + "quotas/" }
 
 // QuotaConfig is the key of quota name's configuration.
-func (s Space) QuotaConfig(name string) string { return s.Quotas() + name + "/config" }
+func (s Space) QuotaConfig(name string) string { return s.Quota(name) + ConfigPart }
 
 // QuotaGrants is the prefix of quota name's grants for subject (a tenant, a
 // task type, or "-" for a named resource), ending in "/"; subject "" gives
@@ -277,10 +279,10 @@ func (s Space) QuotaLedger(name, subject string) string {
 func (s Space) Breakers() string { return s.root + "breakers/" }
 
 // BreakerConfig is the key of breaker name's thresholds.
-func (s Space) BreakerConfig(name string) string { return s.Breakers() + name + "/config" }
+func (s Space) BreakerConfig(name string) string { return s.Breaker(name) + ConfigPart }
 
 // BreakerState is the key of breaker name's state.
-func (s Space) BreakerState(name string) string { return s.Breakers() + name + "/state" }
+func (s Space) BreakerState(name string) string { return s.Breaker(name) + StatePart }
 
 // QueueConfig is the key of queue q's settings.
 func (s Space) QueueConfig(q string) string { return s.Queue(q) + "config" }

@@ -10,6 +10,7 @@ import (
 )
 
 func TestCheckName(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name string
 		ok   bool
@@ -40,6 +41,7 @@ func TestCheckName(t *testing.T) {
 }
 
 func TestLayout(t *testing.T) {
+	t.Parallel()
 	s := keyspace.MustNew("")
 	if s.Root() != "/drover/" {
 		t.Fatalf("default root %q", s.Root())
@@ -65,6 +67,7 @@ func TestLayout(t *testing.T) {
 }
 
 func TestEndpointKeys(t *testing.T) {
+	t.Parallel()
 	s := keyspace.MustNew("dyn")
 	key := s.Endpoint("VllmWorker", "worker-1")
 	if key != "/dyn/components/VllmWorker/endpoints/worker-1" {

@@ -2,6 +2,7 @@ package keyspace
 
 import (
 	"fmt"
+	"net/url"
 	"strings"
 )
 
@@ -29,10 +30,13 @@ func (s Space) CheckpointFence(thread, ns string) string {
 	return s.CheckpointBase(thread, ns) + "fence"
 }
 
+// CheckpointKeys is the prefix of a thread's checkpoints in checkpoint
+// namespace ns, ending in "/": [Space.CheckpointKey] of each id is under
+// it, in the byte order of the ids.
+func (s Space) CheckpointKeys(thread, ns string) string { return s.CheckpointBase(thread, ns) + "cp/" }
+
 // CheckpointKey is the key of checkpoint id of a thread.
-func (s Space) CheckpointKey(thread, ns, id string) string {
-	return s.CheckpointBase(thread, ns) + "cp/" + id
-}
+func (s Space) CheckpointKey(thread, ns, id string) string { return s.CheckpointKeys(thread, ns) + id }
 
 // CheckpointWrites is the key of the pending writes of checkpoint id of a
 // thread.
@@ -58,14 +62,31 @@ func SplitName(prefix, key string) (name, part string, ok bool) {
 	return name, part, ok && name != ""
 }
 
-// GrantSubject is the subject of a quota key part "grants/{subject}/{lease}";
-// false for other parts.
+// The parts after a name under [Space.Limits], [Space.Quotas] and
+// [Space.Breakers] that [SplitName] returns for their single keys.
+const (
+	// ConfigPart is the part of a limit's, quota's or breaker's settings.
+	ConfigPart = "config"
+	// StatePart is the part of a limit's token bucket or a breaker's state.
+	StatePart = "state"
+)
+
+// EscapeSubject is the key segment of quota subject subject (a tenant, which
+// may hold any character): path-escaped, so that it has no '/'.
+func EscapeSubject(subject string) string { return url.PathEscape(subject) }
+
+// GrantSubject is the subject of a quota key part "grants/{subject}/{lease}",
+// unescaped as [EscapeSubject] wrote it (kept as is when it is not an
+// escaped segment); false for other parts.
 func GrantSubject(part string) (string, bool) {
 	sub, ok := strings.CutPrefix(part, "grants/")
 	if !ok {
 		return "", false
 	}
 	subject, _, _ := strings.Cut(sub, "/")
+	if s, err := url.PathUnescape(subject); err == nil {
+		subject = s
+	}
 	return subject, true
 }
 

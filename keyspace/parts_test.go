@@ -1,6 +1,7 @@
 package keyspace_test
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/droverhq/drover/keyspace"
@@ -9,9 +10,13 @@ import (
 // TestFlowAndCheckpointKeysRoundTrip: keys of limits, quotas, breakers and
 // checkpoints parse back to their parts.
 func TestFlowAndCheckpointKeysRoundTrip(t *testing.T) {
+	t.Parallel()
 	s := keyspace.MustNew("ns")
 	for _, c := range []struct{ key, prefix, name, part string }{
 		{s.LimitConfig("openai"), s.Limits(), "openai", "config"},
+		{s.LimitState("openai"), s.Limits(), "openai", keyspace.StatePart},
+		{s.QuotaConfig("tenant"), s.Quotas(), "tenant", keyspace.ConfigPart},
+		{s.BreakerConfig("crm"), s.Breakers(), "crm", keyspace.ConfigPart},
 		{s.BreakerState("crm"), s.Breakers(), "crm", "state"},
 		{s.QuotaGrant("tenant", "acme", 0x1f), s.Quotas(), "tenant", "grants/acme/1f"},
 	} {
@@ -23,10 +28,26 @@ func TestFlowAndCheckpointKeysRoundTrip(t *testing.T) {
 	if sub, ok := keyspace.GrantSubject("grants/acme/1f"); !ok || sub != "acme" {
 		t.Fatalf("subject %q %t", sub, ok)
 	}
+	for _, tenant := range []string{"acme", "a/b", "a%2Fb", "é t", "100%"} {
+		seg := keyspace.EscapeSubject(tenant)
+		if strings.Contains(seg, "/") {
+			t.Fatalf("tenant %q: segment %q", tenant, seg)
+		}
+		_, part, _ := keyspace.SplitName(s.Quotas(), s.QuotaGrant("tenant", seg, 1))
+		if sub, ok := keyspace.GrantSubject(part); !ok || sub != tenant {
+			t.Fatalf("tenant %q: grant subject %q %t", tenant, sub, ok)
+		}
+	}
 	if _, ok := keyspace.GrantSubject("ledger/acme"); ok {
 		t.Fatal("a ledger read as a grant")
 	}
 	if got := s.CheckpointKey("th", "", "c1"); got != "/ns/checkpoints/th/@/cp/c1" {
+		t.Fatal(got)
+	}
+	if pre := s.CheckpointKeys("th", "sub"); pre != "/ns/checkpoints/th/sub/cp/" || !strings.HasPrefix(s.CheckpointKey("th", "sub", "c1"), pre) {
+		t.Fatalf("checkpoint prefix %q", pre)
+	}
+	if got := s.CheckpointInterrupt("th"); got != "/ns/checkpoints/th/interrupt" {
 		t.Fatal(got)
 	}
 	if got := s.CheckpointWrites("th", "sub", "c1"); got != "/ns/checkpoints/th/sub/writes/c1" {

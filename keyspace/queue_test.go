@@ -10,6 +10,7 @@ import (
 // TestQueueKeysRoundTrip: every queue key keyspace builds parses back to
 // what built it, ids with '-' and ':' included, and others are refused.
 func TestQueueKeysRoundTrip(t *testing.T) {
+	t.Parallel()
 	s := keyspace.MustNew("ns")
 	at := time.Unix(0, 1763820000123456789)
 	for _, p := range []keyspace.Pending{{Shard: 0, Level: 0, Submitted: at, ID: "a"}, {Shard: 511, Level: 1000, Submitted: at, ID: "job-1:x-2"}} {
@@ -52,6 +53,7 @@ func TestQueueKeysRoundTrip(t *testing.T) {
 // level, then time; a task's place and the parts of a segment's state keys
 // parse back to what built them; others are refused.
 func TestSegmentKeysRoundTrip(t *testing.T) {
+	t.Parallel()
 	s := keyspace.MustNew("ns")
 	at := time.Unix(0, 1763820000123456789)
 	name := keyspace.SegmentName(37, at, "abcdef12")
@@ -94,6 +96,7 @@ func TestSegmentKeysRoundTrip(t *testing.T) {
 // TestSegmentStateNamesRoundTrip: run, outcome and exit names, and segment
 // names, parse back to what built them; others are refused.
 func TestSegmentStateNamesRoundTrip(t *testing.T) {
+	t.Parallel()
 	if n := keyspace.RunSlots(keyspace.RunName(42, "w-1:x", 7)); n != 42 {
 		t.Fatalf("run slots %d", n)
 	}

@@ -22,6 +22,7 @@ func mustGet(t *testing.T, cli *clientv3.Client, key string) (value string, leas
 }
 
 func TestCreate(t *testing.T) {
+	t.Parallel()
 	cli := srv.Client(t)
 	ctx := context.Background()
 	key := "/" + etcdtest.Namespace(t) + "/k"
@@ -52,6 +53,7 @@ func TestCreate(t *testing.T) {
 }
 
 func TestCreateOrValidate(t *testing.T) {
+	t.Parallel()
 	cli := srv.Client(t)
 	ctx := context.Background()
 	key := "/" + etcdtest.Namespace(t) + "/k"
@@ -118,6 +120,7 @@ func ExampleCreate() {
 // at the same time; no entry is lost to another writer's stale copy. An
 // error from the change writes nothing.
 func TestUpdateConcurrent(t *testing.T) {
+	t.Parallel()
 	key := etcdtest.Namespace(t) + "/counts"
 	errs := make(chan error, 5)
 	for w := range 5 {

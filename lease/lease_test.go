@@ -142,6 +142,7 @@ func TestRenewalKeepsLeaseAlive(t *testing.T) {
 }
 
 func TestRevokedElsewhereCancelsContext(t *testing.T) {
+	t.Parallel()
 	cli := srv.Client(t)
 	other := srv.Client(t)
 	key := "/" + etcdtest.Namespace(t) + "/worker"
@@ -306,6 +307,7 @@ func TestEtcdStoppedUnderLease(t *testing.T) {
 }
 
 func TestErr(t *testing.T) {
+	t.Parallel()
 	cli := srv.Client(t)
 	other := srv.Client(t)
 	ctx := context.Background()

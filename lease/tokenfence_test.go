@@ -16,6 +16,7 @@ import (
 // it applied, equal and higher tokens pass and raise the key, and the
 // caller's own compares still decide between Then and Else.
 func TestTokenTxn(t *testing.T) {
+	t.Parallel()
 	cli := srv.Client(t)
 	ctx := context.Background()
 	ns := "/" + etcdtest.Namespace(t) + "/"
@@ -77,6 +78,7 @@ func TestTokenTxn(t *testing.T) {
 // the key, cutting off earlier tokens before the new holder writes; a loss
 // known locally refuses a write without sending it.
 func TestTokenTxnRaiseAndCheck(t *testing.T) {
+	t.Parallel()
 	cli := srv.Client(t)
 	ctx := context.Background()
 	ns := "/" + etcdtest.Namespace(t) + "/"

@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"log/slog"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -119,7 +118,7 @@ func NewEtcd(ctx context.Context, cli *clientv3.Client, cfg EtcdConfig) (*Etcd, 
 	}
 	// The random part (128 bits, crypto/rand) makes a holding's key a
 	// secret of its holder: the HTTP API releases by it.
-	e.nonce = fmt.Sprintf("%016x-%s-", int64(e.lease.ID()), strings.ToLower(crand.Text()))
+	e.nonce = keyspace.ContenderPrefix(int64(e.lease.ID()), strings.ToLower(crand.Text()))
 	return e, nil
 }
 
@@ -164,7 +163,7 @@ func (e *Etcd) contender(name string) (key string, done func(reusable bool)) {
 		slot++
 	}
 	used[slot] = true
-	key = e.keys.LockContender(name, e.nonce+strconv.Itoa(slot))
+	key = e.keys.LockContender(name, keyspace.ContenderName(e.nonce, slot))
 	var once sync.Once
 	return key, func(reusable bool) {
 		once.Do(func() {
@@ -444,11 +443,11 @@ func (e *Etcd) Release(ctx context.Context, name string, token int64) error {
 	if err := CheckName(name); err != nil {
 		return err
 	}
-	prefix := e.keys.Lock(name)
+	prefix := e.keys.LockContender(name, e.nonce)
 	// The holder's key must be one of this locker's: its name carries the
 	// locker's lease and nonce, and a key's name never changes.
 	return e.releaseMatching(ctx, name, token, func(kv *mvccpb.KeyValue) bool {
-		return strings.HasPrefix(string(kv.Key), prefix+e.nonce)
+		return strings.HasPrefix(string(kv.Key), prefix)
 	})
 }
 

@@ -68,6 +68,7 @@ func TestLeaseLossCancelsRuntime(t *testing.T) {
 // TestShutdownRevokesAndWaits: Shutdown waits for goroutines, and revoking
 // the lease deletes what was bound to it at once.
 func TestShutdownRevokesAndWaits(t *testing.T) {
+	t.Parallel()
 	cli := srv.Client(t)
 	ctx := context.Background()
 	rt, err := process.Start(ctx, cli, process.WithNamespace(etcdtest.Namespace(t)))
@@ -119,6 +120,7 @@ func TestShutdownRevokesAndWaits(t *testing.T) {
 // behind its back: the root context stays alive and a new lease replaces the
 // old one.
 func TestReRegisterSurvivesLeaseLoss(t *testing.T) {
+	t.Parallel()
 	cli := srv.Client(t)
 	ctx := context.Background()
 	rt, err := process.Start(ctx, cli, process.WithTTL(2*time.Second), process.WithReRegister())

@@ -24,6 +24,7 @@ func TestMain(m *testing.M) {
 // FullError and FromRange return the stored error; Set and Clear cover
 // every namespace given, and no other.
 func TestGuardKey(t *testing.T) {
+	t.Parallel()
 	cli := srv.Client(t)
 	ctx := context.Background()
 	a, b, other := keyspace.MustNew(etcdtest.Namespace(t)), keyspace.MustNew(etcdtest.Namespace(t)), keyspace.MustNew(etcdtest.Namespace(t))
@@ -82,6 +83,7 @@ func TestGuardKey(t *testing.T) {
 // TestUnreadableGuardValue: a guard key that does not hold the guard's JSON
 // still refuses, with an error matching ErrStoreFull.
 func TestUnreadableGuardValue(t *testing.T) {
+	t.Parallel()
 	cli := srv.Client(t)
 	ctx := context.Background()
 	keys := keyspace.MustNew(etcdtest.Namespace(t))

@@ -24,12 +24,17 @@ exits 75) instead of growing etcd without bound.`,
   drover queues get emails --json
   drover queues delete old-emails --yes`,
 	}
+	cmd.AddCommand(a.queuesSetCommand(), a.queuesGetCommand(), a.queuesListCommand(), a.queuesDeleteCommand())
+	return cmd
+}
+
+func (a *app) queuesSetCommand() *cobra.Command {
 	var (
 		maxDepth int64
 		fifo     bool
 		setJSON  bool
 	)
-	set := &cobra.Command{
+	cmd := &cobra.Command{
 		Use:     "set Q [--max-depth N] [--fifo]",
 		Short:   "Change a queue's settings (0: no bound)",
 		Example: `  drover queues set emails --max-depth 100000`,
@@ -68,11 +73,15 @@ exits 75) instead of growing etcd without bound.`,
 			return nil
 		},
 	}
-	set.Flags().BoolVar(&setJSON, "json", false, "print the settings as JSON")
-	set.Flags().Int64Var(&maxDepth, "max-depth", 0, "most unfinished tasks the queue holds (0: no bound)")
-	set.Flags().BoolVar(&fifo, "fifo", false, "claim equal priorities exactly in submission order (tasks submitted from now on; keep such queues to about 100,000 tasks)")
+	cmd.Flags().BoolVar(&setJSON, "json", false, "print the settings as JSON")
+	cmd.Flags().Int64Var(&maxDepth, "max-depth", 0, "most unfinished tasks the queue holds (0: no bound)")
+	cmd.Flags().BoolVar(&fifo, "fifo", false, "claim equal priorities exactly in submission order (tasks submitted from now on; keep such queues to about 100,000 tasks)")
+	return cmd
+}
+
+func (a *app) queuesGetCommand() *cobra.Command {
 	var asJSON bool
-	get := &cobra.Command{
+	cmd := &cobra.Command{
 		Use:     "get Q [--json]",
 		Short:   "Show a queue's settings and depth",
 		Example: `  drover queues get emails --json`,
@@ -106,8 +115,7 @@ exits 75) instead of growing etcd without bound.`,
 			return nil
 		},
 	}
-	get.Flags().BoolVar(&asJSON, "json", false, "print JSON")
-	cmd.AddCommand(set, get, a.queuesListCommand(), a.queuesDeleteCommand())
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
 }
 

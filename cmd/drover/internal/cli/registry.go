@@ -62,54 +62,10 @@ a JSON object (load figures such as request_active_slots).`,
 			}
 			component := args[0]
 			ep.Data = json.RawMessage(data)
-			if err := registry.CheckComponent("COMPONENT", component); err != nil {
+			if err := checkRegistration(component, ep, ttl); err != nil {
 				return err
 			}
-			if err := ep.Check(); err != nil {
-				return flagError(err)
-			}
-			if err := drover.Rename(lease.CheckTTL("ttl", ttl), "--ttl"); err != nil {
-				return err
-			}
-			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
-			defer stop()
-			cli, err := a.connect(ctx)
-			if err != nil {
-				return err
-			}
-			defer cli.Close()
-			opts := []process.Option{process.WithTTL(ttl), process.WithNamespace(a.namespace), process.WithLogger(a.logger)}
-			if reRegister {
-				opts = append(opts, process.WithReRegister())
-			}
-			rt, err := process.Start(ctx, cli, opts...)
-			if err != nil {
-				return err
-			}
-			defer shutdown(rt)
-			reg, err := registry.Register(ctx, rt, component, ep)
-			if err != nil {
-				if errors.Is(err, registry.ErrDuplicate) {
-					return withCode(ExitUsage, err)
-				}
-				return err
-			}
-			if asJSON {
-				_ = json.NewEncoder(a.stdout).Encode(map[string]any{"registered": reg.Key(), "component": component, "id": ep.ID, "lease": fmt.Sprintf("%x", int64(rt.Lease().ID()))})
-			} else {
-				fmt.Fprintf(a.stdout, "registered %s/%s (lease %x, TTL %s); holding until interrupted\n", component, ep.ID, int64(rt.Lease().ID()), rt.Lease().TTL())
-			}
-			select {
-			case <-ctx.Done():
-				return nil
-			case <-rt.Done():
-				return withCode(ExitLeaseLost, fmt.Errorf("registration of %s/%s ended: %w", component, ep.ID, rt.Err()))
-			case <-reg.Done():
-				if ctx.Err() != nil {
-					return nil
-				}
-				return fmt.Errorf("registration of %s/%s ended: %w", component, ep.ID, reg.Err())
-			}
+			return a.registerAndHold(cmd.Context(), component, ep, ttl, reRegister, asJSON)
 		},
 	}
 	f := cmd.Flags()
@@ -121,6 +77,62 @@ a JSON object (load figures such as request_active_slots).`,
 	f.BoolVar(&reRegister, "reregister", false, "after a lease loss, grant a new lease and register again instead of exiting")
 	f.BoolVar(&asJSON, "json", false, "print the registration as JSON")
 	return cmd
+}
+
+// checkRegistration checks the arguments of drover registry register.
+func checkRegistration(component string, ep registry.Endpoint, ttl time.Duration) error {
+	if err := registry.CheckComponent("COMPONENT", component); err != nil {
+		return err
+	}
+	if err := ep.Check(); err != nil {
+		return flagError(err)
+	}
+	return drover.Rename(lease.CheckTTL("ttl", ttl), "--ttl")
+}
+
+// registerAndHold registers endpoint ep of component under a runtime's
+// primary lease and holds it until SIGINT or SIGTERM, or until the
+// registration ends.
+func (a *app) registerAndHold(ctx context.Context, component string, ep registry.Endpoint, ttl time.Duration, reRegister, asJSON bool) error {
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	cli, err := a.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	opts := []process.Option{process.WithTTL(ttl), process.WithNamespace(a.namespace), process.WithLogger(a.logger)}
+	if reRegister {
+		opts = append(opts, process.WithReRegister())
+	}
+	rt, err := process.Start(ctx, cli, opts...)
+	if err != nil {
+		return err
+	}
+	defer shutdown(rt)
+	reg, err := registry.Register(ctx, rt, component, ep)
+	if err != nil {
+		if errors.Is(err, registry.ErrDuplicate) {
+			return withCode(ExitUsage, err)
+		}
+		return err
+	}
+	if asJSON {
+		_ = json.NewEncoder(a.stdout).Encode(map[string]any{"registered": reg.Key(), "component": component, "id": ep.ID, "lease": fmt.Sprintf("%x", int64(rt.Lease().ID()))})
+	} else {
+		fmt.Fprintf(a.stdout, "registered %s/%s (lease %x, TTL %s); holding until interrupted\n", component, ep.ID, int64(rt.Lease().ID()), rt.Lease().TTL())
+	}
+	select {
+	case <-ctx.Done():
+		return nil
+	case <-rt.Done():
+		return withCode(ExitLeaseLost, fmt.Errorf("registration of %s/%s ended: %w", component, ep.ID, rt.Err()))
+	case <-reg.Done():
+		if ctx.Err() != nil {
+			return nil
+		}
+		return fmt.Errorf("registration of %s/%s ended: %w", component, ep.ID, reg.Err())
+	}
 }
 
 // flagError renames an input error's field to its flag.

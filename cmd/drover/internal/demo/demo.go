@@ -6,17 +6,13 @@
 package demo
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
-	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/droverhq/drover/cluster"
@@ -101,221 +97,42 @@ type Summary struct {
 // invariant.
 var ErrInvariant = errors.New("demo: invariant violated")
 
-type workerProc struct {
-	id  string
-	cmd *exec.Cmd
-}
-
 // Run plays the demo: a private embedded etcd in a temporary directory, the
 // worker processes, the kill, the takeover. Everything it starts is stopped
 // and removed before it returns.
 func Run(ctx context.Context, cfg Config) (Summary, error) {
 	cfg.defaults()
-	sum := Summary{TaskID: TaskID, TTLMillis: cfg.TTL.Milliseconds(), Violations: []string{}, StepsRunTwice: []int{}}
-	exe := cfg.Executable
-	if exe == "" {
-		var err error
-		if exe, err = os.Executable(); err != nil {
-			return sum, fmt.Errorf("demo: find the drover binary: %w", err)
-		}
+	p := newPlay(cfg)
+	exe, err := executable(cfg.Executable)
+	if err != nil {
+		return p.sum, err
 	}
-	start := time.Now()
-	line := func(who, format string, args ...any) {
-		fmt.Fprintf(cfg.Timeline, "  +%6.3fs  %-9s %s\n", time.Since(start).Seconds(), who, fmt.Sprintf(format, args...))
-	}
-
+	p.start = time.Now()
 	dir, err := os.MkdirTemp("", "drover-demo-")
 	if err != nil {
-		return sum, fmt.Errorf("demo: %w", err)
+		return p.sum, fmt.Errorf("demo: %w", err)
 	}
 	defer os.RemoveAll(dir)
-	clientAddr, err := cluster.FreeLoopbackAddr()
+	srv, clientAddr, err := p.startEtcd(ctx, dir)
 	if err != nil {
-		return sum, err
-	}
-	peerAddr, err := cluster.FreeLoopbackAddr()
-	if err != nil {
-		return sum, err
-	}
-	srv, err := cluster.Embed(ctx, cluster.EmbedConfig{DataDir: dir, ClientURL: "http://" + clientAddr, PeerURL: "http://" + peerAddr})
-	if err != nil {
-		return sum, fmt.Errorf("demo: %w", err)
+		return p.sum, err
 	}
 	defer func() { _ = srv.Close(context.WithoutCancel(ctx)) }()
-	line("etcd", "embedded etcd ready at %s (data in a temporary directory)", clientAddr)
 	cli, err := cluster.Connect(ctx, cluster.ClientConfig{Endpoints: srv.Endpoints()})
 	if err != nil {
-		return sum, err
+		return p.sum, err
 	}
 	defer cli.Close()
 
 	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 	defer cancel()
-	events := make(chan task.Event, 256)
-	var readers sync.WaitGroup
-	procs := map[string]*workerProc{}
-	defer func() {
-		for _, p := range procs {
-			_ = p.cmd.Process.Kill()
-		}
-		readers.Wait()
-		for _, p := range procs {
-			_ = p.cmd.Wait()
-		}
-	}()
-	for i := 1; i <= cfg.Workers; i++ {
-		id := fmt.Sprintf("worker-%d", i)
-		cmd := exec.Command(exe, "demo-worker",
-			"--etcd-endpoints", clientAddr, "--namespace", Namespace, "--log-level", "error",
-			"--task", TaskID, "--worker-id", id, "--ttl", cfg.TTL.String(), "--step-duration", cfg.StepDuration.String())
-		cmd.Env = append(os.Environ(), "ETCD_ENDPOINTS=")
-		// A worker dies with the demo, however the demo ends.
-		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-		cmd.Stderr = os.Stderr
-		out, err := cmd.StdoutPipe()
-		if err != nil {
-			return sum, fmt.Errorf("demo: %w", err)
-		}
-		if err := cmd.Start(); err != nil {
-			return sum, fmt.Errorf("demo: start %s: %w", id, err)
-		}
-		procs[id] = &workerProc{id: id, cmd: cmd}
-		sum.Workers = append(sum.Workers, id)
-		line(id, "started (pid %d)", cmd.Process.Pid)
-		readers.Add(1)
-		go func() {
-			defer readers.Done()
-			sc := bufio.NewScanner(out)
-			for sc.Scan() {
-				var ev task.Event
-				if json.Unmarshal(sc.Bytes(), &ev) != nil {
-					continue
-				}
-				select {
-				case events <- ev:
-				case <-ctx.Done():
-					return
-				}
-			}
-		}()
+	defer p.stopWorkers()
+	if err := p.startWorkers(ctx, exe, clientAddr); err != nil {
+		return p.sum, err
 	}
-	go func() { readers.Wait(); close(events) }()
-
-	var (
-		killTimer  <-chan time.Time
-		killedAt   time.Time
-		starts     = map[int][]string{}  // step -> workers that started it
-		checkpoint = map[int]time.Time{} // step -> when it was checkpointed
-		redone     = 0
-	)
-loop:
-	for {
-		select {
-		case ev, ok := <-events:
-			if !ok {
-				break loop // every worker has ended
-			}
-			switch ev.Type {
-			case task.EventWaiting:
-				line(ev.Worker, "waits: the task is held by another worker (watching its lock key)")
-			case task.EventAcquired:
-				if sum.FirstHolder == "" {
-					sum.FirstHolder = ev.Worker
-					line(ev.Worker, "acquired the task lock (fencing token %d)", ev.Token)
-				} else if !killedAt.IsZero() && sum.ResumedBy == "" {
-					sum.ResumedBy = ev.Worker
-					line(ev.Worker, "acquired the task lock (fencing token %d), %d ms after the crash: the lease expired and etcd deleted the lock key", ev.Token, time.Since(killedAt).Milliseconds())
-				} else {
-					line(ev.Worker, "acquired the task lock (fencing token %d)", ev.Token)
-				}
-			case task.EventResumed:
-				if ev.Step == 1 {
-					line(ev.Worker, "starts at step 1 (%s): no checkpoint yet", ev.Name)
-				} else {
-					line(ev.Worker, "resumes at step %d (%s): %s", ev.Step, ev.Name, task.CheckpointedUpTo(ev.Step-1))
-				}
-				if ev.Worker == sum.ResumedBy {
-					sum.ResumedFromStep = ev.Step
-				}
-			case task.EventStepStarted:
-				starts[ev.Step] = append(starts[ev.Step], ev.Worker)
-				if _, done := checkpoint[ev.Step]; done {
-					redone++
-				}
-				if ev.Worker == sum.ResumedBy && sum.TakeoverMillis == 0 {
-					sum.TakeoverMillis = time.Since(killedAt).Milliseconds()
-				}
-				line(ev.Worker, "step %d %s: started", ev.Step, ev.Name)
-				if ev.Step == cfg.KillStep && killedAt.IsZero() && killTimer == nil {
-					sum.CrashedWorker, sum.CrashedDuringStep = ev.Worker, ev.Step
-					killTimer = time.After(cfg.StepDuration * 2 / 5)
-				}
-			case task.EventStepCheckpointed:
-				checkpoint[ev.Step] = ev.At
-				line(ev.Worker, "step %d %s: checkpointed (fenced by token %d)", ev.Step, ev.Name, ev.Token)
-			case task.EventCompleted:
-				sum.FinalStatus = "completed"
-				line(ev.Worker, "task completed; lock released")
-			case task.EventAlreadyCompleted:
-				line(ev.Worker, "task already completed; nothing to do")
-			case task.EventLost:
-				line(ev.Worker, "lost the task: %s", ev.Err)
-			}
-		case <-killTimer:
-			killTimer = nil
-			p := procs[sum.CrashedWorker]
-			killedAt = time.Now()
-			_ = p.cmd.Process.Signal(syscall.SIGKILL)
-			line("demo", "SIGKILL %s (pid %d) during step %d (%s); its lease stops being renewed",
-				p.id, p.cmd.Process.Pid, cfg.KillStep, StepNames[cfg.KillStep-1])
-		case <-ctx.Done():
-			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-				sum.Violations = append(sum.Violations, fmt.Sprintf("the run did not finish within %s", cfg.Timeout))
-			} else {
-				sum.Violations = append(sum.Violations, "interrupted")
-			}
-			for _, p := range procs {
-				_ = p.cmd.Process.Kill()
-			}
-			break loop
-		}
-	}
-	for _, p := range procs {
-		_ = p.cmd.Wait()
-	}
-	sum.DurationMillis = time.Since(start).Milliseconds()
-
-	// Check the run against etcd's records.
-	store, err := task.NewStore(cli, Namespace)
-	if err != nil {
-		return sum, err
-	}
-	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	defer rcancel()
-	cp, err := store.Load(rctx, TaskID)
-	if err != nil {
-		return sum, err
-	}
-	hist, err := store.History(rctx, TaskID)
-	if err != nil {
-		return sum, err
-	}
-	sum.StepsCompleted = len(hist)
-	sum.CheckpointedStepsRedone = redone
-	for s := 1; s <= len(StepNames); s++ {
-		if len(starts[s]) > 1 {
-			sum.StepsRunTwice = append(sum.StepsRunTwice, s)
-		}
-	}
-	if sum.FinalStatus == "" {
-		sum.FinalStatus = "incomplete"
-	}
-	sum.Violations = append(sum.Violations, check(cfg, sum, cp, hist, starts, killedAt)...)
-	sum.InvariantsMet = len(sum.Violations) == 0
-	if !sum.InvariantsMet {
-		return sum, fmt.Errorf("%w: %s", ErrInvariant, strings.Join(sum.Violations, "; "))
-	}
-	return sum, nil
+	p.follow(ctx)
+	p.sum.DurationMillis = time.Since(p.start).Milliseconds()
+	return p.verify(ctx, cli)
 }
 
 // check returns every invariant the run broke.

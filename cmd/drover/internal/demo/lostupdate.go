@@ -76,9 +76,7 @@ func RunLostUpdate(ctx context.Context, cfg LostUpdateConfig) (LostUpdateResult,
 		return res, err
 	}
 	defer os.RemoveAll(dir)
-	clientAddr, _ := cluster.FreeLoopbackAddr()
-	peerAddr, _ := cluster.FreeLoopbackAddr()
-	srv, err := cluster.Embed(ctx, cluster.EmbedConfig{DataDir: dir, ClientURL: "http://" + clientAddr, PeerURL: "http://" + peerAddr})
+	srv, clientAddr, err := embedLostUpdateEtcd(ctx, dir)
 	if err != nil {
 		return res, err
 	}
@@ -101,9 +99,40 @@ func RunLostUpdate(ctx context.Context, cfg LostUpdateConfig) (LostUpdateResult,
 	fmt.Fprintf(cfg.Timeline, "drover demo lost-update: %d worker processes x %d invocations on one thread, protect=%s, store=%s\n",
 		cfg.Workers, cfg.Invocations, cfg.Protect, cfg.Store)
 
+	res.ConflictsRetried, err = runLostUpdateWorkers(ctx, cfg, exe, clientAddr, ns)
+	if err != nil {
+		return res, err
+	}
+	head, err := store.GetLatest(ctx, "counter", "")
+	if err != nil {
+		return res, err
+	}
+	res.Actual, _ = strconv.Atoi(string(head.State))
+	res.LostUpdates = res.Expected - res.Actual
+	res.DurationMillis = time.Since(start).Milliseconds()
+	return res, nil
+}
+
+// embedLostUpdateEtcd starts the experiment's private embedded etcd with
+// its data in dir, and returns it with its client address.
+func embedLostUpdateEtcd(ctx context.Context, dir string) (*cluster.Server, string, error) {
+	clientAddr, _ := cluster.FreeLoopbackAddr()
+	peerAddr, _ := cluster.FreeLoopbackAddr()
+	srv, err := cluster.Embed(ctx, cluster.EmbedConfig{DataDir: dir, ClientURL: "http://" + clientAddr, PeerURL: "http://" + peerAddr})
+	if err != nil {
+		return nil, "", err
+	}
+	return srv, clientAddr, nil
+}
+
+// runLostUpdateWorkers runs the worker processes against the etcd at
+// clientAddr until they exit, and returns the conflicts they retried and
+// the errors of those that failed.
+func runLostUpdateWorkers(ctx context.Context, cfg LostUpdateConfig, exe, clientAddr, ns string) (int, error) {
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var errs []error
+	conflicts := 0
 	for i := 1; i <= cfg.Workers; i++ {
 		args := []string{"demo-lost-update-worker", "--etcd-endpoints", clientAddr, "--namespace", ns, "--log-level", "error",
 			"--worker-id", fmt.Sprintf("worker-%d", i), "--protect", cfg.Protect, "--store", cfg.Store, "--database-url", cfg.DatabaseURL,
@@ -117,10 +146,10 @@ func RunLostUpdate(ctx context.Context, cfg LostUpdateConfig) (LostUpdateResult,
 		cmd.Stderr = os.Stderr
 		out, err := cmd.StdoutPipe()
 		if err != nil {
-			return res, err
+			return 0, err
 		}
 		if err := cmd.Start(); err != nil {
-			return res, err
+			return 0, err
 		}
 		wg.Add(1)
 		go func() {
@@ -130,7 +159,7 @@ func RunLostUpdate(ctx context.Context, cfg LostUpdateConfig) (LostUpdateResult,
 				var line struct{ Conflicts int }
 				if json.Unmarshal(sc.Bytes(), &line) == nil {
 					mu.Lock()
-					res.ConflictsRetried += line.Conflicts
+					conflicts += line.Conflicts
 					mu.Unlock()
 				}
 			}
@@ -142,17 +171,7 @@ func RunLostUpdate(ctx context.Context, cfg LostUpdateConfig) (LostUpdateResult,
 		}()
 	}
 	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		return res, err
-	}
-	head, err := store.GetLatest(ctx, "counter", "")
-	if err != nil {
-		return res, err
-	}
-	res.Actual, _ = strconv.Atoi(string(head.State))
-	res.LostUpdates = res.Expected - res.Actual
-	res.DurationMillis = time.Since(start).Milliseconds()
-	return res, nil
+	return conflicts, errors.Join(errs...)
 }
 
 // OpenStore opens the checkpoint store named by kind on namespace ns.

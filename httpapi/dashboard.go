@@ -8,6 +8,7 @@ import (
 
 	"github.com/danielgtaylor/huma/v2"
 	"github.com/droverhq/drover/registry"
+	"github.com/droverhq/drover/ui"
 )
 
 // QueueSummary is a queue with its counts by status and its settings.
@@ -124,4 +125,14 @@ func (s *Server) whoami(ctx context.Context, in *whoamiInput) (*struct{ Body Who
 		out.Auth, out.Role, out.Namespaces = true, e.role.String(), e.namespaces
 	}
 	return &struct{ Body Whoami }{out}, nil
+}
+
+// mountUI serves the dashboard at /ui/ (package ui): static files only,
+// without a token, since they hold no data; the pages read everything
+// through the API's routes with the token the user gives them. / and /ui
+// redirect to it.
+func (s *Server) mountUI() {
+	s.mux.Handle("GET /ui/", http.StripPrefix("/ui", ui.Handler()))
+	s.mux.Handle("GET /ui", http.RedirectHandler("/ui/", http.StatusFound))
+	s.mux.Handle("GET /{$}", http.RedirectHandler("/ui/", http.StatusFound))
 }
