@@ -9,6 +9,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/droverhq/drover/internal/taskstore"
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/metrics"
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -207,12 +208,12 @@ func (w *Worker) claimKeys(ctx context.Context, cands []*mvccpb.KeyValue, n int,
 		// task runner (package task): no claim while the runner's lock on
 		// the id has a holder or a waiter. The runner, for its part, waits
 		// for a queue claim to end before it runs.
-		runner := w.keys.Lock(keyspace.TaskLock(id))
+		runner := taskstore.RunnerLock(w.keys, id)
 		ops[i] = clientv3.OpTxn(
 			[]clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(string(kv.Key)), "=", kv.ModRevision), clientv3.Compare(clientv3.CreateRevision(ck), "=", 0),
-				clientv3.Compare(clientv3.CreateRevision(runner), "=", 0).WithPrefix()},
+				taskstore.NoRunner(runner)},
 			[]clientv3.Op{clientv3.OpPut(ck, string(cv), clientv3.WithLease(w.lease.ID())), clientv3.OpPut(string(kv.Key), encodePending(attempts[i], true)), clientv3.OpGet(w.keys.TaskRecord(id))},
-			[]clientv3.Op{clientv3.OpGet(runner, clientv3.WithPrefix(), clientv3.WithCountOnly())})
+			[]clientv3.Op{taskstore.CountRunners(runner)})
 	}
 	// Once sent, the claims may be applied whatever happens to ctx: do not
 	// let a shutdown cut the request short and leave claims nobody knows.

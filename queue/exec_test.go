@@ -14,8 +14,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/droverhq/drover/internal/testenv/etcdtest"
 	"github.com/droverhq/drover/internal/proc"
+	"github.com/droverhq/drover/internal/testenv/etcdtest"
 	"github.com/droverhq/drover/queue"
 )
 

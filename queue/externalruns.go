@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/droverhq/drover/internal/segcodec"
+	"github.com/droverhq/drover/internal/taskstore"
 	"github.com/droverhq/drover/keyspace"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -157,7 +157,7 @@ func (g *segGroup) parseRuns(c *Client, rev int64, rs []*pb.ResponseOp) {
 	g.rev, g.runs, g.exits, g.done = rev, nil, map[int]bool{}, map[int64]map[int]bool{}
 	pre := c.keys.Runs(g.q, g.seg)
 	for _, kv := range rs[0].GetResponseRange().Kvs {
-		v, err := segcodec.DecodeRun(kv.Value)
+		v, err := taskstore.DecodeRun(kv.Value)
 		if err != nil || len(v.Attempts) != len(v.Slots) {
 			continue
 		}
@@ -176,7 +176,7 @@ func (g *segGroup) parseRuns(c *Client, rev int64, rs []*pb.ResponseOp) {
 	for j, tok := range g.tokens() {
 		done := map[int]bool{}
 		for _, kv := range rs[3+j].GetResponseRange().Kvs {
-			o, err := segcodec.DecodeOut(kv.Value)
+			o, err := taskstore.DecodeOut(kv.Value)
 			if err != nil {
 				continue
 			}

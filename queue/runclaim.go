@@ -5,6 +5,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/droverhq/drover/internal/taskstore"
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/metrics"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
@@ -70,8 +71,7 @@ func (w *Worker) prepareRun(st *segState, ts []Task, pick []int, last bool) *run
 	// runner (package task): no claim while the runner's lock on one of
 	// the ids has a holder or a waiter.
 	for _, s := range pick {
-		runner := w.keys.Lock(keyspace.TaskLock(ts[s].ID))
-		rc.runners = append(rc.runners, clientv3.Compare(clientv3.CreateRevision(runner), "=", 0).WithPrefix())
+		rc.runners = append(rc.runners, taskstore.NoRunner(taskstore.RunnerLock(w.keys, ts[s].ID)))
 	}
 	return rc
 }
@@ -103,7 +103,7 @@ func (rc *runClaim) result(r *pb.TxnResponse) (made, runnerHeld bool) {
 func (rc *runClaim) findRunners(ctx context.Context) {
 	ops := make([]clientv3.Op, len(rc.pick))
 	for i, s := range rc.pick {
-		ops[i] = clientv3.OpGet(rc.w.keys.Lock(keyspace.TaskLock(rc.ts[s].ID)), clientv3.WithPrefix(), clientv3.WithCountOnly())
+		ops[i] = taskstore.CountRunners(taskstore.RunnerLock(rc.w.keys, rc.ts[s].ID))
 	}
 	resp, err := rc.w.cli.Txn(ctx).Then(ops...).Commit()
 	if err != nil {

@@ -12,7 +12,7 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/droverhq/drover/internal/segcodec"
+	"github.com/droverhq/drover/internal/taskstore"
 	"github.com/droverhq/drover/keyspace"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -90,13 +90,13 @@ func decodeSegment(b []byte) ([]Task, error) {
 }
 
 // runValue is what a run and its try hold (their stored form is
-// segcodec's).
-type runValue = segcodec.Run
+// taskstore's).
+type runValue = taskstore.Run
 
 // outValue is one batch of outcomes of a run.
-type outValue = segcodec.Out
+type outValue = taskstore.Out
 
-type okSlot = segcodec.OKSlot
+type okSlot = taskstore.OKSlot
 
 // segState is a segment's state as one read saw it.
 type segState struct {
@@ -172,7 +172,7 @@ func (c *Client) parseState(q, seg string, rev int64, rs []*pb.ResponseOp) *segS
 	refs := func(pre string, kvs []*mvccpb.KeyValue) []runRef {
 		var out []runRef
 		for _, kv := range kvs {
-			v, err := segcodec.DecodeRun(kv.Value)
+			v, err := taskstore.DecodeRun(kv.Value)
 			if err != nil {
 				st.unreadable++
 				continue
@@ -184,7 +184,7 @@ func (c *Client) parseState(q, seg string, rev int64, rs []*pb.ResponseOp) *segS
 	st.runs = refs(c.keys.Runs(q, seg), rs[1].GetResponseRange().Kvs)
 	st.tries = refs(c.keys.Tries(q, seg), rs[2].GetResponseRange().Kvs)
 	for _, kv := range rs[3].GetResponseRange().Kvs {
-		o, err := segcodec.DecodeOut(kv.Value)
+		o, err := taskstore.DecodeOut(kv.Value)
 		if err != nil {
 			st.unreadable++
 			continue
