@@ -23,7 +23,7 @@ import (
 // a few at a time, starting from a different shard each call, until it has
 // enough candidates. It also returns the revision its first read saw, from
 // which a watch misses nothing.
-func (w *Worker) claim(ctx context.Context, lane, n int) (claims []*claim, rev int64, contended bool, err error) {
+func (w *claimer) claim(ctx context.Context, lane, n int) (claims []*claim, rev int64, contended bool, err error) {
 	seq := w.claimSeq.Add(1)
 	// The priority turns (one claim in eight serves a lower level) count
 	// the claims that took something, not the attempts: under load many
@@ -95,8 +95,8 @@ func (w *Worker) claim(ctx context.Context, lane, n int) (claims []*claim, rev i
 // their own (back from a retry, a requeue or a hand-back) in the priority
 // levels levels, by the priority rule, oldest first, a dead worker's first;
 // rev is the revision of its first read.
-func (w *Worker) recordCandidates(ctx context.Context, n int, seq int64, levels []level, fifo bool, first *firstRead) (cands []*mvccpb.KeyValue, rev int64, err error) {
-	q := w.cfg.Queue
+func (w *claimer) recordCandidates(ctx context.Context, n int, seq int64, levels []level, fifo bool, first *firstRead) (cands []*mvccpb.KeyValue, rev int64, err error) {
+	q := w.queue
 	var suspects []*mvccpb.KeyValue
 	tried := map[string]bool{}
 	for {
@@ -181,8 +181,8 @@ func (w *Worker) recordCandidates(ctx context.Context, n int, seq int64, levels 
 // (bound to the lease) and counts the attempt. Unless ordered, it takes a
 // random n of the first 2n, so that workers reading the same keys do not
 // all race for the same tasks.
-func (w *Worker) claimKeys(ctx context.Context, cands []*mvccpb.KeyValue, n int, ordered bool) ([]*claim, error) {
-	q := w.cfg.Queue
+func (w *claimer) claimKeys(ctx context.Context, cands []*mvccpb.KeyValue, n int, ordered bool) ([]*claim, error) {
+	q := w.queue
 	pre := w.keys.QueuePending(q)
 	cands = w.withoutRunnerHeld(cands)
 	window := cands[:min(len(cands), 2*n)]
@@ -295,14 +295,14 @@ type firstRead struct {
 // and whether the queue is FIFO; in the same read it takes the head of the
 // next shard, which a claim of a queue with one level uses as its first
 // read, so that the markers cost no round trip of their own.
-func (w *Worker) readLevels(ctx context.Context, n int, hot string, listOpen bool) ([]level, bool, *firstRead, []*mvccpb.KeyValue, *segState, error) {
+func (w *claimer) readLevels(ctx context.Context, n int, hot string, listOpen bool) ([]level, bool, *firstRead, []*mvccpb.KeyValue, *segState, error) {
 	start := int(w.shardCursor.Add(1))
 	ops := []clientv3.Op{
-		clientv3.OpGet(w.keys.QueueLevels(w.cfg.Queue), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
-		clientv3.OpGet(w.keys.QueueConfig(w.cfg.Queue)),
-		clientv3.OpGet(w.client.shardPrefix(w.cfg.Queue, start%Shards), clientv3.WithPrefix(), clientv3.WithLimit(int64(2*n+8))),
+		clientv3.OpGet(w.keys.QueueLevels(w.queue), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
+		clientv3.OpGet(w.keys.QueueConfig(w.queue)),
+		clientv3.OpGet(w.client.shardPrefix(w.queue, start%Shards), clientv3.WithPrefix(), clientv3.WithLimit(int64(2*n+8))),
 	}
-	pre := w.keys.SegmentsOpen(w.cfg.Queue)
+	pre := w.keys.SegmentsOpen(w.queue)
 	w.levelMu.Lock()
 	above, from, end, bounded := w.window.bounds(pre)
 	tail := w.window.tail
@@ -313,7 +313,7 @@ func (w *Worker) readLevels(ctx context.Context, n int, hot string, listOpen boo
 	if listOpen {
 		ops = append(ops, openRange(from, end))
 	} else {
-		ops = append(ops, clientv3.OpGet(w.keys.SegmentOpen(w.cfg.Queue, hot), clientv3.WithKeysOnly()))
+		ops = append(ops, clientv3.OpGet(w.keys.SegmentOpen(w.queue, hot), clientv3.WithKeysOnly()))
 	}
 	ops = append(ops, openRange(pre, above))
 	// The segment this claim loop takes from (the one it took from last,
@@ -321,21 +321,21 @@ func (w *Worker) readLevels(ctx context.Context, n int, hot string, listOpen boo
 	// when they are not at hand yet.
 	hotCached := false
 	if hot != "" {
-		_, hotCached = w.client.segCache.get(w.cfg.Queue + "/" + hot)
-		ops = append(ops, w.client.stateOps(w.cfg.Queue, hot)...)
+		_, hotCached = w.client.segCache.get(w.queue + "/" + hot)
+		ops = append(ops, w.client.stateOps(w.queue, hot)...)
 		if !hotCached {
-			ops = append(ops, clientv3.OpGet(w.keys.Segment(w.cfg.Queue, hot)))
+			ops = append(ops, clientv3.OpGet(w.keys.Segment(w.queue, hot)))
 		}
 	}
 	resp, err := w.cli.Txn(ctx).Then(ops...).Commit()
 	if err != nil {
-		return nil, false, nil, nil, nil, fmt.Errorf("queue: read the priority levels of %s: %w", w.cfg.Queue, err)
+		return nil, false, nil, nil, nil, fmt.Errorf("queue: read the priority levels of %s: %w", w.queue, err)
 	}
 	var hotState *segState
 	if hot != "" {
-		hotState = w.client.parseState(w.cfg.Queue, hot, resp.Header.Revision, resp.Responses[5:])
+		hotState = w.client.parseState(w.queue, hot, resp.Header.Revision, resp.Responses[5:])
 		if kvs := resp.Responses[len(resp.Responses)-1].GetResponseRange().Kvs; !hotCached && len(kvs) == 1 {
-			if _, err := w.client.cacheSegment(w.cfg.Queue, hot, kvs[0].Value); err != nil {
+			if _, err := w.client.cacheSegment(w.queue, hot, kvs[0].Value); err != nil {
 				return nil, false, nil, nil, nil, err
 			}
 		}
@@ -343,7 +343,7 @@ func (w *Worker) readLevels(ctx context.Context, n int, hot string, listOpen boo
 	kvs := resp.Responses[0].GetResponseRange().Kvs
 	out := make([]level, 0, len(kvs))
 	for _, kv := range kvs {
-		name, _ := keyspace.Last(w.keys.QueueLevels(w.cfg.Queue), string(kv.Key))
+		name, _ := keyspace.Last(w.keys.QueueLevels(w.queue), string(kv.Key))
 		out = append(out, level{name: name, rev: kv.ModRevision})
 	}
 	var cfg Config
@@ -365,7 +365,7 @@ func (w *Worker) readLevels(ctx context.Context, n int, hot string, listOpen boo
 // segment, or without a bound), when the read found none; it returns the
 // segments and whether their read stopped before the last open segment
 // (bounded).
-func (w *Worker) sawOpen(ctx context.Context, pre string, bounded bool, open []*mvccpb.KeyValue) ([]*mvccpb.KeyValue, bool, error) {
+func (w *claimer) sawOpen(ctx context.Context, pre string, bounded bool, open []*mvccpb.KeyValue) ([]*mvccpb.KeyValue, bool, error) {
 	toLast := false // the last read ran to the last open segment
 	for {
 		names := make([]string, 0, len(open))
@@ -387,7 +387,7 @@ func (w *Worker) sawOpen(ctx context.Context, pre string, bounded bool, open []*
 		if !ok {
 			g, err := w.cli.Get(ctx, pre, clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithLimit(openRead))
 			if err != nil {
-				return nil, false, fmt.Errorf("queue: read open segments of %s: %w", w.cfg.Queue, err)
+				return nil, false, fmt.Errorf("queue: read open segments of %s: %w", w.queue, err)
 			}
 			open, bounded, toLast = g.Kvs, false, true
 			continue
@@ -395,7 +395,7 @@ func (w *Worker) sawOpen(ctx context.Context, pre string, bounded bool, open []*
 		// To the last open segment: bounded only below its head.
 		resp, err := w.cli.Txn(ctx).Then(openRange(pre, above), openRange(from, end)).Commit()
 		if err != nil {
-			return nil, false, fmt.Errorf("queue: read open segments of %s: %w", w.cfg.Queue, err)
+			return nil, false, fmt.Errorf("queue: read open segments of %s: %w", w.queue, err)
 		}
 		open, bounded, toLast = append(resp.Responses[0].GetResponseRange().Kvs, resp.Responses[1].GetResponseRange().Kvs...), true, true
 	}
@@ -413,7 +413,7 @@ func openRange(from, end string) clientv3.Op {
 // levels below it in turn, so no level starves; every 64th, or whenever the
 // queue has one level or none, reads every level at once (shard order, which
 // also finds tasks whose level has no marker).
-func (w *Worker) pickLevel(levels []level, seq int64, tried map[string]bool) (level, bool) {
+func (w *claimer) pickLevel(levels []level, seq int64, tried map[string]bool) (level, bool) {
 	if len(levels) <= 1 || seq%64 == 0 {
 		return level{}, !tried[""]
 	}
@@ -448,8 +448,8 @@ func lowerTurn(open int, seq int64) int {
 // every level): one shard first, then the following shards several at a
 // time, starting from a different shard each call (shard 0 in a FIFO queue).
 // covered says every shard was read.
-func (w *Worker) readPending(ctx context.Context, n int, lv string, fifo bool, pre *firstRead) (cands, suspects []*mvccpb.KeyValue, rev int64, covered bool, err error) {
-	q := w.cfg.Queue
+func (w *claimer) readPending(ctx context.Context, n int, lv string, fifo bool, pre *firstRead) (cands, suspects []*mvccpb.KeyValue, rev int64, covered bool, err error) {
+	q := w.queue
 	perRead := 8
 	if lv != "" {
 		perRead = 32 // a level may be sparse: read wide
@@ -501,8 +501,8 @@ func (w *Worker) readPending(ctx context.Context, n int, lv string, fifo bool, p
 
 // orphans returns the claimed pending keys among suspects (at most 100)
 // whose claim key is gone: their worker died, and they are claimable again.
-func (w *Worker) orphans(ctx context.Context, suspects []*mvccpb.KeyValue) ([]*mvccpb.KeyValue, error) {
-	q, pre := w.cfg.Queue, w.keys.QueuePending(w.cfg.Queue)
+func (w *claimer) orphans(ctx context.Context, suspects []*mvccpb.KeyValue) ([]*mvccpb.KeyValue, error) {
+	q, pre := w.queue, w.keys.QueuePending(w.queue)
 	suspects = suspects[:min(len(suspects), 100)]
 	ops := make([]clientv3.Op, len(suspects))
 	for i, kv := range suspects {

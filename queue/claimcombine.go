@@ -54,12 +54,12 @@ type claimLine struct {
 	waiting []*claimCall
 }
 
-// claimCall is one claim waiting: its Worker (bound to its session's
+// claimCall is one claim waiting: its claimer (bound to its session's
 // lease) and how many tasks it wants; its claims once made, and done,
 // closed when they are there or when the call is to make the next combined
 // claim itself (lead).
 type claimCall struct {
-	w      *Worker
+	w      *claimer
 	n      int
 	claims []*claim
 	lead   bool
@@ -69,7 +69,7 @@ type claimCall struct {
 // claimTurn is one claim of up to n tasks of queue q for w: alone when no
 // other claim of q is being made, else combined with the others that
 // arrive meanwhile; a claim the combined one did not serve is made alone.
-func (c *Client) claimTurn(ctx context.Context, w *Worker, q string, n int) (claims []*claim, rev int64, contended bool, err error) {
+func (c *Client) claimTurn(ctx context.Context, w *claimer, q string, n int) (claims []*claim, rev int64, contended bool, err error) {
 	cc := &c.claimers
 	call := &claimCall{w: w, n: n, done: make(chan struct{})}
 	cc.mu.Lock()
@@ -273,7 +273,7 @@ func (c *Client) planRun(ctx context.Context, call *claimCall, st *segState, ts 
 	free := call.w.withoutRunnerHeldSlots(ts, st.free())
 	if len(free) == 0 {
 		if st.done() {
-			c.closeSegment(ctx, call.w.cfg.Queue, st)
+			c.closeSegment(ctx, call.w.queue, st)
 		}
 		return nil
 	}

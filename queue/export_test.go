@@ -3,6 +3,7 @@ package queue
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/droverhq/drover/keyspace"
@@ -59,7 +60,7 @@ func LostClaim(ctx context.Context, c *Client, q string, l *lease.Lease, applied
 	if err != nil {
 		return 0, false, err
 	}
-	w := c.externalWorker(q, "lost", l, nil)
+	w := newClaimer(c, q, l, "lost", slog.Default())
 	rc := w.prepareRun(st, ts, st.free()[:2], false)
 	send := func() (bool, error) {
 		resp, err := c.cli.Do(ctx, rc.op())
@@ -83,7 +84,9 @@ func LostClaim(ctx context.Context, c *Client, q string, l *lease.Lease, applied
 func OutcomeUnknown(err error) bool { return outcomeUnknown(err) }
 
 // RunnerHeldWait is Worker.runnerHeldWait.
-func RunnerHeldWait(w *Worker, limit time.Duration) time.Duration { return w.runnerHeldWait(limit) }
+func RunnerHeldWait(w *Worker, limit time.Duration) time.Duration {
+	return w.sched.runnerHeldWait(limit)
+}
 
 // SetClock sets the clock c names its segments by (a submitter whose
 // clock is off).

@@ -75,15 +75,12 @@ func (h Held) check() error {
 	return nil
 }
 
-// externalWorker is a worker of queue q that claims and writes outcomes
-// for an external worker named worker, under l (nil for outcomes only). It
-// never runs: its state lasts one call.
-func (c *Client) externalWorker(q, worker string, l *lease.Lease, logger *slog.Logger) *Worker {
-	if logger == nil {
-		logger = slog.Default()
-	}
+// outcomeWorker is a worker of queue q that writes outcomes of the claims
+// of an external worker named worker, with a Worker's own writes (and its
+// default backoff). It never runs nor claims: its state lasts one call.
+func (c *Client) outcomeWorker(q, worker string) *Worker {
 	cfg := WorkerConfig{Queue: q, Concurrency: 1, Prefetch: 1, BackoffBase: time.Second, BackoffMax: 5 * time.Minute}
-	return newWorker(c, cfg, l, worker, logger)
+	return newWorker(c, cfg, nil, worker, slog.Default())
 }
 
 // Claim claims up to req.Max tasks of queue q under req.Lease, waiting up
@@ -97,7 +94,7 @@ func (c *Client) Claim(ctx context.Context, q string, req ClaimRequest) ([]*Task
 		return nil, err
 	}
 	n := max(req.Max, 1)
-	w, sc, done := c.claimer(q, req, n)
+	w, sc, done := c.sessionClaimer(q, req)
 	defer done()
 	deadline := time.Now().Add(req.Wait)
 	// lead: this claim leads its queue's line of waiting claims
@@ -195,12 +192,16 @@ func checkClaim(q string, req ClaimRequest) error {
 	return nil
 }
 
-// claimer is the Worker that makes one external claim of up to n tasks of
-// queue q, with what the claims of the Client and of req's session left
-// it; done keeps what the claim leaves for the next.
-func (c *Client) claimer(q string, req ClaimRequest, n int) (w *Worker, sc sessionClaims, done func()) {
-	w = c.externalWorker(q, req.Worker, req.Lease, req.Logger)
-	w.cfg.Prefetch = n
+// sessionClaimer is the claimer that makes one external claim of queue q,
+// with what the claims of the Client and of req's session left it; done
+// keeps what the claim leaves for the next. It claims as a Worker's claim
+// loop does: the same claimer, as its lane 0.
+func (c *Client) sessionClaimer(q string, req ClaimRequest) (w *claimer, sc sessionClaims, done func()) {
+	logger := req.Logger
+	if logger == nil {
+		logger = slog.Default()
+	}
+	w = newClaimer(c, q, req.Lease, req.Worker, logger)
 	// The claims of all sessions take turns: each starts at another open
 	// segment, and every eighth takes a lower priority level's (see
 	// levelTurns); each session goes on with the segment it took from last.
@@ -234,7 +235,7 @@ func (c *Client) claimer(q string, req ClaimRequest, n int) (w *Worker, sc sessi
 // runnable returns the tasks of claims that may run: a task past its
 // retry budget (its workers died or lost their claims) or whose record is
 // unreadable goes to the dead-letter queue here, as a Worker would send it.
-func (c *Client) runnable(ctx context.Context, w *Worker, claims []*claim, l clientv3.LeaseID) ([]*Task, error) {
+func (c *Client) runnable(ctx context.Context, w *claimer, claims []*claim, l clientv3.LeaseID) ([]*Task, error) {
 	out := make([]*Task, 0, len(claims))
 	for _, cl := range claims {
 		t := cl.task
@@ -250,7 +251,7 @@ func (c *Client) runnable(ctx context.Context, w *Worker, claims []*claim, l cli
 		}
 		var err error
 		if cl.run == nil {
-			_, err = w.writeOutcome(ctx, outcome{c: cl, kind: Dead, err: why}, nil)
+			_, err = c.outcomeWorker(w.queue, w.worker).writeOutcome(ctx, outcome{c: cl, kind: Dead, err: why}, nil)
 		} else {
 			_, err = c.settle(ctx, Held{Queue: t.Queue, ID: t.ID, Token: cl.token, Lease: l}, "give up on", func(*Worker, *claim) (outcome, error) {
 				return outcome{kind: Dead, err: why}, nil
@@ -267,13 +268,13 @@ func (c *Client) runnable(ctx context.Context, w *Worker, claims []*claim, l cli
 // falls due), until something may have become claimable in the queue after
 // revision rev (see waitForWork), or a retry was scheduled (it may fall due
 // before d ends).
-func (w *Worker) awaitWork(ctx context.Context, rev int64, d time.Duration, due time.Time) {
+func (w *claimer) awaitWork(ctx context.Context, rev int64, d time.Duration, due time.Time) {
 	if !due.IsZero() {
 		d = min(d, time.Until(due)+time.Millisecond)
 	}
 	t := time.NewTimer(d)
 	defer t.Stop()
-	q := w.cfg.Queue
+	q := w.queue
 	wt := w.client.waitAfter(q, rev)
 	defer wt.Stop()
 	retries := w.keys.QueueRetry(q)
@@ -388,7 +389,7 @@ func (c *Client) settle(ctx context.Context, h Held, verb string, decide func(*W
 			if err != nil {
 				return nil, err
 			}
-			w.fifo.Store(cfg.FIFO)
+			w.sched.fifo.Store(cfg.FIFO)
 		}
 		ok, err := w.writeOutcome(ctx, o, st)
 		if err != nil {

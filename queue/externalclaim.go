@@ -111,7 +111,7 @@ type dueState struct{ checked, next time.Time }
 // promoteDue moves queue q's due retries back to pending, unless that was
 // done less than promoteEvery ago and no retry known fell due since; it
 // returns when the next falls due (zero: none known).
-func (c *Client) promoteDue(ctx context.Context, w *Worker, q string) (time.Time, error) {
+func (c *Client) promoteDue(ctx context.Context, w *claimer, q string) (time.Time, error) {
 	now := time.Now()
 	c.ext.mu.Lock()
 	d, ok := c.ext.due[q]

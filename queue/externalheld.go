@@ -45,7 +45,7 @@ func (c *Client) held(ctx context.Context, h Held) (*Worker, *claim, *segState, 
 		var cv claimValue
 		_ = json.Unmarshal(kv.Value, &cv)
 		t.Attempt, t.Token, t.CurrentStatus = cv.Attempt, h.Token, Running
-		w := c.externalWorker(h.Queue, cv.Worker, nil, nil)
+		w := c.outcomeWorker(h.Queue, cv.Worker)
 		return w, &claim{task: t, recRev: rec[0].ModRevision, claimKey: string(kv.Key), pendingKey: c.pendingKey(t), token: h.Token, claimedAt: cv.ClaimedAt}, nil, nil
 	}
 	if len(rec) > 0 {
@@ -109,7 +109,7 @@ func (c *Client) heldInSegment(ctx context.Context, h Held, at keyspace.TaskPlac
 	// Worker counts in memory; here, the clock's (writeOutcome lets no
 	// two outcomes of a run in at once).
 	run.outSeq.Store(time.Now().UnixNano())
-	w := c.externalWorker(q, r.v.Worker, nil, nil)
+	w := c.outcomeWorker(q, r.v.Worker)
 	return w, &claim{task: t, claimKey: r.key, token: r.token, claimedAt: r.v.ClaimedAt, run: run, slot: slot}, st, nil
 }
 

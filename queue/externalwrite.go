@@ -117,8 +117,8 @@ func (c *Client) newRunWrite(g *segGroup, r leasedRun) *runWrite {
 	// Worker counts in memory; here, the clock's (the write lets no two
 	// outcomes of a run in at once).
 	run.outSeq.Store(time.Now().UnixNano())
-	w := c.externalWorker(g.q, r.v.Worker, nil, nil)
-	w.fifo.Store(g.fifo) // a FIFO queue's tasks leave their segments for shard 0
+	w := c.outcomeWorker(g.q, r.v.Worker)
+	w.sched.fifo.Store(g.fifo) // a FIFO queue's tasks leave their segments for shard 0
 	return &runWrite{g: g, run: run, w: w, slots: r.v.Slots}
 }
 

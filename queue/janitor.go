@@ -26,7 +26,7 @@ func (w *Worker) promoteRetries(ctx context.Context) {
 			continue
 		}
 		for ctx.Err() == nil {
-			due, err := w.promoteDue(wctx, pre)
+			due, err := w.sched.promoteDue(wctx, pre)
 			if err != nil {
 				break
 			}
@@ -58,7 +58,7 @@ func (w *Worker) promoteRetries(ctx context.Context) {
 
 // promoteDue moves every due retry back to pending and returns when the next
 // one is due (zero when none is scheduled).
-func (w *Worker) promoteDue(ctx context.Context, pre string) (time.Time, error) {
+func (w *claimer) promoteDue(ctx context.Context, pre string) (time.Time, error) {
 	for {
 		now := time.Now()
 		g, err := w.cli.Get(ctx, pre, clientv3.WithRange(keyspace.TimeBound(pre, now.UnixNano()+1)), clientv3.WithLimit(50))
@@ -79,9 +79,9 @@ func (w *Worker) promoteDue(ctx context.Context, pre string) (time.Time, error) 
 				ops = append(ops, clientv3.OpTxn(
 					[]clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(string(kv.Key)), "=", kv.ModRevision)},
 					[]clientv3.Op{clientv3.OpDelete(string(kv.Key)), clientv3.OpPut(rv.PendingKey, encodePending(rv.Attempts, false))}, nil))
-				if lv := w.client.levelOfPending(w.cfg.Queue, rv.PendingKey); lv != "" && !levels[lv] {
+				if lv := w.client.levelOfPending(w.queue, rv.PendingKey); lv != "" && !levels[lv] {
 					levels[lv] = true
-					markers = append(markers, clientv3.OpPut(w.client.levelKey(w.cfg.Queue, lv), ""))
+					markers = append(markers, clientv3.OpPut(w.client.levelKey(w.queue, lv), ""))
 				}
 			}
 			ops = append(ops, markers...)

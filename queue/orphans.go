@@ -123,10 +123,10 @@ func (w *Worker) watchOrphans(ctx context.Context, from int64) {
 				break
 			}
 			if ids := w.orphaned(wr.Events); len(ids) > 0 {
-				w.lost.add(w.loseOwn(ids))
+				w.sched.lost.add(w.loseOwn(ids))
 			}
 			if segs := w.orphanedRuns(wr.Events); len(segs) > 0 {
-				w.lostSegs.add(segs)
+				w.sched.lostSegs.add(segs)
 			}
 			if len(wr.Events) > 0 {
 				last = wr.Events[len(wr.Events)-1].Kv.ModRevision
@@ -243,7 +243,7 @@ func (w *Worker) orphanedRuns(events []*clientv3.Event) []string {
 // claim's worth, so within etcd's operations per request): their records
 // say where the keys are.
 // Tasks that have finished since, or whose record is gone, are left out.
-func (w *Worker) orphanCandidates(ctx context.Context, ids []string) ([]*mvccpb.KeyValue, error) {
+func (w *claimer) orphanCandidates(ctx context.Context, ids []string) ([]*mvccpb.KeyValue, error) {
 	ops := make([]clientv3.Op, len(ids))
 	for i, id := range ids {
 		ops[i] = clientv3.OpGet(w.keys.TaskRecord(id))
@@ -259,7 +259,7 @@ func (w *Worker) orphanCandidates(ctx context.Context, ids []string) ([]*mvccpb.
 			continue
 		}
 		var t Task
-		if json.Unmarshal(kvs[0].Value, &t) != nil || t.Queue != w.cfg.Queue || t.CurrentStatus.Terminal() {
+		if json.Unmarshal(kvs[0].Value, &t) != nil || t.Queue != w.queue || t.CurrentStatus.Terminal() {
 			continue
 		}
 		ops = append(ops, clientv3.OpGet(w.client.pendingKey(&t)))
@@ -307,7 +307,7 @@ const runnerHeldFor = time.Second
 
 // runnerHolds notes that a task runner holds task id, so that claims leave
 // it out for a while instead of failing on it again and again.
-func (w *Worker) runnerHolds(id string) {
+func (w *claimer) runnerHolds(id string) {
 	w.levelMu.Lock()
 	defer w.levelMu.Unlock()
 	now := time.Now()
@@ -322,7 +322,7 @@ func (w *Worker) runnerHolds(id string) {
 // runnerHeldWait is how long an idle worker waits for a change of the
 // queue, at most limit: until the first task left out because a task runner
 // held it is tried again, when there is one.
-func (w *Worker) runnerHeldWait(limit time.Duration) time.Duration {
+func (w *claimer) runnerHeldWait(limit time.Duration) time.Duration {
 	w.levelMu.Lock()
 	defer w.levelMu.Unlock()
 	now := time.Now()
@@ -350,7 +350,7 @@ const runnerRetryAfter = 50 * time.Millisecond
 // triedAgain reports whether a claim may take task id: no task runner was
 // found holding it, or that was over runnerHeldFor ago, and then the claim
 // tries it again and its entry goes (levelMu held).
-func (w *Worker) triedAgain(id string, now time.Time) bool {
+func (w *claimer) triedAgain(id string, now time.Time) bool {
 	until, ok := w.runnerHeld[id]
 	if !ok {
 		return true
@@ -364,13 +364,13 @@ func (w *Worker) triedAgain(id string, now time.Time) bool {
 
 // withoutRunnerHeld returns cands without the tasks a task runner was
 // recently found holding.
-func (w *Worker) withoutRunnerHeld(cands []*mvccpb.KeyValue) []*mvccpb.KeyValue {
+func (w *claimer) withoutRunnerHeld(cands []*mvccpb.KeyValue) []*mvccpb.KeyValue {
 	w.levelMu.Lock()
 	defer w.levelMu.Unlock()
 	if len(w.runnerHeld) == 0 {
 		return cands
 	}
-	pre, now := w.keys.QueuePending(w.cfg.Queue), time.Now()
+	pre, now := w.keys.QueuePending(w.queue), time.Now()
 	out := cands[:0:0]
 	for _, kv := range cands {
 		if w.triedAgain(pendingID(string(kv.Key), pre), now) {

@@ -267,7 +267,7 @@ func (w *Worker) recordOps(o outcome, now time.Time, markers map[string]bool) ([
 	if !seg {
 		ops = append(ops, clientv3.OpDelete(c.claimKey))
 	}
-	if seg && w.fifo.Load() {
+	if seg && w.sched.fifo.Load() {
 		zero := 0
 		t.Shard = &zero // a FIFO queue's tasks with records are in shard 0
 	}

@@ -203,7 +203,7 @@ func aheadFor(task, claim time.Duration, conc, prefetch int) int {
 // (tasks claimed ahead could start out of order) and before a task ended.
 func (w *Worker) aheadHeld() int {
 	avg := time.Duration(w.taskTime.Load())
-	if w.fifo.Load() || avg == 0 {
+	if w.sched.fifo.Load() || avg == 0 {
 		return w.cfg.Prefetch
 	}
 	ahead, longer := w.cfg.Prefetch, aheadBelow
@@ -304,7 +304,7 @@ func (w *Worker) loop(ctx, base context.Context, lane int, slots *slotPool, run 
 			continue
 		}
 		began := time.Now()
-		claims, rev, contended, err := w.claim(ctx, lane, n)
+		claims, rev, contended, err := w.sched.claim(ctx, lane, n)
 		if err == nil {
 			sample(&w.claimTime, time.Since(began))
 		}
@@ -372,7 +372,7 @@ func (w *Worker) waitForWork(ctx, base context.Context, rev int64, ended <-chan 
 	// A safety net, not the mechanism; and, while tasks are left out of
 	// claims because a task runner held them, the moment they are tried
 	// again: a runner letting a task go changes nothing in the queue.
-	d := w.runnerHeldWait(30 * time.Second)
+	d := w.sched.runnerHeldWait(30 * time.Second)
 	if most > 0 {
 		d = min(d, most)
 	}
@@ -382,7 +382,7 @@ func (w *Worker) waitForWork(ctx, base context.Context, rev int64, ended <-chan 
 		select {
 		case <-wt.C():
 			evs, missed := wt.Take()
-			if missed || w.wakes(evs, idle && w.cfg.Drain) {
+			if missed || w.sched.wakes(evs, idle && w.cfg.Drain) {
 				return
 			}
 		case <-ended:
@@ -400,8 +400,8 @@ func (w *Worker) waitForWork(ctx, base context.Context, rev int64, ended <-chan 
 // wakes reports whether events may have made something claimable (a
 // segment or task created, a dead worker's claims deleted), and tells the
 // open window of every segment created (openWindow.created).
-func (w *Worker) wakes(events []*clientv3.Event, anyClaimDelete bool) bool {
-	q := w.cfg.Queue
+func (w *claimer) wakes(events []*clientv3.Event, anyClaimDelete bool) bool {
+	q := w.queue
 	pre, claims := w.keys.QueuePending(q), w.keys.QueueClaims(q)
 	pendingDeleted := map[string]int64{}
 	open := w.keys.SegmentsOpen(q)

@@ -19,7 +19,7 @@ import (
 // as one nested transaction (op): cmps, the segment's, and inside them
 // runners, that no task runner holds any of the tasks, then its writes.
 type runClaim struct {
-	w              *Worker
+	w              *claimer
 	st             *segState
 	ts             []Task
 	pick           []int
@@ -41,8 +41,8 @@ type runClaim struct {
 // outcome of a run made since written and no slot exited since st was
 // read, that the segment is open, and that no task runner holds any of
 // the tasks.
-func (w *Worker) prepareRun(st *segState, ts []Task, pick []int, last bool) *runClaim {
-	q, seg := w.cfg.Queue, st.name
+func (w *claimer) prepareRun(st *segState, ts []Task, pick []int, last bool) *runClaim {
+	q, seg := w.queue, st.name
 	now := time.Now().UTC()
 	v := runValue{Worker: w.worker, ClaimedAt: now, Slots: pick, Attempts: make([]int, len(pick))}
 	for i, s := range pick {
@@ -118,7 +118,7 @@ func (rc *runClaim) findRunners(ctx context.Context) {
 
 // claimed returns the claims of rc, written at revision rev (its token).
 func (rc *runClaim) claimed(rev int64) []*claim {
-	w, q := rc.w, rc.w.cfg.Queue
+	w, q := rc.w, rc.w.queue
 	run := &segRun{seg: rc.st.name, runKey: rc.runKey, tryKey: rc.tryKey, token: rev, claimedAt: rc.now, v: rc.v, last: rc.last,
 		writer: int(w.runSeq.Load() % claimers)}
 	run.remaining.Store(int32(len(rc.pick)))

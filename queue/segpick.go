@@ -18,7 +18,7 @@ import (
 // to them.
 
 // isBusy reports whether seg is marked busy.
-func (w *Worker) isBusy(seg string) bool {
+func (w *claimer) isBusy(seg string) bool {
 	w.levelMu.Lock()
 	defer w.levelMu.Unlock()
 	until, ok := w.busySegs[seg]
@@ -32,8 +32,8 @@ func (w *Worker) isBusy(seg string) bool {
 // it in turn, so no level starves. Among the first segments of the level it
 // picks at random (in a FIFO queue: the oldest), so that workers do not all
 // race for one segment.
-func (w *Worker) pickSegments(ctx context.Context, open []*mvccpb.KeyValue, fifo bool, seq int64) ([]string, error) {
-	q := w.cfg.Queue
+func (w *claimer) pickSegments(ctx context.Context, open []*mvccpb.KeyValue, fifo bool, seq int64) ([]string, error) {
+	q := w.queue
 	pre := w.keys.SegmentsOpen(q)
 	names := w.notBusy(pre, open)
 	if len(names) == 0 && len(open) == openRead {
@@ -118,7 +118,7 @@ func (lt *levelTurns) took(level int, found bool, top int) {
 
 // notBusy returns the names of the open segments kvs that are not known to
 // have all their slots running.
-func (w *Worker) notBusy(pre string, kvs []*mvccpb.KeyValue) []string {
+func (w *claimer) notBusy(pre string, kvs []*mvccpb.KeyValue) []string {
 	now := time.Now()
 	w.levelMu.Lock()
 	defer w.levelMu.Unlock()
@@ -142,7 +142,7 @@ func (w *Worker) notBusy(pre string, kvs []*mvccpb.KeyValue) []string {
 }
 
 // markBusy skips segment seg for a while (all its slots run, or it is done).
-func (w *Worker) markBusy(seg string) {
+func (w *claimer) markBusy(seg string) {
 	w.levelMu.Lock()
 	w.busySegs[seg] = time.Now().Add(segBusyFor)
 	w.levelMu.Unlock()
@@ -151,14 +151,14 @@ func (w *Worker) markBusy(seg string) {
 // forgetBusy forgets every segment marked busy: an external claim that
 // waited in line did not see the runs that ended meanwhile (the line's
 // leader did).
-func (w *Worker) forgetBusy() {
+func (w *claimer) forgetBusy() {
 	w.levelMu.Lock()
 	clear(w.busySegs)
 	w.levelMu.Unlock()
 }
 
 // unmarkBusy forgets that seg was marked busy: a run of it ended.
-func (w *Worker) unmarkBusy(seg string) {
+func (w *claimer) unmarkBusy(seg string) {
 	w.levelMu.Lock()
 	delete(w.busySegs, seg)
 	w.levelMu.Unlock()
@@ -167,7 +167,7 @@ func (w *Worker) unmarkBusy(seg string) {
 // notOthersHot returns cands without the segments the worker's other claim
 // loops are taking from (two loops on one segment spoil each other's
 // claims), unless that leaves none.
-func (w *Worker) notOthersHot(lane int, cands []string) []string {
+func (w *claimer) notOthersHot(lane int, cands []string) []string {
 	w.levelMu.Lock()
 	defer w.levelMu.Unlock()
 	var out []string
