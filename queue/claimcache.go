@@ -197,19 +197,19 @@ func (cc *claimCache) forgetLocked(cr *cachedRun) {
 func (c *Client) fromMemory(os []Outcome, todo []int) (rest []int, groups []*segGroup) {
 	byRun := map[*cachedRun]*segGroup{}
 	for _, i := range todo {
-		s, ok := c.claims.lookup(os[i].Held)
+		s, ok := c.remote.claims.lookup(os[i].Held)
 		switch {
 		case !ok:
 			rest = append(rest, i)
 			continue
 		case os[i].Failed:
-			c.claims.forget(s.run)
+			c.remote.claims.forget(s.run)
 			rest = append(rest, i)
 			continue
 		}
 		g := byRun[s.run]
 		if g == nil {
-			g = c.claims.group(s.run)
+			g = c.remote.claims.group(s.run)
 			byRun[s.run] = g
 			groups = append(groups, g)
 		}

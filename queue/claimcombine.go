@@ -70,7 +70,7 @@ type claimCall struct {
 // other claim of q is being made, else combined with the others that
 // arrive meanwhile; a claim the combined one did not serve is made alone.
 func (c *Client) claimTurn(ctx context.Context, w *claimer, q string, n int) (claims []*claim, rev int64, contended bool, err error) {
-	cc := &c.claimers
+	cc := &c.remote.claimers
 	call := &claimCall{w: w, n: n, done: make(chan struct{})}
 	cc.mu.Lock()
 	if cc.queues == nil {
@@ -208,7 +208,7 @@ func (c *Client) claimTogether(ctx context.Context, q string, batch []*claimCall
 		}
 		return // (refused, as when one session's lease is gone: each claims alone)
 	}
-	c.claimers.rounds.Add(1)
+	c.remote.claimers.rounds.Add(1)
 	for k, rc := range runs {
 		made, runnerHeld := rc.result(resp.Responses[k].GetResponseTxn())
 		if runnerHeld {
@@ -219,7 +219,7 @@ func (c *Client) claimTogether(ctx context.Context, q string, batch []*claimCall
 		}
 		call := rc.call
 		call.claims = rc.claimed(resp.Header.Revision)
-		c.claimers.served.Add(1)
+		c.remote.claimers.served.Add(1)
 		if free := len(rc.free); free > len(rc.pick) {
 			call.w.setPredicted(0, rc.st.after(call.claims[0].run, c.keys.Runs(q, rc.st.name), rc.pick))
 		} else {

@@ -21,24 +21,24 @@ func AheadFor(task, claim time.Duration, conc, prefetch int) int {
 // CombinedReports returns how many combined reports c wrote, and how many
 // reports they held.
 func CombinedReports(c *Client) (writes, reports int64) {
-	return c.reports.writes.Load(), c.reports.reports.Load()
+	return c.remote.reports.writes.Load(), c.remote.reports.reports.Load()
 }
 
 // RememberedOutcomes returns how many outcomes c wrote from its memory of
 // its claims, and how many such writes etcd refused as stale.
 func RememberedOutcomes(c *Client) (hits, stale int64) {
-	return c.claims.hits.Load(), c.claims.stale.Load()
+	return c.remote.claims.hits.Load(), c.remote.claims.stale.Load()
 }
 
 // CombinedClaims returns how many combined claims c made, and how many
 // claims they served with tasks.
 func CombinedClaims(c *Client) (rounds, served int64) {
-	return c.claimers.rounds.Load(), c.claimers.served.Load()
+	return c.remote.claimers.rounds.Load(), c.remote.claimers.served.Load()
 }
 
 // ClaimAttempts returns how many claims of the store c's external claims
 // made.
-func ClaimAttempts(c *Client) int64 { return c.ext.attempts.Load() }
+func ClaimAttempts(c *Client) int64 { return c.remote.attempts.Load() }
 
 // LostClaim makes a claim of two tasks of queue q's first open segment
 // under l as if its answer were lost: applied (or not) without the worker

@@ -102,7 +102,7 @@ func (c *Client) Claim(ctx context.Context, q string, req ClaimRequest) ([]*Task
 	lead, full := false, false
 	defer func() {
 		if lead {
-			c.waits.leave(q, full)
+			c.remote.waits.leave(q, full)
 		}
 	}()
 	for raced, turn := 0, true; ; {
@@ -113,7 +113,7 @@ func (c *Client) Claim(ctx context.Context, q string, req ClaimRequest) ([]*Task
 		var claims []*claim
 		var rev int64
 		var contended bool
-		c.ext.attempts.Add(1)
+		c.remote.attempts.Add(1)
 		if turn {
 			claims, rev, contended, err = c.claimTurn(ctx, w, q, n)
 		} else {
@@ -126,7 +126,7 @@ func (c *Client) Claim(ctx context.Context, q string, req ClaimRequest) ([]*Task
 		tasks, err := c.runnable(ctx, w, claims, req.Lease.ID())
 		if err != nil || len(tasks) > 0 {
 			if err == nil {
-				c.claims.remember(func(seg string) string { return c.keys.Runs(q, seg) }, q, claims, tasks, req.Lease.ID())
+				c.remote.claims.remember(func(seg string) string { return c.keys.Runs(q, seg) }, q, claims, tasks, req.Lease.ID())
 				full = len(tasks) >= n
 			}
 			return tasks, err
@@ -153,7 +153,7 @@ func (c *Client) Claim(ctx context.Context, q string, req ClaimRequest) ([]*Task
 		if !lead {
 			// It waits: behind the claim that leads the line, if one does.
 			var waited, ok bool
-			if lead, waited, ok = c.waits.join(ctx, q, deadline); !ok {
+			if lead, waited, ok = c.remote.waits.join(ctx, q, deadline); !ok {
 				if ctx.Err() != nil {
 					return nil, fmt.Errorf("queue: claim from %s: %w", q, ctx.Err())
 				}
@@ -205,7 +205,7 @@ func (c *Client) sessionClaimer(q string, req ClaimRequest) (w *claimer, sc sess
 	// The claims of all sessions take turns: each starts at another open
 	// segment, and every eighth takes a lower priority level's (see
 	// levelTurns); each session goes on with the segment it took from last.
-	turn := c.ext.turns.Add(1)
+	turn := c.remote.turns.Add(1)
 	w.spread = turn
 	w.claimSeq.Store(int64(turn % (1 << 62)))
 	w.turnSeq.Store(int64(turn % (1 << 62)))
@@ -346,8 +346,8 @@ func (c *Client) Release(ctx context.Context, h Held) (*Task, error) {
 	if err := h.check(); err != nil {
 		return nil, err
 	}
-	if s, ok := c.claims.lookup(h); ok {
-		c.claims.forget(s.run) // the run changes: its remembered state is stale
+	if s, ok := c.remote.claims.lookup(h); ok {
+		c.remote.claims.forget(s.run) // the run changes: its remembered state is stale
 	}
 	t, err := c.settle(ctx, h, "hand back", func(*Worker, *claim) (outcome, error) {
 		return outcome{kind: Pending}, nil

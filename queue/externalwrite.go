@@ -144,7 +144,7 @@ func (c *Client) writeRuns(ctx context.Context, writes []*runWrite, out []Report
 		if rw.g.cached != nil {
 			if len(rs) != 1 || later {
 				// Large results: written from a read, as below.
-				c.claims.forget(rw.g.cached)
+				c.remote.claims.forget(rw.g.cached)
 				again = retryLater(again, rw, 0)
 				continue
 			}
@@ -186,13 +186,13 @@ func (c *Client) writeReqs(ctx context.Context, reqs []ackReq, owners []*runWrit
 	for k, rw := range owners {
 		switch {
 		case err != nil:
-			c.claims.forget(rw.g.cached)
+			c.remote.claims.forget(rw.g.cached)
 			for _, i := range rw.items {
 				out[i].Err = fmt.Errorf("queue: record the outcome of task %s: %w", rw.os[0].c.task.ID, err)
 			}
 		case resp.Responses[k].GetResponseTxn().Succeeded:
 			if rw.g.cached != nil {
-				c.claims.wrote(rw.g.cached, rw.writtenSlots(), resp.Header.Revision, rw.final)
+				c.remote.claims.wrote(rw.g.cached, rw.writtenSlots(), resp.Header.Revision, rw.final)
 			}
 			c.answer(rw, len(rw.os), out)
 			if rw.final && !rw.others {
@@ -200,8 +200,8 @@ func (c *Client) writeReqs(ctx context.Context, reqs []ackReq, owners []*runWrit
 			}
 		default:
 			if rw.g.cached != nil {
-				c.claims.stale.Add(1)
-				c.claims.forget(rw.g.cached)
+				c.remote.claims.stale.Add(1)
+				c.remote.claims.forget(rw.g.cached)
 			}
 			again = retryLater(again, rw, 0)
 		}

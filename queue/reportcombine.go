@@ -41,7 +41,7 @@ type reportCall struct {
 // reportCombined is report, written together with the reports of other
 // callers that arrive at the same time.
 func (c *Client) reportCombined(ctx context.Context, os []Outcome) []Reported {
-	rc := &c.reports
+	rc := &c.remote.reports
 	call := &reportCall{os: os}
 	if !rc.line.Join(call) {
 		return call.out
