@@ -234,25 +234,7 @@ func (w *claimer) claimKeys(ctx context.Context, cands []*mvccpb.KeyValue, n int
 			}
 			continue
 		}
-		c := &claim{claimKey: w.keys.QueueClaim(q, ids[i]), pendingKey: string(pick[i].Key), token: tr.Header.Revision, claimedAt: now}
-		t := new(Task)
-		kvs := sub.Responses[2].GetResponseRange().Kvs
-		switch {
-		case len(kvs) == 0:
-			c.broken = errors.New("the task has no record")
-		default:
-			if err := json.Unmarshal(kvs[0].Value, t); err != nil {
-				c.broken = fmt.Errorf("the task's record is unreadable: %w", err)
-			}
-			c.recRev = kvs[0].ModRevision
-		}
-		if c.broken != nil {
-			w.logger.Error("queue: claimed a broken task; sending it to the dead-letter queue", "task", ids[i], "err", c.broken)
-			t = &Task{ID: ids[i], Queue: q, Type: "unknown"}
-		}
-		t.Attempt, t.Token, t.CurrentStatus = attempts[i], tr.Header.Revision, Running
-		c.task = t
-		out = append(out, c)
+		out = append(out, w.claimedRecord(ids[i], attempts[i], string(pick[i].Key), tr.Header.Revision, now, sub.Responses[2].GetResponseRange().Kvs))
 	}
 	w.claimed.Add(int64(len(out)))
 	if len(out) > 0 {
@@ -262,6 +244,31 @@ func (w *claimer) claimKeys(ctx context.Context, cands []*mvccpb.KeyValue, n int
 		metrics.TasksClaimed.WithLabelValues(q, c.task.Type).Inc()
 	}
 	return out, nil
+}
+
+// claimedRecord is the claim of task id, made at revision rev (its token)
+// and time now from its pending key pendingKey, starting attempt; rec is
+// the task's record as the claim read it. A task without a readable
+// record is claimed broken, for the dead-letter queue.
+func (w *claimer) claimedRecord(id string, attempt int, pendingKey string, rev int64, now time.Time, rec []*mvccpb.KeyValue) *claim {
+	c := &claim{claimKey: w.keys.QueueClaim(w.queue, id), pendingKey: pendingKey, token: rev, claimedAt: now}
+	t := new(Task)
+	switch {
+	case len(rec) == 0:
+		c.broken = errors.New("the task has no record")
+	default:
+		if err := json.Unmarshal(rec[0].Value, t); err != nil {
+			c.broken = fmt.Errorf("the task's record is unreadable: %w", err)
+		}
+		c.recRev = rec[0].ModRevision
+	}
+	if c.broken != nil {
+		w.logger.Error("queue: claimed a broken task; sending it to the dead-letter queue", "task", id, "err", c.broken)
+		t = &Task{ID: id, Queue: w.queue, Type: "unknown"}
+	}
+	t.Attempt, t.Token, t.CurrentStatus = attempt, rev, Running
+	c.task = t
+	return c
 }
 
 // readEvery: one claim in readEvery reads the queue first even when its

@@ -50,7 +50,24 @@ func (w *Worker) Run(ctx context.Context) error {
 		outcomes[i] = make(chan outcome, w.cfg.Concurrency)
 		ackers.Go(func() { w.acker(outcomes[i]) })
 	}
+	stopBG := w.startBackground(ctx, base)
+	runErr := w.runLoops(ctx, base, outcomes)
+	for _, ch := range outcomes {
+		close(ch)
+	}
+	ackers.Wait()
+	stopBG()
+	if err := w.lease.Err(); err != nil && runErr == nil {
+		runErr = fmt.Errorf("queue: worker %s: %w", w.worker, err)
+	}
+	return runErr
+}
 
+// startBackground starts the worker's background work under base: the
+// watches of lost claims and of cancels, the moves of due retries, the
+// removal of expired tasks and the count of the queue's depth. The stop it
+// returns ends them and waits for them.
+func (w *Worker) startBackground(ctx, base context.Context) (stop func()) {
 	// The watches start after the revision read here, before any claim:
 	// a claim deleted (its lease revoked) or a cancel asked for before a
 	// watch is set up is still seen, at once rather than at the lease's
@@ -64,7 +81,17 @@ func (w *Worker) Run(ctx context.Context) error {
 	go func() { defer bgWG.Done(); w.watchCancels(bg, startRev) }()
 	go func() { defer bgWG.Done(); w.removeExpired(bg) }()
 	go func() { defer bgWG.Done(); w.countDepth(bg) }()
+	return func() {
+		stopBG()
+		bgWG.Wait()
+	}
+}
 
+// runLoops runs the claim loops until the first ends (drained, lease
+// lost, ctx ended), then lets the running tasks finish (see ShutdownTimeout in
+// WorkerConfig) and returns the first loop's error. Handlers run under
+// base; outcomes go to the ackers.
+func (w *Worker) runLoops(ctx, base context.Context, outcomes [claimers]chan outcome) error {
 	// Claimers run side by side so that one claim's round trips overlap
 	// another's: a claim is two round trips (read, then the conditional
 	// write), and one claimer at a time left the server waiting. The
@@ -93,6 +120,14 @@ func (w *Worker) Run(ctx context.Context) error {
 			runErr = err
 		}
 	}
+	w.finishTasks(base, &tasks)
+	return runErr
+}
+
+// finishTasks waits for tasks, the running tasks, to finish, for at most
+// the shutdown timeout; then it cancels them and hands them back, and
+// waits for that. It waits no longer once base (the lease) ends.
+func (w *Worker) finishTasks(base context.Context, tasks *sync.WaitGroup) {
 
 	// Shutdown: let running tasks finish, then cancel and hand them back.
 	allDone := make(chan struct{})
@@ -105,16 +140,6 @@ func (w *Worker) Run(ctx context.Context) error {
 	case <-base.Done():
 		<-allDone
 	}
-	for _, ch := range outcomes {
-		close(ch)
-	}
-	ackers.Wait()
-	stopBG()
-	bgWG.Wait()
-	if err := w.lease.Err(); err != nil && runErr == nil {
-		runErr = fmt.Errorf("queue: worker %s: %w", w.worker, err)
-	}
-	return runErr
 }
 
 func (w *Worker) cancelAll(cause error) {

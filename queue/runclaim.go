@@ -30,7 +30,7 @@ type runClaim struct {
 	now            time.Time
 	cmps, runners  []clientv3.Cmp
 	then           []clientv3.Op
-	// call and free, for a run of a combined claim (claimcombine.go): the
+	// call and free, for a run of a combined claim (brokerclaim.go): the
 	// claim it serves, and the segment's free slots it picked from.
 	call *claimCall
 	free []int

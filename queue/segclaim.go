@@ -49,9 +49,6 @@ type segRun struct {
 
 const openRead = 32
 
-// segBusyFor is how long a segment whose slots all run is skipped.
-const segBusyFor = 2 * time.Second
-
 // segmentRead is what a claim's first read saw of the segments: the first
 // open ones (when listed), the state of the segment the claim loop took
 // from last (hot, nil for none), whether the queue is FIFO, and the claim's
@@ -158,15 +155,6 @@ func (w *claimer) claimLost(ctx context.Context, lane, n int) (claims []*claim, 
 	return claims, len(claims) > 0 || contended, err
 }
 
-// levelTurns applies the anti-starvation rule to the priority levels of a
-// queue's open segments: seven claims in eight (by sequence number) read the
-// highest level; every eighth reads the levels below it, starting after the
-// level the last such turn took, so that the levels below take turns. The
-// zero value is ready; it is not safe for concurrent use.
-type levelTurns struct {
-	last int // the level the last lower turn took
-}
-
 // claimSegment claims up to n free slots of segment seg in one transaction:
 // a run key bound to the lease and its durable twin, the try, which keeps
 // the attempts when the worker dies. The transaction requires that no run
@@ -212,92 +200,6 @@ func (w *claimer) claimHot(ctx context.Context, lane, n int, hot *segState, fifo
 	}
 	claims, contended, err := w.claimFrom(ctx, lane, hot, ts, n)
 	return claims, len(claims) > 0 || contended, err
-}
-
-// hotSegment is the segment claim loop lane takes from next: the one it
-// took from last, if it had slots left, or (guessed) the next one of its
-// last list.
-func (w *claimer) hotSegment(lane int) (seg string, guessed bool) {
-	w.levelMu.Lock()
-	defer w.levelMu.Unlock()
-	return w.hot[lane], w.guessed[lane]
-}
-
-func (w *claimer) setHot(lane int, seg string) {
-	w.levelMu.Lock()
-	w.hot[lane], w.predicted[lane], w.guessed[lane] = seg, nil, false
-	w.levelMu.Unlock()
-}
-
-// setGuess makes seg, the next segment of the loop's last list, the one
-// claim loop lane reads with its next claim's first read, if the priority
-// rule agrees then (stillFirst).
-func (w *claimer) setGuess(lane int, seg string) {
-	w.levelMu.Lock()
-	w.hot[lane], w.predicted[lane], w.guessed[lane] = seg, nil, seg != ""
-	w.levelMu.Unlock()
-}
-
-// stillFirst reports whether the loop's segment may be claimed from on the
-// list r read: always when the loop took from it before; a guessed one only
-// when it is of the list's highest level and the claim is not a lower
-// level's turn (see levelTurns).
-func (w *claimer) stillFirst(lane int, r segmentRead) bool {
-	if _, guessed := w.hotSegment(lane); !guessed {
-		return true
-	}
-	if r.seq%8 == 0 || len(r.open) == 0 {
-		return false
-	}
-	return !w.belowTop(r.hot.name, r.open)
-}
-
-// listed records the open segments a list read found (in order), from
-// which a claim loop that used up its segment takes the next.
-func (w *claimer) listed(open []*mvccpb.KeyValue) {
-	pre := w.keys.SegmentsOpen(w.queue)
-	names := make([]string, 0, len(open))
-	for _, kv := range open {
-		if name, ok := keyspace.Last(pre, string(kv.Key)); ok {
-			names = append(names, name)
-		}
-	}
-	w.levelMu.Lock()
-	w.lastListed = names
-	w.levelMu.Unlock()
-}
-
-// nextListed returns the first segment of the last list after done that
-// no claim loop takes from and that is not known busy, or "" for none: the
-// claim loop that used up done reads it with its next claim's first read.
-func (w *claimer) nextListed(lane int, done string) string {
-	now := time.Now()
-	w.levelMu.Lock()
-	defer w.levelMu.Unlock()
-	for i, name := range w.lastListed {
-		if name == done {
-			w.lastListed = w.lastListed[i+1:]
-			break
-		}
-	}
-	for _, name := range w.lastListed {
-		if until, busy := w.busySegs[name]; busy && now.Before(until) {
-			continue
-		}
-		if slices.Contains(w.hot[:], name) {
-			continue
-		}
-		return name
-	}
-	return ""
-}
-
-// setPredicted makes seg, as st says it is, the segment claim loop lane
-// takes from next.
-func (w *claimer) setPredicted(lane int, st *segState) {
-	w.levelMu.Lock()
-	w.hot[lane], w.predicted[lane], w.guessed[lane] = st.name, st, false
-	w.levelMu.Unlock()
 }
 
 // claimPredicted claims from the segment claim loop lane took from last,
@@ -461,27 +363,6 @@ func (s *segState) liveRun(rest string) bool {
 		}
 	}
 	return false
-}
-
-// withoutRunnerHeldSlots returns free without the slots whose task a task
-// runner was recently found holding.
-func (w *claimer) withoutRunnerHeldSlots(ts []Task, free []int) []int {
-	w.levelMu.Lock()
-	defer w.levelMu.Unlock()
-	if len(w.runnerHeld) == 0 {
-		return free
-	}
-	now := time.Now()
-	out := free[:0:0]
-	for _, s := range free {
-		if s >= len(ts) {
-			continue
-		}
-		if w.triedAgain(ts[s].ID, now) {
-			out = append(out, s)
-		}
-	}
-	return out
 }
 
 // closeSegment closes segment st when, as read, every slot has finished and

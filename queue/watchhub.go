@@ -13,7 +13,7 @@ import (
 
 // A Client keeps one etcd watch per queue for all the waits of its claims
 // (a Worker's claim loop waiting for work, and each external claim leading
-// its line, claimwait.go), opened by the first wait and kept while waits
+// its line, broker.go), opened by the first wait and kept while waits
 // come, instead of a watch of its own for each wait.
 //
 // The reason is latency, not only the cost of opening watches: a wait

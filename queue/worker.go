@@ -240,7 +240,8 @@ func NewWorker(ctx context.Context, cli *clientv3.Client, cfg WorkerConfig) (*Wo
 
 // newWorker is a worker of client's namespace with cfg (defaults applied),
 // claiming under l as worker: every field set, so that NewWorker and the
-// external workers (external.go) build the same thing.
+// outcome writers of external workers (outcomeWorker) build the same
+// thing.
 func newWorker(client *Client, cfg WorkerConfig, l *lease.Lease, worker string, logger *slog.Logger) *Worker {
 	return &Worker{cfg: cfg, cli: client.cli, keys: client.keys, client: client, lease: l, logger: logger, worker: worker,
 		sched:   newClaimer(client, cfg.Queue, l, worker, logger),
