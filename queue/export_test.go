@@ -18,6 +18,11 @@ func AheadFor(task, claim time.Duration, conc, prefetch int) int {
 	return aheadFor(task, claim, conc, prefetch)
 }
 
+// ClaimAllAhead makes w claim ahead of its free running slots up to its
+// Prefetch, whatever the task and claim times it measures. Call it before
+// Run.
+func ClaimAllAhead(w *Worker) { w.allAhead = true }
+
 // CombinedReports returns how many combined reports c wrote, and how many
 // reports they held.
 func CombinedReports(c *Client) (writes, reports int64) {

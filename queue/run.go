@@ -227,6 +227,9 @@ func aheadFor(task, claim time.Duration, conc, prefetch int) int {
 // running task has run four times the average. All of them in a FIFO queue
 // (tasks claimed ahead could start out of order) and before a task ended.
 func (w *Worker) aheadHeld() int {
+	if w.allAhead {
+		return 0
+	}
 	avg := time.Duration(w.taskTime.Load())
 	if w.sched.fifo.Load() || avg == 0 {
 		return w.cfg.Prefetch

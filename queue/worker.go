@@ -163,6 +163,9 @@ type Worker struct {
 
 	// sched picks the segments and tasks to claim, and claims them.
 	sched *claimer
+	// allAhead makes aheadHeld hold no slot back, whatever the measured
+	// times: set by tests, before Run, to make a claim take tasks ahead.
+	allAhead bool
 
 	// The lifecycle: Run once; Stop and StopAndCancel end it, before or
 	// after it started, any number of times.
