@@ -22,6 +22,8 @@ const promoteEvery = 250 * time.Millisecond
 // line of claims that wait for work; and the memory of the runs claimed.
 // The zero value is ready; a Client holds one.
 type broker struct {
+	client *Client // the Client it serves
+
 	turns atomic.Uint64
 	// attempts counts the claims external claims made (tries of the
 	// store, not calls of Claim).
@@ -49,19 +51,19 @@ type broker struct {
 }
 
 // levelTurnsOf returns the turns the last external claim of queue q left.
-func (c *Client) levelTurnsOf(q string) levelTurns { return loadFor(&c.remote.mu, &c.remote.levels, q) }
+func (b *broker) levelTurnsOf(q string) levelTurns { return loadFor(&b.mu, &b.levels, q) }
 
 // setLevelTurns keeps the turns an external claim of queue q leaves.
-func (c *Client) setLevelTurns(q string, lt levelTurns) {
-	storeFor(&c.remote.mu, &c.remote.levels, q, lt)
+func (b *broker) setLevelTurns(q string, lt levelTurns) {
+	storeFor(&b.mu, &b.levels, q, lt)
 }
 
 // windowOf returns the open window the last external claim of queue q
 // left.
-func (c *Client) windowOf(q string) openWindow { return loadFor(&c.remote.mu, &c.remote.windows, q) }
+func (b *broker) windowOf(q string) openWindow { return loadFor(&b.mu, &b.windows, q) }
 
 // setWindow keeps the open window an external claim of queue q leaves.
-func (c *Client) setWindow(q string, ow openWindow) { storeFor(&c.remote.mu, &c.remote.windows, q, ow) }
+func (b *broker) setWindow(q string, ow openWindow) { storeFor(&b.mu, &b.windows, q, ow) }
 
 // loadFor returns queue q's value in *m, read under mu.
 func loadFor[T any](mu *sync.Mutex, m *map[string]T, q string) T {
@@ -100,24 +102,24 @@ type sessionClaims struct {
 }
 
 // sessionOf returns what the last claim of lease from queue q left.
-func (c *Client) sessionOf(q string, lease int64) sessionClaims {
-	c.remote.mu.Lock()
-	defer c.remote.mu.Unlock()
-	return c.remote.hot[hotKey{q, lease}]
+func (b *broker) sessionOf(q string, lease int64) sessionClaims {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.hot[hotKey{q, lease}]
 }
 
 // setSession keeps what a claim of lease from queue q leaves; a session
 // with no segment with slots left keeps only its count of claims.
-func (c *Client) setSession(q string, lease int64, sc sessionClaims) {
-	c.remote.mu.Lock()
-	defer c.remote.mu.Unlock()
+func (b *broker) setSession(q string, lease int64, sc sessionClaims) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
 	if sc.hot == "" || sc.st == nil || sc.st.name != sc.hot {
 		sc.st = nil
 	}
-	if c.remote.hot == nil || len(c.remote.hot) >= 4096 {
-		c.remote.hot = map[hotKey]sessionClaims{}
+	if b.hot == nil || len(b.hot) >= 4096 {
+		b.hot = map[hotKey]sessionClaims{}
 	}
-	c.remote.hot[hotKey{q, lease}] = sc
+	b.hot[hotKey{q, lease}] = sc
 }
 
 // dueState is when a queue's due retries were last moved, and when its next
@@ -127,11 +129,11 @@ type dueState struct{ checked, next time.Time }
 // promoteDue moves queue q's due retries back to pending, unless that was
 // done less than promoteEvery ago and no retry known fell due since; it
 // returns when the next falls due (zero: none known).
-func (c *Client) promoteDue(ctx context.Context, w *claimer, q string) (time.Time, error) {
+func (b *broker) promoteDue(ctx context.Context, w *claimer, q string) (time.Time, error) {
 	now := time.Now()
-	c.remote.mu.Lock()
-	d, ok := c.remote.due[q]
-	c.remote.mu.Unlock()
+	b.mu.Lock()
+	d, ok := b.due[q]
+	b.mu.Unlock()
 	if ok && now.Sub(d.checked) < promoteEvery && (d.next.IsZero() || now.Before(d.next)) {
 		return d.next, nil
 	}
@@ -139,23 +141,23 @@ func (c *Client) promoteDue(ctx context.Context, w *claimer, q string) (time.Tim
 	if err != nil {
 		return time.Time{}, err
 	}
-	c.remote.mu.Lock()
-	defer c.remote.mu.Unlock()
-	if c.remote.due == nil || len(c.remote.due) >= 1024 {
-		c.remote.due = map[string]dueState{}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.due == nil || len(b.due) >= 1024 {
+		b.due = map[string]dueState{}
 	}
-	c.remote.due[q] = dueState{checked: now, next: next}
+	b.due[q] = dueState{checked: now, next: next}
 	return next, nil
 }
 
 // retryAt notes that a retry of queue q falls due at at, so that a claim
 // moves it back to pending then.
-func (c *Client) retryAt(q string, at time.Time) {
-	c.remote.mu.Lock()
-	defer c.remote.mu.Unlock()
-	if d, ok := c.remote.due[q]; ok && (d.next.IsZero() || at.Before(d.next)) {
+func (b *broker) retryAt(q string, at time.Time) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if d, ok := b.due[q]; ok && (d.next.IsZero() || at.Before(d.next)) {
 		d.next = at
-		c.remote.due[q] = d
+		b.due[q] = d
 	}
 }
 

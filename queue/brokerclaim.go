@@ -81,7 +81,8 @@ func (h Held) check() error {
 // outcomeWorker is a worker of queue q that writes outcomes of the claims
 // of an external worker named worker, with a Worker's own writes (and its
 // default backoff). It never runs nor claims: its state lasts one call.
-func (c *Client) outcomeWorker(q, worker string) *Worker {
+func (b *broker) outcomeWorker(q, worker string) *Worker {
+	c := b.client
 	cfg := WorkerConfig{Queue: q, Concurrency: 1, Prefetch: 1, BackoffBase: time.Second, BackoffMax: 5 * time.Minute}
 	return newWorker(c, cfg, nil, worker, slog.Default())
 }
@@ -97,7 +98,7 @@ func (c *Client) Claim(ctx context.Context, q string, req ClaimRequest) ([]*Task
 		return nil, err
 	}
 	n := max(req.Max, 1)
-	w, sc, done := c.sessionClaimer(q, req)
+	w, sc, done := c.remote.sessionClaimer(q, req)
 	defer done()
 	deadline := time.Now().Add(req.Wait)
 	// lead: this claim leads its queue's line of waiting claims
@@ -109,12 +110,12 @@ func (c *Client) Claim(ctx context.Context, q string, req ClaimRequest) ([]*Task
 		}
 	}()
 	for raced, turn := 0, true; ; {
-		claims, rev, contended, due, err := c.claimOnce(ctx, w, q, n, turn)
+		claims, rev, contended, due, err := c.remote.claimOnce(ctx, w, q, n, turn)
 		turn = false
 		if err != nil {
 			return nil, err
 		}
-		tasks, err := c.runnable(ctx, w, claims, req.Lease.ID())
+		tasks, err := c.remote.runnable(ctx, w, claims, req.Lease.ID())
 		if err != nil || len(tasks) > 0 {
 			if err == nil {
 				c.remote.claims.remember(func(seg string) string { return c.keys.Runs(q, seg) }, q, claims, tasks, req.Lease.ID())
@@ -170,14 +171,14 @@ func (c *Client) Claim(ctx context.Context, q string, req ClaimRequest) ([]*Task
 // promoteDue) and makes one claim of up to n tasks with w: combined with
 // the claims that arrive meanwhile when turn is set (claimTurn), else
 // alone. due is when the next known retry falls due.
-func (c *Client) claimOnce(ctx context.Context, w *claimer, q string, n int, turn bool) (claims []*claim, rev int64, contended bool, due time.Time, err error) {
-	due, err = c.promoteDue(ctx, w, q)
+func (b *broker) claimOnce(ctx context.Context, w *claimer, q string, n int, turn bool) (claims []*claim, rev int64, contended bool, due time.Time, err error) {
+	due, err = b.promoteDue(ctx, w, q)
 	if err != nil {
 		return nil, 0, false, due, fmt.Errorf("queue: claim from %s: move due retries: %w", q, err)
 	}
-	c.remote.attempts.Add(1)
+	b.attempts.Add(1)
 	if turn {
-		claims, rev, contended, err = c.claimTurn(ctx, w, q, n)
+		claims, rev, contended, err = b.claimTurn(ctx, w, q, n)
 	} else {
 		claims, rev, contended, err = w.claim(ctx, 0, n)
 	}
@@ -208,7 +209,8 @@ func checkClaim(q string, req ClaimRequest) error {
 // with what the claims of the Client and of req's session left it; done
 // keeps what the claim leaves for the next. It claims as a Worker's claim
 // loop does: the same claimer, as its lane 0.
-func (c *Client) sessionClaimer(q string, req ClaimRequest) (w *claimer, sc sessionClaims, done func()) {
+func (b *broker) sessionClaimer(q string, req ClaimRequest) (w *claimer, sc sessionClaims, done func()) {
+	c := b.client
 	logger := req.Logger
 	if logger == nil {
 		logger = slog.Default()
@@ -217,13 +219,13 @@ func (c *Client) sessionClaimer(q string, req ClaimRequest) (w *claimer, sc sess
 	// The claims of all sessions take turns: each starts at another open
 	// segment, and every eighth takes a lower priority level's (see
 	// levelTurns); each session goes on with the segment it took from last.
-	turn := c.remote.turns.Add(1)
+	turn := b.turns.Add(1)
 	w.spread = turn
 	w.claimSeq.Store(int64(turn % (1 << 62)))
 	w.turnSeq.Store(int64(turn % (1 << 62)))
-	w.turns, w.window = c.levelTurnsOf(q), c.windowOf(q)
+	w.turns, w.window = b.levelTurnsOf(q), b.windowOf(q)
 	lid := int64(req.Lease.ID())
-	sc = c.sessionOf(q, lid)
+	sc = b.sessionOf(q, lid)
 	w.hot[0], w.predicted[0] = sc.hot, sc.st
 	w.laneClaims[0].Store(sc.claims)
 	return w, sc, func() {
@@ -238,16 +240,16 @@ func (c *Client) sessionClaimer(q string, req ClaimRequest) (w *claimer, sc sess
 		w.levelMu.Lock()
 		lt, ow, st := w.turns, w.window, w.predicted[0]
 		w.levelMu.Unlock()
-		c.setLevelTurns(q, lt)
-		c.setWindow(q, ow)
-		c.setSession(q, lid, sessionClaims{hot: seg, st: st, claims: w.laneClaims[0].Load()})
+		b.setLevelTurns(q, lt)
+		b.setWindow(q, ow)
+		b.setSession(q, lid, sessionClaims{hot: seg, st: st, claims: w.laneClaims[0].Load()})
 	}
 }
 
 // runnable returns the tasks of claims that may run: a task past its
 // retry budget (its workers died or lost their claims) or whose record is
 // unreadable goes to the dead-letter queue here, as a Worker would send it.
-func (c *Client) runnable(ctx context.Context, w *claimer, claims []*claim, l clientv3.LeaseID) ([]*Task, error) {
+func (b *broker) runnable(ctx context.Context, w *claimer, claims []*claim, l clientv3.LeaseID) ([]*Task, error) {
 	out := make([]*Task, 0, len(claims))
 	for _, cl := range claims {
 		t := cl.task
@@ -263,9 +265,9 @@ func (c *Client) runnable(ctx context.Context, w *claimer, claims []*claim, l cl
 		}
 		var err error
 		if cl.run == nil {
-			_, err = c.outcomeWorker(w.queue, w.worker).writeOutcome(ctx, outcome{c: cl, kind: Dead, err: why}, nil)
+			_, err = b.outcomeWorker(w.queue, w.worker).writeOutcome(ctx, outcome{c: cl, kind: Dead, err: why}, nil)
 		} else {
-			_, err = c.settle(ctx, Held{Queue: t.Queue, ID: t.ID, Token: cl.token, Lease: l}, "give up on", func(*Worker, *claim) (outcome, error) {
+			_, err = b.settle(ctx, Held{Queue: t.Queue, ID: t.ID, Token: cl.token, Lease: l}, "give up on", func(*Worker, *claim) (outcome, error) {
 				return outcome{kind: Dead, err: why}, nil
 			})
 		}
@@ -303,7 +305,7 @@ func (w *claimer) awaitWork(ctx context.Context, rev int64, d time.Duration, due
 					// next claim moves it back when it falls due, rather
 					// than after its promotion interval.
 					if at, _, ok := keyspace.ParseTimedKey(retries, string(ev.Kv.Key)); ok {
-						w.client.retryAt(q, time.Unix(0, at))
+						w.client.remote.retryAt(q, time.Unix(0, at))
 					}
 					return
 				}
@@ -374,8 +376,8 @@ type claimCall struct {
 // claimTurn is one claim of up to n tasks of queue q for w: alone when no
 // other claim of q is being made, else combined with the others that
 // arrive meanwhile; a claim the combined one did not serve is made alone.
-func (c *Client) claimTurn(ctx context.Context, w *claimer, q string, n int) (claims []*claim, rev int64, contended bool, err error) {
-	cc := &c.remote.claimers
+func (b *broker) claimTurn(ctx context.Context, w *claimer, q string, n int) (claims []*claim, rev int64, contended bool, err error) {
+	cc := &b.claimers
 	call := &claimCall{w: w, n: n, done: make(chan struct{})}
 	cc.mu.Lock()
 	if cc.queues == nil {
@@ -405,7 +407,7 @@ func (c *Client) claimTurn(ctx context.Context, w *claimer, q string, n int) (cl
 		}
 		func() {
 			defer cc.handOn(q) // even if the claim panics: the line must move on
-			c.claimTogether(ctx, q, batch)
+			b.claimTogether(ctx, q, batch)
 		}()
 	}
 	if len(call.claims) > 0 {
@@ -466,7 +468,8 @@ func (cc *claimCombiner) handOn(q string) {
 
 // claimTogether makes one combined claim for batch (see above) and
 // answers every call of it but the first, which made it.
-func (c *Client) claimTogether(ctx context.Context, q string, batch []*claimCall) {
+func (b *broker) claimTogether(ctx context.Context, q string, batch []*claimCall) {
+	c := b.client
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimCombineTimeout)
 	all := batch
 	defer func() {
@@ -488,14 +491,14 @@ func (c *Client) claimTogether(ctx context.Context, q string, batch []*claimCall
 		return
 	}
 	batch = batch[:min(len(batch), len(names))]
-	states, tss, err := c.readStates(rctx, q, names[:len(batch)])
+	states, tss, err := b.readStates(rctx, q, names[:len(batch)])
 	if err != nil {
 		return
 	}
 	var ops []clientv3.Op
 	var runs []*runClaim
 	for i, call := range batch {
-		if rc := c.planRun(rctx, call, states[i], tss[i]); rc != nil {
+		if rc := b.planRun(rctx, call, states[i], tss[i]); rc != nil {
 			ops = append(ops, rc.op())
 			runs = append(runs, rc)
 		}
@@ -513,7 +516,7 @@ func (c *Client) claimTogether(ctx context.Context, q string, batch []*claimCall
 		}
 		return // (refused, as when one session's lease is gone: each claims alone)
 	}
-	c.remote.claimers.rounds.Add(1)
+	b.claimers.rounds.Add(1)
 	for k, rc := range runs {
 		made, runnerHeld := rc.result(resp.Responses[k].GetResponseTxn())
 		if runnerHeld {
@@ -524,7 +527,7 @@ func (c *Client) claimTogether(ctx context.Context, q string, batch []*claimCall
 		}
 		call := rc.call
 		call.claims = rc.claimed(resp.Header.Revision)
-		c.remote.claimers.served.Add(1)
+		b.claimers.served.Add(1)
 		if free := len(rc.free); free > len(rc.pick) {
 			call.w.setPredicted(0, rc.st.after(call.claims[0].run, c.keys.Runs(q, rc.st.name), rc.pick))
 		} else {
@@ -535,7 +538,8 @@ func (c *Client) claimTogether(ctx context.Context, q string, batch []*claimCall
 
 // readStates reads the states of segments names of queue q, and their
 // tasks (from the Client's cache where it has them), in one request.
-func (c *Client) readStates(ctx context.Context, q string, names []string) ([]*segState, [][]Task, error) {
+func (b *broker) readStates(ctx context.Context, q string, names []string) ([]*segState, [][]Task, error) {
+	c := b.client
 	var ops []clientv3.Op
 	cached := make([]bool, len(names))
 	tss := make([][]Task, len(names))
@@ -571,7 +575,8 @@ func (c *Client) readStates(ctx context.Context, q string, names []string) ([]*s
 // planRun is the run that claims call's tasks from segment st (whose
 // tasks are ts), nil when it has none free for it. A finished segment
 // found open is closed.
-func (c *Client) planRun(ctx context.Context, call *claimCall, st *segState, ts []Task) *runClaim {
+func (b *broker) planRun(ctx context.Context, call *claimCall, st *segState, ts []Task) *runClaim {
+	c := b.client
 	if ts == nil || !st.open || st.unreadable > 0 {
 		return nil
 	}

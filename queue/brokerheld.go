@@ -18,7 +18,8 @@ import (
 // in a segment, the run holding its slot (and the segment's state, st). An
 // error matching lease.ErrFenced says the claim no longer holds;
 // ErrNotFound, that queue h.Queue has no task h.ID.
-func (c *Client) held(ctx context.Context, h Held) (*Worker, *claim, *segState, error) {
+func (b *broker) held(ctx context.Context, h Held) (*Worker, *claim, *segState, error) {
+	c := b.client
 	resp, err := c.cli.Txn(ctx).Then(
 		clientv3.OpGet(c.keys.TaskRecord(h.ID)),
 		clientv3.OpGet(c.keys.TaskIndex(h.ID)),
@@ -47,7 +48,7 @@ func (c *Client) held(ctx context.Context, h Held) (*Worker, *claim, *segState, 
 		var cv claimValue
 		_ = json.Unmarshal(kv.Value, &cv)
 		t.Attempt, t.Token, t.CurrentStatus = cv.Attempt, h.Token, Running
-		w := c.outcomeWorker(h.Queue, cv.Worker)
+		w := b.outcomeWorker(h.Queue, cv.Worker)
 		return w, &claim{task: t, recRev: rec[0].ModRevision, claimKey: string(kv.Key), pendingKey: c.pendingKey(t), token: h.Token, claimedAt: cv.ClaimedAt}, nil, nil
 	}
 	if len(rec) > 0 {
@@ -64,11 +65,12 @@ func (c *Client) held(ctx context.Context, h Held) (*Worker, *claim, *segState, 
 	if !ok || at.Queue != h.Queue {
 		return nil, nil, nil, fmt.Errorf("%w: %s is not in queue %s", ErrNotFound, h.ID, h.Queue)
 	}
-	return c.heldInSegment(ctx, h, at)
+	return b.heldInSegment(ctx, h, at)
 }
 
 // heldInSegment is held for a task in slot at of a segment.
-func (c *Client) heldInSegment(ctx context.Context, h Held, at keyspace.TaskPlace) (*Worker, *claim, *segState, error) {
+func (b *broker) heldInSegment(ctx context.Context, h Held, at keyspace.TaskPlace) (*Worker, *claim, *segState, error) {
+	c := b.client
 	q, seg, slot := at.Queue, at.Segment, at.Slot
 	st, err := c.readState(ctx, q, seg)
 	if err != nil {
@@ -111,7 +113,7 @@ func (c *Client) heldInSegment(ctx context.Context, h Held, at keyspace.TaskPlac
 	// Worker counts in memory; here, the clock's (writeOutcome lets no
 	// two outcomes of a run in at once).
 	run.outSeq.Store(time.Now().UnixNano())
-	w := c.outcomeWorker(q, r.v.Worker)
+	w := b.outcomeWorker(q, r.v.Worker)
 	return w, &claim{task: t, claimKey: r.key, token: r.token, claimedAt: r.v.ClaimedAt, run: run, slot: slot}, st, nil
 }
 
@@ -175,7 +177,7 @@ func (c *Client) Heartbeat(ctx context.Context, h Held) (*Task, error) {
 	if err := h.check(); err != nil {
 		return nil, err
 	}
-	_, cl, _, err := c.held(ctx, h)
+	_, cl, _, err := c.remote.held(ctx, h)
 	if err != nil {
 		return nil, err
 	}
@@ -186,7 +188,7 @@ func (c *Client) Heartbeat(ctx context.Context, h Held) (*Task, error) {
 // MaxResult bytes), and returns it, SUCCEEDED. An error matching
 // lease.ErrFenced says the claim no longer holds and nothing was written.
 func (c *Client) Ack(ctx context.Context, h Held, result []byte) (*Task, error) {
-	return c.reportOne(ctx, Outcome{Held: h, Result: result})
+	return c.remote.reportOne(ctx, Outcome{Held: h, Result: result})
 }
 
 // Fail records that the claimed task h failed with reason: a permanent
@@ -197,7 +199,7 @@ func (c *Client) Ack(ctx context.Context, h Held, result []byte) (*Task, error) 
 // DEAD. An error matching lease.ErrFenced says the claim no longer holds
 // and nothing was written.
 func (c *Client) Fail(ctx context.Context, h Held, reason string, permanent bool) (*Task, error) {
-	return c.reportOne(ctx, Outcome{Held: h, Failed: true, Error: reason, Permanent: permanent})
+	return c.remote.reportOne(ctx, Outcome{Held: h, Failed: true, Error: reason, Permanent: permanent})
 }
 
 // Release hands the claimed task h back: it is PENDING again, claimable at
@@ -213,7 +215,7 @@ func (c *Client) Release(ctx context.Context, h Held) (*Task, error) {
 	if s, ok := c.remote.claims.lookup(h); ok {
 		c.remote.claims.forget(s.run) // the run changes: its remembered state is stale
 	}
-	t, err := c.settle(ctx, h, "hand back", func(*Worker, *claim) (outcome, error) {
+	t, err := c.remote.settle(ctx, h, "hand back", func(*Worker, *claim) (outcome, error) {
 		return outcome{kind: Pending}, nil
 	})
 	if err == nil && t.CurrentStatus != Pending {
@@ -225,19 +227,20 @@ func (c *Client) Release(ctx context.Context, h Held) (*Task, error) {
 }
 
 // reportOne is Report of one outcome.
-func (c *Client) reportOne(ctx context.Context, o Outcome) (*Task, error) {
+func (b *broker) reportOne(ctx context.Context, o Outcome) (*Task, error) {
 	if err := o.check(); err != nil {
 		return nil, err
 	}
-	r := c.reportCombined(ctx, []Outcome{o})[0]
+	r := b.reportCombined(ctx, []Outcome{o})[0]
 	return r.Task, r.Err
 }
 
 // settle writes the outcome decide gives for claim h, reading the claim
 // again when a concurrent outcome of the same run got in first.
-func (c *Client) settle(ctx context.Context, h Held, verb string, decide func(*Worker, *claim) (outcome, error)) (*Task, error) {
+func (b *broker) settle(ctx context.Context, h Held, verb string, decide func(*Worker, *claim) (outcome, error)) (*Task, error) {
+	c := b.client
 	for try := 0; try < 20; try++ {
-		w, cl, st, err := c.held(ctx, h)
+		w, cl, st, err := b.held(ctx, h)
 		if err != nil {
 			return nil, err
 		}

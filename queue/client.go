@@ -52,7 +52,9 @@ func NewClient(cli *clientv3.Client, ns string) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Client{cli: cli, keys: keys, now: time.Now}, nil
+	c := &Client{cli: cli, keys: keys, now: time.Now}
+	c.remote.client = c
+	return c, nil
 }
 
 // Close stops what the Client runs in the background and waits for it,
