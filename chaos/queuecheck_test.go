@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/droverhq/drover/internal/segcodec"
+	"github.com/droverhq/drover/internal/taskstore"
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/queue"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -100,7 +100,7 @@ func readAcks(ctx context.Context, cli *clientv3.Client, client *queue.Client) (
 		return nil, nil, err
 	}
 	for _, kv := range outs.Kvs {
-		o, err := segcodec.DecodeOut(kv.Value)
+		o, err := taskstore.DecodeOut(kv.Value)
 		if err != nil {
 			return nil, nil, fmt.Errorf("outcome batch %s: %w", kv.Key, err)
 		}

@@ -4,7 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 
-	"github.com/droverhq/drover/internal/segcodec"
+	"github.com/droverhq/drover/internal/varcodec"
 )
 
 // chosenLog is the applied part of a node's log: the chosen entries from
@@ -95,7 +95,7 @@ func appendCommand(b []byte, c *Command) []byte {
 
 // decodeEntry reads what appendEntry wrote, and nothing after it.
 func decodeEntry(raw []byte) (Entry, error) {
-	d := segcodec.NewReader(raw)
+	d := varcodec.NewReader(raw)
 	e := Entry{Slot: d.Uvarint(), Ballot: Ballot{Round: d.Uvarint(), Node: NodeID(d.Uvarint())}}
 	c := &e.Cmd
 	c.Op = Op(d.Bytes())

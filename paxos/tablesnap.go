@@ -5,7 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 
-	"github.com/droverhq/drover/internal/segcodec"
+	"github.com/droverhq/drover/internal/varcodec"
 )
 
 // The table's snapshot layout. A busy group remembers hundreds of
@@ -60,7 +60,7 @@ func encodeTableSnapshot(snap tableSnapshot) ([]byte, error) {
 	}
 	b := make([]byte, 0, 16+len(head)+size)
 	b = append(b, tableSnapBinary)
-	b = segcodec.AppendBytes(b, head)
+	b = varcodec.AppendBytes(b, head)
 	b = binary.AppendUvarint(b, uint64(n))
 	for _, p := range parts {
 		b = append(b, p...) // the log keeps results as format 3 does
@@ -87,7 +87,7 @@ func appendTableSeen(b []byte, s *tableSeen) []byte {
 }
 
 // readTableSeen reads a result that appendTableSeen wrote.
-func readTableSeen(d *segcodec.Reader) tableSeen {
+func readTableSeen(d *varcodec.Reader) tableSeen {
 	str := func() string { return string(d.Bytes()) }
 	var s tableSeen
 	s.ID = str()
@@ -109,7 +109,7 @@ func readTableSeen(d *segcodec.Reader) tableSeen {
 // decodeTableSeen decodes the result that raw begins with (a seenLog's,
 // written by appendTableSeen) and returns the bytes after it.
 func decodeTableSeen(raw []byte) (tableSeen, []byte) {
-	d := segcodec.NewReader(raw)
+	d := varcodec.NewReader(raw)
 	s := readTableSeen(d)
 	return s, raw[len(raw)-d.Len():]
 }
@@ -140,7 +140,7 @@ func decodeTableSnapshot(data []byte) (tableSnapshot, error) {
 	case data[0] != tableSnapBinary:
 		return snap, fmt.Errorf("unknown snapshot format (first byte %#x; this build reads formats 1 to %d)", data[0], tableSnapFormat)
 	}
-	d := segcodec.NewReader(data[1:])
+	d := varcodec.NewReader(data[1:])
 	var head tableSnapHead
 	if err := json.Unmarshal(d.Bytes(), &head); d.Err() != nil || err != nil {
 		return snap, fmt.Errorf("format 3 head: %w", firstErr(d.Err(), err))

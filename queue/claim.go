@@ -9,6 +9,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/droverhq/drover/internal/taskstore"
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/metrics"
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -22,7 +23,7 @@ import (
 // a few at a time, starting from a different shard each call, until it has
 // enough candidates. It also returns the revision its first read saw, from
 // which a watch misses nothing.
-func (w *Worker) claim(ctx context.Context, lane, n int) (claims []*claim, rev int64, contended bool, err error) {
+func (w *claimer) claim(ctx context.Context, lane, n int) (claims []*claim, rev int64, contended bool, err error) {
 	seq := w.claimSeq.Add(1)
 	// The priority turns (one claim in eight serves a lower level) count
 	// the claims that took something, not the attempts: under load many
@@ -94,8 +95,8 @@ func (w *Worker) claim(ctx context.Context, lane, n int) (claims []*claim, rev i
 // their own (back from a retry, a requeue or a hand-back) in the priority
 // levels levels, by the priority rule, oldest first, a dead worker's first;
 // rev is the revision of its first read.
-func (w *Worker) recordCandidates(ctx context.Context, n int, seq int64, levels []level, fifo bool, first *firstRead) (cands []*mvccpb.KeyValue, rev int64, err error) {
-	q := w.cfg.Queue
+func (w *claimer) recordCandidates(ctx context.Context, n int, seq int64, levels []level, fifo bool, first *firstRead) (cands []*mvccpb.KeyValue, rev int64, err error) {
+	q := w.queue
 	var suspects []*mvccpb.KeyValue
 	tried := map[string]bool{}
 	for {
@@ -180,8 +181,8 @@ func (w *Worker) recordCandidates(ctx context.Context, n int, seq int64, levels 
 // (bound to the lease) and counts the attempt. Unless ordered, it takes a
 // random n of the first 2n, so that workers reading the same keys do not
 // all race for the same tasks.
-func (w *Worker) claimKeys(ctx context.Context, cands []*mvccpb.KeyValue, n int, ordered bool) ([]*claim, error) {
-	q := w.cfg.Queue
+func (w *claimer) claimKeys(ctx context.Context, cands []*mvccpb.KeyValue, n int, ordered bool) ([]*claim, error) {
+	q := w.queue
 	pre := w.keys.QueuePending(q)
 	cands = w.withoutRunnerHeld(cands)
 	window := cands[:min(len(cands), 2*n)]
@@ -207,12 +208,12 @@ func (w *Worker) claimKeys(ctx context.Context, cands []*mvccpb.KeyValue, n int,
 		// task runner (package task): no claim while the runner's lock on
 		// the id has a holder or a waiter. The runner, for its part, waits
 		// for a queue claim to end before it runs.
-		runner := w.keys.Lock(keyspace.TaskLock(id))
+		runner := taskstore.RunnerLock(w.keys, id)
 		ops[i] = clientv3.OpTxn(
 			[]clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(string(kv.Key)), "=", kv.ModRevision), clientv3.Compare(clientv3.CreateRevision(ck), "=", 0),
-				clientv3.Compare(clientv3.CreateRevision(runner), "=", 0).WithPrefix()},
+				taskstore.NoRunner(runner)},
 			[]clientv3.Op{clientv3.OpPut(ck, string(cv), clientv3.WithLease(w.lease.ID())), clientv3.OpPut(string(kv.Key), encodePending(attempts[i], true)), clientv3.OpGet(w.keys.TaskRecord(id))},
-			[]clientv3.Op{clientv3.OpGet(runner, clientv3.WithPrefix(), clientv3.WithCountOnly())})
+			[]clientv3.Op{taskstore.CountRunners(runner)})
 	}
 	// Once sent, the claims may be applied whatever happens to ctx: do not
 	// let a shutdown cut the request short and leave claims nobody knows.
@@ -233,25 +234,7 @@ func (w *Worker) claimKeys(ctx context.Context, cands []*mvccpb.KeyValue, n int,
 			}
 			continue
 		}
-		c := &claim{claimKey: w.keys.QueueClaim(q, ids[i]), pendingKey: string(pick[i].Key), token: tr.Header.Revision, claimedAt: now}
-		t := new(Task)
-		kvs := sub.Responses[2].GetResponseRange().Kvs
-		switch {
-		case len(kvs) == 0:
-			c.broken = errors.New("the task has no record")
-		default:
-			if err := json.Unmarshal(kvs[0].Value, t); err != nil {
-				c.broken = fmt.Errorf("the task's record is unreadable: %w", err)
-			}
-			c.recRev = kvs[0].ModRevision
-		}
-		if c.broken != nil {
-			w.logger.Error("queue: claimed a broken task; sending it to the dead-letter queue", "task", ids[i], "err", c.broken)
-			t = &Task{ID: ids[i], Queue: q, Type: "unknown"}
-		}
-		t.Attempt, t.Token, t.CurrentStatus = attempts[i], tr.Header.Revision, Running
-		c.task = t
-		out = append(out, c)
+		out = append(out, w.claimedRecord(ids[i], attempts[i], string(pick[i].Key), tr.Header.Revision, now, sub.Responses[2].GetResponseRange().Kvs))
 	}
 	w.claimed.Add(int64(len(out)))
 	if len(out) > 0 {
@@ -261,6 +244,31 @@ func (w *Worker) claimKeys(ctx context.Context, cands []*mvccpb.KeyValue, n int,
 		metrics.TasksClaimed.WithLabelValues(q, c.task.Type).Inc()
 	}
 	return out, nil
+}
+
+// claimedRecord is the claim of task id, made at revision rev (its token)
+// and time now from its pending key pendingKey, starting attempt; rec is
+// the task's record as the claim read it. A task without a readable
+// record is claimed broken, for the dead-letter queue.
+func (w *claimer) claimedRecord(id string, attempt int, pendingKey string, rev int64, now time.Time, rec []*mvccpb.KeyValue) *claim {
+	c := &claim{claimKey: w.keys.QueueClaim(w.queue, id), pendingKey: pendingKey, token: rev, claimedAt: now}
+	t := new(Task)
+	switch {
+	case len(rec) == 0:
+		c.broken = errors.New("the task has no record")
+	default:
+		if err := json.Unmarshal(rec[0].Value, t); err != nil {
+			c.broken = fmt.Errorf("the task's record is unreadable: %w", err)
+		}
+		c.recRev = rec[0].ModRevision
+	}
+	if c.broken != nil {
+		w.logger.Error("queue: claimed a broken task; sending it to the dead-letter queue", "task", id, "err", c.broken)
+		t = &Task{ID: id, Queue: w.queue, Type: "unknown"}
+	}
+	t.Attempt, t.Token, t.CurrentStatus = attempt, rev, Running
+	c.task = t
+	return c
 }
 
 // readEvery: one claim in readEvery reads the queue first even when its
@@ -294,14 +302,14 @@ type firstRead struct {
 // and whether the queue is FIFO; in the same read it takes the head of the
 // next shard, which a claim of a queue with one level uses as its first
 // read, so that the markers cost no round trip of their own.
-func (w *Worker) readLevels(ctx context.Context, n int, hot string, listOpen bool) ([]level, bool, *firstRead, []*mvccpb.KeyValue, *segState, error) {
+func (w *claimer) readLevels(ctx context.Context, n int, hot string, listOpen bool) ([]level, bool, *firstRead, []*mvccpb.KeyValue, *segState, error) {
 	start := int(w.shardCursor.Add(1))
 	ops := []clientv3.Op{
-		clientv3.OpGet(w.keys.QueueLevels(w.cfg.Queue), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
-		clientv3.OpGet(w.keys.QueueConfig(w.cfg.Queue)),
-		clientv3.OpGet(w.client.shardPrefix(w.cfg.Queue, start%Shards), clientv3.WithPrefix(), clientv3.WithLimit(int64(2*n+8))),
+		clientv3.OpGet(w.keys.QueueLevels(w.queue), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
+		clientv3.OpGet(w.keys.QueueConfig(w.queue)),
+		clientv3.OpGet(w.client.shardPrefix(w.queue, start%Shards), clientv3.WithPrefix(), clientv3.WithLimit(int64(2*n+8))),
 	}
-	pre := w.keys.SegmentsOpen(w.cfg.Queue)
+	pre := w.keys.SegmentsOpen(w.queue)
 	w.levelMu.Lock()
 	above, from, end, bounded := w.window.bounds(pre)
 	tail := w.window.tail
@@ -312,7 +320,7 @@ func (w *Worker) readLevels(ctx context.Context, n int, hot string, listOpen boo
 	if listOpen {
 		ops = append(ops, openRange(from, end))
 	} else {
-		ops = append(ops, clientv3.OpGet(w.keys.SegmentOpen(w.cfg.Queue, hot), clientv3.WithKeysOnly()))
+		ops = append(ops, clientv3.OpGet(w.keys.SegmentOpen(w.queue, hot), clientv3.WithKeysOnly()))
 	}
 	ops = append(ops, openRange(pre, above))
 	// The segment this claim loop takes from (the one it took from last,
@@ -320,21 +328,21 @@ func (w *Worker) readLevels(ctx context.Context, n int, hot string, listOpen boo
 	// when they are not at hand yet.
 	hotCached := false
 	if hot != "" {
-		_, hotCached = w.client.segCache.get(w.cfg.Queue + "/" + hot)
-		ops = append(ops, w.client.stateOps(w.cfg.Queue, hot)...)
+		_, hotCached = w.client.segCache.get(w.queue + "/" + hot)
+		ops = append(ops, w.client.stateOps(w.queue, hot)...)
 		if !hotCached {
-			ops = append(ops, clientv3.OpGet(w.keys.Segment(w.cfg.Queue, hot)))
+			ops = append(ops, clientv3.OpGet(w.keys.Segment(w.queue, hot)))
 		}
 	}
 	resp, err := w.cli.Txn(ctx).Then(ops...).Commit()
 	if err != nil {
-		return nil, false, nil, nil, nil, fmt.Errorf("queue: read the priority levels of %s: %w", w.cfg.Queue, err)
+		return nil, false, nil, nil, nil, fmt.Errorf("queue: read the priority levels of %s: %w", w.queue, err)
 	}
 	var hotState *segState
 	if hot != "" {
-		hotState = w.client.parseState(w.cfg.Queue, hot, resp.Header.Revision, resp.Responses[5:])
+		hotState = w.client.parseState(w.queue, hot, resp.Header.Revision, resp.Responses[5:])
 		if kvs := resp.Responses[len(resp.Responses)-1].GetResponseRange().Kvs; !hotCached && len(kvs) == 1 {
-			if _, err := w.client.cacheSegment(w.cfg.Queue, hot, kvs[0].Value); err != nil {
+			if _, err := w.client.cacheSegment(w.queue, hot, kvs[0].Value); err != nil {
 				return nil, false, nil, nil, nil, err
 			}
 		}
@@ -342,7 +350,7 @@ func (w *Worker) readLevels(ctx context.Context, n int, hot string, listOpen boo
 	kvs := resp.Responses[0].GetResponseRange().Kvs
 	out := make([]level, 0, len(kvs))
 	for _, kv := range kvs {
-		name, _ := keyspace.Last(w.keys.QueueLevels(w.cfg.Queue), string(kv.Key))
+		name, _ := keyspace.Last(w.keys.QueueLevels(w.queue), string(kv.Key))
 		out = append(out, level{name: name, rev: kv.ModRevision})
 	}
 	var cfg Config
@@ -364,7 +372,7 @@ func (w *Worker) readLevels(ctx context.Context, n int, hot string, listOpen boo
 // segment, or without a bound), when the read found none; it returns the
 // segments and whether their read stopped before the last open segment
 // (bounded).
-func (w *Worker) sawOpen(ctx context.Context, pre string, bounded bool, open []*mvccpb.KeyValue) ([]*mvccpb.KeyValue, bool, error) {
+func (w *claimer) sawOpen(ctx context.Context, pre string, bounded bool, open []*mvccpb.KeyValue) ([]*mvccpb.KeyValue, bool, error) {
 	toLast := false // the last read ran to the last open segment
 	for {
 		names := make([]string, 0, len(open))
@@ -386,7 +394,7 @@ func (w *Worker) sawOpen(ctx context.Context, pre string, bounded bool, open []*
 		if !ok {
 			g, err := w.cli.Get(ctx, pre, clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithLimit(openRead))
 			if err != nil {
-				return nil, false, fmt.Errorf("queue: read open segments of %s: %w", w.cfg.Queue, err)
+				return nil, false, fmt.Errorf("queue: read open segments of %s: %w", w.queue, err)
 			}
 			open, bounded, toLast = g.Kvs, false, true
 			continue
@@ -394,7 +402,7 @@ func (w *Worker) sawOpen(ctx context.Context, pre string, bounded bool, open []*
 		// To the last open segment: bounded only below its head.
 		resp, err := w.cli.Txn(ctx).Then(openRange(pre, above), openRange(from, end)).Commit()
 		if err != nil {
-			return nil, false, fmt.Errorf("queue: read open segments of %s: %w", w.cfg.Queue, err)
+			return nil, false, fmt.Errorf("queue: read open segments of %s: %w", w.queue, err)
 		}
 		open, bounded, toLast = append(resp.Responses[0].GetResponseRange().Kvs, resp.Responses[1].GetResponseRange().Kvs...), true, true
 	}
@@ -412,7 +420,7 @@ func openRange(from, end string) clientv3.Op {
 // levels below it in turn, so no level starves; every 64th, or whenever the
 // queue has one level or none, reads every level at once (shard order, which
 // also finds tasks whose level has no marker).
-func (w *Worker) pickLevel(levels []level, seq int64, tried map[string]bool) (level, bool) {
+func (w *claimer) pickLevel(levels []level, seq int64, tried map[string]bool) (level, bool) {
 	if len(levels) <= 1 || seq%64 == 0 {
 		return level{}, !tried[""]
 	}
@@ -447,8 +455,8 @@ func lowerTurn(open int, seq int64) int {
 // every level): one shard first, then the following shards several at a
 // time, starting from a different shard each call (shard 0 in a FIFO queue).
 // covered says every shard was read.
-func (w *Worker) readPending(ctx context.Context, n int, lv string, fifo bool, pre *firstRead) (cands, suspects []*mvccpb.KeyValue, rev int64, covered bool, err error) {
-	q := w.cfg.Queue
+func (w *claimer) readPending(ctx context.Context, n int, lv string, fifo bool, pre *firstRead) (cands, suspects []*mvccpb.KeyValue, rev int64, covered bool, err error) {
+	q := w.queue
 	perRead := 8
 	if lv != "" {
 		perRead = 32 // a level may be sparse: read wide
@@ -500,8 +508,8 @@ func (w *Worker) readPending(ctx context.Context, n int, lv string, fifo bool, p
 
 // orphans returns the claimed pending keys among suspects (at most 100)
 // whose claim key is gone: their worker died, and they are claimable again.
-func (w *Worker) orphans(ctx context.Context, suspects []*mvccpb.KeyValue) ([]*mvccpb.KeyValue, error) {
-	q, pre := w.cfg.Queue, w.keys.QueuePending(w.cfg.Queue)
+func (w *claimer) orphans(ctx context.Context, suspects []*mvccpb.KeyValue) ([]*mvccpb.KeyValue, error) {
+	q, pre := w.queue, w.keys.QueuePending(w.queue)
 	suspects = suspects[:min(len(suspects), 100)]
 	ops := make([]clientv3.Op, len(suspects))
 	for i, kv := range suspects {

@@ -10,7 +10,8 @@ import (
 // TestClaimWaitsLine: the first claim to wait leads at once; the others
 // wait in order; a lead that ends without a full claim passes to the next
 // one alone, a full one wakes all of them (none leading); a claim whose
-// wait ran out leaves the line and the lead skips it.
+// wait ended (its context, or its deadline) leaves the line and the lead
+// skips it.
 func TestClaimWaitsLine(t *testing.T) {
 	var cw claimWaits
 	ctx := context.Background()
@@ -24,7 +25,7 @@ func TestClaimWaitsLine(t *testing.T) {
 		lead, waited, ok bool
 	}
 	results := make(chan result, 8)
-	joinAs := func(id int, deadline time.Time) {
+	joinAs := func(ctx context.Context, id int, deadline time.Time) {
 		l, w, o := cw.join(ctx, "q", deadline)
 		results <- result{id, l, w, o}
 	}
@@ -45,14 +46,25 @@ func TestClaimWaitsLine(t *testing.T) {
 			}
 		}
 	}
-	go joinAs(1, time.Now().Add(100*time.Millisecond)) // leaves when its wait runs out
+	// A claim whose deadline has passed leaves the line at once.
+	go joinAs(ctx, 0, time.Now().Add(-time.Millisecond))
+	if r := <-results; r.id != 0 || r.ok || r.lead {
+		t.Fatalf("got %+v; want claim 0 out of the line: its deadline had passed", r)
+	}
+	lined(0)
+	// Claim 1 leaves when its wait ends (here its context, so that the
+	// test decides when, whatever the machine's load).
+	ctx1, end1 := context.WithCancel(ctx)
+	defer end1()
+	go joinAs(ctx1, 1, far)
 	lined(1)
-	go joinAs(2, far)
+	go joinAs(ctx, 2, far)
 	lined(2)
-	go joinAs(3, far)
+	go joinAs(ctx, 3, far)
 	lined(3)
+	end1()
 	if r := <-results; r.id != 1 || r.ok || r.lead {
-		t.Fatalf("got %+v; want claim 1 out of the line when its wait ran out", r)
+		t.Fatalf("got %+v; want claim 1 out of the line when its wait ended", r)
 	}
 	cw.leave("q", false)
 	if r := <-results; r.id != 2 || !r.lead || !r.waited || !r.ok {
@@ -63,7 +75,7 @@ func TestClaimWaitsLine(t *testing.T) {
 		t.Fatalf("claim %d went on while claim 2 led", r.id)
 	case <-time.After(50 * time.Millisecond):
 	}
-	go joinAs(4, far)
+	go joinAs(ctx, 4, far)
 	lined(2)
 	cw.leave("q", true) // claim 2's claim was full: everyone claims
 	for range 2 {

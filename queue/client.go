@@ -39,16 +39,9 @@ type Client struct {
 	keys     keyspace.Space
 	now      func() time.Time
 	segCache segmentCache
-	// ext is what external claims share (external.go).
-	ext externalState
-	// reports combines concurrent reports of outcomes (reportcombine.go).
-	reports reportCombiner
-	// claims remembers the runs of external claims (claimcache.go).
-	claims claimCache
-	// claimers combines concurrent external claims (claimcombine.go).
-	claimers claimCombiner
-	// waits lines up external claims that wait for work (claimwait.go).
-	waits claimWaits
+	// remote is the claim broker of workers outside this process (the
+	// HTTP API's): the state their claims and reports share.
+	remote broker
 	// watches are the watches of queues that waits share (watchhub.go).
 	watches watchHub
 }
@@ -59,7 +52,25 @@ func NewClient(cli *clientv3.Client, ns string) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Client{cli: cli, keys: keys, now: time.Now}, nil
+	c := &Client{cli: cli, keys: keys, now: time.Now}
+	c.remote.client = c
+	return c, nil
+}
+
+// Close stops what the Client runs in the background and waits for it,
+// in this order: it marks the shared watches of its queues (watchhub.go)
+// closed, so that none opens from now on; stops each, with its linger
+// timer; then waits until their goroutines have returned, or until ctx
+// ends (its error then says so). The claim broker of external workers
+// (broker) starts no goroutine of its own: its claims and reports run in
+// their callers' goroutines, and a wait it leads uses the shared watches.
+// Call Close once the Workers, claims and waits that use the Client have
+// returned: a wait started after it is served by no watch and ends at its
+// timeout. It is idempotent and safe to call twice, or at once from two
+// goroutines: each call returns once the watches have stopped. It does
+// not close the etcd client.
+func (c *Client) Close(ctx context.Context) error {
+	return c.watches.shut(ctx)
 }
 
 // Shards is how many parts the pending index of a queue's tasks with records

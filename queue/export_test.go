@@ -3,6 +3,7 @@ package queue
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/droverhq/drover/keyspace"
@@ -17,27 +18,32 @@ func AheadFor(task, claim time.Duration, conc, prefetch int) int {
 	return aheadFor(task, claim, conc, prefetch)
 }
 
+// ClaimAllAhead makes w claim ahead of its free running slots up to its
+// Prefetch, whatever the task and claim times it measures. Call it before
+// Run.
+func ClaimAllAhead(w *Worker) { w.allAhead = true }
+
 // CombinedReports returns how many combined reports c wrote, and how many
 // reports they held.
 func CombinedReports(c *Client) (writes, reports int64) {
-	return c.reports.writes.Load(), c.reports.reports.Load()
+	return c.remote.reports.writes.Load(), c.remote.reports.reports.Load()
 }
 
 // RememberedOutcomes returns how many outcomes c wrote from its memory of
 // its claims, and how many such writes etcd refused as stale.
 func RememberedOutcomes(c *Client) (hits, stale int64) {
-	return c.claims.hits.Load(), c.claims.stale.Load()
+	return c.remote.claims.hits.Load(), c.remote.claims.stale.Load()
 }
 
 // CombinedClaims returns how many combined claims c made, and how many
 // claims they served with tasks.
 func CombinedClaims(c *Client) (rounds, served int64) {
-	return c.claimers.rounds.Load(), c.claimers.served.Load()
+	return c.remote.claimers.rounds.Load(), c.remote.claimers.served.Load()
 }
 
 // ClaimAttempts returns how many claims of the store c's external claims
 // made.
-func ClaimAttempts(c *Client) int64 { return c.ext.attempts.Load() }
+func ClaimAttempts(c *Client) int64 { return c.remote.attempts.Load() }
 
 // LostClaim makes a claim of two tasks of queue q's first open segment
 // under l as if its answer were lost: applied (or not) without the worker
@@ -59,7 +65,7 @@ func LostClaim(ctx context.Context, c *Client, q string, l *lease.Lease, applied
 	if err != nil {
 		return 0, false, err
 	}
-	w := c.externalWorker(q, "lost", l, nil)
+	w := newClaimer(c, q, l, "lost", slog.Default())
 	rc := w.prepareRun(st, ts, st.free()[:2], false)
 	send := func() (bool, error) {
 		resp, err := c.cli.Do(ctx, rc.op())
@@ -83,7 +89,9 @@ func LostClaim(ctx context.Context, c *Client, q string, l *lease.Lease, applied
 func OutcomeUnknown(err error) bool { return outcomeUnknown(err) }
 
 // RunnerHeldWait is Worker.runnerHeldWait.
-func RunnerHeldWait(w *Worker, limit time.Duration) time.Duration { return w.runnerHeldWait(limit) }
+func RunnerHeldWait(w *Worker, limit time.Duration) time.Duration {
+	return w.sched.runnerHeldWait(limit)
+}
 
 // SetClock sets the clock c names its segments by (a submitter whose
 // clock is off).

@@ -13,7 +13,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/droverhq/drover/internal/segcodec"
+	"github.com/droverhq/drover/internal/taskstore"
 	"github.com/droverhq/drover/keyspace"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -121,7 +121,7 @@ func succeededIDs(t *testing.T, c *queue.Client, cli *clientv3.Client, ns, q str
 	perSlot := map[string]int{}
 	for _, kv := range outs.Kvs {
 		seg, _, _ := keyspace.SegmentPart(keys.Outs(q, ""), string(kv.Key))
-		v, err := segcodec.DecodeOut(kv.Value)
+		v, err := taskstore.DecodeOut(kv.Value)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -34,9 +34,9 @@ func TestPredictedClaimMatchesTheRead(t *testing.T) {
 	w.commit(batch) // the worker's own outcomes: the next claim still skips the read
 	taken := slotsOf(first)
 	for round := 0; round < 3; round++ {
-		w.levelMu.Lock()
-		predicted := w.predicted[0]
-		w.levelMu.Unlock()
+		w.sched.levelMu.Lock()
+		predicted := w.sched.predicted[0]
+		w.sched.levelMu.Unlock()
 		if predicted == nil {
 			t.Fatalf("round %d: no predicted state after a claim that left slots", round)
 		}
@@ -48,7 +48,7 @@ func TestPredictedClaimMatchesTheRead(t *testing.T) {
 		if want, got := read.free(), predicted.free(); !slices.Equal(want, got) {
 			t.Fatalf("round %d: predicted free slots %v, read %v", round, got, want)
 		}
-		claims, ok, err := w.claimPredicted(ctx, 0, 10)
+		claims, ok, err := w.sched.claimPredicted(ctx, 0, 10)
 		if err != nil || !ok || len(claims) != 10 {
 			t.Fatalf("round %d: predicted claim took %d (ok %v, %v), want 10", round, len(claims), ok, err)
 		}
@@ -79,13 +79,13 @@ func TestPredictedClaimRefusedAfterAnotherClaim(t *testing.T) {
 
 	fromA := claimRun(t, a, seg, 10)
 	fromB := claimRun(t, b, seg, 10)
-	claims, ok, err := a.claimPredicted(ctx, 0, 10)
+	claims, ok, err := a.sched.claimPredicted(ctx, 0, 10)
 	if err != nil || ok || len(claims) != 0 {
 		t.Fatalf("a predicted claim after another worker's claim took %d (ok %v, %v); want it refused", len(claims), ok, err)
 	}
-	a.levelMu.Lock()
-	left := a.predicted[0]
-	a.levelMu.Unlock()
+	a.sched.levelMu.Lock()
+	left := a.sched.predicted[0]
+	a.sched.levelMu.Unlock()
 	if left != nil {
 		t.Fatal("the refused prediction was kept")
 	}
@@ -115,7 +115,7 @@ func TestPredictedClaimRefusedAfterADeadRun(t *testing.T) {
 	if err := b.lease.Close(ctx); err != nil { // b dies: its run goes, its try stays
 		t.Fatal(err)
 	}
-	claims, ok, err := a.claimPredicted(ctx, 0, 10)
+	claims, ok, err := a.sched.claimPredicted(ctx, 0, 10)
 	if err != nil || ok || len(claims) != 0 {
 		t.Fatalf("a predicted claim after a dead run took %d (ok %v, %v); want it refused", len(claims), ok, err)
 	}
@@ -153,11 +153,11 @@ func TestGuessedSegmentYieldsToHigherPriority(t *testing.T) {
 	// Claims pick among the first segments at random: claim whole segments
 	// until one leaves a guess (one whose list has a segment after it).
 	for i := 0; ; i++ {
-		took, _, _, err := w.claim(ctx, 0, 10)
+		took, _, _, err := w.sched.claim(ctx, 0, 10)
 		if err != nil || len(took) != 10 {
 			t.Fatalf("claim %d took %d, %v", i, len(took), err)
 		}
-		if seg, guessed := w.hotSegment(0); guessed && seg != "" {
+		if seg, guessed := w.sched.hotSegment(0); guessed && seg != "" {
 			break
 		}
 		if i == 4 {
@@ -165,7 +165,7 @@ func TestGuessedSegmentYieldsToHigherPriority(t *testing.T) {
 		}
 	}
 	submit("high", 9)
-	next, _, _, err := w.claim(ctx, 0, 10)
+	next, _, _, err := w.sched.claim(ctx, 0, 10)
 	if err != nil || len(next) == 0 {
 		t.Fatalf("second claim took %d, %v", len(next), err)
 	}

@@ -59,6 +59,7 @@ func runDrain(t *testing.T, w *queue.Worker) {
 }
 
 func TestSubmitRunDrain(t *testing.T) {
+	t.Parallel()
 	ns := etcdtest.Namespace(t)
 	c, cli := newClient(t, ns)
 	res, err := c.Submit(context.Background(), "jobs", tasks(500, "echo"), nil)
@@ -106,6 +107,7 @@ func TestSubmitRunDrain(t *testing.T) {
 }
 
 func TestRetriesBackoffAndDLQ(t *testing.T) {
+	t.Parallel()
 	ns := etcdtest.Namespace(t)
 	c, cli := newClient(t, ns)
 	two := 2
@@ -190,6 +192,7 @@ func TestRetriesBackoffAndDLQ(t *testing.T) {
 }
 
 func TestSubmitRejectsBadTasks(t *testing.T) {
+	t.Parallel()
 	ns := etcdtest.Namespace(t)
 	c, _ := newClient(t, ns)
 	neg := -1
@@ -223,6 +226,7 @@ func TestSubmitRejectsBadTasks(t *testing.T) {
 }
 
 func TestCancelRunningTask(t *testing.T) {
+	t.Parallel()
 	ns := etcdtest.Namespace(t)
 	c, cli := newClient(t, ns)
 	if _, err := c.Submit(context.Background(), "jobs", []queue.Task{{ID: "long", Type: "slow"}}, nil); err != nil {
@@ -264,6 +268,7 @@ func TestCancelRunningTask(t *testing.T) {
 }
 
 func TestRetentionKeepsCounts(t *testing.T) {
+	t.Parallel()
 	ns := etcdtest.Namespace(t)
 	c, cli := newClient(t, ns)
 	if _, err := c.Submit(context.Background(), "jobs", tasks(300, "echo"), nil); err != nil {
@@ -357,6 +362,7 @@ func TestConcurrencyBoundAcrossClaimers(t *testing.T) {
 // progress only grows, and a submission cut short counts no more than went
 // in, and submitting again completes it with duplicates for the rest.
 func TestPipelinedSubmitCounts(t *testing.T) {
+	t.Parallel()
 	ns := etcdtest.Namespace(t)
 	c, cli := newClient(t, ns)
 	all := tasks(3000, "work")

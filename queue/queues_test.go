@@ -15,6 +15,7 @@ import (
 // a name never used does not exist; deleting a queue removes every task and
 // key of it, and refuses while a task runs.
 func TestQueueDirectoryAndDelete(t *testing.T) {
+	t.Parallel()
 	ns := etcdtest.Namespace(t)
 	c, cli := newClient(t, ns)
 	ctx := context.Background()
@@ -76,6 +77,7 @@ func TestQueueDirectoryAndDelete(t *testing.T) {
 // TestWait: Wait returns when the task finishes, without polling, and with
 // ctx's error while it has not.
 func TestWait(t *testing.T) {
+	t.Parallel()
 	ns := etcdtest.Namespace(t)
 	c, cli := newClient(t, ns)
 	ctx := context.Background()

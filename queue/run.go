@@ -50,7 +50,24 @@ func (w *Worker) Run(ctx context.Context) error {
 		outcomes[i] = make(chan outcome, w.cfg.Concurrency)
 		ackers.Go(func() { w.acker(outcomes[i]) })
 	}
+	stopBG := w.startBackground(ctx, base)
+	runErr := w.runLoops(ctx, base, outcomes)
+	for _, ch := range outcomes {
+		close(ch)
+	}
+	ackers.Wait()
+	stopBG()
+	if err := w.lease.Err(); err != nil && runErr == nil {
+		runErr = fmt.Errorf("queue: worker %s: %w", w.worker, err)
+	}
+	return runErr
+}
 
+// startBackground starts the worker's background work under base: the
+// watches of lost claims and of cancels, the moves of due retries, the
+// removal of expired tasks and the count of the queue's depth. The stop it
+// returns ends them and waits for them.
+func (w *Worker) startBackground(ctx, base context.Context) (stop func()) {
 	// The watches start after the revision read here, before any claim:
 	// a claim deleted (its lease revoked) or a cancel asked for before a
 	// watch is set up is still seen, at once rather than at the lease's
@@ -64,7 +81,17 @@ func (w *Worker) Run(ctx context.Context) error {
 	go func() { defer bgWG.Done(); w.watchCancels(bg, startRev) }()
 	go func() { defer bgWG.Done(); w.removeExpired(bg) }()
 	go func() { defer bgWG.Done(); w.countDepth(bg) }()
+	return func() {
+		stopBG()
+		bgWG.Wait()
+	}
+}
 
+// runLoops runs the claim loops until the first ends (drained, lease
+// lost, ctx ended), then lets the running tasks finish (see ShutdownTimeout in
+// WorkerConfig) and returns the first loop's error. Handlers run under
+// base; outcomes go to the ackers.
+func (w *Worker) runLoops(ctx, base context.Context, outcomes [claimers]chan outcome) error {
 	// Claimers run side by side so that one claim's round trips overlap
 	// another's: a claim is two round trips (read, then the conditional
 	// write), and one claimer at a time left the server waiting. The
@@ -93,6 +120,14 @@ func (w *Worker) Run(ctx context.Context) error {
 			runErr = err
 		}
 	}
+	w.finishTasks(base, &tasks)
+	return runErr
+}
+
+// finishTasks waits for tasks, the running tasks, to finish, for at most
+// the shutdown timeout; then it cancels them and hands them back, and
+// waits for that. It waits no longer once base (the lease) ends.
+func (w *Worker) finishTasks(base context.Context, tasks *sync.WaitGroup) {
 
 	// Shutdown: let running tasks finish, then cancel and hand them back.
 	allDone := make(chan struct{})
@@ -105,16 +140,6 @@ func (w *Worker) Run(ctx context.Context) error {
 	case <-base.Done():
 		<-allDone
 	}
-	for _, ch := range outcomes {
-		close(ch)
-	}
-	ackers.Wait()
-	stopBG()
-	bgWG.Wait()
-	if err := w.lease.Err(); err != nil && runErr == nil {
-		runErr = fmt.Errorf("queue: worker %s: %w", w.worker, err)
-	}
-	return runErr
 }
 
 func (w *Worker) cancelAll(cause error) {
@@ -202,8 +227,11 @@ func aheadFor(task, claim time.Duration, conc, prefetch int) int {
 // running task has run four times the average. All of them in a FIFO queue
 // (tasks claimed ahead could start out of order) and before a task ended.
 func (w *Worker) aheadHeld() int {
+	if w.allAhead {
+		return 0
+	}
 	avg := time.Duration(w.taskTime.Load())
-	if w.fifo.Load() || avg == 0 {
+	if w.sched.fifo.Load() || avg == 0 {
 		return w.cfg.Prefetch
 	}
 	ahead, longer := w.cfg.Prefetch, aheadBelow
@@ -304,7 +332,7 @@ func (w *Worker) loop(ctx, base context.Context, lane int, slots *slotPool, run 
 			continue
 		}
 		began := time.Now()
-		claims, rev, contended, err := w.claim(ctx, lane, n)
+		claims, rev, contended, err := w.sched.claim(ctx, lane, n)
 		if err == nil {
 			sample(&w.claimTime, time.Since(began))
 		}
@@ -372,7 +400,7 @@ func (w *Worker) waitForWork(ctx, base context.Context, rev int64, ended <-chan 
 	// A safety net, not the mechanism; and, while tasks are left out of
 	// claims because a task runner held them, the moment they are tried
 	// again: a runner letting a task go changes nothing in the queue.
-	d := w.runnerHeldWait(30 * time.Second)
+	d := w.sched.runnerHeldWait(30 * time.Second)
 	if most > 0 {
 		d = min(d, most)
 	}
@@ -382,7 +410,7 @@ func (w *Worker) waitForWork(ctx, base context.Context, rev int64, ended <-chan 
 		select {
 		case <-wt.C():
 			evs, missed := wt.Take()
-			if missed || w.wakes(evs, idle && w.cfg.Drain) {
+			if missed || w.sched.wakes(evs, idle && w.cfg.Drain) {
 				return
 			}
 		case <-ended:
@@ -400,8 +428,8 @@ func (w *Worker) waitForWork(ctx, base context.Context, rev int64, ended <-chan 
 // wakes reports whether events may have made something claimable (a
 // segment or task created, a dead worker's claims deleted), and tells the
 // open window of every segment created (openWindow.created).
-func (w *Worker) wakes(events []*clientv3.Event, anyClaimDelete bool) bool {
-	q := w.cfg.Queue
+func (w *claimer) wakes(events []*clientv3.Event, anyClaimDelete bool) bool {
+	q := w.queue
 	pre, claims := w.keys.QueuePending(q), w.keys.QueueClaims(q)
 	pendingDeleted := map[string]int64{}
 	open := w.keys.SegmentsOpen(q)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/droverhq/drover/internal/taskstore"
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/metrics"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
@@ -18,7 +19,7 @@ import (
 // as one nested transaction (op): cmps, the segment's, and inside them
 // runners, that no task runner holds any of the tasks, then its writes.
 type runClaim struct {
-	w              *Worker
+	w              *claimer
 	st             *segState
 	ts             []Task
 	pick           []int
@@ -29,7 +30,7 @@ type runClaim struct {
 	now            time.Time
 	cmps, runners  []clientv3.Cmp
 	then           []clientv3.Op
-	// call and free, for a run of a combined claim (claimcombine.go): the
+	// call and free, for a run of a combined claim (brokerclaim.go): the
 	// claim it serves, and the segment's free slots it picked from.
 	call *claimCall
 	free []int
@@ -40,8 +41,8 @@ type runClaim struct {
 // outcome of a run made since written and no slot exited since st was
 // read, that the segment is open, and that no task runner holds any of
 // the tasks.
-func (w *Worker) prepareRun(st *segState, ts []Task, pick []int, last bool) *runClaim {
-	q, seg := w.cfg.Queue, st.name
+func (w *claimer) prepareRun(st *segState, ts []Task, pick []int, last bool) *runClaim {
+	q, seg := w.queue, st.name
 	now := time.Now().UTC()
 	v := runValue{Worker: w.worker, ClaimedAt: now, Slots: pick, Attempts: make([]int, len(pick))}
 	for i, s := range pick {
@@ -70,8 +71,7 @@ func (w *Worker) prepareRun(st *segState, ts []Task, pick []int, last bool) *run
 	// runner (package task): no claim while the runner's lock on one of
 	// the ids has a holder or a waiter.
 	for _, s := range pick {
-		runner := w.keys.Lock(keyspace.TaskLock(ts[s].ID))
-		rc.runners = append(rc.runners, clientv3.Compare(clientv3.CreateRevision(runner), "=", 0).WithPrefix())
+		rc.runners = append(rc.runners, taskstore.NoRunner(taskstore.RunnerLock(w.keys, ts[s].ID)))
 	}
 	return rc
 }
@@ -103,7 +103,7 @@ func (rc *runClaim) result(r *pb.TxnResponse) (made, runnerHeld bool) {
 func (rc *runClaim) findRunners(ctx context.Context) {
 	ops := make([]clientv3.Op, len(rc.pick))
 	for i, s := range rc.pick {
-		ops[i] = clientv3.OpGet(rc.w.keys.Lock(keyspace.TaskLock(rc.ts[s].ID)), clientv3.WithPrefix(), clientv3.WithCountOnly())
+		ops[i] = taskstore.CountRunners(taskstore.RunnerLock(rc.w.keys, rc.ts[s].ID))
 	}
 	resp, err := rc.w.cli.Txn(ctx).Then(ops...).Commit()
 	if err != nil {
@@ -118,7 +118,7 @@ func (rc *runClaim) findRunners(ctx context.Context) {
 
 // claimed returns the claims of rc, written at revision rev (its token).
 func (rc *runClaim) claimed(rev int64) []*claim {
-	w, q := rc.w, rc.w.cfg.Queue
+	w, q := rc.w, rc.w.queue
 	run := &segRun{seg: rc.st.name, runKey: rc.runKey, tryKey: rc.tryKey, token: rev, claimedAt: rc.now, v: rc.v, last: rc.last,
 		writer: int(w.runSeq.Load() % claimers)}
 	run.remaining.Store(int32(len(rc.pick)))

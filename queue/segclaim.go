@@ -49,9 +49,6 @@ type segRun struct {
 
 const openRead = 32
 
-// segBusyFor is how long a segment whose slots all run is skipped.
-const segBusyFor = 2 * time.Second
-
 // segmentRead is what a claim's first read saw of the segments: the first
 // open ones (when listed), the state of the segment the claim loop took
 // from last (hot, nil for none), whether the queue is FIFO, and the claim's
@@ -69,7 +66,7 @@ type segmentRead struct {
 // claimSegments claims up to n tasks from queue's segments: from a segment a
 // dead worker left tasks in first, then from the segment the claim loop
 // took from last, else from the open segments that the priority rule picks.
-func (w *Worker) claimSegments(ctx context.Context, lane, n int, r segmentRead) (claims []*claim, contended bool, err error) {
+func (w *claimer) claimSegments(ctx context.Context, lane, n int, r segmentRead) (claims []*claim, contended bool, err error) {
 	claims, contended, err = w.claimListed(ctx, lane, n, r)
 	if err == nil && len(claims) == 0 && !contended && r.listed && r.bounded {
 		// The window held only segments with nothing to claim (a long
@@ -85,7 +82,7 @@ func (w *Worker) claimSegments(ctx context.Context, lane, n int, r segmentRead) 
 }
 
 // claimListed is claimSegments from what r read.
-func (w *Worker) claimListed(ctx context.Context, lane, n int, r segmentRead) (claims []*claim, contended bool, err error) {
+func (w *claimer) claimListed(ctx context.Context, lane, n int, r segmentRead) (claims []*claim, contended bool, err error) {
 	if claims, ok, err := w.claimLost(ctx, lane, n); ok || err != nil {
 		return claims, true, err // a dead worker's tasks first
 	}
@@ -137,11 +134,11 @@ func (w *Worker) claimListed(ctx context.Context, lane, n int, r segmentRead) (c
 // belowTop reports whether segment seg is of a lower priority level than
 // the first of the open segments open (a list read, highest level first):
 // a lower level's turn took it.
-func (w *Worker) belowTop(seg string, open []*mvccpb.KeyValue) bool {
+func (w *claimer) belowTop(seg string, open []*mvccpb.KeyValue) bool {
 	if len(open) == 0 {
 		return false
 	}
-	top, _ := keyspace.Last(w.keys.SegmentsOpen(w.cfg.Queue), string(open[0].Key))
+	top, _ := keyspace.Last(w.keys.SegmentsOpen(w.queue), string(open[0].Key))
 	tl, ok1 := keyspace.SegmentLevel(top)
 	sl, ok2 := keyspace.SegmentLevel(seg)
 	return ok1 && ok2 && sl != tl
@@ -149,7 +146,7 @@ func (w *Worker) belowTop(seg string, open []*mvccpb.KeyValue) bool {
 
 // claimLost claims from the segment a dead worker's run left tasks in, if
 // any; ok says it claimed, or found others racing for them.
-func (w *Worker) claimLost(ctx context.Context, lane, n int) (claims []*claim, ok bool, err error) {
+func (w *claimer) claimLost(ctx context.Context, lane, n int) (claims []*claim, ok bool, err error) {
 	seg := w.lostSegs.first()
 	if seg == "" {
 		return nil, false, nil
@@ -158,23 +155,14 @@ func (w *Worker) claimLost(ctx context.Context, lane, n int) (claims []*claim, o
 	return claims, len(claims) > 0 || contended, err
 }
 
-// levelTurns applies the anti-starvation rule to the priority levels of a
-// queue's open segments: seven claims in eight (by sequence number) read the
-// highest level; every eighth reads the levels below it, starting after the
-// level the last such turn took, so that the levels below take turns. The
-// zero value is ready; it is not safe for concurrent use.
-type levelTurns struct {
-	last int // the level the last lower turn took
-}
-
 // claimSegment claims up to n free slots of segment seg in one transaction:
 // a run key bound to the lease and its durable twin, the try, which keeps
 // the attempts when the worker dies. The transaction requires that no run
 // was made, no outcome of a run made since written and no slot exited since
 // the segment's state was read, that the segment is open, and that no task runner holds any of
 // the tasks.
-func (w *Worker) claimSegment(ctx context.Context, lane int, seg string, n int) (claims []*claim, contended bool, err error) {
-	q := w.cfg.Queue
+func (w *claimer) claimSegment(ctx context.Context, lane int, seg string, n int) (claims []*claim, contended bool, err error) {
+	q := w.queue
 	ops := w.client.stateOps(q, seg)
 	ts, cached := w.client.segCache.get(q + "/" + seg)
 	if !cached {
@@ -201,11 +189,11 @@ func (w *Worker) claimSegment(ctx context.Context, lane int, seg string, n int) 
 // claimHot claims from hot, the state of the segment claim loop lane took
 // from last, read with the claim's first read; ok false when it has nothing
 // to claim (or its records are not at hand) and the claim goes on as usual.
-func (w *Worker) claimHot(ctx context.Context, lane, n int, hot *segState, fifo bool) (claims []*claim, ok bool, err error) {
+func (w *claimer) claimHot(ctx context.Context, lane, n int, hot *segState, fifo bool) (claims []*claim, ok bool, err error) {
 	if hot == nil || fifo {
 		return nil, false, nil
 	}
-	ts, cached := w.client.segCache.get(w.cfg.Queue + "/" + hot.name)
+	ts, cached := w.client.segCache.get(w.queue + "/" + hot.name)
 	if !cached || !hot.open || len(hot.free()) == 0 {
 		w.setHot(lane, "")
 		return nil, false, nil
@@ -214,106 +202,20 @@ func (w *Worker) claimHot(ctx context.Context, lane, n int, hot *segState, fifo 
 	return claims, len(claims) > 0 || contended, err
 }
 
-// hotSegment is the segment claim loop lane takes from next: the one it
-// took from last, if it had slots left, or (guessed) the next one of its
-// last list.
-func (w *Worker) hotSegment(lane int) (seg string, guessed bool) {
-	w.levelMu.Lock()
-	defer w.levelMu.Unlock()
-	return w.hot[lane], w.guessed[lane]
-}
-
-func (w *Worker) setHot(lane int, seg string) {
-	w.levelMu.Lock()
-	w.hot[lane], w.predicted[lane], w.guessed[lane] = seg, nil, false
-	w.levelMu.Unlock()
-}
-
-// setGuess makes seg, the next segment of the loop's last list, the one
-// claim loop lane reads with its next claim's first read, if the priority
-// rule agrees then (stillFirst).
-func (w *Worker) setGuess(lane int, seg string) {
-	w.levelMu.Lock()
-	w.hot[lane], w.predicted[lane], w.guessed[lane] = seg, nil, seg != ""
-	w.levelMu.Unlock()
-}
-
-// stillFirst reports whether the loop's segment may be claimed from on the
-// list r read: always when the loop took from it before; a guessed one only
-// when it is of the list's highest level and the claim is not a lower
-// level's turn (see levelTurns).
-func (w *Worker) stillFirst(lane int, r segmentRead) bool {
-	if _, guessed := w.hotSegment(lane); !guessed {
-		return true
-	}
-	if r.seq%8 == 0 || len(r.open) == 0 {
-		return false
-	}
-	return !w.belowTop(r.hot.name, r.open)
-}
-
-// listed records the open segments a list read found (in order), from
-// which a claim loop that used up its segment takes the next.
-func (w *Worker) listed(open []*mvccpb.KeyValue) {
-	pre := w.keys.SegmentsOpen(w.cfg.Queue)
-	names := make([]string, 0, len(open))
-	for _, kv := range open {
-		if name, ok := keyspace.Last(pre, string(kv.Key)); ok {
-			names = append(names, name)
-		}
-	}
-	w.levelMu.Lock()
-	w.lastListed = names
-	w.levelMu.Unlock()
-}
-
-// nextListed returns the first segment of the last list after done that
-// no claim loop takes from and that is not known busy, or "" for none: the
-// claim loop that used up done reads it with its next claim's first read.
-func (w *Worker) nextListed(lane int, done string) string {
-	now := time.Now()
-	w.levelMu.Lock()
-	defer w.levelMu.Unlock()
-	for i, name := range w.lastListed {
-		if name == done {
-			w.lastListed = w.lastListed[i+1:]
-			break
-		}
-	}
-	for _, name := range w.lastListed {
-		if until, busy := w.busySegs[name]; busy && now.Before(until) {
-			continue
-		}
-		if slices.Contains(w.hot[:], name) {
-			continue
-		}
-		return name
-	}
-	return ""
-}
-
-// setPredicted makes seg, as st says it is, the segment claim loop lane
-// takes from next.
-func (w *Worker) setPredicted(lane int, st *segState) {
-	w.levelMu.Lock()
-	w.hot[lane], w.predicted[lane], w.guessed[lane] = st.name, st, false
-	w.levelMu.Unlock()
-}
-
 // claimPredicted claims from the segment claim loop lane took from last,
 // without reading it first: its state is what the loop's last claim left,
 // and the claim's compares (no run or try made, no outcome of a run made
 // since and no slot exited since that claim, the segment still open)
 // refuse it if anything else changed the segment since. ok false: there was no such
 // state, or the claim was refused; claim as usual, reading first.
-func (w *Worker) claimPredicted(ctx context.Context, lane, n int) (claims []*claim, ok bool, err error) {
+func (w *claimer) claimPredicted(ctx context.Context, lane, n int) (claims []*claim, ok bool, err error) {
 	w.levelMu.Lock()
 	st := w.predicted[lane]
 	w.levelMu.Unlock()
 	if st == nil || w.fifo.Load() || w.lostSegs.first() != "" {
 		return nil, false, nil
 	}
-	ts, cached := w.client.segCache.get(w.cfg.Queue + "/" + st.name)
+	ts, cached := w.client.segCache.get(w.queue + "/" + st.name)
 	if !cached {
 		return nil, false, nil
 	}
@@ -322,8 +224,8 @@ func (w *Worker) claimPredicted(ctx context.Context, lane, n int) (claims []*cla
 }
 
 // claimFrom claims up to n free slots of segment st, whose tasks are ts.
-func (w *Worker) claimFrom(ctx context.Context, lane int, st *segState, ts []Task, n int) (claims []*claim, contended bool, err error) {
-	q, seg := w.cfg.Queue, st.name
+func (w *claimer) claimFrom(ctx context.Context, lane int, st *segState, ts []Task, n int) (claims []*claim, contended bool, err error) {
+	q, seg := w.queue, st.name
 	if !st.open {
 		w.markBusy(seg)
 		w.lostSegs.remove(seg)
@@ -380,7 +282,7 @@ func (w *Worker) claimFrom(ctx context.Context, lane int, st *segState, ts []Tas
 }
 
 // takeSlots writes the run of pick; see claimSegment.
-func (w *Worker) takeSlots(ctx context.Context, st *segState, ts []Task, pick []int, last bool) ([]*claim, bool, error) {
+func (w *claimer) takeSlots(ctx context.Context, st *segState, ts []Task, pick []int, last bool) ([]*claim, bool, error) {
 	rc := w.prepareRun(st, ts, pick, last)
 	// Once sent, the claim may be applied whatever happens to ctx: do not
 	// let a shutdown cut the request short and leave a run nobody knows.
@@ -461,27 +363,6 @@ func (s *segState) liveRun(rest string) bool {
 		}
 	}
 	return false
-}
-
-// withoutRunnerHeldSlots returns free without the slots whose task a task
-// runner was recently found holding.
-func (w *Worker) withoutRunnerHeldSlots(ts []Task, free []int) []int {
-	w.levelMu.Lock()
-	defer w.levelMu.Unlock()
-	if len(w.runnerHeld) == 0 {
-		return free
-	}
-	now := time.Now()
-	out := free[:0:0]
-	for _, s := range free {
-		if s >= len(ts) {
-			continue
-		}
-		if w.triedAgain(ts[s].ID, now) {
-			out = append(out, s)
-		}
-	}
-	return out
 }
 
 // closeSegment closes segment st when, as read, every slot has finished and

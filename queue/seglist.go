@@ -6,7 +6,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/droverhq/drover/internal/segcodec"
+	"github.com/droverhq/drover/internal/taskstore"
 	"github.com/droverhq/drover/keyspace"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -182,7 +182,7 @@ func (c *Client) segmentStats(q string, rs []*pb.ResponseOp) (pending, running, 
 	held := map[string]bool{} // "{segment}/{slot}" of the live runs
 	for _, kv := range rs[1].GetResponseRange().Kvs {
 		seg, _, _ := keyspace.SegmentPart(c.keys.Runs(q, ""), string(kv.Key))
-		if v, err := segcodec.DecodeRun(kv.Value); err == nil {
+		if v, err := taskstore.DecodeRun(kv.Value); err == nil {
 			for _, s := range v.Slots {
 				held[fmt.Sprintf("%s/%d", seg, s)] = true
 			}

@@ -12,7 +12,7 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/droverhq/drover/internal/segcodec"
+	"github.com/droverhq/drover/internal/taskstore"
 	"github.com/droverhq/drover/keyspace"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -90,13 +90,13 @@ func decodeSegment(b []byte) ([]Task, error) {
 }
 
 // runValue is what a run and its try hold (their stored form is
-// segcodec's).
-type runValue = segcodec.Run
+// taskstore's).
+type runValue = taskstore.Run
 
 // outValue is one batch of outcomes of a run.
-type outValue = segcodec.Out
+type outValue = taskstore.Out
 
-type okSlot = segcodec.OKSlot
+type okSlot = taskstore.OKSlot
 
 // segState is a segment's state as one read saw it.
 type segState struct {
@@ -172,7 +172,7 @@ func (c *Client) parseState(q, seg string, rev int64, rs []*pb.ResponseOp) *segS
 	refs := func(pre string, kvs []*mvccpb.KeyValue) []runRef {
 		var out []runRef
 		for _, kv := range kvs {
-			v, err := segcodec.DecodeRun(kv.Value)
+			v, err := taskstore.DecodeRun(kv.Value)
 			if err != nil {
 				st.unreadable++
 				continue
@@ -184,7 +184,7 @@ func (c *Client) parseState(q, seg string, rev int64, rs []*pb.ResponseOp) *segS
 	st.runs = refs(c.keys.Runs(q, seg), rs[1].GetResponseRange().Kvs)
 	st.tries = refs(c.keys.Tries(q, seg), rs[2].GetResponseRange().Kvs)
 	for _, kv := range rs[3].GetResponseRange().Kvs {
-		o, err := segcodec.DecodeOut(kv.Value)
+		o, err := taskstore.DecodeOut(kv.Value)
 		if err != nil {
 			st.unreadable++
 			continue
@@ -371,4 +371,57 @@ func taskOf(ts []Task, slot int) (*Task, bool) {
 	t := ts[slot]
 	t.Transitions = nil
 	return &t, true
+}
+
+// segmentSlot is a task found by its index key in a segment.
+type segmentSlot struct {
+	id string
+	at keyspace.TaskPlace
+}
+
+// segRef is where a task read from a segment is, and the revision of the
+// read that found its state.
+type segRef struct {
+	queue, seg string
+	slot       int
+	rev        int64
+}
+
+// segmentSlots reads the tasks of slots from their segments, one read of
+// state per segment. Tasks that left their segment in between (a record of
+// their own holds them now) are returned as moved, by id; purged ones are
+// left out.
+func (c *Client) segmentSlots(ctx context.Context, slots []segmentSlot) (tasks []*Task, moved []string, err error) {
+	type segKey struct{ q, seg string }
+	states := map[segKey]*segState{}
+	for _, s := range slots {
+		k := segKey{s.at.Queue, s.at.Segment}
+		st := states[k]
+		if st == nil {
+			if st, err = c.readState(ctx, k.q, k.seg); err != nil {
+				return nil, nil, err
+			}
+			states[k] = st
+		}
+		ts, err := c.segmentTasks(ctx, k.q, k.seg)
+		if err != nil {
+			return nil, nil, err
+		}
+		t, ok := taskOf(ts, s.at.Slot)
+		if !ok || t.ID != s.id {
+			continue // the segment is gone: removed after its retention
+		}
+		if !st.open && st.n == 0 {
+			st.n = len(ts) // a closed segment: every slot is finished
+		}
+		if !st.fill(t, s.at.Slot) {
+			if st.moved[s.at.Slot] || st.exits[s.at.Slot] { // cancelled ones have records
+				moved = append(moved, s.id)
+			}
+			continue
+		}
+		t.seg = &segRef{queue: k.q, seg: k.seg, slot: s.at.Slot, rev: st.rev}
+		tasks = append(tasks, t)
+	}
+	return tasks, moved, nil
 }

@@ -88,7 +88,7 @@ func (e *reviewEnv) submitSegment(t *testing.T, prefix string, n int) string {
 // requires that it took n.
 func claimRun(t *testing.T, w *Worker, seg string, n int) []*claim {
 	t.Helper()
-	claims, _, err := w.claimSegment(context.Background(), 0, seg, n)
+	claims, _, err := w.sched.claimSegment(context.Background(), 0, seg, n)
 	if err != nil || len(claims) != n {
 		t.Fatalf("claim %d slots of segment %s: got %d, %v", n, seg, len(claims), err)
 	}
@@ -143,7 +143,7 @@ func (e *reviewEnv) requireNothingFree(t *testing.T, seg string, n int) {
 		t.Fatalf("segment %s: %d runs left after the run's last outcome", seg, len(st.runs))
 	}
 	other := e.worker(t, WorkerConfig{})
-	if again, _, err := other.claimSegment(context.Background(), 0, seg, SegmentSize); err != nil || len(again) > 0 {
+	if again, _, err := other.sched.claimSegment(context.Background(), 0, seg, SegmentSize); err != nil || len(again) > 0 {
 		t.Fatalf("another worker claimed %d tasks of segment %s again (%v)", len(again), seg, err)
 	}
 }
@@ -274,7 +274,7 @@ func TestReviewIdleWorkerFindsTaskBehindBusySegments(t *testing.T) {
 	}
 
 	probe := e.worker(t, WorkerConfig{Concurrency: 200, Prefetch: 100})
-	got, _, _, err := probe.claim(ctx, 0, 100)
+	got, _, _, err := probe.sched.claim(ctx, 0, 100)
 	if err != nil || len(got) != 2 || got[0].run.seg != segs[8] {
 		t.Fatalf("one claim behind 8 segments whose tasks all run took %d tasks (%v), want the ninth segment's 2", len(got), err)
 	}
@@ -412,7 +412,7 @@ func TestReviewBulkCancelRetriesAfterNeighbourClaimed(t *testing.T) {
 	hooked.KV = &hookKV{KV: hooked.KV, before: func(then []clientv3.Op) {
 		for _, op := range then {
 			if op.IsTxn() { // the bulk change's write
-				once.Do(func() { claimed, _, claimErr = w.claimSegment(ctx, 0, seg, 1) })
+				once.Do(func() { claimed, _, claimErr = w.sched.claimSegment(ctx, 0, seg, 1) })
 				return
 			}
 		}

@@ -8,7 +8,7 @@ import (
 	"reflect"
 	"time"
 
-	"github.com/droverhq/drover/internal/segcodec"
+	"github.com/droverhq/drover/internal/varcodec"
 )
 
 // A segment's tasks are decoded by every worker that claims from it, once
@@ -22,7 +22,7 @@ import (
 //
 // Strings and parameters are a uvarint length and the bytes; createdAt is
 // 0 for the zero time, else 1, Unix seconds and nanoseconds; maxRetries is 0 for none
-// and n+1 for n; numbers are varints (internal/segcodec's forms, read with
+// and n+1 for n; numbers are varints (internal/varcodec's forms, read with
 // its Reader). Parameters are stored
 // compact and HTML-escaped, as encoding/json writes them, so a task reads
 // back as it did when segments were JSON. A segment that starts with '['
@@ -62,17 +62,17 @@ func appendTask(b []byte, t *Task) ([]byte, error) {
 			return nil, err
 		}
 		b = append(b, taskJSON)
-		return segcodec.AppendBytes(b, raw), nil
+		return varcodec.AppendBytes(b, raw), nil
 	}
 	b = append(b, taskBinary)
 	for _, s := range []string{t.ID, t.Type, t.InputDataURI, t.OutputDataURI} {
-		b = segcodec.AppendBytes(b, []byte(s))
+		b = varcodec.AppendBytes(b, []byte(s))
 	}
-	b = segcodec.AppendBytes(b, params)
+	b = varcodec.AppendBytes(b, params)
 	b = appendCreated(b, t.Metadata.CreatedAt)
 	b = binary.AppendVarint(b, int64(t.Metadata.Priority))
-	b = segcodec.AppendBytes(b, []byte(t.Metadata.SourceSystem))
-	b = segcodec.AppendBytes(b, []byte(t.Metadata.Tenant))
+	b = varcodec.AppendBytes(b, []byte(t.Metadata.SourceSystem))
+	b = varcodec.AppendBytes(b, []byte(t.Metadata.Tenant))
 	var retries int64
 	if t.MaxRetries != nil {
 		retries = int64(*t.MaxRetries) + 1
@@ -138,7 +138,7 @@ func appendCreated(b []byte, at time.Time) []byte {
 }
 
 // readCreated reads what appendCreated wrote.
-func readCreated(r *segcodec.Reader) time.Time {
+func readCreated(r *varcodec.Reader) time.Time {
 	if r.Varint() == 0 {
 		return time.Time{}
 	}
@@ -151,7 +151,7 @@ func readCreated(r *segcodec.Reader) time.Time {
 
 // decodeTasks reads what encodeTasks wrote (after its format byte).
 func decodeTasks(b []byte) ([]Task, error) {
-	r := segcodec.NewReader(b)
+	r := varcodec.NewReader(b)
 	n := r.Count() // every task takes a byte at least
 	if err := r.Err(); err != nil {
 		return nil, err
@@ -172,7 +172,7 @@ func decodeTasks(b []byte) ([]Task, error) {
 }
 
 // readTask reads one task from r into t.
-func readTask(r *segcodec.Reader, t *Task) error {
+func readTask(r *varcodec.Reader, t *Task) error {
 	switch kind := r.Byte(); {
 	case r.Err() != nil:
 		return r.Err()

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/droverhq/drover/internal/segcodec"
+	"github.com/droverhq/drover/internal/varcodec"
 )
 
 // viaJSON is what a segment of tasks read back as when segments were a
@@ -76,7 +76,7 @@ func TestSegmentTasksReadBackAsJSONDid(t *testing.T) {
 		t.Fatal(err)
 	}
 	forms := map[byte]int{}
-	r := segcodec.NewReader(raw[1:])
+	r := varcodec.NewReader(raw[1:])
 	r.Count()
 	for range in {
 		rest := r.Len()

@@ -2,6 +2,7 @@ package queue
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
@@ -12,7 +13,7 @@ import (
 
 // A Client keeps one etcd watch per queue for all the waits of its claims
 // (a Worker's claim loop waiting for work, and each external claim leading
-// its line, claimwait.go), opened by the first wait and kept while waits
+// its line, broker.go), opened by the first wait and kept while waits
 // come, instead of a watch of its own for each wait.
 //
 // The reason is latency, not only the cost of opening watches: a wait
@@ -42,8 +43,10 @@ const watchLinger = 10 * time.Second
 // watchHub is a Client's shared watches, per queue. The zero value is
 // ready.
 type watchHub struct {
-	mu     sync.Mutex
-	queues map[string]*queueWatch
+	mu      sync.Mutex
+	queues  map[string]*queueWatch
+	closed  bool           // Client.Close: no watch opens from now on
+	running sync.WaitGroup // the watches' goroutines (runWatch)
 }
 
 // queueWatch is the shared watch of one queue. Every field is guarded by
@@ -80,6 +83,12 @@ type queueWait struct {
 func (c *Client) waitAfter(q string, rev int64) *queueWait {
 	h := &c.watches
 	h.mu.Lock() // until qw.mu is held: the linger must not close a watch being joined
+	if h.closed {
+		// The Client is closed: a wait that no watch serves, ended by
+		// its caller's timer.
+		h.mu.Unlock()
+		return &queueWait{qw: &queueWatch{waits: map[*queueWait]struct{}{}}, hub: h, q: q, after: rev, signal: make(chan struct{}, 1)}
+	}
 	if h.queues == nil {
 		h.queues = map[string]*queueWatch{}
 	}
@@ -88,7 +97,11 @@ func (c *Client) waitAfter(q string, rev int64) *queueWait {
 		ctx, cancel := context.WithCancel(c.cli.Ctx())
 		qw = &queueWatch{waits: map[*queueWait]struct{}{}, stop: cancel}
 		h.queues[q] = qw
-		go c.runWatch(ctx, h, q, qw)
+		h.running.Add(1)
+		go func() {
+			defer h.running.Done()
+			c.runWatch(ctx, h, q, qw)
+		}()
 	}
 	wt := &queueWait{qw: qw, hub: h, q: q, after: rev, signal: make(chan struct{}, 1)}
 	qw.mu.Lock()
@@ -152,6 +165,34 @@ func (h *watchHub) close(q string, qw *queueWatch) {
 	}
 	delete(h.queues, q)
 	qw.stop()
+}
+
+// shut stops every watch of the hub, and any from opening, and waits until
+// their goroutines have returned or ctx ends.
+func (h *watchHub) shut(ctx context.Context) error {
+	h.mu.Lock()
+	h.closed = true
+	for _, qw := range h.queues {
+		qw.mu.Lock()
+		if qw.linger != nil {
+			qw.linger.Stop()
+			qw.linger = nil
+		}
+		qw.mu.Unlock()
+		qw.stop() // runWatch removes it from queues as it returns
+	}
+	h.mu.Unlock()
+	done := make(chan struct{})
+	go func() {
+		h.running.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("queue: close: the watches did not stop: %w", ctx.Err())
+	}
 }
 
 // add gives the wait the events of evs after its revision. qw.mu is held.

@@ -100,3 +100,56 @@ func TestSharedWatch(t *testing.T) {
 	}
 	open.Stop()
 }
+
+// TestClientClose: Close stops the shared watches, whose waits are woken
+// (they may have missed events), and waits for their goroutines; a second
+// Close, and two at once, return nil; a wait started after Close is served
+// by no watch and opens none.
+func TestClientClose(t *testing.T) {
+	_, cli := etcdtest.StartOwn(t)
+	c, err := NewClient(cli, etcdtest.Namespace(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	a, b := c.waitAfter("a", 0), c.waitAfter("b", 0)
+	defer a.Stop()
+	defer b.Stop()
+	done := make(chan error, 2)
+	for range 2 {
+		go func() { done <- c.Close(ctx) }()
+	}
+	for range 2 {
+		if err := <-done; err != nil {
+			t.Fatalf("close: %v", err)
+		}
+	}
+	if err := c.Close(ctx); err != nil {
+		t.Fatalf("a second close: %v", err)
+	}
+	for _, wt := range []*queueWait{a, b} {
+		if _, missed, ok := takeWithin(wt, 5*time.Second); !ok || !missed {
+			t.Fatalf("a wait of a closed client: missed %v (signalled %v); want it woken", missed, ok)
+		}
+	}
+	c.watches.mu.Lock()
+	n := len(c.watches.queues)
+	c.watches.mu.Unlock()
+	if n != 0 {
+		t.Fatalf("%d watches left after close", n)
+	}
+	late := c.waitAfter("a", 0)
+	defer late.Stop()
+	if _, err := cli.Put(ctx, c.keys.Queue("a")+"/x", "v"); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, ok := takeWithin(late, 200*time.Millisecond); ok {
+		t.Fatal("a wait started after close was signalled")
+	}
+	c.watches.mu.Lock()
+	n = len(c.watches.queues)
+	c.watches.mu.Unlock()
+	if n != 0 {
+		t.Fatal("a wait started after close opened a watch")
+	}
+}

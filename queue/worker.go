@@ -157,31 +157,15 @@ type Worker struct {
 	fallback Handler
 	inflight map[string]*running
 
-	claimed, succeeded, retried, dead, handedBack, fenced atomic.Int64
-	shardCursor                                           atomic.Int64
-	claimSeq                                              atomic.Int64
-	turnSeq                                               atomic.Int64 // claims that took something: the priority turns count these
-	fifo                                                  atomic.Bool  // the queue was FIFO at the last claim
-	fifoMu                                                sync.Mutex   // taken by claims of a FIFO queue
-	levelMu                                               sync.Mutex
-	busyLevels                                            map[string]time.Time // priority levels whose tasks all run, until when (levelMu)
-	lost                                                  *orphanList          // tasks whose claim vanished: claimed first
-	runnerHeld                                            map[string]time.Time // tasks a task runner holds, skipped until when (levelMu)
-	busySegs                                              map[string]time.Time // segments whose slots all run, skipped until when (levelMu)
-	turns                                                 levelTurns           // the anti-starvation turns of segments' levels (levelMu)
-	window                                                openWindow           // bounds the read of the open segments (levelMu)
-	lostSegs                                              *orphanList          // segments a dead worker's run left tasks in: claimed first
-	runSeq                                                atomic.Int64
-	hot                                                   [claimers]string       // per claim loop, the segment it took from last, with slots left (levelMu)
-	predicted                                             [claimers]*segState    // per claim loop, hot's state as its last claim left it (levelMu)
-	lastListed                                            []string               // the open segments the last list read found, in order (levelMu)
-	taskTime                                              atomic.Int64           // a running average of how long tasks take, in ns (sample)
-	claimTime                                             atomic.Int64           // a running average of how long claims take, in ns (sample)
-	guessed                                               [claimers]bool         // per claim loop, hot is the next of the last list, not yet confirmed (levelMu)
-	laneClaims                                            [claimers]atomic.Int64 // per claim loop, its claims: one in readEvery reads first
-	runID                                                 string                 // names this worker's runs: unique, where worker ids may not be
-	spread                                                uint64                 // an external claim's turn: where in the open segments it starts (0: at random among the first)
-	pickN                                                 int                    // the most segments pickSegments returns (0: 8)
+	succeeded, retried, dead, handedBack, fenced atomic.Int64
+	taskTime                                     atomic.Int64 // a running average of how long tasks take, in ns (sample)
+	claimTime                                    atomic.Int64 // a running average of how long claims take, in ns (sample)
+
+	// sched picks the segments and tasks to claim, and claims them.
+	sched *claimer
+	// allAhead makes aheadHeld hold no slot back, whatever the measured
+	// times: set by tests, before Run, to make a claim take tasks ahead.
+	allAhead bool
 
 	// The lifecycle: Run once; Stop and StopAndCancel end it, before or
 	// after it started, any number of times.
@@ -245,24 +229,25 @@ func NewWorker(ctx context.Context, cli *clientv3.Client, cfg WorkerConfig) (*Wo
 		return nil, err
 	}
 	w := newWorker(client, cfg, cfg.Lease, lock.NewHolder(cfg.WorkerID).ID, logger)
-	w.shardCursor.Store(rand.Int64N(Shards)) // workers start on different shards
+	w.sched.shardCursor.Store(rand.Int64N(Shards)) // workers start on different shards
 	if w.lease == nil {
 		l, err := lease.Grant(ctx, cli, cfg.TTL, lease.WithLogger(logger))
 		if err != nil {
 			return nil, fmt.Errorf("queue: %w", err)
 		}
 		w.lease, w.ownsLease = l, true
+		w.sched.lease = l
 	}
 	return w, nil
 }
 
 // newWorker is a worker of client's namespace with cfg (defaults applied),
 // claiming under l as worker: every field set, so that NewWorker and the
-// external workers (external.go) build the same thing.
+// outcome writers of external workers (outcomeWorker) build the same
+// thing.
 func newWorker(client *Client, cfg WorkerConfig, l *lease.Lease, worker string, logger *slog.Logger) *Worker {
 	return &Worker{cfg: cfg, cli: client.cli, keys: client.keys, client: client, lease: l, logger: logger, worker: worker,
-		busyLevels: map[string]time.Time{}, lost: newOrphanList(), runnerHeld: map[string]time.Time{},
-		busySegs: map[string]time.Time{}, lostSegs: newOrphanList(), runID: NewID()[:12],
+		sched:   newClaimer(client, cfg.Queue, l, worker, logger),
 		stopReq: make(chan struct{}), ran: make(chan struct{}),
 		handlers: map[string]Handler{}, inflight: map[string]*running{}}
 }
@@ -312,7 +297,7 @@ func (w *Worker) Stats() WorkerStats {
 	w.mu.Lock()
 	n := int64(len(w.inflight))
 	w.mu.Unlock()
-	return WorkerStats{Claimed: w.claimed.Load(), Succeeded: w.succeeded.Load(), Retried: w.retried.Load(), Dead: w.dead.Load(),
+	return WorkerStats{Claimed: w.sched.claimed.Load(), Succeeded: w.succeeded.Load(), Retried: w.retried.Load(), Dead: w.dead.Load(),
 		HandedBack: w.handedBack.Load(), Fenced: w.fenced.Load(), InFlight: n}
 }
 

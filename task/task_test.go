@@ -50,6 +50,7 @@ func starts(t *testing.T, path string) map[string][]string {
 }
 
 func TestThreeWorkersTwentyTasks(t *testing.T) {
+	t.Parallel()
 	ns := etcdtest.Namespace(t)
 	logPath := filepath.Join(t.TempDir(), "steps.log")
 	var ids []string
@@ -189,6 +190,7 @@ func TestWorkerPausedPastTTL(t *testing.T) {
 }
 
 func TestStateTooLarge(t *testing.T) {
+	t.Parallel()
 	ns := etcdtest.Namespace(t)
 	r := newRunner(t, ns, "w", 5*time.Second, nil)
 	ok := func(ctx context.Context, s []byte) ([]byte, error) { return append(s, "|ok"...), nil }
@@ -213,6 +215,7 @@ func TestStateTooLarge(t *testing.T) {
 // A state just under the largest limit a runner accepts still fits in one
 // etcd request once encoded.
 func TestStateAtMaxLimitFits(t *testing.T) {
+	t.Parallel()
 	ns := etcdtest.Namespace(t)
 	r, err := task.NewRunner(context.Background(), srv.Client(t), task.RunnerConfig{Namespace: ns, TTL: 5 * time.Second, StateLimit: task.MaxStateLimit})
 	if err != nil {
@@ -226,6 +229,7 @@ func TestStateAtMaxLimitFits(t *testing.T) {
 }
 
 func TestCompletedTaskNeverRunsAgain(t *testing.T) {
+	t.Parallel()
 	ns := etcdtest.Namespace(t)
 	r := newRunner(t, ns, "w", 5*time.Second, nil)
 	calls := 0
@@ -241,6 +245,7 @@ func TestCompletedTaskNeverRunsAgain(t *testing.T) {
 }
 
 func TestStepErrorStopsAndResumes(t *testing.T) {
+	t.Parallel()
 	ns := etcdtest.Namespace(t)
 	r := newRunner(t, ns, "w", 5*time.Second, nil)
 	boom := errors.New("model overloaded")
@@ -349,6 +354,7 @@ func TestWaitingWorkerTakesOverWithoutPolling(t *testing.T) {
 }
 
 func TestBadInput(t *testing.T) {
+	t.Parallel()
 	ns := etcdtest.Namespace(t)
 	cli := srv.Client(t)
 	r := newRunner(t, ns, "w", 5*time.Second, nil)
@@ -387,6 +393,7 @@ func TestBadInput(t *testing.T) {
 }
 
 func TestHistoryJSON(t *testing.T) {
+	t.Parallel()
 	ns := etcdtest.Namespace(t)
 	r := newRunner(t, ns, "w", 5*time.Second, nil)
 	if _, err := r.Run(context.Background(), "h", agentSteps(2, 0, "", "w", false)); err != nil {

@@ -2,18 +2,201 @@ package queue
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"math/rand/v2"
 	"slices"
+	"strings"
 	"time"
 
+	"github.com/droverhq/drover/internal/taskstore"
+	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/metrics"
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
+
+// An outcome of a task in a segment is fenced and recorded from the keys
+// of its run alone: the run whose key's create revision is the token says
+// that the claim holds (and under which lease), which attempt runs and
+// which slots the run holds; the run's own outcome keys and the segment's
+// exits say which of them have finished. The segment's tasks are not read
+// to write an outcome (only to answer with the task: from the client's
+// cache, which the claim filled).
+
+// segGroup is the outcomes of a Report for the tasks of one segment, and
+// what the last read saw of the segment's runs.
+type segGroup struct {
+	q, seg string
+	items  []int         // the outcomes (indexes into Report's)
+	slots  map[int]int   // each outcome's slot
+	tok    map[int]int64 // each outcome's token
+	// The read:
+	rev   int64
+	runs  []leasedRun
+	done  map[int64]map[int]bool // per run (token), its slots with an outcome
+	exits map[int]bool
+	fifo  bool
+	tasks []Task // the segment's tasks, once needed
+	// cached is the run the group was made of from memory (brokermemory.go),
+	// byslot the tasks of its slots as claimed; nil when read.
+	cached *cachedRun
+	byslot map[int]Task
+}
+
+// leasedRun is a run as read, with its lease.
+type leasedRun struct {
+	runRef
+	lease int64
+}
+
+// runWrite is the outcomes of one run to write, and the outcome of each.
+type runWrite struct {
+	g      *segGroup
+	run    *segRun
+	w      *Worker
+	os     []outcome
+	items  []int
+	slots  []int // the run's slots
+	final  bool
+	others bool // the segment had runs, as read, that this write does not end
+}
+
+// reportSegments records the outcomes of groups, reading them again when
+// another outcome of one of their runs got in first.
+func (b *broker) reportSegments(ctx context.Context, os []Outcome, groups []*segGroup, out []Reported) {
+	for try := 0; len(groups) > 0; try++ {
+		if try == 20 {
+			for _, g := range groups {
+				for _, i := range g.items {
+					out[i].Err = fmt.Errorf("queue: report task %s: the other outcomes of its claim kept changing; try again", os[i].ID)
+				}
+			}
+			return
+		}
+		if try > 0 {
+			sleepCtx(ctx, time.Duration(rand.Int64N(int64(5*time.Millisecond))))
+		}
+		if err := b.readRuns(ctx, groups); err != nil {
+			for _, g := range groups {
+				for _, i := range g.items {
+					out[i].Err = err
+				}
+			}
+			return
+		}
+		var writes []*runWrite
+		for _, g := range groups {
+			writes = append(writes, b.runWrites(ctx, g, os, out)...)
+		}
+		groups = b.writeRuns(ctx, writes, out)
+	}
+}
+
+// readRuns reads, for each group, its segment's runs and exits, the
+// outcome keys of the runs its outcomes name, and its queue's config.
+func (b *broker) readRuns(ctx context.Context, groups []*segGroup) error {
+	c := b.client
+	var ops []clientv3.Op
+	var part []*segGroup
+	flush := func() error {
+		if len(part) == 0 {
+			return nil
+		}
+		resp, err := c.cli.Txn(ctx).Then(ops...).Commit()
+		if err != nil {
+			return fmt.Errorf("queue: read the runs of segment %s of %s: %w", part[0].seg, part[0].q, err)
+		}
+		rs := resp.Responses
+		for _, g := range part {
+			n := 3 + len(g.tokens())
+			g.parseRuns(c, resp.Header.Revision, rs[:n])
+			rs = rs[n:]
+		}
+		ops, part = ops[:0], part[:0]
+		return nil
+	}
+	for _, g := range groups {
+		more := []clientv3.Op{
+			clientv3.OpGet(c.keys.Runs(g.q, g.seg), clientv3.WithPrefix()),
+			clientv3.OpGet(c.keys.Exits(g.q, g.seg), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
+			clientv3.OpGet(c.keys.QueueConfig(g.q)),
+		}
+		for _, tok := range g.tokens() {
+			more = append(more, clientv3.OpGet(runOuts(c.keys, g.q, g.seg, tok), clientv3.WithPrefix()))
+		}
+		if len(ops)+len(more) > 120 {
+			if err := flush(); err != nil {
+				return err
+			}
+		}
+		ops, part = append(ops, more...), append(part, g)
+	}
+	return flush()
+}
+
+// runOuts is the prefix of the outcome keys of the run with token tok.
+func runOuts(keys keyspace.Space, q, seg string, tok int64) string {
+	return keys.Outs(q, seg) + fmt.Sprintf("%019d-", tok)
+}
+
+// tokens are the tokens g's outcomes name, in order, once each.
+func (g *segGroup) tokens() []int64 {
+	var out []int64
+	for _, i := range g.items {
+		if tok := g.token(i); !slices.Contains(out, tok) {
+			out = append(out, tok)
+		}
+	}
+	return out
+}
+
+// token is outcome i's token.
+func (g *segGroup) token(i int) int64 { return g.tok[i] }
+
+// parseRuns reads the responses of readRuns for g.
+func (g *segGroup) parseRuns(c *Client, rev int64, rs []*pb.ResponseOp) {
+	g.rev, g.runs, g.exits, g.done = rev, nil, map[int]bool{}, map[int64]map[int]bool{}
+	pre := c.keys.Runs(g.q, g.seg)
+	for _, kv := range rs[0].GetResponseRange().Kvs {
+		v, err := taskstore.DecodeRun(kv.Value)
+		if err != nil || len(v.Attempts) != len(v.Slots) {
+			continue
+		}
+		g.runs = append(g.runs, leasedRun{runRef{key: string(kv.Key), rest: strings.TrimPrefix(string(kv.Key), pre), token: kv.CreateRevision, v: v}, kv.Lease})
+	}
+	for _, kv := range rs[1].GetResponseRange().Kvs {
+		if s, _, ok := keyspace.ParseExit(strings.TrimPrefix(string(kv.Key), c.keys.Exits(g.q, g.seg))); ok {
+			g.exits[s] = true
+		}
+	}
+	var cfg Config
+	if kvs := rs[2].GetResponseRange().Kvs; len(kvs) == 1 {
+		_ = json.Unmarshal(kvs[0].Value, &cfg)
+	}
+	g.fifo = cfg.FIFO
+	for j, tok := range g.tokens() {
+		done := map[int]bool{}
+		for _, kv := range rs[3+j].GetResponseRange().Kvs {
+			o, err := taskstore.DecodeOut(kv.Value)
+			if err != nil {
+				continue
+			}
+			for _, s := range o.OK {
+				done[s.Slot] = true
+			}
+			for _, s := range o.Moved {
+				done[s] = true
+			}
+		}
+		g.done[tok] = done
+	}
+}
 
 // runWrites decides the outcomes of group g as last read: each outcome
 // whose claim holds joins the write of its run; the others get their error
 // in out.
-func (c *Client) runWrites(ctx context.Context, g *segGroup, os []Outcome, out []Reported) []*runWrite {
+func (b *broker) runWrites(ctx context.Context, g *segGroup, os []Outcome, out []Reported) []*runWrite {
 	byTok := map[int64]*runWrite{}
 	var writes []*runWrite
 	for _, i := range g.items {
@@ -21,10 +204,10 @@ func (c *Client) runWrites(ctx context.Context, g *segGroup, os []Outcome, out [
 		r, at, err := g.holds(h, slot)
 		if err == nil {
 			var t *Task
-			if t, err = c.groupTask(ctx, g, slot, h.ID); err == nil {
+			if t, err = b.groupTask(ctx, g, slot, h.ID); err == nil {
 				rw := byTok[h.Token]
 				if rw == nil {
-					rw = c.newRunWrite(g, r)
+					rw = b.newRunWrite(g, r)
 					byTok[h.Token] = rw
 					writes = append(writes, rw)
 				}
@@ -89,7 +272,8 @@ func (g *segGroup) holds(h Held, slot int) (leasedRun, int, error) {
 // groupTask is the task of slot in g's segment, as a claim of it starts:
 // from the client's cache of segments (read and decoded only when not
 // there).
-func (c *Client) groupTask(ctx context.Context, g *segGroup, slot int, id string) (*Task, error) {
+func (b *broker) groupTask(ctx context.Context, g *segGroup, slot int, id string) (*Task, error) {
+	c := b.client
 	if t, ok := g.byslot[slot]; ok && t.ID == id {
 		t.Transitions = []Transition{{Status: Pending, At: t.Metadata.CreatedAt}}
 		return &t, nil
@@ -111,14 +295,15 @@ func (c *Client) groupTask(ctx context.Context, g *segGroup, slot int, id string
 }
 
 // newRunWrite is the write of outcomes of run r of g.
-func (c *Client) newRunWrite(g *segGroup, r leasedRun) *runWrite {
+func (b *broker) newRunWrite(g *segGroup, r leasedRun) *runWrite {
+	c := b.client
 	run := &segRun{seg: g.seg, runKey: r.key, tryKey: c.keys.Tries(g.q, g.seg) + r.rest, token: r.token, claimedAt: r.v.ClaimedAt, v: r.v}
 	// The run's outcome keys are told apart by a sequence number, which a
 	// Worker counts in memory; here, the clock's (the write lets no two
 	// outcomes of a run in at once).
 	run.outSeq.Store(time.Now().UnixNano())
-	w := c.externalWorker(g.q, r.v.Worker, nil, nil)
-	w.fifo.Store(g.fifo) // a FIFO queue's tasks leave their segments for shard 0
+	w := b.outcomeWorker(g.q, r.v.Worker)
+	w.sched.fifo.Store(g.fifo) // a FIFO queue's tasks leave their segments for shard 0
 	return &runWrite{g: g, run: run, w: w, slots: r.v.Slots}
 }
 
@@ -133,7 +318,8 @@ func (rw *runWrite) ownOuts(c *Client, rev int64) clientv3.Cmp {
 // transaction, as many in one request as etcd takes (as Worker.commit
 // packs them). It answers in out, and returns the groups to read again:
 // the outcomes of runs whose write was refused.
-func (c *Client) writeRuns(ctx context.Context, writes []*runWrite, out []Reported) []*segGroup {
+func (b *broker) writeRuns(ctx context.Context, writes []*runWrite, out []Reported) []*segGroup {
+	c := b.client
 	now := time.Now().UTC()
 	markers := map[string]bool{}
 	var reqs []ackReq
@@ -144,7 +330,7 @@ func (c *Client) writeRuns(ctx context.Context, writes []*runWrite, out []Report
 		if rw.g.cached != nil {
 			if len(rs) != 1 || later {
 				// Large results: written from a read, as below.
-				c.claims.forget(rw.g.cached)
+				b.claims.forget(rw.g.cached)
 				again = retryLater(again, rw, 0)
 				continue
 			}
@@ -152,7 +338,7 @@ func (c *Client) writeRuns(ctx context.Context, writes []*runWrite, out []Report
 		}
 		if len(rs) != 1 || later {
 			// Large results: the run's parts one after the other.
-			again = c.writeChained(ctx, rw, rs, later, out, again)
+			again = b.writeChained(ctx, rw, rs, later, out, again)
 			continue
 		}
 		rs[0].cmps = append(rs[0].cmps, rw.ownOuts(c, rw.g.rev))
@@ -162,19 +348,20 @@ func (c *Client) writeRuns(ctx context.Context, writes []*runWrite, out []Report
 	from, size, width := 0, 0, 0
 	for k, r := range reqs {
 		if k > from && (size+r.size > maxRequestBytes || k-from+1+len(extra)+max(width, r.width()) > 127) {
-			again = c.writeReqs(ctx, reqs[from:k], owners[from:k], extra, out, again)
+			again = b.writeReqs(ctx, reqs[from:k], owners[from:k], extra, out, again)
 			from, size, width = k, 0, 0
 		}
 		size, width = size+r.size, max(width, r.width())
 	}
 	if from < len(reqs) {
-		again = c.writeReqs(ctx, reqs[from:], owners[from:], extra, out, again)
+		again = b.writeReqs(ctx, reqs[from:], owners[from:], extra, out, again)
 	}
 	return again
 }
 
 // writeReqs writes reqs, the outcomes of owners, in one request.
-func (c *Client) writeReqs(ctx context.Context, reqs []ackReq, owners []*runWrite, extra []clientv3.Op, out []Reported, again []*segGroup) []*segGroup {
+func (b *broker) writeReqs(ctx context.Context, reqs []ackReq, owners []*runWrite, extra []clientv3.Op, out []Reported, again []*segGroup) []*segGroup {
+	c := b.client
 	ops := make([]clientv3.Op, 0, len(reqs)+len(extra))
 	for _, r := range reqs {
 		ops = append(ops, r.op())
@@ -186,22 +373,22 @@ func (c *Client) writeReqs(ctx context.Context, reqs []ackReq, owners []*runWrit
 	for k, rw := range owners {
 		switch {
 		case err != nil:
-			c.claims.forget(rw.g.cached)
+			b.claims.forget(rw.g.cached)
 			for _, i := range rw.items {
 				out[i].Err = fmt.Errorf("queue: record the outcome of task %s: %w", rw.os[0].c.task.ID, err)
 			}
 		case resp.Responses[k].GetResponseTxn().Succeeded:
 			if rw.g.cached != nil {
-				c.claims.wrote(rw.g.cached, rw.writtenSlots(), resp.Header.Revision, rw.final)
+				b.claims.wrote(rw.g.cached, rw.writtenSlots(), resp.Header.Revision, rw.final)
 			}
-			c.answer(rw, len(rw.os), out)
+			b.answer(rw, len(rw.os), out)
 			if rw.final && !rw.others {
 				closing = append(closing, [2]string{rw.g.q, rw.g.seg})
 			}
 		default:
 			if rw.g.cached != nil {
-				c.claims.stale.Add(1)
-				c.claims.forget(rw.g.cached)
+				b.claims.stale.Add(1)
+				b.claims.forget(rw.g.cached)
 			}
 			again = retryLater(again, rw, 0)
 		}
@@ -213,7 +400,8 @@ func (c *Client) writeReqs(ctx context.Context, reqs []ackReq, owners []*runWrit
 // writeChained writes reqs, the parts of rw's outcomes, one after the
 // other, each fenced by the run and by no other outcome of it since the
 // last part; later: then the run goes.
-func (c *Client) writeChained(ctx context.Context, rw *runWrite, reqs []ackReq, later bool, out []Reported, again []*segGroup) []*segGroup {
+func (b *broker) writeChained(ctx context.Context, rw *runWrite, reqs []ackReq, later bool, out []Reported, again []*segGroup) []*segGroup {
+	c := b.client
 	rev, n := rw.g.rev, 0
 	if later {
 		reqs = append(reqs, rw.w.runDelete(rw.run))
@@ -225,7 +413,7 @@ func (c *Client) writeChained(ctx context.Context, rw *runWrite, reqs []ackReq, 
 			// The parts before this one were written: answer them (and
 			// keep the run, which still has outcomes to come).
 			rw.final = false
-			c.written(ctx, rw, n, out)
+			b.written(ctx, rw, n, out)
 			for _, i := range rw.items[n:] {
 				out[i].Err = fmt.Errorf("queue: record the outcome of task %s: %w", rw.os[n].c.task.ID, err)
 			}
@@ -233,34 +421,35 @@ func (c *Client) writeChained(ctx context.Context, rw *runWrite, reqs []ackReq, 
 		}
 		if !resp.Succeeded {
 			rw.final = false // (the parts written count; the rest is read again)
-			c.written(ctx, rw, n, out)
+			b.written(ctx, rw, n, out)
 			return retryLater(again, rw, n)
 		}
 		rev, n = resp.Header.Revision, n+len(r.kept)
 	}
-	c.written(ctx, rw, n, out)
+	b.written(ctx, rw, n, out)
 	return again
 }
 
 // written answers the first n outcomes of rw, which were written, and
 // closes the segment when the run that ended was its only one (as read) and
 // every slot has finished.
-func (c *Client) written(ctx context.Context, rw *runWrite, n int, out []Reported) {
-	c.answer(rw, n, out)
+func (b *broker) written(ctx context.Context, rw *runWrite, n int, out []Reported) {
+	c := b.client
+	b.answer(rw, n, out)
 	if rw.final && !rw.others {
 		c.closeDone(ctx, [][2]string{{rw.g.q, rw.g.seg}})
 	}
 }
 
 // answer answers the first n outcomes of rw, which were written.
-func (c *Client) answer(rw *runWrite, n int, out []Reported) {
+func (b *broker) answer(rw *runWrite, n int, out []Reported) {
 	for k, o := range rw.os[:n] {
 		rw.w.count(o)
 		switch o.kind {
 		case Succeeded:
 			succeeded(o.c.task, o.result)
 		case Retrying:
-			c.retryAt(rw.g.q, o.c.task.ScheduledAt)
+			b.retryAt(rw.g.q, o.c.task.ScheduledAt)
 		}
 		out[rw.items[k]] = Reported{Task: o.c.task}
 	}

@@ -5,8 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
+	"time"
 
 	"github.com/droverhq/drover"
+	"github.com/droverhq/drover/internal/groupcommit"
 	"github.com/droverhq/drover/keyspace"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -71,11 +74,11 @@ func (c *Client) Report(ctx context.Context, os []Outcome) ([]Reported, error) {
 			return nil, err
 		}
 	}
-	return c.reportCombined(ctx, os), nil
+	return c.remote.reportCombined(ctx, os), nil
 }
 
 // report is Report on valid outcomes.
-func (c *Client) report(ctx context.Context, os []Outcome) []Reported {
+func (b *broker) report(ctx context.Context, os []Outcome) []Reported {
 	out := make([]Reported, len(os))
 	seen := make(map[Held]bool, len(os))
 	todo := make([]int, 0, len(os))
@@ -89,12 +92,12 @@ func (c *Client) report(ctx context.Context, os []Outcome) []Reported {
 		seen[k] = true
 		todo = append(todo, i)
 	}
-	todo, remembered := c.fromMemory(os, todo)
+	todo, remembered := b.fromMemory(os, todo)
 	// Outcomes the memory could not write go back with the rest, so that
 	// each segment has one group: two writes of one run in one request
 	// would each see the other's slots unfinished (etcd compares first).
-	todo = append(todo, c.reportRemembered(ctx, os, remembered, out)...)
-	groups, records, err := c.places(ctx, os, todo, out)
+	todo = append(todo, b.reportRemembered(ctx, os, remembered, out)...)
+	groups, records, err := b.places(ctx, os, todo, out)
 	if err != nil {
 		for _, i := range todo {
 			out[i].Err = err
@@ -102,10 +105,10 @@ func (c *Client) report(ctx context.Context, os []Outcome) []Reported {
 		groups, records = nil, nil
 	}
 	for _, i := range records {
-		out[i] = c.reportRecord(ctx, os[i])
+		out[i] = b.reportRecord(ctx, os[i])
 	}
 	if len(groups) > 0 {
-		c.reportSegments(ctx, os, groups, out)
+		b.reportSegments(ctx, os, groups, out)
 	}
 	return out
 }
@@ -113,7 +116,8 @@ func (c *Client) report(ctx context.Context, os []Outcome) []Reported {
 // places finds where the tasks of outcomes todo are: in a segment (grouped
 // by segment, in order) or in a record of their own (records). An outcome
 // of a task not found gets its error in out.
-func (c *Client) places(ctx context.Context, os []Outcome, todo []int, out []Reported) (groups []*segGroup, records []int, err error) {
+func (b *broker) places(ctx context.Context, os []Outcome, todo []int, out []Reported) (groups []*segGroup, records []int, err error) {
+	c := b.client
 	bySeg := map[string]*segGroup{}
 	const perTxn = 40 // three reads each, within etcd's 128 operations
 	for from := 0; from < len(todo); from += perTxn {
@@ -162,12 +166,12 @@ func (c *Client) places(ctx context.Context, os []Outcome, todo []int, out []Rep
 
 // reportRecord records outcome o of a task with a record of its own (or
 // finds that its claim no longer holds), as Ack and Fail did before runs.
-func (c *Client) reportRecord(ctx context.Context, o Outcome) Reported {
+func (b *broker) reportRecord(ctx context.Context, o Outcome) Reported {
 	verb := "ack"
 	if o.Failed {
 		verb = "fail"
 	}
-	t, err := c.settle(ctx, o.Held, verb, func(w *Worker, cl *claim) (outcome, error) {
+	t, err := b.settle(ctx, o.Held, verb, func(w *Worker, cl *claim) (outcome, error) {
 		return decideOutcome(w, cl.task, o), nil
 	})
 	if err != nil {
@@ -177,7 +181,7 @@ func (c *Client) reportRecord(ctx context.Context, o Outcome) Reported {
 	case !o.Failed:
 		succeeded(t, o.Result)
 	case t.CurrentStatus == Retrying:
-		c.retryAt(o.Queue, t.ScheduledAt)
+		b.retryAt(o.Queue, t.ScheduledAt)
 	}
 	return Reported{Task: t}
 }
@@ -206,4 +210,68 @@ func decideOutcome(w *Worker, t *Task, o Outcome) outcome {
 // succeeded sets t as an ack with result left it.
 func succeeded(t *Task, result []byte) {
 	t.CurrentStatus, t.Result, t.LastError, t.RetriesAttempted = Succeeded, result, "", t.Attempt-1
+}
+
+// Outcomes reported at the same time by different external workers (the
+// HTTP API's sessions, each with its own request) are written together: the
+// first report to arrive while none is being written writes its own and
+// every report that arrived meanwhile, in one report of up to MaxReport
+// outcomes, and hands the writing on to the next one waiting. Each outcome
+// is still fenced by its own claim and answered on its own; what the
+// reports share is etcd's round trips: one read of where the tasks are, one
+// of their runs, and one transaction that writes the outcomes of many runs,
+// instead of three for each report. A report never waits for a timer: one
+// that arrives alone is written at once (group commit).
+
+// reportWriteTimeout bounds a combined report: it is not cut short by one
+// reporter's context, since it writes the others' outcomes too.
+const reportWriteTimeout = 30 * time.Second
+
+// reportCombiner queues the reports of one Client that wait for the one
+// being written. The zero value is ready.
+type reportCombiner struct {
+	line groupcommit.Line[*reportCall]
+	// writes counts the combined reports written, reports the reports in
+	// them.
+	writes, reports atomic.Int64
+}
+
+// reportCall is one report: its outcomes, and their answers once written.
+type reportCall struct {
+	os  []Outcome
+	out []Reported
+}
+
+// reportCombined is report, written together with the reports of other
+// callers that arrive at the same time.
+func (b *broker) reportCombined(ctx context.Context, os []Outcome) []Reported {
+	rc := &b.reports
+	call := &reportCall{os: os}
+	if !rc.line.Join(call) {
+		return call.out
+	}
+	// The next combined report: the first waiting, and those after it
+	// while the outcomes stay within MaxReport.
+	batch, calls := rc.line.Take(func(taken []*reportCall, next *reportCall) bool {
+		size := len(next.os)
+		for _, t := range taken {
+			size += len(t.os)
+		}
+		return size <= MaxReport
+	})
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), reportWriteTimeout)
+	defer cancel()
+	var all []Outcome
+	for _, b := range batch {
+		all = append(all, b.os...)
+	}
+	out := b.report(wctx, all)
+	rc.writes.Add(1)
+	rc.reports.Add(int64(len(batch)))
+	for _, b := range batch {
+		b.out, out = out[:len(b.os)], out[len(b.os):]
+	}
+	groupcommit.Answer(calls)
+	rc.line.HandOn()
+	return call.out
 }

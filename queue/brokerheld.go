@@ -4,10 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"time"
 
 	"github.com/droverhq/drover/keyspace"
+	"github.com/droverhq/drover/lease"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -16,7 +18,8 @@ import (
 // in a segment, the run holding its slot (and the segment's state, st). An
 // error matching lease.ErrFenced says the claim no longer holds;
 // ErrNotFound, that queue h.Queue has no task h.ID.
-func (c *Client) held(ctx context.Context, h Held) (*Worker, *claim, *segState, error) {
+func (b *broker) held(ctx context.Context, h Held) (*Worker, *claim, *segState, error) {
+	c := b.client
 	resp, err := c.cli.Txn(ctx).Then(
 		clientv3.OpGet(c.keys.TaskRecord(h.ID)),
 		clientv3.OpGet(c.keys.TaskIndex(h.ID)),
@@ -45,7 +48,7 @@ func (c *Client) held(ctx context.Context, h Held) (*Worker, *claim, *segState, 
 		var cv claimValue
 		_ = json.Unmarshal(kv.Value, &cv)
 		t.Attempt, t.Token, t.CurrentStatus = cv.Attempt, h.Token, Running
-		w := c.externalWorker(h.Queue, cv.Worker, nil, nil)
+		w := b.outcomeWorker(h.Queue, cv.Worker)
 		return w, &claim{task: t, recRev: rec[0].ModRevision, claimKey: string(kv.Key), pendingKey: c.pendingKey(t), token: h.Token, claimedAt: cv.ClaimedAt}, nil, nil
 	}
 	if len(rec) > 0 {
@@ -62,11 +65,12 @@ func (c *Client) held(ctx context.Context, h Held) (*Worker, *claim, *segState, 
 	if !ok || at.Queue != h.Queue {
 		return nil, nil, nil, fmt.Errorf("%w: %s is not in queue %s", ErrNotFound, h.ID, h.Queue)
 	}
-	return c.heldInSegment(ctx, h, at)
+	return b.heldInSegment(ctx, h, at)
 }
 
 // heldInSegment is held for a task in slot at of a segment.
-func (c *Client) heldInSegment(ctx context.Context, h Held, at keyspace.TaskPlace) (*Worker, *claim, *segState, error) {
+func (b *broker) heldInSegment(ctx context.Context, h Held, at keyspace.TaskPlace) (*Worker, *claim, *segState, error) {
+	c := b.client
 	q, seg, slot := at.Queue, at.Segment, at.Slot
 	st, err := c.readState(ctx, q, seg)
 	if err != nil {
@@ -109,7 +113,7 @@ func (c *Client) heldInSegment(ctx context.Context, h Held, at keyspace.TaskPlac
 	// Worker counts in memory; here, the clock's (writeOutcome lets no
 	// two outcomes of a run in at once).
 	run.outSeq.Store(time.Now().UnixNano())
-	w := c.externalWorker(q, r.v.Worker, nil, nil)
+	w := b.outcomeWorker(q, r.v.Worker)
 	return w, &claim{task: t, claimKey: r.key, token: r.token, claimedAt: r.v.ClaimedAt, run: run, slot: slot}, st, nil
 }
 
@@ -164,4 +168,110 @@ func (w *Worker) writeOutcome(ctx context.Context, o outcome, st *segState) (ok 
 		}
 	}
 	return true, nil
+}
+
+// Heartbeat checks that the claim h still holds, and returns its task,
+// RUNNING. An error matching lease.ErrFenced says it does not: the lease
+// ended, the task was cancelled, or its outcome was written.
+func (c *Client) Heartbeat(ctx context.Context, h Held) (*Task, error) {
+	if err := h.check(); err != nil {
+		return nil, err
+	}
+	_, cl, _, err := c.remote.held(ctx, h)
+	if err != nil {
+		return nil, err
+	}
+	return cl.task, nil
+}
+
+// Ack records that the claimed task h succeeded with result (at most
+// MaxResult bytes), and returns it, SUCCEEDED. An error matching
+// lease.ErrFenced says the claim no longer holds and nothing was written.
+func (c *Client) Ack(ctx context.Context, h Held, result []byte) (*Task, error) {
+	return c.remote.reportOne(ctx, Outcome{Held: h, Result: result})
+}
+
+// Fail records that the claimed task h failed with reason: a permanent
+// failure, or a transient one past the task's retry budget, sends it to
+// the dead-letter queue; a transient one schedules a retry after the
+// task's backoff (full jitter; a Worker's defaults, 1 s and 5 m, unless the
+// task sets its own). It returns the task, RETRYING (with ScheduledAt) or
+// DEAD. An error matching lease.ErrFenced says the claim no longer holds
+// and nothing was written.
+func (c *Client) Fail(ctx context.Context, h Held, reason string, permanent bool) (*Task, error) {
+	return c.remote.reportOne(ctx, Outcome{Held: h, Failed: true, Error: reason, Permanent: permanent})
+}
+
+// Release hands the claimed task h back: it is PENDING again, claimable at
+// once, and the attempt does not count. It is for a claim whose caller will
+// not run the task (the HTTP API releases the tasks of a claim whose client
+// left before the answer was written). It returns the task, PENDING. An
+// error matching lease.ErrFenced says the claim no longer holds and nothing
+// was written.
+func (c *Client) Release(ctx context.Context, h Held) (*Task, error) {
+	if err := h.check(); err != nil {
+		return nil, err
+	}
+	if s, ok := c.remote.claims.lookup(h); ok {
+		c.remote.claims.forget(s.run) // the run changes: its remembered state is stale
+	}
+	t, err := c.remote.settle(ctx, h, "hand back", func(*Worker, *claim) (outcome, error) {
+		return outcome{kind: Pending}, nil
+	})
+	if err == nil && t.CurrentStatus != Pending {
+		// A task with a record of its own keeps its record: the copy
+		// shows what the hand back wrote.
+		t.CurrentStatus, t.Attempt, t.Token = Pending, t.Attempt-1, 0
+	}
+	return t, err
+}
+
+// reportOne is Report of one outcome.
+func (b *broker) reportOne(ctx context.Context, o Outcome) (*Task, error) {
+	if err := o.check(); err != nil {
+		return nil, err
+	}
+	r := b.reportCombined(ctx, []Outcome{o})[0]
+	return r.Task, r.Err
+}
+
+// settle writes the outcome decide gives for claim h, reading the claim
+// again when a concurrent outcome of the same run got in first.
+func (b *broker) settle(ctx context.Context, h Held, verb string, decide func(*Worker, *claim) (outcome, error)) (*Task, error) {
+	c := b.client
+	for try := 0; try < 20; try++ {
+		w, cl, st, err := b.held(ctx, h)
+		if err != nil {
+			return nil, err
+		}
+		o, err := decide(w, cl)
+		if err != nil {
+			return nil, err
+		}
+		o.c = cl
+		if cl.run != nil && o.kind != Succeeded {
+			// The task leaves its segment for a record of its own: in
+			// a FIFO queue, in shard 0.
+			cfg, err := c.GetConfig(ctx, h.Queue)
+			if err != nil {
+				return nil, err
+			}
+			w.sched.fifo.Store(cfg.FIFO)
+		}
+		ok, err := w.writeOutcome(ctx, o, st)
+		if err != nil {
+			return nil, fmt.Errorf("queue: %s task %s: %w", verb, h.ID, err)
+		}
+		if ok {
+			return cl.task, nil
+		}
+		sleepCtx(ctx, time.Duration(rand.Int64N(int64(5*time.Millisecond))))
+	}
+	return nil, fmt.Errorf("queue: %s task %s: the other outcomes of its claim kept changing; try again", verb, h.ID)
+}
+
+// fenced is the error of an outcome or heartbeat for a claim that no
+// longer holds.
+func fenced(h Held, why string) error {
+	return fmt.Errorf("queue: task %s token %d: %w: %s", h.ID, h.Token, lease.ErrFenced, why)
 }

@@ -194,22 +194,22 @@ func (cc *claimCache) forgetLocked(cr *cachedRun) {
 // remembers, grouped by run; it returns the rest of todo and the groups.
 // A failure of a remembered claim is written from a read: the run is
 // forgotten, since that write changes it.
-func (c *Client) fromMemory(os []Outcome, todo []int) (rest []int, groups []*segGroup) {
+func (b *broker) fromMemory(os []Outcome, todo []int) (rest []int, groups []*segGroup) {
 	byRun := map[*cachedRun]*segGroup{}
 	for _, i := range todo {
-		s, ok := c.claims.lookup(os[i].Held)
+		s, ok := b.claims.lookup(os[i].Held)
 		switch {
 		case !ok:
 			rest = append(rest, i)
 			continue
 		case os[i].Failed:
-			c.claims.forget(s.run)
+			b.claims.forget(s.run)
 			rest = append(rest, i)
 			continue
 		}
 		g := byRun[s.run]
 		if g == nil {
-			g = c.claims.group(s.run)
+			g = b.claims.group(s.run)
 			byRun[s.run] = g
 			groups = append(groups, g)
 		}
@@ -223,12 +223,12 @@ func (c *Client) fromMemory(os []Outcome, todo []int) (rest []int, groups []*seg
 // returns those to read and write again: of runs whose write etcd refused
 // (the memory was stale; the run is forgotten) or that take more than one
 // transaction.
-func (c *Client) reportRemembered(ctx context.Context, os []Outcome, groups []*segGroup, out []Reported) (again []int) {
+func (b *broker) reportRemembered(ctx context.Context, os []Outcome, groups []*segGroup, out []Reported) (again []int) {
 	var writes []*runWrite
 	for _, g := range groups {
-		writes = append(writes, c.runWrites(ctx, g, os, out)...)
+		writes = append(writes, b.runWrites(ctx, g, os, out)...)
 	}
-	for _, g := range c.writeRuns(ctx, writes, out) {
+	for _, g := range b.writeRuns(ctx, writes, out) {
 		again = append(again, g.items...)
 	}
 	return again

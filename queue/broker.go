@@ -1,0 +1,267 @@
+package queue
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// promoteEvery is how often the external claims of one Client move a
+// queue's due retries back to pending, at most (besides when a retry they
+// know of falls due): a claim reads the retry schedule only then, so a
+// retry another process scheduled may wait this much longer.
+const promoteEvery = 250 * time.Millisecond
+
+// broker is the state that the claims and reports of a Client's external
+// workers share: the turn that spreads the claims over a queue's open
+// segments, what each session's claims carry from one to the next, per
+// queue when its due retries were last moved back to pending and when
+// the next falls due; the combining of concurrent claims and reports; the
+// line of claims that wait for work; and the memory of the runs claimed.
+// The zero value is ready; a Client holds one.
+type broker struct {
+	client *Client // the Client it serves
+
+	turns atomic.Uint64
+	// attempts counts the claims external claims made (tries of the
+	// store, not calls of Claim).
+	attempts atomic.Int64
+	mu       sync.Mutex
+	due      map[string]dueState
+	hot      map[hotKey]sessionClaims
+	// levels keeps each queue's anti-starvation turns (levelTurns) from
+	// one external claim to the next: each claim has a claimer of its own.
+	levels map[string]levelTurns
+	// windows keeps each queue's bound on the read of its open segments
+	// (openWindow) from one external claim to the next: without it every
+	// claim read the open segments unbounded, and etcd counts every key of
+	// that range, deleted ones too until compaction.
+	windows map[string]openWindow
+
+	// reports combines concurrent reports of outcomes (brokerreport.go).
+	reports reportCombiner
+	// claims remembers the runs of external claims (brokermemory.go).
+	claims claimCache
+	// claimers combines concurrent external claims (brokerclaim.go).
+	claimers claimCombiner
+	// waits lines up external claims that wait for work (below).
+	waits claimWaits
+}
+
+// levelTurnsOf returns the turns the last external claim of queue q left.
+func (b *broker) levelTurnsOf(q string) levelTurns { return loadFor(&b.mu, &b.levels, q) }
+
+// setLevelTurns keeps the turns an external claim of queue q leaves.
+func (b *broker) setLevelTurns(q string, lt levelTurns) {
+	storeFor(&b.mu, &b.levels, q, lt)
+}
+
+// windowOf returns the open window the last external claim of queue q
+// left.
+func (b *broker) windowOf(q string) openWindow { return loadFor(&b.mu, &b.windows, q) }
+
+// setWindow keeps the open window an external claim of queue q leaves.
+func (b *broker) setWindow(q string, ow openWindow) { storeFor(&b.mu, &b.windows, q, ow) }
+
+// loadFor returns queue q's value in *m, read under mu.
+func loadFor[T any](mu *sync.Mutex, m *map[string]T, q string) T {
+	mu.Lock()
+	defer mu.Unlock()
+	return (*m)[q]
+}
+
+// storeFor sets queue q's value in *m under mu; the map starts over past
+// 4,096 queues, so that it stays bounded.
+func storeFor[T any](mu *sync.Mutex, m *map[string]T, q string, v T) {
+	mu.Lock()
+	defer mu.Unlock()
+	if *m == nil || len(*m) >= 4096 {
+		*m = map[string]T{}
+	}
+	(*m)[q] = v
+}
+
+// hotKey names the claims of one session (lease) from one queue.
+type hotKey struct {
+	q     string
+	lease int64
+}
+
+// sessionClaims is what one session's claims of a queue carry from one to
+// the next, as a Worker's claim loop keeps it: the segment the last took
+// from, if it had slots left (the next claim reads it with its first
+// read); that segment's state as the claim left it, when known (the next
+// claim takes from it without reading first, claimPredicted); and how many
+// claims the session made (one in readEvery reads first all the same).
+type sessionClaims struct {
+	hot    string
+	st     *segState
+	claims int64
+}
+
+// sessionOf returns what the last claim of lease from queue q left.
+func (b *broker) sessionOf(q string, lease int64) sessionClaims {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.hot[hotKey{q, lease}]
+}
+
+// setSession keeps what a claim of lease from queue q leaves; a session
+// with no segment with slots left keeps only its count of claims.
+func (b *broker) setSession(q string, lease int64, sc sessionClaims) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if sc.hot == "" || sc.st == nil || sc.st.name != sc.hot {
+		sc.st = nil
+	}
+	if b.hot == nil || len(b.hot) >= 4096 {
+		b.hot = map[hotKey]sessionClaims{}
+	}
+	b.hot[hotKey{q, lease}] = sc
+}
+
+// dueState is when a queue's due retries were last moved, and when its next
+// retry falls due (zero: none was scheduled).
+type dueState struct{ checked, next time.Time }
+
+// promoteDue moves queue q's due retries back to pending, unless that was
+// done less than promoteEvery ago and no retry known fell due since; it
+// returns when the next falls due (zero: none known).
+func (b *broker) promoteDue(ctx context.Context, w *claimer, q string) (time.Time, error) {
+	now := time.Now()
+	b.mu.Lock()
+	d, ok := b.due[q]
+	b.mu.Unlock()
+	if ok && now.Sub(d.checked) < promoteEvery && (d.next.IsZero() || now.Before(d.next)) {
+		return d.next, nil
+	}
+	next, err := w.promoteDue(ctx, w.keys.QueueRetry(q))
+	if err != nil {
+		return time.Time{}, err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.due == nil || len(b.due) >= 1024 {
+		b.due = map[string]dueState{}
+	}
+	b.due[q] = dueState{checked: now, next: next}
+	return next, nil
+}
+
+// retryAt notes that a retry of queue q falls due at at, so that a claim
+// moves it back to pending then.
+func (b *broker) retryAt(q string, at time.Time) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if d, ok := b.due[q]; ok && (d.next.IsZero() || at.Before(d.next)) {
+		d.next = at
+		b.due[q] = d
+	}
+}
+
+// External claims of one queue that find nothing to claim wait in a line
+// of their Client (the HTTP API's sessions: one long poll each). Only the
+// first of them, the leader, waits on the queue's watch and claims again
+// when something may have become claimable, or again a moment after
+// losing a race for tasks; the others wait in the process for their turn.
+// Without the line every waiting claim did both: with 64 long polls and
+// one task at a time, each task woke all of them into a claim of their own
+// (a read of the queue and of a segment's state, and a losing write for
+// all but one), and those that lost went on trying every few milliseconds
+// for as long as tasks kept coming.
+//
+// When the leader stops waiting (it has tasks, its wait ran out or its
+// caller left), the line moves on in one of two ways:
+//   - its claim took as many tasks as it asked for, so more may be there:
+//     every claim in line is woken to claim at once (the claim combiner
+//     makes their concurrent claims one request) and whichever still
+//     finds nothing lines up again;
+//   - otherwise the next claim in line leads and claims at once.
+//
+// So a claim that waits is always either the leader or behind one that
+// will claim for the queue within a round trip of anything claimable
+// appearing, and the line costs the store one claim per wake instead of
+// one per waiting claim.
+type claimWaits struct {
+	mu     sync.Mutex
+	queues map[string]*waitLine
+}
+
+// waitLine is the claims of one queue waiting: whether one leads, and the
+// others, in the order they came.
+type waitLine struct {
+	led     bool
+	waiting []chan bool
+}
+
+// join returns when the claim may go on: lead is true when it leads the
+// line of queue q (it must call leave once it stops waiting), at once
+// (waited false) when none led, else when the lead was passed to it; lead
+// is false when the leader woke every claim in line. ok is false when ctx
+// ended or the deadline passed first: the claim is out of the line.
+func (cw *claimWaits) join(ctx context.Context, q string, deadline time.Time) (lead, waited, ok bool) {
+	cw.mu.Lock()
+	if cw.queues == nil {
+		cw.queues = map[string]*waitLine{}
+	}
+	line := cw.queues[q]
+	if line == nil {
+		line = &waitLine{}
+		cw.queues[q] = line
+	}
+	if !line.led {
+		line.led = true
+		cw.mu.Unlock()
+		return true, false, true
+	}
+	turn := make(chan bool, 1)
+	line.waiting = append(line.waiting, turn)
+	cw.mu.Unlock()
+	t := time.NewTimer(time.Until(deadline))
+	defer t.Stop()
+	select {
+	case lead := <-turn:
+		return lead, true, true
+	case <-ctx.Done():
+	case <-t.C:
+	}
+	cw.mu.Lock()
+	if i := slices.Index(line.waiting, turn); i >= 0 {
+		line.waiting = slices.Delete(line.waiting, i, i+1)
+		cw.mu.Unlock()
+		return false, true, false
+	}
+	cw.mu.Unlock()
+	// The turn came as the wait ended: a lead is passed on, never dropped.
+	if <-turn {
+		cw.leave(q, false)
+	}
+	return false, true, false
+}
+
+// leave ends the lead of queue q's line: when full (the leader's claim
+// took all it asked for) every claim in line is woken, else the next one
+// leads.
+func (cw *claimWaits) leave(q string, full bool) {
+	cw.mu.Lock()
+	defer cw.mu.Unlock()
+	line := cw.queues[q]
+	if line == nil {
+		return
+	}
+	switch {
+	case len(line.waiting) == 0:
+		delete(cw.queues, q) // the map keeps only queues with claims waiting
+	case full:
+		for _, turn := range line.waiting {
+			turn <- false
+		}
+		delete(cw.queues, q)
+	default:
+		next := line.waiting[0]
+		line.waiting = line.waiting[1:]
+		next <- true
+	}
+}
