@@ -47,7 +47,7 @@ func TestConformance(t *testing.T) {
 			}
 			return l
 		}
-		locktest.Exercise(context.Background(), t, newLocker, locktest.Options{TTL: ttl,
+		locktest.Exercise(context.Background(), t, newLocker, locktest.Options{TTL: ttl, HeldTokenIsOneServers: true,
 			Expire: func(ctx context.Context, t *testing.T, ns string, _ lock.Locker, l lock.Lock) {
 				expire(ctx, t, servers, ns, l.Name())
 			}})
