@@ -9,9 +9,9 @@ import (
 )
 
 // Gate adapts flow control gate g to a queue worker: each task is admitted
-// as the call CallOf(t), a *flow.DeferError becomes a *queue.DeferError
-// with the same reason and delay (the task goes back to its queue,
-// uncharged), and g's done hears the handler's error read by TaskOutcome.
+// as the call CallOf(t), a deferral (drover.DeferError, which both
+// packages name) is returned unwrapped (the task goes back to its queue,
+// uncharged, for its delay), and g's done hears the handler's error read by TaskOutcome.
 // Any other error of g (ctx's, etcd's) is returned as it is.
 func Gate(g flow.Gate) queue.Gate { return gate{g} }
 
@@ -29,9 +29,9 @@ type gate struct{ g flow.Gate }
 func (a gate) Admit(ctx context.Context, t *queue.Task) (func(error), error) {
 	done, err := a.g.Admit(ctx, CallOf(t))
 	if err != nil {
-		var de *flow.DeferError
+		var de *flow.DeferError // the queue's DeferError too
 		if errors.As(err, &de) {
-			return nil, &queue.DeferError{Reason: de.Reason, After: de.After}
+			return nil, de
 		}
 		return nil, err
 	}

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/fleet"
 	"github.com/droverhq/drover/flow"
 	"github.com/droverhq/drover/internal/testenv/etcdtest"
@@ -100,8 +101,8 @@ func TestGateAdapter(t *testing.T) {
 	if !errors.As(err, &qd) || qd.Reason != fd.Reason || qd.After != fd.After || err.Error() != fd.Error() {
 		t.Fatalf("deferral became %T %v, want a *queue.DeferError like %v", err, err, fd)
 	}
-	if errors.Is(err, flow.ErrDeferred) {
-		t.Fatal("the queue's deferral still carries flow's")
+	if !errors.Is(err, flow.ErrDeferred) || !errors.Is(err, drover.ErrDeferred) {
+		t.Fatal("the queue's deferral is not the one deferral every part matches")
 	}
 
 	for _, other := range []error{context.Canceled, errors.New("flow: quota tenant: etcdserver: request timed out")} {

@@ -5,7 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"time"
+
+	"github.com/droverhq/drover"
 )
 
 // Gate admits calls before they run: a rate limit, a concurrency quota or a
@@ -91,20 +92,12 @@ func DefaultOutcome(err error) Outcome {
 }
 
 // ErrDeferred matches every *DeferError.
-var ErrDeferred = errors.New("flow: deferred")
+var ErrDeferred = drover.ErrDeferred
 
-// DeferError refuses a call for now: try it again after After. A queue
-// worker hands the task back for that long without counting the attempt.
-type DeferError struct {
-	Reason string
-	After  time.Duration
-}
-
-// Error implements error.
-func (e *DeferError) Error() string { return fmt.Sprintf("deferred for %s: %s", e.After, e.Reason) }
-
-// Is matches ErrDeferred.
-func (e *DeferError) Is(target error) bool { return target == ErrDeferred }
+// DeferError refuses a call for now: try it again after After. It is
+// drover.DeferError, the one deferral of every part: a queue worker hands
+// the task back for that long without counting the attempt.
+type DeferError = drover.DeferError
 
 // RateGate admits each call of the given types (every type when none) once
 // it holds one token of l: a limit counted in requests. Calls whose cost is

@@ -46,3 +46,16 @@ func (s *Server) queueClient(ctx context.Context) (*queue.Client, error) {
 	qc.order = append(qc.order, ns)
 	return c, nil
 }
+
+// closeAll closes every queue client the server made (their shared
+// watches end and are waited for, within ctx); a request after it makes
+// a new one.
+func (qc *queueClientCache) closeAll(ctx context.Context) {
+	qc.mu.Lock()
+	m := qc.m
+	qc.m, qc.order = nil, nil
+	qc.mu.Unlock()
+	for _, c := range m {
+		_ = c.Close(ctx)
+	}
+}

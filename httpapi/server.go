@@ -249,6 +249,9 @@ func (s *Server) Close(ctx context.Context) error {
 	srv, serving := s.srv, s.serving
 	s.life.Unlock()
 	defer s.hub.close()
+	// After the routes have stopped (defers run last first): no claim
+	// waits on the queue clients' shared watches any more.
+	defer s.queueClients.closeAll(ctx)
 	if s.paxos != nil {
 		defer func() { _ = s.paxos.Close(ctx) }()
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"time"
 
+	"github.com/droverhq/drover/internal/lifecycle"
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/metrics"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -141,7 +142,7 @@ func (w *Worker) write(reqs []ackReq, extra []clientv3.Op) {
 		if err == nil || w.lease.Err() != nil {
 			break
 		}
-		time.Sleep(time.Duration(try+1) * 200 * time.Millisecond)
+		_ = lifecycle.Sleep(w.lease.Context(), time.Duration(try+1)*200*time.Millisecond) // ends early when the lease is lost
 	}
 	if err != nil {
 		w.writeFailed(reqs, extra, err)
@@ -191,7 +192,7 @@ func (w *Worker) writeFailed(reqs []ackReq, extra []clientv3.Op, err error) {
 		// Handing back failed too: keep trying while the lease lives,
 		// or the task stays claimed (RUNNING) until this worker ends.
 		for try := 0; try < 30 && w.lease.Err() == nil; try++ {
-			time.Sleep(time.Second)
+			_ = lifecycle.Sleep(w.lease.Context(), time.Second) // ends early when the lease is lost
 			ctx, cancel := context.WithTimeout(w.lease.Context(), 10*time.Second)
 			_, err = w.cli.Txn(ctx).Then(append([]clientv3.Op{reqs[0].op()}, extra...)...).Commit()
 			cancel()
@@ -436,7 +437,7 @@ func (w *Worker) runRefused(req ackReq, extra []clientv3.Op) {
 	var err error
 	for try := 0; try < 3 && w.lease.Err() == nil; try++ {
 		if try > 0 {
-			time.Sleep(time.Duration(try) * 200 * time.Millisecond)
+			_ = lifecycle.Sleep(w.lease.Context(), time.Duration(try)*200*time.Millisecond) // ends early when the lease is lost
 		}
 		ctx, cancel := context.WithTimeout(w.lease.Context(), 10*time.Second)
 		g, err = w.cli.Txn(ctx).Then(clientv3.OpGet(r.runKey, clientv3.WithKeysOnly()),

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/droverhq/drover/internal/lifecycle"
 	"github.com/droverhq/drover/internal/taskstore"
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/metrics"
@@ -153,7 +154,7 @@ func (rc *runClaim) resolve() []*claim {
 	deadline := time.Now().Add(claimResolveFor)
 	for try := 0; time.Now().Before(deadline) && w.lease.Err() == nil; try++ {
 		if try > 0 {
-			time.Sleep(min(time.Duration(try)*200*time.Millisecond, time.Second))
+			_ = lifecycle.Sleep(w.lease.Context(), min(time.Duration(try)*200*time.Millisecond, time.Second)) // ends early when the lease is lost
 		}
 		ctx, cancel := context.WithTimeout(w.lease.Context(), 5*time.Second)
 		resp, err := w.cli.Txn(ctx).

@@ -263,14 +263,9 @@ type Gate interface {
 }
 
 // DeferError hands a task back to its queue, to be claimed again after
-// After, without counting the attempt.
-type DeferError struct {
-	Reason string
-	After  time.Duration
-}
-
-// Error implements error.
-func (e *DeferError) Error() string { return fmt.Sprintf("deferred for %s: %s", e.After, e.Reason) }
+// After, without counting the attempt. It is drover.DeferError, the one
+// deferral of every part, so a flow control gate's refusal is one as it is.
+type DeferError = drover.DeferError
 
 // Handle registers h for tasks of type taskType.
 func (w *Worker) Handle(taskType string, h Handler) {
@@ -301,13 +296,16 @@ func (w *Worker) Stats() WorkerStats {
 		HandedBack: w.handedBack.Load(), Fenced: w.fenced.Load(), InFlight: n}
 }
 
-// Close revokes the worker's own lease: any claim still held is released at
-// once. Call it after Run returns.
+// Close ends the worker's queue client (its shared watches, waited for
+// within ctx), then revokes the worker's own lease: any claim still held
+// is released at once. Call it after Run returns; it is safe to call
+// twice.
 func (w *Worker) Close(ctx context.Context) error {
+	err := w.client.Close(ctx)
 	if w.ownsLease {
-		return w.lease.Close(ctx)
+		err = errors.Join(err, w.lease.Close(ctx))
 	}
-	return nil
+	return err
 }
 
 // claimed is a task this worker holds.
