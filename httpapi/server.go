@@ -249,9 +249,6 @@ func (s *Server) Close(ctx context.Context) error {
 	srv, serving := s.srv, s.serving
 	s.life.Unlock()
 	defer s.hub.close()
-	// After the routes have stopped (defers run last first): no claim
-	// waits on the queue clients' shared watches any more.
-	defer s.queueClients.closeAll(ctx)
 	if s.paxos != nil {
 		defer func() { _ = s.paxos.Close(ctx) }()
 	}
@@ -259,7 +256,13 @@ func (s *Server) Close(ctx context.Context) error {
 		return nil
 	}
 	err := srv.Shutdown(ctx)
-	if err != nil {
+	if err == nil {
+		// Every handler has returned, so no claim waits on the queue
+		// clients' shared watches: end them and wait for them. After a
+		// forced close handlers may still run; their watches then end
+		// on their own, ten seconds after their last wait.
+		s.queueClients.closeAll(ctx)
+	} else {
 		_ = srv.Close()
 	}
 	select {

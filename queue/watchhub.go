@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -47,6 +48,7 @@ type watchHub struct {
 	queues  map[string]*queueWatch
 	closed  bool           // Client.Close: no watch opens from now on
 	running sync.WaitGroup // the watches' goroutines (runWatch)
+	live    atomic.Int64   // how many of them have not returned from runWatch
 }
 
 // queueWatch is the shared watch of one queue. Every field is guarded by
@@ -98,9 +100,11 @@ func (c *Client) waitAfter(q string, rev int64) *queueWait {
 		qw = &queueWatch{waits: map[*queueWait]struct{}{}, stop: cancel}
 		h.queues[q] = qw
 		h.running.Add(1)
+		h.live.Add(1)
 		go func() {
 			defer h.running.Done()
 			c.runWatch(ctx, h, q, qw)
+			h.live.Add(-1)
 		}()
 	}
 	wt := &queueWait{qw: qw, hub: h, q: q, after: rev, signal: make(chan struct{}, 1)}
@@ -187,6 +191,9 @@ func (h *watchHub) shut(ctx context.Context) error {
 		h.running.Wait()
 		close(done)
 	}()
+	if h.live.Load() == 0 { // stopped already: an ended ctx changes nothing
+		return nil
+	}
 	select {
 	case <-done:
 		return nil

@@ -153,3 +153,24 @@ func TestClientClose(t *testing.T) {
 		t.Fatal("a wait started after close opened a watch")
 	}
 }
+
+// A Close whose watches have stopped reports no error even when its
+// context has ended too (a select between two ready cases would pick
+// either); a client with no watch at all likewise.
+func TestClientCloseAfterTheEndWithAnEndedContext(t *testing.T) {
+	_, cli := etcdtest.StartOwn(t)
+	ended, cancel := context.WithCancel(context.Background())
+	cancel()
+	for i := range 100 {
+		c, err := NewClient(cli, etcdtest.Namespace(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Close(ended); err != nil {
+			t.Fatalf("try %d: close of a client with no watch: %v", i, err)
+		}
+		if err := c.Close(ended); err != nil {
+			t.Fatalf("try %d: a second close: %v", i, err)
+		}
+	}
+}

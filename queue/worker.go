@@ -296,16 +296,15 @@ func (w *Worker) Stats() WorkerStats {
 		HandedBack: w.handedBack.Load(), Fenced: w.fenced.Load(), InFlight: n}
 }
 
-// Close ends the worker's queue client (its shared watches, waited for
-// within ctx), then revokes the worker's own lease: any claim still held
-// is released at once. Call it after Run returns; it is safe to call
-// twice.
+// Close revokes the worker's own lease first (any claim still held is
+// released at once), then ends its queue client's shared watches, waited
+// for within ctx. Call it after Run returns; it is safe to call twice.
 func (w *Worker) Close(ctx context.Context) error {
-	err := w.client.Close(ctx)
+	var err error
 	if w.ownsLease {
-		err = errors.Join(err, w.lease.Close(ctx))
+		err = w.lease.Close(ctx)
 	}
-	return err
+	return errors.Join(err, w.client.Close(ctx))
 }
 
 // claimed is a task this worker holds.
