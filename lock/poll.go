@@ -10,15 +10,25 @@ import (
 // PollAcquire calls try until it takes the lock, fails other than by the
 // lock being held (a *HeldError), or ctx ends; between attempts it waits a
 // jittered backoff from 10 ms to 250 ms. It is Acquire for backends
-// without a way to wait in line (redislock, paxoslock).
+// without a way to wait in line (redislock, paxoslock). When ctx ends
+// after a try found the lock held, the error is that *HeldError (matching
+// ErrHeld) carrying ctx's error, even if ctx ended during a later try.
 func PollAcquire(ctx context.Context, name string, try func(context.Context, string) (Lock, error)) (Lock, error) {
 	backoff := 10 * time.Millisecond
+	var last *HeldError // what the last answered try said
 	for {
 		l, err := try(ctx, name)
 		var held *HeldError
 		if !errors.As(err, &held) {
+			if err != nil && last != nil && ctx.Err() != nil {
+				// ctx ended during a try: the lock was held when last
+				// asked, which says more than the try's cut-off request.
+				last.Err = ctx.Err()
+				return nil, last
+			}
 			return l, err
 		}
+		last = held
 		t := time.NewTimer(backoff/2 + time.Duration(rand.Int64N(int64(backoff))))
 		select {
 		case <-ctx.Done():
