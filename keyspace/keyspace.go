@@ -203,6 +203,12 @@ func (s Space) QueueDone(q, st string) string { return s.Queue(q) + "done/" + st
 // QueueCancel is the prefix of queue q's cancel requests, ending in "/".
 func (s Space) QueueCancel(q string) string { return s.Queue(q) + "cancel/" }
 
+// DeadTask is the key of task id in queue q's dead-letter queue.
+func (s Space) DeadTask(q, id string) string { return s.QueueDead(q) + id }
+
+// CancelTask is the key of the request to cancel task id of queue q.
+func (s Space) CancelTask(q, id string) string { return s.QueueCancel(q) + id }
+
 // QueueArchived is the key of queue q's counts of finished tasks that were
 // removed after their retention period.
 func (s Space) QueueArchived(q string) string { return s.Queue(q) + "archived" }

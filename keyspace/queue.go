@@ -266,6 +266,43 @@ func (s Space) Exit(q, seg string, slot int) string {
 // so that counting keys tells it from a slot that left unfinished.
 func (s Space) ExitDone(q, seg string, slot int) string { return s.Exit(q, seg, slot) + "-ok" }
 
+// Run is the key of run name of segment seg in queue q.
+func (s Space) Run(q, seg, name string) string { return s.Runs(q, seg) + name }
+
+// RunNameOf is the name (RunName) of run or try key key of a segment;
+// prefix is its s.Runs(q, seg) or s.Tries(q, seg), which callers reading
+// many keys compute once.
+func RunNameOf(prefix, key string) string { return strings.TrimPrefix(key, prefix) }
+
+// Try is the key of the try (a run's durable twin) named name of segment
+// seg in queue q.
+func (s Space) Try(q, seg, name string) string { return s.Tries(q, seg) + name }
+
+// Out is the key of outcome batch name (OutName) of segment seg in queue q.
+func (s Space) Out(q, seg, name string) string { return s.Outs(q, seg) + name }
+
+// RunOuts is the prefix of the outcome batches of segment seg in queue q
+// that the run with token token wrote.
+func (s Space) RunOuts(q, seg string, token int64) string {
+	return fmt.Sprintf("%s%019d-", s.Outs(q, seg), token)
+}
+
+// ParseExitKey is ParseExit of exit key key of segment seg in queue q.
+func (s Space) ParseExitKey(q, seg, key string) (slot int, done, ok bool) {
+	name, found := strings.CutPrefix(key, s.Exits(q, seg))
+	if !found {
+		return 0, false, false
+	}
+	return ParseExit(name)
+}
+
+// OpenSegmentName is the segment that key, a key of a queue's open
+// segments, names; ok is false for any other key. open is the queue's
+// s.SegmentsOpen(q), which callers reading many keys compute once.
+func OpenSegmentName(open, key string) (seg string, ok bool) {
+	return strings.CutPrefix(key, open)
+}
+
 func segPart(pre, seg string) string {
 	if seg == "" {
 		return pre

@@ -1,6 +1,7 @@
 package keyspace_test
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -131,5 +132,38 @@ func TestSegmentStateNamesRoundTrip(t *testing.T) {
 	}
 	if b := keyspace.SegmentBound("/p/", 500, at); b >= "/p/"+keyspace.SegmentName(500, at, "00000000") || b <= "/p/"+keyspace.SegmentName(500, at.Add(-1), "ffffffff") {
 		t.Fatalf("bound %s is not the first key of segments submitted at %s", b, at)
+	}
+}
+
+// The keys of a segment's runs, tries, outcomes and exits, and of a dead
+// or cancelled task, are built and read back here only.
+func TestSegmentRecordKeys(t *testing.T) {
+	t.Parallel()
+	s := keyspace.MustNew("ns")
+	name := keyspace.RunName(3, "w-1", 9)
+	if k := s.Run("q", "seg", name); k != s.Runs("q", "seg")+name || keyspace.RunNameOf(s.Runs("q", "seg"), k) != name {
+		t.Fatalf("run key %q does not give back %q", k, name)
+	}
+	if k := s.Try("q", "seg", name); k != s.Tries("q", "seg")+name || keyspace.RunNameOf(s.Tries("q", "seg"), k) != name {
+		t.Fatalf("try key %q does not give back %q", k, name)
+	}
+	out := keyspace.OutName(42, 2, 1, 7)
+	if k := s.Out("q", "seg", out); !strings.HasPrefix(k, s.RunOuts("q", "seg", 42)) || strings.HasPrefix(k, s.RunOuts("q", "seg", 4)) {
+		t.Fatalf("outcome %q is not under its run's prefix %q alone", k, s.RunOuts("q", "seg", 42))
+	}
+	if slot, done, ok := s.ParseExitKey("q", "seg", s.ExitDone("q", "seg", 7)); !ok || slot != 7 || !done {
+		t.Fatalf("exit key: slot %d done %v ok %v", slot, done, ok)
+	}
+	if _, _, ok := s.ParseExitKey("q", "other", s.Exit("q", "seg", 7)); ok {
+		t.Fatal("an exit of another segment parsed")
+	}
+	if seg, ok := keyspace.OpenSegmentName(s.SegmentsOpen("q"), s.SegmentOpen("q", "0001")); !ok || seg != "0001" {
+		t.Fatalf("open segment %q %v", seg, ok)
+	}
+	if _, ok := keyspace.OpenSegmentName(s.SegmentsOpen("q"), s.QueuePending("q")+"x"); ok {
+		t.Fatal("a pending key read as an open segment")
+	}
+	if s.DeadTask("q", "t1") != s.QueueDead("q")+"t1" || s.CancelTask("q", "t1") != s.QueueCancel("q")+"t1" {
+		t.Fatal("dead or cancel key off the layout")
 	}
 }

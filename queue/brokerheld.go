@@ -108,7 +108,7 @@ func (b *broker) heldInSegment(ctx context.Context, h Held, at keyspace.TaskPlac
 	t.Queue = q
 	t.Transitions = []Transition{{Status: Pending, At: t.Metadata.CreatedAt}}
 	t.Attempt, t.Token, t.CurrentStatus = attempt, h.Token, Running
-	run := &segRun{seg: seg, runKey: r.key, tryKey: c.keys.Tries(q, seg) + r.rest, token: r.token, claimedAt: r.v.ClaimedAt, v: r.v}
+	run := &segRun{seg: seg, runKey: r.key, tryKey: c.keys.Try(q, seg, r.rest), token: r.token, claimedAt: r.v.ClaimedAt, v: r.v}
 	// The run's outcome keys are told apart by a sequence number, which a
 	// Worker counts in memory; here, the clock's (writeOutcome lets no
 	// two outcomes of a run in at once).
@@ -151,7 +151,7 @@ func (w *Worker) writeOutcome(ctx context.Context, o outcome, st *segState) (ok 
 	}
 	// No other outcome of the run since st was read: it would have made
 	// this one the run's last, or be this one's twin.
-	ownOuts := w.keys.Outs(q, r.seg) + fmt.Sprintf("%019d-", r.token)
+	ownOuts := w.keys.RunOuts(q, r.seg, r.token)
 	cmps := append(reqs[0].cmps, clientv3.Compare(clientv3.ModRevision(ownOuts).WithPrefix(), "<", st.rev+1))
 	resp, err := w.cli.Txn(ctx).If(cmps...).Then(append(reqs[0].then, markerOps(markers)...)...).Commit()
 	if err != nil {

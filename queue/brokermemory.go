@@ -2,7 +2,7 @@ package queue
 
 import (
 	"context"
-	"strings"
+	"github.com/droverhq/drover/keyspace"
 	"sync"
 	"sync/atomic"
 
@@ -117,7 +117,7 @@ func (cc *claimCache) remember(runsPrefix func(seg string) string, q string, cla
 			cc.runs, cc.slots, cc.bytes = map[string]*cachedRun{}, map[heldKey]*cachedSlot{}, 0
 		}
 		cr := &cachedRun{q: q, seg: r.seg, lease: int64(l), last: r.last, rev: r.token, done: map[int]bool{},
-			ref: runRef{key: r.runKey, rest: strings.TrimPrefix(r.runKey, runsPrefix(r.seg)), token: r.token, v: r.v}}
+			ref: runRef{key: r.runKey, rest: keyspace.RunNameOf(runsPrefix(r.seg), r.runKey), token: r.token, v: r.v}}
 		for _, cl := range cls {
 			k := heldKey{q, cl.task.ID, r.token}
 			cr.ids = append(cr.ids, k)

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/droverhq/drover/internal/taskstore"
@@ -137,7 +136,7 @@ func (b *broker) readRuns(ctx context.Context, groups []*segGroup) error {
 
 // runOuts is the prefix of the outcome keys of the run with token tok.
 func runOuts(keys keyspace.Space, q, seg string, tok int64) string {
-	return keys.Outs(q, seg) + fmt.Sprintf("%019d-", tok)
+	return keys.RunOuts(q, seg, tok)
 }
 
 // tokens are the tokens g's outcomes name, in order, once each.
@@ -163,10 +162,10 @@ func (g *segGroup) parseRuns(c *Client, rev int64, rs []*pb.ResponseOp) {
 		if err != nil || len(v.Attempts) != len(v.Slots) {
 			continue
 		}
-		g.runs = append(g.runs, leasedRun{runRef{key: string(kv.Key), rest: strings.TrimPrefix(string(kv.Key), pre), token: kv.CreateRevision, v: v}, kv.Lease})
+		g.runs = append(g.runs, leasedRun{runRef{key: string(kv.Key), rest: keyspace.RunNameOf(pre, string(kv.Key)), token: kv.CreateRevision, v: v}, kv.Lease})
 	}
 	for _, kv := range rs[1].GetResponseRange().Kvs {
-		if s, _, ok := keyspace.ParseExit(strings.TrimPrefix(string(kv.Key), c.keys.Exits(g.q, g.seg))); ok {
+		if s, _, ok := c.keys.ParseExitKey(g.q, g.seg, string(kv.Key)); ok {
 			g.exits[s] = true
 		}
 	}
@@ -297,7 +296,7 @@ func (b *broker) groupTask(ctx context.Context, g *segGroup, slot int, id string
 // newRunWrite is the write of outcomes of run r of g.
 func (b *broker) newRunWrite(g *segGroup, r leasedRun) *runWrite {
 	c := b.client
-	run := &segRun{seg: g.seg, runKey: r.key, tryKey: c.keys.Tries(g.q, g.seg) + r.rest, token: r.token, claimedAt: r.v.ClaimedAt, v: r.v}
+	run := &segRun{seg: g.seg, runKey: r.key, tryKey: c.keys.Try(g.q, g.seg, r.rest), token: r.token, claimedAt: r.v.ClaimedAt, v: r.v}
 	// The run's outcome keys are told apart by a sequence number, which a
 	// Worker counts in memory; here, the clock's (the write lets no two
 	// outcomes of a run in at once).

@@ -224,7 +224,7 @@ func (c *Client) unchanged(t *Task, st Status) []clientv3.Cmp {
 	case Retrying:
 		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(c.retryKey(t)), ">", 0))
 	case Dead:
-		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(c.keys.QueueDead(t.Queue)+t.ID), ">", 0))
+		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(c.keys.DeadTask(t.Queue, t.ID)), ">", 0))
 	}
 	return cmps
 }
@@ -253,7 +253,7 @@ func (c *Client) Requeue(ctx context.Context, q string, ids []string, progress f
 		t.CurrentStatus, t.RetriesAttempted, t.Attempt, t.Token = Pending, 0, 0, 0
 		t.Transitions = appendTransition(t.Transitions, Transition{Status: Pending, At: now, Error: "requeued from the dead-letter queue"})
 		rec, _ := json.Marshal(t)
-		return []clientv3.Op{clientv3.OpDelete(c.keys.QueueDead(q) + t.ID), clientv3.OpPut(c.keys.TaskRecord(t.ID), string(rec)), clientv3.OpPut(c.pendingKey(t), encodePending(0, false))},
+		return []clientv3.Op{clientv3.OpDelete(c.keys.DeadTask(q, t.ID)), clientv3.OpPut(c.keys.TaskRecord(t.ID), string(rec)), clientv3.OpPut(c.pendingKey(t), encodePending(0, false))},
 			len(rec), c.levelKey(q, levelOf(t.Metadata.Priority))
 	})
 }
@@ -304,7 +304,7 @@ func (c *Client) Purge(ctx context.Context, q string, st Status, ids []string, p
 		case Retrying:
 			ops = append(ops, clientv3.OpDelete(c.retryKey(t)), clientv3.OpDelete(c.pendingKey(t)))
 		case Dead:
-			ops = append(ops, clientv3.OpDelete(c.keys.QueueDead(q)+t.ID))
+			ops = append(ops, clientv3.OpDelete(c.keys.DeadTask(q, t.ID)))
 		case Succeeded, Cancelled:
 			ops = append(ops, clientv3.OpDelete(c.doneKey(q, st, t.finishedAt(), t.ID)))
 		}

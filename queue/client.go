@@ -262,7 +262,7 @@ func (c *Client) Cancel(ctx context.Context, id string) (*Task, error) {
 			if err != nil {
 				return nil, fmt.Errorf("queue: cancel %s: %w", id, err)
 			}
-			ops = append(ops, clientv3.OpPut(c.keys.QueueCancel(t.Queue)+id, "", clientv3.WithLease(l.ID)))
+			ops = append(ops, clientv3.OpPut(c.keys.CancelTask(t.Queue, id), "", clientv3.WithLease(l.ID)))
 		}
 		// Nothing may have changed since the read that decided all this:
 		// not the record (an outcome rewrites it), not the pending key (a

@@ -322,7 +322,7 @@ func (w *Worker) recordOps(o outcome, now time.Time, markers map[string]bool) ([
 		ops = append(ops, clientv3.OpPut(w.client.retryKey(t), string(rv)))
 	case Dead:
 		t.CurrentStatus, t.RetriesAttempted, t.LastError = Dead, t.Attempt-1, truncate(o.err.Error(), 4096)
-		ops = append(ops, clientv3.OpPut(w.keys.QueueDead(t.Queue)+t.ID, ""))
+		ops = append(ops, clientv3.OpPut(w.keys.DeadTask(t.Queue, t.ID), ""))
 	}
 	tr := Transition{Status: t.CurrentStatus, At: now, Attempt: t.Attempt, Worker: w.worker}
 	if o.err != nil {
@@ -378,7 +378,7 @@ func (w *Worker) runReqs(r *segRun, os []outcome, final, exact bool, now time.Ti
 		}
 		if len(ok)+len(moved) > 0 {
 			v := outValue{Worker: w.worker, Token: r.token, ClaimedAt: r.claimedAt, FinishedAt: now, OK: ok, Moved: moved}.Encode()
-			then = append(then, clientv3.OpPut(w.keys.Outs(q, r.seg)+keyspace.OutName(r.token, len(ok), len(moved), r.outSeq.Add(1)), string(v)))
+			then = append(then, clientv3.OpPut(w.keys.Out(q, r.seg, keyspace.OutName(r.token, len(ok), len(moved), r.outSeq.Add(1))), string(v)))
 			size += len(v)
 		}
 		then = append(then, ops...)

@@ -435,9 +435,9 @@ func (w *claimer) wakes(events []*clientv3.Event, anyClaimDelete bool) bool {
 	open := w.keys.SegmentsOpen(q)
 	for _, ev := range events {
 		k := string(ev.Kv.Key)
-		if ev.Type == clientv3.EventTypePut && ev.IsCreate() && strings.HasPrefix(k, open) {
+		if seg, ok := keyspace.OpenSegmentName(open, k); ok && ev.Type == clientv3.EventTypePut && ev.IsCreate() {
 			w.levelMu.Lock()
-			w.window.created(k[len(open):])
+			w.window.created(seg)
 			w.levelMu.Unlock()
 		}
 		if ev.Type == clientv3.EventTypeDelete && strings.HasPrefix(k, pre) {

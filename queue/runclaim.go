@@ -52,7 +52,7 @@ func (w *claimer) prepareRun(st *segState, ts []Task, pick []int, last bool) *ru
 	rv := v.Encode()
 	name := keyspace.RunName(len(pick), w.runID, w.runSeq.Add(1))
 	rc := &runClaim{w: w, st: st, ts: ts, pick: pick, last: last, v: v, rv: rv, now: now,
-		runKey: w.keys.Runs(q, seg) + name, tryKey: w.keys.Tries(q, seg) + name}
+		runKey: w.keys.Run(q, seg, name), tryKey: w.keys.Try(q, seg, name)}
 	rc.cmps = []clientv3.Cmp{
 		clientv3.Compare(clientv3.ModRevision(w.keys.Runs(q, seg)).WithPrefix(), "<", st.rev+1),
 		// A run made since and already ended (its lease gone) leaves

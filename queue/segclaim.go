@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"slices"
 	"sort"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -341,7 +340,7 @@ func (s *segState) after(r *segRun, runs string, pick []int) *segState {
 	next := *s
 	next.ok = s.okSlots()
 	next.rev = r.token
-	ref := runRef{key: r.runKey, rest: strings.TrimPrefix(r.runKey, runs), token: r.token, v: r.v}
+	ref := runRef{key: r.runKey, rest: keyspace.RunNameOf(runs, r.runKey), token: r.token, v: r.v}
 	next.runs = append(slices.Clip(s.runs), ref)
 	gone := s.coveredTries(pick)
 	next.tries = make([]runRef, 0, len(s.tries)+1)

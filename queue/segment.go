@@ -197,7 +197,7 @@ func (c *Client) parseState(q, seg string, rev int64, rs []*pb.ResponseOp) *segS
 		}
 	}
 	for _, kv := range rs[4].GetResponseRange().Kvs {
-		if s, done, ok := keyspace.ParseExit(strings.TrimPrefix(string(kv.Key), c.keys.Exits(q, seg))); ok {
+		if s, done, ok := c.keys.ParseExitKey(q, seg, string(kv.Key)); ok {
 			st.exits[s] = true
 			if done {
 				st.purgedOK++
