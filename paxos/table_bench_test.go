@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"runtime"
 	"testing"
+	"time"
 )
 
 // benchTable is a table that remembers n acquisitions, as a busy group's
@@ -37,4 +38,43 @@ func BenchmarkTableMemory(b *testing.B) {
 	}
 	b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/n, "heap-bytes/result")
 	runtime.KeepAlive(tb)
+}
+
+func BenchmarkTableApply(b *testing.B) {
+	tb := NewTable(time.Second)
+	var slot uint64
+	now := int64(1_000_000)
+	b.ReportAllocs()
+	for b.Loop() {
+		slot++
+		now++
+		lock := fmt.Sprintf("lock-%d", slot%1024)
+		r := tb.Apply(slot, Command{Op: OpAcquire, ID: fmt.Sprintf("a%d", slot), Lock: lock, Owner: "o", Time: now, TTL: 50})
+		if r.Code == CodeOK {
+			slot++
+			tb.Apply(slot, Command{Op: OpRelease, ID: fmt.Sprintf("r%d", slot), Lock: lock, Owner: "o", Token: r.Lock.Token, Time: now})
+		}
+	}
+}
+
+// BenchmarkTableSnapshot encodes a table holding n remembered results
+// (840,000 is five minutes of 2,800 writes a second) and reports the
+// snapshot's size.
+//
+//	go test ./paxos -run '^$' -bench BenchmarkTableSnapshot -benchtime 5x
+func BenchmarkTableSnapshot(b *testing.B) {
+	for _, n := range []int{20_000, 840_000} {
+		b.Run(fmt.Sprint(n), func(b *testing.B) {
+			tb := benchTable(n)
+			var size int
+			for b.Loop() {
+				data, err := tb.Snapshot()
+				if err != nil {
+					b.Fatal(err)
+				}
+				size = len(data)
+			}
+			b.ReportMetric(float64(size), "bytes")
+		})
+	}
 }
