@@ -1,10 +1,12 @@
 package chaos
 
 import (
+	"bytes"
 	"errors"
 	"io"
 	"os"
 	"os/exec"
+	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -87,4 +89,33 @@ func (p *process) wait(d time.Duration) bool {
 	case <-t.C:
 		return false
 	}
+}
+
+// waitStopped waits, at most 5 s, until the kernel shows the process
+// stopped (state T in /proc/PID/stat) after a SIGSTOP: the signal's
+// return does not mean the process has stopped, and it may log and write
+// for a few milliseconds more. It reports whether the stop was seen.
+func (p *process) waitStopped() bool {
+	for range 5000 {
+		if stoppedState(p.pid) {
+			return true
+		}
+		if p.exited() {
+			return false
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return false
+}
+
+// stoppedState reports whether /proc/PID/stat shows pid stopped.
+func stoppedState(pid int) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	// pid (comm) state ...: comm may hold spaces and parentheses, so the
+	// state is the field after the last ')'.
+	i := bytes.LastIndexByte(b, ')')
+	return i >= 0 && i+2 < len(b) && (b[i+2] == 'T' || b[i+2] == 't')
 }

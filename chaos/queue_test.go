@@ -299,6 +299,11 @@ func (r *queueRun) pauseWorker() bool {
 	if w == nil || w.signal(syscall.SIGSTOP) != nil {
 		return false
 	}
+	// The pause starts when the kernel has stopped the worker: what it
+	// wrote before then, under a lease still valid, is not late.
+	if !w.waitStopped() {
+		r.t.Logf("worker %d: not seen stopped within 5 s of its SIGSTOP; its pause counts from now", w.pid)
+	}
 	w.paused = time.Now()
 	r.paused, r.resumeAt = w, w.paused.Add(r.cfg.ttl+1500*time.Millisecond)
 	return true
