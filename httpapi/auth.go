@@ -184,6 +184,11 @@ func roleOf(op *huma.Operation) Role {
 // document).
 func public(op *huma.Operation) bool { b, _ := op.Metadata["public"].(bool); return b }
 
+// anyNamespace marks a route every valid token may call whatever namespace
+// the request names (GET /v1/whoami: how a client finds the namespaces its
+// token may use).
+func anyNamespace(op *huma.Operation) bool { b, _ := op.Metadata["anyNamespace"].(bool); return b }
+
 // authorize resolves the request's namespace and, with auth on, its token:
 // no or an unknown token gets 401, a token outside its namespace or role
 // 403. Tokens are never logged.
@@ -213,7 +218,7 @@ func (s *Server) authorize(ctx huma.Context, next func(huma.Context)) {
 			s.writeProblem(ctx, p)
 			return
 		}
-		if !e.allows(ns) && validNamespace(ns) {
+		if !e.allows(ns) && validNamespace(ns) && !anyNamespace(op) {
 			s.writeProblem(ctx, newProblem(http.StatusForbidden, "forbidden",
 				fmt.Sprintf("token %q may not use namespace %q; send %s with one of its namespaces (%s)", e.name, ns, NamespaceHeader, strings.Join(e.namespaces, ", "))))
 			return

@@ -24,13 +24,15 @@ type QueueSummary struct {
 	FIFO      bool   `json:"fifo" doc:"Whether tasks of equal priority are claimed exactly in submission order."`
 }
 
-// Whoami is what the request's token may do.
+// Whoami is what the request's token may do, and where.
 type Whoami struct {
 	Auth       bool     `json:"auth" doc:"Whether the server requires a token; without, every request may do everything."`
 	Name       string   `json:"name" doc:"The token's name in the auth file (anonymous without auth)."`
 	Role       string   `json:"role" enum:"read,write,admin" doc:"What the token may do: read; write (also change data); admin (also change settings and purge)."`
 	Namespace  string   `json:"namespace" doc:"The namespace of the request: its Drover-Namespace header, else the server's."`
-	Namespaces []string `json:"namespaces" doc:"The namespaces the token may use; * is every one."`
+	Allowed    bool     `json:"allowed" doc:"Whether the token may use the request's namespace (whoami answers either way; every other route answers 403 when not)."`
+	Default    string   `json:"default_namespace" doc:"The server's namespace (--namespace): the one of a request without Drover-Namespace."`
+	Namespaces []string `json:"namespaces" doc:"The namespaces the token may use, as its auth file lists them; [\"*\"] is every one (and always without auth)."`
 }
 
 // ComponentBody is a registered component with its live endpoints.
@@ -66,8 +68,10 @@ func (s *Server) dashboardRoutes() {
 	huma.Register(s.api, huma.Operation{
 		OperationID: "whoami", Method: http.MethodGet, Path: "/v1/whoami", Tags: tags,
 		Summary: "What the request's token may do: its name, role and namespaces",
-		Description: "401 without a valid token when the server requires one: the dashboard asks it to find out whether to " +
-			"show its login.",
+		Description: "Answers any valid token, whatever namespace the request names (`allowed` says whether the token may use it), " +
+			"so a client can find the namespaces it may use. 401 without a valid token when the server requires one: the dashboard " +
+			"asks it to find out whether to show its login, and where to start.",
+		Metadata: map[string]any{"anyNamespace": true},
 	}, s.whoami)
 	s.waiterRoutes()
 	s.paxosRoutes()
@@ -117,12 +121,13 @@ func (s *Server) listComponents(ctx context.Context, _ *struct{}) (*struct{ Body
 }
 
 func (s *Server) whoami(ctx context.Context, in *whoamiInput) (*struct{ Body Whoami }, error) {
-	out := Whoami{Name: whoOf(ctx), Role: RoleAdmin.String(), Namespace: s.nsOf(ctx), Namespaces: []string{"*"}}
+	ns := s.nsOf(ctx)
+	out := Whoami{Name: whoOf(ctx), Role: RoleAdmin.String(), Namespace: ns, Allowed: true, Default: s.cfg.Namespace, Namespaces: []string{"*"}}
 	if s.cfg.Auth != nil {
 		// authorize let the request through: its token is one of the file's.
 		_, token, _ := strings.Cut(in.Authorization, " ")
 		e, _ := s.cfg.Auth.match(strings.TrimSpace(token))
-		out.Auth, out.Role, out.Namespaces = true, e.role.String(), e.namespaces
+		out.Auth, out.Role, out.Namespaces, out.Allowed = true, e.role.String(), e.namespaces, e.allows(ns)
 	}
 	return &struct{ Body Whoami }{out}, nil
 }

@@ -6,6 +6,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync"
@@ -55,7 +56,7 @@ func TestDashboardWhoami(t *testing.T) {
 	t.Parallel()
 	a := newAPI(t)
 	r := a.do("GET", "/v1/whoami", nil).want(t, 200)
-	if r.JSON["auth"] != false || r.str("role") != "admin" || r.str("namespace") != a.ns {
+	if r.JSON["auth"] != false || r.str("role") != "admin" || r.str("namespace") != a.ns || r.JSON["allowed"] != true || r.str("default_namespace") != a.ns {
 		t.Fatalf("whoami without auth: %s", r.Raw)
 	}
 	b := authAPI(t)
@@ -72,6 +73,44 @@ func TestDashboardWhoami(t *testing.T) {
 	if r = b.do("GET", "/v1/whoami", nil).want(t, 200); r.str("role") != "admin" {
 		t.Fatalf("whoami of the admin token: %s", r.Raw)
 	}
+}
+
+// TestDashboardWhoamiScopedToken: whoami answers a token limited to other
+// namespaces whatever namespace the request names, saying whether the token
+// may use it and which it may use; every other route still answers 403
+// there, and whoami still wants a valid token.
+func TestDashboardWhoamiScopedToken(t *testing.T) {
+	t.Parallel()
+	const agentsTok = "agents-token-0123456789"
+	a := newAPI(t, func(c *httpapi.Config) {
+		auth, err := httpapi.NewAuth([]httpapi.AuthEntry{{Name: "agents", Token: agentsTok, Namespaces: []string{"team-a", "team-b"}, Role: "write"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Auth = auth
+	})
+	a.token = agentsTok
+	for _, tc := range []struct {
+		ns      string
+		allowed bool
+	}{{a.ns, false}, {"team-a", true}, {"team-b", true}, {"team-c", false}} {
+		r := a.do("GET", "/v1/whoami", nil, httpapi.NamespaceHeader+": "+tc.ns).want(t, 200)
+		var me httpapi.Whoami
+		if err := json.Unmarshal(r.Raw, &me); err != nil {
+			t.Fatal(err)
+		}
+		want := httpapi.Whoami{Auth: true, Name: "agents", Role: "write", Namespace: tc.ns, Allowed: tc.allowed, Default: a.ns,
+			Namespaces: []string{"team-a", "team-b"}}
+		if !reflect.DeepEqual(me, want) {
+			t.Errorf("whoami in %s: %+v, want %+v", tc.ns, me, want)
+		}
+	}
+	a.do("GET", "/v1/queues", nil).problem(t, 403)
+	a.do("GET", "/v1/whoami", nil, httpapi.NamespaceHeader+": not a namespace").problem(t, 400)
+	a.token = "not-a-token-of-this-server"
+	a.do("GET", "/v1/whoami", nil, httpapi.NamespaceHeader+": team-a").problem(t, 401)
+	a.token = ""
+	a.do("GET", "/v1/whoami", nil, httpapi.NamespaceHeader+": team-a").problem(t, 401)
 }
 
 // TestDashboardComponents: GET /v1/registry lists every component with its
