@@ -34,8 +34,10 @@ type site struct {
 	base  string // http://127.0.0.1:port
 	ns    string
 	token string // sent as a bearer token when set
+	space string // sent as Drover-Namespace when set
 	hc    *http.Client
 	cli   *clientv3.Client
+	stop  func() // stops the server (again at the test's end: once)
 }
 
 // newSite starts a server on the shared etcd; edit changes its config.
@@ -57,18 +59,22 @@ func newSite(t *testing.T, edit ...func(*httpapi.Config)) *site {
 	done := make(chan error, 1)
 	go func() { done <- s.Serve(l, "", "") }()
 	hc := &http.Client{Timeout: 30 * time.Second}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := s.Close(ctx); err != nil {
-			t.Error(err)
-		}
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-		hc.CloseIdleConnections()
-	})
-	return &site{t: t, base: "http://" + l.Addr().String(), ns: cfg.Namespace, hc: hc, cli: cfg.Etcd}
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if err := s.Close(ctx); err != nil {
+				t.Error(err)
+			}
+			if err := <-done; err != nil {
+				t.Error(err)
+			}
+			hc.CloseIdleConnections()
+		})
+	}
+	t.Cleanup(stop)
+	return &site{t: t, base: "http://" + l.Addr().String(), ns: cfg.Namespace, hc: hc, cli: cfg.Etcd, stop: stop}
 }
 
 // do sends method path with body as JSON and decodes the answer into a
@@ -90,6 +96,9 @@ func (s *site) do(method, path string, body any, want int) map[string]any {
 	req.Header.Set("Content-Type", "application/json")
 	if s.token != "" {
 		req.Header.Set("Authorization", "Bearer "+s.token)
+	}
+	if s.space != "" {
+		req.Header.Set(httpapi.NamespaceHeader, s.space)
 	}
 	r, err := s.hc.Do(req)
 	if err != nil {

@@ -2,7 +2,7 @@
 // (GET /v1/events) and the hash router that mounts one page at a time.
 
 import { api, follow, onUnauthorized, session } from "./api.js";
-import { h, replace, errorBox, errorText } from "./dom.js";
+import { h, replace, errorBox, errorText, toast } from "./dom.js";
 import * as overview from "./overview.js";
 import * as queuePage from "./queue.js";
 import * as taskPage from "./task.js";
@@ -12,9 +12,9 @@ import * as flow from "./flow.js";
 import * as paxos from "./paxos.js";
 import * as login from "./login.js";
 
-// state is what every page may read: the token's role, the namespace, and
-// the latest queue counts from the stream.
-const state = { role: "", name: "", auth: false, namespace: "", queues: null, ready: false };
+// state is what every page may read: the token's role, the namespace (and
+// those the token may use), and the latest queue counts from the stream.
+const state = { role: "", name: "", auth: false, namespace: "", namespaces: [], defaultNamespace: "", queues: null, ready: false };
 
 const main = document.getElementById("main");
 let current = null; // the mounted page's controller
@@ -156,34 +156,109 @@ function showLogin(message) {
   login.mount({ main, message, onToken: start });
 }
 
-// start asks the server who the token is, then shows the pages; a 401
-// shows the login instead, and nothing else is read.
+// mayUse reports whether the token whoami described may use namespace ns.
+function mayUse(me, ns) {
+  return !me.auth || me.namespaces.includes("*") || me.namespaces.includes(ns);
+}
+
+// pickNamespace is where the dashboard starts: the namespace asked for (the
+// tab's, else the server's) if the token may use it, else the server's if
+// it may, else the first the token lists.
+function pickNamespace(me) {
+  if (me.allowed !== false && mayUse(me, me.namespace)) return me.namespace;
+  if (mayUse(me, me.default_namespace)) return me.default_namespace;
+  return me.namespaces.find((ns) => ns !== "*") || me.default_namespace;
+}
+
+// showSession fills the header: the namespace (a free field when the token
+// may use any, else a choice among its own), the token, and Log out.
+function showSession(me) {
+  const any = !me.auth || me.namespaces.includes("*");
+  const input = document.getElementById("ns");
+  const pick = document.getElementById("ns-pick");
+  input.hidden = !any;
+  pick.hidden = any;
+  document.getElementById("ns-label").htmlFor = any ? "ns" : "ns-pick";
+  input.placeholder = state.defaultNamespace;
+  input.value = state.namespace === state.defaultNamespace ? "" : state.namespace;
+  replace(pick, me.namespaces.map((ns) => h("option", { value: ns, selected: ns === state.namespace }, ns)));
+  document.getElementById("ns-form").hidden = false;
+  document.getElementById("who").textContent = me.auth ? me.name + " (" + me.role + ")" : "no auth";
+  document.getElementById("logout").hidden = !me.auth;
+  document.getElementById("session").hidden = false;
+  document.getElementById("nav").hidden = false;
+  document.getElementById("menu-toggle").hidden = false;
+}
+
+// showStartError says why whoami did not answer, with every way on: try
+// again, back to the server's namespace, log out.
+function showStartError(e) {
+  stopEvents();
+  unmount();
+  const token = session.token() !== "";
+  document.getElementById("ns-form").hidden = true;
+  document.getElementById("who").textContent = "";
+  document.getElementById("logout").hidden = !token;
+  document.getElementById("session").hidden = !token;
+  setLive(false, errorText(e));
+  replace(main, h("section", { class: "panel", id: "start-error" }, h("h1", {}, "drover"), errorBox(e), h("div", { class: "actions" },
+    h("button", { type: "button", "data-act": "retry", onclick: start }, "Try again"),
+    session.namespace() && h("button", { type: "button", class: "secondary", "data-act": "default-namespace", onclick: () => switchNamespace("") }, "Use the server's namespace"),
+    token && h("button", { type: "button", class: "secondary", "data-act": "logout", onclick: logout }, "Log out"))));
+}
+
+let starts = 0; // bumped at every start: an answer to an older one is dropped
+
+// start asks the server who the token is, then shows the pages in a
+// namespace the token may use; a 401 shows the login instead, and nothing
+// else is read.
 async function start() {
+  const mine = ++starts;
   state.ready = false;
   let me;
   try {
     me = await api("GET", "/v1/whoami");
   } catch (e) {
+    if (mine !== starts) return;
     if (e.status === 401) {
       const had = session.token() !== "";
       session.setToken("");
       showLogin(had ? "The server does not accept this token." : "");
       return;
     }
-    replace(main, h("h1", {}, "drover"), errorBox(e), h("button", { type: "button", onclick: start }, "Try again"));
+    const asked = session.namespace();
+    if (e.status === 400 && asked) { // the tab's namespace is not a namespace name
+      session.setNamespace("");
+      toast(errorText(e), true);
+      start();
+      return;
+    }
+    showStartError(e);
     return;
   }
-  Object.assign(state, { role: me.role, name: me.name, auth: me.auth, namespace: me.namespace, ready: true });
-  document.getElementById("session").hidden = false;
-  document.getElementById("nav").hidden = false;
-  document.getElementById("menu-toggle").hidden = false;
-  document.getElementById("ns").placeholder = me.namespace;
-  document.getElementById("ns").value = session.namespace();
-  document.getElementById("who").textContent = me.auth ? me.name + " (" + me.role + ")" : "no auth";
-  document.getElementById("logout").hidden = !me.auth;
+  if (mine !== starts) return;
+  const ns = pickNamespace(me);
+  if (ns !== me.namespace) toast("Token \"" + me.name + "\" may not use namespace \"" + me.namespace + "\": showing \"" + ns + "\".", true);
+  session.setNamespace(ns === me.default_namespace ? "" : ns);
+  Object.assign(state, { role: me.role, name: me.name, auth: me.auth, namespace: ns, namespaces: me.namespaces,
+    defaultNamespace: me.default_namespace, ready: true });
+  showSession(me);
   setLive(false, "connecting");
   startEvents();
   route();
+}
+
+// switchNamespace shows namespace ns ("" or the server's: the server's).
+function switchNamespace(ns) {
+  session.setNamespace(ns === state.defaultNamespace ? "" : ns);
+  state.queues = null;
+  start();
+}
+
+function logout() {
+  session.setToken("");
+  session.setNamespace("");
+  showLogin("Logged out.");
 }
 
 onUnauthorized(() => {
@@ -203,14 +278,15 @@ document.getElementById("menu-toggle").addEventListener("click", () => {
 
 document.getElementById("ns-form").addEventListener("submit", (e) => {
   e.preventDefault();
-  session.setNamespace(document.getElementById("ns").value.trim());
-  state.queues = null;
-  start();
+  switchNamespace(document.getElementById("ns").value.trim());
 });
 
-document.getElementById("logout").addEventListener("click", () => {
-  session.setToken("");
-  showLogin("Logged out.");
-});
+document.getElementById("ns-pick").addEventListener("change", (e) => switchNamespace(e.target.value));
+
+document.getElementById("logout").addEventListener("click", logout);
+
+// A page's 403 offers these two ways out (dom.js errorBox).
+document.addEventListener("drover:allowed-namespace", () => start());
+document.addEventListener("drover:logout", logout);
 
 start();

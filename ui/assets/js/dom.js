@@ -147,8 +147,16 @@ export function errorText(err) {
   return err.message || String(err);
 }
 
+// errorBox shows an API error where a page's data would be. A 403 comes
+// with a way out: back to a namespace the token may use, or log out (the
+// shell, app.js, listens for these two events).
 export function errorBox(err) {
-  return h("p", { class: "error", role: "alert" }, errorText(err));
+  const p = h("p", { class: "error", role: "alert" }, errorText(err));
+  if (!err || err.status !== 403) return p;
+  const ask = (name) => () => document.dispatchEvent(new CustomEvent(name));
+  return h("div", { class: "way-out" }, p, h("div", { class: "actions" },
+    h("button", { type: "button", class: "secondary", "data-act": "allowed-namespace", onclick: ask("drover:allowed-namespace") }, "Go to a namespace this token may use"),
+    h("button", { type: "button", class: "secondary", "data-act": "logout", onclick: ask("drover:logout") }, "Log out")));
 }
 
 // can reports whether the logged-in token has at least role need.

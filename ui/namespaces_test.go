@@ -1,0 +1,132 @@
+package ui_test
+
+import (
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/chromedp/chromedp"
+	"github.com/droverhq/drover/httpapi"
+)
+
+const agentsToken = "ui-agents-token-0123456789"
+
+// scopedSite is a server with auth whose token "agents" may use two
+// namespaces, neither of them the server's own; "ops" may use every one.
+// Each of the three namespaces holds a queue named after it.
+func scopedSite(t *testing.T) (s *site, teamA, teamB string) {
+	t.Helper()
+	s = newSite(t, func(c *httpapi.Config) {
+		teamA, teamB = c.Namespace+"-team-a", c.Namespace+"-team-b"
+		auth, err := httpapi.NewAuth([]httpapi.AuthEntry{
+			{Name: "agents", Token: agentsToken, Namespaces: []string{teamA, teamB}, Role: "write"},
+			{Name: "ops", Token: adminToken, Namespaces: []string{"*"}, Role: "admin"},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Auth = auth
+	})
+	s.token = adminToken
+	s.submit("server-queue", "s1")
+	s.space = teamA
+	s.submit("team-a-queue", "a1")
+	s.space = teamB
+	s.submit("team-b-queue", "b1")
+	s.space = ""
+	return s, teamA, teamB
+}
+
+// queueShown is a script true once the overview shows queue q's row.
+func queueShown(q string) string { return `!!document.querySelector('tr[data-queue="` + q + `"]')` }
+
+// pickNamespace chooses ns in the header's namespace choice.
+func (tb *tab) pickNamespace(ns string) {
+	tb.t.Helper()
+	tb.do("choose namespace "+ns, chromedp.Evaluate[chromedp.Void](`(() => { const s = document.getElementById("ns-pick"); s.value = `+
+		strconv.Quote(ns)+`; s.dispatchEvent(new Event("change")); })()`))
+}
+
+// TestUIScopedTokenLandsInItsNamespace: a token that may not use the
+// server's namespace logs in and lands in the first it may use, sees its
+// data, keeps working after a reload, switches among its namespaces only,
+// and logs out.
+func TestUIScopedTokenLandsInItsNamespace(t *testing.T) {
+	s, teamA, teamB := scopedSite(t)
+	tb := newTab(t)
+	tb.do("open the dashboard", chromedp.Navigate(s.base+"/ui/"))
+	tb.waitJS("the login", `!!document.querySelector("form#login input#token")`)
+	tb.do("log in", chromedp.SendKeys(chromedp.CSS("#token"), agentsToken), chromedp.Click(chromedp.CSS(`form#login button[type="submit"]`)))
+	tb.waitJS("the team's queue", queueShown("team-a-queue"))
+	check := func(when, ns, other string) {
+		t.Helper()
+		text := eval[string](tb, `document.getElementById("main").innerText`)
+		if strings.Contains(text, "Not allowed") || strings.Contains(text, other) || strings.Contains(text, "server-queue") {
+			t.Fatalf("%s: the page shows another namespace's data or an error:\n%s", when, text)
+		}
+		if got := eval[string](tb, `sessionStorage.getItem("drover.namespace")`); got != ns {
+			t.Errorf("%s: the tab's namespace is %q, want %q", when, got, ns)
+		}
+		if got := eval[string](tb, `document.getElementById("ns-pick").value`); got != ns {
+			t.Errorf("%s: the namespace choice shows %q, want %q", when, got, ns)
+		}
+		if got := eval[[]string](tb, `[...document.querySelectorAll("#ns-pick option")].map((o) => o.value)`); len(got) != 2 || got[0] != teamA || got[1] != teamB {
+			t.Errorf("%s: the namespace choice offers %q, want the token's two", when, got)
+		}
+		if !eval[bool](tb, `!document.getElementById("session").hidden && !document.getElementById("logout").hidden && !document.getElementById("ns-pick").hidden`) {
+			t.Errorf("%s: the header hides the namespace choice or Log out", when)
+		}
+	}
+	check("after the login", teamA, "team-b-queue")
+
+	tb.do("reload", chromedp.Reload())
+	tb.waitJS("the team's queue after a reload", queueShown("team-a-queue"))
+	check("after a reload", teamA, "team-b-queue")
+
+	tb.pickNamespace(teamB)
+	tb.waitJS("the other team's queue", queueShown("team-b-queue")+` && !`+queueShown("team-a-queue"))
+	check("after the switch", teamB, "team-a-queue")
+
+	tb.click("#logout")
+	tb.waitJS("the login after Log out", `!!document.querySelector("form#login input#token") && document.getElementById("session").hidden`)
+	if got := eval[string](tb, `sessionStorage.getItem("drover.token") || ""`); got != "" {
+		t.Fatal("the token is still kept after Log out")
+	}
+	tb.noConsoleErrors()
+}
+
+// TestUIForbiddenNamespaceWayOut: a page answered 403 for its namespace
+// offers a way back to a namespace the token may use and Log out; when the
+// server does not answer at all, the page still offers Log out, which works.
+func TestUIForbiddenNamespaceWayOut(t *testing.T) {
+	s, teamA, _ := scopedSite(t)
+	tb := newTab(t)
+	tb.do("open the dashboard", chromedp.Navigate(s.base+"/ui/"))
+	tb.waitJS("the login", `!!document.querySelector("form#login input#token")`)
+	tb.do("log in", chromedp.SendKeys(chromedp.CSS("#token"), agentsToken), chromedp.Click(chromedp.CSS(`form#login button[type="submit"]`)))
+	tb.waitJS("the team's queue", queueShown("team-a-queue"))
+
+	// The tab's namespace turns into one the token may not use (as when the
+	// auth file changes under an open tab).
+	tb.do("leave the token's namespaces", chromedp.Evaluate[chromedp.Void](`sessionStorage.setItem("drover.namespace", `+strconv.Quote(s.ns)+`); location.hash = "#/locks"`))
+	tb.waitJS("the 403", `(document.querySelector("#locks [role=alert]")?.textContent || "").includes("may not use namespace")`)
+	if !eval[bool](tb, `!!document.querySelector('#locks button[data-act="logout"]') && !document.getElementById("logout").hidden`) {
+		t.Fatal("the 403 offers no Log out")
+	}
+	tb.click(`#locks button[data-act="allowed-namespace"]`)
+	tb.waitJS("the locks of an allowed namespace", `sessionStorage.getItem("drover.namespace") === `+strconv.Quote(teamA)+
+		` && !!document.querySelector("#locks .empty") && !document.querySelector("#main [role=alert]")`)
+
+	s.stop()
+	tb.pickNamespace(teamA)
+	tb.waitJS("the error without a server", `!!document.querySelector("#start-error [role=alert]")`)
+	if !eval[bool](tb, `!!document.querySelector('#start-error button[data-act="logout"]') && !document.getElementById("logout").hidden && !document.getElementById("session").hidden`) {
+		t.Fatal("the error page offers no Log out")
+	}
+	tb.click(`#start-error button[data-act="logout"]`)
+	tb.waitJS("the login after Log out", `!!document.querySelector("form#login input#token")`)
+	if got := eval[string](tb, `sessionStorage.getItem("drover.token") || ""`); got != "" {
+		t.Fatal("the token is still kept after Log out")
+	}
+	tb.noConsoleErrors()
+}
