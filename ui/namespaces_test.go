@@ -96,7 +96,8 @@ func TestUIScopedTokenLandsInItsNamespace(t *testing.T) {
 }
 
 // TestUIForbiddenNamespaceWayOut: a page answered 403 for its namespace
-// offers a way back to a namespace the token may use and Log out; when the
+// offers a way back to a namespace the token may use and Log out; a tab's
+// namespace that is no name at all is left for an allowed one; when the
 // server does not answer at all, the page still offers Log out, which works.
 func TestUIForbiddenNamespaceWayOut(t *testing.T) {
 	s, teamA, _ := scopedSite(t)
@@ -115,6 +116,12 @@ func TestUIForbiddenNamespaceWayOut(t *testing.T) {
 	}
 	tb.click(`#locks button[data-act="allowed-namespace"]`)
 	tb.waitJS("the locks of an allowed namespace", `sessionStorage.getItem("drover.namespace") === `+strconv.Quote(teamA)+
+		` && !!document.querySelector("#locks .empty") && !document.querySelector("#main [role=alert]")`)
+
+	// A tab's namespace that is no namespace name at all (typed by hand)
+	// brings the page back to one the token may use, at a reload too.
+	tb.do("name no namespace", chromedp.Evaluate[chromedp.Void](`sessionStorage.setItem("drover.namespace", "not a namespace")`), chromedp.Reload())
+	tb.waitJS("back in an allowed namespace", `location.hash === "#/locks" && sessionStorage.getItem("drover.namespace") === `+strconv.Quote(teamA)+
 		` && !!document.querySelector("#locks .empty") && !document.querySelector("#main [role=alert]")`)
 
 	s.stop()
