@@ -10,21 +10,40 @@ import (
 
 // rejoinTransport is a node's endpoint that can lose every message one
 // sender sends it (a leader's heartbeats not reaching a restarted node
-// while its connection comes back, the others' reaching it), and records
-// the rounds of the campaign refusals it got: the Seq of each Nack that
-// answers one, by sender.
+// while its connection comes back, the others' reaching it). It records
+// the rounds of the campaign refusals it got (the Seq of each Nack that
+// answers one, by sender) and the rounds of the vote before a campaign
+// its node sent.
 type rejoinTransport struct {
 	Transport
 	mu       sync.Mutex
 	deaf     bool
 	deafTo   NodeID
 	refusals map[NodeID]map[uint64]bool
+	asked    map[uint64]bool
 	out      chan Message
 	once     sync.Once
 }
 
 func newRejoinTransport(tr Transport) *rejoinTransport {
-	return &rejoinTransport{Transport: tr, refusals: map[NodeID]map[uint64]bool{}}
+	return &rejoinTransport{Transport: tr, refusals: map[NodeID]map[uint64]bool{}, asked: map[uint64]bool{}}
+}
+
+// Send records a PrePrepare's round and sends m.
+func (r *rejoinTransport) Send(m Message) error {
+	if m.Type == MsgPrePrepare {
+		r.mu.Lock()
+		r.asked[m.Seq] = true
+		r.mu.Unlock()
+	}
+	return r.Transport.Send(m)
+}
+
+// rounds is how many rounds of the vote before a campaign its node sent.
+func (r *rejoinTransport) rounds() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.asked)
 }
 
 // deafen makes the endpoint lose what from sends (on false: deliver it
@@ -150,4 +169,117 @@ func TestRestartedLeaderDoesNotDepose(t *testing.T) {
 	c.mustPropose(next.cfg.ID, Command{Op: OpGet, Lock: "before"})
 	c.converge(5 * time.Second)
 	c.stopAndCompare()
+}
+
+// TestIsolatedFollowerRejoinsQuietly: a follower cut off from the group
+// hears no leader, and its timer fires again and again; its rounds of the
+// vote before a campaign reach nobody, so it raises no ballot and starts
+// no campaign. When the partition heals the others, who hear the leader,
+// refuse it until the leader's heartbeat reaches it: the leader keeps its
+// ballot and the follower follows it.
+func TestIsolatedFollowerRejoinsQuietly(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	var mu sync.Mutex
+	eps := map[NodeID]*rejoinTransport{}
+	c := newTestCluster(t, 3, func(cfg *Config) {
+		r := newRejoinTransport(cfg.Transport)
+		mu.Lock()
+		eps[cfg.ID] = r
+		mu.Unlock()
+		cfg.Transport = r
+	})
+	defer c.close()
+	c.startAll()
+	lead := c.leader(5 * time.Second)
+	c.mustPropose(lead.cfg.ID, Command{Op: OpAcquire, Lock: "before", Owner: "o", TTL: 600000})
+	ballot := lead.Status().Ballot
+	id := (lead.cfg.ID + 1) % 3
+	f := c.node(id)
+	promised := f.Status().Ballot
+	mu.Lock()
+	ep := eps[id]
+	mu.Unlock()
+
+	c.net.Isolate(id)
+	const rounds = 3
+	for guard := time.Now().Add(30 * time.Second); ep.rounds() < rounds; time.Sleep(2 * time.Millisecond) {
+		if time.Now().After(guard) {
+			t.Fatalf("the isolated follower asked for %d votes in 30 s, want %d", ep.rounds(), rounds)
+		}
+	}
+	if s := f.Status(); s.Ballot != promised || s.ElectionsStarted != 0 || s.Role != "follower" {
+		t.Fatalf("the isolated follower campaigned: %+v (its promise was %v)", s, promised)
+	}
+	c.mustPropose(lead.cfg.ID, Command{Op: OpAcquire, Lock: "meanwhile", Owner: "o", TTL: 600000})
+
+	c.net.Heal()
+	waitStatus(t, f, 10*time.Second, "following the leader", func(s NodeStatus) bool {
+		return s.HasLeader && s.Leader == lead.cfg.ID
+	})
+	get := c.mustPropose(id, Command{Op: OpGet, Lock: "meanwhile"})
+	if get.Code != CodeOK {
+		t.Fatalf("read at the healed follower = %+v", get)
+	}
+	c.converge(5 * time.Second)
+	if s := lead.Status(); s.Role != "leader" || s.Ballot != ballot {
+		t.Fatalf("after the heal the leader is %s at %v (was leader at %v)", s.Role, s.Ballot, ballot)
+	}
+	if s := f.Status(); s.ElectionsStarted != 0 {
+		t.Fatalf("the healed follower started %d campaigns", s.ElectionsStarted)
+	}
+	c.stopAndCompare()
+}
+
+// TestVoteBeforeCampaignRefusedWhileLeaderHeard drives a member by hand:
+// while the group hears its leader, its vote before a campaign is refused
+// by the leader and by the follower alike, with a Nack that answers the
+// round and carries the promise, and nothing changes; a Prepare of a
+// campaign begun anyway is still promised (stickiness holds back only the
+// timer's campaigns).
+func TestVoteBeforeCampaignRefusedWhileLeaderHeard(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	c := newTestCluster(t, 3, nil)
+	defer c.close()
+	c.start(0)
+	c.start(1)
+	lead := c.leader(5 * time.Second)
+	c.mustPropose(lead.cfg.ID, Command{Op: OpAcquire, Lock: "a", Owner: "o", TTL: 600000})
+	ballot := lead.Status().Ballot
+	follower := 1 - lead.cfg.ID
+	fake := c.net.Transport(2) // node 2's endpoint, driven by hand: a member
+	answer := func(to NodeID, m Message) Message {
+		t.Helper()
+		m.Group, m.To = "test", to
+		if err := fake.Send(m); err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.After(10 * time.Second)
+		for {
+			select {
+			case r := <-fake.Recv():
+				if r.From == to && r.Type != MsgHeartbeat && r.Type != MsgAccept {
+					return r
+				}
+			case <-deadline:
+				t.Fatalf("node %d did not answer %s", to, m.Type)
+			}
+		}
+	}
+	for seq, to := range []NodeID{follower, lead.cfg.ID} {
+		r := answer(to, Message{Type: MsgPrePrepare, Slot: 1, Seq: uint64(seq + 1)})
+		if r.Type != MsgNack || r.Seq != uint64(seq+1) || r.Ballot != ballot {
+			t.Fatalf("node %d answered a vote before a campaign with %s seq %d ballot %v, want a Nack of round %d at %v",
+				to, r.Type, r.Seq, r.Ballot, seq+1, ballot)
+		}
+	}
+	if s := lead.Status(); s.Role != "leader" || s.Ballot != ballot {
+		t.Fatalf("the refused vote disturbed the leader: %+v", s)
+	}
+	if s := c.node(follower).Status(); s.Ballot != ballot || s.Leader != lead.cfg.ID {
+		t.Fatalf("the refused vote changed the follower: %+v", s)
+	}
+	higher := Ballot{Round: ballot.Round + 1, Node: 2}
+	if r := answer(follower, Message{Type: MsgPrepare, Ballot: higher, Slot: 1}); r.Type != MsgPromise || r.Ballot != higher {
+		t.Fatalf("the follower answered a Prepare at %v with %s at %v, want a Promise", higher, r.Type, r.Ballot)
+	}
 }
