@@ -8,6 +8,11 @@ import (
 	"go.uber.org/goleak"
 )
 
+// steadyElectionTimeout is the election timeout (30 heartbeats) of the
+// tests that require a leader to keep its ballot: a leader's loop held up
+// by a loaded machine for a whole timeout would rightly be replaced.
+const steadyElectionTimeout = 300 * time.Millisecond
+
 // rejoinTransport is a node's endpoint that can lose every message one
 // sender sends it (a leader's heartbeats not reaching a restarted node
 // while its connection comes back, the others' reaching it). It records
@@ -104,6 +109,7 @@ func TestRestartedLeaderDoesNotDepose(t *testing.T) {
 	var mu sync.Mutex
 	eps := map[NodeID]*rejoinTransport{}
 	c := newTestCluster(t, 3, func(cfg *Config) {
+		cfg.ElectionTimeout = steadyElectionTimeout
 		r := newRejoinTransport(cfg.Transport)
 		mu.Lock()
 		if old := eps[cfg.ID]; old != nil && old.deaf {
@@ -182,6 +188,7 @@ func TestIsolatedFollowerRejoinsQuietly(t *testing.T) {
 	var mu sync.Mutex
 	eps := map[NodeID]*rejoinTransport{}
 	c := newTestCluster(t, 3, func(cfg *Config) {
+		cfg.ElectionTimeout = steadyElectionTimeout
 		r := newRejoinTransport(cfg.Transport)
 		mu.Lock()
 		eps[cfg.ID] = r
@@ -238,7 +245,7 @@ func TestIsolatedFollowerRejoinsQuietly(t *testing.T) {
 // timer's campaigns).
 func TestVoteBeforeCampaignRefusedWhileLeaderHeard(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
-	c := newTestCluster(t, 3, nil)
+	c := newTestCluster(t, 3, func(cfg *Config) { cfg.ElectionTimeout = steadyElectionTimeout })
 	defer c.close()
 	c.start(0)
 	c.start(1)
