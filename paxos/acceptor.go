@@ -48,10 +48,12 @@ func (n *Node) onPrepare(m Message, now time.Time) error {
 		n.stepDown(now)
 	}
 	// The candidate may be about to lead: stop forwarding to a deposed
-	// leader. The election timer is not restarted: only a live leader's
-	// heartbeat or Accept does that, so a candidate that never wins (one
-	// that cannot hear the answers) does not hold the others back.
-	n.hasLeader = false
+	// leader, and end a vote of our own before a campaign (the majority let
+	// this campaign start). The election timer is not restarted: only a
+	// live leader's heartbeat or Accept does that, so a candidate that
+	// never wins (one that cannot hear the answers) does not hold the
+	// others back.
+	n.hasLeader, n.pre = false, nil
 	n.send(Message{
 		Type: MsgPromise, To: m.From, Ballot: m.Ballot,
 		// Entries at or below the snapshot (kept for catch-ups) are of no
@@ -61,7 +63,30 @@ func (n *Node) onPrepare(m Message, now time.Time) error {
 	return nil
 }
 
-// nonMember answers a Prepare from a node outside this configuration.
+// onPrePrepare answers the vote before a campaign (election.go):
+// PrePrepare{Slot, Commit, Seq} gets PrePromise{Ballot: the promise,
+// Seq} unless this node hears a leader other than the sender, else
+// Nack{Ballot: the promise, Commit, Seq}. It changes no state: a refused
+// node that is behind catches up from the Nack's commit, and the
+// promise's round lets a granted campaign pick a ballot above it.
+func (n *Node) onPrePrepare(m Message, now time.Time) {
+	if n.role == roleRemoved {
+		return
+	}
+	if !n.conf.has(m.From) {
+		n.nonMember(m, now)
+		return
+	}
+	t := MsgPrePromise
+	if n.hearsLeader(m.From) {
+		t = MsgNack
+		n.log.Debug("refused a vote before a campaign: the leader is heard", "from", m.From, "leader", n.leader)
+	}
+	n.send(Message{Type: t, To: m.From, Ballot: n.promised, Commit: n.commit, Seq: m.Seq})
+}
+
+// nonMember answers a Prepare or PrePrepare from a node outside this
+// configuration.
 func (n *Node) nonMember(m Message, now time.Time) {
 	if m.Slot > n.commit+1 {
 		n.requestCatchUp(m.From, now)
@@ -140,7 +165,8 @@ func (n *Node) observeLeader(from NodeID, b Ballot, now time.Time) {
 		n.stepDown(now)
 	}
 	n.resetElection(now)
-	n.health.lastLeader = now
+	n.health.lastLeader, n.leaderTicks = now, 0
+	n.pre = nil // a leader is heard: no campaign
 	if n.hasLeader && n.leader == from {
 		return
 	}

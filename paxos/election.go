@@ -5,14 +5,34 @@ import (
 )
 
 // Elections. A follower that hears no leader for a random time in
-// [T, 2T) campaigns: it promises itself a ballot (max round seen + 1,
-// self) and sends Prepare{Ballot, Slot: commit+1} to the members. With
-// promises from a majority of every configuration the undecided slots
-// lead to, it is leader: each undecided slot gets the accepted value with
-// the highest ballot among the promises, or a no-op. A candidate or
-// leader that meets a higher ballot (a Nack, a Prepare, an Accept or a
-// heartbeat) steps down and waits a new random time before it competes
-// again, so two proposers do not keep pre-empting each other.
+// [T, 2T) asks the members whether they hear one (below); with a
+// majority that does not, it campaigns: it promises itself a ballot (max
+// round seen + 1, self) and sends Prepare{Ballot, Slot: commit+1} to the
+// members. With promises from a majority of every configuration the
+// undecided slots lead to, it is leader: each undecided slot gets the
+// accepted value with the highest ballot among the promises, or a no-op.
+// A candidate or leader that meets a higher ballot (a Nack, a Prepare, an
+// Accept or a heartbeat) steps down and waits a new random time before it
+// competes again, so two proposers do not keep pre-empting each other.
+//
+// The vote before a campaign (Raft's pre-vote with its leader stickiness,
+// as etcd-io/raft does them) keeps a node that rejoins (restarted, or back
+// from a partition) from deposing a leader the others still hear: its
+// timer fires before the leader's first heartbeat reaches it, and a
+// Prepare with a higher ballot would be promised and end the leader's
+// ballot. So the timer starts a round instead: PrePrepare{Slot: commit+1,
+// Commit, Seq: the round} to the members, each answering PrePromise{Seq}
+// unless it hears a leader other than the asker (it leads, or it handled
+// a message of its leader within T, counted in its own ticks so that a
+// member whose loop was held up does not take that for the leader's
+// silence: see leaseTicks), else Nack{Ballot: its promise, Commit, Seq},
+// from which a node behind catches up. The node campaigns once a majority
+// of the configuration, itself included, granted a round. A round writes
+// nothing and raises no ballot, so refused rounds cost the group nothing;
+// the round goes again each tick to the members that have not granted it
+// (a leader that really failed is replaced as soon as a majority's leases
+// run out), and a new one starts when the timer fires again. A leader's
+// heartbeat ends it. A campaign begun by hand (campaignNow) skips it.
 //
 // Three rules keep a node that cannot hear the group (a one-way failure)
 // from holding it still. A leader that has heard from no majority for two
@@ -37,6 +57,13 @@ type candidate struct {
 	heard bool
 }
 
+// preVote is a round of the vote before a campaign: the members that
+// granted it, this node included.
+type preVote struct {
+	seq     uint64
+	granted map[NodeID]bool
+}
+
 // resetElection restarts the election timer with a random wait in [T, 2T).
 func (n *Node) resetElection(now time.Time) {
 	n.electAt = now.Add(n.randBetween(n.cfg.ElectionTimeout))
@@ -58,7 +85,7 @@ func (n *Node) campaign(now time.Time) error {
 		return err
 	}
 	n.maxRound, n.promised = b.Round, b
-	n.lead = nil
+	n.lead, n.pre = nil, nil
 	n.role = roleCandidate
 	n.hasLeader = false
 	n.resetElection(now)
@@ -76,18 +103,84 @@ func (n *Node) campaign(now time.Time) error {
 	return nil
 }
 
-// electionTimeout runs when the election timer fires: a new campaign,
-// unless the current one was answered by nobody. Then the same Prepare
-// goes out again (the ballot was never led with, so reusing it is safe):
-// a higher one would only climb above the ballots of nodes that can
-// hear each other.
+// electionTimeout runs when the election timer fires: a new round of the
+// vote before a campaign, unless the current campaign was answered by
+// nobody. Then the same Prepare goes out again (the ballot was never led
+// with, so reusing it is safe): a higher one would only climb above the
+// ballots of nodes that can hear each other.
 func (n *Node) electionTimeout(now time.Time) error {
 	if c := n.cand; c != nil && !c.heard {
 		n.resetElection(now)
 		n.repeatPrepares()
 		return nil
 	}
+	return n.preCampaign(now)
+}
+
+// preCampaign starts a round of the vote before a campaign. The election
+// timer restarts: a round not granted by the time it fires again is
+// followed by a new one.
+func (n *Node) preCampaign(now time.Time) error {
+	n.resetElection(now)
+	n.preSeq++
+	n.pre = &preVote{seq: n.preSeq, granted: map[NodeID]bool{n.cfg.ID: true}}
+	n.log.Debug("asking for a vote before campaigning", "round", n.preSeq, "commit", n.commit)
+	n.repeatPrePrepares()
+	return n.tryPreVote(now) // a group of one grants it at once
+}
+
+// repeatPrePrepares sends the round's PrePrepare to the members that have
+// not granted it (it may have been lost, or refused while their lease of
+// a leader ran).
+func (n *Node) repeatPrePrepares() {
+	for _, p := range n.conf.peers {
+		if !n.pre.granted[p.ID] {
+			n.send(Message{Type: MsgPrePrepare, To: p.ID, Slot: n.commit + 1, Commit: n.commit, Seq: n.pre.seq})
+		}
+	}
+}
+
+// onPrePromise counts a member's grant of the current round.
+func (n *Node) onPrePromise(m Message, now time.Time) error {
+	if n.pre == nil || m.Seq != n.pre.seq || !n.conf.has(m.From) {
+		return nil // a late or duplicated grant
+	}
+	n.pre.granted[m.From] = true
+	return n.tryPreVote(now)
+}
+
+// tryPreVote campaigns once a majority of the configuration granted the
+// round.
+func (n *Node) tryPreVote(now time.Time) error {
+	pre := n.pre
+	if !n.conf.majority(func(id NodeID) bool { return pre.granted[id] }) {
+		return nil
+	}
+	n.pre = nil
+	n.health.elections++
+	n.log.Info("a majority hears no leader: campaigning", "round", pre.seq)
 	return n.campaign(now)
+}
+
+// leaseTicks is how many of its own ticks a follower counts a leader it
+// heard as live: T, rounded up to whole heartbeats (etcd-io/raft counts
+// its election timeout in ticks the same way).
+func (n *Node) leaseTicks() uint64 {
+	return uint64((n.cfg.ElectionTimeout + n.cfg.Heartbeat - 1) / n.cfg.Heartbeat)
+}
+
+// hearsLeader reports whether this node hears a leader other than from,
+// and so refuses from's vote before a campaign: it leads (a leader that
+// hears no majority steps down, see quorumLost), or it handled a message
+// of its leader within the last leaseTicks ticks.
+func (n *Node) hearsLeader(from NodeID) bool {
+	switch {
+	case n.role == roleLeader:
+		return true
+	case n.role != roleFollower || !n.hasLeader || n.leader == from:
+		return false
+	}
+	return n.leaderTicks < n.leaseTicks()
 }
 
 // askPromise sends the campaign's Prepare to id once.
@@ -202,13 +295,13 @@ func (n *Node) stepDown(now time.Time) {
 		n.log.Info("stepping down", "ballot", n.lead.ballot)
 	}
 	n.role = roleFollower
-	n.lead, n.cand = nil, nil
+	n.lead, n.cand, n.pre = nil, nil, nil
 	n.hasLeader = false
 	n.resetElection(now)
 }
 
-// campaignNow asks the run loop to campaign at once (what an election
-// timeout does). It does not wait.
+// campaignNow asks the run loop to campaign at once, without the vote
+// before a campaign. It does not wait.
 func (n *Node) campaignNow() {
 	select {
 	case n.kickc <- struct{}{}:

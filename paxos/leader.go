@@ -63,7 +63,7 @@ func (n *Node) becomeLeader(vals map[uint64]Entry, top uint64, now time.Time) {
 		match: map[NodeID]uint64{}, seen: map[NodeID]time.Time{},
 		lastTime: n.sm.Now(), since: now,
 	}
-	n.role, n.cand, n.lead = roleLeader, nil, L
+	n.role, n.cand, n.lead, n.pre = roleLeader, nil, L, nil
 	n.leader, n.hasLeader = n.cfg.ID, true
 	n.log.Info("leading", "ballot", b, "commit", n.commit, "recovered", top-n.commit)
 	conf := n.conf

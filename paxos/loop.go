@@ -147,6 +147,10 @@ func (n *Node) step(m Message) error {
 		return n.onCatchUpReply(m, now)
 	case MsgForward:
 		n.onForward(m)
+	case MsgPrePrepare:
+		n.onPrePrepare(m, now)
+	case MsgPrePromise:
+		return n.onPrePromise(m, now)
 	}
 	return nil
 }
@@ -160,6 +164,7 @@ func (n *Node) tick(now time.Time) error {
 	// commit over entries not written yet.
 	commit := n.commit
 	gap := n.health.tickGap(now)
+	n.leaderTicks++
 	switch n.role {
 	case roleLeader:
 		n.leaderTick(now, gap)

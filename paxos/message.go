@@ -53,7 +53,9 @@ type Transport interface {
 type MsgType uint8
 
 // Message types. Phase 1 (Prepare, Promise) runs once per ballot for every
-// future slot; phase 2 (Accept, Accepted) runs per batch of slots.
+// future slot; phase 2 (Accept, Accepted) runs per batch of slots. A
+// campaign is preceded by a vote that changes no state (PrePrepare,
+// PrePromise; see election.go).
 const (
 	MsgPrepare MsgType = iota + 1
 	MsgPromise
@@ -65,12 +67,18 @@ const (
 	MsgCatchUp
 	MsgCatchUpReply
 	MsgForward
+	MsgPrePrepare
+	MsgPrePromise
+
+	// msgLast is the highest type Decode accepts.
+	msgLast = MsgPrePromise
 )
 
 var msgNames = map[MsgType]string{
 	MsgPrepare: "prepare", MsgPromise: "promise", MsgAccept: "accept", MsgAccepted: "accepted",
 	MsgNack: "nack", MsgHeartbeat: "heartbeat", MsgHeartbeatAck: "heartbeat-ack",
 	MsgCatchUp: "catch-up", MsgCatchUpReply: "catch-up-reply", MsgForward: "forward",
+	MsgPrePrepare: "pre-prepare", MsgPrePromise: "pre-promise",
 }
 
 // String names the type.
@@ -104,7 +112,8 @@ type Message struct {
 	Commands []Command `json:"cmd,omitempty"`
 	// Snapshot is a state transfer in a catch-up reply.
 	Snapshot *Snapshot `json:"snap,omitempty"`
-	// Seq matches a reply to its request (heartbeat acks, catch-ups).
+	// Seq matches a reply to its request (heartbeat acks, catch-ups, the
+	// rounds of a vote before a campaign).
 	Seq uint64 `json:"q,omitempty"`
 }
 
@@ -139,7 +148,7 @@ func Decode(b []byte) (Message, error) {
 	if err := json.Unmarshal(b, &m); err != nil {
 		return Message{}, fmt.Errorf("paxos: decode message: %w", err)
 	}
-	if m.Type == 0 || m.Type > MsgForward {
+	if m.Type == 0 || m.Type > msgLast {
 		return Message{}, fmt.Errorf("paxos: decode message: unknown type %d", m.Type)
 	}
 	return m, nil

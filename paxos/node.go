@@ -213,6 +213,12 @@ type Node struct {
 
 	cand *candidate
 	lead *leaderState
+	// pre is the vote before a campaign under way (nil if none), preSeq
+	// the last round's number; leaderTicks counts the ticks since a
+	// message of the leader was last handled (hearsLeader).
+	pre         *preVote
+	preSeq      uint64
+	leaderTicks uint64
 
 	waits        map[string]*wait
 	health       loopHealth

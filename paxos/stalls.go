@@ -115,7 +115,8 @@ func (h *loopHealth) tickGap(now time.Time) time.Duration {
 
 // followerTick is a follower's or candidate's tick: its election timer,
 // judged after the messages that waited and with this node's own stalls
-// forgiven (see above), else the candidate's repeated Prepares.
+// forgiven (see above), else the candidate's repeated Prepares and the
+// repeated round of a vote before a campaign.
 func (n *Node) followerTick(now time.Time, gap time.Duration) error {
 	// Half an election timeout, and never under two heartbeats: ticks
 	// come a heartbeat apart, and a timeout near it must not make every
@@ -131,6 +132,9 @@ func (n *Node) followerTick(now time.Time, gap time.Duration) error {
 		if n.cand != nil {
 			n.repeatPrepares()
 		}
+		if n.pre != nil && n.conf.has(n.cfg.ID) {
+			n.repeatPrePrepares()
+		}
 		return nil
 	}
 	waiting := len(n.tr.Recv())
@@ -144,14 +148,13 @@ func (n *Node) followerTick(now time.Time, gap time.Duration) error {
 	case n.role != roleFollower && n.role != roleCandidate, !n.conf.has(n.cfg.ID):
 		return nil // a promise that waited made it leader, or it was removed
 	}
-	if n.cand == nil {
-		n.health.elections++
+	if n.cand == nil && n.pre == nil {
 		round, sync := n.health.recent()
 		level := slog.LevelWarn // a leader lost
 		if n.health.lastLeader.IsZero() {
 			level = slog.LevelInfo // the first election this node sees
 		}
-		n.log.Log(context.Background(), level, "election timer fired: campaigning",
+		n.log.Log(context.Background(), level, "election timer fired: asking the members for a vote before campaigning",
 			"since_leader", sinceOrNever(now, n.health.lastLeader), "had_leader", n.hasLeader,
 			"waiting_messages", waiting, "longest_round_recently", round, "longest_fsync_recently", sync)
 	}
