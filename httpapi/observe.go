@@ -55,9 +55,15 @@ func register[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error)
 
 // observe counts and times every request, and logs it: method, route,
 // path, status, duration, namespace and token name (never the token).
+// authorize, which runs inside it, fills in the namespace it served and
+// the token's name (see noteAccess).
 func (s *Server) observe(ctx huma.Context, next func(huma.Context)) {
 	start := time.Now()
-	next(ctx)
+	who := &access{ns: ctx.Header(NamespaceHeader)}
+	if who.ns == "" {
+		who.ns = s.cfg.Namespace
+	}
+	next(huma.WithValue(ctx, accessKey{}, who))
 	op := ctx.Operation()
 	code := ctx.Status()
 	if code == 0 {
@@ -66,13 +72,32 @@ func (s *Server) observe(ctx huma.Context, next func(huma.Context)) {
 	d := time.Since(start)
 	s.metrics.requests.WithLabelValues(op.Path, op.Method, strconv.Itoa(code)).Inc()
 	s.metrics.latency.WithLabelValues(op.Path, op.Method).Observe(d.Seconds())
+	s.logRequest(op.Method, op.Path, ctx.URL().Path, code, d, ctx.RemoteAddr(), who.ns, who.token)
+}
+
+// logRequest writes a request's access log line (a warning for a 5xx).
+func (s *Server) logRequest(method, route, path string, code int, d time.Duration, remote, ns, token string) {
 	level := s.cfg.Logger.Info
 	if code >= 500 {
 		level = s.cfg.Logger.Warn
 	}
-	level("http request", "method", op.Method, "route", op.Path, "path", ctx.URL().Path, "status", code,
-		"duration_ms", float64(d.Microseconds())/1000, "remote", ctx.RemoteAddr(),
-		"namespace", s.nsOf(ctx.Context()), "token", whoOf(ctx.Context()))
+	level("http request", "method", method, "route", route, "path", path, "status", code,
+		"duration_ms", float64(d.Microseconds())/1000, "remote", remote, "namespace", ns, "token", token)
+}
+
+// access is what the access log says of who made a request and where:
+// the namespace it named (or the server's) and its token's name, "" before
+// the token is known and "anonymous" on a server without auth.
+type access struct{ ns, token string }
+
+type accessKey struct{}
+
+// noteAccess records, for the access log, the token name a request was
+// authorized with.
+func noteAccess(ctx context.Context, token string) {
+	if a, ok := ctx.Value(accessKey{}).(*access); ok {
+		a.token = token
+	}
 }
 
 // nsOf is the namespace the request was authorized for.

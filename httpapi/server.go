@@ -4,11 +4,13 @@ import (
 	"github.com/droverhq/drover/paxos/client"
 
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -28,6 +30,11 @@ const DefaultMaxBodyBytes = 1 << 20
 
 // MaxSubmitBytes is the largest body of a queue submission.
 const MaxSubmitBytes = 64 << 20
+
+// DefaultRequestTimeout is the time a request may take when Config says
+// none: etcd answers within milliseconds when it is well, and /readyz
+// gives up after 2 s.
+const DefaultRequestTimeout = 5 * time.Second
 
 // Config configures a [Server]. Only Etcd is required.
 type Config struct {
@@ -54,6 +61,13 @@ type Config struct {
 	// MaxWait bounds every long poll (claims, lock waits, limit takes).
 	// Default 60 s.
 	MaxWait time.Duration
+	// RequestTimeout bounds the time the server spends on a request: one
+	// etcd that does not answer gets a 503 with Retry-After once it has
+	// passed, never an answer that waits for the client to give up. Long
+	// polls get it on top of MaxWait; a stream gets it until its first
+	// event, then lasts as long as its client. Default
+	// DefaultRequestTimeout.
+	RequestTimeout time.Duration
 	// StatsInterval is how often the queues' counts are sampled for GET
 	// /v1/stats/history, which keeps an hour of samples; default
 	// DefaultStatsInterval.
@@ -80,6 +94,9 @@ func (c Config) withDefaults() Config {
 	if c.StatsInterval == 0 {
 		c.StatsInterval = DefaultStatsInterval
 	}
+	if c.RequestTimeout == 0 {
+		c.RequestTimeout = DefaultRequestTimeout
+	}
 	return c
 }
 
@@ -93,6 +110,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxWait < 0 {
 		return &drover.InputError{Field: "MaxWait", Value: c.MaxWait, Rule: "must be 0 (60 s) or positive"}
+	}
+	if c.RequestTimeout < 0 || (c.RequestTimeout > 0 && c.RequestTimeout < time.Millisecond) {
+		return &drover.InputError{Field: "RequestTimeout", Value: c.RequestTimeout, Rule: "must be 0 (5 s), or 1ms or more"}
 	}
 	if c.StatsInterval < 0 || (c.StatsInterval > 0 && c.StatsInterval < 10*time.Millisecond) || c.StatsInterval > time.Hour {
 		return &drover.InputError{Field: "StatsInterval", Value: c.StatsInterval, Rule: "must be 0 (5 s), or from 10ms to 1h"}
@@ -130,6 +150,8 @@ type Server struct {
 	// locks sends the sessions' lock acquisitions and releases that arrive
 	// together in fewer etcd requests (lock.Batcher).
 	locks *lock.Batcher
+	// routeKinds says which routes are long polls and streams (bound).
+	routeKinds routeKinds
 
 	life    sync.Mutex
 	srv     *http.Server
@@ -155,10 +177,10 @@ func New(cfg Config) (*Server, error) {
 		}
 	}
 	s.api = humago.New(s.mux, apiConfig())
-	s.api.UseMiddleware(s.observe, s.authorize)
+	s.api.UseMiddleware(s.observe, s.authorize, s.bound)
 	s.routes()
 	s.mountUI()
-	s.handler = s.mux
+	s.handler = http.HandlerFunc(s.serveHTTP)
 	return s, nil
 }
 
@@ -273,4 +295,185 @@ func (s *Server) Close(ctx context.Context) error {
 		return fmt.Errorf("httpapi: close: %w", err)
 	}
 	return nil
+}
+
+// serveHTTP serves a request: a JSON body sent as a form (curl's -d) is
+// read as the JSON it is, and a request no route takes gets a problem
+// document rather than the ServeMux's plain text.
+func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
+	if formEncoded(r.Header.Get("Content-Type")) {
+		r = r.Clone(r.Context())
+		r.Header.Set("Content-Type", "application/json")
+	}
+	if h, pattern := s.mux.Handler(r); pattern == "" {
+		s.unrouted(w, r, h)
+		return
+	}
+	s.mux.ServeHTTP(w, r)
+}
+
+// formEncoded reports a body that says it is a form: what curl -d sends
+// unless told otherwise. No route takes forms, so it is read as JSON.
+func formEncoded(ct string) bool {
+	mt, _, _ := strings.Cut(ct, ";")
+	return strings.EqualFold(strings.TrimSpace(mt), "application/x-www-form-urlencoded")
+}
+
+// unrouted answers a request that matches no route: 405 with Allow when
+// the path has routes for other methods, else 404. h is the ServeMux's
+// own answer, asked only for its status and Allow header.
+func (s *Server) unrouted(w http.ResponseWriter, r *http.Request, h http.Handler) {
+	rec := &statusRecorder{header: http.Header{}}
+	h.ServeHTTP(rec, r)
+	var p *Problem
+	if allow := rec.header.Get("Allow"); rec.code == http.StatusMethodNotAllowed {
+		p = newProblem(http.StatusMethodNotAllowed, "method-not-allowed",
+			fmt.Sprintf("%s %s: this path takes %s; the OpenAPI document at /openapi.json describes every route", r.Method, r.URL.Path, allow))
+		p.headers = http.Header{"Allow": {allow}}
+	} else {
+		p = newProblem(http.StatusNotFound, "no-route",
+			fmt.Sprintf("no route %s %s: the API's routes are under /v1 (the OpenAPI document at /openapi.json describes them), the dashboard at /ui/", r.Method, r.URL.Path))
+	}
+	p.Instance = r.URL.Path
+	writeProblemTo(w, p)
+	s.logRequest(r.Method, "", r.URL.Path, p.Status, 0, r.RemoteAddr, s.cfg.Namespace, "")
+}
+
+// statusRecorder keeps the status and headers a handler writes, and
+// drops its body.
+type statusRecorder struct {
+	header http.Header
+	code   int
+}
+
+func (r *statusRecorder) Header() http.Header { return r.header }
+
+func (r *statusRecorder) Write(b []byte) (int, error) {
+	if r.code == 0 {
+		r.code = http.StatusOK
+	}
+	return len(b), nil
+}
+
+func (r *statusRecorder) WriteHeader(code int) {
+	if r.code == 0 {
+		r.code = code
+	}
+}
+
+// writeProblemTo writes p as the answer.
+func writeProblemTo(w http.ResponseWriter, p *Problem) {
+	for k, vs := range p.headers {
+		for _, v := range vs {
+			w.Header().Add(k, v)
+		}
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(p.Status)
+	_ = json.NewEncoder(w).Encode(p)
+}
+
+// bound gives the request its time bound (Config.RequestTimeout; long
+// polls MaxWait more): past it, the etcd calls under way fail and the
+// request answers 503 with Retry-After. A stream's bound ends when it
+// starts streaming (see streaming).
+func (s *Server) bound(ctx huma.Context, next func(huma.Context)) {
+	op := ctx.Operation()
+	d := s.cfg.RequestTimeout
+	kind := s.routeKinds.of(s.api, op)
+	if kind.longPoll {
+		d += s.cfg.MaxWait
+	}
+	if kind.stream {
+		c, cancel := context.WithCancelCause(ctx.Context())
+		t := time.AfterFunc(d, func() { cancel(errRequestTimeout) })
+		defer cancel(nil)
+		next(huma.WithContext(ctx, context.WithValue(c, liftKey{}, func() bool { return t.Stop() })))
+		return
+	}
+	c, cancel := context.WithTimeoutCause(ctx.Context(), d, errRequestTimeout)
+	defer cancel()
+	next(huma.WithContext(ctx, c))
+}
+
+// errRequestTimeout is the cause of a request's end at its time bound.
+var errRequestTimeout = fmt.Errorf("the request took longer than the server's request timeout: %w", context.DeadlineExceeded)
+
+type liftKey struct{}
+
+// streaming lifts the time bound of a stream's request once it streams:
+// a stream lasts as long as its client, its keepalives find a client that
+// left. It reports false if the bound has already passed.
+func streaming(ctx context.Context) bool {
+	lift, ok := ctx.Value(liftKey{}).(func() bool)
+	return !ok || lift()
+}
+
+// startStream begins a stream's answer: it lifts the request's time bound
+// and returns the writer to stream to, or answers 503 and false when the
+// bound passed before the stream could start.
+func startStream(hctx huma.Context) (http.ResponseWriter, bool) {
+	_, w := humago.Unwrap(hctx)
+	if !streaming(hctx.Context()) {
+		var p *Problem
+		if errors.As(problem(errRequestTimeout, nil), &p) {
+			p.Instance = hctx.URL().Path
+			writeProblemTo(w, p)
+		}
+		return nil, false
+	}
+	return w, true
+}
+
+// routeKind says how a route is bounded in time.
+type routeKind struct {
+	longPoll bool // takes a wait (query.wait, body.wait, body.claim.wait)
+	stream   bool // answers text/event-stream
+}
+
+// routeKinds caches each operation's routeKind, read from its OpenAPI
+// description: a route that takes a wait is a long poll, one that answers
+// text/event-stream a stream.
+type routeKinds struct{ m sync.Map }
+
+func (k *routeKinds) of(api huma.API, op *huma.Operation) routeKind {
+	if v, ok := k.m.Load(op); ok {
+		return v.(routeKind)
+	}
+	var rk routeKind
+	for _, p := range op.Parameters {
+		rk.longPoll = rk.longPoll || (p.In == "query" && p.Name == "wait")
+	}
+	if op.RequestBody != nil {
+		for _, mt := range op.RequestBody.Content {
+			rk.longPoll = rk.longPoll || takesWait(api.OpenAPI().Components.Schemas, mt.Schema, 2)
+		}
+	}
+	for _, r := range op.Responses {
+		if r != nil && r.Content["text/event-stream"] != nil {
+			rk.stream = true
+		}
+	}
+	k.m.Store(op, rk)
+	return rk
+}
+
+// takesWait reports a body schema with a "wait" property, itself or in an
+// object property, up to depth levels down.
+func takesWait(reg huma.Registry, sc *huma.Schema, depth int) bool {
+	if sc != nil && sc.Ref != "" {
+		sc = reg.SchemaFromRef(sc.Ref)
+	}
+	if sc == nil || depth == 0 {
+		return false
+	}
+	if _, ok := sc.Properties["wait"]; ok {
+		return true
+	}
+	for _, p := range sc.Properties {
+		if takesWait(reg, p, depth-1) {
+			return true
+		}
+	}
+	return false
 }
