@@ -77,7 +77,7 @@ func (s *Server) followEvents(ctx context.Context, in *eventsInput) (*huma.Strea
 	snap := EventsSnapshot{Namespace: s.nsOf(ctx), Queues: qs, At: time.Now().UTC()}
 	stream := strings.Contains(in.Accept, "text/event-stream")
 	return &huma.StreamResponse{Body: func(hctx huma.Context) {
-		w, ok := startStream(hctx)
+		ctx, w, ok := startStream(hctx)
 		if !ok {
 			return
 		}
@@ -88,7 +88,7 @@ func (s *Server) followEvents(ctx context.Context, in *eventsInput) (*huma.Strea
 			return
 		}
 		st := &eventStream{w: w, rc: http.NewResponseController(w)}
-		s.streamEvents(hctx.Context(), st, snap)
+		s.streamEvents(ctx, st, snap)
 	}}, nil
 }
 

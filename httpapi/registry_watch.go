@@ -103,12 +103,12 @@ func (s *Server) watchEndpoints(ctx context.Context, in *watchInput) (*huma.Stre
 		from = rev
 	}
 	return &huma.StreamResponse{Body: func(hctx huma.Context) {
-		w, ok := startStream(hctx)
+		ctx, w, ok := startStream(hctx)
 		if !ok {
 			return
 		}
 		st := &eventStream{w: w, rc: http.NewResponseController(w)}
-		s.stream(hctx.Context(), st, keys, prefix, from, snap)
+		s.stream(ctx, st, keys, prefix, from, snap)
 	}}, nil
 }
 

@@ -239,7 +239,7 @@ func (s *Server) Serve(l net.Listener, tlsCert, tlsKey string) error {
 	s.srv = &http.Server{
 		Handler:           s.handler,
 		ReadHeaderTimeout: 10 * time.Second,
-		ReadTimeout:       2 * time.Minute, // a slow client's body (submissions take up to 64 MiB)
+		ReadTimeout:       bulkAllowance, // a slow client's body (submissions take up to 64 MiB)
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(s.cfg.Logger.Handler(), slog.LevelWarn),
 	}
@@ -375,8 +375,8 @@ func writeProblemTo(w http.ResponseWriter, p *Problem) {
 
 // bound gives the request its time bound (Config.RequestTimeout; long
 // polls MaxWait more): past it, the etcd calls under way fail and the
-// request answers 503 with Retry-After. A stream's bound ends when it
-// starts streaming (see streaming).
+// request answers 503 with Retry-After. A stream is bounded until it
+// starts streaming (see startStream).
 func (s *Server) bound(ctx huma.Context, next func(huma.Context)) {
 	op := ctx.Operation()
 	d := s.cfg.RequestTimeout
@@ -384,52 +384,63 @@ func (s *Server) bound(ctx huma.Context, next func(huma.Context)) {
 	if kind.longPoll {
 		d += s.cfg.MaxWait
 	}
-	if kind.stream {
-		c, cancel := context.WithCancelCause(ctx.Context())
-		t := time.AfterFunc(d, func() { cancel(errRequestTimeout) })
-		defer cancel(nil)
-		next(huma.WithContext(ctx, context.WithValue(c, liftKey{}, func() bool { return t.Stop() })))
-		return
+	if kind.bulk {
+		d += bulkAllowance
 	}
-	c, cancel := context.WithTimeoutCause(ctx.Context(), d, errRequestTimeout)
+	parent := ctx.Context()
+	c, cancel := context.WithTimeoutCause(parent, d, errRequestTimeout)
 	defer cancel()
+	if kind.stream {
+		c = context.WithValue(c, unboundKey{}, parent)
+	}
 	next(huma.WithContext(ctx, c))
 }
 
 // errRequestTimeout is the cause of a request's end at its time bound.
 var errRequestTimeout = fmt.Errorf("the request took longer than the server's request timeout: %w", context.DeadlineExceeded)
 
-type liftKey struct{}
+// unboundKey holds a stream's context without its time bound.
+type unboundKey struct{}
 
-// streaming lifts the time bound of a stream's request once it streams:
-// a stream lasts as long as its client, its keepalives find a client that
-// left. It reports false if the bound has already passed.
-func streaming(ctx context.Context) bool {
-	lift, ok := ctx.Value(liftKey{}).(func() bool)
-	return !ok || lift()
-}
-
-// startStream begins a stream's answer: it lifts the request's time bound
-// and returns the writer to stream to, or answers 503 and false when the
-// bound passed before the stream could start.
-func startStream(hctx huma.Context) (http.ResponseWriter, bool) {
+// startStream begins a stream's answer once its setup (its first etcd
+// reads) is done within the request's time bound: it returns the context
+// the stream runs under, which lasts as long as its client (keepalives find
+// a client that left), and the writer to stream to. When the bound passed
+// before, it answers 503 and returns false.
+func startStream(hctx huma.Context) (context.Context, http.ResponseWriter, bool) {
 	_, w := humago.Unwrap(hctx)
-	if !streaming(hctx.Context()) {
+	ctx := hctx.Context()
+	if ctx.Err() != nil {
 		var p *Problem
-		if errors.As(problem(errRequestTimeout, nil), &p) {
+		if errors.As(problem(context.Cause(ctx), nil), &p) {
 			p.Instance = hctx.URL().Path
 			writeProblemTo(w, p)
 		}
-		return nil, false
+		return nil, nil, false
 	}
-	return w, true
+	if parent, ok := ctx.Value(unboundKey{}).(context.Context); ok {
+		ctx = parent
+	}
+	return ctx, w, true
 }
 
 // routeKind says how a route is bounded in time.
 type routeKind struct {
 	longPoll bool // takes a wait (query.wait, body.wait, body.claim.wait)
 	stream   bool // answers text/event-stream
+	bulk     bool // takes a large body, or works through a whole queue or thread
 }
+
+// bulkAllowance is the time a bulk route gets beyond the request timeout:
+// as long as the server lets a body take to arrive (http.Server's
+// ReadTimeout), since the route's work is in proportion to it.
+const bulkAllowance = 2 * time.Minute
+
+// bulkRoutes are the routes whose work is in proportion to what is stored
+// rather than to the request: a dead-letter queue's requeue and purge, a
+// thread's deletion. Routes that take bodies over DefaultMaxBodyBytes
+// (submissions, checkpoints, steps) are bulk routes too.
+var bulkRoutes = map[string]bool{"requeue-dead-tasks": true, "purge-dead-tasks": true, "delete-thread": true}
 
 // routeKinds caches each operation's routeKind, read from its OpenAPI
 // description: a route that takes a wait is a long poll, one that answers
@@ -440,7 +451,7 @@ func (k *routeKinds) of(api huma.API, op *huma.Operation) routeKind {
 	if v, ok := k.m.Load(op); ok {
 		return v.(routeKind)
 	}
-	var rk routeKind
+	rk := routeKind{bulk: bulkRoutes[op.OperationID] || op.MaxBodyBytes > DefaultMaxBodyBytes}
 	for _, p := range op.Parameters {
 		rk.longPoll = rk.longPoll || (p.In == "query" && p.Name == "wait")
 	}

@@ -11,8 +11,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/danielgtaylor/huma/v2"
 	"github.com/droverhq/drover/cluster"
 	"github.com/droverhq/drover/httpapi"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // stallProxy forwards TCP connections to an etcd until stall: then it
@@ -194,6 +196,7 @@ func TestStalledEtcdAnswers503(t *testing.T) {
 			r.Header.Get("Content-Type") != "application/problem+json" || !strings.Contains(string(raw), "problems/unavailable") {
 			t.Fatalf("%s %s: %d Retry-After %q %s; want a 503 problem with Retry-After", c.method, c.path, r.StatusCode, r.Header.Get("Retry-After"), raw)
 		}
+		t.Logf("%s %s: %d %s", c.method, c.path, r.StatusCode, raw)
 	}
 }
 
@@ -259,6 +262,30 @@ func TestLongPollsAndStreamsOutliveRequestTimeout(t *testing.T) {
 			}
 		case <-guard:
 			t.Fatal("no queues event within a minute of a submission")
+		}
+	}
+}
+
+// TestBulkRoutesExist: every route named as a bulk route (given more time
+// than the request timeout) is one of the API's.
+func TestBulkRoutesExist(t *testing.T) {
+	t.Parallel()
+	s, err := httpapi.New(httpapi.Config{Etcd: srv.LocalClient(t), Registerer: prometheus.NewRegistry()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = s.Close(context.Background()) }()
+	ids := map[string]bool{}
+	for _, item := range s.API().OpenAPI().Paths {
+		for _, op := range []*huma.Operation{item.Get, item.Post, item.Put, item.Patch, item.Delete} {
+			if op != nil {
+				ids[op.OperationID] = true
+			}
+		}
+	}
+	for id := range httpapi.BulkRoutes {
+		if !ids[id] {
+			t.Errorf("bulk route %q is no operation of the API", id)
 		}
 	}
 }
