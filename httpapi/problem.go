@@ -133,6 +133,9 @@ func scrub(errs []*huma.ErrorDetail) {
 			e.Value = nil
 			continue
 		}
+		for strings.HasSuffix(loc, "]") && strings.Contains(loc, "[") { // body.sessions[0] names sessions
+			loc = loc[:strings.LastIndex(loc, "[")]
+		}
 		last := loc[strings.LastIndexAny(loc, ".[")+1:]
 		for _, name := range secretInputs {
 			if strings.Contains(last, name) {

@@ -152,6 +152,8 @@ type Server struct {
 	locks *lock.Batcher
 	// routeKinds says which routes are long polls and streams (bound).
 	routeKinds routeKinds
+	// stalls ends long requests once etcd stops answering (bound).
+	stalls *stallWatch
 
 	life    sync.Mutex
 	srv     *http.Server
@@ -171,6 +173,11 @@ func New(cfg Config) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, cli: cfg.Etcd, mux: http.NewServeMux(), metrics: m, locks: lock.NewBatcher(cfg.Etcd)}
 	s.hub = newHub(s, cfg.StatsInterval)
+	probeKey := keyspace.MustNew(cfg.Namespace).StoreFull()
+	s.stalls = newStallWatch(func(ctx context.Context) error {
+		_, err := cfg.Etcd.Get(ctx, probeKey, clientv3.WithCountOnly())
+		return err
+	}, cfg.RequestTimeout)
 	if len(cfg.PaxosEndpoints) > 0 {
 		if s.paxos, err = client.New(client.Config{Endpoints: cfg.PaxosEndpoints}); err != nil {
 			return nil, drover.Rename(err, "PaxosEndpoints")
@@ -271,6 +278,7 @@ func (s *Server) Close(ctx context.Context) error {
 	srv, serving := s.srv, s.serving
 	s.life.Unlock()
 	defer s.hub.close()
+	defer s.stalls.close()
 	if s.paxos != nil {
 		defer func() { _ = s.paxos.Close(ctx) }()
 	}
@@ -301,12 +309,13 @@ func (s *Server) Close(ctx context.Context) error {
 // read as the JSON it is, and a request no route takes gets a problem
 // document rather than the ServeMux's plain text.
 func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
 	if formEncoded(r.Header.Get("Content-Type")) {
 		r = r.Clone(r.Context())
 		r.Header.Set("Content-Type", "application/json")
 	}
 	if h, pattern := s.mux.Handler(r); pattern == "" {
-		s.unrouted(w, r, h)
+		s.unrouted(w, r, h, start)
 		return
 	}
 	s.mux.ServeHTTP(w, r)
@@ -322,7 +331,7 @@ func formEncoded(ct string) bool {
 // unrouted answers a request that matches no route: 405 with Allow when
 // the path has routes for other methods, else 404. h is the ServeMux's
 // own answer, asked only for its status and Allow header.
-func (s *Server) unrouted(w http.ResponseWriter, r *http.Request, h http.Handler) {
+func (s *Server) unrouted(w http.ResponseWriter, r *http.Request, h http.Handler, start time.Time) {
 	rec := &statusRecorder{header: http.Header{}}
 	h.ServeHTTP(rec, r)
 	var p *Problem
@@ -336,7 +345,11 @@ func (s *Server) unrouted(w http.ResponseWriter, r *http.Request, h http.Handler
 	}
 	p.Instance = r.URL.Path
 	writeProblemTo(w, p)
-	s.logRequest(r.Method, "", r.URL.Path, p.Status, 0, r.RemoteAddr, s.cfg.Namespace, "")
+	ns := r.Header.Get(NamespaceHeader)
+	if ns == "" {
+		ns = s.cfg.Namespace
+	}
+	s.logRequest(r.Method, "", r.URL.Path, p.Status, time.Since(start), r.RemoteAddr, ns, "")
 }
 
 // statusRecorder keeps the status and headers a handler writes, and
@@ -371,120 +384,4 @@ func writeProblemTo(w http.ResponseWriter, p *Problem) {
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(p.Status)
 	_ = json.NewEncoder(w).Encode(p)
-}
-
-// bound gives the request its time bound (Config.RequestTimeout; long
-// polls MaxWait more): past it, the etcd calls under way fail and the
-// request answers 503 with Retry-After. A stream is bounded until it
-// starts streaming (see startStream).
-func (s *Server) bound(ctx huma.Context, next func(huma.Context)) {
-	op := ctx.Operation()
-	d := s.cfg.RequestTimeout
-	kind := s.routeKinds.of(s.api, op)
-	if kind.longPoll {
-		d += s.cfg.MaxWait
-	}
-	if kind.bulk {
-		d += bulkAllowance
-	}
-	parent := ctx.Context()
-	c, cancel := context.WithTimeoutCause(parent, d, errRequestTimeout)
-	defer cancel()
-	if kind.stream {
-		c = context.WithValue(c, unboundKey{}, parent)
-	}
-	next(huma.WithContext(ctx, c))
-}
-
-// errRequestTimeout is the cause of a request's end at its time bound.
-var errRequestTimeout = fmt.Errorf("the request took longer than the server's request timeout: %w", context.DeadlineExceeded)
-
-// unboundKey holds a stream's context without its time bound.
-type unboundKey struct{}
-
-// startStream begins a stream's answer once its setup (its first etcd
-// reads) is done within the request's time bound: it returns the context
-// the stream runs under, which lasts as long as its client (keepalives find
-// a client that left), and the writer to stream to. When the bound passed
-// before, it answers 503 and returns false.
-func startStream(hctx huma.Context) (context.Context, http.ResponseWriter, bool) {
-	_, w := humago.Unwrap(hctx)
-	ctx := hctx.Context()
-	if ctx.Err() != nil {
-		var p *Problem
-		if errors.As(problem(context.Cause(ctx), nil), &p) {
-			p.Instance = hctx.URL().Path
-			writeProblemTo(w, p)
-		}
-		return nil, nil, false
-	}
-	if parent, ok := ctx.Value(unboundKey{}).(context.Context); ok {
-		ctx = parent
-	}
-	return ctx, w, true
-}
-
-// routeKind says how a route is bounded in time.
-type routeKind struct {
-	longPoll bool // takes a wait (query.wait, body.wait, body.claim.wait)
-	stream   bool // answers text/event-stream
-	bulk     bool // takes a large body, or works through a whole queue or thread
-}
-
-// bulkAllowance is the time a bulk route gets beyond the request timeout:
-// as long as the server lets a body take to arrive (http.Server's
-// ReadTimeout), since the route's work is in proportion to it.
-const bulkAllowance = 2 * time.Minute
-
-// bulkRoutes are the routes whose work is in proportion to what is stored
-// rather than to the request: a dead-letter queue's requeue and purge, a
-// thread's deletion. Routes that take bodies over DefaultMaxBodyBytes
-// (submissions, checkpoints, steps) are bulk routes too.
-var bulkRoutes = map[string]bool{"requeue-dead-tasks": true, "purge-dead-tasks": true, "delete-thread": true}
-
-// routeKinds caches each operation's routeKind, read from its OpenAPI
-// description: a route that takes a wait is a long poll, one that answers
-// text/event-stream a stream.
-type routeKinds struct{ m sync.Map }
-
-func (k *routeKinds) of(api huma.API, op *huma.Operation) routeKind {
-	if v, ok := k.m.Load(op); ok {
-		return v.(routeKind)
-	}
-	rk := routeKind{bulk: bulkRoutes[op.OperationID] || op.MaxBodyBytes > DefaultMaxBodyBytes}
-	for _, p := range op.Parameters {
-		rk.longPoll = rk.longPoll || (p.In == "query" && p.Name == "wait")
-	}
-	if op.RequestBody != nil {
-		for _, mt := range op.RequestBody.Content {
-			rk.longPoll = rk.longPoll || takesWait(api.OpenAPI().Components.Schemas, mt.Schema, 2)
-		}
-	}
-	for _, r := range op.Responses {
-		if r != nil && r.Content["text/event-stream"] != nil {
-			rk.stream = true
-		}
-	}
-	k.m.Store(op, rk)
-	return rk
-}
-
-// takesWait reports a body schema with a "wait" property, itself or in an
-// object property, up to depth levels down.
-func takesWait(reg huma.Registry, sc *huma.Schema, depth int) bool {
-	if sc != nil && sc.Ref != "" {
-		sc = reg.SchemaFromRef(sc.Ref)
-	}
-	if sc == nil || depth == 0 {
-		return false
-	}
-	if _, ok := sc.Properties["wait"]; ok {
-		return true
-	}
-	for _, p := range sc.Properties {
-		if takesWait(reg, p, depth-1) {
-			return true
-		}
-	}
-	return false
 }

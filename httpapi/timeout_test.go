@@ -154,8 +154,9 @@ func answerWithin(t *testing.T, req *http.Request, guard time.Duration) (*http.R
 
 // TestStalledEtcdAnswers503: with the etcd behind the server no longer
 // answering, every route answers 503 with Retry-After within the server's
-// request timeout, to a client that would wait forever; long polls within
-// their wait more, and a stream before it starts.
+// request timeout, to a client that would wait forever; long polls and
+// bulk routes as soon as a probe finds etcd stalled, long before their
+// longer bounds; and a stream before it starts.
 func TestStalledEtcdAnswers503(t *testing.T) {
 	t.Parallel()
 	p := newStallProxy(t, srv.Endpoints()[0])
@@ -167,7 +168,7 @@ func TestStalledEtcdAnswers503(t *testing.T) {
 	a := newAPI(t, func(c *httpapi.Config) {
 		c.Etcd = cli
 		c.RequestTimeout = 200 * time.Millisecond
-		c.MaxWait = 300 * time.Millisecond
+		c.MaxWait = 2 * time.Minute // past the guard: a stalled long poll must end sooner
 	})
 	// The client's connection goes through the proxy before it stalls.
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -180,7 +181,9 @@ func TestStalledEtcdAnswers503(t *testing.T) {
 	for _, c := range []struct{ method, path, body, accept string }{
 		{"POST", "/v1/sessions", `{"ttl": 10}`, ""},
 		{"GET", "/v1/queues", "", ""},
-		{"POST", "/v1/queues/q/claim", `{"session": "1a2b.c3d4c3d4c3d4c3d4c3d4", "wait": "10s"}`, ""},
+		{"POST", "/v1/locks/stalled", `{"owner": "w1", "ttl": 5}`, ""},
+		{"POST", "/v1/queues/q/tasks", `[{"task_id": "t1", "task_type": "x"}]`, ""},
+		{"POST", "/v1/queues/q/claim", `{"session": "1a2b.c3d4c3d4c3d4c3d4c3d4", "wait": "100s"}`, ""},
 		{"GET", "/v1/events", "", "text/event-stream"},
 	} {
 		req, err := http.NewRequest(c.method, a.base+c.path, strings.NewReader(c.body))
@@ -205,7 +208,7 @@ func TestStalledEtcdAnswers503(t *testing.T) {
 // still delivers events after it.
 func TestLongPollsAndStreamsOutliveRequestTimeout(t *testing.T) {
 	t.Parallel()
-	const bound = 50 * time.Millisecond
+	const bound = time.Second
 	a := newAPI(t, func(c *httpapi.Config) { c.RequestTimeout = bound })
 	// A second server on the same namespace, with the default bound, does
 	// the setup, so that a loaded machine cannot fail it.
@@ -214,11 +217,11 @@ func TestLongPollsAndStreamsOutliveRequestTimeout(t *testing.T) {
 	b.do("POST", "/v1/locks/busy", map[string]any{"session": sid}).want(t, 200)
 	other := b.session(30)
 	start := time.Now()
-	r := a.do("POST", "/v1/locks/busy?wait=300ms", map[string]any{"session": other})
+	r := a.do("POST", "/v1/locks/busy?wait=2s", map[string]any{"session": other})
 	if r.Status == http.StatusServiceUnavailable {
-		t.Fatalf("a lock wait of 300ms under a request timeout of %s: %s", bound, r.Raw)
+		t.Fatalf("a lock wait of 2s under a request timeout of %s: %s", bound, r.Raw)
 	}
-	if time.Since(start) < 300*time.Millisecond {
+	if time.Since(start) < 2*time.Second {
 		t.Fatalf("the lock wait answered %d after %s, before its wait", r.Status, time.Since(start))
 	}
 
@@ -248,7 +251,7 @@ func TestLongPollsAndStreamsOutliveRequestTimeout(t *testing.T) {
 	if e := <-events; e != "snapshot" {
 		t.Fatalf("first event %q, want snapshot", e)
 	}
-	time.Sleep(10 * bound) // past the request timeout: the stream must live on
+	time.Sleep(2 * bound) // past the request timeout: the stream must live on
 	b.do("POST", "/v1/queues/q/tasks", qtasksJSON("t", 1)).want(t, 200)
 	guard := time.After(time.Minute)
 	for {
