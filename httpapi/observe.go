@@ -59,8 +59,9 @@ func register[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error)
 
 // observe counts and times every request, and logs it: method, route,
 // path, status, duration, namespace and token name (never the token).
-// authorize, which runs inside it, fills in the namespace it served and
-// the token's name (see noteAccess).
+// The namespace is the one the request names (or the server's);
+// authorize, which runs inside it, fills in the token's name (see
+// noteAccess).
 func (s *Server) observe(ctx huma.Context, next func(huma.Context)) {
 	start := time.Now()
 	who := &access{ns: ctx.Header(NamespaceHeader)}

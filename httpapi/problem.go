@@ -108,8 +108,6 @@ func kindOf(status int) string {
 	switch status {
 	case http.StatusNotAcceptable:
 		return "not-acceptable"
-	case http.StatusNotModified, http.StatusPreconditionFailed:
-		return "precondition-failed"
 	case http.StatusInternalServerError:
 		return "internal"
 	}

@@ -61,12 +61,14 @@ type Config struct {
 	// MaxWait bounds every long poll (claims, lock waits, limit takes).
 	// Default 60 s.
 	MaxWait time.Duration
-	// RequestTimeout bounds the time the server spends on a request: one
-	// etcd that does not answer gets a 503 with Retry-After once it has
-	// passed, never an answer that waits for the client to give up. Long
-	// polls get it on top of MaxWait; a stream gets it until its first
-	// event, then lasts as long as its client. Default
-	// DefaultRequestTimeout.
+	// RequestTimeout bounds the time the server spends on a request: when
+	// etcd does not answer within it, the request gets a 503 with
+	// Retry-After, whether or not its client would wait longer. Long polls
+	// get it on top of MaxWait, and bulk routes (large bodies, dead-letter
+	// requeues and purges, thread deletions) two minutes more; both end
+	// sooner when a probe of etcd, one per RequestTimeout while they run,
+	// gets no answer within it. A stream gets it until it starts, then
+	// lasts as long as its client. Default DefaultRequestTimeout.
 	RequestTimeout time.Duration
 	// StatsInterval is how often the queues' counts are sampled for GET
 	// /v1/stats/history, which keeps an hour of samples; default
