@@ -218,6 +218,7 @@ func (s *Server) authorize(ctx huma.Context, next func(huma.Context)) {
 			s.writeProblem(ctx, p)
 			return
 		}
+		noteAccess(ctx.Context(), e.name)
 		if !e.allows(ns) && validNamespace(ns) && !anyNamespace(op) {
 			s.writeProblem(ctx, newProblem(http.StatusForbidden, "forbidden",
 				fmt.Sprintf("token %q may not use namespace %q; send %s with one of its namespaces (%s)", e.name, ns, NamespaceHeader, strings.Join(e.namespaces, ", "))))
@@ -236,6 +237,7 @@ func (s *Server) authorize(ctx huma.Context, next func(huma.Context)) {
 	}
 	ctx = huma.WithValue(ctx, nsKey, ns)
 	ctx = huma.WithValue(ctx, whoKey, who)
+	noteAccess(ctx.Context(), who)
 	next(ctx)
 }
 

@@ -10,6 +10,8 @@
 //
 // Errors are RFC 9457 problem documents ([Problem]); bodies that do not
 // match the schema, unknown fields included, get 400 and change nothing.
+// Every request is bounded in time ([Config].RequestTimeout): when etcd
+// does not answer within it, the answer is a 503 with Retry-After.
 // With an auth file ([LoadAuth]) every route but the health checks needs a
 // bearer token, scoped to namespaces (the Drover-Namespace header) and a
 // role.

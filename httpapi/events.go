@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/danielgtaylor/huma/v2"
-	"github.com/danielgtaylor/huma/v2/adapters/humago"
 )
 
 // EventsSnapshot is the first event of GET /v1/events, and the whole
@@ -78,7 +77,10 @@ func (s *Server) followEvents(ctx context.Context, in *eventsInput) (*huma.Strea
 	snap := EventsSnapshot{Namespace: s.nsOf(ctx), Queues: qs, At: time.Now().UTC()}
 	stream := strings.Contains(in.Accept, "text/event-stream")
 	return &huma.StreamResponse{Body: func(hctx huma.Context) {
-		_, w := humago.Unwrap(hctx)
+		ctx, w, ok := startStream(hctx)
+		if !ok {
+			return
+		}
 		if !stream {
 			w.Header().Set("Content-Type", "application/json")
 			w.WriteHeader(http.StatusOK)
@@ -86,7 +88,7 @@ func (s *Server) followEvents(ctx context.Context, in *eventsInput) (*huma.Strea
 			return
 		}
 		st := &eventStream{w: w, rc: http.NewResponseController(w)}
-		s.streamEvents(hctx.Context(), st, snap)
+		s.streamEvents(ctx, st, snap)
 	}}, nil
 }
 

@@ -20,3 +20,6 @@ func StatusOf(err error) int {
 	}
 	return 0
 }
+
+// BulkRoutes are the operation ids bound as bulk routes by name.
+var BulkRoutes = bulkRoutes

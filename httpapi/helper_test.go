@@ -38,7 +38,10 @@ func newAPI(t *testing.T, edit ...func(*httpapi.Config)) *api {
 	t.Helper()
 	cli := srv.LocalClient(t)
 	ns := etcdtest.Namespace(t)
-	cfg := httpapi.Config{Etcd: cli, Namespace: ns, Logger: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry(), MaxWait: 10 * time.Second}
+	// A request timeout far above what etcd takes on a loaded machine:
+	// tests of the timeout set their own.
+	cfg := httpapi.Config{Etcd: cli, Namespace: ns, Logger: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry(),
+		MaxWait: 10 * time.Second, RequestTimeout: time.Minute}
 	for _, e := range edit {
 		e(&cfg)
 	}

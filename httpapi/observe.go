@@ -3,10 +3,14 @@ package httpapi
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/danielgtaylor/huma/v2"
+	"github.com/danielgtaylor/huma/v2/adapters/humago"
 	"github.com/droverhq/drover/keyspace"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -55,9 +59,16 @@ func register[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error)
 
 // observe counts and times every request, and logs it: method, route,
 // path, status, duration, namespace and token name (never the token).
+// The namespace is the one the request names (or the server's);
+// authorize, which runs inside it, fills in the token's name (see
+// noteAccess).
 func (s *Server) observe(ctx huma.Context, next func(huma.Context)) {
 	start := time.Now()
-	next(ctx)
+	who := &access{ns: ctx.Header(NamespaceHeader)}
+	if who.ns == "" {
+		who.ns = s.cfg.Namespace
+	}
+	next(huma.WithValue(ctx, accessKey{}, who))
 	op := ctx.Operation()
 	code := ctx.Status()
 	if code == 0 {
@@ -66,13 +77,32 @@ func (s *Server) observe(ctx huma.Context, next func(huma.Context)) {
 	d := time.Since(start)
 	s.metrics.requests.WithLabelValues(op.Path, op.Method, strconv.Itoa(code)).Inc()
 	s.metrics.latency.WithLabelValues(op.Path, op.Method).Observe(d.Seconds())
+	s.logRequest(op.Method, op.Path, ctx.URL().Path, code, d, ctx.RemoteAddr(), who.ns, who.token)
+}
+
+// logRequest writes a request's access log line (a warning for a 5xx).
+func (s *Server) logRequest(method, route, path string, code int, d time.Duration, remote, ns, token string) {
 	level := s.cfg.Logger.Info
 	if code >= 500 {
 		level = s.cfg.Logger.Warn
 	}
-	level("http request", "method", op.Method, "route", op.Path, "path", ctx.URL().Path, "status", code,
-		"duration_ms", float64(d.Microseconds())/1000, "remote", ctx.RemoteAddr(),
-		"namespace", s.nsOf(ctx.Context()), "token", whoOf(ctx.Context()))
+	level("http request", "method", method, "route", route, "path", path, "status", code,
+		"duration_ms", float64(d.Microseconds())/1000, "remote", remote, "namespace", ns, "token", token)
+}
+
+// access is what the access log says of who made a request and where:
+// the namespace it named (or the server's) and its token's name, "" before
+// the token is known and "anonymous" on a server without auth.
+type access struct{ ns, token string }
+
+type accessKey struct{}
+
+// noteAccess records, for the access log, the token name a request was
+// authorized with.
+func noteAccess(ctx context.Context, token string) {
+	if a, ok := ctx.Value(accessKey{}).(*access); ok {
+		a.token = token
+	}
 }
 
 // nsOf is the namespace the request was authorized for.
@@ -89,4 +119,216 @@ func (s *Server) keys(ctx context.Context) keyspace.Space { return keyspace.Must
 func whoOf(ctx context.Context) string {
 	w, _ := ctx.Value(whoKey).(string)
 	return w
+}
+
+// bound gives the request its time bound (Config.RequestTimeout): past
+// it, the etcd calls under way fail and the request answers 503 with
+// Retry-After. Long polls get MaxWait more and bulk routes bulkAllowance
+// more; both end sooner when etcd stops answering meanwhile (see
+// stallWatch). A stream is bounded until it starts streaming (see
+// startStream).
+func (s *Server) bound(ctx huma.Context, next func(huma.Context)) {
+	op := ctx.Operation()
+	d := s.cfg.RequestTimeout
+	kind := s.routeKinds.of(s.api, op)
+	if kind.longPoll {
+		d += s.cfg.MaxWait
+	}
+	if kind.bulk {
+		d += bulkAllowance
+	}
+	parent := ctx.Context()
+	c, cancel := context.WithTimeoutCause(parent, d, errRequestTimeout)
+	defer cancel()
+	if kind.longPoll || kind.bulk {
+		var stop context.CancelCauseFunc
+		c, stop = context.WithCancelCause(c)
+		defer stop(nil)
+		defer s.stalls.watch(stop)()
+	}
+	if kind.stream {
+		c = context.WithValue(c, unboundKey{}, parent)
+	}
+	next(huma.WithContext(ctx, c))
+}
+
+// errEtcdStalled is the cause of a long request's end when etcd stopped
+// answering while it ran.
+var errEtcdStalled = fmt.Errorf("etcd did not answer a probe within the server's request timeout: %w", context.DeadlineExceeded)
+
+// stallWatch ends the long requests under way (long polls, bulk routes)
+// once etcd stops answering, rather than at the end of their longer
+// bounds: while any runs, it reads one key every request timeout, and a
+// read that fails or does not answer within it cancels them all.
+type stallWatch struct {
+	probe func(ctx context.Context) error
+	every time.Duration
+
+	mu      sync.Mutex
+	seq     int
+	reqs    map[int]context.CancelCauseFunc
+	running bool
+	closed  chan struct{}
+}
+
+func newStallWatch(probe func(ctx context.Context) error, every time.Duration) *stallWatch {
+	return &stallWatch{probe: probe, every: every, reqs: map[int]context.CancelCauseFunc{}, closed: make(chan struct{})}
+}
+
+// watch cancels with stop when etcd stalls, until the returned func is
+// called.
+func (w *stallWatch) watch(stop context.CancelCauseFunc) (done func()) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.seq++
+	id := w.seq
+	w.reqs[id] = stop
+	if !w.running {
+		w.running = true
+		go w.run()
+	}
+	return func() {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		delete(w.reqs, id)
+	}
+}
+
+// run probes etcd while requests are watched; it returns when none is,
+// or when the server closes.
+func (w *stallWatch) run() {
+	t := time.NewTimer(w.every)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+		case <-w.closed:
+			w.mu.Lock()
+			w.running = false
+			w.mu.Unlock()
+			return
+		}
+		w.mu.Lock()
+		if len(w.reqs) == 0 {
+			w.running = false
+			w.mu.Unlock()
+			return
+		}
+		w.mu.Unlock()
+		ctx, cancel := context.WithTimeout(context.Background(), w.every)
+		err := w.probe(ctx)
+		cancel()
+		if err != nil {
+			w.mu.Lock()
+			for _, stop := range w.reqs {
+				stop(errEtcdStalled)
+			}
+			w.mu.Unlock()
+		}
+		t.Reset(w.every)
+	}
+}
+
+// close stops the probes.
+func (w *stallWatch) close() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	select {
+	case <-w.closed:
+	default:
+		close(w.closed)
+	}
+}
+
+// errRequestTimeout is the cause of a request's end at its time bound.
+var errRequestTimeout = fmt.Errorf("the request took longer than the server's request timeout: %w", context.DeadlineExceeded)
+
+// unboundKey holds a stream's context without its time bound.
+type unboundKey struct{}
+
+// startStream begins a stream's answer once its setup (its first etcd
+// reads) is done within the request's time bound: it returns the context
+// the stream runs under, which lasts as long as its client (keepalives find
+// a client that left), and the writer to stream to. When the bound passed
+// before, it answers 503 and returns false.
+func startStream(hctx huma.Context) (context.Context, http.ResponseWriter, bool) {
+	_, w := humago.Unwrap(hctx)
+	ctx := hctx.Context()
+	if ctx.Err() != nil {
+		var p *Problem
+		if errors.As(problem(context.Cause(ctx), nil), &p) {
+			p.Instance = hctx.URL().Path
+			writeProblemTo(w, p)
+		}
+		return nil, nil, false
+	}
+	if parent, ok := ctx.Value(unboundKey{}).(context.Context); ok {
+		ctx = parent
+	}
+	return ctx, w, true
+}
+
+// routeKind says how a route is bounded in time.
+type routeKind struct {
+	longPoll bool // takes a wait (query.wait, body.wait, body.claim.wait)
+	stream   bool // answers text/event-stream
+	bulk     bool // takes a large body, or works through a whole queue or thread
+}
+
+// bulkAllowance is the time a bulk route gets beyond the request timeout:
+// as long as the server lets a body take to arrive (http.Server's
+// ReadTimeout), since the route's work is in proportion to it.
+const bulkAllowance = 2 * time.Minute
+
+// bulkRoutes are the routes whose work is in proportion to what is stored
+// rather than to the request: a dead-letter queue's requeue and purge, a
+// thread's deletion. Routes that take bodies over DefaultMaxBodyBytes
+// (submissions, checkpoints, steps) are bulk routes too.
+var bulkRoutes = map[string]bool{"requeue-dead-tasks": true, "purge-dead-tasks": true, "delete-thread": true}
+
+// routeKinds caches each operation's routeKind, read from its OpenAPI
+// description: a route that takes a wait is a long poll, one that answers
+// text/event-stream a stream.
+type routeKinds struct{ m sync.Map }
+
+func (k *routeKinds) of(api huma.API, op *huma.Operation) routeKind {
+	if v, ok := k.m.Load(op); ok {
+		return v.(routeKind)
+	}
+	rk := routeKind{bulk: bulkRoutes[op.OperationID] || op.MaxBodyBytes > DefaultMaxBodyBytes}
+	for _, p := range op.Parameters {
+		rk.longPoll = rk.longPoll || (p.In == "query" && p.Name == "wait")
+	}
+	if op.RequestBody != nil {
+		for _, mt := range op.RequestBody.Content {
+			rk.longPoll = rk.longPoll || takesWait(api.OpenAPI().Components.Schemas, mt.Schema, 2)
+		}
+	}
+	for _, r := range op.Responses {
+		if r != nil && r.Content["text/event-stream"] != nil {
+			rk.stream = true
+		}
+	}
+	k.m.Store(op, rk)
+	return rk
+}
+
+// takesWait reports a body schema with a "wait" property, itself or in an
+// object property, up to depth levels down.
+func takesWait(reg huma.Registry, sc *huma.Schema, depth int) bool {
+	if sc != nil && sc.Ref != "" {
+		sc = reg.SchemaFromRef(sc.Ref)
+	}
+	if sc == nil || depth == 0 {
+		return false
+	}
+	if _, ok := sc.Properties["wait"]; ok {
+		return true
+	}
+	for _, p := range sc.Properties {
+		if takesWait(reg, p, depth-1) {
+			return true
+		}
+	}
+	return false
 }

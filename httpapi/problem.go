@@ -84,6 +84,7 @@ func init() {
 				p.Errors = append(p.Errors, &huma.ErrorDetail{Message: e.Error()})
 			}
 		}
+		scrub(p.Errors)
 		switch status {
 		case http.StatusBadRequest:
 			p.Type = problemBase + "invalid-input"
@@ -91,8 +92,54 @@ func init() {
 		case http.StatusRequestEntityTooLarge:
 			p.Type = problemBase + "too-large"
 			p.Detail = msg + ": send less per request (submissions: split the batch)"
+		case http.StatusUnsupportedMediaType:
+			p.Type = problemBase + "unsupported-media-type"
+			p.Detail = "this route takes JSON: send the header `Content-Type: application/json` (a body without Content-Type, " +
+				"or sent as a form with curl -d, is read as JSON too)"
+		default:
+			p.Type = problemBase + kindOf(status)
 		}
 		return p
+	}
+}
+
+// kindOf names the problem of a status huma answers with on its own.
+func kindOf(status int) string {
+	switch status {
+	case http.StatusNotAcceptable:
+		return "not-acceptable"
+	case http.StatusInternalServerError:
+		return "internal"
+	}
+	return strings.ReplaceAll(strings.ToLower(http.StatusText(status)), " ", "-")
+}
+
+// secretInputs are the inputs whose values an error never repeats: a
+// session id holds its secret, and a mistyped one may be a real one.
+var secretInputs = []string{"session", "token", "secret", "password", "authorization"}
+
+// scrub removes from errs the values that may hold a secret: the whole
+// body (what huma repeats of a body it cannot parse) and every input whose
+// name says it holds one. The location and the rule stay.
+func scrub(errs []*huma.ErrorDetail) {
+	for _, e := range errs {
+		if e == nil {
+			continue
+		}
+		loc := strings.ToLower(e.Location)
+		if loc == "body" || loc == "" {
+			e.Value = nil
+			continue
+		}
+		for strings.HasSuffix(loc, "]") && strings.Contains(loc, "[") { // body.sessions[0] names sessions
+			loc = loc[:strings.LastIndex(loc, "[")]
+		}
+		last := loc[strings.LastIndexAny(loc, ".[")+1:]
+		for _, name := range secretInputs {
+			if strings.Contains(last, name) {
+				e.Value = nil
+			}
+		}
 	}
 }
 
@@ -118,6 +165,7 @@ func newProblem(status int, kind, detail string) *Problem {
 func invalid(location string, value any, rule string) *Problem {
 	p := newProblem(http.StatusBadRequest, "invalid-input", fmt.Sprintf("invalid %s: %s", location, rule))
 	p.Errors = []*huma.ErrorDetail{{Location: location, Message: rule, Value: value}}
+	scrub(p.Errors)
 	return p
 }
 
@@ -140,7 +188,9 @@ func problem(err error, where map[string]string) error {
 			loc = ie.Field
 		}
 		p = invalid(loc, ie.Value, ie.Rule)
-		p.Detail = strings.Replace(err.Error(), ie.Field, loc, 1)
+		if p.Errors[0].Value != nil || ie.Value == nil { // else scrubbed: the detail must not repeat it
+			p.Detail = strings.Replace(err.Error(), ie.Field, loc, 1)
+		}
 		return p
 	case errors.As(err, &sf):
 		p = newProblem(http.StatusInsufficientStorage, "store-full", err.Error())

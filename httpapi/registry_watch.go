@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/danielgtaylor/huma/v2"
-	"github.com/danielgtaylor/huma/v2/adapters/humago"
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/registry"
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -104,9 +103,12 @@ func (s *Server) watchEndpoints(ctx context.Context, in *watchInput) (*huma.Stre
 		from = rev
 	}
 	return &huma.StreamResponse{Body: func(hctx huma.Context) {
-		_, w := humago.Unwrap(hctx)
+		ctx, w, ok := startStream(hctx)
+		if !ok {
+			return
+		}
 		st := &eventStream{w: w, rc: http.NewResponseController(w)}
-		s.stream(hctx.Context(), st, keys, prefix, from, snap)
+		s.stream(ctx, st, keys, prefix, from, snap)
 	}}, nil
 }
 

@@ -4,11 +4,13 @@ import (
 	"github.com/droverhq/drover/paxos/client"
 
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -28,6 +30,11 @@ const DefaultMaxBodyBytes = 1 << 20
 
 // MaxSubmitBytes is the largest body of a queue submission.
 const MaxSubmitBytes = 64 << 20
+
+// DefaultRequestTimeout is the time a request may take when Config says
+// none: etcd answers within milliseconds when it is well, and /readyz
+// gives up after 2 s.
+const DefaultRequestTimeout = 5 * time.Second
 
 // Config configures a [Server]. Only Etcd is required.
 type Config struct {
@@ -54,6 +61,15 @@ type Config struct {
 	// MaxWait bounds every long poll (claims, lock waits, limit takes).
 	// Default 60 s.
 	MaxWait time.Duration
+	// RequestTimeout bounds the time the server spends on a request: when
+	// etcd does not answer within it, the request gets a 503 with
+	// Retry-After, whether or not its client would wait longer. Long polls
+	// get it on top of MaxWait, and bulk routes (large bodies, dead-letter
+	// requeues and purges, thread deletions) two minutes more; both end
+	// sooner when a probe of etcd, one per RequestTimeout while they run,
+	// gets no answer within it. A stream gets it until it starts, then
+	// lasts as long as its client. Default DefaultRequestTimeout.
+	RequestTimeout time.Duration
 	// StatsInterval is how often the queues' counts are sampled for GET
 	// /v1/stats/history, which keeps an hour of samples; default
 	// DefaultStatsInterval.
@@ -80,6 +96,9 @@ func (c Config) withDefaults() Config {
 	if c.StatsInterval == 0 {
 		c.StatsInterval = DefaultStatsInterval
 	}
+	if c.RequestTimeout == 0 {
+		c.RequestTimeout = DefaultRequestTimeout
+	}
 	return c
 }
 
@@ -93,6 +112,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxWait < 0 {
 		return &drover.InputError{Field: "MaxWait", Value: c.MaxWait, Rule: "must be 0 (60 s) or positive"}
+	}
+	if c.RequestTimeout < 0 || (c.RequestTimeout > 0 && c.RequestTimeout < time.Millisecond) {
+		return &drover.InputError{Field: "RequestTimeout", Value: c.RequestTimeout, Rule: "must be 0 (5 s), or 1ms or more"}
 	}
 	if c.StatsInterval < 0 || (c.StatsInterval > 0 && c.StatsInterval < 10*time.Millisecond) || c.StatsInterval > time.Hour {
 		return &drover.InputError{Field: "StatsInterval", Value: c.StatsInterval, Rule: "must be 0 (5 s), or from 10ms to 1h"}
@@ -130,6 +152,10 @@ type Server struct {
 	// locks sends the sessions' lock acquisitions and releases that arrive
 	// together in fewer etcd requests (lock.Batcher).
 	locks *lock.Batcher
+	// routeKinds says which routes are long polls and streams (bound).
+	routeKinds routeKinds
+	// stalls ends long requests once etcd stops answering (bound).
+	stalls *stallWatch
 
 	life    sync.Mutex
 	srv     *http.Server
@@ -149,16 +175,21 @@ func New(cfg Config) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, cli: cfg.Etcd, mux: http.NewServeMux(), metrics: m, locks: lock.NewBatcher(cfg.Etcd)}
 	s.hub = newHub(s, cfg.StatsInterval)
+	probeKey := keyspace.MustNew(cfg.Namespace).StoreFull()
+	s.stalls = newStallWatch(func(ctx context.Context) error {
+		_, err := cfg.Etcd.Get(ctx, probeKey, clientv3.WithCountOnly())
+		return err
+	}, cfg.RequestTimeout)
 	if len(cfg.PaxosEndpoints) > 0 {
 		if s.paxos, err = client.New(client.Config{Endpoints: cfg.PaxosEndpoints}); err != nil {
 			return nil, drover.Rename(err, "PaxosEndpoints")
 		}
 	}
 	s.api = humago.New(s.mux, apiConfig())
-	s.api.UseMiddleware(s.observe, s.authorize)
+	s.api.UseMiddleware(s.observe, s.authorize, s.bound)
 	s.routes()
 	s.mountUI()
-	s.handler = s.mux
+	s.handler = http.HandlerFunc(s.serveHTTP)
 	return s, nil
 }
 
@@ -217,7 +248,7 @@ func (s *Server) Serve(l net.Listener, tlsCert, tlsKey string) error {
 	s.srv = &http.Server{
 		Handler:           s.handler,
 		ReadHeaderTimeout: 10 * time.Second,
-		ReadTimeout:       2 * time.Minute, // a slow client's body (submissions take up to 64 MiB)
+		ReadTimeout:       bulkAllowance, // a slow client's body (submissions take up to 64 MiB)
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(s.cfg.Logger.Handler(), slog.LevelWarn),
 	}
@@ -249,6 +280,7 @@ func (s *Server) Close(ctx context.Context) error {
 	srv, serving := s.srv, s.serving
 	s.life.Unlock()
 	defer s.hub.close()
+	defer s.stalls.close()
 	if s.paxos != nil {
 		defer func() { _ = s.paxos.Close(ctx) }()
 	}
@@ -273,4 +305,85 @@ func (s *Server) Close(ctx context.Context) error {
 		return fmt.Errorf("httpapi: close: %w", err)
 	}
 	return nil
+}
+
+// serveHTTP serves a request: a JSON body sent as a form (curl's -d) is
+// read as the JSON it is, and a request no route takes gets a problem
+// document rather than the ServeMux's plain text.
+func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	if formEncoded(r.Header.Get("Content-Type")) {
+		r = r.Clone(r.Context())
+		r.Header.Set("Content-Type", "application/json")
+	}
+	if h, pattern := s.mux.Handler(r); pattern == "" {
+		s.unrouted(w, r, h, start)
+		return
+	}
+	s.mux.ServeHTTP(w, r)
+}
+
+// formEncoded reports a body that says it is a form: what curl -d sends
+// unless told otherwise. No route takes forms, so it is read as JSON.
+func formEncoded(ct string) bool {
+	mt, _, _ := strings.Cut(ct, ";")
+	return strings.EqualFold(strings.TrimSpace(mt), "application/x-www-form-urlencoded")
+}
+
+// unrouted answers a request that matches no route: 405 with Allow when
+// the path has routes for other methods, else 404. h is the ServeMux's
+// own answer, asked only for its status and Allow header.
+func (s *Server) unrouted(w http.ResponseWriter, r *http.Request, h http.Handler, start time.Time) {
+	rec := &statusRecorder{header: http.Header{}}
+	h.ServeHTTP(rec, r)
+	var p *Problem
+	if allow := rec.header.Get("Allow"); rec.code == http.StatusMethodNotAllowed {
+		p = newProblem(http.StatusMethodNotAllowed, "method-not-allowed",
+			fmt.Sprintf("%s %s: this path takes %s; the OpenAPI document at /openapi.json describes every route", r.Method, r.URL.Path, allow))
+		p.headers = http.Header{"Allow": {allow}}
+	} else {
+		p = newProblem(http.StatusNotFound, "no-route",
+			fmt.Sprintf("no route %s %s: the API's routes are under /v1 (the OpenAPI document at /openapi.json describes them), the dashboard at /ui/", r.Method, r.URL.Path))
+	}
+	p.Instance = r.URL.Path
+	writeProblemTo(w, p)
+	ns := r.Header.Get(NamespaceHeader)
+	if ns == "" {
+		ns = s.cfg.Namespace
+	}
+	s.logRequest(r.Method, "", r.URL.Path, p.Status, time.Since(start), r.RemoteAddr, ns, "")
+}
+
+// statusRecorder keeps the status and headers a handler writes, and
+// drops its body.
+type statusRecorder struct {
+	header http.Header
+	code   int
+}
+
+func (r *statusRecorder) Header() http.Header { return r.header }
+
+func (r *statusRecorder) Write(b []byte) (int, error) {
+	if r.code == 0 {
+		r.code = http.StatusOK
+	}
+	return len(b), nil
+}
+
+func (r *statusRecorder) WriteHeader(code int) {
+	if r.code == 0 {
+		r.code = code
+	}
+}
+
+// writeProblemTo writes p as the answer.
+func writeProblemTo(w http.ResponseWriter, p *Problem) {
+	for k, vs := range p.headers {
+		for _, v := range vs {
+			w.Header().Add(k, v)
+		}
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(p.Status)
+	_ = json.NewEncoder(w).Encode(p)
 }

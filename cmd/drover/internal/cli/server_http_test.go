@@ -34,6 +34,7 @@ func TestServerHTTPFlags(t *testing.T) {
 		{[]string{"--auth-file", bad}, "--auth-file needs --http-listen"},
 		{[]string{"--http-listen", "127.0.0.1:" + port(t), "--auth-file", bad}, "tokens[0].token"},
 		{[]string{"--http-listen", "nonsense"}, "invalid --http-listen \"nonsense\": must be host:port"},
+		{[]string{"--http-listen", "127.0.0.1:" + port(t), "--http-request-timeout", "-1s"}, "invalid --http-request-timeout \"-1s\": must be a duration"},
 		{[]string{"--http-listen", "127.0.0.1:" + port(t), "--tls-cert", bad, "--tls-key", bad}, "give a PEM certificate and its private key"},
 	} {
 		r := drover(t, append(serverArgs(filepath.Join(dir, "data")), tc.args...)...)

@@ -15,6 +15,9 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
+// defaultRequestTimeout is --http-request-timeout's default.
+const defaultRequestTimeout = httpapi.DefaultRequestTimeout
+
 // httpFlags are the server's flags for the HTTP API.
 type httpFlags struct {
 	listen   string
@@ -22,6 +25,8 @@ type httpFlags struct {
 	tlsCert  string
 	tlsKey   string
 	insecure bool
+	// requestTimeout bounds each request's time (httpapi.Config.RequestTimeout).
+	requestTimeout time.Duration
 
 	auth *httpapi.Auth // loaded by check
 }
@@ -37,6 +42,9 @@ func (h *httpFlags) check() error {
 			}
 		}
 		return nil
+	}
+	if h.requestTimeout < 0 || (h.requestTimeout > 0 && h.requestTimeout < time.Millisecond) {
+		return &drover.InputError{Field: "--http-request-timeout", Value: h.requestTimeout.String(), Rule: "must be a duration of 1ms or more, such as 5s"}
 	}
 	host, _, err := net.SplitHostPort(h.listen)
 	if err != nil {
@@ -80,7 +88,8 @@ func (a *app) startHTTP(h *httpFlags, cli *clientv3.Client) (stop func(), err er
 		return func() {}, nil
 	}
 	paxosEndpoints := strings.FieldsFunc(getenv(EnvPaxosEndpoints), func(r rune) bool { return r == ',' || r == ' ' })
-	s, err := httpapi.New(httpapi.Config{Etcd: cli, Namespace: a.namespace, Auth: h.auth, Logger: a.logger, PaxosEndpoints: paxosEndpoints})
+	s, err := httpapi.New(httpapi.Config{Etcd: cli, Namespace: a.namespace, Auth: h.auth, Logger: a.logger,
+		PaxosEndpoints: paxosEndpoints, RequestTimeout: h.requestTimeout})
 	if err != nil {
 		if len(paxosEndpoints) > 0 {
 			return nil, usageError{fmt.Errorf("$%s (the Paxos group the dashboard shows): %w; give HOST:PORT,HOST:PORT of the nodes' APIs, or unset it", EnvPaxosEndpoints, err)}
