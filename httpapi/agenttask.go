@@ -100,6 +100,10 @@ func (s *Server) claimTask(ctx context.Context, in *claimTaskInput) (*struct{ Bo
 	if err == nil && in.Body.Steps > 0 && cp.Step > 0 && cp.Steps != in.Body.Steps {
 		err = fmt.Errorf("task %s: checkpoint at step %d of %d, but the claim says %d steps: %w", in.ID, cp.Step, cp.Steps, in.Body.Steps, task.ErrStepsChanged)
 	}
+	if err == nil && in.Body.Steps > 0 && cp.Step == 0 && cp.Steps == 0 {
+		// Step writes that leave steps out take the claim's count: keep it.
+		cp, err = store.SetSteps(ctx, l, cp, in.Body.Steps)
+	}
 	if err != nil || cp.Completed {
 		_ = l.Release(context.WithoutCancel(ctx)) // nothing is held on error, nor for a completed task
 		if err != nil {

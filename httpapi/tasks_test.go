@@ -372,3 +372,27 @@ func TestAgentTaskCompleteWithJSONResult(t *testing.T) {
 		t.Fatalf("complete with a number: %s", r.Raw)
 	}
 }
+
+// TestAgentTaskClaimKeepsSteps: the step count a claim names is kept, so
+// step writes that leave it out still count toward it: the task reads as
+// at step 2 of 3, and writing step 3 completes it.
+func TestAgentTaskClaimKeepsSteps(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t)
+	s := a.session(30)
+	r := a.do("POST", "/v1/agent-tasks/counted/claim", map[string]any{"session": s, "steps": 3}).want(t, 200)
+	tok := r.num("token")
+	if r.num("steps") != 3 || r.num("next_step") != 1 {
+		t.Fatalf("claim: %s", r.Raw)
+	}
+	a.step("counted", 1, s, tok, "one").want(t, 200)
+	if r = a.step("counted", 2, s, tok, "two").want(t, 200); r.num("steps") != 3 {
+		t.Fatalf("step 2 written without steps: %s", r.Raw)
+	}
+	if g := a.do("GET", "/v1/agent-tasks/counted", nil).want(t, 200); g.num("steps") != 3 || g.num("step") != 2 {
+		t.Fatalf("read at step 2: %s", g.Raw)
+	}
+	if r = a.step("counted", 3, s, tok, "three").want(t, 200); r.JSON["completed"] != true {
+		t.Fatalf("the claim's last step did not complete the task: %s", r.Raw)
+	}
+}
