@@ -111,7 +111,7 @@ func (s *Server) claimTask(ctx context.Context, in *claimTaskInput) (*struct{ Bo
 		}
 	}
 	out := AgentTaskClaim{TaskID: in.ID, Session: in.Body.Session, Holder: l.Holder(), Step: cp.Step, StepName: cp.StepName,
-		Steps: cp.Steps, Completed: cp.Completed, State: cp.State}
+		Steps: cp.Steps, Completed: cp.Completed, State: cp.State, Result: agentTaskOf(cp).Result}
 	if !cp.Completed {
 		exp := sess.lease.Deadline().UTC()
 		out.Token, out.ExpiresAt, out.NextStep = l.Token(), &exp, cp.Step+1

@@ -57,6 +57,8 @@ type AgentTaskClaim struct {
 	NextStep  int         `json:"next_step,omitempty" doc:"The step to run next: resume here. Absent when completed."`
 	Completed bool        `json:"completed" doc:"The task was completed before: nothing is claimed, state is its result."`
 	State     []byte      `json:"state,omitempty" doc:"The last checkpointed state, base64: the input of the next step."`
+	// Result repeats a completed task's final state when it is JSON.
+	Result json.RawMessage `json:"result,omitempty" doc:"A completed task's result as the JSON value it is, when its final state is JSON text; state holds the same bytes, base64."`
 }
 
 // agentTaskPath names a task. Inputs repeat its field rather than embed

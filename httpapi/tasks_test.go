@@ -360,6 +360,9 @@ func TestAgentTaskCompleteWithJSONResult(t *testing.T) {
 	if res, _ := g.JSON["result"].(map[string]any); res["summary"] != "ok" || g.JSON["completed"] != true {
 		t.Fatalf("GET after a JSON result: %s", g.Raw)
 	}
+	if c := a.claim("json-result", s, 200); c.JSON["completed"] != true || c.JSON["result"].(map[string]any)["pages"] != 3.0 {
+		t.Fatalf("claim of the completed task: %s", c.Raw)
+	}
 
 	tok = a.claim("b64-result", s, 200).num("token")
 	r = a.do("POST", "/v1/agent-tasks/b64-result/complete", map[string]any{"session": s, "token": tok, "result": b64("done")}).want(t, 200)

@@ -17,6 +17,8 @@ export interface AgentTaskClaim {
   next_step?: number;
   /** The last checkpointed state, base64. */
   state?: string;
+  /** A completed task's result as the JSON value it is, when its final state is JSON text. */
+  result?: unknown;
   completed: boolean;
 }
 
