@@ -3,6 +3,8 @@ package httpapi
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -43,6 +45,9 @@ func agentTaskOf(cp task.Checkpoint) AgentTask {
 		State: cp.State, WrittenBy: cp.Worker, WrittenToken: cp.Token}
 	if !cp.Completed {
 		out.NextStep = cp.Step + 1
+	}
+	if cp.Completed && len(cp.State) > 0 && json.Valid(cp.State) {
+		out.Result = json.RawMessage(cp.State)
 	}
 	if !cp.At.IsZero() {
 		at := cp.At
@@ -95,6 +100,10 @@ func (s *Server) claimTask(ctx context.Context, in *claimTaskInput) (*struct{ Bo
 	if err == nil && in.Body.Steps > 0 && cp.Step > 0 && cp.Steps != in.Body.Steps {
 		err = fmt.Errorf("task %s: checkpoint at step %d of %d, but the claim says %d steps: %w", in.ID, cp.Step, cp.Steps, in.Body.Steps, task.ErrStepsChanged)
 	}
+	if err == nil && in.Body.Steps > 0 && cp.Step == 0 && cp.Steps == 0 {
+		// Step writes that leave steps out take the claim's count: keep it.
+		cp, err = store.SetSteps(ctx, l, cp, in.Body.Steps)
+	}
 	if err != nil || cp.Completed {
 		_ = l.Release(context.WithoutCancel(ctx)) // nothing is held on error, nor for a completed task
 		if err != nil {
@@ -102,7 +111,7 @@ func (s *Server) claimTask(ctx context.Context, in *claimTaskInput) (*struct{ Bo
 		}
 	}
 	out := AgentTaskClaim{TaskID: in.ID, Session: in.Body.Session, Holder: l.Holder(), Step: cp.Step, StepName: cp.StepName,
-		Steps: cp.Steps, Completed: cp.Completed, State: cp.State}
+		Steps: cp.Steps, Completed: cp.Completed, State: cp.State, Result: agentTaskOf(cp).Result}
 	if !cp.Completed {
 		exp := sess.lease.Deadline().UTC()
 		out.Token, out.ExpiresAt, out.NextStep = l.Token(), &exp, cp.Step+1
@@ -193,8 +202,9 @@ func (s *Server) releaseClaim(ctx context.Context, id string, f *heldLock) {
 
 func (s *Server) completeTask(ctx context.Context, in *completeInput) (*agentTaskOutput, error) {
 	b := in.Body
-	if len(b.Result) > task.DefaultStateLimit {
-		return nil, invalid("body.result", fmt.Sprintf("%d bytes", len(b.Result)), fmt.Sprintf("must be at most %d bytes", task.DefaultStateLimit))
+	result, err := resultBytes(b.Result)
+	if err != nil {
+		return nil, err
 	}
 	f, err := s.claimFence(ctx, in.ID, b.Session, b.Token)
 	if err != nil {
@@ -204,12 +214,40 @@ func (s *Server) completeTask(ctx context.Context, in *completeInput) (*agentTas
 	if err != nil {
 		return nil, err
 	}
-	cp, err := store.Complete(ctx, f, in.ID, b.Result, f.holder.ID)
+	cp, err := store.Complete(ctx, f, in.ID, result, f.holder.ID)
 	if err != nil {
 		return nil, taskProblem(err)
 	}
 	s.releaseClaim(ctx, in.ID, f)
 	return &agentTaskOutput{Body: agentTaskOf(cp)}, nil
+}
+
+// resultBytes is the bytes a completion's result keeps as the task's final
+// state: a JSON string is base64 of them (as a step's state is, and as
+// clients sent results before any JSON value was taken), any other JSON
+// value its own JSON text; null or nothing keeps the last step's state.
+func resultBytes(raw json.RawMessage) ([]byte, error) {
+	var out []byte
+	switch {
+	case len(raw) == 0 || string(raw) == "null":
+		return nil, nil
+	case raw[0] == '"':
+		var s string
+		if err := json.Unmarshal(raw, &s); err != nil {
+			return nil, invalid("body.result", nil, "must be valid JSON")
+		}
+		b, err := base64.StdEncoding.DecodeString(s)
+		if err != nil {
+			return nil, invalid("body.result", nil, "a string must be base64 (of the result's bytes); send any other result as the JSON value it is (an object, array, number or boolean)")
+		}
+		out = b
+	default:
+		out = []byte(raw)
+	}
+	if len(out) > task.DefaultStateLimit {
+		return nil, invalid("body.result", fmt.Sprintf("%d bytes", len(out)), fmt.Sprintf("must be at most %d bytes", task.DefaultStateLimit))
+	}
+	return out, nil
 }
 
 func (s *Server) releaseTask(ctx context.Context, in *releaseTaskInput) (*struct{}, error) {

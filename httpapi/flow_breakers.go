@@ -68,7 +68,9 @@ type setBreakerInput struct {
 
 type allowInput struct {
 	Name string `path:"name" doc:"The breaker's name."`
-	Body struct {
+	// Body is optional (a pointer, so huma does not require it): a POST
+	// with no body asks with a made-up call id.
+	Body *struct {
 		Call string `json:"call,omitempty" maxLength:"128" doc:"An id for the call; one is made up when omitted. Report the outcome with the same id."`
 	}
 }
@@ -227,7 +229,10 @@ func (s *Server) allowCall(ctx context.Context, in *allowInput) (*struct{ Body A
 	if err := checkKeyName("path.name", in.Name); err != nil {
 		return nil, err
 	}
-	call := in.Body.Call
+	var call string
+	if in.Body != nil {
+		call = in.Body.Call
+	}
 	if call == "" {
 		var b [8]byte
 		_, _ = rand.Read(b[:])

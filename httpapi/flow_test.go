@@ -377,3 +377,16 @@ func TestFlowAdminRole(t *testing.T) {
 	a.do("DELETE", "/v1/quotas/db", nil).problem(t, 403)
 	a.do("DELETE", "/v1/breakers/crm", nil).problem(t, 403)
 }
+
+// TestBreakerAllowWithoutBody: allow's body is optional; a POST with no
+// body at all (and no Content-Type) asks with a call id made up.
+func TestBreakerAllowWithoutBody(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t)
+	a.do("PUT", "/v1/breakers/crm", map[string]any{}).want(t, 200)
+	r := a.do("POST", "/v1/breakers/crm/allow", nil).want(t, 200)
+	if r.JSON["allowed"] != true || !strings.HasPrefix(r.str("call"), "call-") {
+		t.Fatalf("allow without a body: %s", r.Raw)
+	}
+	a.do("POST", "/v1/breakers/crm/outcome", map[string]any{"ok": true, "call": r.str("call")}).want(t, 200)
+}

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/droverhq/drover/keyspace"
+	"github.com/droverhq/drover/metrics"
+	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -46,6 +48,9 @@ type hub struct {
 
 	mu     sync.Mutex
 	spaces map[string]*space
+	// exported are the queues of the server's own namespace whose
+	// drover_queue_tasks gauges are set (h.mu held).
+	exported map[string]bool
 }
 
 // space is what the hub keeps of one namespace.
@@ -226,9 +231,35 @@ func (h *hub) apply(sp *space, v *view, now time.Time) {
 		slices.Sort(topics)
 	}
 	sp.last = v
+	if sp.home {
+		h.exportDepth(v.queues)
+	}
 	for sub := range sp.subs {
 		sub.post(v.queues, queuesChanged, topics, sample)
 	}
+}
+
+// exportDepth sets the drover_queue_tasks gauges from a read of the
+// server's own namespace (h.mu held): the queues' counts by state, as
+// `drover worker --depth-interval` sets them for its queue, so that an
+// operator watching the server sees every queue's depth. The read is the
+// one the stats history samples: the gauges cost no read of their own. A
+// queue gone since the last read loses its gauges.
+func (h *hub) exportDepth(qs []QueueSummary) {
+	seen := make(map[string]bool, len(qs))
+	for _, q := range qs {
+		seen[q.Name] = true
+		for state, n := range map[string]int64{"pending": q.Pending, "running": q.Running, "retrying": q.Retrying,
+			"succeeded": q.Succeeded, "dead": q.Dead, "cancelled": q.Cancelled} {
+			metrics.QueueTasks.WithLabelValues(q.Name, state).Set(float64(n))
+		}
+	}
+	for name := range h.exported {
+		if !seen[name] {
+			metrics.QueueTasks.DeletePartialMatch(prometheus.Labels{"queue": name})
+		}
+	}
+	h.exported = seen
 }
 
 // sampleOf is the sample between counts a and b, with the queues' counts

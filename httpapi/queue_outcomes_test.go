@@ -240,3 +240,42 @@ func TestQueueOutcomesWithClaim(t *testing.T) {
 		t.Fatalf("stats: %s", st.Raw)
 	}
 }
+
+// TestQueueAckAnswersTransitions: an ack's and a fail's answers are the
+// task as the outcome left it: its transitions run from PENDING through
+// RUNNING to the state entered, as a read of the task shows them, and an
+// ack's answer has the result.
+func TestQueueAckAnswersTransitions(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t)
+	a.do("POST", "/v1/queues/tr/tasks", qtasksJSON("tr", 2)).want(t, 200)
+	sess := a.session(30)
+	got := a.qclaim("tr", sess, 2, "5s")
+	for len(got) < 2 { // the tasks may be in two segments: a claim takes one
+		more := a.qclaim("tr", sess, 2, "5s")
+		if len(more) == 0 {
+			t.Fatal("the second task was not claimed")
+		}
+		got = append(got, more...)
+	}
+	statuses := func(r resp) string {
+		var s []string
+		trs, _ := r.JSON["transitions"].([]any)
+		for _, tr := range trs {
+			s = append(s, tr.(map[string]any)["status"].(string))
+		}
+		return strings.Join(s, ",")
+	}
+	ack := a.do("POST", qtaskPath("tr", got[0], "ack"), qfence(sess, got[0], "result", map[string]any{"n": 1})).want(t, 200)
+	if s := statuses(ack); s != "PENDING,RUNNING,SUCCEEDED" || ack.JSON["result"] == nil {
+		t.Fatalf("ack's answer: transitions %s: %s", s, ack.Raw)
+	}
+	g := a.do("GET", qtaskPath("tr", got[0], "")[:len(qtaskPath("tr", got[0], ""))-1], nil).want(t, 200)
+	if gt, at := fmt.Sprint(g.JSON["transitions"]), fmt.Sprint(ack.JSON["transitions"]); gt != at {
+		t.Fatalf("read after the ack: transitions %s, the ack answered %s", gt, at)
+	}
+	fail := a.do("POST", qtaskPath("tr", got[1], "fail"), qfence(sess, got[1], "error", "flaky")).want(t, 200)
+	if s := statuses(fail); s != "PENDING,RUNNING,RETRYING" {
+		t.Fatalf("fail's answer: transitions %s: %s", s, fail.Raw)
+	}
+}

@@ -433,3 +433,16 @@ func TestClaimOfALeftClientHandedBack(t *testing.T) {
 		a.do("POST", qtaskPath("left", tk, "ack"), qfence(other, tk)).want(t, 200)
 	}
 }
+
+// TestClaimFillsAcrossSegments: one claim with max 10 of 4 pending tasks
+// submitted in two requests (two segments) answers the 4.
+func TestClaimFillsAcrossSegments(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t)
+	a.do("POST", "/v1/queues/fill/tasks", qtasksJSON("a", 2)).want(t, 200)
+	a.do("POST", "/v1/queues/fill/tasks", qtasksJSON("b", 2)).want(t, 200)
+	sess := a.session(30)
+	if got := a.qclaim("fill", sess, 10, ""); len(got) != 4 {
+		t.Fatalf("claimed %d tasks of 4 pending in 2 segments with max 10", len(got))
+	}
+}

@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"encoding/json"
 	"net/http"
 	"time"
 
@@ -20,6 +21,8 @@ type AgentTask struct {
 	NextStep  int    `json:"next_step,omitempty" doc:"The step to run and write next; absent once the task is completed."`
 	Completed bool   `json:"completed" doc:"Whether the task is completed: it never runs again."`
 	State     []byte `json:"state,omitempty" doc:"The state the last step returned (its result once completed), base64."`
+	// Result repeats a completed task's final state when it is JSON.
+	Result json.RawMessage `json:"result,omitempty" doc:"A completed task's result as the JSON value it is, when its final state is JSON text (a result completed with a JSON value is); state holds the same bytes, base64."`
 	// WrittenBy and WrittenToken say who wrote the checkpoint.
 	WrittenBy    string     `json:"written_by,omitempty" doc:"The worker that wrote the checkpoint (a session's name, or a Go runner's worker id)."`
 	WrittenToken int64      `json:"written_token,omitempty" doc:"The claim's fencing token the checkpoint was written under."`
@@ -54,6 +57,8 @@ type AgentTaskClaim struct {
 	NextStep  int         `json:"next_step,omitempty" doc:"The step to run next: resume here. Absent when completed."`
 	Completed bool        `json:"completed" doc:"The task was completed before: nothing is claimed, state is its result."`
 	State     []byte      `json:"state,omitempty" doc:"The last checkpointed state, base64: the input of the next step."`
+	// Result repeats a completed task's final state when it is JSON.
+	Result json.RawMessage `json:"result,omitempty" doc:"A completed task's result as the JSON value it is, when its final state is JSON text; state holds the same bytes, base64."`
 }
 
 // agentTaskPath names a task. Inputs repeat its field rather than embed
@@ -86,9 +91,9 @@ type stepInput struct {
 type completeInput struct {
 	ID   string `path:"id" minLength:"1" maxLength:"120" doc:"The task's id: letters, digits, '.', '_', '-' and ':'."`
 	Body struct {
-		Session string `json:"session" doc:"The session the claim is bound to."`
-		Token   int64  `json:"token" minimum:"1" doc:"The claim's fencing token."`
-		Result  []byte `json:"result,omitempty" doc:"The task's result, base64, kept as its final state; without it the last step's state is kept."`
+		Session string          `json:"session" doc:"The session the claim is bound to."`
+		Token   int64           `json:"token" minimum:"1" doc:"The claim's fencing token."`
+		Result  json.RawMessage `json:"result,omitempty" doc:"The task's result, kept as its final state: any JSON value, kept as its JSON text, except a string, which is the base64 of the result's bytes (as a step's state is); without it (or null) the last step's state is kept."`
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"strings"
@@ -277,7 +278,7 @@ func TestAgentTaskBadInput(t *testing.T) {
 		{"PUT", "/v1/agent-tasks/ok-task/steps/1", fmt.Sprintf(`{"session":%q,"token":%d,"state":%q}`, s, int64(tok), stateOver), 400},
 		{"PUT", "/v1/agent-tasks/ok-task/steps/1", fmt.Sprintf(`{"session":%q,"token":%d,"state":%q}`, s, int64(tok), big), 413},
 		{"POST", "/v1/agent-tasks/ok-task/complete", `[1,2]`, 400},
-		{"POST", "/v1/agent-tasks/ok-task/complete", fmt.Sprintf(`{"session":%q,"token":%d,"result":7}`, s, int64(tok)), 400},
+		{"POST", "/v1/agent-tasks/ok-task/complete", fmt.Sprintf(`{"session":%q,"token":%d,"result":"***"}`, s, int64(tok)), 400},
 		{"POST", "/v1/agent-tasks/ok-task/complete", fmt.Sprintf(`{"session":%q,"token":%d,"why":"x"}`, s, int64(tok)), 400},
 		{"POST", "/v1/agent-tasks/ok-task/complete", fmt.Sprintf(`{"session":%q,"token":%d,"result":%q}`, s, int64(tok), stateOver), 400},
 		{"POST", "/v1/agent-tasks/ok-task/complete", fmt.Sprintf(`{"session":%q,"token":%d,"result":%q}`, s, int64(tok), big), 413},
@@ -339,4 +340,62 @@ func TestAgentTaskHeldByQueueWorker(t *testing.T) {
 	tok := tasks[0].(map[string]any)["token"]
 	a.do("POST", "/v1/queues/jobs/tasks/qjob/ack", map[string]any{"session": s1, "token": tok}).want(t, 200)
 	a.do("POST", "/v1/agent-tasks/qjob/claim", map[string]any{"session": s2}).want(t, 200)
+}
+
+// TestAgentTaskCompleteWithJSONResult: complete takes any JSON value as the
+// result, as a queue ack does, and answers it back as result; a string is
+// still base64 of the result's bytes, as clients have sent it.
+func TestAgentTaskCompleteWithJSONResult(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t)
+	s := a.session(30)
+	tok := a.claim("json-result", s, 200).num("token")
+	body := fmt.Sprintf(`{"session":%q,"token":%d,"result":{"summary":"ok","pages":3}}`, s, int64(tok))
+	r := a.do("POST", "/v1/agent-tasks/json-result/complete", body).want(t, 200)
+	want := `{"summary":"ok","pages":3}`
+	if got, _ := json.Marshal(r.JSON["result"]); string(got) != `{"pages":3,"summary":"ok"}` || unb64(t, r, "state") != want {
+		t.Fatalf("complete with a JSON result: %s", r.Raw)
+	}
+	g := a.do("GET", "/v1/agent-tasks/json-result", nil).want(t, 200)
+	if res, _ := g.JSON["result"].(map[string]any); res["summary"] != "ok" || g.JSON["completed"] != true {
+		t.Fatalf("GET after a JSON result: %s", g.Raw)
+	}
+	if c := a.claim("json-result", s, 200); c.JSON["completed"] != true || c.JSON["result"].(map[string]any)["pages"] != 3.0 {
+		t.Fatalf("claim of the completed task: %s", c.Raw)
+	}
+
+	tok = a.claim("b64-result", s, 200).num("token")
+	r = a.do("POST", "/v1/agent-tasks/b64-result/complete", map[string]any{"session": s, "token": tok, "result": b64("done")}).want(t, 200)
+	if unb64(t, r, "state") != "done" || r.JSON["result"] != nil {
+		t.Fatalf("complete with a base64 result (not JSON text): %s", r.Raw)
+	}
+	tok = a.claim("number-result", s, 200).num("token")
+	r = a.do("POST", "/v1/agent-tasks/number-result/complete", map[string]any{"session": s, "token": tok, "result": 7}).want(t, 200)
+	if unb64(t, r, "state") != "7" || r.num("result") != 7 {
+		t.Fatalf("complete with a number: %s", r.Raw)
+	}
+}
+
+// TestAgentTaskClaimKeepsSteps: the step count a claim names is kept, so
+// step writes that leave it out still count toward it: the task reads as
+// at step 2 of 3, and writing step 3 completes it.
+func TestAgentTaskClaimKeepsSteps(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t)
+	s := a.session(30)
+	r := a.do("POST", "/v1/agent-tasks/counted/claim", map[string]any{"session": s, "steps": 3}).want(t, 200)
+	tok := r.num("token")
+	if r.num("steps") != 3 || r.num("next_step") != 1 {
+		t.Fatalf("claim: %s", r.Raw)
+	}
+	a.step("counted", 1, s, tok, "one").want(t, 200)
+	if r = a.step("counted", 2, s, tok, "two").want(t, 200); r.num("steps") != 3 {
+		t.Fatalf("step 2 written without steps: %s", r.Raw)
+	}
+	if g := a.do("GET", "/v1/agent-tasks/counted", nil).want(t, 200); g.num("steps") != 3 || g.num("step") != 2 {
+		t.Fatalf("read at step 2: %s", g.Raw)
+	}
+	if r = a.step("counted", 3, s, tok, "three").want(t, 200); r.JSON["completed"] != true {
+		t.Fatalf("the claim's last step did not complete the task: %s", r.Raw)
+	}
 }

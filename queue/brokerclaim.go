@@ -38,7 +38,8 @@ type ClaimRequest struct {
 	Lease *lease.Lease
 	// Worker names the claimer in the claims and the tasks' history.
 	Worker string
-	// Max is the most tasks claimed: 1 to MaxClaim; 0 means 1.
+	// Max is the most tasks claimed: 1 to MaxClaim; 0 means 1. A claim
+	// fills up to Max across the queue's segments (one per submission).
 	Max int
 	// Wait is how long Claim waits for a claimable task when there is
 	// none: it watches the queue, it does not poll. 0 makes one attempt.
@@ -119,6 +120,7 @@ func (c *Client) Claim(ctx context.Context, q string, req ClaimRequest) ([]*Task
 		if err != nil || len(tasks) > 0 {
 			if err == nil {
 				c.remote.claims.remember(func(seg string) string { return c.keys.Runs(q, seg) }, q, claims, tasks, req.Lease.ID())
+				tasks = c.remote.fill(ctx, w, q, n, claims, tasks, req.Lease.ID())
 				full = len(tasks) >= n
 			}
 			return tasks, err

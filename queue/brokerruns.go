@@ -59,6 +59,8 @@ type runWrite struct {
 	slots  []int // the run's slots
 	final  bool
 	others bool // the segment had runs, as read, that this write does not end
+	// at is when the outcomes were written: a success's FinishedAt.
+	at time.Time
 }
 
 // reportSegments records the outcomes of groups, reading them again when
@@ -325,6 +327,7 @@ func (b *broker) writeRuns(ctx context.Context, writes []*runWrite, out []Report
 	var owners []*runWrite
 	var again []*segGroup
 	for _, rw := range writes {
+		rw.at = now
 		rs, later := rw.w.runReqs(rw.run, rw.os, rw.final, true, now, markers)
 		if rw.g.cached != nil {
 			if len(rs) != 1 || later {
@@ -446,7 +449,15 @@ func (b *broker) answer(rw *runWrite, n int, out []Reported) {
 		rw.w.count(o)
 		switch o.kind {
 		case Succeeded:
-			succeeded(o.c.task, o.result)
+			// The task stays in its segment: its history is what a read
+			// of it shows (segState.fill), not only the PENDING it was
+			// claimed with. Tasks that left it got theirs in recordOps.
+			t := o.c.task
+			t.Transitions = appendLost(t.Transitions, t.Attempt, o.c.claimedAt)
+			t.Transitions = append(t.Transitions,
+				Transition{Status: Running, At: o.c.claimedAt, Attempt: t.Attempt, Worker: rw.w.worker},
+				Transition{Status: Succeeded, At: rw.at, Attempt: t.Attempt, Worker: rw.w.worker})
+			succeeded(t, o.result)
 		case Retrying:
 			b.retryAt(rw.g.q, o.c.task.ScheduledAt)
 		}

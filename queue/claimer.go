@@ -50,6 +50,7 @@ type claimer struct {
 	hot        [claimers]string       // per claim loop, the segment it took from last, with slots left (levelMu)
 	predicted  [claimers]*segState    // per claim loop, hot's state as its last claim left it (levelMu)
 	lastListed []string               // the open segments the last list read found, in order (levelMu)
+	listedAll  []string               // the same, never trimmed by nextListed (levelMu)
 	guessed    [claimers]bool         // per claim loop, hot is the next of the last list, not yet confirmed (levelMu)
 	laneClaims [claimers]atomic.Int64 // per claim loop, its claims: one in readEvery reads first
 	spread     uint64                 // an external claim's turn: where in the open segments it starts (0: at random among the first)
@@ -194,7 +195,7 @@ func (w *claimer) listed(open []*mvccpb.KeyValue) {
 		}
 	}
 	w.levelMu.Lock()
-	w.lastListed = names
+	w.lastListed, w.listedAll = names, names
 	w.levelMu.Unlock()
 }
 

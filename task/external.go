@@ -149,3 +149,38 @@ func (s *Store) Complete(ctx context.Context, f lease.Fence, id string, result [
 	next.modRev = resp.Header.Revision
 	return next, nil
 }
+
+// SetSteps records under fence f, which holds task id's claim, how many
+// steps the task has, when a claim says so before any step was written
+// (an HTTP client names the count at its claim and need not repeat it on
+// every step write): prev, the checkpoint as loaded, keeps its step (0)
+// and takes steps. A count already recorded is left as it is. It is
+// fenced, compared and refused while the store is full like Commit.
+func (s *Store) SetSteps(ctx context.Context, f lease.Fence, prev Checkpoint, steps int) (Checkpoint, error) {
+	if steps <= 0 || prev.Steps != 0 || prev.Completed {
+		return prev, nil
+	}
+	next := prev
+	next.Steps = steps
+	val, err := json.Marshal(next)
+	if err != nil {
+		return prev, fmt.Errorf("task: encode checkpoint: %w", err)
+	}
+	key := s.keys.TaskCheckpoint(prev.TaskID)
+	resp, err := f.Txn(ctx).
+		If(clientv3.Compare(clientv3.ModRevision(key), "=", prev.modRev), storeguard.NotFull(s.keys)).
+		Then(clientv3.OpPut(key, string(val))).
+		Else(storeguard.GetOp(s.keys)).
+		Commit()
+	if err != nil {
+		return prev, fmt.Errorf("task %s: record its %d steps: %w", prev.TaskID, steps, err)
+	}
+	if !resp.Succeeded {
+		if err := storeguard.FromRange(resp.Responses[0].GetResponseRange()); err != nil {
+			return prev, fmt.Errorf("task %s: record its %d steps: %w", prev.TaskID, steps, err)
+		}
+		return prev, fmt.Errorf("task %s: record its %d steps: %w", prev.TaskID, steps, ErrConflict)
+	}
+	next.modRev = resp.Header.Revision
+	return next, nil
+}

@@ -17,6 +17,8 @@ export interface AgentTaskClaim {
   next_step?: number;
   /** The last checkpointed state, base64. */
   state?: string;
+  /** A completed task's result as the JSON value it is, when its final state is JSON text. */
+  result?: unknown;
   completed: boolean;
 }
 
@@ -28,7 +30,10 @@ export interface AgentTask {
   steps?: number;
   next_step?: number;
   completed: boolean;
+  /** The last checkpointed state (the result once completed), base64. */
   state?: string;
+  /** A completed task's result as the JSON value it is, when its final state is JSON text. */
+  result?: unknown;
   written_by?: string;
   written_token?: number;
   written_at?: string;
@@ -87,6 +92,11 @@ const te = new TextEncoder();
 const td = new TextDecoder();
 const b64 = (b: Uint8Array) => Buffer.from(b.buffer, b.byteOffset, b.byteLength).toString("base64");
 const unb64 = (s: string) => new Uint8Array(Buffer.from(s, "base64"));
+// resultBody is a completion's result as the server takes it: a JSON string
+// is base64 of the bytes, any other JSON value is kept as its JSON text (so
+// a string result goes as the base64 of its JSON text).
+const resultBody = (r: unknown): unknown =>
+  r instanceof Uint8Array ? b64(r) : typeof r === "string" ? b64(te.encode(JSON.stringify(r))) : r;
 
 /** The agent-task routes: one claim per task, step checkpoints fenced by its token. */
 export class AgentTasks {
@@ -129,12 +139,17 @@ export class AgentTasks {
     });
   }
 
-  /** Marks the task complete (with a result kept as its final state) and releases the claim. */
-  complete(id: string, opts: { session: Session | string; token: number; result?: Uint8Array }): Promise<AgentTask> {
+  /**
+   * Marks the task complete and releases the claim. `result` is kept as its
+   * final state: bytes as they are, any other value (as a queue ack's
+   * result) as its JSON text, which the answer's `result` then gives back.
+   * Without it the last step's state is kept.
+   */
+  complete(id: string, opts: { session: Session | string; token: number; result?: unknown }): Promise<AgentTask> {
     return this.t.post<AgentTask>(`/v1/agent-tasks/${seg(id)}/complete`, {
       session: typeof opts.session === "string" ? opts.session : opts.session.id,
       token: opts.token,
-      ...(opts.result ? { result: b64(opts.result) } : {}),
+      ...(opts.result === undefined || opts.result === null ? {} : { result: resultBody(opts.result) }),
     });
   }
 

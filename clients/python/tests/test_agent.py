@@ -118,6 +118,21 @@ class RunStepsTest(ClientTest):
             self.assertTrue(out["completed"])
         a.close()
 
+    def test_complete_takes_any_json_result(self) -> None:
+        at = self.c.agent_tasks
+        with self.c.session(ttl=10) as s:
+            tid = unique("agent-json")
+            out = at.complete(tid, s, at.claim(tid, s)["token"], {"pages": 3})
+            self.assertEqual(out["result"], {"pages": 3})
+            self.assertEqual(at.get(tid)["result"], {"pages": 3})
+            tid = unique("agent-text")
+            out = at.complete(tid, s, at.claim(tid, s)["token"], "done")
+            self.assertEqual(out["result"], "done")
+            tid = unique("agent-bytes")
+            out = at.complete(tid, s, at.claim(tid, s)["token"], b"\x00raw")
+            self.assertNotIn("result", out)
+            self.assertEqual(out["state"], "AHJhdw==")
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -123,12 +123,21 @@ class AgentTasks:
             "PUT", "/v1/agent-tasks/%s/steps/%d" % (quote(task_id), int(n)), json_body=body, retry=IDEMPOTENT
         ).data
 
-    def complete(self, task_id: str, session: Session, token: int, result: Optional[bytes] = None) -> Dict[str, Any]:
-        """Mark the task complete (with ``result`` as its final state, or the
-        last step's) and release the claim."""
+    def complete(self, task_id: str, session: Session, token: int, result: Any = None) -> Dict[str, Any]:
+        """Mark the task complete and release the claim.
+
+        ``result`` is kept as the task's final state: ``bytes`` as they are,
+        any other JSON-able value (as a queue ack's result) as its JSON text,
+        which the answer's ``result`` then gives back. Without it the last
+        step's state is kept."""
         body: Dict[str, Any] = {"session": session.id, "token": int(token)}
-        if result is not None:
-            body["result"] = _b64(result)
+        if isinstance(result, (bytes, bytearray, memoryview)):
+            body["result"] = _b64(bytes(result))
+        elif isinstance(result, str):
+            # The server reads a JSON string as base64: send the string's JSON text.
+            body["result"] = _b64(json.dumps(result).encode())
+        elif result is not None:
+            body["result"] = result
         return self._t.request(
             "POST", "/v1/agent-tasks/%s/complete" % quote(task_id), json_body=body, retry=CONNECT
         ).data

@@ -421,6 +421,8 @@ func (a *app) taskHistoryCommand() *cobra.Command {
 				return nil
 			case cp.Completed:
 				fmt.Fprintf(a.stdout, "task %s: completed, %d of %d steps\n", id, cp.Step, cp.Steps)
+			case cp.Steps == 0: // its writers never said how many steps it has
+				fmt.Fprintf(a.stdout, "task %s: at step %d, of a number of steps not recorded (%s checkpointed)\n", id, cp.Step, cp.StepName)
 			default:
 				fmt.Fprintf(a.stdout, "task %s: at step %d of %d (%s checkpointed)\n", id, cp.Step, cp.Steps, cp.StepName)
 			}
