@@ -58,12 +58,29 @@ func Embed(ctx context.Context, cfg EmbedConfig) (*Server, error) {
 				"once none runs, remove %s, then restore again, or start without it", ErrRestoreLeftover, cfg.DataDir, left[0], strings.Join(left, " "))
 		}
 	}
+	// What this call creates, a failed start removes again: no empty data
+	// dir or lock file is left behind by a server that never ran.
+	newDir := !exists(cfg.DataDir)
+	lockPath := filepath.Join(cfg.DataDir, lockFileName)
+	newLock := !exists(lockPath)
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("cluster: create data dir: %w", err)
 	}
-	unlock, err := lockDataDir(cfg.DataDir)
+	held, err := lockDataDir(cfg.DataDir)
 	if err != nil {
+		if newDir {
+			_ = os.Remove(cfg.DataDir)
+		}
 		return nil, err
+	}
+	unlock := func() { // on failure: removes what this call created
+		if newLock {
+			_ = os.Remove(lockPath) // while still held, then let go
+		}
+		held()
+		if newDir {
+			_ = os.Remove(cfg.DataDir) // only when empty
+		}
 	}
 	var added *addedMember
 	switch {
@@ -87,7 +104,7 @@ func Embed(ctx context.Context, cfg EmbedConfig) (*Server, error) {
 		unlock()
 		return nil, err
 	}
-	s.unlock = unlock
+	s.unlock = held
 	if s.etcd.Server.IsLearner() {
 		if err := s.promote(ctx, cfg); err != nil {
 			_ = s.Close(context.WithoutCancel(ctx))
@@ -329,3 +346,10 @@ var (
 	handedMu sync.Mutex
 	handed   = map[string]bool{}
 )
+
+// exists says whether path exists (or cannot be checked: then it is left
+// alone).
+func exists(path string) bool {
+	_, err := os.Stat(path)
+	return !errors.Is(err, os.ErrNotExist)
+}

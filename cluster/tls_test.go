@@ -104,9 +104,13 @@ func TestConnectTLSAndAuth(t *testing.T) {
 	t.Parallel()
 	p := newPKI(t, t.TempDir())
 	addr := tlsEtcd(t, p)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 180*time.Second)
 	defer cancel()
-	good := cluster.ClientConfig{Endpoints: []string{"https://" + addr}, DialTimeout: 3 * time.Second, CACert: p.ca, Cert: p.clientCert, Key: p.clientKey}
+	// Connections that must work get a dial timeout that only guards
+	// against a hang (a TLS handshake on a busy machine takes its time);
+	// those that must fail get a short one, which load cannot turn into a
+	// success.
+	good := cluster.ClientConfig{Endpoints: []string{"https://" + addr}, DialTimeout: 30 * time.Second, CACert: p.ca, Cert: p.clientCert, Key: p.clientKey}
 	cli, err := cluster.Connect(ctx, good)
 	if err != nil {
 		t.Fatalf("TLS with CA, certificate and key: %v", err)
@@ -117,7 +121,7 @@ func TestConnectTLSAndAuth(t *testing.T) {
 		t.Fatalf("plain connection to a TLS-only member: %v, want an UnreachableError", err)
 	}
 	noCert := good
-	noCert.Cert, noCert.Key = "", ""
+	noCert.Cert, noCert.Key, noCert.DialTimeout = "", "", 2*time.Second
 	if c, err := cluster.Connect(ctx, noCert); err == nil {
 		c.Close()
 		t.Fatal("a connection without a client certificate was accepted")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -72,7 +73,14 @@ func TestRedisHeldReleaseAndStatus(t *testing.T) {
 	ns := etcdtest.Namespace(t)
 	ctx := context.Background()
 	a := newRedisLocker(t, rdb, ns, 5*time.Second, "worker-a")
-	b := newRedisLocker(t, rdb, ns, 5*time.Second, "worker-b")
+	// b's client reports each script Redis answered, so that the bounded
+	// wait below ends after b has asked at least once, however slow the
+	// machine: a deadline of its own would race the first answer.
+	bdb := redis.NewClient(&redis.Options{Addr: rdb.Options().Addr})
+	t.Cleanup(func() { _ = bdb.Close() })
+	answered := &scriptHook{}
+	bdb.AddHook(answered)
+	b := newRedisLocker(t, bdb, ns, 5*time.Second, "worker-b")
 	la, err := a.TryAcquire(ctx, "job")
 	if err != nil {
 		t.Fatal(err)
@@ -81,10 +89,11 @@ func TestRedisHeldReleaseAndStatus(t *testing.T) {
 	if _, err := b.TryAcquire(ctx, "job"); !errors.As(err, &held) || held.Holder.ID != "worker-a" || held.Token != la.Token() {
 		t.Fatalf("try-acquire of a held lock: %v", err)
 	}
-	wctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	if _, err := b.Acquire(wctx, "job"); !errors.Is(err, lock.ErrHeld) || !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("bounded wait: %v", err)
+	answered.arm(cancel)
+	if _, err := b.Acquire(wctx, "job"); !errors.Is(err, lock.ErrHeld) || !errors.Is(err, context.Canceled) {
+		t.Fatalf("wait ended by its context: %v, want the lock held and the context's error", err)
 	}
 	if err := b.Release(ctx, "job", la.Token()); !errors.Is(err, lock.ErrNotHeld) {
 		t.Fatalf("release by another locker with the right token: %v", err)
@@ -111,6 +120,42 @@ func TestRedisHeldReleaseAndStatus(t *testing.T) {
 	}
 }
 
+// scriptHook calls its armed function once, after Redis answered a script
+// (EVAL or EVALSHA) without error.
+type scriptHook struct {
+	mu    sync.Mutex
+	armed func()
+}
+
+// arm makes the next answered script call f.
+func (h *scriptHook) arm(f func()) {
+	h.mu.Lock()
+	h.armed = f
+	h.mu.Unlock()
+}
+
+func (h *scriptHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *scriptHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+func (h *scriptHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if name := cmd.Name(); err == nil && (name == "eval" || name == "evalsha") {
+			h.mu.Lock()
+			f := h.armed
+			h.armed = nil
+			h.mu.Unlock()
+			if f != nil {
+				f()
+			}
+		}
+		return err
+	}
+}
+
 func TestRedisWatchdog(t *testing.T) {
 	rdb := redisClient(t)
 	ns := etcdtest.Namespace(t)
@@ -134,7 +179,7 @@ func TestRedisWatchdog(t *testing.T) {
 	}
 	select {
 	case <-l.Context().Done():
-	case <-time.After(2 * time.Second):
+	case <-time.After(30 * time.Second): // only against a hang: it checks every TTL/3
 		t.Fatal("the watchdog did not notice the lock was taken")
 	}
 	if !errors.Is(context.Cause(l.Context()), lock.ErrLost) {

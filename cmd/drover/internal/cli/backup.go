@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"os"
 	"os/signal"
 	"syscall"
 	"time"
@@ -151,6 +152,9 @@ func (a *app) restoreCommand() *cobra.Command {
 			if bump < 0 {
 				return usageError{fmt.Errorf("--bump-revision %d: must be 0 (keep the backup's revision) or positive", bump)}
 			}
+			if err := checkBackupFile(cfg.Snapshot); err != nil {
+				return err
+			}
 			res, err := cluster.Restore(cfg)
 			switch {
 			case errors.Is(err, cluster.ErrChecksumMismatch), errors.Is(err, cluster.ErrNoChecksum):
@@ -180,4 +184,19 @@ func (a *app) restoreCommand() *cobra.Command {
 	fl.Int64Var(&bump, "bump-revision", cluster.DefaultRevisionBump, "add this to the backup's revision, so that revisions and fencing tokens never go back; 0 keeps it")
 	fl.BoolVar(&asJSON, "json", false, "print the data dir, the revisions and the sha256 as JSON")
 	return cmd
+}
+
+// checkBackupFile fails unless FILE is a file that can be read: a missing
+// backup is named before its checksum file is looked for.
+func checkBackupFile(path string) error {
+	st, err := os.Stat(path)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return usageError{fmt.Errorf("backup %s does not exist: give the path of a file written by \"drover backup\" (or etcdctl snapshot save)", path)}
+	case err != nil:
+		return usageError{fmt.Errorf("backup %s cannot be read: %w", path, err)}
+	case st.IsDir():
+		return usageError{fmt.Errorf("backup %s is a directory: give the file written by \"drover backup\"", path)}
+	}
+	return nil
 }

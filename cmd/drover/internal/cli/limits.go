@@ -123,6 +123,9 @@ func flowList[T any](a *app, short, example, none, header string,
 	return cmd
 }
 
+// quotaRule is the rule of quotas set's K.
+const quotaRule = "must be an integer between 1 and 100000 (0 with --subject: back to the default)"
+
 func (a *app) quotasCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "quotas",
@@ -149,7 +152,7 @@ limit lives in etcd and changes reach every worker within a second.`,
 			}
 			k, err := strconv.Atoi(args[1])
 			if err != nil {
-				return &drover.InputError{Field: "K", Value: args[1], Rule: "must be an integer between 1 and 100000 (0 with --subject: back to the default)"}
+				return &drover.InputError{Field: "K", Value: args[1], Rule: quotaRule}
 			}
 			if k != 0 || subject == "" {
 				if err := flow.CheckQuotaLimit("K", k); err != nil {
@@ -178,6 +181,7 @@ limit lives in etcd and changes reach every worker within a second.`,
 			return nil
 		},
 	}
+	set.SetFlagErrorFunc(negativeArgError("K", quotaRule)) // "quotas set tenant -1"
 	set.Flags().StringVar(&subject, "subject", "", "one tenant or task type to give a limit of its own (0 removes it)")
 	set.Flags().BoolVar(&asJSON, "json", false, "print the quota's setting as JSON")
 	list := flowList(a, "List quotas with the slots held now",

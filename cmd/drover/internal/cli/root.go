@@ -17,6 +17,7 @@ import (
 	"github.com/droverhq/drover/internal/buildinfo"
 	"github.com/droverhq/drover/keyspace"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -159,9 +160,7 @@ $ETCD_ENDPOINTS, else 127.0.0.1:2379. "drover server" runs one for you.`,
 			return a.setupLogging()
 		},
 	}
-	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error {
-		return usageError{fmt.Errorf("%w (see '%s --help')", err, cmd.CommandPath())}
-	})
+	root.SetFlagErrorFunc(explainFlagError)
 	pf := root.PersistentFlags()
 	pf.StringVar(&a.endpoints, "etcd-endpoints", "", "etcd endpoints, comma-separated (default $ETCD_ENDPOINTS, else 127.0.0.1:2379)")
 	pf.StringVar(&a.namespace, "namespace", keyspace.DefaultNamespace, "namespace of every key drover reads or writes")
@@ -254,6 +253,42 @@ func (a *app) checkGlobal() error {
 		return &drover.InputError{Field: "--dial-timeout", Value: a.dialTimeout, Rule: "must be positive"}
 	}
 	return nil
+}
+
+// explainFlagError explains flags that did not parse. A negative number such as
+// -1 reads as a flag: the error says so, and how to pass one.
+func explainFlagError(cmd *cobra.Command, err error) error {
+	if v, ok := negativeNumber(err); ok {
+		return usageError{fmt.Errorf("%s reads as a flag, and %s has no such flag: a number there must not be negative "+
+			"(see '%s --help' for each argument's rule); an argument that begins with '-' goes after --", v, cmd.CommandPath(), cmd.CommandPath())}
+	}
+	return usageError{fmt.Errorf("%w (see '%s --help')", err, cmd.CommandPath())}
+}
+
+// negativeArgError is the flag error function of a command whose one
+// numeric argument, field, has rule: a negative number there is an
+// InputError naming both.
+func negativeArgError(field, rule string) func(*cobra.Command, error) error {
+	return func(cmd *cobra.Command, err error) error {
+		if v, ok := negativeNumber(err); ok {
+			return &drover.InputError{Field: field, Value: v, Rule: rule}
+		}
+		return explainFlagError(cmd, err)
+	}
+}
+
+// negativeNumber returns the argument ("-1", "-5/s") when err is an
+// unknown shorthand flag that begins with a digit: a negative number.
+func negativeNumber(err error) (string, bool) {
+	var ne *pflag.NotExistError
+	if !errors.As(err, &ne) {
+		return "", false
+	}
+	s := ne.GetSpecifiedShortnames()
+	if s == "" || (s[0] < '0' || s[0] > '9') && s[0] != '.' {
+		return "", false
+	}
+	return "-" + s, true
 }
 
 // connect reaches etcd with the global flags, or fails with an error that

@@ -304,7 +304,7 @@ func (w *waterMark) Type() string { return "percent" }
 func (a *app) serveExternal(ctx context.Context, f *serverFlags) error {
 	cli, err := a.connect(ctx)
 	if err != nil {
-		return err
+		return serverConnectError(err)
 	}
 	defer cli.Close()
 	stopGuard := func() {}
@@ -357,4 +357,28 @@ func startError(err error, dataDir, listen, peerListen string) error {
 		return withCode(ExitFailure, errors.New("stopped by a signal while starting"))
 	}
 	return err
+}
+
+// etcdUnreachable is an etcd the server was pointed at that did not answer.
+// Its advice is the server's own: the client commands' "start `drover
+// server`" would tell the server to start itself.
+type etcdUnreachable struct{ *cluster.UnreachableError }
+
+// Error implements error.
+func (e etcdUnreachable) Error() string {
+	return fmt.Sprintf("cannot reach etcd at %s (tried for %s: %v): is etcd running there? check that --etcd-endpoints (or $%s) "+
+		"names its client URLs (with --etcd-cacert, --etcd-cert and --etcd-key if it serves TLS); without either, drover server runs an etcd of its own",
+		strings.Join(e.Endpoints, ","), e.Timeout, e.Err, cluster.EnvEndpoints)
+}
+
+// Unwrap returns the client's error.
+func (e etcdUnreachable) Unwrap() error { return e.UnreachableError }
+
+// serverConnectError gives an unreachable etcd the server's advice.
+func serverConnectError(err error) error {
+	var ue *cluster.UnreachableError
+	if !errors.As(err, &ue) {
+		return err
+	}
+	return withCode(ExitUnavailable, etcdUnreachable{ue})
 }

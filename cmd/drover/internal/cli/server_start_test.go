@@ -26,7 +26,8 @@ func TestSecondServerOnOneDataDir(t *testing.T) {
 	first := start(t, cleanEnv(), serverArgs(dataDir)...)
 	waitFor(t, 30*time.Second, "the first server ready", func() bool { return strings.Contains(first.stderr.String(), "drover server ready") })
 	second := start(t, cleanEnv(), serverArgs(dataDir)...)
-	if code := second.wait(t, 5*time.Second); code != 2 {
+	// It used to wait forever; the bound only guards against that.
+	if code := second.wait(t, 60*time.Second); code != 2 {
 		t.Fatalf("second server: exit %d, want 2; stderr:\n%s", code, second.stderr.String())
 	}
 	want := "data dir " + dataDir + " is in use by another drover server (pid " + strconv.Itoa(first.cmd.Process.Pid) + ")"
@@ -64,7 +65,7 @@ func TestServerStopsWhileStarting(t *testing.T) {
 		waitFor(t, 10*time.Second, "the loading line", func() bool { return strings.Contains(p.stderr.String(), "loading its data dir") })
 		time.Sleep(500 * time.Millisecond) // now in etcd's wait for its database
 		_ = p.cmd.Process.Signal(sig)
-		if code := p.wait(t, 5*time.Second); code != 1 || !strings.Contains(p.stderr.String(), "stopped by a signal while starting") {
+		if code := p.wait(t, 60*time.Second); code != 1 || !strings.Contains(p.stderr.String(), "stopped by a signal while starting") {
 			t.Fatalf("after %s while starting: exit %d; stderr:\n%s", sig, code, p.stderr.String())
 		}
 	}
