@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/droverhq/drover/keyspace"
 )
@@ -17,35 +18,18 @@ import (
 // The bodies of the API's requests, how they are read and checked, and how
 // answers are written.
 
-// acquireBody is the body of POST /locks/{id}. Pointers tell a field left
-// out from a zero one.
-type acquireBody struct {
-	Owner  *string          `json:"owner"`
-	TTL    *float64         `json:"ttl"`
-	Holder *json.RawMessage `json:"holder"`
-}
-
-// ownerTokenBody is the body of DELETE /locks/{id} and of renew.
-type ownerTokenBody struct {
-	Owner *string  `json:"owner"`
-	Token *uint64  `json:"token"`
-	TTL   *float64 `json:"ttl"`
-}
-
 // memberBody is the body of POST /members.
 type memberBody struct {
 	ID   *uint64 `json:"id"`
 	Addr string  `json:"addr"`
 }
 
-// lockID reads and checks the {id} of the path.
-func lockID(w http.ResponseWriter, r *http.Request) (string, bool) {
-	id := r.PathValue("id")
+// checkLockID says what is wrong with a lock id of the path, or "".
+func checkLockID(id string) string {
 	if err := keyspace.CheckName("lock id", id); err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
-		return "", false
+		return err.Error()
 	}
-	return id, true
+	return ""
 }
 
 // checkTTL converts ttl seconds, or says what is wrong with them.
@@ -58,11 +42,35 @@ func checkTTL(secs float64) (time.Duration, string) {
 	return d, ""
 }
 
-func checkOwner(owner string) string {
+// checkOwner says what is wrong with owner, decoded from body, or "".
+func checkOwner(owner string, body []byte) string {
 	if len(owner) > MaxOwnerBytes {
 		return fmt.Sprintf("owner must be at most %d bytes, got %d", MaxOwnerBytes, len(owner))
 	}
+	if strings.ContainsRune(owner, utf8.RuneError) {
+		var raw struct{ Owner json.RawMessage }
+		if json.Unmarshal(body, &raw) == nil && ReplacedInvalidText(owner, raw.Owner) {
+			return "owner must be UTF-8 text: it holds bytes that are not UTF-8 (or a \\u escape of a lone surrogate)"
+		}
+	}
 	return ""
+}
+
+// ReplacedInvalidText reports whether decoded, a string that
+// encoding/json decoded from the JSON string raw, holds a U+FFFD that
+// stands for bytes that are not UTF-8 (or for a \u escape of a lone
+// surrogate) rather than one that raw spelled: encoding/json replaces
+// those silently, so a request must be checked against its raw text.
+func ReplacedInvalidText(decoded string, raw []byte) bool {
+	n := strings.Count(decoded, string(utf8.RuneError))
+	if n == 0 {
+		return false
+	}
+	if !utf8.Valid(raw) {
+		return true
+	}
+	spelled := bytes.Count(raw, []byte(string(utf8.RuneError))) + bytes.Count(bytes.ToLower(raw), []byte(`\ufffd`))
+	return n > spelled
 }
 
 // checkHolder compacts the holder object, or says what is wrong with it.
@@ -80,42 +88,71 @@ func checkHolder(raw json.RawMessage) (string, string) {
 	return buf.String(), ""
 }
 
-// decode reads one JSON object of at most MaxBodyBytes into v, refusing
-// unknown fields and wrong types; an empty body is an empty object. On
-// failure it has answered 400 and returns false. fields lists what the
-// body takes, for the message.
+// readBody reads a request body of at most MaxBodyBytes. On failure it
+// has answered 400 and returns false.
+func readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
+	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
+	var maxErr *http.MaxBytesError
+	switch {
+	case errors.As(err, &maxErr):
+		writeError(w, http.StatusBadRequest, tooLarge)
+		return nil, false
+	case err != nil:
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("read the body: %v", err))
+		return nil, false
+	}
+	return b, true
+}
+
+const tooLarge = "body larger than 1048576 bytes (1 MiB)"
+
+// decode reads the request body into v (decodeBytes). On failure it has
+// answered 400 and returns false.
 func decode(w http.ResponseWriter, r *http.Request, v any, fields string) bool {
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
+	b, ok := readBody(w, r)
+	if !ok {
+		return false
+	}
+	if msg := decodeBytes(b, v, fields); msg != "" {
+		writeError(w, http.StatusBadRequest, msg)
+		return false
+	}
+	return true
+}
+
+// decodeBytes reads one JSON object of at most MaxBodyBytes from body
+// into v, refusing unknown fields and wrong types; an empty body is an
+// empty object. It returns what is wrong with the body, or "". fields
+// lists what the body takes, for the message.
+func decodeBytes(body []byte, v any, fields string) string {
+	if len(body) > MaxBodyBytes {
+		return tooLarge
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	err := dec.Decode(v)
 	if err == nil {
 		if _, extra := dec.Token(); extra != io.EOF {
-			writeError(w, http.StatusBadRequest, fmt.Sprintf("body must be one JSON object with %s: data follows it", fields))
-			return false
+			return fmt.Sprintf("body must be one JSON object with %s: data follows it", fields)
 		}
 	}
 	var (
-		maxErr  *http.MaxBytesError
 		typeErr *json.UnmarshalTypeError
 		synErr  *json.SyntaxError
 	)
 	switch {
 	case err == nil || errors.Is(err, io.EOF):
-		return true
-	case errors.As(err, &maxErr):
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("body larger than %d bytes (1 MiB)", MaxBodyBytes))
+		return ""
 	case errors.As(err, &typeErr) && typeErr.Field != "":
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("%s must be %s, got a JSON %s", typeErr.Field, jsonKind(typeErr.Type.Kind().String()), typeErr.Value))
+		return fmt.Sprintf("%s must be %s, got a JSON %s", typeErr.Field, jsonKind(typeErr.Type.Kind().String()), typeErr.Value)
 	case errors.As(err, &typeErr):
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("body must be a JSON object with %s, got a JSON %s", fields, typeErr.Value))
+		return fmt.Sprintf("body must be a JSON object with %s, got a JSON %s", fields, typeErr.Value)
 	case strings.HasPrefix(err.Error(), "json: unknown field "):
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("%s: the body takes %s", strings.TrimPrefix(err.Error(), "json: "), fields))
+		return fmt.Sprintf("%s: the body takes %s", strings.TrimPrefix(err.Error(), "json: "), fields)
 	case errors.As(err, &synErr) || errors.Is(err, io.ErrUnexpectedEOF):
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("malformed JSON body: %v", err))
-	default:
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("bad body: %v", err))
+		return fmt.Sprintf("malformed JSON body: %v", err)
 	}
-	return false
+	return fmt.Sprintf("bad body: %v", err)
 }
 
 // jsonKind names a Go kind the way a JSON client thinks of it.
