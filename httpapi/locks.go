@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -11,7 +12,6 @@ import (
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/lease"
 	"github.com/droverhq/drover/lock"
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -62,7 +62,7 @@ type releaseInput struct {
 	Name    string `path:"name" minLength:"1" maxLength:"128" doc:"The lock's name."`
 	Token   int64  `query:"token" required:"true" minimum:"1" doc:"The fencing token the acquisition returned."`
 	Session string `query:"session" doc:"The session the lock was acquired under (checked against the contender)."`
-	Owner   string `query:"owner" doc:"The owner named at acquisition, for a lock taken with owner and ttl: its lease is revoked with the release."`
+	Owner   string `query:"owner" doc:"The owner named at acquisition, for a lock taken with owner and ttl (instead of the session): it must be the holder's, and the lock's lease is revoked with the release."`
 	// Contender proves the holding, with the token.
 	Contender string `query:"contender" required:"true" doc:"The contender the acquisition returned: with the token it proves the holding."`
 }
@@ -70,31 +70,26 @@ type releaseInput struct {
 type lockStatusOutput struct{ Body LockStatus }
 
 func (s *Server) lockRoutes() {
-	for _, base := range []string{"/v1/locks", "/locks"} {
-		suffix, note := "", ""
-		if base == "/locks" {
-			suffix, note = "-service", " The lock service's path: the same as under /v1/locks."
-		}
-		huma.Register(s.api, huma.Operation{
-			OperationID: "acquire-lock" + suffix, Method: http.MethodPost, Path: base + "/{name}", Tags: []string{"locks"},
-			Summary: "Acquire a lock",
-			Description: "Give a session (the lock lasts as long as it) or an owner and a ttl. 200 with the fencing token; 409 with the holder " +
-				"when held by another; ?wait=10s waits in line, first come first served." + note,
-			Errors: []int{http.StatusConflict, http.StatusNotFound},
-		}, s.acquireLock)
-		huma.Register(s.api, huma.Operation{
-			OperationID: "get-lock" + suffix, Method: http.MethodGet, Path: base + "/{name}", Tags: []string{"locks"},
-			Summary: "Who holds a lock; 404 when nobody does." + note,
-			Errors:  []int{http.StatusNotFound},
-		}, s.lockStatus)
-		huma.Register(s.api, huma.Operation{
-			OperationID: "release-lock" + suffix, Method: http.MethodDelete, Path: base + "/{name}", Tags: []string{"locks"},
-			Summary:       "Release a lock held with a token",
-			Description:   "The token and the session (or owner) it was acquired with; 409 when the lock is not held with that token." + note,
-			DefaultStatus: http.StatusNoContent,
-			Errors:        []int{http.StatusConflict},
-		}, s.releaseLock)
-	}
+	huma.Register(s.api, huma.Operation{
+		OperationID: "acquire-lock", Method: http.MethodPost, Path: "/v1/locks/{name}", Tags: []string{"locks"},
+		Summary: "Acquire a lock",
+		Description: "Give a session (the lock lasts as long as it) or an owner and a ttl. 200 with the fencing token; 409 with the holder " +
+			"when held by another; ?wait=10s waits in line, first come first served.",
+		Errors: []int{http.StatusConflict, http.StatusNotFound},
+	}, s.acquireLock)
+	huma.Register(s.api, huma.Operation{
+		OperationID: "get-lock", Method: http.MethodGet, Path: "/v1/locks/{name}", Tags: []string{"locks"},
+		Summary: "Who holds a lock; 404 when nobody does.",
+		Errors:  []int{http.StatusNotFound},
+	}, s.lockStatus)
+	huma.Register(s.api, huma.Operation{
+		OperationID: "release-lock", Method: http.MethodDelete, Path: "/v1/locks/{name}", Tags: []string{"locks"},
+		Summary:       "Release a lock held with a token",
+		Description:   "The token and the session (or owner) it was acquired with; 409 when the lock is not held with that token.",
+		DefaultStatus: http.StatusNoContent,
+		Errors:        []int{http.StatusConflict},
+	}, s.releaseLock)
+	s.serviceLockRoutes()
 	huma.Register(s.api, huma.Operation{
 		OperationID: "list-locks", Method: http.MethodGet, Path: "/v1/locks", Tags: []string{"locks"},
 		Summary: "Every held lock, by name",
@@ -256,30 +251,49 @@ func (s *Server) releaseLock(ctx context.Context, in *releaseInput) (*struct{}, 
 			return nil, invalid("query.contender", in.Contender, "must be a contender of the session's own, as the acquisition returned it")
 		}
 	}
+	if in.Session == "" && in.Owner == "" {
+		return nil, invalid("query.session", nil, "give the session (or, for a lock taken with owner and ttl, the owner) the lock was acquired with: a release names the holder it releases")
+	}
 	l, err := s.locker(ctx, nil, "")
 	if err != nil {
 		return nil, err
 	}
 	defer l.Close(context.WithoutCancel(ctx))
+	var own clientv3.LeaseID
+	if in.Owner != "" {
+		// The holding must be the owner's: the key's record names its
+		// holder, and it never changes while the key lives.
+		g, err := s.cli.Get(ctx, s.keys(ctx).LockContender(in.Name, in.Contender))
+		if err != nil {
+			return nil, problem(fmt.Errorf("read the holding of lock %s: %w", in.Name, err), nil)
+		}
+		var h lock.Holder
+		if len(g.Kvs) == 0 || g.Kvs[0].CreateRevision != in.Token || json.Unmarshal(g.Kvs[0].Value, &h) != nil || h.ID != in.Owner {
+			return nil, s.notHeld(ctx, l, in.Name, fmt.Sprintf("lock %s is not held by owner %q with token %d: nothing was released", in.Name, in.Owner, in.Token))
+		}
+		own = clientv3.LeaseID(g.Kvs[0].Lease)
+	}
 	if err := l.ReleaseContender(ctx, in.Name, in.Contender, in.Token); err != nil {
 		var nh *lock.NotHeldError
 		if errors.As(err, &nh) {
-			p := newProblem(http.StatusConflict, "lock-not-held", err.Error()+": nothing was released")
-			if nh.Current.Held {
-				st := lockStatusOf(nh.Current)
-				p.Holder = &st
-			}
-			return nil, p
+			return nil, s.notHeld(ctx, l, in.Name, err.Error()+": nothing was released")
 		}
 		return nil, problem(err, nil)
 	}
-	if in.Owner != "" {
-		// An owner lock's lease was granted for it alone: give it back.
-		if _, err := s.cli.Revoke(ctx, clientv3.LeaseID(lid)); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
-			s.cfg.Logger.Warn("owner lock released, its lease not revoked (it expires by itself)", "lock", in.Name, "err", err)
-		}
-	}
+	// An owner lock's lease was granted for it alone: give it back.
+	etcdTable{s}.revokeOwn(ctx, own, in.Name)
 	return nil, nil
+}
+
+// notHeld is the 409 of a release refused, with the lock's holder when
+// it has one.
+func (s *Server) notHeld(ctx context.Context, l *lock.Etcd, name, detail string) error {
+	p := newProblem(http.StatusConflict, "lock-not-held", detail)
+	if st, err := l.Status(ctx, name); err == nil && st.Held {
+		ls := lockStatusOf(st)
+		p.Holder = &ls
+	}
+	return p
 }
 
 // checkLockName checks a lock name of the API: a valid name, and not one
