@@ -94,7 +94,7 @@ func (s *Server) lockRoutes() {
 		OperationID: "list-locks", Method: http.MethodGet, Path: "/v1/locks", Tags: []string{"locks"},
 		Summary: "Every held lock, by name",
 	}, func(ctx context.Context, _ *struct{}) (*struct{ Body []LockStatus }, error) {
-		l, err := s.locker(ctx, nil, "")
+		l, err := s.locker(ctx, nil, lock.Holder{})
 		if err != nil {
 			return nil, err
 		}
@@ -112,12 +112,14 @@ func (s *Server) lockRoutes() {
 }
 
 // locker is a locker of the request's namespace on l (nil: an attached
-// placeholder for reads, which bind nothing), its holder named holder.
-func (s *Server) locker(ctx context.Context, l *lease.Lease, holder string) (*lock.Etcd, error) {
+// placeholder for reads, which bind nothing), its holdings recorded as
+// holder's (the client's: its session's name and host, or the owner it
+// named).
+func (s *Server) locker(ctx context.Context, l *lease.Lease, holder lock.Holder) (*lock.Etcd, error) {
 	if l == nil {
 		l = lease.Attach(s.cli, clientv3.NoLease, time.Second, time.Now().Add(time.Minute))
 	}
-	e, err := lock.NewEtcd(ctx, s.cli, lock.EtcdConfig{Namespace: s.nsOf(ctx), Lease: l, HolderID: holder, Logger: s.cfg.Logger, Batcher: s.locks})
+	e, err := lock.NewEtcd(ctx, s.cli, lock.EtcdConfig{Namespace: s.nsOf(ctx), Lease: l, Holder: holder, Logger: s.cfg.Logger, Batcher: s.locks})
 	if err != nil {
 		return nil, problem(err, nil)
 	}
@@ -147,7 +149,7 @@ func (s *Server) acquireLock(ctx context.Context, in *acquireInput) (*struct{ Bo
 	b := in.Body
 	var (
 		l       *lease.Lease
-		holder  string
+		holder  lock.Holder
 		expires time.Time
 		own     clientv3.LeaseID // a lease granted for this lock alone
 	)
@@ -159,17 +161,14 @@ func (s *Server) acquireLock(ctx context.Context, in *acquireInput) (*struct{ Bo
 		if err != nil {
 			return nil, err
 		}
-		l, holder, expires = sess.lease, sess.name, sess.lease.Deadline()
-		if holder == "" {
-			holder = "http-session" // never the id: with a token it proves holdings
-		}
+		l, holder, expires = sess.lease, sess.holder(), sess.lease.Deadline()
 	case b.Owner != "" && b.TTL > 0:
 		sent := time.Now()
 		g, err := s.cli.Grant(ctx, b.TTL)
 		if err != nil {
 			return nil, problem(fmt.Errorf("grant the lock's %d s lease: %w", b.TTL, err), nil)
 		}
-		own, holder = g.ID, b.Owner
+		own, holder = g.ID, lock.Holder{ID: b.Owner}
 		expires = sent.Add(time.Duration(g.TTL) * time.Second)
 		l = lease.Attach(s.cli, g.ID, time.Duration(g.TTL)*time.Second, expires)
 	default:
@@ -213,7 +212,7 @@ func (s *Server) lockStatus(ctx context.Context, in *lockPath) (*lockStatusOutpu
 	if err := lock.CheckName(in.Name); err != nil {
 		return nil, problem(err, map[string]string{"name": "path.name"})
 	}
-	l, err := s.locker(ctx, nil, "")
+	l, err := s.locker(ctx, nil, lock.Holder{})
 	if err != nil {
 		return nil, err
 	}
@@ -254,7 +253,7 @@ func (s *Server) releaseLock(ctx context.Context, in *releaseInput) (*struct{}, 
 	if in.Session == "" && in.Owner == "" {
 		return nil, invalid("query.session", nil, "give the session (or, for a lock taken with owner and ttl, the owner) the lock was acquired with: a release names the holder it releases")
 	}
-	l, err := s.locker(ctx, nil, "")
+	l, err := s.locker(ctx, nil, lock.Holder{})
 	if err != nil {
 		return nil, err
 	}
