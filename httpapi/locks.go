@@ -12,6 +12,7 @@ import (
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/lease"
 	"github.com/droverhq/drover/lock"
+	"github.com/droverhq/drover/paxos"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -56,6 +57,7 @@ type acquireInput struct {
 		Owner   string `json:"owner,omitempty" maxLength:"128" doc:"With ttl and no session: who holds the lock (the lock service's form)."`
 		TTL     int64  `json:"ttl,omitempty" minimum:"1" maximum:"86400" doc:"With owner: seconds the lock lasts; it is not renewed."`
 	}
+	RawBody []byte
 }
 
 type releaseInput struct {
@@ -163,6 +165,10 @@ func (s *Server) acquireLock(ctx context.Context, in *acquireInput) (*struct{ Bo
 		}
 		l, holder, expires = sess.lease, sess.holder(), sess.lease.Deadline()
 	case b.Owner != "" && b.TTL > 0:
+		var raw struct{ Owner json.RawMessage }
+		if json.Unmarshal(in.RawBody, &raw) == nil && paxos.ReplacedInvalidText(b.Owner, raw.Owner) {
+			return nil, invalid("body.owner", b.Owner, "must be UTF-8 text: it holds bytes that are not UTF-8 (or a \\u escape of a lone surrogate)")
+		}
 		sent := time.Now()
 		g, err := s.cli.Grant(ctx, b.TTL)
 		if err != nil {
