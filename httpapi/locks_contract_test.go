@@ -230,3 +230,23 @@ func TestPaxosClientOnServer(t *testing.T) {
 		t.Fatalf("Get after Release: %v, want ErrNotFound", err)
 	}
 }
+
+// TestLockServiceTaskLocks: the task runner's locks (task:ID) are taken
+// and given back through the agent-task routes only, so /locks refuses to
+// change them, in the lock service's error shape; it reads them as any.
+func TestLockServiceTaskLocks(t *testing.T) {
+	a := newAPI(t)
+	for _, tc := range []struct{ method, path, body string }{
+		{"POST", "/locks/task:job-1", `{"owner":"w","ttl":5}`},
+		{"DELETE", "/locks/task:job-1", `{"owner":"w","token":5}`},
+		{"POST", "/locks/task:job-1/renew", `{"owner":"w","token":5,"ttl":5}`},
+	} {
+		r := a.do(tc.method, tc.path, tc.body).want(t, 400)
+		if !strings.Contains(r.str("error"), "agent-tasks") {
+			t.Fatalf("%s %s: %s", tc.method, tc.path, r.Raw)
+		}
+	}
+	if r := a.do("GET", "/locks/task:job-1", nil).want(t, 404); r.str("error") != client.MsgNotFound {
+		t.Fatalf("GET of a free task lock: %s", r.Raw)
+	}
+}

@@ -155,6 +155,8 @@ func (t etcdTable) state(ctx context.Context, name string, kv *mvccpb.KeyValue) 
 	if err := json.Unmarshal(kv.Value, &rec); err != nil {
 		rec.ID = "unknown (unreadable record)"
 	}
+	// A key without a lease (none of drover's) would never expire: it
+	// is shown as expiring at the end of time.
 	st := paxos.LockState{Name: name, Owner: rec.ID, Token: uint64(kv.CreateRevision), Acquired: rec.AcquiredAt.UnixMilli(),
 		Expires: math.MaxInt64 / 2}
 	if len(rec.Meta) > 0 {

@@ -241,7 +241,8 @@ type LockService struct {
 	Timeout time.Duration
 	// Logger gets a line per failed command; nil means slog.Default().
 	Logger *slog.Logger
-	// CheckID, when set, adds rules for a lock id to the name rules: it
+	// CheckID, when set, adds rules for the lock id of a route that
+	// changes the lock (acquire, release, renew) to the name rules: it
 	// returns why id is refused (a 400), or "".
 	CheckID func(id string) string
 	// Now is the clock that ttl answers are computed with; nil is
@@ -259,7 +260,7 @@ func (s *LockService) Serve(ctx context.Context, req LockRequest) LockAnswer {
 		if msg := checkLockID(req.ID); msg != "" {
 			return errAnswer(http.StatusBadRequest, msg)
 		}
-		if s.CheckID != nil {
+		if s.CheckID != nil && req.Route != RouteGet {
 			if msg := s.CheckID(req.ID); msg != "" {
 				return errAnswer(http.StatusBadRequest, msg)
 			}
