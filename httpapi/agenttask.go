@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/droverhq/drover/keyspace"
+	"github.com/droverhq/drover/lock"
 	"github.com/droverhq/drover/task"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -75,11 +76,7 @@ func (s *Server) claimTask(ctx context.Context, in *claimTaskInput) (*struct{ Bo
 	if err != nil {
 		return nil, err
 	}
-	holder := sess.name
-	if holder == "" {
-		holder = "http-session" // never the id: with a token it proves holdings
-	}
-	locker, err := s.locker(ctx, sess.lease, holder)
+	locker, err := s.locker(ctx, sess.lease, sess.holder())
 	if err != nil {
 		return nil, err
 	}
@@ -285,7 +282,7 @@ func (s *Server) getTask(ctx context.Context, in *agentTaskPath) (*agentTaskOutp
 	if err != nil {
 		return nil, taskProblem(err)
 	}
-	l, err := s.locker(ctx, nil, "")
+	l, err := s.locker(ctx, nil, lock.Holder{})
 	if err != nil {
 		return nil, err
 	}

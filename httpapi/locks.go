@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -11,7 +12,7 @@ import (
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/lease"
 	"github.com/droverhq/drover/lock"
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	"github.com/droverhq/drover/paxos"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -56,13 +57,14 @@ type acquireInput struct {
 		Owner   string `json:"owner,omitempty" maxLength:"128" doc:"With ttl and no session: who holds the lock (the lock service's form)."`
 		TTL     int64  `json:"ttl,omitempty" minimum:"1" maximum:"86400" doc:"With owner: seconds the lock lasts; it is not renewed."`
 	}
+	RawBody []byte
 }
 
 type releaseInput struct {
 	Name    string `path:"name" minLength:"1" maxLength:"128" doc:"The lock's name."`
 	Token   int64  `query:"token" required:"true" minimum:"1" doc:"The fencing token the acquisition returned."`
 	Session string `query:"session" doc:"The session the lock was acquired under (checked against the contender)."`
-	Owner   string `query:"owner" doc:"The owner named at acquisition, for a lock taken with owner and ttl: its lease is revoked with the release."`
+	Owner   string `query:"owner" doc:"The owner named at acquisition, for a lock taken with owner and ttl (instead of the session): it must be the holder's, and the lock's lease is revoked with the release."`
 	// Contender proves the holding, with the token.
 	Contender string `query:"contender" required:"true" doc:"The contender the acquisition returned: with the token it proves the holding."`
 }
@@ -70,36 +72,31 @@ type releaseInput struct {
 type lockStatusOutput struct{ Body LockStatus }
 
 func (s *Server) lockRoutes() {
-	for _, base := range []string{"/v1/locks", "/locks"} {
-		suffix, note := "", ""
-		if base == "/locks" {
-			suffix, note = "-service", " The lock service's path: the same as under /v1/locks."
-		}
-		huma.Register(s.api, huma.Operation{
-			OperationID: "acquire-lock" + suffix, Method: http.MethodPost, Path: base + "/{name}", Tags: []string{"locks"},
-			Summary: "Acquire a lock",
-			Description: "Give a session (the lock lasts as long as it) or an owner and a ttl. 200 with the fencing token; 409 with the holder " +
-				"when held by another; ?wait=10s waits in line, first come first served." + note,
-			Errors: []int{http.StatusConflict, http.StatusNotFound},
-		}, s.acquireLock)
-		huma.Register(s.api, huma.Operation{
-			OperationID: "get-lock" + suffix, Method: http.MethodGet, Path: base + "/{name}", Tags: []string{"locks"},
-			Summary: "Who holds a lock; 404 when nobody does." + note,
-			Errors:  []int{http.StatusNotFound},
-		}, s.lockStatus)
-		huma.Register(s.api, huma.Operation{
-			OperationID: "release-lock" + suffix, Method: http.MethodDelete, Path: base + "/{name}", Tags: []string{"locks"},
-			Summary:       "Release a lock held with a token",
-			Description:   "The token and the session (or owner) it was acquired with; 409 when the lock is not held with that token." + note,
-			DefaultStatus: http.StatusNoContent,
-			Errors:        []int{http.StatusConflict},
-		}, s.releaseLock)
-	}
+	huma.Register(s.api, huma.Operation{
+		OperationID: "acquire-lock", Method: http.MethodPost, Path: "/v1/locks/{name}", Tags: []string{"locks"},
+		Summary: "Acquire a lock",
+		Description: "Give a session (the lock lasts as long as it) or an owner and a ttl. 200 with the fencing token; 409 with the holder " +
+			"when held by another; ?wait=10s waits in line, first come first served.",
+		Errors: []int{http.StatusConflict, http.StatusNotFound},
+	}, s.acquireLock)
+	huma.Register(s.api, huma.Operation{
+		OperationID: "get-lock", Method: http.MethodGet, Path: "/v1/locks/{name}", Tags: []string{"locks"},
+		Summary: "Who holds a lock; 404 when nobody does.",
+		Errors:  []int{http.StatusNotFound},
+	}, s.lockStatus)
+	huma.Register(s.api, huma.Operation{
+		OperationID: "release-lock", Method: http.MethodDelete, Path: "/v1/locks/{name}", Tags: []string{"locks"},
+		Summary:       "Release a lock held with a token",
+		Description:   "The token and the session (or owner) it was acquired with; 409 when the lock is not held with that token.",
+		DefaultStatus: http.StatusNoContent,
+		Errors:        []int{http.StatusConflict},
+	}, s.releaseLock)
+	s.serviceLockRoutes()
 	huma.Register(s.api, huma.Operation{
 		OperationID: "list-locks", Method: http.MethodGet, Path: "/v1/locks", Tags: []string{"locks"},
 		Summary: "Every held lock, by name",
 	}, func(ctx context.Context, _ *struct{}) (*struct{ Body []LockStatus }, error) {
-		l, err := s.locker(ctx, nil, "")
+		l, err := s.locker(ctx, nil, lock.Holder{})
 		if err != nil {
 			return nil, err
 		}
@@ -117,12 +114,14 @@ func (s *Server) lockRoutes() {
 }
 
 // locker is a locker of the request's namespace on l (nil: an attached
-// placeholder for reads, which bind nothing), its holder named holder.
-func (s *Server) locker(ctx context.Context, l *lease.Lease, holder string) (*lock.Etcd, error) {
+// placeholder for reads, which bind nothing), its holdings recorded as
+// holder's (the client's: its session's name and host, or the owner it
+// named).
+func (s *Server) locker(ctx context.Context, l *lease.Lease, holder lock.Holder) (*lock.Etcd, error) {
 	if l == nil {
 		l = lease.Attach(s.cli, clientv3.NoLease, time.Second, time.Now().Add(time.Minute))
 	}
-	e, err := lock.NewEtcd(ctx, s.cli, lock.EtcdConfig{Namespace: s.nsOf(ctx), Lease: l, HolderID: holder, Logger: s.cfg.Logger, Batcher: s.locks})
+	e, err := lock.NewEtcd(ctx, s.cli, lock.EtcdConfig{Namespace: s.nsOf(ctx), Lease: l, Holder: holder, Logger: s.cfg.Logger, Batcher: s.locks})
 	if err != nil {
 		return nil, problem(err, nil)
 	}
@@ -152,7 +151,7 @@ func (s *Server) acquireLock(ctx context.Context, in *acquireInput) (*struct{ Bo
 	b := in.Body
 	var (
 		l       *lease.Lease
-		holder  string
+		holder  lock.Holder
 		expires time.Time
 		own     clientv3.LeaseID // a lease granted for this lock alone
 	)
@@ -164,17 +163,18 @@ func (s *Server) acquireLock(ctx context.Context, in *acquireInput) (*struct{ Bo
 		if err != nil {
 			return nil, err
 		}
-		l, holder, expires = sess.lease, sess.name, sess.lease.Deadline()
-		if holder == "" {
-			holder = "http-session" // never the id: with a token it proves holdings
-		}
+		l, holder, expires = sess.lease, sess.holder(), sess.lease.Deadline()
 	case b.Owner != "" && b.TTL > 0:
+		var raw struct{ Owner json.RawMessage }
+		if json.Unmarshal(in.RawBody, &raw) == nil && paxos.ReplacedInvalidText(b.Owner, raw.Owner) {
+			return nil, invalid("body.owner", b.Owner, "must be UTF-8 text: it holds bytes that are not UTF-8 (or a \\u escape of a lone surrogate)")
+		}
 		sent := time.Now()
 		g, err := s.cli.Grant(ctx, b.TTL)
 		if err != nil {
 			return nil, problem(fmt.Errorf("grant the lock's %d s lease: %w", b.TTL, err), nil)
 		}
-		own, holder = g.ID, b.Owner
+		own, holder = g.ID, lock.Holder{ID: b.Owner}
 		expires = sent.Add(time.Duration(g.TTL) * time.Second)
 		l = lease.Attach(s.cli, g.ID, time.Duration(g.TTL)*time.Second, expires)
 	default:
@@ -218,7 +218,7 @@ func (s *Server) lockStatus(ctx context.Context, in *lockPath) (*lockStatusOutpu
 	if err := lock.CheckName(in.Name); err != nil {
 		return nil, problem(err, map[string]string{"name": "path.name"})
 	}
-	l, err := s.locker(ctx, nil, "")
+	l, err := s.locker(ctx, nil, lock.Holder{})
 	if err != nil {
 		return nil, err
 	}
@@ -256,30 +256,49 @@ func (s *Server) releaseLock(ctx context.Context, in *releaseInput) (*struct{}, 
 			return nil, invalid("query.contender", in.Contender, "must be a contender of the session's own, as the acquisition returned it")
 		}
 	}
-	l, err := s.locker(ctx, nil, "")
+	if in.Session == "" && in.Owner == "" {
+		return nil, invalid("query.session", nil, "give the session (or, for a lock taken with owner and ttl, the owner) the lock was acquired with: a release names the holder it releases")
+	}
+	l, err := s.locker(ctx, nil, lock.Holder{})
 	if err != nil {
 		return nil, err
 	}
 	defer l.Close(context.WithoutCancel(ctx))
+	var own clientv3.LeaseID
+	if in.Owner != "" {
+		// The holding must be the owner's: the key's record names its
+		// holder, and it never changes while the key lives.
+		g, err := s.cli.Get(ctx, s.keys(ctx).LockContender(in.Name, in.Contender))
+		if err != nil {
+			return nil, problem(fmt.Errorf("read the holding of lock %s: %w", in.Name, err), nil)
+		}
+		var h lock.Holder
+		if len(g.Kvs) == 0 || g.Kvs[0].CreateRevision != in.Token || json.Unmarshal(g.Kvs[0].Value, &h) != nil || h.ID != in.Owner {
+			return nil, s.notHeld(ctx, l, in.Name, fmt.Sprintf("lock %s is not held by owner %q with token %d: nothing was released", in.Name, in.Owner, in.Token))
+		}
+		own = clientv3.LeaseID(g.Kvs[0].Lease)
+	}
 	if err := l.ReleaseContender(ctx, in.Name, in.Contender, in.Token); err != nil {
 		var nh *lock.NotHeldError
 		if errors.As(err, &nh) {
-			p := newProblem(http.StatusConflict, "lock-not-held", err.Error()+": nothing was released")
-			if nh.Current.Held {
-				st := lockStatusOf(nh.Current)
-				p.Holder = &st
-			}
-			return nil, p
+			return nil, s.notHeld(ctx, l, in.Name, err.Error()+": nothing was released")
 		}
 		return nil, problem(err, nil)
 	}
-	if in.Owner != "" {
-		// An owner lock's lease was granted for it alone: give it back.
-		if _, err := s.cli.Revoke(ctx, clientv3.LeaseID(lid)); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
-			s.cfg.Logger.Warn("owner lock released, its lease not revoked (it expires by itself)", "lock", in.Name, "err", err)
-		}
-	}
+	// An owner lock's lease was granted for it alone: give it back.
+	etcdTable{s}.revokeOwn(ctx, own, in.Name)
 	return nil, nil
+}
+
+// notHeld is the 409 of a release refused, with the lock's holder when
+// it has one.
+func (s *Server) notHeld(ctx context.Context, l *lock.Etcd, name, detail string) error {
+	p := newProblem(http.StatusConflict, "lock-not-held", detail)
+	if st, err := l.Status(ctx, name); err == nil && st.Held {
+		ls := lockStatusOf(st)
+		p.Holder = &ls
+	}
+	return p
 }
 
 // checkLockName checks a lock name of the API: a valid name, and not one
@@ -294,4 +313,65 @@ func checkLockName(name string) error {
 		return invalid("path.name", name, "must not start with \"task:\": agent tasks are claimed with POST /v1/agent-tasks/{id}/claim")
 	}
 	return nil
+}
+
+// maxWaitersShown bounds the waiters a lock's line lists.
+const maxWaitersShown = 100
+
+// LockContender is one holding of a lock or one place in its line.
+type LockContender struct {
+	Position int         `json:"position" doc:"0 for the holder; 1 for the next in line, and so on."`
+	Holder   lock.Holder `json:"holder" doc:"Who: its owner or session name, host, pid, and when it took the lock or joined the line."`
+	Token    int64       `json:"token" doc:"Its fencing token: the holder's, or the one a waiter gets when its turn comes."`
+	TTL      float64     `json:"ttl_left,omitempty" doc:"Seconds its session or lease has left unless renewed; absent when unknown."`
+}
+
+// LockLine is a lock's holder and the contenders waiting behind it.
+type LockLine struct {
+	Name    string          `json:"name" doc:"The lock's name."`
+	Holder  *LockContender  `json:"holder,omitempty" doc:"Who holds it; absent when nobody does."`
+	Waiters []LockContender `json:"waiters" doc:"The contenders queued behind the holder, first come first served (at most 100)."`
+	Total   int             `json:"total_waiters" doc:"How many wait in all."`
+}
+
+func (s *Server) waiterRoutes() {
+	huma.Register(s.api, huma.Operation{
+		OperationID: "lock-waiters", Method: http.MethodGet, Path: "/v1/locks/{name}/waiters", Tags: []string{"locks"},
+		Summary: "A lock's holder and the contenders waiting in line behind it",
+		Description: "In the order they get the lock. Contenders are named by their holder records, never by their keys (which, " +
+			"with the token, would release the lock). An empty line when nobody holds or waits.",
+	}, s.lockWaiters)
+}
+
+func (s *Server) lockWaiters(ctx context.Context, in *lockPath) (*struct{ Body LockLine }, error) {
+	if err := lock.CheckName(in.Name); err != nil {
+		return nil, problem(err, map[string]string{"name": "path.name"})
+	}
+	g, err := s.cli.Get(ctx, s.keys(ctx).Lock(in.Name), clientv3.WithPrefix(),
+		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
+	if err != nil {
+		return nil, problem(fmt.Errorf("read the line of lock %s: %w", in.Name, err), nil)
+	}
+	out := LockLine{Name: in.Name, Waiters: []LockContender{}}
+	for i, kv := range g.Kvs {
+		if i > maxWaitersShown {
+			break
+		}
+		c := LockContender{Position: i, Token: kv.CreateRevision}
+		if err := json.Unmarshal(kv.Value, &c.Holder); err != nil {
+			c.Holder.ID = "unknown (unreadable record)"
+		}
+		if kv.Lease != 0 {
+			if ttl, err := s.cli.TimeToLive(ctx, clientv3.LeaseID(kv.Lease)); err == nil && ttl.TTL >= 0 {
+				c.TTL = float64(ttl.TTL)
+			}
+		}
+		if i == 0 {
+			out.Holder = &c
+			continue
+		}
+		out.Waiters = append(out.Waiters, c)
+	}
+	out.Total = max(len(g.Kvs)-1, 0)
+	return &struct{ Body LockLine }{out}, nil
 }

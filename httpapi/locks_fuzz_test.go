@@ -20,7 +20,7 @@ import (
 // stands for a live session's id; lock "held" is held by another owner
 // throughout. An invalid lock name is a 400 at path.name, a wait that is
 // no duration (or negative) a 400 at query.wait, a malformed session one
-// at body.session, a body with both or neither of a session and an owner
+// at body.session, an owner that is not UTF-8 text one at body.owner, a body with both or neither of a session and an owner
 // with a ttl one in the body. A valid request on a free lock acquires it
 // with a token and a contender, by which it is released; on "held" it is
 // a 409 naming the holder, whatever the wait (a wait shorter than etcd's
@@ -44,6 +44,9 @@ func FuzzLockAcquire(f *testing.F) {
 	f.Add("jobs", "", []byte(`{"session":"1.abcdefghijklmnop"}`))
 	f.Add("jobs", "", []byte(`{"session":"$SESSION","owner":"w1","ttl":5}`))
 	f.Add("jobs", "", []byte(`{"owner":"w1"}`))
+	f.Add("jobs", "", []byte("{\"owner\":\"w\xff\",\"ttl\":5}"))
+	f.Add("jobs", "", []byte(`{"owner":"w\udfff","ttl":5}`))
+	f.Add("jobs", "", []byte(`{"owner":"w\ufffd","ttl":5}`))
 	f.Add("jobs", "", []byte(`{"owner":"w1","ttl":0}`))
 	f.Add("jobs", "", []byte(`{}`))
 	f.Add("jobs", "", []byte(`[`))
@@ -84,6 +87,8 @@ func FuzzLockAcquire(f *testing.F) {
 			return
 		}
 		switch {
+		case b.Session == "" && b.TTL >= 1 && b.TTL <= 86400 && notText(ownerOf(body)):
+			wantBadAt(t, body, ans, "body.owner")
 		case b.Session != "" && b.Owner != "" && ans.Status != http.StatusBadRequest:
 			t.Fatalf("%s %q: session and owner, %d: %s", target, body, ans.Status, ans.Raw)
 		case b.Session != "" && b.Session != session && ans.Status < 400:
@@ -118,7 +123,13 @@ func plainAcquire(body []byte, session string) bool {
 	}
 	n, ok := plainInt(obj["ttl"])
 	return onlyKeys(obj, "owner", "ttl") && ok && n >= 1 && n <= 86400 &&
-		json.Unmarshal(obj["owner"], &owner) == nil && owner != "" && utf8.RuneCountInString(owner) <= 128
+		json.Unmarshal(obj["owner"], &owner) == nil && owner != "" && utf8.RuneCountInString(owner) <= 128 && !notText(obj["owner"])
+}
+
+// ownerOf is the raw owner of an acquisition's body, if any.
+func ownerOf(body []byte) json.RawMessage {
+	obj, _ := decodeObject(body)
+	return obj["owner"]
 }
 
 // release releases the lock an acquisition (its answer raw) took, and

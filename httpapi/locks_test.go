@@ -50,26 +50,33 @@ func TestLockSessionLifecycle(t *testing.T) {
 	}
 }
 
-// TestLockServicePath: the lock service's own form (POST /locks/{id} with
-// owner and ttl) works on the same locks, and such a lock frees itself
-// after its ttl.
-func TestLockServicePath(t *testing.T) {
+// TestLockOwnerTTL: a lock taken with owner and ttl frees itself after
+// its ttl, and only its owner releases it: another owner naming the
+// right token and contender gets 409 and releases nothing.
+func TestLockOwnerTTL(t *testing.T) {
 	a := newAPI(t)
-	r := a.do("POST", "/locks/res-1", map[string]any{"owner": "client-abc", "ttl": 2}).want(t, 200)
+	r := a.do("POST", "/v1/locks/res-1", map[string]any{"owner": "client-abc", "ttl": 2}).want(t, 200)
 	tok, cont := int64(r.num("token")), r.str("contender")
-	a.do("POST", "/locks/res-1", map[string]any{"owner": "client-xyz", "ttl": 2}).problem(t, 409)
+	a.do("POST", "/v1/locks/res-1", map[string]any{"owner": "client-xyz", "ttl": 2}).problem(t, 409)
 	if g := a.do("GET", "/v1/locks/res-1", nil).want(t, 200); g.JSON["holder"].(map[string]any)["id"] != "client-abc" {
 		t.Fatalf("holder: %s", g.Raw)
 	}
-	a.do("DELETE", fmt.Sprintf("/locks/res-1?token=%d&owner=client-xyz&contender=%s", tok+1, cont), nil).problem(t, 409)
+	a.do("DELETE", fmt.Sprintf("/v1/locks/res-1?token=%d&owner=client-abc&contender=%s", tok+1, cont), nil).problem(t, 409)
+	if p := a.do("DELETE", fmt.Sprintf("/v1/locks/res-1?token=%d&owner=client-xyz&contender=%s", tok, cont), nil).problem(t, 409); !strings.Contains(p.str("detail"), `owner "client-xyz"`) {
+		t.Fatalf("the refusal does not say whose release it refused: %s", p.Raw)
+	}
+	if g := a.do("GET", "/v1/locks/res-1", nil).want(t, 200); int64(g.num("token")) != tok {
+		t.Fatalf("after another owner's release: %s", g.Raw)
+	}
+	a.do("DELETE", fmt.Sprintf("/v1/locks/res-1?token=%d&contender=%s", tok, cont), nil).problem(t, 400)
 	start := time.Now()
-	for a.do("GET", "/locks/res-1", nil).Status == 200 {
+	for a.do("GET", "/v1/locks/res-1", nil).Status == 200 {
 		if time.Since(start) > 4*time.Second {
 			t.Fatal("an owner lock with ttl 2 is still held after 4 s")
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	r = a.do("POST", "/locks/res-1", map[string]any{"owner": "client-xyz", "ttl": 3600}).want(t, 200)
+	r = a.do("POST", "/v1/locks/res-1", map[string]any{"owner": "client-xyz", "ttl": 3600}).want(t, 200)
 	leases := func() int {
 		l, err := a.cli.Leases(context.Background())
 		if err != nil {
@@ -78,12 +85,12 @@ func TestLockServicePath(t *testing.T) {
 		return len(l.Leases)
 	}
 	before := leases()
-	a.do("DELETE", fmt.Sprintf("/locks/res-1?token=%d&owner=client-xyz&contender=%s", int64(r.num("token")), r.str("contender")), nil).want(t, 204)
+	a.do("DELETE", fmt.Sprintf("/v1/locks/res-1?token=%d&owner=client-xyz&contender=%s", int64(r.num("token")), r.str("contender")), nil).want(t, 204)
 	if after := leases(); after != before-1 {
 		t.Fatalf("leases %d before the owner lock's release, %d after: its lease was not revoked", before, after)
 	}
 	// The task runner's locks are taken only through the agent-task routes.
-	a.do("POST", "/locks/task:job-1", map[string]any{"owner": "x", "ttl": 5}).problem(t, 400)
+	a.do("POST", "/v1/locks/task:job-1", map[string]any{"owner": "x", "ttl": 5}).problem(t, 400)
 }
 
 // TestLockWaitInLine: ?wait= waits for the holder's release and then

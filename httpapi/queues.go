@@ -162,11 +162,7 @@ func (s *Server) claimFor(ctx context.Context, q, session string, max int, wait 
 	if err != nil {
 		return nil, err
 	}
-	worker := sess.name
-	if worker == "" {
-		worker = "http-session" // never the id: with a token it proves holdings
-	}
-	tasks, err := c.Claim(ctx, q, queue.ClaimRequest{Lease: sess.lease, Worker: worker, Max: max, Wait: wait, Once: once, Logger: s.cfg.Logger})
+	tasks, err := c.Claim(ctx, q, queue.ClaimRequest{Lease: sess.lease, Worker: sess.holder().ID, Max: max, Wait: wait, Once: once, Logger: s.cfg.Logger})
 	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
 		return nil, sessionGone(session, s.nsOf(ctx))
 	}

@@ -17,6 +17,8 @@ import (
 
 	"github.com/danielgtaylor/huma/v2"
 	"github.com/droverhq/drover/lease"
+	"github.com/droverhq/drover/lock"
+	"github.com/droverhq/drover/paxos"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -28,6 +30,8 @@ const DefaultSessionTTL = 15
 type SessionBody struct {
 	ID        string    `json:"id" doc:"The session's id: its etcd lease in hex, a dot, and a secret. Pass it to routes that hold something under the session; keep it secret, it proves what the session holds."`
 	Name      string    `json:"name,omitempty" doc:"The name given at creation (a worker's id), shown as the holder of what the session holds."`
+	Host      string    `json:"host,omitempty" doc:"The host given at creation, shown with the name."`
+	PID       int       `json:"pid,omitempty" doc:"The process id given at creation, shown with the name."`
 	TTL       int64     `json:"ttl" doc:"Seconds the session lives without a keepalive."`
 	ExpiresAt time.Time `json:"expires_at" doc:"When the session ends unless kept alive."`
 }
@@ -37,6 +41,8 @@ type sessionRecord struct {
 	// Secret is the SHA-256, in hex, of the id's secret part.
 	Secret    string    `json:"secret_sha256"`
 	Name      string    `json:"name,omitempty"`
+	Host      string    `json:"host,omitempty"`
+	PID       int       `json:"pid,omitempty"`
 	TTL       int64     `json:"ttl"`
 	CreatedAt time.Time `json:"created_at"`
 }
@@ -54,7 +60,28 @@ type sessionOutput struct {
 type session struct {
 	id    clientv3.LeaseID
 	name  string
+	host  string
+	pid   int
 	lease *lease.Lease
+}
+
+// holder is who holds what the session holds, as lock records show it:
+// the session's name, host and pid as its creation gave them (the
+// client's, not the server's). A session created without a name is
+// named by its host and pid, or "http-session": never by its id, which
+// with a token proves holdings.
+func (s *session) holder() lock.Holder {
+	h := lock.Holder{ID: s.name, Host: s.host, PID: s.pid}
+	switch {
+	case h.ID != "":
+	case h.Host != "" && h.PID != 0:
+		h.ID = fmt.Sprintf("%s:%d", h.Host, h.PID)
+	case h.Host != "":
+		h.ID = h.Host
+	default:
+		h.ID = "http-session"
+	}
+	return h
 }
 
 func (s *Server) sessionRoutes() {
@@ -86,13 +113,37 @@ func (s *Server) sessionRoutes() {
 type createSessionInput = struct {
 	Body struct {
 		TTL  int64  `json:"ttl,omitempty" minimum:"1" maximum:"86400" doc:"Seconds; default 15. etcd raises TTLs under its minimum (about 2 s)."`
-		Name string `json:"name,omitempty" maxLength:"128" doc:"A name for what holds the session (a worker's id)."`
+		Name string `json:"name,omitempty" maxLength:"128" doc:"A name for what holds the session (a worker's id): lock records show it as the holder."`
+		Host string `json:"host,omitempty" maxLength:"255" doc:"The host the client runs on, shown with the name as the holder of what the session holds."`
+		PID  int    `json:"pid,omitempty" minimum:"0" maximum:"4294967295" doc:"The client's process id, shown with the name and host."`
 	}
+	RawBody []byte
+}
+
+// checkSessionText refuses a name or host that is not UTF-8 text:
+// encoding/json would have replaced its bytes with U+FFFD silently.
+func checkSessionText(in *createSessionInput) error {
+	var raw struct{ Name, Host json.RawMessage }
+	if json.Unmarshal(in.RawBody, &raw) != nil {
+		return nil // huma decoded it: a duplicate key at most, which it took
+	}
+	for _, f := range []struct {
+		loc, v string
+		raw    json.RawMessage
+	}{{"body.name", in.Body.Name, raw.Name}, {"body.host", in.Body.Host, raw.Host}} {
+		if paxos.ReplacedInvalidText(f.v, f.raw) {
+			return invalid(f.loc, f.v, "must be UTF-8 text: it holds bytes that are not UTF-8 (or a \\u escape of a lone surrogate)")
+		}
+	}
+	return nil
 }
 
 // createSession grants the session's lease and records the session under
 // it.
 func (s *Server) createSession(ctx context.Context, in *createSessionInput) (*sessionOutput, error) {
+	if err := checkSessionText(in); err != nil {
+		return nil, err
+	}
 	ttl := in.Body.TTL
 	if ttl == 0 {
 		ttl = DefaultSessionTTL
@@ -103,7 +154,7 @@ func (s *Server) createSession(ctx context.Context, in *createSessionInput) (*se
 		return nil, problem(fmt.Errorf("grant a %d s lease: %w", ttl, err), nil)
 	}
 	secret := strings.ToLower(crand.Text())
-	rec := sessionRecord{Secret: secretSum(secret), Name: in.Body.Name, TTL: g.TTL, CreatedAt: sent.UTC()}
+	rec := sessionRecord{Secret: secretSum(secret), Name: in.Body.Name, Host: in.Body.Host, PID: in.Body.PID, TTL: g.TTL, CreatedAt: sent.UTC()}
 	val, _ := json.Marshal(rec)
 	leaseHex := strconv.FormatInt(int64(g.ID), 16)
 	id := leaseHex + "." + secret
@@ -111,7 +162,7 @@ func (s *Server) createSession(ctx context.Context, in *createSessionInput) (*se
 		_, _ = s.cli.Revoke(context.WithoutCancel(ctx), g.ID)
 		return nil, problem(fmt.Errorf("record the session: %w", err), nil)
 	}
-	return &sessionOutput{Body: SessionBody{ID: id, Name: rec.Name, TTL: g.TTL, ExpiresAt: sent.Add(time.Duration(g.TTL) * time.Second).UTC()}}, nil
+	return &sessionOutput{Body: SessionBody{ID: id, Name: rec.Name, Host: rec.Host, PID: rec.PID, TTL: g.TTL, ExpiresAt: sent.Add(time.Duration(g.TTL) * time.Second).UTC()}}, nil
 }
 
 // getSession reads the session's lease's time to live.
@@ -129,7 +180,7 @@ func (s *Server) getSession(ctx context.Context, in *sessionIDPath) (*sessionOut
 		s.sessions.forget(s.nsOf(ctx), leaseHexOf(in.ID))
 		return nil, sessionGone(in.ID, s.nsOf(ctx))
 	}
-	return &sessionOutput{Body: SessionBody{ID: in.ID, Name: sess.name, TTL: t.GrantedTTL, ExpiresAt: sent.Add(time.Duration(t.TTL) * time.Second).UTC()}}, nil
+	return &sessionOutput{Body: SessionBody{ID: in.ID, Name: sess.name, Host: sess.host, PID: sess.pid, TTL: t.GrantedTTL, ExpiresAt: sent.Add(time.Duration(t.TTL) * time.Second).UTC()}}, nil
 }
 
 // keepaliveSession renews the session's lease once.
@@ -147,7 +198,7 @@ func (s *Server) keepaliveSession(ctx context.Context, in *sessionIDPath) (*sess
 	if err != nil {
 		return nil, problem(err, nil)
 	}
-	return &sessionOutput{Body: SessionBody{ID: in.ID, Name: sess.name, TTL: k.TTL, ExpiresAt: sent.Add(time.Duration(k.TTL) * time.Second).UTC()}}, nil
+	return &sessionOutput{Body: SessionBody{ID: in.ID, Name: sess.name, Host: sess.host, PID: sess.pid, TTL: k.TTL, ExpiresAt: sent.Add(time.Duration(k.TTL) * time.Second).UTC()}}, nil
 }
 
 // deleteSession revokes the session's lease, and with it everything held
@@ -216,7 +267,7 @@ func (s *Server) session(ctx context.Context, location, id string) (*session, er
 	ttl := time.Duration(max(rec.TTL, 1)) * time.Second
 	// The session may have been renewed just now: it lasts at most a TTL
 	// from now (a renewal resets it to that).
-	sess := &session{id: lid, name: rec.Name}
+	sess := &session{id: lid, name: rec.Name, host: rec.Host, pid: rec.PID}
 	sess.lease = lease.Attach(s.cli, sess.id, ttl, time.Now().Add(ttl))
 	return sess, nil
 }

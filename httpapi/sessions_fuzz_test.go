@@ -15,7 +15,7 @@ var sessionIDPattern = regexp.MustCompile(`^[0-9a-f]{1,16}\.[a-z2-7]{16,64}$`)
 // FuzzSessionBody fuzzes the body of POST /v1/sessions ({"ttl":N,"name":S})
 // through the real handler. A body that is not a JSON object is a 400 at
 // body; a ttl out of 1..86400 a 400 at body.ttl, a name over 128
-// characters one at body.name, an unknown field one in the body; a body
+// characters or not UTF-8 text one at body.name, an unknown field one in the body; a body
 // of known fields in range creates a session. A created session has an id
 // of the documented form, the name sent and at least the TTL asked (15 s
 // when none is), and can be read and deleted.
@@ -25,6 +25,7 @@ func FuzzSessionBody(f *testing.F) {
 		`{"ttl":5,"name":"worker-1"}`, `{}`, `{"ttl":86400}`, `{"ttl":86401}`, `{"ttl":0}`, `{"ttl":-1}`, `{"ttl":1e3}`, `{"ttl":5.5}`,
 		`{"ttl":"5"}`, `{"name":null}`, `{"TTL":5}`, `{"x":1}`, `{"ttl":5}{"ttl":6}`, `[]`, `"s"`, ``, `{`, `{"name":"é"}`,
 		`{"name":"` + string(bytes.Repeat([]byte("n"), 129)) + `"}`, `{"ttl":5,"ttl":7}`, "{\"name\":\"\xff\"}",
+		`{"name":"\ud800"}`, `{"name":"\ud83d\ude00 \ufffd"}`, `{"name":"a","host":"b\udc00","pid":1}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -38,7 +39,7 @@ func FuzzSessionBody(f *testing.F) {
 			wantBadAt(t, body, ans, "body")
 		case clearTTL && outOfRange(ttl, 1, 86400):
 			wantBadAt(t, body, ans, "body.ttl")
-		case clearName && nameTooLong(name, 128):
+		case clearName && nameTooLong(name, 128), clearName && notText(name):
 			wantBadAt(t, body, ans, "body.name")
 		case !onlyKeys(obj, "ttl", "name") && ans.Status != http.StatusCreated:
 			wantBadAt(t, body, ans, "body")
@@ -109,6 +110,22 @@ func nameTooLong(raw json.RawMessage, max int) bool {
 	return len(raw) > 0 && json.Unmarshal(raw, &s) == nil && utf8.RuneCountInString(s) > max
 }
 
+// surrogatePair and loneSurrogate match \u escapes of UTF-16 surrogates.
+var (
+	surrogatePair = regexp.MustCompile(`\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}`)
+	loneSurrogate = regexp.MustCompile(`\\u[dD][89a-fA-F][0-9a-fA-F]{2}`)
+)
+
+// notText reports whether raw, a JSON string, holds what is not UTF-8
+// text: bytes that are not UTF-8, or an escape of a lone surrogate
+// (encoding/json would decode either to U+FFFD).
+func notText(raw json.RawMessage) bool {
+	if len(raw) == 0 || raw[0] != '"' {
+		return false
+	}
+	return !utf8.Valid(raw) || loneSurrogate.Match(surrogatePair.ReplaceAll(raw, nil))
+}
+
 // onlyKeys reports whether every key of obj is one of keys.
 func onlyKeys(obj map[string]json.RawMessage, keys ...string) bool {
 	for k := range obj {
@@ -137,7 +154,7 @@ func plainSessionBody(obj map[string]json.RawMessage) bool {
 	}
 	if raw, ok := obj["name"]; ok {
 		var s string
-		if json.Unmarshal(raw, &s) != nil || utf8.RuneCountInString(s) > 128 {
+		if json.Unmarshal(raw, &s) != nil || utf8.RuneCountInString(s) > 128 || notText(raw) {
 			return false
 		}
 	}

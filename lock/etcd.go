@@ -39,6 +39,10 @@ type EtcdConfig struct {
 	Lease *lease.Lease
 	// HolderID names this worker in the lock records; "" means "host:pid".
 	HolderID string
+	// Holder, when its ID is set, is the lock records' holder instead of
+	// this process (HolderID is then unused): a server that takes locks
+	// on behalf of its clients names the client and its host.
+	Holder Holder
 	// Logger receives lease loss and lock loss; nil means slog.Default().
 	Logger *slog.Logger
 	// Batcher, when set, sends this locker's try-acquisitions and
@@ -100,7 +104,11 @@ func NewEtcd(ctx context.Context, cli *clientv3.Client, cfg EtcdConfig) (*Etcd, 
 	if logger == nil {
 		logger = slog.Default()
 	}
-	e := &Etcd{cli: cli, keys: keys, lease: cfg.Lease, holder: NewHolder(cfg.HolderID), logger: logger, batch: cfg.Batcher,
+	holder := NewHolder(cfg.HolderID)
+	if cfg.Holder.ID != "" {
+		holder = Holder{ID: cfg.Holder.ID, Host: cfg.Holder.Host, PID: cfg.Holder.PID}
+	}
+	e := &Etcd{cli: cli, keys: keys, lease: cfg.Lease, holder: holder, logger: logger, batch: cfg.Batcher,
 		stop: make(chan struct{})}
 	head, _ := json.Marshal(e.holder)
 	// {"id":...,"pid":N,"acquired_at":"0001-..."} -> {"id":...,"pid":N,"acquired_at":

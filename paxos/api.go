@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/droverhq/drover/paxos/client"
@@ -71,12 +70,12 @@ const (
 
 // Error messages compatible with the Express lock service's clients.
 const (
-	msgHeld        = "Lock already held"
-	msgNotFound    = "Lock not found or expired"
-	msgTimeout     = "Consensus timeout"
-	msgOwnerTTL    = "owner and ttl are required"
+	msgHeld        = client.MsgHeld
+	msgNotFound    = client.MsgNotFound
+	msgTimeout     = client.MsgTimeout
+	msgOwnerTTL    = client.MsgOwnerTTL
 	msgOwnerToken  = "owner and token are required"
-	msgNotHolder   = "Not the lock holder"
+	msgNotHolder   = client.MsgNotHolder
 	maxIdempotency = 128
 )
 
@@ -96,6 +95,7 @@ type api struct {
 	node    Service
 	timeout time.Duration
 	logger  *slog.Logger
+	locks   *LockService
 }
 
 // NewAPI returns the HTTP handler of node's REST API.
@@ -107,14 +107,15 @@ func NewAPI(node Service, cfg APIConfig) http.Handler {
 	if a.logger == nil {
 		a.logger = slog.Default()
 	}
+	a.locks = &LockService{Proposer: node, Timeout: a.timeout, Logger: a.logger}
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /locks/{id}", a.acquire)
-	mux.HandleFunc("GET /locks/{id}", a.get)
-	mux.HandleFunc("DELETE /locks/{id}", a.release)
+	mux.HandleFunc("POST /locks/{id}", a.lockRoute(RouteAcquire))
+	mux.HandleFunc("GET /locks/{id}", a.lockRoute(RouteGet))
+	mux.HandleFunc("DELETE /locks/{id}", a.lockRoute(RouteRelease))
 	mux.HandleFunc("/locks/{id}", notAllowed("GET, POST, DELETE"))
-	mux.HandleFunc("POST /locks/{id}/renew", a.renew)
+	mux.HandleFunc("POST /locks/{id}/renew", a.lockRoute(RouteRenew))
 	mux.HandleFunc("/locks/{id}/renew", notAllowed("POST"))
-	mux.HandleFunc("GET /locks", a.list)
+	mux.HandleFunc("GET /locks", a.lockRoute(RouteList))
 	mux.HandleFunc("/locks", notAllowed("GET"))
 	mux.HandleFunc("GET /status", a.status)
 	mux.HandleFunc("/status", notAllowed("GET"))
@@ -189,148 +190,19 @@ func lockInfo(st LockState, now time.Time) LockInfo {
 	return li
 }
 
-func (a *api) acquire(w http.ResponseWriter, r *http.Request) {
-	id, ok := lockID(w, r)
-	if !ok {
-		return
-	}
-	var b acquireBody
-	if !decode(w, r, &b, "owner, ttl and holder") {
-		return
-	}
-	if b.Owner == nil || *b.Owner == "" || b.TTL == nil || *b.TTL == 0 {
-		writeError(w, http.StatusBadRequest, msgOwnerTTL)
-		return
-	}
-	ttl, msg := checkTTL(*b.TTL)
-	if msg == "" {
-		msg = checkOwner(*b.Owner)
-	}
-	var meta string
-	if msg == "" && b.Holder != nil {
-		meta, msg = checkHolder(*b.Holder)
-	}
-	if msg != "" {
-		writeError(w, http.StatusBadRequest, msg)
-		return
-	}
-	cmd := Command{Op: OpAcquire, Lock: id, Owner: *b.Owner, TTL: ttl.Milliseconds(), Meta: meta}
-	res, ok := a.propose(w, r, cmd)
-	if !ok {
-		return
-	}
-	switch res.Code {
-	case CodeOK:
-		li := lockInfo(res.Lock, time.Now())
-		writeJSON(w, http.StatusOK, AcquireResponse{Status: "acquired", Token: li.Token,
-			Details: GrantDetails{LockID: id, Owner: li.Owner, Expires: li.Expires, Acquired: li.Acquired, Holder: li.Holder}})
-	case CodeHeld:
-		writeJSON(w, http.StatusConflict, map[string]any{"error": msgHeld, "holder": lockInfo(res.Lock, time.Now())})
-	default:
-		a.unexpected(w, cmd, res)
-	}
-}
-
-func (a *api) get(w http.ResponseWriter, r *http.Request) {
-	id, ok := lockID(w, r)
-	if !ok {
-		return
-	}
-	cmd := Command{Op: OpGet, Lock: id}
-	res, ok := a.propose(w, r, cmd)
-	if !ok {
-		return
-	}
-	switch res.Code {
-	case CodeOK:
-		writeJSON(w, http.StatusOK, lockInfo(res.Lock, time.Now()))
-	case CodeNotFound:
-		writeError(w, http.StatusNotFound, msgNotFound)
-	default:
-		a.unexpected(w, cmd, res)
-	}
-}
-
-func (a *api) release(w http.ResponseWriter, r *http.Request) {
-	a.ownerTokenOp(w, r, OpRelease)
-}
-
-func (a *api) renew(w http.ResponseWriter, r *http.Request) {
-	a.ownerTokenOp(w, r, OpRenew)
-}
-
-// ownerTokenOp serves release and renew: both name the holder by owner
-// and token, and both answer 409 to anyone else.
-func (a *api) ownerTokenOp(w http.ResponseWriter, r *http.Request, op Op) {
-	id, ok := lockID(w, r)
-	if !ok {
-		return
-	}
-	var b ownerTokenBody
-	fields := "owner and token"
-	if op == OpRenew {
-		fields = "owner, token and ttl"
-	}
-	if !decode(w, r, &b, fields) {
-		return
-	}
-	if b.Owner == nil || *b.Owner == "" || b.Token == nil || *b.Token == 0 {
-		writeError(w, http.StatusBadRequest, msgOwnerToken)
-		return
-	}
-	cmd := Command{Op: op, Lock: id, Owner: *b.Owner, Token: *b.Token}
-	switch {
-	case op == OpRelease && b.TTL != nil:
-		writeError(w, http.StatusBadRequest, `unknown field "ttl": a release takes owner and token`)
-		return
-	case op == OpRenew && (b.TTL == nil || *b.TTL == 0):
-		writeError(w, http.StatusBadRequest, "owner, token and ttl are required")
-		return
-	case op == OpRenew:
-		ttl, msg := checkTTL(*b.TTL)
-		if msg != "" {
-			writeError(w, http.StatusBadRequest, msg)
-			return
+// lockRoute serves one lock route through the shared LockService.
+func (a *api) lockRoute(route LockRoute) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		var body []byte
+		if route != RouteGet && route != RouteList {
+			var ok bool
+			if body, ok = readBody(w, r); !ok {
+				return
+			}
 		}
-		cmd.TTL = ttl.Milliseconds()
+		ans := a.locks.Serve(r.Context(), LockRequest{Route: route, ID: r.PathValue("id"), Body: body, IdempotencyKey: r.Header.Get(IdempotencyHeader)})
+		writeJSON(w, ans.Status, ans.Body)
 	}
-	res, ok := a.propose(w, r, cmd)
-	if !ok {
-		return
-	}
-	switch {
-	case res.Code == CodeOK && op == OpRelease:
-		writeJSON(w, http.StatusOK, map[string]any{"status": "released"})
-	case res.Code == CodeOK:
-		writeJSON(w, http.StatusOK, map[string]any{"status": "renewed", "expires": res.Lock.Expires, "token": res.Lock.Token})
-	case res.Code == CodeNotHeld:
-		body := map[string]any{"error": msgNotHolder + ": the lock is free"}
-		if res.Lock.Owner != "" {
-			body["error"] = msgNotHolder + ": it is held by another owner or token"
-			body["holder"] = lockInfo(res.Lock, time.Now())
-		}
-		writeJSON(w, http.StatusConflict, body)
-	default:
-		a.unexpected(w, cmd, res)
-	}
-}
-
-func (a *api) list(w http.ResponseWriter, r *http.Request) {
-	cmd := Command{Op: OpList}
-	res, ok := a.propose(w, r, cmd)
-	if !ok {
-		return
-	}
-	if res.Code != CodeOK {
-		a.unexpected(w, cmd, res)
-		return
-	}
-	now := time.Now()
-	data := make([]LockInfo, 0, len(res.Locks))
-	for _, st := range res.Locks {
-		data = append(data, lockInfo(st, now))
-	}
-	writeJSON(w, http.StatusOK, map[string]any{"data": data})
 }
 
 // status answers this node's own view, without a round through the log:
@@ -400,55 +272,8 @@ func (a *api) removeMember(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{"status": "removed", "id": n})
 }
 
-// propose runs cmd through the log within the request timeout. On failure
-// it has answered the request and returns false.
-func (a *api) propose(w http.ResponseWriter, r *http.Request, cmd Command) (Result, bool) {
-	key := r.Header.Get(IdempotencyHeader)
-	if len(key) > maxIdempotency || strings.ContainsFunc(key, func(c rune) bool { return c < 0x21 || c > 0x7e }) {
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("%s must be at most %d printable ASCII characters without spaces", IdempotencyHeader, maxIdempotency))
-		return Result{}, false
-	}
-	if key != "" {
-		cmd.ID = "http:" + key
-	}
-	ctx, cancel := context.WithTimeout(r.Context(), a.timeout)
-	defer cancel()
-	res, err := a.node.Propose(ctx, cmd)
-	if err != nil {
-		a.nodeError(w, r, string(cmd.Op), err)
-		return Result{}, false
-	}
-	if res.Code == CodeReusedID {
-		writeError(w, http.StatusUnprocessableEntity, fmt.Sprintf(
-			"%s %s was used for a different request (applied at slot %d): send a new key with each new request, the same key only to repeat one",
-			IdempotencyHeader, key, res.Index))
-		return Result{}, false
-	}
-	return res, true
-}
-
-// nodeError answers a failed Propose, AddNode or RemoveNode.
+// nodeError answers a failed AddNode or RemoveNode.
 func (a *api) nodeError(w http.ResponseWriter, r *http.Request, what string, err error) {
-	switch {
-	case errors.Is(err, ErrTimeout) && r.Context().Err() == nil:
-		writeError(w, http.StatusGatewayTimeout, msgTimeout)
-	case errors.Is(err, ErrRemoved):
-		writeError(w, http.StatusServiceUnavailable, "this node was removed from the group: send requests to another node")
-	case errors.Is(err, ErrStopped):
-		writeError(w, http.StatusServiceUnavailable, "this node is stopping: send requests to another node")
-	case r.Context().Err() != nil:
-		// The client went away; nobody reads this answer.
-		writeError(w, http.StatusServiceUnavailable, "request cancelled by the client")
-	case what == "add node" || what == "remove node":
-		writeError(w, http.StatusConflict, err.Error())
-	default:
-		a.logger.Error("paxos: request failed", "op", what, "err", err)
-		writeError(w, http.StatusInternalServerError, fmt.Sprintf("%s failed: %v", what, err))
-	}
-}
-
-// unexpected answers a result code the operation cannot give.
-func (a *api) unexpected(w http.ResponseWriter, cmd Command, res Result) {
-	a.logger.Error("paxos: unexpected result", "op", cmd.Op, "lock", cmd.Lock, "code", res.Code, "err", res.Err)
-	writeError(w, http.StatusInternalServerError, fmt.Sprintf("%s answered %s %s", cmd.Op, res.Code, res.Err))
+	ans := failure(r.Context(), a.logger, what, err)
+	writeJSON(w, ans.Status, ans.Body)
 }

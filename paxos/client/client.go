@@ -130,9 +130,9 @@ type AcquireRequest struct {
 // Acquire makes one attempt to take lock id. When another owner holds it
 // the error is a *HeldError.
 func (c *Client) Acquire(ctx context.Context, id string, req AcquireRequest) (LockInfo, error) {
-	body := map[string]any{"owner": req.Owner, "ttl": req.TTL.Seconds()}
+	body := AcquireBody{Owner: ptr(req.Owner), TTL: ptr(req.TTL.Seconds())}
 	if len(req.Holder) > 0 {
-		body["holder"] = req.Holder
+		body.Holder = ptr(json.RawMessage(req.Holder))
 	}
 	ans, err := c.do(ctx, http.MethodPost, "/locks/"+url.PathEscape(id), body)
 	if err != nil {
@@ -147,11 +147,14 @@ func (c *Client) Acquire(ctx context.Context, id string, req AcquireRequest) (Lo
 		d := r.Details
 		return LockInfo{LockID: id, Owner: d.Owner, Token: r.Token, Acquired: d.Acquired, Expires: d.Expires, TTL: req.TTL.Seconds(), Holder: d.Holder}, nil
 	case http.StatusConflict:
-		var r struct{ Holder LockInfo }
+		var r ErrorResponse
 		if err := ans.decode(&r); err != nil {
 			return LockInfo{}, err
 		}
-		return LockInfo{}, &HeldError{Lock: id, Holder: r.Holder}
+		if r.Holder == nil {
+			r.Holder = &LockInfo{LockID: id}
+		}
+		return LockInfo{}, &HeldError{Lock: id, Holder: *r.Holder}
 	}
 	return LockInfo{}, ans.err()
 }
@@ -175,7 +178,7 @@ func (c *Client) Get(ctx context.Context, id string) (LockInfo, error) {
 // Release frees lock id if owner holds it with token; otherwise the error
 // is a *NotHeldError and nothing changes.
 func (c *Client) Release(ctx context.Context, id, owner string, token uint64) error {
-	ans, err := c.do(ctx, http.MethodDelete, "/locks/"+url.PathEscape(id), map[string]any{"owner": owner, "token": token})
+	ans, err := c.do(ctx, http.MethodDelete, "/locks/"+url.PathEscape(id), OwnerTokenBody{Owner: &owner, Token: &token})
 	if err != nil {
 		return err
 	}
@@ -192,16 +195,13 @@ func (c *Client) Release(ctx context.Context, id, owner string, token uint64) er
 // holds it with token; otherwise the error is a *NotHeldError. The answer
 // has the new Expires.
 func (c *Client) Renew(ctx context.Context, id, owner string, token uint64, ttl time.Duration) (LockInfo, error) {
-	ans, err := c.do(ctx, http.MethodPost, "/locks/"+url.PathEscape(id)+"/renew", map[string]any{"owner": owner, "token": token, "ttl": ttl.Seconds()})
+	ans, err := c.do(ctx, http.MethodPost, "/locks/"+url.PathEscape(id)+"/renew", OwnerTokenBody{Owner: &owner, Token: &token, TTL: ptr(ttl.Seconds())})
 	if err != nil {
 		return LockInfo{}, err
 	}
 	switch ans.status {
 	case http.StatusOK:
-		var r struct {
-			Expires int64
-			Token   uint64
-		}
+		var r RenewResponse
 		if err := ans.decode(&r); err != nil {
 			return LockInfo{}, err
 		}
@@ -221,8 +221,9 @@ func (c *Client) List(ctx context.Context) ([]LockInfo, error) {
 	if ans.status != http.StatusOK {
 		return nil, ans.err()
 	}
-	var r struct{ Data []LockInfo }
-	return r.Data, ans.decode(&r)
+	var r ListResponse
+	err = ans.decode(&r)
+	return r.Data, err
 }
 
 // Status returns the view of the first node that answers.

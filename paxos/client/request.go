@@ -35,7 +35,7 @@ func (a answer) decode(v any) error {
 
 // err is the APIError of an answer.
 func (a answer) err() error {
-	var e struct{ Error string }
+	var e ErrorResponse
 	if json.Unmarshal(a.body, &e) != nil || e.Error == "" {
 		e.Error = strings.TrimSpace(string(a.body))
 	}
@@ -44,7 +44,7 @@ func (a answer) err() error {
 
 // notHeld is the NotHeldError of a 409.
 func (a answer) notHeld(id string, token uint64) error {
-	var r struct{ Holder *LockInfo }
+	var r ErrorResponse
 	if err := a.decode(&r); err != nil {
 		return err
 	}

@@ -140,3 +140,59 @@ type PeerStatus struct {
 	// LastSeen is when the leader last heard from the member.
 	LastSeen time.Time `json:"last_seen,omitzero"`
 }
+
+// The bodies of the lock routes, one encoding for every server that
+// serves them (a Paxos node, and drover server under /locks) and for
+// Client. Pointers in request bodies tell a field left out from a zero
+// one.
+
+// AcquireBody is the body of POST /locks/{id}.
+type AcquireBody struct {
+	Owner  *string          `json:"owner"`
+	TTL    *float64         `json:"ttl"`
+	Holder *json.RawMessage `json:"holder,omitempty"`
+}
+
+// OwnerTokenBody is the body of DELETE /locks/{id} (owner and token) and
+// of POST /locks/{id}/renew (owner, token and ttl).
+type OwnerTokenBody struct {
+	Owner *string  `json:"owner"`
+	Token *uint64  `json:"token"`
+	TTL   *float64 `json:"ttl,omitempty"`
+}
+
+// ErrorResponse is every error answer: the message and, on a 409, the
+// lock's holder (absent when the lock is free).
+type ErrorResponse struct {
+	Error  string    `json:"error"`
+	Holder *LockInfo `json:"holder,omitempty"`
+}
+
+// StatusResponse is the 200 answer of a release ({"status":"released"}).
+type StatusResponse struct {
+	Status string `json:"status"`
+}
+
+// RenewResponse is the 200 answer of POST /locks/{id}/renew.
+type RenewResponse struct {
+	Status  string `json:"status"`
+	Expires int64  `json:"expires"`
+	Token   uint64 `json:"token"`
+}
+
+// ListResponse is the 200 answer of GET /locks.
+type ListResponse struct {
+	Data []LockInfo `json:"data"`
+}
+
+// Error messages of the lock routes, as the Express lock service's
+// clients know them.
+const (
+	MsgHeld      = "Lock already held"
+	MsgNotFound  = "Lock not found or expired"
+	MsgTimeout   = "Consensus timeout"
+	MsgOwnerTTL  = "owner and ttl are required"
+	MsgNotHolder = "Not the lock holder"
+)
+
+func ptr[T any](v T) *T { return &v }

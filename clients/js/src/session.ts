@@ -1,3 +1,4 @@
+import { hostname } from "node:os";
 import { ConnectionError, DroverError, SessionClosedError, SessionLostError, SessionNotFoundError } from "./errors.js";
 import { seg, type Transport } from "./http.js";
 
@@ -7,12 +8,20 @@ export interface SessionInfo {
   ttl: number;
   expires_at: string;
   name?: string;
+  /** The host the session's creator gave (this process's). */
+  host?: string;
+  /** The process id the session's creator gave (this process's). */
+  pid?: number;
 }
 
 export interface SessionOptions {
   /** Seconds the session lives without a keepalive (1 to 86400; default 15). */
   ttl?: number;
-  /** Shown as the holder of what the session holds (default `node-PID`). */
+  /**
+   * Shown as the holder of what the session holds (default `HOST:PID`, this
+   * process); this process's host and pid are sent with it, so an operator
+   * can tell which agent holds a lock.
+   */
   name?: string;
   /** Milliseconds between keepalives (default TTL/3). */
   keepaliveIntervalMs?: number;
@@ -64,7 +73,8 @@ export class Session implements AsyncDisposable {
   /** Creates a session on the server and starts keeping it alive. */
   static async create(t: Transport, opts: SessionOptions = {}): Promise<Session> {
     const sentAt = Date.now();
-    const body = { ttl: opts.ttl ?? 15, name: opts.name ?? `node-${process.pid}` };
+    const host = (hostname() || "unknown").slice(0, 255);
+    const body = { ttl: opts.ttl ?? 15, name: opts.name ?? `${host.slice(0, 100)}:${process.pid}`, host, pid: process.pid };
     // A lost answer only leaves an unused lease that expires after its TTL: safe to repeat.
     const info = await t.post<SessionInfo>("/v1/sessions", body, { retry: true });
     return new Session(t, info, sentAt, opts);

@@ -1,5 +1,6 @@
 import { test, after, before } from "node:test";
 import assert from "node:assert/strict";
+import { hostname } from "node:os";
 import { Drover, LockHeldError, SessionLostError } from "../dist/index.js";
 import { sharedServer, uniq } from "./helpers/server.mjs";
 
@@ -32,6 +33,21 @@ test("a held lock refuses a second holder with LockHeldError naming the holder",
     assert.equal(await a.release(), true);
   }
   assert.equal(await drover.locks.get(name), undefined, "free after release");
+});
+
+test("without a name, a lock's holder is this process: host:pid, with its host and pid", async () => {
+  const name = uniq("h");
+  const l = await drover.lock(name, { ttl: 5 });
+  try {
+    const st = await drover.locks.get(name);
+    for (const h of [l.holder, st.holder]) {
+      assert.equal(h.id, `${hostname()}:${process.pid}`);
+      assert.equal(h.host, hostname());
+      assert.equal(h.pid, process.pid);
+    }
+  } finally {
+    await l.release();
+  }
 });
 
 test("mutual exclusion: 6 contenders x 3 rounds never overlap, tokens strictly increase", async () => {

@@ -4,6 +4,7 @@ server stops answering, fenced locks, mutual exclusion across processes."""
 import os
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import threading
@@ -117,6 +118,21 @@ class LockTest(ClientTest):
         self.assertIsNone(self.c.lock_status(name))
         with self.c.lock(name, ttl=5) as lk2:
             self.assertGreater(lk2.token, first)  # strictly increases when it changes hands
+
+    def test_holder_is_this_process(self) -> None:
+        # Without a name, a lock's holder is this process (host:pid, with
+        # its host and pid), not the server's, nor a generic session.
+        name = unique("lk-holder")
+        host, pid = socket.gethostname(), os.getpid()
+        with self.c.lock(name, ttl=5) as lk:
+            st = self.c.lock_status(name)
+            for h in (lk.holder, st["holder"]):
+                self.assertEqual(h["id"], "%s:%d" % (host, pid))
+                self.assertEqual(h["host"], host)
+                self.assertEqual(h["pid"], pid)
+        with self.c.lock(name, ttl=5, holder="agent-7") as lk:
+            self.assertEqual(self.c.lock_status(name)["holder"]["id"], "agent-7")
+            self.assertEqual(lk.holder["host"], host)
 
     def test_wait_in_line(self) -> None:
         name = unique("lk-wait")

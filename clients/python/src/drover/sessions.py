@@ -1,9 +1,11 @@
 """Sessions: an etcd lease that a background thread keeps alive."""
 
 import logging
+import os
+import socket
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 from ._transport import IDEMPOTENT, quote
 from .errors import DroverError, SessionLost, SessionNotFound
@@ -14,6 +16,13 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger("drover")
 
 __all__ = ["Session"]
+
+
+def default_holder() -> Tuple[str, int]:
+    """This process as a holder: its host name (at most 255 characters)
+    and its pid."""
+    host = socket.gethostname() or "unknown"
+    return host[:255], os.getpid()
 
 
 class Session:
@@ -30,6 +39,11 @@ class Session:
     to someone else: stop writing under it. ``close()`` ends the session
     (``DELETE``), releasing everything it held at once.
 
+    ``name`` is who holds what the session holds, as lock records and the
+    dashboard show it; without one it is this process, ``host:pid``. The
+    host and pid of this process are sent with it, so an operator can tell
+    which agent holds a lock.
+
     Use it as a context manager::
 
         with client.session(ttl=15, name="worker-7") as s:
@@ -45,9 +59,8 @@ class Session:
         keepalive: bool = True,
     ) -> None:
         self.client = client
-        body: Dict[str, Any] = {"ttl": int(ttl)}
-        if name:
-            body["name"] = name
+        host, pid = default_holder()
+        body: Dict[str, Any] = {"ttl": int(ttl), "name": name or "%s:%d" % (host[:100], pid), "host": host, "pid": pid}
         sent = time.monotonic()
         # Granting twice would only leave an unused lease to expire: safe
         # to retry when the answer was lost.
