@@ -55,6 +55,13 @@ type GuardConfig struct {
 	// Logger receives one line per change (key set or cleared, compaction,
 	// defragmentation, alarm disarmed). Default slog.Default().
 	Logger *slog.Logger
+	// Admission, when set, is refreshed by every check with the member's
+	// size, so that the process's data-plane writes reserve their size
+	// against the headroom left below HighWater before they are sent (see
+	// storeguard.NewKV); the guard checks at once when a reservation has
+	// used half of it or was refused. Several guards of one process (the
+	// members of an external cluster) share one.
+	Admission *storeguard.Admission
 	// After and Now replace time.After and time.Now, for tests.
 	After func(time.Duration) <-chan time.Time
 	Now   func() time.Time
@@ -231,18 +238,51 @@ func (g *Guard) Close(ctx context.Context) error {
 	}
 }
 
+// kickGap is the least time between a check and one a reservation asks
+// for (Admission's kicks): a flood of refused writes does not make the
+// guard check back to back.
+const kickGap = 100 * time.Millisecond
+
 func (g *Guard) run(ctx context.Context) {
 	defer close(g.done)
+	var kicks <-chan struct{}
+	if g.cfg.Admission != nil {
+		kicks = g.cfg.Admission.Kicks()
+	}
 	for {
 		_, err := g.Check(ctx)
 		if ctx.Err() != nil {
 			return
 		}
 		g.logFailure(err)
+		if !g.wait(ctx, kicks) {
+			return
+		}
+	}
+}
+
+// wait waits for the next check: Interval, or a kick once kickGap has
+// passed. It reports false when ctx ends.
+func (g *Guard) wait(ctx context.Context, kicks <-chan struct{}) bool {
+	next := g.cfg.After(g.cfg.Interval)
+	gap := g.cfg.After(min(kickGap, g.cfg.Interval))
+	kicked := false
+	for {
 		select {
 		case <-ctx.Done():
-			return
-		case <-g.cfg.After(g.cfg.Interval):
+			return false
+		case <-next:
+			return true
+		case <-kicks:
+			if gap == nil {
+				return true
+			}
+			kicked = true
+		case <-gap:
+			if kicked {
+				return true
+			}
+			gap = nil
 		}
 	}
 }
@@ -279,13 +319,31 @@ type GuardStatus struct {
 	keys   int
 	alarms []*pb.AlarmMember
 	member uint64
+	// measured says the member's size was read, in a measurement the
+	// Admission marked as mark.
+	measured bool
+	mark     storeguard.Mark
 }
 
 // Check runs one check at once, and returns what it saw and left; the
-// running guard calls it every Interval.
+// running guard calls it every Interval. It refreshes the Admission with
+// the size it measured.
 func (g *Guard) Check(ctx context.Context) (GuardStatus, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	st, err := g.check(ctx)
+	if a := g.cfg.Admission; a != nil {
+		if st.measured && st.Quota > 0 {
+			a.Refresh(g.cfg.Endpoint, st.mark, st.Size, st.Quota, g.cfg.HighWater, g.cfg.LowWater, st.Full || st.Alarm)
+		} else {
+			a.Forget(g.cfg.Endpoint)
+		}
+	}
+	return st, err
+}
+
+// check is Check, g.mu held.
+func (g *Guard) check(ctx context.Context) (GuardStatus, error) {
 	st, err := g.read(ctx)
 	if err != nil || st.Quota <= 0 { // a member without quota: nothing to guard
 		return st, err
@@ -329,11 +387,16 @@ func (g *Guard) Check(ctx context.Context) (GuardStatus, error) {
 
 // read takes the member's status, its NOSPACE alarms and the guard keys.
 func (g *Guard) read(ctx context.Context) (GuardStatus, error) {
+	var mark storeguard.Mark
+	if g.cfg.Admission != nil {
+		mark = g.cfg.Admission.Mark(g.cfg.Now())
+	}
 	sr, err := g.status(ctx)
 	if err != nil {
 		return GuardStatus{}, fmt.Errorf("cluster: guard: status of %s: %w", g.cfg.Endpoint, err)
 	}
-	st := GuardStatus{Size: sr.DbSize, InUse: sr.DbSizeInUse, Quota: g.cfg.Quota, Revision: sr.Header.Revision, member: sr.Header.MemberId}
+	st := GuardStatus{Size: sr.DbSize, InUse: sr.DbSizeInUse, Quota: g.cfg.Quota, Revision: sr.Header.Revision, member: sr.Header.MemberId,
+		measured: true, mark: mark}
 	if st.Quota == 0 {
 		st.Quota = sr.DbSizeQuota
 	}
