@@ -238,11 +238,6 @@ func (g *Guard) Close(ctx context.Context) error {
 	}
 }
 
-// kickGap is the least time between a check and one a reservation asks
-// for (Admission's kicks): a flood of refused writes does not make the
-// guard check back to back.
-const kickGap = 100 * time.Millisecond
-
 func (g *Guard) run(ctx context.Context) {
 	defer close(g.done)
 	var kicks <-chan struct{}
@@ -257,32 +252,6 @@ func (g *Guard) run(ctx context.Context) {
 		g.logFailure(err)
 		if !g.wait(ctx, kicks) {
 			return
-		}
-	}
-}
-
-// wait waits for the next check: Interval, or a kick once kickGap has
-// passed. It reports false when ctx ends.
-func (g *Guard) wait(ctx context.Context, kicks <-chan struct{}) bool {
-	next := g.cfg.After(g.cfg.Interval)
-	gap := g.cfg.After(min(kickGap, g.cfg.Interval))
-	kicked := false
-	for {
-		select {
-		case <-ctx.Done():
-			return false
-		case <-next:
-			return true
-		case <-kicks:
-			if gap == nil {
-				return true
-			}
-			kicked = true
-		case <-gap:
-			if kicked {
-				return true
-			}
-			gap = nil
 		}
 	}
 }
@@ -323,6 +292,9 @@ type GuardStatus struct {
 	// Admission marked as mark.
 	measured bool
 	mark     storeguard.Mark
+	// refused is the usage the largest data-plane write the Admission
+	// refused since the previous check would have brought; 0: none.
+	refused int64
 }
 
 // Check runs one check at once, and returns what it saw and left; the
@@ -353,9 +325,11 @@ func (g *Guard) check(ctx context.Context) (GuardStatus, error) {
 		if err != nil {
 			return st, err
 		}
+		refused := st.refused
 		if st, err = g.read(ctx); err != nil {
 			return st, err
 		}
+		st.refused = max(st.refused, refused)
 		if compacted {
 			g.cfg.Logger.Info("store guard: compacted etcd's history to the current revision, to free what was deleted",
 				append(g.attrs(st), "revision", g.compacted)...)
@@ -379,7 +353,9 @@ func (g *Guard) check(ctx context.Context) (GuardStatus, error) {
 				"delete data (deletions are accepted: `drover tasks purge`, `drover dlq purge`); the guard compacts, defragments and disarms the alarm once usage is under the low-water mark",
 				g.attrs(st)...)
 		}
-	case st.Size >= high && st.keys < len(g.keys):
+	case st.keys < len(g.keys) && (st.Size >= high || st.refused > 0):
+		// Past the mark, or in the band between the marks with the
+		// process's admission refusing writes that would pass it.
 		return g.set(ctx, st)
 	}
 	return st, nil
@@ -389,14 +365,14 @@ func (g *Guard) check(ctx context.Context) (GuardStatus, error) {
 func (g *Guard) read(ctx context.Context) (GuardStatus, error) {
 	var mark storeguard.Mark
 	if g.cfg.Admission != nil {
-		mark = g.cfg.Admission.Mark(g.cfg.Now())
+		mark = g.cfg.Admission.Mark()
 	}
 	sr, err := g.status(ctx)
 	if err != nil {
 		return GuardStatus{}, fmt.Errorf("cluster: guard: status of %s: %w", g.cfg.Endpoint, err)
 	}
 	st := GuardStatus{Size: sr.DbSize, InUse: sr.DbSizeInUse, Quota: g.cfg.Quota, Revision: sr.Header.Revision, member: sr.Header.MemberId,
-		measured: true, mark: mark}
+		measured: true, mark: mark, refused: mark.Refused()}
 	if st.Quota == 0 {
 		st.Quota = sr.DbSizeQuota
 	}
@@ -560,7 +536,7 @@ func (g *Guard) recover(ctx context.Context, st GuardStatus, high int64) (GuardS
 
 // set writes the guard key of every namespace.
 func (g *Guard) set(ctx context.Context, st GuardStatus) (GuardStatus, error) {
-	e := &drover.StoreFullError{Usage: st.Size, Quota: st.Quota, HighWater: g.cfg.HighWater, LowWater: g.cfg.LowWater, Since: g.cfg.Now().UTC()}
+	e := &drover.StoreFullError{Usage: max(st.Size, st.refused), Quota: st.Quota, HighWater: g.cfg.HighWater, LowWater: g.cfg.LowWater, Since: g.cfg.Now().UTC()}
 	if err := storeguard.Set(ctx, g.cli, e, g.keys...); err != nil {
 		return st, fmt.Errorf("cluster: guard: %w", err)
 	}

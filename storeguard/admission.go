@@ -10,13 +10,14 @@ import (
 // Settle is how long after a write commits a measurement of the database
 // is trusted to count it: etcd applies a write at once but commits it to
 // its database file in batches (every 100 ms by default), and the size it
-// reports is the last batch's. A reservation stays counted against the
-// headroom until a measurement begun at least Settle after it completed.
-const Settle = time.Second
+// reports is the last batch's. A write stays counted against the headroom
+// until a measurement begun at least Settle after it completed.
+const Settle = 250 * time.Millisecond
 
-// maxMarks bounds the marks an [Admission] keeps; dropping the oldest only
-// makes it count more, never less.
-const maxMarks = 64
+// maxDone bounds the completions an [Admission] remembers between two
+// measurements; forgetting the oldest only makes it count more, never
+// less.
+const maxDone = 4096
 
 // Admission reserves what each data-plane write will add to etcd's
 // database against the headroom below the high-water mark, before the
@@ -39,21 +40,24 @@ const maxMarks = 64
 //
 // The zero Admission is not usable; use [NewAdmission].
 type Admission struct {
+	now      func() time.Time
 	mu       sync.Mutex
 	total    int64 // bytes reserved and not given back, since the start
 	inflight int64 // bytes reserved by writes not finished yet
-	marks    []Mark
-	floor    int64 // settled bytes of the newest mark dropped
+	done     []completion
+	floor    int64 // settled bytes of the newest completion forgotten
 	members  map[string]measure
 	kicked   bool
 	kicks    []chan struct{}
+	refusal  int64 // the largest usage a refusal since the last Mark projected
 	admitted int64
 	refused  int64
 }
 
 // measure is one member's last measurement.
 type measure struct {
-	headroom int64 // the high-water mark in bytes minus the measured size; 0 or less: full
+	headroom int64 // the high-water mark in bytes minus the measured size
+	full     bool  // the guard keys are set or the alarm raised: nothing fits
 	base     int64 // reserved bytes the measured size counts
 	size     int64
 	quota    int64
@@ -61,16 +65,33 @@ type measure struct {
 	low      float64
 }
 
+// completion is a write that finished: when, and the bytes of every
+// write finished by then (settled) that took place.
+type completion struct {
+	at      time.Time
+	settled int64
+}
+
 // Mark is the state of an [Admission] when a measurement begins.
 type Mark struct {
 	at      time.Time
-	settled int64 // bytes of the reservations finished by then
+	refusal int64
 }
 
+// Refused returns the usage, in bytes, that the largest write refused
+// since the previous Mark would have brought the store to; 0 when none
+// was refused. The guard sets its keys on it: a store that refuses this
+// process's writes is full for every writer.
+func (m Mark) Refused() int64 { return m.refusal }
+
 // NewAdmission returns an Admission that admits every write until a guard
-// refreshes it.
-func NewAdmission() *Admission {
-	return &Admission{members: map[string]measure{}}
+// refreshes it. now tells the time (nil: time.Now); pass the guards' own
+// clock.
+func NewAdmission(now func() time.Time) *Admission {
+	if now == nil {
+		now = time.Now
+	}
+	return &Admission{now: now, members: map[string]measure{}}
 }
 
 // Reservation is an admitted write's share of the headroom; call Done once
@@ -88,10 +109,15 @@ func (a *Admission) Reserve(n int64) (*Reservation, error) {
 	defer a.mu.Unlock()
 	for _, m := range a.members {
 		used := a.total - m.base
-		if used+n > m.headroom {
+		if (m.full && n > 0) || used+n > m.headroom {
 			a.refused++
 			a.kick()
-			return nil, &drover.StoreFullError{Usage: m.size + max(used, 0) + n, Quota: m.quota, HighWater: m.high, LowWater: m.low}
+			usage := m.size
+			if !m.full {
+				usage += max(used, 0) + n // what the store would hold
+			}
+			a.refusal = max(a.refusal, usage)
+			return nil, &drover.StoreFullError{Usage: usage, Quota: m.quota, HighWater: m.high, LowWater: m.low}
 		}
 	}
 	a.total += n
@@ -121,6 +147,12 @@ func (r *Reservation) Done(written bool) {
 	a.inflight -= r.n
 	if !written {
 		a.total -= r.n
+		return
+	}
+	a.done = append(a.done, completion{at: a.now(), settled: a.total - a.inflight})
+	if len(a.done) > maxDone {
+		a.floor = a.done[0].settled
+		a.done = a.done[1:]
 	}
 }
 
@@ -145,17 +177,13 @@ func (a *Admission) Kicks() <-chan struct{} {
 	return c
 }
 
-// Mark notes, at time now, that a measurement begins; pass it to Refresh
-// with what was measured.
-func (a *Admission) Mark(now time.Time) Mark {
+// Mark notes that a measurement begins; pass it to Refresh with what was
+// measured.
+func (a *Admission) Mark() Mark {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	m := Mark{at: now, settled: a.total - a.inflight}
-	a.marks = append(a.marks, m)
-	if len(a.marks) > maxMarks {
-		a.floor = a.marks[0].settled
-		a.marks = a.marks[1:]
-	}
+	m := Mark{at: a.now(), refusal: a.refusal}
+	a.refusal = 0
 	return m
 }
 
@@ -163,27 +191,25 @@ func (a *Admission) Mark(now time.Time) Mark {
 // in bytes, its quota, the water marks as fractions of it) in a
 // measurement begun at m. full says the store is refused anyway (the
 // guard keys are set, or etcd's NOSPACE alarm is raised): no write fits
-// then. Reservations finished at least [Settle] before m stay counted
-// only if the measurement cannot have seen them.
+// then. The writes that finished at least [Settle] before m are taken as
+// counted in size; the others, and those under way, stay reserved.
 func (a *Admission) Refresh(member string, m Mark, size, quota int64, high, low float64, full bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	base, keep := a.floor, 0
-	for i, mk := range a.marks {
-		if mk.at.After(m.at.Add(-Settle)) {
+	base, n := a.floor, 0
+	for _, c := range a.done {
+		if c.at.After(m.at.Add(-Settle)) {
 			break
 		}
-		base, keep = mk.settled, i
+		base, n = c.settled, n+1
 	}
-	if keep > 0 { // marks older than the one used are no longer needed
-		a.floor = a.marks[keep-1].settled
-		a.marks = append(a.marks[:0], a.marks[keep:]...)
+	// Completions older than the last one counted serve no measurement to
+	// come (they begin later); keep that one's figure as the floor.
+	if n > 0 {
+		a.floor = base
+		a.done = append(a.done[:0], a.done[n:]...)
 	}
-	headroom := int64(high*float64(quota)) - size
-	if full {
-		headroom = 0
-	}
-	a.members[member] = measure{headroom: headroom, base: base, size: size, quota: quota, high: high, low: low}
+	a.members[member] = measure{headroom: int64(high*float64(quota)) - size, full: full, base: base, size: size, quota: quota, high: high, low: low}
 	a.kicked = false
 }
 

@@ -28,7 +28,7 @@ func (a *app) startEmbeddedGuard(ctx context.Context, srv *cluster.Server, f *se
 		a.logger.Warn("store guard off (--store-guard=false): a queue that fills etcd's quota raises its NOSPACE alarm, which stops every lock and lease too")
 		return func() {}, nil
 	}
-	f.admission = storeguard.NewAdmission()
+	f.admission = storeguard.NewAdmission(nil)
 	cli, err := cluster.Connect(ctx, cluster.ClientConfig{Endpoints: srv.Endpoints()})
 	if err != nil {
 		return nil, fmt.Errorf("store guard: %w", err)
@@ -47,7 +47,7 @@ func (f *serverFlags) admitWrites(cli *clientv3.Client) {
 		return
 	}
 	if f.admission == nil {
-		f.admission = storeguard.NewAdmission()
+		f.admission = storeguard.NewAdmission(nil)
 	}
 	cli.KV = storeguard.NewKV(cli.KV, f.admission)
 }
