@@ -150,6 +150,13 @@ func (c GuardConfig) Validate() error {
 // with clearing gives the file back its size, so that the next check does
 // not set the key again.
 //
+// With an Admission (GuardConfig.Admission) each check also refreshes the
+// headroom the process's data-plane writes reserve their size against
+// before they are sent, checks again at once when half of it is used or
+// a write is refused, and sets the keys on such a refusal once the space
+// in use is past LowWater: a burst is refused before it passes the mark,
+// not at the next check.
+//
 // In a cluster of several members each member's server runs a guard of
 // its own member: it defragments that member only, disarms only that
 // member's NOSPACE alarm (and those of members that left the cluster), and
