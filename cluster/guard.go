@@ -153,9 +153,9 @@ func (c GuardConfig) Validate() error {
 // With an Admission (GuardConfig.Admission) each check also refreshes the
 // headroom the process's data-plane writes reserve their size against
 // before they are sent, checks again at once when half of it is used or
-// a write is refused, and sets the keys on such a refusal once the space
-// in use is past LowWater: a burst is refused before it passes the mark,
-// not at the next check.
+// a write is refused, and sets the keys when a refused write still does
+// not fit once measured again: a burst is refused before it passes the
+// mark, not at the next check.
 //
 // In a cluster of several members each member's server runs a guard of
 // its own member: it defragments that member only, disarms only that
@@ -299,9 +299,10 @@ type GuardStatus struct {
 	// Admission marked as mark.
 	measured bool
 	mark     storeguard.Mark
-	// refused is the usage the largest data-plane write the Admission
-	// refused since the previous check would have brought; 0: none.
-	refused int64
+	// refused is the size of the largest data-plane write the Admission
+	// refused since the previous check; 0: none. full is the usage it
+	// would still bring, measured again, when it still does not fit.
+	refused, full int64
 }
 
 // Check runs one check at once, and returns what it saw and left; the
@@ -311,13 +312,7 @@ func (g *Guard) Check(ctx context.Context) (GuardStatus, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	st, err := g.check(ctx)
-	if a := g.cfg.Admission; a != nil {
-		if st.measured && st.Quota > 0 {
-			a.Refresh(g.cfg.Endpoint, st.mark, st.Size, st.Quota, g.cfg.HighWater, g.cfg.LowWater, st.Full || st.Alarm)
-		} else {
-			a.Forget(g.cfg.Endpoint)
-		}
-	}
+	g.admit(&st)
 	return st, err
 }
 
@@ -347,6 +342,7 @@ func (g *Guard) check(ctx context.Context) (GuardStatus, error) {
 			}
 		}
 	}
+	g.admit(&st)
 	high := int64(g.cfg.HighWater * float64(st.Quota))
 	low := int64(g.cfg.LowWater * float64(st.Quota))
 	switch {
@@ -360,9 +356,10 @@ func (g *Guard) check(ctx context.Context) (GuardStatus, error) {
 				"delete data (deletions are accepted: `drover tasks purge`, `drover dlq purge`); the guard compacts, defragments and disarms the alarm once usage is under the low-water mark",
 				g.attrs(st)...)
 		}
-	case st.keys < len(g.keys) && (st.Size >= high || st.refused > 0):
+	case st.keys < len(g.keys) && (st.Size >= high || st.full > 0):
 		// Past the mark, or in the band between the marks with the
-		// process's admission refusing writes that would pass it.
+		// process's admission refusing a write that, measured again,
+		// would still pass it.
 		return g.set(ctx, st)
 	}
 	return st, nil
@@ -543,7 +540,7 @@ func (g *Guard) recover(ctx context.Context, st GuardStatus, high int64) (GuardS
 
 // set writes the guard key of every namespace.
 func (g *Guard) set(ctx context.Context, st GuardStatus) (GuardStatus, error) {
-	e := &drover.StoreFullError{Usage: max(st.Size, st.refused), Quota: st.Quota, HighWater: g.cfg.HighWater, LowWater: g.cfg.LowWater, Since: g.cfg.Now().UTC()}
+	e := &drover.StoreFullError{Usage: max(st.Size, st.full), Quota: st.Quota, HighWater: g.cfg.HighWater, LowWater: g.cfg.LowWater, Since: g.cfg.Now().UTC()}
 	if err := storeguard.Set(ctx, g.cli, e, g.keys...); err != nil {
 		return st, fmt.Errorf("cluster: guard: %w", err)
 	}

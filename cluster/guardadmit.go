@@ -38,3 +38,24 @@ func (g *Guard) wait(ctx context.Context, kicks <-chan struct{}) bool {
 		}
 	}
 }
+
+// admit refreshes the Admission, if any, with what st measured (or
+// forgets the member when nothing was), and notes in st.full whether the
+// largest write it refused since the last check still does not fit.
+func (g *Guard) admit(st *GuardStatus) {
+	a := g.cfg.Admission
+	if a == nil {
+		return
+	}
+	if !st.measured || st.Quota <= 0 {
+		a.Forget(g.cfg.Endpoint)
+		return
+	}
+	a.Refresh(g.cfg.Endpoint, st.mark, st.Size, st.Quota, g.cfg.HighWater, g.cfg.LowWater, st.Full || st.Alarm)
+	st.full = 0
+	if st.refused > 0 {
+		if usage, fits := a.Fits(st.refused); !fits {
+			st.full = usage
+		}
+	}
+}

@@ -49,7 +49,7 @@ type Admission struct {
 	members  map[string]measure
 	kicked   bool
 	kicks    []chan struct{}
-	refusal  int64 // the largest usage a refusal since the last Mark projected
+	refusal  int64 // the largest write refused since the last Mark, in bytes
 	admitted int64
 	refused  int64
 }
@@ -78,11 +78,29 @@ type Mark struct {
 	refusal int64
 }
 
-// Refused returns the usage, in bytes, that the largest write refused
-// since the previous Mark would have brought the store to; 0 when none
-// was refused. The guard sets its keys on it: a store that refuses this
-// process's writes is full for every writer.
+// Refused returns the size of the largest write refused since the
+// previous Mark, in bytes; 0 when none was refused. The guard asks
+// [Admission.Fits] whether it would fit once measured again, and sets its
+// keys when it still would not: a store that refuses this process's
+// writes is full for every writer.
 func (m Mark) Refused() int64 { return m.refusal }
+
+// Fits reports whether a write of n bytes would be admitted now, and the
+// usage it would bring the fullest member measured to (0 with none
+// measured). It reserves nothing.
+func (a *Admission) Fits(n int64) (usage int64, fits bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	fits = true
+	for _, m := range a.members {
+		u := m.size + max(a.total-m.base, 0) + n
+		usage = max(usage, u)
+		if (m.full && n > 0) || u-m.size > m.headroom {
+			fits = false
+		}
+	}
+	return usage, fits
+}
 
 // NewAdmission returns an Admission that admits every write until a guard
 // refreshes it. now tells the time (nil: time.Now); pass the guards' own
@@ -116,7 +134,7 @@ func (a *Admission) Reserve(n int64) (*Reservation, error) {
 			if !m.full {
 				usage += max(used, 0) + n // what the store would hold
 			}
-			a.refusal = max(a.refusal, usage)
+			a.refusal = max(a.refusal, n)
 			return nil, &drover.StoreFullError{Usage: usage, Quota: m.quota, HighWater: m.high, LowWater: m.low}
 		}
 	}

@@ -45,8 +45,8 @@ func measure(a *storeguard.Admission, c *clock, member string, at time.Time, siz
 
 // TestAdmissionReservesAgainstHeadroom: before any measurement every write
 // is admitted; after one, writes fit the headroom (700,000 − size) less
-// what was reserved since, then are refused with a StoreFullError that
-// says the quota and marks; a write that did not take place gives its
+// what was reserved since (Fits says so without reserving), then are
+// refused with a StoreFullError that says the quota and marks; a write that did not take place gives its
 // bytes back; a full store admits nothing.
 func TestAdmissionReservesAgainstHeadroom(t *testing.T) {
 	a, c := newAdmission()
@@ -64,6 +64,9 @@ func TestAdmissionReservesAgainstHeadroom(t *testing.T) {
 		}
 		rs = append(rs, r)
 	}
+	if usage, fits := a.Fits(1); fits || usage != 700_001 {
+		t.Fatalf("Fits(1) with no headroom left: %d, %v; want 700001, false", usage, fits)
+	}
 	_, err = a.Reserve(1)
 	var sf *drover.StoreFullError
 	if !errors.As(err, &sf) || !errors.Is(err, drover.ErrStoreFull) {
@@ -79,6 +82,9 @@ func TestAdmissionReservesAgainstHeadroom(t *testing.T) {
 	}
 	if st := a.Stats(); st.Admitted != 6 || st.Refused != 1 || st.Reserved != 100_000 {
 		t.Fatalf("stats %+v, want 6 admitted, 1 refused, 100000 reserved", st)
+	}
+	if _, fits := a.Fits(0); !fits {
+		t.Fatal("Fits(0) with no headroom left: false")
 	}
 	measure(a, c, "m1", t0.Add(10*time.Second), 100_000, true)
 	if _, err := a.Reserve(1); err == nil {
