@@ -82,8 +82,9 @@ func readyz(t *testing.T, addr string) (int, map[string]any) {
 // NOSPACE alarm. A `drover server` with a 16 MiB quota (embedded, or in
 // front of an etcd the test runs apart from it) takes batches of 10 tasks
 // of 45 KB back to back over HTTP: 36 from one submitter, or 48 from 6 at
-// once. Each answer is 200 or a 507 store-full problem, never a NOSPACE
-// one, and some are 507; etcd raises no alarm. One submitter then goes on
+// once while sessions are created (each granted). Each answer is 200 or a
+// 507 store-full problem, never a NOSPACE one, and some are 507; etcd
+// raises no alarm. One submitter then goes on
 // until the guard sets its key (on a refusal), still without an alarm: a
 // session is granted and takes a lock, /readyz says ready with
 // store_full, and `drover submit` straight to etcd exits 75.
@@ -174,12 +175,24 @@ func TestServerBurstYieldsBeforeNOSPACE(t *testing.T) {
 
 // burst posts bodies to queue "full" from n submitters at once and
 // returns how many were refused; every answer must be 200 or a 507
-// store-full problem.
+// store-full problem. With several submitters, sessions are created
+// meanwhile, each one 201.
 func burst(t *testing.T, addr, ns string, n int, bodies [][]byte) int {
 	t.Helper()
 	var mu sync.Mutex
 	in, refused := 0, 0
 	var wg sync.WaitGroup
+	if n > 1 { // the control plane works during the burst
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 5; i++ {
+				if code, out := post(t, addr, ns, "/v1/sessions", []byte(`{"ttl":10}`)); code != 201 {
+					t.Errorf("session during the burst: %d %v", code, out)
+				}
+			}
+		}()
+	}
 	for w := 0; w < n; w++ {
 		wg.Add(1)
 		go func() {
