@@ -32,12 +32,14 @@ func burstBatch(rng *rand.ChaCha8, b int) []queue.Task {
 	return ts
 }
 
-// TestGuardAdmitsBurst: a 16 MiB store measured once by its guard, then
-// 6 submitters at once send 42 batches of 450 KB (18 MiB) through a client
-// whose KV admits (storeguard.NewKV), with no check in between: every
-// batch goes in or is refused with a StoreFullError, what went in stays
-// under the high-water mark, etcd raises no NOSPACE alarm and a lease is
-// still granted. The next check sets the guard key, on the refusals.
+// TestGuardAdmitsBurst: a 16 MiB store measured once by its guard (whose
+// clock never ticks), then 6 submitters at once send 42 batches of 10
+// tasks of 45 KB of text (about 340 KB a batch once compressed: 14 MiB)
+// through a client whose KV admits (storeguard.NewKV), with no check in
+// between: every batch goes in or is refused with a StoreFullError, the
+// database stays near the high-water mark (70 %), etcd raises no NOSPACE
+// alarm and a lease is still granted. The next check sets the guard key:
+// the refused batches still do not fit once measured again.
 func TestGuardAdmitsBurst(t *testing.T) {
 	t.Parallel()
 	srv, raw := etcdtest.QuotaServer(t, 16<<20)
