@@ -20,7 +20,9 @@ var ErrStoreFull = errors.New("drover: store full")
 // its quota and leases and locks (the control plane) keep working.
 type StoreFullError struct {
 	// Usage is the size of etcd's database file, in bytes, when the guard
-	// set the key (etcd's quota counts this size).
+	// set the key (etcd's quota counts this size); for a write the server
+	// refused before sending it (storeguard.Admission), the size the write
+	// would have brought the file to.
 	Usage int64 `json:"usage"`
 	// Quota is etcd's database quota (its --quota-backend-bytes), in bytes.
 	Quota int64 `json:"quota"`

@@ -23,6 +23,8 @@
 //
 // A [Guard] keeps the server's database under its quota: past a high-water
 // mark it makes data-plane writes (queue submissions, checkpoints) fail with
-// drover.ErrStoreFull, so that leases and locks keep working, and it
-// compacts, defragments and disarms etcd's NOSPACE alarm once space is freed.
+// drover.ErrStoreFull, so that leases and locks keep working (and, with a
+// storeguard.Admission, refreshes the headroom its process's writes reserve
+// their size against before they are sent), and it compacts, defragments
+// and disarms etcd's NOSPACE alarm once space is freed.
 package cluster

@@ -55,6 +55,13 @@ type GuardConfig struct {
 	// Logger receives one line per change (key set or cleared, compaction,
 	// defragmentation, alarm disarmed). Default slog.Default().
 	Logger *slog.Logger
+	// Admission, when set, is refreshed by every check with the member's
+	// size, so that the process's data-plane writes reserve their size
+	// against the headroom left below HighWater before they are sent (see
+	// storeguard.NewKV); the guard checks at once when a reservation has
+	// used half of it or was refused. Several guards of one process (the
+	// members of an external cluster) share one.
+	Admission *storeguard.Admission
 	// After and Now replace time.After and time.Now, for tests.
 	After func(time.Duration) <-chan time.Time
 	Now   func() time.Time
@@ -142,6 +149,13 @@ func (c GuardConfig) Validate() error {
 // free pages, which new writes reuse, and the defragmentation that comes
 // with clearing gives the file back its size, so that the next check does
 // not set the key again.
+//
+// With an Admission (GuardConfig.Admission) each check also refreshes the
+// headroom the process's data-plane writes reserve their size against
+// before they are sent, checks again at once when half of it is used or
+// a write is refused, and sets the keys when a refused write still does
+// not fit once measured again: a burst is refused before it passes the
+// mark, not at the next check.
 //
 // In a cluster of several members each member's server runs a guard of
 // its own member: it defragments that member only, disarms only that
@@ -233,16 +247,18 @@ func (g *Guard) Close(ctx context.Context) error {
 
 func (g *Guard) run(ctx context.Context) {
 	defer close(g.done)
+	var kicks <-chan struct{}
+	if g.cfg.Admission != nil {
+		kicks = g.cfg.Admission.Kicks()
+	}
 	for {
 		_, err := g.Check(ctx)
 		if ctx.Err() != nil {
 			return
 		}
 		g.logFailure(err)
-		select {
-		case <-ctx.Done():
+		if !g.wait(ctx, kicks) {
 			return
-		case <-g.cfg.After(g.cfg.Interval):
 		}
 	}
 }
@@ -279,13 +295,29 @@ type GuardStatus struct {
 	keys   int
 	alarms []*pb.AlarmMember
 	member uint64
+	// measured says the member's size was read, in a measurement the
+	// Admission marked as mark.
+	measured bool
+	mark     storeguard.Mark
+	// refused is the size of the largest data-plane write the Admission
+	// refused since the previous check; 0: none. full is the usage it
+	// would still bring, measured again, when it still does not fit.
+	refused, full int64
 }
 
 // Check runs one check at once, and returns what it saw and left; the
-// running guard calls it every Interval.
+// running guard calls it every Interval. It refreshes the Admission with
+// the size it measured.
 func (g *Guard) Check(ctx context.Context) (GuardStatus, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	st, err := g.check(ctx)
+	g.admit(&st)
+	return st, err
+}
+
+// check is Check, g.mu held.
+func (g *Guard) check(ctx context.Context) (GuardStatus, error) {
 	st, err := g.read(ctx)
 	if err != nil || st.Quota <= 0 { // a member without quota: nothing to guard
 		return st, err
@@ -295,9 +327,11 @@ func (g *Guard) Check(ctx context.Context) (GuardStatus, error) {
 		if err != nil {
 			return st, err
 		}
+		refused := st.refused
 		if st, err = g.read(ctx); err != nil {
 			return st, err
 		}
+		st.refused = max(st.refused, refused)
 		if compacted {
 			g.cfg.Logger.Info("store guard: compacted etcd's history to the current revision, to free what was deleted",
 				append(g.attrs(st), "revision", g.compacted)...)
@@ -308,6 +342,7 @@ func (g *Guard) Check(ctx context.Context) (GuardStatus, error) {
 			}
 		}
 	}
+	g.admit(&st)
 	high := int64(g.cfg.HighWater * float64(st.Quota))
 	low := int64(g.cfg.LowWater * float64(st.Quota))
 	switch {
@@ -321,7 +356,10 @@ func (g *Guard) Check(ctx context.Context) (GuardStatus, error) {
 				"delete data (deletions are accepted: `drover tasks purge`, `drover dlq purge`); the guard compacts, defragments and disarms the alarm once usage is under the low-water mark",
 				g.attrs(st)...)
 		}
-	case st.Size >= high && st.keys < len(g.keys):
+	case st.keys < len(g.keys) && (st.Size >= high || st.full > 0):
+		// Past the mark, or in the band between the marks with the
+		// process's admission refusing a write that, measured again,
+		// would still pass it.
 		return g.set(ctx, st)
 	}
 	return st, nil
@@ -329,11 +367,16 @@ func (g *Guard) Check(ctx context.Context) (GuardStatus, error) {
 
 // read takes the member's status, its NOSPACE alarms and the guard keys.
 func (g *Guard) read(ctx context.Context) (GuardStatus, error) {
+	var mark storeguard.Mark
+	if g.cfg.Admission != nil {
+		mark = g.cfg.Admission.Mark()
+	}
 	sr, err := g.status(ctx)
 	if err != nil {
 		return GuardStatus{}, fmt.Errorf("cluster: guard: status of %s: %w", g.cfg.Endpoint, err)
 	}
-	st := GuardStatus{Size: sr.DbSize, InUse: sr.DbSizeInUse, Quota: g.cfg.Quota, Revision: sr.Header.Revision, member: sr.Header.MemberId}
+	st := GuardStatus{Size: sr.DbSize, InUse: sr.DbSizeInUse, Quota: g.cfg.Quota, Revision: sr.Header.Revision, member: sr.Header.MemberId,
+		measured: true, mark: mark, refused: mark.Refused()}
 	if st.Quota == 0 {
 		st.Quota = sr.DbSizeQuota
 	}
@@ -497,7 +540,7 @@ func (g *Guard) recover(ctx context.Context, st GuardStatus, high int64) (GuardS
 
 // set writes the guard key of every namespace.
 func (g *Guard) set(ctx context.Context, st GuardStatus) (GuardStatus, error) {
-	e := &drover.StoreFullError{Usage: st.Size, Quota: st.Quota, HighWater: g.cfg.HighWater, LowWater: g.cfg.LowWater, Since: g.cfg.Now().UTC()}
+	e := &drover.StoreFullError{Usage: max(st.Size, st.full), Quota: st.Quota, HighWater: g.cfg.HighWater, LowWater: g.cfg.LowWater, Since: g.cfg.Now().UTC()}
 	if err := storeguard.Set(ctx, g.cli, e, g.keys...); err != nil {
 		return st, fmt.Errorf("cluster: guard: %w", err)
 	}

@@ -14,6 +14,13 @@
 // deletions add nothing, so they keep working in the space left above the
 // high-water mark.
 //
+// The key is set as of the guard's last check. So that a burst does not
+// pass the mark between two checks, a process that runs a guard also
+// admits its own data-plane writes before they are sent: an [Admission]
+// that the guard refreshes, and [NewKV] around the process's etcd client,
+// which reserves each guarded transaction's size ([Cost]) against the
+// headroom left and refuses it with the same error when it does not fit.
+//
 // A writer learns why its transaction failed in one of two ways: it reads
 // the key in the transaction's Else branch ([GetOp], then [FromRange] on the
 // response), which is atomic with the compare, or it reads it afterwards

@@ -17,6 +17,7 @@ import (
 
 	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/cluster"
+	"github.com/droverhq/drover/storeguard"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 )
@@ -39,6 +40,7 @@ type serverFlags struct {
 	highWater     waterMark
 	lowWater      waterMark
 	storeGuard    bool
+	admission     *storeguard.Admission // the store guard's, see admitWrites
 	http          httpFlags
 	cluster       clusterFlags
 }
@@ -233,6 +235,7 @@ func (a *app) serveEmbedded(ctx context.Context, f *serverFlags) error {
 	if err != nil {
 		return err
 	}
+	f.admitWrites(cli)
 	closeCli := sync.OnceFunc(func() { _ = cli.Close() }) // before the server: it calls the server in process
 	defer closeCli()
 	stopHTTP, err := a.startHTTP(&f.http, cli)
@@ -307,6 +310,7 @@ func (a *app) serveExternal(ctx context.Context, f *serverFlags) error {
 		return serverConnectError(err)
 	}
 	defer cli.Close()
+	f.admitWrites(cli)
 	stopGuard := func() {}
 	if f.storeGuard {
 		stopGuard = a.startExternalGuards(ctx, cli, f)

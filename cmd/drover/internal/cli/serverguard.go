@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/droverhq/drover/cluster"
+	"github.com/droverhq/drover/storeguard"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -27,11 +28,28 @@ func (a *app) startEmbeddedGuard(ctx context.Context, srv *cluster.Server, f *se
 		a.logger.Warn("store guard off (--store-guard=false): a queue that fills etcd's quota raises its NOSPACE alarm, which stops every lock and lease too")
 		return func() {}, nil
 	}
+	f.admission = storeguard.NewAdmission(nil)
 	cli, err := cluster.Connect(ctx, cluster.ClientConfig{Endpoints: srv.Endpoints()})
 	if err != nil {
 		return nil, fmt.Errorf("store guard: %w", err)
 	}
 	return a.startGuards(cli, true, []guardTarget{{endpoint: srv.Endpoints()[0], quota: srv.Quota()}}, f)
+}
+
+// admitWrites makes the data-plane transactions of cli (the HTTP API's
+// client) reserve what they add against the headroom the server's guards
+// measure (storeguard.NewKV), so that a burst is refused before it passes
+// the high-water mark rather than at the guard's next check. It does
+// nothing with --store-guard=false. Call it before cli is shared, and
+// before startExternalGuards.
+func (f *serverFlags) admitWrites(cli *clientv3.Client) {
+	if !f.storeGuard {
+		return
+	}
+	if f.admission == nil {
+		f.admission = storeguard.NewAdmission(nil)
+	}
+	cli.KV = storeguard.NewKV(cli.KV, f.admission)
 }
 
 // startExternalGuards starts, in the background, a store guard of each
@@ -149,6 +167,7 @@ func (a *app) startGuards(cli *clientv3.Client, own bool, targets []guardTarget,
 			Namespaces: []string{a.namespace},
 			HighWater:  float64(f.highWater),
 			LowWater:   float64(f.lowWater),
+			Admission:  f.admission,
 			Logger:     a.logger.With("member_endpoint", t.endpoint),
 		})
 		if err == nil {

@@ -14,6 +14,7 @@ import (
 	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/queue"
 	"github.com/spf13/cobra"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 )
 
 // ExitRejected is the exit code of a submission in which some lines were
@@ -122,7 +123,8 @@ func (a *app) runSubmit(cmd *cobra.Command, sf *submitFlags) error {
 // reportSubmit prints what a submission did and returns its error, with the
 // exit code that says how it ended.
 func (a *app) reportSubmit(res queue.SubmitResult, err error, asJSON bool) error {
-	if errors.Is(err, queue.ErrQueueFull) {
+	err = storeFull(err)
+	if errors.Is(err, queue.ErrQueueFull) || errors.Is(err, drover.ErrStoreFull) {
 		// Report what went in, then fail fast: try again later.
 		if asJSON {
 			_ = json.NewEncoder(a.stdout).Encode(res)
@@ -148,6 +150,27 @@ func (a *app) reportSubmit(res queue.SubmitResult, err error, asJSON bool) error
 		return withCode(ExitRejected, fmt.Errorf("%d lines rejected; every valid line was submitted", len(res.Rejected)))
 	}
 	return nil
+}
+
+// errNoSpace is the store-full error of a write etcd itself refused.
+type errNoSpace struct{ err error }
+
+func (e errNoSpace) Error() string {
+	return "store full: etcd refused the write with its NOSPACE alarm (" + e.err.Error() + "): every write that adds data is refused until space is freed, " +
+		"lease grants and locks included; free space with `drover tasks purge --queue Q --status SUCCEEDED --all` (or `drover dlq purge --queue Q --all`): " +
+		"`drover server`'s store guard then compacts, defragments and disarms the alarm; submitting again is safe"
+}
+
+// Unwrap returns drover.ErrStoreFull and etcd's error.
+func (e errNoSpace) Unwrap() []error { return []error{drover.ErrStoreFull, e.err} }
+
+// storeFull makes etcd's own NOSPACE refusal a store-full error (exit
+// 75, as the guard's refusal is), whatever the writer met first.
+func storeFull(err error) error {
+	if err != nil && !errors.Is(err, drover.ErrStoreFull) && errors.Is(err, rpctypes.ErrNoSpace) {
+		return errNoSpace{err}
+	}
+	return err
 }
 
 // renameTaskField names the flag that set a task's field in an input error.
