@@ -202,49 +202,49 @@ func (s *Server) authorize(ctx huma.Context, next func(huma.Context)) {
 		next(ctx)
 		return
 	}
-	who := "anonymous"
+	who, allowed := "anonymous", true
 	if s.cfg.Auth != nil {
 		scheme, token, _ := strings.Cut(ctx.Header("Authorization"), " ")
 		if !strings.EqualFold(scheme, "Bearer") || token == "" {
 			p := newProblem(http.StatusUnauthorized, "unauthorized", "this server requires a bearer token: send `Authorization: Bearer TOKEN` with a token of its --auth-file")
 			p.headers = http.Header{"WWW-Authenticate": {`Bearer realm="drover"`}}
-			s.writeProblem(ctx, p)
+			writeProblem(ctx, p)
 			return
 		}
 		e, ok := s.cfg.Auth.match(strings.TrimSpace(token))
 		if !ok {
 			p := newProblem(http.StatusUnauthorized, "unauthorized", "the bearer token is not one of this server's --auth-file")
 			p.headers = http.Header{"WWW-Authenticate": {`Bearer realm="drover", error="invalid_token"`}}
-			s.writeProblem(ctx, p)
+			writeProblem(ctx, p)
 			return
 		}
-		noteAccess(ctx.Context(), e.name)
+		noteAccess(ctx.Context(), e.name, false)
 		if !e.allows(ns) && validNamespace(ns) && !anyNamespace(op) {
-			s.writeProblem(ctx, newProblem(http.StatusForbidden, "forbidden",
+			writeProblem(ctx, newProblem(http.StatusForbidden, "forbidden",
 				fmt.Sprintf("token %q may not use namespace %q; send %s with one of its namespaces (%s)", e.name, ns, NamespaceHeader, strings.Join(e.namespaces, ", "))))
 			return
 		}
 		if need := roleOf(op); e.role < need {
-			s.writeProblem(ctx, newProblem(http.StatusForbidden, "forbidden",
+			writeProblem(ctx, newProblem(http.StatusForbidden, "forbidden",
 				fmt.Sprintf("token %q has role %s; %s %s needs %s", e.name, e.role, op.Method, op.Path, need)))
 			return
 		}
-		who = e.name
+		who, allowed = e.name, e.allows(ns)
 	}
 	if !validNamespace(ns) {
-		s.writeProblem(ctx, invalid("header."+NamespaceHeader, ns, "must be a namespace name: letters, digits, '.', '_' and '-'"))
+		writeProblem(ctx, invalid("header."+NamespaceHeader, ns, "must be a namespace name: letters, digits, '.', '_' and '-'"))
 		return
 	}
 	ctx = huma.WithValue(ctx, nsKey, ns)
 	ctx = huma.WithValue(ctx, whoKey, who)
-	noteAccess(ctx.Context(), who)
+	noteAccess(ctx.Context(), who, allowed)
 	next(ctx)
 }
 
 func validNamespace(ns string) bool { _, err := keyspace.New(ns); return err == nil }
 
 // writeProblem answers with p from a middleware.
-func (s *Server) writeProblem(ctx huma.Context, p *Problem) {
+func writeProblem(ctx huma.Context, p *Problem) {
 	for k, vs := range p.headers {
 		for _, v := range vs {
 			ctx.SetHeader(k, v)
@@ -252,6 +252,6 @@ func (s *Server) writeProblem(ctx huma.Context, p *Problem) {
 	}
 	ctx.SetHeader("Content-Type", "application/problem+json")
 	ctx.SetStatus(p.Status)
-	p.Instance = ctx.URL().Path
+	p.Instance = redactPath(ctx.URL().Path)
 	_ = json.NewEncoder(ctx.BodyWriter()).Encode(p)
 }

@@ -2,6 +2,7 @@ package httpapi_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -120,8 +121,9 @@ func TestJSONBodyWithoutJSONContentType(t *testing.T) {
 }
 
 // TestAccessLogNamesNamespaceAndToken: the access log line of a request
-// names the namespace it named and its token's name, never the token, on
-// success and on refusal alike.
+// names the namespace it named, whether it was allowed to use it, and its
+// token's name, never the token, on success and on refusal alike; a
+// namespace that is no valid name is not logged.
 func TestAccessLogNamesNamespaceAndToken(t *testing.T) {
 	t.Parallel()
 	var logs etcdtest.LogBuffer
@@ -138,16 +140,30 @@ func TestAccessLogNamesNamespaceAndToken(t *testing.T) {
 	a.token = tok
 	a.do("GET", "/v1/queues", nil, httpapi.NamespaceHeader+": "+other).want(t, 200)
 	a.do("GET", "/v1/queues", nil).problem(t, 403) // the server's namespace, not the token's
+	a.do("GET", "/v1/whoami", nil).want(t, 200)    // any namespace, allowed or not
+	a.do("GET", "/v1/queues", nil, httpapi.NamespaceHeader+": bad ns!").problem(t, 400)
+	a.token = ""
+	a.do("GET", "/v1/queues", nil, httpapi.NamespaceHeader+": "+other).problem(t, 401)
+	a.do("GET", "/v1/queues", nil, httpapi.NamespaceHeader+": bad ns!").problem(t, 401)
 	lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
-	if len(lines) != 2 {
+	want := []struct {
+		ns, token string
+		allowed   bool
+	}{{other, "agents", true}, {a.ns, "agents", false}, {a.ns, "agents", false}, {"", "agents", false}, {other, "", false}, {"", "", false}}
+	if len(lines) != len(want) {
 		t.Fatalf("access log:\n%s", logs.String())
 	}
-	for i, ns := range []string{other, a.ns} {
-		if !strings.Contains(lines[i], "namespace="+ns+" ") || !strings.Contains(lines[i], "token=agents") {
-			t.Fatalf("line %d names neither namespace %s nor token agents: %s", i+1, ns, lines[i])
+	for i, w := range want {
+		ns := w.ns
+		if ns == "" {
+			ns = `""`
+		}
+		if !strings.Contains(lines[i], "namespace="+ns+" ") || !strings.Contains(lines[i], "token="+w.token) ||
+			!strings.Contains(lines[i], fmt.Sprintf("namespace_allowed=%t ", w.allowed)) {
+			t.Fatalf("line %d names not namespace %q (allowed %t) and token %q: %s", i+1, w.ns, w.allowed, w.token, lines[i])
 		}
 	}
-	if strings.Contains(logs.String(), tok) {
-		t.Fatalf("the access log holds the token:\n%s", logs.String())
+	if strings.Contains(logs.String(), tok) || strings.Contains(logs.String(), "bad ns") {
+		t.Fatalf("the access log holds the token or an invalid namespace:\n%s", logs.String())
 	}
 }

@@ -23,3 +23,16 @@ func StatusOf(err error) int {
 
 // BulkRoutes are the operation ids bound as bulk routes by name.
 var BulkRoutes = bulkRoutes
+
+// SessionIDPattern is the pattern of the session routes' path.id.
+const SessionIDPattern = sessionIDPattern
+
+// SetBeforeStream sets the hook run as a stream starts, until the
+// returned func restores it.
+func SetBeforeStream(f func(ctx context.Context)) (restore func()) {
+	old := beforeStream.Swap(&f)
+	return func() { beforeStream.Store(old) }
+}
+
+// NamespaceOf is the namespace a request's context was authorized for.
+func NamespaceOf(ctx context.Context) string { ns, _ := ctx.Value(nsKey).(string); return ns }

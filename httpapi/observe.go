@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/danielgtaylor/huma/v2"
@@ -58,16 +60,13 @@ func register[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error)
 }
 
 // observe counts and times every request, and logs it: method, route,
-// path, status, duration, namespace and token name (never the token).
-// The namespace is the one the request names (or the server's);
-// authorize, which runs inside it, fills in the token's name (see
-// noteAccess).
+// path (session ids without their secret), status, duration, namespace
+// and token name (never the token). authorize, which runs inside it, says
+// whether the request was allowed its namespace and fills in the token's
+// name (see noteAccess).
 func (s *Server) observe(ctx huma.Context, next func(huma.Context)) {
 	start := time.Now()
-	who := &access{ns: ctx.Header(NamespaceHeader)}
-	if who.ns == "" {
-		who.ns = s.cfg.Namespace
-	}
+	who := s.unauthorized(ctx.Header(NamespaceHeader))
 	next(huma.WithValue(ctx, accessKey{}, who))
 	op := ctx.Operation()
 	code := ctx.Status()
@@ -77,32 +76,96 @@ func (s *Server) observe(ctx huma.Context, next func(huma.Context)) {
 	d := time.Since(start)
 	s.metrics.requests.WithLabelValues(op.Path, op.Method, strconv.Itoa(code)).Inc()
 	s.metrics.latency.WithLabelValues(op.Path, op.Method).Observe(d.Seconds())
-	s.logRequest(op.Method, op.Path, ctx.URL().Path, code, d, ctx.RemoteAddr(), who.ns, who.token)
+	s.logRequest(op.Method, op.Path, ctx.URL().Path, code, d, ctx.RemoteAddr(), who)
 }
 
 // logRequest writes a request's access log line (a warning for a 5xx).
-func (s *Server) logRequest(method, route, path string, code int, d time.Duration, remote, ns, token string) {
+// path is logged without the secrets of session ids (redactPath).
+func (s *Server) logRequest(method, route, path string, code int, d time.Duration, remote string, who *access) {
 	level := s.cfg.Logger.Info
 	if code >= 500 {
 		level = s.cfg.Logger.Warn
 	}
-	level("http request", "method", method, "route", route, "path", path, "status", code,
-		"duration_ms", float64(d.Microseconds())/1000, "remote", remote, "namespace", ns, "token", token)
+	level("http request", "method", method, "route", route, "path", redactPath(path), "status", code,
+		"duration_ms", float64(d.Microseconds())/1000, "remote", remote,
+		"namespace", who.ns, "namespace_allowed", who.allowed, "token", who.token)
 }
 
-// access is what the access log says of who made a request and where:
-// the namespace it named (or the server's) and its token's name, "" before
-// the token is known and "anonymous" on a server without auth.
-type access struct{ ns, token string }
+// access is what the access log says of who made a request and where.
+type access struct {
+	// ns is the namespace the request named (or the server's); "" when
+	// it is no valid namespace name.
+	ns string
+	// allowed says the request was authorized to use ns: false on a 401,
+	// a 403 for the namespace, a public route, or GET /v1/whoami of a
+	// namespace the token may not use.
+	allowed bool
+	// token is the token's name: "" before it is known, "anonymous" on a
+	// server without auth.
+	token string
+}
 
 type accessKey struct{}
 
-// noteAccess records, for the access log, the token name a request was
-// authorized with.
-func noteAccess(ctx context.Context, token string) {
-	if a, ok := ctx.Value(accessKey{}).(*access); ok {
-		a.token = token
+// unauthorized is the access of a request naming namespace header
+// ("" names the server's), before it is authorized.
+func (s *Server) unauthorized(header string) *access {
+	ns := header
+	if ns == "" {
+		ns = s.cfg.Namespace
 	}
+	if !validNamespace(ns) {
+		ns = ""
+	}
+	return &access{ns: ns}
+}
+
+// noteAccess records, for the access log, the token name a request was
+// authorized with, and whether it may use the namespace it named.
+func noteAccess(ctx context.Context, token string, allowed bool) {
+	if a, ok := ctx.Value(accessKey{}).(*access); ok {
+		a.token, a.allowed = token, allowed
+	}
+}
+
+// redactPath is a request's path as logs and problems show it: a session
+// id (the segment after /v1/sessions/, and any segment that looks like
+// one) without its secret.
+func redactPath(p string) string {
+	segs := strings.Split(p, "/")
+	for i, seg := range segs {
+		if i == 3 && segs[1] == "v1" && segs[2] == "sessions" {
+			segs[i] = redactAny(seg)
+		} else if looksLikeSession(seg) {
+			segs[i] = redact(seg)
+		}
+	}
+	return strings.Join(segs, "/")
+}
+
+// redactAny shows what stands for a session id without its secret: the
+// lease part of an id, "…" for anything without one.
+func redactAny(v string) string {
+	if _, _, ok := strings.Cut(v, "."); ok {
+		return redact(v)
+	}
+	return "…"
+}
+
+// looksLikeSession reports a value that may be a session id, even a
+// mistyped one: a dot followed by 16 or more characters of a secret's
+// alphabet (base32: letters and the digits 2 to 7).
+func looksLikeSession(v string) bool {
+	_, secret, ok := strings.Cut(v, ".")
+	if !ok || len(secret) < 16 {
+		return false
+	}
+	for _, c := range secret[:16] {
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '2' <= c && c <= '7') {
+			return false
+		}
+	}
+	return true
 }
 
 // nsOf is the namespace the request was authorized for.
@@ -243,6 +306,10 @@ func (w *stallWatch) close() {
 // errRequestTimeout is the cause of a request's end at its time bound.
 var errRequestTimeout = fmt.Errorf("the request took longer than the server's request timeout: %w", context.DeadlineExceeded)
 
+// beforeStream, when set (by tests), runs as a stream starts, before it
+// checks its time bound.
+var beforeStream atomic.Pointer[func(ctx context.Context)]
+
 // unboundKey holds a stream's context without its time bound.
 type unboundKey struct{}
 
@@ -254,11 +321,13 @@ type unboundKey struct{}
 func startStream(hctx huma.Context) (context.Context, http.ResponseWriter, bool) {
 	_, w := humago.Unwrap(hctx)
 	ctx := hctx.Context()
+	if hook := beforeStream.Load(); hook != nil {
+		(*hook)(ctx)
+	}
 	if ctx.Err() != nil {
 		var p *Problem
 		if errors.As(problem(context.Cause(ctx), nil), &p) {
-			p.Instance = hctx.URL().Path
-			writeProblemTo(w, p)
+			writeProblem(hctx, p) // through hctx: the access log and metrics see its status
 		}
 		return nil, nil, false
 	}

@@ -120,7 +120,10 @@ var secretInputs = []string{"session", "token", "secret", "password", "authoriza
 
 // scrub removes from errs the values that may hold a secret: the whole
 // body (what huma repeats of a body it cannot parse) and every input whose
-// name says it holds one. The location and the rule stay.
+// name says it holds one; a value that looks like a session id, wherever
+// it is, and the value of an input that must be one (path.id of the
+// session routes, which breaks sessionIDPattern) keep only a lease part. The
+// location and the rule stay.
 func scrub(errs []*huma.ErrorDetail) {
 	for _, e := range errs {
 		if e == nil {
@@ -130,6 +133,9 @@ func scrub(errs []*huma.ErrorDetail) {
 		if loc == "body" || loc == "" {
 			e.Value = nil
 			continue
+		}
+		if v, ok := e.Value.(string); ok && (looksLikeSession(v) || strings.Contains(e.Message, sessionIDPattern)) {
+			e.Value = redactAny(v)
 		}
 		for strings.HasSuffix(loc, "]") && strings.Contains(loc, "[") { // body.sessions[0] names sessions
 			loc = loc[:strings.LastIndex(loc, "[")]

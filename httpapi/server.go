@@ -156,6 +156,8 @@ type Server struct {
 	routeKinds routeKinds
 	// stalls ends long requests once etcd stops answering (bound).
 	stalls *stallWatch
+	// crossOrigin refuses browsers' writes from other origins (serveHTTP).
+	crossOrigin *http.CrossOriginProtection
 
 	life    sync.Mutex
 	srv     *http.Server
@@ -173,7 +175,8 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, cli: cfg.Etcd, mux: http.NewServeMux(), metrics: m, locks: lock.NewBatcher(cfg.Etcd)}
+	s := &Server{cfg: cfg, cli: cfg.Etcd, mux: http.NewServeMux(), metrics: m, locks: lock.NewBatcher(cfg.Etcd),
+		crossOrigin: http.NewCrossOriginProtection()}
 	s.hub = newHub(s, cfg.StatsInterval)
 	probeKey := keyspace.MustNew(cfg.Namespace).StoreFull()
 	s.stalls = newStallWatch(func(ctx context.Context) error {
@@ -307,11 +310,16 @@ func (s *Server) Close(ctx context.Context) error {
 	return nil
 }
 
-// serveHTTP serves a request: a JSON body sent as a form (curl's -d) is
-// read as the JSON it is, and a request no route takes gets a problem
+// serveHTTP serves a request: a browser's write from another origin is
+// refused (see refuseCrossOrigin), a JSON body sent as a form (curl's -d)
+// is read as the JSON it is, and a request no route takes gets a problem
 // document rather than the ServeMux's plain text.
 func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
+	if err := s.crossOrigin.Check(r); err != nil {
+		s.refuseCrossOrigin(w, r, start)
+		return
+	}
 	if formEncoded(r.Header.Get("Content-Type")) {
 		r = r.Clone(r.Context())
 		r.Header.Set("Content-Type", "application/json")
@@ -321,6 +329,22 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.mux.ServeHTTP(w, r)
+}
+
+// refuseCrossOrigin answers a browser's write (any method but GET, HEAD
+// and OPTIONS) sent from a page of another origin, as its Sec-Fetch-Site
+// or Origin header says: 403. A form post needs no CORS preflight, and
+// the API reads forms as JSON, so without this any web page could write
+// to a server without auth from its visitors' browsers. Requests without
+// those headers (curl, the clients) and the dashboard's own (same origin)
+// are not refused.
+func (s *Server) refuseCrossOrigin(w http.ResponseWriter, r *http.Request, start time.Time) {
+	p := newProblem(http.StatusForbidden, "cross-origin",
+		fmt.Sprintf("%s %s: a browser sent this write from a page of another origin (Origin %q, Sec-Fetch-Site %q), and the API takes writes only from its own origin (the dashboard) or from clients that are not browsers",
+			r.Method, redactPath(r.URL.Path), r.Header.Get("Origin"), r.Header.Get("Sec-Fetch-Site")))
+	p.Instance = redactPath(r.URL.Path)
+	writeProblemTo(w, p)
+	s.logRequest(r.Method, "", r.URL.Path, p.Status, time.Since(start), r.RemoteAddr, s.unauthorized(r.Header.Get(NamespaceHeader)))
 }
 
 // formEncoded reports a body that says it is a form: what curl -d sends
@@ -339,19 +363,15 @@ func (s *Server) unrouted(w http.ResponseWriter, r *http.Request, h http.Handler
 	var p *Problem
 	if allow := rec.header.Get("Allow"); rec.code == http.StatusMethodNotAllowed {
 		p = newProblem(http.StatusMethodNotAllowed, "method-not-allowed",
-			fmt.Sprintf("%s %s: this path takes %s; the OpenAPI document at /openapi.json describes every route", r.Method, r.URL.Path, allow))
+			fmt.Sprintf("%s %s: this path takes %s; the OpenAPI document at /openapi.json describes every route", r.Method, redactPath(r.URL.Path), allow))
 		p.headers = http.Header{"Allow": {allow}}
 	} else {
 		p = newProblem(http.StatusNotFound, "no-route",
-			fmt.Sprintf("no route %s %s: the API's routes are under /v1 (the OpenAPI document at /openapi.json describes them), the dashboard at /ui/", r.Method, r.URL.Path))
+			fmt.Sprintf("no route %s %s: the API's routes are under /v1 (the OpenAPI document at /openapi.json describes them), the dashboard at /ui/", r.Method, redactPath(r.URL.Path)))
 	}
-	p.Instance = r.URL.Path
+	p.Instance = redactPath(r.URL.Path)
 	writeProblemTo(w, p)
-	ns := r.Header.Get(NamespaceHeader)
-	if ns == "" {
-		ns = s.cfg.Namespace
-	}
-	s.logRequest(r.Method, "", r.URL.Path, p.Status, time.Since(start), r.RemoteAddr, ns, "")
+	s.logRequest(r.Method, "", r.URL.Path, p.Status, time.Since(start), r.RemoteAddr, s.unauthorized(r.Header.Get(NamespaceHeader)))
 }
 
 // statusRecorder keeps the status and headers a handler writes, and

@@ -47,6 +47,10 @@ type sessionRecord struct {
 	CreatedAt time.Time `json:"created_at"`
 }
 
+// sessionIDPattern is the pattern of sessionIDPath's id, as its tag
+// says: scrub knows an input that must be a session id by it.
+const sessionIDPattern = `^[0-9a-f]{1,16}\.[a-z2-7]{16,64}$`
+
 type sessionIDPath struct {
 	ID string `path:"id" pattern:"^[0-9a-f]{1,16}\\.[a-z2-7]{16,64}$" doc:"The session's id."`
 }
