@@ -102,7 +102,9 @@ func (s *Server) claimTask(ctx context.Context, in *claimTaskInput) (*struct{ Bo
 		cp, err = store.SetSteps(ctx, l, cp, in.Body.Steps)
 	}
 	if err != nil || cp.Completed {
-		_ = l.Release(context.WithoutCancel(ctx)) // nothing is held on error, nor for a completed task
+		rctx, rcancel := cleanupContext(ctx) // nothing is held on error, nor for a completed task
+		_ = l.Release(rctx)
+		rcancel()
 		if err != nil {
 			return nil, taskProblem(err)
 		}

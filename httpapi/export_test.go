@@ -36,3 +36,10 @@ func SetBeforeStream(f func(ctx context.Context)) (restore func()) {
 
 // NamespaceOf is the namespace a request's context was authorized for.
 func NamespaceOf(ctx context.Context) string { ns, _ := ctx.Value(nsKey).(string); return ns }
+
+// SetAfterGrant sets the hook run when a request was granted a lease,
+// until the returned func restores it.
+func SetAfterGrant(f func(ctx context.Context)) (restore func()) {
+	old := afterGrant.Swap(&f)
+	return func() { afterGrant.Store(old) }
+}

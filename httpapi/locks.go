@@ -170,7 +170,7 @@ func (s *Server) acquireLock(ctx context.Context, in *acquireInput) (*struct{ Bo
 			return nil, invalid("body.owner", b.Owner, "must be UTF-8 text: it holds bytes that are not UTF-8 (or a \\u escape of a lone surrogate)")
 		}
 		sent := time.Now()
-		g, err := s.cli.Grant(ctx, b.TTL)
+		g, err := s.grant(ctx, b.TTL)
 		if err != nil {
 			return nil, problem(fmt.Errorf("grant the lock's %d s lease: %w", b.TTL, err), nil)
 		}
@@ -202,7 +202,7 @@ func (s *Server) acquireLock(ctx context.Context, in *acquireInput) (*struct{ Bo
 	}
 	if err != nil {
 		if own != 0 {
-			_, _ = s.cli.Revoke(context.WithoutCancel(ctx), own)
+			s.revokeGranted(ctx, own)
 		}
 		if errors.Is(err, lease.ErrLost) && b.Session != "" {
 			return nil, sessionGone(b.Session, s.nsOf(ctx))

@@ -174,7 +174,7 @@ func (t etcdTable) state(ctx context.Context, name string, kv *mvccpb.KeyValue) 
 // ends.
 func (t etcdTable) grant(ctx context.Context, ttlMS int64) (clientv3.LeaseID, int64, error) {
 	sent := time.Now()
-	g, err := t.s.cli.Grant(ctx, (ttlMS+999)/1000)
+	g, err := t.s.grant(ctx, (ttlMS+999)/1000)
 	if err != nil {
 		return 0, 0, fmt.Errorf("grant the lock's lease: %w", err)
 	}
@@ -206,7 +206,7 @@ func (t etcdTable) acquire(ctx context.Context, cmd paxos.Command) (paxos.Result
 		Then(clientv3.OpPut(key, string(val), clientv3.WithLease(id))).
 		Else(clientv3.OpGet(prefix, clientv3.WithFirstCreate()...)).Commit()
 	if err != nil || !resp.Succeeded {
-		_, _ = t.s.cli.Revoke(context.WithoutCancel(ctx), id)
+		t.s.revokeGranted(ctx, id)
 	}
 	if err != nil {
 		return paxos.Result{}, fmt.Errorf("acquire %q: %w", cmd.Lock, err)
@@ -260,7 +260,7 @@ func (t etcdTable) ownerTokenOp(ctx context.Context, cmd paxos.Command) (paxos.R
 	}
 	resp, err := t.s.cli.Txn(ctx).If(same).Then(clientv3.OpPut(key, string(kv.Value), clientv3.WithLease(id))).Commit()
 	if err != nil || !resp.Succeeded {
-		_, _ = t.s.cli.Revoke(context.WithoutCancel(ctx), id)
+		t.s.revokeGranted(ctx, id)
 	}
 	if err != nil {
 		return paxos.Result{}, fmt.Errorf("renew %q: %w", cmd.Lock, err)

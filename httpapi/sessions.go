@@ -153,7 +153,7 @@ func (s *Server) createSession(ctx context.Context, in *createSessionInput) (*se
 		ttl = DefaultSessionTTL
 	}
 	sent := time.Now()
-	g, err := s.cli.Grant(ctx, ttl)
+	g, err := s.grant(ctx, ttl)
 	if err != nil {
 		return nil, problem(fmt.Errorf("grant a %d s lease: %w", ttl, err), nil)
 	}
@@ -163,7 +163,7 @@ func (s *Server) createSession(ctx context.Context, in *createSessionInput) (*se
 	leaseHex := strconv.FormatInt(int64(g.ID), 16)
 	id := leaseHex + "." + secret
 	if _, err := s.cli.Put(ctx, s.keys(ctx).Session(leaseHex), string(val), clientv3.WithLease(g.ID)); err != nil {
-		_, _ = s.cli.Revoke(context.WithoutCancel(ctx), g.ID)
+		s.revokeGranted(ctx, g.ID)
 		return nil, problem(fmt.Errorf("record the session: %w", err), nil)
 	}
 	return &sessionOutput{Body: SessionBody{ID: id, Name: rec.Name, Host: rec.Host, PID: rec.PID, TTL: g.TTL, ExpiresAt: sent.Add(time.Duration(g.TTL) * time.Second).UTC()}}, nil

@@ -40,7 +40,8 @@ type Batcher struct {
 const batchMax = 64
 
 // batchTimeout bounds a combined request: it is not cut short by one
-// caller's context, since it carries the others' transactions too.
+// caller's context, since it carries the others' transactions too. A
+// caller still waiting for its turn leaves when its context ends.
 const batchTimeout = 10 * time.Second
 
 // NewBatcher returns a Batcher that sends on cli.
@@ -69,7 +70,11 @@ func (b *Batcher) txn(ctx context.Context, cli *clientv3.Client, name string, cm
 		return cli.Txn(ctx).If(cmps...).Then(then...).Else(els...).Commit()
 	}
 	call := &batchCall{name: name, cmps: cmps, then: then, els: els}
-	if !b.line.Join(call) {
+	lead, err := b.line.JoinContext(ctx, call)
+	if err != nil {
+		return nil, err // ctx ended while it waited: nothing was sent
+	}
+	if !lead {
 		return call.resp, call.err
 	}
 	// The next request: in order, one per lock name, up to batchMax.
@@ -82,9 +87,14 @@ func (b *Batcher) txn(ctx context.Context, cli *clientv3.Client, name string, cm
 	return call.resp, call.err
 }
 
-// send sends batch in one request, and writes each call's answer.
+// send sends batch in one request, and writes each call's answer. A batch
+// of the sender's transaction alone is sent under the sender's ctx, as
+// without a Batcher; one that carries others' too is not cut short by it.
 func (b *Batcher) send(ctx context.Context, batch []*batchCall) {
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), batchTimeout)
+	if len(batch) > 1 {
+		ctx = context.WithoutCancel(ctx)
+	}
+	sctx, cancel := context.WithTimeout(ctx, batchTimeout)
 	defer cancel()
 	b.requests.Add(1)
 	b.txns.Add(int64(len(batch)))

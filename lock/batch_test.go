@@ -74,3 +74,26 @@ func TestBatcherMutualExclusion(t *testing.T) {
 		t.Fatalf("%d grants, %d transactions in %d requests: want grants, and fewer requests than transactions", grants.Load(), txns, requests)
 	}
 }
+
+// TestBatcherSendsAloneUnderCallersContext: a transaction that goes to
+// etcd alone is sent under its caller's context, as without a Batcher: a
+// caller whose context has ended acquires nothing.
+func TestBatcherSendsAloneUnderCallersContext(t *testing.T) {
+	t.Parallel()
+	cli := srv.Client(t)
+	ns := etcdtest.Namespace(t)
+	locker, err := lock.NewEtcd(context.Background(), cli, lock.EtcdConfig{Namespace: ns, TTL: 10e9, HolderID: "w", Batcher: lock.NewBatcher(cli)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = locker.Close(context.Background()) })
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if l, err := locker.TryAcquireFenced(ctx, "gone"); err == nil {
+		t.Fatalf("acquired with token %d under an ended context", l.Token())
+	}
+	st, err := locker.Status(context.Background(), "gone")
+	if err != nil || st.Held {
+		t.Fatalf("after an acquisition under an ended context: held %t, err %v", st.Held, err)
+	}
+}

@@ -10,7 +10,11 @@
 // No library offers this for etcd clients, so it is written here.
 package groupcommit
 
-import "sync"
+import (
+	"context"
+	"slices"
+	"sync"
+)
 
 // Line is the callers of one kind of request. The zero value is ready.
 type Line[T any] struct {
@@ -34,17 +38,45 @@ type Call[T any] struct {
 // never blocks on a context: the sender always answers, and must bound its
 // send.
 func (l *Line[T]) Join(item T) (lead bool) {
+	lead, _ = l.JoinContext(context.Background(), item)
+	return lead
+}
+
+// JoinContext is Join, except that a caller still waiting in line when
+// ctx ends leaves it, its item unsent, with ctx's error. A caller whose
+// item a sender has taken (it is being sent), or who was made the next
+// sender, waits on as in Join: its item may be sent, so it must have the
+// answer, and the sender bounds its send.
+func (l *Line[T]) JoinContext(ctx context.Context, item T) (lead bool, err error) {
 	c := &Call[T]{Item: item, done: make(chan struct{})}
 	l.mu.Lock()
 	l.waiting = append(l.waiting, c)
 	if !l.busy {
 		l.busy = true
 		l.mu.Unlock()
-		return true
+		return true, nil
 	}
 	l.mu.Unlock()
-	<-c.done
-	return c.lead
+	select {
+	case <-c.done:
+		return c.lead, nil
+	case <-ctx.Done():
+	}
+	l.mu.Lock()
+	select {
+	case <-c.done: // made the sender (HandOn closes under the lock)
+		l.mu.Unlock()
+		return c.lead, nil
+	default:
+	}
+	if i := slices.Index(l.waiting, c); i >= 0 { // not taken: leave unsent
+		l.waiting = slices.Delete(l.waiting, i, i+1)
+		l.mu.Unlock()
+		return false, ctx.Err()
+	}
+	l.mu.Unlock()
+	<-c.done // taken into a batch being sent: wait for its answer
+	return c.lead, nil
 }
 
 // Take removes from the waiting callers the items of the next batch, the

@@ -1,6 +1,8 @@
 package groupcommit_test
 
 import (
+	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -67,4 +69,48 @@ func TestLine(t *testing.T) {
 		t.Fatalf("largest batch %d: want 2 to 8", b)
 	}
 	t.Logf("64 callers in %d batches", batches.Load())
+}
+
+// TestJoinContextLeavesUnsent: a caller waiting in line whose context
+// ends leaves with its error and is never taken into a batch; a caller
+// whose item was taken waits for its answer even after its context ends.
+func TestJoinContextLeavesUnsent(t *testing.T) {
+	var line groupcommit.Line[*item]
+	if lead, err := line.JoinContext(context.Background(), &item{n: 0}); !lead || err != nil {
+		t.Fatalf("the first caller: lead %t, err %v", lead, err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	left := make(chan error, 1)
+	go func() {
+		_, err := line.JoinContext(ctx, &item{n: 1})
+		left <- err
+	}()
+	taken := make(chan bool, 1)
+	go func() {
+		lead, err := line.JoinContext(context.Background(), &item{n: 2})
+		taken <- lead && err == nil
+	}()
+	// Wait (bounded) until both wait in line behind the sender.
+	for i := 0; ; i++ {
+		if i == 10_000 {
+			t.Fatal("the callers never joined the line")
+		}
+		if groupcommit.Waiting(&line) == 3 {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	cancel()
+	if err := <-left; !errors.Is(err, context.Canceled) {
+		t.Fatalf("the cancelled caller: %v, want context.Canceled", err)
+	}
+	items, calls := line.Take(func([]*item, *item) bool { return true })
+	if len(items) != 2 || items[1].n != 2 {
+		t.Fatalf("the batch holds %d items (second %d): the cancelled caller's was taken", len(items), items[len(items)-1].n)
+	}
+	groupcommit.Answer(calls)
+	line.HandOn()
+	if lead := <-taken; lead {
+		t.Fatal("the sent caller was made a sender")
+	}
 }
