@@ -43,3 +43,23 @@ func SetAfterGrant(f func(ctx context.Context)) (restore func()) {
 	old := afterGrant.Swap(&f)
 	return func() { afterGrant.Store(old) }
 }
+
+// StallDecisions feeds probe outcomes to a new stall count and returns,
+// for each, whether etcd was called stalled.
+func StallDecisions(errs ...error) []bool {
+	var c stallCount
+	out := make([]bool, len(errs))
+	for i, err := range errs {
+		out[i] = c.note(err)
+	}
+	return out
+}
+
+// RetryAfterOf is the Retry-After header the API answers err with.
+func RetryAfterOf(err error) string {
+	var p *Problem
+	if errors.As(problem(err, nil), &p) {
+		return p.headers.Get("Retry-After")
+	}
+	return ""
+}

@@ -15,6 +15,8 @@ import (
 	"github.com/danielgtaylor/huma/v2/adapters/humago"
 	"github.com/droverhq/drover/keyspace"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	"google.golang.org/grpc/codes"
 )
 
 // requestMetrics are the API's Prometheus metrics: requests by route,
@@ -221,8 +223,9 @@ var errEtcdStalled = fmt.Errorf("etcd did not answer a probe within the server's
 
 // stallWatch ends the long requests under way (long polls, bulk routes)
 // once etcd stops answering, rather than at the end of their longer
-// bounds: while any runs, it reads one key every request timeout, and a
-// read that fails or does not answer within it cancels them all.
+// bounds: while any runs, it reads one key every request timeout (at most
+// one read per minProbeEvery), and stallProbes reads in a row that get no
+// answer within it (see stallCount) cancel them all.
 type stallWatch struct {
 	probe func(ctx context.Context) error
 	every time.Duration
@@ -260,7 +263,8 @@ func (w *stallWatch) watch(stop context.CancelCauseFunc) (done func()) {
 // run probes etcd while requests are watched; it returns when none is,
 // or when the server closes.
 func (w *stallWatch) run() {
-	t := time.NewTimer(w.every)
+	var count stallCount
+	t := time.NewTimer(max(w.every, minProbeEvery))
 	defer t.Stop()
 	for {
 		select {
@@ -281,15 +285,48 @@ func (w *stallWatch) run() {
 		ctx, cancel := context.WithTimeout(context.Background(), w.every)
 		err := w.probe(ctx)
 		cancel()
-		if err != nil {
+		if count.note(err) {
 			w.mu.Lock()
 			for _, stop := range w.reqs {
 				stop(errEtcdStalled)
 			}
 			w.mu.Unlock()
 		}
-		t.Reset(w.every)
+		t.Reset(max(w.every, minProbeEvery))
 	}
+}
+
+// minProbeEvery is the shortest time between two probes of a stallWatch.
+const minProbeEvery = 500 * time.Millisecond
+
+// stallProbes is how many probes in a row must go unanswered for etcd to
+// be called stalled: one late answer (a slow fsync, a compaction) does
+// not end every long request.
+const stallProbes = 2
+
+// stallCount counts the probes in a row that etcd did not answer.
+type stallCount struct{ n int }
+
+// note counts a probe's outcome and reports whether etcd is stalled. Only
+// an etcd that did not answer counts (deadline exceeded, unavailable);
+// any answer, an error such as permission denied or a leader change
+// included, says etcd is there and starts the count again.
+func (c *stallCount) note(err error) (stalled bool) {
+	if !unanswered(err) {
+		c.n = 0
+		return false
+	}
+	c.n++
+	return c.n >= stallProbes
+}
+
+// unanswered reports a probe's error that says etcd did not answer.
+func unanswered(err error) bool {
+	switch {
+	case err == nil, errors.Is(err, rpctypes.ErrLeaderChanged), errors.Is(err, rpctypes.ErrGRPCLeaderChanged):
+		return false
+	}
+	return errors.Is(err, context.DeadlineExceeded) || etcdCode(err) == codes.DeadlineExceeded || isUnavailable(err)
 }
 
 // close stops the probes.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net/http"
 	"strconv"
 	"strings"
@@ -232,7 +233,7 @@ func problem(err error, where map[string]string) error {
 		return p
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled), etcdCode(err) == codes.Canceled, isUnavailable(err):
 		p = newProblem(http.StatusServiceUnavailable, "unavailable", "etcd did not answer in time: "+err.Error()+"; retry")
-		p.headers = http.Header{"Retry-After": {"1"}}
+		p.headers = http.Header{"Retry-After": {unavailableRetryAfter()}}
 		return p
 	}
 	return newProblem(http.StatusInternalServerError, "internal", err.Error())
@@ -257,6 +258,11 @@ func etcdCode(err error) codes.Code {
 	}
 	return codes.OK
 }
+
+// unavailableRetryAfter is the Retry-After of a 503 for an etcd that did
+// not answer: 1 or 2 seconds at random, so that the many requests a stall
+// ends at once (every long poll) do not all come back at once.
+func unavailableRetryAfter() string { return strconv.Itoa(1 + rand.IntN(2)) }
 
 // retryAfter is the Retry-After header value of d, in whole seconds, at
 // least 1.

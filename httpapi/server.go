@@ -36,6 +36,11 @@ const MaxSubmitBytes = 64 << 20
 // gives up after 2 s.
 const DefaultRequestTimeout = 5 * time.Second
 
+// MinRequestTimeout is the shortest RequestTimeout: etcd's own round trip
+// under load, with a margin; a shorter one would fail requests on a
+// healthy etcd, and have the stall probes call it stalled.
+const MinRequestTimeout = 100 * time.Millisecond
+
 // Config configures a [Server]. Only Etcd is required.
 type Config struct {
 	// Etcd is the client every request goes through; the caller closes it
@@ -65,10 +70,12 @@ type Config struct {
 	// etcd does not answer within it, the request gets a 503 with
 	// Retry-After, whether or not its client would wait longer. Long polls
 	// get it on top of MaxWait, and bulk routes (large bodies, dead-letter
-	// requeues and purges, thread deletions) two minutes more; both end
-	// sooner when a probe of etcd, one per RequestTimeout while they run,
-	// gets no answer within it. A stream gets it until it starts, then
-	// lasts as long as its client. Default DefaultRequestTimeout.
+	// requeues and purges, thread deletions, the list of every checkpoint)
+	// two minutes more; both end sooner when two probes of etcd in a row,
+	// one per RequestTimeout (at most one per 500ms) while they run, get
+	// no answer within it. A stream gets it until it starts, then lasts as
+	// long as its client. Default DefaultRequestTimeout; at least
+	// MinRequestTimeout.
 	RequestTimeout time.Duration
 	// StatsInterval is how often the queues' counts are sampled for GET
 	// /v1/stats/history, which keeps an hour of samples; default
@@ -113,8 +120,8 @@ func (c Config) Validate() error {
 	if c.MaxWait < 0 {
 		return &drover.InputError{Field: "MaxWait", Value: c.MaxWait, Rule: "must be 0 (60 s) or positive"}
 	}
-	if c.RequestTimeout < 0 || (c.RequestTimeout > 0 && c.RequestTimeout < time.Millisecond) {
-		return &drover.InputError{Field: "RequestTimeout", Value: c.RequestTimeout, Rule: "must be 0 (5 s), or 1ms or more"}
+	if c.RequestTimeout < 0 || (c.RequestTimeout > 0 && c.RequestTimeout < MinRequestTimeout) {
+		return &drover.InputError{Field: "RequestTimeout", Value: c.RequestTimeout, Rule: "must be 0 (5 s), or 100ms or more"}
 	}
 	if c.StatsInterval < 0 || (c.StatsInterval > 0 && c.StatsInterval < 10*time.Millisecond) || c.StatsInterval > time.Hour {
 		return &drover.InputError{Field: "StatsInterval", Value: c.StatsInterval, Rule: "must be 0 (5 s), or from 10ms to 1h"}

@@ -43,8 +43,8 @@ func (h *httpFlags) check() error {
 		}
 		return nil
 	}
-	if h.requestTimeout < 0 || (h.requestTimeout > 0 && h.requestTimeout < time.Millisecond) {
-		return &drover.InputError{Field: "--http-request-timeout", Value: h.requestTimeout.String(), Rule: "must be a duration of 1ms or more, such as 5s"}
+	if h.requestTimeout < 0 || (h.requestTimeout > 0 && h.requestTimeout < httpapi.MinRequestTimeout) {
+		return &drover.InputError{Field: "--http-request-timeout", Value: h.requestTimeout.String(), Rule: "must be a duration of 100ms or more, such as 5s"}
 	}
 	host, _, err := net.SplitHostPort(h.listen)
 	if err != nil {
