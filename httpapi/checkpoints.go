@@ -168,7 +168,9 @@ func (s *Server) checkpointRoutes() {
 			"507 while etcd is past its high-water mark.",
 		DefaultStatus: http.StatusCreated,
 		MaxBodyBytes:  maxCheckpointBody,
-		Errors:        []int{http.StatusConflict, http.StatusRequestEntityTooLarge, http.StatusInsufficientStorage},
+		// A large body may take as long to arrive as the route's bound.
+		BodyReadTimeout: bulkAllowance,
+		Errors:          []int{http.StatusConflict, http.StatusRequestEntityTooLarge, http.StatusInsufficientStorage},
 	}, s.putCheckpoint)
 	huma.Register(s.api, huma.Operation{
 		OperationID: "put-checkpoint-writes", Method: http.MethodPost, Path: "/v1/threads/{thread_id}/checkpoints/{checkpoint_id}/writes", Tags: tags,
@@ -177,7 +179,9 @@ func (s *Server) checkpointRoutes() {
 			"404 when the checkpoint does not exist. Fenced like a put when lock, session and token are given.",
 		DefaultStatus: http.StatusNoContent,
 		MaxBodyBytes:  maxCheckpointBody,
-		Errors:        []int{http.StatusConflict, http.StatusNotFound, http.StatusRequestEntityTooLarge, http.StatusInsufficientStorage},
+		// A large body may take as long to arrive as the route's bound.
+		BodyReadTimeout: bulkAllowance,
+		Errors:          []int{http.StatusConflict, http.StatusNotFound, http.StatusRequestEntityTooLarge, http.StatusInsufficientStorage},
 	}, s.putCheckpointWrites)
 	huma.Register(s.api, huma.Operation{
 		OperationID: "get-checkpoint-head", Method: http.MethodGet, Path: "/v1/threads/{thread_id}/head", Tags: tags,

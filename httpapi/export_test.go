@@ -63,3 +63,6 @@ func RetryAfterOf(err error) string {
 	}
 	return ""
 }
+
+// BulkAllowance is the time a bulk route gets beyond the request timeout.
+const BulkAllowance = bulkAllowance

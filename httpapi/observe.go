@@ -383,14 +383,16 @@ type routeKind struct {
 
 // bulkAllowance is the time a bulk route gets beyond the request timeout:
 // as long as the server lets a body take to arrive (http.Server's
-// ReadTimeout), since the route's work is in proportion to it.
+// ReadTimeout, and the BodyReadTimeout of the bulk routes whose bodies
+// huma reads), since the route's work is in proportion to it.
 const bulkAllowance = 2 * time.Minute
 
 // bulkRoutes are the routes whose work is in proportion to what is stored
 // rather than to the request: a dead-letter queue's requeue and purge, a
-// thread's deletion. Routes that take bodies over DefaultMaxBodyBytes
-// (submissions, checkpoints, steps) are bulk routes too.
-var bulkRoutes = map[string]bool{"requeue-dead-tasks": true, "purge-dead-tasks": true, "delete-thread": true}
+// thread's deletion, the list of every thread's checkpoints. Routes that
+// take bodies over DefaultMaxBodyBytes (submissions, checkpoints, steps)
+// are bulk routes too.
+var bulkRoutes = map[string]bool{"requeue-dead-tasks": true, "purge-dead-tasks": true, "delete-thread": true, "list-all-checkpoints": true}
 
 // routeKinds caches each operation's routeKind, read from its OpenAPI
 // description: a route that takes a wait is a long poll, one that answers

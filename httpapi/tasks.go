@@ -130,13 +130,17 @@ func (s *Server) taskRoutes() {
 			"409 once it is lost (the session ended, another took over) and nothing is written. n must be the next step; " +
 			"repeating the last write is answered as it was. 507 while etcd is past its high-water mark.",
 		MaxBodyBytes: maxStepBody,
-		Errors:       []int{http.StatusConflict, http.StatusRequestEntityTooLarge, http.StatusInsufficientStorage},
+		// A large body may take as long to arrive as the route's bound.
+		BodyReadTimeout: bulkAllowance,
+		Errors:          []int{http.StatusConflict, http.StatusRequestEntityTooLarge, http.StatusInsufficientStorage},
 	}, s.putTaskStep)
 	huma.Register(s.api, huma.Operation{
 		OperationID: "complete-agent-task", Method: http.MethodPost, Path: "/v1/agent-tasks/{id}/complete", Tags: tags,
 		Summary:      "Complete a claimed task (fenced), keep its result and release the claim",
 		MaxBodyBytes: maxStepBody,
-		Errors:       []int{http.StatusConflict, http.StatusRequestEntityTooLarge, http.StatusInsufficientStorage},
+		// A large body may take as long to arrive as the route's bound.
+		BodyReadTimeout: bulkAllowance,
+		Errors:          []int{http.StatusConflict, http.StatusRequestEntityTooLarge, http.StatusInsufficientStorage},
 	}, s.completeTask)
 	huma.Register(s.api, huma.Operation{
 		OperationID: "release-agent-task", Method: http.MethodDelete, Path: "/v1/agent-tasks/{id}/claim", Tags: tags,

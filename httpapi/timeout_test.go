@@ -291,4 +291,35 @@ func TestBulkRoutesExist(t *testing.T) {
 			t.Errorf("bulk route %q is no operation of the API", id)
 		}
 	}
+	// The list of every checkpoint costs in proportion to the threads.
+	if !httpapi.BulkRoutes["list-all-checkpoints"] {
+		t.Error("list-all-checkpoints is no bulk route")
+	}
+}
+
+// TestBulkBodiesGetBulkReadTime: a route that takes a body over the
+// default limit and has huma read it lets the body take as long to arrive
+// as the route's bound (huma's default is 5 s).
+func TestBulkBodiesGetBulkReadTime(t *testing.T) {
+	t.Parallel()
+	s, err := httpapi.New(httpapi.Config{Etcd: srv.LocalClient(t), Registerer: prometheus.NewRegistry()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = s.Close(context.Background()) }()
+	n := 0
+	for _, item := range s.API().OpenAPI().Paths {
+		for _, op := range []*huma.Operation{item.Post, item.Put, item.Patch} {
+			if op == nil || op.MaxBodyBytes <= httpapi.DefaultMaxBodyBytes || op.BodyReadTimeout == 0 {
+				continue // no body huma reads, or a small one
+			}
+			n++
+			if op.BodyReadTimeout > 0 && op.BodyReadTimeout < httpapi.BulkAllowance {
+				t.Errorf("%s: its body may take %s to arrive, its bound gives %s", op.OperationID, op.BodyReadTimeout, httpapi.BulkAllowance)
+			}
+		}
+	}
+	if n < 4 { // checkpoints, their writes, steps, completions
+		t.Fatalf("%d routes take large bodies that huma reads, want 4 or more", n)
+	}
 }
