@@ -137,3 +137,62 @@ func TestUIForbiddenNamespaceWayOut(t *testing.T) {
 	}
 	tb.noConsoleErrors()
 }
+
+// TestUIRoleForbiddenHasNoNamespaceWayOut: a 403 for the token's role (a
+// write token changing a rate limit, an admin's change) offers Log out
+// only: another namespace would not help; a 403 for the namespace offers
+// both.
+func TestUIRoleForbiddenHasNoNamespaceWayOut(t *testing.T) {
+	s, teamA, _ := scopedSite(t)
+	tb := newTab(t)
+	tb.do("open the dashboard", chromedp.Navigate(s.base+"/ui/"))
+	tb.waitJS("the login", `!!document.querySelector("form#login input#token")`)
+	tb.do("log in", chromedp.SendKeys(chromedp.CSS("#token"), agentsToken), chromedp.Click(chromedp.CSS(`form#login button[type="submit"]`)))
+	tb.waitJS("the team's queue", queueShown("team-a-queue"))
+	// The box each real 403 gets: the buttons it offers.
+	offers := func(what, method, ns string) []string {
+		t.Helper()
+		body := "undefined"
+		if method == "PUT" {
+			body = `{rate: "5/s", burst: 5}`
+		}
+		script := `(async () => {
+			const api = await import("./js/api.js"), dom = await import("./js/dom.js");
+			sessionStorage.setItem("drover.namespace", ` + strconv.Quote(ns) + `);
+			try { await api.api(` + strconv.Quote(method) + `, "/v1/limits/ui-limit", ` + body + `); return ["no error"]; }
+			catch (e) { return [String(e.status), ...[...dom.errorBox(e).querySelectorAll("button")].map((b) => b.dataset.act)]; }
+		})()`
+		got, err := chromedp.Run(tb.ctx, chromedp.Evaluate[[]string](script, chromedp.EvalAwaitPromise))
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		return got
+	}
+	if got := offers("a change the role may not make", "PUT", teamA); strings.Join(got, " ") != "403 logout" {
+		t.Fatalf("a 403 for the role offers %q, want Log out only", got)
+	}
+	if got := offers("a namespace the token may not use", "GET", s.ns); strings.Join(got, " ") != "403 allowed-namespace logout" {
+		t.Fatalf("a 403 for the namespace offers %q, want both ways out", got)
+	}
+}
+
+// TestUINamespacePlaceholderStaysTheServers: after a switch to another
+// namespace, the namespace field's placeholder still names the server's
+// (what an empty field goes back to).
+func TestUINamespacePlaceholderStaysTheServers(t *testing.T) {
+	s := newSite(t)
+	other := s.ns + "-other"
+	tb := newTab(t)
+	tb.do("open the dashboard", chromedp.Navigate(s.base+"/ui/"))
+	tb.waitJS("live", `document.getElementById("live").classList.contains("on")`)
+	// Only a stream's first event (its snapshot) turns the indicator on:
+	// off now, it is on again once the other namespace's has come.
+	tb.do("switch namespace", chromedp.SetValue(chromedp.CSS("#ns"), other),
+		chromedp.Evaluate[chromedp.Void](`document.getElementById("live").className = "live"; document.getElementById("ns-form").requestSubmit()`))
+	tb.waitJS("the other namespace's snapshot", `sessionStorage.getItem("drover.namespace") === `+strconv.Quote(other)+
+		` && document.getElementById("live").classList.contains("on")`)
+	if got := eval[string](tb, `document.getElementById("ns").placeholder`); got != s.ns {
+		t.Fatalf("the field's placeholder is %q after the switch, want the server's %q", got, s.ns)
+	}
+	tb.noConsoleErrors()
+}

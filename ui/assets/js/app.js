@@ -130,8 +130,7 @@ function stopEvents() {
 function onServerEvent(name, data) {
   if (name === "snapshot") {
     setLive(true);
-    state.namespace = data.namespace;
-    document.getElementById("ns").placeholder = data.namespace;
+    state.namespace = data.namespace; // the field's placeholder stays the server's (showSession)
     state.queues = data.queues;
     pageEvent("queues", data.queues);
   } else if (name === "queues") {

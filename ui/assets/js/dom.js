@@ -148,15 +148,24 @@ export function errorText(err) {
 }
 
 // errorBox shows an API error where a page's data would be. A 403 comes
-// with a way out: back to a namespace the token may use, or log out (the
-// shell, app.js, listens for these two events).
+// with a way out: log out, and, when the token may not use the namespace,
+// back to one it may use (the shell, app.js, listens for these two
+// events); a 403 for the token's role has no other namespace to offer.
 export function errorBox(err) {
   const p = h("p", { class: "error", role: "alert" }, errorText(err));
   if (!err || err.status !== 403) return p;
   const ask = (name) => () => document.dispatchEvent(new CustomEvent(name));
   return h("div", { class: "way-out" }, p, h("div", { class: "actions" },
-    h("button", { type: "button", class: "secondary", "data-act": "allowed-namespace", onclick: ask("drover:allowed-namespace") }, "Go to a namespace this token may use"),
+    namespaceForbidden(err) && h("button", { type: "button", class: "secondary", "data-act": "allowed-namespace", onclick: ask("drover:allowed-namespace") }, "Go to a namespace this token may use"),
     h("button", { type: "button", class: "secondary", "data-act": "logout", onclick: ask("drover:logout") }, "Log out")));
+}
+
+// namespaceForbidden reports a 403 for the request's namespace, which the
+// server's detail names ("token … may not use namespace …", see
+// httpapi/auth.go), rather than for the token's role.
+function namespaceForbidden(err) {
+  const detail = (err.problem && err.problem.detail) || err.message || "";
+  return detail.includes("may not use namespace");
 }
 
 // can reports whether the logged-in token has at least role need.
