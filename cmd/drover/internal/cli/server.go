@@ -133,7 +133,7 @@ func (a *app) serverCommand() *cobra.Command {
 	fl.StringVar(&f.http.tlsKey, "tls-key", "", "private key (PEM) of --tls-cert")
 	fl.BoolVar(&f.http.insecure, "insecure", false, "serve the HTTP API beyond loopback without --auth-file (a trusted network only)")
 	fl.DurationVar(&f.http.requestTimeout, "http-request-timeout", defaultRequestTimeout,
-		"the longest an HTTP request waits for etcd before a 503 with Retry-After (long polls: their wait more)")
+		"the longest an HTTP request waits for etcd before a 503 with Retry-After (long polls: their wait more); 100ms or more")
 	fl.Var(&f.lowWater, "low-water", "share of the quota in use under which they are accepted again; below --high-water")
 	fl.BoolVar(&f.storeGuard, "store-guard", true, "guard etcd's space: refuse new tasks and checkpoints past --high-water, and compact, defragment and disarm a NOSPACE alarm (of every member of an --etcd-endpoints cluster too)")
 	f.cluster.register(fl)
