@@ -36,10 +36,15 @@ func burstBatch(rng *rand.ChaCha8, b int) []queue.Task {
 // clock never ticks), then 6 submitters at once send 42 batches of 10
 // tasks of 45 KB of text (about 340 KB a batch once compressed: 14 MiB)
 // through a client whose KV admits (storeguard.NewKV), with no check in
-// between: every batch goes in or is refused with a StoreFullError, the
-// database stays near the high-water mark (70 %), etcd raises no NOSPACE
-// alarm and a lease is still granted. The next check sets the guard key:
-// the refused batches still do not fit once measured again.
+// between: every batch goes in or is refused with a StoreFullError. A
+// batch may have been refused only because writes finished less than
+// Settle before were not measured yet: measured, it may fit. So further
+// batches are sent one at a time, each followed by a check, until a check
+// sets the guard key (a refused batch still does not fit once measured
+// again, or the store is past the mark): at most 40, which fill more
+// than the quota. Then the database is near the high-water mark (70 %),
+// etcd has raised no NOSPACE alarm, a lease is still granted, and a
+// submission is refused.
 func TestGuardAdmitsBurst(t *testing.T) {
 	t.Parallel()
 	srv, raw := etcdtest.QuotaServer(t, 16<<20)
@@ -91,14 +96,27 @@ func TestGuardAdmitsBurst(t *testing.T) {
 		}()
 	}
 	wg.Wait()
+	if refused == 0 || in == 0 {
+		t.Fatalf("%d in, %d refused: want both", in, refused)
+	}
 	st, err := g.Check(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("%d batches in, %d refused; %.1f MiB of 16 in the database (%.1f in use)", in, refused, float64(st.Size)/(1<<20), float64(st.InUse)/(1<<20))
-	if refused == 0 || in == 0 {
-		t.Fatalf("%d in, %d refused: want both", in, refused)
+	extra := 0
+	for ; !st.Full; extra++ {
+		if extra == 40 {
+			t.Fatalf("40 more batches, each followed by a check, and the guard key is not set: %+v", st)
+		}
+		if _, err := q.Submit(ctx, "burst", burstBatch(rng, 100+extra), nil); err != nil && !errors.Is(err, drover.ErrStoreFull) {
+			t.Fatalf("batch %d after the burst: %v, want nil or ErrStoreFull", 100+extra, err)
+		}
+		if st, err = g.Check(ctx); err != nil {
+			t.Fatal(err)
+		}
 	}
+	t.Logf("burst: %d batches in, %d refused; %d more until the key was set; %.1f MiB of 16 in the database (%.1f in use)",
+		in, refused, extra, float64(st.Size)/(1<<20), float64(st.InUse)/(1<<20))
 	// Cost's estimate errs on the high side; a little past the mark would
 	// still be far from the quota.
 	if near := int64(16<<20) * 75 / 100; st.Size > near {
@@ -110,10 +128,7 @@ func TestGuardAdmitsBurst(t *testing.T) {
 	if _, err := raw.Grant(ctx, 5); err != nil {
 		t.Fatalf("lease grant after the burst: %v", err)
 	}
-	if !st.Full {
-		t.Fatalf("the check after refusals did not set the guard key: %+v", st)
-	}
-	if _, err := q.Submit(ctx, "burst", burstBatch(rng, 99), nil); !errors.Is(err, drover.ErrStoreFull) {
+	if _, err := q.Submit(ctx, "burst", burstBatch(rng, 199), nil); !errors.Is(err, drover.ErrStoreFull) {
 		t.Fatalf("submission once the key is set: %v", err)
 	}
 }

@@ -2,15 +2,12 @@ package httpapi
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/danielgtaylor/huma/v2"
-	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -19,9 +16,13 @@ type HealthBody struct {
 	Status string `json:"status" enum:"ok,unready" doc:"ok, or unready with the reasons"`
 	// Reasons say why the server is not ready.
 	Reasons []string `json:"reasons,omitempty"`
-	// StoreFull says whether etcd's database is past the high-water mark:
-	// submissions and checkpoints are refused, the rest works.
+	// StoreFull says whether etcd's database is past the high-water mark
+	// (submissions and checkpoints are refused, the rest works), or its
+	// NOSPACE alarm is raised (see Alarm).
 	StoreFull bool `json:"store_full"`
+	// Alarm says, while etcd's NOSPACE alarm is raised, what it stops and
+	// what to do.
+	Alarm string `json:"alarm,omitempty" doc:"set while etcd's NOSPACE alarm is raised: what it stops and what to do"`
 }
 
 type healthOutput struct {
@@ -36,12 +37,15 @@ func (s *Server) healthRoutes() {
 	}, func(ctx context.Context, _ *struct{}) (*healthOutput, error) {
 		return &healthOutput{Body: HealthBody{Status: "ok"}}, nil
 	})
+	alarms := &alarmReader{cli: s.cli, now: time.Now}
 	huma.Register(s.api, huma.Operation{
 		OperationID: "readyz", Method: http.MethodGet, Path: "/readyz", Tags: []string{"operations"},
-		Summary: "Readiness: etcd answers and the store is not full",
-		Description: "503 when etcd does not answer within 2 s, etcd's NOSPACE alarm is raised (every write that adds data is refused, " +
-			"lease grants included: the problem says store_full true), or the server's own check fails. A store past its high-water " +
-			"mark is still ready (locks and leases work) and says store_full.",
+		Summary: "Readiness: etcd answers",
+		Description: "503 when etcd does not answer within 2 s or the server's own check fails. A full store is still ready " +
+			"and says store_full true: past its high-water mark (submissions and checkpoints are refused), and while etcd's " +
+			"NOSPACE alarm is raised, which alarm then describes (lease grants are refused too, but keepalives, reads and " +
+			"deletions work: taking every server out of a load balancer would expire every session and leave no way to purge). " +
+			"The alarm is read from etcd's status, at most every 3 s.",
 		Metadata: map[string]any{"public": true},
 		Errors:   []int{http.StatusServiceUnavailable},
 	}, func(ctx context.Context, _ *struct{}) (*healthOutput, error) {
@@ -53,9 +57,8 @@ func (s *Server) healthRoutes() {
 			b.Reasons = append(b.Reasons, "etcd: "+err.Error())
 		} else {
 			b.StoreFull = full.Count > 0
-			if reason := s.noSpace(ctx); reason != "" {
+			if b.Alarm = alarms.noSpace(ctx); b.Alarm != "" {
 				b.StoreFull = true
-				b.Reasons = append(b.Reasons, reason)
 			}
 		}
 		if s.cfg.Ready != nil {
@@ -79,24 +82,59 @@ type unready struct {
 	StoreFull bool     `json:"store_full"`
 }
 
-// noSpace says why the server is not ready when etcd's NOSPACE alarm is
+// Bounds of /readyz's reading of etcd's alarms: how long a reading is
+// trusted, and how long one may take.
+const (
+	alarmTTL     = 3 * time.Second
+	alarmTimeout = time.Second
+)
+
+// alarmReader tells /readyz whether etcd's NOSPACE alarm is raised. It
+// reads the alarms from the status of one of the client's endpoints
+// (every member knows the cluster's alarms; a status is answered by the
+// member alone, where etcd's alarm list is a raft proposal), and keeps
+// the reading for alarmTTL, so that frequent probes cost etcd little.
+type alarmReader struct {
+	cli *clientv3.Client
+	now func() time.Time
+
+	mu     sync.Mutex
+	at     time.Time // of the last reading; zero: none
+	reason string
+}
+
+// noSpace says what etcd's NOSPACE alarm stops and what to do while it is
 // raised (by any member: it stops writes on all of them), "" when it is
-// not. The alarm list is etcd's own (what `etcdctl endpoint health`
-// asks), not the store guard's last reading. An etcd that lets this client
-// list no alarms (authentication without the right) is taken at its word
-// by the guard key alone; any other failure is a reason.
-func (s *Server) noSpace(ctx context.Context) string {
-	al, err := s.cli.AlarmList(ctx)
-	switch {
-	case errors.Is(err, rpctypes.ErrPermissionDenied), errors.Is(err, rpctypes.ErrUserEmpty):
-		return ""
-	case err != nil:
-		return "etcd: list alarms: " + err.Error()
+// not. When no endpoint answers in time it returns the last reading, and
+// reads again at the next call.
+func (r *alarmReader) noSpace(ctx context.Context) string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.at.IsZero() && r.now().Sub(r.at) < alarmTTL {
+		return r.reason
 	}
-	for _, a := range al.Alarms {
-		if a.Alarm == pb.AlarmType_NOSPACE {
-			return fmt.Sprintf("etcd's NOSPACE alarm is raised (member %x): every write that adds data is refused, lease grants and locks included; "+
-				"delete data (`drover tasks purge`, `drover dlq purge`): the store guard compacts, defragments and disarms it once usage is under the low-water mark", a.MemberID)
+	ctx, cancel := context.WithTimeout(ctx, alarmTimeout)
+	defer cancel()
+	for _, ep := range r.cli.Endpoints() {
+		sr, err := r.cli.Status(ctx, ep)
+		if err != nil {
+			continue
+		}
+		r.at, r.reason = r.now(), noSpaceReason(sr.Errors)
+		break
+	}
+	return r.reason
+}
+
+// noSpaceReason is what a status's errors say of the NOSPACE alarm, ""
+// when they do not raise it. etcd lists each raised alarm among them as
+// "memberID:<id> alarm:NOSPACE".
+func noSpaceReason(errs []string) string {
+	for _, e := range errs {
+		if strings.Contains(e, "NOSPACE") {
+			return "etcd's NOSPACE alarm is raised (" + strings.TrimSpace(e) + "): every write that adds data is refused, lease grants included " +
+				"(session keepalives, reads and deletions still work); delete data (`drover tasks purge`, `drover dlq purge`): " +
+				"the store guard compacts, defragments and disarms it once usage is under the low-water mark"
 		}
 	}
 	return ""

@@ -34,6 +34,12 @@ type contractStep struct {
 	ct   string
 	key  string // Idempotency-Key
 	want int
+	// hold, instead of a request, has lock hold taken by a holder named
+	// "agent-s" that owner and token do not prove: on drover server a
+	// session of that name (a session's lock is proved by its session
+	// and contender), on the node the owner agent-s, whose token the
+	// target then keeps one above the holding's.
+	hold string
 }
 
 // lockContract is the lock service's contract: the Paxos node's answers,
@@ -84,6 +90,17 @@ var lockContract = []contractStep{
 	{method: "GET", path: "/locks/seed-3", want: 200},
 	{method: "POST", path: "/locks/seed-4", body: `{"owner":"w","ttl":30}`, key: "has space", want: 400},
 	{method: "POST", path: "/locks/a%20b", body: `{"owner":"w","ttl":30}`, want: 400},
+	// A request sent again with its Idempotency-Key gets the same grant.
+	{method: "POST", path: "/locks/seed-5", body: `{"owner":"worker-7","ttl":30}`, key: "acquire-5", want: 200},
+	{method: "POST", path: "/locks/seed-5", body: `{"owner":"worker-7","ttl":30}`, key: "acquire-5", want: 200},
+	{method: "POST", path: "/locks/seed-5", body: `{"owner":"worker-7","ttl":30}`, key: "acquire-6", want: 409},
+	// A session's lock shows its session's name as owner, and its token,
+	// to anyone: they do not prove its holding, so they neither renew
+	// nor release it.
+	{hold: "seed-6"},
+	{method: "POST", path: "/locks/seed-6/renew", body: `{"owner":"agent-s","token":{token},"ttl":3600}`, want: 409},
+	{method: "DELETE", path: "/locks/seed-6", body: `{"owner":"agent-s","token":{token}}`, want: 409},
+	{method: "GET", path: "/locks/seed-6", want: 200},
 }
 
 // TestLockServiceContract runs the lock service's contract against a
@@ -99,6 +116,12 @@ func TestLockServiceContract(t *testing.T) {
 	}
 	hc := &http.Client{Timeout: 30 * time.Second}
 	for i, st := range lockContract {
+		if st.hold != "" {
+			for _, tg := range targets {
+				tg.holdFor(t, hc, st.hold)
+			}
+			continue
+		}
 		var got [2]any
 		for j, tg := range targets {
 			status, body := tg.send(t, hc, st)
@@ -153,6 +176,38 @@ func (tg *lockTarget) send(t *testing.T, hc *http.Client, st contractStep) (int,
 		tg.token = strconv.FormatUint(ok.Token, 10)
 	}
 	return resp.StatusCode, body
+}
+
+// holdFor has lock name taken by a holder named agent-s whom owner and
+// token do not prove (see contractStep.hold).
+func (tg *lockTarget) holdFor(t *testing.T, hc *http.Client, name string) {
+	t.Helper()
+	post := func(path, body string) map[string]any {
+		req, err := http.NewRequest("POST", tg.base+path, strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header = tg.hdr.Clone()
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var out map[string]any
+		if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || resp.StatusCode/100 != 2 {
+			t.Fatalf("POST %s on %s: %d %v %v", path, tg.name, resp.StatusCode, out, err)
+		}
+		return out
+	}
+	if tg.name == "paxos" {
+		tok := post("/locks/"+name, `{"owner":"agent-s","ttl":30}`)["token"].(float64)
+		tg.token = strconv.FormatUint(uint64(tok)+1, 10)
+		return
+	}
+	sid := post("/v1/sessions", `{"ttl":30,"name":"agent-s"}`)["id"].(string)
+	tok := post("/v1/locks/"+name, `{"session":"`+sid+`"}`)["token"].(float64)
+	tg.token = strconv.FormatUint(uint64(tok), 10)
 }
 
 // normalize decodes body with each backend's own numbers (token, times,

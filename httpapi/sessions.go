@@ -360,15 +360,12 @@ func sessionGone(id, ns string) *Problem {
 // leaseHexOf is the lease part of a session id, which keys the cache.
 func leaseHexOf(id string) string { h, _, _ := strings.Cut(id, "."); return h }
 
-// cleanupTimeout bounds a cleanup a request does once its work failed
-// (revoking the lease it granted, releasing what it claimed): it runs even
-// when the request's own context has ended, and must not keep the request
-// much longer than its bound when etcd does not answer. What a cleanup
+// cleanupContext is the context of a cleanup a request does once its work
+// failed (revoking the lease it granted, releasing what it claimed): not
+// cancelled with ctx, since it runs when the request's own context has
+// ended, and bounded by cleanupTimeout, so that an etcd that does not
+// answer keeps the request little longer than its bound. What a cleanup
 // leaves undone ends with its lease's TTL.
-const cleanupTimeout = 2 * time.Second
-
-// cleanupContext is the context of a cleanup after ctx's work: not
-// cancelled with ctx, and bounded by cleanupTimeout.
 func cleanupContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 }

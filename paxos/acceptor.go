@@ -48,12 +48,16 @@ func (n *Node) onPrepare(m Message, now time.Time) error {
 		n.stepDown(now)
 	}
 	// The candidate may be about to lead: stop forwarding to a deposed
-	// leader, and end a vote of our own before a campaign (the majority let
-	// this campaign start). The election timer is not restarted: only a
-	// live leader's heartbeat or Accept does that, so a candidate that
-	// never wins (one that cannot hear the answers) does not hold the
-	// others back.
-	n.hasLeader, n.pre = false, nil
+	// leader (unless the candidate is that leader, running phase 1 again:
+	// it is still the leader this node hears), and end a vote of our own
+	// before a campaign (the majority let this campaign start). The
+	// election timer is not restarted: only a live leader's heartbeat or
+	// Accept does that, so a candidate that never wins (one that cannot
+	// hear the answers) does not hold the others back.
+	if m.From != n.leader {
+		n.hasLeader = false
+	}
+	n.pre = nil
 	n.send(Message{
 		Type: MsgPromise, To: m.From, Ballot: m.Ballot,
 		// Entries at or below the snapshot (kept for catch-ups) are of no
@@ -78,7 +82,7 @@ func (n *Node) onPrePrepare(m Message, now time.Time) {
 		return
 	}
 	t := MsgPrePromise
-	if n.hearsLeader(m.From) {
+	if n.hearsLeader(m.From, now) {
 		t = MsgNack
 		n.log.Debug("refused a vote before a campaign: the leader is heard", "from", m.From, "leader", n.leader)
 	}

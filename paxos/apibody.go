@@ -65,15 +65,65 @@ func checkOwner(owner string, body []byte) string {
 // surrogate) rather than one that raw spelled: encoding/json replaces
 // those silently, so a request must be checked against its raw text.
 func ReplacedInvalidText(decoded string, raw []byte) bool {
-	n := strings.Count(decoded, string(utf8.RuneError))
-	if n == 0 {
+	if !strings.ContainsRune(decoded, utf8.RuneError) {
 		return false
 	}
-	if !utf8.Valid(raw) {
-		return true
+	return !utf8.Valid(raw) || loneSurrogateEscape(raw)
+}
+
+// loneSurrogateEscape reports whether the JSON string raw holds a \u
+// escape of a surrogate that is not half of a pair (a high one followed
+// by an escaped low one), reading its escapes in order: "\\ud800" is a
+// backslash and text, not an escape.
+func loneSurrogateEscape(raw []byte) bool {
+	for i := 0; i < len(raw); i++ {
+		if raw[i] != '\\' {
+			continue
+		}
+		if i+1 >= len(raw) || raw[i+1] != 'u' {
+			i++ // a two-byte escape: \\, \", \n...
+			continue
+		}
+		r, ok := hex4(raw, i+2)
+		if !ok {
+			i++
+			continue
+		}
+		i += 5 // the last byte of \uXXXX
+		switch {
+		case r < 0xd800 || r > 0xdfff:
+		case r >= 0xdc00:
+			return true // a low surrogate first
+		default:
+			lo, ok := hex4(raw, i+3)
+			if i+2 >= len(raw) || raw[i+1] != '\\' || raw[i+2] != 'u' || !ok || lo < 0xdc00 || lo > 0xdfff {
+				return true
+			}
+			i += 6
+		}
 	}
-	spelled := bytes.Count(raw, []byte(string(utf8.RuneError))) + bytes.Count(bytes.ToLower(raw), []byte(`\ufffd`))
-	return n > spelled
+	return false
+}
+
+// hex4 decodes the 4 hex digits at raw[at:].
+func hex4(raw []byte, at int) (rune, bool) {
+	if at < 0 || at+4 > len(raw) {
+		return 0, false
+	}
+	var r rune
+	for _, c := range raw[at : at+4] {
+		switch {
+		case c >= '0' && c <= '9':
+			r = r<<4 | rune(c-'0')
+		case c >= 'a' && c <= 'f':
+			r = r<<4 | rune(c-'a'+10)
+		case c >= 'A' && c <= 'F':
+			r = r<<4 | rune(c-'A'+10)
+		default:
+			return 0, false
+		}
+	}
+	return r, true
 }
 
 // checkHolder compacts the holder object, or says what is wrong with it.

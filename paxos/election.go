@@ -13,7 +13,9 @@ import (
 // accepted value with the highest ballot among the promises, or a no-op.
 // A candidate or leader that meets a higher ballot (a Nack, a Prepare, an
 // Accept or a heartbeat) steps down and waits a new random time before it
-// competes again, so two proposers do not keep pre-empting each other.
+// competes again, so two proposers do not keep pre-empting each other;
+// but a leader that hears a majority runs phase 1 again on a Nack (see
+// onNack).
 //
 // The vote before a campaign (Raft's pre-vote with its leader stickiness,
 // as etcd-io/raft does them) keeps a node that rejoins (restarted, or back
@@ -22,12 +24,14 @@ import (
 // Prepare with a higher ballot would be promised and end the leader's
 // ballot. So the timer starts a round instead: PrePrepare{Slot: commit+1,
 // Commit, Seq: the round} to the members, each answering PrePromise{Seq}
-// unless it hears a leader other than the asker (it leads, or it handled
+// unless it hears a leader other than the asker (it leads with writes
+// that progress, or it handled
 // a message of its leader within T, counted in its own ticks so that a
 // member whose loop was held up does not take that for the leader's
 // silence: see leaseTicks), else Nack{Ballot: its promise, Commit, Seq},
 // from which a node behind catches up. The node campaigns once a majority
-// of the configuration, itself included, granted a round. A round writes
+// of the configuration, itself included, granted a round, and it has
+// caught up to the commits the grants carried. A round writes
 // nothing and raises no ballot, so refused rounds cost the group nothing;
 // the round goes again each tick to the members that have not granted it
 // (a leader that really failed is replaced as soon as a majority's leases
@@ -40,10 +44,10 @@ import (
 // others from ever electing a leader that can commit. A Prepare never
 // restarts an election timer (only a live leader's heartbeat or Accept
 // does), so a candidate that cannot win does not hold the others back.
-// And a campaign that no other node answered is not followed by one with
-// a higher ballot, only by the same Prepare again: a candidate that hears
-// nothing would otherwise climb above every ballot and depose each leader
-// the others elect.
+// And a campaign not won within an election timeout is given up for a
+// new vote, never followed by a higher ballot directly: a candidate that
+// hears nothing would otherwise climb above every ballot and depose each
+// leader the others elect.
 
 // candidate is the state of a campaign.
 type candidate struct {
@@ -55,6 +59,9 @@ type candidate struct {
 	behindTo uint64
 	// heard is set when another node promised this ballot.
 	heard bool
+	// rerun is set when a leader runs phase 1 again (onNack): it still
+	// refuses the votes before a campaign, as the leader it was.
+	rerun bool
 }
 
 // preVote is a round of the vote before a campaign: the members that
@@ -62,6 +69,9 @@ type candidate struct {
 type preVote struct {
 	seq     uint64
 	granted map[NodeID]bool
+	// behindTo is the highest commit a grant carried past ours: the
+	// campaign waits until this node has caught up to it.
+	behindTo uint64
 }
 
 // resetElection restarts the election timer with a random wait in [T, 2T).
@@ -104,15 +114,17 @@ func (n *Node) campaign(now time.Time) error {
 }
 
 // electionTimeout runs when the election timer fires: a new round of the
-// vote before a campaign, unless the current campaign was answered by
-// nobody. Then the same Prepare goes out again (the ballot was never led
-// with, so reusing it is safe): a higher one would only climb above the
-// ballots of nodes that can hear each other.
+// vote before a campaign. A campaign still under way (nobody answered it,
+// or too few did) is given up first: the node goes back to follower and
+// keeps its promise. Repeating its Prepare instead would skip the vote,
+// and a candidate ignores the heartbeats of a leader below its ballot,
+// so a node cut off after its promise to itself would neither follow the
+// leader the others elected meanwhile nor ask them first.
 func (n *Node) electionTimeout(now time.Time) error {
-	if c := n.cand; c != nil && !c.heard {
-		n.resetElection(now)
-		n.repeatPrepares()
-		return nil
+	if c := n.cand; c != nil {
+		n.log.Debug("campaign not won within an election timeout: asking for a vote again",
+			"ballot", c.ballot, "answered", c.heard)
+		n.role, n.cand = roleFollower, nil
 	}
 	return n.preCampaign(now)
 }
@@ -132,28 +144,47 @@ func (n *Node) preCampaign(now time.Time) error {
 // repeatPrePrepares sends the round's PrePrepare to the members that have
 // not granted it (it may have been lost, or refused while their lease of
 // a leader ran).
+// It carries the promise, so that no peer reads it as "no state" (see
+// ProbeGroup).
 func (n *Node) repeatPrePrepares() {
 	for _, p := range n.conf.peers {
 		if !n.pre.granted[p.ID] {
-			n.send(Message{Type: MsgPrePrepare, To: p.ID, Slot: n.commit + 1, Commit: n.commit, Seq: n.pre.seq})
+			n.send(Message{Type: MsgPrePrepare, To: p.ID, Ballot: n.promised, Slot: n.commit + 1, Commit: n.commit, Seq: n.pre.seq})
 		}
 	}
 }
 
-// onPrePromise counts a member's grant of the current round.
+// onPrePromise counts a member's grant of the current round. A grant
+// from a member whose commit is past ours holds the campaign until this
+// node has caught up to it: the entries it lacks may change the
+// configuration whose majority must grant the round.
 func (n *Node) onPrePromise(m Message, now time.Time) error {
 	if n.pre == nil || m.Seq != n.pre.seq || !n.conf.has(m.From) {
 		return nil // a late or duplicated grant
 	}
 	n.pre.granted[m.From] = true
+	if m.Commit > n.commit {
+		n.pre.behindTo = max(n.pre.behindTo, m.Commit)
+		n.requestCatchUp(m.From, now)
+	}
 	return n.tryPreVote(now)
 }
 
 // tryPreVote campaigns once a majority of the configuration granted the
-// round.
+// round, and this node has caught up to the commits the grants carried
+// (the configuration is then the one they chose). A removed node, or one
+// no longer a member, ends the round.
 func (n *Node) tryPreVote(now time.Time) error {
 	pre := n.pre
-	if !n.conf.majority(func(id NodeID) bool { return pre.granted[id] }) {
+	switch {
+	case pre == nil:
+		return nil
+	case n.role != roleFollower || !n.conf.has(n.cfg.ID):
+		n.pre = nil
+		return nil
+	case n.commit < pre.behindTo:
+		return nil // onCatchUpReply or the next tick comes back here
+	case !n.conf.majority(func(id NodeID) bool { return pre.granted[id] }):
 		return nil
 	}
 	n.pre = nil
@@ -170,13 +201,16 @@ func (n *Node) leaseTicks() uint64 {
 }
 
 // hearsLeader reports whether this node hears a leader other than from,
-// and so refuses from's vote before a campaign: it leads (a leader that
-// hears no majority steps down, see quorumLost), or it handled a message
-// of its leader within the last leaseTicks ticks.
-func (n *Node) hearsLeader(from NodeID) bool {
+// and so refuses from's vote before a campaign: it leads and its own
+// writes are not stuck (a leader that hears no majority steps down, see
+// quorumLost; one whose disk has been stuck for T commits nothing of its
+// own and lets the others ask) or runs phase 1 again as a leader, or it
+// handled a message of its leader within the last leaseTicks ticks (a
+// Prepare of that leader running phase 1 again keeps it the leader).
+func (n *Node) hearsLeader(from NodeID, now time.Time) bool {
 	switch {
-	case n.role == roleLeader:
-		return true
+	case n.role == roleLeader || (n.cand != nil && n.cand.rerun):
+		return !n.writesStuck(now, n.cfg.ElectionTimeout)
 	case n.role != roleFollower || !n.hasLeader || n.leader == from:
 		return false
 	}
@@ -272,19 +306,38 @@ func (n *Node) recoverSlots() (map[uint64]Entry, uint64) {
 	return vals, top
 }
 
-// onNack: a higher ballot exists. A proposer below it steps down. A Nack
+// onNack: a higher ballot exists. A proposer below it steps down, but
+// for a leader that heard from a majority of its configuration within T:
+// that one runs phase 1 again at once with a ballot above it (the Nack
+// most likely comes from one member whose promise went past the ballot,
+// say a node that promised itself a campaign and was cut off before any
+// other answered, and which will otherwise refuse every Accept). A Nack
 // from a node ahead of us also tells us to catch up.
-func (n *Node) onNack(m Message, now time.Time) {
+func (n *Node) onNack(m Message, now time.Time) error {
 	if m.Commit > n.commit && n.role != roleLeader {
 		n.requestCatchUp(m.From, now)
 	}
 	if !n.conf.has(m.From) {
-		return
+		return nil
 	}
-	if (n.role == roleLeader || n.role == roleCandidate) && n.proposerBallot().Less(m.Ballot) {
-		n.log.Debug("pre-empted", "ballot", n.proposerBallot(), "by", m.Ballot)
-		n.stepDown(now)
+	if (n.role != roleLeader && n.role != roleCandidate) || !n.proposerBallot().Less(m.Ballot) {
+		return nil
 	}
+	if n.role == roleLeader && n.heardMajority(now, n.cfg.ElectionTimeout) {
+		n.log.Info("a member promised a higher ballot: running phase 1 again", "ballot", n.lead.ballot,
+			"by", m.Ballot, "from", m.From)
+		n.maxRound = max(n.maxRound, m.Ballot.Round)
+		if err := n.campaign(now); err != nil {
+			return err
+		}
+		if n.cand != nil {
+			n.cand.rerun = true
+		}
+		return nil
+	}
+	n.log.Debug("pre-empted", "ballot", n.proposerBallot(), "by", m.Ballot)
+	n.stepDown(now)
+	return nil
 }
 
 // stepDown makes a leader or candidate a follower that waits a random

@@ -84,9 +84,13 @@ func (r ProbeReport) HasState() []PeerState {
 // ProbeGroup asks the other peers, over the node's transport and before
 // the node starts, whether the group already has state: it sends each a
 // catch-up request past any log (answered with the peer's commit and
-// promise and nothing else), and takes any message from a peer as its
-// answer (a heartbeat or a Prepare carries a ballot). A peer that is
-// probing too answers that it has nothing. It returns once a peer reports
+// promise and nothing else). Only that reply, or the same request from a
+// peer probing too (a founder on a new data dir), can say a peer has no
+// state; any other message from a peer counts only when it shows state
+// (a commit or a ballot: a heartbeat, a Prepare or an Accept carries its
+// ballot, a PrePrepare the sender's promise), since one that shows none
+// need not mean none (a message queued for this node while it was down,
+// say). A peer that is probing too answers that it has nothing. It returns once a peer reports
 // state (with an error matching ErrGroupHasState), once enough peers
 // answered without any (Needed), or when Wait or ctx ends: then the
 // group is taken as new, as far as the peers that answered can tell, and
@@ -156,7 +160,8 @@ func probeTake(cfg ProbeConfig, m Message, answered map[NodeID]PeerState, rep *P
 	}
 	st := PeerState{ID: m.From, Commit: m.Commit, Ballot: m.Ballot}
 	old, seen := answered[m.From]
-	if seen && st.Commit == 0 && st.Ballot.IsZero() {
+	probe := m.Type == MsgCatchUp && m.Slot == math.MaxUint64 // a founder's
+	if st.Commit == 0 && st.Ballot.IsZero() && (seen || (m.Type != MsgCatchUpReply && !probe)) {
 		return
 	}
 	answered[m.From] = st

@@ -91,3 +91,37 @@ func TestProbeWithPeersDownGoesOn(t *testing.T) {
 		t.Fatalf("probe with every peer down: %+v, %v", rep, err)
 	}
 }
+
+// TestProbeTakesNoStateOnlyFromAReply: messages the peers sent this node
+// before its probe (queued for it while it was down) may show no state
+// without meaning none: a PrePrepare of an older build carries no ballot.
+// Only a peer's reply to the probe may say it has nothing; here peer 1's
+// says it has a promise, and the probe refuses.
+func TestProbeTakesNoStateOnlyFromAReply(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	net := NewMemNetwork()
+	defer net.Close()
+	peers := []Peer{{ID: 0}, {ID: 1}, {ID: 2}}
+	tr := net.Transport(0)
+	for _, from := range []NodeID{1, 2} {
+		if err := net.Transport(from).Send(Message{Type: MsgPrePrepare, Group: "g", From: from, To: 0, Slot: 1, Seq: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	promise := Ballot{Round: 3, Node: 1}
+	go func() {
+		for m := range net.Transport(1).Recv() {
+			if m.Type == MsgCatchUp {
+				_ = net.Transport(1).Send(Message{Type: MsgCatchUpReply, Group: "g", From: 1, To: 0, Ballot: promise})
+				return
+			}
+		}
+	}()
+	rep, err := ProbeGroup(context.Background(), ProbeConfig{ID: 0, Group: "g", Peers: peers, Transport: tr})
+	if !errors.Is(err, ErrGroupHasState) {
+		t.Fatalf("probe with a peer's promise behind queued PrePrepares: %+v, %v", rep, err)
+	}
+	if has := rep.HasState(); len(has) != 1 || has[0].ID != 1 || has[0].Ballot != promise {
+		t.Fatalf("the probe found state at %+v, want node 1's promise %v", has, promise)
+	}
+}

@@ -284,7 +284,8 @@ func (n *Node) leaderTick(now time.Time, gap time.Duration) {
 func (n *Node) quorumWindow() time.Duration { return 2 * n.cfg.ElectionTimeout }
 
 // quorumLost reports whether a majority of the configuration (this node
-// included) has gone unheard (no Accepted, no heartbeat ack) for
+// included, unless its own writes are stuck: see heardMajority) has gone
+// unheard (no Accepted, no heartbeat ack) for
 // quorumWindow. Such a leader commits nothing; if the others still hear
 // its heartbeats (a one-way failure) they never elect another, so it must
 // step down. A long gap since the last tick (this loop stalled: the
@@ -303,10 +304,15 @@ func (n *Node) quorumLost(now time.Time, gap time.Duration) bool {
 }
 
 // heardMajority reports whether the leader heard a majority of the
-// configuration (itself included) within d.
+// configuration within d. It counts itself only if its own writes made
+// progress within d (or none are pending): a leader whose disk is stuck
+// is no acceptor the majority can count on.
 func (n *Node) heardMajority(now time.Time, d time.Duration) bool {
 	return n.conf.majority(func(id NodeID) bool {
-		return id == n.cfg.ID || now.Sub(n.lead.seen[id]) < d
+		if id == n.cfg.ID {
+			return !n.writesStuck(now, d)
+		}
+		return now.Sub(n.lead.seen[id]) < d
 	})
 }
 

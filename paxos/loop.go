@@ -136,7 +136,7 @@ func (n *Node) step(m Message) error {
 	case MsgAccepted:
 		n.onAccepted(m, now)
 	case MsgNack:
-		n.onNack(m, now)
+		return n.onNack(m, now)
 	case MsgHeartbeat:
 		n.onHeartbeat(m, now)
 	case MsgHeartbeatAck:
@@ -227,6 +227,9 @@ func (n *Node) persist() {
 // job carries the commit as of its round: every entry at or below it is
 // in this job or an earlier one.
 func (n *Node) submit(j writeJob) {
+	if n.durableSeq == n.lastSeq {
+		n.writeWait = time.Now() // the first write pending
+	}
 	n.lastSeq++
 	j.seq = n.lastSeq
 	n.wr.submit(j)
@@ -259,9 +262,18 @@ func (n *Node) onDurable() error {
 	if err != nil {
 		return err
 	}
+	if durable > n.durableSeq {
+		n.writeWait = time.Now() // progress: the rest wait from now
+	}
 	n.durableSeq = durable
 	n.release()
 	return nil
+}
+
+// writesStuck reports whether writes are pending and none became durable
+// for d: this node's disk has stalled.
+func (n *Node) writesStuck(now time.Time, d time.Duration) bool {
+	return n.durableSeq < n.lastSeq && now.Sub(n.writeWait) >= d
 }
 
 // sync persists what was accepted and waits until every write submitted

@@ -181,7 +181,7 @@ func (n *Node) becomeRemoved() {
 	}
 	n.log.Info("this node was removed from the group")
 	n.role = roleRemoved
-	n.lead, n.cand = nil, nil
+	n.lead, n.cand, n.pre = nil, nil, nil
 	n.hasLeader = false
 	n.failWaits(ErrRemoved)
 }

@@ -204,10 +204,12 @@ type Node struct {
 	promiseDirt bool      // promised raised in memory by an Accept
 	outbox      []Message // the round's replies that wait for its write
 	// The writer (writer.go), created by run: the last job submitted, the
-	// last it reported durable, and the replies held for writes.
+	// last it reported durable, since when the writes pending have made
+	// no progress (writesStuck), and the replies held for writes.
 	wr         *writer
 	lastSeq    uint64
 	durableSeq uint64
+	writeWait  time.Time
 	held       []heldReplies
 	forwards   map[NodeID][]Command
 

@@ -17,8 +17,9 @@ const steadyElectionTimeout = 300 * time.Millisecond
 // sender sends it (a leader's heartbeats not reaching a restarted node
 // while its connection comes back, the others' reaching it). It records
 // the rounds of the campaign refusals it got (the Seq of each Nack that
-// answers one, by sender) and the rounds of the vote before a campaign
-// its node sent.
+// answers one, by sender), the rounds of the vote before a campaign its
+// node sent, how many of those PrePrepares carried no ballot, and how
+// many messages of each type it sent.
 type rejoinTransport struct {
 	Transport
 	mu       sync.Mutex
@@ -26,22 +27,43 @@ type rejoinTransport struct {
 	deafTo   NodeID
 	refusals map[NodeID]map[uint64]bool
 	asked    map[uint64]bool
+	noBallot int
+	sends    map[MsgType]int
 	out      chan Message
 	once     sync.Once
 }
 
 func newRejoinTransport(tr Transport) *rejoinTransport {
-	return &rejoinTransport{Transport: tr, refusals: map[NodeID]map[uint64]bool{}, asked: map[uint64]bool{}}
+	return &rejoinTransport{Transport: tr, refusals: map[NodeID]map[uint64]bool{}, asked: map[uint64]bool{}, sends: map[MsgType]int{}}
 }
 
-// Send records a PrePrepare's round and sends m.
+// Send counts m, records a PrePrepare's round, and sends m.
 func (r *rejoinTransport) Send(m Message) error {
+	r.mu.Lock()
+	r.sends[m.Type]++
 	if m.Type == MsgPrePrepare {
-		r.mu.Lock()
 		r.asked[m.Seq] = true
-		r.mu.Unlock()
+		if m.Ballot.IsZero() {
+			r.noBallot++
+		}
 	}
+	r.mu.Unlock()
 	return r.Transport.Send(m)
+}
+
+// sent is how many Prepares, and PrePrepares without a ballot, its node
+// sent.
+func (r *rejoinTransport) sent() (prepares, noBallot int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.sends[MsgPrepare], r.noBallot
+}
+
+// sentOf is how many messages of type t its node sent.
+func (r *rejoinTransport) sentOf(t MsgType) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.sends[t]
 }
 
 // rounds is how many rounds of the vote before a campaign its node sent.
@@ -180,9 +202,11 @@ func TestRestartedLeaderDoesNotDepose(t *testing.T) {
 // TestIsolatedFollowerRejoinsQuietly: a follower cut off from the group
 // hears no leader, and its timer fires again and again; its rounds of the
 // vote before a campaign reach nobody, so it raises no ballot and starts
-// no campaign. When the partition heals the others, who hear the leader,
-// refuse it until the leader's heartbeat reaches it: the leader keeps its
-// ballot and the follower follows it.
+// no campaign. When the partition heals, the leader's heartbeats still do
+// not reach it for a while (its connection to the leader comes back
+// last): the other follower, which hears the leader, refuses its rounds,
+// and the leader keeps its ballot. Once the heartbeats reach it, it
+// follows the leader. Its PrePrepares carry its promise throughout.
 func TestIsolatedFollowerRejoinsQuietly(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	var mu sync.Mutex
@@ -219,7 +243,22 @@ func TestIsolatedFollowerRejoinsQuietly(t *testing.T) {
 	}
 	c.mustPropose(lead.cfg.ID, Command{Op: OpAcquire, Lock: "meanwhile", Owner: "o", TTL: 600000})
 
+	ep.deafen(lead.cfg.ID, true)
 	c.net.Heal()
+	other := 3 - id - lead.cfg.ID
+	for guard := time.Now().Add(30 * time.Second); ep.refused(other) < rounds; time.Sleep(2 * time.Millisecond) {
+		if s := lead.Status(); s.Role != "leader" || s.Ballot != ballot {
+			t.Fatalf("the healed follower deposed the leader: node %d is now %s at %v (was leader at %v); follower: %+v",
+				lead.cfg.ID, s.Role, s.Ballot, ballot, f.Status())
+		}
+		if time.Now().After(guard) {
+			t.Fatalf("node %d refused %d rounds of the healed follower in 30 s, want %d", other, ep.refused(other), rounds)
+		}
+	}
+	if s := f.Status(); s.Ballot != promised || s.ElectionsStarted != 0 {
+		t.Fatalf("the healed follower campaigned: %+v (its promise was %v)", s, promised)
+	}
+	ep.deafen(lead.cfg.ID, false)
 	waitStatus(t, f, 10*time.Second, "following the leader", func(s NodeStatus) bool {
 		return s.HasLeader && s.Leader == lead.cfg.ID
 	})
@@ -233,6 +272,9 @@ func TestIsolatedFollowerRejoinsQuietly(t *testing.T) {
 	}
 	if s := f.Status(); s.ElectionsStarted != 0 {
 		t.Fatalf("the healed follower started %d campaigns", s.ElectionsStarted)
+	}
+	if _, bare := ep.sent(); bare != 0 {
+		t.Fatalf("the follower sent %d PrePrepares without its promise", bare)
 	}
 	c.stopAndCompare()
 }

@@ -135,7 +135,9 @@ func (n *Node) followerTick(now time.Time, gap time.Duration) error {
 		if n.pre != nil && n.conf.has(n.cfg.ID) {
 			n.repeatPrePrepares()
 		}
-		return nil
+		// A granted round held for a catch-up that has ended campaigns
+		// now; a removed node's round ends.
+		return n.tryPreVote(now)
 	}
 	waiting := len(n.tr.Recv())
 	if err := n.drain(n.tr.Recv()); err != nil {

@@ -145,7 +145,7 @@ func TestSubmitYieldsWhileStoreFull(t *testing.T) {
 	}
 	var logs etcdtest.LogBuffer
 	startGuard(t, es, cli, &logs, ns)
-	ctx, cancel := context.WithTimeout(context.Background(), 55*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
 	defer cancel()
 	const q = "fill"
 	rng := rand.New(rand.NewPCG(1, 2))
@@ -356,7 +356,7 @@ func TestSubmitAfterNOSPACE(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 55*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
 	defer cancel()
 	const q = "fill"
 	rng := rand.New(rand.NewPCG(3, 4))

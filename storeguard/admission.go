@@ -15,8 +15,9 @@ import (
 const Settle = 250 * time.Millisecond
 
 // maxDone bounds the completions an [Admission] remembers between two
-// measurements; forgetting the oldest only makes it count more, never
-// less.
+// measurements. Past it the two oldest are merged into one that finished
+// as late as the later and counts only what the earlier did: a
+// measurement then counts fewer writes as settled, never more.
 const maxDone = 4096
 
 // Admission reserves what each data-plane write will add to etcd's
@@ -45,7 +46,7 @@ type Admission struct {
 	total    int64 // bytes reserved and not given back, since the start
 	inflight int64 // bytes reserved by writes not finished yet
 	done     []completion
-	floor    int64 // settled bytes of the newest completion forgotten
+	floor    int64 // settled bytes of the newest completion a Mark passed
 	members  map[string]measure
 	kicked   bool
 	kicks    []chan struct{}
@@ -74,7 +75,7 @@ type completion struct {
 
 // Mark is the state of an [Admission] when a measurement begins.
 type Mark struct {
-	at      time.Time
+	base    int64 // reserved bytes of the writes finished Settle before it
 	refusal int64
 }
 
@@ -95,7 +96,7 @@ func (a *Admission) Fits(n int64) (usage int64, fits bool) {
 	for _, m := range a.members {
 		u := m.size + max(a.total-m.base, 0) + n
 		usage = max(usage, u)
-		if (m.full && n > 0) || u-m.size > m.headroom {
+		if n > 0 && (m.full || u-m.size > m.headroom) {
 			fits = false
 		}
 	}
@@ -121,13 +122,14 @@ type Reservation struct {
 }
 
 // Reserve admits a write that adds n bytes, or refuses it with a
-// *drover.StoreFullError when n does not fit the headroom left.
+// *drover.StoreFullError when n does not fit the headroom left. A write
+// that adds nothing (n <= 0) is always admitted.
 func (a *Admission) Reserve(n int64) (*Reservation, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	for _, m := range a.members {
 		used := a.total - m.base
-		if (m.full && n > 0) || used+n > m.headroom {
+		if n > 0 && (m.full || used+n > m.headroom) {
 			a.refused++
 			a.kick()
 			usage := m.size
@@ -152,8 +154,9 @@ func (a *Admission) Reserve(n int64) (*Reservation, error) {
 	return &Reservation{a: a, n: n}, nil
 }
 
-// Done ends the reservation: written says whether the write took place;
-// a write that did not gives its bytes back. A second Done does nothing.
+// Done ends the reservation: written says whether the write may have
+// taken place; a write that certainly did not gives its bytes back. A
+// second Done does nothing.
 func (r *Reservation) Done(written bool) {
 	a := r.a
 	a.mu.Lock()
@@ -169,7 +172,9 @@ func (r *Reservation) Done(written bool) {
 	}
 	a.done = append(a.done, completion{at: a.now(), settled: a.total - a.inflight})
 	if len(a.done) > maxDone {
-		a.floor = a.done[0].settled
+		// Merge the two oldest: settled no sooner than the later one
+		// finished, counting only what the earlier one did.
+		a.done[1].settled = a.done[0].settled
 		a.done = a.done[1:]
 	}
 }
@@ -196,11 +201,28 @@ func (a *Admission) Kicks() <-chan struct{} {
 }
 
 // Mark notes that a measurement begins; pass it to Refresh with what was
-// measured.
+// measured. It takes as counted by the measurement the writes that
+// finished at least [Settle] before now, all of which are known now, so
+// that each measurement counts what was settled when it began, whichever
+// member's measurement is refreshed first.
 func (a *Admission) Mark() Mark {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	m := Mark{at: a.now(), refusal: a.refusal}
+	base, n := a.floor, 0
+	settled := a.now().Add(-Settle)
+	for _, c := range a.done {
+		if c.at.After(settled) {
+			break
+		}
+		base, n = c.settled, n+1
+	}
+	// Marks to come begin later: they count at least these completions,
+	// whose figure the floor keeps.
+	if n > 0 {
+		a.floor = base
+		a.done = append(a.done[:0], a.done[n:]...)
+	}
+	m := Mark{base: base, refusal: a.refusal}
 	a.refusal = 0
 	return m
 }
@@ -214,20 +236,7 @@ func (a *Admission) Mark() Mark {
 func (a *Admission) Refresh(member string, m Mark, size, quota int64, high, low float64, full bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	base, n := a.floor, 0
-	for _, c := range a.done {
-		if c.at.After(m.at.Add(-Settle)) {
-			break
-		}
-		base, n = c.settled, n+1
-	}
-	// Completions older than the last one counted serve no measurement to
-	// come (they begin later); keep that one's figure as the floor.
-	if n > 0 {
-		a.floor = base
-		a.done = append(a.done[:0], a.done[n:]...)
-	}
-	a.members[member] = measure{headroom: int64(high*float64(quota)) - size, full: full, base: base, size: size, quota: quota, high: high, low: low}
+	a.members[member] = measure{headroom: int64(high*float64(quota)) - size, full: full, base: m.base, size: size, quota: quota, high: high, low: low}
 	a.kicked = false
 }
 

@@ -257,3 +257,83 @@ func TestNewKV(t *testing.T) {
 		t.Fatalf("failed compare: %v, %v; reserved %d, want %d", r, err, a.Stats().Reserved, before)
 	}
 }
+
+// TestAdmissionManyCompletions: more completions than an Admission keeps
+// (4,096) within one Settle, the first of 500,000 bytes: a measurement
+// begun before any settled has not seen the 500,000, so a write of
+// 200,001 does not fit 700,000 of headroom; once they settle it does.
+// The oldest completions used to be dropped, and the 500,000 counted as
+// measured.
+func TestAdmissionManyCompletions(t *testing.T) {
+	a, c := newAdmission()
+	measure(a, c, "m1", t0, 0, false) // 700,000 of headroom
+	r, err := a.Reserve(500_000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.set(t0.Add(time.Millisecond))
+	r.Done(true)
+	c.set(t0.Add(2 * time.Millisecond))
+	for i := 0; i < 5000; i++ {
+		r, err := a.Reserve(0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Done(true)
+	}
+	measure(a, c, "m1", t0.Add(storeguard.Settle/2), 0, false)
+	if _, err := a.Reserve(200_001); err == nil {
+		t.Fatal("admitted 200,001 with 500,000 not yet measured against 700,000 of headroom")
+	}
+	measure(a, c, "m1", t0.Add(storeguard.Settle+2*time.Millisecond), 500_000, false)
+	if _, err := a.Reserve(200_000); err != nil {
+		t.Fatalf("200,000 in 200,000 of headroom once measured: %v", err)
+	}
+}
+
+// TestAdmissionMembersMeasureApart: two members share an Admission, with
+// measurements that overlap: m2's begins before a write of 500,000 has
+// settled, m1's after, and m1's is refreshed first. m2's did not see the
+// write: a write of 200,001 does not fit m2's 700,000 of headroom until m2
+// is measured again. m1's refresh used to make m2's count it as measured.
+func TestAdmissionMembersMeasureApart(t *testing.T) {
+	a, c := newAdmission()
+	measure(a, c, "m1", t0, 0, false)
+	measure(a, c, "m2", t0, 0, false)
+	r, err := a.Reserve(500_000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.set(t0.Add(time.Millisecond))
+	r.Done(true)
+	c.set(t0.Add(storeguard.Settle / 2))
+	m2 := a.Mark()
+	c.set(t0.Add(2 * storeguard.Settle))
+	m1 := a.Mark()
+	a.Refresh("m1", m1, 500_000, 2_000_000, 0.7, 0.6, false) // 900,000 of headroom
+	a.Refresh("m2", m2, 0, 1_000_000, 0.7, 0.6, false)       // 700,000, not counting the write
+	if _, err := a.Reserve(200_001); err == nil {
+		t.Fatal("admitted 200,001 with 500,000 that m2's measurement did not see against its 700,000 of headroom")
+	}
+	measure(a, c, "m2", t0.Add(3*storeguard.Settle), 500_000, false)
+	if _, err := a.Reserve(200_000); err != nil {
+		t.Fatalf("200,000 in m2's 200,000 of headroom once measured: %v", err)
+	}
+}
+
+// TestAdmissionZeroCostPastTheMark: a write that adds nothing is admitted
+// (and fits) even with the store measured past its high-water mark, where
+// the headroom is negative; one byte is refused.
+func TestAdmissionZeroCostPastTheMark(t *testing.T) {
+	a, c := newAdmission()
+	measure(a, c, "m1", t0, 800_000, false) // 100,000 past the mark
+	if _, err := a.Reserve(0); err != nil {
+		t.Fatalf("a write that adds nothing past the mark: %v", err)
+	}
+	if _, fits := a.Fits(0); !fits {
+		t.Fatal("Fits(0) past the mark: false")
+	}
+	if _, err := a.Reserve(1); !errors.Is(err, drover.ErrStoreFull) {
+		t.Fatalf("one byte past the mark: %v, want ErrStoreFull", err)
+	}
+}

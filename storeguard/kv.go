@@ -13,7 +13,9 @@ import (
 // key as [NotFull] does (a data-plane write: a submission, a checkpoint, a
 // task step) first reserves what its Then branch puts ([Cost]) with a,
 // and is refused with a *drover.StoreFullError, without being sent, when
-// that does not fit. Every other request goes to kv unchanged. Install it
+// that does not fit. The reservation is given back when etcd answers
+// that the transaction's compares failed; a transaction that fails with an
+// error keeps it, since it may have been applied. Every other request goes to kv unchanged. Install it
 // as an etcd client's KV (cli.KV = storeguard.NewKV(cli.KV, a)) before the
 // client is shared.
 func NewKV(kv clientv3.KV, a *Admission) clientv3.KV {
@@ -67,7 +69,11 @@ func (t *admitTxn) Commit() (*clientv3.TxnResponse, error) {
 		return nil, err
 	}
 	resp, err := t.Txn.Commit()
-	r.Done(err == nil && resp.Succeeded)
+	// Only a transaction etcd answered, with its compares failed, certainly
+	// wrote nothing. One that failed (a timeout, a lost connection, a
+	// leader change) may have been applied all the same: its bytes stay
+	// reserved until a measurement counts what was written.
+	r.Done(err != nil || resp.Succeeded)
 	return resp, err
 }
 

@@ -17,7 +17,10 @@ const (
 	// answered with the first answer, for as long as the lock table keeps
 	// its command ids (five minutes of log time). A key sent with a
 	// different request (another route, lock, owner, token, ttl or
-	// holder) is answered 422 and nothing is applied.
+	// holder) is answered 422 and nothing is applied. drover server's
+	// /locks remembers a key only in the grant an acquisition made: a
+	// repeated acquisition gets that grant while it holds the lock (see
+	// docs/http.md for the rest).
 	IdempotencyHeader = "Idempotency-Key"
 )
 

@@ -18,6 +18,7 @@ import (
 	"github.com/droverhq/drover/keyspace"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -111,9 +112,16 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		if ee.err != nil && ee.err.Error() != "" {
 			fmt.Fprintln(stderr, "drover:", ee.err)
 		}
+		if ee.code == ExitFailure && ee.err != nil && isNoSpace(ee.err) {
+			fmt.Fprintln(stderr, "drover:", noSpaceAdvice)
+			return ExitBusy
+		}
 		return ee.code
 	}
 	fmt.Fprintln(stderr, "drover:", err)
+	if isNoSpace(err) && !errors.Is(err, drover.ErrStoreFull) { // a store-full error gives its own advice
+		fmt.Fprintln(stderr, "drover:", noSpaceAdvice)
+	}
 	return exitCode(err)
 }
 
@@ -125,11 +133,23 @@ func exitCode(err error) int {
 		return ExitUsage
 	case errors.Is(err, cluster.ErrUnreachable):
 		return ExitUnavailable
-	case errors.Is(err, drover.ErrStoreFull):
-		// etcd's database is near its quota: try again once space is freed.
+	case errors.Is(err, drover.ErrStoreFull) || isNoSpace(err):
+		// etcd's database is near its quota, or at it: try again once
+		// space is freed.
 		return ExitBusy
 	}
 	return ExitFailure
+}
+
+// noSpaceAdvice is what Main says after an error of etcd's NOSPACE alarm.
+const noSpaceAdvice = "etcd's database is full (its NOSPACE alarm is raised): every write that adds data is refused until space is freed, " +
+	"lease grants and locks included; free space with `drover tasks purge --queue Q --status SUCCEEDED --all` (or `drover dlq purge --queue Q --all`): " +
+	"`drover server`'s store guard then compacts, defragments and disarms the alarm; then try again"
+
+// isNoSpace reports whether err is etcd's refusal of a write under its
+// NOSPACE alarm ("database space exceeded"), typed or only as text.
+func isNoSpace(err error) bool {
+	return errors.Is(err, rpctypes.ErrNoSpace) || strings.Contains(err.Error(), "database space exceeded")
 }
 
 // usageError marks errors in how a command was called.

@@ -43,7 +43,7 @@ func TestServerDisarmsNOSPACE(t *testing.T) {
 			if mode == "embedded" {
 				endpoint = readyEndpoint(p)
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 			defer cancel()
 			c := connectTo(ctx, t, endpoint)
 			keys := keyspace.MustNew(ns)
@@ -54,9 +54,10 @@ func TestServerDisarmsNOSPACE(t *testing.T) {
 				_, refused = c.Put(ctx, fmt.Sprintf("%s%03d", filler, i), big)
 				if i == 20 { // past 50 %: the guard sets its key (raw puts go on regardless)
 					// The guard checks every 2 s; a full `go test -race ./...`
-					// run on two cores once waited more than 10 s for it
-					// here, so the wait allows 30.
-					waitFor(t, 30*time.Second, "the guard key past the high-water mark", func() bool {
+					// run on two cores once waited more than 30 s for it
+					// here: the wait only guards against a guard that never
+					// sets it.
+					waitFor(t, 90*time.Second, "the guard key past the high-water mark", func() bool {
 						g, err := c.Get(ctx, keys.StoreFull())
 						return err == nil && len(g.Kvs) == 1
 					})
