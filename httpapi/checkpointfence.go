@@ -67,7 +67,7 @@ func (s *Server) heldLock(ctx context.Context, name string, token int64, session
 		if len(g.Kvs) > 0 {
 			now = fmt.Sprintf("it is held with token %d", g.Kvs[0].CreateRevision)
 		}
-		return nil, problem(fmt.Errorf("%w: lock %q is not held with token %d under session %s (%s)", lease.ErrFenced, name, token, session, now), nil)
+		return nil, problem(fmt.Errorf("%w: lock %q is not held with token %d under session %s (%s)", lease.ErrFenced, name, token, redact(session), now), nil)
 	}
 	kv := g.Kvs[0]
 	h := &heldLock{cli: s.cli, name: name, key: string(kv.Key), token: token}

@@ -180,6 +180,9 @@ func TestCheckpointLockFencedPut(t *testing.T) {
 	if !strings.Contains(p.str("type"), "fenced") {
 		t.Fatalf("a stale token: %s", p.Raw)
 	}
+	if _, secret, _ := strings.Cut(s, "."); strings.Contains(string(p.Raw), secret) {
+		t.Fatalf("the 409 repeats the session's secret: %s", p.Raw)
+	}
 	writes := func(lock string, tok float64) map[string]any {
 		return map[string]any{"task_id": "t1", "writes": []map[string]any{{"channel": "c", "value": b64("v")}}, "lock": lock, "session": s, "token": tok}
 	}

@@ -209,6 +209,19 @@ func (s *Server) acquireLock(ctx context.Context, in *acquireInput) (*struct{ Bo
 		}
 		return nil, problem(err, nil)
 	}
+	if err := ctx.Err(); err != nil {
+		// Granted after the client stopped waiting (a batch sent for
+		// several callers ends on its own): nobody would learn the token
+		// and the contender, and the lock would stay held by the session
+		// until it ends. Let it go.
+		c, cancel := cleanupContext(ctx)
+		_ = held.Release(c)
+		cancel()
+		if own != 0 {
+			s.revokeGranted(ctx, own)
+		}
+		return nil, problem(err, nil)
+	}
 	_, contender, _ := s.keys(ctx).ParseLockContender(held.Key())
 	return &struct{ Body LockAcquired }{LockAcquired{Status: "acquired", Name: in.Name, Token: held.Token(), Holder: held.Holder(), Session: b.Session,
 		Contender: contender, ExpiresAt: expires.UTC()}}, nil
