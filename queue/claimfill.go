@@ -18,8 +18,9 @@ const maxFillRounds = 16
 // It claims again while the last claim used up its segment's free slots
 // (or took tasks with records of their own, which go before any
 // segment's) and another segment may have tasks: one the claim's list of
-// open segments showed and it did not take from, or, when the claim read
-// no list, whatever a list shows. Each further claim is an ordinary claim
+// open segments showed and it did not take from. A claim that read no
+// list (a session going on where it took from) is not topped up: its next
+// claim lists. Each further claim is an ordinary claim
 // (fenced, one holder per task, by the priority rule) of one segment: it
 // costs that segment's round trips, never one per task, and none when the
 // claim's list showed no other open segment. An error of a further claim
@@ -40,14 +41,18 @@ func (b *broker) fill(ctx context.Context, w *claimer, q string, n int, claims [
 		case seg != "":
 			return tasks // slots left where it took from, yet fewer taken: others won them
 		default:
-			next, known := w.otherListed(taken)
-			if next == "" && known {
-				return tasks // the list showed no other open segment
+			next, _ := w.otherListed(taken)
+			if next == "" {
+				// The list showed no other open segment, or the claim
+				// read none (a session going on where it took from):
+				// listing again would cost a round per short claim,
+				// which a trickle of tasks makes every claim.
+				return tasks
 			}
 			for s := range taken {
 				w.markBusy(s) // used up: a list read skips them
 			}
-			w.setGuess(0, next) // "": list the open segments again
+			w.setGuess(0, next)
 		}
 		b.attempts.Add(1)
 		more, _, _, err := w.claim(ctx, 0, n-len(tasks))
