@@ -149,36 +149,9 @@ func (s *Server) acquireLock(ctx context.Context, in *acquireInput) (*struct{ Bo
 		return nil, err
 	}
 	b := in.Body
-	var (
-		l       *lease.Lease
-		holder  lock.Holder
-		expires time.Time
-		own     clientv3.LeaseID // a lease granted for this lock alone
-	)
-	switch {
-	case b.Session != "" && (b.Owner != "" || b.TTL != 0):
-		return nil, invalid("body.session", b.Session, "give a session, or an owner and a ttl, not both")
-	case b.Session != "":
-		sess, err := s.session(ctx, "body.session", b.Session)
-		if err != nil {
-			return nil, err
-		}
-		l, holder, expires = sess.lease, sess.holder(), sess.lease.Deadline()
-	case b.Owner != "" && b.TTL > 0:
-		var raw struct{ Owner json.RawMessage }
-		if json.Unmarshal(in.RawBody, &raw) == nil && paxos.ReplacedInvalidText(b.Owner, raw.Owner) {
-			return nil, invalid("body.owner", b.Owner, "must be UTF-8 text: it holds bytes that are not UTF-8 (or a \\u escape of a lone surrogate)")
-		}
-		sent := time.Now()
-		g, err := s.grant(ctx, b.TTL)
-		if err != nil {
-			return nil, problem(fmt.Errorf("grant the lock's %d s lease: %w", b.TTL, err), nil)
-		}
-		own, holder = g.ID, lock.Holder{ID: b.Owner}
-		expires = sent.Add(time.Duration(g.TTL) * time.Second)
-		l = lease.Attach(s.cli, g.ID, time.Duration(g.TTL)*time.Second, expires)
-	default:
-		return nil, invalid("body", nil, "give a session, or an owner and a ttl (seconds)")
+	l, holder, expires, own, err := s.lockBinding(ctx, in)
+	if err != nil {
+		return nil, err
 	}
 	locker, err := s.locker(ctx, l, holder)
 	if err != nil {
@@ -225,6 +198,37 @@ func (s *Server) acquireLock(ctx context.Context, in *acquireInput) (*struct{ Bo
 	_, contender, _ := s.keys(ctx).ParseLockContender(held.Key())
 	return &struct{ Body LockAcquired }{LockAcquired{Status: "acquired", Name: in.Name, Token: held.Token(), Holder: held.Holder(), Session: b.Session,
 		Contender: contender, ExpiresAt: expires.UTC()}}, nil
+}
+
+// lockBinding is what an acquisition binds its lock to: the session's
+// lease and holder, or, for an owner and a ttl, a lease granted for this
+// lock alone (own, which the caller revokes if the lock is not taken).
+func (s *Server) lockBinding(ctx context.Context, in *acquireInput) (l *lease.Lease, holder lock.Holder, expires time.Time, own clientv3.LeaseID, err error) {
+	b := in.Body
+	switch {
+	case b.Session != "" && (b.Owner != "" || b.TTL != 0):
+		return nil, holder, expires, 0, invalid("body.session", b.Session, "give a session, or an owner and a ttl, not both")
+	case b.Session != "":
+		sess, err := s.session(ctx, "body.session", b.Session)
+		if err != nil {
+			return nil, holder, expires, 0, err
+		}
+		return sess.lease, sess.holder(), sess.lease.Deadline(), 0, nil
+	case b.Owner != "" && b.TTL > 0:
+		var raw struct{ Owner json.RawMessage }
+		if json.Unmarshal(in.RawBody, &raw) == nil && paxos.ReplacedInvalidText(b.Owner, raw.Owner) {
+			return nil, holder, expires, 0, invalid("body.owner", b.Owner, "must be UTF-8 text: it holds bytes that are not UTF-8 (or a \\u escape of a lone surrogate)")
+		}
+		sent := time.Now()
+		g, err := s.grant(ctx, b.TTL)
+		if err != nil {
+			return nil, holder, expires, 0, problem(fmt.Errorf("grant the lock's %d s lease: %w", b.TTL, err), nil)
+		}
+		expires = sent.Add(time.Duration(g.TTL) * time.Second)
+		return lease.Attach(s.cli, g.ID, time.Duration(g.TTL)*time.Second, expires), lock.Holder{ID: b.Owner}, expires, g.ID, nil
+	default:
+		return nil, holder, expires, 0, invalid("body", nil, "give a session, or an owner and a ttl (seconds)")
+	}
 }
 
 func (s *Server) lockStatus(ctx context.Context, in *lockPath) (*lockStatusOutput, error) {
