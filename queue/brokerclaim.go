@@ -102,9 +102,10 @@ func (c *Client) Claim(ctx context.Context, q string, req ClaimRequest) ([]*Task
 	w, sc, done := c.remote.sessionClaimer(q, req)
 	defer done()
 	deadline := time.Now().Add(req.Wait)
-	// lead: this claim leads its queue's line of waiting claims
-	// (broker.go); full: it took all it asked for.
-	lead, full := false, false
+	// lead: it leads its queue's line of waiting claims (broker.go); full:
+	// it took all it asked for; waited: it found nothing and waited, so
+	// what woke it is new work the line shares: no topping up (fill).
+	lead, full, waited := false, false, false
 	defer func() {
 		if lead {
 			c.remote.waits.leave(q, full)
@@ -120,7 +121,9 @@ func (c *Client) Claim(ctx context.Context, q string, req ClaimRequest) ([]*Task
 		if err != nil || len(tasks) > 0 {
 			if err == nil {
 				c.remote.claims.remember(func(seg string) string { return c.keys.Runs(q, seg) }, q, claims, tasks, req.Lease.ID())
-				tasks = c.remote.fill(ctx, w, q, n, claims, tasks, req.Lease.ID())
+				if !waited {
+					tasks = c.remote.fill(ctx, w, q, n, claims, tasks, req.Lease.ID())
+				}
 				full = len(tasks) >= n
 			}
 			return tasks, err
@@ -144,16 +147,17 @@ func (c *Client) Claim(ctx context.Context, q string, req ClaimRequest) ([]*Task
 		case left <= 0:
 			return []*Task{}, nil
 		}
+		waited = true
 		if !lead {
 			// It waits: behind the claim that leads the line, if one does.
-			var waited, ok bool
-			if lead, waited, ok = c.remote.waits.join(ctx, q, deadline); !ok {
+			var inLine, ok bool
+			if lead, inLine, ok = c.remote.waits.join(ctx, q, deadline); !ok {
 				if ctx.Err() != nil {
 					return nil, fmt.Errorf("queue: claim from %s: %w", q, ctx.Err())
 				}
 				return []*Task{}, nil
 			}
-			if waited {
+			if inLine {
 				w.forgetBusy() // runs may have ended meanwhile: the leader saw them, not this claim
 				turn = !lead   // woken with the whole line: claim together
 				continue
@@ -536,42 +540,6 @@ func (b *broker) claimTogether(ctx context.Context, q string, batch []*claimCall
 			call.w.setHot(0, "")
 		}
 	}
-}
-
-// readStates reads the states of segments names of queue q, and their
-// tasks (from the Client's cache where it has them), in one request.
-func (b *broker) readStates(ctx context.Context, q string, names []string) ([]*segState, [][]Task, error) {
-	c := b.client
-	var ops []clientv3.Op
-	cached := make([]bool, len(names))
-	tss := make([][]Task, len(names))
-	for i, seg := range names {
-		ops = append(ops, c.stateOps(q, seg)...)
-		if tss[i], cached[i] = c.segCache.get(q + "/" + seg); !cached[i] {
-			ops = append(ops, clientv3.OpGet(c.keys.Segment(q, seg)))
-		}
-	}
-	resp, err := c.cli.Txn(ctx).Then(ops...).Commit()
-	if err != nil {
-		return nil, nil, err
-	}
-	states := make([]*segState, len(names))
-	rs := resp.Responses
-	for i, seg := range names {
-		n := len(c.stateOps(q, seg))
-		states[i] = c.parseState(q, seg, resp.Header.Revision, rs[:n])
-		rs = rs[n:]
-		if cached[i] {
-			continue
-		}
-		if kvs := rs[0].GetResponseRange().Kvs; len(kvs) > 0 {
-			if tss[i], err = c.cacheSegment(q, seg, kvs[0].Value); err != nil {
-				tss[i] = nil
-			}
-		}
-		rs = rs[1:]
-	}
-	return states, tss, nil
 }
 
 // planRun is the run that claims call's tasks from segment st (whose

@@ -490,3 +490,39 @@ func retryLater(again []*segGroup, rw *runWrite, n int) []*segGroup {
 	g.items = append(g.items, rw.items[n:]...)
 	return again
 }
+
+// readStates reads the states of segments names of queue q, and their
+// tasks (from the Client's cache where it has them), in one request.
+func (b *broker) readStates(ctx context.Context, q string, names []string) ([]*segState, [][]Task, error) {
+	c := b.client
+	var ops []clientv3.Op
+	cached := make([]bool, len(names))
+	tss := make([][]Task, len(names))
+	for i, seg := range names {
+		ops = append(ops, c.stateOps(q, seg)...)
+		if tss[i], cached[i] = c.segCache.get(q + "/" + seg); !cached[i] {
+			ops = append(ops, clientv3.OpGet(c.keys.Segment(q, seg)))
+		}
+	}
+	resp, err := c.cli.Txn(ctx).Then(ops...).Commit()
+	if err != nil {
+		return nil, nil, err
+	}
+	states := make([]*segState, len(names))
+	rs := resp.Responses
+	for i, seg := range names {
+		n := len(c.stateOps(q, seg))
+		states[i] = c.parseState(q, seg, resp.Header.Revision, rs[:n])
+		rs = rs[n:]
+		if cached[i] {
+			continue
+		}
+		if kvs := rs[0].GetResponseRange().Kvs; len(kvs) > 0 {
+			if tss[i], err = c.cacheSegment(q, seg, kvs[0].Value); err != nil {
+				tss[i] = nil
+			}
+		}
+		rs = rs[1:]
+	}
+	return states, tss, nil
+}
