@@ -77,7 +77,7 @@ func (w *Worker) startBackground(ctx, base context.Context) (stop func()) {
 	var bgWG sync.WaitGroup
 	bgWG.Add(5)
 	go func() { defer bgWG.Done(); w.watchOrphans(bg, startRev) }()
-	go func() { defer bgWG.Done(); w.promoteRetries(bg) }()
+	go func() { defer bgWG.Done(); w.promoteDue(bg) }()
 	go func() { defer bgWG.Done(); w.watchCancels(bg, startRev) }()
 	go func() { defer bgWG.Done(); w.removeExpired(bg) }()
 	go func() { defer bgWG.Done(); w.countDepth(bg) }()
