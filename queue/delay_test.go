@@ -132,6 +132,7 @@ func TestDelayBadInput(t *testing.T) {
 	}{
 		{"both", queue.Task{ID: "a", Type: "x", RunAt: time.Now().Add(time.Hour), Delay: queue.Duration(time.Minute)}, "run_at"},
 		{"negative", queue.Task{ID: "b", Type: "x", Delay: queue.Duration(-time.Minute)}, "delay"},
+		{"beyond", queue.Task{ID: "c", Type: "x", RunAt: time.Date(2999, 1, 1, 0, 0, 0, 0, time.UTC)}, "run_at"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var ie *drover.InputError

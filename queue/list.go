@@ -355,13 +355,15 @@ func checkCursor(after string) error {
 
 // Stats counts queue q's tasks by status.
 type Stats struct {
-	Scheduled int64 `json:"scheduled"`
 	Pending   int64 `json:"pending"`
 	Running   int64 `json:"running"`
 	Retrying  int64 `json:"retrying"`
 	Succeeded int64 `json:"succeeded"`
 	Dead      int64 `json:"dead"`
 	Cancelled int64 `json:"cancelled"`
+	// Scheduled counts the tasks submitted to run later whose time has
+	// not come.
+	Scheduled int64 `json:"scheduled"`
 }
 
 // Total is the sum of every count.

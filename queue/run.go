@@ -481,15 +481,3 @@ func (w *claimer) wakes(events []*clientv3.Event, anyClaimDelete bool) bool {
 	}
 	return woke
 }
-
-func watchOpened(ctx context.Context, wch clientv3.WatchChan) error {
-	select {
-	case wr, ok := <-wch:
-		if !ok {
-			return errors.New("watch closed before it opened")
-		}
-		return wr.Err()
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}

@@ -101,19 +101,19 @@ type okSlot = taskstore.OKSlot
 
 // segState is a segment's state as one read saw it.
 type segState struct {
-	name  string
-	rev   int64 // the revision of the read
-	open  bool
+	name string
+	rev  int64 // the revision of the read
+	open bool
 	// scheduled: the segment is in the due index, its tasks SCHEDULED
 	// until due.
 	scheduled bool
 	due       time.Time
 	n         int // tasks in the segment
-	runs  []runRef
-	tries []runRef
-	ok    map[int]okRef
-	moved map[int]bool
-	exits map[int]bool
+	runs      []runRef
+	tries     []runRef
+	ok        map[int]okRef
+	moved     map[int]bool
+	exits     map[int]bool
 	// purgedOK counts the slots that succeeded and were purged since.
 	purgedOK int
 	// unreadable counts the run, try and outcome values that could not be

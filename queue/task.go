@@ -43,6 +43,8 @@ const (
 	MaxResult = 256 << 10
 	// MaxHistory bounds the transitions and errors kept per task.
 	MaxHistory = 50
+	// MaxDelayYears bounds how far ahead a task's run_at may be.
+	MaxDelayYears = 100
 )
 
 // Metadata is a task's metadata: when it was created, its priority (higher
@@ -222,8 +224,13 @@ func (t *Task) checkDue(now time.Time) error {
 		return &drover.InputError{Field: "run_at", Rule: "give run_at or delay, not both"}
 	case t.Delay < 0:
 		return &drover.InputError{Field: "delay", Value: time.Duration(t.Delay).String(), Rule: "must not be negative"}
-	case t.Delay > 0:
-		t.RunAt = now.Add(time.Duration(t.Delay))
+	}
+	field := "run_at"
+	if t.Delay > 0 {
+		t.RunAt, field = now.Add(time.Duration(t.Delay)), "delay"
+	}
+	if t.RunAt.After(now.AddDate(MaxDelayYears, 0, 0)) {
+		return &drover.InputError{Field: field, Rule: fmt.Sprintf("must be at most %d years from now", MaxDelayYears)}
 	}
 	t.Delay = 0
 	if !t.RunAt.After(now) {
