@@ -163,7 +163,7 @@ func (w *Worker) countDepth(ctx context.Context) {
 		if st, err := w.client.Stats(ctx, w.cfg.Queue); err == nil {
 			q := w.cfg.Queue
 			for state, n := range map[string]int64{"pending": st.Pending, "running": st.Running, "retrying": st.Retrying,
-				"succeeded": st.Succeeded, "dead": st.Dead, "cancelled": st.Cancelled} {
+				"succeeded": st.Succeeded, "dead": st.Dead, "cancelled": st.Cancelled, "scheduled": st.Scheduled} {
 				metrics.QueueTasks.WithLabelValues(q, state).Set(float64(n))
 			}
 		}
