@@ -73,47 +73,81 @@ func (ix *Index) now() time.Time {
 // items and moves them in one transaction of nested transactions, one per
 // item, each conditional on the item's key being as read.
 func (ix *Index) Promote(ctx context.Context) (next time.Time, moved int, err error) {
+	next, _, moved, err = ix.promote(ctx, time.Time{})
+	return next, moved, err
+}
+
+// promote is Promote reading from the items due at from on (zero: from
+// the first): etcd counts every key a range covers, the keys deleted since
+// the last compaction too, so a reader that knows no item is due before
+// from (Run, which sees every item put) starts there. done is the time up
+// to which every item was moved: the next call's from.
+func (ix *Index) promote(ctx context.Context, from time.Time) (next, done time.Time, moved int, err error) {
 	batch := ix.Batch
 	if batch <= 0 {
 		batch = DefaultBatch
 	}
+	start := ix.Prefix
+	if !from.IsZero() {
+		start = Bound(ix.Prefix, from)
+	}
 	for {
-		end := Bound(ix.Prefix, ix.now().Add(time.Nanosecond))
-		g, err := ix.Client.Get(ctx, ix.Prefix, clientv3.WithRange(end), clientv3.WithLimit(int64(batch)))
+		now := ix.now()
+		g, err := ix.Client.Get(ctx, start, clientv3.WithRange(Bound(ix.Prefix, now.Add(time.Nanosecond))), clientv3.WithLimit(int64(batch)))
 		if err != nil {
-			return time.Time{}, moved, fmt.Errorf("due: read %s: %w", ix.Prefix, err)
+			return time.Time{}, from, moved, fmt.Errorf("due: read %s: %w", ix.Prefix, err)
 		}
 		if len(g.Kvs) > 0 {
 			n, err := ix.move(ctx, g.Kvs)
 			moved += n
 			if err != nil {
-				return time.Time{}, moved, err
+				return time.Time{}, from, moved, err
 			}
 			if g.More {
 				continue
 			}
 		}
-		first, err := ix.Client.Get(ctx, ix.Prefix, clientv3.WithPrefix(), clientv3.WithLimit(1), clientv3.WithKeysOnly())
-		if err != nil {
-			return time.Time{}, moved, fmt.Errorf("due: read %s: %w", ix.Prefix, err)
+		done = now
+		first, err := ix.first(ctx, start, now)
+		if err != nil || first == nil {
+			return time.Time{}, done, moved, err
 		}
-		if len(first.Kvs) == 0 {
-			return time.Time{}, moved, nil
-		}
-		at, _, ok := Parse(ix.Prefix, string(first.Kvs[0].Key))
+		at, _, ok := Parse(ix.Prefix, string(first.Key))
 		if !ok {
 			// Not an item's key: drop it, or it would stand first
 			// for ever.
-			if _, err := ix.Client.Delete(ctx, string(first.Kvs[0].Key)); err != nil {
-				return time.Time{}, moved, fmt.Errorf("due: drop %s: %w", first.Kvs[0].Key, err)
+			if _, err := ix.Client.Delete(ctx, string(first.Key)); err != nil {
+				return time.Time{}, done, moved, fmt.Errorf("due: drop %s: %w", first.Key, err)
 			}
 			continue
 		}
 		if !at.After(ix.now()) {
 			continue // fell due meanwhile
 		}
-		return at, moved, nil
+		return at, done, moved, nil
 	}
+}
+
+// horizons are how far ahead of now the reads for the next item end, in
+// turn, until one finds it: a read that ends soon counts few keys.
+var horizons = []time.Duration{time.Second, time.Minute, time.Hour, 0}
+
+// first returns the first item from start on (nil: none).
+func (ix *Index) first(ctx context.Context, start string, now time.Time) (*mvccpb.KeyValue, error) {
+	for _, h := range horizons {
+		end := clientv3.GetPrefixRangeEnd(ix.Prefix)
+		if h > 0 {
+			end = Bound(ix.Prefix, now.Add(h))
+		}
+		g, err := ix.Client.Get(ctx, start, clientv3.WithRange(end), clientv3.WithLimit(1), clientv3.WithKeysOnly())
+		if err != nil {
+			return nil, fmt.Errorf("due: read %s: %w", ix.Prefix, err)
+		}
+		if len(g.Kvs) > 0 {
+			return g.Kvs[0], nil
+		}
+	}
+	return nil, nil
 }
 
 // move moves the items kvs in one request and returns how many it moved.
@@ -158,7 +192,9 @@ func (ix *Index) Run(ctx context.Context) {
 	}
 }
 
-// runOnce runs one watch until it fails or ctx ends.
+// runOnce runs one watch until it fails or ctx ends. It reads the items
+// from the time up to which it moved them all on (from), lowered when the
+// watch shows an item put that is due before it.
 func (ix *Index) runOnce(ctx context.Context) {
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -171,11 +207,13 @@ func (ix *Index) runOnce(ctx context.Context) {
 	case <-ctx.Done():
 		return
 	}
+	var from time.Time // zero: from the first item (the watch came after)
 	for ctx.Err() == nil {
-		next, _, err := ix.Promote(wctx)
+		next, done, _, err := ix.promote(wctx, from)
 		if err != nil {
 			return
 		}
+		from = done
 		var fire <-chan time.Time
 		var timer *time.Timer
 		if !next.IsZero() {
@@ -192,7 +230,14 @@ func (ix *Index) runOnce(ctx context.Context) {
 				}
 				return
 			}
-			if !earlier(ix.Prefix, wr.Events, next) {
+			if len(wr.Events) == 0 {
+				goto wait
+			}
+			first, ok := earliest(ix.Prefix, wr.Events)
+			if !ok || first.Before(from) {
+				from = first // zero for a key that is not an item's: read all
+			}
+			if ok && !next.IsZero() && !first.Before(next) {
 				goto wait // an item due after the next: the timer stands
 			}
 		case <-ctx.Done():
@@ -203,16 +248,20 @@ func (ix *Index) runOnce(ctx context.Context) {
 	}
 }
 
-// earlier reports whether one of events puts an item due before next (or
-// next is zero).
-func earlier(prefix string, events []*clientv3.Event, next time.Time) bool {
+// earliest returns the earliest due time of the items events put; false
+// when one of them is not an item's key.
+func earliest(prefix string, events []*clientv3.Event) (time.Time, bool) {
+	var first time.Time
 	for _, ev := range events {
 		at, _, ok := Parse(prefix, string(ev.Kv.Key))
-		if !ok || next.IsZero() || at.Before(next) {
-			return true
+		if !ok {
+			return time.Time{}, false
+		}
+		if first.IsZero() || at.Before(first) {
+			first = at
 		}
 	}
-	return false
+	return first, true
 }
 
 func sleep(ctx context.Context, d time.Duration) {

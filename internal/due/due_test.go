@@ -90,7 +90,7 @@ func TestPromoteMovesOnlyDueItemsOnce(t *testing.T) {
 
 // TestRunWakesForAnEarlierItem: a running index that sleeps until an item
 // an hour away moves an item put later that is due at once, without
-// waiting for the hour.
+// waiting for the hour, and then one put due an hour ago.
 func TestRunWakesForAnEarlierItem(t *testing.T) {
 	cli := srv.Client(t)
 	ns := etcdtest.Namespace(t) + "/"
@@ -116,5 +116,18 @@ func TestRunWakesForAnEarlierItem(t *testing.T) {
 		}
 	case <-time.After(time.Minute): // a guard against hanging only
 		t.Fatal("the item due now was not moved")
+	}
+	// An item put due before everything the index moved so far (its
+	// submitter's clock behind) is moved too.
+	if _, err := cli.Put(ctx, due.Key(ns+"due/", time.Now().Add(-time.Hour), "past"), "v"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case wr := <-wch:
+		if len(wr.Events) != 1 || string(wr.Events[0].Kv.Key) != ns+"moved/past" {
+			t.Fatalf("moved %v, want only %q", wr.Events, ns+"moved/past")
+		}
+	case <-time.After(time.Minute): // a guard against hanging only
+		t.Fatal("the item due an hour ago was not moved")
 	}
 }
