@@ -184,3 +184,17 @@ func TestWorkerClaimsDelayedTaskNotBeforeItsTime(t *testing.T) {
 		t.Fatal("the delayed task was not claimed")
 	}
 }
+
+// TestDeleteQueueTakesScheduledTasks: deleting a queue removes its
+// scheduled tasks with their ids, which a new submission can use again.
+func TestDeleteQueueTakesScheduledTasks(t *testing.T) {
+	c, _ := newClient(t, etcdtest.Namespace(t))
+	ctx := context.Background()
+	submitN(t, c, "gone", 3, func(tk *queue.Task) { tk.Delay = queue.Duration(time.Hour) })
+	if n, err := c.DeleteQueue(ctx, "gone", nil); err != nil || n != 3 {
+		t.Fatalf("delete queue: %d %v, want 3 tasks deleted", n, err)
+	}
+	if res, err := c.Submit(ctx, "other", []queue.Task{{ID: "gone-0", Type: "x"}}, nil); err != nil || res.Submitted != 1 {
+		t.Fatalf("resubmit gone-0 elsewhere: %+v %v: its id is still taken", res, err)
+	}
+}
