@@ -64,9 +64,9 @@ func (w *Worker) Run(ctx context.Context) error {
 }
 
 // startBackground starts the worker's background work under base: the
-// watches of lost claims and of cancels, the moves of due retries, the
-// removal of expired tasks and the count of the queue's depth. The stop it
-// returns ends them and waits for them.
+// watches of lost claims and of cancels, the moves of due retries and
+// scheduled segments, the removal of expired tasks and the count of the
+// queue's depth. The stop it returns ends them and waits for them.
 func (w *Worker) startBackground(ctx, base context.Context) (stop func()) {
 	// The watches start after the revision read here, before any claim:
 	// a claim deleted (its lease revoked) or a cancel asked for before a
