@@ -126,7 +126,8 @@ func (b *broker) setSession(q string, lease int64, sc sessionClaims) {
 // retry falls due (zero: none was scheduled).
 type dueState struct{ checked, next time.Time }
 
-// promoteDue moves queue q's due retries back to pending, unless that was
+// promoteDue moves queue q's due retries back to pending and its due
+// scheduled segments to the open segments, unless that was
 // done less than promoteEvery ago and no retry known fell due since; it
 // returns when the next falls due (zero: none known).
 func (b *broker) promoteDue(ctx context.Context, w *claimer, q string) (time.Time, error) {
@@ -137,9 +138,16 @@ func (b *broker) promoteDue(ctx context.Context, w *claimer, q string) (time.Tim
 	if ok && now.Sub(d.checked) < promoteEvery && (d.next.IsZero() || now.Before(d.next)) {
 		return d.next, nil
 	}
-	next, err := w.promoteDue(ctx, w.keys.QueueRetry(q))
+	next, _, err := b.client.retryIndex(q, w.logger).Promote(ctx)
 	if err != nil {
 		return time.Time{}, err
+	}
+	nextSeg, _, err := b.client.scheduledIndex(q).Promote(ctx)
+	if err != nil {
+		return time.Time{}, err
+	}
+	if next.IsZero() || !nextSeg.IsZero() && nextSeg.Before(next) {
+		next = nextSeg
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
