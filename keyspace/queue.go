@@ -229,6 +229,20 @@ func (s Space) SegmentsOpen(q string) string { return s.Queue(q) + "open/" }
 // SegmentOpen is segment seg's key in queue q's open segments.
 func (s Space) SegmentOpen(q, seg string) string { return s.SegmentsOpen(q) + seg }
 
+// QueueDue is the prefix of queue q's due index, ending in "/": one key per
+// segment whose tasks run later, "{due:019d}-{seg}" (see package
+// internal/due), whose value is its number of tasks. When the segment
+// falls due the key moves to the open segments.
+func (s Space) QueueDue(q string) string { return s.Queue(q) + "due/" }
+
+// SegmentDue is segment seg's key in queue q's due index. A segment that
+// runs later is named after its due time (SegmentName), so its name says
+// where its key is; a segment submitted to run now has none.
+func (s Space) SegmentDue(q, seg string) string {
+	_, at, _ := ParseSegmentName(seg)
+	return TimedKey(s.QueueDue(q), at.UnixNano(), seg)
+}
+
 // SegmentsClosed is the prefix of queue q's closed segments, ending in "/":
 // keys "{closed:019d}-{seg}" whose value counts the tasks that succeeded in
 // them.

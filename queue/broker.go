@@ -3,9 +3,13 @@ package queue
 import (
 	"context"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/droverhq/drover/keyspace"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // promoteEvery is how often the external claims of one Client move a
@@ -126,7 +130,8 @@ func (b *broker) setSession(q string, lease int64, sc sessionClaims) {
 // retry falls due (zero: none was scheduled).
 type dueState struct{ checked, next time.Time }
 
-// promoteDue moves queue q's due retries back to pending, unless that was
+// promoteDue moves queue q's due retries back to pending and its due
+// scheduled segments to the open segments, unless that was
 // done less than promoteEvery ago and no retry known fell due since; it
 // returns when the next falls due (zero: none known).
 func (b *broker) promoteDue(ctx context.Context, w *claimer, q string) (time.Time, error) {
@@ -137,9 +142,16 @@ func (b *broker) promoteDue(ctx context.Context, w *claimer, q string) (time.Tim
 	if ok && now.Sub(d.checked) < promoteEvery && (d.next.IsZero() || now.Before(d.next)) {
 		return d.next, nil
 	}
-	next, err := w.promoteDue(ctx, w.keys.QueueRetry(q))
+	next, _, err := b.client.retryIndex(q, w.logger).Promote(ctx)
 	if err != nil {
 		return time.Time{}, err
+	}
+	nextSeg, _, err := b.client.scheduledIndex(q).Promote(ctx)
+	if err != nil {
+		return time.Time{}, err
+	}
+	if next.IsZero() || !nextSeg.IsZero() && nextSeg.Before(next) {
+		next = nextSeg
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -158,6 +170,53 @@ func (b *broker) retryAt(q string, at time.Time) {
 	if d, ok := b.due[q]; ok && (d.next.IsZero() || at.Before(d.next)) {
 		d.next = at
 		b.due[q] = d
+	}
+}
+
+// awaitWork blocks for at most d, and not past due (when a known retry
+// falls due), until something may have become claimable in the queue after
+// revision rev (see waitForWork), or a retry was scheduled (it may fall due
+// before d ends).
+func (w *claimer) awaitWork(ctx context.Context, rev int64, d time.Duration, due time.Time) {
+	if !due.IsZero() {
+		d = min(d, time.Until(due)+time.Millisecond)
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	q := w.queue
+	wt := w.client.waitAfter(q, rev)
+	defer wt.Stop()
+	retries, dues := w.keys.QueueRetry(q), w.keys.QueueDue(q)
+	for {
+		select {
+		case <-wt.C():
+			evs, missed := wt.Take()
+			if missed || w.wakes(evs, false) {
+				return
+			}
+			for _, ev := range evs {
+				if ev.Type != clientv3.EventTypePut || !ev.IsCreate() {
+					continue
+				}
+				for _, pre := range []string{retries, dues} {
+					if !strings.HasPrefix(string(ev.Kv.Key), pre) {
+						continue
+					}
+					// A retry or a delayed segment scheduled (perhaps by
+					// another process): the next claim moves it when it
+					// falls due, rather than after its promotion interval
+					// or the end of this wait.
+					if at, _, ok := keyspace.ParseTimedKey(pre, string(ev.Kv.Key)); ok {
+						w.client.remote.retryAt(q, time.Unix(0, at))
+					}
+					return
+				}
+			}
+		case <-t.C:
+			return
+		case <-ctx.Done():
+			return
+		}
 	}
 }
 

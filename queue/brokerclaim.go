@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"slices"
 	"sort"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -282,46 +281,6 @@ func (b *broker) runnable(ctx context.Context, w *claimer, claims []*claim, l cl
 		}
 	}
 	return out, nil
-}
-
-// awaitWork blocks for at most d, and not past due (when a known retry
-// falls due), until something may have become claimable in the queue after
-// revision rev (see waitForWork), or a retry was scheduled (it may fall due
-// before d ends).
-func (w *claimer) awaitWork(ctx context.Context, rev int64, d time.Duration, due time.Time) {
-	if !due.IsZero() {
-		d = min(d, time.Until(due)+time.Millisecond)
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	q := w.queue
-	wt := w.client.waitAfter(q, rev)
-	defer wt.Stop()
-	retries := w.keys.QueueRetry(q)
-	for {
-		select {
-		case <-wt.C():
-			evs, missed := wt.Take()
-			if missed || w.wakes(evs, false) {
-				return
-			}
-			for _, ev := range evs {
-				if ev.Type == clientv3.EventTypePut && ev.IsCreate() && strings.HasPrefix(string(ev.Kv.Key), retries) {
-					// A retry scheduled (perhaps by another process): the
-					// next claim moves it back when it falls due, rather
-					// than after its promotion interval.
-					if at, _, ok := keyspace.ParseTimedKey(retries, string(ev.Kv.Key)); ok {
-						w.client.remote.retryAt(q, time.Unix(0, at))
-					}
-					return
-				}
-			}
-		case <-t.C:
-			return
-		case <-ctx.Done():
-			return
-		}
-	}
 }
 
 // Claims of one queue that external workers (the HTTP API's sessions, each

@@ -321,14 +321,14 @@ func progressFrom(base int, progress func(int)) func(int) {
 	return func(done int) { progress(base + done) }
 }
 
-// CancelTasks cancels tasks of queue q that are PENDING or RETRYING (ids, or
+// CancelTasks cancels tasks of queue q that are SCHEDULED, PENDING or RETRYING (ids, or
 // every one in status st when ids is empty): each leaves its index and its
 // record says CANCELLED. Running tasks are cancelled one at a time with
 // Cancel. It returns how many were cancelled; progress, if set, is called
 // after each transaction with the number handled so far.
 func (c *Client) CancelTasks(ctx context.Context, q string, st Status, ids []string, progress func(done int)) (int, error) {
-	if st != Pending && st != Retrying {
-		return 0, &drover.InputError{Field: "status", Value: string(st), Rule: "must be PENDING or RETRYING: cancel a running task by its id"}
+	if st != Pending && st != Retrying && st != Scheduled {
+		return 0, &drover.InputError{Field: "status", Value: string(st), Rule: "must be SCHEDULED, PENDING or RETRYING: cancel a running task by its id"}
 	}
 	return c.bulk(ctx, q, st, ids, progress, func(t *Task) ([]clientv3.Op, int, string) {
 		ops := c.cancelOps(t)

@@ -68,3 +68,42 @@ func Example() {
 	// summarize-2: SUCCEEDED, "a summary in 50 words"
 	// succeeded 2
 }
+
+// A task that runs later: SCHEDULED until its delay has passed, then
+// claimed as any other.
+func ExampleTask_delay() {
+	ctx := context.Background()
+	cli, err := cluster.Connect(ctx, cluster.ClientConfig{Endpoints: srv.Endpoints()})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer cli.Close()
+	ns := fmt.Sprintf("example-delay-%d", time.Now().UnixNano())
+	c, err := queue.NewClient(cli, ns)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	submitted := time.Now()
+	_, err = c.Submit(ctx, "builds", []queue.Task{{ID: "check-981", Type: "check", Delay: queue.Duration(500 * time.Millisecond)}}, nil)
+	st, _ := c.Stats(ctx, "builds")
+	fmt.Printf("scheduled %d, pending %d, %v\n", st.Scheduled, st.Pending, err)
+
+	w, err := queue.NewWorker(ctx, cli, queue.WorkerConfig{Namespace: ns, Queue: "builds", Drain: true})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer w.Close(ctx)
+	w.Handle("check", func(ctx context.Context, t *queue.Task) ([]byte, error) {
+		fmt.Println("ran after its delay:", time.Since(submitted) >= 500*time.Millisecond)
+		return nil, nil
+	})
+	if err := w.Run(ctx); err != nil { // until nothing is left, the scheduled task included
+		fmt.Println(err)
+	}
+	// Output:
+	// scheduled 1, pending 0, <nil>
+	// ran after its delay: true
+}

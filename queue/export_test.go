@@ -96,3 +96,10 @@ func RunnerHeldWait(w *Worker, limit time.Duration) time.Duration {
 // SetClock sets the clock c names its segments by (a submitter whose
 // clock is off).
 func SetClock(c *Client, now func() time.Time) { c.now = now }
+
+// PromoteScheduled moves queue q's scheduled segments due by c's clock to
+// the open segments and returns how many it moved.
+func PromoteScheduled(ctx context.Context, c *Client, q string) (int, error) {
+	_, n, err := c.scheduledIndex(q).Promote(ctx)
+	return n, err
+}

@@ -4,12 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/droverhq/drover/internal/due"
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/lock"
 	"github.com/droverhq/drover/metrics"
@@ -17,94 +19,59 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// promoteRetries moves retry keys whose time has come back to pending. It
-// sleeps until the earliest one is due and wakes early when a retry is
-// scheduled, so no task is polled. Several workers may race for one retry;
-// each move is a transaction that only one wins.
-func (w *Worker) promoteRetries(ctx context.Context) {
-	pre := w.keys.QueueRetry(w.cfg.Queue)
-	for ctx.Err() == nil {
-		wctx, cancel := context.WithCancel(ctx)
-		wch := w.cli.Watch(clientv3.WithRequireLeader(wctx), pre, clientv3.WithPrefix(), clientv3.WithFilterDelete(), clientv3.WithCreatedNotify())
-		if err := watchOpened(wctx, wch); err != nil {
-			cancel()
-			sleepCtx(ctx, time.Second)
-			continue
-		}
-		for ctx.Err() == nil {
-			due, err := w.sched.promoteDue(wctx, pre)
-			if err != nil {
-				break
-			}
-			var timer *time.Timer
-			var fire <-chan time.Time
-			if !due.IsZero() {
-				timer = time.NewTimer(time.Until(due))
-				fire = timer.C
-			}
-			reopenNow := false
-			select {
-			case <-fire:
-			case wr, ok := <-wch:
-				reopenNow = !ok || wr.Err() != nil
-			case <-ctx.Done():
-			}
-			if timer != nil {
-				timer.Stop()
-			}
-			if reopenNow {
-				goto reopen
-			}
-		}
-	reopen:
-		cancel()
-		sleepCtx(ctx, 100*time.Millisecond)
-	}
+// promoteDue moves queue q's due retries back to pending and its due
+// scheduled segments to the open segments, until ctx ends: one watch and
+// one timer each (package internal/due). Several workers may race for one
+// item; each move is a transaction that only one wins.
+func (w *Worker) promoteDue(ctx context.Context) {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Add(1)
+	go func() { defer wg.Done(); w.client.scheduledIndex(w.cfg.Queue).Run(ctx) }()
+	w.client.retryIndex(w.cfg.Queue, w.logger).Run(ctx)
 }
 
-// promoteDue moves every due retry back to pending and returns when the next
-// one is due (zero when none is scheduled).
-func (w *claimer) promoteDue(ctx context.Context, pre string) (time.Time, error) {
-	for {
-		now := time.Now()
-		g, err := w.cli.Get(ctx, pre, clientv3.WithRange(keyspace.TimeBound(pre, now.UnixNano()+1)), clientv3.WithLimit(50))
-		if err != nil {
-			return time.Time{}, err
-		}
-		if len(g.Kvs) > 0 {
-			ops := make([]clientv3.Op, 0, len(g.Kvs))
+// retryIndex is queue q's retry schedule as a due index: a due retry's
+// pending key is written back, and its priority level's marker.
+func (c *Client) retryIndex(q string, logger *slog.Logger) *due.Index {
+	return &due.Index{Client: c.cli, Prefix: c.keys.QueueRetry(q), Batch: 50,
+		Move: func(kv *mvccpb.KeyValue) ([]clientv3.Op, bool) {
+			var rv retryValue
+			if json.Unmarshal(kv.Value, &rv) != nil || rv.PendingKey == "" {
+				logger.Error("queue: dropping an unreadable retry key", "key", string(kv.Key))
+				return nil, false
+			}
+			return []clientv3.Op{clientv3.OpPut(rv.PendingKey, encodePending(rv.Attempts, false))}, true
+		},
+		Shared: func(kvs []*mvccpb.KeyValue) []clientv3.Op {
 			var markers []clientv3.Op
 			levels := map[string]bool{}
-			for _, kv := range g.Kvs {
+			for _, kv := range kvs {
 				var rv retryValue
-				if json.Unmarshal(kv.Value, &rv) != nil || rv.PendingKey == "" {
-					w.logger.Error("queue: dropping an unreadable retry key", "key", string(kv.Key))
-					ops = append(ops, clientv3.OpDelete(string(kv.Key)))
+				if json.Unmarshal(kv.Value, &rv) != nil {
 					continue
 				}
-				ops = append(ops, clientv3.OpTxn(
-					[]clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(string(kv.Key)), "=", kv.ModRevision)},
-					[]clientv3.Op{clientv3.OpDelete(string(kv.Key)), clientv3.OpPut(rv.PendingKey, encodePending(rv.Attempts, false))}, nil))
-				if lv := w.client.levelOfPending(w.queue, rv.PendingKey); lv != "" && !levels[lv] {
+				if lv := c.levelOfPending(q, rv.PendingKey); lv != "" && !levels[lv] {
 					levels[lv] = true
-					markers = append(markers, clientv3.OpPut(w.client.levelKey(w.queue, lv), ""))
+					markers = append(markers, clientv3.OpPut(c.levelKey(q, lv), ""))
 				}
 			}
-			ops = append(ops, markers...)
-			if _, err := w.cli.Txn(ctx).Then(ops...).Commit(); err != nil {
-				return time.Time{}, err
+			return markers
+		}}
+}
+
+// scheduledIndex is queue q's due index of segments that run later: a due
+// segment's key moves to the open segments, where claims find it.
+func (c *Client) scheduledIndex(q string) *due.Index {
+	pre := c.keys.QueueDue(q)
+	return &due.Index{Client: c.cli, Prefix: pre, Now: c.now,
+		Move: func(kv *mvccpb.KeyValue) ([]clientv3.Op, bool) {
+			_, seg, ok := due.Parse(pre, string(kv.Key))
+			if !ok {
+				return nil, false
 			}
-			if g.More {
-				continue
-			}
-		}
-		next, err := w.cli.Get(ctx, pre, clientv3.WithPrefix(), clientv3.WithLimit(1), clientv3.WithKeysOnly())
-		if err != nil || len(next.Kvs) == 0 {
-			return time.Time{}, err
-		}
-		ns, _, _ := keyspace.ParseTimedKey(pre, string(next.Kvs[0].Key))
-		return time.Unix(0, ns), nil
-	}
+			return []clientv3.Op{clientv3.OpPut(c.keys.SegmentOpen(q, seg), string(kv.Value))}, true
+		}}
 }
 
 // watchCancels cancels the context of a running task when someone asks to
@@ -196,7 +163,7 @@ func (w *Worker) countDepth(ctx context.Context) {
 		if st, err := w.client.Stats(ctx, w.cfg.Queue); err == nil {
 			q := w.cfg.Queue
 			for state, n := range map[string]int64{"pending": st.Pending, "running": st.Running, "retrying": st.Retrying,
-				"succeeded": st.Succeeded, "dead": st.Dead, "cancelled": st.Cancelled} {
+				"succeeded": st.Succeeded, "dead": st.Dead, "cancelled": st.Cancelled, "scheduled": st.Scheduled} {
 				metrics.QueueTasks.WithLabelValues(q, state).Set(float64(n))
 			}
 		}

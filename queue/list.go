@@ -212,7 +212,7 @@ func (c *Client) List(ctx context.Context, q string, st Status, opts ListOptions
 	// tasks in segments (cursor "s/...").
 	after, inSegs := strings.CutPrefix(opts.After, "s/")
 	page := Page{Tasks: []*Task{}}
-	if !inSegs {
+	if !inSegs && st != Scheduled {
 		p, err := c.listRecords(ctx, q, st, ListOptions{Limit: limit, After: strings.TrimPrefix(opts.After, "t/")})
 		if err != nil || p.Next != "" {
 			if p.Next != "" {
@@ -309,6 +309,8 @@ func (c *Client) listRecords(ctx context.Context, q string, st Status, opts List
 // statusPrefix is the index of tasks in status st.
 func (c *Client) statusPrefix(q string, st Status) (string, error) {
 	switch st {
+	case Scheduled: // only segments: no task record is scheduled
+		return c.keys.QueueDue(q), nil
 	case Pending:
 		return c.keys.QueuePending(q), nil
 	case Running:
@@ -320,7 +322,7 @@ func (c *Client) statusPrefix(q string, st Status) (string, error) {
 	case Succeeded, Cancelled:
 		return c.keys.QueueDone(q, string(st)), nil // "{finished}-{id}"
 	}
-	return "", &drover.InputError{Field: "status", Value: string(st), Rule: "must be PENDING, RUNNING, RETRYING, SUCCEEDED, DEAD or CANCELLED"}
+	return "", &drover.InputError{Field: "status", Value: string(st), Rule: "must be SCHEDULED, PENDING, RUNNING, RETRYING, SUCCEEDED, DEAD or CANCELLED"}
 }
 
 // idOfIndexKey returns the task id of key in the index of status st.
@@ -359,15 +361,18 @@ type Stats struct {
 	Succeeded int64 `json:"succeeded"`
 	Dead      int64 `json:"dead"`
 	Cancelled int64 `json:"cancelled"`
+	// Scheduled counts the tasks submitted to run later whose time has
+	// not come.
+	Scheduled int64 `json:"scheduled"`
 }
 
 // Total is the sum of every count.
 func (s Stats) Total() int64 {
-	return s.Pending + s.Running + s.Retrying + s.Succeeded + s.Dead + s.Cancelled
+	return s.Scheduled + s.Pending + s.Running + s.Retrying + s.Succeeded + s.Dead + s.Cancelled
 }
 
-// Unfinished counts tasks that are pending, running or retrying.
-func (s Stats) Unfinished() int64 { return s.Pending + s.Running + s.Retrying }
+// Unfinished counts tasks that are scheduled, pending, running or retrying.
+func (s Stats) Unfinished() int64 { return s.Scheduled + s.Pending + s.Running + s.Retrying }
 
 // Stats counts queue q's tasks by status, in one read transaction.
 func (c *Client) Stats(ctx context.Context, q string) (Stats, error) {
@@ -391,8 +396,8 @@ func (c *Client) Stats(ctx context.Context, q string) (Stats, error) {
 	if kvs := resp.Responses[6].GetResponseRange().Kvs; len(kvs) > 0 {
 		_ = json.Unmarshal(kvs[0].Value, &arch)
 	}
-	pending, running, succeeded := c.segmentStats(q, resp.Responses[len(ops):])
-	return Stats{Pending: n(0) - n(1) + pending, Running: n(1) + running, Retrying: n(2), Succeeded: n(3) + arch.Succeeded + succeeded + arch.SegmentSucceeded,
+	scheduled, pending, running, succeeded := c.segmentStats(q, resp.Responses[len(ops):])
+	return Stats{Scheduled: scheduled, Pending: n(0) - n(1) + pending, Running: n(1) + running, Retrying: n(2), Succeeded: n(3) + arch.Succeeded + succeeded + arch.SegmentSucceeded,
 		Dead: n(4), Cancelled: n(5) + arch.Cancelled}, nil
 }
 

@@ -64,9 +64,9 @@ func (w *Worker) Run(ctx context.Context) error {
 }
 
 // startBackground starts the worker's background work under base: the
-// watches of lost claims and of cancels, the moves of due retries, the
-// removal of expired tasks and the count of the queue's depth. The stop it
-// returns ends them and waits for them.
+// watches of lost claims and of cancels, the moves of due retries and
+// scheduled segments, the removal of expired tasks and the count of the
+// queue's depth. The stop it returns ends them and waits for them.
 func (w *Worker) startBackground(ctx, base context.Context) (stop func()) {
 	// The watches start after the revision read here, before any claim:
 	// a claim deleted (its lease revoked) or a cancel asked for before a
@@ -77,7 +77,7 @@ func (w *Worker) startBackground(ctx, base context.Context) (stop func()) {
 	var bgWG sync.WaitGroup
 	bgWG.Add(5)
 	go func() { defer bgWG.Done(); w.watchOrphans(bg, startRev) }()
-	go func() { defer bgWG.Done(); w.promoteRetries(bg) }()
+	go func() { defer bgWG.Done(); w.promoteDue(bg) }()
 	go func() { defer bgWG.Done(); w.watchCancels(bg, startRev) }()
 	go func() { defer bgWG.Done(); w.removeExpired(bg) }()
 	go func() { defer bgWG.Done(); w.countDepth(bg) }()
@@ -480,16 +480,4 @@ func (w *claimer) wakes(events []*clientv3.Event, anyClaimDelete bool) bool {
 		}
 	}
 	return woke
-}
-
-func watchOpened(ctx context.Context, wch clientv3.WatchChan) error {
-	select {
-	case wr, ok := <-wch:
-		if !ok {
-			return errors.New("watch closed before it opened")
-		}
-		return wr.Err()
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }

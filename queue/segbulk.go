@@ -23,7 +23,7 @@ func (c *Client) segmentUnchanged(t *Task, st Status) []clientv3.Cmp {
 		clientv3.Compare(clientv3.CreateRevision(c.keys.ExitDone(at.queue, at.seg, at.slot)), "=", 0),
 		clientv3.Compare(clientv3.CreateRevision(c.keys.TaskRecord(t.ID)), "=", 0),
 	}
-	if st == Pending || st == Running {
+	if st == Pending || st == Running || st == Scheduled { // a scheduled one may fall due since
 		cmps = append(cmps,
 			clientv3.Compare(clientv3.ModRevision(c.keys.Runs(at.queue, at.seg)).WithPrefix(), "<", at.rev+1),
 			clientv3.Compare(clientv3.ModRevision(c.keys.Outs(at.queue, at.seg)).WithPrefix(), "<", at.rev+1))

@@ -13,9 +13,11 @@ import (
 )
 
 // segmentStatus reports whether tasks in status st can be in segments:
-// pending, running and succeeded ones. Tasks retrying, dead or cancelled
+// scheduled, pending, running and succeeded ones. Tasks retrying, dead or cancelled
 // have records of their own.
-func segmentStatus(st Status) bool { return st == Pending || st == Running || st == Succeeded }
+func segmentStatus(st Status) bool {
+	return st == Pending || st == Running || st == Succeeded || st == Scheduled
+}
 
 // slotCursor is a place in a listing of segment tasks: "{seg}/{slot:03d}".
 func slotCursor(seg string, slot int) string { return fmt.Sprintf("%s/%03d", seg, slot) }
@@ -62,6 +64,8 @@ func (c *Client) listSegments(ctx context.Context, q string, st Status, after st
 // tasks in status st, and whether there are more.
 func (c *Client) segmentsWith(ctx context.Context, q string, st Status, from string) ([]string, bool, error) {
 	switch st {
+	case Scheduled:
+		return c.dueSegments(ctx, q, from)
 	case Pending:
 		return c.segmentNames(ctx, c.keys.SegmentsOpen(q), from, false)
 	case Succeeded:
@@ -128,6 +132,28 @@ func (c *Client) segmentNames(ctx context.Context, prefix, from string, nested b
 	return out, g.More, nil
 }
 
+// dueSegments returns queue q's segments in the due index from segment
+// from on, in due order, and whether there are more. A segment's due key
+// follows from its name, so from (a name) gives where to start.
+func (c *Client) dueSegments(ctx context.Context, q, from string) ([]string, bool, error) {
+	pre := c.keys.QueueDue(q)
+	start := pre
+	if from != "" {
+		start = c.keys.SegmentDue(q, from)
+	}
+	g, err := c.cli.Get(ctx, start, clientv3.WithRange(clientv3.GetPrefixRangeEnd(pre)), clientv3.WithKeysOnly(), clientv3.WithLimit(4096))
+	if err != nil {
+		return nil, false, fmt.Errorf("queue: read scheduled segments: %w", err)
+	}
+	out := make([]string, 0, len(g.Kvs))
+	for _, kv := range g.Kvs {
+		if _, seg, ok := keyspace.ParseTimedKey(pre, string(kv.Key)); ok {
+			out = append(out, seg)
+		}
+	}
+	return out, g.More, nil
+}
+
 // segmentStatsOps are the reads segmentStats counts from: keys only
 // (counts are in their names), except the open and closed segments' small
 // values and the live runs' (their slots).
@@ -139,12 +165,15 @@ func (c *Client) segmentStatsOps(q string) []clientv3.Op {
 		clientv3.OpGet(c.keys.SegmentsOpen(q), clientv3.WithPrefix()),
 		clientv3.OpGet(c.keys.Runs(q, ""), clientv3.WithPrefix()), keysOnly(c.keys.Outs(q, "")), keysOnly(c.keys.Exits(q, "")),
 		clientv3.OpGet(c.keys.SegmentsClosed(q), clientv3.WithPrefix()),
+		clientv3.OpGet(c.keys.QueueDue(q), clientv3.WithPrefix()),
 	}
 }
 
-// segmentStats counts queue q's tasks in segments, pending, running and
-// succeeded, from the responses of segmentStatsOps.
-func (c *Client) segmentStats(q string, rs []*pb.ResponseOp) (pending, running, succeeded int64) {
+// segmentStats counts queue q's tasks in segments, pending (with the
+// scheduled ones), running and succeeded, from the responses of
+// segmentStatsOps. Only cancels and purges touch a scheduled segment: its
+// exits are counted as an open segment's are.
+func (c *Client) segmentStats(q string, rs []*pb.ResponseOp) (scheduled, pending, running, succeeded int64) {
 	open := map[string]bool{}
 	for _, kv := range rs[0].GetResponseRange().Kvs {
 		seg, _ := keyspace.Last(c.keys.SegmentsOpen(q), string(kv.Key))
@@ -152,6 +181,7 @@ func (c *Client) segmentStats(q string, rs []*pb.ResponseOp) (pending, running, 
 		open[seg] = true
 		pending += n
 	}
+	sched := c.dueStats(q, rs[5], open, &scheduled)
 	inOpen := func(k int, pre string, count func(rest string) (int64, int64)) (a, b int64) {
 		for _, kv := range rs[k].GetResponseRange().Kvs {
 			seg, rest, ok := keyspace.SegmentPart(pre, string(kv.Key))
@@ -195,6 +225,10 @@ func (c *Client) segmentStats(q string, rs []*pb.ResponseOp) (pending, running, 
 			continue
 		}
 		slot, done, _ := keyspace.ParseExit(rest)
+		if sched[seg] { // cancelled or purged while scheduled
+			scheduled--
+			continue
+		}
 		switch {
 		case done:
 			purgedOK++
@@ -209,5 +243,18 @@ func (c *Client) segmentStats(q string, rs []*pb.ResponseOp) (pending, running, 
 		n, _ := strconv.ParseInt(string(kv.Value), 10, 64)
 		succeeded += n
 	}
-	return pending - running - ok - moved - exits, running, succeeded + ok - purgedOK
+	return scheduled, pending - running - ok - moved - exits, running, succeeded + ok - purgedOK
+}
+
+// dueStats adds the segments of the due index (a response of
+// segmentStatsOps) to open and their tasks to *n, and returns their names.
+func (c *Client) dueStats(q string, r *pb.ResponseOp, open map[string]bool, n *int64) map[string]bool {
+	sched := map[string]bool{}
+	for _, kv := range r.GetResponseRange().Kvs {
+		_, seg, _ := keyspace.ParseTimedKey(c.keys.QueueDue(q), string(kv.Key))
+		k, _ := strconv.ParseInt(string(kv.Value), 10, 64)
+		open[seg], sched[seg] = true, true
+		*n += k
+	}
+	return sched
 }

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/droverhq/drover/internal/taskstore"
 	"github.com/droverhq/drover/keyspace"
@@ -100,15 +101,19 @@ type okSlot = taskstore.OKSlot
 
 // segState is a segment's state as one read saw it.
 type segState struct {
-	name  string
-	rev   int64 // the revision of the read
-	open  bool
-	n     int // tasks in the segment
-	runs  []runRef
-	tries []runRef
-	ok    map[int]okRef
-	moved map[int]bool
-	exits map[int]bool
+	name string
+	rev  int64 // the revision of the read
+	open bool
+	// scheduled: the segment is in the due index, its tasks SCHEDULED
+	// until due.
+	scheduled bool
+	due       time.Time
+	n         int // tasks in the segment
+	runs      []runRef
+	tries     []runRef
+	ok        map[int]okRef
+	moved     map[int]bool
+	exits     map[int]bool
 	// purgedOK counts the slots that succeeded and were purged since.
 	purgedOK int
 	// unreadable counts the run, try and outcome values that could not be
@@ -159,6 +164,7 @@ func (c *Client) stateOps(q, seg string) []clientv3.Op {
 		clientv3.OpGet(c.keys.Tries(q, seg), clientv3.WithPrefix()),
 		clientv3.OpGet(c.keys.Outs(q, seg), clientv3.WithPrefix()),
 		clientv3.OpGet(c.keys.Exits(q, seg), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
+		clientv3.OpGet(c.keys.SegmentDue(q, seg)),
 	}
 }
 
@@ -203,6 +209,11 @@ func (c *Client) parseState(q, seg string, rev int64, rs []*pb.ResponseOp) *segS
 				st.purgedOK++
 			}
 		}
+	}
+	if kvs := rs[5].GetResponseRange().Kvs; len(kvs) > 0 {
+		st.scheduled = true
+		_, st.due, _ = keyspace.ParseSegmentName(seg)
+		st.n, _ = strconv.Atoi(string(kvs[0].Value))
 	}
 	return st
 }
@@ -294,6 +305,11 @@ func (s *segState) fill(t *Task, slot int) bool {
 		t.Transitions = appendLost(t.Transitions, attempt, r.v.ClaimedAt)
 		t.Transitions = append(t.Transitions, Transition{Status: Running, At: r.v.ClaimedAt, Attempt: attempt, Worker: r.v.Worker})
 		t.CurrentStatus, t.Attempt, t.Token = Running, attempt, r.token
+		return true
+	}
+	if s.scheduled {
+		t.Transitions[0].Status = Scheduled
+		t.CurrentStatus, t.ScheduledAt = Scheduled, s.due.UTC()
 		return true
 	}
 	t.CurrentStatus, t.Attempt = Pending, s.attempts(slot)

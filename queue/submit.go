@@ -67,6 +67,7 @@ func (c *Client) Submit(ctx context.Context, q string, tasks []Task, progress fu
 	batches := map[int][]int{}               // level → indexes in valid
 	sizes := map[int]int{}
 	var levels []int // in the order they first came
+	var later []int  // indexes in valid of the tasks that run later
 	for i := range valid {
 		t := &valid[i]
 		if first, ok := seen[t.ID]; ok { // one id twice in one submission
@@ -74,6 +75,10 @@ func (c *Client) Submit(ctx context.Context, q string, tasks []Task, progress fu
 			continue
 		}
 		seen[t.ID] = i
+		if !t.RunAt.IsZero() {
+			later = append(later, i)
+			continue
+		}
 		size := recordSize(t)
 		lv := MaxPriority - t.Metadata.Priority
 		if _, ok := batches[lv]; !ok {
@@ -93,11 +98,53 @@ func (c *Client) Submit(ctx context.Context, q string, tasks []Task, progress fu
 			return sb.fail(err, generated)
 		}
 	}
+	for _, idx := range dueGroups(valid, later) {
+		if err := sb.flush(idx); err != nil {
+			return sb.fail(err, generated)
+		}
+	}
 	if err := sb.g.Wait(); err != nil {
 		return sb.fail(err, generated)
 	}
 	SortLineErrors(sb.res.Rejected)
 	return sb.res, nil
+}
+
+// DueGroup is how far apart the due times of tasks submitted together
+// may be for them to share a segment: the segment falls due at the latest
+// of them, so a task may be claimed up to DueGroup after its time, never
+// before it.
+const DueGroup = 20 * time.Millisecond
+
+// dueGroups splits the tasks valid[later], which run later, into
+// segments: by priority level, then due time, each of up to SegmentSize
+// tasks due within DueGroup of its first.
+func dueGroups(valid []Task, later []int) [][]int {
+	slices.SortStableFunc(later, func(a, b int) int {
+		if pa, pb := valid[a].Metadata.Priority, valid[b].Metadata.Priority; pa != pb {
+			return pb - pa
+		}
+		return valid[a].RunAt.Compare(valid[b].RunAt)
+	})
+	var out [][]int
+	var cur []int
+	size := 0
+	for _, i := range later {
+		t := &valid[i]
+		if len(cur) > 0 {
+			first := &valid[cur[0]]
+			if len(cur) == SegmentSize || size+recordSize(t) > maxSegmentBytes ||
+				first.Metadata.Priority != t.Metadata.Priority || t.RunAt.Sub(first.RunAt) > DueGroup {
+				out, cur, size = append(out, cur), nil, 0
+			}
+		}
+		cur = append(cur, i)
+		size += recordSize(t)
+	}
+	if len(cur) > 0 {
+		out = append(out, cur)
+	}
+	return out
 }
 
 // submission is one call of Submit: its segments in flight and its counts.
@@ -266,12 +313,14 @@ func (c *Client) putSegment(ctx context.Context, q string, valid []Task, idx []i
 			return existing, errors.New("the segment kept being refused while nothing said why; submit again")
 		}
 		t0 := &valid[idx[0]]
-		seg := keyspace.SegmentName(MaxPriority-t0.Metadata.Priority, c.now(), NewID()[:8])
-		ts := make([]Task, len(idx))
-		for k, i := range idx {
-			ts[k] = valid[i]
-			ts[k].Queue = ""
+		ts, due := segmentTasksOf(valid, idx)
+		// A segment that runs later is named after its due time, which
+		// says where its key in the due index is.
+		named := c.now()
+		if !due.IsZero() {
+			named = due
 		}
+		seg := keyspace.SegmentName(MaxPriority-t0.Metadata.Priority, named, NewID()[:8])
 		data, err := encodeSegment(ts)
 		if err != nil {
 			return existing, fmt.Errorf("encode segment: %w", err)
@@ -289,7 +338,11 @@ func (c *Client) putSegment(ctx context.Context, q string, valid []Task, idx []i
 		// guard key read back in the same request to say why.
 		cmps = append(cmps, storeguard.NotFull(c.keys))
 		gets = append(gets, storeguard.GetOp(c.keys))
-		puts = append(puts, clientv3.OpPut(c.keys.Segment(q, seg), string(data)), clientv3.OpPut(c.keys.SegmentOpen(q, seg), strconv.Itoa(len(idx))))
+		live := c.keys.SegmentOpen(q, seg)
+		if !due.IsZero() {
+			live = c.keys.SegmentDue(q, seg)
+		}
+		puts = append(puts, clientv3.OpPut(c.keys.Segment(q, seg), string(data)), clientv3.OpPut(live, strconv.Itoa(len(idx))))
 		if first {
 			puts = append(puts, c.nameOp(q))
 		}
@@ -319,6 +372,21 @@ func (c *Client) putSegment(ctx context.Context, q string, valid []Task, idx []i
 		idx = left
 	}
 	return existing, nil
+}
+
+// segmentTasksOf returns the tasks valid[idx] as a segment stores them,
+// and the latest due time of those that run later (zero: none does).
+func segmentTasksOf(valid []Task, idx []int) ([]Task, time.Time) {
+	var due time.Time
+	ts := make([]Task, len(idx))
+	for k, i := range idx {
+		ts[k] = valid[i]
+		if ts[k].RunAt.After(due) {
+			due = ts[k].RunAt
+		}
+		ts[k].Queue, ts[k].RunAt = "", time.Time{}
+	}
+	return ts, due
 }
 
 // storedTasks reads the stored tasks of valid[existing] by id.

@@ -27,6 +27,9 @@ const (
 	Retrying  Status = "RETRYING"
 	Dead      Status = "DEAD"
 	Cancelled Status = "CANCELLED"
+	// Scheduled is a task submitted to run later (RunAt or Delay) whose
+	// time has not come: no worker claims it before.
+	Scheduled Status = "SCHEDULED"
 )
 
 // Limits and defaults.
@@ -40,6 +43,8 @@ const (
 	MaxResult = 256 << 10
 	// MaxHistory bounds the transitions and errors kept per task.
 	MaxHistory = 50
+	// MaxDelayYears bounds how far ahead a task's run_at may be.
+	MaxDelayYears = 100
 )
 
 // Metadata is a task's metadata: when it was created, its priority (higher
@@ -88,6 +93,15 @@ type Task struct {
 	BackoffMax  Duration  `json:"backoff_max,omitempty"`
 	Result      []byte    `json:"result,omitempty"`
 	ScheduledAt time.Time `json:"scheduled_at,omitzero"`
+	// RunAt, given on submission, is when the task falls due: until then
+	// it is SCHEDULED and no worker claims it. A time in the past means
+	// now. Delay is the same as a duration from the submission; give one
+	// or neither. Neither is stored as given: a scheduled task's
+	// ScheduledAt says when it falls due (tasks submitted together and
+	// due within DueGroup of each other fall due together, at the latest
+	// of their times).
+	RunAt time.Time `json:"run_at,omitzero"`
+	Delay Duration  `json:"delay,omitempty"`
 	// Deferrals counts the times in a row flow control handed the task
 	// back without running it; each doubles the next delay.
 	Deferrals int `json:"deferrals,omitempty"`
@@ -193,8 +207,37 @@ func (t *Task) check(now time.Time) error {
 		return &drover.InputError{Field: "parameters", Value: fmt.Sprintf("%d bytes", size),
 			Rule: fmt.Sprintf("a task's payload must be at most %d bytes: put large inputs behind input_data_uri", MaxPayload)}
 	}
+	if err := t.checkDue(now); err != nil {
+		return err
+	}
 	if t.Metadata.CreatedAt.IsZero() {
 		t.Metadata.CreatedAt = now.UTC()
+	}
+	return nil
+}
+
+// checkDue checks RunAt and Delay and turns them into RunAt alone: zero
+// when the task is due at once.
+func (t *Task) checkDue(now time.Time) error {
+	switch {
+	case !t.RunAt.IsZero() && t.Delay != 0:
+		return &drover.InputError{Field: "run_at", Rule: "give run_at or delay, not both"}
+	case t.Delay < 0:
+		return &drover.InputError{Field: "delay", Value: time.Duration(t.Delay).String(), Rule: "must not be negative"}
+	}
+	field := "run_at"
+	if t.Delay > 0 {
+		t.RunAt, field = now.Add(time.Duration(t.Delay)), "delay"
+	}
+	if t.RunAt.After(now.AddDate(MaxDelayYears, 0, 0)) {
+		return &drover.InputError{Field: field, Rule: fmt.Sprintf("must be at most %d years from now", MaxDelayYears)}
+	}
+	t.Delay = 0
+	if !t.RunAt.After(now) {
+		t.RunAt = time.Time{} // due now
+	}
+	if !t.RunAt.IsZero() {
+		t.RunAt = t.RunAt.UTC()
 	}
 	return nil
 }
@@ -249,6 +292,9 @@ func ParseLine(line []byte) (Task, error) {
 	dec := json.NewDecoder(bytes.NewReader(line))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&t); err != nil {
+		if errors.As(err, new(*time.ParseError)) {
+			return Task{}, fmt.Errorf("field %s: must be an RFC 3339 time such as \"2026-12-01T09:00:00Z\": %w", timeField(line), err)
+		}
 		return Task{}, describeJSONError(err)
 	}
 	if dec.More() {
@@ -261,6 +307,19 @@ func ParseLine(line []byte) (Task, error) {
 		return Task{}, errors.New("current_status, attempt, token, transitions, result and retries_attempted are set by drover, not by submitters")
 	}
 	return t, nil
+}
+
+// timeField names the time field of a task line that does not read:
+// run_at, else metadata.created_at.
+func timeField(line []byte) string {
+	var v struct {
+		RunAt json.RawMessage `json:"run_at"`
+	}
+	var at time.Time
+	if json.Unmarshal(line, &v) == nil && len(v.RunAt) > 0 && json.Unmarshal(v.RunAt, &at) != nil {
+		return "run_at"
+	}
+	return "metadata.created_at"
 }
 
 func describeJSONError(err error) error {

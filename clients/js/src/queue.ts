@@ -14,6 +14,10 @@ export interface SubmittedTask {
   backoff_max?: string;
   timeout?: string;
   metadata?: { priority?: number; tenant?: string; source_system?: string; [k: string]: unknown };
+  /** Run the task at this time (RFC 3339), not before: SCHEDULED until then. Not with delay. */
+  run_at?: string;
+  /** Run the task after this long ("10m", or seconds), not before: SCHEDULED until then. Not with run_at. */
+  delay?: string | number;
   [key: string]: unknown;
 }
 
@@ -33,7 +37,7 @@ export interface QueueTask {
   queue: string;
   parameters?: unknown;
   metadata: { created_at: string; priority: number; tenant?: string; source_system?: string };
-  current_status: "PENDING" | "RUNNING" | "RETRYING" | "SUCCEEDED" | "DEAD" | "CANCELLED" | string;
+  current_status: "SCHEDULED" | "PENDING" | "RUNNING" | "RETRYING" | "SUCCEEDED" | "DEAD" | "CANCELLED" | string;
   attempt: number;
   /** On a claimed task: the claim's fencing token, sent back with its outcome. */
   token?: number;
@@ -42,6 +46,7 @@ export interface QueueTask {
   last_error?: string;
   result?: unknown;
   result_base64?: string;
+  /** When a RETRYING task runs again, or a SCHEDULED one falls due. */
   scheduled_at?: string;
   transitions?: QueueTransition[] | null;
   input_data_uri?: string;
@@ -67,6 +72,8 @@ export interface QueueStats {
   succeeded: number;
   dead: number;
   cancelled: number;
+  /** Tasks submitted to run later whose time has not come. */
+  scheduled: number;
 }
 
 export interface TaskPage {

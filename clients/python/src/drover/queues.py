@@ -1,5 +1,6 @@
 """Durable queues: submit, claim, report outcomes, inspect, dead letters."""
 
+import datetime
 import io
 import json
 from typing import (
@@ -120,6 +121,22 @@ class OutcomeResult(NamedTuple):
         return self.status == 409
 
 
+def _wire_task(t: Mapping[str, Any]) -> Mapping[str, Any]:
+    """t as sent: a datetime run_at in RFC 3339, a timedelta delay in
+    seconds; anything else as given."""
+    run_at, delay = t.get("run_at"), t.get("delay")
+    if not isinstance(run_at, datetime.datetime) and not isinstance(delay, datetime.timedelta):
+        return t
+    out = dict(t)
+    if isinstance(run_at, datetime.datetime):
+        if run_at.tzinfo is None:
+            raise ValueError("run_at: give a timezone-aware datetime (a naive one names no instant)")
+        out["run_at"] = run_at.isoformat()
+    if isinstance(delay, datetime.timedelta):
+        out["delay"] = delay.total_seconds()
+    return out
+
+
 def _submit_result(d: Mapping[str, Any]) -> SubmitResult:
     return SubmitResult(
         int(d.get("submitted") or 0),
@@ -224,11 +241,16 @@ class Queue:
         """Submit a list of tasks (each with ``task_id`` and ``task_type``;
         ``parameters``, ``max_retries``, ``timeout``, ``metadata``...).
 
+        ``run_at`` (an RFC 3339 string or a timezone-aware ``datetime``) or
+        ``delay`` (a Go duration such as ``"10m"``, seconds, or a
+        ``timedelta``) runs a task later: it is ``SCHEDULED`` until then and
+        no worker claims it before.
+
         The list is checked whole: one invalid task raises
         :class:`InvalidInput` (its ``lines`` name the positions) and nothing
         is stored. Submitting the same task again is safe (a duplicate).
         """
-        r = self._t.request("POST", self._base + "/tasks", json_body=list(tasks), retry=IDEMPOTENT)
+        r = self._t.request("POST", self._base + "/tasks", json_body=[_wire_task(t) for t in tasks], retry=IDEMPOTENT)
         return _submit_result(r.data)
 
     def submit_ndjson(self, source: Union[str, bytes, Iterable[Any], Any]) -> SubmitResult:
@@ -283,7 +305,7 @@ class Queue:
 
     def stats(self) -> Dict[str, Any]:
         """Counts by status: ``pending``, ``running``, ``retrying``,
-        ``succeeded``, ``dead``, ``cancelled``."""
+        ``succeeded``, ``dead``, ``cancelled``, ``scheduled``."""
         return self._t.request("GET", self._base + "/stats", retry=IDEMPOTENT).data
 
     def cancel(self, task_id: str) -> Task:

@@ -101,7 +101,7 @@ tasks are kept, like finished ones, for the queue's retention.`,
 			if b.q == "" {
 				return usageError{errors.New("to cancel more than one task give --queue Q, and ids or --all")}
 			}
-			st, err := b.statusOf(queue.Pending, queue.Retrying)
+			st, err := b.statusOf(queue.Scheduled, queue.Pending, queue.Retrying)
 			if err != nil {
 				return err
 			}
@@ -111,7 +111,7 @@ tasks are kept, like finished ones, for the queue's retention.`,
 		},
 	}
 	cmd.Flags().StringVar(&b.q, "queue", "", "queue of the tasks to cancel")
-	cmd.Flags().StringVar(&b.status, "status", "PENDING", "PENDING or RETRYING")
+	cmd.Flags().StringVar(&b.status, "status", "PENDING", "SCHEDULED, PENDING or RETRYING")
 	cmd.Flags().BoolVar(&b.all, "all", false, "every task of the queue in that status")
 	cmd.Flags().BoolVar(&b.asJSON, "json", false, "print JSON")
 	return cmd
@@ -152,7 +152,7 @@ cannot be purged; cancel them first. Shows progress on stderr.`,
 		Example: `  drover tasks purge --queue emails --status PENDING --all
   drover tasks purge --queue emails --status SUCCEEDED t-1 t-2 --json`,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			st, err := b.statusOf(queue.Pending, queue.Retrying, queue.Dead, queue.Succeeded, queue.Cancelled)
+			st, err := b.statusOf(queue.Scheduled, queue.Pending, queue.Retrying, queue.Dead, queue.Succeeded, queue.Cancelled)
 			if err != nil {
 				return err
 			}
@@ -162,7 +162,7 @@ cannot be purged; cancel them first. Shows progress on stderr.`,
 		},
 	}
 	cmd.Flags().StringVar(&b.q, "queue", "", "queue name")
-	cmd.Flags().StringVar(&b.status, "status", "", "PENDING, RETRYING, DEAD, SUCCEEDED or CANCELLED (required)")
+	cmd.Flags().StringVar(&b.status, "status", "", "SCHEDULED, PENDING, RETRYING, DEAD, SUCCEEDED or CANCELLED (required)")
 	cmd.Flags().BoolVar(&b.all, "all", false, "every task of the queue in that status")
 	cmd.Flags().BoolVar(&b.asJSON, "json", false, "print JSON")
 	return cmd

@@ -32,6 +32,38 @@ type submitFlags struct {
 	maxRetries       int
 	timeout          time.Duration
 	asJSON           bool
+	in               time.Duration // --in: run after this long
+	at               string        // --at: run at this time (RFC 3339)
+}
+
+// due returns what --in or --at sets on each task (nil: neither was
+// given): a task that gives its own run_at or delay keeps it.
+func (sf *submitFlags) due(cmd *cobra.Command) (func(*queue.Task), error) {
+	inSet, atSet := cmd.Flags().Changed("in"), cmd.Flags().Changed("at")
+	switch {
+	case inSet && atSet:
+		return nil, usageError{errors.New("give --in or --at, not both")}
+	case inSet && sf.in < 0:
+		return nil, &drover.InputError{Field: "--in", Value: sf.in.String(), Rule: "must not be negative"}
+	case inSet:
+		d := queue.Duration(sf.in)
+		return func(t *queue.Task) {
+			if t.RunAt.IsZero() && t.Delay == 0 {
+				t.Delay = d
+			}
+		}, nil
+	case atSet:
+		at, err := time.Parse(time.RFC3339Nano, sf.at)
+		if err != nil {
+			return nil, &drover.InputError{Field: "--at", Value: sf.at, Rule: "must be an RFC 3339 time such as 2026-12-01T09:00:00Z"}
+		}
+		return func(t *queue.Task) {
+			if t.RunAt.IsZero() && t.Delay == 0 {
+				t.RunAt = at
+			}
+		}, nil
+	}
+	return nil, nil
 }
 
 func (a *app) submitCommand() *cobra.Command {
@@ -43,7 +75,8 @@ func (a *app) submitCommand() *cobra.Command {
 
 With --file, each line is a task as a JSON object: task_id, task_type,
 input_data_uri, output_data_uri, parameters, metadata {priority, source_system,
-tenant}, max_retries, timeout, backoff_base, backoff_max. "-" reads standard
+tenant}, max_retries, timeout, backoff_base, backoff_max, and run_at (RFC 3339)
+or delay ("10m") to run it later: until then it is SCHEDULED. "-" reads standard
 input. Lines are submitted in batched transactions. Submitting is idempotent on
 task_id, which is unique across queues: the same task again is counted as a
 duplicate and left alone, so a file can be submitted again safely; the same
@@ -54,10 +87,16 @@ plainly not JSONL (a NUL byte, a line of over 1 MiB without a newline, more
 than 1,000 rejected lines) stops the submission, exit 65.
 
 With --type, one task is submitted from flags; --param k=v may repeat (v is
-read as JSON when it parses, else as a string).`,
+read as JSON when it parses, else as a string).
+
+--in 10m or --at 2026-12-01T09:00:00Z runs the tasks later (every line of a
+file that gives neither run_at nor delay): they are SCHEDULED until then and
+no worker claims them before. A time in the past means now.`,
 		Example: `  drover submit --queue emails --file tasks.jsonl
   cat tasks.jsonl | drover submit --queue emails --file - --json
-  drover submit --queue emails --type summarize --param thread=4411 --param max_words=200`,
+  drover submit --queue emails --type summarize --param thread=4411 --param max_words=200
+  drover submit --queue builds --type check --param build=981 --in 10m
+  drover submit --queue reminders --file tomorrow.jsonl --at 2026-12-01T09:00:00Z`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error { return a.runSubmit(cmd, &sf) },
 	}
@@ -70,6 +109,8 @@ read as JSON when it parses, else as a string).`,
 	f.IntVar(&sf.priority, "priority", 0, "priority of a single task (0-1000, higher first)")
 	f.IntVar(&sf.maxRetries, "max-retries", queue.DefaultMaxRetries, "retry budget of a single task")
 	f.DurationVar(&sf.timeout, "timeout", 0, "timeout of one attempt of a single task (default: the worker's)")
+	f.DurationVar(&sf.in, "in", 0, "run the tasks after this long (10m, 2h): SCHEDULED until then")
+	f.StringVar(&sf.at, "at", "", "run the tasks at this RFC 3339 time (2026-12-01T09:00:00Z): SCHEDULED until then")
 	f.BoolVar(&sf.asJSON, "json", false, `print {"submitted":N,"duplicates":N,"rejected":[{"line":N,"error":"..."}]}`)
 	return cmd
 }
@@ -86,11 +127,18 @@ func (a *app) runSubmit(cmd *cobra.Command, sf *submitFlags) error {
 	if (sf.file == "") == (sf.typ == "") {
 		return usageError{errors.New("give either --file or --type (see 'drover submit --help')")}
 	}
+	due, err := sf.due(cmd)
+	if err != nil {
+		return err
+	}
 	var one *queue.Task
 	if sf.typ != "" {
 		t, err := taskFromFlags(cmd, sf.id, sf.typ, sf.params, sf.priority, sf.maxRetries, sf.timeout)
 		if err != nil {
 			return err
+		}
+		if due != nil {
+			due(&t)
 		}
 		if err := t.Validate(); err != nil {
 			return renameTaskField(err)
@@ -115,7 +163,7 @@ func (a *app) runSubmit(cmd *cobra.Command, sf *submitFlags) error {
 	if one != nil {
 		res, err = c.Submit(cmd.Context(), sf.q, []queue.Task{*one}, nil)
 	} else {
-		res, err = a.submitFile(cmd.Context(), c, sf.q, sf.file)
+		res, err = a.submitFile(cmd.Context(), c, sf.q, sf.file, due)
 	}
 	return a.reportSubmit(res, err, sf.asJSON)
 }
@@ -180,7 +228,7 @@ func renameTaskField(err error) error {
 		return err
 	}
 	flags := map[string]string{"task_id": "--id", "task_type": "--type", "metadata.priority": "--priority",
-		"max_retries": "--max-retries", "timeout/backoff": "--timeout", "parameters": "--param"}
+		"max_retries": "--max-retries", "timeout/backoff": "--timeout", "parameters": "--param", "delay": "--in", "run_at": "--at"}
 	if f, ok := flags[ie.Field]; ok {
 		return ie.Renamed(f)
 	}
@@ -211,8 +259,9 @@ func taskFromFlags(cmd *cobra.Command, id, typ string, params []string, priority
 	return t, nil
 }
 
-// submitFile streams a JSONL file into the queue in chunks, with progress.
-func (a *app) submitFile(ctx context.Context, sub *queue.Client, q, file string) (queue.SubmitResult, error) {
+// submitFile streams a JSONL file into the queue in chunks, with progress;
+// due, if set, is applied to each task first.
+func (a *app) submitFile(ctx context.Context, sub *queue.Client, q, file string, due func(*queue.Task)) (queue.SubmitResult, error) {
 	var in io.Reader = a.stdin
 	var size int64
 	if file != "-" {
@@ -251,6 +300,11 @@ func (a *app) submitFile(ctx context.Context, sub *queue.Client, q, file string)
 	for c := range chunks {
 		total.Rejected = append(total.Rejected, c.rejected...)
 		if len(c.batch) > 0 {
+			for i := range c.batch {
+				if due != nil {
+					due(&c.batch[i])
+				}
+			}
 			res, err := sub.Submit(ctx, q, c.batch, nil)
 			total.Submitted += res.Submitted
 			total.Duplicates += res.Duplicates

@@ -1,0 +1,274 @@
+package due
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// DefaultBatch is how many due items one request moves when Index.Batch is
+// zero.
+const DefaultBatch = 64
+
+// Key is the key of item name under prefix, due at at.
+func Key(prefix string, at time.Time, name string) string {
+	return fmt.Sprintf("%s%019d-%s", prefix, at.UnixNano(), name)
+}
+
+// Bound is the first key under prefix of the items due at at: a range that
+// ends there holds the items due before it.
+func Bound(prefix string, at time.Time) string { return fmt.Sprintf("%s%019d", prefix, at.UnixNano()) }
+
+// Parse reads a key of the index under prefix: the item's due time and
+// name; false when key is not one.
+func Parse(prefix, key string) (at time.Time, name string, ok bool) {
+	rest, ok := strings.CutPrefix(key, prefix)
+	if !ok || len(rest) < 21 || rest[19] != '-' {
+		return time.Time{}, "", false
+	}
+	ns, err := strconv.ParseInt(rest[:19], 10, 64)
+	if err != nil {
+		return time.Time{}, "", false
+	}
+	return time.Unix(0, ns), rest[20:], true
+}
+
+// Index is one index of due items and what moving one does. Its fields are
+// set before the first call and not changed after.
+type Index struct {
+	Client *clientv3.Client
+	// Prefix is the index's prefix, ending in "/".
+	Prefix string
+	// Move returns the writes that move the due item kv (its key's
+	// deletion is added). ok false drops the item: its key is deleted
+	// and nothing else written (an unreadable value).
+	Move func(kv *mvccpb.KeyValue) (ops []clientv3.Op, ok bool)
+	// Shared, if set, returns writes made once per request, whatever
+	// items of kvs it moves (markers that wake claimers, say).
+	Shared func(kvs []*mvccpb.KeyValue) []clientv3.Op
+	// Batch is how many items one request moves (0: DefaultBatch).
+	Batch int
+	// Now is the clock (nil: time.Now).
+	Now func() time.Time
+	// OnMoved, if set, is called with the items a request moved.
+	OnMoved func(kvs []*mvccpb.KeyValue)
+}
+
+func (ix *Index) now() time.Time {
+	if ix.Now != nil {
+		return ix.Now()
+	}
+	return time.Now()
+}
+
+// Promote moves every item due by now and returns when the next falls due
+// (zero: none is waiting) and how many items this call moved (others may
+// have moved some of those it read). Each request reads up to Batch due
+// items and moves them in one transaction of nested transactions, one per
+// item, each conditional on the item's key being as read.
+func (ix *Index) Promote(ctx context.Context) (next time.Time, moved int, err error) {
+	next, _, moved, err = ix.promote(ctx, time.Time{})
+	return next, moved, err
+}
+
+// promote is Promote reading from the items due at from on (zero: from
+// the first): etcd counts every key a range covers, the keys deleted since
+// the last compaction too, so a reader that knows no item is due before
+// from (Run, which sees every item put) starts there. done is the time up
+// to which every item was moved: the next call's from.
+func (ix *Index) promote(ctx context.Context, from time.Time) (next, done time.Time, moved int, err error) {
+	batch := ix.Batch
+	if batch <= 0 {
+		batch = DefaultBatch
+	}
+	start := ix.Prefix
+	if !from.IsZero() {
+		start = Bound(ix.Prefix, from)
+	}
+	for {
+		now := ix.now()
+		g, err := ix.Client.Get(ctx, start, clientv3.WithRange(Bound(ix.Prefix, now.Add(time.Nanosecond))), clientv3.WithLimit(int64(batch)))
+		if err != nil {
+			return time.Time{}, from, moved, fmt.Errorf("due: read %s: %w", ix.Prefix, err)
+		}
+		if len(g.Kvs) > 0 {
+			n, err := ix.move(ctx, g.Kvs)
+			moved += n
+			if err != nil {
+				return time.Time{}, from, moved, err
+			}
+			if g.More {
+				continue
+			}
+		}
+		done = now
+		first, err := ix.first(ctx, start, now)
+		if err != nil || first == nil {
+			return time.Time{}, done, moved, err
+		}
+		at, _, ok := Parse(ix.Prefix, string(first.Key))
+		if !ok {
+			// Not an item's key: drop it, or it would stand first
+			// for ever.
+			if _, err := ix.Client.Delete(ctx, string(first.Key)); err != nil {
+				return time.Time{}, done, moved, fmt.Errorf("due: drop %s: %w", first.Key, err)
+			}
+			continue
+		}
+		if !at.After(ix.now()) {
+			continue // fell due meanwhile
+		}
+		return at, done, moved, nil
+	}
+}
+
+// horizons are how far ahead of now the reads for the next item end, in
+// turn, until one finds it: a read that ends soon counts few keys.
+var horizons = []time.Duration{time.Second, time.Minute, time.Hour, 0}
+
+// first returns the first item from start on (nil: none).
+func (ix *Index) first(ctx context.Context, start string, now time.Time) (*mvccpb.KeyValue, error) {
+	for _, h := range horizons {
+		end := clientv3.GetPrefixRangeEnd(ix.Prefix)
+		if h > 0 {
+			end = Bound(ix.Prefix, now.Add(h))
+		}
+		g, err := ix.Client.Get(ctx, start, clientv3.WithRange(end), clientv3.WithLimit(1), clientv3.WithKeysOnly())
+		if err != nil {
+			return nil, fmt.Errorf("due: read %s: %w", ix.Prefix, err)
+		}
+		if len(g.Kvs) > 0 {
+			return g.Kvs[0], nil
+		}
+	}
+	return nil, nil
+}
+
+// move moves the items kvs in one request and returns how many it moved.
+func (ix *Index) move(ctx context.Context, kvs []*mvccpb.KeyValue) (int, error) {
+	ops := make([]clientv3.Op, 0, len(kvs)+1)
+	for _, kv := range kvs {
+		key := string(kv.Key)
+		writes, ok := ix.Move(kv)
+		if !ok {
+			writes = nil
+		}
+		then := append([]clientv3.Op{clientv3.OpDelete(key)}, writes...)
+		ops = append(ops, clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(key), "=", kv.ModRevision)}, then, nil))
+	}
+	if ix.Shared != nil {
+		ops = append(ops, ix.Shared(kvs)...)
+	}
+	resp, err := ix.Client.Txn(ctx).Then(ops...).Commit()
+	if err != nil {
+		return 0, fmt.Errorf("due: move items of %s: %w", ix.Prefix, err)
+	}
+	var won []*mvccpb.KeyValue
+	for i, kv := range kvs {
+		if resp.Responses[i].GetResponseTxn().GetSucceeded() {
+			won = append(won, kv)
+		}
+	}
+	if ix.OnMoved != nil && len(won) > 0 {
+		ix.OnMoved(won)
+	}
+	return len(won), nil
+}
+
+// Run moves items as they fall due until ctx ends: one watch of the
+// prefix (puts only) and one timer. After an error it waits a moment and
+// starts again (a new watch, a new read), so an outage delays items but
+// loses none.
+func (ix *Index) Run(ctx context.Context) {
+	for ctx.Err() == nil {
+		ix.runOnce(ctx)
+		sleep(ctx, 100*time.Millisecond+time.Duration(rand.Int64N(int64(100*time.Millisecond))))
+	}
+}
+
+// runOnce runs one watch until it fails or ctx ends. It reads the items
+// from the time up to which it moved them all on (from), lowered when the
+// watch shows an item put that is due before it.
+func (ix *Index) runOnce(ctx context.Context) {
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	wch := ix.Client.Watch(clientv3.WithRequireLeader(wctx), ix.Prefix, clientv3.WithPrefix(), clientv3.WithFilterDelete(), clientv3.WithCreatedNotify())
+	select {
+	case wr, ok := <-wch:
+		if !ok || wr.Err() != nil {
+			return
+		}
+	case <-ctx.Done():
+		return
+	}
+	var from time.Time // zero: from the first item (the watch came after)
+	for ctx.Err() == nil {
+		next, done, _, err := ix.promote(wctx, from)
+		if err != nil {
+			return
+		}
+		from = done
+		var fire <-chan time.Time
+		var timer *time.Timer
+		if !next.IsZero() {
+			timer = time.NewTimer(next.Sub(ix.now()))
+			fire = timer.C
+		}
+	wait:
+		select {
+		case <-fire:
+		case wr, ok := <-wch:
+			if !ok || wr.Err() != nil {
+				if timer != nil {
+					timer.Stop()
+				}
+				return
+			}
+			if len(wr.Events) == 0 {
+				goto wait
+			}
+			first, ok := earliest(ix.Prefix, wr.Events)
+			if !ok || first.Before(from) {
+				from = first // zero for a key that is not an item's: read all
+			}
+			if ok && !next.IsZero() && !first.Before(next) {
+				goto wait // an item due after the next: the timer stands
+			}
+		case <-ctx.Done():
+		}
+		if timer != nil {
+			timer.Stop()
+		}
+	}
+}
+
+// earliest returns the earliest due time of the items events put; false
+// when one of them is not an item's key.
+func earliest(prefix string, events []*clientv3.Event) (time.Time, bool) {
+	var first time.Time
+	for _, ev := range events {
+		at, _, ok := Parse(prefix, string(ev.Kv.Key))
+		if !ok {
+			return time.Time{}, false
+		}
+		if first.IsZero() || at.Before(first) {
+			first = at
+		}
+	}
+	return first, true
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}

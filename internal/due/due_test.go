@@ -1,0 +1,133 @@
+package due_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/droverhq/drover/internal/due"
+	"github.com/droverhq/drover/internal/testenv/etcdtest"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+var srv *etcdtest.Server
+
+func TestMain(m *testing.M) { os.Exit(etcdtest.Main(m, &srv, "", nil)) }
+
+// clock is a settable clock.
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *clock) now() time.Time  { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *clock) set(t time.Time) { c.mu.Lock(); c.t = t; c.mu.Unlock() }
+
+// index returns an index under ns whose moves put "{ns}moved/{name}".
+func index(cli *clientv3.Client, ns string, now func() time.Time) *due.Index {
+	pre := ns + "due/"
+	return &due.Index{Client: cli, Prefix: pre, Now: now, Batch: 7,
+		Move: func(kv *mvccpb.KeyValue) ([]clientv3.Op, bool) {
+			_, name, _ := due.Parse(pre, string(kv.Key))
+			return []clientv3.Op{clientv3.OpPut(ns+"moved/"+name, string(kv.Value))}, true
+		}}
+}
+
+// TestPromoteMovesOnlyDueItemsOnce: with an injected clock, Promote moves
+// exactly the items due by now, says when the next falls due, and four
+// indexes racing over the same items move each exactly once.
+func TestPromoteMovesOnlyDueItemsOnce(t *testing.T) {
+	cli := srv.Client(t)
+	ns := etcdtest.Namespace(t) + "/"
+	ctx := context.Background()
+	base := time.Unix(1_800_000_000, 0)
+	for i := range 40 {
+		at := base.Add(time.Duration(i) * time.Second)
+		if _, err := cli.Put(ctx, due.Key(ns+"due/", at, fmt.Sprintf("item%02d", i)), "v"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	clk := &clock{t: base.Add(19*time.Second + time.Millisecond)} // items 0..19 are due
+	var moved atomic.Int64
+	var wg sync.WaitGroup
+	nexts := make([]time.Time, 4)
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			next, n, err := index(cli, ns, clk.now).Promote(ctx)
+			if err != nil {
+				t.Error(err)
+			}
+			moved.Add(int64(n))
+			nexts[w] = next
+		}()
+	}
+	wg.Wait()
+	if moved.Load() != 20 {
+		t.Fatalf("moved %d items in all, want 20 (each due item exactly once)", moved.Load())
+	}
+	for w, next := range nexts {
+		if !next.Equal(base.Add(20 * time.Second)) {
+			t.Errorf("index %d: next due %v, want %v", w, next, base.Add(20*time.Second))
+		}
+	}
+	g, err := cli.Get(ctx, ns+"moved/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil || g.Count != 20 {
+		t.Fatalf("moved keys: %d (%v), want 20", g.Count, err)
+	}
+	clk.set(base.Add(time.Hour))
+	next, n, err := index(cli, ns, clk.now).Promote(ctx)
+	if err != nil || n != 20 || !next.IsZero() {
+		t.Fatalf("after the last: moved %d, next %v, err %v; want 20, zero, nil", n, next, err)
+	}
+}
+
+// TestRunWakesForAnEarlierItem: a running index that sleeps until an item
+// an hour away moves an item put later that is due at once, without
+// waiting for the hour, and then one put due an hour ago.
+func TestRunWakesForAnEarlierItem(t *testing.T) {
+	cli := srv.Client(t)
+	ns := etcdtest.Namespace(t) + "/"
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if _, err := cli.Put(ctx, due.Key(ns+"due/", time.Now().Add(time.Hour), "later"), "v"); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); index(cli, ns, nil).Run(ctx) }()
+	defer wg.Wait()
+	defer cancel()
+	put, err := cli.Put(ctx, due.Key(ns+"due/", time.Now(), "now"), "v")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wch := cli.Watch(ctx, ns+"moved/", clientv3.WithPrefix(), clientv3.WithRev(put.Header.Revision))
+	select {
+	case wr := <-wch:
+		if len(wr.Events) != 1 || string(wr.Events[0].Kv.Key) != ns+"moved/now" {
+			t.Fatalf("moved %v, want only %q", wr.Events, ns+"moved/now")
+		}
+	case <-time.After(time.Minute): // a guard against hanging only
+		t.Fatal("the item due now was not moved")
+	}
+	// An item put due before everything the index moved so far (its
+	// submitter's clock behind) is moved too.
+	if _, err := cli.Put(ctx, due.Key(ns+"due/", time.Now().Add(-time.Hour), "past"), "v"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case wr := <-wch:
+		if len(wr.Events) != 1 || string(wr.Events[0].Kv.Key) != ns+"moved/past" {
+			t.Fatalf("moved %v, want only %q", wr.Events, ns+"moved/past")
+		}
+	case <-time.After(time.Minute): // a guard against hanging only
+		t.Fatal("the item due an hour ago was not moved")
+	}
+}
