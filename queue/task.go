@@ -310,14 +310,21 @@ func ParseLine(line []byte) (Task, error) {
 }
 
 // timeField names the time field of a task line that does not read:
-// run_at, else metadata.created_at.
+// run_at, scheduled_at, else metadata.created_at.
 func timeField(line []byte) string {
 	var v struct {
-		RunAt json.RawMessage `json:"run_at"`
+		RunAt       json.RawMessage `json:"run_at"`
+		ScheduledAt json.RawMessage `json:"scheduled_at"`
+	}
+	if json.Unmarshal(line, &v) != nil {
+		return "metadata.created_at"
 	}
 	var at time.Time
-	if json.Unmarshal(line, &v) == nil && len(v.RunAt) > 0 && json.Unmarshal(v.RunAt, &at) != nil {
+	switch {
+	case len(v.RunAt) > 0 && json.Unmarshal(v.RunAt, &at) != nil:
 		return "run_at"
+	case len(v.ScheduledAt) > 0 && json.Unmarshal(v.ScheduledAt, &at) != nil:
+		return "scheduled_at"
 	}
 	return "metadata.created_at"
 }
