@@ -113,15 +113,21 @@ test("connection errors: reads are retried, claims and lock acquisitions are not
 describe("a server with a full store", () => {
   let full;
   before(async () => {
-    full = await startServer({ extraArgs: ["--quota-backend-bytes", "16777216", "--high-water", "1%", "--low-water", "0.5%"] });
+    full = await startServer({ extraArgs: ["--quota-backend-bytes", "16777216", "--high-water", "4%", "--low-water", "3%"] });
   });
   after(async () => full?.stop());
 
   test("submissions and checkpoints get StoreFullError (507, Retry-After) while locks still work", async () => {
     const d = new Drover({ url: full.url });
-    // Incompressible parameters past 1% of a 16 MiB quota.
-    const tasks = Array.from({ length: 40 }, (_, i) => ({ task_id: `pad-${i}`, task_type: "t", parameters: { pad: randomBytes(5000).toString("hex") } }));
-    await d.submit("filler", tasks);
+    // Incompressible parameters, a batch at a time, until the server
+    // refuses one: it counts what a write adds before sending it, so the
+    // store is full before etcd's own quota is near.
+    let refused;
+    for (let b = 0; b < 40 && !refused; b++) {
+      const tasks = Array.from({ length: 40 }, (_, i) => ({ task_id: `pad-${b}-${i}`, task_type: "t", parameters: { pad: randomBytes(5000).toString("hex") } }));
+      refused = await d.submit("filler", tasks).then(() => undefined, (e) => e);
+    }
+    assert.ok(refused instanceof StoreFullError, `the filler: expected StoreFullError, got ${refused}`);
     const deadline = Date.now() + 15_000;
     let err;
     while (Date.now() < deadline) {
