@@ -22,6 +22,7 @@ type QueueSummary struct {
 	Cancelled int64  `json:"cancelled" doc:"Cancelled."`
 	MaxDepth  int64  `json:"max_depth" doc:"The most unfinished tasks the queue takes (0: no bound)."`
 	FIFO      bool   `json:"fifo" doc:"Whether tasks of equal priority are claimed exactly in submission order."`
+	Paused    bool   `json:"paused" doc:"Whether the queue is paused: it takes submissions, but no worker claims its tasks until it is resumed."`
 }
 
 // Whoami is what the request's token may do, and where.
@@ -93,7 +94,7 @@ func (s *Server) queueSummaries(ctx context.Context) ([]QueueSummary, error) {
 	for i, q := range infos {
 		st := q.Stats
 		out[i] = QueueSummary{Name: q.Name, Pending: st.Pending, Running: st.Running, Retrying: st.Retrying, Succeeded: st.Succeeded,
-			Dead: st.Dead, Cancelled: st.Cancelled, MaxDepth: q.Config.MaxDepth, FIFO: q.Config.FIFO}
+			Dead: st.Dead, Cancelled: st.Cancelled, MaxDepth: q.Config.MaxDepth, FIFO: q.Config.FIFO, Paused: st.Paused}
 	}
 	return out, nil
 }

@@ -253,10 +253,12 @@ func (h *hub) exportDepth(qs []QueueSummary) {
 			"succeeded": q.Succeeded, "dead": q.Dead, "cancelled": q.Cancelled} {
 			metrics.QueueTasks.WithLabelValues(q.Name, state).Set(float64(n))
 		}
+		metrics.QueuePaused.WithLabelValues(q.Name).Set(map[bool]float64{true: 1}[q.Paused])
 	}
 	for name := range h.exported {
 		if !seen[name] {
 			metrics.QueueTasks.DeletePartialMatch(prometheus.Labels{"queue": name})
+			metrics.QueuePaused.DeleteLabelValues(name)
 		}
 	}
 	h.exported = seen

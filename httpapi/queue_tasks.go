@@ -60,7 +60,7 @@ func (s *Server) taskQueryRoutes(tags []string) {
 			return nil, problem(err, queueWhere)
 		}
 		return &struct{ Body QueueStats }{QueueStats{Queue: in.Queue, Pending: st.Pending, Running: st.Running, Retrying: st.Retrying,
-			Succeeded: st.Succeeded, Dead: st.Dead, Cancelled: st.Cancelled, Scheduled: st.Scheduled}}, nil
+			Succeeded: st.Succeeded, Dead: st.Dead, Cancelled: st.Cancelled, Scheduled: st.Scheduled, Paused: st.Paused}}, nil
 	})
 	huma.Register(s.api, huma.Operation{
 		OperationID: "cancel-queue-task", Method: http.MethodPost, Path: "/v1/queues/{queue}/tasks/{id}/cancel", Tags: tags,

@@ -109,6 +109,7 @@ type QueueStats struct {
 	Dead      int64  `json:"dead" doc:"In the dead-letter queue."`
 	Cancelled int64  `json:"cancelled" doc:"Cancelled."`
 	Scheduled int64  `json:"scheduled" doc:"Submitted to run later (run_at or delay), their time not come yet."`
+	Paused    bool   `json:"paused" doc:"Whether the queue is paused: it takes submissions, but no worker claims its tasks until it is resumed."`
 }
 
 // BulkResult is what a change of many tasks did.

@@ -120,6 +120,64 @@ func (s *Server) queueRoutes() {
 	s.outcomesRoute(tags)
 	s.taskQueryRoutes(tags)
 	s.dlqRoutes()
+	s.pauseRoutes(tags)
+}
+
+// PauseResult is a queue's pause state after a pause or a resume.
+type PauseResult struct {
+	Queue   string     `json:"queue" doc:"The queue."`
+	Paused  bool       `json:"paused" doc:"Whether the queue is paused now: it takes submissions, but no worker claims its tasks."`
+	Since   *time.Time `json:"since,omitempty" doc:"When the queue was paused (only while it is)."`
+	Changed bool       `json:"changed" doc:"False when the queue already was in that state (pausing a paused queue or resuming a running one is not an error)."`
+}
+
+// pauseRoutes registers the pause and the resume of a queue.
+func (s *Server) pauseRoutes(tags []string) {
+	admin := map[string]any{"role": RoleAdmin}
+	huma.Register(s.api, huma.Operation{
+		OperationID: "pause-queue", Method: http.MethodPost, Path: "/v1/queues/{queue}/pause", Tags: tags, Metadata: admin,
+		Summary: "Pause a queue: no worker claims its tasks until it is resumed",
+		Description: "From the moment the answer comes, no claim of the queue's tasks commits, in any process (every claim " +
+			"transaction is fenced by the pause). Submissions are accepted and tasks already running finish and are acknowledged " +
+			"as usual; waiting workers and long polls stay idle until the resume. Pausing a paused queue is not an error " +
+			"(changed is false). 404 for a queue never submitted to or configured.",
+		Errors: []int{http.StatusNotFound},
+	}, func(ctx context.Context, in *queuePath) (*struct{ Body PauseResult }, error) {
+		return s.setPaused(ctx, in.Queue, true)
+	})
+	huma.Register(s.api, huma.Operation{
+		OperationID: "resume-queue", Method: http.MethodPost, Path: "/v1/queues/{queue}/resume", Tags: tags, Metadata: admin,
+		Summary: "Resume a paused queue",
+		Description: "Waiting workers and long polls learn of it from their watch of the queue and claim again within a round " +
+			"trip. Resuming a queue that is not paused is not an error (changed is false). 404 for an unknown queue.",
+		Errors: []int{http.StatusNotFound},
+	}, func(ctx context.Context, in *queuePath) (*struct{ Body PauseResult }, error) {
+		return s.setPaused(ctx, in.Queue, false)
+	})
+}
+
+// setPaused pauses queue q, or resumes it.
+func (s *Server) setPaused(ctx context.Context, q string, pause bool) (*struct{ Body PauseResult }, error) {
+	if err := checkQueue(q); err != nil {
+		return nil, err
+	}
+	c, err := s.queueClient(ctx)
+	if err != nil {
+		return nil, err
+	}
+	set := c.Resume
+	if pause {
+		set = c.Pause
+	}
+	st, err := set(ctx, q)
+	if err != nil {
+		return nil, problem(err, queueWhere)
+	}
+	out := PauseResult{Queue: q, Paused: st.Paused, Changed: st.Changed}
+	if !st.Since.IsZero() {
+		out.Since = &st.Since
+	}
+	return &struct{ Body PauseResult }{out}, nil
 }
 
 // checkQueue validates a queue name of the path.

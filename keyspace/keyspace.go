@@ -23,6 +23,7 @@
 //	/{ns}/queues/{q}/done/{status}/{finished}-{id} a task that SUCCEEDED or was CANCELLED
 //	/{ns}/queues/{q}/archived         counts of finished tasks removed after their retention
 //	/{ns}/queues/{q}/config           the queue's settings (maximum depth)
+//	/{ns}/queues/{q}/paused           the queue is paused: while it exists no claim of its tasks commits (value: when and by whom)
 //	/{ns}/queues/{q}/levels/{level}   a priority level that may have pending tasks
 //	/{ns}/queue-names/{q}             the queue directory: a queue that was submitted to or configured
 //	/{ns}/checkpoints/{thread}/{cpns|@}/{head|fence|cp/{id}|writes/{id}} agent state per thread ({cpns}: the checkpoint namespace as it is when it is a name, else "~" and its base64url)
@@ -292,6 +293,10 @@ func (s Space) BreakerState(name string) string { return s.Breaker(name) + State
 
 // QueueConfig is the key of queue q's settings.
 func (s Space) QueueConfig(q string) string { return s.Queue(q) + "config" }
+
+// QueuePaused is the key that pauses queue q: every claim transaction
+// compares its absence.
+func (s Space) QueuePaused(q string) string { return s.Queue(q) + "paused" }
 
 // QueueLevels is the prefix of queue q's priority level markers, ending in
 // "/".

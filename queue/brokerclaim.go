@@ -97,10 +97,9 @@ func (c *Client) Claim(ctx context.Context, q string, req ClaimRequest) ([]*Task
 	if err := checkClaim(q, req); err != nil {
 		return nil, err
 	}
-	n := max(req.Max, 1)
+	n, deadline := max(req.Max, 1), time.Now().Add(req.Wait)
 	w, sc, done := c.remote.sessionClaimer(q, req)
 	defer done()
-	deadline := time.Now().Add(req.Wait)
 	// lead: it leads its queue's line of waiting claims (broker.go); full:
 	// it took all it asked for; waited: it found nothing and waited, so
 	// what woke it is new work the line shares: no topping up (fill).
@@ -111,6 +110,9 @@ func (c *Client) Claim(ctx context.Context, q string, req ClaimRequest) ([]*Task
 		}
 	}()
 	for raced, turn := 0, true; ; {
+		if tasks, stop, err := c.whilePaused(ctx, q, deadline, &lead); stop {
+			return tasks, err
+		}
 		claims, rev, contended, due, err := c.remote.claimOnce(ctx, w, q, n, turn)
 		turn = false
 		if err != nil {
@@ -170,6 +172,28 @@ func (c *Client) Claim(ctx context.Context, q string, req ClaimRequest) ([]*Task
 		}
 		w.awaitWork(ctx, rev, left, due)
 	}
+}
+
+// whilePaused holds a claim of queue q while q is known paused (pause.go),
+// out of the line of waiting claims (it leaves it if it led it: *lead),
+// until the resume or the deadline; stop: the claim ends with tasks (none)
+// and err.
+func (c *Client) whilePaused(ctx context.Context, q string, deadline time.Time, lead *bool) (tasks []*Task, stop bool, err error) {
+	rev := c.pauses.since(q)
+	if rev == 0 {
+		return nil, false, nil
+	}
+	if *lead {
+		c.remote.waits.leave(q, false)
+		*lead = false
+	}
+	if c.awaitResume(ctx, q, rev, time.Until(deadline), nil) {
+		return nil, false, nil
+	}
+	if ctx.Err() != nil {
+		return nil, true, fmt.Errorf("queue: claim from %s: %w", q, ctx.Err())
+	}
+	return []*Task{}, true, nil
 }
 
 // claimOnce moves queue q's due retries back to pending (when due,

@@ -24,6 +24,9 @@ import (
 // enough candidates. It also returns the revision its first read saw, from
 // which a watch misses nothing.
 func (w *claimer) claim(ctx context.Context, lane, n int) (claims []*claim, rev int64, contended bool, err error) {
+	if w.client.pauses.since(w.queue) > 0 {
+		return nil, 0, false, nil // its callers wait for the resume (awaitResume)
+	}
 	seq := w.claimSeq.Add(1)
 	// The priority turns (one claim in eight serves a lower level) count
 	// the claims that took something, not the attempts: under load many
@@ -219,11 +222,15 @@ func (w *claimer) claimKeys(ctx context.Context, cands []*mvccpb.KeyValue, n int
 	// let a shutdown cut the request short and leave claims nobody knows.
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	began := time.Now()
-	tr, err := w.cli.Txn(cctx).Then(ops...).Commit()
+	tr, err := w.cli.Txn(cctx).If(w.client.notPaused(q)).Then(ops...).Else(w.client.ifPaused(q)).Commit()
 	metrics.ObserveTxn("claim", began)
 	cancel()
 	if err != nil {
 		return nil, err
+	}
+	if !tr.Succeeded { // the pause fence (pause.go)
+		w.client.refusedBy(q, (*clientv3.GetResponse)(tr.Responses[0].GetResponseRange()))
+		return nil, nil
 	}
 	var out []*claim
 	for i, r := range tr.Responses {

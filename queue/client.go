@@ -44,6 +44,8 @@ type Client struct {
 	remote broker
 	// watches are the watches of queues that waits share (watchhub.go).
 	watches watchHub
+	// pauses is what its claims learned of their queues' pauses (pause.go).
+	pauses pauseKnown
 }
 
 // NewClient returns a client of namespace ns ("" means "drover").

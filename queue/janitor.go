@@ -166,6 +166,7 @@ func (w *Worker) countDepth(ctx context.Context) {
 				"succeeded": st.Succeeded, "dead": st.Dead, "cancelled": st.Cancelled, "scheduled": st.Scheduled} {
 				metrics.QueueTasks.WithLabelValues(q, state).Set(float64(n))
 			}
+			metrics.QueuePaused.WithLabelValues(q).Set(map[bool]float64{true: 1}[st.Paused])
 		}
 		select {
 		case <-ctx.Done():

@@ -364,6 +364,9 @@ type Stats struct {
 	// Scheduled counts the tasks submitted to run later whose time has
 	// not come.
 	Scheduled int64 `json:"scheduled"`
+	// Paused: the queue is paused (Client.Pause); no claim of its tasks
+	// commits until it is resumed.
+	Paused bool `json:"paused"`
 }
 
 // Total is the sum of every count.
@@ -385,7 +388,7 @@ func (c *Client) Stats(ctx context.Context, q string) (Stats, error) {
 	ops := []clientv3.Op{
 		count(c.keys.QueuePending(q)), count(c.keys.QueueClaims(q)), count(c.keys.QueueRetry(q)),
 		count(c.keys.QueueDone(q, string(Succeeded))), count(c.keys.QueueDead(q)), count(c.keys.QueueDone(q, string(Cancelled))),
-		clientv3.OpGet(c.keys.QueueArchived(q)),
+		clientv3.OpGet(c.keys.QueueArchived(q)), clientv3.OpGet(c.keys.QueuePaused(q), clientv3.WithCountOnly()),
 	}
 	resp, err := c.cli.Txn(ctx).Then(append(ops, c.segmentStatsOps(q)...)...).Commit()
 	if err != nil {
@@ -398,7 +401,7 @@ func (c *Client) Stats(ctx context.Context, q string) (Stats, error) {
 	}
 	scheduled, pending, running, succeeded := c.segmentStats(q, resp.Responses[len(ops):])
 	return Stats{Scheduled: scheduled, Pending: n(0) - n(1) + pending, Running: n(1) + running, Retrying: n(2), Succeeded: n(3) + arch.Succeeded + succeeded + arch.SegmentSucceeded,
-		Dead: n(4), Cancelled: n(5) + arch.Cancelled}, nil
+		Dead: n(4), Cancelled: n(5) + arch.Cancelled, Paused: n(7) > 0}, nil
 }
 
 // Terminal reports whether st is a final status: SUCCEEDED, DEAD or

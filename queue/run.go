@@ -50,6 +50,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		outcomes[i] = make(chan outcome, w.cfg.Concurrency)
 		ackers.Go(func() { w.acker(outcomes[i]) })
 	}
+	_, _ = w.client.Paused(ctx, w.cfg.Queue) // a pause known before the first claim, and its gauge (pause.go)
 	stopBG := w.startBackground(ctx, base)
 	runErr := w.runLoops(ctx, base, outcomes)
 	for _, ch := range outcomes {
@@ -318,6 +319,10 @@ func (w *Worker) loop(ctx, base context.Context, lane int, slots *slotPool, run 
 		if base.Err() != nil {
 			return context.Cause(base)
 		}
+		if rev := w.client.pauses.since(w.cfg.Queue); rev > 0 { // paused: no claim until the resume (30 s: a safety net)
+			w.client.awaitResume(ctx, w.cfg.Queue, rev, 30*time.Second, base.Done())
+			continue
+		}
 		// With tasks running, wait a moment for half a claim's worth of
 		// slots: one claim then takes a batch.
 		slots.hold(w.aheadHeld())
@@ -433,8 +438,10 @@ func (w *claimer) wakes(events []*clientv3.Event, anyClaimDelete bool) bool {
 	pre, claims := w.keys.QueuePending(q), w.keys.QueueClaims(q)
 	pendingDeleted := map[string]int64{}
 	open := w.keys.SegmentsOpen(q)
+	resumed := false
 	for _, ev := range events {
 		k := string(ev.Kv.Key)
+		resumed = w.client.sawEvent(q, ev) || resumed // a pause or a resume (pause.go)
 		if seg, ok := keyspace.OpenSegmentName(open, k); ok && ev.Type == clientv3.EventTypePut && ev.IsCreate() {
 			w.levelMu.Lock()
 			w.window.created(seg)
@@ -450,7 +457,7 @@ func (w *claimer) wakes(events []*clientv3.Event, anyClaimDelete bool) bool {
 			tries[seg+"/"+rest] = ev.Kv.ModRevision
 		}
 	}
-	woke := false
+	woke := resumed
 	for _, ev := range events {
 		k := string(ev.Kv.Key)
 		if seg, rest, ok := keyspace.SegmentPart(w.keys.Runs(q, ""), k); ok && ev.Type == clientv3.EventTypeDelete {

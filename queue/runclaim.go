@@ -35,6 +35,8 @@ type runClaim struct {
 	// claim it serves, and the segment's free slots it picked from.
 	call *claimCall
 	free []int
+	// paused: the pause fence refused the claim (result).
+	paused bool
 }
 
 // prepareRun is the transaction that writes the run of pick: a run key
@@ -54,6 +56,7 @@ func (w *claimer) prepareRun(st *segState, ts []Task, pick []int, last bool) *ru
 	rc := &runClaim{w: w, st: st, ts: ts, pick: pick, last: last, v: v, rv: rv, now: now,
 		runKey: w.keys.Run(q, seg, name), tryKey: w.keys.Try(q, seg, name)}
 	rc.cmps = []clientv3.Cmp{
+		w.client.notPaused(q), // the pause fence (pause.go)
 		clientv3.Compare(clientv3.ModRevision(w.keys.Runs(q, seg)).WithPrefix(), "<", st.rev+1),
 		// A run made since and already ended (its lease gone) leaves
 		// only its try, which counts the attempt it started.
@@ -84,13 +87,17 @@ func (w *claimer) prepareRun(st *segState, ts []Task, pick []int, last bool) *ru
 // does, cost a tenth of the worker's claim throughput (docs/bench-log/queue.md);
 // that rare case reads them afterwards (runClaim.findRunners).
 func (rc *runClaim) op() clientv3.Op {
-	return clientv3.OpTxn(rc.cmps, []clientv3.Op{clientv3.OpTxn(rc.runners, rc.then, nil)}, nil)
+	return clientv3.OpTxn(rc.cmps, []clientv3.Op{clientv3.OpTxn(rc.runners, rc.then, nil)}, []clientv3.Op{rc.w.client.ifPaused(rc.w.queue)})
 }
 
 // result reads the answer r to op: whether the claim was made, and when
 // not, whether it was a task runner holding one of the tasks that refused
-// it (rather than a change of the segment since its read).
+// it (rather than a change of the segment since its read). A claim the
+// pause fence refused sets rc.paused.
 func (rc *runClaim) result(r *pb.TxnResponse) (made, runnerHeld bool) {
+	if r != nil && !r.Succeeded && len(r.Responses) > 0 {
+		rc.paused = rc.w.client.refusedBy(rc.w.queue, (*clientv3.GetResponse)(r.Responses[0].GetResponseRange()))
+	}
 	if r == nil || !r.Succeeded || len(r.Responses) == 0 {
 		return false, false
 	}

@@ -304,7 +304,7 @@ func (w *claimer) takeSlots(ctx context.Context, st *segState, ts []Task, pick [
 		rc.findRunners(ctx)
 	}
 	if !made {
-		return nil, true, nil
+		return nil, !rc.paused, nil
 	}
 	return rc.claimed(resp.Txn().Header.Revision), false, nil
 }
