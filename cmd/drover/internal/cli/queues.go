@@ -22,9 +22,12 @@ exits 75) instead of growing etcd without bound.`,
   drover queues set emails --max-depth 100000
   drover queues set approvals --fifo
   drover queues get emails --json
-  drover queues delete old-emails --yes`,
+  drover queues delete old-emails --yes
+  drover queues pause emails
+  drover queues resume emails`,
 	}
-	cmd.AddCommand(a.queuesSetCommand(), a.queuesGetCommand(), a.queuesListCommand(), a.queuesDeleteCommand())
+	cmd.AddCommand(a.queuesSetCommand(), a.queuesGetCommand(), a.queuesListCommand(), a.queuesDeleteCommand(),
+		a.queuesPauseCommand(true), a.queuesPauseCommand(false))
 	return cmd
 }
 
@@ -144,10 +147,10 @@ func (a *app) queuesListCommand() *cobra.Command {
 				return nil
 			}
 			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "QUEUE\tPENDING\tRUNNING\tRETRYING\tSUCCEEDED\tDEAD\tCANCELLED\tMAX DEPTH\tFIFO")
+			fmt.Fprintln(tw, "QUEUE\tPENDING\tRUNNING\tRETRYING\tSUCCEEDED\tDEAD\tCANCELLED\tMAX DEPTH\tFIFO\tPAUSED")
 			for _, q := range qs {
 				s := q.Stats
-				fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%t\n", q.Name, s.Pending, s.Running, s.Retrying, s.Succeeded, s.Dead, s.Cancelled, q.Config.MaxDepth, q.Config.FIFO)
+				fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%t\t%t\n", q.Name, s.Pending, s.Running, s.Retrying, s.Succeeded, s.Dead, s.Cancelled, q.Config.MaxDepth, q.Config.FIFO, s.Paused)
 			}
 			return tw.Flush()
 		},
@@ -198,5 +201,71 @@ the deletion may survive it. Shows progress on stderr.`,
 	}
 	cmd.Flags().BoolVar(&yes, "yes", false, "confirm: delete the queue and its tasks for good")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+// queuesPauseCommand is `drover queues pause Q` (pause) or `drover queues
+// resume Q`.
+func (a *app) queuesPauseCommand(pause bool) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "pause Q [--json]",
+		Short: "Pause a queue: it takes submissions, but no worker claims its tasks until resumed",
+		Long: `Pauses queue Q. From the moment the command returns, no claim of Q's tasks
+commits, in any process: Go workers, drover worker processes and HTTP
+workers alike (every claim transaction is fenced by the pause). Submissions
+are accepted and tasks already running finish and are acknowledged as
+usual; idle workers wait without polling until drover queues resume Q. The
+pause is stored in etcd: it survives restarts. Pausing a paused queue is
+not an error. Exits 1 when Q was never submitted to or configured.`,
+		Example: `  drover queues pause emails
+  drover queues pause emails --json`,
+		Args: cobra.ExactArgs(1),
+	}
+	if !pause {
+		cmd.Use = "resume Q [--json]"
+		cmd.Short = "Resume a paused queue: its workers claim again within a second"
+		cmd.Long = `Resumes queue Q: idle workers and waiting HTTP claims learn of it from
+their watch of the queue and claim again at once. Resuming a queue that is
+not paused is not an error. Exits 1 when Q was never submitted to or
+configured.`
+		cmd.Example = `  drover queues resume emails
+  drover queues resume emails --json`
+	}
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		if err := drover.Rename(queue.CheckQueue(args[0]), "Q"); err != nil {
+			return err
+		}
+		c, done, err := a.queueClient(cmd.Context())
+		if err != nil {
+			return err
+		}
+		defer done()
+		set := c.Resume
+		if pause {
+			set = c.Pause
+		}
+		st, err := set(cmd.Context(), args[0])
+		if errors.Is(err, queue.ErrNoQueue) {
+			return withCode(ExitFailure, err)
+		}
+		if err != nil {
+			return err
+		}
+		if asJSON {
+			return json.NewEncoder(a.stdout).Encode(st)
+		}
+		state, was := "paused", "already "
+		if !st.Paused {
+			state = "resumed"
+			was = "was not paused; "
+		}
+		if st.Changed {
+			was = ""
+		}
+		fmt.Fprintf(a.stdout, "queue %s: %s%s\n", args[0], was, state)
+		return nil
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the queue's pause state as JSON")
 	return cmd
 }

@@ -132,8 +132,12 @@ func (a *app) tasksStatsCommand() *cobra.Command {
 			if asJSON {
 				return json.NewEncoder(a.stdout).Encode(st)
 			}
-			fmt.Fprintf(a.stdout, "queue %s: pending %d, running %d, retrying %d, succeeded %d, dead %d, cancelled %d, scheduled %d\n",
-				q, st.Pending, st.Running, st.Retrying, st.Succeeded, st.Dead, st.Cancelled, st.Scheduled)
+			paused := ""
+			if st.Paused {
+				paused = " (paused: drover queues resume " + q + ")"
+			}
+			fmt.Fprintf(a.stdout, "queue %s: pending %d, running %d, retrying %d, succeeded %d, dead %d, cancelled %d, scheduled %d%s\n",
+				q, st.Pending, st.Running, st.Retrying, st.Succeeded, st.Dead, st.Cancelled, st.Scheduled, paused)
 			return nil
 		},
 	}
