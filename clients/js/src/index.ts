@@ -37,6 +37,7 @@ export {
   type BulkResult,
   type Outcome,
   type OutcomeResult,
+  type PauseResult,
   type QueueStats,
   type QueueTask,
   type QueueTransition,

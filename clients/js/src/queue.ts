@@ -74,6 +74,18 @@ export interface QueueStats {
   cancelled: number;
   /** Tasks submitted to run later whose time has not come. */
   scheduled: number;
+  /** The queue is paused: it takes submissions, but no worker claims its tasks. */
+  paused: boolean;
+}
+
+/** A queue's pause state after {@link Queues.pause} or {@link Queues.resume}. */
+export interface PauseResult {
+  queue: string;
+  paused: boolean;
+  /** When the queue was paused (RFC 3339), while it is. */
+  since?: string;
+  /** False when the queue already was in that state (not an error). */
+  changed: boolean;
 }
 
 export interface TaskPage {
@@ -161,6 +173,22 @@ export class Queues {
   /** Counts by status. */
   stats(queue: string): Promise<QueueStats> {
     return this.t.get<QueueStats>(`/v1/queues/${seg(queue)}/stats`);
+  }
+
+  /**
+   * Pauses a queue: from the moment this resolves no claim of its tasks
+   * commits, for any worker (Go, HTTP, this client's). Submissions are
+   * accepted and running tasks finish and are acknowledged as usual.
+   * Pausing a paused queue is not an error (`changed` false); an unknown
+   * queue is a `NotFoundError`. Needs an admin token.
+   */
+  pause(queue: string): Promise<PauseResult> {
+    return this.t.post<PauseResult>(`/v1/queues/${seg(queue)}/pause`, undefined, { retry: true });
+  }
+
+  /** Resumes a paused queue: its workers claim again at once. Resuming a running queue is not an error. */
+  resume(queue: string): Promise<PauseResult> {
+    return this.t.post<PauseResult>(`/v1/queues/${seg(queue)}/resume`, undefined, { retry: true });
   }
 
   /** Cancels a task that has not finished. */

@@ -305,8 +305,24 @@ class Queue:
 
     def stats(self) -> Dict[str, Any]:
         """Counts by status: ``pending``, ``running``, ``retrying``,
-        ``succeeded``, ``dead``, ``cancelled``, ``scheduled``."""
+        ``succeeded``, ``dead``, ``cancelled``, ``scheduled``; and
+        ``paused``, true while the queue is paused."""
         return self._t.request("GET", self._base + "/stats", retry=IDEMPOTENT).data
+
+    def pause(self) -> Dict[str, Any]:
+        """Pause the queue: from the moment this returns no claim of its
+        tasks commits, for any worker (Go, HTTP, this client's).
+        Submissions are accepted and running tasks finish and are
+        acknowledged as usual. Pausing a paused queue is not an error
+        (``changed`` is False). Returns ``{"queue", "paused", "since",
+        "changed"}``; :class:`drover.NotFound` for an unknown queue. Needs
+        an admin token."""
+        return self._t.request("POST", self._base + "/pause", retry=IDEMPOTENT).data
+
+    def resume(self) -> Dict[str, Any]:
+        """Resume the queue: its workers claim again at once. Resuming a
+        running queue is not an error (``changed`` is False)."""
+        return self._t.request("POST", self._base + "/resume", retry=IDEMPOTENT).data
 
     def cancel(self, task_id: str) -> Task:
         """Cancel a task that has not finished."""
