@@ -1,10 +1,14 @@
 package cli_test
 
 import (
+	"bytes"
 	"encoding/json"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -98,4 +102,94 @@ func TestQueuesPauseResume(t *testing.T) {
 	if r := drover(t, "queues", "pause", "--help"); r.code != 0 || !strings.Contains(r.stdout, "drover queues pause emails") {
 		t.Errorf("pause --help: %q", r.stdout)
 	}
+}
+
+// TestPauseSurvivesServerRestart: over HTTP, a long-poll claim waiting on
+// an empty queue gets nothing when a task is submitted after a pause; the
+// pause is in etcd, so a restarted server still answers paused and claims
+// nothing; the resume lets a claim take the task. Unknown queues are 404.
+func TestPauseSurvivesServerRestart(t *testing.T) {
+	data := filepath.Join(t.TempDir(), "data")
+	api := "127.0.0.1:" + port(t)
+	args := []string{"server", "--data-dir", data, "--etcd-listen", "http://" + etcdtest.FreeAddr(),
+		"--etcd-peer-listen", "http://" + etcdtest.FreeAddr(), "--http-listen", api}
+	serve := func() *process {
+		p := start(t, cleanEnv(), args...)
+		waitFor(t, 30*time.Second, "the server ready", func() bool { return strings.Contains(p.stderr.String(), "HTTP API ready") })
+		return p
+	}
+	call := func(method, path string, body any) (int, map[string]any) {
+		var rd io.Reader
+		if body != nil {
+			raw, _ := json.Marshal(body)
+			rd = bytes.NewReader(raw)
+		}
+		req, _ := http.NewRequest(method, "http://"+api+path, rd)
+		req.Header.Set("Content-Type", "application/json")
+		r, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Body.Close()
+		var out map[string]any
+		_ = json.NewDecoder(r.Body).Decode(&out)
+		return r.StatusCode, out
+	}
+	claim := func(wait string) []any {
+		code, sess := call("POST", "/v1/sessions", map[string]any{"ttl": 30})
+		if code != 201 {
+			t.Fatalf("session: %d %v", code, sess)
+		}
+		code, out := call("POST", "/v1/queues/hq/claim", map[string]any{"session": sess["id"], "wait": wait})
+		if code != 200 {
+			t.Fatalf("claim: %d %v", code, out)
+		}
+		return out["tasks"].([]any)
+	}
+	srv := serve()
+	submit := func(id string) {
+		if code, out := call("POST", "/v1/queues/hq/tasks", []map[string]any{{"task_id": id, "task_type": "x"}}); code != 200 {
+			t.Fatalf("submit: %d %v", code, out)
+		}
+	}
+	submit("first")
+	if got := claim("0s"); len(got) != 1 {
+		t.Fatalf("claim of a running queue: %v", got)
+	}
+	// A long poll waiting on the empty queue, then the pause, then a task.
+	polled := make(chan []any, 1)
+	go func() { polled <- claim("3s") }()
+	time.Sleep(300 * time.Millisecond) // the poll is (most likely) waiting; either way it must get nothing
+	if code, out := call("POST", "/v1/queues/hq/pause", nil); code != 200 || out["paused"] != true || out["changed"] != true {
+		t.Fatalf("pause: %d %v", code, out)
+	}
+	submit("second")
+	if got := <-polled; len(got) != 0 {
+		t.Fatalf("a long poll claimed %v from a paused queue", got)
+	}
+	for _, path := range []string{"/v1/queues/nope/pause", "/v1/queues/nope/resume"} {
+		if code, out := call("POST", path, nil); code != 404 || !strings.Contains(out["detail"].(string), "no such queue") {
+			t.Fatalf("%s: %d %v", path, code, out)
+		}
+	}
+
+	_ = srv.cmd.Process.Signal(syscall.SIGTERM)
+	if code := srv.wait(t, 20*time.Second); code != 0 {
+		t.Fatalf("server exit %d:\n%s", code, srv.stderr.String())
+	}
+	srv = serve()
+	if code, st := call("GET", "/v1/queues/hq/stats", nil); code != 200 || st["paused"] != true || st["pending"] != 1.0 {
+		t.Fatalf("stats after a restart: %d %v", code, st)
+	}
+	if got := claim("500ms"); len(got) != 0 {
+		t.Fatalf("claimed %v from a paused queue after a restart", got)
+	}
+	if code, out := call("POST", "/v1/queues/hq/resume", nil); code != 200 || out["paused"] != false || out["changed"] != true {
+		t.Fatalf("resume: %d %v", code, out)
+	}
+	if got := claim("5s"); len(got) != 1 {
+		t.Fatalf("claim after the resume: %v", got)
+	}
+	_ = srv.cmd.Process.Signal(syscall.SIGTERM)
+	srv.wait(t, 20*time.Second)
 }
