@@ -10,7 +10,7 @@ const SHORT = { pending: "pend.", running: "run.", retrying: "retry", succeeded:
 
 export function queuesTable(queues) {
   const cols = [
-    { label: "Queue", cell: (q) => h("a", { href: "#/queue/" + enc(q.name) }, q.name) },
+    { label: "Queue", cell: (q) => [h("a", { href: "#/queue/" + enc(q.name) }, q.name), q.paused ? [" ", badge("paused", "b-half-open")] : null] },
     ...STATES.map((s) => ({ label: s, short: SHORT[s], num: true, narrow: s === "cancelled", cell: (q) => h("span", { "data-state": s }, num(q[s])) })),
     { label: "Max depth", num: true, narrow: true, cell: (q) => (q.max_depth ? num(q.max_depth) : "none") },
     { label: "FIFO", narrow: true, cell: (q) => (q.fifo ? "yes" : "no") },

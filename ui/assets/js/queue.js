@@ -1,5 +1,6 @@
 // Queue: the tasks of one queue by state, a page at a time; the dead-letter
-// queue with requeue (one, selected, all) and purge; the queue's settings.
+// queue with requeue (one, selected, all) and purge; the queue's settings;
+// pause and resume.
 
 import { api, get, enc } from "./api.js";
 import { h, replace, num, ago, badge, table, errorBox, confirmAction, toast, guarded, can } from "./dom.js";
@@ -26,12 +27,15 @@ export function mount(ctx) {
   const summary = () => (state.queues || []).find((x) => x.name === q);
   const tabs = h("nav", { class: "tabs", "aria-label": "task states" });
   const settings = h("div");
+  const pauseBox = h("div", { class: "actions pause", id: "pause" });
+  let pausedHere = null; // the state a click here set, until the summaries agree
   const actions = h("div", { class: "actions dlq-actions" });
   const list = h("div", { id: "tasks" }, h("p", { class: "muted" }, "Loading…"));
   const pager = h("div", { class: "pager" });
   main.append(
     h("div", { class: "crumbs" }, h("a", { href: "#/" }, "Overview"), " / queue"),
     h("h1", {}, q),
+    pauseBox,
     settings,
     h("section", { class: "panel" }, tabs, status === "DEAD" ? actions : null, list, pager),
   );
@@ -48,6 +52,23 @@ export function mount(ctx) {
       href: "#/queue/" + enc(q) + "?state=" + st, class: st === status ? "active" : "", "data-tab": st,
     }, st === "DEAD" ? "Dead (DLQ)" : st[0] + st.slice(1).toLowerCase(), h("span", { class: "count" }, s ? num(s[st.toLowerCase()]) : ""))));
     replace(settings, settingsLine(s));
+    drawPause(s);
+  };
+
+  const drawPause = (s) => {
+    if (!s) return replace(pauseBox);
+    if (pausedHere !== null && s.paused === pausedHere) pausedHere = null;
+    const paused = pausedHere ?? !!s.paused;
+    const b = guarded(state, "admin", paused ? "Resume" : "Pause", async () => {
+      if (!paused && !(await confirmAction("Pause queue " + q + "? No worker claims its tasks until it is resumed; running tasks finish, submissions are accepted.", "Pause"))) return;
+      const r = await api("POST", "/v1/queues/" + enc(q) + (paused ? "/resume" : "/pause"));
+      pausedHere = r.paused;
+      toast((r.paused ? "Paused " : "Resumed ") + q);
+      drawPause(s);
+    }, paused ? "small" : "small secondary");
+    b.dataset.act = paused ? "resume" : "pause";
+    replace(pauseBox, paused ? badge("paused", "b-half-open") : null, b,
+      h("span", { class: "muted" }, paused ? "workers claim nothing from this queue; submissions are accepted" : ""));
   };
 
   const reload = async () => {
