@@ -31,7 +31,8 @@ func TestQueuesPauseResume(t *testing.T) {
 	submitN(t, ns, "pq", "call", 12, "")
 	dir := t.TempDir()
 	started, gate := filepath.Join(dir, "started"), filepath.Join(dir, "gate")
-	w := start(t, cleanEnv(), append(etcdFlags(ns), "worker", "--queue", "pq", "--concurrency", "2",
+	met := "127.0.0.1:" + port(t)
+	w := start(t, cleanEnv(), append(etcdFlags(ns), "worker", "--queue", "pq", "--concurrency", "2", "--metrics-listen", met,
 		"--handler", "exec:echo x >> "+started+"; while [ ! -f "+gate+" ]; do sleep 0.02; done")...)
 	waitFor(t, 30*time.Second, "two tasks running", func() bool { return lines(started) >= 2 })
 
@@ -74,6 +75,10 @@ func TestQueuesPauseResume(t *testing.T) {
 	if n := lines(started); n != atPause {
 		t.Fatalf("%d tasks started while paused (had %d)", n-atPause, atPause)
 	}
+	pausedGauge := func() float64 { return sum(scrape(t, met)["drover_queue_paused"], map[string]string{"queue": "pq"}) }
+	if g := pausedGauge(); g != 1 {
+		t.Fatalf("the worker's drover_queue_paused is %v while paused", g)
+	}
 	for i, want := range []bool{true, false} {
 		r := drover(t, append(etcdFlags(ns), "queues", "resume", "pq", "--json")...)
 		if r.code != 0 || json.Unmarshal([]byte(r.stdout), &st) != nil || st.Paused || st.Changed != want {
@@ -81,6 +86,9 @@ func TestQueuesPauseResume(t *testing.T) {
 		}
 	}
 	waitFor(t, 30*time.Second, "every task run after the resume", func() bool { return lines(started) == 12 })
+	if g := pausedGauge(); g != 0 {
+		t.Fatalf("the worker's drover_queue_paused is %v after the resume", g)
+	}
 	_ = w.cmd.Process.Kill()
 
 	for _, tc := range []struct {
@@ -192,4 +200,18 @@ func TestPauseSurvivesServerRestart(t *testing.T) {
 	}
 	_ = srv.cmd.Process.Signal(syscall.SIGTERM)
 	srv.wait(t, 20*time.Second)
+}
+
+// TestServerMetricsQueuePaused: the server's /metrics has
+// drover_queue_paused for the queues of its namespace: 1 while paused, 0
+// once resumed.
+func TestServerMetricsQueuePaused(t *testing.T) {
+	s := startAPIServer(t)
+	s.call("POST", "/v1/queues/pm/tasks", []map[string]any{{"task_id": "x", "task_type": "x"}}, 200)
+	gauge := func() float64 { return sum(scrape(t, s.met)["drover_queue_paused"], map[string]string{"queue": "pm"}) }
+	s.call("POST", "/v1/queues/pm/pause", nil, 200)
+	// The server reads the queues every 5 s: the bound only guards against a hang.
+	waitFor(t, 60*time.Second, "drover_queue_paused 1", func() bool { time.Sleep(100 * time.Millisecond); return gauge() == 1 })
+	s.call("POST", "/v1/queues/pm/resume", nil, 200)
+	waitFor(t, 60*time.Second, "drover_queue_paused 0", func() bool { time.Sleep(100 * time.Millisecond); return gauge() == 0 })
 }
