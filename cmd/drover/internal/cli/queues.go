@@ -112,9 +112,9 @@ func (a *app) queuesGetCommand() *cobra.Command {
 				}
 			}
 			if asJSON {
-				return json.NewEncoder(a.stdout).Encode(map[string]any{"queue": args[0], "max_depth": cfg.MaxDepth, "fifo": cfg.FIFO, "depth": st.Unfinished()})
+				return json.NewEncoder(a.stdout).Encode(map[string]any{"queue": args[0], "max_depth": cfg.MaxDepth, "fifo": cfg.FIFO, "depth": st.Unfinished(), "paused": st.Paused})
 			}
-			fmt.Fprintf(a.stdout, "queue %s: depth %d, max depth %d (0: no bound), fifo %t\n", args[0], st.Unfinished(), cfg.MaxDepth, cfg.FIFO)
+			fmt.Fprintf(a.stdout, "queue %s: depth %d, max depth %d (0: no bound), fifo %t, paused %t\n", args[0], st.Unfinished(), cfg.MaxDepth, cfg.FIFO, st.Paused)
 			return nil
 		},
 	}

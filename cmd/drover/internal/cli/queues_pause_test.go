@@ -3,6 +3,7 @@ package cli_test
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -107,8 +108,10 @@ func TestQueuesPauseResume(t *testing.T) {
 			t.Errorf("%v: exit %d %q; want %d and %q", tc.args, r.code, r.stderr, tc.code, tc.want)
 		}
 	}
-	if r := drover(t, "queues", "pause", "--help"); r.code != 0 || !strings.Contains(r.stdout, "drover queues pause emails") {
-		t.Errorf("pause --help: %q", r.stdout)
+	for _, verb := range []string{"pause", "resume"} {
+		if r := drover(t, "queues", verb, "--help"); r.code != 0 || !strings.Contains(r.stdout, "Examples:") || !strings.Contains(r.stdout, "drover queues "+verb+" emails") {
+			t.Errorf("%s --help: %q", verb, r.stdout)
+		}
 	}
 }
 
@@ -174,6 +177,9 @@ func TestPauseSurvivesServerRestart(t *testing.T) {
 	submit("second")
 	if got := <-polled; len(got) != 0 {
 		t.Fatalf("a long poll claimed %v from a paused queue", got)
+	}
+	if code, out := call("POST", "/v1/queues/bad*q/pause", nil); code/100 != 4 || code == 404 || !strings.Contains(fmt.Sprint(out), "queue") {
+		t.Fatalf("pause of a bad name: %d %v", code, out)
 	}
 	for _, path := range []string{"/v1/queues/nope/pause", "/v1/queues/nope/resume"} {
 		if code, out := call("POST", path, nil); code != 404 || !strings.Contains(out["detail"].(string), "no such queue") {
