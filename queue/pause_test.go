@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/droverhq/drover"
+	"github.com/droverhq/drover/cluster"
 	"github.com/droverhq/drover/internal/testenv/etcdtest"
 	"github.com/droverhq/drover/metrics"
 	"github.com/droverhq/drover/queue"
@@ -299,4 +300,32 @@ func TestPauseLatency(t *testing.T) {
 	}
 	cancel()
 	runs.Wait()
+}
+
+// Pausing a queue: it takes submissions, but no claim of its tasks
+// commits until it is resumed; pausing twice is not an error.
+func ExampleClient_Pause() {
+	ctx := context.Background()
+	cli, err := cluster.Connect(ctx, cluster.ClientConfig{Endpoints: srv.Endpoints()})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer cli.Close()
+	c, _ := queue.NewClient(cli, fmt.Sprintf("example-pause-%d", time.Now().UnixNano()))
+	defer c.Close(ctx)
+	_, _ = c.Submit(ctx, "emails", []queue.Task{{ID: "welcome-1", Type: "welcome"}}, nil)
+	st, _ := c.Pause(ctx, "emails")
+	fmt.Println("paused:", st.Paused, "changed:", st.Changed)
+	st, _ = c.Pause(ctx, "emails")
+	fmt.Println("again: changed:", st.Changed)
+	stats, _ := c.Stats(ctx, "emails")
+	fmt.Println("stats: paused:", stats.Paused, "pending:", stats.Pending)
+	st, _ = c.Resume(ctx, "emails")
+	fmt.Println("resumed: paused:", st.Paused, "changed:", st.Changed)
+	// Output:
+	// paused: true changed: true
+	// again: changed: false
+	// stats: paused: true pending: 1
+	// resumed: paused: false changed: true
 }
