@@ -183,6 +183,13 @@ func (s *Server) schedules(ctx context.Context) (*schedule.Client, error) {
 
 func (s *Server) scheduleRoutes() {
 	tags := []string{"schedules"}
+	s.scheduleListRoutes(tags)
+	s.scheduleChangeRoutes(tags)
+	s.scheduleFireRoutes(tags)
+}
+
+// scheduleListRoutes: create and list.
+func (s *Server) scheduleListRoutes(tags []string) {
 	huma.Register(s.api, huma.Operation{
 		OperationID: "create-schedule", Method: http.MethodPost, Path: "/v1/schedules", Tags: tags,
 		Summary:       "Create a schedule",
@@ -230,6 +237,10 @@ func (s *Server) scheduleRoutes() {
 		}
 		return out, nil
 	})
+}
+
+// scheduleChangeRoutes: get, update, delete, pause and resume.
+func (s *Server) scheduleChangeRoutes(tags []string) {
 	huma.Register(s.api, huma.Operation{
 		OperationID: "get-schedule", Method: http.MethodGet, Path: "/v1/schedules/{name}", Tags: tags,
 		Summary: "A schedule and its next fire", Errors: []int{http.StatusNotFound},
@@ -280,7 +291,6 @@ func (s *Server) scheduleRoutes() {
 			})
 		})
 	}
-	s.scheduleFireRoutes(tags)
 }
 
 // scheduleDo checks name and runs do with the request's schedule client.
