@@ -124,3 +124,49 @@ func TestUpdateKeepsNameAndValidates(t *testing.T) {
 		t.Fatalf("list: %+v %v", list, err)
 	}
 }
+
+func TestOverlapBufferOneAndCancelPrevious(t *testing.T) {
+	c, cli, ns := newClient(t)
+	ctx := context.Background()
+	qc, err := queue.NewClient(cli, ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range []schedule.Overlap{schedule.BufferOne, schedule.CancelPrevious} {
+		if _, err := c.Create(ctx, schedule.Schedule{Name: string(o), Every: queue.Duration(time.Second), Queue: "q", Type: "t", Overlap: o}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := &schedule.Runner{Client: c}
+	r.Start(ctx)
+	defer r.Stop()
+
+	// cancel-previous: each fire cancels the task before it.
+	fires := waitHistory(t, c, "cancel-previous", 3)
+	if fires[0].Outcome != "PENDING" || fires[1].Outcome != "CANCELLED" || fires[2].Outcome != "CANCELLED" {
+		t.Fatalf("cancel-previous: %+v, want the latest PENDING and those before CANCELLED", fires)
+	}
+
+	// buffer-one: the tick after the first is held while the first task
+	// is pending, and fires, with its own nominal time, once it ends.
+	first := waitHistory(t, c, "buffer-one", 1)[0]
+	if !etcdtest.Eventually(30*time.Second, func() bool { // held, tried again each second: two ticks pass
+		s, err := c.Get(ctx, "buffer-one")
+		return err == nil && s.NextFireAt.After(first.NominalTime.Add(2500*time.Millisecond))
+	}) {
+		t.Fatal("buffer-one's held tick was not tried again")
+	}
+	if n := len(waitHistory(t, c, "buffer-one", 1)); n != 1 {
+		t.Fatalf("buffer-one fired %d times while its first task is pending", n)
+	}
+	if _, err := qc.Cancel(ctx, first.TaskID); err != nil {
+		t.Fatal(err)
+	}
+	second := waitHistory(t, c, "buffer-one", 2)[0]
+	if !second.NominalTime.After(first.NominalTime) || second.TaskID != schedule.TaskID("buffer-one", second.NominalTime) {
+		t.Fatalf("buffer-one's second fire: %+v after %+v", second, first)
+	}
+	if got := waitHistory(t, c, "buffer-one", 2); len(got) != 2 {
+		t.Fatalf("buffer-one fired again while its second task is pending: %+v", got)
+	}
+}
