@@ -142,5 +142,3 @@ func (r *Runner) crashHook() {
 		select {}
 	}
 }
-
-func sprintf(format string, args ...any) string { return fmt.Sprintf(format, args...) }

@@ -2,13 +2,14 @@ package schedule
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"os"
 	"strconv"
-	"sync"
 	"sync/atomic"
 
 	"github.com/droverhq/drover/internal/due"
+	"github.com/droverhq/drover/internal/lifecycle"
 )
 
 // Runner fires the ticks of a namespace's schedules: one due index of
@@ -21,12 +22,8 @@ type Runner struct {
 	// slog.Default()).
 	Logger *slog.Logger
 
-	mu      sync.Mutex
-	ctx     context.Context
-	cancel  context.CancelFunc
-	done    chan struct{}
-	stopped bool
-
+	lc         lifecycle.Lifecycle
+	ctx        context.Context // the run's, for the index's moves
 	crashAfter int64
 	fired      atomic.Int64
 }
@@ -34,39 +31,23 @@ type Runner struct {
 // Start starts the runner's goroutine, until Stop or ctx's end. Starting
 // a started or stopped runner does nothing.
 func (r *Runner) Start(ctx context.Context) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.done != nil || r.stopped {
-		return
-	}
 	r.crashAfter, _ = strconv.ParseInt(os.Getenv(EnvCrashAfterSubmit), 10, 64)
-	r.ctx, r.cancel = context.WithCancel(ctx)
-	r.done = make(chan struct{})
-	ix := &due.Index{Client: r.Client.cli, Prefix: r.Client.keys.ScheduleDue(), Move: r.move, Now: r.Client.now, Batch: 16}
-	go func() {
-		defer close(r.done)
-		ix.Run(r.ctx)
-	}()
+	r.lc.Start(ctx, func(ctx context.Context) {
+		r.ctx = ctx
+		ix := &due.Index{Client: r.Client.cli, Prefix: r.Client.keys.ScheduleDue(), Move: r.move, Now: r.Client.now, Batch: 16}
+		ix.Run(ctx)
+	})
 }
 
 // Stop cancels the runner and waits for its goroutine: a fire in flight
 // ends where it is, and the next mover picks its tick up (its task, if
 // submitted, counts once). Safe to call twice, or before Start.
-func (r *Runner) Stop() {
-	r.mu.Lock()
-	r.stopped = true
-	cancel, done := r.cancel, r.done
-	r.mu.Unlock()
-	if cancel != nil {
-		cancel()
-		<-done
-	}
-}
+func (r *Runner) Stop() { _ = r.lc.Stop(context.Background()) }
 
 func (r *Runner) logf(format string, args ...any) {
 	l := r.Logger
 	if l == nil {
 		l = slog.Default()
 	}
-	l.Warn("schedule fire will be tried again", "err", sprintf(format, args...))
+	l.Warn("schedule fire will be tried again", "err", fmt.Sprintf(format, args...))
 }
