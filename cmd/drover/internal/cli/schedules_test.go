@@ -195,3 +195,61 @@ func TestScheduleFiresOnceAcrossKills(t *testing.T) {
 	}
 	t.Logf("catch-up all: %d ticks, each once; latest: %d fires", len(all), len(latest))
 }
+
+// TestScheduleResubmitsAfterCrashMidFire: a server killed between a tick's
+// submission and its move leaves the task without its history record; the
+// next server submits the same id again (stored once) and records the
+// tick, so the tick has one task and one record.
+func TestScheduleResubmitsAfterCrashMidFire(t *testing.T) {
+	ns := etcdtest.Namespace(t)
+	cli := srv.Client(t)
+	c, err := schedule.New(schedule.Config{Etcd: cli, Namespace: ns})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := c.Create(ctx, schedule.Schedule{Name: "s", Every: queue.Duration(time.Second), Queue: "mid", Type: "t",
+		Overlap: schedule.Allow, Catchup: schedule.All}); err != nil {
+		t.Fatal(err)
+	}
+	qc, err := queue.NewClient(cli, ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pending := func() []*queue.Task {
+		page, err := qc.List(ctx, "mid", queue.Pending, queue.ListOptions{Limit: queue.MaxListLimit})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return page.Tasks
+	}
+	a := startScheduler(t, ns, schedule.EnvCrashAfterSubmit+"=1")
+	if code := a.wait(t, 60*time.Second); code != 128+int(syscall.SIGKILL) {
+		t.Fatalf("the server with the crash hook exit %d: %s", code, a.stderr.String())
+	}
+	tasks := pending()
+	if len(tasks) != 1 || len(fires(t, c, "s")) != 0 {
+		t.Fatalf("after the crash: %d tasks, %d fires; want the first tick's task and no record", len(tasks), len(fires(t, c, "s")))
+	}
+	orphan := tasks[0].ID
+	b := startScheduler(t, ns)
+	waitFor(t, 60*time.Second, "three fires", func() bool { return len(fires(t, c, "s")) >= 3 })
+	_ = b.cmd.Process.Signal(syscall.SIGTERM)
+	b.wait(t, 20*time.Second)
+	h := fires(t, c, "s")
+	if h[0].TaskID != orphan {
+		t.Fatalf("the first record is %s, want the crashed fire's task %s", h[0].TaskID, orphan)
+	}
+	ids := map[string]bool{}
+	for _, task := range pending() {
+		ids[task.ID] = true
+	}
+	for _, f := range h {
+		if !ids[f.TaskID] {
+			t.Fatalf("fire %+v has no task", f)
+		}
+	}
+	if len(ids) > len(h)+1 {
+		t.Fatalf("%d tasks for %d fires", len(ids), len(h))
+	}
+}
