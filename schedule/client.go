@@ -118,8 +118,8 @@ func (c *Client) schedule(r *record, t time.Time) error {
 	return nil
 }
 
-// aim points r's due item at tick nominal, firing at fireAt (zero: the
-// tick's time with its jitter).
+// aim points r's due item at tick nominal, due at the tick's time with
+// its jitter; aimAt, due at at.
 func (c *Client) aim(r *record, nominal time.Time, hold bool) {
 	at := nominal.Add(jitterOf(r.Spec.Name, nominal, time.Duration(r.Spec.Jitter)))
 	c.aimAt(r, nominal, at, hold)
