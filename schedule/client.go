@@ -210,7 +210,7 @@ func (c *Client) List(ctx context.Context) ([]Schedule, error) {
 
 // change applies edit to schedule name's record and writes it with its due
 // item, conditional on both being as read; it reads again and retries
-// when a fire or another change came between. extra adds writes.
+// when a fire or another change came between. edit returns writes to add.
 func (c *Client) change(ctx context.Context, name string, edit func(r *record) ([]clientv3.Op, error)) (*record, error) {
 	for attempt := 0; attempt < 20; attempt++ {
 		r, rev, err := c.read(ctx, name)
