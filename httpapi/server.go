@@ -231,6 +231,7 @@ func (s *Server) routes() {
 	s.flowRoutes()
 	s.registryRoutes()
 	s.dashboardRoutes()
+	s.scheduleRoutes()
 }
 
 // Handler returns the server's routes, for an http.Server of the caller's.

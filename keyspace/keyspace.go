@@ -36,6 +36,9 @@
 //	/{ns}/quotas/{name}/grants/{subject}/{lease:hex} slots a worker holds, bound to its lease
 //	/{ns}/quotas/{name}/ledger/{subject} rewritten by every grant increase (compare-and-swap)
 //	/{ns}/sessions/{id}               an HTTP client's session: bound to the etcd lease it stands for (id: the lease, hex)
+//	/{ns}/schedules/specs/{name}      a schedule: its spec and the state its fires keep
+//	/{ns}/schedules/due/{due:019d}-{name} a schedule's next fire, in the due index (internal/due)
+//	/{ns}/schedules/history/{name}/{slot:04d} one fire of a schedule, in a ring of slots
 //	/{ns}/store/full                  the store-full guard: while it exists, data-plane writes (submissions, checkpoints) are refused
 //
 // Names that become one path segment are checked by [CheckName], so that no

@@ -23,6 +23,7 @@ import { acquireLock, lockStatus, type Lock, type LockOptions } from "./locks.js
 import { DeadLetters, Queues, type SubmitResult, type SubmittedTask } from "./queue.js";
 import { Worker, type TaskHandler, type WorkerOptions } from "./worker.js";
 import { Registry } from "./registry.js";
+import { Schedules } from "./schedules.js";
 import { Session, type SessionOptions } from "./session.js";
 import type { LockStatus } from "./errors.js";
 
@@ -68,6 +69,7 @@ export {
   type PaxosNodeStatus,
   type PaxosRenewal,
 } from "./paxos.js";
+export { Schedules, type Catchup, type Overlap, type ScheduleFields, type ScheduleFire, type ScheduleInfo } from "./schedules.js";
 export {
   Checkpoints,
   type CheckpointFence,
@@ -118,6 +120,8 @@ export class Drover {
   readonly registry: Registry;
   /** Agent checkpoints per thread (what the LangGraph saver is built on). */
   readonly checkpoints: Checkpoints;
+  /** Schedules: tasks submitted on a cron expression or an interval. */
+  readonly schedules: Schedules;
   /** Lock inspection. */
   readonly locks: { get(name: string): Promise<LockStatus | undefined>; list(): Promise<LockStatus[]> };
 
@@ -132,6 +136,7 @@ export class Drover {
     this.breakers = new Breakers(t);
     this.registry = new Registry(t);
     this.checkpoints = new Checkpoints(t);
+    this.schedules = new Schedules(t);
     this.locks = {
       get: (name) => lockStatus(t, name),
       list: async () => (await t.get<LockStatus[] | null>("/v1/locks")) ?? [],

@@ -10,6 +10,7 @@ import * as locks from "./locks.js";
 import * as workers from "./workers.js";
 import * as flow from "./flow.js";
 import * as paxos from "./paxos.js";
+import * as schedules from "./schedules.js";
 import * as login from "./login.js";
 
 // state is what every page may read: the token's role, the namespace (and
@@ -28,6 +29,7 @@ const routes = [
   { re: /^\/locks$/, page: locks, nav: "locks" },
   { re: /^\/workers$/, page: workers, nav: "workers" },
   { re: /^\/flow$/, page: flow, nav: "flow" },
+  { re: /^\/schedules$/, page: schedules, nav: "schedules" },
   { re: /^\/paxos$/, page: paxos, nav: "paxos" },
 ];
 

@@ -41,6 +41,7 @@ from .locks import Lock
 from .paxos import EndpointStatus, PaxosLockInfo, PaxosLocks
 from .queues import OutcomeResult, Queue, Rejected, SubmitResult, Task
 from .registry import Registration, Watch, WatchEvent
+from .schedules import Schedules
 from .sessions import Session
 from .workers import Worker
 
@@ -63,6 +64,7 @@ __all__ = _errors.__all__ + [
     "JSON_CODEC",
     "BYTES_CODEC",
     "Registration",
+    "Schedules",
     "Watch",
     "WatchEvent",
     "CheckpointClient",
@@ -86,6 +88,7 @@ __all__ = _errors.__all__ + [
     "quotas",
     "breakers",
     "checkpoints",
+    "schedules",
 ]
 
 # A library logs to "drover" and leaves the handlers to the application.
@@ -185,3 +188,4 @@ limits: Any = _Attr("limits")
 quotas: Any = _Attr("quotas")
 breakers: Any = _Attr("breakers")
 checkpoints: Any = _Attr("checkpoints")
+schedules: Any = _Attr("schedules")

@@ -10,6 +10,7 @@ from ._transport import IDEMPOTENT, Transport
 from .agent import JSON_CODEC, AgentTasks, Codec, RunResult, Step
 from .checkpoint import CheckpointClient
 from .flow import Breakers, Limits, Quotas
+from .schedules import Schedules
 from .locks import Lock
 from .queues import Queue, SubmitResult, Task
 from .registry import Registration, Watch
@@ -61,6 +62,7 @@ class Client:
         self.breakers = Breakers(self)
         self.agent_tasks = AgentTasks(self)
         self.checkpoints = CheckpointClient(self)
+        self.schedules = Schedules(self)
 
     def _clone(self, max_idle: int = 32) -> "Client":
         return Client(self.url, max_idle=max_idle, **self._opts)

@@ -238,7 +238,7 @@ func (a *app) serveEmbedded(ctx context.Context, f *serverFlags) error {
 	f.admitWrites(cli)
 	closeCli := sync.OnceFunc(func() { _ = cli.Close() }) // before the server: it calls the server in process
 	defer closeCli()
-	stopHTTP, err := a.startHTTP(&f.http, cli)
+	stopHTTP, err := a.startServing(ctx, &f.http, cli) // the HTTP API and the schedules
 	if err != nil {
 		return err
 	}
@@ -316,7 +316,7 @@ func (a *app) serveExternal(ctx context.Context, f *serverFlags) error {
 		stopGuard = a.startExternalGuards(ctx, cli, f)
 	}
 	defer stopGuard()
-	stopHTTP, err := a.startHTTP(&f.http, cli)
+	stopHTTP, err := a.startServing(ctx, &f.http, cli) // the HTTP API and the schedules
 	if err != nil {
 		return err
 	}
