@@ -3,15 +3,14 @@ package queue
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"fmt"
-	"reflect"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/internal/cursor"
+	"github.com/droverhq/drover/internal/paramfilter"
 	"github.com/droverhq/drover/keyspace"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -64,8 +63,11 @@ type SearchPage struct {
 // DefaultSearchBudget is how many tasks a page of a search reads at most
 // (200 segments), which bounds the time of every page whatever the
 // filters. MaxParamFilters bounds the parameter filters of a query.
+// A page also ends once it has read for SearchPageTime, whatever its
+// budget left.
 const (
 	DefaultSearchBudget = 200 * SegmentSize
+	SearchPageTime      = time.Second
 	MaxParamFilters     = 16
 	maxParamValue       = 1024
 )
@@ -80,10 +82,11 @@ type search struct {
 	q            string
 	st           Status
 	typ, prefix  string
-	params       []paramMatch
+	params       []paramfilter.Filter
 	since, until time.Time
 	limit        int
 	budget       int
+	deadline     time.Time
 	cur          cursor.Cursor
 	// start is where the segment walk of the page began: its segment,
 	// and the last slot of it an earlier page walked.
@@ -92,11 +95,6 @@ type search struct {
 		slot int
 	}
 	page SearchPage
-}
-
-type paramMatch struct {
-	key, raw string
-	want     any // raw read as JSON; nil when it is not JSON
 }
 
 // Search returns a page of queue q's tasks that match sq: first the tasks
@@ -172,6 +170,7 @@ func (c *Client) newSearch(q string, sq SearchQuery) (*search, error) {
 		return nil, err
 	}
 	now := c.now()
+	s.deadline = now.Add(SearchPageTime)
 	var err error
 	if s.since, err = searchTime("since", sq.Since, now); err != nil {
 		return nil, err
@@ -190,7 +189,7 @@ func (c *Client) newSearch(q string, sq SearchQuery) (*search, error) {
 func (s *search) setCursor(sq SearchQuery) error {
 	parts := []string{s.q, string(s.st), s.typ, s.prefix, sq.Since, sq.Until}
 	for _, p := range s.params {
-		parts = append(parts, p.key+"="+p.raw)
+		parts = append(parts, p.Key+"="+p.Value)
 	}
 	digest := cursor.Digest(parts...)
 	if sq.Cursor == "" {
@@ -240,13 +239,11 @@ func (s *search) setParams(ps []ParamFilter) error {
 		if len(p.Value) > maxParamValue {
 			return &drover.InputError{Field: "param", Value: p.Key, Rule: fmt.Sprintf("its value must be at most %d bytes", maxParamValue)}
 		}
-		m := paramMatch{key: p.Key, raw: p.Value}
-		if err := json.Unmarshal([]byte(p.Value), &m.want); err != nil {
-			m.want = nil
-		}
-		s.params = append(s.params, m)
+		s.params = append(s.params, paramfilter.New(p.Key, p.Value))
 	}
-	slices.SortFunc(s.params, func(a, b paramMatch) int { return cmp.Or(cmp.Compare(a.key, b.key), cmp.Compare(a.raw, b.raw)) })
+	slices.SortFunc(s.params, func(a, b paramfilter.Filter) int {
+		return cmp.Or(cmp.Compare(a.Key, b.Key), cmp.Compare(a.Value, b.Value))
+	})
 	return nil
 }
 
@@ -291,30 +288,12 @@ func (s *search) matches(t *Task) bool {
 	if len(s.params) == 0 {
 		return true
 	}
-	var ps map[string]json.RawMessage
-	if json.Unmarshal(t.Parameters, &ps) != nil {
-		return false
-	}
 	for _, p := range s.params {
-		if !p.match(ps[p.key]) {
+		if !p.Match(t.Parameters) {
 			return false
 		}
 	}
 	return true
-}
-
-func (p paramMatch) match(v json.RawMessage) bool {
-	if v == nil {
-		return false
-	}
-	var got any
-	if json.Unmarshal(v, &got) != nil {
-		return false
-	}
-	if str, ok := got.(string); ok && str == p.raw {
-		return true
-	}
-	return p.want != nil && reflect.DeepEqual(got, p.want)
 }
 
 // add puts t on the page; it reports whether the page is full.
@@ -324,7 +303,9 @@ func (s *search) add(t *Task) bool {
 }
 
 // spent reports whether the page has read its budget.
-func (s *search) spent() bool { return s.page.Scanned >= s.budget }
+func (s *search) spent() bool {
+	return s.page.Scanned >= s.budget || s.c.now().After(s.deadline)
+}
 
 // idChunk is how many keys of the id index one read takes.
 const idChunk = 200
