@@ -208,3 +208,23 @@ func TestSearchBadInput(t *testing.T) {
 		t.Fatalf("the same query's cursor: %v", err)
 	}
 }
+
+func TestSearchStopsAtItsTimeBound(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c, _ := newClient(t, etcdtest.Namespace(t))
+	if _, err := c.Submit(ctx, "slow", tasks(4000, "x"), nil); err != nil { // 40 segments
+		t.Fatal(err)
+	}
+	// Each look at the clock is 1.2 s later: the page's second look, after
+	// its first batch of segments, is past its bound.
+	at := time.Now()
+	queue.SetClock(c, func() time.Time { at = at.Add(1200 * time.Millisecond); return at })
+	p, err := c.Search(ctx, "slow", queue.SearchQuery{Type: "none"})
+	if err != nil || len(p.Tasks) != 0 || p.Next == "" || p.Scanned >= 4000 {
+		t.Fatalf("first page: %d tasks, next %q, scanned %d, %v", len(p.Tasks), p.Next, p.Scanned, err)
+	}
+	if ids := searchAll(t, c, "slow", queue.SearchQuery{Params: []queue.ParamFilter{{Key: "n", Value: "3999"}}}); len(ids) != 1 || ids[0] != "t-03999" {
+		t.Fatalf("found %v", ids)
+	}
+}
