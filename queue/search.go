@@ -193,7 +193,8 @@ func (s *search) setCursor(sq SearchQuery) error {
 	}
 	digest := cursor.Digest(parts...)
 	if sq.Cursor == "" {
-		s.cur = cursor.Cursor{Digest: digest, Phase: "r", Since: unixNano(s.since), Until: unixNano(s.until)}
+		s.cur = cursor.Cursor{Digest: digest, Phase: "r"}
+		s.cur.SetWindow(s.since, s.until)
 		if s.prefix != "" {
 			s.cur.Phase = "i"
 		}
@@ -208,22 +209,8 @@ func (s *search) setCursor(sq SearchQuery) error {
 			Rule: "was given by another query: pass a cursor only with the queue and filters of the search that gave it"}
 	}
 	s.cur = cur
-	s.since, s.until = fromUnixNano(cur.Since), fromUnixNano(cur.Until) // the window the first page saw
+	s.since, s.until = cur.Window() // the window the first page saw
 	return nil
-}
-
-func unixNano(t time.Time) int64 {
-	if t.IsZero() {
-		return 0
-	}
-	return t.UnixNano()
-}
-
-func fromUnixNano(n int64) time.Time {
-	if n == 0 {
-		return time.Time{}
-	}
-	return time.Unix(0, n).UTC()
 }
 
 // setParams checks the parameter filters and reads their values, sorted by
@@ -426,11 +413,30 @@ const segBatch = 32
 func (s *search) segmentsFrom(ctx context.Context, from string) ([]string, bool, error) {
 	switch {
 	case s.st == "":
-		return s.c.segmentNames(ctx, s.c.keys.Segments(s.q), from, false)
+		return s.allSegments(ctx, from)
 	case segmentStatus(s.st):
 		return s.c.segmentsWith(ctx, s.q, s.st, from)
 	}
 	return nil, false, nil
+}
+
+// allSegments returns the queue's segments from segment from on, as many
+// as the page's budget has left to read (and one), and whether there are
+// more: a keys-only read of the segments' names.
+func (s *search) allSegments(ctx context.Context, from string) ([]string, bool, error) {
+	pre := s.c.keys.Segments(s.q)
+	n := max(0, s.budget-s.page.Scanned)/SegmentSize + 1
+	g, err := s.c.cli.Get(ctx, pre+from, clientv3.WithRange(clientv3.GetPrefixRangeEnd(pre)), clientv3.WithKeysOnly(), clientv3.WithLimit(int64(min(n, 4096))))
+	if err != nil {
+		return nil, false, fmt.Errorf("queue: search %s: %w", s.q, err)
+	}
+	out := make([]string, 0, len(g.Kvs))
+	for _, kv := range g.Kvs {
+		if seg, ok := keyspace.Last(pre, string(kv.Key)); ok {
+			out = append(out, seg)
+		}
+	}
+	return out, g.More, nil
 }
 
 // walkSegments walks the segments from the cursor's on (cursor: the

@@ -17,6 +17,7 @@ import (
 	"encoding/json"
 	"errors"
 	"strings"
+	"time"
 )
 
 // MaxLen bounds an encoded cursor.
@@ -66,6 +67,28 @@ func Decode(s string) (Cursor, error) {
 		return Cursor{}, ErrMalformed
 	}
 	return c, nil
+}
+
+// SetWindow keeps a query's time window; a zero time is no bound.
+func (c *Cursor) SetWindow(since, until time.Time) {
+	c.Since, c.Until = nanos(since), nanos(until)
+}
+
+// Window returns the time window SetWindow kept.
+func (c Cursor) Window() (since, until time.Time) { return timeOf(c.Since), timeOf(c.Until) }
+
+func nanos(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixNano()
+}
+
+func timeOf(n int64) time.Time {
+	if n == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, n).UTC()
 }
 
 // Digest is a short digest of a query's parts, in order.

@@ -3,6 +3,7 @@ package cursor
 import (
 	"errors"
 	"testing"
+	"time"
 )
 
 func TestRoundTrip(t *testing.T) {
@@ -25,4 +26,25 @@ func TestDigestSeparatesParts(t *testing.T) {
 	if Digest("ab", "c") == Digest("a", "bc") {
 		t.Fatal("digest must tell the parts apart")
 	}
+}
+
+func TestWindow(t *testing.T) {
+	var c Cursor
+	since := time.Date(2026, 11, 28, 9, 0, 0, 5, time.UTC)
+	c.SetWindow(since, time.Time{})
+	got, until := windowAfterCodec(t, c)
+	if !got.Equal(since) || !until.IsZero() {
+		t.Fatalf("window %v %v", got, until)
+	}
+}
+
+// windowAfterCodec encodes c, decodes it and returns its window.
+func windowAfterCodec(t *testing.T, c Cursor) (time.Time, time.Time) {
+	t.Helper()
+	c.Digest, c.Phase = "d", "s"
+	back, err := Decode(Encode(c))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return back.Window()
 }
