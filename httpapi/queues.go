@@ -119,6 +119,7 @@ func (s *Server) queueRoutes() {
 	}, s.failTask)
 	s.outcomesRoute(tags)
 	s.taskQueryRoutes(tags)
+	s.searchRoutes()
 	s.dlqRoutes()
 	s.pauseRoutes(tags)
 }

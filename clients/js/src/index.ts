@@ -44,6 +44,8 @@ export {
   type QueueTransition,
   type SubmitResult,
   type SubmittedTask,
+  type SearchPage,
+  type SearchQuery,
   type TaskPage,
 } from "./queue.js";
 export { Worker, type TaskContext, type TaskHandler, type WorkerOptions, type WorkerStats } from "./worker.js";

@@ -340,3 +340,66 @@ function ndjsonStream(src: AsyncIterable<SubmittedTask | string> | Iterable<Subm
     },
   });
 }
+
+/** The filters of {@link Queues.search}: every one given must hold. */
+export interface SearchQuery {
+  /** Only tasks in this status (indexed). */
+  status?: string;
+  /** Only tasks of this task_type (checked on the tasks read). */
+  type?: string;
+  /** Only tasks whose id starts with this (a range read of the id index). */
+  idPrefix?: string;
+  /** Only tasks whose parameters hold each key with its value (the value as JSON when it parses, else as a string). */
+  params?: Record<string, string | number | boolean>;
+  /** Only tasks created at or after this: a Date, RFC 3339, or a duration back from now ("1h"). */
+  since?: Date | string;
+  /** Only tasks created before this: a Date, RFC 3339, or a duration back from now. */
+  until?: Date | string;
+  /** The most tasks on a page (1 to 1000, default 100). */
+  limit?: number;
+  /** The `nextCursor` of the page before, from the same query. */
+  cursor?: string;
+  signal?: AbortSignal;
+}
+
+/** A page of a search: it may be short, or empty, while `nextCursor` is set (the page read its budget of tasks first). */
+export interface SearchPage {
+  tasks: QueueTask[];
+  /** Pass as `cursor`, with the same query, for the next page; absent once every task was walked. */
+  nextCursor?: string;
+  /** How many tasks (and index keys) the page read. */
+  scanned: number;
+}
+
+export interface Queues {
+  /**
+   * One page of a queue's tasks that match `query`. A cursor given with
+   * another query is refused ({@link InvalidInputError} naming `query.cursor`);
+   * an unknown queue is a {@link NotFoundError}.
+   */
+  search(queue: string, query?: SearchQuery): Promise<SearchPage>;
+  /** Every task that matches `query`, page by page (empty pages included). */
+  searchAll(queue: string, query?: Omit<SearchQuery, "cursor">): AsyncGenerator<QueueTask>;
+}
+
+Queues.prototype.search = async function (this: Queues, queue: string, query: SearchQuery = {}): Promise<SearchPage> {
+  const time = (v?: Date | string) => (v instanceof Date ? v.toISOString() : v);
+  const params = Object.entries(query.params ?? {}).map(([k, v]) => `${k}=${v}`);
+  const t = (this as unknown as { t: Transport }).t;
+  const p = await t.get<{ data?: QueueTask[]; next_cursor?: string; scanned: number }>(`/v1/queues/${seg(queue)}/search`, {
+    query: { status: query.status, type: query.type, id_prefix: query.idPrefix, param: params.length ? params : undefined,
+      since: time(query.since), until: time(query.until), limit: query.limit, cursor: query.cursor },
+    signal: query.signal,
+  });
+  return { tasks: p.data ?? [], nextCursor: p.next_cursor, scanned: p.scanned };
+};
+
+Queues.prototype.searchAll = async function* (this: Queues, queue: string, query: Omit<SearchQuery, "cursor"> = {}): AsyncGenerator<QueueTask> {
+  let cursor: string | undefined;
+  for (;;) {
+    const page = await this.search(queue, { ...query, cursor });
+    yield* page.tasks;
+    if (!page.nextCursor) return;
+    cursor = page.nextCursor;
+  }
+};

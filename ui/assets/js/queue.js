@@ -4,6 +4,7 @@
 
 import { api, get, enc } from "./api.js";
 import { h, replace, num, ago, badge, table, errorBox, confirmAction, toast, guarded, can } from "./dom.js";
+import { searchPanel } from "./search.js";
 
 const STATES = ["PENDING", "RUNNING", "RETRYING", "SUCCEEDED", "DEAD", "CANCELLED"];
 const PAGE = 50;
@@ -37,6 +38,7 @@ export function mount(ctx) {
     h("h1", {}, q),
     pauseBox,
     settings,
+    searchPanel(ctx, q),
     h("section", { class: "panel" }, tabs, status === "DEAD" ? actions : null, list, pager),
   );
 

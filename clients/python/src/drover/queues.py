@@ -440,7 +440,76 @@ class Queue:
                 results.append(_outcome_result(o))
         return results
 
+    # -- search ------------------------------------------------------------
+
+    def search(
+        self,
+        status: Optional[str] = None,
+        type: Optional[str] = None,
+        id_prefix: Optional[str] = None,
+        params: Optional[Mapping[str, Any]] = None,
+        since: Any = None,
+        until: Any = None,
+        limit: Optional[int] = None,
+        cursor: Optional[str] = None,
+    ) -> Dict[str, Any]:
+        """One page of the tasks that match every filter given:
+        ``{"tasks": [...], "next_cursor": cursor, "scanned": n}``.
+
+        ``params`` maps keys to values (a value matches the same JSON value,
+        or a string equal to it as given). ``since`` and ``until`` bound the
+        creation time: a timezone-aware ``datetime``, an RFC 3339 string, a
+        ``timedelta`` or a duration string back from now (``"1h"``). A page
+        may be short, or empty, while ``next_cursor`` is set: it read its
+        budget of tasks first. Pass ``next_cursor`` back as ``cursor`` with
+        the same filters; a cursor of another query raises
+        :class:`InvalidInput`, an unknown queue :class:`NotFound`.
+        """
+        query = {
+            "status": status,
+            "type": type,
+            "id_prefix": id_prefix,
+            "param": ["%s=%s" % (k, _param_text(v)) for k, v in (params or {}).items()] or None,
+            "since": _search_time(since),
+            "until": _search_time(until),
+            "limit": limit,
+            "cursor": cursor,
+        }
+        r = self._t.request("GET", self._base + "/search", query=query, retry=IDEMPOTENT).data
+        return {"tasks": [Task(t) for t in (r.get("data") or [])], "next_cursor": r.get("next_cursor"), "scanned": r.get("scanned", 0)}
+
+    def search_iter(self, page_size: int = 100, **filters: Any) -> Iterator[Task]:
+        """Every task that matches the filters of :meth:`search`, page after
+        page (empty pages included)."""
+        cursor = None
+        while True:
+            p = self.search(limit=page_size, cursor=cursor, **filters)
+            for t in p["tasks"]:
+                yield t
+            cursor = p.get("next_cursor")
+            if not cursor:
+                return
+
 
 def _sid(session: Any) -> str:
     """A session id, from a Session or the id itself."""
     return session if isinstance(session, str) else session.id
+
+
+def _param_text(v: Any) -> str:
+    """A parameter filter's value as the query gives it: JSON for numbers,
+    booleans and None, the text itself for a string."""
+    return v if isinstance(v, str) else json.dumps(v)
+
+
+def _search_time(v: Any) -> Optional[str]:
+    """A bound of a search's time window as the API takes it."""
+    if v is None or isinstance(v, str):
+        return v
+    if isinstance(v, datetime.timedelta):
+        return format_duration(v.total_seconds())
+    if isinstance(v, datetime.datetime):
+        if v.tzinfo is None:
+            raise ValueError("since and until need a timezone-aware datetime")
+        return v.isoformat()
+    raise TypeError("since and until take a datetime, a timedelta or a string, not %r" % (v,))

@@ -19,6 +19,7 @@ func (a *app) tasksCommand() *cobra.Command {
 		Short: "Inspect, wait for, cancel and purge queued tasks",
 		Example: `  drover tasks stats --queue emails
   drover tasks list --queue emails --status RETRYING
+  drover tasks search --queue emails --type summarize --since 1h
   drover tasks get 7f3a91 --json
   drover tasks wait 7f3a91 --timeout 5m
   drover tasks cancel 7f3a91
@@ -37,7 +38,7 @@ func (a *app) tasksCommand() *cobra.Command {
 		},
 	}
 	get.Flags().BoolVar(&asJSON, "json", false, "print JSON")
-	cmd.AddCommand(get, a.tasksListCommand(), a.tasksStatsCommand(), a.tasksWaitCommand(), a.tasksCancelCommand(), a.tasksPurgeCommand())
+	cmd.AddCommand(get, a.tasksListCommand(), a.tasksSearchCommand(), a.tasksStatsCommand(), a.tasksWaitCommand(), a.tasksCancelCommand(), a.tasksPurgeCommand())
 	return cmd
 }
 

@@ -1,0 +1,50 @@
+package cursor
+
+import (
+	"errors"
+	"testing"
+	"time"
+)
+
+func TestRoundTrip(t *testing.T) {
+	c := Cursor{Digest: Digest("q", "PENDING"), Phase: "s", Index: 2, Key: "0900-0000000000000000001-abcdefgh", Slot: 17, Since: 5, Until: 9}
+	got, err := Decode(Encode(c))
+	if err != nil || got != c {
+		t.Fatalf("Decode(Encode(%+v)) = %+v, %v", c, got, err)
+	}
+}
+
+func TestMalformed(t *testing.T) {
+	for _, s := range []string{"", "!!", "e30", Encode(Cursor{Phase: "s"}), "eyJ4IjoxfQ"} {
+		if _, err := Decode(s); !errors.Is(err, ErrMalformed) {
+			t.Errorf("Decode(%q) = %v, want ErrMalformed", s, err)
+		}
+	}
+}
+
+func TestDigestSeparatesParts(t *testing.T) {
+	if Digest("ab", "c") == Digest("a", "bc") {
+		t.Fatal("digest must tell the parts apart")
+	}
+}
+
+func TestWindow(t *testing.T) {
+	var c Cursor
+	since := time.Date(2026, 11, 28, 9, 0, 0, 5, time.UTC)
+	c.SetWindow(since, time.Time{})
+	got, until := windowAfterCodec(t, c)
+	if !got.Equal(since) || !until.IsZero() {
+		t.Fatalf("window %v %v", got, until)
+	}
+}
+
+// windowAfterCodec encodes c, decodes it and returns its window.
+func windowAfterCodec(t *testing.T, c Cursor) (time.Time, time.Time) {
+	t.Helper()
+	c.Digest, c.Phase = "d", "s"
+	back, err := Decode(Encode(c))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return back.Window()
+}

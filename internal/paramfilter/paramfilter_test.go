@@ -1,0 +1,33 @@
+package paramfilter
+
+import "testing"
+
+func TestMatch(t *testing.T) {
+	for _, tc := range []struct {
+		name, key, value, params string
+		want                     bool
+	}{
+		{"number", "n", "7", `{"n":7}`, true},
+		{"number as string", "n", "7", `{"n":"7"}`, true},
+		{"number other", "n", "7", `{"n":70}`, false},
+		{"number in exponent form", "n", "100", `{"n":1e2}`, true},
+		{"number with a fraction", "n", "7", `{"n":7.0}`, true},
+		{"string bare", "tag", "x", `{"tag":"x"}`, true},
+		{"string quoted", "tag", `"x"`, `{"tag":"x"}`, true},
+		{"string escaped", "tag", "A", `{"tag":"\u0041"}`, true},
+		{"key escaped", "tag", "x", `{"t\u0061g":"x"}`, true},
+		{"string other", "tag", "x", `{"tag":"y"}`, false},
+		{"bool", "ok", "true", `{"ok":true}`, true},
+		{"null", "v", "null", `{"v":null}`, true},
+		{"object", "o", `{"a": 1}`, `{"o":{"a":1}}`, true},
+		{"missing key", "colour", "red", `{"tag":"red"}`, false},
+		{"key only in a value", "colour", "red", `{"x":"colour","y":"red"}`, false},
+		{"nested is not top level", "a", "1", `{"o":{"a":1}}`, false},
+		{"not an object", "a", "1", `[1]`, false},
+		{"no parameters", "a", "1", ``, false},
+	} {
+		if got := New(tc.key, tc.value).Match([]byte(tc.params)); got != tc.want {
+			t.Errorf("%s: %s=%s on %s = %v, want %v", tc.name, tc.key, tc.value, tc.params, got, tc.want)
+		}
+	}
+}
