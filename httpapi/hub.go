@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/droverhq/drover/internal/qstats"
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/metrics"
 	"github.com/prometheus/client_golang/prometheus"
@@ -51,6 +52,10 @@ type hub struct {
 	// exported are the queues of the server's own namespace whose
 	// drover_queue_tasks gauges are set (h.mu held).
 	exported map[string]bool
+
+	// rec keeps the history of the server's own namespace's queues
+	// (package internal/qstats), with the depths this hub reads.
+	rec *qstats.Recorder
 }
 
 // space is what the hub keeps of one namespace.
@@ -104,6 +109,7 @@ func (h *hub) start() {
 		h.mu.Lock()
 		h.spaceLocked(h.s.cfg.Namespace).home = true
 		h.mu.Unlock()
+		h.startRecorder()
 		go h.run()
 	})
 }
@@ -116,6 +122,38 @@ func (h *hub) close() {
 	})
 	h.startOnce.Do(func() { close(h.done) })
 	<-h.done
+	if h.rec != nil {
+		_ = h.rec.Stop(context.Background())
+	}
+}
+
+// startRecorder starts the queue history's recorder of the server's own
+// namespace; its minutes keep the depths the hub read last.
+func (h *hub) startRecorder() {
+	rec, err := qstats.NewRecorder(qstats.Config{Client: h.s.cli, Namespace: h.s.cfg.Namespace, Metrics: true,
+		Logger: h.s.cfg.Logger, Depth: h.depths})
+	if err != nil {
+		h.s.cfg.Logger.Warn("queue history: not kept", "err", err)
+		return
+	}
+	h.rec = rec
+	rec.Start(h.ctx)
+}
+
+// depths are the queues' depths of the server's own namespace as last
+// read; nil before the first read.
+func (h *hub) depths() map[string]qstats.Depth {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	sp := h.spaces[h.s.cfg.Namespace]
+	if sp == nil || sp.last == nil {
+		return nil
+	}
+	out := make(map[string]qstats.Depth, len(sp.last.queues))
+	for _, q := range sp.last.queues {
+		out[q.Name] = qstats.Depth{Pending: q.Pending, Running: q.Running, Retrying: q.Retrying}
+	}
+	return out
 }
 
 func (h *hub) run() {

@@ -7,8 +7,8 @@ import (
 	"github.com/droverhq/drover/internal/taskstore"
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/metrics"
-	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // take counts a watch response's events.
@@ -135,5 +135,3 @@ func observe(d delta) {
 		}
 	}
 }
-
-

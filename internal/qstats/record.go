@@ -31,8 +31,6 @@ func (c *Counts) add(o Counts) {
 	c.Started += o.Started
 }
 
-func (c Counts) zero() bool { return c == Counts{} }
-
 // Depth is a queue's unfinished tasks by state.
 type Depth struct {
 	Pending  int64 `json:"qp,omitempty"`
@@ -88,11 +86,6 @@ func bucketOf(d time.Duration) int {
 	}
 	i := int(math.Ceil(math.Log2(float64(d)/float64(latencyBase)) * latencySteps))
 	return min(max(i, 0), latencyBuckets-1)
-}
-
-// bucketUpper is the highest latency of bucket i.
-func bucketUpper(i int) time.Duration {
-	return time.Duration(float64(latencyBase) * math.Exp2(float64(i)/latencySteps))
 }
 
 // bucketMiddle is the latency a percentile that falls in bucket i reads:

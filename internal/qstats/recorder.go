@@ -79,9 +79,9 @@ type Recorder struct {
 
 // delta is one event's counts.
 type delta struct {
-	rev int64
-	q   string
-	c   Counts
+	rev     int64
+	q       string
+	c       Counts
 	lat     int           // the latency's bucket, when c.Started > 0
 	latency time.Duration // the latency itself, for the metrics
 }
@@ -111,6 +111,20 @@ func (r *Recorder) Start(ctx context.Context) { r.lc.Start(ctx, r.run) }
 // minute yet are not lost: the next recorder to start reads them again
 // from the mark's revision.
 func (r *Recorder) Stop(ctx context.Context) error { return r.lc.Stop(ctx) }
+
+// Unclosed is what the recorder counted for queue q and not closed into
+// a minute yet.
+func (r *Recorder) Unclosed(q string) Counts {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var c Counts
+	for _, d := range r.deltas {
+		if d.q == q {
+			c.add(d.c)
+		}
+	}
+	return c
+}
 
 // Ready is closed once the recorder has read the mark and watches.
 func (r *Recorder) Ready() <-chan struct{} { return r.ready }

@@ -74,7 +74,9 @@ func (w workload) run(t *testing.T, cli *clientv3.Client, ns, q, tag string) {
 	ok := func(context.Context, *queue.Task) ([]byte, error) { return []byte("done"), nil }
 	wk.Handle("ok", ok)
 	wk.Handle("held", ok)
-	wk.Handle("dead", func(context.Context, *queue.Task) ([]byte, error) { return nil, queue.Permanent(errors.New("bad input")) })
+	wk.Handle("dead", func(context.Context, *queue.Task) ([]byte, error) {
+		return nil, queue.Permanent(errors.New("bad input"))
+	})
 	wk.Handle("flaky", func(_ context.Context, t *queue.Task) ([]byte, error) {
 		if t.Attempt == 1 {
 			return nil, errors.New("try again")
@@ -104,25 +106,12 @@ func startRecorder(t *testing.T, cli *clientv3.Client, ns string, m bool) *Recor
 	return r
 }
 
-// counted is what r has counted for q and not closed yet.
-func (r *Recorder) counted(q string) Counts {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	var c Counts
-	for _, d := range r.deltas {
-		if d.q == q {
-			c.add(d.c)
-		}
-	}
-	return c
-}
-
 // waitCounted waits until r counted want for q: the events reach a watch
 // when they do, so the test waits for the count, not for a time.
 func waitCounted(t *testing.T, r *Recorder, q string, want Counts) {
 	t.Helper()
-	if !etcdtest.Eventually(30*time.Second, func() bool { return r.counted(q) == want }) {
-		t.Fatalf("counted %+v, want %+v", r.counted(q), want)
+	if !etcdtest.Eventually(30*time.Second, func() bool { return r.Unclosed(q) == want }) {
+		t.Fatalf("counted %+v, want %+v", r.Unclosed(q), want)
 	}
 }
 
