@@ -133,11 +133,12 @@ func (s *Server) queueHistory(ctx context.Context, in *queueHistoryInput) (*stru
 	if err != nil {
 		return nil, problem(err, queueWhere)
 	}
-	return &struct{ Body QueueHistory }{queueHistoryOf(h)}, nil
+	return &struct{ Body QueueHistory }{QueueHistoryOf(h)}, nil
 }
 
-// queueHistoryOf is h as the API answers it.
-func queueHistoryOf(h *qstats.History) QueueHistory {
+// QueueHistoryOf is h as the API answers it (and `drover queues history
+// --json` prints it).
+func QueueHistoryOf(h *qstats.History) QueueHistory {
 	counts := func(c qstats.Counts) QueueHistoryCounts {
 		return QueueHistoryCounts{Processed: c.Processed, Failed: c.Failed, Retried: c.Retried, Deferred: c.Deferred, Started: c.Started}
 	}

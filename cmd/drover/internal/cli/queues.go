@@ -22,9 +22,11 @@ exits 75) instead of growing etcd without bound.`,
   drover queues set emails --max-depth 100000
   drover queues set approvals --fifo
   drover queues get emails --json
-  drover queues delete old-emails --yes`,
+  drover queues delete old-emails --yes
+  drover queues history emails --window 24h`,
 	}
 	cmd.AddCommand(a.queuesSetCommand(), a.queuesGetCommand(), a.queuesListCommand(), a.queuesDeleteCommand())
+	cmd.AddCommand(a.queuesHistoryCommand())
 	return cmd
 }
 
@@ -166,7 +168,8 @@ func (a *app) queuesDeleteCommand() *cobra.Command {
 drover queues list. It refuses while tasks of the queue are running: stop
 its workers first. Stop submitting to it first too: a task submitted during
 the deletion may survive it. Shows progress on stderr.`,
-		Example: `  drover queues delete old-emails --yes`,
+		Example: `  drover queues delete old-emails --yes
+  drover queues history emails --window 24h`,
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := drover.Rename(queue.CheckQueue(args[0]), "Q"); err != nil {
