@@ -114,7 +114,7 @@ type QueueHistory struct {
 }
 
 func (s *Server) queueHistory(ctx context.Context, in *queueHistoryInput) (*struct{ Body QueueHistory }, error) {
-	s.hub.start() // the server's recorder runs from the first request that needs it
+	s.hub.follow(s.nsOf(ctx)) // the history of another namespace than the server's is kept from its first request
 	c, err := s.queueFor(ctx, in.Queue)
 	if err != nil {
 		return nil, err

@@ -52,10 +52,6 @@ type hub struct {
 	// exported are the queues of the server's own namespace whose
 	// drover_queue_tasks gauges are set (h.mu held).
 	exported map[string]bool
-
-	// rec keeps the history of the server's own namespace's queues
-	// (package internal/qstats), with the depths this hub reads.
-	rec *qstats.Recorder
 }
 
 // space is what the hub keeps of one namespace.
@@ -67,6 +63,10 @@ type space struct {
 	prev    *totals // the counts at the last sample
 	last    *view   // the last read
 	subs    map[*subscriber]struct{}
+	// rec keeps the history of the namespace's queues (package
+	// internal/qstats) with the depths this hub reads, while the hub
+	// follows the namespace.
+	rec *qstats.Recorder
 }
 
 // totals are the counts a sample is computed from.
@@ -109,7 +109,6 @@ func (h *hub) start() {
 		h.mu.Lock()
 		h.spaceLocked(h.s.cfg.Namespace).home = true
 		h.mu.Unlock()
-		h.startRecorder()
 		go h.run()
 	})
 }
@@ -122,30 +121,46 @@ func (h *hub) close() {
 	})
 	h.startOnce.Do(func() { close(h.done) })
 	<-h.done
-	if h.rec != nil {
-		_ = h.rec.Stop(context.Background())
+	h.mu.Lock()
+	var recs []*qstats.Recorder
+	for _, sp := range h.spaces {
+		recs = append(recs, sp.rec)
 	}
+	h.mu.Unlock()
+	stopRecorders(recs)
 }
 
-// startRecorder starts the queue history's recorder of the server's own
-// namespace; its minutes keep the depths the hub read last.
-func (h *hub) startRecorder() {
-	rec, err := qstats.NewRecorder(qstats.Config{Client: h.s.cli, Namespace: h.s.cfg.Namespace, Metrics: true,
-		Logger: h.s.cfg.Logger, Depth: h.depths})
+// newRecorder starts the queue history's recorder of namespace ns (h.mu
+// held); its minutes keep the depths the hub read last. The server's own
+// namespace exports its counts as metrics.
+func (h *hub) newRecorder(ns string) *qstats.Recorder {
+	home := ns == h.s.cfg.Namespace
+	rec, err := qstats.NewRecorder(qstats.Config{Client: h.s.cli, Namespace: ns, Metrics: home,
+		Logger: h.s.cfg.Logger, Depth: func() map[string]qstats.Depth { return h.depths(ns) }})
 	if err != nil {
-		h.s.cfg.Logger.Warn("queue history: not kept", "err", err)
-		return
+		h.s.cfg.Logger.Warn("queue history: not kept", "namespace", ns, "err", err)
+		return nil
 	}
-	h.rec = rec
 	rec.Start(h.ctx)
+	return rec
 }
 
-// depths are the queues' depths of the server's own namespace as last
-// read; nil before the first read.
-func (h *hub) depths() map[string]qstats.Depth {
+// stopRecorders stops recs, h.mu not held (a recorder closing a minute
+// reads the depths under it).
+func stopRecorders(recs []*qstats.Recorder) {
+	for _, rec := range recs {
+		if rec != nil {
+			_ = rec.Stop(context.Background())
+		}
+	}
+}
+
+// depths are the queues' depths of namespace ns as last read; nil before
+// the first read.
+func (h *hub) depths(ns string) map[string]qstats.Depth {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	sp := h.spaces[h.s.cfg.Namespace]
+	sp := h.spaces[ns]
 	if sp == nil || sp.last == nil {
 		return nil
 	}
@@ -175,9 +190,11 @@ func (h *hub) run() {
 func (h *hub) round(now time.Time) {
 	h.mu.Lock()
 	var due []*space
+	var forgotten []*qstats.Recorder
 	for ns, sp := range h.spaces {
 		if !sp.home && len(sp.subs) == 0 && now.Sub(sp.usedAt) > hubIdle {
 			delete(h.spaces, ns)
+			forgotten = append(forgotten, sp.rec)
 			continue
 		}
 		if len(sp.subs) > 0 || sp.prev == nil || now.Sub(sp.prev.at) >= h.interval {
@@ -185,6 +202,7 @@ func (h *hub) round(now time.Time) {
 		}
 	}
 	h.mu.Unlock()
+	stopRecorders(forgotten)
 	for _, sp := range due {
 		ctx, cancel := context.WithTimeout(h.ctx, hubReadTimeout)
 		v, err := h.read(ctx, sp.ns)
@@ -330,6 +348,7 @@ func (h *hub) spaceLocked(ns string) *space {
 			return nil
 		}
 		sp = &space{ns: ns, subs: map[*subscriber]struct{}{}}
+		sp.rec = h.newRecorder(ns)
 		h.spaces[ns] = sp
 	}
 	sp.usedAt = time.Now()
@@ -347,6 +366,15 @@ func (h *hub) history(ns string) ([]StatsSample, bool) {
 		return nil, false
 	}
 	return sp.samples.list(), true
+}
+
+// follow follows ns (its queue history is kept from now on, for an hour
+// after the last request that names it), if the hub may.
+func (h *hub) follow(ns string) {
+	h.start()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.spaceLocked(ns)
 }
 
 // subscribe follows ns for a stream until cancel; nil when the hub
