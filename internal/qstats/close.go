@@ -25,8 +25,14 @@ func (r *Recorder) closeDue(ctx context.Context) {
 	gap := r.from > r.mk.Rev+1
 	closed := m.Unix() <= r.mk.Minute
 	r.mu.Unlock()
-	ended := now.Sub(m.Add(time.Minute))
-	if closed || ended < closeDelay || (gap && ended < gapGrace) {
+	// A minute is closed soon after it ends or not at all: closed later,
+	// it would take in the events of the next minute under its name (a
+	// server that just started, say). Its events then go to the next.
+	ended, from := now.Sub(m.Add(time.Minute)), closeDelay
+	if gap {
+		from = gapGrace
+	}
+	if closed || ended < from || ended > from+2*closeEvery {
 		return
 	}
 	if _, err := r.CloseMinute(ctx, m); err != nil {

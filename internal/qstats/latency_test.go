@@ -135,3 +135,41 @@ func TestHistoryDepth(t *testing.T) {
 func clientVPrefix() []clientv3.OpOption {
 	return []clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithCountOnly()}
 }
+
+// On the clock, a minute is closed a little after it ends, and not long
+// after: a late close would take in the next minute's events.
+func TestCloseDueOnTheClock(t *testing.T) {
+	cli := srv.Client(t)
+	ns := etcdtest.Namespace(t)
+	var now time.Time
+	r, err := NewRecorder(Config{Client: cli, Namespace: ns, Manual: true, Now: func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Start(context.Background())
+	defer r.Stop(context.Background())
+	<-r.Ready()
+	closed := func() time.Time {
+		h, err := Read(context.Background(), cli, ns, "any", Hour, t0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return h.ClosedThrough
+	}
+	for _, step := range []struct {
+		at   time.Time
+		want time.Time // the mark's minute after the step
+	}{
+		{t0.Add(time.Second), time.Time{}},                           // too early
+		{t0.Add(3 * time.Second), t0.Add(-time.Minute)},              // closes the minute that ended
+		{t0.Add(time.Minute + 30*time.Second), t0.Add(-time.Minute)}, // too late for t0: left to the next
+		{t0.Add(2*time.Minute + 3*time.Second), t0.Add(time.Minute)}, // closes t0+1m
+		{t0.Add(2*time.Minute + 8*time.Second), t0.Add(time.Minute)}, // once
+	} {
+		now = step.at
+		r.closeDue(context.Background())
+		if got := closed(); !got.Equal(step.want) {
+			t.Errorf("at %v: closed through %v, want %v", step.at, got, step.want)
+		}
+	}
+}

@@ -18,10 +18,11 @@ import (
 // lease of Retention plus up to an hour.
 const Retention = 24 * time.Hour
 
-// The closing of minutes: a server closes a minute closeDelay after it
-// ends (so that the minute's last events reach its watch), or gapGrace
-// after when it has not seen every event since the last mark (another
-// server that has goes first); it looks every closeEvery.
+// The closing of minutes: a server closes a minute from closeDelay after
+// it ends (so that the minute's last events reach its watch), or from
+// gapGrace after when it has not seen every event since the last mark
+// (another server that has goes first), and for two more looks at most;
+// it looks every closeEvery.
 const (
 	closeDelay = 2 * time.Second
 	gapGrace   = 15 * time.Second
@@ -200,6 +201,7 @@ func (r *Recorder) begin(ctx context.Context) error {
 	defer r.mu.Unlock()
 	r.from = resp.Header.Revision + 1
 	r.observeFrom = resp.Header.Revision + 1
+	r.mk.Rev = resp.Header.Revision // no mark: the history starts now, no gap
 	if len(resp.Kvs) > 0 {
 		r.setMarkLocked(resp.Kvs[0].Value, resp.Kvs[0].ModRevision)
 		r.from = r.mk.Rev + 1
