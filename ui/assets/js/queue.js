@@ -3,6 +3,7 @@
 
 import { api, get, enc } from "./api.js";
 import { h, replace, num, ago, badge, table, errorBox, confirmAction, toast, guarded, can } from "./dom.js";
+import { mountHistory } from "./history.js";
 
 const STATES = ["PENDING", "RUNNING", "RETRYING", "SUCCEEDED", "DEAD", "CANCELLED"];
 const PAGE = 50;
@@ -33,6 +34,7 @@ export function mount(ctx) {
     h("div", { class: "crumbs" }, h("a", { href: "#/" }, "Overview"), " / queue"),
     h("h1", {}, q),
     settings,
+    mountHistory(ctx, q),
     h("section", { class: "panel" }, tabs, status === "DEAD" ? actions : null, list, pager),
   );
 
