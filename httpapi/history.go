@@ -63,7 +63,8 @@ func (s *Server) historyRoutes() {
 			"from a task's submission (or due time) to its first claim as p50 and p99. The server counts what the queue's " +
 			"workers write and closes each minute into a record in etcd, so every server of a cluster answers the same, and " +
 			"a restart loses nothing; the minutes after closed_through are not closed yet (their counts come when they are). " +
-			"404 for a queue nothing was ever submitted to.",
+			"A server keeps the history of its own namespace from its start, and of another from the first request that " +
+			"names it (for an hour after the last). 404 for a queue nothing was ever submitted to.",
 		Errors: []int{http.StatusNotFound},
 	}, s.queueHistory)
 }

@@ -111,6 +111,14 @@ func (r *Recorder) collectLocked() map[string]record {
 		}
 	}
 	gap := r.from > r.mk.Rev+1
+	if gap { // every queue known says so, counted or not
+		for q := range r.written {
+			get(q)
+		}
+		for q := range depth {
+			get(q)
+		}
+	}
 	out := make(map[string]record, len(sums))
 	for q, rec := range sums {
 		rec.Latency = lats[q].stored()

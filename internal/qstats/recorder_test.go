@@ -250,3 +250,46 @@ func TestHistorySurvivesRestart(t *testing.T) {
 		t.Errorf("minutes %+v, %+v, want %+v, %+v", minuteOf(h, t0), minuteOf(h, m1), w1.want(), want)
 	}
 }
+
+// A server that starts after the store compacted the revisions since the
+// mark cannot count what they held: its first minute says so.
+func TestHistoryGapAfterCompaction(t *testing.T) {
+	cli := srv.Client(t)
+	ns := etcdtest.Namespace(t)
+	const q = "gap"
+	r := startRecorder(t, cli, ns, false)
+	w1, w2, w3 := workload{ok: 2}, workload{ok: 3}, workload{ok: 4, dead: 1}
+	w1.run(t, cli, ns, q, "one")
+	waitCounted(t, r, q, w1.want())
+	if closed, err := r.CloseMinute(context.Background(), t0); err != nil || !closed {
+		t.Fatalf("close: %v, %v", closed, err)
+	}
+	if err := r.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	w2.run(t, cli, ns, q, "two") // lost: compacted before any server counted it
+	resp, err := cli.Put(context.Background(), "/"+ns+"/other", "") // the compaction keeps this revision: not a queue's
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Compact(context.Background(), resp.Header.Revision, clientv3.WithCompactPhysical()); err != nil {
+		t.Fatal(err)
+	}
+	r2 := startRecorder(t, cli, ns, false)
+	w3.run(t, cli, ns, q, "three")
+	waitCounted(t, r2, q, w3.want())
+	m1 := t0.Add(time.Minute)
+	if closed, err := r2.CloseMinute(context.Background(), m1); err != nil || !closed {
+		t.Fatalf("close after compaction: %v, %v", closed, err)
+	}
+	h, err := Read(context.Background(), cli, ns, q, Hour, m1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := minuteOf(h, m1); !got.Gap || got.Counts != w3.want() {
+		t.Errorf("minute after compaction: gap %v, counts %+v; want a gap and %+v", got.Gap, got.Counts, w3.want())
+	}
+	if minuteOf(h, t0).Gap {
+		t.Error("the minute before says gap")
+	}
+}
