@@ -91,7 +91,9 @@ func historyMinutes(t *testing.T, s *site, q string, n int) qstats.Counts {
 		done := func(context.Context, *queue.Task) ([]byte, error) { return nil, nil }
 		w.Handle("ok", done)
 		w.Handle("held", done)
-		w.Handle("dead", func(context.Context, *queue.Task) ([]byte, error) { return nil, queue.Permanent(errors.New("bad input")) })
+		w.Handle("dead", func(context.Context, *queue.Task) ([]byte, error) {
+			return nil, queue.Permanent(errors.New("bad input"))
+		})
 		w.Handle("flaky", func(_ context.Context, t *queue.Task) ([]byte, error) {
 			if t.Attempt == 1 {
 				return nil, errors.New("try again")

@@ -267,7 +267,7 @@ func TestHistoryGapAfterCompaction(t *testing.T) {
 	if err := r.Stop(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	w2.run(t, cli, ns, q, "two") // lost: compacted before any server counted it
+	w2.run(t, cli, ns, q, "two")                                    // lost: compacted before any server counted it
 	resp, err := cli.Put(context.Background(), "/"+ns+"/other", "") // the compaction keeps this revision: not a queue's
 	if err != nil {
 		t.Fatal(err)
