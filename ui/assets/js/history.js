@@ -81,6 +81,11 @@ const LATENCY = [
   { key: (b) => b.latency.p99_seconds, cls: "hl-p99", label: "p99" },
 ];
 
+// empty says whether the window counted nothing and saw no depth.
+function empty(hist) {
+  return hist.buckets.every((b) => [...COUNTS, ...DEPTH].every((x) => !x.key(b)));
+}
+
 function seconds(v) {
   return v ? label(v, "s") : "–";
 }
@@ -110,9 +115,13 @@ export function mountHistory(ctx, q) {
         h("span", {}, "deferred ", h("b", { "data-total": "deferred" }, num(t.deferred))),
         h("span", {}, "latency to start p50 ", h("b", { "data-total": "p50" }, seconds(hist.latency.p50_seconds)), " · p99 ", h("b", { "data-total": "p99" }, seconds(hist.latency.p99_seconds))),
         h("span", { class: "muted" }, closed)),
-      h("h3", {}, "Tasks per minute"), legend(COUNTS), lines(hist.buckets, COUNTS, "", "tasks processed, failed, retried and deferred per minute"),
-      h("h3", {}, "Depth"), legend(DEPTH), lines(hist.buckets, DEPTH, "", "tasks pending, running and retrying at each minute's end"),
-      h("h3", {}, "Latency from submission to start"), legend(LATENCY), lines(hist.buckets, LATENCY, "s", "p50 and p99 of the time from submission to first claim per minute"));
+      empty(hist)
+        ? h("p", { class: "muted", id: "history-empty" }, "Nothing counted in this window yet: each minute is counted once it ends.")
+        : [
+          h("h3", {}, "Tasks per minute"), legend(COUNTS), lines(hist.buckets, COUNTS, "", "tasks processed, failed, retried and deferred per minute"),
+          h("h3", {}, "Depth"), legend(DEPTH), lines(hist.buckets, DEPTH, "", "tasks pending, running and retrying at each minute's end"),
+          h("h3", {}, "Latency from submission to start"), legend(LATENCY), lines(hist.buckets, LATENCY, "s", "p50 and p99 of the time from submission to first claim per minute"),
+        ]);
   };
 
   let timer;
