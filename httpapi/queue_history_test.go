@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	"github.com/droverhq/drover/internal/testenv/etcdtest"
 	"github.com/droverhq/drover/metrics"
 	"github.com/droverhq/drover/queue"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
@@ -85,4 +87,54 @@ func TestQueueHistoryRoute(t *testing.T) {
 	}
 	a.do("GET", "/v1/queues/"+q+"/history?window=2h", nil).want(t, 400)
 	a.do("GET", "/v1/queues/bad%20name/history", nil).want(t, 400)
+}
+
+// Two servers in front of one etcd answer the same history.
+func TestQueueHistoryTwoServersAgree(t *testing.T) {
+	a := newAPI(t)
+	cfg := httpapi.Config{Etcd: srv.LocalClient(t), Namespace: a.ns, Logger: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry(),
+		MaxWait: 10 * time.Second, RequestTimeout: time.Minute}
+	b := startAPI(t, cfg)
+	ctx := context.Background()
+	const q = "twice"
+	c, err := queue.NewClient(a.cli, a.ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, err := qstats.NewRecorder(qstats.Config{Client: a.cli, Namespace: a.ns, Manual: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec.Start(ctx)
+	defer rec.Stop(ctx)
+	<-rec.Ready()
+	var tasks []queue.Task
+	for i := range 5 {
+		tasks = append(tasks, queue.Task{ID: fmt.Sprintf("t-%d", i), Type: "ok"})
+	}
+	if _, err := c.Submit(ctx, q, tasks, nil); err != nil {
+		t.Fatal(err)
+	}
+	w, err := queue.NewWorker(ctx, a.cli, queue.WorkerConfig{Namespace: a.ns, Queue: q, Drain: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close(ctx)
+	w.Handle("ok", func(context.Context, *queue.Task) ([]byte, error) { return nil, nil })
+	if err := w.Run(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var ha, hb httpapi.QueueHistory
+	ok := etcdtest.Eventually(30*time.Second, func() bool {
+		_, _ = rec.CloseMinute(ctx, time.Now())
+		ra := a.do("GET", "/v1/queues/"+q+"/history?window=24h", nil).want(t, 200).Raw
+		rb := b.do("GET", "/v1/queues/"+q+"/history?window=24h", nil).want(t, 200).Raw
+		if json.Unmarshal(ra, &ha) != nil || json.Unmarshal(rb, &hb) != nil {
+			return false
+		}
+		return ha.Totals.Processed == 5 && string(ra) == string(rb)
+	})
+	if !ok {
+		t.Fatalf("server a: %+v, server b: %+v", ha.Totals, hb.Totals)
+	}
 }
