@@ -11,6 +11,7 @@ import (
 	"github.com/droverhq/drover/internal/testenv/etcdtest"
 	"github.com/droverhq/drover/metrics"
 	"github.com/droverhq/drover/queue"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -131,7 +132,12 @@ func TestHistoryCountsOutcomesExactly(t *testing.T) {
 	ns := etcdtest.Namespace(t)
 	const q = "mix"
 	r := startRecorder(t, cli, ns, true)
-	before := testutil.ToFloat64(metrics.QueueProcessed.WithLabelValues(q))
+	counters := map[string]prometheus.Counter{"processed": metrics.QueueProcessed.WithLabelValues(q), "failed": metrics.QueueFailed.WithLabelValues(q),
+		"retried": metrics.QueueRetried.WithLabelValues(q), "deferred": metrics.QueueDeferred.WithLabelValues(q)}
+	before := map[string]float64{}
+	for k, c := range counters {
+		before[k] = testutil.ToFloat64(c)
+	}
 	w := workload{ok: 5, dead: 3, flaky: 4, held: 2}
 	w.run(t, cli, ns, q, "a")
 	waitCounted(t, r, q, w.want())
@@ -151,17 +157,10 @@ func TestHistoryCountsOutcomesExactly(t *testing.T) {
 	if h.Latency.Count() != w.want().Started {
 		t.Errorf("latency samples %d, want %d", h.Latency.Count(), w.want().Started)
 	}
-	for name, c := range map[string]struct {
-		m    float64
-		want int64
-	}{
-		"processed": {testutil.ToFloat64(metrics.QueueProcessed.WithLabelValues(q)) - before, w.want().Processed},
-		"failed":    {testutil.ToFloat64(metrics.QueueFailed.WithLabelValues(q)), w.want().Failed},
-		"retried":   {testutil.ToFloat64(metrics.QueueRetried.WithLabelValues(q)), w.want().Retried},
-		"deferred":  {testutil.ToFloat64(metrics.QueueDeferred.WithLabelValues(q)), w.want().Deferred},
-	} {
-		if int64(c.m) != c.want {
-			t.Errorf("metric %s moved by %v, want %d", name, c.m, c.want)
+	for name, want := range map[string]int64{"processed": w.want().Processed, "failed": w.want().Failed,
+		"retried": w.want().Retried, "deferred": w.want().Deferred} {
+		if moved := testutil.ToFloat64(counters[name]) - before[name]; int64(moved) != want {
+			t.Errorf("metric %s moved by %v, want %d", name, moved, want)
 		}
 	}
 	if n := testutil.CollectAndCount(metrics.QueueStartLatency, "drover_queue_start_latency_seconds"); n == 0 {
