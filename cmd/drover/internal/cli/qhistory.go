@@ -26,7 +26,7 @@ minute into a small record in etcd: tasks that succeeded (processed), failed
 for good (failed), were scheduled for a retry (retried) or deferred by flow
 control (deferred), the queue's depth at the minute's end, and the time from
 a task's submission (or due time) to its first claim. The history needs a
-running drover server on the namespace; a day of it is kept.
+drover server with --http-listen on the namespace; a day of it is kept.
 
 The table lists the minutes in which something was counted; --json prints
 every minute of the window, as GET /v1/queues/{queue}/history answers.`,

@@ -3,7 +3,9 @@ package cli_test
 import (
 	"context"
 	"encoding/json"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -77,4 +79,64 @@ func TestQueuesHistory(t *testing.T) {
 	if r := drover(t, "queues", "history", "--help"); r.code != 0 || !strings.Contains(r.stdout, "drover queues history emails") {
 		t.Errorf("--help: %q", r.stdout)
 	}
+}
+
+// A real server keeps the history in its embedded etcd: after a SIGKILL
+// and a restart on the same data dir it shows the same minutes, and goes
+// on counting. Minutes close on the clock here: the test waits for them.
+func TestQueuesHistorySurvivesServerKill(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits for minutes to close on the clock")
+	}
+	dataDir := filepath.Join(t.TempDir(), "data")
+	client := "http://" + etcdtest.FreeAddr()
+	args := []string{"server", "--data-dir", dataDir, "--etcd-listen", client, "--etcd-peer-listen", "http://" + etcdtest.FreeAddr(),
+		"--http-listen", etcdtest.FreeAddr()}
+	flags := []string{"--etcd-endpoints", client}
+	ready := func(p *process) {
+		t.Helper()
+		waitFor(t, 30*time.Second, "the ready line", func() bool { return strings.Contains(p.stderr.String(), "drover server ready") })
+	}
+	type history struct {
+		ClosedThrough string `json:"closed_through"`
+		Totals        struct {
+			Processed int64 `json:"processed"`
+		} `json:"totals"`
+	}
+	read := func() history {
+		t.Helper()
+		r := drover(t, append(flags, "queues", "history", "hq", "--json")...)
+		var h history
+		if r.code != 0 || json.Unmarshal([]byte(r.stdout), &h) != nil {
+			t.Fatalf("history: exit %d %q %q", r.code, r.stdout, r.stderr)
+		}
+		return h
+	}
+	work := func(ids ...string) {
+		t.Helper()
+		for _, id := range ids {
+			if r := drover(t, append(flags, "submit", "--queue", "hq", "--type", "x", "--id", id)...); r.code != 0 {
+				t.Fatalf("submit: %d %s", r.code, r.stderr)
+			}
+		}
+		if r := drover(t, append(flags, "worker", "--queue", "hq", "--handler", "noop", "--drain")...); r.code != 0 {
+			t.Fatalf("worker: %d %s", r.code, r.stderr)
+		}
+	}
+	p := start(t, cleanEnv(), args...)
+	ready(p)
+	work("a", "b", "c")
+	waitFor(t, 100*time.Second, "a minute closed with 3 processed", func() bool { time.Sleep(time.Second); return read().Totals.Processed == 3 })
+	before := read()
+	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	p.wait(t, 20*time.Second)
+	p = start(t, cleanEnv(), args...)
+	ready(p)
+	if after := read(); after != before {
+		t.Fatalf("after a restart: %+v, before: %+v", after, before)
+	}
+	work("d", "e")
+	waitFor(t, 100*time.Second, "the restarted server counted 2 more", func() bool { time.Sleep(time.Second); return read().Totals.Processed == 5 })
 }
