@@ -16,10 +16,11 @@
 // the mark's revision, which the store keeps for its compaction
 // retention, an hour by default).
 //
-//	rec := qstats.NewRecorder(qstats.Config{Client: cli, Namespace: "drover"})
-//	rec.Start(ctx)
+//	rec, err := qstats.NewRecorder(qstats.Config{Client: cli, Namespace: "drover", Depth: depths})
+//	rec.Start(ctx) // the server's dashboard hub does this for each namespace it follows
 //	defer rec.Stop(ctx)
-//	h, err := qstats.Read(ctx, cli, "drover", "emails", time.Hour, time.Now())
+//	h, err := qstats.Read(ctx, cli, "drover", "emails", qstats.Hour, time.Now())
+//	fmt.Println(h.Total.Processed, h.Latency.Percentile(0.99))
 //
 // The records are bound to a lease of a day and an hour: a day of history
 // is kept, and older minutes vanish on their own.
