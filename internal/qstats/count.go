@@ -51,6 +51,41 @@ func (r *Recorder) take(wr clientv3.WatchResponse) {
 			r.deltas = append(r.deltas, d)
 		}
 	}
+	if len(r.deltas) > maxDeltas {
+		r.deltas = squash(r.deltas)
+	}
+}
+
+// maxDeltas bounds the events kept while no minute can be closed (the
+// store refuses writes, say): past it the older half is summed.
+const maxDeltas = 1 << 18
+
+// squash sums the older half of ds by queue and latency bucket, each sum
+// at the half's last revision: a mark that falls inside the half then
+// takes or leaves the sum whole, so such minutes may be off by what it
+// held; the rest stays exact.
+func squash(ds []delta) []delta {
+	half := len(ds) / 2
+	type k struct {
+		q   string
+		lat int
+	}
+	sums := map[k]*delta{}
+	var order []k
+	last := ds[half-1].rev
+	for _, d := range ds[:half] {
+		key := k{d.q, d.lat}
+		if sums[key] == nil {
+			sums[key] = &delta{q: d.q, lat: d.lat, rev: last}
+			order = append(order, key)
+		}
+		sums[key].c.add(d.c)
+	}
+	out := make([]delta, 0, len(order)+len(ds)-half)
+	for _, key := range order {
+		out = append(out, *sums[key])
+	}
+	return append(out, ds[half:]...)
 }
 
 // classify reads what a queue key created says: a batch of outcomes

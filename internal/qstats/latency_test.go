@@ -173,3 +173,25 @@ func TestCloseDueOnTheClock(t *testing.T) {
 		}
 	}
 }
+
+// Squashing keeps every count and the revision order.
+func TestSquashKeepsCounts(t *testing.T) {
+	var ds []delta
+	var want Counts
+	for i := range 1000 {
+		d := delta{rev: int64(i + 1), q: []string{"a", "b"}[i%2], c: Counts{Processed: 1, Started: int64(i % 3)}, lat: i % 5}
+		ds = append(ds, d)
+		want.add(d.c)
+	}
+	out := squash(ds)
+	var got Counts
+	for i, d := range out {
+		got.add(d.c)
+		if i > 0 && d.rev < out[i-1].rev {
+			t.Fatal("revisions out of order")
+		}
+	}
+	if got != want || len(out) >= len(ds) {
+		t.Errorf("squashed %d into %d: %+v, want %+v", len(ds), len(out), got, want)
+	}
+}
