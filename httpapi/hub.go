@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/droverhq/drover/internal/qstats"
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/metrics"
 	"github.com/prometheus/client_golang/prometheus"
@@ -62,6 +63,10 @@ type space struct {
 	prev    *totals // the counts at the last sample
 	last    *view   // the last read
 	subs    map[*subscriber]struct{}
+	// rec keeps the history of the namespace's queues (package
+	// internal/qstats) with the depths this hub reads, while the hub
+	// follows the namespace.
+	rec *qstats.Recorder
 }
 
 // totals are the counts a sample is computed from.
@@ -116,6 +121,54 @@ func (h *hub) close() {
 	})
 	h.startOnce.Do(func() { close(h.done) })
 	<-h.done
+	h.mu.Lock()
+	var recs []*qstats.Recorder
+	for _, sp := range h.spaces {
+		recs = append(recs, sp.rec)
+	}
+	h.mu.Unlock()
+	stopRecorders(recs)
+}
+
+// newRecorder starts the queue history's recorder of namespace ns (h.mu
+// held); its minutes keep the depths the hub read last. The server's own
+// namespace exports its counts as metrics.
+func (h *hub) newRecorder(ns string) *qstats.Recorder {
+	home := ns == h.s.cfg.Namespace
+	rec, err := qstats.NewRecorder(qstats.Config{Client: h.s.cli, Namespace: ns, Metrics: home,
+		Logger: h.s.cfg.Logger, Depth: func() map[string]qstats.Depth { return h.depths(ns) }})
+	if err != nil {
+		h.s.cfg.Logger.Warn("queue history: not kept", "namespace", ns, "err", err)
+		return nil
+	}
+	rec.Start(h.ctx)
+	return rec
+}
+
+// stopRecorders stops recs, h.mu not held (a recorder closing a minute
+// reads the depths under it).
+func stopRecorders(recs []*qstats.Recorder) {
+	for _, rec := range recs {
+		if rec != nil {
+			_ = rec.Stop(context.Background())
+		}
+	}
+}
+
+// depths are the queues' depths of namespace ns as last read; nil before
+// the first read.
+func (h *hub) depths(ns string) map[string]qstats.Depth {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	sp := h.spaces[ns]
+	if sp == nil || sp.last == nil {
+		return nil
+	}
+	out := make(map[string]qstats.Depth, len(sp.last.queues))
+	for _, q := range sp.last.queues {
+		out[q.Name] = qstats.Depth{Pending: q.Pending, Running: q.Running, Retrying: q.Retrying}
+	}
+	return out
 }
 
 func (h *hub) run() {
@@ -137,9 +190,11 @@ func (h *hub) run() {
 func (h *hub) round(now time.Time) {
 	h.mu.Lock()
 	var due []*space
+	var forgotten []*qstats.Recorder
 	for ns, sp := range h.spaces {
 		if !sp.home && len(sp.subs) == 0 && now.Sub(sp.usedAt) > hubIdle {
 			delete(h.spaces, ns)
+			forgotten = append(forgotten, sp.rec)
 			continue
 		}
 		if len(sp.subs) > 0 || sp.prev == nil || now.Sub(sp.prev.at) >= h.interval {
@@ -147,6 +202,7 @@ func (h *hub) round(now time.Time) {
 		}
 	}
 	h.mu.Unlock()
+	stopRecorders(forgotten)
 	for _, sp := range due {
 		ctx, cancel := context.WithTimeout(h.ctx, hubReadTimeout)
 		v, err := h.read(ctx, sp.ns)
@@ -294,6 +350,7 @@ func (h *hub) spaceLocked(ns string) *space {
 			return nil
 		}
 		sp = &space{ns: ns, subs: map[*subscriber]struct{}{}}
+		sp.rec = h.newRecorder(ns)
 		h.spaces[ns] = sp
 	}
 	sp.usedAt = time.Now()
@@ -311,6 +368,15 @@ func (h *hub) history(ns string) ([]StatsSample, bool) {
 		return nil, false
 	}
 	return sp.samples.list(), true
+}
+
+// follow follows ns (its queue history is kept from now on, for an hour
+// after the last request that names it), if the hub may.
+func (h *hub) follow(ns string) {
+	h.start()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.spaceLocked(ns)
 }
 
 // subscribe follows ns for a stream until cancel; nil when the hub

@@ -26,6 +26,8 @@
 //	/{ns}/queues/{q}/paused           the queue is paused: while it exists no claim of its tasks commits (value: when and by whom)
 //	/{ns}/queues/{q}/levels/{level}   a priority level that may have pending tasks
 //	/{ns}/queue-names/{q}             the queue directory: a queue that was submitted to or configured
+//	/{ns}/queue-history/q/{q}/{minute} queue q's counts of one minute (processed, failed, retried, deferred, depth, latency); leased for a day
+//	/{ns}/queue-history/mark          the last minute of queue history closed, and the revision its counts go through
 //	/{ns}/checkpoints/{thread}/{cpns|@}/{head|fence|cp/{id}|writes/{id}} agent state per thread ({cpns}: the checkpoint namespace as it is when it is a name, else "~" and its base64url)
 //	/{ns}/checkpoints/{thread}/interrupt a request that the thread's current run stop for a newer one (its value: when it was made)
 //	/{ns}/queues/{q}/cancel/{id}      a request to cancel a running task

@@ -38,6 +38,17 @@ var (
 	ClaimBatchSize = histogram("drover_claim_batch_size", "Tasks claimed per claim transaction.", []float64{1, 2, 4, 8, 16, 32, 64, 100}, "queue")
 )
 
+// Each queue's history, as the server counts it from the keys the queue
+// writes (package internal/qstats): every server of a cluster counts every
+// queue, so aggregate across servers with max, not sum.
+var (
+	QueueProcessed    = counter("drover_queue_processed_total", "Tasks of a queue that succeeded, as this server saw them written (any worker).", "queue")
+	QueueFailed       = counter("drover_queue_failed_total", "Tasks of a queue that failed for good (moved to the dead-letter queue), as this server saw them written.", "queue")
+	QueueRetried      = counter("drover_queue_retried_total", "Failed attempts of a queue's tasks scheduled for a retry, as this server saw them written.", "queue")
+	QueueDeferred     = counter("drover_queue_deferred_total", "Tasks of a queue handed back by flow control (quota, breaker), as this server saw them written.", "queue")
+	QueueStartLatency = histogram("drover_queue_start_latency_seconds", "Time from a task's submission (or due time) to its first claim.", prometheus.ExponentialBuckets(0.005, 2, 18), "queue")
+)
+
 // Coordination costs.
 var (
 	LeaseLosses     = plainCounter("drover_lease_losses_total", "Leases lost (renewal deadline passed or lease gone).")

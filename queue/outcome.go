@@ -248,6 +248,9 @@ func (w *Worker) count(o outcome) {
 type retryValue struct {
 	PendingKey string `json:"p"`
 	Attempts   int    `json:"a"`
+	// Deferred is why flow control deferred the task, "" for a retry:
+	// the queue's history counts the two apart from this key alone.
+	Deferred string `json:"d,omitempty"`
 }
 
 // ackOp is the fenced nested transaction that records one outcome of a task
@@ -288,7 +291,7 @@ func (w *Worker) recordOps(o outcome, now time.Time, markers map[string]bool) ([
 		t.Deferrals++
 		t.CurrentStatus, t.ScheduledAt = Pending, now.Add(delay)
 		t.Attempt--
-		rv, _ := json.Marshal(retryValue{PendingKey: pendingKey, Attempts: t.Attempt})
+		rv, _ := json.Marshal(retryValue{PendingKey: pendingKey, Attempts: t.Attempt, Deferred: o.deferred})
 		rec, _ := json.Marshal(t)
 		if !seg {
 			ops = append(ops, clientv3.OpDelete(pendingKey))

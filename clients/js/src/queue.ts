@@ -289,6 +289,67 @@ export class Queues {
     return this.t.post(`/v1/queues/${seg(queue)}/tasks/${seg(task.task_id)}/heartbeat`,
       { session: typeof session === "string" ? session : session.id, token: task.token }, { retry: true });
   }
+
+  /**
+   * The queue's history, a bucket per minute of the last hour (`window:
+   * "1h"`, the default) or day (`"24h"`): processed, failed, retried,
+   * deferred, depth, and the latency from submission to first claim.
+   * Every server of a cluster answers the same; the minutes after
+   * `closed_through` are not closed yet. Throws NotFoundError for a queue
+   * nothing was submitted to.
+   */
+  history(queue: string, opts: { window?: "1h" | "24h" } = {}): Promise<QueueHistory> {
+    return this.t.get<QueueHistory>(`/v1/queues/${seg(queue)}/history`, { query: { window: opts.window ?? "1h" } });
+  }
+}
+
+/** Tasks a queue counted, in a minute or a window. */
+export interface QueueHistoryCounts {
+  /** Tasks that succeeded. */
+  processed: number;
+  /** Tasks that failed for good (moved to the dead-letter queue). */
+  failed: number;
+  /** Failed attempts scheduled for a retry. */
+  retried: number;
+  /** Tasks handed back by flow control, not charged an attempt. */
+  deferred: number;
+  /** Tasks claimed for the first time (the latency's samples). */
+  started: number;
+}
+
+/** Time from submission (or due time) to first claim. */
+export interface QueueHistoryLatency {
+  p50_seconds: number;
+  p99_seconds: number;
+  samples: number;
+}
+
+/** One minute of a queue's history. */
+export interface QueueHistoryBucket extends QueueHistoryCounts {
+  /** The minute's start (RFC 3339). */
+  at: string;
+  /** Depth at the minute's end. */
+  pending: number;
+  running: number;
+  retrying: number;
+  latency: QueueHistoryLatency;
+  /** The minute was closed: its counts are final. */
+  closed: boolean;
+  /** The counts may be short (see the server's docs). */
+  gap?: boolean;
+}
+
+/** A queue's history over a window, a minute at a time. */
+export interface QueueHistory {
+  queue: string;
+  window_seconds: number;
+  bucket_seconds: number;
+  /** The start of the last minute closed; absent before any. */
+  closed_through?: string;
+  totals: QueueHistoryCounts;
+  latency: QueueHistoryLatency;
+  /** One per minute, oldest first. */
+  buckets: QueueHistoryBucket[];
 }
 
 /** The dead-letter queue of a queue. */

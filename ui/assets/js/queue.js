@@ -5,6 +5,7 @@
 import { api, get, enc } from "./api.js";
 import { h, replace, num, ago, badge, table, errorBox, confirmAction, toast, guarded, can } from "./dom.js";
 import { searchPanel } from "./search.js";
+import { mountHistory } from "./history.js";
 
 const STATES = ["PENDING", "RUNNING", "RETRYING", "SUCCEEDED", "DEAD", "CANCELLED"];
 const PAGE = 50;
@@ -39,6 +40,7 @@ export function mount(ctx) {
     pauseBox,
     settings,
     searchPanel(ctx, q),
+    mountHistory(ctx, q),
     h("section", { class: "panel" }, tabs, status === "DEAD" ? actions : null, list, pager),
   );
 

@@ -324,6 +324,18 @@ class Queue:
         running queue is not an error (``changed`` is False)."""
         return self._t.request("POST", self._base + "/resume", retry=IDEMPOTENT).data
 
+    def history(self, window: str = "1h") -> Dict[str, Any]:
+        """The queue's history, a bucket per minute of the last hour
+        (``window="1h"``) or day (``"24h"``): ``buckets`` (oldest first,
+        each with ``at``, ``processed``, ``failed``, ``retried``,
+        ``deferred``, ``started``, the depth ``pending``/``running``/
+        ``retrying`` at the minute's end, ``latency`` and ``closed``),
+        ``totals``, ``latency`` (``p50_seconds``, ``p99_seconds``,
+        ``samples``: submission to first claim) and ``closed_through``.
+        Every server of a cluster answers the same. Raises
+        :class:`NotFound` for a queue nothing was submitted to."""
+        return self._t.request("GET", self._base + "/history", query={"window": window}, retry=IDEMPOTENT).data
+
     def cancel(self, task_id: str) -> Task:
         """Cancel a task that has not finished."""
         return Task(

@@ -24,10 +24,12 @@ exits 75) instead of growing etcd without bound.`,
   drover queues get emails --json
   drover queues delete old-emails --yes
   drover queues pause emails
-  drover queues resume emails`,
+  drover queues resume emails
+  drover queues history emails --window 24h`,
 	}
 	cmd.AddCommand(a.queuesSetCommand(), a.queuesGetCommand(), a.queuesListCommand(), a.queuesDeleteCommand(),
 		a.queuesPauseCommand(true), a.queuesPauseCommand(false))
+	cmd.AddCommand(a.queuesHistoryCommand())
 	return cmd
 }
 
@@ -169,8 +171,9 @@ func (a *app) queuesDeleteCommand() *cobra.Command {
 drover queues list. It refuses while tasks of the queue are running: stop
 its workers first. Stop submitting to it first too: a task submitted during
 the deletion may survive it. Shows progress on stderr.`,
-		Example: `  drover queues delete old-emails --yes`,
-		Args:    cobra.ExactArgs(1),
+		Example: `  drover queues delete old-emails --yes
+  drover queues history emails --window 24h`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := drover.Rename(queue.CheckQueue(args[0]), "Q"); err != nil {
 				return err

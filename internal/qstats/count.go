@@ -1,0 +1,172 @@
+package qstats
+
+import (
+	"encoding/json"
+	"strings"
+
+	"github.com/droverhq/drover/internal/taskstore"
+	"github.com/droverhq/drover/keyspace"
+	"github.com/droverhq/drover/metrics"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// take counts a watch response's events.
+func (r *Recorder) take(wr clientv3.WatchResponse) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if wr.IsProgressNotify() {
+		// A progress notice: every event up to its revision was sent.
+		r.through = max(r.through, wr.Header.Revision)
+		return
+	}
+	for _, ev := range wr.Events {
+		rev := ev.Kv.ModRevision
+		r.through = max(r.through, rev)
+		key := string(ev.Kv.Key)
+		if key == r.keys.QueueHistoryMark() {
+			if ev.Type == mvccpb.PUT {
+				r.setMarkLocked(ev.Kv.Value, rev)
+			}
+			continue
+		}
+		if q, _, ok := r.keys.ParseQueueHistoryMinute(key); ok {
+			if rec, err := decodeRecord(ev.Kv.Value); err == nil && ev.Type == mvccpb.PUT {
+				r.written[q] = rec.Depth
+			}
+			continue
+		}
+		if !ev.IsCreate() {
+			continue // the counted keys are each written once, at their creation
+		}
+		d, ok := classify(r.keys, key, ev.Kv.Value)
+		if !ok {
+			continue
+		}
+		d.rev = rev
+		if rev >= r.observeFrom && r.cfg.Metrics {
+			observe(d)
+		}
+		if rev > r.mk.Rev {
+			r.deltas = append(r.deltas, d)
+		}
+	}
+	if len(r.deltas) > maxDeltas {
+		r.deltas = squash(r.deltas)
+	}
+}
+
+// maxDeltas bounds the events kept while no minute can be closed (the
+// store refuses writes, say): past it the older half is summed.
+const maxDeltas = 1 << 18
+
+// squash sums the older half of ds by queue and latency bucket, each sum
+// at the half's last revision: a mark that falls inside the half then
+// takes or leaves the sum whole, so such minutes may be off by what it
+// held; the rest stays exact.
+func squash(ds []delta) []delta {
+	half := len(ds) / 2
+	type k struct {
+		q   string
+		lat int
+	}
+	sums := map[k]*delta{}
+	var order []k
+	last := ds[half-1].rev
+	for _, d := range ds[:half] {
+		key := k{d.q, d.lat}
+		if sums[key] == nil {
+			sums[key] = &delta{q: d.q, lat: d.lat, rev: last}
+			order = append(order, key)
+		}
+		sums[key].c.add(d.c)
+	}
+	out := make([]delta, 0, len(order)+len(ds)-half)
+	for _, key := range order {
+		out = append(out, *sums[key])
+	}
+	return append(out, ds[half:]...)
+}
+
+// classify reads what a queue key created says: a batch of outcomes
+// (those that succeeded), a task that succeeded with a record of its own,
+// a dead task, a retry or a deferral (the retry schedule's value says
+// which), or a run claimed on a segment (the tasks started, and their
+// latency from the segment's time to the run's claim).
+func classify(keys keyspace.Space, key string, value []byte) (delta, bool) {
+	q, kind, rest, ok := keys.ParseQueueKey(key)
+	if !ok {
+		return delta{}, false
+	}
+	d := delta{q: q}
+	switch kind {
+	case "outs":
+		_, name, _ := strings.Cut(rest, "/")
+		_, n, _, valid := keyspace.ParseOutName(name)
+		d.c.Processed = int64(n)
+		return d, valid && n > 0
+	case "done":
+		d.c.Processed = 1
+		return d, strings.HasPrefix(rest, "SUCCEEDED/") // the status of queue.Succeeded
+	case "dead":
+		d.c.Failed = 1
+		return d, rest != ""
+	case "retry":
+		var v struct {
+			Deferred string `json:"d"`
+		}
+		if json.Unmarshal(value, &v) == nil && v.Deferred != "" {
+			d.c.Deferred = 1
+		} else {
+			d.c.Retried = 1
+		}
+		return d, true
+	case "runs":
+		return runDelta(d, rest, value)
+	}
+	return d, false
+}
+
+// runDelta counts a run: the slots it starts for the first time, each
+// waited from the segment's time (its submission, or its due time for a
+// delayed segment) to the run's claim.
+func runDelta(d delta, rest string, value []byte) (delta, bool) {
+	seg, _, _ := strings.Cut(rest, "/")
+	_, at, ok := keyspace.ParseSegmentName(seg)
+	if !ok {
+		return d, false
+	}
+	run, err := taskstore.DecodeRun(value)
+	if err != nil {
+		return d, false
+	}
+	for i := range run.Slots {
+		if i >= len(run.Attempts) || run.Attempts[i] <= 1 {
+			d.c.Started++
+		}
+	}
+	d.lat = bucketOf(max(run.ClaimedAt.Sub(at), 0))
+	if d.c.Started > 0 {
+		d.latency = max(run.ClaimedAt.Sub(at), 0)
+	}
+	return d, d.c.Started > 0
+}
+
+// observe adds an event to the metrics.
+func observe(d delta) {
+	add := func(n int64, c interface{ Add(float64) }) {
+		if n > 0 {
+			c.Add(float64(n))
+		}
+	}
+	add(d.c.Processed, metrics.QueueProcessed.WithLabelValues(d.q))
+	add(d.c.Failed, metrics.QueueFailed.WithLabelValues(d.q))
+	add(d.c.Retried, metrics.QueueRetried.WithLabelValues(d.q))
+	add(d.c.Deferred, metrics.QueueDeferred.WithLabelValues(d.q))
+	if d.c.Started > 0 {
+		h := metrics.QueueStartLatency.WithLabelValues(d.q)
+		for range d.c.Started {
+			h.Observe(d.latency.Seconds())
+		}
+	}
+}

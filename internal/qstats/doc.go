@@ -1,0 +1,27 @@
+// Package qstats keeps each queue's history: per minute, the tasks that
+// succeeded (processed), failed for good (failed: moved to the dead-letter
+// queue), were scheduled for a retry (retried) and were deferred by flow
+// control (deferred), the queue's depth at the minute's end, and the time
+// from a task's submission (or due time) to its first claim.
+//
+// Nothing is written per task. A [Recorder], which `drover server` runs
+// for its namespace, watches the keys the queue already writes (outcome
+// batches, done, retry and dead keys, runs) and counts them in memory;
+// once a minute the first server to close the minute writes one record per
+// queue that had something to record, and moves the mark that says
+// through which store revision the records count, in one transaction
+// that compares the mark. So every event is counted in exactly one
+// minute, whichever server writes it; every server reads the same
+// records; and a restarted server goes on from the mark (it watches from
+// the mark's revision, which the store keeps for its compaction
+// retention, an hour by default).
+//
+//	rec, err := qstats.NewRecorder(qstats.Config{Client: cli, Namespace: "drover", Depth: depths})
+//	rec.Start(ctx) // the server's dashboard hub does this for each namespace it follows
+//	defer rec.Stop(ctx)
+//	h, err := qstats.Read(ctx, cli, "drover", "emails", qstats.Hour, time.Now())
+//	fmt.Println(h.Total.Processed, h.Latency.Percentile(0.99))
+//
+// The records are bound to a lease of a day and an hour: a day of history
+// is kept, and older minutes vanish on their own.
+package qstats
