@@ -12,11 +12,13 @@
 # Each prints one JSON line: expected ticks, fired, distinct ticks,
 # duplicates, missed, lateness p50/p99/max. The three run at once (the
 # same machine, the same minutes); SEQUENTIAL=1 runs them one after another.
-# The results are appended, dated, to docs/bench-log/schedules.md.
+# The results are appended, dated, to docs/bench-log/schedules.md (or $LOG).
 # Loopback only.
 #   bash bench/run-schedules.sh            # 10m, a kill every 1m
 #   bash bench/run-schedules.sh 3m 1m
 #   SYSTEMS='asynq river' bash bench/run-schedules.sh 3m 1m
+#   DROVER_BIN=/tmp/drover DROVER_BUILD=abc1234 bash bench/run-schedules.sh
+#     # a drover binary built elsewhere (DROVER_BUILD names its commit)
 set -euo pipefail
 DURATION=${1:-10m}
 KILL_EVERY=${2:-1m}
@@ -32,7 +34,13 @@ cleanup() {
 }
 trap cleanup EXIT
 
-(cd "$root" && go build -o "$work/drover" ./cmd/drover)
+if [ -n "${DROVER_BIN:-}" ]; then
+  cp "$DROVER_BIN" "$work/drover"
+else
+  (cd "$root" && go build -o "$work/drover" ./cmd/drover)
+fi
+build=$(git -C "$root" rev-parse --short HEAD)
+[ -n "${DROVER_BIN:-}" ] && build="$build, drover built from ${DROVER_BUILD:-another checkout}"
 (cd "$here" && go build -o "$work/schedbench" ./cmd/schedbench)
 for s in $SYSTEMS; do
   args=(-system "$s" -duration "$DURATION" -kill-every "$KILL_EVERY" -work-dir "$work/$s")
@@ -55,14 +63,14 @@ cat "$work"/*.json
 
 cpu=$(lscpu | sed -n 's/^Model name: *//p' | head -1)
 mem=$(free -g | awk '/^Mem:/ {print $2}')
-python3 - "$root/docs/bench-log/schedules.md" "$DURATION" "$KILL_EVERY" "${SEQUENTIAL:+one after another}" \
-  "$(nproc) cores, $cpu, ${mem} GiB, $(go version | cut -d' ' -f3)" "$(git -C "$root" rev-parse --short HEAD)" $(for s in $SYSTEMS; do echo "$work/$s.json"; done) <<'PY'
+python3 - "${LOG:-$root/docs/bench-log/schedules.md}" "$DURATION" "$KILL_EVERY" "${SEQUENTIAL:+one after another}" \
+  "$(nproc) cores, $cpu, ${mem} GiB, $(go version | cut -d' ' -f3)" "$build" $(for s in $SYSTEMS; do echo "$work/$s.json"; done) <<'PY'
 import datetime, json, sys
 out, dur, kill, seq, machine, rev = sys.argv[1:7]
 rows = [json.load(open(p)) for p in sys.argv[7:]]
 now = datetime.datetime.now(datetime.timezone.utc)
 lines = ["", "### %s: %s, a kill every %s (run-schedules.sh)" % (now.strftime("%Y-%m-%d %H:%M UTC"), dur, kill), "",
-         "`bash bench/run-schedules.sh %s %s`%s at %s; %s; the systems ran %s." % (dur, kill, "" , rev, machine, seq or "at the same time"), "",
+         "`bash bench/run-schedules.sh %s %s` at %s; %s; the systems ran %s." % (dur, kill, rev, machine, seq or "at the same time"), "",
          "| system | expected | fired | distinct | duplicates | missed | longest gap | lateness p50 | p99 | max | kills |",
          "|---|---|---|---|---|---|---|---|---|---|---|"]
 for r in rows:
@@ -72,4 +80,4 @@ lines += ["", "```"] + [json.dumps(r, separators=(",", ":")) for r in rows] + ["
 with open(out, "a") as f:
     f.write("\n".join(lines) + "\n")
 PY
-echo "appended to docs/bench-log/schedules.md"
+echo "appended to ${LOG:-docs/bench-log/schedules.md}"

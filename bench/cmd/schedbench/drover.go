@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -159,6 +161,9 @@ func api(ms []*member, method, path string, body any, out any) error {
 		}
 		b, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
+		if resp.StatusCode == http.StatusNotFound && strings.Contains(string(b), "no-route") {
+			return fmt.Errorf("%s %s: %w", method, path, errNoRoute)
+		}
 		if resp.StatusCode >= 300 {
 			return fmt.Errorf("%s %s: %s: %s", method, path, resp.Status, b)
 		}
@@ -178,9 +183,59 @@ type historyEntry struct {
 	Manual    bool      `json:"manual"`
 }
 
+// errNoRoute is an HTTP API without the schedules' routes.
+var errNoRoute = errors.New("no such route")
+
+// cli runs `drover ARGS --etcd-endpoints LIVE` and decodes its JSON.
+func cli(c config, ms []*member, out any, args ...string) error {
+	var eps []string
+	for _, m := range ms {
+		if m.alive() {
+			eps = append(eps, m.client)
+		}
+	}
+	cmd := exec.Command(c.droverBin, append(args, "--etcd-endpoints", strings.Join(eps, ","))...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	b, err := cmd.Output()
+	if err != nil {
+		return fmt.Errorf("drover %s: %v: %s", strings.Join(args, " "), err, stderr.Bytes())
+	}
+	if out == nil {
+		return nil
+	}
+	return json.Unmarshal(b, out)
+}
+
+// createSchedule creates the schedule over HTTP, or with `drover schedules
+// create` where the HTTP API has no schedules yet.
+func createSchedule(c config, ms []*member) (string, error) {
+	sched := map[string]any{"name": droverSchedule, "every": c.every.String(), "queue": droverQueue, "type": "tick",
+		"overlap": "allow", "catchup": c.catchup, "catchup_window": "1h"}
+	err := api(ms, "POST", "/v1/schedules", sched, nil)
+	if !errors.Is(err, errNoRoute) {
+		return "http", err
+	}
+	return "cli", cli(c, ms, nil, "schedules", "create", droverSchedule, "--every", c.every.String(), "--queue", droverQueue,
+		"--type", "tick", "--overlap", "allow", "--catchup", c.catchup, "--catchup-window", "1h", "--json")
+}
+
 // history reads the schedule's history (its latest 1000 fires, newest
-// first; a page cursor is followed when the answer has one).
-func history(ms []*member) ([]historyEntry, error) {
+// first; a page cursor is followed when the answer has one), over HTTP or
+// with `drover schedules history`.
+func history(c config, ms []*member) ([]historyEntry, error) {
+	var page struct {
+		Data []historyEntry `json:"data"`
+	}
+	all, err := historyHTTP(ms)
+	if !errors.Is(err, errNoRoute) {
+		return all, err
+	}
+	err = cli(c, ms, &page, "schedules", "history", droverSchedule, "--limit", "1000", "--json")
+	return page.Data, err
+}
+
+func historyHTTP(ms []*member) ([]historyEntry, error) {
 	var all []historyEntry
 	after := ""
 	for range 1000 {
@@ -277,14 +332,13 @@ func runDrover(ctx context.Context, c config) (result, error) {
 	if err := worker.start(); err != nil {
 		return result{}, err
 	}
-	sched := map[string]any{"name": droverSchedule, "every": c.every.String(), "queue": droverQueue, "type": "tick",
-		"overlap": "allow", "catchup": c.catchup, "catchup_window": "1h"}
-	if err := api(ms, "POST", "/v1/schedules", sched, nil); err != nil {
+	via, err := createSchedule(c, ms)
+	if err != nil {
 		return result{}, err
 	}
 	var first time.Time
 	if err := waitFor(ctx, time.Minute, "the schedule's first tick", func() bool {
-		h, err := history(ms)
+		h, err := history(c, ms)
 		for _, e := range h {
 			if first.IsZero() || e.Nominal.Before(first) {
 				first = e.Nominal
@@ -328,6 +382,7 @@ func runDrover(ctx context.Context, c config) (result, error) {
 		return result{}, err
 	}
 	r.Notes["worker_restarts"] = workerRestarts
+	r.Notes["schedule_api"] = via
 	return r, nil
 }
 
@@ -337,7 +392,7 @@ func runDrover(ctx context.Context, c config) (result, error) {
 // reads the worker's runs: how late each tick's task first ran, and any
 // task run more than once.
 func droverResult(c config, ms []*member, start time.Time, kills []kill, runsLog string) (result, error) {
-	h, err := history(ms)
+	h, err := history(c, ms)
 	if err != nil {
 		return result{}, err
 	}
