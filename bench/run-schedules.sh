@@ -26,6 +26,7 @@ SYSTEMS=${SYSTEMS:-drover asynq river}
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
 work=$(mktemp -d)
+mkdir "$work/bin"
 pids=()
 cleanup() {
   for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
@@ -35,20 +36,20 @@ cleanup() {
 trap cleanup EXIT
 
 if [ -n "${DROVER_BIN:-}" ]; then
-  cp "$DROVER_BIN" "$work/drover"
+  cp "$DROVER_BIN" "$work/bin/drover"
 else
-  (cd "$root" && go build -o "$work/drover" ./cmd/drover)
+  (cd "$root" && go build -o "$work/bin/drover" ./cmd/drover)
 fi
 build=$(git -C "$root" rev-parse --short HEAD)
 [ -n "${DROVER_BIN:-}" ] && build="$build, drover built from ${DROVER_BUILD:-another checkout}"
-(cd "$here" && go build -o "$work/schedbench" ./cmd/schedbench)
+(cd "$here" && go build -o "$work/bin/schedbench" ./cmd/schedbench)
 for s in $SYSTEMS; do
   args=(-system "$s" -duration "$DURATION" -kill-every "$KILL_EVERY" -work-dir "$work/$s")
-  [ "$s" = drover ] && args+=(-drover-bin "$work/drover")
+  [ "$s" = drover ] && args+=(-drover-bin "$work/bin/drover")
   if [ -n "${SEQUENTIAL:-}" ]; then
-    "$work/schedbench" "${args[@]}" > "$work/$s.json" 2> "$work/$s.err" || { cat "$work/$s.err" >&2; exit 1; }
+    "$work/bin/schedbench" "${args[@]}" > "$work/$s.json" 2> "$work/$s.err" || { cat "$work/$s.err" >&2; exit 1; }
   else
-    "$work/schedbench" "${args[@]}" > "$work/$s.json" 2> "$work/$s.err" &
+    "$work/bin/schedbench" "${args[@]}" > "$work/$s.json" 2> "$work/$s.err" &
     pids+=($!)
   fi
 done
