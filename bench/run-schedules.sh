@@ -27,6 +27,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
 work=$(mktemp -d)
 mkdir "$work/bin"
+started=$(date -u '+%Y-%m-%d %H:%M UTC')
 pids=()
 cleanup() {
   for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
@@ -64,13 +65,12 @@ cat "$work"/*.json
 
 cpu=$(lscpu | sed -n 's/^Model name: *//p' | head -1)
 mem=$(free -g | awk '/^Mem:/ {print $2}')
-python3 - "${LOG:-$root/docs/bench-log/schedules.md}" "$DURATION" "$KILL_EVERY" "${SEQUENTIAL:+one after another}" \
+python3 - "${LOG:-$root/docs/bench-log/schedules.md}" "$started" "$DURATION" "$KILL_EVERY" "${SEQUENTIAL:+one after another}" \
   "$(nproc) cores, $cpu, ${mem} GiB, $(go version | cut -d' ' -f3)" "$build" $(for s in $SYSTEMS; do echo "$work/$s.json"; done) <<'PY'
-import datetime, json, sys
-out, dur, kill, seq, machine, rev = sys.argv[1:7]
-rows = [json.load(open(p)) for p in sys.argv[7:]]
-now = datetime.datetime.now(datetime.timezone.utc)
-lines = ["", "### %s: %s, a kill every %s (run-schedules.sh)" % (now.strftime("%Y-%m-%d %H:%M UTC"), dur, kill), "",
+import json, sys
+out, started, dur, kill, seq, machine, rev = sys.argv[1:8]
+rows = [json.load(open(p)) for p in sys.argv[8:]]
+lines = ["", "### %s: %s, a kill every %s (run-schedules.sh)" % (started, dur, kill), "",
          "`bash bench/run-schedules.sh %s %s` at %s; %s; the systems ran %s." % (dur, kill, rev, machine, seq or "at the same time"), "",
          "| system | expected | fired | distinct | duplicates | missed | longest gap | lateness p50 | p99 | max | kills |",
          "|---|---|---|---|---|---|---|---|---|---|---|"]

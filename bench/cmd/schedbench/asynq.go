@@ -126,6 +126,12 @@ func runAsynq(ctx context.Context, c config) (result, error) {
 	}
 	srv.Shutdown()
 
+	return a.result(c, start, kills), nil
+}
+
+// result counts the fires the schedulers wrote, and the tasks the worker
+// ran that no line names.
+func (a *asynqFires) result(c config, start time.Time, kills []kill) result {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	var fires []fire
@@ -154,5 +160,5 @@ func runAsynq(ctx context.Context, c config) (result, error) {
 	r.Notes["ran_not_logged"] = unlogged
 	r.Notes["logged_not_ran_in_window"] = notRun
 	r.Notes["nominal"] = "the whole second the scheduler enqueued in (robfig @every aligns to whole seconds)"
-	return r, nil
+	return r
 }

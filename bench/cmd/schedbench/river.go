@@ -65,14 +65,7 @@ func runRiver(ctx context.Context, c config) (result, error) {
 	}
 	defer pool.Close()
 	schema := pgx.Identifier{c.schema}.Sanitize()
-	if _, err := pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+schema+" CASCADE; CREATE SCHEMA "+schema); err != nil {
-		return result{}, fmt.Errorf("schema %s: %w", c.schema, err)
-	}
-	migrator, err := rivermigrate.New(riverpgxv5.New(pool), &rivermigrate.Config{Schema: c.schema})
-	if err != nil {
-		return result{}, err
-	}
-	if _, err := migrator.Migrate(ctx, rivermigrate.DirectionUp, nil); err != nil {
+	if err := riverSchema(ctx, pool, c.schema); err != nil {
 		return result{}, err
 	}
 	self, err := executable()
@@ -138,4 +131,18 @@ func runRiver(ctx context.Context, c config) (result, error) {
 	r.Notes["nominal"] = "the job's scheduled_at (the leader's next run time); lateness is created_at minus it, early by up to River's 100 ms margin"
 	r.Notes["config"] = "PeriodicInterval, ID tick, RunOnStart false, UniqueOpts ByPeriod = every, default elector (leader TTL 15 s)"
 	return r, nil
+}
+
+// riverSchema drops the schema and migrates River's tables into it anew.
+func riverSchema(ctx context.Context, pool *pgxpool.Pool, name string) error {
+	schema := pgx.Identifier{name}.Sanitize()
+	if _, err := pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+schema+" CASCADE; CREATE SCHEMA "+schema); err != nil {
+		return fmt.Errorf("schema %s: %w", name, err)
+	}
+	migrator, err := rivermigrate.New(riverpgxv5.New(pool), &rivermigrate.Config{Schema: name})
+	if err != nil {
+		return err
+	}
+	_, err = migrator.Migrate(ctx, rivermigrate.DirectionUp, nil)
+	return err
 }
