@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/internal/proc"
 	"github.com/droverhq/drover/lease"
 	"github.com/droverhq/drover/lock"
@@ -135,6 +136,11 @@ func (w *Worker) execute(base context.Context, c *claim) outcome {
 		return outcome{c: c, kind: Cancelled, err: context.Cause(base)} // the lease is gone: so are the claims
 	case errors.Is(cause, lock.ErrLost):
 		return outcome{c: c, kind: Cancelled, err: cause} // the claim is gone: an outcome would be refused
+	}
+	if until, ok, bad := sleepOf(err, w.client.now()); ok {
+		return outcome{c: c, kind: Sleeping, until: until}
+	} else if bad != nil {
+		err = bad
 	}
 	if errors.Is(cause, ErrTimeout) && !errors.Is(err, ErrTimeout) {
 		err = fmt.Errorf("%w after %s: %w", ErrTimeout, timeout, err)
@@ -457,16 +463,26 @@ func ClaimFence(ctx context.Context) lease.Fence {
 // resumes after the last checkpointed step instead of starting over. The
 // result is the last step's state. A step's error fails the attempt (and is
 // retried like any handler error).
+//
+// A step that ends with task.Sleep or task.SleepUntil parks the task once
+// its checkpoint is written: the claim is given up, the task is SLEEPING
+// on the queue's due index (no worker slot, no lease, no goroutine holds
+// it), and any worker of the queue resumes it at the next step when the
+// sleep ends on the worker's clock. The sleep costs no attempt.
 func Steps(store *task.Store, steps ...task.Step) Handler {
 	return func(ctx context.Context, t *Task) ([]byte, error) {
 		f, ok := ctx.Value(claimKey{}).(*claimFence)
 		if !ok {
 			return nil, Permanent(errors.New("queue.Steps handler run outside a worker"))
 		}
-		res, err := store.RunSteps(ctx, f, t.ID, steps, task.StepConfig{Worker: f.w.worker, Initial: t.Parameters})
+		res, err := store.RunSteps(ctx, f, t.ID, steps, task.StepConfig{Worker: f.w.worker, Initial: t.Parameters, Now: f.w.client.now})
+		if err == nil && !res.SleepingUntil.IsZero() {
+			return nil, &parked{until: res.SleepingUntil}
+		}
 		if err != nil {
 			var tl *task.StateTooLargeError
-			if errors.As(err, &tl) || errors.Is(err, task.ErrStepsChanged) {
+			var bad *drover.InputError
+			if errors.As(err, &tl) || errors.Is(err, task.ErrStepsChanged) || errors.As(err, &bad) {
 				return nil, Permanent(err)
 			}
 			return nil, err
