@@ -117,11 +117,7 @@ func (w *Worker) execute(base context.Context, c *claim) outcome {
 	for _, d := range dones {
 		d(err)
 	}
-	outcomeLabel := "succeeded"
-	if err != nil {
-		outcomeLabel = "failed"
-	}
-	metrics.TaskDuration.WithLabelValues(t.Queue, t.Type, outcomeLabel).Observe(time.Since(began).Seconds())
+	metrics.TaskDuration.WithLabelValues(t.Queue, t.Type, outcomeLabel(err)).Observe(time.Since(began).Seconds())
 	cause := context.Cause(tctx)
 	switch {
 	case err == nil && len(result) > MaxResult:
@@ -137,10 +133,8 @@ func (w *Worker) execute(base context.Context, c *claim) outcome {
 	case errors.Is(cause, lock.ErrLost):
 		return outcome{c: c, kind: Cancelled, err: cause} // the claim is gone: an outcome would be refused
 	}
-	if until, ok, bad := sleepOf(err, w.client.now()); ok {
-		return outcome{c: c, kind: Sleeping, until: until}
-	} else if bad != nil {
-		err = bad
+	if o, ok := w.asleep(c, &err); ok {
+		return o
 	}
 	if errors.Is(cause, ErrTimeout) && !errors.Is(err, ErrTimeout) {
 		err = fmt.Errorf("%w after %s: %w", ErrTimeout, timeout, err)
@@ -149,6 +143,14 @@ func (w *Worker) execute(base context.Context, c *claim) outcome {
 		return outcome{c: c, kind: Dead, err: err}
 	}
 	return outcome{c: c, kind: Retrying, err: err, delay: w.backoff(t)}
+}
+
+// outcomeLabel is the outcome label of a handler's duration.
+func outcomeLabel(err error) string {
+	if err != nil {
+		return "failed"
+	}
+	return "succeeded"
 }
 
 // call runs h, turning a panic into a permanent failure that carries the

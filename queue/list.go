@@ -379,7 +379,9 @@ func (s Stats) Total() int64 {
 
 // Unfinished counts tasks that are scheduled, pending, running, retrying
 // or sleeping.
-func (s Stats) Unfinished() int64 { return s.Scheduled + s.Pending + s.Running + s.Retrying + s.Sleeping }
+func (s Stats) Unfinished() int64 {
+	return s.Scheduled + s.Pending + s.Running + s.Retrying + s.Sleeping
+}
 
 // Stats counts queue q's tasks by status, in one read transaction.
 func (c *Client) Stats(ctx context.Context, q string) (Stats, error) {

@@ -50,6 +50,16 @@ func sleepOf(err error, now time.Time) (until time.Time, ok bool, bad error) {
 	return until, true, nil
 }
 
+// asleep returns the outcome of a handler whose error *err asks for a
+// sleep; a sleep asked for that is not valid input makes *err permanent.
+func (w *Worker) asleep(c *claim, err *error) (outcome, bool) {
+	until, ok, bad := sleepOf(*err, w.client.now())
+	if bad != nil {
+		*err = bad
+	}
+	return outcome{c: c, kind: Sleeping, until: until}, ok
+}
+
 // sleepKey is the task's key in its queue's sleep index.
 func (c *Client) sleepKey(t *Task) string {
 	return due.Key(c.keys.QueueSleep(t.Queue), t.ScheduledAt, t.ID)
