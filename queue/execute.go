@@ -298,6 +298,12 @@ const DefaultMaxOutput = MaxResult
 // DROVER_TASK_ID, DROVER_TASK_TYPE, DROVER_ATTEMPT and DROVER_CLAIM_TOKEN in
 // its environment; its standard error goes to stderr, and the last 2 KiB of
 // it to the task's error.
+//
+// Under a worker a run is also a step of its task: DROVER_STEP says which,
+// DROVER_STATE_FILE holds the state the step before printed, and a run
+// that writes a sleep to DROVER_SLEEP_FILE and exits 0 has its output
+// checkpointed and the task parked until the sleep ends (see Steps); the
+// next run is the next step.
 func ExecHandler(argv []string, maxOutput int, grace time.Duration, stderr *os.File) Handler {
 	if maxOutput <= 0 {
 		maxOutput = DefaultMaxOutput
@@ -310,9 +316,15 @@ func ExecHandler(argv []string, maxOutput int, grace time.Duration, stderr *os.F
 		if err != nil {
 			return nil, Permanent(fmt.Errorf("encode task: %w", err))
 		}
+		step, err := prepareExecStep(ctx, t)
+		if err != nil {
+			return nil, err
+		}
+		defer step.cleanup()
 		cmd := exec.Command(argv[0], argv[1:]...)
 		cmd.Env = append(os.Environ(), "DROVER_TASK_ID="+t.ID, "DROVER_TASK_TYPE="+t.Type,
 			"DROVER_ATTEMPT="+strconv.Itoa(t.Attempt), "DROVER_CLAIM_TOKEN="+strconv.FormatInt(t.Token, 10))
+		cmd.Env = append(cmd.Env, step.env()...)
 		cmd.Stdin = bytes.NewReader(in)
 		out := &boundedBuffer{limit: maxOutput}
 		tail := &tailBuffer{limit: 2048}
@@ -331,7 +343,7 @@ func ExecHandler(argv []string, maxOutput int, grace time.Duration, stderr *os.F
 		case out.over:
 			return nil, Permanent(fmt.Errorf("%s printed %d bytes, over the %d-byte result limit", argv[0], out.total, maxOutput))
 		case waitErr == nil:
-			return out.Bytes(), nil
+			return step.finish(ctx, t, out.Bytes())
 		}
 		var ee *exec.ExitError
 		msg := waitErr.Error()

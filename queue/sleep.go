@@ -1,9 +1,15 @@
 package queue
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
 	"time"
 
 	"github.com/droverhq/drover/internal/due"
@@ -101,4 +107,120 @@ func (w *Worker) sleepOps(o outcome, pendingKey string, seg bool, now time.Time,
 		ops = append(ops, clientv3.OpDelete(pendingKey))
 	}
 	return append(ops, clientv3.OpPut(w.client.sleepKey(t), string(rv)), clientv3.OpPut(w.keys.TaskRecord(t.ID), string(rec))), len(rec) + 500
+}
+
+// Exec steps. A process run by ExecHandler may end its run as a step that
+// sleeps: it writes the sleep to the file $DROVER_SLEEP_FILE (a duration
+// such as 10m or 90, in seconds, or an RFC 3339 time with its zone) and
+// exits 0. What it printed is checkpointed as step $DROVER_STEP's state,
+// fenced by the claim, and the task sleeps; when it falls due the command
+// runs again as the next step, with that state in the file
+// $DROVER_STATE_FILE (empty for step 1). A run that exits 0 without
+// writing the sleep file ends the task as before, its output the result.
+
+// execStep is one run of an exec handler's command as a step of its task.
+type execStep struct {
+	f    *claimFence // nil outside a worker: no steps
+	dir  string
+	cp   task.Checkpoint
+	step int
+}
+
+// prepareExecStep finds which step of task t a run of an exec handler is:
+// the step after its last checkpoint, read only when an earlier attempt
+// may have written one (the task slept before, or an attempt before this
+// one ran). A checkpoint still asleep returns a parked error: nothing
+// runs.
+func prepareExecStep(ctx context.Context, t *Task) (*execStep, error) {
+	st := &execStep{step: 1}
+	f, ok := ctx.Value(claimKey{}).(*claimFence)
+	if !ok {
+		return st, nil
+	}
+	st.f = f
+	if t.Attempt > 1 || sleptBefore(t) {
+		store, err := task.NewStore(f.w.cli, f.w.cfg.Namespace)
+		if err != nil {
+			return nil, err
+		}
+		if st.cp, err = store.Load(ctx, t.ID); err != nil {
+			return nil, err
+		}
+		if st.cp.SleepUntil.After(f.w.client.now()) {
+			return nil, &parked{until: st.cp.SleepUntil}
+		}
+		st.step = st.cp.Step + 1
+	}
+	dir, err := os.MkdirTemp("", "drover-step-")
+	if err != nil {
+		return nil, fmt.Errorf("exec step: %w", err)
+	}
+	st.dir = dir
+	if err := os.WriteFile(filepath.Join(dir, "state"), st.cp.State, 0o600); err != nil {
+		st.cleanup()
+		return nil, fmt.Errorf("exec step: %w", err)
+	}
+	return st, nil
+}
+
+// sleptBefore reports whether task t has slept.
+func sleptBefore(t *Task) bool {
+	for _, tr := range t.Transitions {
+		if tr.Status == Sleeping {
+			return true
+		}
+	}
+	return false
+}
+
+// env is what the command learns of its step.
+func (st *execStep) env() []string {
+	if st.dir == "" {
+		return nil
+	}
+	return []string{"DROVER_STEP=" + strconv.Itoa(st.step), "DROVER_STATE_FILE=" + filepath.Join(st.dir, "state"),
+		"DROVER_SLEEP_FILE=" + filepath.Join(st.dir, "sleep")}
+}
+
+func (st *execStep) cleanup() {
+	if st.dir != "" {
+		_ = os.RemoveAll(st.dir)
+	}
+}
+
+// finish ends a run that exited 0 with output out: the task's result, or,
+// when the command wrote a sleep, the step's checkpoint and a parked error.
+func (st *execStep) finish(ctx context.Context, t *Task, out []byte) ([]byte, error) {
+	if st.dir == "" {
+		return out, nil
+	}
+	b, err := os.ReadFile(filepath.Join(st.dir, "sleep"))
+	if err != nil || len(bytes.TrimSpace(b)) == 0 {
+		return out, nil
+	}
+	if len(out) > task.DefaultStateLimit {
+		return nil, Permanent(fmt.Errorf("exec step %d printed %d bytes, over the %d-byte state limit of a step that sleeps", st.step, len(out), task.DefaultStateLimit))
+	}
+	req, err := task.ParseSleep("DROVER_SLEEP_FILE", string(b))
+	if err != nil {
+		return nil, Permanent(err)
+	}
+	w := st.f.w
+	now := w.client.now()
+	until, err := req.Due(now)
+	if err != nil {
+		return nil, Permanent(err)
+	}
+	store, err := task.NewStore(w.cli, w.cfg.Namespace)
+	if err != nil {
+		return nil, err
+	}
+	at := time.Now().UTC()
+	name := "step " + strconv.Itoa(st.step)
+	next := task.Checkpoint{TaskID: t.ID, Step: st.step, StepName: name, State: out, SleepUntil: until, Worker: w.worker, Token: st.f.Token(), At: at}
+	rec := task.StepRecord{Step: st.step, Name: name, Worker: w.worker, Token: st.f.Token(), StartedAt: at, FinishedAt: at}
+	if err := store.Commit(ctx, st.f, st.cp, &next, rec); err != nil {
+		return nil, err
+	}
+	return nil, &parked{until: until}
 }
