@@ -65,23 +65,33 @@ func agentTaskOf(cp task.Checkpoint) AgentTask {
 // stepSleep reads the sleep a step write ends with: when it ends (zero:
 // no sleep), or a 400 naming the field. last: nothing follows the step.
 func stepSleep(sleepFor, sleepUntil string, last bool) (time.Time, error) {
-	field, value, rule := "body.sleep_for", sleepFor, "must be a duration such as 10m or 1.5s, or a number of seconds"
+	until, err := parseSleep("body.", sleepFor, sleepUntil)
+	if err != nil || last || !until.After(time.Now()) {
+		return time.Time{}, err // nothing follows, or the time is past: no sleep
+	}
+	return until, nil
+}
+
+// parseSleep reads a sleep given as sleep_for or sleep_until (fields under
+// prefix): when it ends, perhaps already past (zero: none given), or a 400
+// naming the field.
+func parseSleep(prefix, sleepFor, sleepUntil string) (time.Time, error) {
+	field, value, rule := prefix+"sleep_for", sleepFor, "must be a duration such as 10m or 1.5s, or a number of seconds"
 	switch {
 	case sleepFor != "" && sleepUntil != "":
-		return time.Time{}, invalid("body.sleep_until", sleepUntil, "give sleep_for or sleep_until, not both")
+		return time.Time{}, invalid(prefix+"sleep_until", sleepUntil, "give sleep_for or sleep_until, not both")
 	case sleepUntil != "":
-		field, value, rule = "body.sleep_until", sleepUntil, "must be an RFC 3339 time with its zone, such as 2026-12-01T09:00:00Z"
+		field, value, rule = prefix+"sleep_until", sleepUntil, "must be an RFC 3339 time with its zone, such as 2026-12-01T09:00:00Z"
 	case sleepFor == "":
 		return time.Time{}, nil
 	}
 	req, err := task.ParseSleep(field, value)
-	if err == nil && req.Until.IsZero() != (field == "body.sleep_for") {
+	if err == nil && req.Until.IsZero() != (value == sleepFor) {
 		return time.Time{}, invalid(field, value, rule) // a time for a duration, or the other way round
 	}
-	now := time.Now()
 	var until time.Time
 	if err == nil {
-		until, err = req.Due(now)
+		until, err = req.Due(time.Now())
 	}
 	if err != nil {
 		var ie *drover.InputError
@@ -89,9 +99,6 @@ func stepSleep(sleepFor, sleepUntil string, last bool) (time.Time, error) {
 			ie.Field = field
 		}
 		return time.Time{}, problem(err, nil)
-	}
-	if last || !until.After(now) {
-		return time.Time{}, nil // nothing follows, or the time is past
 	}
 	return until, nil
 }

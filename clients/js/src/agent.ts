@@ -74,15 +74,15 @@ export class Sleep<S = unknown> {
 }
 
 /** Ends a step with `state` and a sleep of `d` (seconds, or a duration such as "10m") before the next step. */
-export function sleepFor<S>(d: number | string, state: S): Sleep<S> {
+export function sleepFor<S>(d: number | string, state?: S): Sleep<S> {
   if (typeof d === "number" && !(Number.isFinite(d) && d >= 0)) throw new RangeError(`drover: sleepFor: the duration must be a number of seconds, not negative, not ${d}`);
-  return new Sleep(state, d);
+  return new Sleep(state as S, d);
 }
 
 /** Ends a step with `state` and a sleep until `t` (a Date, or an RFC 3339 time with its zone) before the next step. */
-export function sleepUntil<S>(t: Date | string, state: S): Sleep<S> {
+export function sleepUntil<S>(t: Date | string, state?: S): Sleep<S> {
   if (t instanceof Date && Number.isNaN(t.getTime())) throw new RangeError("drover: sleepUntil: the time is an invalid Date");
-  return new Sleep(state, undefined, t);
+  return new Sleep(state as S, undefined, t);
 }
 
 /** One step: a function of the previous step's state (the input for step 1); return {@link sleepFor} or {@link sleepUntil} to sleep before the next. */

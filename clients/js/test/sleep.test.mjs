@@ -80,3 +80,35 @@ test("sleepUntil a time past goes on at once; bad sleeps are refused naming the 
     await s.close();
   }
 });
+
+test("a queue handler that returns sleepFor parks its task: SLEEPING, then claimed again by a worker, its attempt not counted", async () => {
+  const q = uniq("napq");
+  await drover.submit(q, [{ task_id: "t1", task_type: "poll" }]);
+  let runs = 0;
+  const worker = drover.worker(q, { signals: false, wait: "1s" }, async () => (++runs === 1 ? sleepFor("1s") : "done"));
+  try {
+    let t;
+    for (let i = 0; i < 200; i++) {
+      t = await drover.tasks.get(q, "t1");
+      if (t.current_status === "SLEEPING" || t.current_status === "SUCCEEDED") break;
+      await pause(20);
+    }
+    if (t.current_status === "SLEEPING") {
+      assert.ok(t.scheduled_at, JSON.stringify(t));
+      assert.equal((await drover.tasks.stats(q)).sleeping, 1);
+      const listed = await drover.tasks.list(q, { status: "SLEEPING" });
+      assert.deepEqual(listed.tasks.map((x) => x.task_id), ["t1"]);
+    }
+    for (let i = 0; i < 300 && t.current_status !== "SUCCEEDED"; i++) {
+      await pause(50);
+      t = await drover.tasks.get(q, "t1");
+    }
+    assert.equal(t.current_status, "SUCCEEDED", JSON.stringify(t));
+    assert.equal(t.attempt, 1);
+    assert.equal(runs, 2);
+    assert.ok(t.transitions.some((x) => x.status === "SLEEPING"), JSON.stringify(t.transitions));
+  } finally {
+    const stats = await worker.drain();
+    assert.equal(stats.slept, 1);
+  }
+});
