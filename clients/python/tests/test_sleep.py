@@ -3,6 +3,7 @@ sleeps parks its task (nothing held), a run before its time runs nothing,
 a run after resumes at the next step, and bad sleeps are refused."""
 
 import datetime
+import threading
 import time
 import unittest
 
@@ -86,6 +87,39 @@ class SleepTest(ClientTest):
             self.assertIn(field, text)
             self.assertIn(rule, text)
         self.assertEqual(self.c.agent_tasks.get(tid)["step"], 0)  # held, nothing written
+
+    def test_queue_handler_sleep_parks_and_runs_again(self) -> None:
+        qn = unique("napq")
+        q = self.c.queue(qn)
+        q.submit([{"task_id": "t1", "task_type": "poll"}])
+        runs = []
+
+        @self.c.worker(qn, concurrency=1)
+        def poll(task):
+            runs.append(task.attempt)
+            return drover.sleep_for(1) if len(runs) == 1 else "done"
+
+        out = {}
+        th = threading.Thread(target=lambda: out.update(poll.run(max_tasks=2, handle_signals=False)))
+        th.start()
+        seen = ""
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            t = q.get("t1")
+            if t.status == "SLEEPING":
+                seen = "SLEEPING"
+                self.assertTrue(t.get("scheduled_at"))
+                self.assertEqual(q.stats()["sleeping"], 1)
+            if t.status == "SUCCEEDED":
+                break
+            time.sleep(0.02)
+        th.join(60)
+        t = q.get("t1")
+        self.assertEqual(t.status, "SUCCEEDED")
+        self.assertEqual((t.attempt, runs), (1, [1, 1]), t.get("transitions"))  # the sleep is not an attempt
+        self.assertIn("SLEEPING", [x["status"] for x in t.get("transitions", [])])
+        self.assertEqual(out.get("slept"), 1)
+        del seen  # SLEEPING is seen unless the poll missed the second it lasted
 
 
 if __name__ == "__main__":

@@ -68,9 +68,12 @@ class Sleep(NamedTuple):
     sleep_until: Optional[str] = None
 
 
-def sleep_for(duration: Union[int, float, str], state: Any) -> Sleep:
+def sleep_for(duration: Union[int, float, str], state: Any = None) -> Sleep:
     """End a step with ``state`` and a sleep of ``duration`` (seconds, or a
-    duration such as ``"10m"``) before the next step."""
+    duration such as ``"10m"``) before the next step. Returned by a queue
+    worker's handler (no state needed), it parks the task instead of
+    ending it: SLEEPING, claimed again when the sleep ends (the handler
+    runs again from the start), its attempt not counted."""
     if isinstance(duration, bool) or not isinstance(duration, (int, float, str)):
         raise TypeError("drover: sleep_for takes seconds or a duration such as '10m', not %r" % (duration,))
     if not isinstance(duration, str):
@@ -80,10 +83,10 @@ def sleep_for(duration: Union[int, float, str], state: Any) -> Sleep:
     return Sleep(state, sleep_for=duration)
 
 
-def sleep_until(when: Union[_dt.datetime, str], state: Any) -> Sleep:
+def sleep_until(when: Union[_dt.datetime, str], state: Any = None) -> Sleep:
     """End a step with ``state`` and a sleep until ``when`` (an aware
     :class:`datetime.datetime`, or an RFC 3339 time with its zone) before
-    the next step."""
+    the next step; from a queue worker's handler, as :func:`sleep_for`."""
     if isinstance(when, _dt.datetime):
         if when.tzinfo is None or when.utcoffset() is None:
             raise ValueError("drover: sleep_until needs a datetime with its time zone: one without could mean any instant")
