@@ -2,6 +2,7 @@ package queue_test
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -226,5 +227,38 @@ func TestNegativeSleepIsRefused(t *testing.T) {
 	store, _ := task.NewStore(cli, ns)
 	if cp, _ := store.Load(context.Background(), "neg"); cp.Step != 0 {
 		t.Fatalf("checkpoint %+v written for a refused sleep", cp)
+	}
+}
+
+// A handler without steps that returns task.Sleep parks its task, which
+// runs again whole when the sleep ends on the mover's clock, its attempt
+// not counted.
+func TestHandlerSleepRunsAgain(t *testing.T) {
+	ns := etcdtest.Namespace(t)
+	c, cli := newClient(t, ns)
+	clock := newStillClock()
+	if _, err := c.Submit(context.Background(), "q", []queue.Task{{ID: "poll", Type: "poll"}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	var runs atomic.Int32
+	w := newWorker(t, cli, queue.WorkerConfig{Namespace: ns, Queue: "q", Concurrency: 1, Drain: true})
+	queue.SetWorkerClock(w, clock.now)
+	w.HandleAll(func(_ context.Context, tk *queue.Task) ([]byte, error) {
+		if runs.Add(1) == 1 {
+			return nil, task.SleepUntil(clock.now().Add(time.Minute))
+		}
+		return []byte(strconv.Itoa(tk.Attempt)), nil
+	})
+	done := make(chan struct{})
+	go func() { runDrain(t, w); close(done) }()
+	waitUntil(t, "the task to sleep", func() bool {
+		st, err := c.Stats(context.Background(), "q")
+		return err == nil && st.Sleeping == 1
+	})
+	clock.advance(time.Minute)
+	<-done
+	got, err := c.Get(context.Background(), "poll")
+	if err != nil || got.CurrentStatus != queue.Succeeded || string(got.Result) != "1" || runs.Load() != 2 {
+		t.Fatalf("task %+v (%v), %d runs: want SUCCEEDED on attempt 1 after two runs", got, err, runs.Load())
 	}
 }
