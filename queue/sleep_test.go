@@ -262,3 +262,55 @@ func TestHandlerSleepRunsAgain(t *testing.T) {
 		t.Fatalf("task %+v (%v), %d runs: want SUCCEEDED on attempt 1 after two runs", got, err, runs.Load())
 	}
 }
+
+// A worker whose lease ends after a step's checkpoint with its sleep was
+// written, before the outcome that parks the task: the next attempt finds
+// the sleep in the checkpoint and parks the task again, running nothing,
+// and it resumes at the next step when the sleep ends.
+func TestSleepCheckpointedButNotParked(t *testing.T) {
+	ns := etcdtest.Namespace(t)
+	c, cli := newClient(t, ns)
+	clock := newStillClock()
+	var sc stepCounter
+	steps := sc.steps(time.Minute)
+	store, _ := task.NewStore(cli, ns)
+	if _, err := c.Submit(context.Background(), "q", []queue.Task{{ID: "gap", Type: "agent"}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	a := newWorker(t, cli, queue.WorkerConfig{Namespace: ns, Queue: "q", Concurrency: 1})
+	queue.SetWorkerClock(a, clock.now)
+	checkpointed := make(chan struct{})
+	inner := queue.Steps(store, steps...)
+	a.HandleAll(func(ctx context.Context, tk *queue.Task) ([]byte, error) {
+		out, err := inner(ctx, tk)
+		close(checkpointed)
+		<-ctx.Done() // dies before its outcome is written
+		return out, err
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan struct{})
+	go func() { _ = a.Run(ctx); close(ran) }()
+	defer func() { cancel(); <-ran }()
+	<-checkpointed
+	if _, err := cli.Revoke(context.Background(), a.Lease().ID()); err != nil {
+		t.Fatal(err)
+	}
+	startSleepWorker(t, cli, ns, clock, steps)
+	waitUntil(t, "the task to be parked again", func() bool {
+		got, err := c.Get(context.Background(), "gap")
+		return err == nil && got.CurrentStatus == queue.Sleeping
+	})
+	if sc.count("s1") != 1 || sc.count("s2") != 0 {
+		t.Fatalf("steps ran %v before the sleep ended", sc.runs)
+	}
+	clock.advance(time.Minute)
+	waitUntil(t, "the task to finish", func() bool {
+		got, err := c.Get(context.Background(), "gap")
+		return err == nil && got.CurrentStatus == queue.Succeeded
+	})
+	for _, s := range []string{"s1", "s2", "s3"} {
+		if n := sc.count(s); n != 1 {
+			t.Fatalf("step %s ran %d times, want once", s, n)
+		}
+	}
+}
