@@ -77,3 +77,38 @@ func TestWorkerKilledWhileResumingSleepingTask(t *testing.T) {
 		t.Fatalf("result %s attempt %d: want s1|s2|s3 after two attempts (the kill counts, the sleeps do not)", got, page.Tasks[0].Attempt)
 	}
 }
+
+// drover task run: a shell step that writes DROVER_SLEEP_FILE ends the run
+// with exit 75 and nothing held; a run before the sleep ends runs nothing;
+// one after it resumes at the next step.
+func TestTaskRunStepSleeps(t *testing.T) {
+	ns := etcdtest.Namespace(t)
+	dir := t.TempDir()
+	log := filepath.Join(dir, "runs.log")
+	args := append(etcdFlags(ns), "task", "run", "nap", "--ttl", "5s",
+		"--step", "plan=echo plan >> "+log+"; printf p; echo 1s > \"$DROVER_SLEEP_FILE\"",
+		"--step", "act=echo act >> "+log+"; cat; printf a")
+	r := drover(t, args...)
+	if r.code != 75 || !strings.Contains(r.stderr, "sleeps until") {
+		t.Fatalf("first run: exit %d, stderr %s; want 75 saying until when", r.code, r.stderr)
+	}
+	at := strings.Fields(r.stderr[strings.LastIndex(r.stderr, "sleeps until ")+len("sleeps until "):])[0]
+	until, err := time.Parse(time.RFC3339Nano, strings.TrimSuffix(at, ";"))
+	if err != nil {
+		t.Fatalf("until %q: %v", at, err)
+	}
+	if early := drover(t, append(args, "--json")...); time.Now().Before(until.Add(-50 * time.Millisecond)) {
+		if early.code != 75 || !strings.Contains(early.stdout, `"sleeping_until"`) {
+			t.Fatalf("early run: exit %d, %s %s; want 75 and nothing run", early.code, early.stdout, early.stderr)
+		}
+	}
+	time.Sleep(time.Until(until) + 10*time.Millisecond)
+	done := drover(t, args...)
+	if done.code != 0 || done.stdout != "pa" {
+		t.Fatalf("run after the sleep: exit %d, stdout %q, stderr %s", done.code, done.stdout, done.stderr)
+	}
+	b, _ := os.ReadFile(log)
+	if got := strings.Fields(string(b)); strings.Join(got, " ") != "plan act" {
+		t.Fatalf("steps ran %q, want plan once, act once", got)
+	}
+}
