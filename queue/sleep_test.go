@@ -169,21 +169,25 @@ func TestStepSleepParksAndResumes(t *testing.T) {
 	}
 }
 
-// A sleeping task can be cancelled: it never resumes.
+// A sleeping task can be cancelled, one by one or all of them, and purged:
+// it never resumes.
 func TestCancelSleepingTask(t *testing.T) {
 	ns := etcdtest.Namespace(t)
 	c, cli := newClient(t, ns)
 	clock := newStillClock()
 	var sc stepCounter
-	if _, err := c.Submit(context.Background(), "q", []queue.Task{{ID: "a", Type: "agent"}, {ID: "b", Type: "agent"}}, nil); err != nil {
+	if _, err := c.Submit(context.Background(), "q", []queue.Task{{ID: "a", Type: "agent"}, {ID: "b", Type: "agent"}, {ID: "c", Type: "agent"}}, nil); err != nil {
 		t.Fatal(err)
 	}
 	startSleepWorker(t, cli, ns, clock, sc.steps(time.Hour))
 	ctx := context.Background()
-	waitUntil(t, "both tasks to sleep", func() bool {
+	waitUntil(t, "the tasks to sleep", func() bool {
 		st, err := c.Stats(ctx, "q")
-		return err == nil && st.Sleeping == 2
+		return err == nil && st.Sleeping == 3
 	})
+	if n, err := c.Purge(ctx, "q", queue.Sleeping, []string{"c"}, nil); err != nil || n != 1 {
+		t.Fatalf("purge c: %d, %v", n, err)
+	}
 	if got, err := c.Cancel(ctx, "a"); err != nil || got.ID != "a" {
 		t.Fatalf("cancel a: %+v, %v", got, err)
 	}
