@@ -130,6 +130,22 @@ func TestStepSleepParksAndResumes(t *testing.T) {
 			t.Fatalf("%d keys under %s while the task sleeps", g.Count, p)
 		}
 	}
+	// No etcd lease has a key of the task, or of a claim of the queue.
+	leases, err := cli.Leases(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range leases.Leases {
+		ttl, err := cli.TimeToLive(ctx, l.ID, clientv3.WithAttachedKeys())
+		if err != nil {
+			continue // expired meanwhile
+		}
+		for _, k := range ttl.Keys {
+			if key := string(k); strings.Contains(key, "agent-1") || strings.HasPrefix(key, keys.Queue("q")) {
+				t.Fatalf("lease %x holds %s while the task sleeps", l.ID, key)
+			}
+		}
+	}
 	// Not resumed before its time on the mover's clock: real time passes
 	// (more than the sleep), the clock does not.
 	time.Sleep(1500 * time.Millisecond)
