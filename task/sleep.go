@@ -3,6 +3,7 @@ package task
 import (
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -90,7 +91,7 @@ func ParseSleep(field, s string) (*SleepRequest, error) {
 	if len(s) >= 5 && s[4] == '-' && strings.Trim(s[:4], "0123456789") == "" { // a date
 		return parseSleepTime(field, s)
 	}
-	if secs, err := strconv.ParseFloat(s, 64); err == nil {
+	if secs, err := strconv.ParseFloat(s, 64); err == nil && !math.IsNaN(secs) && !math.IsInf(secs, 0) {
 		if secs < 0 {
 			return nil, &drover.InputError{Field: field, Value: s, Rule: "must not be negative"}
 		}

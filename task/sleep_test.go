@@ -126,6 +126,8 @@ func TestParseSleep(t *testing.T) {
 		{"-5s", time.Time{}, "must not be negative"},
 		{"-5", time.Time{}, "must not be negative"},
 		{"soon", time.Time{}, "duration such as 10m"},
+		{"NaN", time.Time{}, "duration such as 10m"},
+		{"Inf", time.Time{}, "duration such as 10m"},
 		{"", time.Time{}, "duration such as 10m"},
 	} {
 		r, err := task.ParseSleep("sleep", tc.in)
@@ -143,4 +145,26 @@ func TestParseSleep(t *testing.T) {
 			t.Errorf("%q: %s, %v; want %s", tc.in, got, err, tc.want)
 		}
 	}
+}
+
+// FuzzParseSleep: any text is read or refused with an input error naming
+// the field, never a panic, and a sleep read never ends before now.
+func FuzzParseSleep(f *testing.F) {
+	for _, s := range []string{"10m", "1.5", "2026-12-01T09:00:00Z", "2026-12-01T09:00:00", "-1s", "NaN", "1e300", ""} {
+		f.Add(s)
+	}
+	now := time.Date(2026, 11, 28, 12, 0, 0, 0, time.UTC)
+	f.Fuzz(func(t *testing.T, s string) {
+		r, err := task.ParseSleep("sleep", s)
+		if err == nil {
+			var until time.Time
+			if until, err = r.Due(now); err == nil && r.Until.IsZero() && until.Before(now) {
+				t.Fatalf("%q: a duration that ends at %s, before now", s, until)
+			}
+		}
+		var ie *drover.InputError
+		if err != nil && (!errors.As(err, &ie) || !strings.HasPrefix(ie.Field, "sleep")) {
+			t.Fatalf("%q: %v is not an input error naming the sleep", s, err)
+		}
+	})
 }
