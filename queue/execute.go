@@ -114,9 +114,7 @@ func (w *Worker) execute(base context.Context, c *claim) outcome {
 	hctx := context.WithValue(tctx, claimKey{}, &claimFence{w: w, c: c, cancel: cancel, ctx: ctx})
 	began := time.Now()
 	result, err := call(hctx, h, t)
-	for _, d := range dones {
-		d(err)
-	}
+	admitted(dones, err)
 	metrics.TaskDuration.WithLabelValues(t.Queue, t.Type, outcomeLabel(err)).Observe(time.Since(began).Seconds())
 	cause := context.Cause(tctx)
 	switch {
@@ -147,10 +145,24 @@ func (w *Worker) execute(base context.Context, c *claim) outcome {
 
 // outcomeLabel is the outcome label of a handler's duration.
 func outcomeLabel(err error) string {
-	if err != nil {
+	switch {
+	case isSleep(err):
+		return "slept"
+	case err != nil:
 		return "failed"
 	}
 	return "succeeded"
+}
+
+// admitted tells the flow control gates that admitted a task how its
+// handler ended: a sleep is no failure (a breaker does not count it).
+func admitted(dones []func(error), err error) {
+	if isSleep(err) {
+		err = nil
+	}
+	for _, d := range dones {
+		d(err)
+	}
 }
 
 // call runs h, turning a panic into a permanent failure that carries the

@@ -56,6 +56,13 @@ func sleepOf(err error, now time.Time) (until time.Time, ok bool, bad error) {
 	return until, true, nil
 }
 
+// isSleep reports whether a handler's error asks for a sleep.
+func isSleep(err error) bool {
+	var p *parked
+	var r *task.SleepRequest
+	return err != nil && (errors.As(err, &p) || errors.As(err, &r))
+}
+
 // asleep returns the outcome of a handler whose error *err asks for a
 // sleep; a sleep asked for that is not valid input makes *err permanent.
 func (w *Worker) asleep(c *claim, err *error) (outcome, bool) {

@@ -16,7 +16,10 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// stillClock is a clock that stands still until moved.
+// stillClock is a clock that stands still until moved. A due index
+// sleeps on a real timer for the time its clock says is left, so these
+// tests sleep a second at most: the timer fires within a second of real
+// time whatever the clock says, and only then does the clock decide.
 type stillClock struct{ ns atomic.Int64 }
 
 func newStillClock() *stillClock {
@@ -265,7 +268,7 @@ func TestHandlerSleepRunsAgain(t *testing.T) {
 	queue.SetWorkerClock(w, clock.now)
 	w.HandleAll(func(_ context.Context, tk *queue.Task) ([]byte, error) {
 		if runs.Add(1) == 1 {
-			return nil, task.SleepUntil(clock.now().Add(time.Minute))
+			return nil, task.SleepUntil(clock.now().Add(time.Second))
 		}
 		return []byte(strconv.Itoa(tk.Attempt)), nil
 	})
@@ -275,7 +278,7 @@ func TestHandlerSleepRunsAgain(t *testing.T) {
 		st, err := c.Stats(context.Background(), "q")
 		return err == nil && st.Sleeping == 1
 	})
-	clock.advance(time.Minute)
+	clock.advance(time.Second)
 	<-done
 	got, err := c.Get(context.Background(), "poll")
 	if err != nil || got.CurrentStatus != queue.Succeeded || string(got.Result) != "1" || runs.Load() != 2 {
@@ -292,7 +295,7 @@ func TestSleepCheckpointedButNotParked(t *testing.T) {
 	c, cli := newClient(t, ns)
 	clock := newStillClock()
 	var sc stepCounter
-	steps := sc.steps(time.Minute)
+	steps := sc.steps(time.Second)
 	store, _ := task.NewStore(cli, ns)
 	if _, err := c.Submit(context.Background(), "q", []queue.Task{{ID: "gap", Type: "agent"}}, nil); err != nil {
 		t.Fatal(err)
@@ -323,7 +326,7 @@ func TestSleepCheckpointedButNotParked(t *testing.T) {
 	if sc.count("s1") != 1 || sc.count("s2") != 0 {
 		t.Fatalf("steps ran %v before the sleep ended", sc.runs)
 	}
-	clock.advance(time.Minute)
+	clock.advance(time.Second)
 	waitUntil(t, "the task to finish", func() bool {
 		got, err := c.Get(context.Background(), "gap")
 		return err == nil && got.CurrentStatus == queue.Succeeded
