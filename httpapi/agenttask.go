@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/lock"
 	"github.com/droverhq/drover/task"
@@ -54,7 +55,52 @@ func agentTaskOf(cp task.Checkpoint) AgentTask {
 		at := cp.At
 		out.WrittenAt = &at
 	}
+	if !cp.Completed && !cp.SleepUntil.IsZero() {
+		until := cp.SleepUntil
+		out.SleepUntil = &until
+	}
 	return out
+}
+
+// stepSleep reads the sleep a step write ends with: when it ends (zero:
+// no sleep), or a 400 naming the field. last: nothing follows the step.
+func stepSleep(sleepFor, sleepUntil string, last bool) (time.Time, error) {
+	until, err := parseSleep("body.", sleepFor, sleepUntil)
+	if err != nil || last || !until.After(time.Now()) {
+		return time.Time{}, err // nothing follows, or the time is past: no sleep
+	}
+	return until, nil
+}
+
+// parseSleep reads a sleep given as sleep_for or sleep_until (fields under
+// prefix): when it ends, perhaps already past (zero: none given), or a 400
+// naming the field.
+func parseSleep(prefix, sleepFor, sleepUntil string) (time.Time, error) {
+	field, value, rule := prefix+"sleep_for", sleepFor, "must be a duration such as 10m or 1.5s, or a number of seconds"
+	switch {
+	case sleepFor != "" && sleepUntil != "":
+		return time.Time{}, invalid(prefix+"sleep_until", sleepUntil, "give sleep_for or sleep_until, not both")
+	case sleepUntil != "":
+		field, value, rule = prefix+"sleep_until", sleepUntil, "must be an RFC 3339 time with its zone, such as 2026-12-01T09:00:00Z"
+	case sleepFor == "":
+		return time.Time{}, nil
+	}
+	req, err := task.ParseSleep(field, value)
+	if err == nil && req.Until.IsZero() != (value == sleepFor) {
+		return time.Time{}, invalid(field, value, rule) // a time for a duration, or the other way round
+	}
+	var until time.Time
+	if err == nil {
+		until, err = req.Due(time.Now())
+	}
+	if err != nil {
+		var ie *drover.InputError
+		if errors.As(err, &ie) {
+			ie.Field = field
+		}
+		return time.Time{}, problem(err, nil)
+	}
+	return until, nil
 }
 
 func (s *Server) claimTask(ctx context.Context, in *claimTaskInput) (*struct{ Body AgentTaskClaim }, error) {
@@ -101,8 +147,9 @@ func (s *Server) claimTask(ctx context.Context, in *claimTaskInput) (*struct{ Bo
 		// Step writes that leave steps out take the claim's count: keep it.
 		cp, err = store.SetSteps(ctx, l, cp, in.Body.Steps)
 	}
-	if err != nil || cp.Completed {
-		rctx, rcancel := cleanupContext(ctx) // nothing is held on error, nor for a completed task
+	asleep := err == nil && !cp.Completed && cp.SleepUntil.After(time.Now())
+	if err != nil || cp.Completed || asleep {
+		rctx, rcancel := cleanupContext(ctx) // nothing is held on error, nor for a completed or sleeping task
 		_ = l.Release(rctx)
 		rcancel()
 		if err != nil {
@@ -111,7 +158,11 @@ func (s *Server) claimTask(ctx context.Context, in *claimTaskInput) (*struct{ Bo
 	}
 	out := AgentTaskClaim{TaskID: in.ID, Session: in.Body.Session, Holder: l.Holder(), Step: cp.Step, StepName: cp.StepName,
 		Steps: cp.Steps, Completed: cp.Completed, State: cp.State, Result: agentTaskOf(cp).Result}
-	if !cp.Completed {
+	switch {
+	case asleep:
+		until := cp.SleepUntil
+		out.SleepUntil, out.NextStep = &until, cp.Step+1
+	case !cp.Completed:
 		exp := sess.lease.Deadline().UTC()
 		out.Token, out.ExpiresAt, out.NextStep = l.Token(), &exp, cp.Step+1
 	}
@@ -138,6 +189,10 @@ func (s *Server) putTaskStep(ctx context.Context, in *stepInput) (*agentTaskOutp
 	}
 	if b.Steps > 0 && in.N > b.Steps {
 		return nil, invalid("path.n", in.N, fmt.Sprintf("must be at most steps (%d)", b.Steps))
+	}
+	until, err := stepSleep(b.SleepFor, b.SleepUntil, b.Steps > 0 && in.N == b.Steps)
+	if err != nil {
+		return nil, err
 	}
 	f, err := s.claimFence(ctx, in.ID, b.Session, b.Token)
 	if err != nil {
@@ -178,12 +233,15 @@ func (s *Server) putTaskStep(ctx context.Context, in *stepInput) (*agentTaskOutp
 	now := time.Now().UTC()
 	next := task.Checkpoint{TaskID: in.ID, Step: in.N, StepName: name, Steps: steps, Completed: steps > 0 && in.N == steps,
 		State: b.State, Worker: f.holder.ID, Token: b.Token, At: now}
+	if !next.Completed {
+		next.SleepUntil = until
+	}
 	rec := task.StepRecord{Step: in.N, Name: name, Worker: f.holder.ID, Token: b.Token, StartedAt: started.UTC(), FinishedAt: now}
 	if err := store.Commit(ctx, f, cp, &next, rec); err != nil {
 		return nil, taskProblem(err)
 	}
-	if next.Completed {
-		s.releaseClaim(ctx, in.ID, f)
+	if next.Completed || !next.SleepUntil.IsZero() {
+		s.releaseClaim(ctx, in.ID, f) // done, or parked: nothing is held while it sleeps
 	}
 	return &agentTaskOutput{Body: agentTaskOf(next)}, nil
 }

@@ -23,6 +23,9 @@ type OutcomeInput struct {
 	Result    json.RawMessage `json:"result,omitempty" doc:"A success's result: any JSON value, at most 256 KiB."`
 	Error     string          `json:"error,omitempty" maxLength:"65536" doc:"A failure: what went wrong (kept in the task's history, the first 4 KiB)."`
 	Permanent bool            `json:"permanent,omitempty" doc:"A failure that retrying cannot help: the task goes to the dead-letter queue at once."`
+	// SleepFor and SleepUntil park the task instead.
+	SleepFor   string `json:"sleep_for,omitempty" maxLength:"64" doc:"Neither a success nor a failure: the task sleeps this long (a duration such as 10m, or seconds), SLEEPING with no claim, and is claimed again, its attempt not counted, when the sleep ends."`
+	SleepUntil string `json:"sleep_until,omitempty" maxLength:"64" doc:"As sleep_for, until this RFC 3339 time with its zone."`
 }
 
 type outcomesInput struct {
@@ -45,9 +48,9 @@ type OutcomeResult struct {
 	TaskID string `json:"task_id" doc:"The task."`
 	// Status is the HTTP status the outcome alone would have had.
 	Status      int          `json:"status" doc:"200: recorded; 409: the claim no longer holds (nothing written; the task runs, or ran, elsewhere); 404: no such task in the queue; 5xx: not recorded, try again."`
-	TaskStatus  queue.Status `json:"current_status,omitempty" enum:"SUCCEEDED,RETRYING,DEAD" doc:"The task's state the outcome left it in (on 200)."`
+	TaskStatus  queue.Status `json:"current_status,omitempty" enum:"SUCCEEDED,RETRYING,SLEEPING,DEAD" doc:"The task's state the outcome left it in (on 200)."`
 	Attempt     int          `json:"attempt,omitempty" doc:"The attempt the outcome ended (on 200)."`
-	ScheduledAt *time.Time   `json:"scheduled_at,omitempty" doc:"When a RETRYING task runs again."`
+	ScheduledAt *time.Time   `json:"scheduled_at,omitempty" doc:"When a RETRYING task runs again, or a SLEEPING one's sleep ends."`
 	Detail      string       `json:"detail,omitempty" doc:"Why the outcome was not recorded."`
 }
 
@@ -99,6 +102,9 @@ func (s *Server) reportOutcomes(ctx context.Context, in *outcomesInput) (*struct
 		}
 		os[i] = queue.Outcome{Held: queue.Held{Queue: in.Queue, ID: o.TaskID, Token: o.Token, Lease: lid},
 			Failed: failed, Error: o.Error, Permanent: o.Permanent}
+		if os[i].SleepUntil, err = outcomeSleep(i, o); err != nil {
+			return nil, err
+		}
 		if len(o.Result) > 0 && string(o.Result) != "null" {
 			os[i].Result = o.Result
 		}
@@ -133,6 +139,26 @@ func (s *Server) reportOutcomes(ctx context.Context, in *outcomesInput) (*struct
 	return &struct{ Body OutcomesResult }{out}, nil
 }
 
+// outcomeSleep reads the sleep outcome o (the i-th) asks for: when it
+// ends, now at the earliest (zero: none).
+func outcomeSleep(i int, o OutcomeInput) (time.Time, error) {
+	if o.SleepFor == "" && o.SleepUntil == "" {
+		return time.Time{}, nil
+	}
+	at := "body.outcomes[" + strconv.Itoa(i) + "]."
+	if o.Error != "" || len(o.Result) > 0 || o.OK != nil {
+		return time.Time{}, invalid(at+"sleep_for", nil, "must be alone: a task that sleeps neither succeeds (ok, result) nor fails (error)")
+	}
+	until, err := parseSleep(at, o.SleepFor, o.SleepUntil)
+	if err != nil {
+		return time.Time{}, err
+	}
+	if now := time.Now().UTC(); until.Before(now) {
+		until = now // a time past: due at once
+	}
+	return until, nil
+}
+
 // outcomeResultOf is r, the outcome of task id, as the API shows it.
 func outcomeResultOf(id string, r queue.Reported) OutcomeResult {
 	if r.Err != nil {
@@ -148,7 +174,7 @@ func outcomeResultOf(id string, r queue.Reported) OutcomeResult {
 		return OutcomeResult{TaskID: id, Status: http.StatusInternalServerError, Detail: "the outcome's fate is unknown: report it again"}
 	}
 	res := OutcomeResult{TaskID: id, Status: http.StatusOK, TaskStatus: t.CurrentStatus, Attempt: t.Attempt}
-	if t.CurrentStatus == queue.Retrying && !t.ScheduledAt.IsZero() {
+	if (t.CurrentStatus == queue.Retrying || t.CurrentStatus == queue.Sleeping) && !t.ScheduledAt.IsZero() {
 		at := t.ScheduledAt
 		res.ScheduledAt = &at
 	}

@@ -13,7 +13,7 @@ import (
 
 type listTasksInput struct {
 	Queue  string `path:"queue" minLength:"1" maxLength:"128" doc:"The queue's name."`
-	Status string `query:"status" enum:"SCHEDULED,PENDING,RUNNING,RETRYING,SUCCEEDED,DEAD,CANCELLED" default:"PENDING" doc:"The status of the tasks listed."`
+	Status string `query:"status" enum:"SCHEDULED,PENDING,RUNNING,RETRYING,SLEEPING,SUCCEEDED,DEAD,CANCELLED" default:"PENDING" doc:"The status of the tasks listed."`
 	Limit  int    `query:"limit" minimum:"1" maximum:"1000" default:"100" doc:"The most tasks on the page."`
 	After  string `query:"after" maxLength:"512" doc:"The next of the page before: the page starts after it."`
 }
@@ -60,7 +60,7 @@ func (s *Server) taskQueryRoutes(tags []string) {
 			return nil, problem(err, queueWhere)
 		}
 		return &struct{ Body QueueStats }{QueueStats{Queue: in.Queue, Pending: st.Pending, Running: st.Running, Retrying: st.Retrying,
-			Succeeded: st.Succeeded, Dead: st.Dead, Cancelled: st.Cancelled, Scheduled: st.Scheduled, Paused: st.Paused}}, nil
+			Succeeded: st.Succeeded, Dead: st.Dead, Cancelled: st.Cancelled, Scheduled: st.Scheduled, Paused: st.Paused, Sleeping: st.Sleeping}}, nil
 	})
 	huma.Register(s.api, huma.Operation{
 		OperationID: "cancel-queue-task", Method: http.MethodPost, Path: "/v1/queues/{queue}/tasks/{id}/cancel", Tags: tags,

@@ -27,6 +27,8 @@ type AgentTask struct {
 	WrittenBy    string     `json:"written_by,omitempty" doc:"The worker that wrote the checkpoint (a session's name, or a Go runner's worker id)."`
 	WrittenToken int64      `json:"written_token,omitempty" doc:"The claim's fencing token the checkpoint was written under."`
 	WrittenAt    *time.Time `json:"written_at,omitempty" doc:"When it was written."`
+	// SleepUntil says the task sleeps until then before its next step.
+	SleepUntil *time.Time `json:"sleep_until,omitempty" doc:"When the sleep the last step ended with ends: no claim is taken before (a claim then answers sleep_until and holds nothing). Absent when it does not sleep."`
 	// History lists the completed steps (GET only).
 	History []AgentTaskStep `json:"history,omitempty" doc:"Every completed step, in order: who ran it, under which token, when (GET only)."`
 	// Claim is who holds the task now (GET only).
@@ -46,17 +48,18 @@ type AgentTaskStep struct {
 // AgentTaskClaim is the answer to a claim: the token every write under the
 // claim names, and where to resume.
 type AgentTaskClaim struct {
-	TaskID    string      `json:"task_id" doc:"The task's id."`
-	Token     int64       `json:"token,omitempty" doc:"The claim's fencing token: pass it to every step write and to complete. Absent when the task is already completed (nothing is held)."`
-	Session   string      `json:"session" doc:"The session the claim is bound to: it lasts until released, completed or the session ends."`
-	Holder    lock.Holder `json:"holder" doc:"The holder record, as others see it."`
-	ExpiresAt *time.Time  `json:"expires_at,omitempty" doc:"When the claim ends unless the session is kept alive."`
-	Step      int         `json:"step" doc:"The last checkpointed step, 1-based; 0 before any."`
-	StepName  string      `json:"step_name,omitempty" doc:"The name of that step."`
-	Steps     int         `json:"steps,omitempty" doc:"How many steps the task has, when known."`
-	NextStep  int         `json:"next_step,omitempty" doc:"The step to run next: resume here. Absent when completed."`
-	Completed bool        `json:"completed" doc:"The task was completed before: nothing is claimed, state is its result."`
-	State     []byte      `json:"state,omitempty" doc:"The last checkpointed state, base64: the input of the next step."`
+	TaskID     string      `json:"task_id" doc:"The task's id."`
+	Token      int64       `json:"token,omitempty" doc:"The claim's fencing token: pass it to every step write and to complete. Absent when the task is already completed (nothing is held)."`
+	Session    string      `json:"session" doc:"The session the claim is bound to: it lasts until released, completed or the session ends."`
+	Holder     lock.Holder `json:"holder" doc:"The holder record, as others see it."`
+	ExpiresAt  *time.Time  `json:"expires_at,omitempty" doc:"When the claim ends unless the session is kept alive."`
+	Step       int         `json:"step" doc:"The last checkpointed step, 1-based; 0 before any."`
+	StepName   string      `json:"step_name,omitempty" doc:"The name of that step."`
+	Steps      int         `json:"steps,omitempty" doc:"How many steps the task has, when known."`
+	NextStep   int         `json:"next_step,omitempty" doc:"The step to run next: resume here. Absent when completed."`
+	Completed  bool        `json:"completed" doc:"The task was completed before: nothing is claimed, state is its result."`
+	SleepUntil *time.Time  `json:"sleep_until,omitempty" doc:"The task sleeps until then (its last step ended with a sleep): nothing is claimed; claim again at that time to run the next step."`
+	State      []byte      `json:"state,omitempty" doc:"The last checkpointed state, base64: the input of the next step."`
 	// Result repeats a completed task's final state when it is JSON.
 	Result json.RawMessage `json:"result,omitempty" doc:"A completed task's result as the JSON value it is, when its final state is JSON text; state holds the same bytes, base64."`
 }
@@ -85,6 +88,9 @@ type stepInput struct {
 		Name    string `json:"name,omitempty" maxLength:"200" doc:"The step's name; default \"step N\"."`
 		Steps   int    `json:"steps,omitempty" minimum:"1" maximum:"100000" doc:"How many steps the task has, if known: writing step number steps completes the task."`
 		State   []byte `json:"state" doc:"The state the step returned, base64; at most 1 MiB decoded."`
+		// SleepFor and SleepUntil end the step with a sleep.
+		SleepFor   string `json:"sleep_for,omitempty" maxLength:"64" doc:"End the step with a sleep this long (a duration such as 10m, or a number of seconds): the checkpoint is written, the claim released, and the next claim before the sleep ends holds nothing and answers sleep_until."`
+		SleepUntil string `json:"sleep_until,omitempty" maxLength:"64" doc:"End the step with a sleep until this RFC 3339 time, with its zone (2026-12-01T09:00:00Z); a time past sleeps not at all."`
 	}
 }
 
@@ -120,7 +126,7 @@ func (s *Server) taskRoutes() {
 		Summary: "Claim an agent task: one holder at a time, resume after its last checkpoint",
 		Description: "Takes the task's claim (the lock task:{id}, as a Go runner does) under the session and answers the fencing token, " +
 			"the last checkpointed step and its state. 409 while another holds it (?wait=10s waits in line) or a queue worker runs it. " +
-			"A completed task is not claimed: the answer says completed.",
+			"A completed task is not claimed: the answer says completed. Nor is a sleeping one: the answer says sleep_until.",
 		Errors: []int{http.StatusConflict, http.StatusNotFound},
 	}, s.claimTask)
 	huma.Register(s.api, huma.Operation{
@@ -128,7 +134,8 @@ func (s *Server) taskRoutes() {
 		Summary: "Checkpoint a step of a claimed task, fenced by the claim's token",
 		Description: "Writes step n's state and record in one transaction that commits only while the claim is held with the token: " +
 			"409 once it is lost (the session ended, another took over) and nothing is written. n must be the next step; " +
-			"repeating the last write is answered as it was. 507 while etcd is past its high-water mark.",
+			"repeating the last write is answered as it was. 507 while etcd is past its high-water mark. " +
+			"With sleep_for or sleep_until the step ends with a sleep: its checkpoint says when the sleep ends and the claim is released.",
 		MaxBodyBytes: maxStepBody,
 		// A large body may take as long to arrive as the route's bound.
 		BodyReadTimeout: bulkAllowance,

@@ -19,6 +19,7 @@
 //	/{ns}/queues/{q}/pending/{shard}/{level}{submitted}-{id} a task with a record of its own that waits to run
 //	/{ns}/queues/{q}/claims/{id}      the claim of a running task, bound to its worker's lease
 //	/{ns}/queues/{q}/retry/{due}-{id} a task waiting for its backoff (times: 19-digit Unix nanoseconds)
+//	/{ns}/queues/{q}/sleep/{due}-{id} a step task parked until its sleep ends
 //	/{ns}/queues/{q}/dead/{id}        a task in the dead-letter queue
 //	/{ns}/queues/{q}/done/{status}/{finished}-{id} a task that SUCCEEDED or was CANCELLED
 //	/{ns}/queues/{q}/archived         counts of finished tasks removed after their retention
@@ -198,6 +199,10 @@ func (s Space) QueueClaim(q, id string) string { return s.QueueClaims(q) + id }
 
 // QueueRetry is the prefix of queue q's retry schedule, ending in "/".
 func (s Space) QueueRetry(q string) string { return s.Queue(q) + "retry/" }
+
+// QueueSleep is the prefix of queue q's sleeping tasks, ending in "/":
+// keys "{due}-{id}", as the retry schedule's.
+func (s Space) QueueSleep(q string) string { return s.Queue(q) + "sleep/" }
 
 // QueueDead is the prefix of queue q's dead-letter queue, ending in "/".
 func (s Space) QueueDead(q string) string { return s.Queue(q) + "dead/" }

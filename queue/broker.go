@@ -146,6 +146,13 @@ func (b *broker) promoteDue(ctx context.Context, w *claimer, q string) (time.Tim
 	if err != nil {
 		return time.Time{}, err
 	}
+	nextSleep, _, err := b.client.sleepIndex(q, w.logger).Promote(ctx)
+	if err != nil {
+		return time.Time{}, err
+	}
+	if next.IsZero() || !nextSleep.IsZero() && nextSleep.Before(next) {
+		next = nextSleep
+	}
 	nextSeg, _, err := b.client.scheduledIndex(q).Promote(ctx)
 	if err != nil {
 		return time.Time{}, err
@@ -186,7 +193,7 @@ func (w *claimer) awaitWork(ctx context.Context, rev int64, d time.Duration, due
 	q := w.queue
 	wt := w.client.waitAfter(q, rev)
 	defer wt.Stop()
-	retries, dues := w.keys.QueueRetry(q), w.keys.QueueDue(q)
+	retries, dues, sleeps := w.keys.QueueRetry(q), w.keys.QueueDue(q), w.keys.QueueSleep(q)
 	for {
 		select {
 		case <-wt.C():
@@ -198,7 +205,7 @@ func (w *claimer) awaitWork(ctx context.Context, rev int64, d time.Duration, due
 				if ev.Type != clientv3.EventTypePut || !ev.IsCreate() {
 					continue
 				}
-				for _, pre := range []string{retries, dues} {
+				for _, pre := range []string{retries, dues, sleeps} {
 					if !strings.HasPrefix(string(ev.Kv.Key), pre) {
 						continue
 					}

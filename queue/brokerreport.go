@@ -26,6 +26,9 @@ type Outcome struct {
 	Failed    bool
 	Error     string
 	Permanent bool
+	// SleepUntil, when set, parks the task until then instead: SLEEPING,
+	// its attempt not counted, and claimed again once it falls due.
+	SleepUntil time.Time
 }
 
 // Reported is how one outcome of a Report went: Task is the task as the
@@ -49,6 +52,9 @@ func (o Outcome) check() error {
 	}
 	if o.Failed && len(o.Result) > 0 {
 		return &drover.InputError{Field: "result", Rule: "must be absent from a failure"}
+	}
+	if !o.SleepUntil.IsZero() && (o.Failed || len(o.Result) > 0) {
+		return &drover.InputError{Field: "sleep", Rule: "must be alone: a task that sleeps neither succeeds nor fails"}
 	}
 	return nil
 }
@@ -178,6 +184,7 @@ func (b *broker) reportRecord(ctx context.Context, o Outcome) Reported {
 		return Reported{Err: err}
 	}
 	switch {
+	case !o.SleepUntil.IsZero():
 	case !o.Failed:
 		succeeded(t, o.Result)
 	case t.CurrentStatus == Retrying:
@@ -190,6 +197,9 @@ func (b *broker) reportRecord(ctx context.Context, o Outcome) Reported {
 // retry after the task's backoff, or the dead-letter queue (a permanent
 // failure, or one past the retry budget).
 func decideOutcome(w *Worker, t *Task, o Outcome) outcome {
+	if !o.SleepUntil.IsZero() {
+		return outcome{kind: Sleeping, until: o.SleepUntil}
+	}
 	if !o.Failed {
 		return outcome{kind: Succeeded, result: o.Result}
 	}

@@ -16,7 +16,8 @@
 // cancellation) gets a record of its own, moved there in the same fenced
 // transaction that records the outcome, with the per-task keys: a pending
 // key, a claim key bound to the lease while it runs, a retry key while it
-// waits for its backoff, dead and done keys once finished. Because claims
+// waits for its backoff (a sleep key while a step task sleeps: see
+// Steps), dead and done keys once finished. Because claims
 // are lease-bound, a worker that dies releases its tasks by itself when
 // its lease expires: no reaper, no timeout to tune. Every write a worker
 // makes about a task is fenced by its claim's create revision (a run's,

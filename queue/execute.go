@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/internal/proc"
 	"github.com/droverhq/drover/lease"
 	"github.com/droverhq/drover/lock"
@@ -113,14 +114,8 @@ func (w *Worker) execute(base context.Context, c *claim) outcome {
 	hctx := context.WithValue(tctx, claimKey{}, &claimFence{w: w, c: c, cancel: cancel, ctx: ctx})
 	began := time.Now()
 	result, err := call(hctx, h, t)
-	for _, d := range dones {
-		d(err)
-	}
-	outcomeLabel := "succeeded"
-	if err != nil {
-		outcomeLabel = "failed"
-	}
-	metrics.TaskDuration.WithLabelValues(t.Queue, t.Type, outcomeLabel).Observe(time.Since(began).Seconds())
+	admitted(dones, err)
+	metrics.TaskDuration.WithLabelValues(t.Queue, t.Type, outcomeLabel(err)).Observe(time.Since(began).Seconds())
 	cause := context.Cause(tctx)
 	switch {
 	case err == nil && len(result) > MaxResult:
@@ -136,6 +131,9 @@ func (w *Worker) execute(base context.Context, c *claim) outcome {
 	case errors.Is(cause, lock.ErrLost):
 		return outcome{c: c, kind: Cancelled, err: cause} // the claim is gone: an outcome would be refused
 	}
+	if o, ok := w.asleep(c, &err); ok {
+		return o
+	}
 	if errors.Is(cause, ErrTimeout) && !errors.Is(err, ErrTimeout) {
 		err = fmt.Errorf("%w after %s: %w", ErrTimeout, timeout, err)
 	}
@@ -143,6 +141,28 @@ func (w *Worker) execute(base context.Context, c *claim) outcome {
 		return outcome{c: c, kind: Dead, err: err}
 	}
 	return outcome{c: c, kind: Retrying, err: err, delay: w.backoff(t)}
+}
+
+// outcomeLabel is the outcome label of a handler's duration.
+func outcomeLabel(err error) string {
+	switch {
+	case isSleep(err):
+		return "slept"
+	case err != nil:
+		return "failed"
+	}
+	return "succeeded"
+}
+
+// admitted tells the flow control gates that admitted a task how its
+// handler ended: a sleep is no failure (a breaker does not count it).
+func admitted(dones []func(error), err error) {
+	if isSleep(err) {
+		err = nil
+	}
+	for _, d := range dones {
+		d(err)
+	}
 }
 
 // call runs h, turning a panic into a permanent failure that carries the
@@ -290,6 +310,12 @@ const DefaultMaxOutput = MaxResult
 // DROVER_TASK_ID, DROVER_TASK_TYPE, DROVER_ATTEMPT and DROVER_CLAIM_TOKEN in
 // its environment; its standard error goes to stderr, and the last 2 KiB of
 // it to the task's error.
+//
+// Under a worker a run is also a step of its task: DROVER_STEP says which,
+// DROVER_STATE_FILE holds the state the step before printed, and a run
+// that writes a sleep to DROVER_SLEEP_FILE and exits 0 has its output
+// checkpointed and the task parked until the sleep ends (see Steps); the
+// next run is the next step.
 func ExecHandler(argv []string, maxOutput int, grace time.Duration, stderr *os.File) Handler {
 	if maxOutput <= 0 {
 		maxOutput = DefaultMaxOutput
@@ -302,9 +328,15 @@ func ExecHandler(argv []string, maxOutput int, grace time.Duration, stderr *os.F
 		if err != nil {
 			return nil, Permanent(fmt.Errorf("encode task: %w", err))
 		}
+		step, err := prepareExecStep(ctx, t)
+		if err != nil {
+			return nil, err
+		}
+		defer step.cleanup()
 		cmd := exec.Command(argv[0], argv[1:]...)
 		cmd.Env = append(os.Environ(), "DROVER_TASK_ID="+t.ID, "DROVER_TASK_TYPE="+t.Type,
 			"DROVER_ATTEMPT="+strconv.Itoa(t.Attempt), "DROVER_CLAIM_TOKEN="+strconv.FormatInt(t.Token, 10))
+		cmd.Env = append(cmd.Env, step.env()...)
 		cmd.Stdin = bytes.NewReader(in)
 		out := &boundedBuffer{limit: maxOutput}
 		tail := &tailBuffer{limit: 2048}
@@ -323,7 +355,7 @@ func ExecHandler(argv []string, maxOutput int, grace time.Duration, stderr *os.F
 		case out.over:
 			return nil, Permanent(fmt.Errorf("%s printed %d bytes, over the %d-byte result limit", argv[0], out.total, maxOutput))
 		case waitErr == nil:
-			return out.Bytes(), nil
+			return step.finish(ctx, t, out.Bytes())
 		}
 		var ee *exec.ExitError
 		msg := waitErr.Error()
@@ -457,16 +489,26 @@ func ClaimFence(ctx context.Context) lease.Fence {
 // resumes after the last checkpointed step instead of starting over. The
 // result is the last step's state. A step's error fails the attempt (and is
 // retried like any handler error).
+//
+// A step that ends with task.Sleep or task.SleepUntil parks the task once
+// its checkpoint is written: the claim is given up, the task is SLEEPING
+// on the queue's due index (no worker slot, no lease, no goroutine holds
+// it), and any worker of the queue resumes it at the next step when the
+// sleep ends on the worker's clock. The sleep costs no attempt.
 func Steps(store *task.Store, steps ...task.Step) Handler {
 	return func(ctx context.Context, t *Task) ([]byte, error) {
 		f, ok := ctx.Value(claimKey{}).(*claimFence)
 		if !ok {
 			return nil, Permanent(errors.New("queue.Steps handler run outside a worker"))
 		}
-		res, err := store.RunSteps(ctx, f, t.ID, steps, task.StepConfig{Worker: f.w.worker, Initial: t.Parameters})
+		res, err := store.RunSteps(ctx, f, t.ID, steps, task.StepConfig{Worker: f.w.worker, Initial: t.Parameters, Now: f.w.client.now})
+		if err == nil && !res.SleepingUntil.IsZero() {
+			return nil, &parked{until: res.SleepingUntil}
+		}
 		if err != nil {
 			var tl *task.StateTooLargeError
-			if errors.As(err, &tl) || errors.Is(err, task.ErrStepsChanged) {
+			var bad *drover.InputError
+			if errors.As(err, &tl) || errors.Is(err, task.ErrStepsChanged) || errors.As(err, &bad) {
 				return nil, Permanent(err)
 			}
 			return nil, err

@@ -19,15 +19,16 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// promoteDue moves queue q's due retries back to pending and its due
-// scheduled segments to the open segments, until ctx ends: one watch and
+// promoteDue moves queue q's due retries and sleeping tasks back to pending
+// and its due scheduled segments to the open segments, until ctx ends: one watch and
 // one timer each (package internal/due). Several workers may race for one
 // item; each move is a transaction that only one wins.
 func (w *Worker) promoteDue(ctx context.Context) {
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	wg.Add(1)
+	wg.Add(2)
 	go func() { defer wg.Done(); w.client.scheduledIndex(w.cfg.Queue).Run(ctx) }()
+	go func() { defer wg.Done(); w.client.sleepIndex(w.cfg.Queue, w.logger).Run(ctx) }()
 	w.client.retryIndex(w.cfg.Queue, w.logger).Run(ctx)
 }
 
@@ -163,7 +164,7 @@ func (w *Worker) countDepth(ctx context.Context) {
 		if st, err := w.client.Stats(ctx, w.cfg.Queue); err == nil {
 			q := w.cfg.Queue
 			for state, n := range map[string]int64{"pending": st.Pending, "running": st.Running, "retrying": st.Retrying,
-				"succeeded": st.Succeeded, "dead": st.Dead, "cancelled": st.Cancelled, "scheduled": st.Scheduled} {
+				"succeeded": st.Succeeded, "dead": st.Dead, "cancelled": st.Cancelled, "scheduled": st.Scheduled, "sleeping": st.Sleeping} {
 				metrics.QueueTasks.WithLabelValues(q, state).Set(float64(n))
 			}
 			metrics.QueuePaused.WithLabelValues(q).Set(map[bool]float64{true: 1}[st.Paused])

@@ -115,7 +115,8 @@ func mergeByID(ids []string, a, b []*Task) []*Task {
 
 // resolve sets each task's CurrentStatus from where its keys are: a claim
 // means RUNNING; otherwise a terminal status in the record stands; otherwise
-// a retry key means RETRYING and a pending key PENDING. It reads at most
+// a retry key means RETRYING (a sleep key, for a record that says so,
+// SLEEPING) and a pending key PENDING. It reads at most
 // readBatch tasks' keys per transaction.
 func (c *Client) resolve(ctx context.Context, tasks []*Task) error {
 	for len(tasks) > readBatch {
@@ -132,7 +133,7 @@ func (c *Client) resolve(ctx context.Context, tasks []*Task) error {
 		ops = append(ops,
 			clientv3.OpGet(c.keys.QueueClaim(t.Queue, t.ID)),
 			clientv3.OpGet(c.pendingKey(t), clientv3.WithKeysOnly()),
-			clientv3.OpGet(c.retryKey(t), clientv3.WithCountOnly()))
+			clientv3.OpGet(c.waitKey(t), clientv3.WithCountOnly()))
 	}
 	resp, err := c.cli.Txn(ctx).Then(ops...).Commit()
 	if err != nil {
@@ -153,6 +154,7 @@ func (c *Client) resolve(ctx context.Context, tasks []*Task) error {
 			_ = json.Unmarshal(claim[0].Value, &cv)
 			t.CurrentStatus, t.Attempt, t.Token = Running, cv.Attempt, claim[0].CreateRevision
 		case t.CurrentStatus.Terminal():
+		case retry && t.CurrentStatus == Sleeping:
 		case retry:
 			t.CurrentStatus = Retrying
 		case pending:
@@ -317,12 +319,14 @@ func (c *Client) statusPrefix(q string, st Status) (string, error) {
 		return c.keys.QueueClaims(q), nil
 	case Retrying:
 		return c.keys.QueueRetry(q), nil
+	case Sleeping:
+		return c.keys.QueueSleep(q), nil
 	case Dead:
 		return c.keys.QueueDead(q), nil
 	case Succeeded, Cancelled:
 		return c.keys.QueueDone(q, string(st)), nil // "{finished}-{id}"
 	}
-	return "", &drover.InputError{Field: "status", Value: string(st), Rule: "must be SCHEDULED, PENDING, RUNNING, RETRYING, SUCCEEDED, DEAD or CANCELLED"}
+	return "", &drover.InputError{Field: "status", Value: string(st), Rule: "must be SCHEDULED, PENDING, RUNNING, RETRYING, SLEEPING, SUCCEEDED, DEAD or CANCELLED"}
 }
 
 // idOfIndexKey returns the task id of key in the index of status st.
@@ -330,7 +334,7 @@ func idOfIndexKey(st Status, key, prefix string) string {
 	switch st {
 	case Pending:
 		return pendingID(key, prefix)
-	case Retrying, Succeeded, Cancelled: // "{time}-{id}"
+	case Retrying, Sleeping, Succeeded, Cancelled: // "{time}-{id}"
 		_, id, _ := keyspace.ParseTimedKey(prefix, key)
 		return id
 	}
@@ -367,15 +371,20 @@ type Stats struct {
 	// Paused: the queue is paused (Client.Pause); no claim of its tasks
 	// commits until it is resumed.
 	Paused bool `json:"paused"`
+	// Sleeping counts the step tasks parked until their sleep ends.
+	Sleeping int64 `json:"sleeping"`
 }
 
 // Total is the sum of every count.
 func (s Stats) Total() int64 {
-	return s.Scheduled + s.Pending + s.Running + s.Retrying + s.Succeeded + s.Dead + s.Cancelled
+	return s.Scheduled + s.Pending + s.Running + s.Retrying + s.Sleeping + s.Succeeded + s.Dead + s.Cancelled
 }
 
-// Unfinished counts tasks that are scheduled, pending, running or retrying.
-func (s Stats) Unfinished() int64 { return s.Scheduled + s.Pending + s.Running + s.Retrying }
+// Unfinished counts tasks that are scheduled, pending, running, retrying
+// or sleeping.
+func (s Stats) Unfinished() int64 {
+	return s.Scheduled + s.Pending + s.Running + s.Retrying + s.Sleeping
+}
 
 // Stats counts queue q's tasks by status, in one read transaction.
 func (c *Client) Stats(ctx context.Context, q string) (Stats, error) {
@@ -388,7 +397,7 @@ func (c *Client) Stats(ctx context.Context, q string) (Stats, error) {
 	ops := []clientv3.Op{
 		count(c.keys.QueuePending(q)), count(c.keys.QueueClaims(q)), count(c.keys.QueueRetry(q)),
 		count(c.keys.QueueDone(q, string(Succeeded))), count(c.keys.QueueDead(q)), count(c.keys.QueueDone(q, string(Cancelled))),
-		clientv3.OpGet(c.keys.QueueArchived(q)), clientv3.OpGet(c.keys.QueuePaused(q), clientv3.WithCountOnly()),
+		clientv3.OpGet(c.keys.QueueArchived(q)), clientv3.OpGet(c.keys.QueuePaused(q), clientv3.WithCountOnly()), count(c.keys.QueueSleep(q)),
 	}
 	resp, err := c.cli.Txn(ctx).Then(append(ops, c.segmentStatsOps(q)...)...).Commit()
 	if err != nil {
@@ -401,7 +410,7 @@ func (c *Client) Stats(ctx context.Context, q string) (Stats, error) {
 	}
 	scheduled, pending, running, succeeded := c.segmentStats(q, resp.Responses[len(ops):])
 	return Stats{Scheduled: scheduled, Pending: n(0) - n(1) + pending, Running: n(1) + running, Retrying: n(2), Succeeded: n(3) + arch.Succeeded + succeeded + arch.SegmentSucceeded,
-		Dead: n(4), Cancelled: n(5) + arch.Cancelled, Paused: n(7) > 0}, nil
+		Dead: n(4), Cancelled: n(5) + arch.Cancelled, Paused: n(7) > 0, Sleeping: n(8)}, nil
 }
 
 // Terminal reports whether st is a final status: SUCCEEDED, DEAD or

@@ -280,6 +280,9 @@ func (w *Worker) recordOps(o outcome, now time.Time, markers map[string]bool) ([
 	if !seg {
 		pendingKey = c.pendingKey
 	}
+	if o.kind == Sleeping { // parked until its sleep ends, uncharged
+		return w.sleepOps(o, pendingKey, seg, now, ops)
+	}
 	if o.kind == Pending && o.deferred != "" { // deferred by flow control: back after the delay, uncharged
 		// Each deferral in a row doubles the delay (up to 16x, 30 s at
 		// most), so a backlog held off by a quota or breaker does not keep

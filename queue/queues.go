@@ -104,7 +104,7 @@ func (c *Client) DeleteQueue(ctx context.Context, q string, progress func(done i
 		return 0, fmt.Errorf("%w: queue %s has %d running tasks; stop its workers or cancel those tasks (drover tasks list --queue %s --status RUNNING), then delete it", ErrQueueBusy, q, st.Running, q)
 	}
 	n := 0
-	for _, s := range []Status{Scheduled, Pending, Retrying, Dead, Succeeded, Cancelled} {
+	for _, s := range []Status{Scheduled, Pending, Retrying, Sleeping, Dead, Succeeded, Cancelled} {
 		base := n
 		k, err := c.Purge(ctx, q, s, nil, func(done int) {
 			if progress != nil {

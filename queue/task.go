@@ -30,6 +30,9 @@ const (
 	// Scheduled is a task submitted to run later (RunAt or Delay) whose
 	// time has not come: no worker claims it before.
 	Scheduled Status = "SCHEDULED"
+	// Sleeping is a step task parked until the sleep its last step ended
+	// with is over: it holds no claim, and no worker claims it before.
+	Sleeping Status = "SLEEPING"
 )
 
 // Limits and defaults.

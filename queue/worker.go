@@ -325,10 +325,11 @@ type claim struct {
 // outcome is how an attempt ended, to be written by the acker.
 type outcome struct {
 	c      *claim
-	kind   Status // Succeeded, Retrying, Dead, or Pending (handed back)
+	kind   Status // Succeeded, Retrying, Dead, Sleeping, or Pending (handed back)
 	result []byte
 	err    error
 	delay  time.Duration
+	until  time.Time // when a Sleeping task falls due
 	// deferred is why flow control handed the task back (with delay), ""
 	// otherwise.
 	deferred string

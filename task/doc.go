@@ -20,6 +20,13 @@
 //   - marks the task completed in the same transaction as the last
 //     checkpoint, so a finished task never starts again.
 //
+// A step can end with a sleep: it returns its state with Sleep(d) or
+// SleepUntil(t) as its error. The state is checkpointed with the time the
+// sleep ends, the run stops and lets the task go (Run returns with
+// Result.SleepingUntil set and the lock released), and no run goes on to
+// the next step before that time. From a queue (queue.Steps) the task is
+// parked on the queue's due index and any worker resumes it then.
+//
 // Checkpoint state is meant to be small metadata (1 MiB by default, at most
 // [MaxStateLimit]): etcd holds it in every member's memory and log. Put large
 // state (documents, transcripts, embeddings) in an object store or

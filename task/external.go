@@ -120,7 +120,7 @@ func (s *Store) Complete(ctx context.Context, f lease.Fence, id string, result [
 		return cp, err
 	}
 	next := cp
-	next.Completed, next.Worker, next.Token, next.At = true, worker, f.Token(), time.Now().UTC()
+	next.Completed, next.Worker, next.Token, next.At, next.SleepUntil = true, worker, f.Token(), time.Now().UTC(), time.Time{}
 	if result != nil {
 		next.State = result
 	}

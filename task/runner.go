@@ -24,6 +24,7 @@ const (
 	EventResumed          EventType = "resumed"           // Step is the first step this run will do
 	EventStepStarted      EventType = "step_started"      // Step, Name
 	EventStepCheckpointed EventType = "step_checkpointed" // Step, Name: the checkpoint is written
+	EventSleeping         EventType = "sleeping"          // Step ended with a sleep until Until: the task is let go
 	EventCompleted        EventType = "completed"         // the last step is checkpointed
 	EventAlreadyCompleted EventType = "already_completed" // nothing left to do
 	EventLost             EventType = "lost"              // the lock was lost; Err says why
@@ -39,6 +40,8 @@ type Event struct {
 	Token  int64     `json:"token,omitempty"`
 	At     time.Time `json:"at"`
 	Err    string    `json:"error,omitempty"`
+	// Until is when the sleep of a "sleeping" event ends.
+	Until time.Time `json:"until,omitzero"`
 }
 
 // RunnerConfig configures a Runner. The zero value is valid.
@@ -75,6 +78,9 @@ type RunnerConfig struct {
 	OnEvent func(Event)
 	// Logger; nil means slog.Default().
 	Logger *slog.Logger
+	// Now is the clock steps' sleeps are counted and judged by; nil means
+	// time.Now.
+	Now func() time.Time
 }
 
 // Validate reports the first field that is not usable.
@@ -118,6 +124,7 @@ type Runner struct {
 	limit      int
 	onEvent    func(Event)
 	logger     *slog.Logger
+	now        func() time.Time
 }
 
 // NewRunner returns a runner on cli. Close it to release its lease.
@@ -137,7 +144,7 @@ func NewRunner(ctx context.Context, cli *clientv3.Client, cfg RunnerConfig) (*Ru
 	if limit == 0 {
 		limit = DefaultStateLimit
 	}
-	r := &Runner{store: store, worker: lock.NewHolder(cfg.WorkerID).ID, limit: limit, onEvent: cfg.OnEvent, logger: logger}
+	r := &Runner{store: store, worker: lock.NewHolder(cfg.WorkerID).ID, limit: limit, onEvent: cfg.OnEvent, logger: logger, now: cfg.Now}
 	switch l := cfg.Locker.(type) {
 	case nil:
 		locker, err := lock.NewEtcd(ctx, cli, lock.EtcdConfig{Namespace: cfg.Namespace, TTL: cfg.TTL, Lease: cfg.Lease, HolderID: cfg.WorkerID, Logger: logger})
@@ -201,6 +208,11 @@ type Result struct {
 	AlreadyCompleted bool
 	// State is the final state.
 	State []byte
+	// SleepingUntil, when set, says the run stopped because the task
+	// sleeps until then: a step ended with a SleepRequest (its state
+	// checkpointed), or the checkpoint loaded was still asleep. Nothing is
+	// held; run the task again at that time to resume it.
+	SleepingUntil time.Time
 }
 
 // CheckSteps returns a drover.InputError unless steps is a usable step list:
@@ -234,6 +246,13 @@ func CheckSteps(steps []Step) error {
 // state (ErrStateTooLarge), a full store (drover.ErrStoreFull: the step ran
 // but its checkpoint was not written, so a later Run starts at that step),
 // or ctx's. The task's lock is released when Run returns.
+//
+// A step that ends with a SleepRequest (Sleep, SleepUntil) ends the run
+// once its checkpoint is written: Run returns a nil error with
+// Result.SleepingUntil set, and the lock is released, so nothing is held
+// while the task sleeps. Run it again at that time (from any worker) to
+// resume at the next step; a Run before then returns at once the same
+// way, running nothing.
 func (r *Runner) Run(ctx context.Context, id string, steps []Step) (Result, error) {
 	if err := CheckID(id); err != nil {
 		return Result{}, err
@@ -258,7 +277,7 @@ func (r *Runner) Run(ctx context.Context, id string, steps []Step) (Result, erro
 	defer cancel(nil)
 	stop := context.AfterFunc(lctx, func() { cancel(context.Cause(lctx)) })
 	defer stop()
-	return r.store.RunSteps(runCtx, f, id, steps, StepConfig{Worker: r.worker, StateLimit: r.limit, OnEvent: r.emit})
+	return r.store.RunSteps(runCtx, f, id, steps, StepConfig{Worker: r.worker, StateLimit: r.limit, OnEvent: r.emit, Now: r.now})
 }
 
 // claim waits in line for task id's lock, then for a queue worker running
@@ -292,6 +311,9 @@ type StepConfig struct {
 	// OnEvent, if set, receives every event (Worker is filled in by the
 	// caller's own emitter).
 	OnEvent func(Event)
+	// Now is the clock that sleeps are counted and judged by; nil means
+	// time.Now.
+	Now func() time.Time
 }
 
 // RunSteps runs task id's steps under fence f, which the caller holds (a
@@ -300,17 +322,24 @@ type StepConfig struct {
 // transaction fenced by f. ctx is what the steps get; the caller ends it when
 // f is lost. This is the one implementation of step-wise resume, shared by
 // Runner and by queue handlers.
+//
+// A step that ends with a SleepRequest has its state checkpointed with the
+// time the sleep ends, and RunSteps returns with Result.SleepingUntil set;
+// so it does, running nothing, when the checkpoint's sleep has not ended
+// on cfg.Now's clock.
 func (s *Store) RunSteps(ctx context.Context, f lease.Fence, id string, steps []Step, cfg StepConfig) (Result, error) {
 	if err := CheckSteps(steps); err != nil {
 		return Result{}, err
 	}
-	emit := cfg.OnEvent
-	if emit == nil {
-		emit = func(Event) {}
+	r := stepRun{s: s, f: f, id: id, steps: steps, cfg: cfg, emit: cfg.OnEvent, now: cfg.Now, limit: cfg.StateLimit}
+	if r.emit == nil {
+		r.emit = func(Event) {}
 	}
-	limit := cfg.StateLimit
-	if limit <= 0 {
-		limit = DefaultStateLimit
+	if r.now == nil {
+		r.now = time.Now
+	}
+	if r.limit <= 0 {
+		r.limit = DefaultStateLimit
 	}
 	res := Result{TaskID: id, Token: f.Token()}
 	cp, err := s.Load(ctx, id)
@@ -320,54 +349,91 @@ func (s *Store) RunSteps(ctx context.Context, f lease.Fence, id string, steps []
 	res.State = cp.State
 	if cp.Completed {
 		res.AlreadyCompleted = true
-		emit(Event{Type: EventAlreadyCompleted, TaskID: id, Step: cp.Step})
+		r.emit(Event{Type: EventAlreadyCompleted, TaskID: id, Step: cp.Step})
 		return res, nil
 	}
 	if cp.Step > 0 && cp.Steps != len(steps) {
 		return res, fmt.Errorf("task %s: checkpoint at step %d of %d, but %d steps were given: %w", id, cp.Step, cp.Steps, len(steps), ErrStepsChanged)
 	}
+	if cp.SleepUntil.After(r.now()) {
+		res.SleepingUntil = cp.SleepUntil
+		r.emit(Event{Type: EventSleeping, TaskID: id, Step: cp.Step, Name: cp.StepName, Until: cp.SleepUntil})
+		return res, nil
+	}
 	if cp.Step == 0 {
 		cp.State = cfg.Initial
 	}
 	res.ResumedFrom = cp.Step + 1
-	emit(Event{Type: EventResumed, TaskID: id, Step: res.ResumedFrom, Name: steps[cp.Step].Name})
-	lostErr := f.Err
+	r.emit(Event{Type: EventResumed, TaskID: id, Step: res.ResumedFrom, Name: steps[cp.Step].Name})
 	for i := cp.Step; i < len(steps); i++ {
-		n, step := i+1, steps[i]
-		started := time.Now()
-		emit(Event{Type: EventStepStarted, TaskID: id, Step: n, Name: step.Name, Token: f.Token()})
-		state, err := step.Run(ctx, cp.State)
+		next, err := r.step(ctx, i, cp)
 		if err != nil {
-			if lerr := lostErr(); lerr != nil {
-				emit(Event{Type: EventLost, TaskID: id, Step: n, Name: step.Name, Err: lerr.Error()})
-				return res, fmt.Errorf("task %s step %d (%s): %w", id, n, step.Name, lerr)
-			}
-			return res, &StepError{TaskID: id, Step: n, Name: step.Name, Err: err}
-		}
-		if len(state) > limit {
-			return res, &StateTooLargeError{TaskID: id, Step: n, Name: step.Name, Size: len(state), Limit: limit}
-		}
-		next := Checkpoint{TaskID: id, Step: n, StepName: step.Name, Steps: len(steps), Completed: n == len(steps),
-			State: state, Worker: cfg.Worker, Token: f.Token(), At: time.Now().UTC()}
-		rec := StepRecord{Step: n, Name: step.Name, Worker: cfg.Worker, Token: f.Token(), StartedAt: started.UTC(), FinishedAt: next.At}
-		// The fence, not the step's context, decides whether this write
-		// counts: commit even if the context ended as the step finished.
-		cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		err = s.Commit(cctx, f, cp, &next, rec)
-		ccancel()
-		if err != nil {
-			if errors.Is(err, lock.ErrFenced) {
-				emit(Event{Type: EventLost, TaskID: id, Step: n, Name: step.Name, Err: err.Error()})
-			}
 			return res, err
 		}
 		cp = next
 		res.StepsRun++
-		res.State = state
-		emit(Event{Type: EventStepCheckpointed, TaskID: id, Step: n, Name: step.Name, Token: f.Token()})
+		res.State = next.State
+		if !next.SleepUntil.IsZero() {
+			res.SleepingUntil = next.SleepUntil
+			r.emit(Event{Type: EventSleeping, TaskID: id, Step: next.Step, Name: next.StepName, Until: next.SleepUntil})
+			return res, nil
+		}
 	}
-	emit(Event{Type: EventCompleted, TaskID: id, Step: len(steps)})
+	r.emit(Event{Type: EventCompleted, TaskID: id, Step: len(steps)})
 	return res, nil
+}
+
+// stepRun is one RunSteps call.
+type stepRun struct {
+	s     *Store
+	f     lease.Fence
+	id    string
+	steps []Step
+	cfg   StepConfig
+	emit  func(Event)
+	now   func() time.Time
+	limit int
+}
+
+// step runs step i+1 after checkpoint cp and writes its checkpoint, which
+// it returns; a sleep the step asked for is in its SleepUntil.
+func (r *stepRun) step(ctx context.Context, i int, cp Checkpoint) (Checkpoint, error) {
+	n, step, id, f := i+1, r.steps[i], r.id, r.f
+	started := time.Now()
+	r.emit(Event{Type: EventStepStarted, TaskID: id, Step: n, Name: step.Name, Token: f.Token()})
+	state, err := step.Run(ctx, cp.State)
+	var until time.Time
+	if sl, ok := sleepOf(err); ok && err != nil {
+		if until, err = sl.Due(r.now()); err == nil && (n == len(r.steps) || !until.After(r.now())) {
+			until = time.Time{} // nothing follows, or the time is past: no sleep
+		}
+	}
+	if err != nil {
+		if lerr := f.Err(); lerr != nil {
+			r.emit(Event{Type: EventLost, TaskID: id, Step: n, Name: step.Name, Err: lerr.Error()})
+			return cp, fmt.Errorf("task %s step %d (%s): %w", id, n, step.Name, lerr)
+		}
+		return cp, &StepError{TaskID: id, Step: n, Name: step.Name, Err: err}
+	}
+	if len(state) > r.limit {
+		return cp, &StateTooLargeError{TaskID: id, Step: n, Name: step.Name, Size: len(state), Limit: r.limit}
+	}
+	next := Checkpoint{TaskID: id, Step: n, StepName: step.Name, Steps: len(r.steps), Completed: n == len(r.steps),
+		State: state, SleepUntil: until, Worker: r.cfg.Worker, Token: f.Token(), At: time.Now().UTC()}
+	rec := StepRecord{Step: n, Name: step.Name, Worker: r.cfg.Worker, Token: f.Token(), StartedAt: started.UTC(), FinishedAt: next.At}
+	// The fence, not the step's context, decides whether this write
+	// counts: commit even if the context ended as the step finished.
+	cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	err = r.s.Commit(cctx, f, cp, &next, rec)
+	ccancel()
+	if err != nil {
+		if errors.Is(err, lock.ErrFenced) {
+			r.emit(Event{Type: EventLost, TaskID: id, Step: n, Name: step.Name, Err: err.Error()})
+		}
+		return cp, err
+	}
+	r.emit(Event{Type: EventStepCheckpointed, TaskID: id, Step: n, Name: step.Name, Token: f.Token()})
+	return next, nil
 }
 
 // CheckpointedUpTo says in words that steps 1..n are checkpointed, for

@@ -101,6 +101,9 @@ type Checkpoint struct {
 	Completed bool `json:"completed"`
 	// State is what the last completed step returned.
 	State []byte `json:"state,omitempty"`
+	// SleepUntil, when set, is when the sleep the last completed step
+	// ended with ends: the next step runs no earlier (see SleepRequest).
+	SleepUntil time.Time `json:"sleep_until,omitzero"`
 	// Worker and Token say who wrote the checkpoint, under which fencing
 	// token.
 	Worker string    `json:"worker,omitempty"`

@@ -1,6 +1,6 @@
 // Package due is drover's one timer for everything that becomes due at a
-// time: a queue's delayed segments, its retries' backoff, the schedules'
-// ticks, and later the sleeping steps.
+// time: a queue's delayed segments, its retries' backoff, its sleeping
+// step tasks, and the schedules' ticks.
 //
 // An item is a key of an index in etcd, "{prefix}{due:019d}-{name}" (Unix
 // nanoseconds, so keys sort by due time), whose value the index's owner

@@ -20,6 +20,8 @@ export interface AgentTaskClaim {
   /** A completed task's result as the JSON value it is, when its final state is JSON text. */
   result?: unknown;
   completed: boolean;
+  /** The task sleeps until then (RFC 3339): nothing is claimed; claim again at that time. */
+  sleep_until?: string;
 }
 
 /** An agent task as the server shows it. */
@@ -37,6 +39,8 @@ export interface AgentTask {
   written_by?: string;
   written_token?: number;
   written_at?: string;
+  /** When the sleep the last step ended with ends (RFC 3339); absent when it does not sleep. */
+  sleep_until?: string;
   history?: { step: number; name: string; worker: string; token: number; started_at: string; finished_at: string }[] | null;
   claim?: LockStatus;
 }
@@ -52,8 +56,37 @@ export interface StepContext {
   session: Session;
 }
 
-/** One step: a function of the previous step's state (the input for step 1). */
-export type StepFn<S = unknown> = (state: S, ctx: StepContext) => S | Promise<S>;
+/**
+ * What a step returns to end with a sleep: its state is checkpointed with
+ * the time the sleep ends, the claim is released, and the next step runs
+ * no earlier than that, wherever the task is run next. Make one with
+ * {@link sleepFor} or {@link sleepUntil}.
+ */
+export class Sleep<S = unknown> {
+  /** @internal use {@link sleepFor} or {@link sleepUntil} */
+  constructor(
+    readonly state: S,
+    /** How long, in seconds or as a duration ("10m"). */
+    readonly duration?: number | string,
+    /** Until when: a Date, or an RFC 3339 time with its zone. */
+    readonly until?: Date | string,
+  ) {}
+}
+
+/** Ends a step with `state` and a sleep of `d` (seconds, or a duration such as "10m") before the next step. */
+export function sleepFor<S>(d: number | string, state?: S): Sleep<S> {
+  if (typeof d === "number" && !(Number.isFinite(d) && d >= 0)) throw new RangeError(`drover: sleepFor: the duration must be a number of seconds, not negative, not ${d}`);
+  return new Sleep(state as S, d);
+}
+
+/** Ends a step with `state` and a sleep until `t` (a Date, or an RFC 3339 time with its zone) before the next step. */
+export function sleepUntil<S>(t: Date | string, state?: S): Sleep<S> {
+  if (t instanceof Date && Number.isNaN(t.getTime())) throw new RangeError("drover: sleepUntil: the time is an invalid Date");
+  return new Sleep(state as S, undefined, t);
+}
+
+/** One step: a function of the previous step's state (the input for step 1); return {@link sleepFor} or {@link sleepUntil} to sleep before the next. */
+export type StepFn<S = unknown> = (state: S, ctx: StepContext) => S | Sleep<S> | Promise<S | Sleep<S>>;
 export type Step<S = unknown> = StepFn<S> | { name: string; run: StepFn<S> };
 
 export interface RunStepsOptions<S> {
@@ -86,6 +119,12 @@ export interface RunStepsResult<S> {
   resumedAfter: number;
   /** True when the task was already complete and nothing ran. */
   alreadyComplete: boolean;
+  /**
+   * Set when the run stopped because the task sleeps until then: a step
+   * ended with a sleep (its state written), or the task was asleep when
+   * claimed (nothing ran). Nothing is held: run it again at that time.
+   */
+  sleepingUntil?: Date;
 }
 
 const te = new TextEncoder();
@@ -129,13 +168,19 @@ export class AgentTasks {
    * step; the same write again changes nothing). Writing the last step
    * (n = steps) completes the task and releases the claim.
    */
-  writeStep(id: string, n: number, opts: { session: Session | string; token: number; state: Uint8Array; name?: string; steps?: number }): Promise<AgentTask> {
+  writeStep(
+    id: string,
+    n: number,
+    opts: { session: Session | string; token: number; state: Uint8Array; name?: string; steps?: number; sleepFor?: number | string; sleepUntil?: Date | string },
+  ): Promise<AgentTask> {
     return this.t.put<AgentTask>(`/v1/agent-tasks/${seg(id)}/steps/${n}`, {
       session: typeof opts.session === "string" ? opts.session : opts.session.id,
       token: opts.token,
       state: b64(opts.state),
       ...(opts.name ? { name: opts.name.slice(0, 200) } : {}),
       ...(opts.steps ? { steps: opts.steps } : {}),
+      ...(opts.sleepFor !== undefined ? { sleep_for: String(opts.sleepFor) } : {}),
+      ...(opts.sleepUntil !== undefined ? { sleep_until: opts.sleepUntil instanceof Date ? opts.sleepUntil.toISOString() : opts.sleepUntil } : {}),
     });
   }
 
@@ -186,6 +231,10 @@ export class AgentTasks {
       if (claim.completed) {
         return { state: stateOf(claim.state), ran: [], resumedAfter: claim.step, alreadyComplete: true };
       }
+      if (claim.sleep_until) {
+        const st = claim.step > 0 ? stateOf(claim.state) : (opts.input as S);
+        return { state: st, ran: [], resumedAfter: claim.step, alreadyComplete: false, sleepingUntil: new Date(claim.sleep_until) };
+      }
       const token = claim.token!;
       held = token;
       let state: S = claim.step > 0 ? stateOf(claim.state) : (opts.input as S);
@@ -196,24 +245,25 @@ export class AgentTasks {
         const step = steps[n - 1]!;
         const fn = typeof step === "function" ? step : step.run;
         const name = typeof step === "function" ? step.name || `step ${n}` : step.name;
-        state = await fn(state, { signal, token, step: n, session });
+        const out = await fn(state, { signal, token, step: n, session });
+        const nap = out instanceof Sleep ? out : undefined;
+        state = nap ? nap.state : (out as S);
         signal.throwIfAborted();
         const bytes = encode(state);
+        let written: AgentTask | undefined;
         try {
-          await this.writeStep(id, n, { session, token, state: bytes, name, steps: steps.length });
+          written = await this.writeStep(id, n, { session, token, state: bytes, name, steps: steps.length, sleepFor: nap?.duration, sleepUntil: nap?.until });
         } catch (err) {
           session.observe(err);
-          // A repeated last write finds the claim released by the first: check that it landed.
-          if (err instanceof FencedError) {
-            const now = await this.get(id).catch(() => undefined);
-            if (now && now.step >= n && now.written_token === token) {
-              ran.push(n);
-              continue;
-            }
-          }
-          throw err;
+          // A repeated last (or sleeping) write finds the claim released by the first: check that it landed.
+          if (err instanceof FencedError) written = await this.get(id).catch(() => undefined);
+          if (!(err instanceof FencedError && written && written.step >= n && written.written_token === token)) throw err;
         }
         ran.push(n);
+        if (written?.sleep_until && !written.completed) {
+          held = undefined; // the sleeping write released the claim
+          return { state, ran, resumedAfter: claim.step, alreadyComplete: false, sleepingUntil: new Date(written.sleep_until) };
+        }
       }
       held = undefined; // the last write completed the task and released the claim
       return { state, ran, resumedAfter: claim.step, alreadyComplete: false };

@@ -53,7 +53,7 @@ export {
   type TaskPage,
 } from "./queue.js";
 export { Worker, type TaskContext, type TaskHandler, type WorkerOptions, type WorkerStats } from "./worker.js";
-export { AgentTasks, type AgentTask, type AgentTaskClaim, type RunStepsOptions, type RunStepsResult, type Step, type StepContext, type StepFn } from "./agent.js";
+export { AgentTasks, Sleep, sleepFor, sleepUntil, type AgentTask, type AgentTaskClaim, type RunStepsOptions, type RunStepsResult, type Step, type StepContext, type StepFn } from "./agent.js";
 export { Limits, Quotas, Breakers, type AllowResult, type BreakerInfo, type LimitInfo, type QuotaInfo, type Slot, type TakeOptions, type TakeResult } from "./flow.js";
 export { Registry, Registration, type Endpoint, type RegistryEvent, type WatchOptions } from "./registry.js";
 export {

@@ -74,6 +74,8 @@ export interface QueueStats {
   cancelled: number;
   /** Tasks submitted to run later whose time has not come. */
   scheduled: number;
+  /** Tasks parked until the sleep they asked for ends. */
+  sleeping: number;
   /** The queue is paused: it takes submissions, but no worker claims its tasks. */
   paused: boolean;
 }
@@ -104,7 +106,9 @@ export interface BulkResult {
 /** One outcome of the batch outcome route. */
 export type Outcome =
   | { task_id: string; token: number; ok: true; result?: unknown }
-  | { task_id: string; token: number; ok?: false; error: string; permanent?: boolean };
+  | { task_id: string; token: number; ok?: false; error: string; permanent?: boolean }
+  /** Neither: the task sleeps (SLEEPING, no claim) and is claimed again when the sleep ends, its attempt not counted. */
+  | { task_id: string; token: number; ok?: undefined; sleep_for?: string; sleep_until?: string };
 
 /** The server's answer for one outcome: 200, 409 (the claim was lost), 404. */
 export interface OutcomeResult {
@@ -265,7 +269,7 @@ export class Queues {
         const o = byId.get(res.task_id);
         if (res.status !== 409 || !o) return;
         const t = await this.get(queue, res.task_id).catch(() => undefined);
-        const want = o.ok ? ["SUCCEEDED"] : ["RETRYING", "DEAD", "PENDING"];
+        const want = o.ok ? ["SUCCEEDED"] : ["RETRYING", "DEAD", "PENDING", "SLEEPING"];
         if (t && t.token === o.token && want.includes(t.current_status)) results[i] = { task_id: res.task_id, status: 200, current_status: t.current_status, attempt: t.attempt };
       }));
     }

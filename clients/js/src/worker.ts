@@ -3,6 +3,7 @@
 import { ConnectionError, DroverError, InvalidInputError, isPermanent } from "./errors.js";
 import { durMs, sleep, type Transport } from "./http.js";
 import { Queues, type Outcome, type OutcomeResult, type QueueTask } from "./queue.js";
+import { Sleep } from "./agent.js";
 import { Session } from "./session.js";
 /** What a task handler gets besides the task. */
 export interface TaskContext {
@@ -16,6 +17,13 @@ export interface TaskContext {
   session: Session;
 }
 
+/**
+ * A task handler: what it returns is the task's result, what it throws a
+ * failure. Returning {@link sleepFor} or {@link sleepUntil} instead parks
+ * the task: SLEEPING with no claim, claimed again (by any worker, its
+ * handler run again from the start, its attempt not counted) once the
+ * sleep ends.
+ */
 export type TaskHandler = (task: QueueTask, ctx: TaskContext) => unknown | Promise<unknown>;
 
 export interface WorkerOptions {
@@ -57,6 +65,8 @@ export interface WorkerStats {
   failed: number;
   /** Failures sent as permanent (to the dead-letter queue). */
   permanent: number;
+  /** Tasks parked by a handler that returned a sleep, accepted. */
+  slept: number;
   /**
    * Outcomes dropped because the claim was lost (409/404, or the session
    * ended), and tasks claimed ahead that were not started because their
@@ -161,7 +171,7 @@ export class Worker {
   private readonly pending = new Map<Session, PendingOutcome[]>();
   private flushing: Promise<void> | undefined;
   private readonly watched = new WeakSet<Session>();
-  private readonly counts = { claimed: 0, succeeded: 0, failed: 0, permanent: 0, lost: 0, ahead: 0, claimRequests: 0, outcomeRequests: 0, claimsWithOutcomes: 0 };
+  private readonly counts = { claimed: 0, succeeded: 0, failed: 0, permanent: 0, slept: 0, lost: 0, ahead: 0, claimRequests: 0, outcomeRequests: 0, claimsWithOutcomes: 0 };
   /** A claim is in flight: a claim request, or an outcome request that carries one. */
   private claiming = false;
   /** Per session, the tasks claimed under it whose outcome is not yet answered (or that were dropped). */
@@ -456,7 +466,11 @@ export class Worker {
       this.sampleTaskTime(performance.now() - started);
       const value = result === undefined ? null : result;
       const size = jsonSize(value);
-      if (size < 0) outcome = { task_id: task.task_id, token, error: "the handler's result is not JSON (a BigInt, a cycle...)", permanent: true };
+      if (result instanceof Sleep) {
+        outcome = result.until !== undefined
+          ? { task_id: task.task_id, token, sleep_until: result.until instanceof Date ? result.until.toISOString() : result.until }
+          : { task_id: task.task_id, token, sleep_for: String(result.duration) };
+      } else if (size < 0) outcome = { task_id: task.task_id, token, error: "the handler's result is not JSON (a BigInt, a cycle...)", permanent: true };
       else if (size > MAX_RESULT) outcome = { task_id: task.task_id, token, error: `the handler's result is ${size} bytes of JSON, over the ${MAX_RESULT} a task keeps`, permanent: true };
       else outcome = { task_id: task.task_id, token, ok: true, result: value };
     } catch (err) {
@@ -474,6 +488,7 @@ export class Worker {
     const sent: Promise<void> = this.send(session, outcome).then((r) => {
       if (!r || r.status !== 200) this.counts.lost++;
       else if (outcome.ok) this.counts.succeeded++;
+      else if (!("error" in outcome)) this.counts.slept++;
       else if (outcome.permanent) this.counts.permanent++;
       else this.counts.failed++;
     }).finally(() => {

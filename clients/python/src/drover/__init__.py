@@ -32,7 +32,7 @@ import threading
 from typing import Any, Optional
 
 from ._version import __version__
-from .agent import BYTES_CODEC, JSON_CODEC, Codec, RunResult
+from .agent import BYTES_CODEC, JSON_CODEC, Codec, RunResult, Sleep, sleep_for, sleep_until
 from .checkpoint import WRITES_IDX_MAP, CheckpointClient, CheckpointTuple, JsonSerde, thread_config
 from .client import Client
 from . import errors as _errors
@@ -60,6 +60,9 @@ __all__ = _errors.__all__ + [
     "Rejected",
     "OutcomeResult",
     "RunResult",
+    "Sleep",
+    "sleep_for",
+    "sleep_until",
     "Codec",
     "JSON_CODEC",
     "BYTES_CODEC",

@@ -107,6 +107,8 @@ class _Reporting:
                             self.stats["dead"] += 1
                         elif o.get("ok"):
                             self.stats["succeeded"] += 1
+                        elif "sleep_for" in o or "sleep_until" in o:
+                            self.stats["slept"] += 1
                         else:
                             self.stats["failed"] += 1
                     elif r.status == 409:

@@ -1,7 +1,9 @@
 """Agent tasks that run step by step and resume after a crash."""
 
 import base64
+import datetime as _dt
 import json
+import re
 import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
@@ -12,7 +14,7 @@ from .sessions import Session
 if TYPE_CHECKING:  # pragma: no cover
     from .client import Client
 
-__all__ = ["RunResult", "AgentTasks", "JSON_CODEC", "BYTES_CODEC"]
+__all__ = ["RunResult", "AgentTasks", "JSON_CODEC", "BYTES_CODEC", "Sleep", "sleep_for", "sleep_until"]
 
 _MAX_SERVER_WAIT = 55.0
 
@@ -40,7 +42,10 @@ class RunResult(NamedTuple):
     the last step checkpointed before this run (0: a fresh start);
     ``ran`` the steps this run executed; ``completed`` whether the task is
     complete; ``token`` the claim's fencing token (``None`` when the task
-    was complete already).
+    was complete already); ``sleeping_until``, when set, that the run
+    stopped because the task sleeps until then (a step ended with
+    :func:`sleep_for` or :func:`sleep_until`, or the task was asleep when
+    claimed): nothing is held, run it again at that time.
     """
 
     task_id: str
@@ -49,6 +54,56 @@ class RunResult(NamedTuple):
     ran: List[int]
     completed: bool
     token: Optional[int]
+    sleeping_until: Optional[_dt.datetime] = None
+
+
+class Sleep(NamedTuple):
+    """What a step returns to end with a sleep: :func:`sleep_for` or
+    :func:`sleep_until`. Its ``state`` is checkpointed with the time the
+    sleep ends, the claim is released, and the next step runs no earlier,
+    wherever the task runs next."""
+
+    state: Any
+    sleep_for: Optional[str] = None
+    sleep_until: Optional[str] = None
+
+
+def sleep_for(duration: Union[int, float, str], state: Any = None) -> Sleep:
+    """End a step with ``state`` and a sleep of ``duration`` (seconds, or a
+    duration such as ``"10m"``) before the next step. Returned by a queue
+    worker's handler (no state needed), it parks the task instead of
+    ending it: SLEEPING, claimed again when the sleep ends (the handler
+    runs again from the start), its attempt not counted."""
+    if isinstance(duration, bool) or not isinstance(duration, (int, float, str)):
+        raise TypeError("drover: sleep_for takes seconds or a duration such as '10m', not %r" % (duration,))
+    if not isinstance(duration, str):
+        if not duration >= 0 or duration == float("inf"):
+            raise ValueError("drover: sleep_for: the duration must be a number of seconds, not negative, not %r" % (duration,))
+        duration = repr(float(duration))
+    return Sleep(state, sleep_for=duration)
+
+
+def sleep_until(when: Union[_dt.datetime, str], state: Any = None) -> Sleep:
+    """End a step with ``state`` and a sleep until ``when`` (an aware
+    :class:`datetime.datetime`, or an RFC 3339 time with its zone) before
+    the next step; from a queue worker's handler, as :func:`sleep_for`."""
+    if isinstance(when, _dt.datetime):
+        if when.tzinfo is None or when.utcoffset() is None:
+            raise ValueError("drover: sleep_until needs a datetime with its time zone: one without could mean any instant")
+        when = when.isoformat()
+    if not isinstance(when, str):
+        raise TypeError("drover: sleep_until takes a datetime or an RFC 3339 string, not %r" % (when,))
+    return Sleep(state, sleep_until=when)
+
+
+def _parse_time(s: str) -> _dt.datetime:
+    """An RFC 3339 time as the server writes it (up to nanoseconds, Z)."""
+    m = re.match(r"^(.*T\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:\d\d)$", s)
+    if not m:
+        return _dt.datetime.fromisoformat(s)
+    frac = (m.group(2) or "")[:7]
+    zone = "+00:00" if m.group(3) == "Z" else m.group(3)
+    return _dt.datetime.fromisoformat(m.group(1) + frac + zone)
 
 
 def _b64(b: bytes) -> str:
@@ -110,15 +165,25 @@ class AgentTasks:
         state: bytes,
         name: Optional[str] = None,
         steps: Optional[int] = None,
+        sleep_for: Optional[str] = None,
+        sleep_until: Optional[str] = None,
     ) -> Dict[str, Any]:
         """Write step ``n``'s checkpoint, fenced by ``token``; raises
         :class:`Fenced` once the claim is lost. Writing the last step
-        completes the task. The same write again is a no-op."""
+        completes the task. The same write again is a no-op. With
+        ``sleep_for`` (a duration such as ``"10m"`` or seconds) or
+        ``sleep_until`` (an RFC 3339 time with its zone) the step ends
+        with a sleep: the claim is released, and the answer's
+        ``sleep_until`` says when the next step may run."""
         body: Dict[str, Any] = {"session": session.id, "token": int(token), "state": _b64(state)}
         if name:
             body["name"] = name
         if steps:
             body["steps"] = int(steps)
+        if sleep_for is not None:
+            body["sleep_for"] = str(sleep_for)
+        if sleep_until is not None:
+            body["sleep_until"] = sleep_until
         return self._t.request(
             "PUT", "/v1/agent-tasks/%s/steps/%d" % (quote(task_id), int(n)), json_body=body, retry=IDEMPOTENT
         ).data
@@ -186,6 +251,9 @@ def run_steps(
         done = int(c.get("step") or 0)
         if c.get("completed"):
             return RunResult(task_id, codec.loads(raw) if raw is not None else None, done, [], True, None)
+        if c.get("sleep_until"):
+            st = codec.loads(raw) if raw is not None else initial
+            return RunResult(task_id, st, done, [], False, None, _parse_time(c["sleep_until"]))
         token = int(c["token"])
         state = codec.loads(raw) if raw is not None else initial
         ran: List[int] = []
@@ -193,9 +261,18 @@ def run_steps(
         for n in range(int(c.get("next_step") or done + 1), total + 1):
             sess.check()
             state = fns[n - 1](state)
-            out = tasks.put_step(task_id, n, sess, token, codec.dumps(state), name=names[n - 1], steps=total)
+            nap = state if isinstance(state, Sleep) else None
+            if nap is not None:
+                state = nap.state
+            out = tasks.put_step(
+                task_id, n, sess, token, codec.dumps(state), name=names[n - 1], steps=total,
+                sleep_for=nap.sleep_for if nap else None, sleep_until=nap.sleep_until if nap else None,
+            )
             ran.append(n)
             completed = bool(out.get("completed"))
+            if out.get("sleep_until") and not completed:
+                # The claim was released with the write: nothing is held while it sleeps.
+                return RunResult(task_id, state, done, ran, False, token, _parse_time(out["sleep_until"]))
         if not completed:
             # Every step was checkpointed before without completing the task.
             tasks.complete(task_id, sess, token)

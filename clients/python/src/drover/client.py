@@ -193,6 +193,12 @@ class Client:
         the last step's write completes the task. A task completed before is
         not run again: its result comes back with ``ran == []``.
 
+        A step that returns ``drover.sleep_for(d, state)`` or
+        ``drover.sleep_until(t, state)`` ends the run once its state is
+        written: the claim is released and the result's ``sleeping_until``
+        says when the next step may run; a run before then runs nothing
+        and says the same.
+
         ``steps`` are callables or ``(name, callable)`` pairs. ``codec``
         turns states into checkpoint bytes: JSON by default,
         ``drover.BYTES_CODEC`` for raw bytes (what Go runners write).

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, List, Optional, Tu
 
 from ._transport import shutdown_socket
 from .errors import DroverError, Permanent, SessionNotFound, TransportError
+from .agent import Sleep
 from .queues import MAX_CLAIM, Task
 from ._reporting import _Reporting
 from .sessions import Session
@@ -138,6 +139,7 @@ class Worker(_Reporting):
             "succeeded": 0,
             "failed": 0,
             "dead": 0,
+            "slept": 0,
             "lost": 0,
             "not_found": 0,
             "errors": 0,
@@ -227,7 +229,8 @@ class Worker(_Reporting):
         """Work until stopped (SIGTERM, SIGINT, :meth:`stop`), or until
         ``max_tasks`` were claimed, or no task came for ``idle_timeout``
         seconds, or ``duration`` seconds passed; then drain. Returns the
-        counts: claimed, succeeded, failed (to be retried), dead, lost (an
+        counts: claimed, succeeded, failed (to be retried), dead, slept
+        (tasks parked by a handler that returned a sleep), lost (an
         outcome refused with 409, or a task claimed ahead and not started:
         the claim was lost), not_found, errors (outcomes that could not be
         sent), ahead (tasks claimed ahead of a free running slot, which
@@ -541,10 +544,17 @@ class Worker(_Reporting):
             self._active[me] = started
         try:
             result = self.fn(task)
-            if result is not None:
-                json.dumps(result)  # a result that is not JSON fails the task, not the batch
-                outcome["result"] = result
-            outcome["ok"] = True
+            if isinstance(result, Sleep):
+                # Parked: SLEEPING, claimed again when the sleep ends, its attempt not counted.
+                if result.sleep_until is not None:
+                    outcome["sleep_until"] = result.sleep_until
+                else:
+                    outcome["sleep_for"] = result.sleep_for
+            else:
+                if result is not None:
+                    json.dumps(result)  # a result that is not JSON fails the task, not the batch
+                    outcome["result"] = result
+                outcome["ok"] = True
         except Permanent as e:
             outcome["error"] = _describe(e) or "permanent failure"
             outcome["permanent"] = True

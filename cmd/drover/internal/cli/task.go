@@ -84,6 +84,12 @@ environment has DROVER_TASK_ID, DROVER_STEP (1-based), DROVER_STEP_NAME and
 DROVER_LOCK_TOKEN (the fencing token). Exit 0 means done; anything else fails
 the step and stops the run, leaving the last checkpoint as it was.
 
+A step that writes a sleep to the file named by DROVER_SLEEP_FILE (10m, 90
+in seconds, or an RFC 3339 time with its zone) and exits 0 ends with a
+sleep: its output is checkpointed, the lock released, and drover exits 75
+saying until when. Run the task again then (from any machine) and it
+resumes at the next step; a run before then runs nothing and exits 75.
+
 Any number of workers may run the same task at once: one holds it, the others
 wait on a watch and take over when its lease expires (--ttl), resuming after
 the last checkpointed step. Each checkpoint is written fenced by the lock's
@@ -175,6 +181,8 @@ type taskRunResult struct {
 	StepsRun         int    `json:"steps_run"`
 	AlreadyCompleted bool   `json:"already_completed"`
 	State            string `json:"state"`
+	// SleepingUntil is set when the task sleeps: run it again then.
+	SleepingUntil *time.Time `json:"sleeping_until,omitempty"`
 }
 
 func (a *app) taskRun(ctx context.Context, id string, names, cmds []string, ttl, grace time.Duration, workerID string, asJSON bool) error {
@@ -228,11 +236,19 @@ func (a *app) taskRun(ctx context.Context, id string, names, cmds []string, ttl,
 		}
 		return err
 	}
-	if asJSON {
-		return json.NewEncoder(a.stdout).Encode(taskRunResult{TaskID: id, Token: res.Token, ResumedFrom: res.ResumedFrom,
-			StepsRun: res.StepsRun, AlreadyCompleted: res.AlreadyCompleted, State: string(res.State)})
+	out := taskRunResult{TaskID: id, Token: res.Token, ResumedFrom: res.ResumedFrom,
+		StepsRun: res.StepsRun, AlreadyCompleted: res.AlreadyCompleted, State: string(res.State)}
+	if !res.SleepingUntil.IsZero() {
+		out.SleepingUntil = &res.SleepingUntil
 	}
-	_, err = a.stdout.Write(res.State)
+	if asJSON {
+		err = json.NewEncoder(a.stdout).Encode(out)
+	} else if out.SleepingUntil == nil {
+		_, err = a.stdout.Write(res.State)
+	}
+	if err == nil && out.SleepingUntil != nil {
+		err = withCode(ExitBusy, fmt.Errorf("task %s sleeps until %s; nothing is held: run it again then", id, res.SleepingUntil.Format(time.RFC3339Nano)))
+	}
 	return err
 }
 
@@ -287,9 +303,15 @@ type stepRunner struct {
 func (sr *stepRunner) step(n int, name, script string) task.StepFunc {
 	a, id := sr.a, sr.id
 	return func(sctx context.Context, state []byte) ([]byte, error) {
+		sleepFile, err := os.CreateTemp("", "drover-sleep-")
+		if err != nil {
+			return nil, err
+		}
+		sleepFile.Close()
+		defer os.Remove(sleepFile.Name())
 		c := exec.Command("sh", "-c", script)
 		c.Env = append(os.Environ(), EnvTaskID+"="+id, EnvStep+"="+strconv.Itoa(n), EnvStepName+"="+name,
-			EnvLockToken+"="+strconv.FormatInt(sr.token, 10))
+			EnvLockToken+"="+strconv.FormatInt(sr.token, 10), "DROVER_SLEEP_FILE="+sleepFile.Name())
 		c.Stdin = bytes.NewReader(state)
 		out := &limitedBuffer{limit: task.DefaultStateLimit}
 		c.Stdout, c.Stderr = out, a.stderr
@@ -311,6 +333,13 @@ func (sr *stepRunner) step(n int, name, script string) task.StepFunc {
 			return nil, fmt.Errorf("%s: %w", script, waitErr)
 		case out.over:
 			return nil, &task.StateTooLargeError{TaskID: id, Step: n, Name: name, Size: out.n, Limit: out.limit}
+		}
+		if b, _ := os.ReadFile(sleepFile.Name()); len(bytes.TrimSpace(b)) > 0 {
+			req, err := task.ParseSleep("DROVER_SLEEP_FILE", string(b))
+			if err != nil {
+				return nil, err
+			}
+			return out.Bytes(), req // the step ends with a sleep
 		}
 		return out.Bytes(), nil
 	}
@@ -341,6 +370,8 @@ func (a *app) printTaskEvent(ev task.Event, steps int) {
 		msg = "completed"
 	case task.EventAlreadyCompleted:
 		msg = "already completed; nothing to do"
+	case task.EventSleeping:
+		msg = fmt.Sprintf("step %d %s ended with a sleep until %s", ev.Step, ev.Name, ev.Until.Format(time.RFC3339Nano))
 	case task.EventLost:
 		msg = "lost the task: " + ev.Err
 	default:

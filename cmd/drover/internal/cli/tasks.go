@@ -117,6 +117,9 @@ func (a *app) printTask(t *queue.Task, asJSON bool) error {
 	if !t.ScheduledAt.IsZero() && t.CurrentStatus == queue.Retrying {
 		fmt.Fprintf(tw, "next attempt:\t%s\n", t.ScheduledAt.Format(time.RFC3339))
 	}
+	if !t.ScheduledAt.IsZero() && t.CurrentStatus == queue.Sleeping {
+		fmt.Fprintf(tw, "sleeps until:\t%s\n", t.ScheduledAt.Format(time.RFC3339Nano))
+	}
 	if !t.ScheduledAt.IsZero() && t.CurrentStatus == queue.Scheduled {
 		fmt.Fprintf(tw, "runs at:\t%s\n", t.ScheduledAt.Format(time.RFC3339Nano))
 	}

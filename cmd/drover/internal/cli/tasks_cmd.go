@@ -52,7 +52,7 @@ type listFlags struct {
 func (f *listFlags) register(cmd *cobra.Command, withStatus bool) {
 	cmd.Flags().StringVar(&f.q, "queue", "", "queue name")
 	if withStatus {
-		cmd.Flags().StringVar(&f.status, "status", "PENDING", "SCHEDULED, PENDING, RUNNING, RETRYING, SUCCEEDED, DEAD or CANCELLED")
+		cmd.Flags().StringVar(&f.status, "status", "PENDING", "SCHEDULED, PENDING, RUNNING, RETRYING, SLEEPING, SUCCEEDED, DEAD or CANCELLED")
 	}
 	cmd.Flags().IntVar(&f.limit, "limit", queue.DefaultListLimit, fmt.Sprintf("most tasks listed (1 to %d)", queue.MaxListLimit))
 	cmd.Flags().StringVar(&f.after, "after", "", "start after this cursor: the next of the page before (--json), or the one the last page printed")
@@ -137,8 +137,8 @@ func (a *app) tasksStatsCommand() *cobra.Command {
 			if st.Paused {
 				paused = " (paused: drover queues resume " + q + ")"
 			}
-			fmt.Fprintf(a.stdout, "queue %s: pending %d, running %d, retrying %d, succeeded %d, dead %d, cancelled %d, scheduled %d%s\n",
-				q, st.Pending, st.Running, st.Retrying, st.Succeeded, st.Dead, st.Cancelled, st.Scheduled, paused)
+			fmt.Fprintf(a.stdout, "queue %s: pending %d, running %d, retrying %d, succeeded %d, dead %d, cancelled %d, scheduled %d, sleeping %d%s\n",
+				q, st.Pending, st.Running, st.Retrying, st.Succeeded, st.Dead, st.Cancelled, st.Scheduled, st.Sleeping, paused)
 			return nil
 		},
 	}
