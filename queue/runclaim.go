@@ -35,6 +35,9 @@ type runClaim struct {
 	// claim it serves, and the segment's free slots it picked from.
 	call *claimCall
 	free []int
+	// made and made0, once sent: the run was made, and its segRun.
+	made  bool
+	made0 *segRun
 }
 
 // prepareRun is the transaction that writes the run of pick: a run key
