@@ -126,14 +126,43 @@ func (b *broker) setSession(q string, lease int64, sc sessionClaims) {
 	b.hot[hotKey{q, lease}] = sc
 }
 
-// dueState is when a queue's due retries were last moved, and when its next
-// retry falls due (zero: none was scheduled).
-type dueState struct{ checked, next time.Time }
+// dueState is when a queue's due items were last moved, when its next
+// retry or scheduled segment falls due (zero: none was scheduled), the
+// time up to which each of its two indexes was moved (the next read
+// starts there, less promoteSlack), and when they were last read from
+// their first item.
+type dueState struct {
+	checked, next        time.Time
+	retryDone, schedDone time.Time
+	full                 time.Time
+}
+
+// promoteSlack is how far before where it left off a claim reads a due
+// index again: a retry or a segment put due within it while the last read
+// ran, or by a submitter whose clock is that much behind, is still moved.
+// promoteFullEvery is how often the read starts at the index's first item
+// all the same, for one put due earlier still.
+const (
+	promoteSlack     = time.Second
+	promoteFullEvery = time.Minute
+)
+
+// from is where the next read of an index that was moved up to done
+// starts: zero (the first item) for none yet or for a full read.
+func (d dueState) from(done time.Time, full bool) time.Time {
+	if done.IsZero() || full {
+		return time.Time{}
+	}
+	return done.Add(-promoteSlack)
+}
 
 // promoteDue moves queue q's due retries back to pending and its due
-// scheduled segments to the open segments, unless that was
-// done less than promoteEvery ago and no retry known fell due since; it
-// returns when the next falls due (zero: none known).
+// scheduled segments to the open segments, unless that was done less than
+// promoteEvery ago and no item known fell due since; it returns when the
+// next falls due (zero: none known). Each index is read from where the
+// last move of the queue left it (less promoteSlack), and from its first
+// item every promoteFullEvery: the external claims have no watch of it
+// that would show a put due before that (a Worker's due.Index has).
 func (b *broker) promoteDue(ctx context.Context, w *claimer, q string) (time.Time, error) {
 	now := time.Now()
 	b.mu.Lock()
@@ -142,35 +171,51 @@ func (b *broker) promoteDue(ctx context.Context, w *claimer, q string) (time.Tim
 	if ok && now.Sub(d.checked) < promoteEvery && (d.next.IsZero() || now.Before(d.next)) {
 		return d.next, nil
 	}
-	next, _, err := b.client.retryIndex(q, w.logger).Promote(ctx)
+	full := now.Sub(d.full) >= promoteFullEvery
+	next, retryDone, _, err := b.client.retryIndex(q, w.logger).PromoteFrom(ctx, d.from(d.retryDone, full))
 	if err != nil {
 		return time.Time{}, err
 	}
-	nextSeg, _, err := b.client.scheduledIndex(q).Promote(ctx)
+	nextSeg, schedDone, _, err := b.client.scheduledIndex(q).PromoteFrom(ctx, d.from(d.schedDone, full))
 	if err != nil {
 		return time.Time{}, err
 	}
 	if next.IsZero() || !nextSeg.IsZero() && nextSeg.Before(next) {
 		next = nextSeg
 	}
+	d = dueState{checked: now, next: next, retryDone: retryDone, schedDone: schedDone, full: d.full}
+	if full {
+		d.full = now
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.due == nil || len(b.due) >= 1024 {
 		b.due = map[string]dueState{}
 	}
-	b.due[q] = dueState{checked: now, next: next}
+	b.due[q] = d
 	return next, nil
 }
 
-// retryAt notes that a retry of queue q falls due at at, so that a claim
-// moves it back to pending then.
+// retryAt notes that a retry or a scheduled segment of queue q falls due
+// at at, so that a claim moves it then, and reads the indexes from before
+// it.
 func (b *broker) retryAt(q string, at time.Time) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if d, ok := b.due[q]; ok && (d.next.IsZero() || at.Before(d.next)) {
-		d.next = at
-		b.due[q] = d
+	d, ok := b.due[q]
+	if !ok {
+		return
 	}
+	if d.next.IsZero() || at.Before(d.next) {
+		d.next = at
+	}
+	if at.Before(d.retryDone) {
+		d.retryDone = at
+	}
+	if at.Before(d.schedDone) {
+		d.schedDone = at
+	}
+	b.due[q] = d
 }
 
 // awaitWork blocks for at most d, and not past due (when a known retry

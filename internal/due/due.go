@@ -77,6 +77,19 @@ func (ix *Index) Promote(ctx context.Context) (next time.Time, moved int, err er
 	return next, moved, err
 }
 
+// PromoteFrom is Promote for a caller that remembers where its last call
+// left off and has no watch of the index (a server moving items within
+// its claims): it reads from the items due at from on (zero: from the
+// first) and returns done, the time up to which it moved every item, for
+// the next call. etcd counts every key a range covers, the moved ones too
+// until compaction, so a read from the index's start costs in proportion
+// to what moved lately. An item put due before from (a put that raced the
+// last call, a submitter whose clock is behind) is not read: such a
+// caller reads back a margin, and from the first item now and then.
+func (ix *Index) PromoteFrom(ctx context.Context, from time.Time) (next, done time.Time, moved int, err error) {
+	return ix.promote(ctx, from)
+}
+
 // promote is Promote reading from the items due at from on (zero: from
 // the first): etcd counts every key a range covers, the keys deleted since
 // the last compaction too, so a reader that knows no item is due before
