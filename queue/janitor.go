@@ -66,8 +66,8 @@ func (c *Client) scheduledIndex(q string) *due.Index {
 	pre := c.keys.QueueDue(q)
 	return &due.Index{Client: c.cli, Prefix: pre, Now: c.now,
 		Move: func(kv *mvccpb.KeyValue) ([]clientv3.Op, bool) {
-			_, seg, ok := due.Parse(pre, string(kv.Key))
-			if !ok {
+			seg, _, _ := c.parseDue(q, string(kv.Key))
+			if seg == "" {
 				return nil, false
 			}
 			return []clientv3.Op{clientv3.OpPut(c.keys.SegmentOpen(q, seg), string(kv.Value))}, true

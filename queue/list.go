@@ -396,7 +396,10 @@ func (c *Client) Stats(ctx context.Context, q string) (Stats, error) {
 	if kvs := resp.Responses[6].GetResponseRange().Kvs; len(kvs) > 0 {
 		_ = json.Unmarshal(kvs[0].Value, &arch)
 	}
-	scheduled, pending, running, succeeded := c.segmentStats(q, resp.Responses[len(ops):])
+	scheduled, pending, running, succeeded, err := c.segmentStats(ctx, q, resp.Responses[len(ops):])
+	if err != nil {
+		return Stats{}, err
+	}
 	return Stats{Scheduled: scheduled, Pending: n(0) - n(1) + pending, Running: n(1) + running, Retrying: n(2), Succeeded: n(3) + arch.Succeeded + succeeded + arch.SegmentSucceeded,
 		Dead: n(4), Cancelled: n(5) + arch.Cancelled}, nil
 }

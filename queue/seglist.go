@@ -147,7 +147,7 @@ func (c *Client) dueSegments(ctx context.Context, q, from string) ([]string, boo
 	}
 	out := make([]string, 0, len(g.Kvs))
 	for _, kv := range g.Kvs {
-		if _, seg, ok := keyspace.ParseTimedKey(pre, string(kv.Key)); ok {
+		if seg, _, _ := c.parseDue(q, string(kv.Key)); seg != "" {
 			out = append(out, seg)
 		}
 	}
@@ -155,7 +155,7 @@ func (c *Client) dueSegments(ctx context.Context, q, from string) ([]string, boo
 }
 
 // segmentStatsOps are the reads segmentStats counts from: keys only
-// (counts are in their names), except the open and closed segments' small
+// (counts are in their names, a scheduled segment's too), except the open and closed segments' small
 // values and the live runs' (their slots).
 func (c *Client) segmentStatsOps(q string) []clientv3.Op {
 	keysOnly := func(p string) clientv3.Op {
@@ -165,7 +165,7 @@ func (c *Client) segmentStatsOps(q string) []clientv3.Op {
 		clientv3.OpGet(c.keys.SegmentsOpen(q), clientv3.WithPrefix()),
 		clientv3.OpGet(c.keys.Runs(q, ""), clientv3.WithPrefix()), keysOnly(c.keys.Outs(q, "")), keysOnly(c.keys.Exits(q, "")),
 		clientv3.OpGet(c.keys.SegmentsClosed(q), clientv3.WithPrefix()),
-		clientv3.OpGet(c.keys.QueueDue(q), clientv3.WithPrefix()),
+		keysOnly(c.keys.QueueDue(q)),
 	}
 }
 
@@ -173,7 +173,7 @@ func (c *Client) segmentStatsOps(q string) []clientv3.Op {
 // scheduled ones), running and succeeded, from the responses of
 // segmentStatsOps. Only cancels and purges touch a scheduled segment: its
 // exits are counted as an open segment's are.
-func (c *Client) segmentStats(q string, rs []*pb.ResponseOp) (scheduled, pending, running, succeeded int64) {
+func (c *Client) segmentStats(ctx context.Context, q string, rs []*pb.ResponseOp) (scheduled, pending, running, succeeded int64, err error) {
 	open := map[string]bool{}
 	for _, kv := range rs[0].GetResponseRange().Kvs {
 		seg, _ := keyspace.Last(c.keys.SegmentsOpen(q), string(kv.Key))
@@ -181,7 +181,10 @@ func (c *Client) segmentStats(q string, rs []*pb.ResponseOp) (scheduled, pending
 		open[seg] = true
 		pending += n
 	}
-	sched := c.dueStats(q, rs[5], open, &scheduled)
+	sched, err := c.dueStats(ctx, q, rs[5], open, &scheduled)
+	if err != nil {
+		return 0, 0, 0, 0, err
+	}
 	inOpen := func(k int, pre string, count func(rest string) (int64, int64)) (a, b int64) {
 		for _, kv := range rs[k].GetResponseRange().Kvs {
 			seg, rest, ok := keyspace.SegmentPart(pre, string(kv.Key))
@@ -243,18 +246,71 @@ func (c *Client) segmentStats(q string, rs []*pb.ResponseOp) (scheduled, pending
 		n, _ := strconv.ParseInt(string(kv.Value), 10, 64)
 		succeeded += n
 	}
-	return scheduled, pending - running - ok - moved - exits, running, succeeded + ok - purgedOK
+	return scheduled, pending - running - ok - moved - exits, running, succeeded + ok - purgedOK, nil
 }
 
 // dueStats adds the segments of the due index (a response of
-// segmentStatsOps) to open and their tasks to *n, and returns their names.
-func (c *Client) dueStats(q string, r *pb.ResponseOp, open map[string]bool, n *int64) map[string]bool {
+// segmentStatsOps, keys only) to open and their tasks to *n, and returns
+// their names. A key written before due keys carried their count in their
+// name is read again for its value (counted says which did not).
+func (c *Client) dueStats(ctx context.Context, q string, r *pb.ResponseOp, open map[string]bool, n *int64) (map[string]bool, error) {
 	sched := map[string]bool{}
+	var old []clientv3.Op
 	for _, kv := range r.GetResponseRange().Kvs {
-		_, seg, _ := keyspace.ParseTimedKey(c.keys.QueueDue(q), string(kv.Key))
-		k, _ := strconv.ParseInt(string(kv.Value), 10, 64)
+		seg, k, counted := c.parseDue(q, string(kv.Key))
+		if seg == "" {
+			continue
+		}
 		open[seg], sched[seg] = true, true
-		*n += k
+		if counted {
+			*n += int64(k)
+		} else {
+			old = append(old, clientv3.OpGet(string(kv.Key)))
+		}
 	}
-	return sched
+	for len(old) > 0 {
+		part := old[:min(len(old), 100)]
+		old = old[len(part):]
+		resp, err := c.cli.Txn(ctx).Then(part...).Commit()
+		if err != nil {
+			return nil, fmt.Errorf("queue: read scheduled segments of %s: %w", q, err)
+		}
+		for _, rr := range resp.Responses {
+			for _, kv := range rr.GetResponseRange().Kvs {
+				k, _ := strconv.ParseInt(string(kv.Value), 10, 64)
+				*n += k
+			}
+		}
+	}
+	return sched, nil
+}
+
+// dueKey is segment seg's key in queue q's due index, with its n tasks
+// in its name ("{due}-{seg}-{n}"), so that a read of the keys alone counts
+// the scheduled tasks.
+func (c *Client) dueKey(q, seg string, n int) string {
+	return c.keys.SegmentDue(q, seg) + "-" + strconv.Itoa(n)
+}
+
+// parseDue reads key, a key of queue q's due index: its segment and its
+// number of tasks; counted is false for a key written before the count
+// was in the name ("{due}-{seg}"), whose value holds it; seg is "" for a
+// key that is neither.
+func (c *Client) parseDue(q, key string) (seg string, n int, counted bool) {
+	_, name, ok := keyspace.ParseTimedKey(c.keys.QueueDue(q), key)
+	if !ok {
+		return "", 0, false
+	}
+	if _, _, ok := keyspace.ParseSegmentName(name); ok && !strings.Contains(name[25:], "-") {
+		return name, 0, false
+	}
+	i := strings.LastIndexByte(name, '-')
+	if i < 0 {
+		return "", 0, false
+	}
+	k, err := strconv.Atoi(name[i+1:])
+	if _, _, ok := keyspace.ParseSegmentName(name[:i]); !ok || err != nil || k < 0 {
+		return "", 0, false
+	}
+	return name[:i], k, true
 }

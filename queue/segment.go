@@ -164,7 +164,7 @@ func (c *Client) stateOps(q, seg string) []clientv3.Op {
 		clientv3.OpGet(c.keys.Tries(q, seg), clientv3.WithPrefix()),
 		clientv3.OpGet(c.keys.Outs(q, seg), clientv3.WithPrefix()),
 		clientv3.OpGet(c.keys.Exits(q, seg), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
-		clientv3.OpGet(c.keys.SegmentDue(q, seg)),
+		clientv3.OpGet(c.keys.SegmentDue(q, seg), clientv3.WithPrefix()), // with its count or without
 	}
 }
 
