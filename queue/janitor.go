@@ -27,14 +27,16 @@ func (w *Worker) promoteDue(ctx context.Context) {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	wg.Add(1)
-	go func() { defer wg.Done(); w.client.scheduledIndex(w.cfg.Queue).Run(ctx) }()
+	sched := w.client.scheduledIndex(w.cfg.Queue)
+	sched.Logger = w.logger
+	go func() { defer wg.Done(); sched.Run(ctx) }()
 	w.client.retryIndex(w.cfg.Queue, w.logger).Run(ctx)
 }
 
 // retryIndex is queue q's retry schedule as a due index: a due retry's
 // pending key is written back, and its priority level's marker.
 func (c *Client) retryIndex(q string, logger *slog.Logger) *due.Index {
-	return &due.Index{Client: c.cli, Prefix: c.keys.QueueRetry(q), Batch: 50,
+	return &due.Index{Client: c.cli, Prefix: c.keys.QueueRetry(q), Batch: 50, Name: "retry", Logger: logger,
 		Move: func(kv *mvccpb.KeyValue) ([]clientv3.Op, bool) {
 			var rv retryValue
 			if json.Unmarshal(kv.Value, &rv) != nil || rv.PendingKey == "" {
@@ -64,7 +66,7 @@ func (c *Client) retryIndex(q string, logger *slog.Logger) *due.Index {
 // segment's key moves to the open segments, where claims find it.
 func (c *Client) scheduledIndex(q string) *due.Index {
 	pre := c.keys.QueueDue(q)
-	return &due.Index{Client: c.cli, Prefix: pre, Now: c.now,
+	return &due.Index{Client: c.cli, Prefix: pre, Now: c.now, Name: "scheduled",
 		Move: func(kv *mvccpb.KeyValue) ([]clientv3.Op, bool) {
 			seg, _, _ := c.parseDue(q, string(kv.Key))
 			if seg == "" {
