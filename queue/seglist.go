@@ -2,9 +2,11 @@ package queue
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/droverhq/drover/internal/taskstore"
 	"github.com/droverhq/drover/keyspace"
@@ -313,4 +315,60 @@ func (c *Client) parseDue(q, key string) (seg string, n int, counted bool) {
 		return "", 0, false
 	}
 	return name[:i], k, true
+}
+
+// scheduledMark starts the random part of the name of a segment submitted
+// to run later (never a hex digit), so that its tasks' history says
+// SCHEDULED once it fell due and its due key is gone.
+const scheduledMark = "s"
+
+// submittedHistory is the history of a task of segment seg, submitted at
+// created, up to when it became claimable: PENDING at created, or, for a
+// segment submitted to run later, SCHEDULED at created and PENDING at its
+// due time. (Segments scheduled before the mark existed show PENDING.)
+func submittedHistory(seg string, created time.Time) []Transition {
+	_, due, ok := keyspace.ParseSegmentName(seg)
+	if !ok || !strings.HasPrefix(seg[25:], scheduledMark) {
+		return []Transition{{Status: Pending, At: created}}
+	}
+	return []Transition{{Status: Scheduled, At: created}, {Status: Pending, At: due.UTC()}}
+}
+
+// drained reports whether queue q has nothing left for a draining worker:
+// no task pending, running or retrying, and none scheduled that is due by
+// now (a moment from moving to the open segments). A drain does not wait
+// for the tasks scheduled after it: they stay SCHEDULED for the workers
+// that run then.
+func (c *Client) drained(ctx context.Context, q string) bool {
+	st, err := c.Stats(ctx, q)
+	if err != nil || st.Unfinished()-st.Scheduled > 0 {
+		return false
+	}
+	if st.Scheduled == 0 {
+		return true
+	}
+	pre := c.keys.QueueDue(q)
+	g, err := c.cli.Get(ctx, pre, clientv3.WithRange(keyspace.TimeBound(pre, c.now().UnixNano()+1)), clientv3.WithKeysOnly(), clientv3.WithLimit(1))
+	return err == nil && len(g.Kvs) == 0
+}
+
+// RunNow makes scheduled tasks of queue q due now (a requeue of a
+// SCHEDULED task): ids, or every scheduled task when ids is empty. Each
+// leaves its segment (an exit, as a cancel writes) for a record of its own
+// that is PENDING at once, its history SCHEDULED then PENDING; its
+// neighbours in the segment keep their time. It returns how many it
+// moved; progress, if set, is called after each transaction with the
+// number handled so far.
+func (c *Client) RunNow(ctx context.Context, q string, ids []string, progress func(done int)) (int, error) {
+	return c.bulk(ctx, q, Scheduled, ids, progress, func(t *Task) ([]clientv3.Op, int, string) {
+		now := c.now().UTC()
+		t.CurrentStatus, t.ScheduledAt, t.Attempt, t.Token = Pending, time.Time{}, 0, 0
+		t.Transitions = append(t.Transitions, Transition{Status: Pending, At: now, Error: "requeued: due now"})
+		rec, _ := json.Marshal(t)
+		return []clientv3.Op{
+			clientv3.OpPut(c.keys.TaskRecord(t.ID), string(rec)),
+			clientv3.OpPut(c.keys.Exit(q, t.seg.seg, t.seg.slot), "requeued"),
+			clientv3.OpPut(c.pendingKey(t), encodePending(0, false)),
+		}, len(rec), c.levelKey(q, levelOf(t.Metadata.Priority))
+	})
 }

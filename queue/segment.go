@@ -292,7 +292,7 @@ func (s *segState) fill(t *Task, slot int) bool {
 		return false
 	}
 	created := t.Metadata.CreatedAt
-	t.Transitions = []Transition{{Status: Pending, At: created}}
+	t.Transitions = submittedHistory(s.name, created)
 	if ok, done := s.ok[slot]; done {
 		t.Transitions = appendLost(t.Transitions, ok.Attempt, ok.out.ClaimedAt)
 		t.Transitions = append(t.Transitions,
@@ -308,7 +308,7 @@ func (s *segState) fill(t *Task, slot int) bool {
 		return true
 	}
 	if s.scheduled {
-		t.Transitions[0].Status = Scheduled
+		t.Transitions = []Transition{{Status: Scheduled, At: created}}
 		t.CurrentStatus, t.ScheduledAt = Scheduled, s.due.UTC()
 		return true
 	}

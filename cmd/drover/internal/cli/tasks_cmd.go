@@ -37,7 +37,7 @@ func (a *app) tasksCommand() *cobra.Command {
 		},
 	}
 	get.Flags().BoolVar(&asJSON, "json", false, "print JSON")
-	cmd.AddCommand(get, a.tasksListCommand(), a.tasksStatsCommand(), a.tasksWaitCommand(), a.tasksCancelCommand(), a.tasksPurgeCommand())
+	cmd.AddCommand(get, a.tasksListCommand(), a.tasksStatsCommand(), a.tasksWaitCommand(), a.tasksCancelCommand(), a.tasksPurgeCommand(), a.tasksRequeueCommand())
 	return cmd
 }
 
