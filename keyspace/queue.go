@@ -236,6 +236,11 @@ func (s Space) SegmentOpen(q, seg string) string { return s.SegmentsOpen(q) + se
 // falls due the key moves to the open segments.
 func (s Space) QueueDue(q string) string { return s.Queue(q) + "due/" }
 
+// QueueDueVersion is the key every change of queue q's due index puts
+// (a submission of scheduled segments, a move) or deletes (a purge), so
+// that a reader can tell the index unchanged from its mod revision.
+func (s Space) QueueDueVersion(q string) string { return s.Queue(q) + "duever" }
+
 // SegmentDue is segment seg's key in queue q's due index without its
 // count, a prefix of the key with it. A segment that
 // runs later is named after its due time (SegmentName), so its name says

@@ -89,6 +89,7 @@ func TestDelayedAtScale(t *testing.T) {
 		began := time.Now()
 		time.Sleep(cpuWindow)
 		t.Logf("server CPU while all wait and none is due: %.2f %% of a core over %v", 100*(processCPU(t, pid)-a).Seconds()/time.Since(began).Seconds(), cpuWindow)
+		dueReadCost(t, cli, c, pid)
 	}
 	lateness := wait()
 	slices.Sort(lateness)
@@ -107,6 +108,33 @@ func TestDelayedAtScale(t *testing.T) {
 	t.Logf("claimed late by p50 %s, p99 %s, max %s; early: %d", pct(0.5), pct(0.99), pct(1-1e-9), early(lateness))
 	if e := early(lateness); e > 0 {
 		t.Fatalf("%d tasks claimed before their time", e)
+	}
+}
+
+// dueReadCost logs what counting the scheduled tasks costs the server
+// process pid (CPU and time): a Stats of the queue, whose due keys it reads
+// keys only (the count is in their names), and a count-only read of the
+// same keys (what a count that did not read them would cost).
+func dueReadCost(t *testing.T, cli *clientv3.Client, c *queue.Client, pid int) {
+	t.Helper()
+	ctx := context.Background()
+	for _, r := range []struct {
+		name string
+		read func() error
+	}{
+		{"Stats (due keys read keys only)", func() error { _, err := c.Stats(ctx, "later"); return err }},
+		{"count-only read of the due keys", func() error {
+			_, err := cli.Get(ctx, "/bench/queues/later/due/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+			return err
+		}},
+	} {
+		a, began := processCPU(t, pid), time.Now()
+		for range 5 {
+			if err := r.read(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		t.Logf("%s: %v and %v of the server's CPU each", r.name, (time.Since(began) / 5).Round(time.Millisecond), ((processCPU(t, pid) - a) / 5).Round(time.Millisecond))
 	}
 }
 

@@ -69,3 +69,36 @@ func TestDueKeyCountsItsTasks(t *testing.T) {
 		}
 	}
 }
+
+// TestStatsReadsTheDueIndexOnlyWhenChanged: Stats reads the due index's
+// keys only when its version key changed since the last Stats of this
+// Client (every submission of scheduled tasks, move and purge changes
+// it): a key put under the index without that change is not read, and is
+// once the version changes.
+func TestStatsReadsTheDueIndexOnlyWhenChanged(t *testing.T) {
+	ctx := context.Background()
+	ns := etcdtest.Namespace(t)
+	c, cli := newClient(t, ns)
+	keys := keyspace.MustNew(ns)
+	later := time.Now().Add(time.Hour)
+	submitN(t, c, "sv", 3, func(tk *queue.Task) { tk.RunAt = later })
+	if st, err := c.Stats(ctx, "sv"); err != nil || st.Scheduled != 3 {
+		t.Fatalf("stats: %+v (%v), want 3 scheduled", st, err)
+	}
+	g, err := cli.Get(ctx, keys.QueueDue("sv"), clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil || len(g.Kvs) != 1 {
+		t.Fatalf("due keys: %v (%v)", g.Kvs, err)
+	}
+	// A copy of the key, 5 tasks in its name, as no writer puts it.
+	seg := strings.TrimSuffix(string(g.Kvs[0].Key), "-3")
+	if _, err := cli.Put(ctx, seg[:len(seg)-1]+"f-5", "5"); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := c.Stats(ctx, "sv"); st.Scheduled != 3 {
+		t.Fatalf("stats with the index's version unchanged: %d scheduled, want 3 (the index not read again)", st.Scheduled)
+	}
+	submitN(t, c, "sv", 1, func(tk *queue.Task) { tk.ID, tk.RunAt = "sv-x", later.Add(time.Minute) })
+	if st, _ := c.Stats(ctx, "sv"); st.Scheduled != 3+5+1 {
+		t.Fatalf("stats once the index changed: %d scheduled, want 9 (read again)", st.Scheduled)
+	}
+}

@@ -73,6 +73,9 @@ func (c *Client) scheduledIndex(q string) *due.Index {
 				return nil, false
 			}
 			return []clientv3.Op{clientv3.OpPut(c.keys.SegmentOpen(q, seg), string(kv.Value))}, true
+		},
+		Shared: func([]*mvccpb.KeyValue) []clientv3.Op {
+			return []clientv3.Op{clientv3.OpPut(c.keys.QueueDueVersion(q), "")} // Stats' count is stale
 		}}
 }
 

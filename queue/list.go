@@ -387,7 +387,11 @@ func (c *Client) Stats(ctx context.Context, q string) (Stats, error) {
 		count(c.keys.QueueDone(q, string(Succeeded))), count(c.keys.QueueDead(q)), count(c.keys.QueueDone(q, string(Cancelled))),
 		clientv3.OpGet(c.keys.QueueArchived(q)),
 	}
-	resp, err := c.cli.Txn(ctx).Then(append(ops, c.segmentStatsOps(q)...)...).Commit()
+	// The due index is read only when it changed since the last Stats
+	// (dueStats): with a million tasks scheduled it is hundreds of
+	// thousands of keys.
+	ops = append(ops, c.segmentStatsOps(q)...)
+	resp, err := c.cli.Txn(ctx).If(c.dueUnchanged(q)).Then(ops...).Else(append(ops, c.dueRead(q))...).Commit()
 	if err != nil {
 		return Stats{}, fmt.Errorf("queue: stats of %s: %w", q, err)
 	}
@@ -396,7 +400,7 @@ func (c *Client) Stats(ctx context.Context, q string) (Stats, error) {
 	if kvs := resp.Responses[6].GetResponseRange().Kvs; len(kvs) > 0 {
 		_ = json.Unmarshal(kvs[0].Value, &arch)
 	}
-	scheduled, pending, running, succeeded, err := c.segmentStats(ctx, q, resp.Responses[len(ops):])
+	scheduled, pending, running, succeeded, err := c.segmentStats(ctx, q, resp.Succeeded, resp.Responses[len(ops)-len(c.segmentStatsOps(q)):])
 	if err != nil {
 		return Stats{}, err
 	}
@@ -551,6 +555,7 @@ func (c *Client) purgeScheduled(ctx context.Context, q, key string, rev int64) (
 	ops := []clientv3.Op{
 		clientv3.OpDelete(key), clientv3.OpDelete(c.keys.Segment(q, seg)),
 		clientv3.OpDelete(c.keys.Exits(q, seg), clientv3.WithPrefix()), clientv3.OpDelete(c.keys.Tries(q, seg), clientv3.WithPrefix()),
+		clientv3.OpDelete(c.keys.QueueDueVersion(q)), // a delete, not a put: Stats' count is stale
 	}
 	var checkpoints []clientv3.Op
 	for slot := range ts {

@@ -167,15 +167,21 @@ func (c *Client) segmentStatsOps(q string) []clientv3.Op {
 		clientv3.OpGet(c.keys.SegmentsOpen(q), clientv3.WithPrefix()),
 		clientv3.OpGet(c.keys.Runs(q, ""), clientv3.WithPrefix()), keysOnly(c.keys.Outs(q, "")), keysOnly(c.keys.Exits(q, "")),
 		clientv3.OpGet(c.keys.SegmentsClosed(q), clientv3.WithPrefix()),
-		keysOnly(c.keys.QueueDue(q)),
+		clientv3.OpGet(c.keys.QueueDueVersion(q), clientv3.WithKeysOnly()),
 	}
+}
+
+// dueRead is the read of queue q's due index keys (their names count
+// their tasks) that follows segmentStatsOps when the index changed.
+func (c *Client) dueRead(q string) clientv3.Op {
+	return clientv3.OpGet(c.keys.QueueDue(q), clientv3.WithPrefix(), clientv3.WithKeysOnly())
 }
 
 // segmentStats counts queue q's tasks in segments, pending (with the
 // scheduled ones), running and succeeded, from the responses of
 // segmentStatsOps. Only cancels and purges touch a scheduled segment: its
 // exits are counted as an open segment's are.
-func (c *Client) segmentStats(ctx context.Context, q string, rs []*pb.ResponseOp) (scheduled, pending, running, succeeded int64, err error) {
+func (c *Client) segmentStats(ctx context.Context, q string, unchanged bool, rs []*pb.ResponseOp) (scheduled, pending, running, succeeded int64, err error) {
 	open := map[string]bool{}
 	for _, kv := range rs[0].GetResponseRange().Kvs {
 		seg, _ := keyspace.Last(c.keys.SegmentsOpen(q), string(kv.Key))
@@ -183,14 +189,14 @@ func (c *Client) segmentStats(ctx context.Context, q string, rs []*pb.ResponseOp
 		open[seg] = true
 		pending += n
 	}
-	sched, err := c.dueStats(ctx, q, rs[5], open, &scheduled)
+	sched, err := c.dueStats(ctx, q, unchanged, rs[5:], &scheduled)
 	if err != nil {
 		return 0, 0, 0, 0, err
 	}
 	inOpen := func(k int, pre string, count func(rest string) (int64, int64)) (a, b int64) {
 		for _, kv := range rs[k].GetResponseRange().Kvs {
 			seg, rest, ok := keyspace.SegmentPart(pre, string(kv.Key))
-			if ok && open[seg] {
+			if ok && (open[seg] || sched[seg]) {
 				x, y := count(rest)
 				a, b = a+x, b+y
 			}
@@ -226,7 +232,7 @@ func (c *Client) segmentStats(ctx context.Context, q string, rs []*pb.ResponseOp
 	var exits, purgedOK int64
 	for _, kv := range rs[3].GetResponseRange().Kvs {
 		seg, rest, ok := keyspace.SegmentPart(c.keys.Exits(q, ""), string(kv.Key))
-		if !ok || !open[seg] {
+		if !ok || !open[seg] && !sched[seg] {
 			continue
 		}
 		slot, done, _ := keyspace.ParseExit(rest)
@@ -251,21 +257,51 @@ func (c *Client) segmentStats(ctx context.Context, q string, rs []*pb.ResponseOp
 	return scheduled, pending - running - ok - moved - exits, running, succeeded + ok - purgedOK, nil
 }
 
-// dueStats adds the segments of the due index (a response of
-// segmentStatsOps, keys only) to open and their tasks to *n, and returns
-// their names. A key written before due keys carried their count in their
-// name is read again for its value (counted says which did not).
-func (c *Client) dueStats(ctx context.Context, q string, r *pb.ResponseOp, open map[string]bool, n *int64) (map[string]bool, error) {
+// dueCount is what a Stats read of a queue's due index: the mod revision
+// of its version key then, when, the tasks and the segments.
+type dueCount struct {
+	ver  int64
+	at   time.Time
+	n    int64
+	segs map[string]bool
+}
+
+// dueCountFor bounds how long a count of the due index is used without
+// reading the index again: a process of an earlier release moves segments
+// without putting the version key.
+const dueCountFor = time.Minute
+
+// dueUnchanged is the compare that holds while queue q's due index is as
+// the last Stats read it (never, when none did or long ago).
+func (c *Client) dueUnchanged(q string) clientv3.Cmp {
+	ver := int64(-1)
+	if v, ok := c.dueCounts.Load(q); ok && time.Since(v.(*dueCount).at) < dueCountFor {
+		ver = v.(*dueCount).ver
+	}
+	return clientv3.Compare(clientv3.ModRevision(c.keys.QueueDueVersion(q)), "=", ver)
+}
+
+// dueStats adds the tasks of queue q's due index to *n and returns its
+// segments: as the last Stats read them when unchanged (rs[0] is the
+// version key), else from rs[1], the index's keys (a key written before
+// due keys carried their count in their name is read again for its
+// value).
+func (c *Client) dueStats(ctx context.Context, q string, unchanged bool, rs []*pb.ResponseOp, n *int64) (map[string]bool, error) {
+	if v, ok := c.dueCounts.Load(q); ok && unchanged {
+		*n += v.(*dueCount).n
+		return v.(*dueCount).segs, nil
+	}
 	sched := map[string]bool{}
 	var old []clientv3.Op
-	for _, kv := range r.GetResponseRange().Kvs {
-		seg, k, counted := c.parseDue(q, string(kv.Key))
+	var k int64
+	for _, kv := range rs[1].GetResponseRange().Kvs {
+		seg, m, counted := c.parseDue(q, string(kv.Key))
 		if seg == "" {
 			continue
 		}
-		open[seg], sched[seg] = true, true
+		sched[seg] = true
 		if counted {
-			*n += int64(k)
+			k += int64(m)
 		} else {
 			old = append(old, clientv3.OpGet(string(kv.Key)))
 		}
@@ -279,10 +315,16 @@ func (c *Client) dueStats(ctx context.Context, q string, r *pb.ResponseOp, open 
 		}
 		for _, rr := range resp.Responses {
 			for _, kv := range rr.GetResponseRange().Kvs {
-				k, _ := strconv.ParseInt(string(kv.Value), 10, 64)
-				*n += k
+				m, _ := strconv.ParseInt(string(kv.Value), 10, 64)
+				k += m
 			}
 		}
+	}
+	*n += k
+	if ver := rs[0].GetResponseRange().Kvs; len(ver) > 0 {
+		c.dueCounts.Store(q, &dueCount{ver: ver[0].ModRevision, at: time.Now(), n: k, segs: sched})
+	} else {
+		c.dueCounts.Delete(q)
 	}
 	return sched, nil
 }

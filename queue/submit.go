@@ -341,6 +341,7 @@ func (c *Client) putSegment(ctx context.Context, q string, valid []Task, idx []i
 		live := c.keys.SegmentOpen(q, seg)
 		if !due.IsZero() {
 			live = c.dueKey(q, seg, len(idx))
+			puts = append(puts, clientv3.OpPut(c.keys.QueueDueVersion(q), ""))
 		}
 		puts = append(puts, clientv3.OpPut(c.keys.Segment(q, seg), string(data)), clientv3.OpPut(live, strconv.Itoa(len(idx))))
 		if first {
