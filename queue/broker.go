@@ -473,7 +473,7 @@ func (c *Client) closeDone(ctx context.Context, segs [][2]string) {
 		seen[s] = true
 		return dup
 	})
-	const perRead = 24 // five reads each, within etcd's 128 operations
+	perRead := 120 / len(c.stateOps("", "")) // within etcd's 128 operations a request
 	for from := 0; from < len(segs); from += perRead {
 		part := segs[from:min(from+perRead, len(segs))]
 		var ops []clientv3.Op
