@@ -99,13 +99,13 @@ func TestDelayedAtScale(t *testing.T) {
 	if len(lateness) < n {
 		t.Logf("only %d of %d tasks claimed %v after the window's end", len(lateness), n, tail(n))
 	}
-	pct := func(p float64) string {
-		if i := int(p * float64(n)); i < len(lateness) {
-			return lateness[i].Round(time.Millisecond).String()
-		}
-		return "unclaimed"
+	if len(lateness) == 0 {
+		t.Fatal("no task claimed")
 	}
-	t.Logf("claimed late by p50 %s, p99 %s, max %s; early: %d", pct(0.5), pct(0.99), pct(1-1e-9), early(lateness))
+	pct := func(p float64) time.Duration {
+		return lateness[min(len(lateness)-1, int(p*float64(len(lateness))))].Round(time.Millisecond)
+	}
+	t.Logf("%d claimed, late by p50 %v, p99 %v, max %v; early: %d", len(lateness), pct(0.5), pct(0.99), lateness[len(lateness)-1].Round(time.Millisecond), early(lateness))
 	if e := early(lateness); e > 0 {
 		t.Fatalf("%d tasks claimed before their time", e)
 	}
