@@ -14,6 +14,7 @@ import (
 // QueueSummary is a queue with its counts by status and its settings.
 type QueueSummary struct {
 	Name      string `json:"name" doc:"The queue's name."`
+	Scheduled int64  `json:"scheduled" doc:"Submitted to run later, not yet due."`
 	Pending   int64  `json:"pending" doc:"Waiting to be claimed."`
 	Running   int64  `json:"running" doc:"Claimed by a worker."`
 	Retrying  int64  `json:"retrying" doc:"Failed, waiting for their next attempt."`
@@ -93,7 +94,7 @@ func (s *Server) queueSummaries(ctx context.Context) ([]QueueSummary, error) {
 	out := make([]QueueSummary, len(infos))
 	for i, q := range infos {
 		st := q.Stats
-		out[i] = QueueSummary{Name: q.Name, Pending: st.Pending, Running: st.Running, Retrying: st.Retrying, Succeeded: st.Succeeded,
+		out[i] = QueueSummary{Name: q.Name, Scheduled: st.Scheduled, Pending: st.Pending, Running: st.Running, Retrying: st.Retrying, Succeeded: st.Succeeded,
 			Dead: st.Dead, Cancelled: st.Cancelled, MaxDepth: q.Config.MaxDepth, FIFO: q.Config.FIFO, Paused: st.Paused}
 	}
 	return out, nil

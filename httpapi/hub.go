@@ -305,7 +305,7 @@ func (h *hub) exportDepth(qs []QueueSummary) {
 	seen := make(map[string]bool, len(qs))
 	for _, q := range qs {
 		seen[q.Name] = true
-		for state, n := range map[string]int64{"pending": q.Pending, "running": q.Running, "retrying": q.Retrying,
+		for state, n := range map[string]int64{"scheduled": q.Scheduled, "pending": q.Pending, "running": q.Running, "retrying": q.Retrying,
 			"succeeded": q.Succeeded, "dead": q.Dead, "cancelled": q.Cancelled} {
 			metrics.QueueTasks.WithLabelValues(q.Name, state).Set(float64(n))
 		}

@@ -230,12 +230,19 @@ func (s Space) SegmentsOpen(q string) string { return s.Queue(q) + "open/" }
 func (s Space) SegmentOpen(q, seg string) string { return s.SegmentsOpen(q) + seg }
 
 // QueueDue is the prefix of queue q's due index, ending in "/": one key per
-// segment whose tasks run later, "{due:019d}-{seg}" (see package
-// internal/due), whose value is its number of tasks. When the segment
+// segment whose tasks run later, "{due:019d}-{seg}-{n}" (see package
+// internal/due), n and its value its number of tasks (keys written before
+// the count was in the name are "{due:019d}-{seg}"). When the segment
 // falls due the key moves to the open segments.
 func (s Space) QueueDue(q string) string { return s.Queue(q) + "due/" }
 
-// SegmentDue is segment seg's key in queue q's due index. A segment that
+// QueueDueVersion is the key every change of queue q's due index puts
+// (a submission of scheduled segments, a move) or deletes (a purge), so
+// that a reader can tell the index unchanged from its mod revision.
+func (s Space) QueueDueVersion(q string) string { return s.Queue(q) + "duever" }
+
+// SegmentDue is segment seg's key in queue q's due index without its
+// count, a prefix of the key with it. A segment that
 // runs later is named after its due time (SegmentName), so its name says
 // where its key is; a segment submitted to run now has none.
 func (s Space) SegmentDue(q, seg string) string {

@@ -52,6 +52,7 @@ var (
 // Coordination costs.
 var (
 	LeaseLosses     = plainCounter("drover_lease_losses_total", "Leases lost (renewal deadline passed or lease gone).")
+	DueErrors       = counter("drover_due_errors_total", "Failures of a due index's moves or watch (each followed by a new try), by index.", "index")
 	EtcdTxnDuration = histogram("drover_etcd_txn_duration_seconds", "Latency of drover's etcd transactions by purpose.", prometheus.ExponentialBuckets(0.0002, 2, 14), "op")
 )
 

@@ -126,14 +126,44 @@ func (b *broker) setSession(q string, lease int64, sc sessionClaims) {
 	b.hot[hotKey{q, lease}] = sc
 }
 
-// dueState is when a queue's due retries were last moved, and when its next
-// retry falls due (zero: none was scheduled).
-type dueState struct{ checked, next time.Time }
+// dueState is when a queue's due items were last moved, when its next
+// retry or scheduled segment falls due (zero: none was scheduled), the
+// time up to which each of its two indexes was moved (the next read
+// starts there, less promoteSlack), and when they were last read from
+// their first item.
+type dueState struct {
+	checked, next        time.Time
+	retryDone, schedDone time.Time
+	sleepDone            time.Time
+	full                 time.Time
+}
+
+// promoteSlack is how far before where it left off a claim reads a due
+// index again: a retry or a segment put due within it while the last read
+// ran, or by a submitter whose clock is that much behind, is still moved.
+// promoteFullEvery is how often the read starts at the index's first item
+// all the same, for one put due earlier still.
+const (
+	promoteSlack     = time.Second
+	promoteFullEvery = time.Minute
+)
+
+// from is where the next read of an index that was moved up to done
+// starts: zero (the first item) for none yet or for a full read.
+func (d dueState) from(done time.Time, full bool) time.Time {
+	if done.IsZero() || full {
+		return time.Time{}
+	}
+	return done.Add(-promoteSlack)
+}
 
 // promoteDue moves queue q's due retries back to pending and its due
-// scheduled segments to the open segments, unless that was
-// done less than promoteEvery ago and no retry known fell due since; it
-// returns when the next falls due (zero: none known).
+// scheduled segments to the open segments, unless that was done less than
+// promoteEvery ago and no item known fell due since; it returns when the
+// next falls due (zero: none known). Each index is read from where the
+// last move of the queue left it (less promoteSlack), and from its first
+// item every promoteFullEvery: the external claims have no watch of it
+// that would show a put due before that (a Worker's due.Index has).
 func (b *broker) promoteDue(ctx context.Context, w *claimer, q string) (time.Time, error) {
 	now := time.Now()
 	b.mu.Lock()
@@ -142,42 +172,58 @@ func (b *broker) promoteDue(ctx context.Context, w *claimer, q string) (time.Tim
 	if ok && now.Sub(d.checked) < promoteEvery && (d.next.IsZero() || now.Before(d.next)) {
 		return d.next, nil
 	}
-	next, _, err := b.client.retryIndex(q, w.logger).Promote(ctx)
+	full := now.Sub(d.full) >= promoteFullEvery
+	next, retryDone, _, err := b.client.retryIndex(q, w.logger).PromoteFrom(ctx, d.from(d.retryDone, full))
 	if err != nil {
 		return time.Time{}, err
 	}
-	nextSleep, _, err := b.client.sleepIndex(q, w.logger).Promote(ctx)
+	nextSleep, sleepDone, _, err := b.client.sleepIndex(q, w.logger).PromoteFrom(ctx, d.from(d.sleepDone, full))
 	if err != nil {
 		return time.Time{}, err
 	}
 	if next.IsZero() || !nextSleep.IsZero() && nextSleep.Before(next) {
 		next = nextSleep
 	}
-	nextSeg, _, err := b.client.scheduledIndex(q).Promote(ctx)
+	nextSeg, schedDone, _, err := b.client.scheduledIndex(q).PromoteFrom(ctx, d.from(d.schedDone, full))
 	if err != nil {
 		return time.Time{}, err
 	}
 	if next.IsZero() || !nextSeg.IsZero() && nextSeg.Before(next) {
 		next = nextSeg
 	}
+	d = dueState{checked: now, next: next, retryDone: retryDone, sleepDone: sleepDone, schedDone: schedDone, full: d.full}
+	if full {
+		d.full = now
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.due == nil || len(b.due) >= 1024 {
 		b.due = map[string]dueState{}
 	}
-	b.due[q] = dueState{checked: now, next: next}
+	b.due[q] = d
 	return next, nil
 }
 
-// retryAt notes that a retry of queue q falls due at at, so that a claim
-// moves it back to pending then.
+// retryAt notes that a retry or a scheduled segment of queue q falls due
+// at at, so that a claim moves it then, and reads the indexes from before
+// it.
 func (b *broker) retryAt(q string, at time.Time) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if d, ok := b.due[q]; ok && (d.next.IsZero() || at.Before(d.next)) {
-		d.next = at
-		b.due[q] = d
+	d, ok := b.due[q]
+	if !ok {
+		return
 	}
+	if d.next.IsZero() || at.Before(d.next) {
+		d.next = at
+	}
+	if at.Before(d.retryDone) {
+		d.retryDone = at
+	}
+	if at.Before(d.schedDone) {
+		d.schedDone = at
+	}
+	b.due[q] = d
 }
 
 // awaitWork blocks for at most d, and not past due (when a known retry
@@ -329,5 +375,135 @@ func (cw *claimWaits) leave(q string, full bool) {
 		next := line.waiting[0]
 		line.waiting = line.waiting[1:]
 		next <- true
+	}
+}
+
+// maxFillRounds bounds the further claims one Claim makes to fill up to
+// its Max: each is one segment's, so it bounds the segments one Claim
+// reads past its first.
+const maxFillRounds = 16
+
+// fill tops up tasks, what an external claim of up to n tasks of queue q
+// took with claims, from further segments: a claim with Max 10 of 4
+// pending tasks in two segments takes the 4, not the first segment's 2.
+// It claims again while the last claim used up its segment's free slots
+// (or took tasks with records of their own, which go before any
+// segment's) and another segment may have tasks: one the claim's list of
+// open segments showed and it did not take from. A claim that read no
+// list (a session going on where it took from) is not topped up: its next
+// claim lists. Each further claim is an ordinary claim
+// (fenced, one holder per task, by the priority rule) of one segment: it
+// costs that segment's round trips, never one per task, and none when the
+// claim's list showed no other open segment. An error of a further claim
+// ends the filling; the tasks already claimed are answered.
+func (b *broker) fill(ctx context.Context, w *claimer, q string, n int, claims []*claim, tasks []*Task, l clientv3.LeaseID) []*Task {
+	taken := map[string]bool{}
+	for round := 0; round < maxFillRounds && len(tasks) < n && ctx.Err() == nil && !w.fifo.Load(); round++ {
+		for _, cl := range claims {
+			if cl.run != nil {
+				taken[cl.run.seg] = true
+			}
+		}
+		seg, guessed := w.hotSegment(0)
+		switch {
+		case seg != "" && (guessed || fromRecords(claims)):
+			// The next segment of the list, or the segment the session
+			// takes from: claim from it.
+		case seg != "":
+			return tasks // slots left where it took from, yet fewer taken: others won them
+		default:
+			next, _ := w.otherListed(taken)
+			if next == "" {
+				// The list showed no other open segment, or the claim
+				// read none (a session going on where it took from):
+				// listing again would cost a round per short claim,
+				// which a trickle of tasks makes every claim.
+				return tasks
+			}
+			for s := range taken {
+				w.markBusy(s) // used up: a list read skips them
+			}
+			w.setGuess(0, next)
+		}
+		b.attempts.Add(1)
+		more, _, _, err := w.claim(ctx, 0, n-len(tasks))
+		if err != nil || len(more) == 0 {
+			return tasks
+		}
+		got, err := b.runnable(ctx, w, more, l)
+		if err != nil {
+			return tasks
+		}
+		b.claims.remember(func(seg string) string { return b.client.keys.Runs(q, seg) }, q, more, got, l)
+		tasks, claims = append(tasks, got...), more
+	}
+	return tasks
+}
+
+// otherListed returns an open segment of the claimer's list read that is
+// not in taken nor known busy; known: the list was read, and held every
+// open segment (it was not cut at openRead), so "" means none is left.
+func (w *claimer) otherListed(taken map[string]bool) (seg string, known bool) {
+	now := time.Now()
+	w.levelMu.Lock()
+	defer w.levelMu.Unlock()
+	for _, name := range w.listedAll {
+		if until, busy := w.busySegs[name]; taken[name] || (busy && now.Before(until)) {
+			continue
+		}
+		return name, true
+	}
+	return "", w.listedAll != nil && len(w.listedAll) < openRead
+}
+
+// fromRecords reports whether claims took tasks with records of their own
+// (back from a retry, a requeue or a hand-back).
+func fromRecords(claims []*claim) bool {
+	for _, cl := range claims {
+		if cl.run == nil {
+			return true
+		}
+	}
+	return false
+}
+
+// closeDone closes the segments segs (queue and name) that are finished:
+// their states read in one request, and the finished ones closed in one
+// more, each as a nested transaction fenced as closeSegment is. A combined
+// report that finished many one-task segments read and closed them one
+// after the other, two round trips each, and every report waiting behind
+// it waited for all of them.
+func (c *Client) closeDone(ctx context.Context, segs [][2]string) {
+	// Once each: one request may not write a key twice.
+	seen := make(map[[2]string]bool, len(segs))
+	segs = slices.DeleteFunc(slices.Clone(segs), func(s [2]string) bool {
+		dup := seen[s]
+		seen[s] = true
+		return dup
+	})
+	perRead := 120 / len(c.stateOps("", "")) // within etcd's 128 operations a request
+	for from := 0; from < len(segs); from += perRead {
+		part := segs[from:min(from+perRead, len(segs))]
+		var ops []clientv3.Op
+		for _, s := range part {
+			ops = append(ops, c.stateOps(s[0], s[1])...)
+		}
+		resp, err := c.cli.Txn(ctx).Then(ops...).Commit()
+		if err != nil {
+			return // whoever changes these segments next closes them
+		}
+		var closes []clientv3.Op
+		rs := resp.Responses
+		for _, s := range part {
+			k := len(c.stateOps(s[0], s[1]))
+			if st := c.parseState(s[0], s[1], resp.Header.Revision, rs[:k]); st.open && st.done() {
+				cmps, then := c.closeOps(s[0], st)
+				closes = append(closes, clientv3.OpTxn(cmps, then, nil))
+			}
+			rs = rs[k:]
+		}
+		if len(closes) > 0 {
+			_, _ = c.cli.Txn(ctx).Then(closes...).Commit() // each refused alone if changed since
+		}
 	}
 }

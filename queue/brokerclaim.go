@@ -480,7 +480,7 @@ func (b *broker) claimTogether(ctx context.Context, q string, batch []*claimCall
 		return
 	}
 	batch = batch[:min(len(batch), len(names))]
-	states, tss, err := b.readStates(rctx, q, names[:len(batch)])
+	states, tss, err := c.readStates(rctx, q, names[:len(batch)])
 	if err != nil {
 		return
 	}

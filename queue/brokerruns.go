@@ -493,8 +493,7 @@ func retryLater(again []*segGroup, rw *runWrite, n int) []*segGroup {
 
 // readStates reads the states of segments names of queue q, and their
 // tasks (from the Client's cache where it has them), in one request.
-func (b *broker) readStates(ctx context.Context, q string, names []string) ([]*segState, [][]Task, error) {
-	c := b.client
+func (c *Client) readStates(ctx context.Context, q string, names []string) ([]*segState, [][]Task, error) {
 	var ops []clientv3.Op
 	cached := make([]bool, len(names))
 	tss := make([][]Task, len(names))

@@ -52,6 +52,9 @@ func (c *Client) bulk(ctx context.Context, q string, st Status, ids []string, pr
 	named := len(ids) > 0
 	n, done := 0, 0
 	var cursor, segCursor string
+	if st == Scheduled {
+		cursor = "end" // only segments: the due index names segments, not tasks
+	}
 	segments := true // the segments are still to be walked
 	for {
 		var batch []string
@@ -287,6 +290,12 @@ func (c *Client) Purge(ctx context.Context, q string, st Status, ids []string, p
 	}
 	if st == Pending && len(ids) == 0 {
 		n, err := c.purgePendingSegments(ctx, q, progress)
+		if whole = n; err != nil {
+			return n, err
+		}
+	}
+	if st == Scheduled && len(ids) == 0 {
+		n, err := c.purgeScheduledSegments(ctx, q, progress)
 		if whole = n; err != nil {
 			return n, err
 		}

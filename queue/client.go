@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"sync"
 	"time"
 
 	"github.com/droverhq/drover"
@@ -39,6 +40,9 @@ type Client struct {
 	keys     keyspace.Space
 	now      func() time.Time
 	segCache segmentCache
+	// dueCounts keeps per queue what Stats last read of its due index
+	// (seglist.go).
+	dueCounts sync.Map
 	// remote is the claim broker of workers outside this process (the
 	// HTTP API's): the state their claims and reports share.
 	remote broker

@@ -105,18 +105,28 @@ func storedBytes(t *testing.T, cli *clientv3.Client, prefix string) (bytes int64
 // how late each was claimed after its due time (in its parameters).
 func runDelayedWorkers(t *testing.T, cli *clientv3.Client, n int) []time.Duration {
 	t.Helper()
+	return startDelayedWorkers(t, cli, "bench", n, time.Now().Add(10*time.Minute))()
+}
+
+// startDelayedWorkers starts two workers of namespace ns, idle and ready,
+// and returns a wait that returns, once n tasks were claimed (or at
+// until, with those claimed by then), how late each was claimed after its
+// due time (in its parameters), and stops them.
+func startDelayedWorkers(t *testing.T, cli *clientv3.Client, ns string, n int, until time.Time) (wait func() []time.Duration) {
+	t.Helper()
 	var mu sync.Mutex
 	lateness := make([]time.Duration, 0, n)
 	all := make(chan struct{})
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
 	var wg sync.WaitGroup
+	var workers []*queue.Worker
 	for range 2 {
-		w, err := queue.NewWorker(ctx, cli, queue.WorkerConfig{Namespace: "bench", Queue: "later", Concurrency: 64, Prefetch: 64})
+		w, err := queue.NewWorker(ctx, cli, queue.WorkerConfig{Namespace: ns, Queue: "later", Concurrency: 64, Prefetch: 64})
 		if err != nil {
+			cancel()
 			t.Fatal(err)
 		}
-		defer w.Close(context.Background())
+		workers = append(workers, w)
 		w.HandleAll(func(_ context.Context, tk *queue.Task) ([]byte, error) {
 			now := time.Now()
 			due, _ := strconv.ParseInt(string(tk.Parameters), 10, 64)
@@ -131,16 +141,24 @@ func runDelayedWorkers(t *testing.T, cli *clientv3.Client, n int) []time.Duratio
 		wg.Add(1)
 		go func() { defer wg.Done(); _ = w.Run(ctx) }()
 	}
-	select {
-	case <-all:
-	case <-time.After(10 * time.Minute): // a guard against hanging only
-		t.Fatal("not every task was claimed")
+	return func() []time.Duration {
+		defer func() {
+			cancel()
+			wg.Wait()
+			for _, w := range workers {
+				_ = w.Close(context.Background())
+			}
+		}()
+		select {
+		case <-all:
+		case <-time.After(time.Until(until)):
+		}
+		cancel()
+		wg.Wait()
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(lateness)
 	}
-	cancel()
-	wg.Wait()
-	mu.Lock()
-	defer mu.Unlock()
-	return slices.Clone(lateness)
 }
 
 func early(lateness []time.Duration) int {

@@ -90,7 +90,8 @@ func ExampleTask_delay() {
 	st, _ := c.Stats(ctx, "builds")
 	fmt.Printf("scheduled %d, pending %d, %v\n", st.Scheduled, st.Pending, err)
 
-	w, err := queue.NewWorker(ctx, cli, queue.WorkerConfig{Namespace: ns, Queue: "builds", Drain: true})
+	// Not Drain: a draining worker does not wait for tasks scheduled later.
+	w, err := queue.NewWorker(ctx, cli, queue.WorkerConfig{Namespace: ns, Queue: "builds"})
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -100,7 +101,11 @@ func ExampleTask_delay() {
 		fmt.Println("ran after its delay:", time.Since(submitted) >= 500*time.Millisecond)
 		return nil, nil
 	})
-	if err := w.Run(ctx); err != nil { // until nothing is left, the scheduled task included
+	go func() { // the worker stops once the task has run
+		_, _ = c.Wait(ctx, "check-981")
+		_ = w.Stop(ctx)
+	}()
+	if err := w.Run(ctx); err != nil {
 		fmt.Println(err)
 	}
 	// Output:

@@ -27,7 +27,9 @@ func (w *Worker) promoteDue(ctx context.Context) {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	wg.Add(2)
-	go func() { defer wg.Done(); w.client.scheduledIndex(w.cfg.Queue).Run(ctx) }()
+	sched := w.client.scheduledIndex(w.cfg.Queue)
+	sched.Logger = w.logger
+	go func() { defer wg.Done(); sched.Run(ctx) }()
 	go func() { defer wg.Done(); w.client.sleepIndex(w.cfg.Queue, w.logger).Run(ctx) }()
 	w.client.retryIndex(w.cfg.Queue, w.logger).Run(ctx)
 }
@@ -35,7 +37,7 @@ func (w *Worker) promoteDue(ctx context.Context) {
 // retryIndex is queue q's retry schedule as a due index: a due retry's
 // pending key is written back, and its priority level's marker.
 func (c *Client) retryIndex(q string, logger *slog.Logger) *due.Index {
-	return &due.Index{Client: c.cli, Prefix: c.keys.QueueRetry(q), Batch: 50,
+	return &due.Index{Client: c.cli, Prefix: c.keys.QueueRetry(q), Batch: 50, Name: "retry", Logger: logger,
 		Move: func(kv *mvccpb.KeyValue) ([]clientv3.Op, bool) {
 			var rv retryValue
 			if json.Unmarshal(kv.Value, &rv) != nil || rv.PendingKey == "" {
@@ -65,13 +67,16 @@ func (c *Client) retryIndex(q string, logger *slog.Logger) *due.Index {
 // segment's key moves to the open segments, where claims find it.
 func (c *Client) scheduledIndex(q string) *due.Index {
 	pre := c.keys.QueueDue(q)
-	return &due.Index{Client: c.cli, Prefix: pre, Now: c.now,
+	return &due.Index{Client: c.cli, Prefix: pre, Now: c.now, Name: "scheduled",
 		Move: func(kv *mvccpb.KeyValue) ([]clientv3.Op, bool) {
-			_, seg, ok := due.Parse(pre, string(kv.Key))
-			if !ok {
+			seg, _, _ := c.parseDue(q, string(kv.Key))
+			if seg == "" {
 				return nil, false
 			}
 			return []clientv3.Op{clientv3.OpPut(c.keys.SegmentOpen(q, seg), string(kv.Value))}, true
+		},
+		Shared: func([]*mvccpb.KeyValue) []clientv3.Op {
+			return []clientv3.Op{clientv3.OpPut(c.keys.QueueDueVersion(q), "")} // Stats' count is stale
 		}}
 }
 

@@ -148,6 +148,8 @@ func (w *Worker) write(reqs []ackReq, extra []clientv3.Op) {
 		w.writeFailed(reqs, extra, err)
 		return
 	}
+	var ended []*segRun
+	defer func() { w.runsEnded(ended) }()
 	for i, r := range reqs {
 		if !resp.Responses[i].GetResponseTxn().Succeeded {
 			if r.run != nil {
@@ -162,7 +164,7 @@ func (w *Worker) write(reqs []ackReq, extra []clientv3.Op) {
 			w.count(o)
 		}
 		if r.final && r.run.last {
-			w.runEnded(r.run)
+			ended = append(ended, r.run)
 		}
 	}
 }
@@ -499,13 +501,21 @@ func (w *Worker) runRefused(req ackReq, extra []clientv3.Op) {
 	}
 }
 
-// runEnded closes the segment of run r, which took its last free slots,
-// once every slot has finished.
-func (w *Worker) runEnded(r *segRun) {
+// runsEnded closes the segments of runs rs, which took their last free
+// slots, once every slot has finished: their states read in one request
+// and the finished ones closed in one more (closeDone). Closing them one
+// at a time cost the outcome writer two round trips a segment, and small
+// segments (delayed tasks falling due a few at a time) end several runs
+// in each of its batches.
+func (w *Worker) runsEnded(rs []*segRun) {
+	if len(rs) == 0 {
+		return
+	}
+	segs := make([][2]string, len(rs))
+	for i, r := range rs {
+		segs[i] = [2]string{w.cfg.Queue, r.seg}
+	}
 	ctx, cancel := context.WithTimeout(w.lease.Context(), 10*time.Second)
 	defer cancel()
-	st, err := w.client.readState(ctx, w.cfg.Queue, r.seg)
-	if err == nil && st.open && st.done() {
-		w.client.closeSegment(ctx, w.cfg.Queue, st)
-	}
+	w.client.closeDone(ctx, segs)
 }

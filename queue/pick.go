@@ -17,7 +17,7 @@ import (
 // moment, and the segments other claim loops of the worker take from left
 // to them.
 
-// pickSegments returns up to eight segments to claim from, in the order to
+// pickSegments returns up to severalMax segments to claim from, in the order to
 // try them. The rule, as for
 // tasks with records of their own: seven claims in eight take the highest
 // priority level's oldest segments; every eighth takes the next level below
@@ -84,7 +84,7 @@ func (w *claimer) pickSegments(ctx context.Context, open []*mvccpb.KeyValue, fif
 	}
 	window := names[:min(len(names), 4)]
 	rand.Shuffle(len(window), func(i, j int) { window[i], window[j] = window[j], window[i] })
-	return names[:min(len(names), 8)], nil
+	return names[:min(len(names), severalMax)], nil
 }
 
 // from returns the level a claim with sequence number seq reads from, given

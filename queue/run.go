@@ -376,8 +376,7 @@ func (w *Worker) loop(ctx, base context.Context, lane int, slots *slotPool, run 
 		busy, ended := slots.state()
 		if w.cfg.Drain && busy == 0 {
 			_, _ = w.client.closeFinished(ctx, w.cfg.Queue)
-			st, err := w.client.Stats(ctx, w.cfg.Queue)
-			if err == nil && st.Unfinished() == 0 {
+			if w.client.drained(ctx, w.cfg.Queue) {
 				return nil
 			}
 		}

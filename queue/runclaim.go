@@ -37,6 +37,9 @@ type runClaim struct {
 	free []int
 	// paused: the pause fence refused the claim (result).
 	paused bool
+	// made and made0, once sent: the run was made, and its segRun.
+	made  bool
+	made0 *segRun
 }
 
 // prepareRun is the transaction that writes the run of pick: a run key
@@ -134,7 +137,7 @@ func (rc *runClaim) claimed(rev int64) []*claim {
 	for i, s := range rc.pick {
 		t, _ := taskOf(rc.ts, s)
 		t.Queue = q
-		t.Transitions = []Transition{{Status: Pending, At: t.Metadata.CreatedAt}}
+		t.Transitions = submittedHistory(rc.st.name, t.Metadata.CreatedAt)
 		t.Attempt, t.Token, t.CurrentStatus = rc.v.Attempts[i], run.token, Running
 		out[i] = &claim{task: t, claimKey: rc.runKey, token: run.token, claimedAt: rc.now, run: run, slot: s}
 		metrics.TasksClaimed.WithLabelValues(q, t.Type).Inc()

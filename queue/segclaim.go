@@ -107,6 +107,16 @@ func (w *claimer) claimListed(ctx context.Context, lane, n int, r segmentRead) (
 		if err != nil || len(cands) == 0 {
 			return nil, contended, err
 		}
+		if !fifo && len(cands) > 1 {
+			claims, c, err := w.claimSeveral(ctx, lane, cands, n, open)
+			if err != nil || len(claims) > 0 {
+				return claims, false, err
+			}
+			if contended = contended || c; contended || !w.allBusy(cands) {
+				return nil, contended, nil
+			}
+			continue
+		}
 		busy := 0
 		for _, seg := range cands {
 			claims, c, err := w.claimSegment(ctx, lane, seg, n)
@@ -128,6 +138,157 @@ func (w *claimer) claimListed(ctx context.Context, lane, n int, r segmentRead) (
 		}
 	}
 	return nil, true, nil // still only busy segments: claim again, reading on
+}
+
+// severalMax is the most segments one claim reads and takes from at once
+// (claimSeveral): their states, seven reads each, fit etcd's 128
+// operations a request.
+const severalMax = 16
+
+// claimSeveral claims up to n tasks from the segments cands, in that
+// order, in two requests: one reads their states, one makes a run in each
+// that has free slots until n are taken, each run a nested transaction
+// fenced as claimSegment's, so a run refused (others won its slots) takes
+// nothing and the others stand. Segments of a few tasks each (delayed
+// tasks submitted over a spread of times fall due in small groups) cost
+// the claim two round trips in all, not two per segment. open is the list
+// read the candidates came from.
+func (w *claimer) claimSeveral(ctx context.Context, lane int, cands []string, n int, open []*mvccpb.KeyValue) (claims []*claim, contended bool, err error) {
+	q := w.queue
+	states, tss, err := w.client.readStates(ctx, q, cands)
+	if err != nil {
+		return nil, false, fmt.Errorf("queue: read segments of %s: %w", q, err)
+	}
+	var runs []*runClaim
+	for i, st := range states {
+		left := n
+		for _, rc := range runs {
+			left -= len(rc.pick)
+		}
+		if left <= 0 {
+			break
+		}
+		free, c := w.freeSlots(ctx, lane, st, tss[i])
+		contended = contended || c
+		if len(free) == 0 {
+			continue
+		}
+		pick := free[:min(left, len(free))]
+		rc := w.prepareRun(st, tss[i], pick, len(free)-len(pick) < 2*n)
+		rc.free = free
+		runs = append(runs, rc)
+	}
+	if len(runs) == 0 {
+		return nil, contended, nil
+	}
+	claims, c, err := w.takeRuns(ctx, runs)
+	if len(claims) == 0 {
+		w.setHot(lane, "")
+		return nil, contended || c, err
+	}
+	last := runs[len(runs)-1]
+	for _, rc := range runs[:len(runs)-1] {
+		w.markBusy(rc.st.name) // every free slot taken
+	}
+	switch {
+	case last.made && len(last.free) > len(last.pick):
+		w.setPredicted(lane, last.st.after(last.made0, w.keys.Runs(q, last.st.name), last.pick))
+	case last.made:
+		w.markBusy(last.st.name)
+		w.setGuess(lane, w.nextListed(lane, last.st.name))
+	default:
+		w.setHot(lane, "")
+	}
+	if w.belowTop(runs[0].st.name, open) {
+		w.setHot(lane, "") // a lower level's turn: the next claim follows the rule
+	}
+	return claims, c, err
+}
+
+// freeSlots returns the slots of segment st (whose tasks are ts) a claim
+// may take, a dead worker's first; contended says the segment changed
+// since it was listed (closed, or finished and closed now).
+func (w *claimer) freeSlots(ctx context.Context, lane int, st *segState, ts []Task) (free []int, contended bool) {
+	switch {
+	case ts == nil:
+		w.markBusy(st.name) // removed
+		return nil, false
+	case !st.open:
+		w.markBusy(st.name)
+		return nil, true
+	case st.unreadable > 0:
+		w.logger.Warn("queue: a segment holds state this worker cannot read; skipping it", "queue", w.queue, "segment", st.name, "values", st.unreadable)
+		w.markBusy(st.name)
+		return nil, false
+	}
+	all := st.free()
+	free = w.withoutRunnerHeldSlots(ts, all)
+	if len(free) == 0 {
+		if len(all) == 0 {
+			w.markBusy(st.name)
+		}
+		if st.done() {
+			w.client.closeSegment(ctx, w.queue, st)
+			return nil, true
+		}
+		return nil, false
+	}
+	sort.SliceStable(free, func(i, j int) bool { return st.attempts(free[i]) > st.attempts(free[j]) })
+	return free, false
+}
+
+// takeRuns writes runs in one request; see claimSeveral. contended: some
+// run was refused for a change of its segment.
+func (w *claimer) takeRuns(ctx context.Context, runs []*runClaim) (claims []*claim, contended bool, err error) {
+	ops := make([]clientv3.Op, len(runs))
+	for i, rc := range runs {
+		ops[i] = rc.op()
+	}
+	// Once sent, the claim may be applied whatever happens to ctx.
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	began := time.Now()
+	resp, err := w.cli.Txn(cctx).Then(ops...).Commit()
+	metrics.ObserveTxn("claim", began)
+	cancel()
+	if err != nil {
+		if !outcomeUnknown(err) {
+			return nil, false, err
+		}
+		for _, rc := range runs {
+			if got := rc.resolve(); len(got) > 0 {
+				rc.made, rc.made0 = true, got[0].run
+				claims = append(claims, got...)
+			}
+		}
+		if len(claims) > 0 {
+			return claims, false, nil
+		}
+		return nil, false, err
+	}
+	for k, rc := range runs {
+		made, runnerHeld := rc.result(resp.Responses[k].GetResponseTxn())
+		if runnerHeld {
+			rc.findRunners(ctx)
+		}
+		if !made {
+			contended = contended || !runnerHeld
+			continue
+		}
+		got := rc.claimed(resp.Header.Revision)
+		rc.made, rc.made0 = true, got[0].run
+		claims = append(claims, got...)
+	}
+	return claims, contended, nil
+}
+
+// allBusy reports whether every segment of segs is marked busy.
+func (w *claimer) allBusy(segs []string) bool {
+	for _, seg := range segs {
+		if !w.isBusy(seg) {
+			return false
+		}
+	}
+	return true
 }
 
 // belowTop reports whether segment seg is of a lower priority level than
@@ -389,47 +550,6 @@ func (c *Client) closeOps(q string, st *segState) ([]clientv3.Cmp, []clientv3.Op
 		}
 }
 
-// closeDone closes the segments segs (queue and name) that are finished:
-// their states read in one request, and the finished ones closed in one
-// more, each as a nested transaction fenced as closeSegment is. A combined
-// report that finished many one-task segments read and closed them one
-// after the other, two round trips each, and every report waiting behind
-// it waited for all of them.
-func (c *Client) closeDone(ctx context.Context, segs [][2]string) {
-	// Once each: one request may not write a key twice.
-	seen := make(map[[2]string]bool, len(segs))
-	segs = slices.DeleteFunc(slices.Clone(segs), func(s [2]string) bool {
-		dup := seen[s]
-		seen[s] = true
-		return dup
-	})
-	const perRead = 24 // five reads each, within etcd's 128 operations
-	for from := 0; from < len(segs); from += perRead {
-		part := segs[from:min(from+perRead, len(segs))]
-		var ops []clientv3.Op
-		for _, s := range part {
-			ops = append(ops, c.stateOps(s[0], s[1])...)
-		}
-		resp, err := c.cli.Txn(ctx).Then(ops...).Commit()
-		if err != nil {
-			return // whoever changes these segments next closes them
-		}
-		var closes []clientv3.Op
-		rs := resp.Responses
-		for _, s := range part {
-			k := len(c.stateOps(s[0], s[1]))
-			if st := c.parseState(s[0], s[1], resp.Header.Revision, rs[:k]); st.open && st.done() {
-				cmps, then := c.closeOps(s[0], st)
-				closes = append(closes, clientv3.OpTxn(cmps, then, nil))
-			}
-			rs = rs[k:]
-		}
-		if len(closes) > 0 {
-			_, _ = c.cli.Txn(ctx).Then(closes...).Commit() // each refused alone if changed since
-		}
-	}
-}
-
 // closeFinished closes the finished segments among the first open ones of
 // queue q (a segment whose last runs ended on several workers may be left
 // open by all of them), and returns how many it closed.
@@ -451,93 +571,4 @@ func (c *Client) closeFinished(ctx context.Context, q string) (int, error) {
 		}
 	}
 	return n, nil
-}
-
-// maxFillRounds bounds the further claims one Claim makes to fill up to
-// its Max: each is one segment's, so it bounds the segments one Claim
-// reads past its first.
-const maxFillRounds = 16
-
-// fill tops up tasks, what an external claim of up to n tasks of queue q
-// took with claims, from further segments: a claim with Max 10 of 4
-// pending tasks in two segments takes the 4, not the first segment's 2.
-// It claims again while the last claim used up its segment's free slots
-// (or took tasks with records of their own, which go before any
-// segment's) and another segment may have tasks: one the claim's list of
-// open segments showed and it did not take from. A claim that read no
-// list (a session going on where it took from) is not topped up: its next
-// claim lists. Each further claim is an ordinary claim
-// (fenced, one holder per task, by the priority rule) of one segment: it
-// costs that segment's round trips, never one per task, and none when the
-// claim's list showed no other open segment. An error of a further claim
-// ends the filling; the tasks already claimed are answered.
-func (b *broker) fill(ctx context.Context, w *claimer, q string, n int, claims []*claim, tasks []*Task, l clientv3.LeaseID) []*Task {
-	taken := map[string]bool{}
-	for round := 0; round < maxFillRounds && len(tasks) < n && ctx.Err() == nil && !w.fifo.Load(); round++ {
-		for _, cl := range claims {
-			if cl.run != nil {
-				taken[cl.run.seg] = true
-			}
-		}
-		seg, guessed := w.hotSegment(0)
-		switch {
-		case seg != "" && (guessed || fromRecords(claims)):
-			// The next segment of the list, or the segment the session
-			// takes from: claim from it.
-		case seg != "":
-			return tasks // slots left where it took from, yet fewer taken: others won them
-		default:
-			next, _ := w.otherListed(taken)
-			if next == "" {
-				// The list showed no other open segment, or the claim
-				// read none (a session going on where it took from):
-				// listing again would cost a round per short claim,
-				// which a trickle of tasks makes every claim.
-				return tasks
-			}
-			for s := range taken {
-				w.markBusy(s) // used up: a list read skips them
-			}
-			w.setGuess(0, next)
-		}
-		b.attempts.Add(1)
-		more, _, _, err := w.claim(ctx, 0, n-len(tasks))
-		if err != nil || len(more) == 0 {
-			return tasks
-		}
-		got, err := b.runnable(ctx, w, more, l)
-		if err != nil {
-			return tasks
-		}
-		b.claims.remember(func(seg string) string { return b.client.keys.Runs(q, seg) }, q, more, got, l)
-		tasks, claims = append(tasks, got...), more
-	}
-	return tasks
-}
-
-// otherListed returns an open segment of the claimer's list read that is
-// not in taken nor known busy; known: the list was read, and held every
-// open segment (it was not cut at openRead), so "" means none is left.
-func (w *claimer) otherListed(taken map[string]bool) (seg string, known bool) {
-	now := time.Now()
-	w.levelMu.Lock()
-	defer w.levelMu.Unlock()
-	for _, name := range w.listedAll {
-		if until, busy := w.busySegs[name]; taken[name] || (busy && now.Before(until)) {
-			continue
-		}
-		return name, true
-	}
-	return "", w.listedAll != nil && len(w.listedAll) < openRead
-}
-
-// fromRecords reports whether claims took tasks with records of their own
-// (back from a retry, a requeue or a hand-back).
-func fromRecords(claims []*claim) bool {
-	for _, cl := range claims {
-		if cl.run == nil {
-			return true
-		}
-	}
-	return false
 }

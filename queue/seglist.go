@@ -2,9 +2,11 @@ package queue
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/droverhq/drover/internal/taskstore"
 	"github.com/droverhq/drover/keyspace"
@@ -147,7 +149,7 @@ func (c *Client) dueSegments(ctx context.Context, q, from string) ([]string, boo
 	}
 	out := make([]string, 0, len(g.Kvs))
 	for _, kv := range g.Kvs {
-		if _, seg, ok := keyspace.ParseTimedKey(pre, string(kv.Key)); ok {
+		if seg, _, _ := c.parseDue(q, string(kv.Key)); seg != "" {
 			out = append(out, seg)
 		}
 	}
@@ -155,7 +157,7 @@ func (c *Client) dueSegments(ctx context.Context, q, from string) ([]string, boo
 }
 
 // segmentStatsOps are the reads segmentStats counts from: keys only
-// (counts are in their names), except the open and closed segments' small
+// (counts are in their names, a scheduled segment's too), except the open and closed segments' small
 // values and the live runs' (their slots).
 func (c *Client) segmentStatsOps(q string) []clientv3.Op {
 	keysOnly := func(p string) clientv3.Op {
@@ -165,15 +167,21 @@ func (c *Client) segmentStatsOps(q string) []clientv3.Op {
 		clientv3.OpGet(c.keys.SegmentsOpen(q), clientv3.WithPrefix()),
 		clientv3.OpGet(c.keys.Runs(q, ""), clientv3.WithPrefix()), keysOnly(c.keys.Outs(q, "")), keysOnly(c.keys.Exits(q, "")),
 		clientv3.OpGet(c.keys.SegmentsClosed(q), clientv3.WithPrefix()),
-		clientv3.OpGet(c.keys.QueueDue(q), clientv3.WithPrefix()),
+		clientv3.OpGet(c.keys.QueueDueVersion(q), clientv3.WithKeysOnly()),
 	}
+}
+
+// dueRead is the read of queue q's due index keys (their names count
+// their tasks) that follows segmentStatsOps when the index changed.
+func (c *Client) dueRead(q string) clientv3.Op {
+	return clientv3.OpGet(c.keys.QueueDue(q), clientv3.WithPrefix(), clientv3.WithKeysOnly())
 }
 
 // segmentStats counts queue q's tasks in segments, pending (with the
 // scheduled ones), running and succeeded, from the responses of
 // segmentStatsOps. Only cancels and purges touch a scheduled segment: its
 // exits are counted as an open segment's are.
-func (c *Client) segmentStats(q string, rs []*pb.ResponseOp) (scheduled, pending, running, succeeded int64) {
+func (c *Client) segmentStats(ctx context.Context, q string, unchanged bool, rs []*pb.ResponseOp) (scheduled, pending, running, succeeded int64, err error) {
 	open := map[string]bool{}
 	for _, kv := range rs[0].GetResponseRange().Kvs {
 		seg, _ := keyspace.Last(c.keys.SegmentsOpen(q), string(kv.Key))
@@ -181,11 +189,14 @@ func (c *Client) segmentStats(q string, rs []*pb.ResponseOp) (scheduled, pending
 		open[seg] = true
 		pending += n
 	}
-	sched := c.dueStats(q, rs[5], open, &scheduled)
+	sched, err := c.dueStats(ctx, q, unchanged, rs[5:], &scheduled)
+	if err != nil {
+		return 0, 0, 0, 0, err
+	}
 	inOpen := func(k int, pre string, count func(rest string) (int64, int64)) (a, b int64) {
 		for _, kv := range rs[k].GetResponseRange().Kvs {
 			seg, rest, ok := keyspace.SegmentPart(pre, string(kv.Key))
-			if ok && open[seg] {
+			if ok && (open[seg] || sched[seg]) {
 				x, y := count(rest)
 				a, b = a+x, b+y
 			}
@@ -221,7 +232,7 @@ func (c *Client) segmentStats(q string, rs []*pb.ResponseOp) (scheduled, pending
 	var exits, purgedOK int64
 	for _, kv := range rs[3].GetResponseRange().Kvs {
 		seg, rest, ok := keyspace.SegmentPart(c.keys.Exits(q, ""), string(kv.Key))
-		if !ok || !open[seg] {
+		if !ok || !open[seg] && !sched[seg] {
 			continue
 		}
 		slot, done, _ := keyspace.ParseExit(rest)
@@ -243,18 +254,163 @@ func (c *Client) segmentStats(q string, rs []*pb.ResponseOp) (scheduled, pending
 		n, _ := strconv.ParseInt(string(kv.Value), 10, 64)
 		succeeded += n
 	}
-	return scheduled, pending - running - ok - moved - exits, running, succeeded + ok - purgedOK
+	return scheduled, pending - running - ok - moved - exits, running, succeeded + ok - purgedOK, nil
 }
 
-// dueStats adds the segments of the due index (a response of
-// segmentStatsOps) to open and their tasks to *n, and returns their names.
-func (c *Client) dueStats(q string, r *pb.ResponseOp, open map[string]bool, n *int64) map[string]bool {
-	sched := map[string]bool{}
-	for _, kv := range r.GetResponseRange().Kvs {
-		_, seg, _ := keyspace.ParseTimedKey(c.keys.QueueDue(q), string(kv.Key))
-		k, _ := strconv.ParseInt(string(kv.Value), 10, 64)
-		open[seg], sched[seg] = true, true
-		*n += k
+// dueCount is what a Stats read of a queue's due index: the mod revision
+// of its version key then, when, the tasks and the segments.
+type dueCount struct {
+	ver  int64
+	at   time.Time
+	n    int64
+	segs map[string]bool
+}
+
+// dueCountFor bounds how long a count of the due index is used without
+// reading the index again: a process of an earlier release moves segments
+// without putting the version key.
+const dueCountFor = time.Minute
+
+// dueUnchanged is the compare that holds while queue q's due index is as
+// the last Stats read it (never, when none did or long ago).
+func (c *Client) dueUnchanged(q string) clientv3.Cmp {
+	ver := int64(-1)
+	if v, ok := c.dueCounts.Load(q); ok && time.Since(v.(*dueCount).at) < dueCountFor {
+		ver = v.(*dueCount).ver
 	}
-	return sched
+	return clientv3.Compare(clientv3.ModRevision(c.keys.QueueDueVersion(q)), "=", ver)
+}
+
+// dueStats adds the tasks of queue q's due index to *n and returns its
+// segments: as the last Stats read them when unchanged (rs[0] is the
+// version key), else from rs[1], the index's keys (a key written before
+// due keys carried their count in their name is read again for its
+// value).
+func (c *Client) dueStats(ctx context.Context, q string, unchanged bool, rs []*pb.ResponseOp, n *int64) (map[string]bool, error) {
+	if v, ok := c.dueCounts.Load(q); ok && unchanged {
+		*n += v.(*dueCount).n
+		return v.(*dueCount).segs, nil
+	}
+	sched := map[string]bool{}
+	var old []clientv3.Op
+	var k int64
+	for _, kv := range rs[1].GetResponseRange().Kvs {
+		seg, m, counted := c.parseDue(q, string(kv.Key))
+		if seg == "" {
+			continue
+		}
+		sched[seg] = true
+		if counted {
+			k += int64(m)
+		} else {
+			old = append(old, clientv3.OpGet(string(kv.Key)))
+		}
+	}
+	for len(old) > 0 {
+		part := old[:min(len(old), 100)]
+		old = old[len(part):]
+		resp, err := c.cli.Txn(ctx).Then(part...).Commit()
+		if err != nil {
+			return nil, fmt.Errorf("queue: read scheduled segments of %s: %w", q, err)
+		}
+		for _, rr := range resp.Responses {
+			for _, kv := range rr.GetResponseRange().Kvs {
+				m, _ := strconv.ParseInt(string(kv.Value), 10, 64)
+				k += m
+			}
+		}
+	}
+	*n += k
+	if ver := rs[0].GetResponseRange().Kvs; len(ver) > 0 {
+		c.dueCounts.Store(q, &dueCount{ver: ver[0].ModRevision, at: time.Now(), n: k, segs: sched})
+	} else {
+		c.dueCounts.Delete(q)
+	}
+	return sched, nil
+}
+
+// dueKey is segment seg's key in queue q's due index, with its n tasks
+// in its name ("{due}-{seg}-{n}"), so that a read of the keys alone counts
+// the scheduled tasks.
+func (c *Client) dueKey(q, seg string, n int) string {
+	return c.keys.SegmentDue(q, seg) + "-" + strconv.Itoa(n)
+}
+
+// parseDue reads key, a key of queue q's due index: its segment and its
+// number of tasks; counted is false for a key written before the count
+// was in the name ("{due}-{seg}"), whose value holds it; seg is "" for a
+// key that is neither.
+func (c *Client) parseDue(q, key string) (seg string, n int, counted bool) {
+	_, name, ok := keyspace.ParseTimedKey(c.keys.QueueDue(q), key)
+	if !ok {
+		return "", 0, false
+	}
+	if _, _, ok := keyspace.ParseSegmentName(name); ok && !strings.Contains(name[25:], "-") {
+		return name, 0, false
+	}
+	i := strings.LastIndexByte(name, '-')
+	if i < 0 {
+		return "", 0, false
+	}
+	k, err := strconv.Atoi(name[i+1:])
+	if _, _, ok := keyspace.ParseSegmentName(name[:i]); !ok || err != nil || k < 0 {
+		return "", 0, false
+	}
+	return name[:i], k, true
+}
+
+// scheduledMark starts the random part of the name of a segment submitted
+// to run later (never a hex digit), so that its tasks' history says
+// SCHEDULED once it fell due and its due key is gone.
+const scheduledMark = "s"
+
+// submittedHistory is the history of a task of segment seg, submitted at
+// created, up to when it became claimable: PENDING at created, or, for a
+// segment submitted to run later, SCHEDULED at created and PENDING at its
+// due time. (Segments scheduled before the mark existed show PENDING.)
+func submittedHistory(seg string, created time.Time) []Transition {
+	_, due, ok := keyspace.ParseSegmentName(seg)
+	if !ok || !strings.HasPrefix(seg[25:], scheduledMark) {
+		return []Transition{{Status: Pending, At: created}}
+	}
+	return []Transition{{Status: Scheduled, At: created}, {Status: Pending, At: due.UTC()}}
+}
+
+// drained reports whether queue q has nothing left for a draining worker:
+// no task pending, running or retrying, and none scheduled that is due by
+// now (a moment from moving to the open segments). A drain does not wait
+// for the tasks scheduled after it: they stay SCHEDULED for the workers
+// that run then.
+func (c *Client) drained(ctx context.Context, q string) bool {
+	st, err := c.Stats(ctx, q)
+	if err != nil || st.Unfinished()-st.Scheduled > 0 {
+		return false
+	}
+	if st.Scheduled == 0 {
+		return true
+	}
+	pre := c.keys.QueueDue(q)
+	g, err := c.cli.Get(ctx, pre, clientv3.WithRange(keyspace.TimeBound(pre, c.now().UnixNano()+1)), clientv3.WithKeysOnly(), clientv3.WithLimit(1))
+	return err == nil && len(g.Kvs) == 0
+}
+
+// RunNow makes scheduled tasks of queue q due now (a requeue of a
+// SCHEDULED task): ids, or every scheduled task when ids is empty. Each
+// leaves its segment (an exit, as a cancel writes) for a record of its own
+// that is PENDING at once, its history SCHEDULED then PENDING; its
+// neighbours in the segment keep their time. It returns how many it
+// moved; progress, if set, is called after each transaction with the
+// number handled so far.
+func (c *Client) RunNow(ctx context.Context, q string, ids []string, progress func(done int)) (int, error) {
+	return c.bulk(ctx, q, Scheduled, ids, progress, func(t *Task) ([]clientv3.Op, int, string) {
+		now := c.now().UTC()
+		t.CurrentStatus, t.ScheduledAt, t.Attempt, t.Token = Pending, time.Time{}, 0, 0
+		t.Transitions = append(t.Transitions, Transition{Status: Pending, At: now, Error: "requeued: due now"})
+		rec, _ := json.Marshal(t)
+		return []clientv3.Op{
+			clientv3.OpPut(c.keys.TaskRecord(t.ID), string(rec)),
+			clientv3.OpPut(c.keys.Exit(q, t.seg.seg, t.seg.slot), "requeued"),
+			clientv3.OpPut(c.pendingKey(t), encodePending(0, false)),
+		}, len(rec), c.levelKey(q, levelOf(t.Metadata.Priority))
+	})
 }

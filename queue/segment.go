@@ -164,7 +164,7 @@ func (c *Client) stateOps(q, seg string) []clientv3.Op {
 		clientv3.OpGet(c.keys.Tries(q, seg), clientv3.WithPrefix()),
 		clientv3.OpGet(c.keys.Outs(q, seg), clientv3.WithPrefix()),
 		clientv3.OpGet(c.keys.Exits(q, seg), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
-		clientv3.OpGet(c.keys.SegmentDue(q, seg)),
+		clientv3.OpGet(c.keys.SegmentDue(q, seg), clientv3.WithPrefix()), // with its count or without
 	}
 }
 
@@ -292,7 +292,7 @@ func (s *segState) fill(t *Task, slot int) bool {
 		return false
 	}
 	created := t.Metadata.CreatedAt
-	t.Transitions = []Transition{{Status: Pending, At: created}}
+	t.Transitions = submittedHistory(s.name, created)
 	if ok, done := s.ok[slot]; done {
 		t.Transitions = appendLost(t.Transitions, ok.Attempt, ok.out.ClaimedAt)
 		t.Transitions = append(t.Transitions,
@@ -308,7 +308,7 @@ func (s *segState) fill(t *Task, slot int) bool {
 		return true
 	}
 	if s.scheduled {
-		t.Transitions[0].Status = Scheduled
+		t.Transitions = []Transition{{Status: Scheduled, At: created}}
 		t.CurrentStatus, t.ScheduledAt = Scheduled, s.due.UTC()
 		return true
 	}

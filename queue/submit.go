@@ -316,11 +316,11 @@ func (c *Client) putSegment(ctx context.Context, q string, valid []Task, idx []i
 		ts, due := segmentTasksOf(valid, idx)
 		// A segment that runs later is named after its due time, which
 		// says where its key in the due index is.
-		named := c.now()
+		named, suffix := c.now(), NewID()[:8]
 		if !due.IsZero() {
-			named = due
+			named, suffix = due, scheduledMark+suffix[1:]
 		}
-		seg := keyspace.SegmentName(MaxPriority-t0.Metadata.Priority, named, NewID()[:8])
+		seg := keyspace.SegmentName(MaxPriority-t0.Metadata.Priority, named, suffix)
 		data, err := encodeSegment(ts)
 		if err != nil {
 			return existing, fmt.Errorf("encode segment: %w", err)
@@ -340,7 +340,8 @@ func (c *Client) putSegment(ctx context.Context, q string, valid []Task, idx []i
 		gets = append(gets, storeguard.GetOp(c.keys))
 		live := c.keys.SegmentOpen(q, seg)
 		if !due.IsZero() {
-			live = c.keys.SegmentDue(q, seg)
+			live = c.dueKey(q, seg, len(idx))
+			puts = append(puts, clientv3.OpPut(c.keys.QueueDueVersion(q), ""))
 		}
 		puts = append(puts, clientv3.OpPut(c.keys.Segment(q, seg), string(data)), clientv3.OpPut(live, strconv.Itoa(len(idx))))
 		if first {

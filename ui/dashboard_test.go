@@ -12,10 +12,11 @@ import (
 )
 
 // TestUIOverviewCounts: the overview shows the counts by state of a queue
-// the test filled (pending, running, dead).
+// the test filled (scheduled, pending, running, dead).
 func TestUIOverviewCounts(t *testing.T) {
 	s := newSite(t)
 	s.submit("emails", "e1", "e2", "e3", "e4", "e5")
+	s.do("POST", "/v1/queues/emails/tasks", []map[string]any{{"task_id": "later", "task_type": "x", "delay": "1h"}}, 200)
 	sess := s.session()
 	s.kill("emails", sess, 1)
 	s.do("POST", "/v1/queues/emails/claim", map[string]any{"session": sess, "max": 1}, 200)
@@ -26,7 +27,7 @@ func TestUIOverviewCounts(t *testing.T) {
 		return fmt.Sprintf(`document.querySelector('tr[data-queue="emails"] [data-state="%s"]')?.textContent`, state)
 	}
 	tb.waitJS("the queue's row", count("pending")+` === "3"`)
-	for state, want := range map[string]string{"pending": "3", "running": "1", "retrying": "0", "succeeded": "0", "dead": "1", "cancelled": "0"} {
+	for state, want := range map[string]string{"scheduled": "1", "pending": "3", "running": "1", "retrying": "0", "succeeded": "0", "dead": "1", "cancelled": "0"} {
 		if got := eval[string](tb, count(state)); got != want {
 			t.Errorf("%s: the page shows %q, want %q", state, got, want)
 		}

@@ -1,13 +1,17 @@
 package due
 
 import (
+	"cmp"
 	"context"
+	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/droverhq/drover/metrics"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -58,7 +62,20 @@ type Index struct {
 	Now func() time.Time
 	// OnMoved, if set, is called with the items a request moved.
 	OnMoved func(kvs []*mvccpb.KeyValue)
+	// Name names the index in Run's logs and in the metric
+	// drover_due_errors_total{index} ("" for "due").
+	Name string
+	// Logger receives Run's errors (nil: slog.Default()), at most one
+	// line per errorLogEvery with the count of those left out.
+	Logger *slog.Logger
+
+	// Run's error log: when it last wrote, and the errors since.
+	logged   time.Time
+	unlogged int
 }
+
+// errorLogEvery is how often Run logs its errors at most.
+const errorLogEvery = time.Minute
 
 func (ix *Index) now() time.Time {
 	if ix.Now != nil {
@@ -75,6 +92,19 @@ func (ix *Index) now() time.Time {
 func (ix *Index) Promote(ctx context.Context) (next time.Time, moved int, err error) {
 	next, _, moved, err = ix.promote(ctx, time.Time{})
 	return next, moved, err
+}
+
+// PromoteFrom is Promote for a caller that remembers where its last call
+// left off and has no watch of the index (a server moving items within
+// its claims): it reads from the items due at from on (zero: from the
+// first) and returns done, the time up to which it moved every item, for
+// the next call. etcd counts every key a range covers, the moved ones too
+// until compaction, so a read from the index's start costs in proportion
+// to what moved lately. An item put due before from (a put that raced the
+// last call, a submitter whose clock is behind) is not read: such a
+// caller reads back a margin, and from the first item now and then.
+func (ix *Index) PromoteFrom(ctx context.Context, from time.Time) (next, done time.Time, moved int, err error) {
+	return ix.promote(ctx, from)
 }
 
 // promote is Promote reading from the items due at from on (zero: from
@@ -185,33 +215,52 @@ func (ix *Index) move(ctx context.Context, kvs []*mvccpb.KeyValue) (int, error) 
 // prefix (puts only) and one timer. After an error it waits a moment and
 // starts again (a new watch, a new read), so an outage delays items but
 // loses none.
+//
+// Each error is counted in drover_due_errors_total{index} and logged, at
+// most once a minute: an outage retried every 100-200 ms would otherwise
+// fill the log.
 func (ix *Index) Run(ctx context.Context) {
 	for ctx.Err() == nil {
-		ix.runOnce(ctx)
+		if err := ix.runOnce(ctx); err != nil && ctx.Err() == nil {
+			ix.failed(err)
+		}
 		sleep(ctx, 100*time.Millisecond+time.Duration(rand.Int64N(int64(100*time.Millisecond))))
 	}
 }
 
-// runOnce runs one watch until it fails or ctx ends. It reads the items
+// failed counts and, unless it logged less than errorLogEvery ago, logs
+// err, an error of Run.
+func (ix *Index) failed(err error) {
+	name := cmp.Or(ix.Name, "due")
+	metrics.DueErrors.WithLabelValues(name).Inc()
+	if ix.unlogged++; !ix.logged.IsZero() && time.Since(ix.logged) < errorLogEvery {
+		return
+	}
+	logger := cmp.Or(ix.Logger, slog.Default())
+	logger.Warn("due: moving due items failed; trying again", "index", name, "prefix", ix.Prefix, "errors", ix.unlogged, "err", err)
+	ix.logged, ix.unlogged = time.Now(), 0
+}
+
+// runOnce runs one watch until it fails (its error) or ctx ends (nil). It reads the items
 // from the time up to which it moved them all on (from), lowered when the
 // watch shows an item put that is due before it.
-func (ix *Index) runOnce(ctx context.Context) {
+func (ix *Index) runOnce(ctx context.Context) error {
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	wch := ix.Client.Watch(clientv3.WithRequireLeader(wctx), ix.Prefix, clientv3.WithPrefix(), clientv3.WithFilterDelete(), clientv3.WithCreatedNotify())
 	select {
 	case wr, ok := <-wch:
-		if !ok || wr.Err() != nil {
-			return
+		if err := watchErr(wr, ok); err != nil {
+			return err
 		}
 	case <-ctx.Done():
-		return
+		return nil
 	}
 	var from time.Time // zero: from the first item (the watch came after)
 	for ctx.Err() == nil {
 		next, done, _, err := ix.promote(wctx, from)
 		if err != nil {
-			return
+			return err
 		}
 		from = done
 		var fire <-chan time.Time
@@ -224,11 +273,11 @@ func (ix *Index) runOnce(ctx context.Context) {
 		select {
 		case <-fire:
 		case wr, ok := <-wch:
-			if !ok || wr.Err() != nil {
+			if err := watchErr(wr, ok); err != nil {
 				if timer != nil {
 					timer.Stop()
 				}
-				return
+				return err
 			}
 			if len(wr.Events) == 0 {
 				goto wait
@@ -246,6 +295,19 @@ func (ix *Index) runOnce(ctx context.Context) {
 			timer.Stop()
 		}
 	}
+	return nil
+}
+
+// watchErr is the error of a watch's response wr (ok false: the channel
+// closed).
+func watchErr(wr clientv3.WatchResponse, ok bool) error {
+	if !ok {
+		return errors.New("due: the watch ended")
+	}
+	if err := wr.Err(); err != nil {
+		return fmt.Errorf("due: watch: %w", err)
+	}
+	return nil
 }
 
 // earliest returns the earliest due time of the items events put; false

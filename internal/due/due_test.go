@@ -1,9 +1,12 @@
 package due_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -11,6 +14,8 @@ import (
 
 	"github.com/droverhq/drover/internal/due"
 	"github.com/droverhq/drover/internal/testenv/etcdtest"
+	"github.com/droverhq/drover/metrics"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -131,3 +136,51 @@ func TestRunWakesForAnEarlierItem(t *testing.T) {
 		t.Fatal("the item due an hour ago was not moved")
 	}
 }
+
+// TestRunLogsAndCountsErrors: a Run whose moves fail (here a move that
+// writes one key twice, which etcd refuses) counts each failure in
+// drover_due_errors_total{index} and logs the first, not every retry.
+func TestRunLogsAndCountsErrors(t *testing.T) {
+	cli := srv.Client(t)
+	ns := etcdtest.Namespace(t) + "/"
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if _, err := cli.Put(ctx, due.Key(ns+"due/", time.Now().Add(-time.Second), "bad"), "v"); err != nil {
+		t.Fatal(err)
+	}
+	var logs syncBuffer
+	ix := &due.Index{Client: cli, Prefix: ns + "due/", Name: "test-failing", Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+		Move: func(kv *mvccpb.KeyValue) ([]clientv3.Op, bool) {
+			return []clientv3.Op{clientv3.OpPut(ns+"x", "1"), clientv3.OpPut(ns+"x", "2")}, true
+		}}
+	errs := metrics.DueErrors.WithLabelValues("test-failing")
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); ix.Run(ctx) }()
+	deadline := time.Now().Add(time.Minute) // a guard against hanging only
+	for testutil.ToFloat64(errs) < 3 {
+		if time.Now().After(deadline) {
+			t.Fatalf("errors counted: %v, want 3", testutil.ToFloat64(errs))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancel()
+	wg.Wait()
+	lines := strings.Count(logs.String(), "moving due items failed")
+	if lines != 1 || !strings.Contains(logs.String(), "index=test-failing") || !strings.Contains(logs.String(), "duplicate key") {
+		t.Fatalf("%d log lines for %v errors, want 1 naming the index and the error:\n%s", lines, testutil.ToFloat64(errs), logs.String())
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger and a reader at once.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }

@@ -7,7 +7,7 @@ import { h, replace, num, ago, badge, table, errorBox, confirmAction, toast, gua
 import { searchPanel } from "./search.js";
 import { mountHistory } from "./history.js";
 
-const STATES = ["PENDING", "RUNNING", "RETRYING", "SUCCEEDED", "DEAD", "CANCELLED"];
+const STATES = ["SCHEDULED", "PENDING", "RUNNING", "RETRYING", "SUCCEEDED", "DEAD", "CANCELLED"];
 const PAGE = 50;
 
 function taskLink(q, t) {
@@ -135,6 +135,7 @@ export function mount(ctx) {
       { label: "Created", narrow: true, cell: (t) => ago(t.metadata.created_at) },
     );
     if (status === "RETRYING") cols.push({ label: "Next attempt", cell: (t) => ago(t.scheduled_at) });
+    if (status === "SCHEDULED") cols.push({ label: "Runs", cell: (t) => ago(t.scheduled_at) });
     if (["RETRYING", "DEAD"].includes(status)) cols.push({ label: "Last error", wrap: true, cell: (t) => t.last_error || "" });
     cols.push({ label: "", cell: rowActions });
     replace(list, table(cols, tasks, "No " + status.toLowerCase() + " task" + (cursors.length ? " on this page." : "."), (t) => ({ "data-task": t.task_id })));

@@ -168,6 +168,37 @@ cannot be purged; cancel them first. Shows progress on stderr.`,
 	return cmd
 }
 
+func (a *app) tasksRequeueCommand() *cobra.Command {
+	var b bulkFlags
+	cmd := &cobra.Command{
+		Use:   "requeue --queue Q --status S (ID... | --all)",
+		Short: "Make scheduled tasks due now, or put dead tasks back",
+		Long: `Requeues tasks of a queue: SCHEDULED ones become PENDING at once (their
+history says they were scheduled; the other tasks of their submission keep
+their time), DEAD ones go back to PENDING with a fresh retry budget (as
+drover dlq requeue). Shows progress on stderr.`,
+		Example: `  drover tasks requeue --queue builds --status SCHEDULED check-981
+  drover tasks requeue --queue builds --status SCHEDULED --all --json`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			st, err := b.statusOf(queue.Scheduled, queue.Dead)
+			if err != nil {
+				return err
+			}
+			return a.runBulk(cmd.Context(), &b, args, st, "requeued", func(c *queue.Client, ctx context.Context, ids []string, p func(int)) (int, error) {
+				if st == queue.Dead {
+					return c.Requeue(ctx, b.q, ids, p)
+				}
+				return c.RunNow(ctx, b.q, ids, p)
+			})
+		},
+	}
+	cmd.Flags().StringVar(&b.q, "queue", "", "queue name")
+	cmd.Flags().StringVar(&b.status, "status", "", "SCHEDULED or DEAD (required)")
+	cmd.Flags().BoolVar(&b.all, "all", false, "every task of the queue in that status")
+	cmd.Flags().BoolVar(&b.asJSON, "json", false, "print JSON")
+	return cmd
+}
+
 func (a *app) dlqCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "dlq",

@@ -81,7 +81,8 @@ func TestTaskHistoryOfHTTPClaim(t *testing.T) {
 }
 
 // TestServerMetricsQueueDepth: the server's /metrics has drover_queue_tasks
-// for the queues of its namespace, by state, without a worker counting.
+// for the queues of its namespace, by state (scheduled too), without a
+// worker counting.
 func TestServerMetricsQueueDepth(t *testing.T) {
 	s := startAPIServer(t)
 	q := "depth" // the server is a process of its own: its gauges are its namespace's
@@ -89,6 +90,7 @@ func TestServerMetricsQueueDepth(t *testing.T) {
 	for i := range 4 {
 		tasks = append(tasks, map[string]any{"task_id": fmt.Sprintf("d%d", i), "task_type": "x"})
 	}
+	tasks = append(tasks, map[string]any{"task_id": "later", "task_type": "x", "delay": "1h"})
 	s.call("POST", "/v1/queues/"+q+"/tasks", tasks, 200)
 	sess := s.call("POST", "/v1/sessions", map[string]any{"ttl": 30}, 201)["id"]
 	claimed := s.call("POST", "/v1/queues/"+q+"/claim", map[string]any{"session": sess, "max": 1}, 200)["tasks"].([]any)
@@ -97,8 +99,9 @@ func TestServerMetricsQueueDepth(t *testing.T) {
 	}
 	pending := regexp.MustCompile(`drover_queue_tasks\{queue="` + regexp.QuoteMeta(q) + `",state="pending"\} 3\b`)
 	running := regexp.MustCompile(`drover_queue_tasks\{queue="` + regexp.QuoteMeta(q) + `",state="running"\} 1\b`)
+	scheduled := regexp.MustCompile(`drover_queue_tasks\{queue="` + regexp.QuoteMeta(q) + `",state="scheduled"\} 1\b`)
 	// The server counts every 5 s: the bound only guards against a hang.
-	waitFor(t, 60*time.Second, "drover_queue_tasks 3 pending, 1 running in the server's /metrics", func() bool {
+	waitFor(t, 60*time.Second, "drover_queue_tasks 1 scheduled, 3 pending, 1 running in the server's /metrics", func() bool {
 		time.Sleep(100 * time.Millisecond)
 		r, err := http.Get("http://" + s.met + "/metrics")
 		if err != nil {
@@ -106,6 +109,6 @@ func TestServerMetricsQueueDepth(t *testing.T) {
 		}
 		defer r.Body.Close()
 		b, _ := io.ReadAll(r.Body)
-		return pending.MatchString(string(b)) && running.MatchString(string(b))
+		return pending.MatchString(string(b)) && running.MatchString(string(b)) && scheduled.MatchString(string(b))
 	})
 }

@@ -38,7 +38,7 @@ func (a *app) tasksCommand() *cobra.Command {
 		},
 	}
 	get.Flags().BoolVar(&asJSON, "json", false, "print JSON")
-	cmd.AddCommand(get, a.tasksListCommand(), a.tasksSearchCommand(), a.tasksStatsCommand(), a.tasksWaitCommand(), a.tasksCancelCommand(), a.tasksPurgeCommand())
+	cmd.AddCommand(get, a.tasksListCommand(), a.tasksSearchCommand(), a.tasksStatsCommand(), a.tasksWaitCommand(), a.tasksCancelCommand(), a.tasksPurgeCommand(), a.tasksRequeueCommand())
 	return cmd
 }
 

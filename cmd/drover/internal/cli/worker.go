@@ -57,7 +57,8 @@ killed when the task times out, is cancelled, or the claim is lost.
 If this worker dies, its claims end with its lease (--ttl) and other workers
 take its tasks. Idle workers wait on a watch. SIGINT/SIGTERM stop claiming,
 let running tasks finish for --shutdown-timeout, then hand the rest back.
---drain exits 0 once the queue has nothing pending, running or retrying.
+--drain exits 0 once the queue has nothing pending, running or retrying and
+no scheduled task is due (it does not wait for tasks scheduled later).
 
 The worker registers itself in the registry (component "worker", id
 --worker-id) with its queue and in-flight count, refreshed every 2 s, under
@@ -83,7 +84,7 @@ func (f *workerFlags) bind(fs *pflag.FlagSet) {
 	fs.DurationVar(&f.cfg.Timeout, "timeout", 30*time.Minute, "timeout of one attempt of a task that sets none")
 	fs.DurationVar(&f.cfg.BackoffBase, "backoff-base", time.Second, "first retry delay bound (full jitter, doubling)")
 	fs.DurationVar(&f.cfg.BackoffMax, "backoff-max", 5*time.Minute, "largest retry delay")
-	fs.BoolVar(&f.cfg.Drain, "drain", false, "exit 0 once the queue has nothing pending, running or retrying")
+	fs.BoolVar(&f.cfg.Drain, "drain", false, "exit 0 once the queue has nothing pending, running or retrying (tasks scheduled later are not waited for)")
 	fs.DurationVar(&f.cfg.ShutdownTimeout, "shutdown-timeout", 30*time.Second, "on SIGTERM, time running tasks get to finish before they are handed back")
 	fs.DurationVar(&f.cfg.Retention, "retention", queue.DefaultRetention, "how long succeeded and cancelled tasks are kept (their counts stay); negative keeps them")
 	fs.IntVar(&f.maxOutput, "max-output", queue.DefaultMaxOutput, "largest result an exec handler may print, in bytes")

@@ -1,0 +1,259 @@
+package queue_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/droverhq/drover/internal/testenv/etcdtest"
+	"github.com/droverhq/drover/queue"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// TestDelayedAtScale is the delayed tasks' measurement at the scale the
+// design is for. By default it is a short run CI makes (2,000 tasks due
+// over 2 s, an embedded etcd): every task is claimed, none early. With
+// DROVER_BENCH_SCALE=N (DROVER_BENCH_SCALE_WINDOW, default 60s) it submits
+// N tasks due at random times over the window, 10,000 a request; with
+// DROVER_BIN set to a drover binary, into a `drover server` process
+// (embedded etcd, fsync on), else an embedded etcd in this process. Two
+// workers of concurrency 64 are idle and ready before the window opens.
+// It reports the etcd bytes (keys and values) stored per scheduled task;
+// with DROVER_BIN, the server process's CPU (utime and stime of
+// /proc/PID/stat) over DROVER_BENCH_SCALE_CPU (default 30s) while every
+// task waits and none is due; and how late each task is claimed (p50, p99,
+// max). It fails if a task is claimed early, asserting no time bound.
+// DROVER_BENCH_SCALE_LEAD overrides how long after the submission starts
+// the window opens (default 3 s + 1 s per 4,000 tasks + the CPU window).
+func TestDelayedAtScale(t *testing.T) {
+	n, window, cpuWindow := 2000, 2*time.Second, time.Duration(0)
+	if v, _ := strconv.Atoi(os.Getenv("DROVER_BENCH_SCALE")); v > 0 {
+		n, window = v, time.Minute
+	}
+	if v, err := time.ParseDuration(os.Getenv("DROVER_BENCH_SCALE_WINDOW")); err == nil {
+		window = v
+	}
+	var cli *clientv3.Client
+	pid := 0
+	if bin := os.Getenv("DROVER_BIN"); bin != "" && os.Getenv("DROVER_BENCH_SCALE") != "" {
+		cli, pid = startServerProcess(t, bin, "bench")
+		cpuWindow = 30 * time.Second
+		if v, err := time.ParseDuration(os.Getenv("DROVER_BENCH_SCALE_CPU")); err == nil {
+			cpuWindow = v
+		}
+	} else {
+		s, err := etcdtest.Start(etcdtest.Options{Fsync: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Stop()
+		cli = s.Client(t)
+	}
+	c, err := queue.NewClient(cli, "bench")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lead := 3*time.Second + time.Duration(n/4000)*time.Second + cpuWindow
+	if v, err := time.ParseDuration(os.Getenv("DROVER_BENCH_SCALE_LEAD")); err == nil {
+		lead = v
+	}
+	start := time.Now().Add(lead)
+	submitted := submitSpread(t, c, n, start, window)
+	bytes, keys := storedBytes(t, cli, "/bench/queues/later/")
+	segBytes, segKeys := storedBytes(t, cli, "/bench/segments/later/")
+	idBytes, idKeys := storedBytes(t, cli, "/bench/ids/")
+	bytes, keys = bytes+segBytes+idBytes, keys+segKeys+idKeys
+	st, _ := c.Stats(context.Background(), "later")
+	t.Logf("%d tasks due over %v from %v on, submitted in %v (%d scheduled): %d keys, %.0f etcd bytes per task",
+		n, window, lead, submitted.Round(time.Millisecond), st.Scheduled, keys, float64(bytes)/float64(n))
+	wait := startDelayedWorkers(t, cli, "bench", n, start.Add(window+tail(n)))
+	if pid != 0 {
+		if time.Until(start) < cpuWindow+time.Second {
+			t.Fatalf("the submission took %v: no time is left for the CPU window before the tasks fall due; raise DROVER_BENCH_SCALE_LEAD", submitted)
+		}
+		time.Sleep(time.Second) // the workers' first reads
+		a := processCPU(t, pid)
+		began := time.Now()
+		time.Sleep(cpuWindow)
+		t.Logf("server CPU while all wait and none is due: %.2f %% of a core over %v", 100*(processCPU(t, pid)-a).Seconds()/time.Since(began).Seconds(), cpuWindow)
+		dueReadCost(t, cli, c, pid)
+	}
+	lateness := wait()
+	slices.Sort(lateness)
+	if len(lateness) < n && os.Getenv("DROVER_BENCH_SCALE") == "" {
+		t.Fatalf("only %d of %d tasks claimed %v after the window's end", len(lateness), n, tail(n))
+	}
+	if len(lateness) < n {
+		t.Logf("only %d of %d tasks claimed %v after the window's end", len(lateness), n, tail(n))
+	}
+	if len(lateness) == 0 {
+		t.Fatal("no task claimed")
+	}
+	pct := func(p float64) time.Duration {
+		return lateness[min(len(lateness)-1, int(p*float64(len(lateness))))].Round(time.Millisecond)
+	}
+	t.Logf("%d claimed, late by p50 %v, p99 %v, max %v; early: %d", len(lateness), pct(0.5), pct(0.99), lateness[len(lateness)-1].Round(time.Millisecond), early(lateness))
+	if e := early(lateness); e > 0 {
+		t.Fatalf("%d tasks claimed before their time", e)
+	}
+}
+
+// dueReadCost logs what counting the scheduled tasks costs the server
+// process pid (CPU and time): a Stats of the queue, whose due keys it reads
+// keys only (the count is in their names), and a count-only read of the
+// same keys (what a count that did not read them would cost).
+func dueReadCost(t *testing.T, cli *clientv3.Client, c *queue.Client, pid int) {
+	t.Helper()
+	ctx := context.Background()
+	for _, r := range []struct {
+		name string
+		read func() error
+	}{
+		{"Stats (due keys read keys only)", func() error { _, err := c.Stats(ctx, "later"); return err }},
+		{"count-only read of the due keys", func() error {
+			_, err := cli.Get(ctx, "/bench/queues/later/due/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+			return err
+		}},
+	} {
+		a, began := processCPU(t, pid), time.Now()
+		for range 5 {
+			if err := r.read(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		t.Logf("%s: %v and %v of the server's CPU each", r.name, (time.Since(began) / 5).Round(time.Millisecond), ((processCPU(t, pid) - a) / 5).Round(time.Millisecond))
+	}
+}
+
+// tail is how long after the window's end the measurement waits for the
+// claims of n tasks at most (DROVER_BENCH_SCALE_TAIL, default 3 minutes).
+func tail(n int) time.Duration {
+	if d, err := time.ParseDuration(os.Getenv("DROVER_BENCH_SCALE_TAIL")); err == nil {
+		return d
+	}
+	return 3*time.Minute + time.Duration(n/1000)*time.Millisecond
+}
+
+// submitSpread submits n tasks to queue "later" due at random times over
+// window from start, 10,000 a request (in parallel, two requests at a
+// time), each with its due time in its parameters, and returns how long
+// that took; it fails if the submission ran past start.
+func submitSpread(t *testing.T, c *queue.Client, n int, start time.Time, window time.Duration) time.Duration {
+	t.Helper()
+	began := time.Now()
+	var wg sync.WaitGroup
+	errs := make(chan error, 2)
+	for part := range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(part), 7))
+			for from := part * 10000; from < n; from += 20000 {
+				in := make([]queue.Task, 0, 10000)
+				for i := from; i < min(from+10000, n); i++ {
+					due := start.Add(time.Duration(rng.Int64N(int64(window))))
+					in = append(in, queue.Task{ID: fmt.Sprintf("t%08d", i), Type: "noop", RunAt: due,
+						Parameters: json.RawMessage(strconv.FormatInt(due.UnixNano(), 10))})
+				}
+				if _, err := c.Submit(context.Background(), "later", in, nil); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(began)
+	if time.Now().After(start) {
+		t.Fatalf("the submission took %v, past the window's start: raise the lead (DROVER_BENCH_SCALE_LEAD)", took)
+	}
+	return took
+}
+
+// startServerProcess starts `drover server` (bin) with an embedded etcd of
+// its own on free loopback ports, serving namespace ns, and returns a
+// client of its etcd and its process id; it is stopped when the test ends.
+func startServerProcess(t *testing.T, bin, ns string) (*clientv3.Client, int) {
+	t.Helper()
+	free := func() string {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		return strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
+	}
+	etcdPort := free()
+	var stderr lockedBuffer
+	cmd := exec.Command(bin, "server", "--data-dir", filepath.Join(t.TempDir(), "data"), "--namespace", ns,
+		"--etcd-listen", "http://127.0.0.1:"+etcdPort, "--etcd-peer-listen", "http://127.0.0.1:"+free(), "--http-listen", "127.0.0.1:"+free())
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+	})
+	if !etcdtest.Eventually(60*time.Second, func() bool { return strings.Contains(stderr.String(), "HTTP API ready") }) {
+		t.Fatalf("the server did not start:\n%s", stderr.String())
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{"127.0.0.1:" + etcdPort}, DialTimeout: 10 * time.Second,
+		MaxCallSendMsgSize: 64 << 20, MaxCallRecvMsgSize: 256 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cli.Close() })
+	return cli, cmd.Process.Pid
+}
+
+// processCPU is the CPU time process pid has used, user and system, from
+// /proc/PID/stat (clock ticks of 10 ms).
+func processCPU(t *testing.T, pid int) time.Duration {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+2:]))
+	utime, _ := strconv.ParseInt(f[11], 10, 64)
+	stime, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(utime+stime) * 10 * time.Millisecond
+}
+
+// lockedBuffer is a bytes.Buffer a process writes and a test reads at once.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+func (l *lockedBuffer) String() string { l.mu.Lock(); defer l.mu.Unlock(); return l.b.String() }
