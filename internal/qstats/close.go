@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"slices"
 	"sort"
 	"time"
 
@@ -57,13 +59,7 @@ func (r *Recorder) CloseMinute(ctx context.Context, m time.Time) (closed bool, e
 	through, markMod := r.through, r.markMod
 	r.mu.Unlock()
 	ok, err := r.write(ctx, m, recs, through, markMod)
-	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
-		r.mu.Lock()
-		r.lease = 0
-		r.mu.Unlock()
-		ok, err = r.write(ctx, m, recs, through, markMod)
-	}
-	if err != nil || !ok {
+	if !ok {
 		return false, err
 	}
 	r.mu.Lock()
@@ -71,7 +67,7 @@ func (r *Recorder) CloseMinute(ctx context.Context, m time.Time) (closed bool, e
 	for q, rec := range recs {
 		r.written[q] = rec.Depth
 	}
-	return true, nil
+	return true, err
 }
 
 // collectLocked sums the deltas by queue into the minute's records, with
@@ -128,14 +124,16 @@ func (r *Recorder) collectLocked() map[string]record {
 	return out
 }
 
-// write commits the records and the new mark; false when the mark moved.
-// More records than one transaction takes go in several, each refused
-// when its first record exists already (another recorder wrote it).
+// write claims the minute and writes its records: the first transaction
+// moves the mark, compared with the version this recorder read, and holds
+// as many records as a transaction takes; so two recorders never both
+// close a minute, and a failed first transaction writes nothing. The
+// records one transaction cannot take (more than maxTxnOps-1 queues) go
+// in more, each compared with the mark this recorder wrote: once the
+// mark moves on (the next minute was closed) they are dropped. A failure
+// after the claim (retried twice per transaction) loses those records:
+// closed is true and err says how many; an event is never counted twice.
 func (r *Recorder) write(ctx context.Context, m time.Time, recs map[string]record, through, markMod int64) (bool, error) {
-	lease, err := r.leaseFor(ctx)
-	if err != nil {
-		return false, err
-	}
 	names := make([]string, 0, len(recs))
 	for q := range recs {
 		names = append(names, q)
@@ -143,30 +141,58 @@ func (r *Recorder) write(ctx context.Context, m time.Time, recs map[string]recor
 	sort.Strings(names)
 	markKey := r.keys.QueueHistoryMark()
 	mv, _ := json.Marshal(mark{Minute: m.Unix(), Rev: through})
-	for {
-		n := min(len(names), maxTxnOps-1)
-		final := n == len(names)
-		cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(markKey), "=", markMod)}
-		var ops []clientv3.Op
-		for _, q := range names[:n] {
-			ops = append(ops, clientv3.OpPut(r.keys.QueueHistoryMinute(q, m), string(recs[q].encode()), clientv3.WithLease(lease)))
+	n := min(len(names), maxTxnOps-1)
+	rev, err := r.commit(ctx, m, recs, names[:n], clientv3.Compare(clientv3.ModRevision(markKey), "=", markMod), clientv3.OpPut(markKey, string(mv)))
+	if err != nil || rev == 0 {
+		return false, err
+	}
+	r.mu.Lock()
+	r.setMarkLocked(mv, rev)
+	r.mu.Unlock()
+	fence := clientv3.Compare(clientv3.ModRevision(markKey), "=", rev)
+	for names = names[n:]; len(names) > 0; names = names[n:] {
+		n = min(len(names), maxTxnOps)
+		for try := 0; ; try++ {
+			var got int64
+			got, err = r.commit(ctx, m, recs, names[:n], fence)
+			if err == nil && got == 0 {
+				err = errors.New("the next minute was closed first")
+				break
+			}
+			if err == nil || try == 2 || ctx.Err() != nil {
+				break
+			}
 		}
-		if final {
-			ops = append(ops, clientv3.OpPut(markKey, string(mv)))
-		} else {
-			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(r.keys.QueueHistoryMinute(names[0], m)), "=", 0))
+		if err != nil {
+			return true, fmt.Errorf("qstats: minute %s closed without the records of %d queues: %w", m.Format(time.RFC3339), len(names), err)
 		}
-		resp, err := r.cfg.Client.Txn(ctx).If(cmps...).Then(ops...).Commit()
-		if err != nil || !resp.Succeeded {
-			return false, err
+	}
+	return true, nil
+}
+
+// commit writes the records of queues names with ops, if cmp holds: the
+// revision it committed at, 0 when cmp failed.
+func (r *Recorder) commit(ctx context.Context, m time.Time, recs map[string]record, names []string, cmp clientv3.Cmp, ops ...clientv3.Op) (int64, error) {
+	for retried := false; ; retried = true {
+		lease, err := r.leaseFor(ctx)
+		if err != nil {
+			return 0, err
 		}
-		if final {
+		all := slices.Clone(ops)
+		for _, q := range names {
+			all = append(all, clientv3.OpPut(r.keys.QueueHistoryMinute(q, m), string(recs[q].encode()), clientv3.WithLease(lease)))
+		}
+		resp, err := r.cfg.Client.Txn(ctx).If(cmp).Then(all...).Commit()
+		if errors.Is(err, rpctypes.ErrLeaseNotFound) && !retried {
 			r.mu.Lock()
-			r.setMarkLocked(mv, resp.Header.Revision)
+			r.lease = 0
 			r.mu.Unlock()
-			return true, nil
+			continue
 		}
-		names = names[n:]
+		if err != nil || !resp.Succeeded {
+			return 0, err
+		}
+		return resp.Header.Revision, nil
 	}
 }
 

@@ -27,9 +27,9 @@ const (
 	closeDelay = 2 * time.Second
 	gapGrace   = 15 * time.Second
 	closeEvery = 5 * time.Second
-	// maxTxnOps stays below etcd's default limit of 128 operations in a
-	// transaction.
-	maxTxnOps = 100
+	// maxTxnOps is etcd's default limit of operations in a transaction
+	// (embed.DefaultMaxTxnOps, which the embedded server keeps).
+	maxTxnOps = 128
 )
 
 // Config configures a Recorder.
