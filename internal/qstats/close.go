@@ -55,7 +55,7 @@ func (r *Recorder) CloseMinute(ctx context.Context, m time.Time) (closed bool, e
 		r.mu.Unlock()
 		return false, nil
 	}
-	recs := r.collectLocked()
+	recs := r.collectLocked(m)
 	through, markMod := r.through, r.markMod
 	r.mu.Unlock()
 	ok, err := r.write(ctx, m, recs, through, markMod)
@@ -65,20 +65,24 @@ func (r *Recorder) CloseMinute(ctx context.Context, m time.Time) (closed bool, e
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for q, rec := range recs {
-		r.written[q] = rec.Depth
+		if !rec.Unknown {
+			r.noteDepthLocked(q, rec.Depth, m.Unix())
+		}
 	}
 	return true, err
 }
 
-// collectLocked sums the deltas by queue into the minute's records, with
-// each queue's depth: a queue gets a record when it counted something or
-// its depth changed since its last record.
-func (r *Recorder) collectLocked() map[string]record {
+// collectLocked sums the deltas by queue into minute m's records, with
+// each queue's depth: a queue gets a record when it counted something,
+// its depth changed since its last record, or its depth is not zero and
+// its last record is depthEvery old.
+func (r *Recorder) collectLocked(m time.Time) map[string]record {
 	sums := map[string]*record{}
 	lats := map[string]Latency{}
 	get := func(q string) *record {
 		if sums[q] == nil {
-			sums[q] = &record{Depth: r.written[q]}
+			w, ok := r.written[q]
+			sums[q] = &record{Depth: w.Depth, Unknown: !ok} // absent: empty or, after a start, unknown
 			lats[q] = Latency{}
 		}
 		return sums[q]
@@ -90,20 +94,28 @@ func (r *Recorder) collectLocked() map[string]record {
 			lats[d.q][d.lat] += d.c.Started
 		}
 	}
+	for q, w := range r.written {
+		if m.Unix()-w.minute >= int64(depthEvery.Seconds()) {
+			get(q)
+		}
+	}
 	var depth map[string]Depth
 	if r.cfg.Depth != nil {
 		depth = r.cfg.Depth()
 	}
 	if depth != nil {
-		for q := range r.written {
-			if _, ok := depth[q]; !ok && r.written[q] != (Depth{}) {
-				get(q).Depth = Depth{} // gone, or counted empty
+		for q, w := range r.written {
+			if _, ok := depth[q]; !ok && w.Depth != (Depth{}) {
+				get(q) // gone, or counted empty
 			}
 		}
 		for q, d := range depth {
-			if d != r.written[q] || sums[q] != nil {
-				get(q).Depth = d
+			if d != r.written[q].Depth {
+				get(q)
 			}
+		}
+		for q, rec := range sums { // the depth read is the truth for every queue
+			rec.Depth, rec.Unknown = depth[q], false
 		}
 	}
 	gap := r.from > r.mk.Rev+1
@@ -119,9 +131,25 @@ func (r *Recorder) collectLocked() map[string]record {
 	for q, rec := range sums {
 		rec.Latency = lats[q].stored()
 		rec.Gap = gap
+		if rec.Unknown {
+			rec.Depth = Depth{}
+		}
 		out[q] = *rec
 	}
 	return out
+}
+
+// noteDepthLocked keeps queue q's depth d, read in its record of minute
+// m, unless a later record's is kept; only depths not zero are kept.
+func (r *Recorder) noteDepthLocked(q string, d Depth, m int64) {
+	if w, ok := r.written[q]; ok && w.minute > m {
+		return
+	}
+	if d == (Depth{}) {
+		delete(r.written, q)
+		return
+	}
+	r.written[q] = lastDepth{Depth: d, minute: m}
 }
 
 // write claims the minute and writes its records: the first transaction
@@ -197,8 +225,9 @@ func (r *Recorder) commit(ctx context.Context, m time.Time, recs map[string]reco
 }
 
 // leaseFor returns the lease new records are bound to: one granted for
-// Retention and an hour, used for an hour, so that records live between
-// a day and a day and an hour.
+// Retention and two hours, used for an hour, so that records live between
+// a day and an hour and a day and two hours: a day's window can carry the
+// depth from the record before its start (at most depthEvery before).
 func (r *Recorder) leaseFor(ctx context.Context) (clientv3.LeaseID, error) {
 	r.mu.Lock()
 	if r.lease != 0 && time.Since(r.leaseAt) < time.Hour {
@@ -206,7 +235,7 @@ func (r *Recorder) leaseFor(ctx context.Context) (clientv3.LeaseID, error) {
 		return r.lease, nil
 	}
 	r.mu.Unlock()
-	g, err := r.cfg.Client.Grant(ctx, int64((Retention + time.Hour).Seconds()))
+	g, err := r.cfg.Client.Grant(ctx, int64((Retention + 2*time.Hour).Seconds()))
 	if err != nil {
 		return 0, err
 	}

@@ -30,9 +30,9 @@ func (r *Recorder) take(wr clientv3.WatchResponse) {
 			}
 			continue
 		}
-		if q, _, ok := r.keys.ParseQueueHistoryMinute(key); ok {
-			if rec, err := decodeRecord(ev.Kv.Value); err == nil && ev.Type == mvccpb.PUT {
-				r.written[q] = rec.Depth
+		if q, m, ok := r.keys.ParseQueueHistoryMinute(key); ok {
+			if rec, err := decodeRecord(ev.Kv.Value); err == nil && ev.Type == mvccpb.PUT && !rec.Unknown {
+				r.noteDepthLocked(q, rec.Depth, m.Unix())
 			}
 			continue
 		}

@@ -22,6 +22,8 @@
 //	h, err := qstats.Read(ctx, cli, "drover", "emails", qstats.Hour, time.Now())
 //	fmt.Println(h.Total.Processed, h.Latency.Percentile(0.99))
 //
-// The records are bound to a lease of a day and an hour: a day of history
-// is kept, and older minutes vanish on their own.
+// The records are bound to a lease of a day and two hours: a day of
+// history is kept, and older minutes vanish on their own. A queue whose
+// depth is not zero gets a record at least hourly, so the depth read at a
+// window's start is never one whose record has gone.
 package qstats

@@ -21,8 +21,10 @@ type Minute struct {
 	At time.Time // the minute's start
 	Counts
 	// Depth is the queue's depth at the minute's end: from the minute's
-	// record, or carried from the record before (a record is written only
-	// when the depth changed or something was counted).
+	// record, or carried from the record before (a record is written when
+	// the depth changed, something was counted, or at least hourly while
+	// the depth is not zero; one written by a server that did not know
+	// the depth yet carries it too).
 	Depth
 	Latency Latency
 	// Closed: a server closed the minute (its counts are final); false for
@@ -101,8 +103,10 @@ func Read(ctx context.Context, cli *clientv3.Client, ns, q string, window time.D
 	for at := start; at.Before(end); at = at.Add(time.Minute) {
 		mi := Minute{At: at, Depth: depth, Closed: !h.ClosedThrough.IsZero() && !at.After(h.ClosedThrough), Latency: Latency{}}
 		if rec, ok := recs[at.Unix()]; ok {
-			mi.Counts, mi.Depth, mi.Gap, mi.Latency = rec.Counts, rec.Depth, rec.Gap, latencyOf(rec.Latency)
-			depth = rec.Depth
+			mi.Counts, mi.Gap, mi.Latency = rec.Counts, rec.Gap, latencyOf(rec.Latency)
+			if !rec.Unknown {
+				mi.Depth, depth = rec.Depth, rec.Depth
+			}
 		}
 		h.Total.add(mi.Counts)
 		h.Latency.add(mi.Latency)

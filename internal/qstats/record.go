@@ -49,6 +49,9 @@ type record struct {
 	// since the minute before (it started after the store compacted the
 	// revisions it would have read): the counts may be short.
 	Gap bool `json:"g,omitempty"`
+	// Unknown: the server that wrote the record did not know the queue's
+	// depth (it had just started); a reader carries the depth before.
+	Unknown bool `json:"u,omitempty"`
 }
 
 func (r record) encode() []byte {

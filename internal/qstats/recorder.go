@@ -14,8 +14,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// Retention is how long minute records are kept: they are bound to a
-// lease of Retention plus up to an hour.
+// Retention is how long minute records are kept at least: they are bound
+// to a lease of Retention and two hours, granted up to an hour before.
 const Retention = 24 * time.Hour
 
 // The closing of minutes: a server closes a minute from closeDelay after
@@ -27,6 +27,10 @@ const (
 	closeDelay = 2 * time.Second
 	gapGrace   = 15 * time.Second
 	closeEvery = 5 * time.Second
+	// depthEvery: a queue whose depth is not zero gets a record at least
+	// this often, changed or not, so that the record a reader carries the
+	// depth from has not gone with its lease (see leaseFor).
+	depthEvery = time.Hour
 	// maxTxnOps is etcd's default limit of operations in a transaction
 	// (embed.DefaultMaxTxnOps, which the embedded server keeps).
 	maxTxnOps = 128
@@ -72,10 +76,19 @@ type Recorder struct {
 	observeFrom int64
 	mk          mark
 	markMod     int64
-	// written is each queue's depth in its last minute record seen.
-	written map[string]Depth
+	// written is each queue's depth in its last minute record seen, with
+	// that record's minute, for the queues whose depth is not zero (a
+	// queue absent is empty, or unknown after a start).
+	written map[string]lastDepth
 	lease   clientv3.LeaseID
 	leaseAt time.Time
+}
+
+// lastDepth is a queue's depth in its last record, and that record's
+// minute (Unix seconds).
+type lastDepth struct {
+	Depth
+	minute int64
 }
 
 // delta is one event's counts.
@@ -102,7 +115,7 @@ func NewRecorder(cfg Config) (*Recorder, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Recorder{cfg: cfg, keys: keys, ready: make(chan struct{}), written: map[string]Depth{}}, nil
+	return &Recorder{cfg: cfg, keys: keys, ready: make(chan struct{}), written: map[string]lastDepth{}}, nil
 }
 
 // Start starts following the namespace's queues.
