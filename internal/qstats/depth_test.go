@@ -60,7 +60,8 @@ func TestDepthUnknownAfterRestartKeepsTheLast(t *testing.T) {
 		t.Fatalf("close: %v %v", ok, err)
 	}
 	_ = r.Stop(context.Background())
-	r2 := startWith(t, Config{Client: cli, Namespace: ns, Manual: true, Depth: func() map[string]Depth { return nil }})
+	r2 := startWith(t, Config{Client: cli, Namespace: ns, Manual: true,
+		Now: func() time.Time { return t0.Add(3 * time.Minute) }, Depth: func() map[string]Depth { return nil }})
 	if _, err := cli.Put(context.Background(), keys.QueueDoneKey("busy", "SUCCEEDED", time.Now(), "x"), ""); err != nil {
 		t.Fatal(err)
 	}

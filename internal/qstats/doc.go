@@ -14,7 +14,9 @@
 // minute, whichever server writes it; every server reads the same
 // records; and a restarted server goes on from the mark (it watches from
 // the mark's revision, which the store keeps for its compaction
-// retention, an hour by default).
+// retention, an hour by default), unless the mark's minute ended more
+// than five minutes ago: then it counts from its start, and its first
+// minute says Gap.
 //
 //	rec, err := qstats.NewRecorder(qstats.Config{Client: cli, Namespace: "drover", Depth: depths})
 //	rec.Start(ctx) // the server's dashboard hub does this for each namespace it follows

@@ -31,6 +31,10 @@ const (
 	// this often, changed or not, so that the record a reader carries the
 	// depth from has not gone with its lease (see leaseFor).
 	depthEvery = time.Hour
+	// staleMark: a server that starts more than this after the end of the
+	// last minute closed starts counting from its start (a gap), rather
+	// than putting everything since in one minute.
+	staleMark = 5 * time.Minute
 	// maxTxnOps is etcd's default limit of operations in a transaction
 	// (embed.DefaultMaxTxnOps, which the embedded server keeps).
 	maxTxnOps = 128
@@ -218,6 +222,14 @@ func (r *Recorder) begin(ctx context.Context) error {
 	if len(resp.Kvs) > 0 {
 		r.setMarkLocked(resp.Kvs[0].Value, resp.Kvs[0].ModRevision)
 		r.from = r.mk.Rev + 1
+		// A mark closed long ago (no server ran): what was written since
+		// would all go into one minute. The history starts now instead,
+		// and its first minute says gap.
+		if ended := time.Unix(r.mk.Minute, 0).Add(time.Minute); r.cfg.Now().Sub(ended) > staleMark {
+			r.cfg.Logger.Warn("queue history: the last minute closed ended long ago; what happened since is not counted",
+				"closed", ended.Add(-time.Minute).UTC(), "since", r.cfg.Now().Sub(ended).Round(time.Second))
+			r.from = resp.Header.Revision + 1
+		}
 	}
 	r.through = r.from - 1
 	return nil
