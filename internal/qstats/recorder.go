@@ -258,4 +258,7 @@ func (r *Recorder) setMarkLocked(v []byte, mod int64) {
 		i++
 	}
 	r.deltas = slices.Delete(r.deltas, 0, i)
+	if cap(r.deltas) > spanEvents && len(r.deltas) < cap(r.deltas)/4 {
+		r.deltas = slices.Clone(r.deltas) // a burst's memory goes with it
+	}
 }
