@@ -168,7 +168,7 @@ func (r *Recorder) write(ctx context.Context, m time.Time, recs map[string]recor
 	}
 	sort.Strings(names)
 	markKey := r.keys.QueueHistoryMark()
-	mv, _ := json.Marshal(mark{Minute: m.Unix(), Rev: through})
+	mv, _ := json.Marshal(mark{Minute: m.Unix(), Rev: through, At: r.cfg.Now().UnixMilli()})
 	n := min(len(names), maxTxnOps-1)
 	rev, err := r.commit(ctx, m, recs, names[:n], clientv3.Compare(clientv3.ModRevision(markKey), "=", markMod), clientv3.OpPut(markKey, string(mv)))
 	if err != nil || rev == 0 {

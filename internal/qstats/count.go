@@ -3,6 +3,7 @@ package qstats
 import (
 	"encoding/json"
 	"strings"
+	"time"
 
 	"github.com/droverhq/drover/internal/taskstore"
 	"github.com/droverhq/drover/keyspace"
@@ -26,6 +27,7 @@ func (r *Recorder) take(wr clientv3.WatchResponse) {
 		key := string(ev.Kv.Key)
 		if key == r.keys.QueueHistoryMark() {
 			if ev.Type == mvccpb.PUT {
+				r.checkClockLocked(ev.Kv.Value, rev)
 				r.setMarkLocked(ev.Kv.Value, rev)
 			}
 			continue
@@ -53,6 +55,23 @@ func (r *Recorder) take(wr clientv3.WatchResponse) {
 	}
 	if len(r.deltas) > maxDeltas {
 		r.deltas = squash(r.deltas)
+	}
+}
+
+// checkClockLocked warns when a mark another server wrote was closed
+// later, by its clock, than this server's clock says now by more than
+// skewTolerance: that server's clock runs ahead, and it closes minutes
+// early (a watch that lags only makes the mark look older).
+func (r *Recorder) checkClockLocked(v []byte, mod int64) {
+	m, err := decodeMark(v)
+	if err != nil || m.At == 0 || mod == r.markMod {
+		return
+	}
+	ahead := time.UnixMilli(m.At).Sub(r.cfg.Now())
+	if ahead > skewTolerance {
+		r.cfg.Logger.Warn("queue history: the server that closed a minute has a clock ahead of this server's; "+
+			"each minute takes in that much of the next: synchronize the servers' clocks (NTP)",
+			"minute", time.Unix(m.Minute, 0).UTC(), "ahead", ahead.Round(time.Millisecond))
 	}
 }
 

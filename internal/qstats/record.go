@@ -70,6 +70,9 @@ func decodeRecord(b []byte) (record, error) {
 type mark struct {
 	Minute int64 `json:"m"`
 	Rev    int64 `json:"rev"`
+	// At is when the server that closed the minute closed it, by its
+	// clock (Unix milliseconds): the others compare it with theirs.
+	At int64 `json:"at,omitempty"`
 }
 
 // The latency's buckets: bucket i holds latencies up to latencyBase ×

@@ -35,6 +35,11 @@ const (
 	// last minute closed starts counting from its start (a gap), rather
 	// than putting everything since in one minute.
 	staleMark = 5 * time.Minute
+	// skewTolerance: a server warns when another closed a minute more
+	// than this early by its clock. A server's clock ahead by d closes
+	// each minute d early, so the minute takes in d of the next one's
+	// events; the servers' clocks are assumed synchronized (NTP).
+	skewTolerance = 2 * time.Second
 	// maxTxnOps is etcd's default limit of operations in a transaction
 	// (embed.DefaultMaxTxnOps, which the embedded server keeps).
 	maxTxnOps = 128
