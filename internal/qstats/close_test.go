@@ -204,3 +204,24 @@ func TestCloseConcurrentChunkedCloses(t *testing.T) {
 		t.Errorf("B's record of a-extra was written in A's minute: %+v %v", minuteOf(h, t0), err)
 	}
 }
+
+// A mark deleted (by hand, or with the namespace's keys) does not stop
+// the minutes from closing: the next close writes it again.
+func TestCloseAfterMarkDeleted(t *testing.T) {
+	ns := etcdtest.Namespace(t)
+	cli := srv.Client(t)
+	r := startWith(t, Config{Client: cli, Namespace: ns, Manual: true})
+	if ok, err := r.CloseMinute(context.Background(), t0); !ok || err != nil {
+		t.Fatalf("close: %v %v", ok, err)
+	}
+	if _, err := cli.Delete(context.Background(), keyspace.MustNew(ns).QueueHistoryMark()); err != nil {
+		t.Fatal(err)
+	}
+	// Once the recorder sees the mark go, the next minute closes.
+	if !etcdtest.Eventually(30*time.Second, func() bool {
+		ok, _ := r.CloseMinute(context.Background(), t0.Add(time.Minute))
+		return ok
+	}) {
+		t.Fatal("no minute closes after the mark was deleted")
+	}
+}

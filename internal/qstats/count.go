@@ -29,6 +29,8 @@ func (r *Recorder) take(wr clientv3.WatchResponse) {
 			if ev.Type == mvccpb.PUT {
 				r.checkClockLocked(ev.Kv.Value, rev)
 				r.setMarkLocked(ev.Kv.Value, rev)
+			} else {
+				r.markMod = 0 // deleted: the next close creates it again
 			}
 			continue
 		}

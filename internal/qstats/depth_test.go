@@ -2,6 +2,7 @@ package qstats
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -73,5 +74,39 @@ func TestDepthUnknownAfterRestartKeepsTheLast(t *testing.T) {
 	h, _ := Read(context.Background(), cli, ns, "busy", Hour, m1)
 	if got := minuteOf(h, m1).Pending; got != 40 {
 		t.Errorf("depth unknown after restart: want the last (40) kept, record says %d", got)
+	}
+}
+
+// A queue that goes (deleted, or emptied) gets a record with depth 0 and
+// is then forgotten: the recorder's memory does not grow with the queues
+// that ever were.
+func TestDepthOfAQueueGoneIsForgotten(t *testing.T) {
+	ns := etcdtest.Namespace(t)
+	var mu sync.Mutex
+	depths := map[string]Depth{"gone": {Pending: 3}}
+	depth := func() map[string]Depth {
+		mu.Lock()
+		defer mu.Unlock()
+		return depths
+	}
+	r := startWith(t, Config{Client: srv.Client(t), Namespace: ns, Manual: true, Depth: depth})
+	if ok, err := r.CloseMinute(context.Background(), t0); !ok || err != nil {
+		t.Fatalf("close: %v %v", ok, err)
+	}
+	mu.Lock()
+	depths = map[string]Depth{}
+	mu.Unlock()
+	m1 := t0.Add(time.Minute)
+	if ok, err := r.CloseMinute(context.Background(), m1); !ok || err != nil {
+		t.Fatalf("close: %v %v", ok, err)
+	}
+	h, err := Read(context.Background(), srv.Client(t), ns, "gone", Hour, m1)
+	if err != nil || minuteOf(h, t0).Pending != 3 || minuteOf(h, m1).Pending != 0 {
+		t.Fatalf("depths %+v then %+v (%v)", minuteOf(h, t0).Depth, minuteOf(h, m1).Depth, err)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.written) != 0 {
+		t.Errorf("remembered %v", r.written)
 	}
 }
