@@ -110,3 +110,28 @@ func TestDepthOfAQueueGoneIsForgotten(t *testing.T) {
 		t.Errorf("remembered %v", r.written)
 	}
 }
+
+// A window whose record before says "depth unknown" starts with the
+// depth of the last record before it that knew.
+func TestDepthBeforeTheWindowSkipsUnknown(t *testing.T) {
+	ns := etcdtest.Namespace(t)
+	cli := srv.Client(t)
+	keys := keyspace.MustNew(ns)
+	end := t0.Add(2 * time.Hour)
+	start := end.Add(time.Minute - Hour)
+	for at, rec := range map[time.Time]record{
+		start.Add(-3 * time.Minute): {Depth: Depth{Pending: 40}},
+		start.Add(-time.Minute):     {Counts: Counts{Processed: 2}, Unknown: true},
+	} {
+		if _, err := cli.Put(context.Background(), keys.QueueHistoryMinute("q", at), string(rec.encode())); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h, err := Read(context.Background(), cli, ns, "q", Hour, end)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !h.Minutes[0].At.Equal(start) || h.Minutes[0].Pending != 40 || minuteOf(h, end).Pending != 40 {
+		t.Errorf("window from %v starts with depth %+v, ends with %+v; want 40 pending", h.Minutes[0].At, h.Minutes[0].Depth, minuteOf(h, end).Depth)
+	}
+}

@@ -55,6 +55,10 @@ func CheckWindow(field string, w time.Duration) error {
 	return nil
 }
 
+// before is how many records before a window Read reads to find the
+// depth the window starts with: the last one whose depth is known.
+const before = 8
+
 // Read returns queue q's history over window (Hour or Day) ending with the
 // minute of now, in one read: the window's records, the record before it
 // (the depth it starts with) and the mark.
@@ -74,7 +78,7 @@ func Read(ctx context.Context, cli *clientv3.Client, ns, q string, window time.D
 	from, to := keys.QueueHistoryMinute(q, start), keys.QueueHistoryMinute(q, end)
 	resp, err := cli.Txn(ctx).Then(
 		clientv3.OpGet(from, clientv3.WithRange(to)),
-		clientv3.OpGet(keys.QueueHistoryMinutes(q), clientv3.WithRange(from), clientv3.WithSort(clientv3.SortByKey, clientv3.SortDescend), clientv3.WithLimit(1)),
+		clientv3.OpGet(keys.QueueHistoryMinutes(q), clientv3.WithRange(from), clientv3.WithSort(clientv3.SortByKey, clientv3.SortDescend), clientv3.WithLimit(before)),
 		clientv3.OpGet(keys.QueueHistoryMark()),
 	).Commit()
 	if err != nil {
@@ -95,9 +99,10 @@ func Read(ctx context.Context, cli *clientv3.Client, ns, q string, window time.D
 		}
 	}
 	var depth Depth
-	if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) > 0 {
-		if rec, err := decodeRecord(kvs[0].Value); err == nil {
+	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
+		if rec, err := decodeRecord(kv.Value); err == nil && !rec.Unknown {
 			depth = rec.Depth
+			break
 		}
 	}
 	for at := start; at.Before(end); at = at.Add(time.Minute) {
