@@ -10,8 +10,10 @@
 // once a minute the first server to close the minute writes one record per
 // queue that had something to record, and moves the mark that says
 // through which store revision the records count, in one transaction
-// that compares the mark. So every event is counted in exactly one
-// minute, whichever server writes it; every server reads the same
+// that compares the mark (records past what a transaction takes follow
+// in more, each compared with the mark the first wrote). So every event
+// is counted in at most one minute, and in exactly one unless a server
+// fails between those transactions, whichever server writes it; every server reads the same
 // records; and a restarted server goes on from the mark (it watches from
 // the mark's revision, which the store keeps for its compaction
 // retention, an hour by default), unless the mark's minute ended more
