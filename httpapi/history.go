@@ -115,7 +115,6 @@ type QueueHistory struct {
 }
 
 func (s *Server) queueHistory(ctx context.Context, in *queueHistoryInput) (*struct{ Body QueueHistory }, error) {
-	s.hub.follow(s.nsOf(ctx)) // the history of another namespace than the server's is kept from its first request
 	c, err := s.queueFor(ctx, in.Queue)
 	if err != nil {
 		return nil, err
@@ -126,6 +125,9 @@ func (s *Server) queueHistory(ctx context.Context, in *queueHistoryInput) (*stru
 		}
 		return nil, problem(err, queueWhere)
 	}
+	// The history of another namespace than the server's is kept from its
+	// first request answered: one refused starts nothing.
+	s.hub.follow(s.nsOf(ctx))
 	window := qstats.Hour
 	if in.Window == "24h" {
 		window = qstats.Day

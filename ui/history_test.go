@@ -162,3 +162,43 @@ func TestUIQueueHistory(t *testing.T) {
 		total("processed", want.Processed))
 	tb.noConsoleErrors()
 }
+
+// The latency lines leave a gap at the minutes without samples (not a
+// drop to 0), and a switch of the window while the other window's answer
+// is on its way draws the window switched to, not the late answer.
+func TestUIQueueHistoryGapsAndLateAnswer(t *testing.T) {
+	s := newSite(t)
+	want := historyMinutes(t, s, "gaps", 1)
+	tb := newTab(t)
+	tb.do("open the queue page", chromedp.EmulateViewport(1280, 900), chromedp.Navigate(s.base+"/ui/#/queue/gaps"))
+	tb.waitJS("the history's totals", fmt.Sprintf(`document.querySelector('#history [data-total="processed"]')?.textContent === "%d"`, want.Processed))
+	// Points joined by a line in a chart's first path.
+	const joined = `(document.querySelectorAll("#history svg.history-chart")[%d].querySelector("path.line")?.getAttribute("d") || "").split("L").length - 1`
+	if got := eval[int](tb, fmt.Sprintf(joined, 2)); got >= 59 {
+		t.Errorf("the p50 line joins %d minutes of an hour where at most a few had samples", got)
+	}
+	// The day's answer is held until the hour's is drawn.
+	eval[bool](tb, `(() => {
+		window.__hold = new Promise((r) => { window.__release = r; });
+		const orig = window.fetch;
+		window.fetch = async (url, init) => {
+			if (!String(url).includes("window=24h")) return orig(url, init);
+			const r = await orig(url, init);
+			const text = await r.text();
+			await window.__hold;
+			return { status: r.status, ok: r.ok, text: async () => { setTimeout(() => { window.__late = true; }); return text; } };
+		};
+		return true;
+	})()`)
+	eval[bool](tb, `(document.querySelector("#history svg.history-chart").dataset.old = "1", true)`)
+	tb.click(`#history button[data-window="24h"]`)
+	tb.click(`#history button[data-window="1h"]`)
+	tb.waitJS("the hour drawn again", `document.querySelector('#history button[data-window="1h"]').getAttribute("aria-pressed") === "true" && `+
+		`!document.querySelector("#history svg.history-chart").dataset.old`)
+	eval[bool](tb, `(window.__release(), true)`)
+	tb.waitJS("the day's answer handled", `window.__late === true`)
+	if got := eval[int](tb, fmt.Sprintf(joined, 0)); got != 59 {
+		t.Errorf("the hour is chosen; the chart joins %d minutes (59: the hour; 1439: the late day)", got)
+	}
+	tb.noConsoleErrors()
+}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"slices"
 	"sort"
 	"time"
 
@@ -53,36 +55,34 @@ func (r *Recorder) CloseMinute(ctx context.Context, m time.Time) (closed bool, e
 		r.mu.Unlock()
 		return false, nil
 	}
-	recs := r.collectLocked()
+	recs := r.collectLocked(m)
 	through, markMod := r.through, r.markMod
 	r.mu.Unlock()
 	ok, err := r.write(ctx, m, recs, through, markMod)
-	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
-		r.mu.Lock()
-		r.lease = 0
-		r.mu.Unlock()
-		ok, err = r.write(ctx, m, recs, through, markMod)
-	}
-	if err != nil || !ok {
+	if !ok {
 		return false, err
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for q, rec := range recs {
-		r.written[q] = rec.Depth
+		if !rec.Unknown {
+			r.noteDepthLocked(q, rec.Depth, m.Unix())
+		}
 	}
-	return true, nil
+	return true, err
 }
 
-// collectLocked sums the deltas by queue into the minute's records, with
-// each queue's depth: a queue gets a record when it counted something or
-// its depth changed since its last record.
-func (r *Recorder) collectLocked() map[string]record {
+// collectLocked sums the deltas by queue into minute m's records, with
+// each queue's depth: a queue gets a record when it counted something,
+// its depth changed since its last record, or its depth is not zero and
+// its last record is depthEvery old.
+func (r *Recorder) collectLocked(m time.Time) map[string]record {
 	sums := map[string]*record{}
 	lats := map[string]Latency{}
 	get := func(q string) *record {
 		if sums[q] == nil {
-			sums[q] = &record{Depth: r.written[q]}
+			w, ok := r.written[q]
+			sums[q] = &record{Depth: w.Depth, Unknown: !ok} // absent: empty or, after a start, unknown
 			lats[q] = Latency{}
 		}
 		return sums[q]
@@ -94,20 +94,28 @@ func (r *Recorder) collectLocked() map[string]record {
 			lats[d.q][d.lat] += d.c.Started
 		}
 	}
+	for q, w := range r.written {
+		if m.Unix()-w.minute >= int64(depthEvery.Seconds()) {
+			get(q)
+		}
+	}
 	var depth map[string]Depth
 	if r.cfg.Depth != nil {
 		depth = r.cfg.Depth()
 	}
 	if depth != nil {
-		for q := range r.written {
-			if _, ok := depth[q]; !ok && r.written[q] != (Depth{}) {
-				get(q).Depth = Depth{} // gone, or counted empty
+		for q, w := range r.written {
+			if _, ok := depth[q]; !ok && w.Depth != (Depth{}) {
+				get(q) // gone, or counted empty
 			}
 		}
 		for q, d := range depth {
-			if d != r.written[q] || sums[q] != nil {
-				get(q).Depth = d
+			if d != r.written[q].Depth {
+				get(q)
 			}
+		}
+		for q, rec := range sums { // the depth read is the truth for every queue
+			rec.Depth, rec.Unknown = depth[q], false
 		}
 	}
 	gap := r.from > r.mk.Rev+1
@@ -123,56 +131,103 @@ func (r *Recorder) collectLocked() map[string]record {
 	for q, rec := range sums {
 		rec.Latency = lats[q].stored()
 		rec.Gap = gap
+		if rec.Unknown {
+			rec.Depth = Depth{}
+		}
 		out[q] = *rec
 	}
 	return out
 }
 
-// write commits the records and the new mark; false when the mark moved.
-// More records than one transaction takes go in several, each refused
-// when its first record exists already (another recorder wrote it).
-func (r *Recorder) write(ctx context.Context, m time.Time, recs map[string]record, through, markMod int64) (bool, error) {
-	lease, err := r.leaseFor(ctx)
-	if err != nil {
-		return false, err
+// noteDepthLocked keeps queue q's depth d, read in its record of minute
+// m, unless a later record's is kept; only depths not zero are kept.
+func (r *Recorder) noteDepthLocked(q string, d Depth, m int64) {
+	if w, ok := r.written[q]; ok && w.minute > m {
+		return
 	}
+	if d == (Depth{}) {
+		delete(r.written, q)
+		return
+	}
+	r.written[q] = lastDepth{Depth: d, minute: m}
+}
+
+// write claims the minute and writes its records: the first transaction
+// moves the mark, compared with the version this recorder read, and holds
+// as many records as a transaction takes; so two recorders never both
+// close a minute, and a failed first transaction writes nothing. The
+// records one transaction cannot take (more than maxTxnOps-1 queues) go
+// in more, each compared with the mark this recorder wrote: once the
+// mark moves on (the next minute was closed) they are dropped. A failure
+// after the claim (retried twice per transaction) loses those records:
+// closed is true and err says how many; an event is never counted twice.
+func (r *Recorder) write(ctx context.Context, m time.Time, recs map[string]record, through, markMod int64) (bool, error) {
 	names := make([]string, 0, len(recs))
 	for q := range recs {
 		names = append(names, q)
 	}
 	sort.Strings(names)
 	markKey := r.keys.QueueHistoryMark()
-	mv, _ := json.Marshal(mark{Minute: m.Unix(), Rev: through})
-	for {
-		n := min(len(names), maxTxnOps-1)
-		final := n == len(names)
-		cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(markKey), "=", markMod)}
-		var ops []clientv3.Op
-		for _, q := range names[:n] {
-			ops = append(ops, clientv3.OpPut(r.keys.QueueHistoryMinute(q, m), string(recs[q].encode()), clientv3.WithLease(lease)))
+	mv, _ := json.Marshal(mark{Minute: m.Unix(), Rev: through, At: r.cfg.Now().UnixMilli()})
+	n := min(len(names), maxTxnOps-1)
+	rev, err := r.commit(ctx, m, recs, names[:n], clientv3.Compare(clientv3.ModRevision(markKey), "=", markMod), clientv3.OpPut(markKey, string(mv)))
+	if err != nil || rev == 0 {
+		return false, err
+	}
+	r.mu.Lock()
+	r.setMarkLocked(mv, rev)
+	r.mu.Unlock()
+	fence := clientv3.Compare(clientv3.ModRevision(markKey), "=", rev)
+	for names = names[n:]; len(names) > 0; names = names[n:] {
+		n = min(len(names), maxTxnOps)
+		for try := 0; ; try++ {
+			var got int64
+			got, err = r.commit(ctx, m, recs, names[:n], fence)
+			if err == nil && got == 0 {
+				err = errors.New("the next minute was closed first")
+				break
+			}
+			if err == nil || try == 2 || ctx.Err() != nil {
+				break
+			}
 		}
-		if final {
-			ops = append(ops, clientv3.OpPut(markKey, string(mv)))
-		} else {
-			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(r.keys.QueueHistoryMinute(names[0], m)), "=", 0))
+		if err != nil {
+			return true, fmt.Errorf("qstats: minute %s closed without the records of %d queues: %w", m.Format(time.RFC3339), len(names), err)
 		}
-		resp, err := r.cfg.Client.Txn(ctx).If(cmps...).Then(ops...).Commit()
-		if err != nil || !resp.Succeeded {
-			return false, err
+	}
+	return true, nil
+}
+
+// commit writes the records of queues names with ops, if cmp holds: the
+// revision it committed at, 0 when cmp failed.
+func (r *Recorder) commit(ctx context.Context, m time.Time, recs map[string]record, names []string, cmp clientv3.Cmp, ops ...clientv3.Op) (int64, error) {
+	for retried := false; ; retried = true {
+		lease, err := r.leaseFor(ctx)
+		if err != nil {
+			return 0, err
 		}
-		if final {
+		all := slices.Clone(ops)
+		for _, q := range names {
+			all = append(all, clientv3.OpPut(r.keys.QueueHistoryMinute(q, m), string(recs[q].encode()), clientv3.WithLease(lease)))
+		}
+		resp, err := r.cfg.Client.Txn(ctx).If(cmp).Then(all...).Commit()
+		if errors.Is(err, rpctypes.ErrLeaseNotFound) && !retried {
 			r.mu.Lock()
-			r.setMarkLocked(mv, resp.Header.Revision)
+			r.lease = 0
 			r.mu.Unlock()
-			return true, nil
+			continue
 		}
-		names = names[n:]
+		if err != nil || !resp.Succeeded {
+			return 0, err
+		}
+		return resp.Header.Revision, nil
 	}
 }
 
 // leaseFor returns the lease new records are bound to: one granted for
-// Retention and an hour, used for an hour, so that records live between
-// a day and a day and an hour.
+// Retention and two hours, used for an hour, so that records live between
+// a day and an hour and a day and two hours: a day's window can carry the
+// depth from the record before its start (at most depthEvery before).
 func (r *Recorder) leaseFor(ctx context.Context) (clientv3.LeaseID, error) {
 	r.mu.Lock()
 	if r.lease != 0 && time.Since(r.leaseAt) < time.Hour {
@@ -180,7 +235,7 @@ func (r *Recorder) leaseFor(ctx context.Context) (clientv3.LeaseID, error) {
 		return r.lease, nil
 	}
 	r.mu.Unlock()
-	g, err := r.cfg.Client.Grant(ctx, int64((Retention + time.Hour).Seconds()))
+	g, err := r.cfg.Client.Grant(ctx, int64((Retention + 2*time.Hour).Seconds()))
 	if err != nil {
 		return 0, err
 	}

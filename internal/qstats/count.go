@@ -3,6 +3,7 @@ package qstats
 import (
 	"encoding/json"
 	"strings"
+	"time"
 
 	"github.com/droverhq/drover/internal/taskstore"
 	"github.com/droverhq/drover/keyspace"
@@ -26,13 +27,16 @@ func (r *Recorder) take(wr clientv3.WatchResponse) {
 		key := string(ev.Kv.Key)
 		if key == r.keys.QueueHistoryMark() {
 			if ev.Type == mvccpb.PUT {
+				r.checkClockLocked(ev.Kv.Value, rev)
 				r.setMarkLocked(ev.Kv.Value, rev)
+			} else {
+				r.markMod = 0 // deleted: the next close creates it again
 			}
 			continue
 		}
-		if q, _, ok := r.keys.ParseQueueHistoryMinute(key); ok {
-			if rec, err := decodeRecord(ev.Kv.Value); err == nil && ev.Type == mvccpb.PUT {
-				r.written[q] = rec.Depth
+		if q, m, ok := r.keys.ParseQueueHistoryMinute(key); ok {
+			if rec, err := decodeRecord(ev.Kv.Value); err == nil && ev.Type == mvccpb.PUT && !rec.Unknown {
+				r.noteDepthLocked(q, rec.Depth, m.Unix())
 			}
 			continue
 		}
@@ -56,36 +60,75 @@ func (r *Recorder) take(wr clientv3.WatchResponse) {
 	}
 }
 
-// maxDeltas bounds the events kept while no minute can be closed (the
-// store refuses writes, say): past it the older half is summed.
-const maxDeltas = 1 << 18
+// checkClockLocked warns when a mark another server wrote was closed
+// later, by its clock, than this server's clock says now by more than
+// skewTolerance: that server's clock runs ahead, and it closes minutes
+// early (a watch that lags only makes the mark look older).
+func (r *Recorder) checkClockLocked(v []byte, mod int64) {
+	m, err := decodeMark(v)
+	if err != nil || m.At == 0 || mod == r.markMod {
+		return
+	}
+	ahead := time.UnixMilli(m.At).Sub(r.cfg.Now())
+	if ahead > skewTolerance {
+		r.cfg.Logger.Warn("queue history: the server that closed a minute has a clock ahead of this server's; "+
+			"each minute takes in that much of the next: synchronize the servers' clocks (NTP)",
+			"minute", time.Unix(m.Minute, 0).UTC(), "ahead", ahead.Round(time.Millisecond))
+	}
+}
 
-// squash sums the older half of ds by queue and latency bucket, each sum
-// at the half's last revision: a mark that falls inside the half then
-// takes or leaves the sum whole, so such minutes may be off by what it
-// held; the rest stays exact.
+// maxDeltas bounds the events kept while no minute can be closed (the
+// store refuses writes, say, or a burst of more than about a thousand
+// events a second): past it the older half is summed in spans (see
+// squash).
+const maxDeltas = 1 << 16
+
+// spanEvents is how many kept events a span sums at first: about a
+// second of a busy namespace's events.
+const spanEvents = 1 << 10
+
+// squash sums the older half of ds in spans of consecutive events, by
+// queue and latency bucket, each sum at its span's last revision; a
+// revision is never split between spans. A mark (another server's) that
+// falls inside a span then takes or leaves the span whole, so a minute
+// may be off by at most one span's events; the rest stays exact. When
+// the sums do not shrink ds enough (many queues), the spans double.
 func squash(ds []delta) []delta {
 	half := len(ds) / 2
+	for span := spanEvents; ; span *= 2 {
+		out := squashSpans(ds[:half], span)
+		if len(out) <= half/2 || span >= half {
+			return append(out, ds[half:]...)
+		}
+	}
+}
+
+func squashSpans(ds []delta, span int) []delta {
 	type k struct {
 		q   string
 		lat int
 	}
-	sums := map[k]*delta{}
-	var order []k
-	last := ds[half-1].rev
-	for _, d := range ds[:half] {
-		key := k{d.q, d.lat}
-		if sums[key] == nil {
-			sums[key] = &delta{q: d.q, lat: d.lat, rev: last}
-			order = append(order, key)
+	out := make([]delta, 0, len(ds)/4)
+	for start := 0; start < len(ds); {
+		end := min(start+span, len(ds))
+		for end < len(ds) && ds[end].rev == ds[end-1].rev {
+			end++
 		}
-		sums[key].c.add(d.c)
+		last := ds[end-1].rev
+		at := map[k]int{}
+		for _, d := range ds[start:end] {
+			key := k{d.q, d.lat}
+			i, ok := at[key]
+			if !ok {
+				i = len(out)
+				at[key] = i
+				out = append(out, delta{q: d.q, lat: d.lat, rev: last})
+			}
+			out[i].c.add(d.c)
+		}
+		start = end
 	}
-	out := make([]delta, 0, len(order)+len(ds)-half)
-	for _, key := range order {
-		out = append(out, *sums[key])
-	}
-	return append(out, ds[half:]...)
+	return out
 }
 
 // classify reads what a queue key created says: a batch of outcomes

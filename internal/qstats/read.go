@@ -21,8 +21,10 @@ type Minute struct {
 	At time.Time // the minute's start
 	Counts
 	// Depth is the queue's depth at the minute's end: from the minute's
-	// record, or carried from the record before (a record is written only
-	// when the depth changed or something was counted).
+	// record, or carried from the record before (a record is written when
+	// the depth changed, something was counted, or at least hourly while
+	// the depth is not zero; one written by a server that did not know
+	// the depth yet carries it too).
 	Depth
 	Latency Latency
 	// Closed: a server closed the minute (its counts are final); false for
@@ -53,6 +55,10 @@ func CheckWindow(field string, w time.Duration) error {
 	return nil
 }
 
+// before is how many records before a window Read reads to find the
+// depth the window starts with: the last one whose depth is known.
+const before = 8
+
 // Read returns queue q's history over window (Hour or Day) ending with the
 // minute of now, in one read: the window's records, the record before it
 // (the depth it starts with) and the mark.
@@ -72,7 +78,7 @@ func Read(ctx context.Context, cli *clientv3.Client, ns, q string, window time.D
 	from, to := keys.QueueHistoryMinute(q, start), keys.QueueHistoryMinute(q, end)
 	resp, err := cli.Txn(ctx).Then(
 		clientv3.OpGet(from, clientv3.WithRange(to)),
-		clientv3.OpGet(keys.QueueHistoryMinutes(q), clientv3.WithRange(from), clientv3.WithSort(clientv3.SortByKey, clientv3.SortDescend), clientv3.WithLimit(1)),
+		clientv3.OpGet(keys.QueueHistoryMinutes(q), clientv3.WithRange(from), clientv3.WithSort(clientv3.SortByKey, clientv3.SortDescend), clientv3.WithLimit(before)),
 		clientv3.OpGet(keys.QueueHistoryMark()),
 	).Commit()
 	if err != nil {
@@ -93,16 +99,19 @@ func Read(ctx context.Context, cli *clientv3.Client, ns, q string, window time.D
 		}
 	}
 	var depth Depth
-	if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) > 0 {
-		if rec, err := decodeRecord(kvs[0].Value); err == nil {
+	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
+		if rec, err := decodeRecord(kv.Value); err == nil && !rec.Unknown {
 			depth = rec.Depth
+			break
 		}
 	}
 	for at := start; at.Before(end); at = at.Add(time.Minute) {
 		mi := Minute{At: at, Depth: depth, Closed: !h.ClosedThrough.IsZero() && !at.After(h.ClosedThrough), Latency: Latency{}}
 		if rec, ok := recs[at.Unix()]; ok {
-			mi.Counts, mi.Depth, mi.Gap, mi.Latency = rec.Counts, rec.Depth, rec.Gap, latencyOf(rec.Latency)
-			depth = rec.Depth
+			mi.Counts, mi.Gap, mi.Latency = rec.Counts, rec.Gap, latencyOf(rec.Latency)
+			if !rec.Unknown {
+				mi.Depth, depth = rec.Depth, rec.Depth
+			}
 		}
 		h.Total.add(mi.Counts)
 		h.Latency.add(mi.Latency)

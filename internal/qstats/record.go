@@ -49,6 +49,9 @@ type record struct {
 	// since the minute before (it started after the store compacted the
 	// revisions it would have read): the counts may be short.
 	Gap bool `json:"g,omitempty"`
+	// Unknown: the server that wrote the record did not know the queue's
+	// depth (it had just started); a reader carries the depth before.
+	Unknown bool `json:"u,omitempty"`
 }
 
 func (r record) encode() []byte {
@@ -67,6 +70,9 @@ func decodeRecord(b []byte) (record, error) {
 type mark struct {
 	Minute int64 `json:"m"`
 	Rev    int64 `json:"rev"`
+	// At is when the server that closed the minute closed it, by its
+	// clock (Unix milliseconds): the others compare it with theirs.
+	At int64 `json:"at,omitempty"`
 }
 
 // The latency's buckets: bucket i holds latencies up to latencyBase ×

@@ -14,8 +14,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// Retention is how long minute records are kept: they are bound to a
-// lease of Retention plus up to an hour.
+// Retention is how long minute records are kept at least: they are bound
+// to a lease of Retention and two hours, granted up to an hour before.
 const Retention = 24 * time.Hour
 
 // The closing of minutes: a server closes a minute from closeDelay after
@@ -27,9 +27,22 @@ const (
 	closeDelay = 2 * time.Second
 	gapGrace   = 15 * time.Second
 	closeEvery = 5 * time.Second
-	// maxTxnOps stays below etcd's default limit of 128 operations in a
-	// transaction.
-	maxTxnOps = 100
+	// depthEvery: a queue whose depth is not zero gets a record at least
+	// this often, changed or not, so that the record a reader carries the
+	// depth from has not gone with its lease (see leaseFor).
+	depthEvery = time.Hour
+	// staleMark: a server that starts more than this after the end of the
+	// last minute closed starts counting from its start (a gap), rather
+	// than putting everything since in one minute.
+	staleMark = 5 * time.Minute
+	// skewTolerance: a server warns when another closed a minute more
+	// than this early by its clock. A server's clock ahead by d closes
+	// each minute d early, so the minute takes in d of the next one's
+	// events; the servers' clocks are assumed synchronized (NTP).
+	skewTolerance = 2 * time.Second
+	// maxTxnOps is etcd's default limit of operations in a transaction
+	// (embed.DefaultMaxTxnOps, which the embedded server keeps).
+	maxTxnOps = 128
 )
 
 // Config configures a Recorder.
@@ -72,10 +85,19 @@ type Recorder struct {
 	observeFrom int64
 	mk          mark
 	markMod     int64
-	// written is each queue's depth in its last minute record seen.
-	written map[string]Depth
+	// written is each queue's depth in its last minute record seen, with
+	// that record's minute, for the queues whose depth is not zero (a
+	// queue absent is empty, or unknown after a start).
+	written map[string]lastDepth
 	lease   clientv3.LeaseID
 	leaseAt time.Time
+}
+
+// lastDepth is a queue's depth in its last record, and that record's
+// minute (Unix seconds).
+type lastDepth struct {
+	Depth
+	minute int64
 }
 
 // delta is one event's counts.
@@ -102,7 +124,7 @@ func NewRecorder(cfg Config) (*Recorder, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Recorder{cfg: cfg, keys: keys, ready: make(chan struct{}), written: map[string]Depth{}}, nil
+	return &Recorder{cfg: cfg, keys: keys, ready: make(chan struct{}), written: map[string]lastDepth{}}, nil
 }
 
 // Start starts following the namespace's queues.
@@ -205,6 +227,14 @@ func (r *Recorder) begin(ctx context.Context) error {
 	if len(resp.Kvs) > 0 {
 		r.setMarkLocked(resp.Kvs[0].Value, resp.Kvs[0].ModRevision)
 		r.from = r.mk.Rev + 1
+		// A mark closed long ago (no server ran): what was written since
+		// would all go into one minute. The history starts now instead,
+		// and its first minute says gap.
+		if ended := time.Unix(r.mk.Minute, 0).Add(time.Minute); r.cfg.Now().Sub(ended) > staleMark {
+			r.cfg.Logger.Warn("queue history: the last minute closed ended long ago; what happened since is not counted",
+				"closed", ended.Add(-time.Minute).UTC(), "since", r.cfg.Now().Sub(ended).Round(time.Second))
+			r.from = resp.Header.Revision + 1
+		}
 	}
 	r.through = r.from - 1
 	return nil
@@ -233,4 +263,7 @@ func (r *Recorder) setMarkLocked(v []byte, mod int64) {
 		i++
 	}
 	r.deltas = slices.Delete(r.deltas, 0, i)
+	if cap(r.deltas) > spanEvents && len(r.deltas) < cap(r.deltas)/4 {
+		r.deltas = slices.Clone(r.deltas) // a burst's memory goes with it
+	}
 }

@@ -107,6 +107,12 @@ func startRecorder(t *testing.T, cli *clientv3.Client, ns string, m bool) *Recor
 	return r
 }
 
+// startRecorderAt starts a recorder whose clock says now.
+func startRecorderAt(t *testing.T, cli *clientv3.Client, ns string, now time.Time) *Recorder {
+	t.Helper()
+	return startWith(t, Config{Client: cli, Namespace: ns, Manual: true, Now: func() time.Time { return now }})
+}
+
 // waitCounted waits until r counted want for q: the events reach a watch
 // when they do, so the test waits for the count, not for a time.
 func waitCounted(t *testing.T, r *Recorder, q string, want Counts) {
@@ -233,7 +239,7 @@ func TestHistorySurvivesRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	w3.run(t, cli, ns, q, "three") // while no server counts
-	r2 := startRecorder(t, cli, ns, false)
+	r2 := startRecorderAt(t, cli, ns, t0.Add(2*time.Minute))
 	want := w2.want()
 	want.add(w3.want())
 	waitCounted(t, r2, q, want)
@@ -274,7 +280,7 @@ func TestHistoryGapAfterCompaction(t *testing.T) {
 	if _, err := cli.Compact(context.Background(), resp.Header.Revision, clientv3.WithCompactPhysical()); err != nil {
 		t.Fatal(err)
 	}
-	r2 := startRecorder(t, cli, ns, false)
+	r2 := startRecorderAt(t, cli, ns, t0.Add(2*time.Minute))
 	w3.run(t, cli, ns, q, "three")
 	waitCounted(t, r2, q, w3.want())
 	m1 := t0.Add(time.Minute)
@@ -290,5 +296,39 @@ func TestHistoryGapAfterCompaction(t *testing.T) {
 	}
 	if minuteOf(h, t0).Gap {
 		t.Error("the minute before says gap")
+	}
+}
+
+// A server that starts long after the last minute closed (no server ran
+// for more than staleMark) counts from its start, and its first minute
+// says gap, rather than putting everything since into one minute.
+func TestHistoryStaleMarkStartsNow(t *testing.T) {
+	cli := srv.Client(t)
+	ns := etcdtest.Namespace(t)
+	const q = "stale"
+	r := startRecorder(t, cli, ns, false)
+	w1, w2, w3 := workload{ok: 2}, workload{ok: 3}, workload{ok: 1, dead: 1}
+	w1.run(t, cli, ns, q, "one")
+	waitCounted(t, r, q, w1.want())
+	if closed, err := r.CloseMinute(context.Background(), t0); err != nil || !closed {
+		t.Fatalf("close: %v, %v", closed, err)
+	}
+	if err := r.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	w2.run(t, cli, ns, q, "two") // while no server runs, for ten minutes
+	later := t0.Add(10 * time.Minute)
+	r2 := startRecorderAt(t, cli, ns, later)
+	w3.run(t, cli, ns, q, "three")
+	waitCounted(t, r2, q, w3.want())
+	if closed, err := r2.CloseMinute(context.Background(), later); err != nil || !closed {
+		t.Fatalf("close: %v, %v", closed, err)
+	}
+	h, err := Read(context.Background(), cli, ns, q, Hour, later)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := minuteOf(h, later); !got.Gap || got.Counts != w3.want() {
+		t.Errorf("first minute after ten minutes down: gap %v, counts %+v; want a gap and %+v", got.Gap, got.Counts, w3.want())
 	}
 }

@@ -40,7 +40,7 @@ function lines(buckets, series, unit, aria) {
   const pad = { l: 48, r: 10, t: 8, b: 20 };
   const svg = s("svg", { class: "chart history-chart", viewBox: `0 0 ${width} ${height}`, preserveAspectRatio: "none", role: "img", "aria-label": aria });
   const vals = (b, k) => k(b);
-  const top = niceMax(Math.max(0, ...buckets.flatMap((b) => series.map((x) => vals(b, x.key)))));
+  const top = niceMax(Math.max(0, ...buckets.flatMap((b) => series.map((x) => vals(b, x.key) ?? 0))));
   const n = Math.max(1, buckets.length - 1);
   const X = (i) => pad.l + (i / n) * (width - pad.l - pad.r);
   const Y = (v) => height - pad.b - (v / top) * (height - pad.t - pad.b);
@@ -55,8 +55,18 @@ function lines(buckets, series, unit, aria) {
     svg.append(s("text", { class: "axis-label", x: X(j), y: height - 5, "text-anchor": i === 0 ? "start" : i === 4 ? "end" : "middle" }, clock(buckets[j].at)));
   }
   for (const x of series) {
-    const d = buckets.map((b, i) => (i ? "L" : "M") + X(i).toFixed(1) + " " + Y(vals(b, x.key)).toFixed(1)).join(" ");
-    svg.append(s("path", { class: "line " + x.cls, d }));
+    // A value null (a minute without samples) leaves a gap; a point alone
+    // between gaps is drawn as a dot.
+    let d = "";
+    buckets.forEach((b, i) => {
+      const v = vals(b, x.key);
+      if (v === null || v === undefined) return;
+      const joined = i > 0 && vals(buckets[i - 1], x.key) !== null && vals(buckets[i - 1], x.key) !== undefined;
+      d += (joined ? " L" : " M") + X(i).toFixed(1) + " " + Y(v).toFixed(1);
+      const next = i + 1 < buckets.length ? vals(buckets[i + 1], x.key) : null;
+      if (!joined && (next === null || next === undefined)) svg.append(s("circle", { class: "line dot " + x.cls, cx: X(i).toFixed(1), cy: Y(v).toFixed(1), r: 2.5 }));
+    });
+    if (d) svg.append(s("path", { class: "line " + x.cls, d: d.trim() }));
   }
   return svg;
 }
@@ -76,9 +86,10 @@ const DEPTH = [
   { key: (b) => b.running, cls: "hl-running", label: "running" },
   { key: (b) => b.retrying, cls: "hl-retrying", label: "retrying" },
 ];
+// A minute without samples has no latency: null, a gap in the line.
 const LATENCY = [
-  { key: (b) => b.latency.p50_seconds, cls: "hl-p50", label: "p50" },
-  { key: (b) => b.latency.p99_seconds, cls: "hl-p99", label: "p99" },
+  { key: (b) => (b.latency.samples ? b.latency.p50_seconds : null), cls: "hl-p50", label: "p50" },
+  { key: (b) => (b.latency.samples ? b.latency.p99_seconds : null), cls: "hl-p99", label: "p99" },
 ];
 
 // empty says whether the window counted nothing and saw no depth.
@@ -124,15 +135,20 @@ export function mountHistory(ctx, q) {
         ]);
   };
 
+  // Each load has a number: an answer that comes after a later load
+  // started (the window was switched meanwhile) is dropped.
   let timer;
+  let seq = 0;
   const load = async () => {
     clearTimeout(timer);
+    const mine = ++seq;
+    const current = () => ctx.alive() && mine === seq;
     try {
       const hist = await get("/v1/queues/" + enc(q) + "/history?window=" + win);
-      if (!ctx.alive()) return;
+      if (!current()) return;
       draw(hist);
     } catch (e) {
-      if (!ctx.alive()) return;
+      if (!current()) return;
       replace(body, e && e.status === 404 ? h("p", { class: "muted" }, "No history: nothing was submitted to this queue yet.") : errorBox(e));
     }
     timer = setTimeout(() => { if (ctx.alive()) load(); }, REFRESH_MS);

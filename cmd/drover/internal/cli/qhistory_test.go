@@ -140,3 +140,12 @@ func TestQueuesHistorySurvivesServerKill(t *testing.T) {
 	work("d", "e")
 	waitFor(t, 100*time.Second, "the restarted server counted 2 more", func() bool { time.Sleep(time.Second); return read().Totals.Processed == 5 })
 }
+
+// Each command's example shows that command: queues history's example
+// belongs to queues and queues history, not to queues delete.
+func TestQueuesHistoryExampleNotUnderDelete(t *testing.T) {
+	r := drover(t, "queues", "delete", "--help")
+	if r.code != 0 || strings.Contains(r.stdout, "queues history") || !strings.Contains(r.stdout, "drover queues delete old-emails --yes") {
+		t.Errorf("drover queues delete --help: exit %d:\n%s", r.code, r.stdout)
+	}
+}

@@ -171,9 +171,8 @@ func (a *app) queuesDeleteCommand() *cobra.Command {
 drover queues list. It refuses while tasks of the queue are running: stop
 its workers first. Stop submitting to it first too: a task submitted during
 the deletion may survive it. Shows progress on stderr.`,
-		Example: `  drover queues delete old-emails --yes
-  drover queues history emails --window 24h`,
-		Args: cobra.ExactArgs(1),
+		Example: `  drover queues delete old-emails --yes`,
+		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := drover.Rename(queue.CheckQueue(args[0]), "Q"); err != nil {
 				return err
