@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"net/url"
 	"testing"
+
+	"github.com/droverhq/drover/internal/cursor"
 )
 
 // TestSearchRoute: GET /v1/queues/{queue}/search finds tasks by type, id
@@ -11,6 +13,7 @@ import (
 // a problem naming the query parameter.
 func TestSearchRoute(t *testing.T) {
 	t.Parallel()
+	forged := cursor.Encode(cursor.Cursor{Digest: cursor.Digest("found", "", "", "", "", ""), Phase: "r", Index: 9})
 	a := newAPI(t)
 	body := qtasksJSON("s", 25)
 	for i := range 5 {
@@ -57,6 +60,7 @@ func TestSearchRoute(t *testing.T) {
 		{"range backwards", "since=2026-11-28T10:00:00Z&until=2026-11-28T09:00:00Z", "query.until"},
 		{"cursor of another query", "type=y&cursor=" + first, "query.cursor"},
 		{"cursor made up", "cursor=xyz", "query.cursor"},
+		{"cursor out of range", "cursor=" + forged, "query.cursor"},
 		{"limit", "limit=5000", "query.limit"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -121,11 +121,11 @@ func (c *Client) Search(ctx context.Context, q string, sq SearchQuery) (SearchPa
 	s.page.Tasks = []*Task{}
 	var done bool
 	switch s.cur.Phase {
-	case "i":
+	case cursor.PhaseIDs:
 		done, err = s.walkIDs(ctx)
-	case "r":
+	case cursor.PhaseRecords:
 		if done, err = s.walkRecords(ctx); err == nil && done {
-			s.cur = cursor.Cursor{Digest: s.cur.Digest, Phase: "s", Slot: -1, Since: s.cur.Since, Until: s.cur.Until}
+			s.cur = cursor.Cursor{Digest: s.cur.Digest, Phase: cursor.PhaseSegments, Slot: -1, Since: s.cur.Since, Until: s.cur.Until}
 			done, err = s.walkSegments(ctx)
 		}
 	default:
@@ -193,10 +193,10 @@ func (s *search) setCursor(sq SearchQuery) error {
 	}
 	digest := cursor.Digest(parts...)
 	if sq.Cursor == "" {
-		s.cur = cursor.Cursor{Digest: digest, Phase: "r"}
+		s.cur = cursor.Cursor{Digest: digest, Phase: cursor.PhaseRecords}
 		s.cur.SetWindow(s.since, s.until)
 		if s.prefix != "" {
-			s.cur.Phase = "i"
+			s.cur.Phase = cursor.PhaseIDs
 		}
 		return nil
 	}
@@ -208,9 +208,24 @@ func (s *search) setCursor(sq SearchQuery) error {
 		return &drover.InputError{Field: "cursor", Value: sq.Cursor,
 			Rule: "was given by another query: pass a cursor only with the queue and filters of the search that gave it"}
 	}
+	if !s.inRange(cur) {
+		return &drover.InputError{Field: "cursor", Value: sq.Cursor, Rule: "must be the next_cursor of a page of this search: its place is out of range"}
+	}
 	s.cur = cur
 	s.since, s.until = cur.Window() // the window the first page saw
 	return nil
+}
+
+// inRange reports whether cursor c's place is one this search's walk can
+// be at: anyone can write a cursor and its digest.
+func (s *search) inRange(c cursor.Cursor) bool {
+	switch c.Phase {
+	case cursor.PhaseIDs:
+		return s.prefix != ""
+	case cursor.PhaseRecords:
+		return s.prefix == "" && c.Index <= len(s.recordStatuses())
+	}
+	return s.prefix == "" && c.Slot <= SegmentSize
 }
 
 // setParams checks the parameter filters and reads their values, sorted by

@@ -45,13 +45,24 @@ type Cursor struct {
 // ErrMalformed is returned for a string no Encode made.
 var ErrMalformed = errors.New("cursor: not a cursor a search gave")
 
+// The phases of a walk: the id index, the tasks with records of their
+// own, the segments.
+const (
+	PhaseIDs      = "i"
+	PhaseRecords  = "r"
+	PhaseSegments = "s"
+)
+
 // Encode returns c as an opaque string of URL-safe characters.
 func Encode(c Cursor) string {
 	b, _ := json.Marshal(c)
 	return base64.RawURLEncoding.EncodeToString(b)
 }
 
-// Decode reads what Encode wrote.
+// Decode reads what Encode wrote. Anyone can write a cursor, so it also
+// refuses one whose phase is unknown or whose index, slot or window is
+// negative (slot -1 is "before the first"); the search checks the upper
+// bounds it knows.
 func Decode(s string) (Cursor, error) {
 	var c Cursor
 	if len(s) > MaxLen {
@@ -63,10 +74,20 @@ func Decode(s string) (Cursor, error) {
 	}
 	dec := json.NewDecoder(strings.NewReader(string(b)))
 	dec.DisallowUnknownFields()
-	if err := dec.Decode(&c); err != nil || c.Digest == "" || c.Phase == "" {
+	if err := dec.Decode(&c); err != nil || c.Digest == "" || !c.valid() {
 		return Cursor{}, ErrMalformed
 	}
 	return c, nil
+}
+
+// valid reports whether c's fields are in their ranges.
+func (c Cursor) valid() bool {
+	switch c.Phase {
+	case PhaseIDs, PhaseRecords, PhaseSegments:
+	default:
+		return false
+	}
+	return c.Index >= 0 && c.Slot >= -1 && c.Since >= 0 && c.Until >= 0
 }
 
 // SetWindow keeps a query's time window; a zero time is no bound.

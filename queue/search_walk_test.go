@@ -1,0 +1,44 @@
+package queue_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/droverhq/drover"
+	"github.com/droverhq/drover/internal/cursor"
+	"github.com/droverhq/drover/internal/testenv/etcdtest"
+	"github.com/droverhq/drover/queue"
+)
+
+// TestSearchForgedCursor: a cursor is base64 JSON with a digest of public
+// parts, so anyone can make one; one whose place the walk cannot be at (a
+// status index -1 or past the last, a slot past a segment's, a phase of
+// another kind of walk) is refused as bad input naming the cursor, not
+// followed into a panic.
+func TestSearchForgedCursor(t *testing.T) {
+	ctx := context.Background()
+	c, _ := newClient(t, etcdtest.Namespace(t))
+	if _, err := c.Submit(ctx, "fq", tasks(3, "x"), nil); err != nil {
+		t.Fatal(err)
+	}
+	digest := cursor.Digest("fq", "", "", "", "", "")
+	for _, cur := range []cursor.Cursor{
+		{Digest: digest, Phase: "r", Index: -1}, {Digest: digest, Phase: "r", Index: 7},
+		{Digest: digest, Phase: "s", Slot: 101}, {Digest: digest, Phase: "s", Slot: -7},
+		{Digest: digest, Phase: "i", Key: "t-"}, {Digest: digest, Phase: "q"},
+	} {
+		func() {
+			defer func() {
+				if r := recover(); r != nil {
+					t.Fatalf("cursor %+v panics: %v", cur, r)
+				}
+			}()
+			_, err := c.Search(ctx, "fq", queue.SearchQuery{Cursor: cursor.Encode(cur)})
+			if !errors.Is(err, drover.ErrInvalidInput) || !strings.Contains(err.Error(), "cursor") {
+				t.Errorf("cursor %+v: %v, want bad input naming the cursor", cur, err)
+			}
+		}()
+	}
+}
