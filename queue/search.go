@@ -98,8 +98,11 @@ type search struct {
 }
 
 // Search returns a page of queue q's tasks that match sq: first the tasks
-// with records of their own (retried, dead, cancelled, handed back), status
-// by status, then the tasks in segments, by priority and submission. An id
+// in segments, by priority and submission, then the tasks with records of
+// their own (retried, dead, cancelled, handed back), status by status. A
+// task moves one way only, from its segment to a record, so one that moves
+// while the walk goes on is listed at least once: twice when the walk
+// passed it in its segment before it moved. An id
 // prefix is a range read of the id index; a status walks only the indexes
 // and segments that can hold it; a type, parameters and times are checked
 // on the tasks read. See docs/queue.md, "Finding a task", for what each
@@ -123,13 +126,13 @@ func (c *Client) Search(ctx context.Context, q string, sq SearchQuery) (SearchPa
 	switch s.cur.Phase {
 	case cursor.PhaseIDs:
 		done, err = s.walkIDs(ctx)
-	case cursor.PhaseRecords:
-		if done, err = s.walkRecords(ctx); err == nil && done {
-			s.cur = cursor.Cursor{Digest: s.cur.Digest, Phase: cursor.PhaseSegments, Slot: -1, Since: s.cur.Since, Until: s.cur.Until}
-			done, err = s.walkSegments(ctx)
+	case cursor.PhaseSegments:
+		if done, err = s.walkSegments(ctx); err == nil && done {
+			s.cur = cursor.Cursor{Digest: s.cur.Digest, Phase: cursor.PhaseRecords, Since: s.cur.Since, Until: s.cur.Until}
+			done, err = s.walkRecords(ctx)
 		}
 	default:
-		done, err = s.walkSegments(ctx)
+		done, err = s.walkRecords(ctx)
 	}
 	if err != nil {
 		return SearchPage{}, err
@@ -193,7 +196,7 @@ func (s *search) setCursor(sq SearchQuery) error {
 	}
 	digest := cursor.Digest(parts...)
 	if sq.Cursor == "" {
-		s.cur = cursor.Cursor{Digest: digest, Phase: cursor.PhaseRecords}
+		s.cur = cursor.Cursor{Digest: digest, Phase: cursor.PhaseSegments, Slot: -1}
 		s.cur.SetWindow(s.since, s.until)
 		if s.prefix != "" {
 			s.cur.Phase = cursor.PhaseIDs

@@ -42,3 +42,41 @@ func TestSearchForgedCursor(t *testing.T) {
 		}()
 	}
 }
+
+// TestSearchFindsTaskMovedMidWalk: a task moves one way only, from its
+// segment to a record of its own (cancelled, retried, dead), so a walk of
+// the segments first and the records after lists a task that moves while
+// the pages go on at least once. Here t-00150 is cancelled after the first
+// page, before the walk reaches its segment.
+func TestSearchFindsTaskMovedMidWalk(t *testing.T) {
+	ctx := context.Background()
+	c, _ := newClient(t, etcdtest.Namespace(t))
+	if _, err := c.Submit(ctx, "mq", tasks(200, "x"), nil); err != nil {
+		t.Fatal(err)
+	}
+	sq := queue.SearchQuery{Limit: 1}
+	p, err := c.Search(ctx, "mq", sq)
+	if err != nil || p.Next == "" {
+		t.Fatal(p, err)
+	}
+	seen := map[string]int{p.Tasks[0].ID: 1}
+	if _, err := c.Cancel(ctx, "t-00150"); err != nil {
+		t.Fatal(err)
+	}
+	sq.Limit = 1000
+	for pages := 0; p.Next != ""; pages++ {
+		if pages > 100 {
+			t.Fatal("the search does not end")
+		}
+		sq.Cursor = p.Next
+		if p, err = c.Search(ctx, "mq", sq); err != nil {
+			t.Fatal(err)
+		}
+		for _, x := range p.Tasks {
+			seen[x.ID]++
+		}
+	}
+	if seen["t-00150"] == 0 || len(seen) != 200 {
+		t.Fatalf("t-00150 (cancelled mid-walk) seen %d times; %d of 200 tasks found", seen["t-00150"], len(seen))
+	}
+}
