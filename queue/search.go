@@ -181,7 +181,9 @@ func (c *Client) newSearch(q string, sq SearchQuery) (*search, error) {
 	if s.until, err = searchTime("until", sq.Until, now); err != nil {
 		return nil, err
 	}
-	if !s.since.IsZero() && !s.until.IsZero() && !s.until.After(s.since) {
+	// A later page takes the window the first resolved (setCursor): "1h"
+	// against a fixed until must not turn backwards as the clock moves on.
+	if sq.Cursor == "" && !s.since.IsZero() && !s.until.IsZero() && !s.until.After(s.since) {
 		return nil, &drover.InputError{Field: "until", Value: sq.Until,
 			Rule: fmt.Sprintf("must be after since (%s): the time range ends before it starts", s.since.UTC().Format(time.RFC3339))}
 	}

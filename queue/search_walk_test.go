@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/internal/cursor"
@@ -78,5 +79,33 @@ func TestSearchFindsTaskMovedMidWalk(t *testing.T) {
 	}
 	if seen["t-00150"] == 0 || len(seen) != 200 {
 		t.Fatalf("t-00150 (cancelled mid-walk) seen %d times; %d of 200 tasks found", seen["t-00150"], len(seen))
+	}
+}
+
+// TestSearchLaterPageKeepsItsWindow: since relative, until absolute; the
+// first page resolves the window and the cursor keeps it, so a later page
+// taken after the clock moved past until is not refused for a window that
+// would now end before it starts.
+func TestSearchLaterPageKeepsItsWindow(t *testing.T) {
+	ctx := context.Background()
+	c, _ := newClient(t, etcdtest.Namespace(t))
+	if _, err := c.Submit(ctx, "wq", tasks(3, "x"), nil); err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now()
+	until := t0.Add(10 * time.Minute).UTC().Format(time.RFC3339Nano)
+	sq := queue.SearchQuery{Since: "1h", Until: until, Limit: 1}
+	p, err := c.Search(ctx, "wq", sq)
+	if err != nil || p.Next == "" || len(p.Tasks) != 1 {
+		t.Fatalf("page 1: %+v %v", p, err)
+	}
+	queue.SetClock(c, func() time.Time { return t0.Add(71 * time.Minute) })
+	sq.Cursor = p.Next
+	if p, err = c.Search(ctx, "wq", sq); err != nil || len(p.Tasks) != 1 {
+		t.Fatalf("page 2 of the same search: %+v %v", p, err)
+	}
+	sq.Cursor = ""
+	if _, err := c.Search(ctx, "wq", sq); !errors.Is(err, drover.ErrInvalidInput) {
+		t.Fatalf("a first page whose window ends before it starts: %v, want bad input", err)
 	}
 }
