@@ -460,8 +460,11 @@ func (s *search) allSegments(ctx context.Context, from string) ([]string, bool, 
 }
 
 // walkSegments walks the segments from the cursor's on (cursor: the
-// segment and the last slot of it already walked). A segment submitted
-// before since is passed over unread: its tasks were created before it.
+// segment and the last slot of it already walked, or a key to list on
+// from). A segment submitted before since is passed over unread: its tasks
+// were created before it; the walk lists on from since's place in that
+// segment's priority level, so the names of older segments are not read
+// either. The page's bounds are checked on every listing.
 func (s *search) walkSegments(ctx context.Context) (bool, error) {
 	from := s.cur.Key
 	s.start.seg, s.start.slot = s.cur.Key, s.cur.Slot
@@ -470,16 +473,7 @@ func (s *search) walkSegments(ctx context.Context) (bool, error) {
 		if err != nil {
 			return false, err
 		}
-		var todo []string
-		for _, seg := range segs {
-			if seg == s.start.seg && s.start.slot >= SegmentSize {
-				continue
-			}
-			if _, at, ok := keyspace.ParseSegmentName(seg); ok && !s.since.IsZero() && at.Before(s.since) {
-				continue
-			}
-			todo = append(todo, seg)
-		}
+		todo, jump := s.toWalk(segs)
 		for len(todo) > 0 {
 			// A batch no bigger than the budget left (and one segment at least).
 			n := min(segBatch, len(todo), max(1, (s.budget-s.page.Scanned+SegmentSize-1)/SegmentSize))
@@ -489,15 +483,47 @@ func (s *search) walkSegments(ctx context.Context) (bool, error) {
 			if err != nil || full {
 				return false, err
 			}
-			if s.spent() && (len(todo) > 0 || more) {
+			if s.spent() && (len(todo) > 0 || more || jump != "") {
 				return false, nil
 			}
 		}
-		if !more || len(segs) == 0 {
+		switch {
+		case jump != "":
+			from = jump
+		case !more || len(segs) == 0:
 			return true, nil
+		default:
+			from = segs[len(segs)-1] + "0" // past every key of the last segment
 		}
-		from = segs[len(segs)-1] + "0" // past every key of the last segment
+		if s.spent() {
+			s.cur.Key, s.cur.Slot = from, -1
+			return false, nil
+		}
 	}
+}
+
+// toWalk returns the segments of segs the walk reads: not the one an
+// earlier page walked to its end, nor those submitted before since. At the
+// first of those it stops, and returns where the segments of its level
+// submitted at since start, to list on from; "" to go on past segs. The
+// due index (SCHEDULED) is in due order, not by name: its segments are
+// passed over one by one.
+func (s *search) toWalk(segs []string) (todo []string, jump string) {
+	for _, seg := range segs {
+		if seg == s.start.seg && s.start.slot >= SegmentSize {
+			continue
+		}
+		lv, at, ok := keyspace.ParseSegmentName(seg)
+		if !ok || s.since.IsZero() || !at.Before(s.since) {
+			todo = append(todo, seg)
+			continue
+		}
+		// A since past 2262 has no UnixNano: go on name by name.
+		if b := keyspace.SegmentBound("", lv, s.since); s.st != Scheduled && b > seg {
+			return todo, b
+		}
+	}
+	return todo, ""
 }
 
 // searchSegments reads the records of segments segs in one request and

@@ -3,6 +3,9 @@ package queue_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
+	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -107,5 +110,85 @@ func TestSearchLaterPageKeepsItsWindow(t *testing.T) {
 	sq.Cursor = ""
 	if _, err := c.Search(ctx, "wq", sq); !errors.Is(err, drover.ErrInvalidInput) {
 		t.Fatalf("a first page whose window ends before it starts: %v, want bad input", err)
+	}
+}
+
+// TestSearchSinceChecksItsBound: a since past every segment passes over
+// them all unread; the page still checks its time bound on every listing
+// of their names. The segments are on 40 priority levels, one listing a
+// level; the clock moves 1.2 s each time it is read, so the page ends
+// after its first listing with a cursor, and the walk, followed on a
+// clock that stands, finds nothing.
+func TestSearchSinceChecksItsBound(t *testing.T) {
+	ctx := context.Background()
+	c, _ := newClient(t, etcdtest.Namespace(t))
+	ts := tasks(4000, "x")
+	for i := range ts {
+		ts[i].Metadata.Priority = i / 100
+	}
+	if _, err := c.Submit(ctx, "sq", ts, nil); err != nil {
+		t.Fatal(err)
+	}
+	future := time.Now().Add(time.Hour).UTC().Format(time.RFC3339)
+	at, looks := time.Now(), 0
+	queue.SetClock(c, func() time.Time { looks++; at = at.Add(1200 * time.Millisecond); return at })
+	sq := queue.SearchQuery{Since: future, Budget: 100}
+	p, err := c.Search(ctx, "sq", sq)
+	if err != nil || p.Next == "" || len(p.Tasks) != 0 {
+		t.Fatalf("page: %d tasks, next %q, %v: want it to end at its bound with a cursor (clock read %d times)", len(p.Tasks), p.Next, err, looks)
+	}
+	queue.SetClock(c, time.Now)
+	sq.Cursor = p.Next
+	if ids := searchAll(t, c, "sq", sq); len(ids) != 0 {
+		t.Fatalf("found %d tasks created after %s", len(ids), future)
+	}
+}
+
+// TestSearchSinceJumpsOverOlderSegments: a since past the 40 segments of
+// one priority level is reached in one step, not by listing their names
+// two at a time (the budget of 100 tasks lists 2 names a read): the page
+// reads the clock twice and ends the walk, on a clock that moves 0.3 s a
+// read (name by name it would pass its 1 s bound on the fifth).
+func TestSearchSinceJumpsOverOlderSegments(t *testing.T) {
+	ctx := context.Background()
+	c, _ := newClient(t, etcdtest.Namespace(t))
+	if _, err := c.Submit(ctx, "jq", tasks(4000, "x"), nil); err != nil {
+		t.Fatal(err)
+	}
+	future := time.Now().Add(time.Hour).UTC().Format(time.RFC3339)
+	at, looks := time.Now(), 0
+	queue.SetClock(c, func() time.Time { looks++; at = at.Add(300 * time.Millisecond); return at })
+	p, err := c.Search(ctx, "jq", queue.SearchQuery{Since: future, Budget: 100})
+	if err != nil || p.Next != "" || len(p.Tasks) != 0 || looks > 3 {
+		t.Fatalf("page: %d tasks, next %q, %v, clock read %d times: want the walk done in one step", len(p.Tasks), p.Next, err, looks)
+	}
+}
+
+// TestSearchSinceAcrossLevels: with segments on three priority levels
+// submitted before since and after it, a walk in small pages finds the
+// later tasks only, all of them.
+func TestSearchSinceAcrossLevels(t *testing.T) {
+	ctx := context.Background()
+	c, _ := newClient(t, etcdtest.Namespace(t))
+	batch := func(prefix string) []queue.Task {
+		ts := make([]queue.Task, 450)
+		for i := range ts {
+			ts[i] = queue.Task{ID: fmt.Sprintf("%s-%03d", prefix, i), Type: "x", Metadata: queue.Metadata{Priority: i % 3 * 10}}
+		}
+		return ts
+	}
+	if _, err := c.Submit(ctx, "lq", batch("old"), nil); err != nil {
+		t.Fatal(err)
+	}
+	since := time.Now()
+	for !time.Now().After(since) {
+	}
+	if _, err := c.Submit(ctx, "lq", batch("new"), nil); err != nil {
+		t.Fatal(err)
+	}
+	ids := searchAll(t, c, "lq", queue.SearchQuery{Since: since.UTC().Format(time.RFC3339Nano), Budget: 100, Limit: 7})
+	sort.Strings(ids)
+	if len(ids) != 450 || ids[0] != "new-000" || ids[449] != "new-449" || len(slices.Compact(slices.Clone(ids))) != 450 {
+		t.Fatalf("found %d tasks (%v...), want new-000 to new-449", len(ids), ids[:min(3, len(ids))])
 	}
 }
