@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"fmt"
-	"slices"
 	"strings"
 	"time"
 
@@ -68,8 +67,7 @@ type SearchPage struct {
 const (
 	DefaultSearchBudget = 200 * SegmentSize
 	SearchPageTime      = time.Second
-	MaxParamFilters     = 16
-	maxParamValue       = 1024
+	MaxParamFilters     = paramfilter.MaxFilters
 )
 
 // searchStatuses lists the statuses in the order a search without a status
@@ -100,13 +98,11 @@ type search struct {
 // Search returns a page of queue q's tasks that match sq: first the tasks
 // in segments, by priority and submission, then the tasks with records of
 // their own (retried, dead, cancelled, handed back), status by status. A
-// task moves one way only, from its segment to a record, so one that moves
-// while the walk goes on is listed at least once: twice when the walk
-// passed it in its segment before it moved. An id
+// task moves one way only, segment to record, so one that moves during the
+// walk is listed at least once (twice if passed before it moved). An id
 // prefix is a range read of the id index; a status walks only the indexes
-// and segments that can hold it; a type, parameters and times are checked
-// on the tasks read. See docs/queue.md, "Finding a task", for what each
-// costs.
+// and segments that can hold it; the other filters are checked on the
+// tasks read. docs/queue.md, "Finding a task", says what each costs.
 func (c *Client) Search(ctx context.Context, q string, sq SearchQuery) (SearchPage, error) {
 	s, err := c.newSearch(q, sq)
 	if err != nil {
@@ -169,16 +165,20 @@ func (c *Client) newSearch(q string, sq SearchQuery) (*search, error) {
 	if err := checkIDPrefix(s.prefix); err != nil {
 		return nil, err
 	}
-	if err := s.setParams(sq.Params); err != nil {
+	pairs := make([][2]string, len(sq.Params))
+	for i, p := range sq.Params {
+		pairs[i] = [2]string{p.Key, p.Value}
+	}
+	var err error
+	if s.params, err = paramfilter.Parse(pairs); err != nil {
 		return nil, err
 	}
 	now := c.now()
 	s.deadline = now.Add(SearchPageTime)
-	var err error
-	if s.since, err = searchTime("since", sq.Since, now); err != nil {
+	if s.since, err = cursor.ParseTime("since", sq.Since, now); err != nil {
 		return nil, err
 	}
-	if s.until, err = searchTime("until", sq.Until, now); err != nil {
+	if s.until, err = cursor.ParseTime("until", sq.Until, now); err != nil {
 		return nil, err
 	}
 	// A later page takes the window the first resolved (setCursor): "1h"
@@ -233,27 +233,6 @@ func (s *search) inRange(c cursor.Cursor) bool {
 	return s.prefix == "" && c.Slot <= SegmentSize
 }
 
-// setParams checks the parameter filters and reads their values, sorted by
-// key so that the query's digest does not depend on their order.
-func (s *search) setParams(ps []ParamFilter) error {
-	if len(ps) > MaxParamFilters {
-		return &drover.InputError{Field: "param", Value: len(ps), Rule: fmt.Sprintf("at most %d parameter filters", MaxParamFilters)}
-	}
-	for _, p := range ps {
-		if err := keyspace.CheckName("param", p.Key); err != nil {
-			return &drover.InputError{Field: "param", Value: p.Key + "=" + p.Value, Rule: "its key " + keyspace.NameRule}
-		}
-		if len(p.Value) > maxParamValue {
-			return &drover.InputError{Field: "param", Value: p.Key, Rule: fmt.Sprintf("its value must be at most %d bytes", maxParamValue)}
-		}
-		s.params = append(s.params, paramfilter.New(p.Key, p.Value))
-	}
-	slices.SortFunc(s.params, func(a, b paramfilter.Filter) int {
-		return cmp.Or(cmp.Compare(a.Key, b.Key), cmp.Compare(a.Value, b.Value))
-	})
-	return nil
-}
-
 // checkIDPrefix refuses a prefix no task id can start with.
 func checkIDPrefix(p string) error {
 	if p == "" || p == "." || p == ".." {
@@ -263,22 +242,6 @@ func checkIDPrefix(p string) error {
 		return &drover.InputError{Field: "id_prefix", Value: p, Rule: "must be how a task id starts: " + strings.TrimPrefix(keyspace.NameRule, "must be ")}
 	}
 	return nil
-}
-
-// searchTime reads a bound of the time window: RFC 3339, or a duration
-// back from now.
-func searchTime(field, v string, now time.Time) (time.Time, error) {
-	if v == "" {
-		return time.Time{}, nil
-	}
-	if t, err := time.Parse(time.RFC3339Nano, v); err == nil {
-		return t.UTC(), nil
-	}
-	if d, err := time.ParseDuration(v); err == nil && d >= 0 {
-		return now.Add(-d).UTC(), nil
-	}
-	return time.Time{}, &drover.InputError{Field: field, Value: v,
-		Rule: "must be a time in RFC 3339 (2026-11-28T09:00:00Z) or a duration back from now (90m, 24h)"}
 }
 
 // matches reports whether t passes the filters that are read from the task

@@ -18,6 +18,8 @@ import (
 	"errors"
 	"strings"
 	"time"
+
+	"github.com/droverhq/drover"
 )
 
 // MaxLen bounds an encoded cursor.
@@ -88,6 +90,22 @@ func (c Cursor) valid() bool {
 		return false
 	}
 	return c.Index >= 0 && c.Slot >= -1 && c.Since >= 0 && c.Until >= 0
+}
+
+// ParseTime reads field, a bound of a query's time window: a time in RFC
+// 3339, or a duration back from now; "" is no bound (the zero time).
+func ParseTime(field, v string, now time.Time) (time.Time, error) {
+	if v == "" {
+		return time.Time{}, nil
+	}
+	if t, err := time.Parse(time.RFC3339Nano, v); err == nil {
+		return t.UTC(), nil
+	}
+	if d, err := time.ParseDuration(v); err == nil && d >= 0 {
+		return now.Add(-d).UTC(), nil
+	}
+	return time.Time{}, &drover.InputError{Field: field, Value: v,
+		Rule: "must be a time in RFC 3339 (2026-11-28T09:00:00Z) or a duration back from now (90m, 24h)"}
 }
 
 // SetWindow keeps a query's time window; a zero time is no bound.

@@ -13,9 +13,21 @@ package paramfilter
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
+	"fmt"
 	"reflect"
+	"slices"
 	"strconv"
+
+	"github.com/droverhq/drover"
+	"github.com/droverhq/drover/keyspace"
+)
+
+// MaxFilters bounds the filters of a query, MaxValue a filter's value.
+const (
+	MaxFilters = 16
+	MaxValue   = 1024
 )
 
 // Filter is one key=value filter.
@@ -31,6 +43,27 @@ func New(key, value string) Filter {
 	f := Filter{Key: key, Value: value, quotedKey: []byte(strconv.Quote(key))}
 	f.isJSON = json.Unmarshal([]byte(value), &f.want) == nil
 	return f
+}
+
+// Parse checks the key=value pairs of a query and returns their filters,
+// sorted by key and value (a query's digest does not depend on their
+// order). Bad input is an error naming the field "param".
+func Parse(pairs [][2]string) ([]Filter, error) {
+	if len(pairs) > MaxFilters {
+		return nil, &drover.InputError{Field: "param", Value: len(pairs), Rule: fmt.Sprintf("at most %d parameter filters", MaxFilters)}
+	}
+	var fs []Filter
+	for _, p := range pairs {
+		if err := keyspace.CheckName("param", p[0]); err != nil {
+			return nil, &drover.InputError{Field: "param", Value: p[0] + "=" + p[1], Rule: "its key " + keyspace.NameRule}
+		}
+		if len(p[1]) > MaxValue {
+			return nil, &drover.InputError{Field: "param", Value: p[0], Rule: fmt.Sprintf("its value must be at most %d bytes", MaxValue)}
+		}
+		fs = append(fs, New(p[0], p[1]))
+	}
+	slices.SortFunc(fs, func(a, b Filter) int { return cmp.Or(cmp.Compare(a.Key, b.Key), cmp.Compare(a.Value, b.Value)) })
+	return fs, nil
 }
 
 // Match reports whether params, a JSON object, holds the filter's key with
