@@ -11,6 +11,7 @@ import (
 	"github.com/droverhq/drover/internal/cursor"
 	"github.com/droverhq/drover/internal/paramfilter"
 	"github.com/droverhq/drover/keyspace"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -86,6 +87,8 @@ type search struct {
 	budget       int
 	deadline     time.Time
 	cur          cursor.Cursor
+	// segsRead are the segments the page's id walk read tasks from.
+	segsRead map[string]bool
 	// start is where the segment walk of the page began: its segment,
 	// and the last slot of it an earlier page walked.
 	start struct {
@@ -145,7 +148,7 @@ func (c *Client) newSearch(q string, sq SearchQuery) (*search, error) {
 		return nil, err
 	}
 	s := &search{c: c, q: q, st: Status(strings.ToUpper(string(sq.Status))), typ: sq.Type, prefix: sq.IDPrefix,
-		limit: cmp.Or(sq.Limit, DefaultListLimit), budget: cmp.Or(sq.Budget, DefaultSearchBudget)}
+		limit: cmp.Or(sq.Limit, DefaultListLimit), budget: cmp.Or(sq.Budget, DefaultSearchBudget), segsRead: map[string]bool{}}
 	if s.st != "" {
 		if _, err := c.statusPrefix(q, s.st); err != nil {
 			return nil, err
@@ -281,46 +284,77 @@ func (s *search) spent() bool {
 const idChunk = 200
 
 // walkIDs walks the id index from the cursor's id on: a range read of the
-// ids that start with the prefix, in every queue (the index is shared).
-// It reports whether the walk is complete.
+// ids that start with the prefix, in every queue (the index is shared),
+// then their tasks, a few at a time (idBatch), with the page's bounds
+// checked after each. It reports whether the walk is complete.
 func (s *search) walkIDs(ctx context.Context) (bool, error) {
-	c := s.c
-	base := c.keys.TaskIndex("")
+	base := s.c.keys.TaskIndex("")
 	pre := base + s.prefix
 	for {
 		from := pre
 		if s.cur.Key != "" {
 			from = base + s.cur.Key + "\x00"
 		}
-		g, err := c.cli.Get(ctx, from, clientv3.WithRange(clientv3.GetPrefixRangeEnd(pre)), clientv3.WithLimit(idChunk))
+		g, err := s.c.cli.Get(ctx, from, clientv3.WithRange(clientv3.GetPrefixRangeEnd(pre)), clientv3.WithLimit(idChunk))
 		if err != nil {
 			return false, fmt.Errorf("queue: search %s: %w", s.q, err)
 		}
-		var ids []string
-		for _, kv := range g.Kvs {
-			if p, ok := keyspace.ParseTaskPlace(string(kv.Value)); ok && p.Queue == s.q {
-				ids = append(ids, strings.TrimPrefix(string(kv.Key), base))
+		for kvs := g.Kvs; len(kvs) > 0; {
+			ids, n := s.idBatch(kvs)
+			if full, err := s.takeIDs(ctx, ids); err != nil || full {
+				return false, err
 			}
-		}
-		s.page.Scanned += len(g.Kvs)
-		tasks, err := c.getMany(ctx, ids)
-		if err != nil {
-			return false, err
-		}
-		for _, t := range tasks {
-			if (s.st == "" || t.CurrentStatus == s.st) && s.matches(t) && s.add(t) {
-				s.cur.Key = t.ID
+			s.cur.Key = strings.TrimPrefix(string(kvs[n-1].Key), base)
+			if kvs = kvs[n:]; s.spent() && (len(kvs) > 0 || g.More) {
 				return false, nil
 			}
 		}
 		if len(g.Kvs) == 0 || !g.More {
 			return true, nil
 		}
-		s.cur.Key = strings.TrimPrefix(string(g.Kvs[len(g.Kvs)-1].Key), base)
-		if s.spent() {
-			return false, nil
+	}
+}
+
+// idBatch returns the ids of this queue's tasks among the first keys of
+// the id index kvs that one read of tasks takes, and how many keys it took:
+// up to readBatch, and no more than the page's budget has left (one at
+// least). It counts them as scanned: a key one, a segment the tasks are
+// read from (not read before in the page) its size.
+func (s *search) idBatch(kvs []*mvccpb.KeyValue) (ids []string, n int) {
+	base := s.c.keys.TaskIndex("")
+	left := max(1, s.budget-s.page.Scanned)
+	cost := 0
+	for n < len(kvs) && n < readBatch && cost < left {
+		kv := kvs[n]
+		n, cost = n+1, cost+1
+		p, ok := keyspace.ParseTaskPlace(string(kv.Value))
+		if !ok || p.Queue != s.q {
+			continue
+		}
+		ids = append(ids, strings.TrimPrefix(string(kv.Key), base))
+		if !s.segsRead[p.Segment] {
+			s.segsRead[p.Segment] = true
+			cost += SegmentSize
 		}
 	}
+	s.page.Scanned += cost
+	return ids, n
+}
+
+// takeIDs reads the tasks ids and adds those that match to the page; it
+// reports whether the page filled, the cursor at the last task added.
+func (s *search) takeIDs(ctx context.Context, ids []string) (bool, error) {
+	tasks, err := s.c.getMany(ctx, ids)
+	if err != nil {
+		return false, err
+	}
+	for _, t := range tasks {
+		if (s.st == "" || t.CurrentStatus == s.st) && s.matches(t) && s.add(t) {
+			s.cur.Key = t.ID
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 // recordStatuses are the statuses whose indexes of tasks with records of

@@ -192,3 +192,50 @@ func TestSearchSinceAcrossLevels(t *testing.T) {
 		t.Fatalf("found %d tasks (%v...), want new-000 to new-449", len(ids), ids[:min(3, len(ids))])
 	}
 }
+
+// spreadTasks submits n tasks p-00000... to queue q, each on one of 50
+// priority levels in turn, so that ids next to each other are in other
+// segments.
+func spreadTasks(t *testing.T, c *queue.Client, q string, n int) {
+	t.Helper()
+	ts := make([]queue.Task, n)
+	for i := range ts {
+		ts[i] = queue.Task{ID: fmt.Sprintf("p-%05d", i), Type: "x", Metadata: queue.Metadata{Priority: i % 50}}
+	}
+	if _, err := c.Submit(context.Background(), q, ts, nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestSearchIDPrefixCountsSegments: an id-prefix page reads each task's
+// segment to resolve it, and counts that segment's tasks against its
+// budget: with ids each in another segment and a budget of 1,000 tasks a
+// page takes about ten ids, not the 200 of one read of the index, and the
+// walk still finds every task.
+func TestSearchIDPrefixCountsSegments(t *testing.T) {
+	c, _ := newClient(t, etcdtest.Namespace(t))
+	spreadTasks(t, c, "pq", 1000)
+	sq := queue.SearchQuery{IDPrefix: "p-", Budget: 1000, Limit: 1000}
+	p, err := c.Search(context.Background(), "pq", sq)
+	if err != nil || p.Next == "" || len(p.Tasks) > 20 || p.Scanned < 100*len(p.Tasks) {
+		t.Fatalf("page: %d tasks, scanned %d, next %q, %v: want about 10 tasks and their segments counted", len(p.Tasks), p.Scanned, p.Next, err)
+	}
+	if ids := searchAll(t, c, "pq", sq); len(ids) != 1000 || len(slices.Compact(slices.Clone(ids))) != 1000 {
+		t.Fatalf("the walk found %d tasks, want 1000 once each", len(ids))
+	}
+}
+
+// TestSearchIDPrefixChecksItsTime: an id-prefix page checks its time
+// bound after each read of tasks, not once per 200 ids: on a clock that
+// moves 1.2 s each time it is read, the page ends after one read of
+// tasks (40 at most).
+func TestSearchIDPrefixChecksItsTime(t *testing.T) {
+	c, _ := newClient(t, etcdtest.Namespace(t))
+	spreadTasks(t, c, "tq", 400)
+	at := time.Now()
+	queue.SetClock(c, func() time.Time { at = at.Add(1200 * time.Millisecond); return at })
+	p, err := c.Search(context.Background(), "tq", queue.SearchQuery{IDPrefix: "p-", Limit: 1000})
+	if err != nil || p.Next == "" || len(p.Tasks) > 40 {
+		t.Fatalf("page: %d tasks, next %q, %v: want at most one read of tasks past its bound", len(p.Tasks), p.Next, err)
+	}
+}
