@@ -5,8 +5,9 @@
 //	f.Match([]byte(`{"thread":4411}`))   // true
 //	f.Match([]byte(`{"thread":"4411"}`)) // true: a string equal to the value as given
 //
-// A value that parses as JSON matches the same JSON value; any value
-// matches a string equal to it as given. Match first looks for the key and
+// A value that parses as JSON matches the same JSON value (a number the
+// same number however written: 7, 7.0, 0.7e1); any value matches a string
+// equal to it as given. Match first looks for the key and
 // the value in the raw bytes, so that a scan parses only the objects that
 // may match.
 package paramfilter
@@ -91,7 +92,8 @@ func (f Filter) Match(params []byte) bool {
 }
 
 // mayMatch is false only when params cannot match: it has no escapes and
-// lacks the quoted key, or a value that can only be written as given.
+// lacks the quoted key, or a value that can only be written as given (not
+// a number, an object or an array).
 func (f Filter) mayMatch(params []byte) bool {
 	if bytes.IndexByte(params, '\\') >= 0 {
 		return true
@@ -102,10 +104,8 @@ func (f Filter) mayMatch(params []byte) bool {
 	switch f.want.(type) {
 	case map[string]any, []any: // spacing and order may differ
 		return true
-	case float64: // 7 may be written 7.0 or 0.7e1
-		if bytes.ContainsAny(params, "eE.") {
-			return true
-		}
+	case float64: // 7 may be written 7.0, 0.7e1, 7E0; 0 as -0: compared as numbers
+		return true
 	}
 	return bytes.Contains(params, []byte(f.Value))
 }
