@@ -197,7 +197,7 @@ func (c *Client) newSearch(q string, sq SearchQuery) (*search, error) {
 func (s *search) setCursor(sq SearchQuery) error {
 	parts := []string{s.q, string(s.st), s.typ, s.prefix, sq.Since, sq.Until}
 	for _, p := range s.params {
-		parts = append(parts, p.Key+"="+p.Value)
+		parts = append(parts, p.Key, p.Value)
 	}
 	digest := cursor.Digest(parts...)
 	if sq.Cursor == "" {

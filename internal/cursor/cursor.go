@@ -13,6 +13,7 @@ package cursor
 import (
 	"crypto/sha256"
 	"encoding/base64"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -130,12 +131,14 @@ func timeOf(n int64) time.Time {
 	return time.Unix(0, n).UTC()
 }
 
-// Digest is a short digest of a query's parts, in order.
+// Digest is a short digest of a query's parts, in order. Each part is
+// written after its length, so that no two lists of parts give the same
+// input, whatever bytes the parts hold.
 func Digest(parts ...string) string {
 	h := sha256.New()
 	for _, p := range parts {
+		h.Write(binary.AppendUvarint(nil, uint64(len(p))))
 		h.Write([]byte(p))
-		h.Write([]byte{0})
 	}
 	return hex.EncodeToString(h.Sum(nil)[:8])
 }

@@ -36,8 +36,14 @@ func TestOutOfRange(t *testing.T) {
 }
 
 func TestDigestSeparatesParts(t *testing.T) {
-	if Digest("ab", "c") == Digest("a", "bc") {
-		t.Fatal("digest must tell the parts apart")
+	for _, pair := range [][2][]string{
+		{{"ab", "c"}, {"a", "bc"}},
+		{{"k=x\x00k2=y"}, {"k=x", "k2=y"}}, // a parameter value holding the old separator
+		{{"a", ""}, {"a"}},
+	} {
+		if Digest(pair[0]...) == Digest(pair[1]...) {
+			t.Errorf("Digest(%q) == Digest(%q): the digest must tell the parts apart", pair[0], pair[1])
+		}
 	}
 }
 
