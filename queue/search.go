@@ -111,14 +111,9 @@ func (c *Client) Search(ctx context.Context, q string, sq SearchQuery) (SearchPa
 	if err != nil {
 		return SearchPage{}, err
 	}
-	if sq.Cursor == "" {
-		ok, err := c.Exists(ctx, q)
-		if err != nil {
-			return SearchPage{}, err
-		}
-		if !ok {
-			return SearchPage{}, noQueue(q)
-		}
+	// Every page: a queue deleted during the walk is a 404, not empty pages.
+	if ok, err := c.Exists(ctx, q); err != nil || !ok {
+		return SearchPage{}, cmp.Or(err, noQueue(q))
 	}
 	s.page.Tasks = []*Task{}
 	var done bool

@@ -239,3 +239,24 @@ func TestSearchIDPrefixChecksItsTime(t *testing.T) {
 		t.Fatalf("page: %d tasks, next %q, %v: want at most one read of tasks past its bound", len(p.Tasks), p.Next, err)
 	}
 }
+
+// TestSearchQueueDeletedMidWalk: every page looks the queue up, so a
+// later page of a queue deleted since is ErrNoQueue (a 404 over HTTP),
+// as the first page would be, not an empty page.
+func TestSearchQueueDeletedMidWalk(t *testing.T) {
+	ctx := context.Background()
+	c, _ := newClient(t, etcdtest.Namespace(t))
+	if _, err := c.Submit(ctx, "dq", tasks(5, "x"), nil); err != nil {
+		t.Fatal(err)
+	}
+	p, err := c.Search(ctx, "dq", queue.SearchQuery{Limit: 2})
+	if err != nil || p.Next == "" {
+		t.Fatal(p, err)
+	}
+	if _, err := c.DeleteQueue(ctx, "dq", nil); err != nil {
+		t.Fatal(err)
+	}
+	if p, err = c.Search(ctx, "dq", queue.SearchQuery{Limit: 2, Cursor: p.Next}); !errors.Is(err, queue.ErrNoQueue) {
+		t.Fatalf("a later page of a deleted queue: %d tasks, %v; want ErrNoQueue", len(p.Tasks), err)
+	}
+}
