@@ -27,7 +27,7 @@ func TestSearchRoute(t *testing.T) {
 		return len(data)
 	}
 	for query, want := range map[string]int{
-		"type=y": 5, "type=x&status=PENDING": 25, "status=SUCCEEDED": 0, "id_prefix=s-1": 11,
+		"type=y": 5, "type=x&status=PENDING": 25, "type=x&status=pending": 25, "status=Pending&limit=1000": 30, "status=SUCCEEDED": 0, "id_prefix=s-1": 11,
 		"param=colour%3Dred": 5, "param=i%3D7": 1, "param=i%3D7&param=colour%3Dred": 0, "since=1h&limit=1000": 30,
 	} {
 		if got := count(query); got != want {
