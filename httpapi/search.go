@@ -12,7 +12,7 @@ import (
 
 type searchInput struct {
 	Queue    string   `path:"queue" minLength:"1" maxLength:"128" doc:"The queue's name."`
-	Status   string   `query:"status" enum:"SCHEDULED,PENDING,RUNNING,RETRYING,SUCCEEDED,DEAD,CANCELLED" doc:"Only tasks in this status (indexed)."`
+	Status   string   `query:"status" maxLength:"16" doc:"Only tasks in this status (indexed): SCHEDULED, PENDING, RUNNING, RETRYING, SUCCEEDED, DEAD or CANCELLED, in any case (pending), as the CLI takes it."`
 	Type     string   `query:"type" maxLength:"128" doc:"Only tasks of this task_type (checked on the tasks read)."`
 	IDPrefix string   `query:"id_prefix" maxLength:"128" doc:"Only tasks whose id starts with this (a range read of the id index)."`
 	Param    []string `query:"param,explode" maxItems:"16" doc:"Only tasks whose parameters hold key=value (the value as JSON when it parses, else as a string); repeat for more (all must hold). Checked on the tasks read."`

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"net/url"
 	"testing"
+
+	"github.com/droverhq/drover/internal/cursor"
 )
 
 // TestSearchRoute: GET /v1/queues/{queue}/search finds tasks by type, id
@@ -11,6 +13,7 @@ import (
 // a problem naming the query parameter.
 func TestSearchRoute(t *testing.T) {
 	t.Parallel()
+	forged := cursor.Encode(cursor.Cursor{Digest: cursor.Digest("found", "", "", "", "", ""), Phase: "r", Index: 9})
 	a := newAPI(t)
 	body := qtasksJSON("s", 25)
 	for i := range 5 {
@@ -24,7 +27,7 @@ func TestSearchRoute(t *testing.T) {
 		return len(data)
 	}
 	for query, want := range map[string]int{
-		"type=y": 5, "type=x&status=PENDING": 25, "status=SUCCEEDED": 0, "id_prefix=s-1": 11,
+		"type=y": 5, "type=x&status=PENDING": 25, "type=x&status=pending": 25, "status=Pending&limit=1000": 30, "status=SUCCEEDED": 0, "id_prefix=s-1": 11,
 		"param=colour%3Dred": 5, "param=i%3D7": 1, "param=i%3D7&param=colour%3Dred": 0, "since=1h&limit=1000": 30,
 	} {
 		if got := count(query); got != want {
@@ -57,6 +60,7 @@ func TestSearchRoute(t *testing.T) {
 		{"range backwards", "since=2026-11-28T10:00:00Z&until=2026-11-28T09:00:00Z", "query.until"},
 		{"cursor of another query", "type=y&cursor=" + first, "query.cursor"},
 		{"cursor made up", "cursor=xyz", "query.cursor"},
+		{"cursor out of range", "cursor=" + forged, "query.cursor"},
 		{"limit", "limit=5000", "query.limit"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"time"
@@ -324,6 +325,7 @@ func (s *Server) Close(ctx context.Context) error {
 // document rather than the ServeMux's plain text.
 func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
+	defer s.recoverPanic(w, r)
 	if err := s.crossOrigin.Check(r); err != nil {
 		s.refuseCrossOrigin(w, r, start)
 		return
@@ -337,6 +339,23 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.mux.ServeHTTP(w, r)
+}
+
+// recoverPanic answers a request whose handler panicked with a 500
+// problem, and logs the panic with its stack, rather than leaving the
+// client a reset connection. Deferred by serveHTTP.
+func (s *Server) recoverPanic(w http.ResponseWriter, r *http.Request) {
+	v := recover()
+	if v == nil || v == http.ErrAbortHandler {
+		if v != nil {
+			panic(v)
+		}
+		return
+	}
+	s.cfg.Logger.Error("httpapi: a handler panicked", "method", r.Method, "path", redactPath(r.URL.Path), "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
+	p := newProblem(http.StatusInternalServerError, "internal", fmt.Sprintf("%s %s: the server failed on this request; its log says why", r.Method, redactPath(r.URL.Path)))
+	p.Instance = redactPath(r.URL.Path)
+	writeProblemTo(w, p)
 }
 
 // refuseCrossOrigin answers a browser's write (any method but GET, HEAD

@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"fmt"
-	"slices"
 	"strings"
 	"time"
 
@@ -12,6 +11,7 @@ import (
 	"github.com/droverhq/drover/internal/cursor"
 	"github.com/droverhq/drover/internal/paramfilter"
 	"github.com/droverhq/drover/keyspace"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -68,8 +68,7 @@ type SearchPage struct {
 const (
 	DefaultSearchBudget = 200 * SegmentSize
 	SearchPageTime      = time.Second
-	MaxParamFilters     = 16
-	maxParamValue       = 1024
+	MaxParamFilters     = paramfilter.MaxFilters
 )
 
 // searchStatuses lists the statuses in the order a search without a status
@@ -88,6 +87,8 @@ type search struct {
 	budget       int
 	deadline     time.Time
 	cur          cursor.Cursor
+	// segsRead are the segments the page's id walk read tasks from.
+	segsRead map[string]bool
 	// start is where the segment walk of the page began: its segment,
 	// and the last slot of it an earlier page walked.
 	start struct {
@@ -98,38 +99,34 @@ type search struct {
 }
 
 // Search returns a page of queue q's tasks that match sq: first the tasks
-// with records of their own (retried, dead, cancelled, handed back), status
-// by status, then the tasks in segments, by priority and submission. An id
+// in segments, by priority and submission, then the tasks with records of
+// their own (retried, dead, cancelled, handed back), status by status. A
+// task moves one way only, segment to record, so one that moves during the
+// walk is listed at least once (twice if passed before it moved). An id
 // prefix is a range read of the id index; a status walks only the indexes
-// and segments that can hold it; a type, parameters and times are checked
-// on the tasks read. See docs/queue.md, "Finding a task", for what each
-// costs.
+// and segments that can hold it; the other filters are checked on the
+// tasks read. docs/queue.md, "Finding a task", says what each costs.
 func (c *Client) Search(ctx context.Context, q string, sq SearchQuery) (SearchPage, error) {
 	s, err := c.newSearch(q, sq)
 	if err != nil {
 		return SearchPage{}, err
 	}
-	if sq.Cursor == "" {
-		ok, err := c.Exists(ctx, q)
-		if err != nil {
-			return SearchPage{}, err
-		}
-		if !ok {
-			return SearchPage{}, noQueue(q)
-		}
+	// Every page: a queue deleted during the walk is a 404, not empty pages.
+	if ok, err := c.Exists(ctx, q); err != nil || !ok {
+		return SearchPage{}, cmp.Or(err, noQueue(q))
 	}
 	s.page.Tasks = []*Task{}
 	var done bool
 	switch s.cur.Phase {
-	case "i":
+	case cursor.PhaseIDs:
 		done, err = s.walkIDs(ctx)
-	case "r":
-		if done, err = s.walkRecords(ctx); err == nil && done {
-			s.cur = cursor.Cursor{Digest: s.cur.Digest, Phase: "s", Slot: -1, Since: s.cur.Since, Until: s.cur.Until}
-			done, err = s.walkSegments(ctx)
+	case cursor.PhaseSegments:
+		if done, err = s.walkSegments(ctx); err == nil && done {
+			s.cur = cursor.Cursor{Digest: s.cur.Digest, Phase: cursor.PhaseRecords, Since: s.cur.Since, Until: s.cur.Until}
+			done, err = s.walkRecords(ctx)
 		}
 	default:
-		done, err = s.walkSegments(ctx)
+		done, err = s.walkRecords(ctx)
 	}
 	if err != nil {
 		return SearchPage{}, err
@@ -146,7 +143,7 @@ func (c *Client) newSearch(q string, sq SearchQuery) (*search, error) {
 		return nil, err
 	}
 	s := &search{c: c, q: q, st: Status(strings.ToUpper(string(sq.Status))), typ: sq.Type, prefix: sq.IDPrefix,
-		limit: cmp.Or(sq.Limit, DefaultListLimit), budget: cmp.Or(sq.Budget, DefaultSearchBudget)}
+		limit: cmp.Or(sq.Limit, DefaultListLimit), budget: cmp.Or(sq.Budget, DefaultSearchBudget), segsRead: map[string]bool{}}
 	if s.st != "" {
 		if _, err := c.statusPrefix(q, s.st); err != nil {
 			return nil, err
@@ -166,19 +163,25 @@ func (c *Client) newSearch(q string, sq SearchQuery) (*search, error) {
 	if err := checkIDPrefix(s.prefix); err != nil {
 		return nil, err
 	}
-	if err := s.setParams(sq.Params); err != nil {
+	pairs := make([][2]string, len(sq.Params))
+	for i, p := range sq.Params {
+		pairs[i] = [2]string{p.Key, p.Value}
+	}
+	var err error
+	if s.params, err = paramfilter.Parse(pairs); err != nil {
 		return nil, err
 	}
 	now := c.now()
 	s.deadline = now.Add(SearchPageTime)
-	var err error
-	if s.since, err = searchTime("since", sq.Since, now); err != nil {
+	if s.since, err = cursor.ParseTime("since", sq.Since, now); err != nil {
 		return nil, err
 	}
-	if s.until, err = searchTime("until", sq.Until, now); err != nil {
+	if s.until, err = cursor.ParseTime("until", sq.Until, now); err != nil {
 		return nil, err
 	}
-	if !s.since.IsZero() && !s.until.IsZero() && !s.until.After(s.since) {
+	// A later page takes the window the first resolved (setCursor): "1h"
+	// against a fixed until must not turn backwards as the clock moves on.
+	if sq.Cursor == "" && !s.since.IsZero() && !s.until.IsZero() && !s.until.After(s.since) {
 		return nil, &drover.InputError{Field: "until", Value: sq.Until,
 			Rule: fmt.Sprintf("must be after since (%s): the time range ends before it starts", s.since.UTC().Format(time.RFC3339))}
 	}
@@ -189,14 +192,14 @@ func (c *Client) newSearch(q string, sq SearchQuery) (*search, error) {
 func (s *search) setCursor(sq SearchQuery) error {
 	parts := []string{s.q, string(s.st), s.typ, s.prefix, sq.Since, sq.Until}
 	for _, p := range s.params {
-		parts = append(parts, p.Key+"="+p.Value)
+		parts = append(parts, p.Key, p.Value)
 	}
 	digest := cursor.Digest(parts...)
 	if sq.Cursor == "" {
-		s.cur = cursor.Cursor{Digest: digest, Phase: "r"}
+		s.cur = cursor.Cursor{Digest: digest, Phase: cursor.PhaseSegments, Slot: -1}
 		s.cur.SetWindow(s.since, s.until)
 		if s.prefix != "" {
-			s.cur.Phase = "i"
+			s.cur.Phase = cursor.PhaseIDs
 		}
 		return nil
 	}
@@ -208,30 +211,24 @@ func (s *search) setCursor(sq SearchQuery) error {
 		return &drover.InputError{Field: "cursor", Value: sq.Cursor,
 			Rule: "was given by another query: pass a cursor only with the queue and filters of the search that gave it"}
 	}
+	if !s.inRange(cur) {
+		return &drover.InputError{Field: "cursor", Value: sq.Cursor, Rule: "must be the next_cursor of a page of this search: its place is out of range"}
+	}
 	s.cur = cur
 	s.since, s.until = cur.Window() // the window the first page saw
 	return nil
 }
 
-// setParams checks the parameter filters and reads their values, sorted by
-// key so that the query's digest does not depend on their order.
-func (s *search) setParams(ps []ParamFilter) error {
-	if len(ps) > MaxParamFilters {
-		return &drover.InputError{Field: "param", Value: len(ps), Rule: fmt.Sprintf("at most %d parameter filters", MaxParamFilters)}
+// inRange reports whether cursor c's place is one this search's walk can
+// be at: anyone can write a cursor and its digest.
+func (s *search) inRange(c cursor.Cursor) bool {
+	switch c.Phase {
+	case cursor.PhaseIDs:
+		return s.prefix != ""
+	case cursor.PhaseRecords:
+		return s.prefix == "" && c.Index <= len(s.recordStatuses())
 	}
-	for _, p := range ps {
-		if err := keyspace.CheckName("param", p.Key); err != nil {
-			return &drover.InputError{Field: "param", Value: p.Key + "=" + p.Value, Rule: "its key " + keyspace.NameRule}
-		}
-		if len(p.Value) > maxParamValue {
-			return &drover.InputError{Field: "param", Value: p.Key, Rule: fmt.Sprintf("its value must be at most %d bytes", maxParamValue)}
-		}
-		s.params = append(s.params, paramfilter.New(p.Key, p.Value))
-	}
-	slices.SortFunc(s.params, func(a, b paramfilter.Filter) int {
-		return cmp.Or(cmp.Compare(a.Key, b.Key), cmp.Compare(a.Value, b.Value))
-	})
-	return nil
+	return s.prefix == "" && c.Slot <= SegmentSize
 }
 
 // checkIDPrefix refuses a prefix no task id can start with.
@@ -243,22 +240,6 @@ func checkIDPrefix(p string) error {
 		return &drover.InputError{Field: "id_prefix", Value: p, Rule: "must be how a task id starts: " + strings.TrimPrefix(keyspace.NameRule, "must be ")}
 	}
 	return nil
-}
-
-// searchTime reads a bound of the time window: RFC 3339, or a duration
-// back from now.
-func searchTime(field, v string, now time.Time) (time.Time, error) {
-	if v == "" {
-		return time.Time{}, nil
-	}
-	if t, err := time.Parse(time.RFC3339Nano, v); err == nil {
-		return t.UTC(), nil
-	}
-	if d, err := time.ParseDuration(v); err == nil && d >= 0 {
-		return now.Add(-d).UTC(), nil
-	}
-	return time.Time{}, &drover.InputError{Field: field, Value: v,
-		Rule: "must be a time in RFC 3339 (2026-11-28T09:00:00Z) or a duration back from now (90m, 24h)"}
 }
 
 // matches reports whether t passes the filters that are read from the task
@@ -298,46 +279,77 @@ func (s *search) spent() bool {
 const idChunk = 200
 
 // walkIDs walks the id index from the cursor's id on: a range read of the
-// ids that start with the prefix, in every queue (the index is shared).
-// It reports whether the walk is complete.
+// ids that start with the prefix, in every queue (the index is shared),
+// then their tasks, a few at a time (idBatch), with the page's bounds
+// checked after each. It reports whether the walk is complete.
 func (s *search) walkIDs(ctx context.Context) (bool, error) {
-	c := s.c
-	base := c.keys.TaskIndex("")
+	base := s.c.keys.TaskIndex("")
 	pre := base + s.prefix
 	for {
 		from := pre
 		if s.cur.Key != "" {
 			from = base + s.cur.Key + "\x00"
 		}
-		g, err := c.cli.Get(ctx, from, clientv3.WithRange(clientv3.GetPrefixRangeEnd(pre)), clientv3.WithLimit(idChunk))
+		g, err := s.c.cli.Get(ctx, from, clientv3.WithRange(clientv3.GetPrefixRangeEnd(pre)), clientv3.WithLimit(idChunk))
 		if err != nil {
 			return false, fmt.Errorf("queue: search %s: %w", s.q, err)
 		}
-		var ids []string
-		for _, kv := range g.Kvs {
-			if p, ok := keyspace.ParseTaskPlace(string(kv.Value)); ok && p.Queue == s.q {
-				ids = append(ids, strings.TrimPrefix(string(kv.Key), base))
+		for kvs := g.Kvs; len(kvs) > 0; {
+			ids, n := s.idBatch(kvs)
+			if full, err := s.takeIDs(ctx, ids); err != nil || full {
+				return false, err
 			}
-		}
-		s.page.Scanned += len(g.Kvs)
-		tasks, err := c.getMany(ctx, ids)
-		if err != nil {
-			return false, err
-		}
-		for _, t := range tasks {
-			if (s.st == "" || t.CurrentStatus == s.st) && s.matches(t) && s.add(t) {
-				s.cur.Key = t.ID
+			s.cur.Key = strings.TrimPrefix(string(kvs[n-1].Key), base)
+			if kvs = kvs[n:]; s.spent() && (len(kvs) > 0 || g.More) {
 				return false, nil
 			}
 		}
 		if len(g.Kvs) == 0 || !g.More {
 			return true, nil
 		}
-		s.cur.Key = strings.TrimPrefix(string(g.Kvs[len(g.Kvs)-1].Key), base)
-		if s.spent() {
-			return false, nil
+	}
+}
+
+// idBatch returns the ids of this queue's tasks among the first keys of
+// the id index kvs that one read of tasks takes, and how many keys it took:
+// up to readBatch, and no more than the page's budget has left (one at
+// least). It counts them as scanned: a key one, a segment the tasks are
+// read from (not read before in the page) its size.
+func (s *search) idBatch(kvs []*mvccpb.KeyValue) (ids []string, n int) {
+	base := s.c.keys.TaskIndex("")
+	left := max(1, s.budget-s.page.Scanned)
+	cost := 0
+	for n < len(kvs) && n < readBatch && cost < left {
+		kv := kvs[n]
+		n, cost = n+1, cost+1
+		p, ok := keyspace.ParseTaskPlace(string(kv.Value))
+		if !ok || p.Queue != s.q {
+			continue
+		}
+		ids = append(ids, strings.TrimPrefix(string(kv.Key), base))
+		if !s.segsRead[p.Segment] {
+			s.segsRead[p.Segment] = true
+			cost += SegmentSize
 		}
 	}
+	s.page.Scanned += cost
+	return ids, n
+}
+
+// takeIDs reads the tasks ids and adds those that match to the page; it
+// reports whether the page filled, the cursor at the last task added.
+func (s *search) takeIDs(ctx context.Context, ids []string) (bool, error) {
+	tasks, err := s.c.getMany(ctx, ids)
+	if err != nil {
+		return false, err
+	}
+	for _, t := range tasks {
+		if (s.st == "" || t.CurrentStatus == s.st) && s.matches(t) && s.add(t) {
+			s.cur.Key = t.ID
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 // recordStatuses are the statuses whose indexes of tasks with records of
@@ -440,8 +452,11 @@ func (s *search) allSegments(ctx context.Context, from string) ([]string, bool, 
 }
 
 // walkSegments walks the segments from the cursor's on (cursor: the
-// segment and the last slot of it already walked). A segment submitted
-// before since is passed over unread: its tasks were created before it.
+// segment and the last slot of it already walked, or a key to list on
+// from). A segment submitted before since is passed over unread: its tasks
+// were created before it; the walk lists on from since's place in that
+// segment's priority level, so the names of older segments are not read
+// either. The page's bounds are checked on every listing.
 func (s *search) walkSegments(ctx context.Context) (bool, error) {
 	from := s.cur.Key
 	s.start.seg, s.start.slot = s.cur.Key, s.cur.Slot
@@ -450,16 +465,7 @@ func (s *search) walkSegments(ctx context.Context) (bool, error) {
 		if err != nil {
 			return false, err
 		}
-		var todo []string
-		for _, seg := range segs {
-			if seg == s.start.seg && s.start.slot >= SegmentSize {
-				continue
-			}
-			if _, at, ok := keyspace.ParseSegmentName(seg); ok && !s.since.IsZero() && at.Before(s.since) {
-				continue
-			}
-			todo = append(todo, seg)
-		}
+		todo, jump := s.toWalk(segs)
 		for len(todo) > 0 {
 			// A batch no bigger than the budget left (and one segment at least).
 			n := min(segBatch, len(todo), max(1, (s.budget-s.page.Scanned+SegmentSize-1)/SegmentSize))
@@ -469,15 +475,47 @@ func (s *search) walkSegments(ctx context.Context) (bool, error) {
 			if err != nil || full {
 				return false, err
 			}
-			if s.spent() && (len(todo) > 0 || more) {
+			if s.spent() && (len(todo) > 0 || more || jump != "") {
 				return false, nil
 			}
 		}
-		if !more || len(segs) == 0 {
+		switch {
+		case jump != "":
+			from = jump
+		case !more || len(segs) == 0:
 			return true, nil
+		default:
+			from = segs[len(segs)-1] + "0" // past every key of the last segment
 		}
-		from = segs[len(segs)-1] + "0" // past every key of the last segment
+		if s.spent() {
+			s.cur.Key, s.cur.Slot = from, -1
+			return false, nil
+		}
 	}
+}
+
+// toWalk returns the segments of segs the walk reads: not the one an
+// earlier page walked to its end, nor those submitted before since. At the
+// first of those it stops, and returns where the segments of its level
+// submitted at since start, to list on from; "" to go on past segs. The
+// due index (SCHEDULED) is in due order, not by name: its segments are
+// passed over one by one.
+func (s *search) toWalk(segs []string) (todo []string, jump string) {
+	for _, seg := range segs {
+		if seg == s.start.seg && s.start.slot >= SegmentSize {
+			continue
+		}
+		lv, at, ok := keyspace.ParseSegmentName(seg)
+		if !ok || s.since.IsZero() || !at.Before(s.since) {
+			todo = append(todo, seg)
+			continue
+		}
+		// A since past 2262 has no UnixNano: go on name by name.
+		if b := keyspace.SegmentBound("", lv, s.since); s.st != Scheduled && b > seg {
+			return todo, b
+		}
+	}
+	return todo, ""
 }
 
 // searchSegments reads the records of segments segs in one request and

@@ -20,7 +20,8 @@ func TestUISearchBox(t *testing.T) {
 	var tasks []map[string]any
 	for i := range 70 {
 		tasks = append(tasks, map[string]any{"task_id": fmt.Sprintf("rep-%02d", i), "task_type": "render",
-			"parameters": map[string]any{"n": i, "format": map[bool]string{true: "pdf", false: "html"}[i%3 == 0]}})
+			"parameters": map[string]any{"n": i, "format": map[bool]string{true: "pdf", false: "html"}[i%3 == 0],
+				"title": map[bool]string{true: "weekly report", false: "daily report"}[i%5 == 0]}})
 	}
 	s.do("POST", "/v1/queues/emails/tasks", tasks, 200)
 	tb := newTab(t)
@@ -40,6 +41,15 @@ func TestUISearchBox(t *testing.T) {
 
 	tb.do("open a search by address", chromedp.Navigate(s.base+"/ui/#/queue/emails?f_type=render&f_param=format%3Dpdf"))
 	found("pdf renders", 24)
+	// One key=value a line: a value may hold spaces (i%15 == 0: 0, 15, 30, 45, 60).
+	tb.do("open a search with a value with a space", chromedp.Navigate(s.base+"/ui/#/queue/emails?f_type=render&f_param=title%3Dweekly%20report%0Aformat%3Dpdf"))
+	found("weekly pdf renders", 5)
+	tb.do("type two lines of parameters", chromedp.SetValue(chromedp.CSS(`#search-form textarea[name="param"]`), "title=daily report\nformat=pdf"))
+	tb.click(`#search-form button[data-act="search"]`)
+	found("daily pdf renders", 19)
+	if h := eval[string](tb, `location.hash`); h != "#/queue/emails?f_type=render&f_param=title%3Ddaily+report%0Aformat%3Dpdf" {
+		t.Fatalf("the address keeps %q", h)
+	}
 	tb.do("open a long search", chromedp.Navigate(s.base+"/ui/#/queue/emails?f_type=render"))
 	found("the first page", 50)
 	tb.click(`#search .pager button[data-act="search-next"]`)

@@ -13,11 +13,14 @@ package cursor
 import (
 	"crypto/sha256"
 	"encoding/base64"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"strings"
 	"time"
+
+	"github.com/droverhq/drover"
 )
 
 // MaxLen bounds an encoded cursor.
@@ -45,13 +48,24 @@ type Cursor struct {
 // ErrMalformed is returned for a string no Encode made.
 var ErrMalformed = errors.New("cursor: not a cursor a search gave")
 
+// The phases of a walk: the id index, the tasks with records of their
+// own, the segments.
+const (
+	PhaseIDs      = "i"
+	PhaseRecords  = "r"
+	PhaseSegments = "s"
+)
+
 // Encode returns c as an opaque string of URL-safe characters.
 func Encode(c Cursor) string {
 	b, _ := json.Marshal(c)
 	return base64.RawURLEncoding.EncodeToString(b)
 }
 
-// Decode reads what Encode wrote.
+// Decode reads what Encode wrote. Anyone can write a cursor, so it also
+// refuses one whose phase is unknown or whose index, slot or window is
+// negative (slot -1 is "before the first"); the search checks the upper
+// bounds it knows.
 func Decode(s string) (Cursor, error) {
 	var c Cursor
 	if len(s) > MaxLen {
@@ -63,10 +77,36 @@ func Decode(s string) (Cursor, error) {
 	}
 	dec := json.NewDecoder(strings.NewReader(string(b)))
 	dec.DisallowUnknownFields()
-	if err := dec.Decode(&c); err != nil || c.Digest == "" || c.Phase == "" {
+	if err := dec.Decode(&c); err != nil || c.Digest == "" || !c.valid() {
 		return Cursor{}, ErrMalformed
 	}
 	return c, nil
+}
+
+// valid reports whether c's fields are in their ranges.
+func (c Cursor) valid() bool {
+	switch c.Phase {
+	case PhaseIDs, PhaseRecords, PhaseSegments:
+	default:
+		return false
+	}
+	return c.Index >= 0 && c.Slot >= -1 && c.Since >= 0 && c.Until >= 0
+}
+
+// ParseTime reads field, a bound of a query's time window: a time in RFC
+// 3339, or a duration back from now; "" is no bound (the zero time).
+func ParseTime(field, v string, now time.Time) (time.Time, error) {
+	if v == "" {
+		return time.Time{}, nil
+	}
+	if t, err := time.Parse(time.RFC3339Nano, v); err == nil {
+		return t.UTC(), nil
+	}
+	if d, err := time.ParseDuration(v); err == nil && d >= 0 {
+		return now.Add(-d).UTC(), nil
+	}
+	return time.Time{}, &drover.InputError{Field: field, Value: v,
+		Rule: "must be a time in RFC 3339 (2026-11-28T09:00:00Z) or a duration back from now (90m, 24h)"}
 }
 
 // SetWindow keeps a query's time window; a zero time is no bound.
@@ -91,12 +131,14 @@ func timeOf(n int64) time.Time {
 	return time.Unix(0, n).UTC()
 }
 
-// Digest is a short digest of a query's parts, in order.
+// Digest is a short digest of a query's parts, in order. Each part is
+// written after its length, so that no two lists of parts give the same
+// input, whatever bytes the parts hold.
 func Digest(parts ...string) string {
 	h := sha256.New()
 	for _, p := range parts {
+		h.Write(binary.AppendUvarint(nil, uint64(len(p))))
 		h.Write([]byte(p))
-		h.Write([]byte{0})
 	}
 	return hex.EncodeToString(h.Sum(nil)[:8])
 }

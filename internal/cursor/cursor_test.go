@@ -22,9 +22,28 @@ func TestMalformed(t *testing.T) {
 	}
 }
 
+// TestOutOfRange: a cursor anyone wrote with an unknown phase or a
+// negative index, slot or window is malformed.
+func TestOutOfRange(t *testing.T) {
+	for _, c := range []Cursor{
+		{Digest: "d", Phase: "x"}, {Digest: "d", Phase: "r", Index: -1}, {Digest: "d", Phase: "s", Slot: -2},
+		{Digest: "d", Phase: "s", Since: -5}, {Digest: "d", Phase: "s", Until: -1},
+	} {
+		if _, err := Decode(Encode(c)); !errors.Is(err, ErrMalformed) {
+			t.Errorf("Decode(%+v) = %v, want ErrMalformed", c, err)
+		}
+	}
+}
+
 func TestDigestSeparatesParts(t *testing.T) {
-	if Digest("ab", "c") == Digest("a", "bc") {
-		t.Fatal("digest must tell the parts apart")
+	for _, pair := range [][2][]string{
+		{{"ab", "c"}, {"a", "bc"}},
+		{{"k=x\x00k2=y"}, {"k=x", "k2=y"}}, // a parameter value holding the old separator
+		{{"a", ""}, {"a"}},
+	} {
+		if Digest(pair[0]...) == Digest(pair[1]...) {
+			t.Errorf("Digest(%q) == Digest(%q): the digest must tell the parts apart", pair[0], pair[1])
+		}
 	}
 }
 

@@ -12,6 +12,11 @@ func TestMatch(t *testing.T) {
 		{"number other", "n", "7", `{"n":70}`, false},
 		{"number in exponent form", "n", "100", `{"n":1e2}`, true},
 		{"number with a fraction", "n", "7", `{"n":7.0}`, true},
+		{"number wanted with a fraction", "n", "7.0", `{"n":7}`, true},
+		{"number wanted in exponent form", "n", "1e2", `{"n":100}`, true},
+		{"number wanted negative zero", "n", "-0", `{"n":0}`, true},
+		{"number wanted other", "n", "7.0", `{"n":8}`, false},
+		{"number wanted key missing", "n", "7.0", `{"m":7}`, false},
 		{"string bare", "tag", "x", `{"tag":"x"}`, true},
 		{"string quoted", "tag", `"x"`, `{"tag":"x"}`, true},
 		{"string escaped", "tag", "A", `{"tag":"\u0041"}`, true},
@@ -28,6 +33,17 @@ func TestMatch(t *testing.T) {
 	} {
 		if got := New(tc.key, tc.value).Match([]byte(tc.params)); got != tc.want {
 			t.Errorf("%s: %s=%s on %s = %v, want %v", tc.name, tc.key, tc.value, tc.params, got, tc.want)
+		}
+	}
+}
+
+// TestSameNumberOtherSpelling: a number wanted written otherwise than the
+// parameters write it passes the raw-bytes pre-check whenever a full
+// match would hold.
+func TestSameNumberOtherSpelling(t *testing.T) {
+	for _, tc := range []struct{ v, params string }{{"7.0", `{"n":7}`}, {"-0", `{"n":0}`}, {"1e2", `{"n":100}`}, {"7", `{"n":7.00}`}} {
+		if f := New("n", tc.v); !f.mayMatch([]byte(tc.params)) {
+			t.Errorf("n=%s: the pre-check passes over %s (the same JSON number)", tc.v, tc.params)
 		}
 	}
 }

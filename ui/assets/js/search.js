@@ -5,6 +5,12 @@
 // the user chooses to keep going. The filters live in the page's address
 // (f_id, f_status, f_type, f_param, f_since, f_until), so a search can be
 // shared and reloaded.
+//
+// The parameter box takes one key=value a line, so that a value may hold
+// spaces and commas ("subject=weekly report"); a line's ends are trimmed.
+// The key is a top-level key of the tasks' parameters (letters, digits,
+// '.', '_', '-', ':'); the value is compared as JSON when it parses, else
+// as a string. Enter searches, Shift+Enter starts another line.
 
 import { get, enc } from "./api.js";
 import { h, replace, num, ago, badge, table, errorBox } from "./dom.js";
@@ -20,10 +26,16 @@ const FIELDS = [
 function searchPath(q, filters, cursor) {
   const p = new URLSearchParams();
   for (const [, api] of FIELDS) if (filters[api]) p.append(api, filters[api]);
-  for (const kv of (filters.param || "").split(/\s+/).filter(Boolean)) p.append("param", kv);
+  for (const kv of paramLines(filters.param)) p.append("param", kv);
   p.set("limit", String(PAGE));
   if (cursor) p.set("cursor", cursor);
   return "/v1/queues/" + enc(q) + "/search?" + p.toString();
+}
+
+// paramLines returns the key=value filters of the parameter box: one a
+// line, blank lines left out.
+export function paramLines(text) {
+  return (text || "").split(/\r?\n/).map((l) => l.trim()).filter(Boolean);
 }
 
 // readFilters reads the filters of the page's address.
@@ -45,6 +57,19 @@ function keepInAddress(filters) {
   history.replaceState(null, "", path + (s ? "?" + s : ""));
 }
 
+// paramBox is the parameter box: one key=value a line.
+function paramBox(value) {
+  const title = "One key=value a line; the value may hold spaces. Keys are the top-level keys of the tasks' parameters.";
+  return h("label", { class: "muted" }, "param ",
+    h("textarea", { name: "param", rows: fit(value), cols: 16, placeholder: "key=value, one a line", title, "aria-label": "param",
+      oninput: (e) => { e.target.rows = fit(e.target.value); } }, value));
+}
+
+// fit is how many rows the parameter box shows for text: its lines, 1 to 4.
+function fit(text) {
+  return Math.min(4, Math.max(1, (text || "").split("\n").length));
+}
+
 // searchPanel returns the search box of queue q, with its results below.
 export function searchPanel(ctx, q) {
   const filters = readFilters(ctx.query);
@@ -54,10 +79,13 @@ export function searchPanel(ctx, q) {
     STATUSES.map((s) => h("option", { value: s, selected: filters.status === s }, s[0] + s.slice(1).toLowerCase())));
   const form = h("form", { class: "actions", id: "search-form", role: "search" },
     input("id_prefix", "id", "starts with", 10), status, input("type", "type", "task type", 9),
-    input("param", "param", "key=value …", 13), input("since", "since", "1h or 2026-11-28T09:00:00Z", 14),
+    paramBox(filters.param), input("since", "since", "1h or 2026-11-28T09:00:00Z", 14),
     input("until", "until", "time or duration", 10),
     h("button", { type: "submit", class: "small", "data-act": "search" }, "Search"),
     h("button", { type: "button", class: "small secondary", "data-act": "clear", onclick: () => { form.reset(); for (const el of form.elements) if (el.name) el.value = ""; run(); } }, "Clear"));
+  form.param.addEventListener("keydown", (e) => {
+    if (e.key === "Enter" && !e.shiftKey) { e.preventDefault(); form.requestSubmit(); }
+  });
   const note = h("p", { class: "muted", id: "search-note" });
   const results = h("div", { id: "search-results" });
   const pager = h("div", { class: "pager" });
