@@ -190,7 +190,7 @@ func (c *Client) whilePaused(ctx context.Context, q string, deadline time.Time, 
 		c.remote.waits.leave(q, false)
 		*lead = false
 	}
-	if c.awaitResume(ctx, q, rev, time.Until(deadline), nil) {
+	if resumed, _ := c.awaitResume(ctx, q, rev, time.Until(deadline), resumeWait{}); resumed {
 		return nil, false, nil
 	}
 	if ctx.Err() != nil {

@@ -4,9 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
+	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/metrics"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -195,12 +197,42 @@ func (c *Client) sawEvent(q string, ev *clientv3.Event) (resumed bool) {
 	return ev.Type == clientv3.EventTypeDelete
 }
 
+// endsRun reports whether ev, an event of queue q's watch, ends a claim:
+// a claim key or a segment's run deleted (a task finished, was handed
+// back, or its worker died).
+func (c *Client) endsRun(q string, ev *clientv3.Event) bool {
+	if ev.Type != clientv3.EventTypeDelete {
+		return false
+	}
+	k := string(ev.Kv.Key)
+	if strings.HasPrefix(k, c.keys.QueueClaims(q)) {
+		return true
+	}
+	_, _, ok := keyspace.SegmentPart(c.keys.Runs(q, ""), k)
+	return ok
+}
+
+// resumeWait is what else ends a wait for a resume (awaitResume) than the
+// resume, its time, or its context.
+type resumeWait struct {
+	// stop ends it (a worker stopping).
+	stop <-chan struct{}
+	// ended ends it: a task of the waiting worker ended (a draining
+	// worker checks whether it is done).
+	ended <-chan struct{}
+	// anyEnd ends it at any claim of the queue ending, in any process (a
+	// draining worker with nothing running waits for the others' tasks).
+	anyEnd bool
+}
+
 // awaitResume blocks while queue q, seen paused at revision rev, stays
 // paused: until its pause key is deleted (true), for at most d, or until
-// ctx ends or stop is closed (false). It waits on the queue's shared
-// watch, from rev, so a resume since is not missed; when the watch may
-// have missed events it reads the key.
-func (c *Client) awaitResume(ctx context.Context, q string, rev int64, d time.Duration, stop <-chan struct{}) bool {
+// ctx ends or something of o happens (false). It waits on the queue's
+// shared watch, from rev, so a resume since is not missed; when the watch
+// may have missed events it reads the key. at is the revision up to which
+// it saw the queue's events: a wait that follows this one, from at, sees
+// only what came after.
+func (c *Client) awaitResume(ctx context.Context, q string, rev int64, d time.Duration, o resumeWait) (resumed bool, at int64) {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	for {
@@ -211,21 +243,31 @@ func (c *Client) awaitResume(ctx context.Context, q string, rev int64, d time.Du
 			case <-wt.C():
 				var evs []*clientv3.Event
 				evs, missed = wt.Take()
+				woke := false
 				for _, ev := range evs {
+					rev = max(rev, ev.Kv.ModRevision)
 					if c.sawEvent(q, ev) {
 						wt.Stop()
-						return true
+						return true, rev
 					}
+					woke = woke || o.anyEnd && c.endsRun(q, ev)
+				}
+				if woke {
+					wt.Stop()
+					return false, rev
 				}
 			case <-t.C:
 				wt.Stop()
-				return false
+				return false, rev
 			case <-ctx.Done():
 				wt.Stop()
-				return false
-			case <-stop:
+				return false, rev
+			case <-o.stop:
 				wt.Stop()
-				return false
+				return false, rev
+			case <-o.ended:
+				wt.Stop()
+				return false, rev
 			}
 		}
 		wt.Stop()
@@ -235,14 +277,17 @@ func (c *Client) awaitResume(ctx context.Context, q string, rev int64, d time.Du
 			select { // the store is out of reach: try again a moment later
 			case <-time.After(200 * time.Millisecond):
 			case <-ctx.Done():
-			case <-stop:
+			case <-o.stop:
 			}
 		case len(resp.Kvs) == 0:
 			c.pauses.saw(q, false, resp.Header.Revision)
-			return true
+			return true, resp.Header.Revision
 		default:
 			c.pauses.saw(q, true, resp.Kvs[0].ModRevision)
 			rev = resp.Header.Revision // the watch goes on from the read
+			if o.anyEnd {
+				return false, rev // what it missed may have been a task's end
+			}
 		}
 	}
 }

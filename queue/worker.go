@@ -82,7 +82,8 @@ type WorkerConfig struct {
 	// and 5 m; a task may override both.
 	BackoffBase, BackoffMax time.Duration
 	// Drain makes Run return once the queue has nothing pending, running
-	// or retrying.
+	// or retrying, paused or not: on a paused queue with tasks pending it
+	// waits for the resume.
 	Drain bool
 	// ShutdownTimeout is how long Run lets running tasks finish after its
 	// context ends, before cancelling them and handing them back (default
