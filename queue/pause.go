@@ -150,6 +150,13 @@ func (c *Client) refusedBy(q string, r *clientv3.GetResponse) bool {
 type pauseKnown struct {
 	mu sync.Mutex
 	m  map[string]pauseSeen
+	// gauged are the queues whose drover_queue_paused gauge this Client
+	// sets: a Worker's queue (Worker.Run). The gauge has no namespace
+	// label, as drover_queue_tasks has none: in a process whose Clients
+	// serve several namespaces (the server's), only the owner of the
+	// depth gauges sets it (the server's stats hub, for its own
+	// namespace), not every Client that claims.
+	gauged map[string]bool
 }
 
 type pauseSeen struct {
@@ -157,8 +164,23 @@ type pauseSeen struct {
 	rev    int64
 }
 
+// gauge makes the Client set queue q's drover_queue_paused gauge from
+// what it learns.
+func (p *pauseKnown) gauge(q string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.gauged == nil {
+		p.gauged = map[string]bool{}
+	}
+	p.gauged[q] = true
+	if s, ok := p.m[q]; ok {
+		metrics.QueuePaused.WithLabelValues(q).Set(map[bool]float64{true: 1}[s.paused])
+	}
+}
+
 // saw records that queue q was paused (or not) at revision rev, unless
-// something later is known; it sets the drover_queue_paused gauge.
+// something later is known; it sets the drover_queue_paused gauge when
+// the Client owns it (gauge).
 func (p *pauseKnown) saw(q string, paused bool, rev int64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -169,11 +191,9 @@ func (p *pauseKnown) saw(q string, paused bool, rev int64) {
 		p.m = map[string]pauseSeen{}
 	}
 	p.m[q] = pauseSeen{paused: paused, rev: rev}
-	g := 0.0
-	if paused {
-		g = 1
+	if p.gauged[q] {
+		metrics.QueuePaused.WithLabelValues(q).Set(map[bool]float64{true: 1}[paused])
 	}
-	metrics.QueuePaused.WithLabelValues(q).Set(g)
 }
 
 // since is the revision at which queue q was last seen paused, 0 when it

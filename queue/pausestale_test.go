@@ -2,10 +2,12 @@ package queue_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
 	"github.com/droverhq/drover/internal/testenv/etcdtest"
+	"github.com/droverhq/drover/metrics"
 	"github.com/droverhq/drover/queue"
 )
 
@@ -145,5 +147,66 @@ func TestPauseDrainRunningTask(t *testing.T) {
 	// Well within the 30 s safety net of a paused wait: the task's end woke it.
 	if d := time.Since(began); d > 20*time.Second {
 		t.Fatalf("the draining worker returned %v after its last task ended", d)
+	}
+}
+
+// pausedGauge is drover_queue_paused for queue q, and whether it is set.
+func pausedGauge(t *testing.T, q string) (float64, bool) {
+	t.Helper()
+	mfs, err := metrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "drover_queue_paused" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == "queue" && lp.GetValue() == q {
+					return m.GetGauge().GetValue(), true
+				}
+			}
+		}
+	}
+	return 0, false
+}
+
+// TestPauseGaugeOwner: a Client that pauses or claims does not set
+// drover_queue_paused (a server's Clients serve many namespaces, and the
+// gauge has no namespace label); a Worker's Client sets it for its queue.
+func TestPauseGaugeOwner(t *testing.T) {
+	t.Parallel()
+	ns := etcdtest.Namespace(t)
+	c, cli := newClient(t, ns)
+	ctx := context.Background()
+	submitN(t, c, "gauge-owner", 1, nil)
+	if _, err := c.Pause(ctx, "gauge-owner"); err != nil {
+		t.Fatal(err)
+	}
+	l := grantLease(t, cli, 60*time.Second)
+	if _, err := c.Claim(ctx, "gauge-owner", queue.ClaimRequest{Lease: l, Worker: "x"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Paused(ctx, "gauge-owner"); err != nil {
+		t.Fatal(err)
+	}
+	if v, ok := pausedGauge(t, "gauge-owner"); ok {
+		t.Fatalf("a Client without a Worker set drover_queue_paused to %v", v)
+	}
+	rctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	w := newWorker(t, cli, queue.WorkerConfig{Namespace: ns, Queue: "gauge-owner", Concurrency: 1})
+	w.HandleAll(func(ctx context.Context, tk *queue.Task) ([]byte, error) { return nil, nil })
+	done := make(chan error, 1)
+	go func() { done <- w.Run(rctx) }()
+	waitFor(t, "the worker sets the gauge", func() bool { v, ok := pausedGauge(t, "gauge-owner"); return ok && v == 1 })
+	if _, err := c.Resume(ctx, "gauge-owner"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the worker clears the gauge", func() bool { v, ok := pausedGauge(t, "gauge-owner"); return ok && v == 0 })
+	cancel()
+	if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+		t.Fatal(err)
 	}
 }

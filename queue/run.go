@@ -50,7 +50,8 @@ func (w *Worker) Run(ctx context.Context) error {
 		outcomes[i] = make(chan outcome, w.cfg.Concurrency)
 		ackers.Go(func() { w.acker(outcomes[i]) })
 	}
-	_, _ = w.client.Paused(ctx, w.cfg.Queue) // a pause known before the first claim, and its gauge (pause.go)
+	w.client.pauses.gauge(w.cfg.Queue)       // the worker's client sets its queue's drover_queue_paused (pause.go)
+	_, _ = w.client.Paused(ctx, w.cfg.Queue) // a pause known before the first claim, and its gauge
 	stopBG := w.startBackground(ctx, base)
 	runErr := w.runLoops(ctx, base, outcomes)
 	for _, ch := range outcomes {
