@@ -49,13 +49,17 @@ type pauseValue struct {
 // paused queue changes nothing (Changed false). It returns ErrNoQueue
 // when q was never submitted to or configured.
 func (c *Client) Pause(ctx context.Context, q string) (PauseState, error) {
-	if err := c.mustExist(ctx, q); err != nil {
+	if err := CheckQueue(q); err != nil {
 		return PauseState{}, err
 	}
-	key := c.keys.QueuePaused(q)
+	// The queue's existence is one of the transaction's compares, not a
+	// read before it: a pause racing with DeleteQueue either lands first
+	// (and the deletion removes it) or finds no queue; it never outlives
+	// the queue.
+	key, name := c.keys.QueuePaused(q), c.keys.QueueName(q)
 	v, _ := json.Marshal(pauseValue{At: c.now().UTC()})
-	resp, err := c.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
-		Then(clientv3.OpPut(key, string(v))).Else(clientv3.OpGet(key)).Commit()
+	resp, err := c.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(name), ">", 0), clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+		Then(clientv3.OpPut(key, string(v))).Else(clientv3.OpGet(key), clientv3.OpGet(name, clientv3.WithCountOnly())).Commit()
 	if err != nil {
 		return PauseState{}, fmt.Errorf("queue: pause %s: %w", q, err)
 	}
@@ -63,7 +67,12 @@ func (c *Client) Pause(ctx context.Context, q string) (PauseState, error) {
 	if resp.Succeeded {
 		c.pauses.saw(q, true, resp.Header.Revision)
 		st.Since = decodePause(v)
-	} else if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
+		return st, nil
+	}
+	if resp.Responses[1].GetResponseRange().Count == 0 {
+		return PauseState{}, noQueue(q)
+	}
+	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
 		c.pauses.saw(q, true, kvs[0].ModRevision)
 		st.Since = decodePause(kvs[0].Value)
 	}

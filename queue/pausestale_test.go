@@ -9,6 +9,7 @@ import (
 	"github.com/droverhq/drover/internal/testenv/etcdtest"
 	"github.com/droverhq/drover/metrics"
 	"github.com/droverhq/drover/queue"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // TestPauseStaleShortPolls: a Client that learned of a pause from a
@@ -208,5 +209,46 @@ func TestPauseGaugeOwner(t *testing.T) {
 	cancel()
 	if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
 		t.Fatal(err)
+	}
+}
+
+// TestPauseDeletedQueue: a pause checks that its queue exists in its own
+// transaction: a queue deleted meanwhile (here: deleted, with a key of it
+// left over, as a submission racing with the deletion may leave one) is
+// ErrNoQueue, and no pause key outlives it; a pause racing with the
+// deletion either lands first, and goes with the queue, or finds none.
+func TestPauseDeletedQueue(t *testing.T) {
+	t.Parallel()
+	ns := etcdtest.Namespace(t)
+	c, cli := newClient(t, ns)
+	ctx := context.Background()
+	submitN(t, c, "gone", 2, nil)
+	if _, err := c.DeleteQueue(ctx, "gone", nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Put(ctx, "/"+ns+"/queues/gone/levels/5", ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Pause(ctx, "gone"); !errors.Is(err, queue.ErrNoQueue) {
+		t.Fatalf("pause of a deleted queue: %v, want ErrNoQueue", err)
+	}
+	if g, err := cli.Get(ctx, "/"+ns+"/queues/gone/paused"); err != nil || len(g.Kvs) != 0 {
+		t.Fatalf("pause key of a deleted queue: %v %v", g, err)
+	}
+	for i := 0; i < 10; i++ {
+		submitN(t, c, "race", 1, nil)
+		pe := make(chan error, 1)
+		go func() { _, err := c.Pause(ctx, "race"); pe <- err }()
+		if _, err := c.DeleteQueue(ctx, "race", nil); err != nil && !errors.Is(err, queue.ErrNoQueue) {
+			t.Fatal(err)
+		}
+		if err := <-pe; err != nil && !errors.Is(err, queue.ErrNoQueue) {
+			t.Fatal(err)
+		}
+		name, _ := cli.Get(ctx, "/"+ns+"/queue-names/race", clientv3.WithCountOnly())
+		key, _ := cli.Get(ctx, "/"+ns+"/queues/race/paused", clientv3.WithCountOnly())
+		if name.Count == 0 && key.Count > 0 {
+			t.Fatalf("round %d: a pause key outlived its queue", i)
+		}
 	}
 }
