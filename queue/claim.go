@@ -55,6 +55,10 @@ func (w *claimer) claim(ctx context.Context, lane, n int) (claims []*claim, rev 
 		}
 		if len(cands) > 0 {
 			claims, err := w.claimKeys(ctx, cands, n, true)
+			if rev := w.client.pauses.since(w.queue); len(claims) == 0 && err == nil && rev > 0 {
+				w.lost.add(ids) // refused by the pause: they go first after the resume
+				return nil, rev, false, nil
+			}
 			return claims, 0, true, err // contended: claim again at once
 		}
 	}
