@@ -295,9 +295,11 @@ func (h *hub) apply(sp *space, v *view, now time.Time) {
 	}
 }
 
-// exportDepth sets the drover_queue_tasks gauges from a read of the
-// server's own namespace (h.mu held): the queues' counts by state, as
-// `drover worker --depth-interval` sets them for its queue, so that an
+// exportDepth sets the drover_queue_tasks and drover_queue_paused gauges
+// from a read of the server's own namespace (h.mu held): the queues'
+// counts by state and whether they are paused, as `drover worker` sets
+// them for its queue (neither gauge has a namespace label, so the
+// server's per-namespace queue Clients do not set them), so that an
 // operator watching the server sees every queue's depth. The read is the
 // one the stats history samples: the gauges cost no read of their own. A
 // queue gone since the last read loses its gauges.

@@ -34,7 +34,7 @@ var (
 	TasksDeferred  = counter("drover_tasks_deferred_total", "Tasks handed back for later by flow control (quota, breaker), not charged a retry.", "queue", "type", "reason")
 	TaskDuration   = histogram("drover_task_duration_seconds", "Time a task's handler ran.", prometheus.ExponentialBuckets(0.001, 4, 10), "queue", "type", "outcome")
 	QueueTasks     = gauge("drover_queue_tasks", "Tasks in a queue by state, as a worker (--depth-interval) or the server (every stats interval) last counted them.", "queue", "state")
-	QueuePaused    = gauge("drover_queue_paused", "1 while a queue is paused (no claim of its tasks commits), 0 once resumed, as this process last saw it.", "queue")
+	QueuePaused    = gauge("drover_queue_paused", "1 while a queue is paused (no claim of its tasks commits), 0 once resumed, as a worker (for its queue) or the server (for its own namespace) last saw it.", "queue")
 	ClaimBatchSize = histogram("drover_claim_batch_size", "Tasks claimed per claim transaction.", []float64{1, 2, 4, 8, 16, 32, 64, 100}, "queue")
 )
 

@@ -177,7 +177,10 @@ func (c *Client) Claim(ctx context.Context, q string, req ClaimRequest) ([]*Task
 // whilePaused holds a claim of queue q while q is known paused (pause.go),
 // out of the line of waiting claims (it leaves it if it led it: *lead),
 // until the resume or the deadline; stop: the claim ends with tasks (none)
-// and err.
+// and err. A claim whose time runs out (or that has none: Wait 0) reads
+// the pause key once before it answers nothing: what this Client knows of
+// the pause may be stale (a resume made elsewhere, which the wait had no
+// time to see), and a claim that never tried would never correct it.
 func (c *Client) whilePaused(ctx context.Context, q string, deadline time.Time, lead *bool) (tasks []*Task, stop bool, err error) {
 	rev := c.pauses.since(q)
 	if rev == 0 {
@@ -187,11 +190,18 @@ func (c *Client) whilePaused(ctx context.Context, q string, deadline time.Time, 
 		c.remote.waits.leave(q, false)
 		*lead = false
 	}
-	if c.awaitResume(ctx, q, rev, time.Until(deadline), nil) {
+	if resumed, _ := c.awaitResume(ctx, q, rev, time.Until(deadline), resumeWait{}); resumed {
 		return nil, false, nil
 	}
 	if ctx.Err() != nil {
 		return nil, true, fmt.Errorf("queue: claim from %s: %w", q, ctx.Err())
+	}
+	st, err := c.Paused(ctx, q)
+	if err != nil {
+		return nil, true, fmt.Errorf("queue: claim from %s: %w", q, err)
+	}
+	if !st.Paused {
+		return nil, false, nil // resumed: claim
 	}
 	return []*Task{}, true, nil
 }

@@ -24,8 +24,10 @@ import (
 // enough candidates. It also returns the revision its first read saw, from
 // which a watch misses nothing.
 func (w *claimer) claim(ctx context.Context, lane, n int) (claims []*claim, rev int64, contended bool, err error) {
-	if w.client.pauses.since(w.queue) > 0 {
-		return nil, 0, false, nil // its callers wait for the resume (awaitResume)
+	if rev := w.client.pauses.since(w.queue); rev > 0 {
+		// Its callers wait for the resume: from the pause's revision, so
+		// that a resume already made is not missed.
+		return nil, rev, false, nil
 	}
 	seq := w.claimSeq.Add(1)
 	// The priority turns (one claim in eight serves a lower level) count
@@ -53,6 +55,10 @@ func (w *claimer) claim(ctx context.Context, lane, n int) (claims []*claim, rev 
 		}
 		if len(cands) > 0 {
 			claims, err := w.claimKeys(ctx, cands, n, true)
+			if rev := w.client.pauses.since(w.queue); len(claims) == 0 && err == nil && rev > 0 {
+				w.lost.add(ids) // refused by the pause: they go first after the resume
+				return nil, rev, false, nil
+			}
 			return claims, 0, true, err // contended: claim again at once
 		}
 	}

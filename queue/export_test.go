@@ -103,3 +103,10 @@ func PromoteScheduled(ctx context.Context, c *Client, q string) (int, error) {
 	_, n, err := c.scheduledIndex(q).Promote(ctx)
 	return n, err
 }
+
+// SetWatchLinger makes c's shared watches close d after their last wait
+// ended instead of watchLinger. Call it before c's first wait.
+func SetWatchLinger(c *Client, d time.Duration) { c.watches.lingerFor = d }
+
+// LiveWatches returns how many shared watches of c are open.
+func LiveWatches(c *Client) int64 { return c.watches.live.Load() }

@@ -4,9 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
+	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/metrics"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -47,13 +49,17 @@ type pauseValue struct {
 // paused queue changes nothing (Changed false). It returns ErrNoQueue
 // when q was never submitted to or configured.
 func (c *Client) Pause(ctx context.Context, q string) (PauseState, error) {
-	if err := c.mustExist(ctx, q); err != nil {
+	if err := CheckQueue(q); err != nil {
 		return PauseState{}, err
 	}
-	key := c.keys.QueuePaused(q)
+	// The queue's existence is one of the transaction's compares, not a
+	// read before it: a pause racing with DeleteQueue either lands first
+	// (and the deletion removes it) or finds no queue; it never outlives
+	// the queue.
+	key, name := c.keys.QueuePaused(q), c.keys.QueueName(q)
 	v, _ := json.Marshal(pauseValue{At: c.now().UTC()})
-	resp, err := c.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
-		Then(clientv3.OpPut(key, string(v))).Else(clientv3.OpGet(key)).Commit()
+	resp, err := c.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(name), ">", 0), clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+		Then(clientv3.OpPut(key, string(v))).Else(clientv3.OpGet(key), clientv3.OpGet(name, clientv3.WithCountOnly())).Commit()
 	if err != nil {
 		return PauseState{}, fmt.Errorf("queue: pause %s: %w", q, err)
 	}
@@ -61,7 +67,12 @@ func (c *Client) Pause(ctx context.Context, q string) (PauseState, error) {
 	if resp.Succeeded {
 		c.pauses.saw(q, true, resp.Header.Revision)
 		st.Since = decodePause(v)
-	} else if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
+		return st, nil
+	}
+	if resp.Responses[1].GetResponseRange().Count == 0 {
+		return PauseState{}, noQueue(q)
+	}
+	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
 		c.pauses.saw(q, true, kvs[0].ModRevision)
 		st.Since = decodePause(kvs[0].Value)
 	}
@@ -148,6 +159,13 @@ func (c *Client) refusedBy(q string, r *clientv3.GetResponse) bool {
 type pauseKnown struct {
 	mu sync.Mutex
 	m  map[string]pauseSeen
+	// gauged are the queues whose drover_queue_paused gauge this Client
+	// sets: a Worker's queue (Worker.Run). The gauge has no namespace
+	// label, as drover_queue_tasks has none: in a process whose Clients
+	// serve several namespaces (the server's), only the owner of the
+	// depth gauges sets it (the server's stats hub, for its own
+	// namespace), not every Client that claims.
+	gauged map[string]bool
 }
 
 type pauseSeen struct {
@@ -155,8 +173,23 @@ type pauseSeen struct {
 	rev    int64
 }
 
+// gauge makes the Client set queue q's drover_queue_paused gauge from
+// what it learns.
+func (p *pauseKnown) gauge(q string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.gauged == nil {
+		p.gauged = map[string]bool{}
+	}
+	p.gauged[q] = true
+	if s, ok := p.m[q]; ok {
+		metrics.QueuePaused.WithLabelValues(q).Set(map[bool]float64{true: 1}[s.paused])
+	}
+}
+
 // saw records that queue q was paused (or not) at revision rev, unless
-// something later is known; it sets the drover_queue_paused gauge.
+// something later is known; it sets the drover_queue_paused gauge when
+// the Client owns it (gauge).
 func (p *pauseKnown) saw(q string, paused bool, rev int64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -167,11 +200,9 @@ func (p *pauseKnown) saw(q string, paused bool, rev int64) {
 		p.m = map[string]pauseSeen{}
 	}
 	p.m[q] = pauseSeen{paused: paused, rev: rev}
-	g := 0.0
-	if paused {
-		g = 1
+	if p.gauged[q] {
+		metrics.QueuePaused.WithLabelValues(q).Set(map[bool]float64{true: 1}[paused])
 	}
-	metrics.QueuePaused.WithLabelValues(q).Set(g)
 }
 
 // since is the revision at which queue q was last seen paused, 0 when it
@@ -195,12 +226,42 @@ func (c *Client) sawEvent(q string, ev *clientv3.Event) (resumed bool) {
 	return ev.Type == clientv3.EventTypeDelete
 }
 
+// endsRun reports whether ev, an event of queue q's watch, ends a claim:
+// a claim key or a segment's run deleted (a task finished, was handed
+// back, or its worker died).
+func (c *Client) endsRun(q string, ev *clientv3.Event) bool {
+	if ev.Type != clientv3.EventTypeDelete {
+		return false
+	}
+	k := string(ev.Kv.Key)
+	if strings.HasPrefix(k, c.keys.QueueClaims(q)) {
+		return true
+	}
+	_, _, ok := keyspace.SegmentPart(c.keys.Runs(q, ""), k)
+	return ok
+}
+
+// resumeWait is what else ends a wait for a resume (awaitResume) than the
+// resume, its time, or its context.
+type resumeWait struct {
+	// stop ends it (a worker stopping).
+	stop <-chan struct{}
+	// ended ends it: a task of the waiting worker ended (a draining
+	// worker checks whether it is done).
+	ended <-chan struct{}
+	// anyEnd ends it at any claim of the queue ending, in any process (a
+	// draining worker with nothing running waits for the others' tasks).
+	anyEnd bool
+}
+
 // awaitResume blocks while queue q, seen paused at revision rev, stays
 // paused: until its pause key is deleted (true), for at most d, or until
-// ctx ends or stop is closed (false). It waits on the queue's shared
-// watch, from rev, so a resume since is not missed; when the watch may
-// have missed events it reads the key.
-func (c *Client) awaitResume(ctx context.Context, q string, rev int64, d time.Duration, stop <-chan struct{}) bool {
+// ctx ends or something of o happens (false). It waits on the queue's
+// shared watch, from rev, so a resume since is not missed; when the watch
+// may have missed events it reads the key. at is the revision up to which
+// it saw the queue's events: a wait that follows this one, from at, sees
+// only what came after.
+func (c *Client) awaitResume(ctx context.Context, q string, rev int64, d time.Duration, o resumeWait) (resumed bool, at int64) {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	for {
@@ -211,21 +272,31 @@ func (c *Client) awaitResume(ctx context.Context, q string, rev int64, d time.Du
 			case <-wt.C():
 				var evs []*clientv3.Event
 				evs, missed = wt.Take()
+				woke := false
 				for _, ev := range evs {
+					rev = max(rev, ev.Kv.ModRevision)
 					if c.sawEvent(q, ev) {
 						wt.Stop()
-						return true
+						return true, rev
 					}
+					woke = woke || o.anyEnd && c.endsRun(q, ev)
+				}
+				if woke {
+					wt.Stop()
+					return false, rev
 				}
 			case <-t.C:
 				wt.Stop()
-				return false
+				return false, rev
 			case <-ctx.Done():
 				wt.Stop()
-				return false
-			case <-stop:
+				return false, rev
+			case <-o.stop:
 				wt.Stop()
-				return false
+				return false, rev
+			case <-o.ended:
+				wt.Stop()
+				return false, rev
 			}
 		}
 		wt.Stop()
@@ -235,14 +306,17 @@ func (c *Client) awaitResume(ctx context.Context, q string, rev int64, d time.Du
 			select { // the store is out of reach: try again a moment later
 			case <-time.After(200 * time.Millisecond):
 			case <-ctx.Done():
-			case <-stop:
+			case <-o.stop:
 			}
 		case len(resp.Kvs) == 0:
 			c.pauses.saw(q, false, resp.Header.Revision)
-			return true
+			return true, resp.Header.Revision
 		default:
 			c.pauses.saw(q, true, resp.Kvs[0].ModRevision)
 			rev = resp.Header.Revision // the watch goes on from the read
+			if o.anyEnd {
+				return false, rev // what it missed may have been a task's end
+			}
 		}
 	}
 }

@@ -50,7 +50,8 @@ func (w *Worker) Run(ctx context.Context) error {
 		outcomes[i] = make(chan outcome, w.cfg.Concurrency)
 		ackers.Go(func() { w.acker(outcomes[i]) })
 	}
-	_, _ = w.client.Paused(ctx, w.cfg.Queue) // a pause known before the first claim, and its gauge (pause.go)
+	w.client.pauses.gauge(w.cfg.Queue)       // the worker's client sets its queue's drover_queue_paused (pause.go)
+	_, _ = w.client.Paused(ctx, w.cfg.Queue) // a pause known before the first claim, and its gauge
 	stopBG := w.startBackground(ctx, base)
 	runErr := w.runLoops(ctx, base, outcomes)
 	for _, ch := range outcomes {
@@ -312,6 +313,7 @@ const claimers = 2
 // loop claims while there are free slots and waits on a watch when there is
 // nothing to claim. Several loops share one slot pool.
 func (w *Worker) loop(ctx, base context.Context, lane int, slots *slotPool, run chan struct{}, outcomes [claimers]chan outcome, tasks *sync.WaitGroup) error {
+	var pausedTo int64 // the revision a wait while paused saw up to
 	for {
 		if ctx.Err() != nil {
 			return nil
@@ -319,8 +321,10 @@ func (w *Worker) loop(ctx, base context.Context, lane int, slots *slotPool, run 
 		if base.Err() != nil {
 			return context.Cause(base)
 		}
-		if rev := w.client.pauses.since(w.cfg.Queue); rev > 0 { // paused: no claim until the resume (30 s: a safety net)
-			w.client.awaitResume(ctx, w.cfg.Queue, rev, 30*time.Second, base.Done())
+		if rev := w.client.pauses.since(w.cfg.Queue); rev > 0 {
+			if w.whilePaused(ctx, base, rev, slots, &pausedTo) {
+				return nil
+			}
 			continue
 		}
 		// With tasks running, wait a moment for half a claim's worth of
@@ -374,11 +378,8 @@ func (w *Worker) loop(ctx, base context.Context, lane int, slots *slotPool, run 
 			continue
 		}
 		busy, ended := slots.state()
-		if w.cfg.Drain && busy == 0 {
-			_, _ = w.client.closeFinished(ctx, w.cfg.Queue)
-			if w.client.drained(ctx, w.cfg.Queue) {
-				return nil
-			}
+		if w.cfg.Drain && busy == 0 && w.drained(ctx) {
+			return nil
 		}
 		if !w.cfg.Drain {
 			// A task of this worker ending makes nothing claimable (its
@@ -388,6 +389,34 @@ func (w *Worker) loop(ctx, base context.Context, lane int, slots *slotPool, run 
 		}
 		w.waitForWork(ctx, base, rev, ended, busy == 0, 0)
 	}
+}
+
+// drained reports whether nothing of the worker's queue is left to do
+// (WorkerConfig.Drain): see Client.drained; it closes finished segments
+// first.
+func (w *Worker) drained(ctx context.Context) bool {
+	_, _ = w.client.closeFinished(ctx, w.cfg.Queue)
+	return w.client.drained(ctx, w.cfg.Queue)
+}
+
+// whilePaused waits while the worker's queue is known paused (since
+// revision rev) for the resume: no claim until then (30 s: a safety net).
+// A draining worker checks first whether it is done (true: Run returns),
+// and wakes when a task ends to check again: one of its own, or, with
+// none running, anyone's. An empty paused queue is drained; one with
+// tasks waiting keeps a draining worker until the resume. *at is the
+// revision the last such wait saw up to, from which the next one goes on.
+func (w *Worker) whilePaused(ctx, base context.Context, rev int64, slots *slotPool, at *int64) (done bool) {
+	o := resumeWait{stop: base.Done()}
+	if w.cfg.Drain {
+		busy, ended := slots.state()
+		if busy == 0 && w.drained(ctx) {
+			return true
+		}
+		o.ended, o.anyEnd = ended, busy == 0
+	}
+	_, *at = w.client.awaitResume(ctx, w.cfg.Queue, max(rev, *at), 30*time.Second, o)
+	return false
 }
 
 // waitForWork blocks until something may have become claimable: a pending

@@ -422,6 +422,9 @@ func (w *claimer) claimFrom(ctx context.Context, lane int, st *segState, ts []Ta
 	// The runs that take the segment's last slots check, when they end,
 	// whether it is finished.
 	claims, contended, err = w.takeSlots(ctx, st, ts, pick, len(free)-len(pick) < 2*n)
+	if len(claims) == 0 && err == nil && w.client.pauses.since(q) > 0 {
+		return nil, false, nil // refused by the pause: a dead worker's tasks here stay first in line
+	}
 	switch {
 	case len(claims) > 0 && len(free) > len(pick):
 		// Slots left: the next claim takes from here, most often without

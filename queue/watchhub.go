@@ -49,6 +49,8 @@ type watchHub struct {
 	closed  bool           // Client.Close: no watch opens from now on
 	running sync.WaitGroup // the watches' goroutines (runWatch)
 	live    atomic.Int64   // how many of them have not returned from runWatch
+	// lingerFor replaces watchLinger when not 0 (tests: SetWatchLinger).
+	lingerFor time.Duration
 }
 
 // queueWatch is the shared watch of one queue. Every field is guarded by
@@ -153,7 +155,11 @@ func (wt *queueWait) Stop() {
 	}
 	delete(qw.waits, wt)
 	if len(qw.waits) == 0 && qw.linger == nil {
-		qw.linger = time.AfterFunc(watchLinger, func() { wt.hub.close(wt.q, qw) })
+		d := watchLinger
+		if wt.hub.lingerFor > 0 {
+			d = wt.hub.lingerFor
+		}
+		qw.linger = time.AfterFunc(d, func() { wt.hub.close(wt.q, qw) })
 	}
 }
 

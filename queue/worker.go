@@ -82,8 +82,9 @@ type WorkerConfig struct {
 	// and 5 m; a task may override both.
 	BackoffBase, BackoffMax time.Duration
 	// Drain makes Run return once the queue has nothing pending, running
-	// or retrying, and no scheduled task that is due: it does not wait for
-	// tasks scheduled to run later.
+	// or retrying, and no scheduled task that is due, paused or not: it
+	// does not wait for tasks scheduled to run later, and on a paused queue
+	// with tasks pending it waits for the resume.
 	Drain bool
 	// ShutdownTimeout is how long Run lets running tasks finish after its
 	// context ends, before cancelling them and handing them back (default

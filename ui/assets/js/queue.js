@@ -30,7 +30,7 @@ export function mount(ctx) {
   const tabs = h("nav", { class: "tabs", "aria-label": "task states" });
   const settings = h("div");
   const pauseBox = h("div", { class: "actions pause", id: "pause" });
-  let pausedHere = null; // the state a click here set, until the summaries agree
+  let pausedHere = null; // the state a click here set, until the next summary
   const actions = h("div", { class: "actions dlq-actions" });
   const list = h("div", { id: "tasks" }, h("p", { class: "muted" }, "Loading…"));
   const pager = h("div", { class: "pager" });
@@ -56,12 +56,12 @@ export function mount(ctx) {
       href: "#/queue/" + enc(q) + "?state=" + st, class: st === status ? "active" : "", "data-tab": st,
     }, st === "DEAD" ? "Dead (DLQ)" : st[0] + st.slice(1).toLowerCase(), h("span", { class: "count" }, s ? num(s[st.toLowerCase()]) : ""))));
     replace(settings, settingsLine(s));
+    pausedHere = null; // a summary: it says the state now, whoever changed it since the click
     drawPause(s);
   };
 
   const drawPause = (s) => {
     if (!s) return replace(pauseBox);
-    if (pausedHere !== null && s.paused === pausedHere) pausedHere = null;
     const paused = pausedHere ?? !!s.paused;
     const b = guarded(state, "admin", paused ? "Resume" : "Pause", async () => {
       if (!paused && !(await confirmAction("Pause queue " + q + "? No worker claims its tasks until it is resumed; running tasks finish, submissions are accepted.", "Pause"))) return;
