@@ -163,6 +163,10 @@ func (c *Client) Create(ctx context.Context, s Schedule) (Schedule, error) {
 
 func dueValue(r *record) string { return r.Nominal.UTC().Format(time.RFC3339Nano) }
 
+// errCorrupt: a schedule's record does not read (written by hand, or by
+// another version). Its fires stop; Delete still removes it.
+var errCorrupt = errors.New("schedule: record does not read")
+
 // read returns schedule name's record and its key's mod revision.
 func (c *Client) read(ctx context.Context, name string) (*record, int64, error) {
 	if err := keyspace.CheckName("name", name); err != nil {
@@ -177,7 +181,7 @@ func (c *Client) read(ctx context.Context, name string) (*record, int64, error) 
 	}
 	var r record
 	if err := json.Unmarshal(g.Kvs[0].Value, &r); err != nil {
-		return nil, 0, fmt.Errorf("schedule: read %s: %w", name, err)
+		return nil, g.Kvs[0].ModRevision, fmt.Errorf("%w: %s: %v; delete it and create it again", errCorrupt, name, err)
 	}
 	return &r, g.Kvs[0].ModRevision, nil
 }

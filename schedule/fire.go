@@ -44,7 +44,14 @@ func (r *Runner) move(kv *mvccpb.KeyValue) ([]clientv3.Op, bool) {
 	switch {
 	case errors.Is(err, ErrNotFound):
 		return nil, false // deleted: its item goes too
+	case errors.Is(err, errCorrupt):
+		// Retrying cannot help, and an abort would fail the whole
+		// batch: drop its item, once, and say so.
+		r.logger().Error("schedule record does not read: its fires stop", "schedule", name, "err", err)
+		return nil, false
 	case err != nil:
+		// etcd failing: the batch's request would fail too. Abort
+		// it; the index reads again after a pause.
 		r.logf("schedule %s: %v", name, err)
 		return abort(kv), true
 	case rec.Due != string(kv.Key) || rec.Spec.Paused:

@@ -57,6 +57,9 @@ func (c *Client) Resume(ctx context.Context, name string) (Schedule, error) {
 func (c *Client) Delete(ctx context.Context, name string) error {
 	for attempt := 0; attempt < 20; attempt++ {
 		r, rev, err := c.read(ctx, name)
+		if errors.Is(err, errCorrupt) {
+			r, err = &record{}, nil // its due item, if any, drops when due
+		}
 		if err != nil {
 			return err
 		}

@@ -44,10 +44,16 @@ func (r *Runner) Start(ctx context.Context) {
 // submitted, counts once). Safe to call twice, or before Start.
 func (r *Runner) Stop() { _ = r.lc.Stop(context.Background()) }
 
-func (r *Runner) logf(format string, args ...any) {
-	l := r.Logger
-	if l == nil {
-		l = slog.Default()
+func (r *Runner) logger() *slog.Logger {
+	if r.Logger == nil {
+		return slog.Default()
 	}
-	l.Warn("schedule fire will be tried again", "err", fmt.Sprintf(format, args...))
+	return r.Logger
+}
+
+func (r *Runner) logf(format string, args ...any) {
+	if r.ctx.Err() != nil {
+		return // stopping: not an error of the fire
+	}
+	r.logger().Warn("schedule fire will be tried again", "err", fmt.Sprintf(format, args...))
 }
