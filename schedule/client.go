@@ -78,6 +78,9 @@ type record struct {
 	Hold bool `json:"hold,omitempty"`
 	// Last is the id of the task of the last fire.
 	Last string `json:"last,omitempty"`
+	// Pending is the tick whose task is (being) submitted and not yet
+	// recorded: the next mover records it before anything else.
+	Pending *pendingFire `json:"pending,omitempty"`
 	// Seq counts the history records written.
 	Seq int `json:"seq"`
 }
@@ -239,6 +242,13 @@ func (c *Client) change(ctx context.Context, name string, edit func(r *record) (
 		extra, err := edit(r)
 		if err != nil {
 			return nil, err
+		}
+		if r.Pending != nil && r.Due != "" {
+			// A tick awaits its record: the next mover writes it at
+			// once, whatever tick the schedule now waits for.
+			if at, _, ok := due.Parse("", dueSuffix(r.Due)); ok && at.After(c.now()) {
+				c.aimAt(r, r.Nominal, c.now(), r.Hold)
+			}
 		}
 		ops = append(ops, extra...)
 		if r.Due != "" {

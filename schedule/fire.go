@@ -29,10 +29,14 @@ const EnvCrashAfterSubmit = "DROVER_TEST_SCHEDULE_CRASH_AFTER_SUBMIT"
 // move is the due index's Move: it fires the tick the due item kv stands
 // for, as the plan and the overlap policy say, and returns the writes that
 // record it (the schedule's record with its next due item, a history
-// record), which the index makes conditional on kv being as read. Between
-// the submission and those writes a crash or a lost race leaves the item
-// where it was, and the next mover submits the same task id again: a
-// duplicate, stored once.
+// record), which the index makes conditional on kv being as read.
+//
+// A tick that submits a task is first written down as the record's
+// Pending, by a write fenced on the record and kv being as read; only then
+// is the task submitted. A crash, or a change of the schedule, between the
+// submission and the move leaves Pending in the record, and the next mover
+// finishes that tick before any other: it submits the same task id again
+// (a duplicate, stored once) and records it.
 func (r *Runner) move(kv *mvccpb.KeyValue) ([]clientv3.Op, bool) {
 	c := r.Client
 	ctx := r.ctx
@@ -40,7 +44,7 @@ func (r *Runner) move(kv *mvccpb.KeyValue) ([]clientv3.Op, bool) {
 	if !ok {
 		return nil, false
 	}
-	rec, _, err := c.read(ctx, name)
+	rec, rev, err := c.read(ctx, name)
 	switch {
 	case errors.Is(err, ErrNotFound):
 		return nil, false // deleted: its item goes too
@@ -61,6 +65,9 @@ func (r *Runner) move(kv *mvccpb.KeyValue) ([]clientv3.Op, bool) {
 	if err != nil {
 		return nil, false
 	}
+	if rec.Pending != nil {
+		return r.finish(rec, tm)
+	}
 	now := c.now()
 	p := decide(rec.Spec, tm, rec.Nominal, rec.Hold, now)
 	if p.fire.IsZero() {
@@ -76,19 +83,85 @@ func (r *Runner) move(kv *mvccpb.KeyValue) ([]clientv3.Op, bool) {
 		c.aimAt(rec, p.fire, now.Add(retryDelay), true) // held until it can fire
 		return c.recordOps(rec), true
 	}
-	if f.Outcome == "" {
-		f.SubmittedAt, f.Outcome, err = c.submit(ctx, &rec.Spec, f.TaskID)
-		if err != nil {
-			r.logf("schedule %s: %v", name, err)
-			c.aimAt(rec, p.fire, now.Add(retryDelay), true)
-			return c.recordOps(rec), true
-		}
-		r.crashHook()
-		if f.Outcome == outSubmitted {
-			rec.Last = f.TaskID
-		}
+	if f.Outcome == outSkipped {
+		f.TaskID = "" // no task was submitted
+		c.aim(rec, p.next, false)
+		hist := c.historyOp(rec, f) // counts it in rec: first
+		return append(c.recordOps(rec), hist), true
 	}
-	c.aim(rec, p.next, false)
+	rec.Pending = &pendingFire{Nominal: p.fire.UTC(), ID: f.TaskID, Next: p.next.UTC()}
+	if err := c.fence(ctx, rec, rev, kv); err != nil {
+		if !errors.Is(err, errRaced) {
+			r.logf("schedule %s: %v", name, err)
+			return abort(kv), true
+		}
+		return nil, true // kv changed: this request's move of it fails
+	}
+	return r.finish(rec, tm)
+}
+
+// pendingFire is a tick whose task is (being) submitted and not yet
+// recorded: ID is its task's id, Next the tick the schedule waits for
+// after it.
+type pendingFire struct {
+	Nominal time.Time `json:"nominal"`
+	ID      string    `json:"id"`
+	Next    time.Time `json:"next"`
+}
+
+// errRaced: another mover or a change came first.
+var errRaced = errors.New("schedule: raced")
+
+// fence writes rec (its Pending) if its key is still at revision rev and
+// the due item kv as read. When the record changed but kv did not
+// (another mover wrote its Pending), it touches kv so that this request's
+// move of it, and the other mover's, fail: the next mover finishes the
+// other's tick.
+func (c *Client) fence(ctx context.Context, rec *record, rev int64, kv *mvccpb.KeyValue) error {
+	b, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	key, item := c.keys.Schedule(rec.Spec.Name), string(kv.Key)
+	same := clientv3.Compare(clientv3.ModRevision(item), "=", kv.ModRevision)
+	resp, err := c.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", rev), same).
+		Then(clientv3.OpPut(key, string(b))).
+		Else(clientv3.OpTxn([]clientv3.Cmp{same}, []clientv3.Op{clientv3.OpPut(item, string(kv.Value))}, nil)).Commit()
+	if err != nil {
+		return fmt.Errorf("schedule: record the fire of %s: %w", rec.Spec.Name, err)
+	}
+	if !resp.Succeeded {
+		return errRaced
+	}
+	return nil
+}
+
+// finish submits the task of rec's pending tick (again, if another mover
+// did: a duplicate) and returns the writes that record it and point the
+// due item at the tick after it. A failed submission keeps it pending.
+func (r *Runner) finish(rec *record, tm timing) ([]clientv3.Op, bool) {
+	c := r.Client
+	pf := rec.Pending
+	f := Fire{NominalTime: pf.Nominal, TaskID: pf.ID}
+	var err error
+	f.SubmittedAt, f.Outcome, err = c.submit(r.ctx, &rec.Spec, pf.ID)
+	if err != nil {
+		r.logf("schedule %s: %v", rec.Spec.Name, err)
+		c.aimAt(rec, rec.Nominal, c.now().Add(retryDelay), rec.Hold)
+		return c.recordOps(rec), true
+	}
+	r.crashHook()
+	if f.Outcome == outSubmitted {
+		rec.Last = f.TaskID
+	}
+	if rec.Nominal.After(pf.Nominal) {
+		// A change aimed the schedule past the pending tick: it
+		// stands, due at once (kv is due, so the key differs).
+		c.aimAt(rec, rec.Nominal, c.now().Add(time.Millisecond), rec.Hold)
+	} else {
+		c.aim(rec, pf.Next, false)
+	}
+	rec.Pending = nil
 	hist := c.historyOp(rec, f) // counts it in rec: first
 	return append(c.recordOps(rec), hist), true
 }
@@ -141,10 +214,10 @@ func abort(kv *mvccpb.KeyValue) []clientv3.Op {
 // crashHook kills the process after the Nth submission when
 // EnvCrashAfterSubmit says so.
 func (r *Runner) crashHook() {
-	if r.crashAfter <= 0 {
-		return
+	if r.afterSubmit != nil {
+		r.afterSubmit()
 	}
-	if r.fired.Add(1) == r.crashAfter {
+	if r.crashAfter > 0 && r.fired.Add(1) == r.crashAfter {
 		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 		select {}
 	}

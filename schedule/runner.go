@@ -25,7 +25,10 @@ type Runner struct {
 	lc         lifecycle.Lifecycle
 	ctx        context.Context // the run's, for the index's moves
 	crashAfter int64
-	fired      atomic.Int64
+	// afterSubmit, if set (tests), runs after each submission, before
+	// its move.
+	afterSubmit func()
+	fired       atomic.Int64
 }
 
 // Start starts the runner's goroutine, until Stop or ctx's end. Starting
