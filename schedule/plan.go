@@ -8,9 +8,11 @@ type plan struct {
 	fire, next time.Time
 }
 
-// maxScan bounds the ticks of a cron schedule one plan reads: a week of
-// minutes, the longest catch-up window of the most frequent cron.
-const maxScan = 7*24*60 + 1
+// maxScan bounds the ticks of a cron schedule one plan reads: the minutes
+// of the longest catch-up window and the longest jitter, which a plan
+// reads back over, for the most frequent cron. A shorter scan would stop
+// before the latest tick that passed.
+const maxScan = int((MaxCatchupWindow+MaxJitter)/time.Minute) + 1
 
 // decide plans the move at now of s's due item for tick nominal. A held
 // item fires its tick. Otherwise the ticks that have passed (their fire
@@ -51,6 +53,9 @@ func decide(s Schedule, tm timing, nominal time.Time, hold bool, now time.Time) 
 		var ring []time.Time
 		for t, i := from, 0; !at(t).After(now) && i < maxScan; t, i = tm.next(t), i+1 {
 			ring = append(ring, t)
+			if len(ring) >= 2*MaxCatchup {
+				ring = append(ring[:0], ring[MaxCatchup:]...)
+			}
 		}
 		if len(ring) > MaxCatchup {
 			ring = ring[len(ring)-MaxCatchup:]
