@@ -16,7 +16,7 @@ type clk struct {
 	t  time.Time
 }
 
-func (c *clk) now() time.Time   { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *clk) now() time.Time  { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
 func (c *clk) set(t time.Time) { c.mu.Lock(); c.t = t; c.mu.Unlock() }
 
 // TestSubmittedTickUnrecordedIsFinishedFirst: a server submits tick T's
