@@ -120,6 +120,24 @@ func cutZone(expr string) (zone, rest string, ok bool) {
 	return "", expr, false
 }
 
+// jitterProbe is how many ticks of a cron minGap reads.
+const jitterProbe = 64
+
+// minGap is the shortest gap between the n ticks of tm after t.
+func minGap(tm timing, t time.Time, n int) time.Duration {
+	gap := time.Duration(1<<63 - 1)
+	prev := tm.next(t)
+	for i := 1; i < n && !prev.IsZero(); i++ {
+		next := tm.next(prev)
+		if next.IsZero() {
+			break
+		}
+		gap = min(gap, next.Sub(prev))
+		prev = next
+	}
+	return gap
+}
+
 // jitterOf is the delay of schedule name's tick at nominal: below jitter,
 // the same on every server.
 func jitterOf(name string, nominal time.Time, jitter time.Duration) time.Duration {
