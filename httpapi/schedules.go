@@ -148,12 +148,18 @@ type FireBody struct {
 	NominalTime time.Time  `json:"nominal_time" doc:"The tick's time (a trigger's: when it was asked)."`
 	SubmittedAt *time.Time `json:"submitted_at,omitempty" doc:"When its task was submitted; absent when none was (SKIPPED, REJECTED)."`
 	TaskID      string     `json:"task_id,omitempty" doc:"The task's id: the schedule's name and the tick's time."`
-	Outcome     string     `json:"outcome" doc:"The task's state now (PENDING, RUNNING, SUCCEEDED, ...), SKIPPED (overlap), REJECTED (by the queue, with the reason) or REMOVED (after its retention)."`
+	Outcome     string     `json:"outcome" doc:"The task's state now (PENDING, RUNNING, SUCCEEDED, ...), SKIPPED (overlap), MISSED (ticks that passed without a fire: count of them), REJECTED (by the queue, with the reason) or REMOVED (after its retention)."`
 	Manual      bool       `json:"manual,omitempty" doc:"A trigger's fire."`
+	Count       int        `json:"count,omitempty" doc:"MISSED: how many ticks passed without a fire, from nominal_time to last_time."`
+	LastTime    *time.Time `json:"last_time,omitempty" doc:"MISSED: the last of the ticks that passed without a fire."`
 }
 
 func fireBodyOf(f schedule.Fire) FireBody {
-	b := FireBody{NominalTime: f.NominalTime.UTC(), TaskID: f.TaskID, Outcome: f.Outcome, Manual: f.Manual}
+	b := FireBody{NominalTime: f.NominalTime.UTC(), TaskID: f.TaskID, Outcome: f.Outcome, Manual: f.Manual, Count: f.Count}
+	if !f.LastTime.IsZero() {
+		t := f.LastTime.UTC()
+		b.LastTime = &t
+	}
 	if !f.SubmittedAt.IsZero() {
 		t := f.SubmittedAt.UTC()
 		b.SubmittedAt = &t

@@ -70,9 +70,13 @@ func (r *Runner) move(kv *mvccpb.KeyValue) ([]clientv3.Op, bool) {
 	}
 	now := c.now()
 	p := decide(rec.Spec, tm, rec.Nominal, rec.Hold, now)
+	var miss *Fire // the ticks the plan passes over
+	if n, first, last := p.missed(tm, rec.Nominal, rec.Hold); n > 0 {
+		miss = &Fire{NominalTime: first.UTC(), LastTime: last.UTC(), Count: n, Outcome: outMissed}
+	}
 	if p.fire.IsZero() {
 		c.aim(rec, p.next, false)
-		return c.recordOps(rec), true
+		return c.recordOps(rec, miss), true
 	}
 	f := Fire{NominalTime: p.fire.UTC(), TaskID: TaskID(name, p.fire)}
 	ok, err = r.overlap(ctx, rec, &f)
@@ -80,16 +84,18 @@ func (r *Runner) move(kv *mvccpb.KeyValue) ([]clientv3.Op, bool) {
 		if err != nil {
 			r.logf("schedule %s: %v", name, err)
 		}
+		if rec.Hold {
+			miss = nil // held again: counted when it fires
+		}
 		c.aimAt(rec, p.fire, now.Add(retryDelay), true) // held until it can fire
-		return c.recordOps(rec), true
+		return c.recordOps(rec, miss), true
 	}
 	if f.Outcome == outSkipped {
 		f.TaskID = "" // no task was submitted
 		c.aim(rec, p.next, false)
-		hist := c.historyOp(rec, f) // counts it in rec: first
-		return append(c.recordOps(rec), hist), true
+		return c.recordOps(rec, miss, &f), true
 	}
-	rec.Pending = &pendingFire{Nominal: p.fire.UTC(), ID: f.TaskID, Next: p.next.UTC()}
+	rec.Pending = &pendingFire{Nominal: p.fire.UTC(), ID: f.TaskID, Next: p.next.UTC(), Missed: miss}
 	if err := c.fence(ctx, rec, rev, kv); err != nil {
 		if !errors.Is(err, errRaced) {
 			r.logf("schedule %s: %v", name, err)
@@ -107,6 +113,8 @@ type pendingFire struct {
 	Nominal time.Time `json:"nominal"`
 	ID      string    `json:"id"`
 	Next    time.Time `json:"next"`
+	// Missed is the record of the ticks passed over before it.
+	Missed *Fire `json:"missed,omitempty"`
 }
 
 // errRaced: another mover or a change came first.
@@ -148,7 +156,7 @@ func (r *Runner) finish(rec *record, tm timing) ([]clientv3.Op, bool) {
 	if err != nil {
 		r.logf("schedule %s: %v", rec.Spec.Name, err)
 		c.aimAt(rec, rec.Nominal, c.now().Add(retryDelay), rec.Hold)
-		return c.recordOps(rec), true
+		return c.recordOps(rec), true // still pending
 	}
 	r.crashHook()
 	if f.Outcome == outSubmitted {
@@ -162,8 +170,7 @@ func (r *Runner) finish(rec *record, tm timing) ([]clientv3.Op, bool) {
 		c.aim(rec, pf.Next, false)
 	}
 	rec.Pending = nil
-	hist := c.historyOp(rec, f) // counts it in rec: first
-	return append(c.recordOps(rec), hist), true
+	return c.recordOps(rec, pf.Missed, &f), true
 }
 
 // overlap applies the schedule's overlap policy before fire f: false holds
@@ -198,10 +205,17 @@ func (r *Runner) overlap(ctx context.Context, rec *record, f *Fire) (bool, error
 	}
 }
 
-// recordOps writes rec and its new due item (the index deletes the old).
-func (c *Client) recordOps(rec *record) []clientv3.Op {
+// recordOps writes rec and its new due item (the index deletes the old),
+// and fires (nil ones left out) as its next history records.
+func (c *Client) recordOps(rec *record, fires ...*Fire) []clientv3.Op {
+	var hist []clientv3.Op
+	for _, f := range fires {
+		if f != nil {
+			hist = append(hist, c.historyOp(rec, *f)) // counts it in rec: first
+		}
+	}
 	b, _ := json.Marshal(rec)
-	return []clientv3.Op{clientv3.OpPut(c.keys.Schedule(rec.Spec.Name), string(b)), clientv3.OpPut(rec.Due, dueValue(rec))}
+	return append([]clientv3.Op{clientv3.OpPut(c.keys.Schedule(rec.Spec.Name), string(b)), clientv3.OpPut(rec.Due, dueValue(rec))}, hist...)
 }
 
 // abort makes the index's whole request fail, leaving kv where it is: etcd

@@ -87,19 +87,26 @@ type Fire struct {
 	SubmittedAt time.Time `json:"submitted_at,omitzero"`
 	TaskID      string    `json:"task_id,omitempty"`
 	// Outcome is the task's state when the history is read (PENDING,
-	// RUNNING, SUCCEEDED, ...), or SKIPPED (overlap), REJECTED (the
-	// queue refused the task: the reason follows), REMOVED (the task is
-	// gone after its retention).
+	// RUNNING, SUCCEEDED, ...), or SKIPPED (overlap), MISSED (ticks
+	// that passed without a fire: Count of them), REJECTED (the queue
+	// refused the task: the reason follows), REMOVED (the task is gone
+	// after its retention).
 	Outcome string `json:"outcome"`
 	// Manual marks a trigger's fire.
 	Manual bool `json:"manual,omitempty"`
-	Seq    int  `json:"seq"`
+	// Count is, for MISSED, how many ticks passed without a fire, from
+	// NominalTime to LastTime (the catch-up policy passed over them, or
+	// overlap buffer-one dropped them while it held a tick).
+	Count    int       `json:"count,omitempty"`
+	LastTime time.Time `json:"last_time,omitzero"`
+	Seq      int       `json:"seq"`
 }
 
 // The outcomes a fire stores; the others are task states.
 const (
 	outSubmitted = "SUBMITTED"
 	outSkipped   = "SKIPPED"
+	outMissed    = "MISSED"
 	outRejected  = "REJECTED"
 	outRemoved   = "REMOVED"
 )

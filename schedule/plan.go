@@ -80,3 +80,30 @@ func later(a, b time.Time) time.Time {
 	}
 	return b
 }
+
+// missed returns the ticks plan p passes over without firing them, from
+// tick nominal on: those before the tick it fires (before the one it
+// waits for when it fires none), or, for a held tick, those after it
+// before the next. n counts them (at most maxScan of a cron); first and
+// last are the first and the last.
+func (p plan) missed(tm timing, nominal time.Time, hold bool) (n int, first, last time.Time) {
+	from, to := nominal, p.next
+	switch {
+	case hold:
+		from = tm.next(nominal)
+	case !p.fire.IsZero():
+		to = p.fire
+	}
+	if !from.Before(to) {
+		return 0, time.Time{}, time.Time{}
+	}
+	if e, ok := tm.(every); ok {
+		d := time.Duration(e)
+		n = int((to.Sub(from) + d - 1) / d)
+		return n, from, from.Add(time.Duration(n-1) * d)
+	}
+	for t := from; t.Before(to) && n < maxScan; t = tm.next(t) {
+		n, last = n+1, t
+	}
+	return n, from, last
+}

@@ -346,7 +346,8 @@ func (a *app) schedulesHistoryCommand() *cobra.Command {
 		Short: "Show a schedule's fires, newest first: nominal time, submit time, task id, outcome",
 		Long: `Each tick's record: its nominal time, when its task was submitted, the task's
 id, and its outcome (the task's state now; SKIPPED by the overlap policy;
-REJECTED by the queue; REMOVED after the task's retention).`,
+MISSED: ticks that passed without a fire, with their count; REJECTED by
+the queue; REMOVED after the task's retention).`,
 		Example: "  drover schedules history nightly --limit 20 --json",
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -375,7 +376,11 @@ REJECTED by the queue; REMOVED after the task's retention).`,
 				if !f.SubmittedAt.IsZero() {
 					sub = f.SubmittedAt.UTC().Format(time.RFC3339Nano)
 				}
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", f.NominalTime.UTC().Format(time.RFC3339), sub, f.TaskID, f.Outcome)
+				out := f.Outcome
+				if f.Count > 0 {
+					out = fmt.Sprintf("%s (%d ticks to %s)", out, f.Count, f.LastTime.UTC().Format(time.RFC3339))
+				}
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", f.NominalTime.UTC().Format(time.RFC3339), sub, f.TaskID, out)
 			}
 			return w.Flush()
 		},
