@@ -81,6 +81,9 @@ type record struct {
 	// Pending is the tick whose task is (being) submitted and not yet
 	// recorded: the next mover records it before anything else.
 	Pending *pendingFire `json:"pending,omitempty"`
+	// Tries counts the tries of tick Nominal that could not fire: the
+	// next waits twice as long as the last (backoff).
+	Tries int `json:"tries,omitempty"`
 	// Seq counts the history records written.
 	Seq int `json:"seq"`
 }
@@ -129,6 +132,9 @@ func (c *Client) aim(r *record, nominal time.Time, hold bool) {
 }
 
 func (c *Client) aimAt(r *record, nominal, at time.Time, hold bool) {
+	if !nominal.Equal(r.Nominal) {
+		r.Tries = 0 // another tick: tries anew
+	}
 	r.Due, r.Nominal, r.Hold = due.Key(c.keys.ScheduleDue(), at, r.Spec.Name), nominal, hold
 }
 

@@ -17,8 +17,34 @@ import (
 
 // retryDelay is how long a tick that could not fire (the queue refused to
 // store it, the previous task could not be read) or that overlap policy
-// BufferOne holds waits before it tries again.
-const retryDelay = time.Second
+// BufferOne holds waits before it first tries again; each try after
+// doubles the wait, up to the schedule's interval and maxRetryDelay.
+const (
+	retryDelay    = time.Second
+	maxRetryDelay = time.Minute
+)
+
+// retry points rec's due item at tick nominal again, after its tries'
+// backoff.
+func (c *Client) retry(rec *record, tm timing, nominal time.Time, hold bool) {
+	tries := 1
+	if nominal.Equal(rec.Nominal) {
+		tries = min(rec.Tries+1, 32)
+	}
+	c.aimAt(rec, nominal, c.now().Add(backoff(tries, tm.next(nominal).Sub(nominal))), hold)
+	rec.Tries = tries
+}
+
+// backoff is the wait before try n (from 1) of a tick of a schedule whose
+// ticks are interval apart.
+func backoff(n int, interval time.Duration) time.Duration {
+	ceiling := max(retryDelay, min(interval, maxRetryDelay))
+	d := retryDelay
+	for i := 1; i < n && d < ceiling; i++ {
+		d *= 2
+	}
+	return min(d, ceiling)
+}
 
 // EnvCrashAfterSubmit, set to N, makes a process that fires ticks kill
 // itself (SIGKILL) right after submitting its Nth fire's task, before the
@@ -87,7 +113,7 @@ func (r *Runner) move(kv *mvccpb.KeyValue) ([]clientv3.Op, bool) {
 		if rec.Hold {
 			miss = nil // held again: counted when it fires
 		}
-		c.aimAt(rec, p.fire, now.Add(retryDelay), true) // held until it can fire
+		c.retry(rec, tm, p.fire, true) // held until it can fire
 		return c.recordOps(rec, miss), true
 	}
 	if f.Outcome == outSkipped {
@@ -155,7 +181,7 @@ func (r *Runner) finish(rec *record, tm timing) ([]clientv3.Op, bool) {
 	f.SubmittedAt, f.Outcome, err = c.submit(r.ctx, &rec.Spec, pf.ID)
 	if err != nil {
 		r.logf("schedule %s: %v", rec.Spec.Name, err)
-		c.aimAt(rec, rec.Nominal, c.now().Add(retryDelay), rec.Hold)
+		c.retry(rec, tm, rec.Nominal, rec.Hold)
 		return c.recordOps(rec), true // still pending
 	}
 	r.crashHook()
