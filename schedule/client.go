@@ -156,7 +156,7 @@ func (c *Client) Create(ctx context.Context, s Schedule) (Schedule, error) {
 	if err != nil {
 		return Schedule{}, err
 	}
-	ops := []clientv3.Op{clientv3.OpPut(key, string(b))}
+	ops := []clientv3.Op{clientv3.OpPut(key, string(b)), c.markOp()}
 	if r.Due != "" {
 		ops = append(ops, clientv3.OpPut(r.Due, dueValue(r)))
 	}
@@ -168,6 +168,18 @@ func (c *Client) Create(ctx context.Context, s Schedule) (Schedule, error) {
 		return Schedule{}, fmt.Errorf("%w: %s; pick another name, or update or delete it", ErrExists, s.Name)
 	}
 	return r.view(), nil
+}
+
+// markOp writes, if absent, the key that tells every server this
+// namespace has schedules: each fires them, whatever its own namespace.
+func (c *Client) markOp() clientv3.Op {
+	key := keyspace.ScheduleNamespace(c.keys.Namespace())
+	return clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(key), "=", 0)}, []clientv3.Op{clientv3.OpPut(key, "")}, nil)
+}
+
+// in returns a client of c's etcd and clock in namespace ns.
+func (c *Client) in(ns string) (*Client, error) {
+	return New(Config{Etcd: c.cli, Namespace: ns, Now: c.now})
 }
 
 func dueValue(r *record) string { return r.Nominal.UTC().Format(time.RFC3339Nano) }
@@ -272,7 +284,7 @@ func (c *Client) change(ctx context.Context, name string, edit func(r *record) (
 		if err != nil {
 			return nil, err
 		}
-		ops = append(ops, clientv3.OpPut(key, string(b)))
+		ops = append(ops, clientv3.OpPut(key, string(b)), c.markOp()) // marks schedules older than the mark
 		resp, err := c.cli.Txn(ctx).If(cmps...).Then(ops...).Commit()
 		if err != nil {
 			return nil, fmt.Errorf("schedule: change %s: %w", name, err)

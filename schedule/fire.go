@@ -63,8 +63,8 @@ const EnvCrashAfterSubmit = "DROVER_TEST_SCHEDULE_CRASH_AFTER_SUBMIT"
 // submission and the move leaves Pending in the record, and the next mover
 // finishes that tick before any other: it submits the same task id again
 // (a duplicate, stored once) and records it.
-func (r *Runner) move(kv *mvccpb.KeyValue) ([]clientv3.Op, bool) {
-	c := r.Client
+func (r *nsRunner) move(kv *mvccpb.KeyValue) ([]clientv3.Op, bool) {
+	c := r.c
 	ctx := r.ctx
 	_, name, ok := due.Parse(c.keys.ScheduleDue(), string(kv.Key))
 	if !ok {
@@ -173,8 +173,8 @@ func (c *Client) fence(ctx context.Context, rec *record, rev int64, kv *mvccpb.K
 // finish submits the task of rec's pending tick (again, if another mover
 // did: a duplicate) and returns the writes that record it and point the
 // due item at the tick after it. A failed submission keeps it pending.
-func (r *Runner) finish(rec *record, tm timing) ([]clientv3.Op, bool) {
-	c := r.Client
+func (r *nsRunner) finish(rec *record, tm timing) ([]clientv3.Op, bool) {
+	c := r.c
 	pf := rec.Pending
 	f := Fire{NominalTime: pf.Nominal, TaskID: pf.ID}
 	var err error
@@ -202,11 +202,11 @@ func (r *Runner) finish(rec *record, tm timing) ([]clientv3.Op, bool) {
 // overlap applies the schedule's overlap policy before fire f: false holds
 // the tick (BufferOne while the previous task runs); f.Outcome set to
 // SKIPPED means the tick fires no task.
-func (r *Runner) overlap(ctx context.Context, rec *record, f *Fire) (bool, error) {
+func (r *nsRunner) overlap(ctx context.Context, rec *record, f *Fire) (bool, error) {
 	if rec.Spec.Overlap == Allow || rec.Last == "" {
 		return true, nil
 	}
-	t, err := r.Client.queue.Get(ctx, rec.Last)
+	t, err := r.c.queue.Get(ctx, rec.Last)
 	if errors.Is(err, queue.ErrNotFound) {
 		return true, nil
 	}
@@ -221,7 +221,7 @@ func (r *Runner) overlap(ctx context.Context, rec *record, f *Fire) (bool, error
 	case BufferOne:
 		return false, nil
 	case CancelPrevious:
-		if _, err := r.Client.queue.Cancel(ctx, rec.Last); err != nil && !errors.Is(err, queue.ErrFinished) {
+		if _, err := r.c.queue.Cancel(ctx, rec.Last); err != nil && !errors.Is(err, queue.ErrFinished) {
 			return false, fmt.Errorf("cancel the previous fire's task %s: %w", rec.Last, err)
 		}
 		return true, nil

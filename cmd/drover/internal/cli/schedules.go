@@ -390,14 +390,15 @@ the queue; REMOVED after the task's retention).`,
 	return cmd
 }
 
-// startSchedules runs the namespace's schedule runner over cli until the
-// returned stop is called: every drover server fires the ticks.
+// startSchedules runs the schedule runner over cli until the returned
+// stop is called: every drover server fires the ticks of the schedules of
+// every namespace (those created over HTTP in another namespace too).
 func (a *app) startSchedules(ctx context.Context, cli *clientv3.Client) (stop func(), err error) {
 	c, err := schedule.New(schedule.Config{Etcd: cli, Namespace: a.namespace})
 	if err != nil {
 		return nil, err
 	}
-	r := &schedule.Runner{Client: c, Logger: a.logger}
+	r := &schedule.Runner{Client: c, AllNamespaces: true, Logger: a.logger}
 	r.Start(ctx)
 	return r.Stop, nil
 }
