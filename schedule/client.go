@@ -81,6 +81,10 @@ type record struct {
 	// Pending is the tick whose task is (being) submitted and not yet
 	// recorded: the next mover records it before anything else.
 	Pending *pendingFire `json:"pending,omitempty"`
+	// Fired is the latest tick recorded in the history (fired, skipped
+	// or missed): the schedule never aims at it or before again, whatever
+	// the clock of the process that changes it.
+	Fired time.Time `json:"fired,omitzero"`
 	// Tries counts the tries of tick Nominal that could not fire: the
 	// next waits twice as long as the last (backoff).
 	Tries int `json:"tries,omitempty"`
@@ -120,7 +124,7 @@ func (c *Client) schedule(r *record, t time.Time) error {
 	if err != nil {
 		return err
 	}
-	c.aim(r, tm.next(t), false)
+	c.aim(r, tm.next(later(t, r.Fired)), false)
 	return nil
 }
 

@@ -115,6 +115,9 @@ const (
 func (c *Client) historyOp(r *record, f Fire) clientv3.Op {
 	r.Seq++
 	f.Seq = r.Seq
+	if !f.Manual {
+		r.Fired = later(r.Fired, later(f.NominalTime, f.LastTime))
+	}
 	b, _ := json.Marshal(f)
 	return clientv3.OpPut(c.keys.ScheduleHistorySlot(r.Spec.Name, r.Seq%MaxHistory), string(b))
 }
