@@ -3,6 +3,7 @@ package schedule
 import (
 	"fmt"
 	"hash/fnv"
+	"math/rand/v2"
 	"strings"
 	"time"
 
@@ -156,7 +157,9 @@ func TaskID(name string, nominal time.Time) string {
 	return name + "-" + nominal.UTC().Format("20060102T150405Z")
 }
 
-// manualID is the id of the task that a trigger at t submits.
+// manualID is the id of the task that a trigger at t submits: its time
+// and a random part, so that two triggers in one second submit two tasks
+// (a schedule name of MaxNameLen makes an id of 128 characters).
 func manualID(name string, t time.Time) string {
-	return name + "-manual-" + t.UTC().Format("20060102T150405.000Z")
+	return fmt.Sprintf("%s-manual-%s-%05x", name, t.UTC().Format("060102T150405Z"), rand.Uint32()&0xfffff)
 }
