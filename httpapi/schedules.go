@@ -148,7 +148,7 @@ type FireBody struct {
 	NominalTime time.Time  `json:"nominal_time" doc:"The tick's time (a trigger's: when it was asked)."`
 	SubmittedAt *time.Time `json:"submitted_at,omitempty" doc:"When its task was submitted; absent when none was (SKIPPED, REJECTED)."`
 	TaskID      string     `json:"task_id,omitempty" doc:"The task's id: the schedule's name and the tick's time."`
-	Outcome     string     `json:"outcome" doc:"The task's state now (PENDING, RUNNING, SUCCEEDED, ...), SKIPPED (overlap), MISSED (ticks that passed without a fire: count of them), REJECTED (by the queue, with the reason) or REMOVED (after its retention)."`
+	Outcome     string     `json:"outcome" doc:"The task's state now (PENDING, RUNNING, SUCCEEDED, ...), SKIPPED (overlap), MISSED (ticks that passed without a fire: count of them), REJECTED (by the queue, with the reason), REMOVED (after its retention) or STOPPED (its timing no longer reads, with the reason; it fires again once updated)."`
 	Manual      bool       `json:"manual,omitempty" doc:"A trigger's fire."`
 	Count       int        `json:"count,omitempty" doc:"MISSED: how many ticks passed without a fire, from nominal_time to last_time."`
 	LastTime    *time.Time `json:"last_time,omitempty" doc:"MISSED: the last of the ticks that passed without a fire."`

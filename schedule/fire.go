@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"syscall"
 	"time"
@@ -89,7 +90,7 @@ func (r *nsRunner) move(kv *mvccpb.KeyValue) ([]clientv3.Op, bool) {
 	}
 	tm, err := rec.Spec.timing()
 	if err != nil {
-		return nil, false
+		return c.stopped(rec, err, r.logger()), true
 	}
 	if rec.Pending != nil {
 		return r.finish(rec, tm)
@@ -229,6 +230,19 @@ func (r *nsRunner) overlap(ctx context.Context, rec *record, f *Fire) (bool, err
 		f.Outcome = outSkipped
 		return true, nil
 	}
+}
+
+// stopped stops the fires of rec, whose timing no longer reads (a time
+// zone gone from the zone database, say): its record waits on no due item,
+// and its history and the log say why; an update that fixes it aims it
+// again.
+func (c *Client) stopped(rec *record, err error, log *slog.Logger) []clientv3.Op {
+	log.Error("schedule timing does not read: its fires stop until it is updated", "schedule", rec.Spec.Name, "err", err)
+	f := Fire{NominalTime: rec.Nominal.UTC(), Outcome: outStopped + ": " + err.Error()}
+	rec.Due, rec.Hold = "", false
+	hist := c.historyOp(rec, f)
+	b, _ := json.Marshal(rec)
+	return []clientv3.Op{clientv3.OpPut(c.keys.Schedule(rec.Spec.Name), string(b)), hist}
 }
 
 // recordOps writes rec and its new due item (the index deletes the old),

@@ -90,7 +90,8 @@ type Fire struct {
 	// RUNNING, SUCCEEDED, ...), or SKIPPED (overlap), MISSED (ticks
 	// that passed without a fire: Count of them), REJECTED (the queue
 	// refused the task: the reason follows), REMOVED (the task is gone
-	// after its retention).
+	// after its retention), STOPPED (its timing no longer reads: the
+	// reason follows; it fires again once updated).
 	Outcome string `json:"outcome"`
 	// Manual marks a trigger's fire.
 	Manual bool `json:"manual,omitempty"`
@@ -107,6 +108,7 @@ const (
 	outSubmitted = "SUBMITTED"
 	outSkipped   = "SKIPPED"
 	outMissed    = "MISSED"
+	outStopped   = "STOPPED"
 	outRejected  = "REJECTED"
 	outRemoved   = "REMOVED"
 )
