@@ -87,7 +87,10 @@ func (f *scheduleFlags) apply(cmd *cobra.Command, s *schedule.Schedule) {
 		s.Every = 0 // switching to cron
 	}
 	if ch("every") && !ch("cron") {
-		s.Cron, s.TZ = "", ""
+		s.Cron = ""
+		if !ch("tz") {
+			s.TZ = "" // a --tz given with --every is refused, as over HTTP
+		}
 	}
 }
 

@@ -49,6 +49,9 @@ func TestSchedulesCommands(t *testing.T) {
 	if r := run("create", "digest", "--every", "1m", "--queue", "mail", "--type", "digest"); r.code != 2 || !strings.Contains(r.stderr, "already exists") {
 		t.Fatalf("create twice: %d %q", r.code, r.stderr)
 	}
+	if r := run("update", "digest", "--every", "1h", "--tz", "Asia/Tokyo"); r.code != 2 || !strings.Contains(r.stderr, "invalid --tz") {
+		t.Fatalf("update --every with --tz: %d %q, want it refused", r.code, r.stderr)
+	}
 	if r := run("update", "digest", "--every", "1h", "--json"); r.code != 0 || !strings.Contains(r.stdout, `"every":"1h0m0s"`) || strings.Contains(r.stdout, `"cron"`) {
 		t.Fatalf("update: %d %q %q", r.code, r.stdout, r.stderr)
 	}
