@@ -19,4 +19,5 @@ func TestScheduleOfAnotherNamespaceFires(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, 60*time.Second, "two fires of namespace B's schedule", func() bool { return len(fires(t, c, "elsewhere")) >= 2 })
+	b.call("DELETE", "/v1/schedules/elsewhere", nil, 204) // it would fire in other tests' servers
 }

@@ -164,13 +164,20 @@ func TestScheduleFiresOnceAcrossKills(t *testing.T) {
 			t.Fatalf("fire %+v: its task is not in the queue", f)
 		}
 	}
-	latest := fires(t, c, "latest")
+	var latest []schedule.Fire // its fires; the ticks it passed over have MISSED records
+	for _, f := range fires(t, c, "latest") {
+		if f.Outcome != "MISSED" {
+			latest = append(latest, f)
+		}
+	}
 	inGap := 0
 	for i, f := range latest {
 		if i > 0 && !f.NominalTime.After(latest[i-1].NominalTime) {
 			t.Fatalf("catch-up latest: tick %v twice", f.NominalTime)
 		}
-		if f.NominalTime.After(lastBefore) && !f.NominalTime.After(restart) {
+		// The tick after lastBefore may be one whose task the killed
+		// server submitted: the first server up records it.
+		if f.NominalTime.After(lastBefore.Add(time.Second)) && !f.NominalTime.After(restart) {
 			inGap++
 		}
 	}
