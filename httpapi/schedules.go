@@ -60,7 +60,8 @@ type ScheduleFields struct {
 	Paused        *bool           `json:"paused,omitempty" doc:"Create or set the schedule paused."`
 }
 
-// apply sets the fields given on s; an unreadable duration is a 400.
+// apply sets the fields given on s; an unreadable duration is a 400, and
+// then s is left as it was: every field is read before any is set.
 func (f *ScheduleFields) apply(s *schedule.Schedule) error {
 	dur := func(field string, v *string, to *queue.Duration) error {
 		if v == nil {
@@ -72,6 +73,12 @@ func (f *ScheduleFields) apply(s *schedule.Schedule) error {
 		}
 		*to = queue.Duration(d)
 		return nil
+	}
+	every, window, jitter := s.Every, s.CatchupWindow, s.Jitter
+	for _, err := range []error{dur("every", f.Every, &every), dur("catchup_window", f.CatchupWindow, &window), dur("jitter", f.Jitter, &jitter)} {
+		if err != nil {
+			return err
+		}
 	}
 	str := func(v *string, to *string) {
 		if v != nil {
@@ -103,11 +110,10 @@ func (f *ScheduleFields) apply(s *schedule.Schedule) error {
 			s.TZ = ""
 		}
 	}
-	for _, err := range []error{dur("every", f.Every, &s.Every), dur("catchup_window", f.CatchupWindow, &s.CatchupWindow), dur("jitter", f.Jitter, &s.Jitter)} {
-		if err != nil {
-			return err
-		}
+	if f.Every != nil {
+		s.Every = every
 	}
+	s.CatchupWindow, s.Jitter = window, jitter
 	return nil
 }
 
@@ -142,12 +148,18 @@ type FireBody struct {
 	NominalTime time.Time  `json:"nominal_time" doc:"The tick's time (a trigger's: when it was asked)."`
 	SubmittedAt *time.Time `json:"submitted_at,omitempty" doc:"When its task was submitted; absent when none was (SKIPPED, REJECTED)."`
 	TaskID      string     `json:"task_id,omitempty" doc:"The task's id: the schedule's name and the tick's time."`
-	Outcome     string     `json:"outcome" doc:"The task's state now (PENDING, RUNNING, SUCCEEDED, ...), SKIPPED (overlap), REJECTED (by the queue, with the reason) or REMOVED (after its retention)."`
+	Outcome     string     `json:"outcome" doc:"The task's state now (PENDING, RUNNING, SUCCEEDED, ...), SKIPPED (overlap), MISSED (ticks that passed without a fire: count of them), REJECTED (by the queue, with the reason), REMOVED (after its retention) or STOPPED (its timing no longer reads, with the reason; it fires again once updated)."`
 	Manual      bool       `json:"manual,omitempty" doc:"A trigger's fire."`
+	Count       int        `json:"count,omitempty" doc:"MISSED: how many ticks passed without a fire, from nominal_time to last_time."`
+	LastTime    *time.Time `json:"last_time,omitempty" doc:"MISSED: the last of the ticks that passed without a fire."`
 }
 
 func fireBodyOf(f schedule.Fire) FireBody {
-	b := FireBody{NominalTime: f.NominalTime.UTC(), TaskID: f.TaskID, Outcome: f.Outcome, Manual: f.Manual}
+	b := FireBody{NominalTime: f.NominalTime.UTC(), TaskID: f.TaskID, Outcome: f.Outcome, Manual: f.Manual, Count: f.Count}
+	if !f.LastTime.IsZero() {
+		t := f.LastTime.UTC()
+		b.LastTime = &t
+	}
 	if !f.SubmittedAt.IsZero() {
 		t := f.SubmittedAt.UTC()
 		b.SubmittedAt = &t
@@ -253,18 +265,13 @@ func (s *Server) scheduleChangeRoutes(tags []string) {
 		Description: "A change of when it fires (cron, tz, every, jitter) points it at its first tick from now; other changes keep its next fire.",
 		Errors:      []int{http.StatusBadRequest, http.StatusNotFound},
 	}, func(ctx context.Context, in *patchScheduleInput) (*scheduleOutput, error) {
-		var applyErr error
-		out, err := s.scheduleDo(ctx, in.Name, func(c *schedule.Client) (schedule.Schedule, error) {
-			return c.Update(ctx, in.Name, func(sc *schedule.Schedule) {
-				if err := in.Body.apply(sc); err != nil && applyErr == nil {
-					applyErr = err
-				}
-			})
-		})
-		if applyErr != nil {
-			return nil, applyErr
+		// Every field reads before the update: a 400 stores nothing.
+		if err := in.Body.apply(&schedule.Schedule{}); err != nil {
+			return nil, err
 		}
-		return out, err
+		return s.scheduleDo(ctx, in.Name, func(c *schedule.Client) (schedule.Schedule, error) {
+			return c.Update(ctx, in.Name, func(sc *schedule.Schedule) { _ = in.Body.apply(sc) })
+		})
 	})
 	huma.Register(s.api, huma.Operation{
 		OperationID: "delete-schedule", Method: http.MethodDelete, Path: "/v1/schedules/{name}", Tags: tags,

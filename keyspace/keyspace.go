@@ -42,6 +42,7 @@
 //	/{ns}/schedules/specs/{name}      a schedule: its spec and the state its fires keep
 //	/{ns}/schedules/due/{due:019d}-{name} a schedule's next fire, in the due index (internal/due)
 //	/{ns}/schedules/history/{name}/{slot:04d} one fire of a schedule, in a ring of slots
+//	/~drover/schedule-namespaces/{ns} a namespace that has schedules: every server fires them (the one key outside a namespace)
 //	/{ns}/store/full                  the store-full guard: while it exists, data-plane writes (submissions, checkpoints) are refused
 //
 // Names that become one path segment are checked by [CheckName], so that no

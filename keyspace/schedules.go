@@ -24,3 +24,15 @@ func (s Space) ScheduleHistory(name string) string { return s.root + "schedules/
 func (s Space) ScheduleHistorySlot(name string, n int) string {
 	return fmt.Sprintf("%s%04d", s.ScheduleHistory(name), n)
 }
+
+// systemRoot is the root of the keys that belong to no namespace: '~'
+// is no namespace's character, so no namespace's keys are under it.
+const systemRoot = "/~drover/"
+
+// ScheduleNamespaces is the prefix, ending in "/", of the namespaces that
+// have (or had) a schedule: [ScheduleNamespace] of each, which every
+// server watches to fire the schedules of every namespace.
+func ScheduleNamespaces() string { return systemRoot + "schedule-namespaces/" }
+
+// ScheduleNamespace is namespace ns's key under [ScheduleNamespaces].
+func ScheduleNamespace(ns string) string { return ScheduleNamespaces() + ns }

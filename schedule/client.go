@@ -78,6 +78,16 @@ type record struct {
 	Hold bool `json:"hold,omitempty"`
 	// Last is the id of the task of the last fire.
 	Last string `json:"last,omitempty"`
+	// Pending is the tick whose task is (being) submitted and not yet
+	// recorded: the next mover records it before anything else.
+	Pending *pendingFire `json:"pending,omitempty"`
+	// Fired is the latest tick recorded in the history (fired, skipped
+	// or missed): the schedule never aims at it or before again, whatever
+	// the clock of the process that changes it.
+	Fired time.Time `json:"fired,omitzero"`
+	// Tries counts the tries of tick Nominal that could not fire: the
+	// next waits twice as long as the last (backoff).
+	Tries int `json:"tries,omitempty"`
 	// Seq counts the history records written.
 	Seq int `json:"seq"`
 }
@@ -114,7 +124,7 @@ func (c *Client) schedule(r *record, t time.Time) error {
 	if err != nil {
 		return err
 	}
-	c.aim(r, tm.next(t), false)
+	c.aim(r, tm.next(later(t, r.Fired)), false)
 	return nil
 }
 
@@ -126,6 +136,9 @@ func (c *Client) aim(r *record, nominal time.Time, hold bool) {
 }
 
 func (c *Client) aimAt(r *record, nominal, at time.Time, hold bool) {
+	if !nominal.Equal(r.Nominal) {
+		r.Tries = 0 // another tick: tries anew
+	}
 	r.Due, r.Nominal, r.Hold = due.Key(c.keys.ScheduleDue(), at, r.Spec.Name), nominal, hold
 }
 
@@ -147,7 +160,7 @@ func (c *Client) Create(ctx context.Context, s Schedule) (Schedule, error) {
 	if err != nil {
 		return Schedule{}, err
 	}
-	ops := []clientv3.Op{clientv3.OpPut(key, string(b))}
+	ops := []clientv3.Op{clientv3.OpPut(key, string(b)), c.markOp()}
 	if r.Due != "" {
 		ops = append(ops, clientv3.OpPut(r.Due, dueValue(r)))
 	}
@@ -161,7 +174,23 @@ func (c *Client) Create(ctx context.Context, s Schedule) (Schedule, error) {
 	return r.view(), nil
 }
 
+// markOp writes, if absent, the key that tells every server this
+// namespace has schedules: each fires them, whatever its own namespace.
+func (c *Client) markOp() clientv3.Op {
+	key := keyspace.ScheduleNamespace(c.keys.Namespace())
+	return clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(key), "=", 0)}, []clientv3.Op{clientv3.OpPut(key, "")}, nil)
+}
+
+// in returns a client of c's etcd and clock in namespace ns.
+func (c *Client) in(ns string) (*Client, error) {
+	return New(Config{Etcd: c.cli, Namespace: ns, Now: c.now})
+}
+
 func dueValue(r *record) string { return r.Nominal.UTC().Format(time.RFC3339Nano) }
+
+// errCorrupt: a schedule's record does not read (written by hand, or by
+// another version). Its fires stop; Delete still removes it.
+var errCorrupt = errors.New("schedule: record does not read")
 
 // read returns schedule name's record and its key's mod revision.
 func (c *Client) read(ctx context.Context, name string) (*record, int64, error) {
@@ -177,7 +206,7 @@ func (c *Client) read(ctx context.Context, name string) (*record, int64, error) 
 	}
 	var r record
 	if err := json.Unmarshal(g.Kvs[0].Value, &r); err != nil {
-		return nil, 0, fmt.Errorf("schedule: read %s: %w", name, err)
+		return nil, g.Kvs[0].ModRevision, fmt.Errorf("%w: %s: %v; delete it and create it again", errCorrupt, name, err)
 	}
 	return &r, g.Kvs[0].ModRevision, nil
 }
@@ -236,6 +265,13 @@ func (c *Client) change(ctx context.Context, name string, edit func(r *record) (
 		if err != nil {
 			return nil, err
 		}
+		if r.Pending != nil && r.Due != "" {
+			// A tick awaits its record: the next mover writes it at
+			// once, whatever tick the schedule now waits for.
+			if at, _, ok := due.Parse("", dueSuffix(r.Due)); ok && at.After(c.now()) {
+				c.aimAt(r, r.Nominal, c.now(), r.Hold)
+			}
+		}
 		ops = append(ops, extra...)
 		if r.Due != "" {
 			// A key deleted and put in one request is refused: a due
@@ -252,7 +288,7 @@ func (c *Client) change(ctx context.Context, name string, edit func(r *record) (
 		if err != nil {
 			return nil, err
 		}
-		ops = append(ops, clientv3.OpPut(key, string(b)))
+		ops = append(ops, clientv3.OpPut(key, string(b)), c.markOp()) // marks schedules older than the mark
 		resp, err := c.cli.Txn(ctx).If(cmps...).Then(ops...).Commit()
 		if err != nil {
 			return nil, fmt.Errorf("schedule: change %s: %w", name, err)

@@ -24,3 +24,6 @@ func Next(s Schedule, t time.Time) (time.Time, error) {
 
 // Abort is abort for tests.
 var Abort = abort
+
+// SetAfterSubmit makes r call f after each submission, before its move.
+func SetAfterSubmit(r *Runner, f func()) { r.afterSubmit = f }

@@ -57,6 +57,9 @@ func (c *Client) Resume(ctx context.Context, name string) (Schedule, error) {
 func (c *Client) Delete(ctx context.Context, name string) error {
 	for attempt := 0; attempt < 20; attempt++ {
 		r, rev, err := c.read(ctx, name)
+		if errors.Is(err, errCorrupt) {
+			r, err = &record{}, nil // its due item, if any, drops when due
+		}
 		if err != nil {
 			return err
 		}
@@ -84,19 +87,28 @@ type Fire struct {
 	SubmittedAt time.Time `json:"submitted_at,omitzero"`
 	TaskID      string    `json:"task_id,omitempty"`
 	// Outcome is the task's state when the history is read (PENDING,
-	// RUNNING, SUCCEEDED, ...), or SKIPPED (overlap), REJECTED (the
-	// queue refused the task: the reason follows), REMOVED (the task is
-	// gone after its retention).
+	// RUNNING, SUCCEEDED, ...), or SKIPPED (overlap), MISSED (ticks
+	// that passed without a fire: Count of them), REJECTED (the queue
+	// refused the task: the reason follows), REMOVED (the task is gone
+	// after its retention), STOPPED (its timing no longer reads: the
+	// reason follows; it fires again once updated).
 	Outcome string `json:"outcome"`
 	// Manual marks a trigger's fire.
 	Manual bool `json:"manual,omitempty"`
-	Seq    int  `json:"seq"`
+	// Count is, for MISSED, how many ticks passed without a fire, from
+	// NominalTime to LastTime (the catch-up policy passed over them, or
+	// overlap buffer-one dropped them while it held a tick).
+	Count    int       `json:"count,omitempty"`
+	LastTime time.Time `json:"last_time,omitzero"`
+	Seq      int       `json:"seq"`
 }
 
 // The outcomes a fire stores; the others are task states.
 const (
 	outSubmitted = "SUBMITTED"
 	outSkipped   = "SKIPPED"
+	outMissed    = "MISSED"
+	outStopped   = "STOPPED"
 	outRejected  = "REJECTED"
 	outRemoved   = "REMOVED"
 )
@@ -105,6 +117,9 @@ const (
 func (c *Client) historyOp(r *record, f Fire) clientv3.Op {
 	r.Seq++
 	f.Seq = r.Seq
+	if !f.Manual {
+		r.Fired = later(r.Fired, later(f.NominalTime, f.LastTime))
+	}
 	b, _ := json.Marshal(f)
 	return clientv3.OpPut(c.keys.ScheduleHistorySlot(r.Spec.Name, r.Seq%MaxHistory), string(b))
 }

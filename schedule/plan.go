@@ -8,9 +8,11 @@ type plan struct {
 	fire, next time.Time
 }
 
-// maxScan bounds the ticks of a cron schedule one plan reads: a week of
-// minutes, the longest catch-up window of the most frequent cron.
-const maxScan = 7*24*60 + 1
+// maxScan bounds the ticks of a cron schedule one plan reads: the minutes
+// of the longest catch-up window and the longest jitter, which a plan
+// reads back over, for the most frequent cron. A shorter scan would stop
+// before the latest tick that passed.
+const maxScan = int((MaxCatchupWindow+MaxJitter)/time.Minute) + 1
 
 // decide plans the move at now of s's due item for tick nominal. A held
 // item fires its tick. Otherwise the ticks that have passed (their fire
@@ -51,6 +53,9 @@ func decide(s Schedule, tm timing, nominal time.Time, hold bool, now time.Time) 
 		var ring []time.Time
 		for t, i := from, 0; !at(t).After(now) && i < maxScan; t, i = tm.next(t), i+1 {
 			ring = append(ring, t)
+			if len(ring) >= 2*MaxCatchup {
+				ring = append(ring[:0], ring[MaxCatchup:]...)
+			}
 		}
 		if len(ring) > MaxCatchup {
 			ring = ring[len(ring)-MaxCatchup:]
@@ -74,4 +79,31 @@ func later(a, b time.Time) time.Time {
 		return a
 	}
 	return b
+}
+
+// missed returns the ticks plan p passes over without firing them, from
+// tick nominal on: those before the tick it fires (before the one it
+// waits for when it fires none), or, for a held tick, those after it
+// before the next. n counts them (at most maxScan of a cron); first and
+// last are the first and the last.
+func (p plan) missed(tm timing, nominal time.Time, hold bool) (n int, first, last time.Time) {
+	from, to := nominal, p.next
+	switch {
+	case hold:
+		from = tm.next(nominal)
+	case !p.fire.IsZero():
+		to = p.fire
+	}
+	if !from.Before(to) {
+		return 0, time.Time{}, time.Time{}
+	}
+	if e, ok := tm.(every); ok {
+		d := time.Duration(e)
+		n = int((to.Sub(from) + d - 1) / d)
+		return n, from, from.Add(time.Duration(n-1) * d)
+	}
+	for t := from; t.Before(to) && n < maxScan; t = tm.next(t) {
+		n, last = n+1, t
+	}
+	return n, from, last
 }

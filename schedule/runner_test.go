@@ -25,6 +25,17 @@ func waitHistory(t *testing.T, c *schedule.Client, name string, n int) []schedul
 	return fires
 }
 
+// withTasks leaves out the MISSED records of fires.
+func withTasks(fires []schedule.Fire) []schedule.Fire {
+	var out []schedule.Fire
+	for _, f := range fires {
+		if f.Outcome != "MISSED" {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
 func TestRunnersFireEachTickOnce(t *testing.T) {
 	c, cli, ns := newClient(t)
 	ctx := context.Background()
@@ -156,7 +167,7 @@ func TestOverlapBufferOneAndCancelPrevious(t *testing.T) {
 	}) {
 		t.Fatal("buffer-one's held tick was not tried again")
 	}
-	if n := len(waitHistory(t, c, "buffer-one", 1)); n != 1 {
+	if n := len(withTasks(waitHistory(t, c, "buffer-one", 1))); n != 1 {
 		t.Fatalf("buffer-one fired %d times while its first task is pending", n)
 	}
 	if _, err := qc.Cancel(ctx, first.TaskID); err != nil {
@@ -166,7 +177,7 @@ func TestOverlapBufferOneAndCancelPrevious(t *testing.T) {
 	if !second.NominalTime.After(first.NominalTime) || second.TaskID != schedule.TaskID("buffer-one", second.NominalTime) {
 		t.Fatalf("buffer-one's second fire: %+v after %+v", second, first)
 	}
-	if got := waitHistory(t, c, "buffer-one", 2); len(got) != 2 {
+	if got := withTasks(waitHistory(t, c, "buffer-one", 2)); len(got) != 2 {
 		t.Fatalf("buffer-one fired again while its second task is pending: %+v", got)
 	}
 }

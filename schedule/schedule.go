@@ -135,8 +135,16 @@ func (s Schedule) Validate() error {
 	if len(s.Name) > MaxNameLen {
 		return inputErr("name", s.Name, fmt.Sprintf("must be at most %d characters: its tasks' ids add a time to it", MaxNameLen))
 	}
-	if _, err := s.timing(); err != nil {
+	tm, err := s.timing()
+	if err != nil {
 		return err
+	}
+	if _, ok := tm.(cronTiming); ok && s.Jitter > 0 {
+		// A jitter as long as the gap to the next tick delays a tick
+		// past it: the plan then drops ticks with no outage.
+		if gap := minGap(tm, time.Now(), jitterProbe); time.Duration(s.Jitter) >= gap {
+			return inputErr("jitter", time.Duration(s.Jitter).String(), "must be below the shortest gap between the cron's ticks ("+gap.String()+")")
+		}
 	}
 	if err := queue.CheckQueue(s.Queue); err != nil {
 		return err

@@ -3,6 +3,7 @@ package schedule
 import (
 	"fmt"
 	"hash/fnv"
+	"math/rand/v2"
 	"strings"
 	"time"
 
@@ -120,6 +121,24 @@ func cutZone(expr string) (zone, rest string, ok bool) {
 	return "", expr, false
 }
 
+// jitterProbe is how many ticks of a cron minGap reads.
+const jitterProbe = 64
+
+// minGap is the shortest gap between the n ticks of tm after t.
+func minGap(tm timing, t time.Time, n int) time.Duration {
+	gap := time.Duration(1<<63 - 1)
+	prev := tm.next(t)
+	for i := 1; i < n && !prev.IsZero(); i++ {
+		next := tm.next(prev)
+		if next.IsZero() {
+			break
+		}
+		gap = min(gap, next.Sub(prev))
+		prev = next
+	}
+	return gap
+}
+
 // jitterOf is the delay of schedule name's tick at nominal: below jitter,
 // the same on every server.
 func jitterOf(name string, nominal time.Time, jitter time.Duration) time.Duration {
@@ -138,7 +157,9 @@ func TaskID(name string, nominal time.Time) string {
 	return name + "-" + nominal.UTC().Format("20060102T150405Z")
 }
 
-// manualID is the id of the task that a trigger at t submits.
+// manualID is the id of the task that a trigger at t submits: its time
+// and a random part, so that two triggers in one second submit two tasks
+// (a schedule name of MaxNameLen makes an id of 128 characters).
 func manualID(name string, t time.Time) string {
-	return name + "-manual-" + t.UTC().Format("20060102T150405.000Z")
+	return fmt.Sprintf("%s-manual-%s-%05x", name, t.UTC().Format("060102T150405Z"), rand.Uint32()&0xfffff)
 }

@@ -47,10 +47,14 @@ export interface ScheduleFire {
   submitted_at?: string;
   /** The task's id: the schedule's name and the tick's time. */
   task_id?: string;
-  /** The task's state now (PENDING, RUNNING, SUCCEEDED...), SKIPPED, REJECTED or REMOVED. */
+  /** The task's state now (PENDING, RUNNING, SUCCEEDED...), SKIPPED, MISSED, REJECTED or REMOVED. */
   outcome: string;
   /** A trigger's fire. */
   manual?: boolean;
+  /** MISSED: how many ticks passed without a fire, from nominal_time to last_time. */
+  count?: number;
+  /** MISSED: the last of those ticks. */
+  last_time?: string;
 }
 
 const durations = ["every", "catchup_window", "jitter"] as const;

@@ -87,7 +87,10 @@ func (f *scheduleFlags) apply(cmd *cobra.Command, s *schedule.Schedule) {
 		s.Every = 0 // switching to cron
 	}
 	if ch("every") && !ch("cron") {
-		s.Cron, s.TZ = "", ""
+		s.Cron = ""
+		if !ch("tz") {
+			s.TZ = "" // a --tz given with --every is refused, as over HTTP
+		}
 	}
 }
 
@@ -346,7 +349,8 @@ func (a *app) schedulesHistoryCommand() *cobra.Command {
 		Short: "Show a schedule's fires, newest first: nominal time, submit time, task id, outcome",
 		Long: `Each tick's record: its nominal time, when its task was submitted, the task's
 id, and its outcome (the task's state now; SKIPPED by the overlap policy;
-REJECTED by the queue; REMOVED after the task's retention).`,
+MISSED: ticks that passed without a fire, with their count; REJECTED by
+the queue; REMOVED after the task's retention).`,
 		Example: "  drover schedules history nightly --limit 20 --json",
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -375,7 +379,11 @@ REJECTED by the queue; REMOVED after the task's retention).`,
 				if !f.SubmittedAt.IsZero() {
 					sub = f.SubmittedAt.UTC().Format(time.RFC3339Nano)
 				}
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", f.NominalTime.UTC().Format(time.RFC3339), sub, f.TaskID, f.Outcome)
+				out := f.Outcome
+				if f.Count > 0 {
+					out = fmt.Sprintf("%s (%d ticks to %s)", out, f.Count, f.LastTime.UTC().Format(time.RFC3339))
+				}
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", f.NominalTime.UTC().Format(time.RFC3339), sub, f.TaskID, out)
 			}
 			return w.Flush()
 		},
@@ -385,14 +393,15 @@ REJECTED by the queue; REMOVED after the task's retention).`,
 	return cmd
 }
 
-// startSchedules runs the namespace's schedule runner over cli until the
-// returned stop is called: every drover server fires the ticks.
+// startSchedules runs the schedule runner over cli until the returned
+// stop is called: every drover server fires the ticks of the schedules of
+// every namespace (those created over HTTP in another namespace too).
 func (a *app) startSchedules(ctx context.Context, cli *clientv3.Client) (stop func(), err error) {
 	c, err := schedule.New(schedule.Config{Etcd: cli, Namespace: a.namespace})
 	if err != nil {
 		return nil, err
 	}
-	r := &schedule.Runner{Client: c, Logger: a.logger}
+	r := &schedule.Runner{Client: c, AllNamespaces: true, Logger: a.logger}
 	r.Start(ctx)
 	return r.Stop, nil
 }

@@ -49,6 +49,9 @@ func TestSchedulesCommands(t *testing.T) {
 	if r := run("create", "digest", "--every", "1m", "--queue", "mail", "--type", "digest"); r.code != 2 || !strings.Contains(r.stderr, "already exists") {
 		t.Fatalf("create twice: %d %q", r.code, r.stderr)
 	}
+	if r := run("update", "digest", "--every", "1h", "--tz", "Asia/Tokyo"); r.code != 2 || !strings.Contains(r.stderr, "invalid --tz") {
+		t.Fatalf("update --every with --tz: %d %q, want it refused", r.code, r.stderr)
+	}
 	if r := run("update", "digest", "--every", "1h", "--json"); r.code != 0 || !strings.Contains(r.stdout, `"every":"1h0m0s"`) || strings.Contains(r.stdout, `"cron"`) {
 		t.Fatalf("update: %d %q %q", r.code, r.stdout, r.stderr)
 	}
@@ -161,13 +164,20 @@ func TestScheduleFiresOnceAcrossKills(t *testing.T) {
 			t.Fatalf("fire %+v: its task is not in the queue", f)
 		}
 	}
-	latest := fires(t, c, "latest")
+	var latest []schedule.Fire // its fires; the ticks it passed over have MISSED records
+	for _, f := range fires(t, c, "latest") {
+		if f.Outcome != "MISSED" {
+			latest = append(latest, f)
+		}
+	}
 	inGap := 0
 	for i, f := range latest {
 		if i > 0 && !f.NominalTime.After(latest[i-1].NominalTime) {
 			t.Fatalf("catch-up latest: tick %v twice", f.NominalTime)
 		}
-		if f.NominalTime.After(lastBefore) && !f.NominalTime.After(restart) {
+		// The tick after lastBefore may be one whose task the killed
+		// server submitted: the first server up records it.
+		if f.NominalTime.After(lastBefore.Add(time.Second)) && !f.NominalTime.After(restart) {
 			inGap++
 		}
 	}
