@@ -388,11 +388,12 @@ type routeKind struct {
 const bulkAllowance = 2 * time.Minute
 
 // bulkRoutes are the routes whose work is in proportion to what is stored
-// rather than to the request: a dead-letter queue's requeue and purge, a
+// rather than to the request: a dead-letter queue's requeue and purge,
+// the run-now of every scheduled task of a queue, a
 // thread's deletion, the list of every thread's checkpoints. Routes that
 // take bodies over DefaultMaxBodyBytes (submissions, checkpoints, steps)
 // are bulk routes too.
-var bulkRoutes = map[string]bool{"requeue-dead-tasks": true, "purge-dead-tasks": true, "delete-thread": true, "list-all-checkpoints": true}
+var bulkRoutes = map[string]bool{"requeue-dead-tasks": true, "run-scheduled-tasks-now": true, "purge-dead-tasks": true, "delete-thread": true, "list-all-checkpoints": true}
 
 // routeKinds caches each operation's routeKind, read from its OpenAPI
 // description: a route that takes a wait is a long poll, one that answers

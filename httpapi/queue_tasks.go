@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	"github.com/danielgtaylor/huma/v2"
+	"github.com/droverhq/drover"
+	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/queue"
 )
 
@@ -25,6 +27,23 @@ type dlqListInput struct {
 }
 
 type pageOutput struct{ Body TaskPage }
+
+type runNowInput struct {
+	Queue string `path:"queue" minLength:"1" maxLength:"128" doc:"The queue's name."`
+	// Body is optional (a pointer, so huma does not require it): no body,
+	// or no ids, makes every scheduled task of the queue due.
+	Body *struct {
+		IDs []string `json:"ids,omitempty" maxItems:"10000" doc:"The scheduled tasks to make due now; empty or absent: every scheduled task of the queue."`
+	}
+}
+
+// RunNowResult answers a run-now: how many scheduled tasks became due.
+type RunNowResult struct {
+	Queue string `json:"queue" doc:"The queue."`
+	Moved int    `json:"moved" doc:"How many scheduled tasks became PENDING."`
+}
+
+type runNowOutput struct{ Body RunNowResult }
 
 // taskQueryRoutes registers the routes that read and cancel a queue's
 // tasks (drover tasks ...).
@@ -82,6 +101,71 @@ func (s *Server) taskQueryRoutes(tags []string) {
 		}
 		return &queueTaskOutput{queueTaskOf(t)}, nil
 	})
+	s.runNowRoutes(tags)
+}
+
+// runNowRoutes registers the routes that make scheduled tasks due now
+// (drover tasks requeue --status SCHEDULED).
+func (s *Server) runNowRoutes(tags []string) {
+	huma.Register(s.api, huma.Operation{
+		OperationID: "run-scheduled-tasks-now", Method: http.MethodPost, Path: "/v1/queues/{queue}/tasks/run-now", Tags: tags,
+		Summary: "Make scheduled tasks due now: those named by ids, or every one of the queue",
+		Description: "Each task named (or, with no ids, every SCHEDULED task of the queue) becomes PENDING at once; the other " +
+			"tasks of its submission keep their time. 409 when a task named is not SCHEDULED in the queue (nothing after it " +
+			"is moved), 404 for an unknown queue or task.",
+		Errors: []int{http.StatusNotFound, http.StatusConflict},
+	}, func(ctx context.Context, in *runNowInput) (*runNowOutput, error) {
+		var ids []string
+		if in.Body != nil {
+			ids = in.Body.IDs
+		}
+		for i, id := range ids {
+			if err := keyspace.CheckName("task id", id); err != nil {
+				return nil, problem(&drover.InputError{Field: fmt.Sprintf("body.ids[%d]", i), Value: id, Rule: "must be a task id: " + err.Error()}, nil)
+			}
+		}
+		return s.runNow(ctx, in.Queue, ids, false)
+	})
+	huma.Register(s.api, huma.Operation{
+		OperationID: "run-scheduled-task-now", Method: http.MethodPost, Path: "/v1/queues/{queue}/tasks/{id}/run-now", Tags: tags,
+		Summary:     "Make a scheduled task due now",
+		Description: "The task becomes PENDING at once. 404 when it is not SCHEDULED in the queue.",
+		Errors:      []int{http.StatusNotFound},
+	}, func(ctx context.Context, in *queueTaskPath) (*runNowOutput, error) {
+		t, err := s.queueTask(ctx, in)
+		if err != nil {
+			return nil, err
+		}
+		if t.CurrentStatus != queue.Scheduled {
+			return nil, newProblem(http.StatusNotFound, "not-found", fmt.Sprintf("task %s is %s, not SCHEDULED in queue %s: "+
+				"only a task waiting for its time can run now; read it with GET /v1/queues/%s/tasks/%s", t.ID, t.CurrentStatus, in.Queue, in.Queue, t.ID))
+		}
+		return s.runNow(ctx, in.Queue, []string{in.ID}, true)
+	})
+}
+
+// runNow makes scheduled tasks ids of queue q due now, every one when ids
+// is empty: 404 for an unknown queue, and for the task of a one-task
+// route (one) that is no longer scheduled.
+func (s *Server) runNow(ctx context.Context, q string, ids []string, one bool) (*runNowOutput, error) {
+	c, err := s.queueFor(ctx, q)
+	if err != nil {
+		return nil, err
+	}
+	if ok, err := c.Exists(ctx, q); err != nil {
+		return nil, problem(err, queueWhere)
+	} else if !ok {
+		return nil, problem(fmt.Errorf("%w %s: nothing was ever submitted to it; check the name (GET /v1/queues)", queue.ErrNoQueue, q), nil)
+	}
+	n, err := c.RunNow(ctx, q, ids, nil)
+	if errors.Is(err, queue.ErrWrongStatus) && one {
+		return nil, newProblem(http.StatusNotFound, "not-found", fmt.Sprintf("task %s is no longer SCHEDULED in queue %s (it fell due, "+
+			"or was cancelled); read it with GET /v1/queues/%s/tasks/%s", ids[0], q, q, ids[0]))
+	}
+	if err != nil {
+		return nil, problem(err, queueWhere)
+	}
+	return &runNowOutput{RunNowResult{Queue: q, Moved: n}}, nil
 }
 
 // dlqRoutes registers the dead-letter queue's routes (drover dlq ...).
