@@ -46,6 +46,7 @@ export {
   type QueueStats,
   type QueueTask,
   type QueueTransition,
+  type RunNowResult,
   type SubmitResult,
   type SubmittedTask,
   type SearchPage,

@@ -103,6 +103,12 @@ export interface BulkResult {
   count: number;
 }
 
+/** The answer of {@link Queues.runNow}: how many scheduled tasks became due. */
+export interface RunNowResult {
+  queue: string;
+  moved: number;
+}
+
 /** One outcome of the batch outcome route. */
 export type Outcome =
   | { task_id: string; token: number; ok: true; result?: unknown }
@@ -198,6 +204,21 @@ export class Queues {
   /** Cancels a task that has not finished. */
   cancel(queue: string, id: string): Promise<QueueTask> {
     return this.t.post<QueueTask>(`/v1/queues/${seg(queue)}/tasks/${seg(id)}/cancel`, undefined, { retry: false });
+  }
+
+  /**
+   * Makes scheduled tasks due now (PENDING at once): `ids`, or every
+   * SCHEDULED task of the queue when `ids` is absent or empty. A task named
+   * that is not scheduled in the queue is a `ConflictError` (one id alone:
+   * a `NotFoundError`), an unknown queue a `NotFoundError`.
+   */
+  runNow(queue: string, ids?: string[]): Promise<RunNowResult> {
+    if (ids !== undefined && ids.length === 1) {
+      return this.t.post<RunNowResult>(`/v1/queues/${seg(queue)}/tasks/${seg(ids[0])}/run-now`, undefined, { retry: false });
+    }
+    // Only the run-now of every one answers the same when sent twice.
+    const all = ids === undefined || ids.length === 0;
+    return this.t.post<RunNowResult>(`/v1/queues/${seg(queue)}/tasks/run-now`, { ids: ids ?? [] }, { retry: all });
   }
 
   /**
