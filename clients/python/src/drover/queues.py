@@ -342,6 +342,24 @@ class Queue:
             self._t.request("POST", "%s/tasks/%s/cancel" % (self._base, quote(task_id)), retry=IDEMPOTENT).data
         )
 
+    def run_now(self, ids: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+        """Make scheduled tasks due now (PENDING at once): ``ids``, or
+        every SCHEDULED task of the queue when ``ids`` is None or empty.
+        Returns ``{"queue", "moved"}``. One id alone raises
+        :class:`drover.NotFound` when that task is not scheduled in the
+        queue; among several, such a task raises :class:`drover.Conflict`.
+        An unknown queue raises :class:`drover.NotFound`."""
+        if isinstance(ids, str):
+            ids = [ids]
+        ids = list(ids or [])
+        if len(ids) == 1:
+            path = "%s/tasks/%s/run-now" % (self._base, quote(ids[0]))
+            return self._t.request("POST", path, retry=CONNECT).data
+        # Only the run-now of every one answers the same when sent twice.
+        return self._t.request(
+            "POST", self._base + "/tasks/run-now", json_body={"ids": ids}, retry=CONNECT if ids else IDEMPOTENT
+        ).data
+
     # -- work --------------------------------------------------------------
 
     def claim(self, session: "Session", max: int = 1, wait: Optional[float] = None, on_conn: Any = None) -> List[Task]:
