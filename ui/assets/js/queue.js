@@ -1,13 +1,13 @@
 // Queue: the tasks of one queue by state, a page at a time; the dead-letter
-// queue with requeue (one, selected, all) and purge; the queue's settings;
-// pause and resume.
+// queue with requeue (one, selected, all) and purge; scheduled tasks with
+// run now (one, selected, all); the queue's settings; pause and resume.
 
 import { api, get, enc } from "./api.js";
 import { h, replace, num, ago, badge, table, errorBox, confirmAction, toast, guarded, can } from "./dom.js";
 import { searchPanel } from "./search.js";
 import { mountHistory } from "./history.js";
 
-const STATES = ["SCHEDULED", "PENDING", "RUNNING", "RETRYING", "SUCCEEDED", "DEAD", "CANCELLED"];
+const STATES = ["SCHEDULED", "PENDING", "RUNNING", "RETRYING", "SLEEPING", "SUCCEEDED", "DEAD", "CANCELLED"];
 const PAGE = 50;
 
 function taskLink(q, t) {
@@ -31,7 +31,8 @@ export function mount(ctx) {
   const settings = h("div");
   const pauseBox = h("div", { class: "actions pause", id: "pause" });
   let pausedHere = null; // the state a click here set, until the next summary
-  const actions = h("div", { class: "actions dlq-actions" });
+  const selectable = status === "DEAD" || status === "SCHEDULED"; // the tabs with actions on selected tasks
+  const actions = h("div", { class: "actions " + (status === "DEAD" ? "dlq-actions" : "run-now-actions") });
   const list = h("div", { id: "tasks" }, h("p", { class: "muted" }, "Loading…"));
   const pager = h("div", { class: "pager" });
   main.append(
@@ -41,7 +42,7 @@ export function mount(ctx) {
     settings,
     searchPanel(ctx, q),
     mountHistory(ctx, q),
-    h("section", { class: "panel" }, tabs, status === "DEAD" ? actions : null, list, pager),
+    h("section", { class: "panel" }, tabs, selectable ? actions : null, list, pager),
   );
 
   const cursors = []; // the after of each page before this one
@@ -106,6 +107,13 @@ export function mount(ctx) {
         toast("Purged " + t.task_id);
         reload();
       }, "small danger"));
+    } else if (status === "SCHEDULED") {
+      out.push(guarded(state, "write", "Run now", async () => {
+        if (!(await confirmAction("Run task " + t.task_id + " now? It is claimed at once instead of at its time (" + ago(t.scheduled_at).textContent + ").", "Run now"))) return;
+        await api("POST", "/v1/queues/" + enc(q) + "/tasks/" + enc(t.task_id) + "/run-now");
+        toast("Task " + t.task_id + " runs now");
+        reload();
+      }, "small"));
     } else if (["PENDING", "RUNNING", "RETRYING"].includes(status)) {
       out.push(guarded(state, "write", "Cancel", async () => {
         if (!(await confirmAction("Cancel task " + t.task_id + "? A running one loses its claim.", "Cancel task"))) return;
@@ -114,13 +122,13 @@ export function mount(ctx) {
         reload();
       }, "small secondary"));
     }
-    out.forEach((b) => { b.dataset.act = b.textContent.toLowerCase(); });
+    out.forEach((b) => { b.dataset.act = b.textContent.toLowerCase().replace(/ /g, "-"); });
     return h("div", { class: "actions" }, out);
   };
 
   const draw = () => {
     const cols = [];
-    if (status === "DEAD") {
+    if (selectable) {
       cols.push({ label: "", cell: (t) => {
         const box = h("input", { type: "checkbox", "aria-label": "select " + t.task_id, checked: selected.has(t.task_id) });
         box.addEventListener("change", () => { if (box.checked) selected.add(t.task_id); else selected.delete(t.task_id); drawActions(); });
@@ -136,6 +144,7 @@ export function mount(ctx) {
     );
     if (status === "RETRYING") cols.push({ label: "Next attempt", cell: (t) => ago(t.scheduled_at) });
     if (status === "SCHEDULED") cols.push({ label: "Runs", cell: (t) => ago(t.scheduled_at) });
+    if (status === "SLEEPING") cols.push({ label: "Wakes", cell: (t) => ago(t.scheduled_at) });
     if (["RETRYING", "DEAD"].includes(status)) cols.push({ label: "Last error", wrap: true, cell: (t) => t.last_error || "" });
     cols.push({ label: "", cell: rowActions });
     replace(list, table(cols, tasks, "No " + status.toLowerCase() + " task" + (cursors.length ? " on this page." : "."), (t) => ({ "data-task": t.task_id })));
@@ -147,6 +156,7 @@ export function mount(ctx) {
   };
 
   const drawActions = () => {
+    if (status === "SCHEDULED") return drawRunNow();
     if (status !== "DEAD") return;
     const base = "/v1/queues/" + enc(q) + "/dlq";
     const sel = [...selected];
@@ -179,6 +189,30 @@ export function mount(ctx) {
       }, "small danger"),
       can(state, "admin") ? null : h("span", { class: "muted" }, "requeue all and purge need the admin role"));
     actions.querySelectorAll("button").forEach((b, i) => { b.dataset.act = ["requeue-selected", "requeue-all", "purge-all"][i]; });
+  };
+
+  // drawRunNow draws the SCHEDULED tab's run now of the selected tasks and
+  // of every one (write role).
+  const drawRunNow = () => {
+    const path = "/v1/queues/" + enc(q) + "/tasks/run-now";
+    const sel = [...selected];
+    replace(actions,
+      guarded(state, "write", "Run selected now (" + sel.length + ")", async () => {
+        if (sel.length === 0) return;
+        if (!(await confirmAction("Run the " + sel.length + " selected tasks now? They are claimed at once instead of at their time.", "Run now"))) return;
+        const r = await api("POST", path, { ids: sel });
+        toast(r.moved + " tasks run now");
+        selected.clear();
+        reload();
+      }, "small"),
+      guarded(state, "write", "Run all now", async () => {
+        if (!(await confirmAction("Run every scheduled task of " + q + " now? They are claimed at once instead of at their time.", "Run all now"))) return;
+        const r = await api("POST", path, {});
+        toast(r.moved + " tasks run now");
+        selected.clear();
+        reload();
+      }, "small secondary"));
+    actions.querySelectorAll("button").forEach((b, i) => { b.dataset.act = ["run-selected", "run-all"][i]; });
   };
 
   const onQueues = (qs) => {
