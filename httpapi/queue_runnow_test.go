@@ -51,3 +51,25 @@ func TestQueueRunNow(t *testing.T) {
 		t.Fatalf("claimed %v, want the 5", got)
 	}
 }
+
+// TestQueueRunNowRoles: a read token may not run a scheduled task now
+// (403, nothing changed); a write token may, one task or every one.
+func TestQueueRunNowRoles(t *testing.T) {
+	t.Parallel()
+	a := authAPI(t)
+	a.token = writeTok
+	a.do("POST", "/v1/queues/rr/tasks", `[{"task_id":"rr-a","task_type":"x","delay":"1h"},{"task_id":"rr-b","task_type":"x","delay":"1h"}]`).want(t, 200)
+	a.token = readTok
+	a.do("POST", "/v1/queues/rr/tasks/rr-a/run-now", nil).problem(t, 403)
+	a.do("POST", "/v1/queues/rr/tasks/run-now", nil).problem(t, 403)
+	if st := a.do("GET", "/v1/queues/rr/stats", nil).want(t, 200); st.num("scheduled") != 2 {
+		t.Fatalf("a refused run-now changed the queue: %s", st.Raw)
+	}
+	a.token = writeTok
+	if r := a.do("POST", "/v1/queues/rr/tasks/rr-a/run-now", nil).want(t, 200); r.num("moved") != 1 {
+		t.Fatalf("run-now rr-a: %s", r.Raw)
+	}
+	if r := a.do("POST", "/v1/queues/rr/tasks/run-now", map[string]any{"ids": []string{}}).want(t, 200); r.num("moved") != 1 {
+		t.Fatalf("run-now of every one: %s", r.Raw)
+	}
+}

@@ -111,8 +111,8 @@ func (s *Server) runNowRoutes(tags []string) {
 		OperationID: "run-scheduled-tasks-now", Method: http.MethodPost, Path: "/v1/queues/{queue}/tasks/run-now", Tags: tags,
 		Summary: "Make scheduled tasks due now: those named by ids, or every one of the queue",
 		Description: "Each task named (or, with no ids, every SCHEDULED task of the queue) becomes PENDING at once; the other " +
-			"tasks of its submission keep their time. 409 when a task named is not SCHEDULED in the queue (nothing after it " +
-			"is moved), 404 for an unknown queue or task.",
+			"tasks of its submission keep their time. 409 when a task named is not SCHEDULED in the queue, " +
+			"404 for an unknown queue or task.",
 		Errors: []int{http.StatusNotFound, http.StatusConflict},
 	}, func(ctx context.Context, in *runNowInput) (*runNowOutput, error) {
 		var ids []string
