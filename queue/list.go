@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/droverhq/drover"
@@ -75,7 +76,7 @@ func (c *Client) readTasks(ctx context.Context, ids []string, inSegments bool) (
 			t.rev = kvs[0].ModRevision
 			tasks = append(tasks, t)
 		}
-		if err := c.resolve(ctx, tasks); err != nil {
+		if tasks, err = c.resolveFresh(ctx, tasks); err != nil {
 			return nil, err
 		}
 		segTasks, moved, err := c.segmentSlots(ctx, inSeg)
@@ -113,41 +114,119 @@ func mergeByID(ids []string, a, b []*Task) []*Task {
 	return out
 }
 
+// staleTries bounds how many times resolveFresh reads again the records
+// that changed under it.
+const staleTries = 5
+
+// resolveFresh is resolve, with the tasks whose records changed between
+// their read and the read of their keys read again: a status resolved from
+// a record and keys of two moments may be one the task never had (a record
+// read SLEEPING, and keys read after the task woke, ran and succeeded, say
+// SLEEPING still). Tasks whose records went are left out.
+func (c *Client) resolveFresh(ctx context.Context, tasks []*Task) ([]*Task, error) {
+	for try := 0; ; try++ {
+		stale, err := c.resolve(ctx, tasks)
+		if err != nil || len(stale) == 0 || try == staleTries {
+			return tasks, err
+		}
+		ids := make([]string, len(stale))
+		for i, t := range stale {
+			ids[i] = t.ID
+		}
+		again, err := c.readRecords(ctx, ids)
+		if err != nil {
+			return nil, err
+		}
+		by := make(map[string]*Task, len(again))
+		for _, t := range again {
+			by[t.ID] = t
+		}
+		kept := tasks[:0:0]
+		for _, t := range tasks {
+			if slices.Contains(stale, t) {
+				if t = by[t.ID]; t == nil {
+					continue // its record went
+				}
+			}
+			kept = append(kept, t)
+		}
+		tasks = kept
+	}
+}
+
+// readRecords reads the records of tasks ids, in one transaction (at most
+// readBatch ids), skipping missing ones.
+func (c *Client) readRecords(ctx context.Context, ids []string) ([]*Task, error) {
+	ops := make([]clientv3.Op, len(ids))
+	for i, id := range ids {
+		ops[i] = clientv3.OpGet(c.keys.TaskRecord(id))
+	}
+	resp, err := c.cli.Txn(ctx).Then(ops...).Commit()
+	if err != nil {
+		return nil, fmt.Errorf("queue: read tasks: %w", err)
+	}
+	var out []*Task
+	for i := range ids {
+		kvs := resp.Responses[i].GetResponseRange().Kvs
+		if len(kvs) == 0 {
+			continue
+		}
+		t := new(Task)
+		if err := json.Unmarshal(kvs[0].Value, t); err != nil {
+			return nil, fmt.Errorf("queue: task record %s is unreadable: %w", kvs[0].Key, err)
+		}
+		t.rev = kvs[0].ModRevision
+		out = append(out, t)
+	}
+	return out, nil
+}
+
+// resolveBatch is how many tasks' keys resolve reads in one transaction:
+// four each, within etcd's 128 operations a request.
+const resolveBatch = 30
+
 // resolve sets each task's CurrentStatus from where its keys are: a claim
 // means RUNNING; otherwise a terminal status in the record stands; otherwise
 // a retry key means RETRYING (a sleep key, for a record that says so,
-// SLEEPING) and a pending key PENDING. It reads at most
-// readBatch tasks' keys per transaction.
-func (c *Client) resolve(ctx context.Context, tasks []*Task) error {
-	for len(tasks) > readBatch {
-		if err := c.resolve(ctx, tasks[:readBatch]); err != nil {
-			return err
+// SLEEPING) and a pending key PENDING. It reads at most resolveBatch
+// tasks' keys per transaction, each with its record's revision: it returns
+// the tasks whose records changed since they were read.
+func (c *Client) resolve(ctx context.Context, tasks []*Task) (stale []*Task, err error) {
+	for len(tasks) > resolveBatch {
+		more, err := c.resolve(ctx, tasks[:resolveBatch])
+		if err != nil {
+			return nil, err
 		}
-		tasks = tasks[readBatch:]
+		stale, tasks = append(stale, more...), tasks[resolveBatch:]
 	}
 	if len(tasks) == 0 {
-		return nil
+		return stale, nil
 	}
-	ops := make([]clientv3.Op, 0, 3*len(tasks))
+	ops := make([]clientv3.Op, 0, 4*len(tasks))
 	for _, t := range tasks {
 		ops = append(ops,
 			clientv3.OpGet(c.keys.QueueClaim(t.Queue, t.ID)),
 			clientv3.OpGet(c.pendingKey(t), clientv3.WithKeysOnly()),
-			clientv3.OpGet(c.waitKey(t), clientv3.WithCountOnly()))
+			clientv3.OpGet(c.waitKey(t), clientv3.WithCountOnly()),
+			clientv3.OpGet(c.keys.TaskRecord(t.ID), clientv3.WithKeysOnly()))
 	}
 	resp, err := c.cli.Txn(ctx).Then(ops...).Commit()
 	if err != nil {
-		return fmt.Errorf("queue: read task states: %w", err)
+		return nil, fmt.Errorf("queue: read task states: %w", err)
 	}
 	for i, t := range tasks {
-		claim := resp.Responses[3*i].GetResponseRange().Kvs
-		pend := resp.Responses[3*i+1].GetResponseRange().Kvs
+		if rec := resp.Responses[4*i+3].GetResponseRange().Kvs; len(rec) == 0 || rec[0].ModRevision != t.rev {
+			stale = append(stale, t)
+			continue
+		}
+		claim := resp.Responses[4*i].GetResponseRange().Kvs
+		pend := resp.Responses[4*i+1].GetResponseRange().Kvs
 		pending := len(pend) > 0
 		t.pendingRev = 0
 		if pending {
 			t.pendingRev = pend[0].ModRevision
 		}
-		retry := resp.Responses[3*i+2].GetResponseRange().Count > 0
+		retry := resp.Responses[4*i+2].GetResponseRange().Count > 0
 		switch {
 		case len(claim) > 0:
 			var cv claimValue
@@ -161,7 +240,7 @@ func (c *Client) resolve(ctx context.Context, tasks []*Task) error {
 			t.CurrentStatus = Pending
 		}
 	}
-	return nil
+	return stale, nil
 }
 
 // DefaultListLimit is how many tasks a page of List holds when no limit is
@@ -511,84 +590,4 @@ func waitChange(ctx context.Context, watches ...clientv3.WatchChan) (int64, erro
 	case <-ctx.Done():
 		return 0, ctx.Err()
 	}
-}
-
-// purgeScheduledSegments removes, with deletes only (so that it works
-// while etcd refuses writes that grow it), queue q's scheduled segments:
-// each one's due key, record, exits and the index keys and checkpoints of
-// its tasks (those cancelled while scheduled keep their records). A
-// segment that fell due or had a task cancelled since its read is left to
-// the caller, which purges it task by task. It returns how many tasks it
-// removed.
-func (c *Client) purgeScheduledSegments(ctx context.Context, q string, progress func(int)) (int, error) {
-	removed := 0
-	pre := c.keys.QueueDue(q)
-	for from := pre; ; {
-		g, err := c.cli.Get(ctx, from, clientv3.WithRange(clientv3.GetPrefixRangeEnd(pre)), clientv3.WithKeysOnly(), clientv3.WithLimit(openRead))
-		if err != nil {
-			return removed, fmt.Errorf("queue: purge %s: %w", q, err)
-		}
-		for _, kv := range g.Kvs {
-			n, err := c.purgeScheduled(ctx, q, string(kv.Key), kv.ModRevision)
-			if err != nil {
-				return removed, err
-			}
-			if removed += n; progress != nil && n > 0 {
-				progress(removed)
-			}
-		}
-		if !g.More || len(g.Kvs) == 0 {
-			return removed, nil
-		}
-		from = string(g.Kvs[len(g.Kvs)-1].Key) + "\x00"
-	}
-}
-
-// purgeScheduled removes the scheduled segment whose due key is key, at
-// revision rev, if it is still scheduled and no task of it left since its
-// read; it returns how many tasks went.
-func (c *Client) purgeScheduled(ctx context.Context, q, key string, rev int64) (int, error) {
-	seg, _, _ := c.parseDue(q, key)
-	if seg == "" {
-		return 0, nil
-	}
-	st, err := c.readState(ctx, q, seg)
-	if err != nil || !st.scheduled {
-		return 0, err
-	}
-	ts, err := c.segmentTasks(ctx, q, seg)
-	if err != nil || ts == nil {
-		return 0, err
-	}
-	cmps := []clientv3.Cmp{
-		clientv3.Compare(clientv3.ModRevision(key), "=", rev),
-		clientv3.Compare(clientv3.ModRevision(c.keys.Exits(q, seg)).WithPrefix(), "<", st.rev+1),
-	}
-	ops := []clientv3.Op{
-		clientv3.OpDelete(key), clientv3.OpDelete(c.keys.Segment(q, seg)),
-		clientv3.OpDelete(c.keys.Exits(q, seg), clientv3.WithPrefix()), clientv3.OpDelete(c.keys.Tries(q, seg), clientv3.WithPrefix()),
-		clientv3.OpDelete(c.keys.QueueDueVersion(q)), // a delete, not a put: Stats' count is stale
-	}
-	var checkpoints []clientv3.Op
-	for slot := range ts {
-		if !st.finished(slot) {
-			ops = append(ops, clientv3.OpDelete(c.keys.TaskIndex(ts[slot].ID)))
-			checkpoints = append(checkpoints, clientv3.OpDelete(c.keys.Task(ts[slot].ID), clientv3.WithPrefix()))
-		}
-	}
-	resp, err := c.cli.Txn(ctx).If(cmps...).Then(ops...).Commit()
-	if err != nil {
-		return 0, fmt.Errorf("queue: purge %s: %w", q, err)
-	}
-	if !resp.Succeeded {
-		return 0, nil
-	}
-	// The tasks are gone: whatever is stored under their ids goes after
-	// them (a segment's tasks and their deletes would not fit one request).
-	if len(checkpoints) > 0 {
-		if _, err := c.cli.Txn(ctx).Then(checkpoints...).Commit(); err != nil {
-			return 0, fmt.Errorf("queue: purge %s: %w", q, err)
-		}
-	}
-	return len(checkpoints), nil
 }

@@ -441,3 +441,83 @@ func (c *Client) segmentSlots(ctx context.Context, slots []segmentSlot) (tasks [
 	}
 	return tasks, moved, nil
 }
+
+// purgeScheduledSegments removes, with deletes only (so that it works
+// while etcd refuses writes that grow it), queue q's scheduled segments:
+// each one's due key, record, exits and the index keys and checkpoints of
+// its tasks (those cancelled while scheduled keep their records). A
+// segment that fell due or had a task cancelled since its read is left to
+// the caller, which purges it task by task. It returns how many tasks it
+// removed.
+func (c *Client) purgeScheduledSegments(ctx context.Context, q string, progress func(int)) (int, error) {
+	removed := 0
+	pre := c.keys.QueueDue(q)
+	for from := pre; ; {
+		g, err := c.cli.Get(ctx, from, clientv3.WithRange(clientv3.GetPrefixRangeEnd(pre)), clientv3.WithKeysOnly(), clientv3.WithLimit(openRead))
+		if err != nil {
+			return removed, fmt.Errorf("queue: purge %s: %w", q, err)
+		}
+		for _, kv := range g.Kvs {
+			n, err := c.purgeScheduled(ctx, q, string(kv.Key), kv.ModRevision)
+			if err != nil {
+				return removed, err
+			}
+			if removed += n; progress != nil && n > 0 {
+				progress(removed)
+			}
+		}
+		if !g.More || len(g.Kvs) == 0 {
+			return removed, nil
+		}
+		from = string(g.Kvs[len(g.Kvs)-1].Key) + "\x00"
+	}
+}
+
+// purgeScheduled removes the scheduled segment whose due key is key, at
+// revision rev, if it is still scheduled and no task of it left since its
+// read; it returns how many tasks went.
+func (c *Client) purgeScheduled(ctx context.Context, q, key string, rev int64) (int, error) {
+	seg, _, _ := c.parseDue(q, key)
+	if seg == "" {
+		return 0, nil
+	}
+	st, err := c.readState(ctx, q, seg)
+	if err != nil || !st.scheduled {
+		return 0, err
+	}
+	ts, err := c.segmentTasks(ctx, q, seg)
+	if err != nil || ts == nil {
+		return 0, err
+	}
+	cmps := []clientv3.Cmp{
+		clientv3.Compare(clientv3.ModRevision(key), "=", rev),
+		clientv3.Compare(clientv3.ModRevision(c.keys.Exits(q, seg)).WithPrefix(), "<", st.rev+1),
+	}
+	ops := []clientv3.Op{
+		clientv3.OpDelete(key), clientv3.OpDelete(c.keys.Segment(q, seg)),
+		clientv3.OpDelete(c.keys.Exits(q, seg), clientv3.WithPrefix()), clientv3.OpDelete(c.keys.Tries(q, seg), clientv3.WithPrefix()),
+		clientv3.OpDelete(c.keys.QueueDueVersion(q)), // a delete, not a put: Stats' count is stale
+	}
+	var checkpoints []clientv3.Op
+	for slot := range ts {
+		if !st.finished(slot) {
+			ops = append(ops, clientv3.OpDelete(c.keys.TaskIndex(ts[slot].ID)))
+			checkpoints = append(checkpoints, clientv3.OpDelete(c.keys.Task(ts[slot].ID), clientv3.WithPrefix()))
+		}
+	}
+	resp, err := c.cli.Txn(ctx).If(cmps...).Then(ops...).Commit()
+	if err != nil {
+		return 0, fmt.Errorf("queue: purge %s: %w", q, err)
+	}
+	if !resp.Succeeded {
+		return 0, nil
+	}
+	// The tasks are gone: whatever is stored under their ids goes after
+	// them (a segment's tasks and their deletes would not fit one request).
+	if len(checkpoints) > 0 {
+		if _, err := c.cli.Txn(ctx).Then(checkpoints...).Commit(); err != nil {
+			return 0, fmt.Errorf("queue: purge %s: %w", q, err)
+		}
+	}
+	return len(checkpoints), nil
+}
