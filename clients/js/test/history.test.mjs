@@ -18,8 +18,9 @@ test("history: a queue's minutes count what its workers did, as the server close
   const q = uniq("h");
   await assert.rejects(drover.tasks.history(q), NotFoundError);
   await drover.submit(q, [
-    ...Array.from({ length: 5 }, (_, i) => ({ task_id: `ok${i}`, task_type: "ok" })),
-    { task_id: "bad", task_type: "bad" },
+    // Task ids are shared by every queue of the namespace: unique to this run.
+    ...Array.from({ length: 5 }, (_, i) => ({ task_id: `${q}-ok${i}`, task_type: "ok" })),
+    { task_id: `${q}-bad`, task_type: "bad" },
   ]);
   const w = drover.worker(q, { concurrency: 3, wait: 1, signals: false }, async (task) => {
     if (task.task_type === "bad") throw new Permanent("no such input");

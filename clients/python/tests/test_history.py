@@ -18,7 +18,8 @@ class HistoryTest(ClientTest):
         q = self.c.queue(unique("hist"))
         with self.assertRaises(drover.NotFound):
             q.history()
-        q.submit([{"task_id": "t%d" % i, "task_type": "x"} for i in range(4)])
+        pre = unique("ht")  # task ids are shared by every queue of the namespace
+        q.submit([{"task_id": "%s-%d" % (pre, i), "task_type": "x"} for i in range(4)])
         s = self.c.session(ttl=10, name="history-test")
         self.addCleanup(s.close)
         got: list = []

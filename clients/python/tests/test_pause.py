@@ -22,7 +22,8 @@ class PauseTest(ClientTest):
     def test_pause_stops_claims_and_resume_drains(self) -> None:
         name = unique("q-pause")
         q = self.c.queue(name)
-        q.submit([{"task_id": "t-%d" % i, "task_type": "x"} for i in range(10)])
+        pre = unique("pt")  # task ids are shared by every queue of the namespace
+        q.submit([{"task_id": "%s-%d" % (pre, i), "task_type": "x"} for i in range(10)])
         gate = threading.Event()
         mu = threading.Lock()
         started = []

@@ -91,7 +91,11 @@ class SleepTest(ClientTest):
     def test_queue_handler_sleep_parks_and_runs_again(self) -> None:
         qn = unique("napq")
         q = self.c.queue(qn)
-        q.submit([{"task_id": "t1", "task_type": "poll"}])
+        # Task ids are one space per namespace, shared by every queue and
+        # every test of the shared server: a fixed "t1" would be another
+        # test's task.
+        tid = unique("t1")
+        q.submit([{"task_id": tid, "task_type": "poll"}])
         runs = []
 
         @self.c.worker(qn, concurrency=1)
@@ -105,17 +109,17 @@ class SleepTest(ClientTest):
         seen = ""
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            t = q.get("t1")
+            t = q.get(tid)
             if t.status == "SLEEPING":
                 seen = "SLEEPING"
                 self.assertTrue(t.get("scheduled_at"))
                 if q.stats()["sleeping"] != 1:  # it may have fallen due since the read: then it sleeps no more
-                    self.assertNotEqual(q.get("t1").status, "SLEEPING")
+                    self.assertNotEqual(q.get(tid).status, "SLEEPING")
             if t.status == "SUCCEEDED":
                 break
             time.sleep(0.02)
         th.join(60)
-        t = q.get("t1")
+        t = q.get(tid)
         self.assertEqual(t.status, "SUCCEEDED")
         self.assertEqual((t.attempt, runs), (1, [1, 1]), t.get("transitions"))  # the sleep is not an attempt
         self.assertIn("SLEEPING", [x["status"] for x in t.get("transitions", [])])
