@@ -134,10 +134,10 @@ type execStep struct {
 }
 
 // prepareExecStep finds which step of task t a run of an exec handler is:
-// the step after its last checkpoint, read only when an earlier attempt
-// may have written one (the task slept before, or an attempt before this
-// one ran). A checkpoint still asleep returns a parked error: nothing
-// runs.
+// the step after its last checkpoint, always read (one Get): a run whose
+// checkpoint committed may have been handed back, attempt uncounted and
+// no sleep recorded, before its outcome was written. A checkpoint still
+// asleep returns a parked error: nothing runs.
 func prepareExecStep(ctx context.Context, t *Task) (*execStep, error) {
 	st := &execStep{step: 1}
 	f, ok := ctx.Value(claimKey{}).(*claimFence)
@@ -145,19 +145,17 @@ func prepareExecStep(ctx context.Context, t *Task) (*execStep, error) {
 		return st, nil
 	}
 	st.f = f
-	if t.Attempt > 1 || sleptBefore(t) {
-		store, err := task.NewStore(f.w.cli, f.w.cfg.Namespace)
-		if err != nil {
-			return nil, err
-		}
-		if st.cp, err = store.Load(ctx, t.ID); err != nil {
-			return nil, err
-		}
-		if st.cp.SleepUntil.After(f.w.client.now()) {
-			return nil, &parked{until: st.cp.SleepUntil}
-		}
-		st.step = st.cp.Step + 1
+	store, err := task.NewStore(f.w.cli, f.w.cfg.Namespace)
+	if err != nil {
+		return nil, err
 	}
+	if st.cp, err = store.Load(ctx, t.ID); err != nil {
+		return nil, err
+	}
+	if st.cp.SleepUntil.After(f.w.client.now()) {
+		return nil, &parked{until: st.cp.SleepUntil}
+	}
+	st.step = st.cp.Step + 1
 	dir, err := os.MkdirTemp("", "drover-step-")
 	if err != nil {
 		return nil, fmt.Errorf("exec step: %w", err)
@@ -168,16 +166,6 @@ func prepareExecStep(ctx context.Context, t *Task) (*execStep, error) {
 		return nil, fmt.Errorf("exec step: %w", err)
 	}
 	return st, nil
-}
-
-// sleptBefore reports whether task t has slept.
-func sleptBefore(t *Task) bool {
-	for _, tr := range t.Transitions {
-		if tr.Status == Sleeping {
-			return true
-		}
-	}
-	return false
 }
 
 // env is what the command learns of its step.
