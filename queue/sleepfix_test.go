@@ -2,6 +2,7 @@ package queue_test
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -10,7 +11,9 @@ import (
 	"time"
 
 	"github.com/droverhq/drover/internal/testenv/etcdtest"
+	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/queue"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // An exec step writes its sleep and its checkpoint commits; the worker is
@@ -55,5 +58,47 @@ func TestExecSleepHandedBackKeepsCheckpoint(t *testing.T) {
 	b2, _ := os.ReadFile(log)
 	if runs := strings.Fields(string(b2)); len(runs) != 1 {
 		t.Fatalf("the exec command ran as steps %v: step 1, checkpointed, ran again", runs)
+	}
+}
+
+// In a FIFO queue a task that leaves its segment goes back to shard 0,
+// whether it sleeps or fails: a sleep reported for a claim the Client
+// remembers must not go back to its hash shard.
+func TestFIFOSleepReportGoesToShardZero(t *testing.T) {
+	ctx := context.Background()
+	ns := etcdtest.Namespace(t)
+	c, cli := newClient(t, ns)
+	if err := c.SetConfig(ctx, "ff", queue.Config{FIFO: true}); err != nil {
+		t.Fatal(err)
+	}
+	submitN(t, c, "ff", 8, nil)
+	l := grantLease(t, cli, 30*time.Second)
+	ts, err := c.Claim(ctx, "ff", queue.ClaimRequest{Lease: l, Worker: "w", Max: 2})
+	if err != nil || len(ts) != 2 {
+		t.Fatal(len(ts), err)
+	}
+	out, err := c.Report(ctx, []queue.Outcome{{Held: held("ff", ts[1], l), SleepUntil: time.Now().Add(time.Hour)}})
+	if err != nil || out[0].Err != nil {
+		t.Fatal(err, out)
+	}
+	hits, stale := queue.RememberedOutcomes(c)
+	t.Logf("memory: %d hits %d stale; slept %s", hits, stale, ts[1].ID)
+	out, err = c.Report(ctx, []queue.Outcome{{Held: held("ff", ts[0], l), Failed: true, Error: "x"}})
+	if err != nil || out[0].Err != nil {
+		t.Fatal(err, out)
+	}
+	ks := keyspace.MustNew(ns)
+	for _, pre := range []string{ks.QueueSleep("ff"), ks.QueueRetry("ff")} {
+		g, err := cli.Get(ctx, pre, clientv3.WithPrefix())
+		if err != nil || len(g.Kvs) != 1 {
+			t.Fatal(pre, err)
+		}
+		var rv struct{ P string }
+		_ = json.Unmarshal(g.Kvs[0].Value, &rv)
+		p, _ := ks.ParsePendingKey("ff", rv.P)
+		t.Logf("%s: goes back to shard %d", pre, p.Shard)
+		if p.Shard != 0 {
+			t.Errorf("%s: FIFO task goes back to shard %d, want 0", pre, p.Shard)
+		}
 	}
 }
