@@ -295,7 +295,7 @@ func TestSleepCheckpointedButNotParked(t *testing.T) {
 	c, cli := newClient(t, ns)
 	clock := newStillClock()
 	var sc stepCounter
-	steps := sc.steps(time.Second)
+	steps := sc.steps(time.Minute) // beyond task.SleepMargin: not waited out in-process
 	store, _ := task.NewStore(cli, ns)
 	if _, err := c.Submit(context.Background(), "q", []queue.Task{{ID: "gap", Type: "agent"}}, nil); err != nil {
 		t.Fatal(err)
@@ -326,7 +326,12 @@ func TestSleepCheckpointedButNotParked(t *testing.T) {
 	if sc.count("s1") != 1 || sc.count("s2") != 0 {
 		t.Fatalf("steps ran %v before the sleep ended", sc.runs)
 	}
-	clock.advance(time.Second)
+	clock.advance(time.Minute)
+	// The worker's mover waits a minute of real time on its timer: move
+	// the task now, on the same clock.
+	if n, err := queue.MoveSleeps(context.Background(), c, "q", clock.now); err != nil || n != 1 {
+		t.Fatalf("moved %d (%v), want 1", n, err)
+	}
 	waitUntil(t, "the task to finish", func() bool {
 		got, err := c.Get(context.Background(), "gap")
 		return err == nil && got.CurrentStatus == queue.Succeeded

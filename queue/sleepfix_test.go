@@ -102,3 +102,105 @@ func TestFIFOSleepReportGoesToShardZero(t *testing.T) {
 		}
 	}
 }
+
+// sleepingTransitions counts task id's SLEEPING transitions.
+func sleepingTransitions(t *testing.T, c *queue.Client, id string) int {
+	t.Helper()
+	g, err := c.Get(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, tr := range g.Transitions {
+		if tr.Status == queue.Sleeping {
+			n++
+		}
+	}
+	return n
+}
+
+// A mover whose clock is 2 s ahead of the claiming worker's moves a
+// sleeping task back when the worker still sees 2 s of sleep: the worker
+// waits them out and runs the next step, rather than parking the task
+// again for the mover to move at once, in a loop for as long as the skew.
+func TestSleepSkewWithinMarginRuns(t *testing.T) {
+	ns := etcdtest.Namespace(t)
+	c, cli := newClient(t, ns)
+	clock := newStillClock()
+	var sc stepCounter
+	steps := sc.steps(5 * time.Second)
+	if _, err := c.Submit(context.Background(), "q", []queue.Task{{ID: "sk", Type: "agent"}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	startSleepWorker(t, cli, ns, clock, steps) // its own mover's clock stands still
+	waitUntil(t, "sleep", func() bool {
+		g, err := c.Get(context.Background(), "sk")
+		return err == nil && g.CurrentStatus == queue.Sleeping
+	})
+	clock.advance(3 * time.Second) // 2 s before the end on the worker's clock
+	ahead := func() time.Time { return clock.now().Add(2 * time.Second) }
+	moves := 0
+	for i := 0; i < 2000; i++ {
+		n, err := queue.MoveSleeps(context.Background(), c, "q", ahead)
+		if err != nil {
+			t.Fatal(err)
+		}
+		moves += n
+		g, err := c.Get(context.Background(), "sk")
+		if err == nil && g.CurrentStatus == queue.Succeeded {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if moves != 1 || sc.count("s2") != 1 || sc.count("s3") != 1 {
+		t.Fatalf("moves %d, s2 ran %d, s3 ran %d; want 1 each", moves, sc.count("s2"), sc.count("s3"))
+	}
+	if n := sleepingTransitions(t, c, "sk"); n != 1 {
+		t.Fatalf("%d SLEEPING transitions, want 1", n)
+	}
+}
+
+// A mover far ahead of the claiming worker (more than task.SleepMargin)
+// moves a sleeping task back early: the worker parks it again, no sooner
+// than 30 s from its own now, adding nothing to its history, so the same
+// mover does not move it again at once.
+func TestSleepSkewBeyondMarginReparksOnce(t *testing.T) {
+	ns := etcdtest.Namespace(t)
+	c, cli := newClient(t, ns)
+	clock := newStillClock()
+	var sc stepCounter
+	steps := sc.steps(time.Hour)
+	if _, err := c.Submit(context.Background(), "q", []queue.Task{{ID: "sk", Type: "agent"}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	startSleepWorker(t, cli, ns, clock, steps)
+	waitUntil(t, "sleep", func() bool {
+		g, err := c.Get(context.Background(), "sk")
+		return err == nil && g.CurrentStatus == queue.Sleeping
+	})
+	first, _ := c.Get(context.Background(), "sk")
+	clock.advance(time.Hour - 20*time.Second) // 20 s before the end on the worker's clock
+	ahead := func() time.Time { return clock.now().Add(20 * time.Second) }
+	n, err := queue.MoveSleeps(context.Background(), c, "q", ahead)
+	if err != nil || n != 1 {
+		t.Fatal(n, err)
+	}
+	var again *queue.Task
+	waitUntil(t, "the task to park again", func() bool {
+		g, err := c.Get(context.Background(), "sk")
+		again = g
+		return err == nil && g.CurrentStatus == queue.Sleeping && !g.ScheduledAt.Equal(first.ScheduledAt)
+	})
+	if want := clock.now().Add(30 * time.Second); again.ScheduledAt.Before(want) {
+		t.Fatalf("parked again until %s, want no sooner than %s", again.ScheduledAt, want)
+	}
+	if m, err := queue.MoveSleeps(context.Background(), c, "q", ahead); err != nil || m != 0 {
+		t.Fatalf("moved again at once: %d %v", m, err)
+	}
+	if sc.count("s2") != 0 {
+		t.Fatalf("s2 ran %d times", sc.count("s2"))
+	}
+	if n := sleepingTransitions(t, c, "sk"); n != 1 || len(again.Transitions) != len(first.Transitions) {
+		t.Fatalf("%d SLEEPING transitions, history %d then %d: a re-park adds none", n, len(first.Transitions), len(again.Transitions))
+	}
+}
