@@ -204,3 +204,37 @@ func TestSleepSkewBeyondMarginReparksOnce(t *testing.T) {
 		t.Fatalf("%d SLEEPING transitions, history %d then %d: a re-park adds none", n, len(first.Transitions), len(again.Transitions))
 	}
 }
+
+// A draining worker runs what is pending and returns, leaving a task
+// that sleeps an hour SLEEPING, as it leaves one scheduled later.
+func TestDrainDoesNotWaitForSleepingTasks(t *testing.T) {
+	ctx := context.Background()
+	ns := etcdtest.Namespace(t)
+	c, cli := newClient(t, ns)
+	var sc stepCounter
+	if _, err := c.Submit(ctx, "q", []queue.Task{{ID: "nap", Type: "agent"}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	stop := startSleepWorker(t, cli, ns, newStillClock(), sc.steps(time.Hour))
+	waitUntil(t, "sleep", func() bool {
+		g, err := c.Get(ctx, "nap")
+		return err == nil && g.CurrentStatus == queue.Sleeping
+	})
+	stop()
+	submitN(t, c, "q", 2, nil)
+	w := newWorker(t, cli, queue.WorkerConfig{Namespace: ns, Queue: "q", Concurrency: 2, Drain: true})
+	w.HandleAll(func(context.Context, *queue.Task) ([]byte, error) { return nil, nil })
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(time.Minute): // a guard against hanging only
+		t.Fatal("a draining worker did not return with a task sleeping an hour")
+	}
+	if st, _ := c.Stats(ctx, "q"); st.Sleeping != 1 || st.Succeeded != 2 {
+		t.Fatalf("stats after the drain %+v, want 1 sleeping and 2 succeeded", st)
+	}
+}
