@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -236,5 +237,59 @@ func TestDrainDoesNotWaitForSleepingTasks(t *testing.T) {
 	}
 	if st, _ := c.Stats(ctx, "q"); st.Sleeping != 1 || st.Succeeded != 2 {
 		t.Fatalf("stats after the drain %+v, want 1 sleeping and 2 succeeded", st)
+	}
+}
+
+// An HTTP-only queue (no Worker moves its due indexes): a sleep reported
+// for a claim, of a task with a record of its own or one in a segment, is
+// moved back when it falls due by the claim that waits, not a minute
+// later when that claim's wait ends.
+func TestExternalSleepResumesOnTime(t *testing.T) {
+	ctx := context.Background()
+	ns := etcdtest.Namespace(t)
+	c, cli := newClient(t, ns)
+	for _, n := range []int{1, 4} {
+		q := "nap-" + strconv.Itoa(n)
+		if n == 1 {
+			if _, err := c.Submit(ctx, q, []queue.Task{{ID: "n1", Type: "t"}}, nil); err != nil {
+				t.Fatal(err)
+			}
+		} else {
+			submitN(t, c, q, n, nil)
+		}
+		l := grantLease(t, cli, 120*time.Second)
+		ts, err := c.Claim(ctx, q, queue.ClaimRequest{Lease: l, Worker: "w", Max: n})
+		if err != nil || len(ts) != n {
+			t.Fatal(len(ts), err)
+		}
+		os := []queue.Outcome{{Held: held(q, ts[0], l), SleepUntil: time.Now().Add(300 * time.Millisecond)}}
+		for _, tk := range ts[1:] {
+			os = append(os, queue.Outcome{Held: held(q, tk, l)})
+		}
+		out, err := c.Report(ctx, os)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range out {
+			if r.Err != nil {
+				t.Fatal(r.Err)
+			}
+		}
+		done := make(chan []*queue.Task, 1)
+		go func() {
+			got, err := c.Claim(ctx, q, queue.ClaimRequest{Lease: l, Worker: "w", Max: 1, Wait: time.Minute})
+			if err != nil {
+				t.Error(err)
+			}
+			done <- got
+		}()
+		select {
+		case got := <-done:
+			if len(got) != 1 || got[0].ID != ts[0].ID {
+				t.Fatalf("%s: the waiting claim got %d tasks", q, len(got))
+			}
+		case <-time.After(45 * time.Second):
+			t.Fatalf("%s: the waiting claim slept through the sleep's end", q)
+		}
 	}
 }
