@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -232,8 +233,11 @@ func (st *execStep) finish(ctx context.Context, t *Task, out []byte) ([]byte, er
 	if st.dir == "" {
 		return out, nil
 	}
-	b, err := os.ReadFile(filepath.Join(st.dir, "sleep"))
-	if err != nil || len(bytes.TrimSpace(b)) == 0 {
+	b, err := st.readSleep()
+	if err != nil {
+		return nil, Permanent(err)
+	}
+	if len(bytes.TrimSpace(b)) == 0 {
 		return out, nil
 	}
 	if len(out) > task.DefaultStateLimit {
@@ -257,8 +261,45 @@ func (st *execStep) finish(ctx context.Context, t *Task, out []byte) ([]byte, er
 	name := "step " + strconv.Itoa(st.step)
 	next := task.Checkpoint{TaskID: t.ID, Step: st.step, StepName: name, State: out, SleepUntil: until, Worker: w.worker, Token: st.f.Token(), At: at}
 	rec := task.StepRecord{Step: st.step, Name: name, Worker: w.worker, Token: st.f.Token(), StartedAt: at, FinishedAt: at}
-	if err := store.Commit(ctx, st.f, st.cp, &next, rec); err != nil {
+	// The fence, not the handler's context, decides whether this write
+	// counts: commit even if the context ended as the command exited.
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if err := store.Commit(cctx, st.f, st.cp, &next, rec); err != nil {
 		return nil, err
 	}
 	return nil, &parked{until: until}
+}
+
+// maxSleepFile bounds what is read of the sleep file.
+const maxSleepFile = 1 << 10
+
+// readSleep reads the sleep file the command wrote: nothing when there
+// is none; an error when it is not a regular file (a link, a device) or
+// holds more than maxSleepFile bytes.
+func (st *execStep) readSleep() ([]byte, error) {
+	name := filepath.Join(st.dir, "sleep")
+	fi, err := os.Lstat(name)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("exec step %d: DROVER_SLEEP_FILE: %w", st.step, err)
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("exec step %d: DROVER_SLEEP_FILE must be a regular file, not %s", st.step, fi.Mode().Type())
+	}
+	f, err := os.Open(name)
+	if err != nil {
+		return nil, fmt.Errorf("exec step %d: DROVER_SLEEP_FILE: %w", st.step, err)
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxSleepFile+1))
+	if err != nil {
+		return nil, fmt.Errorf("exec step %d: DROVER_SLEEP_FILE: %w", st.step, err)
+	}
+	if len(b) > maxSleepFile {
+		return nil, fmt.Errorf("exec step %d: DROVER_SLEEP_FILE must hold at most %d bytes (a duration or a time)", st.step, maxSleepFile)
+	}
+	return b, nil
 }

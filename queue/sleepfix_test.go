@@ -293,3 +293,43 @@ func TestExternalSleepResumesOnTime(t *testing.T) {
 		}
 	}
 }
+
+// An exec step's sleep file is read only when it is a regular file of
+// at most 1 KiB: a link (to a device, a huge file) or a padded file ends
+// the task as a permanent failure that names the rule, not a sleep.
+func TestExecSleepFileBounded(t *testing.T) {
+	ns := etcdtest.Namespace(t)
+	c, cli := newClient(t, ns)
+	dir := t.TempDir()
+	target := filepath.Join(dir, "target")
+	if err := os.WriteFile(target, []byte("1h\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	scripts := map[string]string{
+		"link":   `ln -s ` + target + ` "$DROVER_SLEEP_FILE"; echo out`,
+		"padded": `head -c 2000 /dev/zero | tr '\0' ' ' > "$DROVER_SLEEP_FILE"; echo 1h >> "$DROVER_SLEEP_FILE"; echo out`,
+	}
+	w := newWorker(t, cli, queue.WorkerConfig{Namespace: ns, Queue: "q", Concurrency: 2})
+	zero := 0
+	for name, script := range scripts {
+		w.Handle(name, queue.ExecHandler([]string{"/bin/sh", "-c", script}, 0, time.Second, nil))
+		if _, err := c.Submit(context.Background(), "q", []queue.Task{{ID: name, Type: name, MaxRetries: &zero}}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = w.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	for name, want := range map[string]string{"link": "must be a regular file", "padded": "at most 1024 bytes"} {
+		var got *queue.Task
+		waitUntil(t, name+" to end", func() bool {
+			g, err := c.Get(context.Background(), name)
+			got = g
+			return err == nil && (g.CurrentStatus == queue.Dead || g.CurrentStatus == queue.Sleeping || g.CurrentStatus == queue.Succeeded)
+		})
+		if got.CurrentStatus != queue.Dead || !strings.Contains(got.LastError, want) {
+			t.Errorf("%s: %s, %q; want DEAD saying %q", name, got.CurrentStatus, got.LastError, want)
+		}
+	}
+}
