@@ -333,3 +333,44 @@ func TestExecSleepFileBounded(t *testing.T) {
 		}
 	}
 }
+
+// Deleting a queue purges its sleeping and retrying tasks before its
+// pending ones: a sleep that falls due while the queue is deleted (moved
+// here once the purge has deleted two tasks) cannot leave a PENDING task
+// behind.
+func TestDeleteQueuePurgesSleepingFirst(t *testing.T) {
+	ctx := context.Background()
+	ns := etcdtest.Namespace(t)
+	c, cli := newClient(t, ns)
+	submitN(t, c, "dq", 3, nil)
+	l := grantLease(t, cli, 120*time.Second)
+	ts, err := c.Claim(ctx, "dq", queue.ClaimRequest{Lease: l, Worker: "w", Max: 2})
+	if err != nil || len(ts) != 2 {
+		t.Fatal(len(ts), err)
+	}
+	out, err := c.Report(ctx, []queue.Outcome{{Held: held("dq", ts[0], l), SleepUntil: time.Now().Add(time.Hour)},
+		{Held: held("dq", ts[1], l), Failed: true, Error: "again"}})
+	if err != nil || out[0].Err != nil || out[1].Err != nil {
+		t.Fatal(err, out)
+	}
+	if st, _ := c.Stats(ctx, "dq"); st.Pending != 1 || st.Retrying != 1 || st.Sleeping != 1 {
+		t.Fatalf("stats %+v, want one pending, retrying and sleeping", st)
+	}
+	later := func() time.Time { return time.Now().Add(2 * time.Hour) }
+	moved := false
+	if _, err := c.DeleteQueue(ctx, "dq", func(done int) {
+		if !moved && done >= 2 {
+			moved = true
+			if _, err := queue.MoveSleeps(ctx, c, "dq", later); err != nil {
+				t.Error(err)
+			}
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for _, tk := range ts {
+		if g, err := c.Get(ctx, tk.ID); err == nil {
+			t.Errorf("task %s left %s after its queue was deleted", tk.ID, g.CurrentStatus)
+		}
+	}
+}
