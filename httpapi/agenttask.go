@@ -194,9 +194,8 @@ func (s *Server) putTaskStep(ctx context.Context, in *stepInput) (*agentTaskOutp
 	if err != nil {
 		return nil, err
 	}
-	f, err := s.claimFence(ctx, in.ID, b.Session, b.Token)
-	if err != nil {
-		return nil, err
+	if err := task.CheckID(in.ID); err != nil {
+		return nil, problem(err, taskWhere)
 	}
 	store, err := s.taskStore(ctx)
 	if err != nil {
@@ -206,8 +205,14 @@ func (s *Server) putTaskStep(ctx context.Context, in *stepInput) (*agentTaskOutp
 	if err != nil {
 		return nil, taskProblem(err)
 	}
+	// A repeated write, already applied, is answered before the fence: a
+	// write that slept or completed gave the claim up with it.
 	if in.N == cp.Step && cp.Token == b.Token && bytes.Equal(cp.State, b.State) {
-		return &agentTaskOutput{Body: agentTaskOf(cp)}, nil // a repeated write, already applied
+		return &agentTaskOutput{Body: agentTaskOf(cp)}, nil
+	}
+	f, err := s.claimFence(ctx, in.ID, b.Session, b.Token)
+	if err != nil {
+		return nil, err
 	}
 	switch {
 	case cp.Completed:

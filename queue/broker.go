@@ -204,7 +204,7 @@ func (b *broker) promoteDue(ctx context.Context, w *claimer, q string) (time.Tim
 	return next, nil
 }
 
-// retryAt notes that a retry or a scheduled segment of queue q falls due
+// retryAt notes that a retry, a sleep or a scheduled segment of queue q falls due
 // at at, so that a claim moves it then, and reads the indexes from before
 // it.
 func (b *broker) retryAt(q string, at time.Time) {
@@ -219,6 +219,9 @@ func (b *broker) retryAt(q string, at time.Time) {
 	}
 	if at.Before(d.retryDone) {
 		d.retryDone = at
+	}
+	if at.Before(d.sleepDone) {
+		d.sleepDone = at
 	}
 	if at.Before(d.schedDone) {
 		d.schedDone = at

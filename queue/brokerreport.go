@@ -184,6 +184,8 @@ func (b *broker) reportRecord(ctx context.Context, o Outcome) Reported {
 		return Reported{Err: err}
 	}
 	switch {
+	case t.CurrentStatus == Sleeping:
+		b.retryAt(o.Queue, t.ScheduledAt)
 	case !o.SleepUntil.IsZero():
 	case !o.Failed:
 		succeeded(t, o.Result)

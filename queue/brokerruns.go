@@ -458,7 +458,7 @@ func (b *broker) answer(rw *runWrite, n int, out []Reported) {
 				Transition{Status: Running, At: o.c.claimedAt, Attempt: t.Attempt, Worker: rw.w.worker},
 				Transition{Status: Succeeded, At: rw.at, Attempt: t.Attempt, Worker: rw.w.worker})
 			succeeded(t, o.result)
-		case Retrying:
+		case Retrying, Sleeping:
 			b.retryAt(rw.g.q, o.c.task.ScheduledAt)
 		}
 		out[rw.items[k]] = Reported{Task: o.c.task}

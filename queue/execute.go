@@ -503,7 +503,7 @@ func Steps(store *task.Store, steps ...task.Step) Handler {
 		}
 		res, err := store.RunSteps(ctx, f, t.ID, steps, task.StepConfig{Worker: f.w.worker, Initial: t.Parameters, Now: f.w.client.now})
 		if err == nil && !res.SleepingUntil.IsZero() {
-			return nil, &parked{until: res.SleepingUntil}
+			return nil, &parked{until: res.SleepingUntil, again: res.StepsRun == 0}
 		}
 		if err != nil {
 			var tl *task.StateTooLargeError

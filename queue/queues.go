@@ -105,7 +105,10 @@ func (c *Client) DeleteQueue(ctx context.Context, q string, progress func(done i
 		return 0, fmt.Errorf("%w: queue %s has %d running tasks; stop its workers or cancel those tasks (drover tasks list --queue %s --status RUNNING), then delete it", ErrQueueBusy, q, st.Running, q)
 	}
 	n := 0
-	for _, s := range []Status{Scheduled, Pending, Retrying, Sleeping, Dead, Succeeded, Cancelled} {
+	// Those that wait on a due index before those pending: a sleep or a
+	// retry that falls due while this runs goes to pending, and is
+	// purged there, rather than from the index already purged.
+	for _, s := range []Status{Scheduled, Sleeping, Retrying, Pending, Dead, Succeeded, Cancelled} {
 		base := n
 		k, err := c.Purge(ctx, q, s, nil, func(done int) {
 			if progress != nil {

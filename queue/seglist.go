@@ -377,21 +377,28 @@ func submittedHistory(seg string, created time.Time) []Transition {
 }
 
 // drained reports whether queue q has nothing left for a draining worker:
-// no task pending, running or retrying, and none scheduled that is due by
-// now (a moment from moving to the open segments). A drain does not wait
-// for the tasks scheduled after it: they stay SCHEDULED for the workers
-// that run then.
+// no task pending, running or retrying, and none scheduled or sleeping
+// that is due by now (a moment from moving to pending). A drain does not
+// wait for the tasks scheduled, or sleeping, after it: they stay
+// SCHEDULED or SLEEPING for the workers that run then.
 func (c *Client) drained(ctx context.Context, q string) bool {
 	st, err := c.Stats(ctx, q)
-	if err != nil || st.Unfinished()-st.Scheduled > 0 {
+	if err != nil || st.Unfinished()-st.Scheduled-st.Sleeping > 0 {
 		return false
 	}
-	if st.Scheduled == 0 {
-		return true
+	for _, idx := range []struct {
+		n   int64
+		pre string
+	}{{st.Scheduled, c.keys.QueueDue(q)}, {st.Sleeping, c.keys.QueueSleep(q)}} {
+		if idx.n == 0 {
+			continue
+		}
+		g, err := c.cli.Get(ctx, idx.pre, clientv3.WithRange(keyspace.TimeBound(idx.pre, c.now().UnixNano()+1)), clientv3.WithKeysOnly(), clientv3.WithLimit(1))
+		if err != nil || len(g.Kvs) != 0 {
+			return false
+		}
 	}
-	pre := c.keys.QueueDue(q)
-	g, err := c.cli.Get(ctx, pre, clientv3.WithRange(keyspace.TimeBound(pre, c.now().UnixNano()+1)), clientv3.WithKeysOnly(), clientv3.WithLimit(1))
-	return err == nil && len(g.Kvs) == 0
+	return true
 }
 
 // RunNow makes scheduled tasks of queue q due now (a requeue of a

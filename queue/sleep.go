@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -29,8 +30,18 @@ import (
 // attempt finds the checkpoint asleep and parks it again, running nothing.
 
 // parked is the error a step handler returns for a task that sleeps until
-// until: its steps' checkpoint is written and says so.
-type parked struct{ until time.Time }
+// until: its steps' checkpoint is written and says so. again: no step
+// ran, the checkpoint found was still asleep (a re-park).
+type parked struct {
+	until time.Time
+	again bool
+}
+
+// reparkAfter is how soon at the earliest a task parked again goes back
+// to pending: a mover whose clock is ahead of the claiming worker's by
+// more than task.SleepMargin would otherwise move it back at once, again
+// and again, until the worker's clock caught up.
+const reparkAfter = 30 * time.Second
 
 func (p *parked) Error() string {
 	return "the task sleeps until " + p.until.Format(time.RFC3339Nano)
@@ -43,6 +54,9 @@ func (p *parked) Error() string {
 func sleepOf(err error, now time.Time) (until time.Time, ok bool, bad error) {
 	var p *parked
 	if errors.As(err, &p) {
+		if p.again {
+			return maxTime(p.until, now.Add(reparkAfter)), true, nil
+		}
 		return p.until, true, nil
 	}
 	var r *task.SleepRequest
@@ -54,6 +68,20 @@ func sleepOf(err error, now time.Time) (until time.Time, ok bool, bad error) {
 		return time.Time{}, false, Permanent(err)
 	}
 	return until, true, nil
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+// isReparked reports whether a handler's error parks its task again
+// without running a step.
+func isReparked(err error) bool {
+	var p *parked
+	return errors.As(err, &p) && p.again
 }
 
 // isSleep reports whether a handler's error asks for a sleep.
@@ -70,7 +98,7 @@ func (w *Worker) asleep(c *claim, err *error) (outcome, bool) {
 	if bad != nil {
 		*err = bad
 	}
-	return outcome{c: c, kind: Sleeping, until: until}, ok
+	return outcome{c: c, kind: Sleeping, until: until, repark: isReparked(*err)}, ok
 }
 
 // sleepKey is the task's key in its queue's sleep index.
@@ -99,13 +127,16 @@ func (c *Client) sleepIndex(q string, logger *slog.Logger) *due.Index {
 // sleepOps are the writes that park the task of outcome o until o.until:
 // its record says SLEEPING, its attempt is given back, and its key in the
 // sleep index says where it goes back to. ops are the writes recordOps
-// made before (the claim's deletion).
+// made before (the claim's deletion). A re-park of a task whose history
+// shows it asleep adds no transitions: it ran nothing.
 func (w *Worker) sleepOps(o outcome, pendingKey string, seg bool, now time.Time, ops []clientv3.Op) ([]clientv3.Op, int) {
 	t := o.c.task
 	t.Transitions = appendLost(t.Transitions, t.Attempt, o.c.claimedAt)
-	t.Transitions = appendTransition(t.Transitions, Transition{Status: Running, At: o.c.claimedAt, Attempt: t.Attempt, Worker: w.worker})
-	t.Transitions = appendTransition(t.Transitions, Transition{Status: Sleeping, At: now, Attempt: t.Attempt, Worker: w.worker,
-		Error: "sleeps until " + o.until.UTC().Format(time.RFC3339Nano)})
+	if !o.repark || !sleptBefore(t) {
+		t.Transitions = appendTransition(t.Transitions, Transition{Status: Running, At: o.c.claimedAt, Attempt: t.Attempt, Worker: w.worker})
+		t.Transitions = appendTransition(t.Transitions, Transition{Status: Sleeping, At: now, Attempt: t.Attempt, Worker: w.worker,
+			Error: "sleeps until " + o.until.UTC().Format(time.RFC3339Nano)})
+	}
 	t.Attempt-- // a sleep is not an attempt
 	t.CurrentStatus, t.ScheduledAt, t.Token = Sleeping, o.until.UTC(), o.c.token
 	rv, _ := json.Marshal(retryValue{PendingKey: pendingKey, Attempts: t.Attempt})
@@ -134,10 +165,11 @@ type execStep struct {
 }
 
 // prepareExecStep finds which step of task t a run of an exec handler is:
-// the step after its last checkpoint, read only when an earlier attempt
-// may have written one (the task slept before, or an attempt before this
-// one ran). A checkpoint still asleep returns a parked error: nothing
-// runs.
+// the step after its last checkpoint, always read (one Get): a run whose
+// checkpoint committed may have been handed back, attempt uncounted and
+// no sleep recorded, before its outcome was written. A checkpoint whose
+// sleep ends within task.SleepMargin is waited out; one still further
+// asleep returns a parked error: nothing runs.
 func prepareExecStep(ctx context.Context, t *Task) (*execStep, error) {
 	st := &execStep{step: 1}
 	f, ok := ctx.Value(claimKey{}).(*claimFence)
@@ -145,19 +177,19 @@ func prepareExecStep(ctx context.Context, t *Task) (*execStep, error) {
 		return st, nil
 	}
 	st.f = f
-	if t.Attempt > 1 || sleptBefore(t) {
-		store, err := task.NewStore(f.w.cli, f.w.cfg.Namespace)
-		if err != nil {
-			return nil, err
-		}
-		if st.cp, err = store.Load(ctx, t.ID); err != nil {
-			return nil, err
-		}
-		if st.cp.SleepUntil.After(f.w.client.now()) {
-			return nil, &parked{until: st.cp.SleepUntil}
-		}
-		st.step = st.cp.Step + 1
+	store, err := task.NewStore(f.w.cli, f.w.cfg.Namespace)
+	if err != nil {
+		return nil, err
 	}
+	if st.cp, err = store.Load(ctx, t.ID); err != nil {
+		return nil, err
+	}
+	if near, err := task.WaitNearSleep(ctx, st.cp.SleepUntil, f.w.client.now); err != nil {
+		return nil, err
+	} else if !near {
+		return nil, &parked{until: st.cp.SleepUntil, again: true}
+	}
+	st.step = st.cp.Step + 1
 	dir, err := os.MkdirTemp("", "drover-step-")
 	if err != nil {
 		return nil, fmt.Errorf("exec step: %w", err)
@@ -170,7 +202,7 @@ func prepareExecStep(ctx context.Context, t *Task) (*execStep, error) {
 	return st, nil
 }
 
-// sleptBefore reports whether task t has slept.
+// sleptBefore reports whether task t's history shows it asleep.
 func sleptBefore(t *Task) bool {
 	for _, tr := range t.Transitions {
 		if tr.Status == Sleeping {
@@ -201,8 +233,11 @@ func (st *execStep) finish(ctx context.Context, t *Task, out []byte) ([]byte, er
 	if st.dir == "" {
 		return out, nil
 	}
-	b, err := os.ReadFile(filepath.Join(st.dir, "sleep"))
-	if err != nil || len(bytes.TrimSpace(b)) == 0 {
+	b, err := st.readSleep()
+	if err != nil {
+		return nil, Permanent(err)
+	}
+	if len(bytes.TrimSpace(b)) == 0 {
 		return out, nil
 	}
 	if len(out) > task.DefaultStateLimit {
@@ -226,8 +261,45 @@ func (st *execStep) finish(ctx context.Context, t *Task, out []byte) ([]byte, er
 	name := "step " + strconv.Itoa(st.step)
 	next := task.Checkpoint{TaskID: t.ID, Step: st.step, StepName: name, State: out, SleepUntil: until, Worker: w.worker, Token: st.f.Token(), At: at}
 	rec := task.StepRecord{Step: st.step, Name: name, Worker: w.worker, Token: st.f.Token(), StartedAt: at, FinishedAt: at}
-	if err := store.Commit(ctx, st.f, st.cp, &next, rec); err != nil {
+	// The fence, not the handler's context, decides whether this write
+	// counts: commit even if the context ended as the command exited.
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if err := store.Commit(cctx, st.f, st.cp, &next, rec); err != nil {
 		return nil, err
 	}
 	return nil, &parked{until: until}
+}
+
+// maxSleepFile bounds what is read of the sleep file.
+const maxSleepFile = 1 << 10
+
+// readSleep reads the sleep file the command wrote: nothing when there
+// is none; an error when it is not a regular file (a link, a device) or
+// holds more than maxSleepFile bytes.
+func (st *execStep) readSleep() ([]byte, error) {
+	name := filepath.Join(st.dir, "sleep")
+	fi, err := os.Lstat(name)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("exec step %d: DROVER_SLEEP_FILE: %w", st.step, err)
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("exec step %d: DROVER_SLEEP_FILE must be a regular file, not %s", st.step, fi.Mode().Type())
+	}
+	f, err := os.Open(name)
+	if err != nil {
+		return nil, fmt.Errorf("exec step %d: DROVER_SLEEP_FILE: %w", st.step, err)
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxSleepFile+1))
+	if err != nil {
+		return nil, fmt.Errorf("exec step %d: DROVER_SLEEP_FILE: %w", st.step, err)
+	}
+	if len(b) > maxSleepFile {
+		return nil, fmt.Errorf("exec step %d: DROVER_SLEEP_FILE must hold at most %d bytes (a duration or a time)", st.step, maxSleepFile)
+	}
+	return b, nil
 }

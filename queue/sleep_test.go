@@ -264,7 +264,8 @@ func TestHandlerSleepRunsAgain(t *testing.T) {
 		t.Fatal(err)
 	}
 	var runs atomic.Int32
-	w := newWorker(t, cli, queue.WorkerConfig{Namespace: ns, Queue: "q", Concurrency: 1, Drain: true})
+	// Not Drain: a draining worker does not wait for a sleeping task.
+	w := newWorker(t, cli, queue.WorkerConfig{Namespace: ns, Queue: "q", Concurrency: 1})
 	queue.SetWorkerClock(w, clock.now)
 	w.HandleAll(func(_ context.Context, tk *queue.Task) ([]byte, error) {
 		if runs.Add(1) == 1 {
@@ -272,13 +273,19 @@ func TestHandlerSleepRunsAgain(t *testing.T) {
 		}
 		return []byte(strconv.Itoa(tk.Attempt)), nil
 	})
+	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { runDrain(t, w); close(done) }()
+	go func() { _ = w.Run(ctx); close(done) }()
 	waitUntil(t, "the task to sleep", func() bool {
 		st, err := c.Stats(context.Background(), "q")
 		return err == nil && st.Sleeping == 1
 	})
 	clock.advance(time.Second)
+	waitUntil(t, "the task to succeed", func() bool {
+		g, err := c.Get(context.Background(), "poll")
+		return err == nil && g.CurrentStatus == queue.Succeeded
+	})
+	cancel()
 	<-done
 	got, err := c.Get(context.Background(), "poll")
 	if err != nil || got.CurrentStatus != queue.Succeeded || string(got.Result) != "1" || runs.Load() != 2 {
@@ -295,7 +302,7 @@ func TestSleepCheckpointedButNotParked(t *testing.T) {
 	c, cli := newClient(t, ns)
 	clock := newStillClock()
 	var sc stepCounter
-	steps := sc.steps(time.Second)
+	steps := sc.steps(time.Minute) // beyond task.SleepMargin: not waited out in-process
 	store, _ := task.NewStore(cli, ns)
 	if _, err := c.Submit(context.Background(), "q", []queue.Task{{ID: "gap", Type: "agent"}}, nil); err != nil {
 		t.Fatal(err)
@@ -326,7 +333,12 @@ func TestSleepCheckpointedButNotParked(t *testing.T) {
 	if sc.count("s1") != 1 || sc.count("s2") != 0 {
 		t.Fatalf("steps ran %v before the sleep ended", sc.runs)
 	}
-	clock.advance(time.Second)
+	clock.advance(time.Minute)
+	// The worker's mover waits a minute of real time on its timer: move
+	// the task now, on the same clock.
+	if n, err := queue.MoveSleeps(context.Background(), c, "q", clock.now); err != nil || n != 1 {
+		t.Fatalf("moved %d (%v), want 1", n, err)
+	}
 	waitUntil(t, "the task to finish", func() bool {
 		got, err := c.Get(context.Background(), "gap")
 		return err == nil && got.CurrentStatus == queue.Succeeded

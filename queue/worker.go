@@ -332,6 +332,7 @@ type outcome struct {
 	err    error
 	delay  time.Duration
 	until  time.Time // when a Sleeping task falls due
+	repark bool      // a Sleeping task that ran nothing, parked again
 	// deferred is why flow control handed the task back (with delay), ""
 	// otherwise.
 	deferred string

@@ -326,7 +326,8 @@ type StepConfig struct {
 // A step that ends with a SleepRequest has its state checkpointed with the
 // time the sleep ends, and RunSteps returns with Result.SleepingUntil set;
 // so it does, running nothing, when the checkpoint's sleep has not ended
-// on cfg.Now's clock.
+// on cfg.Now's clock; a sleep that ends within SleepMargin it waits out
+// in-process, then runs on.
 func (s *Store) RunSteps(ctx context.Context, f lease.Fence, id string, steps []Step, cfg StepConfig) (Result, error) {
 	if err := CheckSteps(steps); err != nil {
 		return Result{}, err
@@ -355,7 +356,9 @@ func (s *Store) RunSteps(ctx context.Context, f lease.Fence, id string, steps []
 	if cp.Step > 0 && cp.Steps != len(steps) {
 		return res, fmt.Errorf("task %s: checkpoint at step %d of %d, but %d steps were given: %w", id, cp.Step, cp.Steps, len(steps), ErrStepsChanged)
 	}
-	if cp.SleepUntil.After(r.now()) {
+	if near, err := WaitNearSleep(ctx, cp.SleepUntil, r.now); err != nil {
+		return res, err
+	} else if !near {
 		res.SleepingUntil = cp.SleepUntil
 		r.emit(Event{Type: EventSleeping, TaskID: id, Step: cp.Step, Name: cp.StepName, Until: cp.SleepUntil})
 		return res, nil
@@ -381,6 +384,35 @@ func (s *Store) RunSteps(ctx context.Context, f lease.Fence, id string, steps []
 	}
 	r.emit(Event{Type: EventCompleted, TaskID: id, Step: len(steps)})
 	return res, nil
+}
+
+// SleepMargin is how near its end a checkpoint's sleep may be for a run
+// that finds it to wait in-process rather than let the task go: clocks
+// that differ by less than this do not make a task that was moved back
+// to pending on one clock park again on another.
+const SleepMargin = 5 * time.Second
+
+// WaitNearSleep waits, on a real timer, for a sleep that ends at until
+// on now's clock and ends within SleepMargin, and reports true: the run
+// may go on. A sleep that has ended reports true at once; one further
+// off reports false, without waiting. It returns ctx's error if ctx ends
+// first.
+func WaitNearSleep(ctx context.Context, until time.Time, now func() time.Time) (bool, error) {
+	left := until.Sub(now())
+	switch {
+	case left <= 0:
+		return true, nil
+	case left > SleepMargin:
+		return false, nil
+	}
+	t := time.NewTimer(left)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false, context.Cause(ctx)
+	case <-t.C:
+		return true, nil
+	}
 }
 
 // stepRun is one RunSteps call.

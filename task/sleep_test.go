@@ -58,11 +58,11 @@ func TestRunnerStepSleeps(t *testing.T) {
 	if g, _ := cli.Get(ctx, keyspace.MustNew(ns).Lock(keyspace.TaskLock("nap")), clientv3.WithPrefix(), clientv3.WithCountOnly()); g.Count != 0 {
 		t.Fatalf("%d lock keys held while the task sleeps", g.Count)
 	}
-	clock.Add(int64(time.Hour - time.Nanosecond))
+	clock.Add(int64(time.Hour - task.SleepMargin - time.Nanosecond))
 	if res, err = b.Run(ctx, "nap", steps); err != nil || res.StepsRun != 0 || !res.SleepingUntil.Equal(wantUntil) {
-		t.Fatalf("run 1 ns early: %+v, %v: want nothing run", res, err)
+		t.Fatalf("run SleepMargin and 1 ns early: %+v, %v: want nothing run", res, err)
 	}
-	clock.Add(1)
+	clock.Add(int64(task.SleepMargin + 1))
 	if res, err = b.Run(ctx, "nap", steps); err != nil || res.StepsRun != 1 || res.ResumedFrom != 2 || !res.SleepingUntil.Equal(now().Add(10*time.Minute)) {
 		t.Fatalf("run at the due time: %+v, %v: want step 2 run and a 10 min sleep", res, err)
 	}

@@ -34,12 +34,13 @@ func TestWorkerKilledWhileResumingSleepingTask(t *testing.T) {
 	if err := os.WriteFile(script, []byte(sleepScript), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if r := drover(t, append(etcdFlags(ns), "submit", "--queue", "naps", "--type", "agent", "--param", "id=1")...); r.code != 0 {
+	if r := drover(t, append(etcdFlags(ns), "submit", "--queue", "naps", "--type", "agent", "--id", "nap-1", "--param", "id=1")...); r.code != 0 {
 		t.Fatalf("submit: %d %s", r.code, r.stderr)
 	}
 	worker := func(extra ...string) *process {
 		args := append(etcdFlags(ns), "worker", "--queue", "naps", "--ttl", "2s", "--handler", "exec:sh "+script)
-		return start(t, cleanEnv(append([]string{"LOG=" + log}, extra...)...), append(args, "--drain")...)
+		// Not --drain: a draining worker does not wait for a sleeping task.
+		return start(t, cleanEnv(append([]string{"LOG=" + log}, extra...)...), args...)
 	}
 	runs := func() []string {
 		b, _ := os.ReadFile(log)
@@ -53,7 +54,11 @@ func TestWorkerKilledWhileResumingSleepingTask(t *testing.T) {
 	_ = victim.cmd.Process.Signal(syscall.SIGKILL)
 	victim.wait(t, 30*time.Second)
 	rescuer := worker()
-	if code := rescuer.wait(t, 90*time.Second); code != 0 {
+	if r := drover(t, append(etcdFlags(ns), "tasks", "wait", "nap-1", "--timeout", "90s")...); r.code != 0 {
+		t.Fatalf("tasks wait: %d %s %s; rescuer: %s", r.code, r.stdout, r.stderr, rescuer.stderr.String())
+	}
+	_ = rescuer.cmd.Process.Signal(syscall.SIGTERM)
+	if code := rescuer.wait(t, 30*time.Second); code != 0 {
 		t.Fatalf("rescuer exit %d: %s", code, rescuer.stderr.String())
 	}
 	var steps []string
