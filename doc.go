@@ -35,6 +35,8 @@
 //     a lock, each step's checkpoint written fenced, resumed after a crash.
 //   - [github.com/droverhq/drover/queue]: durable task queues: batched
 //     submission, fenced claims, retries, a dead-letter queue, workers.
+//   - [github.com/droverhq/drover/queue/history]: a queue's history, a
+//     minute at a time, as the servers close it.
 //   - [github.com/droverhq/drover/schedule]: tasks submitted on a cron
 //     expression or an interval, once per tick across every server.
 //   - [github.com/droverhq/drover/flow]: fleet-wide rate limits,

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/droverhq/drover/internal/qstats"
 	"github.com/droverhq/drover/keyspace"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -127,27 +126,4 @@ func (c *Client) DeleteQueue(ctx context.Context, q string, progress func(done i
 		return n, fmt.Errorf("queue: delete queue %s: %w", q, err)
 	}
 	return n, nil
-}
-
-// History is a queue's history over an hour or a day, a minute at a time
-// (see [Client.History]).
-type History = qstats.History
-
-// History returns queue q's history over window, time.Hour or 24 h: per
-// minute, the tasks processed, failed, retried and deferred, the depth at
-// the minute's end and the latency from submission to first claim, with
-// the window's totals and percentiles. The minutes are those the drover
-// servers of the installation closed (docs/queue.md, "Queue history"): a
-// minute under way is not in it yet. It returns ErrNoQueue when nothing
-// was ever submitted to q, and a drover.InputError for another window.
-func (c *Client) History(ctx context.Context, q string, window time.Duration) (*History, error) {
-	if err := qstats.CheckWindow("window", window); err != nil {
-		return nil, err
-	}
-	if ok, err := c.Exists(ctx, q); err != nil {
-		return nil, err
-	} else if !ok {
-		return nil, fmt.Errorf("%w %s: nothing was ever submitted to it; check the name (drover queues list)", ErrNoQueue, q)
-	}
-	return qstats.Read(ctx, c.cli, c.keys.Namespace(), q, window, c.now())
 }
