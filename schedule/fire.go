@@ -48,9 +48,10 @@ func backoff(n int, interval time.Duration) time.Duration {
 }
 
 // EnvCrashAfterSubmit, set to N, makes a process that fires ticks kill
-// itself (SIGKILL) right after submitting its Nth fire's task, before the
-// move that records it: tests use it to show that the next mover submits
-// the same task id, and that it counts once.
+// itself (SIGKILL) right after submitting the task of its Nth fire of its
+// own namespace's schedules, before the move that records it: tests use
+// it to show that the next mover submits the same task id, and that it
+// counts once.
 const EnvCrashAfterSubmit = "DROVER_TEST_SCHEDULE_CRASH_AFTER_SUBMIT"
 
 // move is the due index's Move: it fires the tick the due item kv stands
@@ -265,13 +266,15 @@ func abort(kv *mvccpb.KeyValue) []clientv3.Op {
 	return []clientv3.Op{clientv3.OpPut(string(kv.Key), string(kv.Value))}
 }
 
-// crashHook kills the process after the Nth submission when
+// crashHook kills the process after the Nth submission of its own
+// namespace's schedules (the Runner's Client's; a server fires the other
+// namespaces' too, which tests in parallel create) when
 // EnvCrashAfterSubmit says so.
-func (r *Runner) crashHook() {
+func (r *nsRunner) crashHook() {
 	if r.afterSubmit != nil {
 		r.afterSubmit()
 	}
-	if r.crashAfter > 0 && r.fired.Add(1) == r.crashAfter {
+	if r.crashAfter > 0 && r.c.keys == r.Client.keys && r.fired.Add(1) == r.crashAfter {
 		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 		select {}
 	}
