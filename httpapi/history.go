@@ -2,13 +2,12 @@ package httpapi
 
 import (
 	"context"
-	"fmt"
 	"net/http"
 	"time"
 
 	"github.com/danielgtaylor/huma/v2"
 	"github.com/droverhq/drover/internal/qstats"
-	"github.com/droverhq/drover/queue"
+	"github.com/droverhq/drover/queue/history"
 )
 
 // DefaultStatsInterval is how often the server samples the counts of a
@@ -115,27 +114,20 @@ type QueueHistory struct {
 }
 
 func (s *Server) queueHistory(ctx context.Context, in *queueHistoryInput) (*struct{ Body QueueHistory }, error) {
-	c, err := s.queueFor(ctx, in.Queue)
-	if err != nil {
-		return nil, err
+	window := history.Hour
+	if in.Window == "24h" {
+		window = history.Day
 	}
-	if ok, err := c.Exists(ctx, in.Queue); err != nil || !ok {
-		if err == nil {
-			err = fmt.Errorf("%w %s: nothing was ever submitted to it; check the name (drover queues list)", queue.ErrNoQueue, in.Queue)
-		}
+	ns := s.nsOf(ctx)
+	// Read checks the queue: queue.ErrNoQueue (a 404) when nothing was
+	// ever submitted to it.
+	h, err := history.Read(ctx, s.cli, ns, in.Queue, window)
+	if err != nil {
 		return nil, problem(err, queueWhere)
 	}
 	// The history of another namespace than the server's is kept from its
 	// first request answered: one refused starts nothing.
-	s.hub.follow(s.nsOf(ctx))
-	window := qstats.Hour
-	if in.Window == "24h" {
-		window = qstats.Day
-	}
-	h, err := qstats.Read(ctx, s.cli, s.nsOf(ctx), in.Queue, window, time.Now())
-	if err != nil {
-		return nil, problem(err, queueWhere)
-	}
+	s.hub.follow(ns)
 	return &struct{ Body QueueHistory }{QueueHistoryOf(h)}, nil
 }
 

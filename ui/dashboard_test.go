@@ -12,24 +12,38 @@ import (
 )
 
 // TestUIOverviewCounts: the overview shows the counts by state of a queue
-// the test filled (scheduled, pending, running, dead).
+// the test filled (scheduled, pending, running, sleeping, dead), and the
+// queue's page shows the same counts on its tabs.
 func TestUIOverviewCounts(t *testing.T) {
 	s := newSite(t)
-	s.submit("emails", "e1", "e2", "e3", "e4", "e5")
+	s.submit("emails", "e1", "e2", "e3", "e4", "e5", "e6")
 	s.do("POST", "/v1/queues/emails/tasks", []map[string]any{{"task_id": "later", "task_type": "x", "delay": "1h"}}, 200)
 	sess := s.session()
 	s.kill("emails", sess, 1)
 	s.do("POST", "/v1/queues/emails/claim", map[string]any{"session": sess, "max": 1}, 200)
+	s.sleep("emails", sess, "1h")
 
+	want := map[string]string{"scheduled": "1", "pending": "3", "running": "1", "retrying": "0", "sleeping": "1", "succeeded": "0", "dead": "1", "cancelled": "0"}
 	tb := newTab(t)
 	tb.do("open the overview", chromedp.Navigate(s.base+"/ui/"))
 	count := func(state string) string {
 		return fmt.Sprintf(`document.querySelector('tr[data-queue="emails"] [data-state="%s"]')?.textContent`, state)
 	}
 	tb.waitJS("the queue's row", count("pending")+` === "3"`)
-	for state, want := range map[string]string{"scheduled": "1", "pending": "3", "running": "1", "retrying": "0", "succeeded": "0", "dead": "1", "cancelled": "0"} {
-		if got := eval[string](tb, count(state)); got != want {
-			t.Errorf("%s: the page shows %q, want %q", state, got, want)
+	for state, n := range want {
+		if got := eval[string](tb, count(state)); got != n {
+			t.Errorf("overview, %s: the page shows %q, want %q", state, got, n)
+		}
+	}
+
+	tb.do("open the queue", chromedp.Navigate(s.base+"/ui/#/queue/emails"))
+	tab := func(state string) string {
+		return fmt.Sprintf(`document.querySelector('a[data-tab="%s"] .count')?.textContent`, strings.ToUpper(state))
+	}
+	tb.waitJS("the queue's tabs", tab("pending")+` === "3"`)
+	for state, n := range want {
+		if got := eval[string](tb, tab(state)); got != n {
+			t.Errorf("queue page, %s: the tab shows %q, want %q", state, got, n)
 		}
 	}
 	tb.noConsoleErrors()

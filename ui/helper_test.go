@@ -145,6 +145,22 @@ func (s *site) kill(q, sess string, n int) []string {
 	return ids
 }
 
+// sleep claims one task of q under sess and reports it asleep for d
+// (a duration such as 1h): it goes SLEEPING. It returns its id.
+func (s *site) sleep(q, sess, d string) string {
+	s.t.Helper()
+	r := s.do("POST", "/v1/queues/"+q+"/claim", map[string]any{"session": sess, "max": 1}, 200)
+	tasks := r["tasks"].([]any)
+	if len(tasks) != 1 {
+		s.t.Fatalf("claim of %s: %d tasks, want 1", q, len(tasks))
+	}
+	task := tasks[0].(map[string]any)
+	id := task["task_id"].(string)
+	s.do("POST", "/v1/queues/"+q+"/outcomes", map[string]any{"session": sess,
+		"outcomes": []map[string]any{{"task_id": id, "token": task["token"], "sleep_for": d}}}, 200)
+	return id
+}
+
 // browser is one Chromium for the package's tests, started by the first
 // test that needs it; each test opens tabs of its own.
 var browser struct {

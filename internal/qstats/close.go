@@ -171,6 +171,9 @@ func (r *Recorder) write(ctx context.Context, m time.Time, recs map[string]recor
 	mv, _ := json.Marshal(mark{Minute: m.Unix(), Rev: through, At: r.cfg.Now().UnixMilli()})
 	n := min(len(names), maxTxnOps-1)
 	rev, err := r.commit(ctx, m, recs, names[:n], clientv3.Compare(clientv3.ModRevision(markKey), "=", markMod), clientv3.OpPut(markKey, string(mv)))
+	if err == nil && rev == 0 {
+		err = r.markGone(ctx, markMod)
+	}
 	if err != nil || rev == 0 {
 		return false, err
 	}
@@ -196,6 +199,25 @@ func (r *Recorder) write(ctx context.Context, m time.Time, recs map[string]recor
 		}
 	}
 	return true, nil
+}
+
+// markGone is called when the mark was not at markMod: most often another
+// recorder moved it (the watch brings the new one), but it may have been
+// deleted (by hand, or with the namespace's keys), which the watch does
+// not say. Then the next close creates it again.
+func (r *Recorder) markGone(ctx context.Context, markMod int64) error {
+	resp, err := r.cfg.Client.Get(ctx, r.keys.QueueHistoryMark(), clientv3.WithCountOnly())
+	if err != nil {
+		return err
+	}
+	if resp.Count == 0 {
+		r.mu.Lock()
+		if r.markMod == markMod {
+			r.markMod = 0
+		}
+		r.mu.Unlock()
+	}
+	return nil
 }
 
 // commit writes the records of queues names with ops, if cmp holds: the

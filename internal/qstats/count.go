@@ -26,11 +26,9 @@ func (r *Recorder) take(wr clientv3.WatchResponse) {
 		r.through = max(r.through, rev)
 		key := string(ev.Kv.Key)
 		if key == r.keys.QueueHistoryMark() {
-			if ev.Type == mvccpb.PUT {
+			if ev.Type == mvccpb.PUT { // the watch filters deletions out
 				r.checkClockLocked(ev.Kv.Value, rev)
 				r.setMarkLocked(ev.Kv.Value, rev)
-			} else {
-				r.markMod = 0 // deleted: the next close creates it again
 			}
 			continue
 		}

@@ -175,8 +175,7 @@ func (r *Recorder) follow(ctx context.Context) error {
 	r.mu.Unlock()
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
-	wch := r.cfg.Client.Watch(wctx, r.keys.QueueHistory(), clientv3.WithRange(r.keys.QueueWatchEnd()),
-		clientv3.WithRev(from), clientv3.WithProgressNotify())
+	wch := r.cfg.Client.Watch(wctx, r.keys.QueueHistory(), watchOptions(r.keys, from)...)
 	var tick <-chan time.Time
 	if !r.cfg.Manual {
 		t := time.NewTicker(closeEvery)
@@ -203,6 +202,18 @@ func (r *Recorder) follow(ctx context.Context) error {
 			r.closeDue(ctx)
 		}
 	}
+}
+
+// watchOptions are the options of the recorder's watch of the queue
+// history's keys and the queues' keys, from revision from. The watch
+// needs values (runs, retries, minute records and the mark are decoded),
+// so it cannot be keys-only (etcd has no such watch), but no deletion is
+// counted: the store leaves them out before they are sent, about a third
+// of a queue's events. The mark's own deletion is found when a close's
+// compare fails (see markGone).
+func watchOptions(keys keyspace.Space, from int64) []clientv3.OpOption {
+	return []clientv3.OpOption{clientv3.WithRange(keys.QueueWatchEnd()), clientv3.WithRev(from),
+		clientv3.WithProgressNotify(), clientv3.WithFilterDelete()}
 }
 
 // begin reads the mark when the recorder has not yet: its watch starts

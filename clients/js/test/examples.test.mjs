@@ -17,7 +17,7 @@ const dir = fileURLToPath(new URL("../build/examples/", import.meta.url));
 const examples = readdirSync(dir).filter((f) => f.endsWith(".js")).sort();
 
 test("every example was built", () => {
-  assert.deepEqual(examples, ["langgraph.js", "limits.js", "lock.js", "paxos.js", "registry.js", "session.js", "steps.js", "submit-ndjson.js", "worker.js"]);
+  assert.deepEqual(examples, ["langgraph.js", "limits.js", "lock.js", "paxos.js", "registry.js", "search-history.js", "session.js", "steps.js", "submit-ndjson.js", "worker.js"]);
 });
 
 // paxos.js needs a `drover paxos serve` group, not this server:
@@ -31,5 +31,6 @@ for (const f of examples.filter((f) => f !== "paxos.js")) {
     if (f === "submit-ndjson.js") assert.match(stdout, /^10000 0 \[/m);
     if (f === "langgraph.js") assert.match(stdout, /count: 2/);
     if (f === "steps.js") assert.match(stdout, /\[ 1, 2, 3 \]/);
+    if (f === "search-history.js") assert.match(stdout, /\[ 'report-1', 'report-3' \] true\nreport-1\nreport-3\nreport-5\n.*moved: 2 }\n.*moved: 4 }\n60 0 0\n/);
   });
 }

@@ -1,17 +1,19 @@
-// Overview: every queue with its counts, the processed and failed rates of
-// the last hour, live workers, held locks and open breakers.
+// Overview: every queue with its counts by state (scheduled and sleeping
+// ones included), the processed and failed rates of the last hour, live
+// workers, held locks and open breakers.
 
 import { get, enc } from "./api.js";
 import { h, replace, num, rate, ago, badge, bar, table, panel, errorBox } from "./dom.js";
 import { drawChart } from "./chart.js";
 
-const STATES = ["scheduled", "pending", "running", "retrying", "succeeded", "dead", "cancelled"];
-const SHORT = { scheduled: "sched.", pending: "pend.", running: "run.", retrying: "retry", succeeded: "done", dead: "dead", cancelled: "canc." };
+const STATES = ["scheduled", "pending", "running", "retrying", "sleeping", "succeeded", "dead", "cancelled"];
+const SHORT = { scheduled: "sched.", pending: "pend.", running: "run.", retrying: "retry", sleeping: "sleep", succeeded: "done", dead: "dead", cancelled: "canc." };
+const NARROW = new Set(["scheduled", "sleeping", "cancelled"]); // hidden at phone width
 
 export function queuesTable(queues) {
   const cols = [
     { label: "Queue", cell: (q) => [h("a", { href: "#/queue/" + enc(q.name) }, q.name), q.paused ? [" ", badge("paused", "b-half-open")] : null] },
-    ...STATES.map((s) => ({ label: s, short: SHORT[s], num: true, narrow: s === "cancelled" || s === "scheduled", cell: (q) => h("span", { "data-state": s }, num(q[s])) })),
+    ...STATES.map((s) => ({ label: s, short: SHORT[s], num: true, narrow: NARROW.has(s), cell: (q) => h("span", { "data-state": s }, num(q[s])) })),
     { label: "Max depth", num: true, narrow: true, cell: (q) => (q.max_depth ? num(q.max_depth) : "none") },
     { label: "FIFO", narrow: true, cell: (q) => (q.fifo ? "yes" : "no") },
   ];

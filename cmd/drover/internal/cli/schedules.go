@@ -31,10 +31,16 @@ tick's time, however many servers run and whichever of them dies.`,
   drover schedules pause nightly`,
 	}
 	cmd.AddCommand(a.schedulesCreateCommand(), a.schedulesUpdateCommand(), a.schedulesListCommand(), a.schedulesGetCommand(),
-		a.schedulesActionCommand("pause", "Stop a schedule's fires until resume (a trigger still fires)"),
-		a.schedulesActionCommand("resume", "Fire a paused schedule again from its next tick (the ticks it missed do not fire)"),
-		a.schedulesActionCommand("trigger", "Fire a schedule once now, with a task id of its own"),
-		a.schedulesActionCommand("delete", "Delete a schedule and its history (its tasks stay)"),
+		a.schedulesActionCommand("pause", "Stop a schedule's fires until resume (a trigger still fires)",
+			func(ctx context.Context, c *schedule.Client, name string) (any, error) { return c.Pause(ctx, name) }),
+		a.schedulesActionCommand("resume", "Fire a paused schedule again from its next tick (the ticks it missed do not fire)",
+			func(ctx context.Context, c *schedule.Client, name string) (any, error) { return c.Resume(ctx, name) }),
+		a.schedulesActionCommand("trigger", "Fire a schedule once now, with a task id of its own",
+			func(ctx context.Context, c *schedule.Client, name string) (any, error) { return c.Trigger(ctx, name) }),
+		a.schedulesActionCommand("delete", "Delete a schedule and its history (its tasks stay)",
+			func(ctx context.Context, c *schedule.Client, name string) (any, error) {
+				return map[string]any{"name": name, "deleted": true}, c.Delete(ctx, name)
+			}),
 		a.schedulesHistoryCommand())
 	return cmd
 }
@@ -109,22 +115,31 @@ func scheduleFlagError(err error) error {
 	return ie.Renamed("--" + ie.Field)
 }
 
-// scheduleClient connects and returns a client of the namespace's
-// schedules.
-func (a *app) scheduleClient(ctx context.Context) (*schedule.Client, func(), error) {
+// withSchedules connects and runs fn with a client of the namespace's
+// schedules, closing the connection once fn returns.
+func (a *app) withSchedules(ctx context.Context, fn func(*schedule.Client) error) error {
 	if err := a.checkGlobal(); err != nil {
-		return nil, nil, err
+		return err
 	}
 	cli, err := a.connect(ctx)
 	if err != nil {
-		return nil, nil, err
+		return err
 	}
+	defer cli.Close()
 	c, err := schedule.New(schedule.Config{Etcd: cli, Namespace: a.namespace})
 	if err != nil {
-		cli.Close()
-		return nil, nil, err
+		return err
 	}
-	return c, func() { cli.Close() }, nil
+	return fn(c)
+}
+
+// onSchedule checks the schedule's name, then runs fn on it with
+// withSchedules; fn's error gets the exit code scheduleError gives.
+func (a *app) onSchedule(ctx context.Context, name string, fn func(ctx context.Context, c *schedule.Client, name string) error) error {
+	if err := keyspace.CheckName("NAME", name); err != nil {
+		return err
+	}
+	return a.withSchedules(ctx, func(c *schedule.Client) error { return scheduleError(fn(ctx, c, name)) })
 }
 
 // scheduleError gives the exit code of a schedule's error: 2 for a name
@@ -154,16 +169,13 @@ func (a *app) schedulesCreateCommand() *cobra.Command {
 			if err := s.Validate(); err != nil {
 				return scheduleFlagError(err)
 			}
-			c, done, err := a.scheduleClient(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer done()
-			s, err = c.Create(cmd.Context(), s)
-			if err != nil {
-				return scheduleError(err)
-			}
-			return a.printSchedule(s, f.asJSON)
+			return a.withSchedules(cmd.Context(), func(c *schedule.Client) error {
+				s, err := c.Create(cmd.Context(), s)
+				if err != nil {
+					return scheduleError(err)
+				}
+				return a.printSchedule(s, f.asJSON)
+			})
 		},
 	}
 	f.register(cmd)
@@ -181,22 +193,16 @@ at its first tick from now; other changes keep its next fire.`,
   drover schedules update nightly --params '{"full":true}' --overlap allow --json`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := keyspace.CheckName("NAME", args[0]); err != nil {
-				return err
-			}
 			if cmd.Flags().NFlag() == 0 || (cmd.Flags().NFlag() == 1 && cmd.Flags().Changed("json")) {
 				return usageError{fmt.Errorf("nothing to change: give a flag such as --every 1m (see 'drover schedules update --help')")}
 			}
-			c, done, err := a.scheduleClient(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer done()
-			s, err := c.Update(cmd.Context(), args[0], func(s *schedule.Schedule) { f.apply(cmd, s) })
-			if err != nil {
-				return scheduleError(err)
-			}
-			return a.printSchedule(s, f.asJSON)
+			return a.onSchedule(cmd.Context(), args[0], func(ctx context.Context, c *schedule.Client, name string) error {
+				s, err := c.Update(ctx, name, func(s *schedule.Schedule) { f.apply(cmd, s) })
+				if err != nil {
+					return err
+				}
+				return a.printSchedule(s, f.asJSON)
+			})
 		},
 	}
 	f.register(cmd)
@@ -211,24 +217,21 @@ func (a *app) schedulesListCommand() *cobra.Command {
 		Example: "  drover schedules list --json",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, done, err := a.scheduleClient(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer done()
-			list, err := c.List(cmd.Context())
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				return json.NewEncoder(a.stdout).Encode(map[string]any{"data": list})
-			}
-			w := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(w, "NAME\tWHEN\tQUEUE\tTYPE\tNEXT FIRE\tPAUSED")
-			for _, s := range list {
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%t\n", s.Name, when(s), s.Queue, s.Type, nextFire(s), s.Paused)
-			}
-			return w.Flush()
+			return a.withSchedules(cmd.Context(), func(c *schedule.Client) error {
+				list, err := c.List(cmd.Context())
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					return json.NewEncoder(a.stdout).Encode(map[string]any{"data": list})
+				}
+				w := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+				fmt.Fprintln(w, "NAME\tWHEN\tQUEUE\tTYPE\tNEXT FIRE\tPAUSED")
+				for _, s := range list {
+					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%t\n", s.Name, when(s), s.Queue, s.Type, nextFire(s), s.Paused)
+				}
+				return w.Flush()
+			})
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, `print JSON: {"data": [...]}`)
@@ -269,27 +272,23 @@ func (a *app) schedulesGetCommand() *cobra.Command {
 		Example: "  drover schedules get nightly --json",
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := keyspace.CheckName("NAME", args[0]); err != nil {
-				return err
-			}
-			c, done, err := a.scheduleClient(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer done()
-			s, err := c.Get(cmd.Context(), args[0])
-			if err != nil {
-				return scheduleError(err)
-			}
-			return a.printSchedule(s, asJSON)
+			return a.onSchedule(cmd.Context(), args[0], func(ctx context.Context, c *schedule.Client, name string) error {
+				s, err := c.Get(ctx, name)
+				if err != nil {
+					return err
+				}
+				return a.printSchedule(s, asJSON)
+			})
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
 }
 
-// schedulesActionCommand is pause, resume, trigger or delete.
-func (a *app) schedulesActionCommand(verb, short string) *cobra.Command {
+// schedulesActionCommand is pause, resume, trigger or delete: do is what
+// the verb does to the named schedule, and says what to print (the
+// schedule after it, the fire, or what was deleted).
+func (a *app) schedulesActionCommand(verb, short string, do func(ctx context.Context, c *schedule.Client, name string) (any, error)) *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
 		Use:     verb + " NAME [--json]",
@@ -297,42 +296,24 @@ func (a *app) schedulesActionCommand(verb, short string) *cobra.Command {
 		Example: fmt.Sprintf("  drover schedules %s nightly --json", verb),
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := keyspace.CheckName("NAME", args[0]); err != nil {
-				return err
-			}
-			c, done, err := a.scheduleClient(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer done()
-			ctx, name := cmd.Context(), args[0]
-			var out any
-			switch verb {
-			case "pause":
-				out, err = c.Pause(ctx, name)
-			case "resume":
-				out, err = c.Resume(ctx, name)
-			case "trigger":
-				out, err = c.Trigger(ctx, name)
-			case "delete":
-				err = c.Delete(ctx, name)
-				out = map[string]any{"name": name, "deleted": true}
-			}
-			if err != nil {
-				return scheduleError(err)
-			}
-			if s, ok := out.(schedule.Schedule); ok && !asJSON {
-				return a.printSchedule(s, false)
-			}
-			if asJSON {
-				return json.NewEncoder(a.stdout).Encode(out)
-			}
-			if f, ok := out.(schedule.Fire); ok {
-				fmt.Fprintf(a.stdout, "schedule %s fired: task %s, %s\n", name, f.TaskID, f.Outcome)
+			return a.onSchedule(cmd.Context(), args[0], func(ctx context.Context, c *schedule.Client, name string) error {
+				out, err := do(ctx, c, name)
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					return json.NewEncoder(a.stdout).Encode(out)
+				}
+				switch out := out.(type) {
+				case schedule.Schedule:
+					return a.printSchedule(out, false)
+				case schedule.Fire:
+					fmt.Fprintf(a.stdout, "schedule %s fired: task %s, %s\n", name, out.TaskID, out.Outcome)
+				default:
+					fmt.Fprintf(a.stdout, "schedule %s deleted\n", name)
+				}
 				return nil
-			}
-			fmt.Fprintf(a.stdout, "schedule %s deleted\n", name)
-			return nil
+			})
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
@@ -354,43 +335,42 @@ the queue; REMOVED after the task's retention).`,
 		Example: "  drover schedules history nightly --limit 20 --json",
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := keyspace.CheckName("NAME", args[0]); err != nil {
-				return err
-			}
 			if limit < 1 || limit > schedule.MaxHistory {
 				return &drover.InputError{Field: "--limit", Value: limit, Rule: fmt.Sprintf("must be between 1 and %d", schedule.MaxHistory)}
 			}
-			c, done, err := a.scheduleClient(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer done()
-			fires, err := c.History(cmd.Context(), args[0], limit)
-			if err != nil {
-				return scheduleError(err)
-			}
-			if asJSON {
-				return json.NewEncoder(a.stdout).Encode(map[string]any{"data": fires})
-			}
-			w := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(w, "NOMINAL\tSUBMITTED\tTASK\tOUTCOME")
-			for _, f := range fires {
-				sub := "-"
-				if !f.SubmittedAt.IsZero() {
-					sub = f.SubmittedAt.UTC().Format(time.RFC3339Nano)
+			return a.onSchedule(cmd.Context(), args[0], func(ctx context.Context, c *schedule.Client, name string) error {
+				fires, err := c.History(ctx, name, limit)
+				if err != nil {
+					return err
 				}
-				out := f.Outcome
-				if f.Count > 0 {
-					out = fmt.Sprintf("%s (%d ticks to %s)", out, f.Count, f.LastTime.UTC().Format(time.RFC3339))
+				if asJSON {
+					return json.NewEncoder(a.stdout).Encode(map[string]any{"data": fires})
 				}
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", f.NominalTime.UTC().Format(time.RFC3339), sub, f.TaskID, out)
-			}
-			return w.Flush()
+				return a.printFires(fires)
+			})
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, `print JSON: {"data": [...]}`)
 	cmd.Flags().IntVar(&limit, "limit", 100, fmt.Sprintf("most fires shown (1 to %d)", schedule.MaxHistory))
 	return cmd
+}
+
+// printFires prints a schedule's fires as a table.
+func (a *app) printFires(fires []schedule.Fire) error {
+	w := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "NOMINAL\tSUBMITTED\tTASK\tOUTCOME")
+	for _, f := range fires {
+		sub := "-"
+		if !f.SubmittedAt.IsZero() {
+			sub = f.SubmittedAt.UTC().Format(time.RFC3339Nano)
+		}
+		out := f.Outcome
+		if f.Count > 0 {
+			out = fmt.Sprintf("%s (%d ticks to %s)", out, f.Count, f.LastTime.UTC().Format(time.RFC3339))
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", f.NominalTime.UTC().Format(time.RFC3339), sub, f.TaskID, out)
+	}
+	return w.Flush()
 }
 
 // startSchedules runs the schedule runner over cli until the returned

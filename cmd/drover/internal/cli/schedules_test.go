@@ -61,9 +61,15 @@ func TestSchedulesCommands(t *testing.T) {
 	if r := run("trigger", "digest", "--json"); r.code != 0 || !strings.Contains(r.stdout, `"task_id":"digest-manual-`) {
 		t.Fatalf("trigger: %d %q %q", r.code, r.stdout, r.stderr)
 	}
+	if r := run("trigger", "digest"); r.code != 0 || !strings.HasPrefix(r.stdout, "schedule digest fired: task digest-manual-") {
+		t.Fatalf("trigger: %d %q %q", r.code, r.stdout, r.stderr)
+	}
 	r = run("history", "digest", "--json")
 	var h struct{ Data []schedule.Fire }
-	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &h) != nil || len(h.Data) != 1 || h.Data[0].Outcome != "PENDING" {
+	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &h) != nil || len(h.Data) != 2 || h.Data[0].Outcome != "PENDING" {
+		t.Fatalf("history: %d %q %q", r.code, r.stdout, r.stderr)
+	}
+	if r := run("history", "digest"); r.code != 0 || !strings.HasPrefix(r.stdout, "NOMINAL") || strings.Count(r.stdout, "digest-manual-") != 2 {
 		t.Fatalf("history: %d %q %q", r.code, r.stdout, r.stderr)
 	}
 	if r := run("resume", "digest"); r.code != 0 || !strings.Contains(r.stdout, "paused false") {
@@ -72,8 +78,8 @@ func TestSchedulesCommands(t *testing.T) {
 	if r := run("list"); r.code != 0 || !strings.Contains(r.stdout, "every 1h0m0s") {
 		t.Fatalf("list: %d %q %q", r.code, r.stdout, r.stderr)
 	}
-	if r := run("delete", "digest"); r.code != 0 {
-		t.Fatalf("delete: %d %q", r.code, r.stderr)
+	if r := run("delete", "digest"); r.code != 0 || strings.TrimSpace(r.stdout) != "schedule digest deleted" {
+		t.Fatalf("delete: %d %q %q", r.code, r.stdout, r.stderr)
 	}
 	if r := run("get", "digest"); r.code != 1 || !strings.Contains(r.stderr, "not found") {
 		t.Fatalf("get after delete: %d %q", r.code, r.stderr)
