@@ -308,7 +308,7 @@ func (h *hub) exportDepth(qs []QueueSummary) {
 	for _, q := range qs {
 		seen[q.Name] = true
 		for state, n := range map[string]int64{"scheduled": q.Scheduled, "pending": q.Pending, "running": q.Running, "retrying": q.Retrying,
-			"succeeded": q.Succeeded, "dead": q.Dead, "cancelled": q.Cancelled} {
+			"sleeping": q.Sleeping, "succeeded": q.Succeeded, "dead": q.Dead, "cancelled": q.Cancelled} {
 			metrics.QueueTasks.WithLabelValues(q.Name, state).Set(float64(n))
 		}
 		metrics.QueuePaused.WithLabelValues(q.Name).Set(map[bool]float64{true: 1}[q.Paused])

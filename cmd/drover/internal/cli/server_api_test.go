@@ -81,7 +81,7 @@ func TestTaskHistoryOfHTTPClaim(t *testing.T) {
 }
 
 // TestServerMetricsQueueDepth: the server's /metrics has drover_queue_tasks
-// for the queues of its namespace, by state (scheduled too), without a
+// for the queues of its namespace, by state (scheduled and sleeping too), without a
 // worker counting.
 func TestServerMetricsQueueDepth(t *testing.T) {
 	s := startAPIServer(t)
@@ -100,6 +100,7 @@ func TestServerMetricsQueueDepth(t *testing.T) {
 	pending := regexp.MustCompile(`drover_queue_tasks\{queue="` + regexp.QuoteMeta(q) + `",state="pending"\} 3\b`)
 	running := regexp.MustCompile(`drover_queue_tasks\{queue="` + regexp.QuoteMeta(q) + `",state="running"\} 1\b`)
 	scheduled := regexp.MustCompile(`drover_queue_tasks\{queue="` + regexp.QuoteMeta(q) + `",state="scheduled"\} 1\b`)
+	sleeping := regexp.MustCompile(`drover_queue_tasks\{queue="` + regexp.QuoteMeta(q) + `",state="sleeping"\} 0\b`)
 	// The server counts every 5 s: the bound only guards against a hang.
 	waitFor(t, 60*time.Second, "drover_queue_tasks 1 scheduled, 3 pending, 1 running in the server's /metrics", func() bool {
 		time.Sleep(100 * time.Millisecond)
@@ -109,6 +110,6 @@ func TestServerMetricsQueueDepth(t *testing.T) {
 		}
 		defer r.Body.Close()
 		b, _ := io.ReadAll(r.Body)
-		return pending.MatchString(string(b)) && running.MatchString(string(b)) && scheduled.MatchString(string(b))
+		return pending.MatchString(string(b)) && running.MatchString(string(b)) && scheduled.MatchString(string(b)) && sleeping.MatchString(string(b))
 	})
 }
