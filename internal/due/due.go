@@ -168,8 +168,12 @@ func (ix *Index) promote(ctx context.Context, from time.Time) (next, done time.T
 }
 
 // horizons are how far ahead of now the reads for the next item end, in
-// turn, until one finds it: a read that ends soon counts few keys.
-var horizons = []time.Duration{time.Second, time.Minute, time.Hour, 0}
+// turn, until one finds it: a read that ends soon counts few keys. The
+// first is short: while items fall due one after another (a million
+// tasks due over a minute are 5,000 segments a second), the next is
+// moments away, and a read a second ahead counted the 5,000 at every
+// move.
+var horizons = []time.Duration{10 * time.Millisecond, time.Second, time.Minute, time.Hour, 0}
 
 // first returns the first item from start on (nil: none).
 func (ix *Index) first(ctx context.Context, start string, now time.Time) (*mvccpb.KeyValue, error) {
