@@ -478,14 +478,14 @@ func (b *broker) claimTogether(ctx context.Context, q string, batch []*claimCall
 		}
 	}()
 	lead := batch[0].w
-	levels, fifo, _, open, _, err := lead.readLevels(rctx, batch[0].n, "", true)
+	levels, fifo, first, open, _, err := lead.readLevels(rctx, batch[0].n, "", true)
 	if err != nil || len(levels) > 0 || fifo {
 		// Tasks with records of their own go first, and a FIFO queue's
 		// claims all take its oldest segment: each claims alone.
 		return
 	}
 	lead.pickN = len(batch)
-	names, err := lead.pickSegments(rctx, open, false, lead.turnSeq.Load()+1)
+	names, err := lead.pickSegments(rctx, open, false, first != nil && first.bounded, lead.turnSeq.Load()+1)
 	if err != nil || len(names) == 0 {
 		return
 	}

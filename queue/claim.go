@@ -325,7 +325,6 @@ func (w *claimer) readLevels(ctx context.Context, n int, hot string, listOpen bo
 	pre := w.keys.SegmentsOpen(w.queue)
 	w.levelMu.Lock()
 	above, from, end, bounded := w.window.bounds(pre)
-	tail := w.window.tail
 	w.levelMu.Unlock()
 	if !bounded {
 		above, from, end = pre, pre, clientv3.GetPrefixRangeEnd(pre)
@@ -373,11 +372,11 @@ func (w *claimer) readLevels(ctx context.Context, n int, hot string, listOpen bo
 	// Segments of a higher level than the window's first, then the window.
 	open := append(resp.Responses[4].GetResponseRange().Kvs, resp.Responses[3].GetResponseRange().Kvs...)
 	if listOpen {
-		if open, bounded, err = w.sawOpen(ctx, pre, bounded, open); err != nil {
+		if open, bounded, err = w.sawOpen(ctx, pre, bounded, !bounded || end == clientv3.GetPrefixRangeEnd(pre), open); err != nil {
 			return nil, false, nil, nil, nil, err
 		}
 	}
-	return out, cfg.FIFO, &firstRead{start: start, kvs: resp.Responses[2].GetResponseRange().Kvs, rev: resp.Header.Revision, bounded: listOpen && bounded && !tail}, open, hotState, nil
+	return out, cfg.FIFO, &firstRead{start: start, kvs: resp.Responses[2].GetResponseRange().Kvs, rev: resp.Header.Revision, bounded: listOpen && bounded}, open, hotState, nil
 }
 
 // sawOpen adapts the window to the open segments a read found, and reads
@@ -385,8 +384,8 @@ func (w *claimer) readLevels(ctx context.Context, n int, hot string, listOpen bo
 // segment, or without a bound), when the read found none; it returns the
 // segments and whether their read stopped before the last open segment
 // (bounded).
-func (w *claimer) sawOpen(ctx context.Context, pre string, bounded bool, open []*mvccpb.KeyValue) ([]*mvccpb.KeyValue, bool, error) {
-	toLast := false // the last read ran to the last open segment
+func (w *claimer) sawOpen(ctx context.Context, pre string, bounded, toEnd bool, open []*mvccpb.KeyValue) ([]*mvccpb.KeyValue, bool, error) {
+	toLast := toEnd // the last read ran to the last open segment
 	for {
 		names := make([]string, 0, len(open))
 		for _, kv := range open {
@@ -394,7 +393,7 @@ func (w *claimer) sawOpen(ctx context.Context, pre string, bounded bool, open []
 			names = append(names, name)
 		}
 		w.levelMu.Lock()
-		enough := w.window.saw(names, openRead, bounded)
+		enough := w.window.sawTo(names, openRead, bounded, toEnd)
 		var above, from, end string
 		var ok bool
 		if !enough {
@@ -409,15 +408,17 @@ func (w *claimer) sawOpen(ctx context.Context, pre string, bounded bool, open []
 			if err != nil {
 				return nil, false, fmt.Errorf("queue: read open segments of %s: %w", w.queue, err)
 			}
-			open, bounded, toLast = g.Kvs, false, true
+			open, bounded, toLast, toEnd = g.Kvs, false, true, true
 			continue
 		}
-		// To the last open segment: bounded only below its head.
+		// To the last open segment (or a step of it, see toLast):
+		// bounded only below its head.
 		resp, err := w.cli.Txn(ctx).Then(openRange(pre, above), openRange(from, end)).Commit()
 		if err != nil {
 			return nil, false, fmt.Errorf("queue: read open segments of %s: %w", w.queue, err)
 		}
-		open, bounded, toLast = append(resp.Responses[0].GetResponseRange().Kvs, resp.Responses[1].GetResponseRange().Kvs...), true, true
+		toEnd = end == clientv3.GetPrefixRangeEnd(pre)
+		open, bounded, toLast = append(resp.Responses[0].GetResponseRange().Kvs, resp.Responses[1].GetResponseRange().Kvs...), true, toEnd
 	}
 }
 

@@ -149,9 +149,21 @@ func startDelayedWorkers(t *testing.T, cli *clientv3.Client, ns string, n int, u
 				_ = w.Close(context.Background())
 			}
 		}()
-		select {
-		case <-all:
-		case <-time.After(time.Until(until)):
+		progress := time.NewTicker(10 * time.Second)
+		defer progress.Stop()
+		end := time.After(time.Until(until))
+	wait:
+		for {
+			select {
+			case <-all:
+				break wait
+			case <-end:
+				break wait
+			case <-progress.C:
+				mu.Lock()
+				t.Logf("%d claimed", len(lateness))
+				mu.Unlock()
+			}
 		}
 		cancel()
 		wg.Wait()

@@ -204,6 +204,10 @@ func startServerProcess(t *testing.T, bin, ns string) (*clientv3.Client, int) {
 	var stderr lockedBuffer
 	cmd := exec.Command(bin, "server", "--data-dir", filepath.Join(t.TempDir(), "data"), "--namespace", ns,
 		"--etcd-listen", "http://127.0.0.1:"+etcdPort, "--etcd-peer-listen", "http://127.0.0.1:"+free(), "--http-listen", "127.0.0.1:"+free())
+	if addr := os.Getenv("DROVER_BENCH_SCALE_METRICS"); addr != "" {
+		// /metrics and /debug/pprof/ of the server, to profile a run.
+		cmd.Args = append(cmd.Args, "--metrics-listen", addr)
+	}
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -24,17 +24,16 @@ import (
 // it in turn, so no level starves. Among the first segments of the level it
 // picks at random (in a FIFO queue: the oldest), so that workers do not all
 // race for one segment.
-func (w *claimer) pickSegments(ctx context.Context, open []*mvccpb.KeyValue, fifo bool, seq int64) ([]string, error) {
+func (w *claimer) pickSegments(ctx context.Context, open []*mvccpb.KeyValue, fifo, bounded bool, seq int64) ([]string, error) {
 	q := w.queue
 	pre := w.keys.SegmentsOpen(q)
 	names := w.notBusy(pre, open)
-	if len(names) == 0 && len(open) == openRead {
-		// The first page is all busy: read on.
-		g, err := w.cli.Get(ctx, string(open[len(open)-1].Key)+"\x00", clientv3.WithRange(clientv3.GetPrefixRangeEnd(pre)), clientv3.WithKeysOnly(), clientv3.WithLimit(4*openRead))
-		if err != nil {
-			return nil, fmt.Errorf("queue: read open segments of %s: %w", q, err)
+	if len(names) == 0 && len(open) > 0 && (bounded || len(open) == openRead) {
+		// The first page, or all the window holds, is busy: read on.
+		var err error
+		if names, err = w.readOn(ctx, pre, open[len(open)-1]); err != nil {
+			return nil, err
 		}
-		names = w.notBusy(pre, g.Kvs)
 	}
 	if len(names) == 0 {
 		return nil, nil
@@ -87,6 +86,48 @@ func (w *claimer) pickSegments(ctx context.Context, open []*mvccpb.KeyValue, fif
 	return names[:min(len(names), severalMax)], nil
 }
 
+// readOn returns the open segments after last (a key of the list read)
+// that are not busy, reading in steps: the first ends readOnFirst after
+// last's name, each that found none reaches readOnGrowth times as far, and
+// the step that would reach within clockSlack of now reads to the last
+// open segment. A segment moved from the due index is named after its due
+// time, so the open segments of a queue whose claims fell behind lie after
+// the busy ones by the thousand, and a range to the last counts them all
+// (etcd counts every key of a range, whatever its limit).
+func (w *claimer) readOn(ctx context.Context, pre string, last *mvccpb.KeyValue) ([]string, error) {
+	from := string(last.Key) + "\x00"
+	name, _ := keyspace.Last(pre, string(last.Key))
+	lv, at, named := keyspace.ParseSegmentName(name)
+	for span := readOnFirst; ; span *= readOnGrowth {
+		end := clientv3.GetPrefixRangeEnd(pre)
+		reach := at.Add(span)
+		step := named && reach.Before(time.Now().Add(-clockSlack))
+		if step {
+			end = keyspace.SegmentBound(pre, lv, reach)
+		}
+		if from >= end {
+			continue
+		}
+		g, err := w.cli.Get(ctx, from, clientv3.WithRange(end), clientv3.WithKeysOnly(), clientv3.WithLimit(4*openRead))
+		if err != nil {
+			return nil, fmt.Errorf("queue: read open segments of %s: %w", w.queue, err)
+		}
+		if names := w.notBusy(pre, g.Kvs); len(names) > 0 || !step {
+			return names, nil
+		}
+		from = end
+		if g.More {
+			from = string(g.Kvs[len(g.Kvs)-1].Key) + "\x00"
+		}
+	}
+}
+
+const (
+	// readOnFirst and readOnGrowth: see readOn.
+	readOnFirst  = 50 * time.Millisecond
+	readOnGrowth = 8
+)
+
 // from returns the level a claim with sequence number seq reads from, given
 // the highest level with open segments, top, and whether it is a lower
 // level's turn.
@@ -138,13 +179,34 @@ type openWindow struct {
 	// bound.
 	leveled bool
 	fullAt  time.Time
+	// span: how far after head a read to the last reaches (see bounds);
+	// 0: to the last.
+	span time.Duration
+	// emptyHead: head is where a read without a bound found the queue
+	// empty (less clockSlack), not a segment: its reads to the last run
+	// to the last at once.
+	emptyHead bool
 }
 
 // widen makes the next read run from the window's head to the last open
 // segment: a read within the window found nothing to claim (a long task
 // keeps the oldest segment open), and segments submitted after the
 // window's end may be waiting. The read after it is bounded again.
-func (ow *openWindow) widen() { ow.tail = true }
+func (ow *openWindow) widen() { ow.toLast() }
+
+// toLast makes the next read run from the window's head on to the last
+// open segment, in steps: a segment moved from the due index is named
+// after its due time, so a queue whose claims fell behind holds its
+// backlog after the head, and a range to the last counts all of it (etcd
+// counts every key of a range, whatever its limit). The first step ends
+// tailFirst window widths after the head, and each that finds nothing
+// reaches tailGrowth times as far (see bounds and saw).
+func (ow *openWindow) toLast() {
+	ow.tail, ow.span = true, 0
+	if !ow.emptyHead {
+		ow.span = max(tailFirst*ow.width, minOpenWidth)
+	}
+}
 
 const (
 	minOpenWidth = 10 * time.Millisecond
@@ -168,6 +230,12 @@ const (
 	// submitter's clock behind this one's, a submission held up) is read
 	// without a bound when its watch event comes (openWindow.created).
 	clockSlack = time.Second
+	// tailFirst and tailGrowth: a read to the last open segment first
+	// reaches tailFirst window widths after the head, and each of its
+	// steps that found nothing tailGrowth times as far; the step that
+	// would reach within clockSlack of now reads to the last.
+	tailFirst  = 4
+	tailGrowth = 8
 )
 
 // bounds returns the ranges the read of the open segments under prefix
@@ -181,13 +249,17 @@ func (ow *openWindow) bounds(prefix string) (above, from, end string, ok bool) {
 	if !ow.known {
 		return "", "", "", false
 	}
-	if now := time.Now(); now.Sub(ow.fullAt) >= fullEvery {
+	now := time.Now()
+	if now.Sub(ow.fullAt) >= fullEvery {
 		ow.fullAt = now // this read has no bound: the other claim loops' keep theirs
 		return "", "", "", false
 	}
 	end = keyspace.SegmentBound(prefix, ow.level, ow.head.Add(ow.width))
 	if ow.tail {
 		end = clientv3.GetPrefixRangeEnd(prefix)
+		if reach := ow.head.Add(ow.span); ow.span > 0 && reach.Before(now.Add(-clockSlack)) {
+			end = keyspace.SegmentBound(prefix, ow.level, reach)
+		}
 	}
 	return prefix + keyspace.LevelName(ow.level), keyspace.SegmentBound(prefix, ow.level, ow.head), end, true
 }
@@ -202,6 +274,14 @@ func (ow *openWindow) bounds(prefix string) (above, from, end string, ok bool) {
 // emptyRecheck; and a queue that a read without a bound found empty is
 // read from then (less clockSlack) to its last open segment.
 func (ow *openWindow) saw(names []string, limit int, bounded bool) bool {
+	return ow.sawTo(names, limit, bounded, true)
+}
+
+// sawTo is saw for a read that ran to the last open segment or not
+// (toEnd false: a step of a read to the last that ended before it, see
+// toLast): such a step that found nothing asks for the next, which
+// reaches tailGrowth times as far.
+func (ow *openWindow) sawTo(names []string, limit int, bounded, toEnd bool) bool {
 	wasTail := ow.tail
 	ow.tail = false
 	now := time.Now()
@@ -211,14 +291,19 @@ func (ow *openWindow) saw(names []string, limit int, bounded bool) bool {
 	if len(names) == 0 {
 		switch {
 		case !bounded && ow.leveled: // nothing open anywhere
-			ow.known, ow.tail = true, true
+			ow.known, ow.emptyHead = true, true
 			ow.head = now.Add(-clockSlack)
+			ow.toLast()
 			return true
-		case bounded && !wasTail && ow.known: // the window fell behind, or the queue is empty
+		case bounded && wasTail && !toEnd && ow.known: // a step of the read to the last: on
 			ow.tail = true
+			ow.span *= tailGrowth
+			return false
+		case bounded && !wasTail && ow.known: // the window fell behind, or the queue is empty
+			ow.toLast()
 			return false
 		case bounded && wasTail && ow.known && now.Sub(ow.fullAt) < emptyRecheck:
-			ow.tail = true // nothing open from the head to the last: still empty
+			ow.tail, ow.span = true, 0 // nothing open from the head to the last: still empty
 			return true
 		}
 		ow.known = false
@@ -238,7 +323,7 @@ func (ow *openWindow) saw(names []string, limit int, bounded bool) bool {
 	case len(names) < limit/4:
 		ow.width = min(ow.width*2, maxOpenWidth)
 	}
-	ow.level, ow.head, ow.known, ow.leveled = lv, at, true, true
+	ow.level, ow.head, ow.known, ow.leveled, ow.emptyHead = lv, at, true, true, false
 	return true
 }
 

@@ -100,7 +100,7 @@ func (w *claimer) claimListed(ctx context.Context, lane, n int, r segmentRead) (
 	// each round reads on past them: a pending task behind many running
 	// segments is found now, not when a timer fires.
 	for round := 0; round < 8; round++ {
-		cands, err := w.pickSegments(ctx, open, fifo, seq)
+		cands, err := w.pickSegments(ctx, open, fifo, r.bounded, seq)
 		if !fifo {
 			cands = w.notOthersHot(lane, cands)
 		}

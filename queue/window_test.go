@@ -90,6 +90,20 @@ func TestOpenWindowEmptyQueue(t *testing.T) {
 	if ow.saw(nil, 32, true) {
 		t.Fatal("an empty window must ask for another read")
 	}
+	// Its head an hour ago: the read to the last goes in steps
+	// (TestOpenWindowSteps), each empty one asking for the next.
+	for step := 0; ; step++ {
+		_, _, end, ok := ow.bounds(pre)
+		if !ok || step > 10 {
+			t.Fatalf("step %d of the read to the last: bounded %t, end %q", step, ok, end)
+		}
+		if end == pre[:len(pre)-1]+"0" {
+			break
+		}
+		if ow.sawTo(nil, 32, true, false) {
+			t.Fatalf("an empty step %d of the read to the last must ask for the next", step)
+		}
+	}
 	toLast("after an empty window")
 	if !ow.saw(nil, 32, true) {
 		t.Fatal("an empty read to the last, right after a read without a bound, needs no other")
@@ -148,5 +162,67 @@ func TestOpenWindowCreated(t *testing.T) {
 	ow.created(seg(1000, t0.Add(-time.Second)))
 	if _, _, _, ok := ow.bounds(pre); ok {
 		t.Fatal("a segment of the window's level before its head must make the next read unbounded")
+	}
+}
+
+// TestOpenWindowSteps: a read to the last open segment from a head long
+// past (claims fell behind a backlog of segments moved from the due index)
+// goes in steps that reach tailGrowth times as far each, the first
+// tailFirst widths after the head, the last to the last open segment; a
+// step that found segments ends it; a queue found empty by a read without
+// a bound is read to the last at once.
+func TestOpenWindowSteps(t *testing.T) {
+	pre := "/ns/queues/q/open/"
+	seg := func(level int, at time.Time) string { return keyspace.SegmentName(level, at, "abcdef12") }
+	head := time.Now().Add(-time.Minute)
+	var ow openWindow
+	full := make([]string, 32)
+	for i := range full {
+		full[i] = seg(1000, head.Add(time.Duration(i)*time.Microsecond))
+	}
+	ow.saw(full, 32, false)
+	for range 10 {
+		ow.saw(full, 32, true) // full pages: the narrowest window
+	}
+	if ow.width != minOpenWidth {
+		t.Fatalf("width %s after full pages, want %s", ow.width, minOpenWidth)
+	}
+	if ow.saw(nil, 32, true) {
+		t.Fatal("an empty window must ask for another read")
+	}
+	reach := tailFirst * minOpenWidth
+	for step := 0; ; step++ {
+		_, from, end, ok := ow.bounds(pre)
+		if !ok || from != keyspace.SegmentBound(pre, 1000, head) {
+			t.Fatalf("step %d: bounded %t, from %q: want the head's place", step, ok, from)
+		}
+		if reach >= time.Minute {
+			if end != pre[:len(pre)-1]+"0" {
+				t.Fatalf("step %d: end %q, want the last open segment", step, end)
+			}
+			break
+		}
+		if want := keyspace.SegmentBound(pre, 1000, head.Add(reach)); end != want {
+			t.Fatalf("step %d: end %q, want %q", step, end, want)
+		}
+		if ow.sawTo(nil, 32, true, false) {
+			t.Fatalf("an empty step %d must ask for the next", step)
+		}
+		reach *= tailGrowth
+	}
+	// A step that found segments ends the read to the last.
+	ow.widen()
+	if !ow.sawTo([]string{seg(1000, head.Add(time.Second))}, 32, true, false) {
+		t.Fatal("a step that found segments needs no other")
+	}
+	if _, _, end, _ := ow.bounds(pre); end != keyspace.SegmentBound(pre, 1000, head.Add(time.Second).Add(ow.width)) {
+		t.Fatalf("after a step that found segments: end %q, want the window after them", end)
+	}
+	// Found empty by a read without a bound: to the last at once.
+	var empty openWindow
+	empty.saw([]string{seg(1000, head)}, 32, false)
+	empty.saw(nil, 32, false)
+	if _, _, end, ok := empty.bounds(pre); !ok || end != pre[:len(pre)-1]+"0" {
+		t.Fatalf("a queue found empty: bounded %t, end %q, want a read to the last", ok, end)
 	}
 }

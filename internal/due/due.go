@@ -121,21 +121,39 @@ func (ix *Index) promote(ctx context.Context, from time.Time) (next, done time.T
 	if !from.IsZero() {
 		start = Bound(ix.Prefix, from)
 	}
+	span := firstStep
 	for {
 		now := ix.now()
-		g, err := ix.Client.Get(ctx, start, clientv3.WithRange(Bound(ix.Prefix, now.Add(time.Nanosecond))), clientv3.WithLimit(int64(batch)))
+		kvs, more, stepEnd, err := ix.readDue(ctx, start, now, span, batch)
 		if err != nil {
-			return time.Time{}, from, moved, fmt.Errorf("due: read %s: %w", ix.Prefix, err)
+			return time.Time{}, from, moved, err
 		}
-		if len(g.Kvs) > 0 {
-			n, err := ix.move(ctx, g.Kvs)
+		if more {
+			// A full batch: the next step twice the time it covered.
+			span = max(2*covered(ix.Prefix, start, kvs), minStep)
+		}
+		if len(kvs) > 0 {
+			n, err := ix.move(ctx, kvs)
 			moved += n
 			if err != nil {
 				return time.Time{}, from, moved, err
 			}
-			if g.More {
-				continue
-			}
+			// Read on after the batch, not from start again: the
+			// items it moved stay in etcd's index as deleted keys
+			// until compaction, and a range counts them, so reading
+			// from start at every batch made a backlog of due items
+			// cost the square of its length. An item of the batch
+			// another process changed meanwhile (a schedule's mover
+			// puts it again) is a put the watch shows, or, for a
+			// caller without one, within the margin it reads back.
+			start = string(kvs[len(kvs)-1].Key) + "\x00"
+		}
+		switch {
+		case more:
+			continue
+		case stepEnd != "": // read up to stepEnd: on, a longer step
+			start, span = stepEnd, min(span*8, maxStep)
+			continue
 		}
 		done = now
 		first, err := ix.first(ctx, start, now)
@@ -158,9 +176,75 @@ func (ix *Index) promote(ctx context.Context, from time.Time) (next, done time.T
 	}
 }
 
+// The reads of due items go in steps of time while the items due lie
+// behind: a range that ends at now counts every item due and not moved
+// yet (etcd counts every key of a range, whatever its limit), and with
+// 190,000 segments due at once (a million tasks due over a minute, the
+// movers behind) each read of a batch of 64 counted them all. A step
+// starts at firstStep after the read's start; after a full batch it is
+// twice the time the batch covered (at least minStep), and after a read
+// that found fewer it grows eightfold (to maxStep: an item due years ago
+// is reached in a dozen steps).
+const (
+	firstStep = 100 * time.Millisecond
+	minStep   = time.Millisecond
+	maxStep   = 100 * 365 * 24 * time.Hour
+)
+
+// readDue reads up to batch items due by now from key start on, within a
+// step of span after start's due time when that ends before now (stepEnd
+// is then the key the step ended at, where the next starts); more says
+// the range may hold more than it returned. A start with no time (the
+// index's prefix) is read to now.
+func (ix *Index) readDue(ctx context.Context, start string, now time.Time, span time.Duration, batch int) (kvs []*mvccpb.KeyValue, more bool, stepEnd string, err error) {
+	end := Bound(ix.Prefix, now.Add(time.Nanosecond))
+	if at, ok := keyTime(ix.Prefix, start); ok {
+		if reach := at.Add(span); reach.Before(now) {
+			end, stepEnd = Bound(ix.Prefix, reach), Bound(ix.Prefix, reach)
+		}
+	}
+	g, err := ix.Client.Get(ctx, start, clientv3.WithRange(end), clientv3.WithLimit(int64(batch)))
+	if err != nil {
+		return nil, false, "", fmt.Errorf("due: read %s: %w", ix.Prefix, err)
+	}
+	return g.Kvs, g.More, stepEnd, nil
+}
+
+// covered is the time from key start to the last of kvs, keys of the
+// index under prefix (0 when either has no time).
+func covered(prefix, start string, kvs []*mvccpb.KeyValue) time.Duration {
+	from, ok := keyTime(prefix, start)
+	if !ok || len(kvs) == 0 {
+		return 0
+	}
+	to, ok := keyTime(prefix, string(kvs[len(kvs)-1].Key))
+	if !ok {
+		return 0
+	}
+	return to.Sub(from)
+}
+
+// keyTime is the due time a key of the index under prefix starts with,
+// or the time a bound (Bound) is at; false for neither.
+func keyTime(prefix, key string) (time.Time, bool) {
+	rest, ok := strings.CutPrefix(key, prefix)
+	if !ok || len(rest) < 19 {
+		return time.Time{}, false
+	}
+	ns, err := strconv.ParseInt(rest[:19], 10, 64)
+	if err != nil {
+		return time.Time{}, false
+	}
+	return time.Unix(0, ns), true
+}
+
 // horizons are how far ahead of now the reads for the next item end, in
-// turn, until one finds it: a read that ends soon counts few keys.
-var horizons = []time.Duration{time.Second, time.Minute, time.Hour, 0}
+// turn, until one finds it: a read that ends soon counts few keys. The
+// first is short: while items fall due one after another (a million
+// tasks due over a minute are 5,000 segments a second), the next is
+// moments away, and a read a second ahead counted the 5,000 at every
+// move.
+var horizons = []time.Duration{10 * time.Millisecond, time.Second, time.Minute, time.Hour, 0}
 
 // first returns the first item from start on (nil: none).
 func (ix *Index) first(ctx context.Context, start string, now time.Time) (*mvccpb.KeyValue, error) {

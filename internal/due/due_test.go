@@ -93,6 +93,37 @@ func TestPromoteMovesOnlyDueItemsOnce(t *testing.T) {
 	}
 }
 
+// TestPromoteFromReadsABacklogInSteps: items due over the last hour, one
+// due a year ago and one not due yet, read from before the oldest in steps
+// of time (a read to now would count every item due): every due item moves
+// once, the one not due stays, and the next due time is its.
+func TestPromoteFromReadsABacklogInSteps(t *testing.T) {
+	cli := srv.Client(t)
+	ns := etcdtest.Namespace(t) + "/"
+	ctx := context.Background()
+	base := time.Unix(1_800_000_000, 0)
+	put := func(at time.Time, name string) {
+		t.Helper()
+		if _, err := cli.Put(ctx, due.Key(ns+"due/", at, name), "v"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	put(base.Add(-365*24*time.Hour), "old")
+	for i := range 100 {
+		put(base.Add(-time.Hour+time.Duration(i)*time.Second), fmt.Sprintf("item%03d", i))
+	}
+	put(base.Add(time.Hour), "later")
+	clk := &clock{t: base}
+	next, done, n, err := index(cli, ns, clk.now).PromoteFrom(ctx, base.Add(-400*24*time.Hour))
+	if err != nil || n != 101 || !next.Equal(base.Add(time.Hour)) || !done.Equal(base) {
+		t.Fatalf("moved %d, next %v, done %v, err %v; want 101, %v, %v, nil", n, next, done, err, base.Add(time.Hour), base)
+	}
+	g, err := cli.Get(ctx, ns+"due/", clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil || len(g.Kvs) != 1 || !strings.HasSuffix(string(g.Kvs[0].Key), "-later") {
+		t.Fatalf("left in the index: %v (%v), want the item not due only", g.Kvs, err)
+	}
+}
+
 // TestRunWakesForAnEarlierItem: a running index that sleeps until an item
 // an hour away moves an item put later that is due at once, without
 // waiting for the hour, and then one put due an hour ago.
