@@ -20,6 +20,7 @@ import (
 	"github.com/droverhq/drover/lease"
 	"github.com/droverhq/drover/lock"
 	"github.com/droverhq/drover/metrics"
+	"github.com/droverhq/drover/stream"
 	"github.com/droverhq/drover/task"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -67,7 +68,7 @@ func (w *Worker) untrack(id string) {
 }
 
 // execute runs one claimed task's handler and decides its outcome.
-func (w *Worker) execute(base context.Context, c *claim) outcome {
+func (w *Worker) execute(base context.Context, c *claim) (o outcome) {
 	t := c.task
 	if c.broken != nil {
 		return outcome{c: c, kind: Dead, err: Permanent(c.broken)}
@@ -111,7 +112,9 @@ func (w *Worker) execute(base context.Context, c *claim) outcome {
 	t.Deferrals = 0 // admitted: the next deferral starts the count again
 	tctx, tcancel := context.WithTimeoutCause(ctx, timeout, ErrTimeout)
 	defer tcancel()
-	hctx := context.WithValue(tctx, claimKey{}, &claimFence{w: w, c: c, cancel: cancel, ctx: ctx})
+	f := &claimFence{w: w, c: c, cancel: cancel, ctx: ctx}
+	hctx, sa := w.beginStream(context.WithValue(tctx, claimKey{}, f), f)
+	defer func() { w.endStream(ctx, sa, o) }() // under the claim, before the outcome is written
 	began := time.Now()
 	result, err := call(hctx, h, t)
 	admitted(dones, err)
@@ -307,8 +310,8 @@ const DefaultMaxOutput = MaxResult
 // discarded as it arrives, so no amount of output can exhaust memory. When
 // the task's context ends (timeout, cancellation, lost claim), the process
 // group gets SIGTERM, then SIGKILL after grace. The command gets
-// DROVER_TASK_ID, DROVER_TASK_TYPE, DROVER_ATTEMPT and DROVER_CLAIM_TOKEN in
-// its environment; its standard error goes to stderr, and the last 2 KiB of
+// DROVER_TASK_ID, DROVER_TASK_TYPE, DROVER_ATTEMPT, DROVER_CLAIM_TOKEN and
+// DROVER_QUEUE in its environment (drover emit finds its stream there); its standard error goes to stderr, and the last 2 KiB of
 // it to the task's error.
 //
 // Under a worker a run is also a step of its task: DROVER_STEP says which,
@@ -335,7 +338,8 @@ func ExecHandler(argv []string, maxOutput int, grace time.Duration, stderr *os.F
 		defer step.cleanup()
 		cmd := exec.Command(argv[0], argv[1:]...)
 		cmd.Env = append(os.Environ(), "DROVER_TASK_ID="+t.ID, "DROVER_TASK_TYPE="+t.Type,
-			"DROVER_ATTEMPT="+strconv.Itoa(t.Attempt), "DROVER_CLAIM_TOKEN="+strconv.FormatInt(t.Token, 10))
+			"DROVER_ATTEMPT="+strconv.Itoa(t.Attempt), "DROVER_CLAIM_TOKEN="+strconv.FormatInt(t.Token, 10), "DROVER_QUEUE="+t.Queue)
+		stream.Elsewhere(ctx) // the command may emit (drover emit)
 		cmd.Env = append(cmd.Env, step.env()...)
 		cmd.Stdin = bytes.NewReader(in)
 		out := &boundedBuffer{limit: maxOutput}
@@ -438,15 +442,12 @@ var _ lease.Fence = (*claimFence)(nil)
 
 // Txn starts a transaction that commits only while the claim is held.
 func (f *claimFence) Txn(ctx context.Context) clientv3.Txn {
-	var also []clientv3.Cmp
-	if f.c.run != nil { // a task of a run: not cancelled (its slot has no exit)
-		also = append(also, clientv3.Compare(clientv3.CreateRevision(f.w.keys.Exit(f.w.cfg.Queue, f.c.run.seg, f.c.slot)), "=", 0))
-	}
+	cmps := f.Compares() // a task of a run: also not cancelled (its slot has no exit)
 	return lease.NewFencedTxn(ctx, f.w.cli, lease.Spec{
 		Name:  fmt.Sprintf("claim of task %s", f.c.task.ID),
 		Token: f.c.token,
-		Cmp:   clientv3.Compare(clientv3.CreateRevision(f.c.claimKey), "=", f.c.token),
-		Also:  also,
+		Cmp:   cmps[0],
+		Also:  cmps[1:],
 		Check: f.Err,
 		Lost:  func(cause error) { f.cancel(fmt.Errorf("%w: claim lost: %w", lock.ErrLost, cause)) },
 	})

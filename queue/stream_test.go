@@ -1,0 +1,100 @@
+package queue_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/droverhq/drover/internal/testenv/etcdtest"
+	"github.com/droverhq/drover/keyspace"
+	"github.com/droverhq/drover/queue"
+	"github.com/droverhq/drover/stream"
+)
+
+// TestStreamBoundaryAfterClaimLoss: a handler that lost its claim (its
+// worker's lease revoked) gets ErrFenced on its next emit, and the
+// stream shows its events, the boundary, then the next attempt's, and
+// none of the lost attempt's after the boundary.
+func TestStreamBoundaryAfterClaimLoss(t *testing.T) {
+	t.Parallel()
+	ns := etcdtest.Namespace(t)
+	c, cli := newClient(t, ns)
+	ctx := context.Background()
+	const q, id = "streams", "s-1"
+	retries := 3
+	if _, err := c.Submit(ctx, q, []queue.Task{{ID: id, Type: "talk", MaxRetries: &retries}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	cfg := queue.WorkerConfig{Namespace: ns, Queue: q, Concurrency: 1, TTL: 5 * time.Second, BackoffBase: time.Millisecond, BackoffMax: 2 * time.Millisecond}
+	wa := newWorker(t, srv.Client(t), cfg)
+	emitting, fenced := make(chan struct{}), make(chan int, 1)
+	wa.HandleAll(func(hctx context.Context, _ *queue.Task) ([]byte, error) {
+		ectx := context.WithoutCancel(hctx) // emit on after the loss: the emit itself must be refused
+		for n := 0; ; n++ {
+			if err := stream.Emit(ectx, "log", fmt.Sprintf("a%d", n)); err != nil {
+				if !errors.Is(err, stream.ErrFenced) {
+					t.Errorf("emit after the claim's loss: %v, want ErrFenced", err)
+				}
+				fenced <- n
+				return nil, err
+			}
+			if n == 3 {
+				close(emitting)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	})
+	runWorker(t, wa)
+	<-emitting
+	if _, err := cli.Revoke(ctx, wa.Lease().ID()); err != nil {
+		t.Fatal(err)
+	}
+	stored := <-fenced
+	wb := newWorker(t, srv.Client(t), cfg)
+	wb.HandleAll(func(hctx context.Context, _ *queue.Task) ([]byte, error) {
+		return []byte("ok"), stream.Emit(hctx, "log", "b0")
+	})
+	runWorker(t, wb)
+
+	hub := stream.NewHub(cli, keyspace.MustNew(ns))
+	fctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	var got []stream.Event
+	for ev, err := range hub.Follow(fctx, id, 1) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, ev)
+	}
+	// attempt_started, a0..a{stored-1}, attempt_lost, attempt_started, b0, done
+	if len(got) != stored+5 {
+		t.Fatalf("%d events, want %d: %+v", len(got), stored+5, got)
+	}
+	boundary := stored + 1
+	want := map[int]string{0: stream.AttemptStarted, boundary: stream.AttemptLost, boundary + 1: stream.AttemptStarted, boundary + 2: "log", boundary + 3: stream.Done}
+	for i, ev := range got {
+		if w, ok := want[i]; ok && ev.Type != w {
+			t.Fatalf("event %d is %s, want %s: %+v", i+1, ev.Type, w, got)
+		}
+		if i > boundary && ev.Attempt == 1 {
+			t.Fatalf("event %d of the lost attempt after the boundary: %+v", ev.Seq, ev)
+		}
+		if ev.Seq != int64(i+1) {
+			t.Fatalf("event %d has seq %d", i+1, ev.Seq)
+		}
+	}
+	if string(got[boundary+3].Data) != `{"attempt":2,"outcome":"succeeded"}` {
+		t.Fatalf("done: %s", got[boundary+3].Data)
+	}
+}
+
+// runWorker runs w until the test ends.
+func runWorker(t *testing.T, w *queue.Worker) {
+	t.Helper()
+	rctx, stop := context.WithCancel(context.Background())
+	ran := make(chan struct{})
+	go func() { _ = w.Run(rctx); close(ran) }()
+	t.Cleanup(func() { stop(); <-ran; _ = w.Close(context.Background()) })
+}

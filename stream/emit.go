@@ -1,0 +1,112 @@
+package stream
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/droverhq/drover/keyspace"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Attempt is a running attempt's stream, as a worker holds it from Begin
+// to End: the handler's Emit calls write through it.
+type Attempt struct {
+	w *Writer
+	a *attempt
+	// mayExist: the stream may have events that this process did not
+	// write (an attempt before, a step before a sleep, a child process).
+	mayExist atomic.Bool
+	wrote    atomic.Bool
+}
+
+type attemptKey struct{}
+
+// Begin starts claim c's attempt at its task's stream: Emit under the
+// context it returns writes there, through the process's Writer (For).
+// mayExist says that the stream may already have events (a retry, a
+// resumed step): End then closes the attempt even if it emitted
+// nothing. Nothing is written before the first Emit or End.
+func Begin(ctx context.Context, cli *clientv3.Client, keys keyspace.Space, c Claim, mayExist bool) (context.Context, *Attempt) {
+	at := &Attempt{w: For(cli, keys), a: &attempt{c: c}}
+	at.mayExist.Store(mayExist)
+	return context.WithValue(ctx, attemptKey{}, at), at
+}
+
+// FromContext returns the attempt Begin attached to ctx, nil if none.
+func FromContext(ctx context.Context) *Attempt {
+	at, _ := ctx.Value(attemptKey{}).(*Attempt)
+	return at
+}
+
+// Elsewhere says that the attempt's events may be written by another
+// process (a child process run by an exec handler, through the HTTP
+// API), so that End closes the attempt even if this process emitted
+// nothing.
+func Elsewhere(ctx context.Context) {
+	if at := FromContext(ctx); at != nil {
+		at.mayExist.Store(true)
+	}
+}
+
+// Emit appends an event of type typ to the stream of the task whose
+// handler or step runs under ctx, and returns once it is stored. data is
+// the event's value: a json.RawMessage as it is, anything else as
+// json.Marshal encodes it. An error matching ErrFenced says the attempt
+// lost its claim (nothing it emits is stored from then on);
+// ErrStreamFull, that a cap was reached; ErrNoClaim, that ctx is not a
+// handler's.
+func Emit(ctx context.Context, typ string, data any) error {
+	at := FromContext(ctx)
+	if at == nil {
+		return ErrNoClaim
+	}
+	raw, ok := data.(json.RawMessage)
+	if !ok {
+		b, err := json.Marshal(data)
+		if err != nil {
+			return fmt.Errorf("stream: encode the data of a %q event: %w", typ, err)
+		}
+		raw = b
+	}
+	return at.Emit(ctx, Input{Type: typ, Data: raw})
+}
+
+// Token emits a "token" event: text, a piece of a model's output, as
+// {"text": text}.
+func Token(ctx context.Context, text string) error {
+	return Emit(ctx, "token", struct {
+		Text string `json:"text"`
+	}{text})
+}
+
+// Emit appends events ins to the attempt's stream, in order; see the
+// package function Emit.
+func (at *Attempt) Emit(ctx context.Context, ins ...Input) error {
+	at.wrote.Store(true)
+	_, _, err := at.w.append(ctx, at.a, ins)
+	return err
+}
+
+// End closes the attempt's events with typ (AttemptEnded or Done),
+// outcome and cause, while its claim still holds: if the attempt wrote
+// events, or the stream may have some, it is written and End returns
+// once it is stored; otherwise nothing is written.
+func (at *Attempt) End(ctx context.Context, typ, outcome string, cause error) error {
+	if !at.wrote.Load() && !at.mayExist.Load() {
+		return nil
+	}
+	d := ownData{Attempt: at.a.c.Attempt, Outcome: outcome}
+	if cause != nil {
+		d.Error = cause.Error()
+	}
+	r := &request{a: at.a, end: &Input{Type: typ, Data: d.raw()}, probe: !at.wrote.Load(), at: at.w.now().UTC()}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if err := at.w.send(ctx, r); err != nil {
+		return err
+	}
+	return r.err
+}
