@@ -98,14 +98,25 @@ func (at *Attempt) End(ctx context.Context, typ, outcome string, cause error) er
 	if !at.wrote.Load() && !at.mayExist.Load() {
 		return nil
 	}
-	d := ownData{Attempt: at.a.c.Attempt, Outcome: outcome}
+	return at.w.end(ctx, at.a, typ, outcome, cause, !at.wrote.Load())
+}
+
+// End closes claim c's attempt with typ (AttemptEnded or Done), outcome
+// and cause, if its task's stream has events (an external worker's
+// attempt, ended through the API); see Attempt.End.
+func (w *Writer) End(ctx context.Context, c Claim, typ, outcome string, cause error) error {
+	return w.end(ctx, &attempt{c: c}, typ, outcome, cause, true)
+}
+
+func (w *Writer) end(ctx context.Context, a *attempt, typ, outcome string, cause error, probe bool) error {
+	d := ownData{Attempt: a.c.Attempt, Outcome: outcome}
 	if cause != nil {
 		d.Error = cause.Error()
 	}
-	r := &request{a: at.a, end: &Input{Type: typ, Data: d.raw()}, probe: !at.wrote.Load(), at: at.w.now().UTC()}
+	r := &request{a: a, end: &Input{Type: typ, Data: d.raw()}, probe: probe, at: w.now().UTC()}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
-	if err := at.w.send(ctx, r); err != nil {
+	if err := w.send(ctx, r); err != nil {
 		return err
 	}
 	return r.err

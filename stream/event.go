@@ -98,6 +98,10 @@ func (in Input) check(field string, maxBytes int) error {
 	if in.Type == "" || len(in.Type) > maxTypeLen {
 		return &drover.InputError{Field: field + ".type", Value: in.Type, Rule: fmt.Sprintf("must be 1 to %d characters", maxTypeLen)}
 	}
+	switch in.Type {
+	case AttemptStarted, AttemptLost, AttemptEnded, Done:
+		return &drover.InputError{Field: field + ".type", Value: in.Type, Rule: "must not be one of drover's own (attempt_started, attempt_lost, attempt_ended, done)"}
+	}
 	if len(in.Data) > 0 && !json.Valid(in.Data) {
 		return &drover.InputError{Field: field + ".data", Value: string(in.Data), Rule: "must be a JSON value"}
 	}

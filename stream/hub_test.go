@@ -81,7 +81,7 @@ func TestThousandFollowersShareOneWatch(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, _, err := e.w.Append(ctx, a, []stream.Input{{Type: stream.Done}}); err != nil {
+	if err := e.w.End(ctx, a, stream.Done, "succeeded", nil); err != nil {
 		t.Fatal(err)
 	}
 	ended.Wait()

@@ -64,8 +64,9 @@ type Writer struct {
 
 	line groupcommit.Line[*request]
 
-	paceMu   sync.Mutex
-	lastSend time.Time
+	paceMu    sync.Mutex
+	lastSend  time.Time
+	lastSweep time.Time
 	txns     atomic.Int64
 }
 
@@ -200,6 +201,7 @@ func (w *Writer) send(ctx context.Context, r *request) error {
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	w.flush(sctx, reqs)
 	cancel()
+	w.maybeSweep()
 	groupcommit.Answer(calls)
 	w.line.HandOn()
 	return nil
