@@ -67,7 +67,7 @@ type Writer struct {
 	paceMu    sync.Mutex
 	lastSend  time.Time
 	lastSweep time.Time
-	txns     atomic.Int64
+	txns      atomic.Int64
 }
 
 // NewWriter returns a Writer of the streams of namespace keys, with
