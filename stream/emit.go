@@ -30,7 +30,8 @@ type attemptKey struct{}
 // resumed step): End then closes the attempt even if it emitted
 // nothing. Nothing is written before the first Emit or End.
 func Begin(ctx context.Context, cli *clientv3.Client, keys keyspace.Space, c Claim, mayExist bool) (context.Context, *Attempt) {
-	at := &Attempt{w: For(cli, keys), a: &attempt{c: c}}
+	w := For(cli, keys)
+	at := &Attempt{w: w, a: w.attempt(c)}
 	at.mayExist.Store(mayExist)
 	return context.WithValue(ctx, attemptKey{}, at), at
 }
@@ -105,7 +106,7 @@ func (at *Attempt) End(ctx context.Context, typ, outcome string, cause error) er
 // and cause, if its task's stream has events (an external worker's
 // attempt, ended through the API); see Attempt.End.
 func (w *Writer) End(ctx context.Context, c Claim, typ, outcome string, cause error) error {
-	return w.end(ctx, &attempt{c: c}, typ, outcome, cause, true)
+	return w.end(ctx, w.attempt(c), typ, outcome, cause, true)
 }
 
 func (w *Writer) end(ctx context.Context, a *attempt, typ, outcome string, cause error, probe bool) error {

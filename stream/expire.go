@@ -31,6 +31,7 @@ func (w *Writer) maybeSweep() {
 	}
 	w.lastSweep = now
 	w.paceMu.Unlock()
+	w.forget()
 	go func() {
 		ctx, cancel := context.WithTimeout(w.cli.Ctx(), 30*time.Second)
 		defer cancel()

@@ -4,9 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"sync"
 
 	"github.com/droverhq/drover/keyspace"
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -91,7 +91,8 @@ func (w *Writer) readHeads(ctx context.Context, groups []*group) error {
 		}
 		for i, g := range unknown[:n] {
 			a := g.a
-			*a = attempt{c: a.c, known: true}
+			a.known, a.exists, a.last, a.events, a.bytes = true, false, 0, 0, 0
+			a.lastToken, a.lastAttempt, a.lastType = 0, 0, ""
 			kvs := resp.Responses[i].GetResponseRange().Kvs
 			if len(kvs) == 0 {
 				continue
@@ -198,59 +199,63 @@ func (w *Writer) ops(g *group, c chunk) {
 	g.written, g.first = c, first
 }
 
-// commit sends the groups' operations, streamsPerTxn streams to a
-// transaction, the transactions at once, and returns the groups to try
-// again: another writer of their claim wrote first.
+// commit sends the groups' operations in one transaction, and returns
+// the groups to try again: another writer of their claim wrote first.
+// etcd takes at most 128 operations a transaction level (its default
+// --max-txn-ops), less those of the levels above, so the streams go in
+// parts of streamsPerTxn, each part one nested transaction.
 func (w *Writer) commit(ctx context.Context, groups []*group) (again []*group) {
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	for len(groups) > 0 {
-		n := min(len(groups), streamsPerTxn)
-		part := groups[:n]
-		groups = groups[n:]
-		wg.Go(func() {
-			retry := w.commitPart(ctx, part)
-			mu.Lock()
-			again = append(again, retry...)
-			mu.Unlock()
-		})
-	}
-	wg.Wait()
-	return again
-}
-
-func (w *Writer) commitPart(ctx context.Context, part []*group) (again []*group) {
+	var parts [][]*group
 	var ops []clientv3.Op
-	for _, g := range part {
-		ops = append(ops, g.ops...)
+	for i := 0; i < len(groups); i += streamsPerTxn {
+		part := groups[i:min(i+streamsPerTxn, len(groups))]
+		var pops []clientv3.Op
+		for _, g := range part {
+			pops = append(pops, g.ops...)
+		}
+		parts = append(parts, part)
+		ops = append(ops, clientv3.OpTxn(nil, pops, nil))
+	}
+	if len(ops) == 0 {
+		return nil
 	}
 	w.txns.Add(1)
 	resp, err := w.cli.Txn(ctx).Then(ops...).Commit()
 	if err != nil {
-		for _, g := range part {
+		for _, g := range groups {
 			g.a.known = false // it may have been written: read again
 			g.answer(fmt.Errorf("stream: write task %s's events: %w", g.a.c.Task, err))
 		}
 		return nil
 	}
-	for i, g := range part {
-		outer := resp.Responses[i].GetResponseTxn()
-		a := g.a
-		switch {
-		case !outer.Succeeded:
-			a.err = fmt.Errorf("%w: claim of task %s token %d: a write under it was refused: it is held by a later attempt or gone",
-				ErrFenced, a.c.Task, a.c.Fence.Token())
-			g.answer(a.err)
-		case !outer.Responses[0].GetResponseTxn().Succeeded:
-			a.known = false
-			again = append(again, g)
-		default:
-			c := g.written
-			ev := c.List[len(c.List)-1]
-			a.exists, a.last, a.events, a.bytes = true, ev.Seq, c.Events, c.Bytes
-			a.lastToken, a.lastAttempt, a.lastType = c.Token, c.Attempt, ev.Type
-			g.answer(nil)
+	for pi, part := range parts {
+		presp := resp.Responses[pi].GetResponseTxn()
+		for i, g := range part {
+			if w.result(g, presp.Responses[i].GetResponseTxn()) {
+				again = append(again, g)
+			}
 		}
 	}
 	return again
+}
+
+// result applies the answer to g's write; again: try it again.
+func (w *Writer) result(g *group, outer *etcdserverpb.TxnResponse) (again bool) {
+	a := g.a
+	switch {
+	case !outer.Succeeded:
+		a.err = fmt.Errorf("%w: claim of task %s token %d: a write under it was refused: it is held by a later attempt or gone",
+			ErrFenced, a.c.Task, a.c.Fence.Token())
+		g.answer(a.err)
+	case !outer.Responses[0].GetResponseTxn().Succeeded:
+		a.known = false
+		return true
+	default:
+		c := g.written
+		ev := c.List[len(c.List)-1]
+		a.exists, a.last, a.events, a.bytes = true, ev.Seq, c.Events, c.Bytes
+		a.lastToken, a.lastAttempt, a.lastType = c.Token, c.Attempt, ev.Type
+		g.answer(nil)
+	}
+	return false
 }

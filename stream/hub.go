@@ -3,11 +3,14 @@ package stream
 import (
 	"context"
 	"fmt"
+	"hash/fnv"
+	"strconv"
 	"sync"
 	"sync/atomic"
 
 	"github.com/droverhq/drover/keyspace"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/metadata"
 )
 
 // Hub keeps one etcd watch per followed stream for all of a process's
@@ -128,7 +131,7 @@ func (h *Hub) leave(id string, wd *watched, s *sub) {
 func (h *Hub) run(ctx context.Context, id string, wd *watched) {
 	defer h.drop(id, wd)
 	prefix := h.keys.StreamChunks(id)
-	wch := h.cli.Watch(clientv3.WithRequireLeader(ctx), prefix, clientv3.WithPrefix(), clientv3.WithCreatedNotify())
+	wch := h.cli.Watch(clientv3.WithRequireLeader(watchShard(ctx, id)), prefix, clientv3.WithPrefix(), clientv3.WithCreatedNotify())
 	created := false
 	for resp := range wch {
 		if err := resp.Err(); err != nil {
@@ -187,4 +190,18 @@ func (h *Hub) drop(id string, wd *watched) {
 		close(s.ch)
 	}
 	wd.stop()
+}
+
+// watchShards is over how many gRPC streams a hub spreads its watches:
+// etcd serves each stream's watches with one sender and a buffer of
+// 128 responses, and a watch whose events do not fit waits 10 ms or
+// more (a "victim"); a thousand busy streams on one gRPC stream would.
+const watchShards = 16
+
+// watchShard puts the watch of task id's stream on one of watchShards
+// gRPC streams (the etcd client opens one per distinct metadata).
+func watchShard(ctx context.Context, id string) context.Context {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(id))
+	return metadata.AppendToOutgoingContext(ctx, "drover-watch-shard", strconv.Itoa(int(h.Sum32()%watchShards)))
 }

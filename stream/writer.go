@@ -47,7 +47,7 @@ const DefaultPace = 10 * time.Millisecond
 // operations (its default --max-txn-ops), nested ones counted apart.
 const (
 	streamsPerTxn   = 100
-	streamsPerBatch = 4 * streamsPerTxn
+	streamsPerBatch = 10 * streamsPerTxn
 	bytesPerBatch   = 1 << 20
 )
 
@@ -63,6 +63,14 @@ type Writer struct {
 	now  func() time.Time
 
 	line groupcommit.Line[*request]
+
+	// attempts are the attempts the writer knows, by task and token: a
+	// stream's state is read from etcd once, not at every write.
+	attMu    sync.Mutex
+	attempts map[attemptID]*attempt
+
+	inFlight chan struct{}
+	flightMu sync.Mutex // guards every attempt's busy
 
 	paceMu    sync.Mutex
 	lastSend  time.Time
@@ -93,7 +101,8 @@ func NewWriter(cli *clientv3.Client, keys keyspace.Space, lim Limits, pace time.
 	if pace <= 0 {
 		pace = DefaultPace
 	}
-	return &Writer{cli: cli, keys: keys, lim: lim, pace: pace, now: time.Now}
+	return &Writer{cli: cli, keys: keys, lim: lim, pace: pace, now: time.Now, attempts: map[attemptID]*attempt{},
+		inFlight: make(chan struct{}, maxInFlight)}
 }
 
 type registryKey struct {
@@ -136,7 +145,9 @@ func (w *Writer) Transactions() int64 { return w.txns.Load() }
 // attempt is one attempt's view of its stream. Only the sender of a
 // batch (one at a time) reads or changes it.
 type attempt struct {
-	c Claim
+	c    Claim
+	used time.Time     // guarded by the Writer's attMu
+	busy chan struct{} // a batch in flight holds it (closed when sent); guarded by the Writer's flightMu
 
 	known       bool  // the fields below are read from etcd
 	exists      bool  // the stream has events
@@ -170,7 +181,43 @@ type request struct {
 // holds or a later attempt has written; ErrStreamFull when they would
 // take the stream past a cap; a *drover.InputError for a bad event.
 func (w *Writer) Append(ctx context.Context, c Claim, ins []Input) (first, last int64, err error) {
-	return w.append(ctx, &attempt{c: c}, ins)
+	return w.append(ctx, w.attempt(c), ins)
+}
+
+// attemptID names an attempt: its task and its claim's token.
+type attemptID struct {
+	task  string
+	token int64
+}
+
+// attemptIdle is how long the writer keeps an attempt it does not write.
+const attemptIdle = 5 * time.Minute
+
+// attempt returns the writer's state of claim c's attempt.
+func (w *Writer) attempt(c Claim) *attempt {
+	id := attemptID{c.Task, c.Fence.Token()}
+	now := w.now()
+	w.attMu.Lock()
+	defer w.attMu.Unlock()
+	a := w.attempts[id]
+	if a == nil {
+		a = &attempt{c: c}
+		w.attempts[id] = a
+	}
+	a.used = now
+	return a
+}
+
+// forget drops the attempts not written for attemptIdle.
+func (w *Writer) forget() {
+	now := w.now()
+	w.attMu.Lock()
+	defer w.attMu.Unlock()
+	for id, a := range w.attempts {
+		if now.Sub(a.used) > attemptIdle {
+			delete(w.attempts, id)
+		}
+	}
 }
 
 func (w *Writer) append(ctx context.Context, a *attempt, ins []Input) (first, last int64, err error) {
@@ -196,15 +243,50 @@ func (w *Writer) send(ctx context.Context, r *request) error {
 	if err != nil || !lead {
 		return err
 	}
+	// Up to maxInFlight batches are sent at once, none with a stream of
+	// another: the next sender collects while this batch is in flight.
+	w.inFlight <- struct{}{}
+	w.waitIdle(r.a)
 	w.waitPace()
-	reqs, calls := w.line.Take(newBound().fits)
+	b := &bound{w: w, streams: map[*attempt]bool{}}
+	reqs, calls := w.line.Take(b.fits)
+	if len(b.streams) == 0 { // taken alone, fits was not asked
+		w.flightMu.Lock()
+		b.take(reqs[0])
+		w.flightMu.Unlock()
+	}
+	w.line.HandOn()
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	w.flush(sctx, reqs)
 	cancel()
+	w.idle(b.streams)
+	<-w.inFlight
 	w.maybeSweep()
 	groupcommit.Answer(calls)
-	w.line.HandOn()
 	return nil
+}
+
+// maxInFlight bounds the batches a Writer sends at once.
+const maxInFlight = 4
+
+// waitIdle waits until no batch in flight holds a's stream.
+func (w *Writer) waitIdle(a *attempt) {
+	w.flightMu.Lock()
+	ch := a.busy
+	w.flightMu.Unlock()
+	if ch != nil {
+		<-ch
+	}
+}
+
+// idle marks the streams of a batch sent.
+func (w *Writer) idle(streams map[*attempt]bool) {
+	w.flightMu.Lock()
+	defer w.flightMu.Unlock()
+	for a := range streams {
+		close(a.busy)
+		a.busy = nil
+	}
 }
 
 // waitPace waits until pace has passed since the last transaction began.
@@ -222,24 +304,32 @@ func (w *Writer) waitPace() {
 
 // bound counts a batch's streams and bytes as Take fills it.
 type bound struct {
+	w       *Writer
 	streams map[*attempt]bool
 	bytes   int
 }
 
-func newBound() *bound { return &bound{streams: map[*attempt]bool{}} }
-
-// fits bounds a batch: its streams and its bytes.
+// fits bounds a batch: its streams and its bytes; a stream of a batch
+// in flight waits for the next. The streams taken are marked busy.
 func (b *bound) fits(taken []*request, next *request) bool {
-	if len(b.streams) == 0 { // the first, taken without asking
-		b.streams[taken[0].a] = true
-		b.bytes = taken[0].size()
+	b.w.flightMu.Lock()
+	defer b.w.flightMu.Unlock()
+	if len(b.streams) == 0 { // the first, taken without asking (its stream is idle: waitIdle)
+		b.take(taken[0])
 	}
-	if !b.streams[next.a] && len(b.streams) >= streamsPerBatch || b.bytes+next.size() > bytesPerBatch {
+	if !b.streams[next.a] && (next.a.busy != nil || len(b.streams) >= streamsPerBatch) || b.bytes+next.size() > bytesPerBatch {
 		return false
 	}
-	b.streams[next.a] = true
-	b.bytes += next.size()
+	b.take(next)
 	return true
+}
+
+func (b *bound) take(r *request) {
+	if !b.streams[r.a] {
+		b.streams[r.a] = true
+		r.a.busy = make(chan struct{})
+	}
+	b.bytes += r.size()
 }
 
 func (r *request) size() int {
