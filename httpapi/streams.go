@@ -41,7 +41,7 @@ type StreamAppended struct {
 
 // StreamEnd is the last SSE event of a stream the server ends.
 type StreamEnd struct {
-	Reason string `json:"reason" enum:"done,closing,error" doc:"done: the task ended (its done event was sent); closing: the server shuts down (reconnect with Last-Event-ID); error: reading the stream failed (reconnect with Last-Event-ID)."`
+	Reason string `json:"reason" enum:"done,ended,closing,error" doc:"done: the task ended (its done event was sent); ended: the task ended without a done event (cancelled while its claim was lost, or ended by an external worker); closing: the server shuts down (reconnect with Last-Event-ID); error: reading the stream failed (reconnect with Last-Event-ID)."`
 	Detail string `json:"detail,omitempty" doc:"What happened."`
 }
 
@@ -282,6 +282,10 @@ func (s *Server) sendStream(ctx context.Context, st *eventStream, hub *stream.Hu
 			if st.comment("keepalive") != nil {
 				return
 			}
+			if status, ended := s.taskEnded(ctx, id); ended {
+				_ = st.send("end", 0, StreamEnd{Reason: "ended", Detail: "the task is " + status + " and its stream has no done event"})
+				return
+			}
 		case f, ok := <-evs:
 			switch {
 			case !ok:
@@ -299,4 +303,23 @@ func (s *Server) sendStream(ctx context.Context, st *eventStream, hub *stream.Hu
 			}
 		}
 	}
+}
+
+// taskEnded says whether queue task id is SUCCEEDED, DEAD or CANCELLED:
+// a stream idle that long after its task ended gets no done event (its
+// done is written before the task's outcome).
+func (s *Server) taskEnded(ctx context.Context, id string) (string, bool) {
+	c, err := s.queueClient(ctx)
+	if err != nil {
+		return "", false
+	}
+	t, err := c.Get(ctx, id)
+	if err != nil {
+		return "", false
+	}
+	switch t.CurrentStatus {
+	case queue.Succeeded, queue.Dead, queue.Cancelled:
+		return string(t.CurrentStatus), true
+	}
+	return "", false
 }
