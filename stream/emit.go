@@ -86,6 +86,10 @@ func Token(ctx context.Context, text string) error {
 // Emit appends events ins to the attempt's stream, in order; see the
 // package function Emit.
 func (at *Attempt) Emit(ctx context.Context, ins ...Input) error {
+	c := at.a.c
+	if err := c.Fence.Err(); err != nil { // lost: the handler's context may be ending too
+		return fmt.Errorf("%w: claim of task %s token %d: %w", ErrFenced, c.Task, c.Fence.Token(), err)
+	}
 	at.wrote.Store(true)
 	_, _, err := at.w.append(ctx, at.a, ins)
 	return err
