@@ -95,4 +95,15 @@ func TestTaskStreamOverHTTP(t *testing.T) {
 	if n := a.keyCount(); n != keys {
 		t.Fatalf("refused requests changed the keys: %d, then %d", keys, n)
 	}
+
+	// The worker's ack closes the stream: done, then the SSE end.
+	a.do("POST", qtaskPath("sq", task, "ack"), qfence(sess, task, "result", "fine")).want(t, 200)
+	ids, types = a.sseEvents("/v1/tasks/s-0/stream?from=5", 1)
+	if len(ids) != 1 || ids[0] != 5 || types[0] != "done" {
+		t.Fatalf("after the ack: ids %v types %v, want done at 5", ids, types)
+	}
+	page = a.do("GET", "/v1/tasks/s-0/stream?from=5", nil).want(t, 200)
+	if ev := page.JSON["events"].([]any)[0].(map[string]any); page.JSON["done"] != true || ev["data"].(map[string]any)["outcome"] != "succeeded" {
+		t.Fatalf("done: %s", page.Raw)
+	}
 }

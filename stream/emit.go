@@ -113,12 +113,32 @@ func (w *Writer) End(ctx context.Context, c Claim, typ, outcome string, cause er
 	return w.end(ctx, w.attempt(c), typ, outcome, cause, true)
 }
 
+// Ended closes the attempt of task's claim token, which already ended
+// through its claim (an external worker's ack or fail), with typ,
+// outcome and cause (""), if this Writer wrote its stream; otherwise it
+// does nothing. The claim is gone, so the write is fenced by the stream
+// alone: it is stored only if no later attempt has written.
+func (w *Writer) Ended(ctx context.Context, task string, token int64, typ, outcome, cause string) error {
+	w.attMu.Lock()
+	a := w.attempts[attemptID{task, token}]
+	w.attMu.Unlock()
+	if a == nil {
+		return nil
+	}
+	return w.endRequest(ctx, a, typ, ownData{Attempt: a.c.Attempt, Outcome: outcome, Error: cause}, false, true)
+}
+
 func (w *Writer) end(ctx context.Context, a *attempt, typ, outcome string, cause error, probe bool) error {
 	d := ownData{Attempt: a.c.Attempt, Outcome: outcome}
 	if cause != nil {
 		d.Error = cause.Error()
 	}
-	r := &request{a: a, end: &Input{Type: typ, Data: d.raw()}, probe: probe, at: w.now().UTC()}
+	return w.endRequest(ctx, a, typ, d, probe, false)
+}
+
+// endRequest writes attempt a's end, and returns once it is stored.
+func (w *Writer) endRequest(ctx context.Context, a *attempt, typ string, d ownData, probe, claimGone bool) error {
+	r := &request{a: a, end: &Input{Type: typ, Data: d.raw()}, probe: probe, claimGone: claimGone, at: w.now().UTC()}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	if err := w.send(ctx, r); err != nil {

@@ -195,7 +195,13 @@ func (w *Writer) ops(g *group, c chunk) {
 		ops = append(ops, clientv3.OpPut(keyspace.TimedKey(w.keys.StreamExpiries(), now.Add(w.lim.Retention).UnixNano(), a.c.Task), ""))
 	}
 	free := clientv3.Compare(clientv3.CreateRevision(w.keys.StreamChunkStart(a.c.Task, first)), "=", 0).WithPrefix()
-	g.ops = []clientv3.Op{clientv3.OpTxn(a.c.Fence.Compares(), []clientv3.Op{clientv3.OpTxn([]clientv3.Cmp{free}, ops, nil)}, nil)}
+	claim := a.c.Fence.Compares()
+	for _, r := range g.reqs {
+		if r.claimGone && !r.done {
+			claim = nil // the attempt's outcome ended its claim: no later attempt wrote (free) is the fence
+		}
+	}
+	g.ops = []clientv3.Op{clientv3.OpTxn(claim, []clientv3.Op{clientv3.OpTxn([]clientv3.Cmp{free}, ops, nil)}, nil)}
 	g.written, g.first = c, first
 }
 

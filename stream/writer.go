@@ -166,7 +166,10 @@ type request struct {
 	events []Input
 	end    *Input // drover's end of the attempt (AttemptEnded or Done)
 	probe  bool   // the end is written only if the stream has events
-	at     time.Time
+	// claimGone: the attempt ended through its claim, which is gone; the
+	// end is fenced by the stream alone.
+	claimGone bool
+	at        time.Time
 
 	// The answer.
 	done        bool
