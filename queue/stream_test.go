@@ -11,6 +11,7 @@ import (
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/queue"
 	"github.com/droverhq/drover/stream"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // TestStreamBoundaryAfterClaimLoss: a handler that lost its claim (its
@@ -97,4 +98,31 @@ func runWorker(t *testing.T, w *queue.Worker) {
 	ran := make(chan struct{})
 	go func() { _ = w.Run(rctx); close(ran) }()
 	t.Cleanup(func() { stop(); <-ran; _ = w.Close(context.Background()) })
+}
+
+// TestTaskWithoutEventsHasNoStream: a first attempt that emits nothing
+// writes nothing to etcd for its stream, not even its end.
+func TestTaskWithoutEventsHasNoStream(t *testing.T) {
+	t.Parallel()
+	ns := etcdtest.Namespace(t)
+	c, cli := newClient(t, ns)
+	ctx := context.Background()
+	if _, err := c.Submit(ctx, "quiet", []queue.Task{{ID: "q-1", Type: "x"}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	w := newWorker(t, srv.Client(t), queue.WorkerConfig{Namespace: ns, Queue: "quiet", Concurrency: 1})
+	w.HandleAll(func(context.Context, *queue.Task) ([]byte, error) { return []byte("ok"), nil })
+	runWorker(t, w)
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if _, err := c.Wait(wctx, "q-1"); err != nil {
+		t.Fatal(err)
+	}
+	keys := keyspace.MustNew(ns)
+	for _, prefix := range []string{keys.StreamChunks("q-1"), keys.StreamExpiries()} {
+		r, err := cli.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+		if err != nil || r.Count != 0 {
+			t.Fatalf("%s: %d keys (%v), want none", prefix, r.Count, err)
+		}
+	}
 }

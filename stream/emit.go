@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -15,7 +16,11 @@ import (
 // to End: the handler's Emit calls write through it.
 type Attempt struct {
 	w *Writer
-	a *attempt
+	c Claim
+	// a is the Writer's state of the attempt, made by its first write:
+	// an attempt that writes nothing costs the Writer nothing.
+	once sync.Once
+	a    *attempt
 	// mayExist: the stream may have events that this process did not
 	// write (an attempt before, a step before a sleep, a child process).
 	mayExist atomic.Bool
@@ -30,8 +35,7 @@ type attemptKey struct{}
 // resumed step): End then closes the attempt even if it emitted
 // nothing. Nothing is written before the first Emit or End.
 func Begin(ctx context.Context, cli *clientv3.Client, keys keyspace.Space, c Claim, mayExist bool) (context.Context, *Attempt) {
-	w := For(cli, keys)
-	at := &Attempt{w: w, a: w.attempt(c)}
+	at := &Attempt{w: For(cli, keys), c: c}
 	at.mayExist.Store(mayExist)
 	return context.WithValue(ctx, attemptKey{}, at), at
 }
@@ -86,12 +90,12 @@ func Token(ctx context.Context, text string) error {
 // Emit appends events ins to the attempt's stream, in order; see the
 // package function Emit.
 func (at *Attempt) Emit(ctx context.Context, ins ...Input) error {
-	c := at.a.c
+	c := at.c
 	if err := c.Fence.Err(); err != nil { // lost: the handler's context may be ending too
 		return fmt.Errorf("%w: claim of task %s token %d: %w", ErrFenced, c.Task, c.Fence.Token(), err)
 	}
 	at.wrote.Store(true)
-	_, _, err := at.w.append(ctx, at.a, ins)
+	_, _, err := at.w.append(ctx, at.state(), ins)
 	return err
 }
 
@@ -103,7 +107,14 @@ func (at *Attempt) End(ctx context.Context, typ, outcome string, cause error) er
 	if !at.wrote.Load() && !at.mayExist.Load() {
 		return nil
 	}
-	return at.w.end(ctx, at.a, typ, outcome, cause, !at.wrote.Load())
+	defer at.w.drop(at.c)
+	return at.w.end(ctx, at.state(), typ, outcome, cause, !at.wrote.Load())
+}
+
+// state returns the Writer's state of the attempt, made at the first call.
+func (at *Attempt) state() *attempt {
+	at.once.Do(func() { at.a = at.w.attempt(at.c) })
+	return at.a
 }
 
 // End closes claim c's attempt with typ (AttemptEnded or Done), outcome

@@ -182,7 +182,9 @@ type request struct {
 // first and last. It returns once they are stored, or with an error and
 // none of them stored: one matching ErrFenced when the claim no longer
 // holds or a later attempt has written; ErrStreamFull when they would
-// take the stream past a cap; a *drover.InputError for a bad event.
+// take the stream past a cap; a *drover.InputError for a bad event. (An
+// error of etcd itself, a timeout, leaves it unknown whether they were
+// stored, as for any etcd write.)
 func (w *Writer) Append(ctx context.Context, c Claim, ins []Input) (first, last int64, err error) {
 	return w.append(ctx, w.attempt(c), ins)
 }
@@ -209,6 +211,13 @@ func (w *Writer) attempt(c Claim) *attempt {
 	}
 	a.used = now
 	return a
+}
+
+// drop forgets claim c's attempt: it ended.
+func (w *Writer) drop(c Claim) {
+	w.attMu.Lock()
+	defer w.attMu.Unlock()
+	delete(w.attempts, attemptID{c.Task, c.Fence.Token()})
 }
 
 // forget drops the attempts not written for attemptIdle.
