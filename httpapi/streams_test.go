@@ -31,7 +31,8 @@ func (a *api) sseEvents(path string, n int, hdr ...string) (ids []int64, types [
 	}
 	defer r.Body.Close()
 	if r.StatusCode != 200 {
-		b, _ := io.ReadAll(r.Body); a.t.Fatalf("GET %s: %d %s", path, r.StatusCode, b)
+		b, _ := io.ReadAll(r.Body)
+		a.t.Fatalf("GET %s: %d %s", path, r.StatusCode, b)
 	}
 	sc := bufio.NewScanner(r.Body)
 	for len(types) < n && sc.Scan() {
@@ -59,7 +60,9 @@ func TestTaskStreamOverHTTP(t *testing.T) {
 	sess := a.session(30)
 	task := a.qclaim("sq", sess, 1, "5s")[0]
 	path := "/v1/tasks/s-0/stream/events"
-	ev := func(typ string) map[string]any { return map[string]any{"type": typ, "data": map[string]any{"text": typ}} }
+	ev := func(typ string) map[string]any {
+		return map[string]any{"type": typ, "data": map[string]any{"text": typ}}
+	}
 	r := a.do("POST", path, qfence(sess, task, "events", []any{ev("token"), ev("token")})).want(t, 200)
 	if r.num("first") != 2 || r.num("last") != 3 {
 		t.Fatalf("appended %s, want 2..3 (1 is attempt_started)", r.Raw)
