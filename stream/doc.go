@@ -17,7 +17,8 @@
 // time, not with events. A process's Hub keeps one etcd watch per
 // followed stream for all of its followers.
 //
-// In a handler or step run by a queue worker:
+// In a handler or step run by a queue worker (Emit queues the event and
+// returns; Flush waits until the attempt's events are stored):
 //
 //	stream.Emit(ctx, "progress", map[string]int{"done": 3, "of": 12})
 //	stream.Token(ctx, "Hel")

@@ -25,6 +25,8 @@ type Attempt struct {
 	// write (an attempt before, a step before a sleep, a child process).
 	mayExist atomic.Bool
 	wrote    atomic.Bool
+	// out is the events emitted and not yet sent.
+	out outbox
 }
 
 type attemptKey struct{}
@@ -57,12 +59,15 @@ func Elsewhere(ctx context.Context) {
 }
 
 // Emit appends an event of type typ to the stream of the task whose
-// handler or step runs under ctx, and returns once it is stored. data is
-// the event's value: a json.RawMessage as it is, anything else as
-// json.Marshal encodes it. An error matching ErrFenced says the attempt
-// lost its claim (nothing it emits is stored from then on);
-// ErrStreamFull, that a cap was reached; ErrNoClaim, that ctx is not a
-// handler's.
+// handler or step runs under ctx. data is the event's value: a
+// json.RawMessage as it is, anything else as json.Marshal encodes it. It
+// returns once the event is queued: the attempt's events go to etcd in
+// order, together, while the handler goes on, so a producer of tokens is
+// never held to one event per write; Flush waits until they are stored.
+// An error matching ErrFenced says the attempt lost its claim (nothing it
+// emits is stored from then on); ErrStreamFull, that a cap was reached;
+// ErrNoClaim, that ctx is not a handler's. An error of a write already
+// queued is returned by the next Emit or Flush.
 func Emit(ctx context.Context, typ string, data any) error {
 	at := FromContext(ctx)
 	if at == nil {
@@ -87,17 +92,45 @@ func Token(ctx context.Context, text string) error {
 	}{text})
 }
 
-// Emit appends events ins to the attempt's stream, in order; see the
+// Flush waits until every event emitted under ctx's attempt is stored,
+// and returns the first error of their writes.
+func Flush(ctx context.Context) error {
+	at := FromContext(ctx)
+	if at == nil {
+		return ErrNoClaim
+	}
+	return at.Flush(ctx)
+}
+
+// Emit queues events ins of the attempt's stream, in order; see the
 // package function Emit.
 func (at *Attempt) Emit(ctx context.Context, ins ...Input) error {
 	c := at.c
 	if err := c.Fence.Err(); err != nil { // lost: the handler's context may be ending too
 		return fmt.Errorf("%w: claim of task %s token %d: %w", ErrFenced, c.Task, c.Fence.Token(), err)
 	}
+	now := at.w.now().UTC()
+	for i := range ins {
+		if err := ins[i].check(fmt.Sprintf("events[%d]", i), at.w.lim.MaxEventBytes); err != nil {
+			return err
+		}
+		ins[i].at = now
+	}
 	at.wrote.Store(true)
+	return at.out.put(ctx, ins, at.send)
+}
+
+// send writes a batch of the attempt's queued events.
+func (at *Attempt) send(ins []Input) error {
+	ctx, cancel := context.WithTimeout(at.w.cli.Ctx(), 10*time.Second)
+	defer cancel()
 	_, _, err := at.w.append(ctx, at.state(), ins)
 	return err
 }
+
+// Flush waits until the attempt's queued events are stored, and returns
+// the first error of their writes.
+func (at *Attempt) Flush(ctx context.Context) error { return at.out.flush(ctx) }
 
 // End closes the attempt's events with typ (AttemptEnded or Done),
 // outcome and cause, while its claim still holds: if the attempt wrote
@@ -108,6 +141,9 @@ func (at *Attempt) End(ctx context.Context, typ, outcome string, cause error) er
 		return nil
 	}
 	defer at.w.drop(at.c)
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	_ = at.Flush(fctx) // an attempt fenced or full still closes, if it can
 	return at.w.end(ctx, at.state(), typ, outcome, cause, !at.wrote.Load())
 }
 

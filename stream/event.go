@@ -88,6 +88,7 @@ var DefaultLimits = Limits{
 type Input struct {
 	Type string          `json:"type"`
 	Data json.RawMessage `json:"data,omitempty"`
+	at   time.Time       // when it was emitted, if before its write
 }
 
 // maxTypeLen bounds an event's type.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"time"
 
 	"github.com/droverhq/drover/keyspace"
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
@@ -131,9 +132,9 @@ func (w *Writer) build(g *group) {
 	}
 	c := chunk{Attempt: a.c.Attempt, Token: token, Events: a.events, Bytes: a.bytes}
 	seq := a.last
-	add := func(typ string, data json.RawMessage, r *request) {
+	add := func(typ string, data json.RawMessage, at time.Time) {
 		seq++
-		c.List = append(c.List, Event{Seq: seq, Attempt: a.c.Attempt, Type: typ, Data: data, Time: r.at})
+		c.List = append(c.List, Event{Seq: seq, Attempt: a.c.Attempt, Type: typ, Data: data, Time: at})
 	}
 	opening := a.lastToken != token
 	for _, r := range g.reqs {
@@ -143,9 +144,9 @@ func (w *Writer) build(g *group) {
 		}
 		if opening && len(c.List) == 0 {
 			if a.exists && !ends(a.lastType) {
-				add(AttemptLost, ownData{Attempt: a.lastAttempt, Token: a.lastToken}.raw(), r)
+				add(AttemptLost, ownData{Attempt: a.lastAttempt, Token: a.lastToken}.raw(), r.at)
 			}
-			add(AttemptStarted, ownData{Attempt: a.c.Attempt, Worker: a.c.Worker, Token: token}.raw(), r)
+			add(AttemptStarted, ownData{Attempt: a.c.Attempt, Worker: a.c.Worker, Token: token}.raw(), r.at)
 		}
 		if len(r.events) > 0 {
 			n, b := int64(len(r.events)), int64(0)
@@ -165,12 +166,16 @@ func (w *Writer) build(g *group) {
 				if len(data) == 0 {
 					data = json.RawMessage("null")
 				}
-				add(in.Type, data, r)
+				at := in.at
+				if at.IsZero() {
+					at = r.at
+				}
+				add(in.Type, data, at)
 			}
 			r.last = seq
 		}
 		if r.end != nil {
-			add(r.end.Type, r.end.Data, r)
+			add(r.end.Type, r.end.Data, r.at)
 			r.last = seq
 		}
 	}
