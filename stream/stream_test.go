@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/droverhq/drover/stream"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 func text(i int) json.RawMessage { return json.RawMessage(fmt.Sprintf(`{"i":%d}`, i)) }
@@ -187,4 +188,41 @@ func TestCapsRefuseWholeWrites(t *testing.T) {
 			t.Fatalf("event %d is %s, want %s", i+1, got[i].Type, typ)
 		}
 	}
+}
+
+func TestEmitQueuesWhileAWriteIsUnderWay(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, stream.Limits{})
+	ctx := context.Background()
+	const id, n = "task-5", 500
+	actx, at := stream.Begin(ctx, e.cli, e.keys, stream.Claim{Task: id, Attempt: 1, Fence: claimKey(t, e.cli, e.keys, id)}, false)
+	for i := range n {
+		if err := stream.Emit(actx, "token", text(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := stream.Flush(actx); err != nil {
+		t.Fatal(err)
+	}
+	r, err := e.cli.Get(ctx, e.keys.StreamChunks(id), clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Count < 1 || r.Count >= n {
+		t.Fatalf("%d events in %d chunks: the emits did not wait together", n, r.Count)
+	}
+	if err := at.End(ctx, stream.Done, "succeeded", nil); err != nil {
+		t.Fatal(err)
+	}
+	got := collect(t, e.hub, id, 1, 0)
+	if len(got) != n+2 {
+		t.Fatalf("%d events, want %d", len(got), n+2)
+	}
+	checkSeq(t, got, 1)
+	for i, ev := range got[1 : n+1] {
+		if string(ev.Data) != string(text(i)) {
+			t.Fatalf("event %d: %s, want %s", i+2, ev.Data, text(i))
+		}
+	}
+	t.Logf("%d events in %d chunks", n, r.Count)
 }
