@@ -312,8 +312,9 @@ const DefaultMaxOutput = MaxResult
 // the task's context ends (timeout, cancellation, lost claim), the process
 // group gets SIGTERM, then SIGKILL after grace. The command gets
 // DROVER_TASK_ID, DROVER_TASK_TYPE, DROVER_ATTEMPT, DROVER_CLAIM_TOKEN and
-// DROVER_QUEUE in its environment (drover emit finds its stream there); its standard error goes to stderr, and the last 2 KiB of
-// it to the task's error.
+// DROVER_QUEUE in its environment (drover emit finds its stream there);
+// its standard error goes to stderr, and the last 2 KiB of it to the
+// task's error.
 //
 // Under a worker a run is also a step of its task: DROVER_STEP says which,
 // DROVER_STATE_FILE holds the state the step before printed, and a run
