@@ -180,3 +180,70 @@ func processCPU() time.Duration {
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
+
+// TestFollowersReconnectAtOnce measures a thousand followers of one
+// stream coming back at once: with DROVER_BENCH_RECONNECT=N it stores
+// 2,000 events (in chunks of 20), then starts N followers together, each
+// from a random event (as EventSource does with Last-Event-ID), while the
+// stream goes on, and logs the time until every one has the stream's
+// last event; it fails on any gap or duplicate.
+func TestFollowersReconnectAtOnce(t *testing.T) {
+	n, _ := strconv.Atoi(os.Getenv("DROVER_BENCH_RECONNECT"))
+	if n <= 0 {
+		t.Skip("set DROVER_BENCH_RECONNECT=1000 to measure")
+	}
+	es, err := etcdtest.Start(etcdtest.Options{Fsync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer es.Stop()
+	cli := es.Client(t)
+	keys := keyspace.MustNew("bench")
+	ctx := context.Background()
+	a := benchClaims(t, cli, keys, 1)[0]
+	w := stream.NewWriter(cli, keys, stream.Limits{}, 0)
+	batch := make([]stream.Input, 20)
+	for i := range batch {
+		batch[i] = stream.Input{Type: "token", Data: json.RawMessage(`{"text":"token"}`)}
+	}
+	var last int64
+	for range 100 {
+		if _, last, err = w.Append(ctx, a, batch); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hub := stream.NewHub(es.Client(t), keys)
+	final := last + 20 // one more batch, written while they reconnect
+	began := time.Now()
+	var wg sync.WaitGroup
+	took := make([]time.Duration, n)
+	for i := range n {
+		wg.Go(func() {
+			fctx, cancel := context.WithTimeout(ctx, time.Minute)
+			defer cancel()
+			next := 1 + rand.Int64N(last)
+			for ev, err := range hub.Follow(fctx, a.Task, next) {
+				if err != nil {
+					t.Errorf("follower %d: %v", i, err)
+					return
+				}
+				if ev.Seq != next {
+					t.Errorf("follower %d: seq %d, want %d (a gap or a duplicate)", i, ev.Seq, next)
+					return
+				}
+				next++
+				if ev.Seq == final {
+					took[i] = time.Since(began)
+					return
+				}
+			}
+		})
+	}
+	if _, _, err := w.Append(ctx, a, batch); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	slices.Sort(took)
+	t.Logf("%d followers of one stream of %d events, each from a random event, at once: all caught up (the last event, written meanwhile) after %s (p50 %s); hub watches opened %d",
+		n, final, took[n-1].Round(time.Millisecond), took[n/2].Round(time.Millisecond), hub.Opened())
+}
