@@ -49,6 +49,9 @@ const (
 	streamsPerTxn   = 100
 	streamsPerBatch = 10 * streamsPerTxn
 	bytesPerBatch   = 1 << 20
+	// maxWriteBytes bounds one Append: with the batch's other streams it
+	// must fit etcd's request limit (1.5 MiB by default).
+	maxWriteBytes = 768 << 10
 )
 
 // Writer writes the streams of the tasks a process runs. Every stream's
@@ -236,10 +239,15 @@ func (w *Writer) append(ctx context.Context, a *attempt, ins []Input) (first, la
 	if len(ins) == 0 {
 		return 0, 0, nil
 	}
+	total := 0
 	for i, in := range ins {
 		if err := in.check(fmt.Sprintf("events[%d]", i), w.lim.MaxEventBytes); err != nil {
 			return 0, 0, err
 		}
+		total += in.size()
+	}
+	if total > maxWriteBytes {
+		return 0, 0, fmt.Errorf("%w: %d events of %d bytes in one write, over %d: write them in smaller parts", ErrStreamFull, len(ins), total, maxWriteBytes)
 	}
 	r := &request{a: a, events: ins, at: w.now().UTC()}
 	if err := w.send(ctx, r); err != nil {
