@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/droverhq/drover/stream"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -225,4 +226,48 @@ func TestEmitQueuesWhileAWriteIsUnderWay(t *testing.T) {
 		}
 	}
 	t.Logf("%d events in %d chunks", n, r.Count)
+}
+
+// TestWritersOfOneStreamKeepItsOrder: two processes writing one
+// attempt's stream (two servers taking an external worker's posts) never
+// overwrite each other: the second, whose view is stale, reads the
+// stream again and writes after; and a writer whose claim's compares
+// still hold but whose stream a later attempt wrote is fenced.
+func TestWritersOfOneStreamKeepItsOrder(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, stream.Limits{})
+	other := stream.NewWriter(e.cli, e.keys, stream.Limits{}, time.Millisecond)
+	ctx := context.Background()
+	const id = "task-6"
+	a := stream.Claim{Task: id, Attempt: 1, Fence: claimKey(t, e.cli, e.keys, id)}
+	for i := range 6 {
+		w := e.w
+		if i%2 == 1 {
+			w = other
+		}
+		first, last, err := w.Append(ctx, a, []stream.Input{{Type: "log", Data: text(i)}, {Type: "log", Data: text(i)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := int64(2 + 2*i); first != want || last != want+1 {
+			t.Fatalf("write %d stored %d..%d, want %d..%d", i, first, last, want, want+1)
+		}
+	}
+	// A later attempt writes (its claim on another key, as a claim taken
+	// again would be); the first attempt's compares still hold.
+	later := stream.Claim{Task: id, Attempt: 2, Fence: claimKey(t, e.cli, e.keys, id+"-again")}
+	if later.Fence.Token() <= a.Fence.Token() {
+		t.Fatal("the later claim's token is not higher")
+	}
+	if _, _, err := other.Append(ctx, later, []stream.Input{{Type: "log"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := e.w.Append(ctx, a, []stream.Input{{Type: "log"}}); !errors.Is(err, stream.ErrFenced) {
+		t.Fatalf("the earlier attempt after the later one wrote: %v, want ErrFenced", err)
+	}
+	got := collect(t, e.hub, id, 1, 16)
+	checkSeq(t, got, 1)
+	if got[13].Type != stream.AttemptLost || got[14].Type != stream.AttemptStarted || got[15].Attempt != 2 {
+		t.Fatalf("the boundary: %+v", got[13:])
+	}
 }
