@@ -111,7 +111,7 @@ func (at *Attempt) Emit(ctx context.Context, ins ...Input) error {
 	}
 	now := at.w.now().UTC()
 	for i := range ins {
-		if err := ins[i].check(fmt.Sprintf("events[%d]", i), at.w.lim.MaxEventBytes); err != nil {
+		if err := ins[i].check(i, at.w.lim.MaxEventBytes); err != nil {
 			return err
 		}
 		ins[i].at = now
@@ -124,7 +124,7 @@ func (at *Attempt) Emit(ctx context.Context, ins ...Input) error {
 func (at *Attempt) send(ins []Input) error {
 	ctx, cancel := context.WithTimeout(at.w.cli.Ctx(), 10*time.Second)
 	defer cancel()
-	_, _, err := at.w.append(ctx, at.state(), ins)
+	_, _, err := at.w.appendChecked(ctx, at.state(), ins) // checked by Emit; the outbox bounds their bytes
 	return err
 }
 

@@ -94,20 +94,21 @@ type Input struct {
 // maxTypeLen bounds an event's type.
 const maxTypeLen = 64
 
-// check validates in against the event size cap.
-func (in Input) check(field string, maxBytes int) error {
+// check validates in, the i-th of a write, against the event size cap.
+func (in Input) check(i, maxBytes int) error {
+	field := func() string { return fmt.Sprintf("events[%d]", i) }
 	if in.Type == "" || len(in.Type) > maxTypeLen {
-		return &drover.InputError{Field: field + ".type", Value: in.Type, Rule: fmt.Sprintf("must be 1 to %d characters", maxTypeLen)}
+		return &drover.InputError{Field: field() + ".type", Value: in.Type, Rule: fmt.Sprintf("must be 1 to %d characters", maxTypeLen)}
 	}
 	switch in.Type {
 	case AttemptStarted, AttemptLost, AttemptEnded, Done:
-		return &drover.InputError{Field: field + ".type", Value: in.Type, Rule: "must not be one of drover's own (attempt_started, attempt_lost, attempt_ended, done)"}
+		return &drover.InputError{Field: field() + ".type", Value: in.Type, Rule: "must not be one of drover's own (attempt_started, attempt_lost, attempt_ended, done)"}
 	}
 	if len(in.Data) > 0 && !json.Valid(in.Data) {
-		return &drover.InputError{Field: field + ".data", Value: string(in.Data), Rule: "must be a JSON value"}
+		return &drover.InputError{Field: field() + ".data", Value: string(in.Data), Rule: "must be a JSON value"}
 	}
 	if n := in.size(); n > maxBytes {
-		return fmt.Errorf("%w: %s is %d bytes, over the %d-byte limit of one event", ErrStreamFull, field, n, maxBytes)
+		return fmt.Errorf("%w: %s is %d bytes, over the %d-byte limit of one event", ErrStreamFull, field(), n, maxBytes)
 	}
 	return nil
 }
@@ -115,25 +116,57 @@ func (in Input) check(field string, maxBytes int) error {
 // size is what an event counts against the stream's byte cap.
 func (in Input) size() int { return len(in.Type) + len(in.Data) }
 
-// chunk is the value of a chunk key: the events one attempt flushed at
-// once, and the stream's totals through them.
+// chunk is what a chunk key holds (storedChunk encodes it): the events
+// one attempt flushed at once, and the stream's totals through them.
 type chunk struct {
 	// Attempt and Token name the attempt that wrote the chunk.
-	Attempt int   `json:"attempt"`
-	Token   int64 `json:"token"`
+	Attempt int
+	Token   int64
 	// Events and Bytes count the stream's own events (not drover's)
 	// through this chunk, and their bytes.
-	Events int64 `json:"events"`
-	Bytes  int64 `json:"bytes"`
+	Events int64
+	Bytes  int64
 	// List holds the chunk's events, in order.
-	List []Event `json:"list"`
+	List []Event
+}
+
+// storedChunk is a chunk as its key holds it: its events without their
+// attempt (the chunk's) and with their time in Unix nanoseconds, which
+// encode and decode in a fraction of RFC 3339's time.
+type storedChunk struct {
+	Attempt int           `json:"attempt"`
+	Token   int64         `json:"token"`
+	Events  int64         `json:"events"`
+	Bytes   int64         `json:"bytes"`
+	List    []storedEvent `json:"list"`
+}
+
+type storedEvent struct {
+	Seq  int64           `json:"s"`
+	Type string          `json:"t"`
+	Data json.RawMessage `json:"d"`
+	At   int64           `json:"at"`
+}
+
+// encode returns c as its key holds it.
+func (c chunk) encode() []byte {
+	sc := storedChunk{Attempt: c.Attempt, Token: c.Token, Events: c.Events, Bytes: c.Bytes, List: make([]storedEvent, len(c.List))}
+	for i, ev := range c.List {
+		sc.List[i] = storedEvent{Seq: ev.Seq, Type: ev.Type, Data: ev.Data, At: ev.Time.UnixNano()}
+	}
+	b, _ := json.Marshal(sc)
+	return b
 }
 
 // decodeChunk reads a chunk key's value.
 func decodeChunk(key string, v []byte) (chunk, error) {
-	var c chunk
-	if err := json.Unmarshal(v, &c); err != nil {
-		return c, fmt.Errorf("stream: chunk %s is unreadable: %w", key, err)
+	var sc storedChunk
+	if err := json.Unmarshal(v, &sc); err != nil {
+		return chunk{}, fmt.Errorf("stream: chunk %s is unreadable: %w", key, err)
+	}
+	c := chunk{Attempt: sc.Attempt, Token: sc.Token, Events: sc.Events, Bytes: sc.Bytes, List: make([]Event, len(sc.List))}
+	for i, ev := range sc.List {
+		c.List[i] = Event{Seq: ev.Seq, Attempt: sc.Attempt, Type: ev.Type, Data: ev.Data, Time: time.Unix(0, ev.At).UTC()}
 	}
 	return c, nil
 }

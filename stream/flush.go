@@ -190,8 +190,7 @@ func (w *Writer) build(g *group) {
 func (w *Writer) ops(g *group, c chunk) {
 	a := g.a
 	first, last := a.last+1, c.List[len(c.List)-1].Seq
-	v, _ := json.Marshal(c)
-	ops := []clientv3.Op{clientv3.OpPut(w.keys.StreamChunk(a.c.Task, first, last), string(v))}
+	ops := []clientv3.Op{clientv3.OpPut(w.keys.StreamChunk(a.c.Task, first, last), string(c.encode()))}
 	now := w.now()
 	if !a.exists {
 		ops = append(ops, clientv3.OpPut(keyspace.TimedKey(w.keys.StreamExpiries(), now.Add(w.lim.MaxAge).UnixNano(), a.c.Task), ""))

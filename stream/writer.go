@@ -241,7 +241,7 @@ func (w *Writer) append(ctx context.Context, a *attempt, ins []Input) (first, la
 	}
 	total := 0
 	for i, in := range ins {
-		if err := in.check(fmt.Sprintf("events[%d]", i), w.lim.MaxEventBytes); err != nil {
+		if err := in.check(i, w.lim.MaxEventBytes); err != nil {
 			return 0, 0, err
 		}
 		total += in.size()
@@ -249,6 +249,11 @@ func (w *Writer) append(ctx context.Context, a *attempt, ins []Input) (first, la
 	if total > maxWriteBytes {
 		return 0, 0, fmt.Errorf("%w: %d events of %d bytes in one write, over %d: write them in smaller parts", ErrStreamFull, len(ins), total, maxWriteBytes)
 	}
+	return w.appendChecked(ctx, a, ins)
+}
+
+// appendChecked is append of events already checked.
+func (w *Writer) appendChecked(ctx context.Context, a *attempt, ins []Input) (first, last int64, err error) {
 	r := &request{a: a, events: ins, at: w.now().UTC()}
 	if err := w.send(ctx, r); err != nil {
 		return 0, 0, err
