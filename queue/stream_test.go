@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/queue"
 	"github.com/droverhq/drover/stream"
+	"github.com/droverhq/drover/task"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -126,5 +128,42 @@ func TestTaskWithoutEventsHasNoStream(t *testing.T) {
 		if err != nil || r.Count != 0 {
 			t.Fatalf("%s: %d keys (%v), want none", prefix, r.Count, err)
 		}
+	}
+}
+
+// TestStepsEmitToTheirTaskStream: a step of queue.Steps emits through
+// its context, and the task's stream ends with done.
+func TestStepsEmitToTheirTaskStream(t *testing.T) {
+	t.Parallel()
+	ns := etcdtest.Namespace(t)
+	c, cli := newClient(t, ns)
+	ctx := context.Background()
+	store, err := task.NewStore(cli, ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Submit(ctx, "stepped", []queue.Task{{ID: "st-1", Type: "x"}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	w := newWorker(t, srv.Client(t), queue.WorkerConfig{Namespace: ns, Queue: "stepped", Concurrency: 1})
+	step := func(name string) task.Step {
+		return task.Step{Name: name, Run: func(ctx context.Context, s []byte) ([]byte, error) {
+			return s, stream.Emit(ctx, "progress", name)
+		}}
+	}
+	w.HandleAll(queue.Steps(store, step("one"), step("two")))
+	runWorker(t, w)
+	fctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	var types []string
+	for ev, err := range stream.NewHub(cli, keyspace.MustNew(ns)).Follow(fctx, "st-1", 1) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		types = append(types, ev.Type+":"+string(ev.Data))
+	}
+	want := []string{stream.AttemptStarted, `progress:"one"`, `progress:"two"`, stream.Done}
+	if len(types) != len(want) || !strings.HasPrefix(types[0], want[0]) || types[1] != want[1] || types[2] != want[2] || !strings.HasPrefix(types[3], want[3]) {
+		t.Fatalf("events %v, want %v", types, want)
 	}
 }
