@@ -72,10 +72,10 @@ func (w *Worker) untrack(id string) {
 func (w *Worker) execute(base context.Context, c *claim) (o outcome) {
 	t := c.task
 	if c.broken != nil {
-		return outcome{c: c, kind: Dead, err: Permanent(c.broken)}
+		return outcome{c: c, kind: Dead, err: Permanent(c.broken), streamed: true}
 	}
 	if t.Attempt > t.Retries()+1 {
-		return outcome{c: c, kind: Dead, err: fmt.Errorf("gave up after %d attempts: the worker running it died or lost its claim", t.Attempt-1)}
+		return outcome{c: c, kind: Dead, streamed: true, err: fmt.Errorf("gave up after %d attempts: the worker running it died or lost its claim", t.Attempt-1)}
 	}
 	timeout := time.Duration(t.Timeout)
 	if timeout <= 0 {
@@ -115,7 +115,7 @@ func (w *Worker) execute(base context.Context, c *claim) (o outcome) {
 	defer tcancel()
 	f := &claimFence{w: w, c: c, cancel: cancel, ctx: ctx}
 	hctx, sa := w.beginStream(context.WithValue(tctx, claimKey{}, f), f)
-	defer func() { w.endStream(ctx, sa, o) }() // under the claim, before the outcome is written
+	defer func() { o.streamed = w.endStream(ctx, sa, o) }() // under the claim, before the outcome is written
 	began := time.Now()
 	result, err := call(hctx, h, t)
 	admitted(dones, err)
@@ -547,22 +547,22 @@ func (w *Worker) beginStream(ctx context.Context, f *claimFence) (context.Contex
 	return stream.Begin(ctx, w.cli, w.keys, stream.Claim{Task: t.ID, Attempt: t.Attempt, Worker: w.worker, Fence: f}, t.Attempt > 1 || resumed)
 }
 
-// endStream closes the attempt's events with its outcome, under its
-// claim, before the outcome is written: Done when the task ended,
-// AttemptEnded otherwise. A claim already lost writes nothing (the next
-// attempt marks the boundary).
-func (w *Worker) endStream(ctx context.Context, at *stream.Attempt, o outcome) {
-	typ, name := stream.AttemptEnded, ""
+// endStream closes the attempt's events with AttemptEnded and its
+// outcome, under its claim, before the outcome is written; the outcome
+// of a task that ended is followed by Done once it is stored
+// (finishStreams): a worker that dies between the two leaves a task
+// that runs again with followers still following. A claim already lost
+// writes nothing (the next attempt marks the boundary, or the
+// canceller writes Done). It says whether the stream may have events.
+func (w *Worker) endStream(ctx context.Context, at *stream.Attempt, o outcome) bool {
+	name := ""
 	switch o.kind {
 	case Succeeded:
-		typ, name = stream.Done, "succeeded"
+		name = "succeeded"
 	case Dead:
-		typ, name = stream.Done, "dead"
+		name = "dead"
 	case Cancelled:
-		if o.err != nil {
-			return // the claim or the lease is gone
-		}
-		typ, name = stream.Done, "cancelled"
+		return at.Touched() // the claim is gone: the canceller or the next attempt closes it
 	case Retrying:
 		name = "retrying"
 	case Sleeping:
@@ -570,7 +570,49 @@ func (w *Worker) endStream(ctx context.Context, at *stream.Attempt, o outcome) {
 	default:
 		name = "handed back"
 	}
-	if err := at.End(ctx, typ, name, o.err); err != nil {
+	if err := at.End(ctx, stream.AttemptEnded, name, o.err); err != nil {
 		w.logger.Debug("queue: the end of an attempt was not written to its stream", "task", o.c.task.ID, "err", err)
 	}
+	return at.Touched()
+}
+
+// finishStreams closes with Done the streams of the tasks whose end
+// (ended, stored) ended them, fenced by the stream alone.
+func (w *Worker) finishStreams(ended []outcome) {
+	ctx, cancel := context.WithTimeout(w.cli.Ctx(), 10*time.Second)
+	defer cancel()
+	sw := stream.For(w.cli, w.keys)
+	for _, o := range ended {
+		if err := sw.Finish(ctx, o.c.task.ID, outcomeName(o.kind), errText(o.err)); err != nil {
+			w.logger.Debug("queue: the done of a task was not written to its stream", "task", o.c.task.ID, "err", err)
+		}
+	}
+}
+
+// outcomeName is the outcome a stream's Done gives for status st.
+func outcomeName(st Status) string {
+	switch st {
+	case Succeeded:
+		return "succeeded"
+	case Dead:
+		return "dead"
+	case Cancelled:
+		return "cancelled"
+	}
+	return string(st)
+}
+
+func errText(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+// FinishStream closes task id's stream with Done once the task ended
+// with status st (an external worker's ack, a cancel): fenced by the
+// stream alone, after whatever attempt wrote last; nothing when the
+// stream has no events or already ends with Done.
+func (c *Client) FinishStream(ctx context.Context, id string, st Status, cause string) error {
+	return stream.For(c.cli, c.keys).Finish(ctx, id, outcomeName(st), cause)
 }

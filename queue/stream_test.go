@@ -45,6 +45,9 @@ func TestStreamBoundaryAfterClaimLoss(t *testing.T) {
 				return nil, err
 			}
 			if n == 3 {
+				if err := stream.Flush(ectx); err != nil {
+					t.Errorf("flush before the loss: %v", err)
+				}
 				close(emitting)
 			}
 			time.Sleep(time.Millisecond)
@@ -73,12 +76,12 @@ func TestStreamBoundaryAfterClaimLoss(t *testing.T) {
 		got = append(got, ev)
 	}
 	// attempt_started, attempt 1's events (at most those emitted before
-	// the loss), attempt_lost, attempt_started, b0, done.
+	// the loss), attempt_lost, attempt_started, b0, attempt_ended, done.
 	boundary := slices.IndexFunc(got, func(ev stream.Event) bool { return ev.Type == stream.AttemptLost })
-	if boundary < 1 || boundary > stored+1 || len(got) != boundary+4 {
+	if boundary < 1 || boundary > stored+1 || len(got) != boundary+5 {
 		t.Fatalf("boundary at %d of %d events, after %d emits of attempt 1: %+v", boundary+1, len(got), stored, got)
 	}
-	want := map[int]string{0: stream.AttemptStarted, boundary + 1: stream.AttemptStarted, boundary + 2: "log", boundary + 3: stream.Done}
+	want := map[int]string{0: stream.AttemptStarted, boundary + 1: stream.AttemptStarted, boundary + 2: "log", boundary + 3: stream.AttemptEnded, boundary + 4: stream.Done}
 	for i, ev := range got {
 		if w, ok := want[i]; ok && ev.Type != w {
 			t.Fatalf("event %d is %s, want %s: %+v", i+1, ev.Type, w, got)
@@ -90,8 +93,10 @@ func TestStreamBoundaryAfterClaimLoss(t *testing.T) {
 			t.Fatalf("event %d has seq %d", i+1, ev.Seq)
 		}
 	}
-	if string(got[boundary+3].Data) != `{"attempt":2,"outcome":"succeeded"}` {
-		t.Fatalf("done: %s", got[boundary+3].Data)
+	for _, ev := range got[boundary+3:] {
+		if string(ev.Data) != `{"attempt":2,"outcome":"succeeded"}` {
+			t.Fatalf("%s: %s", ev.Type, ev.Data)
+		}
 	}
 }
 
@@ -162,8 +167,104 @@ func TestStepsEmitToTheirTaskStream(t *testing.T) {
 		}
 		types = append(types, ev.Type+":"+string(ev.Data))
 	}
-	want := []string{stream.AttemptStarted, `progress:"one"`, `progress:"two"`, stream.Done}
-	if len(types) != len(want) || !strings.HasPrefix(types[0], want[0]) || types[1] != want[1] || types[2] != want[2] || !strings.HasPrefix(types[3], want[3]) {
+	want := []string{stream.AttemptStarted, `progress:"one"`, `progress:"two"`, stream.AttemptEnded, stream.Done}
+	if len(types) != len(want) || !strings.HasPrefix(types[0], want[0]) || types[1] != want[1] || types[2] != want[2] || !strings.HasPrefix(types[3], want[3]) || !strings.HasPrefix(types[4], want[4]) {
 		t.Fatalf("events %v, want %v", types, want)
+	}
+}
+
+// TestDoneFollowsTheStoredOutcome: a task's done is written after its
+// outcome is stored (a worker that dies between the two leaves a task
+// that runs again, not followers that stopped), and the attempt's
+// outcome comes before it in attempt_ended.
+func TestDoneFollowsTheStoredOutcome(t *testing.T) {
+	t.Parallel()
+	ns := etcdtest.Namespace(t)
+	c, cli := newClient(t, ns)
+	ctx := context.Background()
+	if _, err := c.Submit(ctx, "after", []queue.Task{{ID: "af-1", Type: "x"}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	w := newWorker(t, srv.Client(t), queue.WorkerConfig{Namespace: ns, Queue: "after", Concurrency: 1})
+	w.HandleAll(func(hctx context.Context, _ *queue.Task) ([]byte, error) {
+		return []byte("ok"), stream.Emit(hctx, "log", "x")
+	})
+	runWorker(t, w)
+	keys := keyspace.MustNew(ns)
+	fctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	var types []string
+	for ev, err := range stream.NewHub(cli, keys).Follow(fctx, "af-1", 1) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		types = append(types, ev.Type)
+	}
+	if len(types) != 4 || types[2] != stream.AttemptEnded || types[3] != stream.Done {
+		t.Fatalf("events %v, want attempt_started, log, attempt_ended, done", types)
+	}
+	// The namespace's writes in order: the outcome (the run's outs key)
+	// lies between the chunk of attempt_ended and that of done.
+	wctx, wcancel := context.WithCancel(fctx)
+	defer wcancel()
+	var order []string
+	for resp := range cli.Watch(wctx, keys.Root(), clientv3.WithPrefix(), clientv3.WithRev(1)) {
+		for _, ev := range resp.Events {
+			k, v := string(ev.Kv.Key), string(ev.Kv.Value)
+			switch {
+			case strings.HasPrefix(k, keys.StreamChunks("af-1")) && strings.Contains(v, `"t":"attempt_ended"`):
+				order = append(order, "ended")
+			case strings.HasPrefix(k, keys.StreamChunks("af-1")) && strings.Contains(v, `"t":"done"`):
+				order = append(order, "done")
+				wcancel()
+			case strings.HasPrefix(k, keys.Queue("after")+"outs/") && len(order) > 0 && order[len(order)-1] == "ended":
+				order = append(order, "outcome")
+			}
+		}
+	}
+	if strings.Join(order, " ") != "ended outcome done" {
+		t.Fatalf("writes in order %v, want the attempt's end, the outcome, then done", order)
+	}
+}
+
+// TestCancelledRunningTaskGetsDone: cancelling a running task closes
+// its stream with done (cancelled), after the attempt's events.
+func TestCancelledRunningTaskGetsDone(t *testing.T) {
+	t.Parallel()
+	ns := etcdtest.Namespace(t)
+	c, cli := newClient(t, ns)
+	ctx := context.Background()
+	if _, err := c.Submit(ctx, "cut", []queue.Task{{ID: "cut-1", Type: "x"}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	w := newWorker(t, srv.Client(t), queue.WorkerConfig{Namespace: ns, Queue: "cut", Concurrency: 1})
+	emitted := make(chan error, 1)
+	w.HandleAll(func(hctx context.Context, _ *queue.Task) ([]byte, error) {
+		err := stream.Emit(hctx, "log", "x")
+		if err == nil {
+			err = stream.Flush(hctx)
+		}
+		emitted <- err
+		<-hctx.Done()
+		return nil, context.Cause(hctx)
+	})
+	runWorker(t, w)
+	if err := <-emitted; err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Cancel(ctx, "cut-1"); err != nil {
+		t.Fatal(err)
+	}
+	fctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	var got []stream.Event
+	for ev, err := range stream.NewHub(cli, keyspace.MustNew(ns)).Follow(fctx, "cut-1", 1) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, ev)
+	}
+	if len(got) != 3 || got[2].Type != stream.Done || string(got[2].Data) != `{"attempt":1,"outcome":"cancelled"}` {
+		t.Fatalf("events %+v, want attempt_started, log, done (cancelled)", got)
 	}
 }

@@ -132,6 +132,11 @@ func (at *Attempt) send(ins []Input) error {
 // the first error of their writes.
 func (at *Attempt) Flush(ctx context.Context) error { return at.out.flush(ctx) }
 
+// Touched says whether the attempt's stream may have events: the
+// attempt emitted, or its stream may have some from elsewhere. Only
+// then does its task's end need a Done (Writer.Finish).
+func (at *Attempt) Touched() bool { return at.wrote.Load() || at.mayExist.Load() }
+
 // End closes the attempt's events with typ (AttemptEnded or Done),
 // outcome and cause, while its claim still holds: if the attempt wrote
 // events, or the stream may have some, it is written and End returns
@@ -173,6 +178,17 @@ func (w *Writer) Ended(ctx context.Context, task string, token int64, typ, outco
 		return nil
 	}
 	return w.endRequest(ctx, a, typ, ownData{Attempt: a.c.Attempt, Outcome: outcome, Error: cause}, false, true)
+}
+
+// Finish closes task's stream with Done, outcome and cause (""): the
+// task ended (succeeded, dead, cancelled), and the transition that
+// ended it is stored. The Done goes after the stream's last event,
+// whichever attempt wrote it, fenced by the stream alone, which is
+// safe as the task will not run again. A stream without events, or one
+// that already ends with Done, is left as it is.
+func (w *Writer) Finish(ctx context.Context, task, outcome, cause string) error {
+	a := &attempt{c: Claim{Task: task}, final: true}
+	return w.endRequest(ctx, a, Done, ownData{Outcome: outcome, Error: cause}, true, true)
 }
 
 func (w *Writer) end(ctx context.Context, a *attempt, typ, outcome string, cause error, probe bool) error {

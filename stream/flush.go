@@ -114,6 +114,10 @@ func (w *Writer) readHeads(ctx context.Context, groups []*group) error {
 // build makes g's chunk and the operations that write it, or answers g
 // when there is nothing to write or it cannot be written.
 func (w *Writer) build(g *group) {
+	if g.a.final {
+		w.buildFinal(g)
+		return
+	}
 	a, f := g.a, g.a.c.Fence
 	token := f.Token()
 	switch {
@@ -186,6 +190,25 @@ func (w *Writer) build(g *group) {
 	w.ops(g, c)
 }
 
+// buildFinal makes the chunk of a task's Done (Finish): after the
+// stream's last event, as the attempt that wrote it, fenced by the
+// stream alone (the request's claimGone).
+func (w *Writer) buildFinal(g *group) {
+	a := g.a
+	r := g.reqs[0]
+	if !a.exists || a.lastType == Done || r.done {
+		g.answer(nil)
+		return
+	}
+	var d ownData
+	_ = json.Unmarshal(r.end.Data, &d)
+	d.Attempt = a.lastAttempt
+	c := chunk{Attempt: a.lastAttempt, Token: a.lastToken, Events: a.events, Bytes: a.bytes}
+	c.List = []Event{{Seq: a.last + 1, Attempt: a.lastAttempt, Type: Done, Data: d.raw(), Time: r.at}}
+	r.first, r.last = a.last+1, a.last+1
+	w.ops(g, c)
+}
+
 // ops sets the operations that write chunk c of g's stream.
 func (w *Writer) ops(g *group, c chunk) {
 	a := g.a
@@ -199,7 +222,10 @@ func (w *Writer) ops(g *group, c chunk) {
 		ops = append(ops, clientv3.OpPut(keyspace.TimedKey(w.keys.StreamExpiries(), now.Add(w.lim.Retention).UnixNano(), a.c.Task), ""))
 	}
 	free := clientv3.Compare(clientv3.CreateRevision(w.keys.StreamChunkStart(a.c.Task, first)), "=", 0).WithPrefix()
-	claim := a.c.Fence.Compares()
+	var claim []clientv3.Cmp
+	if a.c.Fence != nil {
+		claim = a.c.Fence.Compares()
+	}
 	for _, r := range g.reqs {
 		if r.claimGone && !r.done {
 			claim = nil // the attempt's outcome ended its claim: no later attempt wrote (free) is the fence

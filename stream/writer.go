@@ -161,6 +161,10 @@ type attempt struct {
 	lastAttempt int
 	lastType    string
 	err         error // the attempt is fenced: every write fails so
+
+	// final: not an attempt but the task's end (Finish): its Done goes
+	// after whatever attempt wrote last, fenced by the stream alone.
+	final bool
 }
 
 // request is one call's events (or end), waiting in the line.
