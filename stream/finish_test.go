@@ -73,6 +73,51 @@ func TestFinishIsIdempotent(t *testing.T) {
 	}
 }
 
+// TestTwoAttemptsOfOneTaskInOneBatch: two attempts of one task taken in
+// one batch never both take the same place: the stream's chunks do not
+// overlap, and its events are numbered 1, 2, ... once each.
+func TestTwoAttemptsOfOneTaskInOneBatch(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, stream.Limits{})
+	ctx := context.Background()
+	const id = "twice"
+	c1 := claimKey(t, e.cli, e.keys, id)
+	lose(t, e.cli, c1)
+	c2 := claimKey(t, e.cli, e.keys, id)
+	// c1 is gone but its fence does not know: the claim compare alone
+	// would refuse it; a fence without compares shows the batch's own.
+	claims := []stream.Claim{{Task: id, Attempt: 1, Fence: openFence{1}}, {Task: id, Attempt: 2, Fence: openFence{c2.token}}}
+	errs := stream.FlushTogether(ctx, e.w, claims, stream.Input{Type: "log"})
+	landed := 0
+	for _, err := range errs {
+		if err == nil {
+			landed++
+		}
+	}
+	if landed == 0 {
+		t.Fatalf("no attempt landed: %v", errs)
+	}
+	resp, err := e.cli.Get(ctx, e.keys.StreamChunks(id), clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.Count != int64(landed) {
+		t.Fatalf("%d chunks for %d writes that landed (%v)", resp.Count, landed, errs)
+	}
+	i := int64(0)
+	err = e.hub.Read(ctx, id, 1, func(list []stream.Event) bool {
+		for _, ev := range list {
+			if i++; ev.Seq != i {
+				t.Errorf("event %d has seq %d", i, ev.Seq)
+			}
+		}
+		return true
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
 // openFence holds always: a claim whose compares cannot refuse.
 type openFence struct{ token int64 }
 

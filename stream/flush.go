@@ -26,7 +26,10 @@ type group struct {
 // flush writes a batch: every stream's new events, each stream's part
 // fenced by its claim, in as few transactions as etcd takes. A stream
 // that another writer of the same claim wrote first is read again and
-// tried again, twice at most.
+// tried again, twice at most. Each transaction holds at most one
+// attempt of a task: etcd checks every compare of a transaction before
+// any of its writes, so two attempts of one stream in one would both
+// find the same place free.
 func (w *Writer) flush(ctx context.Context, reqs []*request) {
 	var groups []*group
 	byAttempt := map[*attempt]*group{}
@@ -39,25 +42,41 @@ func (w *Writer) flush(ctx context.Context, reqs []*request) {
 		}
 		g.reqs = append(g.reqs, r)
 	}
-	for try := 0; try < 3 && len(groups) > 0; try++ {
-		if err := w.readHeads(ctx, groups); err != nil {
+	tries := map[*group]int{}
+	for len(groups) > 0 {
+		var now, later []*group
+		tasks := map[string]bool{}
+		for _, g := range groups {
+			if tasks[g.a.c.Task] {
+				g.a.known = false // the attempt before may write it: read it again
+				later = append(later, g)
+				continue
+			}
+			tasks[g.a.c.Task] = true
+			now = append(now, g)
+		}
+		if err := w.readHeads(ctx, now); err != nil {
 			for _, g := range groups {
 				g.answer(err)
 			}
 			return
 		}
 		var send []*group
-		for _, g := range groups {
+		for _, g := range now {
 			g.done = false
 			w.build(g)
 			if !g.done {
 				send = append(send, g)
 			}
 		}
-		groups = w.commit(ctx, send)
-	}
-	for _, g := range groups {
-		g.answer(fmt.Errorf("%w: task %s", errConflict, g.a.c.Task))
+		for _, g := range w.commit(ctx, send) {
+			if tries[g]++; tries[g] >= 3 {
+				g.answer(fmt.Errorf("%w: task %s", errConflict, g.a.c.Task))
+				continue
+			}
+			later = append(later, g)
+		}
+		groups = later
 	}
 }
 
