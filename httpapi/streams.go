@@ -325,23 +325,20 @@ func (s *Server) taskEnded(ctx context.Context, id string) (string, bool) {
 }
 
 // endStream closes the stream of an external worker's attempt that its
-// ack or fail just ended (t is the task after it), if this server wrote
-// the attempt's events: done when the task ended, attempt_ended when it
-// will be retried. An attempt whose events went through another server
-// is closed by its next attempt, or its followers see the task's end.
+// ack or fail just ended (t is the task after it): done when the task
+// ended, whichever server wrote its events (fenced by the stream
+// alone, after the stored outcome); attempt_ended when it will be
+// retried, if this server wrote the attempt's events (otherwise its
+// next attempt marks the boundary).
 func (s *Server) endStream(ctx context.Context, h queue.Held, t *queue.Task, cause string) {
-	typ, outcome := stream.Done, ""
+	var err error
 	switch t.CurrentStatus {
-	case queue.Succeeded:
-		outcome = "succeeded"
-	case queue.Dead:
-		outcome = "dead"
+	case queue.Succeeded, queue.Dead:
+		err = stream.For(s.cli, s.keys(ctx)).Finish(ctx, h.ID, strings.ToLower(string(t.CurrentStatus)), cause)
 	case queue.Retrying:
-		typ, outcome = stream.AttemptEnded, "retrying"
-	default:
-		return
+		err = stream.For(s.cli, s.keys(ctx)).Ended(ctx, h.ID, h.Token, stream.AttemptEnded, "retrying", cause)
 	}
-	if err := stream.For(s.cli, s.keys(ctx)).Ended(ctx, h.ID, h.Token, typ, outcome, cause); err != nil {
+	if err != nil {
 		s.cfg.Logger.Debug("httpapi: the end of an attempt was not written to its stream", "task", h.ID, "err", err)
 	}
 }

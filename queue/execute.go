@@ -588,31 +588,3 @@ func (w *Worker) finishStreams(ended []outcome) {
 		}
 	}
 }
-
-// outcomeName is the outcome a stream's Done gives for status st.
-func outcomeName(st Status) string {
-	switch st {
-	case Succeeded:
-		return "succeeded"
-	case Dead:
-		return "dead"
-	case Cancelled:
-		return "cancelled"
-	}
-	return string(st)
-}
-
-func errText(err error) string {
-	if err == nil {
-		return ""
-	}
-	return err.Error()
-}
-
-// FinishStream closes task id's stream with Done once the task ended
-// with status st (an external worker's ack, a cancel): fenced by the
-// stream alone, after whatever attempt wrote last; nothing when the
-// stream has no events or already ends with Done.
-func (c *Client) FinishStream(ctx context.Context, id string, st Status, cause string) error {
-	return stream.For(c.cli, c.keys).Finish(ctx, id, outcomeName(st), cause)
-}

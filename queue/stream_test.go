@@ -268,3 +268,64 @@ func TestCancelledRunningTaskGetsDone(t *testing.T) {
 		t.Fatalf("events %+v, want attempt_started, log, done (cancelled)", got)
 	}
 }
+
+// TestFollowerOfAnEndedTaskWithoutDoneEnds: a task cancelled while it
+// waits to run again (a bulk cancel writes no done) ends its followers
+// through EndsStream once they have every stored event.
+func TestFollowerOfAnEndedTaskWithoutDoneEnds(t *testing.T) {
+	t.Parallel()
+	ns := etcdtest.Namespace(t)
+	c, cli := newClient(t, ns)
+	ctx := context.Background()
+	retries := 3
+	if _, err := c.Submit(ctx, "again", []queue.Task{{ID: "ag-1", Type: "x", MaxRetries: &retries}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	w := newWorker(t, srv.Client(t), queue.WorkerConfig{Namespace: ns, Queue: "again", Concurrency: 1, BackoffBase: time.Hour, BackoffMax: time.Hour})
+	w.HandleAll(func(hctx context.Context, _ *queue.Task) ([]byte, error) {
+		if err := stream.Emit(hctx, "log", "x"); err != nil {
+			return nil, queue.Permanent(err)
+		}
+		return nil, errors.New("once more")
+	})
+	runWorker(t, w)
+	keys := keyspace.MustNew(ns)
+	hub := stream.NewHub(cli, keys)
+	fctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	n := 0
+	for ev, err := range hub.Follow(fctx, "ag-1", 1) { // until the attempt's end
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n++; ev.Type == stream.AttemptEnded {
+			break
+		}
+	}
+	for {
+		tk, err := c.Get(ctx, "ag-1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tk.CurrentStatus == queue.Retrying {
+			break
+		}
+		if fctx.Err() != nil {
+			t.Fatalf("task is %s, want RETRYING", tk.CurrentStatus)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if k, err := c.CancelTasks(ctx, "again", queue.Retrying, []string{"ag-1"}, nil); err != nil || k != 1 {
+		t.Fatalf("cancel: %d, %v", k, err)
+	}
+	got := 0
+	for _, err := range hub.Follow(fctx, "ag-1", 1, c.EndsStream("ag-1", 0)) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		got++
+	}
+	if fctx.Err() != nil || got != n {
+		t.Fatalf("follower got %d events (timed out: %v), want the %d stored, then its end", got, fctx.Err() != nil, n)
+	}
+}

@@ -150,7 +150,9 @@ func (a *app) follow(ctx context.Context, id string, from int64, asJSON bool) er
 		return err
 	}
 	enc := json.NewEncoder(a.stdout)
-	for ev, err := range stream.HubFor(cli, keys).Follow(ctx, id, from) {
+	// A task that ended without a done (a cancel of a task waiting to
+	// run again) ends its follower too.
+	for ev, err := range stream.HubFor(cli, keys).Follow(ctx, id, from, c.EndsStream(id, 0)) {
 		if err != nil {
 			return err
 		}

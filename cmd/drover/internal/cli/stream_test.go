@@ -94,7 +94,7 @@ func TestEmitKilledWorkerTakeover(t *testing.T) {
 	}
 	t.Logf("boundary at event %d of %d", lost+1, len(got))
 	tail := got[lost:]
-	if len(tail) != 8 || tail[1].Type != stream.AttemptStarted || tail[7].Type != stream.Done || !strings.Contains(string(tail[7].Data), `"succeeded"`) {
+	if len(tail) != 9 || tail[1].Type != stream.AttemptStarted || tail[7].Type != stream.AttemptEnded || tail[8].Type != stream.Done || !strings.Contains(string(tail[8].Data), `"succeeded"`) {
 		t.Fatalf("after the boundary: %+v", tail)
 	}
 
