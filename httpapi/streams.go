@@ -248,8 +248,10 @@ type followed struct {
 	err error
 }
 
-// sendStream writes task id's events from next on until its done event,
-// the client goes away, or the server closes.
+// sendStream writes task id's events from next on until the stream's
+// last done event, the task's end with nothing more stored (a task
+// that ended without a done), the client going away, or the server
+// closing.
 func (s *Server) sendStream(ctx context.Context, st *eventStream, hub *stream.Hub, id string, next int64) {
 	st.w.Header().Set("Content-Type", "text/event-stream")
 	st.w.Header().Set("Cache-Control", "no-cache")
@@ -258,9 +260,17 @@ func (s *Server) sendStream(ctx context.Context, st *eventStream, hub *stream.Hu
 	fctx, stop := context.WithCancel(ctx)
 	defer stop()
 	evs := make(chan followed, 64)
+	var ended string // the task's status, once the follower ended with it
+	endsWithTask := stream.WhenEnded(func(ctx context.Context) bool {
+		status, ok := s.taskEnded(ctx, id)
+		if ok {
+			ended = status
+		}
+		return ok
+	}, streamKeepalive)
 	go func() {
 		defer close(evs)
-		for ev, err := range hub.Follow(fctx, id, next) {
+		for ev, err := range hub.Follow(fctx, id, next, endsWithTask) {
 			select {
 			case evs <- followed{ev, err}:
 			case <-fctx.Done():
@@ -271,6 +281,7 @@ func (s *Server) sendStream(ctx context.Context, st *eventStream, hub *stream.Hu
 	closing := serverClosing(ctx)
 	tick := time.NewTicker(streamKeepalive)
 	defer tick.Stop()
+	last := ""
 	for {
 		select {
 		case <-ctx.Done():
@@ -282,32 +293,33 @@ func (s *Server) sendStream(ctx context.Context, st *eventStream, hub *stream.Hu
 			if st.comment("keepalive") != nil {
 				return
 			}
-			if status, ended := s.taskEnded(ctx, id); ended {
-				_ = st.send("end", 0, StreamEnd{Reason: "ended", Detail: "the task is " + status + " and its stream has no done event"})
-				return
-			}
 		case f, ok := <-evs:
 			switch {
+			case !ok && ctx.Err() != nil:
+				return
+			case !ok && last == stream.Done:
+				_ = st.send("end", 0, StreamEnd{Reason: "done", Detail: "the task ended"})
+				return
 			case !ok:
+				// The follower ends only so, with its task's end, every
+				// event stored given.
+				_ = st.send("end", 0, StreamEnd{Reason: "ended", Detail: "the task is " + ended + " and its stream has no done event"})
 				return
 			case f.err != nil:
-				_ = st.send("end", 0, StreamEnd{Reason: "error", Detail: f.err.Error() + ": reconnect with Last-Event-ID"})
+				s.cfg.Logger.Warn("httpapi: a task's stream could not be read", "task", id, "err", f.err)
+				_ = st.send("end", 0, StreamEnd{Reason: "error", Detail: "the stream could not be read: reconnect with Last-Event-ID"})
 				return
 			}
 			if st.send("message", f.ev.Seq, StreamEvent(f.ev)) != nil {
 				return
 			}
-			if f.ev.Type == stream.Done {
-				_ = st.send("end", 0, StreamEnd{Reason: "done", Detail: "the task ended"})
-				return
-			}
+			last = f.ev.Type
 		}
 	}
 }
 
-// taskEnded says whether queue task id is SUCCEEDED, DEAD or CANCELLED:
-// a stream idle that long after its task ended gets no done event (its
-// done is written before the task's outcome).
+// taskEnded says whether queue task id is SUCCEEDED, DEAD or CANCELLED
+// (or gone), and which.
 func (s *Server) taskEnded(ctx context.Context, id string) (string, bool) {
 	c, err := s.queueClient(ctx)
 	if err != nil {
