@@ -111,14 +111,17 @@ func (h *Hub) subscribe(ctx context.Context, id string) (*sub, func(), error) {
 	return s, leave, nil
 }
 
-// leave removes follower s; the last one closes the watch.
+// leave removes follower s (it may have been let go already); the last
+// one closes the watch.
 func (h *Hub) leave(id string, wd *watched, s *sub) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if _, ok := wd.subs[s]; !ok {
-		return
-	}
 	delete(wd.subs, s)
+	h.closeIdle(id, wd)
+}
+
+// closeIdle closes wd's watch if it has no follower left. h.mu is held.
+func (h *Hub) closeIdle(id string, wd *watched) {
 	if len(wd.subs) == 0 && h.streams[id] == wd {
 		delete(h.streams, id)
 		wd.stop()
@@ -154,7 +157,7 @@ func (h *Hub) run(ctx context.Context, id string, wd *watched) {
 			if err != nil {
 				continue
 			}
-			h.hand(wd, c.List)
+			h.hand(id, wd, c.List)
 		}
 	}
 	if !created {
@@ -163,9 +166,9 @@ func (h *Hub) run(ctx context.Context, id string, wd *watched) {
 	}
 }
 
-// hand gives list to every follower of wd; one whose feed is full is let
-// go.
-func (h *Hub) hand(wd *watched, list []Event) {
+// hand gives list to every follower of task id's stream; one whose
+// feed is full is let go (and the watch closes if none is left).
+func (h *Hub) hand(id string, wd *watched, list []Event) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for s := range wd.subs {
@@ -176,6 +179,7 @@ func (h *Hub) hand(wd *watched, list []Event) {
 			close(s.ch)
 		}
 	}
+	h.closeIdle(id, wd)
 }
 
 // drop ends a watch: its followers' feeds close.

@@ -94,3 +94,59 @@ func TestThousandFollowersShareOneWatch(t *testing.T) {
 		t.Fatalf("after the last follower: %d watches open, %d opened", n, e.hub.Opened())
 	}
 }
+
+// TestSlowFollowerThatLeavesClosesTheWatch: a follower let go for
+// falling behind, which then leaves, leaves no watch open.
+func TestSlowFollowerThatLeavesClosesTheWatch(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, stream.Limits{})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const id = "slow"
+	c := stream.Claim{Task: id, Attempt: 1, Fence: claimKey(t, e.cli, e.keys, id)}
+	if _, _, err := e.w.Append(ctx, c, []stream.Input{{Type: "log"}}); err != nil {
+		t.Fatal(err)
+	}
+	const chunks = 300 // past the follower's buffer
+	last := int64(2 + chunks)
+	slowAt, fastAt, release := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	var done sync.WaitGroup
+	done.Go(func() { // the slow follower: takes one event, then waits
+		for range e.hub.Follow(ctx, id, 1) {
+			close(slowAt)
+			<-release
+			return
+		}
+	})
+	fastSaw := make(chan int64, 1)
+	done.Go(func() { // the fast one: reads to the last event
+		var seq int64
+		for ev, err := range e.hub.Follow(ctx, id, 1) {
+			if err != nil {
+				break
+			}
+			if seq = ev.Seq; seq == 1 {
+				close(fastAt)
+			}
+			if seq == last {
+				break
+			}
+		}
+		fastSaw <- seq
+	})
+	<-slowAt
+	<-fastAt
+	for range chunks {
+		if _, _, err := e.w.Append(ctx, c, []stream.Input{{Type: "log"}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if seq := <-fastSaw; seq != last { // every chunk was handed out: the slow one is let go
+		t.Fatalf("the fast follower stopped at %d, want %d", seq, last)
+	}
+	close(release)
+	done.Wait()
+	if n := e.hub.Watching(); n != 0 {
+		t.Fatalf("%d watches open after every follower left, want 0", n)
+	}
+}
