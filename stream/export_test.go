@@ -23,3 +23,13 @@ func FlushTogether(ctx context.Context, w *Writer, claims []Claim, in Input) []e
 	}
 	return errs
 }
+
+// Followers counts the followers of task id's watch, 0 if none is open.
+func Followers(h *Hub, id string) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if wd := h.streams[id]; wd != nil {
+		return len(wd.subs)
+	}
+	return 0
+}
