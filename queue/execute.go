@@ -322,6 +322,15 @@ const DefaultMaxOutput = MaxResult
 // checkpointed and the task parked until the sleep ends (see Steps); the
 // next run is the next step.
 func ExecHandler(argv []string, maxOutput int, grace time.Duration, stderr *os.File) Handler {
+	return ExecHandlerEnv(argv, nil, maxOutput, grace, stderr)
+}
+
+// ExecHandlerEnv is ExecHandler whose command also gets env
+// ("NAME=value" each) in its environment, after the worker's own: the
+// way to pass it what it needs (credentials too) without a command
+// line that shows them, or errors that name a wrapper.
+func ExecHandlerEnv(argv, env []string, maxOutput int, grace time.Duration, stderr *os.File) Handler {
+	env = slices.Clone(env)
 	if maxOutput <= 0 {
 		maxOutput = DefaultMaxOutput
 	}
@@ -342,6 +351,7 @@ func ExecHandler(argv []string, maxOutput int, grace time.Duration, stderr *os.F
 		cmd.Env = append(os.Environ(), "DROVER_TASK_ID="+t.ID, "DROVER_TASK_TYPE="+t.Type,
 			"DROVER_ATTEMPT="+strconv.Itoa(t.Attempt), "DROVER_CLAIM_TOKEN="+strconv.FormatInt(t.Token, 10), "DROVER_QUEUE="+t.Queue)
 		stream.Elsewhere(ctx) // the command may emit (drover emit)
+		cmd.Env = append(cmd.Env, env...)
 		cmd.Env = append(cmd.Env, step.env()...)
 		cmd.Stdin = bytes.NewReader(in)
 		out := &boundedBuffer{limit: maxOutput}

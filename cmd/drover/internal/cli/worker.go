@@ -183,8 +183,8 @@ func workerHandler(handler string, maxOutput int, grace time.Duration, env []str
 	case handler == "noop":
 		return func(ctx context.Context, t *queue.Task) ([]byte, error) { return nil, nil }, nil
 	case strings.HasPrefix(handler, "exec:") && strings.TrimSpace(strings.TrimPrefix(handler, "exec:")) != "":
-		argv := append(append([]string{"env"}, env...), "sh", "-c", strings.TrimPrefix(handler, "exec:"))
-		return queue.ExecHandler(argv, maxOutput, grace, os.Stderr), nil
+		argv := []string{"sh", "-c", strings.TrimPrefix(handler, "exec:")}
+		return queue.ExecHandlerEnv(argv, env, maxOutput, grace, os.Stderr), nil
 	}
 	return nil, &drover.InputError{Field: "--handler", Value: handler, Rule: "must be 'exec:CMD ARGS' or noop"}
 }
@@ -213,11 +213,13 @@ func checkWorkerFlags(cfg queue.WorkerConfig, maxOutput int, grace, depthInterva
 
 // childEnv is what an exec handler's command needs to reach the same
 // etcd and namespace as the worker (drover emit): the global flags as
-// the environment variables they fall back to.
+// the environment variables they fall back to, credentials included
+// (in the environment, never in a command line).
 func (a *app) childEnv() []string {
 	cfg := a.clientConfig()
 	env := []string{"ETCD_ENDPOINTS=" + strings.Join(cfg.Endpoints, ","), "DROVER_NAMESPACE=" + a.namespace}
-	for _, v := range []struct{ name, val string }{{"ETCDCTL_CACERT", cfg.CACert}, {"ETCDCTL_CERT", cfg.Cert}, {"ETCDCTL_KEY", cfg.Key}} {
+	for _, v := range []struct{ name, val string }{{"ETCDCTL_CACERT", cfg.CACert}, {"ETCDCTL_CERT", cfg.Cert}, {"ETCDCTL_KEY", cfg.Key},
+		{"ETCDCTL_USER", cfg.Username}, {"ETCDCTL_PASSWORD", cfg.Password}} {
 		if v.val != "" {
 			env = append(env, v.name+"="+v.val)
 		}
