@@ -55,7 +55,11 @@ func (w *Writer) flush(ctx context.Context, reqs []*request) {
 			tasks[g.a.c.Task] = true
 			now = append(now, g)
 		}
-		if err := w.readHeads(ctx, now); err != nil {
+		err := w.readHeads(ctx, now)
+		for try := 0; err != nil && try < 2 && ctx.Err() == nil; try++ {
+			err = w.readHeads(ctx, now) // a read: trying again writes nothing twice
+		}
+		if err != nil {
 			for _, g := range groups {
 				g.answer(err)
 			}

@@ -2,6 +2,7 @@ package stream
 
 import (
 	"context"
+	"errors"
 	"sync"
 )
 
@@ -21,7 +22,8 @@ type outbox struct {
 	queued  []Input
 	bytes   int
 	sending bool
-	err     error         // the first error of a write: every later Emit and Flush gets it
+	err     error         // a write fenced or over a cap: every later Emit and Flush gets it
+	failed  error         // a write that failed otherwise (etcd): the next Emit or Flush gets it, once
 	changed chan struct{} // closed (and replaced) when a write ends
 }
 
@@ -44,8 +46,8 @@ func (o *outbox) put(ctx context.Context, ins []Input, send func([]Input) error)
 		o.mu.Lock()
 	}
 	defer o.mu.Unlock()
-	if o.err != nil {
-		return o.err
+	if err := o.takeErr(); err != nil {
+		return err
 	}
 	o.queued = append(o.queued, ins...)
 	o.bytes += n
@@ -79,8 +81,14 @@ func (o *outbox) run(send func([]Input) error) {
 		o.mu.Unlock()
 		err := send(batch)
 		o.mu.Lock()
-		if err != nil && o.err == nil {
-			o.err = err
+		switch {
+		case err == nil:
+		case errors.Is(err, ErrFenced) || errors.Is(err, ErrStreamFull):
+			if o.err == nil {
+				o.err = err
+			}
+		case o.failed == nil:
+			o.failed = err // its events may or may not be stored; the next ones are tried
 		}
 		o.signal()
 		o.mu.Unlock()
@@ -95,8 +103,20 @@ func (o *outbox) signal() {
 	}
 }
 
+// takeErr returns the error a caller is to get: the sticky one, else a
+// failed write's, once. o.mu is held.
+func (o *outbox) takeErr() error {
+	if o.err != nil {
+		return o.err
+	}
+	err := o.failed
+	o.failed = nil
+	return err
+}
+
 // flush waits until nothing is queued or being sent, and returns the
-// first error of a write.
+// error of a write: one fenced or over a cap, or, once, one that failed
+// otherwise.
 func (o *outbox) flush(ctx context.Context) error {
 	o.mu.Lock()
 	for o.sending {
@@ -110,5 +130,5 @@ func (o *outbox) flush(ctx context.Context) error {
 		o.mu.Lock()
 	}
 	defer o.mu.Unlock()
-	return o.err
+	return o.takeErr()
 }

@@ -56,3 +56,56 @@ func TestStreamSurvivesARestart(t *testing.T) {
 		}
 	}
 }
+
+// TestEmitGoesOnAfterEtcdWasAway: a write that failed because etcd was
+// away is reported once; the attempt's later emits are stored, after
+// the events stored before.
+func TestEmitGoesOnAfterEtcdWasAway(t *testing.T) {
+	t.Parallel()
+	dir, addr := t.TempDir(), "http://"+etcdtest.FreeAddr()
+	first, err := etcdtest.Start(etcdtest.Options{Dir: dir, ClientURL: addr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := keyspace.MustNew("away")
+	cli := first.Client(t)
+	ctx := context.Background()
+	c := claimKey(t, cli, keys, "aw-1")
+	actx, at := stream.Begin(ctx, cli, keys, stream.Claim{Task: "aw-1", Attempt: 1, Fence: c}, false)
+	if err := stream.Emit(actx, "log", 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Flush(actx); err != nil {
+		t.Fatal(err)
+	}
+	first.Stop()
+	if err := stream.Emit(actx, "log", 2); err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Flush(actx); err == nil {
+		t.Fatal("a write while etcd is away succeeded")
+	}
+	second, err := etcdtest.Start(etcdtest.Options{Dir: dir, ClientURL: addr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer second.Stop()
+	if err := stream.Emit(actx, "log", 3); err != nil {
+		t.Fatalf("emit after etcd is back: %v", err)
+	}
+	if err := stream.Flush(actx); err != nil {
+		t.Fatalf("flush after etcd is back: %v", err)
+	}
+	if err := at.End(ctx, stream.Done, "succeeded", nil); err != nil {
+		t.Fatal(err)
+	}
+	var data []string
+	for _, ev := range collect(t, stream.NewHub(second.Client(t), keys), "aw-1", 1, 0) {
+		if ev.Type == "log" {
+			data = append(data, string(ev.Data))
+		}
+	}
+	if len(data) < 2 || data[0] != "1" || data[len(data)-1] != "3" {
+		t.Fatalf("log events %v, want 1, (2,) 3", data)
+	}
+}
