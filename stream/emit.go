@@ -110,11 +110,16 @@ func (at *Attempt) Emit(ctx context.Context, ins ...Input) error {
 		return fmt.Errorf("%w: claim of task %s token %d: %w", ErrFenced, c.Task, c.Fence.Token(), err)
 	}
 	now := at.w.now().UTC()
+	total := 0
 	for i := range ins {
 		if err := ins[i].check(i, at.w.lim.MaxEventBytes); err != nil {
 			return err
 		}
 		ins[i].at = now
+		total += ins[i].size()
+	}
+	if total > maxWriteBytes {
+		return fmt.Errorf("%w: %d events of %d bytes in one emit, over %d: emit them in smaller parts", ErrStreamFull, len(ins), total, maxWriteBytes)
 	}
 	at.wrote.Store(true)
 	return at.out.put(ctx, ins, at.send)

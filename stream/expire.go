@@ -14,8 +14,9 @@ import (
 // and a stream's end is only known at its end. So its first chunk
 // writes an expiry key at MaxAge, its Done another at Retention, and
 // any process's Writer sweeps the keys that fell due (Expire), at most
-// once per sweepEvery, after a transaction of its own: the work is one
-// range read of the due keys, and the streams found.
+// once per sweepEvery, after a transaction of its own, until none is
+// due or its time budget is spent: the work is range reads of the due
+// keys, and the streams found.
 
 // sweepEvery is how often a Writer sweeps expired streams.
 const sweepEvery = time.Minute
@@ -40,30 +41,37 @@ func (w *Writer) maybeSweep() {
 }
 
 // Expire removes the streams whose expiry fell due: a stream whose task
-// ended Retention ago, or that has had no event for MaxAge. It returns
-// how many it removed.
+// ended Retention ago, or that has had no event for MaxAge. It goes on
+// until none is due or ctx ends (its time budget), and returns how many
+// it removed.
 func (w *Writer) Expire(ctx context.Context) (int, error) {
 	now := w.now()
 	prefix := w.keys.StreamExpiries()
-	resp, err := w.cli.Get(ctx, prefix, clientv3.WithRange(keyspace.TimeBound(prefix, now.UnixNano())), clientv3.WithLimit(100))
-	if err != nil {
-		return 0, fmt.Errorf("stream: read the due expiries: %w", err)
-	}
+	start, end := prefix, keyspace.TimeBound(prefix, now.UnixNano())
 	removed := 0
-	for _, kv := range resp.Kvs {
-		_, id, ok := keyspace.ParseTimedKey(prefix, string(kv.Key))
-		if !ok {
-			continue
-		}
-		gone, err := w.expire(ctx, id, string(kv.Key), now)
+	for {
+		resp, err := w.cli.Get(ctx, start, clientv3.WithRange(end), clientv3.WithLimit(100))
 		if err != nil {
-			return removed, err
+			return removed, fmt.Errorf("stream: read the due expiries: %w", err)
 		}
-		if gone {
-			removed++
+		for _, kv := range resp.Kvs {
+			_, id, ok := keyspace.ParseTimedKey(prefix, string(kv.Key))
+			if !ok {
+				continue
+			}
+			gone, err := w.expire(ctx, id, string(kv.Key), now)
+			if err != nil {
+				return removed, err
+			}
+			if gone {
+				removed++
+			}
 		}
+		if !resp.More || len(resp.Kvs) == 0 {
+			return removed, nil
+		}
+		start = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00" // one kept (written to since) is not read again
 	}
-	return removed, nil
 }
 
 // expire removes task id's stream if it is past its retention, and its
