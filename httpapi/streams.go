@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"reflect"
 	"strconv"
@@ -158,7 +159,7 @@ func streamFrom(in *followStreamInput) (int64, error) {
 	next := max(in.From, 1)
 	if in.LastEventID != "" {
 		seq, err := strconv.ParseInt(strings.TrimSpace(in.LastEventID), 10, 64)
-		if err != nil || seq < 0 {
+		if err != nil || seq < 0 || seq == math.MaxInt64 {
 			return 0, invalid("header.Last-Event-ID", in.LastEventID, "must be the id of an event of this stream: its seq, a whole number")
 		}
 		next = max(next, seq+1)

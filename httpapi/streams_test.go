@@ -2,6 +2,7 @@ package httpapi_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"io"
@@ -67,9 +68,21 @@ func TestTaskStreamOverHTTP(t *testing.T) {
 	if r.num("first") != 2 || r.num("last") != 3 {
 		t.Fatalf("appended %s, want 2..3 (1 is attempt_started)", r.Raw)
 	}
-	go func() { // a follower waiting for more gets it as it comes
+	more, _ := json.Marshal(qfence(sess, task, "events", []any{ev("progress")}))
+	go func() { // a follower waiting for more gets it as it comes (t.Errorf only: not the test's goroutine)
 		time.Sleep(100 * time.Millisecond)
-		a.do("POST", path, qfence(sess, task, "events", []any{ev("progress")})).want(t, 200)
+		req, _ := http.NewRequest("POST", a.base+path, bytes.NewReader(more))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Drover-Namespace", a.ns)
+		r, err := a.hc.Do(req)
+		if err != nil {
+			t.Errorf("append while followed: %v", err)
+			return
+		}
+		_ = r.Body.Close()
+		if r.StatusCode != 200 {
+			t.Errorf("append while followed: status %d", r.StatusCode)
+		}
 	}()
 	ids, types := a.sseEvents("/v1/tasks/s-0/stream", 4)
 	if len(ids) != 4 || ids[0] != 1 || ids[3] != 4 || types[0] != "attempt_started" || types[3] != "progress" {
@@ -95,6 +108,7 @@ func TestTaskStreamOverHTTP(t *testing.T) {
 	a.do("POST", path, qfence(sess, task, "events", []any{big})).problem(t, 413)
 	a.do("GET", "/v1/tasks/nope/stream", nil).problem(t, 404)
 	a.do("GET", "/v1/tasks/s-0/stream", nil, "Last-Event-ID: x1").problem(t, 400)
+	a.do("GET", "/v1/tasks/s-0/stream", nil, "Last-Event-ID: 9223372036854775807").problem(t, 400)
 	if n := a.keyCount(); n != keys {
 		t.Fatalf("refused requests changed the keys: %d, then %d", keys, n)
 	}
