@@ -37,6 +37,10 @@
 //     submission, fenced claims, retries, a dead-letter queue, workers.
 //   - [github.com/droverhq/drover/queue/history]: a queue's history, a
 //     minute at a time, as the servers close it.
+//   - [github.com/droverhq/drover/stream]: a task's stream of events
+//     (tokens, progress) to any number of followers, written under the
+//     task's claim so that a lost attempt writes nothing after the next
+//     one began, coalesced across streams, resumable from any event.
 //   - [github.com/droverhq/drover/schedule]: tasks submitted on a cron
 //     expression or an interval, once per tick across every server.
 //   - [github.com/droverhq/drover/flow]: fleet-wide rate limits,

@@ -320,6 +320,7 @@ func (s *Server) ackTask(ctx context.Context, in *ackInput) (*queueTaskOutput, e
 	if err != nil {
 		return nil, problem(err, queueWhere)
 	}
+	s.endStream(ctx, h, t, "")
 	return &queueTaskOutput{queueTaskOf(t)}, nil
 }
 
@@ -336,6 +337,7 @@ func (s *Server) failTask(ctx context.Context, in *failInput) (*queueTaskOutput,
 	if err != nil {
 		return nil, problem(err, queueWhere)
 	}
+	s.endStream(ctx, h, t, in.Body.Error)
 	return &queueTaskOutput{queueTaskOf(t)}, nil
 }
 

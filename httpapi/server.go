@@ -233,6 +233,7 @@ func (s *Server) routes() {
 	s.registryRoutes()
 	s.dashboardRoutes()
 	s.scheduleRoutes()
+	s.streamRoutes()
 }
 
 // Handler returns the server's routes, for an http.Server of the caller's.

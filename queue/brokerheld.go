@@ -10,6 +10,7 @@ import (
 
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/lease"
+	"github.com/droverhq/drover/stream"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -275,3 +276,28 @@ func (b *broker) settle(ctx context.Context, h Held, verb string, decide func(*W
 func fenced(h Held, why string) error {
 	return fmt.Errorf("queue: task %s token %d: %w: %s", h.ID, h.Token, lease.ErrFenced, why)
 }
+
+// StreamClaim returns the claim h names as the writer of its task's
+// stream (an external worker's emits, which its token proves). An error
+// matching lease.ErrFenced says the claim no longer holds;
+// ErrNotFound, that queue h.Queue has no task h.ID.
+func (c *Client) StreamClaim(ctx context.Context, h Held) (stream.Claim, error) {
+	if err := h.check(); err != nil {
+		return stream.Claim{}, err
+	}
+	w, cl, _, err := c.remote.held(ctx, h)
+	if err != nil {
+		return stream.Claim{}, err
+	}
+	return stream.Claim{Task: h.ID, Attempt: cl.task.Attempt, Worker: w.worker, Fence: heldFence{token: h.Token, cmps: w.compares(cl)}}, nil
+}
+
+// heldFence is an external worker's claim as the writer of a stream.
+type heldFence struct {
+	token int64
+	cmps  []clientv3.Cmp
+}
+
+func (f heldFence) Token() int64             { return f.token }
+func (f heldFence) Compares() []clientv3.Cmp { return f.cmps }
+func (f heldFence) Err() error               { return nil }

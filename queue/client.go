@@ -278,6 +278,9 @@ func (c *Client) Cancel(ctx context.Context, id string) (*Task, error) {
 			return nil, fmt.Errorf("queue: cancel %s: %w", id, err)
 		}
 		if resp.Succeeded {
+			// Best effort: a follower of a stream left without its Done
+			// ends through the task's status (stream.WhenEnded).
+			_ = c.FinishStream(ctx, id, Cancelled, "")
 			return t, nil
 		}
 	}

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"sync"
 	"syscall"
@@ -20,6 +21,7 @@ import (
 	"github.com/droverhq/drover/lease"
 	"github.com/droverhq/drover/lock"
 	"github.com/droverhq/drover/metrics"
+	"github.com/droverhq/drover/stream"
 	"github.com/droverhq/drover/task"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -67,13 +69,13 @@ func (w *Worker) untrack(id string) {
 }
 
 // execute runs one claimed task's handler and decides its outcome.
-func (w *Worker) execute(base context.Context, c *claim) outcome {
+func (w *Worker) execute(base context.Context, c *claim) (o outcome) {
 	t := c.task
 	if c.broken != nil {
-		return outcome{c: c, kind: Dead, err: Permanent(c.broken)}
+		return outcome{c: c, kind: Dead, err: Permanent(c.broken), streamed: true}
 	}
 	if t.Attempt > t.Retries()+1 {
-		return outcome{c: c, kind: Dead, err: fmt.Errorf("gave up after %d attempts: the worker running it died or lost its claim", t.Attempt-1)}
+		return outcome{c: c, kind: Dead, streamed: true, err: fmt.Errorf("gave up after %d attempts: the worker running it died or lost its claim", t.Attempt-1)}
 	}
 	timeout := time.Duration(t.Timeout)
 	if timeout <= 0 {
@@ -111,7 +113,9 @@ func (w *Worker) execute(base context.Context, c *claim) outcome {
 	t.Deferrals = 0 // admitted: the next deferral starts the count again
 	tctx, tcancel := context.WithTimeoutCause(ctx, timeout, ErrTimeout)
 	defer tcancel()
-	hctx := context.WithValue(tctx, claimKey{}, &claimFence{w: w, c: c, cancel: cancel, ctx: ctx})
+	f := &claimFence{w: w, c: c, cancel: cancel, ctx: ctx}
+	hctx, sa := w.beginStream(context.WithValue(tctx, claimKey{}, f), f)
+	defer func() { o.streamed = w.endStream(ctx, sa, o) }() // under the claim, before the outcome is written
 	began := time.Now()
 	result, err := call(hctx, h, t)
 	admitted(dones, err)
@@ -307,9 +311,10 @@ const DefaultMaxOutput = MaxResult
 // discarded as it arrives, so no amount of output can exhaust memory. When
 // the task's context ends (timeout, cancellation, lost claim), the process
 // group gets SIGTERM, then SIGKILL after grace. The command gets
-// DROVER_TASK_ID, DROVER_TASK_TYPE, DROVER_ATTEMPT and DROVER_CLAIM_TOKEN in
-// its environment; its standard error goes to stderr, and the last 2 KiB of
-// it to the task's error.
+// DROVER_TASK_ID, DROVER_TASK_TYPE, DROVER_ATTEMPT, DROVER_CLAIM_TOKEN and
+// DROVER_QUEUE in its environment (drover emit finds its stream there);
+// its standard error goes to stderr, and the last 2 KiB of it to the
+// task's error.
 //
 // Under a worker a run is also a step of its task: DROVER_STEP says which,
 // DROVER_STATE_FILE holds the state the step before printed, and a run
@@ -317,6 +322,15 @@ const DefaultMaxOutput = MaxResult
 // checkpointed and the task parked until the sleep ends (see Steps); the
 // next run is the next step.
 func ExecHandler(argv []string, maxOutput int, grace time.Duration, stderr *os.File) Handler {
+	return ExecHandlerEnv(argv, nil, maxOutput, grace, stderr)
+}
+
+// ExecHandlerEnv is ExecHandler whose command also gets env
+// ("NAME=value" each) in its environment, after the worker's own: the
+// way to pass it what it needs (credentials too) without a command
+// line that shows them, or errors that name a wrapper.
+func ExecHandlerEnv(argv, env []string, maxOutput int, grace time.Duration, stderr *os.File) Handler {
+	env = slices.Clone(env)
 	if maxOutput <= 0 {
 		maxOutput = DefaultMaxOutput
 	}
@@ -335,7 +349,9 @@ func ExecHandler(argv []string, maxOutput int, grace time.Duration, stderr *os.F
 		defer step.cleanup()
 		cmd := exec.Command(argv[0], argv[1:]...)
 		cmd.Env = append(os.Environ(), "DROVER_TASK_ID="+t.ID, "DROVER_TASK_TYPE="+t.Type,
-			"DROVER_ATTEMPT="+strconv.Itoa(t.Attempt), "DROVER_CLAIM_TOKEN="+strconv.FormatInt(t.Token, 10))
+			"DROVER_ATTEMPT="+strconv.Itoa(t.Attempt), "DROVER_CLAIM_TOKEN="+strconv.FormatInt(t.Token, 10), "DROVER_QUEUE="+t.Queue)
+		stream.Elsewhere(ctx) // the command may emit (drover emit)
+		cmd.Env = append(cmd.Env, env...)
 		cmd.Env = append(cmd.Env, step.env()...)
 		cmd.Stdin = bytes.NewReader(in)
 		out := &boundedBuffer{limit: maxOutput}
@@ -438,15 +454,12 @@ var _ lease.Fence = (*claimFence)(nil)
 
 // Txn starts a transaction that commits only while the claim is held.
 func (f *claimFence) Txn(ctx context.Context) clientv3.Txn {
-	var also []clientv3.Cmp
-	if f.c.run != nil { // a task of a run: not cancelled (its slot has no exit)
-		also = append(also, clientv3.Compare(clientv3.CreateRevision(f.w.keys.Exit(f.w.cfg.Queue, f.c.run.seg, f.c.slot)), "=", 0))
-	}
+	cmps := f.Compares() // a task of a run: also not cancelled (its slot has no exit)
 	return lease.NewFencedTxn(ctx, f.w.cli, lease.Spec{
 		Name:  fmt.Sprintf("claim of task %s", f.c.task.ID),
 		Token: f.c.token,
-		Cmp:   clientv3.Compare(clientv3.CreateRevision(f.c.claimKey), "=", f.c.token),
-		Also:  also,
+		Cmp:   cmps[0],
+		Also:  cmps[1:],
 		Check: f.Err,
 		Lost:  func(cause error) { f.cancel(fmt.Errorf("%w: claim lost: %w", lock.ErrLost, cause)) },
 	})
@@ -514,5 +527,74 @@ func Steps(store *task.Store, steps ...task.Step) Handler {
 			return nil, err
 		}
 		return res.State, nil
+	}
+}
+
+// compares hold while claim c is held: its key (the task's claim, or
+// its run) has c's token as create revision, and, for a task of a run,
+// its slot has not left the segment.
+func (w *Worker) compares(c *claim) []clientv3.Cmp {
+	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(c.claimKey), "=", c.token)}
+	if c.run != nil {
+		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(w.keys.Exit(w.cfg.Queue, c.run.seg, c.slot)), "=", 0))
+	}
+	return cmps
+}
+
+// Compares are the compares of the claim's fence: a stream.Fence, so
+// that a task's stream is written under its claim in transactions
+// shared with other streams.
+func (f *claimFence) Compares() []clientv3.Cmp { return f.w.compares(f.c) }
+
+var _ stream.Fence = (*claimFence)(nil)
+
+// beginStream starts the attempt of claim f at its task's stream: the
+// handler's stream.Emit writes there. A retry, or a step resumed after a
+// sleep, may follow events of an attempt before.
+func (w *Worker) beginStream(ctx context.Context, f *claimFence) (context.Context, *stream.Attempt) {
+	t := f.c.task
+	resumed := slices.ContainsFunc(t.Transitions, func(tr Transition) bool { return tr.Status == Sleeping })
+	return stream.Begin(ctx, w.cli, w.keys, stream.Claim{Task: t.ID, Attempt: t.Attempt, Worker: w.worker, Fence: f}, t.Attempt > 1 || resumed)
+}
+
+// endStream closes the attempt's events with AttemptEnded and its
+// outcome, under its claim, before the outcome is written; the outcome
+// of a task that ended is followed by Done once it is stored
+// (finishStreams): a worker that dies between the two leaves a task
+// that runs again with followers still following. A claim already lost
+// writes nothing (the next attempt marks the boundary, or the
+// canceller writes Done). It says whether the stream may have events.
+func (w *Worker) endStream(ctx context.Context, at *stream.Attempt, o outcome) bool {
+	name := ""
+	switch o.kind {
+	case Succeeded:
+		name = "succeeded"
+	case Dead:
+		name = "dead"
+	case Cancelled:
+		return at.Touched() // the claim is gone: the canceller or the next attempt closes it
+	case Retrying:
+		name = "retrying"
+	case Sleeping:
+		name = "sleeping"
+	default:
+		name = "handed back"
+	}
+	if err := at.End(ctx, stream.AttemptEnded, name, o.err); err != nil {
+		w.logger.Debug("queue: the end of an attempt was not written to its stream", "task", o.c.task.ID, "err", err)
+	}
+	return at.Touched()
+}
+
+// finishStreams closes with Done the streams of the tasks whose end
+// (ended, stored) ended them, fenced by the stream alone.
+func (w *Worker) finishStreams(ended []outcome) {
+	ctx, cancel := context.WithTimeout(w.cli.Ctx(), 10*time.Second)
+	defer cancel()
+	sw := stream.For(w.cli, w.keys)
+	for _, o := range ended {
+		if err := sw.Finish(ctx, o.c.task.ID, outcomeName(o.kind), errText(o.err)); err != nil {
+			w.logger.Debug("queue: the done of a task was not written to its stream", "task", o.c.task.ID, "err", err)
+		}
 	}
 }

@@ -149,7 +149,13 @@ func (w *Worker) write(reqs []ackReq, extra []clientv3.Op) {
 		return
 	}
 	var ended []*segRun
-	defer func() { w.runsEnded(ended) }()
+	var finished []outcome
+	defer func() {
+		w.runsEnded(ended)
+		if len(finished) > 0 {
+			go w.finishStreams(finished) // after the outcomes, off the acker's path
+		}
+	}()
 	for i, r := range reqs {
 		if !resp.Responses[i].GetResponseTxn().Succeeded {
 			if r.run != nil {
@@ -162,6 +168,9 @@ func (w *Worker) write(reqs []ackReq, extra []clientv3.Op) {
 		}
 		for _, o := range r.kept {
 			w.count(o)
+			if o.streamed && (o.kind == Succeeded || o.kind == Dead) {
+				finished = append(finished, o)
+			}
 		}
 		if r.final && r.run.last {
 			ended = append(ended, r.run)

@@ -336,4 +336,7 @@ type outcome struct {
 	// deferred is why flow control handed the task back (with delay), ""
 	// otherwise.
 	deferred string
+	// streamed: the task's stream may have events, so its end (Succeeded,
+	// Dead) closes it with Done once the outcome is stored.
+	streamed bool
 }

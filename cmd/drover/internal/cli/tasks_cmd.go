@@ -22,6 +22,7 @@ func (a *app) tasksCommand() *cobra.Command {
   drover tasks search --queue emails --type summarize --since 1h
   drover tasks get 7f3a91 --json
   drover tasks wait 7f3a91 --timeout 5m
+  drover tasks follow 7f3a91
   drover tasks cancel 7f3a91
   drover tasks cancel --queue emails --status PENDING --all`,
 	}
@@ -38,7 +39,7 @@ func (a *app) tasksCommand() *cobra.Command {
 		},
 	}
 	get.Flags().BoolVar(&asJSON, "json", false, "print JSON")
-	cmd.AddCommand(get, a.tasksListCommand(), a.tasksSearchCommand(), a.tasksStatsCommand(), a.tasksWaitCommand(), a.tasksCancelCommand(), a.tasksPurgeCommand(), a.tasksRequeueCommand())
+	cmd.AddCommand(get, a.tasksListCommand(), a.tasksSearchCommand(), a.tasksStatsCommand(), a.tasksWaitCommand(), a.tasksCancelCommand(), a.tasksPurgeCommand(), a.tasksRequeueCommand(), a.tasksFollowCommand())
 	return cmd
 }
 

@@ -169,20 +169,22 @@ func (a *app) workerConfig(f *workerFlags) (fleet.Config, error) {
 	if err != nil {
 		return fleet.Config{}, err
 	}
-	h, err := workerHandler(f.handler, f.maxOutput, f.grace)
+	h, err := workerHandler(f.handler, f.maxOutput, f.grace, a.childEnv())
 	if err != nil {
 		return fleet.Config{}, err
 	}
 	return fleet.Config{Worker: cfg, Flow: spec, Handler: h}, nil
 }
 
-// workerHandler reads --handler: 'exec:CMD ARGS' or noop.
-func workerHandler(handler string, maxOutput int, grace time.Duration) (queue.Handler, error) {
+// workerHandler reads --handler: 'exec:CMD ARGS' or noop; an exec
+// handler's command runs with env added to its environment.
+func workerHandler(handler string, maxOutput int, grace time.Duration, env []string) (queue.Handler, error) {
 	switch {
 	case handler == "noop":
 		return func(ctx context.Context, t *queue.Task) ([]byte, error) { return nil, nil }, nil
 	case strings.HasPrefix(handler, "exec:") && strings.TrimSpace(strings.TrimPrefix(handler, "exec:")) != "":
-		return queue.ExecHandler([]string{"sh", "-c", strings.TrimPrefix(handler, "exec:")}, maxOutput, grace, os.Stderr), nil
+		argv := []string{"sh", "-c", strings.TrimPrefix(handler, "exec:")}
+		return queue.ExecHandlerEnv(argv, env, maxOutput, grace, os.Stderr), nil
 	}
 	return nil, &drover.InputError{Field: "--handler", Value: handler, Rule: "must be 'exec:CMD ARGS' or noop"}
 }
@@ -207,4 +209,20 @@ func checkWorkerFlags(cfg queue.WorkerConfig, maxOutput int, grace, depthInterva
 		return &drover.InputError{Field: "--backoff-max", Value: cfg.BackoffMax, Rule: "must be at least --backoff-base"}
 	}
 	return nil
+}
+
+// childEnv is what an exec handler's command needs to reach the same
+// etcd and namespace as the worker (drover emit): the global flags as
+// the environment variables they fall back to, credentials included
+// (in the environment, never in a command line).
+func (a *app) childEnv() []string {
+	cfg := a.clientConfig()
+	env := []string{"ETCD_ENDPOINTS=" + strings.Join(cfg.Endpoints, ","), "DROVER_NAMESPACE=" + a.namespace}
+	for _, v := range []struct{ name, val string }{{"ETCDCTL_CACERT", cfg.CACert}, {"ETCDCTL_CERT", cfg.Cert}, {"ETCDCTL_KEY", cfg.Key},
+		{"ETCDCTL_USER", cfg.Username}, {"ETCDCTL_PASSWORD", cfg.Password}} {
+		if v.val != "" {
+			env = append(env, v.name+"="+v.val)
+		}
+	}
+	return env
 }

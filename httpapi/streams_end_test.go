@@ -1,0 +1,81 @@
+package httpapi_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/droverhq/drover/keyspace"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// sseUntilEnd reads GET path as SSE until its end event, and returns
+// the messages' types and the end's reason ("" if none came in 10s).
+func (a *api) sseUntilEnd(path string) (types []string, reason string) {
+	a.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "GET", a.base+path, nil)
+	req.Header.Set("Accept", "text/event-stream")
+	req.Header.Set("Drover-Namespace", a.ns)
+	r, err := a.hc.Do(req)
+	if err != nil {
+		a.t.Fatal(err)
+	}
+	defer r.Body.Close()
+	sc := bufio.NewScanner(r.Body)
+	kind := ""
+	for sc.Scan() {
+		line := sc.Text()
+		if v, ok := strings.CutPrefix(line, "event: "); ok {
+			kind = v
+		}
+		v, ok := strings.CutPrefix(line, "data: ")
+		if !ok {
+			continue
+		}
+		var ev struct{ Type, Reason string }
+		_ = json.Unmarshal([]byte(v), &ev)
+		if kind == "end" {
+			return types, ev.Reason
+		}
+		types = append(types, ev.Type)
+	}
+	return types, ""
+}
+
+// TestStreamOfAnEndedTaskWithoutDone: the SSE follower of a task that
+// ended with no done stored (its done lost, as when a worker dies
+// between the outcome and the done) gets every stored event, then the
+// end "ended"; a stream with its done ends "done".
+func TestStreamOfAnEndedTaskWithoutDone(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t)
+	a.do("POST", "/v1/queues/eq/tasks", qtasksJSON("e", 1)).want(t, 200)
+	sess := a.session(30)
+	task := a.qclaim("eq", sess, 1, "5s")[0]
+	tok := map[string]any{"type": "token", "data": map[string]any{"text": "x"}}
+	a.do("POST", "/v1/tasks/e-0/stream/events", qfence(sess, task, "events", []any{tok, tok})).want(t, 200)
+	a.do("POST", "/v1/queues/eq/tasks/e-0/cancel", nil).want(t, 200)
+
+	types, reason := a.sseUntilEnd("/v1/tasks/e-0/stream")
+	if strings.Join(types, " ") != "attempt_started token token done" || reason != "done" {
+		t.Fatalf("with its done: %v, end %q", types, reason)
+	}
+	ctx := context.Background()
+	resp, err := a.cli.Get(ctx, keyspace.MustNew(a.ns).StreamChunks("e-0"), clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByKey, clientv3.SortDescend), clientv3.WithLimit(1))
+	if err != nil || len(resp.Kvs) != 1 || !strings.Contains(string(resp.Kvs[0].Value), `"done"`) {
+		t.Fatalf("the done chunk: %v %v", resp, err)
+	}
+	if _, err := a.cli.Delete(ctx, string(resp.Kvs[0].Key)); err != nil {
+		t.Fatal(err)
+	}
+	types, reason = a.sseUntilEnd("/v1/tasks/e-0/stream")
+	if strings.Join(types, " ") != "attempt_started token token" || reason != "ended" {
+		t.Fatalf("without its done: %v, end %q", types, reason)
+	}
+}

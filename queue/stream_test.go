@@ -1,0 +1,331 @@
+package queue_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/droverhq/drover/internal/testenv/etcdtest"
+	"github.com/droverhq/drover/keyspace"
+	"github.com/droverhq/drover/queue"
+	"github.com/droverhq/drover/stream"
+	"github.com/droverhq/drover/task"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// TestStreamBoundaryAfterClaimLoss: a handler that lost its claim (its
+// worker's lease revoked) gets ErrFenced on its next emit, and the
+// stream shows its events, the boundary, then the next attempt's, and
+// none of the lost attempt's after the boundary.
+func TestStreamBoundaryAfterClaimLoss(t *testing.T) {
+	t.Parallel()
+	ns := etcdtest.Namespace(t)
+	c, cli := newClient(t, ns)
+	ctx := context.Background()
+	const q, id = "streams", "s-1"
+	retries := 3
+	if _, err := c.Submit(ctx, q, []queue.Task{{ID: id, Type: "talk", MaxRetries: &retries}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	cfg := queue.WorkerConfig{Namespace: ns, Queue: q, Concurrency: 1, TTL: 5 * time.Second, BackoffBase: time.Millisecond, BackoffMax: 2 * time.Millisecond}
+	wa := newWorker(t, srv.Client(t), cfg)
+	emitting, fenced := make(chan struct{}), make(chan int, 1)
+	wa.HandleAll(func(hctx context.Context, _ *queue.Task) ([]byte, error) {
+		ectx := context.WithoutCancel(hctx) // emit on after the loss: the emit itself must be refused
+		for n := 0; ; n++ {
+			if err := stream.Emit(ectx, "log", fmt.Sprintf("a%d", n)); err != nil {
+				if !errors.Is(err, stream.ErrFenced) {
+					t.Errorf("emit after the claim's loss: %v, want ErrFenced", err)
+				}
+				fenced <- n
+				return nil, err
+			}
+			if n == 3 {
+				if err := stream.Flush(ectx); err != nil {
+					t.Errorf("flush before the loss: %v", err)
+				}
+				close(emitting)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	})
+	runWorker(t, wa)
+	<-emitting
+	if _, err := cli.Revoke(ctx, wa.Lease().ID()); err != nil {
+		t.Fatal(err)
+	}
+	stored := <-fenced
+	wb := newWorker(t, srv.Client(t), cfg)
+	wb.HandleAll(func(hctx context.Context, _ *queue.Task) ([]byte, error) {
+		return []byte("ok"), stream.Emit(hctx, "log", "b0")
+	})
+	runWorker(t, wb)
+
+	hub := stream.NewHub(cli, keyspace.MustNew(ns))
+	fctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	var got []stream.Event
+	for ev, err := range hub.Follow(fctx, id, 1) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, ev)
+	}
+	// attempt_started, attempt 1's events (at most those emitted before
+	// the loss), attempt_lost, attempt_started, b0, attempt_ended, done.
+	boundary := slices.IndexFunc(got, func(ev stream.Event) bool { return ev.Type == stream.AttemptLost })
+	if boundary < 1 || boundary > stored+1 || len(got) != boundary+5 {
+		t.Fatalf("boundary at %d of %d events, after %d emits of attempt 1: %+v", boundary+1, len(got), stored, got)
+	}
+	want := map[int]string{0: stream.AttemptStarted, boundary + 1: stream.AttemptStarted, boundary + 2: "log", boundary + 3: stream.AttemptEnded, boundary + 4: stream.Done}
+	for i, ev := range got {
+		if w, ok := want[i]; ok && ev.Type != w {
+			t.Fatalf("event %d is %s, want %s: %+v", i+1, ev.Type, w, got)
+		}
+		if i > boundary && ev.Attempt == 1 {
+			t.Fatalf("event %d of the lost attempt after the boundary: %+v", ev.Seq, ev)
+		}
+		if ev.Seq != int64(i+1) {
+			t.Fatalf("event %d has seq %d", i+1, ev.Seq)
+		}
+	}
+	for _, ev := range got[boundary+3:] {
+		if string(ev.Data) != `{"attempt":2,"outcome":"succeeded"}` {
+			t.Fatalf("%s: %s", ev.Type, ev.Data)
+		}
+	}
+}
+
+// runWorker runs w until the test ends.
+func runWorker(t *testing.T, w *queue.Worker) {
+	t.Helper()
+	rctx, stop := context.WithCancel(context.Background())
+	ran := make(chan struct{})
+	go func() { _ = w.Run(rctx); close(ran) }()
+	t.Cleanup(func() { stop(); <-ran; _ = w.Close(context.Background()) })
+}
+
+// TestTaskWithoutEventsHasNoStream: a first attempt that emits nothing
+// writes nothing to etcd for its stream, not even its end.
+func TestTaskWithoutEventsHasNoStream(t *testing.T) {
+	t.Parallel()
+	ns := etcdtest.Namespace(t)
+	c, cli := newClient(t, ns)
+	ctx := context.Background()
+	if _, err := c.Submit(ctx, "quiet", []queue.Task{{ID: "q-1", Type: "x"}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	w := newWorker(t, srv.Client(t), queue.WorkerConfig{Namespace: ns, Queue: "quiet", Concurrency: 1})
+	w.HandleAll(func(context.Context, *queue.Task) ([]byte, error) { return []byte("ok"), nil })
+	runWorker(t, w)
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if _, err := c.Wait(wctx, "q-1"); err != nil {
+		t.Fatal(err)
+	}
+	keys := keyspace.MustNew(ns)
+	for _, prefix := range []string{keys.StreamChunks("q-1"), keys.StreamExpiries()} {
+		r, err := cli.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+		if err != nil || r.Count != 0 {
+			t.Fatalf("%s: %d keys (%v), want none", prefix, r.Count, err)
+		}
+	}
+}
+
+// TestStepsEmitToTheirTaskStream: a step of queue.Steps emits through
+// its context, and the task's stream ends with done.
+func TestStepsEmitToTheirTaskStream(t *testing.T) {
+	t.Parallel()
+	ns := etcdtest.Namespace(t)
+	c, cli := newClient(t, ns)
+	ctx := context.Background()
+	store, err := task.NewStore(cli, ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Submit(ctx, "stepped", []queue.Task{{ID: "st-1", Type: "x"}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	w := newWorker(t, srv.Client(t), queue.WorkerConfig{Namespace: ns, Queue: "stepped", Concurrency: 1})
+	step := func(name string) task.Step {
+		return task.Step{Name: name, Run: func(ctx context.Context, s []byte) ([]byte, error) {
+			return s, stream.Emit(ctx, "progress", name)
+		}}
+	}
+	w.HandleAll(queue.Steps(store, step("one"), step("two")))
+	runWorker(t, w)
+	fctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	var types []string
+	for ev, err := range stream.NewHub(cli, keyspace.MustNew(ns)).Follow(fctx, "st-1", 1) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		types = append(types, ev.Type+":"+string(ev.Data))
+	}
+	want := []string{stream.AttemptStarted, `progress:"one"`, `progress:"two"`, stream.AttemptEnded, stream.Done}
+	if len(types) != len(want) || !strings.HasPrefix(types[0], want[0]) || types[1] != want[1] || types[2] != want[2] || !strings.HasPrefix(types[3], want[3]) || !strings.HasPrefix(types[4], want[4]) {
+		t.Fatalf("events %v, want %v", types, want)
+	}
+}
+
+// TestDoneFollowsTheStoredOutcome: a task's done is written after its
+// outcome is stored (a worker that dies between the two leaves a task
+// that runs again, not followers that stopped), and the attempt's
+// outcome comes before it in attempt_ended.
+func TestDoneFollowsTheStoredOutcome(t *testing.T) {
+	t.Parallel()
+	ns := etcdtest.Namespace(t)
+	c, cli := newClient(t, ns)
+	ctx := context.Background()
+	if _, err := c.Submit(ctx, "after", []queue.Task{{ID: "af-1", Type: "x"}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	w := newWorker(t, srv.Client(t), queue.WorkerConfig{Namespace: ns, Queue: "after", Concurrency: 1})
+	w.HandleAll(func(hctx context.Context, _ *queue.Task) ([]byte, error) {
+		return []byte("ok"), stream.Emit(hctx, "log", "x")
+	})
+	runWorker(t, w)
+	keys := keyspace.MustNew(ns)
+	fctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	var types []string
+	for ev, err := range stream.NewHub(cli, keys).Follow(fctx, "af-1", 1) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		types = append(types, ev.Type)
+	}
+	if len(types) != 4 || types[2] != stream.AttemptEnded || types[3] != stream.Done {
+		t.Fatalf("events %v, want attempt_started, log, attempt_ended, done", types)
+	}
+	// The namespace's writes in order: the outcome (the run's outs key)
+	// lies between the chunk of attempt_ended and that of done.
+	wctx, wcancel := context.WithCancel(fctx)
+	defer wcancel()
+	var order []string
+	for resp := range cli.Watch(wctx, keys.Root(), clientv3.WithPrefix(), clientv3.WithRev(1)) {
+		for _, ev := range resp.Events {
+			k, v := string(ev.Kv.Key), string(ev.Kv.Value)
+			switch {
+			case strings.HasPrefix(k, keys.StreamChunks("af-1")) && strings.Contains(v, `"t":"attempt_ended"`):
+				order = append(order, "ended")
+			case strings.HasPrefix(k, keys.StreamChunks("af-1")) && strings.Contains(v, `"t":"done"`):
+				order = append(order, "done")
+				wcancel()
+			case strings.HasPrefix(k, keys.Queue("after")+"outs/") && len(order) > 0 && order[len(order)-1] == "ended":
+				order = append(order, "outcome")
+			}
+		}
+	}
+	if strings.Join(order, " ") != "ended outcome done" {
+		t.Fatalf("writes in order %v, want the attempt's end, the outcome, then done", order)
+	}
+}
+
+// TestCancelledRunningTaskGetsDone: cancelling a running task closes
+// its stream with done (cancelled), after the attempt's events.
+func TestCancelledRunningTaskGetsDone(t *testing.T) {
+	t.Parallel()
+	ns := etcdtest.Namespace(t)
+	c, cli := newClient(t, ns)
+	ctx := context.Background()
+	if _, err := c.Submit(ctx, "cut", []queue.Task{{ID: "cut-1", Type: "x"}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	w := newWorker(t, srv.Client(t), queue.WorkerConfig{Namespace: ns, Queue: "cut", Concurrency: 1})
+	emitted := make(chan error, 1)
+	w.HandleAll(func(hctx context.Context, _ *queue.Task) ([]byte, error) {
+		err := stream.Emit(hctx, "log", "x")
+		if err == nil {
+			err = stream.Flush(hctx)
+		}
+		emitted <- err
+		<-hctx.Done()
+		return nil, context.Cause(hctx)
+	})
+	runWorker(t, w)
+	if err := <-emitted; err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Cancel(ctx, "cut-1"); err != nil {
+		t.Fatal(err)
+	}
+	fctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	var got []stream.Event
+	for ev, err := range stream.NewHub(cli, keyspace.MustNew(ns)).Follow(fctx, "cut-1", 1) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, ev)
+	}
+	if len(got) != 3 || got[2].Type != stream.Done || string(got[2].Data) != `{"attempt":1,"outcome":"cancelled"}` {
+		t.Fatalf("events %+v, want attempt_started, log, done (cancelled)", got)
+	}
+}
+
+// TestFollowerOfAnEndedTaskWithoutDoneEnds: a task cancelled while it
+// waits to run again (a bulk cancel writes no done) ends its followers
+// through EndsStream once they have every stored event.
+func TestFollowerOfAnEndedTaskWithoutDoneEnds(t *testing.T) {
+	t.Parallel()
+	ns := etcdtest.Namespace(t)
+	c, cli := newClient(t, ns)
+	ctx := context.Background()
+	retries := 3
+	if _, err := c.Submit(ctx, "again", []queue.Task{{ID: "ag-1", Type: "x", MaxRetries: &retries}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	w := newWorker(t, srv.Client(t), queue.WorkerConfig{Namespace: ns, Queue: "again", Concurrency: 1, BackoffBase: time.Hour, BackoffMax: time.Hour})
+	w.HandleAll(func(hctx context.Context, _ *queue.Task) ([]byte, error) {
+		if err := stream.Emit(hctx, "log", "x"); err != nil {
+			return nil, queue.Permanent(err)
+		}
+		return nil, errors.New("once more")
+	})
+	runWorker(t, w)
+	keys := keyspace.MustNew(ns)
+	hub := stream.NewHub(cli, keys)
+	fctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	n := 0
+	for ev, err := range hub.Follow(fctx, "ag-1", 1) { // until the attempt's end
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n++; ev.Type == stream.AttemptEnded {
+			break
+		}
+	}
+	for {
+		tk, err := c.Get(ctx, "ag-1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tk.CurrentStatus == queue.Retrying {
+			break
+		}
+		if fctx.Err() != nil {
+			t.Fatalf("task is %s, want RETRYING", tk.CurrentStatus)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if k, err := c.CancelTasks(ctx, "again", queue.Retrying, []string{"ag-1"}, nil); err != nil || k != 1 {
+		t.Fatalf("cancel: %d, %v", k, err)
+	}
+	got := 0
+	for _, err := range hub.Follow(fctx, "ag-1", 1, c.EndsStream("ag-1", 0)) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		got++
+	}
+	if fctx.Err() != nil || got != n {
+		t.Fatalf("follower got %d events (timed out: %v), want the %d stored, then its end", got, fctx.Err() != nil, n)
+	}
+}

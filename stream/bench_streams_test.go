@@ -1,0 +1,249 @@
+package stream_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/droverhq/drover/internal/testenv/etcdtest"
+	"github.com/droverhq/drover/keyspace"
+	"github.com/droverhq/drover/stream"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// TestStreamsAtScale measures many streams at once: with
+// DROVER_BENCH_STREAMS=N (DROVER_BENCH_STREAMS_RATE events a second
+// each, default 20; DROVER_BENCH_STREAMS_SECONDS, default 20) it runs N
+// streams, each emitted by a goroutine of one Writer (one worker process)
+// and followed by one follower of one Hub (one server), against an
+// embedded etcd with fsync on, and logs the emit-to-follower latency
+// (p50, p99, max), etcd's writes a second (the Writer's transactions,
+// and the raft proposals etcd committed) and the process's CPU.
+func TestStreamsAtScale(t *testing.T) {
+	n, _ := strconv.Atoi(os.Getenv("DROVER_BENCH_STREAMS"))
+	if n <= 0 {
+		t.Skip("set DROVER_BENCH_STREAMS=1000 to measure")
+	}
+	rate := envInt("DROVER_BENCH_STREAMS_RATE", 20)
+	secs := envInt("DROVER_BENCH_STREAMS_SECONDS", 20)
+	es, err := etcdtest.Start(etcdtest.Options{Fsync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer es.Stop()
+	wcli, fcli := es.Client(t), es.Client(t)
+	keys := keyspace.MustNew("bench")
+	ctx := context.Background()
+	claims := benchClaims(t, wcli, keys, n)
+	w := stream.For(wcli, keys)
+	hub := stream.NewHub(fcli, keys)
+	// The emitters are handlers' stream.Emit (queued, sent while they go
+	// on), or with DROVER_BENCH_STREAMS_SYNC=1 Writer.Append (returns once
+	// stored, as drover emit and the HTTP route do).
+	syncEmit := os.Getenv("DROVER_BENCH_STREAMS_SYNC") == "1"
+	atts := make([]*stream.Attempt, n)
+	for i := range n {
+		_, atts[i] = stream.Begin(ctx, wcli, keys, claims[i], false)
+	}
+
+	warm := time.Now().Add(3 * time.Second)
+	end := warm.Add(time.Duration(secs) * time.Second)
+	lat := make([][]time.Duration, n)
+	stored := make([][]time.Duration, n)
+	var followers, emitters sync.WaitGroup
+	fctx, stopFollow := context.WithCancel(ctx)
+	defer stopFollow()
+	for i := range n {
+		followers.Go(func() {
+			for ev, err := range hub.Follow(fctx, claims[i].Task, 0) {
+				if err != nil {
+					return
+				}
+				if ev.Type == "token" && ev.Time.After(warm) && ev.Time.Before(end) {
+					lat[i] = append(lat[i], time.Since(ev.Time))
+				}
+			}
+		})
+	}
+	data := json.RawMessage(`{"text":"token"}`)
+	for i := range n {
+		emitters.Go(func() {
+			time.Sleep(time.Duration(rand.Int64N(int64(time.Second / time.Duration(rate)))))
+			tick := time.NewTicker(time.Second / time.Duration(rate))
+			defer tick.Stop()
+			for now := range tick.C {
+				if now.After(end) {
+					return
+				}
+				began := time.Now()
+				var err error
+				if syncEmit {
+					_, _, err = w.Append(ctx, claims[i], []stream.Input{{Type: "token", Data: data}})
+				} else {
+					err = atts[i].Emit(ctx, stream.Input{Type: "token", Data: data})
+				}
+				if err != nil {
+					t.Errorf("stream %d: %v", i, err)
+					return
+				}
+				if began.After(warm) {
+					stored[i] = append(stored[i], time.Since(began))
+				}
+			}
+		})
+	}
+	time.Sleep(time.Until(warm))
+	tx0, prop0, cpu0 := w.Transactions(), proposals(t, es), processCPU()
+	time.Sleep(time.Until(end))
+	tx1, prop1, cpu1 := w.Transactions(), proposals(t, es), processCPU()
+	emitters.Wait()
+	time.Sleep(500 * time.Millisecond) // the last events reach their followers
+	stopFollow()
+	followers.Wait()
+
+	var all, st []time.Duration
+	for i := range lat {
+		all, st = append(all, lat[i]...), append(st, stored[i]...)
+	}
+	slices.Sort(all)
+	slices.Sort(st)
+	if len(all) == 0 {
+		t.Fatal("no event measured")
+	}
+	pct := func(p float64) time.Duration { return all[min(len(all)-1, int(p*float64(len(all))))] }
+	t.Logf("the emit call (sync %v): p50 %s p99 %s", syncEmit, st[len(st)/2].Round(100*time.Microsecond), st[len(st)*99/100].Round(100*time.Microsecond))
+	window := float64(secs)
+	t.Logf("%d streams x %d events/s, %ds measured: %d events delivered (%.0f/s); emit to follower p50 %s p99 %s max %s; "+
+		"writer transactions %.0f/s; etcd proposals %.0f/s; process CPU %.2f cores (etcd, writer and followers)",
+		n, rate, secs, len(all), float64(len(all))/window, pct(0.5).Round(100*time.Microsecond), pct(0.99).Round(100*time.Microsecond),
+		all[len(all)-1].Round(time.Millisecond), float64(tx1-tx0)/window, (prop1-prop0)/window, (cpu1-cpu0).Seconds()/window)
+}
+
+func envInt(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
+		return v
+	}
+	return def
+}
+
+// benchClaims takes n claim keys under one lease.
+func benchClaims(t *testing.T, cli *clientv3.Client, keys keyspace.Space, n int) []stream.Claim {
+	t.Helper()
+	ctx := context.Background()
+	l, err := cli.Grant(ctx, 600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make([]stream.Claim, n)
+	for i := range n {
+		id := "task-" + strconv.Itoa(i)
+		key := keys.Root() + "claims/" + id
+		r, err := cli.Put(ctx, key, "", clientv3.WithLease(l.ID))
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[i] = stream.Claim{Task: id, Attempt: 1, Worker: "bench", Fence: &keyClaim{key: key, token: r.Header.Revision, lease: l.ID}}
+	}
+	return out
+}
+
+// proposals reads etcd_server_proposals_committed_total from es.
+func proposals(t *testing.T, es *etcdtest.Server) float64 {
+	t.Helper()
+	resp, err := http.Get(es.ClientURL() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	for sc := bufio.NewScanner(resp.Body); sc.Scan(); {
+		if v, ok := strings.CutPrefix(sc.Text(), "etcd_server_proposals_committed_total "); ok {
+			f, _ := strconv.ParseFloat(v, 64)
+			return f
+		}
+	}
+	return 0
+}
+
+// processCPU is the CPU time the process used, user and system.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// TestFollowersReconnectAtOnce measures a thousand followers of one
+// stream coming back at once: with DROVER_BENCH_RECONNECT=N it stores
+// 2,000 events (in chunks of 20), then starts N followers together, each
+// from a random event (as EventSource does with Last-Event-ID), while the
+// stream goes on, and logs the time until every one has the stream's
+// last event; it fails on any gap or duplicate.
+func TestFollowersReconnectAtOnce(t *testing.T) {
+	n, _ := strconv.Atoi(os.Getenv("DROVER_BENCH_RECONNECT"))
+	if n <= 0 {
+		t.Skip("set DROVER_BENCH_RECONNECT=1000 to measure")
+	}
+	es, err := etcdtest.Start(etcdtest.Options{Fsync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer es.Stop()
+	cli := es.Client(t)
+	keys := keyspace.MustNew("bench")
+	ctx := context.Background()
+	a := benchClaims(t, cli, keys, 1)[0]
+	w := stream.NewWriter(cli, keys, stream.Limits{}, 0)
+	batch := make([]stream.Input, 20)
+	for i := range batch {
+		batch[i] = stream.Input{Type: "token", Data: json.RawMessage(`{"text":"token"}`)}
+	}
+	var last int64
+	for range 100 {
+		if _, last, err = w.Append(ctx, a, batch); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hub := stream.NewHub(es.Client(t), keys)
+	final := last + 20 // one more batch, written while they reconnect
+	began := time.Now()
+	var wg sync.WaitGroup
+	took := make([]time.Duration, n)
+	for i := range n {
+		wg.Go(func() {
+			fctx, cancel := context.WithTimeout(ctx, time.Minute)
+			defer cancel()
+			next := 1 + rand.Int64N(last)
+			for ev, err := range hub.Follow(fctx, a.Task, next) {
+				if err != nil {
+					t.Errorf("follower %d: %v", i, err)
+					return
+				}
+				if ev.Seq != next {
+					t.Errorf("follower %d: seq %d, want %d (a gap or a duplicate)", i, ev.Seq, next)
+					return
+				}
+				next++
+				if ev.Seq == final {
+					took[i] = time.Since(began)
+					return
+				}
+			}
+		})
+	}
+	if _, _, err := w.Append(ctx, a, batch); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	slices.Sort(took)
+	t.Logf("%d followers of one stream of %d events, each from a random event, at once: all caught up (the last event, written meanwhile) after %s (p50 %s); hub watches opened %d",
+		n, final, took[n-1].Round(time.Millisecond), took[n/2].Round(time.Millisecond), hub.Opened())
+}

@@ -1,0 +1,151 @@
+package stream_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/droverhq/drover/stream"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// TestDoneFollowedByEventsIsNotFinal: a Done that later events follow
+// (the task ran again) does not end a follower; the last Done does.
+func TestDoneFollowedByEventsIsNotFinal(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, stream.Limits{})
+	ctx := context.Background()
+	const id = "again"
+	c1 := claimKey(t, e.cli, e.keys, id)
+	if _, _, err := e.w.Append(ctx, stream.Claim{Task: id, Attempt: 1, Fence: c1}, []stream.Input{{Type: "log"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.w.Finish(ctx, id, "succeeded", ""); err != nil {
+		t.Fatal(err)
+	}
+	lose(t, e.cli, c1)
+	c2 := claimKey(t, e.cli, e.keys, id)
+	if _, _, err := e.w.Append(ctx, stream.Claim{Task: id, Attempt: 2, Fence: c2}, []stream.Input{{Type: "log"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.w.Finish(ctx, id, "succeeded", ""); err != nil {
+		t.Fatal(err)
+	}
+	got := collect(t, e.hub, id, 1, 100)
+	var types []string
+	for _, ev := range got {
+		types = append(types, ev.Type)
+	}
+	want := []string{stream.AttemptStarted, "log", stream.Done, stream.AttemptStarted, "log", stream.Done}
+	if len(types) != len(want) {
+		t.Fatalf("followed %v, want %v", types, want)
+	}
+	for i := range want {
+		if types[i] != want[i] {
+			t.Fatalf("followed %v, want %v", types, want)
+		}
+	}
+}
+
+// TestFinishIsIdempotent: a second Finish, and a Finish of a stream
+// without events, write nothing.
+func TestFinishIsIdempotent(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, stream.Limits{})
+	ctx := context.Background()
+	c := claimKey(t, e.cli, e.keys, "f")
+	if _, _, err := e.w.Append(ctx, stream.Claim{Task: "f", Attempt: 1, Fence: c}, []stream.Input{{Type: "log"}}); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if err := e.w.Finish(ctx, "f", "cancelled", ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := e.w.Finish(ctx, "none", "cancelled", ""); err != nil {
+		t.Fatal(err)
+	}
+	for id, want := range map[string]int64{"f": 3, "none": 0} {
+		last, err := e.hub.LastSeq(ctx, id)
+		if err != nil || last != want {
+			t.Fatalf("%s: last event %d (%v), want %d", id, last, err, want)
+		}
+	}
+}
+
+// TestTwoAttemptsOfOneTaskInOneBatch: two attempts of one task taken in
+// one batch never both take the same place: the stream's chunks do not
+// overlap, and its events are numbered 1, 2, ... once each.
+func TestTwoAttemptsOfOneTaskInOneBatch(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, stream.Limits{})
+	ctx := context.Background()
+	const id = "twice"
+	c1 := claimKey(t, e.cli, e.keys, id)
+	lose(t, e.cli, c1)
+	c2 := claimKey(t, e.cli, e.keys, id)
+	// c1 is gone but its fence does not know: the claim compare alone
+	// would refuse it; a fence without compares shows the batch's own.
+	claims := []stream.Claim{{Task: id, Attempt: 1, Fence: openFence{1}}, {Task: id, Attempt: 2, Fence: openFence{c2.token}}}
+	errs := stream.FlushTogether(ctx, e.w, claims, stream.Input{Type: "log"})
+	landed := 0
+	for _, err := range errs {
+		if err == nil {
+			landed++
+		}
+	}
+	if landed == 0 {
+		t.Fatalf("no attempt landed: %v", errs)
+	}
+	resp, err := e.cli.Get(ctx, e.keys.StreamChunks(id), clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.Count != int64(landed) {
+		t.Fatalf("%d chunks for %d writes that landed (%v)", resp.Count, landed, errs)
+	}
+	i := int64(0)
+	err = e.hub.Read(ctx, id, 1, func(list []stream.Event) bool {
+		for _, ev := range list {
+			if i++; ev.Seq != i {
+				t.Errorf("event %d has seq %d", i, ev.Seq)
+			}
+		}
+		return true
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// openFence holds always: a claim whose compares cannot refuse.
+type openFence struct{ token int64 }
+
+func (f openFence) Token() int64             { return f.token }
+func (f openFence) Compares() []clientv3.Cmp { return nil }
+func (f openFence) Err() error               { return nil }
+
+// TestFollowEndsWhenItsTaskEnded: a follower of a stream without Done
+// ends once its task ended (WhenEnded) and it has every stored event.
+func TestFollowEndsWhenItsTaskEnded(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, stream.Limits{})
+	ctx := context.Background()
+	c := claimKey(t, e.cli, e.keys, "cut")
+	if _, _, err := e.w.Append(ctx, stream.Claim{Task: "cut", Attempt: 1, Fence: c}, []stream.Input{{Type: "log"}, {Type: "log"}}); err != nil {
+		t.Fatal(err)
+	}
+	fctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	asked := 0
+	n := 0
+	for _, err := range e.hub.Follow(fctx, "cut", 1, stream.WhenEnded(func(context.Context) bool { asked++; return true }, 0)) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		n++
+	}
+	if fctx.Err() != nil || n != 3 || asked != 1 {
+		t.Fatalf("follow: %d events, asked %d times, timed out %v; want 3, 1, false", n, asked, fctx.Err() != nil)
+	}
+}

@@ -1,0 +1,373 @@
+package stream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/droverhq/drover/internal/groupcommit"
+	"github.com/droverhq/drover/keyspace"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Fence is the claim a stream is written under: every write of the
+// stream commits only while its Compares hold. A queue task's claim
+// (queue.ClaimFence) is one.
+type Fence interface {
+	// Token is the claim's fencing token: a later attempt's is higher.
+	Token() int64
+	// Compares hold, in an etcd transaction, while the claim is held.
+	Compares() []clientv3.Cmp
+	// Err is the cause of a loss known locally, nil while held as far
+	// as the process knows.
+	Err() error
+}
+
+// Claim is the attempt of a task that writes its stream.
+type Claim struct {
+	// Task is the task's id.
+	Task string
+	// Attempt is the attempt's number, which its events carry.
+	Attempt int
+	// Worker names who runs it, for AttemptStarted.
+	Worker string
+	// Fence is the attempt's claim.
+	Fence Fence
+}
+
+// DefaultPace is how long a Writer waits after one transaction before
+// it sends the next: the events that come meanwhile, of every stream,
+// go in the next together.
+const DefaultPace = 10 * time.Millisecond
+
+// Streams per transaction: etcd refuses a transaction of more than 128
+// operations (its default --max-txn-ops), nested ones counted apart.
+const (
+	streamsPerTxn   = 100
+	streamsPerBatch = 10 * streamsPerTxn
+	bytesPerBatch   = 1 << 20
+	// maxWriteBytes bounds one Append: with the batch's other streams it
+	// must fit etcd's request limit (1.5 MiB by default).
+	maxWriteBytes = 768 << 10
+)
+
+// Writer writes the streams of the tasks a process runs. Every stream's
+// new events wait in one line (a group commit) and go to etcd in one
+// transaction per few milliseconds, each stream's part fenced by its
+// attempt's claim: etcd's writes grow with time, not with events.
+type Writer struct {
+	cli  *clientv3.Client
+	keys keyspace.Space
+	lim  Limits
+	pace time.Duration
+	now  func() time.Time
+
+	line groupcommit.Line[*request]
+
+	// attempts are the attempts the writer knows, by task and token: a
+	// stream's state is read from etcd once, not at every write.
+	attMu    sync.Mutex
+	attempts map[attemptID]*attempt
+
+	inFlight chan struct{}
+	flightMu sync.Mutex // guards every attempt's busy
+
+	paceMu    sync.Mutex
+	lastSend  time.Time
+	lastSweep time.Time
+	txns      atomic.Int64
+}
+
+// NewWriter returns a Writer of the streams of namespace keys, with
+// limits lim (zero fields: DefaultLimits') and pace (0: DefaultPace).
+// Processes use the shared one of For.
+func NewWriter(cli *clientv3.Client, keys keyspace.Space, lim Limits, pace time.Duration) *Writer {
+	d := DefaultLimits
+	if lim.MaxEventBytes <= 0 {
+		lim.MaxEventBytes = d.MaxEventBytes
+	}
+	if lim.MaxEvents <= 0 {
+		lim.MaxEvents = d.MaxEvents
+	}
+	if lim.MaxBytes <= 0 {
+		lim.MaxBytes = d.MaxBytes
+	}
+	if lim.Retention <= 0 {
+		lim.Retention = d.Retention
+	}
+	if lim.MaxAge <= 0 {
+		lim.MaxAge = d.MaxAge
+	}
+	if pace <= 0 {
+		pace = DefaultPace
+	}
+	return &Writer{cli: cli, keys: keys, lim: lim, pace: pace, now: time.Now, attempts: map[attemptID]*attempt{},
+		inFlight: make(chan struct{}, maxInFlight)}
+}
+
+type registryKey struct {
+	cli  *clientv3.Client
+	root string
+}
+
+var (
+	regMu   sync.Mutex
+	writers = map[registryKey]*Writer{}
+	hubs    = map[registryKey]*Hub{}
+)
+
+// For returns the process's Writer of namespace keys through cli, with
+// the default limits: one per client and namespace, so that every
+// stream the process writes shares its transactions.
+func For(cli *clientv3.Client, keys keyspace.Space) *Writer {
+	k := registryKey{cli, keys.Root()}
+	regMu.Lock()
+	defer regMu.Unlock()
+	if w := writers[k]; w != nil {
+		return w
+	}
+	w := NewWriter(cli, keys, Limits{}, 0)
+	writers[k] = w
+	context.AfterFunc(cli.Ctx(), func() {
+		regMu.Lock()
+		defer regMu.Unlock()
+		delete(writers, k)
+	})
+	return w
+}
+
+// Limits returns the writer's limits.
+func (w *Writer) Limits() Limits { return w.lim }
+
+// Transactions counts the transactions the writer sent.
+func (w *Writer) Transactions() int64 { return w.txns.Load() }
+
+// attempt is one attempt's view of its stream. Only the sender of a
+// batch (one at a time) reads or changes it.
+type attempt struct {
+	c    Claim
+	used time.Time     // guarded by the Writer's attMu
+	busy chan struct{} // a batch in flight holds it (closed when sent); guarded by the Writer's flightMu
+
+	known       bool  // the fields below are read from etcd
+	exists      bool  // the stream has events
+	last        int64 // the sequence number of its last event
+	events      int64 // its events (not drover's), and their bytes
+	bytes       int64
+	lastToken   int64 // who wrote its last chunk
+	lastAttempt int
+	lastType    string
+	err         error // the attempt is fenced: every write fails so
+
+	// final: not an attempt but the task's end (Finish): its Done goes
+	// after whatever attempt wrote last, fenced by the stream alone.
+	final bool
+}
+
+// request is one call's events (or end), waiting in the line.
+type request struct {
+	a      *attempt
+	events []Input
+	end    *Input // drover's end of the attempt (AttemptEnded or Done)
+	probe  bool   // the end is written only if the stream has events
+	// claimGone: the attempt ended through its claim, which is gone; the
+	// end is fenced by the stream alone.
+	claimGone bool
+	at        time.Time
+
+	// The answer.
+	done        bool
+	err         error
+	first, last int64
+}
+
+// Append stores the events ins of claim c's task's stream, in order,
+// after every event before, and returns the sequence numbers of the
+// first and last. It returns once they are stored, or with an error and
+// none of them stored: one matching ErrFenced when the claim no longer
+// holds or a later attempt has written; ErrStreamFull when they would
+// take the stream past a cap; a *drover.InputError for a bad event. (An
+// error of etcd itself, a timeout, leaves it unknown whether they were
+// stored, as for any etcd write.)
+func (w *Writer) Append(ctx context.Context, c Claim, ins []Input) (first, last int64, err error) {
+	return w.append(ctx, w.attempt(c), ins)
+}
+
+// attemptID names an attempt: its task and its claim's token.
+type attemptID struct {
+	task  string
+	token int64
+}
+
+// attemptIdle is how long the writer keeps an attempt it does not write.
+const attemptIdle = 5 * time.Minute
+
+// attempt returns the writer's state of claim c's attempt.
+func (w *Writer) attempt(c Claim) *attempt {
+	id := attemptID{c.Task, c.Fence.Token()}
+	now := w.now()
+	w.attMu.Lock()
+	defer w.attMu.Unlock()
+	a := w.attempts[id]
+	if a == nil {
+		a = &attempt{c: c}
+		w.attempts[id] = a
+	}
+	a.used = now
+	return a
+}
+
+// drop forgets claim c's attempt: it ended.
+func (w *Writer) drop(c Claim) {
+	w.attMu.Lock()
+	defer w.attMu.Unlock()
+	delete(w.attempts, attemptID{c.Task, c.Fence.Token()})
+}
+
+// forget drops the attempts not written for attemptIdle.
+func (w *Writer) forget() {
+	now := w.now()
+	w.attMu.Lock()
+	defer w.attMu.Unlock()
+	for id, a := range w.attempts {
+		if now.Sub(a.used) > attemptIdle {
+			delete(w.attempts, id)
+		}
+	}
+}
+
+func (w *Writer) append(ctx context.Context, a *attempt, ins []Input) (first, last int64, err error) {
+	if len(ins) == 0 {
+		return 0, 0, nil
+	}
+	total := 0
+	for i, in := range ins {
+		if err := in.check(i, w.lim.MaxEventBytes); err != nil {
+			return 0, 0, err
+		}
+		total += in.size()
+	}
+	if total > maxWriteBytes {
+		return 0, 0, fmt.Errorf("%w: %d events of %d bytes in one write, over %d: write them in smaller parts", ErrStreamFull, len(ins), total, maxWriteBytes)
+	}
+	return w.appendChecked(ctx, a, ins)
+}
+
+// appendChecked is append of events already checked.
+func (w *Writer) appendChecked(ctx context.Context, a *attempt, ins []Input) (first, last int64, err error) {
+	r := &request{a: a, events: ins, at: w.now().UTC()}
+	if err := w.send(ctx, r); err != nil {
+		return 0, 0, err
+	}
+	return r.first, r.last, r.err
+}
+
+// send puts r in the line and returns once it was sent, by this caller
+// or by another.
+func (w *Writer) send(ctx context.Context, r *request) error {
+	lead, err := w.line.JoinContext(ctx, r)
+	if err != nil || !lead {
+		return err
+	}
+	// Up to maxInFlight batches are sent at once, none with a stream of
+	// another: the next sender collects while this batch is in flight.
+	w.inFlight <- struct{}{}
+	w.waitIdle(r.a)
+	w.waitPace()
+	b := &bound{w: w, streams: map[*attempt]bool{}}
+	reqs, calls := w.line.Take(b.fits)
+	if len(b.streams) == 0 { // taken alone, fits was not asked
+		w.flightMu.Lock()
+		b.take(reqs[0])
+		w.flightMu.Unlock()
+	}
+	w.line.HandOn()
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	w.flush(sctx, reqs)
+	cancel()
+	w.idle(b.streams)
+	<-w.inFlight
+	w.maybeSweep()
+	groupcommit.Answer(calls)
+	return nil
+}
+
+// maxInFlight bounds the batches a Writer sends at once.
+const maxInFlight = 4
+
+// waitIdle waits until no batch in flight holds a's stream.
+func (w *Writer) waitIdle(a *attempt) {
+	w.flightMu.Lock()
+	ch := a.busy
+	w.flightMu.Unlock()
+	if ch != nil {
+		<-ch
+	}
+}
+
+// idle marks the streams of a batch sent.
+func (w *Writer) idle(streams map[*attempt]bool) {
+	w.flightMu.Lock()
+	defer w.flightMu.Unlock()
+	for a := range streams {
+		close(a.busy)
+		a.busy = nil
+	}
+}
+
+// waitPace waits until pace has passed since the last transaction began.
+func (w *Writer) waitPace() {
+	w.paceMu.Lock()
+	wait := w.pace - time.Since(w.lastSend)
+	w.paceMu.Unlock()
+	if wait > 0 {
+		time.Sleep(wait)
+	}
+	w.paceMu.Lock()
+	w.lastSend = time.Now()
+	w.paceMu.Unlock()
+}
+
+// bound counts a batch's streams and bytes as Take fills it.
+type bound struct {
+	w       *Writer
+	streams map[*attempt]bool
+	bytes   int
+}
+
+// fits bounds a batch: its streams and its bytes; a stream of a batch
+// in flight waits for the next. The streams taken are marked busy.
+func (b *bound) fits(taken []*request, next *request) bool {
+	b.w.flightMu.Lock()
+	defer b.w.flightMu.Unlock()
+	if len(b.streams) == 0 { // the first, taken without asking (its stream is idle: waitIdle)
+		b.take(taken[0])
+	}
+	if !b.streams[next.a] && (next.a.busy != nil || len(b.streams) >= streamsPerBatch) || b.bytes+next.size() > bytesPerBatch {
+		return false
+	}
+	b.take(next)
+	return true
+}
+
+func (b *bound) take(r *request) {
+	if !b.streams[r.a] {
+		b.streams[r.a] = true
+		r.a.busy = make(chan struct{})
+	}
+	b.bytes += r.size()
+}
+
+func (r *request) size() int {
+	n := 64
+	for _, in := range r.events {
+		n += in.size() + 64
+	}
+	return n
+}
+
+// errConflict says another writer of the same claim wrote first.
+var errConflict = errors.New("stream: another write of the stream came first")
