@@ -282,6 +282,10 @@ func (w *Worker) recordOps(o outcome, now time.Time, markers map[string]bool) ([
 	if !seg {
 		pendingKey = c.pendingKey
 	}
+	if o.kind == Waiting { // parked until what it waits for comes, uncharged
+		return w.waitOps(o, pendingKey, seg, now, ops, markers)
+	}
+	t.WaitingFor = nil      // any other outcome ends a wait
 	if o.kind == Sleeping { // parked until its sleep ends, uncharged
 		return w.sleepOps(o, pendingKey, seg, now, ops)
 	}

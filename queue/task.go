@@ -33,6 +33,10 @@ const (
 	// Sleeping is a step task parked until the sleep its last step ended
 	// with is over: it holds no claim, and no worker claims it before.
 	Sleeping Status = "SLEEPING"
+	// Waiting is a step task parked until what its last step waits for
+	// (a signal) comes, or the wait times out: it holds no claim, and no
+	// worker claims it before.
+	Waiting Status = "WAITING"
 )
 
 // Limits and defaults.
@@ -111,7 +115,10 @@ type Task struct {
 	// Shard is the pending index shard the task was submitted to when it
 	// is not the one its id hashes to (a FIFO queue's tasks are all in
 	// shard 0); nil otherwise.
-	Shard       *int         `json:"shard,omitempty"`
+	Shard *int `json:"shard,omitempty"`
+	// WaitingFor is what a WAITING task waits for (its record keeps it
+	// until the task's next outcome); nil for a task that does not wait.
+	WaitingFor  *WaitingFor  `json:"waiting_for,omitempty"`
 	Transitions []Transition `json:"transitions,omitempty"`
 
 	// Revisions seen by the read that returned the task, so that writes
