@@ -14,6 +14,7 @@ import (
 
 	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/keyspace"
+	"github.com/droverhq/drover/task"
 )
 
 // Status is a task's state.
@@ -397,6 +398,9 @@ type View struct {
 	*Task
 	Result       json.RawMessage `json:"result,omitempty"`
 	ResultBase64 []byte          `json:"result_base64,omitempty"`
+	// Signals are the signals the task received (Client.Signals), when
+	// the reader asked for them.
+	Signals []task.SignalRecord `json:"signals,omitempty"`
 }
 
 // NewView returns the view of t.
