@@ -121,13 +121,10 @@ func (w *Worker) waitOps(o outcome, pendingKey string, seg bool, now time.Time, 
 	return append(ops, clientv3.OpTxn(w.client.parkConds(t.ID, t.WaitingFor), park, handBack)), len(rec) + len(brec) + 600
 }
 
-// waitText says in a transition what a task waits for.
+// waitText says in a transition what a task waits for (its record's
+// WaitingFor says until when).
 func waitText(wt *task.Wait) string {
-	s := "waits for signal " + strings.Join(wt.Signals, " or ")
-	if !wt.Until.IsZero() {
-		s += " until " + wt.Until.UTC().Format(time.RFC3339Nano)
-	}
-	return s
+	return "waits for signal " + strings.Join(wt.Signals, " or ")
 }
 
 // waitedBefore reports whether task t's history shows it waiting.
