@@ -314,8 +314,8 @@ func ParseLine(line []byte) (Task, error) {
 	if t.ID == "" {
 		return Task{}, errors.New("task_id is required: it makes submitting the same file twice safe")
 	}
-	if t.CurrentStatus != "" || t.Attempt != 0 || t.Token != 0 || len(t.Transitions) > 0 || t.Result != nil || t.RetriesAttempted != 0 {
-		return Task{}, errors.New("current_status, attempt, token, transitions, result and retries_attempted are set by drover, not by submitters")
+	if t.CurrentStatus != "" || t.Attempt != 0 || t.Token != 0 || len(t.Transitions) > 0 || t.Result != nil || t.RetriesAttempted != 0 || t.WaitingFor != nil {
+		return Task{}, errors.New("current_status, attempt, token, transitions, result, retries_attempted and waiting_for are set by drover, not by submitters")
 	}
 	return t, nil
 }
