@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"slices"
 	"time"
 
 	"github.com/droverhq/drover/internal/lifecycle"
@@ -295,7 +296,12 @@ func (w *Worker) ackOp(o outcome, now time.Time, markers map[string]bool) ([]cli
 // recordOps are the writes that record outcome o in its task's own record
 // and indexes. For a task claimed from a segment, they create the record:
 // the task leaves its segment (it is retrying, dead or handed back).
+// They leave the task as recorded in o.c.task (what a report answers
+// with), and start from the task as claimed each time: an outcome built
+// again (a run's outcomes refused and sent again exact, runRefused) gives
+// its attempt back once and adds its history once.
 func (w *Worker) recordOps(o outcome, now time.Time, markers map[string]bool) ([]clientv3.Op, int) {
+	o.c.restore()
 	c, t := o.c, o.c.task
 	seg := c.run != nil
 	var ops []clientv3.Op
@@ -534,7 +540,10 @@ func (w *Worker) runRefused(req ackReq, extra []clientv3.Op) {
 	r.exact.Store(true)
 	markers := map[string]bool{}
 	reqs, later := w.runReqs(r, left, req.final, true, time.Now().UTC(), markers)
-	w.write(reqs, append(extra, markerOps(markers)...))
+	for _, op := range extra {
+		delete(markers, string(op.KeyBytes())) // put once a request: etcd refuses a key written twice
+	}
+	w.write(reqs, append(slices.Clone(extra), markerOps(markers)...))
 	if later && !r.lost.Load() {
 		w.write([]ackReq{w.runDelete(r)}, nil)
 	}

@@ -88,3 +88,40 @@ func TestWaitParksOfOneRunWithinTheTxnLimit(t *testing.T) {
 		t.Fatalf("t-070: %+v (%v): want waiting for the 16 signals", got, err)
 	}
 }
+
+// A run's outcomes refused because another task of its segment was
+// cancelled while it ran are written again (exact): a wait among them is
+// recorded once, its attempt given back once and its history written
+// once, however many times its writes were made.
+func TestWaitRecordedAgainCountsOnce(t *testing.T) {
+	ns := etcdtest.Namespace(t)
+	c, cli := newClient(t, ns)
+	ctx := context.Background()
+	if _, err := c.Submit(ctx, "q", []queue.Task{{ID: "a", Type: "agent"}, {ID: "b", Type: "agent"}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	cancelled := make(chan struct{})
+	step := task.Step{Name: "s1", Run: func(ctx context.Context, state []byte) ([]byte, error) {
+		if queue.TaskIDOf(ctx) == "b" {
+			if _, err := c.Cancel(context.Background(), "b"); err != nil {
+				t.Error(err)
+			}
+			close(cancelled)
+			<-ctx.Done()
+			return state, ctx.Err()
+		}
+		<-cancelled
+		return state, task.WaitSignal("approval", 0)
+	}}
+	startSleepWorker(t, cli, ns, newStillClock(), []task.Step{step, {Name: "s2", Run: func(_ context.Context, s []byte) ([]byte, error) { return s, nil }}})
+	got := waitStatus(t, c, "a", queue.Waiting)
+	waits := 0
+	for _, tr := range got.Transitions {
+		if tr.Status == queue.Waiting {
+			waits++
+		}
+	}
+	if got.Attempt != 0 || waits != 1 {
+		t.Fatalf("a: attempt %d, %d WAITING transitions (%+v): want attempt 0 and one", got.Attempt, waits, got.Transitions)
+	}
+}

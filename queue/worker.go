@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -323,6 +324,21 @@ type claim struct {
 	// key), with the task's slot; nil for a task with a record of its own.
 	run  *segRun
 	slot int
+	// claimed is the task as claimed, kept by the first restore.
+	claimed *Task
+}
+
+// restore sets c's task back to the task as claimed (keeping it the first
+// time), so that an outcome's writes are built from it however often.
+func (c *claim) restore() {
+	if c.claimed == nil {
+		t := *c.task
+		t.Transitions = slices.Clone(t.Transitions)
+		c.claimed = &t
+		return
+	}
+	*c.task = *c.claimed
+	c.task.Transitions = slices.Clone(c.claimed.Transitions)
 }
 
 // outcome is how an attempt ended, to be written by the acker.
