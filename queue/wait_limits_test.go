@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/droverhq/drover/internal/testenv/etcdtest"
 	"github.com/droverhq/drover/queue"
@@ -123,5 +125,32 @@ func TestWaitRecordedAgainCountsOnce(t *testing.T) {
 	}
 	if got.Attempt != 0 || waits != 1 {
 		t.Fatalf("a: attempt %d, %d WAITING transitions (%+v): want attempt 0 and one", got.Attempt, waits, got.Transitions)
+	}
+}
+
+// A search without a status finds the tasks parked waiting and sleeping,
+// as a search for their status does.
+func TestSearchFindsWaitingAndSleepingTasks(t *testing.T) {
+	ns := etcdtest.Namespace(t)
+	c, cli := newClient(t, ns)
+	ctx := context.Background()
+	if _, err := c.Submit(ctx, "q", []queue.Task{{ID: "nap", Type: "agent"}, {ID: "wait", Type: "agent"}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	step := task.Step{Name: "s1", Run: func(ctx context.Context, state []byte) ([]byte, error) {
+		if queue.TaskIDOf(ctx) == "nap" {
+			return state, task.Sleep(time.Hour)
+		}
+		return state, task.WaitSignal("approval", 0)
+	}}
+	startSleepWorker(t, cli, ns, newStillClock(), []task.Step{step, {Name: "s2", Run: func(_ context.Context, s []byte) ([]byte, error) { return s, nil }}})
+	waitStatus(t, c, "nap", queue.Sleeping)
+	waitStatus(t, c, "wait", queue.Waiting)
+	for _, st := range []queue.Status{"", queue.Sleeping, queue.Waiting} {
+		ids := searchAll(t, c, "q", queue.SearchQuery{Status: st})
+		want := map[queue.Status]string{"": "nap,wait", queue.Sleeping: "nap", queue.Waiting: "wait"}[st]
+		if slices.Sort(ids); strings.Join(ids, ",") != want {
+			t.Fatalf("search status %q found %v, want %s", st, ids, want)
+		}
 	}
 }
