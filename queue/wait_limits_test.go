@@ -154,3 +154,33 @@ func TestSearchFindsWaitingAndSleepingTasks(t *testing.T) {
 		}
 	}
 }
+
+// A draining worker does not end while a wait that timed out is due: it
+// resumes the task first (the wait's timeout passed by its clock).
+func TestDrainResumesATimedOutWait(t *testing.T) {
+	ns := etcdtest.Namespace(t)
+	c, cli := newClient(t, ns)
+	ctx := context.Background()
+	clock := newStillClock()
+	submitOne(t, c, "agent-1")
+	l := newSignalLog()
+	steps := l.steps(2, time.Minute, nil, 0)
+	stop := startSleepWorker(t, cli, ns, clock, steps)
+	waitStatus(t, c, "agent-1", queue.Waiting)
+	stop()
+	clock.advance(2 * time.Minute)
+	store, err := task.NewStore(cli, ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := newWorker(t, cli, queue.WorkerConfig{Namespace: ns, Queue: "q", Concurrency: 1, Drain: true})
+	queue.SetWorkerClock(w, clock.now)
+	w.HandleAll(queue.Steps(store, steps...))
+	if err := w.Run(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got, err := c.Get(ctx, "agent-1")
+	if err != nil || got.CurrentStatus != queue.Succeeded || l.count("agent-1", "s2") != 1 {
+		t.Fatalf("after the drain: %+v (%v), s2 ran %d times: want SUCCEEDED, s2 once", got, err, l.count("agent-1", "s2"))
+	}
+}
