@@ -39,6 +39,15 @@ var NoTimeout = time.Date(2200, 1, 1, 0, 0, 0, 0, time.UTC)
 // MaxSignalData bounds a signal's data, in bytes of JSON.
 const MaxSignalData = 64 << 10
 
+// MaxInboxSignals bounds the signals that wait unconsumed in one task's
+// inbox: a send past it is refused (ErrInboxFull), so that an inbox no
+// step consumes does not grow without end.
+const MaxInboxSignals = 1000
+
+// ErrInboxFull: the task's inbox holds MaxInboxSignals signals not yet
+// consumed; the signal was not stored.
+var ErrInboxFull = errors.New("queue: the task's inbox is full")
+
 // WaitingFor is what a WAITING task waits for, as its record says.
 type WaitingFor struct {
 	// Signals are the names of the signals it waits for: the first of
@@ -272,6 +281,9 @@ func (c *Client) Signal(ctx context.Context, id, name string, data json.RawMessa
 		idem = hex.EncodeToString(b[:])
 	}
 	in, seen := c.keys.TaskSignal(id, name, idem), c.keys.TaskSignalSeen(id, name, idem)
+	if err := c.inboxRoom(ctx, id, in, seen); err != nil {
+		return SignalResult{IdempotencyKey: idem}, err
+	}
 	fresh := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(in), "=", 0), clientv3.Compare(clientv3.CreateRevision(seen), "=", 0)}
 	put := []clientv3.Op{clientv3.OpPut(in, task.EncodeSignal(data, c.now()))}
 	t, stored, woke, err := c.wake(ctx, id, fresh, put, func(t *Task) (bool, error) {
@@ -292,6 +304,24 @@ func (c *Client) Signal(ctx context.Context, id, name string, data json.RawMessa
 		return SignalResult{}, fmt.Errorf("queue: signal %s of task %s: %w", name, id, err)
 	}
 	return SignalResult{IdempotencyKey: idem, Stored: stored, Woke: woke, Status: t.CurrentStatus}, nil
+}
+
+// inboxRoom refuses with ErrInboxFull a new signal (inbox key in, its
+// tombstone seen) to task id when the task's inbox holds MaxInboxSignals
+// signals not yet consumed. A send again of one stored or consumed passes:
+// it writes nothing. Concurrent sends may pass the bound by a few.
+func (c *Client) inboxRoom(ctx context.Context, id, in, seen string) error {
+	g, err := c.cli.Txn(ctx).Then(clientv3.OpGet(c.keys.TaskSignals(id), clientv3.WithPrefix(), clientv3.WithCountOnly()),
+		clientv3.OpGet(in, clientv3.WithCountOnly()), clientv3.OpGet(seen, clientv3.WithCountOnly())).Commit()
+	if err != nil {
+		return fmt.Errorf("queue: read the inbox of %s: %w", id, err)
+	}
+	n := func(i int) int64 { return g.Responses[i].GetResponseRange().Count }
+	if n(0) >= MaxInboxSignals && n(1) == 0 && n(2) == 0 {
+		return fmt.Errorf("%w: task %s holds %d signals not yet consumed, the most a task's inbox holds (%d); send more once its steps consumed some",
+			ErrInboxFull, id, n(0), MaxInboxSignals)
+	}
+	return nil
 }
 
 // signalNamed stores a signal (writes put under compares fresh) for task

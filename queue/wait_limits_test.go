@@ -184,3 +184,29 @@ func TestDrainResumesATimedOutWait(t *testing.T) {
 		t.Fatalf("after the drain: %+v (%v), s2 ran %d times: want SUCCEEDED, s2 once", got, err, l.count("agent-1", "s2"))
 	}
 }
+
+// A task's inbox holds at most MaxInboxSignals signals not yet consumed:
+// a new one past it is refused with ErrInboxFull, naming the bound, and
+// stores nothing; a send again of one stored passes, writing nothing.
+func TestSignalRefusedWhenTheInboxIsFull(t *testing.T) {
+	ns := etcdtest.Namespace(t)
+	c, _ := newClient(t, ns)
+	ctx := context.Background()
+	submitOne(t, c, "agent-1")
+	for i := range queue.MaxInboxSignals {
+		if _, err := c.Signal(ctx, "agent-1", "note", nil, fmt.Sprintf("k%04d", i)); err != nil {
+			t.Fatalf("signal %d: %v", i, err)
+		}
+	}
+	_, err := c.Signal(ctx, "agent-1", "note", nil, "one-more")
+	if !errors.Is(err, queue.ErrInboxFull) || !strings.Contains(err.Error(), fmt.Sprint(queue.MaxInboxSignals)) {
+		t.Fatalf("signal past the bound: %v, want ErrInboxFull naming %d", err, queue.MaxInboxSignals)
+	}
+	if res, err := c.Signal(ctx, "agent-1", "note", nil, "k0007"); err != nil || res.Stored {
+		t.Fatalf("signal sent again: %+v, %v: want nothing stored, no error", res, err)
+	}
+	sigs, err := c.Signals(ctx, "agent-1")
+	if err != nil || len(sigs) != queue.MaxInboxSignals {
+		t.Fatalf("%d signals (%v), want %d", len(sigs), err, queue.MaxInboxSignals)
+	}
+}

@@ -243,22 +243,29 @@ func (s *Store) firstSignal(ctx context.Context, id string, names []string) (*Si
 }
 
 // firstSignalBefore is firstSignal among the signals stored before etcd
-// revision rev (0: any).
+// revision rev (0: any). It reads the first sent under each name waited
+// for (one read of each name's prefix, in one request), not the whole
+// inbox.
 func (s *Store) firstSignalBefore(ctx context.Context, id string, names []string, rev int64) (*Signal, error) {
 	prefix := s.keys.TaskSignals(id)
-	g, err := s.cli.Get(ctx, prefix, clientv3.WithPrefix())
+	ops := make([]clientv3.Op, len(names))
+	for i, n := range names {
+		ops[i] = clientv3.OpGet(s.keys.TaskSignalName(id, n), clientv3.WithPrefix(), clientv3.WithLimit(1),
+			clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
+	}
+	g, err := s.cli.Txn(ctx).Then(ops...).Commit()
 	if err != nil {
 		return nil, fmt.Errorf("task: read the signals of %s: %w", id, err)
 	}
-	for _, sg := range parseInbox(prefix, g.Kvs) {
+	var kvs []*mvccpb.KeyValue
+	for _, r := range g.Responses {
+		kvs = append(kvs, r.GetResponseRange().Kvs...)
+	}
+	for _, sg := range parseInbox(prefix, kvs) { // in the order sent
 		if rev > 0 && sg.rev >= rev {
-			break // in the order sent: none after is before rev
+			break // none after is before rev
 		}
-		for _, n := range names {
-			if sg.Name == n {
-				return &sg, nil
-			}
-		}
+		return &sg, nil
 	}
 	return nil, nil
 }
