@@ -75,8 +75,9 @@ func queueTaskOf(t *queue.Task) QueueTask {
 	}
 	if t.CurrentStatus == queue.Waiting {
 		out.WaitingFor = taskWaitOf(t.WaitingFor)
-		if out.WaitingFor != nil && out.WaitingFor.Until != nil {
-			out.ScheduledAt = out.WaitingFor.Until
+		if !t.ScheduledAt.IsZero() && t.ScheduledAt.Before(queue.NoTimeout) {
+			at := t.ScheduledAt // its due time in the wait index
+			out.ScheduledAt = &at
 		}
 	}
 	for _, tr := range t.Transitions {

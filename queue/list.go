@@ -79,6 +79,11 @@ func (c *Client) readTasks(ctx context.Context, ids []string, inSegments bool) (
 		if tasks, err = c.resolveFresh(ctx, tasks); err != nil {
 			return nil, err
 		}
+		for _, t := range tasks {
+			if t.CurrentStatus != Waiting {
+				t.WaitingFor = nil // woken: the record keeps the wait until its next outcome
+			}
+		}
 		segTasks, moved, err := c.segmentSlots(ctx, inSeg)
 		if err != nil {
 			return nil, err

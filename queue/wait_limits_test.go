@@ -210,3 +210,25 @@ func TestSignalRefusedWhenTheInboxIsFull(t *testing.T) {
 		t.Fatalf("%d signals (%v), want %d", len(sigs), err, queue.MaxInboxSignals)
 	}
 }
+
+// A task woken by a signal, not yet run again, reads PENDING with no wait
+// left: what it waited for is shown only while it is WAITING.
+func TestWaitWokenTaskShowsNoWait(t *testing.T) {
+	ns := etcdtest.Namespace(t)
+	c, cli := newClient(t, ns)
+	ctx := context.Background()
+	submitOne(t, c, "agent-1")
+	l := newSignalLog()
+	stop := startSleepWorker(t, cli, ns, newStillClock(), l.steps(2, time.Hour, nil, 0))
+	if got := waitStatus(t, c, "agent-1", queue.Waiting); got.WaitingFor == nil {
+		t.Fatalf("WAITING with no wait: %+v", got)
+	}
+	stop()
+	if res, err := c.Signal(ctx, "agent-1", "approval", nil, "k1"); err != nil || !res.Woke {
+		t.Fatalf("signal: %+v, %v: want woke", res, err)
+	}
+	got, err := c.Get(ctx, "agent-1")
+	if err != nil || got.CurrentStatus != queue.Pending || got.WaitingFor != nil {
+		t.Fatalf("woken: %+v (%v): want PENDING, no wait", got, err)
+	}
+}
