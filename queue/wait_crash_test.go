@@ -235,11 +235,12 @@ func TestWaitWorkerKilledWhileTasksWait(t *testing.T) {
 }
 
 // A worker process paused (SIGSTOP) past its TTL while the step that
-// received a signal runs, then continued: another worker took the task
-// over meanwhile and finished it, consuming the signal; the paused
-// worker's step ends afterwards, and its checkpoint, which would consume
-// the signal again, is refused. The task resumed once, the signal was
-// consumed once.
+// received a signal runs, then continued after its lease expired and
+// before any other worker ran: its step ends, and its checkpoint, which
+// would consume the signal, is refused by the fence alone (no rescuer
+// committed anything it could collide with): no step record, the signal
+// still in the inbox, step 3 never run. A worker started afterwards
+// resumes the task once and consumes the signal once.
 func TestWaitWorkerPausedAsItResumes(t *testing.T) {
 	ns := etcdtest.Namespace(t)
 	c, cli := newClient(t, ns)
@@ -256,24 +257,30 @@ func TestWaitWorkerPausedAsItResumes(t *testing.T) {
 	}
 	waitUntil(t, "the victim to resume the task", func() bool { return logCount(logPath, "victim", "s2", id) == 1 })
 	_ = victim.Process.Signal(syscall.SIGSTOP)
-	store, _ := task.NewStore(cli, ns)
-	w := newWorker(t, cli, queue.WorkerConfig{Namespace: ns, Queue: "jobs"})
-	w.HandleAll(queue.Steps(store, waitStepsLogged(logPath, "rescuer", "")...))
-	rctx, stop := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() { _ = w.Run(rctx); close(done) }()
-	defer func() { stop(); <-done }()
-	if _, err := c.Wait(ctx, id); err != nil { // the victim's lease (2 s) ends, the rescuer takes over
-		t.Fatal(err)
-	}
+	waitStatus(t, c, id, queue.Pending) // the victim's lease (2 s) ended with its claim
 	_ = victim.Process.Signal(syscall.SIGCONT)
 	waitUntil(t, "the victim's step to end", func() bool { return logCount(logPath, "victim", "s2-done", id) == 1 })
 	// Its checkpoint attempt follows the log line; a stopping worker
 	// waits for its handlers, so once it exited the attempt was made.
 	_ = victim.Process.Signal(syscall.SIGTERM)
 	_ = victim.Wait()
-	if n := logCount(logPath, "victim", "s3"); n != 0 {
-		t.Fatalf("the paused victim ran step 3 %d times", n)
+	store, _ := task.NewStore(cli, ns)
+	keys := keyspace.MustNew(ns)
+	hist, _ := store.History(ctx, id)
+	in, _ := cli.Get(ctx, keys.TaskSignals(id), clientv3.WithPrefix(), clientv3.WithCountOnly())
+	seen, _ := cli.Get(ctx, keys.TaskSignalsSeen(id), clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if n := logCount(logPath, "victim", "s3"); n != 0 || len(hist) != 1 || in.Count != 1 || seen.Count != 0 {
+		t.Fatalf("after the fenced victim: step 3 ran %d times, %d step records, %d signals in the inbox, %d consumed: want 0, 1, 1, 0",
+			n, len(hist), in.Count, seen.Count)
+	}
+	w := newWorker(t, cli, queue.WorkerConfig{Namespace: ns, Queue: "jobs"})
+	w.HandleAll(queue.Steps(store, waitStepsLogged(logPath, "rescuer", "")...))
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { _ = w.Run(rctx); close(done) }()
+	defer func() { stop(); <-done }()
+	if _, err := c.Wait(ctx, id); err != nil {
+		t.Fatal(err)
 	}
 	checkResumedOnce(t, cli, c, ns, logPath, []string{id}, 2)
 }
