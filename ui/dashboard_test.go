@@ -12,7 +12,8 @@ import (
 )
 
 // TestUIOverviewCounts: the overview shows the counts by state of a queue
-// the test filled (scheduled, pending, running, dead).
+// the test filled (scheduled, pending, running, dead), and a waiting
+// count (none here) beside the others, in its row and its card.
 func TestUIOverviewCounts(t *testing.T) {
 	s := newSite(t)
 	s.submit("emails", "e1", "e2", "e3", "e4", "e5")
@@ -27,10 +28,13 @@ func TestUIOverviewCounts(t *testing.T) {
 		return fmt.Sprintf(`document.querySelector('tr[data-queue="emails"] [data-state="%s"]')?.textContent`, state)
 	}
 	tb.waitJS("the queue's row", count("pending")+` === "3"`)
-	for state, want := range map[string]string{"scheduled": "1", "pending": "3", "running": "1", "retrying": "0", "succeeded": "0", "dead": "1", "cancelled": "0"} {
+	for state, want := range map[string]string{"scheduled": "1", "pending": "3", "running": "1", "retrying": "0", "waiting": "0", "succeeded": "0", "dead": "1", "cancelled": "0"} {
 		if got := eval[string](tb, count(state)); got != want {
 			t.Errorf("%s: the page shows %q, want %q", state, got, want)
 		}
+	}
+	if got := eval[string](tb, `[...document.querySelectorAll(".card")].find((c) => c.querySelector(".label").textContent === "Waiting")?.querySelector(".value").textContent`); got != "0" {
+		t.Errorf("the Waiting card shows %q, want 0", got)
 	}
 	tb.noConsoleErrors()
 }

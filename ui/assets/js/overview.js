@@ -5,13 +5,13 @@ import { get, enc } from "./api.js";
 import { h, replace, num, rate, ago, badge, bar, table, panel, errorBox } from "./dom.js";
 import { drawChart } from "./chart.js";
 
-const STATES = ["scheduled", "pending", "running", "retrying", "succeeded", "dead", "cancelled"];
-const SHORT = { scheduled: "sched.", pending: "pend.", running: "run.", retrying: "retry", succeeded: "done", dead: "dead", cancelled: "canc." };
+const STATES = ["scheduled", "pending", "running", "retrying", "waiting", "succeeded", "dead", "cancelled"];
+const SHORT = { scheduled: "sched.", pending: "pend.", running: "run.", retrying: "retry", waiting: "wait", succeeded: "done", dead: "dead", cancelled: "canc." };
 
 export function queuesTable(queues) {
   const cols = [
     { label: "Queue", cell: (q) => [h("a", { href: "#/queue/" + enc(q.name) }, q.name), q.paused ? [" ", badge("paused", "b-half-open")] : null] },
-    ...STATES.map((s) => ({ label: s, short: SHORT[s], num: true, narrow: s === "cancelled" || s === "scheduled", cell: (q) => h("span", { "data-state": s }, num(q[s])) })),
+    ...STATES.map((s) => ({ label: s, short: SHORT[s], num: true, narrow: s === "cancelled" || s === "scheduled" || s === "waiting", cell: (q) => h("span", { "data-state": s }, num(q[s])) })),
     { label: "Max depth", num: true, narrow: true, cell: (q) => (q.max_depth ? num(q.max_depth) : "none") },
     { label: "FIFO", narrow: true, cell: (q) => (q.fifo ? "yes" : "no") },
   ];
@@ -26,6 +26,7 @@ function cards(queues) {
     card("Pending", num(sum("pending")), "s-PENDING"),
     card("Running", num(sum("running")), "s-RUNNING"),
     card("Retrying", num(sum("retrying")), "s-RETRYING"),
+    card("Waiting", num(sum("waiting")), "s-WAITING"),
     card("Dead", num(sum("dead")), "s-DEAD"),
   ];
 }
