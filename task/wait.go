@@ -261,13 +261,11 @@ func (s *Store) firstSignalBefore(ctx context.Context, id string, names []string
 	for _, r := range g.Responses {
 		kvs = append(kvs, r.GetResponseRange().Kvs...)
 	}
-	for _, sg := range parseInbox(prefix, kvs) { // in the order sent
-		if rev > 0 && sg.rev >= rev {
-			break // none after is before rev
-		}
-		return &sg, nil
+	sigs := parseInbox(prefix, kvs) // in the order sent
+	if len(sigs) == 0 || rev > 0 && sigs[0].rev >= rev {
+		return nil, nil // none, or none stored before rev
 	}
-	return nil, nil
+	return &sigs[0], nil
 }
 
 // ClaimSignal is what a claim that holds task id under an etcd fencing
