@@ -216,6 +216,8 @@ func problem(err error, where map[string]string) error {
 		return newProblem(http.StatusConflict, "fenced", err.Error()+": the right this request names is no longer held (its session expired, or another holder took over); claim or acquire again")
 	case errors.Is(err, checkpoint.ErrConflict), errors.Is(err, task.ErrConflict), errors.Is(err, checkpoint.ErrBusy), errors.Is(err, registry.ErrDuplicate):
 		return newProblem(http.StatusConflict, "conflict", err.Error())
+	case errors.Is(err, queue.ErrInboxFull):
+		return newProblem(http.StatusConflict, "inbox-full", err.Error())
 	case errors.Is(err, queue.ErrFinished), errors.Is(err, queue.ErrWrongStatus), errors.Is(err, queue.ErrNotDead), errors.Is(err, queue.ErrQueueBusy):
 		return newProblem(http.StatusConflict, "conflict", err.Error())
 	case errors.Is(err, queue.ErrNotFound), errors.Is(err, queue.ErrNoQueue), errors.Is(err, checkpoint.ErrNotFound),

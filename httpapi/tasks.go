@@ -1,12 +1,16 @@
 package httpapi
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/danielgtaylor/huma/v2"
+	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/lock"
+	"github.com/droverhq/drover/queue"
 	"github.com/droverhq/drover/task"
 )
 
@@ -29,6 +33,8 @@ type AgentTask struct {
 	WrittenAt    *time.Time `json:"written_at,omitempty" doc:"When it was written."`
 	// SleepUntil says the task sleeps until then before its next step.
 	SleepUntil *time.Time `json:"sleep_until,omitempty" doc:"When the sleep the last step ended with ends: no claim is taken before (a claim then answers sleep_until and holds nothing). Absent when it does not sleep."`
+	// WaitingFor says the task waits for a signal before its next step.
+	WaitingFor *TaskWait `json:"waiting_for,omitempty" doc:"What the wait the last step ended with waits for: a claim before a signal named is sent (or the wait times out) answers waiting_for and holds nothing. Absent when it does not wait."`
 	// History lists the completed steps (GET only).
 	History []AgentTaskStep `json:"history,omitempty" doc:"Every completed step, in order: who ran it, under which token, when (GET only)."`
 	// Claim is who holds the task now (GET only).
@@ -59,6 +65,8 @@ type AgentTaskClaim struct {
 	NextStep   int         `json:"next_step,omitempty" doc:"The step to run next: resume here. Absent when completed."`
 	Completed  bool        `json:"completed" doc:"The task was completed before: nothing is claimed, state is its result."`
 	SleepUntil *time.Time  `json:"sleep_until,omitempty" doc:"The task sleeps until then (its last step ended with a sleep): nothing is claimed; claim again at that time to run the next step."`
+	WaitingFor *TaskWait   `json:"waiting_for,omitempty" doc:"The task waits for a signal (its last step ended with wait_signal) and none has come, nor has the wait timed out: nothing is claimed; claim again once the signal was sent."`
+	Signal     *Signal     `json:"signal,omitempty" doc:"The signal that ended the wait the last step asked for (or timed_out): the next step runs with it, and its write consumes it."`
 	State      []byte      `json:"state,omitempty" doc:"The last checkpointed state, base64: the input of the next step."`
 	// Result repeats a completed task's final state when it is JSON.
 	Result json.RawMessage `json:"result,omitempty" doc:"A completed task's result as the JSON value it is, when its final state is JSON text; state holds the same bytes, base64."`
@@ -91,7 +99,24 @@ type stepInput struct {
 		// SleepFor and SleepUntil end the step with a sleep.
 		SleepFor   string `json:"sleep_for,omitempty" maxLength:"64" doc:"End the step with a sleep this long (a duration such as 10m, or a number of seconds): the checkpoint is written, the claim released, and the next claim before the sleep ends holds nothing and answers sleep_until."`
 		SleepUntil string `json:"sleep_until,omitempty" maxLength:"64" doc:"End the step with a sleep until this RFC 3339 time, with its zone (2026-12-01T09:00:00Z); a time past sleeps not at all."`
+		// WaitSignal ends the step with a wait for a signal.
+		WaitSignal *WaitSignalInput `json:"wait_signal,omitempty" doc:"End the step with a wait for a signal (POST /v1/tasks/{id}/signals/{name}): the checkpoint is written, the claim released, and a claim answers waiting_for and holds nothing until a signal named is sent or the timeout passes; then the claim answers the signal."`
 	}
+}
+
+// WaitSignalInput is the wait a step write ends with.
+type WaitSignalInput struct {
+	Names   []string `json:"names" minItems:"1" maxItems:"16" doc:"The signals waited for: the first of them sent ends the wait."`
+	Timeout string   `json:"timeout,omitempty" maxLength:"64" doc:"How long to wait at most (a duration such as 24h, or seconds); absent: no timeout."`
+}
+
+// Signal is the signal a claim resumes a task with.
+type Signal struct {
+	Name           string          `json:"name,omitempty" doc:"The signal's name (absent on a timeout)."`
+	Data           json.RawMessage `json:"data,omitempty" doc:"The data it was sent with."`
+	IdempotencyKey string          `json:"idempotency_key,omitempty" doc:"The key it was sent with."`
+	SentAt         *time.Time      `json:"sent_at,omitempty" doc:"When it was sent."`
+	TimedOut       bool            `json:"timed_out,omitempty" doc:"The wait timed out: no signal came."`
 }
 
 type completeInput struct {
@@ -126,7 +151,9 @@ func (s *Server) taskRoutes() {
 		Summary: "Claim an agent task: one holder at a time, resume after its last checkpoint",
 		Description: "Takes the task's claim (the lock task:{id}, as a Go runner does) under the session and answers the fencing token, " +
 			"the last checkpointed step and its state. 409 while another holds it (?wait=10s waits in line) or a queue worker runs it. " +
-			"A completed task is not claimed: the answer says completed. Nor is a sleeping one: the answer says sleep_until.",
+			"A completed task is not claimed: the answer says completed. Nor is a sleeping one: the answer says sleep_until. " +
+			"Nor is one waiting for a signal that has not come: the answer says waiting_for; once it came (or the wait timed out), " +
+			"the claim answers it in signal, and the next step's write consumes it.",
 		Errors: []int{http.StatusConflict, http.StatusNotFound},
 	}, s.claimTask)
 	huma.Register(s.api, huma.Operation{
@@ -135,7 +162,8 @@ func (s *Server) taskRoutes() {
 		Description: "Writes step n's state and record in one transaction that commits only while the claim is held with the token: " +
 			"409 once it is lost (the session ended, another took over) and nothing is written. n must be the next step; " +
 			"repeating the last write is answered as it was. 507 while etcd is past its high-water mark. " +
-			"With sleep_for or sleep_until the step ends with a sleep: its checkpoint says when the sleep ends and the claim is released.",
+			"With sleep_for or sleep_until the step ends with a sleep: its checkpoint says when the sleep ends and the claim is released. " +
+			"With wait_signal it ends with a wait for a signal, and the claim is released.",
 		MaxBodyBytes: maxStepBody,
 		// A large body may take as long to arrive as the route's bound.
 		BodyReadTimeout: bulkAllowance,
@@ -160,4 +188,59 @@ func (s *Server) taskRoutes() {
 		Summary: "Read a task: its last checkpoint, step history and current claim; 404 when it has none of them",
 		Errors:  []int{http.StatusNotFound},
 	}, s.getTask)
+}
+
+type searchInput struct {
+	Queue    string   `path:"queue" minLength:"1" maxLength:"128" doc:"The queue's name."`
+	Status   string   `query:"status" maxLength:"16" doc:"Only tasks in this status (indexed): SCHEDULED, PENDING, RUNNING, RETRYING, SUCCEEDED, DEAD or CANCELLED, in any case (pending), as the CLI takes it."`
+	Type     string   `query:"type" maxLength:"128" doc:"Only tasks of this task_type (checked on the tasks read)."`
+	IDPrefix string   `query:"id_prefix" maxLength:"128" doc:"Only tasks whose id starts with this (a range read of the id index)."`
+	Param    []string `query:"param,explode" maxItems:"16" doc:"Only tasks whose parameters hold key=value (the value as JSON when it parses, else as a string); repeat for more (all must hold). Checked on the tasks read."`
+	Since    string   `query:"since" maxLength:"64" doc:"Only tasks created at or after this: RFC 3339, or a duration back from now (1h, 90m)."`
+	Until    string   `query:"until" maxLength:"64" doc:"Only tasks created before this: RFC 3339, or a duration back from now."`
+	Limit    int      `query:"limit" minimum:"1" maximum:"1000" default:"100" doc:"The most tasks on the page."`
+	Cursor   string   `query:"cursor" maxLength:"1024" doc:"The next_cursor of the page before, from the same query; a cursor of another query is refused."`
+}
+
+// SearchPage is one page of a search.
+type SearchPage struct {
+	Data       []QueueTask `json:"data" doc:"The tasks of the page; may be short, or empty, while next_cursor is set: the page read its budget of tasks first."`
+	NextCursor string      `json:"next_cursor,omitempty" doc:"Pass as cursor, with the same query, for the next page; absent once every task was walked."`
+	Scanned    int         `json:"scanned" doc:"How many tasks (and index keys) the page read."`
+}
+
+// searchWhere maps the search's input fields to the API's locations.
+var searchWhere = map[string]string{"queue": "path.queue", "status": "query.status", "type": "query.type", "id_prefix": "query.id_prefix",
+	"param": "query.param", "since": "query.since", "until": "query.until", "limit": "query.limit", "cursor": "query.cursor"}
+
+// searchRoutes registers the search of a queue's tasks (drover tasks
+// search).
+func (s *Server) searchRoutes() {
+	huma.Register(s.api, huma.Operation{
+		OperationID: "search-queue-tasks", Method: http.MethodGet, Path: "/v1/queues/{queue}/search", Tags: []string{"queues"},
+		Summary: "Find a queue's tasks by status, type, id prefix, parameters and creation time, a page at a time",
+		Description: "Every filter given must hold. Pass a page's next_cursor as cursor, with the same filters, for the next page. " +
+			"A page reads at most a budget of tasks, so it may come back short or empty with a next_cursor: keep going until it is absent. " +
+			"404 when the queue does not exist.",
+		Errors: []int{http.StatusBadRequest, http.StatusNotFound},
+	}, func(ctx context.Context, in *searchInput) (*struct{ Body SearchPage }, error) {
+		c, err := s.queueFor(ctx, in.Queue)
+		if err != nil {
+			return nil, err
+		}
+		sq := queue.SearchQuery{Status: queue.Status(in.Status), Type: in.Type, IDPrefix: in.IDPrefix, Since: in.Since, Until: in.Until,
+			Limit: in.Limit, Cursor: in.Cursor}
+		for _, p := range in.Param {
+			k, v, ok := strings.Cut(p, "=")
+			if !ok {
+				return nil, problem(&drover.InputError{Field: "param", Value: p, Rule: "must be key=value"}, searchWhere)
+			}
+			sq.Params = append(sq.Params, queue.ParamFilter{Key: k, Value: v})
+		}
+		page, err := c.Search(ctx, in.Queue, sq)
+		if err != nil {
+			return nil, problem(err, searchWhere)
+		}
+		return &struct{ Body SearchPage }{SearchPage{Data: queueTasksOf(page.Tasks), NextCursor: page.Next, Scanned: page.Scanned}}, nil
+	})
 }

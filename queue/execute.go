@@ -508,6 +508,12 @@ func ClaimFence(ctx context.Context) lease.Fence {
 // on the queue's due index (no worker slot, no lease, no goroutine holds
 // it), and any worker of the queue resumes it at the next step when the
 // sleep ends on the worker's clock. The sleep costs no attempt.
+//
+// A step that ends with task.WaitSignal parks the task the same way,
+// WAITING, until a signal it waits for is sent (Client.Signal), which
+// moves it back to pending at once, or until the wait's timeout; the next
+// step gets the signal, or the timeout, through task.ReceivedSignal, and
+// its checkpoint consumes the signal. The wait costs no attempt.
 func Steps(store *task.Store, steps ...task.Step) Handler {
 	return func(ctx context.Context, t *Task) ([]byte, error) {
 		f, ok := ctx.Value(claimKey{}).(*claimFence)
@@ -515,6 +521,9 @@ func Steps(store *task.Store, steps ...task.Step) Handler {
 			return nil, Permanent(errors.New("queue.Steps handler run outside a worker"))
 		}
 		res, err := store.RunSteps(ctx, f, t.ID, steps, task.StepConfig{Worker: f.w.worker, Initial: t.Parameters, Now: f.w.client.now})
+		if err == nil && res.Waiting != nil {
+			return nil, &parked{until: waitDue(res.Waiting), wait: res.Waiting, again: res.StepsRun == 0}
+		}
 		if err == nil && !res.SleepingUntil.IsZero() {
 			return nil, &parked{until: res.SleepingUntil, again: res.StepsRun == 0}
 		}
@@ -527,74 +536,5 @@ func Steps(store *task.Store, steps ...task.Step) Handler {
 			return nil, err
 		}
 		return res.State, nil
-	}
-}
-
-// compares hold while claim c is held: its key (the task's claim, or
-// its run) has c's token as create revision, and, for a task of a run,
-// its slot has not left the segment.
-func (w *Worker) compares(c *claim) []clientv3.Cmp {
-	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(c.claimKey), "=", c.token)}
-	if c.run != nil {
-		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(w.keys.Exit(w.cfg.Queue, c.run.seg, c.slot)), "=", 0))
-	}
-	return cmps
-}
-
-// Compares are the compares of the claim's fence: a stream.Fence, so
-// that a task's stream is written under its claim in transactions
-// shared with other streams.
-func (f *claimFence) Compares() []clientv3.Cmp { return f.w.compares(f.c) }
-
-var _ stream.Fence = (*claimFence)(nil)
-
-// beginStream starts the attempt of claim f at its task's stream: the
-// handler's stream.Emit writes there. A retry, or a step resumed after a
-// sleep, may follow events of an attempt before.
-func (w *Worker) beginStream(ctx context.Context, f *claimFence) (context.Context, *stream.Attempt) {
-	t := f.c.task
-	resumed := slices.ContainsFunc(t.Transitions, func(tr Transition) bool { return tr.Status == Sleeping })
-	return stream.Begin(ctx, w.cli, w.keys, stream.Claim{Task: t.ID, Attempt: t.Attempt, Worker: w.worker, Fence: f}, t.Attempt > 1 || resumed)
-}
-
-// endStream closes the attempt's events with AttemptEnded and its
-// outcome, under its claim, before the outcome is written; the outcome
-// of a task that ended is followed by Done once it is stored
-// (finishStreams): a worker that dies between the two leaves a task
-// that runs again with followers still following. A claim already lost
-// writes nothing (the next attempt marks the boundary, or the
-// canceller writes Done). It says whether the stream may have events.
-func (w *Worker) endStream(ctx context.Context, at *stream.Attempt, o outcome) bool {
-	name := ""
-	switch o.kind {
-	case Succeeded:
-		name = "succeeded"
-	case Dead:
-		name = "dead"
-	case Cancelled:
-		return at.Touched() // the claim is gone: the canceller or the next attempt closes it
-	case Retrying:
-		name = "retrying"
-	case Sleeping:
-		name = "sleeping"
-	default:
-		name = "handed back"
-	}
-	if err := at.End(ctx, stream.AttemptEnded, name, o.err); err != nil {
-		w.logger.Debug("queue: the end of an attempt was not written to its stream", "task", o.c.task.ID, "err", err)
-	}
-	return at.Touched()
-}
-
-// finishStreams closes with Done the streams of the tasks whose end
-// (ended, stored) ended them, fenced by the stream alone.
-func (w *Worker) finishStreams(ended []outcome) {
-	ctx, cancel := context.WithTimeout(w.cli.Ctx(), 10*time.Second)
-	defer cancel()
-	sw := stream.For(w.cli, w.keys)
-	for _, o := range ended {
-		if err := sw.Finish(ctx, o.c.task.ID, outcomeName(o.kind), errText(o.err)); err != nil {
-			w.logger.Debug("queue: the done of a task was not written to its stream", "task", o.c.task.ID, "err", err)
-		}
 	}
 }

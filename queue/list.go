@@ -79,6 +79,11 @@ func (c *Client) readTasks(ctx context.Context, ids []string, inSegments bool) (
 		if tasks, err = c.resolveFresh(ctx, tasks); err != nil {
 			return nil, err
 		}
+		for _, t := range tasks {
+			if t.CurrentStatus != Waiting {
+				t.WaitingFor = nil // woken: the record keeps the wait until its next outcome
+			}
+		}
 		segTasks, moved, err := c.segmentSlots(ctx, inSeg)
 		if err != nil {
 			return nil, err
@@ -188,7 +193,7 @@ const resolveBatch = 30
 // resolve sets each task's CurrentStatus from where its keys are: a claim
 // means RUNNING; otherwise a terminal status in the record stands; otherwise
 // a retry key means RETRYING (a sleep key, for a record that says so,
-// SLEEPING) and a pending key PENDING. It reads at most resolveBatch
+// SLEEPING; a wait key, WAITING) and a pending key PENDING. It reads at most resolveBatch
 // tasks' keys per transaction, each with its record's revision: it returns
 // the tasks whose records changed since they were read.
 func (c *Client) resolve(ctx context.Context, tasks []*Task) (stale []*Task, err error) {
@@ -233,7 +238,7 @@ func (c *Client) resolve(ctx context.Context, tasks []*Task) (stale []*Task, err
 			_ = json.Unmarshal(claim[0].Value, &cv)
 			t.CurrentStatus, t.Attempt, t.Token = Running, cv.Attempt, claim[0].CreateRevision
 		case t.CurrentStatus.Terminal():
-		case retry && t.CurrentStatus == Sleeping:
+		case retry && (t.CurrentStatus == Sleeping || t.CurrentStatus == Waiting):
 		case retry:
 			t.CurrentStatus = Retrying
 		case pending:
@@ -400,12 +405,14 @@ func (c *Client) statusPrefix(q string, st Status) (string, error) {
 		return c.keys.QueueRetry(q), nil
 	case Sleeping:
 		return c.keys.QueueSleep(q), nil
+	case Waiting:
+		return c.keys.QueueWait(q), nil
 	case Dead:
 		return c.keys.QueueDead(q), nil
 	case Succeeded, Cancelled:
 		return c.keys.QueueDone(q, string(st)), nil // "{finished}-{id}"
 	}
-	return "", &drover.InputError{Field: "status", Value: string(st), Rule: "must be SCHEDULED, PENDING, RUNNING, RETRYING, SLEEPING, SUCCEEDED, DEAD or CANCELLED"}
+	return "", &drover.InputError{Field: "status", Value: string(st), Rule: "must be SCHEDULED, PENDING, RUNNING, RETRYING, SLEEPING, WAITING, SUCCEEDED, DEAD or CANCELLED"}
 }
 
 // idOfIndexKey returns the task id of key in the index of status st.
@@ -413,7 +420,7 @@ func idOfIndexKey(st Status, key, prefix string) string {
 	switch st {
 	case Pending:
 		return pendingID(key, prefix)
-	case Retrying, Sleeping, Succeeded, Cancelled: // "{time}-{id}"
+	case Retrying, Sleeping, Waiting, Succeeded, Cancelled: // "{time}-{id}"
 		_, id, _ := keyspace.ParseTimedKey(prefix, key)
 		return id
 	}
@@ -452,17 +459,20 @@ type Stats struct {
 	Paused bool `json:"paused"`
 	// Sleeping counts the step tasks parked until their sleep ends.
 	Sleeping int64 `json:"sleeping"`
+	// Waiting counts the step tasks parked until a signal they wait for
+	// comes or their wait times out.
+	Waiting int64 `json:"waiting"`
 }
 
 // Total is the sum of every count.
 func (s Stats) Total() int64 {
-	return s.Scheduled + s.Pending + s.Running + s.Retrying + s.Sleeping + s.Succeeded + s.Dead + s.Cancelled
+	return s.Scheduled + s.Pending + s.Running + s.Retrying + s.Sleeping + s.Waiting + s.Succeeded + s.Dead + s.Cancelled
 }
 
-// Unfinished counts tasks that are scheduled, pending, running, retrying
-// or sleeping.
+// Unfinished counts tasks that are scheduled, pending, running, retrying,
+// sleeping or waiting.
 func (s Stats) Unfinished() int64 {
-	return s.Scheduled + s.Pending + s.Running + s.Retrying + s.Sleeping
+	return s.Scheduled + s.Pending + s.Running + s.Retrying + s.Sleeping + s.Waiting
 }
 
 // Stats counts queue q's tasks by status, in one read transaction.
@@ -477,6 +487,7 @@ func (c *Client) Stats(ctx context.Context, q string) (Stats, error) {
 		count(c.keys.QueuePending(q)), count(c.keys.QueueClaims(q)), count(c.keys.QueueRetry(q)),
 		count(c.keys.QueueDone(q, string(Succeeded))), count(c.keys.QueueDead(q)), count(c.keys.QueueDone(q, string(Cancelled))),
 		clientv3.OpGet(c.keys.QueueArchived(q)), clientv3.OpGet(c.keys.QueuePaused(q), clientv3.WithCountOnly()), count(c.keys.QueueSleep(q)),
+		count(c.keys.QueueWait(q)),
 	}
 	// The due index is read only when it changed since the last Stats
 	// (dueStats): with a million tasks scheduled it is hundreds of
@@ -496,98 +507,9 @@ func (c *Client) Stats(ctx context.Context, q string) (Stats, error) {
 		return Stats{}, err
 	}
 	return Stats{Scheduled: scheduled, Pending: n(0) - n(1) + pending, Running: n(1) + running, Retrying: n(2), Succeeded: n(3) + arch.Succeeded + succeeded + arch.SegmentSucceeded,
-		Dead: n(4), Cancelled: n(5) + arch.Cancelled, Paused: n(7) > 0, Sleeping: n(8)}, nil
+		Dead: n(4), Cancelled: n(5) + arch.Cancelled, Paused: n(7) > 0, Sleeping: n(8), Waiting: n(9)}, nil
 }
 
 // Terminal reports whether st is a final status: SUCCEEDED, DEAD or
 // CANCELLED.
 func (st Status) Terminal() bool { return st == Succeeded || st == Dead || st == Cancelled }
-
-// Wait blocks until task id is SUCCEEDED, DEAD or CANCELLED and returns it,
-// or until ctx ends. It watches the task's record, which every terminal
-// outcome rewrites, so it does not poll.
-func (c *Client) Wait(ctx context.Context, id string) (*Task, error) {
-	var compacted int64 // the watch may not start before this revision
-	for {
-		t, err := c.Get(ctx, id)
-		if err != nil {
-			return nil, err
-		}
-		if t.CurrentStatus.Terminal() {
-			return t, nil
-		}
-		if t.seg != nil {
-			from := max(t.seg.rev+1, compacted)
-			compacted, err = c.waitSegment(ctx, id, t.seg, from)
-		} else {
-			from := max(t.rev+1, compacted)
-			compacted, err = c.waitRecord(ctx, id, from)
-		}
-		if err != nil {
-			return t, fmt.Errorf("queue: wait for task %s (last %s): %w", id, t.CurrentStatus, err)
-		}
-	}
-}
-
-// waitRecord returns once task id's record changed at or after revision
-// from, or the watch broke (the caller reads again), or with ctx's error. A
-// watch refused because from was compacted away returns the compaction
-// revision, from which the next watch starts (the caller's read covers what
-// came before).
-func (c *Client) waitRecord(ctx context.Context, id string, from int64) (int64, error) {
-	wctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	return waitChange(ctx, c.cli.Watch(clientv3.WithRequireLeader(wctx), c.keys.TaskRecord(id), clientv3.WithRev(from)))
-}
-
-// waitSegment is waitRecord for a task in a segment: it ends when an
-// outcome or an exit is written in the task's segment (the task's own or
-// another's: the caller reads again), or the task's index key changes (a
-// purge removed it).
-func (c *Client) waitSegment(ctx context.Context, id string, at *segRef, from int64) (int64, error) {
-	wctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	watch := func(key string, opts ...clientv3.OpOption) clientv3.WatchChan {
-		return c.cli.Watch(clientv3.WithRequireLeader(wctx), key, append(opts, clientv3.WithRev(from))...)
-	}
-	return waitChange(ctx, watch(c.keys.Outs(at.queue, at.seg), clientv3.WithPrefix()),
-		watch(c.keys.Exits(at.queue, at.seg), clientv3.WithPrefix()), watch(c.keys.TaskIndex(id)))
-}
-
-// waitChange returns once one of the watches reports a change or breaks;
-// see waitRecord.
-func waitChange(ctx context.Context, watches ...clientv3.WatchChan) (int64, error) {
-	merged := make(chan clientv3.WatchResponse, len(watches))
-	fctx, stop := context.WithCancel(ctx)
-	defer stop()
-	for _, wch := range watches {
-		go func() {
-			for {
-				var wr clientv3.WatchResponse
-				select {
-				case r, ok := <-wch:
-					if ok && r.Err() == nil && r.CompactRevision == 0 && len(r.Events) == 0 {
-						continue // nothing happened yet
-					}
-					wr = r
-				case <-fctx.Done():
-					return
-				}
-				select {
-				case merged <- wr:
-				case <-fctx.Done():
-				}
-				return
-			}
-		}()
-	}
-	select {
-	case wr := <-merged:
-		if wr.CompactRevision > 0 {
-			return wr.CompactRevision, nil
-		}
-		return 0, ctx.Err()
-	case <-ctx.Done():
-		return 0, ctx.Err()
-	}
-}

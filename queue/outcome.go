@@ -3,11 +3,14 @@ package queue
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"slices"
 	"time"
 
 	"github.com/droverhq/drover/internal/lifecycle"
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/metrics"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -60,9 +63,35 @@ type ackReq struct {
 
 func (r ackReq) op() clientv3.Op { return clientv3.OpTxn(r.cmps, r.then, nil) }
 
-// width is the most operations at one level of the nested transaction:
-// etcd allows 128 a level, counting the request's own operations in each.
-func (r ackReq) width() int { return max(len(r.cmps), len(r.then)) }
+// width is the most operations along one nesting path of the nested
+// transaction, its own level and the levels nested in it (a wait's
+// conditional park, waitOps): etcd allows 128 along each path, counting
+// the request's own operations too.
+func (r ackReq) width() int { return txnWidth(r.cmps, r.then, nil) }
+
+// txnWidth is the most operations along one nesting path of the
+// transaction If(cmps) Then(then) Else(els): the most at its own level
+// (compares, then or else) plus the widest nested transaction.
+func txnWidth(cmps []clientv3.Cmp, then, els []clientv3.Op) int {
+	return max(len(cmps), len(then), len(els)) + max(nestedWidth(then), nestedWidth(els))
+}
+
+// nestedWidth is the widest transaction nested among ops (0: none).
+func nestedWidth(ops []clientv3.Op) int {
+	n := 0
+	for _, op := range ops {
+		if op.IsTxn() {
+			n = max(n, txnWidth(op.Txn()))
+		}
+	}
+	return n
+}
+
+// tooManyOps reports whether err is etcd's refusal of a request with too
+// many operations along a nesting path: the same request always fails so.
+func tooManyOps(err error) bool {
+	return errors.Is(err, rpctypes.ErrTooManyOps) || rpctypes.ErrorDesc(err) == rpctypes.ErrorDesc(rpctypes.ErrGRPCTooManyOps)
+}
 
 // commit writes a batch of outcomes: a task with a record of its own in a
 // nested transaction fenced by its claim; the tasks of one run together, in
@@ -139,8 +168,8 @@ func (w *Worker) write(reqs []ackReq, extra []clientv3.Op) {
 		resp, err = w.cli.Txn(ctx).Then(ops...).Commit()
 		metrics.ObserveTxn("ack", began)
 		cancel()
-		if err == nil || w.lease.Err() != nil {
-			break
+		if err == nil || w.lease.Err() != nil || tooManyOps(err) {
+			break // a request with too many operations is split at once
 		}
 		_ = lifecycle.Sleep(w.lease.Context(), time.Duration(try+1)*200*time.Millisecond) // ends early when the lease is lost
 	}
@@ -276,7 +305,12 @@ func (w *Worker) ackOp(o outcome, now time.Time, markers map[string]bool) ([]cli
 // recordOps are the writes that record outcome o in its task's own record
 // and indexes. For a task claimed from a segment, they create the record:
 // the task leaves its segment (it is retrying, dead or handed back).
+// They leave the task as recorded in o.c.task (what a report answers
+// with), and start from the task as claimed each time: an outcome built
+// again (a run's outcomes refused and sent again exact, runRefused) gives
+// its attempt back once and adds its history once.
 func (w *Worker) recordOps(o outcome, now time.Time, markers map[string]bool) ([]clientv3.Op, int) {
+	o.c.restore()
 	c, t := o.c, o.c.task
 	seg := c.run != nil
 	var ops []clientv3.Op
@@ -291,6 +325,10 @@ func (w *Worker) recordOps(o outcome, now time.Time, markers map[string]bool) ([
 	if !seg {
 		pendingKey = c.pendingKey
 	}
+	if o.kind == Waiting { // parked until what it waits for comes, uncharged
+		return w.waitOps(o, pendingKey, seg, now, ops, markers)
+	}
+	t.WaitingFor = nil      // any other outcome ends a wait
 	if o.kind == Sleeping { // parked until its sleep ends, uncharged
 		return w.sleepOps(o, pendingKey, seg, now, ops)
 	}
@@ -379,7 +417,7 @@ func (w *Worker) runReqs(r *segRun, os []outcome, final, exact bool, now time.Ti
 	var moved []int
 	var ops []clientv3.Op
 	var kept []outcome
-	size := 0
+	size, inner := 0, 0 // inner: the widest transaction nested in ops
 	flush := func() {
 		if len(kept) == 0 {
 			return
@@ -400,7 +438,7 @@ func (w *Worker) runReqs(r *segRun, os []outcome, final, exact bool, now time.Ti
 		}
 		then = append(then, ops...)
 		reqs = append(reqs, ackReq{cmps: cmps, then: then, kept: kept, size: size + 500, run: r, exact: exact || r.exact.Load()})
-		ok, moved, ops, kept, size = nil, nil, nil, nil, 0
+		ok, moved, ops, kept, size, inner = nil, nil, nil, nil, 0, 0
 	}
 	for _, o := range os {
 		switch o.kind {
@@ -413,10 +451,17 @@ func (w *Worker) runReqs(r *segRun, os []outcome, final, exact bool, now time.Ti
 			more, n := w.recordOps(o, now, markers)
 			ops = append(ops, more...)
 			moved = append(moved, o.c.slot)
-			size += n
+			size, inner = size+n, max(inner, nestedWidth(more))
 		}
 		kept = append(kept, o)
-		if len(kept) == SegmentSize || len(ops) >= 110 || size > maxRequestBytes/2 {
+		// The request's width (txnWidth) as flush would make it: its
+		// compares, its writes (an outcome key, the run's deletion) and
+		// the widest park nested in them.
+		cmps := 2
+		if exact || r.exact.Load() {
+			cmps = 1 + len(kept)
+		}
+		if len(kept) == SegmentSize || max(cmps, len(ops)+3)+inner >= 110 || size > maxRequestBytes/2 {
 			flush()
 		}
 	}
@@ -504,7 +549,10 @@ func (w *Worker) runRefused(req ackReq, extra []clientv3.Op) {
 	r.exact.Store(true)
 	markers := map[string]bool{}
 	reqs, later := w.runReqs(r, left, req.final, true, time.Now().UTC(), markers)
-	w.write(reqs, append(extra, markerOps(markers)...))
+	for _, op := range extra {
+		delete(markers, string(op.KeyBytes())) // put once a request: etcd refuses a key written twice
+	}
+	w.write(reqs, append(slices.Clone(extra), markerOps(markers)...))
 	if later && !r.lost.Load() {
 		w.write([]ackReq{w.runDelete(r)}, nil)
 	}

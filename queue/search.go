@@ -73,7 +73,7 @@ const (
 
 // searchStatuses lists the statuses in the order a search without a status
 // walks their indexes of tasks with records of their own.
-var searchStatuses = []Status{Pending, Running, Retrying, Dead, Succeeded, Cancelled}
+var searchStatuses = []Status{Pending, Running, Retrying, Sleeping, Waiting, Dead, Succeeded, Cancelled}
 
 // search is one page's walk.
 type search struct {

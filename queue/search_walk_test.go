@@ -29,7 +29,7 @@ func TestSearchForgedCursor(t *testing.T) {
 	}
 	digest := cursor.Digest("fq", "", "", "", "", "")
 	for _, cur := range []cursor.Cursor{
-		{Digest: digest, Phase: "r", Index: -1}, {Digest: digest, Phase: "r", Index: 7},
+		{Digest: digest, Phase: "r", Index: -1}, {Digest: digest, Phase: "r", Index: 9},
 		{Digest: digest, Phase: "s", Slot: 101}, {Digest: digest, Phase: "s", Slot: -7},
 		{Digest: digest, Phase: "i", Key: "t-"}, {Digest: digest, Phase: "q"},
 	} {

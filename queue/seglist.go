@@ -377,28 +377,31 @@ func submittedHistory(seg string, created time.Time) []Transition {
 }
 
 // drained reports whether queue q has nothing left for a draining worker:
-// no task pending, running or retrying, and none scheduled or sleeping
-// that is due by now (a moment from moving to pending). A drain does not
-// wait for the tasks scheduled, or sleeping, after it: they stay
-// SCHEDULED or SLEEPING for the workers that run then.
+// no task pending, running or retrying, and none scheduled, sleeping or
+// waiting that is due by now (a moment from moving to pending: a wait
+// whose timeout passed). A drain does not wait for the tasks scheduled,
+// sleeping or waiting after it: they stay SCHEDULED, SLEEPING or WAITING
+// for the workers that run then.
+//
+// The due indexes are read before the counts: a task moves from one to
+// pending only, so one that moves between the two reads is counted
+// pending (read the other way round, it could be seen in neither).
 func (c *Client) drained(ctx context.Context, q string) bool {
-	st, err := c.Stats(ctx, q)
-	if err != nil || st.Unfinished()-st.Scheduled-st.Sleeping > 0 {
+	var ops []clientv3.Op
+	for _, pre := range []string{c.keys.QueueDue(q), c.keys.QueueSleep(q), c.keys.QueueWait(q)} {
+		ops = append(ops, clientv3.OpGet(pre, clientv3.WithRange(keyspace.TimeBound(pre, c.now().UnixNano()+1)), clientv3.WithKeysOnly(), clientv3.WithLimit(1)))
+	}
+	g, err := c.cli.Txn(ctx).Then(ops...).Commit()
+	if err != nil {
 		return false
 	}
-	for _, idx := range []struct {
-		n   int64
-		pre string
-	}{{st.Scheduled, c.keys.QueueDue(q)}, {st.Sleeping, c.keys.QueueSleep(q)}} {
-		if idx.n == 0 {
-			continue
-		}
-		g, err := c.cli.Get(ctx, idx.pre, clientv3.WithRange(keyspace.TimeBound(idx.pre, c.now().UnixNano()+1)), clientv3.WithKeysOnly(), clientv3.WithLimit(1))
-		if err != nil || len(g.Kvs) != 0 {
+	for _, r := range g.Responses {
+		if len(r.GetResponseRange().Kvs) != 0 {
 			return false
 		}
 	}
-	return true
+	st, err := c.Stats(ctx, q)
+	return err == nil && st.Unfinished()-st.Scheduled-st.Sleeping-st.Waiting == 0
 }
 
 // RunNow makes scheduled tasks of queue q due now (a requeue of a

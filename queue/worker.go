@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"github.com/droverhq/drover/lease"
 	"github.com/droverhq/drover/lock"
 	"github.com/droverhq/drover/stream"
+	"github.com/droverhq/drover/task"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -323,6 +325,21 @@ type claim struct {
 	// key), with the task's slot; nil for a task with a record of its own.
 	run  *segRun
 	slot int
+	// claimed is the task as claimed, kept by the first restore.
+	claimed *Task
+}
+
+// restore sets c's task back to the task as claimed (keeping it the first
+// time), so that an outcome's writes are built from it however often.
+func (c *claim) restore() {
+	if c.claimed == nil {
+		t := *c.task
+		t.Transitions = slices.Clone(t.Transitions)
+		c.claimed = &t
+		return
+	}
+	*c.task = *c.claimed
+	c.task.Transitions = slices.Clone(c.claimed.Transitions)
 }
 
 // outcome is how an attempt ended, to be written by the acker.
@@ -332,8 +349,9 @@ type outcome struct {
 	result []byte
 	err    error
 	delay  time.Duration
-	until  time.Time // when a Sleeping task falls due
-	repark bool      // a Sleeping task that ran nothing, parked again
+	until  time.Time  // when a Sleeping task falls due
+	repark bool       // a Sleeping or Waiting task that ran nothing, parked again
+	wait   *task.Wait // what a Waiting task waits for (until: its due time)
 	// deferred is why flow control handed the task back (with delay), ""
 	// otherwise.
 	deferred string
@@ -381,4 +399,73 @@ func (c *Client) EndsStream(id string, every time.Duration) stream.FollowOption 
 		t, err := c.Get(ctx, id)
 		return errors.Is(err, ErrNotFound) || err == nil && t.CurrentStatus.Terminal()
 	}, every)
+}
+
+// compares hold while claim c is held: its key (the task's claim, or
+// its run) has c's token as create revision, and, for a task of a run,
+// its slot has not left the segment.
+func (w *Worker) compares(c *claim) []clientv3.Cmp {
+	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(c.claimKey), "=", c.token)}
+	if c.run != nil {
+		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(w.keys.Exit(w.cfg.Queue, c.run.seg, c.slot)), "=", 0))
+	}
+	return cmps
+}
+
+// Compares are the compares of the claim's fence: a stream.Fence, so
+// that a task's stream is written under its claim in transactions
+// shared with other streams.
+func (f *claimFence) Compares() []clientv3.Cmp { return f.w.compares(f.c) }
+
+var _ stream.Fence = (*claimFence)(nil)
+
+// beginStream starts the attempt of claim f at its task's stream: the
+// handler's stream.Emit writes there. A retry, or a step resumed after a
+// sleep, may follow events of an attempt before.
+func (w *Worker) beginStream(ctx context.Context, f *claimFence) (context.Context, *stream.Attempt) {
+	t := f.c.task
+	resumed := slices.ContainsFunc(t.Transitions, func(tr Transition) bool { return tr.Status == Sleeping })
+	return stream.Begin(ctx, w.cli, w.keys, stream.Claim{Task: t.ID, Attempt: t.Attempt, Worker: w.worker, Fence: f}, t.Attempt > 1 || resumed)
+}
+
+// endStream closes the attempt's events with AttemptEnded and its
+// outcome, under its claim, before the outcome is written; the outcome
+// of a task that ended is followed by Done once it is stored
+// (finishStreams): a worker that dies between the two leaves a task
+// that runs again with followers still following. A claim already lost
+// writes nothing (the next attempt marks the boundary, or the
+// canceller writes Done). It says whether the stream may have events.
+func (w *Worker) endStream(ctx context.Context, at *stream.Attempt, o outcome) bool {
+	name := ""
+	switch o.kind {
+	case Succeeded:
+		name = "succeeded"
+	case Dead:
+		name = "dead"
+	case Cancelled:
+		return at.Touched() // the claim is gone: the canceller or the next attempt closes it
+	case Retrying:
+		name = "retrying"
+	case Sleeping:
+		name = "sleeping"
+	default:
+		name = "handed back"
+	}
+	if err := at.End(ctx, stream.AttemptEnded, name, o.err); err != nil {
+		w.logger.Debug("queue: the end of an attempt was not written to its stream", "task", o.c.task.ID, "err", err)
+	}
+	return at.Touched()
+}
+
+// finishStreams closes with Done the streams of the tasks whose end
+// (ended, stored) ended them, fenced by the stream alone.
+func (w *Worker) finishStreams(ended []outcome) {
+	ctx, cancel := context.WithTimeout(w.cli.Ctx(), 10*time.Second)
+	defer cancel()
+	sw := stream.For(w.cli, w.keys)
+	for _, o := range ended {
+		if err := sw.Finish(ctx, o.c.task.ID, outcomeName(o.kind), errText(o.err)); err != nil {
+			w.logger.Debug("queue: the done of a task was not written to its stream", "task", o.c.task.ID, "err", err)
+		}
+	}
 }

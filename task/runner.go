@@ -25,6 +25,8 @@ const (
 	EventStepStarted      EventType = "step_started"      // Step, Name
 	EventStepCheckpointed EventType = "step_checkpointed" // Step, Name: the checkpoint is written
 	EventSleeping         EventType = "sleeping"          // Step ended with a sleep until Until: the task is let go
+	EventAwaitingSignal   EventType = "awaiting_signal"   // Step ended with a wait for the signals Signals: the task is let go
+	EventSignalReceived   EventType = "signal_received"   // Step is resumed with the signal Name (Err "timed out": none came)
 	EventCompleted        EventType = "completed"         // the last step is checkpointed
 	EventAlreadyCompleted EventType = "already_completed" // nothing left to do
 	EventLost             EventType = "lost"              // the lock was lost; Err says why
@@ -42,6 +44,8 @@ type Event struct {
 	Err    string    `json:"error,omitempty"`
 	// Until is when the sleep of a "sleeping" event ends.
 	Until time.Time `json:"until,omitzero"`
+	// Signals are what an "awaiting_signal" event waits for.
+	Signals []string `json:"signals,omitempty"`
 }
 
 // RunnerConfig configures a Runner. The zero value is valid.
@@ -213,6 +217,11 @@ type Result struct {
 	// checkpointed), or the checkpoint loaded was still asleep. Nothing is
 	// held; run the task again at that time to resume it.
 	SleepingUntil time.Time
+	// Waiting, when set, says the run stopped because the task waits for
+	// a signal: a step ended with a WaitRequest (its state checkpointed),
+	// or the checkpoint loaded waits and no signal for it has arrived (nor
+	// its timeout passed). Nothing is held.
+	Waiting *Wait
 }
 
 // CheckSteps returns a drover.InputError unless steps is a usable step list:
@@ -252,7 +261,11 @@ func CheckSteps(steps []Step) error {
 // Result.SleepingUntil set, and the lock is released, so nothing is held
 // while the task sleeps. Run it again at that time (from any worker) to
 // resume at the next step; a Run before then returns at once the same
-// way, running nothing.
+// way, running nothing. A step that ends with a WaitRequest (WaitSignal)
+// ends the run the same way, with Result.Waiting set: a named task has
+// no queue to park on, so run it again once the signal was sent (or the
+// wait's timeout passed) to resume it with the signal; a Run before that
+// runs nothing.
 func (r *Runner) Run(ctx context.Context, id string, steps []Step) (Result, error) {
 	if err := CheckID(id); err != nil {
 		return Result{}, err
@@ -363,22 +376,37 @@ func (s *Store) RunSteps(ctx context.Context, f lease.Fence, id string, steps []
 		r.emit(Event{Type: EventSleeping, TaskID: id, Step: cp.Step, Name: cp.StepName, Until: cp.SleepUntil})
 		return res, nil
 	}
+	var sg *Signal
+	if cp.Wait != nil {
+		if sg, err = s.resumeWait(ctx, id, cp.Wait, r.now); err != nil {
+			return res, err
+		} else if sg == nil {
+			res.Waiting = cp.Wait
+			r.emit(Event{Type: EventAwaitingSignal, TaskID: id, Step: cp.Step, Name: cp.StepName, Until: cp.Wait.Until, Signals: cp.Wait.Signals})
+			return res, nil
+		}
+	}
 	if cp.Step == 0 {
 		cp.State = cfg.Initial
 	}
 	res.ResumedFrom = cp.Step + 1
 	r.emit(Event{Type: EventResumed, TaskID: id, Step: res.ResumedFrom, Name: steps[cp.Step].Name})
 	for i := cp.Step; i < len(steps); i++ {
-		next, err := r.step(ctx, i, cp)
+		next, err := r.step(ctx, i, cp, sg)
 		if err != nil {
 			return res, err
 		}
-		cp = next
+		cp, sg = next, nil
 		res.StepsRun++
 		res.State = next.State
 		if !next.SleepUntil.IsZero() {
 			res.SleepingUntil = next.SleepUntil
 			r.emit(Event{Type: EventSleeping, TaskID: id, Step: next.Step, Name: next.StepName, Until: next.SleepUntil})
+			return res, nil
+		}
+		if next.Wait != nil {
+			res.Waiting = next.Wait
+			r.emit(Event{Type: EventAwaitingSignal, TaskID: id, Step: next.Step, Name: next.StepName, Until: next.Wait.Until, Signals: next.Wait.Signals})
 			return res, nil
 		}
 	}
@@ -428,16 +456,32 @@ type stepRun struct {
 }
 
 // step runs step i+1 after checkpoint cp and writes its checkpoint, which
-// it returns; a sleep the step asked for is in its SleepUntil.
-func (r *stepRun) step(ctx context.Context, i int, cp Checkpoint) (Checkpoint, error) {
+// it returns; a sleep the step asked for is in its SleepUntil, a wait in
+// its Wait. sg, when set, is the signal that ended the wait of cp: the
+// step gets it through its context, and its checkpoint consumes it.
+func (r *stepRun) step(ctx context.Context, i int, cp Checkpoint, sg *Signal) (Checkpoint, error) {
 	n, step, id, f := i+1, r.steps[i], r.id, r.f
 	started := time.Now()
+	if sg != nil {
+		ctx = context.WithValue(ctx, signalKey{}, sg)
+		ev := Event{Type: EventSignalReceived, TaskID: id, Step: n, Name: sg.Name}
+		if sg.TimedOut {
+			ev.Err = "timed out"
+		}
+		r.emit(ev)
+	}
 	r.emit(Event{Type: EventStepStarted, TaskID: id, Step: n, Name: step.Name, Token: f.Token()})
 	state, err := step.Run(ctx, cp.State)
 	var until time.Time
 	if sl, ok := sleepOf(err); ok && err != nil {
 		if until, err = sl.Due(r.now()); err == nil && (n == len(r.steps) || !until.After(r.now())) {
 			until = time.Time{} // nothing follows, or the time is past: no sleep
+		}
+	}
+	var wait *Wait
+	if wr, ok := waitOf(err); ok && err != nil {
+		if err = wr.Check(); err == nil && n < len(r.steps) { // nothing follows the last step: no wait
+			wait = wr.Begin(r.now())
 		}
 	}
 	if err != nil {
@@ -451,12 +495,12 @@ func (r *stepRun) step(ctx context.Context, i int, cp Checkpoint) (Checkpoint, e
 		return cp, &StateTooLargeError{TaskID: id, Step: n, Name: step.Name, Size: len(state), Limit: r.limit}
 	}
 	next := Checkpoint{TaskID: id, Step: n, StepName: step.Name, Steps: len(r.steps), Completed: n == len(r.steps),
-		State: state, SleepUntil: until, Worker: r.cfg.Worker, Token: f.Token(), At: time.Now().UTC()}
+		State: state, SleepUntil: until, Wait: wait, Worker: r.cfg.Worker, Token: f.Token(), At: time.Now().UTC()}
 	rec := StepRecord{Step: n, Name: step.Name, Worker: r.cfg.Worker, Token: f.Token(), StartedAt: started.UTC(), FinishedAt: next.At}
 	// The fence, not the step's context, decides whether this write
 	// counts: commit even if the context ended as the step finished.
 	cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	err = r.s.Commit(cctx, f, cp, &next, rec)
+	err = r.s.commit(cctx, f, cp, &next, rec, r.s.consumeOps(id, sg, next.At))
 	ccancel()
 	if err != nil {
 		if errors.Is(err, lock.ErrFenced) {

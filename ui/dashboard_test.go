@@ -12,8 +12,9 @@ import (
 )
 
 // TestUIOverviewCounts: the overview shows the counts by state of a queue
-// the test filled (scheduled, pending, running, sleeping, dead), and the
-// queue's page shows the same counts on its tabs.
+// the test filled (scheduled, pending, running, sleeping, dead), and a
+// waiting count (none here) beside the others, in its row and its card;
+// the queue's page shows the same counts on its tabs.
 func TestUIOverviewCounts(t *testing.T) {
 	s := newSite(t)
 	s.submit("emails", "e1", "e2", "e3", "e4", "e5", "e6")
@@ -23,7 +24,7 @@ func TestUIOverviewCounts(t *testing.T) {
 	s.do("POST", "/v1/queues/emails/claim", map[string]any{"session": sess, "max": 1}, 200)
 	s.sleep("emails", sess, "1h")
 
-	want := map[string]string{"scheduled": "1", "pending": "3", "running": "1", "retrying": "0", "sleeping": "1", "succeeded": "0", "dead": "1", "cancelled": "0"}
+	want := map[string]string{"scheduled": "1", "pending": "3", "running": "1", "retrying": "0", "sleeping": "1", "waiting": "0", "succeeded": "0", "dead": "1", "cancelled": "0"}
 	tb := newTab(t)
 	tb.do("open the overview", chromedp.Navigate(s.base+"/ui/"))
 	count := func(state string) string {
@@ -34,6 +35,9 @@ func TestUIOverviewCounts(t *testing.T) {
 		if got := eval[string](tb, count(state)); got != n {
 			t.Errorf("overview, %s: the page shows %q, want %q", state, got, n)
 		}
+	}
+	if got := eval[string](tb, `[...document.querySelectorAll(".card")].find((c) => c.querySelector(".label").textContent === "Waiting")?.querySelector(".value").textContent`); got != "0" {
+		t.Errorf("the Waiting card shows %q, want 0", got)
 	}
 
 	tb.do("open the queue", chromedp.Navigate(s.base+"/ui/#/queue/emails"))

@@ -11,7 +11,7 @@ import (
 // TestUIRunNow: on the queue page's SCHEDULED tab, a task's Run now
 // button (after its confirmation) makes it due at once, and a worker
 // claims it; Run selected now moves the checked task, Run all now the
-// rest. The page lists a SLEEPING tab too.
+// rest. The page lists SLEEPING and WAITING tabs too.
 func TestUIRunNow(t *testing.T) {
 	s := newSite(t)
 	tasks := []map[string]any{}
@@ -34,6 +34,7 @@ func TestUIRunNow(t *testing.T) {
 	tb := newTab(t)
 	tb.do("open the SCHEDULED tab", chromedp.Navigate(s.base+"/ui/#/queue/later?state=SCHEDULED"))
 	tb.waitJS("the SLEEPING tab", `!!document.querySelector('a[data-tab="SLEEPING"]')`)
+	tb.waitJS("the WAITING tab", `!!document.querySelector('a[data-tab="WAITING"]')`)
 	tb.click(`tr[data-task="r1"] button[data-act="run-now"]`)
 	tb.waitJS("the confirmation", `document.getElementById("confirm").open`)
 	tb.click(`#confirm-ok`)

@@ -6,9 +6,9 @@ import { get, enc } from "./api.js";
 import { h, replace, num, rate, ago, badge, bar, table, panel, errorBox } from "./dom.js";
 import { drawChart } from "./chart.js";
 
-const STATES = ["scheduled", "pending", "running", "retrying", "sleeping", "succeeded", "dead", "cancelled"];
-const SHORT = { scheduled: "sched.", pending: "pend.", running: "run.", retrying: "retry", sleeping: "sleep", succeeded: "done", dead: "dead", cancelled: "canc." };
-const NARROW = new Set(["scheduled", "sleeping", "cancelled"]); // hidden at phone width
+const STATES = ["scheduled", "pending", "running", "retrying", "sleeping", "waiting", "succeeded", "dead", "cancelled"];
+const SHORT = { scheduled: "sched.", pending: "pend.", running: "run.", retrying: "retry", sleeping: "sleep", waiting: "wait", succeeded: "done", dead: "dead", cancelled: "canc." };
+const NARROW = new Set(["scheduled", "sleeping", "waiting", "cancelled"]); // hidden at phone width
 
 export function queuesTable(queues) {
   const cols = [
@@ -28,6 +28,7 @@ function cards(queues) {
     card("Pending", num(sum("pending")), "s-PENDING"),
     card("Running", num(sum("running")), "s-RUNNING"),
     card("Retrying", num(sum("retrying")), "s-RETRYING"),
+    card("Waiting", num(sum("waiting")), "s-WAITING"),
     card("Dead", num(sum("dead")), "s-DEAD"),
   ];
 }

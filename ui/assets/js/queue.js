@@ -7,7 +7,7 @@ import { h, replace, num, ago, badge, table, errorBox, confirmAction, toast, gua
 import { searchPanel } from "./search.js";
 import { mountHistory } from "./history.js";
 
-const STATES = ["SCHEDULED", "PENDING", "RUNNING", "RETRYING", "SLEEPING", "SUCCEEDED", "DEAD", "CANCELLED"];
+const STATES = ["SCHEDULED", "PENDING", "RUNNING", "RETRYING", "SLEEPING", "WAITING", "SUCCEEDED", "DEAD", "CANCELLED"];
 const PAGE = 50;
 
 function taskLink(q, t) {
@@ -145,6 +145,10 @@ export function mount(ctx) {
     if (status === "RETRYING") cols.push({ label: "Next attempt", cell: (t) => ago(t.scheduled_at) });
     if (status === "SCHEDULED") cols.push({ label: "Runs", cell: (t) => ago(t.scheduled_at) });
     if (status === "SLEEPING") cols.push({ label: "Wakes", cell: (t) => ago(t.scheduled_at) });
+    if (status === "WAITING") {
+      cols.push({ label: "Waits for", wrap: true, cell: (t) => (t.waiting_for ? t.waiting_for.signals.join(" or ") : "") });
+      cols.push({ label: "Times out", cell: (t) => (t.scheduled_at ? ago(t.scheduled_at) : "never") });
+    }
     if (["RETRYING", "DEAD"].includes(status)) cols.push({ label: "Last error", wrap: true, cell: (t) => t.last_error || "" });
     cols.push({ label: "", cell: rowActions });
     replace(list, table(cols, tasks, "No " + status.toLowerCase() + " task" + (cursors.length ? " on this page." : "."), (t) => ({ "data-task": t.task_id })));

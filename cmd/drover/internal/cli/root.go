@@ -4,6 +4,7 @@ package cli
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -195,7 +196,7 @@ $ETCD_ENDPOINTS, else 127.0.0.1:2379. "drover server" runs one for you.`,
 	info := buildinfo.Get()
 	root.Version = fmt.Sprintf("%s (commit %s, %s)", info.Version, info.Commit, info.GoVersion)
 	root.SetVersionTemplate("drover {{.Version}}\n")
-	root.AddCommand(a.versionCommand(), a.serverCommand(), a.lockCommand(), a.paxosCommand(), a.taskCommand(), a.submitCommand(), a.workerCommand(), a.tasksCommand(), a.emitCommand(), a.dlqCommand(), a.registryCommand(), a.workersCommand(), a.limitsCommand(), a.quotasCommand(), a.breakersCommand(), a.queuesCommand(), a.schedulesCommand(), a.demoCommand(), a.demoWorkerCommand(), a.lostUpdateWorkerCommand(),
+	root.AddCommand(a.versionCommand(), a.serverCommand(), a.lockCommand(), a.paxosCommand(), a.taskCommand(), a.submitCommand(), a.workerCommand(), a.tasksCommand(), a.emitCommand(), a.signalCommand(), a.dlqCommand(), a.registryCommand(), a.workersCommand(), a.limitsCommand(), a.quotasCommand(), a.breakersCommand(), a.queuesCommand(), a.schedulesCommand(), a.demoCommand(), a.demoWorkerCommand(), a.lostUpdateWorkerCommand(),
 		a.clusterCommand(), a.backupCommand(), a.restoreCommand())
 	refuseUnknownSubcommands(root)
 	return root
@@ -339,3 +340,23 @@ func (a *app) etcd(ctx context.Context) (*clientv3.Client, func(), error) {
 }
 
 var getenv = os.Getenv
+
+func (a *app) versionCommand() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:     "version",
+		Short:   "Print drover's version and commit",
+		Example: "  drover version\n  drover version --json",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			info := buildinfo.Get()
+			if asJSON {
+				return json.NewEncoder(a.stdout).Encode(info)
+			}
+			fmt.Fprintf(a.stdout, "drover %s (commit %s, %s)\n", info.Version, info.Commit, info.GoVersion)
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
