@@ -113,6 +113,11 @@ type Task struct {
 	// shard 0); nil otherwise.
 	Shard       *int         `json:"shard,omitempty"`
 	Transitions []Transition `json:"transitions,omitempty"`
+	// Parent is the step task that spawned this one (see task.Spawn), and
+	// ParentStep the step of it that did; "" and 0 for a task submitted
+	// otherwise. A child's terminal outcome is recorded for its parent.
+	Parent     string `json:"parent,omitempty"`
+	ParentStep int    `json:"parent_step,omitempty"`
 
 	// Revisions seen by the read that returned the task, so that writes
 	// based on it can require that nothing changed since.
@@ -308,6 +313,9 @@ func ParseLine(line []byte) (Task, error) {
 	}
 	if t.CurrentStatus != "" || t.Attempt != 0 || t.Token != 0 || len(t.Transitions) > 0 || t.Result != nil || t.RetriesAttempted != 0 {
 		return Task{}, errors.New("current_status, attempt, token, transitions, result and retries_attempted are set by drover, not by submitters")
+	}
+	if t.Parent != "" || t.ParentStep != 0 {
+		return Task{}, errors.New("parent and parent_step are set by drover when a step spawns a child task, not by submitters")
 	}
 	return t, nil
 }
