@@ -358,20 +358,20 @@ func (c *Client) cancelOps(t *Task) []clientv3.Op {
 	t.Transitions = appendTransition(t.Transitions, Transition{Status: Cancelled, At: now, Attempt: t.Attempt})
 	rec, _ := json.Marshal(t)
 	if t.seg != nil { // the task leaves its segment for a record of its own
-		return []clientv3.Op{
+		return append([]clientv3.Op{
 			clientv3.OpPut(c.keys.TaskRecord(t.ID), string(rec)),
 			clientv3.OpPut(c.keys.Exit(t.Queue, t.seg.seg, t.seg.slot), "cancelled"),
 			clientv3.OpPut(c.doneKey(t.Queue, Cancelled, now, t.ID), ""),
-		}
+		}, c.childDoneOps(t, Cancelled, nil, "cancelled")...)
 	}
-	return []clientv3.Op{
+	return append([]clientv3.Op{
 		clientv3.OpPut(c.keys.TaskRecord(t.ID), string(rec)),
 		clientv3.OpDelete(c.pendingKey(t)),
 		clientv3.OpDelete(c.retryKey(t)),
 		clientv3.OpDelete(sleepKey),
 		clientv3.OpDelete(c.keys.QueueClaim(t.Queue, t.ID)),
 		clientv3.OpPut(c.doneKey(t.Queue, Cancelled, now, t.ID), ""),
-	}
+	}, c.childDoneOps(t, Cancelled, nil, "cancelled")...)
 }
 
 // finishedAt is when a finished task reached its terminal status: the time

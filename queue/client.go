@@ -12,6 +12,7 @@ import (
 	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/kv"
+	"github.com/droverhq/drover/task"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -50,6 +51,9 @@ type Client struct {
 	watches watchHub
 	// pauses is what its claims learned of their queues' pauses (pause.go).
 	pauses pauseKnown
+	// store reads step tasks' checkpoints and their children's plans and
+	// outcomes (children.go).
+	store *task.Store
 }
 
 // NewClient returns a client of namespace ns ("" means "drover").
@@ -58,7 +62,11 @@ func NewClient(cli *clientv3.Client, ns string) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Client{cli: cli, keys: keys, now: time.Now}
+	store, err := task.NewStore(cli, ns)
+	if err != nil {
+		return nil, err
+	}
+	c := &Client{cli: cli, keys: keys, now: time.Now, store: store}
 	c.remote.client = c
 	return c, nil
 }
@@ -240,8 +248,22 @@ const cancelSignalTTL = 60
 
 // Cancel cancels task id: it leaves every index, its record says CANCELLED,
 // and a worker running it has its claim taken away (its writes are fenced
-// out) and its context cancelled.
+// out) and its context cancelled. The live children it spawned (see
+// task.Spawn), except detached ones, are cancelled with it; a child's
+// cancel is recorded for its parent.
 func (c *Client) Cancel(ctx context.Context, id string) (*Task, error) {
+	t, err := c.cancel(ctx, id)
+	if err != nil {
+		return t, err
+	}
+	if t.Parent != "" {
+		c.wakeParents(ctx, []string{t.Parent}, func(string, ...any) {})
+	}
+	return t, c.cancelChildren(ctx, id)
+}
+
+// cancel cancels task id alone.
+func (c *Client) cancel(ctx context.Context, id string) (*Task, error) {
 	for attempt := 0; attempt < 20; attempt++ {
 		if attempt > 0 { // a task in a busy segment: its neighbours change it
 			sleepCtx(ctx, time.Duration(attempt)*5*time.Millisecond)

@@ -120,6 +120,8 @@ func (w *Worker) execute(base context.Context, c *claim) outcome {
 	switch {
 	case err == nil && len(result) > MaxResult:
 		return outcome{c: c, kind: Dead, err: Permanent(fmt.Errorf("%w: %d bytes, over %d", ErrResultLarge, len(result), MaxResult))}
+	case err == nil && t.Parent != "" && len(result) > task.MaxChildResult:
+		return outcome{c: c, kind: Dead, err: childResultError(len(result))}
 	case err == nil:
 		return outcome{c: c, kind: Succeeded, result: result}
 	case errors.Is(cause, ErrCancelled):
@@ -501,14 +503,20 @@ func Steps(store *task.Store, steps ...task.Step) Handler {
 		if !ok {
 			return nil, Permanent(errors.New("queue.Steps handler run outside a worker"))
 		}
-		res, err := store.RunSteps(ctx, f, t.ID, steps, task.StepConfig{Worker: f.w.worker, Initial: t.Parameters, Now: f.w.client.now})
+		res, err := store.RunSteps(ctx, f, t.ID, steps, task.StepConfig{Worker: f.w.worker, Initial: t.Parameters, Now: f.w.client.now,
+			Spawner: childSpawner{c: f.w.client}})
 		if err == nil && !res.SleepingUntil.IsZero() {
 			return nil, &parked{until: res.SleepingUntil, again: res.StepsRun == 0}
+		}
+		if err == nil && res.WaitingChildren != nil {
+			now := f.w.client.now()
+			return nil, &parked{until: now.Add(childPoll(now.Sub(res.WaitingChildren.Since)))}
 		}
 		if err != nil {
 			var tl *task.StateTooLargeError
 			var bad *drover.InputError
-			if errors.As(err, &tl) || errors.Is(err, task.ErrStepsChanged) || errors.As(err, &bad) {
+			var cf *task.ChildFailedError
+			if errors.As(err, &tl) || errors.Is(err, task.ErrStepsChanged) || errors.As(err, &bad) || errors.As(err, &cf) {
 				return nil, Permanent(err)
 			}
 			return nil, err

@@ -116,6 +116,11 @@ func (w *Worker) commit(batch []outcome) {
 			w.write([]ackReq{w.runDelete(r)}, nil)
 		}
 	}
+	if parents := parentsOf(batch); len(parents) > 0 {
+		ctx, cancel := context.WithTimeout(w.lease.Context(), 10*time.Second)
+		w.client.wakeParents(ctx, parents, w.logger.Warn)
+		cancel()
+	}
 }
 
 // write records outcomes in one request, retrying a few times; a request
@@ -323,6 +328,7 @@ func (w *Worker) recordOps(o outcome, now time.Time, markers map[string]bool) ([
 	case Succeeded:
 		t.CurrentStatus, t.Result, t.LastError, t.RetriesAttempted = Succeeded, o.result, "", t.Attempt-1
 		ops = append(ops, clientv3.OpPut(w.client.doneKey(t.Queue, Succeeded, now, t.ID), ""))
+		ops = append(ops, w.client.childDoneOps(t, Succeeded, o.result, "")...)
 	case Retrying:
 		t.CurrentStatus, t.RetriesAttempted, t.LastError = Retrying, t.Attempt-1, truncate(o.err.Error(), 4096)
 		t.ScheduledAt = now.Add(o.delay)
@@ -331,6 +337,7 @@ func (w *Worker) recordOps(o outcome, now time.Time, markers map[string]bool) ([
 	case Dead:
 		t.CurrentStatus, t.RetriesAttempted, t.LastError = Dead, t.Attempt-1, truncate(o.err.Error(), 4096)
 		ops = append(ops, clientv3.OpPut(w.keys.DeadTask(t.Queue, t.ID), ""))
+		ops = append(ops, w.client.childDoneOps(t, Dead, nil, t.LastError)...)
 	}
 	tr := Transition{Status: t.CurrentStatus, At: now, Attempt: t.Attempt, Worker: w.worker}
 	if o.err != nil {
@@ -400,6 +407,10 @@ func (w *Worker) runReqs(r *segRun, os []outcome, final, exact bool, now time.Ti
 		case Succeeded:
 			ok = append(ok, okSlot{Slot: o.c.slot, Attempt: o.c.task.Attempt, Result: o.result})
 			size += len(o.result) * 4 / 3
+			if done := w.client.childDoneOps(o.c.task, Succeeded, o.result, ""); len(done) > 0 {
+				ops = append(ops, done...)
+				size += len(o.result) + 200
+			}
 		default:
 			more, n := w.recordOps(o, now, markers)
 			ops = append(ops, more...)

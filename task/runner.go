@@ -25,6 +25,7 @@ const (
 	EventStepStarted      EventType = "step_started"      // Step, Name
 	EventStepCheckpointed EventType = "step_checkpointed" // Step, Name: the checkpoint is written
 	EventSleeping         EventType = "sleeping"          // Step ended with a sleep until Until: the task is let go
+	EventWaitingChildren  EventType = "waiting_children"  // Step spawned children the task waits for: the task is let go
 	EventCompleted        EventType = "completed"         // the last step is checkpointed
 	EventAlreadyCompleted EventType = "already_completed" // nothing left to do
 	EventLost             EventType = "lost"              // the lock was lost; Err says why
@@ -213,6 +214,10 @@ type Result struct {
 	// checkpointed), or the checkpoint loaded was still asleep. Nothing is
 	// held; run the task again at that time to resume it.
 	SleepingUntil time.Time
+	// WaitingChildren, when set, says the run stopped because the task
+	// waits for the children a step spawned (see Spawn): they are
+	// submitted, and the next step runs once enough of them ended.
+	WaitingChildren *ChildWait
 }
 
 // CheckSteps returns a drover.InputError unless steps is a usable step list:
@@ -314,6 +319,9 @@ type StepConfig struct {
 	// Now is the clock that sleeps are counted and judged by; nil means
 	// time.Now.
 	Now func() time.Time
+	// Spawner submits the children a step spawns (see Spawn); nil: a
+	// step cannot spawn.
+	Spawner Spawner
 }
 
 // RunSteps runs task id's steps under fence f, which the caller holds (a
@@ -366,10 +374,17 @@ func (s *Store) RunSteps(ctx context.Context, f lease.Fence, id string, steps []
 	if cp.Step == 0 {
 		cp.State = cfg.Initial
 	}
+	if cp.Spawn != nil {
+		if waiting, err := r.waiting(ctx, cp, &res); waiting || err != nil {
+			return res, err
+		}
+	}
 	res.ResumedFrom = cp.Step + 1
-	r.emit(Event{Type: EventResumed, TaskID: id, Step: res.ResumedFrom, Name: steps[cp.Step].Name})
+	if cp.Step < len(steps) {
+		r.emit(Event{Type: EventResumed, TaskID: id, Step: res.ResumedFrom, Name: steps[cp.Step].Name})
+	}
 	for i := cp.Step; i < len(steps); i++ {
-		next, err := r.step(ctx, i, cp)
+		next, err := r.step(r.withChildren(ctx, cp), i, cp)
 		if err != nil {
 			return res, err
 		}
@@ -380,6 +395,11 @@ func (s *Store) RunSteps(ctx context.Context, f lease.Fence, id string, steps []
 			res.SleepingUntil = next.SleepUntil
 			r.emit(Event{Type: EventSleeping, TaskID: id, Step: next.Step, Name: next.StepName, Until: next.SleepUntil})
 			return res, nil
+		}
+		if next.Spawn != nil {
+			if waiting, err := r.waiting(ctx, next, &res); waiting || err != nil {
+				return res, err
+			}
 		}
 	}
 	r.emit(Event{Type: EventCompleted, TaskID: id, Step: len(steps)})
@@ -427,6 +447,19 @@ type stepRun struct {
 	limit int
 }
 
+// waiting submits the children checkpoint cp's step spawned, if they are
+// not yet, and reports whether the run stops to wait for them (with
+// res.WaitingChildren set).
+func (r *stepRun) waiting(ctx context.Context, cp Checkpoint, res *Result) (bool, error) {
+	w, err := r.awaitChildren(ctx, cp)
+	if err != nil || w.Ready() {
+		return false, err
+	}
+	res.WaitingChildren = &w
+	r.emit(Event{Type: EventWaitingChildren, TaskID: r.id, Step: cp.Step, Name: cp.StepName})
+	return true, nil
+}
+
 // step runs step i+1 after checkpoint cp and writes its checkpoint, which
 // it returns; a sleep the step asked for is in its SleepUntil.
 func (r *stepRun) step(ctx context.Context, i int, cp Checkpoint) (Checkpoint, error) {
@@ -440,6 +473,10 @@ func (r *stepRun) step(ctx context.Context, i int, cp Checkpoint) (Checkpoint, e
 			until = time.Time{} // nothing follows, or the time is past: no sleep
 		}
 	}
+	spawnReq, spawns := spawnOf(err)
+	if spawns {
+		err = nil
+	}
 	if err != nil {
 		if lerr := f.Err(); lerr != nil {
 			r.emit(Event{Type: EventLost, TaskID: id, Step: n, Name: step.Name, Err: lerr.Error()})
@@ -450,13 +487,20 @@ func (r *stepRun) step(ctx context.Context, i int, cp Checkpoint) (Checkpoint, e
 	if len(state) > r.limit {
 		return cp, &StateTooLargeError{TaskID: id, Step: n, Name: step.Name, Size: len(state), Limit: r.limit}
 	}
-	next := Checkpoint{TaskID: id, Step: n, StepName: step.Name, Steps: len(r.steps), Completed: n == len(r.steps),
-		State: state, SleepUntil: until, Worker: r.cfg.Worker, Token: f.Token(), At: time.Now().UTC()}
+	var sp *SpawnRecord
+	var extra []clientv3.Op
+	if spawns {
+		if sp, extra, err = r.spawn(ctx, n, spawnReq, len(state)); err != nil {
+			return cp, err
+		}
+	}
+	next := Checkpoint{TaskID: id, Step: n, StepName: step.Name, Steps: len(r.steps), Completed: n == len(r.steps) && sp == nil,
+		State: state, SleepUntil: until, Spawn: sp, Worker: r.cfg.Worker, Token: f.Token(), At: time.Now().UTC()}
 	rec := StepRecord{Step: n, Name: step.Name, Worker: r.cfg.Worker, Token: f.Token(), StartedAt: started.UTC(), FinishedAt: next.At}
 	// The fence, not the step's context, decides whether this write
 	// counts: commit even if the context ended as the step finished.
 	cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	err = r.s.Commit(cctx, f, cp, &next, rec)
+	err = r.s.commitWith(cctx, f, cp, &next, rec, extra)
 	ccancel()
 	if err != nil {
 		if errors.Is(err, lock.ErrFenced) {
