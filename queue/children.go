@@ -28,6 +28,13 @@ import (
 // a worker that died between a child's outcome and the wake delays the
 // parent, never strands it.
 
+// Test hooks, set by tests before any worker starts (export_test.go); nil
+// otherwise.
+var (
+	beforeChildSubmit func(parent string)
+	beforeParentWake  func(parents []string)
+)
+
 // childSpawner submits the children of the step tasks a Client's workers
 // run (task.Spawner).
 type childSpawner struct{ c *Client }
@@ -93,6 +100,9 @@ func (s childSpawner) CheckChildren(ctx context.Context, children []task.Child) 
 // its children were being submitted has the cancel's cascade run again
 // here, so that no child submitted after the cascade stays live.
 func (s childSpawner) SubmitChildren(ctx context.Context, parent string, step int, children []task.Child) error {
+	if beforeChildSubmit != nil {
+		beforeChildSubmit(parent)
+	}
 	byQueue := map[string][]Task{}
 	var order []string
 	for _, ch := range children {
@@ -174,6 +184,9 @@ func parentsOf(os []outcome) []string {
 // A parent not parked yet (it is counting) or already back is left
 // alone. Errors are logged: the parent's own due time brings it back.
 func (c *Client) wakeParents(ctx context.Context, parents []string, logf func(msg string, args ...any)) {
+	if beforeParentWake != nil {
+		beforeParentWake(parents)
+	}
 	for _, p := range parents {
 		w, ok, err := c.store.WaitOf(ctx, p)
 		if err == nil && ok && w.Ready() {

@@ -110,3 +110,10 @@ func SetWatchLinger(c *Client, d time.Duration) { c.watches.lingerFor = d }
 
 // LiveWatches returns how many shared watches of c are open.
 func LiveWatches(c *Client) int64 { return c.watches.live.Load() }
+
+// SetChildHooks sets the hooks called before a step's children are
+// submitted and before the parents of finished children are woken. Call
+// it before any worker starts.
+func SetChildHooks(beforeSubmit func(parent string), beforeWake func(parents []string)) {
+	beforeChildSubmit, beforeParentWake = beforeSubmit, beforeWake
+}
