@@ -343,10 +343,16 @@ func (c *Client) CancelTasks(ctx context.Context, q string, st Status, ids []str
 	if st != Pending && st != Retrying && st != Scheduled && st != Sleeping {
 		return 0, &drover.InputError{Field: "status", Value: string(st), Rule: "must be SCHEDULED, PENDING, RETRYING or SLEEPING: cancel a running task by its id"}
 	}
-	return c.bulk(ctx, q, st, ids, progress, func(t *Task) ([]clientv3.Op, int, string) {
+	var touched []*Task
+	n, err := c.bulk(ctx, q, st, ids, progress, func(t *Task) ([]clientv3.Op, int, string) {
+		touched = append(touched, t)
 		ops := c.cancelOps(t)
 		return ops, len(ops[0].ValueBytes()), ""
 	})
+	if err != nil {
+		return n, err
+	}
+	return n, c.afterCancels(ctx, touched)
 }
 
 // cancelOps are the writes that cancel t; the first rewrites its record.

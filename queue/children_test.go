@@ -316,8 +316,9 @@ func TestSpawnBadInput(t *testing.T) {
 	}
 }
 
-// Cancelling a waiting parent cancels its live children, except the
-// detached one; the cancels are recorded for the parent.
+// Cancelling a waiting parent, by its id or in bulk, cancels its live
+// children, except the detached one; the cancels are recorded for the
+// parent.
 func TestCancelParentCancelsChildren(t *testing.T) {
 	ns := etcdtest.Namespace(t)
 	c, cli := newClient(t, ns)
@@ -329,27 +330,32 @@ func TestCancelParentCancelsChildren(t *testing.T) {
 	if err := c.SetConfig(ctx, "idle", queue.Config{}); err != nil { // no worker runs it
 		t.Fatal(err)
 	}
-	setupFamily(t, c, "boss")
+	setupFamily(t, c, "boss", "bulk")
 	f.start(t, cli, ns)
-	waitUntil(t, "the parent to wait", func() bool {
+	waitUntil(t, "the parents to wait", func() bool {
 		st, err := c.Stats(ctx, "idle")
-		p, perr := c.Get(ctx, "boss")
-		return err == nil && perr == nil && st.Pending == 3 && p.CurrentStatus == queue.Sleeping
+		wf, werr := c.Stats(ctx, "wf")
+		return err == nil && werr == nil && st.Pending == 6 && wf.Sleeping == 2
 	})
 	if _, err := c.Cancel(ctx, "boss"); err != nil {
 		t.Fatal(err)
 	}
-	for _, id := range []string{"boss.1.0", "boss.1.1"} {
-		if got, err := c.Get(ctx, id); err != nil || got.CurrentStatus != queue.Cancelled {
-			t.Fatalf("child %s: %+v (%v); want CANCELLED", id, got, err)
-		}
-	}
-	if got, err := c.Get(ctx, "boss.1.keep"); err != nil || got.CurrentStatus != queue.Pending {
-		t.Fatalf("detached child: %+v (%v); want PENDING", got, err)
+	if n, err := c.CancelTasks(ctx, "wf", queue.Sleeping, []string{"bulk"}, nil); err != nil || n != 1 {
+		t.Fatalf("bulk cancel: %d (%v)", n, err)
 	}
 	store, _ := task.NewStore(cli, ns)
-	outs, _, err := store.ChildrenOf(ctx, "boss", 1, "", 10)
-	if err != nil || len(outs) != 2 || outs[0].Status != task.ChildCancelled {
-		t.Fatalf("outcomes %+v (%v); want the two cancels", outs, err)
+	for _, p := range []string{"boss", "bulk"} {
+		for _, id := range []string{p + ".1.0", p + ".1.1"} {
+			if got, err := c.Get(ctx, id); err != nil || got.CurrentStatus != queue.Cancelled {
+				t.Fatalf("child %s: %+v (%v); want CANCELLED", id, got, err)
+			}
+		}
+		if got, err := c.Get(ctx, p+".1.keep"); err != nil || got.CurrentStatus != queue.Pending {
+			t.Fatalf("detached child of %s: %+v (%v); want PENDING", p, got, err)
+		}
+		outs, _, err := store.ChildrenOf(ctx, p, 1, "", 10)
+		if err != nil || len(outs) != 2 || outs[0].Status != task.ChildCancelled {
+			t.Fatalf("outcomes of %s: %+v (%v); want the two cancels", p, outs, err)
+		}
 	}
 }
