@@ -14,6 +14,7 @@ import (
 //	/{ns}/tasks/{p}/children/submitted/{step:06d}         every child of the step's plan was submitted
 //	/{ns}/tasks/{p}/children/done/{step:06d}/{child}      a child's terminal outcome: status, result or error
 //	/{ns}/tasks/{p}/children/failed/{step:06d}/{child}    a child that ended DEAD or CANCELLED (empty)
+//	/{ns}/child-wakes/{q}/{p}                              a child of p (of queue q) ended: p's wait may be over
 //
 // Step numbers are zero-padded so that keys sort in step order.
 
@@ -81,3 +82,12 @@ func (s Space) ChildFaileds(parent string, step int) string {
 func (s Space) ChildFailed(parent string, step int, child string) string {
 	return s.ChildFaileds(parent, step) + child
 }
+
+// ChildWakes is the prefix of the wake marks of queue q's parents, ending
+// in "/": outside the queue's prefix, so that the queue's watchers are not
+// sent them.
+func (s Space) ChildWakes(q string) string { return s.root + "child-wakes/" + q + "/" }
+
+// ChildWake is the key that says a child of task parent, of queue q,
+// ended since the mark was last handled.
+func (s Space) ChildWake(q, parent string) string { return s.ChildWakes(q) + parent }

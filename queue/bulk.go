@@ -228,6 +228,8 @@ func (c *Client) unchanged(t *Task, st Status) []clientv3.Cmp {
 		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(c.retryKey(t)), ">", 0))
 	case Sleeping:
 		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(c.sleepKey(t)), ">", 0))
+	case Waiting:
+		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(c.waitingKey(t)), ">", 0))
 	case Dead:
 		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(c.keys.DeadTask(t.Queue, t.ID)), ">", 0))
 	}
@@ -316,6 +318,8 @@ func (c *Client) Purge(ctx context.Context, q string, st Status, ids []string, p
 			ops = append(ops, clientv3.OpDelete(c.retryKey(t)), clientv3.OpDelete(c.pendingKey(t)))
 		case Sleeping:
 			ops = append(ops, clientv3.OpDelete(c.sleepKey(t)), clientv3.OpDelete(c.pendingKey(t)))
+		case Waiting:
+			ops = append(ops, clientv3.OpDelete(c.waitingKey(t)), clientv3.OpDelete(c.pendingKey(t)))
 		case Dead:
 			ops = append(ops, clientv3.OpDelete(c.keys.DeadTask(q, t.ID)))
 		case Succeeded, Cancelled:
@@ -334,20 +338,20 @@ func progressFrom(base int, progress func(int)) func(int) {
 	return func(done int) { progress(base + done) }
 }
 
-// CancelTasks cancels tasks of queue q that are SCHEDULED, PENDING, RETRYING or SLEEPING (ids, or
+// CancelTasks cancels tasks of queue q that are SCHEDULED, PENDING, RETRYING, SLEEPING or WAITING (ids, or
 // every one in status st when ids is empty): each leaves its index and its
 // record says CANCELLED. Running tasks are cancelled one at a time with
 // Cancel. It returns how many were cancelled; progress, if set, is called
 // after each transaction with the number handled so far.
 func (c *Client) CancelTasks(ctx context.Context, q string, st Status, ids []string, progress func(done int)) (int, error) {
-	if st != Pending && st != Retrying && st != Scheduled && st != Sleeping {
-		return 0, &drover.InputError{Field: "status", Value: string(st), Rule: "must be SCHEDULED, PENDING, RETRYING or SLEEPING: cancel a running task by its id"}
+	if st != Pending && st != Retrying && st != Scheduled && st != Sleeping && st != Waiting {
+		return 0, &drover.InputError{Field: "status", Value: string(st), Rule: "must be SCHEDULED, PENDING, RETRYING, SLEEPING or WAITING: cancel a running task by its id"}
 	}
 	var touched []*Task
 	n, err := c.bulk(ctx, q, st, ids, progress, func(t *Task) ([]clientv3.Op, int, string) {
 		touched = append(touched, t)
 		ops := c.cancelOps(t)
-		return ops, len(ops[0].ValueBytes()), ""
+		return ops, len(ops[0].ValueBytes()), c.childWakeKey(t) // several children of one parent share it
 	})
 	if err != nil {
 		return n, err
@@ -359,8 +363,8 @@ func (c *Client) CancelTasks(ctx context.Context, q string, st Status, ids []str
 // A running task's claim goes too.
 func (c *Client) cancelOps(t *Task) []clientv3.Op {
 	now := c.now().UTC()
-	sleepKey := c.sleepKey(t)
-	t.CurrentStatus = Cancelled
+	sleepKey, waitKey := c.sleepKey(t), c.waitingKey(t)
+	t.CurrentStatus, t.WaitingFor = Cancelled, nil
 	t.Transitions = appendTransition(t.Transitions, Transition{Status: Cancelled, At: now, Attempt: t.Attempt})
 	rec, _ := json.Marshal(t)
 	if t.seg != nil { // the task leaves its segment for a record of its own
@@ -368,16 +372,17 @@ func (c *Client) cancelOps(t *Task) []clientv3.Op {
 			clientv3.OpPut(c.keys.TaskRecord(t.ID), string(rec)),
 			clientv3.OpPut(c.keys.Exit(t.Queue, t.seg.seg, t.seg.slot), "cancelled"),
 			clientv3.OpPut(c.doneKey(t.Queue, Cancelled, now, t.ID), ""),
-		}, c.childDoneOps(t, Cancelled, nil, "cancelled")...)
+		}, c.childCancelOps(t)...)
 	}
 	return append([]clientv3.Op{
 		clientv3.OpPut(c.keys.TaskRecord(t.ID), string(rec)),
 		clientv3.OpDelete(c.pendingKey(t)),
 		clientv3.OpDelete(c.retryKey(t)),
 		clientv3.OpDelete(sleepKey),
+		clientv3.OpDelete(waitKey),
 		clientv3.OpDelete(c.keys.QueueClaim(t.Queue, t.ID)),
 		clientv3.OpPut(c.doneKey(t.Queue, Cancelled, now, t.ID), ""),
-	}, c.childDoneOps(t, Cancelled, nil, "cancelled")...)
+	}, c.childCancelOps(t)...)
 }
 
 // finishedAt is when a finished task reached its terminal status: the time

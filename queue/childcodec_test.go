@@ -12,7 +12,7 @@ import (
 func TestSegmentKeepsChildTasksBinary(t *testing.T) {
 	at := time.Date(2026, 11, 28, 6, 0, 0, 0, time.UTC)
 	in := []Task{
-		{ID: "p.1.0", Type: "search", Parent: "p", ParentStep: 1, Metadata: Metadata{CreatedAt: at}},
+		{ID: "p.1.0", Type: "search", Parent: "p", ParentStep: 1, ParentQueue: "wf", Metadata: Metadata{CreatedAt: at}},
 		{ID: "p.1.1", Type: "search", Parent: "p", ParentStep: 1, Metadata: Metadata{CreatedAt: at, Priority: 5}},
 		{ID: "plain", Type: "search", Metadata: Metadata{CreatedAt: at}},
 	}

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"time"
 	"unicode/utf8"
 
 	"github.com/droverhq/drover"
@@ -17,34 +16,41 @@ import (
 
 // Child tasks. A step of a step task (Steps) that returns task.Spawn has
 // its children's plan and its checkpoint written under its claim (package
-// task), and only then are the children submitted, each with its parent
-// and parent step (Task.Parent, Task.ParentStep) and an id derived from
-// them, so that a step run again submits nothing twice. A child's terminal
-// outcome (SUCCEEDED, DEAD, CANCELLED; not a retry) writes its done key
-// under the parent, in the same transaction as the outcome and fenced as
-// it is. The parent meanwhile is parked; it is woken when its children's
-// outcomes make its wait end (wakeParents), and the parked parent's own
-// due time brings it back to count them in any case (childPoll), so that
-// a worker that died between a child's outcome and the wake delays the
-// parent, never strands it.
+// task), and only then are the children submitted, each with its parent,
+// parent step and parent queue (Task.Parent, ParentStep, ParentQueue) and
+// an id derived from them, so that a step run again submits nothing twice.
+// The parent then parks WAITING (wait.go), conditionally: only if no child
+// ended since it counted them (childParkConds). A child's terminal outcome
+// (SUCCEEDED, DEAD, CANCELLED; not a retry) writes its done key under the
+// parent in the same transaction as the outcome, fenced as it is, and puts
+// its parent's wake mark (one key per parent, however many children end
+// in one request); the workers of the parent's queue handle the marks
+// (childwake.go): they count the parent's children and wake it when its
+// wait is over. The mark is written with the outcome, so a worker that
+// dies after a child's outcome leaves the mark for another: the parent is
+// woken late, never stranded.
 
 // Test hooks, set by tests before any worker starts (export_test.go); nil
 // otherwise.
 var (
 	beforeChildSubmit func(parent string)
-	beforeParentWake  func(parents []string)
+	beforeParentWake  func(parent string)
 )
 
-// childSpawner submits the children of the step tasks a Client's workers
-// run (task.Spawner).
-type childSpawner struct{ c *Client }
+// childSpawner submits the children of the step tasks of queue q
+// (task.Spawner).
+type childSpawner struct {
+	c *Client
+	q string
+}
 
 var _ task.Spawner = childSpawner{}
 
-// childTask is child c of step step of task parent as it is submitted.
-func childTask(c task.Child, parent string, step int) Task {
+// childTask is child c of step step of task parent, of queue pq, as it is
+// submitted.
+func childTask(c task.Child, parent string, step int, pq string) Task {
 	return Task{ID: c.ID, Type: c.Type, Parameters: c.Parameters, Metadata: Metadata{Priority: c.Priority},
-		MaxRetries: c.MaxRetries, Timeout: Duration(c.Timeout), Queue: c.Queue, Parent: parent, ParentStep: step}
+		MaxRetries: c.MaxRetries, Timeout: Duration(c.Timeout), Queue: c.Queue, Parent: parent, ParentStep: step, ParentQueue: pq}
 }
 
 // CheckChildren implements task.Spawner: each child must be a valid task
@@ -53,7 +59,7 @@ func (s childSpawner) CheckChildren(ctx context.Context, children []task.Child) 
 	now := s.c.now()
 	queues := map[string]int{} // queue → the first child that names it
 	for i, ch := range children {
-		t := childTask(ch, "p", 1)
+		t := childTask(ch, "p", 1, s.q)
 		if err := t.check(now); err != nil {
 			var in *drover.InputError
 			if errors.As(err, &in) {
@@ -109,7 +115,7 @@ func (s childSpawner) SubmitChildren(ctx context.Context, parent string, step in
 		if _, ok := byQueue[ch.Queue]; !ok {
 			order = append(order, ch.Queue)
 		}
-		byQueue[ch.Queue] = append(byQueue[ch.Queue], childTask(ch, parent, step))
+		byQueue[ch.Queue] = append(byQueue[ch.Queue], childTask(ch, parent, step, s.q))
 	}
 	for _, q := range order {
 		res, err := s.c.Submit(ctx, q, byQueue[q], nil)
@@ -143,18 +149,49 @@ func childDone(status Status, result []byte, errMsg string) []byte {
 }
 
 // childDoneOps are the writes that record child t's terminal outcome for
-// its parent; none for a task without a parent. A child that succeeds
-// after a requeue drops the failed mark its death left.
-func (c *Client) childDoneOps(t *Task, status Status, result []byte, errMsg string) []clientv3.Op {
+// its parent, and the key of its parent's wake mark (to put once per
+// request: several children of one parent may end in one); none for a
+// task without a parent. A child that succeeds after a requeue drops the
+// failed mark its death left.
+func (c *Client) childDoneOps(t *Task, status Status, result []byte, errMsg string) ([]clientv3.Op, string) {
 	if t.Parent == "" {
-		return nil
+		return nil, ""
 	}
 	ops := []clientv3.Op{clientv3.OpPut(c.keys.ChildDone(t.Parent, t.ParentStep, t.ID), string(childDone(status, result, errMsg)))}
 	failed := c.keys.ChildFailed(t.Parent, t.ParentStep, t.ID)
 	if status == Succeeded {
-		return append(ops, clientv3.OpDelete(failed))
+		ops = append(ops, clientv3.OpDelete(failed))
+	} else {
+		ops = append(ops, clientv3.OpPut(failed, ""))
 	}
-	return append(ops, clientv3.OpPut(failed, ""))
+	return ops, c.childWakeKey(t)
+}
+
+// childCancelOps are the writes that record child t's cancel for its
+// parent, without its wake mark (Cancel and CancelTasks put it).
+func (c *Client) childCancelOps(t *Task) []clientv3.Op {
+	ops, _ := c.childDoneOps(t, Cancelled, nil, "cancelled")
+	return ops
+}
+
+// childWakeKey is the key of child t's parent's wake mark; "" for a task
+// without a parent.
+func (c *Client) childWakeKey(t *Task) string {
+	if t.Parent == "" || t.ParentQueue == "" {
+		return ""
+	}
+	return c.keys.ChildWake(t.ParentQueue, t.Parent)
+}
+
+// childParkConds are the compares under which a task that waits for
+// children (cw; none when nil) may park: no child of the step ended since
+// the revision at which the task counted them. An empty range satisfies
+// it.
+func (c *Client) childParkConds(id string, cw *task.ChildrenWait) []clientv3.Cmp {
+	if cw == nil {
+		return nil
+	}
+	return []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(c.keys.ChildDones(id, cw.Step)).WithPrefix(), "<", cw.Rev+1)}
 }
 
 // childResultError is the error of a child whose result is larger than
@@ -163,73 +200,24 @@ func childResultError(n int) error {
 	return Permanent(fmt.Errorf("%w: %d bytes, over the %d bytes a child task's result may have", ErrResultLarge, n, task.MaxChildResult))
 }
 
-// parentsOf returns the distinct parents of the tasks of outcomes os that
-// ended (not retried nor handed back).
-func parentsOf(os []outcome) []string {
-	var out []string
-	for _, o := range os {
-		switch t := o.c.task; {
-		case t.Parent == "":
-		case o.kind == Succeeded || o.kind == Dead:
-			if !slices.Contains(out, t.Parent) {
-				out = append(out, t.Parent)
-			}
-		}
+// wakeParent wakes task parent when it is parked waiting for its children
+// and enough of them ended (or one failed it): one transaction that moves
+// it back to pending while it is as read (Client.wake).
+func (c *Client) wakeParent(ctx context.Context, parent string) (bool, error) {
+	w, ok, err := c.store.WaitOf(ctx, parent)
+	if err != nil || !ok || !w.Ready() {
+		return false, err
 	}
-	return out
-}
-
-// wakeParents wakes each of parents whose wait for its children is over:
-// a parent parked on its queue's sleep index goes back to pending now.
-// A parent not parked yet (it is counting) or already back is left
-// alone. Errors are logged: the parent's own due time brings it back.
-func (c *Client) wakeParents(ctx context.Context, parents []string, logf func(msg string, args ...any)) {
 	if beforeParentWake != nil {
-		beforeParentWake(parents)
+		beforeParentWake(parent)
 	}
-	for _, p := range parents {
-		w, ok, err := c.store.WaitOf(ctx, p)
-		if err == nil && ok && w.Ready() {
-			err = c.wakeSleeping(ctx, p)
-		}
-		if err != nil && ctx.Err() == nil {
-			logf("queue: could not wake a parent task; it resumes at its next check", "task", p, "err", err)
-		}
+	_, _, woke, err := c.wake(ctx, parent, nil, nil, func(t *Task) (bool, error) {
+		return t.WaitingFor != nil && t.WaitingFor.Children != nil && t.WaitingFor.Children.Step == w.Step, nil
+	})
+	if errors.Is(err, ErrNotFound) {
+		return false, nil
 	}
-}
-
-// wakeSleeping moves task id from its queue's sleep index to pending, as
-// the index does when it falls due; nothing when it is not parked there.
-func (c *Client) wakeSleeping(ctx context.Context, id string) error {
-	t, err := c.Get(ctx, id)
-	if err != nil || t.CurrentStatus != Sleeping || t.seg != nil {
-		if errors.Is(err, ErrNotFound) {
-			return nil
-		}
-		return err
-	}
-	key := c.sleepKey(t)
-	g, err := c.cli.Get(ctx, key)
-	if err != nil || len(g.Kvs) == 0 {
-		return err // moved already
-	}
-	var rv retryValue
-	if err := json.Unmarshal(g.Kvs[0].Value, &rv); err != nil || rv.PendingKey == "" {
-		return fmt.Errorf("sleep key %s is unreadable", key)
-	}
-	ops := []clientv3.Op{clientv3.OpDelete(key), clientv3.OpPut(rv.PendingKey, encodePending(rv.Attempts, false))}
-	if lv := c.levelOfPending(t.Queue, rv.PendingKey); lv != "" {
-		ops = append(ops, clientv3.OpPut(c.levelKey(t.Queue, lv), ""))
-	}
-	_, err = c.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", g.Kvs[0].ModRevision)).Then(ops...).Commit()
-	return err
-}
-
-// childPoll is how soon a parent that waits for children counts them
-// again on its own, however its wake went: a quarter of how long it has
-// waited, from a second up to five minutes.
-func childPoll(waited time.Duration) time.Duration {
-	return min(max(waited/4, time.Second), 5*time.Minute)
+	return woke, err
 }
 
 // cancelChildren cancels the live children task parent spawned, except
@@ -263,18 +251,11 @@ func (c *Client) cancelChildren(ctx context.Context, parent string) error {
 }
 
 // afterCancels does for tasks, which a bulk cancel tried to cancel, what
-// Cancel does after a cancel: it wakes the parents of those that are
-// children, and cancels the children of those that spawned some (a count-
-// only read per task tells, 100 a request). A task the bulk cancel did not
-// cancel (it changed since it was read) is left alone: its record says so.
+// Cancel does after a cancel: it cancels the children of those that
+// spawned some (a count-only read per task tells, 100 a request). A task
+// the bulk cancel did not cancel (it changed since it was read) is left
+// alone: its record says so.
 func (c *Client) afterCancels(ctx context.Context, tasks []*Task) error {
-	var parents []string
-	for _, t := range tasks {
-		if t.Parent != "" && !slices.Contains(parents, t.Parent) {
-			parents = append(parents, t.Parent)
-		}
-	}
-	c.wakeParents(ctx, parents, func(string, ...any) {})
 	for len(tasks) > 0 {
 		part := tasks[:min(100, len(tasks))]
 		tasks = tasks[len(part):]

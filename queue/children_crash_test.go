@@ -15,20 +15,17 @@ import (
 
 	"github.com/droverhq/drover/cluster"
 	"github.com/droverhq/drover/internal/testenv/etcdtest"
-	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/queue"
 	"github.com/droverhq/drover/task"
-	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// runChildHelper is a worker process for the child task crash tests:
+// runChildHelper is a worker process of queue "wf" (parents that spawn 20
+// children each) for the child task crash tests:
 //
-//	children-submit: runs parents of queue "wf" (20 children each) and
-//	    stops for good right after a parent's spawn is checkpointed,
-//	    before its children are submitted;
-//	children-wake: runs the children of queue "kids", logging each run
-//	    to H_LOG, and stops for good once the last child's outcome is
-//	    written, before its parent is woken.
+//	children-submit: stops for good right after a parent's spawn is
+//	    checkpointed, before its children are submitted;
+//	children-wake: stops for good as it is about to wake a parent whose
+//	    20 children all ended.
 //
 // The test SIGKILLs it once it printed STOPPED.
 func runChildHelper(mode string) int {
@@ -41,29 +38,20 @@ func runChildHelper(mode string) int {
 	}
 	defer cli.Close()
 	ns := os.Getenv("H_NS")
-	keys := keyspace.MustNew(ns)
 	stopped := func() {
 		fmt.Println("STOPPED")
 		select {} // until killed
-	}
-	q := "wf"
-	if mode == "children-wake" {
-		q = "kids"
 	}
 	queue.SetChildHooks(func(string) {
 		if mode == "children-submit" {
 			stopped()
 		}
-	}, func(parents []string) {
-		if mode != "children-wake" {
-			return
-		}
-		g, err := cli.Get(ctx, keys.ChildDones(parents[0], 1), clientv3.WithPrefix(), clientv3.WithCountOnly())
-		if err == nil && g.Count == 20 {
+	}, func(string) {
+		if mode == "children-wake" {
 			stopped()
 		}
 	})
-	w, err := queue.NewWorker(ctx, cli, queue.WorkerConfig{Namespace: ns, Queue: q, Concurrency: 8, TTL: 2 * time.Second})
+	w, err := queue.NewWorker(ctx, cli, queue.WorkerConfig{Namespace: ns, Queue: "wf", Concurrency: 8, TTL: 2 * time.Second})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
@@ -72,12 +60,7 @@ func runChildHelper(mode string) int {
 	store, _ := task.NewStore(cli, ns)
 	f := newFamily(20)
 	w.HandleAll(func(ctx context.Context, t *queue.Task) ([]byte, error) {
-		if mode == "children-wake" {
-			if err := appendLine(os.Getenv("H_LOG"), t.ID); err != nil {
-				return nil, err
-			}
-			return t.Parameters, nil
-		}
+		_ = appendLine(os.Getenv("H_LOG"), "victim "+t.ID)
 		return queue.Steps(store, f.parentSteps(t.ID)...)(ctx, t)
 	})
 	_ = w.Run(ctx)
@@ -168,42 +151,72 @@ func TestSpawnSurvivesKillAfterCheckpoint(t *testing.T) {
 	}
 }
 
-// A children's worker SIGKILLed right after the last child's outcome was
-// written, before it woke the parent: the parent resumes anyway, once, at
-// its own next count, and each child ran once.
+// A parents' worker SIGKILLed as it was about to wake a parent whose
+// children all ended (the last child's outcome and the parent's wake mark
+// are written): another worker of the parents' queue wakes it from the
+// mark, the parent resumes once, and each child ran once.
 func TestSpawnSurvivesKillBeforeWake(t *testing.T) {
 	ns := etcdtest.Namespace(t)
 	c, cli := newClient(t, ns)
 	setupFamily(t, c, "p")
+	ctx := context.Background()
+	f := newFamily(20)
+	// The children end only once their parent is parked, so that its
+	// wake is the waker's, in the helper.
+	f.child = func(ctx context.Context, tk *queue.Task) ([]byte, error) {
+		for {
+			if p, err := c.Get(ctx, "p"); err == nil && p.CurrentStatus == queue.Waiting {
+				return tk.Parameters, nil
+			}
+			select {
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+	}
+	kids := newWorker(t, cli, queue.WorkerConfig{Namespace: ns, Queue: "kids", Concurrency: 32})
+	kids.HandleAll(func(ctx context.Context, tk *queue.Task) ([]byte, error) {
+		f.count(f.kids, tk.ID)
+		return f.child(ctx, tk)
+	})
+	kctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); _ = kids.Run(kctx) }()
+	defer func() { cancel(); wg.Wait() }()
+	logPath := filepath.Join(t.TempDir(), "log")
+	killChildHelperWhenStopped(t, ns, "children-wake", logPath)
+	if p, err := c.Get(ctx, "p"); err != nil || p.CurrentStatus != queue.Waiting {
+		t.Fatalf("parent after the kill: %+v (%v); want WAITING", p, err)
+	}
+
 	store, err := task.NewStore(cli, ns)
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := newFamily(20)
 	parents := newWorker(t, cli, queue.WorkerConfig{Namespace: ns, Queue: "wf", Concurrency: 2})
 	parents.HandleAll(queue.Steps(store, f.parentSteps("p")...))
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
 	wg.Add(1)
-	go func() { defer wg.Done(); _ = parents.Run(ctx) }()
-	defer func() { cancel(); wg.Wait() }()
-	logPath := filepath.Join(t.TempDir(), "kids.log")
-	killChildHelperWhenStopped(t, ns, "children-wake", logPath)
+	go func() { defer wg.Done(); _ = parents.Run(kctx) }()
 	got := waitFinished(t, c, "p")
 	if got.CurrentStatus != queue.Succeeded || string(got.Result) != "20" {
 		t.Fatalf("parent %s with %s (%s)", got.CurrentStatus, got.Result, got.LastError)
 	}
-	if a, b := f.runs(f.steps, "p/fan-out"), f.runs(f.steps, "p/fan-in"); a != 1 || b != 1 {
-		t.Fatalf("fan-out ran %d times and fan-in %d; want once each", a, b)
+	if a, b := f.runs(f.steps, "p/fan-out"), f.runs(f.steps, "p/fan-in"); a != 0 || b != 1 {
+		t.Fatalf("after the kill fan-out ran %d times and fan-in %d; want 0 and 1", a, b)
 	}
-	b, _ := os.ReadFile(logPath)
-	runs := map[string]int{}
-	for _, id := range strings.Fields(string(b)) {
-		runs[id]++
+	if b, _ := os.ReadFile(logPath); strings.Count(string(b), "victim p") != 1 {
+		t.Fatalf("the helper ran the parent %q; want once (the spawn)", b)
 	}
-	for i := range 20 {
-		if id := task.ChildID("p", 1, fmt.Sprint(i)); runs[id] != 1 {
-			t.Fatalf("child %s ran %d times; log %q", id, runs[id], b)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.kids) != 20 {
+		t.Fatalf("%d children ran", len(f.kids))
+	}
+	for id, n := range f.kids {
+		if n != 1 {
+			t.Fatalf("child %s ran %d times", id, n)
 		}
 	}
 }

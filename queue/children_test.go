@@ -335,12 +335,12 @@ func TestCancelParentCancelsChildren(t *testing.T) {
 	waitUntil(t, "the parents to wait", func() bool {
 		st, err := c.Stats(ctx, "idle")
 		wf, werr := c.Stats(ctx, "wf")
-		return err == nil && werr == nil && st.Pending == 6 && wf.Sleeping == 2
+		return err == nil && werr == nil && st.Pending == 6 && wf.Waiting == 2
 	})
 	if _, err := c.Cancel(ctx, "boss"); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := c.CancelTasks(ctx, "wf", queue.Sleeping, []string{"bulk"}, nil); err != nil || n != 1 {
+	if n, err := c.CancelTasks(ctx, "wf", queue.Waiting, []string{"bulk"}, nil); err != nil || n != 1 {
 		t.Fatalf("bulk cancel: %d (%v)", n, err)
 	}
 	store, _ := task.NewStore(cli, ns)

@@ -256,9 +256,6 @@ func (c *Client) Cancel(ctx context.Context, id string) (*Task, error) {
 	if err != nil {
 		return t, err
 	}
-	if t.Parent != "" {
-		c.wakeParents(ctx, []string{t.Parent}, func(string, ...any) {})
-	}
 	return t, c.cancelChildren(ctx, id)
 }
 
@@ -285,6 +282,9 @@ func (c *Client) cancel(ctx context.Context, id string) (*Task, error) {
 			cmps = c.segmentUnchanged(t, t.CurrentStatus)
 		}
 		ops := c.cancelOps(t)
+		if wake := c.childWakeKey(t); wake != "" {
+			ops = append(ops, clientv3.OpPut(wake, ""))
+		}
 		if t.Token != 0 {
 			l, err := c.cli.Grant(ctx, cancelSignalTTL)
 			if err != nil {

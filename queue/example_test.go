@@ -8,6 +8,7 @@ import (
 
 	"github.com/droverhq/drover/cluster"
 	"github.com/droverhq/drover/queue"
+	"github.com/droverhq/drover/task"
 )
 
 // Submitting tasks, running them with a worker until the queue drains, and
@@ -111,4 +112,65 @@ func ExampleTask_delay() {
 	// Output:
 	// scheduled 1, pending 0, <nil>
 	// ran after its delay: true
+}
+
+// Human approval: a step drafts a plan and waits for the signal
+// "approval"; the task is parked WAITING, holding no worker slot, until a
+// reviewer sends it; the next step gets the reviewer's answer.
+func ExampleClient_Signal() {
+	ctx := context.Background()
+	cli, err := cluster.Connect(ctx, cluster.ClientConfig{Endpoints: srv.Endpoints()})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer cli.Close()
+	ns := fmt.Sprintf("example-signal-%d", time.Now().UnixNano())
+	c, err := queue.NewClient(cli, ns)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	store, err := task.NewStore(cli, ns)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	w, err := queue.NewWorker(ctx, cli, queue.WorkerConfig{Namespace: ns, Queue: "agents"})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer w.Close(ctx)
+	w.HandleAll(queue.Steps(store,
+		task.Step{Name: "plan", Run: func(ctx context.Context, _ []byte) ([]byte, error) {
+			return []byte("delete 3 stale branches"), task.WaitSignal("approval", 24*time.Hour)
+		}},
+		task.Step{Name: "act", Run: func(ctx context.Context, plan []byte) ([]byte, error) {
+			sg, _ := task.ReceivedSignal(ctx)
+			var answer struct{ Approved bool }
+			if sg.TimedOut || json.Unmarshal(sg.Data, &answer) != nil || !answer.Approved {
+				return []byte("not done: " + string(plan)), nil
+			}
+			return []byte("done: " + string(plan)), nil
+		}},
+	))
+	go func() { _ = w.Run(ctx) }()
+	defer w.Stop(ctx)
+
+	_, _ = c.Submit(ctx, "agents", []queue.Task{{ID: "cleanup-7", Type: "agent"}}, nil)
+	for t, _ := c.Get(ctx, "cleanup-7"); t == nil || t.CurrentStatus != queue.Waiting; t, _ = c.Get(ctx, "cleanup-7") {
+		time.Sleep(10 * time.Millisecond)
+	}
+	t, _ := c.Get(ctx, "cleanup-7")
+	fmt.Println(t.CurrentStatus, "for", t.WaitingFor.Signals)
+
+	res, err := c.Signal(ctx, "cleanup-7", "approval", json.RawMessage(`{"approved":true}`), "review-1")
+	fmt.Printf("stored %t, woke %t, %v\n", res.Stored, res.Woke, err)
+	t, _ = c.Wait(ctx, "cleanup-7")
+	fmt.Printf("%s: %s\n", t.CurrentStatus, t.Result)
+	// Output:
+	// WAITING for [approval]
+	// stored true, woke true, <nil>
+	// SUCCEEDED: done: delete 3 stale branches
 }

@@ -497,6 +497,12 @@ func ClaimFence(ctx context.Context) lease.Fence {
 // on the queue's due index (no worker slot, no lease, no goroutine holds
 // it), and any worker of the queue resumes it at the next step when the
 // sleep ends on the worker's clock. The sleep costs no attempt.
+//
+// A step that ends with task.WaitSignal parks the task the same way,
+// WAITING, until a signal it waits for is sent (Client.Signal), which
+// moves it back to pending at once, or until the wait's timeout; the next
+// step gets the signal, or the timeout, through task.ReceivedSignal, and
+// its checkpoint consumes the signal. The wait costs no attempt.
 func Steps(store *task.Store, steps ...task.Step) Handler {
 	return func(ctx context.Context, t *Task) ([]byte, error) {
 		f, ok := ctx.Value(claimKey{}).(*claimFence)
@@ -504,13 +510,12 @@ func Steps(store *task.Store, steps ...task.Step) Handler {
 			return nil, Permanent(errors.New("queue.Steps handler run outside a worker"))
 		}
 		res, err := store.RunSteps(ctx, f, t.ID, steps, task.StepConfig{Worker: f.w.worker, Initial: t.Parameters, Now: f.w.client.now,
-			Spawner: childSpawner{c: f.w.client}})
+			Spawner: childSpawner{c: f.w.client, q: f.w.cfg.Queue}})
+		if err == nil && res.Waiting != nil {
+			return nil, &parked{until: waitDue(res.Waiting), wait: res.Waiting, again: res.StepsRun == 0}
+		}
 		if err == nil && !res.SleepingUntil.IsZero() {
 			return nil, &parked{until: res.SleepingUntil, again: res.StepsRun == 0}
-		}
-		if err == nil && res.WaitingChildren != nil {
-			now := f.w.client.now()
-			return nil, &parked{until: now.Add(childPoll(now.Sub(res.WaitingChildren.Since)))}
 		}
 		if err != nil {
 			var tl *task.StateTooLargeError

@@ -114,6 +114,6 @@ func LiveWatches(c *Client) int64 { return c.watches.live.Load() }
 // SetChildHooks sets the hooks called before a step's children are
 // submitted and before the parents of finished children are woken. Call
 // it before any worker starts.
-func SetChildHooks(beforeSubmit func(parent string), beforeWake func(parents []string)) {
+func SetChildHooks(beforeSubmit func(parent string), beforeWake func(parent string)) {
 	beforeChildSubmit, beforeParentWake = beforeSubmit, beforeWake
 }

@@ -19,18 +19,20 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// promoteDue moves queue q's due retries and sleeping tasks back to pending
-// and its due scheduled segments to the open segments, until ctx ends: one watch and
-// one timer each (package internal/due). Several workers may race for one
+// promoteDue moves queue q's due retries, sleeping tasks and timed-out
+// waits back to pending and its due scheduled segments to the open
+// segments, until ctx ends: one watch and one timer each (package internal/due). Several workers may race for one
 // item; each move is a transaction that only one wins.
 func (w *Worker) promoteDue(ctx context.Context) {
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	wg.Add(2)
+	wg.Add(4)
 	sched := w.client.scheduledIndex(w.cfg.Queue)
 	sched.Logger = w.logger
 	go func() { defer wg.Done(); sched.Run(ctx) }()
+	go func() { defer wg.Done(); w.client.waitIndex(w.cfg.Queue, w.logger).Run(ctx) }()
 	go func() { defer wg.Done(); w.client.sleepIndex(w.cfg.Queue, w.logger).Run(ctx) }()
+	go func() { defer wg.Done(); w.client.childWaker(w.cfg.Queue, w.logger).run(ctx) }()
 	w.client.retryIndex(w.cfg.Queue, w.logger).Run(ctx)
 }
 
@@ -169,7 +171,7 @@ func (w *Worker) countDepth(ctx context.Context) {
 		if st, err := w.client.Stats(ctx, w.cfg.Queue); err == nil {
 			q := w.cfg.Queue
 			for state, n := range map[string]int64{"pending": st.Pending, "running": st.Running, "retrying": st.Retrying,
-				"succeeded": st.Succeeded, "dead": st.Dead, "cancelled": st.Cancelled, "scheduled": st.Scheduled, "sleeping": st.Sleeping} {
+				"succeeded": st.Succeeded, "dead": st.Dead, "cancelled": st.Cancelled, "scheduled": st.Scheduled, "sleeping": st.Sleeping, "waiting": st.Waiting} {
 				metrics.QueueTasks.WithLabelValues(q, state).Set(float64(n))
 			}
 			metrics.QueuePaused.WithLabelValues(q).Set(map[bool]float64{true: 1}[st.Paused])

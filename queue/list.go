@@ -188,7 +188,7 @@ const resolveBatch = 30
 // resolve sets each task's CurrentStatus from where its keys are: a claim
 // means RUNNING; otherwise a terminal status in the record stands; otherwise
 // a retry key means RETRYING (a sleep key, for a record that says so,
-// SLEEPING) and a pending key PENDING. It reads at most resolveBatch
+// SLEEPING; a wait key, WAITING) and a pending key PENDING. It reads at most resolveBatch
 // tasks' keys per transaction, each with its record's revision: it returns
 // the tasks whose records changed since they were read.
 func (c *Client) resolve(ctx context.Context, tasks []*Task) (stale []*Task, err error) {
@@ -233,7 +233,7 @@ func (c *Client) resolve(ctx context.Context, tasks []*Task) (stale []*Task, err
 			_ = json.Unmarshal(claim[0].Value, &cv)
 			t.CurrentStatus, t.Attempt, t.Token = Running, cv.Attempt, claim[0].CreateRevision
 		case t.CurrentStatus.Terminal():
-		case retry && t.CurrentStatus == Sleeping:
+		case retry && (t.CurrentStatus == Sleeping || t.CurrentStatus == Waiting):
 		case retry:
 			t.CurrentStatus = Retrying
 		case pending:
@@ -400,12 +400,14 @@ func (c *Client) statusPrefix(q string, st Status) (string, error) {
 		return c.keys.QueueRetry(q), nil
 	case Sleeping:
 		return c.keys.QueueSleep(q), nil
+	case Waiting:
+		return c.keys.QueueWait(q), nil
 	case Dead:
 		return c.keys.QueueDead(q), nil
 	case Succeeded, Cancelled:
 		return c.keys.QueueDone(q, string(st)), nil // "{finished}-{id}"
 	}
-	return "", &drover.InputError{Field: "status", Value: string(st), Rule: "must be SCHEDULED, PENDING, RUNNING, RETRYING, SLEEPING, SUCCEEDED, DEAD or CANCELLED"}
+	return "", &drover.InputError{Field: "status", Value: string(st), Rule: "must be SCHEDULED, PENDING, RUNNING, RETRYING, SLEEPING, WAITING, SUCCEEDED, DEAD or CANCELLED"}
 }
 
 // idOfIndexKey returns the task id of key in the index of status st.
@@ -413,7 +415,7 @@ func idOfIndexKey(st Status, key, prefix string) string {
 	switch st {
 	case Pending:
 		return pendingID(key, prefix)
-	case Retrying, Sleeping, Succeeded, Cancelled: // "{time}-{id}"
+	case Retrying, Sleeping, Waiting, Succeeded, Cancelled: // "{time}-{id}"
 		_, id, _ := keyspace.ParseTimedKey(prefix, key)
 		return id
 	}
@@ -452,17 +454,20 @@ type Stats struct {
 	Paused bool `json:"paused"`
 	// Sleeping counts the step tasks parked until their sleep ends.
 	Sleeping int64 `json:"sleeping"`
+	// Waiting counts the step tasks parked until a signal they wait for
+	// comes or their wait times out.
+	Waiting int64 `json:"waiting"`
 }
 
 // Total is the sum of every count.
 func (s Stats) Total() int64 {
-	return s.Scheduled + s.Pending + s.Running + s.Retrying + s.Sleeping + s.Succeeded + s.Dead + s.Cancelled
+	return s.Scheduled + s.Pending + s.Running + s.Retrying + s.Sleeping + s.Waiting + s.Succeeded + s.Dead + s.Cancelled
 }
 
-// Unfinished counts tasks that are scheduled, pending, running, retrying
-// or sleeping.
+// Unfinished counts tasks that are scheduled, pending, running, retrying,
+// sleeping or waiting.
 func (s Stats) Unfinished() int64 {
-	return s.Scheduled + s.Pending + s.Running + s.Retrying + s.Sleeping
+	return s.Scheduled + s.Pending + s.Running + s.Retrying + s.Sleeping + s.Waiting
 }
 
 // Stats counts queue q's tasks by status, in one read transaction.
@@ -477,6 +482,7 @@ func (c *Client) Stats(ctx context.Context, q string) (Stats, error) {
 		count(c.keys.QueuePending(q)), count(c.keys.QueueClaims(q)), count(c.keys.QueueRetry(q)),
 		count(c.keys.QueueDone(q, string(Succeeded))), count(c.keys.QueueDead(q)), count(c.keys.QueueDone(q, string(Cancelled))),
 		clientv3.OpGet(c.keys.QueueArchived(q)), clientv3.OpGet(c.keys.QueuePaused(q), clientv3.WithCountOnly()), count(c.keys.QueueSleep(q)),
+		count(c.keys.QueueWait(q)),
 	}
 	// The due index is read only when it changed since the last Stats
 	// (dueStats): with a million tasks scheduled it is hundreds of
@@ -496,7 +502,7 @@ func (c *Client) Stats(ctx context.Context, q string) (Stats, error) {
 		return Stats{}, err
 	}
 	return Stats{Scheduled: scheduled, Pending: n(0) - n(1) + pending, Running: n(1) + running, Retrying: n(2), Succeeded: n(3) + arch.Succeeded + succeeded + arch.SegmentSucceeded,
-		Dead: n(4), Cancelled: n(5) + arch.Cancelled, Paused: n(7) > 0, Sleeping: n(8)}, nil
+		Dead: n(4), Cancelled: n(5) + arch.Cancelled, Paused: n(7) > 0, Sleeping: n(8), Waiting: n(9)}, nil
 }
 
 // Terminal reports whether st is a final status: SUCCEEDED, DEAD or

@@ -116,11 +116,6 @@ func (w *Worker) commit(batch []outcome) {
 			w.write([]ackReq{w.runDelete(r)}, nil)
 		}
 	}
-	if parents := parentsOf(batch); len(parents) > 0 {
-		ctx, cancel := context.WithTimeout(w.lease.Context(), 10*time.Second)
-		w.client.wakeParents(ctx, parents, w.logger.Warn)
-		cancel()
-	}
 }
 
 // write records outcomes in one request, retrying a few times; a request
@@ -287,6 +282,10 @@ func (w *Worker) recordOps(o outcome, now time.Time, markers map[string]bool) ([
 	if !seg {
 		pendingKey = c.pendingKey
 	}
+	if o.kind == Waiting { // parked until what it waits for comes, uncharged
+		return w.waitOps(o, pendingKey, seg, now, ops, markers)
+	}
+	t.WaitingFor = nil      // any other outcome ends a wait
 	if o.kind == Sleeping { // parked until its sleep ends, uncharged
 		return w.sleepOps(o, pendingKey, seg, now, ops)
 	}
@@ -328,7 +327,11 @@ func (w *Worker) recordOps(o outcome, now time.Time, markers map[string]bool) ([
 	case Succeeded:
 		t.CurrentStatus, t.Result, t.LastError, t.RetriesAttempted = Succeeded, o.result, "", t.Attempt-1
 		ops = append(ops, clientv3.OpPut(w.client.doneKey(t.Queue, Succeeded, now, t.ID), ""))
-		ops = append(ops, w.client.childDoneOps(t, Succeeded, o.result, "")...)
+		done, wake := w.client.childDoneOps(t, Succeeded, o.result, "")
+		ops = append(ops, done...)
+		if wake != "" {
+			markers[wake] = true
+		}
 	case Retrying:
 		t.CurrentStatus, t.RetriesAttempted, t.LastError = Retrying, t.Attempt-1, truncate(o.err.Error(), 4096)
 		t.ScheduledAt = now.Add(o.delay)
@@ -337,7 +340,11 @@ func (w *Worker) recordOps(o outcome, now time.Time, markers map[string]bool) ([
 	case Dead:
 		t.CurrentStatus, t.RetriesAttempted, t.LastError = Dead, t.Attempt-1, truncate(o.err.Error(), 4096)
 		ops = append(ops, clientv3.OpPut(w.keys.DeadTask(t.Queue, t.ID), ""))
-		ops = append(ops, w.client.childDoneOps(t, Dead, nil, t.LastError)...)
+		done, wake := w.client.childDoneOps(t, Dead, nil, t.LastError)
+		ops = append(ops, done...)
+		if wake != "" {
+			markers[wake] = true
+		}
 	}
 	tr := Transition{Status: t.CurrentStatus, At: now, Attempt: t.Attempt, Worker: w.worker}
 	if o.err != nil {
@@ -407,9 +414,12 @@ func (w *Worker) runReqs(r *segRun, os []outcome, final, exact bool, now time.Ti
 		case Succeeded:
 			ok = append(ok, okSlot{Slot: o.c.slot, Attempt: o.c.task.Attempt, Result: o.result})
 			size += len(o.result) * 4 / 3
-			if done := w.client.childDoneOps(o.c.task, Succeeded, o.result, ""); len(done) > 0 {
+			if done, wake := w.client.childDoneOps(o.c.task, Succeeded, o.result, ""); len(done) > 0 {
 				ops = append(ops, done...)
 				size += len(o.result) + 200
+				if wake != "" {
+					markers[wake] = true
+				}
 			}
 		default:
 			more, n := w.recordOps(o, now, markers)

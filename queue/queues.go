@@ -107,7 +107,7 @@ func (c *Client) DeleteQueue(ctx context.Context, q string, progress func(done i
 	// Those that wait on a due index before those pending: a sleep or a
 	// retry that falls due while this runs goes to pending, and is
 	// purged there, rather than from the index already purged.
-	for _, s := range []Status{Scheduled, Sleeping, Retrying, Pending, Dead, Succeeded, Cancelled} {
+	for _, s := range []Status{Scheduled, Sleeping, Waiting, Retrying, Pending, Dead, Succeeded, Cancelled} {
 		base := n
 		k, err := c.Purge(ctx, q, s, nil, func(done int) {
 			if progress != nil {

@@ -235,7 +235,7 @@ func (c *Client) purgeSegmentInTwo(ctx context.Context, q string, st *segState, 
 //	0x02 n task×n
 //	task: 0x00 id type input output parameters createdAt priority source tenant maxRetries timeout backoffBase backoffMax
 //	    | 0x01 the task as JSON (a task with any other field set, or a time not in UTC)
-//	    | 0x02 as 0x00, then parent parentStep (a child task: see task.Spawn)
+//	    | 0x02 as 0x00, then parent parentStep parentQueue (a child task: see task.Spawn)
 //
 // Strings and parameters are a uvarint length and the bytes; createdAt is
 // 0 for the zero time, else 1, Unix seconds and nanoseconds; maxRetries is 0 for none
@@ -283,7 +283,7 @@ func appendTask(b []byte, t *Task) ([]byte, error) {
 		return varcodec.AppendBytes(b, raw), nil
 	}
 	form := byte(taskBinary)
-	if t.Parent != "" || t.ParentStep != 0 {
+	if t.Parent != "" || t.ParentStep != 0 || t.ParentQueue != "" {
 		form = taskChild
 	}
 	b = append(b, form)
@@ -306,6 +306,7 @@ func appendTask(b []byte, t *Task) ([]byte, error) {
 	if form == taskChild {
 		b = varcodec.AppendBytes(b, []byte(t.Parent))
 		b = binary.AppendVarint(b, int64(t.ParentStep))
+		b = varcodec.AppendBytes(b, []byte(t.ParentQueue))
 	}
 	return b, nil
 }
@@ -346,7 +347,7 @@ func binaryTask(t *Task) bool {
 	rest.Metadata.CreatedAt, rest.Metadata.Priority, rest.Metadata.SourceSystem, rest.Metadata.Tenant = time.Time{}, 0, "", ""
 	rest.MaxRetries = nil
 	rest.Timeout, rest.BackoffBase, rest.BackoffMax = 0, 0, 0
-	rest.Parent, rest.ParentStep = "", 0 // the child form holds them
+	rest.Parent, rest.ParentStep, rest.ParentQueue = "", 0, "" // the child form holds them
 	rest.rev, rest.pendingRev, rest.seg = 0, 0, nil
 	return reflect.ValueOf(rest).IsZero()
 }
@@ -427,7 +428,7 @@ func readTask(r *varcodec.Reader, t *Task) error {
 	}
 	t.Timeout, t.BackoffBase, t.BackoffMax = Duration(r.Varint()), Duration(r.Varint()), Duration(r.Varint())
 	if kind == taskChild {
-		t.Parent, t.ParentStep = str(), int(r.Varint())
+		t.Parent, t.ParentStep, t.ParentQueue = str(), int(r.Varint()), str()
 	}
 	return r.Err()
 }

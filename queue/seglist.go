@@ -383,7 +383,7 @@ func submittedHistory(seg string, created time.Time) []Transition {
 // SCHEDULED or SLEEPING for the workers that run then.
 func (c *Client) drained(ctx context.Context, q string) bool {
 	st, err := c.Stats(ctx, q)
-	if err != nil || st.Unfinished()-st.Scheduled-st.Sleeping > 0 {
+	if err != nil || st.Unfinished()-st.Scheduled-st.Sleeping-st.Waiting > 0 {
 		return false
 	}
 	for _, idx := range []struct {

@@ -35,6 +35,9 @@ import (
 type parked struct {
 	until time.Time
 	again bool
+	// wait, when set, is what the task waits for (until is the wait's
+	// due time): it parks WAITING rather than SLEEPING.
+	wait *task.Wait
 }
 
 // reparkAfter is how soon at the earliest a task parked again goes back
@@ -44,6 +47,9 @@ type parked struct {
 const reparkAfter = 30 * time.Second
 
 func (p *parked) Error() string {
+	if p.wait != nil {
+		return "the task " + waitText(p.wait)
+	}
 	return "the task sleeps until " + p.until.Format(time.RFC3339Nano)
 }
 
@@ -98,7 +104,12 @@ func (w *Worker) asleep(c *claim, err *error) (outcome, bool) {
 	if bad != nil {
 		*err = bad
 	}
-	return outcome{c: c, kind: Sleeping, until: until, repark: isReparked(*err)}, ok
+	o := outcome{c: c, kind: Sleeping, until: until, repark: isReparked(*err)}
+	var p *parked
+	if ok && errors.As(*err, &p) && p.wait != nil {
+		o.kind, o.wait = Waiting, p.wait
+	}
+	return o, ok
 }
 
 // sleepKey is the task's key in its queue's sleep index.
@@ -107,10 +118,14 @@ func (c *Client) sleepKey(t *Task) string {
 }
 
 // waitKey is the key of task t in the index it waits in when it is not
-// pending: its sleep key when its record says SLEEPING, else its retry key.
+// pending: its sleep key when its record says SLEEPING, its wait key when
+// it says WAITING, else its retry key.
 func (c *Client) waitKey(t *Task) string {
-	if t.CurrentStatus == Sleeping {
+	switch t.CurrentStatus {
+	case Sleeping:
 		return c.sleepKey(t)
+	case Waiting:
+		return c.waitingKey(t)
 	}
 	return c.retryKey(t)
 }

@@ -33,6 +33,10 @@ const (
 	// Sleeping is a step task parked until the sleep its last step ended
 	// with is over: it holds no claim, and no worker claims it before.
 	Sleeping Status = "SLEEPING"
+	// Waiting is a step task parked until what its last step waits for
+	// (a signal) comes, or the wait times out: it holds no claim, and no
+	// worker claims it before.
+	Waiting Status = "WAITING"
 )
 
 // Limits and defaults.
@@ -111,13 +115,18 @@ type Task struct {
 	// Shard is the pending index shard the task was submitted to when it
 	// is not the one its id hashes to (a FIFO queue's tasks are all in
 	// shard 0); nil otherwise.
-	Shard       *int         `json:"shard,omitempty"`
+	Shard *int `json:"shard,omitempty"`
+	// WaitingFor is what a WAITING task waits for (its record keeps it
+	// until the task's next outcome); nil for a task that does not wait.
+	WaitingFor  *WaitingFor  `json:"waiting_for,omitempty"`
 	Transitions []Transition `json:"transitions,omitempty"`
 	// Parent is the step task that spawned this one (see task.Spawn), and
 	// ParentStep the step of it that did; "" and 0 for a task submitted
 	// otherwise. A child's terminal outcome is recorded for its parent.
 	Parent     string `json:"parent,omitempty"`
 	ParentStep int    `json:"parent_step,omitempty"`
+	// ParentQueue is the parent's queue, whose workers wake it.
+	ParentQueue string `json:"parent_queue,omitempty"`
 
 	// Revisions seen by the read that returned the task, so that writes
 	// based on it can require that nothing changed since.
@@ -314,8 +323,8 @@ func ParseLine(line []byte) (Task, error) {
 	if t.CurrentStatus != "" || t.Attempt != 0 || t.Token != 0 || len(t.Transitions) > 0 || t.Result != nil || t.RetriesAttempted != 0 {
 		return Task{}, errors.New("current_status, attempt, token, transitions, result and retries_attempted are set by drover, not by submitters")
 	}
-	if t.Parent != "" || t.ParentStep != 0 {
-		return Task{}, errors.New("parent and parent_step are set by drover when a step spawns a child task, not by submitters")
+	if t.Parent != "" || t.ParentStep != 0 || t.ParentQueue != "" {
+		return Task{}, errors.New("parent, parent_step and parent_queue are set by drover when a step spawns a child task, not by submitters")
 	}
 	return t, nil
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/lease"
 	"github.com/droverhq/drover/lock"
+	"github.com/droverhq/drover/task"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -331,8 +332,9 @@ type outcome struct {
 	result []byte
 	err    error
 	delay  time.Duration
-	until  time.Time // when a Sleeping task falls due
-	repark bool      // a Sleeping task that ran nothing, parked again
+	until  time.Time  // when a Sleeping task falls due
+	repark bool       // a Sleeping or Waiting task that ran nothing, parked again
+	wait   *task.Wait // what a Waiting task waits for (until: its due time)
 	// deferred is why flow control handed the task back (with delay), ""
 	// otherwise.
 	deferred string

@@ -320,6 +320,21 @@ type ChildWait struct {
 	Done, Failed int64
 	// Since is when the step that spawned them was checkpointed.
 	Since time.Time
+	// Rev is the store revision the counts were read at.
+	Rev int64
+}
+
+// ChildrenWait is a wait for children, as a run that stops for it reports
+// it (Result.Waiting) and a queue task's record shows it.
+type ChildrenWait struct {
+	// Step spawned N children; Wait of them must end (see SpawnOptions).
+	Step    int  `json:"step"`
+	N       int  `json:"n"`
+	Wait    int  `json:"wait"`
+	Collect bool `json:"collect,omitempty"`
+	// Rev is the store revision at which the run counted the children
+	// that ended: a child that ends after it makes a park refused.
+	Rev int64 `json:"rev"`
 }
 
 // Ready reports whether the parent's next step may run (or the parent
@@ -351,6 +366,7 @@ func (s *Store) countChildren(ctx context.Context, id string, cp Checkpoint) (Ch
 	if err != nil {
 		return w, fmt.Errorf("task %s: count the children of step %d: %w", id, cp.Step, err)
 	}
+	w.Rev = resp.Header.Revision
 	w.Submitted = resp.Responses[0].GetResponseRange().Count > 0
 	w.Done = resp.Responses[1].GetResponseRange().Count
 	w.Failed = resp.Responses[2].GetResponseRange().Count

@@ -89,7 +89,7 @@ func TestSpawnPlanIsIdempotentPerStep(t *testing.T) {
 	cfg := task.StepConfig{Worker: "w", Spawner: sp}
 	for run := 1; run <= 2; run++ {
 		res, err := store.RunSteps(ctx, f, "p", steps, cfg)
-		if err != nil || res.WaitingChildren == nil || res.WaitingChildren.N != 3 || res.WaitingChildren.Wait != 3 {
+		if err != nil || res.Waiting == nil || res.Waiting.Children == nil || res.Waiting.Children.N != 3 || res.Waiting.Children.Wait != 3 {
 			t.Fatalf("run %d: %+v (%v); want to wait for 3 children", run, res, err)
 		}
 	}
@@ -115,7 +115,7 @@ func TestSpawnPlanIsIdempotentPerStep(t *testing.T) {
 		}
 	}
 	res, err := store.RunSteps(ctx, f, "p", steps, cfg)
-	if err != nil || res.WaitingChildren != nil || runs["fan-in"] != 1 {
+	if err != nil || res.Waiting != nil || runs["fan-in"] != 1 {
 		t.Fatalf("run after the children: %+v (%v), fan-in ran %d times", res, err, runs["fan-in"])
 	}
 	var outs []task.ChildOutcome

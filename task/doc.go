@@ -27,6 +27,17 @@
 // the next step before that time. From a queue (queue.Steps) the task is
 // parked on the queue's due index and any worker resumes it then.
 //
+// A step can end with a wait for a signal: it returns its state with
+// WaitSignal(name, timeout) (or WaitSignals) as its error. The state is
+// checkpointed with what the task waits for; the next step runs once a
+// signal of that name has been sent to the task (queue.Client.Signal,
+// POST /v1/tasks/{id}/signals/{name}, drover signal) or the timeout has
+// passed, and reads which through ReceivedSignal. The signal is consumed
+// in that step's checkpoint, fenced as every checkpoint: a step that
+// fails gets the same signal on its next attempt, and a run that lost its
+// lock or claim consumes nothing. From a queue the task is parked WAITING
+// and a signal wakes it at once.
+//
 // Checkpoint state is meant to be small metadata (1 MiB by default, at most
 // [MaxStateLimit]): etcd holds it in every member's memory and log. Put large
 // state (documents, transcripts, embeddings) in an object store or

@@ -25,6 +25,8 @@ const (
 	EventStepStarted      EventType = "step_started"      // Step, Name
 	EventStepCheckpointed EventType = "step_checkpointed" // Step, Name: the checkpoint is written
 	EventSleeping         EventType = "sleeping"          // Step ended with a sleep until Until: the task is let go
+	EventAwaitingSignal   EventType = "awaiting_signal"   // Step ended with a wait for the signals Signals: the task is let go
+	EventSignalReceived   EventType = "signal_received"   // Step is resumed with the signal Name (Err "timed out": none came)
 	EventWaitingChildren  EventType = "waiting_children"  // Step spawned children the task waits for: the task is let go
 	EventCompleted        EventType = "completed"         // the last step is checkpointed
 	EventAlreadyCompleted EventType = "already_completed" // nothing left to do
@@ -43,6 +45,8 @@ type Event struct {
 	Err    string    `json:"error,omitempty"`
 	// Until is when the sleep of a "sleeping" event ends.
 	Until time.Time `json:"until,omitzero"`
+	// Signals are what an "awaiting_signal" event waits for.
+	Signals []string `json:"signals,omitempty"`
 }
 
 // RunnerConfig configures a Runner. The zero value is valid.
@@ -214,10 +218,13 @@ type Result struct {
 	// checkpointed), or the checkpoint loaded was still asleep. Nothing is
 	// held; run the task again at that time to resume it.
 	SleepingUntil time.Time
-	// WaitingChildren, when set, says the run stopped because the task
-	// waits for the children a step spawned (see Spawn): they are
-	// submitted, and the next step runs once enough of them ended.
-	WaitingChildren *ChildWait
+	// Waiting, when set, says the run stopped because the task waits for
+	// a signal: a step ended with a WaitRequest (its state checkpointed),
+	// or the checkpoint loaded waits and no signal for it has arrived (nor
+	// its timeout passed). Nothing is held. Or, with Waiting.Children set,
+	// for the children a step spawned (see Spawn): they are submitted, and
+	// the next step runs once enough of them ended.
+	Waiting *Wait
 }
 
 // CheckSteps returns a drover.InputError unless steps is a usable step list:
@@ -257,7 +264,11 @@ func CheckSteps(steps []Step) error {
 // Result.SleepingUntil set, and the lock is released, so nothing is held
 // while the task sleeps. Run it again at that time (from any worker) to
 // resume at the next step; a Run before then returns at once the same
-// way, running nothing.
+// way, running nothing. A step that ends with a WaitRequest (WaitSignal)
+// ends the run the same way, with Result.Waiting set: a named task has
+// no queue to park on, so run it again once the signal was sent (or the
+// wait's timeout passed) to resume it with the signal; a Run before that
+// runs nothing.
 func (r *Runner) Run(ctx context.Context, id string, steps []Step) (Result, error) {
 	if err := CheckID(id); err != nil {
 		return Result{}, err
@@ -371,6 +382,16 @@ func (s *Store) RunSteps(ctx context.Context, f lease.Fence, id string, steps []
 		r.emit(Event{Type: EventSleeping, TaskID: id, Step: cp.Step, Name: cp.StepName, Until: cp.SleepUntil})
 		return res, nil
 	}
+	var sg *Signal
+	if cp.Wait != nil {
+		if sg, err = s.resumeWait(ctx, id, cp.Wait, r.now); err != nil {
+			return res, err
+		} else if sg == nil {
+			res.Waiting = cp.Wait
+			r.emit(Event{Type: EventAwaitingSignal, TaskID: id, Step: cp.Step, Name: cp.StepName, Until: cp.Wait.Until, Signals: cp.Wait.Signals})
+			return res, nil
+		}
+	}
 	if cp.Step == 0 {
 		cp.State = cfg.Initial
 	}
@@ -384,16 +405,21 @@ func (s *Store) RunSteps(ctx context.Context, f lease.Fence, id string, steps []
 		r.emit(Event{Type: EventResumed, TaskID: id, Step: res.ResumedFrom, Name: steps[cp.Step].Name})
 	}
 	for i := cp.Step; i < len(steps); i++ {
-		next, err := r.step(r.withChildren(ctx, cp), i, cp)
+		next, err := r.step(r.withChildren(ctx, cp), i, cp, sg)
 		if err != nil {
 			return res, err
 		}
-		cp = next
+		cp, sg = next, nil
 		res.StepsRun++
 		res.State = next.State
 		if !next.SleepUntil.IsZero() {
 			res.SleepingUntil = next.SleepUntil
 			r.emit(Event{Type: EventSleeping, TaskID: id, Step: next.Step, Name: next.StepName, Until: next.SleepUntil})
+			return res, nil
+		}
+		if next.Wait != nil {
+			res.Waiting = next.Wait
+			r.emit(Event{Type: EventAwaitingSignal, TaskID: id, Step: next.Step, Name: next.StepName, Until: next.Wait.Until, Signals: next.Wait.Signals})
 			return res, nil
 		}
 		if next.Spawn != nil {
@@ -449,28 +475,44 @@ type stepRun struct {
 
 // waiting submits the children checkpoint cp's step spawned, if they are
 // not yet, and reports whether the run stops to wait for them (with
-// res.WaitingChildren set).
+// res.Waiting set: a wait for children, without a timeout).
 func (r *stepRun) waiting(ctx context.Context, cp Checkpoint, res *Result) (bool, error) {
 	w, err := r.awaitChildren(ctx, cp)
 	if err != nil || w.Ready() {
 		return false, err
 	}
-	res.WaitingChildren = &w
+	res.Waiting = &Wait{Since: cp.At, Children: &ChildrenWait{Step: cp.Step, N: w.N, Wait: w.Wait, Collect: w.Collect, Rev: w.Rev}}
 	r.emit(Event{Type: EventWaitingChildren, TaskID: r.id, Step: cp.Step, Name: cp.StepName})
 	return true, nil
 }
 
 // step runs step i+1 after checkpoint cp and writes its checkpoint, which
-// it returns; a sleep the step asked for is in its SleepUntil.
-func (r *stepRun) step(ctx context.Context, i int, cp Checkpoint) (Checkpoint, error) {
+// it returns; a sleep the step asked for is in its SleepUntil, a wait in
+// its Wait. sg, when set, is the signal that ended the wait of cp: the
+// step gets it through its context, and its checkpoint consumes it.
+func (r *stepRun) step(ctx context.Context, i int, cp Checkpoint, sg *Signal) (Checkpoint, error) {
 	n, step, id, f := i+1, r.steps[i], r.id, r.f
 	started := time.Now()
+	if sg != nil {
+		ctx = context.WithValue(ctx, signalKey{}, sg)
+		ev := Event{Type: EventSignalReceived, TaskID: id, Step: n, Name: sg.Name}
+		if sg.TimedOut {
+			ev.Err = "timed out"
+		}
+		r.emit(ev)
+	}
 	r.emit(Event{Type: EventStepStarted, TaskID: id, Step: n, Name: step.Name, Token: f.Token()})
 	state, err := step.Run(ctx, cp.State)
 	var until time.Time
 	if sl, ok := sleepOf(err); ok && err != nil {
 		if until, err = sl.Due(r.now()); err == nil && (n == len(r.steps) || !until.After(r.now())) {
 			until = time.Time{} // nothing follows, or the time is past: no sleep
+		}
+	}
+	var wait *Wait
+	if wr, ok := waitOf(err); ok && err != nil {
+		if err = wr.Check(); err == nil && n < len(r.steps) { // nothing follows the last step: no wait
+			wait = newWait(wr, r.now())
 		}
 	}
 	spawnReq, spawns := spawnOf(err)
@@ -495,12 +537,12 @@ func (r *stepRun) step(ctx context.Context, i int, cp Checkpoint) (Checkpoint, e
 		}
 	}
 	next := Checkpoint{TaskID: id, Step: n, StepName: step.Name, Steps: len(r.steps), Completed: n == len(r.steps) && sp == nil,
-		State: state, SleepUntil: until, Spawn: sp, Worker: r.cfg.Worker, Token: f.Token(), At: time.Now().UTC()}
+		State: state, SleepUntil: until, Wait: wait, Spawn: sp, Worker: r.cfg.Worker, Token: f.Token(), At: time.Now().UTC()}
 	rec := StepRecord{Step: n, Name: step.Name, Worker: r.cfg.Worker, Token: f.Token(), StartedAt: started.UTC(), FinishedAt: next.At}
 	// The fence, not the step's context, decides whether this write
 	// counts: commit even if the context ended as the step finished.
 	cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	err = r.s.commitWith(cctx, f, cp, &next, rec, extra)
+	err = r.s.commit(cctx, f, cp, &next, rec, append(r.s.consumeOps(id, sg, next.At), extra...))
 	ccancel()
 	if err != nil {
 		if errors.Is(err, lock.ErrFenced) {

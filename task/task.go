@@ -104,6 +104,10 @@ type Checkpoint struct {
 	// SleepUntil, when set, is when the sleep the last completed step
 	// ended with ends: the next step runs no earlier (see SleepRequest).
 	SleepUntil time.Time `json:"sleep_until,omitzero"`
+	// Wait, when set, is what the task waits for after the last completed
+	// step: the next step runs once a signal named arrives or the wait
+	// times out (see WaitRequest).
+	Wait *Wait `json:"wait,omitempty"`
 	// Spawn, when set, says the last completed step spawned children
 	// (see Spawn): the next step runs once enough of them ended.
 	Spawn *SpawnRecord `json:"spawn,omitempty"`
@@ -205,12 +209,12 @@ func (s *Store) History(ctx context.Context, id string) ([]StepRecord, error) {
 // drover.ErrStoreFull (a *drover.StoreFullError); the same commit
 // succeeds once the key is gone.
 func (s *Store) Commit(ctx context.Context, f lease.Fence, prev Checkpoint, next *Checkpoint, rec StepRecord) error {
-	return s.commitWith(ctx, f, prev, next, rec, nil)
+	return s.commit(ctx, f, prev, next, rec, nil)
 }
 
-// commitWith is Commit with extra writes in the same transaction (the last
-// chunk of a spawning step's plan).
-func (s *Store) commitWith(ctx context.Context, f lease.Fence, prev Checkpoint, next *Checkpoint, rec StepRecord, extra []clientv3.Op) error {
+// commit is Commit with more writes made in the same transaction (a
+// signal's consumption).
+func (s *Store) commit(ctx context.Context, f lease.Fence, prev Checkpoint, next *Checkpoint, rec StepRecord, also []clientv3.Op) error {
 	cpKey, stepKey := s.keys.TaskCheckpoint(next.TaskID), s.keys.TaskStep(next.TaskID, rec.Step)
 	cpVal, err := json.Marshal(next)
 	if err != nil {
@@ -227,7 +231,7 @@ func (s *Store) commitWith(ctx context.Context, f lease.Fence, prev Checkpoint, 
 		If(clientv3.Compare(clientv3.ModRevision(cpKey), "=", prev.modRev),
 			clientv3.Compare(clientv3.Version(stepKey), "=", 0),
 			storeguard.NotFull(s.keys)).
-		Then(append([]clientv3.Op{clientv3.OpPut(cpKey, string(cpVal)), clientv3.OpPut(stepKey, string(recVal))}, extra...)...).
+		Then(append([]clientv3.Op{clientv3.OpPut(cpKey, string(cpVal)), clientv3.OpPut(stepKey, string(recVal))}, also...)...).
 		Else(storeguard.GetOp(s.keys)).
 		Commit()
 	if err != nil {

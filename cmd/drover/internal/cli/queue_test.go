@@ -64,7 +64,7 @@ func TestSubmitJSONLWithBadLines(t *testing.T) {
 		t.Fatalf("resubmit: %q (%v)", r.stdout, err)
 	}
 	r = drover(t, append(etcdFlags(ns), "tasks", "stats", "--queue", "jobs", "--json")...)
-	if strings.TrimSpace(r.stdout) != `{"pending":3,"running":0,"retrying":0,"succeeded":0,"dead":0,"cancelled":0,"scheduled":0,"paused":false,"sleeping":0}` {
+	if strings.TrimSpace(r.stdout) != `{"pending":3,"running":0,"retrying":0,"succeeded":0,"dead":0,"cancelled":0,"scheduled":0,"paused":false,"sleeping":0,"waiting":0}` {
 		t.Fatalf("stats %q", r.stdout)
 	}
 	r = drover(t, append(etcdFlags(ns), "submit", "--queue", "jobs", "--type", "sum", "--id", "one", "--param", "x=5", "--param", "name=ada")...)

@@ -113,7 +113,7 @@ func TestSubmitExitsBusyWhileStoreFull(t *testing.T) {
 	n, _ := strconv.Atoi(m[1])
 	submitted += n
 	r := drover(t, append(flags, "tasks", "stats", "--queue", "fill", "--json")...)
-	want := fmt.Sprintf(`{"pending":%d,"running":0,"retrying":0,"succeeded":0,"dead":0,"cancelled":0,"scheduled":0,"paused":false,"sleeping":0}`, submitted)
+	want := fmt.Sprintf(`{"pending":%d,"running":0,"retrying":0,"succeeded":0,"dead":0,"cancelled":0,"scheduled":0,"paused":false,"sleeping":0,"waiting":0}`, submitted)
 	if r.code != 0 || strings.TrimSpace(r.stdout) != want {
 		t.Fatalf("stats of the full queue: exit %d, %q; want %s", r.code, r.stdout, want)
 	}

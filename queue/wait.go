@@ -1,0 +1,337 @@
+package queue
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/droverhq/drover"
+	"github.com/droverhq/drover/internal/due"
+	"github.com/droverhq/drover/task"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// A step task that waits (a step ended with task.WaitSignal) is parked as
+// a sleeping one is (sleep.go): its outcome, fenced by its claim, gives the
+// claim up, says WAITING in its record, with what it waits for
+// (WaitingFor), and puts one key in its queue's wait index,
+// queues/{q}/wait/{due}-{id}, due at the wait's timeout (NoTimeout when it
+// has none), holding where the task goes back to. The same due.Index code
+// moves it back to pending when the timeout passes; a signal moves it back
+// at once (wake). The park is conditional: a nested transaction that parks
+// only if nothing the task waits for has come already (parkConds), and
+// otherwise hands the task back at once, so that a signal sent just before
+// the park is never missed.
+
+// NoTimeout is the due time of a wait without a timeout in its queue's
+// wait index: far enough that no mover reaches it, within the Unix
+// nanoseconds a due key holds.
+var NoTimeout = time.Date(2200, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// MaxSignalData bounds a signal's data, in bytes of JSON.
+const MaxSignalData = 64 << 10
+
+// WaitingFor is what a WAITING task waits for, as its record says.
+type WaitingFor struct {
+	// Signals are the names of the signals it waits for: the first of
+	// them sent ends the wait.
+	Signals []string `json:"signals,omitempty"`
+	// Since is when the wait began.
+	Since time.Time `json:"since"`
+	// Until is when the wait times out; zero: it does not.
+	Until time.Time `json:"until,omitzero"`
+	// Children, when set, says it waits for the children a step spawned
+	// (see task.Spawn), not for a signal.
+	Children *task.ChildrenWait `json:"children,omitempty"`
+}
+
+// waitDue is when a wait falls due in the wait index: its timeout, or
+// NoTimeout.
+func waitDue(w *task.Wait) time.Time {
+	if w.Until.IsZero() {
+		return NoTimeout
+	}
+	return w.Until
+}
+
+// waitingKey is the task's key in its queue's wait index.
+func (c *Client) waitingKey(t *Task) string {
+	return due.Key(c.keys.QueueWait(t.Queue), t.ScheduledAt, t.ID)
+}
+
+// waitIndex is queue q's waiting tasks as a due index: a wait that times
+// out goes back to pending as a due retry does (the same value, the same
+// writes), judged by the client's clock.
+func (c *Client) waitIndex(q string, logger *slog.Logger) *due.Index {
+	ix := c.retryIndex(q, logger)
+	ix.Prefix, ix.Now, ix.Name = c.keys.QueueWait(q), c.now, "wait"
+	return ix
+}
+
+// parkConds are the compares under which task id may be parked waiting
+// for wf: nothing it waits for has come. For each signal name, no key in
+// the task's inbox under that name (a compare over the name's prefix,
+// which an empty range satisfies). What else a task may wait for adds
+// its compares here.
+func (c *Client) parkConds(id string, wf *WaitingFor) []clientv3.Cmp {
+	cmps := make([]clientv3.Cmp, 0, len(wf.Signals))
+	for _, n := range wf.Signals {
+		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(c.keys.TaskSignalName(id, n)), "=", 0).WithPrefix())
+	}
+	return append(cmps, c.childParkConds(id, wf.Children)...)
+}
+
+// waitOps are the writes that record outcome o, a wait: one nested
+// transaction that, under parkConds, parks the task (its record WAITING,
+// its attempt given back, its key in the wait index) and otherwise hands
+// it back to pending at once, its attempt given back too (what it waits
+// for came before the park: its next run delivers it). ops are the writes
+// recordOps made before (the claim's deletion); no key is written both
+// there and in the nested transaction, as etcd requires.
+func (w *Worker) waitOps(o outcome, pendingKey string, seg bool, now time.Time, ops []clientv3.Op, markers map[string]bool) ([]clientv3.Op, int) {
+	t := o.c.task
+	back := *t
+	back.Transitions = slices.Clone(t.Transitions)
+	t.Transitions = appendLost(t.Transitions, t.Attempt, o.c.claimedAt)
+	if !o.repark || !waitedBefore(t) {
+		t.Transitions = appendTransition(t.Transitions, Transition{Status: Running, At: o.c.claimedAt, Attempt: t.Attempt, Worker: w.worker})
+		t.Transitions = appendTransition(t.Transitions, Transition{Status: Waiting, At: now, Attempt: t.Attempt, Worker: w.worker, Error: waitText(o.wait)})
+	}
+	t.Attempt-- // a wait is not an attempt
+	t.CurrentStatus, t.ScheduledAt, t.Token = Waiting, o.until.UTC(), o.c.token
+	t.WaitingFor = &WaitingFor{Signals: o.wait.Signals, Since: o.wait.Since, Until: o.wait.Until, Children: o.wait.Children}
+	rv, _ := json.Marshal(retryValue{PendingKey: pendingKey, Attempts: t.Attempt})
+	rec, _ := json.Marshal(t)
+	var park []clientv3.Op
+	if !seg {
+		park = append(park, clientv3.OpDelete(pendingKey))
+	}
+	park = append(park, clientv3.OpPut(w.client.waitingKey(t), string(rv)), clientv3.OpPut(w.keys.TaskRecord(t.ID), string(rec)))
+	back.CurrentStatus, back.Attempt, back.Token, back.WaitingFor = Pending, back.Attempt-1, 0, nil
+	brec, _ := json.Marshal(&back)
+	handBack := []clientv3.Op{clientv3.OpPut(pendingKey, encodePending(back.Attempt, false)), clientv3.OpPut(w.keys.TaskRecord(t.ID), string(brec))}
+	if seg {
+		markers[w.client.levelKey(t.Queue, levelOf(t.Metadata.Priority))] = true
+	}
+	return append(ops, clientv3.OpTxn(w.client.parkConds(t.ID, t.WaitingFor), park, handBack)), len(rec) + len(brec) + 600
+}
+
+// waitText says in a transition what a task waits for.
+func waitText(wt *task.Wait) string {
+	if cw := wt.Children; cw != nil {
+		return fmt.Sprintf("waits for %d of the %d children step %d spawned", cw.Wait, cw.N, cw.Step)
+	}
+	s := "waits for signal " + strings.Join(wt.Signals, " or ")
+	if !wt.Until.IsZero() {
+		s += " until " + wt.Until.UTC().Format(time.RFC3339Nano)
+	}
+	return s
+}
+
+// waitedBefore reports whether task t's history shows it waiting.
+func waitedBefore(t *Task) bool {
+	for _, tr := range t.Transitions {
+		if tr.Status == Waiting {
+			return true
+		}
+	}
+	return false
+}
+
+// wakeTxn are the compares and writes that move task t, parked WAITING
+// with its wait key kv (as read), back to pending at once: the wait
+// index's own move of kv (the key deleted, the pending key and its level's
+// marker put), under the compares that the record and the key are still
+// as read. false: kv cannot be moved (unreadable), nothing to do. Whatever
+// makes a waiting task's condition true (a signal here) makes these writes
+// in the transaction that makes it true.
+func (c *Client) wakeTxn(t *Task, kv *mvccpb.KeyValue) ([]clientv3.Cmp, []clientv3.Op, bool) {
+	ix := c.waitIndex(t.Queue, slog.Default())
+	moves, ok := ix.Move(kv)
+	if !ok {
+		return nil, nil, false
+	}
+	cmps := []clientv3.Cmp{
+		clientv3.Compare(clientv3.ModRevision(c.keys.TaskRecord(t.ID)), "=", t.rev),
+		clientv3.Compare(clientv3.ModRevision(string(kv.Key)), "=", kv.ModRevision),
+	}
+	ops := append([]clientv3.Op{clientv3.OpDelete(string(kv.Key))}, moves...)
+	return cmps, append(ops, ix.Shared([]*mvccpb.KeyValue{kv})...), true
+}
+
+// waiting reads task id and, when its record says WAITING, its key in the
+// wait index (nil when the task is not parked: it was woken, or it never
+// parked). A task that does not exist is ErrNotFound.
+func (c *Client) waiting(ctx context.Context, id string) (*Task, *mvccpb.KeyValue, error) {
+	t, err := c.Get(ctx, id)
+	if err != nil {
+		return nil, nil, err
+	}
+	if t.CurrentStatus != Waiting {
+		return t, nil, nil
+	}
+	g, err := c.cli.Get(ctx, c.waitingKey(t))
+	if err != nil {
+		return nil, nil, fmt.Errorf("queue: read the wait of %s: %w", id, err)
+	}
+	if len(g.Kvs) == 0 {
+		return t, nil, nil
+	}
+	return t, g.Kvs[0], nil
+}
+
+// wakeTries bounds wake's reads and writes when the task keeps changing
+// under it.
+const wakeTries = 20
+
+// wake reads task id and commits, while the task is as read (its record,
+// its key in the wait index), one nested transaction If(more)
+// Then(also, and, when the task is parked and wakes says what it waits for
+// has come, the wake's writes: back to pending at once). A task read that
+// changed before the commit is read again (at most wakeTries times).
+// wakes may refuse the task as read with an error, which wake returns.
+// It returns the task as read, whether the nested transaction's compares
+// held (its writes were made), and whether the task was woken. What makes
+// a waiting task's condition true (a signal here) calls it with the
+// writes that make it true.
+func (c *Client) wake(ctx context.Context, id string, more []clientv3.Cmp, also []clientv3.Op, wakes func(*Task) (bool, error)) (*Task, bool, bool, error) {
+	for try := 0; try < wakeTries; try++ {
+		if try > 0 {
+			sleepCtx(ctx, time.Duration(try)*5*time.Millisecond)
+		}
+		t, kv, err := c.waiting(ctx, id)
+		if err != nil {
+			return nil, false, false, err
+		}
+		yes, err := wakes(t)
+		if err != nil {
+			return t, false, false, err
+		}
+		// The task as read: its record (an outcome that parks it
+		// rewrites it) and its wait key.
+		cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(c.keys.TaskRecord(id)), "=", t.rev)}
+		then := slices.Clone(also)
+		woke := false
+		switch {
+		case kv == nil:
+			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(c.waitingKey(t)), "=", 0))
+		case yes:
+			if wc, wops, ok := c.wakeTxn(t, kv); ok {
+				cmps, then, woke = wc, append(then, wops...), true
+				break
+			}
+			fallthrough
+		default:
+			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(string(kv.Key)), "=", kv.ModRevision))
+		}
+		resp, err := c.cli.Txn(ctx).If(cmps...).Then(clientv3.OpTxn(more, then, nil)).Commit()
+		if err != nil {
+			return nil, false, false, err
+		}
+		if !resp.Succeeded {
+			continue // the task changed since it was read
+		}
+		done := resp.Responses[0].GetResponseTxn().Succeeded
+		return t, done, woke && done, nil
+	}
+	return nil, false, false, errors.New("the task kept changing; try again")
+}
+
+// SignalResult says what a Signal did.
+type SignalResult struct {
+	// IdempotencyKey is the key the signal was stored under (the one
+	// given, or a random one).
+	IdempotencyKey string `json:"idempotency_key"`
+	// Stored: the signal was stored in the task's inbox. false: a signal
+	// with that name and idempotency key was sent before (it waits in the
+	// inbox or was consumed), and nothing was written.
+	Stored bool `json:"stored"`
+	// Woke: the task was parked waiting for the signal and is now pending.
+	Woke bool `json:"woke"`
+	// Status is the task's status as the signal found it.
+	Status Status `json:"status"`
+}
+
+// Signal sends the signal name, with data (JSON; nil or empty: none), to
+// task id, under idempotency key idem ("" means a random one). It is
+// stored in the task's inbox until a step that waits for it (see
+// task.WaitSignal) consumes it; when the task is parked waiting for it,
+// the same transaction moves it back to pending, and any worker of its
+// queue resumes it. A signal sent before the task waits is kept and
+// delivered to the wait. A signal sent again with the same name and
+// idempotency key stores and delivers nothing (Stored false). A task
+// that does not exist is ErrNotFound; one that is finished, ErrFinished.
+func (c *Client) Signal(ctx context.Context, id, name string, data json.RawMessage, idem string) (SignalResult, error) {
+	if err := c.checkSignal(id, name, data, idem); err != nil {
+		return SignalResult{}, err
+	}
+	if idem == "" {
+		var b [12]byte
+		_, _ = rand.Read(b[:])
+		idem = hex.EncodeToString(b[:])
+	}
+	in, seen := c.keys.TaskSignal(id, name, idem), c.keys.TaskSignalSeen(id, name, idem)
+	fresh := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(in), "=", 0), clientv3.Compare(clientv3.CreateRevision(seen), "=", 0)}
+	put := []clientv3.Op{clientv3.OpPut(in, task.EncodeSignal(data, c.now()))}
+	t, stored, woke, err := c.wake(ctx, id, fresh, put, func(t *Task) (bool, error) {
+		if t.CurrentStatus.Terminal() {
+			return false, fmt.Errorf("%w: task %s is %s: it takes no signal", ErrFinished, id, t.CurrentStatus)
+		}
+		return slices.Contains(t.WaitingFor.signals(), name), nil
+	})
+	if err != nil {
+		if errors.Is(err, ErrFinished) || errors.Is(err, ErrNotFound) {
+			return SignalResult{IdempotencyKey: idem}, err
+		}
+		return SignalResult{}, fmt.Errorf("queue: signal %s of task %s: %w", name, id, err)
+	}
+	return SignalResult{IdempotencyKey: idem, Stored: stored, Woke: woke, Status: t.CurrentStatus}, nil
+}
+
+// signals are the names w waits for; none when w is nil.
+func (w *WaitingFor) signals() []string {
+	if w == nil {
+		return nil
+	}
+	return w.Signals
+}
+
+// checkSignal refuses a signal that is not valid input.
+func (c *Client) checkSignal(id, name string, data json.RawMessage, idem string) error {
+	if err := task.CheckID(id); err != nil {
+		return err
+	}
+	if err := task.CheckSignalName(name); err != nil {
+		return err
+	}
+	if idem != "" {
+		if err := task.CheckIdempotencyKey(idem); err != nil {
+			return err
+		}
+	}
+	if len(data) > MaxSignalData {
+		return &drover.InputError{Field: "data", Value: len(data), Rule: fmt.Sprintf("must be at most %d bytes of JSON", MaxSignalData)}
+	}
+	if len(data) > 0 && !json.Valid(data) {
+		return &drover.InputError{Field: "data", Rule: "must be JSON"}
+	}
+	return nil
+}
+
+// Signals returns the signals task id received: those waiting to be
+// consumed, in the order they were sent, then those consumed.
+func (c *Client) Signals(ctx context.Context, id string) ([]task.SignalRecord, error) {
+	s, err := task.NewStore(c.cli, c.keys.Namespace())
+	if err != nil {
+		return nil, err
+	}
+	return s.Signals(ctx, id)
+}

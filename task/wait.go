@@ -1,0 +1,295 @@
+package task
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/droverhq/drover"
+	"github.com/droverhq/drover/keyspace"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// MaxWaitSignals bounds how many signal names one wait may list.
+const MaxWaitSignals = 16
+
+// WaitRequest is what a step returns as its error to wait for a signal:
+// the state it returns with it is checkpointed as the step's, with what
+// the task waits for, and the next step runs once one of the signals
+// named arrives (it gets the signal, see ReceivedSignal) or once the
+// timeout passes (it gets a Signal with TimedOut set). Make one with
+// WaitSignal or WaitSignals.
+//
+// From a queue (queue.Steps) the task is parked as a sleeping task is:
+// WAITING, with no claim, no lease and no worker slot, until a signal
+// wakes it (queue.Client.Signal) or its timeout moves it back to pending;
+// then any worker resumes it at the next step. A Runner (named tasks, no
+// queue) cannot park: Run returns with Result.Waiting set and the lock
+// released, and a Run after that delivers the signal if one arrived and
+// otherwise returns the same way, running nothing. A wait from the last
+// step ends nothing: the task completes at once.
+type WaitRequest struct {
+	// Signals are the names waited for; the first of them sent (in the
+	// order they were sent) ends the wait.
+	Signals []string
+	// Timeout, when positive, ends the wait with no signal that long
+	// after the step ended; 0 waits without end.
+	Timeout time.Duration
+}
+
+// WaitSignal ends a step with a wait for the signal name, for at most
+// timeout (0: no timeout).
+func WaitSignal(name string, timeout time.Duration) error {
+	return &WaitRequest{Signals: []string{name}, Timeout: timeout}
+}
+
+// WaitSignals ends a step with a wait for the first of the signals names,
+// for at most timeout (0: no timeout).
+func WaitSignals(timeout time.Duration, names ...string) error {
+	return &WaitRequest{Signals: names, Timeout: timeout}
+}
+
+// Error implements error: a wait request that reaches a caller which does
+// not park tasks reads as what it is.
+func (r *WaitRequest) Error() string {
+	s := "task: step asks to wait for signal " + strings.Join(r.Signals, " or ")
+	if r.Timeout > 0 {
+		s += " for at most " + r.Timeout.String()
+	}
+	return s
+}
+
+// Check returns a *drover.InputError unless the request is usable: one to
+// MaxWaitSignals distinct valid names, and a timeout that is not negative
+// and ends within MaxSleepYears.
+func (r *WaitRequest) Check() error {
+	if len(r.Signals) == 0 || len(r.Signals) > MaxWaitSignals {
+		return &drover.InputError{Field: "wait signals", Value: len(r.Signals), Rule: fmt.Sprintf("must name 1 to %d signals", MaxWaitSignals)}
+	}
+	seen := map[string]bool{}
+	for _, n := range r.Signals {
+		if err := CheckSignalName(n); err != nil {
+			return err
+		}
+		if seen[n] {
+			return &drover.InputError{Field: "signal name", Value: n, Rule: "must be listed once"}
+		}
+		seen[n] = true
+	}
+	if r.Timeout < 0 {
+		return &drover.InputError{Field: "wait timeout", Value: r.Timeout.String(), Rule: "must not be negative (0 means no timeout)"}
+	}
+	if r.Timeout > time.Duration(MaxSleepYears)*365*24*time.Hour {
+		return &drover.InputError{Field: "wait timeout", Value: r.Timeout.String(), Rule: fmt.Sprintf("must end at most %d years from now", MaxSleepYears)}
+	}
+	return nil
+}
+
+// CheckSignalName returns a *drover.InputError unless name is a valid
+// signal name (the rule of keyspace.CheckName).
+func CheckSignalName(name string) error { return keyspace.CheckName("signal name", name) }
+
+// CheckIdempotencyKey returns a *drover.InputError unless key is a valid
+// signal idempotency key (the rule of keyspace.CheckName).
+func CheckIdempotencyKey(key string) error { return keyspace.CheckName("idempotency key", key) }
+
+// waitOf returns the wait request err is or wraps, if any.
+func waitOf(err error) (*WaitRequest, bool) {
+	var r *WaitRequest
+	ok := errors.As(err, &r)
+	return r, ok
+}
+
+// Wait is what a task waits for, as its checkpoint records it.
+type Wait struct {
+	// Signals are the signal names the task waits for.
+	Signals []string `json:"signals"`
+	// Since is when the wait began.
+	Since time.Time `json:"since"`
+	// Until is when the wait times out; zero: it does not.
+	Until time.Time `json:"until,omitzero"`
+	// Children, when set, says the task waits for the children a step
+	// spawned (see Spawn), not for a signal; the checkpoint's Spawn
+	// records it, and this is only what a run reports.
+	Children *ChildrenWait `json:"children,omitempty"`
+}
+
+// newWait is the wait r asks for, beginning at now.
+func newWait(r *WaitRequest, now time.Time) *Wait {
+	w := &Wait{Signals: append([]string(nil), r.Signals...), Since: now.UTC()}
+	if r.Timeout > 0 {
+		w.Until = now.Add(r.Timeout).UTC()
+	}
+	return w
+}
+
+// Signal is what a step resumed after a wait receives through its
+// context (ReceivedSignal): the signal that ended the wait, or, with
+// TimedOut set, none.
+type Signal struct {
+	// Name is the signal's name; "" when the wait timed out.
+	Name string `json:"name,omitempty"`
+	// Data is the JSON the sender gave (nil when none).
+	Data json.RawMessage `json:"data,omitempty"`
+	// IdempotencyKey is the key the signal was sent with.
+	IdempotencyKey string `json:"idempotency_key,omitempty"`
+	// SentAt is when it was sent, on the sender's clock.
+	SentAt time.Time `json:"sent_at,omitzero"`
+	// TimedOut: the wait's timeout passed with no signal.
+	TimedOut bool `json:"timed_out,omitempty"`
+
+	rev int64 // the inbox key's create revision: the order of sending
+}
+
+type signalKey struct{}
+
+// ReceivedSignal returns the signal that ended the wait the step before
+// the running one asked for: false when the step before did not wait.
+// A signal that ends a wait is consumed in the checkpoint of the step it
+// was delivered to: a step that fails, or a run that loses its fence
+// before its checkpoint, leaves it for the next attempt.
+func ReceivedSignal(ctx context.Context) (Signal, bool) {
+	s, ok := ctx.Value(signalKey{}).(*Signal)
+	if !ok {
+		return Signal{}, false
+	}
+	return *s, true
+}
+
+// WithSignal returns ctx carrying s, as ReceivedSignal reads it: for
+// steps run outside RunSteps (tests, HTTP step clients' adapters).
+func WithSignal(ctx context.Context, s Signal) context.Context {
+	return context.WithValue(ctx, signalKey{}, &s)
+}
+
+// signalValue is what an inbox key holds.
+type signalValue struct {
+	Data json.RawMessage `json:"d,omitempty"`
+	At   time.Time       `json:"at"`
+}
+
+// EncodeSignal is the value of an inbox key: the signal's data and when
+// it was sent.
+func EncodeSignal(data json.RawMessage, at time.Time) string {
+	b, _ := json.Marshal(signalValue{Data: data, At: at.UTC()})
+	return string(b)
+}
+
+// SignalRecord is one signal a task received, as Signals lists it.
+type SignalRecord struct {
+	Signal
+	// Consumed: a step received it and its checkpoint was written.
+	Consumed bool `json:"consumed"`
+	// ConsumedAt is when (the tombstone's time).
+	ConsumedAt time.Time `json:"consumed_at,omitzero"`
+}
+
+// seenValue is what a consumed signal's tombstone holds.
+type seenValue struct {
+	At   time.Time `json:"at"`
+	Sent time.Time `json:"s,omitzero"`
+}
+
+// Signals returns the signals task id received: those waiting in its
+// inbox, in the order they were sent, then those consumed.
+func (s *Store) Signals(ctx context.Context, id string) ([]SignalRecord, error) {
+	if err := CheckID(id); err != nil {
+		return nil, err
+	}
+	in, seen := s.keys.TaskSignals(id), s.keys.TaskSignalsSeen(id)
+	resp, err := s.cli.Txn(ctx).Then(clientv3.OpGet(in, clientv3.WithPrefix()), clientv3.OpGet(seen, clientv3.WithPrefix())).Commit()
+	if err != nil {
+		return nil, fmt.Errorf("task: signals of %s: %w", id, err)
+	}
+	inbox := parseInbox(in, resp.Responses[0].GetResponseRange().Kvs)
+	out := make([]SignalRecord, 0, len(inbox))
+	for _, sg := range inbox {
+		out = append(out, SignalRecord{Signal: sg})
+	}
+	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
+		name, idem, ok := keyspace.ParseTaskSignal(seen, string(kv.Key))
+		if !ok {
+			continue
+		}
+		var v seenValue
+		_ = json.Unmarshal(kv.Value, &v)
+		out = append(out, SignalRecord{Signal: Signal{Name: name, IdempotencyKey: idem, SentAt: v.Sent}, Consumed: true, ConsumedAt: v.At})
+	}
+	return out, nil
+}
+
+// parseInbox reads inbox keys under prefix in the order they were sent.
+func parseInbox(prefix string, kvs []*mvccpb.KeyValue) []Signal {
+	out := make([]Signal, 0, len(kvs))
+	for _, kv := range kvs {
+		name, idem, ok := keyspace.ParseTaskSignal(prefix, string(kv.Key))
+		if !ok {
+			continue
+		}
+		var v signalValue
+		_ = json.Unmarshal(kv.Value, &v)
+		out = append(out, Signal{Name: name, IdempotencyKey: idem, Data: v.Data, SentAt: v.At, rev: kv.CreateRevision})
+	}
+	sort.SliceStable(out, func(i, j int) bool { return out[i].rev < out[j].rev })
+	return out
+}
+
+// firstSignal returns the first signal sent, among names, that waits in
+// task id's inbox: one range read. nil: none.
+func (s *Store) firstSignal(ctx context.Context, id string, names []string) (*Signal, error) {
+	prefix := s.keys.TaskSignals(id)
+	g, err := s.cli.Get(ctx, prefix, clientv3.WithPrefix())
+	if err != nil {
+		return nil, fmt.Errorf("task: read the signals of %s: %w", id, err)
+	}
+	for _, sg := range parseInbox(prefix, g.Kvs) {
+		for _, n := range names {
+			if sg.Name == n {
+				return &sg, nil
+			}
+		}
+	}
+	return nil, nil
+}
+
+// consumeOps are the writes that consume signal sg of task id, made in
+// the checkpoint of the step it was delivered to.
+func (s *Store) consumeOps(id string, sg *Signal, at time.Time) []clientv3.Op {
+	if sg == nil || sg.TimedOut {
+		return nil
+	}
+	v, _ := json.Marshal(seenValue{At: at.UTC(), Sent: sg.SentAt})
+	return []clientv3.Op{clientv3.OpDelete(s.keys.TaskSignal(id, sg.Name, sg.IdempotencyKey)),
+		clientv3.OpPut(s.keys.TaskSignalSeen(id, sg.Name, sg.IdempotencyKey), string(v))}
+}
+
+// resumeWait decides what a run that loads a checkpoint waiting for wt
+// does: deliver the first signal waiting in the inbox; or, with none,
+// let the task go again while its timeout has not passed on now's clock
+// (nil, nil: a wake with nothing for it, or a mover whose clock is
+// ahead), waiting in-process for a timeout that ends within SleepMargin
+// and reading the inbox once more; or deliver a timeout.
+func (s *Store) resumeWait(ctx context.Context, id string, wt *Wait, now func() time.Time) (*Signal, error) {
+	sg, err := s.firstSignal(ctx, id, wt.Signals)
+	if err != nil || sg != nil {
+		return sg, err
+	}
+	if wt.Until.IsZero() {
+		return nil, nil
+	}
+	left := wt.Until.Sub(now())
+	if near, err := WaitNearSleep(ctx, wt.Until, now); err != nil || !near {
+		return nil, err
+	}
+	if left > 0 { // waited: a signal may have come meanwhile
+		if sg, err := s.firstSignal(ctx, id, wt.Signals); err != nil || sg != nil {
+			return sg, err
+		}
+	}
+	return &Signal{TimedOut: true}, nil
+}
