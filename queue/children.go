@@ -34,7 +34,10 @@ import (
 // otherwise.
 var (
 	beforeChildSubmit func(parent string)
-	beforeParentWake  func(parent string)
+	// beforeParentWake returning false skips the wake.
+	beforeParentWake func(parent string) bool
+	// beforeChildPark runs between a parent's count and its park.
+	beforeChildPark func(parent string)
 )
 
 // childSpawner submits the children of the step tasks of queue q
@@ -208,8 +211,8 @@ func (c *Client) wakeParent(ctx context.Context, parent string) (bool, error) {
 	if err != nil || !ok || !w.Ready() {
 		return false, err
 	}
-	if beforeParentWake != nil {
-		beforeParentWake(parent)
+	if beforeParentWake != nil && !beforeParentWake(parent) {
+		return false, nil
 	}
 	_, _, woke, err := c.wake(ctx, parent, nil, nil, func(t *Task) (bool, error) {
 		return t.WaitingFor != nil && t.WaitingFor.Children != nil && t.WaitingFor.Children.Step == w.Step, nil

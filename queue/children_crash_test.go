@@ -46,11 +46,12 @@ func runChildHelper(mode string) int {
 		if mode == "children-submit" {
 			stopped()
 		}
-	}, func(string) {
+	}, func(string) bool {
 		if mode == "children-wake" {
 			stopped()
 		}
-	})
+		return true
+	}, nil)
 	w, err := queue.NewWorker(ctx, cli, queue.WorkerConfig{Namespace: ns, Queue: "wf", Concurrency: 8, TTL: 2 * time.Second})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

@@ -359,3 +359,36 @@ func TestCancelParentCancelsChildren(t *testing.T) {
 		}
 	}
 }
+
+// A parent's park is conditional: a child that ends between the parent's
+// count of its children and its park makes the park refused, and the
+// parent goes back to pending at once. With every wake skipped, that
+// alone brings the parent back here: it resumes, once.
+func TestSpawnParkRefusedWhenAChildEndsFirst(t *testing.T) {
+	ns := etcdtest.Namespace(t)
+	c, cli := newClient(t, ns)
+	keys := keyspace.MustNew(ns)
+	queue.SetChildHooks(nil, func(string) bool { return false }, func(parent string) {
+		// Park only once every child ended, after the count.
+		waitUntil(t, "the children to end", func() bool {
+			g, err := cli.Get(context.Background(), keys.ChildDones(parent, 1), clientv3.WithPrefix(), clientv3.WithCountOnly())
+			return err == nil && g.Count == 3
+		})
+	})
+	t.Cleanup(func() { queue.SetChildHooks(nil, nil, nil) })
+	f := newFamily(3)
+	setupFamily(t, c, "p")
+	f.start(t, cli, ns)
+	got := waitFinished(t, c, "p")
+	if got.CurrentStatus != queue.Succeeded || string(got.Result) != "3" {
+		t.Fatalf("parent %s with %s (%s)", got.CurrentStatus, got.Result, got.LastError)
+	}
+	if a, b := f.runs(f.steps, "p/fan-out"), f.runs(f.steps, "p/fan-in"); a != 1 || b != 1 {
+		t.Fatalf("fan-out ran %d times and fan-in %d; want once each", a, b)
+	}
+	for _, tr := range got.Transitions {
+		if tr.Status == queue.Waiting {
+			t.Fatalf("the parent parked: %+v", got.Transitions)
+		}
+	}
+}

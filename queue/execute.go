@@ -512,6 +512,9 @@ func Steps(store *task.Store, steps ...task.Step) Handler {
 		res, err := store.RunSteps(ctx, f, t.ID, steps, task.StepConfig{Worker: f.w.worker, Initial: t.Parameters, Now: f.w.client.now,
 			Spawner: childSpawner{c: f.w.client, q: f.w.cfg.Queue}})
 		if err == nil && res.Waiting != nil {
+			if beforeChildPark != nil && res.Waiting.Children != nil {
+				beforeChildPark(t.ID)
+			}
 			return nil, &parked{until: waitDue(res.Waiting), wait: res.Waiting, again: res.StepsRun == 0}
 		}
 		if err == nil && !res.SleepingUntil.IsZero() {
