@@ -503,6 +503,14 @@ func ClaimFence(ctx context.Context) lease.Fence {
 // moves it back to pending at once, or until the wait's timeout; the next
 // step gets the signal, or the timeout, through task.ReceivedSignal, and
 // its checkpoint consumes the signal. The wait costs no attempt.
+//
+// A step that ends with task.Spawn spawns child tasks: their list is
+// checkpointed with the step, then they are submitted (each once, with an
+// id derived from the task and the step), and the task parks WAITING
+// until enough of them ended; any worker of the queue then resumes it at
+// the next step, which reads their outcomes with task.Children. A child
+// that ends DEAD or CANCELLED fails the task (DEAD, not retried) unless
+// the spawn collects every outcome. See docs/workflows.md.
 func Steps(store *task.Store, steps ...task.Step) Handler {
 	return func(ctx context.Context, t *Task) ([]byte, error) {
 		f, ok := ctx.Value(claimKey{}).(*claimFence)
