@@ -392,3 +392,112 @@ func TestSpawnParkRefusedWhenAChildEndsFirst(t *testing.T) {
 		}
 	}
 }
+
+// A last step that spawns: the task waits for its children and then
+// succeeds with that step's state, without running anything more.
+func TestSpawnFromTheLastStep(t *testing.T) {
+	ns := etcdtest.Namespace(t)
+	c, cli := newClient(t, ns)
+	store, err := task.NewStore(cli, ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := newFamily(4)
+	setupFamily(t, c, "last")
+	var runs atomic.Int32
+	parents := newWorker(t, cli, queue.WorkerConfig{Namespace: ns, Queue: "wf"})
+	parents.HandleAll(queue.Steps(store, task.Step{Name: "only", Run: func(context.Context, []byte) ([]byte, error) {
+		runs.Add(1)
+		return []byte(`"dispatched"`), task.Spawn(f.children("last"), task.SpawnOptions{})
+	}}))
+	kids := newWorker(t, cli, queue.WorkerConfig{Namespace: ns, Queue: "kids", Concurrency: 8})
+	release := make(chan struct{})
+	kids.HandleAll(func(ctx context.Context, tk *queue.Task) ([]byte, error) {
+		select {
+		case <-release:
+			return nil, nil
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for _, w := range []*queue.Worker{parents, kids} {
+		wg.Add(1)
+		go func() { defer wg.Done(); _ = w.Run(ctx) }()
+	}
+	defer func() { cancel(); wg.Wait() }()
+	waitUntil(t, "the task to wait", func() bool {
+		p, err := c.Get(ctx, "last")
+		return err == nil && p.CurrentStatus == queue.Waiting
+	})
+	close(release)
+	got := waitFinished(t, c, "last")
+	if got.CurrentStatus != queue.Succeeded || string(got.Result) != `"dispatched"` || runs.Load() != 1 {
+		t.Fatalf("task %s with %s (%s), its step ran %d times", got.CurrentStatus, got.Result, got.LastError, runs.Load())
+	}
+	for i := range 4 {
+		if ch, err := c.Get(ctx, task.ChildID("last", 1, fmt.Sprint(i))); err != nil || ch.CurrentStatus != queue.Succeeded {
+			t.Fatalf("child %d: %+v (%v)", i, ch, err)
+		}
+	}
+}
+
+// A cancel cascades down the generations: the root's child, itself a step
+// task waiting for children of its own, is cancelled, and so are they.
+func TestCancelCascadesToGrandchildren(t *testing.T) {
+	ns := etcdtest.Namespace(t)
+	c, cli := newClient(t, ns)
+	ctx := context.Background()
+	store, err := task.NewStore(cli, ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{"mid", "idle"} {
+		if err := c.SetConfig(ctx, q, queue.Config{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := c.Submit(ctx, "wf", []queue.Task{{ID: "root", Type: "agent"}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	spawner := func(q string, n int) []task.Step {
+		return []task.Step{
+			{Name: "spawn", Run: func(context.Context, []byte) ([]byte, error) {
+				kids := make([]task.Child, n)
+				for i := range kids {
+					kids[i] = task.Child{Queue: q, Type: "x"}
+				}
+				return nil, task.Spawn(kids, task.SpawnOptions{})
+			}},
+			{Name: "after", Run: func(context.Context, []byte) ([]byte, error) { return nil, nil }},
+		}
+	}
+	var workers []*queue.Worker
+	for q, steps := range map[string][]task.Step{"wf": spawner("mid", 1), "mid": spawner("idle", 2)} {
+		w := newWorker(t, cli, queue.WorkerConfig{Namespace: ns, Queue: q})
+		w.HandleAll(queue.Steps(store, steps...))
+		workers = append(workers, w)
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	for _, w := range workers {
+		wg.Add(1)
+		go func() { defer wg.Done(); _ = w.Run(rctx) }()
+	}
+	defer func() { cancel(); wg.Wait() }()
+	waitUntil(t, "two generations to wait", func() bool {
+		r, err1 := c.Get(ctx, "root")
+		m, err2 := c.Get(ctx, "root.1.0")
+		st, err3 := c.Stats(ctx, "idle")
+		return err1 == nil && err2 == nil && err3 == nil && r.CurrentStatus == queue.Waiting && m.CurrentStatus == queue.Waiting && st.Pending == 2
+	})
+	if _, err := c.Cancel(ctx, "root"); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"root.1.0", "root.1.0.1.0", "root.1.0.1.1"} {
+		if got, err := c.Get(ctx, id); err != nil || got.CurrentStatus != queue.Cancelled {
+			t.Fatalf("%s: %+v (%v); want CANCELLED", id, got, err)
+		}
+	}
+}
