@@ -8,11 +8,13 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/lock"
+	"github.com/droverhq/drover/queue"
 	"github.com/droverhq/drover/task"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -59,7 +61,57 @@ func agentTaskOf(cp task.Checkpoint) AgentTask {
 		until := cp.SleepUntil
 		out.SleepUntil = &until
 	}
+	if !cp.Completed && cp.Wait != nil {
+		out.WaitingFor = taskWaitOfCheckpoint(cp.Wait)
+	}
 	return out
+}
+
+// taskWaitOfCheckpoint is a checkpoint's wait as the API shows it.
+func taskWaitOfCheckpoint(w *task.Wait) *TaskWait {
+	return taskWaitOf(&queue.WaitingFor{Signals: w.Signals, Since: w.Since, Until: w.Until})
+}
+
+// signalOf is sg as a claim answers it; nil for nil.
+func signalOf(sg *task.Signal) *Signal {
+	if sg == nil {
+		return nil
+	}
+	out := &Signal{Name: sg.Name, Data: sg.Data, IdempotencyKey: sg.IdempotencyKey, TimedOut: sg.TimedOut}
+	if !sg.SentAt.IsZero() {
+		at := sg.SentAt
+		out.SentAt = &at
+	}
+	return out
+}
+
+// stepWait reads the wait a step write ends with (nil: none), or a 400
+// naming the field. last: nothing follows the step (no wait).
+func stepWait(w *WaitSignalInput, sleeps, last bool, now time.Time) (*task.Wait, error) {
+	if w == nil {
+		return nil, nil
+	}
+	if sleeps {
+		return nil, invalid("body.wait_signal", nil, "give a sleep (sleep_for, sleep_until) or wait_signal, not both")
+	}
+	req := &task.WaitRequest{Signals: w.Names}
+	if w.Timeout != "" {
+		sl, err := task.ParseSleep("body.wait_signal.timeout", w.Timeout)
+		if err == nil && !sl.Until.IsZero() {
+			err = &drover.InputError{Field: "body.wait_signal.timeout", Value: w.Timeout, Rule: "must be a duration such as 24h, or a number of seconds"}
+		}
+		if err != nil {
+			return nil, problem(err, nil)
+		}
+		req.Timeout = sl.For
+	}
+	if err := req.Check(); err != nil {
+		return nil, problem(err, map[string]string{"signal name": "body.wait_signal.names", "wait signals": "body.wait_signal.names", "wait timeout": "body.wait_signal.timeout"})
+	}
+	if last {
+		return nil, nil
+	}
+	return req.Begin(now), nil
 }
 
 // stepSleep reads the sleep a step write ends with: when it ends (zero:
@@ -148,7 +200,12 @@ func (s *Server) claimTask(ctx context.Context, in *claimTaskInput) (*struct{ Bo
 		cp, err = store.SetSteps(ctx, l, cp, in.Body.Steps)
 	}
 	asleep := err == nil && !cp.Completed && cp.SleepUntil.After(time.Now())
-	if err != nil || cp.Completed || asleep {
+	var sg *task.Signal
+	if err == nil && !cp.Completed && cp.Wait != nil {
+		sg, err = store.ClaimSignal(ctx, in.ID, cp.Wait, l.Token(), time.Now())
+	}
+	waiting := err == nil && !cp.Completed && cp.Wait != nil && sg == nil
+	if err != nil || cp.Completed || asleep || waiting {
 		rctx, rcancel := cleanupContext(ctx) // nothing is held on error, nor for a completed or sleeping task
 		_ = l.Release(rctx)
 		rcancel()
@@ -162,9 +219,11 @@ func (s *Server) claimTask(ctx context.Context, in *claimTaskInput) (*struct{ Bo
 	case asleep:
 		until := cp.SleepUntil
 		out.SleepUntil, out.NextStep = &until, cp.Step+1
+	case waiting:
+		out.WaitingFor, out.NextStep = taskWaitOfCheckpoint(cp.Wait), cp.Step+1
 	case !cp.Completed:
 		exp := sess.lease.Deadline().UTC()
-		out.Token, out.ExpiresAt, out.NextStep = l.Token(), &exp, cp.Step+1
+		out.Token, out.ExpiresAt, out.NextStep, out.Signal = l.Token(), &exp, cp.Step+1, signalOf(sg)
 	}
 	if out.Steps == 0 {
 		out.Steps = in.Body.Steps
@@ -191,6 +250,10 @@ func (s *Server) putTaskStep(ctx context.Context, in *stepInput) (*agentTaskOutp
 		return nil, invalid("path.n", in.N, fmt.Sprintf("must be at most steps (%d)", b.Steps))
 	}
 	until, err := stepSleep(b.SleepFor, b.SleepUntil, b.Steps > 0 && in.N == b.Steps)
+	if err != nil {
+		return nil, err
+	}
+	wait, err := stepWait(b.WaitSignal, b.SleepFor != "" || b.SleepUntil != "", b.Steps > 0 && in.N == b.Steps, time.Now())
 	if err != nil {
 		return nil, err
 	}
@@ -223,6 +286,17 @@ func (s *Server) putTaskStep(ctx context.Context, in *stepInput) (*agentTaskOutp
 	case b.Steps > 0 && cp.Step > 0 && cp.Steps != 0 && cp.Steps != b.Steps:
 		return nil, taskProblem(fmt.Errorf("task %s: checkpoint at step %d of %d, but this write says %d steps: %w", in.ID, cp.Step, cp.Steps, b.Steps, task.ErrStepsChanged))
 	}
+	// The step after a wait consumes the signal its claim was answered
+	// with: the same one, found again under the claim's token.
+	var sg *task.Signal
+	if cp.Wait != nil {
+		if sg, err = store.ClaimSignal(ctx, in.ID, cp.Wait, b.Token, time.Now()); err != nil {
+			return nil, taskProblem(err)
+		}
+		if sg == nil {
+			return nil, newProblem(http.StatusConflict, "conflict", fmt.Sprintf("task %s waits for signal %s, which had not come when it was claimed: claim it again once it was sent", in.ID, strings.Join(cp.Wait.Signals, " or ")))
+		}
+	}
 	steps := b.Steps
 	if steps == 0 {
 		steps = cp.Steps
@@ -239,13 +313,13 @@ func (s *Server) putTaskStep(ctx context.Context, in *stepInput) (*agentTaskOutp
 	next := task.Checkpoint{TaskID: in.ID, Step: in.N, StepName: name, Steps: steps, Completed: steps > 0 && in.N == steps,
 		State: b.State, Worker: f.holder.ID, Token: b.Token, At: now}
 	if !next.Completed {
-		next.SleepUntil = until
+		next.SleepUntil, next.Wait = until, wait
 	}
 	rec := task.StepRecord{Step: in.N, Name: name, Worker: f.holder.ID, Token: b.Token, StartedAt: started.UTC(), FinishedAt: now}
-	if err := store.Commit(ctx, f, cp, &next, rec); err != nil {
+	if err := store.CommitSignal(ctx, f, cp, &next, rec, sg); err != nil {
 		return nil, taskProblem(err)
 	}
-	if next.Completed || !next.SleepUntil.IsZero() {
+	if next.Completed || !next.SleepUntil.IsZero() || next.Wait != nil {
 		s.releaseClaim(ctx, in.ID, f) // done, or parked: nothing is held while it sleeps
 	}
 	return &agentTaskOutput{Body: agentTaskOf(next)}, nil

@@ -22,6 +22,7 @@ type QueueSummary struct {
 	Dead      int64  `json:"dead" doc:"In the dead-letter queue."`
 	Cancelled int64  `json:"cancelled" doc:"Cancelled."`
 	Sleeping  int64  `json:"sleeping" doc:"Step tasks parked until the sleep their last step ended with is over."`
+	Waiting   int64  `json:"waiting" doc:"Step tasks parked until a signal they wait for comes or their wait times out."`
 	MaxDepth  int64  `json:"max_depth" doc:"The most unfinished tasks the queue takes (0: no bound)."`
 	FIFO      bool   `json:"fifo" doc:"Whether tasks of equal priority are claimed exactly in submission order."`
 	Paused    bool   `json:"paused" doc:"Whether the queue is paused: it takes submissions, but no worker claims its tasks until it is resumed."`
@@ -96,7 +97,7 @@ func (s *Server) queueSummaries(ctx context.Context) ([]QueueSummary, error) {
 	for i, q := range infos {
 		st := q.Stats
 		out[i] = QueueSummary{Name: q.Name, Scheduled: st.Scheduled, Pending: st.Pending, Running: st.Running, Retrying: st.Retrying, Succeeded: st.Succeeded,
-			Dead: st.Dead, Cancelled: st.Cancelled, Sleeping: st.Sleeping, MaxDepth: q.Config.MaxDepth, FIFO: q.Config.FIFO, Paused: st.Paused}
+			Dead: st.Dead, Cancelled: st.Cancelled, Sleeping: st.Sleeping, Waiting: st.Waiting, MaxDepth: q.Config.MaxDepth, FIFO: q.Config.FIFO, Paused: st.Paused}
 	}
 	return out, nil
 }

@@ -15,7 +15,7 @@ import (
 
 type listTasksInput struct {
 	Queue  string `path:"queue" minLength:"1" maxLength:"128" doc:"The queue's name."`
-	Status string `query:"status" enum:"SCHEDULED,PENDING,RUNNING,RETRYING,SLEEPING,SUCCEEDED,DEAD,CANCELLED" default:"PENDING" doc:"The status of the tasks listed."`
+	Status string `query:"status" enum:"SCHEDULED,PENDING,RUNNING,RETRYING,SLEEPING,WAITING,SUCCEEDED,DEAD,CANCELLED" default:"PENDING" doc:"The status of the tasks listed."`
 	Limit  int    `query:"limit" minimum:"1" maximum:"1000" default:"100" doc:"The most tasks on the page."`
 	After  string `query:"after" maxLength:"512" doc:"The next of the page before: the page starts after it."`
 }
@@ -50,14 +50,26 @@ type runNowOutput struct{ Body RunNowResult }
 func (s *Server) taskQueryRoutes(tags []string) {
 	huma.Register(s.api, huma.Operation{
 		OperationID: "get-queue-task", Method: http.MethodGet, Path: "/v1/queues/{queue}/tasks/{id}", Tags: tags,
-		Summary: "Read a task: its status, result and history",
+		Summary: "Read a task: its status, result and history, what it waits for and the signals it received",
 		Errors:  []int{http.StatusNotFound},
 	}, func(ctx context.Context, in *queueTaskPath) (*queueTaskOutput, error) {
 		t, err := s.queueTask(ctx, in)
 		if err != nil {
 			return nil, err
 		}
-		return &queueTaskOutput{queueTaskOf(t)}, nil
+		out := queueTaskOf(t)
+		c, err := s.queueClient(ctx)
+		if err != nil {
+			return nil, err
+		}
+		sigs, err := c.Signals(ctx, t.ID)
+		if err != nil {
+			return nil, problem(err, queueWhere)
+		}
+		if len(sigs) > 0 {
+			out.Signals = taskSignalsOf(sigs)
+		}
+		return &queueTaskOutput{out}, nil
 	})
 	huma.Register(s.api, huma.Operation{
 		OperationID: "list-queue-tasks", Method: http.MethodGet, Path: "/v1/queues/{queue}/tasks", Tags: tags,
@@ -79,7 +91,7 @@ func (s *Server) taskQueryRoutes(tags []string) {
 			return nil, problem(err, queueWhere)
 		}
 		return &struct{ Body QueueStats }{QueueStats{Queue: in.Queue, Pending: st.Pending, Running: st.Running, Retrying: st.Retrying,
-			Succeeded: st.Succeeded, Dead: st.Dead, Cancelled: st.Cancelled, Scheduled: st.Scheduled, Paused: st.Paused, Sleeping: st.Sleeping}}, nil
+			Succeeded: st.Succeeded, Dead: st.Dead, Cancelled: st.Cancelled, Scheduled: st.Scheduled, Paused: st.Paused, Sleeping: st.Sleeping, Waiting: st.Waiting}}, nil
 	})
 	huma.Register(s.api, huma.Operation{
 		OperationID: "cancel-queue-task", Method: http.MethodPost, Path: "/v1/queues/{queue}/tasks/{id}/cancel", Tags: tags,

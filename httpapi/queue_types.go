@@ -18,7 +18,7 @@ type QueueTask struct {
 	OutputDataURI    string            `json:"output_data_uri,omitempty" doc:"Where the task's output goes."`
 	Parameters       json.RawMessage   `json:"parameters,omitempty" doc:"The task's parameters: any JSON value."`
 	Metadata         QueueTaskMetadata `json:"metadata" doc:"When the task was created, its priority, source and tenant."`
-	Status           queue.Status      `json:"current_status" enum:"SCHEDULED,PENDING,RUNNING,SUCCEEDED,RETRYING,SLEEPING,DEAD,CANCELLED" doc:"The task's state when it was read."`
+	Status           queue.Status      `json:"current_status" enum:"SCHEDULED,PENDING,RUNNING,SUCCEEDED,RETRYING,SLEEPING,WAITING,DEAD,CANCELLED" doc:"The task's state when it was read."`
 	Attempt          int               `json:"attempt" doc:"The number of the current or last attempt (1-based; 0 before the first)."`
 	Token            int64             `json:"token,omitempty" doc:"The fencing token of the current attempt's claim: heartbeat, ack and fail need it."`
 	RetriesAttempted int               `json:"retries_attempted" doc:"The attempts after the first that have run."`
@@ -29,8 +29,10 @@ type QueueTask struct {
 	BackoffMax       string            `json:"backoff_max,omitempty" doc:"The largest retry backoff, when the task sets it."`
 	Result           json.RawMessage   `json:"result,omitempty" doc:"The result of a task that succeeded: the JSON value it is, or a JSON string of other text."`
 	ResultBase64     []byte            `json:"result_base64,omitempty" doc:"A result that is not text, in base64 (then result is absent)."`
-	ScheduledAt      *time.Time        `json:"scheduled_at,omitempty" doc:"When a RETRYING task runs again, when a SCHEDULED one falls due, or when a SLEEPING one's sleep ends."`
+	ScheduledAt      *time.Time        `json:"scheduled_at,omitempty" doc:"When a RETRYING task runs again, when a SCHEDULED one falls due, when a SLEEPING one's sleep ends, or when a WAITING one's wait times out."`
 	Transitions      []QueueTransition `json:"transitions,omitempty" doc:"The task's history, oldest first (the first and the last 49 changes)."`
+	WaitingFor       *TaskWait         `json:"waiting_for,omitempty" doc:"What a WAITING task waits for (the signals, since when, until when)."`
+	Signals          []TaskSignal      `json:"signals,omitempty" doc:"The signals the task received, waiting to be consumed (in the order sent) or consumed (GET of one task only)."`
 }
 
 // QueueTaskMetadata is a task's metadata.
@@ -70,6 +72,12 @@ func queueTaskOf(t *queue.Task) QueueTask {
 	if (t.CurrentStatus == queue.Retrying || t.CurrentStatus == queue.Scheduled || t.CurrentStatus == queue.Sleeping) && !t.ScheduledAt.IsZero() {
 		at := t.ScheduledAt
 		out.ScheduledAt = &at
+	}
+	if t.CurrentStatus == queue.Waiting {
+		out.WaitingFor = taskWaitOf(t.WaitingFor)
+		if out.WaitingFor != nil && out.WaitingFor.Until != nil {
+			out.ScheduledAt = out.WaitingFor.Until
+		}
 	}
 	for _, tr := range t.Transitions {
 		out.Transitions = append(out.Transitions, QueueTransition(tr))
@@ -111,6 +119,7 @@ type QueueStats struct {
 	Scheduled int64  `json:"scheduled" doc:"Submitted to run later (run_at or delay), their time not come yet."`
 	Paused    bool   `json:"paused" doc:"Whether the queue is paused: it takes submissions, but no worker claims its tasks until it is resumed."`
 	Sleeping  int64  `json:"sleeping" doc:"Step tasks parked until the sleep their last step ended with is over."`
+	Waiting   int64  `json:"waiting" doc:"Step tasks parked until a signal they wait for comes or their wait times out."`
 }
 
 // BulkResult is what a change of many tasks did.

@@ -228,6 +228,7 @@ func (s *Server) routes() {
 	s.lockRoutes()
 	s.queueRoutes()
 	s.taskRoutes()
+	s.signalRoutes()
 	s.checkpointRoutes()
 	s.flowRoutes()
 	s.registryRoutes()

@@ -29,6 +29,8 @@ type AgentTask struct {
 	WrittenAt    *time.Time `json:"written_at,omitempty" doc:"When it was written."`
 	// SleepUntil says the task sleeps until then before its next step.
 	SleepUntil *time.Time `json:"sleep_until,omitempty" doc:"When the sleep the last step ended with ends: no claim is taken before (a claim then answers sleep_until and holds nothing). Absent when it does not sleep."`
+	// WaitingFor says the task waits for a signal before its next step.
+	WaitingFor *TaskWait `json:"waiting_for,omitempty" doc:"What the wait the last step ended with waits for: a claim before a signal named is sent (or the wait times out) answers waiting_for and holds nothing. Absent when it does not wait."`
 	// History lists the completed steps (GET only).
 	History []AgentTaskStep `json:"history,omitempty" doc:"Every completed step, in order: who ran it, under which token, when (GET only)."`
 	// Claim is who holds the task now (GET only).
@@ -59,6 +61,8 @@ type AgentTaskClaim struct {
 	NextStep   int         `json:"next_step,omitempty" doc:"The step to run next: resume here. Absent when completed."`
 	Completed  bool        `json:"completed" doc:"The task was completed before: nothing is claimed, state is its result."`
 	SleepUntil *time.Time  `json:"sleep_until,omitempty" doc:"The task sleeps until then (its last step ended with a sleep): nothing is claimed; claim again at that time to run the next step."`
+	WaitingFor *TaskWait   `json:"waiting_for,omitempty" doc:"The task waits for a signal (its last step ended with wait_signal) and none has come, nor has the wait timed out: nothing is claimed; claim again once the signal was sent."`
+	Signal     *Signal     `json:"signal,omitempty" doc:"The signal that ended the wait the last step asked for (or timed_out): the next step runs with it, and its write consumes it."`
 	State      []byte      `json:"state,omitempty" doc:"The last checkpointed state, base64: the input of the next step."`
 	// Result repeats a completed task's final state when it is JSON.
 	Result json.RawMessage `json:"result,omitempty" doc:"A completed task's result as the JSON value it is, when its final state is JSON text; state holds the same bytes, base64."`
@@ -91,7 +95,24 @@ type stepInput struct {
 		// SleepFor and SleepUntil end the step with a sleep.
 		SleepFor   string `json:"sleep_for,omitempty" maxLength:"64" doc:"End the step with a sleep this long (a duration such as 10m, or a number of seconds): the checkpoint is written, the claim released, and the next claim before the sleep ends holds nothing and answers sleep_until."`
 		SleepUntil string `json:"sleep_until,omitempty" maxLength:"64" doc:"End the step with a sleep until this RFC 3339 time, with its zone (2026-12-01T09:00:00Z); a time past sleeps not at all."`
+		// WaitSignal ends the step with a wait for a signal.
+		WaitSignal *WaitSignalInput `json:"wait_signal,omitempty" doc:"End the step with a wait for a signal (POST /v1/tasks/{id}/signals/{name}): the checkpoint is written, the claim released, and a claim answers waiting_for and holds nothing until a signal named is sent or the timeout passes; then the claim answers the signal."`
 	}
+}
+
+// WaitSignalInput is the wait a step write ends with.
+type WaitSignalInput struct {
+	Names   []string `json:"names" minItems:"1" maxItems:"16" doc:"The signals waited for: the first of them sent ends the wait."`
+	Timeout string   `json:"timeout,omitempty" maxLength:"64" doc:"How long to wait at most (a duration such as 24h, or seconds); absent: no timeout."`
+}
+
+// Signal is the signal a claim resumes a task with.
+type Signal struct {
+	Name           string          `json:"name,omitempty" doc:"The signal's name (absent on a timeout)."`
+	Data           json.RawMessage `json:"data,omitempty" doc:"The data it was sent with."`
+	IdempotencyKey string          `json:"idempotency_key,omitempty" doc:"The key it was sent with."`
+	SentAt         *time.Time      `json:"sent_at,omitempty" doc:"When it was sent."`
+	TimedOut       bool            `json:"timed_out,omitempty" doc:"The wait timed out: no signal came."`
 }
 
 type completeInput struct {
@@ -126,7 +147,9 @@ func (s *Server) taskRoutes() {
 		Summary: "Claim an agent task: one holder at a time, resume after its last checkpoint",
 		Description: "Takes the task's claim (the lock task:{id}, as a Go runner does) under the session and answers the fencing token, " +
 			"the last checkpointed step and its state. 409 while another holds it (?wait=10s waits in line) or a queue worker runs it. " +
-			"A completed task is not claimed: the answer says completed. Nor is a sleeping one: the answer says sleep_until.",
+			"A completed task is not claimed: the answer says completed. Nor is a sleeping one: the answer says sleep_until. " +
+			"Nor is one waiting for a signal that has not come: the answer says waiting_for; once it came (or the wait timed out), " +
+			"the claim answers it in signal, and the next step's write consumes it.",
 		Errors: []int{http.StatusConflict, http.StatusNotFound},
 	}, s.claimTask)
 	huma.Register(s.api, huma.Operation{
@@ -135,7 +158,8 @@ func (s *Server) taskRoutes() {
 		Description: "Writes step n's state and record in one transaction that commits only while the claim is held with the token: " +
 			"409 once it is lost (the session ended, another took over) and nothing is written. n must be the next step; " +
 			"repeating the last write is answered as it was. 507 while etcd is past its high-water mark. " +
-			"With sleep_for or sleep_until the step ends with a sleep: its checkpoint says when the sleep ends and the claim is released.",
+			"With sleep_for or sleep_until the step ends with a sleep: its checkpoint says when the sleep ends and the claim is released. " +
+			"With wait_signal it ends with a wait for a signal, and the claim is released.",
 		MaxBodyBytes: maxStepBody,
 		// A large body may take as long to arrive as the route's bound.
 		BodyReadTimeout: bulkAllowance,

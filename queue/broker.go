@@ -134,7 +134,7 @@ func (b *broker) setSession(q string, lease int64, sc sessionClaims) {
 type dueState struct {
 	checked, next        time.Time
 	retryDone, schedDone time.Time
-	sleepDone            time.Time
+	sleepDone, waitDone  time.Time
 	full                 time.Time
 }
 
@@ -184,6 +184,13 @@ func (b *broker) promoteDue(ctx context.Context, w *claimer, q string) (time.Tim
 	if next.IsZero() || !nextSleep.IsZero() && nextSleep.Before(next) {
 		next = nextSleep
 	}
+	nextWait, waitDone, _, err := b.client.waitIndex(q, w.logger).PromoteFrom(ctx, d.from(d.waitDone, full))
+	if err != nil {
+		return time.Time{}, err
+	}
+	if next.IsZero() || !nextWait.IsZero() && nextWait.Before(next) {
+		next = nextWait
+	}
 	nextSeg, schedDone, _, err := b.client.scheduledIndex(q).PromoteFrom(ctx, d.from(d.schedDone, full))
 	if err != nil {
 		return time.Time{}, err
@@ -191,7 +198,7 @@ func (b *broker) promoteDue(ctx context.Context, w *claimer, q string) (time.Tim
 	if next.IsZero() || !nextSeg.IsZero() && nextSeg.Before(next) {
 		next = nextSeg
 	}
-	d = dueState{checked: now, next: next, retryDone: retryDone, sleepDone: sleepDone, schedDone: schedDone, full: d.full}
+	d = dueState{checked: now, next: next, retryDone: retryDone, sleepDone: sleepDone, waitDone: waitDone, schedDone: schedDone, full: d.full}
 	if full {
 		d.full = now
 	}
@@ -223,6 +230,9 @@ func (b *broker) retryAt(q string, at time.Time) {
 	if at.Before(d.sleepDone) {
 		d.sleepDone = at
 	}
+	if at.Before(d.waitDone) {
+		d.waitDone = at
+	}
 	if at.Before(d.schedDone) {
 		d.schedDone = at
 	}
@@ -242,7 +252,7 @@ func (w *claimer) awaitWork(ctx context.Context, rev int64, d time.Duration, due
 	q := w.queue
 	wt := w.client.waitAfter(q, rev)
 	defer wt.Stop()
-	retries, dues, sleeps := w.keys.QueueRetry(q), w.keys.QueueDue(q), w.keys.QueueSleep(q)
+	retries, dues, sleeps, waits := w.keys.QueueRetry(q), w.keys.QueueDue(q), w.keys.QueueSleep(q), w.keys.QueueWait(q)
 	for {
 		select {
 		case <-wt.C():
@@ -254,7 +264,7 @@ func (w *claimer) awaitWork(ctx context.Context, rev int64, d time.Duration, due
 				if ev.Type != clientv3.EventTypePut || !ev.IsCreate() {
 					continue
 				}
-				for _, pre := range []string{retries, dues, sleeps} {
+				for _, pre := range []string{retries, dues, sleeps, waits} {
 					if !strings.HasPrefix(string(ev.Kv.Key), pre) {
 						continue
 					}

@@ -73,12 +73,18 @@ func runHelper(mode string) int {
 		ttl = v
 	}
 	w, err := queue.NewWorker(ctx, cli, queue.WorkerConfig{Namespace: os.Getenv("H_NS"), Queue: "jobs", Concurrency: conc,
-		TTL: ttl, Drain: true, BackoffBase: 50 * time.Millisecond, BackoffMax: 200 * time.Millisecond})
+		TTL: ttl, Drain: mode != "waits", BackoffBase: 50 * time.Millisecond, BackoffMax: 200 * time.Millisecond})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
 	}
 	defer w.Close(context.Background())
+	if mode == "waits" { // a draining worker would stop once every task waits
+		store, _ := task.NewStore(cli, os.Getenv("H_NS"))
+		w.HandleAll(queue.Steps(store, waitStepsLogged(os.Getenv("H_LOG"), "victim", os.Getenv("H_BLOCK") != "")...))
+		_ = w.Run(ctx)
+		return 0
+	}
 	if mode == "steps" {
 		store, _ := task.NewStore(cli, os.Getenv("H_NS"))
 		w.HandleAll(queue.Steps(store, stepsLogged(os.Getenv("H_LOG"), "victim", 30*time.Second)...))

@@ -14,6 +14,7 @@ import (
 
 	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/keyspace"
+	"github.com/droverhq/drover/task"
 )
 
 // Status is a task's state.
@@ -320,8 +321,8 @@ func ParseLine(line []byte) (Task, error) {
 	if t.ID == "" {
 		return Task{}, errors.New("task_id is required: it makes submitting the same file twice safe")
 	}
-	if t.CurrentStatus != "" || t.Attempt != 0 || t.Token != 0 || len(t.Transitions) > 0 || t.Result != nil || t.RetriesAttempted != 0 {
-		return Task{}, errors.New("current_status, attempt, token, transitions, result and retries_attempted are set by drover, not by submitters")
+	if t.CurrentStatus != "" || t.Attempt != 0 || t.Token != 0 || len(t.Transitions) > 0 || t.Result != nil || t.RetriesAttempted != 0 || t.WaitingFor != nil {
+		return Task{}, errors.New("current_status, attempt, token, transitions, result, retries_attempted and waiting_for are set by drover, not by submitters")
 	}
 	if t.Parent != "" || t.ParentStep != 0 || t.ParentQueue != "" {
 		return Task{}, errors.New("parent, parent_step and parent_queue are set by drover when a step spawns a child task, not by submitters")
@@ -407,6 +408,9 @@ type View struct {
 	*Task
 	Result       json.RawMessage `json:"result,omitempty"`
 	ResultBase64 []byte          `json:"result_base64,omitempty"`
+	// Signals are the signals the task received (Client.Signals), when
+	// the reader asked for them.
+	Signals []task.SignalRecord `json:"signals,omitempty"`
 }
 
 // NewView returns the view of t.

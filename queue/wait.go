@@ -124,16 +124,13 @@ func (w *Worker) waitOps(o outcome, pendingKey string, seg bool, now time.Time, 
 	return append(ops, clientv3.OpTxn(w.client.parkConds(t.ID, t.WaitingFor), park, handBack)), len(rec) + len(brec) + 600
 }
 
-// waitText says in a transition what a task waits for.
+// waitText says in a transition what a task waits for (its record's
+// WaitingFor says until when).
 func waitText(wt *task.Wait) string {
 	if cw := wt.Children; cw != nil {
 		return fmt.Sprintf("waits for %d of the %d children step %d spawned", cw.Wait, cw.N, cw.Step)
 	}
-	s := "waits for signal " + strings.Join(wt.Signals, " or ")
-	if !wt.Until.IsZero() {
-		s += " until " + wt.Until.UTC().Format(time.RFC3339Nano)
-	}
-	return s
+	return "waits for signal " + strings.Join(wt.Signals, " or ")
 }
 
 // waitedBefore reports whether task t's history shows it waiting.
@@ -269,6 +266,8 @@ type SignalResult struct {
 // delivered to the wait. A signal sent again with the same name and
 // idempotency key stores and delivers nothing (Stored false). A task
 // that does not exist is ErrNotFound; one that is finished, ErrFinished.
+// A named task (task.Runner, HTTP agent tasks: no queue, a checkpoint)
+// takes signals too: nothing is parked, its next run delivers them.
 func (c *Client) Signal(ctx context.Context, id, name string, data json.RawMessage, idem string) (SignalResult, error) {
 	if err := c.checkSignal(id, name, data, idem); err != nil {
 		return SignalResult{}, err
@@ -287,6 +286,11 @@ func (c *Client) Signal(ctx context.Context, id, name string, data json.RawMessa
 		}
 		return slices.Contains(t.WaitingFor.signals(), name), nil
 	})
+	if errors.Is(err, ErrNotFound) { // perhaps a named task (task.Runner, agent tasks): no queue, nothing to wake
+		var named Status
+		named, stored, err = c.signalNamed(ctx, id, fresh, put)
+		t = &Task{CurrentStatus: named}
+	}
 	if err != nil {
 		if errors.Is(err, ErrFinished) || errors.Is(err, ErrNotFound) {
 			return SignalResult{IdempotencyKey: idem}, err
@@ -294,6 +298,39 @@ func (c *Client) Signal(ctx context.Context, id, name string, data json.RawMessa
 		return SignalResult{}, fmt.Errorf("queue: signal %s of task %s: %w", name, id, err)
 	}
 	return SignalResult{IdempotencyKey: idem, Stored: stored, Woke: woke, Status: t.CurrentStatus}, nil
+}
+
+// signalNamed stores a signal (writes put under compares fresh) for task
+// id that has no queue but a checkpoint (a named task: task.Runner, HTTP
+// agent tasks), which parks nowhere: its next run delivers the signal. No
+// checkpoint: ErrNotFound; a completed one: ErrFinished. The status it
+// returns is RUNNING for a task not completed.
+func (c *Client) signalNamed(ctx context.Context, id string, fresh []clientv3.Cmp, put []clientv3.Op) (Status, bool, error) {
+	key := c.keys.TaskCheckpoint(id)
+	for try := 0; try < wakeTries; try++ {
+		g, err := c.cli.Get(ctx, key)
+		if err != nil {
+			return "", false, err
+		}
+		if len(g.Kvs) == 0 {
+			return "", false, fmt.Errorf("%w: %s", ErrNotFound, id)
+		}
+		var cp struct {
+			Completed bool `json:"completed"`
+		}
+		if json.Unmarshal(g.Kvs[0].Value, &cp) == nil && cp.Completed {
+			return Succeeded, false, fmt.Errorf("%w: task %s is completed: it takes no signal", ErrFinished, id)
+		}
+		resp, err := c.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", g.Kvs[0].ModRevision)).
+			Then(clientv3.OpTxn(fresh, put, nil)).Commit()
+		if err != nil {
+			return "", false, err
+		}
+		if resp.Succeeded {
+			return Running, resp.Responses[0].GetResponseTxn().Succeeded, nil
+		}
+	}
+	return "", false, errors.New("the task kept changing; try again")
 }
 
 // signals are the names w waits for; none when w is nil.

@@ -512,7 +512,7 @@ func (r *stepRun) step(ctx context.Context, i int, cp Checkpoint, sg *Signal) (C
 	var wait *Wait
 	if wr, ok := waitOf(err); ok && err != nil {
 		if err = wr.Check(); err == nil && n < len(r.steps) { // nothing follows the last step: no wait
-			wait = newWait(wr, r.now())
+			wait = wr.Begin(r.now())
 		}
 	}
 	spawnReq, spawns := spawnOf(err)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/keyspace"
+	"github.com/droverhq/drover/lease"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -119,8 +120,8 @@ type Wait struct {
 	Children *ChildrenWait `json:"children,omitempty"`
 }
 
-// newWait is the wait r asks for, beginning at now.
-func newWait(r *WaitRequest, now time.Time) *Wait {
+// Begin is the wait r asks for, beginning at now (r checked).
+func (r *WaitRequest) Begin(now time.Time) *Wait {
 	w := &Wait{Signals: append([]string(nil), r.Signals...), Since: now.UTC()}
 	if r.Timeout > 0 {
 		w.Until = now.Add(r.Timeout).UTC()
@@ -242,12 +243,21 @@ func parseInbox(prefix string, kvs []*mvccpb.KeyValue) []Signal {
 // firstSignal returns the first signal sent, among names, that waits in
 // task id's inbox: one range read. nil: none.
 func (s *Store) firstSignal(ctx context.Context, id string, names []string) (*Signal, error) {
+	return s.firstSignalBefore(ctx, id, names, 0)
+}
+
+// firstSignalBefore is firstSignal among the signals stored before etcd
+// revision rev (0: any).
+func (s *Store) firstSignalBefore(ctx context.Context, id string, names []string, rev int64) (*Signal, error) {
 	prefix := s.keys.TaskSignals(id)
 	g, err := s.cli.Get(ctx, prefix, clientv3.WithPrefix())
 	if err != nil {
 		return nil, fmt.Errorf("task: read the signals of %s: %w", id, err)
 	}
 	for _, sg := range parseInbox(prefix, g.Kvs) {
+		if rev > 0 && sg.rev >= rev {
+			break // in the order sent: none after is before rev
+		}
 		for _, n := range names {
 			if sg.Name == n {
 				return &sg, nil
@@ -255,6 +265,32 @@ func (s *Store) firstSignal(ctx context.Context, id string, names []string) (*Si
 		}
 	}
 	return nil, nil
+}
+
+// ClaimSignal is what a claim that holds task id under an etcd fencing
+// token (the create revision of its claim) resumes a checkpoint waiting
+// for wt with, for clients that run a step apart from its write (HTTP
+// agent tasks): the first signal waited for stored before the claim, or,
+// with none, a timeout when wt's timeout passed by now; nil: the task
+// still waits. The step write after it consumes the same signal
+// (CommitSignal with the same token finds it again): a signal stored
+// after the claim is left for a later wait, never consumed unseen.
+func (s *Store) ClaimSignal(ctx context.Context, id string, wt *Wait, token int64, now time.Time) (*Signal, error) {
+	sg, err := s.firstSignalBefore(ctx, id, wt.Signals, token)
+	if err != nil || sg != nil {
+		return sg, err
+	}
+	if !wt.Until.IsZero() && !wt.Until.After(now) {
+		return &Signal{TimedOut: true}, nil
+	}
+	return nil, nil
+}
+
+// CommitSignal is Commit of the step that follows a wait, resumed with sg
+// (from ClaimSignal; nil or a timeout: nothing to consume): the signal is
+// consumed in the checkpoint's transaction, fenced as it is.
+func (s *Store) CommitSignal(ctx context.Context, f lease.Fence, prev Checkpoint, next *Checkpoint, rec StepRecord, sg *Signal) error {
+	return s.commit(ctx, f, prev, next, rec, s.consumeOps(next.TaskID, sg, next.At))
 }
 
 // consumeOps are the writes that consume signal sg of task id, made in

@@ -101,7 +101,7 @@ tasks are kept, like finished ones, for the queue's retention.`,
 			if b.q == "" {
 				return usageError{errors.New("to cancel more than one task give --queue Q, and ids or --all")}
 			}
-			st, err := b.statusOf(queue.Scheduled, queue.Pending, queue.Retrying, queue.Sleeping)
+			st, err := b.statusOf(queue.Scheduled, queue.Pending, queue.Retrying, queue.Sleeping, queue.Waiting)
 			if err != nil {
 				return err
 			}
@@ -111,7 +111,7 @@ tasks are kept, like finished ones, for the queue's retention.`,
 		},
 	}
 	cmd.Flags().StringVar(&b.q, "queue", "", "queue of the tasks to cancel")
-	cmd.Flags().StringVar(&b.status, "status", "PENDING", "SCHEDULED, PENDING, RETRYING or SLEEPING")
+	cmd.Flags().StringVar(&b.status, "status", "PENDING", "SCHEDULED, PENDING, RETRYING, SLEEPING or WAITING")
 	cmd.Flags().BoolVar(&b.all, "all", false, "every task of the queue in that status")
 	cmd.Flags().BoolVar(&b.asJSON, "json", false, "print JSON")
 	return cmd
@@ -146,13 +146,13 @@ func (a *app) tasksPurgeCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "purge --queue Q --status S (ID... | --all)",
 		Short: "Delete tasks for good: pending, retrying, dead or finished ones",
-		Long: `Deletes tasks of a queue in one status (SCHEDULED, PENDING, RETRYING, SLEEPING,
+		Long: `Deletes tasks of a queue in one status (SCHEDULED, PENDING, RETRYING, SLEEPING, WAITING,
 DEAD, SUCCEEDED or CANCELLED) for good: their records, checkpoints and index keys. Running tasks
 cannot be purged; cancel them first. Shows progress on stderr.`,
 		Example: `  drover tasks purge --queue emails --status PENDING --all
   drover tasks purge --queue emails --status SUCCEEDED t-1 t-2 --json`,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			st, err := b.statusOf(queue.Scheduled, queue.Pending, queue.Retrying, queue.Sleeping, queue.Dead, queue.Succeeded, queue.Cancelled)
+			st, err := b.statusOf(queue.Scheduled, queue.Pending, queue.Retrying, queue.Sleeping, queue.Waiting, queue.Dead, queue.Succeeded, queue.Cancelled)
 			if err != nil {
 				return err
 			}

@@ -195,7 +195,7 @@ $ETCD_ENDPOINTS, else 127.0.0.1:2379. "drover server" runs one for you.`,
 	info := buildinfo.Get()
 	root.Version = fmt.Sprintf("%s (commit %s, %s)", info.Version, info.Commit, info.GoVersion)
 	root.SetVersionTemplate("drover {{.Version}}\n")
-	root.AddCommand(a.versionCommand(), a.serverCommand(), a.lockCommand(), a.paxosCommand(), a.taskCommand(), a.submitCommand(), a.workerCommand(), a.tasksCommand(), a.dlqCommand(), a.registryCommand(), a.workersCommand(), a.limitsCommand(), a.quotasCommand(), a.breakersCommand(), a.queuesCommand(), a.schedulesCommand(), a.demoCommand(), a.demoWorkerCommand(), a.lostUpdateWorkerCommand(),
+	root.AddCommand(a.versionCommand(), a.serverCommand(), a.lockCommand(), a.paxosCommand(), a.taskCommand(), a.submitCommand(), a.workerCommand(), a.tasksCommand(), a.signalCommand(), a.dlqCommand(), a.registryCommand(), a.workersCommand(), a.limitsCommand(), a.quotasCommand(), a.breakersCommand(), a.queuesCommand(), a.schedulesCommand(), a.demoCommand(), a.demoWorkerCommand(), a.lostUpdateWorkerCommand(),
 		a.clusterCommand(), a.backupCommand(), a.restoreCommand())
 	refuseUnknownSubcommands(root)
 	return root

@@ -27,14 +27,14 @@ func (a *app) tasksCommand() *cobra.Command {
 	}
 	var asJSON bool
 	get := &cobra.Command{
-		Use: "get ID", Short: "Show a task, its status and its history", Args: cobra.ExactArgs(1),
+		Use: "get ID", Short: "Show a task, its status and its history, what it waits for and its signals", Args: cobra.ExactArgs(1),
 		Example: "  drover tasks get 7f3a91 --json",
 		RunE: func(cmd *cobra.Command, args []string) error {
-			t, err := a.getTask(cmd.Context(), args[0])
+			t, sigs, err := a.getTaskSignals(cmd.Context(), args[0])
 			if err != nil {
 				return err
 			}
-			return a.printTask(t, asJSON)
+			return a.printTaskSignals(t, sigs, asJSON)
 		},
 	}
 	get.Flags().BoolVar(&asJSON, "json", false, "print JSON")
@@ -52,7 +52,7 @@ type listFlags struct {
 func (f *listFlags) register(cmd *cobra.Command, withStatus bool) {
 	cmd.Flags().StringVar(&f.q, "queue", "", "queue name")
 	if withStatus {
-		cmd.Flags().StringVar(&f.status, "status", "PENDING", "SCHEDULED, PENDING, RUNNING, RETRYING, SLEEPING, SUCCEEDED, DEAD or CANCELLED")
+		cmd.Flags().StringVar(&f.status, "status", "PENDING", "SCHEDULED, PENDING, RUNNING, RETRYING, SLEEPING, WAITING, SUCCEEDED, DEAD or CANCELLED")
 	}
 	cmd.Flags().IntVar(&f.limit, "limit", queue.DefaultListLimit, fmt.Sprintf("most tasks listed (1 to %d)", queue.MaxListLimit))
 	cmd.Flags().StringVar(&f.after, "after", "", "start after this cursor: the next of the page before (--json), or the one the last page printed")
@@ -137,8 +137,8 @@ func (a *app) tasksStatsCommand() *cobra.Command {
 			if st.Paused {
 				paused = " (paused: drover queues resume " + q + ")"
 			}
-			fmt.Fprintf(a.stdout, "queue %s: pending %d, running %d, retrying %d, succeeded %d, dead %d, cancelled %d, scheduled %d, sleeping %d%s\n",
-				q, st.Pending, st.Running, st.Retrying, st.Succeeded, st.Dead, st.Cancelled, st.Scheduled, st.Sleeping, paused)
+			fmt.Fprintf(a.stdout, "queue %s: pending %d, running %d, retrying %d, succeeded %d, dead %d, cancelled %d, scheduled %d, sleeping %d, waiting %d%s\n",
+				q, st.Pending, st.Running, st.Retrying, st.Succeeded, st.Dead, st.Cancelled, st.Scheduled, st.Sleeping, st.Waiting, paused)
 			return nil
 		},
 	}
