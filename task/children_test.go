@@ -3,6 +3,7 @@ package task_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -141,5 +142,50 @@ func TestChildIDOfALongParent(t *testing.T) {
 	}
 	if got := task.ChildID("p", 1, strings.Repeat("k", 120)); got != "" {
 		t.Fatalf("a key with no room: %q", got)
+	}
+}
+
+// A run whose lock was lost while its step ran spawns nothing: the plan's
+// first write is refused by the fence, and no plan, checkpoint or child
+// is stored or submitted.
+func TestSpawnUnderALostLockStoresNothing(t *testing.T) {
+	ns := etcdtest.Namespace(t)
+	cli := srv.Client(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	store, err := task.NewStore(cli, ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	locker, err := lock.NewEtcd(ctx, cli, lock.EtcdConfig{Namespace: ns, TTL: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer locker.Close(context.Background())
+	f, release, err := store.ClaimLock(ctx, locker, "p")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sp := &recordingSpawner{}
+	steps := []task.Step{
+		{Name: "fan-out", Run: func(context.Context, []byte) ([]byte, error) {
+			if err := release(context.Background()); err != nil { // the lock is lost as the step runs
+				return nil, err
+			}
+			return nil, task.Spawn([]task.Child{{Queue: "q", Type: "x"}}, task.SpawnOptions{})
+		}},
+		{Name: "fan-in", Run: func(context.Context, []byte) ([]byte, error) { return nil, nil }},
+	}
+	if _, err := store.RunSteps(ctx, f, "p", steps, task.StepConfig{Worker: "w", Spawner: sp}); !errors.Is(err, lock.ErrFenced) {
+		t.Fatalf("run under a lost lock: %v; want lock.ErrFenced", err)
+	}
+	keys := keyspace.MustNew(ns)
+	for _, k := range []string{keys.TaskChildren("p"), keys.TaskCheckpoint("p"), keys.TaskSteps("p")} {
+		if g, _ := cli.Get(ctx, k, clientv3.WithPrefix(), clientv3.WithKeysOnly()); len(g.Kvs) != 0 {
+			t.Fatalf("stored under a lost lock: %s", g.Kvs[0].Key)
+		}
+	}
+	if len(sp.submitted) != 0 {
+		t.Fatalf("children submitted: %v", sp.submitted)
 	}
 }
