@@ -81,7 +81,7 @@ func runHelper(mode string) int {
 	defer w.Close(context.Background())
 	if mode == "waits" { // a draining worker would stop once every task waits
 		store, _ := task.NewStore(cli, os.Getenv("H_NS"))
-		w.HandleAll(queue.Steps(store, waitStepsLogged(os.Getenv("H_LOG"), "victim", os.Getenv("H_BLOCK") != "")...))
+		w.HandleAll(queue.Steps(store, waitStepsLogged(os.Getenv("H_LOG"), "victim", os.Getenv("H_BLOCK"))...))
 		_ = w.Run(ctx)
 		return 0
 	}

@@ -21,8 +21,9 @@ import (
 // waitStepsLogged are three steps that log "worker step task signal" to
 // logPath when they start: s1 waits for the signal "approval", s2 (which
 // logs the signal's idempotency key) blocks until its context ends when
-// block is set, s3 ends the task.
-func waitStepsLogged(logPath, worker string, block bool) []task.Step {
+// block is "block", or works 4 s without heeding it and logs "s2-done"
+// when block is "pause", s3 ends the task.
+func waitStepsLogged(logPath, worker string, block string) []task.Step {
 	logLine := func(ctx context.Context, step string) error {
 		sig := "-"
 		if sg, ok := task.ReceivedSignal(ctx); ok {
@@ -47,9 +48,15 @@ func waitStepsLogged(logPath, worker string, block bool) []task.Step {
 			if err := logLine(ctx, "s2"); err != nil {
 				return nil, err
 			}
-			if block {
+			switch block {
+			case "block":
 				<-ctx.Done()
 				return nil, ctx.Err()
+			case "pause": // as a blocking LLM call: its result comes whatever happened meanwhile
+				time.Sleep(4 * time.Second)
+				if err := logLine(ctx, "s2-done"); err != nil {
+					return nil, err
+				}
 			}
 			return append(s, "|s2"...), nil
 		}},
@@ -84,14 +91,12 @@ func logCount(logPath string, fields ...string) int {
 
 // startWaitVictim starts a worker process of queue "jobs" running
 // waitStepsLogged as "victim".
-func startWaitVictim(t *testing.T, ns, logPath string, block bool) *exec.Cmd {
+func startWaitVictim(t *testing.T, ns, logPath, block string) *exec.Cmd {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), helperEnv+"=waits", "H_ENDPOINTS="+strings.Join(srv.Endpoints(), ","), "H_NS="+ns, "H_LOG="+logPath,
 		"H_CONCURRENCY=8", "H_TTL=2s")
-	if block {
-		cmd.Env = append(cmd.Env, "H_BLOCK=1")
-	}
+	cmd.Env = append(cmd.Env, "H_BLOCK="+block)
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -148,7 +153,7 @@ func TestWaitWorkerKilledAsSignalsArrive(t *testing.T) {
 	if _, err := c.Submit(context.Background(), "jobs", ts, nil); err != nil {
 		t.Fatal(err)
 	}
-	victim := startWaitVictim(t, ns, logPath, true)
+	victim := startWaitVictim(t, ns, logPath, "block")
 	ctx := context.Background()
 	waitUntil(t, "every task to wait", func() bool {
 		st, err := c.Stats(ctx, "jobs")
@@ -167,7 +172,7 @@ func TestWaitWorkerKilledAsSignalsArrive(t *testing.T) {
 	t.Logf("the victim was running step 2 of %d tasks when it was killed", logCount(logPath, "victim", "s2"))
 	store, _ := task.NewStore(cli, ns)
 	w := newWorker(t, cli, queue.WorkerConfig{Namespace: ns, Queue: "jobs", Concurrency: 8})
-	w.HandleAll(queue.Steps(store, waitStepsLogged(logPath, "rescuer", false)...))
+	w.HandleAll(queue.Steps(store, waitStepsLogged(logPath, "rescuer", "")...))
 	rctx, stop := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() { _ = w.Run(rctx); close(done) }()
@@ -195,7 +200,7 @@ func TestWaitWorkerKilledWhileTasksWait(t *testing.T) {
 	if _, err := c.Submit(context.Background(), "jobs", ts, nil); err != nil {
 		t.Fatal(err)
 	}
-	victim := startWaitVictim(t, ns, logPath, false)
+	victim := startWaitVictim(t, ns, logPath, "")
 	ctx := context.Background()
 	waitUntil(t, "every task to wait", func() bool {
 		st, err := c.Stats(ctx, "jobs")
@@ -211,7 +216,7 @@ func TestWaitWorkerKilledWhileTasksWait(t *testing.T) {
 	}
 	store, _ := task.NewStore(cli, ns)
 	w := newWorker(t, cli, queue.WorkerConfig{Namespace: ns, Queue: "jobs"})
-	w.HandleAll(queue.Steps(store, waitStepsLogged(logPath, "rescuer", false)...))
+	w.HandleAll(queue.Steps(store, waitStepsLogged(logPath, "rescuer", "")...))
 	rctx, stop := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() { _ = w.Run(rctx); close(done) }()
@@ -227,4 +232,48 @@ func TestWaitWorkerKilledWhileTasksWait(t *testing.T) {
 		t.Fatalf("the victim ran step 2 %d times after its death", n)
 	}
 	checkResumedOnce(t, cli, c, ns, logPath, ids, 1)
+}
+
+// A worker process paused (SIGSTOP) past its TTL while the step that
+// received a signal runs, then continued: another worker took the task
+// over meanwhile and finished it, consuming the signal; the paused
+// worker's step ends afterwards, and its checkpoint, which would consume
+// the signal again, is refused. The task resumed once, the signal was
+// consumed once.
+func TestWaitWorkerPausedAsItResumes(t *testing.T) {
+	ns := etcdtest.Namespace(t)
+	c, cli := newClient(t, ns)
+	logPath := filepath.Join(t.TempDir(), "steps.log")
+	id := "wp-0"
+	if _, err := c.Submit(context.Background(), "jobs", []queue.Task{{ID: id, Type: "agent"}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	victim := startWaitVictim(t, ns, logPath, "pause")
+	ctx := context.Background()
+	waitStatus(t, c, id, queue.Waiting)
+	if _, err := c.Signal(ctx, id, "approval", nil, "sig-"+id); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the victim to resume the task", func() bool { return logCount(logPath, "victim", "s2", id) == 1 })
+	_ = victim.Process.Signal(syscall.SIGSTOP)
+	store, _ := task.NewStore(cli, ns)
+	w := newWorker(t, cli, queue.WorkerConfig{Namespace: ns, Queue: "jobs"})
+	w.HandleAll(queue.Steps(store, waitStepsLogged(logPath, "rescuer", "")...))
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { _ = w.Run(rctx); close(done) }()
+	defer func() { stop(); <-done }()
+	if _, err := c.Wait(ctx, id); err != nil { // the victim's lease (2 s) ends, the rescuer takes over
+		t.Fatal(err)
+	}
+	_ = victim.Process.Signal(syscall.SIGCONT)
+	waitUntil(t, "the victim's step to end", func() bool { return logCount(logPath, "victim", "s2-done", id) == 1 })
+	// Its checkpoint attempt follows the log line; a stopping worker
+	// waits for its handlers, so once it exited the attempt was made.
+	_ = victim.Process.Signal(syscall.SIGTERM)
+	_ = victim.Wait()
+	if n := logCount(logPath, "victim", "s3"); n != 0 {
+		t.Fatalf("the paused victim ran step 3 %d times", n)
+	}
+	checkResumedOnce(t, cli, c, ns, logPath, []string{id}, 2)
 }
