@@ -286,16 +286,9 @@ func (s *Server) putTaskStep(ctx context.Context, in *stepInput) (*agentTaskOutp
 	case b.Steps > 0 && cp.Step > 0 && cp.Steps != 0 && cp.Steps != b.Steps:
 		return nil, taskProblem(fmt.Errorf("task %s: checkpoint at step %d of %d, but this write says %d steps: %w", in.ID, cp.Step, cp.Steps, b.Steps, task.ErrStepsChanged))
 	}
-	// The step after a wait consumes the signal its claim was answered
-	// with: the same one, found again under the claim's token.
-	var sg *task.Signal
-	if cp.Wait != nil {
-		if sg, err = store.ClaimSignal(ctx, in.ID, cp.Wait, b.Token, time.Now()); err != nil {
-			return nil, taskProblem(err)
-		}
-		if sg == nil {
-			return nil, newProblem(http.StatusConflict, "conflict", fmt.Sprintf("task %s waits for signal %s, which had not come when it was claimed: claim it again once it was sent", in.ID, strings.Join(cp.Wait.Signals, " or ")))
-		}
+	sg, err := stepSignal(ctx, store, cp, b.Token)
+	if err != nil {
+		return nil, err
 	}
 	steps := b.Steps
 	if steps == 0 {
@@ -323,6 +316,25 @@ func (s *Server) putTaskStep(ctx context.Context, in *stepInput) (*agentTaskOutp
 		s.releaseClaim(ctx, in.ID, f) // done, or parked: nothing is held while it sleeps
 	}
 	return &agentTaskOutput{Body: agentTaskOf(next)}, nil
+}
+
+// stepSignal is the signal the step after checkpoint cp consumes when cp
+// waits: the one the claim with token was answered with, found again
+// under the token (nil when cp does not wait). A 409 when none had come
+// when the claim was taken.
+func stepSignal(ctx context.Context, store *task.Store, cp task.Checkpoint, token int64) (*task.Signal, error) {
+	if cp.Wait == nil {
+		return nil, nil
+	}
+	sg, err := store.ClaimSignal(ctx, cp.TaskID, cp.Wait, token, time.Now())
+	if err != nil {
+		return nil, taskProblem(err)
+	}
+	if sg == nil {
+		return nil, newProblem(http.StatusConflict, "conflict", fmt.Sprintf("task %s waits for signal %s, which had not come when it was claimed: claim it again once it was sent",
+			cp.TaskID, strings.Join(cp.Wait.Signals, " or ")))
+	}
+	return sg, nil
 }
 
 // releaseClaim releases a task's claim after its completion; a failure

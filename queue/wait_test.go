@@ -355,3 +355,41 @@ func TestSignalBadInput(t *testing.T) {
 		t.Fatalf("signals %+v (%v): want none stored", sigs, err)
 	}
 }
+
+// A wait for several names ends with the first of them sent; a signal of
+// another name is kept and wakes nothing.
+func TestWaitForOneOfSeveralSignals(t *testing.T) {
+	ns := etcdtest.Namespace(t)
+	c, cli := newClient(t, ns)
+	l := newSignalLog()
+	submitOne(t, c, "agent-5")
+	steps := []task.Step{
+		{Name: "s1", Run: func(ctx context.Context, s []byte) ([]byte, error) {
+			return s, task.WaitSignals(0, "approve", "reject")
+		}},
+		{Name: "s2", Run: func(ctx context.Context, s []byte) ([]byte, error) {
+			l.note(ctx, "s2")
+			return s, nil
+		}},
+	}
+	startSleepWorker(t, cli, ns, newStillClock(), steps)
+	ctx := context.Background()
+	got := waitStatus(t, c, "agent-5", queue.Waiting)
+	if !slices.Equal(got.WaitingFor.Signals, []string{"approve", "reject"}) {
+		t.Fatalf("waiting for %+v", got.WaitingFor)
+	}
+	if res, err := c.Signal(ctx, "agent-5", "comment", json.RawMessage(`"lgtm?"`), ""); err != nil || !res.Stored || res.Woke {
+		t.Fatalf("a signal of another name: %+v, %v: want stored, not woken", res, err)
+	}
+	if res, err := c.Signal(ctx, "agent-5", "reject", nil, ""); err != nil || !res.Woke {
+		t.Fatalf("reject: %+v, %v", res, err)
+	}
+	waitStatus(t, c, "agent-5", queue.Succeeded)
+	if sg := l.received("agent-5", "s2"); len(sg) != 1 || sg[0].Name != "reject" {
+		t.Fatalf("s2 received %+v: want reject", sg)
+	}
+	sigs, err := c.Signals(ctx, "agent-5")
+	if err != nil || len(sigs) != 2 || sigs[0].Name != "comment" || sigs[0].Consumed || sigs[1].Name != "reject" || !sigs[1].Consumed {
+		t.Fatalf("signals %+v (%v): want comment kept, reject consumed", sigs, err)
+	}
+}
