@@ -412,24 +412,31 @@ func (s *Store) RunSteps(ctx context.Context, f lease.Fence, id string, steps []
 		cp, sg = next, nil
 		res.StepsRun++
 		res.State = next.State
-		if !next.SleepUntil.IsZero() {
-			res.SleepingUntil = next.SleepUntil
-			r.emit(Event{Type: EventSleeping, TaskID: id, Step: next.Step, Name: next.StepName, Until: next.SleepUntil})
-			return res, nil
-		}
-		if next.Wait != nil {
-			res.Waiting = next.Wait
-			r.emit(Event{Type: EventAwaitingSignal, TaskID: id, Step: next.Step, Name: next.StepName, Until: next.Wait.Until, Signals: next.Wait.Signals})
-			return res, nil
-		}
-		if next.Spawn != nil {
-			if waiting, err := r.waiting(ctx, next, &res); waiting || err != nil {
-				return res, err
-			}
+		if stop, err := r.stopsAfter(ctx, next, &res); stop || err != nil {
+			return res, err
 		}
 	}
 	r.emit(Event{Type: EventCompleted, TaskID: id, Step: len(steps)})
 	return res, nil
+}
+
+// stopsAfter reports whether the run stops after checkpoint next, whose
+// step asked for a sleep, a signal or children to wait for (res says
+// which; children that ended already do not stop it).
+func (r *stepRun) stopsAfter(ctx context.Context, next Checkpoint, res *Result) (bool, error) {
+	switch {
+	case !next.SleepUntil.IsZero():
+		res.SleepingUntil = next.SleepUntil
+		r.emit(Event{Type: EventSleeping, TaskID: r.id, Step: next.Step, Name: next.StepName, Until: next.SleepUntil})
+		return true, nil
+	case next.Wait != nil:
+		res.Waiting = next.Wait
+		r.emit(Event{Type: EventAwaitingSignal, TaskID: r.id, Step: next.Step, Name: next.StepName, Until: next.Wait.Until, Signals: next.Wait.Signals})
+		return true, nil
+	case next.Spawn != nil:
+		return r.waiting(ctx, next, res)
+	}
+	return false, nil
 }
 
 // SleepMargin is how near its end a checkpoint's sleep may be for a run
