@@ -43,8 +43,13 @@ func runChildHelper(mode string) int {
 		select {} // until killed
 	}
 	queue.SetChildHooks(func(string) {
-		if mode == "children-submit" {
+		switch mode {
+		case "children-submit":
 			stopped()
+		case "children-pause": // the test stops the process here, past its TTL
+			fmt.Println("STOPPED")
+			time.Sleep(time.Second)
+			_ = appendLine(os.Getenv("H_LOG"), "victim continued")
 		}
 	}, func(string) bool {
 		if mode == "children-wake" {
@@ -82,6 +87,14 @@ func appendLine(path, line string) error {
 // printed STOPPED, having killed it with SIGKILL.
 func killChildHelperWhenStopped(t *testing.T, ns, mode, logPath string) {
 	t.Helper()
+	cmd := startChildHelper(t, ns, mode, logPath, syscall.SIGKILL)
+	_ = cmd.Wait()
+}
+
+// startChildHelper starts a helper process in mode and returns it once it
+// printed STOPPED, having sent it sig.
+func startChildHelper(t *testing.T, ns, mode, logPath string, sig syscall.Signal) *exec.Cmd {
+	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), helperEnv+"="+mode, "H_ENDPOINTS="+strings.Join(srv.Endpoints(), ","), "H_NS="+ns, "H_LOG="+logPath)
 	cmd.Stderr = os.Stderr
@@ -92,7 +105,7 @@ func killChildHelperWhenStopped(t *testing.T, ns, mode, logPath string) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _, _ = cmd.Process.Wait() })
 	seen := make(chan struct{})
 	go func() {
 		buf := make([]byte, 4096)
@@ -114,8 +127,8 @@ func killChildHelperWhenStopped(t *testing.T, ns, mode, logPath string) {
 	case <-time.After(60 * time.Second):
 		t.Fatalf("helper %s never stopped", mode)
 	}
-	_ = cmd.Process.Signal(syscall.SIGKILL)
-	_ = cmd.Wait()
+	_ = cmd.Process.Signal(sig)
+	return cmd
 }
 
 // A worker SIGKILLed right after a parent's spawn was checkpointed, before
@@ -219,5 +232,54 @@ func TestSpawnSurvivesKillBeforeWake(t *testing.T) {
 		if n != 1 {
 			t.Fatalf("child %s ran %d times", id, n)
 		}
+	}
+}
+
+// A parent's worker paused (SIGSTOP) past its TTL right after the spawn was
+// checkpointed: another worker takes the parent over, submits the
+// checkpointed children, and the parent resumes and finishes. The paused
+// worker, continued, submits the same children again (nothing new: the
+// ids are taken) and its writes under its lost claim are refused: each
+// child ran once, and the parent resumed once.
+func TestSpawnWorkerPausedAfterCheckpoint(t *testing.T) {
+	ns := etcdtest.Namespace(t)
+	c, cli := newClient(t, ns)
+	setupFamily(t, c, "p")
+	logPath := filepath.Join(t.TempDir(), "log")
+	victim := startChildHelper(t, ns, "children-pause", logPath, syscall.SIGSTOP)
+	f := newFamily(30) // a step run again would spawn 30
+	f.start(t, cli, ns)
+	got := waitFinished(t, c, "p")
+	if got.CurrentStatus != queue.Succeeded || string(got.Result) != "20" {
+		t.Fatalf("parent %s with %s (%s)", got.CurrentStatus, got.Result, got.LastError)
+	}
+	_ = victim.Process.Signal(syscall.SIGCONT)
+	waitUntil(t, "the paused worker to go on", func() bool {
+		b, _ := os.ReadFile(logPath)
+		return strings.Contains(string(b), "victim continued")
+	})
+	// A stopping worker waits for its handlers: once it exited, its
+	// submission and its refused writes were made.
+	_ = victim.Process.Signal(syscall.SIGTERM)
+	_, _ = victim.Process.Wait()
+	after, err := c.Get(context.Background(), "p")
+	if err != nil || after.CurrentStatus != queue.Succeeded || after.Attempt != got.Attempt || string(after.Result) != "20" {
+		t.Fatalf("parent after the paused worker went on: %+v (%v)", after, err)
+	}
+	if a, b := f.runs(f.steps, "p/fan-out"), f.runs(f.steps, "p/fan-in"); a != 0 || b != 1 {
+		t.Fatalf("fan-out ran %d times here and fan-in %d; want 0 and 1", a, b)
+	}
+	if st, _ := c.Stats(context.Background(), "kids"); st.Total() != 20 {
+		t.Fatalf("kids: %+v; want the 20 children of the plan", st)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for id, n := range f.kids {
+		if n != 1 {
+			t.Fatalf("child %s ran %d times", id, n)
+		}
+	}
+	if len(f.kids) != 20 {
+		t.Fatalf("%d children ran", len(f.kids))
 	}
 }
