@@ -3,11 +3,13 @@ package queue
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"time"
 
 	"github.com/droverhq/drover/internal/lifecycle"
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/metrics"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -60,9 +62,35 @@ type ackReq struct {
 
 func (r ackReq) op() clientv3.Op { return clientv3.OpTxn(r.cmps, r.then, nil) }
 
-// width is the most operations at one level of the nested transaction:
-// etcd allows 128 a level, counting the request's own operations in each.
-func (r ackReq) width() int { return max(len(r.cmps), len(r.then)) }
+// width is the most operations along one nesting path of the nested
+// transaction, its own level and the levels nested in it (a wait's
+// conditional park, waitOps): etcd allows 128 along each path, counting
+// the request's own operations too.
+func (r ackReq) width() int { return txnWidth(r.cmps, r.then, nil) }
+
+// txnWidth is the most operations along one nesting path of the
+// transaction If(cmps) Then(then) Else(els): the most at its own level
+// (compares, then or else) plus the widest nested transaction.
+func txnWidth(cmps []clientv3.Cmp, then, els []clientv3.Op) int {
+	return max(len(cmps), len(then), len(els)) + max(nestedWidth(then), nestedWidth(els))
+}
+
+// nestedWidth is the widest transaction nested among ops (0: none).
+func nestedWidth(ops []clientv3.Op) int {
+	n := 0
+	for _, op := range ops {
+		if op.IsTxn() {
+			n = max(n, txnWidth(op.Txn()))
+		}
+	}
+	return n
+}
+
+// tooManyOps reports whether err is etcd's refusal of a request with too
+// many operations along a nesting path: the same request always fails so.
+func tooManyOps(err error) bool {
+	return errors.Is(err, rpctypes.ErrTooManyOps) || rpctypes.ErrorDesc(err) == rpctypes.ErrorDesc(rpctypes.ErrGRPCTooManyOps)
+}
 
 // commit writes a batch of outcomes: a task with a record of its own in a
 // nested transaction fenced by its claim; the tasks of one run together, in
@@ -139,8 +167,8 @@ func (w *Worker) write(reqs []ackReq, extra []clientv3.Op) {
 		resp, err = w.cli.Txn(ctx).Then(ops...).Commit()
 		metrics.ObserveTxn("ack", began)
 		cancel()
-		if err == nil || w.lease.Err() != nil {
-			break
+		if err == nil || w.lease.Err() != nil || tooManyOps(err) {
+			break // a request with too many operations is split at once
 		}
 		_ = lifecycle.Sleep(w.lease.Context(), time.Duration(try+1)*200*time.Millisecond) // ends early when the lease is lost
 	}
@@ -374,7 +402,7 @@ func (w *Worker) runReqs(r *segRun, os []outcome, final, exact bool, now time.Ti
 	var moved []int
 	var ops []clientv3.Op
 	var kept []outcome
-	size := 0
+	size, inner := 0, 0 // inner: the widest transaction nested in ops
 	flush := func() {
 		if len(kept) == 0 {
 			return
@@ -395,7 +423,7 @@ func (w *Worker) runReqs(r *segRun, os []outcome, final, exact bool, now time.Ti
 		}
 		then = append(then, ops...)
 		reqs = append(reqs, ackReq{cmps: cmps, then: then, kept: kept, size: size + 500, run: r, exact: exact || r.exact.Load()})
-		ok, moved, ops, kept, size = nil, nil, nil, nil, 0
+		ok, moved, ops, kept, size, inner = nil, nil, nil, nil, 0, 0
 	}
 	for _, o := range os {
 		switch o.kind {
@@ -412,10 +440,17 @@ func (w *Worker) runReqs(r *segRun, os []outcome, final, exact bool, now time.Ti
 			more, n := w.recordOps(o, now, markers)
 			ops = append(ops, more...)
 			moved = append(moved, o.c.slot)
-			size += n
+			size, inner = size+n, max(inner, nestedWidth(more))
 		}
 		kept = append(kept, o)
-		if len(kept) == SegmentSize || len(ops) >= 110 || size > maxRequestBytes/2 {
+		// The request's width (txnWidth) as flush would make it: its
+		// compares, its writes (an outcome key, the run's deletion) and
+		// the widest park nested in them.
+		cmps := 2
+		if exact || r.exact.Load() {
+			cmps = 1 + len(kept)
+		}
+		if len(kept) == SegmentSize || max(cmps, len(ops)+3)+inner >= 110 || size > maxRequestBytes/2 {
 			flush()
 		}
 	}
