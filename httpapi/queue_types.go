@@ -31,7 +31,9 @@ type QueueTask struct {
 	ResultBase64     []byte            `json:"result_base64,omitempty" doc:"A result that is not text, in base64 (then result is absent)."`
 	ScheduledAt      *time.Time        `json:"scheduled_at,omitempty" doc:"When a RETRYING task runs again, when a SCHEDULED one falls due, when a SLEEPING one's sleep ends, or when a WAITING one's wait times out."`
 	Transitions      []QueueTransition `json:"transitions,omitempty" doc:"The task's history, oldest first (the first and the last 49 changes)."`
-	WaitingFor       *TaskWait         `json:"waiting_for,omitempty" doc:"What a WAITING task waits for (the signals, since when, until when)."`
+	WaitingFor       *TaskWait         `json:"waiting_for,omitempty" doc:"What a WAITING task waits for (the signals, or the children it spawned; since when, until when)."`
+	Parent           string            `json:"parent,omitempty" doc:"The step task that spawned this one, for a child task."`
+	ParentStep       int               `json:"parent_step,omitempty" doc:"The step of the parent that spawned this one, for a child task."`
 	Signals          []TaskSignal      `json:"signals,omitempty" doc:"The signals the task received, waiting to be consumed (in the order sent) or consumed (GET of one task only)."`
 }
 
@@ -59,7 +61,7 @@ func queueTaskOf(t *queue.Task) QueueTask {
 		ID: t.ID, Type: t.Type, Queue: t.Queue, InputDataURI: t.InputDataURI, OutputDataURI: t.OutputDataURI,
 		Parameters: t.Parameters, Status: t.CurrentStatus, Attempt: t.Attempt, Token: t.Token,
 		RetriesAttempted: t.RetriesAttempted, MaxRetries: t.Retries(), LastError: t.LastError,
-		Result: v.Result, ResultBase64: v.ResultBase64,
+		Result: v.Result, ResultBase64: v.ResultBase64, Parent: t.Parent, ParentStep: t.ParentStep,
 		Metadata: QueueTaskMetadata{CreatedAt: t.Metadata.CreatedAt, Priority: t.Metadata.Priority, SourceSystem: t.Metadata.SourceSystem, Tenant: t.Metadata.Tenant},
 	}
 	dur := func(d queue.Duration) string {

@@ -38,6 +38,16 @@ type TaskWait struct {
 	Signals []string   `json:"signals,omitempty" doc:"The names of the signals it waits for: the first of them sent ends the wait."`
 	Since   time.Time  `json:"since" doc:"When the wait began."`
 	Until   *time.Time `json:"until,omitempty" doc:"When the wait times out: the next step then runs with a timeout instead of a signal. Absent: no timeout."`
+	// Children is set for a wait for the children a step spawned.
+	Children *TaskChildrenWait `json:"children,omitempty" doc:"For a task that waits for the children a step spawned: which step, how many it spawned, how many must end."`
+}
+
+// TaskChildrenWait is a wait for the children a step spawned.
+type TaskChildrenWait struct {
+	Step    int  `json:"step" doc:"The step that spawned them."`
+	N       int  `json:"n" doc:"How many it spawned."`
+	Wait    int  `json:"wait" doc:"How many must end before the next step runs."`
+	Collect bool `json:"collect,omitempty" doc:"Every outcome is collected; otherwise the first child that ends DEAD or CANCELLED fails the task."`
 }
 
 // TaskSignal is a signal a task received.
@@ -56,6 +66,9 @@ func taskWaitOf(w *queue.WaitingFor) *TaskWait {
 		return nil
 	}
 	out := &TaskWait{Signals: w.Signals, Since: w.Since}
+	if c := w.Children; c != nil {
+		out.Children = &TaskChildrenWait{Step: c.Step, N: c.N, Wait: c.Wait, Collect: c.Collect}
+	}
 	if !w.Until.IsZero() {
 		until := w.Until
 		out.Until = &until

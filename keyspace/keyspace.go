@@ -10,6 +10,8 @@
 //	/{ns}/tasks/{id}/fence            the highest fencing token a task's writes were made under, 20 digits, when its runner takes its lock from another backend than etcd
 //	/{ns}/tasks/{id}/stream/{first}-{last} a chunk of a task's stream: events first..last (12 digits each), written by one attempt at once (stream.go)
 //	/{ns}/stream-expiry/{due}-{id}    when task id's stream may be removed (19-digit Unix nanoseconds)
+//	/{ns}/tasks/{id}/children/...     the children a step task spawned and their outcomes (children.go)
+//	/{ns}/child-wakes/{q}/{id}        a child of task id (of queue q) ended: its wait may be over (children.go)
 //	/{ns}/ids/{id}                    a queued task's index key: "{queue}/{segment}/{slot}"; makes task_id idempotent
 //	/{ns}/segments/{q}/{segment}      up to 100 tasks of queue q as submitted, in one key
 //	/{ns}/queues/{q}/open/{segment}   a segment with unfinished tasks; value: its number of tasks

@@ -347,10 +347,16 @@ func (c *Client) CancelTasks(ctx context.Context, q string, st Status, ids []str
 	if st != Pending && st != Retrying && st != Scheduled && st != Sleeping && st != Waiting {
 		return 0, &drover.InputError{Field: "status", Value: string(st), Rule: "must be SCHEDULED, PENDING, RETRYING, SLEEPING or WAITING: cancel a running task by its id"}
 	}
-	return c.bulk(ctx, q, st, ids, progress, func(t *Task) ([]clientv3.Op, int, string) {
+	var touched []*Task
+	n, err := c.bulk(ctx, q, st, ids, progress, func(t *Task) ([]clientv3.Op, int, string) {
+		touched = append(touched, t)
 		ops := c.cancelOps(t)
-		return ops, len(ops[0].ValueBytes()), ""
+		return ops, len(ops[0].ValueBytes()), c.childWakeKey(t) // several children of one parent share it
 	})
+	if err != nil {
+		return n, err
+	}
+	return n, c.afterCancels(ctx, touched)
 }
 
 // cancelOps are the writes that cancel t; the first rewrites its record.
@@ -362,13 +368,13 @@ func (c *Client) cancelOps(t *Task) []clientv3.Op {
 	t.Transitions = appendTransition(t.Transitions, Transition{Status: Cancelled, At: now, Attempt: t.Attempt})
 	rec, _ := json.Marshal(t)
 	if t.seg != nil { // the task leaves its segment for a record of its own
-		return []clientv3.Op{
+		return append([]clientv3.Op{
 			clientv3.OpPut(c.keys.TaskRecord(t.ID), string(rec)),
 			clientv3.OpPut(c.keys.Exit(t.Queue, t.seg.seg, t.seg.slot), "cancelled"),
 			clientv3.OpPut(c.doneKey(t.Queue, Cancelled, now, t.ID), ""),
-		}
+		}, c.childCancelOps(t)...)
 	}
-	return []clientv3.Op{
+	return append([]clientv3.Op{
 		clientv3.OpPut(c.keys.TaskRecord(t.ID), string(rec)),
 		clientv3.OpDelete(c.pendingKey(t)),
 		clientv3.OpDelete(c.retryKey(t)),
@@ -376,7 +382,7 @@ func (c *Client) cancelOps(t *Task) []clientv3.Op {
 		clientv3.OpDelete(waitKey),
 		clientv3.OpDelete(c.keys.QueueClaim(t.Queue, t.ID)),
 		clientv3.OpPut(c.doneKey(t.Queue, Cancelled, now, t.ID), ""),
-	}
+	}, c.childCancelOps(t)...)
 }
 
 // finishedAt is when a finished task reached its terminal status: the time

@@ -1,3 +1,40 @@
+// Package queue is drover's durable task queue on etcd, for millions of
+// offline agent tasks: batched submission that is idempotent on task id,
+// batched claims bound to the worker's lease and fenced, retries with
+// exponential backoff and full jitter, a dead-letter queue, and cancellation.
+//
+// A fresh task lives in a segment: one key holding up to 100 tasks of one
+// queue and priority level, written once at submission, with one small
+// index key per task that makes its id idempotent (see keyspace and
+// docs/queue.md). A segment's state is a few keys beside it, not per task:
+// it is open while it has unfinished tasks; a claim is a run, one key
+// bound to the worker's lease naming the slots it took (with a durable
+// twin, its try, that keeps the attempts when the worker dies); outcomes
+// are one key per batch of a run; a slot that leaves the segment
+// (cancelled, purged) has an exit key. Only a task that leaves the common
+// path (a failed attempt, the dead-letter queue, a hand-back, a
+// cancellation) gets a record of its own, moved there in the same fenced
+// transaction that records the outcome, with the per-task keys: a pending
+// key, a claim key bound to the lease while it runs, a retry key while it
+// waits for its backoff (a sleep key while a step task sleeps: see
+// Steps), dead and done keys once finished. Because claims
+// are lease-bound, a worker that dies releases its tasks by itself when
+// its lease expires: no reaper, no timeout to tune. Every write a worker
+// makes about a task is fenced by its claim's create revision (a run's,
+// or a claim key's), so a worker that lost a claim cannot write.
+//
+// The package's types: Client submits, reads and administers tasks, and
+// brokers the claims and reports of workers outside the process (the HTTP
+// API's); Worker runs handlers, with a claimer that picks the segments and
+// tasks to claim. The stored values of runs and outcomes, and the rule
+// that a task id has one holder at a time (a queue worker or a task
+// runner of package task), are package internal/taskstore's.
+//
+//	c, _ := queue.NewClient(cli, "drover")
+//	res, _ := c.Submit(ctx, "emails", []queue.Task{{Type: "summarize", Parameters: params}}, nil)
+//	w, _ := queue.NewWorker(ctx, cli, queue.WorkerConfig{Queue: "emails", Concurrency: 16})
+//	w.Handle("summarize", func(ctx context.Context, t *queue.Task) ([]byte, error) { ... })
+//	err := w.Run(ctx)
 package queue
 
 import (
@@ -12,6 +49,7 @@ import (
 	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/kv"
+	"github.com/droverhq/drover/task"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -50,6 +88,9 @@ type Client struct {
 	watches watchHub
 	// pauses is what its claims learned of their queues' pauses (pause.go).
 	pauses pauseKnown
+	// store reads step tasks' checkpoints and their children's plans and
+	// outcomes (children.go).
+	store *task.Store
 }
 
 // NewClient returns a client of namespace ns ("" means "drover").
@@ -58,7 +99,11 @@ func NewClient(cli *clientv3.Client, ns string) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Client{cli: cli, keys: keys, now: time.Now}
+	store, err := task.NewStore(cli, ns)
+	if err != nil {
+		return nil, err
+	}
+	c := &Client{cli: cli, keys: keys, now: time.Now, store: store}
 	c.remote.client = c
 	return c, nil
 }
@@ -240,8 +285,19 @@ const cancelSignalTTL = 60
 
 // Cancel cancels task id: it leaves every index, its record says CANCELLED,
 // and a worker running it has its claim taken away (its writes are fenced
-// out) and its context cancelled.
+// out) and its context cancelled. The live children it spawned (see
+// task.Spawn), except detached ones, are cancelled with it; a child's
+// cancel is recorded for its parent.
 func (c *Client) Cancel(ctx context.Context, id string) (*Task, error) {
+	t, err := c.cancel(ctx, id)
+	if err != nil {
+		return t, err
+	}
+	return t, c.cancelChildren(ctx, id)
+}
+
+// cancel cancels task id alone.
+func (c *Client) cancel(ctx context.Context, id string) (*Task, error) {
 	for attempt := 0; attempt < 20; attempt++ {
 		if attempt > 0 { // a task in a busy segment: its neighbours change it
 			sleepCtx(ctx, time.Duration(attempt)*5*time.Millisecond)
@@ -263,6 +319,9 @@ func (c *Client) Cancel(ctx context.Context, id string) (*Task, error) {
 			cmps = c.segmentUnchanged(t, t.CurrentStatus)
 		}
 		ops := c.cancelOps(t)
+		if wake := c.childWakeKey(t); wake != "" {
+			ops = append(ops, clientv3.OpPut(wake, ""))
+		}
 		if t.Token != 0 {
 			l, err := c.cli.Grant(ctx, cancelSignalTTL)
 			if err != nil {

@@ -124,6 +124,8 @@ func (w *Worker) execute(base context.Context, c *claim) (o outcome) {
 	switch {
 	case err == nil && len(result) > MaxResult:
 		return outcome{c: c, kind: Dead, err: Permanent(fmt.Errorf("%w: %d bytes, over %d", ErrResultLarge, len(result), MaxResult))}
+	case err == nil && t.Parent != "" && len(result) > task.MaxChildResult:
+		return outcome{c: c, kind: Dead, err: childResultError(len(result))}
 	case err == nil:
 		return outcome{c: c, kind: Succeeded, result: result}
 	case errors.Is(cause, ErrCancelled):
@@ -514,14 +516,26 @@ func ClaimFence(ctx context.Context) lease.Fence {
 // moves it back to pending at once, or until the wait's timeout; the next
 // step gets the signal, or the timeout, through task.ReceivedSignal, and
 // its checkpoint consumes the signal. The wait costs no attempt.
+//
+// A step that ends with task.Spawn spawns child tasks: their list is
+// checkpointed with the step, then they are submitted (each once, with an
+// id derived from the task and the step), and the task parks WAITING
+// until enough of them ended; any worker of the queue then resumes it at
+// the next step, which reads their outcomes with task.Children. A child
+// that ends DEAD or CANCELLED fails the task (DEAD, not retried) unless
+// the spawn collects every outcome. See docs/workflows.md.
 func Steps(store *task.Store, steps ...task.Step) Handler {
 	return func(ctx context.Context, t *Task) ([]byte, error) {
 		f, ok := ctx.Value(claimKey{}).(*claimFence)
 		if !ok {
 			return nil, Permanent(errors.New("queue.Steps handler run outside a worker"))
 		}
-		res, err := store.RunSteps(ctx, f, t.ID, steps, task.StepConfig{Worker: f.w.worker, Initial: t.Parameters, Now: f.w.client.now})
+		res, err := store.RunSteps(ctx, f, t.ID, steps, task.StepConfig{Worker: f.w.worker, Initial: t.Parameters, Now: f.w.client.now,
+			Spawner: childSpawner{c: f.w.client, q: f.w.cfg.Queue}})
 		if err == nil && res.Waiting != nil {
+			if beforeChildPark != nil && res.Waiting.Children != nil {
+				beforeChildPark(t.ID)
+			}
 			return nil, &parked{until: waitDue(res.Waiting), wait: res.Waiting, again: res.StepsRun == 0}
 		}
 		if err == nil && !res.SleepingUntil.IsZero() {
@@ -530,7 +544,8 @@ func Steps(store *task.Store, steps ...task.Step) Handler {
 		if err != nil {
 			var tl *task.StateTooLargeError
 			var bad *drover.InputError
-			if errors.As(err, &tl) || errors.Is(err, task.ErrStepsChanged) || errors.As(err, &bad) {
+			var cf *task.ChildFailedError
+			if errors.As(err, &tl) || errors.Is(err, task.ErrStepsChanged) || errors.As(err, &bad) || errors.As(err, &cf) {
 				return nil, Permanent(err)
 			}
 			return nil, err

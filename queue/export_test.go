@@ -110,3 +110,11 @@ func SetWatchLinger(c *Client, d time.Duration) { c.watches.lingerFor = d }
 
 // LiveWatches returns how many shared watches of c are open.
 func LiveWatches(c *Client) int64 { return c.watches.live.Load() }
+
+// SetChildHooks sets the hooks called before a step's children are
+// submitted, before the parent of finished children is woken (false: it
+// is not), and between a parent's count of its children and its park.
+// Call it before any worker starts; nil unsets.
+func SetChildHooks(beforeSubmit func(parent string), beforeWake func(parent string) bool, beforePark func(parent string)) {
+	beforeChildSubmit, beforeParentWake, beforeChildPark = beforeSubmit, beforeWake, beforePark
+}

@@ -53,6 +53,9 @@ const helperEnv = "DROVER_QUEUE_TEST_HELPER"
 // runHelper is a worker process for the tests: it runs a queue worker until
 // the queue drains or it is killed.
 func runHelper(mode string) int {
+	if strings.HasPrefix(mode, "children-") {
+		return runChildHelper(mode)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
 	cli, err := cluster.Connect(ctx, cluster.ClientConfig{Endpoints: strings.Split(os.Getenv("H_ENDPOINTS"), ",")})

@@ -26,12 +26,13 @@ import (
 func (w *Worker) promoteDue(ctx context.Context) {
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	wg.Add(3)
+	wg.Add(4)
 	sched := w.client.scheduledIndex(w.cfg.Queue)
 	sched.Logger = w.logger
 	go func() { defer wg.Done(); sched.Run(ctx) }()
 	go func() { defer wg.Done(); w.client.waitIndex(w.cfg.Queue, w.logger).Run(ctx) }()
 	go func() { defer wg.Done(); w.client.sleepIndex(w.cfg.Queue, w.logger).Run(ctx) }()
+	go func() { defer wg.Done(); w.client.childWaker(w.cfg.Queue, w.logger).run(ctx) }()
 	w.client.retryIndex(w.cfg.Queue, w.logger).Run(ctx)
 }
 

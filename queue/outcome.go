@@ -369,7 +369,7 @@ func (w *Worker) recordOps(o outcome, now time.Time, markers map[string]bool) ([
 	switch o.kind {
 	case Succeeded:
 		t.CurrentStatus, t.Result, t.LastError, t.RetriesAttempted = Succeeded, o.result, "", t.Attempt-1
-		ops = append(ops, clientv3.OpPut(w.client.doneKey(t.Queue, Succeeded, now, t.ID), ""))
+		ops = append(append(ops, clientv3.OpPut(w.client.doneKey(t.Queue, Succeeded, now, t.ID), "")), w.childDone(t, Succeeded, o.result, "", markers)...)
 	case Retrying:
 		t.CurrentStatus, t.RetriesAttempted, t.LastError = Retrying, t.Attempt-1, truncate(o.err.Error(), 4096)
 		t.ScheduledAt = now.Add(o.delay)
@@ -377,7 +377,7 @@ func (w *Worker) recordOps(o outcome, now time.Time, markers map[string]bool) ([
 		ops = append(ops, clientv3.OpPut(w.client.retryKey(t), string(rv)))
 	case Dead:
 		t.CurrentStatus, t.RetriesAttempted, t.LastError = Dead, t.Attempt-1, truncate(o.err.Error(), 4096)
-		ops = append(ops, clientv3.OpPut(w.keys.DeadTask(t.Queue, t.ID), ""))
+		ops = append(append(ops, clientv3.OpPut(w.keys.DeadTask(t.Queue, t.ID), "")), w.childDone(t, Dead, nil, t.LastError, markers)...)
 	}
 	tr := Transition{Status: t.CurrentStatus, At: now, Attempt: t.Attempt, Worker: w.worker}
 	if o.err != nil {
@@ -447,6 +447,10 @@ func (w *Worker) runReqs(r *segRun, os []outcome, final, exact bool, now time.Ti
 		case Succeeded:
 			ok = append(ok, okSlot{Slot: o.c.slot, Attempt: o.c.task.Attempt, Result: o.result})
 			size += len(o.result) * 4 / 3
+			if done := w.childDone(o.c.task, Succeeded, o.result, "", markers); len(done) > 0 {
+				ops = append(ops, done...)
+				size += len(o.result) + 200
+			}
 		default:
 			more, n := w.recordOps(o, now, markers)
 			ops = append(ops, more...)

@@ -235,6 +235,7 @@ func (c *Client) purgeSegmentInTwo(ctx context.Context, q string, st *segState, 
 //	0x02 n task×n
 //	task: 0x00 id type input output parameters createdAt priority source tenant maxRetries timeout backoffBase backoffMax
 //	    | 0x01 the task as JSON (a task with any other field set, or a time not in UTC)
+//	    | 0x02 as 0x00, then parent parentStep parentQueue (a child task: see task.Spawn)
 //
 // Strings and parameters are a uvarint length and the bytes; createdAt is
 // 0 for the zero time, else 1, Unix seconds and nanoseconds; maxRetries is 0 for none
@@ -248,6 +249,7 @@ const segTasksV1 = 0x02
 const (
 	taskBinary = 0x00
 	taskJSON   = 0x01
+	taskChild  = 0x02
 )
 
 // encodeTasks returns the binary form of tasks.
@@ -280,7 +282,11 @@ func appendTask(b []byte, t *Task) ([]byte, error) {
 		b = append(b, taskJSON)
 		return varcodec.AppendBytes(b, raw), nil
 	}
-	b = append(b, taskBinary)
+	form := byte(taskBinary)
+	if t.Parent != "" || t.ParentStep != 0 || t.ParentQueue != "" {
+		form = taskChild
+	}
+	b = append(b, form)
 	for _, s := range []string{t.ID, t.Type, t.InputDataURI, t.OutputDataURI} {
 		b = varcodec.AppendBytes(b, []byte(s))
 	}
@@ -296,6 +302,11 @@ func appendTask(b []byte, t *Task) ([]byte, error) {
 	b = binary.AppendVarint(b, retries)
 	for _, d := range []Duration{t.Timeout, t.BackoffBase, t.BackoffMax} {
 		b = binary.AppendVarint(b, int64(d))
+	}
+	if form == taskChild {
+		b = varcodec.AppendBytes(b, []byte(t.Parent))
+		b = binary.AppendVarint(b, int64(t.ParentStep))
+		b = varcodec.AppendBytes(b, []byte(t.ParentQueue))
 	}
 	return b, nil
 }
@@ -336,6 +347,7 @@ func binaryTask(t *Task) bool {
 	rest.Metadata.CreatedAt, rest.Metadata.Priority, rest.Metadata.SourceSystem, rest.Metadata.Tenant = time.Time{}, 0, "", ""
 	rest.MaxRetries = nil
 	rest.Timeout, rest.BackoffBase, rest.BackoffMax = 0, 0, 0
+	rest.Parent, rest.ParentStep, rest.ParentQueue = "", 0, "" // the child form holds them
 	rest.rev, rest.pendingRev, rest.seg = 0, 0, nil
 	return reflect.ValueOf(rest).IsZero()
 }
@@ -389,7 +401,8 @@ func decodeTasks(b []byte) ([]Task, error) {
 
 // readTask reads one task from r into t.
 func readTask(r *varcodec.Reader, t *Task) error {
-	switch kind := r.Byte(); {
+	kind := r.Byte()
+	switch {
 	case r.Err() != nil:
 		return r.Err()
 	case kind == taskJSON:
@@ -398,7 +411,7 @@ func readTask(r *varcodec.Reader, t *Task) error {
 			return r.Err()
 		}
 		return json.Unmarshal(raw, t)
-	case kind != taskBinary:
+	case kind != taskBinary && kind != taskChild:
 		return fmt.Errorf("unknown task form %#x", kind)
 	}
 	str := func() string { return string(r.Bytes()) }
@@ -414,5 +427,8 @@ func readTask(r *varcodec.Reader, t *Task) error {
 		t.MaxRetries = &m
 	}
 	t.Timeout, t.BackoffBase, t.BackoffMax = Duration(r.Varint()), Duration(r.Varint()), Duration(r.Varint())
+	if kind == taskChild {
+		t.Parent, t.ParentStep, t.ParentQueue = str(), int(r.Varint()), str()
+	}
 	return r.Err()
 }

@@ -105,7 +105,7 @@ func TestSegmentTasksFormCoversTheFields(t *testing.T) {
 	}
 	task := []string{"ID", "Type", "InputDataURI", "OutputDataURI", "Parameters", "Metadata", "CurrentStatus", "RetriesAttempted",
 		"MaxRetries", "LastError", "Queue", "Attempt", "Token", "Timeout", "BackoffBase", "BackoffMax", "Result", "ScheduledAt",
-		"RunAt", "Delay", "Deferrals", "Shard", "WaitingFor", "Transitions", "rev", "pendingRev", "seg"}
+		"RunAt", "Delay", "Deferrals", "Shard", "WaitingFor", "Transitions", "Parent", "ParentStep", "ParentQueue", "rev", "pendingRev", "seg"}
 	if got := names(Task{}); !reflect.DeepEqual(got, task) {
 		t.Fatalf("Task's fields are now %v", got)
 	}

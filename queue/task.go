@@ -123,6 +123,13 @@ type Task struct {
 	// until the task's next outcome); nil for a task that does not wait.
 	WaitingFor  *WaitingFor  `json:"waiting_for,omitempty"`
 	Transitions []Transition `json:"transitions,omitempty"`
+	// Parent is the step task that spawned this one (see task.Spawn), and
+	// ParentStep the step of it that did; "" and 0 for a task submitted
+	// otherwise. A child's terminal outcome is recorded for its parent.
+	Parent     string `json:"parent,omitempty"`
+	ParentStep int    `json:"parent_step,omitempty"`
+	// ParentQueue is the parent's queue, whose workers wake it.
+	ParentQueue string `json:"parent_queue,omitempty"`
 
 	// Revisions seen by the read that returned the task, so that writes
 	// based on it can require that nothing changed since.
@@ -318,6 +325,9 @@ func ParseLine(line []byte) (Task, error) {
 	}
 	if t.CurrentStatus != "" || t.Attempt != 0 || t.Token != 0 || len(t.Transitions) > 0 || t.Result != nil || t.RetriesAttempted != 0 || t.WaitingFor != nil {
 		return Task{}, errors.New("current_status, attempt, token, transitions, result, retries_attempted and waiting_for are set by drover, not by submitters")
+	}
+	if t.Parent != "" || t.ParentStep != 0 || t.ParentQueue != "" {
+		return Task{}, errors.New("parent, parent_step and parent_queue are set by drover when a step spawns a child task, not by submitters")
 	}
 	return t, nil
 }

@@ -57,6 +57,9 @@ type WaitingFor struct {
 	Since time.Time `json:"since"`
 	// Until is when the wait times out; zero: it does not.
 	Until time.Time `json:"until,omitzero"`
+	// Children, when set, says it waits for the children a step spawned
+	// (see task.Spawn), not for a signal.
+	Children *task.ChildrenWait `json:"children,omitempty"`
 }
 
 // waitDue is when a wait falls due in the wait index: its timeout, or
@@ -92,7 +95,7 @@ func (c *Client) parkConds(id string, wf *WaitingFor) []clientv3.Cmp {
 	for _, n := range wf.Signals {
 		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(c.keys.TaskSignalName(id, n)), "=", 0).WithPrefix())
 	}
-	return cmps
+	return append(cmps, c.childParkConds(id, wf.Children)...)
 }
 
 // waitOps are the writes that record outcome o, a wait: one nested
@@ -113,7 +116,7 @@ func (w *Worker) waitOps(o outcome, pendingKey string, seg bool, now time.Time, 
 	}
 	t.Attempt-- // a wait is not an attempt
 	t.CurrentStatus, t.ScheduledAt, t.Token = Waiting, o.until.UTC(), o.c.token
-	t.WaitingFor = &WaitingFor{Signals: o.wait.Signals, Since: o.wait.Since, Until: o.wait.Until}
+	t.WaitingFor = &WaitingFor{Signals: o.wait.Signals, Since: o.wait.Since, Until: o.wait.Until, Children: o.wait.Children}
 	rv, _ := json.Marshal(retryValue{PendingKey: pendingKey, Attempts: t.Attempt})
 	rec, _ := json.Marshal(t)
 	var park []clientv3.Op
@@ -133,6 +136,9 @@ func (w *Worker) waitOps(o outcome, pendingKey string, seg bool, now time.Time, 
 // waitText says in a transition what a task waits for (its record's
 // WaitingFor says until when).
 func waitText(wt *task.Wait) string {
+	if cw := wt.Children; cw != nil {
+		return fmt.Sprintf("waits for %d of the %d children step %d spawned", cw.Wait, cw.N, cw.Step)
+	}
 	return "waits for signal " + strings.Join(wt.Signals, " or ")
 }
 

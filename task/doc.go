@@ -38,6 +38,13 @@
 // lock or claim consumes nothing. From a queue the task is parked WAITING
 // and a signal wakes it at once.
 //
+// A step of a queued task (queue.Steps) can spawn child tasks: it returns
+// its state with Spawn(children, opts) as its error. The list is written
+// with the step's checkpoint, fenced, before any child is submitted, so a
+// step run again spawns nothing twice; the task then waits, parked, for
+// all of its children or the first N, and the next step reads their
+// outcomes with Children (or ChildrenPage).
+//
 // Checkpoint state is meant to be small metadata (1 MiB by default, at most
 // [MaxStateLimit]): etcd holds it in every member's memory and log. Put large
 // state (documents, transcripts, embeddings) in an object store or

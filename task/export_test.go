@@ -16,3 +16,22 @@ func (s *Store) ClaimLock(ctx context.Context, locker lock.Locker, id string) (l
 	}
 	return f, f.Release, nil
 }
+
+// PlanOnly writes the plan of children as step step of task id would,
+// under fence f, and not the step's checkpoint: a run that died between
+// the two.
+func (s *Store) PlanOnly(ctx context.Context, f lease.Fence, id string, step int, children []Child) error {
+	planned, err := planChildren(id, step, &SpawnRequest{Children: children})
+	if err != nil {
+		return err
+	}
+	chunks, err := chunkPlan(planned)
+	if err != nil {
+		return err
+	}
+	extra, err := s.writePlan(ctx, f, id, step, chunks, 0)
+	if err != nil || extra == nil {
+		return err
+	}
+	return s.fencedPut(ctx, f, extra...)
+}

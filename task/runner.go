@@ -27,6 +27,7 @@ const (
 	EventSleeping         EventType = "sleeping"          // Step ended with a sleep until Until: the task is let go
 	EventAwaitingSignal   EventType = "awaiting_signal"   // Step ended with a wait for the signals Signals: the task is let go
 	EventSignalReceived   EventType = "signal_received"   // Step is resumed with the signal Name (Err "timed out": none came)
+	EventWaitingChildren  EventType = "waiting_children"  // Step spawned children the task waits for: the task is let go
 	EventCompleted        EventType = "completed"         // the last step is checkpointed
 	EventAlreadyCompleted EventType = "already_completed" // nothing left to do
 	EventLost             EventType = "lost"              // the lock was lost; Err says why
@@ -220,7 +221,9 @@ type Result struct {
 	// Waiting, when set, says the run stopped because the task waits for
 	// a signal: a step ended with a WaitRequest (its state checkpointed),
 	// or the checkpoint loaded waits and no signal for it has arrived (nor
-	// its timeout passed). Nothing is held.
+	// its timeout passed). Nothing is held. Or, with Waiting.Children set,
+	// for the children a step spawned (see Spawn): they are submitted, and
+	// the next step runs once enough of them ended.
 	Waiting *Wait
 }
 
@@ -327,6 +330,9 @@ type StepConfig struct {
 	// Now is the clock that sleeps are counted and judged by; nil means
 	// time.Now.
 	Now func() time.Time
+	// Spawner submits the children a step spawns (see Spawn); nil: a
+	// step cannot spawn.
+	Spawner Spawner
 }
 
 // RunSteps runs task id's steps under fence f, which the caller holds (a
@@ -389,29 +395,48 @@ func (s *Store) RunSteps(ctx context.Context, f lease.Fence, id string, steps []
 	if cp.Step == 0 {
 		cp.State = cfg.Initial
 	}
+	if cp.Spawn != nil {
+		if waiting, err := r.waiting(ctx, cp, &res); waiting || err != nil {
+			return res, err
+		}
+	}
 	res.ResumedFrom = cp.Step + 1
-	r.emit(Event{Type: EventResumed, TaskID: id, Step: res.ResumedFrom, Name: steps[cp.Step].Name})
+	if cp.Step < len(steps) {
+		r.emit(Event{Type: EventResumed, TaskID: id, Step: res.ResumedFrom, Name: steps[cp.Step].Name})
+	}
 	for i := cp.Step; i < len(steps); i++ {
-		next, err := r.step(ctx, i, cp, sg)
+		next, err := r.step(r.withChildren(ctx, cp), i, cp, sg)
 		if err != nil {
 			return res, err
 		}
 		cp, sg = next, nil
 		res.StepsRun++
 		res.State = next.State
-		if !next.SleepUntil.IsZero() {
-			res.SleepingUntil = next.SleepUntil
-			r.emit(Event{Type: EventSleeping, TaskID: id, Step: next.Step, Name: next.StepName, Until: next.SleepUntil})
-			return res, nil
-		}
-		if next.Wait != nil {
-			res.Waiting = next.Wait
-			r.emit(Event{Type: EventAwaitingSignal, TaskID: id, Step: next.Step, Name: next.StepName, Until: next.Wait.Until, Signals: next.Wait.Signals})
-			return res, nil
+		if stop, err := r.stopsAfter(ctx, next, &res); stop || err != nil {
+			return res, err
 		}
 	}
 	r.emit(Event{Type: EventCompleted, TaskID: id, Step: len(steps)})
 	return res, nil
+}
+
+// stopsAfter reports whether the run stops after checkpoint next, whose
+// step asked for a sleep, a signal or children to wait for (res says
+// which; children that ended already do not stop it).
+func (r *stepRun) stopsAfter(ctx context.Context, next Checkpoint, res *Result) (bool, error) {
+	switch {
+	case !next.SleepUntil.IsZero():
+		res.SleepingUntil = next.SleepUntil
+		r.emit(Event{Type: EventSleeping, TaskID: r.id, Step: next.Step, Name: next.StepName, Until: next.SleepUntil})
+		return true, nil
+	case next.Wait != nil:
+		res.Waiting = next.Wait
+		r.emit(Event{Type: EventAwaitingSignal, TaskID: r.id, Step: next.Step, Name: next.StepName, Until: next.Wait.Until, Signals: next.Wait.Signals})
+		return true, nil
+	case next.Spawn != nil:
+		return r.waiting(ctx, next, res)
+	}
+	return false, nil
 }
 
 // SleepMargin is how near its end a checkpoint's sleep may be for a run
@@ -455,6 +480,19 @@ type stepRun struct {
 	limit int
 }
 
+// waiting submits the children checkpoint cp's step spawned, if they are
+// not yet, and reports whether the run stops to wait for them (with
+// res.Waiting set: a wait for children, without a timeout).
+func (r *stepRun) waiting(ctx context.Context, cp Checkpoint, res *Result) (bool, error) {
+	w, err := r.awaitChildren(ctx, cp)
+	if err != nil || w.Ready() {
+		return false, err
+	}
+	res.Waiting = &Wait{Since: cp.At, Children: &ChildrenWait{Step: cp.Step, N: w.N, Wait: w.Wait, Collect: w.Collect, Rev: w.Rev}}
+	r.emit(Event{Type: EventWaitingChildren, TaskID: r.id, Step: cp.Step, Name: cp.StepName})
+	return true, nil
+}
+
 // step runs step i+1 after checkpoint cp and writes its checkpoint, which
 // it returns; a sleep the step asked for is in its SleepUntil, a wait in
 // its Wait. sg, when set, is the signal that ended the wait of cp: the
@@ -484,6 +522,10 @@ func (r *stepRun) step(ctx context.Context, i int, cp Checkpoint, sg *Signal) (C
 			wait = wr.Begin(r.now())
 		}
 	}
+	spawnReq, spawns := spawnOf(err)
+	if spawns {
+		err = nil
+	}
 	if err != nil {
 		if lerr := f.Err(); lerr != nil {
 			r.emit(Event{Type: EventLost, TaskID: id, Step: n, Name: step.Name, Err: lerr.Error()})
@@ -494,13 +536,20 @@ func (r *stepRun) step(ctx context.Context, i int, cp Checkpoint, sg *Signal) (C
 	if len(state) > r.limit {
 		return cp, &StateTooLargeError{TaskID: id, Step: n, Name: step.Name, Size: len(state), Limit: r.limit}
 	}
-	next := Checkpoint{TaskID: id, Step: n, StepName: step.Name, Steps: len(r.steps), Completed: n == len(r.steps),
-		State: state, SleepUntil: until, Wait: wait, Worker: r.cfg.Worker, Token: f.Token(), At: time.Now().UTC()}
+	var sp *SpawnRecord
+	var extra []clientv3.Op
+	if spawns {
+		if sp, extra, err = r.spawn(ctx, n, spawnReq, len(state)); err != nil {
+			return cp, err
+		}
+	}
+	next := Checkpoint{TaskID: id, Step: n, StepName: step.Name, Steps: len(r.steps), Completed: n == len(r.steps) && sp == nil,
+		State: state, SleepUntil: until, Wait: wait, Spawn: sp, Worker: r.cfg.Worker, Token: f.Token(), At: time.Now().UTC()}
 	rec := StepRecord{Step: n, Name: step.Name, Worker: r.cfg.Worker, Token: f.Token(), StartedAt: started.UTC(), FinishedAt: next.At}
 	// The fence, not the step's context, decides whether this write
 	// counts: commit even if the context ended as the step finished.
 	cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	err = r.s.commit(cctx, f, cp, &next, rec, r.s.consumeOps(id, sg, next.At))
+	err = r.s.commit(cctx, f, cp, &next, rec, append(r.s.consumeOps(id, sg, next.At), extra...))
 	ccancel()
 	if err != nil {
 		if errors.Is(err, lock.ErrFenced) {

@@ -108,6 +108,9 @@ type Checkpoint struct {
 	// step: the next step runs once a signal named arrives or the wait
 	// times out (see WaitRequest).
 	Wait *Wait `json:"wait,omitempty"`
+	// Spawn, when set, says the last completed step spawned children
+	// (see Spawn): the next step runs once enough of them ended.
+	Spawn *SpawnRecord `json:"spawn,omitempty"`
 	// Worker and Token say who wrote the checkpoint, under which fencing
 	// token.
 	Worker string    `json:"worker,omitempty"`

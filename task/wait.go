@@ -114,6 +114,10 @@ type Wait struct {
 	Since time.Time `json:"since"`
 	// Until is when the wait times out; zero: it does not.
 	Until time.Time `json:"until,omitzero"`
+	// Children, when set, says the task waits for the children a step
+	// spawned (see Spawn), not for a signal; the checkpoint's Spawn
+	// records it, and this is only what a run reports.
+	Children *ChildrenWait `json:"children,omitempty"`
 }
 
 // Begin is the wait r asks for, beginning at now (r checked).

@@ -117,7 +117,11 @@ func (a *app) printTaskSignals(t *queue.Task, sigs []task.SignalRecord, asJSON b
 		if !w.Until.IsZero() {
 			until = "until " + w.Until.Format(time.RFC3339)
 		}
-		fmt.Fprintf(tw, "waits for:\tsignal %s, since %s, %s\n", strings.Join(w.Signals, " or "), w.Since.Format(time.RFC3339), until)
+		what := "signal " + strings.Join(w.Signals, " or ")
+		if c := w.Children; c != nil {
+			what = fmt.Sprintf("%d of the %d children of step %d", c.Wait, c.N, c.Step)
+		}
+		fmt.Fprintf(tw, "waits for:\t%s, since %s, %s\n", what, w.Since.Format(time.RFC3339), until)
 	}
 	if len(sigs) > 0 {
 		fmt.Fprintln(tw, "signals:")
