@@ -153,7 +153,7 @@ func (w *Worker) write(reqs []ackReq, extra []clientv3.Op) {
 	for i, r := range reqs {
 		if !resp.Responses[i].GetResponseTxn().Succeeded {
 			if r.run != nil {
-				w.runRefused(r, extra)
+				w.runRefused(r)
 				continue
 			}
 			w.fenced.Add(1)
@@ -444,7 +444,7 @@ func (w *Worker) runDelete(r *segRun) ackReq {
 // gone (the lease ended, or the worker was cut off past its TTL), every one
 // is fenced out; when tasks of it were cancelled while they ran, theirs are,
 // and the others are written again.
-func (w *Worker) runRefused(req ackReq, extra []clientv3.Op) {
+func (w *Worker) runRefused(req ackReq) {
 	r, q := req.run, w.cfg.Queue
 	if len(req.kept) == 0 {
 		return // a delete of the run alone: the run is gone already
@@ -501,9 +501,12 @@ func (w *Worker) runRefused(req ackReq, extra []clientv3.Op) {
 	// batches: an exit of another task of the segment refused the first,
 	// and would refuse them all.
 	r.exact.Store(true)
+	// The marks of the refused request were written with it: only the
+	// marks of the outcomes left go again (a txn putting a key twice
+	// would be refused).
 	markers := map[string]bool{}
 	reqs, later := w.runReqs(r, left, req.final, true, time.Now().UTC(), markers)
-	w.write(reqs, append(extra, markerOps(markers)...))
+	w.write(reqs, markerOps(markers))
 	if later && !r.lost.Load() {
 		w.write([]ackReq{w.runDelete(r)}, nil)
 	}
