@@ -2,10 +2,14 @@ package queue_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
+	"time"
 
 	"github.com/droverhq/drover/internal/testenv/etcdtest"
+	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/queue"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // A child cancelled while it ran in one segment run with its siblings:
@@ -44,4 +48,43 @@ func TestChildCancelledInARunLetsSiblingsEnd(t *testing.T) {
 		}
 	}
 	waitFinished(t, c, "p")
+}
+
+// One report of the outcomes of children of 160 parents, each claimed
+// apart (a run each): every outcome is written, and every parent's wake
+// mark put, in as many requests as etcd's 128 operations a level take.
+func TestReportChildrenOfManyParents(t *testing.T) {
+	const n = 160
+	ns := etcdtest.Namespace(t)
+	c, cli := newClient(t, ns)
+	ctx := context.Background()
+	ts := make([]queue.Task, n)
+	for i := range ts {
+		ts[i] = queue.Task{ID: fmt.Sprintf("p%d.1.0", i), Type: "x", Parent: fmt.Sprintf("p%d", i), ParentStep: 1, ParentQueue: "wf"}
+	}
+	if _, err := c.Submit(ctx, "kids", ts, nil); err != nil {
+		t.Fatal(err)
+	}
+	l := grantLease(t, cli, 60*time.Second)
+	os := make([]queue.Outcome, n)
+	for i := range os {
+		got, err := c.Claim(ctx, "kids", queue.ClaimRequest{Lease: l, Worker: "w", Max: 1})
+		if err != nil || len(got) != 1 {
+			t.Fatalf("claim %d: %v %v", i, got, err)
+		}
+		os[i] = queue.Outcome{Held: queue.Held{Queue: "kids", ID: got[0].ID, Token: got[0].Token, Lease: l.ID()}, Result: []byte(`"ok"`)}
+	}
+	rs, err := c.Report(ctx, os)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range rs {
+		if r.Err != nil {
+			t.Fatalf("outcome %d: %v", i, r.Err)
+		}
+	}
+	g, err := cli.Get(ctx, keyspace.MustNew(ns).ChildWakes("wf"), clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil || g.Count != n {
+		t.Fatalf("%d wake marks (%v), want %d", g.Count, err, n)
+	}
 }

@@ -56,6 +56,9 @@ type ackReq struct {
 	// exact: the run's outcomes are fenced by a compare per slot of their
 	// exits, not by one over the segment's (runReqs).
 	exact bool
+	// marks are the keys the request holding these outcomes puts once at
+	// its top level (marks.go).
+	marks []string
 }
 
 func (r ackReq) op() clientv3.Op { return clientv3.OpTxn(r.cmps, r.then, nil) }
@@ -73,7 +76,6 @@ func (r ackReq) width() int { return max(len(r.cmps), len(r.then)) }
 // so its tasks keep their attempts).
 func (w *Worker) commit(batch []outcome) {
 	now := time.Now().UTC()
-	markers := map[string]bool{}
 	var reqs []ackReq
 	var runs []*segRun
 	byRun := map[*segRun][]outcome{}
@@ -82,8 +84,10 @@ func (w *Worker) commit(batch []outcome) {
 			if o.kind == Cancelled {
 				continue // the canceller or the lease took the claim away
 			}
+			markers := map[string]bool{}
 			cmps, then, n := w.ackOp(o, now, markers)
 			reqs = append(reqs, ackReq{cmps: cmps, then: then, kept: []outcome{o}, size: n})
+			setMarks(reqs[len(reqs)-1:], markers)
 			continue
 		}
 		if _, ok := byRun[o.c.run]; !ok {
@@ -94,26 +98,18 @@ func (w *Worker) commit(batch []outcome) {
 	var deleteAfter []*segRun
 	for _, r := range runs {
 		final := r.remaining.Add(-int32(len(byRun[r]))) == 0
+		markers := map[string]bool{}
 		more, later := w.runReqs(r, byRun[r], final, false, now, markers)
+		setMarks(more, markers)
 		reqs = append(reqs, more...)
 		if later {
 			deleteAfter = append(deleteAfter, r)
 		}
 	}
-	extra := markerOps(markers)
-	var part []ackReq
-	size, width := 0, 0
-	for _, r := range reqs {
-		if len(part) > 0 && (size+r.size > maxRequestBytes || len(part)+1+len(extra)+max(width, r.width()) > 127) {
-			w.write(part, extra)
-			part, size, width = nil, 0, 0
-		}
-		part, size, width = append(part, r), size+r.size, max(width, r.width())
-	}
-	w.write(part, extra)
+	packReqs(reqs, func(from, to int) { w.write(reqs[from:to]) })
 	for _, r := range deleteAfter {
 		if !r.lost.Load() {
-			w.write([]ackReq{w.runDelete(r)}, nil)
+			w.write([]ackReq{w.runDelete(r)})
 		}
 	}
 }
@@ -121,11 +117,12 @@ func (w *Worker) commit(batch []outcome) {
 // write records outcomes in one request, retrying a few times; a request
 // that keeps failing is split in two, and an outcome that cannot be written
 // at all is handed back, so its task does not stay claimed under a live
-// lease. extra are puts made once per request (priority level markers).
-func (w *Worker) write(reqs []ackReq, extra []clientv3.Op) {
+// lease. Their marks are put once per request (marks.go).
+func (w *Worker) write(reqs []ackReq) {
 	if len(reqs) == 0 {
 		return
 	}
+	extra := marksOf(reqs)
 	ops := make([]clientv3.Op, 0, len(reqs)+len(extra))
 	for _, r := range reqs {
 		ops = append(ops, r.op())
@@ -177,8 +174,8 @@ func (w *Worker) writeFailed(reqs []ackReq, extra []clientv3.Op, err error) {
 	}
 	if len(reqs) > 1 {
 		h := len(reqs) / 2
-		w.write(reqs[:h], extra)
-		w.write(reqs[h:], extra)
+		w.write(reqs[:h])
+		w.write(reqs[h:])
 		return
 	}
 	if reqs[0].run != nil {
@@ -212,7 +209,9 @@ func (w *Worker) writeFailed(reqs []ackReq, extra []clientv3.Op, err error) {
 	back.deferred = ""
 	markers := map[string]bool{}
 	cmps, then, _ := w.ackOp(back, time.Now().UTC(), markers)
-	w.write([]ackReq{{cmps: cmps, then: then, kept: []outcome{back}}}, markerOps(markers))
+	backReq := []ackReq{{cmps: cmps, then: then, kept: []outcome{back}}}
+	setMarks(backReq, markers)
+	w.write(backReq)
 }
 
 func markerOps(markers map[string]bool) []clientv3.Op {
@@ -506,9 +505,10 @@ func (w *Worker) runRefused(req ackReq) {
 	// would be refused).
 	markers := map[string]bool{}
 	reqs, later := w.runReqs(r, left, req.final, true, time.Now().UTC(), markers)
-	w.write(reqs, markerOps(markers))
+	setMarks(reqs, markers)
+	w.write(reqs)
 	if later && !r.lost.Load() {
-		w.write([]ackReq{w.runDelete(r)}, nil)
+		w.write([]ackReq{w.runDelete(r)})
 	}
 }
 
