@@ -9,6 +9,7 @@ import (
 	"github.com/droverhq/drover/internal/testenv/etcdtest"
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/queue"
+	"github.com/droverhq/drover/task"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -87,4 +88,53 @@ func TestReportChildrenOfManyParents(t *testing.T) {
 	if err != nil || g.Count != n {
 		t.Fatalf("%d wake marks (%v), want %d", g.Count, err, n)
 	}
+}
+
+// Purging a parent's live children ends them for their parent: each is
+// CANCELLED ("purged") among its outcomes, and the parent resumes. So
+// does deleting their queue.
+func TestPurgeLiveChildrenWakesTheirParent(t *testing.T) {
+	purgeLiveChildren(t, func(ctx context.Context, c *queue.Client) (int, error) {
+		return c.Purge(ctx, "idle", queue.Pending, nil, nil)
+	})
+}
+
+func TestDeleteQueueOfLiveChildrenWakesTheirParent(t *testing.T) {
+	purgeLiveChildren(t, func(ctx context.Context, c *queue.Client) (int, error) {
+		return c.DeleteQueue(ctx, "idle", nil)
+	})
+}
+
+// purgeLiveChildren makes a parent wait for two children in queue "idle",
+// which no worker runs, removes them with purge, and checks the parent.
+func purgeLiveChildren(t *testing.T, purge func(context.Context, *queue.Client) (int, error)) {
+	ns := etcdtest.Namespace(t)
+	c, cli := newClient(t, ns)
+	ctx := context.Background()
+	f := newFamily(0)
+	f.children = func(string) []task.Child {
+		return []task.Child{{Queue: "idle", Type: "x"}, {Queue: "idle", Type: "x"}}
+	}
+	if err := c.SetConfig(ctx, "idle", queue.Config{}); err != nil {
+		t.Fatal(err)
+	}
+	setupFamily(t, c, "p")
+	f.start(t, cli, ns)
+	waitUntil(t, "the parent to wait", func() bool {
+		st, err := c.Stats(ctx, "idle")
+		wf, werr := c.Stats(ctx, "wf")
+		return err == nil && werr == nil && st.Pending == 2 && wf.Waiting == 1
+	})
+	if n, err := purge(ctx, c); err != nil || n != 2 {
+		t.Fatalf("purge: %d (%v), want 2", n, err)
+	}
+	store, err := task.NewStore(cli, ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	outs, _, err := store.ChildrenOf(ctx, "p", 1, "", 10)
+	if err != nil || len(outs) != 2 || outs[0].Status != task.ChildCancelled || outs[0].Error != "purged" {
+		t.Fatalf("outcomes of p: %+v (%v); want the two purges", outs, err)
+	}
+	waitFinished(t, c, "p")
 }
