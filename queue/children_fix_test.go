@@ -3,6 +3,7 @@ package queue_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -137,4 +138,22 @@ func purgeLiveChildren(t *testing.T, purge func(context.Context, *queue.Client) 
 		t.Fatalf("outcomes of p: %+v (%v); want the two purges", outs, err)
 	}
 	waitFinished(t, c, "p")
+}
+
+// A child's key with a '.' is refused: under step 1 of p, key "2.1.0"
+// would give p.1.2.1.0, the id of the first child of p.1.2's step 1.
+func TestSpawnRefusesADotInAKey(t *testing.T) {
+	ns := etcdtest.Namespace(t)
+	c, cli := newClient(t, ns)
+	f := newFamily(0)
+	f.children = func(string) []task.Child { return []task.Child{{Queue: "kids", Type: "x", Key: "2.1.0"}} }
+	setupFamily(t, c, "p")
+	f.start(t, cli, ns)
+	got := waitFinished(t, c, "p")
+	if got.CurrentStatus != queue.Dead || !strings.Contains(got.LastError, "children[0].key") {
+		t.Fatalf("p: %s (%s); want DEAD naming children[0].key", got.CurrentStatus, got.LastError)
+	}
+	if st, _ := c.Stats(context.Background(), "kids"); st.Total() != 0 {
+		t.Fatalf("kids got tasks: %+v", st)
+	}
 }
