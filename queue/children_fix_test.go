@@ -157,3 +157,24 @@ func TestSpawnRefusesADotInAKey(t *testing.T) {
 		t.Fatalf("kids got tasks: %+v", st)
 	}
 }
+
+// A task of a child's id but another parent (or none) is not a duplicate
+// of that child: its submission is refused, as one with other content.
+func TestSubmitOfAChildIDWithAnotherParentIsRefused(t *testing.T) {
+	c, _ := newClient(t, etcdtest.Namespace(t))
+	ctx := context.Background()
+	child := queue.Task{ID: "p.1.0", Type: "x", Parent: "p", ParentStep: 1, ParentQueue: "wf"}
+	if _, err := c.Submit(ctx, "kids", []queue.Task{child}, nil); err != nil {
+		t.Fatal(err)
+	}
+	again, err := c.Submit(ctx, "kids", []queue.Task{child}, nil)
+	if err != nil || len(again.Rejected) != 0 {
+		t.Fatalf("the same child again: %+v (%v); want a duplicate", again, err)
+	}
+	for _, other := range []queue.Task{{ID: "p.1.0", Type: "x"}, {ID: "p.1.0", Type: "x", Parent: "p", ParentStep: 2, ParentQueue: "wf"}} {
+		res, err := c.Submit(ctx, "kids", []queue.Task{other}, nil)
+		if err != nil || len(res.Rejected) != 1 || !strings.Contains(res.Rejected[0].Error, "different content") {
+			t.Fatalf("%+v: %+v (%v); want refused with different content", other, res, err)
+		}
+	}
+}
