@@ -329,7 +329,6 @@ func (b *broker) writeRuns(ctx context.Context, writes []*runWrite, out []Report
 		rw.at = now
 		markers := map[string]bool{}
 		rs, later := rw.w.runReqs(rw.run, rw.os, rw.final, true, now, markers)
-		setMarks(rs, markers)
 		if rw.g.cached != nil {
 			if len(rs) != 1 || later {
 				// Large results: written from a read, as below.

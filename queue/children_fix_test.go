@@ -178,3 +178,40 @@ func TestSubmitOfAChildIDWithAnotherParentIsRefused(t *testing.T) {
 		}
 	}
 }
+
+// One run of children of 80 parents, ended together: each request of the
+// run's outcomes puts its own children's parents' marks, within etcd's
+// 128 operations a level with its writes, and every outcome is written.
+func TestRunOfChildrenOfManyParents(t *testing.T) {
+	const n = 80
+	ns := etcdtest.Namespace(t)
+	c, cli := newClient(t, ns)
+	ctx := context.Background()
+	ts := make([]queue.Task, n)
+	for i := range ts {
+		ts[i] = queue.Task{ID: fmt.Sprintf("p%d.1.0", i), Type: "x", Parent: fmt.Sprintf("p%d", i), ParentStep: 1, ParentQueue: "wf"}
+	}
+	if _, err := c.Submit(ctx, "kids", ts, nil); err != nil {
+		t.Fatal(err)
+	}
+	release := make(chan struct{})
+	w := newWorker(t, cli, queue.WorkerConfig{Namespace: ns, Queue: "kids", Concurrency: 100})
+	w.HandleAll(func(context.Context, *queue.Task) ([]byte, error) { <-release; return []byte(`"ok"`), nil })
+	wctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = w.Run(wctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	waitUntil(t, "every child to run", func() bool {
+		st, err := c.Stats(ctx, "kids")
+		return err == nil && st.Running == n
+	})
+	close(release)
+	waitUntil(t, "every child to succeed", func() bool {
+		st, err := c.Stats(ctx, "kids")
+		return err == nil && st.Succeeded == n
+	})
+	g, err := cli.Get(ctx, keyspace.MustNew(ns).ChildWakes("wf"), clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil || g.Count != n {
+		t.Fatalf("%d wake marks (%v), want %d", g.Count, err, n)
+	}
+}

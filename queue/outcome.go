@@ -100,7 +100,6 @@ func (w *Worker) commit(batch []outcome) {
 		final := r.remaining.Add(-int32(len(byRun[r]))) == 0
 		markers := map[string]bool{}
 		more, later := w.runReqs(r, byRun[r], final, false, now, markers)
-		setMarks(more, markers)
 		reqs = append(reqs, more...)
 		if later {
 			deleteAfter = append(deleteAfter, r)
@@ -366,7 +365,8 @@ func truncate(s string, n int) string {
 // final: the run's last outcomes are among os, and the run and its try
 // go: in the one nested transaction when os takes one, else later
 // (deleteLater) once every part was written, because the parts commit or
-// fail apart.
+// fail apart. Each request carries the marks of its own outcomes, counted
+// in its width; markers gets those of them all.
 func (w *Worker) runReqs(r *segRun, os []outcome, final, exact bool, now time.Time, markers map[string]bool) (reqs []ackReq, deleteLater bool) {
 	q := w.cfg.Queue
 	var ok []okSlot
@@ -374,10 +374,12 @@ func (w *Worker) runReqs(r *segRun, os []outcome, final, exact bool, now time.Ti
 	var ops []clientv3.Op
 	var kept []outcome
 	size := 0
+	part := map[string]bool{} // the marks of kept: each request puts its own
 	flush := func() {
 		if len(kept) == 0 {
 			return
 		}
+		defer clear(part)
 		cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(r.runKey), "=", r.token)}
 		var then []clientv3.Op
 		if exact || r.exact.Load() {
@@ -394,6 +396,10 @@ func (w *Worker) runReqs(r *segRun, os []outcome, final, exact bool, now time.Ti
 		}
 		then = append(then, ops...)
 		reqs = append(reqs, ackReq{cmps: cmps, then: then, kept: kept, size: size + 500, run: r, exact: exact || r.exact.Load()})
+		setMarks(reqs[len(reqs)-1:], part)
+		for k := range part {
+			markers[k] = true
+		}
 		ok, moved, ops, kept, size = nil, nil, nil, nil, 0
 	}
 	for _, o := range os {
@@ -403,18 +409,18 @@ func (w *Worker) runReqs(r *segRun, os []outcome, final, exact bool, now time.Ti
 		case Succeeded:
 			ok = append(ok, okSlot{Slot: o.c.slot, Attempt: o.c.task.Attempt, Result: o.result})
 			size += len(o.result) * 4 / 3
-			if done := w.childDone(o.c.task, Succeeded, o.result, "", markers); len(done) > 0 {
+			if done := w.childDone(o.c.task, Succeeded, o.result, "", part); len(done) > 0 {
 				ops = append(ops, done...)
 				size += len(o.result) + 200
 			}
 		default:
-			more, n := w.recordOps(o, now, markers)
+			more, n := w.recordOps(o, now, part)
 			ops = append(ops, more...)
 			moved = append(moved, o.c.slot)
 			size += n
 		}
 		kept = append(kept, o)
-		if len(kept) == SegmentSize || len(ops) >= 110 || size > maxRequestBytes/2 {
+		if len(kept) == SegmentSize || len(ops)+len(part) >= 110 || size > maxRequestBytes/2 {
 			flush()
 		}
 	}
@@ -505,7 +511,6 @@ func (w *Worker) runRefused(req ackReq) {
 	// would be refused).
 	markers := map[string]bool{}
 	reqs, later := w.runReqs(r, left, req.final, true, time.Now().UTC(), markers)
-	setMarks(reqs, markers)
 	w.write(reqs)
 	if later && !r.lost.Load() {
 		w.write([]ackReq{w.runDelete(r)})
