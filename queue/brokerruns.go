@@ -322,12 +322,12 @@ func (rw *runWrite) ownOuts(c *Client, rev int64) clientv3.Cmp {
 func (b *broker) writeRuns(ctx context.Context, writes []*runWrite, out []Reported) []*segGroup {
 	c := b.client
 	now := time.Now().UTC()
-	markers := map[string]bool{}
 	var reqs []ackReq
 	var owners []*runWrite
 	var again []*segGroup
 	for _, rw := range writes {
 		rw.at = now
+		markers := map[string]bool{}
 		rs, later := rw.w.runReqs(rw.run, rw.os, rw.final, true, now, markers)
 		if rw.g.cached != nil {
 			if len(rs) != 1 || later {
@@ -346,24 +346,14 @@ func (b *broker) writeRuns(ctx context.Context, writes []*runWrite, out []Report
 		rs[0].cmps = append(rs[0].cmps, rw.ownOuts(c, rw.g.rev))
 		reqs, owners = append(reqs, rs[0]), append(owners, rw)
 	}
-	extra := markerOps(markers)
-	from, size, width := 0, 0, 0
-	for k, r := range reqs {
-		if k > from && (size+r.size > maxRequestBytes || k-from+1+len(extra)+max(width, r.width()) > 127) {
-			again = b.writeReqs(ctx, reqs[from:k], owners[from:k], extra, out, again)
-			from, size, width = k, 0, 0
-		}
-		size, width = size+r.size, max(width, r.width())
-	}
-	if from < len(reqs) {
-		again = b.writeReqs(ctx, reqs[from:], owners[from:], extra, out, again)
-	}
+	packReqs(reqs, func(from, to int) { again = b.writeReqs(ctx, reqs[from:to], owners[from:to], out, again) })
 	return again
 }
 
 // writeReqs writes reqs, the outcomes of owners, in one request.
-func (b *broker) writeReqs(ctx context.Context, reqs []ackReq, owners []*runWrite, extra []clientv3.Op, out []Reported, again []*segGroup) []*segGroup {
+func (b *broker) writeReqs(ctx context.Context, reqs []ackReq, owners []*runWrite, out []Reported, again []*segGroup) []*segGroup {
 	c := b.client
+	extra := marksOf(reqs)
 	ops := make([]clientv3.Op, 0, len(reqs)+len(extra))
 	for _, r := range reqs {
 		ops = append(ops, r.op())
@@ -427,6 +417,9 @@ func (b *broker) writeChained(ctx context.Context, rw *runWrite, reqs []ackReq, 
 			return retryLater(again, rw, n)
 		}
 		rev, n = resp.Header.Revision, n+len(r.kept)
+		if err := putMarks(ctx, c.cli, marksOf([]ackReq{r})); err != nil {
+			rw.w.logger.Error("queue: could not mark the parents of children that ended; they wait until another child ends", "err", err)
+		}
 	}
 	b.written(ctx, rw, n, out)
 	return again

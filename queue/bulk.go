@@ -267,7 +267,9 @@ func (c *Client) Requeue(ctx context.Context, q string, ids []string, progress f
 
 // Purge deletes tasks of queue q in status st for good: their records, their
 // checkpoints and their index keys. ids empty means every task in that
-// status. A running task cannot be purged: cancel it first. It returns how
+// status. A running task cannot be purged: cancel it first. A child that
+// had not ended ends for its parent in the same transaction: CANCELLED,
+// with the error "purged", and its parent's wake mark put. It returns how
 // many went; progress, if set, is called after each transaction with the
 // number of tasks handled so far.
 func (c *Client) Purge(ctx context.Context, q string, st Status, ids []string, progress func(done int)) (int, error) {
@@ -304,12 +306,20 @@ func (c *Client) Purge(ctx context.Context, q string, st Status, ids []string, p
 	}
 	n, err := c.bulk(ctx, q, st, ids, progressFrom(whole, progress), func(t *Task) ([]clientv3.Op, int, string) {
 		ops := []clientv3.Op{clientv3.OpDelete(c.keys.Task(t.ID), clientv3.WithPrefix()), clientv3.OpDelete(c.keys.TaskIndex(t.ID))}
+		var wake string
+		if !st.Terminal() {
+			// A child that never ends would leave its parent waiting: its
+			// purge is its end, CANCELLED for the parent.
+			var done []clientv3.Op
+			done, wake = c.childDoneOps(t, Cancelled, nil, "purged")
+			ops = append(ops, done...)
+		}
 		if t.seg != nil {
 			exit := c.keys.Exit(q, t.seg.seg, t.seg.slot)
 			if st == Succeeded {
 				exit = c.keys.ExitDone(q, t.seg.seg, t.seg.slot)
 			}
-			return append(ops, clientv3.OpPut(exit, "purged")), 0, ""
+			return append(ops, clientv3.OpPut(exit, "purged")), 0, wake
 		}
 		switch st {
 		case Pending:
@@ -325,7 +335,7 @@ func (c *Client) Purge(ctx context.Context, q string, st Status, ids []string, p
 		case Succeeded, Cancelled:
 			ops = append(ops, clientv3.OpDelete(c.doneKey(q, st, t.finishedAt(), t.ID)))
 		}
-		return ops, 0, ""
+		return ops, 0, wake
 	})
 	return whole + n, err
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"slices"
 	"time"
 
 	"github.com/droverhq/drover/internal/lifecycle"
@@ -59,6 +58,9 @@ type ackReq struct {
 	// exact: the run's outcomes are fenced by a compare per slot of their
 	// exits, not by one over the segment's (runReqs).
 	exact bool
+	// marks are the keys the request holding these outcomes puts once at
+	// its top level (packReqs, brokerreport.go).
+	marks []string
 }
 
 func (r ackReq) op() clientv3.Op { return clientv3.OpTxn(r.cmps, r.then, nil) }
@@ -102,7 +104,6 @@ func tooManyOps(err error) bool {
 // so its tasks keep their attempts).
 func (w *Worker) commit(batch []outcome) {
 	now := time.Now().UTC()
-	markers := map[string]bool{}
 	var reqs []ackReq
 	var runs []*segRun
 	byRun := map[*segRun][]outcome{}
@@ -111,8 +112,10 @@ func (w *Worker) commit(batch []outcome) {
 			if o.kind == Cancelled {
 				continue // the canceller or the lease took the claim away
 			}
+			markers := map[string]bool{}
 			cmps, then, n := w.ackOp(o, now, markers)
 			reqs = append(reqs, ackReq{cmps: cmps, then: then, kept: []outcome{o}, size: n})
+			setMarks(reqs[len(reqs)-1:], markers)
 			continue
 		}
 		if _, ok := byRun[o.c.run]; !ok {
@@ -123,26 +126,17 @@ func (w *Worker) commit(batch []outcome) {
 	var deleteAfter []*segRun
 	for _, r := range runs {
 		final := r.remaining.Add(-int32(len(byRun[r]))) == 0
+		markers := map[string]bool{}
 		more, later := w.runReqs(r, byRun[r], final, false, now, markers)
 		reqs = append(reqs, more...)
 		if later {
 			deleteAfter = append(deleteAfter, r)
 		}
 	}
-	extra := markerOps(markers)
-	var part []ackReq
-	size, width := 0, 0
-	for _, r := range reqs {
-		if len(part) > 0 && (size+r.size > maxRequestBytes || len(part)+1+len(extra)+max(width, r.width()) > 127) {
-			w.write(part, extra)
-			part, size, width = nil, 0, 0
-		}
-		part, size, width = append(part, r), size+r.size, max(width, r.width())
-	}
-	w.write(part, extra)
+	packReqs(reqs, func(from, to int) { w.write(reqs[from:to]) })
 	for _, r := range deleteAfter {
 		if !r.lost.Load() {
-			w.write([]ackReq{w.runDelete(r)}, nil)
+			w.write([]ackReq{w.runDelete(r)})
 		}
 	}
 }
@@ -150,11 +144,12 @@ func (w *Worker) commit(batch []outcome) {
 // write records outcomes in one request, retrying a few times; a request
 // that keeps failing is split in two, and an outcome that cannot be written
 // at all is handed back, so its task does not stay claimed under a live
-// lease. extra are puts made once per request (priority level markers).
-func (w *Worker) write(reqs []ackReq, extra []clientv3.Op) {
+// lease. Their marks are put once per request (packReqs, brokerreport.go).
+func (w *Worker) write(reqs []ackReq) {
 	if len(reqs) == 0 {
 		return
 	}
+	extra := marksOf(reqs)
 	ops := make([]clientv3.Op, 0, len(reqs)+len(extra))
 	for _, r := range reqs {
 		ops = append(ops, r.op())
@@ -188,7 +183,7 @@ func (w *Worker) write(reqs []ackReq, extra []clientv3.Op) {
 	for i, r := range reqs {
 		if !resp.Responses[i].GetResponseTxn().Succeeded {
 			if r.run != nil {
-				w.runRefused(r, extra)
+				w.runRefused(r)
 				continue
 			}
 			w.fenced.Add(1)
@@ -215,8 +210,8 @@ func (w *Worker) writeFailed(reqs []ackReq, extra []clientv3.Op, err error) {
 	}
 	if len(reqs) > 1 {
 		h := len(reqs) / 2
-		w.write(reqs[:h], extra)
-		w.write(reqs[h:], extra)
+		w.write(reqs[:h])
+		w.write(reqs[h:])
 		return
 	}
 	if reqs[0].run != nil {
@@ -250,7 +245,9 @@ func (w *Worker) writeFailed(reqs []ackReq, extra []clientv3.Op, err error) {
 	back.deferred = ""
 	markers := map[string]bool{}
 	cmps, then, _ := w.ackOp(back, time.Now().UTC(), markers)
-	w.write([]ackReq{{cmps: cmps, then: then, kept: []outcome{back}}}, markerOps(markers))
+	backReq := []ackReq{{cmps: cmps, then: then, kept: []outcome{back}}}
+	setMarks(backReq, markers)
+	w.write(backReq)
 }
 
 func markerOps(markers map[string]bool) []clientv3.Op {
@@ -410,18 +407,21 @@ func truncate(s string, n int) string {
 // final: the run's last outcomes are among os, and the run and its try
 // go: in the one nested transaction when os takes one, else later
 // (deleteLater) once every part was written, because the parts commit or
-// fail apart.
+// fail apart. Each request carries the marks of its own outcomes, counted
+// in its width; markers gets those of them all.
 func (w *Worker) runReqs(r *segRun, os []outcome, final, exact bool, now time.Time, markers map[string]bool) (reqs []ackReq, deleteLater bool) {
 	q := w.cfg.Queue
 	var ok []okSlot
 	var moved []int
 	var ops []clientv3.Op
 	var kept []outcome
-	size, inner := 0, 0 // inner: the widest transaction nested in ops
+	size, inner := 0, 0       // inner: the widest transaction nested in ops
+	part := map[string]bool{} // the marks of kept: each request puts its own
 	flush := func() {
 		if len(kept) == 0 {
 			return
 		}
+		defer clear(part)
 		cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(r.runKey), "=", r.token)}
 		var then []clientv3.Op
 		if exact || r.exact.Load() {
@@ -438,6 +438,10 @@ func (w *Worker) runReqs(r *segRun, os []outcome, final, exact bool, now time.Ti
 		}
 		then = append(then, ops...)
 		reqs = append(reqs, ackReq{cmps: cmps, then: then, kept: kept, size: size + 500, run: r, exact: exact || r.exact.Load()})
+		setMarks(reqs[len(reqs)-1:], part)
+		for k := range part {
+			markers[k] = true
+		}
 		ok, moved, ops, kept, size, inner = nil, nil, nil, nil, 0, 0
 	}
 	for _, o := range os {
@@ -447,25 +451,25 @@ func (w *Worker) runReqs(r *segRun, os []outcome, final, exact bool, now time.Ti
 		case Succeeded:
 			ok = append(ok, okSlot{Slot: o.c.slot, Attempt: o.c.task.Attempt, Result: o.result})
 			size += len(o.result) * 4 / 3
-			if done := w.childDone(o.c.task, Succeeded, o.result, "", markers); len(done) > 0 {
+			if done := w.childDone(o.c.task, Succeeded, o.result, "", part); len(done) > 0 {
 				ops = append(ops, done...)
 				size += len(o.result) + 200
 			}
 		default:
-			more, n := w.recordOps(o, now, markers)
+			more, n := w.recordOps(o, now, part)
 			ops = append(ops, more...)
 			moved = append(moved, o.c.slot)
 			size, inner = size+n, max(inner, nestedWidth(more))
 		}
 		kept = append(kept, o)
 		// The request's width (txnWidth) as flush would make it: its
-		// compares, its writes (an outcome key, the run's deletion) and
-		// the widest park nested in them.
+		// compares, its writes (an outcome key, the run's deletion), the
+		// widest park nested in them, and its own marks.
 		cmps := 2
 		if exact || r.exact.Load() {
 			cmps = 1 + len(kept)
 		}
-		if len(kept) == SegmentSize || max(cmps, len(ops)+3)+inner >= 110 || size > maxRequestBytes/2 {
+		if len(kept) == SegmentSize || max(cmps, len(ops)+3)+inner+len(part) >= 110 || size > maxRequestBytes/2 {
 			flush()
 		}
 	}
@@ -494,7 +498,7 @@ func (w *Worker) runDelete(r *segRun) ackReq {
 // gone (the lease ended, or the worker was cut off past its TTL), every one
 // is fenced out; when tasks of it were cancelled while they ran, theirs are,
 // and the others are written again.
-func (w *Worker) runRefused(req ackReq, extra []clientv3.Op) {
+func (w *Worker) runRefused(req ackReq) {
 	r, q := req.run, w.cfg.Queue
 	if len(req.kept) == 0 {
 		return // a delete of the run alone: the run is gone already
@@ -551,14 +555,14 @@ func (w *Worker) runRefused(req ackReq, extra []clientv3.Op) {
 	// batches: an exit of another task of the segment refused the first,
 	// and would refuse them all.
 	r.exact.Store(true)
+	// The marks of the refused request were written with it: only the
+	// marks of the outcomes left go again (a txn putting a key twice
+	// would be refused).
 	markers := map[string]bool{}
 	reqs, later := w.runReqs(r, left, req.final, true, time.Now().UTC(), markers)
-	for _, op := range extra {
-		delete(markers, string(op.KeyBytes())) // put once a request: etcd refuses a key written twice
-	}
-	w.write(reqs, append(slices.Clone(extra), markerOps(markers)...))
+	w.write(reqs)
 	if later && !r.lost.Load() {
-		w.write([]ackReq{w.runDelete(r)}, nil)
+		w.write([]ackReq{w.runDelete(r)})
 	}
 }
 

@@ -161,8 +161,8 @@ func (c *Client) purgeSegment(ctx context.Context, q, seg string) (int, error) {
 		return 0, nil
 	}
 	ts, err := c.segmentTasks(ctx, q, seg)
-	if err != nil || ts == nil {
-		return 0, err
+	if err != nil || ts == nil || st.holdsLiveChild(ts) {
+		return 0, err // a live child's purge tells its parent: task by task
 	}
 	ops := []clientv3.Op{
 		clientv3.OpDelete(c.keys.Segment(q, seg)), clientv3.OpDelete(c.keys.SegmentOpen(q, seg)),
@@ -431,4 +431,15 @@ func readTask(r *varcodec.Reader, t *Task) error {
 		t.Parent, t.ParentStep, t.ParentQueue = str(), int(r.Varint()), str()
 	}
 	return r.Err()
+}
+
+// holdsLiveChild says whether tasks ts of segment st hold a child that has
+// not finished: its purge must record its end for its parent.
+func (st *segState) holdsLiveChild(ts []Task) bool {
+	for slot, t := range ts {
+		if t.Parent != "" && !st.finished(slot) {
+			return true
+		}
+	}
+	return false
 }

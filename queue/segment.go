@@ -486,8 +486,8 @@ func (c *Client) purgeScheduled(ctx context.Context, q, key string, rev int64) (
 		return 0, err
 	}
 	ts, err := c.segmentTasks(ctx, q, seg)
-	if err != nil || ts == nil {
-		return 0, err
+	if err != nil || ts == nil || st.holdsLiveChild(ts) {
+		return 0, err // a live child's purge tells its parent: task by task
 	}
 	cmps := []clientv3.Cmp{
 		clientv3.Compare(clientv3.ModRevision(key), "=", rev),

@@ -500,7 +500,8 @@ func sameStored(stored *Task, t *Task, dated bool) error {
 
 // sameTask compares what a submitter gives of a task: queue, type, data
 // URIs, parameters (as JSON values, so key order and spacing do not
-// matter), metadata, retry budget, timeout and backoff. created_at counts
+// matter), metadata, retry budget, timeout, backoff and parent (a task of
+// a child's id submitted apart is not that child). created_at counts
 // only when the later submission gave it (otherwise it is the time of
 // submission, which differs on every try).
 func sameTask(old, t *Task, dated bool) error {
@@ -511,7 +512,8 @@ func sameTask(old, t *Task, dated bool) error {
 		sameJSON(old.Parameters, t.Parameters) &&
 		old.Metadata.Priority == t.Metadata.Priority && old.Metadata.SourceSystem == t.Metadata.SourceSystem &&
 		old.Metadata.Tenant == t.Metadata.Tenant && (!dated || old.Metadata.CreatedAt.Equal(t.Metadata.CreatedAt)) &&
-		old.Retries() == t.Retries() && old.Timeout == t.Timeout && old.BackoffBase == t.BackoffBase && old.BackoffMax == t.BackoffMax
+		old.Retries() == t.Retries() && old.Timeout == t.Timeout && old.BackoffBase == t.BackoffBase && old.BackoffMax == t.BackoffMax &&
+		old.Parent == t.Parent && old.ParentStep == t.ParentStep && old.ParentQueue == t.ParentQueue
 	if !same {
 		return fmt.Errorf("task_id %s already exists in queue %s with different content; choose another task_id, or submit the same content to have it counted as a duplicate", t.ID, old.Queue)
 	}

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/droverhq/drover"
@@ -48,7 +49,8 @@ type Child struct {
 	// same ids, so a step run again spawns nothing twice.
 	ID string `json:"id"`
 	// Key, if set, names the child within its step instead of its
-	// position (a key segment name: letters, digits, '.', '_', '-', ':').
+	// position (letters, digits, '_', '-', ':'; no '.', which separates
+	// the parts of a child's id).
 	Key   string `json:"key,omitempty"`
 	Queue string `json:"queue"`
 	Type  string `json:"task_type"`
@@ -179,6 +181,11 @@ func planChildren(parent string, step int, req *SpawnRequest) ([]Child, error) {
 		if c.Key != "" {
 			if err := keyspace.CheckName(fmt.Sprintf("children[%d].key", i), c.Key); err != nil {
 				return nil, err
+			}
+			if strings.Contains(c.Key, ".") {
+				// "2.1.0" under step 1 of p would be p.1.2.1.0, the first
+				// child of p.1.2's step 1.
+				return nil, &drover.InputError{Field: fmt.Sprintf("children[%d].key", i), Value: c.Key, Rule: "must not contain '.': a child's id would be another's grandchild's"}
 			}
 			key = c.Key
 		}
