@@ -182,6 +182,16 @@ func TestDoneFollowsTheStoredOutcome(t *testing.T) {
 	ns := etcdtest.Namespace(t)
 	c, cli := newClient(t, ns)
 	ctx := context.Background()
+	keys := keyspace.MustNew(ns)
+	// The namespace's writes are watched live from before the submission:
+	// a watch of the past would fail once another test compacts etcd.
+	g, err := cli.Get(ctx, keys.Root()+"none")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, wcancel := context.WithTimeout(ctx, time.Minute)
+	defer wcancel()
+	writes := cli.Watch(wctx, keys.Root(), clientv3.WithPrefix(), clientv3.WithRev(g.Header.Revision+1))
 	if _, err := c.Submit(ctx, "after", []queue.Task{{ID: "af-1", Type: "x"}}, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -190,7 +200,6 @@ func TestDoneFollowsTheStoredOutcome(t *testing.T) {
 		return []byte("ok"), stream.Emit(hctx, "log", "x")
 	})
 	runWorker(t, w)
-	keys := keyspace.MustNew(ns)
 	fctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	var types []string
@@ -205,10 +214,11 @@ func TestDoneFollowsTheStoredOutcome(t *testing.T) {
 	}
 	// The namespace's writes in order: the outcome (the run's outs key)
 	// lies between the chunk of attempt_ended and that of done.
-	wctx, wcancel := context.WithCancel(fctx)
-	defer wcancel()
 	var order []string
-	for resp := range cli.Watch(wctx, keys.Root(), clientv3.WithPrefix(), clientv3.WithRev(1)) {
+	for resp := range writes {
+		if err := resp.Err(); err != nil {
+			t.Fatalf("watching the namespace's writes: %v", err)
+		}
 		for _, ev := range resp.Events {
 			k, v := string(ev.Kv.Key), string(ev.Kv.Value)
 			switch {
