@@ -154,13 +154,49 @@ func TestSegmentTasksRefuseDamage(t *testing.T) {
 // FuzzDecodeTasks: no input makes the decoder panic or allocate beyond
 // its length.
 func FuzzDecodeTasks(f *testing.F) {
-	raw, _ := encodeTasks(sampleTasks())
-	f.Add(raw[1:])
-	f.Add([]byte{0})
+	for _, seed := range decodeTasksSeeds() {
+		f.Add(seed)
+	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		tasks, err := decodeTasks(b)
 		if err == nil && len(tasks) > SegmentSize {
 			t.Fatalf("%d tasks from %d bytes", len(tasks), len(b))
 		}
 	})
+}
+
+// decodeTasksSeeds are FuzzDecodeTasks' seeds: the sample tasks, the
+// child form alone and beside the others, and an empty segment.
+func decodeTasksSeeds() [][]byte {
+	at := time.Date(2026, 11, 28, 6, 0, 0, 0, time.UTC)
+	children := []Task{
+		{ID: "p.1.0", Type: "search", Parent: "p", ParentStep: 1, ParentQueue: "wf", Metadata: Metadata{CreatedAt: at}},
+		{ID: "p.1.k", Type: "search", Parent: "p", ParentStep: 300, Metadata: Metadata{CreatedAt: at, Priority: -5}},
+	}
+	var seeds [][]byte
+	for _, ts := range [][]Task{sampleTasks(), children, append(sampleTasks(), children...)} {
+		raw, _ := encodeTasks(ts)
+		seeds = append(seeds, raw[1:])
+	}
+	return append(seeds, []byte{0})
+}
+
+// TestDecodeTasksSeedsHoldChildForm: the fuzz seeds decode, and some hold
+// tasks in the child form (a parent, its step and its queue).
+func TestDecodeTasksSeedsHoldChildForm(t *testing.T) {
+	children := 0
+	for _, seed := range decodeTasksSeeds() {
+		tasks, err := decodeTasks(seed)
+		if err != nil {
+			t.Fatalf("seed % x: %v", seed, err)
+		}
+		for _, task := range tasks {
+			if task.Parent != "" && task.ParentStep != 0 {
+				children++
+			}
+		}
+	}
+	if children == 0 {
+		t.Fatal("no seed holds a child task")
+	}
 }
