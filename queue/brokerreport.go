@@ -11,6 +11,7 @@ import (
 	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/internal/groupcommit"
 	"github.com/droverhq/drover/keyspace"
+	"github.com/droverhq/drover/task"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -197,10 +198,14 @@ func (b *broker) reportRecord(ctx context.Context, o Outcome) Reported {
 
 // decideOutcome is the outcome o reports of a claim of t: success, a
 // retry after the task's backoff, or the dead-letter queue (a permanent
-// failure, or one past the retry budget).
+// failure, one past the retry budget, or a child's result larger than
+// task.MaxChildResult).
 func decideOutcome(w *Worker, t *Task, o Outcome) outcome {
 	if !o.SleepUntil.IsZero() {
 		return outcome{kind: Sleeping, until: o.SleepUntil}
+	}
+	if !o.Failed && t.Parent != "" && len(o.Result) > task.MaxChildResult {
+		return outcome{kind: Dead, err: childResultError(len(o.Result))} // as an in-process worker's (execute)
 	}
 	if !o.Failed {
 		return outcome{kind: Succeeded, result: o.Result}

@@ -1,0 +1,57 @@
+package queue_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/droverhq/drover/internal/testenv/etcdtest"
+	"github.com/droverhq/drover/queue"
+	"github.com/droverhq/drover/task"
+)
+
+// An external worker that reports a child's result larger than a child
+// may have ends the child DEAD with "result too large", as an in-process
+// worker does; the same result from a task without a parent succeeds.
+func TestReportOfALargeChildResultEndsItDead(t *testing.T) {
+	ns := etcdtest.Namespace(t)
+	c, cli := newClient(t, ns)
+	ctx := context.Background()
+	ts := []queue.Task{
+		{ID: "p.1.0", Type: "x", Parent: "p", ParentStep: 1, ParentQueue: "wf"},
+		{ID: "plain", Type: "x"},
+	}
+	if _, err := c.Submit(ctx, "kids", ts, nil); err != nil {
+		t.Fatal(err)
+	}
+	l := grantLease(t, cli, 60*time.Second)
+	got, err := c.Claim(ctx, "kids", queue.ClaimRequest{Lease: l, Worker: "w", Max: 2})
+	if err != nil || len(got) != 2 {
+		t.Fatalf("claim: %v %v", got, err)
+	}
+	big := []byte(`"` + strings.Repeat("a", task.MaxChildResult) + `"`)
+	os := make([]queue.Outcome, len(got))
+	for i, tk := range got {
+		os[i] = queue.Outcome{Held: held("kids", tk, l), Result: big}
+	}
+	rs, err := c.Report(ctx, os)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range rs {
+		if r.Err != nil {
+			t.Fatalf("outcome %d: %v", i, r.Err)
+		}
+		want := queue.Succeeded
+		if r.Task.ID == "p.1.0" {
+			want = queue.Dead
+		}
+		if r.Task.CurrentStatus != want {
+			t.Fatalf("%s: %s (%s); want %s", r.Task.ID, r.Task.CurrentStatus, r.Task.LastError, want)
+		}
+		if want == queue.Dead && (!strings.Contains(r.Task.LastError, queue.ErrResultLarge.Error()) || len(r.Task.Result) != 0) {
+			t.Fatalf("dead child: error %q, %d bytes of result", r.Task.LastError, len(r.Task.Result))
+		}
+	}
+}
