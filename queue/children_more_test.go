@@ -2,6 +2,7 @@ package queue_test
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -52,6 +53,37 @@ func TestReportOfALargeChildResultEndsItDead(t *testing.T) {
 		}
 		if want == queue.Dead && (!strings.Contains(r.Task.LastError, queue.ErrResultLarge.Error()) || len(r.Task.Result) != 0) {
 			t.Fatalf("dead child: error %q, %d bytes of result", r.Task.LastError, len(r.Task.Result))
+		}
+	}
+}
+
+// The size an outcome of a child is counted as, when outcomes are packed
+// into requests within etcd's limit, is at least what its writes put: its
+// record, and its outcome for its parent (a result that is not valid
+// UTF-8 grows by a third there). Else a request of many such outcomes
+// would pass etcd's request limit.
+func TestChildOutcomeSizeCountsItsDoneValue(t *testing.T) {
+	c, _ := newClient(t, etcdtest.Namespace(t))
+	result := []byte(strings.Repeat("\xff", task.MaxChildResult))
+	child := func() *queue.Task {
+		return &queue.Task{ID: "p.1.0", Type: "x", Parent: "p", ParentStep: 1, ParentQueue: "wf", CurrentStatus: queue.Running, Attempt: 1}
+	}
+	reason := errors.New(strings.Repeat("e", 4096))
+	for _, tc := range []struct {
+		name   string
+		kind   queue.Status
+		result []byte
+		reason error
+		inRun  bool
+	}{
+		{"success with a record", queue.Succeeded, result, nil, false},
+		{"success in a run", queue.Succeeded, result, nil, true},
+		{"death with a record", queue.Dead, nil, reason, false},
+		{"death in a run", queue.Dead, nil, reason, true},
+	} {
+		counted, written := queue.OutcomeSize(c, "kids", child(), tc.kind, tc.result, tc.reason, tc.inRun)
+		if counted < written {
+			t.Errorf("%s: counted %d bytes, puts %d", tc.name, counted, written)
 		}
 	}
 }

@@ -363,10 +363,12 @@ func (w *Worker) recordOps(o outcome, now time.Time, markers map[string]bool) ([
 	if !seg {
 		ops = append(ops, clientv3.OpDelete(pendingKey))
 	}
+	var done []clientv3.Op // the outcome for its parent, when t is a child
 	switch o.kind {
 	case Succeeded:
 		t.CurrentStatus, t.Result, t.LastError, t.RetriesAttempted = Succeeded, o.result, "", t.Attempt-1
-		ops = append(append(ops, clientv3.OpPut(w.client.doneKey(t.Queue, Succeeded, now, t.ID), "")), w.childDone(t, Succeeded, o.result, "", markers)...)
+		done = w.childDone(t, Succeeded, o.result, "", markers)
+		ops = append(append(ops, clientv3.OpPut(w.client.doneKey(t.Queue, Succeeded, now, t.ID), "")), done...)
 	case Retrying:
 		t.CurrentStatus, t.RetriesAttempted, t.LastError = Retrying, t.Attempt-1, truncate(o.err.Error(), 4096)
 		t.ScheduledAt = now.Add(o.delay)
@@ -374,7 +376,8 @@ func (w *Worker) recordOps(o outcome, now time.Time, markers map[string]bool) ([
 		ops = append(ops, clientv3.OpPut(w.client.retryKey(t), string(rv)))
 	case Dead:
 		t.CurrentStatus, t.RetriesAttempted, t.LastError = Dead, t.Attempt-1, truncate(o.err.Error(), 4096)
-		ops = append(append(ops, clientv3.OpPut(w.keys.DeadTask(t.Queue, t.ID), "")), w.childDone(t, Dead, nil, t.LastError, markers)...)
+		done = w.childDone(t, Dead, nil, t.LastError, markers)
+		ops = append(append(ops, clientv3.OpPut(w.keys.DeadTask(t.Queue, t.ID), "")), done...)
 	}
 	tr := Transition{Status: t.CurrentStatus, At: now, Attempt: t.Attempt, Worker: w.worker}
 	if o.err != nil {
@@ -384,7 +387,23 @@ func (w *Worker) recordOps(o outcome, now time.Time, markers map[string]bool) ([
 	t.Token = c.token
 	rec, _ := json.Marshal(t)
 	ops = append(ops, clientv3.OpPut(w.keys.TaskRecord(t.ID), string(rec)))
-	return ops, len(rec) + 500
+	return ops, len(rec) + putBytes(done) + 500
+}
+
+// putBytes is the bytes of the keys and values ops put, those of nested
+// transactions among them: what they add to a request's size.
+func putBytes(ops []clientv3.Op) int {
+	n := 0
+	for _, op := range ops {
+		switch {
+		case op.IsTxn():
+			_, then, els := op.Txn()
+			n += putBytes(then) + putBytes(els)
+		case op.IsPut():
+			n += len(op.KeyBytes()) + len(op.ValueBytes())
+		}
+	}
+	return n
 }
 
 func truncate(s string, n int) string {
@@ -453,7 +472,7 @@ func (w *Worker) runReqs(r *segRun, os []outcome, final, exact bool, now time.Ti
 			size += len(o.result) * 4 / 3
 			if done := w.childDone(o.c.task, Succeeded, o.result, "", part); len(done) > 0 {
 				ops = append(ops, done...)
-				size += len(o.result) + 200
+				size += putBytes(done)
 			}
 		default:
 			more, n := w.recordOps(o, now, part)
