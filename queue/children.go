@@ -45,6 +45,9 @@ var (
 	beforeParentWake func(parent string) bool
 	// beforeChildPark runs between a parent's count and its park.
 	beforeChildPark func(parent string)
+	// beforeCancelCascade runs between Cancel's cancel of a task and
+	// that of its children.
+	beforeCancelCascade func(parent string)
 )
 
 // childSpawner submits the children of the step tasks of queue q
@@ -256,11 +259,17 @@ func (c *Client) cancelChildren(ctx context.Context, parent string) error {
 				continue
 			}
 			g.Go(func() error {
-				_, err := c.Cancel(ctx, ch.ID)
-				if err == nil || errors.Is(err, ErrNotFound) || errors.Is(err, ErrFinished) {
+				t, err := c.cancel(ctx, ch.ID)
+				switch {
+				case cancelCascades(t, err):
+					err = c.cancelChildren(ctx, ch.ID) // its own, on the same context
+				case errors.Is(err, ErrNotFound) || errors.Is(err, ErrFinished):
 					return nil
 				}
-				return fmt.Errorf("cancel child %s: %w", ch.ID, err)
+				if err != nil {
+					return fmt.Errorf("cancel child %s: %w", ch.ID, err)
+				}
+				return nil
 			})
 		}
 	}

@@ -87,3 +87,48 @@ func TestChildOutcomeSizeCountsItsDoneValue(t *testing.T) {
 		}
 	}
 }
+
+// A cancel's cascade to the children is not cut short by the caller's
+// context (an HTTP client gone once the parent is cancelled), and a
+// cancel retried of a parent cancelled already (its cascade cut short)
+// still cancels its live children, answering ErrFinished.
+func TestCancelCascadeOutlivesItsCallerAndIsRetried(t *testing.T) {
+	ns := etcdtest.Namespace(t)
+	c, cli := newClient(t, ns)
+	f := newFamily(0)
+	f.children = func(string) []task.Child {
+		return []task.Child{{Queue: "idle", Type: "x"}, {Queue: "idle", Type: "x"}}
+	}
+	ctx := context.Background()
+	if err := c.SetConfig(ctx, "idle", queue.Config{}); err != nil { // no worker runs it
+		t.Fatal(err)
+	}
+	setupFamily(t, c, "gone", "again")
+	f.start(t, cli, ns)
+	waitUntil(t, "the parents to wait", func() bool {
+		st, err := c.Stats(ctx, "idle")
+		wf, werr := c.Stats(ctx, "wf")
+		return err == nil && werr == nil && st.Pending == 4 && wf.Waiting == 2
+	})
+	cctx, hangUp := context.WithCancel(ctx)
+	defer hangUp()
+	queue.SetCancelHook(func(string) { hangUp() })
+	t.Cleanup(func() { queue.SetCancelHook(nil) })
+	if _, err := c.Cancel(cctx, "gone"); err != nil {
+		t.Fatalf("cancel with the caller gone after the parent's cancel: %v", err)
+	}
+	queue.SetCancelHook(nil)
+	if _, err := queue.CancelAlone(ctx, c, "again"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Cancel(ctx, "again"); !errors.Is(err, queue.ErrFinished) {
+		t.Fatalf("cancel again: %v; want ErrFinished", err)
+	}
+	for _, p := range []string{"gone", "again"} {
+		for _, id := range []string{p + ".1.0", p + ".1.1"} {
+			if got, err := c.Get(ctx, id); err != nil || got.CurrentStatus != queue.Cancelled {
+				t.Fatalf("child %s: %+v (%v); want CANCELLED", id, got, err)
+			}
+		}
+	}
+}

@@ -287,13 +287,36 @@ const cancelSignalTTL = 60
 // and a worker running it has its claim taken away (its writes are fenced
 // out) and its context cancelled. The live children it spawned (see
 // task.Spawn), except detached ones, are cancelled with it; a child's
-// cancel is recorded for its parent.
+// cancel is recorded for its parent. The cascade is not cut short by
+// ctx (an HTTP client that goes away): it has cancelCascadeTimeout. A
+// task cancelled already answers ErrFinished, after its cascade is run
+// again, so that a cancel retried reaches the children a cut cascade
+// left live.
 func (c *Client) Cancel(ctx context.Context, id string) (*Task, error) {
 	t, err := c.cancel(ctx, id)
-	if err != nil {
+	if !cancelCascades(t, err) {
 		return t, err
 	}
-	return t, c.cancelChildren(ctx, id)
+	if beforeCancelCascade != nil {
+		beforeCancelCascade(id)
+	}
+	cctx, stop := context.WithTimeout(context.WithoutCancel(ctx), cancelCascadeTimeout)
+	defer stop()
+	if cerr := c.cancelChildren(cctx, id); cerr != nil {
+		return t, errors.Join(err, cerr)
+	}
+	return t, err
+}
+
+// cancelCascadeTimeout bounds the cancels of a cancelled task's
+// descendants.
+const cancelCascadeTimeout = 2 * time.Minute
+
+// cancelCascades reports whether a cancel that answered t and err is
+// followed by the cancels of t's children: t was cancelled by it, or
+// before it.
+func cancelCascades(t *Task, err error) bool {
+	return err == nil || errors.Is(err, ErrFinished) && t != nil && t.CurrentStatus == Cancelled
 }
 
 // cancel cancels task id alone.

@@ -118,3 +118,11 @@ func LiveWatches(c *Client) int64 { return c.watches.live.Load() }
 func SetChildHooks(beforeSubmit func(parent string), beforeWake func(parent string) bool, beforePark func(parent string)) {
 	beforeChildSubmit, beforeParentWake, beforeChildPark = beforeSubmit, beforeWake, beforePark
 }
+
+// SetCancelHook sets the hook Cancel calls between its cancel of a task
+// and that of its children; nil unsets.
+func SetCancelHook(beforeCascade func(parent string)) { beforeCancelCascade = beforeCascade }
+
+// CancelAlone cancels task id without its children, as a Cancel whose
+// cascade was cut short leaves it.
+func CancelAlone(ctx context.Context, c *Client, id string) (*Task, error) { return c.cancel(ctx, id) }
