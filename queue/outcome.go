@@ -330,22 +330,7 @@ func (w *Worker) recordOps(o outcome, now time.Time, markers map[string]bool) ([
 		return w.sleepOps(o, pendingKey, seg, now, ops)
 	}
 	if o.kind == Pending && o.deferred != "" { // deferred by flow control: back after the delay, uncharged
-		// Each deferral in a row doubles the delay (up to 16x, 30 s at
-		// most), so a backlog held off by a quota or breaker does not keep
-		// the claims busy; only the first one goes into the history.
-		delay := min(o.delay<<min(t.Deferrals, 4), max(o.delay, 30*time.Second))
-		if t.Deferrals == 0 {
-			t.Transitions = appendTransition(t.Transitions, Transition{Status: Pending, At: now, Attempt: t.Attempt, Worker: w.worker, Error: "deferred: " + o.deferred})
-		}
-		t.Deferrals++
-		t.CurrentStatus, t.ScheduledAt = Pending, now.Add(delay)
-		t.Attempt--
-		rv, _ := json.Marshal(retryValue{PendingKey: pendingKey, Attempts: t.Attempt, Deferred: o.deferred})
-		rec, _ := json.Marshal(t)
-		if !seg {
-			ops = append(ops, clientv3.OpDelete(pendingKey))
-		}
-		return append(ops, clientv3.OpPut(w.client.retryKey(t), string(rv)), clientv3.OpPut(w.keys.TaskRecord(t.ID), string(rec))), len(rec) + 500
+		return w.deferOps(o, pendingKey, seg, now, ops)
 	}
 	if o.kind == Pending { // handed back: the attempt does not count
 		ops = append(ops, clientv3.OpPut(pendingKey, encodePending(t.Attempt-1, false)))

@@ -318,3 +318,26 @@ func (st *execStep) readSleep() ([]byte, error) {
 	}
 	return b, nil
 }
+
+// deferOps are the writes that hand the task of outcome o back to flow
+// control: it goes back to pending after the delay, its attempt not
+// charged. ops are the writes recordOps made before.
+func (w *Worker) deferOps(o outcome, pendingKey string, seg bool, now time.Time, ops []clientv3.Op) ([]clientv3.Op, int) {
+	t := o.c.task
+	// Each deferral in a row doubles the delay (up to 16x, 30 s at
+	// most), so a backlog held off by a quota or breaker does not keep
+	// the claims busy; only the first one goes into the history.
+	delay := min(o.delay<<min(t.Deferrals, 4), max(o.delay, 30*time.Second))
+	if t.Deferrals == 0 {
+		t.Transitions = appendTransition(t.Transitions, Transition{Status: Pending, At: now, Attempt: t.Attempt, Worker: w.worker, Error: "deferred: " + o.deferred})
+	}
+	t.Deferrals++
+	t.CurrentStatus, t.ScheduledAt = Pending, now.Add(delay)
+	t.Attempt--
+	rv, _ := json.Marshal(retryValue{PendingKey: pendingKey, Attempts: t.Attempt, Deferred: o.deferred})
+	rec, _ := json.Marshal(t)
+	if !seg {
+		ops = append(ops, clientv3.OpDelete(pendingKey))
+	}
+	return append(ops, clientv3.OpPut(w.client.retryKey(t), string(rv)), clientv3.OpPut(w.keys.TaskRecord(t.ID), string(rec))), len(rec) + 500
+}
