@@ -1,7 +1,9 @@
 package chaos
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -82,8 +84,30 @@ func etcdClient(t *testing.T, endpoints []string) *clientv3.Client {
 
 // startEtcdSet starts n servers and waits until they serve with a leader.
 // n == 1 is a plain `drover server`; n > 1 forms a cluster with
-// --name and --initial-cluster.
+// --name and --initial-cluster. The ports are found free before the
+// servers bind them, so another process of a busy machine may take one
+// between the two: a set whose member exits at start on a port in use is
+// started again on other ports, up to three times.
 func startEtcdSet(t *testing.T, bin string, n int) *etcdSet {
+	t.Helper()
+	for try := 1; ; try++ {
+		s, err := tryEtcdSet(t, bin, n)
+		if err == nil {
+			return s
+		}
+		if try == 3 || !errors.Is(err, errPortTaken) {
+			t.Fatal(err)
+		}
+		t.Logf("starting the servers again on other ports: %v", err)
+	}
+}
+
+// errPortTaken: a member exited at start because its port was taken.
+var errPortTaken = errors.New("a port was taken before the server bound it")
+
+// tryEtcdSet is one try of startEtcdSet; on error its processes are
+// killed.
+func tryEtcdSet(t *testing.T, bin string, n int) (*etcdSet, error) {
 	t.Helper()
 	s := &etcdSet{t: t, bin: bin}
 	var initial []string
@@ -108,10 +132,16 @@ func startEtcdSet(t *testing.T, bin string, n int) *etcdSet {
 	}
 	for _, m := range s.members {
 		if _, err := s.waitReady(m, time.Minute); err != nil {
-			t.Fatal(err)
+			for _, o := range s.members {
+				o.proc.kill()
+			}
+			if log, _ := os.ReadFile(m.log.Name()); m.proc.exited() && bytes.Contains(log, []byte("address already in use")) {
+				return nil, fmt.Errorf("%w: %v", errPortTaken, err)
+			}
+			return nil, err
 		}
 	}
-	return s
+	return s, nil
 }
 
 // start starts member m's process.
