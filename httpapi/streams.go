@@ -87,8 +87,9 @@ func (s *Server) streamRoutes() {
 			"(session and token, from POST /v1/queues/{queue}/claim) holds. 409 once it does not (it expired, the task was " +
 			"taken over) and nothing is stored; 413 when they would take the stream past its caps (100,000 events, 16 MiB, " +
 			"64 KiB an event); 404 for an unknown task. The answer returns once they are stored.",
-		MaxBodyBytes: 2 << 20,
-		Errors:       []int{http.StatusNotFound, http.StatusConflict, http.StatusRequestEntityTooLarge},
+		MaxBodyBytes:    2 << 20,
+		BodyReadTimeout: bulkAllowance, // a body over DefaultMaxBodyBytes may take as long as a submission's
+		Errors:          []int{http.StatusNotFound, http.StatusConflict, http.StatusRequestEntityTooLarge},
 	}, s.appendStream)
 	huma.Register(s.api, huma.Operation{
 		OperationID: "follow-task-stream", Method: http.MethodGet, Path: "/v1/tasks/{id}/stream", Tags: tags,
