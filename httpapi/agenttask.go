@@ -14,7 +14,6 @@ import (
 	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/lock"
-	"github.com/droverhq/drover/queue"
 	"github.com/droverhq/drover/task"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -69,7 +68,7 @@ func agentTaskOf(cp task.Checkpoint) AgentTask {
 
 // taskWaitOfCheckpoint is a checkpoint's wait as the API shows it.
 func taskWaitOfCheckpoint(w *task.Wait) *TaskWait {
-	return taskWaitOf(&queue.WaitingFor{Signals: w.Signals, Since: w.Since, Until: w.Until})
+	return taskWaitOf(&task.Wait{Signals: w.Signals, Since: w.Since, Until: w.Until})
 }
 
 // signalOf is sg as a claim answers it; nil for nil.

@@ -224,18 +224,20 @@ func childResultError(n int) error {
 }
 
 // wakeParent wakes task parent when it is parked waiting for its children
-// and enough of them ended (or one failed it): one transaction that moves
-// it back to pending while it is as read (Client.wake).
+// and enough of them ended (or one failed it): what it waits for is read
+// from its record, the children counted (one count-only read), and one
+// transaction moves it back to pending while it is as read (Client.wake).
+// A parent not parked on its children costs the record's read alone.
 func (c *Client) wakeParent(ctx context.Context, parent string) (bool, error) {
-	w, ok, err := c.store.WaitOf(ctx, parent)
-	if err != nil || !ok || !w.Ready() {
-		return false, err
-	}
-	if beforeParentWake != nil && !beforeParentWake(parent) {
-		return false, nil
-	}
 	_, _, woke, err := c.wake(ctx, parent, nil, nil, func(t *Task) (bool, error) {
-		return t.WaitingFor != nil && t.WaitingFor.Children != nil && t.WaitingFor.Children.Step == w.Step, nil
+		if t.WaitingFor == nil || t.WaitingFor.Children == nil {
+			return false, nil
+		}
+		ok, err := c.store.ChildrenReady(ctx, parent, *t.WaitingFor.Children)
+		if err != nil || !ok {
+			return false, err
+		}
+		return beforeParentWake == nil || beforeParentWake(parent), nil
 	})
 	if errors.Is(err, ErrNotFound) {
 		return false, nil

@@ -48,19 +48,10 @@ const MaxInboxSignals = 1000
 // consumed; the signal was not stored.
 var ErrInboxFull = errors.New("queue: the task's inbox is full")
 
-// WaitingFor is what a WAITING task waits for, as its record says.
-type WaitingFor struct {
-	// Signals are the names of the signals it waits for: the first of
-	// them sent ends the wait.
-	Signals []string `json:"signals,omitempty"`
-	// Since is when the wait began.
-	Since time.Time `json:"since"`
-	// Until is when the wait times out; zero: it does not.
-	Until time.Time `json:"until,omitzero"`
-	// Children, when set, says it waits for the children a step spawned
-	// (see task.Spawn), not for a signal.
-	Children *task.ChildrenWait `json:"children,omitempty"`
-}
+// WaitingFor is what a WAITING task waits for, as its record says: the
+// wait its step's checkpoint holds (task.Wait), with Children set when it
+// waits for the children a step spawned rather than for a signal.
+type WaitingFor = task.Wait
 
 // waitDue is when a wait falls due in the wait index: its timeout, or
 // NoTimeout.
@@ -116,7 +107,7 @@ func (w *Worker) waitOps(o outcome, pendingKey string, seg bool, now time.Time, 
 	}
 	t.Attempt-- // a wait is not an attempt
 	t.CurrentStatus, t.ScheduledAt, t.Token = Waiting, o.until.UTC(), o.c.token
-	t.WaitingFor = &WaitingFor{Signals: o.wait.Signals, Since: o.wait.Since, Until: o.wait.Until, Children: o.wait.Children}
+	t.WaitingFor = o.wait
 	rv, _ := json.Marshal(retryValue{PendingKey: pendingKey, Attempts: t.Attempt})
 	rec, _ := json.Marshal(t)
 	var park []clientv3.Op
@@ -238,6 +229,9 @@ func (c *Client) wake(ctx context.Context, id string, more []clientv3.Cmp, also 
 		default:
 			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(string(kv.Key)), "=", kv.ModRevision))
 		}
+		if len(then) == 0 {
+			return t, false, false, nil // nothing to write: not woken, nothing given
+		}
 		resp, err := c.cli.Txn(ctx).If(cmps...).Then(clientv3.OpTxn(more, then, nil)).Commit()
 		if err != nil {
 			return nil, false, false, err
@@ -296,7 +290,7 @@ func (c *Client) Signal(ctx context.Context, id, name string, data json.RawMessa
 		if t.CurrentStatus.Terminal() {
 			return false, fmt.Errorf("%w: task %s is %s: it takes no signal", ErrFinished, id, t.CurrentStatus)
 		}
-		return slices.Contains(t.WaitingFor.signals(), name), nil
+		return slices.Contains(waitSignals(t.WaitingFor), name), nil
 	})
 	if errors.Is(err, ErrNotFound) { // perhaps a named task (task.Runner, agent tasks): no queue, nothing to wake
 		var named Status
@@ -363,8 +357,8 @@ func (c *Client) signalNamed(ctx context.Context, id string, fresh []clientv3.Cm
 	return "", false, errors.New("the task kept changing; try again")
 }
 
-// signals are the names w waits for; none when w is nil.
-func (w *WaitingFor) signals() []string {
+// waitSignals are the names w waits for; none when w is nil.
+func waitSignals(w *WaitingFor) []string {
 	if w == nil {
 		return nil
 	}

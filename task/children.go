@@ -350,15 +350,11 @@ func (w ChildWait) Ready() bool {
 	return w.Done >= int64(w.Wait) || (!w.Collect && w.Failed > 0)
 }
 
-// WaitOf returns what task id waits for: false when its checkpoint
-// records no spawn it waits on. Its counts are one count-only read.
-func (s *Store) WaitOf(ctx context.Context, id string) (ChildWait, bool, error) {
-	cp, err := s.Load(ctx, id)
-	if err != nil || cp.Spawn == nil || cp.Completed {
-		return ChildWait{}, false, err
-	}
-	w, err := s.countChildren(ctx, id, cp)
-	return w, err == nil, err
+// ChildrenReady reports whether what a task parked on its children waits
+// for (cw, as its record shows it) has come: one count-only read.
+func (s *Store) ChildrenReady(ctx context.Context, id string, cw ChildrenWait) (bool, error) {
+	w, err := s.countChildren(ctx, id, Checkpoint{Step: cw.Step, Spawn: &SpawnRecord{N: cw.N, Wait: cw.Wait, Collect: cw.Collect}})
+	return err == nil && w.Ready(), err
 }
 
 // countChildren reads the counts of the children checkpoint cp's step
@@ -430,6 +426,7 @@ func (r *stepRun) spawn(ctx context.Context, n int, req *SpawnRequest, stateLen 
 	if err != nil {
 		return nil, nil, err
 	}
+	r.planned, r.plannedStep = children, n
 	wait := req.Options.Wait
 	if wait == 0 {
 		wait = len(children)
@@ -450,9 +447,11 @@ func (r *stepRun) awaitChildren(ctx context.Context, cp Checkpoint) (ChildWait, 
 		if r.cfg.Spawner == nil {
 			return w, &drover.InputError{Field: "children", Rule: "only a queue worker (queue.Steps) can resume a step task that spawned child tasks"}
 		}
-		plan, err := r.s.Plan(ctx, r.id, cp.Step)
-		if err != nil {
-			return w, err
+		plan := r.planned // written by this run: its checkpoint names it
+		if r.plannedStep != cp.Step || plan == nil {
+			if plan, err = r.s.Plan(ctx, r.id, cp.Step); err != nil {
+				return w, err
+			}
 		}
 		if len(plan) != cp.Spawn.N {
 			return w, fmt.Errorf("task %s: the plan of step %d lists %d children, its checkpoint %d", r.id, cp.Step, len(plan), cp.Spawn.N)

@@ -478,6 +478,10 @@ type stepRun struct {
 	emit  func(Event)
 	now   func() time.Time
 	limit int
+	// planned is the list of children this run wrote the plan of, for
+	// step plannedStep: submitted from memory, not read back.
+	planned     []Child
+	plannedStep int
 }
 
 // waiting submits the children checkpoint cp's step spawned, if they are

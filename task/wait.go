@@ -109,7 +109,7 @@ func waitOf(err error) (*WaitRequest, bool) {
 // Wait is what a task waits for, as its checkpoint records it.
 type Wait struct {
 	// Signals are the signal names the task waits for.
-	Signals []string `json:"signals"`
+	Signals []string `json:"signals,omitempty"`
 	// Since is when the wait began.
 	Since time.Time `json:"since"`
 	// Until is when the wait times out; zero: it does not.
@@ -240,14 +240,9 @@ func parseInbox(prefix string, kvs []*mvccpb.KeyValue) []Signal {
 	return out
 }
 
-// firstSignal returns the first signal sent, among names, that waits in
-// task id's inbox: one range read. nil: none.
-func (s *Store) firstSignal(ctx context.Context, id string, names []string) (*Signal, error) {
-	return s.firstSignalBefore(ctx, id, names, 0)
-}
-
-// firstSignalBefore is firstSignal among the signals stored before etcd
-// revision rev (0: any). It reads the first sent under each name waited
+// firstSignalBefore returns the first signal sent, among names, that
+// waits in task id's inbox, stored before etcd revision rev (0: any); nil:
+// none. It reads the first sent under each name waited
 // for (one read of each name's prefix, in one request), not the whole
 // inbox.
 func (s *Store) firstSignalBefore(ctx context.Context, id string, names []string, rev int64) (*Signal, error) {
@@ -316,7 +311,7 @@ func (s *Store) consumeOps(id string, sg *Signal, at time.Time) []clientv3.Op {
 // ahead), waiting in-process for a timeout that ends within SleepMargin
 // and reading the inbox once more; or deliver a timeout.
 func (s *Store) resumeWait(ctx context.Context, id string, wt *Wait, now func() time.Time) (*Signal, error) {
-	sg, err := s.firstSignal(ctx, id, wt.Signals)
+	sg, err := s.firstSignalBefore(ctx, id, wt.Signals, 0)
 	if err != nil || sg != nil {
 		return sg, err
 	}
@@ -328,7 +323,7 @@ func (s *Store) resumeWait(ctx context.Context, id string, wt *Wait, now func() 
 		return nil, err
 	}
 	if left > 0 { // waited: a signal may have come meanwhile
-		if sg, err := s.firstSignal(ctx, id, wt.Signals); err != nil || sg != nil {
+		if sg, err := s.firstSignalBefore(ctx, id, wt.Signals, 0); err != nil || sg != nil {
 			return sg, err
 		}
 	}
