@@ -328,14 +328,13 @@ func (s *Server) taskEnded(ctx context.Context, id string) (string, bool) {
 		return "", false
 	}
 	t, err := c.Get(ctx, id)
-	if err != nil {
+	switch {
+	case errors.Is(err, queue.ErrNotFound):
+		return "removed", true
+	case err != nil || !t.CurrentStatus.Terminal():
 		return "", false
 	}
-	switch t.CurrentStatus {
-	case queue.Succeeded, queue.Dead, queue.Cancelled:
-		return string(t.CurrentStatus), true
-	}
-	return "", false
+	return string(t.CurrentStatus), true
 }
 
 // endStream closes the stream of an external worker's attempt that its

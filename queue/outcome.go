@@ -177,7 +177,7 @@ func (w *Worker) write(reqs []ackReq) {
 	defer func() {
 		w.runsEnded(ended)
 		if len(finished) > 0 {
-			go w.finishStreams(finished) // after the outcomes, off the acker's path
+			w.finishing.Go(func() { w.finishStreams(finished) }) // after the outcomes, off the acker's path
 		}
 	}()
 	for i, r := range reqs {

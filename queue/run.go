@@ -58,6 +58,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		close(ch)
 	}
 	ackers.Wait()
+	w.finishing.Wait() // the dones of the last outcomes (bounded: finishStreams)
 	stopBG()
 	if err := w.lease.Err(); err != nil && runErr == nil {
 		runErr = fmt.Errorf("queue: worker %s: %w", w.worker, err)

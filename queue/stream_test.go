@@ -339,3 +339,56 @@ func TestFollowerOfAnEndedTaskWithoutDoneEnds(t *testing.T) {
 		t.Fatalf("follower got %d events (timed out: %v), want the %d stored, then its end", got, fctx.Err() != nil, n)
 	}
 }
+
+// TestWaitedStepTaskStreamEndsWithDone: a step task that waited for a
+// signal (a wait costs no attempt) and whose resumed step emits nothing
+// still ends its stream with done, and its first attempt's end says it
+// waits.
+func TestWaitedStepTaskStreamEndsWithDone(t *testing.T) {
+	t.Parallel()
+	ns := etcdtest.Namespace(t)
+	c, cli := newClient(t, ns)
+	ctx := context.Background()
+	store, err := task.NewStore(cli, ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Submit(ctx, "waited", []queue.Task{{ID: "wt-1", Type: "x"}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	w := newWorker(t, srv.Client(t), queue.WorkerConfig{Namespace: ns, Queue: "waited", Concurrency: 1})
+	w.HandleAll(queue.Steps(store,
+		task.Step{Name: "ask", Run: func(ctx context.Context, s []byte) ([]byte, error) {
+			if err := stream.Emit(ctx, "progress", "asked"); err != nil {
+				return nil, err
+			}
+			return s, task.WaitSignal("go", 0)
+		}},
+		task.Step{Name: "quiet", Run: func(_ context.Context, s []byte) ([]byte, error) { return s, nil }},
+	))
+	runWorker(t, w)
+	fctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	waitUntil(t, "the task waits", func() bool {
+		got, err := c.Get(ctx, "wt-1")
+		return err == nil && got.CurrentStatus == queue.Waiting
+	})
+	if _, err := c.Signal(ctx, "wt-1", "go", nil, "k"); err != nil {
+		t.Fatal(err)
+	}
+	var types []string
+	for ev, err := range stream.NewHub(cli, keyspace.MustNew(ns)).Follow(fctx, "wt-1", 1) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		types = append(types, ev.Type+":"+string(ev.Data))
+	}
+	if len(types) == 0 || !strings.HasPrefix(types[len(types)-1], stream.Done) {
+		t.Fatalf("events %v: the stream does not end with done", types)
+	}
+	if !slices.ContainsFunc(types, func(s string) bool {
+		return strings.HasPrefix(s, stream.AttemptEnded) && strings.Contains(s, `"waiting"`)
+	}) {
+		t.Fatalf("events %v: no attempt_ended that says the task waits", types)
+	}
+}

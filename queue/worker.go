@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -161,6 +162,9 @@ type Worker struct {
 	handlers map[string]Handler
 	fallback Handler
 	inflight map[string]*running
+	// finishing are the writes of done to the streams of tasks whose
+	// outcomes were stored (finishStreams): Run waits for them.
+	finishing sync.WaitGroup
 
 	succeeded, retried, dead, handedBack, fenced atomic.Int64
 	taskTime                                     atomic.Int64 // a running average of how long tasks take, in ns (sample)
@@ -360,18 +364,9 @@ type outcome struct {
 	streamed bool
 }
 
-// outcomeName is the outcome a stream's Done gives for status st.
-func outcomeName(st Status) string {
-	switch st {
-	case Succeeded:
-		return "succeeded"
-	case Dead:
-		return "dead"
-	case Cancelled:
-		return "cancelled"
-	}
-	return string(st)
-}
+// outcomeName is the outcome a stream's Done (or an attempt's end) gives
+// for status st: its name in lower case.
+func outcomeName(st Status) string { return strings.ToLower(string(st)) }
 
 func errText(err error) string {
 	if err == nil {
@@ -421,10 +416,11 @@ var _ stream.Fence = (*claimFence)(nil)
 
 // beginStream starts the attempt of claim f at its task's stream: the
 // handler's stream.Emit writes there. A retry, or a step resumed after a
-// sleep, may follow events of an attempt before.
+// sleep or a wait (neither costs an attempt), may follow events of an
+// attempt before.
 func (w *Worker) beginStream(ctx context.Context, f *claimFence) (context.Context, *stream.Attempt) {
 	t := f.c.task
-	resumed := slices.ContainsFunc(t.Transitions, func(tr Transition) bool { return tr.Status == Sleeping })
+	resumed := slices.ContainsFunc(t.Transitions, func(tr Transition) bool { return tr.Status == Sleeping || tr.Status == Waiting })
 	return stream.Begin(ctx, w.cli, w.keys, stream.Claim{Task: t.ID, Attempt: t.Attempt, Worker: w.worker, Fence: f}, t.Attempt > 1 || resumed)
 }
 
@@ -436,19 +432,11 @@ func (w *Worker) beginStream(ctx context.Context, f *claimFence) (context.Contex
 // writes nothing (the next attempt marks the boundary, or the
 // canceller writes Done). It says whether the stream may have events.
 func (w *Worker) endStream(ctx context.Context, at *stream.Attempt, o outcome) bool {
-	name := ""
+	name := outcomeName(o.kind)
 	switch o.kind {
-	case Succeeded:
-		name = "succeeded"
-	case Dead:
-		name = "dead"
 	case Cancelled:
 		return at.Touched() // the claim is gone: the canceller or the next attempt closes it
-	case Retrying:
-		name = "retrying"
-	case Sleeping:
-		name = "sleeping"
-	default:
+	case Pending:
 		name = "handed back"
 	}
 	if err := at.End(ctx, stream.AttemptEnded, name, o.err); err != nil {
