@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/danielgtaylor/huma/v2"
+	"github.com/droverhq/drover/queue"
 	"github.com/droverhq/drover/registry"
 	"github.com/droverhq/drover/ui"
 )
@@ -26,6 +27,8 @@ type QueueSummary struct {
 	MaxDepth  int64  `json:"max_depth" doc:"The most unfinished tasks the queue takes (0: no bound)."`
 	FIFO      bool   `json:"fifo" doc:"Whether tasks of equal priority are claimed exactly in submission order."`
 	Paused    bool   `json:"paused" doc:"Whether the queue is paused: it takes submissions, but no worker claims its tasks until it is resumed."`
+
+	stats queue.Stats // the counts read, for the server's gauges
 }
 
 // Whoami is what the request's token may do, and where.
@@ -97,7 +100,7 @@ func (s *Server) queueSummaries(ctx context.Context) ([]QueueSummary, error) {
 	for i, q := range infos {
 		st := q.Stats
 		out[i] = QueueSummary{Name: q.Name, Scheduled: st.Scheduled, Pending: st.Pending, Running: st.Running, Retrying: st.Retrying, Succeeded: st.Succeeded,
-			Dead: st.Dead, Cancelled: st.Cancelled, Sleeping: st.Sleeping, Waiting: st.Waiting, MaxDepth: q.Config.MaxDepth, FIFO: q.Config.FIFO, Paused: st.Paused}
+			Dead: st.Dead, Cancelled: st.Cancelled, Sleeping: st.Sleeping, Waiting: st.Waiting, MaxDepth: q.Config.MaxDepth, FIFO: q.Config.FIFO, Paused: st.Paused, stats: st}
 	}
 	return out, nil
 }

@@ -307,8 +307,7 @@ func (h *hub) exportDepth(qs []QueueSummary) {
 	seen := make(map[string]bool, len(qs))
 	for _, q := range qs {
 		seen[q.Name] = true
-		for state, n := range map[string]int64{"scheduled": q.Scheduled, "pending": q.Pending, "running": q.Running, "retrying": q.Retrying,
-			"sleeping": q.Sleeping, "succeeded": q.Succeeded, "dead": q.Dead, "cancelled": q.Cancelled} {
+		for state, n := range q.stats.ByState() {
 			metrics.QueueTasks.WithLabelValues(q.Name, state).Set(float64(n))
 		}
 		metrics.QueuePaused.WithLabelValues(q.Name).Set(map[bool]float64{true: 1}[q.Paused])

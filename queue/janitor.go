@@ -170,8 +170,7 @@ func (w *Worker) countDepth(ctx context.Context) {
 	for {
 		if st, err := w.client.Stats(ctx, w.cfg.Queue); err == nil {
 			q := w.cfg.Queue
-			for state, n := range map[string]int64{"pending": st.Pending, "running": st.Running, "retrying": st.Retrying,
-				"succeeded": st.Succeeded, "dead": st.Dead, "cancelled": st.Cancelled, "scheduled": st.Scheduled, "sleeping": st.Sleeping, "waiting": st.Waiting} {
+			for state, n := range st.ByState() {
 				metrics.QueueTasks.WithLabelValues(q, state).Set(float64(n))
 			}
 			metrics.QueuePaused.WithLabelValues(q).Set(map[bool]float64{true: 1}[st.Paused])

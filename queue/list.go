@@ -469,6 +469,12 @@ func (s Stats) Total() int64 {
 	return s.Scheduled + s.Pending + s.Running + s.Retrying + s.Sleeping + s.Waiting + s.Succeeded + s.Dead + s.Cancelled
 }
 
+// ByState is the counts by state in lower case, as the metrics label them.
+func (s Stats) ByState() map[string]int64 {
+	return map[string]int64{"scheduled": s.Scheduled, "pending": s.Pending, "running": s.Running, "retrying": s.Retrying,
+		"sleeping": s.Sleeping, "waiting": s.Waiting, "succeeded": s.Succeeded, "dead": s.Dead, "cancelled": s.Cancelled}
+}
+
 // Unfinished counts tasks that are scheduled, pending, running, retrying,
 // sleeping or waiting.
 func (s Stats) Unfinished() int64 {

@@ -81,7 +81,7 @@ func TestTaskHistoryOfHTTPClaim(t *testing.T) {
 }
 
 // TestServerMetricsQueueDepth: the server's /metrics has drover_queue_tasks
-// for the queues of its namespace, by state (scheduled and sleeping too), without a
+// for the queues of its namespace, by state (scheduled, sleeping and waiting too), without a
 // worker counting.
 func TestServerMetricsQueueDepth(t *testing.T) {
 	s := startAPIServer(t)
@@ -93,16 +93,20 @@ func TestServerMetricsQueueDepth(t *testing.T) {
 	tasks = append(tasks, map[string]any{"task_id": "later", "task_type": "x", "delay": "1h"})
 	s.call("POST", "/v1/queues/"+q+"/tasks", tasks, 200)
 	sess := s.call("POST", "/v1/sessions", map[string]any{"ttl": 30}, 201)["id"]
-	claimed := s.call("POST", "/v1/queues/"+q+"/claim", map[string]any{"session": sess, "max": 1}, 200)["tasks"].([]any)
-	if len(claimed) != 1 {
-		t.Fatalf("claimed %d tasks, want 1", len(claimed))
+	claimed := s.call("POST", "/v1/queues/"+q+"/claim", map[string]any{"session": sess, "max": 2}, 200)["tasks"].([]any)
+	if len(claimed) != 2 {
+		t.Fatalf("claimed %d tasks, want 2", len(claimed))
 	}
-	pending := regexp.MustCompile(`drover_queue_tasks\{queue="` + regexp.QuoteMeta(q) + `",state="pending"\} 3\b`)
+	parked := claimed[1].(map[string]any) // sleeps: the gauge counts it apart
+	s.call("POST", "/v1/queues/"+q+"/outcomes", map[string]any{"session": sess,
+		"outcomes": []map[string]any{{"task_id": parked["task_id"], "token": parked["token"], "sleep_for": "1h"}}}, 200)
+	pending := regexp.MustCompile(`drover_queue_tasks\{queue="` + regexp.QuoteMeta(q) + `",state="pending"\} 2\b`)
 	running := regexp.MustCompile(`drover_queue_tasks\{queue="` + regexp.QuoteMeta(q) + `",state="running"\} 1\b`)
 	scheduled := regexp.MustCompile(`drover_queue_tasks\{queue="` + regexp.QuoteMeta(q) + `",state="scheduled"\} 1\b`)
-	sleeping := regexp.MustCompile(`drover_queue_tasks\{queue="` + regexp.QuoteMeta(q) + `",state="sleeping"\} 0\b`)
+	sleeping := regexp.MustCompile(`drover_queue_tasks\{queue="` + regexp.QuoteMeta(q) + `",state="sleeping"\} 1\b`)
+	waiting := regexp.MustCompile(`drover_queue_tasks\{queue="` + regexp.QuoteMeta(q) + `",state="waiting"\} 0\b`)
 	// The server counts every 5 s: the bound only guards against a hang.
-	waitFor(t, 60*time.Second, "drover_queue_tasks 1 scheduled, 3 pending, 1 running in the server's /metrics", func() bool {
+	waitFor(t, 60*time.Second, "drover_queue_tasks 1 scheduled, 2 pending, 1 running, 1 sleeping in the server's /metrics", func() bool {
 		time.Sleep(100 * time.Millisecond)
 		r, err := http.Get("http://" + s.met + "/metrics")
 		if err != nil {
@@ -110,6 +114,6 @@ func TestServerMetricsQueueDepth(t *testing.T) {
 		}
 		defer r.Body.Close()
 		b, _ := io.ReadAll(r.Body)
-		return pending.MatchString(string(b)) && running.MatchString(string(b)) && scheduled.MatchString(string(b)) && sleeping.MatchString(string(b))
+		return pending.MatchString(string(b)) && running.MatchString(string(b)) && scheduled.MatchString(string(b)) && sleeping.MatchString(string(b)) && waiting.MatchString(string(b))
 	})
 }
