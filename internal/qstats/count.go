@@ -8,7 +8,6 @@ import (
 	"github.com/droverhq/drover/internal/taskstore"
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/metrics"
-	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -26,14 +25,12 @@ func (r *Recorder) take(wr clientv3.WatchResponse) {
 		r.through = max(r.through, rev)
 		key := string(ev.Kv.Key)
 		if key == r.keys.QueueHistoryMark() {
-			if ev.Type == mvccpb.PUT { // the watch filters deletions out
-				r.checkClockLocked(ev.Kv.Value, rev)
-				r.setMarkLocked(ev.Kv.Value, rev)
-			}
+			r.checkClockLocked(ev.Kv.Value, rev) // a put: the watch filters deletions out
+			r.setMarkLocked(ev.Kv.Value, rev)
 			continue
 		}
 		if q, m, ok := r.keys.ParseQueueHistoryMinute(key); ok {
-			if rec, err := decodeRecord(ev.Kv.Value); err == nil && ev.Type == mvccpb.PUT && !rec.Unknown {
+			if rec, err := decodeRecord(ev.Kv.Value); err == nil && !rec.Unknown {
 				r.noteDepthLocked(q, rec.Depth, m.Unix())
 			}
 			continue
