@@ -109,17 +109,12 @@ func (at *Attempt) Emit(ctx context.Context, ins ...Input) error {
 	if err := c.Fence.Err(); err != nil { // lost: the handler's context may be ending too
 		return fmt.Errorf("%w: claim of task %s token %d: %w", ErrFenced, c.Task, c.Fence.Token(), err)
 	}
-	now := at.w.now().UTC()
-	total := 0
-	for i := range ins {
-		if err := ins[i].check(i, at.w.lim.MaxEventBytes); err != nil {
-			return err
-		}
-		ins[i].at = now
-		total += ins[i].size()
+	if err := checkInputs(ins, at.w.lim.MaxEventBytes, "emit"); err != nil {
+		return err
 	}
-	if total > maxWriteBytes {
-		return fmt.Errorf("%w: %d events of %d bytes in one emit, over %d: emit them in smaller parts", ErrStreamFull, len(ins), total, maxWriteBytes)
+	now := at.w.now().UTC()
+	for i := range ins {
+		ins[i].at = now
 	}
 	at.wrote.Store(true)
 	return at.out.put(ctx, ins, at.send)

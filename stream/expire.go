@@ -104,8 +104,9 @@ func (w *Writer) expire(ctx context.Context, id, key string, now time.Time) (boo
 	}
 	// Nothing written to the stream since it was read.
 	unchanged := clientv3.Compare(clientv3.ModRevision(chunks).WithPrefix(), "<", resp.Header.Revision+1)
-	if _, err := w.cli.Txn(ctx).If(unchanged).Then(ops...).Commit(); err != nil {
+	done, err := w.cli.Txn(ctx).If(unchanged).Then(ops...).Commit()
+	if err != nil {
 		return false, fmt.Errorf("stream: remove task %s's stream: %w", id, err)
 	}
-	return remove, nil
+	return remove && done.Succeeded, nil // written to meanwhile: not removed
 }

@@ -139,9 +139,6 @@ func For(cli *clientv3.Client, keys keyspace.Space) *Writer {
 	return w
 }
 
-// Limits returns the writer's limits.
-func (w *Writer) Limits() Limits { return w.lim }
-
 // Transactions counts the transactions the writer sent.
 func (w *Writer) Transactions() int64 { return w.txns.Load() }
 
@@ -243,17 +240,27 @@ func (w *Writer) append(ctx context.Context, a *attempt, ins []Input) (first, la
 	if len(ins) == 0 {
 		return 0, 0, nil
 	}
-	total := 0
-	for i, in := range ins {
-		if err := in.check(i, w.lim.MaxEventBytes); err != nil {
-			return 0, 0, err
-		}
-		total += in.size()
-	}
-	if total > maxWriteBytes {
-		return 0, 0, fmt.Errorf("%w: %d events of %d bytes in one write, over %d: write them in smaller parts", ErrStreamFull, len(ins), total, maxWriteBytes)
+	if err := checkInputs(ins, w.lim.MaxEventBytes, "write"); err != nil {
+		return 0, 0, err
 	}
 	return w.appendChecked(ctx, a, ins)
+}
+
+// checkInputs refuses events ins of one write (verb: "write", "emit")
+// when one is not valid or over maxEvent bytes, or all of them are over
+// maxWriteBytes.
+func checkInputs(ins []Input, maxEvent int, verb string) error {
+	total := 0
+	for i := range ins {
+		if err := ins[i].check(i, maxEvent); err != nil {
+			return err
+		}
+		total += ins[i].size()
+	}
+	if total > maxWriteBytes {
+		return fmt.Errorf("%w: %d events of %d bytes in one %s, over %d: %s them in smaller parts", ErrStreamFull, len(ins), total, verb, maxWriteBytes, verb)
+	}
+	return nil
 }
 
 // appendChecked is append of events already checked.
