@@ -114,9 +114,25 @@ func TestPromoteFromReadsABacklogInSteps(t *testing.T) {
 	}
 	put(base.Add(time.Hour), "later")
 	clk := &clock{t: base}
+	reads := &rangeLog{KV: cli.KV}
+	cli.KV = reads
 	next, done, n, err := index(cli, ns, clk.now).PromoteFrom(ctx, base.Add(-400*24*time.Hour))
 	if err != nil || n != 101 || !next.Equal(base.Add(time.Hour)) || !done.Equal(base) {
 		t.Fatalf("moved %d, next %v, done %v, err %v; want 101, %v, %v, nil", n, next, done, err, base.Add(time.Hour), base)
+	}
+	// In steps: no read runs from the year-old item to now, which would
+	// cover every item behind it (and, in a live index, every key moved
+	// and not yet compacted).
+	old, now := due.Key(ns+"due/", base.Add(-365*24*time.Hour), "old"), due.Bound(ns+"due/", base)
+	stepped := false
+	for _, r := range reads.all() {
+		if r[0] <= old && r[1] >= now {
+			t.Fatalf("a read from %q to %q covers the year-old item through now", r[0], r[1])
+		}
+		stepped = stepped || (r[0] <= old && r[1] != "" && r[1] < now)
+	}
+	if !stepped {
+		t.Fatalf("no read from the year-old item ended before now: %v", reads.all())
 	}
 	g, err := cli.Get(ctx, ns+"due/", clientv3.WithPrefix(), clientv3.WithKeysOnly())
 	if err != nil || len(g.Kvs) != 1 || !strings.HasSuffix(string(g.Kvs[0].Key), "-later") {
@@ -215,3 +231,24 @@ func (s *syncBuffer) Write(p []byte) (int, error) {
 	return s.b.Write(p)
 }
 func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
+
+// rangeLog records the key and range end of every Get sent through it.
+type rangeLog struct {
+	clientv3.KV
+	mu     sync.Mutex
+	ranges [][2]string
+}
+
+func (l *rangeLog) Get(ctx context.Context, key string, opts ...clientv3.OpOption) (*clientv3.GetResponse, error) {
+	op := clientv3.OpGet(key, opts...)
+	l.mu.Lock()
+	l.ranges = append(l.ranges, [2]string{key, string(op.RangeBytes())})
+	l.mu.Unlock()
+	return l.KV.Get(ctx, key, opts...)
+}
+
+func (l *rangeLog) all() [][2]string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([][2]string(nil), l.ranges...)
+}
