@@ -93,15 +93,23 @@ func TimeBound(prefix string, t int64) string { return fmt.Sprintf("%s%019d", pr
 
 // ParseTimedKey reads a timed key under prefix; false when key is not one.
 func ParseTimedKey(prefix, key string) (t int64, id string, ok bool) {
-	rest, ok := strings.CutPrefix(key, prefix)
-	if !ok || len(rest) < 21 || rest[19] != '-' {
+	t, ok = ParseTimeBound(prefix, key)
+	rest := key[min(len(key), len(prefix)+19):]
+	if !ok || len(rest) < 2 || rest[0] != '-' {
 		return 0, "", false
+	}
+	return t, rest[1:], true
+}
+
+// ParseTimeBound reads the time of a key under prefix that begins with
+// one, a timed key or a TimeBound; false when key does not.
+func ParseTimeBound(prefix, key string) (t int64, ok bool) {
+	rest, ok := strings.CutPrefix(key, prefix)
+	if !ok || len(rest) < 19 {
+		return 0, false
 	}
 	t, err := strconv.ParseInt(rest[:19], 10, 64)
-	if err != nil {
-		return 0, "", false
-	}
-	return t, rest[20:], true
+	return t, err == nil
 }
 
 // Last returns the segment of key after prefix, and false when key is not

@@ -7,10 +7,9 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"strconv"
-	"strings"
 	"time"
 
+	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/metrics"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -22,25 +21,21 @@ const DefaultBatch = 64
 
 // Key is the key of item name under prefix, due at at.
 func Key(prefix string, at time.Time, name string) string {
-	return fmt.Sprintf("%s%019d-%s", prefix, at.UnixNano(), name)
+	return keyspace.TimedKey(prefix, at.UnixNano(), name)
 }
 
 // Bound is the first key under prefix of the items due at at: a range that
 // ends there holds the items due before it.
-func Bound(prefix string, at time.Time) string { return fmt.Sprintf("%s%019d", prefix, at.UnixNano()) }
+func Bound(prefix string, at time.Time) string { return keyspace.TimeBound(prefix, at.UnixNano()) }
 
 // Parse reads a key of the index under prefix: the item's due time and
 // name; false when key is not one.
 func Parse(prefix, key string) (at time.Time, name string, ok bool) {
-	rest, ok := strings.CutPrefix(key, prefix)
-	if !ok || len(rest) < 21 || rest[19] != '-' {
+	ns, name, ok := keyspace.ParseTimedKey(prefix, key)
+	if !ok {
 		return time.Time{}, "", false
 	}
-	ns, err := strconv.ParseInt(rest[:19], 10, 64)
-	if err != nil {
-		return time.Time{}, "", false
-	}
-	return time.Unix(0, ns), rest[20:], true
+	return time.Unix(0, ns), name, true
 }
 
 // Index is one index of due items and what moving one does. Its fields are
@@ -227,15 +222,8 @@ func covered(prefix, start string, kvs []*mvccpb.KeyValue) time.Duration {
 // keyTime is the due time a key of the index under prefix starts with,
 // or the time a bound (Bound) is at; false for neither.
 func keyTime(prefix, key string) (time.Time, bool) {
-	rest, ok := strings.CutPrefix(key, prefix)
-	if !ok || len(rest) < 19 {
-		return time.Time{}, false
-	}
-	ns, err := strconv.ParseInt(rest[:19], 10, 64)
-	if err != nil {
-		return time.Time{}, false
-	}
-	return time.Unix(0, ns), true
+	ns, ok := keyspace.ParseTimeBound(prefix, key)
+	return time.Unix(0, ns), ok
 }
 
 // horizons are how far ahead of now the reads for the next item end, in
