@@ -12,10 +12,31 @@ import (
 
 	"github.com/droverhq/drover/internal/testenv/etcdtest"
 	"github.com/droverhq/drover/keyspace"
+	"github.com/droverhq/drover/lease"
 	"github.com/droverhq/drover/lock"
 	"github.com/droverhq/drover/task"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
+
+// claimedTask is a store of namespace ns and the claim of task id in it,
+// a lock of TTL 5 s that the test may release.
+func claimedTask(ctx context.Context, t *testing.T, cli *clientv3.Client, ns, id string) (*task.Store, lease.Fence, func(context.Context) error) {
+	t.Helper()
+	store, err := task.NewStore(cli, ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	locker, err := lock.NewEtcd(ctx, cli, lock.EtcdConfig{Namespace: ns, TTL: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = locker.Close(context.Background()) })
+	f, release, err := store.ClaimLock(ctx, locker, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return store, f, release
+}
 
 // recordingSpawner stands in for a queue worker's spawner: it accepts
 // every child and records what it was asked to submit.
@@ -43,19 +64,7 @@ func TestSpawnPlanIsIdempotentPerStep(t *testing.T) {
 	cli := srv.Client(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	store, err := task.NewStore(cli, ns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	locker, err := lock.NewEtcd(ctx, cli, lock.EtcdConfig{Namespace: ns, TTL: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer locker.Close(context.Background())
-	f, release, err := store.ClaimLock(ctx, locker, "p")
-	if err != nil {
-		t.Fatal(err)
-	}
+	store, f, release := claimedTask(ctx, t, cli, ns, "p")
 	defer release(context.Background())
 
 	// A first run planned 3,000 children (several chunks) and died.
@@ -153,19 +162,7 @@ func TestSpawnUnderALostLockStoresNothing(t *testing.T) {
 	cli := srv.Client(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	store, err := task.NewStore(cli, ns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	locker, err := lock.NewEtcd(ctx, cli, lock.EtcdConfig{Namespace: ns, TTL: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer locker.Close(context.Background())
-	f, release, err := store.ClaimLock(ctx, locker, "p")
-	if err != nil {
-		t.Fatal(err)
-	}
+	store, f, release := claimedTask(ctx, t, cli, ns, "p")
 	sp := &recordingSpawner{}
 	steps := []task.Step{
 		{Name: "fan-out", Run: func(context.Context, []byte) ([]byte, error) {
