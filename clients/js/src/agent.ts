@@ -1,6 +1,26 @@
 import { FencedError, LockHeldError, type Holder, type LockStatus } from "./errors.js";
-import { durMs, seg, sleep, type Transport } from "./http.js";
+import { dur, durMs, seg, sleep, type Transport } from "./http.js";
 import { Session } from "./session.js";
+import { WaitSignal, receivedOf, type ReceivedSignal } from "./signals.js";
+
+/** What a task parked on a signal wait waits for. */
+export interface TaskWait {
+  /** The signals it waits for: the first sent ends the wait. */
+  signals?: string[];
+  /** When the wait began (RFC 3339). */
+  since: string;
+  /** When it times out (RFC 3339); absent: no timeout. */
+  until?: string;
+}
+
+/** The signal a claim resumes a waiting task with, as the server answers it. */
+export interface ClaimSignal {
+  name?: string;
+  data?: unknown;
+  idempotency_key?: string;
+  sent_at?: string;
+  timed_out?: boolean;
+}
 
 /** The answer to an agent task's claim. */
 export interface AgentTaskClaim {
@@ -22,6 +42,10 @@ export interface AgentTaskClaim {
   completed: boolean;
   /** The task sleeps until then (RFC 3339): nothing is claimed; claim again at that time. */
   sleep_until?: string;
+  /** The task waits for a signal that has not come (nor has the wait timed out): nothing is claimed. */
+  waiting_for?: TaskWait;
+  /** The signal (or timeout) that ended the wait the last step asked for: the next step runs with it, and its write consumes it. */
+  signal?: ClaimSignal;
 }
 
 /** An agent task as the server shows it. */
@@ -41,6 +65,8 @@ export interface AgentTask {
   written_at?: string;
   /** When the sleep the last step ended with ends (RFC 3339); absent when it does not sleep. */
   sleep_until?: string;
+  /** What the wait the last step ended with waits for; absent when it does not wait. */
+  waiting_for?: TaskWait;
   history?: { step: number; name: string; worker: string; token: number; started_at: string; finished_at: string }[] | null;
   claim?: LockStatus;
 }
@@ -54,6 +80,11 @@ export interface StepContext {
   /** This step's number, from 1. */
   step: number;
   session: Session;
+  /**
+   * The signal the step before waited for ({@link waitSignal}), or its
+   * timeout (`timedOut`); undefined when the step before did not wait.
+   */
+  received?: ReceivedSignal;
 }
 
 /**
@@ -85,8 +116,12 @@ export function sleepUntil<S>(t: Date | string, state?: S): Sleep<S> {
   return new Sleep(state as S, undefined, t);
 }
 
-/** One step: a function of the previous step's state (the input for step 1); return {@link sleepFor} or {@link sleepUntil} to sleep before the next. */
-export type StepFn<S = unknown> = (state: S, ctx: StepContext) => S | Sleep<S> | Promise<S | Sleep<S>>;
+/**
+ * One step: a function of the previous step's state (the input for step
+ * 1); return {@link sleepFor} or {@link sleepUntil} to sleep before the
+ * next, {@link waitSignal} to wait for a signal.
+ */
+export type StepFn<S = unknown> = (state: S, ctx: StepContext) => S | Sleep<S> | WaitSignal<S> | Promise<S | Sleep<S> | WaitSignal<S>>;
 export type Step<S = unknown> = StepFn<S> | { name: string; run: StepFn<S> };
 
 export interface RunStepsOptions<S> {
@@ -108,6 +143,14 @@ export interface RunStepsOptions<S> {
   /** Turns checkpointed bytes back into a state (default JSON). */
   decode?: (bytes: Uint8Array) => S;
   signal?: AbortSignal;
+  /**
+   * When the task waits for a signal (a step returned {@link waitSignal},
+   * or it waited when claimed): how long this call keeps claiming it again
+   * (every 0.2 to 2 s, holding nothing between) to resume it here once the
+   * signal came or the wait timed out, in seconds or as a duration ("5m").
+   * Default 0: return at once with `waitingFor`.
+   */
+  resumeWithin?: number | string;
 }
 
 export interface RunStepsResult<S> {
@@ -125,6 +168,13 @@ export interface RunStepsResult<S> {
    * claimed (nothing ran). Nothing is held: run it again at that time.
    */
   sleepingUntil?: Date;
+  /**
+   * Set when the run stopped because the task waits for a signal (a step
+   * ended with {@link waitSignal}, its state written) that had not come
+   * within `resumeWithin`. Nothing is held: run it again once the signal
+   * was sent (or the wait's timeout passed), from any process.
+   */
+  waitingFor?: TaskWait;
 }
 
 const te = new TextEncoder();
@@ -171,7 +221,11 @@ export class AgentTasks {
   writeStep(
     id: string,
     n: number,
-    opts: { session: Session | string; token: number; state: Uint8Array; name?: string; steps?: number; sleepFor?: number | string; sleepUntil?: Date | string },
+    opts: {
+      session: Session | string; token: number; state: Uint8Array; name?: string; steps?: number; sleepFor?: number | string; sleepUntil?: Date | string;
+      /** End the step with a wait for a signal: the first of `names` sent, at most `timeout` (seconds or a duration). */
+      waitSignal?: { names: string[]; timeout?: number | string };
+    },
   ): Promise<AgentTask> {
     return this.t.put<AgentTask>(`/v1/agent-tasks/${seg(id)}/steps/${n}`, {
       session: typeof opts.session === "string" ? opts.session : opts.session.id,
@@ -181,6 +235,7 @@ export class AgentTasks {
       ...(opts.steps ? { steps: opts.steps } : {}),
       ...(opts.sleepFor !== undefined ? { sleep_for: String(opts.sleepFor) } : {}),
       ...(opts.sleepUntil !== undefined ? { sleep_until: opts.sleepUntil instanceof Date ? opts.sleepUntil.toISOString() : opts.sleepUntil } : {}),
+      ...(opts.waitSignal ? { wait_signal: { names: opts.waitSignal.names, ...(opts.waitSignal.timeout !== undefined ? { timeout: dur(opts.waitSignal.timeout) } : {}) } } : {}),
     });
   }
 
@@ -209,6 +264,24 @@ export class AgentTasks {
   }
 
   /**
+   * Claims a task that waits for a signal (claim: the claim that said so;
+   * undefined: claim it now), again every 0.2 to 2 s until the claim holds
+   * it (the signal came, or the wait timed out) or the time `by` (ms since
+   * the epoch) passed: the last claim's answer.
+   */
+  private async awaitSignal(id: string, session: Session, steps: number, claim: AgentTaskClaim | undefined, by: number, signal?: AbortSignal): Promise<AgentTaskClaim> {
+    let pause = 200;
+    for (;;) {
+      if (claim && (!claim.waiting_for || Date.now() >= by)) return claim;
+      if (claim) {
+        await sleep(Math.min(pause, Math.max(0, by - Date.now())), signal);
+        pause = Math.min(2000, pause * 2);
+      }
+      claim = await this.claim(id, { session, steps, signal });
+    }
+  }
+
+  /**
    * Runs an agent task step by step under a claim: claims the task by id,
    * reads its last checkpoint, runs only the steps after it, and writes
    * each step's state, fenced by the claim's token; writing the last step
@@ -226,17 +299,22 @@ export class AgentTasks {
     const session = opts.session ?? (await Session.create(this.t, { ttl: opts.ttl ?? 15, ...(opts.name ? { name: opts.name } : {}) }));
     let held: number | undefined;
     try {
-      const claim = await this.claim(id, { session, steps: steps.length, wait: opts.wait, signal: opts.signal });
+      const resumeBy = Date.now() + durMs(opts.resumeWithin, 0);
+      let claim = await this.claim(id, { session, steps: steps.length, wait: opts.wait, signal: opts.signal });
       const stateOf = (b64s: string | undefined): S => (b64s ? decode(unb64(b64s)) : (opts.input as S));
+      if (claim.waiting_for) claim = await this.awaitSignal(id, session, steps.length, claim, resumeBy, opts.signal);
       if (claim.completed) {
         return { state: stateOf(claim.state), ran: [], resumedAfter: claim.step, alreadyComplete: true };
       }
-      if (claim.sleep_until) {
+      if (claim.sleep_until || claim.waiting_for) {
         const st = claim.step > 0 ? stateOf(claim.state) : (opts.input as S);
-        return { state: st, ran: [], resumedAfter: claim.step, alreadyComplete: false, sleepingUntil: new Date(claim.sleep_until) };
+        return claim.sleep_until
+          ? { state: st, ran: [], resumedAfter: claim.step, alreadyComplete: false, sleepingUntil: new Date(claim.sleep_until) }
+          : { state: st, ran: [], resumedAfter: claim.step, alreadyComplete: false, waitingFor: claim.waiting_for };
       }
-      const token = claim.token!;
+      let token = claim.token!;
       held = token;
+      let received = receivedOf(claim.signal);
       let state: S = claim.step > 0 ? stateOf(claim.state) : (opts.input as S);
       const ran: number[] = [];
       const signal = opts.signal ? AbortSignal.any([opts.signal, session.signal]) : session.signal;
@@ -245,17 +323,21 @@ export class AgentTasks {
         const step = steps[n - 1]!;
         const fn = typeof step === "function" ? step : step.run;
         const name = typeof step === "function" ? step.name || `step ${n}` : step.name;
-        const out = await fn(state, { signal, token, step: n, session });
+        const out = await fn(state, { signal, token, step: n, session, ...(received ? { received } : {}) });
         const nap = out instanceof Sleep ? out : undefined;
-        state = nap ? nap.state : (out as S);
+        const wait = out instanceof WaitSignal ? out : undefined;
+        state = nap ? nap.state : wait ? wait.state : (out as S);
         signal.throwIfAborted();
         const bytes = encode(state);
         let written: AgentTask | undefined;
         try {
-          written = await this.writeStep(id, n, { session, token, state: bytes, name, steps: steps.length, sleepFor: nap?.duration, sleepUntil: nap?.until });
+          written = await this.writeStep(id, n, {
+            session, token, state: bytes, name, steps: steps.length, sleepFor: nap?.duration, sleepUntil: nap?.until,
+            ...(wait ? { waitSignal: { names: wait.names, timeout: wait.timeout } } : {}),
+          });
         } catch (err) {
           session.observe(err);
-          // A repeated last (or sleeping) write finds the claim released by the first: check that it landed.
+          // A repeated last (or sleeping, or waiting) write finds the claim released by the first: check that it landed.
           if (err instanceof FencedError) written = await this.get(id).catch(() => undefined);
           if (!(err instanceof FencedError && written && written.step >= n && written.written_token === token)) throw err;
         }
@@ -264,6 +346,18 @@ export class AgentTasks {
           held = undefined; // the sleeping write released the claim
           return { state, ran, resumedAfter: claim.step, alreadyComplete: false, sleepingUntil: new Date(written.sleep_until) };
         }
+        if (written?.waiting_for && !written.completed) {
+          held = undefined; // the waiting write released the claim: claim again, for a signal sent before it
+          const again = await this.awaitSignal(id, session, steps.length, undefined, resumeBy, opts.signal);
+          if (!again.token) {
+            return { state, ran, resumedAfter: claim.step, alreadyComplete: again.completed, ...(again.waiting_for ? { waitingFor: again.waiting_for } : {}) };
+          }
+          token = again.token;
+          held = token;
+          received = receivedOf(again.signal);
+          continue;
+        }
+        received = undefined;
       }
       held = undefined; // the last write completed the task and released the claim
       return { state, ran, resumedAfter: claim.step, alreadyComplete: false };

@@ -112,11 +112,31 @@ export class LockHeldError extends ConflictError {
  */
 export class FencedError extends ConflictError {}
 
+/**
+ * 409 of kind `inbox-full`: the task's inbox holds as many signals not yet
+ * consumed as it may (1,000); nothing was stored. Send again once its steps
+ * consumed some.
+ */
+export class InboxFullError extends ConflictError {}
+
+/**
+ * 409 on a signal to a task that is finished (SUCCEEDED, DEAD, CANCELLED,
+ * or a completed agent task): it takes no signal, nothing was stored.
+ */
+export class TaskFinishedError extends ConflictError {}
+
 /** 410: the history a registry watch asked to resume from was compacted away. */
 export class GoneError extends DroverError {}
 
 /** 413: the body is over the route's limit. */
 export class TooLargeError extends DroverError {}
+
+/**
+ * 413 of kind `stream-full`: the events would take the task's stream past
+ * its caps (64 KiB an event, 768 KiB a write, 100,000 events, 16 MiB);
+ * none of them was stored.
+ */
+export class StreamFullError extends TooLargeError {}
 
 /** 429 of kind `queue-full`: the queue is at its maximum depth. */
 export class QueueFullError extends DroverError {}
@@ -174,6 +194,8 @@ const byKind: Record<string, ErrorClass> = {
   "task-busy": LockHeldError,
   fenced: FencedError,
   conflict: ConflictError,
+  "inbox-full": InboxFullError,
+  "stream-full": StreamFullError,
   "no-slot": ConflictError,
   compacted: GoneError,
   "too-large": TooLargeError,

@@ -24,6 +24,8 @@ import { DeadLetters, Queues, type SubmitResult, type SubmittedTask } from "./qu
 import { Worker, type TaskHandler, type WorkerOptions } from "./worker.js";
 import { Registry } from "./registry.js";
 import { Schedules } from "./schedules.js";
+import { sendSignal, type SignalOptions, type SignalResult } from "./signals.js";
+import { Streams } from "./streams.js";
 import { Session, type SessionOptions } from "./session.js";
 import type { LockStatus } from "./errors.js";
 
@@ -54,7 +56,9 @@ export {
   type TaskPage,
 } from "./queue.js";
 export { Worker, type TaskContext, type TaskHandler, type WorkerOptions, type WorkerStats } from "./worker.js";
-export { AgentTasks, Sleep, sleepFor, sleepUntil, type AgentTask, type AgentTaskClaim, type RunStepsOptions, type RunStepsResult, type Step, type StepContext, type StepFn } from "./agent.js";
+export { AgentTasks, Sleep, sleepFor, sleepUntil, type AgentTask, type AgentTaskClaim, type ClaimSignal, type RunStepsOptions, type RunStepsResult, type Step, type StepContext, type StepFn, type TaskWait } from "./agent.js";
+export { WaitSignal, waitSignal, type ReceivedSignal, type SignalOptions, type SignalResult } from "./signals.js";
+export { Streams, StreamWriter, DROVER_EVENT_TYPES, type FollowOptions, type StreamEnd, type StreamEvent, type StreamPage } from "./streams.js";
 export { Limits, Quotas, Breakers, type AllowResult, type BreakerInfo, type LimitInfo, type QuotaInfo, type Slot, type TakeOptions, type TakeResult } from "./flow.js";
 export { Registry, Registration, type Endpoint, type RegistryEvent, type WatchOptions } from "./registry.js";
 export {
@@ -129,6 +133,8 @@ export class Drover {
   readonly checkpoints: Checkpoints;
   /** Schedules: tasks submitted on a cron expression or an interval. */
   readonly schedules: Schedules;
+  /** Task streams: follow any task's events; write a claimed task's. */
+  readonly streams: Streams;
   /** Lock inspection. */
   readonly locks: { get(name: string): Promise<LockStatus | undefined>; list(): Promise<LockStatus[]> };
 
@@ -144,6 +150,7 @@ export class Drover {
     this.registry = new Registry(t);
     this.checkpoints = new Checkpoints(t);
     this.schedules = new Schedules(t);
+    this.streams = new Streams(t);
     this.locks = {
       get: (name) => lockStatus(t, name),
       list: async () => (await t.get<LockStatus[] | null>("/v1/locks")) ?? [],
@@ -191,6 +198,15 @@ export class Drover {
    */
   runSteps<S = unknown>(taskId: string, steps: Step<S>[], opts?: RunStepsOptions<S>): Promise<RunStepsResult<S>> {
     return this.agentTasks.runSteps(taskId, steps, opts);
+  }
+
+  /**
+   * Sends task `taskId` (a queue task, or an agent task with a checkpoint)
+   * the signal `name`, kept in its inbox until a step that waits for it
+   * consumes it; see {@link sendSignal} for the errors.
+   */
+  signal(taskId: string, name: string, opts?: SignalOptions): Promise<SignalResult> {
+    return sendSignal(this.transport, taskId, name, opts);
   }
 
   /** The live queue workers (of one queue). */

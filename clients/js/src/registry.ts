@@ -140,14 +140,14 @@ export class Registry {
   }
 }
 
-interface SSEEvent {
+export interface SSEEvent {
   id?: string;
   event?: string;
   data?: string;
 }
 
 /** Parses a text/event-stream body into events. */
-async function* parseSSE(body: ReadableStream<Uint8Array>, signal: AbortSignal): AsyncGenerator<SSEEvent> {
+export async function* parseSSE(body: ReadableStream<Uint8Array>, signal: AbortSignal): AsyncGenerator<SSEEvent> {
   const reader = body.pipeThrough(new TextDecoderStream()).getReader();
   const onAbort = () => void reader.cancel().catch(() => {});
   signal.addEventListener("abort", onAbort, { once: true });

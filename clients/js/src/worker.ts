@@ -5,6 +5,7 @@ import { durMs, sleep, type Transport } from "./http.js";
 import { Queues, type Outcome, type OutcomeResult, type QueueTask } from "./queue.js";
 import { Sleep } from "./agent.js";
 import { Session } from "./session.js";
+import { StreamWriter } from "./streams.js";
 /** What a task handler gets besides the task. */
 export interface TaskContext {
   /** Fires when the claim's session is lost (the task runs again elsewhere) or the worker stops hard. */
@@ -15,6 +16,14 @@ export interface TaskContext {
   attempt: number;
   /** The session the task is claimed under. */
   session: Session;
+  /**
+   * The task's stream, written under this claim: `await stream.token(text)`,
+   * `await stream.emit("progress", {...})`. Events are sent in the
+   * background, many per request; the worker flushes them before it sends
+   * the task's outcome. Once the claim is lost, `emit` throws
+   * {@link FencedError}: stop.
+   */
+  stream: StreamWriter;
 }
 
 /**
@@ -459,10 +468,17 @@ export class Worker {
 
   private async run(task: QueueTask, session: Session, started: number): Promise<void> {
     const token = task.token ?? 0;
-    const ctx: TaskContext = { signal: session.signal, token, attempt: task.attempt, session };
+    const stream = new StreamWriter(this.t, task.task_id, session, token);
+    const ctx: TaskContext = { signal: session.signal, token, attempt: task.attempt, session, stream };
     let outcome: Outcome;
     try {
-      const result = await this.handler(task, ctx);
+      let result: unknown;
+      try {
+        result = await this.handler(task, ctx);
+      } finally {
+        // Its events are stored before its outcome: the outcome closes the stream.
+        await stream.flush().catch((e) => this.report(e));
+      }
       this.sampleTaskTime(performance.now() - started);
       const value = result === undefined ? null : result;
       const size = jsonSize(value);
@@ -485,7 +501,10 @@ export class Worker {
       return;
     }
     // The slot frees now; the outcome is counted once the server answers.
-    const sent: Promise<void> = this.send(session, outcome).then((r) => {
+    // A task that wrote to its stream is acked (or failed) alone: the
+    // server closes its stream (done, attempt_ended) on that route only.
+    const direct = stream.last > 0 && ("ok" in outcome || "error" in outcome);
+    const sent: Promise<void> = (direct ? this.sendAlone(session, outcome) : this.send(session, outcome)).then((r) => {
       if (!r || r.status !== 200) this.counts.lost++;
       else if (outcome.ok) this.counts.succeeded++;
       else if (!("error" in outcome)) this.counts.slept++;
@@ -511,6 +530,20 @@ export class Worker {
       list.push({ outcome, resolve });
       if (!this.flushing) this.flushing = this.flushLoop().finally(() => (this.flushing = undefined));
     });
+  }
+
+  /** Sends one outcome on its own route (ack or fail): undefined when it failed. */
+  private async sendAlone(session: Session, o: Outcome): Promise<OutcomeResult | undefined> {
+    try {
+      const t = "ok" in o && o.ok
+        ? await this.q.ack(this.queue, session, o, o.result)
+        : await this.q.fail(this.queue, session, o, "error" in o ? o.error : "error", "permanent" in o && !!o.permanent);
+      return { task_id: o.task_id, status: 200, current_status: t.current_status };
+    } catch (err) {
+      session.observe(err);
+      this.report(err);
+      return undefined;
+    }
   }
 
   private async flush(): Promise<void> {
