@@ -17,12 +17,13 @@ const dir = fileURLToPath(new URL("../build/examples/", import.meta.url));
 const examples = readdirSync(dir).filter((f) => f.endsWith(".js")).sort();
 
 test("every example was built", () => {
-  assert.deepEqual(examples, ["langgraph.js", "limits.js", "lock.js", "paxos.js", "registry.js", "search-history.js", "session.js", "steps.js", "submit-ndjson.js", "worker.js"]);
+  assert.deepEqual(examples, ["approval.js", "langgraph.js", "limits.js", "llm-tokens.js", "lock.js", "paxos.js", "registry.js", "search-history.js", "session.js", "steps.js", "stream-page.js", "submit-ndjson.js", "worker.js"]);
 });
 
 // paxos.js needs a `drover paxos serve` group, not this server:
-// test/paxos.test.mjs runs it against the group it starts.
-for (const f of examples.filter((f) => f !== "paxos.js")) {
+// test/paxos.test.mjs runs it against the group it starts. stream-page.js
+// serves until stopped: test/streams.test.mjs runs it.
+for (const f of examples.filter((f) => f !== "paxos.js" && f !== "stream-page.js")) {
   test(`example ${f} runs`, async () => {
     const env = { ...process.env, DROVER_URL: srv.url, DROVER_NAMESPACE: uniq("ex") };
     const { stdout } = await promisify(execFile)(process.execPath, [dir + f], { env, timeout: 60_000 });
@@ -30,6 +31,8 @@ for (const f of examples.filter((f) => f !== "paxos.js")) {
     if (f === "worker.js") assert.match(stdout, /welcome-2/);
     if (f === "submit-ndjson.js") assert.match(stdout, /^10000 0 \[/m);
     if (f === "langgraph.js") assert.match(stdout, /count: 2/);
+    if (f === "approval.js") assert.match(stdout, /\[ 1 \] \[ 'approval' \]\ntrue false\n\[ 2 \] done, approved by ana\nfinished: it takes no signal\n/);
+    if (f === "llm-tokens.js") assert.match(stdout, /#13 done .*\n.*\n.*\nsame: true\n/);
     if (f === "steps.js") assert.match(stdout, /\[ 1, 2, 3 \]/);
     if (f === "search-history.js") assert.match(stdout, /\[ 'report-1', 'report-3' \] true\nreport-1\nreport-3\nreport-5\n.*moved: 2 }\n.*moved: 4 }\n60 0 0\n/);
   });

@@ -1,0 +1,169 @@
+// Task streams against a real server: a worker's tokens, followers started
+// before and after the task seeing one sequence, resuming with
+// Last-Event-ID, a stale writer fenced after a takeover, caps, and the
+// browser page's example server.
+import { test, after, before } from "node:test";
+import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
+import { fileURLToPath } from "node:url";
+import { Drover, FencedError, NotFoundError, StreamFullError } from "../dist/index.js";
+import { freePort, sharedServer, uniq, until, withTimeout } from "./helpers/server.mjs";
+
+let srv;
+let drover;
+let ns;
+before(async () => {
+  srv = await sharedServer();
+  ns = uniq("streams");
+  drover = new Drover({ url: srv.url, namespace: ns });
+});
+after(async () => srv.release());
+
+const collect = async (it) => {
+  const out = [];
+  for await (const ev of it) out.push(ev);
+  return out;
+};
+const shape = (evs) => evs.map((e) => [e.seq, e.attempt, e.type, JSON.stringify(e.data)]);
+
+/** Runs one task of queue q through a worker whose handler streams words as tokens. */
+async function runTokens(q, id, words) {
+  await drover.submit(q, [{ task_id: id, task_type: "answer" }]);
+  const early = collect(drover.streams.follow(id)); // before any worker runs it
+  await new Promise((r) => setTimeout(r, 100));
+  const worker = drover.worker(q, { signals: false }, async (_task, { stream }) => {
+    let reply = "";
+    for (const w of words) {
+      await stream.token(w);
+      reply += w;
+    }
+    await stream.emit("progress", { done: 1, of: 1 });
+    return { message: reply };
+  });
+  const evs = await withTimeout(early, 30_000, "the early follower did not end");
+  await worker.drain();
+  return evs;
+}
+
+test("a follower started before the task sees the same sequence as one started after; the result is the message", async () => {
+  const q = uniq("chat");
+  const id = uniq("chat");
+  const words = Array.from({ length: 40 }, (_, i) => `w${i} `);
+  const early = await runTokens(q, id, words);
+  const late = await collect(drover.streams.follow(id));
+  assert.deepEqual(shape(late), shape(early));
+  assert.deepEqual(early.map((e) => e.seq), early.map((_, i) => i + 1)); // 1, 2, 3... no gap
+  assert.equal(early[0].type, "attempt_started");
+  assert.equal(early.at(-1).type, "done");
+  assert.equal(early.at(-1).data.outcome, "succeeded");
+  const text = early.filter((e) => e.type === "token").map((e) => e.data.text).join("");
+  assert.equal(text, words.join(""));
+  const t = await drover.tasks.get(q, id);
+  assert.equal(t.result.message, text);
+
+  // Resumed mid-stream, as EventSource does: the events after it, each once.
+  const resumed = await collect(drover.streams.follow(id, { lastEventId: 10 }));
+  assert.deepEqual(shape(resumed), shape(early.slice(10)));
+  const from = await collect(drover.streams.follow(id, { from: 5 }));
+  assert.deepEqual(shape(from), shape(early.slice(4)));
+  const page = await drover.streams.read(id, { from: 3 });
+  assert.equal(page.done, true);
+  assert.deepEqual(shape(page.events), shape(early.slice(2)));
+});
+
+test("after a takeover the stale writer's emit is FencedError, and nothing of it follows the boundary", async () => {
+  const q = uniq("take");
+  const id = uniq("take");
+  await drover.submit(q, [{ task_id: id, task_type: "t" }]);
+  const s1 = await drover.session({ ttl: 5 });
+  const [t1] = await drover.tasks.claim(q, { session: s1, max: 1, wait: "5s" });
+  const stale = drover.streams.writer(id, { session: s1, token: t1.token });
+  await stale.token("old-1 ");
+  await stale.token("old-2 ");
+  await stale.flush();
+
+  await s1.close(); // the first worker is gone: its claim with it
+  const s2 = await drover.session({ ttl: 15 });
+  const [t2] = await until(async () => {
+    const got = await drover.tasks.claim(q, { session: s2, max: 1, wait: "1s" });
+    return got.length ? got : undefined;
+  }, 30_000, "the task was not claimed again");
+  assert.equal(t2.task_id, id);
+  assert.notEqual(t2.token, t1.token);
+  const fresh = drover.streams.writer(id, { session: s2, token: t2.token });
+  await fresh.token("new-1 ");
+  await fresh.flush();
+
+  await stale.token("old-3 "); // queued: the write is refused
+  await assert.rejects(stale.flush(), FencedError);
+  await assert.rejects(stale.token("old-4 "), FencedError); // and every emit after it, at once
+  assert.ok(stale.error instanceof FencedError);
+  await assert.rejects(drover.streams.append(id, { session: s1.id, token: t1.token, events: [{ type: "log", data: "late" }] }), FencedError);
+
+  await fresh.token("new-2 ");
+  await fresh.flush();
+  await drover.tasks.ack(q, s2, t2, { ok: true });
+  const evs = await collect(drover.streams.follow(id));
+  const boundary = evs.findIndex((e) => e.type === "attempt_lost");
+  assert.ok(boundary > 0, JSON.stringify(shape(evs)));
+  assert.deepEqual(evs.slice(0, boundary).filter((e) => e.type === "token").map((e) => e.data.text), ["old-1 ", "old-2 "]);
+  const after = evs.slice(boundary + 1);
+  assert.ok(after.every((e) => e.attempt === t2.attempt), JSON.stringify(shape(after)));
+  assert.deepEqual(after.filter((e) => e.type === "token").map((e) => e.data.text), ["new-1 ", "new-2 "]);
+  assert.equal(evs.at(-1).type, "done");
+  await s2.close();
+});
+
+test("stream errors: an event over 64 KiB is StreamFullError for good; drover's own types and unknown tasks are refused", async () => {
+  const q = uniq("cap");
+  const id = uniq("cap");
+  await drover.submit(q, [{ task_id: id, task_type: "t" }]);
+  const s = await drover.session({ ttl: 15 });
+  try {
+    const [t] = await drover.tasks.claim(q, { session: s, max: 1, wait: "5s" });
+    const w = drover.streams.writer(id, { session: s, token: t.token });
+    await assert.rejects(w.emit("done", {}), TypeError);
+    await w.emit("log", "x".repeat(70 << 10));
+    await assert.rejects(w.flush(), (err) => {
+      assert.ok(err instanceof StreamFullError, String(err));
+      assert.equal(err.status, 413);
+      return true;
+    });
+    await assert.rejects(w.emit("log", "small"), StreamFullError);
+    assert.equal((await drover.streams.read(id)).events.length, 0); // nothing stored
+  } finally {
+    await s.close();
+  }
+  await assert.rejects(collect(drover.streams.follow(uniq("nobody"))), NotFoundError);
+});
+
+test("the LLM tokens example runs, and the browser page's server passes the stream on", async () => {
+  const examples = fileURLToPath(new URL("../build/examples/", import.meta.url));
+  const env = { ...process.env, DROVER_URL: srv.url, DROVER_NAMESPACE: ns };
+  const out = await new Promise((resolve, reject) => {
+    const p = spawn(process.execPath, [examples + "llm-tokens.js"], { env, stdio: ["ignore", "pipe", "inherit"] });
+    let s = "";
+    p.stdout.on("data", (d) => (s += d));
+    p.on("exit", (code) => (code === 0 ? resolve(s) : reject(new Error(`exit ${code}: ${s}`))));
+  });
+  assert.match(out, /done \{"attempt":1,"outcome":"succeeded"\}/);
+  assert.match(out, /same: true/);
+  const id = out.match(/streamed: /) && (await drover.tasks.list("chat", { status: "SUCCEEDED" })).tasks[0].task_id;
+
+  const port = await freePort();
+  const page = spawn(process.execPath, [examples + "stream-page.js"], { env: { ...env, PORT: String(port) }, stdio: ["ignore", "pipe", "inherit"] });
+  try {
+    await new Promise((r) => page.stdout.once("data", r));
+    const html = await (await fetch(`http://127.0.0.1:${port}/?task=${id}`)).text();
+    assert.match(html, /new EventSource\("\/v1\/tasks\/"/);
+    const res = await fetch(`http://127.0.0.1:${port}/v1/tasks/${id}/stream`, { headers: { "Last-Event-ID": "1" } });
+    assert.equal(res.headers.get("content-type"), "text/event-stream");
+    const sse = await res.text(); // the task ended: the stream ends after done
+    assert.doesNotMatch(sse, /^id: 1$/m);
+    assert.match(sse, /^id: 2$/m);
+    assert.match(sse, /"type":"token","data":\{"text":"You "\}/);
+    assert.match(sse, /^event: end\ndata: \{"reason":"done"/m);
+  } finally {
+    page.kill("SIGTERM");
+  }
+});
