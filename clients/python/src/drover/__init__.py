@@ -32,7 +32,19 @@ import threading
 from typing import Any, Optional
 
 from ._version import __version__
-from .agent import BYTES_CODEC, JSON_CODEC, Codec, RunResult, Sleep, sleep_for, sleep_until
+from .agent import (
+    BYTES_CODEC,
+    JSON_CODEC,
+    Codec,
+    ReceivedSignal,
+    RunResult,
+    Sleep,
+    WaitSignal,
+    received_signal,
+    sleep_for,
+    sleep_until,
+    wait_signal,
+)
 from .checkpoint import WRITES_IDX_MAP, CheckpointClient, CheckpointTuple, JsonSerde, thread_config
 from .client import Client
 from . import errors as _errors
@@ -41,6 +53,7 @@ from .locks import Lock
 from .paxos import EndpointStatus, PaxosLockInfo, PaxosLocks
 from .queues import OutcomeResult, Queue, Rejected, SubmitResult, Task
 from .registry import Registration, Watch, WatchEvent
+from .streams import DROVER_EVENT_TYPES, Follow, StreamEvent, StreamWriter
 from .schedules import Schedules
 from .sessions import Session
 from .workers import Worker
@@ -63,6 +76,14 @@ __all__ = _errors.__all__ + [
     "Sleep",
     "sleep_for",
     "sleep_until",
+    "WaitSignal",
+    "wait_signal",
+    "ReceivedSignal",
+    "received_signal",
+    "Follow",
+    "StreamEvent",
+    "StreamWriter",
+    "DROVER_EVENT_TYPES",
     "Codec",
     "JSON_CODEC",
     "BYTES_CODEC",
@@ -85,6 +106,8 @@ __all__ = _errors.__all__ + [
     "submit",
     "submit_ndjson",
     "run_steps",
+    "signal",
+    "follow",
     "register",
     "watch",
     "limits",
@@ -164,6 +187,16 @@ def submit_ndjson(queue: str, source: Any) -> SubmitResult:
 def run_steps(task_id: str, steps: Any, **kwargs: Any) -> RunResult:
     """See :meth:`Client.run_steps`."""
     return default_client().run_steps(task_id, steps, **kwargs)
+
+
+def signal(task_id: str, name: str, data: Any = None, **kwargs: Any) -> Any:
+    """See :meth:`Client.signal`."""
+    return default_client().signal(task_id, name, data, **kwargs)
+
+
+def follow(task_id: str, **kwargs: Any) -> Follow:
+    """See :meth:`Client.follow`."""
+    return default_client().follow(task_id, **kwargs)
 
 
 def register(component: str, id: str, address: str, **kwargs: Any) -> Registration:

@@ -4,6 +4,7 @@ import base64
 import datetime as _dt
 import json
 import re
+import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
@@ -14,7 +15,10 @@ from .sessions import Session
 if TYPE_CHECKING:  # pragma: no cover
     from .client import Client
 
-__all__ = ["RunResult", "AgentTasks", "JSON_CODEC", "BYTES_CODEC", "Sleep", "sleep_for", "sleep_until"]
+__all__ = [
+    "RunResult", "AgentTasks", "JSON_CODEC", "BYTES_CODEC", "Sleep", "sleep_for", "sleep_until",
+    "WaitSignal", "wait_signal", "ReceivedSignal", "received_signal",
+]
 
 _MAX_SERVER_WAIT = 55.0
 
@@ -45,7 +49,10 @@ class RunResult(NamedTuple):
     was complete already); ``sleeping_until``, when set, that the run
     stopped because the task sleeps until then (a step ended with
     :func:`sleep_for` or :func:`sleep_until`, or the task was asleep when
-    claimed): nothing is held, run it again at that time.
+    claimed): nothing is held, run it again at that time;
+    ``waiting_for``, when set, that it stopped because the task waits for a
+    signal (``{"signals", "since", "until"}``) that had not come within
+    ``resume_within``: nothing is held, run it again once it was sent.
     """
 
     task_id: str
@@ -55,6 +62,7 @@ class RunResult(NamedTuple):
     completed: bool
     token: Optional[int]
     sleeping_until: Optional[_dt.datetime] = None
+    waiting_for: Optional[Dict[str, Any]] = None
 
 
 class Sleep(NamedTuple):
@@ -94,6 +102,58 @@ def sleep_until(when: Union[_dt.datetime, str], state: Any = None) -> Sleep:
     if not isinstance(when, str):
         raise TypeError("drover: sleep_until takes a datetime or an RFC 3339 string, not %r" % (when,))
     return Sleep(state, sleep_until=when)
+
+
+class WaitSignal(NamedTuple):
+    """What a step returns to end with a wait for a signal: :func:`wait_signal`."""
+
+    state: Any
+    names: List[str]
+    timeout: Optional[str] = None
+
+
+def wait_signal(names: Union[str, Sequence[str]], timeout: Union[int, float, str, None] = None, state: Any = None) -> WaitSignal:
+    """End a step with ``state`` and a wait for the signal ``names`` (one
+    name, or up to 16: the first sent ends the wait), at most ``timeout``
+    (seconds, or a duration such as ``"24h"``; ``None``: no end). The state
+    is checkpointed with the wait and the claim released; the next step
+    runs once the signal is sent (one sent before the wait is kept for it)
+    or the timeout passed, and reads which with :func:`received_signal`."""
+    lst = [names] if isinstance(names, str) else list(names)
+    if not 1 <= len(lst) <= 16:
+        raise ValueError("drover: wait_signal: give 1 to 16 signal names")
+    if timeout is not None and not isinstance(timeout, str):
+        if isinstance(timeout, bool) or not timeout > 0:
+            raise ValueError("drover: wait_signal: the timeout must be seconds above 0, not %r" % (timeout,))
+        timeout = "%dms" % max(1, int(round(float(timeout) * 1000)))
+    return WaitSignal(state, lst, timeout)
+
+
+class ReceivedSignal(NamedTuple):
+    """The signal a step resumed with (``name``, ``data``...), or the timeout
+    of its wait (``timed_out``, no name)."""
+
+    name: Optional[str]
+    data: Any
+    idempotency_key: Optional[str]
+    sent_at: Optional[str]
+    timed_out: bool
+
+
+_received = threading.local()
+
+
+def received_signal() -> Optional[ReceivedSignal]:
+    """In a step of :meth:`Client.run_steps`: the signal the step before
+    waited for (:func:`wait_signal`), or its timeout; ``None`` when the
+    step before did not wait."""
+    return getattr(_received, "signal", None)
+
+
+def _received_of(s: Optional[Dict[str, Any]]) -> Optional[ReceivedSignal]:
+    if not s:
+        return None
+    return ReceivedSignal(s.get("name"), s.get("data"), s.get("idempotency_key"), s.get("sent_at"), bool(s.get("timed_out")))
 
 
 def _parse_time(s: str) -> _dt.datetime:
@@ -167,6 +227,7 @@ class AgentTasks:
         steps: Optional[int] = None,
         sleep_for: Optional[str] = None,
         sleep_until: Optional[str] = None,
+        wait_signal: Optional[WaitSignal] = None,
     ) -> Dict[str, Any]:
         """Write step ``n``'s checkpoint, fenced by ``token``; raises
         :class:`Fenced` once the claim is lost. Writing the last step
@@ -174,7 +235,9 @@ class AgentTasks:
         ``sleep_for`` (a duration such as ``"10m"`` or seconds) or
         ``sleep_until`` (an RFC 3339 time with its zone) the step ends
         with a sleep: the claim is released, and the answer's
-        ``sleep_until`` says when the next step may run."""
+        ``sleep_until`` says when the next step may run. With
+        ``wait_signal`` (:func:`wait_signal`) it ends with a wait for a
+        signal, and the claim is released."""
         body: Dict[str, Any] = {"session": session.id, "token": int(token), "state": _b64(state)}
         if name:
             body["name"] = name
@@ -184,6 +247,10 @@ class AgentTasks:
             body["sleep_for"] = str(sleep_for)
         if sleep_until is not None:
             body["sleep_until"] = sleep_until
+        if wait_signal is not None:
+            body["wait_signal"] = {"names": list(wait_signal.names)}
+            if wait_signal.timeout is not None:
+                body["wait_signal"]["timeout"] = wait_signal.timeout
         return self._t.request(
             "PUT", "/v1/agent-tasks/%s/steps/%d" % (quote(task_id), int(n)), json_body=body, retry=IDEMPOTENT
         ).data
@@ -217,6 +284,22 @@ class AgentTasks:
         )
 
 
+def _await_signal(
+    tasks: AgentTasks, task_id: str, sess: Session, total: int, c: Optional[Dict[str, Any]], by: float
+) -> Dict[str, Any]:
+    """Claim a task that waits for a signal (``c``: the claim that said so;
+    ``None``: claim it now), again every 0.2 to 2 s, until the claim holds
+    it (the signal came, or the wait timed out) or ``by`` (monotonic) passed."""
+    pause = 0.2
+    while True:
+        if c is not None and (not c.get("waiting_for") or time.monotonic() >= by):
+            return c
+        if c is not None:
+            time.sleep(max(0.0, min(pause, by - time.monotonic())))
+            pause = min(2.0, pause * 2)
+        c = tasks.claim(task_id, sess, steps=total)
+
+
 def run_steps(
     client: "Client",
     task_id: str,
@@ -228,6 +311,7 @@ def run_steps(
     initial: Any = None,
     codec: Codec = JSON_CODEC,
     name: Optional[str] = None,
+    resume_within: float = 0,
 ) -> RunResult:
     """See :meth:`drover.Client.run_steps`."""
     names: List[str] = []
@@ -245,34 +329,58 @@ def run_steps(
     tasks = AgentTasks(client)
     own = session is None
     sess = session if session is not None else Session(client, ttl=ttl, name=name)
+    by = time.monotonic() + float(resume_within or 0)
     try:
         c = tasks.claim(task_id, sess, steps=total, wait=wait)
+        if c.get("waiting_for"):
+            c = _await_signal(tasks, task_id, sess, total, c, by)
         raw = _unb64(c.get("state"))
         done = int(c.get("step") or 0)
         if c.get("completed"):
             return RunResult(task_id, codec.loads(raw) if raw is not None else None, done, [], True, None)
-        if c.get("sleep_until"):
+        if c.get("sleep_until") or c.get("waiting_for"):
             st = codec.loads(raw) if raw is not None else initial
+            if c.get("waiting_for"):
+                return RunResult(task_id, st, done, [], False, None, None, c["waiting_for"])
             return RunResult(task_id, st, done, [], False, None, _parse_time(c["sleep_until"]))
         token = int(c["token"])
+        received = _received_of(c.get("signal"))
         state = codec.loads(raw) if raw is not None else initial
         ran: List[int] = []
         completed = False
-        for n in range(int(c.get("next_step") or done + 1), total + 1):
+        n = int(c.get("next_step") or done + 1)
+        while n <= total:
             sess.check()
-            state = fns[n - 1](state)
+            _received.signal = received
+            try:
+                state = fns[n - 1](state)
+            finally:
+                _received.signal = None
             nap = state if isinstance(state, Sleep) else None
+            wait_for = state if isinstance(state, WaitSignal) else None
             if nap is not None:
                 state = nap.state
+            if wait_for is not None:
+                state = wait_for.state
             out = tasks.put_step(
                 task_id, n, sess, token, codec.dumps(state), name=names[n - 1], steps=total,
                 sleep_for=nap.sleep_for if nap else None, sleep_until=nap.sleep_until if nap else None,
+                wait_signal=wait_for,
             )
             ran.append(n)
             completed = bool(out.get("completed"))
             if out.get("sleep_until") and not completed:
                 # The claim was released with the write: nothing is held while it sleeps.
                 return RunResult(task_id, state, done, ran, False, token, _parse_time(out["sleep_until"]))
+            n += 1
+            received = None
+            if out.get("waiting_for") and not completed:
+                # Released with the write: claim again, for a signal sent before the wait.
+                again = _await_signal(tasks, task_id, sess, total, None, by)
+                if not again.get("token"):
+                    return RunResult(task_id, state, done, ran, bool(again.get("completed")), None, None, again.get("waiting_for"))
+                token = int(again["token"])
+                received = _received_of(again.get("signal"))
         if not completed:
             # Every step was checkpointed before without completing the task.
             tasks.complete(task_id, sess, token)

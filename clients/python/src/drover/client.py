@@ -6,14 +6,17 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 from . import agent as _agent
 from . import locks as _locks
 from . import registry as _registry
-from ._transport import IDEMPOTENT, Transport
+from . import streams as _streams
+from ._transport import CONNECT, IDEMPOTENT, Transport, quote
 from .agent import JSON_CODEC, AgentTasks, Codec, RunResult, Step
 from .checkpoint import CheckpointClient
 from .flow import Breakers, Limits, Quotas
 from .schedules import Schedules
 from .locks import Lock
 from .queues import Queue, SubmitResult, Task
+from .errors import Conflict, InboxFull, TaskFinished
 from .registry import Registration, Watch
+from .streams import Follow, StreamWriter
 from .sessions import Session
 from .workers import Worker
 
@@ -181,6 +184,7 @@ class Client:
         initial: Any = None,
         codec: Codec = JSON_CODEC,
         name: Optional[str] = None,
+        resume_within: float = 0,
     ) -> RunResult:
         """Run agent task ``task_id`` step by step, resuming after a crash.
 
@@ -199,13 +203,88 @@ class Client:
         says when the next step may run; a run before then runs nothing
         and says the same.
 
+        A step that returns ``drover.wait_signal(names, timeout, state)``
+        ends with a wait for a signal: its state is written with the wait
+        and the claim released. The run claims the task again at once (a
+        signal sent before the wait is kept for it), and for up to
+        ``resume_within`` seconds more (every 0.2 to 2 s, holding nothing
+        between); once the signal came or the wait timed out it goes on,
+        the next step reading it with ``drover.received_signal()``.
+        Otherwise it returns with ``waiting_for`` set: run it again once the
+        signal was sent.
+
         ``steps`` are callables or ``(name, callable)`` pairs. ``codec``
         turns states into checkpoint bytes: JSON by default,
         ``drover.BYTES_CODEC`` for raw bytes (what Go runners write).
         """
         return _agent.run_steps(
-            self, task_id, steps, session=session, ttl=ttl, wait=wait, initial=initial, codec=codec, name=name
+            self, task_id, steps, session=session, ttl=ttl, wait=wait, initial=initial, codec=codec, name=name,
+            resume_within=resume_within,
         )
+
+    # -- signals -----------------------------------------------------------
+
+    def signal(
+        self, task_id: str, name: str, data: Any = None, *, idempotency_key: Optional[str] = None
+    ) -> Dict[str, Any]:
+        """Send task ``task_id`` (a queue task, or an agent task with a
+        checkpoint) the signal ``name`` with ``data`` (any JSON value, at
+        most 64 KiB). It waits in the task's inbox until a step that waits
+        for it consumes it; one sent before the wait is kept for it.
+
+        The same name and ``idempotency_key`` sent again is stored and
+        delivered once (``stored`` is then false); with a key the request
+        is sent again after a broken connection. Answers ``{"task_id",
+        "name", "idempotency_key", "stored", "woke", "current_status"}``.
+        Raises :class:`NotFound` for an unknown task,
+        :class:`TaskFinished` for a finished one, :class:`InboxFull` when
+        1,000 signals wait unconsumed, :class:`InvalidInput` for a bad
+        name, key or data.
+        """
+        body: Dict[str, Any] = {}
+        if data is not None:
+            body["data"] = data
+        if idempotency_key:
+            body["idempotency_key"] = idempotency_key
+        try:
+            return self._t.request(
+                "POST", "/v1/tasks/%s/signals/%s" % (quote(task_id), quote(name)), json_body=body,
+                retry=IDEMPOTENT if idempotency_key else CONNECT,
+            ).data
+        except Conflict as e:
+            if isinstance(e, InboxFull) or e.kind != "conflict":
+                raise
+            # A finished task's 409 is the only plain conflict this route answers.
+            raise TaskFinished(status=e.status, problem=e.problem, headers=e.headers) from e
+
+    # -- streams -----------------------------------------------------------
+
+    def follow(
+        self, task_id: str, *, from_seq: Optional[int] = None, last_event_id: Optional[int] = None, idle_timeout: float = 45.0
+    ) -> Follow:
+        """Follow a task's stream: an iterator of :class:`StreamEvent`, from
+        the first event (or ``from_seq``, or after ``last_event_id``) until
+        its ``done``, resuming with ``Last-Event-ID`` when the connection
+        breaks. It may start before the task runs, while it runs or after
+        it ended (within the stream's retention): every follower sees the
+        same sequence. :class:`NotFound` for an unknown task."""
+        return Follow(self, task_id, from_seq=from_seq, last_event_id=last_event_id, idle_timeout=idle_timeout)
+
+    def stream_writer(self, task_id: str, session: Any, token: int) -> StreamWriter:
+        """A writer of a task's stream under its claim (the session and token
+        a claim returned): what a worker's ``task.stream`` is."""
+        return StreamWriter(self, task_id, session, token)
+
+    def stream_append(self, task_id: str, session: Any, token: int, events: List[Dict[str, Any]]) -> Dict[str, int]:
+        """Append events (``{"type", "data"}``) in one request, fenced by the
+        claim: ``{"first", "last"}``. :class:`Fenced` once the claim no
+        longer holds, :class:`StreamFull` past a cap; nothing is stored then."""
+        return _streams.append(self, task_id, session, token, events)
+
+    def stream_read(self, task_id: str, from_seq: Optional[int] = None) -> Dict[str, Any]:
+        """One page of stored events (at most 1,000) from ``from_seq``:
+        ``{"events", "next", "done"}``, for clients that poll."""
+        return _streams.read(self, task_id, from_seq)
 
     # -- registry ----------------------------------------------------------
 

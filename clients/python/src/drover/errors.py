@@ -22,6 +22,9 @@ __all__ = [
     "Held",
     "TaskBusy",
     "Fenced",
+    "InboxFull",
+    "TaskFinished",
+    "StreamFull",
     "Gone",
     "TooLarge",
     "UnsupportedMediaType",
@@ -163,12 +166,28 @@ class Fenced(Conflict):
     """
 
 
+class InboxFull(Conflict):
+    """409 ``inbox-full``: the task's inbox holds as many signals not yet
+    consumed as it may (1,000); nothing was stored."""
+
+
+class TaskFinished(Conflict):
+    """409 on a signal to a finished task (SUCCEEDED, DEAD, CANCELLED, or a
+    completed agent task): it takes no signal; nothing was stored."""
+
+
 class Gone(DroverError):
     """410: a watch resumed from a revision etcd has compacted away."""
 
 
 class TooLarge(DroverError):
     """413: a body over the route's limit."""
+
+
+class StreamFull(TooLarge):
+    """413 ``stream-full``: the events would take the task's stream past
+    its caps (64 KiB an event, 768 KiB a write, 100,000 events, 16 MiB);
+    none of them was stored."""
 
 
 class UnsupportedMediaType(DroverError):
@@ -284,6 +303,8 @@ _BY_KIND = {
     "task-busy": TaskBusy,
     "fenced": Fenced,
     "conflict": Conflict,
+    "inbox-full": InboxFull,
+    "stream-full": StreamFull,
     "no-slot": Conflict,
     "compacted": Gone,
     "too-large": TooLarge,

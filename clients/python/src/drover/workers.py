@@ -18,6 +18,7 @@ from .agent import Sleep
 from .queues import MAX_CLAIM, Task
 from ._reporting import _Reporting
 from .sessions import Session
+from .streams import StreamWriter
 
 if TYPE_CHECKING:  # pragma: no cover
     from .client import Client
@@ -537,6 +538,8 @@ class Worker(_Reporting):
         task.session = session  # type: ignore[attr-defined]
         q = self.client.queue(self.queue)
         task.heartbeat = lambda: q.heartbeat(session, task.id, task.token or 0)  # type: ignore[attr-defined]
+        stream = StreamWriter(self.client, task.id, session, task.token or 0)
+        task.stream = stream  # type: ignore[attr-defined]
         outcome: Dict[str, Any] = {"task_id": task.id, "token": task.token}
         me = threading.get_ident()
         started = time.monotonic()
@@ -569,6 +572,15 @@ class Worker(_Reporting):
                 tt = self._task_time
                 self._task_time = max(1e-9, took if tt == 0 else tt + (took - tt) / 8)
                 self._cond.notify_all()
+        try:
+            # Its events are stored before its outcome: the outcome closes the stream.
+            stream.flush()
+        except DroverError as e:
+            log.info("drover: task %s: its stream's last events: %s", task.id, e)
+        if stream.last > 0 and ("ok" in outcome or "error" in outcome):
+            # Acked (or failed) alone: the server closes a task's stream
+            # (done, attempt_ended) on that route only.
+            outcome["_alone"] = True
         self._outbox.put((slot, outcome))
 
 def _describe(e: BaseException) -> str:

@@ -1,0 +1,166 @@
+"""Task streams against a real server: a worker's tokens, followers started
+before and after the task seeing one sequence, resuming with
+Last-Event-ID, a stale writer fenced after a takeover, caps, and the
+examples (the LLM tokens and the browser page's server)."""
+
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+import unittest
+import urllib.request
+
+from _support import PYROOT, ClientTest, Server, free_port, proc_env, shared_server, unique, wait_until
+
+import drover
+
+srv: Server
+EXAMPLES = os.path.join(PYROOT, "examples")
+
+
+def setUpModule() -> None:
+    global srv
+    srv = shared_server()
+
+
+def shape(evs):
+    return [(e.seq, e.attempt, e.type, e.data) for e in evs]
+
+
+class StreamTest(ClientTest):
+    def test_followers_before_and_after_see_one_sequence_and_the_result_is_the_message(self) -> None:
+        q, tid = unique("chat"), unique("chat")
+        words = ["w%d " % i for i in range(40)]
+        self.c.submit(q, [{"task_id": tid, "task_type": "answer"}])
+        early = []
+        follower = threading.Thread(target=lambda: early.extend(self.c.follow(tid)))
+        follower.start()  # before any worker runs the task
+        time.sleep(0.1)
+
+        def answer(task):
+            for w in words:
+                task.stream.token(w)
+            task.stream.emit("progress", {"done": 1, "of": 1})
+            return {"message": "".join(words)}
+
+        self.c.worker(q, concurrency=1)(answer).run(max_tasks=1)
+        follower.join(30)
+        self.assertFalse(follower.is_alive(), "the early follower did not end")
+        late = list(self.c.follow(tid))
+        self.assertEqual(shape(late), shape(early))
+        self.assertEqual([e.seq for e in early], list(range(1, len(early) + 1)))  # no gap
+        self.assertEqual(early[0].type, "attempt_started")
+        self.assertEqual(early[-1].type, "done")
+        self.assertEqual(early[-1].data["outcome"], "succeeded")
+        text = "".join(e.data["text"] for e in early if e.type == "token")
+        self.assertEqual(text, "".join(words))
+        self.assertEqual(self.c.task(q, tid).result["message"], text)
+
+        # Resumed mid-stream, as EventSource does: the events after it, each once.
+        f = self.c.follow(tid, last_event_id=10)
+        self.assertEqual(shape(f), shape(early[10:]))
+        self.assertEqual(f.end["reason"], "done")
+        self.assertEqual(shape(self.c.follow(tid, from_seq=5)), shape(early[4:]))
+        page = self.c.stream_read(tid, from_seq=3)
+        self.assertTrue(page["done"])
+        self.assertEqual(shape(page["events"]), shape(early[2:]))
+
+    def test_stale_writer_is_fenced_after_a_takeover(self) -> None:
+        q, tid = unique("take"), unique("take")
+        qq = self.c.queue(q)
+        qq.submit([{"task_id": tid, "task_type": "t"}])
+        s1 = self.c.session(ttl=5)
+        (t1,) = qq.claim(s1, max=1, wait=5)
+        stale = self.c.stream_writer(tid, s1, t1.token)
+        stale.token("old-1 ")
+        stale.token("old-2 ")
+        stale.flush()
+
+        s1.close()  # the first worker is gone: its claim with it
+        s2 = self.c.session(ttl=15)
+        self.addCleanup(s2.close)
+        got = wait_until(lambda: qq.claim(s2, max=1, wait=1), 30)
+        self.assertTrue(got, "the task was not claimed again")
+        t2 = got[0]
+        self.assertNotEqual(t2.token, t1.token)
+        fresh = self.c.stream_writer(tid, s2, t2.token)
+        fresh.token("new-1 ")
+        fresh.flush()
+
+        stale.token("old-3 ")  # queued: its write is refused
+        with self.assertRaises(drover.Fenced):
+            stale.flush()
+        with self.assertRaises(drover.Fenced):
+            stale.token("old-4 ")  # and every emit after it, at once
+        self.assertIsInstance(stale.error, drover.Fenced)
+        with self.assertRaises(drover.Fenced):
+            self.c.stream_append(tid, s1.id, t1.token, [{"type": "log", "data": "late"}])
+
+        fresh.token("new-2 ")
+        fresh.flush()
+        qq.ack(s2, tid, t2.token, {"ok": True})
+        evs = list(self.c.follow(tid))
+        types = [e.type for e in evs]
+        self.assertIn("attempt_lost", types, shape(evs))
+        b = types.index("attempt_lost")
+        self.assertEqual([e.data["text"] for e in evs[:b] if e.type == "token"], ["old-1 ", "old-2 "])
+        after = evs[b + 1:]
+        self.assertTrue(all(e.attempt == t2.attempt for e in after), shape(after))
+        self.assertEqual([e.data["text"] for e in after if e.type == "token"], ["new-1 ", "new-2 "])
+        self.assertEqual(evs[-1].type, "done")
+
+    def test_stream_errors(self) -> None:
+        q, tid = unique("cap"), unique("cap")
+        qq = self.c.queue(q)
+        qq.submit([{"task_id": tid, "task_type": "t"}])
+        with self.c.session(ttl=15) as s:
+            (t,) = qq.claim(s, max=1, wait=5)
+            w = self.c.stream_writer(tid, s, t.token)
+            with self.assertRaises(ValueError):
+                w.emit("done", {})
+            w.emit("log", "x" * (70 << 10))
+            with self.assertRaises(drover.StreamFull) as cm:
+                w.flush()
+            self.assertEqual(cm.exception.status, 413)
+            with self.assertRaises(drover.StreamFull):
+                w.emit("log", "small")
+            self.assertEqual(self.c.stream_read(tid)["events"], [])  # nothing stored
+        with self.assertRaises(drover.NotFound):
+            list(self.c.follow(unique("nobody")))
+
+    def test_examples_run(self) -> None:
+        env = proc_env()
+        env["DROVER_URL"] = srv.url
+        r = subprocess.run([sys.executable, os.path.join(EXAMPLES, "llm_tokens.py")], env=env,
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertRegex(r.stdout, r"#\d+ done \{'attempt': 1, 'outcome': 'succeeded'\}")
+        self.assertIn("same: True", r.stdout)
+        tid = re.search(r"^task (\S+)$", r.stdout, re.M).group(1)
+
+        env["PORT"] = str(free_port())
+        page = subprocess.Popen([sys.executable, os.path.join(EXAMPLES, "stream_page.py")], env=env,
+                                stdout=subprocess.PIPE, text=True)
+        try:
+            self.assertIn("open http://", page.stdout.readline())
+            base = "http://127.0.0.1:%s" % env["PORT"]
+            html = urllib.request.urlopen(base + "/?task=" + tid, timeout=10).read().decode()
+            self.assertIn('new EventSource("/v1/tasks/"', html)
+            req = urllib.request.Request(base + "/v1/tasks/%s/stream" % tid, headers={"Last-Event-ID": "1"})
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                self.assertEqual(resp.headers["Content-Type"], "text/event-stream")
+                sse = resp.read().decode()
+            self.assertNotRegex(sse, r"(?m)^id: 1$")
+            self.assertRegex(sse, r"(?m)^id: 2$")
+            self.assertIn('"type":"token","data":{"text":"You "}', sse)
+            self.assertRegex(sse, r'(?m)^event: end\ndata: \{"reason":"done"')
+        finally:
+            page.terminate()
+            page.wait(10)
+            page.stdout.close()
+
+
+if __name__ == "__main__":
+    unittest.main()
