@@ -7,6 +7,7 @@ import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
 import { fileURLToPath } from "node:url";
 import { Drover, FencedError, NotFoundError, StreamFullError } from "../dist/index.js";
+import { startProxy } from "./helpers/proxy.mjs";
 import { freePort, sharedServer, uniq, until, withTimeout } from "./helpers/server.mjs";
 
 let srv;
@@ -112,6 +113,42 @@ test("after a takeover the stale writer's emit is FencedError, and nothing of it
   assert.deepEqual(after.filter((e) => e.type === "token").map((e) => e.data.text), ["new-1 ", "new-2 "]);
   assert.equal(evs.at(-1).type, "done");
   await s2.close();
+});
+
+test("a follower whose connection breaks resumes with Last-Event-ID: no gap, no duplicate", async () => {
+  const q = uniq("cut");
+  const id = uniq("cut");
+  await drover.submit(q, [{ task_id: id, task_type: "t" }]);
+  const s = await drover.session({ ttl: 15 });
+  const [t] = await drover.tasks.claim(q, { session: s, max: 1, wait: "5s" });
+  const w = drover.streams.writer(id, { session: s, token: t.token });
+  const proxy = await startProxy(Number(new URL(srv.url).port));
+  const viaProxy = new Drover({ url: proxy.url, namespace: ns, retries: 0 });
+  const seen = [];
+  let reconnects = 0;
+  const following = (async () => {
+    for await (const ev of viaProxy.streams.follow(id, { maxBackoffMs: 200, onReconnect: () => reconnects++ })) seen.push(ev);
+  })();
+  try {
+    for (let i = 0; i < 5; i++) await w.token(`a${i} `);
+    await w.flush();
+    await until(() => seen.length >= 6, 10_000, "the first events did not come"); // attempt_started + 5
+    await proxy.cut(); // the connection breaks; new ones are refused
+    for (let i = 0; i < 5; i++) await w.token(`b${i} `);
+    await w.flush();
+    await new Promise((r) => setTimeout(r, 300));
+    await proxy.restore();
+    for (let i = 0; i < 5; i++) await w.token(`c${i} `);
+    await w.flush();
+    await drover.tasks.ack(q, s, t, null);
+    await withTimeout(following, 20_000, "the follower did not end");
+  } finally {
+    await proxy.close();
+    await s.close();
+  }
+  assert.ok(reconnects >= 1);
+  assert.deepEqual(seen.map((e) => e.seq), seen.map((_, i) => i + 1));
+  assert.deepEqual(shape(seen), shape(await collect(drover.streams.follow(id))));
 });
 
 test("stream errors: an event over 64 KiB is StreamFullError for good; drover's own types and unknown tasks are refused", async () => {

@@ -15,6 +15,7 @@ import urllib.request
 from _support import PYROOT, ClientTest, Server, free_port, proc_env, shared_server, unique, wait_until
 
 import drover
+from drover._transport import shutdown_socket
 
 srv: Server
 EXAMPLES = os.path.join(PYROOT, "examples")
@@ -110,6 +111,34 @@ class StreamTest(ClientTest):
         self.assertTrue(all(e.attempt == t2.attempt for e in after), shape(after))
         self.assertEqual([e.data["text"] for e in after if e.type == "token"], ["new-1 ", "new-2 "])
         self.assertEqual(evs[-1].type, "done")
+
+    def test_follower_whose_connection_breaks_resumes_without_gap_or_duplicate(self) -> None:
+        q, tid = unique("cut"), unique("cut")
+        qq = self.c.queue(q)
+        qq.submit([{"task_id": tid, "task_type": "t"}])
+        s = self.c.session(ttl=15)
+        self.addCleanup(s.close)
+        (t,) = qq.claim(s, max=1, wait=5)
+        w = self.c.stream_writer(tid, s, t.token)
+        f = self.c.follow(tid)
+        seen = []
+        follower = threading.Thread(target=lambda: seen.extend(f))
+        follower.start()
+        for i in range(5):
+            w.token("a%d " % i)
+        w.flush()
+        self.assertTrue(wait_until(lambda: len(seen) >= 6, 10), "the first events did not come")
+        shutdown_socket(f._conn)  # the connection breaks under the follower
+        for i in range(5):
+            w.token("b%d " % i)
+        w.flush()
+        qq.ack(s, tid, t.token, None)
+        follower.join(20)
+        self.assertFalse(follower.is_alive(), "the follower did not end")
+        self.assertGreaterEqual(f.connections, 2)
+        self.assertEqual([e.seq for e in seen], list(range(1, len(seen) + 1)))
+        self.assertEqual(shape(seen), shape(list(self.c.follow(tid))))
+        self.assertEqual(f.end["reason"], "done")
 
     def test_stream_errors(self) -> None:
         q, tid = unique("cap"), unique("cap")
