@@ -289,7 +289,12 @@ export class AgentTasks {
    * another, which resumes at that step once the dead one's session
    * expired. A step that finds its claim lost ({@link FencedError}) stops
    * the run: the steps it wrote stay written, and nothing runs twice that
-   * was checkpointed.
+   * was checkpointed. A step that returns {@link waitSignal} ends with a
+   * wait for a signal: its state is written with the wait, the claim
+   * released, and the task claimed again at once (a signal sent before the
+   * wait is kept for it) and for `resumeWithin`; once the signal came or
+   * the wait timed out, the next step runs with it in `ctx.received`,
+   * otherwise the run returns with `waitingFor`.
    */
   async runSteps<S = unknown>(id: string, steps: Step<S>[], opts: RunStepsOptions<S> = {}): Promise<RunStepsResult<S>> {
     if (steps.length === 0) throw new TypeError("runSteps needs at least one step");
