@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/danielgtaylor/huma/v2"
@@ -26,6 +27,8 @@ type OutcomeInput struct {
 	// SleepFor and SleepUntil park the task instead.
 	SleepFor   string `json:"sleep_for,omitempty" maxLength:"64" doc:"Neither a success nor a failure: the task sleeps this long (a duration such as 10m, or seconds), SLEEPING with no claim, and is claimed again, its attempt not counted, when the sleep ends."`
 	SleepUntil string `json:"sleep_until,omitempty" maxLength:"64" doc:"As sleep_for, until this RFC 3339 time with its zone."`
+	// Streamed asks for the stream's end, as the single ack and fail do.
+	Streamed bool `json:"streamed,omitempty" doc:"This attempt wrote events to the task's stream: once the outcome is stored, the server ends the stream with done (the task ended) or attempt_ended (it will be retried or sleeps). Without it a task that ended leaves its stream without done, and followers end on its status instead."`
 }
 
 type outcomesInput struct {
@@ -125,6 +128,7 @@ func (s *Server) reportOutcomes(ctx context.Context, in *outcomesInput) (*struct
 	for i, r := range rs {
 		out.Results[i] = outcomeResultOf(os[i].ID, r)
 	}
+	s.endStreams(ctx, in.Body.Outcomes, os, rs)
 	if nc := in.Body.Claim; nc != nil {
 		tasks, err := s.claimFor(ctx, in.Queue, in.Body.Session, nc.Max, wait, wait == 0)
 		if err != nil {
@@ -137,6 +141,24 @@ func (s *Server) reportOutcomes(ctx context.Context, in *outcomesInput) (*struct
 		out.Tasks = tasks
 	}
 	return &struct{ Body OutcomesResult }{out}, nil
+}
+
+// endStreams ends the streams of the outcomes in that asked for it and
+// were stored, together: their writes share the stream writer's group
+// commits, so a batch costs about one flush, not one a task.
+func (s *Server) endStreams(ctx context.Context, in []OutcomeInput, os []queue.Outcome, rs []queue.Reported) {
+	var wg sync.WaitGroup
+	for i, r := range rs {
+		if !in[i].Streamed || r.Err != nil || r.Task == nil {
+			continue
+		}
+		wg.Add(1)
+		go func(h queue.Held, t *queue.Task, cause string) {
+			defer wg.Done()
+			s.endStream(ctx, h, t, cause)
+		}(os[i].Held, r.Task, os[i].Error)
+	}
+	wg.Wait()
 }
 
 // outcomeSleep reads the sleep outcome o (the i-th) asks for: when it

@@ -341,15 +341,15 @@ func (s *Server) taskEnded(ctx context.Context, id string) (string, bool) {
 // ack or fail just ended (t is the task after it): done when the task
 // ended, whichever server wrote its events (fenced by the stream
 // alone, after the stored outcome); attempt_ended when it will be
-// retried, if this server wrote the attempt's events (otherwise its
-// next attempt marks the boundary).
+// retried or sleeps, if this server wrote the attempt's events
+// (otherwise its next attempt marks the boundary).
 func (s *Server) endStream(ctx context.Context, h queue.Held, t *queue.Task, cause string) {
 	var err error
 	switch t.CurrentStatus {
 	case queue.Succeeded, queue.Dead:
 		err = stream.For(s.cli, s.keys(ctx)).Finish(ctx, h.ID, strings.ToLower(string(t.CurrentStatus)), cause)
-	case queue.Retrying:
-		err = stream.For(s.cli, s.keys(ctx)).Ended(ctx, h.ID, h.Token, stream.AttemptEnded, "retrying", cause)
+	case queue.Retrying, queue.Sleeping:
+		err = stream.For(s.cli, s.keys(ctx)).Ended(ctx, h.ID, h.Token, stream.AttemptEnded, strings.ToLower(string(t.CurrentStatus)), cause)
 	}
 	if err != nil {
 		s.cfg.Logger.Debug("httpapi: the end of an attempt was not written to its stream", "task", h.ID, "err", err)

@@ -79,3 +79,50 @@ func TestStreamOfAnEndedTaskWithoutDone(t *testing.T) {
 		t.Fatalf("without its done: %v, end %q", types, reason)
 	}
 }
+
+// TestBatchOutcomesEndStreams: outcomes sent in a batch with streamed
+// end their tasks' streams as the single ack and fail do: a success
+// with done, a failure to be retried and a sleep with attempt_ended;
+// an outcome without streamed leaves its stream without done.
+func TestBatchOutcomesEndStreams(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t)
+	a.do("POST", "/v1/queues/bq/tasks", qtasksJSON("b", 4)).want(t, 200)
+	sess := a.session(30)
+	tasks := a.qclaim("bq", sess, 4, "5s")
+	if len(tasks) != 4 {
+		t.Fatalf("claimed %d tasks, want 4", len(tasks))
+	}
+	byID := map[string]map[string]any{}
+	for _, tk := range tasks {
+		byID[tk["task_id"].(string)] = tk
+		a.do("POST", "/v1/tasks/"+tk["task_id"].(string)+"/stream/events",
+			qfence(sess, tk, "events", []any{map[string]any{"type": "token", "data": map[string]any{"text": "x"}}})).want(t, 200)
+	}
+	outcome := func(id string, extra ...any) map[string]any {
+		o := map[string]any{"task_id": id, "token": byID[id]["token"]}
+		for i := 0; i+1 < len(extra); i += 2 {
+			o[extra[i].(string)] = extra[i+1]
+		}
+		return o
+	}
+	a.do("POST", "/v1/queues/bq/outcomes", map[string]any{"session": sess, "outcomes": []any{
+		outcome("b-0", "ok", true, "streamed", true),
+		outcome("b-1", "error", "flaky", "streamed", true),
+		outcome("b-2", "sleep_for", "1h", "streamed", true),
+		outcome("b-3", "ok", true),
+	}}).want(t, 200)
+
+	if types, reason := a.sseUntilEnd("/v1/tasks/b-0/stream"); strings.Join(types, " ") != "attempt_started token done" || reason != "done" {
+		t.Fatalf("the success: %v, end %q", types, reason)
+	}
+	if _, types := a.sseEvents("/v1/tasks/b-1/stream", 3); strings.Join(types, " ") != "attempt_started token attempt_ended" {
+		t.Fatalf("the failure to retry: %v", types)
+	}
+	if _, types := a.sseEvents("/v1/tasks/b-2/stream", 3); strings.Join(types, " ") != "attempt_started token attempt_ended" {
+		t.Fatalf("the sleep: %v", types)
+	}
+	if types, reason := a.sseUntilEnd("/v1/tasks/b-3/stream"); strings.Join(types, " ") != "attempt_started token" || reason != "ended" {
+		t.Fatalf("without streamed: %v, end %q", types, reason)
+	}
+}
