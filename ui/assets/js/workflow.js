@@ -159,7 +159,9 @@ export function live(ctx, id) {
     let wait = 1000;
     while (!ended && ctx.alive()) {
       try {
-        await follow("/v1/tasks/" + enc(id) + "/stream?from=" + next, onEvent, abort.signal);
+        await follow("/v1/tasks/" + enc(id) + "/stream?from=" + next, onEvent, abort.signal, () => {
+          if (next === 1) replace(status, h("span", { "data-open": "true" }, "Waiting for events…"));
+        });
         wait = 1000;
       } catch (e) {
         if (!ctx.alive()) return;
