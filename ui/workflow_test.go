@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -50,16 +52,23 @@ func (s *site) queueClient() *queue.Client {
 }
 
 // TestUIApproveWakesTask: the page of a task WAITING for a signal shows
-// what it waits for and since when, and Approve (after its confirmation)
+// what it waits for and since when, and the tokens its step emitted;
+// Approve (after its confirmation)
 // sends the signal: the page says the task woke, the task's next step
 // gets {"approved": true} (its result is that data), and the page lists
-// the signal received, consumed.
+// the signal received, consumed. With DROVER_UI_SCREENSHOTS set it writes
+// the waiting task's page there (task-workflow.png).
 func TestUIApproveWakesTask(t *testing.T) {
 	s := newSite(t)
 	got := make(chan json.RawMessage, 1)
 	s.runWorker("review", func(w *queue.Worker, store *task.Store) {
 		w.HandleAll(queue.Steps(store,
-			task.Step{Name: "plan", Run: func(context.Context, []byte) ([]byte, error) {
+			task.Step{Name: "plan", Run: func(ctx context.Context, _ []byte) ([]byte, error) {
+				for _, tok := range []string{"Plan: ", "drop the ", "old tables"} {
+					if err := stream.Token(ctx, tok); err != nil {
+						return nil, err
+					}
+				}
 				return []byte("drop the old tables"), task.WaitSignal("approval", time.Hour)
 			}},
 			task.Step{Name: "act", Run: func(ctx context.Context, _ []byte) ([]byte, error) {
@@ -87,6 +96,16 @@ func TestUIApproveWakesTask(t *testing.T) {
 	tb := newTab(t)
 	tb.do("open the task", chromedp.Navigate(s.base+"/ui/#/queue/review/task/plan-1"))
 	tb.waitJS("what it waits for", `(document.getElementById("waits-for")||{}).innerText?.includes("the signal approval") && document.getElementById("waits-for").innerText.includes("since")`)
+	tb.waitJS("the plan's tokens, live", `document.getElementById("stream-text").textContent === "Plan: drop the old tables"`)
+	if dir := os.Getenv("DROVER_UI_SCREENSHOTS"); dir != "" {
+		png, err := chromedp.Run(tb.ctx, chromedp.FullScreenshot(100))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "task-workflow.png"), png, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
 	tb.click(`#waiting button[data-act="approve"]`)
 	tb.waitJS("the confirmation", `document.getElementById("confirm").open`)
 	tb.click(`#confirm-ok`)

@@ -22,7 +22,7 @@ function fields(t) {
     ["Token", t.token ? h("span", { class: "mono" }, t.token) : null],
     ["Timeout", t.timeout],
     ["Backoff", t.backoff_base ? t.backoff_base + " to " + (t.backoff_max || "?") : null],
-    ["Next attempt", t.scheduled_at ? [time(t.scheduled_at), " (", ago(t.scheduled_at), ")"] : null],
+    [t.current_status === "WAITING" ? "Wait times out" : "Next attempt", t.scheduled_at ? [time(t.scheduled_at), " (", ago(t.scheduled_at), ")"] : null],
     ["Input", t.input_data_uri ? h("span", { class: "mono" }, t.input_data_uri) : null],
     ["Output", t.output_data_uri ? h("span", { class: "mono" }, t.output_data_uri) : null],
     ["Last error", t.last_error ? h("span", { class: "error" }, t.last_error) : null],
