@@ -69,6 +69,9 @@ func (s *Server) taskQueryRoutes(tags []string) {
 		if len(sigs) > 0 {
 			out.Signals = taskSignalsOf(sigs)
 		}
+		if err := s.addFamily(ctx, t, &out); err != nil {
+			return nil, err
+		}
 		return &queueTaskOutput{out}, nil
 	})
 	huma.Register(s.api, huma.Operation{

@@ -34,6 +34,8 @@ type QueueTask struct {
 	WaitingFor       *TaskWait         `json:"waiting_for,omitempty" doc:"What a WAITING task waits for (the signals, or the children it spawned; since when, until when)."`
 	Parent           string            `json:"parent,omitempty" doc:"The step task that spawned this one, for a child task."`
 	ParentStep       int               `json:"parent_step,omitempty" doc:"The step of the parent that spawned this one, for a child task."`
+	ParentQueue      string            `json:"parent_queue,omitempty" doc:"The parent's queue, while the parent exists (GET of one task only)."`
+	Children         *TaskChildren     `json:"children,omitempty" doc:"For a task whose steps spawned children: counts by state and the first 20 children with their states (GET of one task only; GET .../children pages through the rest)."`
 	Signals          []TaskSignal      `json:"signals,omitempty" doc:"The signals the task received, waiting to be consumed (in the order sent) or consumed (GET of one task only)."`
 }
 

@@ -259,6 +259,7 @@ func (s *Server) sendStream(ctx context.Context, st *eventStream, hub *stream.Hu
 	st.w.Header().Set("Cache-Control", "no-cache")
 	st.w.Header().Set("X-Accel-Buffering", "no")
 	st.w.WriteHeader(http.StatusOK)
+	_ = st.rc.Flush() // the client knows the stream is open before its first event
 	fctx, stop := context.WithCancel(ctx)
 	defer stop()
 	evs := make(chan followed, 64)

@@ -3,12 +3,14 @@ package httpapi
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"strings"
 	"time"
 
 	"github.com/danielgtaylor/huma/v2"
 	"github.com/droverhq/drover"
+	"github.com/droverhq/drover/internal/childview"
 	"github.com/droverhq/drover/lock"
 	"github.com/droverhq/drover/queue"
 	"github.com/droverhq/drover/task"
@@ -188,6 +190,7 @@ func (s *Server) taskRoutes() {
 		Summary: "Read a task: its last checkpoint, step history and current claim; 404 when it has none of them",
 		Errors:  []int{http.StatusNotFound},
 	}, s.getTask)
+	s.childrenRoutes()
 }
 
 type searchInput struct {
@@ -243,4 +246,114 @@ func (s *Server) searchRoutes() {
 		}
 		return &struct{ Body SearchPage }{SearchPage{Data: queueTasksOf(page.Tasks), NextCursor: page.Next, Scanned: page.Scanned}}, nil
 	})
+}
+
+// TaskChildren is the children a step task spawned: the counts of every
+// step that spawned, and one page of the children with their states.
+type TaskChildren struct {
+	Spawned   int64            `json:"spawned" doc:"How many children the task's steps spawned, in all."`
+	Succeeded int64            `json:"succeeded" doc:"How many of them ended SUCCEEDED."`
+	Failed    int64            `json:"failed" doc:"How many ended DEAD or CANCELLED."`
+	Live      int64            `json:"live" doc:"How many have not ended yet (pending, running, retrying, sleeping, waiting, or not submitted yet)."`
+	Steps     []TaskChildStep  `json:"steps" doc:"The same counts for each step that spawned, in step order."`
+	Children  []TaskChildState `json:"children" doc:"A page of the children, in step order and then in the order their step listed them, each with its state as read now."`
+	// NextCursor continues the page.
+	NextCursor string `json:"next_cursor,omitempty" doc:"More children follow: pass it as cursor to GET /v1/queues/{queue}/tasks/{id}/children for the next page."`
+}
+
+// TaskChildStep is what one step spawned and how its children stand.
+type TaskChildStep struct {
+	Step      int   `json:"step" doc:"The step that spawned them."`
+	Spawned   int   `json:"spawned" doc:"How many it spawned."`
+	Submitted bool  `json:"submitted" doc:"Every one of them was submitted (false for a moment after the step's checkpoint)."`
+	Succeeded int64 `json:"succeeded" doc:"How many ended SUCCEEDED."`
+	Failed    int64 `json:"failed" doc:"How many ended DEAD or CANCELLED."`
+	Live      int64 `json:"live" doc:"How many have not ended yet."`
+}
+
+// TaskChildState is one child and its state.
+type TaskChildState struct {
+	ID       string `json:"task_id" doc:"The child's id."`
+	Queue    string `json:"queue" doc:"The queue it went to."`
+	Type     string `json:"task_type" doc:"Its task type."`
+	Step     int    `json:"step" doc:"The parent's step that spawned it."`
+	Status   string `json:"status" doc:"Its state: a task status, NOT_SUBMITTED before its submission, or REMOVED once its record and outcome are gone."`
+	Error    string `json:"error,omitempty" doc:"Its last error, or the error of its outcome."`
+	Detached bool   `json:"detached,omitempty" doc:"It is not cancelled with its parent."`
+}
+
+// taskChildrenFirst is how many children a task's GET lists.
+const taskChildrenFirst = 20
+
+type childrenInput struct {
+	Queue  string `path:"queue" minLength:"1" maxLength:"128" doc:"The queue's name."`
+	ID     string `path:"id" minLength:"1" maxLength:"128" doc:"The parent task's id."`
+	Limit  int    `query:"limit" minimum:"1" maximum:"200" default:"50" doc:"The most children on the page."`
+	Cursor string `query:"cursor" maxLength:"64" doc:"The next_cursor of the page before."`
+}
+
+// childrenRoutes registers the route that pages through a task's
+// children.
+func (s *Server) childrenRoutes() {
+	huma.Register(s.api, huma.Operation{
+		OperationID: "list-task-children", Method: http.MethodGet, Path: "/v1/queues/{queue}/tasks/{id}/children", Tags: []string{"queues"},
+		Summary: "A step task's children: counts by state for each step, and a page of the children with their states",
+		Description: "The counts come from the children's outcomes (count-only reads); the page reads each listed child's record. " +
+			"A task that spawned none answers zero counts and no children. 404 when the task is not in the queue.",
+		Errors: []int{http.StatusBadRequest, http.StatusNotFound},
+	}, func(ctx context.Context, in *childrenInput) (*struct{ Body TaskChildren }, error) {
+		t, err := s.queueTask(ctx, &queueTaskPath{Queue: in.Queue, ID: in.ID})
+		if err != nil {
+			return nil, err
+		}
+		ch, err := s.taskChildren(ctx, t.ID, in.Cursor, in.Limit)
+		if err != nil {
+			return nil, err
+		}
+		if ch == nil {
+			ch = &TaskChildren{Steps: []TaskChildStep{}, Children: []TaskChildState{}}
+		}
+		return &struct{ Body TaskChildren }{*ch}, nil
+	})
+}
+
+// taskChildren reads a page of task id's children; nil when it spawned
+// none.
+func (s *Server) taskChildren(ctx context.Context, id, cursor string, limit int) (*TaskChildren, error) {
+	p, err := childview.Read(ctx, childview.Source{Etcd: s.cli, Namespace: s.nsOf(ctx)}, id, cursor, limit)
+	if err != nil {
+		return nil, problem(err, map[string]string{"cursor": "query.cursor"})
+	}
+	if len(p.Steps) == 0 {
+		return nil, nil
+	}
+	out := &TaskChildren{Spawned: p.Spawned, Succeeded: p.Succeeded, Failed: p.Failed, Live: p.Live, NextCursor: p.Next,
+		Steps: make([]TaskChildStep, len(p.Steps)), Children: make([]TaskChildState, len(p.Children))}
+	for i, st := range p.Steps {
+		out.Steps[i] = TaskChildStep(st)
+	}
+	for i, c := range p.Children {
+		out.Children[i] = TaskChildState(c)
+	}
+	return out, nil
+}
+
+// addFamily adds to out, task t as the API shows it, the queue of its
+// parent and the first page of its children.
+func (s *Server) addFamily(ctx context.Context, t *queue.Task, out *QueueTask) error {
+	if t.Parent != "" {
+		c, err := s.queueClient(ctx)
+		if err != nil {
+			return err
+		}
+		switch p, err := c.Get(ctx, t.Parent); {
+		case err == nil:
+			out.ParentQueue = p.Queue
+		case !errors.Is(err, queue.ErrNotFound):
+			return problem(err, nil)
+		}
+	}
+	ch, err := s.taskChildren(ctx, t.ID, "", taskChildrenFirst)
+	out.Children = ch
+	return err
 }

@@ -71,8 +71,9 @@ export const enc = encodeURIComponent;
 // follow reads a Server-Sent Events stream with fetch (EventSource cannot
 // send a bearer token) and calls onEvent(name, data) for each event. It
 // resolves when the stream ends and throws an ApiError for an answer that is
-// not a stream; signal aborts it.
-export async function follow(path, onEvent, signal) {
+// not a stream; signal aborts it; onOpen, if given, is called once the
+// stream is open.
+export async function follow(path, onEvent, signal, onOpen) {
   const r = await fetch(path, { headers: headers({ Accept: "text/event-stream" }), signal, cache: "no-store" });
   if (!r.ok) {
     const text = await r.text();
@@ -81,6 +82,7 @@ export async function follow(path, onEvent, signal) {
     if (r.status === 401) listeners.unauthorized.forEach((f) => f());
     throw new ApiError(r.status, data, text);
   }
+  if (onOpen) onOpen();
   const reader = r.body.getReader();
   const decoder = new TextDecoder();
   let buf = "";

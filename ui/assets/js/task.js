@@ -1,8 +1,11 @@
 // Task: one task's fields, parameters, every transition, result and step
-// checkpoints, with cancel (and requeue or purge once it is dead).
+// checkpoints, with cancel (and requeue or purge once it is dead); its
+// parent, children, wait and signals, with Approve and Reject for a wait
+// on a signal (workflow.js); and the live view of its stream.
 
 import { api, get, enc } from "./api.js";
 import { h, replace, num, time, ago, badge, table, panel, pretty, errorBox, confirmAction, toast, guarded, base64Text } from "./dom.js";
+import { family, waiting, signals, live } from "./workflow.js";
 
 function fields(t) {
   const m = t.metadata || {};
@@ -19,7 +22,7 @@ function fields(t) {
     ["Token", t.token ? h("span", { class: "mono" }, t.token) : null],
     ["Timeout", t.timeout],
     ["Backoff", t.backoff_base ? t.backoff_base + " to " + (t.backoff_max || "?") : null],
-    ["Next attempt", t.scheduled_at ? [time(t.scheduled_at), " (", ago(t.scheduled_at), ")"] : null],
+    [t.current_status === "WAITING" ? "Wait times out" : "Next attempt", t.scheduled_at ? [time(t.scheduled_at), " (", ago(t.scheduled_at), ")"] : null],
     ["Input", t.input_data_uri ? h("span", { class: "mono" }, t.input_data_uri) : null],
     ["Output", t.output_data_uri ? h("span", { class: "mono" }, t.output_data_uri) : null],
     ["Last error", t.last_error ? h("span", { class: "error" }, t.last_error) : null],
@@ -74,9 +77,12 @@ export function mount(ctx) {
   const { queue: q, id } = ctx.params;
   const head = h("div");
   const body = h("div", { id: "task" }, h("p", { class: "muted" }, "Loading…"));
-  main.append(h("div", { class: "crumbs" }, h("a", { href: "#/" }, "Overview"), " / ", h("a", { href: "#/queue/" + enc(q) }, q), " / task"), head, body);
+  const note = h("p", { id: "decision", "aria-live": "polite" });
+  const stream = live(ctx, id);
+  main.append(h("div", { class: "crumbs" }, h("a", { href: "#/" }, "Overview"), " / ", h("a", { href: "#/queue/" + enc(q) }, q), " / task"), head, note, body, stream.box);
   const base = "/v1/queues/" + enc(q);
   let lastKey = "";
+  let related = false; // the task has a parent or children: any queue's change may change what the page shows
 
   const act = (label, need, question, method, path, cls) => guarded(state, need, label, async () => {
     if (!(await confirmAction(question, label))) return;
@@ -96,7 +102,8 @@ export function mount(ctx) {
     const stepsBox = h("div", {}, h("p", { class: "muted" }, "Loading…"));
     if (!ctx.alive()) return;
     const buttons = [];
-    if (["PENDING", "RUNNING", "RETRYING"].includes(t.current_status)) {
+    related = !!(t.parent || t.children);
+    if (["PENDING", "RUNNING", "RETRYING", "WAITING"].includes(t.current_status)) {
       buttons.push(act("Cancel task", "write", "Cancel task " + id + "? A running one loses its claim.", "POST", base + "/tasks/" + enc(id) + "/cancel", "danger"));
     }
     if (t.current_status === "DEAD") {
@@ -107,6 +114,9 @@ export function mount(ctx) {
     replace(body,
       h("div", { class: "grid" }, panel("Fields", fields(t)), panel("Parameters", pretty(t.parameters))),
       h("div", { class: "stack" },
+        waiting(state, t, note, load),
+        family(t),
+        signals(t),
         panel("Transitions", transitions(t)),
         panel("Result", result(t)),
         panel("Step checkpoints", stepsBox)));
@@ -116,9 +126,10 @@ export function mount(ctx) {
 
   load();
   return {
+    destroy() { stream.stop(); },
     event(name, data) {
       if (name !== "queues") return;
-      const key = JSON.stringify(data.find((x) => x.name === q) || null);
+      const key = JSON.stringify(related ? data : data.find((x) => x.name === q) || null);
       if (lastKey && key !== lastKey) load();
       lastKey = key;
     },

@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"strings"
@@ -79,25 +78,6 @@ when a retry must not count twice. Exit 1 for an unknown or finished task.`,
 	cmd.Flags().StringVar(&idem, "idempotency-key", "", "the signal's idempotency key (default: a random one)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
-}
-
-// getTaskSignals validates id, connects and reads the task and its
-// signals.
-func (a *app) getTaskSignals(ctx context.Context, id string) (*queue.Task, []task.SignalRecord, error) {
-	if err := checkTaskIDs([]string{id}); err != nil {
-		return nil, nil, err
-	}
-	c, done, err := a.queueClient(ctx)
-	if err != nil {
-		return nil, nil, err
-	}
-	defer done()
-	t, err := c.Get(ctx, id)
-	if err != nil {
-		return nil, nil, err
-	}
-	sigs, err := c.Signals(ctx, id)
-	return t, sigs, err
 }
 
 // printTaskSignals prints a task as printTask does, with what it waits

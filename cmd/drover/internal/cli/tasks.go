@@ -3,14 +3,17 @@ package cli
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/droverhq/drover"
+	"github.com/droverhq/drover/internal/childview"
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/queue"
+	"github.com/droverhq/drover/task"
 )
 
 // queueClient connects and returns a queue client, and its closer.
@@ -134,4 +137,119 @@ func (a *app) printTask(t *queue.Task, asJSON bool) error {
 		fmt.Fprintf(tw, "  %s\t%s\tattempt %d\t%s\t%s\n", tr.At.Format(time.RFC3339Nano), tr.Status, tr.Attempt, tr.Worker, firstLine(tr.Error, 80))
 	}
 	return tw.Flush()
+}
+
+// family is what `tasks get` shows beside a task: its signals, its
+// parent's queue and a page of its children.
+type family struct {
+	signals     []task.SignalRecord
+	parentQueue string
+	children    childview.Page
+}
+
+// getTaskFamily validates id, connects once and reads the task, its
+// signals, its parent's queue and a page of its children (limit of them
+// from cursor).
+func (a *app) getTaskFamily(ctx context.Context, id, cursor string, limit int) (*queue.Task, family, error) {
+	var f family
+	if err := checkTaskIDs([]string{id}); err != nil {
+		return nil, f, err
+	}
+	if limit < 1 || limit > childview.MaxLimit {
+		return nil, f, usageError{&drover.InputError{Field: "--children", Value: fmt.Sprint(limit), Rule: fmt.Sprintf("must be 1 to %d", childview.MaxLimit)}}
+	}
+	if err := a.checkGlobal(); err != nil {
+		return nil, f, err
+	}
+	cli, err := a.connect(ctx)
+	if err != nil {
+		return nil, f, err
+	}
+	defer cli.Close()
+	c, err := queue.NewClient(cli, a.namespace)
+	if err != nil {
+		return nil, f, err
+	}
+	t, err := c.Get(ctx, id)
+	if err != nil {
+		return nil, f, err
+	}
+	if f.signals, err = c.Signals(ctx, id); err != nil {
+		return nil, f, err
+	}
+	if t.Parent != "" {
+		switch p, err := c.Get(ctx, t.Parent); {
+		case err == nil:
+			f.parentQueue = p.Queue
+		case !errors.Is(err, queue.ErrNotFound):
+			return nil, f, err
+		}
+	}
+	f.children, err = childview.Read(ctx, childview.Source{Etcd: cli, Namespace: a.namespace}, id, cursor, limit)
+	if err != nil {
+		return nil, f, drover.Rename(err, "--children-after")
+	}
+	return t, f, nil
+}
+
+// familyView is `tasks get --json`: the task's view with its parent's
+// queue and its children.
+type familyView struct {
+	queue.View
+	ParentQueue string          `json:"parent_queue,omitempty"`
+	Children    *childrenOutput `json:"children,omitempty"`
+}
+
+// childrenOutput is a page of children as --json prints it (the HTTP
+// API's form).
+type childrenOutput struct {
+	Spawned    int64             `json:"spawned"`
+	Succeeded  int64             `json:"succeeded"`
+	Failed     int64             `json:"failed"`
+	Live       int64             `json:"live"`
+	Steps      []childview.Step  `json:"steps"`
+	Children   []childview.Child `json:"children"`
+	NextCursor string            `json:"next_cursor,omitempty"`
+}
+
+// printTaskFamily prints a task with what it waits for, its signals, its
+// parent and its children.
+func (a *app) printTaskFamily(t *queue.Task, f family, again string, asJSON bool) error {
+	if asJSON {
+		v := familyView{View: queue.NewView(t), ParentQueue: f.parentQueue}
+		v.Signals = f.signals
+		if p := f.children; len(p.Steps) > 0 {
+			v.Children = &childrenOutput{Spawned: p.Spawned, Succeeded: p.Succeeded, Failed: p.Failed, Live: p.Live,
+				Steps: p.Steps, Children: p.Children, NextCursor: p.Next}
+		}
+		return json.NewEncoder(a.stdout).Encode(v)
+	}
+	if err := a.printTaskSignals(t, f.signals, false); err != nil {
+		return err
+	}
+	tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+	if t.Parent != "" {
+		where := "gone"
+		if f.parentQueue != "" {
+			where = "queue " + f.parentQueue
+		}
+		fmt.Fprintf(tw, "parent:\t%s (step %d, %s)\n", t.Parent, t.ParentStep, where)
+	}
+	p := f.children
+	if len(p.Steps) > 0 {
+		fmt.Fprintf(tw, "children:\t%d spawned: %d succeeded, %d failed (dead or cancelled), %d not ended\n", p.Spawned, p.Succeeded, p.Failed, p.Live)
+		for _, s := range p.Steps {
+			fmt.Fprintf(tw, "  step %d\t%d spawned\t%d succeeded\t%d failed\t%d not ended\n", s.Step, s.Spawned, s.Succeeded, s.Failed, s.Live)
+		}
+		for _, c := range p.Children {
+			fmt.Fprintf(tw, "  %s\t%s\t%s\tstep %d\t%s\n", c.ID, c.Queue, c.Status, c.Step, firstLine(c.Error, 60))
+		}
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if p.Next != "" {
+		fmt.Fprintf(a.stderr, "more children: %s --children-after %s\n", again, p.Next)
+	}
+	return nil
 }

@@ -27,18 +27,25 @@ func (a *app) tasksCommand() *cobra.Command {
   drover tasks cancel --queue emails --status PENDING --all`,
 	}
 	var asJSON bool
+	var kids int
+	var kidsAfter string
 	get := &cobra.Command{
-		Use: "get ID", Short: "Show a task, its status and its history, what it waits for and its signals", Args: cobra.ExactArgs(1),
-		Example: "  drover tasks get 7f3a91 --json",
+		Use:   "get ID",
+		Short: "Show a task, its status and its history, what it waits for, its signals, its parent and its children",
+		Args:  cobra.ExactArgs(1),
+		Example: `  drover tasks get 7f3a91 --json
+  drover tasks get research-1 --children 100 --children-after 1:100`,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			t, sigs, err := a.getTaskSignals(cmd.Context(), args[0])
+			t, f, err := a.getTaskFamily(cmd.Context(), args[0], kidsAfter, kids)
 			if err != nil {
 				return err
 			}
-			return a.printTaskSignals(t, sigs, asJSON)
+			return a.printTaskFamily(t, f, fmt.Sprintf("drover tasks get %s --children %d", args[0], kids), asJSON)
 		},
 	}
 	get.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	get.Flags().IntVar(&kids, "children", 20, "list at most this many of the task's children (1 to 200); the counts cover them all")
+	get.Flags().StringVar(&kidsAfter, "children-after", "", "list the children from this cursor on (printed after a page that has more)")
 	cmd.AddCommand(get, a.tasksListCommand(), a.tasksSearchCommand(), a.tasksStatsCommand(), a.tasksWaitCommand(), a.tasksCancelCommand(), a.tasksPurgeCommand(), a.tasksRequeueCommand(), a.tasksFollowCommand())
 	return cmd
 }
