@@ -184,18 +184,18 @@ type spawnStepInput struct {
 
 // AgentTaskChildren is a page of the outcomes of the children a step spawned.
 type AgentTaskChildren struct {
-	TaskID      string          `json:"task_id" doc:"The parent task."`
-	Step        int             `json:"step" doc:"The step that spawned them."`
-	N           int             `json:"n" doc:"How many it spawned."`
-	Wait        int             `json:"wait,omitempty" doc:"How many must end before the next step (the last checkpoint's step only)."`
-	Collect     bool            `json:"collect,omitempty" doc:"Every outcome is waited for (the last checkpoint's step only)."`
-	Submitted   bool            `json:"submitted" doc:"Every child was submitted to its queue (a claim submits them if a crash cut the spawning write short)."`
-	Ended       int64           `json:"ended" doc:"How many ended: SUCCEEDED, DEAD or CANCELLED (a retry does not end a child)."`
-	Failed      int64           `json:"failed" doc:"How many of those ended DEAD or CANCELLED."`
-	Ready       bool            `json:"ready" doc:"The wait is over: the next claim answers a token (the last checkpoint's step only)."`
-	FailedChild *ChildOutcome   `json:"failed_child,omitempty" doc:"Without collect: a child that ended DEAD or CANCELLED, which ended the wait; the step decides what to do."`
-	Outcomes    []ChildOutcome  `json:"outcomes" doc:"The children that ended, in id order, from after on."`
-	Next        string          `json:"next,omitempty" doc:"Pass as after for the next page; absent on the last page."`
+	TaskID      string         `json:"task_id" doc:"The parent task."`
+	Step        int            `json:"step" doc:"The step that spawned them."`
+	N           int            `json:"n" doc:"How many it spawned."`
+	Wait        int            `json:"wait,omitempty" doc:"How many must end before the next step (the last checkpoint's step only)."`
+	Collect     bool           `json:"collect,omitempty" doc:"Every outcome is waited for (the last checkpoint's step only)."`
+	Submitted   bool           `json:"submitted" doc:"Every child was submitted to its queue (a claim submits them if a crash cut the spawning write short)."`
+	Ended       int64          `json:"ended" doc:"How many ended: SUCCEEDED, DEAD or CANCELLED (a retry does not end a child)."`
+	Failed      int64          `json:"failed" doc:"How many of those ended DEAD or CANCELLED."`
+	Ready       bool           `json:"ready" doc:"The wait is over: the next claim answers a token (the last checkpoint's step only)."`
+	FailedChild *ChildOutcome  `json:"failed_child,omitempty" doc:"Without collect: a child that ended DEAD or CANCELLED, which ended the wait; the step decides what to do."`
+	Outcomes    []ChildOutcome `json:"outcomes" doc:"The children that ended, in id order, from after on."`
+	Next        string         `json:"next,omitempty" doc:"Pass as after for the next page; absent on the last page."`
 }
 
 // ChildOutcome is how a child ended, or where it is.
@@ -245,7 +245,7 @@ func (s *Server) spawnRoutes() {
 	}, s.listChildren)
 	huma.Register(s.api, huma.Operation{
 		OperationID: "get-agent-task-child", Method: http.MethodGet, Path: "/v1/agent-tasks/{id}/children/{child}", Tags: tags,
-		Summary: "Read one child of an agent task: its outcome once it ended, its queue status before",
+		Summary:     "Read one child of an agent task: its outcome once it ended, its queue status before",
 		Description: "404 (not-a-child, naming path.child) for an id that none of the task's steps spawned.",
 		Errors:      []int{http.StatusNotFound},
 	}, s.getChild)
