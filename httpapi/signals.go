@@ -15,6 +15,7 @@ import (
 	"github.com/droverhq/drover/lease"
 	"github.com/droverhq/drover/queue"
 	"github.com/droverhq/drover/task"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 type signalInput struct {
@@ -376,14 +377,42 @@ func (s *Server) listChildren(ctx context.Context, in *childrenInput) (*struct{ 
 		return nil, taskProblem(err)
 	}
 	for _, o := range page {
-		co := ChildOutcome{ID: o.ID, Status: o.Status, Ended: true, Result: o.Result, Error: o.Error}
-		out.Outcomes = append(out.Outcomes, co)
-		if out.FailedChild == nil && !out.Collect && o.Status != task.ChildSucceeded {
-			out.FailedChild = &co
-		}
+		out.Outcomes = append(out.Outcomes, ChildOutcome{ID: o.ID, Status: o.Status, Ended: true, Result: o.Result, Error: o.Error})
 	}
 	out.Next = next
+	if cp.Spawn != nil && out.Step == cp.Step && !out.Collect && out.Failed > 0 {
+		if out.FailedChild, err = s.firstFailedChild(ctx, in.ID, out.Step); err != nil {
+			return nil, err
+		}
+	}
 	return &struct{ Body AgentTaskChildren }{out}, nil
+}
+
+// firstFailedChild is the outcome of the first child (in id order) of
+// step step of task id that ended DEAD or CANCELLED; nil when none did.
+func (s *Server) firstFailedChild(ctx context.Context, id string, step int) (*ChildOutcome, error) {
+	keys := s.keys(ctx)
+	pre := keys.ChildFaileds(id, step)
+	g, err := s.cli.Get(ctx, pre, clientv3.WithPrefix(), clientv3.WithLimit(1), clientv3.WithKeysOnly())
+	if err != nil {
+		return nil, problem(fmt.Errorf("read the failed children of %s: %w", id, err), nil)
+	}
+	if len(g.Kvs) == 0 {
+		return nil, nil
+	}
+	child := strings.TrimPrefix(string(g.Kvs[0].Key), pre)
+	d, err := s.cli.Get(ctx, keys.ChildDone(id, step, child))
+	if err != nil {
+		return nil, problem(fmt.Errorf("read the outcome of child %s: %w", child, err), nil)
+	}
+	out := &ChildOutcome{ID: child, Status: task.ChildDead, Ended: true}
+	if len(d.Kvs) > 0 {
+		var o task.ChildOutcome
+		if json.Unmarshal(d.Kvs[0].Value, &o) == nil {
+			out.Status, out.Result, out.Error = o.Status, o.Result, o.Error
+		}
+	}
+	return out, nil
 }
 
 func (s *Server) getChild(ctx context.Context, in *childInput) (*struct{ Body ChildOutcome }, error) {
