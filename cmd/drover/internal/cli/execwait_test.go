@@ -110,3 +110,46 @@ func TestWorkerExecStepsSpawnAndWait(t *testing.T) {
 		}
 	}
 }
+
+// Bad exec step ends: a spawn into a queue that does not exist, and a
+// wait for a signal name that is not valid, each end the task DEAD (not
+// retried) with an error naming the file and the field; neither
+// checkpoints the step (task history shows none).
+func TestWorkerExecStepBadEnds(t *testing.T) {
+	ns := etcdtest.Namespace(t)
+	dir := t.TempDir()
+	script := filepath.Join(dir, "bad.sh")
+	body := `case "$DROVER_TASK_ID" in
+spawn-1) echo '{"children":[{"queue":"nowhere","task_type":"k"}]}' > "$DROVER_SPAWN_FILE" ;;
+wait-1) echo "not-a-name! 1h" > "$DROVER_WAIT_FILE" ;;
+esac`
+	if err := os.WriteFile(script, []byte(body), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"spawn-1", "wait-1"} {
+		if r := drover(t, append(etcdFlags(ns), "submit", "--queue", "bad", "--type", "agent", "--id", id, "--param", "id=1")...); r.code != 0 {
+			t.Fatalf("submit: %d %s", r.code, r.stderr)
+		}
+	}
+	w := start(t, cleanEnv(), append(etcdFlags(ns), "worker", "--queue", "bad", "--handler", "exec:sh "+script)...)
+	for id, want := range map[string]string{"spawn-1": "DROVER_SPAWN_FILE children[0].queue", "wait-1": "DROVER_WAIT_FILE signal name"} {
+		var view struct {
+			Status    string `json:"current_status"`
+			LastError string `json:"last_error"`
+			Attempt   int    `json:"attempt"`
+		}
+		waitFor(t, 60*time.Second, id+" to end", func() bool {
+			r := drover(t, append(etcdFlags(ns), "tasks", "get", id, "--json")...)
+			_ = json.Unmarshal([]byte(r.stdout), &view)
+			return view.Status == "DEAD"
+		})
+		if !strings.Contains(view.LastError, want) || view.Attempt != 1 {
+			t.Fatalf("%s: %+v; want DEAD at its first attempt naming %s", id, view, want)
+		}
+		if h := drover(t, append(etcdFlags(ns), "task", "history", id)...); !strings.Contains(h.stdout, "no checkpoint yet") {
+			t.Fatalf("%s history: %s %s", id, h.stdout, h.stderr)
+		}
+	}
+	_ = w.cmd.Process.Signal(syscall.SIGTERM)
+	w.wait(t, 30*time.Second)
+}
