@@ -370,3 +370,51 @@ func TestAgentTaskSpawnBadInput(t *testing.T) {
 		}
 	}
 }
+
+// TestAgentTaskSpawnCollect: with collect, a child cancelled from outside
+// comes back to the agent task as CANCELLED and the wait goes on until
+// every child ended; a detached child is recorded so in the plan.
+func TestAgentTaskSpawnCollect(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t)
+	ctx := context.Background()
+	qc, err := queue.NewClient(a.cli, a.ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := qc.SetConfig(ctx, "idle", queue.Config{}); err != nil { // no worker: its child waits to be cancelled
+		t.Fatal(err)
+	}
+	startKids(t, a, "kids", func(string) ([]byte, error) { return []byte("plain text"), nil })
+	s := a.session(30)
+	tok := a.claim("col", s, 200).num("token")
+	kids := []map[string]any{{"key": "run", "queue": "kids", "task_type": "x", "detached": true}, {"key": "stuck", "queue": "idle", "task_type": "x"}}
+	a.do("PUT", "/v1/agent-tasks/col/steps/1/spawn", map[string]any{"session": s, "token": tok, "steps": 2, "state": b64("s"), "children": kids, "collect": true}).want(t, 200)
+	waitFor(t, "the running child to end", func() bool {
+		return a.do("GET", "/v1/agent-tasks/col/children", nil).num("ended") == 1
+	})
+	if c := a.claim("col", s, 200); c.num("token") != 0 {
+		t.Fatalf("claimed with a child still pending: %s", c.Raw)
+	}
+	if _, err := qc.Cancel(ctx, "col.1.stuck"); err != nil {
+		t.Fatal(err)
+	}
+	a.claimReady(t, "col", s)
+	r := a.do("GET", "/v1/agent-tasks/col/children", nil).want(t, 200)
+	outs, _ := r.JSON["outcomes"].([]any)
+	if len(outs) != 2 || r.JSON["failed_child"] != nil || r.num("failed") != 1 {
+		t.Fatalf("children: %s", r.Raw)
+	}
+	run, stuck := outs[0].(map[string]any), outs[1].(map[string]any)
+	if run["status"] != "SUCCEEDED" || run["result"] != "plain text" || stuck["status"] != "CANCELLED" {
+		t.Fatalf("outcomes: %s", r.Raw)
+	}
+	store, err := task.NewStore(a.cli, a.ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan, err := store.Plan(ctx, "col", 1)
+	if err != nil || len(plan) != 2 || !plan[0].Detached || plan[1].Detached {
+		t.Fatalf("plan: %+v %v", plan, err)
+	}
+}
