@@ -63,6 +63,9 @@ func agentTaskOf(cp task.Checkpoint) AgentTask {
 	if !cp.Completed && cp.Wait != nil {
 		out.WaitingFor = taskWaitOfCheckpoint(cp.Wait)
 	}
+	if sp := cp.Spawn; !cp.Completed && sp != nil {
+		out.WaitingFor = &TaskWait{Since: cp.At, Children: &TaskChildrenWait{Step: cp.Step, N: sp.N, Wait: sp.Wait, Collect: sp.Collect}}
+	}
 	return out
 }
 
@@ -204,6 +207,11 @@ func (s *Server) claimTask(ctx context.Context, in *claimTaskInput) (*struct{ Bo
 		sg, err = store.ClaimSignal(ctx, in.ID, cp.Wait, l.Token(), time.Now())
 	}
 	waiting := err == nil && !cp.Completed && cp.Wait != nil && sg == nil
+	if err == nil && !cp.Completed && cp.Spawn != nil && !asleep {
+		var ready bool
+		ready, err = s.awaitChildren(ctx, store, l, cp) // submits them if a crash cut the spawning write short
+		waiting = err == nil && !ready
+	}
 	if err != nil || cp.Completed || asleep || waiting {
 		rctx, rcancel := cleanupContext(ctx) // nothing is held on error, nor for a completed or sleeping task
 		_ = l.Release(rctx)
@@ -219,7 +227,7 @@ func (s *Server) claimTask(ctx context.Context, in *claimTaskInput) (*struct{ Bo
 		until := cp.SleepUntil
 		out.SleepUntil, out.NextStep = &until, cp.Step+1
 	case waiting:
-		out.WaitingFor, out.NextStep = taskWaitOfCheckpoint(cp.Wait), cp.Step+1
+		out.WaitingFor, out.NextStep = agentTaskOf(cp).WaitingFor, cp.Step+1
 	case !cp.Completed:
 		exp := sess.lease.Deadline().UTC()
 		out.Token, out.ExpiresAt, out.NextStep, out.Signal = l.Token(), &exp, cp.Step+1, signalOf(sg)
@@ -241,12 +249,8 @@ func (s *Server) claimFence(ctx context.Context, id, session string, token int64
 
 func (s *Server) putTaskStep(ctx context.Context, in *stepInput) (*agentTaskOutput, error) {
 	b := in.Body
-	if len(b.State) > task.DefaultStateLimit {
-		return nil, invalid("body.state", fmt.Sprintf("%d bytes", len(b.State)),
-			fmt.Sprintf("must be at most %d bytes: keep large state in an object store or PostgreSQL and checkpoint its URI", task.DefaultStateLimit))
-	}
-	if b.Steps > 0 && in.N > b.Steps {
-		return nil, invalid("path.n", in.N, fmt.Sprintf("must be at most steps (%d)", b.Steps))
+	if err := checkStepWrite(in.N, b.Steps, b.State); err != nil {
+		return nil, err
 	}
 	until, err := stepSleep(b.SleepFor, b.SleepUntil, b.Steps > 0 && in.N == b.Steps)
 	if err != nil {
@@ -256,36 +260,55 @@ func (s *Server) putTaskStep(ctx context.Context, in *stepInput) (*agentTaskOutp
 	if err != nil {
 		return nil, err
 	}
-	if err := task.CheckID(in.ID); err != nil {
+	return s.writeStep(ctx, in.ID, in.N, stepWrite{Session: b.Session, Token: b.Token, Name: b.Name, Steps: b.Steps, State: b.State, Until: until, Wait: wait})
+}
+
+// checkStepWrite refuses a step write whose state is too large or whose
+// number is past its steps.
+func checkStepWrite(n, steps int, state []byte) error {
+	if len(state) > task.DefaultStateLimit {
+		return invalid("body.state", fmt.Sprintf("%d bytes", len(state)),
+			fmt.Sprintf("must be at most %d bytes: keep large state in an object store or PostgreSQL and checkpoint its URI", task.DefaultStateLimit))
+	}
+	if steps > 0 && n > steps {
+		return invalid("path.n", n, fmt.Sprintf("must be at most steps (%d)", steps))
+	}
+	return nil
+}
+
+// stepWrite is a step write as the step and spawn routes take it: what
+// the step returned, and what it ends with (a sleep until Until, a wait,
+// or children to spawn; at most one).
+type stepWrite struct {
+	Session string
+	Token   int64
+	Name    string
+	Steps   int
+	State   []byte
+	Until   time.Time
+	Wait    *task.Wait
+	Spawn   *task.SpawnRequest
+}
+
+// writeStep writes step n of task id, fenced by the claim the write names.
+func (s *Server) writeStep(ctx context.Context, id string, n int, b stepWrite) (*agentTaskOutput, error) {
+	if err := task.CheckID(id); err != nil {
 		return nil, problem(err, taskWhere)
 	}
 	store, err := s.taskStore(ctx)
 	if err != nil {
 		return nil, err
 	}
-	cp, err := store.Load(ctx, in.ID)
+	cp, err := store.Load(ctx, id)
 	if err != nil {
 		return nil, taskProblem(err)
 	}
 	// A repeated write, already applied, is answered before the fence: a
 	// write that slept or completed gave the claim up with it.
-	if in.N == cp.Step && cp.Token == b.Token && bytes.Equal(cp.State, b.State) {
+	if n == cp.Step && cp.Token == b.Token && bytes.Equal(cp.State, b.State) {
 		return &agentTaskOutput{Body: agentTaskOf(cp)}, nil
 	}
-	f, err := s.claimFence(ctx, in.ID, b.Session, b.Token)
-	if err != nil {
-		return nil, err
-	}
-	switch {
-	case cp.Completed:
-		return nil, newProblem(http.StatusConflict, "conflict", fmt.Sprintf("task %s is completed: nothing more is written", in.ID))
-	case in.N != cp.Step+1:
-		return nil, newProblem(http.StatusConflict, "conflict",
-			fmt.Sprintf("task %s: step %d cannot be written: %s, the next step is %d", in.ID, in.N, task.CheckpointedUpTo(cp.Step), cp.Step+1))
-	case b.Steps > 0 && cp.Step > 0 && cp.Steps != 0 && cp.Steps != b.Steps:
-		return nil, taskProblem(fmt.Errorf("task %s: checkpoint at step %d of %d, but this write says %d steps: %w", in.ID, cp.Step, cp.Steps, b.Steps, task.ErrStepsChanged))
-	}
-	sg, err := stepSignal(ctx, store, cp, b.Token)
+	f, err := s.claimFence(ctx, id, b.Session, b.Token)
 	if err != nil {
 		return nil, err
 	}
@@ -293,26 +316,41 @@ func (s *Server) putTaskStep(ctx context.Context, in *stepInput) (*agentTaskOutp
 	if steps == 0 {
 		steps = cp.Steps
 	}
+	switch {
+	case cp.Completed:
+		return nil, newProblem(http.StatusConflict, "conflict", fmt.Sprintf("task %s is completed: nothing more is written", id))
+	case n != cp.Step+1:
+		return nil, newProblem(http.StatusConflict, "conflict",
+			fmt.Sprintf("task %s: step %d cannot be written: %s, the next step is %d", id, n, task.CheckpointedUpTo(cp.Step), cp.Step+1))
+	case b.Steps > 0 && cp.Step > 0 && cp.Steps != 0 && cp.Steps != b.Steps:
+		return nil, taskProblem(fmt.Errorf("task %s: checkpoint at step %d of %d, but this write says %d steps: %w", id, cp.Step, cp.Steps, b.Steps, task.ErrStepsChanged))
+	case b.Spawn != nil && len(b.Spawn.Children) > 0 && steps > 0 && n == steps:
+		return nil, invalid("body.children", len(b.Spawn.Children), fmt.Sprintf("must be empty in a write of the last step (%d of %d): no step follows to read the children's outcomes", n, steps))
+	}
+	sg, err := stepSignal(ctx, store, cp, b.Token)
+	if err != nil {
+		return nil, err
+	}
 	name := b.Name
 	if name == "" {
-		name = fmt.Sprintf("step %d", in.N)
+		name = fmt.Sprintf("step %d", n)
 	}
 	started := cp.At
 	if started.IsZero() {
 		started = time.Now()
 	}
 	now := time.Now().UTC()
-	next := task.Checkpoint{TaskID: in.ID, Step: in.N, StepName: name, Steps: steps, Completed: steps > 0 && in.N == steps,
+	next := task.Checkpoint{TaskID: id, Step: n, StepName: name, Steps: steps, Completed: steps > 0 && n == steps,
 		State: b.State, Worker: f.holder.ID, Token: b.Token, At: now}
 	if !next.Completed {
-		next.SleepUntil, next.Wait = until, wait
+		next.SleepUntil, next.Wait = b.Until, b.Wait
 	}
-	rec := task.StepRecord{Step: in.N, Name: name, Worker: f.holder.ID, Token: b.Token, StartedAt: started.UTC(), FinishedAt: now}
-	if err := store.CommitSignal(ctx, f, cp, &next, rec, sg); err != nil {
-		return nil, taskProblem(err)
+	rec := task.StepRecord{Step: n, Name: name, Worker: f.holder.ID, Token: b.Token, StartedAt: started.UTC(), FinishedAt: now}
+	if err := s.commitStep(ctx, store, f, cp, &next, rec, sg, b.Spawn); err != nil {
+		return nil, err
 	}
-	if next.Completed || !next.SleepUntil.IsZero() || next.Wait != nil {
-		s.releaseClaim(ctx, in.ID, f) // done, or parked: nothing is held while it sleeps
+	if next.Completed || !next.SleepUntil.IsZero() || next.Wait != nil || next.Spawn != nil {
+		s.releaseClaim(ctx, id, f) // done, or parked: nothing is held while it sleeps or waits
 	}
 	return &agentTaskOutput{Body: agentTaskOf(next)}, nil
 }

@@ -108,6 +108,14 @@ func NewClient(cli *clientv3.Client, ns string) (*Client, error) {
 	return c, nil
 }
 
+// Spawner submits children for parents outside any queue's workers (HTTP
+// agent tasks; see task.Store.CommitSpawn): parentQueue is the parent's
+// queue, whose workers wake it as its children end, or "" for a parent
+// that no queue parks (its next claim counts the children itself).
+func (c *Client) Spawner(parentQueue string) task.Spawner {
+	return childSpawner{c: c, q: parentQueue}
+}
+
 // Close stops what the Client runs in the background and waits for it,
 // in this order: it marks the shared watches of its queues (watchhub.go)
 // closed, so that none opens from now on; stops each, with its linger

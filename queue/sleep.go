@@ -11,8 +11,10 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
+	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/internal/due"
 	"github.com/droverhq/drover/task"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -170,6 +172,18 @@ func (w *Worker) sleepOps(o outcome, pendingKey string, seg bool, now time.Time,
 // runs again as the next step, with that state in the file
 // $DROVER_STATE_FILE (empty for step 1). A run that exits 0 without
 // writing the sleep file ends the task as before, its output the result.
+//
+// It may end instead with a wait for a signal, written to
+// $DROVER_WAIT_FILE ("approval", "approve,reject 24h": names, then a
+// timeout), or by spawning children, written to $DROVER_SPAWN_FILE as
+// JSON ({"children": [{"queue", "task_type", "parameters", "key",
+// "priority", "max_retries", "timeout", "detached"}], "wait": N,
+// "collect": bool}): the step is checkpointed with the wait or the
+// children's plan, fenced by the claim, the children submitted, and the
+// task parks WAITING exactly as a queue.Steps task does. The next step
+// gets the signal's JSON in $DROVER_SIGNAL_FILE (and its name in
+// $DROVER_SIGNAL_NAME), or the children's outcomes, a JSON array, in
+// $DROVER_CHILDREN_FILE.
 
 // execStep is one run of an exec handler's command as a step of its task.
 type execStep struct {
@@ -177,6 +191,10 @@ type execStep struct {
 	dir  string
 	cp   task.Checkpoint
 	step int
+	// sg is the signal the step resumes with (nil: none), children
+	// whether it gets the outcomes of the children of the step before.
+	sg       *task.Signal
+	children bool
 }
 
 // prepareExecStep finds which step of task t a run of an exec handler is:
@@ -204,17 +222,97 @@ func prepareExecStep(ctx context.Context, t *Task) (*execStep, error) {
 	} else if !near {
 		return nil, &parked{until: st.cp.SleepUntil, again: true}
 	}
+	if err := st.resume(ctx, store, t); err != nil {
+		return nil, err
+	}
 	st.step = st.cp.Step + 1
 	dir, err := os.MkdirTemp("", "drover-step-")
 	if err != nil {
 		return nil, fmt.Errorf("exec step: %w", err)
 	}
 	st.dir = dir
-	if err := os.WriteFile(filepath.Join(dir, "state"), st.cp.State, 0o600); err != nil {
+	if err := st.writeInputs(ctx, store, t.ID); err != nil {
 		st.cleanup()
-		return nil, fmt.Errorf("exec step: %w", err)
+		return nil, err
 	}
 	return st, nil
+}
+
+// resume decides whether the step after st's checkpoint may run: the
+// signal its wait waits for came (or the wait timed out), its children
+// ended. Otherwise it returns a parked error: the task parks again.
+func (st *execStep) resume(ctx context.Context, store *task.Store, t *Task) error {
+	if wt := st.cp.Wait; wt != nil {
+		sg, err := store.ClaimSignal(ctx, t.ID, wt, 0, st.f.w.client.now())
+		if err != nil {
+			return err
+		}
+		if sg == nil {
+			return &parked{until: waitDue(wt), wait: wt, again: true}
+		}
+		st.sg = sg
+	}
+	if st.cp.Spawn != nil {
+		p, err := st.awaitChildren(ctx, store, t, true)
+		if err != nil {
+			return err
+		}
+		if p != nil {
+			return p
+		}
+		st.children = true
+	}
+	return nil
+}
+
+// awaitChildren submits the children of st's checkpoint if they are not
+// yet and returns the park of a task that waits for them (nil: they
+// ended). A child that failed its parent is a permanent error.
+func (st *execStep) awaitChildren(ctx context.Context, store *task.Store, t *Task, again bool) (*parked, error) {
+	w, err := store.AwaitChildren(ctx, st.f, childSpawner{c: st.f.w.client, q: st.f.w.cfg.Queue}, st.cp)
+	var cf *task.ChildFailedError
+	if errors.As(err, &cf) {
+		return nil, Permanent(err)
+	}
+	if err != nil || w.Ready() {
+		return nil, err
+	}
+	wt := &task.Wait{Since: st.cp.At, Children: &task.ChildrenWait{Step: st.cp.Step, N: w.N, Wait: w.Wait, Collect: w.Collect, Rev: w.Rev}}
+	return &parked{until: waitDue(wt), wait: wt, again: again}, nil
+}
+
+// writeInputs writes the files the command reads: the state, the signal
+// it resumes with, its children's outcomes.
+func (st *execStep) writeInputs(ctx context.Context, store *task.Store, id string) error {
+	if err := os.WriteFile(filepath.Join(st.dir, "state"), st.cp.State, 0o600); err != nil {
+		return fmt.Errorf("exec step: %w", err)
+	}
+	if st.sg != nil {
+		b, _ := json.Marshal(st.sg)
+		if err := os.WriteFile(filepath.Join(st.dir, "signal"), b, 0o600); err != nil {
+			return fmt.Errorf("exec step: %w", err)
+		}
+	}
+	if !st.children {
+		return nil
+	}
+	outs := []task.ChildOutcome{}
+	for after := ""; ; {
+		page, next, err := store.ChildrenOf(ctx, id, st.cp.Step, after, 500)
+		if err != nil {
+			return err
+		}
+		outs = append(outs, page...)
+		if next == "" {
+			break
+		}
+		after = next
+	}
+	b, _ := json.Marshal(outs)
+	if err := os.WriteFile(filepath.Join(st.dir, "children"), b, 0o600); err != nil {
+		return fmt.Errorf("exec step: %w", err)
+	}
+	return nil
 }
 
 // sleptBefore reports whether task t's history shows it asleep.
@@ -232,8 +330,16 @@ func (st *execStep) env() []string {
 	if st.dir == "" {
 		return nil
 	}
-	return []string{"DROVER_STEP=" + strconv.Itoa(st.step), "DROVER_STATE_FILE=" + filepath.Join(st.dir, "state"),
-		"DROVER_SLEEP_FILE=" + filepath.Join(st.dir, "sleep")}
+	env := []string{"DROVER_STEP=" + strconv.Itoa(st.step), "DROVER_STATE_FILE=" + filepath.Join(st.dir, "state"),
+		"DROVER_SLEEP_FILE=" + filepath.Join(st.dir, "sleep"), "DROVER_WAIT_FILE=" + filepath.Join(st.dir, "wait"),
+		"DROVER_SPAWN_FILE=" + filepath.Join(st.dir, "spawn")}
+	if st.sg != nil {
+		env = append(env, "DROVER_SIGNAL_FILE="+filepath.Join(st.dir, "signal"), "DROVER_SIGNAL_NAME="+st.sg.Name)
+	}
+	if st.children {
+		env = append(env, "DROVER_CHILDREN_FILE="+filepath.Join(st.dir, "children"))
+	}
+	return env
 }
 
 func (st *execStep) cleanup() {
@@ -243,78 +349,200 @@ func (st *execStep) cleanup() {
 }
 
 // finish ends a run that exited 0 with output out: the task's result, or,
-// when the command wrote a sleep, the step's checkpoint and a parked error.
+// when the command wrote a sleep, a wait or a spawn, the step's checkpoint
+// and a parked error.
 func (st *execStep) finish(ctx context.Context, t *Task, out []byte) ([]byte, error) {
 	if st.dir == "" {
 		return out, nil
 	}
-	b, err := st.readSleep()
-	if err != nil {
-		return nil, Permanent(err)
+	var ends [3][]byte
+	for i, name := range []string{"sleep", "wait", "spawn"} {
+		b, err := st.readFile(name)
+		if err != nil {
+			return nil, Permanent(err)
+		}
+		ends[i] = bytes.TrimSpace(b)
 	}
-	if len(bytes.TrimSpace(b)) == 0 {
+	n := 0
+	for _, b := range ends {
+		if len(b) > 0 {
+			n++
+		}
+	}
+	switch {
+	case n == 0:
 		return out, nil
-	}
-	if len(out) > task.DefaultStateLimit {
-		return nil, Permanent(fmt.Errorf("exec step %d printed %d bytes, over the %d-byte state limit of a step that sleeps", st.step, len(out), task.DefaultStateLimit))
-	}
-	req, err := task.ParseSleep("DROVER_SLEEP_FILE", string(b))
-	if err != nil {
-		return nil, Permanent(err)
+	case n > 1:
+		return nil, Permanent(fmt.Errorf("exec step %d wrote more than one of DROVER_SLEEP_FILE, DROVER_WAIT_FILE and DROVER_SPAWN_FILE: a step ends with one", st.step))
+	case len(out) > task.DefaultStateLimit:
+		return nil, Permanent(fmt.Errorf("exec step %d printed %d bytes, over the %d-byte state limit of a step that sleeps, waits or spawns", st.step, len(out), task.DefaultStateLimit))
 	}
 	w := st.f.w
-	now := w.client.now()
-	until, err := req.Due(now)
-	if err != nil {
-		return nil, Permanent(err)
-	}
 	store, err := task.NewStore(w.cli, w.cfg.Namespace)
 	if err != nil {
 		return nil, err
 	}
 	at := time.Now().UTC()
 	name := "step " + strconv.Itoa(st.step)
-	next := task.Checkpoint{TaskID: t.ID, Step: st.step, StepName: name, State: out, SleepUntil: until, Worker: w.worker, Token: st.f.Token(), At: at}
+	next := task.Checkpoint{TaskID: t.ID, Step: st.step, StepName: name, State: out, Worker: w.worker, Token: st.f.Token(), At: at}
 	rec := task.StepRecord{Step: st.step, Name: name, Worker: w.worker, Token: st.f.Token(), StartedAt: at, FinishedAt: at}
 	// The fence, not the handler's context, decides whether this write
 	// counts: commit even if the context ended as the command exited.
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
-	if err := store.Commit(cctx, st.f, st.cp, &next, rec); err != nil {
-		return nil, err
+	switch {
+	case len(ends[0]) > 0:
+		return nil, st.sleep(cctx, store, &next, rec, string(ends[0]))
+	case len(ends[1]) > 0:
+		return nil, st.wait(cctx, store, &next, rec, string(ends[1]))
 	}
-	return nil, &parked{until: until}
+	return nil, st.spawn(cctx, store, t, &next, rec, ends[2])
 }
 
-// maxSleepFile bounds what is read of the sleep file.
-const maxSleepFile = 1 << 10
+// sleep checkpoints next with the sleep text asks for.
+func (st *execStep) sleep(ctx context.Context, store *task.Store, next *task.Checkpoint, rec task.StepRecord, text string) error {
+	req, err := task.ParseSleep("DROVER_SLEEP_FILE", text)
+	if err != nil {
+		return Permanent(err)
+	}
+	if next.SleepUntil, err = req.Due(st.f.w.client.now()); err != nil {
+		return Permanent(err)
+	}
+	if err := store.CommitSignal(ctx, st.f, st.cp, next, rec, st.sg); err != nil {
+		return err
+	}
+	return &parked{until: next.SleepUntil}
+}
 
-// readSleep reads the sleep file the command wrote: nothing when there
-// is none; an error when it is not a regular file (a link, a device) or
-// holds more than maxSleepFile bytes.
-func (st *execStep) readSleep() ([]byte, error) {
-	name := filepath.Join(st.dir, "sleep")
+// wait checkpoints next with the wait text asks for ("NAME[,NAME...]
+// [TIMEOUT]").
+func (st *execStep) wait(ctx context.Context, store *task.Store, next *task.Checkpoint, rec task.StepRecord, text string) error {
+	const field = "DROVER_WAIT_FILE"
+	f := strings.Fields(text)
+	if len(f) > 2 {
+		return Permanent(&drover.InputError{Field: field, Value: text, Rule: "must be NAME[,NAME...] [TIMEOUT], such as \"approval 24h\""})
+	}
+	req := &task.WaitRequest{Signals: strings.Split(f[0], ",")}
+	if len(f) == 2 {
+		sl, err := task.ParseSleep(field, f[1])
+		if err == nil && !sl.Until.IsZero() {
+			err = &drover.InputError{Field: field, Value: f[1], Rule: "the timeout must be a duration such as 24h, or a number of seconds"}
+		}
+		if err != nil {
+			return Permanent(err)
+		}
+		req.Timeout = sl.For
+	}
+	if err := req.Check(); err != nil {
+		return Permanent(drover.Rename(err, field+" "+fieldOf(err)))
+	}
+	next.Wait = req.Begin(st.f.w.client.now())
+	if err := store.CommitSignal(ctx, st.f, st.cp, next, rec, st.sg); err != nil {
+		return err
+	}
+	return &parked{until: waitDue(next.Wait), wait: next.Wait}
+}
+
+// fieldOf is the field an input error names ("" for another error).
+func fieldOf(err error) string {
+	var ie *drover.InputError
+	if errors.As(err, &ie) {
+		return ie.Field
+	}
+	return ""
+}
+
+// spawnFile is what an exec step writes to DROVER_SPAWN_FILE.
+type spawnFile struct {
+	Children []struct {
+		task.Child
+		Timeout string `json:"timeout,omitempty"`
+	} `json:"children"`
+	Wait    int  `json:"wait,omitempty"`
+	Collect bool `json:"collect,omitempty"`
+}
+
+// spawn checkpoints next with the children b (the spawn file) lists,
+// submits them and parks the task until enough of them ended.
+func (st *execStep) spawn(ctx context.Context, store *task.Store, t *Task, next *task.Checkpoint, rec task.StepRecord, b []byte) error {
+	var sf spawnFile
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&sf); err != nil {
+		return Permanent(&drover.InputError{Field: "DROVER_SPAWN_FILE", Rule: "must be JSON: {\"children\": [{\"queue\", \"task_type\", ...}], \"wait\", \"collect\"}: " + err.Error()})
+	}
+	req := &task.SpawnRequest{Children: make([]task.Child, len(sf.Children)), Options: task.SpawnOptions{Wait: sf.Wait, Collect: sf.Collect}}
+	for i, c := range sf.Children {
+		req.Children[i] = c.Child
+		if c.Timeout != "" {
+			sl, err := task.ParseSleep(fmt.Sprintf("DROVER_SPAWN_FILE children[%d].timeout", i), c.Timeout)
+			if err != nil || sl.For <= 0 {
+				return Permanent(&drover.InputError{Field: fmt.Sprintf("DROVER_SPAWN_FILE children[%d].timeout", i), Value: c.Timeout, Rule: "must be a positive duration such as 10m, or a number of seconds"})
+			}
+			req.Children[i].Timeout = sl.For
+		}
+	}
+	err := store.CommitSpawn(ctx, st.f, childSpawner{c: st.f.w.client, q: st.f.w.cfg.Queue}, st.cp, next, rec, st.sg, req)
+	if err != nil {
+		if fieldOf(err) != "" {
+			return Permanent(drover.Rename(err, "DROVER_SPAWN_FILE "+fieldOf(err)))
+		}
+		return err
+	}
+	if next.Spawn == nil { // no children: the next step runs at once
+		return &parked{until: st.f.w.client.now()}
+	}
+	st.cp = *next
+	p, err := st.awaitChildren(ctx, store, t, false)
+	if err != nil {
+		return err
+	}
+	if p == nil { // they ended already: run the next step at once
+		return &parked{until: st.f.w.client.now()}
+	}
+	if beforeChildPark != nil {
+		beforeChildPark(t.ID)
+	}
+	return p
+}
+
+// maxSleepFile bounds what is read of a sleep or wait file,
+// maxSpawnFile of a spawn file.
+const (
+	maxSleepFile = 1 << 10
+	maxSpawnFile = 64 << 20
+)
+
+// readFile reads the file name (sleep, wait, spawn) the command wrote:
+// nothing when there is none; an error when it is not a regular file (a
+// link, a device) or holds more than its bound (maxSleepFile; a spawn
+// file maxSpawnFile).
+func (st *execStep) readFile(file string) ([]byte, error) {
+	name, env, limit := filepath.Join(st.dir, file), "DROVER_"+strings.ToUpper(file)+"_FILE", int64(maxSleepFile)
+	if file == "spawn" {
+		limit = maxSpawnFile
+	}
 	fi, err := os.Lstat(name)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("exec step %d: DROVER_SLEEP_FILE: %w", st.step, err)
+		return nil, fmt.Errorf("exec step %d: %s: %w", st.step, env, err)
 	}
 	if !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("exec step %d: DROVER_SLEEP_FILE must be a regular file, not %s", st.step, fi.Mode().Type())
+		return nil, fmt.Errorf("exec step %d: %s must be a regular file, not %s", st.step, env, fi.Mode().Type())
 	}
 	f, err := os.Open(name)
 	if err != nil {
-		return nil, fmt.Errorf("exec step %d: DROVER_SLEEP_FILE: %w", st.step, err)
+		return nil, fmt.Errorf("exec step %d: %s: %w", st.step, env, err)
 	}
 	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, maxSleepFile+1))
+	b, err := io.ReadAll(io.LimitReader(f, limit+1))
 	if err != nil {
-		return nil, fmt.Errorf("exec step %d: DROVER_SLEEP_FILE: %w", st.step, err)
+		return nil, fmt.Errorf("exec step %d: %s: %w", st.step, env, err)
 	}
-	if len(b) > maxSleepFile {
-		return nil, fmt.Errorf("exec step %d: DROVER_SLEEP_FILE must hold at most %d bytes (a duration or a time)", st.step, maxSleepFile)
+	if int64(len(b)) > limit {
+		return nil, fmt.Errorf("exec step %d: %s must hold at most %d bytes", st.step, env, limit)
 	}
 	return b, nil
 }

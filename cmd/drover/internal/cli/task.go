@@ -90,6 +90,17 @@ sleep: its output is checkpointed, the lock released, and drover exits 75
 saying until when. Run the task again then (from any machine) and it
 resumes at the next step; a run before then runs nothing and exits 75.
 
+A step that writes a wait to the file named by DROVER_WAIT_FILE ("approval",
+"approve,reject 24h": signal names, then a timeout as a duration or in
+seconds; without one it waits without end) and exits 0 ends with a wait for
+a signal: its output is checkpointed, the lock released, and drover exits
+75 saying for what. Send the signal (drover signal TASK_ID NAME --data JSON)
+and run the task again: the next step runs with the signal, its JSON
+({"name", "data", "idempotency_key", "sent_at"}, or {"timed_out": true} once
+the timeout passed) in the file DROVER_SIGNAL_FILE and its name in
+DROVER_SIGNAL_NAME, and that step's checkpoint consumes it. A run before the
+signal came runs nothing and exits 75.
+
 Any number of workers may run the same task at once: one holds it, the others
 wait on a watch and take over when its lease expires (--ttl), resuming after
 the last checkpointed step. Each checkpoint is written fenced by the lock's
@@ -183,6 +194,9 @@ type taskRunResult struct {
 	State            string `json:"state"`
 	// SleepingUntil is set when the task sleeps: run it again then.
 	SleepingUntil *time.Time `json:"sleeping_until,omitempty"`
+	// WaitingFor is set when the task waits for a signal: send it, then
+	// run the task again.
+	WaitingFor *task.Wait `json:"waiting_for,omitempty"`
 }
 
 func (a *app) taskRun(ctx context.Context, id string, names, cmds []string, ttl, grace time.Duration, workerID string, asJSON bool) error {
@@ -241,15 +255,79 @@ func (a *app) taskRun(ctx context.Context, id string, names, cmds []string, ttl,
 	if !res.SleepingUntil.IsZero() {
 		out.SleepingUntil = &res.SleepingUntil
 	}
+	out.WaitingFor = res.Waiting
 	if asJSON {
 		err = json.NewEncoder(a.stdout).Encode(out)
-	} else if out.SleepingUntil == nil {
+	} else if out.SleepingUntil == nil && out.WaitingFor == nil {
 		_, err = a.stdout.Write(res.State)
 	}
-	if err == nil && out.SleepingUntil != nil {
+	switch {
+	case err != nil:
+	case out.SleepingUntil != nil:
 		err = withCode(ExitBusy, fmt.Errorf("task %s sleeps until %s; nothing is held: run it again then", id, res.SleepingUntil.Format(time.RFC3339Nano)))
+	case out.WaitingFor != nil:
+		err = withCode(ExitBusy, fmt.Errorf("task %s %s; nothing is held: send it (drover signal %s NAME), then run the task again", id, waitWords(out.WaitingFor), id))
 	}
 	return err
+}
+
+// waitWords says what a task waits for.
+func waitWords(w *task.Wait) string {
+	s := "waits for signal " + strings.Join(w.Signals, " or ")
+	if !w.Until.IsZero() {
+		s += " until " + w.Until.Format(time.RFC3339Nano)
+	}
+	return s
+}
+
+// parseWaitFile reads what a step wrote to DROVER_WAIT_FILE: signal names
+// separated by commas, then, optionally, a timeout (a duration or a
+// number of seconds).
+func parseWaitFile(text string) (*task.WaitRequest, error) {
+	const field = "DROVER_WAIT_FILE"
+	f := strings.Fields(text)
+	if len(f) > 2 {
+		return nil, &drover.InputError{Field: field, Value: text, Rule: "must be NAME[,NAME...] [TIMEOUT], such as \"approval 24h\""}
+	}
+	req := &task.WaitRequest{Signals: strings.Split(f[0], ",")}
+	if len(f) == 2 {
+		sl, err := task.ParseSleep(field, f[1])
+		if err == nil && !sl.Until.IsZero() {
+			err = &drover.InputError{Field: field, Value: f[1], Rule: "the timeout must be a duration such as 24h, or a number of seconds"}
+		}
+		if err != nil {
+			return nil, err
+		}
+		req.Timeout = sl.For
+	}
+	if err := req.Check(); err != nil {
+		var ie *drover.InputError
+		if errors.As(err, &ie) {
+			return nil, ie.Renamed(field + " " + ie.Field)
+		}
+		return nil, err
+	}
+	return req, nil
+}
+
+// signalFile writes the signal a step resumes with (none: "") to a file
+// for it, and returns the file's name.
+func signalFile(ctx context.Context) (string, func(), error) {
+	sg, ok := task.ReceivedSignal(ctx)
+	if !ok {
+		return "", func() {}, nil
+	}
+	f, err := os.CreateTemp("", "drover-signal-")
+	if err != nil {
+		return "", nil, err
+	}
+	defer f.Close()
+	done := func() { os.Remove(f.Name()) }
+	if err := json.NewEncoder(f).Encode(sg); err != nil {
+		done()
+		return "", nil, err
+	}
+	return f.Name(), done, nil
 }
 
 // taskRunner connects and makes the runner of drover task run: on its own
@@ -309,9 +387,25 @@ func (sr *stepRunner) step(n int, name, script string) task.StepFunc {
 		}
 		sleepFile.Close()
 		defer os.Remove(sleepFile.Name())
+		wf, err := os.CreateTemp("", "drover-wait-")
+		if err != nil {
+			return nil, err
+		}
+		wf.Close()
+		waitFile := wf.Name()
+		defer os.Remove(waitFile)
+		sigFile, done, err := signalFile(sctx)
+		if err != nil {
+			return nil, err
+		}
+		defer done()
 		c := exec.Command("sh", "-c", script)
 		c.Env = append(os.Environ(), EnvTaskID+"="+id, EnvStep+"="+strconv.Itoa(n), EnvStepName+"="+name,
-			EnvLockToken+"="+strconv.FormatInt(sr.token, 10), "DROVER_SLEEP_FILE="+sleepFile.Name())
+			EnvLockToken+"="+strconv.FormatInt(sr.token, 10), "DROVER_SLEEP_FILE="+sleepFile.Name(), "DROVER_WAIT_FILE="+waitFile)
+		if sigFile != "" {
+			sg, _ := task.ReceivedSignal(sctx)
+			c.Env = append(c.Env, "DROVER_SIGNAL_FILE="+sigFile, "DROVER_SIGNAL_NAME="+sg.Name)
+		}
 		c.Stdin = bytes.NewReader(state)
 		out := &limitedBuffer{limit: task.DefaultStateLimit}
 		c.Stdout, c.Stderr = out, a.stderr
@@ -334,12 +428,23 @@ func (sr *stepRunner) step(n int, name, script string) task.StepFunc {
 		case out.over:
 			return nil, &task.StateTooLargeError{TaskID: id, Step: n, Name: name, Size: out.n, Limit: out.limit}
 		}
-		if b, _ := os.ReadFile(sleepFile.Name()); len(bytes.TrimSpace(b)) > 0 {
-			req, err := task.ParseSleep("DROVER_SLEEP_FILE", string(b))
+		sleep, _ := os.ReadFile(sleepFile.Name())
+		wait, _ := os.ReadFile(waitFile)
+		switch {
+		case len(bytes.TrimSpace(sleep)) > 0 && len(bytes.TrimSpace(wait)) > 0:
+			return nil, &drover.InputError{Field: "DROVER_WAIT_FILE", Rule: "a step ends with a sleep (DROVER_SLEEP_FILE) or a wait, not both"}
+		case len(bytes.TrimSpace(sleep)) > 0:
+			req, err := task.ParseSleep("DROVER_SLEEP_FILE", string(sleep))
 			if err != nil {
 				return nil, err
 			}
 			return out.Bytes(), req // the step ends with a sleep
+		case len(bytes.TrimSpace(wait)) > 0:
+			req, err := parseWaitFile(string(wait))
+			if err != nil {
+				return nil, err
+			}
+			return out.Bytes(), req // the step ends with a wait for a signal
 		}
 		return out.Bytes(), nil
 	}
@@ -372,6 +477,13 @@ func (a *app) printTaskEvent(ev task.Event, steps int) {
 		msg = "already completed; nothing to do"
 	case task.EventSleeping:
 		msg = fmt.Sprintf("step %d %s ended with a sleep until %s", ev.Step, ev.Name, ev.Until.Format(time.RFC3339Nano))
+	case task.EventAwaitingSignal:
+		msg = fmt.Sprintf("step %d %s ended with a wait: %s", ev.Step, ev.Name, waitWords(&task.Wait{Signals: ev.Signals, Until: ev.Until}))
+	case task.EventSignalReceived:
+		msg = fmt.Sprintf("step %d resumes with signal %s", ev.Step, ev.Name)
+		if ev.Err != "" {
+			msg = fmt.Sprintf("step %d resumes: the wait %s", ev.Step, ev.Err)
+		}
 	case task.EventLost:
 		msg = "lost the task: " + ev.Err
 	default:

@@ -1,0 +1,56 @@
+package task
+
+import (
+	"context"
+
+	"github.com/droverhq/drover"
+	"github.com/droverhq/drover/lease"
+)
+
+// Spawning from a step written apart from its run (HTTP agent tasks): the
+// same plan, checkpoint and submission as a step that returns Spawn, split
+// in two so that the writer can answer between them.
+
+// CommitSpawn is CommitSignal of a step that ends by spawning req's
+// children: the children are checked (sp.CheckChildren: their queues
+// exist, their fields are valid), their plan is written under fence f,
+// and next is checkpointed with the spawn record, all before any child is
+// submitted; then AwaitChildren submits them. A step written again after
+// a crash writes its own plan over the one of a write that did not commit:
+// only the plan of the checkpoint that committed is ever submitted. An
+// input error names the field ("children[3].queue", "wait") and nothing
+// is stored. An empty list spawns nothing: next is committed as it is.
+func (s *Store) CommitSpawn(ctx context.Context, f lease.Fence, sp Spawner, prev Checkpoint, next *Checkpoint, rec StepRecord, sg *Signal, req *SpawnRequest) error {
+	if len(req.Children) == 0 {
+		return s.CommitSignal(ctx, f, prev, next, rec, sg)
+	}
+	if sp == nil {
+		return &drover.InputError{Field: "children", Rule: "this step cannot spawn child tasks: no spawner"}
+	}
+	r := stepRun{s: s, f: f, id: next.TaskID, cfg: StepConfig{Spawner: sp}}
+	rec2, extra, err := r.spawn(ctx, next.Step, req, len(next.State))
+	if err != nil {
+		return err
+	}
+	next.Spawn, next.Completed = rec2, false
+	return s.commit(ctx, f, prev, next, rec, append(s.consumeOps(next.TaskID, sg, next.At), extra...))
+}
+
+// AwaitChildren makes sure the children checkpoint cp's step spawned are
+// submitted (from its plan, once: a mark written under fence f says so)
+// and counts those that ended. Under the default policy (no Collect) a
+// child that ended DEAD or CANCELLED is a *ChildFailedError, with the
+// counts. For writers of steps apart from their runs (HTTP agent tasks),
+// as a queue worker's run does before a parent's next step.
+func (s *Store) AwaitChildren(ctx context.Context, f lease.Fence, sp Spawner, cp Checkpoint) (ChildWait, error) {
+	r := stepRun{s: s, f: f, id: cp.TaskID, cfg: StepConfig{Spawner: sp}}
+	return r.awaitChildren(ctx, cp)
+}
+
+// CountChildren counts the children step step of task id spawned: whether
+// they were all submitted, how many ended, how many of those ended DEAD or
+// CANCELLED (ChildWait's Submitted, Done and Failed; its SpawnRecord is
+// left empty). One request.
+func (s *Store) CountChildren(ctx context.Context, id string, step int) (ChildWait, error) {
+	return s.countChildren(ctx, id, Checkpoint{Step: step, Spawn: &SpawnRecord{}})
+}
