@@ -209,7 +209,7 @@ type ChildOutcome struct {
 	Queue  string          `json:"queue,omitempty" doc:"Its queue (reads of one child)."`
 }
 
-type childrenInput struct {
+type agentChildrenInput struct {
 	ID    string `path:"id" minLength:"1" maxLength:"120" doc:"The parent task's id."`
 	Step  int    `query:"step" minimum:"0" maximum:"100000" doc:"The step whose children to list; default the last checkpointed step."`
 	After string `query:"after" maxLength:"128" doc:"List the outcomes of children with ids after this one (a page's next)."`
@@ -332,7 +332,7 @@ func (s *Server) awaitChildren(ctx context.Context, store *task.Store, f lease.F
 	return w.Ready(), nil
 }
 
-func (s *Server) listChildren(ctx context.Context, in *childrenInput) (*struct{ Body AgentTaskChildren }, error) {
+func (s *Server) listChildren(ctx context.Context, in *agentChildrenInput) (*struct{ Body AgentTaskChildren }, error) {
 	if err := task.CheckID(in.ID); err != nil {
 		return nil, problem(err, taskWhere)
 	}
