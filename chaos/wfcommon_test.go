@@ -324,3 +324,34 @@ func (r *wfRun) countRuns(c *wfCounts) {
 		}
 	}
 }
+
+// pickup returns the longest time a child of the run stayed PENDING
+// before a worker claimed it, and which child.
+func (r *wfRun) pickup() (time.Duration, string) {
+	var slow time.Duration
+	var which string
+	for _, p := range r.parents {
+		for i := range r.children {
+			id := task.ChildID(p, 1, fmt.Sprint(i))
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			tk, err := r.client.Get(ctx, id)
+			cancel()
+			if err != nil {
+				continue
+			}
+			var pending time.Time
+			for _, tr := range tk.Transitions {
+				if tr.Status == queue.Pending && pending.IsZero() {
+					pending = tr.At
+				}
+				if tr.Status == queue.Running && !pending.IsZero() {
+					if d := tr.At.Sub(pending); d > slow {
+						slow, which = d, id
+					}
+					break
+				}
+			}
+		}
+	}
+	return slow, which
+}

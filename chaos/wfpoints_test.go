@@ -2,9 +2,11 @@ package chaos
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -105,16 +107,21 @@ func TestWorkflowCrashPoints(t *testing.T) {
 	for _, p := range wfPoints {
 		for _, sig := range []syscall.Signal{syscall.SIGKILL, syscall.SIGSTOP} {
 			t.Run(p.name+"/"+sigName(sig), func(t *testing.T) {
-				runWFPoint(t, set, p, sig)
+				_ = runWFPoint(t, set, p, sig)
 			})
 		}
 	}
 }
 
+// wfSeq numbers the runs' namespaces.
+var wfSeq atomic.Int64
+
 // runWFPoint plays one point with one signal.
-func runWFPoint(t *testing.T, set *etcdSet, p wfPoint, sig syscall.Signal) {
+// It returns the longest time a child stayed PENDING before a worker
+// claimed it.
+func runWFPoint(t *testing.T, set *etcdSet, p wfPoint, sig syscall.Signal) time.Duration {
 	const ttl = 2 * time.Second
-	ns := "wfp-" + p.name + "-" + sigName(sig)
+	ns := fmt.Sprintf("wfp-%s-%s-%d", p.name, sigName(sig), wfSeq.Add(1))
 	began := time.Now()
 	r := newWFRun(t, set, ns, 3, 10, "-ttl", ttl.String(), "-step-time", "300ms", "-child-time", "20ms")
 	gate := filepath.Join(r.dir, "gate")
@@ -167,5 +174,29 @@ func runWFPoint(t *testing.T, set *etcdSet, p wfPoint, sig syscall.Signal) {
 	}
 	for _, s := range first(c.problems) {
 		t.Error(s)
+	}
+	slow, slowest := r.pickup()
+	t.Logf("longest wait of a child from PENDING to its claim: %s (%s)", slow.Round(time.Millisecond), slowest)
+	return slow
+}
+
+// TestWorkflowChildrenClaimedPromptly reproduces a bug the crash points
+// found: after the parents' worker was paused right after its spawning
+// step (spawned/SIGSTOP) and another worker took the three parents over at
+// once, the children of one parent sometimes stay PENDING about 30 s in
+// queue kids while its worker, a separate process, is idle: their
+// transitions show PENDING at the takeover's spawn and RUNNING 30 s
+// later, when the other parents' children ran at once. Plain submissions
+// of three batches at once to an idle worker are claimed in about 100 ms.
+// It plays the scenario up to five times and fails when a child waited
+// more than 10 s.
+func TestWorkflowChildrenClaimedPromptly(t *testing.T) {
+	set := startEtcdSet(t, droverBin(t), 1)
+	for i := range 5 {
+		var slow time.Duration
+		t.Run(fmt.Sprint(i), func(t *testing.T) { slow = runWFPoint(t, set, wfPoints[0], syscall.SIGSTOP) })
+		if slow > 10*time.Second {
+			t.Fatalf("run %d: a child of a parent taken over after its spawn waited %s PENDING before a worker claimed it, its worker idle", i, slow.Round(time.Millisecond))
+		}
 	}
 }
