@@ -14,6 +14,9 @@
 // -child-time; a child whose id ends with ".{children-1}" (the last of its
 // parent) waits first while the file -gate exists.
 //
+// With -role emitter it works queue streams instead: each task emits
+// -events events to its stream (see emit).
+//
 // It stops on SIGTERM and exits 0; it exits 70 when it lost its lease.
 //
 //	wfworker -endpoints 127.0.0.1:2379 -role both -log runs.log
@@ -33,6 +36,7 @@ import (
 
 	"github.com/droverhq/drover/lease"
 	"github.com/droverhq/drover/queue"
+	"github.com/droverhq/drover/stream"
 	"github.com/droverhq/drover/task"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
@@ -45,6 +49,8 @@ type cfg struct {
 	endpoints, ns, role, logPath, gate string
 	ttl, stepTime, childTime           time.Duration
 	children, conc                     int
+	events                             int
+	emitEvery                          time.Duration
 }
 
 func run() int {
@@ -59,6 +65,8 @@ func run() int {
 	flag.DurationVar(&c.childTime, "child-time", 50*time.Millisecond, "how long each child works")
 	flag.IntVar(&c.children, "children", 10, "children each parent spawns")
 	flag.IntVar(&c.conc, "concurrency", 8, "tasks run at once per queue")
+	flag.IntVar(&c.events, "events", 300, "events each task of queue streams emits (role emitter)")
+	flag.DurationVar(&c.emitEvery, "emit-every", 20*time.Millisecond, "time between two events (role emitter)")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
@@ -131,6 +139,16 @@ func work(ctx context.Context, cli *clientv3.Client, c cfg, log *os.File) error 
 		})
 		ws = append(ws, w)
 	}
+	if c.role == "emitter" {
+		wc := base
+		wc.Queue = "streams"
+		w, err := queue.NewWorker(ctx, cli, wc)
+		if err != nil {
+			return err
+		}
+		w.HandleAll(func(ctx context.Context, t *queue.Task) ([]byte, error) { return emit(ctx, c, t, log, pid) })
+		ws = append(ws, w)
+	}
 	errs := make([]error, len(ws))
 	var wg sync.WaitGroup
 	for i, w := range ws {
@@ -144,6 +162,28 @@ func work(ctx context.Context, cli *clientv3.Client, c cfg, log *os.File) error 
 		_ = w.Close(cctx)
 	}
 	return errors.Join(errs...)
+}
+
+// emit is the emitter's handler: it emits -events events of type
+// progress, data {"i": i}, one every -emit-every, flushing each, and logs
+// "A task attempt i pid unix-ns" for each event whose flush returned nil
+// (stored). A failed flush (etcd away) is not fatal: the writer tries the
+// events again with the next; the fence's refusal is.
+func emit(ctx context.Context, c cfg, t *queue.Task, log *os.File, pid int) ([]byte, error) {
+	for i := range c.events {
+		err := stream.Emit(ctx, "progress", map[string]int{"i": i})
+		if err == nil {
+			err = stream.Flush(ctx)
+		}
+		switch {
+		case errors.Is(err, stream.ErrFenced), errors.Is(err, stream.ErrStreamFull), ctx.Err() != nil:
+			return nil, fmt.Errorf("emit %d: %w", i, errors.Join(err, ctx.Err()))
+		case err == nil:
+			fmt.Fprintf(log, "A %s %d %d %d %d\n", t.ID, t.Attempt, i, pid, time.Now().UnixNano())
+		}
+		time.Sleep(c.emitEvery)
+	}
+	return []byte("emitted"), nil
 }
 
 func exists(path string) bool { _, err := os.Stat(path); return err == nil }
