@@ -233,24 +233,7 @@ wait:
 	}
 	t.Logf("%d emitter processes ran the task", emitters)
 	if testing.Verbose() {
-		for k := 1; k < len(f.arrived); k++ {
-			if d := f.arrived[k].Sub(f.arrived[k-1]); d > 500*time.Millisecond {
-				t.Logf("the follower got nothing for %s before event %d (%s)", d.Round(time.Millisecond), f.events[k].Seq, f.events[k].Type)
-			}
-		}
-		b, _ := os.ReadFile(logPath)
-		var prev int64
-		for _, line := range strings.Split(string(b), "\n") {
-			fs := strings.Fields(line)
-			if len(fs) != 6 {
-				continue
-			}
-			ns, _ := strconv.ParseInt(fs[5], 10, 64)
-			if prev != 0 && time.Duration(ns-prev) > 500*time.Millisecond {
-				t.Logf("the emitter stored nothing for %s before event %s of attempt %s", time.Duration(ns-prev).Round(time.Millisecond), fs[3], fs[2])
-			}
-			prev = ns
-		}
+		logGaps(t, f, logPath)
 	}
 	em.kill()
 	stored := storedEvents(t, addrs(), "s-1")
@@ -350,4 +333,30 @@ func TestStreamSurvivesLeaderFailover(t *testing.T) {
 	})
 	attempts := checkStream(t, f, logPath, "s-1")
 	t.Logf("attempts in the stream: %s", fmt.Sprint(attempts))
+}
+
+// logGaps logs the pauses over 500 ms in what the follower got and in what
+// the emitter stored.
+func logGaps(t *testing.T, f *sseFollower, logPath string) {
+	t.Helper()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for k := 1; k < len(f.arrived); k++ {
+		if d := f.arrived[k].Sub(f.arrived[k-1]); d > 500*time.Millisecond {
+			t.Logf("the follower got nothing for %s before event %d (%s)", d.Round(time.Millisecond), f.events[k].Seq, f.events[k].Type)
+		}
+	}
+	b, _ := os.ReadFile(logPath)
+	var prev int64
+	for _, line := range strings.Split(string(b), "\n") {
+		fs := strings.Fields(line)
+		if len(fs) != 6 {
+			continue
+		}
+		ns, _ := strconv.ParseInt(fs[5], 10, 64)
+		if prev != 0 && time.Duration(ns-prev) > 500*time.Millisecond {
+			t.Logf("the emitter stored nothing for %s before event %s of attempt %s", time.Duration(ns-prev).Round(time.Millisecond), fs[3], fs[2])
+		}
+		prev = ns
+	}
 }

@@ -53,74 +53,10 @@ func TestWorkflowChaos(t *testing.T) {
 	for i := range slots {
 		slots[i] = r.start("both")
 	}
-	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 2))
+	d := &wfDriver{r: r, cfg: cfg, set: set, slots: slots, rng: rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 2))}
 	began := time.Now()
-	var (
-		submitted, kills int
-		nextKill         = began.Add(1500 * time.Millisecond)
-		paused           *workerProc
-		pausedAt         time.Time
-		serverDone       bool
-	)
-	for {
-		time.Sleep(100 * time.Millisecond)
-		el := time.Since(began)
-		if el > cfg.deadline {
-			st, _ := r.statuses()
-			t.Fatalf("the workflows did not finish within %s: %v", cfg.deadline, st)
-		}
-		for submitted < cfg.parents && el >= time.Duration(submitted)*cfg.spacing {
-			id := r.parents[submitted]
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			err := r.submit(ctx, id)
-			cancel()
-			if err != nil {
-				break // the server is down: next tick
-			}
-			if submitted%3 == 0 {
-				r.signal(id) // before it waits: kept in its inbox
-			}
-			submitted++
-		}
-		if paused != nil && time.Since(pausedAt) > cfg.ttl+1500*time.Millisecond {
-			_ = paused.signal(syscall.SIGCONT)
-			r.faults = append(r.faults, fault{kind: faultWorkerPause, at: pausedAt, until: time.Now(), pids: []int{paused.pid}})
-			paused = nil
-		}
-		for i, w := range slots {
-			if w.exited() {
-				slots[i] = r.start("both") // a lost lease after a pause or the outage
-			}
-		}
-		if r.signalWaiting() == cfg.parents && submitted == cfg.parents {
-			break
-		}
-		switch {
-		case !serverDone && el >= cfg.serverAt:
-			var pids []int
-			for _, w := range slots {
-				pids = append(pids, w.pid)
-			}
-			o := set.killAndRestart(set.members[0], cfg.ttl+500*time.Millisecond)
-			r.faults = append(r.faults, fault{kind: faultServerKill, at: o.killed, until: o.ready, pids: pids})
-			serverDone = true
-		case paused == nil && pausedAt.IsZero() && el >= cfg.pauseAt:
-			w := slots[rng.IntN(len(slots))]
-			if w.signal(syscall.SIGSTOP) == nil {
-				w.waitStopped()
-				paused, pausedAt = w, time.Now()
-			}
-		case time.Now().After(nextKill):
-			nextKill = nextKill.Add(cfg.killEvery)
-			i := rng.IntN(len(slots))
-			if w := slots[i]; w != paused && w.signal(syscall.SIGKILL) == nil {
-				<-w.done
-				r.faults = append(r.faults, fault{kind: faultWorkerKill, at: time.Now(), pids: []int{w.pid}})
-				slots[i] = r.start("both")
-				kills++
-			}
-		}
-	}
+	d.drive(began)
+	kills, paused, pausedAt, serverDone := d.kills, d.paused, d.pausedAt, d.serverDone
 	took := time.Since(began)
 	if paused != nil {
 		_ = paused.signal(syscall.SIGCONT)
@@ -143,5 +79,113 @@ func TestWorkflowChaos(t *testing.T) {
 	}
 	for _, s := range first(c.problems) {
 		t.Error(s)
+	}
+}
+
+// wfDriver submits, signals and injects the faults of TestWorkflowChaos.
+type wfDriver struct {
+	r          *wfRun
+	cfg        wfChaosConfig
+	set        *etcdSet
+	slots      []*workerProc
+	rng        *rand.Rand
+	submitted  int
+	kills      int
+	paused     *workerProc
+	pausedAt   time.Time
+	pausedPID  int
+	serverDone bool
+}
+
+// drive runs until every parent finished, or fails the test at the
+// deadline.
+func (d *wfDriver) drive(began time.Time) {
+	r, cfg := d.r, d.cfg
+	nextKill := began.Add(1500 * time.Millisecond)
+	for {
+		time.Sleep(100 * time.Millisecond)
+		el := time.Since(began)
+		if el > cfg.deadline {
+			st, _ := r.statuses()
+			r.t.Fatalf("the workflows did not finish within %s: %v", cfg.deadline, st)
+		}
+		d.submitDue(el)
+		if d.paused != nil && time.Since(d.pausedAt) > cfg.ttl+1500*time.Millisecond {
+			_ = d.paused.signal(syscall.SIGCONT)
+			r.faults = append(r.faults, fault{kind: faultWorkerPause, at: d.pausedAt, until: time.Now(), pids: []int{d.paused.pid}})
+			d.paused = nil
+		}
+		for i, w := range d.slots {
+			if w.exited() { // a lost lease after a pause or the outage
+				kind := faultSelfExit
+				if d.serverDone {
+					kind = faultOutageExit
+				}
+				if w != d.paused && !d.pausedAt.IsZero() && w.pid == d.pausedPID {
+					kind = faultWorkerPause // the paused worker, ending after its pause
+				}
+				r.faults = append(r.faults, fault{kind: kind, at: w.ended, pids: []int{w.pid}})
+				r.t.Logf("worker %d exited by itself (code %d) at %s: %s", w.pid, w.exitCode(), w.ended.Format("15:04:05.000"), kind)
+				d.slots[i] = r.start("both")
+			}
+		}
+		if r.signalWaiting() == cfg.parents && d.submitted == cfg.parents {
+			return
+		}
+		switch {
+		case !d.serverDone && el >= cfg.serverAt:
+			d.killServer()
+		case d.paused == nil && d.pausedAt.IsZero() && el >= cfg.pauseAt:
+			w := d.slots[d.rng.IntN(len(d.slots))]
+			if w.signal(syscall.SIGSTOP) == nil {
+				w.waitStopped()
+				d.paused, d.pausedAt, d.pausedPID = w, time.Now(), w.pid
+			}
+		case time.Now().After(nextKill):
+			nextKill = nextKill.Add(cfg.killEvery)
+			d.killWorker()
+		}
+	}
+}
+
+// submitDue submits the parents due by el; a third of them get their
+// signal at once, before they wait for it.
+func (d *wfDriver) submitDue(el time.Duration) {
+	for d.submitted < d.cfg.parents && el >= time.Duration(d.submitted)*d.cfg.spacing {
+		id := d.r.parents[d.submitted]
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		err := d.r.submit(ctx, id)
+		cancel()
+		if err != nil {
+			return // the server is down: next tick
+		}
+		if d.submitted%3 == 0 {
+			d.r.signal(id) // kept in its inbox
+		}
+		d.submitted++
+	}
+}
+
+// killServer kills the server and restarts it on its data dir after TTL +
+// 0.5 s; the workers alive then are the ones it hit.
+func (d *wfDriver) killServer() {
+	var pids []int
+	for _, w := range d.slots {
+		pids = append(pids, w.pid)
+	}
+	o := d.set.killAndRestart(d.set.members[0], d.cfg.ttl+500*time.Millisecond)
+	d.r.faults = append(d.r.faults, fault{kind: faultServerKill, at: o.killed, until: o.ready, pids: pids})
+	d.serverDone = true
+}
+
+// killWorker SIGKILLs a random worker that is not paused and starts
+// another in its slot.
+func (d *wfDriver) killWorker() {
+	i := d.rng.IntN(len(d.slots))
+	if w := d.slots[i]; w != d.paused && w.signal(syscall.SIGKILL) == nil {
+		<-w.done
+		d.r.faults = append(d.r.faults, fault{kind: faultWorkerKill, at: time.Now(), pids: []int{w.pid}})
+		d.slots[i] = d.r.start("both")
+		d.kills++
 	}
 }

@@ -291,8 +291,9 @@ func (r *wfRun) countRuns(c *wfCounts) {
 			}
 			f, ok := causeOf(hits, a)
 			if !ok || f.at.UnixNano() > as[i+1].start {
-				c.problems = append(c.problems, fmt.Sprintf("%s ran again (attempt %d by %d started %s) with no fault hitting the run before (attempt %d by %d)",
-					id, as[i+1].n, as[i+1].pid, time.Unix(0, as[i+1].start).Format("15:04:05.000"), a.n, a.pid))
+				c.problems = append(c.problems, fmt.Sprintf("%s ran again (attempt %d by %d started %s) with no fault hitting the run before (attempt %d by %d started %s, work done %t; %s)",
+					id, as[i+1].n, as[i+1].pid, time.Unix(0, as[i+1].start).Format("15:04:05.000"), a.n, a.pid,
+					time.Unix(0, a.start).Format("15:04:05.000"), a.end != 0, r.procState(a.pid)))
 				continue
 			}
 			excused++
@@ -354,4 +355,17 @@ func (r *wfRun) pickup() (time.Duration, string) {
 		}
 	}
 	return slow, which
+}
+
+// procState says whether and when wfworker pid ended.
+func (r *wfRun) procState(pid int) string {
+	for _, w := range r.procs {
+		if w.pid == pid {
+			if w.exited() {
+				return fmt.Sprintf("its process exited with code %d at %s", w.exitCode(), w.ended.Format("15:04:05.000"))
+			}
+			return "its process runs"
+		}
+	}
+	return "not a process of the run"
 }
