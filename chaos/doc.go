@@ -46,6 +46,19 @@
 //     with every acknowledged one in it, and ended with the store's view;
 //     it holds the first write after the kill to 3 s and reports when the
 //     queue, the locks and the registry worked again.
+//   - TestWorkflowChaos runs workflows (parents that spawn children, wait
+//     for all, then wait for a signal) on three chaos/internal/wfworker
+//     processes under worker SIGKILLs every 2 s, a pause past the TTL and
+//     a server kill, and counts every child's and step's runs across the
+//     processes: each once, except a run in flight in a process a fault
+//     hit. TestWorkflowCrashPoints hits the parents' worker with SIGKILL
+//     and with SIGSTOP at each point of a workflow (right after spawning,
+//     waiting for children, as the last child completes, waiting for the
+//     signal, as it arrives). TestWorkflowChildrenClaimedPromptly
+//     reproduces children left PENDING 30 s after a takeover's spawn.
+//   - TestStreamSurvivesServerRestart and TestStreamSurvivesLeaderFailover
+//     follow a task's stream over SSE, reconnecting with Last-Event-ID,
+//     while the server restarts or the leader of three members is killed.
 //   - TestQueuePausedWorkerStartsNoTask, TestEtcdLockNoFalseLossOnCluster
 //     and TestRedisLockDeadlineCountsFromReply reproduce bugs these tests
 //     found, now fixed; the first two run with DROVER_CHAOS=long.

@@ -38,7 +38,7 @@ var (
 )
 
 // build builds, once per test binary, the programs the tests run: the
-// chaos worker and the lock client (chaos/internal), and the drover command
+// chaos worker, the lock client and the workflow worker (chaos/internal), and the drover command
 // unless $DROVER_BIN names one. They are built without the race detector,
 // so that the processes the faults hit run at the speed they would.
 func build(t *testing.T) {
@@ -48,7 +48,8 @@ func build(t *testing.T) {
 		if buildErr != nil {
 			return
 		}
-		pkgs := []string{"github.com/droverhq/drover/chaos/internal/chaosworker", "github.com/droverhq/drover/chaos/internal/lockclient"}
+		pkgs := []string{"github.com/droverhq/drover/chaos/internal/chaosworker", "github.com/droverhq/drover/chaos/internal/lockclient",
+			"github.com/droverhq/drover/chaos/internal/wfworker"}
 		if os.Getenv("DROVER_BIN") == "" {
 			pkgs = append(pkgs, "github.com/droverhq/drover/cmd/drover")
 		}

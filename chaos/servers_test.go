@@ -33,6 +33,7 @@ type member struct {
 	dir       string
 	clientURL string
 	peerURL   string
+	httpAddr  string // the HTTP API's host:port; "" when it serves none
 	args      []string
 	log       *os.File
 	proc      *process
@@ -90,8 +91,15 @@ func etcdClient(t *testing.T, endpoints []string) *clientv3.Client {
 // started again on other ports, up to three times.
 func startEtcdSet(t *testing.T, bin string, n int) *etcdSet {
 	t.Helper()
+	return startEtcdSetHTTP(t, bin, n, false)
+}
+
+// startEtcdSetHTTP is startEtcdSet, with each member serving the HTTP API
+// (--http-listen on a loopback port, member.httpAddr) when http is set.
+func startEtcdSetHTTP(t *testing.T, bin string, n int, http bool) *etcdSet {
+	t.Helper()
 	for try := 1; ; try++ {
-		s, err := tryEtcdSet(t, bin, n)
+		s, err := tryEtcdSet(t, bin, n, http)
 		if err == nil {
 			return s
 		}
@@ -107,7 +115,7 @@ var errPortTaken = errors.New("a port was taken before the server bound it")
 
 // tryEtcdSet is one try of startEtcdSet; on error its processes are
 // killed.
-func tryEtcdSet(t *testing.T, bin string, n int) (*etcdSet, error) {
+func tryEtcdSet(t *testing.T, bin string, n int, http bool) (*etcdSet, error) {
 	t.Helper()
 	s := &etcdSet{t: t, bin: bin}
 	var initial []string
@@ -120,6 +128,10 @@ func tryEtcdSet(t *testing.T, bin string, n int) (*etcdSet, error) {
 		m.args = []string{"server", "--data-dir", m.dir, "--etcd-listen", m.clientURL, "--etcd-peer-listen", m.peerURL, "--log-level", "warn"}
 		if n > 1 {
 			m.args = append(m.args, "--name", m.name, "--initial-cluster", strings.Join(initial, ","))
+		}
+		if http {
+			m.httpAddr = freeAddr(t)
+			m.args = append(m.args, "--http-listen", m.httpAddr)
 		}
 		f, err := os.OpenFile(filepath.Join(t.TempDir(), m.name+".log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 		if err != nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os/signal"
+	"sort"
 	"strings"
 	"syscall"
 	"time"
@@ -64,7 +65,124 @@ With --json the timeline goes to stderr and one JSON object to stdout.`,
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the summary as one JSON object on stdout (the timeline goes to stderr)")
-	cmd.AddCommand(a.lostUpdateCommand())
+	cmd.AddCommand(a.lostUpdateCommand(), a.demoWorkflowCommand(), a.demoWorkflowWorkerCommand())
+	return cmd
+}
+
+func (a *app) demoWorkflowCommand() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "workflow [--json]",
+		Short: "Watch a research agent fan out 50 searches, wait for an approval, lose its worker to SIGKILL, and resume",
+		Long: `Play a workflow end to end on this machine, with nothing to set up:
+
+  1. start an embedded etcd in a temporary directory and 2 worker processes,
+     each working the queues research (the agent) and search (its children);
+  2. a research agent's first step spawns 50 searches into queue search and
+     waits for all of them: it parks, holding no claim, slot or lease;
+  3. once the last search ended, its next step merges the 50 findings and
+     waits for the signal approval;
+  4. the worker that parked it is killed with SIGKILL while it waits;
+  5. another process sends the approval (drover signal), then sends it again
+     with the same idempotency key, as a retry would;
+  6. the other worker resumes the agent, which assembles its report.
+
+It prints a timeline and a summary, checks every invariant (each search ran
+once, the signal was consumed once, the agent resumed exactly once, the
+report holds the 50 findings and the approval) against etcd's records and
+the workers' reports, exits 0 only if all held, and leaves no process or file
+behind. With --json the timeline goes to stderr and one JSON object to stdout.`,
+		Example: `  drover demo workflow
+  drover demo workflow --json | jq '{children_run_once, signals_consumed, parent_resumes, invariants_met}'`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			timeline := a.stdout
+			if asJSON {
+				timeline = a.stderr
+			}
+			fmt.Fprintf(timeline, "drover demo workflow: a research agent fans out %d searches, waits for an approval sent by another process, and loses its worker to SIGKILL while it waits\n",
+				demo.DefaultChildren)
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			sum, err := demo.RunWorkflow(ctx, demo.WorkflowConfig{Timeline: timeline})
+			if asJSON {
+				if jerr := json.NewEncoder(a.stdout).Encode(sum); jerr != nil {
+					return jerr
+				}
+			} else if len(sum.Workers) > 0 {
+				printWorkflowSummary(a.stdout, sum)
+			}
+			if errors.Is(err, demo.ErrInvariant) {
+				return withCode(ExitFailure, err)
+			}
+			return err
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the summary as one JSON object on stdout (the timeline goes to stderr)")
+	return cmd
+}
+
+func printWorkflowSummary(w io.Writer, s demo.WorkflowSummary) {
+	fmt.Fprintf(w, "\nSummary\n")
+	fmt.Fprintf(w, "  task %s: %s, %d findings, approved by %q: %s\n", s.TaskID, s.FinalStatus, s.Findings, s.ApprovedBy, s.Result)
+	fmt.Fprintf(w, "  searches: %d spawned, %d ran once, %d more often (%d runs in all; %s)\n",
+		s.Children, s.ChildrenRunOnce, len(s.ChildrenRunTwice), s.ChildRuns, fmtCounts(s.ChildrenByWorker))
+	fmt.Fprintf(w, "  fan-out to fan-in: %d ms; %s parked the agent and was killed while it waited (the task stayed %s)\n",
+		s.FanOutMillis, s.KilledWorker, s.StatusAfterKill)
+	fmt.Fprintf(w, "  approval: woke the task %t; its retry: %s; signals consumed %d, left %d\n",
+		s.SignalWoke, s.SignalRetry, s.SignalsConsumed, s.SignalsLeft)
+	fmt.Fprintf(w, "  %s resumed the agent %d time(s), %d ms after the approval; step runs %s, %d step records\n",
+		s.ResumedBy, s.ParentResumes, s.ResumeMillis, fmtCounts(s.StepRuns), s.StepRecords)
+	fmt.Fprintf(w, "  total %s\n", (time.Duration(s.DurationMillis) * time.Millisecond).String())
+	if s.InvariantsMet {
+		fmt.Fprintf(w, "  every invariant held\n")
+	} else {
+		fmt.Fprintf(w, "  INVARIANTS BROKEN:\n    %s\n", strings.Join(s.Violations, "\n    "))
+	}
+}
+
+// fmtCounts prints counts by name in name order.
+func fmtCounts(m map[string]int) string {
+	names := make([]string, 0, len(m))
+	for k := range m {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	parts := make([]string, len(names))
+	for i, k := range names {
+		parts[i] = fmt.Sprintf("%s %d", k, m[k])
+	}
+	return strings.Join(parts, ", ")
+}
+
+// demoWorkflowWorkerCommand is the worker process drover demo workflow
+// starts.
+func (a *app) demoWorkflowWorkerCommand() *cobra.Command {
+	var (
+		worker   string
+		children int
+		ttl      time.Duration
+	)
+	cmd := &cobra.Command{
+		Use: "workflow-worker", Short: "One worker of drover demo workflow (started by it)", Hidden: true, Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if children < 1 || children > 1000 {
+				return &drover.InputError{Field: "--children", Value: children, Rule: "must be between 1 and 1000"}
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM)
+			defer stop()
+			cli, err := a.connect(ctx)
+			if err != nil {
+				return err
+			}
+			defer cli.Close()
+			return demo.WorkflowWorker(ctx, cli, a.namespace, worker, children, ttl, a.stdout)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&worker, "worker-id", "", "worker id")
+	f.IntVar(&children, "children", demo.DefaultChildren, "searches the agent spawns")
+	f.DurationVar(&ttl, "ttl", demo.DefaultWorkflowTTL, "lease TTL")
 	return cmd
 }
 

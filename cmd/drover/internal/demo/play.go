@@ -73,6 +73,17 @@ func executable(exe string) (string, error) {
 // startEtcd starts the demo's private embedded etcd with its data in dir,
 // and returns it with its client address.
 func (p *play) startEtcd(ctx context.Context, dir string) (*cluster.Server, string, error) {
+	srv, clientAddr, err := embedEtcd(ctx, dir)
+	if err != nil {
+		return nil, "", err
+	}
+	p.line("etcd", "embedded etcd ready at %s (data in a temporary directory)", clientAddr)
+	return srv, clientAddr, nil
+}
+
+// embedEtcd starts an embedded etcd with its data in dir, on free
+// loopback ports, and returns it with its client address.
+func embedEtcd(ctx context.Context, dir string) (*cluster.Server, string, error) {
 	clientAddr, err := cluster.FreeLoopbackAddr()
 	if err != nil {
 		return nil, "", err
@@ -85,7 +96,6 @@ func (p *play) startEtcd(ctx context.Context, dir string) (*cluster.Server, stri
 	if err != nil {
 		return nil, "", fmt.Errorf("demo: %w", err)
 	}
-	p.line("etcd", "embedded etcd ready at %s (data in a temporary directory)", clientAddr)
 	return srv, clientAddr, nil
 }
 

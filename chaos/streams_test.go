@@ -1,0 +1,362 @@
+package chaos
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/droverhq/drover/queue"
+)
+
+// sseEvent is one event of a task's stream as a follower got it.
+type sseEvent struct {
+	Seq     int64           `json:"seq"`
+	Attempt int             `json:"attempt"`
+	Type    string          `json:"type"`
+	Data    json.RawMessage `json:"data"`
+}
+
+// sseFollower follows a task's stream over SSE from the servers it is
+// given, reconnecting with Last-Event-ID to the next one when a
+// connection ends before the stream's end.
+type sseFollower struct {
+	mu         sync.Mutex
+	events     []sseEvent
+	arrived    []time.Time // when each event came
+	reconnects int
+	ended      bool
+	reason     string // the end event's reason
+}
+
+// follow reads task id's stream until its end event, or ctx ends. addrs
+// returns the servers to try, in order.
+func (f *sseFollower) follow(ctx context.Context, id string, addrs func() []string) {
+	for i := 0; ctx.Err() == nil; i++ {
+		for _, addr := range addrs() {
+			if f.once(ctx, addr, id) {
+				return
+			}
+		}
+		f.mu.Lock()
+		f.reconnects++
+		f.mu.Unlock()
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// once reads the stream from addr from the event after the last one got;
+// it reports whether the stream ended.
+func (f *sseFollower) once(ctx context.Context, addr, id string) bool {
+	req, err := http.NewRequestWithContext(ctx, "GET", "http://"+addr+"/v1/tasks/"+id+"/stream", nil)
+	if err != nil {
+		return false
+	}
+	req.Header.Set("Accept", "text/event-stream")
+	f.mu.Lock()
+	if n := len(f.events); n > 0 {
+		req.Header.Set("Last-Event-ID", strconv.FormatInt(f.events[n-1].Seq, 10))
+	}
+	f.mu.Unlock()
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return false
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return false
+	}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	var kind string
+	for sc.Scan() {
+		line := sc.Text()
+		switch {
+		case strings.HasPrefix(line, "event: "):
+			kind = strings.TrimPrefix(line, "event: ")
+		case strings.HasPrefix(line, "data: "):
+			data := strings.TrimPrefix(line, "data: ")
+			if kind == "end" {
+				var end struct {
+					Reason string `json:"reason"`
+				}
+				_ = json.Unmarshal([]byte(data), &end)
+				if end.Reason == "done" || end.Reason == "ended" {
+					f.mu.Lock()
+					f.ended, f.reason = true, end.Reason
+					f.mu.Unlock()
+					return true
+				}
+				return false // closing, error: reconnect
+			}
+			var ev sseEvent
+			if json.Unmarshal([]byte(data), &ev) == nil {
+				f.mu.Lock()
+				f.events = append(f.events, ev)
+				f.arrived = append(f.arrived, time.Now())
+				f.mu.Unlock()
+			}
+		case line == "":
+			kind = ""
+		}
+	}
+	return false
+}
+
+func (f *sseFollower) count() int { f.mu.Lock(); defer f.mu.Unlock(); return len(f.events) }
+
+// checkStream checks what the follower got: seq 1, 2, 3, ... with no gap
+// and no duplicate; no event of an attempt after the first event of a
+// later one; within an attempt the emitter's events in order; the stream
+// ends with done; every event the emitter saw stored (its log's A lines)
+// is there. It returns the attempts seen.
+func checkStream(t *testing.T, f *sseFollower, logPath, id string) []int {
+	t.Helper()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.ended {
+		t.Errorf("the follower got no end (%d events)", len(f.events))
+	}
+	got := map[[2]int]bool{} // attempt, i
+	maxAttempt, lastI := 0, map[int]int{}
+	var attempts []int
+	for k, ev := range f.events {
+		if ev.Seq != int64(k+1) {
+			t.Fatalf("event %d has seq %d: a gap or a duplicate (%+v)", k+1, ev.Seq, ev)
+		}
+		if ev.Attempt < maxAttempt {
+			t.Errorf("event %d of attempt %d after attempt %d's boundary", ev.Seq, ev.Attempt, maxAttempt)
+		}
+		if ev.Attempt > maxAttempt {
+			maxAttempt = ev.Attempt
+			attempts = append(attempts, ev.Attempt)
+			lastI[ev.Attempt] = -1
+		}
+		if ev.Type == "progress" {
+			var d struct {
+				I int `json:"i"`
+			}
+			_ = json.Unmarshal(ev.Data, &d)
+			if d.I <= lastI[ev.Attempt] {
+				t.Errorf("event %d: i=%d after i=%d in attempt %d", ev.Seq, d.I, lastI[ev.Attempt], ev.Attempt)
+			}
+			lastI[ev.Attempt] = d.I
+			got[[2]int{ev.Attempt, d.I}] = true
+		}
+	}
+	if n := len(f.events); n == 0 || f.events[n-1].Type != "done" {
+		t.Errorf("the follower's stream does not end with done: its end's reason is %q", f.reason)
+	}
+	b, _ := os.ReadFile(logPath)
+	acked := 0
+	for _, line := range strings.Split(string(b), "\n") {
+		fs := strings.Fields(line)
+		if len(fs) != 6 || fs[0] != "A" || fs[1] != id {
+			continue
+		}
+		a, _ := strconv.Atoi(fs[2])
+		i, _ := strconv.Atoi(fs[3])
+		acked++
+		if !got[[2]int{a, i}] {
+			t.Errorf("event i=%d of attempt %d was stored (its flush returned) but the follower never got it", i, a)
+		}
+	}
+	t.Logf("the follower got %d events (attempts %v) over %d reconnects; %d events acknowledged to the emitter", len(f.events), attempts, f.reconnects, acked)
+	return attempts
+}
+
+// streamRun starts an emitter on set and follows task s-1's stream while
+// fault runs once the follower got 40 events.
+func streamRun(t *testing.T, set *etcdSet, addrs func() []string, fault func()) (*sseFollower, string) {
+	t.Helper()
+	dir := t.TempDir()
+	logPath := filepath.Join(dir, "runs.log")
+	cli := etcdClient(t, set.endpoints())
+	qc, err := queue.NewClient(cli, "drover")
+	if err != nil {
+		t.Fatal(err)
+	}
+	errf, err := os.Create(filepath.Join(dir, "emitter.err"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = errf.Close() })
+	startEmitter := func() *process {
+		return startProcess(t, "emitter", nil, errf, nil, wfBin(t), "-role", "emitter", "-endpoints", strings.Join(set.endpoints(), ","),
+			"-log", logPath, "-events", "150", "-emit-every", "10ms", "-ttl", "3s")
+	}
+	em, emitters := startEmitter(), 1
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	if _, err := qc.Submit(ctx, "streams", []queue.Task{{ID: "s-1", Type: "emit", MaxRetries: new(20)}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	f := &sseFollower{}
+	done := make(chan struct{})
+	go func() { defer close(done); f.follow(ctx, "s-1", addrs) }()
+	waitFor(t, "the follower to get 40 events", 30*time.Second, func() bool { return f.count() >= 40 })
+	fault()
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+wait:
+	for {
+		select {
+		case <-done:
+			break wait
+		case <-tick.C:
+			// An emitter that lost its lease in the outage exits (70):
+			// another takes the task over, as a fleet's next worker would.
+			if em.exited() {
+				em, emitters = startEmitter(), emitters+1
+			}
+			continue
+		case <-ctx.Done():
+		}
+		<-done
+		st := "unknown"
+		if tk, err := qc.Get(context.Background(), "s-1"); err == nil {
+			st = string(tk.CurrentStatus)
+		}
+		f.mu.Lock()
+		n, rc := len(f.events), f.reconnects
+		f.mu.Unlock()
+		t.Fatalf("the stream did not end within 90 s: the follower got %d events over %d reconnects; %d are stored; the task is %s",
+			n, rc, len(storedEvents(t, addrs(), "s-1")), st)
+	}
+	t.Logf("%d emitter processes ran the task", emitters)
+	if testing.Verbose() {
+		logGaps(t, f, logPath)
+	}
+	em.kill()
+	stored := storedEvents(t, addrs(), "s-1")
+	if len(stored) > 0 && stored[len(stored)-1].Type == "done" && f.count() < len(stored) {
+		t.Errorf("the follower ended (reason %q) after %d events, but the stream stores %d ending with done: it ended before the done", f.reason, f.count(), len(stored))
+	}
+	return f, logPath
+}
+
+// storedEvents reads task id's stored events as JSON (not SSE) from the
+// first server of addrs that answers.
+func storedEvents(t *testing.T, addrs []string, id string) []sseEvent {
+	t.Helper()
+	var all []sseEvent
+	for _, addr := range addrs {
+		from := int64(1)
+		for {
+			resp, err := http.Get(fmt.Sprintf("http://%s/v1/tasks/%s/stream?from=%d", addr, id, from))
+			if err != nil {
+				break
+			}
+			var page struct {
+				Events []sseEvent `json:"events"`
+				Next   int64      `json:"next"`
+			}
+			err = json.NewDecoder(resp.Body).Decode(&page)
+			resp.Body.Close()
+			if err != nil || len(page.Events) == 0 {
+				return all
+			}
+			all = append(all, page.Events...)
+			from = page.Next
+		}
+	}
+	return all
+}
+
+// TestStreamSurvivesServerRestart follows a task's stream over SSE from
+// drover server while the server is SIGKILLed and restarted on its data
+// dir mid-stream (down 1 s); an emitter process writes 150 events, one
+// every 10 ms. The follower reconnects with Last-Event-ID and gets every
+// event once, in order, no gap, and every event whose flush returned to
+// the emitter.
+func TestStreamSurvivesServerRestart(t *testing.T) {
+	set := startEtcdSetHTTP(t, droverBin(t), 1, true)
+	m := set.members[0]
+	f, logPath := streamRun(t, set, func() []string { return []string{m.httpAddr} }, func() {
+		o := set.killAndRestart(m, time.Second)
+		t.Logf("server killed at %s, serving again %s later", f0(o), o.ready.Sub(o.killed).Round(time.Millisecond))
+	})
+	checkStream(t, f, logPath, "s-1")
+	if f.reconnects == 0 {
+		t.Errorf("the follower never had to reconnect: the restart did not cut its stream")
+	}
+}
+
+func f0(o outage) string { return o.killed.Format("15:04:05.000") }
+
+// TestStreamSurvivesLeaderFailover follows a task's stream over SSE on a
+// three-member cluster while the etcd leader is SIGKILLed mid-stream (and
+// restarted on its data dir TTL + 0.5 s later). The follower reads from the
+// members in turn, reconnecting with Last-Event-ID; it gets every event
+// once, in order, with no event of an attempt after a later attempt's
+// boundary, and every event whose flush returned to the emitter.
+func TestStreamSurvivesLeaderFailover(t *testing.T) {
+	bin := droverBin(t)
+	if f := missingClusterFlag(t, bin); f != "" {
+		t.Skipf("drover server has no %s", f)
+	}
+	set := startEtcdSetHTTP(t, bin, 3, true)
+	var mu sync.Mutex
+	var down *member
+	addrs := func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		var out []string
+		for _, m := range set.members {
+			if m != down {
+				out = append(out, m.httpAddr)
+			}
+		}
+		return out
+	}
+	f, logPath := streamRun(t, set, addrs, func() {
+		l, err := set.leader()
+		if err != nil {
+			t.Fatal(err)
+		}
+		mu.Lock()
+		down = l
+		mu.Unlock()
+		o := set.killAndRestart(l, 3500*time.Millisecond)
+		mu.Lock()
+		down = nil
+		mu.Unlock()
+		t.Logf("leader %s killed at %s: new leader %s later, back %s later", o.member, f0(o), o.elected.Sub(o.killed).Round(time.Millisecond), o.ready.Sub(o.killed).Round(time.Millisecond))
+	})
+	attempts := checkStream(t, f, logPath, "s-1")
+	t.Logf("attempts in the stream: %s", fmt.Sprint(attempts))
+}
+
+// logGaps logs the pauses over 500 ms in what the follower got and in what
+// the emitter stored.
+func logGaps(t *testing.T, f *sseFollower, logPath string) {
+	t.Helper()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for k := 1; k < len(f.arrived); k++ {
+		if d := f.arrived[k].Sub(f.arrived[k-1]); d > 500*time.Millisecond {
+			t.Logf("the follower got nothing for %s before event %d (%s)", d.Round(time.Millisecond), f.events[k].Seq, f.events[k].Type)
+		}
+	}
+	b, _ := os.ReadFile(logPath)
+	var prev int64
+	for _, line := range strings.Split(string(b), "\n") {
+		fs := strings.Fields(line)
+		if len(fs) != 6 {
+			continue
+		}
+		ns, _ := strconv.ParseInt(fs[5], 10, 64)
+		if prev != 0 && time.Duration(ns-prev) > 500*time.Millisecond {
+			t.Logf("the emitter stored nothing for %s before event %s of attempt %s", time.Duration(ns-prev).Round(time.Millisecond), fs[3], fs[2])
+		}
+		prev = ns
+	}
+}
