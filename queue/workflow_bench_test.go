@@ -82,7 +82,9 @@ func TestWorkflowMeasure(t *testing.T) {
 			lat = append(lat, time.Since(t0))
 		}
 		slices.Sort(lat)
-		pct := func(p float64) time.Duration { return lat[min(len(lat)-1, int(p*float64(len(lat))))].Round(100 * time.Microsecond) }
+		pct := func(p float64) time.Duration {
+			return lat[min(len(lat)-1, int(p*float64(len(lat))))].Round(100 * time.Microsecond)
+		}
 		t.Logf("3-step workflow of no-op steps, submission to completion, %d one at a time: p50 %v, p90 %v, p99 %v, max %v",
 			n, pct(0.5), pct(0.9), pct(0.99), lat[len(lat)-1].Round(100*time.Microsecond))
 	}
