@@ -17,3 +17,12 @@ func SetCascadeRescan(d time.Duration) (restore func()) {
 	cascadeRescan = d
 	return func() { cascadeRescan = old }
 }
+
+// SetShortWaitValues sets whether parks write wait keys' values in their
+// short form, and returns a function that restores it. Call it before any
+// worker starts.
+func SetShortWaitValues(on bool) (restore func()) {
+	old := shortWaitValues
+	shortWaitValues = on
+	return func() { shortWaitValues = old }
+}

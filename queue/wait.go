@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	mrand "math/rand/v2"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -29,12 +30,12 @@ import (
 // claim up, says WAITING in its record, with what it waits for
 // (WaitingFor), and puts one key in its queue's wait index,
 // queues/{q}/wait/{due}-{id}, due at the wait's timeout (NoTimeout when it
-// has none), holding where the task goes back to. The same due.Index code
-// moves it back to pending when the timeout passes; a signal moves it back
-// at once (wake). The park is conditional: a nested transaction that parks
-// only if nothing the task waits for has come already (parkConds), and
-// otherwise hands the task back at once, so that a signal sent just before
-// the park is never missed.
+// has none), holding where the task goes back to (waitPending). The same
+// due.Index code moves it back to pending when the timeout passes; a
+// signal moves it back at once (wake). The park is conditional: a nested
+// transaction that parks only if nothing the task waits for has come
+// already (parkConds), and otherwise hands the task back at once, so that
+// a signal sent just before the park is never missed.
 
 // NoTimeout is the due time of a wait without a timeout in its queue's
 // wait index: far enough that no mover reaches it, within the Unix
@@ -73,12 +74,80 @@ func (c *Client) waitingKey(t *Task) string {
 }
 
 // waitIndex is queue q's waiting tasks as a due index: a wait that times
-// out goes back to pending as a due retry does (the same value, the same
-// writes), judged by the client's clock.
+// out goes back to pending as a due retry does (the same writes), judged
+// by the client's clock.
 func (c *Client) waitIndex(q string, logger *slog.Logger) *due.Index {
 	ix := c.retryIndex(q, logger)
 	ix.Prefix, ix.Now, ix.Name = c.keys.QueueWait(q), c.now, "wait"
+	ix.Move = func(kv *mvccpb.KeyValue) ([]clientv3.Op, bool) {
+		pk, attempts, ok := c.waitPending(q, kv)
+		if !ok {
+			logger.Error("queue: dropping an unreadable wait key", "key", string(kv.Key))
+			return nil, false
+		}
+		return []clientv3.Op{clientv3.OpPut(pk, encodePending(attempts, false))}, true
+	}
+	ix.Shared = func(kvs []*mvccpb.KeyValue) []clientv3.Op {
+		var markers []clientv3.Op
+		levels := map[string]bool{}
+		for _, kv := range kvs {
+			pk, _, ok := c.waitPending(q, kv)
+			if !ok {
+				continue
+			}
+			if lv := c.levelOfPending(q, pk); lv != "" && !levels[lv] {
+				levels[lv] = true
+				markers = append(markers, clientv3.OpPut(c.levelKey(q, lv), ""))
+			}
+		}
+		return markers
+	}
 	return ix
+}
+
+// shortWaitValues says whether parks write wait keys' values in their
+// short form (waitValue). Not yet: a binary from before waitPending reads
+// only a retry key's JSON, and its wait mover drops a key it cannot read
+// when the wait times out, which would leave the task WAITING with no key.
+// Every binary now reads both forms; once none from before remain in
+// service, the short form (about 50 bytes less a parked task) can be
+// written. A variable for the tests and measurements of the short form.
+var shortWaitValues = false
+
+// waitValue is the short form of what task id's wait key holds, in queue q: the attempts it
+// started and where it goes back to, "{attempts} {pending}", where
+// pending is its pending key without the queue's pending prefix and the
+// "-{id}" that ends it (the wait key holds both): about 25 bytes, where a
+// retry key's JSON (retryValue) takes about 80. A pending key of another
+// form is kept whole, as a retry key's JSON.
+func (c *Client) waitValue(q, id, pendingKey string, attempts int) string {
+	rest, ok := strings.CutPrefix(pendingKey, c.keys.QueuePending(q))
+	if rest, cut := strings.CutSuffix(rest, "-"+id); ok && cut && !strings.HasPrefix(rest, "{") {
+		return strconv.Itoa(attempts) + " " + rest
+	}
+	rv, _ := json.Marshal(retryValue{PendingKey: pendingKey, Attempts: attempts})
+	return string(rv)
+}
+
+// waitPending reads wait key kv of queue q: the pending key its task goes
+// back to, and the attempts it started; false when kv is unreadable. It
+// reads the JSON of a retry key too (what binaries before waitValue
+// wrote).
+func (c *Client) waitPending(q string, kv *mvccpb.KeyValue) (string, int, bool) {
+	if len(kv.Value) > 0 && kv.Value[0] == '{' {
+		var rv retryValue
+		if json.Unmarshal(kv.Value, &rv) != nil || rv.PendingKey == "" {
+			return "", 0, false
+		}
+		return rv.PendingKey, rv.Attempts, true
+	}
+	_, id, ok := due.Parse(c.keys.QueueWait(q), string(kv.Key))
+	a, rest, cut := strings.Cut(string(kv.Value), " ")
+	attempts, err := strconv.Atoi(a)
+	if !ok || !cut || err != nil || rest == "" {
+		return "", 0, false
+	}
+	return c.keys.QueuePending(q) + rest + "-" + id, attempts, true
 }
 
 // parkConds are the compares under which task id may be parked waiting
@@ -114,6 +183,9 @@ func (w *Worker) waitOps(o outcome, pendingKey string, seg bool, now time.Time, 
 	t.CurrentStatus, t.ScheduledAt, t.Token = Waiting, o.until.UTC(), o.c.token
 	t.WaitingFor = o.wait
 	rv, _ := json.Marshal(retryValue{PendingKey: pendingKey, Attempts: t.Attempt})
+	if shortWaitValues {
+		rv = []byte(w.client.waitValue(t.Queue, t.ID, pendingKey, t.Attempt))
+	}
 	rec, _ := json.Marshal(t)
 	var park []clientv3.Op
 	if !seg {
