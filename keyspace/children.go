@@ -15,6 +15,7 @@ import (
 //	/{ns}/tasks/{p}/children/done/{step:06d}/{child}      a child's terminal outcome: status, result or error
 //	/{ns}/tasks/{p}/children/failed/{step:06d}/{child}    a child that ended DEAD or CANCELLED (empty)
 //	/{ns}/child-wakes/{q}/{p}                              a child of p (of queue q) ended: p's wait may be over
+//	/{ns}/child-cascades/{q}/{p}                           p (of queue q) ended CANCELLED or DEAD: its live children are to be cancelled
 //
 // Step numbers are zero-padded so that keys sort in step order.
 
@@ -91,3 +92,12 @@ func (s Space) ChildWakes(q string) string { return s.root + "child-wakes/" + q 
 // ChildWake is the key that says a child of task parent, of queue q,
 // ended since the mark was last handled.
 func (s Space) ChildWake(q, parent string) string { return s.ChildWakes(q) + parent }
+
+// ChildCascades is the prefix of the cascade marks of queue q's tasks,
+// ending in "/": outside the queue's prefix, as the wake marks are.
+func (s Space) ChildCascades(q string) string { return s.root + "child-cascades/" + q + "/" }
+
+// ChildCascade is the key that says task parent, of queue q, ended
+// CANCELLED or DEAD with children spawned, and its live children may not
+// all be cancelled yet.
+func (s Space) ChildCascade(q, parent string) string { return s.ChildCascades(q) + parent }

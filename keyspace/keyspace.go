@@ -12,6 +12,7 @@
 //	/{ns}/stream-expiry/{due}-{id}    when task id's stream may be removed (19-digit Unix nanoseconds)
 //	/{ns}/tasks/{id}/children/...     the children a step task spawned and their outcomes (children.go)
 //	/{ns}/child-wakes/{q}/{id}        a child of task id (of queue q) ended: its wait may be over (children.go)
+//	/{ns}/child-cascades/{q}/{id}     task id (of queue q) ended CANCELLED or DEAD: its live children are to be cancelled (children.go)
 //	/{ns}/ids/{id}                    a queued task's index key: "{queue}/{segment}/{slot}"; makes task_id idempotent
 //	/{ns}/segments/{q}/{segment}      up to 100 tasks of queue q as submitted, in one key
 //	/{ns}/queues/{q}/open/{segment}   a segment with unfinished tasks; value: its number of tasks

@@ -360,7 +360,7 @@ func (c *Client) CancelTasks(ctx context.Context, q string, st Status, ids []str
 	var touched []*Task
 	n, err := c.bulk(ctx, q, st, ids, progress, func(t *Task) ([]clientv3.Op, int, string) {
 		touched = append(touched, t)
-		ops := c.cancelOps(t)
+		ops := append(c.cancelOps(t), c.cascadeMarkOp(t))
 		return ops, len(ops[0].ValueBytes()), c.childWakeKey(t) // several children of one parent share it
 	})
 	if err != nil {

@@ -8,7 +8,8 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"slices"
-	"sync/atomic"
+	"strconv"
+	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -16,7 +17,6 @@ import (
 	"github.com/droverhq/drover/internal/lifecycle"
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/task"
-	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"golang.org/x/sync/errgroup"
 )
@@ -32,7 +32,7 @@ import (
 // parent in the same transaction as the outcome, fenced as it is, and puts
 // its parent's wake mark (one key per parent, however many children end
 // in one request); the workers of the parent's queue handle the marks
-// (childWakerOf, below): they count the parent's children and wake it when its
+// (childWakerOf, wait.go): they count the parent's children and wake it when its
 // wait is over. The mark is written with the outcome, so a worker that
 // dies after a child's outcome leaves the mark for another: the parent is
 // woken late, never stranded.
@@ -48,6 +48,8 @@ var (
 	// beforeCancelCascade runs between Cancel's cancel of a task and
 	// that of its children.
 	beforeCancelCascade func(parent string)
+	// beforeCascadeRun runs as a cascade of an ended task begins.
+	beforeCascadeRun func(parent string)
 )
 
 // childSpawner submits the children of the step tasks of queue q
@@ -85,6 +87,9 @@ func (s childSpawner) CheckChildren(ctx context.Context, children []task.Child) 
 			queues[ch.Queue] = i
 		}
 	}
+	if err := s.checkChildIDs(ctx, children); err != nil {
+		return err
+	}
 	names := make([]string, 0, len(queues))
 	for q := range queues {
 		names = append(names, q)
@@ -105,6 +110,62 @@ func (s childSpawner) CheckChildren(ctx context.Context, children []task.Child) 
 			if r.GetResponseRange().Count == 0 {
 				return &drover.InputError{Field: fmt.Sprintf("children[%d].queue", queues[part[k]]), Value: part[k],
 					Rule: "names a queue that does not exist: submit to it or configure it (drover queues set) first"}
+			}
+		}
+	}
+	return nil
+}
+
+// checkChildIDs refuses children whose ids another task has. A step's
+// children are checked before its plan is stored, so that any task with
+// a child's id then is not that child: one submitted by other means, or
+// (were a child's id ever to come out equal to it) the parent itself or
+// an ancestor. Submitted as a child, idempotently by id, such an id would
+// store nothing, and the parent would wait on a task that never reports
+// to it, or on itself. The ids of one step share a prefix (the parent's
+// id and the step: task.ChildID), one prefix per length of key when the
+// parent's id is cut: each prefix is counted in the id index (100 a
+// request), and only a prefix that holds ids is listed and compared.
+func (s childSpawner) checkChildIDs(ctx context.Context, children []task.Child) error {
+	at := map[string]int{} // child id → its position
+	var pres []string
+	seen := map[string]bool{}
+	for i, ch := range children {
+		at[ch.ID] = i
+		key := ch.Key
+		if key == "" {
+			key = strconv.Itoa(i)
+		}
+		if pre := strings.TrimSuffix(ch.ID, key); !seen[pre] {
+			seen[pre] = true
+			pres = append(pres, pre)
+		}
+	}
+	for len(pres) > 0 {
+		part := pres[:min(100, len(pres))]
+		pres = pres[len(part):]
+		ops := make([]clientv3.Op, len(part))
+		for k, pre := range part {
+			ops[k] = clientv3.OpGet(s.c.keys.TaskIndex(pre), clientv3.WithPrefix(), clientv3.WithCountOnly())
+		}
+		resp, err := s.c.cli.Txn(ctx).Then(ops...).Commit()
+		if err != nil {
+			return fmt.Errorf("queue: check the ids of children: %w", err)
+		}
+		for k, r := range resp.Responses {
+			if r.GetResponseRange().Count == 0 {
+				continue
+			}
+			g, err := s.c.cli.Get(ctx, s.c.keys.TaskIndex(part[k]), clientv3.WithPrefix(), clientv3.WithKeysOnly())
+			if err != nil {
+				return fmt.Errorf("queue: check the ids of children: %w", err)
+			}
+			for _, kv := range g.Kvs {
+				id := keyspace.Rest(s.c.keys.TaskIndex(""), string(kv.Key))
+				if i, ok := at[id]; ok {
+					return &drover.InputError{Field: fmt.Sprintf("children[%d].key", i), Value: children[i].Key,
+						Rule: fmt.Sprintf("gives the child the id %s, which another task has (not a child of this step): give the child a key of its own", id)}
+				}
 			}
 		}
 	}
@@ -140,7 +201,7 @@ func (s childSpawner) SubmitChildren(ctx context.Context, parent string, step in
 		}
 	}
 	if t, err := s.c.Get(ctx, parent); err == nil && t.CurrentStatus == Cancelled {
-		return errors.Join(fmt.Errorf("queue: task %s was cancelled while its children were submitted", parent), s.c.cancelChildren(ctx, parent))
+		return errors.Join(fmt.Errorf("queue: task %s was cancelled while its children were submitted", parent), s.c.cascade(ctx, s.q, parent))
 	}
 	return nil
 }
@@ -246,8 +307,8 @@ func (c *Client) wakeParent(ctx context.Context, parent string) (bool, error) {
 }
 
 // cancelChildren cancels the live children task parent spawned, except
-// those spawned detached; each cancel cancels that child's own children.
-// A child not submitted yet, or finished, is left as it is.
+// those spawned detached; each cancel cancels that child's own children
+// (cascade). A child not submitted yet, or finished, is left as it is.
 func (c *Client) cancelChildren(ctx context.Context, parent string) error {
 	plans, err := c.store.Plans(ctx, parent)
 	if err != nil || len(plans) == 0 {
@@ -264,7 +325,7 @@ func (c *Client) cancelChildren(ctx context.Context, parent string) error {
 				t, err := c.cancel(ctx, ch.ID)
 				switch {
 				case cancelCascades(t, err):
-					err = c.cancelChildren(ctx, ch.ID) // its own, on the same context
+					err = c.cascade(ctx, t.Queue, ch.ID) // its own, on the same context
 				case errors.Is(err, ErrNotFound) || errors.Is(err, ErrFinished):
 					return nil
 				}
@@ -279,6 +340,132 @@ func (c *Client) cancelChildren(ctx context.Context, parent string) error {
 		return fmt.Errorf("queue: cancel the children of %s: %w", parent, err)
 	}
 	return nil
+}
+
+// A task that ends CANCELLED (Cancel, CancelTasks) or DEAD (a worker's
+// outcome, the fail-fast of a child that failed among them) puts its
+// cascade mark, child-cascades/{q}/{id}, in the transaction that ends it,
+// when it spawned children (cascadeMarkOp: a nested transaction that puts
+// nothing for a task without a plan). Whoever ended it then cancels its
+// live children (cascade) and removes the mark. One that dies, or whose
+// requests fail, before the end of the cascade leaves the mark: the workers
+// of the task's queue read their queue's marks at start and every
+// cascadeRescan (cascadeScan) and finish the cascades left. A cascade is
+// idempotent (a child cancelled or finished already is left as it is), so
+// two that run at once cost reads, never a wrong state.
+
+// cascadeMarkOp is the write that puts task t's cascade mark when t has a
+// plan of children: one nested transaction, to go into the transaction
+// that ends t CANCELLED or DEAD.
+func (c *Client) cascadeMarkOp(t *Task) clientv3.Op {
+	// A compare over a prefix holds when every key under it holds it; an
+	// empty prefix compares as one key never created, which fails "> 0".
+	return clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(c.keys.ChildPlans(t.ID)).WithPrefix(), ">", 0)},
+		[]clientv3.Op{clientv3.OpPut(c.keys.ChildCascade(t.Queue, t.ID), "")}, nil)
+}
+
+// cascade cancels the live children of task id, of queue q, when it is
+// CANCELLED or DEAD (cancelChildren), then removes its cascade mark unless
+// it was put again since it was read (before the cascade began). A task in
+// another state (requeued since it ended) or gone has its mark removed and
+// its children left alone.
+func (c *Client) cascade(ctx context.Context, q, id string) error {
+	mark := c.keys.ChildCascade(q, id)
+	g, err := c.cli.Get(ctx, mark)
+	if err != nil {
+		return fmt.Errorf("queue: read the cascade mark of %s: %w", id, err)
+	}
+	t, err := c.Get(ctx, id)
+	switch {
+	case errors.Is(err, ErrNotFound):
+	case err != nil:
+		return err
+	case t.CurrentStatus == Cancelled || t.CurrentStatus == Dead:
+		if beforeCascadeRun != nil {
+			beforeCascadeRun(id)
+		}
+		if err := c.cancelChildren(ctx, id); err != nil {
+			return err
+		}
+	}
+	if len(g.Kvs) == 0 {
+		return nil
+	}
+	_, err = c.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(mark), "=", g.Kvs[0].ModRevision)).Then(clientv3.OpDelete(mark)).Commit()
+	if err != nil {
+		return fmt.Errorf("queue: remove the cascade mark of %s: %w", id, err)
+	}
+	return nil
+}
+
+// failFast reports whether outcome o ends a parent DEAD because one of its
+// children failed it (the default policy of task.SpawnOptions): its other
+// live children are cancelled once the outcome is written (cascadeDead).
+func failFast(o outcome) bool {
+	var cf *task.ChildFailedError
+	return o.kind == Dead && errors.As(o.err, &cf)
+}
+
+// deadCascadeTimeout bounds a worker's cascades after the outcomes that
+// ended parents DEAD; what it cuts short, cascadeScan finishes.
+const deadCascadeTimeout = 30 * time.Second
+
+// cascadeDead cancels the live children of parents ts, which their
+// children's failures ended DEAD, once their outcomes (and cascade marks)
+// are written.
+func (w *Worker) cascadeDead(ts []*Task) {
+	ctx, cancel := context.WithTimeout(w.cli.Ctx(), deadCascadeTimeout)
+	defer cancel()
+	for _, t := range ts {
+		if err := w.client.cascade(ctx, t.Queue, t.ID); err != nil {
+			w.logger.Warn("queue: could not cancel the children of a parent a child failed; the queue's workers finish it later", "task", t.ID, "err", err)
+		}
+	}
+}
+
+// cascadeRescan is how often the workers of a queue read its cascade
+// marks (a variable for tests).
+var cascadeRescan = 30 * time.Second
+
+// cascadeWidth bounds the cascades a worker finishes at once.
+const cascadeWidth = 4
+
+// cascadeScan finishes the cascades of queue q's tasks that their writers
+// left, until ctx ends: at once, then every cascadeRescan (give or take a
+// tenth), it reads the marks and cascades from each, but for marks put
+// since the read before (their writers most likely cascade from them
+// still).
+func (c *Client) cascadeScan(ctx context.Context, q string, logger *slog.Logger) {
+	pre := c.keys.ChildCascades(q)
+	var seen int64 // the revision of the read before; 0: none yet
+	for ctx.Err() == nil {
+		g, err := c.cli.Get(ctx, pre, clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithLimit(1000))
+		if err != nil && ctx.Err() == nil {
+			logger.Warn("queue: reading the cancel cascades left failed; retrying later", "queue", q, "err", err)
+		}
+		if err == nil {
+			var eg errgroup.Group
+			eg.SetLimit(cascadeWidth)
+			for _, kv := range g.Kvs {
+				if seen > 0 && kv.ModRevision > seen {
+					continue
+				}
+				eg.Go(func() error {
+					id := keyspace.Rest(pre, string(kv.Key))
+					cctx, stop := context.WithTimeout(ctx, cancelCascadeTimeout)
+					defer stop()
+					if err := c.cascade(cctx, q, id); err != nil && ctx.Err() == nil {
+						logger.Warn("queue: could not cancel the children of an ended task; trying again later", "task", id, "err", err)
+					}
+					return nil
+				})
+			}
+			_ = eg.Wait()
+			seen = g.Header.Revision
+		}
+		jitter := time.Duration(rand.Int64N(int64(cascadeRescan/10) + 1))
+		_ = lifecycle.Sleep(ctx, cascadeRescan-cascadeRescan/20+jitter)
+	}
 }
 
 // afterCancels does for tasks, which a bulk cancel tried to cancel, what
@@ -305,126 +492,10 @@ func (c *Client) afterCancels(ctx context.Context, tasks []*Task) error {
 			if t, err := c.Get(ctx, part[i].ID); err != nil || t.CurrentStatus != Cancelled {
 				continue
 			}
-			if err := c.cancelChildren(ctx, part[i].ID); err != nil {
+			if err := c.cascade(ctx, part[i].Queue, part[i].ID); err != nil {
 				return err
 			}
 		}
 	}
 	return nil
-}
-
-// A child's terminal outcome puts its parent's wake mark,
-// child-wakes/{q}/{parent}, in the same request (children.go). Every
-// worker of queue q handles the marks of its queue's parents: it reads
-// them, then watches them; for each it counts the parent's children and,
-// when the parent's wait is over, wakes it (a fenced move back to pending,
-// Client.wake); then it deletes the mark, only if no child put it again
-// since. A mark whose handling failed stays, and is handled again at the
-// next rescan. A mark is per parent, not per child: 10,000 children that
-// end in a few hundred requests cost their parent a few hundred counts at
-// most, fewer when they end faster than it is counted, since one count
-// handles every put the watch delivered together.
-
-// childRescan is how often a waker reads its marks again, for those whose
-// handling failed.
-const childRescan = 30 * time.Second
-
-// childWakeWidth bounds the parents a waker handles at once.
-const childWakeWidth = 8
-
-// childWakerOf handles the wake marks of queue q's parents.
-type childWakerOf struct {
-	c      *Client
-	q      string
-	pre    string
-	logger *slog.Logger
-	logged atomic.Int64 // when a failure was last logged, Unix ns
-}
-
-// warn logs a failure, at most once a minute: an outage retried every
-// few hundred milliseconds would otherwise fill the log.
-func (k *childWakerOf) warn(msg string, args ...any) {
-	now, last := time.Now().UnixNano(), k.logged.Load()
-	if now-last > int64(time.Minute) && k.logged.CompareAndSwap(last, now) {
-		k.logger.Warn(msg, args...)
-	}
-}
-
-func (c *Client) childWaker(q string, logger *slog.Logger) *childWakerOf {
-	return &childWakerOf{c: c, q: q, pre: c.keys.ChildWakes(q), logger: logger}
-}
-
-// run handles marks until ctx ends; after an error it waits a moment and
-// starts again (a new read, a new watch), so an outage delays wakes but
-// loses none.
-func (k *childWakerOf) run(ctx context.Context) {
-	for ctx.Err() == nil {
-		err := k.runOnce(ctx)
-		if err == nil || ctx.Err() != nil {
-			continue
-		}
-		k.warn("queue: waking parents of finished children failed; retrying", "queue", k.q, "err", err)
-		_ = lifecycle.Sleep(ctx, time.Duration(100+rand.IntN(100))*time.Millisecond)
-	}
-}
-
-// runOnce reads the marks and handles them, then handles those the watch
-// delivers, until the watch fails or ctx ends.
-func (k *childWakerOf) runOnce(ctx context.Context) error {
-	g, err := k.c.cli.Get(ctx, k.pre, clientv3.WithPrefix())
-	if err != nil {
-		return fmt.Errorf("read the wake marks of %s: %w", k.q, err)
-	}
-	k.handle(ctx, g.Kvs)
-	wctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	wch := k.c.cli.Watch(clientv3.WithRequireLeader(wctx), k.pre, clientv3.WithPrefix(), clientv3.WithFilterDelete(), clientv3.WithRev(g.Header.Revision+1))
-	rescan := time.NewTimer(childRescan)
-	defer rescan.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-rescan.C:
-			return nil // read them again
-		case wr, ok := <-wch:
-			if !ok {
-				return fmt.Errorf("the watch of the wake marks of %s ended", k.q)
-			}
-			if err := wr.Err(); err != nil {
-				return fmt.Errorf("watch the wake marks of %s: %w", k.q, err)
-			}
-			latest := map[string]*mvccpb.KeyValue{}
-			for _, ev := range wr.Events {
-				latest[string(ev.Kv.Key)] = ev.Kv
-			}
-			kvs := make([]*mvccpb.KeyValue, 0, len(latest))
-			for _, kv := range latest {
-				kvs = append(kvs, kv)
-			}
-			k.handle(ctx, kvs)
-		}
-	}
-}
-
-// handle handles marks kvs: each parent's wait is checked and, when over,
-// the parent woken; the mark is then deleted unless put again since.
-func (k *childWakerOf) handle(ctx context.Context, kvs []*mvccpb.KeyValue) {
-	var g errgroup.Group
-	g.SetLimit(childWakeWidth)
-	for _, kv := range kvs {
-		g.Go(func() error {
-			parent := keyspace.Rest(k.pre, string(kv.Key))
-			if _, err := k.c.wakeParent(ctx, parent); err != nil {
-				if ctx.Err() == nil {
-					k.warn("queue: could not wake a parent task; trying again later", "task", parent, "err", err)
-				}
-				return nil // the mark stays: the next rescan tries again
-			}
-			key := string(kv.Key)
-			_, _ = k.c.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", kv.ModRevision)).Then(clientv3.OpDelete(key)).Commit()
-			return nil
-		})
-	}
-	_ = g.Wait()
 }

@@ -25,7 +25,11 @@ import (
 //	children-submit: stops for good right after a parent's spawn is
 //	    checkpointed, before its children are submitted;
 //	children-wake: stops for good as it is about to wake a parent whose
-//	    20 children all ended.
+//	    20 children all ended;
+//	children-cancel: cancels task p and stops for good before the cancel
+//	    cascades to p's children;
+//	children-dead: runs parents that spawn failFastChildren and stops for
+//	    good once a parent's death is written, before its cascade.
 //
 // The test SIGKILLs it once it printed STOPPED.
 func runChildHelper(mode string) int {
@@ -41,6 +45,18 @@ func runChildHelper(mode string) int {
 	stopped := func() {
 		fmt.Println("STOPPED")
 		select {} // until killed
+	}
+	switch mode {
+	case "children-cancel": // stops between the cancel of p and its cascade
+		queue.SetCancelHook(func(string) { stopped() })
+		c, err := queue.NewClient(cli, ns)
+		if err == nil {
+			_, err = c.Cancel(ctx, "p")
+		}
+		fmt.Fprintln(os.Stderr, "cancel returned:", err)
+		return 2
+	case "children-dead": // stops between p's death and its cascade
+		queue.SetCascadeRunHook(func(string) { stopped() })
 	}
 	queue.SetChildHooks(func(string) {
 		switch mode {
@@ -65,6 +81,9 @@ func runChildHelper(mode string) int {
 	defer w.Close(context.Background())
 	store, _ := task.NewStore(cli, ns)
 	f := newFamily(20)
+	if mode == "children-dead" {
+		f.children = failFastChildren
+	}
 	w.HandleAll(func(ctx context.Context, t *queue.Task) ([]byte, error) {
 		_ = appendLine(os.Getenv("H_LOG"), "victim "+t.ID)
 		return queue.Steps(store, f.parentSteps(t.ID)...)(ctx, t)

@@ -310,7 +310,7 @@ func (c *Client) Cancel(ctx context.Context, id string) (*Task, error) {
 	}
 	cctx, stop := context.WithTimeout(context.WithoutCancel(ctx), cancelCascadeTimeout)
 	defer stop()
-	if cerr := c.cancelChildren(cctx, id); cerr != nil {
+	if cerr := c.cascade(cctx, t.Queue, id); cerr != nil {
 		return t, errors.Join(err, cerr)
 	}
 	return t, err
@@ -349,7 +349,7 @@ func (c *Client) cancel(ctx context.Context, id string) (*Task, error) {
 		if t.seg != nil {
 			cmps = c.segmentUnchanged(t, t.CurrentStatus)
 		}
-		ops := c.cancelOps(t)
+		ops := append(c.cancelOps(t), c.cascadeMarkOp(t))
 		if wake := c.childWakeKey(t); wake != "" {
 			ops = append(ops, clientv3.OpPut(wake, ""))
 		}

@@ -174,8 +174,12 @@ func (w *Worker) write(reqs []ackReq) {
 	}
 	var ended []*segRun
 	var finished []outcome
+	var cascades []*Task
 	defer func() {
 		w.runsEnded(ended)
+		if len(cascades) > 0 {
+			w.finishing.Go(func() { w.cascadeDead(cascades) })
+		}
 		if len(finished) > 0 {
 			w.finishing.Go(func() { w.finishStreams(finished) }) // after the outcomes, off the acker's path
 		}
@@ -192,6 +196,9 @@ func (w *Worker) write(reqs []ackReq) {
 		}
 		for _, o := range r.kept {
 			w.count(o)
+			if failFast(o) {
+				cascades = append(cascades, o.c.task)
+			}
 			if o.streamed && (o.kind == Succeeded || o.kind == Dead) {
 				finished = append(finished, o)
 			}
@@ -362,7 +369,7 @@ func (w *Worker) recordOps(o outcome, now time.Time, markers map[string]bool) ([
 	case Dead:
 		t.CurrentStatus, t.RetriesAttempted, t.LastError = Dead, t.Attempt-1, truncate(o.err.Error(), 4096)
 		done = w.childDone(t, Dead, nil, t.LastError, markers)
-		ops = append(append(ops, clientv3.OpPut(w.keys.DeadTask(t.Queue, t.ID), "")), done...)
+		ops = append(append(ops, clientv3.OpPut(w.keys.DeadTask(t.Queue, t.ID), ""), w.client.cascadeMarkOp(t)), done...)
 	}
 	tr := Transition{Status: t.CurrentStatus, At: now, Attempt: t.Attempt, Worker: w.worker}
 	if o.err != nil {

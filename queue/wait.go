@@ -8,15 +8,21 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	mrand "math/rand/v2"
 	"slices"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/internal/due"
+	"github.com/droverhq/drover/internal/lifecycle"
+	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/task"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"golang.org/x/sync/errgroup"
 )
 
 // A step task that waits (a step ended with task.WaitSignal) is parked as
@@ -24,12 +30,12 @@ import (
 // claim up, says WAITING in its record, with what it waits for
 // (WaitingFor), and puts one key in its queue's wait index,
 // queues/{q}/wait/{due}-{id}, due at the wait's timeout (NoTimeout when it
-// has none), holding where the task goes back to. The same due.Index code
-// moves it back to pending when the timeout passes; a signal moves it back
-// at once (wake). The park is conditional: a nested transaction that parks
-// only if nothing the task waits for has come already (parkConds), and
-// otherwise hands the task back at once, so that a signal sent just before
-// the park is never missed.
+// has none), holding where the task goes back to (waitPending). The same
+// due.Index code moves it back to pending when the timeout passes; a
+// signal moves it back at once (wake). The park is conditional: a nested
+// transaction that parks only if nothing the task waits for has come
+// already (parkConds), and otherwise hands the task back at once, so that
+// a signal sent just before the park is never missed.
 
 // NoTimeout is the due time of a wait without a timeout in its queue's
 // wait index: far enough that no mover reaches it, within the Unix
@@ -68,12 +74,80 @@ func (c *Client) waitingKey(t *Task) string {
 }
 
 // waitIndex is queue q's waiting tasks as a due index: a wait that times
-// out goes back to pending as a due retry does (the same value, the same
-// writes), judged by the client's clock.
+// out goes back to pending as a due retry does (the same writes), judged
+// by the client's clock.
 func (c *Client) waitIndex(q string, logger *slog.Logger) *due.Index {
 	ix := c.retryIndex(q, logger)
 	ix.Prefix, ix.Now, ix.Name = c.keys.QueueWait(q), c.now, "wait"
+	ix.Move = func(kv *mvccpb.KeyValue) ([]clientv3.Op, bool) {
+		pk, attempts, ok := c.waitPending(q, kv)
+		if !ok {
+			logger.Error("queue: dropping an unreadable wait key", "key", string(kv.Key))
+			return nil, false
+		}
+		return []clientv3.Op{clientv3.OpPut(pk, encodePending(attempts, false))}, true
+	}
+	ix.Shared = func(kvs []*mvccpb.KeyValue) []clientv3.Op {
+		var markers []clientv3.Op
+		levels := map[string]bool{}
+		for _, kv := range kvs {
+			pk, _, ok := c.waitPending(q, kv)
+			if !ok {
+				continue
+			}
+			if lv := c.levelOfPending(q, pk); lv != "" && !levels[lv] {
+				levels[lv] = true
+				markers = append(markers, clientv3.OpPut(c.levelKey(q, lv), ""))
+			}
+		}
+		return markers
+	}
 	return ix
+}
+
+// shortWaitValues says whether parks write wait keys' values in their
+// short form (waitValue). Not yet: a binary from before waitPending reads
+// only a retry key's JSON, and its wait mover drops a key it cannot read
+// when the wait times out, which would leave the task WAITING with no key.
+// Every binary now reads both forms; once none from before remain in
+// service, the short form (about 50 bytes less a parked task) can be
+// written. A variable for the tests and measurements of the short form.
+var shortWaitValues = false
+
+// waitValue is the short form of what task id's wait key holds, in queue q: the attempts it
+// started and where it goes back to, "{attempts} {pending}", where
+// pending is its pending key without the queue's pending prefix and the
+// "-{id}" that ends it (the wait key holds both): about 25 bytes, where a
+// retry key's JSON (retryValue) takes about 80. A pending key of another
+// form is kept whole, as a retry key's JSON.
+func (c *Client) waitValue(q, id, pendingKey string, attempts int) string {
+	rest, ok := strings.CutPrefix(pendingKey, c.keys.QueuePending(q))
+	if rest, cut := strings.CutSuffix(rest, "-"+id); ok && cut && !strings.HasPrefix(rest, "{") {
+		return strconv.Itoa(attempts) + " " + rest
+	}
+	rv, _ := json.Marshal(retryValue{PendingKey: pendingKey, Attempts: attempts})
+	return string(rv)
+}
+
+// waitPending reads wait key kv of queue q: the pending key its task goes
+// back to, and the attempts it started; false when kv is unreadable. It
+// reads the JSON of a retry key too (what binaries before waitValue
+// wrote).
+func (c *Client) waitPending(q string, kv *mvccpb.KeyValue) (string, int, bool) {
+	if len(kv.Value) > 0 && kv.Value[0] == '{' {
+		var rv retryValue
+		if json.Unmarshal(kv.Value, &rv) != nil || rv.PendingKey == "" {
+			return "", 0, false
+		}
+		return rv.PendingKey, rv.Attempts, true
+	}
+	_, id, ok := due.Parse(c.keys.QueueWait(q), string(kv.Key))
+	a, rest, cut := strings.Cut(string(kv.Value), " ")
+	attempts, err := strconv.Atoi(a)
+	if !ok || !cut || err != nil || rest == "" {
+		return "", 0, false
+	}
+	return c.keys.QueuePending(q) + rest + "-" + id, attempts, true
 }
 
 // parkConds are the compares under which task id may be parked waiting
@@ -109,6 +183,9 @@ func (w *Worker) waitOps(o outcome, pendingKey string, seg bool, now time.Time, 
 	t.CurrentStatus, t.ScheduledAt, t.Token = Waiting, o.until.UTC(), o.c.token
 	t.WaitingFor = o.wait
 	rv, _ := json.Marshal(retryValue{PendingKey: pendingKey, Attempts: t.Attempt})
+	if shortWaitValues {
+		rv = []byte(w.client.waitValue(t.Queue, t.ID, pendingKey, t.Attempt))
+	}
 	rec, _ := json.Marshal(t)
 	var park []clientv3.Op
 	if !seg {
@@ -395,4 +472,124 @@ func (c *Client) Signals(ctx context.Context, id string) ([]task.SignalRecord, e
 		return nil, err
 	}
 	return s.Signals(ctx, id)
+}
+
+// A child's terminal outcome puts its parent's wake mark,
+// child-wakes/{q}/{parent}, in the same request (children.go). Every
+// worker of queue q handles the marks of its queue's parents: it reads
+// them, then watches them; for each it counts the parent's children and,
+// when the parent's wait is over, wakes it (a fenced move back to pending,
+// Client.wake); then it deletes the mark, only if no child put it again
+// since. A mark whose handling failed stays, and is handled again at the
+// next rescan. A mark is per parent, not per child: 10,000 children that
+// end in a few hundred requests cost their parent a few hundred counts at
+// most, fewer when they end faster than it is counted, since one count
+// handles every put the watch delivered together.
+
+// childRescan is how often a waker reads its marks again, for those whose
+// handling failed.
+const childRescan = 30 * time.Second
+
+// childWakeWidth bounds the parents a waker handles at once.
+const childWakeWidth = 8
+
+// childWakerOf handles the wake marks of queue q's parents.
+type childWakerOf struct {
+	c      *Client
+	q      string
+	pre    string
+	logger *slog.Logger
+	logged atomic.Int64 // when a failure was last logged, Unix ns
+}
+
+// warn logs a failure, at most once a minute: an outage retried every
+// few hundred milliseconds would otherwise fill the log.
+func (k *childWakerOf) warn(msg string, args ...any) {
+	now, last := time.Now().UnixNano(), k.logged.Load()
+	if now-last > int64(time.Minute) && k.logged.CompareAndSwap(last, now) {
+		k.logger.Warn(msg, args...)
+	}
+}
+
+func (c *Client) childWaker(q string, logger *slog.Logger) *childWakerOf {
+	return &childWakerOf{c: c, q: q, pre: c.keys.ChildWakes(q), logger: logger}
+}
+
+// run handles marks until ctx ends; after an error it waits a moment and
+// starts again (a new read, a new watch), so an outage delays wakes but
+// loses none. Beside it, the queue's cancel cascades left behind are
+// finished (cascadeScan).
+func (k *childWakerOf) run(ctx context.Context) {
+	done := make(chan struct{})
+	go func() { defer close(done); k.c.cascadeScan(ctx, k.q, k.logger) }()
+	defer func() { <-done }()
+	for ctx.Err() == nil {
+		err := k.runOnce(ctx)
+		if err == nil || ctx.Err() != nil {
+			continue
+		}
+		k.warn("queue: waking parents of finished children failed; retrying", "queue", k.q, "err", err)
+		_ = lifecycle.Sleep(ctx, time.Duration(100+mrand.IntN(100))*time.Millisecond)
+	}
+}
+
+// runOnce reads the marks and handles them, then handles those the watch
+// delivers, until the watch fails or ctx ends.
+func (k *childWakerOf) runOnce(ctx context.Context) error {
+	g, err := k.c.cli.Get(ctx, k.pre, clientv3.WithPrefix())
+	if err != nil {
+		return fmt.Errorf("read the wake marks of %s: %w", k.q, err)
+	}
+	k.handle(ctx, g.Kvs)
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	wch := k.c.cli.Watch(clientv3.WithRequireLeader(wctx), k.pre, clientv3.WithPrefix(), clientv3.WithFilterDelete(), clientv3.WithRev(g.Header.Revision+1))
+	rescan := time.NewTimer(childRescan)
+	defer rescan.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-rescan.C:
+			return nil // read them again
+		case wr, ok := <-wch:
+			if !ok {
+				return fmt.Errorf("the watch of the wake marks of %s ended", k.q)
+			}
+			if err := wr.Err(); err != nil {
+				return fmt.Errorf("watch the wake marks of %s: %w", k.q, err)
+			}
+			latest := map[string]*mvccpb.KeyValue{}
+			for _, ev := range wr.Events {
+				latest[string(ev.Kv.Key)] = ev.Kv
+			}
+			kvs := make([]*mvccpb.KeyValue, 0, len(latest))
+			for _, kv := range latest {
+				kvs = append(kvs, kv)
+			}
+			k.handle(ctx, kvs)
+		}
+	}
+}
+
+// handle handles marks kvs: each parent's wait is checked and, when over,
+// the parent woken; the mark is then deleted unless put again since.
+func (k *childWakerOf) handle(ctx context.Context, kvs []*mvccpb.KeyValue) {
+	var g errgroup.Group
+	g.SetLimit(childWakeWidth)
+	for _, kv := range kvs {
+		g.Go(func() error {
+			parent := keyspace.Rest(k.pre, string(kv.Key))
+			if _, err := k.c.wakeParent(ctx, parent); err != nil {
+				if ctx.Err() == nil {
+					k.warn("queue: could not wake a parent task; trying again later", "task", parent, "err", err)
+				}
+				return nil // the mark stays: the next rescan tries again
+			}
+			key := string(kv.Key)
+			_, _ = k.c.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", kv.ModRevision)).Then(clientv3.OpDelete(key)).Commit()
+			return nil
+		})
+	}
+	_ = g.Wait()
 }
