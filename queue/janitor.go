@@ -66,7 +66,9 @@ func (c *Client) retryIndex(q string, logger *slog.Logger) *due.Index {
 }
 
 // scheduledIndex is queue q's due index of segments that run later: a due
-// segment's key moves to the open segments, where claims find it.
+// segment's key moves to the open segments, where claims find it; the
+// small segments of a batch falling due are gathered into full ones
+// (gatherDue).
 func (c *Client) scheduledIndex(q string) *due.Index {
 	pre := c.keys.QueueDue(q)
 	return &due.Index{Client: c.cli, Prefix: pre, Now: c.now, Name: "scheduled",
@@ -76,6 +78,9 @@ func (c *Client) scheduledIndex(q string) *due.Index {
 				return nil, false
 			}
 			return []clientv3.Op{clientv3.OpPut(c.keys.SegmentOpen(q, seg), string(kv.Value))}, true
+		},
+		Gather: func(ctx context.Context, kvs []*mvccpb.KeyValue) ([]clientv3.Cmp, []clientv3.Op, error) {
+			return c.gatherDue(ctx, q, kvs)
 		},
 		Shared: func([]*mvccpb.KeyValue) []clientv3.Op {
 			return []clientv3.Op{clientv3.OpPut(c.keys.QueueDueVersion(q), "")} // Stats' count is stale

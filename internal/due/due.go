@@ -51,6 +51,16 @@ type Index struct {
 	// Shared, if set, returns writes made once per request, whatever
 	// items of kvs it moves (markers that wake claimers, say).
 	Shared func(kvs []*mvccpb.KeyValue) []clientv3.Op
+	// Gather, if set, moves the items of a request together rather than
+	// one by one: it returns the compares its writes need (besides each
+	// item's key being as read, which the index adds) and the writes
+	// that move every item of kvs (the items' deletions are added), which
+	// the index packs into nested transactions within etcd's operations
+	// a request. The request is one transaction, so all of kvs move or
+	// none: a move that fails, or whose compares do not hold, leaves
+	// everything as it was, and the items then move one by one (Move).
+	// ops nil: move them one by one at once.
+	Gather func(ctx context.Context, kvs []*mvccpb.KeyValue) (cmps []clientv3.Cmp, ops []clientv3.Op, err error)
 	// Batch is how many items one request moves (0: DefaultBatch).
 	Batch int
 	// Now is the clock (nil: time.Now).
@@ -252,8 +262,27 @@ func (ix *Index) first(ctx context.Context, start string, now time.Time) (*mvccp
 	return nil, nil
 }
 
+// MoveItems moves the items kvs, as read, in one request and returns how
+// many it moved: what Promote does with a batch it read. A request whose
+// reply was lost may be sent again with the same kvs: the items it moved
+// no longer match their read, so it moves nothing twice.
+func (ix *Index) MoveItems(ctx context.Context, kvs []*mvccpb.KeyValue) (int, error) {
+	return ix.move(ctx, kvs)
+}
+
+// maxTxnOps is etcd's default --max-txn-ops: the most compares or
+// operations at one level of a request, a nested transaction's allowance
+// being what its parent's level left (128 less the larger of the
+// parent's compares and operations).
+const maxTxnOps = 128
+
 // move moves the items kvs in one request and returns how many it moved.
 func (ix *Index) move(ctx context.Context, kvs []*mvccpb.KeyValue) (int, error) {
+	if ix.Gather != nil && len(kvs) > 1 {
+		if n, ok, err := ix.moveGathered(ctx, kvs); err != nil || ok {
+			return n, err
+		}
+	}
 	ops := make([]clientv3.Op, 0, len(kvs)+1)
 	for _, kv := range kvs {
 		key := string(kv.Key)
@@ -281,6 +310,65 @@ func (ix *Index) move(ctx context.Context, kvs []*mvccpb.KeyValue) (int, error) 
 		ix.OnMoved(won)
 	}
 	return len(won), nil
+}
+
+// moveGathered moves the items kvs together (Gather) in one transaction;
+// ok false: they did not move, nothing was written, and the caller moves
+// them one by one.
+func (ix *Index) moveGathered(ctx context.Context, kvs []*mvccpb.KeyValue) (moved int, ok bool, err error) {
+	extra, writes, err := ix.Gather(ctx, kvs)
+	if err != nil || writes == nil {
+		return 0, false, err
+	}
+	cmps := make([]clientv3.Cmp, 0, len(kvs)+len(extra))
+	flat := make([]clientv3.Op, 0, len(kvs)+len(writes))
+	for _, kv := range kvs {
+		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(string(kv.Key)), "=", kv.ModRevision))
+		flat = append(flat, clientv3.OpDelete(string(kv.Key)))
+	}
+	cmps, flat = append(cmps, extra...), append(flat, writes...)
+	var shared []clientv3.Op
+	if ix.Shared != nil {
+		shared = ix.Shared(kvs)
+	}
+	then, fits := pack(flat, len(cmps), len(shared))
+	if !fits {
+		return 0, false, nil
+	}
+	resp, err := ix.Client.Txn(ctx).If(cmps...).Then(append(then, shared...)...).Commit()
+	if err != nil {
+		// Refused (too large, say) or lost: one by one, which tells an
+		// outage from a refusal by its own error.
+		ix.failed(fmt.Errorf("due: gathered move of %d items of %s: %w", len(kvs), ix.Prefix, err))
+		return 0, false, nil
+	}
+	if !resp.Succeeded {
+		return 0, false, nil // an item changed since its read, or Gather's compares
+	}
+	if ix.OnMoved != nil {
+		ix.OnMoved(kvs)
+	}
+	return len(kvs), true, nil
+}
+
+// pack puts ops into nested transactions of equal size for a request
+// with ncmps compares and nshared operations of its own beside them,
+// within maxTxnOps: the request's level holds the larger of its compares
+// and operations, each nested one at most what that leaves. false: they
+// do not fit.
+func pack(ops []clientv3.Op, ncmps, nshared int) ([]clientv3.Op, bool) {
+	for size := maxTxnOps - max(ncmps, nshared+1); size > 0; size-- {
+		groups := (len(ops) + size - 1) / size
+		if max(ncmps, groups+nshared)+size > maxTxnOps {
+			continue
+		}
+		out := make([]clientv3.Op, 0, groups)
+		for from := 0; from < len(ops); from += size {
+			out = append(out, clientv3.OpTxn(nil, ops[from:min(from+size, len(ops))], nil))
+		}
+		return out, true
+	}
+	return nil, false
 }
 
 // Run moves items as they fall due until ctx ends: one watch of the
