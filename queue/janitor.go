@@ -29,6 +29,10 @@ func (w *Worker) promoteDue(ctx context.Context) {
 	wg.Add(4)
 	sched := w.client.scheduledIndex(w.cfg.Queue)
 	sched.Logger = w.logger
+	// Segments due within DueGroup of each other move, and are gathered,
+	// together: a task that waited for its segment's latest waits for
+	// the bucket's too (a server's claims move without lingering).
+	sched.Linger = DueGroup
 	go func() { defer wg.Done(); sched.Run(ctx) }()
 	go func() { defer wg.Done(); w.client.waitIndex(w.cfg.Queue, w.logger).Run(ctx) }()
 	go func() { defer wg.Done(); w.client.sleepIndex(w.cfg.Queue, w.logger).Run(ctx) }()

@@ -61,6 +61,13 @@ type Index struct {
 	// everything as it was, and the items then move one by one (Move).
 	// ops nil: move them one by one at once.
 	Gather func(ctx context.Context, kvs []*mvccpb.KeyValue) (cmps []clientv3.Cmp, ops []clientv3.Op, err error)
+	// Linger, with Gather, is how long after the first of a read's items
+	// fell due the index waits for more to fall due before it moves them,
+	// when the read found fewer than a batch: items due within Linger of
+	// each other move together, each at most Linger late for it. Items
+	// due in a steady stream otherwise move as each falls due, a few at a
+	// time, and there is little to gather.
+	Linger time.Duration
 	// Batch is how many items one request moves (0: DefaultBatch).
 	Batch int
 	// Now is the clock (nil: time.Now).
@@ -127,11 +134,21 @@ func (ix *Index) promote(ctx context.Context, from time.Time) (next, done time.T
 		start = Bound(ix.Prefix, from)
 	}
 	span := firstStep
+	lingered := "" // the start of the last read that lingered
 	for {
 		now := ix.now()
 		kvs, more, stepEnd, err := ix.readDue(ctx, start, now, span, batch)
 		if err != nil {
 			return time.Time{}, from, moved, err
+		}
+		if wait := ix.lingerFor(kvs, more || stepEnd != "", now); wait > 0 && lingered != start {
+			// Fewer than a batch, the first due a moment ago: let the
+			// items due in the next moments join it (Linger).
+			lingered = start
+			if sleep(ctx, wait); ctx.Err() != nil {
+				return time.Time{}, from, moved, ctx.Err()
+			}
+			continue
 		}
 		if more {
 			// A full batch: the next step twice the time it covered.
@@ -179,6 +196,20 @@ func (ix *Index) promote(ctx context.Context, from time.Time) (next, done time.T
 		}
 		return at, done, moved, nil
 	}
+}
+
+// lingerFor is how long a read that found kvs, due by now, waits for
+// more before it moves them: until Linger after the first fell due, when
+// the read found fewer than a batch (full false) and Gather is set.
+func (ix *Index) lingerFor(kvs []*mvccpb.KeyValue, full bool, now time.Time) time.Duration {
+	if ix.Linger <= 0 || ix.Gather == nil || full || len(kvs) == 0 {
+		return 0
+	}
+	at, ok := keyTime(ix.Prefix, string(kvs[0].Key))
+	if !ok {
+		return 0
+	}
+	return at.Add(ix.Linger).Sub(now)
 }
 
 // The reads of due items go in steps of time while the items due lie
