@@ -155,10 +155,13 @@ func (ix *Index) promote(ctx context.Context, from time.Time) (next, done time.T
 			span = max(2*covered(ix.Prefix, start, kvs), minStep)
 		}
 		if len(kvs) > 0 {
-			n, err := ix.move(ctx, kvs)
+			n, reread, err := ix.move(ctx, kvs)
 			moved += n
 			if err != nil {
 				return time.Time{}, from, moved, err
+			}
+			if reread {
+				continue // another process moved some: what is left, again
 			}
 			// Read on after the batch, not from start again: the
 			// items it moved stay in etcd's index as deleted keys
@@ -298,7 +301,8 @@ func (ix *Index) first(ctx context.Context, start string, now time.Time) (*mvccp
 // reply was lost may be sent again with the same kvs: the items it moved
 // no longer match their read, so it moves nothing twice.
 func (ix *Index) MoveItems(ctx context.Context, kvs []*mvccpb.KeyValue) (int, error) {
-	return ix.move(ctx, kvs)
+	n, _, err := ix.move(ctx, kvs)
+	return n, err
 }
 
 // maxTxnOps is etcd's default --max-txn-ops: the most compares or
@@ -308,10 +312,14 @@ func (ix *Index) MoveItems(ctx context.Context, kvs []*mvccpb.KeyValue) (int, er
 const maxTxnOps = 128
 
 // move moves the items kvs in one request and returns how many it moved.
-func (ix *Index) move(ctx context.Context, kvs []*mvccpb.KeyValue) (int, error) {
+// reread: a gathered move found some of kvs moved by another process
+// since the read, and moved nothing: the caller reads them again (what
+// is left of them moves gathered then, not one by one).
+func (ix *Index) move(ctx context.Context, kvs []*mvccpb.KeyValue) (n int, reread bool, err error) {
 	if ix.Gather != nil && len(kvs) > 1 {
-		if n, ok, err := ix.moveGathered(ctx, kvs); err != nil || ok {
-			return n, err
+		n, res, err := ix.moveGathered(ctx, kvs)
+		if err != nil || res != gatherRefused {
+			return n, res == gatherLost, err
 		}
 	}
 	ops := make([]clientv3.Op, 0, len(kvs)+1)
@@ -329,7 +337,7 @@ func (ix *Index) move(ctx context.Context, kvs []*mvccpb.KeyValue) (int, error) 
 	}
 	resp, err := ix.Client.Txn(ctx).Then(ops...).Commit()
 	if err != nil {
-		return 0, fmt.Errorf("due: move items of %s: %w", ix.Prefix, err)
+		return 0, false, fmt.Errorf("due: move items of %s: %w", ix.Prefix, err)
 	}
 	var won []*mvccpb.KeyValue
 	for i, kv := range kvs {
@@ -340,57 +348,75 @@ func (ix *Index) move(ctx context.Context, kvs []*mvccpb.KeyValue) (int, error) 
 	if ix.OnMoved != nil && len(won) > 0 {
 		ix.OnMoved(won)
 	}
-	return len(won), nil
+	return len(won), false, nil
 }
 
-// moveGathered moves the items kvs together (Gather) in one transaction;
-// ok false: they did not move, nothing was written, and the caller moves
-// them one by one.
-func (ix *Index) moveGathered(ctx context.Context, kvs []*mvccpb.KeyValue) (moved int, ok bool, err error) {
+// What a gathered move did: moved every item, moved none because
+// another process moved some since the read, or moved none for any
+// other reason (Gather's compares, a refused request, nothing to gather):
+// the items then move one by one.
+const (
+	gatherMoved = iota
+	gatherLost
+	gatherRefused
+)
+
+// moveGathered moves the items kvs together (Gather) in one transaction.
+// When it fails, the request's other branch reads the items' keys: all
+// as read means Gather's compares failed (gatherRefused), else another
+// process moved some (gatherLost).
+func (ix *Index) moveGathered(ctx context.Context, kvs []*mvccpb.KeyValue) (moved, res int, err error) {
 	extra, writes, err := ix.Gather(ctx, kvs)
 	if err != nil || writes == nil {
-		return 0, false, err
+		return 0, gatherRefused, err
 	}
 	cmps := make([]clientv3.Cmp, 0, len(kvs)+len(extra))
 	flat := make([]clientv3.Op, 0, len(kvs)+len(writes))
+	reads := make([]clientv3.Op, 0, len(kvs))
 	for _, kv := range kvs {
 		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(string(kv.Key)), "=", kv.ModRevision))
 		flat = append(flat, clientv3.OpDelete(string(kv.Key)))
+		reads = append(reads, clientv3.OpGet(string(kv.Key), clientv3.WithKeysOnly()))
 	}
 	cmps, flat = append(cmps, extra...), append(flat, writes...)
 	var shared []clientv3.Op
 	if ix.Shared != nil {
 		shared = ix.Shared(kvs)
 	}
-	then, fits := pack(flat, len(cmps), len(shared))
+	then, fits := pack(flat, max(len(cmps), len(reads)), len(shared))
 	if !fits {
-		return 0, false, nil
+		return 0, gatherRefused, nil
 	}
-	resp, err := ix.Client.Txn(ctx).If(cmps...).Then(append(then, shared...)...).Commit()
+	resp, err := ix.Client.Txn(ctx).If(cmps...).Then(append(then, shared...)...).Else(reads...).Commit()
 	if err != nil {
 		// Refused (too large, say) or lost: one by one, which tells an
 		// outage from a refusal by its own error.
 		ix.failed(fmt.Errorf("due: gathered move of %d items of %s: %w", len(kvs), ix.Prefix, err))
-		return 0, false, nil
+		return 0, gatherRefused, nil
 	}
 	if !resp.Succeeded {
-		return 0, false, nil // an item changed since its read, or Gather's compares
+		for i, kv := range kvs {
+			if got := resp.Responses[i].GetResponseRange().Kvs; len(got) == 0 || got[0].ModRevision != kv.ModRevision {
+				return 0, gatherLost, nil
+			}
+		}
+		return 0, gatherRefused, nil // Gather's compares: a change in what it read
 	}
 	if ix.OnMoved != nil {
 		ix.OnMoved(kvs)
 	}
-	return len(kvs), true, nil
+	return len(kvs), gatherMoved, nil
 }
 
 // pack puts ops into nested transactions of equal size for a request
-// with ncmps compares and nshared operations of its own beside them,
-// within maxTxnOps: the request's level holds the larger of its compares
-// and operations, each nested one at most what that leaves. false: they
-// do not fit.
-func pack(ops []clientv3.Op, ncmps, nshared int) ([]clientv3.Op, bool) {
-	for size := maxTxnOps - max(ncmps, nshared+1); size > 0; size-- {
+// whose level holds nlevel compares (or reads in its other branch) and
+// nshared operations of its own beside them, within maxTxnOps: the level
+// holds the larger of its compares and operations, each nested one at
+// most what that leaves. false: they do not fit.
+func pack(ops []clientv3.Op, nlevel, nshared int) ([]clientv3.Op, bool) {
+	for size := maxTxnOps - max(nlevel, nshared+1); size > 0; size-- {
 		groups := (len(ops) + size - 1) / size
-		if max(ncmps, groups+nshared)+size > maxTxnOps {
+		if max(nlevel, groups+nshared)+size > maxTxnOps {
 			continue
 		}
 		out := make([]clientv3.Op, 0, groups)

@@ -320,3 +320,46 @@ func TestGatheredMoveIsAllOrNothing(t *testing.T) {
 		t.Fatalf("the first batch again: moved %d (%v), want 0", n, err)
 	}
 }
+
+// TestGatheredMoveAfterALostRace: a gathered move whose read another
+// mover partly moved since moves nothing, not even one by one: what is
+// left is read again and moves gathered.
+func TestGatheredMoveAfterALostRace(t *testing.T) {
+	cli := srv.Client(t)
+	ns := etcdtest.Namespace(t) + "/"
+	ctx := context.Background()
+	base := time.Unix(1_800_000_000, 0)
+	for i := range 7 {
+		if _, err := cli.Put(ctx, due.Key(ns+"due/", base.Add(time.Duration(i)*time.Millisecond), fmt.Sprintf("item%02d", i)), "v"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	clk := &clock{t: base.Add(time.Hour)}
+	g, err := cli.Get(ctx, ns+"due/", clientv3.WithPrefix())
+	if err != nil || len(g.Kvs) != 7 {
+		t.Fatalf("items: %d (%v)", len(g.Kvs), err)
+	}
+	ix := gathering(cli, ns, clk.now, ns+"guard")
+	if n, err := ix.MoveItems(ctx, g.Kvs[:3]); err != nil || n != 3 { // the other mover
+		t.Fatalf("moved %d (%v), want 3", n, err)
+	}
+	if n, err := ix.MoveItems(ctx, g.Kvs); err != nil || n != 0 {
+		t.Fatalf("the stale read moved %d (%v), want 0", n, err)
+	}
+	count := func(pre string) int64 {
+		r, err := cli.Get(ctx, ns+pre, clientv3.WithPrefix(), clientv3.WithCountOnly())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.Count
+	}
+	if count("moved/") != 0 || count("gathered/") != 1 {
+		t.Fatalf("after the lost race: %d moved one by one, %d gathered; want 0, 1", count("moved/"), count("gathered/"))
+	}
+	if _, n, err := ix.Promote(ctx); err != nil || n != 4 {
+		t.Fatalf("promote: moved %d (%v), want the 4 left", n, err)
+	}
+	if count("moved/") != 0 || count("gathered/") != 2 || count("due/") != 0 {
+		t.Fatalf("after the promote: %d moved one by one, %d gathered, %d due; want 0, 2, 0", count("moved/"), count("gathered/"), count("due/"))
+	}
+}
