@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -29,6 +30,10 @@ func (w *Worker) promoteDue(ctx context.Context) {
 	wg.Add(4)
 	sched := w.client.scheduledIndex(w.cfg.Queue)
 	sched.Logger = w.logger
+	// Segments due within DueGroup of each other move, and are gathered,
+	// together: a task that waited for its segment's latest waits for
+	// the bucket's too (a server's claims move without lingering).
+	sched.Linger = DueGroup
 	go func() { defer wg.Done(); sched.Run(ctx) }()
 	go func() { defer wg.Done(); w.client.waitIndex(w.cfg.Queue, w.logger).Run(ctx) }()
 	go func() { defer wg.Done(); w.client.sleepIndex(w.cfg.Queue, w.logger).Run(ctx) }()
@@ -66,7 +71,9 @@ func (c *Client) retryIndex(q string, logger *slog.Logger) *due.Index {
 }
 
 // scheduledIndex is queue q's due index of segments that run later: a due
-// segment's key moves to the open segments, where claims find it.
+// segment's key moves to the open segments, where claims find it; the
+// small segments of a batch falling due are gathered into full ones
+// (gatherDue).
 func (c *Client) scheduledIndex(q string) *due.Index {
 	pre := c.keys.QueueDue(q)
 	return &due.Index{Client: c.cli, Prefix: pre, Now: c.now, Name: "scheduled",
@@ -76,6 +83,9 @@ func (c *Client) scheduledIndex(q string) *due.Index {
 				return nil, false
 			}
 			return []clientv3.Op{clientv3.OpPut(c.keys.SegmentOpen(q, seg), string(kv.Value))}, true
+		},
+		Gather: func(ctx context.Context, kvs []*mvccpb.KeyValue) ([]clientv3.Cmp, []clientv3.Op, error) {
+			return c.gatherDue(ctx, q, kvs)
 		},
 		Shared: func([]*mvccpb.KeyValue) []clientv3.Op {
 			return []clientv3.Op{clientv3.OpPut(c.keys.QueueDueVersion(q), "")} // Stats' count is stale
@@ -471,3 +481,71 @@ func appendLost(ts []Transition, attempt int, at time.Time) []Transition {
 // runnerRetryAfter is how soon an idle worker claims again when a task
 // that was left out because a task runner held it may be tried again.
 const runnerRetryAfter = 50 * time.Millisecond
+
+// gatherWrites are the writes of a gathered move of srcs (gatherDue): the
+// open keys of the sources not gathered, the deletions of the records of
+// those gathered, and the new segments (gatheredSegment).
+func (c *Client) gatherWrites(q string, srcs []dueSource) ([]clientv3.Op, error) {
+	var first []clientv3.Op
+	var levels []int
+	gathered := map[int][]dueSource{}
+	for _, s := range srcs {
+		if s.tasks == nil {
+			first = append(first, clientv3.OpPut(c.keys.SegmentOpen(q, s.seg), strconv.Itoa(s.n)))
+			continue
+		}
+		first = append(first, clientv3.OpDelete(c.keys.Segment(q, s.seg)))
+		if gathered[s.level] == nil {
+			levels = append(levels, s.level)
+		}
+		gathered[s.level] = append(gathered[s.level], s)
+	}
+	ops := first
+	for _, lv := range levels {
+		var cur []Task
+		var due time.Time
+		size := 0
+		flush := func() error {
+			seg, err := c.gatheredSegment(q, lv, due, cur)
+			ops, cur, due, size = append(ops, seg...), nil, time.Time{}, 0
+			return err
+		}
+		for _, s := range gathered[lv] {
+			for i := range s.tasks {
+				t := &s.tasks[i]
+				if len(cur) == SegmentSize || (len(cur) > 0 && size+recordSize(t) > maxSegmentBytes) {
+					if err := flush(); err != nil {
+						return nil, err
+					}
+				}
+				cur, size = append(cur, *t), size+recordSize(t)
+				if s.due.After(due) {
+					due = s.due
+				}
+			}
+		}
+		if err := flush(); err != nil {
+			return nil, err
+		}
+	}
+	return ops, nil
+}
+
+// gatheredSegment are the writes of tasks as a new segment of queue q and
+// level lv, due at due (the latest of its sources' times, passed: it
+// opens at once): its record, its open key, and its tasks' index keys
+// pointing at it. Its name carries the scheduled mark: its tasks' history says
+// SCHEDULED, then PENDING at due.
+func (c *Client) gatheredSegment(q string, lv int, due time.Time, tasks []Task) ([]clientv3.Op, error) {
+	data, err := encodeSegment(tasks)
+	if err != nil {
+		return nil, fmt.Errorf("queue: gather due segments of %s: %w", q, err)
+	}
+	seg := keyspace.SegmentName(lv, due, scheduledMark+NewID()[1:8])
+	ops := make([]clientv3.Op, 0, len(tasks)+2)
+	ops = append(ops, clientv3.OpPut(c.keys.Segment(q, seg), string(data)), clientv3.OpPut(c.keys.SegmentOpen(q, seg), strconv.Itoa(len(tasks))))
+	for slot := range tasks {
+		ops = append(ops, clientv3.OpPut(c.keys.TaskIndex(tasks[slot].ID), keyspace.TaskPlace{Queue: q, Segment: seg, Slot: slot}.String()))
+	}
+	return ops, nil
+}

@@ -17,13 +17,15 @@ import (
 )
 
 // segmentUnchanged are the compares that hold while t, a task in a segment,
-// is as it was read in status st: the slot has not exited, the task has no
-// record of its own, and, for a pending or running task, no run was made
-// and no outcome written in its segment since (the caller reads again when
-// another task's did).
+// is as it was read in status st: its segment's record is there (a
+// scheduled one's move may gather its tasks into another: gatherDue), the
+// slot has not exited, the task has no record of its own, and, for a
+// pending or running task, no run was made and no outcome written in its
+// segment since (the caller reads again when another task's did).
 func (c *Client) segmentUnchanged(t *Task, st Status) []clientv3.Cmp {
 	at := t.seg
 	cmps := []clientv3.Cmp{
+		clientv3.Compare(clientv3.CreateRevision(c.keys.Segment(at.queue, at.seg)), ">", 0),
 		clientv3.Compare(clientv3.CreateRevision(c.keys.Exit(at.queue, at.seg, at.slot)), "=", 0),
 		clientv3.Compare(clientv3.CreateRevision(c.keys.ExitDone(at.queue, at.seg, at.slot)), "=", 0),
 		clientv3.Compare(clientv3.CreateRevision(c.keys.TaskRecord(t.ID)), "=", 0),

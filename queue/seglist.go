@@ -11,6 +11,7 @@ import (
 	"github.com/droverhq/drover/internal/taskstore"
 	"github.com/droverhq/drover/keyspace"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -423,4 +424,147 @@ func (c *Client) RunNow(ctx context.Context, q string, ids []string, progress fu
 			clientv3.OpPut(c.pendingKey(t), encodePending(0, false)),
 		}, len(rec), c.levelKey(q, levelOf(t.Metadata.Priority))
 	})
+}
+
+// A due bucket's tasks are gathered into full segments when they move.
+// Tasks submitted together but due over a spread of times fall due in
+// segments of a few tasks (10,000 a request over a minute: about 3 in
+// each 20 ms), and every segment costs its claims, runs, outcomes and
+// close whatever it holds. So the move of a batch of due segments
+// (scheduledIndex) rewrites the small ones of each priority level, in
+// due order, into new segments of up to SegmentSize, opened at once, and
+// points their tasks' index keys at their new places, in the move's one
+// transaction: every source's due key as read and no exit in it (no task
+// left it: a cancel, a requeue, a purge), and the sources' records
+// deleted. A retry after a crash or a lost race finds the sources moved,
+// or moves them anew: a task is in one segment at any time.
+
+// gatherBelow is the size under which a due segment is gathered with
+// others at its move; larger ones are opened as they are.
+const gatherBelow = SegmentSize / 2
+
+// gatherBytes bounds the compressed records one gathered move rewrites,
+// within etcd's request size; the rest of the batch opens as it is.
+const gatherBytes = 512 << 10
+
+// dueSource is a due segment a move reads: the key's segment, its level,
+// due time and count, and its tasks when they are gathered.
+type dueSource struct {
+	seg   string
+	level int
+	due   time.Time
+	n     int
+	tasks []Task // nil: opened as it is
+}
+
+// gatherDue is scheduledIndex's Gather: the compares and writes that move
+// the due segments kvs of queue q together, their small ones gathered
+// into full segments; nil writes when there is nothing to gather (the
+// index then moves them one by one). One read takes the records of the
+// small ones and, per priority level, the exits of the segments named
+// from the first of them to the last: one that has an exit (a task left
+// it) opens as it is, and the move requires that no exit was put there
+// since (one compare per level, not one per segment: etcd allows 128 in
+// a request, and the due keys take 64).
+func (c *Client) gatherDue(ctx context.Context, q string, kvs []*mvccpb.KeyValue) ([]clientv3.Cmp, []clientv3.Op, error) {
+	srcs, small, levels := c.dueSources(q, kvs)
+	if len(small) < 2 {
+		return nil, nil, nil
+	}
+	gets := make([]clientv3.Op, 0, len(small)+len(levels))
+	for _, i := range small {
+		gets = append(gets, clientv3.OpGet(c.keys.Segment(q, srcs[i].seg)))
+	}
+	exits := c.keys.Exits(q, "")
+	for _, r := range levels {
+		gets = append(gets, clientv3.OpGet(c.keys.Exits(q, r[0]), clientv3.WithRange(clientv3.GetPrefixRangeEnd(c.keys.Exits(q, r[1]))),
+			clientv3.WithKeysOnly(), clientv3.WithLimit(gatherExitsRead)))
+	}
+	resp, err := c.cli.Txn(ctx).Then(gets...).Commit()
+	if err != nil {
+		return nil, nil, fmt.Errorf("queue: read the due segments of %s: %w", q, err)
+	}
+	if testHookGatherRead != nil {
+		testHookGatherRead()
+	}
+	left := map[string]bool{} // segments with an exit
+	unread := map[int]bool{}  // levels whose exits were not read whole
+	var cmps []clientv3.Cmp
+	k := len(small)
+	for lv, r := range levels {
+		rr := resp.Responses[k].GetResponseRange()
+		k++
+		if rr.More {
+			unread[lv] = true
+			continue
+		}
+		for _, kv := range rr.Kvs {
+			if seg, _, ok := keyspace.SegmentPart(exits, string(kv.Key)); ok {
+				left[seg] = true
+			}
+		}
+		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(c.keys.Exits(q, r[0])).WithRange(clientv3.GetPrefixRangeEnd(c.keys.Exits(q, r[1]))), "<", resp.Header.Revision+1))
+	}
+	gathered, size := 0, 0
+	for k, i := range small {
+		rec := resp.Responses[k].GetResponseRange().Kvs
+		if len(rec) == 0 || left[srcs[i].seg] || unread[srcs[i].level] || size+len(rec[0].Value) > gatherBytes {
+			continue
+		}
+		ts, err := decodeSegment(rec[0].Value)
+		if err != nil || len(ts) != srcs[i].n {
+			continue // opened as it is: its claims say what is wrong
+		}
+		size += len(rec[0].Value)
+		srcs[i].tasks = ts
+		gathered++
+	}
+	if gathered < 2 {
+		return nil, nil, nil
+	}
+	ops, err := c.gatherWrites(q, srcs)
+	return cmps, ops, err
+}
+
+// testHookGatherRead, set by tests only, runs after gatherDue's read:
+// what others write between the read and the move.
+var testHookGatherRead func()
+
+// gatherExitsRead bounds the exits one gathered move reads per level: a
+// level with more opens its segments as they are.
+const gatherExitsRead = 1000
+
+// dueSources reads the due keys kvs of queue q: the sources, the indexes
+// of the small ones (with others of their level to gather with), and per
+// level the first and last of their names.
+func (c *Client) dueSources(q string, kvs []*mvccpb.KeyValue) (srcs []dueSource, small []int, levels map[int][2]string) {
+	srcs = make([]dueSource, len(kvs))
+	perLevel := map[int]int{}
+	for i, kv := range kvs {
+		seg, n, counted := c.parseDue(q, string(kv.Key))
+		if seg == "" {
+			return nil, nil, nil // not a segment's key: the plain move drops it
+		}
+		if !counted {
+			n, _ = strconv.Atoi(string(kv.Value))
+		}
+		lv, at, _ := keyspace.ParseSegmentName(seg)
+		srcs[i] = dueSource{seg: seg, level: lv, due: at, n: n}
+		if n > 0 && n < gatherBelow {
+			perLevel[lv]++
+		}
+	}
+	levels = map[int][2]string{}
+	for i, s := range srcs {
+		if s.n <= 0 || s.n >= gatherBelow || perLevel[s.level] < 2 {
+			continue
+		}
+		small = append(small, i)
+		r, ok := levels[s.level]
+		if !ok {
+			r = [2]string{s.seg, s.seg}
+		}
+		levels[s.level] = [2]string{min(r[0], s.seg), max(r[1], s.seg)}
+	}
+	return srcs, small, levels
 }

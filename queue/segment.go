@@ -227,6 +227,14 @@ func (c *Client) readState(ctx context.Context, q, seg string) (*segState, error
 	return c.parseState(q, seg, resp.Header.Revision, resp.Responses), nil
 }
 
+// vanished reports whether the segment read as s has no key but its
+// record (a cached one): neither scheduled nor open, and nothing that
+// would close it happened in it. A scheduled segment gathered into another
+// at its move (gatherDue) reads so.
+func (s *segState) vanished() bool {
+	return !s.open && !s.scheduled && len(s.runs) == 0 && len(s.ok) == 0 && len(s.moved) == 0 && len(s.exits) == 0 && s.purgedOK == 0
+}
+
 // finished reports whether slot has left the running: it succeeded, moved
 // to a record of its own, or exited.
 func (s *segState) finished(slot int) bool {
@@ -408,6 +416,36 @@ type segRef struct {
 // their own holds them now) are returned as moved, by id; purged ones are
 // left out.
 func (c *Client) segmentSlots(ctx context.Context, slots []segmentSlot) (tasks []*Task, moved []string, err error) {
+	tasks, moved, gone, err := c.segmentSlotsAt(ctx, slots)
+	if err != nil || len(gone) == 0 {
+		return tasks, moved, err
+	}
+	// A scheduled segment gathered into another at its move (gatherDue)
+	// between the read of its tasks' index keys and of its record: read
+	// their index keys again, once (a gathered segment is never moved).
+	ops := make([]clientv3.Op, len(gone))
+	for i, s := range gone {
+		ops[i] = clientv3.OpGet(c.keys.TaskIndex(s.id))
+	}
+	resp, err := c.cli.Txn(ctx).Then(ops...).Commit()
+	if err != nil {
+		return nil, nil, fmt.Errorf("queue: read tasks: %w", err)
+	}
+	var again []segmentSlot
+	for i, s := range gone {
+		if kvs := resp.Responses[i].GetResponseRange().Kvs; len(kvs) > 0 {
+			if at, ok := keyspace.ParseTaskPlace(string(kvs[0].Value)); ok && at != s.at {
+				again = append(again, segmentSlot{id: s.id, at: at})
+			}
+		}
+	}
+	more, movedMore, _, err := c.segmentSlotsAt(ctx, again)
+	return append(tasks, more...), append(moved, movedMore...), err
+}
+
+// segmentSlotsAt is segmentSlots without following a task whose segment
+// is gone: those are returned in gone.
+func (c *Client) segmentSlotsAt(ctx context.Context, slots []segmentSlot) (tasks []*Task, moved []string, gone []segmentSlot, err error) {
 	type segKey struct{ q, seg string }
 	states := map[segKey]*segState{}
 	for _, s := range slots {
@@ -415,17 +453,21 @@ func (c *Client) segmentSlots(ctx context.Context, slots []segmentSlot) (tasks [
 		st := states[k]
 		if st == nil {
 			if st, err = c.readState(ctx, k.q, k.seg); err != nil {
-				return nil, nil, err
+				return nil, nil, nil, err
 			}
 			states[k] = st
 		}
 		ts, err := c.segmentTasks(ctx, k.q, k.seg)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
+		}
+		if ts == nil || st.vanished() {
+			gone = append(gone, s)
+			continue // removed after its retention, or gathered
 		}
 		t, ok := taskOf(ts, s.at.Slot)
 		if !ok || t.ID != s.id {
-			continue // the segment is gone: removed after its retention
+			continue
 		}
 		if !st.open && st.n == 0 {
 			st.n = len(ts) // a closed segment: every slot is finished
@@ -439,7 +481,7 @@ func (c *Client) segmentSlots(ctx context.Context, slots []segmentSlot) (tasks [
 		t.seg = &segRef{queue: k.q, seg: k.seg, slot: s.at.Slot, rev: st.rev}
 		tasks = append(tasks, t)
 	}
-	return tasks, moved, nil
+	return tasks, moved, gone, nil
 }
 
 // purgeScheduledSegments removes, with deletes only (so that it works

@@ -51,6 +51,23 @@ type Index struct {
 	// Shared, if set, returns writes made once per request, whatever
 	// items of kvs it moves (markers that wake claimers, say).
 	Shared func(kvs []*mvccpb.KeyValue) []clientv3.Op
+	// Gather, if set, moves the items of a request together rather than
+	// one by one: it returns the compares its writes need (besides each
+	// item's key being as read, which the index adds) and the writes
+	// that move every item of kvs (the items' deletions are added), which
+	// the index packs into nested transactions within etcd's operations
+	// a request. The request is one transaction, so all of kvs move or
+	// none: a move that fails, or whose compares do not hold, leaves
+	// everything as it was, and the items then move one by one (Move).
+	// ops nil: move them one by one at once.
+	Gather func(ctx context.Context, kvs []*mvccpb.KeyValue) (cmps []clientv3.Cmp, ops []clientv3.Op, err error)
+	// Linger, with Gather, is how long after the first of a read's items
+	// fell due the index waits for more to fall due before it moves them,
+	// when the read found fewer than a batch: items due within Linger of
+	// each other move together, each at most Linger late for it. Items
+	// due in a steady stream otherwise move as each falls due, a few at a
+	// time, and there is little to gather.
+	Linger time.Duration
 	// Batch is how many items one request moves (0: DefaultBatch).
 	Batch int
 	// Now is the clock (nil: time.Now).
@@ -117,21 +134,34 @@ func (ix *Index) promote(ctx context.Context, from time.Time) (next, done time.T
 		start = Bound(ix.Prefix, from)
 	}
 	span := firstStep
+	lingered := "" // the start of the last read that lingered
 	for {
 		now := ix.now()
 		kvs, more, stepEnd, err := ix.readDue(ctx, start, now, span, batch)
 		if err != nil {
 			return time.Time{}, from, moved, err
 		}
+		if wait := ix.lingerFor(kvs, more || stepEnd != "", now); wait > 0 && lingered != start {
+			// Fewer than a batch, the first due a moment ago: let the
+			// items due in the next moments join it (Linger).
+			lingered = start
+			if sleep(ctx, wait); ctx.Err() != nil {
+				return time.Time{}, from, moved, ctx.Err()
+			}
+			continue
+		}
 		if more {
 			// A full batch: the next step twice the time it covered.
 			span = max(2*covered(ix.Prefix, start, kvs), minStep)
 		}
 		if len(kvs) > 0 {
-			n, err := ix.move(ctx, kvs)
+			n, reread, err := ix.move(ctx, kvs)
 			moved += n
 			if err != nil {
 				return time.Time{}, from, moved, err
+			}
+			if reread {
+				continue // another process moved some: what is left, again
 			}
 			// Read on after the batch, not from start again: the
 			// items it moved stay in etcd's index as deleted keys
@@ -169,6 +199,20 @@ func (ix *Index) promote(ctx context.Context, from time.Time) (next, done time.T
 		}
 		return at, done, moved, nil
 	}
+}
+
+// lingerFor is how long a read that found kvs, due by now, waits for
+// more before it moves them: until Linger after the first fell due, when
+// the read found fewer than a batch (full false) and Gather is set.
+func (ix *Index) lingerFor(kvs []*mvccpb.KeyValue, full bool, now time.Time) time.Duration {
+	if ix.Linger <= 0 || ix.Gather == nil || full || len(kvs) == 0 {
+		return 0
+	}
+	at, ok := keyTime(ix.Prefix, string(kvs[0].Key))
+	if !ok {
+		return 0
+	}
+	return at.Add(ix.Linger).Sub(now)
 }
 
 // The reads of due items go in steps of time while the items due lie
@@ -252,8 +296,32 @@ func (ix *Index) first(ctx context.Context, start string, now time.Time) (*mvccp
 	return nil, nil
 }
 
+// MoveItems moves the items kvs, as read, in one request and returns how
+// many it moved: what Promote does with a batch it read. A request whose
+// reply was lost may be sent again with the same kvs: the items it moved
+// no longer match their read, so it moves nothing twice.
+func (ix *Index) MoveItems(ctx context.Context, kvs []*mvccpb.KeyValue) (int, error) {
+	n, _, err := ix.move(ctx, kvs)
+	return n, err
+}
+
+// maxTxnOps is etcd's default --max-txn-ops: the most compares or
+// operations at one level of a request, a nested transaction's allowance
+// being what its parent's level left (128 less the larger of the
+// parent's compares and operations).
+const maxTxnOps = 128
+
 // move moves the items kvs in one request and returns how many it moved.
-func (ix *Index) move(ctx context.Context, kvs []*mvccpb.KeyValue) (int, error) {
+// reread: a gathered move found some of kvs moved by another process
+// since the read, and moved nothing: the caller reads them again (what
+// is left of them moves gathered then, not one by one).
+func (ix *Index) move(ctx context.Context, kvs []*mvccpb.KeyValue) (n int, reread bool, err error) {
+	if ix.Gather != nil && len(kvs) > 1 {
+		n, res, err := ix.moveGathered(ctx, kvs)
+		if err != nil || res != gatherRefused {
+			return n, res == gatherLost, err
+		}
+	}
 	ops := make([]clientv3.Op, 0, len(kvs)+1)
 	for _, kv := range kvs {
 		key := string(kv.Key)
@@ -269,7 +337,7 @@ func (ix *Index) move(ctx context.Context, kvs []*mvccpb.KeyValue) (int, error) 
 	}
 	resp, err := ix.Client.Txn(ctx).Then(ops...).Commit()
 	if err != nil {
-		return 0, fmt.Errorf("due: move items of %s: %w", ix.Prefix, err)
+		return 0, false, fmt.Errorf("due: move items of %s: %w", ix.Prefix, err)
 	}
 	var won []*mvccpb.KeyValue
 	for i, kv := range kvs {
@@ -280,7 +348,84 @@ func (ix *Index) move(ctx context.Context, kvs []*mvccpb.KeyValue) (int, error) 
 	if ix.OnMoved != nil && len(won) > 0 {
 		ix.OnMoved(won)
 	}
-	return len(won), nil
+	return len(won), false, nil
+}
+
+// What a gathered move did: moved every item, moved none because
+// another process moved some since the read, or moved none for any
+// other reason (Gather's compares, a refused request, nothing to gather):
+// the items then move one by one.
+const (
+	gatherMoved = iota
+	gatherLost
+	gatherRefused
+)
+
+// moveGathered moves the items kvs together (Gather) in one transaction.
+// When it fails, the request's other branch reads the items' keys: all
+// as read means Gather's compares failed (gatherRefused), else another
+// process moved some (gatherLost).
+func (ix *Index) moveGathered(ctx context.Context, kvs []*mvccpb.KeyValue) (moved, res int, err error) {
+	extra, writes, err := ix.Gather(ctx, kvs)
+	if err != nil || writes == nil {
+		return 0, gatherRefused, err
+	}
+	cmps := make([]clientv3.Cmp, 0, len(kvs)+len(extra))
+	flat := make([]clientv3.Op, 0, len(kvs)+len(writes))
+	reads := make([]clientv3.Op, 0, len(kvs))
+	for _, kv := range kvs {
+		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(string(kv.Key)), "=", kv.ModRevision))
+		flat = append(flat, clientv3.OpDelete(string(kv.Key)))
+		reads = append(reads, clientv3.OpGet(string(kv.Key), clientv3.WithKeysOnly()))
+	}
+	cmps, flat = append(cmps, extra...), append(flat, writes...)
+	var shared []clientv3.Op
+	if ix.Shared != nil {
+		shared = ix.Shared(kvs)
+	}
+	then, fits := pack(flat, max(len(cmps), len(reads)), len(shared))
+	if !fits {
+		return 0, gatherRefused, nil
+	}
+	resp, err := ix.Client.Txn(ctx).If(cmps...).Then(append(then, shared...)...).Else(reads...).Commit()
+	if err != nil {
+		// Refused (too large, say) or lost: one by one, which tells an
+		// outage from a refusal by its own error.
+		ix.failed(fmt.Errorf("due: gathered move of %d items of %s: %w", len(kvs), ix.Prefix, err))
+		return 0, gatherRefused, nil
+	}
+	if !resp.Succeeded {
+		for i, kv := range kvs {
+			if got := resp.Responses[i].GetResponseRange().Kvs; len(got) == 0 || got[0].ModRevision != kv.ModRevision {
+				return 0, gatherLost, nil
+			}
+		}
+		return 0, gatherRefused, nil // Gather's compares: a change in what it read
+	}
+	if ix.OnMoved != nil {
+		ix.OnMoved(kvs)
+	}
+	return len(kvs), gatherMoved, nil
+}
+
+// pack puts ops into nested transactions of equal size for a request
+// whose level holds nlevel compares (or reads in its other branch) and
+// nshared operations of its own beside them, within maxTxnOps: the level
+// holds the larger of its compares and operations, each nested one at
+// most what that leaves. false: they do not fit.
+func pack(ops []clientv3.Op, nlevel, nshared int) ([]clientv3.Op, bool) {
+	for size := maxTxnOps - max(nlevel, nshared+1); size > 0; size-- {
+		groups := (len(ops) + size - 1) / size
+		if max(nlevel, groups+nshared)+size > maxTxnOps {
+			continue
+		}
+		out := make([]clientv3.Op, 0, groups)
+		for from := 0; from < len(ops); from += size {
+			out = append(out, clientv3.OpTxn(nil, ops[from:min(from+size, len(ops))], nil))
+		}
+		return out, true
+	}
+	return nil, false
 }
 
 // Run moves items as they fall due until ctx ends: one watch of the

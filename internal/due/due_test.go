@@ -252,3 +252,114 @@ func (l *rangeLog) all() [][2]string {
 	defer l.mu.Unlock()
 	return append([][2]string(nil), l.ranges...)
 }
+
+// gathering returns index(cli, ns, now) whose moves gather every batch
+// into one key, "{ns}gathered/{first item's name}", compared on guard
+// being absent.
+func gathering(cli *clientv3.Client, ns string, now func() time.Time, guard string) *due.Index {
+	ix := index(cli, ns, now)
+	ix.Gather = func(_ context.Context, kvs []*mvccpb.KeyValue) ([]clientv3.Cmp, []clientv3.Op, error) {
+		_, name, _ := due.Parse(ix.Prefix, string(kvs[0].Key))
+		ops := make([]clientv3.Op, 0, 200)
+		ops = append(ops, clientv3.OpPut(ns+"gathered/"+name, fmt.Sprint(len(kvs))))
+		for i := range 150 { // more than a nested transaction takes beside 14 compares
+			ops = append(ops, clientv3.OpPut(fmt.Sprintf("%sextra/%s/%03d", ns, name, i), ""))
+		}
+		return []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(guard), "=", 0)}, ops, nil
+	}
+	return ix
+}
+
+// TestGatheredMoveIsAllOrNothing: an index with Gather moves a batch of
+// due items in one transaction (Move not used), however many writes it
+// takes (packed into nested transactions within etcd's 128 operations);
+// when Gather's compares fail, nothing it wrote is there and the items
+// move one by one; sent again with the same read, a move moves nothing.
+func TestGatheredMoveIsAllOrNothing(t *testing.T) {
+	cli := srv.Client(t)
+	ns := etcdtest.Namespace(t) + "/"
+	ctx := context.Background()
+	base := time.Unix(1_800_000_000, 0)
+	for i := range 14 {
+		if _, err := cli.Put(ctx, due.Key(ns+"due/", base.Add(time.Duration(i)*time.Millisecond), fmt.Sprintf("item%02d", i)), "v"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	clk := &clock{t: base.Add(time.Hour)}
+	if _, err := cli.Put(ctx, ns+"guard", "x"); err != nil { // the first batch's compares fail
+		t.Fatal(err)
+	}
+	g, err := cli.Get(ctx, ns+"due/", clientv3.WithPrefix(), clientv3.WithLimit(7))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ix := gathering(cli, ns, clk.now, ns+"guard")
+	if n, err := ix.MoveItems(ctx, g.Kvs); err != nil || n != 7 {
+		t.Fatalf("moved %d (%v), want the 7 one by one", n, err)
+	}
+	count := func(pre string) int64 {
+		r, err := cli.Get(ctx, ns+pre, clientv3.WithPrefix(), clientv3.WithCountOnly())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.Count
+	}
+	if count("gathered/") != 0 || count("extra/") != 0 || count("moved/") != 7 {
+		t.Fatalf("after a refused gathered move: %d gathered, %d extra, %d moved; want 0, 0, 7", count("gathered/"), count("extra/"), count("moved/"))
+	}
+	if _, err := cli.Delete(ctx, ns+"guard"); err != nil {
+		t.Fatal(err)
+	}
+	if _, n, err := ix.Promote(ctx); err != nil || n != 7 {
+		t.Fatalf("promote: moved %d (%v), want 7", n, err)
+	}
+	if count("gathered/") != 1 || count("extra/") != 150 || count("moved/") != 7 {
+		t.Fatalf("after a gathered move: %d gathered, %d extra, %d moved; want 1, 150, 7 (Move not used)", count("gathered/"), count("extra/"), count("moved/"))
+	}
+	if n, err := ix.MoveItems(ctx, g.Kvs); err != nil || n != 0 {
+		t.Fatalf("the first batch again: moved %d (%v), want 0", n, err)
+	}
+}
+
+// TestGatheredMoveAfterALostRace: a gathered move whose read another
+// mover partly moved since moves nothing, not even one by one: what is
+// left is read again and moves gathered.
+func TestGatheredMoveAfterALostRace(t *testing.T) {
+	cli := srv.Client(t)
+	ns := etcdtest.Namespace(t) + "/"
+	ctx := context.Background()
+	base := time.Unix(1_800_000_000, 0)
+	for i := range 7 {
+		if _, err := cli.Put(ctx, due.Key(ns+"due/", base.Add(time.Duration(i)*time.Millisecond), fmt.Sprintf("item%02d", i)), "v"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	clk := &clock{t: base.Add(time.Hour)}
+	g, err := cli.Get(ctx, ns+"due/", clientv3.WithPrefix())
+	if err != nil || len(g.Kvs) != 7 {
+		t.Fatalf("items: %d (%v)", len(g.Kvs), err)
+	}
+	ix := gathering(cli, ns, clk.now, ns+"guard")
+	if n, err := ix.MoveItems(ctx, g.Kvs[:3]); err != nil || n != 3 { // the other mover
+		t.Fatalf("moved %d (%v), want 3", n, err)
+	}
+	if n, err := ix.MoveItems(ctx, g.Kvs); err != nil || n != 0 {
+		t.Fatalf("the stale read moved %d (%v), want 0", n, err)
+	}
+	count := func(pre string) int64 {
+		r, err := cli.Get(ctx, ns+pre, clientv3.WithPrefix(), clientv3.WithCountOnly())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.Count
+	}
+	if count("moved/") != 0 || count("gathered/") != 1 {
+		t.Fatalf("after the lost race: %d moved one by one, %d gathered; want 0, 1", count("moved/"), count("gathered/"))
+	}
+	if _, n, err := ix.Promote(ctx); err != nil || n != 4 {
+		t.Fatalf("promote: moved %d (%v), want the 4 left", n, err)
+	}
+	if count("moved/") != 0 || count("gathered/") != 2 || count("due/") != 0 {
+		t.Fatalf("after the promote: %d moved one by one, %d gathered, %d due; want 0, 2, 0", count("moved/"), count("gathered/"), count("due/"))
+	}
+}

@@ -1,0 +1,29 @@
+package queue
+
+import (
+	"context"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// ReadDueKeys reads queue q's due index: its keys and values, in due
+// order, as the scheduled index's batch read sees them.
+func ReadDueKeys(ctx context.Context, c *Client, q string) ([]*mvccpb.KeyValue, error) {
+	g, err := c.cli.Get(ctx, c.keys.QueueDue(q), clientv3.WithPrefix())
+	if err != nil {
+		return nil, err
+	}
+	return g.Kvs, nil
+}
+
+// MoveDueKeys moves the due segments kvs of queue q, as read, in one
+// request of the scheduled index (a mover whose read is stale, or a retry
+// of a request whose reply was lost), and returns how many it moved.
+func MoveDueKeys(ctx context.Context, c *Client, q string, kvs []*mvccpb.KeyValue) (int, error) {
+	return c.scheduledIndex(q).MoveItems(ctx, kvs)
+}
+
+// SetGatherReadHook makes f run after a gathered move's read and before
+// its write (nil: nothing); the caller resets it before its test ends.
+func SetGatherReadHook(f func()) { testHookGatherRead = f }
