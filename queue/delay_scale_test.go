@@ -185,8 +185,16 @@ func submitSpread(t *testing.T, c *queue.Client, n int, start time.Time, window 
 		t.Fatal(err)
 	}
 	took := time.Since(began)
-	if time.Now().After(start) {
+	switch {
+	case !time.Now().After(start):
+	case os.Getenv("DROVER_BENCH_SCALE") != "":
+		// A measurement whose tasks fell due while still being submitted
+		// would report the submission's pace, not the claims'.
 		t.Fatalf("the submission took %v, past the window's start: raise the lead (DROVER_BENCH_SCALE_LEAD)", took)
+	default:
+		// The short run asserts only that every task is claimed and none
+		// early, which holds however busy the machine made the submission.
+		t.Logf("the submission took %v, past the window's start (a busy machine)", took)
 	}
 	return took
 }
