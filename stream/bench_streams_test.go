@@ -46,6 +46,9 @@ func TestStreamsAtScale(t *testing.T) {
 	ctx := context.Background()
 	claims := benchClaims(t, wcli, keys, n)
 	w := stream.For(wcli, keys)
+	if b := envInt("DROVER_BENCH_STREAMS_BATCH", 0); b > 0 { // streams per batch, to compare
+		stream.SetBatchStreams(w, b)
+	}
 	hub := stream.NewHub(fcli, keys)
 	// The emitters are handlers' stream.Emit (queued, sent while they go
 	// on), or with DROVER_BENCH_STREAMS_SYNC=1 Writer.Append (returns once
