@@ -63,7 +63,7 @@ func appendData(buf []byte, d json.RawMessage) []byte {
 	if len(d) == 0 {
 		return append(buf, "null"...)
 	}
-	if bytes.IndexAny(d, " \t\r\n") < 0 {
+	if !bytes.ContainsAny(d, " \t\r\n") {
 		return append(buf, d...)
 	}
 	out := bytes.NewBuffer(buf)
