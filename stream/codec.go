@@ -3,6 +3,7 @@ package stream
 import (
 	"bytes"
 	"encoding/json"
+	"math"
 	"strconv"
 	"time"
 )
@@ -124,7 +125,7 @@ func (d *decoder) lit(s string) bool {
 	return true
 }
 
-// int consumes a whole number (of at most 18 digits: no overflow).
+// int consumes a whole number that fits an int64.
 func (d *decoder) int(n *int64) bool {
 	j, neg := d.i, false
 	if j < len(d.b) && d.b[j] == '-' {
@@ -133,9 +134,13 @@ func (d *decoder) int(n *int64) bool {
 	var v int64
 	start := j
 	for ; j < len(d.b) && d.b[j] >= '0' && d.b[j] <= '9'; j++ {
-		v = v*10 + int64(d.b[j]-'0')
+		digit := int64(d.b[j] - '0')
+		if v > (math.MaxInt64-digit)/10 {
+			return false
+		}
+		v = v*10 + digit
 	}
-	if j == start || j-start > 18 {
+	if j == start {
 		return false
 	}
 	if neg {
