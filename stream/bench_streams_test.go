@@ -103,9 +103,9 @@ func TestStreamsAtScale(t *testing.T) {
 		})
 	}
 	time.Sleep(time.Until(warm))
-	tx0, prop0, cpu0 := w.Transactions(), proposals(t, es), processCPU()
+	tx0, prop0, puts0, cpu0 := w.Transactions(), metric(t, es, "etcd_server_proposals_committed_total"), metric(t, es, "etcd_mvcc_put_total"), processCPU()
 	time.Sleep(time.Until(end))
-	tx1, prop1, cpu1 := w.Transactions(), proposals(t, es), processCPU()
+	tx1, prop1, puts1, cpu1 := w.Transactions(), metric(t, es, "etcd_server_proposals_committed_total"), metric(t, es, "etcd_mvcc_put_total"), processCPU()
 	emitters.Wait()
 	time.Sleep(500 * time.Millisecond) // the last events reach their followers
 	stopFollow()
@@ -127,6 +127,10 @@ func TestStreamsAtScale(t *testing.T) {
 		"writer transactions %.0f/s; etcd proposals %.0f/s; process CPU %.2f cores (etcd, writer and followers)",
 		n, rate, secs, len(all), float64(len(all))/window, pct(0.5).Round(100*time.Microsecond), pct(0.99).Round(100*time.Microsecond),
 		all[len(all)-1].Round(time.Millisecond), float64(tx1-tx0)/window, (prop1-prop0)/window, (cpu1-cpu0).Seconds()/window)
+	// What a chunk costs, whatever the CPU the machine gave: the keys
+	// etcd wrote (a chunk each, nearly all), and the CPU an event.
+	t.Logf("etcd puts %.0f/s (%.1f events each); CPU %.1f µs an event delivered",
+		(puts1-puts0)/window, float64(len(all))/(puts1-puts0), float64((cpu1-cpu0).Microseconds())/float64(len(all)))
 }
 
 func envInt(name string, def int) int {
@@ -157,8 +161,8 @@ func benchClaims(t *testing.T, cli *clientv3.Client, keys keyspace.Space, n int)
 	return out
 }
 
-// proposals reads etcd_server_proposals_committed_total from es.
-func proposals(t *testing.T, es *etcdtest.Server) float64 {
+// metric reads counter name from es's metrics.
+func metric(t *testing.T, es *etcdtest.Server, name string) float64 {
 	t.Helper()
 	resp, err := http.Get(es.ClientURL() + "/metrics")
 	if err != nil {
@@ -166,7 +170,7 @@ func proposals(t *testing.T, es *etcdtest.Server) float64 {
 	}
 	defer resp.Body.Close()
 	for sc := bufio.NewScanner(resp.Body); sc.Scan(); {
-		if v, ok := strings.CutPrefix(sc.Text(), "etcd_server_proposals_committed_total "); ok {
+		if v, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
 			f, _ := strconv.ParseFloat(v, 64)
 			return f
 		}
@@ -246,4 +250,63 @@ func TestFollowersReconnectAtOnce(t *testing.T) {
 	slices.Sort(took)
 	t.Logf("%d followers of one stream of %d events, each from a random event, at once: all caught up (the last event, written meanwhile) after %s (p50 %s); hub watches opened %d",
 		n, final, took[n-1].Round(time.Millisecond), took[n/2].Round(time.Millisecond), hub.Opened())
+}
+
+// TestChunkCost measures what one chunk costs the process, end to end
+// (the writer's batch, etcd's write, apply and watch, the hub's
+// delivery), as CPU time, which depends less on the machine's other
+// load than latency does: with DROVER_BENCH_CHUNKS=N, N streams each
+// write DROVER_BENCH_CHUNKS_ROUNDS (default 20) events one at a time,
+// waiting for each (a chunk each), while a follower of each reads
+// them, and it logs the process's CPU per chunk and per transaction.
+func TestChunkCost(t *testing.T) {
+	n, _ := strconv.Atoi(os.Getenv("DROVER_BENCH_CHUNKS"))
+	if n <= 0 {
+		t.Skip("set DROVER_BENCH_CHUNKS=1000 to measure")
+	}
+	rounds := envInt("DROVER_BENCH_CHUNKS_ROUNDS", 20)
+	es, err := etcdtest.Start(etcdtest.Options{Fsync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer es.Stop()
+	wcli, fcli := es.Client(t), es.Client(t)
+	keys := keyspace.MustNew("bench")
+	ctx := context.Background()
+	claims := benchClaims(t, wcli, keys, n)
+	w := stream.NewWriter(wcli, keys, stream.Limits{}, 0)
+	hub := stream.NewHub(fcli, keys)
+	data := []stream.Input{{Type: "token", Data: json.RawMessage(`{"text":"token"}`)}}
+	for i := range n { // the attempts' first writes (attempt_started), not measured
+		if _, _, err := w.Append(ctx, claims[i], data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tx0, puts0, cpu0, began := w.Transactions(), metric(t, es, "etcd_mvcc_put_total"), processCPU(), time.Now()
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			fctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+			defer cancel()
+			for ev, err := range hub.Follow(fctx, claims[i].Task, 3) {
+				if err != nil || ev.Seq == int64(2+rounds) {
+					return
+				}
+			}
+		})
+		wg.Go(func() {
+			for range rounds {
+				if _, _, err := w.Append(ctx, claims[i], data); err != nil {
+					t.Errorf("stream %d: %v", i, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	took, cpu := time.Since(began), processCPU()-cpu0
+	tx, puts := w.Transactions()-tx0, metric(t, es, "etcd_mvcc_put_total")-puts0
+	t.Logf("%d streams x %d chunks of 1 event, written and followed: %s, %d transactions, %.0f etcd puts; CPU %.1f µs a chunk, %.1f ms a transaction (%.2f cores)",
+		n, rounds, took.Round(time.Millisecond), tx, puts, float64(cpu.Microseconds())/float64(n*rounds),
+		float64(cpu.Microseconds())/1000/float64(tx), cpu.Seconds()/took.Seconds())
 }

@@ -148,18 +148,21 @@ type storedEvent struct {
 	At   int64           `json:"at"`
 }
 
-// encode returns c as its key holds it.
+// encode returns c as its key holds it (appendChunk).
 func (c chunk) encode() []byte {
-	sc := storedChunk{Attempt: c.Attempt, Token: c.Token, Events: c.Events, Bytes: c.Bytes, List: make([]storedEvent, len(c.List))}
-	for i, ev := range c.List {
-		sc.List[i] = storedEvent{Seq: ev.Seq, Type: ev.Type, Data: ev.Data, At: ev.Time.UnixNano()}
+	n := 96
+	for _, ev := range c.List {
+		n += 48 + len(ev.Type) + len(ev.Data)
 	}
-	b, _ := json.Marshal(sc)
-	return b
+	return appendChunk(make([]byte, 0, n), c)
 }
 
-// decodeChunk reads a chunk key's value.
+// decodeChunk reads a chunk key's value: decodeFast, or encoding/json
+// for a value it does not follow.
 func decodeChunk(key string, v []byte) (chunk, error) {
+	if c, ok := decodeFast(v); ok {
+		return c, nil
+	}
 	var sc storedChunk
 	if err := json.Unmarshal(v, &sc); err != nil {
 		return chunk{}, fmt.Errorf("stream: chunk %s is unreadable: %w", key, err)

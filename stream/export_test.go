@@ -8,6 +8,9 @@ import (
 // SetNow replaces w's clock.
 func SetNow(w *Writer, now func() time.Time) { w.now = now }
 
+// SetBatchStreams bounds the streams of each of w's batches.
+func SetBatchStreams(w *Writer, n int) { w.batchStreams = n }
+
 // FlushTogether writes one event of each claim's attempt in one batch,
 // as a group commit that took them together would, and returns each
 // write's error.

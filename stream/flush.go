@@ -4,10 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/droverhq/drover/keyspace"
-	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -18,7 +18,8 @@ type group struct {
 	reqs []*request
 
 	ops     []clientv3.Op
-	written chunk // the chunk the ops write
+	claim   []clientv3.Cmp // the compares of its claim in ops, if any
+	written chunk          // the chunk the ops write
 	first   int64
 	done    bool // answered: nothing (more) to write
 }
@@ -254,7 +255,12 @@ func (w *Writer) ops(g *group, c chunk) {
 			claim = nil // the attempt's outcome ended its claim: no later attempt wrote (free) is the fence
 		}
 	}
-	g.ops = []clientv3.Op{clientv3.OpTxn(claim, []clientv3.Op{clientv3.OpTxn([]clientv3.Cmp{free}, ops, nil)}, nil)}
+	// One level: the claim's compares and the stream's together (a
+	// nested level per stream cost etcd a request, a decode and an apply
+	// of its own, a thousand times a transaction). Which one failed is
+	// asked only when one did (claimsHold).
+	g.ops = []clientv3.Op{clientv3.OpTxn(append(slices.Clip(claim), free), ops, nil)}
+	g.claim = claim
 	g.written, g.first = c, first
 }
 
@@ -287,34 +293,77 @@ func (w *Writer) commit(ctx context.Context, groups []*group) (again []*group) {
 		}
 		return nil
 	}
+	var failed []*group
 	for pi, part := range parts {
 		presp := resp.Responses[pi].GetResponseTxn()
 		for i, g := range part {
-			if w.result(g, presp.Responses[i].GetResponseTxn()) {
-				again = append(again, g)
+			if presp.Responses[i].GetResponseTxn().Succeeded {
+				w.wrote(g)
+			} else {
+				failed = append(failed, g)
 			}
+		}
+	}
+	return w.refused(ctx, failed)
+}
+
+// wrote applies a write of g that succeeded to its attempt.
+func (w *Writer) wrote(g *group) {
+	a, c := g.a, g.written
+	ev := c.List[len(c.List)-1]
+	a.exists, a.last, a.events, a.bytes = true, ev.Seq, c.Events, c.Bytes
+	a.lastToken, a.lastAttempt, a.lastType = c.Token, c.Attempt, ev.Type
+	g.answer(nil)
+}
+
+// refused sorts the groups whose write was refused: those whose claim
+// no longer holds are fenced; the others found their place taken
+// (another writer of the claim wrote first), and are returned to be
+// read again and tried again.
+func (w *Writer) refused(ctx context.Context, groups []*group) (again []*group) {
+	held, err := w.claimsHold(ctx, groups)
+	for i, g := range groups {
+		switch {
+		case err != nil:
+			g.a.known = false
+			g.answer(fmt.Errorf("stream: write task %s's events: %w", g.a.c.Task, err))
+		case !held[i]:
+			a := g.a
+			a.err = fmt.Errorf("%w: claim of task %s token %d: a write under it was refused: it is held by a later attempt or gone",
+				ErrFenced, a.c.Task, a.c.Fence.Token())
+			g.answer(a.err)
+		default:
+			g.a.known = false
+			again = append(again, g)
 		}
 	}
 	return again
 }
 
-// result applies the answer to g's write; again: try it again.
-func (w *Writer) result(g *group, outer *etcdserverpb.TxnResponse) (again bool) {
-	a := g.a
-	switch {
-	case !outer.Succeeded:
-		a.err = fmt.Errorf("%w: claim of task %s token %d: a write under it was refused: it is held by a later attempt or gone",
-			ErrFenced, a.c.Task, a.c.Fence.Token())
-		g.answer(a.err)
-	case !outer.Responses[0].GetResponseTxn().Succeeded:
-		a.known = false
-		return true
-	default:
-		c := g.written
-		ev := c.List[len(c.List)-1]
-		a.exists, a.last, a.events, a.bytes = true, ev.Seq, c.Events, c.Bytes
-		a.lastToken, a.lastAttempt, a.lastType = c.Token, c.Attempt, ev.Type
-		g.answer(nil)
+// claimsHold says, for each group, whether its claim's compares hold
+// (a group without any holds): one read-only transaction, in parts as
+// commit's.
+func (w *Writer) claimsHold(ctx context.Context, groups []*group) ([]bool, error) {
+	held := make([]bool, len(groups))
+	var ops []clientv3.Op
+	for i := 0; i < len(groups); i += streamsPerTxn {
+		var part []clientv3.Op
+		for _, g := range groups[i:min(i+streamsPerTxn, len(groups))] {
+			part = append(part, clientv3.OpTxn(g.claim, nil, nil))
+		}
+		ops = append(ops, clientv3.OpTxn(nil, part, nil))
 	}
-	return false
+	if len(ops) == 0 {
+		return held, nil
+	}
+	resp, err := w.cli.Txn(ctx).Then(ops...).Commit()
+	if err != nil {
+		return nil, fmt.Errorf("stream: read the claims of refused writes: %w", err)
+	}
+	for pi, r := range resp.Responses {
+		for i, pr := range r.GetResponseTxn().Responses {
+			held[pi*streamsPerTxn+i] = pr.GetResponseTxn().Succeeded
+		}
+	}
+	return held, nil
 }

@@ -74,6 +74,8 @@ type Writer struct {
 
 	inFlight chan struct{}
 	flightMu sync.Mutex // guards every attempt's busy
+	// batchStreams bounds the streams of one batch (streamsPerBatch).
+	batchStreams int
 
 	paceMu    sync.Mutex
 	lastSend  time.Time
@@ -105,7 +107,7 @@ func NewWriter(cli *clientv3.Client, keys keyspace.Space, lim Limits, pace time.
 		pace = DefaultPace
 	}
 	return &Writer{cli: cli, keys: keys, lim: lim, pace: pace, now: time.Now, attempts: map[attemptID]*attempt{},
-		inFlight: make(chan struct{}, maxInFlight)}
+		inFlight: make(chan struct{}, maxInFlight), batchStreams: streamsPerBatch}
 }
 
 type registryKey struct {
@@ -353,7 +355,7 @@ func (b *bound) fits(taken []*request, next *request) bool {
 	if len(b.streams) == 0 { // the first, taken without asking (its stream is idle: waitIdle)
 		b.take(taken[0])
 	}
-	if !b.streams[next.a] && (next.a.busy != nil || len(b.streams) >= streamsPerBatch) || b.bytes+next.size() > bytesPerBatch {
+	if !b.streams[next.a] && (next.a.busy != nil || len(b.streams) >= b.w.batchStreams) || b.bytes+next.size() > bytesPerBatch {
 		return false
 	}
 	b.take(next)

@@ -1,0 +1,46 @@
+package stream
+
+import (
+	"testing"
+	"time"
+
+	"github.com/droverhq/drover/keyspace"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// fixedFence is a claim that holds, with one compare.
+type fixedFence struct{ token int64 }
+
+func (f fixedFence) Token() int64 { return f.token }
+func (f fixedFence) Compares() []clientv3.Cmp {
+	return []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision("claims/x"), "=", f.token)}
+}
+func (f fixedFence) Err() error { return nil }
+
+// TestStreamPartIsOneLevel: a stream's part of a batch is one
+// transaction holding its claim's compares and its own (its place is
+// free), with the chunk's writes and no transaction nested in it: etcd
+// decodes, checks and applies each level apart, a thousand a batch.
+func TestStreamPartIsOneLevel(t *testing.T) {
+	w := NewWriter(nil, keyspace.MustNew("t"), Limits{}, 0)
+	for _, exists := range []bool{false, true} {
+		a := &attempt{c: Claim{Task: "x", Attempt: 1, Fence: fixedFence{7}}, known: true, exists: exists, last: 4, lastToken: 7}
+		g := &group{a: a, reqs: []*request{{a: a, events: []Input{{Type: "token", Data: []byte(`{"text":"a"}`)}}, at: time.Unix(1, 0)}}}
+		w.build(g)
+		if g.done || len(g.ops) != 1 || !g.ops[0].IsTxn() {
+			t.Fatalf("exists %v: the stream's part is %d operations (answered %v), want one transaction", exists, len(g.ops), g.done)
+		}
+		cmps, then, els := g.ops[0].Txn()
+		if len(cmps) != 2 || len(els) != 0 {
+			t.Fatalf("exists %v: %d compares and %d operations if they fail, want 2 (the claim's, the free place) and none", exists, len(cmps), len(els))
+		}
+		for _, op := range then {
+			if !op.IsPut() {
+				t.Fatalf("exists %v: an operation of the stream's part is not a put (a nested level): %+v", exists, op)
+			}
+		}
+		if want := map[bool]int{false: 2, true: 1}[exists]; len(then) != want { // the chunk, and the expiry key of a new stream
+			t.Fatalf("exists %v: %d puts, want %d", exists, len(then), want)
+		}
+	}
+}
