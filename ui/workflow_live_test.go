@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
+	"github.com/droverhq/drover/internal/childview/childviewtest"
 	"github.com/droverhq/drover/internal/testenv/etcdtest"
 	"github.com/droverhq/drover/queue"
 	"github.com/droverhq/drover/stream"
@@ -141,5 +142,31 @@ func TestUIDecisionSendsOneSignal(t *testing.T) {
 	if sg, _ := r["signals"].([]any); len(sg) != 1 {
 		t.Fatalf("the inbox holds %d signals, want 1: %v", len(sg), sg)
 	}
+	tb.noConsoleErrors()
+}
+
+// TestUIChildrenPagerSurvivesReload: the page of children shown after
+// Next stays shown when the task page is read again (a listed child of
+// another queue changed), and Previous and First go back.
+func TestUIChildrenPagerSurvivesReload(t *testing.T) {
+	s := newSite(t)
+	c := childviewtest.Start(t, s.cli, s.ns, childviewtest.Kids(30, nil))
+	childviewtest.Parent(t, c, "boss", 20*time.Second)
+	tb := newTab(t)
+	tb.do("open the parent", chromedp.Navigate(s.base+"/ui/#/queue/wf/task/boss"))
+	tb.waitJS("the first page", `!!document.querySelector('tr[data-child="boss.1.0"]')`)
+	tb.click(`#children button[data-act="children-next"]`)
+	tb.waitJS("the second page", `!!document.querySelector('tr[data-child="boss.1.29"]') && !document.querySelector('tr[data-child="boss.1.0"]')`)
+	eval[bool](tb, `(() => { document.getElementById("children").dataset.old = "1"; return true; })()`)
+	if _, err := c.Cancel(context.Background(), "boss.1.25"); err != nil {
+		t.Fatal(err)
+	}
+	tb.waitJS("the second page, read again", `!document.querySelector("#children[data-old]") && !!document.querySelector('tr[data-child="boss.1.25"][data-status="CANCELLED"]')`)
+	tb.click(`#children button[data-act="children-prev"]`)
+	tb.waitJS("the first page again", `!!document.querySelector('tr[data-child="boss.1.0"]') && !document.querySelector('tr[data-child="boss.1.29"]')`)
+	tb.click(`#children button[data-act="children-next"]`)
+	tb.waitJS("the second page again", `!!document.querySelector('tr[data-child="boss.1.29"]')`)
+	tb.click(`#children button[data-act="children-first"]`)
+	tb.waitJS("the first page from First", `!!document.querySelector('tr[data-child="boss.1.0"]') && !document.querySelector('#children button[data-act="children-first"]')`)
 	tb.noConsoleErrors()
 }
