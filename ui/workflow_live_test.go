@@ -170,3 +170,48 @@ func TestUIChildrenPagerSurvivesReload(t *testing.T) {
 	tb.waitJS("the first page from First", `!!document.querySelector('tr[data-child="boss.1.0"]') && !document.querySelector('#children button[data-act="children-first"]')`)
 	tb.noConsoleErrors()
 }
+
+// TestUIStreamFollowedOnlyWhenItMayEmit: the page of a task that ended
+// opens no stream and offers Follow, which shows its stream to its end;
+// Follow on a task that does not exist says so (a 404) and stops.
+func TestUIStreamFollowedOnlyWhenItMayEmit(t *testing.T) {
+	s := newSite(t)
+	s.runWorker("chat", func(w *queue.Worker, _ *task.Store) {
+		w.Handle("answer", func(ctx context.Context, _ *queue.Task) ([]byte, error) {
+			return []byte(`"ok"`), stream.Token(ctx, "said before")
+		})
+	})
+	c := s.queueClient()
+	if _, err := c.Submit(context.Background(), "chat", []queue.Task{{ID: "chat-3", Type: "answer"}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if !etcdtest.Eventually(20*time.Second, func() bool {
+		return s.do("GET", "/v1/queues/chat/tasks/chat-3", nil, 200)["current_status"] == "SUCCEEDED"
+	}) {
+		t.Fatal("the task does not succeed")
+	}
+	tb := newTab(t)
+	tb.openWith(s.base, `
+		window.streamCalls = 0;
+		const real = window.fetch;
+		window.fetch = (url, opts) => {
+			if (String(url).includes("/stream")) window.streamCalls++;
+			return real(url, opts);
+		}`, "#/queue/chat/task/chat-3")
+	tb.waitJS("the task shown, with Follow", `document.getElementById("task").innerText.includes("SUCCEEDED") && !!document.querySelector('button[data-act="follow"]')`)
+	if n := eval[int](tb, `window.streamCalls`); n != 0 {
+		t.Fatalf("the page of an ended task opened %d streams", n)
+	}
+	tb.click(`button[data-act="follow"]`)
+	tb.waitJS("the end on done", `!!document.querySelector('#stream-status [data-ended="done"]')`)
+	if text := eval[string](tb, `document.getElementById("stream-text").textContent`); text != "said before" {
+		t.Fatalf("the stream's text is %q", text)
+	}
+	eval[bool](tb, `(() => { location.hash = "#/queue/chat/task/nope"; return true; })()`)
+	tb.click(`button[data-act="follow"]`)
+	tb.waitJS("no such task", `!!document.querySelector('#stream-status [data-gone]') && document.getElementById("stream-status").innerText.includes("No such task")`)
+	if n := eval[int](tb, `window.streamCalls`); n != 2 {
+		t.Fatalf("the pages opened %d streams, want one each", n)
+	}
+	tb.noConsoleErrors()
+}
