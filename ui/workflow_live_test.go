@@ -215,3 +215,36 @@ func TestUIStreamFollowedOnlyWhenItMayEmit(t *testing.T) {
 	}
 	tb.noConsoleErrors()
 }
+
+// TestUILiveViewIsBounded: the live view keeps the last 500 events and
+// the last 256 KiB of text, and says it trimmed earlier ones. The stream
+// is made up: 510 events, then a token of 300,000 characters, then done.
+func TestUILiveViewIsBounded(t *testing.T) {
+	s := newSite(t)
+	tb := newTab(t)
+	tb.openWith(s.base, `
+		const real = window.fetch;
+		window.fetch = (url, opts) => {
+			if (!String(url).includes("/stream")) return real(url, opts);
+			let body = "";
+			for (let i = 1; i <= 510; i++) body += "data: " + JSON.stringify({ seq: i, type: "note", data: { i } }) + "\n\n";
+			body += "data: " + JSON.stringify({ seq: 511, type: "token", data: { text: "a" + "x".repeat(299998) + "z" } }) + "\n\n";
+			body += 'event: end\ndata: {"reason":"done"}\n\n';
+			return Promise.resolve(new Response(body, { status: 200, headers: { "Content-Type": "text/event-stream" } }));
+		}`, "#/queue/chat/task/big")
+	tb.click(`button[data-act="follow"]`)
+	tb.waitJS("the end on done", `!!document.querySelector('#stream-status [data-ended="done"]')`)
+	if n := eval[int](tb, `document.querySelectorAll("#stream-events li").length`); n != 500 {
+		t.Fatalf("the list holds %d events, want 500", n)
+	}
+	if first := eval[string](tb, `document.querySelector("#stream-events li").innerText`); !strings.HasPrefix(first, "#11 ") {
+		t.Fatalf("the first event listed is %q, want #11", first)
+	}
+	text := eval[string](tb, `document.getElementById("stream-text").textContent`)
+	if len(text) > 256*1024 || !strings.HasSuffix(text, "xz") || strings.HasPrefix(text, "a") {
+		t.Fatalf("the text holds %d characters, want its last 262144", len(text))
+	}
+	if !eval[bool](tb, `!document.getElementById("stream-trimmed").hidden`) {
+		t.Fatal("the view does not say it trimmed")
+	}
+}
