@@ -77,7 +77,9 @@ func readLayout(ctx context.Context, src Source, keys keyspace.Space, parent str
 	for _, st := range counted {
 		sl := stepLayout{Step: st, chunks: chunks[st.Step]}
 		if st.Step == cp.Step {
-			sl.chunks = slices.DeleteFunc(sl.chunks, func(k int) bool { return k >= cp.Spawn.Chunks })
+			if cp.Spawn.Chunks > 0 { // a record without it predates the field
+				sl.chunks = slices.DeleteFunc(sl.chunks, func(k int) bool { return k >= cp.Spawn.Chunks })
+			}
 			sl.Spawned = cp.Spawn.N
 		} else {
 			if !st.Submitted {
