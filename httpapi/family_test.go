@@ -1,67 +1,32 @@
 package httpapi_test
 
 import (
-	"context"
+	"slices"
 	"testing"
+	"time"
 
+	"github.com/droverhq/drover/internal/childview/childviewtest"
 	"github.com/droverhq/drover/queue"
-	"github.com/droverhq/drover/task"
 )
 
-// startSpawner runs a worker of queue wf whose step tasks spawn n
-// children into queue kids (which no worker runs) and wait for all of
-// them, collecting every outcome.
-func startSpawner(t *testing.T, a *api, n int) *queue.Client {
+// waitingParent runs a parent "boss" that spawned n children into queue
+// kids (which no worker runs) and waits for them, and returns a queue
+// client.
+func waitingParent(t *testing.T, a *api, n int) *queue.Client {
 	t.Helper()
-	ctx := context.Background()
-	c, err := queue.NewClient(a.cli, a.ns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	store, err := task.NewStore(a.cli, a.ns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.SetConfig(ctx, "kids", queue.Config{}); err != nil {
-		t.Fatal(err)
-	}
-	w, err := queue.NewWorker(ctx, a.cli, queue.WorkerConfig{Namespace: a.ns, Queue: "wf"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = w.Close(context.Background()) })
-	kids := make([]task.Child, n)
-	for i := range kids {
-		kids[i] = task.Child{Queue: "kids", Type: "search"}
-	}
-	w.HandleAll(queue.Steps(store,
-		task.Step{Name: "fan-out", Run: func(context.Context, []byte) ([]byte, error) {
-			return nil, task.Spawn(kids, task.SpawnOptions{Collect: true})
-		}},
-		task.Step{Name: "fan-in", Run: func(context.Context, []byte) ([]byte, error) { return nil, nil }}))
-	rctx, stop := context.WithCancel(ctx)
-	ran := make(chan struct{})
-	go func() { _ = w.Run(rctx); close(ran) }()
-	t.Cleanup(func() { stop(); <-ran })
+	c := childviewtest.Start(t, a.cli, a.ns, childviewtest.Kids(n, nil))
+	childviewtest.Parent(t, c, "boss", 30*time.Second)
 	return c
 }
 
 // TestTaskShowsChildrenAndParent: GET of a parent that waits for its
 // children gives their counts by state and the first page with each
 // child's state (one acked SUCCEEDED, one cancelled CANCELLED, the rest
-// PENDING); GET .../children pages through them with a cursor; a child
-// shows its parent's queue; a cursor that is not one is a 400 naming it.
+// PENDING); a child shows its parent's queue.
 func TestTaskShowsChildrenAndParent(t *testing.T) {
 	t.Parallel()
 	a := newAPI(t)
-	ctx := context.Background()
-	c := startSpawner(t, a, 5)
-	if _, err := c.Submit(ctx, "wf", []queue.Task{{ID: "boss", Type: "agent"}}, nil); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, "the parent WAITING", func() bool {
-		return a.do("GET", "/v1/queues/wf/tasks/boss", nil).str("current_status") == "WAITING"
-	})
+	waitingParent(t, a, 5)
 	sess := a.session(60)
 	var claimed resp
 	waitFor(t, "a child claimed", func() bool {
@@ -104,25 +69,35 @@ func TestTaskShowsChildrenAndParent(t *testing.T) {
 			t.Fatalf("%s is %s, want PENDING", id, st)
 		}
 	}
-
-	p1 := a.do("GET", "/v1/queues/wf/tasks/boss/children?limit=2", nil).want(t, 200)
-	next := p1.str("next_cursor")
-	if len(p1.JSON["children"].([]any)) != 2 || next == "" {
-		t.Fatalf("first page: %s", p1.Raw)
-	}
-	seen := 2
-	for next != "" {
-		p := a.do("GET", "/v1/queues/wf/tasks/boss/children?limit=2&cursor="+next, nil).want(t, 200)
-		seen += len(p.JSON["children"].([]any))
-		next = p.str("next_cursor")
-	}
-	if seen != 5 {
-		t.Fatalf("the pages list %d children, want 5", seen)
-	}
-
 	kid := a.do("GET", "/v1/queues/kids/tasks/boss.1.2", nil).want(t, 200)
 	if kid.str("parent") != "boss" || kid.str("parent_queue") != "wf" || kid.JSON["children"] != nil {
 		t.Fatalf("child: %s", kid.Raw)
+	}
+}
+
+// TestTaskChildrenPages: GET .../children pages through a parent's
+// children with a cursor, listing each exactly once in plan order; a
+// childless task has none; a cursor that is not one is a 400 naming it;
+// the route of another queue's task is a 404.
+func TestTaskChildrenPages(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t)
+	waitingParent(t, a, 5)
+	var got []string
+	next := ""
+	for pages := 0; pages == 0 || next != ""; pages++ {
+		if pages > 5 {
+			t.Fatal("the cursor does not end")
+		}
+		p := a.do("GET", "/v1/queues/wf/tasks/boss/children?limit=2&cursor="+next, nil).want(t, 200)
+		for _, x := range p.JSON["children"].([]any) {
+			got = append(got, x.(map[string]any)["task_id"].(string))
+		}
+		next = p.str("next_cursor")
+	}
+	want := []string{"boss.1.0", "boss.1.1", "boss.1.2", "boss.1.3", "boss.1.4"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("the pages list %v, want %v", got, want)
 	}
 	none := a.do("GET", "/v1/queues/kids/tasks/boss.1.2/children", nil).want(t, 200)
 	if none.num("spawned") != 0 || len(none.JSON["children"].([]any)) != 0 {

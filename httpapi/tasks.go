@@ -3,7 +3,7 @@ package httpapi
 import (
 	"context"
 	"encoding/json"
-	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"time"
@@ -11,6 +11,7 @@ import (
 	"github.com/danielgtaylor/huma/v2"
 	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/internal/childview"
+	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/lock"
 	"github.com/droverhq/drover/queue"
 	"github.com/droverhq/drover/task"
@@ -339,18 +340,22 @@ func (s *Server) taskChildren(ctx context.Context, id, cursor string, limit int)
 }
 
 // addFamily adds to out, task t as the API shows it, the queue of its
-// parent and the first page of its children.
+// parent (from the parent's index key alone: its record may be large) and
+// the first page of its children.
 func (s *Server) addFamily(ctx context.Context, t *queue.Task, out *QueueTask) error {
 	if t.Parent != "" {
-		c, err := s.queueClient(ctx)
+		keys, err := keyspace.New(s.nsOf(ctx))
 		if err != nil {
 			return err
 		}
-		switch p, err := c.Get(ctx, t.Parent); {
-		case err == nil:
-			out.ParentQueue = p.Queue
-		case !errors.Is(err, queue.ErrNotFound):
-			return problem(err, nil)
+		g, err := s.cli.Get(ctx, keys.TaskIndex(t.Parent))
+		if err != nil {
+			return problem(fmt.Errorf("read where parent %s is: %w", t.Parent, err), nil)
+		}
+		if len(g.Kvs) > 0 {
+			if at, ok := keyspace.ParseTaskPlace(string(g.Kvs[0].Value)); ok {
+				out.ParentQueue = at.Queue
+			}
 		}
 	}
 	ch, err := s.taskChildren(ctx, t.ID, "", taskChildrenFirst)

@@ -580,3 +580,10 @@ func (c *Client) DeleteQueue(ctx context.Context, q string, progress func(done i
 	}
 	return n, nil
 }
+
+// GetMany returns those of tasks ids that exist, with their current
+// status, reading 40 a transaction; a missing id is left out, so callers
+// match the tasks to ids by Task.ID.
+func (c *Client) GetMany(ctx context.Context, ids []string) ([]*Task, error) {
+	return c.getMany(ctx, ids)
+}

@@ -152,12 +152,13 @@ func TestUIRejectErrors(t *testing.T) {
 	}
 	tb := newTab(t)
 	tb.do("open the task", chromedp.Navigate(s.base+"/ui/#/queue/review/task/plan-2"))
-	tb.waitJS("the reject button", `!!document.querySelector('#waiting button[data-act="reject"]')`)
+	tb.click(`#waiting button[data-act="reject"]`)
+	tb.waitJS("the confirmation", `document.getElementById("confirm").open`)
+	// Cancelled while the confirmation is open: the page's reload cannot
+	// take the button away before the click.
 	if _, err := c.Cancel(context.Background(), "plan-2"); err != nil {
 		t.Fatal(err)
 	}
-	tb.click(`#waiting button[data-act="reject"]`)
-	tb.waitJS("the confirmation", `document.getElementById("confirm").open`)
 	tb.click(`#confirm-ok`)
 	tb.waitJS("the refusal", `!!document.querySelector('#decision .error') && document.querySelector('#decision .error').innerText.includes("not sent")`)
 	tb.noConsoleErrors()

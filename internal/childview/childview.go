@@ -1,10 +1,18 @@
 // Package childview reads a step task's children as its readers show
 // them (the HTTP API's task, `drover tasks get`): how many each step
 // spawned and how many of them succeeded, failed or have not ended, and one
-// page of the children with their states. However many a step spawned
-// (up to task.MaxChildren), a read costs the parent's plans (about 100
-// bytes a child), one count-only transaction per 40 steps, and the records
-// of one page.
+// page of the children with their states.
+//
+// A child's entry in its step's plan is its whole task.Child, parameters
+// included (up to the plan's 256 KiB chunks), so a read avoids the plans:
+// a step's count comes from the checkpoint's task.SpawnRecord for the step
+// the task is at, and a page reads only the chunks it lists, one or two
+// whatever the fan-out. A read costs the plan's chunk keys (no values),
+// the checkpoint, one count-only transaction per 40 steps, the page's
+// chunks, and the page's records, 40 a transaction. Only a step before the
+// one the task is at, whose record the checkpoint no longer holds, has its
+// plan read whole to count its children, once per process (see
+// pastCounts).
 //
 //	p, err := childview.Read(ctx, childview.Source{Etcd: cli, Namespace: ns}, "boss", "", 20)
 //	// p.Succeeded, p.Failed, p.Live; p.Children[i].Status; p.Next for the next page
@@ -13,9 +21,7 @@ package childview
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
 
@@ -24,12 +30,12 @@ import (
 	"github.com/droverhq/drover/queue"
 	"github.com/droverhq/drover/task"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"golang.org/x/sync/errgroup"
 )
 
 // Page bounds.
 const (
-	// DefaultLimit is the page size when none is given.
+	// DefaultLimit is the page size when none is given (a limit of 0 or
+	// less).
 	DefaultLimit = 50
 	// MaxLimit is the largest page.
 	MaxLimit = 200
@@ -72,14 +78,14 @@ type Child struct {
 // Page is the children of a task: the counts of every step and a page of
 // children in step and plan order.
 type Page struct {
-	Spawned   int64 `json:"spawned"`
-	Succeeded int64 `json:"succeeded"`
-	Failed    int64 `json:"failed"`
-	Live      int64 `json:"live"`
-	Steps     []Step
-	Children  []Child
+	Spawned   int64   `json:"spawned"`
+	Succeeded int64   `json:"succeeded"`
+	Failed    int64   `json:"failed"`
+	Live      int64   `json:"live"`
+	Steps     []Step  `json:"steps"`
+	Children  []Child `json:"children"`
 	// Next is the cursor of the next page; "" after the last.
-	Next string
+	Next string `json:"next_cursor,omitempty"`
 }
 
 // Source is where the children are read: an etcd client and a namespace.
@@ -88,16 +94,42 @@ type Source struct {
 	Namespace string
 }
 
-// countBatch is how many steps one count-only transaction takes (three
-// operations a step; etcd allows 128 a request by default).
-const countBatch = 40
+// Cursor is a place in a task's children: chunk Chunk of step Step's
+// plan, from its child Offset on.
+type Cursor struct {
+	Step, Chunk, Offset int
+}
+
+// String is the cursor as Read gives it: "STEP:CHUNK:OFFSET".
+func (c Cursor) String() string { return fmt.Sprintf("%d:%d:%d", c.Step, c.Chunk, c.Offset) }
+
+// ParseCursor reads a cursor Read gave (Page.Next); "" is the start. An
+// input error naming "cursor" says what is wrong with another.
+func ParseCursor(c string) (Cursor, error) {
+	if c == "" {
+		return Cursor{}, nil
+	}
+	parts := strings.Split(c, ":")
+	var n [3]int
+	ok := len(parts) == 3
+	for i := 0; ok && i < 3; i++ {
+		v, err := strconv.Atoi(parts[i])
+		ok = err == nil && v >= 0
+		n[i] = v
+	}
+	if !ok {
+		return Cursor{}, &drover.InputError{Field: "cursor", Value: c, Rule: "must be the next cursor of a page of children (STEP:CHUNK:OFFSET)"}
+	}
+	return Cursor{Step: n[0], Chunk: n[1], Offset: n[2]}, nil
+}
 
 // Read returns the children of task parent: every step's counts and up to
 // limit children from cursor ("" for the first page). A task that spawned
 // none has an empty Page. A cursor that is not one Read gave is an input
-// error naming "cursor"; limit is clamped to [1, MaxLimit].
+// error naming "cursor"; a limit of 0 or less reads DefaultLimit, one over
+// MaxLimit reads MaxLimit.
 func Read(ctx context.Context, src Source, parent, cursor string, limit int) (Page, error) {
-	startStep, startAt, err := parseCursor(cursor)
+	at, err := ParseCursor(cursor)
 	if err != nil {
 		return Page{}, err
 	}
@@ -109,104 +141,40 @@ func Read(ctx context.Context, src Source, parent, cursor string, limit int) (Pa
 	if err != nil {
 		return Page{}, err
 	}
-	store, err := task.NewStore(src.Etcd, src.Namespace)
-	if err != nil {
+	l, err := readLayout(ctx, src, keys, parent)
+	if err != nil || len(l.steps) == 0 {
 		return Page{}, err
 	}
-	plans, err := store.Plans(ctx, parent)
-	if err != nil || len(plans) == 0 {
-		return Page{}, err
-	}
-	steps := make([]int, 0, len(plans))
-	for s := range plans {
-		steps = append(steps, s)
-	}
-	slices.Sort(steps)
-	var p Page
-	if p.Steps, err = count(ctx, src.Etcd, keys, parent, steps, plans); err != nil {
-		return Page{}, err
-	}
-	for _, s := range p.Steps {
+	p := Page{Steps: make([]Step, 0, len(l.steps))}
+	submitted := map[int]bool{}
+	for _, s := range l.steps {
+		p.Steps = append(p.Steps, s.Step)
 		p.Spawned += int64(s.Spawned)
 		p.Succeeded += s.Succeeded
 		p.Failed += s.Failed
 		p.Live += s.Live
+		submitted[s.Step.Step] = s.Submitted
 	}
-	submitted := map[int]bool{}
-	for _, s := range p.Steps {
-		submitted[s.Step] = s.Submitted
+	page, next, err := l.page(ctx, src.Etcd, keys, parent, at, limit)
+	if err != nil {
+		return Page{}, err
 	}
-	var page []task.Child
-	var pageSteps []int
-	for _, s := range steps {
-		if s < startStep {
-			continue
-		}
-		from := 0
-		if s == startStep {
-			from = startAt
-		}
-		for i := from; i < len(plans[s]); i++ {
-			if len(page) == limit {
-				p.Next = fmt.Sprintf("%d:%d", s, i)
-				break
-			}
-			page = append(page, plans[s][i])
-			pageSteps = append(pageSteps, s)
-		}
-		if p.Next != "" {
-			break
-		}
-	}
-	p.Children, err = states(ctx, src, keys, parent, page, pageSteps, submitted)
+	p.Next = next
+	p.Children, err = states(ctx, src, keys, parent, page, submitted)
 	return p, err
 }
 
-// parseCursor reads a cursor: "STEP:INDEX", or "" for the start.
-func parseCursor(c string) (step, at int, err error) {
-	if c == "" {
-		return 0, 0, nil
-	}
-	a, b, ok := strings.Cut(c, ":")
-	step, err1 := strconv.Atoi(a)
-	at, err2 := strconv.Atoi(b)
-	if !ok || err1 != nil || err2 != nil || step < 0 || at < 0 {
-		return 0, 0, &drover.InputError{Field: "cursor", Value: c, Rule: "must be the next cursor of a page of children (STEP:INDEX)"}
-	}
-	return step, at, nil
-}
-
-// count reads the counts of every step's children, countBatch steps a
-// transaction.
-func count(ctx context.Context, cli *clientv3.Client, keys keyspace.Space, parent string, steps []int, plans map[int][]task.Child) ([]Step, error) {
-	out := make([]Step, 0, len(steps))
-	for start := 0; start < len(steps); start += countBatch {
-		batch := steps[start:min(start+countBatch, len(steps))]
-		ops := make([]clientv3.Op, 0, 3*len(batch))
-		for _, s := range batch {
-			ops = append(ops,
-				clientv3.OpGet(keys.ChildSubmitted(parent, s), clientv3.WithCountOnly()),
-				clientv3.OpGet(keys.ChildDones(parent, s), clientv3.WithPrefix(), clientv3.WithCountOnly()),
-				clientv3.OpGet(keys.ChildFaileds(parent, s), clientv3.WithPrefix(), clientv3.WithCountOnly()))
-		}
-		resp, err := cli.Txn(ctx).Then(ops...).Commit()
-		if err != nil {
-			return nil, fmt.Errorf("children of %s: count them: %w", parent, err)
-		}
-		for i, s := range batch {
-			r := resp.Responses[3*i : 3*i+3]
-			done, failed := r[1].GetResponseRange().Count, r[2].GetResponseRange().Count
-			n := len(plans[s])
-			out = append(out, Step{Step: s, Spawned: n, Submitted: r[0].GetResponseRange().Count > 0,
-				Succeeded: done - failed, Failed: failed, Live: max(0, int64(n)-done)})
-		}
-	}
-	return out, nil
+// listed is a child of a page with the step that spawned it.
+type listed struct {
+	task.Child
+	step int
 }
 
 // states reads the state of each child of page: its record's status, else
-// (its record removed) its outcome's, else NotSubmitted.
-func states(ctx context.Context, src Source, keys keyspace.Space, parent string, page []task.Child, steps []int, submitted map[int]bool) ([]Child, error) {
+// (its record removed) its outcome's, else NotSubmitted. The records are
+// read 40 a transaction, the outcomes of those without one in one
+// transaction per outcomeBatch.
+func states(ctx context.Context, src Source, keys keyspace.Space, parent string, page []listed, submitted map[int]bool) ([]Child, error) {
 	if len(page) == 0 {
 		return nil, nil
 	}
@@ -214,35 +182,53 @@ func states(ctx context.Context, src Source, keys keyspace.Space, parent string,
 	if err != nil {
 		return nil, err
 	}
-	out := make([]Child, len(page))
-	var g errgroup.Group
-	g.SetLimit(8)
+	ids := make([]string, len(page))
 	for i, ch := range page {
-		out[i] = Child{ID: ch.ID, Queue: ch.Queue, Type: ch.Type, Step: steps[i], Detached: ch.Detached}
-		g.Go(func() error {
-			t, err := qc.Get(ctx, ch.ID)
-			switch {
-			case err == nil:
-				out[i].Status, out[i].Error, out[i].Queue = string(t.CurrentStatus), t.LastError, t.Queue
-				return nil
-			case !errors.Is(err, queue.ErrNotFound):
-				return fmt.Errorf("children of %s: read %s: %w", parent, ch.ID, err)
-			}
-			g, err := src.Etcd.Get(ctx, keys.ChildDone(parent, steps[i], ch.ID))
-			if err != nil {
-				return fmt.Errorf("children of %s: read the outcome of %s: %w", parent, ch.ID, err)
-			}
+		ids[i] = ch.ID
+	}
+	tasks, err := qc.GetMany(ctx, ids)
+	if err != nil {
+		return nil, fmt.Errorf("children of %s: read them: %w", parent, err)
+	}
+	byID := make(map[string]*queue.Task, len(tasks))
+	for _, t := range tasks {
+		byID[t.ID] = t
+	}
+	out := make([]Child, len(page))
+	var missing []int
+	for i, ch := range page {
+		out[i] = Child{ID: ch.ID, Queue: ch.Queue, Type: ch.Type, Step: ch.step, Detached: ch.Detached}
+		if t, ok := byID[ch.ID]; ok {
+			out[i].Status, out[i].Error, out[i].Queue = string(t.CurrentStatus), t.LastError, t.Queue
+			continue
+		}
+		missing = append(missing, i)
+	}
+	for start := 0; start < len(missing); start += outcomeBatch {
+		batch := missing[start:min(start+outcomeBatch, len(missing))]
+		ops := make([]clientv3.Op, len(batch))
+		for j, i := range batch {
+			ops[j] = clientv3.OpGet(keys.ChildDone(parent, page[i].step, page[i].ID))
+		}
+		resp, err := src.Etcd.Txn(ctx).Then(ops...).Commit()
+		if err != nil {
+			return nil, fmt.Errorf("children of %s: read the outcomes of those without a record: %w", parent, err)
+		}
+		for j, i := range batch {
 			out[i].Status = NotSubmitted
-			if len(g.Kvs) > 0 {
+			if kvs := resp.Responses[j].GetResponseRange().Kvs; len(kvs) > 0 {
 				var o task.ChildOutcome
-				if json.Unmarshal(g.Kvs[0].Value, &o) == nil {
+				if json.Unmarshal(kvs[0].Value, &o) == nil {
 					out[i].Status, out[i].Error = o.Status, o.Error
 				}
-			} else if submitted[steps[i]] {
+			} else if submitted[page[i].step] {
 				out[i].Status = Removed
 			}
-			return nil
-		})
+		}
 	}
-	return out, g.Wait()
+	return out, nil
 }
+
+// outcomeBatch is how many outcomes one transaction reads (etcd allows 128
+// operations a request by default).
+const outcomeBatch = 128

@@ -5,7 +5,7 @@
 
 import { api, get, enc } from "./api.js";
 import { h, replace, num, time, ago, badge, table, panel, pretty, errorBox, confirmAction, toast, guarded, base64Text } from "./dom.js";
-import { family, waiting, signals, live } from "./workflow.js";
+import { family, waiting, signals, live, newPager } from "./workflow.js";
 
 function fields(t) {
   const m = t.metadata || {};
@@ -81,8 +81,12 @@ export function mount(ctx) {
   const stream = live(ctx, id);
   main.append(h("div", { class: "crumbs" }, h("a", { href: "#/" }, "Overview"), " / ", h("a", { href: "#/queue/" + enc(q) }, q), " / task"), head, note, body, stream.box);
   const base = "/v1/queues/" + enc(q);
+  const pager = newPager(); // the children's page shown, kept across reloads
+  let parentQueue = "";
   let lastKey = "";
-  let related = false; // the task has a parent or children: any queue's change may change what the page shows
+  let loading = false; // a load is under way
+  let again = false; // another load was asked for meanwhile
+  let gen = 0; // the generation of the last load: an older answer is dropped
 
   const act = (label, need, question, method, path, cls) => guarded(state, need, label, async () => {
     if (!(await confirmAction(question, label))) return;
@@ -91,18 +95,37 @@ export function mount(ctx) {
     load();
   }, cls);
 
+  // load reads the task and shows it, one load at a time: one asked for
+  // while another runs runs after it.
   const load = async () => {
+    if (loading) {
+      again = true;
+      return;
+    }
+    loading = true;
+    try {
+      do {
+        again = false;
+        await loadOnce(++gen);
+      } while (again && ctx.alive());
+    } finally {
+      loading = false;
+    }
+  };
+
+  const loadOnce = async (my) => {
     let t;
     try {
       t = await get(base + "/tasks/" + enc(id));
     } catch (e) {
-      if (ctx.alive()) replace(body, errorBox(e));
+      if (ctx.alive() && my === gen) replace(body, errorBox(e));
       return;
     }
+    if (!ctx.alive() || my !== gen) return;
     const stepsBox = h("div", {}, h("p", { class: "muted" }, "Loading…"));
-    if (!ctx.alive()) return;
     const buttons = [];
-    related = !!(t.parent || t.children);
+    parentQueue = t.parent_queue || "";
+    stream.update(t);
     if (["PENDING", "RUNNING", "RETRYING", "WAITING"].includes(t.current_status)) {
       buttons.push(act("Cancel task", "write", "Cancel task " + id + "? A running one loses its claim.", "POST", base + "/tasks/" + enc(id) + "/cancel", "danger"));
     }
@@ -115,13 +138,13 @@ export function mount(ctx) {
       h("div", { class: "grid" }, panel("Fields", fields(t)), panel("Parameters", pretty(t.parameters))),
       h("div", { class: "stack" },
         waiting(state, t, note, load),
-        family(t),
+        family(ctx, t, pager),
         signals(t),
         panel("Transitions", transitions(t)),
         panel("Result", result(t)),
         panel("Step checkpoints", stepsBox)));
     const s = await steps(id);
-    if (ctx.alive()) replace(stepsBox, s);
+    if (ctx.alive() && my === gen) replace(stepsBox, s);
   };
 
   load();
@@ -129,7 +152,10 @@ export function mount(ctx) {
     destroy() { stream.stop(); },
     event(name, data) {
       if (name !== "queues") return;
-      const key = JSON.stringify(related ? data : data.find((x) => x.name === q) || null);
+      // Only the queues that hold what the page shows: the task's, its
+      // parent's and those of the children listed.
+      const watched = new Set([q, parentQueue, ...pager.queues]);
+      const key = JSON.stringify(data.filter((x) => watched.has(x.name)));
       if (lastKey && key !== lastKey) load();
       lastKey = key;
     },

@@ -158,6 +158,9 @@ func (a *app) getTaskFamily(ctx context.Context, id, cursor string, limit int) (
 	if limit < 1 || limit > childview.MaxLimit {
 		return nil, f, usageError{&drover.InputError{Field: "--children", Value: fmt.Sprint(limit), Rule: fmt.Sprintf("must be 1 to %d", childview.MaxLimit)}}
 	}
+	if _, err := childview.ParseCursor(cursor); err != nil {
+		return nil, f, usageError{drover.Rename(err, "--children-after")}
+	}
 	if err := a.checkGlobal(); err != nil {
 		return nil, f, err
 	}
@@ -190,6 +193,19 @@ func (a *app) getTaskFamily(ctx context.Context, id, cursor string, limit int) (
 		return nil, f, drover.Rename(err, "--children-after")
 	}
 	return t, f, nil
+}
+
+// globalFlags is "drover " and the global flags given that say where the
+// command read, for a command printed to run next.
+func (a *app) globalFlags() string {
+	out := "drover "
+	if a.endpoints != "" {
+		out += "--etcd-endpoints " + a.endpoints + " "
+	}
+	if a.namespace != keyspace.DefaultNamespace {
+		out += "--namespace " + a.namespace + " "
+	}
+	return out
 }
 
 // familyView is `tasks get --json`: the task's view with its parent's

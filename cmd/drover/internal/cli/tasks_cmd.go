@@ -34,13 +34,13 @@ func (a *app) tasksCommand() *cobra.Command {
 		Short: "Show a task, its status and its history, what it waits for, its signals, its parent and its children",
 		Args:  cobra.ExactArgs(1),
 		Example: `  drover tasks get 7f3a91 --json
-  drover tasks get research-1 --children 100 --children-after 1:100`,
+  drover tasks get research-1 --children 100 --children-after 1:0:100`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			t, f, err := a.getTaskFamily(cmd.Context(), args[0], kidsAfter, kids)
 			if err != nil {
 				return err
 			}
-			return a.printTaskFamily(t, f, fmt.Sprintf("drover tasks get %s --children %d", args[0], kids), asJSON)
+			return a.printTaskFamily(t, f, a.globalFlags()+fmt.Sprintf("tasks get %s --children %d", args[0], kids), asJSON)
 		},
 	}
 	get.Flags().BoolVar(&asJSON, "json", false, "print JSON")
