@@ -147,8 +147,10 @@ export interface RunStepsOptions<S> {
    * When the task waits for a signal (a step returned {@link waitSignal},
    * or it waited when claimed): how long this call keeps claiming it again
    * (every 0.2 to 2 s, holding nothing between) to resume it here once the
-   * signal came or the wait timed out, in seconds or as a duration ("5m").
-   * Default 0: return at once with `waitingFor`.
+   * signal came or the wait timed out, in seconds or as a duration ("5m"),
+   * counted from each wait's start. A task another process holds
+   * meanwhile counts as still waiting; one that process moved on is taken
+   * up after its last step. Default 0: return at once with `waitingFor`.
    */
   resumeWithin?: number | string;
 }
@@ -265,19 +267,32 @@ export class AgentTasks {
 
   /**
    * Claims a task that waits for a signal (claim: the claim that said so;
-   * undefined: claim it now), again every 0.2 to 2 s until the claim holds
-   * it (the signal came, or the wait timed out) or the time `by` (ms since
-   * the epoch) passed: the last claim's answer.
+   * undefined: claim it now, `waiting` being what the task waits for),
+   * again every 0.2 to 2 s until the claim holds it (the signal came, or
+   * the wait timed out) or `within` ms passed: the last claim's answer. A
+   * claim refused because another process holds the task
+   * ({@link LockHeldError}) counts as still waiting.
    */
-  private async awaitSignal(id: string, session: Session, steps: number, claim: AgentTaskClaim | undefined, by: number, signal?: AbortSignal): Promise<AgentTaskClaim> {
+  private async awaitSignal(id: string, session: Session, steps: number, claim: AgentTaskClaim | undefined, waiting: AgentTaskClaim | undefined, within: number, signal?: AbortSignal): Promise<AgentTaskClaim> {
+    const by = Date.now() + within;
     let pause = 200;
+    let last = (claim ?? waiting)!; // the task as last seen: waiting
+    let tried = claim !== undefined;
     for (;;) {
-      if (claim && (!claim.waiting_for || Date.now() >= by)) return claim;
-      if (claim) {
+      if (claim && !claim.waiting_for) return claim;
+      if (tried && Date.now() >= by) return claim ?? last;
+      if (tried) {
         await sleep(Math.min(pause, Math.max(0, by - Date.now())), signal);
         pause = Math.min(2000, pause * 2);
       }
-      claim = await this.claim(id, { session, steps, signal });
+      tried = true;
+      try {
+        claim = await this.claim(id, { session, steps, signal });
+        last = claim;
+      } catch (err) {
+        if (!(err instanceof LockHeldError)) throw err;
+        claim = undefined; // held elsewhere for now: still waiting
+      }
     }
   }
 
@@ -304,10 +319,11 @@ export class AgentTasks {
     const session = opts.session ?? (await Session.create(this.t, { ttl: opts.ttl ?? 15, ...(opts.name ? { name: opts.name } : {}) }));
     let held: number | undefined;
     try {
-      const resumeBy = Date.now() + durMs(opts.resumeWithin, 0);
+      // Each wait may take resumeWithin, counted from its start.
+      const within = durMs(opts.resumeWithin, 0);
       let claim = await this.claim(id, { session, steps: steps.length, wait: opts.wait, signal: opts.signal });
       const stateOf = (b64s: string | undefined): S => (b64s ? decode(unb64(b64s)) : (opts.input as S));
-      if (claim.waiting_for) claim = await this.awaitSignal(id, session, steps.length, claim, resumeBy, opts.signal);
+      if (claim.waiting_for) claim = await this.awaitSignal(id, session, steps.length, claim, undefined, within, opts.signal);
       if (claim.completed) {
         return { state: stateOf(claim.state), ran: [], resumedAfter: claim.step, alreadyComplete: true };
       }
@@ -353,13 +369,17 @@ export class AgentTasks {
         }
         if (written?.waiting_for && !written.completed) {
           held = undefined; // the waiting write released the claim: claim again, for a signal sent before it
-          const again = await this.awaitSignal(id, session, steps.length, undefined, resumeBy, opts.signal);
+          const waiting = { task_id: id, session: session.id, step: n, completed: false, waiting_for: written.waiting_for } as AgentTaskClaim;
+          const again = await this.awaitSignal(id, session, steps.length, undefined, waiting, within, opts.signal);
+          if (again.step !== n) state = again.step > 0 ? stateOf(again.state) : (opts.input as S);
           if (!again.token) {
-            return { state, ran, resumedAfter: claim.step, alreadyComplete: again.completed, ...(again.waiting_for ? { waitingFor: again.waiting_for } : {}) };
+            return { state, ran, resumedAfter: claim.step, alreadyComplete: again.completed, ...(again.waiting_for ? { waitingFor: again.waiting_for } : {}), ...(again.sleep_until ? { sleepingUntil: new Date(again.sleep_until) } : {}) };
           }
           token = again.token;
           held = token;
           received = receivedOf(again.signal);
+          // Another process may have run steps meanwhile: go on after the last one written.
+          n = again.step;
           continue;
         }
         received = undefined;

@@ -85,6 +85,21 @@ function retryAfterOf(h: Headers): number | undefined {
 export const seg = (s: string | number) => encodeURIComponent(String(s));
 
 /** Why a fetch failed, shortly (ECONNREFUSED, "other side closed"). @internal */
+/** Codes of a connection that failed before a request was sent. */
+const NOT_SENT = new Set(["ECONNREFUSED", "ENOTFOUND", "EAI_AGAIN", "ENETUNREACH", "EHOSTUNREACH", "UND_ERR_CONNECT_TIMEOUT"]);
+
+/** Whether a {@link ConnectionError} failed while connecting: the request never left, and is safe to send again. */
+export function neverSent(err: unknown): boolean {
+  if (!(err instanceof ConnectionError)) return false;
+  for (let e: unknown = err, i = 0; e && i < 5; e = (e as { cause?: unknown }).cause, i++) {
+    const code = (e as { code?: unknown }).code;
+    if (typeof code === "string" && NOT_SENT.has(code)) return true;
+    const errors = (e as { errors?: unknown }).errors; // an AggregateError of every address tried
+    if (Array.isArray(errors) && errors.length && errors.every((x) => NOT_SENT.has((x as { code?: string })?.code ?? ""))) return true;
+  }
+  return false;
+}
+
 export function fetchFailure(err: unknown): string {
   const cause = (err as { cause?: { code?: string; message?: string } })?.cause;
   return cause?.code ?? cause?.message ?? (err as Error)?.message ?? String(err);

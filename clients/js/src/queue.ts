@@ -109,12 +109,16 @@ export interface RunNowResult {
   moved: number;
 }
 
-/** One outcome of the batch outcome route. */
+/**
+ * One outcome of the batch outcome route. `streamed`: the attempt wrote
+ * events to the task's stream, and the server ends it once the outcome is
+ * stored (`done`, or `attempt_ended` when the task is retried or sleeps).
+ */
 export type Outcome =
-  | { task_id: string; token: number; ok: true; result?: unknown }
-  | { task_id: string; token: number; ok?: false; error: string; permanent?: boolean }
+  | { task_id: string; token: number; ok: true; result?: unknown; streamed?: boolean }
+  | { task_id: string; token: number; ok?: false; error: string; permanent?: boolean; streamed?: boolean }
   /** Neither: the task sleeps (SLEEPING, no claim) and is claimed again when the sleep ends, its attempt not counted. */
-  | { task_id: string; token: number; ok?: undefined; sleep_for?: string; sleep_until?: string };
+  | { task_id: string; token: number; ok?: undefined; sleep_for?: string; sleep_until?: string; streamed?: boolean };
 
 /** The server's answer for one outcome: 200, 409 (the claim was lost), 404. */
 export interface OutcomeResult {

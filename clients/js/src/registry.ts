@@ -146,8 +146,12 @@ export interface SSEEvent {
   data?: string;
 }
 
-/** Parses a text/event-stream body into events. */
-export async function* parseSSE(body: ReadableStream<Uint8Array>, signal: AbortSignal): AsyncGenerator<SSEEvent> {
+/**
+ * Parses a text/event-stream body into events; `onChunk` is called for
+ * every chunk read (comments included: a sign the connection is alive).
+ * The body is cancelled when the parse stops, early or not.
+ */
+export async function* parseSSE(body: ReadableStream<Uint8Array>, signal: AbortSignal, onChunk?: () => void): AsyncGenerator<SSEEvent> {
   const reader = body.pipeThrough(new TextDecoderStream()).getReader();
   const onAbort = () => void reader.cancel().catch(() => {});
   signal.addEventListener("abort", onAbort, { once: true });
@@ -158,6 +162,7 @@ export async function* parseSSE(body: ReadableStream<Uint8Array>, signal: AbortS
     for (;;) {
       const { value, done } = await reader.read();
       if (done) return;
+      onChunk?.();
       buf += value;
       let nl: number;
       while ((nl = buf.search(/\r\n|\r|\n/)) >= 0) {
@@ -183,6 +188,7 @@ export async function* parseSSE(body: ReadableStream<Uint8Array>, signal: AbortS
     }
   } finally {
     signal.removeEventListener("abort", onAbort);
+    await reader.cancel().catch(() => {});
     reader.releaseLock?.();
   }
 }

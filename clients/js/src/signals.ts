@@ -1,7 +1,7 @@
 // Signals: named messages to a task (a human's approval, a reply), kept in
 // its inbox until a step that waits for them consumes them.
 import { ConflictError, InboxFullError, TaskFinishedError } from "./errors.js";
-import { seg, type Transport } from "./http.js";
+import { neverSent, seg, sleep, type Transport } from "./http.js";
 
 /** What a signal did. */
 export interface SignalResult {
@@ -31,16 +31,24 @@ export interface SignalOptions {
 
 /**
  * Sends task `taskId` the signal `name`. With an idempotency key the
- * request is safe to repeat, and is repeated after a connection error.
+ * request is safe to repeat, and is repeated after a connection error;
+ * without one it is repeated only when it never left (the connection
+ * could not be made).
  * Throws {@link NotFoundError} for an unknown task, {@link TaskFinishedError}
  * for a finished one, {@link InboxFullError} when its inbox is full, and
  * {@link InvalidInputError} for a bad name, key or data.
  */
 export async function sendSignal(t: Transport, taskId: string, name: string, opts: SignalOptions = {}): Promise<SignalResult> {
+  const body = { ...(opts.data === undefined ? {} : { data: opts.data }), ...(opts.idempotencyKey ? { idempotency_key: opts.idempotencyKey } : {}) };
   try {
-    return await t.post<SignalResult>(`/v1/tasks/${seg(taskId)}/signals/${seg(name)}`,
-      { ...(opts.data === undefined ? {} : { data: opts.data }), ...(opts.idempotencyKey ? { idempotency_key: opts.idempotencyKey } : {}) },
-      { retry: !!opts.idempotencyKey, signal: opts.signal });
+    for (let i = 0; ; i++) {
+      try {
+        return await t.post<SignalResult>(`/v1/tasks/${seg(taskId)}/signals/${seg(name)}`, body, { retry: !!opts.idempotencyKey, signal: opts.signal });
+      } catch (err) {
+        if (opts.idempotencyKey || i >= t.retries || !neverSent(err)) throw err;
+        await sleep(Math.min(2000, 100 * 2 ** i), opts.signal);
+      }
+    }
   } catch (err) {
     // A finished task's 409 is the only plain conflict this route answers.
     if (err instanceof ConflictError && !(err instanceof InboxFullError) && err.kind === "conflict") {

@@ -29,6 +29,8 @@ const MAX_EVENTS = 1000;
 const MAX_BYTES = 700 << 10;
 /** Events that may wait in a writer before `emit` waits for the writes before. */
 const MAX_WAITING = 1000;
+/** The most bytes of one event's type and data (the server's limit). */
+const MAX_EVENT_BYTES = 64 << 10;
 
 /** The answer to a page read: the events stored from `from`, for clients that poll. */
 export interface StreamPage {
@@ -46,11 +48,18 @@ export interface FollowOptions {
   lastEventId?: number | string;
   /** Ends the iteration. */
   signal?: AbortSignal;
-  /** The longest pause between reconnections, in ms (default 5000). */
+  /** The longest pause between reconnections, in ms (default 5000; at least 100). */
   maxBackoffMs?: number;
+  /** A connection that brings nothing (not even the server's keep-alive comments) this long, in ms, is reopened (default 45000). */
+  idleTimeoutMs?: number;
   /** Called when the stream broke (or the server closed it) and is reopened after `lastEventId`. */
   onReconnect?: (err: unknown, lastEventId: number) => void;
+  /** Called with the server's last word when the follow ends at the stream's end (`done`, or `ended` once the task ended without one). */
+  onEnd?: (end: StreamEnd) => void;
 }
+
+/** The shortest pause before a reconnection, in ms. */
+const MIN_BACKOFF_MS = 100;
 
 /** How a follow ended: the server's last SSE event. */
 export interface StreamEnd {
@@ -71,13 +80,16 @@ export interface StreamEnd {
  * the next `emit` or `flush`; its events may or may not be stored.
  */
 export class StreamWriter {
-  private queue: { type: string; data?: unknown }[] = [];
+  /** Events serialised by emit, with their UTF-8 bytes. */
+  private queue: { json: string; bytes: number }[] = [];
   private writing: Promise<void> | undefined;
   private sticky: Error | undefined;
   private once: Error | undefined;
   private readonly session: string;
   /** The seq of the last event stored by this writer (0: none yet). */
   last = 0;
+  /** How many events were queued by emit. */
+  emitted = 0;
 
   /** @internal use {@link Streams.writer}, or a worker's `ctx.stream` */
   constructor(private readonly t: Transport, readonly taskId: string, session: Session | string, readonly claimToken: number) {
@@ -85,21 +97,36 @@ export class StreamWriter {
   }
 
   /**
-   * Queues an event: `data` is any JSON value. Throws the error of a write
-   * before it (see the class), and a TypeError for a type that is empty,
-   * longer than 64 characters or one of drover's own.
+   * Queues an event: `data` is any JSON value, serialised now (a later
+   * change to it is not sent). Throws the error of a write before it (see
+   * the class); a TypeError for a type that is empty, longer than 64
+   * characters or one of drover's own, or data that is not JSON; and
+   * {@link StreamFullError} for an event whose type and data are over 64
+   * KiB (that event only: the writer goes on).
    */
   async emit(type: string, data?: unknown): Promise<void> {
     this.raise();
     if (typeof type !== "string" || type === "" || type.length > 64) throw new TypeError(`drover: an event's type must be 1 to 64 characters, not ${JSON.stringify(type)}`);
     if (DROVER_EVENT_TYPES.includes(type)) throw new TypeError(`drover: ${type} is drover's own event type: a writer cannot emit it`);
-    if (data !== undefined && JSON.stringify(data) === undefined) throw new TypeError(`drover: the data of a ${type} event is not JSON`);
+    let d: string | undefined;
+    if (data !== undefined) {
+      try {
+        d = JSON.stringify(data);
+      } catch (err) {
+        throw new TypeError(`drover: the data of a ${type} event is not JSON (${(err as Error)?.message})`);
+      }
+      if (d === undefined) throw new TypeError(`drover: the data of a ${type} event is not JSON`);
+    }
+    const size = utf8Length(type) + (d === undefined ? 0 : utf8Length(d));
+    if (size > MAX_EVENT_BYTES) throw new StreamFullError(`drover: a ${type} event is ${size} bytes (type and data), over the ${MAX_EVENT_BYTES}-byte limit of one event`);
+    const json = d === undefined ? `{"type":${JSON.stringify(type)}}` : `{"type":${JSON.stringify(type)},"data":${d}}`;
     while (this.queue.length >= MAX_WAITING && this.writing) {
       await this.writing;
       this.raise();
     }
-    this.queue.push(data === undefined ? { type } : { type, data });
-    if (!this.writing) this.writing = this.drain().finally(() => (this.writing = undefined));
+    this.queue.push({ json, bytes: utf8Length(json) });
+    this.emitted++;
+    if (!this.writing) this.writing = this.drain();
   }
 
   /** Queues a `token` event (`{"text": text}`): a model's output as it is written. */
@@ -109,7 +136,10 @@ export class StreamWriter {
 
   /** Waits until every event queued is stored; throws the error of a write, if any. */
   async flush(): Promise<void> {
-    while (this.writing) await this.writing;
+    while (this.writing || (this.queue.length && !this.sticky)) {
+      if (!this.writing) this.writing = this.drain();
+      await this.writing;
+    }
     this.raise();
   }
 
@@ -125,31 +155,50 @@ export class StreamWriter {
     if (e) throw e;
   }
 
+  /** Sends the queue, one write at a time; clears `writing` in the same turn it ends. */
   private async drain(): Promise<void> {
-    while (this.queue.length && !this.sticky) {
-      let n = 0;
-      let bytes = 0;
-      while (n < this.queue.length && n < MAX_EVENTS) {
-        const b = JSON.stringify(this.queue[n]).length;
-        if (n > 0 && bytes + b > MAX_BYTES) break;
-        bytes += b;
-        n++;
-      }
-      const events = this.queue.splice(0, n);
-      try {
-        const r = await this.t.post<{ first: number; last: number }>(`/v1/tasks/${seg(this.taskId)}/stream/events`,
-          { session: this.session, token: this.claimToken, events }, { retry: false });
-        this.last = r.last;
-      } catch (err) {
-        if (err instanceof FencedError || err instanceof StreamFullError) {
-          this.sticky = err;
-          this.queue = [];
-        } else {
-          this.once = err instanceof Error ? err : new DroverError(String(err));
+    try {
+      // Never ends in the turn it starts: `writing` is set by then.
+      await Promise.resolve();
+      while (this.queue.length && !this.sticky) {
+        let n = 0;
+        let bytes = 0;
+        while (n < this.queue.length && n < MAX_EVENTS) {
+          const b = this.queue[n].bytes + 1;
+          if (n > 0 && bytes + b > MAX_BYTES) break;
+          bytes += b;
+          n++;
         }
+        const events = this.queue.splice(0, n);
+        await this.write(events.map((e) => e.json));
       }
+    } finally {
+      if (this.sticky) this.queue = [];
+      this.writing = undefined;
     }
   }
+
+  private async write(events: string[]): Promise<void> {
+    try {
+      const body = `{"session":${JSON.stringify(this.session)},"token":${this.claimToken},"events":[${events.join(",")}]}`;
+      const r = (await this.t.request<{ first: number; last: number }>("POST", `/v1/tasks/${seg(this.taskId)}/stream/events`,
+        { rawBody: body, contentType: "application/json", retry: false })).data;
+      this.last = r.last;
+    } catch (err) {
+      if (err instanceof FencedError || err instanceof StreamFullError) this.sticky = err;
+      else if (err instanceof DroverError) this.once = err;
+      else this.sticky = new DroverError(`drover: the stream writer of task ${this.taskId} failed: ${(err as Error)?.message ?? String(err)}`, { cause: err });
+    }
+  }
+}
+
+const encoder = new TextEncoder();
+
+/** The bytes of a string in UTF-8 (what the server counts). */
+function utf8Length(s: string): number {
+  // ASCII (most events) is one byte a code unit: no encoding needed.
+  // eslint-disable-next-line no-control-regex
+  return /^[\x00-\x7f]*$/.test(s) ? s.length : encoder.encode(s).length;
 }
 
 /** Task streams: write to a claimed task's, read and follow any. */
@@ -192,49 +241,75 @@ export class Streams {
     let last = opts.lastEventId === undefined ? 0 : Number(opts.lastEventId);
     if (!Number.isInteger(last) || last < 0) throw new TypeError(`drover: lastEventId must be an event's seq, not ${opts.lastEventId}`);
     last = Math.max(last, (opts.from ?? 1) - 1);
+    const idleMs = opts.idleTimeoutMs ?? 45_000;
+    const maxBackoff = Math.max(MIN_BACKOFF_MS, opts.maxBackoffMs ?? 5000);
     const stop = new AbortController();
     const signal = opts.signal ? AbortSignal.any([opts.signal, stop.signal]) : stop.signal;
-    let backoff = 100;
+    let backoff = MIN_BACKOFF_MS;
     const pause = async (err: unknown) => {
       opts.onReconnect?.(err, last);
       await sleep(backoff, signal).catch(() => {});
-      backoff = Math.min(opts.maxBackoffMs ?? 5000, backoff * 2);
+      backoff = Math.max(MIN_BACKOFF_MS, Math.min(maxBackoff, backoff * 2));
     };
     try {
       while (!signal.aborted) {
-        let res: Response;
+        // One connection: aborted when it stays silent for idleMs.
+        const conn = new AbortController();
+        const idle = new ConnectionError(`the stream of task ${taskId} was silent for ${idleMs} ms`);
+        let timer: ReturnType<typeof setTimeout> | undefined;
+        const alive = () => {
+          if (timer !== undefined) clearTimeout(timer);
+          if (idleMs > 0) timer = setTimeout(() => conn.abort(idle), idleMs);
+        };
+        const connSignal = AbortSignal.any([signal, conn.signal]);
+        alive();
         try {
-          res = (await this.t.request<Response>("GET", `/v1/tasks/${seg(taskId)}/stream`, {
-            headers: { Accept: "text/event-stream", ...(last > 0 ? { "Last-Event-ID": String(last) } : {}) },
-            signal, stream: true, retry: false, timeoutMs: 0,
-          })).data;
-        } catch (err) {
-          if (signal.aborted) return undefined;
-          if (!(err instanceof ConnectionError) && !(err instanceof DroverError && err.status >= 500)) throw err;
-          await pause(err);
-          continue;
-        }
-        let broke: unknown = new ConnectionError(`the stream of task ${taskId} broke off`);
-        try {
-          for await (const ev of parseSSE(res.body!, signal)) {
-            if (!ev.data) continue;
-            if (ev.event === "end") {
-              const end = JSON.parse(ev.data) as StreamEnd;
-              if (end.reason === "done" || end.reason === "ended") return end;
-              broke = new ConnectionError(`the server ended the stream of task ${taskId}: ${end.reason} (${end.detail ?? ""})`);
-              break;
-            }
-            const e = JSON.parse(ev.data) as StreamEvent;
-            if (e.seq <= last) continue;
-            backoff = 100;
-            last = e.seq;
-            yield e;
+          let res: Response;
+          try {
+            res = (await this.t.request<Response>("GET", `/v1/tasks/${seg(taskId)}/stream`, {
+              headers: { Accept: "text/event-stream", ...(last > 0 ? { "Last-Event-ID": String(last) } : {}) },
+              signal: connSignal, stream: true, retry: false, timeoutMs: 0,
+            })).data;
+          } catch (err) {
+            if (signal.aborted) return undefined;
+            if (conn.signal.aborted) err = idle;
+            if (!(err instanceof ConnectionError) && !(err instanceof DroverError && err.status >= 500)) throw err;
+            await pause(err);
+            continue;
           }
-        } catch (err) {
+          let broke: unknown = new ConnectionError(`the stream of task ${taskId} broke off`);
+          try {
+            for await (const ev of parseSSE(res.body!, connSignal, alive)) {
+              if (!ev.data) continue;
+              if (ev.event === "end") {
+                const end = JSON.parse(ev.data) as StreamEnd;
+                if (end.reason === "done" || end.reason === "ended") {
+                  opts.onEnd?.(end);
+                  return end;
+                }
+                broke = new ConnectionError(`the server ended the stream of task ${taskId}: ${end.reason} (${end.detail ?? ""})`);
+                break;
+              }
+              const e = JSON.parse(ev.data) as StreamEvent;
+              if (e.seq <= last) continue;
+              backoff = MIN_BACKOFF_MS;
+              last = e.seq;
+              // A slow consumer is not a silent server.
+              if (timer !== undefined) clearTimeout(timer);
+              yield e;
+              alive();
+            }
+          } catch (err) {
+            if (signal.aborted) return undefined;
+            broke = err;
+          }
           if (signal.aborted) return undefined;
-          broke = err;
+          if (conn.signal.aborted) broke = idle;
+          await pause(broke);
+        } finally {
+          if (timer !== undefined) clearTimeout(timer);
+          conn.abort();
         }
-        await pause(broke);
       }
       return undefined;
     } finally {

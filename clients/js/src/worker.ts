@@ -501,10 +501,10 @@ export class Worker {
       return;
     }
     // The slot frees now; the outcome is counted once the server answers.
-    // A task that wrote to its stream is acked (or failed) alone: the
-    // server closes its stream (done, attempt_ended) on that route only.
-    const direct = stream.last > 0 && ("ok" in outcome || "error" in outcome);
-    const sent: Promise<void> = (direct ? this.sendAlone(session, outcome) : this.send(session, outcome)).then((r) => {
+    // A task that wrote to its stream asks the server to end it (done,
+    // or attempt_ended when it is retried or sleeps) with its outcome.
+    if (stream.last > 0) outcome.streamed = true;
+    const sent: Promise<void> = this.send(session, outcome).then((r) => {
       if (!r || r.status !== 200) this.counts.lost++;
       else if (outcome.ok) this.counts.succeeded++;
       else if (!("error" in outcome)) this.counts.slept++;
@@ -530,20 +530,6 @@ export class Worker {
       list.push({ outcome, resolve });
       if (!this.flushing) this.flushing = this.flushLoop().finally(() => (this.flushing = undefined));
     });
-  }
-
-  /** Sends one outcome on its own route (ack or fail): undefined when it failed. */
-  private async sendAlone(session: Session, o: Outcome): Promise<OutcomeResult | undefined> {
-    try {
-      const t = "ok" in o && o.ok
-        ? await this.q.ack(this.queue, session, o, o.result)
-        : await this.q.fail(this.queue, session, o, "error" in o ? o.error : "error", "permanent" in o && !!o.permanent);
-      return { task_id: o.task_id, status: 200, current_status: t.current_status };
-    } catch (err) {
-      session.observe(err);
-      this.report(err);
-      return undefined;
-    }
   }
 
   private async flush(): Promise<void> {

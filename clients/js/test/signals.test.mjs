@@ -4,14 +4,32 @@
 import { test, after, before } from "node:test";
 import assert from "node:assert/strict";
 import { Drover, InboxFullError, NotFoundError, TaskFinishedError, waitSignal } from "../dist/index.js";
-import { sharedServer, uniq } from "./helpers/server.mjs";
+import { freePort, sharedServer, uniq, until } from "./helpers/server.mjs";
 
 let srv;
 let drover;
+let ns;
 before(async () => {
   srv = await sharedServer();
-  drover = new Drover({ url: srv.url, namespace: uniq("signals") });
+  ns = uniq("signals");
+  drover = new Drover({ url: srv.url, namespace: ns });
 });
+
+/** A client of the server that calls onClaim(n) before its n-th agent-task claim and records each claim's outcome in seen. */
+function watched(onClaim) {
+  const seen = [];
+  const client = new Drover({
+    url: srv.url, namespace: ns,
+    fetch: async (url, init) => {
+      if (!(init?.method === "POST" && /\/v1\/agent-tasks\/[^/]+\/claim/.test(String(url)))) return fetch(url, init);
+      await onClaim(seen.length + 1);
+      const res = await fetch(url, init);
+      seen.push(res.status);
+      return res;
+    },
+  });
+  return [client, seen];
+}
 after(async () => srv.release());
 
 test("a signal sent before the step waits for it is delivered to the next step", async () => {
@@ -113,4 +131,72 @@ test("signal errors: 404 unknown task, 409 finished task, 409 full inbox", async
   });
   // A retry of a signal already stored is still answered, storing nothing.
   assert.equal((await drover.signal(full, "note", { idempotencyKey: "k7" })).stored, false);
+});
+
+test("a signal without a key is sent again when its request never left", async () => {
+  const id = uniq("conn");
+  await drover.runSteps(id, [{ name: "wait", run: () => waitSignal("go", {}, 1) }, { name: "then", run: (x) => x }]);
+  const closed = await freePort(); // nothing listens there: the connection is refused
+  let calls = 0;
+  const client = new Drover({
+    url: srv.url, namespace: ns,
+    fetch: (url, init) => (calls++ === 0 ? fetch(String(url).replace(new URL(srv.url).host, `127.0.0.1:${closed}`), init) : fetch(url, init)),
+  });
+  const r = await client.signal(id, "go", { data: 1 });
+  assert.equal(calls, 2);
+  assert.ok(r.stored);
+});
+
+test("resumeWithin is counted from each wait's start", async () => {
+  const id = uniq("budget");
+  const [client, seen] = watched(() => {});
+  const sending = (async () => {
+    await until(() => seen.length >= 2, 20_000, "the run did not claim after its wait"); // the claim right after the wait found no signal
+    await drover.signal(id, "go", { data: "b" });
+  })();
+  const r = await client.runSteps(id, [
+    { name: "slow", run: async () => (await new Promise((res) => setTimeout(res, 1000)), waitSignal("go", {}, "a")) }, // longer than resumeWithin
+    { name: "then", run: (s, { received }) => `${s}+${received?.data}` },
+  ], { resumeWithin: "800ms" });
+  await sending;
+  assert.equal(r.waitingFor, undefined, JSON.stringify(seen));
+  assert.deepEqual(r.ran, [1, 2]);
+  assert.equal(r.state, "a+b");
+});
+
+test("a run resuming after a wait goes on after the steps another run wrote; a claim held elsewhere is still waiting", async () => {
+  const id = uniq("moved");
+  let open;
+  const gate = new Promise((r) => (open = r));
+  let blocked = false;
+  const [a, seen] = watched(async (n) => {
+    if (n === 3) { // 1: the run's first claim, 2: its claim right after the wait
+      blocked = true;
+      await gate;
+    }
+  });
+  const runs = [];
+  const steps = (who) => [
+    { name: "plan", run: () => waitSignal("go", {}, { v: 1 }) },
+    { name: "act", run: async () => {
+      runs.push(["act", who]);
+      if (who === "other") {
+        open(); // run A claims while this run holds the task
+        await until(() => seen.includes(409), 10_000, "run A did not meet the held claim");
+      }
+      return waitSignal("more", {}, { v: 2 });
+    } },
+    { name: "finish", run: (s) => (runs.push(["finish", who]), { ...s, v: 3 }) },
+  ];
+  const ra = a.runSteps(id, steps("A"), { resumeWithin: 60 });
+  await until(() => blocked, 20_000, "run A did not poll");
+  await drover.signal(id, "go", { data: 1 });
+  const rb = await drover.runSteps(id, steps("other"));
+  assert.deepEqual(rb.waitingFor?.signals, ["more"]);
+  await drover.signal(id, "more", { data: 2 });
+  const r = await ra;
+  assert.ok(seen.includes(409), JSON.stringify(seen));
+  assert.deepEqual(runs, [["act", "other"], ["finish", "A"]]); // act ran once, by the other run
+  assert.deepEqual(r.ran, [1, 3]);
+  assert.deepEqual(r.state, { v: 3 });
 });

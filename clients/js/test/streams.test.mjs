@@ -6,7 +6,8 @@ import { test, after, before } from "node:test";
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
 import { fileURLToPath } from "node:url";
-import { Drover, FencedError, NotFoundError, StreamFullError } from "../dist/index.js";
+import { Drover, FencedError, NotFoundError, StreamFullError, sleepFor } from "../dist/index.js";
+import { parseSSE } from "../dist/registry.js";
 import { startProxy } from "./helpers/proxy.mjs";
 import { freePort, sharedServer, uniq, until, withTimeout } from "./helpers/server.mjs";
 
@@ -151,7 +152,7 @@ test("a follower whose connection breaks resumes with Last-Event-ID: no gap, no 
   assert.deepEqual(shape(seen), shape(await collect(drover.streams.follow(id))));
 });
 
-test("stream errors: an event over 64 KiB is StreamFullError for good; drover's own types and unknown tasks are refused", async () => {
+test("stream errors: an event over 64 KiB is StreamFullError at emit; drover's own types and unknown tasks are refused", async () => {
   const q = uniq("cap");
   const id = uniq("cap");
   await drover.submit(q, [{ task_id: id, task_type: "t" }]);
@@ -160,13 +161,13 @@ test("stream errors: an event over 64 KiB is StreamFullError for good; drover's 
     const [t] = await drover.tasks.claim(q, { session: s, max: 1, wait: "5s" });
     const w = drover.streams.writer(id, { session: s, token: t.token });
     await assert.rejects(w.emit("done", {}), TypeError);
-    await w.emit("log", "x".repeat(70 << 10));
-    await assert.rejects(w.flush(), (err) => {
+    await assert.rejects(w.emit("log", "x".repeat(70 << 10)), StreamFullError); // at once, not the batch it would go in
+    // The server's own 413, for an append that is not a writer's.
+    await assert.rejects(drover.streams.append(id, { session: s, token: t.token, events: [{ type: "log", data: "x".repeat(70 << 10) }] }), (err) => {
       assert.ok(err instanceof StreamFullError, String(err));
       assert.equal(err.status, 413);
       return true;
     });
-    await assert.rejects(w.emit("log", "small"), StreamFullError);
     assert.equal((await drover.streams.read(id)).events.length, 0); // nothing stored
   } finally {
     await s.close();
@@ -203,4 +204,170 @@ test("the LLM tokens example runs, and the browser page's server passes the stre
   } finally {
     page.kill("SIGTERM");
   }
+});
+
+/** A claimed task of a fresh queue: [id, session, claim]. */
+async function claimed(prefix) {
+  const q = uniq(prefix);
+  const id = uniq(prefix);
+  await drover.submit(q, [{ task_id: id, task_type: "t" }]);
+  const s = await drover.session({ ttl: 15 });
+  const [t] = await drover.tasks.claim(q, { session: s, max: 1, wait: "5s" });
+  return [id, s, t, q];
+}
+
+/** A client whose stream writes wait until gate.open() (they still go to the real server). */
+function gated() {
+  let open;
+  const opened = new Promise((r) => (open = r));
+  const gate = { open, waiting: 0 };
+  const client = new Drover({
+    url: srv.url, namespace: ns,
+    fetch: async (url, init) => {
+      if (String(url).endsWith("/stream/events")) {
+        gate.waiting++;
+        await opened;
+      }
+      return fetch(url, init);
+    },
+  });
+  return [client, gate];
+}
+
+const own = (evs) => evs.filter((e) => !["attempt_started", "attempt_lost", "attempt_ended", "done"].includes(e.type));
+
+test("emit serialises the data at once: a later change is not sent, and a value that stops being JSON harms nothing", async () => {
+  const [id, s, t] = await claimed("mut");
+  const [client, gate] = gated();
+  try {
+    const w = client.streams.writer(id, { session: s, token: t.token });
+    await w.emit("a", { n: 1 });
+    await until(() => gate.waiting > 0, 5000, "the first write did not start");
+    const later = { n: 2 };
+    await w.emit("b", later); // queued behind the write in flight
+    later.n = 3;
+    later.big = 10n; // not JSON any more
+    gate.open();
+    await w.flush();
+    assert.deepEqual(own((await drover.streams.read(id)).events).map((e) => [e.type, e.data]), [["a", { n: 1 }], ["b", { n: 2 }]]);
+  } finally {
+    await s.close();
+  }
+});
+
+test("an event over 64 KiB of UTF-8 is refused at emit, and a batch is cut by its UTF-8 bytes", async () => {
+  const [id, s, t] = await claimed("utf8");
+  const [client, gate] = gated();
+  try {
+    const w = client.streams.writer(id, { session: s, token: t.token });
+    await assert.rejects(w.emit("log", "é".repeat(33 << 10)), StreamFullError); // 33 Ki UTF-16 units, 66 KiB of UTF-8
+    await w.emit("first");
+    await until(() => gate.waiting > 0, 5000, "the first write did not start");
+    // 14 events of 60,000 bytes: 840,000 bytes, over the server's 768 KiB a write (420,000 UTF-16 units).
+    for (let i = 0; i < 14; i++) await w.emit("log", "é".repeat(30_000));
+    gate.open();
+    await w.flush();
+    assert.equal(w.error, undefined);
+    assert.equal(own((await drover.streams.read(id)).events).length, 15);
+  } finally {
+    await s.close();
+  }
+});
+
+test("an emit in the turn the writer's last write ends is sent, and flush waits for it", async () => {
+  const [id, s, t] = await claimed("race");
+  try {
+    const w = drover.streams.writer(id, { session: s, token: t.token });
+    // The writer sets `last` as its write is stored, then ends in the same
+    // turn: an emit queued right then lands between the two.
+    let last = 0;
+    let emitted;
+    Object.defineProperty(w, "last", {
+      configurable: true,
+      get: () => last,
+      set: (v) => {
+        last = v;
+        if (!emitted) emitted = new Promise((r) => queueMicrotask(() => r(w.emit("b", 2))));
+      },
+    });
+    await w.emit("a", 1);
+    await until(() => emitted !== undefined, 5000, "the first write was not stored");
+    await emitted;
+    await w.flush();
+    assert.deepEqual(own((await drover.streams.read(id)).events).map((e) => e.type), ["a", "b"], "an event was left in the queue");
+  } finally {
+    await s.close();
+  }
+});
+
+test("a worker's streamed outcomes go in the batch and end the stream; a sleep ends its attempt with attempt_ended", async () => {
+  const q = uniq("wso");
+  const id = uniq("wso");
+  const acks = [];
+  const client = new Drover({
+    url: srv.url, namespace: ns,
+    fetch: (url, init) => {
+      if (/\/tasks\/[^/]+\/(ack|fail)$/.test(new URL(String(url)).pathname)) acks.push(String(url));
+      return fetch(url, init);
+    },
+  });
+  await drover.submit(q, [{ task_id: id, task_type: "t" }]);
+  let runs = 0;
+  const worker = client.worker(q, { signals: false }, async (_task, { stream }) => {
+    runs++;
+    await stream.token(`run${runs}`);
+    return runs === 1 ? sleepFor("200ms") : { ok: true };
+  });
+  const evs = await withTimeout(collect(drover.streams.follow(id)), 30_000, "the follower did not end");
+  await worker.drain();
+  assert.deepEqual(acks, []); // the batch route only
+  const types = evs.map((e) => e.type);
+  assert.deepEqual(types, ["attempt_started", "token", "attempt_ended", "attempt_started", "token", "done"], JSON.stringify(shape(evs)));
+});
+
+test("a follower whose connection stays silent reconnects after idleTimeoutMs; onEnd gets the end", async () => {
+  const [id, s, t, q] = await claimed("idle");
+  let calls = 0;
+  const client = new Drover({
+    url: srv.url, namespace: ns,
+    fetch: async (url, init) => {
+      if (String(url).includes("/stream") && init?.method === "GET" && calls++ === 0) {
+        // Headers, then nothing: a connection a proxy stalled.
+        const body = new ReadableStream({ start(c) { init.signal?.addEventListener("abort", () => c.error(new Error("aborted"))); } });
+        return new Response(body, { status: 200, headers: { "Content-Type": "text/event-stream" } });
+      }
+      return fetch(url, init);
+    },
+  });
+  const reconnects = [];
+  let end;
+  try {
+    await drover.streams.append(id, { session: s, token: t.token, events: [{ type: "log", data: 1 }] });
+    const following = collect(client.streams.follow(id, { idleTimeoutMs: 300, onReconnect: (err) => reconnects.push(String(err)), onEnd: (e) => (end = e) }));
+    await until(() => calls >= 2, 10_000, "the silent connection was not reopened");
+    await drover.tasks.ack(q, s, t, null);
+    const evs = await withTimeout(following, 30_000, "the follower did not end");
+    assert.ok(evs.some((e) => e.type === "log"));
+    assert.match(reconnects[0], /silent/);
+    assert.ok(end && ["done", "ended"].includes(end.reason), JSON.stringify(end));
+  } finally {
+    await s.close().catch(() => {});
+  }
+});
+
+test("an SSE parse that stops early cancels the response body", async () => {
+  let cancelled = false;
+  const body = new ReadableStream({
+    start(c) {
+      c.enqueue(new TextEncoder().encode("data: 1\n\ndata: 2\n\n"));
+    },
+    cancel() {
+      cancelled = true;
+    },
+  });
+  for await (const ev of parseSSE(body, new AbortController().signal)) {
+    assert.equal(ev.data, "1");
+    break;
+  }
+  await until(() => cancelled, 2000, "the body was left open");
 });

@@ -3,6 +3,8 @@ delivered once however often retried, a timeout the next step acts on, and
 the route's errors (unknown task, finished task, full inbox)."""
 
 import concurrent.futures
+import threading
+import time
 import unittest
 
 from _support import ClientTest, Server, shared_server, unique
@@ -90,6 +92,105 @@ class SignalTest(ClientTest):
         c = self.c.run_steps(tid, steps)
         self.assertEqual(c.ran, [2])
         self.assertEqual(c.state, "planned then went")
+
+    def claims_seen(self, client, on_claim):
+        """Calls on_claim(n) before the n-th agent-task claim client sends;
+        returns the list of those claims' outcomes ("ok" or the error's class)."""
+        real = client._t.request
+        seen = []
+
+        def request(method, path, **kw):
+            if method != "POST" or not (path.startswith("/v1/agent-tasks/") and path.endswith("/claim")):
+                return real(method, path, **kw)
+            on_claim(len(seen) + 1)
+            try:
+                r = real(method, path, **kw)
+            except drover.DroverError as e:
+                seen.append(type(e).__name__)
+                raise
+            seen.append("ok")
+            return r
+
+        client._t.request = request
+        return seen
+
+    def test_resume_within_is_counted_from_each_wait(self) -> None:
+        tid = unique("budget")
+        c = drover.Client(srv.url)
+        self.addCleanup(c.close)
+        seen = self.claims_seen(c, lambda n: None)
+
+        def slow(state):
+            time.sleep(1.0)  # longer than resume_within: the wait starts after it
+            return drover.wait_signal("go", None, "a")
+
+        def send():
+            deadline = time.monotonic() + 20
+            while len(seen) < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)  # until the claim right after the wait found no signal
+            self.c.signal(tid, "go", "b")
+
+        t = threading.Thread(target=send)
+        t.start()
+        r = c.run_steps(tid, [("slow", slow), ("then", lambda s: "%s+%s" % (s, drover.received_signal().data))],
+                        resume_within="800ms")
+        t.join(20)
+        self.assertIsNone(r.waiting_for, seen)
+        self.assertEqual(r.ran, [1, 2])
+        self.assertEqual(r.state, "a+b")
+
+    def test_a_run_resuming_after_a_wait_goes_on_after_the_steps_another_run_wrote(self) -> None:
+        tid = unique("moved")
+        ca = drover.Client(srv.url)
+        self.addCleanup(ca.close)
+        gate, blocked, held = threading.Event(), threading.Event(), threading.Event()
+
+        def on_claim(n):
+            if n == 3:  # 1: the run's first claim, 2: its claim right after the wait
+                blocked.set()
+                gate.wait(30)
+
+        seen = self.claims_seen(ca, on_claim)
+        runs = []
+
+        def act(state):
+            runs.append(("act", threading.current_thread().name))
+            if threading.current_thread().name == "other":
+                gate.set()  # run A claims while this run holds the task: Held
+                held.wait(10)
+            return drover.wait_signal("more", None, {"v": 2})
+
+        def finish(state):
+            runs.append(("finish", threading.current_thread().name))
+            return dict(state, v=3)
+
+        steps = [("plan", lambda s: drover.wait_signal("go", None, {"v": 1})), ("act", act), ("finish", finish)]
+        out = {}
+        a = threading.Thread(target=lambda: out.setdefault("a", ca.run_steps(tid, steps, resume_within=60)), name="A")
+        a.start()
+        self.assertTrue(blocked.wait(20), "run A did not poll")
+        self.c.signal(tid, "go", 1)
+
+        def other():
+            out["b"] = self.c.run_steps(tid, steps)
+
+        b = threading.Thread(target=other, name="other")
+        b.start()
+        deadline = time.monotonic() + 20
+        while "Held" not in seen and time.monotonic() < deadline:
+            time.sleep(0.01)
+        held.set()
+        b.join(20)
+        self.assertEqual(out["b"].waiting_for["signals"], ["more"])
+        self.c.signal(tid, "more", 2)
+        a.join(30)
+        self.assertIn("Held", seen)  # A's poll met the other run's claim and kept waiting
+        ra = out.get("a")
+        self.assertIsNotNone(ra, "run A failed: %s" % seen)
+        self.assertEqual(runs, [("act", "other"), ("finish", "A")])  # act ran once, by the other run
+        self.assertEqual(ra.ran, [1, 3])
+        self.assertTrue(ra.completed)
+        self.assertEqual(ra.state, {"v": 3})
 
     def test_signal_errors(self) -> None:
         with self.assertRaises(drover.NotFound):

@@ -8,7 +8,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
-from .errors import DroverError, Fenced, NotFound, TransportError
+from .errors import DroverError, TransportError
 from .queues import MAX_OUTCOMES
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -46,9 +46,6 @@ class _Reporting:
                 batch.append(nxt)
             by_slot: Dict[int, Tuple[_Slot, List[Dict[str, Any]]]] = {}
             for slot, o in batch:
-                if o.pop("_alone", False):
-                    self._send_alone(q, slot, o)
-                    continue
                 by_slot.setdefault(id(slot), (slot, []))[1].append(o)
             for slot, outs in by_slot.values():
                 self._send(q, slot, outs)
@@ -122,34 +119,6 @@ class _Reporting:
                     else:
                         self.stats["errors"] += 1
             slot.held -= len(outs)
-            done = slot.retiring and slot.held == 0
-            if done and slot in self._slots:
-                self._slots.remove(slot)
-        if done:
-            session.close()
-
-
-    def _send_alone(self, q: Any, slot: "_Slot", o: Dict[str, Any]) -> None:
-        """Sends one outcome on its own route (ack or fail)."""
-        session = slot.session
-        key = "errors"
-        try:
-            if o.get("ok"):
-                t = q.ack(session, o["task_id"], o["token"], o.get("result"))
-            else:
-                t = q.fail(session, o["task_id"], o["token"], o.get("error") or "failed", bool(o.get("permanent")))
-            key = "dead" if t.status == "DEAD" else "succeeded" if o.get("ok") else "failed"
-        except Fenced as e:
-            key = "lost"
-            log.warning("drover: task %s: outcome refused, the claim was lost (%s): result dropped", o["task_id"], e)
-        except NotFound:
-            key = "not_found"
-        except DroverError as e:
-            key = "lost" if session.lost.is_set() else "errors"
-            log.warning("drover: task %s: sending its outcome failed: %s", o["task_id"], e)
-        with self._mu:
-            self.stats[key] += 1
-            slot.held -= 1
             done = slot.retiring and slot.held == 0
             if done and slot in self._slots:
                 self._slots.remove(slot)

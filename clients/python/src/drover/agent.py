@@ -284,20 +284,61 @@ class AgentTasks:
         )
 
 
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ns|us|\u00b5s|ms|s|m|h)")
+_UNIT_SECONDS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "\u00b5s": 1e-6, "ns": 1e-9}
+
+
+def _duration_seconds(v: Union[int, float, str, None], what: str) -> float:
+    """Seconds of a number of seconds or a Go duration ("5m", "1h30m")."""
+    if v is None:
+        return 0.0
+    if isinstance(v, bool):
+        raise TypeError("drover: %s must be seconds or a duration such as 5m, not %r" % (what, v))
+    if isinstance(v, (int, float)):
+        return float(v)
+    text = str(v).strip()
+    parts = _DURATION_PART.findall(text)
+    if parts and "".join(n + u for n, u in parts) == text:
+        return sum(float(n) * _UNIT_SECONDS[u] for n, u in parts)
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError("drover: %s must be seconds or a duration such as 5m, not %r" % (what, v)) from None
+
+
 def _await_signal(
-    tasks: AgentTasks, task_id: str, sess: Session, total: int, c: Optional[Dict[str, Any]], by: float
+    tasks: AgentTasks,
+    task_id: str,
+    sess: Session,
+    total: int,
+    c: Optional[Dict[str, Any]],
+    waiting: Optional[Dict[str, Any]],
+    within: float,
 ) -> Dict[str, Any]:
     """Claim a task that waits for a signal (``c``: the claim that said so;
-    ``None``: claim it now), again every 0.2 to 2 s, until the claim holds
-    it (the signal came, or the wait timed out) or ``by`` (monotonic) passed."""
+    ``None``: claim it now, ``waiting`` being the task as it was left),
+    again every 0.2 to 2 s, until the claim holds it (the signal came, or
+    the wait timed out) or ``within`` seconds passed: the last claim's
+    answer. A claim refused because another process holds the task
+    (:class:`Held`) counts as still waiting."""
+    by = time.monotonic() + within
     pause = 0.2
+    last = c if c is not None else (waiting or {})
+    tried = c is not None
     while True:
-        if c is not None and (not c.get("waiting_for") or time.monotonic() >= by):
+        if c is not None and not c.get("waiting_for"):
             return c
-        if c is not None:
+        if tried and time.monotonic() >= by:
+            return c if c is not None else last
+        if tried:
             time.sleep(max(0.0, min(pause, by - time.monotonic())))
             pause = min(2.0, pause * 2)
-        c = tasks.claim(task_id, sess, steps=total)
+        tried = True
+        try:
+            c = tasks.claim(task_id, sess, steps=total)
+            last = c
+        except Held:
+            c = None  # held elsewhere for now: still waiting
 
 
 def run_steps(
@@ -311,7 +352,7 @@ def run_steps(
     initial: Any = None,
     codec: Codec = JSON_CODEC,
     name: Optional[str] = None,
-    resume_within: float = 0,
+    resume_within: Union[int, float, str] = 0,
 ) -> RunResult:
     """See :meth:`drover.Client.run_steps`."""
     names: List[str] = []
@@ -329,11 +370,12 @@ def run_steps(
     tasks = AgentTasks(client)
     own = session is None
     sess = session if session is not None else Session(client, ttl=ttl, name=name)
-    by = time.monotonic() + float(resume_within or 0)
+    # Each wait may take resume_within, counted from its start.
+    within = _duration_seconds(resume_within or 0, "resume_within")
     try:
         c = tasks.claim(task_id, sess, steps=total, wait=wait)
         if c.get("waiting_for"):
-            c = _await_signal(tasks, task_id, sess, total, c, by)
+            c = _await_signal(tasks, task_id, sess, total, c, None, within)
         raw = _unb64(c.get("state"))
         done = int(c.get("step") or 0)
         if c.get("completed"):
@@ -376,11 +418,19 @@ def run_steps(
             received = None
             if out.get("waiting_for") and not completed:
                 # Released with the write: claim again, for a signal sent before the wait.
-                again = _await_signal(tasks, task_id, sess, total, None, by)
+                left = {"step": n - 1, "waiting_for": out.get("waiting_for")}
+                again = _await_signal(tasks, task_id, sess, total, None, left, within)
+                at = int(again.get("step") or 0)
+                if at != n - 1:
+                    # Another process ran steps meanwhile: its state is the one to go on from.
+                    raw = _unb64(again.get("state"))
+                    state = codec.loads(raw) if raw is not None else initial
                 if not again.get("token"):
-                    return RunResult(task_id, state, done, ran, bool(again.get("completed")), None, None, again.get("waiting_for"))
+                    until = _parse_time(again["sleep_until"]) if again.get("sleep_until") else None
+                    return RunResult(task_id, state, done, ran, bool(again.get("completed")), None, until, again.get("waiting_for"))
                 token = int(again["token"])
                 received = _received_of(again.get("signal"))
+                n = at + 1
         if not completed:
             # Every step was checkpointed before without completing the task.
             tasks.complete(task_id, sess, token)

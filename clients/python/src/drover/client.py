@@ -184,7 +184,7 @@ class Client:
         initial: Any = None,
         codec: Codec = JSON_CODEC,
         name: Optional[str] = None,
-        resume_within: float = 0,
+        resume_within: Union[int, float, str] = 0,
     ) -> RunResult:
         """Run agent task ``task_id`` step by step, resuming after a crash.
 
@@ -207,8 +207,10 @@ class Client:
         ends with a wait for a signal: its state is written with the wait
         and the claim released. The run claims the task again at once (a
         signal sent before the wait is kept for it), and for up to
-        ``resume_within`` seconds more (every 0.2 to 2 s, holding nothing
-        between); once the signal came or the wait timed out it goes on,
+        ``resume_within`` more, counted from each wait's start (seconds, or
+        a duration such as ``"5m"``; every 0.2 to 2 s, holding nothing
+        between, a task held by another process counting as still
+        waiting); once the signal came or the wait timed out it goes on,
         the next step reading it with ``drover.received_signal()``.
         Otherwise it returns with ``waiting_for`` set: run it again once the
         signal was sent.
@@ -260,15 +262,33 @@ class Client:
     # -- streams -----------------------------------------------------------
 
     def follow(
-        self, task_id: str, *, from_seq: Optional[int] = None, last_event_id: Optional[int] = None, idle_timeout: float = 45.0
+        self,
+        task_id: str,
+        *,
+        from_seq: Optional[int] = None,
+        last_event_id: Optional[int] = None,
+        idle_timeout: float = 45.0,
+        max_backoff: float = 5.0,
+        on_reconnect: Optional[Callable[[BaseException, int], None]] = None,
     ) -> Follow:
         """Follow a task's stream: an iterator of :class:`StreamEvent`, from
         the first event (or ``from_seq``, or after ``last_event_id``) until
         its ``done``, resuming with ``Last-Event-ID`` when the connection
         breaks. It may start before the task runs, while it runs or after
         it ended (within the stream's retention): every follower sees the
-        same sequence. :class:`NotFound` for an unknown task."""
-        return Follow(self, task_id, from_seq=from_seq, last_event_id=last_event_id, idle_timeout=idle_timeout)
+        same sequence. A connection silent for ``idle_timeout`` seconds is
+        reopened; ``max_backoff`` caps the pause between reconnections, and
+        ``on_reconnect(err, last_event_id)`` is called before each.
+        :class:`NotFound` for an unknown task."""
+        return Follow(
+            self,
+            task_id,
+            from_seq=from_seq,
+            last_event_id=last_event_id,
+            idle_timeout=idle_timeout,
+            max_backoff=max_backoff,
+            on_reconnect=on_reconnect,
+        )
 
     def stream_writer(self, task_id: str, session: Any, token: int) -> StreamWriter:
         """A writer of a task's stream under its claim (the session and token

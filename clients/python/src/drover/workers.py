@@ -42,6 +42,9 @@ _GATHER = 0.003
 # How long a claim waits for outcomes that are ready to be sent: the
 # reporter claims with them (one request instead of two).
 _DEFER = 0.005
+# How long a task's last stream events may take to be stored before its
+# outcome is sent anyway (the server away: the outcome has its own retries).
+_STREAM_FLUSH_TIMEOUT = 30.0
 
 
 class _Slot:
@@ -574,13 +577,13 @@ class Worker(_Reporting):
                 self._cond.notify_all()
         try:
             # Its events are stored before its outcome: the outcome closes the stream.
-            stream.flush()
-        except DroverError as e:
+            stream.flush(timeout=_STREAM_FLUSH_TIMEOUT)
+        except (DroverError, TimeoutError) as e:
             log.info("drover: task %s: its stream's last events: %s", task.id, e)
-        if stream.last > 0 and ("ok" in outcome or "error" in outcome):
-            # Acked (or failed) alone: the server closes a task's stream
-            # (done, attempt_ended) on that route only.
-            outcome["_alone"] = True
+        if stream.emitted:
+            # The server ends its stream (done, or attempt_ended when it is
+            # retried or sleeps) once the outcome is stored.
+            outcome["streamed"] = True
         self._outbox.put((slot, outcome))
 
 def _describe(e: BaseException) -> str:
