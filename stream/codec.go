@@ -45,10 +45,11 @@ func appendChunk(buf []byte, c chunk) []byte {
 	return append(buf, "]}"...)
 }
 
-// appendString appends s as a JSON string.
+// appendString appends s as a JSON string, byte for byte as
+// encoding/json writes it.
 func appendString(buf []byte, s string) []byte {
 	for i := 0; i < len(s); i++ {
-		if c := s[i]; c < 0x20 || c == '"' || c == '\\' || c >= 0x7f {
+		if c := s[i]; c < 0x20 || c == '"' || c == '\\' || c >= 0x7f || c == '<' || c == '>' || c == '&' {
 			b, _ := json.Marshal(s)
 			return append(buf, b...)
 		}
@@ -64,14 +65,20 @@ func appendData(buf []byte, d json.RawMessage) []byte {
 	if len(d) == 0 {
 		return append(buf, "null"...)
 	}
-	if !bytes.ContainsAny(d, " \t\r\n") {
+	if !bytes.ContainsAny(d, " \t\r\n<>&\xe2") {
 		return append(buf, d...)
 	}
+	// The slow way, as encoding/json wrote data: compacted, with <, >, &
+	// and U+2028/2029 escaped (0xe2 begins the latter two).
 	out := bytes.NewBuffer(buf)
 	if err := json.Compact(out, d); err != nil { // checked at emit: not reached
 		out.Truncate(len(buf))
 		out.WriteString("null")
+		return out.Bytes()
 	}
+	compact := append([]byte(nil), out.Bytes()[len(buf):]...)
+	out.Truncate(len(buf))
+	json.HTMLEscape(out, compact)
 	return out.Bytes()
 }
 
@@ -133,6 +140,9 @@ func (d *decoder) int(n *int64) bool {
 	}
 	var v int64
 	start := j
+	if j+1 < len(d.b) && d.b[j] == '0' && d.b[j+1] >= '0' && d.b[j+1] <= '9' {
+		return false // a leading zero: not JSON
+	}
 	for ; j < len(d.b) && d.b[j] >= '0' && d.b[j] <= '9'; j++ {
 		digit := int64(d.b[j] - '0')
 		if v > (math.MaxInt64-digit)/10 {
@@ -157,10 +167,18 @@ func (d *decoder) str(s *string, prev string) bool {
 		return false
 	}
 	end := bytes.IndexByte(d.b[d.i+1:], '"')
-	if end < 0 || bytes.IndexByte(d.b[d.i+1:d.i+1+end], '\\') >= 0 {
+	if end < 0 {
 		return false
 	}
-	if b := d.b[d.i+1 : d.i+1+end]; bytes.Equal(b, []byte(prev)) {
+	b := d.b[d.i+1 : d.i+1+end]
+	for _, c := range b {
+		// An escape, a control byte or a byte past ASCII (which
+		// encoding/json checks as UTF-8) is left to encoding/json.
+		if c < 0x20 || c == '\\' || c >= 0x80 {
+			return false
+		}
+	}
+	if bytes.Equal(b, []byte(prev)) {
 		*s = prev
 	} else {
 		*s = string(b)
@@ -169,9 +187,25 @@ func (d *decoder) str(s *string, prev string) bool {
 	return true
 }
 
-// value consumes one JSON value (valid: a writer wrote it), nested or
-// not, and gives its bytes.
+// value consumes one JSON value, nested or not, and gives its bytes: it
+// finds the value's end, then requires the bytes to be valid JSON with
+// no white space at either end, as encoding/json would give them (a
+// value written any other way is left to encoding/json).
 func (d *decoder) value(v *json.RawMessage) bool {
+	if !d.valueEnd(v) || len(*v) == 0 {
+		return false
+	}
+	b := *v
+	if isSpace(b[0]) || isSpace(b[len(b)-1]) || !json.Valid(b) {
+		return false
+	}
+	return true
+}
+
+func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\r' || c == '\n' }
+
+// valueEnd consumes the bytes of one value, by its brackets and strings.
+func (d *decoder) valueEnd(v *json.RawMessage) bool {
 	start, depth := d.i, 0
 	for d.i < len(d.b) {
 		switch c := d.b[d.i]; c {
