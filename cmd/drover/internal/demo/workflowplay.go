@@ -81,8 +81,8 @@ type WorkflowSummary struct {
 	StatusAfterKill  string   `json:"status_after_kill"`
 	RunningAfterKill int64    `json:"running_after_kill"`
 	HeldAfterKill    []string `json:"held_after_kill"`
-	ApproverPID     int    `json:"approver_pid"`
-	SignalWoke      bool   `json:"signal_woke"`
+	ApproverPID      int      `json:"approver_pid"`
+	SignalWoke       bool     `json:"signal_woke"`
 	// SignalRetryStored: the approver's retry with the same key stored a
 	// second signal (it must not).
 	SignalRetryStored bool `json:"signal_retry_stored"`
