@@ -75,9 +75,10 @@ type ack struct {
 	where  string // "segment" (an outcome batch) or "record"
 }
 
-// parseResult reads a result "id attempt pid" that the handler printed.
+// parseResult reads a result "id attempt pid" that the handler printed,
+// bare or as a JSON string.
 func parseResult(b []byte) (id string, n, pid int, ok bool) {
-	fs := strings.Fields(string(b))
+	fs := strings.Fields(strings.Trim(string(b), `"`))
 	if len(fs) != 3 {
 		return "", 0, 0, false
 	}
@@ -90,12 +91,13 @@ func parseResult(b []byte) (id string, n, pid int, ok bool) {
 // stored rather than what any process said: each segment's outcome batches
 // (a success per slot) and the index of finished tasks with records of
 // their own. A task acknowledged twice shows two acks; a done key written
-// twice shows as "record" twice too.
-func readAcks(ctx context.Context, cli *clientv3.Client, client *queue.Client) (map[string][]ack, []string, error) {
-	keys := keyspace.MustNew("drover")
+// twice shows as "record" twice too. It reads queue q of client's
+// namespace ns.
+func readAcks(ctx context.Context, cli *clientv3.Client, client *queue.Client, ns, q string) (map[string][]ack, []string, error) {
+	keys := keyspace.MustNew(ns)
 	out := map[string][]ack{}
 	var problems []string
-	outs, err := cli.Get(ctx, keys.Outs(chaosQueue, ""), clientv3.WithPrefix())
+	outs, err := cli.Get(ctx, keys.Outs(q, ""), clientv3.WithPrefix())
 	if err != nil {
 		return nil, nil, err
 	}
@@ -113,12 +115,12 @@ func readAcks(ctx context.Context, cli *clientv3.Client, client *queue.Client) (
 			out[id] = append(out[id], ack{n: n, pid: pid, where: "segment"})
 		}
 	}
-	done, err := cli.Get(ctx, keys.QueueDone(chaosQueue, string(queue.Succeeded)), clientv3.WithPrefix())
+	done, err := cli.Get(ctx, keys.QueueDone(q, string(queue.Succeeded)), clientv3.WithPrefix())
 	if err != nil {
 		return nil, nil, err
 	}
 	for _, kv := range done.Kvs {
-		_, id, ok := keyspace.ParseTimedKey(keys.QueueDone(chaosQueue, string(queue.Succeeded)), string(kv.Key))
+		_, id, ok := keyspace.ParseTimedKey(keys.QueueDone(q, string(queue.Succeeded)), string(kv.Key))
 		if !ok {
 			continue
 		}
@@ -237,7 +239,7 @@ func (r *queueRun) check() *queueReport {
 		t.Fatal(err)
 	}
 	rep.badLines = bad
-	acks, problems, err := readAcks(ctx, r.cli, r.client)
+	acks, problems, err := readAcks(ctx, r.cli, r.client, "drover", chaosQueue)
 	if err != nil {
 		t.Fatal(err)
 	}
