@@ -188,8 +188,9 @@ func (r *queueRun) statsFromCLI() queue.Stats {
 }
 
 // selfExits adds a fault for each worker that ran tasks and ended by
-// itself (not killed, paused or stopped by the test): a lease lost in a
-// server outage, or lost with no fault injected (a slow machine). Its
+// itself (not killed, paused or stopped by the test). Only a lease lost
+// (exit code 70) in a server outage is a fault's consequence; any other
+// exit (another code, or 70 with no fault injected) is a test error. Its
 // tasks run again, and the report shows which it was.
 func (r *queueRun) selfExits(attempts map[string][]*attempt) {
 	ran := map[int]bool{}
@@ -204,13 +205,13 @@ func (r *queueRun) selfExits(attempts map[string][]*attempt) {
 		}
 		kind := faultSelfExit
 		for _, o := range r.outages {
-			if !w.ended.Before(o.killed) && w.ended.Before(o.ready.Add(r.cfg.ttl+2*time.Second)) {
+			if w.exitCode() == 70 && !w.ended.Before(o.killed) && w.ended.Before(o.ready.Add(r.cfg.ttl+2*time.Second)) {
 				kind = faultOutageExit
 			}
 		}
 		r.faults = append(r.faults, fault{kind: kind, at: w.ended, pids: []int{w.pid}})
 		if kind == faultSelfExit {
-			r.t.Logf("worker %d exited by itself (code %d) at %s, no fault injected", w.pid, w.exitCode(), w.ended.Format(time.RFC3339Nano))
+			r.t.Errorf("worker %d exited by itself (code %d) at %s, not a lost lease (70) in an outage", w.pid, w.exitCode(), w.ended.Format(time.RFC3339Nano))
 		}
 	}
 }
