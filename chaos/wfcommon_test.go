@@ -49,6 +49,15 @@ func newWFRun(t *testing.T, set *etcdSet, ns string, parents, children int, args
 	t.Helper()
 	r := &wfRun{t: t, set: set, ns: ns, dir: t.TempDir(), children: children, signaled: map[string]bool{}}
 	r.log = filepath.Join(r.dir, "runs.log")
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		errs, _ := filepath.Glob(filepath.Join(r.dir, "*.err"))
+		for _, f := range append(errs, r.log) {
+			logTail(t, f)
+		}
+	})
 	r.cli = etcdClient(t, set.endpoints())
 	var err error
 	if r.client, err = queue.NewClient(r.cli, ns); err != nil {
