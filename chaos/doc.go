@@ -60,7 +60,11 @@
 //     reproduces children left PENDING 30 s after a takeover's spawn.
 //   - TestStreamSurvivesServerRestart and TestStreamSurvivesLeaderFailover
 //     follow a task's stream over SSE, reconnecting with Last-Event-ID,
-//     while the server restarts or the leader of three members is killed.
+//     while the server restarts or the leader of three members (the one
+//     the follower reads from) is killed. TestStreamFencesPausedEmitter
+//     pauses the emitter past its TTL so that another takes the task
+//     over, then continues it: no event of the old attempt may follow the
+//     new one's attempt_started, and its late writes must be fenced.
 //   - TestQueuePausedWorkerStartsNoTask, TestEtcdLockNoFalseLossOnCluster
 //     and TestRedisLockDeadlineCountsFromReply reproduce bugs these tests
 //     found, now fixed; the first two run with DROVER_CHAOS=long.
