@@ -50,15 +50,21 @@
 //     for all, then wait for a signal) on three chaos/internal/wfworker
 //     processes under worker SIGKILLs every 2 s, a pause past the TTL and
 //     a server kill, and counts every child's and step's runs across the
-//     processes: each once, except a run in flight in a process a fault
-//     hit. TestWorkflowCrashPoints hits the parents' worker with SIGKILL
-//     and with SIGSTOP at each point of a workflow (right after spawning,
-//     waiting for children, as the last child completes, waiting for the
-//     signal, as it arrives). TestWorkflowChildrenClaimedPromptly
+//     processes: each once, except a run whose outcome was never stored,
+//     which a fault ended before a run of a higher attempt started; the
+//     outcome stored is the last run's. TestWorkflowCrashPoints hits the
+//     parents' worker with SIGKILL (and, long, SIGSTOP) at each point of
+//     a workflow (right after spawning, waiting for children, as the last
+//     child completes, waiting for the signal, as it arrives).
+//     TestWorkflowChildrenClaimedPromptly
 //     reproduces children left PENDING 30 s after a takeover's spawn.
 //   - TestStreamSurvivesServerRestart and TestStreamSurvivesLeaderFailover
 //     follow a task's stream over SSE, reconnecting with Last-Event-ID,
-//     while the server restarts or the leader of three members is killed.
+//     while the server restarts or the leader of three members (the one
+//     the follower reads from) is killed. TestStreamFencesPausedEmitter
+//     pauses the emitter past its TTL so that another takes the task
+//     over, then continues it: no event of the old attempt may follow the
+//     new one's attempt_started, and its late writes must be fenced.
 //   - TestQueuePausedWorkerStartsNoTask, TestEtcdLockNoFalseLossOnCluster
 //     and TestRedisLockDeadlineCountsFromReply reproduce bugs these tests
 //     found, now fixed; the first two run with DROVER_CHAOS=long.

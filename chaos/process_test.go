@@ -78,6 +78,14 @@ func (p *process) exitCode() int {
 	return p.cmd.ProcessState.ExitCode()
 }
 
+// endedBy waits until the process was reaped and reports whether signal
+// sig ended it.
+func (p *process) endedBy(sig syscall.Signal) bool {
+	<-p.done
+	ws, ok := p.cmd.ProcessState.Sys().(syscall.WaitStatus)
+	return ok && ws.Signaled() && ws.Signal() == sig
+}
+
 // wait waits up to d for the process to end by itself and reports whether
 // it did.
 func (p *process) wait(d time.Duration) bool {

@@ -75,9 +75,10 @@ type ack struct {
 	where  string // "segment" (an outcome batch) or "record"
 }
 
-// parseResult reads a result "id attempt pid" that the handler printed.
+// parseResult reads a result "id attempt pid" that the handler printed,
+// bare or as a JSON string.
 func parseResult(b []byte) (id string, n, pid int, ok bool) {
-	fs := strings.Fields(string(b))
+	fs := strings.Fields(strings.Trim(string(b), `"`))
 	if len(fs) != 3 {
 		return "", 0, 0, false
 	}
@@ -90,12 +91,13 @@ func parseResult(b []byte) (id string, n, pid int, ok bool) {
 // stored rather than what any process said: each segment's outcome batches
 // (a success per slot) and the index of finished tasks with records of
 // their own. A task acknowledged twice shows two acks; a done key written
-// twice shows as "record" twice too.
-func readAcks(ctx context.Context, cli *clientv3.Client, client *queue.Client) (map[string][]ack, []string, error) {
-	keys := keyspace.MustNew("drover")
+// twice shows as "record" twice too. It reads queue q of client's
+// namespace ns.
+func readAcks(ctx context.Context, cli *clientv3.Client, client *queue.Client, ns, q string) (map[string][]ack, []string, error) {
+	keys := keyspace.MustNew(ns)
 	out := map[string][]ack{}
 	var problems []string
-	outs, err := cli.Get(ctx, keys.Outs(chaosQueue, ""), clientv3.WithPrefix())
+	outs, err := cli.Get(ctx, keys.Outs(q, ""), clientv3.WithPrefix())
 	if err != nil {
 		return nil, nil, err
 	}
@@ -113,12 +115,12 @@ func readAcks(ctx context.Context, cli *clientv3.Client, client *queue.Client) (
 			out[id] = append(out[id], ack{n: n, pid: pid, where: "segment"})
 		}
 	}
-	done, err := cli.Get(ctx, keys.QueueDone(chaosQueue, string(queue.Succeeded)), clientv3.WithPrefix())
+	done, err := cli.Get(ctx, keys.QueueDone(q, string(queue.Succeeded)), clientv3.WithPrefix())
 	if err != nil {
 		return nil, nil, err
 	}
 	for _, kv := range done.Kvs {
-		_, id, ok := keyspace.ParseTimedKey(keys.QueueDone(chaosQueue, string(queue.Succeeded)), string(kv.Key))
+		_, id, ok := keyspace.ParseTimedKey(keys.QueueDone(q, string(queue.Succeeded)), string(kv.Key))
 		if !ok {
 			continue
 		}
@@ -186,8 +188,9 @@ func (r *queueRun) statsFromCLI() queue.Stats {
 }
 
 // selfExits adds a fault for each worker that ran tasks and ended by
-// itself (not killed, paused or stopped by the test): a lease lost in a
-// server outage, or lost with no fault injected (a slow machine). Its
+// itself (not killed, paused or stopped by the test). Only a lease lost
+// (exit code 70) in a server outage is a fault's consequence; any other
+// exit (another code, or 70 with no fault injected) is a test error. Its
 // tasks run again, and the report shows which it was.
 func (r *queueRun) selfExits(attempts map[string][]*attempt) {
 	ran := map[int]bool{}
@@ -202,13 +205,13 @@ func (r *queueRun) selfExits(attempts map[string][]*attempt) {
 		}
 		kind := faultSelfExit
 		for _, o := range r.outages {
-			if !w.ended.Before(o.killed) && w.ended.Before(o.ready.Add(r.cfg.ttl+2*time.Second)) {
+			if w.exitCode() == 70 && !w.ended.Before(o.killed) && w.ended.Before(o.ready.Add(r.cfg.ttl+2*time.Second)) {
 				kind = faultOutageExit
 			}
 		}
 		r.faults = append(r.faults, fault{kind: kind, at: w.ended, pids: []int{w.pid}})
 		if kind == faultSelfExit {
-			r.t.Logf("worker %d exited by itself (code %d) at %s, no fault injected", w.pid, w.exitCode(), w.ended.Format(time.RFC3339Nano))
+			r.t.Errorf("worker %d exited by itself (code %d) at %s, not a lost lease (70) in an outage", w.pid, w.exitCode(), w.ended.Format(time.RFC3339Nano))
 		}
 	}
 }
@@ -237,7 +240,7 @@ func (r *queueRun) check() *queueReport {
 		t.Fatal(err)
 	}
 	rep.badLines = bad
-	acks, problems, err := readAcks(ctx, r.cli, r.client)
+	acks, problems, err := readAcks(ctx, r.cli, r.client, "drover", chaosQueue)
 	if err != nil {
 		t.Fatal(err)
 	}

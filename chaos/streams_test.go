@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -33,6 +34,7 @@ type sseFollower struct {
 	events     []sseEvent
 	arrived    []time.Time // when each event came
 	reconnects int
+	resumes    int // connections answered 200 that resumed with Last-Event-ID
 	ended      bool
 	reason     string // the end event's reason
 }
@@ -62,8 +64,9 @@ func (f *sseFollower) once(ctx context.Context, addr, id string) bool {
 	}
 	req.Header.Set("Accept", "text/event-stream")
 	f.mu.Lock()
-	if n := len(f.events); n > 0 {
-		req.Header.Set("Last-Event-ID", strconv.FormatInt(f.events[n-1].Seq, 10))
+	resume := len(f.events) > 0
+	if resume {
+		req.Header.Set("Last-Event-ID", strconv.FormatInt(f.events[len(f.events)-1].Seq, 10))
 	}
 	f.mu.Unlock()
 	resp, err := http.DefaultClient.Do(req)
@@ -73,6 +76,11 @@ func (f *sseFollower) once(ctx context.Context, addr, id string) bool {
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		return false
+	}
+	if resume {
+		f.mu.Lock()
+		f.resumes++
+		f.mu.Unlock()
 	}
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
@@ -152,6 +160,21 @@ func checkStream(t *testing.T, f *sseFollower, logPath, id string) []int {
 			got[[2]int{ev.Attempt, d.I}] = true
 		}
 	}
+	boundary := map[int]int64{} // attempt -> seq of its attempt_started
+	for _, ev := range f.events {
+		if ev.Type == "attempt_started" {
+			if _, ok := boundary[ev.Attempt]; !ok {
+				boundary[ev.Attempt] = ev.Seq
+			}
+		}
+	}
+	for _, ev := range f.events {
+		for a, seq := range boundary {
+			if ev.Attempt < a && ev.Seq > seq {
+				t.Errorf("event %d (%s) of attempt %d after attempt %d's attempt_started (event %d): a stale write", ev.Seq, ev.Type, ev.Attempt, a, seq)
+			}
+		}
+	}
 	if n := len(f.events); n == 0 || f.events[n-1].Type != "done" {
 		t.Errorf("the follower's stream does not end with done: its end's reason is %q", f.reason)
 	}
@@ -169,13 +192,15 @@ func checkStream(t *testing.T, f *sseFollower, logPath, id string) []int {
 			t.Errorf("event i=%d of attempt %d was stored (its flush returned) but the follower never got it", i, a)
 		}
 	}
-	t.Logf("the follower got %d events (attempts %v) over %d reconnects; %d events acknowledged to the emitter", len(f.events), attempts, f.reconnects, acked)
+	t.Logf("the follower got %d events (attempts %v) over %d resumed connections (%d rounds of failed ones); %d events acknowledged to the emitter",
+		len(f.events), attempts, f.resumes, f.reconnects, acked)
 	return attempts
 }
 
 // streamRun starts an emitter on set and follows task s-1's stream while
-// fault runs once the follower got 40 events.
-func streamRun(t *testing.T, set *etcdSet, addrs func() []string, fault func()) (*sseFollower, string) {
+// fault runs once the follower got 40 events. fault is given the emitter
+// and a way to start another; it returns the emitter to watch after it.
+func streamRun(t *testing.T, set *etcdSet, addrs func() []string, fault func(em *process, start func() *process) *process) (*sseFollower, string) {
 	t.Helper()
 	dir := t.TempDir()
 	logPath := filepath.Join(dir, "runs.log")
@@ -203,7 +228,9 @@ func streamRun(t *testing.T, set *etcdSet, addrs func() []string, fault func()) 
 	done := make(chan struct{})
 	go func() { defer close(done); f.follow(ctx, "s-1", addrs) }()
 	waitFor(t, "the follower to get 40 events", 30*time.Second, func() bool { return f.count() >= 40 })
-	fault()
+	if next := fault(em, startEmitter); next != em {
+		em, emitters = next, emitters+1
+	}
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 wait:
@@ -232,6 +259,10 @@ wait:
 			n, rc, len(storedEvents(t, addrs(), "s-1")), st)
 	}
 	t.Logf("%d emitter processes ran the task", emitters)
+	if t.Failed() {
+		logTail(t, filepath.Join(dir, "emitter.err"))
+		logTail(t, logPath)
+	}
 	if testing.Verbose() {
 		logGaps(t, f, logPath)
 	}
@@ -244,31 +275,50 @@ wait:
 }
 
 // storedEvents reads task id's stored events as JSON (not SSE) from the
-// first server of addrs that answers.
+// first server of addrs that answers them all, each request bounded to
+// 5 s.
 func storedEvents(t *testing.T, addrs []string, id string) []sseEvent {
 	t.Helper()
-	var all []sseEvent
+	client := &http.Client{Timeout: 5 * time.Second}
 	for _, addr := range addrs {
-		from := int64(1)
-		for {
-			resp, err := http.Get(fmt.Sprintf("http://%s/v1/tasks/%s/stream?from=%d", addr, id, from))
-			if err != nil {
-				break
-			}
-			var page struct {
-				Events []sseEvent `json:"events"`
-				Next   int64      `json:"next"`
-			}
-			err = json.NewDecoder(resp.Body).Decode(&page)
-			resp.Body.Close()
-			if err != nil || len(page.Events) == 0 {
-				return all
-			}
-			all = append(all, page.Events...)
-			from = page.Next
+		if all, ok := storedFrom(client, addr, id); ok {
+			return all
 		}
 	}
-	return all
+	return nil
+}
+
+// storedFrom pages through task id's stored events on addr until a page
+// is empty or its next does not advance; false on any error.
+func storedFrom(client *http.Client, addr, id string) ([]sseEvent, bool) {
+	var all []sseEvent
+	for from := int64(1); ; {
+		resp, err := client.Get(fmt.Sprintf("http://%s/v1/tasks/%s/stream?from=%d", addr, id, from))
+		if err != nil {
+			return nil, false
+		}
+		var page struct {
+			Events []sseEvent `json:"events"`
+			Next   int64      `json:"next"`
+		}
+		err = json.NewDecoder(resp.Body).Decode(&page)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != http.StatusOK {
+			return nil, false
+		}
+		all = append(all, page.Events...)
+		if len(page.Events) == 0 || page.Next <= from {
+			return all, true
+		}
+		from = page.Next
+	}
+}
+
+// logTail logs the last 2 KiB of file path.
+func logTail(t *testing.T, path string) {
+	t.Helper()
+	b, _ := os.ReadFile(path)
+	t.Logf("tail of %s:\n%s", filepath.Base(path), b[max(0, len(b)-2048):])
 }
 
 // TestStreamSurvivesServerRestart follows a task's stream over SSE from
@@ -280,13 +330,14 @@ func storedEvents(t *testing.T, addrs []string, id string) []sseEvent {
 func TestStreamSurvivesServerRestart(t *testing.T) {
 	set := startEtcdSetHTTP(t, droverBin(t), 1, true)
 	m := set.members[0]
-	f, logPath := streamRun(t, set, func() []string { return []string{m.httpAddr} }, func() {
+	f, logPath := streamRun(t, set, func() []string { return []string{m.httpAddr} }, func(em *process, _ func() *process) *process {
 		o := set.killAndRestart(m, time.Second)
 		t.Logf("server killed at %s, serving again %s later", f0(o), o.ready.Sub(o.killed).Round(time.Millisecond))
+		return em
 	})
 	checkStream(t, f, logPath, "s-1")
-	if f.reconnects == 0 {
-		t.Errorf("the follower never had to reconnect: the restart did not cut its stream")
+	if f.resumes == 0 {
+		t.Errorf("the follower never resumed with Last-Event-ID: the restart did not cut its stream")
 	}
 }
 
@@ -306,21 +357,34 @@ func TestStreamSurvivesLeaderFailover(t *testing.T) {
 	set := startEtcdSetHTTP(t, bin, 3, true)
 	var mu sync.Mutex
 	var down *member
+	first, err := set.leader()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The leader first: the follower connects to it, and its kill cuts
+	// the follower's stream.
 	addrs := func() []string {
 		mu.Lock()
 		defer mu.Unlock()
 		var out []string
+		if first != down {
+			out = append(out, first.httpAddr)
+		}
 		for _, m := range set.members {
-			if m != down {
+			if m != down && m != first {
 				out = append(out, m.httpAddr)
 			}
 		}
 		return out
 	}
-	f, logPath := streamRun(t, set, addrs, func() {
+	f, logPath := streamRun(t, set, addrs, func(em *process, _ func() *process) *process {
 		l, err := set.leader()
 		if err != nil {
 			t.Fatal(err)
+		}
+		if l != first {
+			t.Logf("the leader changed before the kill (%s, then %s): killing the member the follower reads from", first.name, l.name)
+			l = first
 		}
 		mu.Lock()
 		down = l
@@ -330,9 +394,13 @@ func TestStreamSurvivesLeaderFailover(t *testing.T) {
 		down = nil
 		mu.Unlock()
 		t.Logf("leader %s killed at %s: new leader %s later, back %s later", o.member, f0(o), o.elected.Sub(o.killed).Round(time.Millisecond), o.ready.Sub(o.killed).Round(time.Millisecond))
+		return em
 	})
 	attempts := checkStream(t, f, logPath, "s-1")
 	t.Logf("attempts in the stream: %s", fmt.Sprint(attempts))
+	if f.resumes == 0 {
+		t.Errorf("the follower never resumed with Last-Event-ID: the kill of the member it read from did not cut its stream")
+	}
 }
 
 // logGaps logs the pauses over 500 ms in what the follower got and in what
@@ -358,5 +426,49 @@ func logGaps(t *testing.T, f *sseFollower, logPath string) {
 			t.Logf("the emitter stored nothing for %s before event %s of attempt %s", time.Duration(ns-prev).Round(time.Millisecond), fs[3], fs[2])
 		}
 		prev = ns
+	}
+}
+
+// TestStreamFencesPausedEmitter follows a task's stream over SSE while its
+// emitter process is SIGSTOPped mid-stream past its TTL (3 s): another
+// emitter takes the task over as attempt 2, then the first is continued,
+// and its late writes must be fenced. The follower gets at least two
+// attempts, no event of the old attempt after the new one's
+// attempt_started, every event once and in order, and every event whose
+// flush returned; the paused emitter stored nothing after its pause.
+func TestStreamFencesPausedEmitter(t *testing.T) {
+	set := startEtcdSetHTTP(t, droverBin(t), 1, true)
+	m := set.members[0]
+	var paused *process
+	var pausedAt time.Time
+	f, logPath := streamRun(t, set, func() []string { return []string{m.httpAddr} }, func(em *process, start func() *process) *process {
+		if err := em.signal(syscall.SIGSTOP); err != nil || !em.waitStopped() {
+			t.Fatalf("the emitter was not stopped: %v", err)
+		}
+		paused, pausedAt = em, time.Now()
+		next := start()
+		time.Sleep(3*time.Second + 1500*time.Millisecond)
+		_ = em.signal(syscall.SIGCONT)
+		t.Logf("emitter %d paused %s (TTL 3 s), then continued; emitter %d took over", em.pid, 3*time.Second+1500*time.Millisecond, next.pid)
+		return next
+	})
+	attempts := checkStream(t, f, logPath, "s-1")
+	if len(attempts) < 2 {
+		t.Errorf("attempts in the stream %v: want at least 2, the pause did not cause a takeover", attempts)
+	}
+	if !paused.wait(10 * time.Second) {
+		t.Errorf("the paused emitter %d did not end within 10 s of its SIGCONT", paused.pid)
+	} else if code := paused.exitCode(); code != 70 {
+		t.Errorf("the paused emitter %d exited %d, want 70 (its lease lost)", paused.pid, code)
+	}
+	b, _ := os.ReadFile(logPath)
+	for _, line := range strings.Split(string(b), "\n") {
+		fs := strings.Fields(line)
+		if len(fs) != 6 || fs[0] != "A" || fs[4] != strconv.Itoa(paused.pid) {
+			continue
+		}
+		if ns, _ := strconv.ParseInt(fs[5], 10, 64); ns > pausedAt.UnixNano() {
+			t.Errorf("the paused emitter stored event i=%s of attempt %s after its pause: a late write not fenced", fs[3], fs[2])
+		}
 	}
 }

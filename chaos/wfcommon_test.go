@@ -49,6 +49,15 @@ func newWFRun(t *testing.T, set *etcdSet, ns string, parents, children int, args
 	t.Helper()
 	r := &wfRun{t: t, set: set, ns: ns, dir: t.TempDir(), children: children, signaled: map[string]bool{}}
 	r.log = filepath.Join(r.dir, "runs.log")
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		errs, _ := filepath.Glob(filepath.Join(r.dir, "*.err"))
+		for _, f := range append(errs, r.log) {
+			logTail(t, f)
+		}
+	})
 	r.cli = etcdClient(t, set.endpoints())
 	var err error
 	if r.client, err = queue.NewClient(r.cli, ns); err != nil {
@@ -172,16 +181,32 @@ func (r *wfRun) statuses() (map[queue.Status]int, int) {
 	return out, kids
 }
 
-// stopAll ends every wfworker with SIGCONT and SIGTERM and waits.
+// stopAll ends every wfworker with SIGCONT and SIGTERM and waits. A
+// worker must exit 0 on SIGTERM (70, its lease lost, too if a pause hit
+// it); one that had exited before must be one a fault named: any other
+// end is a test error.
 func (r *wfRun) stopAll() {
+	hit, paused := map[int]bool{}, map[int]bool{}
+	for _, ft := range r.faults {
+		for _, pid := range ft.pids {
+			hit[pid], paused[pid] = true, paused[pid] || ft.kind == faultWorkerPause
+		}
+	}
+	before := map[*workerProc]bool{}
 	for _, w := range r.procs {
+		before[w] = w.exited()
 		_ = w.signal(syscall.SIGCONT)
 		_ = w.signal(syscall.SIGTERM)
 	}
 	for _, w := range r.procs {
-		if !w.wait(15 * time.Second) {
+		switch {
+		case !w.wait(15 * time.Second):
 			r.t.Errorf("wfworker %d did not stop within 15 s of SIGTERM", w.pid)
 			w.kill()
+		case before[w] && !hit[w.pid]:
+			r.t.Errorf("wfworker %d exited by itself with code %d at %s, no fault named it", w.pid, w.exitCode(), stamp(w.ended.UnixNano()))
+		case !before[w] && w.exitCode() != 0 && !(paused[w.pid] && w.exitCode() == 70):
+			r.t.Errorf("wfworker %d exited with code %d on SIGTERM, want 0", w.pid, w.exitCode())
 		}
 	}
 }
@@ -189,8 +214,9 @@ func (r *wfRun) stopAll() {
 // wfCounts is what a run of workflows did, counted from the runs log and
 // etcd.
 type wfCounts struct {
-	childRuns, childrenTwice, childExcused int // runs; children run more than once; runs again excused
-	stepRuns, stepsTwice, stepExcused      int
+	childRuns, childrenAgain, childExcused int // runs; children run more than once; runs again excused
+	stepRuns, stepsAgain, stepExcused      int
+	doubleRuns                             int // runs after the run whose outcome was stored
 	staleStarts                            int // runs a process started after a fault hit it
 	problems                               []string
 }
@@ -198,9 +224,11 @@ type wfCounts struct {
 // check counts the runs and checks every workflow: each parent SUCCEEDED
 // with its children's count and its own signal; three step records; its
 // signal consumed once and none left; the kids queue holds each child
-// once, SUCCEEDED; each child and each step ran once, except a run in
-// flight in a process a fault hit (it may run again: counted); no process
-// started a run after a fault hit it.
+// once, SUCCEEDED, with one success stored; each child and each step ran
+// once, except a run whose outcome was never stored, ended by a fault
+// before the next run, of a higher attempt, started (counted); no run
+// after the one whose outcome was stored; no process started a run after
+// a fault hit it.
 func (r *wfRun) check() wfCounts {
 	r.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -223,15 +251,16 @@ func (r *wfRun) check() wfCounts {
 			bad("%s: %d step records (%v), want 3", id, len(hist), err)
 		}
 		in, err1 := r.cli.Get(ctx, keys.TaskSignals(id), clientv3.WithPrefix(), clientv3.WithCountOnly())
-		seen, err2 := r.cli.Get(ctx, keys.TaskSignalsSeen(id), clientv3.WithPrefix(), clientv3.WithCountOnly())
-		if err1 != nil || err2 != nil || in.Count != 0 || seen.Count != 1 {
-			bad("%s: signals left %v, consumed %v (%v %v): want 0 and 1", id, countOf(in), countOf(seen), err1, err2)
+		// Consumed once: one seen tombstone, written once (version 1).
+		seen, err2 := r.cli.Get(ctx, keys.TaskSignalsSeen(id), clientv3.WithPrefix())
+		if err1 != nil || err2 != nil || in.Count != 0 || seen.Count != 1 || seen.Kvs[0].Version != 1 {
+			bad("%s: signals left %v, consumed %v (%v %v) with versions %v: want 0, and 1 written once", id, countOf(in), countOf(seen), err1, err2, versions(seen))
 		}
 	}
 	if st, err := r.client.Stats(ctx, "kids"); err != nil || st.Succeeded != int64(len(r.parents)*r.children) || st.Total() != st.Succeeded {
 		bad("kids: %+v (%v): want %d SUCCEEDED and nothing else", st, err, len(r.parents)*r.children)
 	}
-	r.countRuns(&c)
+	r.countRuns(ctx, &c)
 	return c
 }
 
@@ -242,6 +271,18 @@ func taskState(tk *queue.Task) string {
 	return fmt.Sprintf("%s %q (%s)", tk.CurrentStatus, tk.Result, tk.LastError)
 }
 
+// versions lists the versions of the keys r read.
+func versions(r *clientv3.GetResponse) []int64 {
+	if r == nil {
+		return nil
+	}
+	var out []int64
+	for _, kv := range r.Kvs {
+		out = append(out, kv.Version)
+	}
+	return out
+}
+
 func countOf(r *clientv3.GetResponse) int64 {
 	if r == nil {
 		return -1
@@ -249,74 +290,111 @@ func countOf(r *clientv3.GetResponse) int64 {
 	return r.Count
 }
 
-// countRuns reads the runs log: every child and every step ran at least
-// once, and each run before the last of its id was hit by a fault of its
-// process after it started and before the next run started.
-func (r *wfRun) countRuns(c *wfCounts) {
+// countRuns reads the runs log and what etcd stored: every child and
+// every step ran at least once; the outcome stored (a child's success, a
+// step's record) is that of its last run; each run before it was hit by
+// a fault of its process (or, for a server kill, was in flight at it)
+// after it started and before the next run started, and the next run has
+// a higher attempt number; any run after the one stored is a double run.
+func (r *wfRun) countRuns(ctx context.Context, c *wfCounts) {
 	runs, unread, err := readAttempts(r.log)
 	if err != nil || unread != 0 {
 		c.problems = append(c.problems, fmt.Sprintf("runs log: %d lines unread (%v)", unread, err))
 	}
-	hits, _ := queueFacts{faults: r.faults}.hits()
-	want := map[string]bool{}
-	for _, p := range r.parents {
-		for _, s := range []string{"plan", "merge", "act"} {
-			want[p+"/"+s] = true
-		}
-		for i := range r.children {
-			want[task.ChildID(p, 1, fmt.Sprint(i))] = true
-		}
-	}
+	stored := r.storedRuns(ctx, runs, c)
 	ids := make([]string, 0, len(runs))
 	for id := range runs {
 		ids = append(ids, id)
 	}
 	sort.Strings(ids)
 	for _, id := range ids {
-		if !want[id] {
+		if _, ok := stored[id]; !ok {
 			c.problems = append(c.problems, fmt.Sprintf("%s ran, but is no child or step of the run", id))
 		}
 	}
-	for id := range want {
+	for id, ci := range stored {
 		as := runs[id]
-		step := strings.Contains(id, "/")
 		if len(as) == 0 {
 			c.problems = append(c.problems, fmt.Sprintf("%s never ran", id))
 			continue
 		}
-		excused := 0
-		for i, a := range as {
-			if i == len(as)-1 {
-				break
-			}
-			f, ok := causeOf(hits, a)
-			if !ok || f.at.UnixNano() > as[i+1].start {
-				c.problems = append(c.problems, fmt.Sprintf("%s ran again (attempt %d by %d started %s) with no fault hitting the run before (attempt %d by %d started %s, work done %t; %s)",
-					id, as[i+1].n, as[i+1].pid, time.Unix(0, as[i+1].start).Format("15:04:05.000"), a.n, a.pid,
-					time.Unix(0, a.start).Format("15:04:05.000"), a.end != 0, r.procState(a.pid)))
-				continue
-			}
-			excused++
-		}
-		if step {
+		excused := r.judgeRuns(id, as, ci, c)
+		if strings.Contains(id, "/") {
 			c.stepRuns += len(as)
 			c.stepExcused += excused
 			if len(as) > 1 {
-				c.stepsTwice++
+				c.stepsAgain++
 			}
 		} else {
 			c.childRuns += len(as)
 			c.childExcused += excused
 			if len(as) > 1 {
-				c.childrenTwice++
+				c.childrenAgain++
 			}
 		}
 	}
+	r.staleStarts(runs, c)
+}
+
+// judgeRuns judges the runs as of id, whose outcome stored is that of
+// as[ci] (-1: none matches), and returns how many runs were excused.
+func (r *wfRun) judgeRuns(id string, as []*attempt, ci int, c *wfCounts) int {
+	if ci < 0 {
+		c.problems = append(c.problems, fmt.Sprintf("%s: the outcome stored is from no run logged", id))
+		return 0
+	}
+	excused := 0
+	for i, a := range as {
+		switch {
+		case i > ci:
+			c.doubleRuns++
+			c.problems = append(c.problems, fmt.Sprintf("%s ran twice: attempt %d by %d started %s, after the run whose outcome is stored (attempt %d by %d)",
+				id, a.n, a.pid, stamp(a.start), as[ci].n, as[ci].pid))
+		case i < ci:
+			f, ok := r.causeOf(a)
+			next := as[i+1]
+			if !ok || f.at.UnixNano() > next.start || next.n <= a.n {
+				c.problems = append(c.problems, fmt.Sprintf("%s ran again (attempt %d by %d started %s) with no fault ending the run before (attempt %d by %d started %s, work done %t; %s)",
+					id, next.n, next.pid, stamp(next.start), a.n, a.pid, stamp(a.start), a.end != 0, r.procState(a.pid)))
+				continue
+			}
+			excused++
+		}
+	}
+	return excused
+}
+
+func stamp(ns int64) string { return time.Unix(0, ns).Format("15:04:05.000") }
+
+// causeOf is the first fault after run a started that hit its process,
+// or, for a server kill that names no process, that a was in flight at
+// (started before, its work not done before).
+func (r *wfRun) causeOf(a *attempt) (fault, bool) {
+	var out fault
+	found := false
+	for _, ft := range r.faults {
+		at := ft.at.UnixNano()
+		if at <= a.start || (found && !ft.at.Before(out.at)) {
+			continue
+		}
+		hit := slices.Contains(ft.pids, a.pid)
+		if len(ft.pids) == 0 && (ft.kind == faultServerKill || ft.kind == faultLeaderKill) {
+			hit = a.end == 0 || a.end >= at
+		}
+		if hit {
+			out, found = ft, true
+		}
+	}
+	return out, found
+}
+
+// staleStarts reports runs a process started after a fault hit it.
+func (r *wfRun) staleStarts(runs map[string][]*attempt, c *wfCounts) {
 	for _, ft := range r.faults {
 		for _, pid := range ft.pids {
 			for _, as := range runs {
 				for _, a := range as {
-					if a.pid == pid && a.start > ft.at.UnixNano() && (ft.kind != faultServerKill && ft.kind != faultLeaderKill) {
+					if a.pid == pid && a.start > ft.at.UnixNano() {
 						c.staleStarts++
 						c.problems = append(c.problems, fmt.Sprintf("%s attempt %d started by %d after %s hit it", a.id, a.n, pid, ft.kind))
 					}
@@ -324,6 +402,69 @@ func (r *wfRun) countRuns(c *wfCounts) {
 			}
 		}
 	}
+}
+
+// storedRuns maps every child and step of the run to the index in runs
+// of the run whose outcome etcd stored, -1 when none matches: for a child
+// its one success stored (attempt and pid in its result), for a step its
+// record (its worker's pid and a start no later than the run's).
+func (r *wfRun) storedRuns(ctx context.Context, runs map[string][]*attempt, c *wfCounts) map[string]int {
+	out := map[string]int{}
+	acks, problems, err := readAcks(ctx, r.cli, r.client, r.ns, "kids")
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	c.problems = append(c.problems, problems...)
+	store, err := task.NewStore(r.cli, r.ns)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	for _, p := range r.parents {
+		for i := range r.children {
+			id := task.ChildID(p, 1, fmt.Sprint(i))
+			out[id] = -1
+			ks := acks[id]
+			if len(ks) != 1 {
+				c.problems = append(c.problems, fmt.Sprintf("%s: %d successes stored %v, want 1", id, len(ks), ks))
+				if len(ks) == 0 {
+					continue
+				}
+			}
+			out[id] = slices.IndexFunc(runs[id], func(a *attempt) bool { return a.n == ks[0].n && a.pid == ks[0].pid })
+		}
+		hist, err := store.History(ctx, p)
+		if err != nil {
+			r.t.Fatal(err)
+		}
+		for _, s := range []string{"plan", "merge", "act"} {
+			out[p+"/"+s] = -1
+		}
+		for _, h := range hist {
+			pid := h.Worker[strings.LastIndexByte(h.Worker, ':')+1:] // "host:pid"
+			out[p+"/"+h.Name] = slices.IndexFunc(runs[p+"/"+h.Name], func(a *attempt) bool {
+				return fmt.Sprint(a.pid) == pid && a.start >= h.StartedAt.UnixNano()
+			})
+		}
+	}
+	return out
+}
+
+// planRecords counts the parents whose plan step has its record stored.
+func (r *wfRun) planRecords() int {
+	store, err := task.NewStore(r.cli, r.ns)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	n := 0
+	for _, p := range r.parents {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		hist, _ := store.History(ctx, p)
+		cancel()
+		if slices.ContainsFunc(hist, func(h task.StepRecord) bool { return h.Name == "plan" }) {
+			n++
+		}
+	}
+	return n
 }
 
 // pickup returns the longest time a child of the run stayed PENDING

@@ -11,8 +11,9 @@
 // step or a child appends "S id attempt pid unix-ns" when it starts and
 // "E id attempt pid unix-ns" when its work is done, where id is the
 // child's id or "{parent}/{step}". A step works -step-time, a child
-// -child-time; a child whose id ends with ".{children-1}" (the last of its
-// parent) waits first while the file -gate exists.
+// -child-time and ends with the JSON string "id attempt pid"; a child
+// whose id ends with ".{children-1}" (the last of its parent) waits first
+// while the file -gate exists.
 //
 // With -role emitter it works queue streams instead: each task emits
 // -events events to its stream (see emit).
@@ -135,7 +136,8 @@ func work(ctx context.Context, cli *clientv3.Client, c cfg, log *os.File) error 
 			}
 			time.Sleep(c.childTime)
 			mark("E", t.ID, t.Attempt)
-			return []byte(`"found"`), nil
+			// "id attempt pid": the tests tell which run's outcome was stored.
+			return fmt.Appendf(nil, "%q", fmt.Sprintf("%s %d %d", t.ID, t.Attempt, pid)), nil
 		})
 		ws = append(ws, w)
 	}

@@ -58,10 +58,7 @@ With --json the timeline goes to stderr and one JSON object to stdout.`,
 			} else if sum.FirstHolder != "" {
 				printSummary(a.stdout, sum)
 			}
-			if errors.Is(err, demo.ErrInvariant) {
-				return withCode(ExitFailure, err)
-			}
-			return err
+			return demoExit(err)
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the summary as one JSON object on stdout (the timeline goes to stderr)")
@@ -82,7 +79,10 @@ func (a *app) demoWorkflowCommand() *cobra.Command {
      waits for all of them: it parks, holding no claim, slot or lease;
   3. once the last search ended, its next step merges the 50 findings and
      waits for the signal approval;
-  4. the worker that parked it is killed with SIGKILL while it waits;
+  4. the worker that parked it is killed with SIGKILL while it waits; the
+     demo checks that the task is still WAITING, that queue research has no
+     task RUNNING, and that no claim of the task and no key of it bound to a
+     lease is left;
   5. another process sends the approval (drover signal), then sends it again
      with the same idempotency key, as a retry would;
   6. the other worker resumes the agent, which assembles its report.
@@ -112,21 +112,27 @@ behind. With --json the timeline goes to stderr and one JSON object to stdout.`,
 			} else if len(sum.Workers) > 0 {
 				printWorkflowSummary(a.stdout, sum)
 			}
-			if errors.Is(err, demo.ErrInvariant) {
-				return withCode(ExitFailure, err)
-			}
-			return err
+			return demoExit(err)
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the summary as one JSON object on stdout (the timeline goes to stderr)")
 	return cmd
 }
 
+// demoExit maps a demo's broken invariant to exit code 1 (ExitFailure);
+// any other error keeps its own code.
+func demoExit(err error) error {
+	if errors.Is(err, demo.ErrInvariant) {
+		return withCode(ExitFailure, err)
+	}
+	return err
+}
+
 func printWorkflowSummary(w io.Writer, s demo.WorkflowSummary) {
 	fmt.Fprintf(w, "\nSummary\n")
 	fmt.Fprintf(w, "  task %s: %s, %d findings, approved by %q: %s\n", s.TaskID, s.FinalStatus, s.Findings, s.ApprovedBy, s.Result)
 	fmt.Fprintf(w, "  searches: %d spawned, %d ran once, %d more often (%d runs in all; %s)\n",
-		s.Children, s.ChildrenRunOnce, len(s.ChildrenRunTwice), s.ChildRuns, fmtCounts(s.ChildrenByWorker))
+		s.Children, s.ChildrenRunOnce, len(s.ChildrenRunMore), s.ChildRuns, fmtCounts(s.ChildrenByWorker))
 	fmt.Fprintf(w, "  fan-out to fan-in: %d ms; %s parked the agent and was killed while it waited (the task stayed %s)\n",
 		s.FanOutMillis, s.KilledWorker, s.StatusAfterKill)
 	fmt.Fprintf(w, "  approval: woke the task %t; its retry: %s; signals consumed %d, left %d\n",

@@ -17,7 +17,8 @@ import (
 // of the 50 searches ran once, the worker that parked the agent was killed
 // while it waited, the approval woke it and was consumed once, the other
 // worker resumed it once, and the report holds the 50 findings and the
-// approval; that no process or file is left behind.
+// approval; that after the kill the task held no claim and no leased key
+// and nothing ran in its queue; that no process or file is left behind.
 func TestDemoWorkflow(t *testing.T) {
 	tmp := t.TempDir()
 	p := start(t, cleanEnv("TMPDIR="+tmp), "demo", "workflow", "--json")
@@ -30,12 +31,16 @@ func TestDemoWorkflow(t *testing.T) {
 		Children         int            `json:"children"`
 		ChildRuns        int            `json:"child_runs"`
 		ChildrenRunOnce  int            `json:"children_run_once"`
-		ChildrenRunTwice []string       `json:"children_run_twice"`
+		ChildrenRunMore  []string       `json:"children_run_more_than_once"`
 		ChildrenStored   int64          `json:"children_succeeded_in_etcd"`
 		StepRuns         map[string]int `json:"step_runs"`
 		StepRecords      int            `json:"step_records"`
 		KilledWorker     string         `json:"killed_worker"`
 		StatusAfterKill  string         `json:"status_after_kill"`
+		KillConfirmed    bool           `json:"kill_confirmed"`
+		RunningAfterKill *int64         `json:"running_after_kill"`
+		HeldAfterKill    []string       `json:"held_after_kill"`
+		SeenVersion      int64          `json:"signal_seen_version"`
 		SignalWoke       bool           `json:"signal_woke"`
 		SignalRetryStore bool           `json:"signal_retry_stored"`
 		SignalsConsumed  *int64         `json:"signals_consumed"`
@@ -54,16 +59,18 @@ func TestDemoWorkflow(t *testing.T) {
 	switch {
 	case len(sum.Workers) != 2 || sum.Children != 50:
 		t.Fatalf("workers %v, children %d: want 2 and 50", sum.Workers, sum.Children)
-	case sum.ChildRuns != 50 || sum.ChildrenRunOnce != 50 || len(sum.ChildrenRunTwice) != 0 || sum.ChildrenStored != 50:
+	case sum.ChildRuns != 50 || sum.ChildrenRunOnce != 50 || len(sum.ChildrenRunMore) != 0 || sum.ChildrenStored != 50:
 		t.Fatalf("searches: %d runs, %d once, %v more often, %d stored SUCCEEDED; want each of 50 once",
-			sum.ChildRuns, sum.ChildrenRunOnce, sum.ChildrenRunTwice, sum.ChildrenStored)
+			sum.ChildRuns, sum.ChildrenRunOnce, sum.ChildrenRunMore, sum.ChildrenStored)
 	case sum.StepRuns["plan"] != 1 || sum.StepRuns["merge"] != 1 || sum.StepRuns["act"] != 1 || sum.StepRecords != 3:
 		t.Fatalf("step runs %v, %d records: want each once, 3", sum.StepRuns, sum.StepRecords)
-	case sum.KilledWorker == "" || sum.StatusAfterKill != "WAITING":
-		t.Fatalf("killed %q, then the task was %q: want a worker killed while it waited", sum.KilledWorker, sum.StatusAfterKill)
-	case !sum.SignalWoke || sum.SignalRetryStore || sum.SignalsConsumed == nil || *sum.SignalsConsumed != 1 || sum.SignalsLeft == nil || *sum.SignalsLeft != 0:
-		t.Fatalf("signal: woke %t, retry stored %t, consumed %v, left %v: want true, false, 1, 0",
-			sum.SignalWoke, sum.SignalRetryStore, sum.SignalsConsumed, sum.SignalsLeft)
+	case sum.KilledWorker == "" || !sum.KillConfirmed || sum.StatusAfterKill != "WAITING":
+		t.Fatalf("killed %q (confirmed %t), then the task was %q: want a worker killed while it waited", sum.KilledWorker, sum.KillConfirmed, sum.StatusAfterKill)
+	case sum.RunningAfterKill == nil || *sum.RunningAfterKill != 0 || sum.HeldAfterKill == nil || len(sum.HeldAfterKill) != 0:
+		t.Fatalf("after the kill: running %v, held %v: want 0 and [] (no claim, no leased key)", sum.RunningAfterKill, sum.HeldAfterKill)
+	case !sum.SignalWoke || sum.SignalRetryStore || sum.SignalsConsumed == nil || *sum.SignalsConsumed != 1 || sum.SignalsLeft == nil || *sum.SignalsLeft != 0 || sum.SeenVersion != 1:
+		t.Fatalf("signal: woke %t, retry stored %t, consumed %v (tombstone version %d), left %v: want true, false, 1 (1), 0",
+			sum.SignalWoke, sum.SignalRetryStore, sum.SignalsConsumed, sum.SeenVersion, sum.SignalsLeft)
 	case sum.ParentResumes != 1 || sum.ResumedBy == "" || sum.ResumedBy == sum.KilledWorker:
 		t.Fatalf("resumed %d times by %q (killed %q): want once by the other worker", sum.ParentResumes, sum.ResumedBy, sum.KilledWorker)
 	case sum.FinalStatus != "SUCCEEDED" || sum.Findings != 50 || sum.ApprovedBy != "ana":

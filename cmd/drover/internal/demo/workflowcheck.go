@@ -30,10 +30,10 @@ func (p *wfPlay) verify(ctx context.Context, cli *clientv3.Client) (WorkflowSumm
 		if n == 1 {
 			sum.ChildrenRunOnce++
 		} else {
-			sum.ChildrenRunTwice = append(sum.ChildrenRunTwice, id)
+			sum.ChildrenRunMore = append(sum.ChildrenRunMore, id)
 		}
 	}
-	sort.Strings(sum.ChildrenRunTwice)
+	sort.Strings(sum.ChildrenRunMore)
 	t, err := p.qc.Get(rctx, WorkflowTaskID)
 	if err != nil {
 		return *sum, fmt.Errorf("demo: read %s: %w", WorkflowTaskID, err)
@@ -62,11 +62,14 @@ func (p *wfPlay) verify(ctx context.Context, cli *clientv3.Client) (WorkflowSumm
 	if err != nil {
 		return *sum, fmt.Errorf("demo: read %s's inbox: %w", WorkflowTaskID, err)
 	}
-	seen, err := cli.Get(rctx, keys.TaskSignalsSeen(WorkflowTaskID), clientv3.WithPrefix(), clientv3.WithCountOnly())
+	seen, err := cli.Get(rctx, keys.TaskSignalsSeen(WorkflowTaskID), clientv3.WithPrefix())
 	if err != nil {
 		return *sum, fmt.Errorf("demo: read %s's consumed signals: %w", WorkflowTaskID, err)
 	}
 	sum.SignalsLeft, sum.SignalsConsumed = in.Count, seen.Count
+	if len(seen.Kvs) > 0 {
+		sum.SignalSeenVersion = seen.Kvs[0].Version
+	}
 	sum.Violations = append(sum.Violations, checkWorkflow(p.cfg, *sum, r)...)
 	sum.InvariantsMet = len(sum.Violations) == 0
 	if !sum.InvariantsMet {
@@ -81,8 +84,8 @@ func checkWorkflow(cfg WorkflowConfig, s WorkflowSummary, r Report) []string {
 	add := func(format string, args ...any) { v = append(v, fmt.Sprintf(format, args...)) }
 	// The kill comes once every search ended: none was in flight, so none
 	// may run twice.
-	if s.ChildrenRunOnce != cfg.Children || len(s.ChildrenRunTwice) != 0 || s.ChildRuns != cfg.Children {
-		add("%d searches ran once and %d more often (%d runs); want each of the %d once", s.ChildrenRunOnce, len(s.ChildrenRunTwice), s.ChildRuns, cfg.Children)
+	if s.ChildrenRunOnce != cfg.Children || len(s.ChildrenRunMore) != 0 || s.ChildRuns != cfg.Children {
+		add("%d searches ran once and %d more often (%d runs); want each of the %d once", s.ChildrenRunOnce, len(s.ChildrenRunMore), s.ChildRuns, cfg.Children)
 	}
 	if s.ChildrenStored != int64(cfg.Children) {
 		add("etcd holds %d searches SUCCEEDED, want %d", s.ChildrenStored, cfg.Children)
@@ -95,14 +98,17 @@ func checkWorkflow(cfg WorkflowConfig, s WorkflowSummary, r Report) []string {
 	if s.StepRecords != len(WorkflowSteps) {
 		add("%d step records, want %d", s.StepRecords, len(WorkflowSteps))
 	}
-	if s.KilledWorker == "" || s.StatusAfterKill != string(queue.Waiting) {
-		add("no worker was killed while the task waited (killed %q, the task then %q)", s.KilledWorker, s.StatusAfterKill)
+	if s.KilledWorker == "" || !s.KillConfirmed || s.StatusAfterKill != string(queue.Waiting) {
+		add("no worker was killed while the task waited (killed %q, SIGKILL confirmed %t, the task then %q)", s.KilledWorker, s.KillConfirmed, s.StatusAfterKill)
+	}
+	if s.RunningAfterKill != 0 || len(s.HeldAfterKill) != 0 {
+		add("after the kill %d tasks RUNNING in %s and keys claimed or leased %v; want 0 and none", s.RunningAfterKill, ResearchQueue, s.HeldAfterKill)
 	}
 	if !s.SignalWoke || s.SignalRetryStored || s.SignalRetry == "" {
 		add("the approval woke the task: %t, its retry stored another: %t (%q); want true, false", s.SignalWoke, s.SignalRetryStored, s.SignalRetry)
 	}
-	if s.SignalsConsumed != 1 || s.SignalsLeft != 0 {
-		add("%d signals consumed and %d left in the inbox, want 1 and 0", s.SignalsConsumed, s.SignalsLeft)
+	if s.SignalsConsumed != 1 || s.SignalsLeft != 0 || s.SignalSeenVersion != 1 {
+		add("%d signals consumed (tombstone version %d) and %d left in the inbox, want 1 (version 1: written once) and 0", s.SignalsConsumed, s.SignalSeenVersion, s.SignalsLeft)
 	}
 	if s.ParentResumes != 1 || s.ResumedBy == "" || s.ResumedBy == s.KilledWorker {
 		add("the agent resumed %d times after the approval, by %q (killed: %q); want once, by another worker", s.ParentResumes, s.ResumedBy, s.KilledWorker)

@@ -15,7 +15,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/queue"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // WorkflowNamespace names the workflow demo's keys in its private etcd.
@@ -57,11 +59,11 @@ type WorkflowSummary struct {
 	Workers []string `json:"workers"`
 	// Children is how many searches the agent spawned; ChildRuns how many
 	// runs of them the workers reported, ChildrenRunOnce how many ran
-	// exactly once, and ChildrenRunTwice those that ran more often.
+	// exactly once, and ChildrenRunMore those that ran more often.
 	Children         int            `json:"children"`
 	ChildRuns        int            `json:"child_runs"`
 	ChildrenRunOnce  int            `json:"children_run_once"`
-	ChildrenRunTwice []string       `json:"children_run_twice"`
+	ChildrenRunMore  []string       `json:"children_run_more_than_once"`
 	ChildrenByWorker map[string]int `json:"children_by_worker"`
 	ChildrenStored   int64          `json:"children_succeeded_in_etcd"`
 	// StepRuns counts the starts of each of the agent's steps.
@@ -70,11 +72,17 @@ type WorkflowSummary struct {
 	SpawnedBy   string         `json:"spawned_by"`
 	ParkedBy    string         `json:"parked_by"`
 	// KilledWorker was SIGKILLed while the task waited for the approval;
-	// StatusAfterKill is the task's status read right after it died.
-	KilledWorker    string `json:"killed_worker"`
-	StatusAfterKill string `json:"status_after_kill"`
-	ApproverPID     int    `json:"approver_pid"`
-	SignalWoke      bool   `json:"signal_woke"`
+	// StatusAfterKill is the task's status read right after it died,
+	// RunningAfterKill the count of RUNNING tasks in the agent's queue
+	// then, and HeldAfterKill the task's claim key and every key of it
+	// bound to a lease then (none may be).
+	KilledWorker     string   `json:"killed_worker"`
+	KillConfirmed    bool     `json:"kill_confirmed"`
+	StatusAfterKill  string   `json:"status_after_kill"`
+	RunningAfterKill int64    `json:"running_after_kill"`
+	HeldAfterKill    []string `json:"held_after_kill"`
+	ApproverPID      int      `json:"approver_pid"`
+	SignalWoke       bool     `json:"signal_woke"`
 	// SignalRetryStored: the approver's retry with the same key stored a
 	// second signal (it must not).
 	SignalRetryStored bool `json:"signal_retry_stored"`
@@ -83,6 +91,9 @@ type WorkflowSummary struct {
 	SignalRetry     string `json:"signal_retry"`
 	SignalsConsumed int64  `json:"signals_consumed"`
 	SignalsLeft     int64  `json:"signals_left"`
+	// SignalSeenVersion is the version of the consumed signal's
+	// tombstone: 1 when it was written once.
+	SignalSeenVersion int64 `json:"signal_seen_version"`
 	// ResumedBy ran the act step; ParentResumes counts the act step's
 	// starts after the approval.
 	ResumedBy     string `json:"resumed_by"`
@@ -107,8 +118,9 @@ type wfPlay struct {
 	exe   string
 	addr  string
 	qc    *queue.Client
+	cli   *clientv3.Client
 
-	procs   map[string]*workerProc
+	procs   map[string]*wfProc
 	events  chan WorkflowEvent
 	readers sync.WaitGroup
 
@@ -118,7 +130,12 @@ type wfPlay struct {
 }
 
 func (p *wfPlay) line(who, format string, args ...any) {
-	fmt.Fprintf(p.cfg.Timeline, "  +%6.3fs  %-9s %s\n", time.Since(p.start).Seconds(), who, fmt.Sprintf(format, args...))
+	p.lineAt(time.Now(), who, format, args...)
+}
+
+// lineAt notes an event that happened at at (a worker's, stamped by it).
+func (p *wfPlay) lineAt(at time.Time, who, format string, args ...any) {
+	fmt.Fprintf(p.cfg.Timeline, "  +%6.3fs  %-9s %s\n", at.Sub(p.start).Seconds(), who, fmt.Sprintf(format, args...))
 }
 
 // RunWorkflow plays the workflow demo: a private embedded etcd in a
@@ -128,10 +145,19 @@ func (p *wfPlay) line(who, format string, args ...any) {
 // other worker. Everything it starts is stopped and removed before it
 // returns.
 func RunWorkflow(ctx context.Context, cfg WorkflowConfig) (WorkflowSummary, error) {
+	sum, err := runWorkflow(ctx, cfg)
+	if err != nil && !errors.Is(err, ErrInvariant) {
+		sum.Violations = append(sum.Violations, err.Error())
+		sum.InvariantsMet = false
+	}
+	return sum, err
+}
+
+func runWorkflow(ctx context.Context, cfg WorkflowConfig) (WorkflowSummary, error) {
 	cfg.defaults()
-	p := &wfPlay{cfg: cfg, procs: map[string]*workerProc{}, events: make(chan WorkflowEvent, 1024), childRuns: map[string]int{},
-		sum: WorkflowSummary{TaskID: WorkflowTaskID, Children: cfg.Children, ChildrenRunTwice: []string{}, ChildrenByWorker: map[string]int{},
-			StepRuns: map[string]int{}, Violations: []string{}}}
+	p := &wfPlay{cfg: cfg, procs: map[string]*wfProc{}, events: make(chan WorkflowEvent, 1024), childRuns: map[string]int{},
+		sum: WorkflowSummary{TaskID: WorkflowTaskID, Workers: []string{}, Children: cfg.Children, ChildrenRunMore: []string{},
+			ChildrenByWorker: map[string]int{}, HeldAfterKill: []string{}, StepRuns: map[string]int{}, Violations: []string{}}}
 	exe, err := executable(cfg.Executable)
 	if err != nil {
 		return p.sum, err
@@ -146,7 +172,11 @@ func RunWorkflow(ctx context.Context, cfg WorkflowConfig) (WorkflowSummary, erro
 	if err != nil {
 		return p.sum, err
 	}
-	defer func() { _ = srv.Close(context.WithoutCancel(ctx)) }()
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		_ = srv.Close(cctx)
+	}()
 	p.addr = addr
 	p.line("etcd", "embedded etcd ready at %s (data in a temporary directory)", addr)
 	cli, err := connectEtcd(ctx, srv.Endpoints())
@@ -154,6 +184,7 @@ func RunWorkflow(ctx context.Context, cfg WorkflowConfig) (WorkflowSummary, erro
 		return p.sum, err
 	}
 	defer cli.Close()
+	p.cli = cli
 	if p.qc, err = queue.NewClient(cli, WorkflowNamespace); err != nil {
 		return p.sum, err
 	}
@@ -201,12 +232,14 @@ func (p *wfPlay) startWorker(ctx context.Context, id string) error {
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("demo: start %s: %w", id, err)
 	}
-	p.procs[id] = &workerProc{id: id, cmd: cmd}
+	w := &wfProc{id: id, cmd: cmd, eof: make(chan struct{})}
+	p.procs[id] = w
 	p.sum.Workers = append(p.sum.Workers, id)
 	p.line(id, "started (pid %d): works queues %s and %s", cmd.Process.Pid, ResearchQueue, SearchQueue)
 	p.readers.Add(1)
 	go func() {
 		defer p.readers.Done()
+		defer close(w.eof)
 		sc := bufio.NewScanner(out)
 		for sc.Scan() {
 			var ev WorkflowEvent
@@ -223,40 +256,56 @@ func (p *wfPlay) startWorker(ctx context.Context, id string) error {
 	return nil
 }
 
+// wfProc is a worker process of the workflow demo; eof is closed once
+// its reader read its stdout to the end (or gave up with the run).
+type wfProc struct {
+	id     string
+	cmd    *exec.Cmd
+	eof    chan struct{}
+	waited bool
+}
+
+// reap records the workers' events until w's reader is done, then waits
+// for w: Wait closes the pipe, so it must come after the last read.
+func (p *wfPlay) reap(w *wfProc) {
+	if w.waited {
+		return
+	}
+	for done := false; !done; {
+		select {
+		case ev := <-p.events:
+			p.record(ev)
+		case <-w.eof:
+			done = true
+		}
+	}
+	_ = w.cmd.Wait()
+	w.waited = true
+}
+
 // stopWorkers stops every worker still running (SIGTERM, then SIGKILL
-// after 5 s) and waits for it and its reader.
+// after 5 s) and waits for its reader, then for it.
 func (p *wfPlay) stopWorkers() {
 	for _, w := range p.procs {
-		if w.cmd.ProcessState == nil {
+		if !w.waited {
 			_ = w.cmd.Process.Signal(syscall.SIGTERM)
 		}
 	}
 	t := time.AfterFunc(5*time.Second, func() {
 		for _, w := range p.procs {
-			_ = w.cmd.Process.Kill()
+			_ = w.cmd.Process.Kill() // an error once it was reaped
 		}
 	})
 	defer t.Stop()
 	for _, w := range p.procs {
-		if w.cmd.ProcessState == nil {
-			_ = w.cmd.Wait()
-		}
+		p.reap(w)
 	}
-	done := make(chan struct{})
-	go func() { p.readers.Wait(); close(done) }()
 	for {
 		select {
 		case ev := <-p.events:
 			p.record(ev)
-		case <-done:
-			for {
-				select {
-				case ev := <-p.events:
-					p.record(ev)
-				default:
-					return
-				}
-			}
+		default:
+			return
 		}
 	}
 }
@@ -329,13 +378,13 @@ func resultSummary(b []byte) string {
 func (p *wfPlay) record(ev WorkflowEvent) {
 	switch ev.Kind {
 	case "ready":
-		p.line(ev.Worker, "ready")
+		p.lineAt(time.UnixMilli(ev.At), ev.Worker, "ready")
 	case "child":
 		p.childRuns[ev.Task]++
 		p.sum.ChildRuns++
 		p.sum.ChildrenByWorker[ev.Worker]++
 		if n := len(p.childRuns); p.childRuns[ev.Task] == 1 && (n%10 == 0 || n == p.cfg.Children) {
-			p.line(ev.Worker, "%d of %d searches started (%s)", n, p.cfg.Children, p.byWorker())
+			p.lineAt(time.UnixMilli(ev.At), ev.Worker, "%d of %d searches started (%s)", n, p.cfg.Children, p.byWorker())
 		}
 	case "step":
 		p.sum.StepRuns[ev.Step]++
@@ -348,13 +397,13 @@ func (p *wfPlay) step(ev WorkflowEvent) {
 	switch ev.Step {
 	case "plan":
 		p.sum.SpawnedBy, p.planAt = ev.Worker, time.UnixMilli(ev.At)
-		p.line(ev.Worker, "step 1 plan: spawns %d searches into queue %s and waits for all; the agent parks, holding nothing", p.cfg.Children, SearchQueue)
+		p.lineAt(time.UnixMilli(ev.At), ev.Worker, "step 1 plan: spawns %d searches into queue %s and waits for all; the agent parks, holding nothing", p.cfg.Children, SearchQueue)
 	case "merge":
 		p.sum.ParkedBy = ev.Worker
 		if !p.planAt.IsZero() {
 			p.sum.FanOutMillis = ev.At - p.planAt.UnixMilli()
 		}
-		p.line(ev.Worker, "step 2 merge: resumed once the last search ended (%d ms after the spawn); merged %d findings; waits for signal %q",
+		p.lineAt(time.UnixMilli(ev.At), ev.Worker, "step 2 merge: resumed once the last search ended (%d ms after the spawn); merged %d findings; waits for signal %q",
 			p.sum.FanOutMillis, ev.Merged, ApprovalSignal)
 	case "act":
 		p.sum.ResumedBy = ev.Worker
@@ -364,7 +413,7 @@ func (p *wfPlay) step(ev WorkflowEvent) {
 		if !p.signalAt.IsZero() {
 			p.sum.ResumeMillis = ev.At - p.signalAt.UnixMilli()
 		}
-		p.line(ev.Worker, "step 3 act: resumes with the approval (key %s), %d ms after it was sent", ev.Signal, p.sum.ResumeMillis)
+		p.lineAt(time.UnixMilli(ev.At), ev.Worker, "step 3 act: resumes with the approval (key %s), %d ms after it was sent", ev.Signal, p.sum.ResumeMillis)
 	}
 }
 
@@ -379,18 +428,66 @@ func (p *wfPlay) byWorker() string {
 	return s
 }
 
-// killParker SIGKILLs the worker that parked the task, while it waits.
+// killParker SIGKILLs the worker that parked the task, while it waits,
+// and reads what the task holds then: its status, the RUNNING count of
+// its queue, its claim and any key of it bound to a lease.
 func (p *wfPlay) killParker(ctx context.Context) {
 	p.killed = true
 	w := p.procs[p.sum.ParkedBy]
 	p.sum.KilledWorker = w.id
-	_ = w.cmd.Process.Signal(syscall.SIGKILL)
-	_ = w.cmd.Wait()
-	p.line("demo", "SIGKILL %s (pid %d) while %s waits for the approval", w.id, w.cmd.Process.Pid, WorkflowTaskID)
-	if t, err := p.qc.Get(ctx, WorkflowTaskID); err == nil {
-		p.sum.StatusAfterKill = string(t.CurrentStatus)
-		p.line("demo", "%s is still %s: the dead worker held no claim, lease or slot of it", WorkflowTaskID, t.CurrentStatus)
+	err := w.cmd.Process.Signal(syscall.SIGKILL)
+	p.reap(w)
+	ws, ok := w.cmd.ProcessState.Sys().(syscall.WaitStatus)
+	p.sum.KillConfirmed = err == nil && ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL
+	if !p.sum.KillConfirmed {
+		p.sum.Violations = append(p.sum.Violations, fmt.Sprintf("SIGKILL of %s did not end it (send: %v, it ended: %s)", w.id, err, w.cmd.ProcessState))
 	}
+	p.line("demo", "SIGKILL %s (pid %d) while %s waits for the approval", w.id, w.cmd.Process.Pid, WorkflowTaskID)
+	t, err := p.qc.Get(ctx, WorkflowTaskID)
+	if err != nil {
+		p.sum.Violations = append(p.sum.Violations, fmt.Sprintf("read %s after the kill: %v", WorkflowTaskID, err))
+		return
+	}
+	p.sum.StatusAfterKill = string(t.CurrentStatus)
+	st, err := p.qc.Stats(ctx, ResearchQueue)
+	if err != nil {
+		p.sum.Violations = append(p.sum.Violations, fmt.Sprintf("count queue %s after the kill: %v", ResearchQueue, err))
+		return
+	}
+	p.sum.RunningAfterKill = st.Running
+	held, err := heldKeys(ctx, p.cli)
+	if err != nil {
+		p.sum.Violations = append(p.sum.Violations, err.Error())
+		return
+	}
+	p.sum.HeldAfterKill = held
+	verdict := "the dead worker held no claim, lease or slot of it"
+	if st.Running != 0 || len(held) != 0 {
+		verdict = fmt.Sprintf("something still holds it: %v", held)
+	}
+	p.line("demo", "%s is still %s, %d tasks RUNNING in %s, %d keys of it claimed or leased: %s",
+		WorkflowTaskID, t.CurrentStatus, st.Running, ResearchQueue, len(held), verdict)
+}
+
+// heldKeys returns the task's claim key if there is one, and every key
+// of the task bound to a lease.
+func heldKeys(ctx context.Context, cli *clientv3.Client) ([]string, error) {
+	keys := keyspace.MustNew(WorkflowNamespace)
+	held := []string{}
+	claim, err := cli.Get(ctx, keys.QueueClaim(ResearchQueue, WorkflowTaskID))
+	if err != nil {
+		return nil, fmt.Errorf("demo: read %s's claim: %w", WorkflowTaskID, err)
+	}
+	own, err := cli.Get(ctx, keys.Task(WorkflowTaskID), clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil {
+		return nil, fmt.Errorf("demo: read %s's keys: %w", WorkflowTaskID, err)
+	}
+	for _, kv := range append(claim.Kvs, own.Kvs...) {
+		if kv.Lease != 0 || string(kv.Key) == keys.QueueClaim(ResearchQueue, WorkflowTaskID) {
+			held = append(held, string(kv.Key))
+		}
+	}
+	return held, nil
 }
 
 // approve sends the approval from another process, then sends it again
