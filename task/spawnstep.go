@@ -5,6 +5,8 @@ import (
 
 	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/lease"
+	"github.com/droverhq/drover/storeguard"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // Spawning from a step written apart from its run (HTTP agent tasks): the
@@ -16,8 +18,12 @@ import (
 // exist, their fields are valid), their plan is written under fence f,
 // and next is checkpointed with the spawn record, all before any child is
 // submitted; then AwaitChildren submits them. A step written again after
-// a crash writes its own plan over the one of a write that did not commit:
-// only the plan of the checkpoint that committed is ever submitted. An
+// a crash writes its own plan over the one of a write that did not commit;
+// a plan chunk is written only while the checkpoint is still prev and the
+// step has no record, and the checkpoint commits only if every chunk is
+// still the one this write put: of two writes of the step under one claim
+// (a client's retry while its first write still runs) at most one
+// commits, with its own list, and a committed plan is never overwritten. An
 // input error names the field ("children[3].queue", "wait") and nothing
 // is stored. An empty list spawns nothing: next is committed as it is.
 func (s *Store) CommitSpawn(ctx context.Context, f lease.Fence, sp Spawner, prev Checkpoint, next *Checkpoint, rec StepRecord, sg *Signal, req *SpawnRequest) error {
@@ -28,12 +34,12 @@ func (s *Store) CommitSpawn(ctx context.Context, f lease.Fence, sp Spawner, prev
 		return &drover.InputError{Field: "children", Rule: "this step cannot spawn child tasks: no spawner"}
 	}
 	r := stepRun{s: s, f: f, id: next.TaskID, cfg: StepConfig{Spawner: sp}}
-	rec2, extra, err := r.spawn(ctx, next.Step, req, len(next.State))
+	rec2, pw, err := r.spawn(ctx, prev, next.Step, req, len(next.State))
 	if err != nil {
 		return err
 	}
 	next.Spawn, next.Completed = rec2, false
-	return s.commit(ctx, f, prev, next, rec, append(s.consumeOps(next.TaskID, sg, next.At), extra...))
+	return s.commit(ctx, f, prev, next, rec, append(s.consumeOps(next.TaskID, sg, next.At), pw.ops...), pw.cmps...)
 }
 
 // AwaitChildren makes sure the children checkpoint cp's step spawned are
@@ -53,4 +59,35 @@ func (s *Store) AwaitChildren(ctx context.Context, f lease.Fence, sp Spawner, cp
 // left empty). One request.
 func (s *Store) CountChildren(ctx context.Context, id string, step int) (ChildWait, error) {
 	return s.countChildren(ctx, id, Checkpoint{Step: step, Spawn: &SpawnRecord{}})
+}
+
+// planWrite is what writing a step's plan leaves to the transaction of
+// the step's checkpoint: writes (the last chunk, the deletion of stale
+// chunks) and compares (the chunks written apart are still this write's).
+type planWrite struct {
+	ops  []clientv3.Op
+	cmps []clientv3.Cmp
+}
+
+// planPut writes op, a chunk of the plan of step step of task id, under
+// fence f and the store guard, and only while the task's checkpoint is
+// still prev and step step has no record: a write of the step that lost
+// to another cannot touch the plan that committed. It returns the
+// revision of the write.
+func (s *Store) planPut(ctx context.Context, f lease.Fence, prev Checkpoint, id string, step int, op clientv3.Op) (int64, error) {
+	resp, err := f.Txn(ctx).
+		If(clientv3.Compare(clientv3.ModRevision(s.keys.TaskCheckpoint(id)), "=", prev.modRev),
+			clientv3.Compare(clientv3.Version(s.keys.TaskStep(id, step)), "=", 0),
+			storeguard.NotFull(s.keys)).
+		Then(op).Else(storeguard.GetOp(s.keys)).Commit()
+	if err != nil {
+		return 0, err
+	}
+	if !resp.Succeeded {
+		if err := storeguard.FromRange(resp.Responses[0].GetResponseRange()); err != nil {
+			return 0, err
+		}
+		return 0, ErrConflict
+	}
+	return resp.Header.Revision, nil
 }
