@@ -345,6 +345,8 @@ func TestAgentTaskSpawnBadInput(t *testing.T) {
 		{write(2, []map[string]any{kid("kids", "a")}, "wait", 2), "body.wait"},
 		{write(1, []map[string]any{kid("kids", "a")}), "body.children"},
 		{write(2, []map[string]any{{"queue": "kids", "task_type": "x", "timeout": "soon"}}), "body.children[0].timeout"},
+		{write(2, []map[string]any{kid("kids", "a"), {"queue": "kids", "task_type": "x", "priority": 5000}}), "body.children[1].priority"},
+		{write(2, []map[string]any{{"queue": "kids", "task_type": "x", "max_retries": 101}}), "body.children[0].max_retries"},
 	} {
 		p := a.do("PUT", "/v1/agent-tasks/bad/steps/1/spawn", c.body).problem(t, 400)
 		errs, _ := p.JSON["errors"].([]any)

@@ -162,8 +162,8 @@ type ChildInput struct {
 	Queue      string          `json:"queue" doc:"The queue it is submitted to: it must exist (submitted to, or configured with drover queues set)."`
 	Type       string          `json:"task_type" doc:"The child's task type: what its worker does with it."`
 	Parameters json.RawMessage `json:"parameters,omitempty" doc:"The child's input: any JSON value."`
-	Priority   int             `json:"priority,omitempty" doc:"0 to 1000, higher first."`
-	MaxRetries *int            `json:"max_retries,omitempty" doc:"The child's retry budget; default 3."`
+	Priority   int             `json:"priority,omitempty" minimum:"0" maximum:"1000" doc:"0 to 1000, higher first."`
+	MaxRetries *int            `json:"max_retries,omitempty" minimum:"0" maximum:"100" doc:"The child's retry budget, 0 to 100; default 3."`
 	Timeout    string          `json:"timeout,omitempty" maxLength:"64" doc:"What one attempt of the child may take (a duration such as 10m, or seconds)."`
 	Detached   bool            `json:"detached,omitempty" doc:"Not cancelled with its parent."`
 }

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
@@ -66,6 +67,10 @@ func childTask(c task.Child, parent string, step int, pq string) Task {
 		MaxRetries: c.MaxRetries, Timeout: Duration(c.Timeout), Queue: c.Queue, Parent: parent, ParentStep: step, ParentQueue: pq}
 }
 
+// childFields names a child's fields as a spawn gives them, not as
+// Task.check names a submitted task's.
+var childFields = strings.NewReplacer("metadata.priority", "priority", "timeout/backoff", "timeout")
+
 // CheckChildren implements task.Spawner: each child must be a valid task
 // of a queue that exists (one submitted to or configured).
 func (s childSpawner) CheckChildren(ctx context.Context, children []task.Child) error {
@@ -76,7 +81,7 @@ func (s childSpawner) CheckChildren(ctx context.Context, children []task.Child) 
 		if err := t.check(now); err != nil {
 			var in *drover.InputError
 			if errors.As(err, &in) {
-				in.Field = fmt.Sprintf("children[%d].%s", i, in.Field)
+				in.Field = fmt.Sprintf("children[%d].%s", i, childFields.Replace(in.Field))
 				return in
 			}
 			return fmt.Errorf("children[%d]: %w", i, err)
