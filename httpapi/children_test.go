@@ -10,9 +10,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/droverhq/drover/keyspace"
+	"github.com/droverhq/drover/lease"
 	"github.com/droverhq/drover/lock"
 	"github.com/droverhq/drover/queue"
 	"github.com/droverhq/drover/task"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // TestChildrenShownOverHTTP: a parent that waits for its children shows
@@ -418,5 +421,106 @@ func TestAgentTaskSpawnCollect(t *testing.T) {
 	plan, err := store.Plan(ctx, "col", 1)
 	if err != nil || len(plan) != 2 || !plan[0].Detached || plan[1].Detached {
 		t.Fatalf("plan: %+v %v", plan, err)
+	}
+}
+
+// claimFence is the fence of an HTTP claim of task id with token tok, as
+// the server's writes are fenced: for a test to write as a writer that
+// then died.
+type claimFence struct {
+	cli *clientv3.Client
+	key string
+	tok int64
+}
+
+func newClaimFence(t *testing.T, a *api, id string, tok float64) claimFence {
+	t.Helper()
+	g, err := a.cli.Get(context.Background(), keyspace.MustNew(a.ns).Lock(keyspace.TaskLock(id)), clientv3.WithFirstCreate()...)
+	if err != nil || len(g.Kvs) == 0 {
+		t.Fatalf("claim of %s: %v", id, err)
+	}
+	return claimFence{cli: a.cli, key: string(g.Kvs[0].Key), tok: int64(tok)}
+}
+
+func (f claimFence) Token() int64             { return f.tok }
+func (f claimFence) Context() context.Context { return context.Background() }
+func (f claimFence) Err() error               { return nil }
+func (f claimFence) Txn(ctx context.Context) clientv3.Txn {
+	return lease.NewFencedTxn(ctx, f.cli, lease.Spec{Name: "claim", Token: f.tok, Cmp: clientv3.Compare(clientv3.CreateRevision(f.key), "=", f.tok)})
+}
+
+// held reports whether task id's claim is held.
+func (a *api) held(t *testing.T, id string) bool {
+	t.Helper()
+	g, err := a.cli.Get(context.Background(), keyspace.MustNew(a.ns).Lock(keyspace.TaskLock(id)), clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g.Count > 0
+}
+
+// TestAgentTaskSpawnRepeatAfterCrash: a spawn write committed by a writer
+// that died before it submitted the children and released the claim.
+// (a) The client writes the step again under its claim: the children are
+// submitted and the claim released, not left held with nothing to do.
+// (b) The client writes the next step, or completes the task, under the
+// claim before the children ended: a 409; once they ended, it may.
+func TestAgentTaskSpawnRepeatAfterCrash(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t)
+	ctx := context.Background()
+	release := make(chan struct{})
+	startKids(t, a, "kids", func(string) ([]byte, error) { <-release; return nil, nil })
+	t.Cleanup(func() { close(release) })
+	qc, err := queue.NewClient(a.cli, a.ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := task.NewStore(a.cli, a.ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := a.session(30)
+	// commitOnly writes step 1 of id as spawning two children under the
+	// claim with tok, as a spawn write that died before its submission.
+	commitOnly := func(id string, tok float64) {
+		cp, err := store.Load(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := newClaimFence(t, a, id, tok)
+		now := time.Now().UTC()
+		next := task.Checkpoint{TaskID: id, Step: 1, StepName: "fan", Steps: 3, State: []byte("s"), Worker: "w", Token: f.tok, At: now}
+		req := &task.SpawnRequest{Children: []task.Child{{Queue: "kids", Type: "x"}, {Queue: "kids", Type: "x"}}}
+		if err := store.CommitSpawn(ctx, f, qc.Spawner(""), cp, &next, task.StepRecord{Step: 1, Name: "fan", Worker: "w", Token: f.tok, StartedAt: now, FinishedAt: now}, nil, req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	spawnBody := func(tok float64) map[string]any {
+		return map[string]any{"session": s, "token": tok, "name": "fan", "steps": 3, "state": b64("s"), "children": children("kids", 2)}
+	}
+
+	// (a)
+	tok := a.claim("rep-a", s, 200).num("token")
+	commitOnly("rep-a", tok)
+	a.do("PUT", "/v1/agent-tasks/rep-a/steps/1/spawn", spawnBody(tok)).want(t, 200)
+	if _, err := qc.Get(ctx, "rep-a.1.0"); err != nil {
+		t.Fatalf("the repeated write did not submit the children: %v", err)
+	}
+	if a.held(t, "rep-a") {
+		t.Fatal("the repeated write left the claim held")
+	}
+
+	// (b)
+	tok = a.claim("rep-b", s, 200).num("token")
+	commitOnly("rep-b", tok)
+	next := map[string]any{"session": s, "token": tok, "name": "s2", "steps": 3, "state": b64("t")}
+	a.do("PUT", "/v1/agent-tasks/rep-b/steps/2", next).problem(t, 409)
+	a.do("POST", "/v1/agent-tasks/rep-b/complete", map[string]any{"session": s, "token": tok}).problem(t, 409)
+	if cp, err := store.Load(ctx, "rep-b"); err != nil || cp.Step != 1 || cp.Completed {
+		t.Fatalf("checkpoint %+v (%v); want step 1, not completed", cp, err)
+	}
+	if _, err := qc.Get(ctx, "rep-b.1.1"); err != nil {
+		t.Fatalf("the refused write did not submit the children: %v", err)
 	}
 }
