@@ -2,6 +2,7 @@ package task
 
 import (
 	"context"
+	"strings"
 
 	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/lease"
@@ -90,4 +91,21 @@ func (s *Store) planPut(ctx context.Context, f lease.Fence, prev Checkpoint, id 
 		return 0, ErrConflict
 	}
 	return resp.Header.Revision, nil
+}
+
+// InheritedEnv is environ without the variables that name the files and
+// signal of a step (DROVER_*_FILE, DROVER_SIGNAL_NAME): those a process
+// got as the command of one step name that step's, and a command it
+// starts for another step, or for a task that is not one, must not read
+// or write them. The caller appends the new step's own.
+func InheritedEnv(environ []string) []string {
+	out := make([]string, 0, len(environ))
+	for _, kv := range environ {
+		name, _, _ := strings.Cut(kv, "=")
+		if name == "DROVER_SIGNAL_NAME" || strings.HasPrefix(name, "DROVER_") && strings.HasSuffix(name, "_FILE") {
+			continue
+		}
+		out = append(out, kv)
+	}
+	return out
 }

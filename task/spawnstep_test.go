@@ -137,3 +137,15 @@ func TestSpawnWritesRaceUnderOneClaim(t *testing.T) {
 		_ = release(ctx)
 	}
 }
+
+// TestInheritedEnvDropsStepFiles: the files and signal of the step that
+// runs a process are not handed on; everything else is, DROVER_STEP and
+// a DROVER_ variable that is not a file included.
+func TestInheritedEnvDropsStepFiles(t *testing.T) {
+	in := []string{"PATH=/bin", "DROVER_SIGNAL_FILE=/s", "DROVER_SIGNAL_NAME=go", "DROVER_CHILDREN_FILE=/c", "DROVER_WAIT_FILE=/w",
+		"DROVER_SPAWN_FILE=/p", "DROVER_SLEEP_FILE=/z", "DROVER_STATE_FILE=/st", "DROVER_STEP=2", "DROVER_NAMESPACE=ns", "MY_FILE=/m"}
+	got := strings.Join(task.InheritedEnv(in), " ")
+	if want := "PATH=/bin DROVER_STEP=2 DROVER_NAMESPACE=ns MY_FILE=/m"; got != want {
+		t.Fatalf("inherited %q; want %q", got, want)
+	}
+}

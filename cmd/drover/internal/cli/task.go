@@ -400,7 +400,7 @@ func (sr *stepRunner) step(n int, name, script string) task.StepFunc {
 		}
 		defer done()
 		c := exec.Command("sh", "-c", script)
-		c.Env = append(os.Environ(), EnvTaskID+"="+id, EnvStep+"="+strconv.Itoa(n), EnvStepName+"="+name,
+		c.Env = append(task.InheritedEnv(os.Environ()), EnvTaskID+"="+id, EnvStep+"="+strconv.Itoa(n), EnvStepName+"="+name,
 			EnvLockToken+"="+strconv.FormatInt(sr.token, 10), "DROVER_SLEEP_FILE="+sleepFile.Name(), "DROVER_WAIT_FILE="+waitFile)
 		if sigFile != "" {
 			sg, _ := task.ReceivedSignal(sctx)
