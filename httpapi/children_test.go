@@ -259,6 +259,12 @@ func TestAgentTaskSpawnOnceAfterCrash(t *testing.T) {
 	a.do("DELETE", "/v1/sessions/"+s1, nil).want(t, 204)
 	again := map[string]any{"session": s1, "token": tok, "steps": 2, "state": b64("other"), "children": children("kids", 4)}
 	a.do("PUT", "/v1/agent-tasks/crash-b/steps/1/spawn", again).problem(t, 409)
+	if _, err := qc.Get(ctx, "crash-b.1.3"); !errors.Is(err, queue.ErrNotFound) {
+		t.Fatalf("the refused write submitted a fourth child: %v", err)
+	}
+	if plan, err := store.Plan(ctx, "crash-b", 1); err != nil || len(plan) != 3 {
+		t.Fatalf("plan of %d children (%v) after the refused write; want the 3 of the one that committed", len(plan), err)
+	}
 	if r := a.claimReady(t, "crash-b", s); r.num("next_step") != 2 {
 		t.Fatalf("claim after the client died: %s", r.Raw)
 	}
@@ -522,5 +528,35 @@ func TestAgentTaskSpawnRepeatAfterCrash(t *testing.T) {
 	}
 	if _, err := qc.Get(ctx, "rep-b.1.1"); err != nil {
 		t.Fatalf("the refused write did not submit the children: %v", err)
+	}
+}
+
+// TestAgentTaskSpawnBesideCancelledQueueTask: an agent task that shares
+// its id with a cancelled queue task spawns children that live: the
+// queue task is not their parent.
+func TestAgentTaskSpawnBesideCancelledQueueTask(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t)
+	ctx := context.Background()
+	release := make(chan struct{})
+	startKids(t, a, "kids", func(string) ([]byte, error) { <-release; return nil, nil })
+	t.Cleanup(func() { close(release) })
+	qc, err := queue.NewClient(a.cli, a.ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := qc.Submit(ctx, "other", []queue.Task{{ID: "twin", Type: "x"}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := qc.Cancel(ctx, "twin"); err != nil {
+		t.Fatal(err)
+	}
+	s := a.session(30)
+	tok := a.claim("twin", s, 200).num("token")
+	a.do("PUT", "/v1/agent-tasks/twin/steps/1/spawn", map[string]any{"session": s, "token": tok, "steps": 2, "state": b64("s"), "children": children("kids", 2)}).want(t, 200)
+	for _, id := range []string{"twin.1.0", "twin.1.1"} {
+		if c, err := qc.Get(ctx, id); err != nil || c.CurrentStatus == queue.Cancelled {
+			t.Fatalf("child %s: %+v (%v); want it live", id, c, err)
+		}
 	}
 }

@@ -144,6 +144,9 @@ func (s childSpawner) SubmitChildren(ctx context.Context, parent string, step in
 			return fmt.Errorf("queue %s refused child %s: %s", q, byQueue[q][res.Rejected[0].Line-1].ID, res.Rejected[0].Error)
 		}
 	}
+	if s.q == "" { // an agent task's: no queue task is its parent
+		return nil
+	}
 	if t, err := s.c.Get(ctx, parent); err == nil && t.CurrentStatus == Cancelled {
 		return errors.Join(fmt.Errorf("queue: task %s was cancelled while its children were submitted", parent), s.c.cancelChildren(ctx, parent))
 	}
