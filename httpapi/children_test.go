@@ -354,6 +354,9 @@ func TestAgentTaskSpawnBadInput(t *testing.T) {
 		{write(2, []map[string]any{kid("kids", "a")}, "wait", 2), "body.wait"},
 		{write(1, []map[string]any{kid("kids", "a")}), "body.children"},
 		{write(2, []map[string]any{{"queue": "kids", "task_type": "x", "timeout": "soon"}}), "body.children[0].timeout"},
+		{write(2, []map[string]any{{"queue": "kids", "task_type": "x", "timeout": "NaN"}}), "body.children[0].timeout"},
+		{write(2, []map[string]any{{"queue": "kids", "task_type": "x", "timeout": "1e300"}}), "body.children[0].timeout"},
+		{write(2, []map[string]any{}, "wait", 1), "body.wait"},
 		{write(2, []map[string]any{kid("kids", "a"), {"queue": "kids", "task_type": "x", "priority": 5000}}), "body.children[1].priority"},
 		{write(2, []map[string]any{{"queue": "kids", "task_type": "x", "max_retries": 101}}), "body.children[0].max_retries"},
 	} {

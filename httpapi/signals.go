@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"strconv"
 	"strings"
 	"time"
 
@@ -178,7 +177,7 @@ type spawnStepInput struct {
 		Steps    int          `json:"steps,omitempty" minimum:"1" maximum:"100000" doc:"How many steps the task has, if known. A spawn cannot end the last one."`
 		State    []byte       `json:"state" doc:"The state the step returned, base64; at most 1 MiB decoded."`
 		Children []ChildInput `json:"children" maxItems:"10000" doc:"The children to spawn, at most 10,000; an empty list spawns nothing and the write is a plain step write."`
-		Wait     int          `json:"wait,omitempty" minimum:"0" doc:"Resume once this many children ended (0: all of them)."`
+		Wait     int          `json:"wait,omitempty" minimum:"0" doc:"Resume once this many children ended (0: all of them); must be 0 with an empty children list."`
 		Collect  bool         `json:"collect,omitempty" doc:"Wait for the outcomes whatever they are. Without it the first child that ends DEAD or CANCELLED ends the wait at once (the children read says which: failed_child)."`
 	}
 }
@@ -266,19 +265,19 @@ func (s *Server) spawnTaskStep(ctx context.Context, in *spawnStepInput) (*agentT
 	if err := checkStepWrite(in.N, b.Steps, b.State); err != nil {
 		return nil, err
 	}
+	if len(b.Children) == 0 && b.Wait != 0 {
+		return nil, invalid("body.wait", b.Wait, "must be 0 when children is empty: an empty list spawns nothing and waits for nothing")
+	}
 	req := &task.SpawnRequest{Children: make([]task.Child, len(b.Children)), Options: task.SpawnOptions{Wait: b.Wait, Collect: b.Collect}}
 	for i, c := range b.Children {
 		var timeout time.Duration
 		if c.Timeout != "" {
-			d, err := time.ParseDuration(c.Timeout)
-			if err != nil {
-				f, ferr := strconv.ParseFloat(c.Timeout, 64)
-				d, err = time.Duration(f*float64(time.Second)), ferr
+			field := fmt.Sprintf("body.children[%d].timeout", i)
+			sr, err := task.ParseSleep(field, c.Timeout)
+			if err != nil || !sr.Until.IsZero() || sr.For <= 0 {
+				return nil, invalid(field, c.Timeout, "must be a positive duration such as 10m, or a number of seconds")
 			}
-			if err != nil || d <= 0 {
-				return nil, invalid(fmt.Sprintf("body.children[%d].timeout", i), c.Timeout, "must be a positive duration such as 10m, or a number of seconds")
-			}
-			timeout = d
+			timeout = sr.For
 		}
 		req.Children[i] = task.Child{Key: c.Key, Queue: c.Queue, Type: c.Type, Parameters: c.Parameters, Priority: c.Priority,
 			MaxRetries: c.MaxRetries, Timeout: timeout, Detached: c.Detached}
