@@ -149,3 +149,30 @@ func TestInheritedEnvDropsStepFiles(t *testing.T) {
 		t.Fatalf("inherited %q; want %q", got, want)
 	}
 }
+
+// TestPlainCommitDropsUncommittedPlan: a spawn write of a step that did
+// not commit left its plan; the step's commit without a spawn deletes
+// it, so that no reader takes it for the step's children.
+func TestPlainCommitDropsUncommittedPlan(t *testing.T) {
+	ns := etcdtest.Namespace(t)
+	cli := srv.Client(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	store, f, release := claimedTask(ctx, t, cli, ns, "p8")
+	defer release(context.Background())
+	if err := store.PlanOnly(ctx, f, "p8", 1, spawnList("a", 3)); err != nil {
+		t.Fatal(err)
+	}
+	prev, err := store.Load(ctx, "p8")
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now().UTC()
+	next := task.Checkpoint{TaskID: "p8", Step: 1, Steps: 2, State: []byte(`"s"`), At: now}
+	if err := store.Commit(ctx, f, prev, &next, task.StepRecord{Step: 1, StartedAt: now, FinishedAt: now}); err != nil {
+		t.Fatal(err)
+	}
+	if plan, err := store.Plan(ctx, "p8", 1); err != nil || len(plan) != 0 {
+		t.Fatalf("plan of %d children (%v) after a commit without a spawn; want none", len(plan), err)
+	}
+}

@@ -225,6 +225,10 @@ func (s *Store) commit(ctx context.Context, f lease.Fence, prev Checkpoint, next
 	if err != nil {
 		return fmt.Errorf("task: encode step record: %w", err)
 	}
+	ops := append([]clientv3.Op{clientv3.OpPut(cpKey, string(cpVal)), clientv3.OpPut(stepKey, string(recVal))}, also...)
+	if next.Spawn == nil { // the plan of a spawn write of the step that did not commit
+		ops = append(ops, clientv3.OpDelete(s.keys.ChildPlan(next.TaskID, rec.Step), clientv3.WithPrefix()))
+	}
 	// The Else branch reads the guard key, so that a refusal says, in the
 	// same transaction, whether the store was full or the checkpoint
 	// changed.
@@ -232,7 +236,7 @@ func (s *Store) commit(ctx context.Context, f lease.Fence, prev Checkpoint, next
 		If(append([]clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(cpKey), "=", prev.modRev),
 			clientv3.Compare(clientv3.Version(stepKey), "=", 0),
 			storeguard.NotFull(s.keys)}, cmps...)...).
-		Then(append([]clientv3.Op{clientv3.OpPut(cpKey, string(cpVal)), clientv3.OpPut(stepKey, string(recVal))}, also...)...).
+		Then(ops...).
 		Else(storeguard.GetOp(s.keys)).
 		Commit()
 	if err != nil {
