@@ -2,6 +2,9 @@ package task
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/droverhq/drover"
@@ -108,4 +111,61 @@ func InheritedEnv(environ []string) []string {
 		out = append(out, kv)
 	}
 	return out
+}
+
+// ChildOutcome returns how child child (its id) of step step of task id
+// ended, its ID set; ok is false while it has not ended (or is no child
+// of that step). One read.
+func (s *Store) ChildOutcome(ctx context.Context, id string, step int, child string) (o ChildOutcome, ok bool, err error) {
+	g, err := s.cli.Get(ctx, s.keys.ChildDone(id, step, child))
+	if err != nil {
+		return o, false, fmt.Errorf("task %s: read the outcome of child %s: %w", id, child, err)
+	}
+	if len(g.Kvs) == 0 {
+		return o, false, nil
+	}
+	if err := json.Unmarshal(g.Kvs[0].Value, &o); err != nil {
+		return o, false, fmt.Errorf("task %s: the outcome of child %s is unreadable: %w", id, child, err)
+	}
+	o.ID = child
+	return o, true, nil
+}
+
+// FailedChild returns the outcome of the first child (in id order) of
+// step step of task id that ended DEAD or CANCELLED, its ID set; ok is
+// false when none did.
+func (s *Store) FailedChild(ctx context.Context, id string, step int) (o ChildOutcome, ok bool, err error) {
+	pre := s.keys.ChildFaileds(id, step)
+	g, err := s.cli.Get(ctx, pre, clientv3.WithPrefix(), clientv3.WithLimit(1), clientv3.WithKeysOnly())
+	if err != nil {
+		return o, false, fmt.Errorf("task %s: read its failed children: %w", id, err)
+	}
+	if len(g.Kvs) == 0 {
+		return o, false, nil
+	}
+	child := strings.TrimPrefix(string(g.Kvs[0].Key), pre)
+	if o, ok, err = s.ChildOutcome(ctx, id, step, child); err != nil || ok {
+		return o, ok, err
+	}
+	return ChildOutcome{ID: child, Status: ChildDead}, true, nil // its outcome is written with its failed mark
+}
+
+// ParseChildID splits child, the id of a child of task parent, into the
+// step that spawned it and its key; ok is false when no step of parent
+// would give a child that id (ChildID).
+func ParseChildID(parent, child string) (step int, key string, ok bool) {
+	i := strings.LastIndexByte(child, '.')
+	if i < 0 {
+		return 0, "", false
+	}
+	j := strings.LastIndexByte(child[:i], '.')
+	if j < 0 {
+		return 0, "", false
+	}
+	step, err := strconv.Atoi(child[j+1 : i])
+	if err != nil || step < 1 || strconv.Itoa(step) != child[j+1:i] {
+		return 0, "", false
+	}
+	key = child[i+1:]
+	return step, key, key != "" && ChildID(parent, step, key) == child
 }
