@@ -1,6 +1,7 @@
 package queue
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -296,23 +297,51 @@ func (st *execStep) writeInputs(ctx context.Context, store *task.Store, id strin
 	if !st.children {
 		return nil
 	}
-	outs := []task.ChildOutcome{}
+	if err := writeChildren(ctx, store, id, st.cp.Step, filepath.Join(st.dir, "children")); err != nil {
+		return fmt.Errorf("exec step: %w", err)
+	}
+	return nil
+}
+
+// writeChildren writes the outcomes of the children step step of task id
+// spawned to path, a JSON array, a page at a time: however many there
+// are, one page is in memory at once.
+func writeChildren(ctx context.Context, store *task.Store, id string, step int, path string) (err error) {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+	}()
+	w := bufio.NewWriter(f)
+	sep := "["
 	for after := ""; ; {
-		page, next, err := store.ChildrenOf(ctx, id, st.cp.Step, after, 500)
+		page, next, err := store.ChildrenOf(ctx, id, step, after, 500)
 		if err != nil {
 			return err
 		}
-		outs = append(outs, page...)
+		for i := range page {
+			b, err := json.Marshal(&page[i])
+			if err != nil {
+				return err
+			}
+			_, _ = w.WriteString(sep)
+			_, _ = w.Write(b)
+			sep = ","
+		}
 		if next == "" {
 			break
 		}
 		after = next
 	}
-	b, _ := json.Marshal(outs)
-	if err := os.WriteFile(filepath.Join(st.dir, "children"), b, 0o600); err != nil {
-		return fmt.Errorf("exec step: %w", err)
+	if sep == "[" {
+		_, _ = w.WriteString("[")
 	}
-	return nil
+	_, _ = w.WriteString("]")
+	return w.Flush()
 }
 
 // sleptBefore reports whether task t's history shows it asleep.
