@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -551,27 +550,9 @@ func (st *execStep) readFile(file string) ([]byte, error) {
 	if file == "spawn" {
 		limit = maxSpawnFile
 	}
-	fi, err := os.Lstat(name)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
+	b, err := task.ReadStepFile(name, env, limit)
 	if err != nil {
-		return nil, fmt.Errorf("exec step %d: %s: %w", st.step, env, err)
-	}
-	if !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("exec step %d: %s must be a regular file, not %s", st.step, env, fi.Mode().Type())
-	}
-	f, err := os.Open(name)
-	if err != nil {
-		return nil, fmt.Errorf("exec step %d: %s: %w", st.step, env, err)
-	}
-	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, limit+1))
-	if err != nil {
-		return nil, fmt.Errorf("exec step %d: %s: %w", st.step, env, err)
-	}
-	if int64(len(b)) > limit {
-		return nil, fmt.Errorf("exec step %d: %s must hold at most %d bytes", st.step, env, limit)
+		return nil, fmt.Errorf("exec step %d: %w", st.step, err)
 	}
 	return b, nil
 }

@@ -3,7 +3,10 @@ package task
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
+	"os"
 	"strconv"
 	"strings"
 
@@ -168,4 +171,35 @@ func ParseChildID(parent, child string) (step int, key string, ok bool) {
 	}
 	key = child[i+1:]
 	return step, key, key != "" && ChildID(parent, step, key) == child
+}
+
+// ReadStepFile reads a file an exec step's command wrote to end its step
+// (DROVER_SLEEP_FILE, DROVER_WAIT_FILE, DROVER_SPAWN_FILE; env names it
+// in errors): nil when it does not exist, an error when it is not a
+// regular file (a link, a device: it is not followed) or holds more than
+// limit bytes, of which no more than limit+1 are read.
+func ReadStepFile(path, env string, limit int64) ([]byte, error) {
+	fi, err := os.Lstat(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", env, err)
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s must be a regular file, not %s", env, fi.Mode().Type())
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", env, err)
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", env, err)
+	}
+	if int64(len(b)) > limit {
+		return nil, fmt.Errorf("%s must hold at most %d bytes", env, limit)
+	}
+	return b, nil
 }

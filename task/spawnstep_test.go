@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -174,5 +176,35 @@ func TestPlainCommitDropsUncommittedPlan(t *testing.T) {
 	}
 	if plan, err := store.Plan(ctx, "p8", 1); err != nil || len(plan) != 0 {
 		t.Fatalf("plan of %d children (%v) after a commit without a spawn; want none", len(plan), err)
+	}
+}
+
+// TestReadStepFile: a missing file is nothing; a link (to a device that
+// never ends, here) and a file over the limit are errors naming the
+// variable; a file within it is read whole.
+func TestReadStepFile(t *testing.T) {
+	dir := t.TempDir()
+	if b, err := task.ReadStepFile(filepath.Join(dir, "none"), "DROVER_WAIT_FILE", 1024); b != nil || err != nil {
+		t.Fatalf("missing file: %q, %v", b, err)
+	}
+	link := filepath.Join(dir, "link")
+	if err := os.Symlink("/dev/zero", link); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := task.ReadStepFile(link, "DROVER_WAIT_FILE", 1024); err == nil || !strings.Contains(err.Error(), "DROVER_WAIT_FILE must be a regular file") {
+		t.Fatalf("link: %v", err)
+	}
+	big := filepath.Join(dir, "big")
+	if err := os.WriteFile(big, make([]byte, 1025), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := task.ReadStepFile(big, "DROVER_SLEEP_FILE", 1024); err == nil || !strings.Contains(err.Error(), "at most 1024 bytes") {
+		t.Fatalf("big: %v", err)
+	}
+	if err := os.WriteFile(big, []byte("10m"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := task.ReadStepFile(big, "DROVER_SLEEP_FILE", 1024); string(b) != "10m" || err != nil {
+		t.Fatalf("small: %q, %v", b, err)
 	}
 }

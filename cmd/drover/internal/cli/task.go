@@ -428,8 +428,14 @@ func (sr *stepRunner) step(n int, name, script string) task.StepFunc {
 		case out.over:
 			return nil, &task.StateTooLargeError{TaskID: id, Step: n, Name: name, Size: out.n, Limit: out.limit}
 		}
-		sleep, _ := os.ReadFile(sleepFile.Name())
-		wait, _ := os.ReadFile(waitFile)
+		sleep, err := task.ReadStepFile(sleepFile.Name(), "DROVER_SLEEP_FILE", 1<<10)
+		if err != nil {
+			return nil, err
+		}
+		wait, err := task.ReadStepFile(waitFile, "DROVER_WAIT_FILE", 1<<10)
+		if err != nil {
+			return nil, err
+		}
 		switch {
 		case len(bytes.TrimSpace(sleep)) > 0 && len(bytes.TrimSpace(wait)) > 0:
 			return nil, &drover.InputError{Field: "DROVER_WAIT_FILE", Rule: "a step ends with a sleep (DROVER_SLEEP_FILE) or a wait, not both"}
