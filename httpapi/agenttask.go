@@ -13,6 +13,7 @@ import (
 
 	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/keyspace"
+	"github.com/droverhq/drover/lease"
 	"github.com/droverhq/drover/lock"
 	"github.com/droverhq/drover/task"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -304,8 +305,10 @@ func (s *Server) writeStep(ctx context.Context, id string, n int, b stepWrite) (
 		return nil, taskProblem(err)
 	}
 	// A repeated write, already applied, is answered before the fence: a
-	// write that slept or completed gave the claim up with it.
+	// write that slept or completed gave the claim up with it, unless it
+	// ended before (finishParked).
 	if n == cp.Step && cp.Token == b.Token && bytes.Equal(cp.State, b.State) {
+		s.finishParked(ctx, store, cp, b.Session, b.Token)
 		return &agentTaskOutput{Body: agentTaskOf(cp)}, nil
 	}
 	f, err := s.claimFence(ctx, id, b.Session, b.Token)
@@ -326,6 +329,9 @@ func (s *Server) writeStep(ctx context.Context, id string, n int, b stepWrite) (
 		return nil, taskProblem(fmt.Errorf("task %s: checkpoint at step %d of %d, but this write says %d steps: %w", id, cp.Step, cp.Steps, b.Steps, task.ErrStepsChanged))
 	case b.Spawn != nil && len(b.Spawn.Children) > 0 && steps > 0 && n == steps:
 		return nil, invalid("body.children", len(b.Spawn.Children), fmt.Sprintf("must be empty in a write of the last step (%d of %d): no step follows to read the children's outcomes", n, steps))
+	}
+	if err := s.childrenReady(ctx, store, f, cp); err != nil {
+		return nil, err
 	}
 	sg, err := stepSignal(ctx, store, cp, b.Token)
 	if err != nil {
@@ -374,6 +380,47 @@ func stepSignal(ctx context.Context, store *task.Store, cp task.Checkpoint, toke
 	return sg, nil
 }
 
+// finishParked ends what a write of checkpoint cp left undone when it
+// parks the task (a spawn, a wait, a sleep, the last step) and its writer
+// answered no more (a crash, a timeout): while the claim is still held
+// with token under session, the children of a spawn are submitted and
+// the claim released, so that a repeated write does not leave the task
+// held with nothing to do.
+func (s *Server) finishParked(ctx context.Context, store *task.Store, cp task.Checkpoint, session string, token int64) {
+	if !cp.Completed && cp.SleepUntil.IsZero() && cp.Wait == nil && cp.Spawn == nil {
+		return
+	}
+	f, err := s.claimFence(ctx, cp.TaskID, session, token)
+	if err != nil {
+		return // released already, or claimed since
+	}
+	if cp.Spawn != nil {
+		if _, err := s.awaitChildren(ctx, store, f, cp); err != nil {
+			s.cfg.Logger.Warn("agent task: children not submitted yet; the next claim submits them", "task", cp.TaskID, "step", cp.Step, "err", err)
+		}
+	}
+	s.releaseClaim(ctx, cp.TaskID, f)
+}
+
+// childrenReady is nil when the step after checkpoint cp may be written
+// (or the task completed) under fence f: cp spawned no children, or they
+// were submitted (now, if a crash cut the spawn short) and the wait for
+// them is over; else a 409.
+func (s *Server) childrenReady(ctx context.Context, store *task.Store, f lease.Fence, cp task.Checkpoint) error {
+	if cp.Spawn == nil {
+		return nil
+	}
+	ready, err := s.awaitChildren(ctx, store, f, cp)
+	if err != nil {
+		return err
+	}
+	if !ready {
+		return newProblem(http.StatusConflict, "conflict", fmt.Sprintf("task %s: the children step %d spawned have not ended yet (%d of %d must): claim the task again once they did",
+			cp.TaskID, cp.Step, cp.Spawn.Wait, cp.Spawn.N))
+	}
+	return nil
+}
+
 // releaseClaim releases a task's claim after its completion; a failure
 // leaves it to the session's end.
 func (s *Server) releaseClaim(ctx context.Context, id string, f *heldLock) {
@@ -397,6 +444,13 @@ func (s *Server) completeTask(ctx context.Context, in *completeInput) (*agentTas
 	}
 	store, err := s.taskStore(ctx)
 	if err != nil {
+		return nil, err
+	}
+	prev, err := store.Load(ctx, in.ID)
+	if err != nil {
+		return nil, taskProblem(err)
+	}
+	if err := s.childrenReady(ctx, store, f, prev); err != nil {
 		return nil, err
 	}
 	cp, err := store.Complete(ctx, f, in.ID, result, f.holder.ID)

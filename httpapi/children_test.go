@@ -10,9 +10,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/droverhq/drover/keyspace"
+	"github.com/droverhq/drover/lease"
 	"github.com/droverhq/drover/lock"
 	"github.com/droverhq/drover/queue"
 	"github.com/droverhq/drover/task"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // TestChildrenShownOverHTTP: a parent that waits for its children shows
@@ -256,6 +259,12 @@ func TestAgentTaskSpawnOnceAfterCrash(t *testing.T) {
 	a.do("DELETE", "/v1/sessions/"+s1, nil).want(t, 204)
 	again := map[string]any{"session": s1, "token": tok, "steps": 2, "state": b64("other"), "children": children("kids", 4)}
 	a.do("PUT", "/v1/agent-tasks/crash-b/steps/1/spawn", again).problem(t, 409)
+	if _, err := qc.Get(ctx, "crash-b.1.3"); !errors.Is(err, queue.ErrNotFound) {
+		t.Fatalf("the refused write submitted a fourth child: %v", err)
+	}
+	if plan, err := store.Plan(ctx, "crash-b", 1); err != nil || len(plan) != 3 {
+		t.Fatalf("plan of %d children (%v) after the refused write; want the 3 of the one that committed", len(plan), err)
+	}
 	if r := a.claimReady(t, "crash-b", s); r.num("next_step") != 2 {
 		t.Fatalf("claim after the client died: %s", r.Raw)
 	}
@@ -345,6 +354,11 @@ func TestAgentTaskSpawnBadInput(t *testing.T) {
 		{write(2, []map[string]any{kid("kids", "a")}, "wait", 2), "body.wait"},
 		{write(1, []map[string]any{kid("kids", "a")}), "body.children"},
 		{write(2, []map[string]any{{"queue": "kids", "task_type": "x", "timeout": "soon"}}), "body.children[0].timeout"},
+		{write(2, []map[string]any{{"queue": "kids", "task_type": "x", "timeout": "NaN"}}), "body.children[0].timeout"},
+		{write(2, []map[string]any{{"queue": "kids", "task_type": "x", "timeout": "1e300"}}), "body.children[0].timeout"},
+		{write(2, []map[string]any{}, "wait", 1), "body.wait"},
+		{write(2, []map[string]any{kid("kids", "a"), {"queue": "kids", "task_type": "x", "priority": 5000}}), "body.children[1].priority"},
+		{write(2, []map[string]any{{"queue": "kids", "task_type": "x", "max_retries": 101}}), "body.children[0].max_retries"},
 	} {
 		p := a.do("PUT", "/v1/agent-tasks/bad/steps/1/spawn", c.body).problem(t, 400)
 		errs, _ := p.JSON["errors"].([]any)
@@ -416,5 +430,136 @@ func TestAgentTaskSpawnCollect(t *testing.T) {
 	plan, err := store.Plan(ctx, "col", 1)
 	if err != nil || len(plan) != 2 || !plan[0].Detached || plan[1].Detached {
 		t.Fatalf("plan: %+v %v", plan, err)
+	}
+}
+
+// claimFence is the fence of an HTTP claim of task id with token tok, as
+// the server's writes are fenced: for a test to write as a writer that
+// then died.
+type claimFence struct {
+	cli *clientv3.Client
+	key string
+	tok int64
+}
+
+func newClaimFence(t *testing.T, a *api, id string, tok float64) claimFence {
+	t.Helper()
+	g, err := a.cli.Get(context.Background(), keyspace.MustNew(a.ns).Lock(keyspace.TaskLock(id)), clientv3.WithFirstCreate()...)
+	if err != nil || len(g.Kvs) == 0 {
+		t.Fatalf("claim of %s: %v", id, err)
+	}
+	return claimFence{cli: a.cli, key: string(g.Kvs[0].Key), tok: int64(tok)}
+}
+
+func (f claimFence) Token() int64             { return f.tok }
+func (f claimFence) Context() context.Context { return context.Background() }
+func (f claimFence) Err() error               { return nil }
+func (f claimFence) Txn(ctx context.Context) clientv3.Txn {
+	return lease.NewFencedTxn(ctx, f.cli, lease.Spec{Name: "claim", Token: f.tok, Cmp: clientv3.Compare(clientv3.CreateRevision(f.key), "=", f.tok)})
+}
+
+// held reports whether task id's claim is held.
+func (a *api) held(t *testing.T, id string) bool {
+	t.Helper()
+	g, err := a.cli.Get(context.Background(), keyspace.MustNew(a.ns).Lock(keyspace.TaskLock(id)), clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g.Count > 0
+}
+
+// TestAgentTaskSpawnRepeatAfterCrash: a spawn write committed by a writer
+// that died before it submitted the children and released the claim.
+// (a) The client writes the step again under its claim: the children are
+// submitted and the claim released, not left held with nothing to do.
+// (b) The client writes the next step, or completes the task, under the
+// claim before the children ended: a 409; once they ended, it may.
+func TestAgentTaskSpawnRepeatAfterCrash(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t)
+	ctx := context.Background()
+	release := make(chan struct{})
+	startKids(t, a, "kids", func(string) ([]byte, error) { <-release; return nil, nil })
+	t.Cleanup(func() { close(release) })
+	qc, err := queue.NewClient(a.cli, a.ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := task.NewStore(a.cli, a.ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := a.session(30)
+	// commitOnly writes step 1 of id as spawning two children under the
+	// claim with tok, as a spawn write that died before its submission.
+	commitOnly := func(id string, tok float64) {
+		cp, err := store.Load(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := newClaimFence(t, a, id, tok)
+		now := time.Now().UTC()
+		next := task.Checkpoint{TaskID: id, Step: 1, StepName: "fan", Steps: 3, State: []byte("s"), Worker: "w", Token: f.tok, At: now}
+		req := &task.SpawnRequest{Children: []task.Child{{Queue: "kids", Type: "x"}, {Queue: "kids", Type: "x"}}}
+		if err := store.CommitSpawn(ctx, f, qc.Spawner(""), cp, &next, task.StepRecord{Step: 1, Name: "fan", Worker: "w", Token: f.tok, StartedAt: now, FinishedAt: now}, nil, req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	spawnBody := func(tok float64) map[string]any {
+		return map[string]any{"session": s, "token": tok, "name": "fan", "steps": 3, "state": b64("s"), "children": children("kids", 2)}
+	}
+
+	// (a)
+	tok := a.claim("rep-a", s, 200).num("token")
+	commitOnly("rep-a", tok)
+	a.do("PUT", "/v1/agent-tasks/rep-a/steps/1/spawn", spawnBody(tok)).want(t, 200)
+	if _, err := qc.Get(ctx, "rep-a.1.0"); err != nil {
+		t.Fatalf("the repeated write did not submit the children: %v", err)
+	}
+	if a.held(t, "rep-a") {
+		t.Fatal("the repeated write left the claim held")
+	}
+
+	// (b)
+	tok = a.claim("rep-b", s, 200).num("token")
+	commitOnly("rep-b", tok)
+	next := map[string]any{"session": s, "token": tok, "name": "s2", "steps": 3, "state": b64("t")}
+	a.do("PUT", "/v1/agent-tasks/rep-b/steps/2", next).problem(t, 409)
+	a.do("POST", "/v1/agent-tasks/rep-b/complete", map[string]any{"session": s, "token": tok}).problem(t, 409)
+	if cp, err := store.Load(ctx, "rep-b"); err != nil || cp.Step != 1 || cp.Completed {
+		t.Fatalf("checkpoint %+v (%v); want step 1, not completed", cp, err)
+	}
+	if _, err := qc.Get(ctx, "rep-b.1.1"); err != nil {
+		t.Fatalf("the refused write did not submit the children: %v", err)
+	}
+}
+
+// TestAgentTaskSpawnBesideCancelledQueueTask: an agent task that shares
+// its id with a cancelled queue task spawns children that live: the
+// queue task is not their parent.
+func TestAgentTaskSpawnBesideCancelledQueueTask(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t)
+	ctx := context.Background()
+	release := make(chan struct{})
+	startKids(t, a, "kids", func(string) ([]byte, error) { <-release; return nil, nil })
+	t.Cleanup(func() { close(release) })
+	qc, err := queue.NewClient(a.cli, a.ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := qc.Submit(ctx, "other", []queue.Task{{ID: "twin", Type: "x"}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := qc.Cancel(ctx, "twin"); err != nil {
+		t.Fatal(err)
+	}
+	s := a.session(30)
+	tok := a.claim("twin", s, 200).num("token")
+	a.do("PUT", "/v1/agent-tasks/twin/steps/1/spawn", map[string]any{"session": s, "token": tok, "steps": 2, "state": b64("s"), "children": children("kids", 2)}).want(t, 200)
+	for _, id := range []string{"twin.1.0", "twin.1.1"} {
+		if c, err := qc.Get(ctx, id); err != nil || c.CurrentStatus == queue.Cancelled {
+			t.Fatalf("child %s: %+v (%v); want it live", id, c, err)
+		}
 	}
 }

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"strconv"
 	"strings"
 	"time"
 
@@ -15,7 +14,6 @@ import (
 	"github.com/droverhq/drover/lease"
 	"github.com/droverhq/drover/queue"
 	"github.com/droverhq/drover/task"
-	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 type signalInput struct {
@@ -53,7 +51,7 @@ type TaskChildrenWait struct {
 	Step    int  `json:"step" doc:"The step that spawned them."`
 	N       int  `json:"n" doc:"How many it spawned."`
 	Wait    int  `json:"wait" doc:"How many must end before the next step runs."`
-	Collect bool `json:"collect,omitempty" doc:"Every outcome is collected; otherwise the first child that ends DEAD or CANCELLED fails the task."`
+	Collect bool `json:"collect,omitempty" doc:"Every outcome is collected; otherwise the first child that ends DEAD or CANCELLED ends the wait: a queue task then fails (DEAD), an agent task's next step is claimed and decides (failed_child in the children read)."`
 }
 
 // TaskSignal is a signal a task received.
@@ -162,8 +160,8 @@ type ChildInput struct {
 	Queue      string          `json:"queue" doc:"The queue it is submitted to: it must exist (submitted to, or configured with drover queues set)."`
 	Type       string          `json:"task_type" doc:"The child's task type: what its worker does with it."`
 	Parameters json.RawMessage `json:"parameters,omitempty" doc:"The child's input: any JSON value."`
-	Priority   int             `json:"priority,omitempty" doc:"0 to 1000, higher first."`
-	MaxRetries *int            `json:"max_retries,omitempty" doc:"The child's retry budget; default 3."`
+	Priority   int             `json:"priority,omitempty" minimum:"0" maximum:"1000" doc:"0 to 1000, higher first."`
+	MaxRetries *int            `json:"max_retries,omitempty" minimum:"0" maximum:"100" doc:"The child's retry budget, 0 to 100; default 3."`
 	Timeout    string          `json:"timeout,omitempty" maxLength:"64" doc:"What one attempt of the child may take (a duration such as 10m, or seconds)."`
 	Detached   bool            `json:"detached,omitempty" doc:"Not cancelled with its parent."`
 }
@@ -178,7 +176,7 @@ type spawnStepInput struct {
 		Steps    int          `json:"steps,omitempty" minimum:"1" maximum:"100000" doc:"How many steps the task has, if known. A spawn cannot end the last one."`
 		State    []byte       `json:"state" doc:"The state the step returned, base64; at most 1 MiB decoded."`
 		Children []ChildInput `json:"children" maxItems:"10000" doc:"The children to spawn, at most 10,000; an empty list spawns nothing and the write is a plain step write."`
-		Wait     int          `json:"wait,omitempty" minimum:"0" doc:"Resume once this many children ended (0: all of them)."`
+		Wait     int          `json:"wait,omitempty" minimum:"0" doc:"Resume once this many children ended (0: all of them); must be 0 with an empty children list."`
 		Collect  bool         `json:"collect,omitempty" doc:"Wait for the outcomes whatever they are. Without it the first child that ends DEAD or CANCELLED ends the wait at once (the children read says which: failed_child)."`
 	}
 }
@@ -266,19 +264,19 @@ func (s *Server) spawnTaskStep(ctx context.Context, in *spawnStepInput) (*agentT
 	if err := checkStepWrite(in.N, b.Steps, b.State); err != nil {
 		return nil, err
 	}
+	if len(b.Children) == 0 && b.Wait != 0 {
+		return nil, invalid("body.wait", b.Wait, "must be 0 when children is empty: an empty list spawns nothing and waits for nothing")
+	}
 	req := &task.SpawnRequest{Children: make([]task.Child, len(b.Children)), Options: task.SpawnOptions{Wait: b.Wait, Collect: b.Collect}}
 	for i, c := range b.Children {
 		var timeout time.Duration
 		if c.Timeout != "" {
-			d, err := time.ParseDuration(c.Timeout)
-			if err != nil {
-				f, ferr := strconv.ParseFloat(c.Timeout, 64)
-				d, err = time.Duration(f*float64(time.Second)), ferr
+			field := fmt.Sprintf("body.children[%d].timeout", i)
+			sr, err := task.ParseSleep(field, c.Timeout)
+			if err != nil || !sr.Until.IsZero() || sr.For <= 0 {
+				return nil, invalid(field, c.Timeout, "must be a positive duration such as 10m, or a number of seconds")
 			}
-			if err != nil || d <= 0 {
-				return nil, invalid(fmt.Sprintf("body.children[%d].timeout", i), c.Timeout, "must be a positive duration such as 10m, or a number of seconds")
-			}
-			timeout = d
+			timeout = sr.For
 		}
 		req.Children[i] = task.Child{Key: c.Key, Queue: c.Queue, Type: c.Type, Parameters: c.Parameters, Priority: c.Priority,
 			MaxRetries: c.MaxRetries, Timeout: timeout, Detached: c.Detached}
@@ -366,7 +364,8 @@ func (s *Server) listChildren(ctx context.Context, in *agentChildrenInput) (*str
 	}
 	out.Submitted, out.Ended, out.Failed = w.Submitted, w.Done, w.Failed
 	if cp.Spawn != nil && out.Step == cp.Step {
-		out.Ready = w.Submitted && (w.Done >= int64(out.Wait) || !out.Collect && w.Failed > 0)
+		w.SpawnRecord = *cp.Spawn
+		out.Ready = w.Submitted && w.Ready()
 	}
 	limit := in.Limit
 	if limit == 0 {
@@ -381,38 +380,15 @@ func (s *Server) listChildren(ctx context.Context, in *agentChildrenInput) (*str
 	}
 	out.Next = next
 	if cp.Spawn != nil && out.Step == cp.Step && !out.Collect && out.Failed > 0 {
-		if out.FailedChild, err = s.firstFailedChild(ctx, in.ID, out.Step); err != nil {
-			return nil, err
+		o, ok, err := store.FailedChild(ctx, in.ID, out.Step)
+		if err != nil {
+			return nil, taskProblem(err)
+		}
+		if ok {
+			out.FailedChild = &ChildOutcome{ID: o.ID, Status: o.Status, Ended: true, Result: o.Result, Error: o.Error}
 		}
 	}
 	return &struct{ Body AgentTaskChildren }{out}, nil
-}
-
-// firstFailedChild is the outcome of the first child (in id order) of
-// step step of task id that ended DEAD or CANCELLED; nil when none did.
-func (s *Server) firstFailedChild(ctx context.Context, id string, step int) (*ChildOutcome, error) {
-	keys := s.keys(ctx)
-	pre := keys.ChildFaileds(id, step)
-	g, err := s.cli.Get(ctx, pre, clientv3.WithPrefix(), clientv3.WithLimit(1), clientv3.WithKeysOnly())
-	if err != nil {
-		return nil, problem(fmt.Errorf("read the failed children of %s: %w", id, err), nil)
-	}
-	if len(g.Kvs) == 0 {
-		return nil, nil
-	}
-	child := strings.TrimPrefix(string(g.Kvs[0].Key), pre)
-	d, err := s.cli.Get(ctx, keys.ChildDone(id, step, child))
-	if err != nil {
-		return nil, problem(fmt.Errorf("read the outcome of child %s: %w", child, err), nil)
-	}
-	out := &ChildOutcome{ID: child, Status: task.ChildDead, Ended: true}
-	if len(d.Kvs) > 0 {
-		var o task.ChildOutcome
-		if json.Unmarshal(d.Kvs[0].Value, &o) == nil {
-			out.Status, out.Result, out.Error = o.Status, o.Result, o.Error
-		}
-	}
-	return out, nil
 }
 
 func (s *Server) getChild(ctx context.Context, in *childInput) (*struct{ Body ChildOutcome }, error) {
@@ -423,14 +399,19 @@ func (s *Server) getChild(ctx context.Context, in *childInput) (*struct{ Body Ch
 	if err != nil {
 		return nil, err
 	}
-	plans, err := store.Plans(ctx, in.ID)
-	if err != nil {
-		return nil, taskProblem(err)
-	}
-	for step, children := range plans {
-		for _, ch := range children {
+	if step, _, ok := task.ParseChildID(in.ID, in.Child); ok {
+		if o, ended, err := store.ChildOutcome(ctx, in.ID, step, in.Child); err != nil {
+			return nil, taskProblem(err)
+		} else if ended {
+			return s.childOf(ctx, in.Child, "", &o)
+		}
+		plan, err := store.Plan(ctx, in.ID, step)
+		if err != nil {
+			return nil, taskProblem(err)
+		}
+		for _, ch := range plan {
 			if ch.ID == in.Child {
-				return s.childOf(ctx, in.ID, step, ch)
+				return s.childOf(ctx, in.Child, ch.Queue, nil)
 			}
 		}
 	}
@@ -440,32 +421,25 @@ func (s *Server) getChild(ctx context.Context, in *childInput) (*struct{ Body Ch
 	return nil, p
 }
 
-// childOf is child ch of step step of task id as the API shows it.
-func (s *Server) childOf(ctx context.Context, id string, step int, ch task.Child) (*struct{ Body ChildOutcome }, error) {
-	out := ChildOutcome{ID: ch.ID, Queue: ch.Queue, Status: "PLANNED"}
-	g, err := s.cli.Get(ctx, s.keys(ctx).ChildDone(id, step, ch.ID))
-	if err != nil {
-		return nil, problem(fmt.Errorf("read the outcome of child %s: %w", ch.ID, err), nil)
-	}
-	if len(g.Kvs) > 0 {
-		var o task.ChildOutcome
-		if err := json.Unmarshal(g.Kvs[0].Value, &o); err != nil {
-			return nil, problem(fmt.Errorf("child %s: its outcome is unreadable: %w", ch.ID, err), nil)
-		}
-		out.Status, out.Ended, out.Result, out.Error = o.Status, true, o.Result, o.Error
-		return &struct{ Body ChildOutcome }{out}, nil
-	}
+// childOf is child id (of queue q, when known) as the API shows it: its
+// outcome o once it ended, its queue's record before (PLANNED until it
+// is submitted).
+func (s *Server) childOf(ctx context.Context, id, q string, o *task.ChildOutcome) (*struct{ Body ChildOutcome }, error) {
+	out := ChildOutcome{ID: id, Queue: q, Status: "PLANNED"}
 	c, err := s.queueClient(ctx)
 	if err != nil {
 		return nil, err
 	}
-	t, err := c.Get(ctx, ch.ID)
+	t, err := c.Get(ctx, id)
 	switch {
 	case errors.Is(err, queue.ErrNotFound):
 	case err != nil:
 		return nil, problem(err, nil)
 	default:
-		out.Status = string(t.CurrentStatus)
+		out.Queue, out.Status = t.Queue, string(t.CurrentStatus)
+	}
+	if o != nil {
+		out.Status, out.Ended, out.Result, out.Error = o.Status, true, o.Result, o.Error
 	}
 	return &struct{ Body ChildOutcome }{out}, nil
 }

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -68,6 +69,10 @@ func childTask(c task.Child, parent string, step int, pq string) Task {
 		MaxRetries: c.MaxRetries, Timeout: Duration(c.Timeout), Queue: c.Queue, Parent: parent, ParentStep: step, ParentQueue: pq}
 }
 
+// childFields names a child's fields as a spawn gives them, not as
+// Task.check names a submitted task's.
+var childFields = strings.NewReplacer("metadata.priority", "priority", "timeout/backoff", "timeout")
+
 // CheckChildren implements task.Spawner: each child must be a valid task
 // of a queue that exists (one submitted to or configured).
 func (s childSpawner) CheckChildren(ctx context.Context, children []task.Child) error {
@@ -78,7 +83,7 @@ func (s childSpawner) CheckChildren(ctx context.Context, children []task.Child) 
 		if err := t.check(now); err != nil {
 			var in *drover.InputError
 			if errors.As(err, &in) {
-				in.Field = fmt.Sprintf("children[%d].%s", i, in.Field)
+				in.Field = fmt.Sprintf("children[%d].%s", i, childFields.Replace(in.Field))
 				return in
 			}
 			return fmt.Errorf("children[%d]: %w", i, err)
@@ -199,6 +204,9 @@ func (s childSpawner) SubmitChildren(ctx context.Context, parent string, step in
 		if len(res.Rejected) > 0 {
 			return fmt.Errorf("queue %s refused child %s: %s", q, byQueue[q][res.Rejected[0].Line-1].ID, res.Rejected[0].Error)
 		}
+	}
+	if s.q == "" { // an agent task's: no queue task is its parent
+		return nil
 	}
 	if t, err := s.c.Get(ctx, parent); err == nil && t.CurrentStatus == Cancelled {
 		return errors.Join(fmt.Errorf("queue: task %s was cancelled while its children were submitted", parent), s.c.cascade(ctx, s.q, parent))

@@ -290,6 +290,8 @@ func TestSpawnBadInput(t *testing.T) {
 		switch parent {
 		case "noqueue":
 			return []task.Child{{Queue: "kids", Type: "x"}, {Queue: "nowhere", Type: "x"}}
+		case "prio":
+			return []task.Child{{Queue: "kids", Type: "x", Priority: 5000}}
 		case "toomany":
 			f.opts = task.SpawnOptions{Wait: 3}
 			return []task.Child{{Queue: "kids", Type: "x"}}
@@ -298,7 +300,7 @@ func TestSpawnBadInput(t *testing.T) {
 	}
 	setupFamily(t, c)
 	f.start(t, cli, ns)
-	for id, want := range map[string]string{"noqueue": "children[1].queue", "toomany": "wait", "dupkey": "children[1].key"} {
+	for id, want := range map[string]string{"noqueue": "children[1].queue", "toomany": "wait", "dupkey": "children[1].key", "prio": "children[0].priority"} {
 		f.opts = task.SpawnOptions{}
 		if _, err := c.Submit(context.Background(), "wf", []queue.Task{{ID: id, Type: "agent"}}, nil); err != nil {
 			t.Fatal(err)

@@ -350,7 +350,7 @@ func ExecHandlerEnv(argv, env []string, maxOutput int, grace time.Duration, stde
 		}
 		defer step.cleanup()
 		cmd := exec.Command(argv[0], argv[1:]...)
-		cmd.Env = append(os.Environ(), "DROVER_TASK_ID="+t.ID, "DROVER_TASK_TYPE="+t.Type,
+		cmd.Env = append(task.InheritedEnv(os.Environ()), "DROVER_TASK_ID="+t.ID, "DROVER_TASK_TYPE="+t.Type,
 			"DROVER_ATTEMPT="+strconv.Itoa(t.Attempt), "DROVER_CLAIM_TOKEN="+strconv.FormatInt(t.Token, 10), "DROVER_QUEUE="+t.Queue)
 		stream.Elsewhere(ctx) // the command may emit (drover emit)
 		cmd.Env = append(cmd.Env, env...)

@@ -1,12 +1,12 @@
 package queue
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -296,23 +296,51 @@ func (st *execStep) writeInputs(ctx context.Context, store *task.Store, id strin
 	if !st.children {
 		return nil
 	}
-	outs := []task.ChildOutcome{}
+	if err := writeChildren(ctx, store, id, st.cp.Step, filepath.Join(st.dir, "children")); err != nil {
+		return fmt.Errorf("exec step: %w", err)
+	}
+	return nil
+}
+
+// writeChildren writes the outcomes of the children step step of task id
+// spawned to path, a JSON array, a page at a time: however many there
+// are, one page is in memory at once.
+func writeChildren(ctx context.Context, store *task.Store, id string, step int, path string) (err error) {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+	}()
+	w := bufio.NewWriter(f)
+	sep := "["
 	for after := ""; ; {
-		page, next, err := store.ChildrenOf(ctx, id, st.cp.Step, after, 500)
+		page, next, err := store.ChildrenOf(ctx, id, step, after, 500)
 		if err != nil {
 			return err
 		}
-		outs = append(outs, page...)
+		for i := range page {
+			b, err := json.Marshal(&page[i])
+			if err != nil {
+				return err
+			}
+			_, _ = w.WriteString(sep)
+			_, _ = w.Write(b)
+			sep = ","
+		}
 		if next == "" {
 			break
 		}
 		after = next
 	}
-	b, _ := json.Marshal(outs)
-	if err := os.WriteFile(filepath.Join(st.dir, "children"), b, 0o600); err != nil {
-		return fmt.Errorf("exec step: %w", err)
+	if sep == "[" {
+		_, _ = w.WriteString("[")
 	}
-	return nil
+	_, _ = w.WriteString("]")
+	return w.Flush()
 }
 
 // sleptBefore reports whether task t's history shows it asleep.
@@ -522,27 +550,9 @@ func (st *execStep) readFile(file string) ([]byte, error) {
 	if file == "spawn" {
 		limit = maxSpawnFile
 	}
-	fi, err := os.Lstat(name)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
+	b, err := task.ReadStepFile(name, env, limit)
 	if err != nil {
-		return nil, fmt.Errorf("exec step %d: %s: %w", st.step, env, err)
-	}
-	if !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("exec step %d: %s must be a regular file, not %s", st.step, env, fi.Mode().Type())
-	}
-	f, err := os.Open(name)
-	if err != nil {
-		return nil, fmt.Errorf("exec step %d: %s: %w", st.step, env, err)
-	}
-	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, limit+1))
-	if err != nil {
-		return nil, fmt.Errorf("exec step %d: %s: %w", st.step, env, err)
-	}
-	if int64(len(b)) > limit {
-		return nil, fmt.Errorf("exec step %d: %s must hold at most %d bytes", st.step, env, limit)
+		return nil, fmt.Errorf("exec step %d: %w", st.step, err)
 	}
 	return b, nil
 }

@@ -240,26 +240,29 @@ func chunkPlan(children []Child) ([][]byte, error) {
 }
 
 // writePlan writes the plan chunks of step step of task id, fenced by f,
-// all but the last, which it returns with the writes that go with it into
-// the checkpoint's transaction (or nil when it does not fit there and was
-// written too): the last chunk and the deletion of the chunks a run of the
-// step before may have left beyond it.
-func (s *Store) writePlan(ctx context.Context, f lease.Fence, id string, step int, chunks [][]byte, stateLen int) ([]clientv3.Op, error) {
+// each only while the task's checkpoint is still prev and step step has
+// no record (planPut), all but the last, which it returns with the writes
+// that go with it into the checkpoint's transaction (the last chunk is
+// written too when it does not fit there): the deletion of the chunks a
+// run of the step before may have left beyond it, and compares that the
+// chunks written apart are still this write's, so that two writes of the
+// step under one claim cannot commit a mix of their lists.
+func (s *Store) writePlan(ctx context.Context, f lease.Fence, prev Checkpoint, id string, step int, chunks [][]byte, stateLen int) (planWrite, error) {
+	var w planWrite
 	put := func(k int) clientv3.Op { return clientv3.OpPut(s.keys.ChildPlanChunk(id, step, k), string(chunks[k])) }
-	for k := 0; k < len(chunks)-1; k++ {
-		if err := s.fencedPut(ctx, f, put(k)); err != nil {
-			return nil, fmt.Errorf("task %s: write the plan of step %d: %w", id, step, err)
-		}
+	apart := len(chunks) // written before the checkpoint's transaction
+	if last := len(chunks) - 1; stateLen*4/3+len(chunks[last]) <= 900<<10 {
+		apart, w.ops = last, append(w.ops, put(last))
 	}
-	last := len(chunks) - 1
-	stale := clientv3.OpDelete(s.keys.ChildPlanChunk(id, step, len(chunks)), clientv3.WithRange(clientv3.GetPrefixRangeEnd(s.keys.ChildPlan(id, step))))
-	if stateLen*4/3+len(chunks[last]) > 900<<10 {
-		if err := s.fencedPut(ctx, f, put(last), stale); err != nil {
-			return nil, fmt.Errorf("task %s: write the plan of step %d: %w", id, step, err)
+	for k := 0; k < apart; k++ {
+		rev, err := s.planPut(ctx, f, prev, id, step, put(k))
+		if err != nil {
+			return w, fmt.Errorf("task %s: write the plan of step %d: %w", id, step, err)
 		}
-		return nil, nil
+		w.cmps = append(w.cmps, clientv3.Compare(clientv3.ModRevision(s.keys.ChildPlanChunk(id, step, k)), "=", rev))
 	}
-	return []clientv3.Op{put(last), stale}, nil
+	w.ops = append(w.ops, clientv3.OpDelete(s.keys.ChildPlanChunk(id, step, len(chunks)), clientv3.WithRange(clientv3.GetPrefixRangeEnd(s.keys.ChildPlan(id, step)))))
+	return w, nil
 }
 
 // fencedPut writes ops under fence f and the store guard.
@@ -400,38 +403,40 @@ func (s *Store) firstFailed(ctx context.Context, id string, step int) error {
 
 // spawn records the children step n of the run's task asked for: their
 // plan and the step's checkpoint, fenced by the run's fence, nothing
-// submitted yet. It returns the checkpoint to commit's writes, and the
-// record (nil when there are no children).
-func (r *stepRun) spawn(ctx context.Context, n int, req *SpawnRequest, stateLen int) (*SpawnRecord, []clientv3.Op, error) {
+// submitted yet, while the checkpoint is still prev. It returns the
+// writes and compares for the checkpoint's commit, and the record (nil
+// when there are no children).
+func (r *stepRun) spawn(ctx context.Context, prev Checkpoint, n int, req *SpawnRequest, stateLen int) (*SpawnRecord, planWrite, error) {
+	var none planWrite
 	if len(req.Children) == 0 {
-		return nil, nil, nil
+		return nil, none, nil
 	}
 	if r.cfg.Spawner == nil {
-		return nil, nil, &drover.InputError{Field: "children", Rule: "only a step task run by a queue worker (queue.Steps) can spawn child tasks"}
+		return nil, none, &drover.InputError{Field: "children", Rule: "only a step task run by a queue worker (queue.Steps) can spawn child tasks"}
 	}
 	children, err := planChildren(r.id, n, req)
 	if err != nil {
-		return nil, nil, err
+		return nil, none, err
 	}
 	if err := r.cfg.Spawner.CheckChildren(ctx, children); err != nil {
-		return nil, nil, err
+		return nil, none, err
 	}
 	chunks, err := chunkPlan(children)
 	if err != nil {
-		return nil, nil, err
+		return nil, none, err
 	}
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
-	extra, err := r.s.writePlan(wctx, r.f, r.id, n, chunks, stateLen)
+	pw, err := r.s.writePlan(wctx, r.f, prev, r.id, n, chunks, stateLen)
 	if err != nil {
-		return nil, nil, err
+		return nil, none, err
 	}
 	r.planned, r.plannedStep = children, n
 	wait := req.Options.Wait
 	if wait == 0 {
 		wait = len(children)
 	}
-	return &SpawnRecord{N: len(children), Chunks: len(chunks), Wait: wait, Collect: req.Options.Collect}, extra, nil
+	return &SpawnRecord{N: len(children), Chunks: len(chunks), Wait: wait, Collect: req.Options.Collect}, pw, nil
 }
 
 // awaitChildren makes sure the children checkpoint cp's step spawned are

@@ -29,9 +29,13 @@ func (s *Store) PlanOnly(ctx context.Context, f lease.Fence, id string, step int
 	if err != nil {
 		return err
 	}
-	extra, err := s.writePlan(ctx, f, id, step, chunks, 0)
-	if err != nil || extra == nil {
+	prev, err := s.Load(ctx, id)
+	if err != nil {
 		return err
 	}
-	return s.fencedPut(ctx, f, extra...)
+	pw, err := s.writePlan(ctx, f, prev, id, step, chunks, 0)
+	if err != nil {
+		return err
+	}
+	return s.fencedPut(ctx, f, pw.ops...)
 }

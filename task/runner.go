@@ -541,9 +541,9 @@ func (r *stepRun) step(ctx context.Context, i int, cp Checkpoint, sg *Signal) (C
 		return cp, &StateTooLargeError{TaskID: id, Step: n, Name: step.Name, Size: len(state), Limit: r.limit}
 	}
 	var sp *SpawnRecord
-	var extra []clientv3.Op
+	var pw planWrite
 	if spawns {
-		if sp, extra, err = r.spawn(ctx, n, spawnReq, len(state)); err != nil {
+		if sp, pw, err = r.spawn(ctx, cp, n, spawnReq, len(state)); err != nil {
 			return cp, err
 		}
 	}
@@ -553,7 +553,7 @@ func (r *stepRun) step(ctx context.Context, i int, cp Checkpoint, sg *Signal) (C
 	// The fence, not the step's context, decides whether this write
 	// counts: commit even if the context ended as the step finished.
 	cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	err = r.s.commit(cctx, f, cp, &next, rec, append(r.s.consumeOps(id, sg, next.At), extra...))
+	err = r.s.commit(cctx, f, cp, &next, rec, append(r.s.consumeOps(id, sg, next.At), pw.ops...), pw.cmps...)
 	ccancel()
 	if err != nil {
 		if errors.Is(err, lock.ErrFenced) {

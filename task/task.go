@@ -213,8 +213,9 @@ func (s *Store) Commit(ctx context.Context, f lease.Fence, prev Checkpoint, next
 }
 
 // commit is Commit with more writes made in the same transaction (a
-// signal's consumption).
-func (s *Store) commit(ctx context.Context, f lease.Fence, prev Checkpoint, next *Checkpoint, rec StepRecord, also []clientv3.Op) error {
+// signal's consumption, a plan's last chunk) and more conditions (that a
+// plan's chunks are still those written for this commit).
+func (s *Store) commit(ctx context.Context, f lease.Fence, prev Checkpoint, next *Checkpoint, rec StepRecord, also []clientv3.Op, cmps ...clientv3.Cmp) error {
 	cpKey, stepKey := s.keys.TaskCheckpoint(next.TaskID), s.keys.TaskStep(next.TaskID, rec.Step)
 	cpVal, err := json.Marshal(next)
 	if err != nil {
@@ -224,14 +225,18 @@ func (s *Store) commit(ctx context.Context, f lease.Fence, prev Checkpoint, next
 	if err != nil {
 		return fmt.Errorf("task: encode step record: %w", err)
 	}
+	ops := append([]clientv3.Op{clientv3.OpPut(cpKey, string(cpVal)), clientv3.OpPut(stepKey, string(recVal))}, also...)
+	if next.Spawn == nil { // the plan of a spawn write of the step that did not commit
+		ops = append(ops, clientv3.OpDelete(s.keys.ChildPlan(next.TaskID, rec.Step), clientv3.WithPrefix()))
+	}
 	// The Else branch reads the guard key, so that a refusal says, in the
 	// same transaction, whether the store was full or the checkpoint
 	// changed.
 	resp, err := f.Txn(ctx).
-		If(clientv3.Compare(clientv3.ModRevision(cpKey), "=", prev.modRev),
+		If(append([]clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(cpKey), "=", prev.modRev),
 			clientv3.Compare(clientv3.Version(stepKey), "=", 0),
-			storeguard.NotFull(s.keys)).
-		Then(append([]clientv3.Op{clientv3.OpPut(cpKey, string(cpVal)), clientv3.OpPut(stepKey, string(recVal))}, also...)...).
+			storeguard.NotFull(s.keys)}, cmps...)...).
+		Then(ops...).
 		Else(storeguard.GetOp(s.keys)).
 		Commit()
 	if err != nil {

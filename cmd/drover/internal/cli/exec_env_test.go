@@ -31,3 +31,20 @@ func TestExecHandlerEnvAndErrors(t *testing.T) {
 		t.Fatalf("error %v, want one that names sh and no credential", err)
 	}
 }
+
+// TestExecHandlerDropsOuterStepFiles: a worker started from a step's
+// command (its environment names that step's files and signal) does not
+// hand them on to the command of a task that is not a step.
+func TestExecHandlerDropsOuterStepFiles(t *testing.T) {
+	for _, name := range []string{"DROVER_SIGNAL_FILE", "DROVER_SIGNAL_NAME", "DROVER_CHILDREN_FILE", "DROVER_WAIT_FILE", "DROVER_SPAWN_FILE", "DROVER_SLEEP_FILE", "DROVER_STATE_FILE"} {
+		t.Setenv(name, "/outer/"+name)
+	}
+	h, err := workerHandler(`exec:printf '%s|%s|%s|%s|%s|%s|%s' "$DROVER_SIGNAL_FILE" "$DROVER_SIGNAL_NAME" "$DROVER_CHILDREN_FILE" "$DROVER_WAIT_FILE" "$DROVER_SPAWN_FILE" "$DROVER_SLEEP_FILE" "$DROVER_STATE_FILE"`, 1024, time.Second, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := h(context.Background(), &queue.Task{ID: "x", Type: "t"})
+	if err != nil || string(out) != "||||||" {
+		t.Fatalf("output %q, %v; want no outer step's file or signal", out, err)
+	}
+}

@@ -400,7 +400,7 @@ func (sr *stepRunner) step(n int, name, script string) task.StepFunc {
 		}
 		defer done()
 		c := exec.Command("sh", "-c", script)
-		c.Env = append(os.Environ(), EnvTaskID+"="+id, EnvStep+"="+strconv.Itoa(n), EnvStepName+"="+name,
+		c.Env = append(task.InheritedEnv(os.Environ()), EnvTaskID+"="+id, EnvStep+"="+strconv.Itoa(n), EnvStepName+"="+name,
 			EnvLockToken+"="+strconv.FormatInt(sr.token, 10), "DROVER_SLEEP_FILE="+sleepFile.Name(), "DROVER_WAIT_FILE="+waitFile)
 		if sigFile != "" {
 			sg, _ := task.ReceivedSignal(sctx)
@@ -428,8 +428,14 @@ func (sr *stepRunner) step(n int, name, script string) task.StepFunc {
 		case out.over:
 			return nil, &task.StateTooLargeError{TaskID: id, Step: n, Name: name, Size: out.n, Limit: out.limit}
 		}
-		sleep, _ := os.ReadFile(sleepFile.Name())
-		wait, _ := os.ReadFile(waitFile)
+		sleep, err := task.ReadStepFile(sleepFile.Name(), "DROVER_SLEEP_FILE", 1<<10)
+		if err != nil {
+			return nil, err
+		}
+		wait, err := task.ReadStepFile(waitFile, "DROVER_WAIT_FILE", 1<<10)
+		if err != nil {
+			return nil, err
+		}
 		switch {
 		case len(bytes.TrimSpace(sleep)) > 0 && len(bytes.TrimSpace(wait)) > 0:
 			return nil, &drover.InputError{Field: "DROVER_WAIT_FILE", Rule: "a step ends with a sleep (DROVER_SLEEP_FILE) or a wait, not both"}
