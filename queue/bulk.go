@@ -271,7 +271,9 @@ func (c *Client) Requeue(ctx context.Context, q string, ids []string, progress f
 // had not ended ends for its parent in the same transaction: CANCELLED,
 // with the error "purged", and its parent's wake mark put. It returns how
 // many went; progress, if set, is called after each transaction with the
-// number of tasks handled so far.
+// number of tasks handled so far. A DEAD or CANCELLED task whose cascade
+// (the cancels of its live children) is not finished has it finished
+// first: its plan, which names the children, goes with it.
 func (c *Client) Purge(ctx context.Context, q string, st Status, ids []string, progress func(done int)) (int, error) {
 	if st == Running {
 		return 0, &drover.InputError{Field: "status", Value: string(st), Rule: "running tasks cannot be purged: cancel them first"}
@@ -303,6 +305,9 @@ func (c *Client) Purge(ctx context.Context, q string, st Status, ids []string, p
 		if whole = n; err != nil {
 			return n, err
 		}
+	}
+	if err := c.purgeCascades(ctx, q, st, ids); err != nil {
+		return whole, err
 	}
 	n, err := c.bulk(ctx, q, st, ids, progressFrom(whole, progress), func(t *Task) ([]clientv3.Op, int, string) {
 		ops := []clientv3.Op{clientv3.OpDelete(c.keys.Task(t.ID), clientv3.WithPrefix()), clientv3.OpDelete(c.keys.TaskIndex(t.ID))}
@@ -360,7 +365,7 @@ func (c *Client) CancelTasks(ctx context.Context, q string, st Status, ids []str
 	var touched []*Task
 	n, err := c.bulk(ctx, q, st, ids, progress, func(t *Task) ([]clientv3.Op, int, string) {
 		touched = append(touched, t)
-		ops := append(c.cancelOps(t), c.cascadeMarkOp(t))
+		ops := append(c.cancelOps(t, false), c.cascadeMarkOp(t))
 		return ops, len(ops[0].ValueBytes()), c.childWakeKey(t) // several children of one parent share it
 	})
 	if err != nil {
@@ -370,8 +375,9 @@ func (c *Client) CancelTasks(ctx context.Context, q string, st Status, ids []str
 }
 
 // cancelOps are the writes that cancel t; the first rewrites its record.
-// A running task's claim goes too.
-func (c *Client) cancelOps(t *Task) []clientv3.Op {
+// A running task's claim goes too. cascaded: the cancel is a parent's
+// cascade (childCancelOps).
+func (c *Client) cancelOps(t *Task, cascaded bool) []clientv3.Op {
 	now := c.now().UTC()
 	sleepKey, waitKey := c.sleepKey(t), c.waitingKey(t)
 	t.CurrentStatus, t.WaitingFor = Cancelled, nil
@@ -382,7 +388,7 @@ func (c *Client) cancelOps(t *Task) []clientv3.Op {
 			clientv3.OpPut(c.keys.TaskRecord(t.ID), string(rec)),
 			clientv3.OpPut(c.keys.Exit(t.Queue, t.seg.seg, t.seg.slot), "cancelled"),
 			clientv3.OpPut(c.doneKey(t.Queue, Cancelled, now, t.ID), ""),
-		}, c.childCancelOps(t)...)
+		}, c.childCancelOps(t, cascaded)...)
 	}
 	return append([]clientv3.Op{
 		clientv3.OpPut(c.keys.TaskRecord(t.ID), string(rec)),
@@ -392,7 +398,7 @@ func (c *Client) cancelOps(t *Task) []clientv3.Op {
 		clientv3.OpDelete(waitKey),
 		clientv3.OpDelete(c.keys.QueueClaim(t.Queue, t.ID)),
 		clientv3.OpPut(c.doneKey(t.Queue, Cancelled, now, t.ID), ""),
-	}, c.childCancelOps(t)...)
+	}, c.childCancelOps(t, cascaded)...)
 }
 
 // finishedAt is when a finished task reached its terminal status: the time
@@ -410,4 +416,41 @@ func errNotIn(t *Task, q string, st Status) error {
 		return fmt.Errorf("%w: %s is %s in queue %s", ErrNotDead, t.ID, t.CurrentStatus, t.Queue)
 	}
 	return fmt.Errorf("%w: %s is %s in queue %s, not %s in queue %s", ErrWrongStatus, t.ID, t.CurrentStatus, t.Queue, st, q)
+}
+
+// purgeCascades finishes, before a purge of queue q's tasks in status st
+// (ids; all when empty), the cascades of those that left a cascade mark:
+// the mark names its task's children through the task's plan, which the
+// purge removes. Only DEAD and CANCELLED tasks have marks.
+func (c *Client) purgeCascades(ctx context.Context, q string, st Status, ids []string) error {
+	if st != Dead && st != Cancelled {
+		return nil
+	}
+	want := map[string]bool{}
+	for _, id := range ids {
+		want[id] = true
+	}
+	pre := c.keys.ChildCascades(q)
+	for from := pre; ; {
+		g, err := c.cli.Get(ctx, from, clientv3.WithRange(clientv3.GetPrefixRangeEnd(pre)), clientv3.WithKeysOnly(), clientv3.WithLimit(1000))
+		if err != nil {
+			return fmt.Errorf("queue: read the cancel cascades of %s: %w", q, err)
+		}
+		for _, kv := range g.Kvs {
+			id := keyspace.Rest(pre, string(kv.Key))
+			if len(want) > 0 && !want[id] {
+				continue
+			}
+			cctx, stop := context.WithTimeout(ctx, cancelCascadeTimeout)
+			err := c.cascade(cctx, q, id)
+			stop()
+			if err != nil {
+				return fmt.Errorf("queue: purge %s: cancel the children of %s first: %w", q, id, err)
+			}
+		}
+		if !g.More || len(g.Kvs) == 0 {
+			return nil
+		}
+		from = string(g.Kvs[len(g.Kvs)-1].Key) + "\x00"
+	}
 }

@@ -329,17 +329,40 @@ func cancelCascades(t *Task, err error) bool {
 
 // cancel cancels task id alone.
 func (c *Client) cancel(ctx context.Context, id string) (*Task, error) {
+	t, _, err := c.cancelBy(ctx, id, nil)
+	return t, err
+}
+
+// cascadeFence is what a cascade's cancel of a child is made under: the
+// record of the parent whose cascade it is, as the cascade read it.
+type cascadeFence struct {
+	parent string
+	rev    int64 // the parent record's ModRevision
+}
+
+// errParentChanged says a cascade's parent changed since the cascade read
+// it (a requeue): the cascade stops, its mark kept for a later reading.
+var errParentChanged = errors.New("the parent changed since its cascade began")
+
+// cancelBy cancels task id alone; by, when not nil, is the cascade of a
+// parent the cancel is made for: it holds only while the parent's record
+// is as the cascade read it (else errParentChanged), and it writes the
+// child's done key without its failed mark, so that a parent requeued
+// later does not fail of the children its own end cancelled. marked
+// reports that the cancel put id's own cascade mark (id spawned
+// children).
+func (c *Client) cancelBy(ctx context.Context, id string, by *cascadeFence) (t *Task, marked bool, err error) {
 	for attempt := 0; attempt < 20; attempt++ {
 		if attempt > 0 { // a task in a busy segment: its neighbours change it
 			sleepCtx(ctx, time.Duration(attempt)*5*time.Millisecond)
 		}
 		t, err := c.Get(ctx, id)
 		if err != nil {
-			return nil, err
+			return nil, false, err
 		}
 		switch t.CurrentStatus {
 		case Succeeded, Dead, Cancelled:
-			return t, fmt.Errorf("%w: task %s is %s", ErrFinished, id, t.CurrentStatus)
+			return t, false, fmt.Errorf("%w: task %s is %s", ErrFinished, id, t.CurrentStatus)
 		}
 		recKey := c.keys.TaskRecord(id)
 		cmps := []clientv3.Cmp{
@@ -349,14 +372,19 @@ func (c *Client) cancel(ctx context.Context, id string) (*Task, error) {
 		if t.seg != nil {
 			cmps = c.segmentUnchanged(t, t.CurrentStatus)
 		}
-		ops := append(c.cancelOps(t), c.cascadeMarkOp(t))
+		if by != nil {
+			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(c.keys.TaskRecord(by.parent)), "=", by.rev))
+		}
+		ops := c.cancelOps(t, by != nil)
+		markAt := len(ops)
+		ops = append(ops, c.cascadeMarkOp(t))
 		if wake := c.childWakeKey(t); wake != "" {
 			ops = append(ops, clientv3.OpPut(wake, ""))
 		}
 		if t.Token != 0 {
 			l, err := c.cli.Grant(ctx, cancelSignalTTL)
 			if err != nil {
-				return nil, fmt.Errorf("queue: cancel %s: %w", id, err)
+				return nil, false, fmt.Errorf("queue: cancel %s: %w", id, err)
 			}
 			ops = append(ops, clientv3.OpPut(c.keys.CancelTask(t.Queue, id), "", clientv3.WithLease(l.ID)))
 		}
@@ -365,16 +393,25 @@ func (c *Client) cancel(ctx context.Context, id string) (*Task, error) {
 		// claim rewrites it, and would then need the cancel signal).
 		resp, err := c.cli.Txn(ctx).If(cmps...).Then(ops...).Commit()
 		if err != nil {
-			return nil, fmt.Errorf("queue: cancel %s: %w", id, err)
+			return nil, false, fmt.Errorf("queue: cancel %s: %w", id, err)
 		}
 		if resp.Succeeded {
 			// Best effort: a follower of a stream left without its Done
 			// ends through the task's status (stream.WhenEnded).
 			_ = c.FinishStream(ctx, id, Cancelled, "")
-			return t, nil
+			return t, resp.Responses[markAt].GetResponseTxn().Succeeded, nil
+		}
+		if by != nil {
+			g, err := c.cli.Get(ctx, c.keys.TaskRecord(by.parent), clientv3.WithKeysOnly())
+			if err != nil {
+				return nil, false, fmt.Errorf("queue: cancel %s: read its parent: %w", id, err)
+			}
+			if len(g.Kvs) == 0 || g.Kvs[0].ModRevision != by.rev {
+				return nil, false, fmt.Errorf("queue: cancel %s: %w", id, errParentChanged)
+			}
 		}
 	}
-	return nil, fmt.Errorf("queue: cancel %s: the task kept changing; try again", id)
+	return nil, false, fmt.Errorf("queue: cancel %s: the task kept changing; try again", id)
 }
 
 func appendTransition(ts []Transition, tr Transition) []Transition {
@@ -572,10 +609,12 @@ func (c *Client) DeleteQueue(ctx context.Context, q string, progress func(done i
 			return n, err
 		}
 	}
-	// What is left: settings, level markers, counts, cancel signals, and
-	// index keys of tasks whose record was gone.
+	// What is left: settings, level markers, counts, cancel signals,
+	// index keys of tasks whose record was gone, and the queue's child
+	// wake and cascade marks (its tasks' cascades ran as they were purged).
 	if _, err := c.cli.Txn(ctx).Then(clientv3.OpDelete(c.keys.Queue(q), clientv3.WithPrefix()), clientv3.OpDelete(c.keys.QueueName(q)),
-		clientv3.OpDelete(c.keys.Segments(q), clientv3.WithPrefix())).Commit(); err != nil {
+		clientv3.OpDelete(c.keys.Segments(q), clientv3.WithPrefix()),
+		clientv3.OpDelete(c.keys.ChildCascades(q), clientv3.WithPrefix()), clientv3.OpDelete(c.keys.ChildWakes(q), clientv3.WithPrefix())).Commit(); err != nil {
 		return n, fmt.Errorf("queue: delete queue %s: %w", q, err)
 	}
 	return n, nil

@@ -1,0 +1,120 @@
+package queue_test
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+
+	"github.com/droverhq/drover/internal/testenv/etcdtest"
+	"github.com/droverhq/drover/keyspace"
+	"github.com/droverhq/drover/queue"
+	"github.com/droverhq/drover/task"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// idleChildren are two children in "idle" (no worker runs there: they
+// stay PENDING until cancelled).
+func idleChildren(string) []task.Child {
+	return []task.Child{{Queue: "idle", Type: "x"}, {Queue: "idle", Type: "x"}}
+}
+
+// countPrefix is how many keys are stored under pre.
+func countPrefix(t *testing.T, cli *clientv3.Client, pre string) int64 {
+	t.Helper()
+	g, err := cli.Get(context.Background(), pre, clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g.Count
+}
+
+// The cancels a parent's cascade makes record each child as ended (its
+// done key) but not as failed: a parent requeued later would otherwise
+// fail at once of the children its own end cancelled.
+func TestCascadeCancelWritesNoFailedMark(t *testing.T) {
+	ns := etcdtest.Namespace(t)
+	c, cli := newClient(t, ns)
+	setupIdle(t, c, "p")
+	f := newFamily(0)
+	f.children = idleChildren
+	stop := runParents(t, cli, ns, f)
+	wantStatus(t, c, queue.Waiting, "p")
+	stop()
+	ctx := context.Background()
+	if _, err := c.Cancel(ctx, "p"); err != nil {
+		t.Fatal(err)
+	}
+	wantStatus(t, c, queue.Cancelled, "p.1.0", "p.1.1")
+	keys := keyspace.MustNew(ns)
+	if n := countPrefix(t, cli, keys.ChildDones("p", 1)); n != 2 {
+		t.Fatalf("%d done keys after the cascade; want 2", n)
+	}
+	if n := countPrefix(t, cli, keys.ChildFaileds("p", 1)); n != 0 {
+		t.Fatalf("%d failed marks after the cascade; want 0 (its cancels are not failures)", n)
+	}
+}
+
+// A purge of a CANCELLED parent whose cascade is not finished (its
+// canceller is held before the cascade) finishes the cascade first: the
+// plan that names the children goes with the parent, and the children
+// would otherwise stay live for good.
+func TestCascadeFinishedBeforePurge(t *testing.T) {
+	ns := etcdtest.Namespace(t)
+	c, cli := newClient(t, ns)
+	setupIdle(t, c, "p")
+	f := newFamily(0)
+	f.children = idleChildren
+	stop := runParents(t, cli, ns, f)
+	wantStatus(t, c, queue.Waiting, "p")
+	stop()
+
+	var calls atomic.Int32
+	held, release := make(chan struct{}), make(chan struct{})
+	queue.SetCascadeRunHook(func(string) {
+		if calls.Add(1) == 1 {
+			close(held)
+			<-release
+		}
+	})
+	cancelled := make(chan struct{})
+	t.Cleanup(func() {
+		close(release)
+		<-cancelled
+		queue.SetCascadeRunHook(nil)
+	})
+	ctx := context.Background()
+	go func() { defer close(cancelled); _, _ = c.Cancel(ctx, "p") }()
+	<-held
+	if n, err := c.Purge(ctx, "wf", queue.Cancelled, []string{"p"}, nil); err != nil || n != 1 {
+		t.Fatalf("purge: %d, %v; want 1 purged", n, err)
+	}
+	for _, id := range []string{"p.1.0", "p.1.1"} {
+		if got, err := c.Get(ctx, id); err != nil || got.CurrentStatus != queue.Cancelled {
+			t.Fatalf("child %s after the purge of its parent: %+v (%v); want CANCELLED", id, got, err)
+		}
+	}
+	if n := markCount(t, cli, ns); n != 0 {
+		t.Fatalf("%d cascade marks after the purge; want 0", n)
+	}
+}
+
+// DeleteQueue removes the queue's cascade and wake marks with it.
+func TestCascadeMarksGoWithTheQueue(t *testing.T) {
+	ns := etcdtest.Namespace(t)
+	c, cli := newClient(t, ns)
+	keys := keyspace.MustNew(ns)
+	setupFamily(t, c, "p")
+	ctx := context.Background()
+	if _, err := cli.Put(ctx, keys.ChildWake("wf", "gone"), ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Put(ctx, keys.ChildCascade("wf", "gone"), ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.DeleteQueue(ctx, "wf", nil); err != nil {
+		t.Fatal(err)
+	}
+	if n := countPrefix(t, cli, keys.ChildWakes("wf")) + countPrefix(t, cli, keys.ChildCascades("wf")); n != 0 {
+		t.Fatalf("%d child marks of the deleted queue left; want 0", n)
+	}
+}
