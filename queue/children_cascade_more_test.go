@@ -2,6 +2,7 @@ package queue_test
 
 import (
 	"context"
+	"errors"
 	"sync/atomic"
 	"testing"
 
@@ -116,5 +117,57 @@ func TestCascadeMarksGoWithTheQueue(t *testing.T) {
 	}
 	if n := countPrefix(t, cli, keys.ChildWakes("wf")) + countPrefix(t, cli, keys.ChildCascades("wf")); n != 0 {
 		t.Fatalf("%d child marks of the deleted queue left; want 0", n)
+	}
+}
+
+// A cascade's cancels hold only while the parent's record is as the
+// cascade read it: a parent changed meanwhile (here its record rewritten,
+// as a requeue rewrites it) stops the cascade, the children stay live and
+// the mark stays; the next cascade, which reads the parent again, cancels
+// them and removes the mark.
+func TestCascadeFencedByTheParentsRecord(t *testing.T) {
+	ns := etcdtest.Namespace(t)
+	c, cli := newClient(t, ns)
+	setupIdle(t, c, "p")
+	f := newFamily(0)
+	f.children = idleChildren
+	stop := runParents(t, cli, ns, f)
+	wantStatus(t, c, queue.Waiting, "p")
+	stop()
+
+	ctx := context.Background()
+	rec := keyspace.MustNew(ns).TaskRecord("p")
+	var calls atomic.Int32
+	queue.SetCascadeRunHook(func(string) {
+		if calls.Add(1) != 1 {
+			return
+		}
+		g, err := cli.Get(ctx, rec)
+		if err != nil || len(g.Kvs) != 1 {
+			t.Errorf("read p's record: %v", err)
+			return
+		}
+		if _, err := cli.Put(ctx, rec, string(g.Kvs[0].Value)); err != nil {
+			t.Errorf("rewrite p's record: %v", err)
+		}
+	})
+	t.Cleanup(func() { queue.SetCascadeRunHook(nil) })
+	if _, err := c.Cancel(ctx, "p"); err == nil {
+		t.Fatal("cancel of p answered no error; want its cascade stopped by the changed parent")
+	}
+	for _, id := range []string{"p.1.0", "p.1.1"} {
+		if got, err := c.Get(ctx, id); err != nil || got.CurrentStatus != queue.Pending {
+			t.Fatalf("child %s after the fenced cascade: %+v (%v); want PENDING", id, got, err)
+		}
+	}
+	if n := markCount(t, cli, ns); n != 1 {
+		t.Fatalf("%d cascade marks after the fenced cascade; want 1 (kept)", n)
+	}
+	if _, err := c.Cancel(ctx, "p"); !errors.Is(err, queue.ErrFinished) {
+		t.Fatalf("second cancel of p: %v; want ErrFinished, its cascade run again", err)
+	}
+	wantStatus(t, c, queue.Cancelled, "p.1.0", "p.1.1")
+	if n := markCount(t, cli, ns); n != 0 {
+		t.Fatalf("%d cascade marks after the second cascade; want 0", n)
 	}
 }
