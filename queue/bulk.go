@@ -11,6 +11,7 @@ import (
 
 	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/keyspace"
+	"github.com/droverhq/drover/task"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -453,4 +454,122 @@ func (c *Client) purgeCascades(ctx context.Context, q string, st Status, ids []s
 		}
 		from = string(g.Kvs[len(g.Kvs)-1].Key) + "\x00"
 	}
+}
+
+// cascadeFence is what a cascade's cancel of a child is made under: the
+// record of the parent whose cascade it is, as the cascade read it.
+type cascadeFence struct {
+	parent string
+	rev    int64 // the parent record's ModRevision
+}
+
+// errParentChanged says a cascade's parent changed since the cascade read
+// it (a requeue): the cascade stops, its mark kept for a later reading.
+var errParentChanged = errors.New("the parent changed since its cascade began")
+
+// cancelBy cancels task id alone; by, when not nil, is the cascade of a
+// parent the cancel is made for: it holds only while the parent's record
+// is as the cascade read it (else errParentChanged), and it writes the
+// child's done key without its failed mark, so that a parent requeued
+// later does not fail of the children its own end cancelled. marked
+// reports that the cancel put id's own cascade mark (id spawned
+// children).
+func (c *Client) cancelBy(ctx context.Context, id string, by *cascadeFence) (t *Task, marked bool, err error) {
+	for attempt := 0; attempt < 20; attempt++ {
+		if attempt > 0 { // a task in a busy segment: its neighbours change it
+			sleepCtx(ctx, time.Duration(attempt)*5*time.Millisecond)
+		}
+		t, err := c.Get(ctx, id)
+		if err != nil {
+			return nil, false, err
+		}
+		switch t.CurrentStatus {
+		case Succeeded, Dead, Cancelled:
+			return t, false, fmt.Errorf("%w: task %s is %s", ErrFinished, id, t.CurrentStatus)
+		}
+		recKey := c.keys.TaskRecord(id)
+		cmps := []clientv3.Cmp{
+			clientv3.Compare(clientv3.ModRevision(recKey), "=", t.rev),
+			clientv3.Compare(clientv3.ModRevision(c.pendingKey(t)), "=", t.pendingRev),
+		}
+		if t.seg != nil {
+			cmps = c.segmentUnchanged(t, t.CurrentStatus)
+		}
+		if by != nil {
+			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(c.keys.TaskRecord(by.parent)), "=", by.rev))
+		}
+		ops := c.cancelOps(t, by != nil)
+		markAt := len(ops)
+		ops = append(ops, c.cascadeMarkOp(t))
+		if wake := c.childWakeKey(t); wake != "" {
+			ops = append(ops, clientv3.OpPut(wake, ""))
+		}
+		if t.Token != 0 {
+			l, err := c.cli.Grant(ctx, cancelSignalTTL)
+			if err != nil {
+				return nil, false, fmt.Errorf("queue: cancel %s: %w", id, err)
+			}
+			ops = append(ops, clientv3.OpPut(c.keys.CancelTask(t.Queue, id), "", clientv3.WithLease(l.ID)))
+		}
+		// Nothing may have changed since the read that decided all this:
+		// not the record (an outcome rewrites it), not the pending key (a
+		// claim rewrites it, and would then need the cancel signal).
+		resp, err := c.cli.Txn(ctx).If(cmps...).Then(ops...).Commit()
+		if err != nil {
+			return nil, false, fmt.Errorf("queue: cancel %s: %w", id, err)
+		}
+		if resp.Succeeded {
+			// Best effort: a follower of a stream left without its Done
+			// ends through the task's status (stream.WhenEnded).
+			_ = c.FinishStream(ctx, id, Cancelled, "")
+			return t, resp.Responses[markAt].GetResponseTxn().Succeeded, nil
+		}
+		if by != nil {
+			g, err := c.cli.Get(ctx, c.keys.TaskRecord(by.parent), clientv3.WithKeysOnly())
+			if err != nil {
+				return nil, false, fmt.Errorf("queue: cancel %s: read its parent: %w", id, err)
+			}
+			if len(g.Kvs) == 0 || g.Kvs[0].ModRevision != by.rev {
+				return nil, false, fmt.Errorf("queue: cancel %s: %w", id, errParentChanged)
+			}
+		}
+	}
+	return nil, false, fmt.Errorf("queue: cancel %s: the task kept changing; try again", id)
+}
+
+// liveChildren returns the children of children (step step of task
+// parent's plan) that are not detached and have no done key: none, after
+// one count-only read, when every child of the step has one.
+func (c *Client) liveChildren(ctx context.Context, parent string, step int, children []task.Child) ([]task.Child, error) {
+	pre := c.keys.ChildDones(parent, step)
+	n, err := c.cli.Get(ctx, pre, clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil {
+		return nil, fmt.Errorf("queue: count the ended children of %s: %w", parent, err)
+	}
+	done := map[string]bool{}
+	if n.Count >= int64(len(children)) {
+		return nil, nil
+	}
+	if n.Count > 0 {
+		for key := pre; ; {
+			g, err := c.cli.Get(ctx, key, clientv3.WithRange(clientv3.GetPrefixRangeEnd(pre)), clientv3.WithKeysOnly(), clientv3.WithLimit(1000))
+			if err != nil {
+				return nil, fmt.Errorf("queue: list the ended children of %s: %w", parent, err)
+			}
+			for _, kv := range g.Kvs {
+				done[keyspace.Rest(pre, string(kv.Key))] = true
+			}
+			if !g.More || len(g.Kvs) == 0 {
+				break
+			}
+			key = string(g.Kvs[len(g.Kvs)-1].Key) + "\x00"
+		}
+	}
+	var live []task.Child
+	for _, ch := range children {
+		if !ch.Detached && !done[ch.ID] {
+			live = append(live, ch)
+		}
+	}
+	return live, nil
 }

@@ -356,43 +356,6 @@ func (c *Client) cancelChildren(ctx context.Context, parent string, fence *casca
 	return nil
 }
 
-// liveChildren returns the children of children (step step of task
-// parent's plan) that are not detached and have no done key: none, after
-// one count-only read, when every child of the step has one.
-func (c *Client) liveChildren(ctx context.Context, parent string, step int, children []task.Child) ([]task.Child, error) {
-	pre := c.keys.ChildDones(parent, step)
-	n, err := c.cli.Get(ctx, pre, clientv3.WithPrefix(), clientv3.WithCountOnly())
-	if err != nil {
-		return nil, fmt.Errorf("queue: count the ended children of %s: %w", parent, err)
-	}
-	done := map[string]bool{}
-	if n.Count >= int64(len(children)) {
-		return nil, nil
-	}
-	if n.Count > 0 {
-		for key := pre; ; {
-			g, err := c.cli.Get(ctx, key, clientv3.WithRange(clientv3.GetPrefixRangeEnd(pre)), clientv3.WithKeysOnly(), clientv3.WithLimit(1000))
-			if err != nil {
-				return nil, fmt.Errorf("queue: list the ended children of %s: %w", parent, err)
-			}
-			for _, kv := range g.Kvs {
-				done[keyspace.Rest(pre, string(kv.Key))] = true
-			}
-			if !g.More || len(g.Kvs) == 0 {
-				break
-			}
-			key = string(g.Kvs[len(g.Kvs)-1].Key) + "\x00"
-		}
-	}
-	var live []task.Child
-	for _, ch := range children {
-		if !ch.Detached && !done[ch.ID] {
-			live = append(live, ch)
-		}
-	}
-	return live, nil
-}
-
 // A task that ends CANCELLED (Cancel, CancelTasks) or DEAD (a worker's
 // outcome, the fail-fast of a child that failed among them) puts its
 // cascade mark, child-cascades/{q}/{id}, in the transaction that ends it,
