@@ -2,9 +2,11 @@ package queue_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/droverhq/drover/internal/testenv/etcdtest"
 	"github.com/droverhq/drover/keyspace"
@@ -170,4 +172,45 @@ func TestCascadeFencedByTheParentsRecord(t *testing.T) {
 	if n := markCount(t, cli, ns); n != 0 {
 		t.Fatalf("%d cascade marks after the second cascade; want 0", n)
 	}
+}
+
+// A worker's scan leaves a cascade mark another scanner claimed while the
+// claim holds, and works on it once the claim expired: one scanner works
+// on a mark at a time.
+func TestCascadeScanHonoursClaims(t *testing.T) {
+	t.Cleanup(queue.SetCascadeRescan(100 * time.Millisecond)) // first: restored after the workers stop
+	ns := etcdtest.Namespace(t)
+	c, cli := newClient(t, ns)
+	setupIdle(t, c, "p")
+	f := newFamily(0)
+	f.children = idleChildren
+	stop := runParents(t, cli, ns, f)
+	wantStatus(t, c, queue.Waiting, "p")
+	stop()
+
+	// Cancelled alone: its mark written, its cascade not run.
+	ctx := context.Background()
+	if _, err := queue.CancelAlone(ctx, c, "p"); err != nil {
+		t.Fatal(err)
+	}
+	mark := keyspace.MustNew(ns).ChildCascade("wf", "p")
+	claim := func(until time.Time) {
+		t.Helper()
+		b, _ := json.Marshal(map[string]any{"worker": "another", "until": until})
+		if _, err := cli.Put(ctx, mark, string(b)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	claim(time.Now().Add(time.Hour))
+	stop = runParents(t, cli, ns, f)
+	time.Sleep(2 * time.Second) // many rescans at 100 ms
+	for _, id := range []string{"p.1.0", "p.1.1"} {
+		if got, err := c.Get(ctx, id); err != nil || got.CurrentStatus != queue.Pending {
+			t.Fatalf("child %s while another holds the mark: %+v (%v); want PENDING", id, got, err)
+		}
+	}
+	claim(time.Now().Add(-time.Second))
+	wantStatus(t, c, queue.Cancelled, "p.1.0", "p.1.1")
+	waitUntil(t, "the cascade mark to go", func() bool { return markCount(t, cli, ns) == 0 })
+	stop()
 }
