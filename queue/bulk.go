@@ -11,6 +11,7 @@ import (
 
 	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/keyspace"
+	"github.com/droverhq/drover/task"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -271,7 +272,9 @@ func (c *Client) Requeue(ctx context.Context, q string, ids []string, progress f
 // had not ended ends for its parent in the same transaction: CANCELLED,
 // with the error "purged", and its parent's wake mark put. It returns how
 // many went; progress, if set, is called after each transaction with the
-// number of tasks handled so far.
+// number of tasks handled so far. A DEAD or CANCELLED task whose cascade
+// (the cancels of its live children) is not finished has it finished
+// first: its plan, which names the children, goes with it.
 func (c *Client) Purge(ctx context.Context, q string, st Status, ids []string, progress func(done int)) (int, error) {
 	if st == Running {
 		return 0, &drover.InputError{Field: "status", Value: string(st), Rule: "running tasks cannot be purged: cancel them first"}
@@ -303,6 +306,9 @@ func (c *Client) Purge(ctx context.Context, q string, st Status, ids []string, p
 		if whole = n; err != nil {
 			return n, err
 		}
+	}
+	if err := c.purgeCascades(ctx, q, st, ids); err != nil {
+		return whole, err
 	}
 	n, err := c.bulk(ctx, q, st, ids, progressFrom(whole, progress), func(t *Task) ([]clientv3.Op, int, string) {
 		ops := []clientv3.Op{clientv3.OpDelete(c.keys.Task(t.ID), clientv3.WithPrefix()), clientv3.OpDelete(c.keys.TaskIndex(t.ID))}
@@ -360,7 +366,7 @@ func (c *Client) CancelTasks(ctx context.Context, q string, st Status, ids []str
 	var touched []*Task
 	n, err := c.bulk(ctx, q, st, ids, progress, func(t *Task) ([]clientv3.Op, int, string) {
 		touched = append(touched, t)
-		ops := append(c.cancelOps(t), c.cascadeMarkOp(t))
+		ops := append(c.cancelOps(t, false), c.cascadeMarkOp(t))
 		return ops, len(ops[0].ValueBytes()), c.childWakeKey(t) // several children of one parent share it
 	})
 	if err != nil {
@@ -370,8 +376,9 @@ func (c *Client) CancelTasks(ctx context.Context, q string, st Status, ids []str
 }
 
 // cancelOps are the writes that cancel t; the first rewrites its record.
-// A running task's claim goes too.
-func (c *Client) cancelOps(t *Task) []clientv3.Op {
+// A running task's claim goes too. cascaded: the cancel is a parent's
+// cascade (childCancelOps).
+func (c *Client) cancelOps(t *Task, cascaded bool) []clientv3.Op {
 	now := c.now().UTC()
 	sleepKey, waitKey := c.sleepKey(t), c.waitingKey(t)
 	t.CurrentStatus, t.WaitingFor = Cancelled, nil
@@ -382,7 +389,7 @@ func (c *Client) cancelOps(t *Task) []clientv3.Op {
 			clientv3.OpPut(c.keys.TaskRecord(t.ID), string(rec)),
 			clientv3.OpPut(c.keys.Exit(t.Queue, t.seg.seg, t.seg.slot), "cancelled"),
 			clientv3.OpPut(c.doneKey(t.Queue, Cancelled, now, t.ID), ""),
-		}, c.childCancelOps(t)...)
+		}, c.childCancelOps(t, cascaded)...)
 	}
 	return append([]clientv3.Op{
 		clientv3.OpPut(c.keys.TaskRecord(t.ID), string(rec)),
@@ -392,7 +399,7 @@ func (c *Client) cancelOps(t *Task) []clientv3.Op {
 		clientv3.OpDelete(waitKey),
 		clientv3.OpDelete(c.keys.QueueClaim(t.Queue, t.ID)),
 		clientv3.OpPut(c.doneKey(t.Queue, Cancelled, now, t.ID), ""),
-	}, c.childCancelOps(t)...)
+	}, c.childCancelOps(t, cascaded)...)
 }
 
 // finishedAt is when a finished task reached its terminal status: the time
@@ -410,4 +417,159 @@ func errNotIn(t *Task, q string, st Status) error {
 		return fmt.Errorf("%w: %s is %s in queue %s", ErrNotDead, t.ID, t.CurrentStatus, t.Queue)
 	}
 	return fmt.Errorf("%w: %s is %s in queue %s, not %s in queue %s", ErrWrongStatus, t.ID, t.CurrentStatus, t.Queue, st, q)
+}
+
+// purgeCascades finishes, before a purge of queue q's tasks in status st
+// (ids; all when empty), the cascades of those that left a cascade mark:
+// the mark names its task's children through the task's plan, which the
+// purge removes. Only DEAD and CANCELLED tasks have marks.
+func (c *Client) purgeCascades(ctx context.Context, q string, st Status, ids []string) error {
+	if st != Dead && st != Cancelled {
+		return nil
+	}
+	want := map[string]bool{}
+	for _, id := range ids {
+		want[id] = true
+	}
+	pre := c.keys.ChildCascades(q)
+	for from := pre; ; {
+		g, err := c.cli.Get(ctx, from, clientv3.WithRange(clientv3.GetPrefixRangeEnd(pre)), clientv3.WithKeysOnly(), clientv3.WithLimit(1000))
+		if err != nil {
+			return fmt.Errorf("queue: read the cancel cascades of %s: %w", q, err)
+		}
+		for _, kv := range g.Kvs {
+			id := keyspace.Rest(pre, string(kv.Key))
+			if len(want) > 0 && !want[id] {
+				continue
+			}
+			cctx, stop := context.WithTimeout(ctx, cancelCascadeTimeout)
+			err := c.cascade(cctx, q, id)
+			stop()
+			if err != nil {
+				return fmt.Errorf("queue: purge %s: cancel the children of %s first: %w", q, id, err)
+			}
+		}
+		if !g.More || len(g.Kvs) == 0 {
+			return nil
+		}
+		from = string(g.Kvs[len(g.Kvs)-1].Key) + "\x00"
+	}
+}
+
+// cascadeFence is what a cascade's cancel of a child is made under: the
+// record of the parent whose cascade it is, as the cascade read it.
+type cascadeFence struct {
+	parent string
+	rev    int64 // the parent record's ModRevision
+}
+
+// errParentChanged says a cascade's parent changed since the cascade read
+// it (a requeue): the cascade stops, its mark kept for a later reading.
+var errParentChanged = errors.New("the parent changed since its cascade began")
+
+// cancelBy cancels task id alone; by, when not nil, is the cascade of a
+// parent the cancel is made for: it holds only while the parent's record
+// is as the cascade read it (else errParentChanged), and it writes the
+// child's done key without its failed mark, so that a parent requeued
+// later does not fail of the children its own end cancelled. marked
+// reports that the cancel put id's own cascade mark (id spawned
+// children).
+func (c *Client) cancelBy(ctx context.Context, id string, by *cascadeFence) (t *Task, marked bool, err error) {
+	for attempt := 0; attempt < 20; attempt++ {
+		if attempt > 0 { // a task in a busy segment: its neighbours change it
+			sleepCtx(ctx, time.Duration(attempt)*5*time.Millisecond)
+		}
+		t, err := c.Get(ctx, id)
+		if err != nil {
+			return nil, false, err
+		}
+		switch t.CurrentStatus {
+		case Succeeded, Dead, Cancelled:
+			return t, false, fmt.Errorf("%w: task %s is %s", ErrFinished, id, t.CurrentStatus)
+		}
+		recKey := c.keys.TaskRecord(id)
+		cmps := []clientv3.Cmp{
+			clientv3.Compare(clientv3.ModRevision(recKey), "=", t.rev),
+			clientv3.Compare(clientv3.ModRevision(c.pendingKey(t)), "=", t.pendingRev),
+		}
+		if t.seg != nil {
+			cmps = c.segmentUnchanged(t, t.CurrentStatus)
+		}
+		if by != nil {
+			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(c.keys.TaskRecord(by.parent)), "=", by.rev))
+		}
+		ops := c.cancelOps(t, by != nil)
+		markAt := len(ops)
+		ops = append(ops, c.cascadeMarkOp(t))
+		if wake := c.childWakeKey(t); wake != "" {
+			ops = append(ops, clientv3.OpPut(wake, ""))
+		}
+		if t.Token != 0 {
+			l, err := c.cli.Grant(ctx, cancelSignalTTL)
+			if err != nil {
+				return nil, false, fmt.Errorf("queue: cancel %s: %w", id, err)
+			}
+			ops = append(ops, clientv3.OpPut(c.keys.CancelTask(t.Queue, id), "", clientv3.WithLease(l.ID)))
+		}
+		// Nothing may have changed since the read that decided all this:
+		// not the record (an outcome rewrites it), not the pending key (a
+		// claim rewrites it, and would then need the cancel signal).
+		resp, err := c.cli.Txn(ctx).If(cmps...).Then(ops...).Commit()
+		if err != nil {
+			return nil, false, fmt.Errorf("queue: cancel %s: %w", id, err)
+		}
+		if resp.Succeeded {
+			// Best effort: a follower of a stream left without its Done
+			// ends through the task's status (stream.WhenEnded).
+			_ = c.FinishStream(ctx, id, Cancelled, "")
+			return t, resp.Responses[markAt].GetResponseTxn().Succeeded, nil
+		}
+		if by != nil {
+			g, err := c.cli.Get(ctx, c.keys.TaskRecord(by.parent), clientv3.WithKeysOnly())
+			if err != nil {
+				return nil, false, fmt.Errorf("queue: cancel %s: read its parent: %w", id, err)
+			}
+			if len(g.Kvs) == 0 || g.Kvs[0].ModRevision != by.rev {
+				return nil, false, fmt.Errorf("queue: cancel %s: %w", id, errParentChanged)
+			}
+		}
+	}
+	return nil, false, fmt.Errorf("queue: cancel %s: the task kept changing; try again", id)
+}
+
+// liveChildren returns the children of children (step step of task
+// parent's plan) that are not detached and have no done key: none, after
+// one count-only read, when every child of the step has one.
+func (c *Client) liveChildren(ctx context.Context, parent string, step int, children []task.Child) ([]task.Child, error) {
+	pre := c.keys.ChildDones(parent, step)
+	n, err := c.cli.Get(ctx, pre, clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil {
+		return nil, fmt.Errorf("queue: count the ended children of %s: %w", parent, err)
+	}
+	done := map[string]bool{}
+	if n.Count >= int64(len(children)) {
+		return nil, nil
+	}
+	if n.Count > 0 {
+		for key := pre; ; {
+			g, err := c.cli.Get(ctx, key, clientv3.WithRange(clientv3.GetPrefixRangeEnd(pre)), clientv3.WithKeysOnly(), clientv3.WithLimit(1000))
+			if err != nil {
+				return nil, fmt.Errorf("queue: list the ended children of %s: %w", parent, err)
+			}
+			for _, kv := range g.Kvs {
+				done[keyspace.Rest(pre, string(kv.Key))] = true
+			}
+			if !g.More || len(g.Kvs) == 0 {
+				break
+			}
+			key = string(g.Kvs[len(g.Kvs)-1].Key) + "\x00"
+		}
+	}
+	var live []task.Child
+	for _, ch := range children {
+		if !ch.Detached && !done[ch.ID] {
+			live = append(live, ch)
+		}
+	}
+	return live, nil
 }

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -259,9 +260,15 @@ func (w *Worker) childDone(t *Task, status Status, result []byte, errMsg string,
 }
 
 // childCancelOps are the writes that record child t's cancel for its
-// parent, without its wake mark (Cancel and CancelTasks put it).
-func (c *Client) childCancelOps(t *Task) []clientv3.Op {
+// parent, without its wake mark (Cancel and CancelTasks put it). A
+// cancel made by the parent's own cascade (cascaded) writes the done key
+// alone, without the failed mark: the parent ended already, and were it
+// requeued, the children its end cancelled would fail it again at once.
+func (c *Client) childCancelOps(t *Task, cascaded bool) []clientv3.Op {
 	ops, _ := c.childDoneOps(t, Cancelled, nil, "cancelled")
+	if cascaded && len(ops) > 1 {
+		ops = ops[:1]
+	}
 	return ops
 }
 
@@ -314,26 +321,33 @@ func (c *Client) wakeParent(ctx context.Context, parent string) (bool, error) {
 }
 
 // cancelChildren cancels the live children task parent spawned, except
-// those spawned detached; each cancel cancels that child's own children
-// (cascade). A child not submitted yet, or finished, is left as it is.
-func (c *Client) cancelChildren(ctx context.Context, parent string) error {
+// those spawned detached, each under fence (the parent as its cascade
+// read it: errParentChanged when it changed since); a child whose cancel
+// put its own cascade mark (it spawned children) has its cascade run. A
+// child not submitted yet, or finished, is left as it is. Finished
+// children cost no request each: a step whose children all ended (a
+// count of its done keys equals its plan's length) is skipped, and of the
+// others only the children without a done key (their keys listed, keys
+// only) are cancelled.
+func (c *Client) cancelChildren(ctx context.Context, parent string, fence *cascadeFence) error {
 	plans, err := c.store.Plans(ctx, parent)
 	if err != nil || len(plans) == 0 {
 		return err
 	}
 	var g errgroup.Group
 	g.SetLimit(8)
-	for _, children := range plans {
-		for _, ch := range children {
-			if ch.Detached {
-				continue
-			}
+	for step, children := range plans {
+		live, err := c.liveChildren(ctx, parent, step, children)
+		if err != nil {
+			return err
+		}
+		for _, ch := range live {
 			g.Go(func() error {
-				t, err := c.cancel(ctx, ch.ID)
+				t, marked, err := c.cancelBy(ctx, ch.ID, fence)
 				switch {
-				case cancelCascades(t, err):
+				case err == nil && marked:
 					err = c.cascade(ctx, t.Queue, ch.ID) // its own, on the same context
-				case errors.Is(err, ErrNotFound) || errors.Is(err, ErrFinished):
+				case err == nil, errors.Is(err, ErrNotFound), errors.Is(err, ErrFinished):
 					return nil
 				}
 				if err != nil {
@@ -391,8 +405,8 @@ func (c *Client) cascade(ctx context.Context, q, id string) error {
 		if beforeCascadeRun != nil {
 			beforeCascadeRun(id)
 		}
-		if err := c.cancelChildren(ctx, id); err != nil {
-			return err
+		if err := c.cancelChildren(ctx, id, &cascadeFence{parent: id, rev: t.rev}); err != nil {
+			return err // the mark stays; a parent requeued since has it dropped then
 		}
 	}
 	if len(g.Kvs) == 0 {
@@ -413,18 +427,29 @@ func failFast(o outcome) bool {
 	return o.kind == Dead && errors.As(o.err, &cf)
 }
 
-// deadCascadeTimeout bounds a worker's cascades after the outcomes that
-// ended parents DEAD; what it cuts short, cascadeScan finishes.
+// deadCascadeTimeout bounds a worker's cascade of one parent after the
+// outcome that ended it DEAD; what it cuts short, cascadeScan finishes.
 const deadCascadeTimeout = 30 * time.Second
 
 // cascadeDead cancels the live children of parents ts, which their
 // children's failures ended DEAD, once their outcomes (and cascade marks)
-// are written.
+// are written: each with a budget of its own, all cut short when the
+// worker is asked to stop (the marks stay for the scans).
 func (w *Worker) cascadeDead(ts []*Task) {
-	ctx, cancel := context.WithTimeout(w.cli.Ctx(), deadCascadeTimeout)
-	defer cancel()
+	life, stop := context.WithCancel(w.cli.Ctx())
+	defer stop()
+	go func() {
+		select {
+		case <-w.stopReq:
+			stop()
+		case <-life.Done():
+		}
+	}()
 	for _, t := range ts {
-		if err := w.client.cascade(ctx, t.Queue, t.ID); err != nil {
+		ctx, cancel := context.WithTimeout(life, deadCascadeTimeout)
+		err := w.client.cascade(ctx, t.Queue, t.ID)
+		cancel()
+		if err != nil && life.Err() == nil {
 			w.logger.Warn("queue: could not cancel the children of a parent a child failed; the queue's workers finish it later", "task", t.ID, "err", err)
 		}
 	}
@@ -437,42 +462,111 @@ var cascadeRescan = 30 * time.Second
 // cascadeWidth bounds the cascades a worker finishes at once.
 const cascadeWidth = 4
 
+// cascadeClaim is the value of a cascade mark a scan works on: the
+// scanner, and until when the others leave the mark to it.
+type cascadeClaim struct {
+	Worker string    `json:"worker"`
+	Until  time.Time `json:"until"`
+}
+
 // cascadeScan finishes the cascades of queue q's tasks that their writers
-// left, until ctx ends: at once, then every cascadeRescan (give or take a
-// tenth), it reads the marks and cascades from each, but for marks put
+// left, until ctx ends: after a random delay of up to a tenth of
+// cascadeRescan (so that workers started together do not read at once),
+// then every cascadeRescan (give or take a twentieth), it reads the marks,
+// a page of 1,000 at a time, and cascades from each, but for marks put
 // since the read before (their writers most likely cascade from them
-// still).
+// still) and marks another scanner claimed and whose claim holds. A mark
+// is claimed before its cascade (a compare-and-put of the scanner and an
+// expiry into its value), so that of the workers that scan, one works on
+// each mark. Failures are logged once a pass.
 func (c *Client) cascadeScan(ctx context.Context, q string, logger *slog.Logger) {
-	pre := c.keys.ChildCascades(q)
-	var seen int64 // the revision of the read before; 0: none yet
+	me := strconv.FormatUint(rand.Uint64(), 36)
+	var seen int64 // the revision of the pass before; 0: none yet
+	_ = lifecycle.Sleep(ctx, time.Duration(rand.Int64N(int64(cascadeRescan/10)+1)))
 	for ctx.Err() == nil {
-		g, err := c.cli.Get(ctx, pre, clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithLimit(1000))
-		if err != nil && ctx.Err() == nil {
+		rev, failed, err := c.cascadePass(ctx, q, me, seen)
+		switch {
+		case ctx.Err() != nil:
+		case err != nil:
 			logger.Warn("queue: reading the cancel cascades left failed; retrying later", "queue", q, "err", err)
+		case failed.n > 0:
+			logger.Warn("queue: could not cancel the children of ended tasks; trying again later", "queue", q, "tasks", failed.n, "task", failed.first, "err", failed.err)
 		}
 		if err == nil {
-			var eg errgroup.Group
-			eg.SetLimit(cascadeWidth)
-			for _, kv := range g.Kvs {
-				if seen > 0 && kv.ModRevision > seen {
-					continue
-				}
-				eg.Go(func() error {
-					id := keyspace.Rest(pre, string(kv.Key))
-					cctx, stop := context.WithTimeout(ctx, cancelCascadeTimeout)
-					defer stop()
-					if err := c.cascade(cctx, q, id); err != nil && ctx.Err() == nil {
-						logger.Warn("queue: could not cancel the children of an ended task; trying again later", "task", id, "err", err)
-					}
-					return nil
-				})
-			}
-			_ = eg.Wait()
-			seen = g.Header.Revision
+			seen = rev
 		}
 		jitter := time.Duration(rand.Int64N(int64(cascadeRescan/10) + 1))
 		_ = lifecycle.Sleep(ctx, cascadeRescan-cascadeRescan/20+jitter)
 	}
+}
+
+// cascadeFailures sums up the cascades of a pass that failed.
+type cascadeFailures struct {
+	n     int
+	first string
+	err   error
+}
+
+// cascadePass is one pass of cascadeScan by scanner me over queue q's
+// marks; seen is the revision of the pass before (0: none). It returns
+// the revision of its first read.
+func (c *Client) cascadePass(ctx context.Context, q, me string, seen int64) (int64, cascadeFailures, error) {
+	pre := c.keys.ChildCascades(q)
+	var rev int64
+	var failed cascadeFailures
+	var mu sync.Mutex
+	for from := pre; ; {
+		opts := []clientv3.OpOption{clientv3.WithRange(clientv3.GetPrefixRangeEnd(pre)), clientv3.WithLimit(1000)}
+		if rev > 0 {
+			opts = append(opts, clientv3.WithRev(rev))
+		}
+		g, err := c.cli.Get(ctx, from, opts...)
+		if err != nil {
+			return 0, failed, err
+		}
+		if rev == 0 {
+			rev = g.Header.Revision
+		}
+		var eg errgroup.Group
+		eg.SetLimit(cascadeWidth)
+		for _, kv := range g.Kvs {
+			var cl cascadeClaim
+			claimed := len(kv.Value) > 0 && json.Unmarshal(kv.Value, &cl) == nil
+			if claimed && cl.Worker != me && c.now().Before(cl.Until) || !claimed && seen > 0 && kv.ModRevision > seen {
+				continue
+			}
+			eg.Go(func() error {
+				id := keyspace.Rest(pre, string(kv.Key))
+				if err := c.claimCascade(ctx, q, id, me, string(kv.Key), kv.ModRevision); err != nil && ctx.Err() == nil {
+					mu.Lock()
+					if failed.n++; failed.n == 1 {
+						failed.first, failed.err = id, err
+					}
+					mu.Unlock()
+				}
+				return nil
+			})
+		}
+		_ = eg.Wait()
+		if !g.More || len(g.Kvs) == 0 {
+			return rev, failed, nil
+		}
+		from = string(g.Kvs[len(g.Kvs)-1].Key) + "\x00"
+	}
+}
+
+// claimCascade claims the cascade mark of task id of queue q (key, at
+// revision modRev) for scanner me, then runs the cascade; a mark changed
+// since it was read (claimed by another, put again, removed) is left.
+func (c *Client) claimCascade(ctx context.Context, q, id, me, key string, modRev int64) error {
+	b, _ := json.Marshal(cascadeClaim{Worker: me, Until: c.now().Add(cancelCascadeTimeout)})
+	resp, err := c.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", modRev)).Then(clientv3.OpPut(key, string(b))).Commit()
+	if err != nil || !resp.Succeeded {
+		return err
+	}
+	cctx, stop := context.WithTimeout(ctx, cancelCascadeTimeout)
+	defer stop()
+	return c.cascade(cctx, q, id)
 }
 
 // afterCancels does for tasks, which a bulk cancel tried to cancel, what

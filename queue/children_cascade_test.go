@@ -91,6 +91,7 @@ func setupIdle(t *testing.T, c *queue.Client, parents ...string) {
 // handler's context ends), two pending; the detached one stays live, and
 // the cascade leaves no mark behind.
 func TestFailFastCancelsLiveSiblings(t *testing.T) {
+	t.Cleanup(queue.SetCascadeRescan(time.Second)) // first: restored after the workers stop
 	ns := etcdtest.Namespace(t)
 	c, cli := newClient(t, ns)
 	setupIdle(t, c, "p")

@@ -329,52 +329,8 @@ func cancelCascades(t *Task, err error) bool {
 
 // cancel cancels task id alone.
 func (c *Client) cancel(ctx context.Context, id string) (*Task, error) {
-	for attempt := 0; attempt < 20; attempt++ {
-		if attempt > 0 { // a task in a busy segment: its neighbours change it
-			sleepCtx(ctx, time.Duration(attempt)*5*time.Millisecond)
-		}
-		t, err := c.Get(ctx, id)
-		if err != nil {
-			return nil, err
-		}
-		switch t.CurrentStatus {
-		case Succeeded, Dead, Cancelled:
-			return t, fmt.Errorf("%w: task %s is %s", ErrFinished, id, t.CurrentStatus)
-		}
-		recKey := c.keys.TaskRecord(id)
-		cmps := []clientv3.Cmp{
-			clientv3.Compare(clientv3.ModRevision(recKey), "=", t.rev),
-			clientv3.Compare(clientv3.ModRevision(c.pendingKey(t)), "=", t.pendingRev),
-		}
-		if t.seg != nil {
-			cmps = c.segmentUnchanged(t, t.CurrentStatus)
-		}
-		ops := append(c.cancelOps(t), c.cascadeMarkOp(t))
-		if wake := c.childWakeKey(t); wake != "" {
-			ops = append(ops, clientv3.OpPut(wake, ""))
-		}
-		if t.Token != 0 {
-			l, err := c.cli.Grant(ctx, cancelSignalTTL)
-			if err != nil {
-				return nil, fmt.Errorf("queue: cancel %s: %w", id, err)
-			}
-			ops = append(ops, clientv3.OpPut(c.keys.CancelTask(t.Queue, id), "", clientv3.WithLease(l.ID)))
-		}
-		// Nothing may have changed since the read that decided all this:
-		// not the record (an outcome rewrites it), not the pending key (a
-		// claim rewrites it, and would then need the cancel signal).
-		resp, err := c.cli.Txn(ctx).If(cmps...).Then(ops...).Commit()
-		if err != nil {
-			return nil, fmt.Errorf("queue: cancel %s: %w", id, err)
-		}
-		if resp.Succeeded {
-			// Best effort: a follower of a stream left without its Done
-			// ends through the task's status (stream.WhenEnded).
-			_ = c.FinishStream(ctx, id, Cancelled, "")
-			return t, nil
-		}
-	}
-	return nil, fmt.Errorf("queue: cancel %s: the task kept changing; try again", id)
+	t, _, err := c.cancelBy(ctx, id, nil)
+	return t, err
 }
 
 func appendTransition(ts []Transition, tr Transition) []Transition {
@@ -572,10 +528,12 @@ func (c *Client) DeleteQueue(ctx context.Context, q string, progress func(done i
 			return n, err
 		}
 	}
-	// What is left: settings, level markers, counts, cancel signals, and
-	// index keys of tasks whose record was gone.
+	// What is left: settings, level markers, counts, cancel signals,
+	// index keys of tasks whose record was gone, and the queue's child
+	// wake and cascade marks (its tasks' cascades ran as they were purged).
 	if _, err := c.cli.Txn(ctx).Then(clientv3.OpDelete(c.keys.Queue(q), clientv3.WithPrefix()), clientv3.OpDelete(c.keys.QueueName(q)),
-		clientv3.OpDelete(c.keys.Segments(q), clientv3.WithPrefix())).Commit(); err != nil {
+		clientv3.OpDelete(c.keys.Segments(q), clientv3.WithPrefix()),
+		clientv3.OpDelete(c.keys.ChildCascades(q), clientv3.WithPrefix()), clientv3.OpDelete(c.keys.ChildWakes(q), clientv3.WithPrefix())).Commit(); err != nil {
 		return n, fmt.Errorf("queue: delete queue %s: %w", q, err)
 	}
 	return n, nil
