@@ -62,13 +62,6 @@ type childSpawner struct {
 
 var _ task.Spawner = childSpawner{}
 
-// childTask is child c of step step of task parent, of queue pq, as it is
-// submitted.
-func childTask(c task.Child, parent string, step int, pq string) Task {
-	return Task{ID: c.ID, Type: c.Type, Parameters: c.Parameters, Metadata: Metadata{Priority: c.Priority},
-		MaxRetries: c.MaxRetries, Timeout: Duration(c.Timeout), Queue: c.Queue, Parent: parent, ParentStep: step, ParentQueue: pq}
-}
-
 // childFields names a child's fields as a spawn gives them, not as
 // Task.check names a submitted task's.
 var childFields = strings.NewReplacer("metadata.priority", "priority", "timeout/backoff", "timeout")

@@ -518,3 +518,10 @@ func waitChange(ctx context.Context, watches ...clientv3.WatchChan) (int64, erro
 		return 0, ctx.Err()
 	}
 }
+
+// childTask is child c of step step of task parent, of queue pq, as it is
+// submitted.
+func childTask(c task.Child, parent string, step int, pq string) Task {
+	return Task{ID: c.ID, Type: c.Type, Parameters: c.Parameters, Metadata: Metadata{Priority: c.Priority},
+		MaxRetries: c.MaxRetries, Timeout: Duration(c.Timeout), Queue: c.Queue, Parent: parent, ParentStep: step, ParentQueue: pq}
+}
