@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -173,6 +174,41 @@ func (a *api) keyCount() int64 {
 		a.t.Fatal(err)
 	}
 	return g.Count
+}
+
+// keyNames lists the keys of the API's namespace.
+func (a *api) keyNames() map[string]bool {
+	a.t.Helper()
+	g, err := a.cli.Get(context.Background(), "/"+a.ns+"/", clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil {
+		a.t.Fatal(err)
+	}
+	out := map[string]bool{}
+	for _, kv := range g.Kvs {
+		out[string(kv.Key)] = true
+	}
+	return out
+}
+
+// keysChanged says which keys of before are gone and which are new.
+func (a *api) keysChanged(before map[string]bool) string {
+	a.t.Helper()
+	after := a.keyNames()
+	var gone, added []string
+	for k := range before {
+		if !after[k] {
+			gone = append(gone, k)
+		}
+	}
+	for k := range after {
+		if !before[k] {
+			added = append(added, k)
+		}
+	}
+	if len(gone)+len(added) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("gone %v, added %v", gone, added)
 }
 
 // session creates a session of ttl seconds and returns its id.

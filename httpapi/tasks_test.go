@@ -289,7 +289,7 @@ func TestAgentTaskBadInput(t *testing.T) {
 		{"DELETE", fmt.Sprintf("/v1/agent-tasks/bad*id/claim?session=%s&token=%d", s, int64(tok)), nil, 400},
 		{"GET", "/v1/agent-tasks/bad*id", nil, 400},
 	}
-	before := a.keyCount()
+	before := a.keyNames()
 	for _, c := range cases {
 		r := a.do(c.method, c.path, c.body)
 		if r.Status != c.code {
@@ -297,9 +297,9 @@ func TestAgentTaskBadInput(t *testing.T) {
 			continue
 		}
 		r.problem(t, c.code)
-	}
-	if n := a.keyCount(); n != before {
-		t.Fatalf("bad input changed the keys: %d, then %d", before, n)
+		if d := a.keysChanged(before); d != "" {
+			t.Fatalf("%s %s %.80v changed the keys: %s", c.method, c.path, c.body, d)
+		}
 	}
 	if g := a.do("GET", "/v1/agent-tasks/ok-task", nil).want(t, 200); g.num("step") != 0 {
 		t.Fatalf("bad input wrote a step: %s", g.Raw)
