@@ -372,7 +372,7 @@ func (w *claimer) readLevels(ctx context.Context, n int, hot string, listOpen bo
 	// Segments of a higher level than the window's first, then the window.
 	open := append(resp.Responses[4].GetResponseRange().Kvs, resp.Responses[3].GetResponseRange().Kvs...)
 	if listOpen {
-		if open, bounded, err = w.sawOpen(ctx, pre, bounded, !bounded || end == clientv3.GetPrefixRangeEnd(pre), open); err != nil {
+		if open, bounded, err = w.sawOpen(ctx, pre, resp.Header.Revision, bounded, !bounded || end == clientv3.GetPrefixRangeEnd(pre), open); err != nil {
 			return nil, false, nil, nil, nil, err
 		}
 	}
@@ -383,8 +383,8 @@ func (w *claimer) readLevels(ctx context.Context, n int, hot string, listOpen bo
 // them again, as the window then says (from its head to the last open
 // segment, or without a bound), when the read found none; it returns the
 // segments and whether their read stopped before the last open segment
-// (bounded).
-func (w *claimer) sawOpen(ctx context.Context, pre string, bounded, toEnd bool, open []*mvccpb.KeyValue) ([]*mvccpb.KeyValue, bool, error) {
+// (bounded). rev is the revision of the read.
+func (w *claimer) sawOpen(ctx context.Context, pre string, rev int64, bounded, toEnd bool, open []*mvccpb.KeyValue) ([]*mvccpb.KeyValue, bool, error) {
 	toLast := toEnd // the last read ran to the last open segment
 	for {
 		names := make([]string, 0, len(open))
@@ -393,6 +393,11 @@ func (w *claimer) sawOpen(ctx context.Context, pre string, bounded, toEnd bool, 
 			names = append(names, name)
 		}
 		w.levelMu.Lock()
+		if !bounded && w.noted == 0 {
+			// Every segment opened up to rev is in the window now:
+			// the claimer's waits go on from here (claimWait).
+			w.noted = rev
+		}
 		enough := w.window.sawTo(names, openRead, bounded, toEnd)
 		var above, from, end string
 		var ok bool
@@ -408,7 +413,7 @@ func (w *claimer) sawOpen(ctx context.Context, pre string, bounded, toEnd bool, 
 			if err != nil {
 				return nil, false, fmt.Errorf("queue: read open segments of %s: %w", w.queue, err)
 			}
-			open, bounded, toLast, toEnd = g.Kvs, false, true, true
+			open, bounded, toLast, toEnd, rev = g.Kvs, false, true, true, g.Header.Revision
 			continue
 		}
 		// To the last open segment (or a step of it, see toLast):
@@ -417,7 +422,7 @@ func (w *claimer) sawOpen(ctx context.Context, pre string, bounded, toEnd bool, 
 		if err != nil {
 			return nil, false, fmt.Errorf("queue: read open segments of %s: %w", w.queue, err)
 		}
-		toEnd = end == clientv3.GetPrefixRangeEnd(pre)
+		toEnd, rev = end == clientv3.GetPrefixRangeEnd(pre), resp.Header.Revision
 		open, bounded, toLast = append(resp.Responses[0].GetResponseRange().Kvs, resp.Responses[1].GetResponseRange().Kvs...), true, toEnd
 	}
 }

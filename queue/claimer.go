@@ -46,6 +46,7 @@ type claimer struct {
 	busySegs   map[string]time.Time   // segments whose slots all run, skipped until when (levelMu)
 	turns      levelTurns             // the anti-starvation turns of segments' levels (levelMu)
 	window     openWindow             // bounds the read of the open segments (levelMu)
+	noted      int64                  // every segment opened up to this revision was told to window (0: not known; levelMu; see claimWait)
 	lostSegs   *orphanList            // segments a dead worker's run left tasks in: claimed first
 	hot        [claimers]string       // per claim loop, the segment it took from last, with slots left (levelMu)
 	predicted  [claimers]*segState    // per claim loop, hot's state as its last claim left it (levelMu)

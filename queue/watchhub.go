@@ -138,10 +138,20 @@ func (wt *queueWait) C() <-chan struct{} { return wt.signal }
 // Take returns the events the wait got since the last Take, and whether
 // it missed some (then it must claim again).
 func (wt *queueWait) Take() (events []*clientv3.Event, missed bool) {
+	events, missed, _ = wt.takeSeen()
+	return events, missed
+}
+
+// takeSeen is Take, and also the revision up to which the wait has been
+// given every event of its queue (0: not known): the watch's.
+func (wt *queueWait) takeSeen() (events []*clientv3.Event, missed bool, seen int64) {
 	wt.qw.mu.Lock()
 	defer wt.qw.mu.Unlock()
 	events, wt.pending = wt.pending, nil
-	return events, wt.missed
+	if wt.qw.open {
+		seen = wt.qw.seen
+	}
+	return events, wt.missed, seen
 }
 
 // Stop ends the wait. When it was the queue's last, the watch closes a
