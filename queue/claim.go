@@ -393,9 +393,17 @@ func (w *claimer) sawOpen(ctx context.Context, pre string, rev int64, bounded, t
 			names = append(names, name)
 		}
 		w.levelMu.Lock()
+		if rev < w.windowAt {
+			// The other claim loop's read, or a segment's event, came
+			// after this read: its older view must not move the window
+			// (its head past a segment it did not see yet).
+			w.levelMu.Unlock()
+			return open, bounded && !toLast, nil
+		}
+		w.windowAt = rev
 		if !bounded && w.noted == 0 {
-			// Every segment opened up to rev is in the window now:
-			// the claimer's waits go on from here (claimWait).
+			// No segment opened up to rev lies before the window's
+			// head now: the claimer's waits go on from here (claimWait).
 			w.noted = rev
 		}
 		enough := w.window.sawTo(names, openRead, bounded, toEnd)

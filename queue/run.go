@@ -524,15 +524,30 @@ func (cw *claimWait) Take() (events []*clientv3.Event, missed bool) {
 			events = append(events, ev)
 			continue
 		}
-		if seg, ok := keyspace.OpenSegmentName(open, string(ev.Kv.Key)); ok && ev.IsCreate() && w.window.known {
-			w.window.created(seg)
-			missed = missed || !w.window.known
+		if seg, ok := keyspace.OpenSegmentName(open, string(ev.Kv.Key)); ok && ev.IsCreate() {
+			missed = w.opened(seg, ev.Kv.ModRevision) || missed
 		}
 	}
 	if cw.goesOn {
 		w.noted = max(w.noted, seen)
 	}
 	return events, missed
+}
+
+// opened tells the window of segment seg, opened at revision rev (levelMu
+// held), and reports whether that made the window unknown: the next read
+// has no bound, and a read made before rev no longer adapts the window
+// (sawOpen).
+func (w *claimer) opened(seg string, rev int64) bool {
+	if !w.window.known {
+		return false
+	}
+	w.window.created(seg)
+	if w.window.known {
+		return false
+	}
+	w.windowAt = max(w.windowAt, rev)
+	return true
 }
 
 // wakes reports whether events may have made something claimable (a
@@ -549,7 +564,7 @@ func (w *claimer) wakes(events []*clientv3.Event, anyClaimDelete bool) bool {
 		resumed = w.client.sawEvent(q, ev) || resumed // a pause or a resume (pause.go)
 		if seg, ok := keyspace.OpenSegmentName(open, k); ok && ev.Type == clientv3.EventTypePut && ev.IsCreate() {
 			w.levelMu.Lock()
-			w.window.created(seg)
+			w.opened(seg, ev.Kv.ModRevision)
 			w.levelMu.Unlock()
 		}
 		if ev.Type == clientv3.EventTypeDelete && strings.HasPrefix(k, pre) {
