@@ -325,6 +325,7 @@ func (w *claimer) readLevels(ctx context.Context, n int, hot string, listOpen bo
 	pre := w.keys.SegmentsOpen(w.queue)
 	w.levelMu.Lock()
 	above, from, end, bounded := w.window.bounds(pre)
+	gen := w.windowGen
 	w.levelMu.Unlock()
 	if !bounded {
 		above, from, end = pre, pre, clientv3.GetPrefixRangeEnd(pre)
@@ -372,7 +373,7 @@ func (w *claimer) readLevels(ctx context.Context, n int, hot string, listOpen bo
 	// Segments of a higher level than the window's first, then the window.
 	open := append(resp.Responses[4].GetResponseRange().Kvs, resp.Responses[3].GetResponseRange().Kvs...)
 	if listOpen {
-		if open, bounded, err = w.sawOpen(ctx, pre, resp.Header.Revision, bounded, !bounded || end == clientv3.GetPrefixRangeEnd(pre), open); err != nil {
+		if open, bounded, err = w.sawOpen(ctx, pre, resp.Header.Revision, gen, bounded, !bounded || end == clientv3.GetPrefixRangeEnd(pre), open); err != nil {
 			return nil, false, nil, nil, nil, err
 		}
 	}
@@ -383,8 +384,9 @@ func (w *claimer) readLevels(ctx context.Context, n int, hot string, listOpen bo
 // them again, as the window then says (from its head to the last open
 // segment, or without a bound), when the read found none; it returns the
 // segments and whether their read stopped before the last open segment
-// (bounded). rev is the revision of the read.
-func (w *claimer) sawOpen(ctx context.Context, pre string, rev int64, bounded, toEnd bool, open []*mvccpb.KeyValue) ([]*mvccpb.KeyValue, bool, error) {
+// (bounded). rev is the revision of the read, gen the window's windowGen
+// when its bounds were taken.
+func (w *claimer) sawOpen(ctx context.Context, pre string, rev, gen int64, bounded, toEnd bool, open []*mvccpb.KeyValue) ([]*mvccpb.KeyValue, bool, error) {
 	toLast := toEnd // the last read ran to the last open segment
 	for {
 		names := make([]string, 0, len(open))
@@ -393,10 +395,12 @@ func (w *claimer) sawOpen(ctx context.Context, pre string, rev int64, bounded, t
 			names = append(names, name)
 		}
 		w.levelMu.Lock()
-		if rev < w.windowAt {
+		if rev < w.windowAt || bounded && gen != w.windowGen {
 			// The other claim loop's read, or a segment's event, came
 			// after this read: its older view must not move the window
-			// (its head past a segment it did not see yet).
+			// (its head past a segment it did not see yet); nor may a
+			// read bounded by the window as it was before an event or
+			// a missed wait made it unknown.
 			w.levelMu.Unlock()
 			return open, bounded && !toLast, nil
 		}
@@ -411,6 +415,7 @@ func (w *claimer) sawOpen(ctx context.Context, pre string, rev int64, bounded, t
 		var ok bool
 		if !enough {
 			above, from, end, ok = w.window.bounds(pre)
+			gen = w.windowGen
 		}
 		w.levelMu.Unlock()
 		if enough {

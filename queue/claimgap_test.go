@@ -3,7 +3,6 @@ package queue
 import (
 	"context"
 	"fmt"
-	"os"
 	"testing"
 	"time"
 )
@@ -104,14 +103,7 @@ func TestSegmentOpenedBetweenClaimsWakesTheWait(t *testing.T) {
 // another, as three parents' children submitted at once can be. When the
 // tasks end, every one of them is claimed within waitBound, not at the
 // worker's 30 s safety net.
-//
-// It still fails about one run in four (a delay that remains open,
-// docs/reliability.md, "Workflows"), so it runs only with
-// DROVER_OPEN_PROBLEMS=1.
 func TestWorkerClaimsSegmentsOpenedWhileItsSlotsAreFull(t *testing.T) {
-	if os.Getenv("DROVER_OPEN_PROBLEMS") == "" {
-		t.Skip("reproduces an open problem about one run in four; set DROVER_OPEN_PROBLEMS=1 to run it")
-	}
 	e := newReviewEnv(t).space(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

@@ -405,6 +405,7 @@ func (cw *claimWait) Take() (events []*clientv3.Event, missed bool) {
 	defer w.levelMu.Unlock()
 	if missed {
 		w.noted, w.window.known = 0, false
+		w.windowGen++
 		return nil, true
 	}
 	open := w.keys.SegmentsOpen(w.queue)
@@ -436,5 +437,6 @@ func (w *claimer) opened(seg string, rev int64) bool {
 		return false
 	}
 	w.windowAt = max(w.windowAt, rev)
+	w.windowGen++
 	return true
 }
