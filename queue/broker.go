@@ -250,7 +250,7 @@ func (w *claimer) awaitWork(ctx context.Context, rev int64, d time.Duration, due
 	t := time.NewTimer(d)
 	defer t.Stop()
 	q := w.queue
-	wt := w.client.waitAfter(q, rev)
+	wt := w.waitAfterClaim(rev) // a segment opened while no wait was open too (claimWait)
 	defer wt.Stop()
 	retries, dues, sleeps, waits := w.keys.QueueRetry(q), w.keys.QueueDue(q), w.keys.QueueSleep(q), w.keys.QueueWait(q)
 	for {

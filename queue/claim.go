@@ -325,6 +325,7 @@ func (w *claimer) readLevels(ctx context.Context, n int, hot string, listOpen bo
 	pre := w.keys.SegmentsOpen(w.queue)
 	w.levelMu.Lock()
 	above, from, end, bounded := w.window.bounds(pre)
+	gen := w.windowGen
 	w.levelMu.Unlock()
 	if !bounded {
 		above, from, end = pre, pre, clientv3.GetPrefixRangeEnd(pre)
@@ -372,7 +373,7 @@ func (w *claimer) readLevels(ctx context.Context, n int, hot string, listOpen bo
 	// Segments of a higher level than the window's first, then the window.
 	open := append(resp.Responses[4].GetResponseRange().Kvs, resp.Responses[3].GetResponseRange().Kvs...)
 	if listOpen {
-		if open, bounded, err = w.sawOpen(ctx, pre, bounded, !bounded || end == clientv3.GetPrefixRangeEnd(pre), open); err != nil {
+		if open, bounded, err = w.sawOpen(ctx, pre, resp.Header.Revision, gen, bounded, !bounded || end == clientv3.GetPrefixRangeEnd(pre), open); err != nil {
 			return nil, false, nil, nil, nil, err
 		}
 	}
@@ -383,8 +384,9 @@ func (w *claimer) readLevels(ctx context.Context, n int, hot string, listOpen bo
 // them again, as the window then says (from its head to the last open
 // segment, or without a bound), when the read found none; it returns the
 // segments and whether their read stopped before the last open segment
-// (bounded).
-func (w *claimer) sawOpen(ctx context.Context, pre string, bounded, toEnd bool, open []*mvccpb.KeyValue) ([]*mvccpb.KeyValue, bool, error) {
+// (bounded). rev is the revision of the read, gen the window's windowGen
+// when its bounds were taken.
+func (w *claimer) sawOpen(ctx context.Context, pre string, rev, gen int64, bounded, toEnd bool, open []*mvccpb.KeyValue) ([]*mvccpb.KeyValue, bool, error) {
 	toLast := toEnd // the last read ran to the last open segment
 	for {
 		names := make([]string, 0, len(open))
@@ -393,11 +395,27 @@ func (w *claimer) sawOpen(ctx context.Context, pre string, bounded, toEnd bool, 
 			names = append(names, name)
 		}
 		w.levelMu.Lock()
+		if rev < w.windowAt || bounded && gen != w.windowGen {
+			// The other claim loop's read, or a segment's event, came
+			// after this read: its older view must not move the window
+			// (its head past a segment it did not see yet); nor may a
+			// read bounded by the window as it was before an event or
+			// a missed wait made it unknown.
+			w.levelMu.Unlock()
+			return open, bounded && !toLast, nil
+		}
+		w.windowAt = rev
+		if !bounded && w.noted == 0 {
+			// No segment opened up to rev lies before the window's
+			// head now: the claimer's waits go on from here (claimWait).
+			w.noted = rev
+		}
 		enough := w.window.sawTo(names, openRead, bounded, toEnd)
 		var above, from, end string
 		var ok bool
 		if !enough {
 			above, from, end, ok = w.window.bounds(pre)
+			gen = w.windowGen
 		}
 		w.levelMu.Unlock()
 		if enough {
@@ -408,7 +426,7 @@ func (w *claimer) sawOpen(ctx context.Context, pre string, bounded, toEnd bool, 
 			if err != nil {
 				return nil, false, fmt.Errorf("queue: read open segments of %s: %w", w.queue, err)
 			}
-			open, bounded, toLast, toEnd = g.Kvs, false, true, true
+			open, bounded, toLast, toEnd, rev = g.Kvs, false, true, true, g.Header.Revision
 			continue
 		}
 		// To the last open segment (or a step of it, see toLast):
@@ -417,7 +435,7 @@ func (w *claimer) sawOpen(ctx context.Context, pre string, bounded, toEnd bool, 
 		if err != nil {
 			return nil, false, fmt.Errorf("queue: read open segments of %s: %w", w.queue, err)
 		}
-		toEnd = end == clientv3.GetPrefixRangeEnd(pre)
+		toEnd, rev = end == clientv3.GetPrefixRangeEnd(pre), resp.Header.Revision
 		open, bounded, toLast = append(resp.Responses[0].GetResponseRange().Kvs, resp.Responses[1].GetResponseRange().Kvs...), true, toEnd
 	}
 }

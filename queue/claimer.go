@@ -46,6 +46,9 @@ type claimer struct {
 	busySegs   map[string]time.Time   // segments whose slots all run, skipped until when (levelMu)
 	turns      levelTurns             // the anti-starvation turns of segments' levels (levelMu)
 	window     openWindow             // bounds the read of the open segments (levelMu)
+	noted      int64                  // every segment opened up to this revision was told to window (0: not known; levelMu; see claimWait)
+	windowAt   int64                  // the revision of the latest read or event the window took in (levelMu; see sawOpen)
+	windowGen  int64                  // counts the times an event or a missed wait made the window unknown (levelMu; see sawOpen)
 	lostSegs   *orphanList            // segments a dead worker's run left tasks in: claimed first
 	hot        [claimers]string       // per claim loop, the segment it took from last, with slots left (levelMu)
 	predicted  [claimers]*segState    // per claim loop, hot's state as its last claim left it (levelMu)

@@ -429,7 +429,7 @@ func (w *Worker) whilePaused(ctx, base context.Context, rev int64, slots *slotPo
 // logs its own errors). It waits at most most (0: a safety net of 30 s), or
 // until ctx or base ends.
 func (w *Worker) waitForWork(ctx, base context.Context, rev int64, ended <-chan struct{}, idle bool, most time.Duration) {
-	wt := w.client.waitAfter(w.cfg.Queue, rev)
+	wt := w.sched.waitAfterClaim(rev)
 	defer wt.Stop()
 	// A safety net, not the mechanism; and, while tasks are left out of
 	// claims because a task runner held them, the moment they are tried
@@ -473,7 +473,7 @@ func (w *claimer) wakes(events []*clientv3.Event, anyClaimDelete bool) bool {
 		resumed = w.client.sawEvent(q, ev) || resumed // a pause or a resume (pause.go)
 		if seg, ok := keyspace.OpenSegmentName(open, k); ok && ev.Type == clientv3.EventTypePut && ev.IsCreate() {
 			w.levelMu.Lock()
-			w.window.created(seg)
+			w.opened(seg, ev.Kv.ModRevision)
 			w.levelMu.Unlock()
 		}
 		if ev.Type == clientv3.EventTypeDelete && strings.HasPrefix(k, pre) {

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/droverhq/drover/keyspace"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -138,10 +139,20 @@ func (wt *queueWait) C() <-chan struct{} { return wt.signal }
 // Take returns the events the wait got since the last Take, and whether
 // it missed some (then it must claim again).
 func (wt *queueWait) Take() (events []*clientv3.Event, missed bool) {
+	events, missed, _ = wt.takeSeen()
+	return events, missed
+}
+
+// takeSeen is Take, and also the revision up to which the wait has been
+// given every event of its queue (0: not known): the watch's.
+func (wt *queueWait) takeSeen() (events []*clientv3.Event, missed bool, seen int64) {
 	wt.qw.mu.Lock()
 	defer wt.qw.mu.Unlock()
 	events, wt.pending = wt.pending, nil
-	return events, wt.missed
+	if wt.qw.open {
+		seen = wt.qw.seen
+	}
+	return events, wt.missed, seen
 }
 
 // Stop ends the wait. When it was the queue's last, the watch closes a
@@ -335,4 +346,97 @@ func (qw *queueWatch) reset() {
 	for wt := range qw.waits {
 		wt.miss()
 	}
+}
+
+// claimWait is a claimer's wait for work after a claim that read the queue
+// at revision read (0: not known), through the queue's shared watch.
+//
+// It also tells the open window (openWindow.created) of the segments
+// opened since the claimer's last wait, before the claim's read: a read
+// bounded by the window starts at its head, the oldest open segment an
+// earlier read found, so a segment named before the head (named, then
+// committed later: submissions made at once, one held up, or a
+// submitter's clock behind) lies outside every such read, and the window
+// learns of it only from its watch event. Events before the claim's read
+// were given to no wait when the claim loops were claiming (or waiting
+// for a free slot) as they came: a worker that then found nothing waited
+// for its 30 s safety net while such a segment's tasks were pending. So
+// a wait starts where the claimer's waits left off (noted) when that is
+// before the claim's read; the events up to the read only tell the
+// window, and one that puts the read in doubt makes the claim be made
+// again.
+type claimWait struct {
+	*queueWait
+	w    *claimer
+	read int64
+	// goesOn: the wait starts at or before noted, so the events it is given
+	// carry noted on.
+	goesOn bool
+}
+
+// waitAfterClaim starts a claimWait after a claim that read at rev. The
+// caller must call Stop once it stops waiting.
+func (w *claimer) waitAfterClaim(rev int64) *claimWait {
+	cw := &claimWait{w: w, read: rev}
+	from := rev
+	if rev > 0 {
+		// With noted not known (the first wait, or the first after a
+		// missed one, whose claims read without a bound) the wait starts
+		// at the read and noted from there.
+		w.levelMu.Lock()
+		if w.noted > 0 && w.noted < rev {
+			from = w.noted
+		}
+		w.levelMu.Unlock()
+		cw.goesOn = true
+	}
+	cw.queueWait = w.client.waitAfter(w.queue, from)
+	return cw
+}
+
+// Take returns the events after the claim's read, and missed when the
+// claim must be made again: the wait may have missed events (the next
+// read then has no bound), or a segment opened before the read lies
+// where the read did not look.
+func (cw *claimWait) Take() (events []*clientv3.Event, missed bool) {
+	evs, missed, seen := cw.takeSeen()
+	w := cw.w
+	w.levelMu.Lock()
+	defer w.levelMu.Unlock()
+	if missed {
+		w.noted, w.window.known = 0, false
+		w.windowGen++
+		return nil, true
+	}
+	open := w.keys.SegmentsOpen(w.queue)
+	for _, ev := range evs {
+		if ev.Kv.ModRevision > cw.read {
+			events = append(events, ev)
+			continue
+		}
+		if seg, ok := keyspace.OpenSegmentName(open, string(ev.Kv.Key)); ok && ev.IsCreate() {
+			missed = w.opened(seg, ev.Kv.ModRevision) || missed
+		}
+	}
+	if cw.goesOn {
+		w.noted = max(w.noted, seen)
+	}
+	return events, missed
+}
+
+// opened tells the window of segment seg, opened at revision rev (levelMu
+// held), and reports whether that made the window unknown: the next read
+// has no bound, and a read made before rev no longer adapts the window
+// (sawOpen).
+func (w *claimer) opened(seg string, rev int64) bool {
+	if !w.window.known {
+		return false
+	}
+	w.window.created(seg)
+	if w.window.known {
+		return false
+	}
+	w.windowAt = max(w.windowAt, rev)
+	w.windowGen++
+	return true
 }
