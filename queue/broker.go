@@ -257,7 +257,7 @@ func (w *claimer) awaitWork(ctx context.Context, rev int64, d time.Duration, due
 		select {
 		case <-wt.C():
 			evs, missed := wt.Take()
-			if missed || w.wakes(evs, false) {
+			if woke := w.wakes(evs, false); missed || woke { // events taken in even after a miss
 				return
 			}
 			for _, ev := range evs {

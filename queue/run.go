@@ -444,7 +444,9 @@ func (w *Worker) waitForWork(ctx, base context.Context, rev int64, ended <-chan 
 		select {
 		case <-wt.C():
 			evs, missed := wt.Take()
-			if missed || w.sched.wakes(evs, idle && w.cfg.Drain) {
+			// The events are taken in even after a miss: the window and
+			// the busy marks learn of them, and no wait replays them.
+			if woke := w.sched.wakes(evs, idle && w.cfg.Drain); missed || woke {
 				return
 			}
 		case <-ended:

@@ -429,6 +429,11 @@ func (cw *claimWait) Take() (events []*clientv3.Event, missed bool) {
 // has no bound, and a read made before rev no longer adapts the window
 // (sawOpen).
 func (w *claimer) opened(seg string, rev int64) bool {
+	// Whatever it does to the window, a read from before rev did not see
+	// seg, so it must not move the head (sawOpen): past seg, when seg
+	// lies after the head now, a segment this event told of would be
+	// left behind the head until the next read without a bound.
+	w.windowAt = max(w.windowAt, rev)
 	if !w.window.known {
 		return false
 	}
@@ -436,7 +441,6 @@ func (w *claimer) opened(seg string, rev int64) bool {
 	if w.window.known {
 		return false
 	}
-	w.windowAt = max(w.windowAt, rev)
 	w.windowGen++
 	return true
 }
