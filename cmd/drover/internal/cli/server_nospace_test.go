@@ -39,27 +39,48 @@ func TestServerDisarmsNOSPACE(t *testing.T) {
 				args = append([]string{"server", "--etcd-endpoints", endpoint}, args...)
 			}
 			p := start(t, cleanEnv(), args...)
+			t.Cleanup(func() { // the guard's log says why a wait below timed out
+				if t.Failed() {
+					t.Logf("server stderr:\n%s", p.stderr.String())
+				}
+			})
 			waitFor(t, 30*time.Second, "the server ready", func() bool { return strings.Contains(p.stderr.String(), "drover server ready") })
 			if mode == "embedded" {
 				endpoint = readyEndpoint(p)
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+			// Longer than the waits below together (each bounded), so that
+			// a slow run under load does not end the test's own client
+			// calls and leave a wait failing on a Get that no longer works.
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 			defer cancel()
 			c := connectTo(ctx, t, endpoint)
 			keys := keyspace.MustNew(ns)
 			filler := keys.Root() + "filler/"
 			big := strings.Repeat("x", 1<<20)
 			var refused error
+			began := time.Now()
 			for i := 0; i < 60 && refused == nil; i++ { // 60 MiB at most: past the 32 MiB quota
 				_, refused = c.Put(ctx, fmt.Sprintf("%s%03d", filler, i), big)
 				if i == 20 { // past 50 %: the guard sets its key (raw puts go on regardless)
 					// The guard checks every 2 s; a full `go test -race ./...`
 					// run on two cores once waited more than 30 s for it
 					// here: the wait only guards against a guard that never
-					// sets it.
+					// sets it. Its failure says what the last read saw.
+					t.Logf("21 puts of 1 MiB took %s", time.Since(began).Round(time.Millisecond))
+					last := "no read yet"
+					t.Cleanup(func() {
+						if t.Failed() {
+							t.Logf("the last read of the guard key: %s", last)
+						}
+					})
 					waitFor(t, 90*time.Second, "the guard key past the high-water mark", func() bool {
 						g, err := c.Get(ctx, keys.StoreFull())
-						return err == nil && len(g.Kvs) == 1
+						if err != nil {
+							last = fmt.Sprintf("read the guard key: %v", err)
+							return false
+						}
+						last = fmt.Sprintf("%d guard key(s) at revision %d", len(g.Kvs), g.Header.Revision)
+						return len(g.Kvs) == 1
 					})
 				}
 			}
