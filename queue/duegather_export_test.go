@@ -27,3 +27,11 @@ func MoveDueKeys(ctx context.Context, c *Client, q string, kvs []*mvccpb.KeyValu
 // SetGatherReadHook makes f run after a gathered move's read and before
 // its write (nil: nothing); the caller resets it before its test ends.
 func SetGatherReadHook(f func()) { testHookGatherRead = f }
+
+// SetGatherExitsRead sets how many exits a gathered move reads per level
+// and returns a func that restores it.
+func SetGatherExitsRead(n int64) func() {
+	old := gatherExitsRead
+	gatherExitsRead = n
+	return func() { gatherExitsRead = old }
+}

@@ -267,3 +267,59 @@ func TestDueMoveAfterACancel(t *testing.T) {
 		})
 	}
 }
+
+// TestDueGatherLevelsReadInOneOrder: two priority levels gathered in one
+// move, the exits of one more than a move reads (so its segments open as
+// they are), the other's none. Each level's answer must be matched to
+// that level: run over several queues so that no map order hides a
+// mismatch. The cancelled tasks are never claimed, the others once.
+func TestDueGatherLevelsReadInOneOrder(t *testing.T) {
+	defer queue.SetGatherExitsRead(1)()
+	ctx := context.Background()
+	ns := etcdtest.Namespace(t)
+	c, cli := newClient(t, ns)
+	t0 := time.Now().UTC().Truncate(time.Second)
+	clk := &fakeClock{t: t0}
+	queue.SetClock(c, clk.now)
+	for run := range 8 {
+		q := fmt.Sprintf("lv%d", run)
+		var ids []string
+		for _, prio := range []int{1, 2} {
+			for from := 0; from < 6; from += 2 {
+				var in []queue.Task
+				for i := from; i < from+2; i++ {
+					id := fmt.Sprintf("%s-p%d-%d", q, prio, i)
+					ids = append(ids, id)
+					in = append(in, queue.Task{ID: id, Type: "x", RunAt: t0.Add(time.Hour), Metadata: queue.Metadata{Priority: prio}})
+				}
+				if res, err := c.Submit(ctx, q, in, nil); err != nil || res.Submitted != len(in) {
+					t.Fatalf("submit: %+v %v", res, err)
+				}
+			}
+		}
+		cancelled := []string{q + "-p1-0", q + "-p1-4"}
+		for _, id := range cancelled {
+			if _, err := c.Cancel(ctx, id); err != nil {
+				t.Fatal(err)
+			}
+		}
+		clk.set(t0.Add(2 * time.Hour))
+		kvs, err := queue.ReadDueKeys(ctx, c, q)
+		if err != nil || len(kvs) != 6 {
+			t.Fatalf("due keys: %d (%v), want 6", len(kvs), err)
+		}
+		if n, err := queue.MoveDueKeys(ctx, c, q, kvs); err != nil || n != 6 {
+			t.Fatalf("move: %d (%v), want 6", n, err)
+		}
+		var got []int
+		for _, n := range openSizes(t, cli, keyspace.MustNew(ns), q) {
+			got = append(got, n)
+		}
+		slices.Sort(got)
+		if want := []int{2, 2, 2, 6}; !slices.Equal(got, want) {
+			t.Fatalf("run %d: open segments hold %v tasks, want %v (level 1 as it is, level 2 gathered)", run, got, want)
+		}
+		claimedOnce(t, claimAll(t, c, cli, q), slices.DeleteFunc(ids, func(id string) bool { return slices.Contains(cancelled, id) }))
+		clk.set(t0)
+	}
+}

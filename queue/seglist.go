@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -476,7 +478,9 @@ func (c *Client) gatherDue(ctx context.Context, q string, kvs []*mvccpb.KeyValue
 		gets = append(gets, clientv3.OpGet(c.keys.Segment(q, srcs[i].seg)))
 	}
 	exits := c.keys.Exits(q, "")
-	for _, r := range levels {
+	lvs := slices.Sorted(maps.Keys(levels)) // one order for the reads and their answers
+	for _, lv := range lvs {
+		r := levels[lv]
 		gets = append(gets, clientv3.OpGet(c.keys.Exits(q, r[0]), clientv3.WithRange(clientv3.GetPrefixRangeEnd(c.keys.Exits(q, r[1]))),
 			clientv3.WithKeysOnly(), clientv3.WithLimit(gatherExitsRead)))
 	}
@@ -491,7 +495,8 @@ func (c *Client) gatherDue(ctx context.Context, q string, kvs []*mvccpb.KeyValue
 	unread := map[int]bool{}  // levels whose exits were not read whole
 	var cmps []clientv3.Cmp
 	k := len(small)
-	for lv, r := range levels {
+	for _, lv := range lvs {
+		r := levels[lv]
 		rr := resp.Responses[k].GetResponseRange()
 		k++
 		if rr.More {
@@ -531,8 +536,9 @@ func (c *Client) gatherDue(ctx context.Context, q string, kvs []*mvccpb.KeyValue
 var testHookGatherRead func()
 
 // gatherExitsRead bounds the exits one gathered move reads per level: a
-// level with more opens its segments as they are.
-const gatherExitsRead = 1000
+// level with more opens its segments as they are (a variable: tests
+// lower it).
+var gatherExitsRead int64 = 1000
 
 // dueSources reads the due keys kvs of queue q: the sources, the indexes
 // of the small ones (with others of their level to gather with), and per
