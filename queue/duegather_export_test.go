@@ -35,3 +35,11 @@ func SetGatherExitsRead(n int64) func() {
 	gatherExitsRead = n
 	return func() { gatherExitsRead = old }
 }
+
+// SetGatheredSuffix makes gathered segments' names end in suffix and
+// returns a func that restores the random one.
+func SetGatheredSuffix(suffix string) func() {
+	old := gatheredSuffix
+	gatheredSuffix = func() string { return suffix }
+	return func() { gatheredSuffix = old }
+}

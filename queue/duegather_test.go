@@ -323,3 +323,41 @@ func TestDueGatherLevelsReadInOneOrder(t *testing.T) {
 		clk.set(t0)
 	}
 }
+
+// TestDueGatherNameTaken: a gathered segment whose name a record already
+// has (a closed or scheduled segment) is not written: the record stays
+// as it was, the sources open one by one, and each task is claimed once.
+func TestDueGatherNameTaken(t *testing.T) {
+	defer queue.SetGatheredSuffix("staken")()
+	ctx := context.Background()
+	ns := etcdtest.Namespace(t)
+	c, cli := newClient(t, ns)
+	keys := keyspace.MustNew(ns)
+	t0 := time.Now().UTC().Truncate(time.Second)
+	clk := &fakeClock{t: t0}
+	queue.SetClock(c, clk.now)
+	ids := submitApart(t, c, "n", 20, 2, t0.Add(time.Hour))
+	g, err := cli.Get(ctx, keys.Segments("n"), clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithLimit(1))
+	if err != nil || len(g.Kvs) != 1 {
+		t.Fatalf("segment records: %v", err)
+	}
+	lv, at, ok := keyspace.ParseSegmentName(strings.TrimPrefix(string(g.Kvs[0].Key), keys.Segments("n")))
+	if !ok {
+		t.Fatalf("segment name of %q", g.Kvs[0].Key)
+	}
+	taken := keys.Segment("n", keyspace.SegmentName(lv, at, "staken"))
+	if _, err := cli.Put(ctx, taken, "an older segment"); err != nil {
+		t.Fatal(err)
+	}
+	clk.set(t0.Add(2 * time.Hour))
+	if n, err := queue.PromoteScheduled(ctx, c, "n"); err != nil || n != 10 {
+		t.Fatalf("promote: moved %d (%v), want the 10 due segments", n, err)
+	}
+	if g, err := cli.Get(ctx, taken); err != nil || len(g.Kvs) != 1 || string(g.Kvs[0].Value) != "an older segment" {
+		t.Fatalf("the record of the taken name: %v (%v), want it as it was", g.Kvs, err)
+	}
+	if sizes := openSizes(t, cli, keys, "n"); len(sizes) != 10 {
+		t.Fatalf("open segments %v, want the 10 sources as they are", sizes)
+	}
+	claimedOnce(t, claimAll(t, c, cli, "n"), ids)
+}

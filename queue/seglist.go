@@ -527,8 +527,8 @@ func (c *Client) gatherDue(ctx context.Context, q string, kvs []*mvccpb.KeyValue
 	if gathered < 2 {
 		return nil, nil, nil
 	}
-	ops, err := c.gatherWrites(q, srcs)
-	return cmps, ops, err
+	absent, ops, err := c.gatherWrites(q, srcs)
+	return append(cmps, absent...), ops, err
 }
 
 // testHookGatherRead, set by tests only, runs after gatherDue's read:
