@@ -361,3 +361,59 @@ func TestDueGatherNameTaken(t *testing.T) {
 	}
 	claimedOnce(t, claimAll(t, c, cli, "n"), ids)
 }
+
+// TestDueGatherKeepsDueOrder: segments due an hour and an hour and a
+// second from now, moved in one request, are gathered per due group: a
+// gathered segment is named after the latest of its sources, so one that
+// took both would take the earlier tasks behind segments due in between.
+// Two segments, each named after its own sources' time.
+func TestDueGatherKeepsDueOrder(t *testing.T) {
+	ctx := context.Background()
+	ns := etcdtest.Namespace(t)
+	c, cli := newClient(t, ns)
+	keys := keyspace.MustNew(ns)
+	t0 := time.Now().UTC().Truncate(time.Second)
+	clk := &fakeClock{t: t0}
+	queue.SetClock(c, clk.now)
+	early, late := t0.Add(time.Hour), t0.Add(time.Hour+time.Second)
+	var ids []string
+	for i := range 12 {
+		id := fmt.Sprintf("o-%d", i)
+		ids = append(ids, id)
+		at := early
+		if i >= 6 {
+			at = late
+		}
+		if res, err := c.Submit(ctx, "o", []queue.Task{{ID: id, Type: "x", RunAt: at}}, nil); err != nil || res.Submitted != 1 {
+			t.Fatalf("submit: %+v %v", res, err)
+		}
+	}
+	clk.set(t0.Add(2 * time.Hour))
+	kvs, err := queue.ReadDueKeys(ctx, c, "o")
+	if err != nil || len(kvs) != 12 {
+		t.Fatalf("due keys: %d (%v), want 12", len(kvs), err)
+	}
+	if n, err := queue.MoveDueKeys(ctx, c, "o", kvs); err != nil || n != 12 {
+		t.Fatalf("move: %d (%v), want 12", n, err)
+	}
+	sizes := openSizes(t, cli, keys, "o")
+	got := map[time.Time]int{}
+	for seg, n := range sizes {
+		_, at, _ := keyspace.ParseSegmentName(seg)
+		got[at.UTC()] += n
+	}
+	if len(sizes) != 2 || got[early] != 6 || got[late] != 6 {
+		t.Fatalf("open segments %v, want one of 6 named at %v and one of 6 at %v", sizes, early, late)
+	}
+	for _, id := range []string{"o-0", "o-11"} {
+		g, err := cli.Get(ctx, keys.TaskIndex(id))
+		if err != nil || len(g.Kvs) != 1 {
+			t.Fatalf("index key of %s: %v", id, err)
+		}
+		at, _ := keyspace.ParseTaskPlace(string(g.Kvs[0].Value))
+		if _, when, _ := keyspace.ParseSegmentName(at.Segment); !when.Equal(map[bool]time.Time{true: early, false: late}[id == "o-0"]) {
+			t.Fatalf("%s moved to %s, a segment of another due group", id, at.Segment)
+		}
+	}
+	claimedOnce(t, claimAll(t, c, cli, "o"), ids)
+}

@@ -484,7 +484,9 @@ const runnerRetryAfter = 50 * time.Millisecond
 
 // gatherWrites are the writes of a gathered move of srcs (gatherDue): the
 // open keys of the sources not gathered, the deletions of the records of
-// those gathered, and the new segments (gatheredSegment), with one
+// those gathered, and the new segments (gatheredSegment), each of sources
+// of one level due within DueGroup of its first (named after the latest,
+// it takes no place ahead of an older segment), with one
 // compare per new segment that no record has its name.
 func (c *Client) gatherWrites(q string, srcs []dueSource) ([]clientv3.Cmp, []clientv3.Op, error) {
 	var first []clientv3.Op
@@ -505,7 +507,7 @@ func (c *Client) gatherWrites(q string, srcs []dueSource) ([]clientv3.Cmp, []cli
 	var cmps []clientv3.Cmp
 	for _, lv := range levels {
 		var cur []Task
-		var due time.Time
+		var from, due time.Time // the chunk's first and latest due times
 		size := 0
 		flush := func() error {
 			cmp, seg, err := c.gatheredSegment(q, lv, due, cur)
@@ -513,6 +515,14 @@ func (c *Client) gatherWrites(q string, srcs []dueSource) ([]clientv3.Cmp, []cli
 			return err
 		}
 		for _, s := range gathered[lv] {
+			if len(cur) > 0 && s.due.Sub(from) > DueGroup { // FIFO: named after its latest, no later than DueGroup
+				if err := flush(); err != nil {
+					return nil, nil, err
+				}
+			}
+			if len(cur) == 0 {
+				from = s.due
+			}
 			for i := range s.tasks {
 				t := &s.tasks[i]
 				if len(cur) == SegmentSize || (len(cur) > 0 && size+recordSize(t) > maxSegmentBytes) {
