@@ -43,3 +43,7 @@ func SetGatheredSuffix(suffix string) func() {
 	gatheredSuffix = func() string { return suffix }
 	return func() { gatheredSuffix = old }
 }
+
+// SetSearchRecordsHook makes f run after a search read segments'
+// records and before their states (nil: nothing).
+func SetSearchRecordsHook(f func()) { testHookSearchRecords = f }

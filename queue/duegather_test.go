@@ -417,3 +417,53 @@ func TestDueGatherKeepsDueOrder(t *testing.T) {
 	}
 	claimedOnce(t, claimAll(t, c, cli, "o"), ids)
 }
+
+// TestDueGatherSearchSkipsGatheredAway: a search that read the records of
+// scheduled segments just before they were gathered into one (named to
+// be walked after them, by a later page) finds each task at most once:
+// never a ghost of its old segment beside it in its new one.
+func TestDueGatherSearchSkipsGatheredAway(t *testing.T) {
+	defer queue.SetGatheredSuffix("szzzz")() // walked after its sources
+	ctx := context.Background()
+	ns := etcdtest.Namespace(t)
+	c, _ := newClient(t, ns)
+	t0 := time.Now().UTC().Truncate(time.Second)
+	clk := &fakeClock{t: t0}
+	queue.SetClock(c, clk.now)
+	ids := submitApart(t, c, "s", 20, 2, t0.Add(time.Hour))
+	clk.set(t0.Add(2 * time.Hour))
+	kvs, err := queue.ReadDueKeys(ctx, c, "s")
+	if err != nil || len(kvs) != 10 {
+		t.Fatalf("due keys: %d (%v), want 10", len(kvs), err)
+	}
+	queue.SetSearchRecordsHook(func() {
+		queue.SetSearchRecordsHook(nil)
+		if n, err := queue.MoveDueKeys(ctx, c, "s", kvs); err != nil || n != 10 {
+			t.Errorf("move: %d (%v), want 10", n, err)
+		}
+	})
+	defer queue.SetSearchRecordsHook(nil)
+	seen := map[string]int{}
+	sq := queue.SearchQuery{Limit: 2} // pages: the later ones read names after the move
+	for {
+		p, err := c.Search(ctx, "s", sq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, tk := range p.Tasks {
+			seen[tk.ID]++
+		}
+		if p.Next == "" {
+			break
+		}
+		sq.Cursor = p.Next
+	}
+	for id, n := range seen {
+		if n != 1 {
+			t.Errorf("search found %s %d times, want once", id, n)
+		}
+	}
+	if len(seen) > len(ids) {
+		t.Fatalf("search found %d tasks, want at most %d", len(seen), len(ids))
+	}
+}

@@ -89,8 +89,8 @@ func (c *Client) listSegment(ctx context.Context, q string, st Status, seg, seg0
 		return "", err
 	}
 	ts, err := c.segmentTasks(ctx, q, seg)
-	if err != nil {
-		return "", err
+	if err != nil || state.vanished() {
+		return "", err // a vanished one was gathered: its tasks are in another
 	}
 	if !state.open && state.n == 0 {
 		state.n = len(ts)
