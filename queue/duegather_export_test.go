@@ -47,3 +47,9 @@ func SetGatheredSuffix(suffix string) func() {
 // SetSearchRecordsHook makes f run after a search read segments'
 // records and before their states (nil: nothing).
 func SetSearchRecordsHook(f func()) { testHookSearchRecords = f }
+
+// DueKeySegment returns the segment that due key kv of queue q names.
+func DueKeySegment(c *Client, q string, kv *mvccpb.KeyValue) (string, int) {
+	seg, n, _ := c.parseDue(q, string(kv.Key))
+	return seg, n
+}

@@ -366,7 +366,8 @@ func TestDueGatherNameTaken(t *testing.T) {
 // second from now, moved in one request, are gathered per due group: a
 // gathered segment is named after the latest of its sources, so one that
 // took both would take the earlier tasks behind segments due in between.
-// Two segments, each named after its own sources' time.
+// Two segments, each named after its own sources' time; a lone source
+// two seconds later opens as it is, not rewritten.
 func TestDueGatherKeepsDueOrder(t *testing.T) {
 	ctx := context.Background()
 	ns := etcdtest.Namespace(t)
@@ -376,13 +377,17 @@ func TestDueGatherKeepsDueOrder(t *testing.T) {
 	clk := &fakeClock{t: t0}
 	queue.SetClock(c, clk.now)
 	early, late := t0.Add(time.Hour), t0.Add(time.Hour+time.Second)
+	lone := t0.Add(time.Hour + 2*time.Second)
 	var ids []string
-	for i := range 12 {
+	for i := range 13 {
 		id := fmt.Sprintf("o-%d", i)
 		ids = append(ids, id)
 		at := early
 		if i >= 6 {
 			at = late
+		}
+		if i == 12 {
+			at = lone
 		}
 		if res, err := c.Submit(ctx, "o", []queue.Task{{ID: id, Type: "x", RunAt: at}}, nil); err != nil || res.Submitted != 1 {
 			t.Fatalf("submit: %+v %v", res, err)
@@ -390,11 +395,12 @@ func TestDueGatherKeepsDueOrder(t *testing.T) {
 	}
 	clk.set(t0.Add(2 * time.Hour))
 	kvs, err := queue.ReadDueKeys(ctx, c, "o")
-	if err != nil || len(kvs) != 12 {
-		t.Fatalf("due keys: %d (%v), want 12", len(kvs), err)
+	if err != nil || len(kvs) != 13 {
+		t.Fatalf("due keys: %d (%v), want 13", len(kvs), err)
 	}
-	if n, err := queue.MoveDueKeys(ctx, c, "o", kvs); err != nil || n != 12 {
-		t.Fatalf("move: %d (%v), want 12", n, err)
+	loneSeg, _ := queue.DueKeySegment(c, "o", kvs[12])
+	if n, err := queue.MoveDueKeys(ctx, c, "o", kvs); err != nil || n != 13 {
+		t.Fatalf("move: %d (%v), want 13", n, err)
 	}
 	sizes := openSizes(t, cli, keys, "o")
 	got := map[time.Time]int{}
@@ -402,8 +408,8 @@ func TestDueGatherKeepsDueOrder(t *testing.T) {
 		_, at, _ := keyspace.ParseSegmentName(seg)
 		got[at.UTC()] += n
 	}
-	if len(sizes) != 2 || got[early] != 6 || got[late] != 6 {
-		t.Fatalf("open segments %v, want one of 6 named at %v and one of 6 at %v", sizes, early, late)
+	if len(sizes) != 3 || got[early] != 6 || got[late] != 6 || sizes[loneSeg] != 1 {
+		t.Fatalf("open segments %v, want one of 6 named at %v, one of 6 at %v, and %s as it was", sizes, early, late, loneSeg)
 	}
 	for _, id := range []string{"o-0", "o-11"} {
 		g, err := cli.Get(ctx, keys.TaskIndex(id))
