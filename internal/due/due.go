@@ -390,8 +390,9 @@ func (ix *Index) moveGathered(ctx context.Context, kvs []*mvccpb.KeyValue) (move
 	resp, err := ix.Client.Txn(ctx).If(cmps...).Then(append(then, shared...)...).Else(reads...).Commit()
 	if err != nil {
 		// Refused (too large, say) or lost: one by one, which tells an
-		// outage from a refusal by its own error.
-		ix.failed(fmt.Errorf("due: gathered move of %d items of %s: %w", len(kvs), ix.Prefix, err))
+		// outage from a refusal by its own error; a refusal is no error
+		// of the index (it would count at every move).
+		cmp.Or(ix.Logger, slog.Default()).Debug("due: gathered move refused; moving one by one", "index", cmp.Or(ix.Name, "due"), "items", len(kvs), "err", err)
 		return 0, gatherRefused, nil
 	}
 	if !resp.Succeeded {
