@@ -53,3 +53,11 @@ func DueKeySegment(c *Client, q string, kv *mvccpb.KeyValue) (string, int) {
 	seg, n, _ := c.parseDue(q, string(kv.Key))
 	return seg, n
 }
+
+// SetSegmentUnchangedHook makes f run when a change that read a task in a
+// segment makes its compares (nil: nothing).
+func SetSegmentUnchangedHook(f func()) { testHookSegmentUnchanged = f }
+
+// SetSegmentSlotsHook makes f run after a read of tasks' index keys and
+// before the read of their segments (nil: nothing).
+func SetSegmentSlotsHook(f func()) { testHookSegmentSlots = f }

@@ -12,6 +12,7 @@ import (
 	"github.com/droverhq/drover/internal/testenv/etcdtest"
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/queue"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -471,5 +472,66 @@ func TestDueGatherSearchSkipsGatheredAway(t *testing.T) {
 	}
 	if len(seen) > len(ids) {
 		t.Fatalf("search found %d tasks, want at most %d", len(seen), len(ids))
+	}
+}
+
+// moveOnce returns a hook that moves the due segments kvs of queue q,
+// gathered, the first time it runs, and resets itself with reset.
+func moveOnce(t *testing.T, c *queue.Client, q string, kvs []*mvccpb.KeyValue, reset func(func())) func() {
+	return func() {
+		reset(nil)
+		if n, err := queue.MoveDueKeys(context.Background(), c, q, kvs); err != nil || n != len(kvs) {
+			t.Errorf("move: %d (%v), want %d", n, err, len(kvs))
+		}
+	}
+}
+
+// TestDueGatherSafetyChecks: a cancel that read its task before the
+// move, and changes it after, fails its compare on the source's record
+// and cancels the task at its new place (never claimed); a Get that read
+// the task's index key before the move and its segment after follows the
+// index key to the new place.
+func TestDueGatherSafetyChecks(t *testing.T) {
+	for _, op := range []string{"cancel", "get"} {
+		t.Run(op, func(t *testing.T) {
+			ctx := context.Background()
+			ns := etcdtest.Namespace(t)
+			c, cli := newClient(t, ns)
+			keys := keyspace.MustNew(ns)
+			t0 := time.Now().UTC().Truncate(time.Second)
+			clk := &fakeClock{t: t0}
+			queue.SetClock(c, clk.now)
+			ids := submitApart(t, c, "k", 20, 2, t0.Add(time.Hour))
+			clk.set(t0.Add(2 * time.Hour))
+			kvs, err := queue.ReadDueKeys(ctx, c, "k")
+			if err != nil || len(kvs) != 10 {
+				t.Fatalf("due keys: %d (%v), want 10", len(kvs), err)
+			}
+			if op == "cancel" {
+				queue.SetSegmentUnchangedHook(moveOnce(t, c, "k", kvs, queue.SetSegmentUnchangedHook))
+				defer queue.SetSegmentUnchangedHook(nil)
+				if _, err := c.Cancel(ctx, "k-7"); err != nil {
+					t.Fatalf("cancel: %v", err)
+				}
+			} else {
+				queue.SetSegmentSlotsHook(moveOnce(t, c, "k", kvs, queue.SetSegmentSlotsHook))
+				defer queue.SetSegmentSlotsHook(nil)
+				tk, err := c.Get(ctx, "k-7")
+				if err != nil || tk.CurrentStatus != queue.Pending {
+					t.Fatalf("get k-7 across the move: %+v (%v), want PENDING", tk, err)
+				}
+			}
+			if sizes := openSizes(t, cli, keys, "k"); len(sizes) != 1 || sizes[firstKey(sizes)] != 20 {
+				t.Fatalf("open segments %v, want the one gathered of 20", sizes)
+			}
+			if op == "get" {
+				claimedOnce(t, claimAll(t, c, cli, "k"), ids)
+				return
+			}
+			if tk, err := c.Get(ctx, "k-7"); err != nil || tk.CurrentStatus != queue.Cancelled {
+				t.Fatalf("k-7: %+v (%v), want CANCELLED", tk, err)
+			}
+			claimedOnce(t, claimAll(t, c, cli, "k"), slices.DeleteFunc(slices.Clone(ids), func(id string) bool { return id == "k-7" }))
+		})
 	}
 }
