@@ -453,3 +453,35 @@ func (st *segState) holdsLiveChild(ts []Task) bool {
 	}
 	return false
 }
+
+// leaveLone marks the gathered sources of srcs that are alone in their
+// level's due group (gatherWrites) to open as they are: rewriting one
+// alone gains nothing. false: none is left to gather.
+func leaveLone(srcs []dueSource) bool {
+	from, members := map[int]time.Time{}, map[int][]int{} // per level: the group's first due time, its sources
+	left := false
+	end := func(lv int) {
+		if len(members[lv]) == 1 {
+			srcs[members[lv][0]].tasks = nil
+		} else if len(members[lv]) > 1 {
+			left = true
+		}
+		members[lv] = nil
+	}
+	for i, s := range srcs {
+		if s.tasks == nil {
+			continue
+		}
+		if len(members[s.level]) > 0 && s.due.Sub(from[s.level]) > DueGroup {
+			end(s.level)
+		}
+		if len(members[s.level]) == 0 {
+			from[s.level] = s.due
+		}
+		members[s.level] = append(members[s.level], i)
+	}
+	for lv := range members {
+		end(lv)
+	}
+	return left
+}

@@ -445,8 +445,9 @@ func (c *Client) RunNow(ctx context.Context, q string, ids []string, progress fu
 // others at its move; larger ones are opened as they are.
 const gatherBelow = SegmentSize / 2
 
-// gatherBytes bounds the compressed records one gathered move rewrites,
-// within etcd's request size; the rest of the batch opens as it is.
+// gatherBytes bounds what one gathered move writes (the compressed
+// records, index keys and names: gatherCost), within etcd's request
+// size; the rest of the batch opens as it is.
 const gatherBytes = 512 << 10
 
 // dueSource is a due segment a move reads: the key's segment, its level,
@@ -520,7 +521,11 @@ func (c *Client) gatherDue(ctx context.Context, q string, kvs []*mvccpb.KeyValue
 		if err != nil || len(ts) != srcs[i].n {
 			continue // opened as it is: its claims say what is wrong
 		}
-		size += len(rec[0].Value)
+		cost := c.gatherCost(q, srcs[i].seg, len(rec[0].Value), ts)
+		if size+cost > gatherBytes {
+			continue
+		}
+		size += cost
 		srcs[i].tasks = ts
 		gathered++
 	}
@@ -529,6 +534,19 @@ func (c *Client) gatherDue(ctx context.Context, q string, kvs []*mvccpb.KeyValue
 	}
 	absent, ops, err := c.gatherWrites(q, srcs)
 	return append(cmps, absent...), ops, err
+}
+
+// gatherCost estimates the bytes a gathered move writes for source seg of
+// queue q, its record of n bytes holding ts: its share of a new record,
+// its tasks' index keys and values, and its deleted record's and due
+// key's names.
+func (c *Client) gatherCost(q, seg string, n int, ts []Task) int {
+	cost := n + 2*len(c.keys.Segment(q, seg))
+	place := len(keyspace.TaskPlace{Queue: q, Segment: seg, Slot: SegmentSize}.String()) + len(scheduledMark) + 15
+	for i := range ts {
+		cost += len(c.keys.TaskIndex(ts[i].ID)) + place
+	}
+	return cost
 }
 
 // testHookGatherRead, set by tests only, runs after gatherDue's read:

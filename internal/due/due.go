@@ -160,8 +160,11 @@ func (ix *Index) promote(ctx context.Context, from time.Time) (next, done time.T
 			if err != nil {
 				return time.Time{}, from, moved, err
 			}
-			if reread {
-				continue // another process moved some: what is left, again
+			if reread { // another moved some: the rest again, after a pause (rereadJitter)
+				if sleep(ctx, time.Duration(rand.Int64N(int64(rereadJitter)))); ctx.Err() != nil {
+					return time.Time{}, from, moved, ctx.Err()
+				}
+				continue
 			}
 			// Read on after the batch, not from start again: the
 			// items it moved stay in etcd's index as deleted keys
@@ -304,6 +307,11 @@ func (ix *Index) MoveItems(ctx context.Context, kvs []*mvccpb.KeyValue) (int, er
 	n, _, err := ix.move(ctx, kvs)
 	return n, err
 }
+
+// rereadJitter bounds the random pause before a batch a gathered move
+// lost to another mover is read again, so that two movers that read the
+// same batch do not keep meeting.
+const rereadJitter = 10 * time.Millisecond
 
 // maxTxnOps is etcd's default --max-txn-ops: the most compares or
 // operations at one level of a request, a nested transaction's allowance
