@@ -484,8 +484,14 @@ const runnerRetryAfter = 50 * time.Millisecond
 
 // gatherWrites are the writes of a gathered move of srcs (gatherDue): the
 // open keys of the sources not gathered, the deletions of the records of
-// those gathered, and the new segments (gatheredSegment).
-func (c *Client) gatherWrites(q string, srcs []dueSource) ([]clientv3.Op, error) {
+// those gathered, and the new segments (gatheredSegment), each of sources
+// of one level due within DueGroup of its first (named after the latest,
+// it takes no place ahead of an older segment), with one
+// compare per new segment that no record has its name.
+func (c *Client) gatherWrites(q string, srcs []dueSource) ([]clientv3.Cmp, []clientv3.Op, error) {
+	if !leaveLone(srcs) {
+		return nil, nil, nil
+	}
 	var first []clientv3.Op
 	var levels []int
 	gathered := map[int][]dueSource{}
@@ -501,21 +507,30 @@ func (c *Client) gatherWrites(q string, srcs []dueSource) ([]clientv3.Op, error)
 		gathered[s.level] = append(gathered[s.level], s)
 	}
 	ops := first
+	var cmps []clientv3.Cmp
 	for _, lv := range levels {
 		var cur []Task
-		var due time.Time
+		var from, due time.Time // the chunk's first and latest due times
 		size := 0
 		flush := func() error {
-			seg, err := c.gatheredSegment(q, lv, due, cur)
-			ops, cur, due, size = append(ops, seg...), nil, time.Time{}, 0
+			cmp, seg, err := c.gatheredSegment(q, lv, due, cur)
+			cmps, ops, cur, due, size = append(cmps, cmp), append(ops, seg...), nil, time.Time{}, 0
 			return err
 		}
 		for _, s := range gathered[lv] {
+			if len(cur) > 0 && s.due.Sub(from) > DueGroup { // FIFO: named after its latest, no later than DueGroup
+				if err := flush(); err != nil {
+					return nil, nil, err
+				}
+			}
+			if len(cur) == 0 {
+				from = s.due
+			}
 			for i := range s.tasks {
 				t := &s.tasks[i]
 				if len(cur) == SegmentSize || (len(cur) > 0 && size+recordSize(t) > maxSegmentBytes) {
 					if err := flush(); err != nil {
-						return nil, err
+						return nil, nil, err
 					}
 				}
 				cur, size = append(cur, *t), size+recordSize(t)
@@ -525,27 +540,35 @@ func (c *Client) gatherWrites(q string, srcs []dueSource) ([]clientv3.Op, error)
 			}
 		}
 		if err := flush(); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
-	return ops, nil
+	return cmps, ops, nil
 }
+
+// gatheredSuffix is the random part of a gathered segment's name (a
+// variable: tests make names collide).
+var gatheredSuffix = func() string { return scheduledMark + NewID()[:15] }
 
 // gatheredSegment are the writes of tasks as a new segment of queue q and
 // level lv, due at due (the latest of its sources' times, passed: it
 // opens at once): its record, its open key, and its tasks' index keys
-// pointing at it. Its name carries the scheduled mark: its tasks' history says
-// SCHEDULED, then PENDING at due.
-func (c *Client) gatheredSegment(q string, lv int, due time.Time, tasks []Task) ([]clientv3.Op, error) {
+// pointing at it, and the compare that no record has its name (a closed
+// or scheduled segment of that name would lose tasks or mark the new
+// slots done: the move then fails and its sources move one by one). Its
+// name carries the scheduled mark and 60 random bits: its tasks' history
+// says SCHEDULED, then PENDING at due.
+func (c *Client) gatheredSegment(q string, lv int, due time.Time, tasks []Task) (clientv3.Cmp, []clientv3.Op, error) {
+	seg := keyspace.SegmentName(lv, due, gatheredSuffix())
+	absent := clientv3.Compare(clientv3.CreateRevision(c.keys.Segment(q, seg)), "=", 0)
 	data, err := encodeSegment(tasks)
 	if err != nil {
-		return nil, fmt.Errorf("queue: gather due segments of %s: %w", q, err)
+		return absent, nil, fmt.Errorf("queue: gather due segments of %s: %w", q, err)
 	}
-	seg := keyspace.SegmentName(lv, due, scheduledMark+NewID()[1:8])
 	ops := make([]clientv3.Op, 0, len(tasks)+2)
 	ops = append(ops, clientv3.OpPut(c.keys.Segment(q, seg), string(data)), clientv3.OpPut(c.keys.SegmentOpen(q, seg), strconv.Itoa(len(tasks))))
 	for slot := range tasks {
 		ops = append(ops, clientv3.OpPut(c.keys.TaskIndex(tasks[slot].ID), keyspace.TaskPlace{Queue: q, Segment: seg, Slot: slot}.String()))
 	}
-	return ops, nil
+	return absent, ops, nil
 }

@@ -529,6 +529,9 @@ func (s *search) searchSegments(ctx context.Context, segs []string) (bool, error
 	if err != nil {
 		return false, fmt.Errorf("queue: search %s: %w", s.q, err)
 	}
+	if testHookSearchRecords != nil {
+		testHookSearchRecords()
+	}
 	for i, seg := range segs {
 		s.cur.Key, s.cur.Slot = seg, SegmentSize // walked, unless the page fills in it
 		kvs := resp.Responses[i].GetResponseRange().Kvs
@@ -548,6 +551,10 @@ func (s *search) searchSegments(ctx context.Context, segs []string) (bool, error
 	return false, nil
 }
 
+// testHookSearchRecords, set by tests only, runs after a search read
+// segments' records and before it reads their states.
+var testHookSearchRecords func()
+
 // takeSegment adds segment seg's tasks ts that match to the page, reading
 // the segment's state only when a task passes the other filters.
 func (s *search) takeSegment(ctx context.Context, seg string, ts []Task) (bool, error) {
@@ -565,6 +572,9 @@ func (s *search) takeSegment(ctx context.Context, seg string, ts []Task) (bool, 
 			var err error
 			if state, err = s.c.readState(ctx, s.q, seg); err != nil {
 				return false, err
+			}
+			if state.vanished() {
+				return false, nil // gathered since its record was read: its tasks are in another
 			}
 			if !state.open && state.n == 0 {
 				state.n = len(ts)

@@ -16,6 +16,11 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
+// testHookSegmentUnchanged, set by tests only, runs when a change that
+// read a task in a segment makes its compares: what others write between
+// the read and the change.
+var testHookSegmentUnchanged func()
+
 // segmentUnchanged are the compares that hold while t, a task in a segment,
 // is as it was read in status st: its segment's record is there (a
 // scheduled one's move may gather its tasks into another: gatherDue), the
@@ -23,6 +28,9 @@ import (
 // pending or running task, no run was made and no outcome written in its
 // segment since (the caller reads again when another task's did).
 func (c *Client) segmentUnchanged(t *Task, st Status) []clientv3.Cmp {
+	if testHookSegmentUnchanged != nil {
+		testHookSegmentUnchanged()
+	}
 	at := t.seg
 	cmps := []clientv3.Cmp{
 		clientv3.Compare(clientv3.CreateRevision(c.keys.Segment(at.queue, at.seg)), ">", 0),
@@ -444,4 +452,36 @@ func (st *segState) holdsLiveChild(ts []Task) bool {
 		}
 	}
 	return false
+}
+
+// leaveLone marks the gathered sources of srcs that are alone in their
+// level's due group (gatherWrites) to open as they are: rewriting one
+// alone gains nothing. false: none is left to gather.
+func leaveLone(srcs []dueSource) bool {
+	from, members := map[int]time.Time{}, map[int][]int{} // per level: the group's first due time, its sources
+	left := false
+	end := func(lv int) {
+		if len(members[lv]) == 1 {
+			srcs[members[lv][0]].tasks = nil
+		} else if len(members[lv]) > 1 {
+			left = true
+		}
+		members[lv] = nil
+	}
+	for i, s := range srcs {
+		if s.tasks == nil {
+			continue
+		}
+		if len(members[s.level]) > 0 && s.due.Sub(from[s.level]) > DueGroup {
+			end(s.level)
+		}
+		if len(members[s.level]) == 0 {
+			from[s.level] = s.due
+		}
+		members[s.level] = append(members[s.level], i)
+	}
+	for lv := range members {
+		end(lv)
+	}
+	return left
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -87,8 +89,8 @@ func (c *Client) listSegment(ctx context.Context, q string, st Status, seg, seg0
 		return "", err
 	}
 	ts, err := c.segmentTasks(ctx, q, seg)
-	if err != nil {
-		return "", err
+	if err != nil || state.vanished() {
+		return "", err // a vanished one was gathered: its tasks are in another
 	}
 	if !state.open && state.n == 0 {
 		state.n = len(ts)
@@ -443,8 +445,9 @@ func (c *Client) RunNow(ctx context.Context, q string, ids []string, progress fu
 // others at its move; larger ones are opened as they are.
 const gatherBelow = SegmentSize / 2
 
-// gatherBytes bounds the compressed records one gathered move rewrites,
-// within etcd's request size; the rest of the batch opens as it is.
+// gatherBytes bounds what one gathered move writes (the compressed
+// records, index keys and names: gatherCost), within etcd's request
+// size; the rest of the batch opens as it is.
 const gatherBytes = 512 << 10
 
 // dueSource is a due segment a move reads: the key's segment, its level,
@@ -476,7 +479,9 @@ func (c *Client) gatherDue(ctx context.Context, q string, kvs []*mvccpb.KeyValue
 		gets = append(gets, clientv3.OpGet(c.keys.Segment(q, srcs[i].seg)))
 	}
 	exits := c.keys.Exits(q, "")
-	for _, r := range levels {
+	lvs := slices.Sorted(maps.Keys(levels)) // one order for the reads and their answers
+	for _, lv := range lvs {
+		r := levels[lv]
 		gets = append(gets, clientv3.OpGet(c.keys.Exits(q, r[0]), clientv3.WithRange(clientv3.GetPrefixRangeEnd(c.keys.Exits(q, r[1]))),
 			clientv3.WithKeysOnly(), clientv3.WithLimit(gatherExitsRead)))
 	}
@@ -491,7 +496,8 @@ func (c *Client) gatherDue(ctx context.Context, q string, kvs []*mvccpb.KeyValue
 	unread := map[int]bool{}  // levels whose exits were not read whole
 	var cmps []clientv3.Cmp
 	k := len(small)
-	for lv, r := range levels {
+	for _, lv := range lvs {
+		r := levels[lv]
 		rr := resp.Responses[k].GetResponseRange()
 		k++
 		if rr.More {
@@ -515,15 +521,32 @@ func (c *Client) gatherDue(ctx context.Context, q string, kvs []*mvccpb.KeyValue
 		if err != nil || len(ts) != srcs[i].n {
 			continue // opened as it is: its claims say what is wrong
 		}
-		size += len(rec[0].Value)
+		cost := c.gatherCost(q, srcs[i].seg, len(rec[0].Value), ts)
+		if size+cost > gatherBytes {
+			continue
+		}
+		size += cost
 		srcs[i].tasks = ts
 		gathered++
 	}
 	if gathered < 2 {
 		return nil, nil, nil
 	}
-	ops, err := c.gatherWrites(q, srcs)
-	return cmps, ops, err
+	absent, ops, err := c.gatherWrites(q, srcs)
+	return append(cmps, absent...), ops, err
+}
+
+// gatherCost estimates the bytes a gathered move writes for source seg of
+// queue q, its record of n bytes holding ts: its share of a new record,
+// its tasks' index keys and values, and its deleted record's and due
+// key's names.
+func (c *Client) gatherCost(q, seg string, n int, ts []Task) int {
+	cost := n + 2*len(c.keys.Segment(q, seg))
+	place := len(keyspace.TaskPlace{Queue: q, Segment: seg, Slot: SegmentSize}.String()) + len(scheduledMark) + 15
+	for i := range ts {
+		cost += len(c.keys.TaskIndex(ts[i].ID)) + place
+	}
+	return cost
 }
 
 // testHookGatherRead, set by tests only, runs after gatherDue's read:
@@ -531,8 +554,9 @@ func (c *Client) gatherDue(ctx context.Context, q string, kvs []*mvccpb.KeyValue
 var testHookGatherRead func()
 
 // gatherExitsRead bounds the exits one gathered move reads per level: a
-// level with more opens its segments as they are.
-const gatherExitsRead = 1000
+// level with more opens its segments as they are (a variable: tests
+// lower it).
+var gatherExitsRead int64 = 1000
 
 // dueSources reads the due keys kvs of queue q: the sources, the indexes
 // of the small ones (with others of their level to gather with), and per

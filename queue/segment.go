@@ -416,6 +416,9 @@ type segRef struct {
 // their own holds them now) are returned as moved, by id; purged ones are
 // left out.
 func (c *Client) segmentSlots(ctx context.Context, slots []segmentSlot) (tasks []*Task, moved []string, err error) {
+	if testHookSegmentSlots != nil {
+		testHookSegmentSlots() // the index keys read, the segments not yet
+	}
 	tasks, moved, gone, err := c.segmentSlotsAt(ctx, slots)
 	if err != nil || len(gone) == 0 {
 		return tasks, moved, err
@@ -442,6 +445,10 @@ func (c *Client) segmentSlots(ctx context.Context, slots []segmentSlot) (tasks [
 	more, movedMore, _, err := c.segmentSlotsAt(ctx, again)
 	return append(tasks, more...), append(moved, movedMore...), err
 }
+
+// testHookSegmentSlots, set by tests only, runs after the index keys of
+// segmentSlots' tasks were read and before their segments are.
+var testHookSegmentSlots func()
 
 // segmentSlotsAt is segmentSlots without following a task whose segment
 // is gone: those are returned in gone.

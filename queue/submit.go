@@ -325,7 +325,7 @@ func (c *Client) putSegment(ctx context.Context, q string, valid []Task, idx []i
 		if err != nil {
 			return existing, fmt.Errorf("encode segment: %w", err)
 		}
-		cmps := make([]clientv3.Cmp, 0, len(idx)+1)
+		cmps := make([]clientv3.Cmp, 0, len(idx)+2)
 		puts := make([]clientv3.Op, 0, len(idx)+3)
 		gets := make([]clientv3.Op, 0, len(idx))
 		for k, i := range idx {
@@ -338,6 +338,9 @@ func (c *Client) putSegment(ctx context.Context, q string, valid []Task, idx []i
 		// guard key read back in the same request to say why.
 		cmps = append(cmps, storeguard.NotFull(c.keys))
 		gets = append(gets, storeguard.GetOp(c.keys))
+		// No record of that name (tasks due at one time share the time
+		// in their names): a clash is refused and sent again, renamed.
+		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(c.keys.Segment(q, seg)), "=", 0))
 		live := c.keys.SegmentOpen(q, seg)
 		if !due.IsZero() {
 			live = c.dueKey(q, seg, len(idx))

@@ -160,8 +160,11 @@ func (ix *Index) promote(ctx context.Context, from time.Time) (next, done time.T
 			if err != nil {
 				return time.Time{}, from, moved, err
 			}
-			if reread {
-				continue // another process moved some: what is left, again
+			if reread { // another moved some: the rest again, after a pause (rereadJitter)
+				if sleep(ctx, time.Duration(rand.Int64N(int64(rereadJitter)))); ctx.Err() != nil {
+					return time.Time{}, from, moved, ctx.Err()
+				}
+				continue
 			}
 			// Read on after the batch, not from start again: the
 			// items it moved stay in etcd's index as deleted keys
@@ -305,6 +308,11 @@ func (ix *Index) MoveItems(ctx context.Context, kvs []*mvccpb.KeyValue) (int, er
 	return n, err
 }
 
+// rereadJitter bounds the random pause before a batch a gathered move
+// lost to another mover is read again, so that two movers that read the
+// same batch do not keep meeting.
+const rereadJitter = 10 * time.Millisecond
+
 // maxTxnOps is etcd's default --max-txn-ops: the most compares or
 // operations at one level of a request, a nested transaction's allowance
 // being what its parent's level left (128 less the larger of the
@@ -390,8 +398,9 @@ func (ix *Index) moveGathered(ctx context.Context, kvs []*mvccpb.KeyValue) (move
 	resp, err := ix.Client.Txn(ctx).If(cmps...).Then(append(then, shared...)...).Else(reads...).Commit()
 	if err != nil {
 		// Refused (too large, say) or lost: one by one, which tells an
-		// outage from a refusal by its own error.
-		ix.failed(fmt.Errorf("due: gathered move of %d items of %s: %w", len(kvs), ix.Prefix, err))
+		// outage from a refusal by its own error; a refusal is no error
+		// of the index (it would count at every move).
+		cmp.Or(ix.Logger, slog.Default()).Debug("due: gathered move refused; moving one by one", "index", cmp.Or(ix.Name, "due"), "items", len(kvs), "err", err)
 		return 0, gatherRefused, nil
 	}
 	if !resp.Succeeded {
