@@ -59,15 +59,22 @@ func TestQueueHistoryRoute(t *testing.T) {
 		t.Fatal(err)
 	}
 	var h httpapi.QueueHistory
-	ok := etcdtest.Eventually(30*time.Second, func() bool {
-		_, _ = rec.CloseMinute(ctx, time.Now())
+	read := func() httpapi.QueueHistoryCounts {
 		if err := json.Unmarshal(a.do("GET", "/v1/queues/"+q+"/history?window=1h", nil).want(t, 200).Raw, &h); err != nil {
 			t.Fatal(err)
 		}
-		return h.Totals.Processed == 7 && h.Totals.Failed == 1
+		return h.Totals
+	}
+	want := httpapi.QueueHistoryCounts{Processed: 7, Failed: 1, Started: 8}
+	ok := etcdtest.Eventually(historyWait, func() bool {
+		u := rec.Unclosed(q)
+		if got := read(); got != want {
+			closeWhenHeld(ctx, rec, u, got, want)
+		}
+		return read() == want
 	})
 	if !ok {
-		t.Fatalf("totals %+v, want 7 processed and 1 failed", h.Totals)
+		t.Fatalf("totals %+v, want %+v (unclosed %+v)", h.Totals, want, rec.Unclosed(q))
 	}
 	if len(h.Buckets) != 60 || h.Bucket != 60 || h.Window != 3600 || h.ClosedThrough == nil || h.Latency.Samples != 8 || h.Totals.Retried != 0 {
 		t.Errorf("history %d buckets of %v s over %v s, closed through %v, latency %+v", len(h.Buckets), h.Bucket, h.Window, h.ClosedThrough, h.Latency)
@@ -125,16 +132,40 @@ func TestQueueHistoryTwoServersAgree(t *testing.T) {
 		t.Fatal(err)
 	}
 	var ha, hb httpapi.QueueHistory
-	ok := etcdtest.Eventually(30*time.Second, func() bool {
-		_, _ = rec.CloseMinute(ctx, time.Now())
+	want := httpapi.QueueHistoryCounts{Processed: 5, Started: 5}
+	ok := etcdtest.Eventually(historyWait, func() bool {
+		u := rec.Unclosed(q)
 		ra := a.do("GET", "/v1/queues/"+q+"/history?window=24h", nil).want(t, 200).Raw
+		if json.Unmarshal(ra, &ha) == nil && ha.Totals != want {
+			closeWhenHeld(ctx, rec, u, ha.Totals, want)
+		}
+		ra = a.do("GET", "/v1/queues/"+q+"/history?window=24h", nil).want(t, 200).Raw
 		rb := b.do("GET", "/v1/queues/"+q+"/history?window=24h", nil).want(t, 200).Raw
 		if json.Unmarshal(ra, &ha) != nil || json.Unmarshal(rb, &hb) != nil {
 			return false
 		}
-		return ha.Totals.Processed == 5 && string(ra) == string(rb)
+		return ha.Totals == want && string(ra) == string(rb)
 	})
 	if !ok {
 		t.Fatalf("server a: %+v, server b: %+v", ha.Totals, hb.Totals)
+	}
+}
+
+// historyWait bounds the wait for a queue's history: a whole minute and
+// more, in case a minute is closed short anyway (see closeWhenHeld).
+const historyWait = 90 * time.Second
+
+// closeWhenHeld closes the minute under way with the test's recorder rec
+// once rec holds every count not closed yet: u (rec's counts not closed,
+// read first) and closed (the history's totals, read after) make want. A
+// minute closed short, its watch behind the worker on a loaded machine,
+// could not be closed again, and the rest would wait for the next minute.
+// A minute the server's recorder closes between the two reads is counted
+// twice in the sum, never missed, so the sum never says want too early.
+func closeWhenHeld(ctx context.Context, rec *qstats.Recorder, u qstats.Counts, closed, want httpapi.QueueHistoryCounts) {
+	sum := httpapi.QueueHistoryCounts{Processed: closed.Processed + u.Processed, Failed: closed.Failed + u.Failed,
+		Retried: closed.Retried + u.Retried, Deferred: closed.Deferred + u.Deferred, Started: closed.Started + u.Started}
+	if sum == want {
+		_, _ = rec.CloseMinute(ctx, time.Now())
 	}
 }
