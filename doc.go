@@ -45,6 +45,9 @@
 //     expression or an interval, once per tick across every server.
 //   - [github.com/droverhq/drover/flow]: fleet-wide rate limits,
 //     concurrency quotas and circuit breakers, as gates that admit calls.
+//   - [github.com/droverhq/drover/budget]: LLM budgets: requests and tokens
+//     per window under a provider/model/key, reserved before a call and
+//     settled with what it used, shared between tenants by weight.
 //   - [github.com/droverhq/drover/registry]: endpoints registered under a
 //     process's lease, discovered by snapshot and watch.
 //   - [github.com/droverhq/drover/fleet]: a queue worker assembled as
@@ -56,12 +59,21 @@
 //     conformance suite every checkpoint store passes.
 //   - [github.com/droverhq/drover/metrics]: the Prometheus metrics every
 //     part records.
+//   - [github.com/droverhq/drover/tracing]: OpenTelemetry set up from the
+//     standard environment, and a task's trace context carried from its
+//     submission to each of its attempts.
+//   - [github.com/droverhq/drover/tracing/otelspan]: the spans and
+//     exemplars the instrumented packages record, on the OpenTelemetry API
+//     alone (no SDK, no exporter).
 //   - [github.com/droverhq/drover/storeguard]: the store-full guard key that
 //     data-plane writes compare, so that they yield before etcd's quota
 //     stops the control plane (leases, locks); cluster.Guard sets it.
 //   - [github.com/droverhq/drover/httpapi]: every capability as JSON routes
 //     over HTTP, described by OpenAPI, with sessions standing in for
 //     leases, bearer tokens and TLS, for agents in other languages.
+//   - [github.com/droverhq/drover/agentserver]: LangGraph's Agent Server
+//     routes (assistants, threads) for the official LangGraph SDK Client,
+//     mounted by the HTTP API at its root.
 //   - [github.com/droverhq/drover/ui]: the web dashboard the HTTP API
 //     serves at /ui, embedded in the binary.
 //   - [github.com/droverhq/drover/chaos]: tests only: crashes, pauses and

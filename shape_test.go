@@ -100,6 +100,11 @@ func TestDependencies(t *testing.T) {
 			why:    "the other lock backends live in lock/redislock and lock/paxoslock",
 		},
 		{
+			pkgs:   []string{"./queue", "./task", "./lock"},
+			banned: []string{"go.opentelemetry.io/otel/sdk", "go.opentelemetry.io/otel/exporters"},
+			why:    "an instrumented library depends on the OpenTelemetry API only; package tracing sets up the SDK",
+		},
+		{
 			pkgs:   []string{"./flow", "./registry"},
 			banned: []string{"github.com/droverhq/drover/queue"},
 			why:    "flow control and the registry stand without the queue; package fleet joins them",

@@ -44,7 +44,7 @@ func (e *StoreFullError) Error() string {
 		pct = 100 * float64(e.Usage) / float64(e.Quota)
 	}
 	return fmt.Sprintf("store full: etcd's database uses %s of its %s quota (%.0f%%, past the %.0f%% high-water mark): "+
-		"new tasks and checkpoints are refused so that leases and locks keep working; "+
+		"new tasks, checkpoints, signals and stream events are refused so that leases and locks keep working; "+
 		"free space with `drover tasks purge --queue Q --status SUCCEEDED --all` (or `drover dlq purge --queue Q --all`), "+
 		"or restart `drover server` with a larger --quota-backend-bytes; writes resume once less than %.0f%% is in use",
 		formatBytes(e.Usage), formatBytes(e.Quota), pct, 100*e.HighWater, 100*e.LowWater)

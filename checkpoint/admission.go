@@ -107,25 +107,91 @@ func (a *Admitter) Admit(ctx context.Context, thread string, policy Admission) (
 	if err != nil {
 		return nil, err
 	}
+	// Interrupts count from the read below, made just after the lock was
+	// acquired: a request written after that read cancels this run; one
+	// written before it does not, including one written in the short span
+	// between the acquisition and the read. The lock API does not expose
+	// the revision of its acquisition (a Locker need not be etcd's, and an
+	// etcd lock's token is when it queued, not when it was granted), so
+	// this read's revision is the first this run can name.
+	key := a.interruptKey(thread)
+	g, err := a.cli.Get(ctx, key)
+	if err != nil {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		_ = l.Release(rctx)
+		cancel()
+		return nil, fmt.Errorf("checkpoint: read the interrupt key of %s: %w", thread, err)
+	}
 	r := &Run{Lock: l, done: make(chan struct{})}
 	r.ctx, r.cancel = context.WithCancelCause(l.Context())
-	// Watch for interrupts from now on: a request written after this run
-	// was admitted cancels it.
-	wctx, wcancel := context.WithCancel(r.ctx)
-	wch := a.cli.Watch(clientv3.WithRequireLeader(wctx), a.interruptKey(thread), clientv3.WithFilterDelete(), clientv3.WithCreatedNotify())
-	select { // the watch is open before the run starts
-	case <-wch:
-	case <-r.ctx.Done():
-	}
-	go func() {
-		defer close(r.done)
-		defer wcancel()
-		for wr := range wch {
-			if len(wr.Events) > 0 {
-				r.cancel(ErrInterrupted)
-				return
-			}
-		}
-	}()
+	go a.watchInterrupts(r, key, g.Header.Revision)
 	return r, nil
+}
+
+// Bounds of the wait between two watches of an interrupt key.
+const (
+	minRewatch = 50 * time.Millisecond
+	maxRewatch = 2 * time.Second
+)
+
+// watchInterrupts cancels r with ErrInterrupted when the interrupt key is
+// written after revision rev. A watch that ends (no leader, the watch
+// cancelled, a compaction) is opened again from the last revision seen; the
+// loop ends with the run.
+func (a *Admitter) watchInterrupts(r *Run, key string, rev int64) {
+	defer close(r.done)
+	backoff := minRewatch
+	for r.ctx.Err() == nil {
+		started := time.Now()
+		next, interrupted := a.followInterrupts(r.ctx, key, rev)
+		if interrupted {
+			r.cancel(ErrInterrupted)
+			return
+		}
+		if next > rev { // progress: watch again at once
+			rev, backoff = next, minRewatch
+			continue
+		}
+		if time.Since(started) > 10*maxRewatch {
+			backoff = minRewatch
+		}
+		select {
+		case <-r.ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, maxRewatch)
+	}
+}
+
+// followInterrupts watches key after rev until the watch ends; it returns
+// the last revision known to hold no interrupt, and whether one was seen.
+// A watch that fell behind a compaction reads the key instead: a write
+// after rev is an interrupt.
+func (a *Admitter) followInterrupts(ctx context.Context, key string, rev int64) (int64, bool) {
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	defer cancel()
+	wch := a.cli.Watch(wctx, key, clientv3.WithRev(rev+1), clientv3.WithFilterDelete(), clientv3.WithProgressNotify())
+	for wr := range wch {
+		if wr.CompactRevision != 0 {
+			g, err := a.cli.Get(ctx, key)
+			if err != nil {
+				return rev, false
+			}
+			if len(g.Kvs) > 0 && g.Kvs[0].ModRevision > rev {
+				return rev, true
+			}
+			return g.Header.Revision, false
+		}
+		if wr.Err() != nil {
+			return rev, false
+		}
+		if len(wr.Events) > 0 {
+			return rev, true
+		}
+		if wr.IsProgressNotify() && wr.Header.Revision > rev {
+			rev = wr.Header.Revision
+		}
+	}
+	return rev, false
 }

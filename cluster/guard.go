@@ -384,7 +384,9 @@ func (g *Guard) read(ctx context.Context) (GuardStatus, error) {
 	// authoritative list, is a raft proposal, so it is asked only then
 	// (any error at all, whatever its wording).
 	if len(sr.Errors) > 0 {
-		ar, err := g.cli.AlarmList(ctx)
+		actx, cancel := g.bound(ctx)
+		ar, err := g.cli.AlarmList(actx)
+		cancel()
 		if err != nil {
 			return st, fmt.Errorf("cluster: guard: list alarms: %w", err)
 		}
@@ -399,7 +401,9 @@ func (g *Guard) read(ctx context.Context) (GuardStatus, error) {
 	for i, k := range g.keys {
 		ops[i] = clientv3.OpGet(k.StoreFull(), clientv3.WithCountOnly())
 	}
-	tr, err := g.cli.Txn(ctx).Then(ops...).Commit()
+	tctx, cancel := g.bound(ctx)
+	defer cancel()
+	tr, err := g.cli.Txn(tctx).Then(ops...).Commit()
 	if err != nil {
 		return st, fmt.Errorf("cluster: guard: read the guard keys: %w", err)
 	}
@@ -413,9 +417,18 @@ func (g *Guard) read(ctx context.Context) (GuardStatus, error) {
 // status reads the member's status, bounded: a member that does not answer
 // fails the check (which is tried again), it does not hang it.
 func (g *Guard) status(ctx context.Context) (*clientv3.StatusResponse, error) {
-	sctx, cancel := context.WithTimeout(ctx, max(guardStatusTimeout, g.cfg.Interval))
+	sctx, cancel := g.bound(ctx)
 	defer cancel()
 	return g.cli.Status(sctx, g.cfg.Endpoint)
+}
+
+// bound is ctx for one request of a check other than a defragmentation:
+// every request is bounded, so a member that answers its status but whose
+// cluster lost its quorum (an alarm list is a raft proposal, the guard
+// keys a linearizable read) fails the check, which is tried again, instead
+// of hanging it and every later one.
+func (g *Guard) bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, max(guardStatusTimeout, g.cfg.Interval))
 }
 
 // Bounds of the guard's requests to its member: a status read, and a
@@ -436,7 +449,9 @@ func (g *Guard) compactDue(st GuardStatus) bool {
 // the space is freed in the database. It reports whether it compacted.
 func (g *Guard) compact(ctx context.Context, st GuardStatus) (bool, error) {
 	g.compactedAt, g.compacted = g.cfg.Now(), st.Revision
-	_, err := g.cli.Compact(ctx, st.Revision, clientv3.WithCompactPhysical())
+	cctx, cancel := g.bound(ctx)
+	defer cancel()
+	_, err := g.cli.Compact(cctx, st.Revision, clientv3.WithCompactPhysical())
 	if errors.Is(err, rpctypes.ErrCompacted) {
 		return false, nil // already compacted there (etcd's own periodic compaction)
 	}
@@ -462,6 +477,8 @@ func (g *Guard) recount(ctx context.Context, st GuardStatus) (GuardStatus, error
 	if st.Alarm {
 		return g.defragment(ctx, st)
 	}
+	ctx, cancel := g.bound(ctx)
+	defer cancel()
 	l, err := g.cli.Grant(ctx, 1)
 	if err != nil {
 		return st, fmt.Errorf("cluster: guard: grant a lease to recount the space in use: %w", err)
@@ -514,7 +531,10 @@ func (g *Guard) recover(ctx context.Context, st GuardStatus, high int64) (GuardS
 		return st, err
 	}
 	for _, a := range disarm {
-		if _, err := g.cli.AlarmDisarm(ctx, (*clientv3.AlarmMember)(a)); err != nil {
+		dctx, cancel := g.bound(ctx)
+		_, err := g.cli.AlarmDisarm(dctx, (*clientv3.AlarmMember)(a))
+		cancel()
+		if err != nil {
 			return st, fmt.Errorf("cluster: guard: disarm etcd's NOSPACE alarm of member %x: %w", a.MemberID, err)
 		}
 		g.cfg.Logger.Warn("store guard: disarmed etcd's NOSPACE alarm: writes and lease grants are accepted again",
@@ -529,11 +549,14 @@ func (g *Guard) recover(ctx context.Context, st GuardStatus, high int64) (GuardS
 		if err != nil || busy != "" {
 			return st, err // that member's guard clears the keys once it is under its mark
 		}
-		if err := storeguard.Clear(ctx, g.cli, g.keys...); err != nil {
+		cctx, cancel := g.bound(ctx)
+		err = storeguard.Clear(cctx, g.cli, g.keys...)
+		cancel()
+		if err != nil {
 			return st, fmt.Errorf("cluster: guard: %w", err)
 		}
 		st.keys, st.Full = 0, false
-		g.cfg.Logger.Info("store guard: usage is under the low-water mark: new tasks and checkpoints are accepted again", g.attrs(st)...)
+		g.cfg.Logger.Info("store guard: usage is under the low-water mark: new tasks, checkpoints, signals and stream events are accepted again", g.attrs(st)...)
 	}
 	return st, nil
 }
@@ -545,7 +568,7 @@ func (g *Guard) set(ctx context.Context, st GuardStatus) (GuardStatus, error) {
 		return st, fmt.Errorf("cluster: guard: %w", err)
 	}
 	st.keys, st.Full = len(g.keys), true
-	g.cfg.Logger.Warn("store guard: etcd's database is past the high-water mark: new tasks and checkpoints are refused, leases and locks keep working; "+
+	g.cfg.Logger.Warn("store guard: etcd's database is past the high-water mark: new tasks, checkpoints, signals and stream events are refused, leases and locks keep working; "+
 		"free space with `drover tasks purge` or raise the quota (`drover server --quota-backend-bytes`)", g.attrs(st)...)
 	return st, nil
 }

@@ -33,7 +33,9 @@ func (g *Guard) disarmable(ctx context.Context, st GuardStatus) (disarm, keep []
 	if len(keep) == 0 {
 		return disarm, nil, nil
 	}
-	list, err := g.cli.MemberList(ctx, clientv3.WithSerializable())
+	lctx, cancel := g.bound(ctx)
+	list, err := g.cli.MemberList(lctx, clientv3.WithSerializable())
+	cancel()
 	if err != nil {
 		return nil, nil, fmt.Errorf("cluster: guard: list the members: %w", err)
 	}
@@ -59,7 +61,9 @@ func (g *Guard) disarmable(ctx context.Context, st GuardStatus) (disarm, keep []
 // over: it serves no writes, and its own guard sets the keys again if it
 // comes back full. A single member has no peers to ask.
 func (g *Guard) peerAboveLow(ctx context.Context, self uint64) (string, error) {
-	list, err := g.cli.MemberList(ctx, clientv3.WithSerializable())
+	lctx, cancel := g.bound(ctx)
+	list, err := g.cli.MemberList(lctx, clientv3.WithSerializable())
+	cancel()
 	if err != nil {
 		return "", fmt.Errorf("cluster: guard: list the members: %w", err)
 	}

@@ -2,6 +2,7 @@ package cluster_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -64,5 +65,46 @@ func TestGuardOnTwoMembers(t *testing.T) {
 	}
 	if !exists(t, clis[1], keyspace.MustNew(ns).StoreFull()) {
 		t.Fatalf("member 1's guard deleted the key that member 0's set, member 0 still past its mark; logs:\n%s", logs.String())
+	}
+}
+
+// TestGuardCheckEndsWithoutQuorum: on a 3-member cluster that lost two
+// members, the remaining member still answers its status, but the guard's
+// next request (the guard keys, a linearizable read) cannot be served. The
+// check must fail at the guard's own bound on each request (5 s), so that
+// the guard tries again at its next interval. Without that bound it
+// waited on etcd: here the member's own request timeout ends the read,
+// but a member that stops answering after its status (a paused process, a
+// stalled connection) would hold the check, and every later one, forever.
+func TestGuardCheckEndsWithoutQuorum(t *testing.T) {
+	servers := startCluster(t, 1<<30, 1<<30, 1<<30)
+	ctx := context.Background()
+	cli, err := cluster.Connect(ctx, cluster.ClientConfig{Endpoints: servers[0].Endpoints()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cli.Close() })
+	g := etcdtest.NewGuard(t, cli, cluster.GuardConfig{
+		Endpoint: servers[0].Endpoints()[0], Quota: servers[0].Quota(),
+		Namespaces: []string{etcdtest.Namespace(t)}, Interval: 100 * time.Millisecond,
+		Logger: slog.New(slog.DiscardHandler),
+	})
+	if _, err := g.Check(ctx); err != nil {
+		t.Fatalf("check with every member up: %v", err)
+	}
+	for _, s := range servers[1:] {
+		if err := s.Close(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	done := make(chan error, 1)
+	go func() { _, err := g.Check(ctx); done <- err }()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("check without a quorum: %v, want the guard's own bound (context deadline exceeded)", err)
+		}
+	case <-time.After(3 * time.Minute): // the bound of a request: 5 s
+		t.Fatal("check without a quorum has not ended in 3 minutes: a request of the guard is unbounded")
 	}
 }

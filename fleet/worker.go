@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/droverhq/drover/budget"
 	"github.com/droverhq/drover/flow"
 	"github.com/droverhq/drover/lease"
 	"github.com/droverhq/drover/process"
@@ -29,6 +30,7 @@ type Worker struct {
 
 	rt         *process.Runtime
 	closeGates func(context.Context)
+	budgets    *BudgetGate
 	w          *queue.Worker
 
 	closeOnce sync.Once
@@ -74,7 +76,11 @@ func NewWorker(ctx context.Context, cli *clientv3.Client, cfg Config) (_ *Worker
 		return nil, err
 	}
 	w.closeGates = closeGates
-	wcfg.Gates = append(Gates(gates), wcfg.Gates...)
+	// Budgets last, after the flow gates and the caller's own: a
+	// reservation is not taken (nor a request charged) while another
+	// gate refuses.
+	w.budgets = NewBudgetGate(budget.New(cli, cfg.Worker.Namespace), func() clientv3.LeaseID { return w.rt.Lease().ID() }, w.logger)
+	wcfg.Gates = append(append(Gates(gates), wcfg.Gates...), w.budgets)
 	if w.w, err = queue.NewWorker(ctx, cli, wcfg); err != nil {
 		return nil, err
 	}
@@ -89,6 +95,10 @@ func NewWorker(ctx context.Context, cli *clientv3.Client, cfg Config) (_ *Worker
 	}
 	return w, nil
 }
+
+// Budgets returns the worker's budget gate: a handler reports the LLM
+// tokens its task used with Budgets().Used(t, n).
+func (w *Worker) Budgets() *BudgetGate { return w.budgets }
 
 // ID returns the worker's id, as its claims and registry entry show it.
 func (w *Worker) ID() string { return w.w.ID() }

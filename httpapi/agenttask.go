@@ -356,6 +356,7 @@ func (s *Server) writeStep(ctx context.Context, id string, n int, b stepWrite) (
 		return nil, err
 	}
 	if next.Completed || !next.SleepUntil.IsZero() || next.Wait != nil || next.Spawn != nil {
+		s.endAgentStream(ctx, id, f, next)
 		s.releaseClaim(ctx, id, f) // done, or parked: nothing is held while it sleeps or waits
 	}
 	return &agentTaskOutput{Body: agentTaskOf(next)}, nil
@@ -399,6 +400,7 @@ func (s *Server) finishParked(ctx context.Context, store *task.Store, cp task.Ch
 			s.cfg.Logger.Warn("agent task: children not submitted yet; the next claim submits them", "task", cp.TaskID, "step", cp.Step, "err", err)
 		}
 	}
+	s.endAgentStream(ctx, cp.TaskID, f, cp) // as the first write would have
 	s.releaseClaim(ctx, cp.TaskID, f)
 }
 
@@ -457,6 +459,7 @@ func (s *Server) completeTask(ctx context.Context, in *completeInput) (*agentTas
 	if err != nil {
 		return nil, taskProblem(err)
 	}
+	s.finishAgentStream(ctx, in.ID)
 	s.releaseClaim(ctx, in.ID, f)
 	return &agentTaskOutput{Body: agentTaskOf(cp)}, nil
 }
@@ -498,6 +501,7 @@ func (s *Server) releaseTask(ctx context.Context, in *releaseTaskInput) (*struct
 		}
 		return nil, err
 	}
+	s.endAgentAttempt(ctx, in.ID, f, "handed back")
 	resp, err := s.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(f.key), "=", f.token)).Then(clientv3.OpDelete(f.key)).Commit()
 	if err != nil {
 		return nil, problem(fmt.Errorf("release the claim of task %s: %w", in.ID, err), nil)

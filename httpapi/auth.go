@@ -166,6 +166,9 @@ type ctxKey int
 const (
 	nsKey ctxKey = iota
 	whoKey
+	// entryKey holds the authEntry the request's token matched, with
+	// auth on, whichever header carried it.
+	entryKey
 )
 
 // roleOf is the role a route requires: its "role" metadata, else read for
@@ -203,10 +206,14 @@ func (s *Server) authorize(ctx huma.Context, next func(huma.Context)) {
 		return
 	}
 	who, allowed := "anonymous", true
+	var entry *authEntry
 	if s.cfg.Auth != nil {
 		scheme, token, _ := strings.Cut(ctx.Header("Authorization"), " ")
+		if k := ctx.Header("X-Api-Key"); scheme == "" && k != "" {
+			scheme, token = "Bearer", k // what LangGraph's clients send
+		}
 		if !strings.EqualFold(scheme, "Bearer") || token == "" {
-			p := newProblem(http.StatusUnauthorized, "unauthorized", "this server requires a bearer token: send `Authorization: Bearer TOKEN` with a token of its --auth-file")
+			p := newProblem(http.StatusUnauthorized, "unauthorized", "this server requires a bearer token: send `Authorization: Bearer TOKEN` (or LangGraph's `x-api-key: TOKEN`) with a token of its --auth-file")
 			p.headers = http.Header{"WWW-Authenticate": {`Bearer realm="drover"`}}
 			writeProblem(ctx, p)
 			return
@@ -229,7 +236,7 @@ func (s *Server) authorize(ctx huma.Context, next func(huma.Context)) {
 				fmt.Sprintf("token %q has role %s; %s %s needs %s", e.name, e.role, op.Method, op.Path, need)))
 			return
 		}
-		who, allowed = e.name, e.allows(ns)
+		who, allowed, entry = e.name, e.allows(ns), &e
 	}
 	if !validNamespace(ns) {
 		writeProblem(ctx, invalid("header."+NamespaceHeader, ns, "must be a namespace name: letters, digits, '.', '_' and '-'"))
@@ -237,6 +244,9 @@ func (s *Server) authorize(ctx huma.Context, next func(huma.Context)) {
 	}
 	ctx = huma.WithValue(ctx, nsKey, ns)
 	ctx = huma.WithValue(ctx, whoKey, who)
+	if entry != nil {
+		ctx = huma.WithValue(ctx, entryKey, *entry)
+	}
 	noteAccess(ctx.Context(), who, allowed)
 	next(ctx)
 }

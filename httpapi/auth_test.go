@@ -76,6 +76,17 @@ func TestAuthMatrix(t *testing.T) {
 		t.Fatalf("403 should name the namespace and never the token: %s", r.Raw)
 	}
 
+	// Authorization wins over X-Api-Key: a reader cannot write by adding
+	// a writer's key beside its own token.
+	a.token = readTok
+	before = a.keyCount()
+	a.do("POST", "/v1/sessions", map[string]any{"ttl": 5}, "X-Api-Key: "+writeTok).problem(t, 403)
+	if a.keyCount() != before {
+		t.Fatal("a reader with a writer's X-Api-Key wrote")
+	}
+	a.token = ""
+	a.do("POST", "/v1/sessions", map[string]any{"ttl": 5}, "X-Api-Key: "+writeTok).want(t, 201)
+
 	a.token = adminTok
 	a.do("GET", "/v1/locks", nil, httpapi.NamespaceHeader+": other-ns").want(t, 200)
 	a.do("POST", "/v1/sessions", map[string]any{"ttl": 5}).want(t, 201)

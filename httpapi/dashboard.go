@@ -4,7 +4,6 @@ import (
 	"context"
 	"net/http"
 	"sort"
-	"strings"
 
 	"github.com/danielgtaylor/huma/v2"
 	"github.com/droverhq/drover/queue"
@@ -48,9 +47,7 @@ type ComponentBody struct {
 	Endpoints []EndpointBody `json:"endpoints" doc:"Its live endpoints, by id."`
 }
 
-type whoamiInput struct {
-	Authorization string `header:"Authorization" hidden:"true"`
-}
+type whoamiInput struct{}
 
 // dashboardRoutes registers the routes the dashboard reads beside the
 // others: every queue at once, every component at once, what the token may
@@ -131,9 +128,9 @@ func (s *Server) whoami(ctx context.Context, in *whoamiInput) (*struct{ Body Who
 	ns := s.nsOf(ctx)
 	out := Whoami{Name: whoOf(ctx), Role: RoleAdmin.String(), Namespace: ns, Allowed: true, Default: s.cfg.Namespace, Namespaces: []string{"*"}}
 	if s.cfg.Auth != nil {
-		// authorize let the request through: its token is one of the file's.
-		_, token, _ := strings.Cut(in.Authorization, " ")
-		e, _ := s.cfg.Auth.match(strings.TrimSpace(token))
+		// authorize let the request through and kept the entry its token
+		// (Authorization or X-Api-Key) matched.
+		e, _ := ctx.Value(entryKey).(authEntry)
 		out.Auth, out.Role, out.Namespaces, out.Allowed = true, e.role.String(), e.namespaces, e.allows(ns)
 	}
 	return &struct{ Body Whoami }{out}, nil

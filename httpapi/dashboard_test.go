@@ -73,6 +73,11 @@ func TestDashboardWhoami(t *testing.T) {
 	if r = b.do("GET", "/v1/whoami", nil).want(t, 200); r.str("role") != "admin" {
 		t.Fatalf("whoami of the admin token: %s", r.Raw)
 	}
+	b.token = "" // LangGraph's clients send their token as X-Api-Key
+	r = b.do("GET", "/v1/whoami", nil, "X-Api-Key: "+readTok).want(t, 200)
+	if r.JSON["auth"] != true || r.str("role") != "read" || r.str("name") != "reader" || r.JSON["allowed"] != true {
+		t.Fatalf("whoami of the read token as X-Api-Key: %s", r.Raw)
+	}
 }
 
 // TestDashboardWhoamiScopedToken: whoami answers a token limited to other

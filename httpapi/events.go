@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/danielgtaylor/huma/v2"
+	"github.com/droverhq/drover/internal/serverclose"
 )
 
 // EventsSnapshot is the first event of GET /v1/events, and the whole
@@ -108,7 +109,7 @@ func (s *Server) streamEvents(ctx context.Context, st *eventStream, snap EventsS
 		_ = st.send("end", 0, EventsEnd{Reason: "busy", Detail: "this server follows as many namespaces as it may; try again later, or ask another server"})
 		return
 	}
-	closing := serverClosing(ctx) // nil (never ready) when the request names no http.Server
+	closing := serverclose.Of(ctx) // nil (never ready) when the request names no http.Server
 	tick := time.NewTicker(streamKeepalive)
 	defer tick.Stop()
 	for {

@@ -14,6 +14,7 @@ import (
 	"github.com/danielgtaylor/huma/v2"
 	"github.com/danielgtaylor/huma/v2/adapters/humago"
 	"github.com/droverhq/drover/keyspace"
+	"github.com/droverhq/drover/tracing/otelspan"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	"google.golang.org/grpc/codes"
@@ -77,7 +78,7 @@ func (s *Server) observe(ctx huma.Context, next func(huma.Context)) {
 	}
 	d := time.Since(start)
 	s.metrics.requests.WithLabelValues(op.Path, op.Method, strconv.Itoa(code)).Inc()
-	s.metrics.latency.WithLabelValues(op.Path, op.Method).Observe(d.Seconds())
+	otelspan.Observe(ctx.Context(), s.metrics.latency.WithLabelValues(op.Path, op.Method), d.Seconds())
 	s.logRequest(op.Method, op.Path, ctx.URL().Path, code, d, ctx.RemoteAddr(), who)
 }
 

@@ -218,7 +218,8 @@ func problem(err error, where map[string]string) error {
 		return newProblem(http.StatusConflict, "conflict", err.Error())
 	case errors.Is(err, queue.ErrInboxFull):
 		return newProblem(http.StatusConflict, "inbox-full", err.Error())
-	case errors.Is(err, queue.ErrFinished), errors.Is(err, queue.ErrWrongStatus), errors.Is(err, queue.ErrNotDead), errors.Is(err, queue.ErrQueueBusy):
+	case errors.Is(err, queue.ErrFinished), errors.Is(err, queue.ErrWrongStatus), errors.Is(err, queue.ErrNotDead), errors.Is(err, queue.ErrQueueBusy),
+		errors.Is(err, queue.ErrQuarantined):
 		return newProblem(http.StatusConflict, "conflict", err.Error())
 	case errors.Is(err, queue.ErrNotFound), errors.Is(err, queue.ErrNoQueue), errors.Is(err, checkpoint.ErrNotFound),
 		errors.Is(err, flow.ErrNoLimit), errors.Is(err, flow.ErrNoQuota), errors.Is(err, flow.ErrNoBreaker), errors.Is(err, registry.ErrNotRegistered):

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"github.com/danielgtaylor/huma/v2"
 	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/queue"
+	"github.com/droverhq/drover/task"
 )
 
 // OutcomeInput is one outcome of a batch: a success (with its result) or,
@@ -27,8 +29,25 @@ type OutcomeInput struct {
 	// SleepFor and SleepUntil park the task instead.
 	SleepFor   string `json:"sleep_for,omitempty" maxLength:"64" doc:"Neither a success nor a failure: the task sleeps this long (a duration such as 10m, or seconds), SLEEPING with no claim, and is claimed again, its attempt not counted, when the sleep ends."`
 	SleepUntil string `json:"sleep_until,omitempty" maxLength:"64" doc:"As sleep_for, until this RFC 3339 time with its zone."`
+	// WaitSignal ends the attempt with a wait for a signal instead.
+	WaitSignal *OutcomeWait `json:"wait_signal,omitempty" doc:"Neither a success nor a failure: wait for the first of these signals (POST /v1/tasks/{id}/signals/{name}). A signal that waits in the task's inbox already (sent before the wait), other than those received_signals names, is answered at once in signal, not consumed, with the task still claimed (RUNNING, same token): run on with it, and name it in received_signals of every later outcome of this claim. So is the timeout of a wait whose until passed (signal.timed_out). Otherwise the task parks WAITING with no claim, its attempt not counted, until a signal named is sent or the timeout passes; it is then claimed again, showing waiting_for: report the same wait (until: waiting_for.until) to be answered the signal or the timeout."`
+	// ReceivedSignals names the signals waits answered under this claim.
+	ReceivedSignals []SignalRef `json:"received_signals,omitempty" maxItems:"64" doc:"The signals the waits of this claim were answered with so far (each answer's signal name and idempotency_key; not timeouts). A success, or a wait that parks (the next claim resumes at that wait), consumes those still in the inbox in its own transaction, fenced by the claim: a claim that no longer holds consumes nothing, and a worker that dies before its outcome leaves them to the next claim, which is answered them again. Any other outcome (a retried failure, a sleep, a failure to the dead-letter queue, a wait handed back) consumes nothing, and the task's next claim (after a requeue, for a dead one) resumes where this one did: at the wait it was claimed after (waiting_for), or from the start; it need not name them. A wait answered at once consumes nothing and skips them."`
 	// Streamed asks for the stream's end, as the single ack and fail do.
 	Streamed bool `json:"streamed,omitempty" doc:"This attempt wrote events to the task's stream: once the outcome is stored, the server ends the stream with done (the task ended) or attempt_ended (it will be retried or sleeps). Without it a task that ended leaves its stream without done, and followers end on its status instead."`
+}
+
+// SignalRef names a signal a task received.
+type SignalRef struct {
+	Name           string `json:"name" minLength:"1" maxLength:"128" doc:"The signal's name."`
+	IdempotencyKey string `json:"idempotency_key" minLength:"1" maxLength:"128" doc:"The idempotency key it was sent with, as the answer's signal says."`
+}
+
+// OutcomeWait is a wait for a signal that ends an attempt.
+type OutcomeWait struct {
+	Names   []string `json:"names" minItems:"1" maxItems:"16" doc:"The signals waited for: the first of them sent ends the wait."`
+	Timeout string   `json:"timeout,omitempty" maxLength:"64" doc:"How long to wait at most (a duration such as 24h, or seconds); absent (and no until): no timeout."`
+	Until   string   `json:"until,omitempty" maxLength:"64" doc:"As timeout, until this RFC 3339 time with its zone: to resume a wait a claim shows in waiting_for, give its until."`
 }
 
 type outcomesInput struct {
@@ -51,10 +70,12 @@ type OutcomeResult struct {
 	TaskID string `json:"task_id" doc:"The task."`
 	// Status is the HTTP status the outcome alone would have had.
 	Status      int          `json:"status" doc:"200: recorded; 409: the claim no longer holds (nothing written; the task runs, or ran, elsewhere); 404: no such task in the queue; 5xx: not recorded, try again."`
-	TaskStatus  queue.Status `json:"current_status,omitempty" enum:"SUCCEEDED,RETRYING,SLEEPING,DEAD" doc:"The task's state the outcome left it in (on 200)."`
+	TaskStatus  queue.Status `json:"current_status,omitempty" enum:"SUCCEEDED,RETRYING,SLEEPING,WAITING,PENDING,RUNNING,DEAD" doc:"The task's state the outcome left it in (on 200): RUNNING when a wait_signal was answered at once (signal), still claimed."`
 	Attempt     int          `json:"attempt,omitempty" doc:"The attempt the outcome ended (on 200)."`
 	ScheduledAt *time.Time   `json:"scheduled_at,omitempty" doc:"When a RETRYING task runs again, or a SLEEPING one's sleep ends."`
 	Detail      string       `json:"detail,omitempty" doc:"Why the outcome was not recorded."`
+	// Signal answers a wait_signal at once.
+	Signal *Signal `json:"signal,omitempty" doc:"A wait_signal answered at once: the first signal waited for in the inbox (not consumed: name it in received_signals of the claim's later outcomes, and the one that ends the attempt consumes it), or timed_out. The task is still claimed under the same token: its handler runs on with it, and reports another outcome."`
 }
 
 // OutcomesResult is the answer to a batch of outcomes, in their order.
@@ -108,8 +129,14 @@ func (s *Server) reportOutcomes(ctx context.Context, in *outcomesInput) (*struct
 		if os[i].SleepUntil, err = outcomeSleep(i, o); err != nil {
 			return nil, err
 		}
+		if os[i].Wait, err = outcomeWait(i, o); err != nil {
+			return nil, err
+		}
 		if len(o.Result) > 0 && string(o.Result) != "null" {
 			os[i].Result = o.Result
+		}
+		for _, r := range o.ReceivedSignals {
+			os[i].Received = append(os[i].Received, queue.SignalRef{Name: r.Name, IdempotencyKey: r.IdempotencyKey})
 		}
 	}
 	c, err := s.queueClient(ctx)
@@ -181,6 +208,52 @@ func outcomeSleep(i int, o OutcomeInput) (time.Time, error) {
 	return until, nil
 }
 
+// outcomeWait reads the wait for a signal outcome o (the i-th) asks for
+// (nil: none).
+func outcomeWait(i int, o OutcomeInput) (*task.Wait, error) {
+	ws := o.WaitSignal
+	if ws == nil {
+		return nil, nil
+	}
+	at := "body.outcomes[" + strconv.Itoa(i) + "].wait_signal"
+	if o.Error != "" || len(o.Result) > 0 || o.OK != nil || o.SleepFor != "" || o.SleepUntil != "" {
+		return nil, invalid(at, nil, "must be alone: a task that waits neither succeeds (ok, result), fails (error) nor sleeps (sleep_for, sleep_until)")
+	}
+	req := &task.WaitRequest{Signals: ws.Names}
+	if err := req.Check(); err != nil {
+		return nil, problem(err, map[string]string{"signal name": at + ".names", "wait signals": at + ".names"})
+	}
+	now := time.Now().UTC()
+	w := req.Begin(now)
+	switch {
+	case ws.Timeout != "" && ws.Until != "":
+		return nil, invalid(at+".until", ws.Until, "give timeout or until, not both")
+	case ws.Timeout != "":
+		sl, err := task.ParseSleep(at+".timeout", ws.Timeout)
+		if err == nil && (!sl.Until.IsZero() || sl.For <= 0) {
+			err = &drover.InputError{Field: at + ".timeout", Value: ws.Timeout, Rule: "must be a duration above 0 such as 24h, or a number of seconds"}
+		}
+		if err != nil {
+			return nil, problem(err, nil)
+		}
+		w.Until = now.Add(sl.For)
+	case ws.Until != "":
+		until, err := time.Parse(time.RFC3339Nano, ws.Until)
+		if err != nil {
+			return nil, invalid(at+".until", ws.Until, "must be an RFC 3339 time with its zone, such as 2026-12-01T09:00:00Z")
+		}
+		w.Until = until.UTC()
+	}
+	if w.Until.After(now.AddDate(task.MaxSleepYears, 0, 0)) {
+		field, value := at+".until", ws.Until
+		if ws.Timeout != "" {
+			field, value = at+".timeout", ws.Timeout
+		}
+		return nil, invalid(field, value, fmt.Sprintf("must end at most %d years from now", task.MaxSleepYears))
+	}
+	return w, nil
+}
+
 // outcomeResultOf is r, the outcome of task id, as the API shows it.
 func outcomeResultOf(id string, r queue.Reported) OutcomeResult {
 	if r.Err != nil {
@@ -195,8 +268,9 @@ func outcomeResultOf(id string, r queue.Reported) OutcomeResult {
 	if t == nil { // never expected: an outcome is answered with a task or an error
 		return OutcomeResult{TaskID: id, Status: http.StatusInternalServerError, Detail: "the outcome's fate is unknown: report it again"}
 	}
-	res := OutcomeResult{TaskID: id, Status: http.StatusOK, TaskStatus: t.CurrentStatus, Attempt: t.Attempt}
-	if (t.CurrentStatus == queue.Retrying || t.CurrentStatus == queue.Sleeping) && !t.ScheduledAt.IsZero() {
+	res := OutcomeResult{TaskID: id, Status: http.StatusOK, TaskStatus: t.CurrentStatus, Attempt: t.Attempt, Signal: signalOf(r.Signal)}
+	if (t.CurrentStatus == queue.Retrying || t.CurrentStatus == queue.Sleeping || t.CurrentStatus == queue.Waiting) &&
+		!t.ScheduledAt.IsZero() && t.ScheduledAt.Before(queue.NoTimeout) {
 		at := t.ScheduledAt
 		res.ScheduledAt = &at
 	}

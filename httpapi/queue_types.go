@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"encoding/json"
+	"github.com/droverhq/drover/budget"
 	"reflect"
 	"time"
 
@@ -31,12 +32,14 @@ type QueueTask struct {
 	ResultBase64     []byte            `json:"result_base64,omitempty" doc:"A result that is not text, in base64 (then result is absent)."`
 	ScheduledAt      *time.Time        `json:"scheduled_at,omitempty" doc:"When a RETRYING task runs again, when a SCHEDULED one falls due, when a SLEEPING one's sleep ends, or when a WAITING one's wait times out."`
 	Transitions      []QueueTransition `json:"transitions,omitempty" doc:"The task's history, oldest first (the first and the last 49 changes)."`
-	WaitingFor       *TaskWait         `json:"waiting_for,omitempty" doc:"What a WAITING task waits for (the signals, or the children it spawned; since when, until when)."`
+	BudgetWait       *budget.Wait      `json:"budget_wait,omitempty" doc:"Set while a task (PENDING, or RETRYING until its delay ends) waits for its LLM budget: a budget gate deferred it (attempt not counted); which budget, since when, how often, why."`
+	WaitingFor       *TaskWait         `json:"waiting_for,omitempty" doc:"What a WAITING task waits for (the signals, or the children it spawned; since when, until when); on a RUNNING task claimed after a wait for a signal, that wait: report it again (wait_signal with its names and until) to be answered what ended it."`
 	Parent           string            `json:"parent,omitempty" doc:"The step task that spawned this one, for a child task."`
 	ParentStep       int               `json:"parent_step,omitempty" doc:"The step of the parent that spawned this one, for a child task."`
 	ParentQueue      string            `json:"parent_queue,omitempty" doc:"The parent's queue, while the parent exists (GET of one task only)."`
 	Children         *TaskChildren     `json:"children,omitempty" doc:"For a task whose steps spawned children: counts by state and the first 20 children with their states (GET of one task only; GET .../children pages through the rest)."`
 	Signals          []TaskSignal      `json:"signals,omitempty" doc:"The signals the task received, waiting to be consumed (in the order sent) or consumed (GET of one task only)."`
+	TraceParent      string            `json:"traceparent,omitempty" doc:"The W3C traceparent of the task's submission (its creation context), when it was traced: a worker's span for an attempt continues it and links to it."`
 }
 
 // QueueTaskMetadata is a task's metadata.
@@ -45,6 +48,9 @@ type QueueTaskMetadata struct {
 	Priority     int       `json:"priority" doc:"0 to 1000, higher first."`
 	SourceSystem string    `json:"source_system,omitempty" doc:"The system the task came from."`
 	Tenant       string    `json:"tenant,omitempty" doc:"The tenant the task is for."`
+	Budget       string    `json:"budget,omitempty" doc:"The LLM budget the task spends (such as openai/gpt-4.1/key-prod): a worker reserves estimated_tokens of it for the tenant before the task runs, and defers the task, uncharged, while the budget has no room."`
+	// EstimatedTokens is what the worker reserves of Budget.
+	EstimatedTokens int64 `json:"estimated_tokens,omitempty" doc:"The tokens reserved of budget before the task runs (0 to 1e9); settled with what the handler reports it used."`
 }
 
 // QueueTransition is one change of a task's state.
@@ -63,8 +69,9 @@ func queueTaskOf(t *queue.Task) QueueTask {
 		ID: t.ID, Type: t.Type, Queue: t.Queue, InputDataURI: t.InputDataURI, OutputDataURI: t.OutputDataURI,
 		Parameters: t.Parameters, Status: t.CurrentStatus, Attempt: t.Attempt, Token: t.Token,
 		RetriesAttempted: t.RetriesAttempted, MaxRetries: t.Retries(), LastError: t.LastError,
-		Result: v.Result, ResultBase64: v.ResultBase64, Parent: t.Parent, ParentStep: t.ParentStep,
-		Metadata: QueueTaskMetadata{CreatedAt: t.Metadata.CreatedAt, Priority: t.Metadata.Priority, SourceSystem: t.Metadata.SourceSystem, Tenant: t.Metadata.Tenant},
+		Result: v.Result, ResultBase64: v.ResultBase64, Parent: t.Parent, ParentStep: t.ParentStep, TraceParent: t.TraceParent,
+		Metadata: QueueTaskMetadata{CreatedAt: t.Metadata.CreatedAt, Priority: t.Metadata.Priority, SourceSystem: t.Metadata.SourceSystem, Tenant: t.Metadata.Tenant,
+			Budget: t.Metadata.Budget, EstimatedTokens: t.Metadata.EstimatedTokens},
 	}
 	dur := func(d queue.Duration) string {
 		if d == 0 {
@@ -73,9 +80,13 @@ func queueTaskOf(t *queue.Task) QueueTask {
 		return time.Duration(d).String()
 	}
 	out.Timeout, out.BackoffBase, out.BackoffMax = dur(t.Timeout), dur(t.BackoffBase), dur(t.BackoffMax)
+	out.BudgetWait = budget.TaskWait(t)
 	if (t.CurrentStatus == queue.Retrying || t.CurrentStatus == queue.Scheduled || t.CurrentStatus == queue.Sleeping) && !t.ScheduledAt.IsZero() {
 		at := t.ScheduledAt
 		out.ScheduledAt = &at
+	}
+	if t.CurrentStatus == queue.Running && t.WaitingFor != nil && len(t.WaitingFor.Signals) > 0 {
+		out.WaitingFor = taskWaitOf(t.WaitingFor) // claimed, woken from this wait: report it again to get what woke it
 	}
 	if t.CurrentStatus == queue.Waiting {
 		out.WaitingFor = taskWaitOf(t.WaitingFor)
@@ -151,6 +162,7 @@ type SubmittedTask struct {
 	BackoffMax    string             `json:"backoff_max,omitempty" doc:"The largest retry backoff."`
 	RunAt         *time.Time         `json:"run_at,omitempty" doc:"Run the task at this time (RFC 3339), not before: SCHEDULED until then. A time in the past means now; at most 100 years ahead. Not with delay."`
 	Delay         string             `json:"delay,omitempty" doc:"Run the task after this long (Go duration such as 10m, or seconds), not before: SCHEDULED until then. Not negative; not with run_at."`
+	TraceParent   string             `json:"traceparent,omitempty" doc:"The W3C traceparent each attempt's span continues (00-<32 hex>-<16 hex>-<2 hex>); by default, when the server traces, the request's traceparent header, through the server's span."`
 }
 
 var reflectTaskInput = reflect.TypeFor[SubmittedTask]()

@@ -365,7 +365,7 @@ func (s *Server) queueClient(ctx context.Context) (*queue.Client, error) {
 	if c, ok := qc.m[ns]; ok {
 		return c, nil
 	}
-	c, err := queue.NewClient(s.cli, ns)
+	c, err := queue.NewClient(s.cli, ns, queue.WithTracerProvider(s.cfg.TracerProvider))
 	if err != nil {
 		return nil, problem(err, nil)
 	}
@@ -378,6 +378,7 @@ func (s *Server) queueClient(ctx context.Context) (*queue.Client, error) {
 	}
 	qc.m[ns] = c
 	qc.order = append(qc.order, ns)
+	s.scanCascades(ns)
 	return c, nil
 }
 

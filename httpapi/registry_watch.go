@@ -7,10 +7,10 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/danielgtaylor/huma/v2"
+	"github.com/droverhq/drover/internal/serverclose"
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/registry"
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -134,7 +134,7 @@ func (s *Server) resumable(ctx context.Context, prefix string, rev int64) error 
 func (s *Server) stream(ctx context.Context, st *eventStream, keys keyspace.Space, prefix string, from int64, snap *WatchSnapshot) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	if closing := serverClosing(ctx); closing != nil {
+	if closing := serverclose.Of(ctx); closing != nil {
 		go func() {
 			select {
 			case <-closing:
@@ -251,30 +251,4 @@ func (st *eventStream) write(msg []byte) error {
 		return fmt.Errorf("flush the stream: %w", err)
 	}
 	return nil
-}
-
-// closers is, for each http.Server serving streams, a channel closed when
-// it begins to shut down: streams never end by themselves, and Shutdown
-// waits for handlers to return.
-var closers sync.Map // *http.Server → chan struct{}
-
-// serverClosing returns a channel closed when the http.Server serving the
-// request shuts down, or nil when the request names none.
-func serverClosing(ctx context.Context) <-chan struct{} {
-	hs, _ := ctx.Value(http.ServerContextKey).(*http.Server)
-	if hs == nil {
-		return nil
-	}
-	ch := make(chan struct{})
-	v, loaded := closers.LoadOrStore(hs, ch)
-	if !loaded {
-		var once sync.Once // Shutdown runs its hooks at every call
-		hs.RegisterOnShutdown(func() {
-			once.Do(func() {
-				closers.Delete(hs)
-				close(ch)
-			})
-		})
-	}
-	return v.(chan struct{})
 }

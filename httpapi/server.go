@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"runtime/debug"
 	"strings"
 	"sync"
@@ -18,11 +19,21 @@ import (
 	"github.com/danielgtaylor/huma/v2"
 	"github.com/danielgtaylor/huma/v2/adapters/humago"
 	"github.com/droverhq/drover"
+	"github.com/droverhq/drover/agentserver"
+	"github.com/droverhq/drover/budget"
 	"github.com/droverhq/drover/internal/buildinfo"
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/lock"
+	"github.com/droverhq/drover/queue"
+	"github.com/droverhq/drover/tracing/otelspan"
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
+	"go.opentelemetry.io/otel"
+	metricnoop "go.opentelemetry.io/otel/metric/noop"
+	"go.opentelemetry.io/otel/propagation"
+	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // DefaultMaxBodyBytes is the largest request body the API reads, unless a
@@ -86,6 +97,14 @@ type Config struct {
 	// service group to show at GET /v1/paxos; none means the server knows
 	// no group, and says so.
 	PaxosEndpoints []string
+	// TracerProvider makes a span per request (otelhttp, named after the
+	// route) under the caller's traceparent, which a submission stores
+	// with its tasks; nil means the global provider, a no-op unless set
+	// (package tracing). A server that does not trace ignores the
+	// traceparent header, and costs nothing per request; a task's own
+	// traceparent field is stored either way. The health checks make no
+	// span.
+	TracerProvider trace.TracerProvider
 }
 
 func (c Config) withDefaults() Config {
@@ -171,6 +190,9 @@ type Server struct {
 	srv     *http.Server
 	closed  bool
 	serving chan struct{}
+	// cascades scans the cancel cascades left in each namespace served
+	// (cascadeScans).
+	cascades cascadeScans
 }
 
 // New builds the server's routes. It listens on nothing until Serve.
@@ -199,8 +221,16 @@ func New(cfg Config) (*Server, error) {
 	s.api = humago.New(s.mux, apiConfig())
 	s.api.UseMiddleware(s.observe, s.authorize, s.bound)
 	s.routes()
+	// LangGraph's Agent Server API, at the root as LangGraph serves it.
+	if err := agentserver.Register(s.api, agentserver.Config{Etcd: cfg.Etcd, Namespace: s.nsOf,
+		Truncate: os.Getenv(agentserver.TruncateEnv) == "1", ReadOnly: func(op *huma.Operation) { op.Metadata["role"] = RoleRead }}); err != nil {
+		return nil, err
+	}
+	if err := budget.Register(s.api, budget.HTTPConfig{Etcd: cfg.Etcd, Namespace: s.nsOf, Admin: func(op *huma.Operation) { op.Metadata["role"] = RoleAdmin }}); err != nil {
+		return nil, err
+	}
 	s.mountUI()
-	s.handler = http.HandlerFunc(s.serveHTTP)
+	s.handler = traced(http.HandlerFunc(s.serveHTTP), cfg.TracerProvider)
 	return s, nil
 }
 
@@ -269,6 +299,7 @@ func (s *Server) Serve(l net.Listener, tlsCert, tlsKey string) error {
 	s.serving = make(chan struct{})
 	srv, serving := s.srv, s.serving
 	s.life.Unlock()
+	s.scanCascades(s.cfg.Namespace)
 	s.hub.start()
 	defer close(serving)
 	var err error
@@ -293,6 +324,7 @@ func (s *Server) Close(ctx context.Context) error {
 	s.closed = true
 	srv, serving := s.srv, s.serving
 	s.life.Unlock()
+	defer s.cascades.stopAll()
 	defer s.hub.close()
 	defer s.stalls.close()
 	if s.paxos != nil {
@@ -321,6 +353,62 @@ func (s *Server) Close(ctx context.Context) error {
 	return nil
 }
 
+// cascadeScans are the scans of the cancel cascades left in each
+// namespace the server serves: the processes that began a cascade and
+// died leave a mark that some live process must finish (see
+// queue.Client.ScanCascades), and a queue whose workers all work over HTTP
+// has no worker in process to do it. A namespace's scan starts when the
+// server starts (its --namespace) or first serves a queue request of it
+// (a token's namespace, or any with "*"), so a namespace whose HTTP
+// workers come back after a restart has its left cascades finished; at
+// most queueClientsMax namespaces are scanned. Scanners claim each mark,
+// so of several servers one runs each cascade.
+type cascadeScans struct {
+	mu      sync.Mutex
+	stopped bool
+	stops   map[string]func()
+}
+
+// scanCascades starts the scan of ns's cascades unless it runs, the
+// server is closed, or queueClientsMax scans run.
+func (s *Server) scanCascades(ns string) {
+	cs := &s.cascades
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	if cs.stopped || cs.stops[ns] != nil || len(cs.stops) >= queueClientsMax {
+		return
+	}
+	c, err := queue.NewClient(s.cli, ns, queue.WithTracerProvider(s.cfg.TracerProvider))
+	if err != nil {
+		return
+	}
+	if cs.stops == nil {
+		cs.stops = map[string]func(){}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		c.ScanCascades(ctx, s.cfg.Logger.With("namespace", ns))
+		cctx, stop := context.WithTimeout(context.Background(), 5*time.Second)
+		defer stop()
+		_ = c.Close(cctx)
+	}()
+	cs.stops[ns] = func() { cancel(); <-done }
+}
+
+// stopAll ends every scan and waits for them; no scan starts after it.
+func (cs *cascadeScans) stopAll() {
+	cs.mu.Lock()
+	cs.stopped = true
+	stops := cs.stops
+	cs.stops = nil
+	cs.mu.Unlock()
+	for _, stop := range stops {
+		stop()
+	}
+}
+
 // serveHTTP serves a request: a browser's write from another origin is
 // refused (see refuseCrossOrigin), a JSON body sent as a form (curl's -d)
 // is read as the JSON it is, and a request no route takes gets a problem
@@ -336,11 +424,48 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		r = r.Clone(r.Context())
 		r.Header.Set("Content-Type", "application/json")
 	}
-	if h, pattern := s.mux.Handler(r); pattern == "" {
+	h, pattern := s.mux.Handler(r)
+	if pattern == "" {
 		s.unrouted(w, r, h, start)
 		return
 	}
+	if span := trace.SpanFromContext(r.Context()); span.IsRecording() {
+		_, route, _ := strings.Cut(pattern, " ")
+		span.SetName(pattern) // "METHOD /route", as the HTTP conventions name server spans
+		span.SetAttributes(semconv.HTTPRoute(route))
+	}
 	s.mux.ServeHTTP(w, r)
+}
+
+// traced wraps h in otelhttp: a server span per request, child of the
+// request's W3C traceparent, from tp (nil: the global provider); no span
+// for the health checks, and no OpenTelemetry metrics (the Prometheus
+// ones count requests). While tp does not trace (a no-op provider, or no
+// global one set yet, which is checked per request) a request goes to h
+// as it came: no otelhttp, no allocation, and its traceparent header is
+// not read, so that a server that does not trace stores no trace context
+// an older worker could not read (docs/observability.md, "Upgrading").
+func traced(h http.Handler, tp trace.TracerProvider) http.Handler {
+	tr, global := otelspan.Tracer(tp), tp == nil
+	if !global && !otelspan.On(tr) {
+		return h
+	}
+	if global {
+		tp = otel.GetTracerProvider() // delegates to the provider set later
+	}
+	oh := otelhttp.NewHandler(h, "drover", otelhttp.WithTracerProvider(tp),
+		otelhttp.WithPropagators(propagation.TraceContext{}), otelhttp.WithMeterProvider(metricnoop.NewMeterProvider()),
+		otelhttp.WithFilter(func(r *http.Request) bool { return r.URL.Path != "/healthz" && r.URL.Path != "/readyz" }))
+	if !global {
+		return oh
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if otelspan.On(tr) {
+			oh.ServeHTTP(w, r)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 // recoverPanic answers a request whose handler panicked with a 500

@@ -40,7 +40,7 @@ type SignalResult struct {
 // TaskWait is what a WAITING task waits for.
 type TaskWait struct {
 	Signals []string   `json:"signals,omitempty" doc:"The names of the signals it waits for: the first of them sent ends the wait."`
-	Since   time.Time  `json:"since" doc:"When the wait began."`
+	Since   time.Time  `json:"since,omitzero" doc:"When the wait began."`
 	Until   *time.Time `json:"until,omitempty" doc:"When the wait times out: the next step then runs with a timeout instead of a signal. Absent: no timeout."`
 	// Children is set for a wait for the children a step spawned.
 	Children *TaskChildrenWait `json:"children,omitempty" doc:"For a task that waits for the children a step spawned: which step, how many it spawned, how many must end."`
@@ -111,9 +111,10 @@ func (s *Server) signalRoutes() {
 		Description: "Stores the signal in the task's inbox until a step that waits for it consumes it; when the task is parked " +
 			"WAITING for it, the same transaction makes it PENDING and a worker resumes it. A signal sent before the task waits " +
 			"is kept for the wait. The same name and idempotency key sent again is stored and delivered once. 404 for an " +
-			"unknown task, 409 for a finished one (SUCCEEDED, DEAD, CANCELLED), 400 for a bad name, key or data.",
+			"unknown task, 409 for a finished one (SUCCEEDED, DEAD, CANCELLED), 400 for a bad name, key or data, 507 while " +
+			"etcd is past its high-water mark (nothing stored, the task not woken: send it again later).",
 		DefaultStatus: http.StatusAccepted,
-		Errors:        []int{http.StatusBadRequest, http.StatusNotFound, http.StatusConflict},
+		Errors:        []int{http.StatusBadRequest, http.StatusNotFound, http.StatusConflict, http.StatusInsufficientStorage},
 	}, func(ctx context.Context, in *signalInput) (*struct{ Body SignalResult }, error) {
 		c, err := s.queueClient(ctx)
 		if err != nil {

@@ -2,8 +2,13 @@ package httpapi_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/droverhq/drover"
+	"github.com/droverhq/drover/keyspace"
+	"github.com/droverhq/drover/storeguard"
 
 	"github.com/droverhq/drover/queue"
 	"github.com/droverhq/drover/task"
@@ -156,4 +161,31 @@ func TestAgentTaskWaitsForSignal(t *testing.T) {
 	}
 	a.do("PUT", "/v1/agent-tasks/reviewer/steps/3", map[string]any{"session": s, "token": r.num("token"), "state": b64("x"),
 		"wait_signal": map[string]any{"names": []string{"a/b"}}}).problem(t, 400)
+}
+
+// A signal while the store is past its high-water mark answers 507 with
+// Retry-After and the guard's figures, and stores nothing; once the guard
+// clears, the same signal is stored.
+func TestSignalStoreFull(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t)
+	a.do("POST", "/v1/queues/sf/tasks", qtasksJSON("sf", 1)).want(t, 200)
+	keys := keyspace.MustNew(a.ns)
+	if err := storeguard.Set(context.Background(), a.cli, &drover.StoreFullError{Usage: 9, Quota: 10, HighWater: 0.7, LowWater: 0.6, Since: time.Now()}, keys); err != nil {
+		t.Fatal(err)
+	}
+	before := a.keyCount()
+	r := a.do("POST", "/v1/tasks/sf-0/signals/go", map[string]any{"idempotency_key": "k"}).problem(t, 507)
+	if r.Header.Get("Retry-After") == "" || !strings.Contains(r.str("detail"), "quota") {
+		t.Fatalf("507 without Retry-After or usage: %v %s", r.Header, r.Raw)
+	}
+	if n := a.keyCount(); n != before {
+		t.Fatalf("%d keys before a refused signal, %d after", before, n)
+	}
+	if err := storeguard.Clear(context.Background(), a.cli, keys); err != nil {
+		t.Fatal(err)
+	}
+	if r := a.do("POST", "/v1/tasks/sf-0/signals/go", map[string]any{"idempotency_key": "k"}).want(t, 202); r.JSON["stored"] != true {
+		t.Fatalf("the signal once the guard cleared: %s", r.Raw)
+	}
 }

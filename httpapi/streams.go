@@ -13,9 +13,11 @@ import (
 	"time"
 
 	"github.com/danielgtaylor/huma/v2"
+	"github.com/droverhq/drover/internal/serverclose"
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/queue"
 	"github.com/droverhq/drover/stream"
+	"github.com/droverhq/drover/task"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -58,7 +60,7 @@ type appendStreamInput struct {
 	ID   string `path:"id" minLength:"1" maxLength:"128" doc:"The task's id."`
 	Body struct {
 		Session string        `json:"session" pattern:"^[0-9a-f]{1,16}\\.[a-z2-7]{16,64}$" doc:"The session the task was claimed under."`
-		Token   int64         `json:"token" minimum:"1" doc:"The token the claim returned with the task: the events are stored only while it holds."`
+		Token   int64         `json:"token" minimum:"1" doc:"The token the claim returned with the task (a queue's or an agent task's): the events are stored only while it holds."`
 		Events  []StreamInput `json:"events" minItems:"1" maxItems:"1000" doc:"The events, in order."`
 	}
 }
@@ -75,7 +77,8 @@ const streamDescription = "A task's stream as Server-Sent Events: every event st
 	"runs or after it ended (within the stream's retention, 24 h by default) and sees the same sequence. After a takeover the " +
 	"next attempt's events follow an attempt_lost event: nothing of the lost attempt comes after it. The stream ends after its " +
 	"done event (an `end` event follows). A comment line every 15 s keeps idle streams open. Without text/event-stream in " +
-	"Accept the answer is the events stored, as JSON. 404 when the task is unknown and has no stream; 400 on a malformed " +
+	"Accept the answer is the events stored, as JSON. The same route follows a queue's task and an agent task. 404 when the " +
+	"task is unknown (no queue task, no agent task's checkpoint or claim) and has no stream; 400 on a malformed " +
 	"Last-Event-ID. A thousand followers of one stream on one server cost etcd one watch."
 
 func (s *Server) streamRoutes() {
@@ -84,12 +87,15 @@ func (s *Server) streamRoutes() {
 		OperationID: "append-task-stream", Method: http.MethodPost, Path: "/v1/tasks/{id}/stream/events", Tags: tags,
 		Summary: "Append events to a claimed task's stream, fenced by the claim's token",
 		Description: "For external workers: the events are stored, in order, after every event before, only while the claim " +
-			"(session and token, from POST /v1/queues/{queue}/claim) holds. 409 once it does not (it expired, the task was " +
-			"taken over) and nothing is stored; 413 when they would take the stream past its caps (100,000 events, 16 MiB, " +
-			"64 KiB an event); 404 for an unknown task. The answer returns once they are stored.",
+			"(session and token, from POST /v1/queues/{queue}/claim, or, for an agent task, POST /v1/agent-tasks/{id}/claim) holds. " +
+			"409 once it does not (it expired, the task was taken over) and nothing is stored; 413 when they would take the stream " +
+			"past its caps (100,000 events, 16 MiB, 64 KiB an event); 507 while etcd's database is past the store-full guard's " +
+			"high-water mark (nothing is stored); 404 for an unknown task. The answer returns once they are " +
+			"stored. An agent task's step write that completes it ends its stream with done; one that parks it (a sleep, a wait, " +
+			"children), or a release, ends the claim's events with attempt_ended.",
 		MaxBodyBytes:    2 << 20,
 		BodyReadTimeout: bulkAllowance, // a body over DefaultMaxBodyBytes may take as long as a submission's
-		Errors:          []int{http.StatusNotFound, http.StatusConflict, http.StatusRequestEntityTooLarge},
+		Errors:          []int{http.StatusNotFound, http.StatusConflict, http.StatusRequestEntityTooLarge, http.StatusInsufficientStorage},
 	}, s.appendStream)
 	huma.Register(s.api, huma.Operation{
 		OperationID: "follow-task-stream", Method: http.MethodGet, Path: "/v1/tasks/{id}/stream", Tags: tags,
@@ -126,17 +132,32 @@ func (s *Server) appendStream(ctx context.Context, in *appendStreamInput) (*stru
 	if err != nil {
 		return nil, err
 	}
-	t, err := c.Get(ctx, in.ID)
-	if err != nil {
+	var claim stream.Claim
+	switch t, err := c.Get(ctx, in.ID); {
+	case errors.Is(err, queue.ErrNotFound):
+		// Not a queue task: an agent task, claimed at /v1/agent-tasks.
+		if claim, err = s.agentStreamClaim(ctx, in.ID, in.Body.Session, in.Body.Token); err != nil {
+			return nil, err
+		}
+	case err != nil:
 		return nil, streamProblem(err)
-	}
-	h, err := s.held(ctx, t.Queue, in.ID, in.Body.Session, in.Body.Token)
-	if err != nil {
-		return nil, err
-	}
-	claim, err := c.StreamClaim(ctx, h)
-	if err != nil {
-		return nil, streamProblem(err)
+	default:
+		h, err := s.held(ctx, t.Queue, in.ID, in.Body.Session, in.Body.Token)
+		if err != nil {
+			return nil, err
+		}
+		if claim, err = c.StreamClaim(ctx, h); err != nil {
+			perr := streamProblem(err)
+			if p := (*Problem)(nil); errors.As(perr, &p) && p.Status == http.StatusConflict {
+				// Not the queue task's claim: an agent task of the same id
+				// may be claimed with it.
+				if ac, aerr := s.agentStreamClaim(ctx, in.ID, in.Body.Session, in.Body.Token); aerr == nil {
+					claim = ac
+					break
+				}
+			}
+			return nil, perr
+		}
 	}
 	ins := make([]stream.Input, len(in.Body.Events))
 	for i, e := range in.Body.Events {
@@ -184,14 +205,107 @@ func (s *Server) streamKnown(ctx context.Context, id string) error {
 	case !errors.Is(err, queue.ErrNotFound):
 		return streamProblem(err)
 	}
-	r, err := s.cli.Get(ctx, s.keys(ctx).StreamChunks(id), clientv3.WithPrefix(), clientv3.WithCountOnly())
+	known, err := s.agentTaskKnown(ctx, id)
 	if err != nil {
 		return problem(err, nil)
 	}
-	if r.Count == 0 {
+	if !known {
 		return newProblem(http.StatusNotFound, "not-found", fmt.Sprintf("task %s: no such task, and no stream (it may have passed its retention)", id))
 	}
 	return nil
+}
+
+// agentTaskKnown says whether agent task id has a checkpoint, a claim
+// or a stream.
+func (s *Server) agentTaskKnown(ctx context.Context, id string) (bool, error) {
+	keys := s.keys(ctx)
+	r, err := s.cli.Txn(ctx).Then(
+		clientv3.OpGet(keys.StreamChunks(id), clientv3.WithPrefix(), clientv3.WithCountOnly()),
+		clientv3.OpGet(keys.TaskCheckpoint(id), clientv3.WithCountOnly()),
+		clientv3.OpGet(keys.Lock(keyspace.TaskLock(id)), clientv3.WithPrefix(), clientv3.WithCountOnly()),
+	).Commit()
+	if err != nil {
+		return false, fmt.Errorf("read task %s: %w", id, err)
+	}
+	for _, op := range r.Responses {
+		if op.GetResponseRange().Count > 0 {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// agentStreamClaim is the claim of agent task id held with token under
+// session (POST /v1/agent-tasks/{id}/claim) as the writer of its stream:
+// 409 when the claim is not held so, 404 when the task has no
+// checkpoint, no claim and no stream. An agent task's attempt is the
+// count of its claims that wrote its stream.
+func (s *Server) agentStreamClaim(ctx context.Context, id, session string, token int64) (stream.Claim, error) {
+	if err := task.CheckID(id); err != nil {
+		return stream.Claim{}, problem(err, taskWhere)
+	}
+	f, err := s.claimFence(ctx, id, session, token)
+	if p := (*Problem)(nil); errors.As(err, &p) && p.Status == http.StatusConflict {
+		if known, kerr := s.agentTaskKnown(ctx, id); kerr == nil && !known {
+			return stream.Claim{}, newProblem(http.StatusNotFound, "not-found", fmt.Sprintf("task %s: no such task (neither a queue's task nor an agent task)", id))
+		}
+	}
+	if err != nil {
+		return stream.Claim{}, err
+	}
+	n, _, _, err := stream.For(s.cli, s.keys(ctx)).NextAttempt(ctx, id, token)
+	if err != nil {
+		return stream.Claim{}, problem(err, nil)
+	}
+	return stream.Claim{Task: id, Attempt: n, Worker: f.holder.ID, Fence: f}, nil
+}
+
+// Compares hold while the lock is held with its token: a heldLock (an
+// agent task's claim) fences the writes of the task's stream.
+func (h *heldLock) Compares() []clientv3.Cmp {
+	return []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(h.key), "=", h.token)}
+}
+
+var _ stream.Fence = (*heldLock)(nil)
+
+// endAgentAttempt closes the events of the agent task's claim f with
+// attempt_ended and outcome, while the claim still holds (a step write
+// that parks the task, a release), if the claim wrote the stream's last
+// events; otherwise nothing is written.
+func (s *Server) endAgentAttempt(ctx context.Context, id string, f *heldLock, outcome string) {
+	w := stream.For(s.cli, s.keys(ctx))
+	n, _, own, err := w.NextAttempt(ctx, id, f.token)
+	if err == nil && own {
+		err = w.End(ctx, stream.Claim{Task: id, Attempt: n, Worker: f.holder.ID, Fence: f}, stream.AttemptEnded, outcome, nil)
+	}
+	if err != nil {
+		s.cfg.Logger.Debug("httpapi: the end of an agent task's attempt was not written to its stream", "task", id, "err", err)
+	}
+}
+
+// finishAgentStream closes the stream of agent task id, which its
+// stored checkpoint completed, with done (fenced by the stream alone;
+// nothing for a stream without events).
+func (s *Server) finishAgentStream(ctx context.Context, id string) {
+	if err := stream.For(s.cli, s.keys(ctx)).Finish(ctx, id, "succeeded", ""); err != nil {
+		s.cfg.Logger.Debug("httpapi: the done of an agent task was not written to its stream", "task", id, "err", err)
+	}
+}
+
+// agentTaskEnded says whether agent task id is completed, or gone
+// (no checkpoint, no claim, no stream), and which.
+func (s *Server) agentTaskEnded(ctx context.Context, id string) (string, bool) {
+	store, err := s.taskStore(ctx)
+	if err != nil {
+		return "", false
+	}
+	if cp, err := store.Load(ctx, id); err != nil || cp.Completed {
+		return "completed", err == nil
+	}
+	if known, err := s.agentTaskKnown(ctx, id); err == nil && !known {
+		return "removed", true
+	}
+	return "", false
 }
 
 func (s *Server) followStream(ctx context.Context, in *followStreamInput) (*huma.StreamResponse, error) {
@@ -281,7 +395,7 @@ func (s *Server) sendStream(ctx context.Context, st *eventStream, hub *stream.Hu
 			}
 		}
 	}()
-	closing := serverClosing(ctx)
+	closing := serverclose.Of(ctx)
 	tick := time.NewTicker(streamKeepalive)
 	defer tick.Stop()
 	last := ""
@@ -331,7 +445,7 @@ func (s *Server) taskEnded(ctx context.Context, id string) (string, bool) {
 	t, err := c.Get(ctx, id)
 	switch {
 	case errors.Is(err, queue.ErrNotFound):
-		return "removed", true
+		return s.agentTaskEnded(ctx, id)
 	case err != nil || !t.CurrentStatus.Terminal():
 		return "", false
 	}
@@ -354,5 +468,19 @@ func (s *Server) endStream(ctx context.Context, h queue.Held, t *queue.Task, cau
 	}
 	if err != nil {
 		s.cfg.Logger.Debug("httpapi: the end of an attempt was not written to its stream", "task", h.ID, "err", err)
+	}
+}
+
+// endAgentStream closes the stream of agent task id after the step
+// write that stored checkpoint next, which ends the claim: done when it
+// completed the task, attempt_ended when it parks it.
+func (s *Server) endAgentStream(ctx context.Context, id string, f *heldLock, next task.Checkpoint) {
+	switch {
+	case next.Completed:
+		s.finishAgentStream(ctx, id)
+	case !next.SleepUntil.IsZero():
+		s.endAgentAttempt(ctx, id, f, "sleeping")
+	default:
+		s.endAgentAttempt(ctx, id, f, "waiting")
 	}
 }

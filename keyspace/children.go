@@ -12,6 +12,7 @@ import (
 //
 //	/{ns}/tasks/{p}/children/plan/{step:06d}/{chunk:06d} the children step {step} spawned, as a JSON array, in chunks
 //	/{ns}/tasks/{p}/children/submitted/{step:06d}         every child of the step's plan was submitted
+//	/{ns}/tasks/{p}/children/sealed                       p ended CANCELLED or DEAD: no child of it may be submitted
 //	/{ns}/tasks/{p}/children/done/{step:06d}/{child}      a child's terminal outcome: status, result or error
 //	/{ns}/tasks/{p}/children/failed/{step:06d}/{child}    a child that ended DEAD or CANCELLED (empty)
 //	/{ns}/child-wakes/{q}/{p}                              a child of p (of queue q) ended: p's wait may be over
@@ -62,6 +63,12 @@ func (s Space) ChildSubmitted(parent string, step int) string {
 	return fmt.Sprintf("%ssubmitted/%06d", s.TaskChildren(parent), step)
 }
 
+// ChildSealed is the key that says task parent ended CANCELLED or DEAD
+// with children planned: a submission of its children is refused from
+// then on (until a requeue removes it), so that none submitted late, by
+// a process that lost its claim, outlives its cascade.
+func (s Space) ChildSealed(parent string) string { return s.TaskChildren(parent) + "sealed" }
+
 // ChildDones is the prefix of the outcomes of the children step step of
 // task parent spawned, ending in "/".
 func (s Space) ChildDones(parent string, step int) string {
@@ -96,6 +103,10 @@ func (s Space) ChildWake(q, parent string) string { return s.ChildWakes(q) + par
 // ChildCascades is the prefix of the cascade marks of queue q's tasks,
 // ending in "/": outside the queue's prefix, as the wake marks are.
 func (s Space) ChildCascades(q string) string { return s.root + "child-cascades/" + q + "/" }
+
+// ChildCascadesAll is the prefix of the cascade marks of every queue's
+// tasks, ending in "/": each is {q}/{id} under it.
+func (s Space) ChildCascadesAll() string { return s.root + "child-cascades/" }
 
 // ChildCascade is the key that says task parent, of queue q, ended
 // CANCELLED or DEAD with children spawned, and its live children may not

@@ -4,18 +4,27 @@
 // drover installations can share one etcd cluster. The layout is:
 //
 //	/{ns}/locks/{name}/{contender}   lock contenders; the oldest is the holder ({contender}: "{lease:016x}-{random}-{slot}")
+//	/{ns}/locks/task:{id}/...         the lock a queued task's run holds ([TaskLock])
+//	/{ns}/locks/thread:{thread}/...   the lock a checkpoint thread's admitted run holds ([ThreadLock])
 //	/{ns}/tasks/{id}/checkpoint       a task's latest checkpoint
 //	/{ns}/tasks/{id}/steps/{NNNNNN}   the record of each completed step
 //	/{ns}/tasks/{id}/record           a queued task's record of its own (retrying, dead, cancelled, handed back)
 //	/{ns}/tasks/{id}/fence            the highest fencing token a task's writes were made under, 20 digits, when its runner takes its lock from another backend than etcd
 //	/{ns}/tasks/{id}/stream/{first}-{last} a chunk of a task's stream: events first..last (12 digits each), written by one attempt at once (stream.go)
 //	/{ns}/stream-expiry/{due}-{id}    when task id's stream may be removed (19-digit Unix nanoseconds)
-//	/{ns}/tasks/{id}/children/...     the children a step task spawned and their outcomes (children.go)
+//	/{ns}/tasks/{id}/children/plan/{step}/{chunk} the children step {step} spawned, in chunks (children.go; step and chunk 6 digits)
+//	/{ns}/tasks/{id}/children/submitted/{step} every child of the step's plan was submitted
+//	/{ns}/tasks/{id}/children/done/{step}/{child} a child's terminal outcome
+//	/{ns}/tasks/{id}/children/failed/{step}/{child} a child that ended DEAD or CANCELLED
+//	/{ns}/tasks/{id}/signals/in/{name}/{idem} a signal sent to a step task and not yet consumed (signals.go; {idem}: its idempotency key)
+//	/{ns}/tasks/{id}/signals/seen/{name}/{idem} a consumed signal's tombstone: a retried send is not delivered twice
 //	/{ns}/child-wakes/{q}/{id}        a child of task id (of queue q) ended: its wait may be over (children.go)
 //	/{ns}/child-cascades/{q}/{id}     task id (of queue q) ended CANCELLED or DEAD: its live children are to be cancelled (children.go)
 //	/{ns}/ids/{id}                    a queued task's index key: "{queue}/{segment}/{slot}"; makes task_id idempotent
 //	/{ns}/segments/{q}/{segment}      up to 100 tasks of queue q as submitted, in one key
 //	/{ns}/queues/{q}/open/{segment}   a segment with unfinished tasks; value: its number of tasks
+//	/{ns}/queues/{q}/due/{due}-{segment}-{n} a segment of n tasks that runs later; it moves to open/ when due (internal/due)
+//	/{ns}/queues/{q}/duever           put or deleted by every change of the due index: its mod revision says whether the index changed
 //	/{ns}/queues/{q}/closed/{closed}-{segment} a finished segment; value: how many succeeded in it
 //	/{ns}/queues/{q}/runs/{segment}/{n}-{run} a claim of n slots of a segment, bound to the worker's lease
 //	/{ns}/queues/{q}/tries/{segment}/{n}-{run} a run's durable twin: the attempts it started
@@ -25,6 +34,7 @@
 //	/{ns}/queues/{q}/claims/{id}      the claim of a running task, bound to its worker's lease
 //	/{ns}/queues/{q}/retry/{due}-{id} a task waiting for its backoff (times: 19-digit Unix nanoseconds)
 //	/{ns}/queues/{q}/sleep/{due}-{id} a step task parked until its sleep ends
+//	/{ns}/queues/{q}/wait/{due}-{id}  a step task waiting for a signal, due at the wait's timeout (signals.go; value: where it goes back to)
 //	/{ns}/queues/{q}/dead/{id}        a task in the dead-letter queue
 //	/{ns}/queues/{q}/done/{status}/{finished}-{id} a task that SUCCEEDED or was CANCELLED
 //	/{ns}/queues/{q}/archived         counts of finished tasks removed after their retention
@@ -43,6 +53,8 @@
 //	/{ns}/breakers/{name}/{config|state} a circuit breaker: its thresholds, and its state
 //	/{ns}/quotas/{name}/grants/{subject}/{lease:hex} slots a worker holds, bound to its lease
 //	/{ns}/quotas/{name}/ledger/{subject} rewritten by every grant increase (compare-and-swap)
+//	/{ns}/budgets/{config|state}/{key} an LLM budget's limits and shares, and its window's counters ({key} path-escaped)
+//	/{ns}/budgets/res/{key}/{id}      one reservation of a budget, bound to its holder's lease
 //	/{ns}/sessions/{id}               an HTTP client's session: bound to the etcd lease it stands for (id: the lease, hex)
 //	/{ns}/schedules/specs/{name}      a schedule: its spec and the state its fires keep
 //	/{ns}/schedules/due/{due:019d}-{name} a schedule's next fire, in the due index (internal/due)

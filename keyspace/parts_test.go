@@ -57,3 +57,24 @@ func TestFlowAndCheckpointKeysRoundTrip(t *testing.T) {
 		t.Fatal("head or fence outside the base")
 	}
 }
+
+// TestBudgetKeys: a budget key with '/' is one segment of its keys, and
+// reads back from them.
+func TestBudgetKeys(t *testing.T) {
+	s := keyspace.MustNew("ns")
+	const key = "openai/gpt-4.1/key-prod"
+	if got := s.BudgetConfig(key); got != "/ns/budgets/config/openai%2Fgpt-4.1%2Fkey-prod" {
+		t.Fatalf("config key %s", got)
+	}
+	for _, prefix := range []string{s.BudgetConfigs(), s.BudgetStates()} {
+		if k, ok := keyspace.BudgetOf(prefix, prefix+keyspace.EscapeBudget(key)); !ok || k != key {
+			t.Fatalf("%s read back as %q %t", prefix, k, ok)
+		}
+	}
+	if _, ok := keyspace.BudgetOf(s.BudgetConfigs(), s.BudgetReservation(key, "id")); ok {
+		t.Fatal("a reservation's key read as a budget's configuration")
+	}
+	if got := s.BudgetReservation(key, "ab12"); got != "/ns/budgets/res/openai%2Fgpt-4.1%2Fkey-prod/ab12" {
+		t.Fatalf("reservation key %s", got)
+	}
+}

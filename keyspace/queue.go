@@ -249,6 +249,13 @@ func (s Space) QueueDue(q string) string { return s.Queue(q) + "due/" }
 // that a reader can tell the index unchanged from its mod revision.
 func (s Space) QueueDueVersion(q string) string { return s.Queue(q) + "duever" }
 
+// QueueDueTurns is the prefix of the turns of queue q's due index's
+// movers, ending in "/": a key per batch being moved, named after the
+// batch's first due key without QueueDue, its value the mover's id, bound
+// to a lease of the mover's own that lives a few seconds (package
+// internal/due, Index.Turns).
+func (s Space) QueueDueTurns(q string) string { return s.Queue(q) + "dueturns/" }
+
 // SegmentDue is segment seg's key in queue q's due index without its
 // count, a prefix of the key with it. A segment that
 // runs later is named after its due time (SegmentName), so its name says
@@ -257,6 +264,16 @@ func (s Space) SegmentDue(q, seg string) string {
 	_, at, _ := ParseSegmentName(seg)
 	return TimedKey(s.QueueDue(q), at.UnixNano(), seg)
 }
+
+// SegmentsQuarantined is the prefix of queue q's quarantined segments,
+// ending in "/": segments whose value could not be decoded, taken out of
+// the open segments so that claims go on. Each key's value says what and
+// why; the segment's own key is left as it was.
+func (s Space) SegmentsQuarantined(q string) string { return s.Queue(q) + "quarantine/" }
+
+// SegmentQuarantined is segment seg's key in queue q's quarantined
+// segments.
+func (s Space) SegmentQuarantined(q, seg string) string { return s.SegmentsQuarantined(q) + seg }
 
 // SegmentsClosed is the prefix of queue q's closed segments, ending in "/":
 // keys "{closed:019d}-{seg}" whose value counts the tasks that succeeded in

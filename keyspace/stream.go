@@ -1,7 +1,6 @@
 package keyspace
 
 import (
-	"fmt"
 	"strconv"
 	"strings"
 )
@@ -22,13 +21,39 @@ func (s Space) StreamChunks(id string) string { return s.Task(id) + "stream/" }
 // StreamChunk is the key of the chunk of task id's stream that holds
 // events first through last.
 func (s Space) StreamChunk(id string, first, last int64) string {
-	return fmt.Sprintf("%s%012d-%012d", s.StreamChunks(id), first, last)
+	key, _ := StreamChunkAt(s.StreamChunks(id), first, last)
+	return key
 }
 
 // StreamChunkStart is the prefix of every chunk of task id's stream that
 // starts at sequence number first: at most one exists.
 func (s Space) StreamChunkStart(id string, first int64) string {
-	return fmt.Sprintf("%s%012d-", s.StreamChunks(id), first)
+	_, start := StreamChunkAt(s.StreamChunks(id), first, first)
+	return start
+}
+
+// StreamChunkAt is the chunk key of events first through last under a
+// stream's chunks prefix (Space.StreamChunks) and its start prefix
+// (Space.StreamChunkStart), built in one string: a stream's writer makes
+// one for every chunk it writes, so it keeps the prefix and calls this.
+func StreamChunkAt(chunks string, first, last int64) (key, start string) {
+	b := make([]byte, 0, len(chunks)+26)
+	b = append(b, chunks...)
+	b = appendSeq(b, first)
+	b = append(b, '-')
+	n := len(b)
+	key = string(appendSeq(b, last))
+	return key, key[:n]
+}
+
+// appendSeq appends n, at least 12 digits (zeros first), as %012d does.
+func appendSeq(b []byte, n int64) []byte {
+	var d [20]byte
+	s := strconv.AppendInt(d[:0], n, 10)
+	for i := len(s); i < 12; i++ {
+		b = append(b, '0')
+	}
+	return append(b, s...)
 }
 
 // ParseStreamChunk reads a chunk key of task id's stream: the sequence

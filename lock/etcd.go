@@ -250,9 +250,9 @@ func (e *Etcd) Acquire(ctx context.Context, name string) (Lock, error) {
 	return l, nil
 }
 
-// AcquireFenced is Acquire returning the etcd lock itself, which is a
-// lease.Fence: its Txn fences etcd writes by the lock.
-func (e *Etcd) AcquireFenced(ctx context.Context, name string) (*EtcdLock, error) {
+// acquireFenced is AcquireFenced without its span; it sets *waitFrom to
+// when it began to wait in line, when it did.
+func (e *Etcd) acquireFenced(ctx context.Context, name string, waitFrom *time.Time) (*EtcdLock, error) {
 	if err := CheckName(name); err != nil {
 		return nil, err
 	}
@@ -293,7 +293,7 @@ func (e *Etcd) AcquireFenced(ctx context.Context, name string) (*EtcdLock, error
 		done(false) // a key left behind by an abandoned attempt: skip its slot
 	}
 	token := resp.Header.Revision
-	waited := ahead != nil
+	waited := ahead != nil && setNow(waitFrom)
 	for ahead != nil {
 		if err := e.waitDelete(ctx, ahead); err != nil {
 			e.abandon(ctx, key, done)

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"math/rand/v2"
 	"time"
+
+	"github.com/droverhq/drover/tracing/otelspan"
 )
 
 // PollAcquire calls try until it takes the lock, fails other than by the
@@ -14,6 +16,16 @@ import (
 // after a try found the lock held, the error is that *HeldError (matching
 // ErrHeld) carrying ctx's error, even if ctx ended during a later try.
 func PollAcquire(ctx context.Context, name string, try func(context.Context, string) (Lock, error)) (Lock, error) {
+	ctx, span := otelspan.StartLock(ctx, name)
+	var waitFrom time.Time
+	l, err := pollAcquire(ctx, name, try, &waitFrom)
+	endLock(ctx, span, name, l, waitFrom, err)
+	return l, err
+}
+
+// pollAcquire is PollAcquire without its span; it sets *waitFrom to when
+// a try first found the lock held.
+func pollAcquire(ctx context.Context, name string, try func(context.Context, string) (Lock, error), waitFrom *time.Time) (Lock, error) {
 	backoff := 10 * time.Millisecond
 	var last *HeldError // what the last answered try said
 	for {
@@ -27,6 +39,9 @@ func PollAcquire(ctx context.Context, name string, try func(context.Context, str
 				return nil, last
 			}
 			return l, err
+		}
+		if last == nil {
+			*waitFrom = time.Now()
 		}
 		last = held
 		t := time.NewTimer(backoff/2 + time.Duration(rand.Int64N(int64(backoff))))

@@ -32,10 +32,22 @@ var (
 	TasksRetried   = counter("drover_tasks_retried_total", "Failed task attempts scheduled for a retry.", "queue", "type")
 	TasksDead      = counter("drover_tasks_dead_total", "Tasks moved to the dead-letter queue.", "queue", "type")
 	TasksDeferred  = counter("drover_tasks_deferred_total", "Tasks handed back for later by flow control (quota, breaker), not charged a retry.", "queue", "type", "reason")
-	TaskDuration   = histogram("drover_task_duration_seconds", "Time a task's handler ran.", prometheus.ExponentialBuckets(0.001, 4, 10), "queue", "type", "outcome")
-	QueueTasks     = gauge("drover_queue_tasks", "Tasks in a queue by state, as a worker (--depth-interval) or the server (every stats interval) last counted them.", "queue", "state")
-	QueuePaused    = gauge("drover_queue_paused", "1 while a queue is paused (no claim of its tasks commits), 0 once resumed, as a worker (for its queue) or the server (for its own namespace) last saw it.", "queue")
-	ClaimBatchSize = histogram("drover_claim_batch_size", "Tasks claimed per claim transaction.", []float64{1, 2, 4, 8, 16, 32, 64, 100}, "queue")
+	// HandlersAbandoned counts handlers a worker gave up waiting for:
+	// their context ended and they did not return within the worker's
+	// shutdown timeout. Their slot was freed and their late result is
+	// discarded; HandlersStuck is how many of them still run.
+	HandlersAbandoned = counter("drover_handlers_abandoned_total", "Handlers a worker gave up waiting for: their context ended and they did not return within the shutdown timeout (their slot is freed, their late result discarded).", "queue", "type")
+	HandlersStuck     = gauge("drover_handlers_stuck", "Abandoned handlers of this process that have not returned yet (goroutines still running).", "queue")
+	// SegmentsQuarantined counts segments whose value could not be
+	// decoded: moved aside to the queue's quarantine keys, out of claims.
+	SegmentsQuarantined = counter("drover_segments_quarantined_total", "Segments whose value could not be decoded, moved to the queue's quarantine keys so that claims go on.", "queue")
+	// SegmentsUnknownFormat counts segments of a format this process
+	// does not know (a newer drover wrote them): skipped, not quarantined.
+	SegmentsUnknownFormat = counter("drover_segments_unknown_format_total", "Segments of a format this process does not know (written by a newer drover), skipped by its claims and left for a worker that knows it; counted once per segment and worker.", "queue")
+	TaskDuration          = histogram("drover_task_duration_seconds", "Time a task's handler ran.", prometheus.ExponentialBuckets(0.001, 4, 10), "queue", "type", "outcome")
+	QueueTasks            = gauge("drover_queue_tasks", "Tasks in a queue by state, as a worker (--depth-interval) or the server (every stats interval) last counted them.", "queue", "state")
+	QueuePaused           = gauge("drover_queue_paused", "1 while a queue is paused (no claim of its tasks commits), 0 once resumed, as a worker (for its queue) or the server (for its own namespace) last saw it.", "queue")
+	ClaimBatchSize        = histogram("drover_claim_batch_size", "Tasks claimed per claim transaction.", []float64{1, 2, 4, 8, 16, 32, 64, 100}, "queue")
 )
 
 // Each queue's history, as the server counts it from the keys the queue
@@ -52,6 +64,7 @@ var (
 // Coordination costs.
 var (
 	LeaseLosses     = plainCounter("drover_lease_losses_total", "Leases lost (renewal deadline passed or lease gone).")
+	DueMoves        = counter("drover_due_moves_total", "Requests of a due index that moved items, by index and result (moved, lost: another mover moved some first, refused: moved one by one instead).", "index", "result")
 	DueErrors       = counter("drover_due_errors_total", "Failures of a due index's moves or watch (each followed by a new try), by index.", "index")
 	EtcdTxnDuration = histogram("drover_etcd_txn_duration_seconds", "Latency of drover's etcd transactions by purpose.", prometheus.ExponentialBuckets(0.0002, 2, 14), "op")
 )
@@ -63,6 +76,13 @@ var (
 	RateLimitTokensUsed  = counter("drover_ratelimit_tokens_used_total", "Rate-limit tokens used (settled weight).", "limit")
 	QuotaWaits           = counter("drover_quota_waits_total", "Tasks deferred because a concurrency quota was full.", "quota")
 	BreakerState         = gauge("drover_breaker_state", "Circuit breaker state: 0 closed, 1 half-open, 2 open.", "breaker")
+)
+
+// LLM budgets (package budget), as this process reserved and settled them.
+var (
+	BudgetReservations  = counter("drover_budget_reservations_total", "Reservations of an LLM budget by outcome: admitted, or refused for now (deferred).", "budget", "outcome")
+	BudgetTokensSettled = counter("drover_budget_tokens_settled_total", "Tokens settled against an LLM budget: what the calls used.", "budget")
+	BudgetTaskDeferrals = counter("drover_budget_task_deferrals_total", "Queue tasks a worker's budget gate handed back unrun (attempt not counted) to wait for their budget.", "budget")
 )
 
 func init() {
@@ -102,7 +122,7 @@ func ObserveTxn(op string, start time.Time) {
 // after it.
 func Handler(extra ...prometheus.Gatherer) http.Handler {
 	g := prometheus.Gatherers(append([]prometheus.Gatherer{Registry}, extra...))
-	return promhttp.HandlerFor(g, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError})
+	return promhttp.HandlerFor(g, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError, EnableOpenMetrics: true})
 }
 
 // Listen opens addr for Serve, so that a bad address fails before anything

@@ -3,24 +3,31 @@ package queue_test
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"testing"
 	"time"
 
 	"github.com/droverhq/drover/internal/testenv/etcdtest"
 	"github.com/droverhq/drover/queue"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // BenchmarkQueue submits b.N no-op tasks, then processes them with one worker
 // at concurrency 64, against an embedded etcd with fsync on. It reports the
 // submit rate and the processing rate (tasks/s).
-func BenchmarkQueue(b *testing.B) {
+func BenchmarkQueue(b *testing.B) { benchQueue(b, nil, false) }
+
+// benchQueue is BenchmarkQueue with tp as the client's and the worker's
+// TracerProvider (nil: the global one); traced gives each task a sampled
+// traceparent of its own, as if each came from a traced request.
+func benchQueue(b *testing.B, tp trace.TracerProvider, traced bool) {
 	s, err := etcdtest.Start(etcdtest.Options{Fsync: true})
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer s.Stop()
 	cli := s.Client(b)
-	c, err := queue.NewClient(cli, "bench")
+	c, err := queue.NewClient(cli, "bench", queue.WithTracerProvider(tp))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -28,6 +35,9 @@ func BenchmarkQueue(b *testing.B) {
 	in := make([]queue.Task, b.N)
 	for i := range in {
 		in[i] = queue.Task{ID: fmt.Sprintf("t%08d", i), Type: "noop"}
+		if traced {
+			in[i].TraceParent = fmt.Sprintf("00-%016x%016x-%016x-01", rand.Uint64()|1, rand.Uint64(), rand.Uint64()|1)
+		}
 	}
 	b.ResetTimer()
 	start := time.Now()
@@ -35,7 +45,7 @@ func BenchmarkQueue(b *testing.B) {
 		b.Fatal(err)
 	}
 	submitted := time.Since(start)
-	w, err := queue.NewWorker(ctx, cli, queue.WorkerConfig{Namespace: "bench", Queue: "jobs", Concurrency: 64, Prefetch: 64, Drain: true})
+	w, err := queue.NewWorker(ctx, cli, queue.WorkerConfig{Namespace: "bench", Queue: "jobs", Concurrency: 64, Prefetch: 64, Drain: true, TracerProvider: tp})
 	if err != nil {
 		b.Fatal(err)
 	}

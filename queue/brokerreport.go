@@ -2,8 +2,10 @@ package queue
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -12,6 +14,7 @@ import (
 	"github.com/droverhq/drover/internal/groupcommit"
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/task"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -30,6 +33,40 @@ type Outcome struct {
 	// SleepUntil, when set, parks the task until then instead: SLEEPING,
 	// its attempt not counted, and claimed again once it falls due.
 	SleepUntil time.Time
+	// Wait, when set, waits for the first of its signals, until its
+	// Until (zero: no timeout): a signal that waits in the task's inbox
+	// already (sent before the wait), other than those Received names,
+	// is answered at once (Reported.Signal) without being consumed, and
+	// so is the timeout of a wait whose Until passed; the claim then
+	// holds still. With neither, the task parks WAITING, its attempt not
+	// counted, until a signal or the timeout wakes it, as a step task's
+	// wait does (wait.go).
+	Wait *task.Wait
+	// Received names the signals waits answered under this claim so
+	// far (at most MaxReceived). A success, and a wait that parks, consume
+	// those still in the inbox in their own write, fenced by the claim: a
+	// claim that no longer holds consumes nothing, and a worker that dies
+	// before its outcome leaves them to the next claim (delivered at least
+	// once, consumed once). A park's next claim resumes at that wait; so
+	// does the next claim after any other outcome (a retry, a sleep, a
+	// failure to the dead-letter queue, a requeue after it, a park handed
+	// back): they consume nothing and leave the task resuming where this
+	// claim did (at the wait it was claimed after, or from the start), so
+	// that a handler that runs over is answered the same signals again and
+	// never needs one consumed. A wait answered at once skips them.
+	Received []SignalRef
+	// spend is what the outcome consumes of Received (report).
+	spend *spending
+}
+
+// MaxReceived is the most signals one outcome names in Received.
+const MaxReceived = 64
+
+// SignalRef names a signal a task received: its name and the
+// idempotency key it was sent with (Reported.Signal says both).
+type SignalRef struct {
+	Name           string
+	IdempotencyKey string
 }
 
 // Reported is how one outcome of a Report went: Task is the task as the
@@ -40,6 +77,11 @@ type Outcome struct {
 type Reported struct {
 	Task *Task
 	Err  error
+	// Signal is what a wait (Outcome.Wait) was answered with at once: the
+	// first signal waited for (not consumed: see Outcome.Received), or
+	// its timeout; the task is still claimed (RUNNING) under the same
+	// token.
+	Signal *task.Signal
 }
 
 // check validates o; the fields it names are those of an Outcome.
@@ -56,6 +98,30 @@ func (o Outcome) check() error {
 	}
 	if !o.SleepUntil.IsZero() && (o.Failed || len(o.Result) > 0) {
 		return &drover.InputError{Field: "sleep", Rule: "must be alone: a task that sleeps neither succeeds nor fails"}
+	}
+	if o.Wait != nil {
+		if o.Failed || len(o.Result) > 0 || !o.SleepUntil.IsZero() || o.Wait.Children != nil {
+			return &drover.InputError{Field: "wait_signal", Rule: "must be alone: a task that waits neither succeeds, fails nor sleeps"}
+		}
+		if err := (&task.WaitRequest{Signals: o.Wait.Signals}).Check(); err != nil {
+			return drover.Rename(err, "wait_signal.names")
+		}
+		if o.Wait.Until.After(time.Now().AddDate(task.MaxSleepYears, 0, 0)) {
+			return &drover.InputError{Field: "wait_signal.until", Value: o.Wait.Until.Format(time.RFC3339),
+				Rule: fmt.Sprintf("must end at most %d years from now", task.MaxSleepYears)}
+		}
+	}
+	if len(o.Received) > MaxReceived {
+		return &drover.InputError{Field: "received_signals", Value: len(o.Received), Rule: fmt.Sprintf("must name at most %d signals", MaxReceived)}
+	}
+	for i, r := range o.Received {
+		at := fmt.Sprintf("received_signals[%d].", i)
+		if err := task.CheckSignalName(r.Name); err != nil {
+			return drover.Rename(err, at+"name")
+		}
+		if err := task.CheckIdempotencyKey(r.IdempotencyKey); err != nil {
+			return drover.Rename(err, at+"idempotency_key")
+		}
 	}
 	return nil
 }
@@ -99,6 +165,8 @@ func (b *broker) report(ctx context.Context, os []Outcome) []Reported {
 		seen[k] = true
 		todo = append(todo, i)
 	}
+	todo, read := b.deliverSignals(ctx, os, todo, out)
+	todo = b.spendings(ctx, os, todo, read, out)
 	todo, remembered := b.fromMemory(os, todo)
 	// Outcomes the memory could not write go back with the rest, so that
 	// each segment has one group: two writes of one run in one request
@@ -172,7 +240,8 @@ func (b *broker) places(ctx context.Context, os []Outcome, todo []int, out []Rep
 }
 
 // reportRecord records outcome o of a task with a record of its own (or
-// finds that its claim no longer holds), as Ack and Fail did before runs.
+// finds that its claim no longer holds), as Ack and Fail did before runs,
+// with the signals it consumes (o.spend).
 func (b *broker) reportRecord(ctx context.Context, o Outcome) Reported {
 	verb := "ack"
 	if o.Failed {
@@ -185,8 +254,9 @@ func (b *broker) reportRecord(ctx context.Context, o Outcome) Reported {
 		return Reported{Err: err}
 	}
 	switch {
-	case t.CurrentStatus == Sleeping:
+	case t.CurrentStatus == Sleeping, t.CurrentStatus == Waiting && t.ScheduledAt.Before(NoTimeout):
 		b.retryAt(o.Queue, t.ScheduledAt)
+	case o.Wait != nil:
 	case !o.SleepUntil.IsZero():
 	case !o.Failed:
 		succeeded(t, o.Result)
@@ -199,16 +269,20 @@ func (b *broker) reportRecord(ctx context.Context, o Outcome) Reported {
 // decideOutcome is the outcome o reports of a claim of t: success, a
 // retry after the task's backoff, or the dead-letter queue (a permanent
 // failure, one past the retry budget, or a child's result larger than
-// task.MaxChildResult).
+// task.MaxChildResult). Only a success and a park consume the signals o
+// received (o.spend): after the others the handler may start over.
 func decideOutcome(w *Worker, t *Task, o Outcome) outcome {
 	if !o.SleepUntil.IsZero() {
 		return outcome{kind: Sleeping, until: o.SleepUntil}
+	}
+	if o.Wait != nil {
+		return outcome{kind: Waiting, until: waitDue(o.Wait), wait: o.Wait, spend: o.spend}
 	}
 	if !o.Failed && t.Parent != "" && len(o.Result) > task.MaxChildResult {
 		return outcome{kind: Dead, err: childResultError(len(o.Result))} // as an in-process worker's (execute)
 	}
 	if !o.Failed {
-		return outcome{kind: Succeeded, result: o.Result}
+		return outcome{kind: Succeeded, result: o.Result, spend: o.spend}
 	}
 	reason := o.Error
 	if strings.TrimSpace(reason) == "" {
@@ -222,6 +296,231 @@ func decideOutcome(w *Worker, t *Task, o Outcome) outcome {
 		return outcome{kind: Dead, err: err}
 	}
 	return outcome{kind: Retrying, err: err, delay: w.backoff(t)}
+}
+
+// deliverSignals answers the waits among outcomes todo that end at once:
+// a signal they wait for is in the task's inbox, or their timeout passed
+// (deliverSignal). It returns the outcomes left to write, those that park,
+// and, for each outcome, the revision its inbox was read at.
+func (b *broker) deliverSignals(ctx context.Context, os []Outcome, todo []int, out []Reported) ([]int, []int64) {
+	left, read := todo[:0:0], make([]int64, len(os))
+	for _, i := range todo {
+		if os[i].Wait == nil {
+			left = append(left, i)
+			continue
+		}
+		r, rev, done := b.deliverSignal(ctx, os[i])
+		read[i] = rev
+		if !done {
+			left = append(left, i)
+			continue
+		}
+		out[i] = r
+	}
+	return left, read
+}
+
+// deliverSignal answers wait o at once when it can, while its claim
+// holds (lease.ErrFenced otherwise): the first signal it waits for in the
+// task's inbox (in the order sent) that o.Received does not name, or its
+// timeout when its Until passed. It consumes nothing: the outcome that
+// ends the attempt names the signal and consumes it. false: neither, the
+// task is to park; rev is the revision the inbox was read at.
+func (b *broker) deliverSignal(ctx context.Context, o Outcome) (Reported, int64, bool) {
+	c := b.client
+	_, cl, _, err := b.held(ctx, o.Held)
+	if err != nil {
+		return Reported{Err: err}, 0, true
+	}
+	sg, rev, err := c.firstUnreceived(ctx, o.ID, o.Wait, o.Received)
+	if err != nil {
+		return Reported{Err: fmt.Errorf("queue: read the inbox of task %s: %w", o.ID, err)}, 0, true
+	}
+	if sg == nil {
+		return Reported{}, rev, false
+	}
+	return Reported{Task: cl.task, Signal: sg}, rev, true
+}
+
+// SignalResult says what a Signal did.
+type SignalResult struct {
+	// IdempotencyKey is the key the signal was stored under (the one
+	// given, or a random one).
+	IdempotencyKey string `json:"idempotency_key"`
+	// Stored: the signal was stored in the task's inbox. false: a signal
+	// with that name and idempotency key was sent before (it waits in the
+	// inbox or was consumed), and nothing was written.
+	Stored bool `json:"stored"`
+	// Woke: the task was parked waiting for the signal and is now pending.
+	Woke bool `json:"woke"`
+	// Status is the task's status as the signal found it.
+	Status Status `json:"status"`
+}
+
+// Signals returns the signals task id received: those waiting to be
+// consumed, in the order they were sent, then those consumed.
+func (c *Client) Signals(ctx context.Context, id string) ([]task.SignalRecord, error) {
+	return c.store.Signals(ctx, id)
+}
+
+// testHookBeforePark, when set by a test, runs before a wait that names
+// signals received is parked (between the inbox's reads and the park).
+var testHookBeforePark atomic.Pointer[func()]
+
+// inboxValue is what an inbox key holds (task.EncodeSignal).
+type inboxValue struct {
+	Data json.RawMessage `json:"d,omitempty"`
+	At   time.Time       `json:"at"`
+}
+
+// firstUnreceived is the first signal sent that wait wt waits for in task
+// id's inbox, other than those received names (nil: none), or a timeout
+// when wt's Until passed, and the revision the inbox was read at.
+func (c *Client) firstUnreceived(ctx context.Context, id string, wt *task.Wait, received []SignalRef) (*task.Signal, int64, error) {
+	skip := make(map[SignalRef]bool, len(received))
+	for _, r := range received {
+		skip[r] = true
+	}
+	ops := make([]clientv3.Op, len(wt.Signals))
+	for i, n := range wt.Signals {
+		ops[i] = clientv3.OpGet(c.keys.TaskSignalName(id, n), clientv3.WithPrefix(), clientv3.WithLimit(int64(len(skip)+1)),
+			clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
+	}
+	g, err := c.cli.Txn(ctx).Then(ops...).Commit()
+	if err != nil {
+		return nil, 0, err
+	}
+	var first *mvccpb.KeyValue
+	var ref SignalRef
+	for _, r := range g.Responses {
+		for _, kv := range r.GetResponseRange().Kvs {
+			name, idem, ok := keyspace.ParseTaskSignal(c.keys.TaskSignals(id), string(kv.Key))
+			if !ok || skip[SignalRef{name, idem}] {
+				continue
+			}
+			if first == nil || kv.CreateRevision < first.CreateRevision {
+				first, ref = kv, SignalRef{name, idem}
+			}
+			break // the first of this name not received
+		}
+	}
+	rev := g.Header.Revision
+	if first != nil {
+		var v inboxValue
+		_ = json.Unmarshal(first.Value, &v)
+		return &task.Signal{Name: ref.Name, IdempotencyKey: ref.IdempotencyKey, Data: v.Data, SentAt: v.At}, rev, nil
+	}
+	if !wt.Until.IsZero() && !wt.Until.After(c.now()) {
+		return &task.Signal{TimedOut: true}, rev, nil
+	}
+	return nil, rev, nil
+}
+
+// spending is what an outcome consumes of the signals it names received:
+// conditional writes, each made only while its signal is in the inbox as
+// read, so that each is consumed once. A success makes them beside its
+// own writes (recordOps, runReqs); a park, in its nested transaction
+// (waitOps), so that a wait handed back at once consumes nothing.
+type spending struct {
+	ops  []clientv3.Op
+	read int64 // the revision the inbox was read at before a park (0: none)
+}
+
+// consume are the writes of sp (none when nil).
+func (sp *spending) consume() []clientv3.Op {
+	if sp == nil {
+		return nil
+	}
+	return sp.ops
+}
+
+// before is the revision a park's compares take (parkConds): 0 when
+// nothing is consumed.
+func (sp *spending) before() int64 {
+	if sp == nil {
+		return 0
+	}
+	return sp.read
+}
+
+// consumes reports whether outcome o may consume the signals it names
+// received: a success, or a wait that parks (one answered at once was
+// answered before). A failure (retried or dead) and a sleep consume
+// nothing: the handler may start over.
+func consumes(o Outcome) bool {
+	return len(o.Received) > 0 && !o.Failed && o.SleepUntil.IsZero()
+}
+
+// spendings reads the signals that the outcomes todo that may consume
+// (consumes) name received, and sets each one's writes that consume those
+// still in the inbox (Outcome.spend); read[i] is the revision a wait that
+// parks read the inbox at (deliverSignal). A signal not in the inbox
+// (consumed before, or never sent) is skipped. The reads of many outcomes
+// share a transaction, so that outcomes naming signals are written
+// together as the others are. It returns todo less the outcomes whose
+// read failed, which get the error in out.
+func (b *broker) spendings(ctx context.Context, os []Outcome, todo []int, read []int64, out []Reported) []int {
+	c := b.client
+	type ref struct {
+		i int
+		r SignalRef
+	}
+	var refs []ref
+	parks := false
+	for _, i := range todo {
+		if !consumes(os[i]) {
+			continue
+		}
+		parks = parks || os[i].Wait != nil
+		os[i].spend = &spending{read: read[i]}
+		seen := make(map[SignalRef]bool, len(os[i].Received))
+		for _, r := range os[i].Received {
+			if !seen[r] {
+				seen[r] = true
+				refs = append(refs, ref{i, r})
+			}
+		}
+	}
+	failed := map[int]error{}
+	const perTxn = 120 // within etcd's 128 operations
+	for from := 0; from < len(refs); from += perTxn {
+		part := refs[from:min(from+perTxn, len(refs))]
+		gets := make([]clientv3.Op, len(part))
+		for k, x := range part {
+			gets[k] = clientv3.OpGet(c.keys.TaskSignal(os[x.i].ID, x.r.Name, x.r.IdempotencyKey))
+		}
+		g, err := c.cli.Txn(ctx).Then(gets...).Commit()
+		now := c.now()
+		for k, x := range part {
+			if err != nil {
+				failed[x.i] = fmt.Errorf("queue: read the signals task %s received: %w", os[x.i].ID, err)
+				continue
+			}
+			kvs := g.Responses[k].GetResponseRange().Kvs
+			if len(kvs) == 0 {
+				continue
+			}
+			var v inboxValue
+			_ = json.Unmarshal(kvs[0].Value, &v)
+			sg := &task.Signal{Name: x.r.Name, IdempotencyKey: x.r.IdempotencyKey, SentAt: v.At}
+			sp := os[x.i].spend
+			sp.ops = append(sp.ops, clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(string(kvs[0].Key)), "=", kvs[0].ModRevision)},
+				c.store.ConsumeOps(os[x.i].ID, sg, now), nil))
+		}
+	}
+	if hook := testHookBeforePark.Load(); hook != nil && parks {
+		(*hook)()
+	}
+	if len(failed) == 0 {
+		return todo
+	}
+	return slices.DeleteFunc(todo, func(i int) bool {
+		if err := failed[i]; err != nil {
+			out[i].Err = err
+			return true
+		}
+		return false
+	})
 }
 
 // succeeded sets t as an ack with result left it.
@@ -291,87 +590,4 @@ func (b *broker) reportCombined(ctx context.Context, os []Outcome) []Reported {
 	groupcommit.Answer(calls)
 	rc.line.HandOn()
 	return call.out
-}
-
-// The marks of an outcome request are puts it makes once at its top level
-// whatever number of its outcomes call for them: a parent's wake mark, a
-// priority level's marker. Each nested transaction carries the marks of
-// its own outcomes, so that a request puts those of the ones it holds, and
-// is split by them: etcd takes 128 operations a level.
-
-// maxTxnOps is the most operations a request packs at its top level plus
-// the widest of its nested transactions, within etcd's 128.
-const maxTxnOps = 127
-
-// setMarks gives every request of reqs the marks markers, those of the
-// outcomes they record together.
-func setMarks(reqs []ackReq, markers map[string]bool) {
-	if len(markers) == 0 {
-		return
-	}
-	keys := make([]string, 0, len(markers))
-	for k := range markers {
-		keys = append(keys, k)
-	}
-	for i := range reqs {
-		reqs[i].marks = keys
-	}
-}
-
-// marksOf are the puts of the marks of reqs, each key once.
-func marksOf(reqs []ackReq) []clientv3.Op {
-	seen := map[string]bool{}
-	var out []clientv3.Op
-	for _, r := range reqs {
-		for _, k := range r.marks {
-			if !seen[k] {
-				seen[k] = true
-				out = append(out, clientv3.OpPut(k, ""))
-			}
-		}
-	}
-	return out
-}
-
-// packReqs splits reqs into the requests etcd takes, in order, and calls
-// send with each one's bounds: within maxRequestBytes, and with one
-// operation a nested transaction plus the marks of them all, each once,
-// plus the widest of them within maxTxnOps. A request alone over it is
-// sent alone.
-func packReqs(reqs []ackReq, send func(from, to int)) {
-	from, size, width := 0, 0, 0
-	marks := map[string]bool{}
-	for k, r := range reqs {
-		fresh := 0
-		for _, m := range r.marks {
-			if !marks[m] {
-				fresh++
-			}
-		}
-		if k > from && (size+r.size > maxRequestBytes || k-from+1+len(marks)+fresh+max(width, r.width()) > maxTxnOps) {
-			send(from, k)
-			from, size, width = k, 0, 0
-			clear(marks)
-		}
-		size, width = size+r.size, max(width, r.width())
-		for _, m := range r.marks {
-			marks[m] = true
-		}
-	}
-	if from < len(reqs) {
-		send(from, len(reqs))
-	}
-}
-
-// putMarks puts marks in requests of their own, for outcomes written in a
-// request that had no room for them.
-func putMarks(ctx context.Context, cli *clientv3.Client, marks []clientv3.Op) error {
-	for len(marks) > 0 {
-		n := min(len(marks), maxTxnOps)
-		if _, err := cli.Txn(ctx).Then(marks[:n]...).Commit(); err != nil {
-			return err
-		}
-		marks = marks[n:]
-	}
-	return nil
 }

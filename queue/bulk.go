@@ -252,16 +252,21 @@ func missing(ids []string, tasks []*Task) string {
 }
 
 // Requeue moves dead tasks of queue q back to pending with a fresh retry
-// budget; ids empty means every dead task. It returns how many moved.
+// budget; ids empty means every dead task. A task that had waited for a
+// signal resumes at the wait its dead attempt was claimed after, as a
+// retry does (Outcome.Received). It returns how many moved.
 // progress, if set, is called after each transaction with the number of
 // tasks handled so far.
 func (c *Client) Requeue(ctx context.Context, q string, ids []string, progress func(done int)) (int, error) {
 	return c.bulk(ctx, q, Dead, ids, progress, func(t *Task) ([]clientv3.Op, int, string) {
 		now := c.now().UTC()
 		t.CurrentStatus, t.RetriesAttempted, t.Attempt, t.Token = Pending, 0, 0, 0
+		t.WaitingFor = t.resumes // its next claim resumes where the dead one did (Outcome.Received)
 		t.Transitions = appendTransition(t.Transitions, Transition{Status: Pending, At: now, Error: "requeued from the dead-letter queue"})
 		rec, _ := json.Marshal(t)
-		return []clientv3.Op{clientv3.OpDelete(c.keys.DeadTask(q, t.ID)), clientv3.OpPut(c.keys.TaskRecord(t.ID), string(rec)), clientv3.OpPut(c.pendingKey(t), encodePending(0, false))},
+		return []clientv3.Op{clientv3.OpDelete(c.keys.DeadTask(q, t.ID)), clientv3.OpPut(c.keys.TaskRecord(t.ID), string(rec)), clientv3.OpPut(c.pendingKey(t), encodePending(0, false)),
+				clientv3.OpDelete(c.keys.ChildSealed(t.ID))}, // it may spawn again
+
 			len(rec), c.levelKey(q, levelOf(t.Metadata.Priority))
 	})
 }

@@ -6,18 +6,17 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 	"unicode/utf8"
 
 	"github.com/droverhq/drover"
-	"github.com/droverhq/drover/internal/lifecycle"
+	"github.com/droverhq/drover/internal/cascades"
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/task"
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"golang.org/x/sync/errgroup"
 )
@@ -124,6 +123,12 @@ func (s childSpawner) CheckChildren(ctx context.Context, children []task.Child) 
 // id and the step: task.ChildID), one prefix per length of key when the
 // parent's id is cut: each prefix is counted in the id index (100 a
 // request), and only a prefix that holds ids is listed and compared.
+// This check reads; what enforces it is the submission's transaction,
+// which stores a child only while its id's index key is absent (and its
+// parent unsealed): an id taken between this read and the submission (a
+// task submitted apart, another parent's child) leaves the task stored
+// under it as it is, and makes that child a conflict (sameTask compares
+// the parent), so that SubmitChildren fails.
 func (s childSpawner) checkChildIDs(ctx context.Context, children []task.Child) error {
 	at := map[string]int{} // child id → its position
 	var pres []string
@@ -370,12 +375,16 @@ func (c *Client) cancelChildren(ctx context.Context, parent string, fence *casca
 
 // cascadeMarkOp is the write that puts task t's cascade mark when t has a
 // plan of children: one nested transaction, to go into the transaction
-// that ends t CANCELLED or DEAD.
+// that ends t CANCELLED or DEAD. It seals t's children too (ChildSealed):
+// a submission of them compares the seal absent (putSegment), so a
+// submitter that lost its claim to the end, and submits after the
+// cascade looked, stores none; one that submitted before has its children
+// found by the cascade.
 func (c *Client) cascadeMarkOp(t *Task) clientv3.Op {
 	// A compare over a prefix holds when every key under it holds it; an
 	// empty prefix compares as one key never created, which fails "> 0".
 	return clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(c.keys.ChildPlans(t.ID)).WithPrefix(), ">", 0)},
-		[]clientv3.Op{clientv3.OpPut(c.keys.ChildCascade(t.Queue, t.ID), "")}, nil)
+		[]clientv3.Op{clientv3.OpPut(c.keys.ChildCascade(t.Queue, t.ID), ""), clientv3.OpPut(c.keys.ChildSealed(t.ID), "")}, nil)
 }
 
 // cascade cancels the live children of task id, of queue q, when it is
@@ -448,118 +457,30 @@ func (w *Worker) cascadeDead(ts []*Task) {
 	}
 }
 
-// cascadeRescan is how often the workers of a queue read its cascade
-// marks (a variable for tests).
+// cascadeRescan is how often the workers of a queue, and the HTTP
+// servers, read the cascade marks (a variable for tests).
 var cascadeRescan = 30 * time.Second
 
-// cascadeWidth bounds the cascades a worker finishes at once.
-const cascadeWidth = 4
-
-// cascadeClaim is the value of a cascade mark a scan works on: the
-// scanner, and until when the others leave the mark to it.
-type cascadeClaim struct {
-	Worker string    `json:"worker"`
-	Until  time.Time `json:"until"`
-}
-
 // cascadeScan finishes the cascades of queue q's tasks that their writers
-// left, until ctx ends: after a random delay of up to a tenth of
-// cascadeRescan (so that workers started together do not read at once),
-// then every cascadeRescan (give or take a twentieth), it reads the marks,
-// a page of 1,000 at a time, and cascades from each, but for marks put
-// since the read before (their writers most likely cascade from them
-// still) and marks another scanner claimed and whose claim holds. A mark
-// is claimed before its cascade (a compare-and-put of the scanner and an
-// expiry into its value), so that of the workers that scan, one works on
-// each mark. Failures are logged once a pass.
+// left, until ctx ends (package internal/cascades).
 func (c *Client) cascadeScan(ctx context.Context, q string, logger *slog.Logger) {
-	me := strconv.FormatUint(rand.Uint64(), 36)
-	var seen int64 // the revision of the pass before; 0: none yet
-	_ = lifecycle.Sleep(ctx, time.Duration(rand.Int64N(int64(cascadeRescan/10)+1)))
-	for ctx.Err() == nil {
-		rev, failed, err := c.cascadePass(ctx, q, me, seen)
-		switch {
-		case ctx.Err() != nil:
-		case err != nil:
-			logger.Warn("queue: reading the cancel cascades left failed; retrying later", "queue", q, "err", err)
-		case failed.n > 0:
-			logger.Warn("queue: could not cancel the children of ended tasks; trying again later", "queue", q, "tasks", failed.n, "task", failed.first, "err", failed.err)
-		}
-		if err == nil {
-			seen = rev
-		}
-		jitter := time.Duration(rand.Int64N(int64(cascadeRescan/10) + 1))
-		_ = lifecycle.Sleep(ctx, cascadeRescan-cascadeRescan/20+jitter)
-	}
+	c.cascadeScanner(c.keys.ChildCascades(q), q, logger).Loop(ctx)
 }
 
-// cascadeFailures sums up the cascades of a pass that failed.
-type cascadeFailures struct {
-	n     int
-	first string
-	err   error
+// ScanCascades finishes the cancel cascades left by the processes that
+// wrote them, of every queue's tasks, until ctx ends: what a queue's own
+// workers do for their queue (a queue whose workers all work over HTTP
+// has none in process). Every scanner claims a mark before its cascade,
+// so of several servers and workers one runs each.
+func (c *Client) ScanCascades(ctx context.Context, logger *slog.Logger) {
+	c.cascadeScanner(c.keys.ChildCascadesAll(), "", logger).Loop(ctx)
 }
 
-// cascadePass is one pass of cascadeScan by scanner me over queue q's
-// marks; seen is the revision of the pass before (0: none). It returns
-// the revision of its first read.
-func (c *Client) cascadePass(ctx context.Context, q, me string, seen int64) (int64, cascadeFailures, error) {
-	pre := c.keys.ChildCascades(q)
-	var rev int64
-	var failed cascadeFailures
-	var mu sync.Mutex
-	for from := pre; ; {
-		opts := []clientv3.OpOption{clientv3.WithRange(clientv3.GetPrefixRangeEnd(pre)), clientv3.WithLimit(1000)}
-		if rev > 0 {
-			opts = append(opts, clientv3.WithRev(rev))
-		}
-		g, err := c.cli.Get(ctx, from, opts...)
-		if err != nil {
-			return 0, failed, err
-		}
-		if rev == 0 {
-			rev = g.Header.Revision
-		}
-		var eg errgroup.Group
-		eg.SetLimit(cascadeWidth)
-		for _, kv := range g.Kvs {
-			var cl cascadeClaim
-			claimed := len(kv.Value) > 0 && json.Unmarshal(kv.Value, &cl) == nil
-			if claimed && cl.Worker != me && c.now().Before(cl.Until) || !claimed && seen > 0 && kv.ModRevision > seen {
-				continue
-			}
-			eg.Go(func() error {
-				id := keyspace.Rest(pre, string(kv.Key))
-				if err := c.claimCascade(ctx, q, id, me, string(kv.Key), kv.ModRevision); err != nil && ctx.Err() == nil {
-					mu.Lock()
-					if failed.n++; failed.n == 1 {
-						failed.first, failed.err = id, err
-					}
-					mu.Unlock()
-				}
-				return nil
-			})
-		}
-		_ = eg.Wait()
-		if !g.More || len(g.Kvs) == 0 {
-			return rev, failed, nil
-		}
-		from = string(g.Kvs[len(g.Kvs)-1].Key) + "\x00"
-	}
-}
-
-// claimCascade claims the cascade mark of task id of queue q (key, at
-// revision modRev) for scanner me, then runs the cascade; a mark changed
-// since it was read (claimed by another, put again, removed) is left.
-func (c *Client) claimCascade(ctx context.Context, q, id, me, key string, modRev int64) error {
-	b, _ := json.Marshal(cascadeClaim{Worker: me, Until: c.now().Add(cancelCascadeTimeout)})
-	resp, err := c.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", modRev)).Then(clientv3.OpPut(key, string(b))).Commit()
-	if err != nil || !resp.Succeeded {
-		return err
-	}
-	cctx, stop := context.WithTimeout(ctx, cancelCascadeTimeout)
-	defer stop()
-	return c.cascade(cctx, q, id)
+// cascadeScanner scans the marks under pre, of queue q ("": of every
+// queue).
+func (c *Client) cascadeScanner(pre, q string, logger *slog.Logger) *cascades.Scanner {
+	return &cascades.Scanner{Cli: c.cli, Prefix: pre, Queue: q, Every: cascadeRescan, Hold: cancelCascadeTimeout,
+		Now: c.now, Run: c.cascade, Logger: logger}
 }
 
 // afterCancels does for tasks, which a bulk cancel tried to cancel, what
@@ -589,6 +510,56 @@ func (c *Client) afterCancels(ctx context.Context, tasks []*Task) error {
 			if err := c.cascade(ctx, part[i].Queue, part[i].ID); err != nil {
 				return err
 			}
+		}
+	}
+	return nil
+}
+
+// ErrParentEnded is matched by the error of a submission of children
+// whose parent ended CANCELLED or DEAD: nothing of it was stored.
+var ErrParentEnded = errors.New("queue: the parent task ended")
+
+// sealCompares adds to cmps, for each parent of the children among
+// valid[idx], the compare that its children are not sealed, and to gets
+// the read of its seal; it returns the parents, in that order.
+func (c *Client) sealCompares(valid []Task, idx []int, cmps *[]clientv3.Cmp, gets *[]clientv3.Op) []string {
+	var parents []string
+	for _, i := range idx {
+		if p := valid[i].Parent; p != "" && valid[i].ParentQueue != "" && !slices.Contains(parents, p) {
+			parents = append(parents, p)
+			key := c.keys.ChildSealed(p)
+			*cmps = append(*cmps, clientv3.Compare(clientv3.CreateRevision(key), "=", 0))
+			*gets = append(*gets, clientv3.OpGet(key, clientv3.WithCountOnly()))
+		}
+	}
+	return parents
+}
+
+// maxSeals bounds the parents whose seals one segment's transaction
+// compares, within etcd's 128 compares beside a compare per task.
+const maxSeals = 20
+
+// sealCut is where the tasks valid[idx] are split in two segments so that
+// the first holds the children of maxSeals parents at most; 0: no split.
+func sealCut(valid []Task, idx []int) int {
+	seen := map[string]bool{}
+	for k, i := range idx {
+		if p := valid[i].Parent; p != "" && valid[i].ParentQueue != "" && !seen[p] {
+			if len(seen) == maxSeals {
+				return k
+			}
+			seen[p] = true
+		}
+	}
+	return 0
+}
+
+// sealedError is the error of a submission refused because a parent of
+// its children (parents, their seals read in rs) ended; nil when none did.
+func sealedError(parents []string, rs []*etcdserverpb.ResponseOp) error {
+	for k, p := range parents {
+		if k < len(rs) && rs[k].GetResponseRange().Count > 0 {
+			return fmt.Errorf("%w: task %s was cancelled or is dead: its children are not submitted", ErrParentEnded, p)
 		}
 	}
 	return nil

@@ -274,6 +274,7 @@ func (w *claimer) claimedRecord(id string, attempt int, pendingKey string, rev i
 			c.broken = fmt.Errorf("the task's record is unreadable: %w", err)
 		}
 		c.recRev = rec[0].ModRevision
+		fillStoredWait(t) // before the status changes: ScheduledAt is the wait's due time
 	}
 	if c.broken != nil {
 		w.logger.Error("queue: claimed a broken task; sending it to the dead-letter queue", "task", id, "err", c.broken)
@@ -356,7 +357,7 @@ func (w *claimer) readLevels(ctx context.Context, n int, hot string, listOpen bo
 		hotState = w.client.parseState(w.queue, hot, resp.Header.Revision, resp.Responses[5:])
 		if kvs := resp.Responses[len(resp.Responses)-1].GetResponseRange().Kvs; !hotCached && len(kvs) == 1 {
 			if _, err := w.client.cacheSegment(w.queue, hot, kvs[0].Value); err != nil {
-				return nil, false, nil, nil, nil, err
+				hotState = nil // undecodable: claimSegment reads it again and quarantines it
 			}
 		}
 	}

@@ -1,6 +1,10 @@
 package queue
 
 import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
 	"log/slog"
 	"slices"
 	"sync"
@@ -9,6 +13,7 @@ import (
 
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/lease"
+	"github.com/droverhq/drover/metrics"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -44,6 +49,7 @@ type claimer struct {
 	lost       *orphanList            // tasks whose claim vanished: claimed first
 	runnerHeld map[string]time.Time   // tasks a task runner holds, skipped until when (levelMu)
 	busySegs   map[string]time.Time   // segments whose slots all run, skipped until when (levelMu)
+	foreign    map[string]time.Time   // segments of a format this worker does not know, warned of until when (levelMu)
 	turns      levelTurns             // the anti-starvation turns of segments' levels (levelMu)
 	window     openWindow             // bounds the read of the open segments (levelMu)
 	noted      int64                  // every segment opened up to this revision was told to window (0: not known; levelMu; see claimWait)
@@ -65,7 +71,7 @@ type claimer struct {
 func newClaimer(client *Client, q string, l *lease.Lease, worker string, logger *slog.Logger) *claimer {
 	return &claimer{cli: client.cli, keys: client.keys, client: client, queue: q, lease: l, worker: worker, runID: NewID()[:12], logger: logger,
 		busyLevels: map[string]time.Time{}, lost: newOrphanList(), runnerHeld: map[string]time.Time{},
-		busySegs: map[string]time.Time{}, lostSegs: newOrphanList()}
+		busySegs: map[string]time.Time{}, foreign: map[string]time.Time{}, lostSegs: newOrphanList()}
 }
 
 // isBusy reports whether seg is marked busy.
@@ -99,6 +105,99 @@ func (w *claimer) notBusy(pre string, kvs []*mvccpb.KeyValue) []string {
 		}
 	}
 	return out
+}
+
+// quarantined is the value of a quarantined segment's key.
+type quarantined struct {
+	Tasks   string    `json:"tasks"` // the open key's value: its number of tasks
+	Error   string    `json:"error"`
+	Worker  string    `json:"worker"`
+	At      time.Time `json:"at"`
+	Segment int64     `json:"segment_rev"` // the mod revision of the segment's value
+}
+
+// quarantine takes segment seg, whose value kv could not be decoded
+// (cause), out of the queue's open segments, so that the claims behind
+// it (all of them, in a FIFO queue) go on: one transaction, refused if
+// the value or the open key changed since, deletes the open key and
+// writes the quarantine key (keyspace SegmentQuarantined), which names
+// the number of tasks and the error. The segment's value and its tasks'
+// index keys stay as they were, for an operator to read or repair;
+// nothing is dropped. It logs and counts (drover_segments_quarantined_total)
+// the move.
+func (w *claimer) quarantine(ctx context.Context, seg string, kv *mvccpb.KeyValue, cause error) error {
+	q := w.queue
+	w.markBusy(seg)
+	w.lostSegs.remove(seg)
+	openKey, qKey := w.keys.SegmentOpen(q, seg), w.keys.SegmentQuarantined(q, seg)
+	g, err := w.cli.Get(ctx, openKey)
+	if err != nil {
+		return fmt.Errorf("queue: quarantine segment %s of %s: %w", seg, q, err)
+	}
+	if len(g.Kvs) == 0 {
+		return nil // closed or quarantined by another worker meanwhile
+	}
+	v, _ := json.Marshal(quarantined{Tasks: string(g.Kvs[0].Value), Error: cause.Error(), Worker: w.worker, At: w.client.now().UTC(), Segment: kv.ModRevision})
+	resp, err := w.cli.Txn(ctx).If(
+		clientv3.Compare(clientv3.ModRevision(w.keys.Segment(q, seg)), "=", kv.ModRevision),
+		clientv3.Compare(clientv3.ModRevision(openKey), "=", g.Kvs[0].ModRevision),
+	).Then(clientv3.OpDelete(openKey), clientv3.OpPut(qKey, string(v))).Commit()
+	if err != nil {
+		return fmt.Errorf("queue: quarantine segment %s of %s: %w", seg, q, err)
+	}
+	if resp.Succeeded {
+		metrics.SegmentsQuarantined.WithLabelValues(q).Inc()
+		w.logger.Error("queue: a segment's value cannot be decoded; moved it to quarantine so that claims go on (its tasks are kept, not run)",
+			"queue", q, "segment", seg, "tasks", string(g.Kvs[0].Value), "key", qKey, "err", cause)
+	}
+	return nil
+}
+
+// quarantineIfUndecodable reads segment seg, which a read of several
+// segments found open with no tasks it could decode, and quarantines it
+// when its value does not decode (it may have been removed meanwhile).
+func (w *claimer) quarantineIfUndecodable(ctx context.Context, seg string) {
+	g, err := w.cli.Get(ctx, w.keys.Segment(w.queue, seg))
+	if err != nil || len(g.Kvs) == 0 {
+		return
+	}
+	if _, err := w.client.cacheSegment(w.queue, seg, g.Kvs[0].Value); errors.Is(err, errSegmentFormat) {
+		w.skipForeign(seg, err)
+	} else if err != nil {
+		if qerr := w.quarantine(ctx, seg, g.Kvs[0], err); qerr != nil {
+			w.logger.Warn("queue: could not quarantine an undecodable segment; will try again", "queue", w.queue, "segment", seg, "err", qerr)
+		}
+	}
+}
+
+// skipForeign skips segment seg, whose value is of a format this worker
+// does not know (err, errSegmentFormat): a newer drover wrote it, during a
+// rolling upgrade, and a worker that knows the format runs its tasks; it
+// is not quarantined. The worker warns of it once a minute and counts it
+// once (drover_segments_unknown_format_total). A queue of any order
+// claims the segments after it meanwhile; a FIFO queue's claims by this
+// worker wait for it, as its tasks come first.
+func (w *claimer) skipForeign(seg string, err error) {
+	w.levelMu.Lock()
+	until, seen := w.foreign[seg]
+	warn := !seen || time.Now().After(until)
+	if warn {
+		if len(w.foreign) >= 1024 { // bounded: forget those warned of before
+			clear(w.foreign)
+		}
+		w.foreign[seg] = time.Now().Add(time.Minute)
+	}
+	w.levelMu.Unlock()
+	if !w.fifo.Load() {
+		w.markBusy(seg)
+	}
+	if !seen {
+		metrics.SegmentsUnknownFormat.WithLabelValues(w.queue).Inc()
+	}
+	if warn {
+		w.logger.Warn("queue: a segment is of a format this worker does not know (written by a newer drover?); skipping it, not quarantining it: a worker that knows the format runs its tasks",
+			"queue", w.queue, "segment", seg, "key", w.keys.Segment(w.queue, seg), "err", err)
+	}
 }
 
 // markBusy skips segment seg for a while (all its slots run, or it is done).
@@ -329,4 +428,61 @@ func (w *claimer) withoutRunnerHeld(cands []*mvccpb.KeyValue) []*mvccpb.KeyValue
 		}
 	}
 	return out
+}
+
+// ErrQuarantined is the error of reading a task whose segment was
+// quarantined, its value undecodable (see docs/queue.md), and of deleting
+// a queue that holds such segments.
+var ErrQuarantined = errors.New("queue: quarantined")
+
+// unreadable returns err, the error of decoding segment seg of queue q,
+// as ErrQuarantined naming the segment's keys when it was quarantined.
+func (c *Client) unreadable(ctx context.Context, q, seg string, err error) error {
+	g, gerr := c.cli.Get(ctx, c.keys.SegmentQuarantined(q, seg), clientv3.WithCountOnly())
+	if gerr != nil || g.Count == 0 {
+		return err
+	}
+	return fmt.Errorf("%w: the task's segment %s (its value undecodable) is quarantined, see %s; repair it as docs/queue.md says: %w",
+		ErrQuarantined, c.keys.Segment(q, seg), c.keys.SegmentQuarantined(q, seg), err)
+}
+
+// noQuarantine refuses the deletion of queue q while it holds quarantined
+// segments: their tasks cannot be read, so a purge cannot delete their
+// index keys, and their ids would stay taken.
+func (c *Client) noQuarantine(ctx context.Context, q string) error {
+	g, err := c.cli.Get(ctx, c.keys.SegmentsQuarantined(q), clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithLimit(1))
+	if err != nil {
+		return fmt.Errorf("queue: delete queue %s: %w", q, err)
+	}
+	if g.Count == 0 {
+		return nil
+	}
+	seg, _ := keyspace.Last(c.keys.SegmentsQuarantined(q), string(g.Kvs[0].Key))
+	return fmt.Errorf("%w: queue %s holds %d quarantined segments (the first %s): their tasks cannot be read, so deleting the queue would leave their ids taken; "+
+		"repair each segment's value at %s and reopen it (docs/queue.md), or delete the index keys under %s whose value starts with %q and then %s, and delete the queue again",
+		ErrQuarantined, q, g.Count, seg, c.keys.Segment(q, seg), c.keys.TaskIndex(""), q+"/"+seg+"/", g.Kvs[0].Key)
+}
+
+// getSkipping is getMany leaving out the tasks of quarantined segments
+// and of segments of a format this drover does not know (a search skips
+// both; a newer drover's servers search the latter): after a read that
+// met one, one task at a time.
+func (c *Client) getSkipping(ctx context.Context, ids []string) ([]*Task, error) {
+	skipped := func(err error) bool { return errors.Is(err, ErrQuarantined) || errors.Is(err, errSegmentFormat) }
+	out, err := c.getMany(ctx, ids)
+	if !skipped(err) {
+		return out, err
+	}
+	out = nil
+	for _, id := range ids {
+		ts, err := c.getMany(ctx, []string{id})
+		if skipped(err) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, ts...)
+	}
+	return out, nil
 }

@@ -39,6 +39,8 @@ package queue
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -50,7 +52,9 @@ import (
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/kv"
 	"github.com/droverhq/drover/task"
+	"github.com/droverhq/drover/tracing/otelspan"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // maxRequestBytes keeps every request well under etcd's 1.5 MiB limit.
@@ -91,10 +95,21 @@ type Client struct {
 	// store reads step tasks' checkpoints and their children's plans and
 	// outcomes (children.go).
 	store *task.Store
+	// tracer makes the spans of submissions and attempts (tracing).
+	tracer trace.Tracer
+}
+
+// ClientOption sets an optional knob of a Client.
+type ClientOption func(*Client)
+
+// WithTracerProvider makes the client's spans with tp; the default is the
+// global provider (otel.GetTracerProvider), a no-op unless set.
+func WithTracerProvider(tp trace.TracerProvider) ClientOption {
+	return func(c *Client) { c.tracer = otelspan.Tracer(tp) }
 }
 
 // NewClient returns a client of namespace ns ("" means "drover").
-func NewClient(cli *clientv3.Client, ns string) (*Client, error) {
+func NewClient(cli *clientv3.Client, ns string, opts ...ClientOption) (*Client, error) {
 	keys, err := keyspace.New(ns)
 	if err != nil {
 		return nil, err
@@ -103,7 +118,10 @@ func NewClient(cli *clientv3.Client, ns string) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Client{cli: cli, keys: keys, now: time.Now, store: store}
+	c := &Client{cli: cli, keys: keys, now: time.Now, store: store, tracer: otelspan.Tracer(nil)}
+	for _, o := range opts {
+		o(c)
+	}
 	c.remote.client = c
 	return c, nil
 }
@@ -505,6 +523,9 @@ func (c *Client) DeleteQueue(ctx context.Context, q string, progress func(done i
 	if !ok {
 		return 0, noQueue(q)
 	}
+	if err := c.noQuarantine(ctx, q); err != nil {
+		return 0, err
+	}
 	st, err := c.Stats(ctx, q)
 	if err != nil {
 		return 0, err
@@ -544,4 +565,12 @@ func (c *Client) DeleteQueue(ctx context.Context, q string, progress func(done i
 // match the tasks to ids by Task.ID.
 func (c *Client) GetMany(ctx context.Context, ids []string) ([]*Task, error) {
 	return c.getMany(ctx, ids)
+}
+
+// newIdempotencyKey is a random idempotency key, for a signal sent
+// without one.
+func newIdempotencyKey() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }

@@ -19,7 +19,9 @@ import (
 	"time"
 
 	"github.com/droverhq/drover/internal/testenv/etcdtest"
+	"github.com/droverhq/drover/metrics"
 	"github.com/droverhq/drover/queue"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -80,6 +82,7 @@ func TestDelayedAtScale(t *testing.T) {
 	t.Logf("%d tasks due over %v from %v on, submitted in %v (%d scheduled): %d keys, %.0f etcd bytes per task",
 		n, window, lead, submitted.Round(time.Millisecond), st.Scheduled, keys, float64(bytes)/float64(n))
 	wait := startDelayedWorkers(t, cli, "bench", n, start.Add(window+tail(n)))
+	profileWindow(t, start, window+10*time.Second)
 	if pid != 0 {
 		if time.Until(start) < cpuWindow+time.Second {
 			t.Fatalf("the submission took %v: no time is left for the CPU window before the tasks fall due; raise DROVER_BENCH_SCALE_LEAD", submitted)
@@ -93,6 +96,9 @@ func TestDelayedAtScale(t *testing.T) {
 	}
 	lateness := wait()
 	slices.Sort(lateness)
+	moves := func(r string) float64 { return testutil.ToFloat64(metrics.DueMoves.WithLabelValues("scheduled", r)) }
+	t.Logf("the workers' due moves: %.0f gathered, %.0f lost, %.0f one by one; %.0f errors",
+		moves("gathered"), moves("lost"), moves("one-by-one"), testutil.ToFloat64(metrics.DueErrors.WithLabelValues("scheduled")))
 	if g, err := cli.Get(context.Background(), "/bench/segments/later/", clientv3.WithPrefix(), clientv3.WithCountOnly()); err == nil && g.Count > 0 {
 		// The moves gather a due batch's small segments into full ones.
 		t.Logf("segment records: %d while scheduled (%.1f tasks each), %d after the window", segKeys, float64(n)/float64(segKeys), g.Count)
@@ -152,12 +158,17 @@ func tail(n int) time.Duration {
 }
 
 // submitSpread submits n tasks to queue "later" due at random times over
-// window from start, 10,000 a request (in parallel, two requests at a
-// time), each with its due time in its parameters, and returns how long
+// window from start, 10,000 a request (DROVER_BENCH_SCALE_REQUEST: a
+// shorter run with the segments of a longer one; in parallel, two
+// requests at a time), each with its due time in its parameters, and returns how long
 // that took; it fails if the submission ran past start.
 func submitSpread(t *testing.T, c *queue.Client, n int, start time.Time, window time.Duration) time.Duration {
 	t.Helper()
 	began := time.Now()
+	per := 10000
+	if v, _ := strconv.Atoi(os.Getenv("DROVER_BENCH_SCALE_REQUEST")); v > 0 {
+		per = v
+	}
 	var wg sync.WaitGroup
 	errs := make(chan error, 2)
 	for part := range 2 {
@@ -165,9 +176,9 @@ func submitSpread(t *testing.T, c *queue.Client, n int, start time.Time, window 
 		go func() {
 			defer wg.Done()
 			rng := rand.New(rand.NewPCG(uint64(part), 7))
-			for from := part * 10000; from < n; from += 20000 {
-				in := make([]queue.Task, 0, 10000)
-				for i := from; i < min(from+10000, n); i++ {
+			for from := part * per; from < n; from += 2 * per {
+				in := make([]queue.Task, 0, per)
+				for i := from; i < min(from+per, n); i++ {
 					due := start.Add(time.Duration(rng.Int64N(int64(window))))
 					in = append(in, queue.Task{ID: fmt.Sprintf("t%08d", i), Type: "noop", RunAt: due,
 						Parameters: json.RawMessage(strconv.FormatInt(due.UnixNano(), 10))})

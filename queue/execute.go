@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -23,6 +24,7 @@ import (
 	"github.com/droverhq/drover/metrics"
 	"github.com/droverhq/drover/stream"
 	"github.com/droverhq/drover/task"
+	"github.com/droverhq/drover/tracing/otelspan"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -113,13 +115,12 @@ func (w *Worker) execute(base context.Context, c *claim) (o outcome) {
 	t.Deferrals = 0 // admitted: the next deferral starts the count again
 	tctx, tcancel := context.WithTimeoutCause(ctx, timeout, ErrTimeout)
 	defer tcancel()
-	f := &claimFence{w: w, c: c, cancel: cancel, ctx: ctx}
+	f := &claimFence{w: w, c: c, task: t.ID, cancel: cancel, ctx: ctx}
 	hctx, sa := w.beginStream(context.WithValue(tctx, claimKey{}, f), f)
-	defer func() { o.streamed = w.endStream(ctx, sa, o) }() // under the claim, before the outcome is written
+	defer func() { o.streamed = w.endStream(ctx, sa, o); f.gone.Store(true) }() // under the claim, before the outcome is written; then the handler is gone
 	began := time.Now()
-	result, err := call(hctx, h, t)
-	admitted(dones, err)
-	metrics.TaskDuration.WithLabelValues(t.Queue, t.Type, outcomeLabel(err)).Observe(time.Since(began).Seconds())
+	result, err := w.runHandler(hctx, h, t, func(err error) { admitted(dones, err) }) // the gates' slots held till it returns
+	otelspan.Observe(hctx, metrics.TaskDuration.WithLabelValues(t.Queue, t.Type, outcomeLabel(err)), time.Since(began).Seconds())
 	cause := context.Cause(tctx)
 	switch {
 	case err == nil && len(result) > MaxResult:
@@ -316,7 +317,7 @@ const DefaultMaxOutput = MaxResult
 // DROVER_TASK_ID, DROVER_TASK_TYPE, DROVER_ATTEMPT, DROVER_CLAIM_TOKEN and
 // DROVER_QUEUE in its environment (drover emit finds its stream there);
 // its standard error goes to stderr, and the last 2 KiB of it to the
-// task's error.
+// task's error (not to its spans, which say how the command ended only).
 //
 // Under a worker a run is also a step of its task: DROVER_STEP says which,
 // DROVER_STATE_FILE holds the state the step before printed, and a run
@@ -353,7 +354,7 @@ func ExecHandlerEnv(argv, env []string, maxOutput int, grace time.Duration, stde
 		cmd.Env = append(task.InheritedEnv(os.Environ()), "DROVER_TASK_ID="+t.ID, "DROVER_TASK_TYPE="+t.Type,
 			"DROVER_ATTEMPT="+strconv.Itoa(t.Attempt), "DROVER_CLAIM_TOKEN="+strconv.FormatInt(t.Token, 10), "DROVER_QUEUE="+t.Queue)
 		stream.Elsewhere(ctx) // the command may emit (drover emit)
-		cmd.Env = append(cmd.Env, env...)
+		cmd.Env = append(append(cmd.Env, otelspan.Env(ctx)...), env...)
 		cmd.Env = append(cmd.Env, step.env()...)
 		cmd.Stdin = bytes.NewReader(in)
 		out := &boundedBuffer{limit: maxOutput}
@@ -376,18 +377,36 @@ func ExecHandlerEnv(argv, env []string, maxOutput int, grace time.Duration, stde
 			return step.finish(ctx, t, out.Bytes())
 		}
 		var ee *exec.ExitError
-		msg := waitErr.Error()
-		if s := bytes.TrimSpace(tail.Bytes()); len(s) > 0 {
-			msg += ": " + string(s)
-		}
+		failed := &commandError{cmd: argv[0], err: waitErr, tail: string(bytes.TrimSpace(tail.Bytes()))}
 		if errors.As(waitErr, &ee) {
 			if ws, ok := ee.Sys().(syscall.WaitStatus); ok && !ws.Signaled() && ws.ExitStatus() == ExitPermanent {
-				return nil, Permanent(fmt.Errorf("%s: %s", argv[0], msg))
+				return nil, Permanent(failed)
 			}
 		}
-		return nil, fmt.Errorf("%s: %s", argv[0], msg)
+		return nil, failed
 	}
 }
+
+// commandError is the failure of an exec handler's command: "<command>:
+// <how it ended>: <the tail of its standard error>". Its spans carry it
+// without the tail (otelspan.Texter), which may hold anything the command
+// printed.
+type commandError struct {
+	cmd, tail string
+	err       error
+}
+
+func (e *commandError) Error() string {
+	if e.tail == "" {
+		return e.SpanText()
+	}
+	return e.SpanText() + ": " + e.tail
+}
+
+// SpanText is the error without its stderr tail.
+func (e *commandError) SpanText() string { return e.cmd + ": " + e.err.Error() }
+
+func (e *commandError) Unwrap() error { return e.err }
 
 // boundedBuffer keeps the first limit bytes written and counts the rest. It
 // has no ReadFrom on purpose: io.Copy would use bytes.Buffer's, which reads
@@ -448,8 +467,14 @@ type claimKey struct{}
 type claimFence struct {
 	w      *Worker
 	c      *claim
+	task   string                  // c's task id, read once: an abandoned handler's writes must not read c.task
 	cancel context.CancelCauseFunc // ends the handler's context
 	ctx    context.Context         // the claim's: ends with a cancel, the lease, or the attempt
+	// gone says the attempt's handler returned or was given up on: set
+	// before the attempt's outcome is written, it refuses every later
+	// write through the fence (Err), whatever the claim key says: a
+	// run's key stays while the run's other tasks run.
+	gone atomic.Bool
 }
 
 var _ lease.Fence = (*claimFence)(nil)
@@ -458,7 +483,7 @@ var _ lease.Fence = (*claimFence)(nil)
 func (f *claimFence) Txn(ctx context.Context) clientv3.Txn {
 	cmps := f.Compares() // a task of a run: also not cancelled (its slot has no exit)
 	return lease.NewFencedTxn(ctx, f.w.cli, lease.Spec{
-		Name:  fmt.Sprintf("claim of task %s", f.c.task.ID),
+		Name:  fmt.Sprintf("claim of task %s", f.task),
 		Token: f.c.token,
 		Cmp:   cmps[0],
 		Also:  cmps[1:],
@@ -475,11 +500,14 @@ func (f *claimFence) Token() int64 { return f.c.token }
 // attempt is over.
 func (f *claimFence) Context() context.Context { return f.ctx }
 
-// Err reports the worker's lease loss, which ends every claim, and the end
-// of the claim's context.
+// Err reports the worker's lease loss, which ends every claim, the end
+// of the attempt (its handler gone) and the end of the claim's context.
 func (f *claimFence) Err() error {
 	if err := f.w.lease.Err(); err != nil {
 		return err
+	}
+	if f.gone.Load() {
+		return errAttemptOver
 	}
 	if f.ctx.Err() != nil {
 		return context.Cause(f.ctx)
@@ -531,7 +559,7 @@ func Steps(store *task.Store, steps ...task.Step) Handler {
 			return nil, Permanent(errors.New("queue.Steps handler run outside a worker"))
 		}
 		res, err := store.RunSteps(ctx, f, t.ID, steps, task.StepConfig{Worker: f.w.worker, Initial: t.Parameters, Now: f.w.client.now,
-			Spawner: childSpawner{c: f.w.client, q: f.w.cfg.Queue}})
+			Spawner: childSpawner{c: f.w.client, q: f.w.cfg.Queue}, ClaimedAt: f.c.token})
 		if err == nil && res.Waiting != nil {
 			if beforeChildPark != nil && res.Waiting.Children != nil {
 				beforeChildPark(t.ID)

@@ -126,3 +126,26 @@ func SetCancelHook(beforeCascade func(parent string)) { beforeCancelCascade = be
 // CancelAlone cancels task id without its children, as a Cancel whose
 // cascade was cut short leaves it.
 func CancelAlone(ctx context.Context, c *Client, id string) (*Task, error) { return c.cancel(ctx, id) }
+
+// WakeWith is wake of task id with the writes also, waking nothing: the
+// writes a signal makes, past inboxRoom's look at the store-full guard.
+func (c *Client) WakeWith(ctx context.Context, id string, also []clientv3.Op) error {
+	_, _, _, err := c.wake(ctx, id, nil, also, func(*Task) (bool, error) { return false, nil })
+	return err
+}
+
+// SignalNamedWith is signalNamed of task id with the writes put.
+func (c *Client) SignalNamedWith(ctx context.Context, id string, put []clientv3.Op) error {
+	_, _, err := c.signalNamed(ctx, id, nil, put)
+	return err
+}
+
+// SetBeforeParkHook sets what runs before a wait that names signals
+// received is parked (nil: nothing).
+func SetBeforeParkHook(f func()) {
+	if f == nil {
+		testHookBeforePark.Store(nil)
+		return
+	}
+	testHookBeforePark.Store(&f)
+}

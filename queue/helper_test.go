@@ -56,6 +56,9 @@ func runHelper(mode string) int {
 	if strings.HasPrefix(mode, "children-") {
 		return runChildHelper(mode)
 	}
+	if mode == "received" {
+		return runReceivedHelper()
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
 	cli, err := cluster.Connect(ctx, cluster.ClientConfig{Endpoints: strings.Split(os.Getenv("H_ENDPOINTS"), ",")})
@@ -73,7 +76,7 @@ func runHelper(mode string) int {
 		ttl = v
 	}
 	w, err := queue.NewWorker(ctx, cli, queue.WorkerConfig{Namespace: os.Getenv("H_NS"), Queue: "jobs", Concurrency: conc,
-		TTL: ttl, Drain: mode != "waits", BackoffBase: 50 * time.Millisecond, BackoffMax: 200 * time.Millisecond})
+		TTL: ttl, Drain: mode != "waits" && mode != "due-block", BackoffBase: 50 * time.Millisecond, BackoffMax: 200 * time.Millisecond})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
@@ -93,7 +96,7 @@ func runHelper(mode string) int {
 	}
 	w.HandleAll(func(ctx context.Context, t *queue.Task) ([]byte, error) {
 		switch mode {
-		case "block":
+		case "block", "due-block":
 			fmt.Printf("STARTED %s\n", t.ID)
 			<-ctx.Done()
 			return nil, ctx.Err()

@@ -81,7 +81,11 @@ func (c *Client) readTasks(ctx context.Context, ids []string, inSegments bool) (
 		}
 		for _, t := range tasks {
 			if t.CurrentStatus != Waiting {
-				t.WaitingFor = nil // woken: the record keeps the wait until its next outcome
+				// Woken, or not waiting: the record keeps the wait its
+				// next claim resumes at (Outcome.Received), not shown.
+				t.resumes, t.WaitingFor = t.WaitingFor, nil
+			} else {
+				fillStoredWait(t)
 			}
 		}
 		segTasks, moved, err := c.segmentSlots(ctx, inSeg)
@@ -98,6 +102,16 @@ func (c *Client) readTasks(ctx context.Context, ids []string, inSegments bool) (
 		out = append(out, mergeByID(chunk, tasks, segTasks)...)
 	}
 	return out, nil
+}
+
+// fillStoredWait puts back into task t, just decoded from its record, the
+// bounds of its wait that storedWait left out: when it began and when it
+// times out. Call it before anything changes t's status or ScheduledAt
+// (a claim's decode, while ScheduledAt is still the wait's due time).
+func fillStoredWait(t *Task) {
+	if t.WaitingFor != nil && t.CurrentStatus == Waiting { // others keep it whole (recordOps)
+		t.WaitingFor.Fill(t.waitBounds())
+	}
 }
 
 // mergeByID returns the tasks of a and b in the order of ids.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"maps"
 	"time"
 
 	"github.com/droverhq/drover/internal/lifecycle"
@@ -332,7 +333,8 @@ func (w *Worker) recordOps(o outcome, now time.Time, markers map[string]bool) ([
 	if o.kind == Waiting { // parked until what it waits for comes, uncharged
 		return w.waitOps(o, pendingKey, seg, now, ops, markers)
 	}
-	t.WaitingFor = nil      // any other outcome ends a wait
+	// All but a success keep the wait the claim resumed at (WaitingFor,
+	// nil: none): the next claim resumes there (see Outcome.Received).
 	if o.kind == Sleeping { // parked until its sleep ends, uncharged
 		return w.sleepOps(o, pendingKey, seg, now, ops)
 	}
@@ -358,9 +360,10 @@ func (w *Worker) recordOps(o outcome, now time.Time, markers map[string]bool) ([
 	var done []clientv3.Op // the outcome for its parent, when t is a child
 	switch o.kind {
 	case Succeeded:
-		t.CurrentStatus, t.Result, t.LastError, t.RetriesAttempted = Succeeded, o.result, "", t.Attempt-1
+		t.CurrentStatus, t.Result, t.LastError, t.RetriesAttempted, t.WaitingFor = Succeeded, o.result, "", t.Attempt-1, nil
 		done = w.childDone(t, Succeeded, o.result, "", markers)
 		ops = append(append(ops, clientv3.OpPut(w.client.doneKey(t.Queue, Succeeded, now, t.ID), "")), done...)
+		ops = append(ops, o.spend.consume()...) // the signals it received
 	case Retrying:
 		t.CurrentStatus, t.RetriesAttempted, t.LastError = Retrying, t.Attempt-1, truncate(o.err.Error(), 4096)
 		t.ScheduledAt = now.Add(o.delay)
@@ -422,12 +425,11 @@ func truncate(s string, n int) string {
 // in its width; markers gets those of them all.
 func (w *Worker) runReqs(r *segRun, os []outcome, final, exact bool, now time.Time, markers map[string]bool) (reqs []ackReq, deleteLater bool) {
 	q := w.cfg.Queue
-	var ok []okSlot
-	var moved []int
+	ok, moved := []okSlot(nil), []int(nil)
 	var ops []clientv3.Op
 	var kept []outcome
-	size, inner := 0, 0       // inner: the widest transaction nested in ops
-	part := map[string]bool{} // the marks of kept: each request puts its own
+	size, inner := 0, 0                                // inner: the widest transaction nested in ops
+	part, mine := map[string]bool{}, map[string]bool{} // the marks of kept (each request puts its own), of the outcome added
 	flush := func() {
 		if len(kept) == 0 {
 			return
@@ -450,39 +452,40 @@ func (w *Worker) runReqs(r *segRun, os []outcome, final, exact bool, now time.Ti
 		then = append(then, ops...)
 		reqs = append(reqs, ackReq{cmps: cmps, then: then, kept: kept, size: size + 500, run: r, exact: exact || r.exact.Load()})
 		setMarks(reqs[len(reqs)-1:], part)
-		for k := range part {
-			markers[k] = true
-		}
+		maps.Copy(markers, part)
 		ok, moved, ops, kept, size, inner = nil, nil, nil, nil, 0, 0
 	}
 	for _, o := range os {
-		switch o.kind {
-		case Cancelled:
+		if o.kind == Cancelled {
 			continue // the canceller or the lease took the task away
-		case Succeeded:
-			ok = append(ok, okSlot{Slot: o.c.slot, Attempt: o.c.task.Attempt, Result: o.result})
-			size += len(o.result) * 4 / 3
-			if done := w.childDone(o.c.task, Succeeded, o.result, "", part); len(done) > 0 {
-				ops = append(ops, done...)
-				size += putBytes(done)
-			}
-		default:
-			more, n := w.recordOps(o, now, part)
-			ops = append(ops, more...)
-			moved = append(moved, o.c.slot)
-			size, inner = size+n, max(inner, nestedWidth(more))
 		}
-		kept = append(kept, o)
-		// The request's width (txnWidth) as flush would make it: its
-		// compares, its writes (an outcome key, the run's deletion), the
-		// widest park nested in them, and its own marks.
+		clear(mine)
+		more, n := []clientv3.Op(nil), 0
+		if o.kind == Succeeded { // for its parent, when a child; the signals it received
+			more = append(w.childDone(o.c.task, Succeeded, o.result, "", mine), o.spend.consume()...)
+			n = len(o.result)*4/3 + putBytes(more)
+		} else {
+			more, n = w.recordOps(o, now, mine)
+		}
+		// The request goes first when o would take it past 110 of etcd's 128
+		// operations (txnWidth: compares; writes, with an outcome key, the
+		// run's deletion and one per signal a success received; the widest
+		// nested transaction; marks) or past half a request's bytes.
 		cmps := 2
 		if exact || r.exact.Load() {
-			cmps = 1 + len(kept)
+			cmps = 2 + len(kept)
 		}
-		if len(kept) == SegmentSize || max(cmps, len(ops)+3)+inner+len(part) >= 110 || size > maxRequestBytes/2 {
+		if len(kept) == SegmentSize || max(cmps, len(ops)+len(more)+3)+max(inner, nestedWidth(more))+len(part)+len(mine) >= 110 || size+n > maxRequestBytes/2 {
 			flush()
 		}
+		if o.kind == Succeeded {
+			ok = append(ok, okSlot{Slot: o.c.slot, Attempt: o.c.task.Attempt, Result: o.result})
+		} else {
+			moved = append(moved, o.c.slot)
+		}
+		ops, kept = append(ops, more...), append(kept, o)
+		size, inner = size+n, max(inner, nestedWidth(more))
+		maps.Copy(part, mine)
 	}
 	flush()
 	switch {

@@ -81,9 +81,14 @@ func (w *claimer) pickSegments(ctx context.Context, open []*mvccpb.KeyValue, fif
 		names = append(slices.Clone(names[k:]), names[:k]...)
 		return names[:min(len(names), max(w.pickN, 8))], nil
 	}
-	window := names[:min(len(names), 4)]
-	rand.Shuffle(len(window), func(i, j int) { window[i], window[j] = window[j], window[i] })
-	return names[:min(len(names), severalMax)], nil
+	// Each claim starts at a random one of the first segments and takes
+	// on from there (claimSeveral), wrapping round: the claim loops of
+	// every worker then take from different segments, where starting at
+	// the first few made them race for the same ones, and a run whose
+	// segment another loop claimed from since its read is refused whole.
+	names = names[:min(len(names), severalMax)]
+	k := rand.IntN(len(names))
+	return append(slices.Clone(names[k:]), names[:k]...), nil
 }
 
 // readOn returns the open segments after last (a key of the list read)

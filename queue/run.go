@@ -29,6 +29,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	defer close(w.ran)
 	ctx, endRun := context.WithCancel(ctx)
 	defer endRun()
+	w.ending = ctx.Done()
 	go func() {
 		select {
 		case <-w.stopReq:
@@ -151,6 +152,21 @@ func (w *Worker) cancelAll(cause error) {
 	for _, r := range w.inflight {
 		r.cancel(cause)
 	}
+}
+
+// stopping reports whether the worker stops: Run's ctx ended, Stop or
+// StopAndCancel was called, or the lease ended. The process is about to
+// end, so a handler that does not return is given up on whatever the
+// number given up on already (runHandler).
+func (w *Worker) stopping() bool {
+	select {
+	case <-w.stopReq:
+	case <-w.ending:
+	case <-w.lease.Context().Done():
+	default:
+		return false
+	}
+	return true
 }
 
 // Stop ends Run gracefully, as ctx ending does: no new claims, running tasks
@@ -298,7 +314,9 @@ func (w *Worker) startWhenFree(stop, base context.Context, c *claim, run chan st
 		return outcome{c: c, kind: Cancelled, err: err}
 	}
 	began := time.Now()
-	o := w.execute(base, c)
+	actx, span := w.startAttempt(base, c)
+	o := w.execute(actx, c)
+	endAttempt(span, o)
 	sample(&w.taskTime, time.Since(began))
 	return o
 }

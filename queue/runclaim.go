@@ -3,15 +3,20 @@ package queue
 import (
 	"context"
 	"errors"
+	"slices"
 	"time"
 
 	"github.com/droverhq/drover/internal/lifecycle"
 	"github.com/droverhq/drover/internal/taskstore"
 	"github.com/droverhq/drover/keyspace"
+	"github.com/droverhq/drover/lease"
+	"github.com/droverhq/drover/lock"
 	"github.com/droverhq/drover/metrics"
+	"github.com/droverhq/drover/tracing/otelspan"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -219,4 +224,81 @@ func unknownCode(code codes.Code) bool {
 		return true
 	}
 	return false
+}
+
+// startAttempt starts the span of claimed task c's attempt (package
+// tracing): a child of the task's creation context, linked to it, from
+// the claim's time. When the span records, it also records the queue wait
+// before the claim and the attempts before it that were lost.
+func (w *Worker) startAttempt(base context.Context, c *claim) (context.Context, trace.Span) {
+	t := c.task
+	ctx, span := otelspan.StartProcess(base, w.client.tracer, t.TraceParent, w.spanName, c.claimedAt)
+	if !span.IsRecording() {
+		return ctx, span
+	}
+	a := otelspan.Attempt{Namespace: w.keys.Namespace(), Queue: w.cfg.Queue, TraceParent: t.TraceParent,
+		TaskID: t.ID, TaskType: t.Type, Tenant: t.Metadata.Tenant, Worker: w.worker, Number: t.Attempt,
+		Ready: waitStart(t.Metadata.CreatedAt, c.claimedAt), Claimed: c.claimedAt, Deferrals: t.Deferrals}
+	if n := len(t.Transitions); n > 0 && t.Transitions[n-1].At.After(a.Ready) {
+		last := t.Transitions[n-1] // a retry, a deferral, a requeue: the wait since
+		a.Ready, a.WaitAfter = last.At, string(last.Status)
+		if last.Status != Retrying { // a retry's error is its attempt's span's, which may hold a command's stderr
+			a.WaitReason = last.Error // a deferral's reason, cut by Describe
+		}
+	} else if t.ScheduledAt.After(a.Ready) {
+		a.WaitAfter = string(Scheduled) // submitted to run later
+	}
+	ts := slices.Clip(t.Transitions)
+	for _, tr := range appendLost(ts, t.Attempt, c.claimedAt)[len(ts):] {
+		a.Lost = append(a.Lost, tr.Attempt)
+	}
+	otelspan.Describe(ctx, w.client.tracer, span, a)
+	return otelspan.WithAttempt(ctx, w.client.tracer, a), span
+}
+
+// maxWaitSpan bounds the wait span a task's creation time starts.
+const maxWaitSpan = 7 * 24 * time.Hour
+
+// waitStart is when a task created at created (its metadata's, which its
+// submitter may set, from another clock) began to wait for a claim at
+// claimed: never after the claim, nor more than maxWaitSpan before it.
+func waitStart(created, claimed time.Time) time.Time {
+	if created.After(claimed) {
+		return claimed // no wait span
+	}
+	if earliest := claimed.Add(-maxWaitSpan); created.Before(earliest) {
+		return earliest
+	}
+	return created
+}
+
+// endAttempt ends an attempt's span with its outcome o.
+func endAttempt(span trace.Span, o outcome) {
+	if !span.IsRecording() {
+		span.End()
+		return
+	}
+	end := otelspan.EndCancelled
+	switch o.kind {
+	case Succeeded:
+		end = otelspan.EndSuccess
+	case Retrying:
+		end = otelspan.EndRetry
+	case Dead:
+		end = otelspan.EndDead
+	case Sleeping:
+		end = otelspan.EndSleep
+	case Waiting:
+		end = otelspan.EndWait
+	case Pending:
+		end = otelspan.EndHandedBack
+		if o.deferred != "" {
+			end = otelspan.EndDeferred
+		}
+	case Cancelled:
+		if errors.Is(o.err, lock.ErrLost) || errors.Is(o.err, lease.ErrLost) {
+			end = otelspan.EndLost
+		}
+	}
+	otelspan.EndProcess(span, end, o.err)
 }

@@ -3,6 +3,7 @@ package queue
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -339,7 +340,7 @@ func (s *search) idBatch(kvs []*mvccpb.KeyValue) (ids []string, n int) {
 // takeIDs reads the tasks ids and adds those that match to the page; it
 // reports whether the page filled, the cursor at the last task added.
 func (s *search) takeIDs(ctx context.Context, ids []string) (bool, error) {
-	tasks, err := s.c.getMany(ctx, ids)
+	tasks, err := s.c.getSkipping(ctx, ids)
 	if err != nil {
 		return false, err
 	}
@@ -390,7 +391,7 @@ func (s *search) walkRecords(ctx context.Context) (bool, error) {
 				ids[i] = idOfIndexKey(st, string(kv.Key), prefix)
 			}
 			s.page.Scanned += len(ids)
-			tasks, err := s.c.getMany(ctx, ids)
+			tasks, err := s.c.getSkipping(ctx, ids)
 			if err != nil {
 				return false, err
 			}
@@ -539,8 +540,13 @@ func (s *search) searchSegments(ctx context.Context, segs []string) (bool, error
 			continue // removed after its retention
 		}
 		ts, err := decodeSegment(kvs[0].Value)
-		if err != nil {
-			return false, fmt.Errorf("queue: segment %s of %s is unreadable: %w", seg, s.q, err)
+		if err != nil && !errors.Is(err, errSegmentFormat) { // (a newer drover's: skipped, its servers search it)
+			err = s.c.unreadable(ctx, s.q, seg, fmt.Errorf("queue: segment %s of %s is unreadable: %w", seg, s.q, err))
+		}
+		if errors.Is(err, errSegmentFormat) || errors.Is(err, ErrQuarantined) {
+			continue // skipped (a quarantined one is out of the queue until repaired)
+		} else if err != nil {
+			return false, err
 		}
 		s.page.Scanned += len(ts)
 		full, err := s.takeSegment(ctx, seg, ts)

@@ -13,7 +13,9 @@ import (
 
 	"github.com/droverhq/drover/internal/varcodec"
 	"github.com/droverhq/drover/keyspace"
+	"github.com/droverhq/drover/tracing/otelspan"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // testHookSegmentUnchanged, set by tests only, runs when a change that
@@ -246,6 +248,9 @@ func (c *Client) purgeSegmentInTwo(ctx context.Context, q string, st *segState, 
 //	task: 0x00 id type input output parameters createdAt priority source tenant maxRetries timeout backoffBase backoffMax
 //	    | 0x01 the task as JSON (a task with any other field set, or a time not in UTC)
 //	    | 0x02 as 0x00, then parent parentStep parentQueue (a child task: see task.Spawn)
+//	    | 0x04|0x00 or 0x04|0x02: as without 0x04, then traceparent (the
+//	      task's W3C trace context: the length 25, then trace id, span id
+//	      and flags, 26 bytes in all)
 //
 // Strings and parameters are a uvarint length and the bytes; createdAt is
 // 0 for the zero time, else 1, Unix seconds and nanoseconds; maxRetries is 0 for none
@@ -260,6 +265,11 @@ const (
 	taskBinary = 0x00
 	taskJSON   = 0x01
 	taskChild  = 0x02
+	// taskTraced marks a binary form followed by the task's traceparent.
+	taskTraced = 0x04
+	// tracedLen is the length of a traced form's traceparent: trace id,
+	// span id, flags.
+	tracedLen = 25
 )
 
 // encodeTasks returns the binary form of tasks.
@@ -284,7 +294,8 @@ func encodeTasks(tasks []Task) ([]byte, error) {
 // one, else JSON.
 func appendTask(b []byte, t *Task) ([]byte, error) {
 	params, ok := storedParameters(t.Parameters)
-	if !ok || !binaryTask(t) {
+	sc, binForm := binaryTask(t)
+	if !ok || !binForm {
 		raw, err := json.Marshal(t)
 		if err != nil {
 			return nil, err
@@ -296,6 +307,7 @@ func appendTask(b []byte, t *Task) ([]byte, error) {
 	if t.Parent != "" || t.ParentStep != 0 || t.ParentQueue != "" {
 		form = taskChild
 	}
+	mark := len(b)
 	b = append(b, form)
 	for _, s := range []string{t.ID, t.Type, t.InputDataURI, t.OutputDataURI} {
 		b = varcodec.AppendBytes(b, []byte(s))
@@ -317,6 +329,12 @@ func appendTask(b []byte, t *Task) ([]byte, error) {
 		b = varcodec.AppendBytes(b, []byte(t.Parent))
 		b = binary.AppendVarint(b, int64(t.ParentStep))
 		b = varcodec.AppendBytes(b, []byte(t.ParentQueue))
+	}
+	if sc.IsValid() {
+		b[mark] |= taskTraced
+		tid, sid := sc.TraceID(), sc.SpanID()
+		b = append(b, tracedLen) // varcodec.AppendBytes's uvarint length, in one byte
+		b = append(append(append(b, tid[:]...), sid[:]...), byte(sc.TraceFlags()))
 	}
 	return b, nil
 }
@@ -341,13 +359,14 @@ func storedParameters(p json.RawMessage) ([]byte, bool) {
 
 // binaryTask reports whether the binary form holds all of t: no field
 // outside it is set, a set MaxRetries is not negative, and createdAt is in
-// UTC (JSON keeps another zone; the binary form reads back in UTC).
-func binaryTask(t *Task) bool {
+// UTC (JSON keeps another zone; the binary form reads back in UTC). sc is
+// t's traceparent, parsed, when it is a valid one (the traced forms).
+func binaryTask(t *Task) (sc trace.SpanContext, ok bool) {
 	if at := t.Metadata.CreatedAt; !at.IsZero() && at.Location() != time.UTC {
-		return false
+		return sc, false
 	}
 	if t.MaxRetries != nil && *t.MaxRetries < 0 {
-		return false
+		return sc, false
 	}
 	rest := *t
 	rest.ID, rest.Type, rest.InputDataURI, rest.OutputDataURI, rest.Parameters = "", "", "", "", nil
@@ -358,8 +377,11 @@ func binaryTask(t *Task) bool {
 	rest.MaxRetries = nil
 	rest.Timeout, rest.BackoffBase, rest.BackoffMax = 0, 0, 0
 	rest.Parent, rest.ParentStep, rest.ParentQueue = "", 0, "" // the child form holds them
+	if sc, ok = otelspan.Parse(t.TraceParent); ok {
+		rest.TraceParent = "" // the traced forms hold it
+	}
 	rest.rev, rest.pendingRev, rest.seg = 0, 0, nil
-	return reflect.ValueOf(rest).IsZero()
+	return sc, reflect.ValueOf(rest).IsZero()
 }
 
 // appendCreated appends a creation time: 0 for the zero time, else 1 and
@@ -412,6 +434,10 @@ func decodeTasks(b []byte) ([]Task, error) {
 // readTask reads one task from r into t.
 func readTask(r *varcodec.Reader, t *Task) error {
 	kind := r.Byte()
+	traced := kind&taskTraced != 0 && kind != taskJSON|taskTraced
+	if traced {
+		kind &^= taskTraced
+	}
 	switch {
 	case r.Err() != nil:
 		return r.Err()
@@ -439,6 +465,16 @@ func readTask(r *varcodec.Reader, t *Task) error {
 	t.Timeout, t.BackoffBase, t.BackoffMax = Duration(r.Varint()), Duration(r.Varint()), Duration(r.Varint())
 	if kind == taskChild {
 		t.Parent, t.ParentStep, t.ParentQueue = str(), int(r.Varint()), str()
+	}
+	if traced {
+		raw := r.Bytes()
+		if len(raw) != tracedLen && r.Err() == nil {
+			return fmt.Errorf("traceparent of %d bytes, not %d", len(raw), tracedLen)
+		}
+		if len(raw) == tracedLen {
+			t.TraceParent = otelspan.Format(trace.NewSpanContext(trace.SpanContextConfig{TraceID: trace.TraceID(raw[:16]),
+				SpanID: trace.SpanID(raw[16:24]), TraceFlags: trace.TraceFlags(raw[24])}))
+		}
 	}
 	return r.Err()
 }

@@ -47,6 +47,10 @@ func sampleTasks() []Task {
 		{ID: "t-9", Type: "x", Metadata: Metadata{CreatedAt: time.Date(2300, 1, 1, 0, 0, 0, 0, time.UTC)}},
 		{ID: "t-10", Type: "x", Metadata: Metadata{CreatedAt: time.Date(1600, 6, 1, 0, 0, 0, 0, time.UTC)}},
 		{ID: "t-11", Type: "x", Metadata: Metadata{CreatedAt: time.Date(1, 1, 1, 0, 0, 0, 1, time.UTC)}},
+		// Traced: the binary forms hold the traceparent in 25 bytes.
+		{ID: "t-12", Type: "x", TraceParent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", Metadata: Metadata{CreatedAt: at}},
+		{ID: "t-13", Type: "x", TraceParent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00", Parent: "p", ParentStep: 2,
+			ParentQueue: "q", Metadata: Metadata{CreatedAt: at}},
 	}
 }
 
@@ -86,8 +90,8 @@ func TestSegmentTasksReadBackAsJSONDid(t *testing.T) {
 		}
 		forms[raw[len(raw)-rest]]++
 	}
-	if forms[taskBinary] != 8 || forms[taskJSON] != 3 {
-		t.Fatalf("forms %v; want 8 binary and 3 JSON", forms)
+	if forms[taskBinary] != 8 || forms[taskJSON] != 3 || forms[taskBinary|taskTraced] != 1 || forms[taskChild|taskTraced] != 1 {
+		t.Fatalf("forms %v; want 8 binary, 3 JSON, 1 traced and 1 traced child", forms)
 	}
 }
 
@@ -103,13 +107,13 @@ func TestSegmentTasksFormCoversTheFields(t *testing.T) {
 		}
 		return out
 	}
-	task := []string{"ID", "Type", "InputDataURI", "OutputDataURI", "Parameters", "Metadata", "CurrentStatus", "RetriesAttempted",
+	task := []string{"ID", "Type", "InputDataURI", "OutputDataURI", "Parameters", "Metadata", "TraceParent", "CurrentStatus", "RetriesAttempted",
 		"MaxRetries", "LastError", "Queue", "Attempt", "Token", "Timeout", "BackoffBase", "BackoffMax", "Result", "ScheduledAt",
-		"RunAt", "Delay", "Deferrals", "Shard", "WaitingFor", "Transitions", "Parent", "ParentStep", "ParentQueue", "rev", "pendingRev", "seg"}
+		"RunAt", "Delay", "Deferrals", "Shard", "WaitingFor", "Transitions", "Parent", "ParentStep", "ParentQueue", "rev", "pendingRev", "seg", "resumes"}
 	if got := names(Task{}); !reflect.DeepEqual(got, task) {
 		t.Fatalf("Task's fields are now %v", got)
 	}
-	if got := names(Metadata{}); !reflect.DeepEqual(got, []string{"CreatedAt", "Priority", "SourceSystem", "Tenant"}) {
+	if got := names(Metadata{}); !reflect.DeepEqual(got, []string{"CreatedAt", "Priority", "SourceSystem", "Tenant", "Budget", "EstimatedTokens"}) {
 		t.Fatalf("Metadata's fields are now %v", got)
 	}
 }
@@ -198,5 +202,38 @@ func TestDecodeTasksSeedsHoldChildForm(t *testing.T) {
 	}
 	if children == 0 {
 		t.Fatal("no seed holds a child task")
+	}
+}
+
+// TestTracedFormCostsNoAllocation: a traceparent adds no allocation to a
+// task's binary form (it is parsed once and appended in place), and the
+// form is its 26 bytes longer: a length of 25, trace id, span id, flags.
+func TestTracedFormCostsNoAllocation(t *testing.T) {
+	plain := Task{ID: "t", Type: "x"}
+	traced := plain
+	traced.TraceParent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	buf := make([]byte, 0, 512)
+	allocs := func(task *Task) float64 {
+		return testing.AllocsPerRun(50, func() {
+			if _, err := appendTask(buf[:0], task); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+	if a, b := allocs(&plain), allocs(&traced); b != a {
+		t.Fatalf("%v allocations with a traceparent, %v without", b, a)
+	}
+	p, _ := appendTask(nil, &plain)
+	q, _ := appendTask(nil, &traced)
+	if len(q)-len(p) != 26 || q[0] != taskBinary|taskTraced {
+		t.Fatalf("traced form %x: want %x with 26 bytes more and the traced mark", q, p)
+	}
+	enc, err := encodeTasks([]Task{traced})
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, err := decodeTasks(enc[1:])
+	if err != nil || len(back) != 1 || back[0].TraceParent != traced.TraceParent {
+		t.Fatalf("read back %+v, %v", back, err)
 	}
 }

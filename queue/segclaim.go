@@ -2,6 +2,7 @@ package queue
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sort"
@@ -211,7 +212,10 @@ func (w *claimer) claimSeveral(ctx context.Context, lane int, cands []string, n 
 func (w *claimer) freeSlots(ctx context.Context, lane int, st *segState, ts []Task) (free []int, contended bool) {
 	switch {
 	case ts == nil:
-		w.markBusy(st.name) // removed
+		w.markBusy(st.name) // removed, or undecodable: then quarantined
+		if st.open {
+			w.quarantineIfUndecodable(ctx, st.name)
+		}
 		return nil, false
 	case !st.open:
 		w.markBusy(st.name)
@@ -339,8 +343,13 @@ func (w *claimer) claimSegment(ctx context.Context, lane int, seg string, n int)
 			w.markBusy(seg)
 			return nil, false, nil // removed
 		}
-		if ts, err = w.client.cacheSegment(q, seg, kvs[0].Value); err != nil {
-			return nil, false, err
+		if ts, err = w.client.cacheSegment(q, seg, kvs[0].Value); errors.Is(err, errSegmentFormat) {
+			w.skipForeign(seg, err) // a newer drover's: not damaged
+			return nil, false, nil
+		} else if err != nil {
+			// It will never decode: out of the claims' way, kept for an
+			// operator (a FIFO queue's head would stall every claim).
+			return nil, true, w.quarantine(ctx, seg, kvs[0], err) // contended: the list has changed
 		}
 	}
 	return w.claimFrom(ctx, lane, st, ts, n)

@@ -5,6 +5,7 @@ import (
 	"compress/flate"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"slices"
@@ -80,15 +81,26 @@ func decodeSegment(b []byte) ([]Task, error) {
 	if len(raw) > maxSegmentDecoded {
 		return nil, fmt.Errorf("decompress: over %d bytes", maxSegmentDecoded)
 	}
-	if len(raw) > 0 && raw[0] == segTasksV1 {
+	switch js := bytes.TrimLeft(raw, " \t\n\r"); {
+	case len(raw) > 0 && raw[0] == segTasksV1:
 		return decodeTasks(raw[1:])
+	case len(js) == 0 || js[0] == '[' || js[0] == 'n': // JSON: an array, null, or nothing (an error)
+		var tasks []Task
+		if err := json.Unmarshal(raw, &tasks); err != nil {
+			return nil, err
+		}
+		return tasks, nil
+	default:
+		return nil, fmt.Errorf("%w: leading byte 0x%02x", errSegmentFormat, raw[0])
 	}
-	var tasks []Task
-	if err := json.Unmarshal(raw, &tasks); err != nil {
-		return nil, err
-	}
-	return tasks, nil
 }
+
+// errSegmentFormat is the error of a segment whose value decompresses
+// but starts with a byte that names no format this drover knows: a newer
+// drover wrote it (a rolling upgrade), so it is skipped, never
+// quarantined. Every segment value is a DEFLATE stream whose first byte
+// names its format; a new format keeps the stream and takes a new byte.
+var errSegmentFormat = errors.New("segment of a format this drover does not know (written by a newer drover?)")
 
 // runValue is what a run and its try hold (their stored form is
 // taskstore's).
@@ -466,7 +478,7 @@ func (c *Client) segmentSlotsAt(ctx context.Context, slots []segmentSlot) (tasks
 		}
 		ts, err := c.segmentTasks(ctx, k.q, k.seg)
 		if err != nil {
-			return nil, nil, nil, err
+			return nil, nil, nil, c.unreadable(ctx, k.q, k.seg, err)
 		}
 		if ts == nil || st.vanished() {
 			gone = append(gone, s)

@@ -445,24 +445,9 @@ func (st *execStep) sleep(ctx context.Context, store *task.Store, next *task.Che
 // wait checkpoints next with the wait text asks for ("NAME[,NAME...]
 // [TIMEOUT]").
 func (st *execStep) wait(ctx context.Context, store *task.Store, next *task.Checkpoint, rec task.StepRecord, text string) error {
-	const field = "DROVER_WAIT_FILE"
-	f := strings.Fields(text)
-	if len(f) > 2 {
-		return Permanent(&drover.InputError{Field: field, Value: text, Rule: "must be NAME[,NAME...] [TIMEOUT], such as \"approval 24h\""})
-	}
-	req := &task.WaitRequest{Signals: strings.Split(f[0], ",")}
-	if len(f) == 2 {
-		sl, err := task.ParseSleep(field, f[1])
-		if err == nil && !sl.Until.IsZero() {
-			err = &drover.InputError{Field: field, Value: f[1], Rule: "the timeout must be a duration such as 24h, or a number of seconds"}
-		}
-		if err != nil {
-			return Permanent(err)
-		}
-		req.Timeout = sl.For
-	}
-	if err := req.Check(); err != nil {
-		return Permanent(drover.Rename(err, field+" "+fieldOf(err)))
+	req, err := task.ParseWaitText("DROVER_WAIT_FILE", text)
+	if err != nil {
+		return Permanent(err)
 	}
 	next.Wait = req.Begin(st.f.w.client.now())
 	if err := store.CommitSignal(ctx, st.f, st.cp, next, rec, st.sg); err != nil {

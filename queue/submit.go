@@ -16,6 +16,7 @@ import (
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/metrics"
 	"github.com/droverhq/drover/storeguard"
+	"github.com/droverhq/drover/tracing/otelspan"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"golang.org/x/sync/errgroup"
 )
@@ -39,12 +40,30 @@ type SubmitResult struct {
 // transaction with the number of tasks handled so far: from another
 // goroutine, one call at a time, with growing numbers; it should return
 // quickly.
+//
+// Each task stores the context of the submission's span (kind producer,
+// named "send <queue>") as its TraceParent, unless it gives its own; the
+// span is a child of ctx's and comes from the client's TracerProvider.
 func (c *Client) Submit(ctx context.Context, q string, tasks []Task, progress func(done int)) (SubmitResult, error) {
+	ctx, span := otelspan.StartSend(ctx, c.tracer, c.keys.Namespace(), q, len(tasks))
+	res, err := c.submit(ctx, q, tasks, progress)
+	otelspan.EndSend(span, res.Submitted, res.Duplicates, len(res.Rejected), err)
+	return res, err
+}
+
+func (c *Client) submit(ctx context.Context, q string, tasks []Task, progress func(done int)) (SubmitResult, error) {
 	res := SubmitResult{Rejected: []LineError{}}
 	if err := CheckQueue(q); err != nil {
 		return res, err
 	}
 	valid, subs, generated := c.validate(q, tasks, &res)
+	if tp := otelspan.TraceParent(ctx); tp != "" {
+		for i := range valid {
+			if valid[i].TraceParent == "" {
+				valid[i].TraceParent = tp
+			}
+		}
+	}
 	depth, err := c.depthGuard(ctx, q)
 	if err != nil {
 		return res, err
@@ -297,7 +316,7 @@ func (c *Client) validate(q string, tasks []Task, res *SubmitResult) (valid []Ta
 
 // recordSize estimates a task's encoded size.
 func recordSize(t *Task) int {
-	return 256 + len(t.ID) + len(t.Type) + len(t.InputDataURI) + len(t.OutputDataURI) + len(t.Parameters) +
+	return 256 + len(t.ID) + len(t.Type) + len(t.TraceParent) + len(t.InputDataURI) + len(t.OutputDataURI) + len(t.Parameters) +
 		len(t.Metadata.SourceSystem) + len(t.Metadata.Tenant)
 }
 
@@ -307,6 +326,20 @@ func recordSize(t *Task) int {
 // the others; it returns the indexes (in valid) of those that existed.
 // first adds the queue to the queue directory.
 func (c *Client) putSegment(ctx context.Context, q string, valid []Task, idx []int, first bool) (existing []int, err error) {
+	if cut := sealCut(valid, idx); cut > 0 { // children of many parents: a segment each part
+		existing, err = c.putSegment(ctx, q, valid, idx[:cut], first)
+		if err != nil {
+			return existing, err
+		}
+		more, err := c.putSegment(ctx, q, valid, idx[cut:], false)
+		return append(existing, more...), err
+	}
+	return c.putOneSegment(ctx, q, valid, idx, first)
+}
+
+// putOneSegment is putSegment of tasks whose parents' seals one
+// transaction compares.
+func (c *Client) putOneSegment(ctx context.Context, q string, valid []Task, idx []int, first bool) (existing []int, err error) {
 	idx = slices.Clone(idx)
 	for try := 0; len(idx) > 0; try++ {
 		if try == 5 {
@@ -338,6 +371,9 @@ func (c *Client) putSegment(ctx context.Context, q string, valid []Task, idx []i
 		// guard key read back in the same request to say why.
 		cmps = append(cmps, storeguard.NotFull(c.keys))
 		gets = append(gets, storeguard.GetOp(c.keys))
+		// Children only while their parents' children are not sealed
+		// (cascadeMarkOp): a parent that ended meanwhile gets none.
+		sealed := c.sealCompares(valid, idx, &cmps, &gets)
 		// No record of that name (tasks due at one time share the time
 		// in their names): a clash is refused and sent again, renamed.
 		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(c.keys.Segment(q, seg)), "=", 0))
@@ -360,6 +396,9 @@ func (c *Client) putSegment(ctx context.Context, q string, valid []Task, idx []i
 			return existing, nil
 		}
 		if err := storeguard.FromRange(resp.Responses[len(idx)].GetResponseRange()); err != nil {
+			return existing, err
+		}
+		if err := sealedError(sealed, resp.Responses[len(idx)+1:]); err != nil {
 			return existing, err
 		}
 		var left []int
@@ -514,7 +553,7 @@ func sameTask(old, t *Task, dated bool) error {
 	same := old.Type == t.Type && old.InputDataURI == t.InputDataURI && old.OutputDataURI == t.OutputDataURI &&
 		sameJSON(old.Parameters, t.Parameters) &&
 		old.Metadata.Priority == t.Metadata.Priority && old.Metadata.SourceSystem == t.Metadata.SourceSystem &&
-		old.Metadata.Tenant == t.Metadata.Tenant && (!dated || old.Metadata.CreatedAt.Equal(t.Metadata.CreatedAt)) &&
+		old.Metadata.Tenant == t.Metadata.Tenant && old.Metadata.Budget == t.Metadata.Budget && old.Metadata.EstimatedTokens == t.Metadata.EstimatedTokens && (!dated || old.Metadata.CreatedAt.Equal(t.Metadata.CreatedAt)) &&
 		old.Retries() == t.Retries() && old.Timeout == t.Timeout && old.BackoffBase == t.BackoffBase && old.BackoffMax == t.BackoffMax &&
 		old.Parent == t.Parent && old.ParentStep == t.ParentStep && old.ParentQueue == t.ParentQueue
 	if !same {

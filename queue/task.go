@@ -16,6 +16,7 @@ import (
 	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/task"
+	"github.com/droverhq/drover/tracing/otelspan"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -58,12 +59,34 @@ const (
 )
 
 // Metadata is a task's metadata: when it was created, its priority (higher
-// first), the system it came from and the tenant it is for.
+// first), the system it came from, the tenant it is for, and the LLM
+// budget it spends (package budget): a worker's budget gate reserves
+// EstimatedTokens of Budget for Tenant before the task runs, and defers
+// the task, uncharged, while the budget has no room.
 type Metadata struct {
-	CreatedAt    time.Time `json:"created_at"`
-	Priority     int       `json:"priority"`
-	SourceSystem string    `json:"source_system,omitempty"`
-	Tenant       string    `json:"tenant,omitempty"`
+	CreatedAt       time.Time `json:"created_at"`
+	Priority        int       `json:"priority"`
+	SourceSystem    string    `json:"source_system,omitempty"`
+	Tenant          string    `json:"tenant,omitempty"`
+	Budget          string    `json:"budget,omitempty"`
+	EstimatedTokens int64     `json:"estimated_tokens,omitempty"`
+}
+
+// MaxEstimatedTokens bounds a task's metadata.estimated_tokens.
+const MaxEstimatedTokens = 1_000_000_000
+
+// checkBudget checks the budget a task names and its estimate.
+func (m Metadata) checkBudget() error {
+	if m.EstimatedTokens < 0 || m.EstimatedTokens > MaxEstimatedTokens {
+		return &drover.InputError{Field: "metadata.estimated_tokens", Value: m.EstimatedTokens, Rule: fmt.Sprintf("must be between 0 and %d", MaxEstimatedTokens)}
+	}
+	if m.Budget == "" {
+		if m.EstimatedTokens > 0 {
+			return &drover.InputError{Field: "metadata.budget", Rule: "must name the budget that metadata.estimated_tokens are reserved from"}
+		}
+		return nil
+	}
+	return keyspace.CheckBudgetKey("metadata.budget", m.Budget)
 }
 
 // Transition records one change of state.
@@ -84,6 +107,12 @@ type Task struct {
 	OutputDataURI string          `json:"output_data_uri,omitempty"`
 	Parameters    json.RawMessage `json:"parameters,omitempty"`
 	Metadata      Metadata        `json:"metadata"`
+	// TraceParent is the W3C traceparent of the submission: the context
+	// of the span that sent the task (package tracing), which each
+	// attempt's span continues and links to. Submit fills it from its
+	// context when it holds a valid span context and the task gives none;
+	// "" otherwise.
+	TraceParent string `json:"traceparent,omitempty"`
 	// CurrentStatus is the task's state when it was read.
 	CurrentStatus Status `json:"current_status"`
 	// RetriesAttempted counts the attempts after the first that have run.
@@ -138,6 +167,10 @@ type Task struct {
 	// seg is where a task read from its segment is; nil for a task with a
 	// record of its own.
 	seg *segRef
+	// resumes is the wait the record of a task not WAITING keeps, which
+	// its next claim resumes at (WaitingFor shows only a WAITING task's):
+	// a rewrite of the record (Requeue) keeps it.
+	resumes *WaitingFor
 }
 
 // Retries returns the task's retry budget.
@@ -213,11 +246,17 @@ func (t *Task) check(now time.Time) error {
 	if p := t.Metadata.Priority; p < 0 || p > MaxPriority {
 		return &drover.InputError{Field: "metadata.priority", Value: p, Rule: fmt.Sprintf("must be between 0 and %d", MaxPriority)}
 	}
+	if err := t.Metadata.checkBudget(); err != nil {
+		return err
+	}
 	if len(t.Parameters) > 0 && !json.Valid(t.Parameters) {
 		return &drover.InputError{Field: "parameters", Rule: "must be valid JSON"}
 	}
 	if err := t.checkUTF8(); err != nil {
 		return err
+	}
+	if _, ok := otelspan.Parse(t.TraceParent); t.TraceParent != "" && !ok {
+		return &drover.InputError{Field: "traceparent", Value: t.TraceParent, Rule: "must be a W3C traceparent: 00-<32 hex digits>-<16 hex digits>-<2 hex digits>, in lower case"}
 	}
 	if t.Timeout < 0 || t.BackoffBase < 0 || t.BackoffMax < 0 {
 		return &drover.InputError{Field: "timeout/backoff", Rule: "must not be negative"}

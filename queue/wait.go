@@ -2,8 +2,6 @@ package queue
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -19,7 +17,9 @@ import (
 	"github.com/droverhq/drover/internal/due"
 	"github.com/droverhq/drover/internal/lifecycle"
 	"github.com/droverhq/drover/keyspace"
+	"github.com/droverhq/drover/storeguard"
 	"github.com/droverhq/drover/task"
+	"github.com/droverhq/drover/tracing/otelspan"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"golang.org/x/sync/errgroup"
@@ -43,7 +43,7 @@ import (
 var NoTimeout = time.Date(2200, 1, 1, 0, 0, 0, 0, time.UTC)
 
 // MaxSignalData bounds a signal's data, in bytes of JSON.
-const MaxSignalData = 64 << 10
+const MaxSignalData = task.MaxSignalData
 
 // MaxInboxSignals bounds the signals that wait unconsumed in one task's
 // inbox: a send past it is refused (ErrInboxFull), so that an inbox no
@@ -106,13 +106,13 @@ func (c *Client) waitIndex(q string, logger *slog.Logger) *due.Index {
 }
 
 // shortWaitValues says whether parks write wait keys' values in their
-// short form (waitValue). Not yet: a binary from before waitPending reads
-// only a retry key's JSON, and its wait mover drops a key it cannot read
-// when the wait times out, which would leave the task WAITING with no key.
-// Every binary now reads both forms; once none from before remain in
-// service, the short form (about 50 bytes less a parked task) can be
-// written. A variable for the tests and measurements of the short form.
-var shortWaitValues = false
+// short form (waitValue), as they do: about 50 bytes less a parked task
+// than a retry key's JSON. Every binary reads both forms; one built before
+// the short form was read (2026-11-28) reads only the JSON, and its wait
+// mover would drop a short key it cannot read when the wait times out,
+// leaving the task WAITING with no key: do not run one beside this one. A
+// variable for the tests of the JSON form, which older parks wrote.
+var shortWaitValues = true
 
 // waitValue is the short form of what task id's wait key holds, in queue q: the attempts it
 // started and where it goes back to, "{attempts} {pending}", where
@@ -153,12 +153,13 @@ func (c *Client) waitPending(q string, kv *mvccpb.KeyValue) (string, int, bool) 
 // parkConds are the compares under which task id may be parked waiting
 // for wf: nothing it waits for has come. For each signal name, no key in
 // the task's inbox under that name (a compare over the name's prefix,
-// which an empty range satisfies). What else a task may wait for adds
-// its compares here.
-func (c *Client) parkConds(id string, wf *WaitingFor) []clientv3.Cmp {
+// which an empty range satisfies), or, with before > 0, none stored after
+// revision before (an outcome that consumes signals it names: the inbox
+// held only those at before). What else a task waits for adds compares.
+func (c *Client) parkConds(id string, wf *WaitingFor, before int64) []clientv3.Cmp {
 	cmps := make([]clientv3.Cmp, 0, len(wf.Signals))
 	for _, n := range wf.Signals {
-		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(c.keys.TaskSignalName(id, n)), "=", 0).WithPrefix())
+		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(c.keys.TaskSignalName(id, n)), "<", before+1).WithPrefix())
 	}
 	return append(cmps, c.childParkConds(id, wf.Children)...)
 }
@@ -177,7 +178,7 @@ func (w *Worker) waitOps(o outcome, pendingKey string, seg bool, now time.Time, 
 	t.Transitions = appendLost(t.Transitions, t.Attempt, o.c.claimedAt)
 	if !o.repark || !waitedBefore(t) {
 		t.Transitions = appendTransition(t.Transitions, Transition{Status: Running, At: o.c.claimedAt, Attempt: t.Attempt, Worker: w.worker})
-		t.Transitions = appendTransition(t.Transitions, Transition{Status: Waiting, At: now, Attempt: t.Attempt, Worker: w.worker, Error: waitText(o.wait)})
+		t.Transitions = appendTransition(t.Transitions, Transition{Status: Waiting, At: waitedAt(o.wait, o.c.claimedAt, now), Attempt: t.Attempt, Worker: w.worker, Error: waitText(o.wait)})
 	}
 	t.Attempt-- // a wait is not an attempt
 	t.CurrentStatus, t.ScheduledAt, t.Token = Waiting, o.until.UTC(), o.c.token
@@ -186,19 +187,55 @@ func (w *Worker) waitOps(o outcome, pendingKey string, seg bool, now time.Time, 
 	if shortWaitValues {
 		rv = []byte(w.client.waitValue(t.Queue, t.ID, pendingKey, t.Attempt))
 	}
+	t.WaitingFor = storedWait(t)
 	rec, _ := json.Marshal(t)
+	t.WaitingFor = o.wait
 	var park []clientv3.Op
 	if !seg {
 		park = append(park, clientv3.OpDelete(pendingKey))
 	}
 	park = append(park, clientv3.OpPut(w.client.waitingKey(t), string(rv)), clientv3.OpPut(w.keys.TaskRecord(t.ID), string(rec)))
-	back.CurrentStatus, back.Attempt, back.Token, back.WaitingFor = Pending, back.Attempt-1, 0, nil
+	park = append(park, o.spend.consume()...) // parked only: handed back, the next claim resumes where this one did
+	// Handed back, it keeps the wait its claim resumed at (WaitingFor).
+	back.CurrentStatus, back.Attempt, back.Token = Pending, back.Attempt-1, 0
 	brec, _ := json.Marshal(&back)
 	handBack := []clientv3.Op{clientv3.OpPut(pendingKey, encodePending(back.Attempt, false)), clientv3.OpPut(w.keys.TaskRecord(t.ID), string(brec))}
 	if seg {
 		markers[w.client.levelKey(t.Queue, levelOf(t.Metadata.Priority))] = true
 	}
-	return append(ops, clientv3.OpTxn(w.client.parkConds(t.ID, t.WaitingFor), park, handBack)), len(rec) + len(brec) + 600
+	return append(ops, clientv3.OpTxn(w.client.parkConds(t.ID, t.WaitingFor, o.spend.before()), park, handBack)), len(rec) + len(brec) + 600
+}
+
+// storedWait is task t's WaitingFor as its record stores it: when the
+// wait began and when it times out left to its WAITING transition's time
+// and its ScheduledAt when they say the same (a read of the task puts
+// them back, readTasks), about 80 bytes less a parked task.
+func storedWait(t *Task) *WaitingFor { return t.WaitingFor.Stored(t.waitBounds()) }
+
+// waitBounds are when task t's wait began and when it times out as the
+// rest of its record says: its last WAITING transition's time, and its
+// ScheduledAt (zero when that is NoTimeout).
+func (t *Task) waitBounds() (since, until time.Time) {
+	for i := len(t.Transitions) - 1; i >= 0; i-- {
+		if t.Transitions[i].Status == Waiting {
+			since = t.Transitions[i].At
+			break
+		}
+	}
+	if !t.ScheduledAt.Equal(NoTimeout) {
+		until = t.ScheduledAt
+	}
+	return since, until
+}
+
+// waitedAt is the time of the WAITING transition of wait wt, parked at
+// now by an attempt claimed at claimed: when the wait began, so that the
+// record need not say it twice, unless that is outside the attempt.
+func waitedAt(wt *task.Wait, claimed, now time.Time) time.Time {
+	if wt.Since.IsZero() || wt.Since.Before(claimed) || wt.Since.After(now) {
+		return now
+	}
+	return wt.Since
 }
 
 // waitText says in a transition what a task waits for (its record's
@@ -275,7 +312,8 @@ const wakeTries = 20
 // It returns the task as read, whether the nested transaction's compares
 // held (its writes were made), and whether the task was woken. What makes
 // a waiting task's condition true (a signal here) calls it with the
-// writes that make it true.
+// writes that make it true; those (also) grow the store, so that a full
+// store refuses them (*drover.StoreFullError) as it refuses submissions.
 func (c *Client) wake(ctx context.Context, id string, more []clientv3.Cmp, also []clientv3.Op, wakes func(*Task) (bool, error)) (*Task, bool, bool, error) {
 	for try := 0; try < wakeTries; try++ {
 		if try > 0 {
@@ -309,32 +347,23 @@ func (c *Client) wake(ctx context.Context, id string, more []clientv3.Cmp, also 
 		if len(then) == 0 {
 			return t, false, false, nil // nothing to write: not woken, nothing given
 		}
-		resp, err := c.cli.Txn(ctx).If(cmps...).Then(clientv3.OpTxn(more, then, nil)).Commit()
+		if len(also) > 0 {
+			cmps = append(cmps, storeguard.NotFull(c.keys))
+		}
+		resp, err := c.cli.Txn(ctx).If(cmps...).Then(clientv3.OpTxn(more, then, nil)).Else(storeguard.GetOp(c.keys)).Commit()
 		if err != nil {
 			return nil, false, false, err
 		}
 		if !resp.Succeeded {
+			if err := storeguard.FromRange(resp.Responses[0].GetResponseRange()); err != nil && len(also) > 0 {
+				return t, false, false, err
+			}
 			continue // the task changed since it was read
 		}
 		done := resp.Responses[0].GetResponseTxn().Succeeded
 		return t, done, woke && done, nil
 	}
 	return nil, false, false, errors.New("the task kept changing; try again")
-}
-
-// SignalResult says what a Signal did.
-type SignalResult struct {
-	// IdempotencyKey is the key the signal was stored under (the one
-	// given, or a random one).
-	IdempotencyKey string `json:"idempotency_key"`
-	// Stored: the signal was stored in the task's inbox. false: a signal
-	// with that name and idempotency key was sent before (it waits in the
-	// inbox or was consumed), and nothing was written.
-	Stored bool `json:"stored"`
-	// Woke: the task was parked waiting for the signal and is now pending.
-	Woke bool `json:"woke"`
-	// Status is the task's status as the signal found it.
-	Status Status `json:"status"`
 }
 
 // Signal sends the signal name, with data (JSON; nil or empty: none), to
@@ -348,34 +377,41 @@ type SignalResult struct {
 // that does not exist is ErrNotFound; one that is finished, ErrFinished.
 // A named task (task.Runner, HTTP agent tasks: no queue, a checkpoint)
 // takes signals too: nothing is parked, its next run delivers them.
-func (c *Client) Signal(ctx context.Context, id, name string, data json.RawMessage, idem string) (SignalResult, error) {
-	if err := c.checkSignal(id, name, data, idem); err != nil {
+func (c *Client) Signal(ctx context.Context, id, name string, data json.RawMessage, idem string) (_ SignalResult, err error) {
+	ctx, span := otelspan.StartSignal(ctx, c.tracer, c.keys.Namespace(), id, name)
+	defer func() { otelspan.End(span, err) }()
+	if err := task.CheckSignal(id, name, data, idem); err != nil {
 		return SignalResult{}, err
 	}
 	if idem == "" {
-		var b [12]byte
-		_, _ = rand.Read(b[:])
-		idem = hex.EncodeToString(b[:])
+		idem = newIdempotencyKey()
 	}
 	in, seen := c.keys.TaskSignal(id, name, idem), c.keys.TaskSignalSeen(id, name, idem)
-	if err := c.inboxRoom(ctx, id, in, seen); err != nil {
+	isNew, err := c.inboxRoom(ctx, id, in, seen)
+	if err != nil {
 		return SignalResult{IdempotencyKey: idem}, err
 	}
 	fresh := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(in), "=", 0), clientv3.Compare(clientv3.CreateRevision(seen), "=", 0)}
-	put := []clientv3.Op{clientv3.OpPut(in, task.EncodeSignal(data, c.now()))}
+	var put []clientv3.Op // a send again writes nothing: no store-full guard
+	if isNew {
+		put = []clientv3.Op{clientv3.OpPut(in, task.EncodeSignal(data, c.now()))}
+	}
 	t, stored, woke, err := c.wake(ctx, id, fresh, put, func(t *Task) (bool, error) {
 		if t.CurrentStatus.Terminal() {
 			return false, fmt.Errorf("%w: task %s is %s: it takes no signal", ErrFinished, id, t.CurrentStatus)
 		}
-		return slices.Contains(waitSignals(t.WaitingFor), name), nil
+		return isNew && t.WaitingFor != nil && slices.Contains(t.WaitingFor.Signals, name), nil
 	})
+	if errors.Is(err, drover.ErrStoreFull) {
+		return SignalResult{IdempotencyKey: idem}, err
+	}
 	if errors.Is(err, ErrNotFound) { // perhaps a named task (task.Runner, agent tasks): no queue, nothing to wake
 		var named Status
 		named, stored, err = c.signalNamed(ctx, id, fresh, put)
 		t = &Task{CurrentStatus: named}
 	}
 	if err != nil {
-		if errors.Is(err, ErrFinished) || errors.Is(err, ErrNotFound) {
+		if errors.Is(err, ErrFinished) || errors.Is(err, ErrNotFound) || errors.Is(err, drover.ErrStoreFull) {
 			return SignalResult{IdempotencyKey: idem}, err
 		}
 		return SignalResult{}, fmt.Errorf("queue: signal %s of task %s: %w", name, id, err)
@@ -383,22 +419,25 @@ func (c *Client) Signal(ctx context.Context, id, name string, data json.RawMessa
 	return SignalResult{IdempotencyKey: idem, Stored: stored, Woke: woke, Status: t.CurrentStatus}, nil
 }
 
-// inboxRoom refuses with ErrInboxFull a new signal (inbox key in, its
-// tombstone seen) to task id when the task's inbox holds MaxInboxSignals
-// signals not yet consumed. A send again of one stored or consumed passes:
-// it writes nothing. Concurrent sends may pass the bound by a few.
-func (c *Client) inboxRoom(ctx context.Context, id, in, seen string) error {
+// inboxRoom reports whether the signal (inbox key in, its tombstone
+// seen) to task id is new (neither stored nor consumed), refusing a new
+// one with ErrInboxFull when the inbox holds MaxInboxSignals signals not
+// yet consumed (concurrent sends may pass it by a few). Only a new
+// signal's writes compare the store-full guard (wake, signalNamed),
+// after a finished task was refused: a send again writes nothing.
+func (c *Client) inboxRoom(ctx context.Context, id, in, seen string) (bool, error) {
 	g, err := c.cli.Txn(ctx).Then(clientv3.OpGet(c.keys.TaskSignals(id), clientv3.WithPrefix(), clientv3.WithCountOnly()),
 		clientv3.OpGet(in, clientv3.WithCountOnly()), clientv3.OpGet(seen, clientv3.WithCountOnly())).Commit()
 	if err != nil {
-		return fmt.Errorf("queue: read the inbox of %s: %w", id, err)
+		return false, fmt.Errorf("queue: read the inbox of %s: %w", id, err)
 	}
 	n := func(i int) int64 { return g.Responses[i].GetResponseRange().Count }
-	if n(0) >= MaxInboxSignals && n(1) == 0 && n(2) == 0 {
-		return fmt.Errorf("%w: task %s holds %d signals not yet consumed, the most a task's inbox holds (%d); send more once its steps consumed some",
+	isNew := n(1) == 0 && n(2) == 0
+	if isNew && n(0) >= MaxInboxSignals {
+		return true, fmt.Errorf("%w: task %s holds %d signals not yet consumed, the most a task's inbox holds (%d); send more once its steps consumed some",
 			ErrInboxFull, id, n(0), MaxInboxSignals)
 	}
-	return nil
+	return isNew, nil
 }
 
 // signalNamed stores a signal (writes put under compares fresh) for task
@@ -422,56 +461,21 @@ func (c *Client) signalNamed(ctx context.Context, id string, fresh []clientv3.Cm
 		if json.Unmarshal(g.Kvs[0].Value, &cp) == nil && cp.Completed {
 			return Succeeded, false, fmt.Errorf("%w: task %s is completed: it takes no signal", ErrFinished, id)
 		}
-		resp, err := c.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", g.Kvs[0].ModRevision)).
-			Then(clientv3.OpTxn(fresh, put, nil)).Commit()
+		cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(key), "=", g.Kvs[0].ModRevision)}
+		if len(put) > 0 { // a send again (nothing to put) writes nothing
+			cmps = append(cmps, storeguard.NotFull(c.keys))
+		}
+		resp, err := c.cli.Txn(ctx).If(cmps...).Then(clientv3.OpTxn(fresh, put, nil)).Else(storeguard.GetOp(c.keys)).Commit()
 		if err != nil {
 			return "", false, err
 		}
 		if resp.Succeeded {
-			return Running, resp.Responses[0].GetResponseTxn().Succeeded, nil
+			return Running, len(put) > 0 && resp.Responses[0].GetResponseTxn().Succeeded, nil
+		} else if err := storeguard.FromRange(resp.Responses[0].GetResponseRange()); err != nil {
+			return "", false, err
 		}
 	}
 	return "", false, errors.New("the task kept changing; try again")
-}
-
-// waitSignals are the names w waits for; none when w is nil.
-func waitSignals(w *WaitingFor) []string {
-	if w == nil {
-		return nil
-	}
-	return w.Signals
-}
-
-// checkSignal refuses a signal that is not valid input.
-func (c *Client) checkSignal(id, name string, data json.RawMessage, idem string) error {
-	if err := task.CheckID(id); err != nil {
-		return err
-	}
-	if err := task.CheckSignalName(name); err != nil {
-		return err
-	}
-	if idem != "" {
-		if err := task.CheckIdempotencyKey(idem); err != nil {
-			return err
-		}
-	}
-	if len(data) > MaxSignalData {
-		return &drover.InputError{Field: "data", Value: len(data), Rule: fmt.Sprintf("must be at most %d bytes of JSON", MaxSignalData)}
-	}
-	if len(data) > 0 && !json.Valid(data) {
-		return &drover.InputError{Field: "data", Rule: "must be JSON"}
-	}
-	return nil
-}
-
-// Signals returns the signals task id received: those waiting to be
-// consumed, in the order they were sent, then those consumed.
-func (c *Client) Signals(ctx context.Context, id string) ([]task.SignalRecord, error) {
-	s, err := task.NewStore(c.cli, c.keys.Namespace())
-	if err != nil {
-		return nil, err
-	}
-	return s.Signals(ctx, id)
 }
 
 // A child's terminal outcome puts its parent's wake mark,

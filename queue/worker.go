@@ -16,9 +16,12 @@ import (
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/lease"
 	"github.com/droverhq/drover/lock"
+	"github.com/droverhq/drover/metrics"
 	"github.com/droverhq/drover/stream"
 	"github.com/droverhq/drover/task"
+	"github.com/droverhq/drover/tracing/otelspan"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Handler runs one task and returns its result. Return an error made with
@@ -92,7 +95,8 @@ type WorkerConfig struct {
 	Drain bool
 	// ShutdownTimeout is how long Run lets running tasks finish after its
 	// context ends, before cancelling them and handing them back (default
-	// 30 s).
+	// 30 s); and how long a handler whose context ended may take to
+	// return before the worker gives up on it (ErrAbandoned).
 	ShutdownTimeout time.Duration
 	// Retention is how long tasks that succeeded or were cancelled are
 	// kept; then the worker removes them (their counts stay in Stats).
@@ -107,6 +111,10 @@ type WorkerConfig struct {
 	// the queue's keys in etcd, so keep it to seconds).
 	DepthInterval time.Duration
 	Logger        *slog.Logger
+	// TracerProvider makes the spans of the worker's attempts (and of the
+	// submissions of its client); nil means the global provider
+	// (otel.GetTracerProvider), a no-op unless set. See package tracing.
+	TracerProvider trace.TracerProvider
 }
 
 // Validate reports the first field that is not usable.
@@ -157,11 +165,18 @@ type Worker struct {
 	ownsLease bool
 	worker    string
 	logger    *slog.Logger
+	// spanName names the spans of its attempts (startAttempt).
+	spanName string
 
 	mu       sync.Mutex
 	handlers map[string]Handler
 	fallback Handler
 	inflight map[string]*running
+	// stuck counts the handlers given up on that still run (at most
+	// Concurrency, see runHandler); stuckFreed is closed, and replaced,
+	// whenever one of them returns.
+	stuck      int
+	stuckFreed chan struct{}
 	// finishing are the writes of done to the streams of tasks whose
 	// outcomes were stored (finishStreams): Run waits for them.
 	finishing sync.WaitGroup
@@ -180,7 +195,8 @@ type Worker struct {
 	// after it started, any number of times.
 	lifeMu   sync.Mutex
 	started  bool
-	stopReq  chan struct{} // closed by the first Stop or StopAndCancel
+	stopReq  chan struct{}   // closed by the first Stop or StopAndCancel
+	ending   <-chan struct{} // closed once Run's ctx ends or Stop is called (set by Run)
 	stopOnce sync.Once
 	ran      chan struct{} // closed when Run returns
 	hardStop atomic.Bool   // StopAndCancel: running tasks are cancelled and handed back
@@ -233,7 +249,7 @@ func NewWorker(ctx context.Context, cli *clientv3.Client, cfg WorkerConfig) (*Wo
 	if logger == nil {
 		logger = slog.Default()
 	}
-	client, err := NewClient(cli, cfg.Namespace)
+	client, err := NewClient(cli, cfg.Namespace, WithTracerProvider(cfg.TracerProvider))
 	if err != nil {
 		return nil, err
 	}
@@ -256,8 +272,9 @@ func NewWorker(ctx context.Context, cli *clientv3.Client, cfg WorkerConfig) (*Wo
 // thing.
 func newWorker(client *Client, cfg WorkerConfig, l *lease.Lease, worker string, logger *slog.Logger) *Worker {
 	return &Worker{cfg: cfg, cli: client.cli, keys: client.keys, client: client, lease: l, logger: logger, worker: worker,
-		sched:   newClaimer(client, cfg.Queue, l, worker, logger),
-		stopReq: make(chan struct{}), ran: make(chan struct{}),
+		spanName: otelspan.ProcessName(cfg.Queue),
+		sched:    newClaimer(client, cfg.Queue, l, worker, logger),
+		stopReq:  make(chan struct{}), ran: make(chan struct{}),
 		handlers: map[string]Handler{}, inflight: map[string]*running{}}
 }
 
@@ -362,6 +379,7 @@ type outcome struct {
 	// streamed: the task's stream may have events, so its end (Succeeded,
 	// Dead) closes it with Done once the outcome is stored.
 	streamed bool
+	spend    *spending // the signals an external worker's outcome consumes (brokerreport.go)
 }
 
 // outcomeName is the outcome a stream's Done (or an attempt's end) gives
@@ -455,5 +473,127 @@ func (w *Worker) finishStreams(ended []outcome) {
 		if err := sw.Finish(ctx, o.c.task.ID, outcomeName(o.kind), errText(o.err)); err != nil {
 			w.logger.Debug("queue: the done of a task was not written to its stream", "task", o.c.task.ID, "err", err)
 		}
+	}
+}
+
+// ErrAbandoned is the error of an attempt whose handler did not return
+// within the worker's ShutdownTimeout after its context ended: the worker
+// gave up waiting for it, freed its slot, and decided the attempt by why
+// the context ended. Whatever the handler returns later is discarded.
+var ErrAbandoned = errors.New("queue: handler did not return after its context ended; abandoned")
+
+// errAttemptOver refuses the writes made through an attempt's claim fence
+// once the attempt is over (claimFence.gone).
+var errAttemptOver = errors.New("queue: the attempt is over (its handler returned or was abandoned); it writes no more")
+
+// handled is what a handler returned.
+type handled struct {
+	result []byte
+	err    error
+}
+
+// runHandler runs h for t in a goroutine of its own and waits for it to
+// return, but not for ever: once hctx ended (timeout, cancel, lost claim,
+// lease lost, shutdown) the handler has ShutdownTimeout to return, and
+// then the worker gives up on it. It counts and logs the abandoned
+// handler, and returns ErrAbandoned with hctx's cause, so that the
+// attempt's outcome is decided as if the handler had returned that: its
+// slot is freed and the task is handed back or left to whoever holds it
+// now. The handler's late result is dropped; its writes through the
+// claim's fence are refused (execute marks the fence gone before the
+// outcome is written). finish gets what the handler returned once it
+// returned, late or not (the flow control gates keep their slot until
+// then).
+//
+// At most Concurrency handlers are given up on at once: with that many
+// still running, the worker waits for this one as it did before giving
+// up was possible (its slot stays taken; logged at error level) until it
+// or one of the others returns, or the worker stops (stopping): then it
+// gives up on it too, over the cap, so that Run and Stop return.
+func (w *Worker) runHandler(hctx context.Context, h Handler, t *Task, finish func(error)) ([]byte, error) {
+	// The handler gets a copy of the task: an abandoned one may read it
+	// while the outcome writer rewrites the claim's.
+	ht := *t
+	ht.Transitions = slices.Clone(t.Transitions)
+	done := make(chan handled, 1)
+	go func() {
+		result, err := call(hctx, h, &ht)
+		done <- handled{result, err}
+	}()
+	select {
+	case r := <-done:
+		finish(r.err)
+		return r.result, r.err
+	case <-hctx.Done():
+	}
+	grace := time.NewTimer(w.cfg.ShutdownTimeout)
+	defer grace.Stop()
+	select {
+	case r := <-done:
+		finish(r.err)
+		return r.result, r.err
+	case <-grace.C:
+	}
+	for logged := false; ; logged = true {
+		freed, ok := w.reserveStuck()
+		if ok {
+			break
+		}
+		if !logged {
+			w.logger.Error("queue: a handler did not return after its context ended, and as many handlers as the worker's concurrency were given up on already and still run; waiting for it (its slot stays taken) until it or one of them returns",
+				"queue", t.Queue, "task", t.ID, "type", t.Type, "attempt", t.Attempt, "stuck", w.cfg.Concurrency)
+		}
+		select {
+		case r := <-done:
+			finish(r.err)
+			return r.result, r.err
+		case <-freed:
+		case <-w.ending:
+		case <-w.lease.Context().Done():
+		}
+	}
+	cause := context.Cause(hctx)
+	metrics.HandlersAbandoned.WithLabelValues(t.Queue, t.Type).Inc()
+	stuck := metrics.HandlersStuck.WithLabelValues(t.Queue)
+	stuck.Inc()
+	w.logger.Error("queue: a handler did not return after its context ended; the worker gave up on it (its goroutine still runs, its result will be discarded)",
+		"queue", t.Queue, "task", t.ID, "type", t.Type, "attempt", t.Attempt, "token", t.Token, "cause", cause, "waited", w.cfg.ShutdownTimeout)
+	// The claim's task is the outcome writer's from here on (a hand-back
+	// rewrites its attempt): the late return logs copies.
+	q, id, attempt := t.Queue, t.ID, t.Attempt
+	go func() {
+		r := <-done // the late result: dropped
+		finish(r.err)
+		stuck.Dec()
+		w.releaseStuck()
+		w.logger.Warn("queue: an abandoned handler returned; its result was discarded", "queue", q, "task", id, "attempt", attempt)
+	}()
+	return nil, fmt.Errorf("%w: %w", ErrAbandoned, cause)
+}
+
+// reserveStuck counts one more handler given up on, unless Concurrency of
+// them still run and the worker is not stopping: then it returns false
+// and a channel closed once one of them returns.
+func (w *Worker) reserveStuck() (<-chan struct{}, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.stuckFreed == nil {
+		w.stuckFreed = make(chan struct{})
+	}
+	if w.stuck >= w.cfg.Concurrency && !w.stopping() {
+		return w.stuckFreed, false
+	}
+	w.stuck++
+	return nil, true
+}
+
+// releaseStuck counts a handler given up on that returned.
+func (w *Worker) releaseStuck() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.stuck--
+	if w.stuckFreed != nil {
+		close(w.stuckFreed)
+		w.stuckFreed = make(chan struct{})
 	}
 }

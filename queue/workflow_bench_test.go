@@ -34,8 +34,8 @@ import (
 // wait key, its record's waiting_for and its WAITING transition), and the
 // process's CPU (the embedded etcd, the worker and the test: the server of
 // this run) and heap over 60 s while they wait.
-// DROVER_BENCH_SHORT_WAIT_VALUES=1 writes the wait keys' values in their
-// short form (not yet the default: see queue's shortWaitValues).
+// DROVER_BENCH_JSON_WAIT_VALUES=1 writes the wait keys' values in the JSON
+// form parks wrote before their short form (see queue's shortWaitValues).
 func TestWorkflowMeasure(t *testing.T) {
 	n, _ := strconv.Atoi(os.Getenv("DROVER_BENCH_WORKFLOWS"))
 	parked, _ := strconv.Atoi(os.Getenv("DROVER_BENCH_PARKED"))
@@ -82,8 +82,8 @@ func TestWorkflowMeasure(t *testing.T) {
 			n, pct(0.5), pct(0.9), pct(0.99), lat[len(lat)-1].Round(100*time.Microsecond))
 	}
 	if parked > 0 {
-		if os.Getenv("DROVER_BENCH_SHORT_WAIT_VALUES") != "" {
-			defer queue.SetShortWaitValues(true)()
+		if os.Getenv("DROVER_BENCH_JSON_WAIT_VALUES") != "" {
+			defer queue.SetShortWaitValues(false)()
 		}
 		measureParked(t, c, s, store, start, state, parked)
 	}

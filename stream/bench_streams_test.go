@@ -7,6 +7,10 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
+	"path/filepath"
+	"runtime"
+	"runtime/metrics"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -28,7 +32,10 @@ import (
 // and followed by one follower of one Hub (one server), against an
 // embedded etcd with fsync on, and logs the emit-to-follower latency
 // (p50, p99, max), etcd's writes a second (the Writer's transactions,
-// and the raft proposals etcd committed) and the process's CPU.
+// and the raft proposals etcd committed), the process's CPU (an event, a
+// chunk), how long its goroutines waited to run and its GC's pauses.
+// DROVER_BENCH_STREAMS_PROFILE=dir writes a CPU profile of the measured
+// window (dir/cpu.pprof) and the allocations (dir/allocs.pprof).
 func TestStreamsAtScale(t *testing.T) {
 	n, _ := strconv.Atoi(os.Getenv("DROVER_BENCH_STREAMS"))
 	if n <= 0 {
@@ -103,9 +110,14 @@ func TestStreamsAtScale(t *testing.T) {
 		})
 	}
 	time.Sleep(time.Until(warm))
+	stopProfile := startProfile(t, os.Getenv("DROVER_BENCH_STREAMS_PROFILE"))
+	sched0 := runtimeHist("/sched/latencies:seconds")
+	gc0 := runtimeHist("/sched/pauses/total/gc:seconds")
 	tx0, prop0, puts0, cpu0 := w.Transactions(), metric(t, es, "etcd_server_proposals_committed_total"), metric(t, es, "etcd_mvcc_put_total"), processCPU()
 	time.Sleep(time.Until(end))
 	tx1, prop1, puts1, cpu1 := w.Transactions(), metric(t, es, "etcd_server_proposals_committed_total"), metric(t, es, "etcd_mvcc_put_total"), processCPU()
+	stopProfile()
+	sched, gcp := runtimeHist("/sched/latencies:seconds").since(sched0), runtimeHist("/sched/pauses/total/gc:seconds").since(gc0)
 	emitters.Wait()
 	time.Sleep(500 * time.Millisecond) // the last events reach their followers
 	stopFollow()
@@ -131,6 +143,99 @@ func TestStreamsAtScale(t *testing.T) {
 	// etcd wrote (a chunk each, nearly all), and the CPU an event.
 	t.Logf("etcd puts %.0f/s (%.1f events each); CPU %.1f µs an event delivered",
 		(puts1-puts0)/window, float64(len(all))/(puts1-puts0), float64((cpu1-cpu0).Microseconds())/float64(len(all)))
+	t.Logf("CPU %.1f µs a chunk (etcd put); goroutines runnable before they run: p50 %s p99 %s p99.9 %s; GC pauses %d, p99 %s, max %s",
+		float64((cpu1-cpu0).Microseconds())/(puts1-puts0), sched.quantile(0.5), sched.quantile(0.99), sched.quantile(0.999),
+		gcp.total(), gcp.quantile(0.99), gcp.quantile(1))
+}
+
+// hist is a runtime/metrics histogram.
+type hist struct{ h *metrics.Float64Histogram }
+
+// runtimeHist reads the runtime's histogram name.
+func runtimeHist(name string) hist {
+	s := []metrics.Sample{{Name: name}}
+	metrics.Read(s)
+	h := s[0].Value.Float64Histogram()
+	return hist{&metrics.Float64Histogram{Counts: slices.Clone(h.Counts), Buckets: h.Buckets}}
+}
+
+// since is h less the counts of h0, read before.
+func (h hist) since(h0 hist) hist {
+	for i := range h.h.Counts {
+		h.h.Counts[i] -= h0.h.Counts[i]
+	}
+	return h
+}
+
+func (h hist) total() uint64 {
+	var n uint64
+	for _, c := range h.h.Counts {
+		n += c
+	}
+	return n
+}
+
+// quantile is the upper bound of the bucket of quantile q.
+func (h hist) quantile(q float64) time.Duration {
+	n := h.total()
+	if n == 0 {
+		return 0
+	}
+	want, seen := uint64(q*float64(n)), uint64(0)
+	for i, c := range h.h.Counts {
+		seen += c
+		if seen > want || seen == n {
+			return time.Duration(h.h.Buckets[i+1] * float64(time.Second)).Round(time.Microsecond)
+		}
+	}
+	return 0
+}
+
+// startProfile starts a CPU profile of the measured window in dir
+// (cpu.pprof), if dir is set, and returns what ends it and writes the
+// allocations (allocs.pprof) and the GC's figures of the window.
+func startProfile(t *testing.T, dir string) (stop func()) {
+	t.Helper()
+	if dir == "" {
+		return func() {}
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Create(filepath.Join(dir, "cpu.pprof"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		t.Fatal(err)
+	}
+	var m0 runtime.MemStats
+	runtime.ReadMemStats(&m0)
+	return func() {
+		pprof.StopCPUProfile()
+		_ = f.Close()
+		var m1 runtime.MemStats
+		runtime.ReadMemStats(&m1)
+		var pauses []time.Duration
+		for i := m0.NumGC; i < m1.NumGC && i < m0.NumGC+256; i++ {
+			pauses = append(pauses, time.Duration(m1.PauseNs[i%256]))
+		}
+		slices.Sort(pauses)
+		maxPause := time.Duration(0)
+		if len(pauses) > 0 {
+			maxPause = pauses[len(pauses)-1]
+		}
+		t.Logf("profile: %d GCs, %.1f GB allocated (%d objects), GC CPU fraction %.3f, longest pause %s",
+			m1.NumGC-m0.NumGC, float64(m1.TotalAlloc-m0.TotalAlloc)/1e9, m1.Mallocs-m0.Mallocs, m1.GCCPUFraction, maxPause)
+		a, err := os.Create(filepath.Join(dir, "allocs.pprof"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer a.Close()
+		if err := pprof.Lookup("allocs").WriteTo(a, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 func envInt(name string, def int) int {

@@ -64,7 +64,7 @@ func FuzzEncodeChunk(f *testing.F) {
 		if err := json.Unmarshal(want, &ref); err != nil {
 			t.Fatal(err)
 		}
-		back, err := decodeChunk("k", got)
+		back, err := decodeChunk([]byte("k"), got)
 		if err != nil || len(back.List) != 1 || back.List[0].Type != ref.List[0].Type || !bytes.Equal(back.List[0].Data, ref.List[0].Data) {
 			t.Fatalf("read back %+v, %v; encoding/json reads %+v", back, err, ref)
 		}

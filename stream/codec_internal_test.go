@@ -65,7 +65,7 @@ func TestChunkCodecReadsWhatEncodingJSONReads(t *testing.T) {
 		t.Fatalf("the encoded chunk is not JSON: %s", v)
 	}
 	sameChunk(t, "encoding/json reading the new encoding", reference(t, v), c)
-	got, err := decodeChunk("k", v) // the last event's type has escapes: encoding/json reads it
+	got, err := decodeChunk([]byte("k"), v) // the last event's type has escapes: encoding/json reads it
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,7 +83,7 @@ func TestChunkCodecReadsWhatEncodingJSONReads(t *testing.T) {
 		sc.List = append(sc.List, storedEvent{Seq: ev.Seq, Type: ev.Type, Data: ev.Data, At: ev.Time.UnixNano()})
 	}
 	old, _ := json.Marshal(sc)
-	got, err = decodeChunk("k", old)
+	got, err = decodeChunk([]byte("k"), old)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,10 +121,10 @@ func TestChunkCodecRefusesWhatItDoesNotFollow(t *testing.T) {
 			t.Errorf("decodeFast(%s) = %+v, true; want false (left to encoding/json)", v, c)
 		}
 	}
-	if _, err := decodeChunk("k", []byte(`{"attempt":1,"token":1,"events":0,"bytes":0,"list":[{"s":1,"t":"a\"b","d":null,"at":1}]}`)); err != nil {
+	if _, err := decodeChunk([]byte("k"), []byte(`{"attempt":1,"token":1,"events":0,"bytes":0,"list":[{"s":1,"t":"a\"b","d":null,"at":1}]}`)); err != nil {
 		t.Errorf("an escaped type is not read by encoding/json either: %v", err)
 	}
-	if _, err := decodeChunk("k", []byte(`{"attempt":`)); err == nil {
+	if _, err := decodeChunk([]byte("k"), []byte(`{"attempt":`)); err == nil {
 		t.Error("a broken chunk was read")
 	}
 }
@@ -135,21 +135,21 @@ func TestChunkCodecRefusesWhatItDoesNotFollow(t *testing.T) {
 // is the process's (the package's etcd runs beside), so the chunk is
 // large and the bound far from both.
 func TestChunkDecodeAllocatesPerChunkNotPerEvent(t *testing.T) {
-	if raceEnabled {
-		// json.Valid takes its scanner from a sync.Pool, which the race
-		// detector empties at random; .ci/run runs this test without it.
-		t.Skip("allocations are not counted under the race detector")
-	}
 	c := chunk{Attempt: 1, Token: 77}
 	for i := range 10_000 {
 		c.List = append(c.List, Event{Seq: int64(i + 1), Type: "token", Data: json.RawMessage(`{"text":"tok` + strconv.Itoa(i) + `"}`), Time: time.Date(2026, 11, 28, 18, 0, 0, i, time.UTC)})
 	}
 	v := c.encode()
-	allocs := testing.AllocsPerRun(5, func() {
-		if _, err := decodeChunk("k", v); err != nil {
-			t.Fatal(err)
-		}
-	})
+	// The count is the whole process's: the etcd beside allocates too,
+	// more on a loaded machine. The fewest of a few tries is the decode's.
+	allocs := math.Inf(1)
+	for range 5 {
+		allocs = min(allocs, testing.AllocsPerRun(5, func() {
+			if _, err := decodeChunk([]byte("k"), v); err != nil {
+				t.Fatal(err)
+			}
+		}))
+	}
 	// The list, and the type once (every event's is "token"): 2.
 	t.Logf("decoding a chunk of 10,000 events: %.0f allocations", allocs)
 	if allocs > 1000 {

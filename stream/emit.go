@@ -25,6 +25,8 @@ type Attempt struct {
 	// write (an attempt before, a step before a sleep, a child process).
 	mayExist atomic.Bool
 	wrote    atomic.Bool
+	// ended: End was called; later emits are refused.
+	ended atomic.Bool
 	// out is the events emitted and not yet sent.
 	out outbox
 }
@@ -38,6 +40,7 @@ type attemptKey struct{}
 // nothing. Nothing is written before the first Emit or End.
 func Begin(ctx context.Context, cli *clientv3.Client, keys keyspace.Space, c Claim, mayExist bool) (context.Context, *Attempt) {
 	at := &Attempt{w: For(cli, keys), c: c}
+	at.out.send, at.out.goes = at.send, at.w.crew.goes
 	at.mayExist.Store(mayExist)
 	return context.WithValue(ctx, attemptKey{}, at), at
 }
@@ -64,10 +67,15 @@ func Elsewhere(ctx context.Context) {
 // returns once the event is queued: the attempt's events go to etcd in
 // order, together, while the handler goes on, so a producer of tokens is
 // never held to one event per write; Flush waits until they are stored.
-// An error matching ErrFenced says the attempt lost its claim (nothing it
-// emits is stored from then on); ErrStreamFull, that a cap was reached;
-// ErrNoClaim, that ctx is not a handler's. An error of a write already
-// queued is returned by the next Emit or Flush.
+// An error matching ErrFenced says the attempt lost its claim or was
+// ended (End: nothing it emits is stored from then on); ErrStreamFull,
+// that a cap was reached; ErrNoClaim, that ctx is not a handler's;
+// ErrClosed, that the process's Writer is closed. An error of a write
+// already queued is returned by the next Emit or Flush:
+// drover.ErrStoreFull says that etcd's database is past the store-full
+// guard's high-water mark and the events queued were dropped, and so
+// are the events of the Emit that returns it (those emitted after it
+// are tried again).
 func Emit(ctx context.Context, typ string, data any) error {
 	at := FromContext(ctx)
 	if at == nil {
@@ -109,6 +117,12 @@ func (at *Attempt) Emit(ctx context.Context, ins ...Input) error {
 	if err := c.Fence.Err(); err != nil { // lost: the handler's context may be ending too
 		return fmt.Errorf("%w: claim of task %s token %d: %w", ErrFenced, c.Task, c.Fence.Token(), err)
 	}
+	if at.ended.Load() { // a handler left running past its attempt's end (a timeout)
+		return fmt.Errorf("%w: claim of task %s token %d: attempt %d ended: it emits no more", ErrFenced, c.Task, c.Fence.Token(), c.Attempt)
+	}
+	if err := at.w.closedErr(c.Task); err != nil {
+		return err
+	}
 	if err := checkInputs(ins, at.w.lim.MaxEventBytes, "emit"); err != nil {
 		return err
 	}
@@ -117,7 +131,7 @@ func (at *Attempt) Emit(ctx context.Context, ins ...Input) error {
 		ins[i].at = now
 	}
 	at.wrote.Store(true)
-	return at.out.put(ctx, ins, at.send)
+	return at.out.put(ctx, ins)
 }
 
 // send writes a batch of the attempt's queued events.
@@ -140,8 +154,10 @@ func (at *Attempt) Touched() bool { return at.wrote.Load() || at.mayExist.Load()
 // End closes the attempt's events with typ (AttemptEnded or Done),
 // outcome and cause, while its claim still holds: if the attempt wrote
 // events, or the stream may have some, it is written and End returns
-// once it is stored; otherwise nothing is written.
+// once it is stored; otherwise nothing is written. Every Emit of the
+// attempt from End on is refused (ErrFenced).
 func (at *Attempt) End(ctx context.Context, typ, outcome string, cause error) error {
+	at.ended.Store(true)
 	if !at.wrote.Load() && !at.mayExist.Load() {
 		return nil
 	}
@@ -201,6 +217,9 @@ func (w *Writer) end(ctx context.Context, a *attempt, typ, outcome string, cause
 
 // endRequest writes attempt a's end, and returns once it is stored.
 func (w *Writer) endRequest(ctx context.Context, a *attempt, typ string, d ownData, probe, claimGone bool) error {
+	if err := w.closedErr(a.c.Task); err != nil {
+		return err
+	}
 	r := &request{a: a, end: &Input{Type: typ, Data: d.raw()}, probe: probe, claimGone: claimGone, at: w.now().UTC()}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()

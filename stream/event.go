@@ -157,9 +157,10 @@ func (c chunk) encode() []byte {
 	return appendChunk(make([]byte, 0, n), c)
 }
 
-// decodeChunk reads a chunk key's value: decodeFast, or encoding/json
-// for a value it does not follow.
-func decodeChunk(key string, v []byte) (chunk, error) {
+// decodeChunk reads the value v of chunk key key: decodeFast, or
+// encoding/json for a value it does not follow. (key is read only for
+// an error: a hub decodes every chunk it watches.)
+func decodeChunk(key []byte, v []byte) (chunk, error) {
 	if c, ok := decodeFast(v); ok {
 		return c, nil
 	}

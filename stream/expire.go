@@ -33,11 +33,12 @@ func (w *Writer) maybeSweep() {
 	w.lastSweep = now
 	w.paceMu.Unlock()
 	w.forget()
-	go func() {
-		ctx, cancel := context.WithTimeout(w.cli.Ctx(), 30*time.Second)
+	w.crew.goesIfOpen(func() {
+		ctx, cancel := context.WithTimeout(w.ctx, 30*time.Second)
 		defer cancel()
+		defer context.AfterFunc(w.cli.Ctx(), cancel)() // the client closed: no sweep
 		_, _ = w.Expire(ctx)
-	}()
+	})
 }
 
 // Expire removes the streams whose expiry fell due: a stream whose task
@@ -85,7 +86,7 @@ func (w *Writer) expire(ctx context.Context, id, key string, now time.Time) (boo
 	ops := []clientv3.Op{clientv3.OpDelete(key)}
 	remove := false
 	if len(resp.Kvs) > 0 {
-		c, err := decodeChunk(string(resp.Kvs[0].Key), resp.Kvs[0].Value)
+		c, err := decodeChunk(resp.Kvs[0].Key, resp.Kvs[0].Value)
 		if err != nil || len(c.List) == 0 {
 			remove = true // unreadable: nothing can follow it
 		} else {

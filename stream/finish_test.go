@@ -2,6 +2,8 @@ package stream_test
 
 import (
 	"context"
+	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -147,5 +149,40 @@ func TestFollowEndsWhenItsTaskEnded(t *testing.T) {
 	}
 	if fctx.Err() != nil || n != 3 || asked != 1 {
 		t.Fatalf("follow: %d events, asked %d times, timed out %v; want 3, 1, false", n, asked, fctx.Err() != nil)
+	}
+}
+
+// TestEndedClaimWritesNoMore: once a claim's attempt ended (End with
+// attempt_ended, or the task's Finish), a later write under the same
+// claim is fenced and nothing follows the end.
+func TestEndedClaimWritesNoMore(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, stream.Limits{})
+	ctx := context.Background()
+	for _, how := range []string{"end", "finish"} {
+		id := "ended-" + how
+		c := stream.Claim{Task: id, Attempt: 1, Fence: claimKey(t, e.cli, e.keys, id)}
+		if _, _, err := e.w.Append(ctx, c, []stream.Input{{Type: "log"}}); err != nil {
+			t.Fatal(err)
+		}
+		var err error
+		if how == "end" {
+			err = e.w.End(ctx, c, stream.AttemptEnded, "waiting", nil)
+		} else {
+			err = e.w.Finish(ctx, id, "succeeded", "")
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := e.w.Append(ctx, c, []stream.Input{{Type: "late"}}); !errors.Is(err, stream.ErrFenced) {
+			t.Fatalf("%s: a write after the claim's end: %v, want ErrFenced", how, err)
+		}
+		if err := e.w.End(ctx, c, stream.AttemptEnded, "again", nil); !errors.Is(err, stream.ErrFenced) {
+			t.Fatalf("%s: a second end of the claim: %v, want ErrFenced", how, err)
+		}
+		got := collect(t, e.hub, id, 1, 3)
+		if last, err := e.hub.LastSeq(ctx, id); err != nil || last != 3 || !slices.Contains([]string{stream.AttemptEnded, stream.Done}, got[2].Type) {
+			t.Fatalf("%s: stream %v ends at %d (%v), want 3 events ending with the end", how, got, last, err)
+		}
 	}
 }

@@ -3,11 +3,14 @@ package stream
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
 
+	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/keyspace"
+	"github.com/droverhq/drover/storeguard"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -18,6 +21,7 @@ type group struct {
 	reqs []*request
 
 	ops     []clientv3.Op
+	op      [1]clientv3.Op // ops' room
 	claim   []clientv3.Cmp // the compares of its claim in ops, if any
 	written chunk          // the chunk the ops write
 	first   int64
@@ -74,14 +78,18 @@ func (w *Writer) flush(ctx context.Context, reqs []*request) {
 				send = append(send, g)
 			}
 		}
-		for _, g := range w.commit(ctx, send) {
+		again, full := w.commit(ctx, send)
+		for _, g := range again {
 			if tries[g]++; tries[g] >= 3 {
 				g.answer(fmt.Errorf("%w: task %s", errConflict, g.a.c.Task))
 				continue
 			}
 			later = append(later, g)
 		}
-		groups = later
+		// An end refused with the events it shared a transaction with
+		// goes in the next round: not a conflict, so not a try. Each
+		// refusal answers a group's events, so the rounds are bounded.
+		groups = append(later, full...)
 	}
 }
 
@@ -122,7 +130,7 @@ func (w *Writer) readHeads(ctx context.Context, groups []*group) error {
 			if len(kvs) == 0 {
 				continue
 			}
-			c, err := decodeChunk(string(kvs[0].Key), kvs[0].Value)
+			c, err := decodeChunk(kvs[0].Key, kvs[0].Value)
 			if err != nil || len(c.List) == 0 {
 				return fmt.Errorf("stream: task %s: %w", a.c.Task, err)
 			}
@@ -142,33 +150,44 @@ func (w *Writer) build(g *group) {
 		w.buildFinal(g)
 		return
 	}
-	a, f := g.a, g.a.c.Fence
-	token := f.Token()
-	switch {
-	case a.err != nil:
-		g.answer(a.err)
-		return
-	case f.Err() != nil:
-		a.err = fmt.Errorf("%w: claim of task %s token %d: %w", ErrFenced, a.c.Task, token, f.Err())
-	case a.lastToken > token:
-		a.err = fmt.Errorf("%w: claim of task %s token %d: attempt %d (token %d) has written its stream since",
-			ErrFenced, a.c.Task, token, a.lastAttempt, a.lastToken)
+	a := g.a
+	token := a.c.Fence.Token()
+	if a.err == nil {
+		a.err = a.fenced()
 	}
 	if a.err != nil {
 		g.answer(a.err)
 		return
 	}
-	c := chunk{Attempt: a.c.Attempt, Token: token, Events: a.events, Bytes: a.bytes}
+	room := 3 // attempt_lost, attempt_started, an end
+	for _, r := range g.reqs {
+		room += len(r.events)
+	}
+	c := chunk{Attempt: a.c.Attempt, Token: token, Events: a.events, Bytes: a.bytes, List: make([]Event, 0, room)}
 	seq := a.last
 	add := func(typ string, data json.RawMessage, at time.Time) {
 		seq++
 		c.List = append(c.List, Event{Seq: seq, Attempt: a.c.Attempt, Type: typ, Data: data, Time: at})
 	}
 	opening := a.lastToken != token
+	ended := false // an end was added: the claim's later requests are fenced
 	for _, r := range g.reqs {
 		r.first, r.last = 0, 0
 		if r.done || (r.probe && !a.exists && len(c.List) == 0) {
 			continue // answered, or an end of a stream that has no events
+		}
+		if ended {
+			r.err = fmt.Errorf("%w: claim of task %s token %d: attempt %d ended before this write: it writes no more",
+				ErrFenced, a.c.Task, token, a.c.Attempt)
+			r.done = true
+			continue
+		}
+		// A write past a cap is refused before anything of it is added:
+		// not even the attempt's boundary is written for it.
+		n, b, err := w.fits(c, r)
+		if err != nil {
+			r.err, r.done = err, true
+			continue
 		}
 		if opening && len(c.List) == 0 {
 			if a.exists && !ends(a.lastType) {
@@ -176,17 +195,7 @@ func (w *Writer) build(g *group) {
 			}
 			add(AttemptStarted, ownData{Attempt: a.c.Attempt, Worker: a.c.Worker, Token: token}.raw(), r.at)
 		}
-		if len(r.events) > 0 {
-			n, b := int64(len(r.events)), int64(0)
-			for _, in := range r.events {
-				b += int64(in.size())
-			}
-			if c.Events+n > w.lim.MaxEvents || c.Bytes+b > w.lim.MaxBytes {
-				r.err = fmt.Errorf("%w: task %s: %d events of %d bytes would take it past %d events or %d bytes",
-					ErrStreamFull, a.c.Task, n, b, w.lim.MaxEvents, w.lim.MaxBytes)
-				r.done = true
-				continue
-			}
+		if n > 0 {
 			c.Events, c.Bytes = c.Events+n, c.Bytes+b
 			r.first = seq + 1
 			for _, in := range r.events {
@@ -205,6 +214,7 @@ func (w *Writer) build(g *group) {
 		if r.end != nil {
 			add(r.end.Type, r.end.Data, r.at)
 			r.last = seq
+			ended = true
 		}
 	}
 	if len(c.List) == 0 {
@@ -212,6 +222,39 @@ func (w *Writer) build(g *group) {
 		return
 	}
 	w.ops(g, c)
+}
+
+// fits returns the events of r and their bytes, or ErrStreamFull when
+// chunk c cannot take them: they would take the stream past a cap.
+func (w *Writer) fits(c chunk, r *request) (n, b int64, err error) {
+	n = int64(len(r.events))
+	for _, in := range r.events {
+		b += int64(in.size())
+	}
+	if n > 0 && (c.Events+n > w.lim.MaxEvents || c.Bytes+b > w.lim.MaxBytes) {
+		return 0, 0, fmt.Errorf("%w: task %s: %d events of %d bytes would take it past %d events or %d bytes",
+			ErrStreamFull, r.a.c.Task, n, b, w.lim.MaxEvents, w.lim.MaxBytes)
+	}
+	return n, b, nil
+}
+
+// fenced says why the attempt's claim may write no more, nil if it may:
+// its claim is lost, a later attempt wrote the stream, or its own
+// attempt ended (attempt_ended or done is its last event).
+func (a *attempt) fenced() error {
+	f := a.c.Fence
+	token := f.Token()
+	switch {
+	case f.Err() != nil:
+		return fmt.Errorf("%w: claim of task %s token %d: %w", ErrFenced, a.c.Task, token, f.Err())
+	case a.lastToken > token:
+		return fmt.Errorf("%w: claim of task %s token %d: attempt %d (token %d) has written its stream since",
+			ErrFenced, a.c.Task, token, a.lastAttempt, a.lastToken)
+	case a.lastToken == token && ends(a.lastType):
+		return fmt.Errorf("%w: claim of task %s token %d: attempt %d ended (%s): it writes no more",
+			ErrFenced, a.c.Task, token, a.lastAttempt, a.lastType)
+	}
+	return nil
 }
 
 // buildFinal makes the chunk of a task's Done (Finish): after the
@@ -237,7 +280,12 @@ func (w *Writer) buildFinal(g *group) {
 func (w *Writer) ops(g *group, c chunk) {
 	a := g.a
 	first, last := a.last+1, c.List[len(c.List)-1].Seq
-	ops := []clientv3.Op{clientv3.OpPut(w.keys.StreamChunk(a.c.Task, first, last), string(c.encode()))}
+	if a.prefix == "" {
+		a.prefix = w.keys.StreamChunks(a.c.Task)
+	}
+	key, start := keyspace.StreamChunkAt(a.prefix, first, last)
+	ops := make([]clientv3.Op, 1, 3)
+	ops[0] = clientv3.OpPut(key, string(c.encode()))
 	now := w.now()
 	if !a.exists {
 		ops = append(ops, clientv3.OpPut(keyspace.TimedKey(w.keys.StreamExpiries(), now.Add(w.lim.MaxAge).UnixNano(), a.c.Task), ""))
@@ -245,7 +293,7 @@ func (w *Writer) ops(g *group, c chunk) {
 	if c.List[len(c.List)-1].Type == Done {
 		ops = append(ops, clientv3.OpPut(keyspace.TimedKey(w.keys.StreamExpiries(), now.Add(w.lim.Retention).UnixNano(), a.c.Task), ""))
 	}
-	free := clientv3.Compare(clientv3.CreateRevision(w.keys.StreamChunkStart(a.c.Task, first)), "=", 0).WithPrefix()
+	free := clientv3.Compare(clientv3.CreateRevision(start), "=", 0).WithPrefix()
 	var claim []clientv3.Cmp
 	if a.c.Fence != nil {
 		claim = a.c.Fence.Compares()
@@ -259,17 +307,20 @@ func (w *Writer) ops(g *group, c chunk) {
 	// nested level per stream cost etcd a request, a decode and an apply
 	// of its own, a thousand times a transaction). Which one failed is
 	// asked only when one did (claimsHold).
-	g.ops = []clientv3.Op{clientv3.OpTxn(append(slices.Clip(claim), free), ops, nil)}
+	g.op[0] = clientv3.OpTxn(append(slices.Clip(claim), free), ops, nil)
+	g.ops = g.op[:]
 	g.claim = claim
 	g.written, g.first = c, first
 }
 
 // commit sends the groups' operations in one transaction, and returns
-// the groups to try again: another writer of their claim wrote first.
+// the groups to try again: again, another writer of their claim wrote
+// first; full, the store-full guard refused their events and their end
+// is left to write.
 // etcd takes at most 128 operations a transaction level (its default
 // --max-txn-ops), less those of the levels above, so the streams go in
 // parts of streamsPerTxn, each part one nested transaction.
-func (w *Writer) commit(ctx context.Context, groups []*group) (again []*group) {
+func (w *Writer) commit(ctx context.Context, groups []*group) (again, full []*group) {
 	var parts [][]*group
 	var ops []clientv3.Op
 	for i := 0; i < len(groups); i += streamsPerTxn {
@@ -282,16 +333,36 @@ func (w *Writer) commit(ctx context.Context, groups []*group) (again []*group) {
 		ops = append(ops, clientv3.OpTxn(nil, pops, nil))
 	}
 	if len(ops) == 0 {
-		return nil
+		return nil, nil
 	}
 	w.txns.Add(1)
-	resp, err := w.cli.Txn(ctx).Then(ops...).Commit()
+	// New events, and a stream's first chunk, grow the store: they go
+	// only while the store-full guard key is absent (storeguard). Ends
+	// of streams that have events are let through: see storeFull.
+	txn := w.cli.Txn(ctx)
+	guarded := slices.ContainsFunc(groups, (*group).grows)
+	if guarded {
+		txn = txn.If(storeguard.NotFull(w.keys))
+	}
+	txn = txn.Then(ops...)
+	if guarded {
+		txn = txn.Else(storeguard.GetOp(w.keys))
+	}
+	resp, err := txn.Commit()
+	if err == nil && !resp.Succeeded {
+		if err = storeguard.FromRange(resp.Responses[0].GetResponseRange()); err == nil {
+			err = fmt.Errorf("stream: write the streams' events: the store-full guard refused them, and its key is gone: %w", drover.ErrStoreFull)
+		}
+	}
+	if errors.Is(err, drover.ErrStoreFull) { // nothing was written
+		return nil, storeFull(groups, err)
+	}
 	if err != nil {
 		for _, g := range groups {
 			g.a.known = false // it may have been written: read again
 			g.answer(fmt.Errorf("stream: write task %s's events: %w", g.a.c.Task, err))
 		}
-		return nil
+		return nil, nil
 	}
 	var failed []*group
 	for pi, part := range parts {
@@ -304,7 +375,58 @@ func (w *Writer) commit(ctx context.Context, groups []*group) (again []*group) {
 			}
 		}
 	}
-	return w.refused(ctx, failed)
+	return w.refused(ctx, failed), nil
+}
+
+// grows says whether g's write holds events (not only an end), or
+// makes its stream (a first chunk, an expiry key): it grows the store,
+// so the store-full guard holds it back.
+func (g *group) grows() bool {
+	if !g.a.exists {
+		return true
+	}
+	for _, r := range g.reqs {
+		if !r.done && len(r.events) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// storeFull answers the event writes of groups, refused by the
+// store-full guard, with err (a *drover.StoreFullError), and returns the
+// groups that also hold an end of a stream that has events, to be
+// written without their events. Such an end (attempt_ended, done) is
+// let through a full store: there is one an attempt and one a task, so
+// they are bounded by the tasks already stored (none is added while the
+// store is full), and each is one small event; without it, its
+// followers would wait for the stream's end until its retention. An end
+// of a stream without events (every event of the attempt was refused)
+// is not written, as an end of an attempt that emitted nothing: it
+// would make the stream (its attempt_started, its expiry key).
+// Nothing was written, so what the attempts know of their streams
+// (a.known and the rest) still holds: they are not read again.
+func storeFull(groups []*group, err error) (again []*group) {
+	for _, g := range groups {
+		left := false
+		for _, r := range g.reqs {
+			switch {
+			case r.done:
+			case len(r.events) > 0:
+				r.err, r.done, r.first, r.last = err, true, 0, 0
+			case !g.a.exists:
+				r.done, r.first, r.last = true, 0, 0 // an end of no events: nothing to close
+			default:
+				left = true
+			}
+		}
+		if left {
+			again = append(again, g)
+		} else {
+			g.done = true
+		}
+	}
+	return again
 }
 
 // wrote applies a write of g that succeeded to its attempt.

@@ -1,6 +1,7 @@
 package stream
 
 import (
+	"errors"
 	"testing"
 	"time"
 
@@ -42,5 +43,29 @@ func TestStreamPartIsOneLevel(t *testing.T) {
 		if want := map[bool]int{false: 2, true: 1}[exists]; len(then) != want { // the chunk, and the expiry key of a new stream
 			t.Fatalf("exists %v: %d puts, want %d", exists, len(then), want)
 		}
+	}
+}
+
+// TestRequestsAfterAnEndInOneBatchAreFenced: in one batch, a claim's
+// requests queued behind its end are fenced and add nothing after it.
+func TestRequestsAfterAnEndInOneBatchAreFenced(t *testing.T) {
+	w := NewWriter(nil, keyspace.MustNew("t"), Limits{}, 0)
+	a := &attempt{c: Claim{Task: "x", Attempt: 1, Fence: fixedFence{7}}, known: true, exists: true, last: 4, lastToken: 7, lastType: "log"}
+	end := &request{a: a, end: &Input{Type: AttemptEnded, Data: []byte(`{}`)}, at: time.Unix(1, 0)}
+	late := &request{a: a, events: []Input{{Type: "late"}}, at: time.Unix(1, 0)}
+	g := &group{a: a, reqs: []*request{{a: a, events: []Input{{Type: "log"}}, at: time.Unix(1, 0)}, end, late}}
+	w.build(g)
+	if !late.done || !errors.Is(late.err, ErrFenced) {
+		t.Fatalf("the write behind the end: done %v, err %v, want fenced", late.done, late.err)
+	}
+	if n := len(g.written.List); n != 2 || g.written.List[n-1].Type != AttemptEnded {
+		t.Fatalf("the chunk holds %+v, want the event and the end last", g.written.List)
+	}
+	// The head now ends the claim's attempt: a later batch is fenced.
+	a.lastType = AttemptEnded
+	again := &request{a: a, events: []Input{{Type: "late"}}, at: time.Unix(2, 0)}
+	w.build(&group{a: a, reqs: []*request{again}})
+	if !errors.Is(again.err, ErrFenced) {
+		t.Fatalf("a write after the ended head: %v, want ErrFenced", again.err)
 	}
 }

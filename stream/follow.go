@@ -168,7 +168,7 @@ func (h *Hub) LastSeq(ctx context.Context, id string) (int64, error) {
 	if len(resp.Kvs) == 0 {
 		return 0, nil
 	}
-	c, err := decodeChunk(string(resp.Kvs[0].Key), resp.Kvs[0].Value)
+	c, err := decodeChunk(resp.Kvs[0].Key, resp.Kvs[0].Value)
 	if err != nil || len(c.List) == 0 {
 		return 0, fmt.Errorf("stream: task %s: %w", id, err)
 	}
@@ -199,7 +199,7 @@ func (h *Hub) Read(ctx context.Context, id string, from int64, each func([]Event
 			return fmt.Errorf("stream: read task %s's stream: %w", id, err)
 		}
 		for _, kv := range resp.Kvs {
-			c, err := decodeChunk(string(kv.Key), kv.Value)
+			c, err := decodeChunk(kv.Key, kv.Value)
 			if err != nil {
 				return err
 			}

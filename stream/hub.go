@@ -24,6 +24,12 @@ type Hub struct {
 	mu      sync.Mutex
 	streams map[string]*watched
 	opened  atomic.Int64
+
+	// crew is the Hub's watches, ctx their parent, which stop ends:
+	// Close stops them and waits for them.
+	crew crew
+	ctx  context.Context
+	stop context.CancelFunc
 }
 
 // followerBuffer is how many chunks a follower may be behind before it
@@ -49,7 +55,8 @@ type sub struct {
 // NewHub returns a Hub of the streams of namespace keys. Processes use
 // the shared one of HubFor.
 func NewHub(cli *clientv3.Client, keys keyspace.Space) *Hub {
-	return &Hub{cli: cli, keys: keys, streams: map[string]*watched{}}
+	ctx, stop := context.WithCancel(cli.Ctx())
+	return &Hub{cli: cli, keys: keys, streams: map[string]*watched{}, ctx: ctx, stop: stop}
 }
 
 // HubFor returns the process's Hub of namespace keys through cli: one
@@ -87,13 +94,17 @@ func (h *Hub) Opened() int64 { return h.opened.Load() }
 func (h *Hub) subscribe(ctx context.Context, id string) (*sub, func(), error) {
 	s := &sub{ch: make(chan []Event, followerBuffer)}
 	h.mu.Lock()
+	if err := h.closedErr(id); err != nil {
+		h.mu.Unlock()
+		return nil, nil, err
+	}
 	wd := h.streams[id]
 	if wd == nil {
-		wctx, stop := context.WithCancel(h.cli.Ctx())
+		wctx, stop := context.WithCancel(h.ctx)
 		wd = &watched{ready: make(chan struct{}), stop: stop, subs: map[*sub]struct{}{}}
 		h.streams[id] = wd
 		h.opened.Add(1)
-		go h.run(wctx, id, wd)
+		h.crew.goes(func() { h.run(wctx, id, wd) })
 	}
 	wd.subs[s] = struct{}{}
 	h.mu.Unlock()
@@ -139,8 +150,7 @@ func (h *Hub) run(ctx context.Context, id string, wd *watched) {
 	for resp := range wch {
 		if err := resp.Err(); err != nil {
 			if !created {
-				wd.err = fmt.Errorf("stream: watch task %s's stream: %w", id, err)
-				close(wd.ready)
+				h.failed(id, wd, err)
 			}
 			return
 		}
@@ -153,7 +163,7 @@ func (h *Hub) run(ctx context.Context, id string, wd *watched) {
 			if ev.Type != clientv3.EventTypePut {
 				continue
 			}
-			c, err := decodeChunk(string(ev.Kv.Key), ev.Kv.Value)
+			c, err := decodeChunk(ev.Kv.Key, ev.Kv.Value)
 			if err != nil {
 				continue
 			}
@@ -161,9 +171,26 @@ func (h *Hub) run(ctx context.Context, id string, wd *watched) {
 		}
 	}
 	if !created {
-		wd.err = fmt.Errorf("stream: watch task %s's stream: %w", id, context.Cause(ctx))
-		close(wd.ready)
+		h.failed(id, wd, context.Cause(ctx))
 	}
+}
+
+// failed answers the followers waiting for wd's watch, which did not
+// open, with err (ErrClosed's when the hub was closed).
+func (h *Hub) failed(id string, wd *watched, err error) {
+	wd.err = h.closedErr(id)
+	if wd.err == nil {
+		wd.err = fmt.Errorf("stream: watch task %s's stream: %w", id, err)
+	}
+	close(wd.ready)
+}
+
+// closedErr is the error of a follow of a closed Hub, nil while open.
+func (h *Hub) closedErr(id string) error {
+	if !h.crew.isClosed() {
+		return nil
+	}
+	return fmt.Errorf("%w: the stream hub of namespace %s is closed: task %s's stream is not followed", ErrClosed, h.keys.Root(), id)
 }
 
 // hand gives list to every follower of task id's stream; one whose

@@ -13,13 +13,21 @@ const (
 	outboxBytes  = 512 << 10
 )
 
+// spareEvents bounds the room an idle outbox keeps for its next events:
+// a burst's does not stay with every attempt.
+const spareEvents = 64
+
 // outbox is an attempt's events emitted and not yet sent. A goroutine
 // sends them while there are any, all that came since its last write in
 // its next, and ends when none is left: a stream emitting faster than a
-// write takes has several events in each chunk. The zero value is ready.
+// write takes has several events in each chunk. The zero value with send
+// set is ready.
 type outbox struct {
+	send    func([]Input) error // writes a batch of its events (set once, before the first put)
+	goes    func(func())        // starts the sender (set with send; nil: a goroutine of its own)
 	mu      sync.Mutex
 	queued  []Input
+	spare   []Input // a batch sent, emptied: the next queue's room
 	bytes   int
 	sending bool
 	err     error         // a write fenced or over a cap: every later Emit and Flush gets it
@@ -29,7 +37,7 @@ type outbox struct {
 
 // put queues ins, waiting while the outbox is full, and starts the
 // sender if none runs.
-func (o *outbox) put(ctx context.Context, ins []Input, send func([]Input) error) error {
+func (o *outbox) put(ctx context.Context, ins []Input) error {
 	n := 0
 	for _, in := range ins {
 		n += in.size()
@@ -49,11 +57,18 @@ func (o *outbox) put(ctx context.Context, ins []Input, send func([]Input) error)
 	if err := o.takeErr(); err != nil {
 		return err
 	}
+	if o.queued == nil {
+		o.queued, o.spare = o.spare, nil
+	}
 	o.queued = append(o.queued, ins...)
 	o.bytes += n
 	if !o.sending {
 		o.sending = true
-		go o.run(send)
+		if o.goes != nil {
+			o.goes(o.run)
+		} else {
+			go o.run()
+		}
 	}
 	return nil
 }
@@ -67,7 +82,7 @@ func (o *outbox) wait() <-chan struct{} {
 }
 
 // run sends the queued events until none is left or a write failed.
-func (o *outbox) run(send func([]Input) error) {
+func (o *outbox) run() {
 	for {
 		o.mu.Lock()
 		batch := o.queued
@@ -79,8 +94,12 @@ func (o *outbox) run(send func([]Input) error) {
 		}
 		o.queued, o.bytes = nil, 0
 		o.mu.Unlock()
-		err := send(batch)
+		err := o.send(batch)
+		clear(batch) // nothing holds it once sent: its room takes the next events
 		o.mu.Lock()
+		if cap(batch) <= spareEvents {
+			o.spare = batch[:0]
+		}
 		switch {
 		case err == nil:
 		case errors.Is(err, ErrFenced) || errors.Is(err, ErrStreamFull):

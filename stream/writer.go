@@ -81,6 +81,12 @@ type Writer struct {
 	lastSend  time.Time
 	lastSweep time.Time
 	txns      atomic.Int64
+
+	// crew is the Writer's goroutines (sweeps, attempts' senders), and
+	// ctx the sweeps', which stop ends: Close stops and waits for them.
+	crew crew
+	ctx  context.Context
+	stop context.CancelFunc
 }
 
 // NewWriter returns a Writer of the streams of namespace keys, with
@@ -106,8 +112,9 @@ func NewWriter(cli *clientv3.Client, keys keyspace.Space, lim Limits, pace time.
 	if pace <= 0 {
 		pace = DefaultPace
 	}
+	ctx, stop := context.WithCancel(context.Background()) // a sweep ends with it or with cli's (maybeSweep)
 	return &Writer{cli: cli, keys: keys, lim: lim, pace: pace, now: time.Now, attempts: map[attemptID]*attempt{},
-		inFlight: make(chan struct{}, maxInFlight), batchStreams: streamsPerBatch}
+		inFlight: make(chan struct{}, maxInFlight), batchStreams: streamsPerBatch, ctx: ctx, stop: stop}
 }
 
 type registryKey struct {
@@ -147,9 +154,10 @@ func (w *Writer) Transactions() int64 { return w.txns.Load() }
 // attempt is one attempt's view of its stream. Only the sender of a
 // batch (one at a time) reads or changes it.
 type attempt struct {
-	c    Claim
-	used time.Time     // guarded by the Writer's attMu
-	busy chan struct{} // a batch in flight holds it (closed when sent); guarded by the Writer's flightMu
+	c      Claim
+	prefix string        // its stream's chunks' prefix, set by the sender
+	used   time.Time     // guarded by the Writer's attMu
+	busy   chan struct{} // a batch in flight holds it (closed when sent); guarded by the Writer's flightMu
 
 	known       bool  // the fields below are read from etcd
 	exists      bool  // the stream has events
@@ -188,10 +196,16 @@ type request struct {
 // first and last. It returns once they are stored, or with an error and
 // none of them stored: one matching ErrFenced when the claim no longer
 // holds or a later attempt has written; ErrStreamFull when they would
-// take the stream past a cap; a *drover.InputError for a bad event. (An
+// take the stream past a cap; a *drover.StoreFullError (matching
+// drover.ErrStoreFull) while etcd's database is past the store-full
+// guard's high-water mark; a *drover.InputError for a bad event;
+// ErrClosed once the Writer is closed. (An
 // error of etcd itself, a timeout, leaves it unknown whether they were
 // stored, as for any etcd write.)
 func (w *Writer) Append(ctx context.Context, c Claim, ins []Input) (first, last int64, err error) {
+	if err := w.closedErr(c.Task); err != nil {
+		return 0, 0, err
+	}
 	return w.append(ctx, w.attempt(c), ins)
 }
 

@@ -15,6 +15,7 @@ import (
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/lease"
 	"github.com/droverhq/drover/storeguard"
+	"github.com/droverhq/drover/tracing/otelspan"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -364,18 +365,11 @@ func (s *Store) ChildrenReady(ctx context.Context, id string, cw ChildrenWait) (
 // spawned, in one request.
 func (s *Store) countChildren(ctx context.Context, id string, cp Checkpoint) (ChildWait, error) {
 	w := ChildWait{Step: cp.Step, SpawnRecord: *cp.Spawn, Since: cp.At}
-	resp, err := s.cli.Txn(ctx).Then(
-		clientv3.OpGet(s.keys.ChildSubmitted(id, cp.Step), clientv3.WithCountOnly()),
-		clientv3.OpGet(s.keys.ChildDones(id, cp.Step), clientv3.WithPrefix(), clientv3.WithCountOnly()),
-		clientv3.OpGet(s.keys.ChildFaileds(id, cp.Step), clientv3.WithPrefix(), clientv3.WithCountOnly()),
-	).Commit()
+	c, rev, err := s.CountSteps(ctx, id, []int{cp.Step})
 	if err != nil {
-		return w, fmt.Errorf("task %s: count the children of step %d: %w", id, cp.Step, err)
+		return w, err
 	}
-	w.Rev = resp.Header.Revision
-	w.Submitted = resp.Responses[0].GetResponseRange().Count > 0
-	w.Done = resp.Responses[1].GetResponseRange().Count
-	w.Failed = resp.Responses[2].GetResponseRange().Count
+	w.Rev, w.Submitted, w.Done, w.Failed = rev, c[0].Submitted, c[0].Done, c[0].Failed
 	return w, nil
 }
 
@@ -465,7 +459,9 @@ func (r *stepRun) awaitChildren(ctx context.Context, cp Checkpoint) (ChildWait, 
 		// cancel, a lost lease): the same ids go in whoever submits them,
 		// and the spawner must see a cancel through (SubmitChildren).
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+		sctx, span := otelspan.StartSpawn(sctx, r.id, cp.Step, len(plan))
 		err = r.cfg.Spawner.SubmitChildren(sctx, r.id, cp.Step, plan)
+		otelspan.End(span, err)
 		cancel()
 		if err != nil {
 			return w, fmt.Errorf("task %s: submit the children of step %d: %w", r.id, cp.Step, err)

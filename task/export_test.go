@@ -39,3 +39,8 @@ func (s *Store) PlanOnly(ctx context.Context, f lease.Fence, id string, step int
 	}
 	return s.fencedPut(ctx, f, pw.ops...)
 }
+
+// LoadAfter is loadAfter for the tests.
+func (s *Store) LoadAfter(ctx context.Context, id string, after int64) (Checkpoint, error) {
+	return s.loadAfter(ctx, id, after)
+}

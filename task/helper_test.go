@@ -117,6 +117,9 @@ func runHelper(mode string) int {
 	}
 	defer r.Close(ctx)
 	steps := agentSteps(nsteps, stepDur, os.Getenv("H_LOG"), worker, mode == "report")
+	if os.Getenv("H_EMIT") != "" {
+		steps = emitting(steps, worker, &outMu)
+	}
 	for _, id := range strings.Split(os.Getenv("H_TASKS"), ",") {
 		_, err := r.Run(context.WithValue(ctx, taskIDKey{}, id), id, steps)
 		if err != nil {

@@ -11,43 +11,9 @@ import (
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/lease"
 	"github.com/droverhq/drover/lock"
+	"github.com/droverhq/drover/tracing/otelspan"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
-
-// EventType names what happened in a run.
-type EventType string
-
-// Events a Runner reports to RunnerConfig.OnEvent, in order.
-const (
-	EventWaiting          EventType = "waiting"           // another worker holds the task
-	EventAcquired         EventType = "acquired"          // this worker holds the task (Token set)
-	EventResumed          EventType = "resumed"           // Step is the first step this run will do
-	EventStepStarted      EventType = "step_started"      // Step, Name
-	EventStepCheckpointed EventType = "step_checkpointed" // Step, Name: the checkpoint is written
-	EventSleeping         EventType = "sleeping"          // Step ended with a sleep until Until: the task is let go
-	EventAwaitingSignal   EventType = "awaiting_signal"   // Step ended with a wait for the signals Signals: the task is let go
-	EventSignalReceived   EventType = "signal_received"   // Step is resumed with the signal Name (Err "timed out": none came)
-	EventWaitingChildren  EventType = "waiting_children"  // Step spawned children the task waits for: the task is let go
-	EventCompleted        EventType = "completed"         // the last step is checkpointed
-	EventAlreadyCompleted EventType = "already_completed" // nothing left to do
-	EventLost             EventType = "lost"              // the lock was lost; Err says why
-)
-
-// Event is one thing that happened in a run, for timelines and logs.
-type Event struct {
-	Type   EventType `json:"type"`
-	TaskID string    `json:"task_id"`
-	Worker string    `json:"worker"`
-	Step   int       `json:"step,omitempty"`
-	Name   string    `json:"name,omitempty"`
-	Token  int64     `json:"token,omitempty"`
-	At     time.Time `json:"at"`
-	Err    string    `json:"error,omitempty"`
-	// Until is when the sleep of a "sleeping" event ends.
-	Until time.Time `json:"until,omitzero"`
-	// Signals are what an "awaiting_signal" event waits for.
-	Signals []string `json:"signals,omitempty"`
-}
 
 // RunnerConfig configures a Runner. The zero value is valid.
 type RunnerConfig struct {
@@ -86,6 +52,11 @@ type RunnerConfig struct {
 	// Now is the clock steps' sleeps are counted and judged by; nil means
 	// time.Now.
 	Now func() time.Time
+	// Spawner submits the children a step spawns (see Spawn): with one, a
+	// step of a named task can spawn, and a Run stops while they run
+	// (Result.Waiting.Children) as it does for a wait; run the task again
+	// once they ended. nil: a step cannot spawn.
+	Spawner Spawner
 }
 
 // Validate reports the first field that is not usable.
@@ -130,6 +101,7 @@ type Runner struct {
 	onEvent    func(Event)
 	logger     *slog.Logger
 	now        func() time.Time
+	spawner    Spawner
 }
 
 // NewRunner returns a runner on cli. Close it to release its lease.
@@ -149,7 +121,7 @@ func NewRunner(ctx context.Context, cli *clientv3.Client, cfg RunnerConfig) (*Ru
 	if limit == 0 {
 		limit = DefaultStateLimit
 	}
-	r := &Runner{store: store, worker: lock.NewHolder(cfg.WorkerID).ID, limit: limit, onEvent: cfg.OnEvent, logger: logger, now: cfg.Now}
+	r := &Runner{store: store, worker: lock.NewHolder(cfg.WorkerID).ID, limit: limit, onEvent: cfg.OnEvent, logger: logger, now: cfg.Now, spawner: cfg.Spawner}
 	switch l := cfg.Locker.(type) {
 	case nil:
 		locker, err := lock.NewEtcd(ctx, cli, lock.EtcdConfig{Namespace: cfg.Namespace, TTL: cfg.TTL, Lease: cfg.Lease, HolderID: cfg.WorkerID, Logger: logger})
@@ -259,6 +231,13 @@ func CheckSteps(steps []Step) error {
 // but its checkpoint was not written, so a later Run starts at that step),
 // or ctx's. The task's lock is released when Run returns.
 //
+// Steps emit to the task's stream through their context (stream.Emit,
+// stream.Token), fenced by the task's lock: each Run that writes is an
+// attempt of the stream, whose events follow an attempt_lost boundary
+// when the run before lost the task; a completed task's stream ends with
+// done, and a run that parks the task or fails ends its events with
+// attempt_ended.
+//
 // A step that ends with a SleepRequest (Sleep, SleepUntil) ends the run
 // once its checkpoint is written: Run returns a nil error with
 // Result.SleepingUntil set, and the lock is released, so nothing is held
@@ -293,7 +272,13 @@ func (r *Runner) Run(ctx context.Context, id string, steps []Step) (Result, erro
 	defer cancel(nil)
 	stop := context.AfterFunc(lctx, func() { cancel(context.Cause(lctx)) })
 	defer stop()
-	return r.store.RunSteps(runCtx, f, id, steps, StepConfig{Worker: r.worker, StateLimit: r.limit, OnEvent: r.emit, Now: r.now})
+	runCtx, at, err := r.beginStream(runCtx, id, f)
+	if err != nil {
+		return Result{TaskID: id, Token: f.Token()}, err
+	}
+	res, err := r.store.RunSteps(runCtx, f, id, steps, StepConfig{Worker: r.worker, StateLimit: r.limit, OnEvent: r.emit, Now: r.now, Spawner: r.spawner})
+	r.endStream(ctx, at, f, res, err)
+	return res, err
 }
 
 // claim waits in line for task id's lock, then for a queue worker running
@@ -333,6 +318,10 @@ type StepConfig struct {
 	// Spawner submits the children a step spawns (see Spawn); nil: a
 	// step cannot spawn.
 	Spawner Spawner
+	// ClaimedAt, when set, is the etcd revision the caller's claim of the
+	// task was made at (a queue claim's): the checkpoint is then read
+	// without a read index round when the etcd member is past it.
+	ClaimedAt int64
 }
 
 // RunSteps runs task id's steps under fence f, which the caller holds (a
@@ -362,7 +351,7 @@ func (s *Store) RunSteps(ctx context.Context, f lease.Fence, id string, steps []
 		r.limit = DefaultStateLimit
 	}
 	res := Result{TaskID: id, Token: f.Token()}
-	cp, err := s.Load(ctx, id)
+	cp, err := s.loadAfter(ctx, id, cfg.ClaimedAt)
 	if err != nil {
 		return res, err
 	}
@@ -416,6 +405,7 @@ func (s *Store) RunSteps(ctx context.Context, f lease.Fence, id string, steps []
 			return res, err
 		}
 	}
+	r.waitsOver(ctx, cp, nil, time.Now()) // children the last step spawned
 	r.emit(Event{Type: EventCompleted, TaskID: id, Step: len(steps)})
 	return res, nil
 }
@@ -482,6 +472,26 @@ type stepRun struct {
 	// step plannedStep: submitted from memory, not read back.
 	planned     []Child
 	plannedStep int
+	// children is the wait for the children of the checkpoint the run
+	// resumes from, over: its span is recorded once the next step's
+	// checkpoint commits (or, no step following, as the run ends), so
+	// that an attempt whose step fails does not record it again.
+	children *ChildWait
+}
+
+// waitsOver records the spans of the waits checkpoint cp ended with, up
+// to the start of the step after it: the children it waited for, the
+// signal sg it got. Called once that step's checkpoint commits, which
+// consumes the waits: a step that fails and runs again records them
+// once.
+func (r *stepRun) waitsOver(ctx context.Context, cp Checkpoint, sg *Signal, started time.Time) {
+	if w := r.children; w != nil && w.Step == cp.Step {
+		otelspan.ChildrenWait(ctx, r.id, cp.Step, w.N, w.Wait, cp.At, started)
+	}
+	r.children = nil
+	if sg != nil && cp.Wait != nil {
+		otelspan.SignalWait(ctx, r.id, cp.Step, cp.Wait.Signals, sg.Name, sg.TimedOut, cp.Wait.Since, started)
+	}
 }
 
 // waiting submits the children checkpoint cp's step spawned, if they are
@@ -490,6 +500,9 @@ type stepRun struct {
 func (r *stepRun) waiting(ctx context.Context, cp Checkpoint, res *Result) (bool, error) {
 	w, err := r.awaitChildren(ctx, cp)
 	if err != nil || w.Ready() {
+		if err == nil {
+			r.children = &w
+		}
 		return false, err
 	}
 	res.Waiting = &Wait{Since: cp.At, Children: &ChildrenWait{Step: cp.Step, N: w.N, Wait: w.Wait, Collect: w.Collect, Rev: w.Rev}}
@@ -501,9 +514,11 @@ func (r *stepRun) waiting(ctx context.Context, cp Checkpoint, res *Result) (bool
 // it returns; a sleep the step asked for is in its SleepUntil, a wait in
 // its Wait. sg, when set, is the signal that ended the wait of cp: the
 // step gets it through its context, and its checkpoint consumes it.
-func (r *stepRun) step(ctx context.Context, i int, cp Checkpoint, sg *Signal) (Checkpoint, error) {
+func (r *stepRun) step(ctx context.Context, i int, cp Checkpoint, sg *Signal) (next Checkpoint, err error) {
 	n, step, id, f := i+1, r.steps[i], r.id, r.f
-	started := time.Now()
+	started, outer := time.Now(), ctx
+	ctx, span := otelspan.StartStep(ctx, id, n, step.Name)
+	defer func() { otelspan.End(span, err) }()
 	if sg != nil {
 		ctx = context.WithValue(ctx, signalKey{}, sg)
 		ev := Event{Type: EventSignalReceived, TaskID: id, Step: n, Name: sg.Name}
@@ -547,9 +562,10 @@ func (r *stepRun) step(ctx context.Context, i int, cp Checkpoint, sg *Signal) (C
 			return cp, err
 		}
 	}
-	next := Checkpoint{TaskID: id, Step: n, StepName: step.Name, Steps: len(r.steps), Completed: n == len(r.steps) && sp == nil,
+	next = Checkpoint{TaskID: id, Step: n, StepName: step.Name, Steps: len(r.steps), Completed: n == len(r.steps) && sp == nil,
 		State: state, SleepUntil: until, Wait: wait, Spawn: sp, Worker: r.cfg.Worker, Token: f.Token(), At: time.Now().UTC()}
 	rec := StepRecord{Step: n, Name: step.Name, Worker: r.cfg.Worker, Token: f.Token(), StartedAt: started.UTC(), FinishedAt: next.At}
+	flushStream(ctx)
 	// The fence, not the step's context, decides whether this write
 	// counts: commit even if the context ended as the step finished.
 	cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
@@ -561,6 +577,7 @@ func (r *stepRun) step(ctx context.Context, i int, cp Checkpoint, sg *Signal) (C
 		}
 		return cp, err
 	}
+	r.waitsOver(outer, cp, sg, started)
 	r.emit(Event{Type: EventStepCheckpointed, TaskID: id, Step: n, Name: step.Name, Token: f.Token()})
 	return next, nil
 }

@@ -104,11 +104,18 @@ func (s *Store) planPut(ctx context.Context, f lease.Fence, prev Checkpoint, id 
 // got as the command of one step name that step's, and a command it
 // starts for another step, or for a task that is not one, must not read
 // or write them. The caller appends the new step's own.
+//
+// It drops the trace context a process inherited too (TRACEPARENT,
+// TRACESTATE, BAGGAGE, as OpenTelemetry's environment carriers name
+// them): it is the process's own caller's, not the task's, and a command
+// run for a task that was not traced must not join that trace. The
+// caller appends the task's, when it has one.
 func InheritedEnv(environ []string) []string {
 	out := make([]string, 0, len(environ))
 	for _, kv := range environ {
 		name, _, _ := strings.Cut(kv, "=")
-		if name == "DROVER_SIGNAL_NAME" || strings.HasPrefix(name, "DROVER_") && strings.HasSuffix(name, "_FILE") {
+		if name == "DROVER_SIGNAL_NAME" || strings.HasPrefix(name, "DROVER_") && strings.HasSuffix(name, "_FILE") ||
+			name == "TRACEPARENT" || name == "TRACESTATE" || name == "BAGGAGE" {
 			continue
 		}
 		out = append(out, kv)

@@ -208,3 +208,15 @@ func TestReadStepFile(t *testing.T) {
 		t.Fatalf("small: %q, %v", b, err)
 	}
 }
+
+// TestInheritedEnvDropsTraceContext: the trace context a worker inherited
+// (TRACEPARENT, TRACESTATE, BAGGAGE) does not reach a task's command; an
+// OTEL_ setting, which says how to trace rather than which trace, does.
+func TestInheritedEnvDropsTraceContext(t *testing.T) {
+	in := []string{"PATH=/bin", "TRACEPARENT=00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "TRACESTATE=k=v",
+		"BAGGAGE=user=1", "OTEL_SERVICE_NAME=w", "TRACEPARENTS=x"}
+	got := strings.Join(task.InheritedEnv(in), " ")
+	if want := "PATH=/bin OTEL_SERVICE_NAME=w TRACEPARENTS=x"; got != want {
+		t.Fatalf("inherited %q; want %q", got, want)
+	}
+}

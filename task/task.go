@@ -11,6 +11,7 @@ import (
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/lease"
 	"github.com/droverhq/drover/storeguard"
+	"github.com/droverhq/drover/tracing/otelspan"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -159,10 +160,27 @@ func NewStore(cli *clientv3.Client, ns string) (*Store, error) {
 
 // Load returns task id's checkpoint; a task never checkpointed has Step 0.
 func (s *Store) Load(ctx context.Context, id string) (Checkpoint, error) {
+	return s.loadAfter(ctx, id, 0)
+}
+
+// loadAfter is Load for a caller whose claim of id was made at etcd
+// revision after (0: unknown): a read of the etcd member's own state (no
+// read index round) that has applied at least that revision sees every
+// checkpoint an attempt before the claim wrote, since each was fenced by
+// a claim that ended before this one began; an older one is read again
+// linearizably.
+func (s *Store) loadAfter(ctx context.Context, id string, after int64) (Checkpoint, error) {
 	if err := CheckID(id); err != nil {
 		return Checkpoint{}, err
 	}
-	g, err := s.cli.Get(ctx, s.keys.TaskCheckpoint(id))
+	var g *clientv3.GetResponse
+	var err error
+	if after > 0 {
+		g, err = s.cli.Get(ctx, s.keys.TaskCheckpoint(id), clientv3.WithSerializable())
+	}
+	if after <= 0 || err != nil || g.Header.Revision < after {
+		g, err = s.cli.Get(ctx, s.keys.TaskCheckpoint(id))
+	}
 	if err != nil {
 		return Checkpoint{}, fmt.Errorf("task: load checkpoint of %s: %w", id, err)
 	}
@@ -215,7 +233,9 @@ func (s *Store) Commit(ctx context.Context, f lease.Fence, prev Checkpoint, next
 // commit is Commit with more writes made in the same transaction (a
 // signal's consumption, a plan's last chunk) and more conditions (that a
 // plan's chunks are still those written for this commit).
-func (s *Store) commit(ctx context.Context, f lease.Fence, prev Checkpoint, next *Checkpoint, rec StepRecord, also []clientv3.Op, cmps ...clientv3.Cmp) error {
+func (s *Store) commit(ctx context.Context, f lease.Fence, prev Checkpoint, next *Checkpoint, rec StepRecord, also []clientv3.Op, cmps ...clientv3.Cmp) (err error) {
+	ctx, span := otelspan.StartCheckpoint(ctx, next.TaskID, rec.Step)
+	defer func() { otelspan.End(span, err) }()
 	cpKey, stepKey := s.keys.TaskCheckpoint(next.TaskID), s.keys.TaskStep(next.TaskID, rec.Step)
 	cpVal, err := json.Marshal(next)
 	if err != nil {

@@ -91,9 +91,67 @@ func (r *WaitRequest) Check() error {
 	return nil
 }
 
+// ParseWaitText reads a wait as text, as an exec step writes it to its
+// DROVER_WAIT_FILE: signal names separated by commas, then, optionally,
+// a timeout (a duration such as 24h, or a number of seconds), such as
+// "approval 24h". field names the input in the error (a
+// *drover.InputError); the request returned is checked.
+func ParseWaitText(field, text string) (*WaitRequest, error) {
+	f := strings.Fields(text)
+	if len(f) == 0 || len(f) > 2 {
+		return nil, &drover.InputError{Field: field, Value: text, Rule: "must be NAME[,NAME...] [TIMEOUT], such as \"approval 24h\""}
+	}
+	req := &WaitRequest{Signals: strings.Split(f[0], ",")}
+	if len(f) == 2 {
+		sl, err := ParseSleep(field, f[1])
+		if err == nil && !sl.Until.IsZero() {
+			err = &drover.InputError{Field: field, Value: f[1], Rule: "the timeout must be a duration such as 24h, or a number of seconds"}
+		}
+		if err != nil {
+			return nil, err
+		}
+		req.Timeout = sl.For
+	}
+	if err := req.Check(); err != nil {
+		var ie *drover.InputError
+		if errors.As(err, &ie) {
+			return nil, ie.Renamed(field + " " + ie.Field)
+		}
+		return nil, err
+	}
+	return req, nil
+}
+
 // CheckSignalName returns a *drover.InputError unless name is a valid
 // signal name (the rule of keyspace.CheckName).
 func CheckSignalName(name string) error { return keyspace.CheckName("signal name", name) }
+
+// MaxSignalData bounds a signal's data, in bytes of JSON.
+const MaxSignalData = 64 << 10
+
+// CheckSignal returns a *drover.InputError unless a signal name, with
+// data (JSON, at most MaxSignalData bytes; empty: none) and idempotency
+// key idem ("": a random one), is a valid signal to task id.
+func CheckSignal(id, name string, data json.RawMessage, idem string) error {
+	if err := CheckID(id); err != nil {
+		return err
+	}
+	if err := CheckSignalName(name); err != nil {
+		return err
+	}
+	if idem != "" {
+		if err := CheckIdempotencyKey(idem); err != nil {
+			return err
+		}
+	}
+	if len(data) > MaxSignalData {
+		return &drover.InputError{Field: "data", Value: len(data), Rule: fmt.Sprintf("must be at most %d bytes of JSON", MaxSignalData)}
+	}
+	if len(data) > 0 && !json.Valid(data) {
+		return &drover.InputError{Field: "data", Rule: "must be JSON"}
+	}
+	return nil
+}
 
 // CheckIdempotencyKey returns a *drover.InputError unless key is a valid
 // signal idempotency key (the rule of keyspace.CheckName).
@@ -110,14 +168,41 @@ func waitOf(err error) (*WaitRequest, bool) {
 type Wait struct {
 	// Signals are the signal names the task waits for.
 	Signals []string `json:"signals,omitempty"`
-	// Since is when the wait began.
-	Since time.Time `json:"since"`
+	// Since is when the wait began (a queued task's record may leave it
+	// to its WAITING transition: see Stored).
+	Since time.Time `json:"since,omitzero"`
 	// Until is when the wait times out; zero: it does not.
 	Until time.Time `json:"until,omitzero"`
 	// Children, when set, says the task waits for the children a step
 	// spawned (see Spawn), not for a signal; the checkpoint's Spawn
 	// records it, and this is only what a run reports.
 	Children *ChildrenWait `json:"children,omitempty"`
+}
+
+// Stored is w as a record keeps it that says elsewhere when the wait
+// began (since) and when it times out (until, zero for no timeout): its
+// Since left out when it is since, its Until when it is until. Fill
+// puts them back.
+func (w *Wait) Stored(since, until time.Time) *Wait {
+	s := *w
+	if s.Since.Equal(since) {
+		s.Since = time.Time{}
+	}
+	if s.Until.Equal(until) {
+		s.Until = time.Time{}
+	}
+	return &s
+}
+
+// Fill puts back into a wait read from a record what Stored left out:
+// since and until (what the rest of the record says) where w has none.
+func (w *Wait) Fill(since, until time.Time) {
+	if w.Since.IsZero() {
+		w.Since = since
+	}
+	if w.Until.IsZero() {
+		w.Until = until
+	}
 }
 
 // Begin is the wait r asks for, beginning at now (r checked).
@@ -302,6 +387,13 @@ func (s *Store) consumeOps(id string, sg *Signal, at time.Time) []clientv3.Op {
 	v, _ := json.Marshal(seenValue{At: at.UTC(), Sent: sg.SentAt})
 	return []clientv3.Op{clientv3.OpDelete(s.keys.TaskSignal(id, sg.Name, sg.IdempotencyKey)),
 		clientv3.OpPut(s.keys.TaskSignalSeen(id, sg.Name, sg.IdempotencyKey), string(v))}
+}
+
+// ConsumeOps are the writes that consume signal sg of task id at at (none
+// for a timeout), for a caller that consumes it in a fenced transaction
+// of its own: a plain queue task's outcome (package queue).
+func (s *Store) ConsumeOps(id string, sg *Signal, at time.Time) []clientv3.Op {
+	return s.consumeOps(id, sg, at)
 }
 
 // resumeWait decides what a run that loads a checkpoint waiting for wt

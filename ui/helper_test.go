@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -15,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto"
 	"github.com/chromedp/cdproto/log"
 	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
@@ -62,7 +64,7 @@ func newSite(t *testing.T, edit ...func(*httpapi.Config)) *site {
 	var once sync.Once
 	stop := func() {
 		once.Do(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second) // a bound, not a measure: a loaded machine drains slowly
 			defer cancel()
 			if err := s.Close(ctx); err != nil {
 				t.Error(err)
@@ -321,8 +323,31 @@ func eval[T any](tb *tab, expr string) T {
 	return v
 }
 
-// click clicks the element of a CSS selector once it is visible.
+// click clicks the element of a CSS selector once it is visible. A page
+// that re-renders between the query and the click (the data it shows
+// arrived) leaves the queried node stale: that attempt fails before any
+// mouse event is sent, so click queries again, a bounded number of times.
 func (tb *tab) click(sel string) {
 	tb.t.Helper()
-	tb.do("click "+sel, chromedp.WaitVisible(chromedp.CSS(sel)), chromedp.Click(chromedp.CSS(sel)))
+	const attempts = 5
+	var err error
+	for range attempts {
+		err = chromedp.Do(tb.ctx, chromedp.WaitVisible(chromedp.CSS(sel)), chromedp.Click(chromedp.CSS(sel)))
+		if !staleNode(err) {
+			break
+		}
+	}
+	if err != nil {
+		tb.t.Fatalf("click %s: %v", sel, err)
+	}
+}
+
+// staleNode says whether err is the browser's answer about a node the page
+// has since removed: no node with that id, or no box for it.
+func staleNode(err error) bool {
+	var cdpErr *cdproto.Error
+	if errors.As(err, &cdpErr) {
+		return cdpErr.Code == -32000 && strings.Contains(strings.ToLower(cdpErr.Message), "node")
+	}
+	return errors.Is(err, chromedp.ErrInvalidDimensions)
 }

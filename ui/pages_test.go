@@ -28,11 +28,12 @@ var pages = []page{
 	{"workers", "#/workers", `!!document.querySelector("#workers table") && !!document.querySelector("#registry table")`},
 	{"flow", "#/flow", `!!document.querySelector("#limits table") && !!document.querySelector("#quotas table") && !!document.querySelector("#breakers table")`},
 	{"paxos", "#/paxos", `!!document.querySelector("#paxos-none")`},
+	{"budgets", "#/budgets", `!!document.querySelector('[data-budget="openai/gpt-4.1/key-prod"] [data-tenant="globex"]')`},
 }
 
 // fill gives every page something to show: queues with tasks in several
 // states (one with step checkpoints), a worker, a held lock with a waiter,
-// a registered component, a rate limit, a quota and breakers. It returns a
+// a registered component, a rate limit, a quota, breakers and LLM budgets. It returns a
 // function that ends the lock's wait.
 func fill(t *testing.T, s *site) (stop func()) {
 	t.Helper()
@@ -70,6 +71,8 @@ func fill(t *testing.T, s *site) (stop func()) {
 	s.do("PUT", "/v1/breakers/llm", map[string]any{"failures": 1, "cooldown": "5m"}, 200)
 	call := s.do("POST", "/v1/breakers/llm/allow", map[string]any{}, 200)["call"]
 	s.do("POST", "/v1/breakers/llm/outcome", map[string]any{"ok": false, "call": call}, 200)
+
+	fillBudgets(s)
 
 	lock := s.do("POST", "/v1/locks/nightly-report", map[string]any{"session": sess}, 200)
 	waiter := s.session()

@@ -12,10 +12,6 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// countBatch is how many steps one count-only transaction takes (three
-// operations a step; etcd allows 128 a request by default).
-const countBatch = 40
-
 // stepLayout is a step that spawned children, as a committed checkpoint
 // says: its counts and the chunks of its plan, in order.
 type stepLayout struct {
@@ -69,7 +65,7 @@ func readLayout(ctx context.Context, src Source, keys keyspace.Space, parent str
 		}
 	}
 	slices.Sort(steps)
-	counted, err := count(ctx, src.Etcd, keys, parent, steps)
+	counted, err := count(ctx, src, parent, steps)
 	if err != nil {
 		return layout{}, err
 	}
@@ -96,29 +92,20 @@ func readLayout(ctx context.Context, src Source, keys keyspace.Space, parent str
 	return l, nil
 }
 
-// count reads the counts of every step's children, countBatch steps a
-// transaction: Submitted, Succeeded and Failed (Spawned and Live are the
-// caller's).
-func count(ctx context.Context, cli *clientv3.Client, keys keyspace.Space, parent string, steps []int) ([]Step, error) {
-	out := make([]Step, 0, len(steps))
-	for start := 0; start < len(steps); start += countBatch {
-		batch := steps[start:min(start+countBatch, len(steps))]
-		ops := make([]clientv3.Op, 0, 3*len(batch))
-		for _, s := range batch {
-			ops = append(ops,
-				clientv3.OpGet(keys.ChildSubmitted(parent, s), clientv3.WithCountOnly()),
-				clientv3.OpGet(keys.ChildDones(parent, s), clientv3.WithPrefix(), clientv3.WithCountOnly()),
-				clientv3.OpGet(keys.ChildFaileds(parent, s), clientv3.WithPrefix(), clientv3.WithCountOnly()))
-		}
-		resp, err := cli.Txn(ctx).Then(ops...).Commit()
-		if err != nil {
-			return nil, fmt.Errorf("children of %s: count them: %w", parent, err)
-		}
-		for i, s := range batch {
-			r := resp.Responses[3*i : 3*i+3]
-			done, failed := r[1].GetResponseRange().Count, r[2].GetResponseRange().Count
-			out = append(out, Step{Step: s, Submitted: r[0].GetResponseRange().Count > 0, Succeeded: done - failed, Failed: failed})
-		}
+// count reads the counts of every step's children (task.Store.CountSteps):
+// Submitted, Succeeded and Failed (Spawned and Live are the caller's).
+func count(ctx context.Context, src Source, parent string, steps []int) ([]Step, error) {
+	store, err := task.NewStore(src.Etcd, src.Namespace)
+	if err != nil {
+		return nil, err
+	}
+	counted, _, err := store.CountSteps(ctx, parent, steps)
+	if err != nil {
+		return nil, fmt.Errorf("children of %s: %w", parent, err)
+	}
+	out := make([]Step, len(counted))
+	for i, c := range counted {
+		out[i] = Step{Step: c.Step, Submitted: c.Submitted, Succeeded: c.Done - c.Failed, Failed: c.Failed}
 	}
 	return out, nil
 }

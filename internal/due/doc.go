@@ -13,7 +13,12 @@
 // move deletes the item's key and applies the owner's writes only if the
 // key is still as read, so among any number of workers and servers racing
 // for an item exactly one moves it. A restarted process reads the index
-// again and misses nothing.
+// again and misses nothing. With a backlog an index may take several
+// batches a read and move them side by side (Index.Parallel), and the
+// movers of one index may take turns over its batches (Index.Turns), so
+// that they share a backlog rather than all gather the same batch; a turn
+// is bound to a short lease of its mover's own, not kept alive, so it ends
+// on its own when its mover hangs or stops.
 //
 //	ix := &due.Index{Client: cli, Prefix: prefix, Move: func(kv *mvccpb.KeyValue) []clientv3.Op {
 //		return []clientv3.Op{clientv3.OpPut(target(kv), string(kv.Value))}

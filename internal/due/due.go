@@ -3,10 +3,9 @@ package due
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
+	"sync"
 	"time"
 
 	"github.com/droverhq/drover/keyspace"
@@ -68,8 +67,42 @@ type Index struct {
 	// due in a steady stream otherwise move as each falls due, a few at a
 	// time, and there is little to gather.
 	Linger time.Duration
-	// Batch is how many items one request moves (0: DefaultBatch).
+	// Batch is how many items one request moves (0: DefaultBatch; at
+	// most etcd's 128 operations a request).
 	Batch int
+	// Parallel is how many requests of Batch items each one read takes
+	// and moves at once, when that many are due (0: one). The items of
+	// one read are in due order and each request takes the next Batch of
+	// them, so the requests' items are disjoint: their moves do not
+	// refuse one another. A backlog then moves Parallel batches a round
+	// trip (the range read, then the requests side by side), not one.
+	// At most 127 (one turn request takes every batch's turn).
+	Parallel int
+	// Turns, if set, makes several movers of the index share a backlog
+	// rather than race for it: before it moves the batches of a read, a
+	// mover puts a key per batch under Turns (outside Prefix), named after
+	// the batch's first item, if absent, and moves only the batches whose
+	// keys it put or finds its own (the value is its id, Holder); it reads
+	// the others again a moment later (turnWait, doubled while the same
+	// batch stays held). The moves delete their keys (if they still hold
+	// the mover's id), and each key is bound to a lease of the mover's own that lives
+	// TurnTTL and is not kept alive, so a turn whose mover hangs or
+	// stopped ends on its own. The keys order no move: each move still
+	// compares its items as read.
+	Turns string
+	// TurnTTL is the life of a mover's turn lease (0: DefaultTurnTTL;
+	// etcd raises it to its least, about 2 s). A mover grants a new lease
+	// when the last has less than RequestTimeout and a second left, so a
+	// TurnTTL shorter than that makes a grant at every read.
+	TurnTTL time.Duration
+	// RequestTimeout bounds each move (its Gather and its transaction)
+	// and each turn request (0: DefaultRequestTimeout with Turns, else
+	// none), so that a hung request holds no turn beyond it; a move under
+	// a turn also ends a second before the turn's lease does.
+	RequestTimeout time.Duration
+	// Holder is the id the mover's turn keys carry ("": one made for the
+	// index: host, process, a random part).
+	Holder string
 	// Now is the clock (nil: time.Now).
 	Now func() time.Time
 	// OnMoved, if set, is called with the items a request moved.
@@ -84,10 +117,20 @@ type Index struct {
 	// Run's error log: when it last wrote, and the errors since.
 	logged   time.Time
 	unlogged int
-}
+	// pause is Run's sleep between tries (nil: sleep).
+	pause func(ctx context.Context, d time.Duration)
 
-// errorLogEvery is how often Run logs its errors at most.
-const errorLogEvery = time.Minute
+	// The turns' holder id and lease (turns.go), and when that ends; the
+	// first item of the batch last found held and the wait before its
+	// read again (heldWait); when a failed grant was last logged.
+	turnMu      sync.Mutex
+	holder      string
+	lease       clientv3.LeaseID
+	leaseEnd    time.Time
+	held        string
+	heldFor     time.Duration
+	grantLogged time.Time
+}
 
 func (ix *Index) now() time.Time {
 	if ix.Now != nil {
@@ -125,19 +168,17 @@ func (ix *Index) PromoteFrom(ctx context.Context, from time.Time) (next, done ti
 // from (Run, which sees every item put) starts there. done is the time up
 // to which every item was moved: the next call's from.
 func (ix *Index) promote(ctx context.Context, from time.Time) (next, done time.Time, moved int, err error) {
-	batch := ix.Batch
-	if batch <= 0 {
-		batch = DefaultBatch
-	}
+	batch := ix.batchSize()
 	start := ix.Prefix
 	if !from.IsZero() {
 		start = Bound(ix.Prefix, from)
 	}
 	span := firstStep
 	lingered := "" // the start of the last read that lingered
+	skipped := ""  // the first item of the first batch another mover had the turn of
 	for {
 		now := ix.now()
-		kvs, more, stepEnd, err := ix.readDue(ctx, start, now, span, batch)
+		kvs, more, stepEnd, err := ix.readDue(ctx, start, now, span, batch*ix.parallel())
 		if err != nil {
 			return time.Time{}, from, moved, err
 		}
@@ -155,26 +196,14 @@ func (ix *Index) promote(ctx context.Context, from time.Time) (next, done time.T
 			span = max(2*covered(ix.Prefix, start, kvs), minStep)
 		}
 		if len(kvs) > 0 {
-			n, reread, err := ix.move(ctx, kvs)
+			n, again, err := ix.moveRead(ctx, kvs, batch, &start, &skipped)
 			moved += n
 			if err != nil {
 				return time.Time{}, from, moved, err
 			}
-			if reread { // another moved some: the rest again, after a pause (rereadJitter)
-				if sleep(ctx, time.Duration(rand.Int64N(int64(rereadJitter)))); ctx.Err() != nil {
-					return time.Time{}, from, moved, ctx.Err()
-				}
+			if again {
 				continue
 			}
-			// Read on after the batch, not from start again: the
-			// items it moved stay in etcd's index as deleted keys
-			// until compaction, and a range counts them, so reading
-			// from start at every batch made a backlog of due items
-			// cost the square of its length. An item of the batch
-			// another process changed meanwhile (a schedule's mover
-			// puts it again) is a put the watch shows, or, for a
-			// caller without one, within the margin it reads back.
-			start = string(kvs[len(kvs)-1].Key) + "\x00"
 		}
 		switch {
 		case more:
@@ -184,6 +213,15 @@ func (ix *Index) promote(ctx context.Context, from time.Time) (next, done time.T
 			continue
 		}
 		done = now
+		if at, ok := keyTime(ix.Prefix, skipped); ok {
+			// Batches another mover had the turn of: read from the
+			// first of them again in a moment (longer while it stays
+			// held).
+			return ix.now().Add(ix.heldWait(skipped)), at, moved, nil
+		}
+		if ix.Turns != "" {
+			ix.notHeld()
+		}
 		first, err := ix.first(ctx, start, now)
 		if err != nil || first == nil {
 			return time.Time{}, done, moved, err
@@ -304,7 +342,7 @@ func (ix *Index) first(ctx context.Context, start string, now time.Time) (*mvccp
 // reply was lost may be sent again with the same kvs: the items it moved
 // no longer match their read, so it moves nothing twice.
 func (ix *Index) MoveItems(ctx context.Context, kvs []*mvccpb.KeyValue) (int, error) {
-	n, _, err := ix.move(ctx, kvs)
+	n, _, err := ix.move(ctx, kvs, turn{})
 	return n, err
 }
 
@@ -323,9 +361,14 @@ const maxTxnOps = 128
 // reread: a gathered move found some of kvs moved by another process
 // since the read, and moved nothing: the caller reads them again (what
 // is left of them moves gathered then, not one by one).
-func (ix *Index) move(ctx context.Context, kvs []*mvccpb.KeyValue) (n int, reread bool, err error) {
+func (ix *Index) move(ctx context.Context, kvs []*mvccpb.KeyValue, t turn) (n int, reread bool, err error) {
+	ctx, cancel := ix.moveCtx(ctx, t) // a hung request holds the turn no longer
+	defer cancel()
 	if ix.Gather != nil && len(kvs) > 1 {
-		n, res, err := ix.moveGathered(ctx, kvs)
+		n, res, err := ix.moveGathered(ctx, kvs, t)
+		if res == gatherLost || err != nil {
+			ix.endTurn(t)
+		}
 		if err != nil || res != gatherRefused {
 			return n, res == gatherLost, err
 		}
@@ -343,10 +386,19 @@ func (ix *Index) move(ctx context.Context, kvs []*mvccpb.KeyValue) (n int, rerea
 	if ix.Shared != nil {
 		ops = append(ops, ix.Shared(kvs)...)
 	}
+	// The turn ends in the request, a nested transaction, when the level
+	// leaves it room (etcd gives a nested one maxTxnOps less the level's
+	// operations), else after it.
+	endAfter := t
+	if t.key != "" && len(ops)+1 < maxTxnOps {
+		ops, endAfter = append(ops, ix.endTurnOp(t)), turn{}
+	}
 	resp, err := ix.Client.Txn(ctx).Then(ops...).Commit()
 	if err != nil {
+		ix.endTurn(t)
 		return 0, false, fmt.Errorf("due: move items of %s: %w", ix.Prefix, err)
 	}
+	ix.endTurn(endAfter)
 	var won []*mvccpb.KeyValue
 	for i, kv := range kvs {
 		if resp.Responses[i].GetResponseTxn().GetSucceeded() {
@@ -356,6 +408,7 @@ func (ix *Index) move(ctx context.Context, kvs []*mvccpb.KeyValue) (n int, rerea
 	if ix.OnMoved != nil && len(won) > 0 {
 		ix.OnMoved(won)
 	}
+	metrics.DueMoves.WithLabelValues(cmp.Or(ix.Name, "due"), "one-by-one").Inc()
 	return len(won), false, nil
 }
 
@@ -373,7 +426,7 @@ const (
 // When it fails, the request's other branch reads the items' keys: all
 // as read means Gather's compares failed (gatherRefused), else another
 // process moved some (gatherLost).
-func (ix *Index) moveGathered(ctx context.Context, kvs []*mvccpb.KeyValue) (moved, res int, err error) {
+func (ix *Index) moveGathered(ctx context.Context, kvs []*mvccpb.KeyValue, t turn) (moved, res int, err error) {
 	extra, writes, err := ix.Gather(ctx, kvs)
 	if err != nil || writes == nil {
 		return 0, gatherRefused, err
@@ -391,6 +444,9 @@ func (ix *Index) moveGathered(ctx context.Context, kvs []*mvccpb.KeyValue) (move
 	if ix.Shared != nil {
 		shared = ix.Shared(kvs)
 	}
+	if t.key != "" {
+		shared = append(shared, ix.endTurnOp(t))
+	}
 	then, fits := pack(flat, max(len(cmps), len(reads)), len(shared))
 	if !fits {
 		return 0, gatherRefused, nil
@@ -406,6 +462,7 @@ func (ix *Index) moveGathered(ctx context.Context, kvs []*mvccpb.KeyValue) (move
 	if !resp.Succeeded {
 		for i, kv := range kvs {
 			if got := resp.Responses[i].GetResponseRange().Kvs; len(got) == 0 || got[0].ModRevision != kv.ModRevision {
+				metrics.DueMoves.WithLabelValues(cmp.Or(ix.Name, "due"), "lost").Inc()
 				return 0, gatherLost, nil
 			}
 		}
@@ -414,149 +471,6 @@ func (ix *Index) moveGathered(ctx context.Context, kvs []*mvccpb.KeyValue) (move
 	if ix.OnMoved != nil {
 		ix.OnMoved(kvs)
 	}
+	metrics.DueMoves.WithLabelValues(cmp.Or(ix.Name, "due"), "gathered").Inc()
 	return len(kvs), gatherMoved, nil
-}
-
-// pack puts ops into nested transactions of equal size for a request
-// whose level holds nlevel compares (or reads in its other branch) and
-// nshared operations of its own beside them, within maxTxnOps: the level
-// holds the larger of its compares and operations, each nested one at
-// most what that leaves. false: they do not fit.
-func pack(ops []clientv3.Op, nlevel, nshared int) ([]clientv3.Op, bool) {
-	for size := maxTxnOps - max(nlevel, nshared+1); size > 0; size-- {
-		groups := (len(ops) + size - 1) / size
-		if max(nlevel, groups+nshared)+size > maxTxnOps {
-			continue
-		}
-		out := make([]clientv3.Op, 0, groups)
-		for from := 0; from < len(ops); from += size {
-			out = append(out, clientv3.OpTxn(nil, ops[from:min(from+size, len(ops))], nil))
-		}
-		return out, true
-	}
-	return nil, false
-}
-
-// Run moves items as they fall due until ctx ends: one watch of the
-// prefix (puts only) and one timer. After an error it waits a moment and
-// starts again (a new watch, a new read), so an outage delays items but
-// loses none.
-//
-// Each error is counted in drover_due_errors_total{index} and logged, at
-// most once a minute: an outage retried every 100-200 ms would otherwise
-// fill the log.
-func (ix *Index) Run(ctx context.Context) {
-	for ctx.Err() == nil {
-		if err := ix.runOnce(ctx); err != nil && ctx.Err() == nil {
-			ix.failed(err)
-		}
-		sleep(ctx, 100*time.Millisecond+time.Duration(rand.Int64N(int64(100*time.Millisecond))))
-	}
-}
-
-// failed counts and, unless it logged less than errorLogEvery ago, logs
-// err, an error of Run.
-func (ix *Index) failed(err error) {
-	name := cmp.Or(ix.Name, "due")
-	metrics.DueErrors.WithLabelValues(name).Inc()
-	if ix.unlogged++; !ix.logged.IsZero() && time.Since(ix.logged) < errorLogEvery {
-		return
-	}
-	logger := cmp.Or(ix.Logger, slog.Default())
-	logger.Warn("due: moving due items failed; trying again", "index", name, "prefix", ix.Prefix, "errors", ix.unlogged, "err", err)
-	ix.logged, ix.unlogged = time.Now(), 0
-}
-
-// runOnce runs one watch until it fails (its error) or ctx ends (nil). It reads the items
-// from the time up to which it moved them all on (from), lowered when the
-// watch shows an item put that is due before it.
-func (ix *Index) runOnce(ctx context.Context) error {
-	wctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	wch := ix.Client.Watch(clientv3.WithRequireLeader(wctx), ix.Prefix, clientv3.WithPrefix(), clientv3.WithFilterDelete(), clientv3.WithCreatedNotify())
-	select {
-	case wr, ok := <-wch:
-		if err := watchErr(wr, ok); err != nil {
-			return err
-		}
-	case <-ctx.Done():
-		return nil
-	}
-	var from time.Time // zero: from the first item (the watch came after)
-	for ctx.Err() == nil {
-		next, done, _, err := ix.promote(wctx, from)
-		if err != nil {
-			return err
-		}
-		from = done
-		var fire <-chan time.Time
-		var timer *time.Timer
-		if !next.IsZero() {
-			timer = time.NewTimer(next.Sub(ix.now()))
-			fire = timer.C
-		}
-	wait:
-		select {
-		case <-fire:
-		case wr, ok := <-wch:
-			if err := watchErr(wr, ok); err != nil {
-				if timer != nil {
-					timer.Stop()
-				}
-				return err
-			}
-			if len(wr.Events) == 0 {
-				goto wait
-			}
-			first, ok := earliest(ix.Prefix, wr.Events)
-			if !ok || first.Before(from) {
-				from = first // zero for a key that is not an item's: read all
-			}
-			if ok && !next.IsZero() && !first.Before(next) {
-				goto wait // an item due after the next: the timer stands
-			}
-		case <-ctx.Done():
-		}
-		if timer != nil {
-			timer.Stop()
-		}
-	}
-	return nil
-}
-
-// watchErr is the error of a watch's response wr (ok false: the channel
-// closed).
-func watchErr(wr clientv3.WatchResponse, ok bool) error {
-	if !ok {
-		return errors.New("due: the watch ended")
-	}
-	if err := wr.Err(); err != nil {
-		return fmt.Errorf("due: watch: %w", err)
-	}
-	return nil
-}
-
-// earliest returns the earliest due time of the items events put; false
-// when one of them is not an item's key.
-func earliest(prefix string, events []*clientv3.Event) (time.Time, bool) {
-	var first time.Time
-	for _, ev := range events {
-		at, _, ok := Parse(prefix, string(ev.Kv.Key))
-		if !ok {
-			return time.Time{}, false
-		}
-		if first.IsZero() || at.Before(first) {
-			first = at
-		}
-	}
-	return first, true
-}
-
-func sleep(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-	case <-ctx.Done():
-	}
 }

@@ -63,6 +63,11 @@ type Redlock struct {
 	ttl    time.Duration
 	drift  time.Duration
 	logger *slog.Logger
+
+	mu sync.Mutex
+	// holdings are this locker's live locks by name, so that a release by
+	// token ends the holding's context and its watchdog.
+	holdings map[string]*RedlockLock
 }
 
 var _ lock.Locker = (*Redlock)(nil)
@@ -95,7 +100,8 @@ func NewRedlock(clients []redis.UniversalClient, cfg RedlockConfig) (*Redlock, e
 		logger = slog.Default()
 	}
 	nonce := fmt.Sprintf("%016x", rand.Uint64())
-	rl := &Redlock{quorum: len(clients)/2 + 1, ttl: ttl, drift: time.Duration(float64(ttl)*factor) + 2*time.Millisecond, logger: logger}
+	rl := &Redlock{quorum: len(clients)/2 + 1, ttl: ttl, drift: time.Duration(float64(ttl)*factor) + 2*time.Millisecond, logger: logger,
+		holdings: map[string]*RedlockLock{}}
 	for _, c := range clients {
 		n, err := New(c, Config{Namespace: cfg.Namespace, TTL: ttl, HolderID: cfg.HolderID, Logger: logger})
 		if err != nil {
@@ -179,6 +185,9 @@ func (rl *Redlock) TryAcquire(ctx context.Context, name string) (lock.Lock, erro
 			l := &RedlockLock{rl: rl, name: name, token: token, holder: h, validUntil: start.Add(rl.ttl - rl.drift)}
 			l.ctx, l.cancel = context.WithCancelCause(context.Background())
 			l.done = make(chan struct{})
+			rl.mu.Lock()
+			rl.holdings[name] = l
+			rl.mu.Unlock()
 			go l.watchdog()
 			return l, nil
 		}
@@ -233,6 +242,7 @@ func (rl *Redlock) Acquire(ctx context.Context, name string) (lock.Lock, error) 
 }
 
 // Release releases name if this locker holds it with token (on a majority).
+// The holding's context ends with lock.ErrReleased, as Lock.Release ends it.
 func (rl *Redlock) Release(ctx context.Context, name string, token int64) error {
 	if err := lock.CheckName(name); err != nil {
 		return err
@@ -243,6 +253,13 @@ func (rl *Redlock) Release(ctx context.Context, name string, token int64) error 
 	}
 	if !st.Held || st.Token != token || rl.releaseAll(name) < rl.quorum {
 		return &lock.NotHeldError{Name: name, Token: token, Current: st}
+	}
+	rl.mu.Lock()
+	l := rl.holdings[name]
+	rl.mu.Unlock()
+	if l != nil && l.token == token {
+		l.cancel(lock.ErrReleased)
+		<-l.done
 	}
 	return nil
 }
@@ -350,6 +367,13 @@ func (l *RedlockLock) lose(cause error) {
 // than a majority before the validity runs out loses the lock.
 func (l *RedlockLock) watchdog() {
 	defer close(l.done)
+	defer func() {
+		l.rl.mu.Lock()
+		if l.rl.holdings[l.name] == l {
+			delete(l.rl.holdings, l.name)
+		}
+		l.rl.mu.Unlock()
+	}()
 	ttl := l.rl.ttl
 	t := time.NewTimer(ttl / 3)
 	defer t.Stop()

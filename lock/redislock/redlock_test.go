@@ -152,3 +152,37 @@ func TestRedisRestartedUnderHolder(t *testing.T) {
 		t.Fatalf("Err() = %v", err)
 	}
 }
+
+// A release by token through the holding Redlock ends the holding's
+// context at once, as the lock's own Release does, and so its watchdog: it
+// does not renew in vain until the validity time runs out.
+func TestRedlockReleaseByTokenEndsHolding(t *testing.T) {
+	t.Parallel()
+	clients, _ := redisServers(t, 3)
+	rl, err := redislock.NewRedlock(clients, redislock.RedlockConfig{Namespace: etcdtest.Namespace(t), TTL: 30 * time.Second, HolderID: "a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	l, err := rl.TryAcquire(ctx, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rl.Release(ctx, "job", l.Token()); err != nil {
+		t.Fatal(err)
+	}
+	if cause := context.Cause(l.Context()); !errors.Is(cause, lock.ErrReleased) {
+		t.Fatalf("holding's context after release by token: %v, want ErrReleased", cause)
+	}
+	if err := l.Release(ctx); !errors.Is(err, lock.ErrNotHeld) {
+		t.Fatalf("second release: %v, want ErrNotHeld", err)
+	}
+	// The locker forgot the holding: a new one is released by its token.
+	l2, err := rl.TryAcquire(ctx, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rl.Release(ctx, "job", l2.Token()); err != nil || !errors.Is(context.Cause(l2.Context()), lock.ErrReleased) {
+		t.Fatalf("second holding: release %v, cause %v", err, context.Cause(l2.Context()))
+	}
+}

@@ -1,4 +1,4 @@
-// Serves stream-page.html and passes GET /v1/tasks/{id}/stream on to the
+// Serves clients/examples/stream-page.html and passes GET /v1/tasks/{id}/stream on to the
 // drover server, so that the page's EventSource is same-origin.
 //   PORT=8081 node build/examples/stream-page.js   then open http://127.0.0.1:8081/?task=chat-1
 import { readFileSync } from "node:fs";
@@ -6,7 +6,7 @@ import { createServer } from "node:http";
 import { Readable } from "node:stream";
 
 const api = (process.env.DROVER_URL ?? "http://127.0.0.1:8080").replace(/\/+$/, "");
-const page = readFileSync(new URL("../../examples/stream-page.html", import.meta.url));
+const page = readFileSync(new URL("../../../examples/stream-page.html", import.meta.url));
 const headers: Record<string, string> = { Accept: "text/event-stream" };
 if (process.env.DROVER_TOKEN) headers.Authorization = `Bearer ${process.env.DROVER_TOKEN}`;
 if (process.env.DROVER_NAMESPACE) headers["Drover-Namespace"] = process.env.DROVER_NAMESPACE;

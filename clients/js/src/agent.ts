@@ -2,6 +2,8 @@ import { FencedError, LockHeldError, type Holder, type LockStatus } from "./erro
 import { dur, durMs, seg, sleep, type Transport } from "./http.js";
 import { Session } from "./session.js";
 import { WaitSignal, receivedOf, type ReceivedSignal } from "./signals.js";
+import { SpawnChildren, childOf, childrenPage, putSpawn, readChildren, type ChildOutcome, type ChildrenPage, type SpawnWrite, type StepChildren } from "./children.js";
+import { StreamWriter } from "./streams.js";
 
 /** What a task parked on a signal wait waits for. */
 export interface TaskWait {
@@ -11,6 +13,8 @@ export interface TaskWait {
   since: string;
   /** When it times out (RFC 3339); absent: no timeout. */
   until?: string;
+  /** For a wait for the children a step spawned: which step, how many it spawned, how many must end. */
+  children?: { step: number; n: number; wait: number; collect?: boolean };
 }
 
 /** The signal a claim resumes a waiting task with, as the server answers it. */
@@ -85,6 +89,20 @@ export interface StepContext {
    * timeout (`timedOut`); undefined when the step before did not wait.
    */
   received?: ReceivedSignal;
+  /**
+   * The outcomes of the children the step before spawned
+   * ({@link spawnChildren}), read from the server on the first call;
+   * undefined when the step before spawned none.
+   */
+  children(): Promise<StepChildren | undefined>;
+  /**
+   * The task's stream, written under this claim: `await stream.token(text)`,
+   * `await stream.emit("progress", {...})`. Events are sent in the
+   * background, together; the step's events are stored before its
+   * checkpoint is written. Once the claim is lost, `emit` throws
+   * {@link FencedError} and nothing more is stored.
+   */
+  stream: StreamWriter;
 }
 
 /**
@@ -119,9 +137,10 @@ export function sleepUntil<S>(t: Date | string, state?: S): Sleep<S> {
 /**
  * One step: a function of the previous step's state (the input for step
  * 1); return {@link sleepFor} or {@link sleepUntil} to sleep before the
- * next, {@link waitSignal} to wait for a signal.
+ * next, {@link waitSignal} to wait for a signal, {@link spawnChildren} to
+ * spawn child tasks and wait for them.
  */
-export type StepFn<S = unknown> = (state: S, ctx: StepContext) => S | Sleep<S> | WaitSignal<S> | Promise<S | Sleep<S> | WaitSignal<S>>;
+export type StepFn<S = unknown> = (state: S, ctx: StepContext) => S | Sleep<S> | WaitSignal<S> | SpawnChildren<S> | Promise<S | Sleep<S> | WaitSignal<S> | SpawnChildren<S>>;
 export type Step<S = unknown> = StepFn<S> | { name: string; run: StepFn<S> };
 
 export interface RunStepsOptions<S> {
@@ -145,9 +164,10 @@ export interface RunStepsOptions<S> {
   signal?: AbortSignal;
   /**
    * When the task waits for a signal (a step returned {@link waitSignal},
-   * or it waited when claimed): how long this call keeps claiming it again
-   * (every 0.2 to 2 s, holding nothing between) to resume it here once the
-   * signal came or the wait timed out, in seconds or as a duration ("5m"),
+   * or it waited when claimed) or for its children ({@link spawnChildren}):
+   * how long this call keeps claiming it again (every 0.2 to 2 s, holding
+   * nothing between) to resume it here once the signal came (the wait
+   * timed out, the children ended), in seconds or as a duration ("5m"),
    * counted from each wait's start. A task another process holds
    * meanwhile counts as still waiting; one that process moved on is taken
    * up after its last step. Default 0: return at once with `waitingFor`.
@@ -173,8 +193,10 @@ export interface RunStepsResult<S> {
   /**
    * Set when the run stopped because the task waits for a signal (a step
    * ended with {@link waitSignal}, its state written) that had not come
-   * within `resumeWithin`. Nothing is held: run it again once the signal
-   * was sent (or the wait's timeout passed), from any process.
+   * within `resumeWithin`, or for children ({@link spawnChildren}; then
+   * `children` is set) that had not ended within it. Nothing is held: run
+   * it again once the signal was sent (the wait's timeout passed, the
+   * children ended), from any process.
    */
   waitingFor?: TaskWait;
 }
@@ -255,6 +277,27 @@ export class AgentTasks {
     });
   }
 
+  /**
+   * Writes step n's checkpoint with children to spawn, fenced by the token:
+   * their plan is checkpointed with the step before any is submitted, then
+   * they are submitted and the claim released (the answer's
+   * `waiting_for.children`). The same write again spawns nothing new.
+   * An empty list is a plain step write.
+   */
+  writeSpawn(id: string, n: number, opts: SpawnWrite): Promise<AgentTask> {
+    return putSpawn<AgentTask>(this.t, id, n, opts);
+  }
+
+  /** A page of the outcomes of the children step `step` spawned (default: the last checkpointed step). */
+  children(id: string, opts: { step?: number; after?: string; limit?: number } = {}): Promise<ChildrenPage> {
+    return childrenPage(this.t, id, opts);
+  }
+
+  /** One child: its outcome once it ended, its queue status before; {@link NotFoundError} for an id none of the task's steps spawned. */
+  child(id: string, childId: string): Promise<ChildOutcome> {
+    return childOf(this.t, id, childId);
+  }
+
   /** Gives the claim up without completing. */
   async release(id: string, opts: { session: Session | string; token: number }): Promise<void> {
     await this.t.delete(`/v1/agent-tasks/${seg(id)}/claim`, { query: { session: typeof opts.session === "string" ? opts.session : opts.session.id, token: opts.token } });
@@ -296,6 +339,12 @@ export class AgentTasks {
     }
   }
 
+  /** A step's ctx.children: the outcomes of the children step `step` spawned, read once, on the first call. */
+  private childrenFor(id: string, step: number): () => Promise<StepChildren | undefined> {
+    let read: Promise<StepChildren | undefined> | undefined;
+    return () => (read ??= readChildren(this.t, id, step));
+  }
+
   /**
    * Runs an agent task step by step under a claim: claims the task by id,
    * reads its last checkpoint, runs only the steps after it, and writes
@@ -309,7 +358,11 @@ export class AgentTasks {
    * released, and the task claimed again at once (a signal sent before the
    * wait is kept for it) and for `resumeWithin`; once the signal came or
    * the wait timed out, the next step runs with it in `ctx.received`,
-   * otherwise the run returns with `waitingFor`.
+   * otherwise the run returns with `waitingFor`. A step that returns
+   * {@link spawnChildren} is written with its children's plan, they are
+   * submitted and the claim released, and the task is claimed again the
+   * same way until enough children ended; the next step reads their
+   * outcomes with `await ctx.children()`.
    */
   async runSteps<S = unknown>(id: string, steps: Step<S>[], opts: RunStepsOptions<S> = {}): Promise<RunStepsResult<S>> {
     if (steps.length === 0) throw new TypeError("runSteps needs at least one step");
@@ -344,18 +397,29 @@ export class AgentTasks {
         const step = steps[n - 1]!;
         const fn = typeof step === "function" ? step : step.run;
         const name = typeof step === "function" ? step.name || `step ${n}` : step.name;
-        const out = await fn(state, { signal, token, step: n, session, ...(received ? { received } : {}) });
+        const stream = new StreamWriter(this.t, id, session, token);
+        let out: Awaited<ReturnType<typeof fn>>;
+        try {
+          out = await fn(state, { signal, token, step: n, session, stream, ...(received ? { received } : {}), children: this.childrenFor(id, n - 1) });
+        } finally {
+          // The step's events are stored before its checkpoint, or before the claim is released when
+          // the step threw (a fenced or full stream is the step's to see).
+          await stream.flush().catch(() => {});
+        }
         const nap = out instanceof Sleep ? out : undefined;
         const wait = out instanceof WaitSignal ? out : undefined;
-        state = nap ? nap.state : wait ? wait.state : (out as S);
+        const kids = out instanceof SpawnChildren ? out : undefined;
+        state = nap ? nap.state : wait ? wait.state : kids ? kids.state : (out as S);
         signal.throwIfAborted();
         const bytes = encode(state);
         let written: AgentTask | undefined;
         try {
-          written = await this.writeStep(id, n, {
-            session, token, state: bytes, name, steps: steps.length, sleepFor: nap?.duration, sleepUntil: nap?.until,
-            ...(wait ? { waitSignal: { names: wait.names, timeout: wait.timeout } } : {}),
-          });
+          written = kids
+            ? await this.writeSpawn(id, n, { session, token, state: bytes, name, steps: steps.length, children: kids.children, wait: kids.wait, collect: kids.collect })
+            : await this.writeStep(id, n, {
+                session, token, state: bytes, name, steps: steps.length, sleepFor: nap?.duration, sleepUntil: nap?.until,
+                ...(wait ? { waitSignal: { names: wait.names, timeout: wait.timeout } } : {}),
+              });
         } catch (err) {
           session.observe(err);
           // A repeated last (or sleeping, or waiting) write finds the claim released by the first: check that it landed.

@@ -153,7 +153,7 @@ export class UnavailableError extends DroverError {}
 /** 503 of kind `breaker-open`: the circuit breaker refuses calls for now. */
 export class BreakerOpenError extends UnavailableError {}
 
-/** 507: etcd's database is past its high-water mark; submissions and checkpoints are refused. */
+/** 507: etcd's database is past its high-water mark; submissions, checkpoints and signals are refused. */
 export class StoreFullError extends DroverError {}
 
 /** No answer: the server could not be reached, the connection broke, or the request timed out. */

@@ -105,6 +105,48 @@ export function fetchFailure(err: unknown): string {
   return cause?.code ?? cause?.message ?? (err as Error)?.message ?? String(err);
 }
 
+/** What drover uses of `@opentelemetry/api`, an optional peer dependency. */
+interface OtelAPI {
+  context: { active(): unknown };
+  propagation: { inject(context: unknown, carrier: Record<string, string>): void };
+}
+
+// The OpenTelemetry API once looked up: undefined before, null when it is not installed.
+let otelAPI: OtelAPI | null | undefined;
+let otelLoading: Promise<void> | undefined;
+
+/** Loads `@opentelemetry/api` once, when it is installed (an optional peer dependency). */
+function loadOtel(): Promise<void> {
+  const name = "@opentelemetry/api"; // a variable: no static dependency on it
+  otelLoading ??= import(name).then(
+    (m: OtelAPI & { default?: OtelAPI }) => {
+      otelAPI = m.propagation ? m : (m.default ?? null);
+    },
+    () => {
+      otelAPI = null;
+    },
+  );
+  return otelLoading;
+}
+
+/**
+ * The caller's current trace context as HTTP headers (`traceparent`, and
+ * `tracestate` and `baggage` when set), as the global OpenTelemetry
+ * propagator writes them, when `@opentelemetry/api` is installed; none
+ * otherwise, or when the propagator fails: tracing never stops a request.
+ */
+export async function traceHeaders(): Promise<Record<string, string>> {
+  if (otelAPI === undefined) await loadOtel();
+  if (!otelAPI) return {};
+  const carrier: Record<string, string> = {};
+  try {
+    otelAPI.propagation.inject(otelAPI.context.active(), carrier);
+  } catch {
+    return {};
+  }
+  return carrier;
+}
+
 /**
  * The HTTP layer: base URL, bearer token, namespace, timeouts, typed errors
  * and the retry rule (only requests that are safe to repeat are repeated).
@@ -180,7 +222,12 @@ export class Transport {
   }
 
   private async once<T>(method: string, path: string, opts: RequestOptions, what: string): Promise<ResponseOf<T>> {
-    const headers: Record<string, string> = { Accept: "application/json, application/problem+json", ...this.headers, ...(opts.headers ?? {}) };
+    const headers: Record<string, string> = {
+      Accept: "application/json, application/problem+json",
+      ...(await traceHeaders()),
+      ...this.headers,
+      ...(opts.headers ?? {}),
+    };
     if (this.token) headers["Authorization"] = `Bearer ${this.token}`;
     if (this.namespace) headers["Drover-Namespace"] = this.namespace;
     let body: RequestInit["body"] | undefined;

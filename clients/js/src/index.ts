@@ -18,6 +18,7 @@
 import { AgentTasks, type RunStepsOptions, type RunStepsResult, type Step } from "./agent.js";
 import { Checkpoints } from "./checkpoints.js";
 import { Breakers, Limits, Quotas } from "./flow.js";
+import { Budgets } from "./budgets.js";
 import { Transport, type ClientOptions } from "./http.js";
 import { acquireLock, lockStatus, type Lock, type LockOptions } from "./locks.js";
 import { DeadLetters, Queues, type SubmitResult, type SubmittedTask } from "./queue.js";
@@ -39,6 +40,7 @@ export {
   DeadLetters,
   type BulkResult,
   type Outcome,
+  type ReceivedSignalRef,
   type OutcomeResult,
   type PauseResult,
   type QueueHistory,
@@ -57,8 +59,23 @@ export {
 } from "./queue.js";
 export { Worker, type TaskContext, type TaskHandler, type WorkerOptions, type WorkerStats } from "./worker.js";
 export { AgentTasks, Sleep, sleepFor, sleepUntil, type AgentTask, type AgentTaskClaim, type ClaimSignal, type RunStepsOptions, type RunStepsResult, type Step, type StepContext, type StepFn, type TaskWait } from "./agent.js";
+export { ChildFailedError, SpawnChildren, StepChildren, spawnChildren, type ChildOutcome, type ChildSpec, type ChildrenPage, type SpawnWrite } from "./children.js";
 export { WaitSignal, waitSignal, type ReceivedSignal, type SignalOptions, type SignalResult } from "./signals.js";
 export { Streams, StreamWriter, DROVER_EVENT_TYPES, type FollowOptions, type StreamEnd, type StreamEvent, type StreamPage } from "./streams.js";
+export {
+  Budgets,
+  TaskBudgetHold,
+  BUDGET_HEADERS,
+  BUDGET_UNWAITABLE_SECONDS,
+  providerHeaders,
+  taskBudget,
+  type BudgetConfig,
+  type BudgetReservation,
+  type BudgetSettlement,
+  type BudgetTenantUsage,
+  type BudgetUsage,
+  type ProviderHeaders,
+} from "./budgets.js";
 export { Limits, Quotas, Breakers, type AllowResult, type BreakerInfo, type LimitInfo, type QuotaInfo, type Slot, type TakeOptions, type TakeResult } from "./flow.js";
 export { Registry, Registration, type Endpoint, type RegistryEvent, type WatchOptions } from "./registry.js";
 export {
@@ -123,6 +140,8 @@ export class Drover {
   readonly agentTasks: AgentTasks;
   /** Fleet-wide rate limits. */
   readonly limits: Limits;
+  /** LLM token budgets: reserve before a model call, settle after it. */
+  readonly budgets: Budgets;
   /** Fleet-wide concurrency quotas. */
   readonly quotas: Quotas;
   /** Fleet-wide circuit breakers. */
@@ -145,6 +164,7 @@ export class Drover {
     this.dlq = new DeadLetters(t);
     this.agentTasks = new AgentTasks(t);
     this.limits = new Limits(t);
+    this.budgets = new Budgets(t);
     this.quotas = new Quotas(t);
     this.breakers = new Breakers(t);
     this.registry = new Registry(t);

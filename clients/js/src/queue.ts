@@ -18,6 +18,8 @@ export interface SubmittedTask {
   run_at?: string;
   /** Run the task after this long ("10m", or seconds), not before: SCHEDULED until then. Not with run_at. */
   delay?: string | number;
+  /** The W3C traceparent of the task's creation context; by default the request's (when the server traces). */
+  traceparent?: string;
   [key: string]: unknown;
 }
 
@@ -54,6 +56,18 @@ export interface QueueTask {
   timeout?: string;
   backoff_base?: string;
   backoff_max?: string;
+  /**
+   * What a WAITING task waits for; on a task claimed after a wait for a
+   * signal (RUNNING), that wait: the worker reports it again to get what
+   * ended it.
+   */
+  waiting_for?: { signals?: string[]; since: string; until?: string };
+  /**
+   * The W3C traceparent of the task's submission, when it was traced: a
+   * handler that uses OpenTelemetry starts its attempt's span under it
+   * (`propagation.extract(context.active(), { traceparent })`).
+   */
+  traceparent?: string;
 }
 
 /** The answer to a submission. */
@@ -109,16 +123,34 @@ export interface RunNowResult {
   moved: number;
 }
 
+/** A signal a claim's waits were answered with: its name and idempotency key. */
+export interface ReceivedSignalRef {
+  name: string;
+  idempotency_key: string;
+}
+
 /**
  * One outcome of the batch outcome route. `streamed`: the attempt wrote
  * events to the task's stream, and the server ends it once the outcome is
  * stored (`done`, or `attempt_ended` when the task is retried or sleeps).
+ * `received_signals`: the signals the claim's waits were answered with so
+ * far (at most 64); a success or a wait that parks consumes them, fenced
+ * by the claim, and a wait answered at once skips them. Any other outcome
+ * consumes nothing: the next claim resumes where this one did.
  */
-export type Outcome =
+export type Outcome = (
   | { task_id: string; token: number; ok: true; result?: unknown; streamed?: boolean }
   | { task_id: string; token: number; ok?: false; error: string; permanent?: boolean; streamed?: boolean }
   /** Neither: the task sleeps (SLEEPING, no claim) and is claimed again when the sleep ends, its attempt not counted. */
-  | { task_id: string; token: number; ok?: undefined; sleep_for?: string; sleep_until?: string; streamed?: boolean };
+  | { task_id: string; token: number; ok?: undefined; sleep_for?: string; sleep_until?: string; streamed?: boolean }
+  /**
+   * Neither: a wait for the first of the signals named. One in the task's
+   * inbox already, not named received (or the timeout of a wait past its
+   * until), is answered at once in `signal`, not consumed, the claim held;
+   * otherwise the task parks WAITING.
+   */
+  | { task_id: string; token: number; ok?: undefined; wait_signal: { names: string[]; timeout?: string; until?: string }; streamed?: boolean }
+) & { received_signals?: ReceivedSignalRef[] };
 
 /** The server's answer for one outcome: 200, 409 (the claim was lost), 404. */
 export interface OutcomeResult {
@@ -128,6 +160,8 @@ export interface OutcomeResult {
   attempt?: number;
   scheduled_at?: string;
   detail?: string;
+  /** A wait_signal answered at once: the first signal waited for (not consumed: name it in the claim's later outcomes' received_signals), or timed_out; the task is still claimed. */
+  signal?: { name?: string; data?: unknown; idempotency_key?: string; sent_at?: string; timed_out?: boolean };
 }
 
 const enc = new TextEncoder();

@@ -1,9 +1,11 @@
 // Queue workers: claims with long polls, tasks claimed ahead while they are
 // short, outcomes sent fenced by their claims' tokens, in batches.
-import { ConnectionError, DroverError, InvalidInputError, isPermanent } from "./errors.js";
+import { ConnectionError, DroverError, InvalidInputError, Permanent, isPermanent } from "./errors.js";
 import { durMs, sleep, type Transport } from "./http.js";
-import { Queues, type Outcome, type OutcomeResult, type QueueTask } from "./queue.js";
-import { Sleep } from "./agent.js";
+import { Queues, type Outcome, type OutcomeResult, type QueueTask, type ReceivedSignalRef } from "./queue.js";
+import { Sleep, sleepFor } from "./agent.js";
+import { Budgets, TaskBudgetHold, taskBudget, type ProviderHeaders } from "./budgets.js";
+import { WaitSignal, receivedOf, type ReceivedSignal } from "./signals.js";
 import { Session } from "./session.js";
 import { StreamWriter } from "./streams.js";
 /** What a task handler gets besides the task. */
@@ -24,6 +26,20 @@ export interface TaskContext {
    * {@link FencedError}: stop.
    */
   stream: StreamWriter;
+  /**
+   * The signal (or the timeout, `timedOut`) that ended the wait for a
+   * signal the handler returned ({@link waitSignal}): the handler runs
+   * again with it, under the same claim. Undefined on a first run.
+   */
+  received?: ReceivedSignal;
+  /**
+   * Reports the LLM tokens the task used, with the provider's response
+   * headers if any, for a task whose metadata names a `budget`: the worker
+   * reserved its `estimated_tokens` before the handler ran and settles
+   * with this after it returns (the estimate when nothing was reported).
+   * The last report wins. Does nothing for a task without a budget.
+   */
+  usage(tokens: number, headers?: ProviderHeaders): void;
 }
 
 /**
@@ -31,7 +47,16 @@ export interface TaskContext {
  * failure. Returning {@link sleepFor} or {@link sleepUntil} instead parks
  * the task: SLEEPING with no claim, claimed again (by any worker, its
  * handler run again from the start, its attempt not counted) once the
- * sleep ends.
+ * sleep ends. Returning {@link waitSignal} waits for a signal
+ * (`POST /v1/tasks/{id}/signals/{name}`): one sent already is answered at
+ * once and the handler runs again with it in `ctx.received`, under the
+ * same claim; otherwise the task parks WAITING with no claim, and once a
+ * signal (or the timeout) wakes it, the worker that claims it runs the
+ * handler with it. The wait costs no attempt. A signal is consumed by the
+ * claim's success or park: a worker that dies first leaves it to the next
+ * claim, whose handler gets it again. Any other outcome (a retry, a
+ * sleep, a dead letter) consumes nothing, and the next claim resumes
+ * where this one did: at the wait it was claimed after, or from the start.
  */
 export type TaskHandler = (task: QueueTask, ctx: TaskContext) => unknown | Promise<unknown>;
 
@@ -63,6 +88,12 @@ export interface WorkerOptions {
   signals?: NodeJS.Signals[] | false;
   /** Called with errors the worker recovers from (claim failures, outcome failures). */
   onError?: (err: unknown) => void;
+  /**
+   * Seconds a task's budget reservation lives unsettled (1 to 3600):
+   * released then if the worker died. Default: the task's timeout plus
+   * 30 s, at least 60 and at most 3600; 300 for a task without a timeout.
+   */
+  budgetTtl?: number;
 }
 
 export interface WorkerStats {
@@ -76,6 +107,8 @@ export interface WorkerStats {
   permanent: number;
   /** Tasks parked by a handler that returned a sleep, accepted. */
   slept: number;
+  /** Tasks parked by a handler that returned a wait for a signal, accepted. */
+  waited: number;
   /**
    * Outcomes dropped because the claim was lost (409/404, or the session
    * ended), and tasks claimed ahead that were not started because their
@@ -95,6 +128,12 @@ export interface WorkerStats {
   /** Outcome requests that carried the worker's next claim too (counted in outcomeRequests, not in claimRequests). */
   claimsWithOutcomes: number;
 }
+
+/** The most waits for a signal one claim's handler runs answer at once. */
+const MAX_WAIT_RUNS = 1000;
+
+/** The most signals one outcome names received (the server's bound). */
+const MAX_RECEIVED = 64;
 
 /** The largest result a task keeps (256 KiB of JSON). */
 const MAX_RESULT = 256 << 10;
@@ -180,7 +219,7 @@ export class Worker {
   private readonly pending = new Map<Session, PendingOutcome[]>();
   private flushing: Promise<void> | undefined;
   private readonly watched = new WeakSet<Session>();
-  private readonly counts = { claimed: 0, succeeded: 0, failed: 0, permanent: 0, slept: 0, lost: 0, ahead: 0, claimRequests: 0, outcomeRequests: 0, claimsWithOutcomes: 0 };
+  private readonly counts = { claimed: 0, succeeded: 0, failed: 0, permanent: 0, slept: 0, waited: 0, lost: 0, ahead: 0, claimRequests: 0, outcomeRequests: 0, claimsWithOutcomes: 0 };
   /** A claim is in flight: a claim request, or an outcome request that carries one. */
   private claiming = false;
   /** Per session, the tasks claimed under it whose outcome is not yet answered (or that were dropped). */
@@ -469,20 +508,53 @@ export class Worker {
   private async run(task: QueueTask, session: Session, started: number): Promise<void> {
     const token = task.token ?? 0;
     const stream = new StreamWriter(this.t, task.task_id, session, token);
-    const ctx: TaskContext = { signal: session.signal, token, attempt: task.attempt, session, stream };
+    let hold: TaskBudgetHold | undefined;
+    const ctx: TaskContext = { signal: session.signal, token, attempt: task.attempt, session, stream, usage: (n, h) => hold?.used(n, h) };
     let outcome: Outcome;
+    let outcomeReceived: ReceivedSignalRef[] = [];
     try {
       let result: unknown;
-      try {
-        result = await this.handler(task, ctx);
-      } finally {
-        // Its events are stored before its outcome: the outcome closes the stream.
-        await stream.flush().catch((e) => this.report(e));
+      // A task that names a budget reserves its estimate first; without
+      // room, it sleeps until the window turns (no attempt counted).
+      const held = taskBudget(task) ? await TaskBudgetHold.reserve(new Budgets(this.t), task, this.budgetTtl(task)) : undefined;
+      if (held instanceof TaskBudgetHold) hold = held;
+      else if (held) result = sleepFor(held.deferSeconds);
+      // A task claimed after a wait for a signal: the wait is reported
+      // again first, answered with what ended it.
+      const wf = task.waiting_for;
+      let wait: Outcome | undefined = wf?.signals?.length
+        ? { task_id: task.task_id, token, wait_signal: { names: wf.signals, ...(wf.until ? { until: wf.until } : {}) } }
+        : undefined;
+      // The signals this claim's waits were answered with: each later
+      // wait and the success name them, and a success or a park consumes
+      // them (a worker that dies first leaves them to the next claim).
+      const received: ReceivedSignalRef[] = [];
+      outcomeReceived = received;
+      for (let runs = 0; !(result instanceof Sleep); runs++) {
+        if (wait) {
+          if (received.length >= MAX_RECEIVED) throw new Permanent(`the handler received ${MAX_RECEIVED} signals in one claim, the most one outcome names`);
+          if (received.length) wait.received_signals = [...received];
+          ctx.received = await this.waitAnswer(session, wait);
+          if (!ctx.received) return; // parked (or the claim was lost): counted
+          if (ctx.received.name && ctx.received.idempotencyKey) received.push({ name: ctx.received.name, idempotency_key: ctx.received.idempotencyKey });
+          wait = undefined;
+        }
+        try {
+          result = await this.handler(task, ctx);
+        } finally {
+          // Its events are stored before its outcome: the outcome closes the stream.
+          await stream.flush().catch((e) => this.report(e));
+        }
+        if (!(result instanceof WaitSignal) || runs >= MAX_WAIT_RUNS) break;
+        const timeout = result.timeout === undefined ? {} : { timeout: String(result.timeout) };
+        wait = { task_id: task.task_id, token, wait_signal: { names: result.names, ...timeout } };
       }
       this.sampleTaskTime(performance.now() - started);
       const value = result === undefined ? null : result;
       const size = jsonSize(value);
-      if (result instanceof Sleep) {
+      if (result instanceof WaitSignal) {
+        outcome = { task_id: task.task_id, token, error: `the handler waited for signals ${MAX_WAIT_RUNS} times in one claim`, permanent: true };
+      } else if (result instanceof Sleep) {
         outcome = result.until !== undefined
           ? { task_id: task.task_id, token, sleep_until: result.until instanceof Date ? result.until.toISOString() : result.until }
           : { task_id: task.task_id, token, sleep_for: String(result.duration) };
@@ -493,6 +565,9 @@ export class Worker {
       this.sampleTaskTime(performance.now() - started);
       const msg = err instanceof Error ? err.message || err.name : String(err);
       outcome = { task_id: task.task_id, token, error: msg.slice(0, 65536) || "error", permanent: isPermanent(err) };
+    } finally {
+      // Settled before the outcome: what the handler reported, or the estimate.
+      if (hold) await hold.settle().catch((e) => this.report(e));
     }
     if (!session.alive) {
       // The claim went with the session: the task runs again elsewhere.
@@ -504,6 +579,10 @@ export class Worker {
     // A task that wrote to its stream asks the server to end it (done,
     // or attempt_ended when it is retried or sleeps) with its outcome.
     if (stream.last > 0) outcome.streamed = true;
+    // A success consumes the signals its waits were answered; a failure
+    // or a sleep consumes nothing (the next claim resumes where this one
+    // did), so it does not name them.
+    if (outcomeReceived.length && outcome.ok) outcome.received_signals = outcomeReceived;
     const sent: Promise<void> = this.send(session, outcome).then((r) => {
       if (!r || r.status !== 200) this.counts.lost++;
       else if (outcome.ok) this.counts.succeeded++;
@@ -516,6 +595,29 @@ export class Worker {
       this.wake();
     });
     this.sending.add(sent);
+  }
+
+  /** The seconds a task's budget reservation lives (see {@link WorkerOptions.budgetTtl}). */
+  private budgetTtl(task: QueueTask): number {
+    if (this.opts.budgetTtl) return this.opts.budgetTtl;
+    const timeout = task.timeout ? durMs(task.timeout, 0) / 1000 : 0;
+    return timeout > 0 ? Math.min(3600, Math.max(60, Math.ceil(timeout) + 30)) : 300;
+  }
+
+  /**
+   * Sends the wait for a signal `wait` and returns what the server
+   * answered it with at once (the claim held); undefined when the task
+   * parked or the claim was lost, counted and settled.
+   */
+  private async waitAnswer(session: Session, wait: Outcome): Promise<ReceivedSignal | undefined> {
+    const r = session.alive ? await this.send(session, wait) : undefined;
+    const got = r && r.status === 200 ? receivedOf(r.signal) : undefined;
+    if (got) return got;
+    if (r && r.status === 200) this.counts.waited++;
+    else this.counts.lost++;
+    this.settle(session);
+    this.wake();
+    return undefined;
   }
 
   /**

@@ -17,7 +17,7 @@ const dir = fileURLToPath(new URL("../build/examples/", import.meta.url));
 const examples = readdirSync(dir).filter((f) => f.endsWith(".js")).sort();
 
 test("every example was built", () => {
-  assert.deepEqual(examples, ["approval.js", "langgraph.js", "limits.js", "llm-tokens.js", "lock.js", "paxos.js", "registry.js", "search-history.js", "session.js", "steps.js", "stream-page.js", "submit-ndjson.js", "worker.js"]);
+  assert.deepEqual(examples, ["approval.js", "fanout.js", "langgraph.js", "limits.js", "llm-tokens.js", "lock.js", "paxos.js", "registry.js", "search-history.js", "session.js", "steps.js", "stream-page.js", "submit-ndjson.js", "worker.js"]);
 });
 
 // paxos.js needs a `drover paxos serve` group, not this server:
@@ -33,6 +33,7 @@ for (const f of examples.filter((f) => f !== "paxos.js" && f !== "stream-page.js
     if (f === "langgraph.js") assert.match(stdout, /count: 2/);
     if (f === "approval.js") assert.match(stdout, /\[ 1 \] \[ 'approval' \]\ntrue false\n\[ 2 \] done, approved by ana\nfinished: it takes no signal\n/);
     if (f === "llm-tokens.js") assert.match(stdout, /#13 done .*\n.*\n.*\nsame: true\n/);
+    if (f === "fanout.js") assert.match(stdout, /^\[ 1, 2 \] 270\n/);
     if (f === "steps.js") assert.match(stdout, /\[ 1, 2, 3 \]/);
     if (f === "search-history.js") assert.match(stdout, /\[ 'report-1', 'report-3' \] true\nreport-1\nreport-3\nreport-5\n.*moved: 2 }\n.*moved: 4 }\n60 0 0\n/);
   });

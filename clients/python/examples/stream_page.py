@@ -1,4 +1,4 @@
-"""Serves stream-page.html and passes GET /v1/tasks/{id}/stream on to the
+"""Serves clients/examples/stream-page.html and passes GET /v1/tasks/{id}/stream on to the
 drover server, so that the page's EventSource is same-origin.
 
     PORT=8081 DROVER_URL=http://127.0.0.1:8080 python3 examples/stream_page.py
@@ -12,7 +12,8 @@ import urllib.error
 import urllib.request
 
 API = os.environ.get("DROVER_URL", "http://127.0.0.1:8080").rstrip("/")
-PAGE = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "stream-page.html"), "rb").read()
+# The page is shared with the TypeScript client's example: clients/examples/.
+PAGE = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples", "stream-page.html"), "rb").read()
 
 
 class Handler(http.server.BaseHTTPRequestHandler):

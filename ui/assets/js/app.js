@@ -9,6 +9,7 @@ import * as taskPage from "./task.js";
 import * as locks from "./locks.js";
 import * as workers from "./workers.js";
 import * as flow from "./flow.js";
+import * as budgets from "./budgets.js";
 import * as paxos from "./paxos.js";
 import * as schedules from "./schedules.js";
 import * as login from "./login.js";
@@ -29,6 +30,7 @@ const routes = [
   { re: /^\/locks$/, page: locks, nav: "locks" },
   { re: /^\/workers$/, page: workers, nav: "workers" },
   { re: /^\/flow$/, page: flow, nav: "flow" },
+  { re: /^\/budgets$/, page: budgets, nav: "budgets" },
   { re: /^\/schedules$/, page: schedules, nav: "schedules" },
   { re: /^\/paxos$/, page: paxos, nav: "paxos" },
 ];

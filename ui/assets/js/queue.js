@@ -52,7 +52,15 @@ export function mount(ctx) {
   const selected = new Set();
   let lastCounts = "";
 
+  let drawn = null; // the summary drawn, as JSON
   const drawTabs = (s) => {
+    // A summary the same as the one drawn (the stream's snapshot after the
+    // page's own fetch, another queue's change) keeps the nodes: redrawing
+    // them would drop a click under way on a button. Once a click here set
+    // the state, every summary is drawn.
+    const key = JSON.stringify(s || null);
+    if (key === drawn && pausedHere === null) return;
+    drawn = key;
     replace(tabs, ...STATES.map((st) => h("a", {
       href: "#/queue/" + enc(q) + "?state=" + st, class: st === status ? "active" : "", "data-tab": st,
     }, st === "DEAD" ? "Dead (DLQ)" : st[0] + st.slice(1).toLowerCase(), h("span", { class: "count" }, s ? num(s[st.toLowerCase()]) : ""))));

@@ -45,7 +45,9 @@ from .agent import (
     sleep_until,
     wait_signal,
 )
+from .children import ChildFailed, SpawnChildren, StepChildren, spawn_children, step_children
 from .checkpoint import WRITES_IDX_MAP, CheckpointClient, CheckpointTuple, JsonSerde, thread_config
+from .budgets import Budgets
 from .client import Client
 from . import errors as _errors
 from .errors import *  # noqa: F401,F403 (every error class, listed in errors.__all__)
@@ -54,6 +56,7 @@ from .paxos import EndpointStatus, PaxosLockInfo, PaxosLocks
 from .queues import OutcomeResult, Queue, Rejected, SubmitResult, Task
 from .registry import Registration, Watch, WatchEvent
 from .streams import DROVER_EVENT_TYPES, Follow, StreamEvent, StreamWriter
+from .stepstream import step_emit, step_stream, step_token
 from .schedules import Schedules
 from .sessions import Session
 from .workers import Worker
@@ -80,9 +83,17 @@ __all__ = _errors.__all__ + [
     "wait_signal",
     "ReceivedSignal",
     "received_signal",
+    "SpawnChildren",
+    "spawn_children",
+    "StepChildren",
+    "step_children",
+    "ChildFailed",
     "Follow",
     "StreamEvent",
     "StreamWriter",
+    "step_emit",
+    "step_stream",
+    "step_token",
     "DROVER_EVENT_TYPES",
     "Codec",
     "JSON_CODEC",
@@ -111,6 +122,8 @@ __all__ = _errors.__all__ + [
     "register",
     "watch",
     "limits",
+    "budgets",
+    "Budgets",
     "quotas",
     "breakers",
     "checkpoints",
@@ -221,6 +234,7 @@ class _Attr:
 
 
 limits: Any = _Attr("limits")
+budgets: Any = _Attr("budgets")
 quotas: Any = _Attr("quotas")
 breakers: Any = _Attr("breakers")
 checkpoints: Any = _Attr("checkpoints")

@@ -1,7 +1,9 @@
 """HTTP/1.1 over http.client: a small pool of keep-alive connections,
 bearer token, namespace header, TLS, bounded retries where they are safe."""
 
+import contextvars
 import http.client
+import importlib
 import json
 import select
 import socket
@@ -30,6 +32,43 @@ IDEMPOTENT = 2
 # Drop idle connections before the server's idle timeout (2 min) does.
 _MAX_IDLE_SECONDS = 50.0
 
+
+
+# The OpenTelemetry API's propagate module when it is importable (False
+# until looked up, None when absent): the client stays standard library
+# only, and a caller that uses OpenTelemetry gets its trace carried.
+_otel_propagate: Any = False
+
+
+def trace_headers() -> Dict[str, str]:
+    """The trace context of the caller's current span as HTTP headers
+    (``traceparent``, ``tracestate``, ``baggage``, as the global
+    OpenTelemetry propagator writes them) when the ``opentelemetry`` package
+    is importable; nothing otherwise, or when it fails."""
+    global _otel_propagate
+    if _otel_propagate is False:
+        try:
+            _otel_propagate = importlib.import_module("opentelemetry.propagate")
+        except ImportError:
+            _otel_propagate = None
+    carrier: Dict[str, str] = {}
+    if _otel_propagate is not None:
+        try:
+            _otel_propagate.inject(carrier)
+        except Exception:  # tracing never stops a request
+            carrier = {}
+    if "traceparent" not in carrier:
+        tp = task_trace.get()
+        if tp:
+            carrier["traceparent"] = tp
+    return carrier
+
+
+# The traceparent of the task a worker's handler runs, set for the time of
+# the call: the requests the handler makes (child tasks, signals, locks)
+# carry it when no OpenTelemetry span is active, so that they join the
+# task's trace on a server that traces.
+task_trace: "contextvars.ContextVar[str]" = contextvars.ContextVar("drover_task_trace", default="")
 
 class Response:
     """A parsed answer: status, headers (lower-case names), body."""
@@ -201,6 +240,7 @@ class Transport:
         """
         target = self.prefix + path + encode_query(query)
         hdrs = dict(self.headers)
+        hdrs.update(trace_headers())
         if headers:
             hdrs.update(headers)
         streaming = False

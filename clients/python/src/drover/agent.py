@@ -8,9 +8,13 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
+from . import children as _children
 from ._transport import CONNECT, IDEMPOTENT, quote
+from .children import SpawnChildren
 from .errors import DroverError, Held
 from .sessions import Session
+from .stepstream import _StepStream
+from .streams import StreamWriter
 
 if TYPE_CHECKING:  # pragma: no cover
     from .client import Client
@@ -52,7 +56,9 @@ class RunResult(NamedTuple):
     claimed): nothing is held, run it again at that time;
     ``waiting_for``, when set, that it stopped because the task waits for a
     signal (``{"signals", "since", "until"}``) that had not come within
-    ``resume_within``: nothing is held, run it again once it was sent.
+    ``resume_within``, or for the children a step spawned (``{"children":
+    {"step", "n", "wait"}, "since"}``) that had not ended within it:
+    nothing is held, run it again once it was sent (they ended).
     """
 
     task_id: str
@@ -274,6 +280,42 @@ class AgentTasks:
             "POST", "/v1/agent-tasks/%s/complete" % quote(task_id), json_body=body, retry=CONNECT
         ).data
 
+    def put_spawn(
+        self,
+        task_id: str,
+        n: int,
+        session: Session,
+        token: int,
+        state: bytes,
+        children: Sequence[Dict[str, Any]],
+        wait: int = 0,
+        collect: bool = False,
+        name: Optional[str] = None,
+        steps: Optional[int] = None,
+    ) -> Dict[str, Any]:
+        """Write step ``n``'s checkpoint with ``children`` to spawn (dicts as
+        :func:`drover.spawn_children` takes them), fenced by ``token``: their
+        plan is checkpointed with the step before any is submitted, then
+        they are submitted and the claim released (the answer's
+        ``waiting_for.children``). The same write again spawns nothing new;
+        an empty list is a plain step write."""
+        return _children.put_spawn(
+            self.client, task_id, n, session, token, state, children, wait=wait, collect=collect, name=name, steps=steps
+        )
+
+    def children(
+        self, task_id: str, step: Optional[int] = None, after: Optional[str] = None, limit: Optional[int] = None
+    ) -> Dict[str, Any]:
+        """A page of the outcomes of the children step ``step`` spawned
+        (default: the last checkpointed step): counts and ``outcomes``;
+        ``next`` continues the page."""
+        return _children.children_page(self.client, task_id, step=step, after=after, limit=limit)
+
+    def child(self, task_id: str, child_id: str) -> Dict[str, Any]:
+        """One child: its outcome once it ended, its queue status before;
+        :class:`NotFound` for an id none of the task's steps spawned."""
+        return _children.child_of(self.client, task_id, child_id)
+
     def release(self, task_id: str, session: Session, token: int) -> None:
         """Give the claim up without completing the task."""
         self._t.request(
@@ -394,21 +436,32 @@ def run_steps(
         while n <= total:
             sess.check()
             _received.signal = received
+            _children.set_step(client, task_id, n)
             try:
-                state = fns[n - 1](state)
+                with _StepStream(StreamWriter(client, task_id, sess, token)):
+                    state = fns[n - 1](state)
             finally:
                 _received.signal = None
+                _children.clear_step()
             nap = state if isinstance(state, Sleep) else None
             wait_for = state if isinstance(state, WaitSignal) else None
             if nap is not None:
                 state = nap.state
             if wait_for is not None:
                 state = wait_for.state
-            out = tasks.put_step(
-                task_id, n, sess, token, codec.dumps(state), name=names[n - 1], steps=total,
-                sleep_for=nap.sleep_for if nap else None, sleep_until=nap.sleep_until if nap else None,
-                wait_signal=wait_for,
-            )
+            kids = state if isinstance(state, SpawnChildren) else None
+            if kids is not None:
+                state = kids.state
+                out = tasks.put_spawn(
+                    task_id, n, sess, token, codec.dumps(state), kids.children, wait=kids.wait, collect=kids.collect,
+                    name=names[n - 1], steps=total,
+                )
+            else:
+                out = tasks.put_step(
+                    task_id, n, sess, token, codec.dumps(state), name=names[n - 1], steps=total,
+                    sleep_for=nap.sleep_for if nap else None, sleep_until=nap.sleep_until if nap else None,
+                    wait_signal=wait_for,
+                )
             ran.append(n)
             completed = bool(out.get("completed"))
             if out.get("sleep_until") and not completed:

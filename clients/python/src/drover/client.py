@@ -11,6 +11,7 @@ from ._transport import CONNECT, IDEMPOTENT, Transport, quote
 from .agent import JSON_CODEC, AgentTasks, Codec, RunResult, Step
 from .checkpoint import CheckpointClient
 from .flow import Breakers, Limits, Quotas
+from .budgets import Budgets
 from .schedules import Schedules
 from .locks import Lock
 from .queues import Queue, SubmitResult, Task
@@ -61,6 +62,7 @@ class Client:
         )
         self._t = Transport(url, max_idle=max_idle, **self._opts)
         self.limits = Limits(self)
+        self.budgets = Budgets(self)
         self.quotas = Quotas(self)
         self.breakers = Breakers(self)
         self.agent_tasks = AgentTasks(self)
@@ -214,6 +216,14 @@ class Client:
         the next step reading it with ``drover.received_signal()``.
         Otherwise it returns with ``waiting_for`` set: run it again once the
         signal was sent.
+
+        A step that returns ``drover.spawn_children(children, wait, collect,
+        state)`` ends by spawning child tasks: its state is written with the
+        children's plan, they are submitted and the claim released; the run
+        then claims the task again as for a signal, and once enough children
+        ended the next step reads their outcomes with
+        ``drover.step_children()``. A step that runs again after a crash
+        spawns nothing twice.
 
         ``steps`` are callables or ``(name, callable)`` pairs. ``codec``
         turns states into checkpoint bytes: JSON by default,

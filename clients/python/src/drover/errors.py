@@ -219,8 +219,8 @@ class BreakerOpen(Unavailable):
 
 
 class StoreFull(DroverError):
-    """507: etcd's database is past the high-water mark; submissions and
-    checkpoints are refused while locks and leases work."""
+    """507: etcd's database is past the high-water mark; submissions,
+    checkpoints and signals are refused while locks and leases work."""
 
 
 class SessionLost(DroverError):

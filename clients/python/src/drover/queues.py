@@ -56,6 +56,14 @@ class Task(dict):
         return self.get("queue", "")
 
     @property
+    def traceparent(self) -> str:
+        """The W3C traceparent of the task's submission, when it was traced
+        (empty otherwise): a handler that uses OpenTelemetry starts its
+        attempt's span under it, e.g. with
+        ``TraceContextTextMapPropagator().extract({"traceparent": t.traceparent})``."""
+        return self.get("traceparent", "")
+
+    @property
     def status(self) -> str:
         return self.get("current_status", "")
 
@@ -98,6 +106,7 @@ def _outcome_result(o: Mapping[str, Any]) -> "OutcomeResult":
         o.get("attempt"),
         o.get("detail"),
         o.get("scheduled_at"),
+        o.get("signal"),
     )
 
 
@@ -111,6 +120,10 @@ class OutcomeResult(NamedTuple):
     attempt: Optional[int] = None
     detail: Optional[str] = None
     scheduled_at: Optional[str] = None
+    # A wait_signal answered at once: the first signal waited for (not
+    # consumed: later outcomes name it in ``received_signals``), or
+    # ``timed_out``; the task is still claimed.
+    signal: Optional[Dict[str, Any]] = None
 
     @property
     def ok(self) -> bool:

@@ -12,9 +12,10 @@ import time
 import traceback
 from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, List, Optional, Tuple
 
-from ._transport import shutdown_socket
+from ._transport import shutdown_socket, task_trace
 from .errors import DroverError, Permanent, SessionNotFound, TransportError
-from .agent import Sleep
+from .agent import Sleep, WaitSignal, _received, _received_of
+from .budgets import run_budgeted
 from .queues import MAX_CLAIM, Task
 from ._reporting import _Reporting
 from .sessions import Session
@@ -106,7 +107,12 @@ class Worker(_Reporting):
     ``params``, ``attempt``, ``token``), plus ``task.lost`` (the session's
     lost event: the claim may be gone once it is set) and
     ``task.heartbeat()`` (raises :class:`~drover.Fenced` once the claim is
-    gone).
+    gone), and ``task.usage(tokens, headers=None)``: for a task whose
+    metadata names a ``budget``, the worker reserves its
+    ``estimated_tokens`` before the handler runs (without room, the task
+    sleeps until the window turns, its attempt not counted) and settles
+    after it with what the handler reported there (the provider's
+    rate-limit headers too), or the estimate.
 
     ``wait`` bounds each claim's long poll (seconds): the server answers as
     soon as a task is claimed, and an idle worker asks again after ``wait``.
@@ -144,6 +150,7 @@ class Worker(_Reporting):
             "failed": 0,
             "dead": 0,
             "slept": 0,
+            "waited": 0,
             "lost": 0,
             "not_found": 0,
             "errors": 0,
@@ -233,7 +240,7 @@ class Worker(_Reporting):
         """Work until stopped (SIGTERM, SIGINT, :meth:`stop`), or until
         ``max_tasks`` were claimed, or no task came for ``idle_timeout``
         seconds, or ``duration`` seconds passed; then drain. Returns the
-        counts: claimed, succeeded, failed (to be retried), dead, slept
+        counts: claimed, succeeded, failed (to be retried), dead, slept, waited
         (tasks parked by a handler that returned a sleep), lost (an
         outcome refused with 409, or a task claimed ahead and not started:
         the claim was lost), not_found, errors (outcomes that could not be
@@ -548,9 +555,14 @@ class Worker(_Reporting):
         started = time.monotonic()
         with self._mu:
             self._active[me] = started
+        parked = False
+        traced = task_trace.set(task.traceparent)
         try:
-            result = self.fn(task)
-            if isinstance(result, Sleep):
+            # A task whose metadata names a budget reserves its estimate first.
+            result = run_budgeted(self.client, task, lambda: self._call(q, session, task))
+            if result is _PARKED:
+                parked = True
+            elif isinstance(result, Sleep):
                 # Parked: SLEEPING, claimed again when the sleep ends, its attempt not counted.
                 if result.sleep_until is not None:
                     outcome["sleep_until"] = result.sleep_until
@@ -568,6 +580,7 @@ class Worker(_Reporting):
             log.info("drover: task %s failed: %s", task.id, "".join(traceback.format_exception_only(type(e), e)).strip())
             outcome["error"] = _describe(e)
         finally:
+            task_trace.reset(traced)
             took = time.monotonic() - started
             with self._cond:
                 self._active.pop(me, None)
@@ -580,11 +593,105 @@ class Worker(_Reporting):
             stream.flush(timeout=_STREAM_FLUSH_TIMEOUT)
         except (DroverError, TimeoutError) as e:
             log.info("drover: task %s: its stream's last events: %s", task.id, e)
+        if parked:
+            self._parked(slot)
+            return
+        received = getattr(task, "_received_refs", None)
+        if received and outcome.get("ok"):
+            # The signals its waits were answered: a success consumes
+            # them. A failure or a sleep consumes nothing (the next claim
+            # resumes where this one did), so it does not name them.
+            outcome["received_signals"] = received
         if stream.emitted:
             # The server ends its stream (done, or attempt_ended when it is
             # retried or sleeps) once the outcome is stored.
             outcome["streamed"] = True
         self._outbox.put((slot, outcome))
+
+    def _call(self, q: Any, session: Session, task: Task) -> Any:
+        """Runs the handler on task and returns what it returned, or
+        _PARKED. A wait for a signal it returns (:func:`wait_signal`) is
+        reported at once: a signal sent already is answered (not consumed),
+        and the handler runs again with it (``task.received``,
+        :func:`received_signal`); otherwise the task parked. Each later
+        outcome of the claim names the signals answered so far
+        (``received_signals``): a wait skips them, and a success or a park
+        consumes them, fenced by the claim, so that a worker that dies first
+        leaves them to the next claim. Any other outcome (a retry, a sleep,
+        a dead letter) consumes nothing and its next claim resumes where
+        this one did: at the wait it was claimed after, or from the start.
+        A task claimed after such a
+        wait (it shows ``waiting_for``) has the wait reported again first,
+        to get what ended it."""
+        wf = task.get("waiting_for") or {}
+        wait: Optional[Dict[str, Any]] = None
+        if wf.get("signals"):
+            wait = {"names": list(wf["signals"])}
+            if wf.get("until"):
+                wait["until"] = wf["until"]
+        task.received = None  # type: ignore[attr-defined]
+        refs: List[Dict[str, str]] = []
+        task._received_refs = refs  # type: ignore[attr-defined]
+        for _ in range(_MAX_WAIT_RUNS):
+            if wait is not None:
+                if len(refs) >= _MAX_RECEIVED:
+                    raise Permanent("the handler received %d signals in one claim, the most one outcome names" % _MAX_RECEIVED)
+                got = self._wait(q, session, task, wait, refs)
+                if got is None:
+                    return _PARKED
+                task.received = got  # type: ignore[attr-defined]
+                if got.name and got.idempotency_key:
+                    refs.append({"name": got.name, "idempotency_key": got.idempotency_key})
+            _received.signal = task.received  # type: ignore[attr-defined]
+            try:
+                result = self.fn(task)
+            finally:
+                _received.signal = None
+            if not isinstance(result, WaitSignal):
+                return result
+            wait = {"names": list(result.names)}
+            if result.timeout is not None:
+                wait["timeout"] = result.timeout
+        raise Permanent("the handler waited for signals %d times in one claim" % _MAX_WAIT_RUNS)
+
+    def _wait(self, q: Any, session: Session, task: Task, wait: Dict[str, Any], received: List[Dict[str, str]]) -> Any:
+        """Reports the wait for a signal wait of task, naming the signals
+        received under the claim: what the server answered it with at once,
+        or None (the task parked, or the claim was lost), counted."""
+        r = None
+        o: Dict[str, Any] = {"task_id": task.id, "token": task.token, "wait_signal": wait}
+        if received:
+            o["received_signals"] = list(received)
+        try:
+            rs = q.outcomes(session, [o])
+            r = rs[0] if rs else None
+        except DroverError as e:
+            log.warning("drover: task %s: reporting its wait failed: %s", task.id, e)
+        if r is not None and r.ok and r.signal:
+            return _received_of(r.signal)
+        with self._mu:
+            self.stats["waited" if r is not None and r.ok else "lost"] += 1
+        return None
+
+    def _parked(self, slot: _Slot) -> None:
+        """Settles a task whose wait parked it: nothing more to report."""
+        with self._mu:
+            slot.held -= 1
+            done = slot.retiring and slot.held == 0
+            if done and slot in self._slots:
+                self._slots.remove(slot)
+        if done:
+            slot.session.close()
+
+# _PARKED is what _call returns for a task its wait parked.
+_PARKED = object()
+
+# The most waits for a signal one claim's handler runs answer at once.
+_MAX_WAIT_RUNS = 1000
+
+# The most signals one outcome names received (the server's bound).
+_MAX_RECEIVED = 64
+
 
 def _describe(e: BaseException) -> str:
     msg = str(e)

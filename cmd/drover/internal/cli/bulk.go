@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/droverhq/drover"
+	"github.com/droverhq/drover/cmd/drover/internal/progress"
 	"github.com/droverhq/drover/queue"
 	"github.com/spf13/cobra"
 )
@@ -50,9 +51,9 @@ func (a *app) runBulk(ctx context.Context, b *bulkFlags, ids []string, st queue.
 			return err
 		}
 	}
-	prog := newProgress(a.stderr, action, 0)
-	n, err := f(c, ctx, ids, func(done int) { prog.update(0, done) })
-	prog.done()
+	prog := progress.New(a.stderr, action, 0)
+	n, err := f(c, ctx, ids, func(done int) { prog.Update(0, done) })
+	prog.Done()
 	if b.asJSON {
 		if jerr := json.NewEncoder(a.stdout).Encode(bulkResult{Queue: b.q, Status: string(st), Action: action, Count: n}); jerr != nil {
 			return jerr

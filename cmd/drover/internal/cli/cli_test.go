@@ -33,7 +33,8 @@ func TestHelpListsCommands(t *testing.T) {
 	for _, cmd := range [][]string{{"server"}, {"lock"}, {"lock", "run"}, {"lock", "status"}, {"lock", "list"}, {"version"},
 		{"registry"}, {"registry", "register"}, {"registry", "list"}, {"registry", "watch"}, {"workers"}, {"worker"},
 		{"limits"}, {"limits", "set"}, {"limits", "list"}, {"quotas"}, {"quotas", "set"}, {"quotas", "list"},
-		{"breakers"}, {"breakers", "list"}, {"breakers", "reset"}, {"queues"}, {"queues", "set"}, {"queues", "get"}} {
+		{"breakers"}, {"breakers", "list"}, {"breakers", "reset"}, {"queues"}, {"queues", "set"}, {"queues", "get"},
+		{"budgets"}, {"budgets", "set"}, {"budgets", "get"}, {"budgets", "list"}, {"budgets", "delete"}} {
 		r := drover(t, append(cmd, "--help")...)
 		if r.code != 0 || !strings.Contains(r.stdout, "Examples:") {
 			t.Errorf("drover %s --help: exit %d, no example:\n%s", strings.Join(cmd, " "), r.code, r.stdout)

@@ -47,13 +47,19 @@ type result struct {
 }
 
 // cleanEnv is the environment without ETCD_ENDPOINTS, so that tests say
-// where etcd is.
+// where etcd is, and without the OpenTelemetry variables (OTEL_*,
+// TRACEPARENT, TRACESTATE, BAGGAGE), so that a traced shell neither turns
+// tracing on in the binary nor parents its spans: tests that trace say so.
 func cleanEnv(extra ...string) []string {
 	var env []string
 	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "ETCD_ENDPOINTS=") {
-			env = append(env, kv)
+		name, _, _ := strings.Cut(kv, "=")
+		switch {
+		case name == "ETCD_ENDPOINTS", strings.HasPrefix(name, "OTEL_"),
+			name == "TRACEPARENT", name == "TRACESTATE", name == "BAGGAGE":
+			continue
 		}
+		env = append(env, kv)
 	}
 	return append(env, extra...)
 }

@@ -7,6 +7,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/droverhq/drover"
+	"github.com/droverhq/drover/cmd/drover/internal/progress"
 	"github.com/droverhq/drover/queue"
 	"github.com/spf13/cobra"
 )
@@ -185,9 +186,9 @@ the deletion may survive it. Shows progress on stderr.`,
 				return err
 			}
 			defer done()
-			prog := newProgress(a.stderr, "delete", 0)
-			n, err := c.DeleteQueue(cmd.Context(), args[0], func(done int) { prog.update(0, done) })
-			prog.done()
+			prog := progress.New(a.stderr, "delete", 0)
+			n, err := c.DeleteQueue(cmd.Context(), args[0], func(done int) { prog.Update(0, done) })
+			prog.Done()
 			if errors.Is(err, queue.ErrNoQueue) || errors.Is(err, queue.ErrQueueBusy) {
 				return withCode(ExitFailure, err)
 			}

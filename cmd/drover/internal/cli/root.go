@@ -17,6 +17,8 @@ import (
 	"github.com/droverhq/drover/cluster"
 	"github.com/droverhq/drover/internal/buildinfo"
 	"github.com/droverhq/drover/keyspace"
+	"github.com/droverhq/drover/tracing"
+	"github.com/droverhq/drover/tracing/otelspan"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -61,6 +63,9 @@ type app struct {
 	etcdTLS     etcdTLSFlags
 
 	logger *slog.Logger
+	// tracing is the OpenTelemetry setup of the command (package
+	// tracing): off unless the OTEL_* environment asks for traces.
+	tracing *tracing.Provider
 }
 
 // etcdTLSFlags are the global flags for an etcd with TLS or auth.
@@ -105,6 +110,7 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	err := root.ExecuteContext(context.Background())
+	a.stopTracing()
 	if err == nil {
 		return ExitOK
 	}
@@ -178,7 +184,11 @@ $ETCD_ENDPOINTS, else 127.0.0.1:2379. "drover server" runs one for you.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
-			return a.setupLogging()
+			if err := a.setupLogging(); err != nil {
+				return err
+			}
+			a.startTracing(cmd)
+			return nil
 		},
 	}
 	root.SetFlagErrorFunc(explainFlagError)
@@ -196,7 +206,7 @@ $ETCD_ENDPOINTS, else 127.0.0.1:2379. "drover server" runs one for you.`,
 	info := buildinfo.Get()
 	root.Version = fmt.Sprintf("%s (commit %s, %s)", info.Version, info.Commit, info.GoVersion)
 	root.SetVersionTemplate("drover {{.Version}}\n")
-	root.AddCommand(a.versionCommand(), a.serverCommand(), a.lockCommand(), a.paxosCommand(), a.taskCommand(), a.submitCommand(), a.workerCommand(), a.tasksCommand(), a.emitCommand(), a.signalCommand(), a.dlqCommand(), a.registryCommand(), a.workersCommand(), a.limitsCommand(), a.quotasCommand(), a.breakersCommand(), a.queuesCommand(), a.schedulesCommand(), a.demoCommand(), a.demoWorkerCommand(), a.lostUpdateWorkerCommand(),
+	root.AddCommand(a.versionCommand(), a.serverCommand(), a.lockCommand(), a.paxosCommand(), a.taskCommand(), a.submitCommand(), a.workerCommand(), a.tasksCommand(), a.emitCommand(), a.usageCommand(), a.signalCommand(), a.dlqCommand(), a.registryCommand(), a.workersCommand(), a.limitsCommand(), a.budgetsCommand(), a.quotasCommand(), a.breakersCommand(), a.queuesCommand(), a.schedulesCommand(), a.demoCommand(), a.demoWorkerCommand(), a.lostUpdateWorkerCommand(),
 		a.clusterCommand(), a.backupCommand(), a.restoreCommand())
 	refuseUnknownSubcommands(root)
 	return root
@@ -359,4 +369,45 @@ func (a *app) versionCommand() *cobra.Command {
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
+}
+
+// startTracing sets up OpenTelemetry from the standard environment
+// variables (OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_SERVICE_NAME,
+// OTEL_TRACES_SAMPLER, ...); nothing happens unless they ask for traces.
+// service.name defaults to "drover-" and the command's name ("drover-worker").
+// A setup that fails is logged, not fatal: tracing never stops the work.
+// A TRACEPARENT in the environment is the parent of a short command's
+// spans, when it traces.
+func (a *app) startTracing(cmd *cobra.Command) {
+	name := cmd
+	for name.HasParent() && name.Parent().HasParent() {
+		name = name.Parent()
+	}
+	p, err := tracing.Setup(cmd.Context(), "drover-"+name.Name())
+	if err != nil {
+		a.logger.Warn("tracing is off: its setup failed", "err", err)
+		return
+	}
+	a.tracing = p
+	// A command run by a traced process (an exec handler's drover submit
+	// or emit, which gets TRACEPARENT) continues its caller's trace when
+	// it traces too; the long-running commands start their own. One that
+	// does not trace ignores TRACEPARENT, so that it stores no trace
+	// context a worker of an older build could not read
+	// (docs/observability.md, "Upgrading").
+	if tp := os.Getenv("TRACEPARENT"); tp != "" && p.On() && name.Name() != "server" && name.Name() != "worker" {
+		cmd.SetContext(otelspan.Remote(cmd.Context(), tp))
+	}
+}
+
+// stopTracing exports the spans not yet sent, waiting at most 5 s.
+func (a *app) stopTracing() {
+	if a.tracing == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := a.tracing.Shutdown(ctx); err != nil && a.logger != nil {
+		a.logger.Warn("tracing: could not export the last spans", "err", err)
+	}
 }

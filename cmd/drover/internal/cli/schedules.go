@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/droverhq/drover/agentserver"
 	"text/tabwriter"
 	"time"
 
@@ -383,7 +384,9 @@ func (a *app) startSchedules(ctx context.Context, cli *clientv3.Client) (stop fu
 	}
 	r := &schedule.Runner{Client: c, AllNamespaces: true, Logger: a.logger}
 	r.Start(ctx)
-	return r.Stop, nil
+	crons := &agentserver.CronRunner{Etcd: cli, Logger: a.logger} // the Agent Server's crons fire through schedules
+	crons.Start(ctx)
+	return func() { crons.Stop(); r.Stop() }, nil
 }
 
 // startServing starts what a server serves over cli: the HTTP API (with

@@ -127,7 +127,7 @@ func (a *app) serverCommand() *cobra.Command {
 	fl.StringVar(&f.metricsListen, "metrics-listen", "", "host:port to serve Prometheus metrics on (/metrics: drover's and the embedded etcd's)")
 	fl.IntVar(&f.gcPercent, "gc-percent", DefaultServerGCPercent, "garbage collection target of the embedded server (Go's GOGC; $GOGC wins when set and this flag is not)")
 	fl.Int64Var(&f.quota, "quota-backend-bytes", cluster.DefaultQuotaBackendBytes, "the embedded etcd's database quota in bytes (etcd advises at most 8 GiB)")
-	fl.Var(&f.highWater, "high-water", "share of the quota past which new tasks and checkpoints are refused (a percent, 70%, or a fraction, 0.7)")
+	fl.Var(&f.highWater, "high-water", "share of the quota past which new tasks, checkpoints, signals and stream events are refused (a percent, 70%, or a fraction, 0.7)")
 	fl.StringVar(&f.http.listen, "http-listen", "", "host:port to serve the HTTP API on (JSON routes under /v1, OpenAPI at /openapi.json); nothing listens without it")
 	fl.StringVar(&f.http.authFile, "auth-file", "", "JSON file of bearer tokens with their namespaces and roles (docs/http.md); required beyond loopback")
 	fl.StringVar(&f.http.tlsCert, "tls-cert", "", "certificate (PEM) to serve the HTTP API over HTTPS, with --tls-key")
@@ -260,6 +260,7 @@ func (a *app) serveEmbedded(ctx context.Context, f *serverFlags) error {
 	}
 	a.logger.Info("drover server stopping", "reason", "signal")
 	stopHTTP()
+	a.closeStreams(cli)
 	closeCli()
 	stopGuard()
 	// The maintenance goroutine's defragmentation, if one runs, is
@@ -327,6 +328,7 @@ func (a *app) serveExternal(ctx context.Context, f *serverFlags) error {
 		"store_guard", f.storeGuard, "high_water", f.highWater.String(), "low_water", f.lowWater.String())
 	<-ctx.Done()
 	stopHTTP()
+	a.closeStreams(cli)
 	stopGuard()
 	a.logger.Info("drover server stopped")
 	return nil

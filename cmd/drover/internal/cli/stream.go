@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/keyspace"
@@ -24,11 +25,12 @@ func (a *app) emitCommand() *cobra.Command {
 	var typ, data, text string
 	cmd := &cobra.Command{
 		Use:   "emit [--type T] [--data JSON | --text S]",
-		Short: "Append an event to the stream of the task an exec handler runs",
+		Short: "Append an event to the stream of the task an exec handler or step runs",
 		Long: `Append an event to the stream of the task that the exec handler running
 this command handles: drover worker --handler 'exec:...' sets DROVER_TASK_ID,
 DROVER_QUEUE and DROVER_CLAIM_TOKEN (and the etcd endpoints and namespace)
-in its environment. The event is stored under the task's claim: once the
+in its environment. In a step of drover task run, which sets DROVER_TASK_ID
+and DROVER_LOCK_TOKEN, the event goes to that task's stream, under its lock. The event is stored under the task's claim: once the
 claim is lost (the worker died, the task was taken over) the command fails
 with exit 70 and nothing is stored. Followers see it at once (drover tasks
 follow ID, GET /v1/tasks/{id}/stream).`,
@@ -71,13 +73,14 @@ func emitInput(cmd *cobra.Command, typ, data, text string) (stream.Input, error)
 // emit appends in to the stream of the task the environment names.
 func (a *app) emit(ctx context.Context, in stream.Input) error {
 	vals := map[string]string{}
+	step := getenv("DROVER_QUEUE") == "" && getenv(EnvLockToken) != "" // a step of drover task run
 	for _, k := range emitEnv {
-		if vals[k] = getenv(k); vals[k] == "" {
-			return usageError{fmt.Errorf("$%s is not set: drover emit runs inside an exec handler of drover worker, which sets it", k)}
+		if vals[k] = getenv(k); vals[k] == "" && !(step && k != "DROVER_TASK_ID") {
+			return usageError{fmt.Errorf("$%s is not set: drover emit runs inside an exec handler of drover worker, or a step of drover task run, which sets it", k)}
 		}
 	}
 	token, err := strconv.ParseInt(vals["DROVER_CLAIM_TOKEN"], 10, 64)
-	if err != nil || token < 1 {
+	if !step && (err != nil || token < 1) {
 		return usageError{fmt.Errorf("$DROVER_CLAIM_TOKEN is %q: not a claim's token", vals["DROVER_CLAIM_TOKEN"])}
 	}
 	if ns := getenv("DROVER_NAMESPACE"); ns != "" && a.namespace == keyspace.DefaultNamespace {
@@ -89,7 +92,12 @@ func (a *app) emit(ctx context.Context, in stream.Input) error {
 	}
 	defer done()
 	h := queue.Held{Queue: vals["DROVER_QUEUE"], ID: vals["DROVER_TASK_ID"], Token: token}
-	claim, err := c.StreamClaim(ctx, h)
+	var claim stream.Claim
+	if step {
+		claim, err = stepClaim(ctx, cli, keyspace.MustNew(a.namespace), h.ID, getenv(EnvLockToken))
+	} else {
+		claim, err = c.StreamClaim(ctx, h)
+	}
 	if err == nil {
 		_, _, err = stream.For(cli, keyspace.MustNew(a.namespace)).Append(ctx, claim, []stream.Input{in})
 	}
@@ -143,7 +151,7 @@ func (a *app) follow(ctx context.Context, id string, from int64, asJSON bool) er
 		if err != nil {
 			return err
 		}
-		if r.Count == 0 {
+		if r.Count == 0 && !agentTaskKnown(ctx, cli, a.namespace, id) {
 			return withCode(ExitFailure, fmt.Errorf("task %s: no such task, and no stream", id))
 		}
 	} else if err != nil {
@@ -152,7 +160,7 @@ func (a *app) follow(ctx context.Context, id string, from int64, asJSON bool) er
 	enc := json.NewEncoder(a.stdout)
 	// A task that ended without a done (a cancel of a task waiting to
 	// run again) ends its follower too.
-	for ev, err := range stream.HubFor(cli, keys).Follow(ctx, id, from, c.EndsStream(id, 0)) {
+	for ev, err := range stream.HubFor(cli, keys).Follow(ctx, id, from, endsStream(c, cli, a.namespace, id)) {
 		if err != nil {
 			return err
 		}
@@ -180,4 +188,15 @@ func (a *app) streamClients(ctx context.Context) (*clientv3.Client, *queue.Clien
 		return nil, nil, nil, usageError{err}
 	}
 	return cli, c, done, nil
+}
+
+// closeStreams closes the process's stream writers and hubs of cli
+// (stream.CloseAll) before cli closes: the events emitted are sent and
+// the follows end; bounded by 10 s.
+func (a *app) closeStreams(cli *clientv3.Client) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := stream.CloseAll(ctx, cli); err != nil {
+		a.logger.Warn("streams closed without their goroutines ending", "err", err)
+	}
 }

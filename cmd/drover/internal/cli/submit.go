@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -12,6 +11,8 @@ import (
 	"time"
 
 	"github.com/droverhq/drover"
+	"github.com/droverhq/drover/cmd/drover/internal/jsonl"
+	"github.com/droverhq/drover/cmd/drover/internal/progress"
 	"github.com/droverhq/drover/queue"
 	"github.com/spf13/cobra"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -20,9 +21,6 @@ import (
 // ExitRejected is the exit code of a submission in which some lines were
 // rejected (EX_DATAERR); the valid ones were submitted.
 const ExitRejected = 65
-
-// submitChunk is how many JSONL lines are read before they are submitted.
-const submitChunk = 20000
 
 // submitFlags are drover submit's flags.
 type submitFlags struct {
@@ -75,7 +73,7 @@ func (a *app) submitCommand() *cobra.Command {
 
 With --file, each line is a task as a JSON object: task_id, task_type,
 input_data_uri, output_data_uri, parameters, metadata {priority, source_system,
-tenant}, max_retries, timeout, backoff_base, backoff_max, and run_at (RFC 3339)
+tenant, budget, estimated_tokens}, max_retries, timeout, backoff_base, backoff_max, and run_at (RFC 3339)
 or delay ("10m") to run it later: until then it is SCHEDULED. "-" reads standard
 input. Lines are submitted in batched transactions. Submitting is idempotent on
 task_id, which is unique across queues: the same task again is counted as a
@@ -276,50 +274,50 @@ func (a *app) submitFile(ctx context.Context, sub *queue.Client, q, file string,
 		in = f
 	}
 	total := queue.SubmitResult{Rejected: []queue.LineError{}}
-	prog := newProgress(a.stderr, "submit", size)
-	defer prog.done()
+	prog := progress.New(a.stderr, "submit", size)
+	defer prog.Done()
 	// The next chunk is read and parsed while this one is submitted.
 	rctx, stopReading := context.WithCancel(ctx)
 	defer stopReading()
-	chunks := make(chan lineChunk, 1)
+	chunks := make(chan jsonl.Chunk, 1)
 	go func() {
 		defer close(chunks)
-		lr := &lineReader{r: bufio.NewReaderSize(in, 1<<20)}
+		lr := jsonl.NewReader(in)
 		for {
-			c := lr.chunk()
+			c := lr.Chunk()
 			select {
 			case chunks <- c:
 			case <-rctx.Done():
 				return
 			}
-			if c.eof || c.stop != nil {
+			if c.EOF || c.Stop != nil {
 				return
 			}
 		}
 	}()
 	for c := range chunks {
-		total.Rejected = append(total.Rejected, c.rejected...)
-		if len(c.batch) > 0 {
-			for i := range c.batch {
+		total.Rejected = append(total.Rejected, c.Rejected...)
+		if len(c.Batch) > 0 {
+			for i := range c.Batch {
 				if due != nil {
-					due(&c.batch[i])
+					due(&c.Batch[i])
 				}
 			}
-			res, err := sub.Submit(ctx, q, c.batch, nil)
+			res, err := sub.Submit(ctx, q, c.Batch, nil)
 			total.Submitted += res.Submitted
 			total.Duplicates += res.Duplicates
 			for _, rj := range res.Rejected {
-				total.Rejected = append(total.Rejected, queue.LineError{Line: c.lines[rj.Line-1], Error: rj.Error})
+				total.Rejected = append(total.Rejected, queue.LineError{Line: c.Lines[rj.Line-1], Error: rj.Error})
 			}
 			if err != nil {
 				return total, err
 			}
 		}
-		prog.update(c.read, total.Submitted+total.Duplicates)
-		if c.stop != nil {
+		prog.Update(c.Read, total.Submitted+total.Duplicates)
+		if c.Stop != nil {
 			queue.SortLineErrors(total.Rejected)
 			return total, withCode(ExitRejected, fmt.Errorf("%w; stopped there: submitted %d, duplicates %d, rejected %d before it. Fix the input and submit it again: lines already in count as duplicates",
-				c.stop, total.Submitted, total.Duplicates, len(total.Rejected)))
+				c.Stop, total.Submitted, total.Duplicates, len(total.Rejected)))
 		}
 	}
 	queue.SortLineErrors(total.Rejected)

@@ -1,27 +1,23 @@
 package cli
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"os/signal"
-	"strconv"
 	"strings"
-	"sync/atomic"
 	"syscall"
 	"text/tabwriter"
 	"time"
 
 	"github.com/droverhq/drover"
-	"github.com/droverhq/drover/internal/proc"
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/lease"
 	"github.com/droverhq/drover/lock"
+	"github.com/droverhq/drover/queue"
 	"github.com/droverhq/drover/task"
 	"github.com/spf13/cobra"
 )
@@ -100,6 +96,18 @@ and run the task again: the next step runs with the signal, its JSON
 the timeout passed) in the file DROVER_SIGNAL_FILE and its name in
 DROVER_SIGNAL_NAME, and that step's checkpoint consumes it. A run before the
 signal came runs nothing and exits 75.
+
+A step that writes children to the file named by DROVER_SPAWN_FILE (JSON:
+{"children": [{"queue", "task_type", "parameters", "key", "priority",
+"max_retries", "timeout", "detached"}], "wait": N, "collect": BOOL}) and
+exits 0 ends by spawning them into their queues: its output is checkpointed
+with the children's plan, they are submitted once (ids TASK_ID.STEP.KEY),
+the lock released, and drover exits 75 saying how many it waits for. Run
+the task again once they ended (wait of them; 0: all): the next step runs
+with their outcomes, a JSON array of {"id", "status", "result", "error"} in
+id order, in the file DROVER_CHILDREN_FILE. Without "collect", a child that
+ended DEAD or CANCELLED fails the run (exit 1), naming it. A step run again
+after a crash spawns nothing twice.
 
 Any number of workers may run the same task at once: one holds it, the others
 wait on a watch and take over when its lease expires (--ttl), resuming after
@@ -242,6 +250,7 @@ func (a *app) taskRun(ctx context.Context, id string, names, cmds []string, ttl,
 	}
 	res, err := r.Run(ctx, id, steps)
 	if err != nil {
+		err = spawnError(err)
 		if sr.lost || errors.Is(err, lock.ErrFenced) || errors.Is(err, lock.ErrLost) {
 			return withCode(ExitLockLost, err)
 		}
@@ -265,6 +274,8 @@ func (a *app) taskRun(ctx context.Context, id string, names, cmds []string, ttl,
 	case err != nil:
 	case out.SleepingUntil != nil:
 		err = withCode(ExitBusy, fmt.Errorf("task %s sleeps until %s; nothing is held: run it again then", id, res.SleepingUntil.Format(time.RFC3339Nano)))
+	case out.WaitingFor != nil && out.WaitingFor.Children != nil:
+		err = withCode(ExitBusy, fmt.Errorf("task %s %s; nothing is held: run the task again once they ended", id, waitWords(out.WaitingFor)))
 	case out.WaitingFor != nil:
 		err = withCode(ExitBusy, fmt.Errorf("task %s %s; nothing is held: send it (drover signal %s NAME), then run the task again", id, waitWords(out.WaitingFor), id))
 	}
@@ -273,61 +284,18 @@ func (a *app) taskRun(ctx context.Context, id string, names, cmds []string, ttl,
 
 // waitWords says what a task waits for.
 func waitWords(w *task.Wait) string {
+	if c := w.Children; c != nil {
+		n := c.Wait
+		if n == 0 {
+			n = c.N
+		}
+		return fmt.Sprintf("waits for %d of the %d children of step %d", n, c.N, c.Step)
+	}
 	s := "waits for signal " + strings.Join(w.Signals, " or ")
 	if !w.Until.IsZero() {
 		s += " until " + w.Until.Format(time.RFC3339Nano)
 	}
 	return s
-}
-
-// parseWaitFile reads what a step wrote to DROVER_WAIT_FILE: signal names
-// separated by commas, then, optionally, a timeout (a duration or a
-// number of seconds).
-func parseWaitFile(text string) (*task.WaitRequest, error) {
-	const field = "DROVER_WAIT_FILE"
-	f := strings.Fields(text)
-	if len(f) > 2 {
-		return nil, &drover.InputError{Field: field, Value: text, Rule: "must be NAME[,NAME...] [TIMEOUT], such as \"approval 24h\""}
-	}
-	req := &task.WaitRequest{Signals: strings.Split(f[0], ",")}
-	if len(f) == 2 {
-		sl, err := task.ParseSleep(field, f[1])
-		if err == nil && !sl.Until.IsZero() {
-			err = &drover.InputError{Field: field, Value: f[1], Rule: "the timeout must be a duration such as 24h, or a number of seconds"}
-		}
-		if err != nil {
-			return nil, err
-		}
-		req.Timeout = sl.For
-	}
-	if err := req.Check(); err != nil {
-		var ie *drover.InputError
-		if errors.As(err, &ie) {
-			return nil, ie.Renamed(field + " " + ie.Field)
-		}
-		return nil, err
-	}
-	return req, nil
-}
-
-// signalFile writes the signal a step resumes with (none: "") to a file
-// for it, and returns the file's name.
-func signalFile(ctx context.Context) (string, func(), error) {
-	sg, ok := task.ReceivedSignal(ctx)
-	if !ok {
-		return "", func() {}, nil
-	}
-	f, err := os.CreateTemp("", "drover-signal-")
-	if err != nil {
-		return "", nil, err
-	}
-	defer f.Close()
-	done := func() { os.Remove(f.Name()) }
-	if err := json.NewEncoder(f).Encode(sg); err != nil {
-		done()
-		return "", nil, err
-	}
-	return f.Name(), done, nil
 }
 
 // taskRunner connects and makes the runner of drover task run: on its own
@@ -351,8 +319,17 @@ func (a *app) taskRunner(ctx context.Context, ttl time.Duration, workerID string
 		closeLocker()
 		return nil, nil, err
 	}
+	// The queue client submits the children a step spawns (DROVER_SPAWN_FILE).
+	qc, err := queue.NewClient(cli, a.namespace)
+	if err != nil {
+		cli.Close()
+		closeLocker()
+		return nil, nil, err
+	}
+	cfg.Spawner = qc.Spawner("")
 	r, err := task.NewRunner(ctx, cli, cfg)
 	if err != nil {
+		_ = qc.Close(context.WithoutCancel(ctx))
 		cli.Close()
 		closeLocker()
 		return nil, nil, err
@@ -361,99 +338,10 @@ func (a *app) taskRunner(ctx context.Context, ttl time.Duration, workerID string
 		cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer ccancel()
 		_ = r.Close(cctx)
+		_ = qc.Close(cctx)
 		cli.Close()
 		closeLocker()
 	}, nil
-}
-
-// stepRunner runs the steps of drover task run as shell commands.
-type stepRunner struct {
-	a      *app
-	id     string
-	grace  time.Duration
-	sigs   chan os.Signal // signals for the running step's process group
-	inStep atomic.Bool
-	token  int64 // the fencing token the task is held with
-	lost   bool  // a step was stopped because the lock was lost
-}
-
-// step returns the function of step n, name, which runs script with sh -c.
-func (sr *stepRunner) step(n int, name, script string) task.StepFunc {
-	a, id := sr.a, sr.id
-	return func(sctx context.Context, state []byte) ([]byte, error) {
-		sleepFile, err := os.CreateTemp("", "drover-sleep-")
-		if err != nil {
-			return nil, err
-		}
-		sleepFile.Close()
-		defer os.Remove(sleepFile.Name())
-		wf, err := os.CreateTemp("", "drover-wait-")
-		if err != nil {
-			return nil, err
-		}
-		wf.Close()
-		waitFile := wf.Name()
-		defer os.Remove(waitFile)
-		sigFile, done, err := signalFile(sctx)
-		if err != nil {
-			return nil, err
-		}
-		defer done()
-		c := exec.Command("sh", "-c", script)
-		c.Env = append(task.InheritedEnv(os.Environ()), EnvTaskID+"="+id, EnvStep+"="+strconv.Itoa(n), EnvStepName+"="+name,
-			EnvLockToken+"="+strconv.FormatInt(sr.token, 10), "DROVER_SLEEP_FILE="+sleepFile.Name(), "DROVER_WAIT_FILE="+waitFile)
-		if sigFile != "" {
-			sg, _ := task.ReceivedSignal(sctx)
-			c.Env = append(c.Env, "DROVER_SIGNAL_FILE="+sigFile, "DROVER_SIGNAL_NAME="+sg.Name)
-		}
-		c.Stdin = bytes.NewReader(state)
-		out := &limitedBuffer{limit: task.DefaultStateLimit}
-		c.Stdout, c.Stderr = out, a.stderr
-		if sctx.Err() != nil {
-			return nil, context.Cause(sctx) // interrupted or lost before the step began
-		}
-		sr.inStep.Store(true)
-		defer sr.inStep.Store(false)
-		waitErr, stopped, startErr := proc.Supervise(c, sr.sigs, sctx.Done(), sr.grace, func() {
-			fmt.Fprintf(a.stderr, "drover: task %s step %d (%s): %v; stopping it (SIGTERM, SIGKILL after %s)\n", id, n, name, context.Cause(sctx), sr.grace)
-		})
-		switch {
-		case startErr != nil:
-			return nil, startErr
-		case stopped:
-			sr.lost = errors.Is(context.Cause(sctx), lock.ErrLost)
-			return nil, context.Cause(sctx)
-		case waitErr != nil:
-			return nil, fmt.Errorf("%s: %w", script, waitErr)
-		case out.over:
-			return nil, &task.StateTooLargeError{TaskID: id, Step: n, Name: name, Size: out.n, Limit: out.limit}
-		}
-		sleep, err := task.ReadStepFile(sleepFile.Name(), "DROVER_SLEEP_FILE", 1<<10)
-		if err != nil {
-			return nil, err
-		}
-		wait, err := task.ReadStepFile(waitFile, "DROVER_WAIT_FILE", 1<<10)
-		if err != nil {
-			return nil, err
-		}
-		switch {
-		case len(bytes.TrimSpace(sleep)) > 0 && len(bytes.TrimSpace(wait)) > 0:
-			return nil, &drover.InputError{Field: "DROVER_WAIT_FILE", Rule: "a step ends with a sleep (DROVER_SLEEP_FILE) or a wait, not both"}
-		case len(bytes.TrimSpace(sleep)) > 0:
-			req, err := task.ParseSleep("DROVER_SLEEP_FILE", string(sleep))
-			if err != nil {
-				return nil, err
-			}
-			return out.Bytes(), req // the step ends with a sleep
-		case len(bytes.TrimSpace(wait)) > 0:
-			req, err := parseWaitFile(string(wait))
-			if err != nil {
-				return nil, err
-			}
-			return out.Bytes(), req // the step ends with a wait for a signal
-		}
-		return out.Bytes(), nil
-	}
 }
 
 // printTaskEvent writes one progress line for a task event to stderr.

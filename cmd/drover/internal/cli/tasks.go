@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/droverhq/drover/budget"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -212,6 +213,7 @@ func (a *app) globalFlags() string {
 // queue and its children.
 type familyView struct {
 	queue.View
+	BudgetWait  *budget.Wait    `json:"budget_wait,omitempty"`
 	ParentQueue string          `json:"parent_queue,omitempty"`
 	Children    *childrenOutput `json:"children,omitempty"`
 }
@@ -232,7 +234,7 @@ type childrenOutput struct {
 // parent and its children.
 func (a *app) printTaskFamily(t *queue.Task, f family, again string, asJSON bool) error {
 	if asJSON {
-		v := familyView{View: queue.NewView(t), ParentQueue: f.parentQueue}
+		v := familyView{View: queue.NewView(t), BudgetWait: budget.TaskWait(t), ParentQueue: f.parentQueue}
 		v.Signals = f.signals
 		if p := f.children; len(p.Steps) > 0 {
 			v.Children = &childrenOutput{Spawned: p.Spawned, Succeeded: p.Succeeded, Failed: p.Failed, Live: p.Live,
@@ -244,6 +246,9 @@ func (a *app) printTaskFamily(t *queue.Task, f family, again string, asJSON bool
 		return err
 	}
 	tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+	if w := budget.TaskWait(t); w != nil {
+		fmt.Fprintf(tw, "waits for:\tbudget %s, since %s (%d deferrals, attempt not counted)\n", w.Budget, w.Since.Format(time.RFC3339), w.Deferrals)
+	}
 	if t.Parent != "" {
 		where := "gone"
 		if f.parentQueue != "" {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"os/signal"
 	"strings"
@@ -103,10 +104,19 @@ func (a *app) runWorker(ctx context.Context, f *workerFlags) error {
 	if err := a.checkGlobal(); err != nil {
 		return err
 	}
-	cfg, err := a.workerConfig(f)
+	usageDir, err := os.MkdirTemp("", "drover-usage-")
 	if err != nil {
 		return err
 	}
+	defer os.RemoveAll(usageDir)
+	cfg, err := a.workerConfig(f, usageDir)
+	if err != nil {
+		return err
+	}
+	// What an exec handler's command reports with drover usage is settled
+	// by the worker's budget gate.
+	var w *fleet.Worker
+	cfg.Handler = withUsage(cfg.Handler, usageDir, func(t *queue.Task, n int64, h http.Header) { w.Budgets().UsedWithHeaders(t, n, h) })
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	stopMetrics, err := a.serveMetrics(ctx, f.metricsListen)
@@ -122,7 +132,8 @@ func (a *app) runWorker(ctx context.Context, f *workerFlags) error {
 		return err
 	}
 	defer cli.Close()
-	w, err := fleet.NewWorker(ctx, cli, cfg)
+	defer a.closeStreams(cli) // after the worker's Close: its attempts ended
+	w, err = fleet.NewWorker(ctx, cli, cfg)
 	if errors.Is(err, registry.ErrDuplicate) {
 		if cfg.Worker.WorkerID != "" {
 			err = fmt.Errorf("%w (another worker runs with --worker-id %s)", err, cfg.Worker.WorkerID)
@@ -148,8 +159,9 @@ func (a *app) runWorker(ctx context.Context, f *workerFlags) error {
 }
 
 // workerConfig checks the flags and reads them into the worker's
-// configuration, naming the flag in errors.
-func (a *app) workerConfig(f *workerFlags) (fleet.Config, error) {
+// configuration, naming the flag in errors. An exec handler's command
+// reports its usage in usageDir (drover usage).
+func (a *app) workerConfig(f *workerFlags, usageDir string) (fleet.Config, error) {
 	cfg := f.cfg
 	cfg.Namespace, cfg.Logger = a.namespace, a.logger
 	if err := cfg.Validate(); err != nil {
@@ -169,7 +181,7 @@ func (a *app) workerConfig(f *workerFlags) (fleet.Config, error) {
 	if err != nil {
 		return fleet.Config{}, err
 	}
-	h, err := workerHandler(f.handler, f.maxOutput, f.grace, a.childEnv())
+	h, err := workerHandler(f.handler, f.maxOutput, f.grace, append(a.childEnv(), EnvUsageDir+"="+usageDir))
 	if err != nil {
 		return fleet.Config{}, err
 	}

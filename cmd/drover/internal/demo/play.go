@@ -1,9 +1,7 @@
 package demo
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -117,36 +115,12 @@ func (p *play) startWorker(ctx context.Context, exe, clientAddr, id string) erro
 	cmd := exec.Command(exe, "demo-worker",
 		"--etcd-endpoints", clientAddr, "--namespace", Namespace, "--log-level", "error",
 		"--task", TaskID, "--worker-id", id, "--ttl", p.cfg.TTL.String(), "--step-duration", p.cfg.StepDuration.String())
-	cmd.Env = append(os.Environ(), "ETCD_ENDPOINTS=")
-	// A worker dies with the demo, however the demo ends.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	cmd.Stderr = os.Stderr
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		return fmt.Errorf("demo: %w", err)
-	}
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("demo: start %s: %w", id, err)
+	if err := startEventer(ctx, cmd, id, p.events, &p.readers, nil); err != nil {
+		return err
 	}
 	p.procs[id] = &workerProc{id: id, cmd: cmd}
 	p.sum.Workers = append(p.sum.Workers, id)
 	p.line(id, "started (pid %d)", cmd.Process.Pid)
-	p.readers.Add(1)
-	go func() {
-		defer p.readers.Done()
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			var ev task.Event
-			if json.Unmarshal(sc.Bytes(), &ev) != nil {
-				continue
-			}
-			select {
-			case p.events <- ev:
-			case <-ctx.Done():
-				return
-			}
-		}
-	}()
 	return nil
 }
 

@@ -1,7 +1,6 @@
 package demo
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -222,37 +221,13 @@ func (p *wfPlay) startWorker(ctx context.Context, id string) error {
 	cmd := exec.Command(p.exe, "demo", "workflow-worker",
 		"--etcd-endpoints", p.addr, "--namespace", WorkflowNamespace, "--log-level", "error",
 		"--worker-id", id, "--ttl", p.cfg.TTL.String(), "--children", fmt.Sprint(p.cfg.Children))
-	cmd.Env = append(os.Environ(), "ETCD_ENDPOINTS=")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	cmd.Stderr = os.Stderr
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		return fmt.Errorf("demo: %w", err)
-	}
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("demo: start %s: %w", id, err)
-	}
 	w := &wfProc{id: id, cmd: cmd, eof: make(chan struct{})}
+	if err := startEventer(ctx, cmd, id, p.events, &p.readers, w.eof); err != nil {
+		return err
+	}
 	p.procs[id] = w
 	p.sum.Workers = append(p.sum.Workers, id)
 	p.line(id, "started (pid %d): works queues %s and %s", cmd.Process.Pid, ResearchQueue, SearchQueue)
-	p.readers.Add(1)
-	go func() {
-		defer p.readers.Done()
-		defer close(w.eof)
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			var ev WorkflowEvent
-			if json.Unmarshal(sc.Bytes(), &ev) != nil {
-				continue
-			}
-			select {
-			case p.events <- ev:
-			case <-ctx.Done():
-				return
-			}
-		}
-	}()
 	return nil
 }
 

@@ -1,0 +1,23 @@
+package agentserver
+
+import (
+	"context"
+	"time"
+
+	"github.com/droverhq/drover/queue"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// SetNewWorker makes r make its namespaces' workers with f.
+func SetNewWorker(r *CronRunner, f func(context.Context, *clientv3.Client, queue.WorkerConfig) (*queue.Worker, error)) {
+	r.newWorker = f
+}
+
+// FireCron makes the run of the fire that task taskID of cron id is in
+// namespace ns, as CronRunner does, and answers what the fire did.
+func FireCron(ctx context.Context, cli *clientv3.Client, ns, id, taskID string) (string, string, error) {
+	s := &server{cfg: Config{Etcd: cli, Namespace: func(context.Context) string { return ns }}}
+	s.cfg.Now = time.Now
+	out, err := s.fireCron(ctx, id, taskID)
+	return out.Outcome, out.RunID, err
+}

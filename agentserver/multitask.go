@@ -1,0 +1,375 @@
+package agentserver
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/danielgtaylor/huma/v2"
+	"github.com/droverhq/drover/checkpoint"
+	"github.com/droverhq/drover/keyspace"
+	"github.com/droverhq/drover/queue"
+	"github.com/droverhq/drover/storeguard"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// One active run per thread. A run is admitted when its queue task is
+// submitted (only an admitted run can be claimed), and every admission is
+// a transaction that compares the thread's revision with the one read
+// beside the thread's runs: two admissions on one thread conflict, and
+// the one retried sees the other's run. An enqueued run waits unadmitted
+// (queued, no task) until the admitted one ends; then the end admits the
+// oldest queued run. interrupt and rollback stop the admitted run first:
+// its task is cancelled (the queue takes its claim away, so its stream
+// refuses its late events), the thread's lock (checkpoint admission's,
+// keyspace.ThreadLock) is taken from it (its late checkpoint writes,
+// fenced by that lock, are refused), and the admission's interrupt key is
+// written; rollback then deletes its checkpoints. Only after that is the
+// new run admitted and its task submitted.
+
+// maxStopped bounds the runs one create stops (those of the thread not
+// ended: the admitted one and the queued ones).
+const maxStopped = 100
+
+// strategies are the multitask strategies served.
+var strategies = map[string]bool{"reject": true, "enqueue": true, "interrupt": true, "rollback": true}
+
+// threadRuns reads thread's runs with their revisions, their statuses as
+// their tasks have them (runs whose task ended are settled on the way).
+func (s *server) threadRuns(ctx context.Context, thread string) ([]runRecord, []int64, error) {
+	out, revs, err := s.runRecords(ctx, thread)
+	if err != nil {
+		return nil, nil, err
+	}
+	ptrs := make([]*runRecord, len(out))
+	for i := range out {
+		ptrs[i] = &out[i]
+	}
+	if err := s.withTaskStatus(ctx, ptrs, revs); err != nil {
+		return nil, nil, err
+	}
+	return out, revs, nil
+}
+
+// errMoved: another run took the thread while runs were being stopped;
+// the caller reads the thread again (and stops that run too).
+var errMoved = errors.New("agentserver: another run took the thread")
+
+// stopRuns stops runs of thread for a new run (or a cancel): their tasks
+// cancelled, the thread's lock taken from whoever holds it, the
+// admission's interrupt key written, and with rollback their checkpoints
+// deleted. Each step may be repeated: a create that conflicts after it
+// stops the runs again. errMoved when a run not among them is admitted.
+func (s *server) stopRuns(ctx context.Context, thread string, runs []runRecord, rollback bool) error {
+	sp, err := s.space(ctx)
+	if err != nil {
+		return err
+	}
+	q, err := s.queueOf(ctx)
+	if err != nil {
+		return err
+	}
+	defer closeQueue(q)
+	ids := map[string]bool{}
+	for _, r := range runs {
+		ids[r.RunID] = true
+		if r.Queued || r.Ended {
+			continue
+		}
+		if err := cancelRunTask(ctx, q, r); err != nil {
+			return err
+		}
+	}
+	// After the cancels: a runtime that takes the lock after this delete
+	// reads its task cancelled and runs nothing.
+	if err := s.takeThread(ctx, sp, thread, ids); err != nil {
+		return err
+	}
+	if !rollback {
+		return nil
+	}
+	for _, r := range runs {
+		if err := s.deleteRunCheckpoints(ctx, sp, thread, r.RunID); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// cancelRunTask cancels admitted run r's task. A run admitted whose task
+// is not there yet (its create, or admitNext, submits it after the
+// admission) gets a placeholder task of its id, due far ahead and
+// cancelled at once: the late submit then finds its id taken (submitRun
+// and ensureTask take that as submitted), and the run never runs.
+func cancelRunTask(ctx context.Context, q *queue.Client, r runRecord) error {
+	_, err := q.Cancel(ctx, r.RunID)
+	if err == nil || !errors.Is(err, queue.ErrNotFound) {
+		if err != nil && !isFinished(err) {
+			return etcdError("cancelling the thread's run", err)
+		}
+		return nil
+	}
+	ph := queue.Task{ID: r.RunID, Type: r.GraphID, Parameters: json.RawMessage(`{"stopped_before_submitted":true}`), Delay: queue.Duration(placeholderDelay)}
+	// A refusal is the run's own task come in meanwhile: cancelled below.
+	if _, err := q.Submit(ctx, RunsQueue, []queue.Task{ph}, nil); err != nil {
+		return etcdError("fencing the stopped run's task", err)
+	}
+	if _, err := q.Cancel(ctx, r.RunID); errors.Is(err, queue.ErrNotFound) {
+		return etcdError("fencing the stopped run's task", err)
+	} else if err != nil && !isFinished(err) {
+		return etcdError("cancelling the thread's run", err)
+	}
+	return nil
+}
+
+// placeholderDelay is how far ahead a stopped run's placeholder task is
+// due: it is cancelled at once, and must not be claimed before.
+const placeholderDelay = 24 * time.Hour
+
+// takeThread takes thread's lock from its holder and its waiters (their
+// checkpoint writes under it are refused from now on), and writes the
+// admission's interrupt request, which ends the context of a run
+// admitted by checkpoint.Admitter on the thread; unless a run not among
+// stopped is admitted and not ended (errMoved): the lock may be its. The
+// check and the taking are one transaction on the thread's revision.
+func (s *server) takeThread(ctx context.Context, sp keyspace.Space, thread string, stopped map[string]bool) error {
+	ctx = context.WithValue(ctx, admittingKey{}, true) // a run admitted now would move the thread
+	for range maxAttempts {
+		// The thread first, then its runs: an admission after this read
+		// changes the thread, and the transaction below fails. (A read of
+		// the runs that settles one writes the thread too: the next
+		// attempt finds nothing to settle.)
+		_, trev, err := s.getThread(ctx, thread)
+		if err != nil {
+			return err
+		}
+		runs, _, err := s.threadRuns(ctx, thread)
+		if err != nil {
+			return err
+		}
+		for _, r := range runs {
+			if !r.Ended && !r.Queued && !stopped[r.RunID] {
+				return errMoved
+			}
+		}
+		resp, err := s.cfg.Etcd.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(sp.AgentThread(thread)), "=", trev)).Then(
+			clientv3.OpDelete(sp.Lock(keyspace.ThreadLock(thread)), clientv3.WithPrefix()),
+			clientv3.OpPut(sp.CheckpointInterrupt(thread), s.now().Format(time.RFC3339Nano)),
+		).Commit()
+		if err != nil {
+			return etcdError("taking the thread from its run", err)
+		}
+		if resp.Succeeded {
+			return nil
+		}
+	}
+	return errRaced("the thread")
+}
+
+// deleteRunCheckpoints deletes the checkpoints run id wrote on thread
+// (those whose metadata names it, in every checkpoint namespace) with
+// their pending writes, and moves each namespace's head back to its
+// newest checkpoint left (or removes it when none is left).
+func (s *server) deleteRunCheckpoints(ctx context.Context, sp keyspace.Space, thread, id string) error {
+	store, err := checkpoint.NewEtcd(s.cfg.Etcd, s.cfg.Namespace(ctx))
+	if err != nil {
+		return huma.NewError(http.StatusInternalServerError, "agentserver: "+err.Error())
+	}
+	for range maxAttempts { // a namespace of more than a page is deleted a page at a time
+		cps, err := store.List(ctx, thread, "", checkpoint.ListOptions{AllNamespaces: true, Limit: 1000, Filter: map[string]any{"run_id": id}})
+		if err != nil {
+			return etcdError("listing the run's checkpoints", err)
+		}
+		if len(cps) == 0 {
+			return nil
+		}
+		gone := map[string]map[string]bool{}
+		var ops []clientv3.Op
+		for _, cp := range cps {
+			ns := keyspace.CheckpointNSName(cp.NS)
+			if gone[cp.NS] == nil {
+				gone[cp.NS] = map[string]bool{}
+			}
+			gone[cp.NS][cp.ID] = true
+			ops = append(ops, clientv3.OpDelete(sp.CheckpointKey(thread, ns, cp.ID)),
+				clientv3.OpDelete(sp.CheckpointWrites(thread, ns, cp.ID)+"/", clientv3.WithPrefix()))
+		}
+		for ns, ids := range gone {
+			head, err := newestLeft(ctx, store, thread, ns, ids)
+			if err != nil {
+				return err
+			}
+			hk := sp.CheckpointHead(thread, keyspace.CheckpointNSName(ns))
+			if head == "" {
+				ops = append(ops, clientv3.OpDelete(hk))
+			} else {
+				ops = append(ops, clientv3.OpPut(hk, head))
+			}
+		}
+		for len(ops) > 0 {
+			n := min(len(ops), 120)
+			if _, err := s.cfg.Etcd.Txn(ctx).Then(ops[:n]...).Commit(); err != nil {
+				return etcdError("deleting the run's checkpoints", err)
+			}
+			ops = ops[n:]
+		}
+	}
+	return nil
+}
+
+// newestLeft is the id of the newest checkpoint of thread's namespace ns
+// not among gone, or "".
+func newestLeft(ctx context.Context, store *checkpoint.Etcd, thread, ns string, gone map[string]bool) (string, error) {
+	cps, err := store.List(ctx, thread, ns, checkpoint.ListOptions{Limit: len(gone) + 1})
+	if err != nil {
+		return "", etcdError("reading the thread's checkpoints", err)
+	}
+	for _, cp := range cps {
+		if !gone[cp.ID] {
+			return cp.ID, nil
+		}
+	}
+	return "", nil
+}
+
+// admitNext admits the oldest queued run of thread when none of its runs
+// is admitted and not ended: in one transaction on the thread's revision
+// it writes the run admitted and the thread busy, then submits its task.
+// A run admitted whose task is missing (the submit after the transaction
+// never happened) gets it.
+func (s *server) admitNext(ctx context.Context, thread string) error {
+	ctx = context.WithValue(ctx, admittingKey{}, true) // its reads' settles admit nothing
+	sp, err := s.space(ctx)
+	if err != nil {
+		return err
+	}
+	for range maxAttempts {
+		th, trev, err := s.getThread(ctx, thread) // first: see takeThread
+		if err != nil {
+			return err
+		}
+		runs, revs, err := s.threadRuns(ctx, thread)
+		if err != nil {
+			return err
+		}
+		next := -1
+		for i, r := range runs { // newest first: the last queued is the oldest
+			if r.Ended {
+				continue
+			}
+			if !r.Queued {
+				return s.ensureTask(ctx, r)
+			}
+			next = i
+		}
+		if next < 0 {
+			return nil
+		}
+		r := runs[next]
+		r.Queued, r.AdmittedAt, r.UpdatedAt = false, s.now(), s.now()
+		th.Status, th.UpdatedAt = "busy", s.now()
+		traw, _ := json.Marshal(th)
+		rraw, _ := json.Marshal(r)
+		rkey := sp.AgentRun(thread, r.RunID)
+		resp, err := s.cfg.Etcd.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(sp.AgentThread(thread)), "=", trev),
+			clientv3.Compare(clientv3.ModRevision(rkey), "=", revs[next]), storeguard.NotFull(sp)).
+			Then(clientv3.OpPut(sp.AgentThread(thread), string(traw)), clientv3.OpPut(rkey, string(rraw))).
+			Else(storeguard.GetOp(sp)).Commit()
+		if err != nil {
+			return etcdError("admitting the thread's next run", err)
+		}
+		if !resp.Succeeded {
+			if err := guardOf(resp, 0); err != nil {
+				return err
+			}
+			continue
+		}
+		return s.ensureTask(ctx, r)
+	}
+	return errRaced("the thread")
+}
+
+// admittingKey marks a context whose settles leave the admission of the
+// thread's next run to their caller (admitNext, takeThread).
+type admittingKey struct{}
+
+// admitNextLogged admits thread's next enqueued run (see admitNext),
+// logging a failure: the next read of that run, or create, retries.
+func (s *server) admitNextLogged(ctx context.Context, thread string) {
+	if err := s.admitNext(context.WithoutCancel(ctx), thread); err != nil {
+		slog.Default().Warn("agentserver: admitting the thread's next run", "thread", thread, "err", err)
+	}
+}
+
+// ensureTask submits admitted run r's task if it has none: the task of a
+// run admitted from the queue, or one whose submit was lost.
+func (s *server) ensureTask(ctx context.Context, r runRecord) error {
+	if len(r.Params) == 0 {
+		return nil // submitted by its create
+	}
+	q, err := s.queueOf(ctx)
+	if err != nil {
+		return err
+	}
+	defer closeQueue(q)
+	if _, err := q.Get(ctx, r.RunID); err == nil {
+		return nil
+	} else if !errors.Is(err, queue.ErrNotFound) {
+		return etcdError("reading the run's task", err)
+	}
+	res, err := q.Submit(ctx, RunsQueue, []queue.Task{{ID: r.RunID, Type: r.GraphID, Parameters: r.Params}}, nil)
+	if err == nil && len(res.Rejected) > 0 {
+		if _, gerr := q.Get(ctx, r.RunID); gerr == nil { // another submitted it meanwhile
+			return nil
+		}
+		err = errors.New(res.Rejected[0].Error)
+	}
+	if err != nil {
+		return etcdError(fmt.Sprintf("submitting the task of run %s", r.RunID), err)
+	}
+	return nil
+}
+
+// awaitAdmitted returns once run id of thread is admitted or ended (or
+// gone), admitting it when its turn came and nobody did; ctx bounds it.
+func (s *server) awaitAdmitted(ctx context.Context, thread, id string) error {
+	sp, err := s.space(ctx)
+	if err != nil {
+		return err
+	}
+	for ctx.Err() == nil {
+		resp, err := s.cfg.Etcd.Get(ctx, sp.AgentRun(thread, id))
+		if err != nil {
+			return etcdError("reading the run", err)
+		}
+		if len(resp.Kvs) == 0 {
+			return nil
+		}
+		var r runRecord
+		if err := json.Unmarshal(resp.Kvs[0].Value, &r); err != nil {
+			return undecodable("run", id, err)
+		}
+		if !r.Queued || r.Ended {
+			return nil
+		}
+		if err := s.admitNext(ctx, thread); err != nil {
+			return err
+		}
+		// Wake on the record's change, or look again after a while: the
+		// run before it may have ended without anyone admitting the next.
+		wctx, cancel := context.WithTimeout(ctx, admitRecheck)
+		for range s.cfg.Etcd.Watch(clientv3.WithRequireLeader(wctx), sp.AgentRun(thread, id), clientv3.WithRev(resp.Header.Revision+1)) {
+			break
+		}
+		cancel()
+	}
+	return ctx.Err()
+}
+
+// admitRecheck is how often a waiter on a queued run checks whether its
+// turn came without anyone admitting it.
+var admitRecheck = 2 * time.Second

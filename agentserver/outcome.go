@@ -1,0 +1,194 @@
+package agentserver
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"unicode/utf8"
+
+	"github.com/danielgtaylor/huma/v2"
+	"github.com/droverhq/drover/lease"
+	"github.com/droverhq/drover/queue"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// runOutcome is what a runtime reports when a run ends: its status, the
+// thread's state and history from the checkpoint store, and the error.
+type runOutcome struct {
+	Token   int64         `json:"token" doc:"The fencing token of the runtime's claim of the run's task."`
+	Status  string        `json:"status" enum:"success,error,interrupted,timeout"`
+	State   *ThreadState  `json:"state,omitempty" doc:"The thread's state after the run."`
+	History []ThreadState `json:"history,omitempty" doc:"The thread's states, newest first."`
+	Error   any           `json:"error,omitempty" doc:"The graph's error: {error, message}."`
+}
+
+// endRun records run id's outcome on the run and its thread, if the
+// runtime still holds the run's task under token: the transaction that
+// writes the run and the thread compares the claim's fence (a runtime
+// that lost its claim is refused, 409). The thread's status changes only
+// when no other run of it is active: a later run's busy stays.
+func (s *server) endRun(ctx context.Context, thread, id string, o runOutcome) (Run, error) {
+	sp, err := s.space(ctx)
+	if err != nil {
+		return Run{}, err
+	}
+	q, err := s.queueOf(ctx)
+	if err != nil {
+		return Run{}, err
+	}
+	defer closeQueue(q)
+	for range maxAttempts {
+		cl, err := q.StreamClaim(ctx, queue.Held{Queue: RunsQueue, ID: id, Token: o.Token})
+		if err != nil {
+			if errors.Is(err, queue.ErrNotFound) {
+				return Run{}, errRunNotFound(id)
+			}
+			if errors.Is(err, lease.ErrFenced) {
+				return Run{}, huma.NewError(http.StatusConflict, "this runtime no longer holds the run under token "+fmt.Sprint(o.Token)+": "+err.Error())
+			}
+			return Run{}, etcdError("reading the run's claim", err)
+		}
+		r, rrev, err := s.getRun(ctx, thread, id)
+		if err != nil {
+			return Run{}, err
+		}
+		if r.Ended { // a repeat, or the run was settled first: what it ended as stays
+			s.admitNextLogged(ctx, thread) // the first may have ended before admitting
+			return r.Run, nil
+		}
+		th, trev, err := s.getThread(ctx, thread)
+		if err != nil {
+			return Run{}, err
+		}
+		other, err := s.otherActive(ctx, thread, id)
+		if err != nil {
+			return Run{}, err
+		}
+		now := s.now()
+		r.Status, r.Ended, r.Error, r.UpdatedAt = o.Status, true, capError(o.Error), now
+		rraw, _ := json.Marshal(r)
+		ops := []clientv3.Op{}
+		if o.State != nil {
+			th.Values, th.Interrupts = o.State.Values, interruptsOf(o.State)
+			raw, err := stateRecordOf(o, th, len(rraw))
+			if err != nil {
+				return Run{}, err
+			}
+			ops = append(ops, clientv3.OpPut(sp.AgentThreadState(thread), string(raw)))
+		}
+		if !other {
+			th.Status = threadStatusAfter(o)
+		}
+		th.UpdatedAt = now
+		traw, _ := json.Marshal(th)
+		ops = append(ops, clientv3.OpPut(sp.AgentRun(thread, id), string(rraw)), clientv3.OpPut(sp.AgentThread(thread), string(traw)))
+		cmps := append(cl.Fence.Compares(), clientv3.Compare(clientv3.ModRevision(sp.AgentRun(thread, id)), "=", rrev),
+			clientv3.Compare(clientv3.ModRevision(sp.AgentThread(thread)), "=", trev))
+		resp, err := s.cfg.Etcd.Txn(ctx).If(cmps...).Then(ops...).Commit()
+		if err != nil {
+			return Run{}, etcdError("ending the run", err)
+		}
+		if resp.Succeeded {
+			// The thread's next enqueued run starts now; should this fail,
+			// the next read of that run, or the next create, admits it.
+			s.admitNextLogged(ctx, thread)
+			return r.Run, nil
+		}
+	}
+	return Run{}, errRaced("the run")
+}
+
+// threadStatusAfter is a thread's status after a run's outcome: error,
+// interrupted when its state waits on an interrupt or before a node
+// (interrupt_before), else idle.
+func threadStatusAfter(o runOutcome) string {
+	switch {
+	case o.Status == "error":
+		return "error"
+	case o.State != nil && (len(interruptsOf(o.State)) > 0 || len(o.State.Next) > 0):
+		return "interrupted"
+	}
+	return "idle"
+}
+
+// maxOutcomeBody is the largest outcome a runtime may send: the state and
+// as much history as it sends; the server keeps what fits maxStoredState.
+const maxOutcomeBody = 3 << 20
+
+// maxStoredState bounds what an outcome stores in one transaction (the
+// state record and the thread's values, which repeat the state's), well
+// under etcd's 1.5 MiB request limit.
+const maxStoredState = 1 << 20
+
+// maxErrorBytes bounds the error an outcome stores on its run's record.
+const maxErrorBytes = 16 << 10
+
+// capError is error e as the run's record keeps it: e itself when its JSON
+// fits maxErrorBytes, else {error, message} with the message (or e's JSON)
+// cut to fit and marked as truncated.
+func capError(e any) any {
+	raw, _ := json.Marshal(e)
+	if len(raw) <= maxErrorBytes {
+		return e
+	}
+	m, _ := e.(map[string]any)
+	name, _ := m["error"].(string)
+	msg, ok := m["message"].(string)
+	if !ok {
+		msg = string(raw)
+	}
+	name, msg = cutUTF8(name, 256), cutUTF8(msg, maxErrorBytes-1<<10)
+	return map[string]any{"error": name, "message": msg + fmt.Sprintf(" [truncated: the error took %d bytes]", len(raw))}
+}
+
+// cutUTF8 is s cut to at most n bytes, on a character boundary.
+func cutUTF8(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
+}
+
+// stateRecordOf is the state record of outcome o (o.State set): its state
+// and its history, newest first, cut to what fits maxStoredState with
+// thread th's record and the run's record (runBytes long) beside it. A
+// state that does not fit alone is refused (413).
+func stateRecordOf(o runOutcome, th Thread, runBytes int) ([]byte, error) {
+	hist := o.History
+	if len(hist) == 0 {
+		hist = []ThreadState{*o.State}
+	}
+	traw, _ := json.Marshal(th)
+	st, _ := json.Marshal(o.State)
+	room := maxStoredState - len(traw) - len(st) - runBytes - 4<<10 // keys and the rest
+	if room < 0 {
+		return nil, huma.NewError(http.StatusRequestEntityTooLarge, fmt.Sprintf("body.state: the thread's state takes %d bytes, twice over with the thread's values and beside the run's record of %d bytes: at most %d bytes in all", len(st), runBytes, maxStoredState))
+	}
+	n := 0
+	for ; n < len(hist); n++ {
+		b, _ := json.Marshal(hist[n])
+		if room -= len(b) + 1; room < 0 {
+			break
+		}
+	}
+	raw, _ := json.Marshal(stateRecord{State: *o.State, History: hist[:n]})
+	return raw, nil
+}
+
+// interruptsOf gathers the interrupts of a state's tasks, by task id.
+func interruptsOf(st *ThreadState) map[string]any {
+	out := map[string]any{}
+	for _, t := range st.Tasks {
+		m, _ := t.(map[string]any)
+		if is, _ := m["interrupts"].([]any); len(is) > 0 {
+			id, _ := m["id"].(string)
+			out[id] = is
+		}
+	}
+	return out
+}

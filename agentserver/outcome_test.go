@@ -1,0 +1,147 @@
+package agentserver_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/droverhq/drover/keyspace"
+)
+
+// startRun makes a thread and a run of it, claims the run's task as a
+// runtime would, and answers the thread, the run's outcome path and the
+// claim's token.
+func startRun(t *testing.T, a *api, body map[string]any) (th, out string, token int64) {
+	t.Helper()
+	a.must(200, "PUT", "/v1/agent-server/graphs/agent", map[string]any{})
+	th = a.must(200, "POST", "/threads", map[string]any{}).Obj["thread_id"].(string)
+	body["assistant_id"] = "agent"
+	id := a.must(200, "POST", "/threads/"+th+"/runs", body).Obj["run_id"].(string)
+	return th, "/v1/agent-server/threads/" + th + "/runs/" + id + "/outcome", claimRun(t, a)
+}
+
+func valuesState(v map[string]any) map[string]any {
+	return map[string]any{"values": v, "next": []any{}, "tasks": []any{}}
+}
+
+// A second outcome of a run that ended (a lost answer sent again, a task
+// retried after its outcome) changes nothing: the run, its thread and the
+// thread's state stay as the first left them.
+func TestRepeatOutcomeChangesNothing(t *testing.T) {
+	a := newAPI(t)
+	th, out, token := startRun(t, a, map[string]any{})
+	a.must(200, "PUT", out, map[string]any{"token": token, "status": "success", "state": valuesState(map[string]any{"x": 1.0})})
+	got := a.must(200, "PUT", out, map[string]any{"token": token, "status": "error", "error": map[string]any{"error": "E", "message": "late"},
+		"state": valuesState(map[string]any{"x": 2.0})}).Obj
+	if got["status"] != "success" {
+		t.Fatalf("repeat outcome answered run %v: want the first outcome's success", got["status"])
+	}
+	if st := a.must(200, "GET", "/threads/"+th, nil).Obj; st["status"] != "idle" || st["values"].(map[string]any)["x"] != 1.0 {
+		t.Fatalf("thread after a repeat outcome: %v %v, want idle with x=1", st["status"], st["values"])
+	}
+	if v := a.must(200, "GET", "/threads/"+th+"/state", nil).Obj["values"].(map[string]any)["x"]; v != 1.0 {
+		t.Fatalf("thread state x=%v after a repeat outcome: want 1", v)
+	}
+}
+
+// A run's error is stored cut to 16 KiB, marked as truncated.
+func TestOutcomeCapsItsError(t *testing.T) {
+	a := newAPI(t)
+	th, out, token := startRun(t, a, map[string]any{})
+	a.must(200, "PUT", out, map[string]any{"token": token, "status": "error",
+		"error": map[string]any{"error": "ToolError", "message": strings.Repeat("é", 100<<10)}})
+	id := strings.Split(out, "/")[6]
+	e := storedRun(t, a, th, id)["error"].(map[string]any)
+	msg := e["message"].(string)
+	if e["error"] != "ToolError" || len(msg) > 16<<10 || !strings.Contains(msg, "truncated") || !strings.HasPrefix(msg, "éé") {
+		t.Fatalf("stored error %v with a message of %d bytes: want ToolError, at most 16 KiB, marked truncated", e["error"], len(msg))
+	}
+}
+
+// The run's record counts against what an outcome stores: with a large
+// input and error, the run, its thread and the thread's state stored by
+// one outcome stay within 1 MiB (well under etcd's request limit).
+func TestOutcomeLeavesRoomForTheRunRecord(t *testing.T) {
+	a := newAPI(t)
+	th, out, token := startRun(t, a, map[string]any{"input": map[string]any{"text": strings.Repeat("i", 60<<10)}})
+	state := func(cp string) map[string]any {
+		s := valuesState(map[string]any{"text": strings.Repeat("x", 100<<10)})
+		s["checkpoint"] = map[string]any{"checkpoint_id": cp}
+		return s
+	}
+	var hist []any
+	for i := range 12 {
+		hist = append(hist, state(fmt.Sprint("h", i)))
+	}
+	a.must(200, "PUT", out, map[string]any{"token": token, "status": "error", "state": state("h0"), "history": hist,
+		"error": map[string]any{"error": "E", "message": strings.Repeat("m", 200<<10)}})
+	sp := keyspace.MustNew(a.ns)
+	total := 0
+	for _, k := range []string{sp.AgentThread(th), sp.AgentThreadState(th), sp.AgentRun(th, strings.Split(out, "/")[6])} {
+		got, err := a.cli.Get(context.Background(), k)
+		if err != nil || len(got.Kvs) != 1 {
+			t.Fatalf("%s: %v", k, err)
+		}
+		total += len(got.Kvs[0].Value)
+	}
+	if total > 1<<20 {
+		t.Fatalf("one outcome stored %d bytes: want at most 1 MiB", total)
+	}
+}
+
+// An outcome over 3 MiB is refused: the server stores about 1 MiB of it.
+func TestOutcomeOverItsLimitIsRefused(t *testing.T) {
+	a := newAPI(t)
+	_, out, token := startRun(t, a, map[string]any{})
+	var hist []any
+	for range 8 {
+		hist = append(hist, valuesState(map[string]any{"text": strings.Repeat("x", 500<<10)}))
+	}
+	a.must(413, "PUT", out, map[string]any{"token": token, "status": "success", "state": valuesState(map[string]any{}), "history": hist})
+}
+
+// A settle that leaves the thread busy (another run is active) still
+// writes it, so that two settles racing each other conflict: the one
+// retried sees the other's run ended and frees the thread.
+func TestSettleWritesTheBusyThread(t *testing.T) {
+	a := newAPI(t)
+	a.must(200, "PUT", "/v1/agent-server/graphs/agent", map[string]any{})
+	th := a.must(200, "POST", "/threads", map[string]any{}).Obj["thread_id"].(string)
+	one, two := "1f0a0000-0000-4000-8000-000000000011", "1f0a0000-0000-4000-8000-000000000012"
+	strandRun(t, a, th, one, time.Now().UTC())
+	strandRun(t, a, th, two, time.Now().UTC())
+	key := keyspace.MustNew(a.ns).AgentThread(th)
+	before, err := a.cli.Get(context.Background(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.must(204, "POST", "/threads/"+th+"/runs/"+one+"/cancel", nil)
+	after, err := a.cli.Get(context.Background(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.Kvs[0].ModRevision == before.Kvs[0].ModRevision {
+		t.Fatalf("settling a run while another is active left the thread unwritten (revision %d)", after.Kvs[0].ModRevision)
+	}
+	if st := a.must(200, "GET", "/threads/"+th, nil).Obj["status"]; st != "busy" {
+		t.Fatalf("thread %v while its other run is active: want busy", st)
+	}
+	a.must(204, "POST", "/threads/"+th+"/runs/"+two+"/cancel", nil)
+	if st := a.must(200, "GET", "/threads/"+th, nil).Obj["status"]; st != "idle" {
+		t.Fatalf("thread %v once both runs are cancelled: want idle", st)
+	}
+}
+
+// A run whose input is more than its queue task takes is refused (400),
+// not answered as a store failure to retry, and leaves its thread idle.
+func TestRunTooLargeForItsTaskIsRefused(t *testing.T) {
+	a := newAPI(t)
+	a.must(200, "PUT", "/v1/agent-server/graphs/agent", map[string]any{})
+	th := a.must(200, "POST", "/threads", map[string]any{}).Obj["thread_id"].(string)
+	a.must(400, "POST", "/threads/"+th+"/runs", map[string]any{"assistant_id": "agent", "input": map[string]any{"text": strings.Repeat("i", 100<<10)}})
+	if st := a.must(200, "GET", "/threads/"+th, nil).Obj["status"]; st != "idle" {
+		t.Fatalf("thread %v after a refused run: want idle", st)
+	}
+}

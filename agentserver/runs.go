@@ -1,0 +1,580 @@
+package agentserver
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/danielgtaylor/huma/v2"
+	"github.com/droverhq/drover/keyspace"
+	"github.com/droverhq/drover/queue"
+	"github.com/droverhq/drover/storeguard"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// RunsQueue is the queue of the namespace that carries runs: each run is
+// one task of it, whose id is the run's id and whose type is the graph's
+// name; a runtime claims them as any worker.
+const RunsQueue = "langgraph"
+
+// Run is one execution of an assistant's graph on a thread. Its fields and
+// their JSON are LangGraph's.
+type Run struct {
+	RunID             string         `json:"run_id"`
+	ThreadID          string         `json:"thread_id"`
+	AssistantID       string         `json:"assistant_id"`
+	CreatedAt         time.Time      `json:"created_at"`
+	UpdatedAt         time.Time      `json:"updated_at"`
+	Status            string         `json:"status" enum:"pending,running,error,success,timeout,interrupted"`
+	Metadata          map[string]any `json:"metadata"`
+	Kwargs            map[string]any `json:"kwargs"`
+	MultitaskStrategy string         `json:"multitask_strategy"`
+}
+
+// runRecord is a run as stored: the run and what its runtime reported.
+type runRecord struct {
+	Run
+	GraphID string `json:"graph_id"`
+	// Ended is set by the runtime's outcome; until then the status
+	// follows the run's queue task.
+	Ended bool `json:"ended,omitempty"`
+	// Error is the graph's error ({error, message}) when it ended in one.
+	Error any `json:"error,omitempty"`
+	// Queued is set on an enqueued run that waits for the thread's active
+	// run to end: it has no task yet, and Params are its task's
+	// parameters, submitted when it is admitted (AdmittedAt).
+	Queued     bool            `json:"queued,omitempty"`
+	Params     json.RawMessage `json:"params,omitempty"`
+	AdmittedAt time.Time       `json:"admitted_at,omitzero"`
+}
+
+// ThreadState is a thread's state at a checkpoint, as LangGraph answers
+// it (and as the runtime reports it from the checkpoint store).
+type ThreadState struct {
+	Values           any            `json:"values"`
+	Next             []string       `json:"next"`
+	Tasks            []any          `json:"tasks"`
+	Metadata         map[string]any `json:"metadata" required:"false"`
+	CreatedAt        *string        `json:"created_at" required:"false"`
+	Checkpoint       any            `json:"checkpoint" required:"false"`
+	ParentCheckpoint any            `json:"parent_checkpoint" required:"false"`
+	Interrupts       []any          `json:"interrupts,omitempty"`
+}
+
+// stateRecord is what the runtime of a thread's last run reported: its
+// state and history, newest first.
+type stateRecord struct {
+	State   ThreadState   `json:"state"`
+	History []ThreadState `json:"history"`
+}
+
+func errRunNotFound(id string) error {
+	return huma.NewError(http.StatusNotFound, fmt.Sprintf("Run with ID %s not found", id))
+}
+
+// queueOf is a queue client of the request's namespace; close it after.
+func (s *server) queueOf(ctx context.Context) (*queue.Client, error) {
+	q, err := queue.NewClient(s.cfg.Etcd, s.cfg.Namespace(ctx))
+	if err != nil {
+		return nil, huma.NewError(http.StatusInternalServerError, "agentserver: "+err.Error())
+	}
+	return q, nil
+}
+
+func closeQueue(q *queue.Client) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = q.Close(ctx)
+}
+
+// runTask is what a runtime reads from a run's queue task.
+type runTask struct {
+	Run       Run    `json:"run"`
+	GraphID   string `json:"graph_id"`
+	Config    any    `json:"assistant_config"`
+	Context   any    `json:"assistant_context"`
+	Temporary bool   `json:"temporary,omitempty"`
+}
+
+// createRun stores run r on its thread and admits it, or queues it
+// behind the thread's active run (enqueue), or stops that run first
+// (interrupt, rollback), or refuses it while the thread has one (reject,
+// 409): see multitask.go. The admission is one transaction that compares
+// the thread's revision with what was read beside its runs.
+func (s *server) createRun(ctx context.Context, r runRecord, a assistantRecord, temporary bool, delay time.Duration) (Run, error) {
+	sp, err := s.space(ctx)
+	if err != nil {
+		return Run{}, err
+	}
+	tkey := sp.AgentThread(r.ThreadID)
+	params, _ := json.Marshal(runTask{Run: r.Run, GraphID: a.GraphID, Config: a.Config, Context: a.Context, Temporary: temporary})
+	stopped := map[string]runRecord{} // by interrupt or rollback, over the attempts
+	for range maxAttempts {
+		t, rev, err := s.getThread(ctx, r.ThreadID) // first: see takeThread
+		if err != nil {
+			return Run{}, err
+		}
+		runs, revs, err := s.threadRuns(ctx, r.ThreadID)
+		if err != nil {
+			return Run{}, err
+		}
+		if onlyQueued(runs) { // stranded: the end of the run before them admitted none
+			if err := s.admitNext(ctx, r.ThreadID); err != nil {
+				return Run{}, err
+			}
+			continue
+		}
+		active, cmps, ops := s.stopPlan(sp, r, runs, revs, stopped)
+		rec := r
+		switch {
+		case len(active) == 0 && len(stopped) == 0:
+			cmps, ops = nil, nil
+		case len(active) == 0 && r.MultitaskStrategy != "interrupt" && r.MultitaskStrategy != "rollback":
+			cmps, ops = nil, nil
+		case r.MultitaskStrategy == "reject":
+			return Run{}, huma.NewError(http.StatusConflict, fmt.Sprintf("Thread %s is busy with run %s: multitask_strategy is reject", r.ThreadID, active[0].RunID))
+		case len(active) > maxStopped:
+			return Run{}, huma.NewError(http.StatusConflict, fmt.Sprintf("Thread %s has %d runs not ended, more than the %d one run may stop or queue behind", r.ThreadID, len(active), maxStopped))
+		case r.MultitaskStrategy == "enqueue":
+			rec.Queued, rec.Params = true, params
+			cmps, ops = nil, nil
+		default: // interrupt, rollback: stopped before the transaction that admits r
+			for _, o := range active {
+				stopped[o.RunID] = o
+			}
+			all := make([]runRecord, 0, len(stopped))
+			for _, o := range stopped {
+				all = append(all, o)
+			}
+			if err := s.stopRuns(ctx, r.ThreadID, all, r.MultitaskStrategy == "rollback"); errors.Is(err, errMoved) {
+				continue
+			} else if err != nil {
+				return Run{}, err
+			}
+		}
+		before, _ := json.Marshal(t)
+		t.Status, t.UpdatedAt = "busy", s.now()
+		if t.Metadata["graph_id"] == nil || t.Metadata["assistant_id"] == nil {
+			t.Metadata = orEmpty(t.Metadata)
+			t.Metadata["graph_id"], t.Metadata["assistant_id"] = a.GraphID, a.AssistantID
+		}
+		traw, _ := json.Marshal(t)
+		rraw, _ := json.Marshal(rec)
+		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(tkey), "=", rev), storeguard.NotFull(sp))
+		ops = append(ops, clientv3.OpPut(tkey, string(traw)), clientv3.OpPut(sp.AgentRun(r.ThreadID, r.RunID), string(rraw)))
+		resp, err := s.cfg.Etcd.Txn(ctx).If(cmps...).Then(ops...).Else(storeguard.GetOp(sp)).Commit()
+		if err != nil {
+			return Run{}, etcdError("creating the run", err)
+		}
+		if !resp.Succeeded {
+			if err := guardOf(resp, 0); err != nil {
+				return Run{}, err
+			}
+			continue
+		}
+		if rec.Queued {
+			return rec.Run, nil
+		}
+		return s.submitRun(ctx, sp, r, params, delay, before, resp.Header.Revision)
+	}
+	return Run{}, errRaced("the thread")
+}
+
+// onlyQueued reports whether runs has runs not ended, all of them queued.
+func onlyQueued(runs []runRecord) bool {
+	n := 0
+	for _, o := range runs {
+		switch {
+		case o.Ended:
+		case !o.Queued:
+			return false
+		default:
+			n++
+		}
+	}
+	return n > 0
+}
+
+// stopPlan is what new run r's transaction does to thread's runs: the
+// runs not ended (active), the compares on their records and on those of
+// the runs stopped in earlier attempts, and the changes: with interrupt
+// the active runs written ended interrupted, with rollback the records
+// deleted.
+func (s *server) stopPlan(sp keyspace.Space, r runRecord, runs []runRecord, revs []int64, stopped map[string]runRecord) (active []runRecord, cmps []clientv3.Cmp, ops []clientv3.Op) {
+	for i, o := range runs {
+		_, was := stopped[o.RunID]
+		if o.Ended && !(was && r.MultitaskStrategy == "rollback") {
+			continue
+		}
+		if !o.Ended {
+			active = append(active, o)
+		}
+		okey := sp.AgentRun(r.ThreadID, o.RunID)
+		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(okey), "=", revs[i]))
+		switch r.MultitaskStrategy {
+		case "interrupt":
+			o.Status, o.Ended, o.Error, o.UpdatedAt = "interrupted", true, nil, s.now()
+			raw, _ := json.Marshal(o)
+			ops = append(ops, clientv3.OpPut(okey, string(raw)))
+		case "rollback":
+			ops = append(ops, clientv3.OpDelete(okey))
+		}
+	}
+	return active, cmps, ops
+}
+
+// submitRun submits admitted run r's task (due after delay), and takes
+// the run back when the queue does not take it: its record, and the
+// thread as it was before (unless the thread changed since rev).
+func (s *server) submitRun(ctx context.Context, sp keyspace.Space, r runRecord, params []byte, delay time.Duration, before []byte, rev int64) (Run, error) {
+	tkey := sp.AgentThread(r.ThreadID)
+	q, err := s.queueOf(ctx)
+	if err != nil {
+		return Run{}, err
+	}
+	defer closeQueue(q)
+	// A graph's error ends the task as a success whose outcome says
+	// error; only a runtime lost mid-run costs an attempt, and the next
+	// resumes the graph from the thread's last checkpoint.
+	res, err := q.Submit(ctx, RunsQueue, []queue.Task{{ID: r.RunID, Type: r.GraphID, Parameters: params, Delay: queue.Duration(delay)}}, nil)
+	var refused error // the queue refused the task (its input too large): the caller's to fix
+	if err == nil && len(res.Rejected) > 0 {
+		err = errors.New(res.Rejected[0].Error)
+		refused = huma.NewError(http.StatusBadRequest, "body: the run's queue task was refused: "+res.Rejected[0].Error)
+	}
+	if err != nil {
+		bg := context.WithoutCancel(ctx)
+		if _, gerr := q.Get(bg, r.RunID); gerr == nil { // submitted after all (the answer was lost)
+			return r.Run, nil
+		}
+		// The record without its task would never run: take it back, and
+		// the thread's status with it unless the thread changed since.
+		_, _ = s.cfg.Etcd.Txn(bg).If(clientv3.Compare(clientv3.ModRevision(tkey), "=", rev)).
+			Then(clientv3.OpDelete(sp.AgentRun(r.ThreadID, r.RunID)), clientv3.OpPut(tkey, string(before))).
+			Else(clientv3.OpDelete(sp.AgentRun(r.ThreadID, r.RunID))).Commit()
+		if refused != nil {
+			return Run{}, refused
+		}
+		return Run{}, etcdError("submitting the run's task", err)
+	}
+	return r.Run, nil
+}
+
+// refuseWhileActive is a 409 while thread has a run not ended (pending,
+// delayed, enqueued or running), as LangGraph refuses a state update then.
+func (s *server) refuseWhileActive(ctx context.Context, thread string) error {
+	active, err := s.activeRun(ctx, thread)
+	if err != nil || active == "" {
+		return err
+	}
+	return huma.NewError(http.StatusConflict, fmt.Sprintf("Thread %s is busy with run %s: update its state once the run has ended", thread, active))
+}
+
+// activeRun is the id of a run of thread that has not ended, or "".
+func (s *server) activeRun(ctx context.Context, thread string) (string, error) {
+	runs, err := s.listRuns(ctx, thread)
+	if err != nil {
+		return "", err
+	}
+	for _, r := range runs {
+		if r.Status == "pending" || r.Status == "running" {
+			return r.RunID, nil
+		}
+	}
+	return "", nil
+}
+
+// getRun reads run id of thread, its status as its task has it; a run
+// its task shows ended is settled (see settle) on the way.
+func (s *server) getRun(ctx context.Context, thread, id string) (runRecord, int64, error) {
+	sp, err := s.space(ctx)
+	if err != nil {
+		return runRecord{}, 0, err
+	}
+	resp, err := s.cfg.Etcd.Get(ctx, sp.AgentRun(thread, id))
+	if err != nil {
+		return runRecord{}, 0, etcdError("reading the run", err)
+	}
+	if len(resp.Kvs) == 0 {
+		return runRecord{}, 0, errRunNotFound(id)
+	}
+	var r runRecord
+	if err := json.Unmarshal(resp.Kvs[0].Value, &r); err != nil {
+		return runRecord{}, 0, undecodable("run", id, err)
+	}
+	revs := []int64{resp.Kvs[0].ModRevision}
+	if err := s.withTaskStatus(ctx, []*runRecord{&r}, revs); err != nil {
+		return runRecord{}, 0, err
+	}
+	return r, revs[0], nil
+}
+
+// runGrace is how long a run's record may be without its task: createRun
+// writes the record, then submits the task. A record not ended whose task
+// is missing past it (never submitted, or dropped by the queue's
+// retention) has ended.
+const runGrace = 5 * time.Minute
+
+// withTaskStatus sets the status of the runs not ended from their tasks':
+// pending until a runtime claims it, running while one holds it, error
+// when it died without an outcome, interrupted when cancelled. A run
+// whose task has ended (or is gone, see runGrace) is settled: its record
+// written ended, revs[i] then its new revision, and its thread's next
+// enqueued run admitted (unless ctx is admitNext's or takeThread's).
+func (s *server) withTaskStatus(ctx context.Context, runs []*runRecord, revs []int64) error {
+	var ids []string
+	for _, r := range runs {
+		if !r.Ended && !r.Queued {
+			ids = append(ids, r.RunID)
+		}
+	}
+	if len(ids) == 0 {
+		return nil
+	}
+	q, err := s.queueOf(ctx)
+	if err != nil {
+		return err
+	}
+	defer closeQueue(q)
+	ts, err := q.GetMany(ctx, ids)
+	if err != nil {
+		return etcdError("reading the runs' tasks", err)
+	}
+	by := map[string]*queue.Task{}
+	for _, t := range ts {
+		by[t.ID] = t
+	}
+	var settled []string
+	for i, r := range runs {
+		if r.Ended || r.Queued {
+			continue
+		}
+		t := by[r.RunID]
+		switch {
+		case t != nil:
+			r.Status = statusOfTask(t)
+			if r.Status == "error" && r.Error == nil {
+				r.Error = map[string]any{"error": "RunError", "message": t.LastError}
+			}
+			if !finished(t) {
+				continue
+			}
+		case s.now().Sub(admitted(r)) > runGrace:
+			r.Status, r.Error = "error", map[string]any{"error": "RunError", "message": "the run's task is gone: it was never submitted, or it ended long ago without an outcome"}
+		default:
+			continue
+		}
+		rev, err := s.settle(ctx, r, revs[i])
+		if err != nil {
+			return err
+		}
+		revs[i] = rev
+		settled = append(settled, r.ThreadID)
+	}
+	if ctx.Value(admittingKey{}) == nil {
+		done := map[string]bool{}
+		for _, th := range settled { // an admitted run ended: the next enqueued one's turn
+			if !done[th] {
+				done[th] = true
+				s.admitNextLogged(ctx, th)
+			}
+		}
+	}
+	return nil
+}
+
+// admitted is when r's task was to be submitted: when it was admitted
+// from the thread's queue, else when it was created.
+func admitted(r *runRecord) time.Time {
+	if !r.AdmittedAt.IsZero() {
+		return r.AdmittedAt
+	}
+	return r.CreatedAt
+}
+
+func finished(t *queue.Task) bool {
+	switch t.CurrentStatus {
+	case queue.Dead, queue.Cancelled, queue.Succeeded:
+		return true
+	}
+	return false
+}
+
+// settle writes run r ended with its status, if its record is still at
+// rev, and puts its thread back from busy (to error when r ended in one,
+// else idle) unless another run of the thread is still active. It
+// returns the record's revision after; another writer's change leaves the
+// record to it (and r as read).
+func (s *server) settle(ctx context.Context, r *runRecord, rev int64) (int64, error) {
+	sp, err := s.space(ctx)
+	if err != nil {
+		return 0, err
+	}
+	ended := *r
+	ended.Ended, ended.UpdatedAt = true, s.now()
+	rraw, _ := json.Marshal(ended)
+	rkey := sp.AgentRun(r.ThreadID, r.RunID)
+	for range maxAttempts {
+		cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(rkey), "=", rev)}
+		ops := []clientv3.Op{clientv3.OpPut(rkey, string(rraw))}
+		th, trev, err := s.getThread(ctx, r.ThreadID)
+		if err != nil && !isNotFound(err) {
+			return 0, err
+		}
+		if err == nil && th.Status == "busy" {
+			other, err := s.otherActive(ctx, r.ThreadID, r.RunID)
+			if err != nil {
+				return 0, err
+			}
+			// The thread is written even when it stays busy: two settles (or
+			// a settle and an outcome) that each see the other's run active
+			// then conflict, and the one retried sees it ended.
+			th.UpdatedAt = ended.UpdatedAt
+			if !other {
+				th.Status = "idle"
+				if r.Status == "error" {
+					th.Status = "error"
+				}
+			}
+			traw, _ := json.Marshal(th)
+			ops = append(ops, clientv3.OpPut(sp.AgentThread(r.ThreadID), string(traw)))
+			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(sp.AgentThread(r.ThreadID)), "=", trev))
+		}
+		resp, err := s.cfg.Etcd.Txn(ctx).If(cmps...).Then(ops...).Else(clientv3.OpGet(rkey)).Commit()
+		if err != nil {
+			return 0, etcdError("ending the run", err)
+		}
+		if resp.Succeeded {
+			*r = ended
+			return resp.Header.Revision, nil
+		}
+		kvs := resp.Responses[0].GetResponseRange().Kvs
+		if len(kvs) == 0 || kvs[0].ModRevision != rev { // another wrote or deleted it
+			return rev, nil
+		}
+	}
+	return 0, errRaced("the thread")
+}
+
+// otherActive says whether a run of thread other than id has not ended,
+// as the records say (a stale one is settled by the read that finds it).
+func (s *server) otherActive(ctx context.Context, thread, id string) (bool, error) {
+	recs, _, err := s.runRecords(ctx, thread)
+	if err != nil {
+		return false, err
+	}
+	for _, r := range recs {
+		if r.RunID != id && !r.Ended {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+func isNotFound(err error) bool {
+	var se huma.StatusError
+	return errors.As(err, &se) && se.GetStatus() == http.StatusNotFound
+}
+
+func statusOfTask(t *queue.Task) string {
+	switch t.CurrentStatus {
+	case queue.Running, queue.Sleeping, queue.Waiting:
+		return "running"
+	case queue.Dead:
+		return "error"
+	case queue.Cancelled:
+		return "interrupted"
+	case queue.Succeeded: // ended without an outcome written: the runtime's result says
+		var res struct {
+			Status string `json:"status"`
+		}
+		if json.Unmarshal(t.Result, &res) == nil && res.Status != "" {
+			return res.Status
+		}
+		return "success"
+	}
+	return "pending"
+}
+
+// runRecords reads thread's run records as stored, newest first, with
+// their revisions.
+func (s *server) runRecords(ctx context.Context, thread string) ([]runRecord, []int64, error) {
+	sp, err := s.space(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	resp, err := s.cfg.Etcd.Get(ctx, sp.AgentRuns(thread), clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByKey, clientv3.SortDescend))
+	if err != nil {
+		return nil, nil, etcdError("listing runs", err)
+	}
+	out := make([]runRecord, 0, len(resp.Kvs))
+	revs := make([]int64, 0, len(resp.Kvs))
+	for _, kv := range resp.Kvs {
+		var r runRecord
+		if err := json.Unmarshal(kv.Value, &r); err != nil {
+			return nil, nil, undecodable("run", idOf(kv.Key), err)
+		}
+		out, revs = append(out, r), append(revs, kv.ModRevision)
+	}
+	return out, revs, nil
+}
+
+// listRuns returns thread's runs, newest first, their status as their
+// tasks have it.
+func (s *server) listRuns(ctx context.Context, thread string) ([]runRecord, error) {
+	out, revs, err := s.runRecords(ctx, thread)
+	if err != nil {
+		return nil, err
+	}
+	ptrs := make([]*runRecord, len(out))
+	for i := range out {
+		ptrs[i] = &out[i]
+	}
+	if err := s.withTaskStatus(ctx, ptrs, revs); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// waitRun waits until run id of thread ends, then answers it.
+func (s *server) waitRun(ctx context.Context, thread, id string) (runRecord, error) {
+	if err := s.awaitAdmitted(ctx, thread, id); err != nil {
+		return runRecord{}, err
+	}
+	q, err := s.queueOf(ctx)
+	if err != nil {
+		return runRecord{}, err
+	}
+	defer closeQueue(q)
+	if _, err := q.Wait(ctx, id); err != nil && !errors.Is(err, queue.ErrNotFound) {
+		return runRecord{}, etcdError("waiting for the run", err)
+	}
+	r, _, err := s.getRun(ctx, thread, id)
+	return r, err
+}
+
+// threadState reads what the runtime of thread's last run reported.
+func (s *server) threadState(ctx context.Context, thread string) (stateRecord, error) {
+	sp, err := s.space(ctx)
+	if err != nil {
+		return stateRecord{}, err
+	}
+	if _, _, err := s.getThread(ctx, thread); err != nil {
+		return stateRecord{}, err
+	}
+	resp, err := s.cfg.Etcd.Get(ctx, sp.AgentThreadState(thread))
+	if err != nil {
+		return stateRecord{}, etcdError("reading the thread's state", err)
+	}
+	if len(resp.Kvs) == 0 {
+		return stateRecord{State: ThreadState{Values: map[string]any{}, Next: []string{}, Tasks: []any{}, Metadata: map[string]any{}}, History: []ThreadState{}}, nil
+	}
+	var st stateRecord
+	if err := json.Unmarshal(resp.Kvs[0].Value, &st); err != nil {
+		return stateRecord{}, undecodable("thread state", thread, err)
+	}
+	return st, nil
+}

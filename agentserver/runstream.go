@@ -1,0 +1,296 @@
+package agentserver
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/danielgtaylor/huma/v2"
+	"github.com/danielgtaylor/huma/v2/adapters/humago"
+	"github.com/droverhq/drover/internal/serverclose"
+	"github.com/droverhq/drover/queue"
+	"github.com/droverhq/drover/stream"
+)
+
+// unbounded is a context with the values of a request's API context (its
+// namespace, its token) and the cancellation of the request itself: it
+// ends when the client goes away, not at the API's request timeout, so
+// that a join, a wait or a stream lasts as long as its run.
+type unbounded struct {
+	context.Context
+	vals context.Context
+}
+
+func (u unbounded) Value(k any) any { return u.vals.Value(k) }
+
+func longContext(hctx huma.Context) (context.Context, http.ResponseWriter, *http.Request) {
+	r, w := humago.Unwrap(hctx)
+	return unbounded{Context: r.Context(), vals: hctx.Context()}, w, r
+}
+
+// longAnswer answers f's value as JSON (or its error as a problem) once
+// f returns, f running under the request's own context.
+func longAnswer(f func(ctx context.Context) (any, error)) *huma.StreamResponse {
+	return &huma.StreamResponse{Body: func(hctx huma.Context) {
+		ctx, w, req := longContext(hctx)
+		v, err := f(ctx)
+		if err != nil {
+			writeError(w, req, err)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusOK)
+		_ = json.NewEncoder(w).Encode(v)
+	}}
+}
+
+// droverEvents are the stream's own events, not the run's: the SSE of a
+// run leaves them out.
+var droverEvents = map[string]bool{stream.AttemptStarted: true, stream.AttemptLost: true, stream.AttemptEnded: true, stream.Done: true}
+
+// streamRun answers run id's events as LangGraph's SSE, after the first
+// skip of them: each event the runtime emitted is one SSE event (its type
+// the event name, its data the data), until the run's task ends. Its id is
+// its place among the runtime's events, from 0, as LangGraph numbers
+// them: drover's own events (an attempt's start, loss and end) take
+// sequence numbers of the stream too, but are not sent, so the ids are
+// counted here, and a resume reads the stream from its start and skips
+// the events the client had.
+func (s *server) streamRun(thread, id string, skip int64) *huma.StreamResponse {
+	return &huma.StreamResponse{Body: func(hctx huma.Context) {
+		ctx, w, req := longContext(hctx)
+		sp, err := s.space(ctx)
+		if err != nil {
+			writeError(w, req, err)
+			return
+		}
+		q, err := s.queueOf(ctx)
+		if err != nil {
+			writeError(w, req, err)
+			return
+		}
+		defer closeQueue(q)
+		rc := http.NewResponseController(w)
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.Header().Set("Cache-Control", "no-cache")
+		w.Header().Set("Content-Location", "/threads/"+thread+"/runs/"+id)
+		w.WriteHeader(http.StatusOK)
+		_ = rc.Flush()
+		if err := s.awaitAdmitted(ctx, thread, id); err != nil { // an enqueued run's task comes once it starts
+			_ = writeEvent(w, followed{err: err}, 0)
+			return
+		}
+		ended := stream.WhenEnded(func(ctx context.Context) bool {
+			t, err := q.Get(ctx, id)
+			return errors.Is(err, queue.ErrNotFound) || err == nil && t.CurrentStatus.Terminal()
+		}, time.Second)
+		fctx, stop := context.WithCancel(ctx)
+		defer stop()
+		evs := make(chan followed)
+		go func() { // ends with fctx, which ends when this answer does
+			defer close(evs)
+			for ev, err := range stream.HubFor(s.cfg.Etcd, sp).Follow(fctx, id, 0, ended) {
+				select {
+				case evs <- followed{ev, err}:
+				case <-fctx.Done():
+					return
+				}
+			}
+		}()
+		tick := time.NewTicker(streamKeepalive)
+		defer tick.Stop()
+		closing := serverclose.Of(ctx)
+		var seen int64 // the runtime's events followed so far: the next one's id
+		for {
+			var f followed
+			var ok bool
+			select {
+			case <-ctx.Done():
+				return
+			case <-closing: // the client reconnects with Last-Event-ID
+				return
+			case <-tick.C:
+				if _, err := io.WriteString(w, ": keepalive\n\n"); err != nil {
+					return
+				}
+				_ = rc.Flush()
+				continue
+			case f, ok = <-evs:
+			}
+			if !ok {
+				return
+			}
+			if f.err == nil && droverEvents[f.ev.Type] {
+				continue
+			}
+			n := seen
+			seen++
+			if f.err == nil && n < skip {
+				continue // the client had it
+			}
+			if !writeEvent(w, f, n) {
+				return
+			}
+			_ = rc.Flush()
+		}
+	}}
+}
+
+// followed is one event of a followed stream, or the error that ends it.
+type followed struct {
+	ev  stream.Event
+	err error
+}
+
+// writeEvent writes f, a runtime's event, as a LangGraph SSE event of id
+// n; false when the answer ends.
+func writeEvent(w io.Writer, f followed, n int64) bool {
+	if f.err != nil {
+		raw, _ := json.Marshal(map[string]any{"error": "StreamError", "message": f.err.Error()})
+		_, _ = fmt.Fprintf(w, "event: error\ndata: %s\n\n", raw)
+		return false
+	}
+	data := f.ev.Data
+	if len(data) == 0 {
+		data = json.RawMessage("null")
+	}
+	_, err := fmt.Fprintf(w, "event: %s\ndata: %s\nid: %d\n\n", f.ev.Type, data, n)
+	return err == nil
+}
+
+// streamKeepalive is how often a quiet SSE answer sends a comment, so that
+// proxies and clients keep it open.
+var streamKeepalive = 15 * time.Second
+
+// lastEventID is how many of the runtime's events to skip, from
+// Last-Event-ID: the id of the last one the client had (ids count from 0).
+func lastEventID(h string) (int64, error) {
+	if h == "" {
+		return 0, nil
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(h), 10, 64)
+	if err != nil {
+		return 0, badInput("header.Last-Event-ID", h, "must be the id of an event of the stream, or -1 for the first")
+	}
+	return max(n+1, 0), nil
+}
+
+func (s *server) runStreamRoutes(api huma.API) {
+	tags := []string{tagRuns}
+	sse := map[string]*huma.Response{"200": {Description: "The run's events, as LangGraph's server-sent events.",
+		Content: map[string]*huma.MediaType{"text/event-stream": {Schema: &huma.Schema{Type: "string"}}}}}
+	huma.Register(api, huma.Operation{
+		OperationID: "lg-stream-run", Method: http.MethodPost, Path: "/threads/{thread_id}/runs/stream", Tags: tags,
+		Summary: "Create a run and stream its events (LangGraph)", Responses: sse,
+		Errors: []int{http.StatusBadRequest, http.StatusNotFound, http.StatusConflict, http.StatusNotImplemented},
+	}, func(ctx context.Context, in *threadRunInput) (*huma.StreamResponse, error) {
+		id, err := threadID(in.ThreadID)
+		if err != nil {
+			return nil, err
+		}
+		r, err := s.startRun(ctx, id, in.Body)
+		if err != nil {
+			return nil, err
+		}
+		return s.streamRun(r.ThreadID, r.RunID, 0), nil
+	})
+	huma.Register(api, huma.Operation{
+		OperationID: "lg-stream-stateless-run", Method: http.MethodPost, Path: "/runs/stream", Tags: tags,
+		Summary: "Create a run on a thread of its own and stream its events (LangGraph)", Responses: sse,
+		Errors: []int{http.StatusBadRequest, http.StatusNotFound, http.StatusNotImplemented},
+	}, func(ctx context.Context, in *struct{ Body runBody }) (*huma.StreamResponse, error) {
+		r, err := s.startRun(ctx, "", in.Body)
+		if err != nil {
+			return nil, err
+		}
+		return s.streamRun(r.ThreadID, r.RunID, 0), nil
+	})
+	huma.Register(api, huma.Operation{
+		OperationID: "lg-join-run-stream", Method: http.MethodGet, Path: "/threads/{thread_id}/runs/{run_id}/stream", Tags: tags,
+		Summary:     "Stream a run's events (LangGraph)",
+		Description: "From the first event, or after the one Last-Event-ID names; until the run ends.",
+		Responses:   sse, Errors: []int{http.StatusBadRequest, http.StatusNotFound},
+	}, func(ctx context.Context, in *struct {
+		ThreadID           string   `path:"thread_id" doc:"The thread's id, a UUID."`
+		RunID              string   `path:"run_id" doc:"The run's id, a UUID."`
+		LastEventID        string   `header:"Last-Event-ID" doc:"Resume after this event."`
+		StreamMode         []string `query:"stream_mode" doc:"Ignored: the run's own modes are streamed."`
+		CancelOnDisconnect string   `query:"cancel_on_disconnect" doc:"Ignored: a run outlives its followers."`
+	}) (*huma.StreamResponse, error) {
+		th, id, err := runPath{in.ThreadID, in.RunID}.ids()
+		if err != nil {
+			return nil, err
+		}
+		from, err := lastEventID(in.LastEventID)
+		if err != nil {
+			return nil, err
+		}
+		if _, _, err := s.getRun(ctx, th, id); err != nil {
+			return nil, err
+		}
+		return s.streamRun(th, id, from), nil
+	})
+	s.statelessJoinStreamRoute(api, tags, sse)
+}
+
+// statelessJoinStreamRoute serves the join stream of a run named by its
+// id alone.
+func (s *server) statelessJoinStreamRoute(api huma.API, tags []string, sse map[string]*huma.Response) {
+	huma.Register(api, huma.Operation{
+		OperationID: "lg-join-stateless-run-stream", Method: http.MethodGet, Path: "/runs/{run_id}/stream", Tags: tags,
+		Summary:     "Stream a run's events, the run named by its id alone (LangGraph)",
+		Description: "As the thread's join stream, for a run found by its id.",
+		Responses:   sse, Errors: []int{http.StatusBadRequest, http.StatusNotFound},
+	}, func(ctx context.Context, in *struct {
+		RunID              string   `path:"run_id" doc:"The run's id, a UUID."`
+		LastEventID        string   `header:"Last-Event-ID" doc:"Resume after this event."`
+		StreamMode         []string `query:"stream_mode" doc:"Ignored: the run's own modes are streamed."`
+		CancelOnDisconnect string   `query:"cancel_on_disconnect" doc:"Ignored: a run outlives its followers."`
+	}) (*huma.StreamResponse, error) {
+		if !isUUID(in.RunID) {
+			return nil, badInput("path.run_id", in.RunID, "must be a UUID")
+		}
+		id := strings.ToLower(in.RunID)
+		from, err := lastEventID(in.LastEventID)
+		if err != nil {
+			return nil, err
+		}
+		th, err := s.threadOfRun(ctx, id)
+		if err != nil {
+			return nil, err
+		}
+		return s.streamRun(th, id, from), nil
+	})
+}
+
+// threadOfRun is the thread of run id: from its task's parameters, else
+// from the runs' keys.
+func (s *server) threadOfRun(ctx context.Context, id string) (string, error) {
+	q, err := s.queueOf(ctx)
+	if err != nil {
+		return "", err
+	}
+	defer closeQueue(q)
+	if t, err := q.Get(ctx, id); err == nil {
+		var p runTask
+		if json.Unmarshal(t.Parameters, &p) == nil && p.Run.ThreadID != "" {
+			return p.Run.ThreadID, nil
+		}
+	}
+	refs, err := s.runKeys(ctx, "")
+	if err != nil {
+		return "", err
+	}
+	for _, r := range refs {
+		if r.id == id {
+			return r.thread, nil
+		}
+	}
+	return "", errRunNotFound(id)
+}

@@ -1,0 +1,233 @@
+package agentserver
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/http"
+	"strings"
+
+	"github.com/danielgtaylor/huma/v2"
+	"github.com/droverhq/drover/keyspace"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// maxPrune bounds the threads of one prune.
+const maxPrune = 1000
+
+type pruneInput struct {
+	Body struct {
+		ThreadIDs []string `json:"thread_ids" maxItems:"1000" doc:"The threads to prune."`
+		Strategy  string   `json:"strategy,omitempty" enum:"delete,keep_latest" doc:"delete (the default): the threads, as a delete does; keep_latest: their checkpoints and history but the latest."`
+	}
+}
+
+// pruneThread prunes thread id with strategy; false when there was
+// nothing to prune (no such thread, or one busy with a run, whose
+// checkpoints keep_latest leaves alone).
+func (s *server) pruneThread(ctx context.Context, id, strategy string) (bool, error) {
+	if strategy != "keep_latest" {
+		err := s.deleteThread(ctx, id)
+		if isNotFound(err) {
+			return false, nil
+		}
+		return err == nil, err
+	}
+	sp, err := s.space(ctx)
+	if err != nil {
+		return false, err
+	}
+	t, trev, err := s.getThread(ctx, id)
+	if isNotFound(err) || (err == nil && t.Status == "busy") {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	rec, err := s.threadState(ctx, id)
+	if err != nil {
+		return false, err
+	}
+	resp, err := s.cfg.Etcd.Get(ctx, sp.Checkpoints(id), clientv3.WithPrefix())
+	if err != nil {
+		return false, etcdError("reading the thread's checkpoints", err)
+	}
+	heads := map[string]string{} // checkpoint namespace's key name: its head's id
+	for _, kv := range resp.Kvs {
+		if ns, ok := sp.CheckpointNSOfKey(id, string(kv.Key)); ok && string(kv.Key) == sp.CheckpointHead(id, keyspace.CheckpointNSName(ns)) {
+			heads[keyspace.CheckpointNSName(ns)] = string(kv.Value)
+		}
+	}
+	// Every change compares the thread: a run admitted since (it marks
+	// the thread busy) makes the prune fail, and a prune that lost a race
+	// prunes nothing.
+	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(sp.AgentThread(id)), "=", trev)}
+	rec.History = rec.History[:min(len(rec.History), 1)]
+	raw, _ := json.Marshal(rec)
+	ops := []clientv3.Op{clientv3.OpPut(sp.AgentThreadState(id), string(raw))}
+	for _, kv := range resp.Kvs {
+		ns, ok := sp.CheckpointNSOfKey(id, string(kv.Key))
+		if !ok {
+			continue
+		}
+		name := keyspace.CheckpointNSName(ns)
+		head, key := heads[name], string(kv.Key)
+		old := strings.HasPrefix(key, sp.CheckpointKeys(id, name)) && key != sp.CheckpointKey(id, name, head) ||
+			strings.HasPrefix(key, sp.CheckpointBase(id, name)+"writes/") && !keptWrites(key, sp.CheckpointWrites(id, name, head))
+		if old {
+			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(key), "=", kv.ModRevision))
+			ops = append(ops, clientv3.OpDelete(key))
+		}
+	}
+	for lo := 0; lo < len(ops); lo += copyBatch { // the thread's compare guards the first batch, the latest checkpoints' keys the rest
+		hi := min(lo+copyBatch, len(ops))
+		var batch []clientv3.Cmp
+		if lo == 0 {
+			batch = append(batch, cmps[0])
+		}
+		for _, op := range ops[lo:hi] {
+			for _, c := range cmps[1:] {
+				if bytes.Equal(c.KeyBytes(), op.KeyBytes()) {
+					batch = append(batch, c)
+				}
+			}
+		}
+		r, err := s.cfg.Etcd.Txn(ctx).If(batch...).Then(ops[lo:hi]...).Commit()
+		if err != nil {
+			return false, etcdError("pruning the thread", err)
+		}
+		if !r.Succeeded && lo == 0 {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
+// keptWrites reports whether key holds pending writes of the latest
+// checkpoint, whose writes are the one key latest (or keys under it).
+func keptWrites(key, latest string) bool {
+	return key == latest || strings.HasPrefix(key, latest+"/")
+}
+
+// patchStateMetadata merges metadata into that of thread id's latest
+// checkpoint, in the checkpoint store and in its state as served.
+func (s *server) patchStateMetadata(ctx context.Context, id string, metadata map[string]any) error {
+	sp, err := s.space(ctx)
+	if err != nil {
+		return err
+	}
+	for range maxAttempts {
+		rec, err := s.threadState(ctx, id)
+		if err != nil {
+			return err
+		}
+		cid := checkpointIDOf(rec.State)
+		if cid == "" {
+			return huma.NewError(http.StatusNotFound, "Thread "+id+" has no checkpoint: run it once first")
+		}
+		st, err := s.cfg.Etcd.Get(ctx, sp.AgentThreadState(id))
+		if err != nil || len(st.Kvs) == 0 {
+			return etcdError("reading the thread's state", err)
+		}
+		ckey := sp.CheckpointKey(id, keyspace.CheckpointNSName(""), cid)
+		cp, err := s.cfg.Etcd.Get(ctx, ckey)
+		if err != nil {
+			return etcdError("reading the thread's checkpoint", err)
+		}
+		cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(sp.AgentThreadState(id)), "=", st.Kvs[0].ModRevision)}
+		var ops []clientv3.Op
+		if len(cp.Kvs) == 1 {
+			d := json.NewDecoder(bytes.NewReader(cp.Kvs[0].Value))
+			d.UseNumber()
+			var v map[string]any
+			if err := d.Decode(&v); err != nil {
+				return undecodable("checkpoint", cid, err)
+			}
+			v["metadata"] = merged(v["metadata"], metadata)
+			raw, _ := json.Marshal(v)
+			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(ckey), "=", cp.Kvs[0].ModRevision))
+			ops = append(ops, clientv3.OpPut(ckey, string(raw)))
+		}
+		rec.State.Metadata = merged(rec.State.Metadata, metadata)
+		if len(rec.History) > 0 && checkpointIDOf(rec.History[0]) == cid {
+			rec.History[0].Metadata = rec.State.Metadata
+		}
+		raw, _ := json.Marshal(rec)
+		ops = append(ops, clientv3.OpPut(sp.AgentThreadState(id), string(raw)))
+		r, err := s.cfg.Etcd.Txn(ctx).If(cmps...).Then(ops...).Commit()
+		if err != nil {
+			return etcdError("patching the state's metadata", err)
+		}
+		if r.Succeeded {
+			return nil
+		}
+	}
+	return errRaced("the thread's state")
+}
+
+// merged is object old with patch's keys set.
+func merged(old any, patch map[string]any) map[string]any {
+	out := map[string]any{}
+	if m, ok := old.(map[string]any); ok {
+		for k, v := range m {
+			out[k] = v
+		}
+	}
+	for k, v := range patch {
+		out[k] = v
+	}
+	return out
+}
+
+func (s *server) pruneRoutes(api huma.API) {
+	tags := []string{tagThreads}
+	huma.Register(api, huma.Operation{
+		OperationID: "lg-prune-threads", Method: http.MethodPost, Path: "/threads/prune", Tags: tags,
+		Summary:     "Prune threads (LangGraph)",
+		Description: "delete deletes them; keep_latest keeps each thread and its latest checkpoint, dropping the older ones (a thread busy with a run is left alone). Answers how many were pruned.",
+		Errors:      []int{http.StatusBadRequest},
+	}, func(ctx context.Context, in *pruneInput) (*struct {
+		Body struct {
+			PrunedCount int `json:"pruned_count"`
+		}
+	}, error) {
+		ids := make([]string, len(in.Body.ThreadIDs))
+		for i, id := range in.Body.ThreadIDs {
+			if !isUUID(id) {
+				return nil, badInput("body.thread_ids["+itoa(i)+"]", id, "must be a UUID")
+			}
+			ids[i] = strings.ToLower(id)
+		}
+		out := &struct {
+			Body struct {
+				PrunedCount int `json:"pruned_count"`
+			}
+		}{}
+		for _, id := range ids[:min(len(ids), maxPrune)] {
+			ok, err := s.pruneThread(ctx, id, in.Body.Strategy)
+			if err != nil {
+				return nil, err
+			}
+			if ok {
+				out.Body.PrunedCount++
+			}
+		}
+		return out, nil
+	})
+	huma.Register(api, huma.Operation{
+		OperationID: "lg-patch-thread-state", Method: http.MethodPatch, Path: "/threads/{thread_id}/state", Tags: tags,
+		Summary: "Merge metadata into a thread's latest checkpoint (LangGraph)", DefaultStatus: http.StatusNoContent,
+		Errors: []int{http.StatusBadRequest, http.StatusNotFound},
+	}, func(ctx context.Context, in *struct {
+		ThreadID string `path:"thread_id" doc:"The thread's id, a UUID."`
+		Body     struct {
+			Metadata map[string]any `json:"metadata" doc:"Keys to merge into the latest checkpoint's metadata."`
+		}
+	}) (*struct{}, error) {
+		id, err := threadID(in.ThreadID)
+		if err != nil {
+			return nil, err
+		}
+		return nil, s.patchStateMetadata(ctx, id, in.Body.Metadata)
+	})
+}

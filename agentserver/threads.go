@@ -1,0 +1,410 @@
+package agentserver
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/danielgtaylor/huma/v2"
+	"github.com/droverhq/drover/keyspace"
+	"github.com/droverhq/drover/storeguard"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Thread is a conversation: the state runs of a graph accumulate, by
+// checkpoints. Its fields and their JSON are LangGraph's. Status is idle
+// until runs are served: then busy while one holds the thread's fence,
+// interrupted or error as its last run left it.
+type Thread struct {
+	ThreadID   string         `json:"thread_id" doc:"Its id, a UUID."`
+	CreatedAt  time.Time      `json:"created_at"`
+	UpdatedAt  time.Time      `json:"updated_at"`
+	Metadata   map[string]any `json:"metadata"`
+	Status     string         `json:"status" enum:"idle,busy,interrupted,error"`
+	Config     map[string]any `json:"config"`
+	Values     any            `json:"values" doc:"The state of its latest checkpoint; null before its first."`
+	Interrupts map[string]any `json:"interrupts" doc:"The interrupts its latest checkpoint waits on, by task."`
+}
+
+func errThreadNotFound(id string) error {
+	return huma.NewError(http.StatusNotFound, fmt.Sprintf("Thread with ID %s not found", id))
+}
+
+// getThread reads thread id and its revision; 404 when there is none.
+func (s *server) getThread(ctx context.Context, id string) (Thread, int64, error) {
+	sp, err := s.space(ctx)
+	if err != nil {
+		return Thread{}, 0, err
+	}
+	resp, err := s.cfg.Etcd.Get(ctx, sp.AgentThread(id))
+	if err != nil {
+		return Thread{}, 0, etcdError("reading the thread", err)
+	}
+	if len(resp.Kvs) == 0 {
+		return Thread{}, 0, errThreadNotFound(id)
+	}
+	var t Thread
+	if err := json.Unmarshal(resp.Kvs[0].Value, &t); err != nil {
+		return Thread{}, 0, undecodable("thread", id, err)
+	}
+	return t, resp.Kvs[0].ModRevision, nil
+}
+
+// createThread stores t unless its id is taken: then it returns the one
+// stored when doNothing, else 409. A full store refuses it (507).
+func (s *server) createThread(ctx context.Context, t Thread, doNothing bool) (Thread, error) {
+	sp, err := s.space(ctx)
+	if err != nil {
+		return Thread{}, err
+	}
+	raw, _ := json.Marshal(t)
+	key := sp.AgentThread(t.ThreadID)
+	resp, err := s.cfg.Etcd.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0), storeguard.NotFull(sp)).
+		Then(clientv3.OpPut(key, string(raw))).Else(clientv3.OpGet(key), storeguard.GetOp(sp)).Commit()
+	if err != nil {
+		return Thread{}, etcdError("creating the thread", err)
+	}
+	if resp.Succeeded {
+		return t, nil
+	}
+	if err := guardOf(resp, 1); err != nil { // the guard refused, whether or not the id is taken
+		return Thread{}, err
+	}
+	kvs := resp.Responses[0].GetResponseRange().Kvs
+	if len(kvs) == 0 { // deleted since the compare
+		return Thread{}, errRaced("the thread")
+	}
+	if !doNothing {
+		return Thread{}, huma.NewError(http.StatusConflict, "Thread already exists: if_exists is raise (send do_nothing to get the existing one)")
+	}
+	var old Thread
+	if err := json.Unmarshal(kvs[0].Value, &old); err != nil {
+		return Thread{}, undecodable("thread", t.ThreadID, err)
+	}
+	return old, nil
+}
+
+// patchThread merges metadata into thread id's, compared with what it
+// read: a change that raced another is read and applied again. A full
+// store refuses it (507).
+func (s *server) patchThread(ctx context.Context, id string, metadata map[string]any) (Thread, error) {
+	sp, err := s.space(ctx)
+	if err != nil {
+		return Thread{}, err
+	}
+	key := sp.AgentThread(id)
+	for range maxAttempts {
+		t, rev, err := s.getThread(ctx, id)
+		if err != nil {
+			return Thread{}, err
+		}
+		m := make(map[string]any, len(t.Metadata)+len(metadata))
+		for k, v := range t.Metadata {
+			m[k] = v
+		}
+		for k, v := range metadata {
+			m[k] = v
+		}
+		t.Metadata, t.UpdatedAt = m, s.now()
+		raw, _ := json.Marshal(t)
+		resp, err := s.cfg.Etcd.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", rev), storeguard.NotFull(sp)).
+			Then(clientv3.OpPut(key, string(raw))).Else(storeguard.GetOp(sp)).Commit()
+		if err != nil {
+			return Thread{}, etcdError("updating the thread", err)
+		}
+		if resp.Succeeded {
+			return t, nil
+		}
+		if err := guardOf(resp, 0); err != nil {
+			return Thread{}, err
+		}
+	}
+	return Thread{}, errRaced("the thread")
+}
+
+// deleteThread deletes thread id with its runs' records, its state and
+// its checkpoints; 404 when there is none. The tasks of its runs not
+// ended are cancelled after; a runtime running one finds it gone.
+func (s *server) deleteThread(ctx context.Context, id string) error {
+	sp, err := s.space(ctx)
+	if err != nil {
+		return err
+	}
+	runs, _, err := s.runRecords(ctx, id)
+	if err != nil {
+		return err
+	}
+	key := sp.AgentThread(id)
+	resp, err := s.cfg.Etcd.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), ">", 0)).
+		Then(threadDeletes(sp, id)...).Commit()
+	if err != nil {
+		return etcdError("deleting the thread", err)
+	}
+	if !resp.Succeeded {
+		return errThreadNotFound(id)
+	}
+	if err := s.dropThreadCrons(ctx, id); err != nil {
+		return err
+	}
+	var open []string
+	for _, r := range runs {
+		if !r.Ended {
+			open = append(open, r.RunID)
+		}
+	}
+	if len(open) > 0 {
+		q, err := s.queueOf(ctx)
+		if err != nil {
+			return err
+		}
+		defer closeQueue(q)
+		for _, rid := range open {
+			if _, err := q.Cancel(ctx, rid); err != nil && !isFinished(err) {
+				return etcdError("cancelling the deleted thread's run", err)
+			}
+		}
+	}
+	return nil
+}
+
+// threadDeletes deletes thread id with its runs' records, its state and
+// its checkpoints.
+func threadDeletes(sp keyspace.Space, id string) []clientv3.Op {
+	return []clientv3.Op{clientv3.OpDelete(sp.AgentThread(id)), clientv3.OpDelete(sp.AgentRuns(id), clientv3.WithPrefix()),
+		clientv3.OpDelete(sp.AgentThreadState(id)), clientv3.OpDelete(sp.Checkpoints(id), clientv3.WithPrefix())}
+}
+
+// deleteThreadsWhere deletes each thread f picks, each unless it changed
+// since it was read: one that did is read again and deleted if f still
+// picks it, within maxAttempts. It returns an error unless every thread
+// f picks is gone, so that a caller can retry until it is.
+func (s *server) deleteThreadsWhere(ctx context.Context, f func(Thread) bool) error {
+	sp, err := s.space(ctx)
+	if err != nil {
+		return err
+	}
+	resp, err := s.cfg.Etcd.Get(ctx, sp.AgentThreads(), clientv3.WithPrefix())
+	if err != nil {
+		return etcdError("listing threads", err)
+	}
+	for _, kv := range resp.Kvs {
+		key, rev, value := string(kv.Key), kv.ModRevision, kv.Value
+		for attempt := 0; ; attempt++ {
+			var t Thread
+			if json.Unmarshal(value, &t) != nil || !f(t) { // one that does not decode names no assistant
+				break
+			}
+			if attempt == maxAttempts {
+				return errRaced("a thread to delete")
+			}
+			d, err := s.cfg.Etcd.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", rev)).
+				Then(threadDeletes(sp, idOf(kv.Key))...).Else(clientv3.OpGet(key)).Commit()
+			if err != nil {
+				return etcdError("deleting threads", err)
+			}
+			if d.Succeeded {
+				break
+			}
+			kvs := d.Responses[0].GetResponseRange().Kvs
+			if len(kvs) == 0 { // deleted by another
+				break
+			}
+			rev, value = kvs[0].ModRevision, kvs[0].Value
+		}
+	}
+	return nil
+}
+
+// threadFilter is what a thread search or count matches.
+type threadFilter struct {
+	Metadata map[string]any `json:"metadata,omitempty" doc:"Only threads whose metadata contains this (as jsonb @>)."`
+	Values   map[string]any `json:"values,omitempty" doc:"Only threads whose values contain this."`
+	Status   string         `json:"status,omitempty" enum:"idle,busy,interrupted,error"`
+}
+
+func (f threadFilter) match(t Thread) bool {
+	return (f.Metadata == nil || contains(map[string]any(t.Metadata), map[string]any(f.Metadata))) &&
+		(f.Values == nil || contains(t.Values, map[string]any(f.Values))) &&
+		(f.Status == "" || t.Status == f.Status)
+}
+
+// listThreads returns the threads f matches (and ids, when any are given),
+// sorted by field by (created_at when "") in order ("desc" when "").
+func (s *server) listThreads(ctx context.Context, f threadFilter, ids []string, by, order string) ([]Thread, error) {
+	sp, err := s.space(ctx)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := s.cfg.Etcd.Get(ctx, sp.AgentThreads(), clientv3.WithPrefix())
+	if err != nil {
+		return nil, etcdError("listing threads", err)
+	}
+	want := map[string]bool{}
+	for _, id := range ids {
+		want[id] = true
+	}
+	var found []listed[Thread]
+	for _, kv := range resp.Kvs {
+		var t Thread
+		if err := json.Unmarshal(kv.Value, &t); err != nil {
+			return nil, undecodable("thread", idOf(kv.Key), err)
+		}
+		if (len(want) == 0 || want[t.ThreadID]) && f.match(t) {
+			found = append(found, listed[Thread]{t, kv.CreateRevision, kv.ModRevision})
+		}
+	}
+	return sorted(found, order, func(l listed[Thread]) string {
+		switch by {
+		case "thread_id":
+			return l.v.ThreadID
+		case "status":
+			return l.v.Status + l.v.ThreadID
+		case "updated_at":
+			return sortTime(l.v.UpdatedAt) + revKey(l.modRev)
+		}
+		return sortTime(l.v.CreatedAt) + revKey(l.createRev)
+	}), nil
+}
+
+// copyBatch bounds the checkpoint keys a copy writes in one transaction.
+const copyBatch = 64
+
+// copyBatchBytes bounds the bytes (keys and values) a copy writes in one
+// transaction, below etcd's request limit (1.5 MiB by default); a batch
+// holds at least one key, a checkpoint of at most checkpoint.MaxState.
+const copyBatchBytes = 1 << 20
+
+// copyThread copies thread id to a new thread, as LangGraph does: its
+// metadata (thread_id set to the new id), its values, its checkpoints
+// and their pending writes (the old id replaced by the new one in their
+// thread ids and metadata), and its state and history; not its runs. The
+// checkpoints are written first, under the new id that nothing reads
+// yet, then the thread and its state in one transaction; a copy that
+// fails takes its checkpoints back.
+func (s *server) copyThread(ctx context.Context, id string) (Thread, error) {
+	sp, err := s.space(ctx)
+	if err != nil {
+		return Thread{}, err
+	}
+	old, _, err := s.getThread(ctx, id)
+	if err != nil {
+		return Thread{}, err
+	}
+	rec, err := s.threadState(ctx, id)
+	if err != nil {
+		return Thread{}, err
+	}
+	now := s.now()
+	t := Thread{ThreadID: s.ids.next(now), CreatedAt: now, UpdatedAt: now, Metadata: map[string]any{}, Status: "idle",
+		Config: map[string]any{}, Values: old.Values, Interrupts: orEmpty(old.Interrupts)}
+	for k, v := range old.Metadata {
+		t.Metadata[k] = v
+	}
+	t.Metadata["thread_id"] = t.ThreadID
+	undo := func() {
+		_, _ = s.cfg.Etcd.Delete(context.WithoutCancel(ctx), sp.Checkpoints(t.ThreadID), clientv3.WithPrefix())
+	}
+	if err := s.copyCheckpoints(ctx, sp, id, t.ThreadID); err != nil {
+		undo()
+		return Thread{}, err
+	}
+	copied := stateRecord{State: copiedState(rec.State, id, t.ThreadID), History: make([]ThreadState, len(rec.History))}
+	for i, st := range rec.History {
+		copied.History[i] = copiedState(st, id, t.ThreadID)
+	}
+	sraw, _ := json.Marshal(copied)
+	traw, _ := json.Marshal(t)
+	tkey := sp.AgentThread(t.ThreadID)
+	put, err := s.cfg.Etcd.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(tkey), "=", 0), storeguard.NotFull(sp)).
+		Then(clientv3.OpPut(tkey, string(traw)), clientv3.OpPut(sp.AgentThreadState(t.ThreadID), string(sraw))).
+		Else(storeguard.GetOp(sp)).Commit()
+	switch {
+	case err != nil:
+		err = etcdError("creating the copy", err)
+	case !put.Succeeded:
+		if err = guardOf(put, 0); err == nil {
+			err = errRaced("the copy's id")
+		}
+	}
+	if err != nil {
+		undo()
+		return Thread{}, err
+	}
+	return t, nil
+}
+
+// copyCheckpoints writes thread from's checkpoint keys under thread to,
+// the id from replaced by to in their values, in batches; not its fence
+// nor a request to stop its run.
+func (s *server) copyCheckpoints(ctx context.Context, sp keyspace.Space, from, to string) error {
+	resp, err := s.cfg.Etcd.Get(ctx, sp.Checkpoints(from), clientv3.WithPrefix())
+	if err != nil {
+		return etcdError("reading the thread's checkpoints", err)
+	}
+	var ops []clientv3.Op
+	size := 0 // the bytes of ops' keys and values
+	flush := func() error {
+		if len(ops) == 0 {
+			return nil
+		}
+		put, err := s.cfg.Etcd.Txn(ctx).If(storeguard.NotFull(sp)).Then(ops...).Else(storeguard.GetOp(sp)).Commit()
+		ops, size = ops[:0], 0
+		if err != nil {
+			return etcdError("copying the thread's checkpoints", err)
+		}
+		if !put.Succeeded {
+			return guardOf(put, 0)
+		}
+		return nil
+	}
+	for _, kv := range resp.Kvs {
+		rest := strings.TrimPrefix(string(kv.Key), sp.Checkpoints(from))
+		if string(kv.Key) == sp.CheckpointInterrupt(from) || strings.HasSuffix(rest, "/fence") {
+			continue // a run's request to stop, and the tokens seen: the old thread's own
+		}
+		key, val := sp.Checkpoints(to)+rest, strings.ReplaceAll(string(kv.Value), from, to)
+		if size+len(key)+len(val) > copyBatchBytes {
+			if err := flush(); err != nil {
+				return err
+			}
+		}
+		ops, size = append(ops, clientv3.OpPut(key, val)), size+len(key)+len(val)
+		if len(ops) == copyBatch {
+			if err := flush(); err != nil {
+				return err
+			}
+		}
+	}
+	return flush()
+}
+
+// copiedState is st of thread from as thread to's: its checkpoints' and
+// its metadata's thread ids are to.
+func copiedState(st ThreadState, from, to string) ThreadState {
+	md := map[string]any{}
+	if raw, err := json.Marshal(st.Metadata); err == nil && st.Metadata != nil {
+		_ = json.Unmarshal([]byte(strings.ReplaceAll(string(raw), from, to)), &md)
+	}
+	md["thread_id"] = to
+	st.Metadata = md
+	st.Checkpoint = withThreadID(st.Checkpoint, to)
+	st.ParentCheckpoint = withThreadID(st.ParentCheckpoint, to)
+	return st
+}
+
+// withThreadID is checkpoint reference cp with thread_id to; nil stays nil.
+func withThreadID(cp any, to string) any {
+	m, ok := cp.(map[string]any)
+	if !ok {
+		return cp
+	}
+	out := make(map[string]any, len(m)+1)
+	for k, v := range m {
+		out[k] = v
+	}
+	out["thread_id"] = to
+	return out
+}

@@ -1,0 +1,66 @@
+package budget
+
+import (
+	"strings"
+	"time"
+
+	"github.com/droverhq/drover/queue"
+)
+
+// Wait says that a queue task waits for a budget: a worker's budget gate
+// deferred it (handed it back without counting an attempt) and it has not
+// run since.
+type Wait struct {
+	// Budget is the budget's key.
+	Budget string `json:"budget" doc:"The budget the task waits for."`
+	// Since is when the gate first deferred it in this run of deferrals.
+	Since time.Time `json:"since" doc:"When a budget gate first deferred it, of the deferrals in a row."`
+	// Deferrals is the deferrals in a row.
+	Deferrals int `json:"deferrals" doc:"The times in a row it was deferred."`
+	// Next is when it is tried again (zero: not known).
+	Next *time.Time `json:"next,omitempty" doc:"When it is tried again."`
+	// Reason is the first deferral's reason.
+	Reason string `json:"reason" doc:"Why it waits, as the first deferral said."`
+}
+
+// deferredPrefix is how the queue records a deferral in a task's history,
+// and waitPrefix how a budget gate's reasons begin.
+const (
+	deferredPrefix = "deferred: "
+	waitPrefix     = "budget "
+)
+
+// WaitReason is the deferral reason of a task that waits for budget key:
+// "budget KEY: why". TaskWait reads it back.
+func WaitReason(key, why string) string { return waitPrefix + key + ": " + why }
+
+// TaskWait returns what budget t waits for, or nil when it does not wait
+// for one: t is PENDING (RETRYING while its delay runs) after deferrals in a row, the first of which a
+// budget gate recorded (WaitReason; a refusal of Reserve says the same).
+func TaskWait(t *queue.Task) *Wait {
+	if t == nil || (t.CurrentStatus != queue.Pending && t.CurrentStatus != queue.Retrying) || t.Deferrals == 0 {
+		return nil
+	}
+	for i := len(t.Transitions) - 1; i >= 0; i-- {
+		tr := t.Transitions[i]
+		if tr.Status != queue.Pending || !strings.HasPrefix(tr.Error, deferredPrefix) {
+			continue
+		}
+		reason := strings.TrimPrefix(tr.Error, deferredPrefix)
+		rest, ok := strings.CutPrefix(reason, waitPrefix)
+		if !ok {
+			return nil // deferred by another gate
+		}
+		key, _, ok := strings.Cut(rest, ": ")
+		if !ok || CheckKey(key) != nil || key != t.Metadata.Budget {
+			return nil
+		}
+		w := &Wait{Budget: key, Since: tr.At, Deferrals: t.Deferrals, Reason: reason}
+		if !t.ScheduledAt.IsZero() {
+			next := t.ScheduledAt
+			w.Next = &next
+		}
+		return w
+	}
+	return nil
+}

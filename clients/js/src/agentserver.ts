@@ -1,0 +1,483 @@
+/**
+ * A LangGraph runtime for drover's Agent Server API: it registers the
+ * graphs it serves (so that their system assistants appear), claims runs
+ * from the namespace's `langgraph` queue as any drover worker, runs each
+ * graph with {@link DroverSaver} as its checkpointer, emits every chunk of
+ * the run's stream modes to the run's task stream, and reports how the
+ * run ended with the thread's state, under the claim's fencing token.
+ *
+ * ```ts
+ * import { Drover } from "@droverhq/client";
+ * import { AgentServerRuntime } from "@droverhq/client/agentserver";
+ * const rt = new AgentServerRuntime({ drover: new Drover("http://127.0.0.1:8080"), graphs: { agent: graph } });
+ * await rt.start();   // registers, then claims runs
+ * // ... new Client({ apiUrl: "http://127.0.0.1:8080" }).runs.wait(null, "agent", { input })
+ * await rt.stop();
+ * ```
+ */
+import { Command } from "@langchain/langgraph";
+import type { RunnableConfig } from "@langchain/core/runnables";
+import type { ChannelVersions, Checkpoint, CheckpointMetadata } from "@langchain/langgraph-checkpoint";
+import { Drover } from "./index.js";
+import { DroverSaver } from "./langgraph.js";
+import { DroverStore } from "./agentstore.js";
+import { runEvents, type EventStreamingGraph } from "./agentserver-stream.js";
+import { graphRegistrationSchemas, schemaParser, staticSchemas, type GraphSchema, type GraphSourceSpec, type SubgraphGraph } from "./agentserver-schema.js";
+import { ConflictError, DroverError, NotFoundError } from "./errors.js";
+import type { Lock } from "./locks.js";
+import type { QueueTask } from "./queue.js";
+import type { TaskContext, Worker, WorkerStats } from "./worker.js";
+
+export { DroverStore } from "./agentstore.js";
+
+/** The queue that carries runs (the server's `agentserver.RunsQueue`). */
+export const RUNS_QUEUE = "langgraph";
+
+/** How many times a runtime sends a run's outcome before it fails the task (which runs the graph again, resumed). */
+const OUTCOME_ATTEMPTS = 4;
+
+/** What a compiled LangGraph graph offers the runtime (a `CompiledStateGraph`). */
+export interface RunnableGraph {
+  checkpointer?: unknown;
+  store?: unknown;
+  stream(input: unknown, options: Record<string, unknown>): Promise<AsyncIterable<unknown>>;
+  getState(config: RunnableConfig, options?: Record<string, unknown>): Promise<StateSnapshotLike>;
+  getStateHistory(config: RunnableConfig, options?: Record<string, unknown>): AsyncIterableIterator<StateSnapshotLike>;
+  getGraphAsync?(config?: RunnableConfig): Promise<{ toJSON(): unknown }>;
+  updateState?(config: RunnableConfig, values: unknown, asNode?: string): Promise<RunnableConfig>;
+}
+
+/** A state update's task parameters, as the server submits them. */
+interface UpdateTask {
+  op: "update_state";
+  thread_id: string;
+  graph_id: string;
+  values?: unknown;
+  as_node?: string;
+  checkpoint_id?: string;
+  assistant_config?: RunnableConfig;
+}
+
+interface StateSnapshotLike {
+  values: unknown;
+  next: string[];
+  tasks: { id: string; name: string; error?: unknown; interrupts?: unknown[]; path?: unknown; state?: unknown; result?: unknown }[];
+  metadata?: Record<string, unknown>;
+  createdAt?: string;
+  config: RunnableConfig;
+  parentConfig?: RunnableConfig;
+}
+
+/** A graph as `langgraph.json` may export it. */
+export type GraphSource = RunnableGraph | Promise<RunnableGraph> | ((config: RunnableConfig) => RunnableGraph | Promise<RunnableGraph>);
+
+/** The graph of source, for a run with config. */
+async function graphOf(source: GraphSource, config: RunnableConfig): Promise<RunnableGraph> {
+  let g: unknown = await source;
+  if (typeof g === "function") g = await (g as (c: RunnableConfig) => unknown)(config);
+  const b = g as { compile?: () => unknown; stream?: unknown };
+  if (b && typeof b.compile === "function" && typeof b.stream !== "function") g = b.compile();
+  return g as RunnableGraph;
+}
+
+export interface AgentServerRuntimeOptions {
+  /** The client (default `new Drover()`, which reads `$DROVER_URL`). */
+  drover?: Drover;
+  /**
+   * The graphs served, by graph id (the names of `langgraph.json`): a
+   * compiled graph, a promise of one, or a function of the run's config
+   * making one (called for each run, as LangGraph's server does).
+   */
+  graphs: Record<string, GraphSource>;
+  /** The config of the graphs' system assistants, unless `assistants` gives one. */
+  config?: Record<string, unknown>;
+  /** Per graph id, its system assistant's config and context (LangGraph's `LANGGRAPH_CONFIG`). */
+  assistants?: Record<string, { config?: Record<string, unknown>; context?: unknown; configurable?: Record<string, unknown> }>;
+  /** Per graph id, where it is exported (for LangGraph's schema parser, which reads its TypeScript types). */
+  sources?: Record<string, GraphSourceSpec>;
+  /** The project's directory (langgraph.json's), where LangGraph's schema parser may be installed. */
+  projectDir?: string;
+  /** Runs at once (default 4). */
+  concurrency?: number;
+  /** States of a thread's history reported after each run (default 100). */
+  historyLimit?: number;
+  /** The most bytes (as JSON) of history an outcome sends beside the state; default 1 MiB. */
+  historyBytes?: number;
+  /** How often a running run's task is read to see whether it was cancelled (default 250 ms). */
+  cancelPollMs?: number;
+  /** Called with errors the runtime recovers from. */
+  onError?: (err: unknown) => void;
+}
+
+/** A run's task parameters, as the server submits them. */
+interface RunTask {
+  run: {
+    run_id: string;
+    thread_id: string;
+    assistant_id: string;
+    metadata: Record<string, unknown>;
+    kwargs: {
+      input?: unknown;
+      command?: { resume?: unknown; update?: unknown; goto?: unknown } | null;
+      config?: RunnableConfig;
+      context?: unknown;
+      stream_mode?: string[];
+      interrupt_before?: unknown;
+      interrupt_after?: unknown;
+      checkpoint_id?: string;
+      checkpoint?: { checkpoint_id?: string; checkpoint_ns?: string } | null;
+      subgraphs?: boolean;
+    };
+  };
+  graph_id: string;
+  assistant_config?: RunnableConfig;
+  assistant_context?: unknown;
+}
+
+/** Runs registered LangGraph graphs for a drover server; see the module's description. */
+export class AgentServerRuntime {
+  readonly drover: Drover;
+  private readonly opts: AgentServerRuntimeOptions;
+  private readonly saver: DroverSaver;
+  private readonly store: DroverStore;
+  private worker?: Worker;
+
+  constructor(opts: AgentServerRuntimeOptions) {
+    this.opts = opts;
+    this.drover = opts.drover ?? new Drover();
+    this.saver = new RunSaver({ drover: this.drover, protection: "none" });
+    this.store = new DroverStore({ drover: this.drover });
+  }
+
+  /**
+   * Registers every graph (creating its system assistant), then claims
+   * runs. The graphs' schemas, slower to extract (LangGraph's parser may
+   * compile their TypeScript), are registered after, while runs go on.
+   */
+  async start(): Promise<void> {
+    const bodies: [string, GraphSource, Record<string, unknown>][] = [];
+    for (const [id, source] of Object.entries(this.opts.graphs)) {
+      let drawing: unknown;
+      try {
+        const graph = await graphOf(source, { configurable: {} });
+        drawing = graph.getGraphAsync ? (await graph.getGraphAsync()).toJSON() : undefined;
+      } catch {
+        drawing = undefined;
+      }
+      const a = this.opts.assistants?.[id];
+      // LANGGRAPH_CONFIG gives a graph's config as is ({configurable, ...}) or with its context beside it.
+      const { context, ...config } = (a?.config ? { ...a.config, context: a.context } : a) ?? { ...this.opts.config };
+      const body = { config, ...(context !== undefined ? { context } : {}), ...(drawing ? { graph: drawing } : {}) };
+      await this.drover.transport.put(`/v1/agent-server/graphs/${encodeURIComponent(id)}`, body);
+      bodies.push([id, source, body]);
+    }
+    this.worker = this.drover.worker(RUNS_QUEUE, { concurrency: this.opts.concurrency ?? 4, signals: false, onError: this.opts.onError }, (t, ctx) => this.run(t, ctx));
+    this.schemasRegistered = this.registerSchemas(bodies);
+  }
+
+  /** Resolves once the graphs' schemas are registered (or could not be extracted). */
+  schemasRegistered: Promise<void> = Promise.resolve();
+
+  /** Registers the schemas extracted at runtime, then, once LangGraph's parser compiled the graphs, the others. */
+  private async registerSchemas(bodies: [string, GraphSource, Record<string, unknown>][]): Promise<void> {
+    const p = await schemaParser(this.opts.projectDir);
+    const pass = async (statics: Record<string, Record<string, GraphSchema>> | undefined) => {
+      for (const [id, source, body] of bodies) {
+        try {
+          if (statics && !statics[id]) continue;
+          const graph = await graphOf(source, { configurable: {} });
+          const schemas = await graphRegistrationSchemas(graph as SubgraphGraph, p, statics?.[id]);
+          if (Object.keys(schemas).length) await this.drover.transport.put(`/v1/agent-server/graphs/${encodeURIComponent(id)}`, { ...body, ...schemas });
+        } catch (e) {
+          this.opts.onError?.(e);
+        }
+      }
+    };
+    await pass(undefined);
+    if (p && this.opts.sources) await pass(await staticSchemas(p, this.opts.sources));
+  }
+
+  /** The worker's counts: runs claimed, running, ended (undefined before {@link start}). */
+  get stats(): WorkerStats | undefined {
+    return this.worker?.stats;
+  }
+
+  /** Stops claiming, lets the runs under way end, and resolves then. */
+  async stop(): Promise<void> {
+    await this.worker?.drain();
+  }
+
+  /**
+   * Runs one run's task, ended early when the task is cancelled (a run's
+   * cancel cancels its task): its status is read every `cancelPollMs`,
+   * and the graph's signal fires once it is CANCELLED, so that the graph
+   * stops before its next step writes a checkpoint.
+   */
+  private async run(task: QueueTask, ctx: TaskContext): Promise<unknown> {
+    const op = task.parameters as UpdateTask;
+    if (op?.op === "update_state") return this.updateState(op);
+    const ac = new AbortController();
+    const onLost = () => ac.abort(ctx.signal.reason);
+    if (ctx.signal.aborted) onLost();
+    else ctx.signal.addEventListener("abort", onLost, { once: true });
+    let reading = false; // one read at a time: a slow server gets no pile of them
+    const poll = setInterval(() => {
+      if (reading || ac.signal.aborted) return;
+      reading = true;
+      this.drover.tasks
+        .get(RUNS_QUEUE, task.task_id)
+        .then(
+          (t) => t.current_status === "CANCELLED" && ac.abort(new Error("the run was cancelled")),
+          (e) => this.opts.onError?.(e),
+        )
+        .finally(() => (reading = false));
+    }, this.opts.cancelPollMs ?? 250);
+    let lock: Lock | undefined;
+    try {
+      // The thread's lock (checkpoint admission's) fences the run's checkpoints: a run the server
+      // stops for another (interrupt, rollback, cancel) has it taken away, and its late writes are
+      // refused. Taken after the claim, then the task read again: a stop that came first is seen.
+      const thread = (task.parameters as RunTask).run.thread_id;
+      lock = await this.drover.lock(`thread:${thread}`, { session: ctx.session, wait: 60, signal: ac.signal });
+      if ((await this.drover.tasks.get(RUNS_QUEUE, task.task_id)).current_status === "CANCELLED") ac.abort(new Error("the run was cancelled"));
+      ac.signal.throwIfAborted();
+      return await this.runGraph(task, { ...ctx, signal: ac.signal }, new RunSaver({ drover: this.drover, protection: "none", lock }));
+    } finally {
+      clearInterval(poll);
+      ctx.signal.removeEventListener("abort", onLost);
+      await lock?.release().catch(() => false);
+    }
+  }
+
+  /** A state update: graph.updateState on the thread, answered with the new checkpoint and the state. */
+  private async updateState(u: UpdateTask): Promise<unknown> {
+    const source = this.opts.graphs[u.graph_id];
+    if (source === undefined) throw new Error(`graph ${u.graph_id} is not served by this runtime`);
+    const config: RunnableConfig = { ...u.assistant_config, configurable: { ...u.assistant_config?.configurable, thread_id: u.thread_id, checkpoint_ns: "", ...(u.checkpoint_id ? { checkpoint_id: u.checkpoint_id } : {}) } };
+    const graph = await graphOf(source, config);
+    graph.checkpointer = this.saver;
+    graph.store = this.store;
+    if (!graph.updateState) throw new Error(`graph ${u.graph_id} cannot update state`);
+    const next = await graph.updateState(config, u.values ?? null, u.as_node || undefined);
+    return { checkpoint: checkpointOf(next), state: await threadState(graph, config) };
+  }
+
+  private async runGraph(task: QueueTask, ctx: TaskContext, saver: DroverSaver = this.saver): Promise<unknown> {
+    const p = task.parameters as RunTask;
+    const { run } = p;
+    const kw = run.kwargs;
+    let config = runConfig(p, run);
+    const source = this.opts.graphs[p.graph_id];
+    const graph = source === undefined ? undefined : await graphOf(source, config);
+    let status = "success";
+    let error: { error: string; message: string } | undefined;
+    if (!graph) {
+      status = "error";
+      error = { error: "GraphNotFound", message: `graph ${p.graph_id} is not served by this runtime` };
+    } else {
+      graph.checkpointer = saver;
+      graph.store = this.store;
+      try {
+        await ctx.stream.emit("metadata", { run_id: run.run_id, attempt: ctx.attempt });
+        // A retry of a run whose graph already wrote checkpoints resumes from them: sending the input
+        // again would run its first node twice (a duplicate turn).
+        const resumed = ctx.attempt > 1 && ((await this.saver.getTuple(threadConfig(run.thread_id)))?.metadata as { run_id?: string } | undefined)?.run_id === run.run_id;
+        const input = resumed ? null : kw.command ? new Command(kw.command as ConstructorParameters<typeof Command>[0]) : kw.input;
+        // A resumed run continues from the thread's latest checkpoint, its own: the checkpoint it
+        // forked from would run its continuation again, without its input.
+        if (resumed) config = { ...config, configurable: withoutCheckpoint(config.configurable) };
+        const options = omitUndefined({
+          ...config,
+          metadata: { ...config.metadata, run_attempt: ctx.attempt },
+          interruptBefore: kw.interrupt_before,
+          interruptAfter: kw.interrupt_after,
+          context: { ...(p.assistant_context as object), ...(kw.context as object) },
+          signal: ctx.signal,
+        });
+        const events = runEvents(graph as RunnableGraph & EventStreamingGraph, input ?? null, options, kw.stream_mode ?? ["values"], run.run_id, kw.subgraphs ?? false);
+        for await (const ev of events) await ctx.stream.emit(ev.event, plain(ev.data));
+      } catch (e) {
+        if (ctx.signal.aborted) throw e; // cancelled or lost: the task's status says so
+        status = "error";
+        error = { error: (e as Error)?.constructor?.name ?? "Error", message: String((e as Error)?.message ?? e) };
+        await ctx.stream.emit("error", error);
+      }
+    }
+    // Once the graph ran, only the outcome is retried (a few times): a failure of the task would run
+    // the graph again.
+    for (let attempt = 1; ; attempt++) {
+      try {
+        await this.putOutcome(graph, config, run, ctx, status, error);
+        break;
+      } catch (e) {
+        // The run (or its thread) was deleted while it ran: nothing to record, and nothing to retry.
+        if (e instanceof NotFoundError) return { status: "deleted" };
+        // A refusal (409 fenced, 413 too large, 400 …) comes again on a retry: only a lost answer, a
+        // server error or a rate limit is retried.
+        if (isFinal(e) || attempt >= OUTCOME_ATTEMPTS || ctx.signal.aborted) throw e;
+        this.opts.onError?.(e);
+        await new Promise((res) => setTimeout(res, 200 * 2 ** attempt));
+      }
+    }
+    return { status };
+  }
+
+  /** Reports the run's outcome: its status, the thread's state and as much history as the server keeps. */
+  private async putOutcome(graph: RunnableGraph | undefined, config: RunnableConfig, run: RunTask["run"], ctx: TaskContext, status: string, error: unknown): Promise<void> {
+    const state = graph ? await threadState(graph, config) : undefined;
+    const history: unknown[] = [];
+    if (graph) {
+      // The server keeps the history that fits 1 MiB beside the state; send no more than it can keep.
+      let room = (this.opts.historyBytes ?? 1 << 20) - JSON.stringify(state ?? null).length;
+      for await (const s of graph.getStateHistory(threadConfig(run.thread_id), { limit: this.opts.historyLimit ?? 100 })) {
+        const st = toThreadState(s);
+        room -= JSON.stringify(st).length;
+        if (room < 0) break;
+        history.push(st);
+      }
+    }
+    await this.drover.transport.put(`/v1/agent-server/threads/${run.thread_id}/runs/${run.run_id}/outcome`, {
+      token: ctx.token,
+      status,
+      ...(state ? { state } : {}),
+      ...(history.length ? { history } : {}),
+      ...(error ? { error } : {}),
+    });
+  }
+}
+
+/** Keys of a run's configurable that LangGraph's server leaves out of a checkpoint's metadata. */
+const notInMetadata = new Set(["checkpoint_ns", "checkpoint_id", "run_id", "thread_id"]);
+
+/**
+ * DroverSaver that writes into each checkpoint's metadata what LangGraph's
+ * server writes there: the run's configurable (but its internal keys and
+ * the checkpoint's own coordinates), the run's metadata (the SDK's
+ * `metadata` of the run: a thread's history filters on it), and the run's
+ * id, by which a retried run finds its own checkpoints.
+ */
+class RunSaver extends DroverSaver {
+  override put(config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata, newVersions: ChannelVersions): Promise<RunnableConfig> {
+    const id = config.configurable?.run_id;
+    const fromConfig = Object.fromEntries(
+      Object.entries(config.configurable ?? {}).filter(([k, v]) => !k.startsWith("__") && !notInMetadata.has(k) && isJSONValue(v)),
+    );
+    const merged = { ...fromConfig, ...(config.metadata ?? {}), ...metadata, ...(typeof id === "string" ? { run_id: id } : {}) };
+    return super.put(config, checkpoint, merged as CheckpointMetadata, newVersions);
+  }
+}
+
+/** Whether v is JSON as it is (no function, class instance or cycle): what metadata can hold. */
+function isJSONValue(v: unknown): boolean {
+  if (v === null || ["string", "number", "boolean"].includes(typeof v)) return true;
+  if (typeof v !== "object" || (Object.getPrototypeOf(v) !== Object.prototype && !Array.isArray(v))) return false;
+  try {
+    JSON.stringify(v);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+/** obj without its undefined keys: LangGraph spreads run options over a graph's bound config. */
+function omitUndefined<T extends Record<string, unknown>>(obj: T): T {
+  return Object.fromEntries(Object.entries(obj).filter(([, v]) => v !== undefined)) as T;
+}
+
+/** configurable without the checkpoint a run named (checkpoint_id, checkpoint). */
+function withoutCheckpoint(c: RunnableConfig["configurable"]): RunnableConfig["configurable"] {
+  const { checkpoint_id: _id, checkpoint: _cp, ...rest } = c ?? {};
+  return rest;
+}
+
+/** Whether an answer to the outcome PUT would come again on a retry: a 4xx other than 408 and 429. */
+function isFinal(e: unknown): boolean {
+  return e instanceof ConflictError || (e instanceof DroverError && e.status >= 400 && e.status < 500 && e.status !== 408 && e.status !== 429);
+}
+
+function threadConfig(thread: string): RunnableConfig {
+  return { configurable: { thread_id: thread, checkpoint_ns: "" } };
+}
+
+/** The run's config: the assistant's, then the run's, then the thread. */
+function runConfig(p: RunTask, run: RunTask["run"]): RunnableConfig {
+  // The SDK's config is LangGraph's JSON (recursion_limit); LangGraph.js reads recursionLimit.
+  const js = (c: RunnableConfig & { recursion_limit?: number }): RunnableConfig => {
+    const { recursion_limit, ...rest } = c;
+    return recursion_limit !== undefined ? { recursionLimit: recursion_limit, ...rest } : rest;
+  };
+  const a = js(p.assistant_config ?? {});
+  const r = js(run.kwargs.config ?? {});
+  const cp = run.kwargs.checkpoint_id ?? run.kwargs.checkpoint?.checkpoint_id;
+  return {
+    ...a,
+    ...r,
+    tags: [...(a.tags ?? []), ...(r.tags ?? [])],
+    metadata: { ...a.metadata, ...r.metadata, ...run.metadata, run_id: run.run_id, thread_id: run.thread_id, assistant_id: run.assistant_id, graph_id: p.graph_id },
+    configurable: {
+      ...a.configurable,
+      ...r.configurable,
+      thread_id: run.thread_id,
+      run_id: run.run_id,
+      assistant_id: run.assistant_id,
+      graph_id: p.graph_id,
+      ...(cp ? { checkpoint_id: cp } : {}),
+    },
+  };
+}
+
+async function threadState(graph: RunnableGraph, config: RunnableConfig): Promise<unknown> {
+  // With subgraphs: the server answers each subgraph task's state, or its reference, as asked.
+  const s = await graph.getState(threadConfig(String(config.configurable?.thread_id)), { subgraphs: true });
+  return toThreadState(s);
+}
+
+function checkpointOf(c: RunnableConfig | undefined): unknown {
+  const cf = c?.configurable;
+  if (!cf?.checkpoint_id) return null;
+  return { thread_id: cf.thread_id, checkpoint_ns: cf.checkpoint_ns ?? "", checkpoint_id: cf.checkpoint_id, checkpoint_map: cf.checkpoint_map ?? null };
+}
+
+/** A LangGraph StateSnapshot as the Agent Server answers it (LangGraph's stateSnapshotToThreadState). */
+function toThreadState(s: StateSnapshotLike, depth = 0): unknown {
+  return {
+    values: plain(s.values ?? {}),
+    next: s.next ?? [],
+    tasks: (s.tasks ?? []).map((t) => {
+      // A subgraph task: its state (read with subgraphs) or its config; both are reported, the
+      // server answers one of them as the request asks.
+      const st = t.state as (StateSnapshotLike & { configurable?: Record<string, unknown> }) | undefined;
+      const nested = st != null && "values" in st && "next" in st && depth < 32 ? st : undefined;
+      const cf = nested ? nested.config?.configurable : st?.configurable;
+      return {
+        id: t.id,
+        name: t.name,
+        error: t.error != null ? String((t.error as Error)?.message ?? t.error) : null,
+        interrupts: plain(t.interrupts ?? []),
+        path: plain(t.path ?? null),
+        checkpoint: cf ? { thread_id: cf.thread_id, checkpoint_ns: cf.checkpoint_ns ?? "" } : null,
+        state: nested ? toThreadState(nested, depth + 1) : null,
+        result: plain(t.result ?? null),
+      };
+    }),
+    metadata: plain(s.metadata ?? {}),
+    created_at: s.createdAt ?? null,
+    checkpoint: checkpointOf(s.config),
+    parent_checkpoint: checkpointOf(s.parentConfig),
+  };
+}
+
+/** A value as JSON the way LangGraph's server writes it: messages as `{type, content, ...}`. */
+export function plain(v: unknown, depth = 0): unknown {
+  if (v == null || typeof v !== "object" || depth > 64) return v;
+  if (Array.isArray(v)) return v.map((x) => plain(x, depth + 1));
+  const m = v as { toDict?: () => { type: string; data: Record<string, unknown> }; lc_serializable?: boolean };
+  if (typeof m.toDict === "function" && m.lc_serializable) {
+    const d = m.toDict();
+    return plain({ ...d.data, type: d.type }, depth + 1);
+  }
+  if (v instanceof Date) return v.toISOString();
+  const out: Record<string, unknown> = {};
+  for (const [k, x] of Object.entries(v)) if (x !== undefined && typeof x !== "function") out[k] = plain(x, depth + 1);
+  return out;
+}

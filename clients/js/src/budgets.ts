@@ -1,0 +1,240 @@
+// LLM token budgets: a provider key's requests and tokens per window,
+// shared by tenants; reserve before a model call, settle after it.
+import { DroverError, NotFoundError, InvalidInputError } from "./errors.js";
+import { seg, type Transport } from "./http.js";
+import type { QueueTask } from "./queue.js";
+
+/** A budget's limits, as set. */
+export interface BudgetConfig {
+  /** The most reservations per window (0 or absent: no limit). */
+  requests?: number;
+  /** The most tokens reserved or used per window (0 or absent: no limit). Requests, tokens or both are set. */
+  tokens?: number;
+  /** The window, 1 to 86400 seconds (default 60). */
+  window_seconds?: number;
+  /** The most tokens a tenant may take per window, by tenant. */
+  caps?: Record<string, number>;
+  /** Tenants' weights (above 0, at most 1000; a tenant not named weighs 1): a saturated budget is shared in proportion. */
+  weights?: Record<string, number>;
+  /** Default estimates by task type (1 to `tokens`): a reservation, or queue task, that names its task type and no estimate holds its type's. */
+  estimates?: Record<string, number>;
+}
+
+/** One tenant's part of a budget's current window. */
+export interface BudgetTenantUsage {
+  /** The tenant (empty: work that named none). */
+  tenant: string;
+  /** Its reservations in this window. */
+  requests: number;
+  /** Its tokens settled in this window. */
+  used: number;
+  /** Its live reservations' estimates. */
+  reserved: number;
+}
+
+/** A budget with its use of the current window. */
+export interface BudgetUsage {
+  key: string;
+  requests: number;
+  tokens: number;
+  window_seconds: number;
+  caps?: Record<string, number>;
+  weights?: Record<string, number>;
+  estimates?: Record<string, number>;
+  /** When the current window began (RFC 3339). */
+  window_start: string;
+  /** Reservations made in this window. */
+  requests_used: number;
+  /** Tokens settled in this window, with the provider's correction. */
+  used: number;
+  /** Estimates of the live reservations of this window. */
+  reserved: number;
+  /** Tokens a reservation may still take in this window (-1: tokens are not limited). */
+  remaining: number;
+  /** Unsettled reservations. */
+  live: number;
+  /** Each tenant's part of this window. */
+  tenant_usage: BudgetTenantUsage[] | null;
+}
+
+/** A held reservation: settle it with `id`. */
+export interface BudgetReservation {
+  id: string;
+  budget: string;
+  tenant: string;
+  /** The task type it was made for, if any. */
+  task_type?: string;
+  /** Tokens held. */
+  estimate: number;
+  /** The window the tokens belong to. */
+  window: number;
+  /** The most tokens its settle may report. */
+  settle_bound: number;
+  /** The etcd lease it lives under (hex): when it ends unsettled, the reservation is released. */
+  lease: string;
+  own_lease: boolean;
+  reserved_at: string;
+  /** When its own lease ends: a settle from then on is a 409 and counts nothing. */
+  expires_at?: string;
+}
+
+/** What a settle did. */
+export interface BudgetSettlement {
+  id: string;
+  budget: string;
+  tenant: string;
+  estimate: number;
+  actual: number;
+  /** actual - estimate: below 0 refunded, above 0 charged. */
+  difference: number;
+  /** Tokens the provider's headers said were gone beyond drover's count, counted as used until the provider's reset. */
+  corrected: number;
+}
+
+/** The provider headers a settle reads (OpenAI's names; others send the same). */
+export const BUDGET_HEADERS = ["x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens"] as const;
+
+/** A provider's response headers: a fetch `Headers`, or a plain object. */
+export type ProviderHeaders = Headers | Record<string, string | string[] | undefined>;
+
+/** The provider's rate-limit headers of h (others dropped), lower-cased. */
+export function providerHeaders(h: ProviderHeaders | undefined): Record<string, string> | undefined {
+  if (!h) return undefined;
+  const out: Record<string, string> = {};
+  const get = (name: string): string | undefined => {
+    if (typeof (h as Headers).get === "function") return (h as Headers).get(name) ?? undefined;
+    for (const [k, v] of Object.entries(h as Record<string, string | string[] | undefined>)) {
+      if (k.toLowerCase() === name && v !== undefined) return Array.isArray(v) ? v[0] : v;
+    }
+    return undefined;
+  };
+  for (const name of BUDGET_HEADERS) {
+    const v = get(name);
+    if (v !== undefined) out[name] = v;
+  }
+  return Object.keys(out).length ? out : undefined;
+}
+
+/**
+ * LLM token budgets: requests and tokens per window under a key such as
+ * `openai/gpt-4.1/key-prod`, shared by tenants by weight, with caps.
+ * Reserve an estimate before a model call, settle with what it used.
+ *
+ * ```ts
+ * await drover.budgets.set("openai/gpt-4.1/key-prod", { tokens: 30000, requests: 500, window_seconds: 60 });
+ * const r = await drover.budgets.reserve("openai/gpt-4.1/key-prod", { tenant: "acme", estimate: 1200 });
+ * const resp = await fetch(modelURL, ...);
+ * await drover.budgets.settle(r, (await resp.json()).usage.total_tokens, resp.headers);
+ * ```
+ */
+export class Budgets {
+  constructor(private readonly t: Transport) {}
+
+  /** Every budget with its current window's use. */
+  async list(): Promise<BudgetUsage[]> {
+    return (await this.t.get<{ data: BudgetUsage[] | null }>("/v1/budgets")).data ?? [];
+  }
+
+  /** One budget: limits, used, reserved, remaining, per tenant. {@link NotFoundError} when not configured. */
+  get(key: string): Promise<BudgetUsage> {
+    return this.t.get<BudgetUsage>(`/v1/budgets/${seg(key)}`);
+  }
+
+  /** Sets (or creates) a budget (admin role); the current window's counters and reservations stay. */
+  set(key: string, config: BudgetConfig): Promise<BudgetUsage> {
+    return this.t.put<BudgetUsage>(`/v1/budgets/${seg(key)}`, config);
+  }
+
+  /** Deletes a budget with its counters and reservations (admin role). */
+  async delete(key: string): Promise<void> {
+    await this.t.delete(`/v1/budgets/${seg(key)}`);
+  }
+
+  /**
+   * Holds `estimate` tokens and one request of the budget for `tenant`,
+   * for `ttlSeconds` (1 to 3600, default 60) unless settled: then it is
+   * released. When the budget has no room for the tenant now, a
+   * {@link DroverError} of status 429 whose `retryAfter` is the seconds
+   * until the window turns (nothing is held). Without `estimate` (or 0),
+   * `taskType` holds the budget's default estimate for that type. Never
+   * sent twice after a connection error (a lost answer could have reserved).
+   */
+  reserve(key: string, opts: { tenant?: string; estimate?: number; taskType?: string; ttlSeconds?: number; signal?: AbortSignal }): Promise<BudgetReservation> {
+    const body = {
+      ...(opts.estimate ? { estimate: opts.estimate } : {}),
+      ...(opts.taskType ? { task_type: opts.taskType } : {}),
+      ...(opts.tenant ? { tenant: opts.tenant } : {}),
+      ...(opts.ttlSeconds ? { ttl_seconds: opts.ttlSeconds } : {}),
+    };
+    return this.t.post<BudgetReservation>(`/v1/budgets/${seg(key)}/reserve`, body, { retry: false, signal: opts.signal });
+  }
+
+  /**
+   * Settles a reservation with the tokens the call actually used: the
+   * difference to its estimate is refunded or charged. `headers`, the
+   * provider's response headers, may carry `x-ratelimit-remaining-tokens`
+   * and `x-ratelimit-reset-tokens`: when the provider says fewer remain,
+   * the difference counts as used until its reset. A {@link ConflictError}
+   * (409) when the reservation is unknown, settled, or was released.
+   */
+  settle(reservation: Pick<BudgetReservation, "id" | "budget">, actual: number, headers?: ProviderHeaders): Promise<BudgetSettlement> {
+    const h = providerHeaders(headers);
+    return this.t.post<BudgetSettlement>(`/v1/budgets/${seg(reservation.budget)}/reservations/${seg(reservation.id)}/settle`, { actual, ...(h ? { headers: h } : {}) }, { retry: false });
+  }
+}
+
+/** How long a task waits between tries when its budget is not configured or its estimate can never fit (as the Go gate). */
+export const BUDGET_UNWAITABLE_SECONDS = 30;
+
+/** The budget a claimed task spends: its metadata's `budget`, `estimated_tokens` (without it, the budget's default for the task's type) and `tenant`. */
+export function taskBudget(task: QueueTask): { key: string; tenant: string; estimate: number; taskType: string } | undefined {
+  const m = task.metadata as QueueTask["metadata"] & { budget?: string; estimated_tokens?: number };
+  if (!m?.budget) return undefined;
+  return { key: m.budget, tenant: m.tenant ?? "", estimate: m.estimated_tokens ?? 0, taskType: task.task_type ?? "" };
+}
+
+/**
+ * A task's hold on its budget in a queue worker: reserved before the
+ * handler runs, settled after it with what the handler reported through
+ * `ctx.usage(tokens, headers)`, or the estimate when it reported nothing.
+ */
+export class TaskBudgetHold {
+  private tokens?: number;
+  private headers?: ProviderHeaders;
+  private settled = false;
+
+  private constructor(private readonly budgets: Budgets, readonly reservation: BudgetReservation) {}
+
+  /**
+   * Reserves the task's estimate: the hold, undefined for a task without a
+   * budget, or `{ deferSeconds }` when the task must wait, on a 429 or a
+   * 503 (the worker parks it that long, its attempt not counted).
+   */
+  static async reserve(budgets: Budgets, task: QueueTask, ttlSeconds: number): Promise<TaskBudgetHold | { deferSeconds: number; reason: string } | undefined> {
+    const b = taskBudget(task);
+    if (!b) return undefined;
+    try {
+      return new TaskBudgetHold(budgets, await budgets.reserve(b.key, { tenant: b.tenant, estimate: b.estimate, taskType: b.taskType, ttlSeconds }));
+    } catch (err) {
+      // 429: no room yet; 503: the server cannot decide now (its clock
+      // is behind the budget's counters, or etcd is slow). Both wait.
+      if (err instanceof DroverError && (err.status === 429 || err.status === 503)) return { deferSeconds: Math.max(1, err.retryAfter ?? 1), reason: err.message };
+      if (err instanceof NotFoundError || err instanceof InvalidInputError) return { deferSeconds: BUDGET_UNWAITABLE_SECONDS, reason: err.message };
+      throw err;
+    }
+  }
+
+  /** Records the tokens the task used (and the provider's headers): the settle after the handler counts them. The last report wins. */
+  used(tokens: number, headers?: ProviderHeaders): void {
+    if (!Number.isInteger(tokens) || tokens < 0) throw new RangeError(`usage tokens must be a whole number of at least 0, not ${tokens}`);
+    this.tokens = tokens;
+    if (headers) this.headers = headers;
+  }
+
+  /** Settles once: what was reported, or the estimate. */
+  async settle(): Promise<BudgetSettlement | undefined> {
+    if (this.settled) return undefined;
+    this.settled = true;
+    return this.budgets.settle(this.reservation, Math.min(this.tokens ?? this.reservation.estimate, this.reservation.settle_bound), this.headers);
+  }
+}

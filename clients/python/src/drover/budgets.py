@@ -1,0 +1,215 @@
+"""LLM token budgets: a provider key's requests and tokens per window,
+shared by tenants by weight; reserve an estimate before a model call,
+settle with what it used."""
+
+import logging
+import math
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Union
+
+from ._transport import CONNECT, IDEMPOTENT, quote
+from .agent import Sleep, _duration_seconds, sleep_for
+from .errors import DroverError, InvalidInput, NotFound, TooManyRequests, Unavailable
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .client import Client
+
+log = logging.getLogger("drover")
+
+__all__ = ["Budgets", "BUDGET_HEADERS", "provider_headers"]
+
+#: The provider headers a settle reads (OpenAI's names; others send the same).
+BUDGET_HEADERS = ("x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens")
+
+#: Seconds a task waits between tries when its budget is not configured or
+#: its estimate can never fit (as the Go worker's gate).
+UNWAITABLE_SECONDS = 30
+
+
+def provider_headers(headers: Any) -> Optional[Dict[str, str]]:
+    """The provider's rate-limit headers of ``headers`` (a mapping, an
+    ``http.client.HTTPMessage`` or an ``email.message.Message``: anything
+    with ``items()``), lower-cased, others dropped; None when it has none."""
+    if headers is None:
+        return None
+    out: Dict[str, str] = {}
+    for k, v in headers.items():
+        name = str(k).lower()
+        if name in BUDGET_HEADERS and name not in out:
+            out[name] = v[0] if isinstance(v, (list, tuple)) else str(v)
+    return out or None
+
+
+class Budgets:
+    """LLM token budgets: ``client.budgets``.
+
+    ::
+
+        client.budgets.set("openai/gpt-4.1/key-prod", tokens=30000, requests=500, window_seconds=60)
+        r = client.budgets.reserve("openai/gpt-4.1/key-prod", 1200, tenant="acme")
+        resp = call_model(prompt)
+        client.budgets.settle(r, resp.usage.total_tokens, headers=resp.headers)
+
+    A reservation refused for now raises :class:`~drover.TooManyRequests`
+    whose ``retry_after`` is the seconds until the window turns.
+    """
+
+    def __init__(self, client: "Client") -> None:
+        self.client = client
+        self._t = client._t
+
+    def list(self) -> List[Dict[str, Any]]:
+        """Every budget with its current window's use."""
+        return list((self._t.request("GET", "/v1/budgets", retry=IDEMPOTENT).data or {}).get("data") or [])
+
+    def get(self, key: str) -> Dict[str, Any]:
+        """One budget: limits, ``used``, ``reserved``, ``remaining``,
+        ``live`` reservations and ``tenant_usage``. :class:`~drover.NotFound`
+        when not configured."""
+        return self._t.request("GET", "/v1/budgets/%s" % quote(key), retry=IDEMPOTENT).data
+
+    def set(
+        self,
+        key: str,
+        *,
+        tokens: int = 0,
+        requests: int = 0,
+        window_seconds: int = 0,
+        caps: Optional[Mapping[str, int]] = None,
+        weights: Optional[Mapping[str, float]] = None,
+        estimates: Optional[Mapping[str, int]] = None,
+    ) -> Dict[str, Any]:
+        """Set (or create) a budget (admin role): ``tokens`` and ``requests``
+        per window of ``window_seconds`` (default 60; 0 means no limit, one
+        of the two is set), per-tenant ``caps`` and ``weights``, and default
+        ``estimates`` by task type (a reservation, or queue task, that names
+        its task type and no estimate holds its type's). The current
+        window's counters and live reservations stay."""
+        body: Dict[str, Any] = {}
+        for name, v in (("tokens", tokens), ("requests", requests), ("window_seconds", window_seconds)):
+            if v:
+                body[name] = v
+        if caps:
+            body["caps"] = dict(caps)
+        if weights:
+            body["weights"] = dict(weights)
+        if estimates:
+            body["estimates"] = dict(estimates)
+        return self._t.request("PUT", "/v1/budgets/%s" % quote(key), json_body=body, retry=IDEMPOTENT).data
+
+    def delete(self, key: str) -> None:
+        """Delete a budget with its counters and reservations (admin role)."""
+        self._t.request("DELETE", "/v1/budgets/%s" % quote(key), retry=IDEMPOTENT)
+
+    def reserve(self, key: str, estimate: int = 0, *, tenant: str = "", task_type: str = "", ttl_seconds: int = 0) -> Dict[str, Any]:
+        """Hold ``estimate`` tokens and one request of the budget for
+        ``tenant``, for ``ttl_seconds`` (1 to 3600, default 60) unless
+        settled: then it is released. Returns the reservation (``id``,
+        ``budget``, ``estimate``, ``settle_bound``, ``lease``...). Raises
+        :class:`~drover.TooManyRequests` (with ``retry_after``) when the
+        budget has no room for the tenant now; nothing is held then. Without
+        ``estimate`` (or 0), ``task_type`` holds the budget's default
+        estimate for that type. Never sent twice after a lost answer (it
+        could have reserved)."""
+        body: Dict[str, Any] = {}
+        if estimate:
+            body["estimate"] = estimate
+        if task_type:
+            body["task_type"] = task_type
+        if tenant:
+            body["tenant"] = tenant
+        if ttl_seconds:
+            body["ttl_seconds"] = ttl_seconds
+        return self._t.request("POST", "/v1/budgets/%s/reserve" % quote(key), json_body=body, retry=CONNECT).data
+
+    def settle(self, reservation: Mapping[str, Any], actual: int, *, headers: Any = None) -> Dict[str, Any]:
+        """Settle ``reservation`` (as :meth:`reserve` returned it) with the
+        tokens the call actually used: the difference to its estimate is
+        refunded or charged. ``headers``, the provider's response headers,
+        may carry ``x-ratelimit-remaining-tokens`` and
+        ``x-ratelimit-reset-tokens``: when the provider says fewer remain,
+        the difference counts as used until its reset (``corrected``).
+        :class:`~drover.Conflict` (409) when the reservation is unknown,
+        settled, or was released."""
+        body: Dict[str, Any] = {"actual": actual}
+        h = provider_headers(headers)
+        if h:
+            body["headers"] = h
+        path = "/v1/budgets/%s/reservations/%s/settle" % (quote(reservation["budget"]), quote(reservation["id"]))
+        return self._t.request("POST", path, json_body=body, retry=CONNECT).data
+
+
+class _Hold:
+    """A task's reservation in a queue worker: settled once, with what the
+    handler reported through ``task.usage(tokens, headers)`` or the
+    estimate."""
+
+    def __init__(self, budgets: Budgets, reservation: Dict[str, Any]) -> None:
+        self.budgets = budgets
+        self.reservation = reservation
+        self.tokens: Optional[int] = None
+        self.headers: Any = None
+
+    def used(self, tokens: int, headers: Any = None) -> None:
+        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
+            raise ValueError("drover: usage tokens must be a whole number of at least 0, not %r" % (tokens,))
+        self.tokens = tokens
+        if headers is not None:
+            self.headers = headers
+
+    def settle(self) -> None:
+        r = self.reservation
+        actual = min(self.tokens if self.tokens is not None else r["estimate"], r["settle_bound"])
+        self.budgets.settle(r, actual, headers=self.headers)
+
+
+def _ignore_usage(tokens: int, headers: Any = None) -> None:
+    """``task.usage`` of a task without a budget: nothing to settle."""
+
+
+def _ttl(task: Any) -> int:
+    """The seconds a task's reservation lives: its timeout plus 30 s, at
+    least 60 and at most 3600; 300 for a task without a timeout."""
+    try:
+        timeout = _duration_seconds(task.get("timeout"), "timeout")
+    except (TypeError, ValueError):
+        timeout = 0.0
+    return min(3600, max(60, math.ceil(timeout) + 30)) if timeout > 0 else 300
+
+
+def run_budgeted(client: "Client", task: Any, call: Callable[[], Any]) -> Union[Sleep, Any]:
+    """Runs ``call`` (a queue handler on ``task``) within the budget its
+    metadata names (``budget``, ``estimated_tokens`` or else the budget's
+    default for the task's type, ``tenant``): reserves
+    the estimate first and returns a sleep instead (no attempt counted)
+    when the budget has no room, until the window turns; settles after
+    ``call`` with what it reported through ``task.usage(tokens,
+    headers=None)``, or the estimate. A task without a budget runs as is."""
+    task.usage = _ignore_usage
+    meta = task.get("metadata") or {}
+    key = meta.get("budget")
+    if not key:
+        return call()
+    budgets = Budgets(client)
+    try:
+        r = budgets.reserve(
+            key,
+            int(meta.get("estimated_tokens") or 0),
+            tenant=meta.get("tenant") or "",
+            task_type=task.get("task_type") or "",
+            ttl_seconds=_ttl(task),
+        )
+    except (TooManyRequests, Unavailable) as e:
+        log.info("drover: task %s waits for budget %s: %s", task.get("task_id"), key, e)
+        return sleep_for(max(1, math.ceil(e.retry_after or 1)))
+    except (NotFound, InvalidInput) as e:
+        log.warning("drover: task %s: budget %s: %s", task.get("task_id"), key, e)
+        return sleep_for(UNWAITABLE_SECONDS)
+    hold = _Hold(budgets, r)
+    task.usage = hold.used
+    try:
+        return call()
+    finally:
+        try:
+            hold.settle()
+        except DroverError as e:
+            log.warning("drover: task %s: settling budget %s failed: %s", task.get("task_id"), key, e)

@@ -1,0 +1,136 @@
+"""LLM token budgets against a real server: the API and budget-aware workers."""
+
+import datetime
+import time
+import unittest
+
+from _support import ClientTest, Server, shared_server, unique
+
+import drover
+from drover.budgets import provider_headers
+
+srv: Server
+
+# A day's window: it cannot turn while a test runs (windows align on the
+# epoch, so a minute's window could turn between two calls).
+DAY = 86400
+
+
+def setUpModule() -> None:
+    global srv
+    srv = shared_server()
+
+
+def _until(iso: str) -> float:
+    """Seconds from now to the RFC 3339 time iso."""
+    t = datetime.datetime.fromisoformat(iso.replace("Z", "+00:00"))
+    return (t - datetime.datetime.now(datetime.timezone.utc)).total_seconds()
+
+
+class BudgetsTest(ClientTest):
+    def test_set_get_list_reserve_settle_delete(self) -> None:
+        key = "openai/gpt-4.1/%s" % unique("k")
+        b = self.c.budgets.set(key, tokens=1000, requests=10, window_seconds=DAY, weights={"acme": 1, "globex": 3}, caps={"trial": 200})
+        self.assertEqual((b["key"], b["tokens"], b["weights"]), (key, 1000, {"acme": 1, "globex": 3}))
+        r = self.c.budgets.reserve(key, 300, tenant="acme", ttl_seconds=30)
+        self.assertEqual((r["estimate"], r["budget"], r["settle_bound"]), (300, key, 1000))
+        u = self.c.budgets.get(key)
+        self.assertEqual((u["used"], u["reserved"], u["remaining"], u["live"]), (0, 300, 700, 1))
+        self.assertIn({"tenant": "acme", "requests": 1, "used": 0, "reserved": 300}, u["tenant_usage"])
+        self.assertEqual(self.c.budgets.settle(r, 250)["difference"], -50)
+        u = self.c.budgets.get(key)
+        self.assertEqual((u["used"], u["reserved"], u["remaining"], u["live"]), (250, 0, 750, 0))
+        r2 = self.c.budgets.reserve(key, 100, tenant="acme")
+        self.assertEqual(self.c.budgets.settle(r2, 160)["difference"], 60)
+        with self.assertRaises(drover.Conflict):
+            self.c.budgets.settle(r2, 1)
+        self.assertIn((key, 410), [(x["key"], x["used"]) for x in self.c.budgets.list()])
+        self.c.budgets.delete(key)
+        with self.assertRaises(drover.NotFound):
+            self.c.budgets.get(key)
+
+    def test_settle_with_provider_headers_counts_the_correction(self) -> None:
+        key = "anthropic/claude/%s" % unique("k")
+        self.c.budgets.set(key, tokens=1000, window_seconds=DAY)
+        r = self.c.budgets.reserve(key, 100)
+        # Any mapping; names in any case; other headers are not sent.
+        h = {"X-RateLimit-Remaining-Tokens": "600", "x-ratelimit-reset-tokens": "1h", "Content-Type": "application/json"}
+        self.assertEqual(provider_headers(h), {"x-ratelimit-remaining-tokens": "600", "x-ratelimit-reset-tokens": "1h"})
+        self.assertEqual(self.c.budgets.settle(r, 100, headers=h)["corrected"], 300)
+        self.assertEqual(self.c.budgets.get(key)["remaining"], 600)
+        r2 = self.c.budgets.reserve(key, 10)
+        with self.assertRaises(drover.InvalidInput) as cm:
+            self.c.budgets.settle(r2, 10, headers={"x-ratelimit-remaining-tokens": "lots"})
+        self.assertIn("x-ratelimit-remaining-tokens", str(cm.exception).lower())
+
+    def test_default_estimate_per_task_type(self) -> None:
+        key = "openai/gpt-4.1/%s" % unique("k")
+        b = self.c.budgets.set(key, tokens=1000, window_seconds=DAY, estimates={"summarize": 250})
+        self.assertEqual(b["estimates"], {"summarize": 250})
+        r = self.c.budgets.reserve(key, task_type="summarize")
+        self.assertEqual((r["estimate"], r["task_type"]), (250, "summarize"))
+        self.assertEqual(self.c.budgets.reserve(key, 40, task_type="summarize")["estimate"], 40)
+        with self.assertRaises(drover.InvalidInput) as bad:
+            self.c.budgets.set(key, tokens=1000, estimates={"summarize": 2000})
+        self.assertIn("estimates", str(bad.exception))
+        self.assertEqual(self.c.budgets.get(key)["estimates"], {"summarize": 250})
+
+    def test_reserve_without_room_is_429_and_holds_nothing(self) -> None:
+        key = "openai/gpt-4.1/%s" % unique("k")
+        self.c.budgets.set(key, tokens=100, window_seconds=DAY)
+        r = self.c.budgets.reserve(key, 80, tenant="acme")
+        with self.assertRaises(drover.TooManyRequests) as cm:
+            self.c.budgets.reserve(key, 30, tenant="acme")
+        self.assertEqual(cm.exception.status, 429)
+        self.assertGreaterEqual(cm.exception.retry_after, 1)
+        self.assertEqual(self.c.budgets.get(key)["reserved"], 80)
+        self.c.budgets.settle(r, 0)
+        with self.assertRaises(drover.InvalidInput) as bad:
+            self.c.budgets.reserve(key, 101)
+        self.assertIn("estimate", str(bad.exception))
+        with self.assertRaises(drover.NotFound):
+            self.c.budgets.reserve("openai/%s" % unique("none"), 1)
+
+    def test_worker_reserves_settles_usage_and_defers_without_an_attempt(self) -> None:
+        key = "openai/gpt-4.1/%s" % unique("k")
+        self.c.budgets.set(key, tokens=100, window_seconds=DAY)
+        name = unique("llm")
+        q = self.c.queue(name)
+        meta = {"tenant": "acme", "budget": key, "estimated_tokens": 40}
+        q.submit(
+            [{"task_id": i, "task_type": "llm", "metadata": meta} for i in ("a", "b", "c")]
+            + [{"task_id": "plain", "task_type": "llm"}]
+            + [{"task_id": "unset", "task_type": "llm", "metadata": {"budget": "openai/%s" % unique("none"), "estimated_tokens": 5}}]
+            + [{"task_id": "quiet", "task_type": "quiet", "metadata": {"budget": key, "estimated_tokens": 10}}]
+        )
+        seen = []
+        held = {}
+
+        @self.c.worker(name, concurrency=1, prefetch=1, ttl=5, wait=1)
+        def handle(task):
+            seen.append(task.id)
+            if task.type == "quiet":
+                return None  # reports nothing: its estimate is settled
+            if task.id != "plain":
+                held[task.id] = self.c.budgets.get(key)["reserved"]
+            task.usage(35, headers={"x-ratelimit-remaining-tokens": "99999"})
+            return {"ok": task.id}
+
+        stats = handle.run(idle_timeout=1.5, duration=30, handle_signals=False)
+        # In submission order: a and b settle 35 each; c's 40 finds 70 used
+        # and no room; quiet's 10 fits and settles its estimate.
+        self.assertEqual(sorted(seen), ["a", "b", "plain", "quiet"])
+        self.assertEqual(held, {"a": 40, "b": 40})
+        self.assertEqual(stats["slept"], 2)
+        self.assertEqual(stats["succeeded"], 4)
+        c, unset = q.get("c"), q.get("unset")
+        self.assertEqual((c.status, c.get("retries_attempted")), ("SLEEPING", 0))
+        self.assertGreater(_until(c["scheduled_at"]), 60, "c sleeps until the day's window turns")
+        self.assertEqual(unset.status, "SLEEPING")
+        self.assertTrue(15 < _until(unset["scheduled_at"]) <= 31, "an unconfigured budget waits 30 s")
+        u = self.c.budgets.get(key)
+        self.assertEqual((u["used"], u["reserved"], u["live"], u["requests_used"]), (80, 0, 0, 3))
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,157 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/droverhq/drover"
+	"github.com/droverhq/drover/budget"
+	"github.com/droverhq/drover/metrics"
+	"github.com/droverhq/drover/queue"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// BudgetGate reserves the LLM tokens a task estimates (its metadata's
+// budget and estimated_tokens, for its tenant; without estimated_tokens,
+// the budget's default estimate for the task's type) before the task runs, and
+// settles them after: with what the handler reported through Used, or the
+// estimate when it reported nothing. While the budget has no room the task
+// is deferred (drover.DeferError): handed back to its queue, its attempt
+// not counted. A task that names no budget passes. Its reservations are
+// bound to the worker's lease, so a worker that dies releases them when
+// its lease ends.
+type BudgetGate struct {
+	c      *budget.Client
+	lease  func() clientv3.LeaseID
+	logger *slog.Logger
+
+	mu sync.Mutex
+	// used holds, per admitted attempt (usedKey), what its handler
+	// reported through Used (tokens -1 while it reported nothing). The handler
+	// is given a copy of the task, so the key is what the copy shares with
+	// the original: its id, claim token and attempt. Admit inserts, the
+	// settle deletes; Used only updates entries that exist, so neither a
+	// task without a budget nor a late call from an abandoned handler
+	// leaves one behind.
+	used map[string]report
+}
+
+// report is what a handler reported of one attempt: the tokens it used
+// (-1: nothing yet) and the provider's rate-limit headers, if any.
+type report struct {
+	tokens int64
+	h      http.Header
+}
+
+// usedKey names one attempt of t.
+func usedKey(t *queue.Task) string {
+	return fmt.Sprintf("%s/%d/%d", t.ID, t.Token, t.Attempt)
+}
+
+// NewBudgetGate returns a gate that reserves through c under the lease
+// that lease returns.
+func NewBudgetGate(c *budget.Client, lease func() clientv3.LeaseID, logger *slog.Logger) *BudgetGate {
+	if logger == nil {
+		logger = slog.Default()
+	}
+	return &BudgetGate{c: c, lease: lease, logger: logger, used: map[string]report{}}
+}
+
+// unwaitableDelay is how long a task waits before it is tried again when
+// waiting for the window to turn would not help: it names a budget nobody
+// configured, or estimates more than the budget or the tenant's cap allows
+// per window.
+const unwaitableDelay = 30 * time.Second
+
+// Admit implements queue.Gate.
+func (g *BudgetGate) Admit(ctx context.Context, t *queue.Task) (func(error), error) {
+	m := t.Metadata
+	if m.Budget == "" {
+		return ignore, nil
+	}
+	// Without estimated_tokens, the budget's default estimate for the
+	// task's type (0 when it names none).
+	r, err := g.c.Reserve(ctx, m.Budget, m.Tenant, m.EstimatedTokens, budget.WithLease(g.lease()), budget.WithTaskType(t.Type))
+	var de *drover.DeferError
+	switch {
+	case errors.Is(err, budget.ErrNoBudget):
+		err = &queue.DeferError{Reason: budget.WaitReason(m.Budget, "not configured (drover budgets set "+m.Budget+" --tokens N)"), After: unwaitableDelay}
+	case errors.Is(err, drover.ErrInvalidInput):
+		// An estimate above the budget's tokens per window or the
+		// tenant's cap: it waits for the budget to be raised, rarely tried.
+		err = &queue.DeferError{Reason: budget.WaitReason(m.Budget, err.Error()), After: unwaitableDelay}
+	case errors.Is(err, budget.ErrClockSkew):
+		// This clock, or another writer's, is far off: retried rarely
+		// until the clocks are fixed, the attempt not counted.
+		err = &queue.DeferError{Reason: budget.WaitReason(m.Budget, err.Error()), After: unwaitableDelay}
+	}
+	if errors.As(err, &de) {
+		metrics.BudgetTaskDeferrals.WithLabelValues(m.Budget).Inc()
+		return nil, de
+	}
+	if err != nil {
+		return nil, err // ctx's error, or etcd's
+	}
+	key := usedKey(t)
+	g.mu.Lock()
+	g.used[key] = report{tokens: -1}
+	g.mu.Unlock()
+	return func(runErr error) {
+		actual := r.Estimate
+		g.mu.Lock()
+		rep := g.used[key]
+		if rep.tokens >= 0 {
+			actual = rep.tokens
+		}
+		delete(g.used, key)
+		g.mu.Unlock()
+		if errors.Is(runErr, queue.ErrNotRun) {
+			actual = 0 // a later gate refused it: no call was made
+		}
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		_, err := g.c.Settle(sctx, r, min(actual, r.Bound), rep.h)
+		if rep.h != nil && errors.Is(err, drover.ErrInvalidInput) { // headers it cannot read: the tokens still count
+			g.logger.Warn("budget settle: the provider's headers are not usable; settled without them", "budget", m.Budget, "task", t.ID, "err", err)
+			_, err = g.c.Settle(sctx, r, min(actual, r.Bound), nil)
+		}
+		if err != nil {
+			g.logger.Warn("budget settle failed", "budget", m.Budget, "task", t.ID, "err", err)
+		}
+	}, nil
+}
+
+// Used records that the handler running t (the task it was given, or the
+// one the gate admitted) used tokens of its budget; the settle after the
+// handler returns counts them instead of the estimate. A call for a task
+// the gate did not admit, or after its settle, does nothing.
+func (g *BudgetGate) Used(t *queue.Task, tokens int64) { g.UsedWithHeaders(t, tokens, nil) }
+
+// UsedWithHeaders is Used with the provider's response headers h (nil:
+// none): the settle passes their x-ratelimit-remaining-tokens and
+// x-ratelimit-reset-tokens, which lower the budget's remaining tokens to
+// the provider's count until its reset. Headers the settle cannot read
+// are dropped (and logged), the tokens counted all the same. The last
+// report wins.
+func (g *BudgetGate) UsedWithHeaders(t *queue.Task, tokens int64, h http.Header) {
+	key := usedKey(t)
+	var keep http.Header
+	for _, name := range []string{budget.HeaderRemainingTokens, budget.HeaderResetTokens} {
+		if v := h.Get(name); v != "" {
+			if keep == nil {
+				keep = http.Header{}
+			}
+			keep.Set(name, v)
+		}
+	}
+	g.mu.Lock()
+	if _, ok := g.used[key]; ok {
+		g.used[key] = report{tokens: max(tokens, 0), h: keep}
+	}
+	g.mu.Unlock()
+}

@@ -1,0 +1,61 @@
+package keyspace
+
+import "fmt"
+
+// AgentAssistants is the prefix of the Agent Server's assistants: one key
+// per assistant, holding its current version.
+func (s Space) AgentAssistants() string { return s.root + "agent-server/assistants/" }
+
+// AgentAssistant is the key of assistant id.
+func (s Space) AgentAssistant(id string) string { return s.AgentAssistants() + id }
+
+// AgentAssistantVersions is the prefix of assistant id's versions.
+func (s Space) AgentAssistantVersions(id string) string {
+	return s.root + "agent-server/assistant-versions/" + id + "/"
+}
+
+// AgentAssistantVersion is the key of version v of assistant id, zero
+// padded so that keys sort by version.
+func (s Space) AgentAssistantVersion(id string, v int) string {
+	return fmt.Sprintf("%s%010d", s.AgentAssistantVersions(id), v)
+}
+
+// AgentThreads is the prefix of the Agent Server's threads.
+func (s Space) AgentThreads() string { return s.root + "agent-server/threads/" }
+
+// AgentThread is the key of thread id.
+func (s Space) AgentThread(id string) string { return s.AgentThreads() + id }
+
+// AgentServer is the prefix of all the Agent Server's keys of the space.
+func (s Space) AgentServer() string { return s.root + "agent-server/" }
+
+// AgentGraphs is the prefix of the graphs runtimes registered.
+func (s Space) AgentGraphs() string { return s.root + "agent-server/graphs/" }
+
+// AgentGraph is the key of graph id's registration.
+func (s Space) AgentGraph(id string) string { return s.AgentGraphs() + id }
+
+// AgentRuns is the prefix of the runs of thread (every run's, for "").
+func (s Space) AgentRuns(thread string) string {
+	if thread == "" {
+		return s.root + "agent-server/runs/"
+	}
+	return s.root + "agent-server/runs/" + thread + "/"
+}
+
+// AgentRun is the key of run id of thread.
+func (s Space) AgentRun(thread, id string) string { return s.AgentRuns(thread) + id }
+
+// AgentThreadStates is the prefix of the threads' states as runtimes
+// reported them.
+func (s Space) AgentThreadStates() string { return s.root + "agent-server/states/" }
+
+// AgentThreadState is the key of thread id's state and history, as the
+// runtime that ran its last run reported them.
+func (s Space) AgentThreadState(id string) string { return s.AgentThreadStates() + id }
+
+// AgentCrons is the prefix of the Agent Server's crons.
+func (s Space) AgentCrons() string { return s.root + "agent-server/crons/" }
+
+// AgentCron is the key of cron id.
+func (s Space) AgentCron(id string) string { return s.AgentCrons() + id }

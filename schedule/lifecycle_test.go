@@ -1,0 +1,53 @@
+package schedule_test
+
+import (
+	"context"
+	"errors"
+	"runtime"
+	"strings"
+	"testing"
+
+	"github.com/droverhq/drover/schedule"
+)
+
+// TestRunnerLifecycle: a Runner's Stop is safe before Start and twice; a
+// Start after Stop starts nothing; a started runner's goroutines (its due
+// indexes, the namespaces' watch) have all ended when Stop returns.
+func TestRunnerLifecycle(t *testing.T) {
+	c, _, _ := newClient(t)
+	ctx := context.Background()
+
+	unstarted := &schedule.Runner{Client: c}
+	unstarted.Stop()
+	unstarted.Stop()
+	unstarted.Start(ctx) // after Stop: nothing starts
+	unstarted.Stop()
+
+	for _, all := range []bool{false, true} {
+		r := &schedule.Runner{Client: c, AllNamespaces: all}
+		r.Start(ctx)
+		r.Start(ctx) // again: nothing more starts
+		r.Stop()
+		r.Stop()
+		if err := running(); err != nil {
+			t.Fatalf("goroutines of a stopped runner (all namespaces %v) still run: %v", all, err)
+		}
+	}
+}
+
+// running returns the stacks of the goroutines that run this package's
+// code, other than the tests' own (nil: none).
+func running() error {
+	buf := make([]byte, 1<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	var found []string
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		if strings.Contains(g, "github.com/droverhq/drover/schedule.") && !strings.Contains(g, "testing.tRunner") {
+			found = append(found, g)
+		}
+	}
+	if len(found) == 0 {
+		return nil
+	}
+	return errors.New(strings.Join(found, "\n\n"))
+}

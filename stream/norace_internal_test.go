@@ -1,6 +1,0 @@
-//go:build !race
-
-package stream
-
-// raceEnabled: see race_internal_test.go.
-const raceEnabled = false
