@@ -1,4 +1,5 @@
 import { ConnectionError, DroverError, errorFromProblem, type Problem } from "./errors.js";
+import { startRequestSpan } from "./tracing.js";
 
 /** How to reach a drover server. */
 export interface ClientOptions {
@@ -105,47 +106,7 @@ export function fetchFailure(err: unknown): string {
   return cause?.code ?? cause?.message ?? (err as Error)?.message ?? String(err);
 }
 
-/** What drover uses of `@opentelemetry/api`, an optional peer dependency. */
-interface OtelAPI {
-  context: { active(): unknown };
-  propagation: { inject(context: unknown, carrier: Record<string, string>): void };
-}
-
-// The OpenTelemetry API once looked up: undefined before, null when it is not installed.
-let otelAPI: OtelAPI | null | undefined;
-let otelLoading: Promise<void> | undefined;
-
-/** Loads `@opentelemetry/api` once, when it is installed (an optional peer dependency). */
-function loadOtel(): Promise<void> {
-  const name = "@opentelemetry/api"; // a variable: no static dependency on it
-  otelLoading ??= import(name).then(
-    (m: OtelAPI & { default?: OtelAPI }) => {
-      otelAPI = m.propagation ? m : (m.default ?? null);
-    },
-    () => {
-      otelAPI = null;
-    },
-  );
-  return otelLoading;
-}
-
-/**
- * The caller's current trace context as HTTP headers (`traceparent`, and
- * `tracestate` and `baggage` when set), as the global OpenTelemetry
- * propagator writes them, when `@opentelemetry/api` is installed; none
- * otherwise, or when the propagator fails: tracing never stops a request.
- */
-export async function traceHeaders(): Promise<Record<string, string>> {
-  if (otelAPI === undefined) await loadOtel();
-  if (!otelAPI) return {};
-  const carrier: Record<string, string> = {};
-  try {
-    otelAPI.propagation.inject(otelAPI.context.active(), carrier);
-  } catch {
-    return {};
-  }
-  return carrier;
-}
+export { traceHeaders } from "./tracing.js";
 
 /**
  * The HTTP layer: base URL, bearer token, namespace, timeouts, typed errors
@@ -208,7 +169,7 @@ export class Transport {
         await sleep(Math.min(Math.max(ra, backoff), 2000), opts.signal);
       }
       try {
-        const r = await this.once<T>(method, path, opts, what);
+        const r = await this.once<T>(method, path, opts, what, i);
         r.attempts = i + 1;
         return r;
       } catch (err) {
@@ -221,10 +182,25 @@ export class Transport {
     throw lastErr;
   }
 
-  private async once<T>(method: string, path: string, opts: RequestOptions, what: string): Promise<ResponseOf<T>> {
+  /** Sends the request once, under a client span when OpenTelemetry is there (resend: the sends before). */
+  private async once<T>(method: string, path: string, opts: RequestOptions, what: string, resend = 0): Promise<ResponseOf<T>> {
+    const url = this.buildURL(path, opts.query);
+    const span = await startRequestSpan(method, url, resend);
+    let status: number | undefined;
+    try {
+      const r = await this.send<T>(method, url, span.headers, opts, what, (s) => (status = s));
+      span.end(status);
+      return r;
+    } catch (err) {
+      span.end(status, err);
+      throw err;
+    }
+  }
+
+  private async send<T>(method: string, url: string, trace: Record<string, string>, opts: RequestOptions, what: string, answered: (status: number) => void): Promise<ResponseOf<T>> {
     const headers: Record<string, string> = {
       Accept: "application/json, application/problem+json",
-      ...(await traceHeaders()),
+      ...trace,
       ...this.headers,
       ...(opts.headers ?? {}),
     };
@@ -249,12 +225,13 @@ export class Transport {
     if (body && typeof body === "object" && !(body instanceof Uint8Array) && !(typeof body === "string") && "getReader" in body) init.duplex = "half";
     let res: Response;
     try {
-      res = await this.fetchImpl(this.buildURL(path, opts.query), init as RequestInit);
+      res = await this.fetchImpl(url, init as RequestInit);
     } catch (err) {
       if (opts.signal?.aborted) throw opts.signal.reason;
       if (timeout?.aborted) throw new ConnectionError(`${what}: no answer within ${timeoutMs} ms`, { request: what, cause: err });
       throw new ConnectionError(`${what}: cannot reach ${this.url} (${fetchFailure(err)})`, { request: what, cause: err });
     }
+    answered(res.status);
     if (res.status >= 400) {
       let problem: Problem = {};
       let text = "";

@@ -8,6 +8,7 @@ import { Budgets, TaskBudgetHold, taskBudget, type ProviderHeaders } from "./bud
 import { WaitSignal, receivedOf, type ReceivedSignal } from "./signals.js";
 import { Session } from "./session.js";
 import { StreamWriter } from "./streams.js";
+import { attemptSpans, startAttemptSpan, type AttemptEnd, type AttemptSpan } from "./tracing.js";
 /** What a task handler gets besides the task. */
 export interface TaskContext {
   /** Fires when the claim's session is lost (the task runs again elsewhere) or the worker stops hard. */
@@ -156,6 +157,18 @@ const AHEAD_WORK_MS = 50;
 /** How long (ms) a claim waits for half a claim's worth of room before it claims less. */
 const GATHER_MS = 3;
 
+/**
+ * How an attempt whose outcome the server answered r ended, as
+ * `drover.attempt.end` names it: lost when the outcome was refused (the
+ * claim had gone), dead when a failure left the task DEAD.
+ */
+function attemptEnd(outcome: Outcome, r: OutcomeResult | undefined, deferred: boolean): AttemptEnd {
+  if (!r || r.status !== 200) return "lost";
+  if (outcome.ok) return "success";
+  if (!("error" in outcome)) return deferred ? "deferred" : "sleep";
+  return outcome.permanent || r.current_status === "DEAD" ? "dead" : "retry";
+}
+
 /** The byte length of v as JSON, or -1 when it cannot be. */
 function jsonSize(v: unknown): number {
   try {
@@ -174,6 +187,8 @@ interface PendingOutcome {
 interface Waiting {
   task: QueueTask;
   session: Session;
+  /** When the claim was answered (ms since the epoch): the attempt's span starts there. */
+  claimed: number;
 }
 
 /**
@@ -399,7 +414,7 @@ export class Worker {
   /** Starts tasks claimed ahead while running slots are free, in claim order. */
   private pump(): void {
     while (this.running.size < this.concurrency && this.waiting.length) {
-      const { task, session } = this.waiting.shift()!;
+      const { task, session, claimed } = this.waiting.shift()!;
       if (!session.alive) {
         // The claim went with the session: the task runs again elsewhere.
         this.counts.lost++;
@@ -407,7 +422,7 @@ export class Worker {
         continue;
       }
       const started = performance.now();
-      const p: Promise<void> = this.run(task, session, started).finally(() => {
+      const p: Promise<void> = this.run(task, session, started, claimed).finally(() => {
         this.running.delete(p);
         this.pump();
         this.wake();
@@ -419,6 +434,7 @@ export class Worker {
   private async loop(): Promise<WorkerStats> {
     let backoff = 250;
     const drain = this.drainAc.signal;
+    await attemptSpans(); // each claimed task's attempt is a span when OpenTelemetry is there
     try {
       while (!drain.aborted) {
         // A slot is free once its handler returned; its outcome goes out
@@ -500,25 +516,48 @@ export class Worker {
     const free = this.waiting.length ? 0 : Math.max(0, this.concurrency - this.running.size);
     this.counts.claimed += tasks.length;
     this.counts.ahead += Math.max(0, tasks.length - free);
-    for (const task of tasks) this.waiting.push({ task, session });
+    const claimed = Date.now();
+    for (const task of tasks) this.waiting.push({ task, session, claimed });
     if (!session.alive) this.dropWaiting(session);
     this.pump();
   }
 
-  private async run(task: QueueTask, session: Session, started: number): Promise<void> {
+  private async run(task: QueueTask, session: Session, started: number, claimed: number): Promise<void> {
+    const span = startAttemptSpan({
+      queue: this.queue, namespace: this.t.namespace, taskId: task.task_id, taskType: task.task_type, tenant: task.metadata?.tenant,
+      attempt: task.attempt, worker: this.opts.name ?? `worker-${process.pid}`, traceparent: task.traceparent, claimed,
+    });
+    try {
+      await this.attempt(task, session, started, span);
+    } catch (err) {
+      span.end("lost", err instanceof Error ? err.message : String(err));
+      throw err;
+    }
+  }
+
+  /**
+   * Runs one claimed task and queues its outcome. Its attempt's span ends
+   * with how the attempt ended: once the server answered the outcome, or
+   * here when the task parked or its claim was lost.
+   */
+  private async attempt(task: QueueTask, session: Session, started: number, span: AttemptSpan): Promise<void> {
     const token = task.token ?? 0;
     const stream = new StreamWriter(this.t, task.task_id, session, token);
     let hold: TaskBudgetHold | undefined;
     const ctx: TaskContext = { signal: session.signal, token, attempt: task.attempt, session, stream, usage: (n, h) => hold?.used(n, h) };
     let outcome: Outcome;
     let outcomeReceived: ReceivedSignalRef[] = [];
+    let deferred = false;
     try {
       let result: unknown;
       // A task that names a budget reserves its estimate first; without
       // room, it sleeps until the window turns (no attempt counted).
       const held = taskBudget(task) ? await TaskBudgetHold.reserve(new Budgets(this.t), task, this.budgetTtl(task)) : undefined;
       if (held instanceof TaskBudgetHold) hold = held;
-      else if (held) result = sleepFor(held.deferSeconds);
+      else if (held) {
+        result = sleepFor(held.deferSeconds);
+        deferred = true;
+      }
       // A task claimed after a wait for a signal: the wait is reported
       // again first, answered with what ended it.
       const wf = task.waiting_for;
@@ -534,13 +573,13 @@ export class Worker {
         if (wait) {
           if (received.length >= MAX_RECEIVED) throw new Permanent(`the handler received ${MAX_RECEIVED} signals in one claim, the most one outcome names`);
           if (received.length) wait.received_signals = [...received];
-          ctx.received = await this.waitAnswer(session, wait);
-          if (!ctx.received) return; // parked (or the claim was lost): counted
+          ctx.received = await this.waitAnswer(session, wait, span);
+          if (!ctx.received) return; // parked (or the claim was lost): counted, its span ended
           if (ctx.received.name && ctx.received.idempotencyKey) received.push({ name: ctx.received.name, idempotency_key: ctx.received.idempotencyKey });
           wait = undefined;
         }
         try {
-          result = await this.handler(task, ctx);
+          result = await span.run(() => this.handler(task, ctx));
         } finally {
           // Its events are stored before its outcome: the outcome closes the stream.
           await stream.flush().catch((e) => this.report(e));
@@ -573,6 +612,7 @@ export class Worker {
       // The claim went with the session: the task runs again elsewhere.
       this.counts.lost++;
       this.settle(session);
+      span.end("lost", "the claim's session was lost");
       return;
     }
     // The slot frees now; the outcome is counted once the server answers.
@@ -589,6 +629,7 @@ export class Worker {
       else if (!("error" in outcome)) this.counts.slept++;
       else if (outcome.permanent) this.counts.permanent++;
       else this.counts.failed++;
+      span.end(attemptEnd(outcome, r, deferred), "error" in outcome ? outcome.error : undefined);
     }).finally(() => {
       this.sending.delete(sent);
       this.settle(session);
@@ -609,12 +650,13 @@ export class Worker {
    * answered it with at once (the claim held); undefined when the task
    * parked or the claim was lost, counted and settled.
    */
-  private async waitAnswer(session: Session, wait: Outcome): Promise<ReceivedSignal | undefined> {
+  private async waitAnswer(session: Session, wait: Outcome, span: AttemptSpan): Promise<ReceivedSignal | undefined> {
     const r = session.alive ? await this.send(session, wait) : undefined;
     const got = r && r.status === 200 ? receivedOf(r.signal) : undefined;
     if (got) return got;
     if (r && r.status === 200) this.counts.waited++;
     else this.counts.lost++;
+    span.end(r && r.status === 200 ? "wait" : "lost");
     this.settle(session);
     this.wake();
     return undefined;
