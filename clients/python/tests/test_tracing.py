@@ -8,14 +8,17 @@ it: the test installs a stand-in ``opentelemetry.propagate`` module whose
 """
 
 import http.server
+import json
+import os
 import sys
 import threading
 import types
 import unittest
 from typing import Dict, List
+from unittest import mock
 
 import _support  # noqa: F401  (puts src on sys.path)
-from drover import _transport
+from drover import _tracing, _transport
 from drover.queues import Task
 
 TP = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
@@ -119,6 +122,108 @@ class TraceHeaderTest(unittest.TestCase):
             self.assertEqual(self.get().get("traceparent"), mine)
         finally:
             _transport.task_trace.reset(token)
+
+
+class _OTLP(http.server.BaseHTTPRequestHandler):
+    bodies: List[Dict[str, object]] = []
+
+    def do_POST(self) -> None:
+        raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if self.path == "/v1/traces" and self.headers.get("Content-Type") == "application/json":
+            _OTLP.bodies.append(json.loads(raw))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+class WorkerSpanTest(_support.ClientTest):
+    """With the OTEL variables set, a worker records each attempt as a
+    ``process <queue>`` span and sends it over OTLP/HTTP as JSON: a child
+    of the task's creation context, linked to it, with the messaging
+    attributes and how it ended; the handler's requests carry it."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        self.srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _OTLP)
+        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
+        self.addCleanup(self.srv.server_close)
+        self.addCleanup(self.srv.shutdown)
+        _OTLP.bodies = []
+        env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:%d" % self.srv.server_address[1], "OTEL_SERVICE_NAME": "py-worker"}
+        patch = mock.patch.dict(os.environ, env)
+        patch.start()
+        self.addCleanup(patch.stop)
+        _tracing._exporter = False
+        self.addCleanup(setattr, _tracing, "_exporter", False)
+
+    def spans(self) -> List[Dict[str, object]]:
+        out = []
+        for b in _OTLP.bodies:
+            for rs in b["resourceSpans"]:  # type: ignore[index]
+                service = [a["value"]["stringValue"] for a in rs["resource"]["attributes"] if a["key"] == "service.name"]
+                for ss in rs["scopeSpans"]:
+                    for sp in ss["spans"]:
+                        sp["service"] = service[0]
+                        sp["attrs"] = {a["key"]: list(a["value"].values())[0] for a in sp["attributes"]}
+                        out.append(sp)
+        return out
+
+    def test_each_attempt_is_a_span_in_the_task_s_trace(self) -> None:
+        import drover
+
+        name = _support.unique("traced")
+        q = self.c.queue(name)
+        q.submit([
+            {"task_id": "flaky", "task_type": "t", "traceparent": TP, "backoff_base": "10ms", "backoff_max": "20ms", "metadata": {"tenant": "acme"}},
+            {"task_id": "bad", "task_type": "t", "traceparent": TP},
+        ])
+        seen: Dict[str, str] = {}
+
+        @self.c.worker(name, ttl=5, wait=1, name="py-w")
+        def handle(task):
+            seen["%s/%d" % (task.id, task.attempt)] = _transport.task_trace.get()
+            if task.id == "bad":
+                raise drover.Permanent("no")
+            if task.attempt == 1:
+                raise RuntimeError("flaky")
+            return "ok"
+
+        stats = handle.run(idle_timeout=1.5, duration=30, handle_signals=False)
+        self.assertEqual((stats["succeeded"], stats["dead"], stats["failed"]), (1, 1, 1))
+        spans = {"%s/%s" % (s["attrs"]["messaging.message.id"], s["attrs"]["drover.attempt.number"]): s for s in self.spans()}
+        self.assertEqual(sorted(spans), ["bad/1", "flaky/1", "flaky/2"])
+        trace_id, parent = TP.split("-")[1], TP.split("-")[2]
+        for key, s in spans.items():
+            self.assertEqual(s["name"], "process " + name)
+            self.assertEqual(s["kind"], 5)  # consumer
+            self.assertEqual(s["service"], "py-worker")
+            self.assertEqual((s["traceId"], s["parentSpanId"]), (trace_id, parent), key)
+            self.assertEqual(s["links"], [{"traceId": trace_id, "spanId": parent}])
+            self.assertEqual(s["attrs"]["messaging.system"], "drover")
+            self.assertEqual(s["attrs"]["messaging.destination.name"], name)
+            self.assertEqual(s["attrs"]["messaging.operation.type"], "process")
+            self.assertEqual(s["attrs"]["messaging.client.id"], "py-w")
+            self.assertEqual(seen[key], "00-%s-%s-01" % (trace_id, s["spanId"]), "the handler's requests carry its attempt")
+        self.assertEqual(spans["flaky/1"]["attrs"]["drover.tenant"], "acme")
+        self.assertEqual(spans["flaky/1"]["attrs"]["drover.attempt.end"], "retry")
+        self.assertEqual(spans["flaky/1"]["status"]["code"], 2)
+        self.assertEqual(spans["flaky/2"]["attrs"]["drover.attempt.end"], "success")
+        self.assertNotIn("status", spans["flaky/2"])
+        self.assertEqual(spans["bad/1"]["attrs"]["drover.attempt.end"], "dead")
+
+    def test_off_without_the_variables(self) -> None:
+        for k in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_TRACES_EXPORTER"):
+            os.environ.pop(k, None)
+        self.assertIsNone(_tracing.exporter())
+        os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = "http://127.0.0.1:1"
+        os.environ["OTEL_TRACES_EXPORTER"] = "none"
+        _tracing._exporter = False
+        self.assertIsNone(_tracing.exporter())
 
 
 class TaskTraceparentTest(unittest.TestCase):

@@ -8,6 +8,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
+from . import _tracing
 from .errors import DroverError, TransportError
 from .queues import MAX_OUTCOMES
 
@@ -52,6 +53,7 @@ class _Reporting:
 
     def _send(self, q: Any, slot: "_Slot", outs: List[Dict[str, Any]]) -> None:
         session = slot.session
+        spans = [o.pop(_tracing.SPAN_KEY, None) for o in outs]
         results = None
         sent_before = False
         delay = 0.1
@@ -96,6 +98,7 @@ class _Reporting:
                 delay = min(delay * 2, 2.0)
         if results is not None and sent_before:
             results = self._settled(q, outs, results)
+        _tracing.end_attempts(spans, outs, results)
         with self._mu:
             if results is None:
                 key = "lost" if session.lost.is_set() else "errors"

@@ -5,6 +5,7 @@ graceful drain on SIGTERM/SIGINT."""
 import collections
 import json
 import logging
+import os
 import queue as _queue
 import signal
 import threading
@@ -12,6 +13,7 @@ import time
 import traceback
 from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, List, Optional, Tuple
 
+from . import _tracing
 from ._transport import shutdown_socket, task_trace
 from .errors import DroverError, Permanent, SessionNotFound, TransportError
 from .agent import Sleep, WaitSignal, _received, _received_of
@@ -289,6 +291,7 @@ class Worker(_Reporting):
             pool.shutdown(wait=True)
             self._outbox.put(None)
             reporter.join(max(30.0, self.ttl * 2.0))
+            _tracing.flush()
             with self._mu:
                 slots = list(self._slots)
             for s in slots:
@@ -556,7 +559,11 @@ class Worker(_Reporting):
         with self._mu:
             self._active[me] = started
         parked = False
-        traced = task_trace.set(task.traceparent)
+        # The attempt's span, when tracing is on: the handler's requests go under it.
+        exp = _tracing.exporter()
+        span = _tracing.AttemptSpan(exp, self.queue, task, self.name or "worker-%d" % os.getpid(), self.client.namespace or "")
+        task.attempt_traceparent = span.traceparent if exp is not None else task.traceparent  # type: ignore[attr-defined]
+        traced = task_trace.set(task.attempt_traceparent)  # type: ignore[attr-defined]
         try:
             # A task whose metadata names a budget reserves its estimate first.
             result = run_budgeted(self.client, task, lambda: self._call(q, session, task))
@@ -594,6 +601,7 @@ class Worker(_Reporting):
         except (DroverError, TimeoutError) as e:
             log.info("drover: task %s: its stream's last events: %s", task.id, e)
         if parked:
+            span.end("wait")
             self._parked(slot)
             return
         received = getattr(task, "_received_refs", None)
@@ -606,6 +614,7 @@ class Worker(_Reporting):
             # The server ends its stream (done, or attempt_ended when it is
             # retried or sleeps) once the outcome is stored.
             outcome["streamed"] = True
+        outcome[_tracing.SPAN_KEY] = span  # taken off before it is sent; ended with its answer
         self._outbox.put((slot, outcome))
 
     def _call(self, q: Any, session: Session, task: Task) -> Any:
