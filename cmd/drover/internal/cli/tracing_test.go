@@ -3,6 +3,7 @@ package cli_test
 import (
 	"compress/gzip"
 	"context"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"io"
@@ -10,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -31,6 +33,7 @@ import (
 	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
+	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -89,7 +92,9 @@ func startReceiver(t *testing.T) *otlpReceiver {
 		}
 		raw, err := io.ReadAll(body)
 		var in coltracepb.ExportTraceServiceRequest
-		if err == nil {
+		if err == nil && req.Header.Get("Content-Type") == "application/json" {
+			err = unmarshalOTLPJSON(raw, &in)
+		} else if err == nil {
 			err = proto.Unmarshal(raw, &in)
 		}
 		if err != nil {
@@ -104,6 +109,40 @@ func startReceiver(t *testing.T) *otlpReceiver {
 	t.Cleanup(s.Close)
 	r.url = s.URL
 	return r
+}
+
+// unmarshalOTLPJSON decodes OTLP/JSON, whose trace and span ids are hex
+// where protojson expects base64.
+func unmarshalOTLPJSON(raw []byte, in *coltracepb.ExportTraceServiceRequest) error {
+	var doc any
+	if err := json.Unmarshal(raw, &doc); err != nil {
+		return err
+	}
+	var walk func(v any)
+	walk = func(v any) {
+		switch v := v.(type) {
+		case map[string]any:
+			for k, x := range v {
+				if s, ok := x.(string); ok && (k == "traceId" || k == "spanId" || k == "parentSpanId") {
+					if b, err := hex.DecodeString(s); err == nil {
+						v[k] = base64.StdEncoding.EncodeToString(b)
+					}
+					continue
+				}
+				walk(x)
+			}
+		case []any:
+			for _, x := range v {
+				walk(x)
+			}
+		}
+	}
+	walk(doc)
+	b, err := json.Marshal(doc)
+	if err != nil {
+		return err
+	}
+	return protojson.Unmarshal(b, in)
 }
 
 func (r *otlpReceiver) add(in *coltracepb.ExportTraceServiceRequest) {
@@ -137,13 +176,47 @@ func (r *otlpReceiver) find(match func(receivedSpan) bool) []receivedSpan {
 	return out
 }
 
+// pythonWorker runs one attempt of a task of queue in a Python worker
+// process (the standard-library client, claiming over the HTTP API at
+// url), exporting its span to the receiver at otlp: the handler asks the
+// API for the queue's stats (a request under the attempt's span) and
+// fails, so that the task is retried.
+func pythonWorker(t *testing.T, url, queue, otlp string) {
+	t.Helper()
+	if _, err := exec.LookPath("python3"); err != nil {
+		t.Skip("no python3")
+	}
+	src, err := filepath.Abs(filepath.Join("..", "..", "..", "..", "clients", "python", "src"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	script := `import sys, drover
+c = drover.Client(sys.argv[1])
+q = c.queue(sys.argv[2])
+def handle(task):
+    q.stats()
+    raise RuntimeError("the python attempt fails")
+stats = c.worker(sys.argv[2], ttl=5, wait=1, name="py-worker")(handle).run(max_tasks=1, duration=60, handle_signals=False)
+sys.exit(0 if stats["failed"] == 1 else 1)
+`
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "python3", "-c", script, url, queue)
+	cmd.Env = cleanEnv("PYTHONPATH="+src, "OTEL_EXPORTER_OTLP_ENDPOINT="+otlp, "OTEL_SERVICE_NAME=python-worker")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("python worker: %v\n%s", err, out)
+	}
+}
+
 // TestOneTraceFromSubmitterToRetry: a Go program submits a task over the
-// HTTP API under a span of its own; a drover worker process runs its first
-// attempt (an exec handler) and is SIGKILLed during it; a second worker
-// process takes the task over and runs it to success. An OTLP receiver
-// gets one trace: the submitter's span, its HTTP client span, the API's
-// route span, the send span under it, and under the send span (and linked
-// to it) the lost first attempt and the second one, whose exec handler saw
+// HTTP API under a span of its own; a Python worker process claims it over
+// the API and fails attempt 1; a drover worker process runs attempt 2 (an
+// exec handler) and is SIGKILLed during it; a second worker process takes
+// the task over and runs it to success. An OTLP receiver gets one trace:
+// the submitter's span, its HTTP client span, the API's route span, the
+// send span under it, and under the send span (and linked to it) the
+// Python worker's attempt (with the route span of its handler's request
+// under it), the lost attempt and the last one, whose exec handler saw
 // the attempt's span as TRACEPARENT.
 func TestOneTraceFromSubmitterToRetry(t *testing.T) {
 	ns := etcdtest.Namespace(t)
@@ -177,8 +250,9 @@ func TestOneTraceFromSubmitterToRetry(t *testing.T) {
 	ctx, root := subTP.Tracer("submitter").Start(context.Background(), "summarize the inbox")
 	client := &http.Client{Transport: otelhttp.NewTransport(http.DefaultTransport, otelhttp.WithTracerProvider(subTP),
 		otelhttp.WithPropagators(propagation.TraceContext{}))}
-	body := `[{"task_id":"traced","task_type":"summarize","max_retries":2,"metadata":{"tenant":"acme"}}]`
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+l.Addr().String()+"/v1/queues/traced/tasks", strings.NewReader(body))
+	body := `[{"task_id":"traced","task_type":"summarize","max_retries":3,"backoff_base":"1ms","backoff_max":"2ms","metadata":{"tenant":"acme"}}]`
+	apiURL := "http://" + l.Addr().String()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, apiURL+"/v1/queues/traced/tasks", strings.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := client.Do(req)
 	if err != nil {
@@ -192,11 +266,13 @@ func TestOneTraceFromSubmitterToRetry(t *testing.T) {
 	root.End()
 	traceID := root.SpanContext().TraceID().String()
 
-	// The first worker's attempt writes its TRACEPARENT and its pid, then
-	// hangs until the worker is SIGKILLed; the second's prints it.
+	pythonWorker(t, apiURL, "traced", recv.url)
+
+	// The first drover worker's attempt (2) writes its TRACEPARENT and its
+	// pid, then hangs until the worker is SIGKILLed; the second's prints it.
 	dir := t.TempDir()
 	first, pidFile := filepath.Join(dir, "first"), filepath.Join(dir, "pid")
-	script := `if [ "$DROVER_ATTEMPT" = 1 ]; then echo $$ > ` + pidFile + `; printf %s "$TRACEPARENT" > ` + first + `; exec sleep 60; fi; printf %s "$TRACEPARENT"`
+	script := `if [ "$DROVER_ATTEMPT" = 2 ]; then echo $$ > ` + pidFile + `; printf %s "$TRACEPARENT" > ` + first + `; exec sleep 60; fi; printf %s "$TRACEPARENT"`
 	env := cleanEnv("OTEL_EXPORTER_OTLP_ENDPOINT="+recv.url, "OTEL_BSP_SCHEDULE_DELAY=50", "OTEL_TRACES_SAMPLER=parentbased_always_on")
 	args := append(etcdFlags(ns), "worker", "--queue", "traced", "--ttl", "1s", "--backoff-base", "1ms", "--handler", "exec:sh -c '"+script+"'")
 	w1 := start(t, env, args...)
@@ -261,7 +337,20 @@ func TestOneTraceFromSubmitterToRetry(t *testing.T) {
 			return s.span.Name == "process traced" && s.attr("drover.attempt.number") == strconv.Itoa(n)
 		})
 	}
-	lost, second := attempt(1), attempt(2)
+	py, lost, second := attempt(1), attempt(2), attempt(3)
+	if py.service != "python-worker" || py.parent() != send.id() || py.span.Kind != tracepb.Span_SPAN_KIND_CONSUMER ||
+		len(py.span.Links) != 1 || hex.EncodeToString(py.span.Links[0].SpanId) != send.id() {
+		t.Fatalf("python attempt of %s under %s kind %v links %v, want a consumer under the send span, linked to it", py.service, py.parent(), py.span.Kind, py.span.Links)
+	}
+	if py.attr("drover.attempt.end") != "retry" || py.attr("messaging.client.id") != "py-worker" || py.attr("drover.tenant") != "acme" {
+		t.Fatalf("python attempt: attributes %v", py.span.Attributes)
+	}
+	stats := one("the python handler's request", func(s receivedSpan) bool {
+		return s.service == "drover-server" && s.span.Name == "GET /v1/queues/{queue}/stats"
+	})
+	if stats.parent() != py.id() {
+		t.Fatalf("the python handler's request under %s, want its attempt %s", stats.parent(), py.id())
+	}
 	for _, a := range []receivedSpan{lost, second} {
 		if a.service != "drover-worker" || a.parent() != send.id() || a.span.Kind != tracepb.Span_SPAN_KIND_CONSUMER {
 			t.Fatalf("attempt span of %s under %s kind %v, want a worker's consumer under the send span", a.service, a.parent(), a.span.Kind)
