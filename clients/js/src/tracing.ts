@@ -29,6 +29,7 @@ interface OtelAPI {
       startSpan(name: string, options: Record<string, unknown>, context?: unknown): OtelSpan;
     };
     setSpan(ctx: unknown, span: OtelSpan): unknown;
+    getSpan(ctx: unknown): OtelSpan | undefined;
     setSpanContext(ctx: unknown, sc: SpanContextLike): unknown;
   };
   ROOT_CONTEXT: unknown;
@@ -111,8 +112,9 @@ const noRequestSpan: RequestSpan = { headers: {}, end() {} };
 /**
  * Starts the client span of one HTTP request (kind client, named after its
  * method, with the `http.*`, `url.full` and `server.*` attributes of the
- * HTTP conventions) under the caller's active context, and returns the
- * headers that carry it to the server. resend counts the sends before
+ * HTTP conventions) under the caller's active span, and returns the
+ * headers that carry it to the server; outside any span, none (the
+ * headers carry what the caller's context holds, baggage say). resend counts the sends before
  * this one of the same request.
  */
 export async function startRequestSpan(method: string, url: string, resend: number): Promise<RequestSpan> {
@@ -131,6 +133,9 @@ export async function startRequestSpan(method: string, url: string, resend: numb
     };
     if (resend > 0) attributes["http.request.resend_count"] = resend;
     const parent = a.context.active();
+    // Only under a span of the caller's: a worker's claims and outcomes,
+    // made outside any, would otherwise each start a trace of their own.
+    if (!a.trace.getSpan(parent)) return { headers: inject(a, parent), end() {} };
     span = tracer(a).startSpan(method, { kind: KIND_CLIENT, attributes }, parent);
     // Without an SDK the span is a no-op one: the caller's context goes on.
     ctx = valid(span) ? a.trace.setSpan(parent, span) : parent;

@@ -61,6 +61,9 @@ test("each HTTP request is a client span under the caller's, and carries it", as
     const mine = spans().filter((s) => s.kind === SpanKind.CLIENT && parentOf(s) === sid);
     assert.equal(mine.length, 2, "one client span per request");
     const [ok, missing] = mine;
+    const before = spans().length;
+    await t.request("GET", "/v1/outside");
+    assert.equal(spans().length, before, "outside any span of the caller's, a request starts no trace");
     assert.equal(ok.name, "GET");
     assert.equal(ok.spanContext().traceId, root.spanContext().traceId);
     assert.equal(ok.attributes["http.request.method"], "GET");
