@@ -3,6 +3,8 @@
 // request and a `process <queue>` span per task a worker claims. Without
 // the API, or with no SDK registered, nothing is recorded and nothing fails.
 
+import { AsyncLocalStorage } from "node:async_hooks";
+
 /** What drover uses of a span. */
 export interface OtelSpan {
   spanContext(): { traceId: string; spanId: string; traceFlags: number };
@@ -109,18 +111,41 @@ function valid(span: OtelSpan): boolean {
 
 const noRequestSpan: RequestSpan = { headers: {}, end() {} };
 
+// The creation context (traceparent) of the task whose handler runs, for
+// its requests made outside any span of the caller's: without
+// OpenTelemetry, or without an SDK, they still join the task's trace.
+const taskTrace = new AsyncLocalStorage<string>();
+
+/** Runs fn with traceparent as the trace its requests carry when no span of the caller's is active. @internal */
+export function withTaskTrace<T>(traceparent: string | undefined, fn: () => T): T {
+  return parseTraceparent(traceparent) ? taskTrace.run(traceparent!.trim(), fn) : fn();
+}
+
+/** headers, with the running handler's task's traceparent when they carry none. */
+function orTaskTrace(headers: Record<string, string>): Record<string, string> {
+  const tp = taskTrace.getStore();
+  return tp && !headers.traceparent ? { ...headers, traceparent: tp } : headers;
+}
+
+/** A request that makes no span: it carries headers, or the running task's trace. */
+function untraced(headers: Record<string, string>): RequestSpan {
+  const h = orTaskTrace(headers);
+  return h === headers && !Object.keys(h).length ? noRequestSpan : { headers: h, end() {} };
+}
+
 /**
  * Starts the client span of one HTTP request (kind client, named after its
  * method, with the `http.*`, `url.full` and `server.*` attributes of the
  * HTTP conventions) under the caller's active span, and returns the
  * headers that carry it to the server; outside any span, none (the
- * headers carry what the caller's context holds, baggage say). resend counts the sends before
- * this one of the same request.
+ * headers carry what the caller's context holds, baggage say, and in a
+ * worker's handler its task's traceparent, as without the API). resend
+ * counts the sends before this one of the same request.
  */
 export async function startRequestSpan(method: string, url: string, resend: number): Promise<RequestSpan> {
   if (api === undefined) await loadOtel();
   const a = api;
-  if (!a) return noRequestSpan;
+  if (!a) return untraced({});
   let span: OtelSpan;
   let ctx: unknown;
   try {
@@ -135,12 +160,12 @@ export async function startRequestSpan(method: string, url: string, resend: numb
     const parent = a.context.active();
     // Only under a span of the caller's: a worker's claims and outcomes,
     // made outside any, would otherwise each start a trace of their own.
-    if (!a.trace.getSpan(parent)) return { headers: inject(a, parent), end() {} };
+    if (!a.trace.getSpan(parent)) return untraced(inject(a, parent));
     span = tracer(a).startSpan(method, { kind: KIND_CLIENT, attributes }, parent);
     // Without an SDK the span is a no-op one: the caller's context goes on.
     ctx = valid(span) ? a.trace.setSpan(parent, span) : parent;
   } catch {
-    return noRequestSpan;
+    return untraced({});
   }
   return {
     headers: inject(a, ctx),

@@ -8,7 +8,7 @@ import { Budgets, TaskBudgetHold, taskBudget, type ProviderHeaders } from "./bud
 import { WaitSignal, receivedOf, type ReceivedSignal } from "./signals.js";
 import { Session } from "./session.js";
 import { StreamWriter } from "./streams.js";
-import { attemptSpans, startAttemptSpan, type AttemptEnd, type AttemptSpan } from "./tracing.js";
+import { attemptSpans, startAttemptSpan, withTaskTrace, type AttemptEnd, type AttemptSpan } from "./tracing.js";
 /** What a task handler gets besides the task. */
 export interface TaskContext {
   /** Fires when the claim's session is lost (the task runs again elsewhere) or the worker stops hard. */
@@ -579,7 +579,9 @@ export class Worker {
           wait = undefined;
         }
         try {
-          result = await span.run(() => this.handler(task, ctx));
+          // Its requests go under the attempt's span, or carry the task's
+          // traceparent where no span is active (no OpenTelemetry, no SDK).
+          result = await span.run(() => withTaskTrace(task.traceparent, () => this.handler(task, ctx)));
         } finally {
           // Its events are stored before its outcome: the outcome closes the stream.
           await stream.flush().catch((e) => this.report(e));

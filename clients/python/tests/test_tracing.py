@@ -7,6 +7,7 @@ it: the test installs a stand-in ``opentelemetry.propagate`` module whose
 ``inject`` writes what the real global W3C propagator writes for a span.
 """
 
+import contextlib
 import http.server
 import json
 import os
@@ -193,7 +194,8 @@ class WorkerSpanTest(_support.ClientTest):
                 raise RuntimeError("flaky")
             return "ok"
 
-        stats = handle.run(idle_timeout=1.5, duration=30, handle_signals=False)
+        # Three attempts, however long each takes: no idle time to wait out.
+        stats = handle.run(max_tasks=3, duration=60, handle_signals=False)
         self.assertEqual((stats["succeeded"], stats["dead"], stats["failed"]), (1, 1, 1))
         spans = {"%s/%s" % (s["attrs"]["messaging.message.id"], s["attrs"]["drover.attempt.number"]): s for s in self.spans()}
         self.assertEqual(sorted(spans), ["bad/1", "flaky/1", "flaky/2"])
@@ -209,6 +211,7 @@ class WorkerSpanTest(_support.ClientTest):
             self.assertEqual(s["attrs"]["messaging.operation.type"], "process")
             self.assertEqual(s["attrs"]["messaging.client.id"], "py-w")
             self.assertEqual(seen[key], "00-%s-%s-01" % (trace_id, s["spanId"]), "the handler's requests carry its attempt")
+            self.assertLessEqual(int(s["startTimeUnixNano"]), int(s["endTimeUnixNano"]))
         self.assertEqual(spans["flaky/1"]["attrs"]["drover.tenant"], "acme")
         self.assertEqual(spans["flaky/1"]["attrs"]["drover.attempt.end"], "retry")
         self.assertEqual(spans["flaky/1"]["status"]["code"], 2)
@@ -224,6 +227,159 @@ class WorkerSpanTest(_support.ClientTest):
         os.environ["OTEL_TRACES_EXPORTER"] = "none"
         _tracing._exporter = False
         self.assertIsNone(_tracing.exporter())
+
+
+class _Blocking(http.server.BaseHTTPRequestHandler):
+    """An OTLP receiver whose answers wait for release: spans pile up."""
+
+    release = threading.Event()
+    mu = threading.Lock()
+    received = 0
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+        _Blocking.release.wait(120)
+        with _Blocking.mu:
+            _Blocking.received += sum(len(ss["spans"]) for rs in body["resourceSpans"] for ss in rs["scopeSpans"])
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+_VARS = ("OTEL_SDK_DISABLED", "OTEL_TRACES_EXPORTER", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+         "OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_HEADERS",
+         "OTEL_EXPORTER_OTLP_TRACES_HEADERS", "OTEL_EXPORTER_OTLP_TIMEOUT", "OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG")
+
+
+class ConfigTest(unittest.TestCase):
+    """The OTEL_* variables read as drover's Go processes read them."""
+
+    def env(self, **kv: str) -> None:
+        patch = mock.patch.dict(os.environ, {k: v for k, v in kv.items()})
+        patch.start()
+        self.addCleanup(patch.stop)
+        for k in _VARS:
+            if k not in kv:
+                os.environ.pop(k, None)
+
+    def test_when_traces_are_on(self) -> None:
+        cases = [
+            ({}, False),
+            ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"}, True),
+            ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://127.0.0.1:4318/t"}, True),
+            ({"OTEL_TRACES_EXPORTER": "otlp"}, True),
+            ({"OTEL_TRACES_EXPORTER": "console, otlp"}, True),
+            ({"OTEL_TRACES_EXPORTER": "none", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"}, False),
+            ({"OTEL_TRACES_EXPORTER": "console", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"}, False),
+            ({"OTEL_SDK_DISABLED": " TRUE ", "OTEL_TRACES_EXPORTER": "otlp"}, False),
+        ]
+        for env, on in cases:
+            with self.subTest(env=env):
+                self.env(**env)
+                self.assertEqual(_tracing.enabled(), on)
+
+    def test_where_spans_go(self) -> None:
+        self.env(OTEL_TRACES_EXPORTER="otlp")
+        self.assertEqual(_tracing.traces_url(), "http://localhost:4318/v1/traces")
+        self.env(OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:4318/otel/")
+        self.assertEqual(_tracing.traces_url(), "http://127.0.0.1:4318/otel/v1/traces", "the base endpoint gets the signal's path")
+        self.env(OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:4318", OTEL_EXPORTER_OTLP_TRACES_ENDPOINT="http://127.0.0.1:9/custom")
+        self.assertEqual(_tracing.traces_url(), "http://127.0.0.1:9/custom", "the traces endpoint is taken as it is")
+
+    def test_headers_timeout_protocol(self) -> None:
+        self.env(OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:1", OTEL_EXPORTER_OTLP_HEADERS="api-key=a%3Db==,x = 1,bad key=v,evil=sec%0Aret",
+                 OTEL_EXPORTER_OTLP_TIMEOUT="0")
+        with self.assertLogs("drover", "WARNING") as logs:
+            exp = _tracing._configure()
+        assert exp is not None
+        self.assertEqual({k: v for k, v in exp.headers.items() if k != "Content-Type"}, {"api-key": "a=b==", "x": "1"})
+        self.assertNotIn("sec", "\n".join(logs.output), "a left-out header's value is not logged")
+        self.assertEqual(exp.timeout, 10.0, "a timeout of 0 is the default")
+        self.env(OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:1", OTEL_EXPORTER_OTLP_TRACES_HEADERS="a=1", OTEL_EXPORTER_OTLP_HEADERS="b=2",
+                 OTEL_EXPORTER_OTLP_TIMEOUT="2500")
+        exp = _tracing._configure()
+        assert exp is not None
+        self.assertEqual((exp.headers.get("a"), exp.headers.get("b"), exp.timeout), ("1", None, 2.5))
+        self.env(OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:1", OTEL_EXPORTER_OTLP_PROTOCOL=" GRPC")
+        with self.assertLogs("drover", "WARNING"):
+            self.assertIsNone(_tracing._configure())
+
+    def test_sampler(self) -> None:
+        sampled, unsampled = ("t", "p", 1), ("t", "p", 0)
+        low, high = "0" * 32, "0" * 16 + "f" * 16
+        for name, arg, tid, parent, want in [
+            ("", "", high, None, True),
+            ("", "", high, unsampled, False),
+            ("always_on", "", high, unsampled, True),
+            ("always_off", "", low, sampled, False),
+            ("parentbased_always_off", "", low, sampled, True),
+            ("parentbased_always_off", "", low, None, False),
+            ("traceidratio", "0.5", low, None, True),
+            ("traceidratio", "0.5", high, None, False),
+            ("traceidratio", "0.5", "0" * 16 + "7fffffffffffffff", None, True),
+            ("traceidratio", "0.5", "0" * 16 + "8000000000000000", None, False),
+            ("parentbased_traceidratio", "0", high, sampled, True),
+            ("traceidratio", "2", high, None, True),
+        ]:
+            with self.subTest(name=name, arg=arg, tid=tid, parent=parent):
+                with self.assertLogs("drover", "WARNING") if arg == "2" else contextlib.nullcontext():
+                    self.assertEqual(_tracing.Sampler(name, arg).sample(tid, parent), want)
+        with self.assertLogs("drover", "WARNING"):
+            self.assertEqual(_tracing.Sampler("jaeger_remote").name, "parentbased_always_on")
+
+    def test_unsampled_attempt_is_not_sent_and_says_so(self) -> None:
+        exp = _tracing.Exporter("http://127.0.0.1:1/v1/traces", {}, 5.0, _tracing.Sampler("always_off"))
+        span = _tracing.AttemptSpan(exp, "q", Task({"task_id": "a", "attempt": 1, "metadata": ["not", "a", "map"]}), "w", "ns")
+        self.assertTrue(span.traceparent.endswith("-00"), "its requests say it is not sampled")
+        span.end("success")
+        self.assertEqual(exp._busy, 0, "nothing queued")
+
+    def test_logs_name_the_endpoint_without_credentials(self) -> None:
+        exp = _tracing.Exporter("http://user:secret@127.0.0.1/v1/traces?token=t0ken", {}, 5.0)
+        with self.assertLogs("drover", "WARNING") as logs:
+            exp.add({"traceId": "0" * 31 + "1"})
+            self.assertTrue(exp.flush(60))
+        text = "\n".join(logs.output)
+        self.assertIn("http://127.0.0.1/v1/traces", text)
+        self.assertNotIn("secret", text)
+        self.assertNotIn("t0ken", text)
+
+
+class ExporterBoundTest(unittest.TestCase):
+    def test_a_receiver_that_does_not_answer_holds_a_bounded_number_of_spans(self) -> None:
+        srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Blocking)
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        self.addCleanup(srv.server_close)
+        self.addCleanup(srv.shutdown)
+        _Blocking.release.clear()
+        self.addCleanup(_Blocking.release.set)
+        _Blocking.received = 0
+        exp = _tracing.Exporter("http://127.0.0.1:%d/v1/traces" % srv.server_address[1], {}, 120.0)
+        n = 5000
+        with self.assertLogs("drover", "WARNING") as logs:
+            for i in range(n):
+                exp.add({"traceId": "%032x" % (i + 1), "spanId": "%016x" % (i + 1), "name": "s"})
+        self.assertEqual(len(logs.output), 1, "the drop is logged once")
+        self.assertLessEqual(exp._q.qsize(), _tracing._MAX_QUEUED)
+        self.assertGreaterEqual(exp.dropped, n - _tracing._MAX_QUEUED - _tracing._MAX_BATCH)
+        _Blocking.release.set()
+        self.assertTrue(exp.flush(120), "every span kept is sent once the receiver answers")
+        self.assertEqual(_Blocking.received + exp.dropped, n, "each span is sent or counted as dropped")
+
+    def test_a_forked_child_starts_afresh(self) -> None:
+        if not hasattr(os, "fork"):
+            self.skipTest("no fork")
+        _tracing._exporter = _tracing.Exporter("http://127.0.0.1:1/v1/traces", {}, 1.0)
+        self.addCleanup(setattr, _tracing, "_exporter", False)
+        pid = os.fork()
+        if pid == 0:  # the child: no sending thread, so no exporter of its parent's
+            os._exit(0 if _tracing._exporter is False else 1)
+        _, status = os.waitpid(pid, 0)
+        self.assertEqual(os.waitstatus_to_exitcode(status), 0)
 
 
 class TaskTraceparentTest(unittest.TestCase):

@@ -8,8 +8,10 @@ standard OpenTelemetry variables ask for traces: ``OTEL_TRACES_EXPORTER=otlp``
 or an endpoint (``OTEL_EXPORTER_OTLP_ENDPOINT``,
 ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``). ``OTEL_SDK_DISABLED=true`` or
 ``OTEL_TRACES_EXPORTER=none`` keep it off, and so does a ``grpc``
-protocol, which the standard library cannot speak. Spans are sent in the
-background, in batches; a receiver out of reach loses them, never a task.
+protocol, which the standard library cannot speak. ``OTEL_TRACES_SAMPLER``
+(and its argument) choose the attempts recorded, as in drover's Go
+processes. Spans are sent in the background, in batches, from a bounded
+queue; a receiver out of reach loses them, never a task.
 """
 
 import atexit
@@ -17,8 +19,10 @@ import json
 import logging
 import os
 import queue as _queue
+import re
 import threading
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from typing import Any, Dict, List, Optional, Tuple
@@ -61,6 +65,13 @@ def _attrs(d: Dict[str, Any]) -> List[Dict[str, Any]]:
     return [{"key": k, "value": _any(v)} for k, v in d.items() if v is not None and v != ""]
 
 
+def _int(v: Any) -> int:
+    try:
+        return int(v or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
 def cut(text: str, limit: int = 256) -> str:
     """text cut to limit bytes of UTF-8, ending in ``...`` when cut."""
     b = text.encode("utf-8", "replace")
@@ -71,20 +82,23 @@ def cut(text: str, limit: int = 256) -> str:
 
 class AttemptSpan:
     """One attempt's span: its ``traceparent`` is handed to the handler's
-    requests; :meth:`end` records how the attempt ended and sends it."""
+    requests; :meth:`end` records how the attempt ended and sends it.
+    It starts at claimed (ns since the epoch), when given: the claim."""
 
-    def __init__(self, exporter: Optional["Exporter"], queue: str, task: Any, worker: str, namespace: str) -> None:
+    def __init__(self, exporter: Optional["Exporter"], queue: str, task: Any, worker: str, namespace: str, claimed: Optional[int] = None) -> None:
         self._exporter = exporter
         parent = parse_traceparent(getattr(task, "traceparent", "") or "")
         self.parent = parent
         trace_id = parent[0] if parent else os.urandom(16).hex()
-        self.sampled = bool(parent[2] & 1) if parent else True
+        sampler = exporter.sampler if exporter is not None else _PARENT_BASED
+        self.sampled = sampler.sample(trace_id, parent)
         self.span_id = os.urandom(8).hex()
         self.traceparent = "00-%s-%s-%02x" % (trace_id, self.span_id, 1 if self.sampled else 0)
         self.trace_id = trace_id
         self.queue = queue
-        self.start = time.time_ns()
-        metadata = task.get("metadata") or {}
+        self.start = claimed or time.time_ns()
+        metadata = task.get("metadata")
+        tenant = metadata.get("tenant", "") if isinstance(metadata, dict) else ""
         self.attributes: Dict[str, Any] = {
             "messaging.system": "drover",
             "messaging.destination.name": queue,
@@ -95,8 +109,8 @@ class AttemptSpan:
             "messaging.client.id": worker,
             "drover.namespace": namespace,
             "drover.task.type": task.get("task_type", ""),
-            "drover.tenant": metadata.get("tenant", ""),
-            "drover.attempt.number": int(task.get("attempt") or 0),
+            "drover.tenant": tenant,
+            "drover.attempt.number": _int(task.get("attempt")),
         }
         self._ended = False
 
@@ -130,16 +144,40 @@ class AttemptSpan:
 
 
 def _env(name: str) -> str:
-    return os.environ.get("OTEL_EXPORTER_OTLP_TRACES_" + name) or os.environ.get("OTEL_EXPORTER_OTLP_" + name) or ""
+    return (os.environ.get("OTEL_EXPORTER_OTLP_TRACES_" + name) or os.environ.get("OTEL_EXPORTER_OTLP_" + name) or "").strip()
 
 
 def _headers(raw: str) -> Dict[str, str]:
+    """The headers of an OTEL_EXPORTER_OTLP_HEADERS value (key=value pairs,
+    comma-separated, URL-encoded). A pair that is not a valid header is
+    left out with a warning that names its key, never its value."""
     out: Dict[str, str] = {}
     for part in raw.split(","):
         k, sep, v = part.partition("=")
-        if sep and k.strip():
-            out[urllib.parse.unquote(k.strip())] = urllib.parse.unquote(v.strip())
+        if not sep or not k.strip():
+            continue
+        key, value = urllib.parse.unquote(k.strip()), urllib.parse.unquote(v.strip())
+        if not _TOKEN.fullmatch(key) or any(ord(c) < 0x20 and c != "\t" or ord(c) == 0x7F for c in value):
+            log.warning("drover: OTEL_EXPORTER_OTLP_HEADERS: header %r left out: a header name is a token and its value holds no control characters", key[:64])
+            continue
+        out[key] = value
     return out
+
+
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+
+
+def redact(url: str) -> str:
+    """url without its user information and query, which may hold credentials: for logs."""
+    try:
+        u = urllib.parse.urlsplit(url)
+        host = u.hostname or ""
+        if ":" in host:
+            host = "[" + host + "]"
+        port = ":%d" % u.port if u.port else ""
+        return urllib.parse.urlunsplit((u.scheme, host + port, u.path, "", ""))
+    except ValueError:
+        return "(an endpoint that is not a URL)"
 
 
 def _resource() -> List[Dict[str, Any]]:
@@ -153,18 +191,61 @@ def _resource() -> List[Dict[str, Any]]:
     return _attrs(attrs)
 
 
-class Exporter:
-    """Sends finished spans to an OTLP/HTTP receiver as JSON, in batches, from a thread of its own."""
+class Sampler:
+    """The sampler of OTEL_TRACES_SAMPLER as the Go SDK reads it, for the
+    attempt spans: always_on, always_off, traceidratio, and their
+    parentbased_ forms (the default: parentbased_always_on), which follow
+    the sampled flag of the task's traceparent when it has one."""
 
-    def __init__(self, url: str, headers: Dict[str, str], timeout: float) -> None:
+    def __init__(self, name: str = "parentbased_always_on", arg: str = "") -> None:
+        name = name.strip().lower() or "parentbased_always_on"
+        if name not in _SAMPLERS:
+            log.warning("drover: OTEL_TRACES_SAMPLER %r is not one of %s: parentbased_always_on", name, ", ".join(sorted(_SAMPLERS)))
+            name = "parentbased_always_on"
+        self.name = name
+        self.parent_based = name.startswith("parentbased_")
+        root = name[len("parentbased_"):] if self.parent_based else name
+        ratio = 1.0 if root == "always_on" else 0.0
+        if root == "traceidratio":
+            try:
+                ratio = float(arg.strip() or "1")
+            except ValueError:
+                ratio = -1.0
+            if not 0.0 <= ratio <= 1.0:
+                log.warning("drover: OTEL_TRACES_SAMPLER_ARG %r is not a ratio from 0 to 1: 1", arg)
+                ratio = 1.0
+        # As the Go SDK's TraceIDRatioBased: the trace id's last 8 bytes,
+        # shifted right once, below ratio * 2**63.
+        self._bound = int(ratio * (1 << 63))
+
+    def sample(self, trace_id: str, parent: Optional[Tuple[str, str, int]]) -> bool:
+        """Whether a span of trace trace_id (a child of parent, when one) is recorded."""
+        if self.parent_based and parent is not None:
+            return bool(parent[2] & 1)
+        return (int(trace_id[16:32], 16) >> 1) < self._bound
+
+
+_SAMPLERS = {"always_on", "always_off", "traceidratio", "parentbased_always_on", "parentbased_always_off", "parentbased_traceidratio"}
+_PARENT_BASED = Sampler()
+
+
+class Exporter:
+    """Sends finished spans to an OTLP/HTTP receiver as JSON, in batches, from
+    a daemon thread of its own: at most _MAX_QUEUED spans wait (more are
+    dropped, counted in ``dropped``) and _MAX_BATCH are in flight."""
+
+    def __init__(self, url: str, headers: Dict[str, str], timeout: float, sampler: Optional[Sampler] = None) -> None:
         self.url = url
         self.headers = {"Content-Type": "application/json", **headers}
         self.timeout = timeout
-        self._q: "_queue.Queue[Optional[Dict[str, Any]]]" = _queue.Queue(_MAX_QUEUED)
+        self.sampler = sampler or _PARENT_BASED
+        self.dropped = 0
+        self._q: "_queue.Queue[Dict[str, Any]]" = _queue.Queue(_MAX_QUEUED)
         self._idle = threading.Condition()
         self._busy = 0
         self._warned = False
-        threading.Thread(target=self._loop, name="drover-spans", daemon=True).start()
+        self._thread = threading.Thread(target=self._loop, name="drover-spans", daemon=True)
+        self._thread.start()
 
     def add(self, span: Dict[str, Any]) -> None:
         with self._idle:
@@ -174,17 +255,23 @@ class Exporter:
         except _queue.Full:  # a receiver that does not keep up loses spans, never a task
             with self._idle:
                 self._busy -= 1
+                self.dropped += 1
+                first = self.dropped == 1
                 self._idle.notify_all()
+            if first:
+                log.warning("drover: %d spans wait for %s already: spans are dropped", _MAX_QUEUED, redact(self.url))
 
     def flush(self, timeout: float = 5.0) -> bool:
-        """Waits until the spans added so far are sent (or failed), at most timeout seconds."""
+        """Waits until the spans added so far are sent (or failed), at most
+        timeout seconds; False at once in a process forked from the one
+        that started the sending thread (it has none)."""
         deadline = time.monotonic() + timeout
         with self._idle:
             while self._busy > 0:
                 left = deadline - time.monotonic()
-                if left <= 0:
+                if left <= 0 or not self._thread.is_alive():
                     return False
-                self._idle.wait(left)
+                self._idle.wait(min(left, 0.5))
         return True
 
     def _loop(self) -> None:
@@ -195,13 +282,13 @@ class Exporter:
                     batch.append(self._q.get_nowait())
                 except _queue.Empty:
                     break
-            spans = [s for s in batch if s is not None]
             try:
-                if spans:
-                    self._post(spans)
+                self._post(batch)
+            except Exception:  # noqa: BLE001 - the thread goes on
+                pass
             finally:
                 with self._idle:
-                    self._busy -= len(spans)
+                    self._busy -= len(batch)
                     self._idle.notify_all()
 
     def _post(self, spans: List[Dict[str, Any]]) -> None:
@@ -220,7 +307,19 @@ class Exporter:
         except Exception as e:  # noqa: BLE001 - tracing never stops the work
             if not self._warned:
                 self._warned = True
-                log.warning("drover: sending %d spans to %s failed: %s", len(spans), self.url, e)
+                log.warning("drover: sending %d spans to %s failed: %s", len(spans), redact(self.url), _reason(e))
+
+
+def _reason(e: BaseException) -> str:
+    """What went wrong sending spans, without the texts that may echo the
+    endpoint's or a header's credentials (an invalid URL's, say)."""
+    if isinstance(e, urllib.error.HTTPError):
+        return "HTTP %d" % e.code
+    if isinstance(e, urllib.error.URLError) and isinstance(e.reason, BaseException):
+        e = e.reason
+    if isinstance(e, OSError) and e.strerror:
+        return "%s: %s" % (type(e).__name__, e.strerror)
+    return type(e).__name__
 
 
 _exporter: Any = False
@@ -234,28 +333,72 @@ def exporter() -> Optional[Exporter]:
         if _exporter is False:
             _exporter = _configure()
             if _exporter is not None:
-                atexit.register(_exporter.flush)
+                _flush_at_exit()
         return _exporter
 
 
-def _configure() -> Optional[Exporter]:
+_at_exit = False
+
+
+def _flush_at_exit() -> None:
+    """Has the process flush its exporter (the one it has then) when it exits, once."""
+    global _at_exit
+    if not _at_exit:
+        _at_exit = True
+        atexit.register(flush)
+
+
+def _forget_after_fork() -> None:
+    """A forked child has no sending thread: it configures an exporter of its own."""
+    global _exporter, _exporter_mu
+    _exporter = False
+    _exporter_mu = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+def enabled() -> bool:
+    """Whether the OTEL_* variables ask for traces, as drover's Go
+    processes read them: not OTEL_SDK_DISABLED=true, and
+    OTEL_TRACES_EXPORTER names otlp (a comma-separated list), or is unset
+    while an OTLP endpoint is set. Any other exporter (none, console...)
+    leaves tracing off."""
     if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
-        return None
+        return False
     kind = os.environ.get("OTEL_TRACES_EXPORTER", "").strip().lower()
-    traces_url = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "")
-    base = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "")
-    if kind == "none" or not (kind == "otlp" or traces_url or base):
+    if kind:
+        return "otlp" in [k.strip() for k in kind.split(",")]
+    return bool(os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip() or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip())
+
+
+def traces_url() -> str:
+    """Where spans go: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT as it is, or
+    OTEL_EXPORTER_OTLP_ENDPOINT (default http://localhost:4318) with
+    /v1/traces appended to its path."""
+    url = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip()
+    if url:
+        return url
+    base = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip() or "http://localhost:4318"
+    return base.rstrip("/") + "/v1/traces"
+
+
+def _configure() -> Optional[Exporter]:
+    if not enabled():
         return None
-    protocol = _env("PROTOCOL")
+    protocol = _env("PROTOCOL").lower()
     if protocol == "grpc":
         log.warning("drover: OTLP over grpc needs the OpenTelemetry SDK: the worker's spans stay off (use http/json)")
         return None
-    url = traces_url or (base or "http://localhost:4318").rstrip("/") + "/v1/traces"
     try:
         timeout = float(_env("TIMEOUT") or 10000) / 1000.0
     except ValueError:
+        timeout = 0.0
+    if not timeout > 0:
         timeout = 10.0
-    return Exporter(url, _headers(_env("HEADERS")), timeout)
+    sampler = Sampler(os.environ.get("OTEL_TRACES_SAMPLER", ""), os.environ.get("OTEL_TRACES_SAMPLER_ARG", ""))
+    return Exporter(traces_url(), _headers(_env("HEADERS")), timeout, sampler)
 
 
 def flush(timeout: float = 5.0) -> None:

@@ -453,7 +453,9 @@ class Worker(_Reporting):
             slot.held += len(tasks)
             self.stats["claimed"] += len(tasks)
             self.stats["ahead"] += max(0, len(tasks) - free)
+            claimed = time.time_ns()
             for t in tasks:
+                t._claimed_ns = claimed  # type: ignore[attr-defined]  # its attempt's span starts there
                 self._waiting.append((slot, t))
         if slot.session.lost.is_set():
             self._drop_waiting(slot)  # lost before they were queued
@@ -560,9 +562,8 @@ class Worker(_Reporting):
             self._active[me] = started
         parked = False
         # The attempt's span, when tracing is on: the handler's requests go under it.
-        exp = _tracing.exporter()
-        span = _tracing.AttemptSpan(exp, self.queue, task, self.name or "worker-%d" % os.getpid(), self.client.namespace or "")
-        task.attempt_traceparent = span.traceparent if exp is not None else task.traceparent  # type: ignore[attr-defined]
+        span = self._attempt_span(task)
+        task.attempt_traceparent = span.traceparent if span is not None else task.traceparent  # type: ignore[attr-defined]
         traced = task_trace.set(task.attempt_traceparent)  # type: ignore[attr-defined]
         try:
             # A task whose metadata names a budget reserves its estimate first.
@@ -601,7 +602,10 @@ class Worker(_Reporting):
         except (DroverError, TimeoutError) as e:
             log.info("drover: task %s: its stream's last events: %s", task.id, e)
         if parked:
-            span.end("wait")
+            if span is not None and getattr(task, "_wait_lost", False):
+                span.end("lost", "the wait was not stored: the claim was lost")
+            elif span is not None:
+                span.end("wait")
             self._parked(slot)
             return
         received = getattr(task, "_received_refs", None)
@@ -614,8 +618,22 @@ class Worker(_Reporting):
             # The server ends its stream (done, or attempt_ended when it is
             # retried or sleeps) once the outcome is stored.
             outcome["streamed"] = True
-        outcome[_tracing.SPAN_KEY] = span  # taken off before it is sent; ended with its answer
+        if span is not None:
+            outcome[_tracing.SPAN_KEY] = span  # taken off before it is sent; ended with its answer
         self._outbox.put((slot, outcome))
+
+    def _attempt_span(self, task: Task) -> Optional[_tracing.AttemptSpan]:
+        """The span of an attempt at task, when tracing is on; None when it
+        is off, or when the span cannot be made (tracing never stops a task)."""
+        exp = _tracing.exporter()
+        if exp is None:
+            return None
+        try:
+            worker = self.name or "worker-%d" % os.getpid()
+            return _tracing.AttemptSpan(exp, self.queue, task, worker, self.client.namespace or "", getattr(task, "_claimed_ns", None))
+        except Exception as e:  # noqa: BLE001
+            log.warning("drover: task %s: no span for its attempt: %s", task.id, e)
+            return None
 
     def _call(self, q: Any, session: Session, task: Task) -> Any:
         """Runs the handler on task and returns what it returned, or
@@ -678,6 +696,7 @@ class Worker(_Reporting):
             log.warning("drover: task %s: reporting its wait failed: %s", task.id, e)
         if r is not None and r.ok and r.signal:
             return _received_of(r.signal)
+        task._wait_lost = not (r is not None and r.ok)  # type: ignore[attr-defined]  # how its span ends
         with self._mu:
             self.stats["waited" if r is not None and r.ok else "lost"] += 1
         return None
