@@ -24,6 +24,7 @@ import { DroverStore } from "./agentstore.js";
 import { runEvents, type EventStreamingGraph } from "./agentserver-stream.js";
 import { graphRegistrationSchemas, schemaParser, staticSchemas, type GraphSchema, type GraphSourceSpec, type SubgraphGraph } from "./agentserver-schema.js";
 import { ConflictError, DroverError, NotFoundError } from "./errors.js";
+import { DROVER_EVENT_TYPES } from "./streams.js";
 import type { Lock } from "./locks.js";
 import type { QueueTask } from "./queue.js";
 import type { TaskContext, Worker, WorkerStats } from "./worker.js";
@@ -99,6 +100,12 @@ export interface AgentServerRuntimeOptions {
   projectDir?: string;
   /** Runs at once (default 4). */
   concurrency?: number;
+  /**
+   * TTL in seconds of the worker's session (default 15): a runtime that
+   * dies loses its runs' claims and the threads' locks this long after,
+   * and another runtime resumes them.
+   */
+  ttl?: number;
   /** States of a thread's history reported after each run (default 100). */
   historyLimit?: number;
   /** The most bytes (as JSON) of history an outcome sends beside the state; default 1 MiB. */
@@ -171,7 +178,7 @@ export class AgentServerRuntime {
       await this.drover.transport.put(`/v1/agent-server/graphs/${encodeURIComponent(id)}`, body);
       bodies.push([id, source, body]);
     }
-    this.worker = this.drover.worker(RUNS_QUEUE, { concurrency: this.opts.concurrency ?? 4, signals: false, onError: this.opts.onError }, (t, ctx) => this.run(t, ctx));
+    this.worker = this.drover.worker(RUNS_QUEUE, { concurrency: this.opts.concurrency ?? 4, ttl: this.opts.ttl, signals: false, onError: this.opts.onError }, (t, ctx) => this.run(t, ctx));
     this.schemasRegistered = this.registerSchemas(bodies);
   }
 
@@ -294,8 +301,16 @@ export class AgentServerRuntime {
           context: { ...(p.assistant_context as object), ...(kw.context as object) },
           signal: ctx.signal,
         });
-        const events = runEvents(graph as RunnableGraph & EventStreamingGraph, input ?? null, options, kw.stream_mode ?? ["values"], run.run_id, kw.subgraphs ?? false);
-        for await (const ev of events) await ctx.stream.emit(ev.event, plain(ev.data));
+        // A later attempt replays, before its first task runs, what the checkpoint holds (its state,
+        // the writes of tasks that finished): what an earlier attempt sent already is not sent again.
+        const earlier = ctx.attempt > 1 ? await this.earlierEvents(task.task_id, ctx.attempt) : undefined;
+        let replaying = earlier !== undefined;
+        const events = runEvents(graph as RunnableGraph & EventStreamingGraph, input ?? null, options, kw.stream_mode ?? ["values"], run.run_id, kw.subgraphs ?? false, () => (replaying = false));
+        for await (const ev of events) {
+          const data = plain(ev.data);
+          if (replaying && earlier?.has(eventKey(ev.event, data))) continue;
+          await ctx.stream.emit(ev.event, data);
+        }
       } catch (e) {
         if (ctx.signal.aborted) throw e; // cancelled or lost: the task's status says so
         status = "error";
@@ -322,6 +337,28 @@ export class AgentServerRuntime {
     return { status };
   }
 
+  /**
+   * The events the attempts before `attempt` wrote to the task's stream
+   * (drover's own left out), as {@link eventKey}s; undefined when the
+   * stream could not be read (then nothing is left out).
+   */
+  private async earlierEvents(taskId: string, attempt: number): Promise<Set<string> | undefined> {
+    const seen = new Set<string>();
+    try {
+      let from = 1;
+      for (let page = 0; page < 10_000; page++) {
+        const p = await this.drover.streams.read(taskId, { from });
+        for (const e of p.events) if (e.attempt < attempt && !DROVER_EVENT_TYPES.includes(e.type)) seen.add(eventKey(e.type, e.data));
+        if (!p.events.length || p.done || p.next <= from) break;
+        from = p.next;
+      }
+    } catch (e) {
+      this.opts.onError?.(e);
+      return undefined;
+    }
+    return seen;
+  }
+
   /** Reports the run's outcome: its status, the thread's state and as much history as the server keeps. */
   private async putOutcome(graph: RunnableGraph | undefined, config: RunnableConfig, run: RunTask["run"], ctx: TaskContext, status: string, error: unknown): Promise<void> {
     const state = graph ? await threadState(graph, config) : undefined;
@@ -344,6 +381,11 @@ export class AgentServerRuntime {
       ...(error ? { error } : {}),
     });
   }
+}
+
+/** An event as a key: its type and its data as JSON. */
+function eventKey(type: string, data: unknown): string {
+  return `${type}\n${JSON.stringify(data ?? null)}`;
 }
 
 /** Keys of a run's configurable that LangGraph's server leaves out of a checkpoint's metadata. */
