@@ -78,3 +78,96 @@ test("agent server: a runtime SIGKILLed mid-run, another resumes from its checkp
   assert.deepEqual(["n1", "n2", "n3", "n4", "n5"].map(starts), [1, 1, 2, 1, 1], "only the node cut short ran twice");
   assert.equal(j.boundaries, 1, "one new attempt's metadata");
 });
+
+/** The most attempts any run not ended has had: a runtime is killed only while every run can take one more loss. */
+async function mostAttempts(drover) {
+  let most = 0;
+  for (const status of ["RUNNING", "RETRYING", "PENDING"]) {
+    for await (const task of drover.tasks.iterate("langgraph", { status })) most = Math.max(most, task.attempt ?? 0);
+  }
+  return most;
+}
+
+test("agent server chaos: runtimes SIGKILLed mid-run, the leader of 3 members SIGKILLed; an SDK client counts", { timeout: 30 * 60_000 }, async (t) => {
+  const r = rng(SEED);
+  t.diagnostic(`seed ${SEED}, ${RUNS} runs (DROVER_CHAOS_SEED, DROVER_CHAOS_RUNS)`);
+  const cluster = await startCluster(3);
+  t.after(() => cluster.stop());
+  const lb = await startBalancer(cluster.members.map((m) => Number(new URL(m.url).port)));
+  t.after(() => lb.close());
+  const ns = uniq("lgchaos");
+  const dir = mkdtempSync(join(tmpdir(), "lgchaos-"));
+  t.after(() => rmSync(dir, { recursive: true, force: true }));
+  const nodeLog = join(dir, "nodes.jsonl");
+  const runtimes = [];
+  const spawnRuntime = async () => runtimes.push(await startRuntime({ url: lb.url, ns, nodeLog, ttl: TTL, concurrency: 2 }));
+  t.after(() => runtimes.forEach((rt) => rt.kill()));
+  for (let i = 0; i < 3; i++) await spawnRuntime();
+  const client = sdk(lb.url, ns);
+  const drover = new Drover({ url: lb.url, namespace: ns });
+  const saver = new DroverSaver({ drover });
+
+  // The client: PARALLEL runs at a time, each followed (and left, and joined again) until it ends.
+  const PARALLEL = 3;
+  const results = [];
+  let next = 0;
+  let ended = 0;
+  const one = async (i) => {
+    const th = (await retrying(() => client.threads.create())).thread_id;
+    const node_ms = r.int(50, 400);
+    const run = (await retrying(() => client.runs.create(th, "chain", { input: { trail: [] }, streamMode: ["updates", "values"], config: { configurable: { node_ms } } }))).run_id;
+    const leaveAt = new Set([r.int(1, 12), r.int(1, 12)]); // the client goes away after these events and comes back
+    const f = follow(client, th, run, { onEvent: (_p, evs) => leaveAt.has(evs.length) && f.leave() });
+    const { events, joins, status } = await f.done;
+    const j = judge({ status, events, ...(await outcome({ client, saver, nodeLog, thread: th, run })) });
+    if (status !== "success") {
+      const task = await retrying(() => drover.tasks.get("langgraph", run)).catch((e) => ({ error: String(e) }));
+      j.problems.push(`task ${task.current_status} after ${task.attempt} attempts: ${task.last_error ?? task.error ?? ""}; result ${JSON.stringify(task.result ?? null).slice(0, 300)}; ${JSON.stringify((task.transitions ?? []).map((x) => [x.status, x.attempt, x.worker, x.error ?? ""])).slice(0, 1500)}`);
+    }
+    results.push({ i, run, joins, ...j });
+    ended++;
+  };
+  const clientSide = Promise.all(
+    Array.from({ length: PARALLEL }, async () => {
+      while (next < RUNS) await one(next++);
+    }),
+  );
+
+  // The chaos: a runtime SIGKILLed every 0.3 to 2 s (and another started), the etcd leader once.
+  let kills = 0;
+  let leaderKilled;
+  let clientDone = false;
+  clientSide.finally(() => (clientDone = true));
+  for (let tick = 0; !clientDone && tick < 100_000; tick++) {
+    await new Promise((res) => setTimeout(res, r.int(300, 2000)));
+    if (clientDone) break;
+    if (!leaderKilled && ended >= Math.max(1, Math.floor(RUNS / 3))) {
+      const leader = await cluster.leader();
+      if (leader) {
+        leader.kill("SIGKILL");
+        leaderKilled = leader.name;
+        t.diagnostic(`leader ${leader.name} SIGKILLed after ${ended} runs ended`);
+      }
+      continue;
+    }
+    if ((await mostAttempts(drover).catch(() => 99)) > 2) continue;
+    const alive = runtimes.filter((x) => x.alive());
+    const victim = r.pick(alive);
+    if (!victim) continue;
+    victim.kill("SIGKILL");
+    kills++;
+    await victim.exited();
+    if (runtimes.filter((x) => x.alive()).length < 3) await spawnRuntime();
+  }
+  await clientSide;
+
+  const sum = (k) => results.reduce((a, x) => a + x[k], 0);
+  const lost = results.filter((x) => x.status !== "success").length;
+  const problems = results.flatMap((x) => x.problems.map((p) => `run ${x.i} ${x.run}: ${p}`));
+  const twice = problems.filter((p) => p.includes("executed twice") || p.includes("after its committed")).length;
+  const line = `${results.length} runs, ${lost} lost; ${kills} runtimes SIGKILLed, leader ${leaderKilled ?? "not"} SIGKILLed; ${sum("boundaries")} attempts resumed; ${sum("reexecuted")} node executions cut short and run again, ${twice} past a checkpoint; ${sum("events")} events in ${results.reduce((a, x) => a + x.joins, 0)} joins, ${sum("duplicates")} duplicated, ${sum("superseded")} updates superseded after a boundary`;
+  t.diagnostic(line);
+  assert.equal(results.length, RUNS);
+  assert.ok(leaderKilled, "the leader was killed");
+  assert.deepEqual(problems, []);
+});
