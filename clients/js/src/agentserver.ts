@@ -23,7 +23,7 @@ import { DroverSaver } from "./langgraph.js";
 import { DroverStore } from "./agentstore.js";
 import { runEvents, type EventStreamingGraph } from "./agentserver-stream.js";
 import { graphRegistrationSchemas, schemaParser, staticSchemas, type GraphSchema, type GraphSourceSpec, type SubgraphGraph } from "./agentserver-schema.js";
-import { ConflictError, DroverError, NotFoundError } from "./errors.js";
+import { ConflictError, DroverError, FencedError, NotFoundError, StreamFullError } from "./errors.js";
 import { DROVER_EVENT_TYPES } from "./streams.js";
 import type { Lock } from "./locks.js";
 import type { QueueTask } from "./queue.js";
@@ -313,6 +313,9 @@ export class AgentServerRuntime {
         }
       } catch (e) {
         if (ctx.signal.aborted) throw e; // cancelled or lost: the task's status says so
+        // drover away (a member failing over): not the graph's error. The task fails and is retried,
+        // and the next attempt resumes from the checkpoint, rather than the run ending in error.
+        if (isTransient(e)) throw e;
         status = "error";
         error = { error: (e as Error)?.constructor?.name ?? "Error", message: String((e as Error)?.message ?? e) };
         await ctx.stream.emit("error", error);
@@ -430,6 +433,15 @@ function omitUndefined<T extends Record<string, unknown>>(obj: T): T {
 function withoutCheckpoint(c: RunnableConfig["configurable"]): RunnableConfig["configurable"] {
   const { checkpoint_id: _id, checkpoint: _cp, ...rest } = c ?? {};
   return rest;
+}
+
+/**
+ * Whether e is drover failing to answer rather than a refusal: no answer
+ * (status 0: a connection error, a timeout, a stream write that failed),
+ * a timeout (408), a rate limit (429) or a server error (5xx).
+ */
+function isTransient(e: unknown): boolean {
+  return e instanceof DroverError && !(e instanceof FencedError) && !(e instanceof StreamFullError) && (e.status === 0 || e.status === 408 || e.status === 429 || e.status >= 500);
 }
 
 /** Whether an answer to the outcome PUT would come again on a retry: a 4xx other than 408 and 429. */

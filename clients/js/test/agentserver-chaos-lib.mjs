@@ -131,7 +131,7 @@ export async function retrying(f, tries = 30) {
  * `records` the node log's records of this run.
  */
 export function judge({ status, events, finalTrail, tuples, records }) {
-  const out = { status, problems: [], reexecuted: 0, duplicates: 0, superseded: 0, boundaries: 0, events: 0 };
+  const out = { status, problems: [], reexecuted: 0, duplicates: 0, superseded: 0, boundaries: 0, events: 0, missing: 0 };
   const problem = (s) => out.problems.push(s);
   if (status !== "success") problem(`status ${status}`);
   // The final trail: each node once, in order.
@@ -180,6 +180,14 @@ export function judge({ status, events, finalTrail, tuples, records }) {
   // A node executed again because its first write was never committed: its update comes again,
   // with the new attempt's write, after the boundary (not a duplicate: another write).
   for (const vs of updated.values()) out.superseded += vs.size - 1;
+  // Every committed write came as an update: nothing the client should have seen is missing.
+  for (const t of finalTrail ?? []) {
+    const streamed = got.some((e) => e.event === "updates" && (e.data?.[t.node]?.trail ?? []).some((x) => canonical(x) === canonical(t)));
+    if (!streamed) {
+      out.missing++;
+      problem(`no updates event for ${t.node}'s committed write (attempt ${t.attempt})`);
+    }
+  }
   const lastValues = got.filter((e) => e.event === "values").at(-1);
   if (status === "success" && canonical(lastValues?.data?.trail) !== canonical(finalTrail)) problem(`last values event ${JSON.stringify(lastValues?.data)} is not the final state`);
   return out;

@@ -165,7 +165,7 @@ test("agent server chaos: runtimes SIGKILLed mid-run, the leader of 3 members SI
   const lost = results.filter((x) => x.status !== "success").length;
   const problems = results.flatMap((x) => x.problems.map((p) => `run ${x.i} ${x.run}: ${p}`));
   const twice = problems.filter((p) => p.includes("executed twice") || p.includes("after its committed")).length;
-  const line = `${results.length} runs, ${lost} lost; ${kills} runtimes SIGKILLed, leader ${leaderKilled ?? "not"} SIGKILLed; ${sum("boundaries")} attempts resumed; ${sum("reexecuted")} node executions cut short and run again, ${twice} past a checkpoint; ${sum("events")} events in ${results.reduce((a, x) => a + x.joins, 0)} joins, ${sum("duplicates")} duplicated, ${sum("superseded")} updates superseded after a boundary`;
+  const line = `${results.length} runs, ${lost} lost; ${kills} runtimes SIGKILLed, leader ${leaderKilled ?? "not"} SIGKILLed; ${sum("boundaries")} attempts resumed; ${sum("reexecuted")} node executions cut short and run again, ${twice} past a checkpoint; ${sum("events")} events in ${results.reduce((a, x) => a + x.joins, 0)} joins, ${sum("duplicates")} duplicated, ${sum("missing")} committed updates missing, ${sum("superseded")} updates superseded after a boundary`;
   t.diagnostic(line);
   assert.equal(results.length, RUNS);
   assert.ok(leaderKilled, "the leader was killed");
