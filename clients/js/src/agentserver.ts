@@ -34,6 +34,9 @@ export { DroverStore } from "./agentstore.js";
 /** The queue that carries runs (the server's `agentserver.RunsQueue`). */
 export const RUNS_QUEUE = "langgraph";
 
+/** The configurable key by which LangGraph lends a graph a checkpointer for one run (its CONFIG_KEY_CHECKPOINTER). */
+const LENT_CHECKPOINTER = "__pregel_checkpointer";
+
 /** How many times a runtime sends a run's outcome before it fails the task (which runs the graph again, resumed). */
 const OUTCOME_ATTEMPTS = 4;
 
@@ -282,7 +285,10 @@ export class AgentServerRuntime {
       status = "error";
       error = { error: "GraphNotFound", message: `graph ${p.graph_id} is not served by this runtime` };
     } else {
-      graph.checkpointer = saver;
+      // The graph object is shared by the runs under way (a module's export): the run's own saver,
+      // fenced by its thread's lock, is lent through its config, never set on the graph, or a run
+      // would write its checkpoints under another run's lock. The graph's own reads the state.
+      graph.checkpointer = this.saver;
       graph.store = this.store;
       try {
         await ctx.stream.emit("metadata", { run_id: run.run_id, attempt: ctx.attempt });
@@ -295,6 +301,7 @@ export class AgentServerRuntime {
         if (resumed) config = { ...config, configurable: withoutCheckpoint(config.configurable) };
         const options = omitUndefined({
           ...config,
+          configurable: { ...config.configurable, [LENT_CHECKPOINTER]: saver },
           metadata: { ...config.metadata, run_attempt: ctx.attempt },
           interruptBefore: kw.interrupt_before,
           interruptAfter: kw.interrupt_after,

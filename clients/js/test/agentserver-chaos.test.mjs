@@ -107,7 +107,30 @@ test("agent server chaos: runtimes SIGKILLed mid-run, the leader of 3 members SI
   const drover = new Drover({ url: lb.url, namespace: ns });
   const saver = new DroverSaver({ drover });
 
+  // Kills: a runtime (replaced by a new one), and the etcd leader once (not restarted: two members
+  // of three keep the quorum).
+  let kills = 0;
+  let leaderKilled;
+  const killRuntime = async (victim) => {
+    if (!victim?.alive()) return;
+    victim.kill("SIGKILL");
+    kills++;
+    await victim.exited();
+    if (runtimes.filter((x) => x.alive()).length < 3) await spawnRuntime();
+  };
+  const killLeader = async () => {
+    const leader = await cluster.leader();
+    if (!leader) return;
+    leader.kill("SIGKILL");
+    leaderKilled = leader.name;
+    t.diagnostic(`leader ${leader.name} SIGKILLed mid-run after ${ended} runs ended`);
+  };
+  const pending = [];
+  const LEADER_RUN = Math.floor(RUNS / 3);
+
   // The client: PARALLEL runs at a time, each followed (and left, and joined again) until it ends.
+  // Run 0's runtime is killed at its 4th event, and the leader at the 3rd event of run RUNS/3, so
+  // that even the shortest run has both, mid-run; the chaos loop kills more runtimes at random.
   const PARALLEL = 3;
   const results = [];
   let next = 0;
@@ -117,12 +140,25 @@ test("agent server chaos: runtimes SIGKILLed mid-run, the leader of 3 members SI
     const node_ms = r.int(50, 400);
     const run = (await retrying(() => client.runs.create(th, "chain", { input: { trail: [] }, streamMode: ["updates", "values"], config: { configurable: { node_ms } } }))).run_id;
     const leaveAt = new Set([r.int(1, 12), r.int(1, 12)]); // the client goes away after these events and comes back
-    const f = follow(client, th, run, { onEvent: (_p, evs) => leaveAt.has(evs.length) && f.leave() });
+    const f = follow(client, th, run, {
+      onEvent: (_p, evs) => {
+        if (leaveAt.has(evs.length)) f.leave();
+        if (i === 0 && evs.length === 4) {
+          const pid = nodeRecords(nodeLog).findLast((x) => x.run === run)?.pid;
+          pending.push(killRuntime(runtimes.find((x) => x.pid === pid)));
+        }
+        if (i === LEADER_RUN && evs.length === 3 && !leaderKilled) pending.push(killLeader());
+      },
+    });
     const { events, joins, status } = await f.done;
     const j = judge({ status, events, ...(await outcome({ client, saver, nodeLog, thread: th, run })) });
     if (status !== "success") {
       const task = await retrying(() => drover.tasks.get("langgraph", run)).catch((e) => ({ error: String(e) }));
       j.problems.push(`task ${task.current_status} after ${task.attempt} attempts: ${task.last_error ?? task.error ?? ""}; result ${JSON.stringify(task.result ?? null).slice(0, 300)}; ${JSON.stringify((task.transitions ?? []).map((x) => [x.status, x.attempt, x.worker, x.error ?? ""])).slice(0, 1500)}`);
+    }
+    if (j.problems.length) {
+      const compact = events.map((e) => (e.broken ? `broken(${e.broken})` : `${e.id}:${e.event}${e.event === "metadata" ? `#${e.data?.attempt}` : e.event === "error" ? JSON.stringify(e.data) : ` ${JSON.stringify(e.data).length}b`}`));
+      j.problems.push(`events ${compact.join(" ")}`);
     }
     results.push({ i, run, joins, ...j });
     ended++;
@@ -133,33 +169,17 @@ test("agent server chaos: runtimes SIGKILLed mid-run, the leader of 3 members SI
     }),
   );
 
-  // The chaos: a runtime SIGKILLed every 0.3 to 2 s (and another started), the etcd leader once.
-  let kills = 0;
-  let leaderKilled;
+  // The chaos: a runtime SIGKILLed every 0.3 to 2 s (and another started).
   let clientDone = false;
   clientSide.finally(() => (clientDone = true));
   for (let tick = 0; !clientDone && tick < 100_000; tick++) {
     await new Promise((res) => setTimeout(res, r.int(300, 2000)));
     if (clientDone) break;
-    if (!leaderKilled && ended >= Math.max(1, Math.floor(RUNS / 3))) {
-      const leader = await cluster.leader();
-      if (leader) {
-        leader.kill("SIGKILL");
-        leaderKilled = leader.name;
-        t.diagnostic(`leader ${leader.name} SIGKILLed after ${ended} runs ended`);
-      }
-      continue;
-    }
     if ((await mostAttempts(drover).catch(() => 99)) > 2) continue;
-    const alive = runtimes.filter((x) => x.alive());
-    const victim = r.pick(alive);
-    if (!victim) continue;
-    victim.kill("SIGKILL");
-    kills++;
-    await victim.exited();
-    if (runtimes.filter((x) => x.alive()).length < 3) await spawnRuntime();
+    await killRuntime(r.pick(runtimes.filter((x) => x.alive())));
   }
   await clientSide;
+  await Promise.all(pending);
 
   const sum = (k) => results.reduce((a, x) => a + x[k], 0);
   const lost = results.filter((x) => x.status !== "success").length;
