@@ -23,7 +23,8 @@ import { DroverSaver } from "./langgraph.js";
 import { DroverStore } from "./agentstore.js";
 import { runEvents, type EventStreamingGraph } from "./agentserver-stream.js";
 import { graphRegistrationSchemas, schemaParser, staticSchemas, type GraphSchema, type GraphSourceSpec, type SubgraphGraph } from "./agentserver-schema.js";
-import { ConflictError, DroverError, FencedError, NotFoundError, StreamFullError } from "./errors.js";
+import { ConflictError, DroverError, NotFoundError } from "./errors.js";
+import { RunStreamWriter, isTransient } from "./agentserver-writer.js";
 import { DROVER_EVENT_TYPES } from "./streams.js";
 import type { Lock } from "./locks.js";
 import type { QueueTask } from "./queue.js";
@@ -281,6 +282,7 @@ export class AgentServerRuntime {
     const graph = source === undefined ? undefined : await graphOf(source, config);
     let status = "success";
     let error: { error: string; message: string } | undefined;
+    const out = new RunStreamWriter(this.drover, task.task_id, ctx.session.id, ctx.token, ctx.attempt);
     if (!graph) {
       status = "error";
       error = { error: "GraphNotFound", message: `graph ${p.graph_id} is not served by this runtime` };
@@ -291,7 +293,7 @@ export class AgentServerRuntime {
       graph.checkpointer = this.saver;
       graph.store = this.store;
       try {
-        await ctx.stream.emit("metadata", { run_id: run.run_id, attempt: ctx.attempt });
+        await out.emit("metadata", { run_id: run.run_id, attempt: ctx.attempt });
         // A retry of a run whose graph already wrote checkpoints resumes from them: sending the input
         // again would run its first node twice (a duplicate turn).
         const resumed = ctx.attempt > 1 && ((await this.saver.getTuple(threadConfig(run.thread_id)))?.metadata as { run_id?: string } | undefined)?.run_id === run.run_id;
@@ -316,7 +318,7 @@ export class AgentServerRuntime {
         for await (const ev of events) {
           const data = plain(ev.data);
           if (replaying && earlier?.has(eventKey(ev.event, data))) continue;
-          await ctx.stream.emit(ev.event, data);
+          await out.emit(ev.event, data);
         }
       } catch (e) {
         if (ctx.signal.aborted) throw e; // cancelled or lost: the task's status says so
@@ -325,9 +327,10 @@ export class AgentServerRuntime {
         if (isTransient(e)) throw e;
         status = "error";
         error = { error: (e as Error)?.constructor?.name ?? "Error", message: String((e as Error)?.message ?? e) };
-        await ctx.stream.emit("error", error);
+        await out.emit("error", error);
       }
     }
+    await out.flush(); // the run's events before its outcome, which ends its stream
     // Once the graph ran, only the outcome is retried (a few times): a failure of the task would run
     // the graph again.
     for (let attempt = 1; ; attempt++) {
@@ -440,15 +443,6 @@ function omitUndefined<T extends Record<string, unknown>>(obj: T): T {
 function withoutCheckpoint(c: RunnableConfig["configurable"]): RunnableConfig["configurable"] {
   const { checkpoint_id: _id, checkpoint: _cp, ...rest } = c ?? {};
   return rest;
-}
-
-/**
- * Whether e is drover failing to answer rather than a refusal: no answer
- * (status 0: a connection error, a timeout, a stream write that failed),
- * a timeout (408), a rate limit (429) or a server error (5xx).
- */
-function isTransient(e: unknown): boolean {
-  return e instanceof DroverError && !(e instanceof FencedError) && !(e instanceof StreamFullError) && (e.status === 0 || e.status === 408 || e.status === 429 || e.status >= 500);
 }
 
 /** Whether an answer to the outcome PUT would come again on a retry: a 4xx other than 408 and 429. */
