@@ -149,7 +149,7 @@ interface RunTask {
 export class AgentServerRuntime {
   readonly drover: Drover;
   private readonly opts: AgentServerRuntimeOptions;
-  private readonly saver: DroverSaver;
+  private readonly saver: RunSaver;
   private readonly store: DroverStore;
   private worker?: Worker;
 
@@ -273,7 +273,7 @@ export class AgentServerRuntime {
     return { checkpoint: checkpointOf(next), state: await threadState(graph, config) };
   }
 
-  private async runGraph(task: QueueTask, ctx: TaskContext, saver: DroverSaver = this.saver): Promise<unknown> {
+  private async runGraph(task: QueueTask, ctx: TaskContext, saver: RunSaver = this.saver): Promise<unknown> {
     const p = task.parameters as RunTask;
     const { run } = p;
     const kw = run.kwargs;
@@ -317,7 +317,12 @@ export class AgentServerRuntime {
         const events = runEvents(graph as RunnableGraph & EventStreamingGraph, input ?? null, options, kw.stream_mode ?? ["values"], run.run_id, kw.subgraphs ?? false, () => (replaying = false));
         for await (const ev of events) {
           const data = plain(ev.data);
-          if (replaying && earlier?.has(eventKey(ev.event, data))) continue;
+          if (replaying && earlier) {
+            // A graph resumed before its first step replays its input's state twice: once each.
+            const k = eventKey(ev.event, data);
+            if (earlier.has(k)) continue;
+            earlier.add(k);
+          }
           await out.emit(ev.event, data);
         }
       } catch (e) {
@@ -325,6 +330,10 @@ export class AgentServerRuntime {
         // drover away (a member failing over): not the graph's error. The task fails and is retried,
         // and the next attempt resumes from the checkpoint, rather than the run ending in error.
         if (isTransient(e)) throw e;
+        // A checkpoint write refused as not found while the thread is still there: the graph's view
+        // of its checkpoints is not the store's. The attempt fails, and the next one resumes from
+        // what the store holds, rather than the run ending in error.
+        if (e instanceof NotFoundError && /\/checkpoints\/.*checkpoint: not found/s.test(e.message)) throw e;
         status = "error";
         error = { error: (e as Error)?.constructor?.name ?? "Error", message: String((e as Error)?.message ?? e) };
         await out.emit("error", error);
