@@ -3,7 +3,9 @@
  * `drover-langgraph serve [-c langgraph.json]`: serves the graphs of a
  * LangGraph project (`langgraph.json`'s `graphs`, `env` and its
  * `LANGGRAPH_CONFIG`) to a drover server ($DROVER_URL, $DROVER_TOKEN,
- * $DROVER_NAMESPACE) with {@link AgentServerRuntime}. TypeScript graphs
+ * $DROVER_NAMESPACE) with {@link AgentServerRuntime}: runs at once
+ * $DROVER_LANGGRAPH_CONCURRENCY (default 8), its session's TTL in seconds
+ * $DROVER_LANGGRAPH_TTL (default 15). TypeScript graphs
  * need a loader: `node --import tsx .../agentserver-cli.js serve`.
  */
 import { readFileSync } from "node:fs";
@@ -57,7 +59,7 @@ async function main(argv: string[]): Promise<void> {
   const path = i >= 0 ? argv[i + 1] : "langgraph.json";
   registerLogger();
   const { graphs, assistants, sources, projectDir } = await loadGraphs(path);
-  const rt = new AgentServerRuntime({ drover: new Drover(), graphs, assistants, sources, projectDir, concurrency: Number(process.env.DROVER_LANGGRAPH_CONCURRENCY ?? 8), onError: (e) => console.error(e) });
+  const rt = new AgentServerRuntime({ drover: new Drover(), graphs, assistants, sources, projectDir, concurrency: Number(process.env.DROVER_LANGGRAPH_CONCURRENCY ?? 8), ttl: process.env.DROVER_LANGGRAPH_TTL ? Number(process.env.DROVER_LANGGRAPH_TTL) : undefined, onError: (e) => console.error(e) });
   await rt.start();
   console.error(`drover-langgraph: serving ${Object.keys(graphs).join(", ")}`);
   void rt.schemasRegistered.then(() => console.error("drover-langgraph: schemas registered"));

@@ -108,8 +108,12 @@ function chunkData(mode: string, chunk: unknown): unknown {
  * (the run's config and its graph options), its chunks and callback
  * events mapped to the modes asked for. `runId` names the graph's root
  * run: only its chunks are the run's own unless subgraphs are streamed.
+ * `onTaskStart` is called when a task of the graph starts (its debug
+ * `task` chunk, each time): the events before the first are what the
+ * graph replays from its checkpoint (its state, the writes of tasks that
+ * finished).
  */
-export async function* runEvents(graph: EventStreamingGraph, input: unknown, options: RunnableConfig & Record<string, unknown>, asked: string[], runId: string, subgraphs: boolean): AsyncGenerator<RunEvent> {
+export async function* runEvents(graph: EventStreamingGraph, input: unknown, options: RunnableConfig & Record<string, unknown>, asked: string[], runId: string, subgraphs: boolean, onTaskStart?: () => void): AsyncGenerator<RunEvent> {
   const events = graph.streamEvents(input, { ...options, version: "v2", runId, streamMode: graphStreamModes(asked), subgraphs });
   const partial: Record<string, MessageChunk> = {};
   const completed = new Set<string>();
@@ -121,6 +125,9 @@ export async function* runEvents(graph: EventStreamingGraph, input: unknown, opt
     if (own) {
       const [ns, mode, chunk] = (subgraphs ? ev.data.chunk : [null, ...(ev.data.chunk as unknown[])]) as [string[] | null, string, unknown];
       const name = (m: string) => (subgraphs && ns?.length ? `${m}|${ns.join("|")}` : m);
+      // The graph's debug chunks (always streamed) say when a task starts: its callback events
+      // come earlier than the chunks streamed before it.
+      if (mode === "debug" && isObject(chunk) && chunk.type === "task") onTaskStart?.();
       if (mode === "messages") {
         if (asked.includes("messages-tuple")) yield { event: name("messages"), data: chunk };
       } else if (asked.includes(mode)) {

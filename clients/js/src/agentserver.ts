@@ -24,6 +24,8 @@ import { DroverStore } from "./agentstore.js";
 import { runEvents, type EventStreamingGraph } from "./agentserver-stream.js";
 import { graphRegistrationSchemas, schemaParser, staticSchemas, type GraphSchema, type GraphSourceSpec, type SubgraphGraph } from "./agentserver-schema.js";
 import { ConflictError, DroverError, NotFoundError } from "./errors.js";
+import { RunStreamWriter, isTransient } from "./agentserver-writer.js";
+import { DROVER_EVENT_TYPES } from "./streams.js";
 import type { Lock } from "./locks.js";
 import type { QueueTask } from "./queue.js";
 import type { TaskContext, Worker, WorkerStats } from "./worker.js";
@@ -32,6 +34,9 @@ export { DroverStore } from "./agentstore.js";
 
 /** The queue that carries runs (the server's `agentserver.RunsQueue`). */
 export const RUNS_QUEUE = "langgraph";
+
+/** The configurable key by which LangGraph lends a graph a checkpointer for one run (its CONFIG_KEY_CHECKPOINTER). */
+const LENT_CHECKPOINTER = "__pregel_checkpointer";
 
 /** How many times a runtime sends a run's outcome before it fails the task (which runs the graph again, resumed). */
 const OUTCOME_ATTEMPTS = 4;
@@ -99,6 +104,12 @@ export interface AgentServerRuntimeOptions {
   projectDir?: string;
   /** Runs at once (default 4). */
   concurrency?: number;
+  /**
+   * TTL in seconds of the worker's session (default 15): a runtime that
+   * dies loses its runs' claims and the threads' locks this long after,
+   * and another runtime resumes them.
+   */
+  ttl?: number;
   /** States of a thread's history reported after each run (default 100). */
   historyLimit?: number;
   /** The most bytes (as JSON) of history an outcome sends beside the state; default 1 MiB. */
@@ -138,7 +149,7 @@ interface RunTask {
 export class AgentServerRuntime {
   readonly drover: Drover;
   private readonly opts: AgentServerRuntimeOptions;
-  private readonly saver: DroverSaver;
+  private readonly saver: RunSaver;
   private readonly store: DroverStore;
   private worker?: Worker;
 
@@ -171,7 +182,7 @@ export class AgentServerRuntime {
       await this.drover.transport.put(`/v1/agent-server/graphs/${encodeURIComponent(id)}`, body);
       bodies.push([id, source, body]);
     }
-    this.worker = this.drover.worker(RUNS_QUEUE, { concurrency: this.opts.concurrency ?? 4, signals: false, onError: this.opts.onError }, (t, ctx) => this.run(t, ctx));
+    this.worker = this.drover.worker(RUNS_QUEUE, { concurrency: this.opts.concurrency ?? 4, ttl: this.opts.ttl, signals: false, onError: this.opts.onError }, (t, ctx) => this.run(t, ctx));
     this.schemasRegistered = this.registerSchemas(bodies);
   }
 
@@ -262,7 +273,7 @@ export class AgentServerRuntime {
     return { checkpoint: checkpointOf(next), state: await threadState(graph, config) };
   }
 
-  private async runGraph(task: QueueTask, ctx: TaskContext, saver: DroverSaver = this.saver): Promise<unknown> {
+  private async runGraph(task: QueueTask, ctx: TaskContext, saver: RunSaver = this.saver): Promise<unknown> {
     const p = task.parameters as RunTask;
     const { run } = p;
     const kw = run.kwargs;
@@ -271,14 +282,18 @@ export class AgentServerRuntime {
     const graph = source === undefined ? undefined : await graphOf(source, config);
     let status = "success";
     let error: { error: string; message: string } | undefined;
+    const out = new RunStreamWriter(this.drover, task.task_id, ctx.session.id, ctx.token, ctx.attempt);
     if (!graph) {
       status = "error";
       error = { error: "GraphNotFound", message: `graph ${p.graph_id} is not served by this runtime` };
     } else {
-      graph.checkpointer = saver;
+      // The graph object is shared by the runs under way (a module's export): the run's own saver,
+      // fenced by its thread's lock, is lent through its config, never set on the graph, or a run
+      // would write its checkpoints under another run's lock. The graph's own reads the state.
+      graph.checkpointer = this.saver;
       graph.store = this.store;
       try {
-        await ctx.stream.emit("metadata", { run_id: run.run_id, attempt: ctx.attempt });
+        await out.emit("metadata", { run_id: run.run_id, attempt: ctx.attempt });
         // A retry of a run whose graph already wrote checkpoints resumes from them: sending the input
         // again would run its first node twice (a duplicate turn).
         const resumed = ctx.attempt > 1 && ((await this.saver.getTuple(threadConfig(run.thread_id)))?.metadata as { run_id?: string } | undefined)?.run_id === run.run_id;
@@ -288,21 +303,43 @@ export class AgentServerRuntime {
         if (resumed) config = { ...config, configurable: withoutCheckpoint(config.configurable) };
         const options = omitUndefined({
           ...config,
+          configurable: { ...config.configurable, [LENT_CHECKPOINTER]: saver },
           metadata: { ...config.metadata, run_attempt: ctx.attempt },
           interruptBefore: kw.interrupt_before,
           interruptAfter: kw.interrupt_after,
           context: { ...(p.assistant_context as object), ...(kw.context as object) },
           signal: ctx.signal,
         });
-        const events = runEvents(graph as RunnableGraph & EventStreamingGraph, input ?? null, options, kw.stream_mode ?? ["values"], run.run_id, kw.subgraphs ?? false);
-        for await (const ev of events) await ctx.stream.emit(ev.event, plain(ev.data));
+        // A later attempt replays, before its first task runs, what the checkpoint holds (its state,
+        // the writes of tasks that finished): what an earlier attempt sent already is not sent again.
+        const earlier = ctx.attempt > 1 ? await this.earlierEvents(task.task_id, ctx.attempt) : undefined;
+        let replaying = earlier !== undefined;
+        const events = runEvents(graph as RunnableGraph & EventStreamingGraph, input ?? null, options, kw.stream_mode ?? ["values"], run.run_id, kw.subgraphs ?? false, () => (replaying = false));
+        for await (const ev of events) {
+          const data = plain(ev.data);
+          if (replaying && earlier) {
+            // A graph resumed before its first step replays its input's state twice: once each.
+            const k = eventKey(ev.event, data);
+            if (earlier.has(k)) continue;
+            earlier.add(k);
+          }
+          await out.emit(ev.event, data);
+        }
       } catch (e) {
         if (ctx.signal.aborted) throw e; // cancelled or lost: the task's status says so
+        // drover away (a member failing over): not the graph's error. The task fails and is retried,
+        // and the next attempt resumes from the checkpoint, rather than the run ending in error.
+        if (isTransient(e)) throw e;
+        // A checkpoint write refused as not found while the thread is still there: the graph's view
+        // of its checkpoints is not the store's. The attempt fails, and the next one resumes from
+        // what the store holds, rather than the run ending in error.
+        if (e instanceof NotFoundError && /\/checkpoints\/.*checkpoint: not found/s.test(e.message)) throw e;
         status = "error";
         error = { error: (e as Error)?.constructor?.name ?? "Error", message: String((e as Error)?.message ?? e) };
-        await ctx.stream.emit("error", error);
+        await out.emit("error", error);
       }
     }
+    await out.flush(); // the run's events before its outcome, which ends its stream
     // Once the graph ran, only the outcome is retried (a few times): a failure of the task would run
     // the graph again.
     for (let attempt = 1; ; attempt++) {
@@ -320,6 +357,28 @@ export class AgentServerRuntime {
       }
     }
     return { status };
+  }
+
+  /**
+   * The events the attempts before `attempt` wrote to the task's stream
+   * (drover's own left out), as {@link eventKey}s; undefined when the
+   * stream could not be read (then nothing is left out).
+   */
+  private async earlierEvents(taskId: string, attempt: number): Promise<Set<string> | undefined> {
+    const seen = new Set<string>();
+    try {
+      let from = 1;
+      for (let page = 0; page < 10_000; page++) {
+        const p = await this.drover.streams.read(taskId, { from });
+        for (const e of p.events) if (e.attempt < attempt && !DROVER_EVENT_TYPES.includes(e.type)) seen.add(eventKey(e.type, e.data));
+        if (!p.events.length || p.done || p.next <= from) break;
+        from = p.next;
+      }
+    } catch (e) {
+      this.opts.onError?.(e);
+      return undefined;
+    }
+    return seen;
   }
 
   /** Reports the run's outcome: its status, the thread's state and as much history as the server keeps. */
@@ -344,6 +403,11 @@ export class AgentServerRuntime {
       ...(error ? { error } : {}),
     });
   }
+}
+
+/** An event as a key: its type and its data as JSON. */
+function eventKey(type: string, data: unknown): string {
+  return `${type}\n${JSON.stringify(data ?? null)}`;
 }
 
 /** Keys of a run's configurable that LangGraph's server leaves out of a checkpoint's metadata. */

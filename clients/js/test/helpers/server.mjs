@@ -163,3 +163,137 @@ export async function until(cond, ms, what) {
     await new Promise((r) => setTimeout(r, 20));
   }
 }
+
+/**
+ * Starts an n-member drover cluster (`--name`, `--initial-cluster`), each
+ * member serving the HTTP API on its own loopback port; resolves once
+ * every member's /readyz answers 200 (at most 60 s). Returns { members,
+ * leader(), stop() }: each member { name, url, etcd, proc, alive(),
+ * kill(signal) }; leader() is the member etcd names its leader, as a
+ * member that answers says.
+ */
+export async function startCluster(n = 3, { env = {} } = {}) {
+  const bin = droverBin();
+  const members = [];
+  for (let i = 0; i < n; i++) {
+    members.push({ name: `m${i + 1}`, dir: mkdtempSync(join(tmpdir(), "drover-data-")), ports: [await freePort(), await freePort(), await freePort()] });
+  }
+  const initial = members.map((m) => `${m.name}=http://127.0.0.1:${m.ports[1]}`).join(",");
+  for (const m of members) {
+    const args = [
+      "server",
+      "--name", m.name,
+      "--initial-cluster", initial,
+      "--data-dir", m.dir,
+      "--etcd-listen", `http://127.0.0.1:${m.ports[0]}`,
+      "--etcd-peer-listen", `http://127.0.0.1:${m.ports[1]}`,
+      "--http-listen", `127.0.0.1:${m.ports[2]}`,
+      "--log-level", "warn",
+    ];
+    m.url = `http://127.0.0.1:${m.ports[2]}`;
+    m.etcd = `127.0.0.1:${m.ports[0]}`;
+    m.log = "";
+    m.exited = false;
+    m.proc = spawn(bin, args, { stdio: ["ignore", "ignore", "pipe"], env: { ...process.env, ...env } });
+    m.proc.stderr.on("data", (d) => {
+      m.log += d;
+      if (m.log.length > 200_000) m.log = m.log.slice(-100_000);
+    });
+    m.proc.on("exit", () => (m.exited = true));
+    m.alive = () => !m.exited;
+    m.kill = (signal = "SIGKILL") => m.proc.kill(signal);
+  }
+  const stop = async () => {
+    for (const m of members) if (!m.exited) m.proc.kill("SIGKILL");
+    for (const m of members) for (let i = 0; i < 100 && !m.exited; i++) await sleep(20);
+    for (const m of members) rmSync(m.dir, { recursive: true, force: true });
+  };
+  const deadline = Date.now() + 60_000;
+  for (const m of members) {
+    for (;;) {
+      if (m.exited) {
+        await stop();
+        throw new Error(`drover member ${m.name} exited before it was ready:\n${m.log.slice(-4000)}`);
+      }
+      const st = await readyStatus("http", m.ports[2]).catch(() => 0);
+      if (st === 200) break;
+      if (Date.now() > deadline) {
+        await stop();
+        throw new Error(`drover member ${m.name} not ready within 60 s:\n${m.log.slice(-4000)}`);
+      }
+      await sleep(100);
+    }
+  }
+  /** The leading member, from etcd's status as an alive member answers it (etcd's JSON gateway). */
+  const leader = async () => {
+    for (const m of members.filter((x) => x.alive())) {
+      try {
+        const r = await fetch(`http://${m.etcd}/v3/maintenance/status`, { method: "POST", body: "{}", signal: AbortSignal.timeout(2000) });
+        const st = await r.json();
+        if (!st.leader) continue;
+        for (const o of members.filter((x) => x.alive())) {
+          const r2 = await fetch(`http://${o.etcd}/v3/maintenance/status`, { method: "POST", body: "{}", signal: AbortSignal.timeout(2000) });
+          if ((await r2.json()).header?.member_id === st.leader) return o;
+        }
+      } catch {
+        /* this member does not answer: ask another */
+      }
+    }
+    return undefined;
+  };
+  return { members, leader, stop };
+}
+
+/**
+ * A TCP balancer on a loopback port in front of several servers, as a
+ * load balancer of a cluster: each connection goes to the next target
+ * that accepts it (round robin), so a client with one URL fails over when
+ * a member dies. Returns { url, port, close() }.
+ */
+export async function startBalancer(ports) {
+  const conns = new Set();
+  let next = 0;
+  const connectAny = (tries, done) => {
+    if (tries >= ports.length) return done(undefined);
+    const port = ports[next++ % ports.length];
+    const up = net.connect(port, "127.0.0.1");
+    up.once("connect", () => done(up));
+    up.once("error", () => {
+      up.destroy();
+      connectAny(tries + 1, done);
+    });
+  };
+  const server = net.createServer((c) => {
+    c.pause();
+    conns.add(c);
+    c.on("error", () => c.destroy()).on("close", () => conns.delete(c));
+    connectAny(0, (up) => {
+      if (!up) return c.destroy();
+      conns.add(up);
+      const drop = () => {
+        c.destroy();
+        up.destroy();
+        conns.delete(up);
+      };
+      up.on("error", drop).on("close", drop);
+      c.on("close", drop);
+      c.pipe(up);
+      up.pipe(c);
+      c.resume();
+    });
+  });
+  await new Promise((res, rej) => {
+    server.once("error", rej);
+    server.listen(0, "127.0.0.1", res);
+  });
+  const port = server.address().port;
+  return {
+    port,
+    url: `http://127.0.0.1:${port}`,
+    close: () =>
+      new Promise((res) => {
+        for (const s of conns) s.destroy();
+        server.close(() => res());
+      }),
+  };
+}
