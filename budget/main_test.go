@@ -24,12 +24,13 @@ func TestMain(m *testing.M) {
 	os.Exit(etcdtest.Main(m, &srv, helperEnv, runHelper))
 }
 
-// runHelper is a holder process: it reserves H_ESTIMATE tokens of budget
+// runHelper is a holder process (mode "hold"), or a settler (mode
+// "settle", settleHelper): it reserves H_ESTIMATE tokens of budget
 // H_KEY under a session lease of H_TTL seconds, prints the reservation id,
 // and then waits for stdin to close (the test SIGKILLs it first). Its clock
 // is the tests' fixed one, so that it counts in the test's window whatever
 // the time of day.
-func runHelper(string) int {
+func runHelper(mode string) int {
 	ctx := context.Background()
 	cli, err := cluster.Connect(ctx, cluster.ClientConfig{Endpoints: strings.Split(os.Getenv("H_ENDPOINTS"), ",")})
 	if err != nil {
@@ -43,6 +44,9 @@ func runHelper(string) int {
 	fmt.Sscan(os.Getenv("H_ESTIMATE"), &est)
 	b := budget.New(cli, os.Getenv("H_NS"), budget.WithSessionTTL(ttl), budget.WithClock(newFakeClock().Now))
 	defer b.Close()
+	if mode == "settle" {
+		return settleHelper(ctx, b)
+	}
 	r, err := b.Reserve(ctx, os.Getenv("H_KEY"), "acme", est)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

@@ -23,6 +23,12 @@ type Wait struct {
 	Reason string `json:"reason" doc:"Why it waits, as the first deferral said."`
 }
 
+// UnconfiguredLabel is the budget label of the metrics of work that names
+// a budget nobody configured (drover_budget_task_deferrals_total): one
+// series for all such keys, which come from tasks' metadata and are not
+// bounded. No budget key can be it (keys have no parentheses).
+const UnconfiguredLabel = "(unconfigured)"
+
 // deferredPrefix is how the queue records a deferral in a task's history,
 // and waitPrefix how a budget gate's reasons begin.
 const (

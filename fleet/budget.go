@@ -78,8 +78,10 @@ func (g *BudgetGate) Admit(ctx context.Context, t *queue.Task) (func(error), err
 	// task's type (0 when it names none).
 	r, err := g.c.Reserve(ctx, m.Budget, m.Tenant, m.EstimatedTokens, budget.WithLease(g.lease()), budget.WithTaskType(t.Type))
 	var de *drover.DeferError
+	label := m.Budget
 	switch {
 	case errors.Is(err, budget.ErrNoBudget):
+		label = budget.UnconfiguredLabel // keys nobody configured do not each make a series
 		err = &queue.DeferError{Reason: budget.WaitReason(m.Budget, "not configured (drover budgets set "+m.Budget+" --tokens N)"), After: unwaitableDelay}
 	case errors.Is(err, drover.ErrInvalidInput):
 		// An estimate above the budget's tokens per window or the
@@ -91,7 +93,7 @@ func (g *BudgetGate) Admit(ctx context.Context, t *queue.Task) (func(error), err
 		err = &queue.DeferError{Reason: budget.WaitReason(m.Budget, err.Error()), After: unwaitableDelay}
 	}
 	if errors.As(err, &de) {
-		metrics.BudgetTaskDeferrals.WithLabelValues(m.Budget).Inc()
+		metrics.BudgetTaskDeferrals.WithLabelValues(label).Inc()
 		return nil, de
 	}
 	if err != nil {

@@ -87,11 +87,12 @@ func NewWorker(ctx context.Context, cli *clientv3.Client, cfg Config) (_ *Worker
 	if err := RegisterWorker(ctx, w.rt, w.w, wcfg, cfg.RegistryRefresh); err != nil {
 		return nil, err
 	}
+	// Handlers' contexts carry their task for ReportUsage.
 	if cfg.Handler != nil {
-		w.w.HandleAll(cfg.Handler)
+		w.w.HandleAll(w.budgets.withUsageContext(cfg.Handler))
 	}
 	for typ, h := range cfg.Handlers {
-		w.w.Handle(typ, h)
+		w.w.Handle(typ, w.budgets.withUsageContext(h))
 	}
 	return w, nil
 }

@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -117,8 +120,9 @@ func usagePath(dir, id, token string) string {
 
 // withUsage wraps an exec handler h so that what its command reported with
 // drover usage (in dir) goes to used once it returns. The report is read
-// and removed whatever the outcome; one that is not a number is ignored
-// (the estimate is settled).
+// and removed whatever the outcome; one that cannot be read (larger than
+// maxUsageFile, or not a number) is logged and ignored: the estimate is
+// settled.
 func withUsage(h queue.Handler, dir string, used func(t *queue.Task, tokens int64, h http.Header)) queue.Handler {
 	return func(ctx context.Context, t *queue.Task) ([]byte, error) {
 		path := usagePath(dir, t.ID, strconv.FormatInt(t.Token, 10))
@@ -126,17 +130,46 @@ func withUsage(h queue.Handler, dir string, used func(t *queue.Task, tokens int6
 		out, err := h(ctx, t)
 		// Only a task with a budget has a reservation to settle (the gate
 		// keeps a report until the task's settle).
-		if b, rerr := os.ReadFile(path); rerr == nil && t.Metadata.Budget != "" {
-			if n, hdr, ok := parseUsage(b); ok {
-				used(t, n, hdr)
-			}
+		if t.Metadata.Budget == "" {
+			return out, err
+		}
+		n, hdr, rerr := readUsage(path)
+		switch {
+		case rerr == nil:
+			used(t, n, hdr)
+		case !errors.Is(rerr, fs.ErrNotExist):
+			slog.Warn("drover usage: the task's report is ignored; its estimate is settled", "task", t.ID, "budget", t.Metadata.Budget, "err", rerr)
 		}
 		return out, err
 	}
 }
 
-// maxUsageFile bounds what is read of a usage report.
+// maxUsageFile bounds what is read of a usage report: drover usage writes
+// a few dozen bytes.
 const maxUsageFile = 1 << 10
+
+// readUsage reads the report at path through an io.LimitReader: an error
+// that wraps fs.ErrNotExist when there is none, and one that says so when
+// it is larger than maxUsageFile or its tokens are not a number.
+func readUsage(path string) (int64, http.Header, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxUsageFile+1))
+	if err != nil {
+		return 0, nil, fmt.Errorf("usage report %s: %w", path, err)
+	}
+	if len(b) > maxUsageFile {
+		return 0, nil, fmt.Errorf("usage report %s is larger than %d bytes: not a report of drover usage", path, maxUsageFile)
+	}
+	n, h, ok := parseUsage(b)
+	if !ok {
+		return 0, nil, fmt.Errorf("usage report %s: its first line is not a whole number of tokens", path)
+	}
+	return n, h, nil
+}
 
 // parseUsage reads a report of reportUsage: the tokens, and the provider's
 // headers (nil: none). ok is false when the tokens are not a number.
