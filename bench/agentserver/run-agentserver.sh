@@ -13,7 +13,8 @@
 #   DEPS=/path/with/node_modules bash bench/agentserver/run-agentserver.sh
 #   PROFILE_DIR=/tmp/prof ONLY=drover ROUNDS=1 bash bench/agentserver/run-agentserver.sh
 #     # also a 15 s CPU profile of `drover server` (pprof) and of the
-#     # runtime (node --cpu-prof), during the runs.wait phase
+#     # runtime (node --cpu-prof), during the runs.wait phase, and the HTTP
+#     # requests, etcd fsyncs and writes per run (metrics-diff.py)
 # DEPS is a directory whose node_modules holds this folder's package.json
 # (npm install there, once); the built @droverhq/client (clients/js/dist,
 # `npm run build`) is copied into it, so that the runtime and the graph
@@ -82,16 +83,23 @@ start_langgraph() {
 }
 
 measure() { # system round url
-  local load w s
+  local load w s prof=""
   load=$(uptime | sed 's/.*load average: //')
   if [ -n "${PROFILE_DIR:-}" ] && [ "$1" = drover ]; then
     (sleep 5; curl -s -o "$PROFILE_DIR/server.pprof" "http://127.0.0.1:$((port + 3))/debug/pprof/profile?seconds=15") &
+    prof=$!
   fi
   echo "$(date -u +%T) $1 round $2: runs.wait" >&2
+  [ -n "${PROFILE_DIR:-}" ] && [ "$1" = drover ] && curl -s -o "$PROFILE_DIR/metrics-before.txt" "http://127.0.0.1:$((port + 3))/metrics"
   w=$(cd "$work/proj" && timeout "$STEP_TIMEOUT" node bench.mjs wait "$3" "$RUNS" "$CONC") || w='{"mode":"failed","runs":0,"conc":0,"runs_per_s":null,"run_ms_p50":null,"run_ms_p99":null,"errors":1,"first_error":"timed out or failed","first_ms_p50":null,"first_ms_p99":null,"first_values_ms_p50":null,"first_values_ms_p99":null}'
+  if [ -n "${PROFILE_DIR:-}" ] && [ "$1" = drover ]; then
+    curl -s -o "$PROFILE_DIR/metrics-after.txt" "http://127.0.0.1:$((port + 3))/metrics"
+    # the warm-up's runs (one a client) are counted with the measured ones
+    python3 "$here/metrics-diff.py" "$PROFILE_DIR/metrics-before.txt" "$PROFILE_DIR/metrics-after.txt" $((RUNS + CONC)) > "$PROFILE_DIR/per-run.txt"
+  fi
   echo "$(date -u +%T) $1 round $2: runs.stream" >&2
   s=$(cd "$work/proj" && timeout "$STEP_TIMEOUT" node bench.mjs stream "$3" "$STREAM_RUNS" "$STREAM_CONC") || s='{"mode":"failed","runs":0,"conc":0,"runs_per_s":null,"run_ms_p50":null,"run_ms_p99":null,"errors":1,"first_error":"timed out or failed","first_ms_p50":null,"first_ms_p99":null,"first_values_ms_p50":null,"first_values_ms_p99":null}'
-  wait
+  [ -n "$prof" ] && wait "$prof"
   python3 -c 'import json,sys; w,s=json.loads(sys.argv[4]),json.loads(sys.argv[5]); print(json.dumps({"system":sys.argv[1],"round":int(sys.argv[2]),"load":sys.argv[3],"runs_per_s":w["runs_per_s"],"wait_ms_p50":w["run_ms_p50"],"wait_ms_p99":w["run_ms_p99"],"runs":w["runs"],"conc":w["conc"],"first_ms_p50":s["first_ms_p50"],"first_ms_p99":s["first_ms_p99"],"first_values_ms_p50":s["first_values_ms_p50"],"first_values_ms_p99":s["first_values_ms_p99"],"stream_runs":s["runs"],"stream_conc":s["conc"],"errors":w["errors"]+s["errors"],"first_error":w["first_error"] or s["first_error"]}))' \
     "$1" "$2" "$load" "$w" "$s" | tee -a "$work/results.jsonl"
 }
