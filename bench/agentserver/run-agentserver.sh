@@ -70,6 +70,9 @@ start_drover() {
   pids+=($!)
   for _ in $(seq 300); do grep -q 'drover-langgraph: serving' "$work/runtime-$2.log" && break; sleep 0.2; done
   grep -q 'drover-langgraph: serving' "$work/runtime-$2.log" || { tail -20 "$work/runtime-$2.log" >&2; return 1; }
+  # With LangGraph's schema parser beside it (@langchain/langgraph-api, a dependency of the CLI),
+  # the runtime compiles the graph's types once at start: tens of seconds of CPU, not measured.
+  for _ in $(seq 1500); do grep -q 'drover-langgraph: schemas registered' "$work/runtime-$2.log" && break; sleep 0.2; done
   URL="http://127.0.0.1:$p"
 }
 
