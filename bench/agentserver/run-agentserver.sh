@@ -11,6 +11,8 @@
 #   bash bench/agentserver/run-agentserver.sh
 #   ROUNDS=4 RUNS=1280 STREAM_RUNS=300 bash bench/agentserver/run-agentserver.sh
 #   DEPS=/path/with/node_modules bash bench/agentserver/run-agentserver.sh
+#   DROVER_BENCH_CANCEL_POLL_MS=60000 DROVER_BENCH_HISTORY_LIMIT=1 ONLY=drover bash bench/agentserver/run-agentserver.sh
+#     # the runtime without its per-run cancel reads and history (an experiment: runtime.mjs)
 #   PROFILE_DIR=/tmp/prof ONLY=drover ROUNDS=1 bash bench/agentserver/run-agentserver.sh
 #     # also a 15 s CPU profile of `drover server` (pprof) and of the
 #     # runtime (node --cpu-prof), during the runs.wait phase, and the HTTP
@@ -46,7 +48,7 @@ trap 'stop_all; rm -rf "$work"' EXIT
 (cd "$root" && go build -o "$work/drover" ./cmd/drover)
 rm -rf "$DEPS/node_modules/@droverhq/client" && mkdir -p "$DEPS/node_modules/@droverhq/client"
 cp -r "$root/clients/js/package.json" "$root/clients/js/dist" "$DEPS/node_modules/@droverhq/client/"
-mkdir -p "$work/proj" && cp "$here/graph.mjs" "$here/langgraph.json" "$here/bench.mjs" "$work/proj/"
+mkdir -p "$work/proj" && cp "$here/graph.mjs" "$here/langgraph.json" "$here/bench.mjs" "$here/runtime.mjs" "$work/proj/"
 ln -s "$DEPS/node_modules" "$work/proj/node_modules"
 export LANGSMITH_TRACING=false LANGCHAIN_TRACING_V2=false LANGGRAPH_CLI_NO_ANALYTICS=1 DO_NOT_TRACK=1
 
@@ -63,10 +65,12 @@ start_drover() {
     --etcd-listen "http://127.0.0.1:$((p + 1))" --etcd-peer-listen "http://127.0.0.1:$((p + 2))" >"$work/drover-$2.log" 2>&1 &
   pids+=($!)
   wait_for "http://127.0.0.1:$p/readyz" "$work/drover-$2.log" 60
-  local nodeprof=()
+  local nodeprof=() runtime=("$DEPS/node_modules/@droverhq/client/dist/agentserver-cli.js" serve -c langgraph.json)
+  # An experiment's options (runtime.mjs): DROVER_BENCH_CANCEL_POLL_MS, DROVER_BENCH_HISTORY_LIMIT.
+  [ -n "${DROVER_BENCH_CANCEL_POLL_MS:-}${DROVER_BENCH_HISTORY_LIMIT:-}" ] && runtime=(runtime.mjs langgraph.json)
   [ -n "${PROFILE_DIR:-}" ] && nodeprof=(--cpu-prof --cpu-prof-dir "$PROFILE_DIR")
   DROVER_URL="http://127.0.0.1:$p" DROVER_LANGGRAPH_CONCURRENCY=$JOBS setsid env -C "$work/proj" \
-    node "${nodeprof[@]}" "$DEPS/node_modules/@droverhq/client/dist/agentserver-cli.js" serve -c langgraph.json >"$work/runtime-$2.log" 2>&1 &
+    node "${nodeprof[@]}" "${runtime[@]}" >"$work/runtime-$2.log" 2>&1 &
   pids+=($!)
   for _ in $(seq 300); do grep -q 'drover-langgraph: serving' "$work/runtime-$2.log" && break; sleep 0.2; done
   grep -q 'drover-langgraph: serving' "$work/runtime-$2.log" || { tail -20 "$work/runtime-$2.log" >&2; return 1; }
