@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# Agent Server benchmark: the same 3-node graph (no model call), the same
+# @langchain/langgraph-sdk Client, against drover (embedded etcd, fsync on)
+# plus its TypeScript runtime, and against LangGraph's development server
+# (`langgraphjs dev` of @langchain/langgraph-cli, everything in memory).
+# Each round starts one system, measures it, stops it, then the other; the
+# order alternates between rounds. Per system and round it prints one JSON
+# line: runs per second with CONC clients (each its own thread, runs.wait),
+# then time to first streamed event (runs.stream) p50/p99. Loopback only;
+# every step is bounded by `timeout`.
+#   bash bench/agentserver/run-agentserver.sh
+#   ROUNDS=4 RUNS=1280 STREAM_RUNS=300 bash bench/agentserver/run-agentserver.sh
+#   DEPS=/path/with/node_modules bash bench/agentserver/run-agentserver.sh
+#   DROVER_BENCH_CANCEL_POLL_MS=60000 DROVER_BENCH_HISTORY_LIMIT=1 ONLY=drover bash bench/agentserver/run-agentserver.sh
+#     # the runtime without its per-run cancel reads and history (an experiment: runtime.mjs)
+#   PROFILE_DIR=/tmp/prof ONLY=drover ROUNDS=1 bash bench/agentserver/run-agentserver.sh
+#     # also a 15 s CPU profile of `drover server` (pprof) and of the
+#     # runtime (node --cpu-prof), during the runs.wait phase, and the HTTP
+#     # requests, etcd fsyncs and writes per run (metrics-diff.py)
+# DEPS is a directory whose node_modules holds this folder's package.json
+# (npm install there, once); the built @droverhq/client (clients/js/dist,
+# `npm run build`) is copied into it, so that the runtime and the graph
+# share one @langchain/langgraph.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+ROUNDS=${ROUNDS:-3}
+RUNS=${RUNS:-640}
+CONC=${CONC:-64}
+STREAM_RUNS=${STREAM_RUNS:-200}
+STREAM_CONC=${STREAM_CONC:-1}
+JOBS=${JOBS:-64}          # runs each server executes at once (langgraphjs dev -n, the runtime's concurrency)
+STEP_TIMEOUT=${STEP_TIMEOUT:-600}  # seconds for each measurement, then it counts as failed
+ONLY=${ONLY:-}            # drover or langgraph: one system only
+DEPS=${DEPS:-$here}
+[ -d "$DEPS/node_modules/@langchain/langgraph-cli" ] || (cd "$DEPS" && npm install --no-audit --no-fund)
+[ -f "$root/clients/js/dist/agentserver-cli.js" ] || { echo "build clients/js first (npm run build)" >&2; exit 2; }
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/agentserver-bench.XXXXXX")
+pids=()
+stop_all() {
+  for p in "${pids[@]}"; do kill -TERM -- "-$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do for _ in $(seq 100); do kill -0 -- "-$p" 2>/dev/null || break; sleep 0.1; done; kill -KILL -- "-$p" 2>/dev/null || true; done
+  pids=()
+}
+trap 'stop_all; rm -rf "$work"' EXIT
+
+(cd "$root" && go build -o "$work/drover" ./cmd/drover)
+rm -rf "$DEPS/node_modules/@droverhq/client" && mkdir -p "$DEPS/node_modules/@droverhq/client"
+cp -r "$root/clients/js/package.json" "$root/clients/js/dist" "$DEPS/node_modules/@droverhq/client/"
+mkdir -p "$work/proj" && cp "$here/graph.mjs" "$here/langgraph.json" "$here/bench.mjs" "$here/runtime.mjs" "$work/proj/"
+ln -s "$DEPS/node_modules" "$work/proj/node_modules"
+export LANGSMITH_TRACING=false LANGCHAIN_TRACING_V2=false LANGGRAPH_CLI_NO_ANALYTICS=1 DO_NOT_TRACK=1
+
+wait_for() { # url, log, seconds
+  for _ in $(seq $(($3 * 5))); do curl -sf -o /dev/null "$1" && return 0; sleep 0.2; done
+  echo "not up: $1" >&2; tail -20 "$2" >&2; return 1
+}
+
+# start_drover PORT ROUND: server (fsync on, its data on disk) and runtime; sets URL.
+start_drover() {
+  local p=$1 prof=()
+  [ -n "${PROFILE_DIR:-}" ] && prof=(--metrics-listen "127.0.0.1:$((p + 3))")
+  setsid "$work/drover" server --data-dir "$work/data-$2" --http-listen "127.0.0.1:$p" "${prof[@]}" \
+    --etcd-listen "http://127.0.0.1:$((p + 1))" --etcd-peer-listen "http://127.0.0.1:$((p + 2))" >"$work/drover-$2.log" 2>&1 &
+  pids+=($!)
+  wait_for "http://127.0.0.1:$p/readyz" "$work/drover-$2.log" 60
+  local nodeprof=() runtime=("$DEPS/node_modules/@droverhq/client/dist/agentserver-cli.js" serve -c langgraph.json)
+  # An experiment's options (runtime.mjs): DROVER_BENCH_CANCEL_POLL_MS, DROVER_BENCH_HISTORY_LIMIT.
+  [ -n "${DROVER_BENCH_CANCEL_POLL_MS:-}${DROVER_BENCH_HISTORY_LIMIT:-}" ] && runtime=(runtime.mjs langgraph.json)
+  [ -n "${PROFILE_DIR:-}" ] && nodeprof=(--cpu-prof --cpu-prof-dir "$PROFILE_DIR")
+  DROVER_URL="http://127.0.0.1:$p" DROVER_LANGGRAPH_CONCURRENCY=$JOBS setsid env -C "$work/proj" \
+    node "${nodeprof[@]}" "${runtime[@]}" >"$work/runtime-$2.log" 2>&1 &
+  pids+=($!)
+  for _ in $(seq 300); do grep -q 'drover-langgraph: serving' "$work/runtime-$2.log" && break; sleep 0.2; done
+  grep -q 'drover-langgraph: serving' "$work/runtime-$2.log" || { tail -20 "$work/runtime-$2.log" >&2; return 1; }
+  # With LangGraph's schema parser beside it (@langchain/langgraph-api, a dependency of the CLI),
+  # the runtime compiles the graph's types once at start: tens of seconds of CPU, not measured.
+  for _ in $(seq 1500); do grep -q 'drover-langgraph: schemas registered' "$work/runtime-$2.log" && break; sleep 0.2; done
+  URL="http://127.0.0.1:$p"
+}
+
+# start_langgraph PORT ROUND: `langgraphjs dev` (in memory); sets URL.
+start_langgraph() {
+  setsid env -C "$work/proj" node "$DEPS/node_modules/@langchain/langgraph-cli/dist/cli/cli.mjs" dev --host 127.0.0.1 --port "$1" \
+    --no-browser --no-reload -n "$JOBS" -c langgraph.json >"$work/langgraph-$2.log" 2>&1 &
+  pids+=($!)
+  wait_for "http://127.0.0.1:$1/ok" "$work/langgraph-$2.log" 120
+  URL="http://127.0.0.1:$1"
+}
+
+measure() { # system round url
+  local load w s prof=""
+  load=$(uptime | sed 's/.*load average: //')
+  if [ -n "${PROFILE_DIR:-}" ] && [ "$1" = drover ]; then
+    (sleep 5; curl -s -o "$PROFILE_DIR/server.pprof" "http://127.0.0.1:$((port + 3))/debug/pprof/profile?seconds=15") &
+    prof=$!
+  fi
+  echo "$(date -u +%T) $1 round $2: runs.wait" >&2
+  [ -n "${PROFILE_DIR:-}" ] && [ "$1" = drover ] && curl -s -o "$PROFILE_DIR/metrics-before.txt" "http://127.0.0.1:$((port + 3))/metrics"
+  w=$(cd "$work/proj" && timeout "$STEP_TIMEOUT" node bench.mjs wait "$3" "$RUNS" "$CONC") || w='{"mode":"failed","runs":0,"conc":0,"runs_per_s":null,"run_ms_p50":null,"run_ms_p99":null,"errors":1,"first_error":"timed out or failed","first_ms_p50":null,"first_ms_p99":null,"first_values_ms_p50":null,"first_values_ms_p99":null}'
+  if [ -n "${PROFILE_DIR:-}" ] && [ "$1" = drover ]; then
+    curl -s -o "$PROFILE_DIR/metrics-after.txt" "http://127.0.0.1:$((port + 3))/metrics"
+    # the warm-up's runs (one a client) are counted with the measured ones
+    python3 "$here/metrics-diff.py" "$PROFILE_DIR/metrics-before.txt" "$PROFILE_DIR/metrics-after.txt" $((RUNS + CONC)) > "$PROFILE_DIR/per-run.txt"
+  fi
+  echo "$(date -u +%T) $1 round $2: runs.stream" >&2
+  s=$(cd "$work/proj" && timeout "$STEP_TIMEOUT" node bench.mjs stream "$3" "$STREAM_RUNS" "$STREAM_CONC") || s='{"mode":"failed","runs":0,"conc":0,"runs_per_s":null,"run_ms_p50":null,"run_ms_p99":null,"errors":1,"first_error":"timed out or failed","first_ms_p50":null,"first_ms_p99":null,"first_values_ms_p50":null,"first_values_ms_p99":null}'
+  [ -n "$prof" ] && wait "$prof"
+  python3 -c 'import json,sys; w,s=json.loads(sys.argv[4]),json.loads(sys.argv[5]); print(json.dumps({"system":sys.argv[1],"round":int(sys.argv[2]),"load":sys.argv[3],"runs_per_s":w["runs_per_s"],"wait_ms_p50":w["run_ms_p50"],"wait_ms_p99":w["run_ms_p99"],"runs":w["runs"],"conc":w["conc"],"first_ms_p50":s["first_ms_p50"],"first_ms_p99":s["first_ms_p99"],"first_values_ms_p50":s["first_values_ms_p50"],"first_values_ms_p99":s["first_values_ms_p99"],"stream_runs":s["runs"],"stream_conc":s["conc"],"errors":w["errors"]+s["errors"],"first_error":w["first_error"] or s["first_error"]}))' \
+    "$1" "$2" "$load" "$w" "$s" | tee -a "$work/results.jsonl"
+}
+
+for round in $(seq "$ROUNDS"); do
+  order=(drover langgraph)
+  [ $((round % 2)) -eq 0 ] && order=(langgraph drover)
+  for sys in "${order[@]}"; do
+    [ -n "$ONLY" ] && [ "$ONLY" != "$sys" ] && continue
+    port=$((24000 + RANDOM % 4000))
+    "start_$sys" "$port" "$round"
+    measure "$sys" "$round" "$URL"
+    stop_all
+  done
+done
+
+python3 - "$work/results.jsonl" <<'PY'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+by = {}
+for r in rows:
+    by.setdefault(r["system"], []).append(r)
+med = {s: {k: statistics.median([r[k] for r in rs if r[k] is not None] or [0]) for k in ("runs_per_s", "first_ms_p50", "first_ms_p99", "first_values_ms_p50", "first_values_ms_p99")} for s, rs in by.items()}
+for s, m in med.items():
+    print(json.dumps({"system": s, "median_of_rounds": len(by[s]), **m}))
+if "drover" in med and "langgraph" in med:
+    d, l = med["drover"], med["langgraph"]
+    print(json.dumps({"drover_over_langgraph": {
+        "throughput": round(d["runs_per_s"] / l["runs_per_s"], 2),
+        "first_event_p50": round(d["first_ms_p50"] / l["first_ms_p50"], 2),
+        "first_event_p99": round(d["first_ms_p99"] / l["first_ms_p99"], 2)}}))
+PY
