@@ -16,8 +16,14 @@ func SetNewWorker(r *CronRunner, f func(context.Context, *clientv3.Client, queue
 // FireCron makes the run of the fire that task taskID of cron id is in
 // namespace ns, as CronRunner does, and answers what the fire did.
 func FireCron(ctx context.Context, cli *clientv3.Client, ns, id, taskID string) (string, string, error) {
+	out, err := FireCronOn(ctx, cli, ns, id, taskID)
+	return out[0], out[1], err
+}
+
+// FireCronOn is FireCron answering the outcome, the run and its thread.
+func FireCronOn(ctx context.Context, cli *clientv3.Client, ns, id, taskID string) ([3]string, error) {
 	s := &server{cfg: Config{Etcd: cli, Namespace: func(context.Context) string { return ns }}}
 	s.cfg.Now = time.Now
 	out, err := s.fireCron(ctx, id, taskID)
-	return out.Outcome, out.RunID, err
+	return [3]string{out.Outcome, out.RunID, out.ThreadID}, err
 }

@@ -306,10 +306,11 @@ func (s *server) admitNextLogged(ctx context.Context, thread string) {
 }
 
 // ensureTask submits admitted run r's task if it has none: the task of a
-// run admitted from the queue, or one whose submit was lost.
+// run admitted from the queue, or one whose creator died before its
+// submit (due when the run's delay says).
 func (s *server) ensureTask(ctx context.Context, r runRecord) error {
-	if len(r.Params) == 0 {
-		return nil // submitted by its create
+	if len(r.Params) == 0 || r.Ended || r.Queued {
+		return nil
 	}
 	q, err := s.queueOf(ctx)
 	if err != nil {
@@ -321,7 +322,7 @@ func (s *server) ensureTask(ctx context.Context, r runRecord) error {
 	} else if !errors.Is(err, queue.ErrNotFound) {
 		return etcdError("reading the run's task", err)
 	}
-	res, err := q.Submit(ctx, RunsQueue, []queue.Task{{ID: r.RunID, Type: r.GraphID, Parameters: r.Params}}, nil)
+	res, err := q.Submit(ctx, RunsQueue, []queue.Task{{ID: r.RunID, Type: r.GraphID, Parameters: r.Params, Delay: queue.Duration(max(r.DueAt.Sub(s.now()), 0))}}, nil)
 	if err == nil && len(res.Rejected) > 0 {
 		if _, gerr := q.Get(ctx, r.RunID); gerr == nil { // another submitted it meanwhile
 			return nil

@@ -1,0 +1,43 @@
+package agentserver_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/droverhq/drover/agentserver"
+	"github.com/droverhq/drover/queue"
+)
+
+// TestCronFireCrashIsRetried: a fire whose server dies after any number
+// of its writes, then claimed again, leaves its run recorded with its
+// queue task: never a run that would not run.
+func TestCronFireCrashIsRetried(t *testing.T) {
+	a := newAPI(t)
+	ctx := context.Background()
+	a.must(200, "PUT", "/v1/agent-server/graphs/agent", map[string]any{})
+	id := a.must(200, "POST", "/runs/crons", map[string]any{"assistant_id": "agent", "schedule": "0 0 1 1 *"}).Obj["cron_id"].(string)
+	q, err := queue.NewClient(a.cli, a.ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = q.Close(ctx) }()
+	lost := 0
+	for n := int64(0); n < 12; n++ {
+		task := fmt.Sprintf("fire-%d", n)
+		if _, err := agentserver.FireCronOn(ctx, crashClient(t, a.cli, n), a.ns, id, task); err != nil {
+			lost++
+		}
+		out, err := agentserver.FireCronOn(ctx, a.cli, a.ns, id, task) // claimed again after the crash
+		if err != nil || (out[0] != "created" && out[0] != "exists") {
+			t.Fatalf("after a crash at write %d, the fire again: %v, %v", n, out, err)
+		}
+		a.must(200, "GET", "/threads/"+out[2]+"/runs/"+out[1], nil)
+		if _, err := q.Get(ctx, out[1]); err != nil {
+			t.Errorf("after a crash at write %d: run %s has no task: %v", n, out[1], err)
+		}
+	}
+	if lost == 0 {
+		t.Fatal("no fire crashed: the test crashes nothing")
+	}
+}
