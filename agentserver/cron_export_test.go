@@ -27,3 +27,11 @@ func FireCronOn(ctx context.Context, cli *clientv3.Client, ns, id, taskID string
 	out, err := s.fireCron(ctx, id, taskID)
 	return [3]string{out.Outcome, out.RunID, out.ThreadID}, err
 }
+
+// CreateCronOn creates a cron of assistant with schedule in namespace ns
+// through cli, as POST /runs/crons does, and answers its id.
+func CreateCronOn(ctx context.Context, cli *clientv3.Client, ns, assistant, schedule string) (string, error) {
+	s := &server{cfg: Config{Etcd: cli, Namespace: func(context.Context) string { return ns }, Now: time.Now}}
+	c, err := s.newCron(ctx, "", cronBody{AssistantID: assistant, Schedule: schedule})
+	return c.CronID, err
+}

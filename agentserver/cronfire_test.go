@@ -3,7 +3,9 @@ package agentserver_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/droverhq/drover/agentserver"
 	"github.com/droverhq/drover/queue"
@@ -39,5 +41,41 @@ func TestCronFireCrashIsRetried(t *testing.T) {
 	}
 	if lost == 0 {
 		t.Fatal("no fire crashed: the test crashes nothing")
+	}
+}
+
+// TestCronCreateCrash: a cron's create whose server dies after any
+// number of its writes leaves no schedule without its cron (which would
+// fire for nothing), and the next search gives every cron its schedule.
+func TestCronCreateCrash(t *testing.T) {
+	a := newAPI(t)
+	ctx := context.Background()
+	a.must(200, "PUT", "/v1/agent-server/graphs/agent", map[string]any{})
+	sc := schedules(t, a, time.Now)
+	for n := int64(0); n < 6; n++ {
+		_, _ = agentserver.CreateCronOn(ctx, crashClient(t, a.cli, n), a.ns, "agent", "0 0 1 1 *")
+		list, err := sc.List(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range list {
+			id := strings.TrimPrefix(s.Name, "agent-cron-")
+			if ans := a.do("POST", "/runs/crons/search", map[string]any{"limit": 1000}); !strings.Contains(ans.Raw, id) {
+				t.Fatalf("a crash at write %d left schedule %s without its cron", n, s.Name)
+			}
+		}
+	}
+	crons := a.must(200, "POST", "/runs/crons/search", map[string]any{"limit": 1000}).List
+	list, err := sc.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(crons) == 0 || len(list) != len(crons) {
+		t.Fatalf("%d crons, %d schedules after a search: want one each", len(crons), len(list))
+	}
+	for _, c := range crons {
+		if c["next_run_date"] == nil {
+			t.Errorf("cron %v: no next run date", c["cron_id"])
+		}
 	}
 }
