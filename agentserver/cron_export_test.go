@@ -35,3 +35,10 @@ func CreateCronOn(ctx context.Context, cli *clientv3.Client, ns, assistant, sche
 	c, err := s.newCron(ctx, "", cronBody{AssistantID: assistant, Schedule: schedule})
 	return c.CronID, err
 }
+
+// DeleteThreadOn deletes thread th of namespace ns through cli, as
+// DELETE /threads/{id} does.
+func DeleteThreadOn(ctx context.Context, cli *clientv3.Client, ns, th string) error {
+	s := &server{cfg: Config{Etcd: cli, Namespace: func(context.Context) string { return ns }, Now: time.Now}}
+	return s.deleteThread(ctx, th)
+}

@@ -79,3 +79,32 @@ func TestCronCreateCrash(t *testing.T) {
 		}
 	}
 }
+
+// TestThreadDeleteCrash: a thread's delete whose server dies after any
+// number of its writes leaves the thread, or leaves none of its runs'
+// tasks to run and none of its crons to fire.
+func TestThreadDeleteCrash(t *testing.T) {
+	a := newAPI(t)
+	ctx := context.Background()
+	a.must(200, "PUT", "/v1/agent-server/graphs/agent", map[string]any{})
+	q, err := queue.NewClient(a.cli, a.ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = q.Close(ctx) }()
+	for n := int64(0); n < 8; n++ {
+		th := a.must(200, "POST", "/threads", map[string]any{}).Obj["thread_id"].(string)
+		run := a.must(200, "POST", "/threads/"+th+"/runs", map[string]any{"assistant_id": "agent"}).Obj["run_id"].(string)
+		a.must(200, "POST", "/threads/"+th+"/runs/crons", map[string]any{"assistant_id": "agent", "schedule": "0 0 1 1 *"})
+		_ = agentserver.DeleteThreadOn(ctx, crashClient(t, a.cli, n), a.ns, th)
+		if a.do("GET", "/threads/"+th, nil).Status == 200 {
+			continue // the caller sends the delete again
+		}
+		if task, err := q.Get(ctx, run); err == nil && !task.CurrentStatus.Terminal() {
+			t.Errorf("a crash at write %d: the thread is gone, its run's task is %s", n, task.CurrentStatus)
+		}
+		if c := a.must(200, "POST", "/runs/crons/count", map[string]any{"thread_id": th}); c.Raw != "0" && !strings.HasPrefix(c.Raw, "0\n") {
+			t.Errorf("a crash at write %d: the thread is gone, %s of its crons are left", n, c.Raw)
+		}
+	}
+}
