@@ -108,3 +108,21 @@ func TestThreadDeleteCrash(t *testing.T) {
 		}
 	}
 }
+
+// TestCronUpdateClearsEndTime: an update with end_time null clears it;
+// one without end_time keeps it.
+func TestCronUpdateClearsEndTime(t *testing.T) {
+	a := newAPI(t)
+	a.must(200, "PUT", "/v1/agent-server/graphs/agent", map[string]any{})
+	c := a.must(200, "POST", "/runs/crons", map[string]any{"assistant_id": "agent", "schedule": "0 0 1 1 *", "end_time": "2099-01-01T00:00:00Z"}).Obj
+	id := c["cron_id"].(string)
+	if c["end_time"] == nil {
+		t.Fatalf("created %v: no end_time", c)
+	}
+	if got := a.must(200, "PATCH", "/runs/crons/"+id, map[string]any{"enabled": true}).Obj; got["end_time"] == nil {
+		t.Fatalf("an update without end_time cleared it: %v", got)
+	}
+	if got := a.must(200, "PATCH", "/runs/crons/"+id, map[string]any{"end_time": nil}).Obj; got["end_time"] != nil {
+		t.Fatalf("an update with end_time null: end_time %v, want null", got["end_time"])
+	}
+}
