@@ -3,9 +3,11 @@ package agentserver_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync/atomic"
 	"testing"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -72,4 +74,65 @@ func (t *crashTxn) Commit() (*clientv3.TxnResponse, error) {
 		return nil, errCrashed
 	}
 	return t.Txn.Commit()
+}
+
+// readCounter is cli that counts the keys its reads answer under prefix
+// (set while it counts).
+type readCounter struct {
+	clientv3.KV
+	prefix atomic.Pointer[string]
+	n      atomic.Int64
+}
+
+func countingClient(cli *clientv3.Client) (*clientv3.Client, *readCounter) {
+	c := clientv3.NewCtxClient(context.Background())
+	rc := &readCounter{KV: cli.KV}
+	c.KV = rc
+	c.Watcher, c.Lease, c.Cluster, c.Maintenance, c.Auth = cli.Watcher, cli.Lease, cli.Cluster, cli.Maintenance, cli.Auth
+	return c, rc
+}
+
+func (r *readCounter) count(kvs []*mvccpb.KeyValue) {
+	p := r.prefix.Load()
+	if p == nil {
+		return
+	}
+	for _, kv := range kvs {
+		if strings.HasPrefix(string(kv.Key), *p) {
+			r.n.Add(1)
+		}
+	}
+}
+
+func (r *readCounter) Get(ctx context.Context, key string, opts ...clientv3.OpOption) (*clientv3.GetResponse, error) {
+	resp, err := r.KV.Get(ctx, key, opts...)
+	if err == nil {
+		r.count(resp.Kvs)
+	}
+	return resp, err
+}
+
+func (r *readCounter) Txn(ctx context.Context) clientv3.Txn {
+	return &countTxn{Txn: r.KV.Txn(ctx), rc: r}
+}
+
+type countTxn struct {
+	clientv3.Txn
+	rc *readCounter
+}
+
+func (t *countTxn) If(cs ...clientv3.Cmp) clientv3.Txn   { t.Txn = t.Txn.If(cs...); return t }
+func (t *countTxn) Then(ops ...clientv3.Op) clientv3.Txn { t.Txn = t.Txn.Then(ops...); return t }
+func (t *countTxn) Else(ops ...clientv3.Op) clientv3.Txn { t.Txn = t.Txn.Else(ops...); return t }
+
+func (t *countTxn) Commit() (*clientv3.TxnResponse, error) {
+	resp, err := t.Txn.Commit()
+	if err == nil {
+		for _, r := range resp.Responses {
+			if rr := r.GetResponseRange(); rr != nil {
+				t.rc.count(rr.Kvs)
+			}
+		}
+	}
+	return resp, err
 }

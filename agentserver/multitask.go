@@ -32,16 +32,19 @@ import (
 // new run admitted and its task submitted.
 
 // maxStopped bounds the runs one create stops (those of the thread not
-// ended: the admitted one and the queued ones).
-const maxStopped = 100
+// ended: the admitted one and the queued ones), so that its transaction
+// (a compare and two writes per run) stays within maxTxnOps.
+const maxStopped = 60
 
 // strategies are the multitask strategies served.
 var strategies = map[string]bool{"reject": true, "enqueue": true, "interrupt": true, "rollback": true}
 
-// threadRuns reads thread's runs with their revisions, their statuses as
-// their tasks have them (runs whose task ended are settled on the way).
-func (s *server) threadRuns(ctx context.Context, thread string) ([]runRecord, []int64, error) {
-	out, revs, err := s.runRecords(ctx, thread)
+// threadRuns reads thread's runs not ended, and those of also, with
+// their revisions, their statuses as their tasks have them (runs whose
+// task ended are settled on the way). It reads the thread's index of
+// active runs, at most maxStopped+1 of them, never its history.
+func (s *server) threadRuns(ctx context.Context, thread string, also map[string]runRecord) ([]runRecord, []int64, error) {
+	out, revs, err := s.activeRecords(ctx, thread, also)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -51,6 +54,55 @@ func (s *server) threadRuns(ctx context.Context, thread string) ([]runRecord, []
 	}
 	if err := s.withTaskStatus(ctx, ptrs, revs); err != nil {
 		return nil, nil, err
+	}
+	return out, revs, nil
+}
+
+// activeRecords reads the records of thread's active runs (by its index,
+// newest first, at most maxStopped+1) and of the runs also names, with
+// their revisions, all at one revision. An index key whose record is
+// gone or ended is skipped.
+func (s *server) activeRecords(ctx context.Context, thread string, also map[string]runRecord) ([]runRecord, []int64, error) {
+	sp, err := s.space(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	idx, err := s.cfg.Etcd.Get(ctx, sp.AgentActiveRuns(thread), clientv3.WithPrefix(), clientv3.WithKeysOnly(),
+		clientv3.WithSort(clientv3.SortByKey, clientv3.SortDescend), clientv3.WithLimit(maxStopped+1))
+	if err != nil {
+		return nil, nil, etcdError("reading the thread's active runs", err)
+	}
+	ids := map[string]bool{}
+	var gets []clientv3.Op
+	for _, kv := range idx.Kvs {
+		ids[idOf(kv.Key)] = true
+		gets = append(gets, clientv3.OpGet(sp.AgentRun(thread, idOf(kv.Key))))
+	}
+	for id := range also {
+		if !ids[id] {
+			gets = append(gets, clientv3.OpGet(sp.AgentRun(thread, id)))
+		}
+	}
+	if len(gets) == 0 {
+		return nil, nil, nil
+	}
+	resp, err := s.cfg.Etcd.Txn(ctx).Then(gets...).Commit()
+	if err != nil {
+		return nil, nil, etcdError("reading the thread's active runs", err)
+	}
+	var out []runRecord
+	var revs []int64
+	for _, r := range resp.Responses {
+		for _, kv := range r.GetResponseRange().Kvs {
+			var rec runRecord
+			if err := json.Unmarshal(kv.Value, &rec); err != nil {
+				return nil, nil, undecodable("run", idOf(kv.Key), err)
+			}
+			if _, named := also[rec.RunID]; rec.Ended && !named {
+				continue
+			}
+			out, revs = append(out, rec), append(revs, kv.ModRevision)
+		}
 	}
 	return out, revs, nil
 }
@@ -147,7 +199,7 @@ func (s *server) takeThread(ctx context.Context, sp keyspace.Space, thread strin
 		if err != nil {
 			return err
 		}
-		runs, _, err := s.threadRuns(ctx, thread)
+		runs, _, err := s.threadRuns(ctx, thread, nil)
 		if err != nil {
 			return err
 		}
@@ -252,7 +304,7 @@ func (s *server) admitNext(ctx context.Context, thread string) error {
 		if err != nil {
 			return err
 		}
-		runs, revs, err := s.threadRuns(ctx, thread)
+		runs, revs, err := s.threadRuns(ctx, thread, nil)
 		if err != nil {
 			return err
 		}

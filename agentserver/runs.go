@@ -126,14 +126,12 @@ func (s *server) createRun(ctx context.Context, r runRecord, a assistantRecord, 
 		if err != nil {
 			return Run{}, err
 		}
-		runs, revs, err := s.threadRuns(ctx, r.ThreadID)
+		runs, revs, err := s.threadRuns(ctx, r.ThreadID, stopped)
 		if err != nil {
 			return Run{}, err
 		}
-		for _, o := range runs {
-			if o.RunID == r.RunID { // made before (the transaction below compares its absence)
-				return Run{}, errRunExists{r.RunID}
-			}
+		if err := s.refuseMade(ctx, sp, r); err != nil {
+			return Run{}, err
 		}
 		if onlyQueued(runs) { // stranded: the end of the run before them admitted none
 			if err := s.admitNext(ctx, r.ThreadID); err != nil {
@@ -154,8 +152,8 @@ func (s *server) createRun(ctx context.Context, r runRecord, a assistantRecord, 
 			cmps, ops = nil, nil
 		case r.MultitaskStrategy == "reject":
 			return Run{}, huma.NewError(http.StatusConflict, fmt.Sprintf("Thread %s is busy with run %s: multitask_strategy is reject", r.ThreadID, active[0].RunID))
-		case len(active) > maxStopped:
-			return Run{}, huma.NewError(http.StatusConflict, fmt.Sprintf("Thread %s has %d runs not ended, more than the %d one run may stop or queue behind", r.ThreadID, len(active), maxStopped))
+		case len(active) > maxStopped || len(ops)+writeRunOps > maxTxnOps || len(cmps)+writeRunOps > maxTxnOps:
+			return Run{}, huma.NewError(http.StatusConflict, fmt.Sprintf("Thread %s has %d runs not ended (and %d stopped), more than the %d one run may stop or queue behind", r.ThreadID, len(active), len(stopped), maxStopped))
 		case r.MultitaskStrategy == "enqueue":
 			rec.Queued = true
 			cmps, ops = nil, nil
@@ -204,7 +202,7 @@ func (s *server) writeRun(ctx context.Context, sp keyspace.Space, t Thread, rev 
 	rraw, _ := json.Marshal(rec)
 	tkey, rkey := sp.AgentThread(t.ThreadID), sp.AgentRun(rec.ThreadID, rec.RunID)
 	cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(tkey), "=", rev), clientv3.Compare(clientv3.CreateRevision(rkey), "=", 0), storeguard.NotFull(sp))
-	ops = append(ops, clientv3.OpPut(tkey, string(traw)), clientv3.OpPut(rkey, string(rraw)))
+	ops = append(ops, clientv3.OpPut(tkey, string(traw)), clientv3.OpPut(rkey, string(rraw)), clientv3.OpPut(sp.AgentActiveRun(rec.ThreadID, rec.RunID), ""))
 	resp, err := s.cfg.Etcd.Txn(ctx).If(cmps...).Then(ops...).Else(storeguard.GetOp(sp), clientv3.OpGet(rkey, clientv3.WithKeysOnly())).Commit()
 	if err != nil {
 		return threadBefore{}, false, etcdError("creating the run", err)
@@ -228,6 +226,27 @@ type threadBefore struct {
 	raw []byte
 	rev int64
 }
+
+// refuseMade is errRunExists when run r is stored already (a cron's fire
+// made again): the transaction that stores it compares its absence too.
+func (s *server) refuseMade(ctx context.Context, sp keyspace.Space, r runRecord) error {
+	resp, err := s.cfg.Etcd.Get(ctx, sp.AgentRun(r.ThreadID, r.RunID), clientv3.WithKeysOnly())
+	if err != nil {
+		return etcdError("reading the run", err)
+	}
+	if len(resp.Kvs) > 0 {
+		return errRunExists{r.RunID}
+	}
+	return nil
+}
+
+// maxTxnOps is etcd's default bound on the operations (and on the
+// compares) of one transaction; writeRunOps, what writeRun adds to a
+// create's own.
+const (
+	maxTxnOps   = 128
+	writeRunOps = 4
+)
 
 // onlyQueued reports whether runs has runs not ended, all of them queued.
 func onlyQueued(runs []runRecord) bool {
@@ -264,9 +283,9 @@ func (s *server) stopPlan(sp keyspace.Space, r runRecord, runs []runRecord, revs
 		case "interrupt":
 			o.Status, o.Ended, o.Error, o.UpdatedAt = "interrupted", true, nil, s.now()
 			raw, _ := json.Marshal(o)
-			ops = append(ops, clientv3.OpPut(okey, string(raw)))
+			ops = append(ops, clientv3.OpPut(okey, string(raw)), clientv3.OpDelete(sp.AgentActiveRun(r.ThreadID, o.RunID)))
 		case "rollback":
-			ops = append(ops, clientv3.OpDelete(okey))
+			ops = append(ops, clientv3.OpDelete(okey), clientv3.OpDelete(sp.AgentActiveRun(r.ThreadID, o.RunID)))
 		}
 	}
 	return active, cmps, ops
@@ -299,8 +318,8 @@ func (s *server) submitRun(ctx context.Context, sp keyspace.Space, r runRecord, 
 		// The record without its task would never run: take it back, and
 		// the thread's status with it unless the thread changed since.
 		_, _ = s.cfg.Etcd.Txn(bg).If(clientv3.Compare(clientv3.ModRevision(tkey), "=", before.rev)).
-			Then(clientv3.OpDelete(sp.AgentRun(r.ThreadID, r.RunID)), clientv3.OpPut(tkey, string(before.raw))).
-			Else(clientv3.OpDelete(sp.AgentRun(r.ThreadID, r.RunID))).Commit()
+			Then(clientv3.OpDelete(sp.AgentRun(r.ThreadID, r.RunID)), clientv3.OpDelete(sp.AgentActiveRun(r.ThreadID, r.RunID)), clientv3.OpPut(tkey, string(before.raw))).
+			Else(clientv3.OpDelete(sp.AgentRun(r.ThreadID, r.RunID)), clientv3.OpDelete(sp.AgentActiveRun(r.ThreadID, r.RunID))).Commit()
 		if refused != nil {
 			return Run{}, refused
 		}
@@ -321,12 +340,12 @@ func (s *server) refuseWhileActive(ctx context.Context, thread string) error {
 
 // activeRun is the id of a run of thread that has not ended, or "".
 func (s *server) activeRun(ctx context.Context, thread string) (string, error) {
-	runs, err := s.listRuns(ctx, thread)
+	runs, _, err := s.threadRuns(ctx, thread, nil)
 	if err != nil {
 		return "", err
 	}
 	for _, r := range runs {
-		if r.Status == "pending" || r.Status == "running" {
+		if !r.Ended {
 			return r.RunID, nil
 		}
 	}

@@ -116,7 +116,7 @@ func (s *server) settle(ctx context.Context, r *runRecord, rev int64) (int64, er
 	rkey := sp.AgentRun(r.ThreadID, r.RunID)
 	for range maxAttempts {
 		cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(rkey), "=", rev)}
-		ops := []clientv3.Op{clientv3.OpPut(rkey, string(rraw))}
+		ops := []clientv3.Op{clientv3.OpPut(rkey, string(rraw)), clientv3.OpDelete(sp.AgentActiveRun(r.ThreadID, r.RunID))}
 		th, trev, err := s.getThread(ctx, r.ThreadID)
 		if err != nil && !isNotFound(err) {
 			return 0, err
@@ -157,14 +157,18 @@ func (s *server) settle(ctx context.Context, r *runRecord, rev int64) (int64, er
 }
 
 // otherActive says whether a run of thread other than id has not ended,
-// as the records say (a stale one is settled by the read that finds it).
+// as the index of its active runs says (two keys at most are read).
 func (s *server) otherActive(ctx context.Context, thread, id string) (bool, error) {
-	recs, _, err := s.runRecords(ctx, thread)
+	sp, err := s.space(ctx)
 	if err != nil {
 		return false, err
 	}
-	for _, r := range recs {
-		if r.RunID != id && !r.Ended {
+	resp, err := s.cfg.Etcd.Get(ctx, sp.AgentActiveRuns(thread), clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithLimit(2))
+	if err != nil {
+		return false, etcdError("reading the thread's active runs", err)
+	}
+	for _, kv := range resp.Kvs {
+		if idOf(kv.Key) != id {
 			return true, nil
 		}
 	}

@@ -183,6 +183,7 @@ func (s *server) deleteThread(ctx context.Context, id string) error {
 // its checkpoints.
 func threadDeletes(sp keyspace.Space, id string) []clientv3.Op {
 	return []clientv3.Op{clientv3.OpDelete(sp.AgentThread(id)), clientv3.OpDelete(sp.AgentRuns(id), clientv3.WithPrefix()),
+		clientv3.OpDelete(sp.AgentActiveRuns(id), clientv3.WithPrefix()),
 		clientv3.OpDelete(sp.AgentThreadState(id)), clientv3.OpDelete(sp.Checkpoints(id), clientv3.WithPrefix())}
 }
 
