@@ -42,3 +42,10 @@ func DeleteThreadOn(ctx context.Context, cli *clientv3.Client, ns, th string) er
 	s := &server{cfg: Config{Etcd: cli, Namespace: func(context.Context) string { return ns }, Now: time.Now}}
 	return s.deleteThread(ctx, th)
 }
+
+// AwaitAdmitted waits, as a join or stream does, until run id of thread
+// th of namespace ns is admitted.
+func AwaitAdmitted(ctx context.Context, cli *clientv3.Client, ns, th, id string) error {
+	s := &server{cfg: Config{Etcd: cli, Namespace: func(context.Context) string { return ns }, Now: time.Now}}
+	return s.awaitAdmitted(ctx, th, id)
+}

@@ -387,8 +387,11 @@ func (s *server) ensureTask(ctx context.Context, r runRecord) error {
 	return nil
 }
 
-// awaitAdmitted returns once run id of thread is admitted or ended (or
-// gone), admitting it when its turn came and nobody did; ctx bounds it.
+// awaitAdmitted returns once run id of thread is admitted with its task
+// submitted, or ended (or gone), admitting it when its turn came and
+// nobody did, and submitting its task when whoever admitted it died
+// first: a join or stream that follows the task never finds it missing
+// and answers early. ctx bounds it.
 func (s *server) awaitAdmitted(ctx context.Context, thread, id string) error {
 	sp, err := s.space(ctx)
 	if err != nil {
@@ -406,8 +409,11 @@ func (s *server) awaitAdmitted(ctx context.Context, thread, id string) error {
 		if err := json.Unmarshal(resp.Kvs[0].Value, &r); err != nil {
 			return undecodable("run", id, err)
 		}
-		if !r.Queued || r.Ended {
+		if r.Ended {
 			return nil
+		}
+		if !r.Queued { // admitted: its task is there, or its creator died before submitting it
+			return s.ensureTask(ctx, r)
 		}
 		if err := s.admitNext(ctx, thread); err != nil {
 			return err
