@@ -49,3 +49,14 @@ func AwaitAdmitted(ctx context.Context, cli *clientv3.Client, ns, th, id string)
 	s := &server{cfg: Config{Etcd: cli, Namespace: func(context.Context) string { return ns }, Now: time.Now}}
 	return s.awaitAdmitted(ctx, th, id)
 }
+
+// DeleteRunCheckpointsOn deletes the checkpoints run id wrote on thread
+// th of namespace ns, as a rollback does.
+func DeleteRunCheckpointsOn(ctx context.Context, cli *clientv3.Client, ns, th, id string) error {
+	s := &server{cfg: Config{Etcd: cli, Namespace: func(context.Context) string { return ns }, Now: time.Now}}
+	sp, err := s.space(ctx)
+	if err != nil {
+		return err
+	}
+	return s.deleteRunCheckpoints(ctx, sp, th, id)
+}

@@ -225,7 +225,11 @@ func (s *server) takeThread(ctx context.Context, sp keyspace.Space, thread strin
 // deleteRunCheckpoints deletes the checkpoints run id wrote on thread
 // (those whose metadata names it, in every checkpoint namespace) with
 // their pending writes, and moves each namespace's head back to its
-// newest checkpoint left (or removes it when none is left).
+// newest checkpoint left (or removes it when none is left). The heads
+// move first, in a transaction that compares each head with what was
+// read (a head that moved meanwhile makes it read again), and with as
+// many of the deletes as fit: a head never names a deleted checkpoint,
+// and the deletes a crash left undone are found again by the run's id.
 func (s *server) deleteRunCheckpoints(ctx context.Context, sp keyspace.Space, thread, id string) error {
 	store, err := checkpoint.NewEtcd(s.cfg.Etcd, s.cfg.Namespace(ctx))
 	if err != nil {
@@ -240,37 +244,65 @@ func (s *server) deleteRunCheckpoints(ctx context.Context, sp keyspace.Space, th
 			return nil
 		}
 		gone := map[string]map[string]bool{}
-		var ops []clientv3.Op
+		var dels []clientv3.Op
 		for _, cp := range cps {
 			ns := keyspace.CheckpointNSName(cp.NS)
 			if gone[cp.NS] == nil {
 				gone[cp.NS] = map[string]bool{}
 			}
 			gone[cp.NS][cp.ID] = true
-			ops = append(ops, clientv3.OpDelete(sp.CheckpointKey(thread, ns, cp.ID)),
+			dels = append(dels, clientv3.OpDelete(sp.CheckpointKey(thread, ns, cp.ID)),
 				clientv3.OpDelete(sp.CheckpointWrites(thread, ns, cp.ID)+"/", clientv3.WithPrefix()))
 		}
-		for ns, ids := range gone {
-			head, err := newestLeft(ctx, store, thread, ns, ids)
-			if err != nil {
-				return err
-			}
-			hk := sp.CheckpointHead(thread, keyspace.CheckpointNSName(ns))
-			if head == "" {
-				ops = append(ops, clientv3.OpDelete(hk))
-			} else {
-				ops = append(ops, clientv3.OpPut(hk, head))
-			}
+		cmps, heads, err := s.headMoves(ctx, sp, store, thread, gone)
+		if err != nil {
+			return err
 		}
-		for len(ops) > 0 {
-			n := min(len(ops), 120)
-			if _, err := s.cfg.Etcd.Txn(ctx).Then(ops[:n]...).Commit(); err != nil {
+		n := min(len(dels), max(maxTxnOps-len(heads), 0))
+		resp, err := s.cfg.Etcd.Txn(ctx).If(cmps...).Then(append(heads, dels[:n]...)...).Commit()
+		if err != nil {
+			return etcdError("deleting the run's checkpoints", err)
+		}
+		if !resp.Succeeded {
+			continue // a head moved: read again
+		}
+		for dels = dels[n:]; len(dels) > 0; dels = dels[min(len(dels), maxTxnOps):] {
+			if _, err := s.cfg.Etcd.Txn(ctx).Then(dels[:min(len(dels), maxTxnOps)]...).Commit(); err != nil {
 				return etcdError("deleting the run's checkpoints", err)
 			}
-			ops = ops[n:]
 		}
 	}
 	return nil
+}
+
+// headMoves are the compares on the heads of thread's namespaces that
+// lose the checkpoints gone names (each as read), and the writes that
+// move each back to its newest checkpoint left, or delete it.
+func (s *server) headMoves(ctx context.Context, sp keyspace.Space, store *checkpoint.Etcd, thread string, gone map[string]map[string]bool) ([]clientv3.Cmp, []clientv3.Op, error) {
+	var cmps []clientv3.Cmp
+	var ops []clientv3.Op
+	for ns, ids := range gone {
+		hk := sp.CheckpointHead(thread, keyspace.CheckpointNSName(ns))
+		g, err := s.cfg.Etcd.Get(ctx, hk)
+		if err != nil {
+			return nil, nil, etcdError("reading the thread's head", err)
+		}
+		var rev int64
+		if len(g.Kvs) > 0 {
+			rev = g.Kvs[0].ModRevision
+		}
+		head, err := newestLeft(ctx, store, thread, ns, ids)
+		if err != nil {
+			return nil, nil, err
+		}
+		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(hk), "=", rev))
+		if head == "" {
+			ops = append(ops, clientv3.OpDelete(hk))
+		} else {
+			ops = append(ops, clientv3.OpPut(hk, head))
+		}
+	}
+	return cmps, ops, nil
 }
 
 // newestLeft is the id of the newest checkpoint of thread's namespace ns
