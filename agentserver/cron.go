@@ -119,9 +119,12 @@ func (s *server) getCron(ctx context.Context, id string) (Cron, int64, error) {
 	return c, resp.Kvs[0].ModRevision, nil
 }
 
-// createCron stores cron c and its schedule: the schedule first (a fire
-// that finds no cron makes no run), then the cron, whose failure takes
-// the schedule back. Bad input stores nothing.
+// createCron stores cron c and its schedule: the cron first, in one
+// transaction that compares its absence and the store guard, then its
+// schedule, which the cron's record is the truth of: a schedule the
+// queue refuses takes the cron back, and a server that dies between the
+// two leaves a cron whose schedule its next read makes (syncSchedules).
+// Bad input stores nothing.
 func (s *server) createCron(ctx context.Context, c Cron) (Cron, error) {
 	spec := cronSpec(c)
 	if err := spec.Validate(); err != nil {
@@ -136,28 +139,53 @@ func (s *server) createCron(ctx context.Context, c Cron) (Cron, error) {
 		return Cron{}, err
 	}
 	defer done()
-	made, err := sc.Create(ctx, spec)
-	if err != nil {
-		return Cron{}, s.scheduleError("creating the cron's schedule", err)
-	}
-	withNext(&c, made)
 	raw, _ := json.Marshal(c)
 	key := sp.AgentCron(c.CronID)
 	resp, err := s.cfg.Etcd.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0), storeguard.NotFull(sp)).
 		Then(clientv3.OpPut(key, string(raw))).Else(storeguard.GetOp(sp)).Commit()
-	if err == nil && !resp.Succeeded {
-		err = guardOf(resp, 0)
-		if err == nil {
-			err = huma.NewError(http.StatusConflict, "Cron "+c.CronID+" already exists")
-		}
-	} else if err != nil {
-		err = etcdError("creating the cron", err)
-	}
 	if err != nil {
-		_ = sc.Delete(context.WithoutCancel(ctx), spec.Name)
-		return Cron{}, err
+		return Cron{}, etcdError("creating the cron", err)
 	}
+	if !resp.Succeeded {
+		if err := guardOf(resp, 0); err != nil {
+			return Cron{}, err
+		}
+		return Cron{}, huma.NewError(http.StatusConflict, "Cron "+c.CronID+" already exists")
+	}
+	sch, err := syncSchedule(ctx, sc, c)
+	if err != nil {
+		var ie *drover.InputError
+		if errors.As(err, &ie) || errors.Is(err, drover.ErrStoreFull) { // refused: take the cron back
+			_, _ = s.cfg.Etcd.Txn(context.WithoutCancel(ctx)).If(clientv3.Compare(clientv3.ModRevision(key), "=", resp.Header.Revision)).
+				Then(clientv3.OpDelete(key)).Commit()
+		}
+		return Cron{}, s.scheduleError("creating the cron's schedule", err)
+	}
+	withNext(&c, sch)
 	return c, nil
+}
+
+// syncSchedule makes cron c's schedule as its record says (when it
+// fires, paused while disabled): created when it is missing, updated when
+// it differs, and answers it.
+func syncSchedule(ctx context.Context, sc *schedule.Client, c Cron) (schedule.Schedule, error) {
+	spec := cronSpec(c)
+	sch, err := sc.Get(ctx, spec.Name)
+	switch {
+	case errors.Is(err, schedule.ErrNotFound):
+		sch, err = sc.Create(ctx, spec)
+		if errors.Is(err, schedule.ErrExists) { // made meanwhile by another read
+			return syncSchedule(ctx, sc, c)
+		}
+		return sch, err
+	case err != nil:
+		return schedule.Schedule{}, err
+	case sch.Cron == spec.Cron && sch.TZ == spec.TZ && sch.Paused == spec.Paused:
+		return sch, nil
+	}
+	return sc.Update(ctx, spec.Name, func(old *schedule.Schedule) {
+		old.Cron, old.TZ, old.Paused = spec.Cron, spec.TZ, spec.Paused
+	})
 }
 
 // scheduleError is the problem of a schedule call that failed.
@@ -194,8 +222,11 @@ type cronPatch struct {
 	Payload  map[string]any
 }
 
-// updateCron applies p to cron id and its schedule. The schedule changes
-// first; a cron that raced another change is read and patched again.
+// updateCron applies p to cron id, then makes its schedule as the cron
+// says: the cron's record is the truth, so a server that dies between
+// the two leaves a schedule its next read corrects (a fire obeys the
+// record's enabled and end_time meanwhile). A cron that raced another
+// change is read and patched again.
 func (s *server) updateCron(ctx context.Context, id string, p cronPatch) (Cron, error) {
 	sp, err := s.space(ctx)
 	if err != nil {
@@ -213,29 +244,27 @@ func (s *server) updateCron(ctx context.Context, id string, p cronPatch) (Cron, 
 		}
 		applyPatch(&c, p)
 		c.UpdatedAt = s.now()
-		spec := cronSpec(c)
-		if err := spec.Validate(); err != nil {
+		if err := cronSpec(c).Validate(); err != nil {
 			return Cron{}, scheduleInput(err)
 		}
-		sch, err := sc.Update(ctx, spec.Name, func(old *schedule.Schedule) {
-			old.Cron, old.TZ, old.Paused = spec.Cron, spec.TZ, spec.Paused
-		})
-		if err != nil {
-			return Cron{}, s.scheduleError("updating the cron's schedule", err)
-		}
-		withNext(&c, sch)
 		raw, _ := json.Marshal(c)
 		resp, err := s.cfg.Etcd.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(sp.AgentCron(id)), "=", rev), storeguard.NotFull(sp)).
 			Then(clientv3.OpPut(sp.AgentCron(id), string(raw))).Else(storeguard.GetOp(sp)).Commit()
 		if err != nil {
 			return Cron{}, etcdError("updating the cron", err)
 		}
-		if resp.Succeeded {
-			return c, nil
+		if !resp.Succeeded {
+			if err := guardOf(resp, 0); err != nil {
+				return Cron{}, err
+			}
+			continue
 		}
-		if err := guardOf(resp, 0); err != nil {
-			return Cron{}, err
+		sch, err := syncSchedule(ctx, sc, c)
+		if err != nil {
+			return Cron{}, s.scheduleError("updating the cron's schedule", err)
 		}
+		withNext(&c, sch)
+		return c, nil
 	}
 	return Cron{}, errRaced("the cron")
 }
@@ -358,7 +387,9 @@ func (s *server) listCrons(ctx context.Context, f cronFilter, by, order string) 
 	}), nil
 }
 
-// withNextRuns sets the next run dates of crons from their schedules.
+// withNextRuns sets the next run dates of crons from their schedules,
+// making a schedule that is missing or differs from its cron's record
+// (its server died between the two writes) as the record says.
 func (s *server) withNextRuns(ctx context.Context, crons []listed[Cron]) error {
 	sc, done, err := s.schedules(ctx)
 	if err != nil {
@@ -374,7 +405,14 @@ func (s *server) withNextRuns(ctx context.Context, crons []listed[Cron]) error {
 		by[sch.Name] = sch
 	}
 	for i := range crons {
-		withNext(&crons[i].v, by[cronScheduleName(crons[i].v.CronID)])
+		c := &crons[i].v
+		sch, ok := by[cronScheduleName(c.CronID)]
+		if spec := cronSpec(*c); !ok || sch.Cron != spec.Cron || sch.TZ != spec.TZ || sch.Paused != spec.Paused {
+			if sch, err = syncSchedule(ctx, sc, *c); err != nil {
+				return s.scheduleError("making the cron's schedule", err)
+			}
+		}
+		withNext(c, sch)
 	}
 	return nil
 }

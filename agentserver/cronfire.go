@@ -42,7 +42,9 @@ type fireOutcome struct {
 // fireCron makes the run of the fire of cron id that task taskID is: on
 // the cron's thread, or on a new thread for a cron without one. The run's
 // and the thread's ids derive from taskID, so a fire attempted again
-// finds its run made and makes none. A thread whose active run refuses
+// finds its run made (the one transaction that creates it compares its
+// absence) and makes none, but submits its task if the attempt that made
+// it died before that. A thread whose active run refuses
 // the run (multitask strategy reject, LangGraph's default) skips the
 // tick, as LangGraph does; an error means try again.
 func (s *server) fireCron(ctx context.Context, id, taskID string) (fireOutcome, error) {
@@ -79,19 +81,16 @@ func (s *server) fireCron(ctx context.Context, id, taskID string) (fireOutcome, 
 		}
 	}
 	out := fireOutcome{RunID: runID, ThreadID: thread}
-	switch _, _, err := s.getRun(ctx, thread, runID); {
-	case err == nil:
-		out.Outcome = "exists"
-		return out, nil
-	case !isNotFound(err):
-		return fireOutcome{}, err
-	}
 	_, err = s.createRun(ctx, fireRun(c, a, runID, thread, now), a, temporary, 0)
 	var se huma.StatusError
+	var exists errRunExists
 	switch {
 	case err == nil:
 		out.Outcome = "created"
 		return out, nil
+	case errors.As(err, &exists): // made by an earlier attempt, which may have died before its task
+		out.Outcome = "exists"
+		return out, s.ensureFireTask(ctx, thread, runID)
 	case isNotFound(err): // the thread was deleted: so is its cron
 		return fireOutcome{Outcome: "gone", Why: "its thread is gone"}, s.dropCron(ctx, id)
 	case errors.As(err, &se) && se.GetStatus() == http.StatusConflict:
@@ -99,6 +98,19 @@ func (s *server) fireCron(ctx context.Context, id, taskID string) (fireOutcome, 
 		return out, nil
 	}
 	return fireOutcome{}, err
+}
+
+// ensureFireTask submits the task of the fire's run id when the attempt
+// that made the run died before submitting it.
+func (s *server) ensureFireTask(ctx context.Context, thread, id string) error {
+	r, _, err := s.getRun(ctx, thread, id)
+	if isNotFound(err) {
+		return nil // taken back, or the thread deleted: the fire made nothing to run
+	}
+	if err != nil {
+		return err
+	}
+	return s.ensureTask(ctx, r)
 }
 
 // fireRun is the run record of a fire of cron c, as a run created with

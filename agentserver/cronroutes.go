@@ -1,7 +1,9 @@
 package agentserver
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"strings"
@@ -143,6 +145,25 @@ type cronUpdateBody struct {
 	StreamSubgraphs bool           `json:"stream_subgraphs,omitempty"`
 	StreamResumable bool           `json:"stream_resumable,omitempty"`
 	Durability      string         `json:"durability,omitempty" enum:"sync,async,exit"`
+	// clearEnd is set when the body gives end_time as null.
+	clearEnd bool
+}
+
+// UnmarshalJSON reads b as the fields it names, and end_time given as
+// null as clearing the cron's end time (a pointer alone cannot tell null
+// from absent).
+func (b *cronUpdateBody) UnmarshalJSON(raw []byte) error {
+	type plain cronUpdateBody
+	if err := json.Unmarshal(raw, (*plain)(b)); err != nil {
+		return err
+	}
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &fields); err != nil {
+		return err
+	}
+	end, given := fields["end_time"]
+	b.clearEnd = given && string(bytes.TrimSpace(end)) == "null"
+	return nil
 }
 
 type searchCronsInput struct {
@@ -233,7 +254,7 @@ func (s *server) cronRoutes(api huma.API) {
 }
 
 func (b cronUpdateBody) patch() cronPatch {
-	p := cronPatch{Schedule: b.Schedule, Timezone: b.Timezone, EndTime: b.EndTime, Enabled: b.Enabled, Metadata: b.Metadata, Payload: map[string]any{}}
+	p := cronPatch{Schedule: b.Schedule, Timezone: b.Timezone, EndTime: b.EndTime, ClearEnd: b.clearEnd, Enabled: b.Enabled, Metadata: b.Metadata, Payload: map[string]any{}}
 	set := func(k string, v any, given bool) {
 		if given {
 			p.Payload[k] = v

@@ -240,7 +240,7 @@ func (s *server) truncateRoute(api huma.API) {
 		b := in.Body
 		var ops []clientv3.Op
 		if b.Runs || b.Threads {
-			ops = append(ops, clientv3.OpDelete(sp.AgentRuns(""), clientv3.WithPrefix()))
+			ops = append(ops, clientv3.OpDelete(sp.AgentRuns(""), clientv3.WithPrefix()), clientv3.OpDelete(sp.AgentActiveRuns(""), clientv3.WithPrefix()))
 		}
 		if b.Threads {
 			ops = append(ops, clientv3.OpDelete(sp.AgentThreads(), clientv3.WithPrefix()))

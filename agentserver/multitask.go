@@ -32,16 +32,19 @@ import (
 // new run admitted and its task submitted.
 
 // maxStopped bounds the runs one create stops (those of the thread not
-// ended: the admitted one and the queued ones).
-const maxStopped = 100
+// ended: the admitted one and the queued ones), so that its transaction
+// (a compare and two writes per run) stays within maxTxnOps.
+const maxStopped = 60
 
 // strategies are the multitask strategies served.
 var strategies = map[string]bool{"reject": true, "enqueue": true, "interrupt": true, "rollback": true}
 
-// threadRuns reads thread's runs with their revisions, their statuses as
-// their tasks have them (runs whose task ended are settled on the way).
-func (s *server) threadRuns(ctx context.Context, thread string) ([]runRecord, []int64, error) {
-	out, revs, err := s.runRecords(ctx, thread)
+// threadRuns reads thread's runs not ended, and those of also, with
+// their revisions, their statuses as their tasks have them (runs whose
+// task ended are settled on the way). It reads the thread's index of
+// active runs, at most maxStopped+1 of them, never its history.
+func (s *server) threadRuns(ctx context.Context, thread string, also map[string]runRecord) ([]runRecord, []int64, error) {
+	out, revs, err := s.activeRecords(ctx, thread, also)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -51,6 +54,55 @@ func (s *server) threadRuns(ctx context.Context, thread string) ([]runRecord, []
 	}
 	if err := s.withTaskStatus(ctx, ptrs, revs); err != nil {
 		return nil, nil, err
+	}
+	return out, revs, nil
+}
+
+// activeRecords reads the records of thread's active runs (by its index,
+// newest first, at most maxStopped+1) and of the runs also names, with
+// their revisions, all at one revision. An index key whose record is
+// gone or ended is skipped.
+func (s *server) activeRecords(ctx context.Context, thread string, also map[string]runRecord) ([]runRecord, []int64, error) {
+	sp, err := s.space(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	idx, err := s.cfg.Etcd.Get(ctx, sp.AgentActiveRuns(thread), clientv3.WithPrefix(), clientv3.WithKeysOnly(),
+		clientv3.WithSort(clientv3.SortByKey, clientv3.SortDescend), clientv3.WithLimit(maxStopped+1))
+	if err != nil {
+		return nil, nil, etcdError("reading the thread's active runs", err)
+	}
+	ids := map[string]bool{}
+	var gets []clientv3.Op
+	for _, kv := range idx.Kvs {
+		ids[idOf(kv.Key)] = true
+		gets = append(gets, clientv3.OpGet(sp.AgentRun(thread, idOf(kv.Key))))
+	}
+	for id := range also {
+		if !ids[id] {
+			gets = append(gets, clientv3.OpGet(sp.AgentRun(thread, id)))
+		}
+	}
+	if len(gets) == 0 {
+		return nil, nil, nil
+	}
+	resp, err := s.cfg.Etcd.Txn(ctx).Then(gets...).Commit()
+	if err != nil {
+		return nil, nil, etcdError("reading the thread's active runs", err)
+	}
+	var out []runRecord
+	var revs []int64
+	for _, r := range resp.Responses {
+		for _, kv := range r.GetResponseRange().Kvs {
+			var rec runRecord
+			if err := json.Unmarshal(kv.Value, &rec); err != nil {
+				return nil, nil, undecodable("run", idOf(kv.Key), err)
+			}
+			if _, named := also[rec.RunID]; rec.Ended && !named {
+				continue
+			}
+			out, revs = append(out, rec), append(revs, kv.ModRevision)
+		}
 	}
 	return out, revs, nil
 }
@@ -147,7 +199,7 @@ func (s *server) takeThread(ctx context.Context, sp keyspace.Space, thread strin
 		if err != nil {
 			return err
 		}
-		runs, _, err := s.threadRuns(ctx, thread)
+		runs, _, err := s.threadRuns(ctx, thread, nil)
 		if err != nil {
 			return err
 		}
@@ -173,7 +225,11 @@ func (s *server) takeThread(ctx context.Context, sp keyspace.Space, thread strin
 // deleteRunCheckpoints deletes the checkpoints run id wrote on thread
 // (those whose metadata names it, in every checkpoint namespace) with
 // their pending writes, and moves each namespace's head back to its
-// newest checkpoint left (or removes it when none is left).
+// newest checkpoint left (or removes it when none is left). The heads
+// move first, in a transaction that compares each head with what was
+// read (a head that moved meanwhile makes it read again), and with as
+// many of the deletes as fit: a head never names a deleted checkpoint,
+// and the deletes a crash left undone are found again by the run's id.
 func (s *server) deleteRunCheckpoints(ctx context.Context, sp keyspace.Space, thread, id string) error {
 	store, err := checkpoint.NewEtcd(s.cfg.Etcd, s.cfg.Namespace(ctx))
 	if err != nil {
@@ -188,37 +244,65 @@ func (s *server) deleteRunCheckpoints(ctx context.Context, sp keyspace.Space, th
 			return nil
 		}
 		gone := map[string]map[string]bool{}
-		var ops []clientv3.Op
+		var dels []clientv3.Op
 		for _, cp := range cps {
 			ns := keyspace.CheckpointNSName(cp.NS)
 			if gone[cp.NS] == nil {
 				gone[cp.NS] = map[string]bool{}
 			}
 			gone[cp.NS][cp.ID] = true
-			ops = append(ops, clientv3.OpDelete(sp.CheckpointKey(thread, ns, cp.ID)),
+			dels = append(dels, clientv3.OpDelete(sp.CheckpointKey(thread, ns, cp.ID)),
 				clientv3.OpDelete(sp.CheckpointWrites(thread, ns, cp.ID)+"/", clientv3.WithPrefix()))
 		}
-		for ns, ids := range gone {
-			head, err := newestLeft(ctx, store, thread, ns, ids)
-			if err != nil {
-				return err
-			}
-			hk := sp.CheckpointHead(thread, keyspace.CheckpointNSName(ns))
-			if head == "" {
-				ops = append(ops, clientv3.OpDelete(hk))
-			} else {
-				ops = append(ops, clientv3.OpPut(hk, head))
-			}
+		cmps, heads, err := s.headMoves(ctx, sp, store, thread, gone)
+		if err != nil {
+			return err
 		}
-		for len(ops) > 0 {
-			n := min(len(ops), 120)
-			if _, err := s.cfg.Etcd.Txn(ctx).Then(ops[:n]...).Commit(); err != nil {
+		n := min(len(dels), max(maxTxnOps-len(heads), 0))
+		resp, err := s.cfg.Etcd.Txn(ctx).If(cmps...).Then(append(heads, dels[:n]...)...).Commit()
+		if err != nil {
+			return etcdError("deleting the run's checkpoints", err)
+		}
+		if !resp.Succeeded {
+			continue // a head moved: read again
+		}
+		for dels = dels[n:]; len(dels) > 0; dels = dels[min(len(dels), maxTxnOps):] {
+			if _, err := s.cfg.Etcd.Txn(ctx).Then(dels[:min(len(dels), maxTxnOps)]...).Commit(); err != nil {
 				return etcdError("deleting the run's checkpoints", err)
 			}
-			ops = ops[n:]
 		}
 	}
 	return nil
+}
+
+// headMoves are the compares on the heads of thread's namespaces that
+// lose the checkpoints gone names (each as read), and the writes that
+// move each back to its newest checkpoint left, or delete it.
+func (s *server) headMoves(ctx context.Context, sp keyspace.Space, store *checkpoint.Etcd, thread string, gone map[string]map[string]bool) ([]clientv3.Cmp, []clientv3.Op, error) {
+	var cmps []clientv3.Cmp
+	var ops []clientv3.Op
+	for ns, ids := range gone {
+		hk := sp.CheckpointHead(thread, keyspace.CheckpointNSName(ns))
+		g, err := s.cfg.Etcd.Get(ctx, hk)
+		if err != nil {
+			return nil, nil, etcdError("reading the thread's head", err)
+		}
+		var rev int64
+		if len(g.Kvs) > 0 {
+			rev = g.Kvs[0].ModRevision
+		}
+		head, err := newestLeft(ctx, store, thread, ns, ids)
+		if err != nil {
+			return nil, nil, err
+		}
+		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(hk), "=", rev))
+		if head == "" {
+			ops = append(ops, clientv3.OpDelete(hk))
+		} else {
+			ops = append(ops, clientv3.OpPut(hk, head))
+		}
+	}
+	return cmps, ops, nil
 }
 
 // newestLeft is the id of the newest checkpoint of thread's namespace ns
@@ -252,7 +336,7 @@ func (s *server) admitNext(ctx context.Context, thread string) error {
 		if err != nil {
 			return err
 		}
-		runs, revs, err := s.threadRuns(ctx, thread)
+		runs, revs, err := s.threadRuns(ctx, thread, nil)
 		if err != nil {
 			return err
 		}
@@ -306,10 +390,11 @@ func (s *server) admitNextLogged(ctx context.Context, thread string) {
 }
 
 // ensureTask submits admitted run r's task if it has none: the task of a
-// run admitted from the queue, or one whose submit was lost.
+// run admitted from the queue, or one whose creator died before its
+// submit (due when the run's delay says).
 func (s *server) ensureTask(ctx context.Context, r runRecord) error {
-	if len(r.Params) == 0 {
-		return nil // submitted by its create
+	if len(r.Params) == 0 || r.Ended || r.Queued {
+		return nil
 	}
 	q, err := s.queueOf(ctx)
 	if err != nil {
@@ -321,7 +406,7 @@ func (s *server) ensureTask(ctx context.Context, r runRecord) error {
 	} else if !errors.Is(err, queue.ErrNotFound) {
 		return etcdError("reading the run's task", err)
 	}
-	res, err := q.Submit(ctx, RunsQueue, []queue.Task{{ID: r.RunID, Type: r.GraphID, Parameters: r.Params}}, nil)
+	res, err := q.Submit(ctx, RunsQueue, []queue.Task{{ID: r.RunID, Type: r.GraphID, Parameters: r.Params, Delay: queue.Duration(max(r.DueAt.Sub(s.now()), 0))}}, nil)
 	if err == nil && len(res.Rejected) > 0 {
 		if _, gerr := q.Get(ctx, r.RunID); gerr == nil { // another submitted it meanwhile
 			return nil
@@ -334,8 +419,11 @@ func (s *server) ensureTask(ctx context.Context, r runRecord) error {
 	return nil
 }
 
-// awaitAdmitted returns once run id of thread is admitted or ended (or
-// gone), admitting it when its turn came and nobody did; ctx bounds it.
+// awaitAdmitted returns once run id of thread is admitted with its task
+// submitted, or ended (or gone), admitting it when its turn came and
+// nobody did, and submitting its task when whoever admitted it died
+// first: a join or stream that follows the task never finds it missing
+// and answers early. ctx bounds it.
 func (s *server) awaitAdmitted(ctx context.Context, thread, id string) error {
 	sp, err := s.space(ctx)
 	if err != nil {
@@ -353,8 +441,11 @@ func (s *server) awaitAdmitted(ctx context.Context, thread, id string) error {
 		if err := json.Unmarshal(resp.Kvs[0].Value, &r); err != nil {
 			return undecodable("run", id, err)
 		}
-		if !r.Queued || r.Ended {
+		if r.Ended {
 			return nil
+		}
+		if !r.Queued { // admitted: its task is there, or its creator died before submitting it
+			return s.ensureTask(ctx, r)
 		}
 		if err := s.admitNext(ctx, thread); err != nil {
 			return err

@@ -83,7 +83,8 @@ func (s *server) endRun(ctx context.Context, thread, id string, o runOutcome) (R
 		}
 		th.UpdatedAt = now
 		traw, _ := json.Marshal(th)
-		ops = append(ops, clientv3.OpPut(sp.AgentRun(thread, id), string(rraw)), clientv3.OpPut(sp.AgentThread(thread), string(traw)))
+		ops = append(ops, clientv3.OpPut(sp.AgentRun(thread, id), string(rraw)), clientv3.OpPut(sp.AgentThread(thread), string(traw)),
+			clientv3.OpDelete(sp.AgentActiveRun(thread, id)))
 		cmps := append(cl.Fence.Compares(), clientv3.Compare(clientv3.ModRevision(sp.AgentRun(thread, id)), "=", rrev),
 			clientv3.Compare(clientv3.ModRevision(sp.AgentThread(thread)), "=", trev))
 		resp, err := s.cfg.Etcd.Txn(ctx).If(cmps...).Then(ops...).Commit()

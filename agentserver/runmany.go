@@ -41,7 +41,7 @@ func (s *server) cancelRun(ctx context.Context, thread, id string, rollback bool
 		if err != nil {
 			return err
 		}
-		if _, err := s.cfg.Etcd.Delete(ctx, sp.AgentRun(thread, id)); err != nil {
+		if _, err := s.cfg.Etcd.Txn(ctx).Then(clientv3.OpDelete(sp.AgentRun(thread, id)), clientv3.OpDelete(sp.AgentActiveRun(thread, id))).Commit(); err != nil {
 			return etcdError("deleting the run", err)
 		}
 	}

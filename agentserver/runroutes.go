@@ -11,6 +11,7 @@ import (
 
 	"github.com/danielgtaylor/huma/v2"
 	"github.com/droverhq/drover/queue"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 const tagRuns = "Agent Server: runs"
@@ -338,7 +339,7 @@ func (s *server) runChangeRoutes(api huma.API, tags []string) {
 		if err != nil {
 			return nil, err
 		}
-		if _, err := s.cfg.Etcd.Delete(ctx, sp.AgentRun(th, id)); err != nil {
+		if _, err := s.cfg.Etcd.Txn(ctx).Then(clientv3.OpDelete(sp.AgentRun(th, id)), clientv3.OpDelete(sp.AgentActiveRun(th, id))).Commit(); err != nil {
 			return nil, etcdError("deleting the run", err)
 		}
 		return nil, nil

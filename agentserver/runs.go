@@ -44,11 +44,14 @@ type runRecord struct {
 	// Error is the graph's error ({error, message}) when it ended in one.
 	Error any `json:"error,omitempty"`
 	// Queued is set on an enqueued run that waits for the thread's active
-	// run to end: it has no task yet, and Params are its task's
-	// parameters, submitted when it is admitted (AdmittedAt).
-	Queued     bool            `json:"queued,omitempty"`
-	Params     json.RawMessage `json:"params,omitempty"`
-	AdmittedAt time.Time       `json:"admitted_at,omitzero"`
+	// run to end: it has no task yet until it is admitted (AdmittedAt).
+	Queued     bool      `json:"queued,omitempty"`
+	AdmittedAt time.Time `json:"admitted_at,omitzero"`
+	// Params are the parameters of the run's task, and DueAt when it is
+	// due (a delayed run): whoever finds the run admitted without its
+	// task (its creator died before submitting it) submits it from them.
+	Params json.RawMessage `json:"params,omitempty"`
+	DueAt  time.Time       `json:"due_at,omitzero"`
 }
 
 // ThreadState is a thread's state at a checkpoint, as LangGraph answers
@@ -70,6 +73,13 @@ type stateRecord struct {
 	State   ThreadState   `json:"state"`
 	History []ThreadState `json:"history"`
 }
+
+// errRunExists: a run of that id is stored already (a cron's fire made
+// again finds the run it made); a 409.
+type errRunExists struct{ id string }
+
+func (e errRunExists) Error() string  { return "Run " + e.id + " already exists" }
+func (e errRunExists) GetStatus() int { return http.StatusConflict }
 
 func errRunNotFound(id string) error {
 	return huma.NewError(http.StatusNotFound, fmt.Sprintf("Run with ID %s not found", id))
@@ -109,7 +119,6 @@ func (s *server) createRun(ctx context.Context, r runRecord, a assistantRecord, 
 	if err != nil {
 		return Run{}, err
 	}
-	tkey := sp.AgentThread(r.ThreadID)
 	params, _ := json.Marshal(runTask{Run: r.Run, GraphID: a.GraphID, Config: a.Config, Context: a.Context, Temporary: temporary})
 	stopped := map[string]runRecord{} // by interrupt or rollback, over the attempts
 	for range maxAttempts {
@@ -117,8 +126,11 @@ func (s *server) createRun(ctx context.Context, r runRecord, a assistantRecord, 
 		if err != nil {
 			return Run{}, err
 		}
-		runs, revs, err := s.threadRuns(ctx, r.ThreadID)
+		runs, revs, err := s.threadRuns(ctx, r.ThreadID, stopped)
 		if err != nil {
+			return Run{}, err
+		}
+		if err := s.refuseMade(ctx, sp, r); err != nil {
 			return Run{}, err
 		}
 		if onlyQueued(runs) { // stranded: the end of the run before them admitted none
@@ -129,6 +141,10 @@ func (s *server) createRun(ctx context.Context, r runRecord, a assistantRecord, 
 		}
 		active, cmps, ops := s.stopPlan(sp, r, runs, revs, stopped)
 		rec := r
+		rec.Params = params
+		if delay > 0 {
+			rec.DueAt = s.now().Add(delay)
+		}
 		switch {
 		case len(active) == 0 && len(stopped) == 0:
 			cmps, ops = nil, nil
@@ -136,10 +152,10 @@ func (s *server) createRun(ctx context.Context, r runRecord, a assistantRecord, 
 			cmps, ops = nil, nil
 		case r.MultitaskStrategy == "reject":
 			return Run{}, huma.NewError(http.StatusConflict, fmt.Sprintf("Thread %s is busy with run %s: multitask_strategy is reject", r.ThreadID, active[0].RunID))
-		case len(active) > maxStopped:
-			return Run{}, huma.NewError(http.StatusConflict, fmt.Sprintf("Thread %s has %d runs not ended, more than the %d one run may stop or queue behind", r.ThreadID, len(active), maxStopped))
+		case len(active) > maxStopped || len(ops)+writeRunOps > maxTxnOps || len(cmps)+writeRunOps > maxTxnOps:
+			return Run{}, huma.NewError(http.StatusConflict, fmt.Sprintf("Thread %s has %d runs not ended (and %d stopped), more than the %d one run may stop or queue behind", r.ThreadID, len(active), len(stopped), maxStopped))
 		case r.MultitaskStrategy == "enqueue":
-			rec.Queued, rec.Params = true, params
+			rec.Queued = true
 			cmps, ops = nil, nil
 		default: // interrupt, rollback: stopped before the transaction that admits r
 			for _, o := range active {
@@ -155,33 +171,82 @@ func (s *server) createRun(ctx context.Context, r runRecord, a assistantRecord, 
 				return Run{}, err
 			}
 		}
-		before, _ := json.Marshal(t)
-		t.Status, t.UpdatedAt = "busy", s.now()
-		if t.Metadata["graph_id"] == nil || t.Metadata["assistant_id"] == nil {
-			t.Metadata = orEmpty(t.Metadata)
-			t.Metadata["graph_id"], t.Metadata["assistant_id"] = a.GraphID, a.AssistantID
-		}
-		traw, _ := json.Marshal(t)
-		rraw, _ := json.Marshal(rec)
-		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(tkey), "=", rev), storeguard.NotFull(sp))
-		ops = append(ops, clientv3.OpPut(tkey, string(traw)), clientv3.OpPut(sp.AgentRun(r.ThreadID, r.RunID), string(rraw)))
-		resp, err := s.cfg.Etcd.Txn(ctx).If(cmps...).Then(ops...).Else(storeguard.GetOp(sp)).Commit()
+		before, ok, err := s.writeRun(ctx, sp, t, rev, rec, a, cmps, ops)
 		if err != nil {
-			return Run{}, etcdError("creating the run", err)
+			return Run{}, err
 		}
-		if !resp.Succeeded {
-			if err := guardOf(resp, 0); err != nil {
-				return Run{}, err
-			}
+		if !ok {
 			continue
 		}
 		if rec.Queued {
 			return rec.Run, nil
 		}
-		return s.submitRun(ctx, sp, r, params, delay, before, resp.Header.Revision)
+		return s.submitRun(ctx, sp, r, params, delay, before)
 	}
 	return Run{}, errRaced("the thread")
 }
+
+// writeRun is the transaction that stores run rec on thread t (read at
+// rev) and marks the thread busy, with cmps and ops (the runs it stops);
+// it compares the thread's revision and the run's absence. It answers
+// the thread as it was and its revision after (0 when the transaction
+// did not apply: another change came between).
+func (s *server) writeRun(ctx context.Context, sp keyspace.Space, t Thread, rev int64, rec runRecord, a assistantRecord, cmps []clientv3.Cmp, ops []clientv3.Op) (threadBefore, bool, error) {
+	before, _ := json.Marshal(t)
+	t.Status, t.UpdatedAt = "busy", s.now()
+	if t.Metadata["graph_id"] == nil || t.Metadata["assistant_id"] == nil {
+		t.Metadata = orEmpty(t.Metadata)
+		t.Metadata["graph_id"], t.Metadata["assistant_id"] = a.GraphID, a.AssistantID
+	}
+	traw, _ := json.Marshal(t)
+	rraw, _ := json.Marshal(rec)
+	tkey, rkey := sp.AgentThread(t.ThreadID), sp.AgentRun(rec.ThreadID, rec.RunID)
+	cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(tkey), "=", rev), clientv3.Compare(clientv3.CreateRevision(rkey), "=", 0), storeguard.NotFull(sp))
+	ops = append(ops, clientv3.OpPut(tkey, string(traw)), clientv3.OpPut(rkey, string(rraw)), clientv3.OpPut(sp.AgentActiveRun(rec.ThreadID, rec.RunID), ""))
+	resp, err := s.cfg.Etcd.Txn(ctx).If(cmps...).Then(ops...).Else(storeguard.GetOp(sp), clientv3.OpGet(rkey, clientv3.WithKeysOnly())).Commit()
+	if err != nil {
+		return threadBefore{}, false, etcdError("creating the run", err)
+	}
+	if !resp.Succeeded {
+		if err := guardOf(resp, 0); err != nil {
+			return threadBefore{}, false, err
+		}
+		if len(resp.Responses[1].GetResponseRange().Kvs) > 0 {
+			return threadBefore{}, false, errRunExists{rec.RunID}
+		}
+		return threadBefore{}, false, nil
+	}
+	return threadBefore{raw: before, rev: resp.Header.Revision}, true, nil
+}
+
+// threadBefore is a thread's record before a run's create changed it,
+// and the revision of that change: a create whose task the queue refused
+// puts the record back unless the thread changed since.
+type threadBefore struct {
+	raw []byte
+	rev int64
+}
+
+// refuseMade is errRunExists when run r is stored already (a cron's fire
+// made again): the transaction that stores it compares its absence too.
+func (s *server) refuseMade(ctx context.Context, sp keyspace.Space, r runRecord) error {
+	resp, err := s.cfg.Etcd.Get(ctx, sp.AgentRun(r.ThreadID, r.RunID), clientv3.WithKeysOnly())
+	if err != nil {
+		return etcdError("reading the run", err)
+	}
+	if len(resp.Kvs) > 0 {
+		return errRunExists{r.RunID}
+	}
+	return nil
+}
+
+// maxTxnOps is etcd's default bound on the operations (and on the
+// compares) of one transaction; writeRunOps, what writeRun adds to a
+// create's own.
+const (
+	maxTxnOps   = 128
+	writeRunOps = 4
+)
 
 // onlyQueued reports whether runs has runs not ended, all of them queued.
 func onlyQueued(runs []runRecord) bool {
@@ -218,9 +283,9 @@ func (s *server) stopPlan(sp keyspace.Space, r runRecord, runs []runRecord, revs
 		case "interrupt":
 			o.Status, o.Ended, o.Error, o.UpdatedAt = "interrupted", true, nil, s.now()
 			raw, _ := json.Marshal(o)
-			ops = append(ops, clientv3.OpPut(okey, string(raw)))
+			ops = append(ops, clientv3.OpPut(okey, string(raw)), clientv3.OpDelete(sp.AgentActiveRun(r.ThreadID, o.RunID)))
 		case "rollback":
-			ops = append(ops, clientv3.OpDelete(okey))
+			ops = append(ops, clientv3.OpDelete(okey), clientv3.OpDelete(sp.AgentActiveRun(r.ThreadID, o.RunID)))
 		}
 	}
 	return active, cmps, ops
@@ -229,7 +294,7 @@ func (s *server) stopPlan(sp keyspace.Space, r runRecord, runs []runRecord, revs
 // submitRun submits admitted run r's task (due after delay), and takes
 // the run back when the queue does not take it: its record, and the
 // thread as it was before (unless the thread changed since rev).
-func (s *server) submitRun(ctx context.Context, sp keyspace.Space, r runRecord, params []byte, delay time.Duration, before []byte, rev int64) (Run, error) {
+func (s *server) submitRun(ctx context.Context, sp keyspace.Space, r runRecord, params []byte, delay time.Duration, before threadBefore) (Run, error) {
 	tkey := sp.AgentThread(r.ThreadID)
 	q, err := s.queueOf(ctx)
 	if err != nil {
@@ -252,9 +317,9 @@ func (s *server) submitRun(ctx context.Context, sp keyspace.Space, r runRecord, 
 		}
 		// The record without its task would never run: take it back, and
 		// the thread's status with it unless the thread changed since.
-		_, _ = s.cfg.Etcd.Txn(bg).If(clientv3.Compare(clientv3.ModRevision(tkey), "=", rev)).
-			Then(clientv3.OpDelete(sp.AgentRun(r.ThreadID, r.RunID)), clientv3.OpPut(tkey, string(before))).
-			Else(clientv3.OpDelete(sp.AgentRun(r.ThreadID, r.RunID))).Commit()
+		_, _ = s.cfg.Etcd.Txn(bg).If(clientv3.Compare(clientv3.ModRevision(tkey), "=", before.rev)).
+			Then(clientv3.OpDelete(sp.AgentRun(r.ThreadID, r.RunID)), clientv3.OpDelete(sp.AgentActiveRun(r.ThreadID, r.RunID)), clientv3.OpPut(tkey, string(before.raw))).
+			Else(clientv3.OpDelete(sp.AgentRun(r.ThreadID, r.RunID)), clientv3.OpDelete(sp.AgentActiveRun(r.ThreadID, r.RunID))).Commit()
 		if refused != nil {
 			return Run{}, refused
 		}
@@ -275,12 +340,12 @@ func (s *server) refuseWhileActive(ctx context.Context, thread string) error {
 
 // activeRun is the id of a run of thread that has not ended, or "".
 func (s *server) activeRun(ctx context.Context, thread string) (string, error) {
-	runs, err := s.listRuns(ctx, thread)
+	runs, _, err := s.threadRuns(ctx, thread, nil)
 	if err != nil {
 		return "", err
 	}
 	for _, r := range runs {
-		if r.Status == "pending" || r.Status == "running" {
+		if !r.Ended {
 			return r.RunID, nil
 		}
 	}
@@ -312,191 +377,9 @@ func (s *server) getRun(ctx context.Context, thread, id string) (runRecord, int6
 	return r, revs[0], nil
 }
 
-// runGrace is how long a run's record may be without its task: createRun
-// writes the record, then submits the task. A record not ended whose task
-// is missing past it (never submitted, or dropped by the queue's
-// retention) has ended.
-const runGrace = 5 * time.Minute
-
-// withTaskStatus sets the status of the runs not ended from their tasks':
-// pending until a runtime claims it, running while one holds it, error
-// when it died without an outcome, interrupted when cancelled. A run
-// whose task has ended (or is gone, see runGrace) is settled: its record
-// written ended, revs[i] then its new revision, and its thread's next
-// enqueued run admitted (unless ctx is admitNext's or takeThread's).
-func (s *server) withTaskStatus(ctx context.Context, runs []*runRecord, revs []int64) error {
-	var ids []string
-	for _, r := range runs {
-		if !r.Ended && !r.Queued {
-			ids = append(ids, r.RunID)
-		}
-	}
-	if len(ids) == 0 {
-		return nil
-	}
-	q, err := s.queueOf(ctx)
-	if err != nil {
-		return err
-	}
-	defer closeQueue(q)
-	ts, err := q.GetMany(ctx, ids)
-	if err != nil {
-		return etcdError("reading the runs' tasks", err)
-	}
-	by := map[string]*queue.Task{}
-	for _, t := range ts {
-		by[t.ID] = t
-	}
-	var settled []string
-	for i, r := range runs {
-		if r.Ended || r.Queued {
-			continue
-		}
-		t := by[r.RunID]
-		switch {
-		case t != nil:
-			r.Status = statusOfTask(t)
-			if r.Status == "error" && r.Error == nil {
-				r.Error = map[string]any{"error": "RunError", "message": t.LastError}
-			}
-			if !finished(t) {
-				continue
-			}
-		case s.now().Sub(admitted(r)) > runGrace:
-			r.Status, r.Error = "error", map[string]any{"error": "RunError", "message": "the run's task is gone: it was never submitted, or it ended long ago without an outcome"}
-		default:
-			continue
-		}
-		rev, err := s.settle(ctx, r, revs[i])
-		if err != nil {
-			return err
-		}
-		revs[i] = rev
-		settled = append(settled, r.ThreadID)
-	}
-	if ctx.Value(admittingKey{}) == nil {
-		done := map[string]bool{}
-		for _, th := range settled { // an admitted run ended: the next enqueued one's turn
-			if !done[th] {
-				done[th] = true
-				s.admitNextLogged(ctx, th)
-			}
-		}
-	}
-	return nil
-}
-
-// admitted is when r's task was to be submitted: when it was admitted
-// from the thread's queue, else when it was created.
-func admitted(r *runRecord) time.Time {
-	if !r.AdmittedAt.IsZero() {
-		return r.AdmittedAt
-	}
-	return r.CreatedAt
-}
-
-func finished(t *queue.Task) bool {
-	switch t.CurrentStatus {
-	case queue.Dead, queue.Cancelled, queue.Succeeded:
-		return true
-	}
-	return false
-}
-
-// settle writes run r ended with its status, if its record is still at
-// rev, and puts its thread back from busy (to error when r ended in one,
-// else idle) unless another run of the thread is still active. It
-// returns the record's revision after; another writer's change leaves the
-// record to it (and r as read).
-func (s *server) settle(ctx context.Context, r *runRecord, rev int64) (int64, error) {
-	sp, err := s.space(ctx)
-	if err != nil {
-		return 0, err
-	}
-	ended := *r
-	ended.Ended, ended.UpdatedAt = true, s.now()
-	rraw, _ := json.Marshal(ended)
-	rkey := sp.AgentRun(r.ThreadID, r.RunID)
-	for range maxAttempts {
-		cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(rkey), "=", rev)}
-		ops := []clientv3.Op{clientv3.OpPut(rkey, string(rraw))}
-		th, trev, err := s.getThread(ctx, r.ThreadID)
-		if err != nil && !isNotFound(err) {
-			return 0, err
-		}
-		if err == nil && th.Status == "busy" {
-			other, err := s.otherActive(ctx, r.ThreadID, r.RunID)
-			if err != nil {
-				return 0, err
-			}
-			// The thread is written even when it stays busy: two settles (or
-			// a settle and an outcome) that each see the other's run active
-			// then conflict, and the one retried sees it ended.
-			th.UpdatedAt = ended.UpdatedAt
-			if !other {
-				th.Status = "idle"
-				if r.Status == "error" {
-					th.Status = "error"
-				}
-			}
-			traw, _ := json.Marshal(th)
-			ops = append(ops, clientv3.OpPut(sp.AgentThread(r.ThreadID), string(traw)))
-			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(sp.AgentThread(r.ThreadID)), "=", trev))
-		}
-		resp, err := s.cfg.Etcd.Txn(ctx).If(cmps...).Then(ops...).Else(clientv3.OpGet(rkey)).Commit()
-		if err != nil {
-			return 0, etcdError("ending the run", err)
-		}
-		if resp.Succeeded {
-			*r = ended
-			return resp.Header.Revision, nil
-		}
-		kvs := resp.Responses[0].GetResponseRange().Kvs
-		if len(kvs) == 0 || kvs[0].ModRevision != rev { // another wrote or deleted it
-			return rev, nil
-		}
-	}
-	return 0, errRaced("the thread")
-}
-
-// otherActive says whether a run of thread other than id has not ended,
-// as the records say (a stale one is settled by the read that finds it).
-func (s *server) otherActive(ctx context.Context, thread, id string) (bool, error) {
-	recs, _, err := s.runRecords(ctx, thread)
-	if err != nil {
-		return false, err
-	}
-	for _, r := range recs {
-		if r.RunID != id && !r.Ended {
-			return true, nil
-		}
-	}
-	return false, nil
-}
-
 func isNotFound(err error) bool {
 	var se huma.StatusError
 	return errors.As(err, &se) && se.GetStatus() == http.StatusNotFound
-}
-
-func statusOfTask(t *queue.Task) string {
-	switch t.CurrentStatus {
-	case queue.Running, queue.Sleeping, queue.Waiting:
-		return "running"
-	case queue.Dead:
-		return "error"
-	case queue.Cancelled:
-		return "interrupted"
-	case queue.Succeeded: // ended without an outcome written: the runtime's result says
-		var res struct {
-			Status string `json:"status"`
-		}
-		if json.Unmarshal(t.Result, &res) == nil && res.Status != "" {
-			return res.Status
-		}
-		return "success"
-	}
-	return "pending"
 }
 
 // runRecords reads thread's run records as stored, newest first, with

@@ -27,6 +27,9 @@ func strandRun(t *testing.T, a *api, th, id string, created time.Time) {
 	if _, err := a.cli.Put(context.Background(), sp.AgentRun(th, id), string(rec)); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := a.cli.Put(context.Background(), sp.AgentActiveRun(th, id), ""); err != nil {
+		t.Fatal(err)
+	}
 	got, err := a.cli.Get(context.Background(), sp.AgentThread(th))
 	if err != nil {
 		t.Fatal(err)

@@ -126,54 +126,64 @@ func (s *server) patchThread(ctx context.Context, id string, metadata map[string
 }
 
 // deleteThread deletes thread id with its runs' records, its state and
-// its checkpoints; 404 when there is none. The tasks of its runs not
-// ended are cancelled after; a runtime running one finds it gone.
+// its checkpoints; 404 when there is none. Its crons go first, so that
+// none fires into it, then the tasks of its runs not ended are cancelled
+// (a run whose task is not submitted yet gets a cancelled placeholder),
+// and last one transaction deletes the thread, comparing its revision
+// with the one read before its runs: a run admitted meanwhile makes the
+// delete cancel again. A delete cut short leaves the thread, and sending
+// it again finishes the job.
 func (s *server) deleteThread(ctx context.Context, id string) error {
 	sp, err := s.space(ctx)
 	if err != nil {
 		return err
 	}
-	runs, _, err := s.runRecords(ctx, id)
-	if err != nil {
+	if _, _, err := s.getThread(ctx, id); err != nil {
 		return err
-	}
-	key := sp.AgentThread(id)
-	resp, err := s.cfg.Etcd.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), ">", 0)).
-		Then(threadDeletes(sp, id)...).Commit()
-	if err != nil {
-		return etcdError("deleting the thread", err)
-	}
-	if !resp.Succeeded {
-		return errThreadNotFound(id)
 	}
 	if err := s.dropThreadCrons(ctx, id); err != nil {
 		return err
 	}
-	var open []string
-	for _, r := range runs {
-		if !r.Ended {
-			open = append(open, r.RunID)
-		}
+	q, err := s.queueOf(ctx)
+	if err != nil {
+		return err
 	}
-	if len(open) > 0 {
-		q, err := s.queueOf(ctx)
+	defer closeQueue(q)
+	key := sp.AgentThread(id)
+	for range maxAttempts {
+		_, rev, err := s.getThread(ctx, id)
 		if err != nil {
 			return err
 		}
-		defer closeQueue(q)
-		for _, rid := range open {
-			if _, err := q.Cancel(ctx, rid); err != nil && !isFinished(err) {
-				return etcdError("cancelling the deleted thread's run", err)
+		runs, _, err := s.runRecords(ctx, id)
+		if err != nil {
+			return err
+		}
+		for _, r := range runs {
+			if r.Ended || r.Queued {
+				continue
+			}
+			if err := cancelRunTask(ctx, q, r); err != nil {
+				return err
 			}
 		}
+		resp, err := s.cfg.Etcd.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", rev)).
+			Then(threadDeletes(sp, id)...).Commit()
+		if err != nil {
+			return etcdError("deleting the thread", err)
+		}
+		if resp.Succeeded {
+			return nil
+		}
 	}
-	return nil
+	return errRaced("the thread")
 }
 
 // threadDeletes deletes thread id with its runs' records, its state and
 // its checkpoints.
 func threadDeletes(sp keyspace.Space, id string) []clientv3.Op {
 	return []clientv3.Op{clientv3.OpDelete(sp.AgentThread(id)), clientv3.OpDelete(sp.AgentRuns(id), clientv3.WithPrefix()),
+		clientv3.OpDelete(sp.AgentActiveRuns(id), clientv3.WithPrefix()),
 		clientv3.OpDelete(sp.AgentThreadState(id)), clientv3.OpDelete(sp.Checkpoints(id), clientv3.WithPrefix())}
 }
 

@@ -59,3 +59,17 @@ func (s Space) AgentCrons() string { return s.root + "agent-server/crons/" }
 
 // AgentCron is the key of cron id.
 func (s Space) AgentCron(id string) string { return s.AgentCrons() + id }
+
+// AgentActiveRuns is the prefix of the index of thread's runs not ended
+// (admitted or enqueued): one empty key per run, written and deleted in
+// the transactions that create and end the run, so that a create reads
+// the thread's active runs without reading its history.
+func (s Space) AgentActiveRuns(thread string) string {
+	if thread == "" {
+		return s.root + "agent-server/active-runs/"
+	}
+	return s.root + "agent-server/active-runs/" + thread + "/"
+}
+
+// AgentActiveRun is the index key of run id of thread, while it is active.
+func (s Space) AgentActiveRun(thread, id string) string { return s.AgentActiveRuns(thread) + id }
