@@ -14,13 +14,13 @@ import (
 // tracing off (the global provider, a no-op): with and without a stored
 // traceparent.
 func BenchmarkProcessSpanOff(b *testing.B) {
-	tr := Tracer(nil)
+	c := NewConsumer(Tracer(nil), "ns", "jobs", "w")
 	now := time.Now()
 	for _, tc := range []struct{ name, tp string }{{"untraced", ""}, {"traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}} {
 		b.Run(tc.name, func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
-				_, span := StartProcess(context.Background(), tr, tc.tp, "process jobs", now)
+				_, _, span := c.Start(context.Background(), tc.tp, now)
 				EndProcess(span, EndSuccess, nil)
 			}
 		})

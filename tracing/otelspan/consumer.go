@@ -29,8 +29,12 @@ func NewConsumer(tr trace.Tracer, ns, q, worker string) *Consumer {
 		system: semconv.MessagingSystemKey.String(System), dest: semconv.MessagingDestinationName(q),
 		ns: AttrNamespace.String(ns), client: semconv.MessagingClientID(worker),
 		group: semconv.MessagingConsumerGroupName(q), op: semconv.MessagingOperationTypeProcess,
-		opName: semconv.MessagingOperationName("process"), kind: trace.WithSpanKind(trace.SpanKindConsumer)}
+		opName: semconv.MessagingOperationName("process"), kind: consumerKind}
 }
+
+// consumerKind is the option of a span of kind consumer, made once (the
+// API makes a closure each time).
+var consumerKind = trace.WithSpanKind(trace.SpanKindConsumer)
 
 // Tracer is the tracer of c's spans.
 func (c *Consumer) Tracer() trace.Tracer { return c.tr }

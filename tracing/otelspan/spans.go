@@ -95,7 +95,7 @@ func EndSend(span trace.Span, submitted, duplicates, rejected int, err error) {
 //
 // name is ProcessName(q), which a worker makes once.
 func StartProcess(ctx context.Context, tr trace.Tracer, traceparent, name string, claimed time.Time) (context.Context, trace.Span) {
-	c := Consumer{tr: tr, name: name, kind: trace.WithSpanKind(trace.SpanKindConsumer)}
+	c := Consumer{tr: tr, name: name, kind: consumerKind}
 	ctx, _, span := c.Start(ctx, traceparent, claimed)
 	return ctx, span
 }
