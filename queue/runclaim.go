@@ -232,12 +232,11 @@ func unknownCode(code codes.Code) bool {
 // before the claim and the attempts before it that were lost.
 func (w *Worker) startAttempt(base context.Context, c *claim) (context.Context, trace.Span) {
 	t := c.task
-	ctx, span := otelspan.StartProcess(base, w.client.tracer, t.TraceParent, w.spanName, c.claimedAt)
+	ctx, parent, span := w.spans.Start(base, t.TraceParent, c.claimedAt)
 	if !span.IsRecording() {
 		return ctx, span
 	}
-	a := otelspan.Attempt{Namespace: w.keys.Namespace(), Queue: w.cfg.Queue, TraceParent: t.TraceParent,
-		TaskID: t.ID, TaskType: t.Type, Tenant: t.Metadata.Tenant, Worker: w.worker, Number: t.Attempt,
+	a := otelspan.Attempt{TaskID: t.ID, TaskType: t.Type, Tenant: t.Metadata.Tenant, Number: t.Attempt,
 		Ready: waitStart(t.Metadata.CreatedAt, c.claimedAt), Claimed: c.claimedAt, Deferrals: t.Deferrals}
 	if n := len(t.Transitions); n > 0 && t.Transitions[n-1].At.After(a.Ready) {
 		last := t.Transitions[n-1] // a retry, a deferral, a requeue: the wait since
@@ -252,8 +251,7 @@ func (w *Worker) startAttempt(base context.Context, c *claim) (context.Context, 
 	for _, tr := range appendLost(ts, t.Attempt, c.claimedAt)[len(ts):] {
 		a.Lost = append(a.Lost, tr.Attempt)
 	}
-	otelspan.Describe(ctx, w.client.tracer, span, a)
-	return otelspan.WithAttempt(ctx, w.client.tracer, a), span
+	return w.spans.Describe(ctx, parent, span, &a), span
 }
 
 // maxWaitSpan bounds the wait span a task's creation time starts.

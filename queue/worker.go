@@ -165,8 +165,8 @@ type Worker struct {
 	ownsLease bool
 	worker    string
 	logger    *slog.Logger
-	// spanName names the spans of its attempts (startAttempt).
-	spanName string
+	// spans makes the spans of its attempts (startAttempt).
+	spans *otelspan.Consumer
 
 	mu       sync.Mutex
 	handlers map[string]Handler
@@ -272,9 +272,9 @@ func NewWorker(ctx context.Context, cli *clientv3.Client, cfg WorkerConfig) (*Wo
 // thing.
 func newWorker(client *Client, cfg WorkerConfig, l *lease.Lease, worker string, logger *slog.Logger) *Worker {
 	return &Worker{cfg: cfg, cli: client.cli, keys: client.keys, client: client, lease: l, logger: logger, worker: worker,
-		spanName: otelspan.ProcessName(cfg.Queue),
-		sched:    newClaimer(client, cfg.Queue, l, worker, logger),
-		stopReq:  make(chan struct{}), ran: make(chan struct{}),
+		spans:   otelspan.NewConsumer(client.tracer, client.keys.Namespace(), cfg.Queue, worker),
+		sched:   newClaimer(client, cfg.Queue, l, worker, logger),
+		stopReq: make(chan struct{}), ran: make(chan struct{}),
 		handlers: map[string]Handler{}, inflight: map[string]*running{}}
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -59,7 +60,8 @@ func enabled(getenv func(string) string) bool {
 //     or OTEL_EXPORTER_OTLP_TRACES_PROTOCOL says grpc, configured by the
 //     exporter's own OTEL_EXPORTER_OTLP_* variables (endpoint, headers,
 //     timeout, TLS, compression);
-//   - a batch span processor (OTEL_BSP_* variables);
+//   - a batch span processor sized for a queue's rate of spans
+//     (BatchOptions), whose OTEL_BSP_* variables win;
 //   - the sampler of OTEL_TRACES_SAMPLER and OTEL_TRACES_SAMPLER_ARG
 //     (default parentbased_always_on);
 //   - a resource from OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME, whose
@@ -87,11 +89,56 @@ func Setup(ctx context.Context, service string) (*Provider, error) {
 		_ = exp.Shutdown(ctx)
 		return nil, fmt.Errorf("tracing: resource: %w", err)
 	}
-	sdk := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
+	sdk := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp, BatchOptions()...), sdktrace.WithResource(res))
 	otel.SetTracerProvider(sdk)
 	otel.SetErrorHandler(otel.ErrorHandlerFunc(logError))
 	otel.SetTextMapPropagator(propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}))
 	return &Provider{tp: sdk, sdk: sdk}, nil
+}
+
+// The batch span processor's sizes BatchOptions sets where the OTEL_BSP_*
+// variables set none. The SDK's defaults (a queue of 2,048 spans, batches
+// of 512) suit a service that ends a few hundred spans a second; a worker
+// of no-op tasks ends two per attempt at 10,000 attempts a second, and a
+// full queue drops spans. The queue holds what a second of that makes,
+// and a batch is a quarter of it: a quarter of the exports, each of about
+// a megabyte of OTLP at most (spans of drover's attributes, error texts
+// cut to 256 bytes), under the 4 MiB a collector's OTLP/gRPC receiver
+// takes by default.
+const (
+	MaxQueueSize       = 8192
+	MaxExportBatchSize = 2048
+)
+
+// BatchOptions is drover's settings of the batch span processor:
+// MaxQueueSize and MaxExportBatchSize, each unless its standard variable
+// (OTEL_BSP_MAX_QUEUE_SIZE, OTEL_BSP_MAX_EXPORT_BATCH_SIZE) is set, in
+// which case the SDK reads that one as it always does; a batch a quarter
+// of the queue at most (512 for the SDK's default queue, its default). OTEL_BSP_SCHEDULE_DELAY and
+// OTEL_BSP_EXPORT_TIMEOUT keep their standard defaults (5 s, 30 s).
+// Setup uses it; so may a library user who builds their own provider:
+//
+//	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp, tracing.BatchOptions()...))
+func BatchOptions() []sdktrace.BatchSpanProcessorOption {
+	return batchOptions(os.Getenv)
+}
+
+func batchOptions(getenv func(string) string) []sdktrace.BatchSpanProcessorOption {
+	var opts []sdktrace.BatchSpanProcessorOption
+	queue := MaxQueueSize
+	if v := strings.TrimSpace(getenv("OTEL_BSP_MAX_QUEUE_SIZE")); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n <= 0 {
+			n = sdktrace.DefaultMaxQueueSize // what the SDK falls back to
+		}
+		queue = n
+	} else {
+		opts = append(opts, sdktrace.WithMaxQueueSize(queue))
+	}
+	if strings.TrimSpace(getenv("OTEL_BSP_MAX_EXPORT_BATCH_SIZE")) == "" {
+		opts = append(opts, sdktrace.WithMaxExportBatchSize(min(MaxExportBatchSize, max(1, queue/4))))
+	}
+	return opts
 }
 
 // logError logs an error of the OpenTelemetry SDK.

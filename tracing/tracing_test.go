@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"strings"
 	"testing"
+
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 )
 
 func TestEnabledFollowsTheStandardVariables(t *testing.T) {
@@ -63,5 +65,34 @@ func TestSDKErrorsGoToSlog(t *testing.T) {
 	logError(errors.New("exporter unreachable"))
 	if !strings.Contains(buf.String(), "exporter unreachable") {
 		t.Fatalf("logged %q", buf.String())
+	}
+}
+
+// TestBatchOptionsYieldToTheStandardVariables: drover's queue and batch
+// sizes apply where OTEL_BSP_* set none; a variable that is set wins, and
+// a batch is a quarter of the queue at most.
+func TestBatchOptionsYieldToTheStandardVariables(t *testing.T) {
+	for _, tc := range []struct {
+		name         string
+		env          map[string]string
+		queue, batch int // 0: left to the SDK (and its variable)
+	}{
+		{"nothing set", nil, MaxQueueSize, MaxExportBatchSize},
+		{"queue set", map[string]string{"OTEL_BSP_MAX_QUEUE_SIZE": "1000"}, 0, 250},
+		{"queue tiny", map[string]string{"OTEL_BSP_MAX_QUEUE_SIZE": "2"}, 0, 1},
+		{"queue set large", map[string]string{"OTEL_BSP_MAX_QUEUE_SIZE": "100000"}, 0, MaxExportBatchSize},
+		{"batch set", map[string]string{"OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "100"}, MaxQueueSize, 0},
+		{"both set", map[string]string{"OTEL_BSP_MAX_QUEUE_SIZE": "10", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "5"}, 0, 0},
+		{"queue unreadable", map[string]string{"OTEL_BSP_MAX_QUEUE_SIZE": "lots"}, 0, sdktrace.DefaultMaxExportBatchSize},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var o sdktrace.BatchSpanProcessorOptions
+			for _, opt := range batchOptions(func(k string) string { return tc.env[k] }) {
+				opt(&o)
+			}
+			if o.MaxQueueSize != tc.queue || o.MaxExportBatchSize != tc.batch {
+				t.Fatalf("queue %d, batch %d; want %d, %d", o.MaxQueueSize, o.MaxExportBatchSize, tc.queue, tc.batch)
+			}
+		})
 	}
 }

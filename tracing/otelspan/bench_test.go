@@ -14,13 +14,13 @@ import (
 // tracing off (the global provider, a no-op): with and without a stored
 // traceparent.
 func BenchmarkProcessSpanOff(b *testing.B) {
-	tr := Tracer(nil)
+	c := NewConsumer(Tracer(nil), "ns", "jobs", "w")
 	now := time.Now()
 	for _, tc := range []struct{ name, tp string }{{"untraced", ""}, {"traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}} {
 		b.Run(tc.name, func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
-				_, span := StartProcess(context.Background(), tr, tc.tp, "process jobs", now)
+				_, _, span := c.Start(context.Background(), tc.tp, now)
 				EndProcess(span, EndSuccess, nil)
 			}
 		})
@@ -29,7 +29,8 @@ func BenchmarkProcessSpanOff(b *testing.B) {
 
 // BenchmarkProcessSpanSampled is what an attempt pays for its span with
 // the SDK sampling 1 % and 100 % of traces (spans dropped at the end, no
-// export).
+// export): a worker's Consumer, with the wait span and the context of the
+// spans inside the attempt.
 func BenchmarkProcessSpanSampled(b *testing.B) {
 	now := time.Now()
 	for _, tc := range []struct {
@@ -39,7 +40,7 @@ func BenchmarkProcessSpanSampled(b *testing.B) {
 		b.Run(tc.name, func(b *testing.B) {
 			ratio := sdktrace.TraceIDRatioBased(tc.ratio)
 			tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.ParentBased(ratio, sdktrace.WithRemoteParentSampled(ratio))))
-			tr := Tracer(tp)
+			c := NewConsumer(Tracer(tp), "ns", "jobs", "w")
 			tps := make([]string, 1024)
 			for i := range tps {
 				tps[i] = fmt.Sprintf("00-%016x%016x-%016x-01", rand.Uint64()|1, rand.Uint64(), rand.Uint64()|1)
@@ -47,10 +48,9 @@ func BenchmarkProcessSpanSampled(b *testing.B) {
 			b.ReportAllocs()
 			i := 0
 			for b.Loop() {
-				ctx, span := StartProcess(context.Background(), tr, tps[i%len(tps)], "process jobs", now)
+				ctx, parent, span := c.Start(context.Background(), tps[i%len(tps)], now)
 				if span.IsRecording() {
-					Describe(ctx, tr, span, Attempt{Namespace: "ns", Queue: "jobs", TraceParent: tps[i%len(tps)], TaskID: "t", TaskType: "x",
-						Worker: "w", Number: 1, Ready: now.Add(-time.Second), Claimed: now})
+					_ = c.Describe(ctx, parent, span, &Attempt{TaskID: "t", TaskType: "x", Number: 1, Ready: now.Add(-time.Second), Claimed: now})
 				}
 				EndProcess(span, EndSuccess, nil)
 				i++

@@ -139,3 +139,16 @@ func TestOpsOutsideAnAttempt(t *testing.T) {
 		t.Errorf("step span without the task id: %v", ended[0].Attributes())
 	}
 }
+
+// TestConsumerOffAllocatesNothing: with tracing off, a worker's attempt
+// of a task without a traceparent costs its span no allocation.
+func TestConsumerOffAllocatesNothing(t *testing.T) {
+	c := NewConsumer(Tracer(nil), "ns", "jobs", "w")
+	t0 := time.Now()
+	if n := testing.AllocsPerRun(100, func() {
+		_, _, span := c.Start(context.Background(), "", t0)
+		EndProcess(span, EndSuccess, nil)
+	}); n != 0 {
+		t.Fatalf("%v allocations an attempt, want 0", n)
+	}
+}

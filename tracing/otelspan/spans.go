@@ -95,18 +95,9 @@ func EndSend(span trace.Span, submitted, duplicates, rejected int, err error) {
 //
 // name is ProcessName(q), which a worker makes once.
 func StartProcess(ctx context.Context, tr trace.Tracer, traceparent, name string, claimed time.Time) (context.Context, trace.Span) {
-	sc, ok := Parse(traceparent)
-	if ok {
-		ctx = trace.ContextWithRemoteSpanContext(ctx, sc)
-	}
-	if !On(tr) { // the creation context still reaches the handler (TRACEPARENT)
-		return ctx, noSpan
-	}
-	if !ok {
-		return tr.Start(ctx, name, trace.WithSpanKind(trace.SpanKindConsumer), trace.WithTimestamp(claimed))
-	}
-	return tr.Start(ctx, name, trace.WithSpanKind(trace.SpanKindConsumer), trace.WithTimestamp(claimed),
-		trace.WithLinks(trace.Link{SpanContext: sc}))
+	c := Consumer{tr: tr, name: name, kind: consumerKind}
+	ctx, _, span := c.Start(ctx, traceparent, claimed)
+	return ctx, span
 }
 
 // ProcessName is the name of the attempt spans of queue q.
@@ -138,42 +129,12 @@ type Attempt struct {
 }
 
 // Describe sets a recording attempt span's attributes and records, as
-// children of the task's creation context, the queue wait before it
-// ("wait <queue>", from Ready to Claimed) and the attempts it took over
-// ("process <queue>" with drover.attempt.end=lost, reconstructed: they
-// span the time from Ready to Claimed, within which the lost attempt ran;
-// the lost worker's own span never ended, so it never left its process).
+// children of the task's creation context, the queue wait before it and
+// the attempts it took over, as Consumer.Describe does. A worker makes a
+// Consumer once instead: Describe makes one for each call.
 func Describe(ctx context.Context, tr trace.Tracer, span trace.Span, a Attempt) {
-	common := make([]attribute.KeyValue, 0, 12)
-	common = append(common, semconv.MessagingSystemKey.String(System), semconv.MessagingDestinationName(a.Queue),
-		AttrNamespace.String(a.Namespace), semconv.MessagingMessageID(a.TaskID), AttrTaskType.String(a.TaskType))
-	if a.Tenant != "" {
-		common = append(common, AttrTenant.String(a.Tenant))
-	}
-	span.SetAttributes(append(common, semconv.MessagingOperationTypeProcess, semconv.MessagingOperationName("process"),
-		semconv.MessagingClientID(a.Worker), semconv.MessagingConsumerGroupName(a.Queue), AttrAttempt.Int(a.Number),
-		AttrTakeover.Bool(len(a.Lost) > 0))...)
 	parent := Remote(ctx, a.TraceParent) // without a creation context: under the attempt's span
-	if !a.Ready.IsZero() && a.Ready.Before(a.Claimed) {
-		// A wait processes nothing: no messaging.operation.type.
-		_, w := tr.Start(parent, "wait "+a.Queue, trace.WithTimestamp(a.Ready), trace.WithAttributes(common...))
-		w.SetAttributes(AttrAttempt.Int(a.Number), AttrDeferrals.Int(a.Deferrals))
-		if a.WaitAfter != "" {
-			w.SetAttributes(AttrWaitAfter.String(a.WaitAfter))
-		}
-		if a.WaitReason != "" {
-			w.SetAttributes(AttrWaitReason.String(Truncate(a.WaitReason)))
-		}
-		w.End(trace.WithTimestamp(a.Claimed))
-	}
-	for _, n := range a.Lost {
-		_, l := tr.Start(parent, ProcessName(a.Queue), trace.WithSpanKind(trace.SpanKindConsumer),
-			trace.WithTimestamp(a.Ready), trace.WithAttributes(common...))
-		l.SetAttributes(semconv.MessagingOperationTypeProcess, AttrAttempt.Int(n), AttrAttemptEnd.String(EndLost),
-			AttrReconstructed.Bool(true))
-		l.SetStatus(codes.Error, "lost: its worker ended without recording an outcome")
-		l.End(trace.WithTimestamp(a.Claimed))
-	}
+	NewConsumer(tr, a.Namespace, a.Queue, a.Worker).Describe(ctx, parent, span, &a)
 }
 
 // EndProcess ends an attempt's span with how it ended (one of the End
