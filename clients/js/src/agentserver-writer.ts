@@ -5,7 +5,14 @@
  * its attempt's events the stream holds and sends the rest again. The
  * client's StreamWriter drops such a batch and goes on, so that a run's
  * client would miss events of steps whose checkpoints were stored.
+ *
+ * Bounded: a writer whose writes fail RECOVER_TRIES times in a row with
+ * nothing stored stops with the last error, and the reads that count
+ * start after the last event known stored. Not exact: a write that drover
+ * stores after the count read it (a member slow rather than dead) is
+ * stored twice, since an append carries no expected seq.
  */
+import { createHash } from "node:crypto";
 import type { Drover } from "./index.js";
 import { DroverError, FencedError, StreamFullError } from "./errors.js";
 import { DROVER_EVENT_TYPES } from "./streams.js";
@@ -15,7 +22,7 @@ const MAX_EVENTS = 1000;
 const MAX_BYTES = 700 << 10;
 /** The most bytes of one event's type and data (the server's limit). */
 const MAX_EVENT_BYTES = 64 << 10;
-/** How many times a write that drover did not answer is checked and sent again. */
+/** How many times a count is tried after a write drover did not answer, and how many such writes in a row store nothing before the writer stops. */
 const RECOVER_TRIES = 8;
 
 /**
@@ -32,8 +39,8 @@ export class RunStreamWriter {
   private queue: { type: string; data: unknown; bytes: number }[] = [];
   private writing: Promise<void> | undefined;
   private failed: unknown;
-  /** This attempt's events known to be stored. */
-  private stored = 0;
+  /** The seq after the last of this attempt's events known stored: where a count starts. */
+  private from = 1;
 
   constructor(
     private readonly drover: Drover,
@@ -63,18 +70,21 @@ export class RunStreamWriter {
   private async drain(): Promise<void> {
     try {
       await Promise.resolve(); // `writing` is set before this runs
+      let stalls = 0; // writes in a row that drover did not answer and that stored nothing
       while (this.queue.length && !this.failed) {
         let n = 0;
         let bytes = 0;
         while (n < this.queue.length && n < MAX_EVENTS && (n === 0 || bytes + this.queue[n].bytes < MAX_BYTES)) bytes += this.queue[n++].bytes;
         const batch = this.queue.slice(0, n);
         try {
-          await this.drover.streams.append(this.taskId, { session: this.session, token: this.token, events: batch.map(({ type, data }) => ({ type, data })) });
+          const { last } = await this.drover.streams.append(this.taskId, { session: this.session, token: this.token, events: batch.map(({ type, data }) => ({ type, data })) });
           this.queue.splice(0, n);
-          this.stored += n;
+          this.from = Math.max(this.from, last + 1);
+          stalls = 0;
         } catch (e) {
           if (!isTransient(e)) this.failed = e;
-          else await this.recover(e);
+          else if ((await this.recover(e, n, stalls)) > 0) stalls = 0;
+          else if (++stalls >= RECOVER_TRIES) this.failed = e;
         }
       }
     } finally {
@@ -82,36 +92,85 @@ export class RunStreamWriter {
     }
   }
 
-  /** After a write drover did not answer: counts this attempt's events stored, and drops those from the queue. */
-  private async recover(cause: unknown): Promise<void> {
+  /**
+   * After a write of `sent` events drover did not answer: counts this
+   * attempt's events stored since the last known, and drops those (at most
+   * `sent`) from the queue; how many.
+   * Waits longer the more writes in a row stored nothing (stalls).
+   */
+  private async recover(cause: unknown, sent: number, stalls: number): Promise<number> {
     for (let i = 0; i < RECOVER_TRIES; i++) {
-      await new Promise((res) => setTimeout(res, Math.min(2000, 100 * 2 ** i)));
+      await new Promise((res) => setTimeout(res, Math.min(2000, 100 * 2 ** (i + stalls))));
       try {
-        const n = await this.count();
-        const done = Math.min(Math.max(n - this.stored, 0), this.queue.length);
+        const { n, next } = await this.count();
+        const done = Math.min(n, sent, this.queue.length);
         this.queue.splice(0, done);
-        this.stored += done;
-        return;
+        this.from = next;
+        return done;
       } catch (e) {
         if (!isTransient(e)) {
           this.failed = e;
-          return;
+          return 0;
         }
       }
     }
     this.failed = cause;
+    return 0;
   }
 
-  /** How many events of this attempt the task's stream holds (drover's own left out). */
-  private async count(): Promise<number> {
+  /** How many events of this attempt the task's stream holds from `from` on (drover's own left out), and the seq after them. */
+  private async count(): Promise<{ n: number; next: number }> {
     let n = 0;
-    let from = 1;
+    let from = this.from;
     for (let page = 0; page < 10_000; page++) {
       const p = await this.drover.streams.read(this.taskId, { from });
       for (const e of p.events) if (e.attempt === this.attempt && !DROVER_EVENT_TYPES.includes(e.type)) n++;
+      const more = p.events.length > 0 && !p.done && p.next > from;
+      if (p.next > from) from = p.next;
+      if (!more) break;
+    }
+    return { n, next: from };
+  }
+}
+
+/**
+ * What the attempts of a run before this one stored in its task's stream,
+ * for the events a resumed attempt replays from its checkpoint before its
+ * first task starts (its state, the writes of tasks that finished): a
+ * replayed event identical (type and data) to one an earlier attempt
+ * stored, or to one replayed before in this attempt (a graph resumed
+ * before its first step replays its input's state twice), is left out.
+ * Identical is not the same: an update equal to an earlier step's whose
+ * own event was never stored (a runtime killed after the checkpoint,
+ * before the event) is left out as well; the next `values` event carries
+ * the state. Keys are hashes: about 50 bytes an earlier event.
+ */
+export class EarlierEvents {
+  private constructor(private readonly seen: Set<string>) {}
+
+  /** Reads the task's stream: its events of attempts before `attempt`, drover's own left out. */
+  static async read(drover: Drover, taskId: string, attempt: number): Promise<EarlierEvents> {
+    const seen = new Set<string>();
+    let from = 1;
+    for (let page = 0; page < 10_000; page++) {
+      const p = await drover.streams.read(taskId, { from });
+      for (const e of p.events) if (e.attempt < attempt && !DROVER_EVENT_TYPES.includes(e.type)) seen.add(eventKey(e.type, e.data));
       if (!p.events.length || p.done || p.next <= from) break;
       from = p.next;
     }
-    return n;
+    return new EarlierEvents(seen);
   }
+
+  /** Whether a replayed event is left out (see the class); remembers it. */
+  replay(type: string, data: unknown): boolean {
+    const k = eventKey(type, data);
+    if (this.seen.has(k)) return true;
+    this.seen.add(k);
+    return false;
+  }
+}
+
+/** An event as a key: a hash of its type and its data as JSON. */
+function eventKey(type: string, data: unknown): string {
+  return createHash("sha256").update(type).update("\n").update(JSON.stringify(data ?? null)).digest("base64");
 }

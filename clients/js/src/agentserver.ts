@@ -24,8 +24,7 @@ import { DroverStore } from "./agentstore.js";
 import { runEvents, type EventStreamingGraph } from "./agentserver-stream.js";
 import { graphRegistrationSchemas, schemaParser, staticSchemas, type GraphSchema, type GraphSourceSpec, type SubgraphGraph } from "./agentserver-schema.js";
 import { ConflictError, DroverError, NotFoundError } from "./errors.js";
-import { RunStreamWriter, isTransient } from "./agentserver-writer.js";
-import { DROVER_EVENT_TYPES } from "./streams.js";
+import { EarlierEvents, RunStreamWriter, isTransient } from "./agentserver-writer.js";
 import type { Lock } from "./locks.js";
 import type { QueueTask } from "./queue.js";
 import type { TaskContext, Worker, WorkerStats } from "./worker.js";
@@ -317,12 +316,7 @@ export class AgentServerRuntime {
         const events = runEvents(graph as RunnableGraph & EventStreamingGraph, input ?? null, options, kw.stream_mode ?? ["values"], run.run_id, kw.subgraphs ?? false, () => (replaying = false));
         for await (const ev of events) {
           const data = plain(ev.data);
-          if (replaying && earlier) {
-            // A graph resumed before its first step replays its input's state twice: once each.
-            const k = eventKey(ev.event, data);
-            if (earlier.has(k)) continue;
-            earlier.add(k);
-          }
+          if (replaying && earlier?.replay(ev.event, data)) continue;
           await out.emit(ev.event, data);
         }
       } catch (e) {
@@ -359,26 +353,14 @@ export class AgentServerRuntime {
     return { status };
   }
 
-  /**
-   * The events the attempts before `attempt` wrote to the task's stream
-   * (drover's own left out), as {@link eventKey}s; undefined when the
-   * stream could not be read (then nothing is left out).
-   */
-  private async earlierEvents(taskId: string, attempt: number): Promise<Set<string> | undefined> {
-    const seen = new Set<string>();
+  /** The events the attempts before `attempt` stored in the task's stream; undefined when it could not be read (then nothing is left out). */
+  private async earlierEvents(taskId: string, attempt: number): Promise<EarlierEvents | undefined> {
     try {
-      let from = 1;
-      for (let page = 0; page < 10_000; page++) {
-        const p = await this.drover.streams.read(taskId, { from });
-        for (const e of p.events) if (e.attempt < attempt && !DROVER_EVENT_TYPES.includes(e.type)) seen.add(eventKey(e.type, e.data));
-        if (!p.events.length || p.done || p.next <= from) break;
-        from = p.next;
-      }
+      return await EarlierEvents.read(this.drover, taskId, attempt);
     } catch (e) {
       this.opts.onError?.(e);
       return undefined;
     }
-    return seen;
   }
 
   /** Reports the run's outcome: its status, the thread's state and as much history as the server keeps. */
@@ -403,11 +385,6 @@ export class AgentServerRuntime {
       ...(error ? { error } : {}),
     });
   }
-}
-
-/** An event as a key: its type and its data as JSON. */
-function eventKey(type: string, data: unknown): string {
-  return `${type}\n${JSON.stringify(data ?? null)}`;
 }
 
 /** Keys of a run's configurable that LangGraph's server leaves out of a checkpoint's metadata. */
