@@ -6,7 +6,9 @@ import { test, after, before } from "node:test";
 import assert from "node:assert/strict";
 import { Client } from "@langchain/langgraph-sdk";
 import { Annotation, StateGraph } from "@langchain/langgraph";
+import { emptyCheckpoint, uuid6 } from "@langchain/langgraph-checkpoint";
 import { Drover } from "../dist/index.js";
+import { DroverSaver } from "../dist/langgraph.js";
 import { AgentServerRuntime } from "../dist/agentserver.js";
 import { sharedServer, uniq, withTimeout } from "./helpers/server.mjs";
 
@@ -50,4 +52,34 @@ test("saver writes race: streamed runs on one thread all succeed on their first 
     if (last?.count !== 3 * (i + 1)) bad.push(`run ${i}: count ${last?.count}, want ${3 * (i + 1)}`);
   }
   assert.deepEqual({ bad, errors: errors.filter((e) => /not found/.test(e)) }, { bad: [], errors: [] }, `${bad.length} of ${RUNS} runs went wrong`);
+});
+
+test("saver writes race: a write refused while its put was under way is sent again", async () => {
+  const drover = new Drover({ url: srv.url, namespace: uniq("cprace") });
+  const saver = new DroverSaver({ drover });
+  const thread = uniq("t");
+  const checkpoint = { ...emptyCheckpoint(), id: uuid6(-3), channel_values: { n: 1 }, channel_versions: { n: 1 } };
+  const base = { configurable: { thread_id: thread, checkpoint_ns: "" } };
+  // The order the race takes: the write's first attempt is refused (no put
+  // yet); its second is sent before the put and answered after it ended.
+  const realPutWrites = drover.checkpoints.putWrites.bind(drover.checkpoints);
+  let calls = 0;
+  drover.checkpoints.putWrites = async (...args) => {
+    calls++;
+    try {
+      return await realPutWrites(...args);
+    } finally {
+      if (calls === 2) await saver.put(base, checkpoint, { source: "loop", step: 0, parents: {} }, { n: 1 });
+    }
+  };
+  // The saver's waits are unref'd timers: something else keeps the process up.
+  const keep = setInterval(() => {}, 1000);
+  try {
+    await saver.putWrites({ configurable: { ...base.configurable, checkpoint_id: checkpoint.id } }, [["n", 2]], "task-1");
+  } finally {
+    clearInterval(keep);
+  }
+  assert.equal(calls, 3);
+  const tuple = await saver.getTuple({ configurable: { ...base.configurable, checkpoint_id: checkpoint.id } });
+  assert.deepEqual(tuple.pendingWrites, [["task-1", "n", 2]]);
 });
