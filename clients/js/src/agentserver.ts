@@ -324,10 +324,6 @@ export class AgentServerRuntime {
         // drover away (a member failing over): not the graph's error. The task fails and is retried,
         // and the next attempt resumes from the checkpoint, rather than the run ending in error.
         if (isTransient(e)) throw e;
-        // A checkpoint write refused as not found while the thread is still there: the graph's view
-        // of its checkpoints is not the store's. The attempt fails, and the next one resumes from
-        // what the store holds, rather than the run ending in error.
-        if (e instanceof NotFoundError && /\/checkpoints\/.*checkpoint: not found/s.test(e.message)) throw e;
         status = "error";
         error = { error: (e as Error)?.constructor?.name ?? "Error", message: String((e as Error)?.message ?? e) };
         await out.emit("error", error);

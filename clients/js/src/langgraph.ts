@@ -392,7 +392,12 @@ export class DroverSaver extends BaseCheckpointSaver {
     // means the chain stopped and this checkpoint will never come.
     const deadline = Date.now() + 30_000;
     const failuresBefore = this.putState.get(tn)?.failures ?? 0;
-    for (let attempt = 0; ; attempt++) {
+    let waits = 0;
+    for (;;) {
+      // Whether the put of this checkpoint had ended before this write was
+      // sent: a refusal of a write sent while the put was under way says
+      // nothing about the checkpoint once the put is done.
+      const putDoneBefore = this.putOutcomes.has(key);
       try {
         await this.cp.putWrites(thread, id, { checkpoint_ns: ns, task_id: taskId, writes: out, ...(this.fence ? { fence: this.fence } : {}) });
         return;
@@ -401,15 +406,15 @@ export class DroverSaver extends BaseCheckpointSaver {
         if (this.putOutcomes.has(key)) {
           const putErr = this.putOutcomes.get(key);
           if (putErr) throw putErr; // the checkpoint was never written
-          if (attempt > 0) throw err; // written, and gone since (the thread was deleted)
-          continue; // written between the write's answer and now
+          if (putDoneBefore) throw err; // written, and gone since (the thread was deleted)
+          continue; // written while this write was on its way: send it again
         }
         const st = this.putState.get(tn);
         // No put of this thread under way here, and one failed: the chain
         // this checkpoint belonged to stopped (LangGraph puts in order).
         if (st && st.inflight === 0 && (st.lastError || st.failures > failuresBefore)) throw st.lastError ?? err;
         if (Date.now() > deadline) throw err;
-        await this.untilPutSettled(tn, st && st.inflight > 0 ? 5_000 : Math.min(500, 10 * 2 ** attempt));
+        await this.untilPutSettled(tn, st && st.inflight > 0 ? 5_000 : Math.min(500, 10 * 2 ** waits++));
       }
     }
   }

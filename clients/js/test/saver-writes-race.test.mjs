@@ -1,0 +1,85 @@
+// A step's checkpoint writes and the put of their checkpoint race (LangGraph
+// sends the writes without waiting for the put): runs on one thread through
+// the Agent Server runtime, one after the other, must all end in success on
+// their first attempt, with no write refused as "checkpoint: not found".
+import { test, after, before } from "node:test";
+import assert from "node:assert/strict";
+import { Client } from "@langchain/langgraph-sdk";
+import { Annotation, StateGraph } from "@langchain/langgraph";
+import { emptyCheckpoint, uuid6 } from "@langchain/langgraph-checkpoint";
+import { Drover } from "../dist/index.js";
+import { DroverSaver } from "../dist/langgraph.js";
+import { AgentServerRuntime } from "../dist/agentserver.js";
+import { sharedServer, uniq, withTimeout } from "./helpers/server.mjs";
+
+let srv;
+before(async () => {
+  srv = await sharedServer();
+});
+after(async () => srv.release());
+
+const State = Annotation.Root({ count: Annotation({ reducer: (a, b) => a + b, default: () => 0 }) });
+const step = () => ({ count: 1 });
+/** Three nodes in a line, as in bench/agentserver. */
+const line = new StateGraph(State)
+  .addNode("a", step)
+  .addNode("b", step)
+  .addNode("c", step)
+  .addEdge("__start__", "a")
+  .addEdge("a", "b")
+  .addEdge("b", "c")
+  .addEdge("c", "__end__")
+  .compile();
+
+const RUNS = Number(process.env.DROVER_RACE_RUNS ?? 50);
+
+test("saver writes race: streamed runs on one thread all succeed on their first attempt", async (t) => {
+  const ns = uniq("cprace");
+  const errors = [];
+  const rt = new AgentServerRuntime({ drover: new Drover({ url: srv.url, namespace: ns }), graphs: { line }, concurrency: 2, onError: (e) => errors.push(String(e?.message ?? e)) });
+  await rt.start();
+  t.after(() => withTimeout(rt.stop(), 30_000, "runtime did not stop"));
+  const client = new Client({ apiUrl: srv.url, apiKey: null, defaultHeaders: { "Drover-Namespace": ns }, callerOptions: { maxRetries: 0 } });
+  const thread = await client.threads.create();
+  const bad = [];
+  for (let i = 0; i < RUNS; i++) {
+    let last;
+    for await (const ev of client.runs.stream(thread.thread_id, "line", { input: { count: 0 }, streamMode: ["values"] })) {
+      if (ev.event === "metadata" && ev.data.attempt > 1) bad.push(`run ${i}: attempt ${ev.data.attempt}`);
+      if (ev.event === "error") bad.push(`run ${i}: ${JSON.stringify(ev.data)}`);
+      if (ev.event === "values") last = ev.data;
+    }
+    if (last?.count !== 3 * (i + 1)) bad.push(`run ${i}: count ${last?.count}, want ${3 * (i + 1)}`);
+  }
+  assert.deepEqual({ bad, errors: errors.filter((e) => /not found/.test(e)) }, { bad: [], errors: [] }, `${bad.length} of ${RUNS} runs went wrong`);
+});
+
+test("saver writes race: a write refused while its put was under way is sent again", async () => {
+  const drover = new Drover({ url: srv.url, namespace: uniq("cprace") });
+  const saver = new DroverSaver({ drover });
+  const thread = uniq("t");
+  const checkpoint = { ...emptyCheckpoint(), id: uuid6(-3), channel_values: { n: 1 }, channel_versions: { n: 1 } };
+  const base = { configurable: { thread_id: thread, checkpoint_ns: "" } };
+  // The order the race takes: the write's first attempt is refused (no put
+  // yet); its second is sent before the put and answered after it ended.
+  const realPutWrites = drover.checkpoints.putWrites.bind(drover.checkpoints);
+  let calls = 0;
+  drover.checkpoints.putWrites = async (...args) => {
+    calls++;
+    try {
+      return await realPutWrites(...args);
+    } finally {
+      if (calls === 2) await saver.put(base, checkpoint, { source: "loop", step: 0, parents: {} }, { n: 1 });
+    }
+  };
+  // The saver's waits are unref'd timers: something else keeps the process up.
+  const keep = setInterval(() => {}, 1000);
+  try {
+    await saver.putWrites({ configurable: { ...base.configurable, checkpoint_id: checkpoint.id } }, [["n", 2]], "task-1");
+  } finally {
+    clearInterval(keep);
+  }
+  assert.equal(calls, 3);
+  const tuple = await saver.getTuple({ configurable: { ...base.configurable, checkpoint_id: checkpoint.id } });
+  assert.deepEqual(tuple.pendingWrites, [["task-1", "n", 2]]);
+});
