@@ -297,13 +297,6 @@ func (c *Client) dropReservation(key, id string) {
 	_, _ = c.cli.Delete(ctx, c.keys.BudgetReservation(key, id))
 }
 
-func deref(v *view) view {
-	if v == nil {
-		return view{}
-	}
-	return *v
-}
-
 // checkReserve checks a reservation's input before anything is read.
 func (c *Client) checkReserve(key, tenant string, estimate int64, o reserveOpts) error {
 	if err := CheckKey(key); err != nil {

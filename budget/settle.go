@@ -150,17 +150,6 @@ func providerHeaders(h http.Header) (int64, time.Duration, error) {
 	return remaining, reset, nil
 }
 
-// without returns reservation id of v and the other reservations.
-func (v view) without(id string) (Reservation, []Reservation, bool) {
-	for i, r := range v.res {
-		if r.ID == id {
-			others := append(append([]Reservation(nil), v.res[:i]...), v.res[i+1:]...)
-			return r, others, true
-		}
-	}
-	return Reservation{}, nil, false
-}
-
 // readOps are the reads of budget key: configuration, counters and
 // reservations, in one transaction.
 func (c *Client) readOps(key string) []clientv3.Op {
