@@ -4,13 +4,13 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
 	"time"
 
 	"github.com/droverhq/drover"
+	"github.com/droverhq/drover/internal/groupcommit"
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/metrics"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -30,8 +30,8 @@ type Client struct {
 	mu      sync.Mutex
 	session *concurrency.Session
 	closed  bool
-	locks   map[string]*sync.Mutex // one writer per budget in this process
-	cache   map[string]view        // each budget as this client last read or wrote it
+	lines   map[string]*groupcommit.Line[*call] // each budget's writers in this process (batch.go)
+	cache   map[string]view                     // each budget as this client last read or wrote it
 }
 
 // errClosed is the error of a reservation through a closed client.
@@ -52,7 +52,7 @@ func WithClock(now func() time.Time) Option { return func(c *Client) { c.now = n
 // panics on a namespace keyspace refuses; use keyspace.CheckName first for
 // a name from outside.
 func New(cli *clientv3.Client, ns string, opts ...Option) *Client {
-	c := &Client{cli: cli, keys: keyspace.MustNew(ns), ttl: 10, now: time.Now, locks: map[string]*sync.Mutex{}, cache: map[string]view{}}
+	c := &Client{cli: cli, keys: keyspace.MustNew(ns), ttl: 10, now: time.Now, lines: map[string]*groupcommit.Line[*call]{}, cache: map[string]view{}}
 	for _, o := range opts {
 		o(c)
 	}
@@ -97,24 +97,9 @@ func (c *Client) lease(ctx context.Context) (clientv3.LeaseID, error) {
 	return s.Lease(), nil
 }
 
-// lock serializes this process's writers of budget key: they would only
-// fail each other's compare-and-swap.
-func (c *Client) lock(key string) func() {
-	c.mu.Lock()
-	m := c.locks[key]
-	if m == nil {
-		m = &sync.Mutex{}
-		c.locks[key] = m
-	}
-	c.mu.Unlock()
-	m.Lock()
-	return m.Unlock
-}
-
 // view returns budget key as this client last read or wrote it, or reads
 // it (cached: it came from the cache). A cached view saves the read: the
 // write's compare-and-swap finds it out of date if anyone wrote since.
-// Call with key's lock held.
 func (c *Client) view(ctx context.Context, key string) (view, bool, error) {
 	c.mu.Lock()
 	v, ok := c.cache[key]
@@ -131,9 +116,9 @@ func (c *Client) refresh(ctx context.Context, key string) (view, error) {
 	v, err := c.read(ctx, key)
 	if err != nil {
 		c.forget(key)
-		if errors.Is(err, ErrNoBudget) { // nor its lock: keys nobody configured do not pile up
+		if errors.Is(err, ErrNoBudget) { // nor its line: keys nobody configured do not pile up
 			c.mu.Lock()
-			delete(c.locks, key)
+			delete(c.lines, key)
 			c.mu.Unlock()
 		}
 		return view{}, err
@@ -253,8 +238,8 @@ func (c *Client) Reserve(ctx context.Context, key, tenant string, estimate int64
 	if closed { // whatever lease the reservation would live under
 		return Reservation{}, errClosed
 	}
-	unlock := c.lock(key)
-	defer unlock()
+	// An estimate the budget could never admit, or a budget not
+	// configured, is refused before a lease is granted for it.
 	v, cached, err := c.view(ctx, key)
 	if err != nil {
 		return Reservation{}, err
@@ -263,7 +248,6 @@ func (c *Client) Reserve(ctx context.Context, key, tenant string, estimate int64
 		if v, err = c.refresh(ctx, key); err != nil {
 			return Reservation{}, err
 		}
-		cached = false
 	}
 	if err := o.refuse(v.cfg, tenant, estimate); err != nil {
 		return Reservation{}, err
@@ -272,107 +256,24 @@ func (c *Client) Reserve(ctx context.Context, key, tenant string, estimate int64
 	if err != nil {
 		return Reservation{}, err
 	}
-	r := Reservation{ID: newID(), Budget: key, Tenant: tenant, TaskType: o.taskType, Estimate: estimate, Lease: fmt.Sprintf("%x", int64(lease)), OwnLease: own}
-	for range maxTries {
-		var retry bool
-		r.Estimate = v.cfg.estimateFor(estimate, o.taskType) // of the configuration this attempt decides on
-		if v, retry, err = c.attempt(ctx, v, cached, &r, lease, o.ttl); err == nil && !retry {
-			return r, nil
-		}
-		if err != nil {
-			if own {
-				c.revoke(lease)
-			}
-			return Reservation{}, err
-		}
-		cached = false
+	o.lease = lease
+	k := &call{r: Reservation{ID: newID(), Budget: key, Tenant: tenant, TaskType: o.taskType, Lease: fmt.Sprintf("%x", int64(lease)), OwnLease: own},
+		estimate: estimate, opts: o}
+	err = c.submit(ctx, key, k) // ctx's error: it left the line unsent
+	if err == nil {
+		err = k.err
 	}
-	if own {
-		c.revoke(lease)
-	}
-	return Reservation{}, fmt.Errorf("budget: reserve %s: %d conflicting writers in a row; retry", key, maxTries)
-}
-
-// attempt decides r on v and writes the decision: an admission (r filled
-// in), a refusal (a *DeferError), or retry with the view as it is now when
-// v was out of date (cached: v came from this client's cache, so a
-// refusal is checked on a fresh read first).
-func (c *Client) attempt(ctx context.Context, v view, cached bool, r *Reservation, lease clientv3.LeaseID, ttl int64) (view, bool, error) {
-	key, tenant := r.Budget, r.Tenant
-	now := c.now()
-	st := v.st
-	st.Tenants = cloneTenants(v.st.Tenants)
-	if st.roll(v.cfg, now) { // nothing written: the counters stay
-		if cached {
-			fresh, err := c.refresh(ctx, key)
-			return fresh, true, err
-		}
-		return v, false, skewError(key, st.Window, st.Len, now)
-	}
-	// A refusal is retried when the window turns, or when the provider's
-	// correction ends, whichever comes first, and never later than a window.
-	after := min(time.Unix((st.Window+1)*st.Len, 0).Sub(now), time.Duration(st.Len)*time.Second)
-	if st.FloorUntil != 0 {
-		after = min(after, time.UnixMilli(st.FloorUntil).Sub(now))
-	}
-	if no := tenantRoom(&st, tenant); no != nil { // not tracked: nothing to write
-		if cached {
-			fresh, err := c.refresh(ctx, key)
-			return fresh, true, err
-		}
-		metrics.BudgetReservations.WithLabelValues(key, "refused").Inc()
-		return v, false, &drover.DeferError{Reason: WaitReason(key, no.reason), After: max(after, 100*time.Millisecond)}
-	}
-	ts := st.tenant(tenant)
-	changed := ts.Seen != st.Window
-	ts.Seen = st.Window
-	if no := decide(v.cfg, &st, v.res, tenant, r.Estimate); no != nil {
-		if cached {
-			fresh, err := c.refresh(ctx, key)
-			return fresh, true, err
-		}
-		// Only a refusal of the total or of the share sets the estimate
-		// aside, and the state is written only on the tenant's first ask
-		// of the window or when its pending estimate grows: deferred tasks
-		// of different estimates do not rewrite it on every refusal.
-		if no.pend && r.Estimate > ts.Pending {
-			ts.Pending, changed = r.Estimate, true
-		}
-		if changed { // mark the tenant as asking, so that its share (or pending estimate) is kept
-			rev, fresh, err := c.commit(ctx, key, v, st, nil)
-			if err != nil || fresh != nil {
-				return deref(fresh), err == nil, err
-			}
-			c.remember(key, view{cfg: v.cfg, st: st, res: v.res, cfgMR: v.cfgMR, stMR: rev})
-		}
-		metrics.BudgetReservations.WithLabelValues(key, "refused").Inc()
-		return v, false, &drover.DeferError{Reason: WaitReason(key, no.reason), After: max(after, 100*time.Millisecond)}
-	}
-	st.Requests++
-	ts.Requests++
-	ts.Pending = 0
-	r.Window, r.Bound, r.ReservedAt = st.Window, v.cfg.Tokens, now.UTC()
-	if r.OwnLease {
-		r.ExpiresAt = r.ReservedAt.Add(time.Duration(ttl) * time.Second)
-	}
-	if r.Bound == 0 {
-		r.Bound = MaxTokens
-	}
-	rv, _ := json.Marshal(r)
-	put := clientv3.OpPut(c.keys.BudgetReservation(key, r.ID), string(rv), clientv3.WithLease(lease))
-	rev, fresh, err := c.commit(ctx, key, v, st, &put)
 	if err != nil {
-		// The write may have happened: delete the reservation nobody
-		// will settle rather than let it hold tokens until its lease ends.
-		c.dropReservation(key, r.ID)
-	}
-	if err != nil || fresh != nil {
-		return deref(fresh), err == nil, err
+		if own {
+			c.revoke(lease)
+		}
+		if k.refused {
+			metrics.BudgetReservations.WithLabelValues(key, "refused").Inc()
+		}
+		return Reservation{}, err
 	}
 	metrics.BudgetReservations.WithLabelValues(key, "admitted").Inc()
-	res := append(current(v.res, st.Window), *r)
-	c.remember(key, view{cfg: v.cfg, st: st, res: res, cfgMR: v.cfgMR, stMR: rev})
-	return v, false, nil
+	return k.res, nil
 }
 
 // current returns the reservations of res made in window w or later: the
@@ -394,13 +295,6 @@ func (c *Client) dropReservation(key, id string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	_, _ = c.cli.Delete(ctx, c.keys.BudgetReservation(key, id))
-}
-
-func deref(v *view) view {
-	if v == nil {
-		return view{}
-	}
-	return *v
 }
 
 // checkReserve checks a reservation's input before anything is read.

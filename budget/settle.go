@@ -64,90 +64,20 @@ func (c *Client) Settle(ctx context.Context, r Reservation, actual int64, h http
 	if err != nil {
 		return Settlement{}, err
 	}
-	unlock := c.lock(r.Budget)
-	defer unlock()
-	v, cached, err := c.view(ctx, r.Budget)
-	for range maxTries {
-		if err != nil {
-			if errors.Is(err, ErrNoBudget) {
-				return Settlement{}, fmt.Errorf("%w: %s of %s: the budget was deleted", ErrNotReserved, r.ID, r.Budget)
-			}
-			return Settlement{}, err
-		}
-		if _, _, found := v.without(r.ID); !found && cached { // made by another client: read it
-			v, err = c.refresh(ctx, r.Budget)
-			cached = false
-			continue
-		}
-		var fresh *view
-		var s Settlement
-		s, fresh, err = c.settleOn(ctx, r.Budget, v, r.ID, actual, remaining, reset)
-		if err == nil && fresh == nil {
-			return s, nil
-		}
-		if fresh != nil {
-			v, cached = *fresh, false
-		}
-		if err != nil && !errors.Is(err, ErrNoBudget) {
-			return Settlement{}, err
-		}
+	k := &call{settle: true, id: r.ID, actual: actual, remaining: remaining, reset: reset}
+	if err := c.submit(ctx, r.Budget, k); err != nil { // it left the line unsent
+		return Settlement{}, err
 	}
-	return Settlement{}, fmt.Errorf("budget: settle %s: %d conflicting writers in a row; retry", r.Budget, maxTries)
-}
-
-// settleOn settles reservation id on v; fresh is v as it is now when v
-// was out of date.
-func (c *Client) settleOn(ctx context.Context, key string, v view, id string, actual, remaining int64, reset time.Duration) (Settlement, *view, error) {
-	rec, others, found := v.without(id)
-	if !found {
-		return Settlement{}, nil, fmt.Errorf("%w: %s of %s (unknown, already settled, or released when its lease ended)", ErrNotReserved, id, key)
+	if k.err != nil {
+		return Settlement{}, k.err
 	}
-	if rec.OwnLease {
-		// Whether its lease ended is etcd's to say, not a clock's: the
-		// reserving server's clock may be minutes from this one.
-		ended, err := c.leaseEnded(ctx, rec.Lease)
-		if err != nil {
-			return Settlement{}, nil, err
-		}
-		if ended { // released, not counted; etcd deletes the key
-			c.forget(key)
-			return Settlement{}, nil, fmt.Errorf("%w: %s of %s: its lease ended before the settle", ErrNotReserved, id, key)
-		}
-	}
-	now := c.now()
-	if actual > rec.Bound {
-		return Settlement{}, nil, &drover.InputError{Field: "actual", Value: actual,
-			Rule: fmt.Sprintf("must be at most %d, the budget's tokens per window when the reservation was made", rec.Bound)}
-	}
-	st := v.st
-	st.Tenants = cloneTenants(v.st.Tenants)
-	if st.roll(v.cfg, now) { // counted in the stored window all the same
-		_ = skewError(key, st.Window, st.Len, now)
-	}
-	charge := actual
-	if rec.Window != st.Window {
-		charge = max(0, actual-rec.Estimate)
-	}
-	st.Used += charge
-	st.tenant(rec.Tenant).Used += charge
-	s := Settlement{ID: rec.ID, Budget: key, Tenant: rec.Tenant, Estimate: rec.Estimate, Actual: actual, Difference: actual - rec.Estimate}
-	if remaining >= 0 && v.cfg.Tokens > 0 {
-		s.Corrected = st.correct(v.cfg, others, remaining, reset, now)
-	}
-	resKey := c.keys.BudgetReservation(key, id)
-	del := clientv3.OpDelete(resKey)
-	rev, fresh, err := c.commit(ctx, key, v, st, &del, clientv3.Compare(clientv3.CreateRevision(resKey), ">", 0))
-	if err != nil || fresh != nil {
-		return Settlement{}, fresh, err
-	}
-	c.remember(key, view{cfg: v.cfg, st: st, res: current(others, st.Window), cfgMR: v.cfgMR, stMR: rev})
-	metrics.BudgetTokensSettled.WithLabelValues(key).Add(float64(actual))
-	if rec.OwnLease {
-		if lid, err := strconv.ParseInt(rec.Lease, 16, 64); err == nil {
+	metrics.BudgetTokensSettled.WithLabelValues(r.Budget).Add(float64(actual))
+	if k.lease != "" {
+		if lid, err := strconv.ParseInt(k.lease, 16, 64); err == nil {
 			c.revoke(clientv3.LeaseID(lid))
 		}
 	}
-	return s, nil, nil
+	return k.out, nil
 }
 
 // leaseEnded asks etcd whether lease (in hex) has ended; an unreadable
@@ -220,17 +150,6 @@ func providerHeaders(h http.Header) (int64, time.Duration, error) {
 	return remaining, reset, nil
 }
 
-// without returns reservation id of v and the other reservations.
-func (v view) without(id string) (Reservation, []Reservation, bool) {
-	for i, r := range v.res {
-		if r.ID == id {
-			others := append(append([]Reservation(nil), v.res[:i]...), v.res[i+1:]...)
-			return r, others, true
-		}
-	}
-	return Reservation{}, nil, false
-}
-
 // readOps are the reads of budget key: configuration, counters and
 // reservations, in one transaction.
 func (c *Client) readOps(key string) []clientv3.Op {
@@ -279,17 +198,14 @@ func parseReservations(kvs []*mvccpb.KeyValue) []Reservation {
 	return out
 }
 
-// commit writes st (and op, under the extra conditions cmps) if budget
+// commit writes st (and ops, under the extra conditions cmps) if budget
 // key's configuration and counters are still as v read them: one
 // transaction. It returns the revision written, or, when they are not as v
 // read them, they as they are now, read by the same transaction (and
 // cached).
-func (c *Client) commit(ctx context.Context, key string, v view, st state, op *clientv3.Op, cmps ...clientv3.Cmp) (int64, *view, error) {
+func (c *Client) commit(ctx context.Context, key string, v view, st state, then []clientv3.Op, cmps ...clientv3.Cmp) (int64, *view, error) {
 	sv, _ := json.Marshal(st)
-	ops := []clientv3.Op{clientv3.OpPut(c.keys.BudgetState(key), string(sv))}
-	if op != nil {
-		ops = append(ops, *op)
-	}
+	ops := append([]clientv3.Op{clientv3.OpPut(c.keys.BudgetState(key), string(sv))}, then...)
 	cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(c.keys.BudgetConfig(key)), "=", v.cfgMR),
 		clientv3.Compare(clientv3.ModRevision(c.keys.BudgetState(key)), "=", v.stMR))
 	began := time.Now()

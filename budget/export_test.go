@@ -1,0 +1,41 @@
+package budget
+
+import (
+	"context"
+	"fmt"
+)
+
+// TestCall is one call of RunTogether: a reserve of Estimate tokens for
+// Tenant, or, when SettleID is set, a settle of that reservation with
+// Actual tokens.
+type TestCall struct {
+	Tenant   string
+	Estimate int64
+	SettleID string
+	Actual   int64
+}
+
+// RunTogether decides calls as one batch of budget key's line, in order,
+// and returns each one's reservation (reserves), settlement (settles) and
+// error.
+func (c *Client) RunTogether(ctx context.Context, key string, calls []TestCall) ([]Reservation, []Settlement, []error, error) {
+	lease, err := c.lease(ctx)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	batch := make([]*call, len(calls))
+	for i, tc := range calls {
+		if tc.SettleID != "" {
+			batch[i] = &call{settle: true, id: tc.SettleID, actual: tc.Actual, remaining: -1}
+			continue
+		}
+		batch[i] = &call{r: Reservation{ID: newID(), Budget: key, Tenant: tc.Tenant, Lease: fmt.Sprintf("%x", int64(lease))},
+			estimate: tc.Estimate, opts: reserveOpts{lease: lease}}
+	}
+	c.run(ctx, key, batch)
+	res, sets, errs := make([]Reservation, len(calls)), make([]Settlement, len(calls)), make([]error, len(calls))
+	for i, k := range batch {
+		res[i], sets[i], errs[i] = k.res, k.out, k.err
+	}
+	return res, sets, errs, nil
+}
