@@ -67,6 +67,9 @@ func (s *server) activeRecords(ctx context.Context, thread string, also map[stri
 	if err != nil {
 		return nil, nil, err
 	}
+	if err := s.ensureRunIndex(ctx, sp); err != nil {
+		return nil, nil, err
+	}
 	idx, err := s.cfg.Etcd.Get(ctx, sp.AgentActiveRuns(thread), clientv3.WithPrefix(), clientv3.WithKeysOnly(),
 		clientv3.WithSort(clientv3.SortByKey, clientv3.SortDescend), clientv3.WithLimit(maxStopped+1))
 	if err != nil {
@@ -391,9 +394,12 @@ func (s *server) admitNextLogged(ctx context.Context, thread string) {
 
 // ensureTask submits admitted run r's task if it has none: the task of a
 // run admitted from the queue, or one whose creator died before its
-// submit (due when the run's delay says).
+// submit (due when the run's delay says). Only within runGrace of its
+// admission: a task missing later ended and was dropped by the queue's
+// retention (or was never submitted, and the run is settled as an
+// error), and submitting it again would run the graph a second time.
 func (s *server) ensureTask(ctx context.Context, r runRecord) error {
-	if len(r.Params) == 0 || r.Ended || r.Queued {
+	if len(r.Params) == 0 || r.Ended || r.Queued || s.now().Sub(admitted(&r)) > runGrace {
 		return nil
 	}
 	q, err := s.queueOf(ctx)
