@@ -60,8 +60,10 @@ func (s *server) threadRuns(ctx context.Context, thread string, also map[string]
 
 // activeRecords reads the records of thread's active runs (by its index,
 // newest first, at most maxStopped+1) and of the runs also names, with
-// their revisions, all at one revision. An index key whose record is
-// gone or ended is skipped.
+// their revisions: the index in one read, the records in a second (so a
+// run that ends between the two is read ended, and one admitted between
+// them is missed; the caller read the thread before, and that admission
+// changed it). An index key whose record is gone or ended is skipped.
 func (s *server) activeRecords(ctx context.Context, thread string, also map[string]runRecord) ([]runRecord, []int64, error) {
 	sp, err := s.space(ctx)
 	if err != nil {
