@@ -460,9 +460,16 @@ func (s *server) awaitAdmitted(ctx context.Context, thread, id string) error {
 		}
 		// Wake on the record's change, or look again after a while: the
 		// run before it may have ended without anyone admitting the next.
+		// A watch that ends without a change (no leader, an error) waits
+		// the while out: the loop never spins.
 		wctx, cancel := context.WithTimeout(ctx, admitRecheck)
-		for range s.cfg.Etcd.Watch(clientv3.WithRequireLeader(wctx), sp.AgentRun(thread, id), clientv3.WithRev(resp.Header.Revision+1)) {
+		changed := false
+		for wr := range s.cfg.Etcd.Watch(clientv3.WithRequireLeader(wctx), sp.AgentRun(thread, id), clientv3.WithRev(resp.Header.Revision+1)) {
+			changed = wr.Err() == nil && len(wr.Events) > 0
 			break
+		}
+		if !changed {
+			<-wctx.Done()
 		}
 		cancel()
 	}
