@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/danielgtaylor/huma/v2"
@@ -48,6 +49,9 @@ func (c Config) Validate() error {
 type server struct {
 	cfg Config
 	ids idSource
+	// indexed holds the namespaces (by their runs' prefix) whose index of
+	// active runs is known complete: see ensureRunIndex.
+	indexed sync.Map
 }
 
 // tag names the routes' group in the OpenAPI document.

@@ -60,17 +60,36 @@ func (k crashKV) Do(ctx context.Context, op clientv3.Op) (clientv3.OpResponse, e
 
 func (k crashKV) Txn(ctx context.Context) clientv3.Txn { return &crashTxn{Txn: k.KV.Txn(ctx), kv: k} }
 
+// crashTxn is a transaction of a crashing client: one that writes
+// (a put or delete in either branch) is a write; one that only reads
+// is not, so that a test's crash points count writes alone.
 type crashTxn struct {
 	clientv3.Txn
-	kv crashKV
+	kv     crashKV
+	writes bool
 }
 
-func (t *crashTxn) If(cs ...clientv3.Cmp) clientv3.Txn   { t.Txn = t.Txn.If(cs...); return t }
-func (t *crashTxn) Then(ops ...clientv3.Op) clientv3.Txn { t.Txn = t.Txn.Then(ops...); return t }
-func (t *crashTxn) Else(ops ...clientv3.Op) clientv3.Txn { t.Txn = t.Txn.Else(ops...); return t }
+func (t *crashTxn) If(cs ...clientv3.Cmp) clientv3.Txn { t.Txn = t.Txn.If(cs...); return t }
+func (t *crashTxn) Then(ops ...clientv3.Op) clientv3.Txn {
+	t.Txn, t.writes = t.Txn.Then(ops...), t.writes || anyWrite(ops)
+	return t
+}
+func (t *crashTxn) Else(ops ...clientv3.Op) clientv3.Txn {
+	t.Txn, t.writes = t.Txn.Else(ops...), t.writes || anyWrite(ops)
+	return t
+}
+
+func anyWrite(ops []clientv3.Op) bool {
+	for _, op := range ops {
+		if !op.IsGet() {
+			return true
+		}
+	}
+	return false
+}
 
 func (t *crashTxn) Commit() (*clientv3.TxnResponse, error) {
-	if !t.kv.spend() {
+	if t.writes && !t.kv.spend() {
 		return nil, errCrashed
 	}
 	return t.Txn.Commit()

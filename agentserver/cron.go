@@ -170,22 +170,25 @@ func (s *server) createCron(ctx context.Context, c Cron) (Cron, error) {
 // it differs, and answers it.
 func syncSchedule(ctx context.Context, sc *schedule.Client, c Cron) (schedule.Schedule, error) {
 	spec := cronSpec(c)
-	sch, err := sc.Get(ctx, spec.Name)
-	switch {
-	case errors.Is(err, schedule.ErrNotFound):
-		sch, err = sc.Create(ctx, spec)
-		if errors.Is(err, schedule.ErrExists) { // made meanwhile by another read
-			return syncSchedule(ctx, sc, c)
+	for range maxAttempts {
+		sch, err := sc.Get(ctx, spec.Name)
+		switch {
+		case errors.Is(err, schedule.ErrNotFound):
+			sch, err = sc.Create(ctx, spec)
+			if errors.Is(err, schedule.ErrExists) { // made meanwhile by another read
+				continue
+			}
+			return sch, err
+		case err != nil:
+			return schedule.Schedule{}, err
+		case sch.Cron == spec.Cron && sch.TZ == spec.TZ && sch.Paused == spec.Paused:
+			return sch, nil
 		}
-		return sch, err
-	case err != nil:
-		return schedule.Schedule{}, err
-	case sch.Cron == spec.Cron && sch.TZ == spec.TZ && sch.Paused == spec.Paused:
-		return sch, nil
+		return sc.Update(ctx, spec.Name, func(old *schedule.Schedule) {
+			old.Cron, old.TZ, old.Paused = spec.Cron, spec.TZ, spec.Paused
+		})
 	}
-	return sc.Update(ctx, spec.Name, func(old *schedule.Schedule) {
-		old.Cron, old.TZ, old.Paused = spec.Cron, spec.TZ, spec.Paused
-	})
+	return schedule.Schedule{}, errRaced("the cron's schedule")
 }
 
 // scheduleError is the problem of a schedule call that failed.

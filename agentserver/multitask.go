@@ -60,11 +60,16 @@ func (s *server) threadRuns(ctx context.Context, thread string, also map[string]
 
 // activeRecords reads the records of thread's active runs (by its index,
 // newest first, at most maxStopped+1) and of the runs also names, with
-// their revisions, all at one revision. An index key whose record is
-// gone or ended is skipped.
+// their revisions: the index in one read, the records in a second (so a
+// run that ends between the two is read ended, and one admitted between
+// them is missed; the caller read the thread before, and that admission
+// changed it). An index key whose record is gone or ended is skipped.
 func (s *server) activeRecords(ctx context.Context, thread string, also map[string]runRecord) ([]runRecord, []int64, error) {
 	sp, err := s.space(ctx)
 	if err != nil {
+		return nil, nil, err
+	}
+	if err := s.ensureRunIndex(ctx, sp); err != nil {
 		return nil, nil, err
 	}
 	idx, err := s.cfg.Etcd.Get(ctx, sp.AgentActiveRuns(thread), clientv3.WithPrefix(), clientv3.WithKeysOnly(),
@@ -391,9 +396,12 @@ func (s *server) admitNextLogged(ctx context.Context, thread string) {
 
 // ensureTask submits admitted run r's task if it has none: the task of a
 // run admitted from the queue, or one whose creator died before its
-// submit (due when the run's delay says).
+// submit (due when the run's delay says). Only within runGrace of its
+// admission: a task missing later ended and was dropped by the queue's
+// retention (or was never submitted, and the run is settled as an
+// error), and submitting it again would run the graph a second time.
 func (s *server) ensureTask(ctx context.Context, r runRecord) error {
-	if len(r.Params) == 0 || r.Ended || r.Queued {
+	if len(r.Params) == 0 || r.Ended || r.Queued || s.now().Sub(admitted(&r)) > runGrace {
 		return nil
 	}
 	q, err := s.queueOf(ctx)
@@ -452,9 +460,16 @@ func (s *server) awaitAdmitted(ctx context.Context, thread, id string) error {
 		}
 		// Wake on the record's change, or look again after a while: the
 		// run before it may have ended without anyone admitting the next.
+		// A watch that ends without a change (no leader, an error) waits
+		// the while out: the loop never spins.
 		wctx, cancel := context.WithTimeout(ctx, admitRecheck)
-		for range s.cfg.Etcd.Watch(clientv3.WithRequireLeader(wctx), sp.AgentRun(thread, id), clientv3.WithRev(resp.Header.Revision+1)) {
+		changed := false
+		for wr := range s.cfg.Etcd.Watch(clientv3.WithRequireLeader(wctx), sp.AgentRun(thread, id), clientv3.WithRev(resp.Header.Revision+1)) {
+			changed = wr.Err() == nil && len(wr.Events) > 0
 			break
+		}
+		if !changed {
+			<-wctx.Done()
 		}
 		cancel()
 	}

@@ -157,19 +157,43 @@ func (s *server) settle(ctx context.Context, r *runRecord, rev int64) (int64, er
 }
 
 // otherActive says whether a run of thread other than id has not ended,
-// as the index of its active runs says (two keys at most are read).
+// as the index of its active runs says: its keys, and the records of
+// those other than id (an index key whose record is gone or ended, which
+// no write should leave, does not keep the thread busy).
 func (s *server) otherActive(ctx context.Context, thread, id string) (bool, error) {
 	sp, err := s.space(ctx)
 	if err != nil {
 		return false, err
 	}
-	resp, err := s.cfg.Etcd.Get(ctx, sp.AgentActiveRuns(thread), clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithLimit(2))
+	if err := s.ensureRunIndex(ctx, sp); err != nil {
+		return false, err
+	}
+	resp, err := s.cfg.Etcd.Get(ctx, sp.AgentActiveRuns(thread), clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithLimit(maxStopped+1))
 	if err != nil {
 		return false, etcdError("reading the thread's active runs", err)
 	}
+	var gets []clientv3.Op
 	for _, kv := range resp.Kvs {
-		if idOf(kv.Key) != id {
-			return true, nil
+		if other := idOf(kv.Key); other != id {
+			gets = append(gets, clientv3.OpGet(sp.AgentRun(thread, other)))
+		}
+	}
+	if len(gets) == 0 {
+		return false, nil
+	}
+	recs, err := s.cfg.Etcd.Txn(ctx).Then(gets...).Commit()
+	if err != nil {
+		return false, etcdError("reading the thread's active runs", err)
+	}
+	for _, r := range recs.Responses {
+		for _, kv := range r.GetResponseRange().Kvs {
+			var rec runRecord
+			if err := json.Unmarshal(kv.Value, &rec); err != nil {
+				return false, undecodable("run", idOf(kv.Key), err)
+			}
+			if !rec.Ended {
+				return true, nil
+			}
 		}
 	}
 	return false, nil

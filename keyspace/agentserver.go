@@ -73,3 +73,9 @@ func (s Space) AgentActiveRuns(thread string) string {
 
 // AgentActiveRun is the index key of run id of thread, while it is active.
 func (s Space) AgentActiveRun(thread, id string) string { return s.AgentActiveRuns(thread) + id }
+
+// AgentActiveRunsIndexed is the key whose presence says that every run
+// stored before the index of active runs existed has its index key (the
+// backfill of a namespace's first use by a server that reads the index).
+// It is outside the index's prefix, so that a truncate keeps it.
+func (s Space) AgentActiveRunsIndexed() string { return s.root + "agent-server/active-runs-indexed" }
