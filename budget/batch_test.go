@@ -11,6 +11,7 @@ import (
 	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/budget"
 	"github.com/droverhq/drover/internal/testenv/etcdtest"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 )
 
 // TestBatchEachCallItsOwnAnswer: reserves and settles decided as one batch
@@ -197,5 +198,44 @@ func TestBatchDecidedAgainAfterConflict(t *testing.T) {
 	}
 	if u.RequestsUsed != 5 || u.Used != 400 || u.Reserved != 1600 || u.Live != 4 {
 		t.Errorf("usage %+v, want 5 requests, 400 used, 1600 reserved, 4 live", u)
+	}
+}
+
+// TestBatchReserveOnEndedLease: etcd refuses a whole transaction that puts
+// a key under an ended lease; the reserve under it fails alone, and the
+// others of its batch are written without it, each counted once.
+func TestBatchReserveOnEndedLease(t *testing.T) {
+	ctx := context.Background()
+	ns := etcdtest.Namespace(t)
+	cli := srv.Client(t)
+	b := budget.New(cli, ns, budget.WithClock(newFakeClock().Now))
+	defer b.Close()
+	if _, err := b.Set(ctx, budget.Budget{Key: key, Tokens: 10_000, WindowSeconds: 60}); err != nil {
+		t.Fatal(err)
+	}
+	g, err := cli.Grant(ctx, 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Revoke(ctx, g.ID); err != nil {
+		t.Fatal(err)
+	}
+	_, _, errs, err := b.RunTogether(ctx, key, []budget.TestCall{
+		{Tenant: "acme", Estimate: 100},
+		{Tenant: "acme", Estimate: 200, Lease: g.ID},
+		{Tenant: "beta", Estimate: 300},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if errs[0] != nil || errs[2] != nil || !errors.Is(errs[1], rpctypes.ErrLeaseNotFound) {
+		t.Fatalf("answers %v, want the ended lease's reserve alone to fail", errs)
+	}
+	u, err := b.Get(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u.RequestsUsed != 2 || u.Reserved != 400 || u.Live != 2 {
+		t.Errorf("usage %+v, want 2 requests, 400 reserved, 2 live", u)
 	}
 }
