@@ -327,13 +327,22 @@ func (c *Client) decideSettle(ctx context.Context, key string, cfg Budget, p *pl
 }
 
 // dropAdmitted deletes the reservation keys of batch's admitted reserves,
-// best effort.
+// best effort, in one transaction: a batch's worth of deletes one by one
+// would hold its callers for as many round trips (batchMax deletes fit the
+// 128 operations of a transaction).
 func (c *Client) dropAdmitted(key string, batch []*call) {
+	var ops []clientv3.Op
 	for _, k := range batch {
 		if k.admitted && !k.final {
-			c.dropReservation(key, k.res.ID)
+			ops = append(ops, clientv3.OpDelete(c.keys.BudgetReservation(key, k.res.ID)))
 		}
 	}
+	if len(ops) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, _ = c.cli.Txn(ctx).Then(ops...).Commit()
 }
 
 // failEndedLeases answers for good, with err, the admitted reserves of

@@ -11,6 +11,7 @@ import (
 	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/budget"
 	"github.com/droverhq/drover/internal/testenv/etcdtest"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 )
 
 // TestBatchEachCallItsOwnAnswer: reserves and settles decided as one batch
@@ -139,5 +140,102 @@ func TestBatchConcurrentClients(t *testing.T) {
 	}
 	if u.RequestsUsed != limit || u.Used != used.Load() || u.Reserved != 0 || u.Live != 0 {
 		t.Errorf("usage %+v, want %d requests, %d used, nothing held", u, limit, used.Load())
+	}
+}
+
+// TestBatchDecidedAgainAfterConflict: a batch decided on this client's
+// cached view, after another client wrote the budget, fails its compare
+// and is decided again on the budget as it is now: the first attempt's
+// decisions (a settle's charge, reserves' requests) are not counted twice
+// and nothing is lost.
+func TestBatchDecidedAgainAfterConflict(t *testing.T) {
+	ctx := context.Background()
+	ns := etcdtest.Namespace(t)
+	cli := srv.Client(t)
+	kv := &countKV{KV: cli.KV}
+	cli.KV = kv
+	clock := newFakeClock()
+	a := budget.New(cli, ns, budget.WithClock(clock.Now))
+	defer a.Close()
+	other := budget.New(srv.Client(t), ns, budget.WithClock(clock.Now))
+	defer other.Close()
+	if _, err := a.Set(ctx, budget.Budget{Key: key, Tokens: 10_000, Requests: 10, WindowSeconds: 60}); err != nil {
+		t.Fatal(err)
+	}
+	held, err := a.Reserve(ctx, key, "acme", 500) // a's cache now holds the budget
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.Reserve(ctx, key, "beta", 1000); err != nil { // a's cache is now out of date
+		t.Fatal(err)
+	}
+	kv.n.Store(0)
+	_, sets, errs, err := a.RunTogether(ctx, key, []budget.TestCall{
+		{Tenant: "acme", Estimate: 100},
+		{SettleID: held.ID, Actual: 400},
+		{Tenant: "acme", Estimate: 200},
+		{Tenant: "beta", Estimate: 300},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("call %d: %v", i, err)
+		}
+	}
+	if sets[1].Actual != 400 || sets[1].Difference != -100 {
+		t.Errorf("settlement %+v", sets[1])
+	}
+	// The write on the cached view fails its compare and brings the
+	// budget as it is now (no read of its own); the second write succeeds.
+	if n := kv.n.Load(); n != 2 {
+		t.Errorf("%d transactions, want 2", n)
+	}
+	u, err := a.Get(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u.RequestsUsed != 5 || u.Used != 400 || u.Reserved != 1600 || u.Live != 4 {
+		t.Errorf("usage %+v, want 5 requests, 400 used, 1600 reserved, 4 live", u)
+	}
+}
+
+// TestBatchReserveOnEndedLease: etcd refuses a whole transaction that puts
+// a key under an ended lease; the reserve under it fails alone, and the
+// others of its batch are written without it, each counted once.
+func TestBatchReserveOnEndedLease(t *testing.T) {
+	ctx := context.Background()
+	ns := etcdtest.Namespace(t)
+	cli := srv.Client(t)
+	b := budget.New(cli, ns, budget.WithClock(newFakeClock().Now))
+	defer b.Close()
+	if _, err := b.Set(ctx, budget.Budget{Key: key, Tokens: 10_000, WindowSeconds: 60}); err != nil {
+		t.Fatal(err)
+	}
+	g, err := cli.Grant(ctx, 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Revoke(ctx, g.ID); err != nil {
+		t.Fatal(err)
+	}
+	_, _, errs, err := b.RunTogether(ctx, key, []budget.TestCall{
+		{Tenant: "acme", Estimate: 100},
+		{Tenant: "acme", Estimate: 200, Lease: g.ID},
+		{Tenant: "beta", Estimate: 300},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if errs[0] != nil || errs[2] != nil || !errors.Is(errs[1], rpctypes.ErrLeaseNotFound) {
+		t.Fatalf("answers %v, want the ended lease's reserve alone to fail", errs)
+	}
+	u, err := b.Get(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u.RequestsUsed != 2 || u.Reserved != 400 || u.Live != 2 {
+		t.Errorf("usage %+v, want 2 requests, 400 reserved, 2 live", u)
 	}
 }

@@ -290,13 +290,6 @@ func current(res []Reservation, w int64) []Reservation {
 	return out
 }
 
-// dropReservation deletes reservation id of budget key, best effort.
-func (c *Client) dropReservation(key, id string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_, _ = c.cli.Delete(ctx, c.keys.BudgetReservation(key, id))
-}
-
 // checkReserve checks a reservation's input before anything is read.
 func (c *Client) checkReserve(key, tenant string, estimate int64, o reserveOpts) error {
 	if err := CheckKey(key); err != nil {

@@ -3,6 +3,8 @@ package budget
 import (
 	"context"
 	"fmt"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // TestCall is one call of RunTogether: a reserve of Estimate tokens for
@@ -13,6 +15,8 @@ type TestCall struct {
 	Estimate int64
 	SettleID string
 	Actual   int64
+	// Lease, when set, is the reserve's lease instead of the session's.
+	Lease clientv3.LeaseID
 }
 
 // RunTogether decides calls as one batch of budget key's line, in order,
@@ -29,8 +33,12 @@ func (c *Client) RunTogether(ctx context.Context, key string, calls []TestCall) 
 			batch[i] = &call{settle: true, id: tc.SettleID, actual: tc.Actual, remaining: -1}
 			continue
 		}
-		batch[i] = &call{r: Reservation{ID: newID(), Budget: key, Tenant: tc.Tenant, Lease: fmt.Sprintf("%x", int64(lease))},
-			estimate: tc.Estimate, opts: reserveOpts{lease: lease}}
+		l := lease
+		if tc.Lease != 0 {
+			l = tc.Lease
+		}
+		batch[i] = &call{r: Reservation{ID: newID(), Budget: key, Tenant: tc.Tenant, Lease: fmt.Sprintf("%x", int64(l))},
+			estimate: tc.Estimate, opts: reserveOpts{lease: l}}
 	}
 	c.run(ctx, key, batch)
 	res, sets, errs := make([]Reservation, len(calls)), make([]Settlement, len(calls)), make([]error, len(calls))
