@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"runtime/pprof"
 	"strings"
 	"sync"
 	"testing"
@@ -67,7 +68,11 @@ func newSite(t *testing.T, edit ...func(*httpapi.Config)) *site {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second) // a bound, not a measure: a loaded machine drains slowly
 			defer cancel()
 			if err := s.Close(ctx); err != nil {
-				t.Error(err)
+				// Which handler did not return: the stacks of every
+				// goroutine, for the next look.
+				var b strings.Builder
+				_ = pprof.Lookup("goroutine").WriteTo(&b, 1)
+				t.Errorf("%v; goroutines:\n%s", err, b.String())
 			}
 			if err := <-done; err != nil {
 				t.Error(err)
