@@ -22,6 +22,7 @@ import (
 	"github.com/droverhq/drover/agentserver"
 	"github.com/droverhq/drover/budget"
 	"github.com/droverhq/drover/internal/buildinfo"
+	"github.com/droverhq/drover/internal/serverclose"
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/lock"
 	"github.com/droverhq/drover/queue"
@@ -296,6 +297,7 @@ func (s *Server) Serve(l net.Listener, tlsCert, tlsKey string) error {
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(s.cfg.Logger.Handler(), slog.LevelWarn),
 	}
+	serverclose.Watch(s.srv) // streams that start while it shuts down still end
 	s.serving = make(chan struct{})
 	srv, serving := s.srv, s.serving
 	s.life.Unlock()
