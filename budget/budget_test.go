@@ -20,8 +20,12 @@ import (
 const key = "openai/gpt-4.1/key-prod"
 
 // newBudget returns a client on a fresh namespace with budget key set to b.
+// Its clock stands still in the middle of a window unless opts set one, so
+// no window turns under a test that counts.
 func newBudget(t *testing.T, b budget.Budget, opts ...budget.Option) *budget.Client {
 	t.Helper()
+	still := time.Date(2026, 11, 29, 12, 0, 30, 0, time.UTC)
+	opts = append([]budget.Option{budget.WithClock(func() time.Time { return still })}, opts...)
 	c := budget.New(srv.Client(t), etcdtest.Namespace(t), opts...)
 	t.Cleanup(func() { _ = c.Close() })
 	b.Key = key

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/droverhq/drover/budget"
 	"github.com/droverhq/drover/internal/testenv/etcdtest"
@@ -12,10 +13,12 @@ import (
 // TestListMoreThanABatch lists 230 budgets, more than two of the list's
 // transactions of count-only reads (100 budgets each): every budget is
 // listed once, in key order, with its own number of live reservations,
-// also those in the second and third batches.
+// also those in the second and third batches. The clock stands still, so
+// the window cannot turn between the first reserve and the list.
 func TestListMoreThanABatch(t *testing.T) {
 	ctx := context.Background()
-	c := budget.New(srv.Client(t), etcdtest.Namespace(t))
+	at := time.Date(2026, 11, 29, 12, 0, 30, 0, time.UTC)
+	c := budget.New(srv.Client(t), etcdtest.Namespace(t), budget.WithClock(func() time.Time { return at }))
 	t.Cleanup(func() { _ = c.Close() })
 	const n = 230
 	keyOf := func(i int) string { return fmt.Sprintf("openai/gpt-4.1/key-%03d", i) }
