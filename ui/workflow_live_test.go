@@ -171,6 +171,40 @@ func TestUIChildrenPagerSurvivesReload(t *testing.T) {
 	tb.noConsoleErrors()
 }
 
+// TestUIChildrenNextSurvivesReloadDuringRead: a click on Next whose page
+// is still being read when the task page is read again (a listed child's
+// queue changed) still shows the next page, not the first. The page's
+// read is held until the reload has happened.
+func TestUIChildrenNextSurvivesReloadDuringRead(t *testing.T) {
+	s := newSite(t)
+	c := childviewtest.Start(t, s.cli, s.ns, childviewtest.Kids(30, nil))
+	childviewtest.Parent(t, c, "boss", 20*time.Second)
+	tb := newTab(t)
+	tb.do("open the parent", chromedp.Navigate(s.base+"/ui/#/queue/wf/task/boss"))
+	tb.waitJS("the first page", `!!document.querySelector('tr[data-child="boss.1.0"]')`)
+	eval[bool](tb, `(() => {
+		window.heldPages = 0;
+		const real = window.fetch;
+		window.fetch = (url, opts) => {
+			if (String(url).includes("/children?") && window.heldPages++ === 0) {
+				return new Promise((res) => { window.letPageGo = () => res(real(url, opts)); });
+			}
+			return real(url, opts);
+		};
+		document.getElementById("children").dataset.old = "1";
+		return true;
+	})()`)
+	tb.click(`#children button[data-act="children-next"]`)
+	tb.waitJS("the next page asked for", `window.heldPages === 1`)
+	if _, err := c.Cancel(context.Background(), "boss.1.3"); err != nil {
+		t.Fatal(err)
+	}
+	tb.waitJS("the task page read again", `!document.querySelector("#children[data-old]")`)
+	eval[bool](tb, `(() => { window.letPageGo(); return true; })()`)
+	tb.waitJS("the second page", `!!document.querySelector('tr[data-child="boss.1.29"]') && !document.querySelector('tr[data-child="boss.1.0"]')`)
+	tb.noConsoleErrors()
+}
+
 // TestUIStreamFollowedOnlyWhenItMayEmit: the page of a task that ended
 // opens no stream and offers Follow, which shows its stream to its end;
 // Follow on a task that does not exist says so (a 404) and stops.

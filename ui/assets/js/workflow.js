@@ -44,9 +44,12 @@ function children(ctx, t, first, pager) {
   const button = (label, act, onclick) => h("button", { type: "button", class: "secondary small", "data-act": act, onclick }, label);
   const go = async (cursor, back) => {
     const gen = ++shown;
+    // The page asked for is where the pager stands from now on, before its
+    // answer: a reload of the task page while it is read (a listed queue
+    // changed) asks for it again rather than showing the first page.
+    pager.cursor = cursor;
+    pager.back = back;
     if (cursor === "") {
-      pager.cursor = "";
-      pager.back = [];
       render(first);
       return;
     }
@@ -58,8 +61,6 @@ function children(ctx, t, first, pager) {
       return;
     }
     if (!ctx.alive() || gen !== shown) return;
-    pager.cursor = cursor;
-    pager.back = back;
     render(page);
   };
   const render = (page) => {
