@@ -142,11 +142,8 @@ class _OTLP(http.server.BaseHTTPRequestHandler):
         pass
 
 
-class WorkerSpanTest(_support.ClientTest):
-    """With the OTEL variables set, a worker records each attempt as a
-    ``process <queue>`` span and sends it over OTLP/HTTP as JSON: a child
-    of the task's creation context, linked to it, with the messaging
-    attributes and how it ended; the handler's requests carry it."""
+class _SpanTest(_support.ClientTest):
+    """A test with the OTEL variables set, spans sent to a receiver of its own."""
 
     def setUp(self) -> None:
         super().setUp()
@@ -173,6 +170,13 @@ class WorkerSpanTest(_support.ClientTest):
                         sp["attrs"] = {a["key"]: list(a["value"].values())[0] for a in sp["attributes"]}
                         out.append(sp)
         return out
+
+
+class WorkerSpanTest(_SpanTest):
+    """With the OTEL variables set, a worker records each attempt as a
+    ``process <queue>`` span and sends it over OTLP/HTTP as JSON: a child
+    of the task's creation context, linked to it, with the messaging
+    attributes and how it ended; the handler's requests carry it."""
 
     def test_each_attempt_is_a_span_in_the_task_s_trace(self) -> None:
         import drover
@@ -227,6 +231,71 @@ class WorkerSpanTest(_support.ClientTest):
         os.environ["OTEL_TRACES_EXPORTER"] = "none"
         _tracing._exporter = False
         self.assertIsNone(_tracing.exporter())
+
+
+class AgentSpanTest(_SpanTest):
+    """With the OTEL variables set, run_steps records each claim that runs
+    steps as a ``process agent-tasks`` span: a child of the context the
+    task's first claim kept (the caller's: here the queue task whose
+    handler runs it), linked to it, ended how the claim ended; the steps'
+    requests carry it."""
+
+    def test_each_claim_is_a_span_in_the_trace_its_first_claim_kept(self) -> None:
+        tid = _support.unique("agent")
+        fail = [True]
+        seen: List[str] = []
+
+        def one(state: int) -> int:
+            seen.append(_transport.task_trace.get())
+            if fail[0]:
+                raise RuntimeError("step one broke")
+            return state + 1
+
+        def two(state: int) -> int:
+            seen.append(_transport.task_trace.get())
+            self.c.agent_tasks.get(tid)  # a request of the step's: a client span under its claim's
+            return state + 1
+
+        outer = _transport.task_trace.set(TP)  # as in a queue worker's handler
+        try:
+            with self.assertRaisesRegex(RuntimeError, "step one broke"):
+                self.c.run_steps(tid, [one, two], initial=0)
+        finally:
+            _transport.task_trace.reset(outer)
+        fail[0] = False
+        r = self.c.run_steps(tid, [one, two], initial=0, name="py-r")  # outside: the context kept
+        self.assertEqual(r.state, 2)
+        _tracing.flush(10.0)
+        spans = [s for s in self.spans() if s["attrs"].get("messaging.message.id") == tid]
+        by_end = {s["attrs"]["drover.attempt.end"]: s for s in spans}
+        self.assertEqual(sorted(by_end), ["failed", "success"], spans)
+        self.assertEqual(len(spans), 2)
+        trace_id, parent = TP.split("-")[1], TP.split("-")[2]
+        for s in spans:
+            self.assertEqual(s["name"], "process agent-tasks")
+            self.assertEqual(s["kind"], 5)  # consumer
+            self.assertEqual((s["traceId"], s["parentSpanId"]), (trace_id, parent))
+            self.assertEqual(s["links"], [{"traceId": trace_id, "spanId": parent}])
+            self.assertEqual(s["attrs"]["messaging.system"], "drover")
+            self.assertEqual(s["attrs"]["messaging.destination.name"], "agent-tasks")
+            self.assertEqual(s["attrs"]["messaging.operation.type"], "process")
+            self.assertEqual(s["attrs"]["drover.task.kind"], "agent")
+        failed, ok = by_end["failed"], by_end["success"]
+        self.assertEqual(failed["status"]["code"], 2)
+        self.assertIn("step one broke", failed["status"]["message"])
+        self.assertNotIn("status", ok)
+        self.assertEqual(ok["attrs"]["messaging.client.id"], "py-r")
+        # Steps one, one, two: each step's requests carry its claim's span.
+        want = ["00-%s-%s-01" % (trace_id, sp["spanId"]) for sp in (failed, ok, ok)]
+        self.assertEqual(seen, want)
+        gets = [s for s in self.spans() if s["kind"] == 3 and s["attrs"].get("url.full", "").endswith("/v1/agent-tasks/" + tid)]
+        self.assertEqual(len(gets), 1, self.spans())
+        get = gets[0]
+        self.assertEqual((get["name"], get["traceId"], get["parentSpanId"]), ("GET", trace_id, ok["spanId"]))
+        self.assertEqual(get["attrs"]["http.request.method"], "GET")
+        self.assertEqual(get["attrs"]["http.response.status_code"], "200")  # OTLP JSON: an int as a string
+        self.assertEqual(get["attrs"]["server.address"], "127.0.0.1")
+        self.assertNotIn("status", get)
 
 
 class _Blocking(http.server.BaseHTTPRequestHandler):

@@ -13,6 +13,7 @@ import time
 import urllib.parse
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
+from . import _tracing
 from ._version import __version__
 from .errors import DroverError, TransportError, Unavailable, error_from_problem
 
@@ -243,6 +244,35 @@ class Transport:
         hdrs.update(trace_headers())
         if headers:
             hdrs.update(headers)
+        span = self._request_span(method, path, hdrs)
+        try:
+            r = self._exchange(method, path, target, hdrs, json_body, body, content_type, timeout, retry, ok, on_conn, retries)
+        except BaseException as e:
+            if span is not None:
+                span.end(getattr(e, "status", None), e)
+            raise
+        if span is not None:
+            span.end(r.status)
+        return r
+
+    def _request_span(self, method: str, path: str, hdrs: Dict[str, str]) -> Optional["_tracing.RequestSpan"]:
+        """The client span of a request made within an attempt span this
+        process records (a worker's handler, a step of run_steps), when
+        tracing is on: its traceparent replaces the attempt's in hdrs."""
+        tp = hdrs.get("traceparent")
+        if not tp or tp != task_trace.get():
+            return None  # outside our attempts: the caller's OpenTelemetry, if any, traces it
+        span = _tracing.start_request_span(method, "%s://%s:%d%s" % (self.scheme, self.host, self.port, self.prefix + path),
+                                           self.host or "", self.port, tp)
+        if span is not None:
+            hdrs["traceparent"] = span.traceparent
+        return span
+
+    def _exchange(  # noqa: PLR0913 - request's arguments
+        self, method: str, path: str, target: str, hdrs: Dict[str, str], json_body: Any, body: Union[bytes, Iterable[bytes], None],
+        content_type: Optional[str], timeout: Optional[float], retry: int, ok: Sequence[int], on_conn: Any, retries: Optional[int],
+    ) -> Response:
+        """Sends a request (again, as retry allows) and returns its answer."""
         streaming = False
         if json_body is not None:
             body = json.dumps(json_body, separators=(",", ":")).encode()
