@@ -31,7 +31,7 @@ class _Recorder(http.server.BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         _Recorder.seen.append({k.lower(): v for k, v in self.headers.items()})
         body = b"{}"
-        self.send_response(200)
+        self.send_response(404 if self.path.startswith("/missing") else 200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -41,13 +41,37 @@ class _Recorder(http.server.BaseHTTPRequestHandler):
         pass
 
 
+class _StandInSpan:
+    """What the client uses of an OpenTelemetry span (and its context)."""
+
+    def __init__(self, name: str, trace_id: str, span_id: str, kind: object = None, attributes: object = None) -> None:
+        self.name, self.trace_id, self.span_id, self.kind = name, trace_id, span_id, kind
+        self.is_valid = trace_id != "0" * 32
+        self.attributes: Dict[str, object] = dict(attributes or {})  # type: ignore[call-overload]
+        self.status: object = None
+        self.ended = False
+
+    def get_span_context(self) -> "_StandInSpan":
+        return self
+
+    def set_attribute(self, key: str, value: object) -> None:
+        self.attributes[key] = value
+
+    def set_status(self, status: object) -> None:
+        self.status = status
+
+    def end(self) -> None:
+        self.ended = True
+
+
 class TraceHeaderTest(unittest.TestCase):
     def setUp(self) -> None:
         self.srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
         threading.Thread(target=self.srv.serve_forever, daemon=True).start()
         _Recorder.seen = []
-        self.saved = {k: sys.modules.get(k) for k in ("opentelemetry", "opentelemetry.propagate")}
+        self.saved = {k: sys.modules.get(k) for k in ("opentelemetry", "opentelemetry.propagate", "opentelemetry.trace")}
         _transport._otel_propagate = False
+        _transport._otel_trace = False
 
     def tearDown(self) -> None:
         self.srv.shutdown()
@@ -58,14 +82,63 @@ class TraceHeaderTest(unittest.TestCase):
             else:
                 sys.modules[k] = m
         _transport._otel_propagate = False
+        _transport._otel_trace = False
 
-    def get(self) -> Dict[str, str]:
+    def get(self, path: str = "/x") -> Dict[str, str]:
         t = _transport.Transport("http://127.0.0.1:%d" % self.srv.server_address[1], retries=0)
         try:
-            t.request("GET", "/x")
+            t.request("GET", path, ok=(404,))
         finally:
             t.close()
         return _Recorder.seen[-1]
+
+    def test_a_request_under_the_caller_s_span_is_a_client_span_of_its_own(self) -> None:
+        """With the opentelemetry API (a stand-in here that records what the
+        client asks of it), a request under the caller's active span is a
+        client span under it, named after its method, with the HTTP
+        attributes, and carries that span; outside any span, none."""
+        started: List["_StandInSpan"] = []
+        current = [_StandInSpan("caller", "11" * 16, "22" * 8)]
+
+        class Tracer:
+            def start_span(self, name: str, kind: object = None, attributes: object = None) -> "_StandInSpan":
+                sp = _StandInSpan(name, current[0].trace_id, "%016x" % (len(started) + 0x33), kind, attributes)
+                started.append(sp)
+                return sp
+
+        tr = types.ModuleType("opentelemetry.trace")
+        tr.SpanKind = types.SimpleNamespace(CLIENT="client")  # type: ignore[attr-defined]
+        tr.StatusCode = types.SimpleNamespace(ERROR="error")  # type: ignore[attr-defined]
+        tr.Status = lambda code, description=None: (code, description)  # type: ignore[attr-defined]
+        tr.get_current_span = lambda: current[0]  # type: ignore[attr-defined]
+        tr.get_tracer = lambda name, version=None: Tracer()  # type: ignore[attr-defined]
+        tr.set_span_in_context = lambda span: {"span": span}  # type: ignore[attr-defined]
+        prop = types.ModuleType("opentelemetry.propagate")
+
+        def inject(carrier: Dict[str, str], context: object = None) -> None:
+            sp = context["span"] if isinstance(context, dict) else current[0]
+            if sp.is_valid:
+                carrier["traceparent"] = "00-%s-%s-01" % (sp.trace_id, sp.span_id)
+
+        prop.inject = inject  # type: ignore[attr-defined]
+        pkg = types.ModuleType("opentelemetry")
+        pkg.trace, pkg.propagate = tr, prop  # type: ignore[attr-defined]
+        sys.modules.update({"opentelemetry": pkg, "opentelemetry.trace": tr, "opentelemetry.propagate": prop})
+
+        h = self.get()
+        self.assertEqual(len(started), 1)
+        sp = started[0]
+        self.assertEqual(h["traceparent"], "00-%s-%s-01" % ("11" * 16, sp.span_id), "the request carries its own span")
+        self.assertEqual((sp.name, sp.kind, sp.ended, sp.status), ("GET", "client", True, None))
+        self.assertEqual(sp.attributes["http.request.method"], "GET")
+        self.assertEqual(sp.attributes["http.response.status_code"], 200)
+        self.assertEqual(sp.attributes["url.full"], "http://127.0.0.1:%d/x" % self.srv.server_address[1])
+        self.assertEqual((sp.attributes["server.address"], sp.attributes["server.port"]), ("127.0.0.1", self.srv.server_address[1]))
+        self.get("/missing")
+        self.assertEqual((started[1].attributes["error.type"], started[1].status), ("404", ("error", None)))
+        current[0] = _StandInSpan("none", "0" * 32, "0" * 16)  # no span is active
+        self.assertNotIn("traceparent", self.get())
+        self.assertEqual(len(started), 2, "a request outside any span makes none")
 
     def test_sends_the_callers_traceparent_when_opentelemetry_is_there(self) -> None:
         pkg = types.ModuleType("opentelemetry")

@@ -227,6 +227,52 @@ class RequestSpan:
         self._exporter.add(span)
 
 
+class OtelRequestSpan:
+    """The client span of one HTTP request made under the caller's own
+    OpenTelemetry span, through the ``opentelemetry`` API (the caller's SDK
+    records it), as the TypeScript client makes its request spans."""
+
+    def __init__(self, api: Any, span: Any) -> None:
+        self._api = api
+        self._span = span
+
+    def end(self, status: Optional[int] = None, error: Optional[BaseException] = None) -> None:
+        """Ends the span with the answer's status, or the error that stopped the request."""
+        try:
+            if status is not None:
+                self._span.set_attribute("http.response.status_code", status)
+            if status is not None and status >= 400:
+                self._span.set_attribute("error.type", str(status))
+                self._span.set_status(self._api.Status(self._api.StatusCode.ERROR))
+            elif error is not None:
+                self._span.set_attribute("error.type", type(error).__name__)
+                self._span.set_status(self._api.Status(self._api.StatusCode.ERROR, cut(str(error))))
+            self._span.end()
+        except Exception:  # noqa: BLE001 - tracing never stops a request
+            pass
+
+
+def start_otel_request_span(
+    api: Any, propagate: Any, method: str, url: str, host: str, port: int, headers: Dict[str, str]
+) -> Optional[OtelRequestSpan]:
+    """Starts the client span of a request under the caller's active
+    OpenTelemetry span (api: ``opentelemetry.trace``; propagate:
+    ``opentelemetry.propagate``) and writes its context into headers; None
+    outside any span (a request there starts no trace of its own) or when
+    anything fails (the headers are left as they were)."""
+    try:
+        if not api.get_current_span().get_span_context().is_valid:
+            return None
+        attributes = {"http.request.method": method, "url.full": url, "server.address": host, "server.port": port}
+        span = api.get_tracer(SCOPE, __version__).start_span(method, kind=api.SpanKind.CLIENT, attributes=attributes)
+        carrier: Dict[str, str] = {}
+        propagate.inject(carrier, context=api.set_span_in_context(span))
+    except Exception:  # noqa: BLE001 - tracing never stops a request
+        return None
+    headers.update(carrier)
+    return OtelRequestSpan(api, span)
+
+
 def start_request_span(method: str, url: str, host: str, port: int, traceparent: str) -> Optional[RequestSpan]:
     """The client span of a request made under the attempt span traceparent
     names, when tracing is on and that attempt is sampled; None otherwise

@@ -65,6 +65,23 @@ def trace_headers() -> Dict[str, str]:
     return carrier
 
 
+# The OpenTelemetry API's trace module when it is importable (False until
+# looked up, None when absent): requests under the caller's span are
+# client spans of the caller's SDK.
+_otel_trace: Any = False
+
+
+def _otel_trace_api() -> Any:
+    """``opentelemetry.trace``, or None when it cannot be imported."""
+    global _otel_trace
+    if _otel_trace is False:
+        try:
+            _otel_trace = importlib.import_module("opentelemetry.trace")
+        except ImportError:
+            _otel_trace = None
+    return _otel_trace
+
+
 # The traceparent of the task a worker's handler runs, set for the time of
 # the call: the requests the handler makes (child tasks, signals, locks)
 # carry it when no OpenTelemetry span is active, so that they join the
@@ -255,15 +272,22 @@ class Transport:
             span.end(r.status)
         return r
 
-    def _request_span(self, method: str, path: str, hdrs: Dict[str, str]) -> Optional["_tracing.RequestSpan"]:
-        """The client span of a request made within an attempt span this
-        process records (a worker's handler, a step of run_steps), when
-        tracing is on: its traceparent replaces the attempt's in hdrs."""
+    def _request_span(self, method: str, path: str, hdrs: Dict[str, str]) -> Any:
+        """The client span of a request, written into hdrs: under the
+        caller's active OpenTelemetry span, through the ``opentelemetry``
+        API when it is importable; else, when tracing is on, within an
+        attempt span this process records (a worker's handler, a step of
+        run_steps); else none."""
+        url = "%s://%s:%d%s" % (self.scheme, self.host, self.port, self.prefix + path)
+        api = _otel_trace_api()
+        if api is not None and _otel_propagate:
+            span = _tracing.start_otel_request_span(api, _otel_propagate, method, url, self.host or "", self.port, hdrs)
+            if span is not None:
+                return span
         tp = hdrs.get("traceparent")
         if not tp or tp != task_trace.get():
-            return None  # outside our attempts: the caller's OpenTelemetry, if any, traces it
-        span = _tracing.start_request_span(method, "%s://%s:%d%s" % (self.scheme, self.host, self.port, self.prefix + path),
-                                           self.host or "", self.port, tp)
+            return None  # not within an attempt of ours
+        span = _tracing.start_request_span(method, url, self.host or "", self.port, tp)
         if span is not None:
             hdrs["traceparent"] = span.traceparent
         return span
