@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -16,6 +17,7 @@ import (
 	"github.com/droverhq/drover/lease"
 	"github.com/droverhq/drover/lock"
 	"github.com/droverhq/drover/task"
+	"github.com/droverhq/drover/tracing/otelspan"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -158,16 +160,31 @@ func parseSleep(prefix, sleepFor, sleepUntil string) (time.Time, error) {
 	return until, nil
 }
 
-func (s *Server) claimTask(ctx context.Context, in *claimTaskInput) (*struct{ Body AgentTaskClaim }, error) {
+// checkClaim checks a claim's input, and returns how long it waits in
+// line.
+func (s *Server) checkClaim(in *claimTaskInput) (time.Duration, error) {
 	if err := task.CheckID(in.ID); err != nil {
-		return nil, problem(err, taskWhere)
+		return 0, problem(err, taskWhere)
 	}
 	wait, err := s.wait("query.wait", in.Wait)
 	if err != nil {
-		return nil, err
+		return 0, err
 	}
 	if _, _, _, ok := parseSessionID(in.Body.Session); !ok {
-		return nil, invalid("body.session", in.Body.Session, sessionIDRule)
+		return 0, invalid("body.session", in.Body.Session, sessionIDRule)
+	}
+	if tp := in.Body.TraceParent; tp != "" {
+		if _, ok := otelspan.Parse(tp); !ok {
+			return 0, invalid("body.traceparent", tp, "must be a W3C traceparent: 00-<32 hex digits>-<16 hex digits>-<2 hex digits>, in lower case")
+		}
+	}
+	return wait, nil
+}
+
+func (s *Server) claimTask(ctx context.Context, in *claimTaskInput) (*struct{ Body AgentTaskClaim }, error) {
+	wait, err := s.checkClaim(in)
+	if err != nil {
+		return nil, err
 	}
 	sess, err := s.session(ctx, "body.session", in.Body.Session)
 	if err != nil {
@@ -213,6 +230,10 @@ func (s *Server) claimTask(ctx context.Context, in *claimTaskInput) (*struct{ Bo
 		ready, err = s.awaitChildren(ctx, store, l, cp) // submits them if a crash cut the spawning write short
 		waiting = err == nil && !ready
 	}
+	var tp string
+	if err == nil && !cp.Completed {
+		tp, err = s.agentTrace(ctx, in.ID, cmp.Or(in.Body.TraceParent, otelspan.TraceParent(ctx)))
+	}
 	if err != nil || cp.Completed || asleep || waiting {
 		rctx, rcancel := cleanupContext(ctx) // nothing is held on error, nor for a completed or sleeping task
 		_ = l.Release(rctx)
@@ -222,7 +243,7 @@ func (s *Server) claimTask(ctx context.Context, in *claimTaskInput) (*struct{ Bo
 		}
 	}
 	out := AgentTaskClaim{TaskID: in.ID, Session: in.Body.Session, Holder: l.Holder(), Step: cp.Step, StepName: cp.StepName,
-		Steps: cp.Steps, Completed: cp.Completed, State: cp.State, Result: agentTaskOf(cp).Result}
+		Steps: cp.Steps, Completed: cp.Completed, State: cp.State, Result: agentTaskOf(cp).Result, TraceParent: tp}
 	switch {
 	case asleep:
 		until := cp.SleepUntil
@@ -237,6 +258,30 @@ func (s *Server) claimTask(ctx context.Context, in *claimTaskInput) (*struct{ Bo
 		out.Steps = in.Body.Steps
 	}
 	return &struct{ Body AgentTaskClaim }{out}, nil
+}
+
+// agentTrace is the traceparent kept with agent task id: the one stored,
+// or tp (when valid) stored now if none is; "" when neither.
+func (s *Server) agentTrace(ctx context.Context, id, tp string) (string, error) {
+	key := s.keys(ctx).TaskTrace(id)
+	if _, ok := otelspan.Parse(tp); !ok {
+		r, err := s.cli.Get(ctx, key)
+		if err != nil || len(r.Kvs) == 0 {
+			return "", err
+		}
+		return string(r.Kvs[0].Value), nil
+	}
+	r, err := s.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+		Then(clientv3.OpPut(key, tp)).Else(clientv3.OpGet(key)).Commit()
+	if err != nil {
+		return "", fmt.Errorf("task %s: store its traceparent: %w", id, err)
+	}
+	if !r.Succeeded {
+		if kvs := r.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
+			return string(kvs[0].Value), nil
+		}
+	}
+	return tp, nil
 }
 
 // claimFence finds task id's claim held with token under session: the

@@ -10,6 +10,7 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/danielgtaylor/huma/v2"
@@ -358,6 +359,32 @@ func readStreamPage(ctx context.Context, hub *stream.Hub, id string, next int64)
 	return page, err
 }
 
+// A follower whose task ended with events stored and no done asks
+// whether it ended every streamEndedCheck, and ends so once it was found
+// so at two checks streamEndSettle apart (the done is written after the
+// outcome is stored: a follower may look in between). 0: every
+// streamKeepalive, stream.EndedSettle apart.
+var streamEndedCheck, streamEndSettle atomic.Int64
+
+// streamEnds is the option of a follower of task id that ends it with
+// the task (its status, once ended, in *ended).
+func (s *Server) streamEnds(id string, ended *string) []stream.FollowOption {
+	every, settle := time.Duration(streamEndedCheck.Load()), time.Duration(streamEndSettle.Load())
+	if every == 0 {
+		every = streamKeepalive
+	}
+	if settle == 0 {
+		settle = stream.EndedSettle
+	}
+	return []stream.FollowOption{stream.WhenEnded(func(ctx context.Context) bool {
+		status, ok := s.taskEnded(ctx, id)
+		if ok {
+			*ended = status
+		}
+		return ok
+	}, every), stream.SettleAfter(settle)}
+}
+
 // followed is one step of a follower: an event or its error.
 type followed struct {
 	ev  stream.Event
@@ -378,16 +405,10 @@ func (s *Server) sendStream(ctx context.Context, st *eventStream, hub *stream.Hu
 	defer stop()
 	evs := make(chan followed, 64)
 	var ended string // the task's status, once the follower ended with it
-	endsWithTask := stream.WhenEnded(func(ctx context.Context) bool {
-		status, ok := s.taskEnded(ctx, id)
-		if ok {
-			ended = status
-		}
-		return ok
-	}, streamKeepalive)
+	endsWithTask := s.streamEnds(id, &ended)
 	go func() {
 		defer close(evs)
-		for ev, err := range hub.Follow(fctx, id, next, endsWithTask) {
+		for ev, err := range hub.Follow(fctx, id, next, endsWithTask...) {
 			select {
 			case evs <- followed{ev, err}:
 			case <-fctx.Done():

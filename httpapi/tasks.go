@@ -73,6 +73,8 @@ type AgentTaskClaim struct {
 	State      []byte      `json:"state,omitempty" doc:"The last checkpointed state, base64: the input of the next step."`
 	// Result repeats a completed task's final state when it is JSON.
 	Result json.RawMessage `json:"result,omitempty" doc:"A completed task's result as the JSON value it is, when its final state is JSON text; state holds the same bytes, base64."`
+	// TraceParent is the task's stored creation context.
+	TraceParent string `json:"traceparent,omitempty" doc:"The W3C traceparent kept with the task (its creation context: the first claim's): a claim's attempt span is its child and links to it. Absent when none was given or traced."`
 }
 
 // agentTaskPath names a task. Inputs repeat its field rather than embed
@@ -87,6 +89,8 @@ type claimTaskInput struct {
 	Body struct {
 		Session string `json:"session" doc:"The session the claim is bound to (POST /v1/sessions); keep it alive while working."`
 		Steps   int    `json:"steps,omitempty" minimum:"1" maximum:"100000" doc:"How many steps the task has, if known: a checkpoint written with another count is a 409."`
+		// TraceParent is the creation context a first claim stores.
+		TraceParent string `json:"traceparent,omitempty" maxLength:"55" doc:"The W3C traceparent of the context that runs the task (00-<32 hex>-<16 hex>-<2 hex>): kept with the task by the first claim that gives one (by default, when the server traces, the request's, through the server's span), and answered by every claim, so that each claim's attempt span continues one trace."`
 	}
 }
 

@@ -185,6 +185,10 @@ func (s Space) TaskStep(id string, n int) string { return fmt.Sprintf("%s%06d", 
 // lock of another backend than etcd (package task).
 func (s Space) TaskFence(id string) string { return s.Task(id) + "fence" }
 
+// TaskTrace is the key of the W3C traceparent kept with agent task id:
+// its creation context, stored by its first claim that gives one.
+func (s Space) TaskTrace(id string) string { return s.Task(id) + "traceparent" }
+
 // TaskLock is the lock name that guards task id's runner.
 func TaskLock(id string) string { return "task:" + id }
 

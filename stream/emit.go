@@ -221,7 +221,7 @@ func (w *Writer) endRequest(ctx context.Context, a *attempt, typ string, d ownDa
 		return err
 	}
 	r := &request{a: a, end: &Input{Type: typ, Data: d.raw()}, probe: probe, claimGone: claimGone, at: w.now().UTC()}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), endWriteTimeout)
 	defer cancel()
 	if err := w.send(ctx, r); err != nil {
 		return err

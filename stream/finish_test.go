@@ -128,7 +128,9 @@ func (f openFence) Compares() []clientv3.Cmp { return nil }
 func (f openFence) Err() error               { return nil }
 
 // TestFollowEndsWhenItsTaskEnded: a follower of a stream without Done
-// ends once its task ended (WhenEnded) and it has every stored event.
+// ends once its task ended (WhenEnded) and it has every stored event:
+// a stream without events at the first check, one with events at the
+// second (the first may come while the task's Done is on its way).
 func TestFollowEndsWhenItsTaskEnded(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, stream.Limits{})
@@ -137,18 +139,62 @@ func TestFollowEndsWhenItsTaskEnded(t *testing.T) {
 	if _, _, err := e.w.Append(ctx, stream.Claim{Task: "cut", Attempt: 1, Fence: c}, []stream.Input{{Type: "log"}, {Type: "log"}}); err != nil {
 		t.Fatal(err)
 	}
+	for _, x := range []struct {
+		id        string
+		n, checks int
+	}{{"cut", 3, 2}, {"empty", 0, 1}} {
+		fctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		asked := 0
+		n := 0
+		ended := stream.WhenEnded(func(context.Context) bool { asked++; return true }, time.Millisecond)
+		for _, err := range e.hub.Follow(fctx, x.id, 1, ended, stream.SettleAfter(time.Nanosecond)) {
+			if err != nil {
+				t.Fatal(err)
+			}
+			n++
+		}
+		if fctx.Err() != nil || n != x.n || asked != x.checks {
+			t.Fatalf("follow %s: %d events, asked %d times, timed out %v; want %d, %d, false", x.id, n, asked, fctx.Err() != nil, x.n, x.checks)
+		}
+		cancel()
+	}
+}
+
+// TestFollowGetsTheDoneWrittenAfterItsTaskEnded: a task's Done is written
+// after its outcome is stored, so a follower may find the task ended
+// while the Done is not stored yet. It does not end then: the Done,
+// stored before its next check (forced here: the check writes it), is
+// the last event it gives. Without the wait, it ended with no Done.
+func TestFollowGetsTheDoneWrittenAfterItsTaskEnded(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, stream.Limits{})
+	ctx := context.Background()
+	c := claimKey(t, e.cli, e.keys, "late")
+	if _, _, err := e.w.Append(ctx, stream.Claim{Task: "late", Attempt: 1, Fence: c}, []stream.Input{{Type: "token"}}); err != nil {
+		t.Fatal(err)
+	}
+	lose(t, e.cli, c) // the outcome is stored: the claim is gone
 	fctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
 	asked := 0
-	n := 0
-	for _, err := range e.hub.Follow(fctx, "cut", 1, stream.WhenEnded(func(context.Context) bool { asked++; return true }, 0)) {
+	ended := stream.WhenEnded(func(ctx context.Context) bool {
+		if asked++; asked == 2 { // the Done lands while the follower waits
+			if err := e.w.Finish(ctx, "late", "succeeded", ""); err != nil {
+				t.Error(err)
+			}
+		}
+		return true
+	}, time.Millisecond)
+	var got []string
+	for ev, err := range e.hub.Follow(fctx, "late", 1, ended, stream.SettleAfter(time.Nanosecond)) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		n++
+		got = append(got, ev.Type)
 	}
-	if fctx.Err() != nil || n != 3 || asked != 1 {
-		t.Fatalf("follow: %d events, asked %d times, timed out %v; want 3, 1, false", n, asked, fctx.Err() != nil)
+	want := []string{stream.AttemptStarted, "token", stream.Done}
+	if fctx.Err() != nil || !slices.Equal(got, want) {
+		t.Fatalf("follower got %v (asked %d times, timed out %v), want %v", got, asked, fctx.Err() != nil, want)
 	}
 }
 

@@ -22,8 +22,12 @@ func (h *Hub) Follow(ctx context.Context, id string, from int64, opts ...FollowO
 	for _, o := range opts {
 		o(&cfg)
 	}
+	if cfg.settle == 0 {
+		cfg.settle = EndedSettle
+	}
 	return func(yield func(Event, error) bool) {
 		next := max(from, 1)
+		var seen endSeen
 		for {
 			s, leave, err := h.subscribe(ctx, id)
 			if err != nil {
@@ -32,7 +36,7 @@ func (h *Hub) Follow(ctx context.Context, id string, from int64, opts ...FollowO
 				}
 				return
 			}
-			stop, again := h.follow(ctx, id, s, &next, cfg, yield)
+			stop, again := h.follow(ctx, id, s, &next, cfg, &seen, yield)
 			leave()
 			if stop || !again {
 				return
@@ -43,7 +47,7 @@ func (h *Hub) Follow(ctx context.Context, id string, from int64, opts ...FollowO
 
 // follow gives the follower the stored events from *next on, then the
 // feed's; again: the feed closed or skipped, read from etcd again.
-func (h *Hub) follow(ctx context.Context, id string, s *sub, next *int64, cfg followConfig, yield func(Event, error) bool) (stop, again bool) {
+func (h *Hub) follow(ctx context.Context, id string, s *sub, next *int64, cfg followConfig, seen *endSeen, yield func(Event, error) bool) (stop, again bool) {
 	var failed error
 	give := func(list []Event) (stop, gap bool) {
 		for _, ev := range list {
@@ -89,7 +93,7 @@ func (h *Hub) follow(ctx context.Context, id string, s *sub, next *int64, cfg fo
 	}
 	var idle <-chan time.Time
 	if cfg.ended != nil {
-		if h.endedIdle(ctx, id, *next, cfg) {
+		if h.endedIdle(ctx, id, *next, cfg, seen) {
 			return true, false
 		}
 		t := time.NewTicker(cfg.every)
@@ -101,7 +105,7 @@ func (h *Hub) follow(ctx context.Context, id string, s *sub, next *int64, cfg fo
 		case <-ctx.Done():
 			return true, false
 		case <-idle:
-			if h.endedIdle(ctx, id, *next, cfg) {
+			if h.endedIdle(ctx, id, *next, cfg, seen) {
 				return true, false
 			}
 		case list, ok := <-s.ch:
@@ -126,20 +130,36 @@ func (h *Hub) follow(ctx context.Context, id string, s *sub, next *int64, cfg fo
 type FollowOption func(*followConfig)
 
 type followConfig struct {
-	ended func(context.Context) bool
-	every time.Duration
+	ended  func(context.Context) bool
+	every  time.Duration
+	settle time.Duration // 0: EndedSettle
 }
 
 // DefaultEndedCheck is how often an idle follower with WhenEnded asks
 // whether its task ended.
 const DefaultEndedCheck = 5 * time.Second
 
+// endWriteTimeout bounds a write of an attempt's end or a stream's Done:
+// a Done not stored this long after its write began never will be.
+const endWriteTimeout = 10 * time.Second
+
+// EndedSettle is how long a follower with WhenEnded waits, after it
+// first found its task ended with events stored and no Done, for a Done
+// that may still be on its way: a task's Done is written after its
+// outcome is stored (Finish), so a follower may find the task ended in
+// between. It is the bound of that write.
+const EndedSettle = endWriteTimeout
+
 // WhenEnded makes Follow end when its task ended (ended says so: the
 // package of the task's kind knows, this one does not) and nothing is
 // stored past the events given: a task that ended without a Done (a
 // cancel, a worker gone between its outcome and its Done) ends its
 // followers too. It is asked once the stored events are given, then
-// every interval (0: DefaultEndedCheck) while no event comes.
+// every interval (0: DefaultEndedCheck) while no event comes. A stream
+// with events ends so only once the task was found ended, with nothing
+// more stored, at two checks at least EndedSettle apart: the Done that
+// follows a stored outcome is not lost to a follower that looked in
+// between (a stream without events gets no Done, and ends at once).
 func WhenEnded(ended func(context.Context) bool, every time.Duration) FollowOption {
 	if every <= 0 {
 		every = DefaultEndedCheck
@@ -147,14 +167,44 @@ func WhenEnded(ended func(context.Context) bool, every time.Duration) FollowOpti
 	return func(c *followConfig) { c.ended, c.every = ended, every }
 }
 
+// SettleAfter replaces EndedSettle for a follower with WhenEnded (at
+// most the wait for a Done written after its task's outcome: shorter, and
+// the follower may end without a Done that was on its way).
+func SettleAfter(d time.Duration) FollowOption {
+	return func(c *followConfig) { c.settle = max(d, time.Nanosecond) }
+}
+
+// endSeen is when a follower first found its task ended with nothing
+// more stored, and its next event then.
+type endSeen struct {
+	at   time.Time
+	next int64
+}
+
 // endedIdle says whether the follower's task ended and nothing is
-// stored from next on.
-func (h *Hub) endedIdle(ctx context.Context, id string, next int64, cfg followConfig) bool {
+// stored from next on: at once for a stream without events, otherwise
+// only when it was so at a check at least cfg.settle before with the
+// same next.
+func (h *Hub) endedIdle(ctx context.Context, id string, next int64, cfg followConfig, seen *endSeen) bool {
+	if seen.next != next {
+		*seen = endSeen{} // events came since: the wait starts again
+	}
+	if !seen.at.IsZero() && time.Since(seen.at) < cfg.settle {
+		return false
+	}
 	if !cfg.ended(ctx) {
+		*seen = endSeen{}
 		return false
 	}
 	last, err := h.LastSeq(ctx, id)
-	return err == nil && last < next
+	if err != nil || last >= next {
+		return false
+	}
+	if last == 0 || !seen.at.IsZero() {
+		return true
+	}
+	*seen = endSeen{at: time.Now(), next: next}
+	return false
 }
 
 // LastSeq returns the sequence number of the last event stored of task

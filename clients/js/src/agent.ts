@@ -1,9 +1,10 @@
-import { FencedError, LockHeldError, type Holder, type LockStatus } from "./errors.js";
+import { DroverError, FencedError, LockHeldError, type Holder, type LockStatus } from "./errors.js";
 import { dur, durMs, seg, sleep, type Transport } from "./http.js";
 import { Session } from "./session.js";
 import { WaitSignal, receivedOf, type ReceivedSignal } from "./signals.js";
 import { SpawnChildren, childOf, childrenPage, putSpawn, readChildren, type ChildOutcome, type ChildrenPage, type SpawnWrite, type StepChildren } from "./children.js";
 import { StreamWriter } from "./streams.js";
+import { attemptSpans, callerTraceparent, startAgentAttemptSpan, withTaskTrace, type AttemptEnd, type AttemptSpan } from "./tracing.js";
 
 /** What a task parked on a signal wait waits for. */
 export interface TaskWait {
@@ -50,6 +51,8 @@ export interface AgentTaskClaim {
   waiting_for?: TaskWait;
   /** The signal (or timeout) that ended the wait the last step asked for: the next step runs with it, and its write consumes it. */
   signal?: ClaimSignal;
+  /** The W3C traceparent kept with the task (its first claim's context): each claim's attempt span continues it. */
+  traceparent?: string;
 }
 
 /** An agent task as the server shows it. */
@@ -215,18 +218,26 @@ const resultBody = (r: unknown): unknown =>
 export class AgentTasks {
   constructor(private readonly t: Transport) {}
 
-  /** Claims the task (never sent twice). `wait` waits in line; throws {@link LockHeldError} when held. */
-  async claim(id: string, opts: { session: Session; steps?: number; wait?: number | string; signal?: AbortSignal }): Promise<AgentTaskClaim> {
+  /**
+   * Claims the task (never sent twice). `wait` waits in line; throws {@link LockHeldError} when held.
+   * `traceparent` is kept with the task by the first claim that gives one, and answered by every claim.
+   */
+  async claim(id: string, opts: { session: Session; steps?: number; wait?: number | string; signal?: AbortSignal; traceparent?: string }): Promise<AgentTaskClaim> {
     const waitMs = opts.wait === undefined ? 0 : durMs(opts.wait, 0);
     const deadline = Date.now() + waitMs;
     const signal = opts.signal ? AbortSignal.any([opts.signal, opts.session.signal]) : opts.session.signal;
+    let traceparent = opts.traceparent;
     for (;;) {
       const w = Math.min(Math.max(0, deadline - Date.now()), 60_000);
       try {
         return await this.t.post<AgentTaskClaim>(`/v1/agent-tasks/${seg(id)}/claim`,
-          { session: opts.session.id, ...(opts.steps ? { steps: opts.steps } : {}) },
+          { session: opts.session.id, ...(opts.steps ? { steps: opts.steps } : {}), ...(traceparent ? { traceparent } : {}) },
           { query: w > 0 ? { wait: `${Math.ceil(w)}ms` } : undefined, retry: false, signal, timeoutMs: w + this.t.timeoutMs });
       } catch (err) {
+        if (traceparent && err instanceof DroverError && err.status === 400 && /traceparent/.test(err.message)) {
+          traceparent = undefined; // a server of an older build, or a malformed one: tracing never stops a claim
+          continue;
+        }
         opts.session.observe(err);
         if (err instanceof LockHeldError && deadline - Date.now() > 50) {
           await sleep(20, signal);
@@ -371,10 +382,26 @@ export class AgentTasks {
     const own = !opts.session;
     const session = opts.session ?? (await Session.create(this.t, { ttl: opts.ttl ?? 15, ...(opts.name ? { name: opts.name } : {}) }));
     let held: number | undefined;
+    // Each claim that runs steps is an attempt span, when OpenTelemetry is there.
+    let span: AttemptSpan | undefined;
+    let traced: string | undefined; // the task's traceparent, as the last claim answered it
+    const begin = (c: AgentTaskClaim) => {
+      traced = c.traceparent;
+      span = startAgentAttemptSpan({
+        namespace: this.t.namespace, taskId: id, worker: opts.name ?? `runner-${process.pid}`, traceparent: c.traceparent, resumedAfter: c.step, claimed: Date.now(),
+      });
+    };
+    const finish = (end: AttemptEnd, error?: string) => {
+      span?.end(end, error);
+      span = undefined;
+    };
     try {
       // Each wait may take resumeWithin, counted from its start.
       const within = durMs(opts.resumeWithin, 0);
-      let claim = await this.claim(id, { session, steps: steps.length, wait: opts.wait, signal: opts.signal });
+      await attemptSpans();
+      // The caller's context: the first claim keeps it with the task, as a submission keeps its traceparent.
+      const traceparent = await callerTraceparent();
+      let claim = await this.claim(id, { session, steps: steps.length, wait: opts.wait, signal: opts.signal, traceparent });
       const stateOf = (b64s: string | undefined): S => (b64s ? decode(unb64(b64s)) : (opts.input as S));
       if (claim.waiting_for) claim = await this.awaitSignal(id, session, steps.length, claim, undefined, within, opts.signal);
       if (claim.completed) {
@@ -388,6 +415,7 @@ export class AgentTasks {
       }
       let token = claim.token!;
       held = token;
+      begin(claim);
       let received = receivedOf(claim.signal);
       let state: S = claim.step > 0 ? stateOf(claim.state) : (opts.input as S);
       const ran: number[] = [];
@@ -400,7 +428,9 @@ export class AgentTasks {
         const stream = new StreamWriter(this.t, id, session, token);
         let out: Awaited<ReturnType<typeof fn>>;
         try {
-          out = await fn(state, { signal, token, step: n, session, stream, ...(received ? { received } : {}), children: this.childrenFor(id, n - 1) });
+          const ctx: StepContext = { signal, token, step: n, session, stream, ...(received ? { received } : {}), children: this.childrenFor(id, n - 1) };
+          const run = () => withTaskTrace(traced, () => fn(state, ctx));
+          out = await (span ? span.run(run) : run());
         } finally {
           // The step's events are stored before its checkpoint, or before the claim is released when
           // the step threw (a fenced or full stream is the step's to see).
@@ -428,10 +458,12 @@ export class AgentTasks {
         }
         ran.push(n);
         if (written?.sleep_until && !written.completed) {
+          finish("sleep");
           held = undefined; // the sleeping write released the claim
           return { state, ran, resumedAfter: claim.step, alreadyComplete: false, sleepingUntil: new Date(written.sleep_until) };
         }
         if (written?.waiting_for && !written.completed) {
+          finish("wait");
           held = undefined; // the waiting write released the claim: claim again, for a signal sent before it
           const waiting = { task_id: id, session: session.id, step: n, completed: false, waiting_for: written.waiting_for } as AgentTaskClaim;
           const again = await this.awaitSignal(id, session, steps.length, undefined, waiting, within, opts.signal);
@@ -441,6 +473,7 @@ export class AgentTasks {
           }
           token = again.token;
           held = token;
+          begin(again);
           received = receivedOf(again.signal);
           // Another process may have run steps meanwhile: go on after the last one written.
           n = again.step;
@@ -449,8 +482,11 @@ export class AgentTasks {
         received = undefined;
       }
       held = undefined; // the last write completed the task and released the claim
+      finish("success");
       return { state, ran, resumedAfter: claim.step, alreadyComplete: false };
     } catch (err) {
+      const lost = err instanceof FencedError || !session.alive;
+      finish(lost ? "lost" : opts.signal?.aborted ? "handed_back" : "failed", err instanceof Error ? err.message : String(err));
       // A failed step gives the task up, so that another process can take it now.
       if (!own && held !== undefined && session.alive) await this.release(id, { session, token: held }).catch(() => {});
       throw err;

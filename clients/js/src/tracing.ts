@@ -96,6 +96,15 @@ export async function traceHeaders(): Promise<Record<string, string>> {
   return inject(api, api.context.active());
 }
 
+/**
+ * The traceparent of the caller's context: its active span's, or, in a
+ * worker's handler outside any span, its task's; undefined when none.
+ * @internal
+ */
+export async function callerTraceparent(): Promise<string | undefined> {
+  return (await traceHeaders()).traceparent ?? taskTrace.getStore();
+}
+
 /** One HTTP request's client span, or nothing to do without the API. */
 export interface RequestSpan {
   /** The headers that carry the span's context (the caller's when it does not record). */
@@ -197,8 +206,15 @@ export function parseTraceparent(tp: string | undefined): SpanContextLike | unde
   return { traceId: m[2], spanId: m[3], traceFlags: parseInt(m[4], 16) & 1, isRemote: true };
 }
 
-/** How an attempt ended, as `drover.attempt.end` names it (the Go worker's words). */
-export type AttemptEnd = "success" | "retry" | "dead" | "lost" | "deferred" | "sleep" | "wait";
+/**
+ * How an attempt ended, as `drover.attempt.end` names it (the Go worker's
+ * words); an agent task's claim also ends `failed` (a step threw) or
+ * `handed_back` (the run stopped without an error of its steps).
+ */
+export type AttemptEnd = "success" | "retry" | "dead" | "lost" | "deferred" | "sleep" | "wait" | "failed" | "handed_back";
+
+/** The ends whose span is an error. */
+const FAILED_ENDS: readonly AttemptEnd[] = ["retry", "dead", "lost", "failed"];
 
 /** One claimed task's attempt span, or nothing to do without the API. */
 export interface AttemptSpan {
@@ -240,6 +256,46 @@ export function cutError(s: string): string {
  * Its attributes follow the messaging conventions.
  */
 export function startAttemptSpan(info: AttemptInfo): AttemptSpan {
+  const attributes: Record<string, string | number | boolean> = { "drover.attempt.number": info.attempt };
+  if (info.taskType) attributes["drover.task.type"] = info.taskType;
+  if (info.tenant) attributes["drover.tenant"] = info.tenant;
+  return startProcessSpan(info.queue, info, attributes);
+}
+
+/** The destination an agent task's attempt spans name: agent tasks are claimed by id, from no queue. */
+export const AGENT_TASKS = "agent-tasks";
+
+/** What the attempt span of an agent task's claim names. */
+export interface AgentAttemptInfo {
+  namespace?: string;
+  taskId: string;
+  /** The holder of the claim (its session's name). */
+  worker?: string;
+  /** The task's stored creation context, which the claim answered. */
+  traceparent?: string;
+  /** The last step checkpointed before the claim: its steps run after it. */
+  resumedAfter: number;
+  /** When the claim was answered (ms since the epoch). */
+  claimed: number;
+}
+
+/**
+ * Starts the span of one claim of an agent task (`runSteps`): `process
+ * agent-tasks`, of kind consumer, from the claim to the write that
+ * completed or parked the task (or the error that stopped the run), with
+ * `drover.task.kind=agent`; a child of the task's stored traceparent and
+ * linked to it, as a queue task's attempt span is.
+ */
+export function startAgentAttemptSpan(info: AgentAttemptInfo): AttemptSpan {
+  return startProcessSpan(AGENT_TASKS, info, { "drover.task.kind": "agent", "drover.step.resumed_after": info.resumedAfter });
+}
+
+/** Starts a `process <destination>` span of kind consumer, child of and linked to info's traceparent. */
+function startProcessSpan(
+  destination: string,
+  info: { namespace?: string; taskId: string; worker?: string; traceparent?: string; claimed: number },
+  extra: Record<string, string | number | boolean>,
+): AttemptSpan {
   const a = api;
   if (!a) return noAttemptSpan;
   let span: OtelSpan;
@@ -249,19 +305,17 @@ export function startAttemptSpan(info: AttemptInfo): AttemptSpan {
     const parent = sc ? a.trace.setSpanContext(a.ROOT_CONTEXT, sc) : a.context.active();
     const attributes: Record<string, string | number | boolean> = {
       "messaging.system": "drover",
-      "messaging.destination.name": info.queue,
+      "messaging.destination.name": destination,
       "messaging.operation.type": "process",
       "messaging.operation.name": "process",
       "messaging.message.id": info.taskId,
-      "messaging.consumer.group.name": info.queue,
-      "drover.attempt.number": info.attempt,
+      "messaging.consumer.group.name": destination,
+      ...extra,
     };
     if (info.namespace) attributes["drover.namespace"] = info.namespace;
-    if (info.taskType) attributes["drover.task.type"] = info.taskType;
-    if (info.tenant) attributes["drover.tenant"] = info.tenant;
     if (info.worker) attributes["messaging.client.id"] = info.worker;
     const links = sc ? [{ context: sc }] : [];
-    span = tracer(a).startSpan(`process ${info.queue}`, { kind: KIND_CONSUMER, attributes, links, startTime: info.claimed }, parent);
+    span = tracer(a).startSpan(`process ${destination}`, { kind: KIND_CONSUMER, attributes, links, startTime: info.claimed }, parent);
     ctx = a.trace.setSpan(parent, span);
   } catch {
     return noAttemptSpan;
@@ -277,7 +331,7 @@ export function startAttemptSpan(info: AttemptInfo): AttemptSpan {
         if (error !== undefined && end !== "success") {
           const text = cutError(error);
           span.recordException({ name: "Error", message: text });
-          if (end === "retry" || end === "dead" || end === "lost") span.setStatus({ code: STATUS_ERROR, message: text });
+          if (FAILED_ENDS.includes(end)) span.setStatus({ code: STATUS_ERROR, message: text });
         }
         span.end();
       } catch {

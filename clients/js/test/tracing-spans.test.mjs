@@ -136,3 +136,52 @@ test("a worker's attempt is a process span: child of the creation context, linke
   assert.equal(dead.attributes["drover.attempt.end"], "dead");
   assert.equal(dead.status.code, SpanStatusCode.ERROR);
 });
+
+test("an agent task's claims are process spans: children of the context its first claim kept, linked to it", async () => {
+  const id = uniq("agent");
+  const tracer = trace.getTracer("test");
+  // The caller's span: runSteps' first claim keeps its context with the task.
+  const root = tracer.startSpan("agent run");
+  const rsc = root.spanContext();
+  const inStep = [];
+  let fail = true;
+  const steps = [
+    { name: "one", run: async (st) => {
+      inStep.push(trace.getActiveSpan()?.spanContext().spanId);
+      await drover.agentTasks.get(id); // a request of the step's: under its claim's span
+      if (fail) throw new Error("step one broke");
+      return st + 1;
+    } },
+    { name: "two", run: async (st) => { inStep.push(trace.getActiveSpan()?.spanContext().spanId); return st + 1; } },
+  ];
+  await context.with(trace.setSpan(context.active(), root), () => assert.rejects(drover.runSteps(id, steps, { input: 0 }), /step one broke/));
+  root.end();
+  fail = false;
+  // Outside any span: the claim answers the context kept by the first.
+  const r = await drover.runSteps(id, steps, { input: 0, name: "r-test" });
+  assert.equal(r.state, 2);
+  const claims = spans().filter((s) => s.name === "process agent-tasks" && s.attributes["messaging.message.id"] === id);
+  const failed = claims.find((s) => s.attributes["drover.attempt.end"] === "failed");
+  const ok = claims.find((s) => s.attributes["drover.attempt.end"] === "success");
+  assert.ok(claims.length === 2 && failed && ok, `claim spans: ${claims.map((s) => JSON.stringify(s.attributes)).join("\n")}`);
+  for (const s of [failed, ok]) {
+    assert.equal(s.kind, SpanKind.CONSUMER);
+    assert.equal(s.spanContext().traceId, rsc.traceId, "in the first claim's trace");
+    assert.equal(parentOf(s), rsc.spanId, "a child of the context the task kept");
+    assert.equal(s.links.length, 1);
+    assert.equal(s.links[0].context.spanId, rsc.spanId, "linked to it");
+    assert.equal(s.attributes["messaging.system"], "drover");
+    assert.equal(s.attributes["messaging.destination.name"], "agent-tasks");
+    assert.equal(s.attributes["messaging.operation.type"], "process");
+    assert.equal(s.attributes["drover.task.kind"], "agent");
+    const own = spans().filter((c) => c.kind === SpanKind.CLIENT && parentOf(c) === s.spanContext().spanId);
+    assert.ok(own.some((c) => c.attributes["url.full"]?.endsWith(`/v1/agent-tasks/${id}`)), "the step's request is a child of its claim's span");
+  }
+  assert.equal(failed.status.code, SpanStatusCode.ERROR);
+  assert.match(failed.status.message, /step one broke/);
+  assert.notEqual(ok.status.code, SpanStatusCode.ERROR);
+  assert.equal(ok.attributes["messaging.client.id"], "r-test");
+  assert.equal(ok.attributes["drover.step.resumed_after"], 0);
+  // Steps one, one, two: each under its claim's span.
+  assert.deepEqual(inStep, [failed.spanContext().spanId, ok.spanContext().spanId, ok.spanContext().spanId]);
+});

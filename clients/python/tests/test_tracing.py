@@ -31,7 +31,7 @@ class _Recorder(http.server.BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         _Recorder.seen.append({k.lower(): v for k, v in self.headers.items()})
         body = b"{}"
-        self.send_response(200)
+        self.send_response(404 if self.path.startswith("/missing") else 200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -41,13 +41,37 @@ class _Recorder(http.server.BaseHTTPRequestHandler):
         pass
 
 
+class _StandInSpan:
+    """What the client uses of an OpenTelemetry span (and its context)."""
+
+    def __init__(self, name: str, trace_id: str, span_id: str, kind: object = None, attributes: object = None) -> None:
+        self.name, self.trace_id, self.span_id, self.kind = name, trace_id, span_id, kind
+        self.is_valid = trace_id != "0" * 32
+        self.attributes: Dict[str, object] = dict(attributes or {})  # type: ignore[call-overload]
+        self.status: object = None
+        self.ended = False
+
+    def get_span_context(self) -> "_StandInSpan":
+        return self
+
+    def set_attribute(self, key: str, value: object) -> None:
+        self.attributes[key] = value
+
+    def set_status(self, status: object) -> None:
+        self.status = status
+
+    def end(self) -> None:
+        self.ended = True
+
+
 class TraceHeaderTest(unittest.TestCase):
     def setUp(self) -> None:
         self.srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
         threading.Thread(target=self.srv.serve_forever, daemon=True).start()
         _Recorder.seen = []
-        self.saved = {k: sys.modules.get(k) for k in ("opentelemetry", "opentelemetry.propagate")}
+        self.saved = {k: sys.modules.get(k) for k in ("opentelemetry", "opentelemetry.propagate", "opentelemetry.trace")}
         _transport._otel_propagate = False
+        _transport._otel_trace = False
 
     def tearDown(self) -> None:
         self.srv.shutdown()
@@ -58,14 +82,63 @@ class TraceHeaderTest(unittest.TestCase):
             else:
                 sys.modules[k] = m
         _transport._otel_propagate = False
+        _transport._otel_trace = False
 
-    def get(self) -> Dict[str, str]:
+    def get(self, path: str = "/x") -> Dict[str, str]:
         t = _transport.Transport("http://127.0.0.1:%d" % self.srv.server_address[1], retries=0)
         try:
-            t.request("GET", "/x")
+            t.request("GET", path, ok=(404,))
         finally:
             t.close()
         return _Recorder.seen[-1]
+
+    def test_a_request_under_the_caller_s_span_is_a_client_span_of_its_own(self) -> None:
+        """With the opentelemetry API (a stand-in here that records what the
+        client asks of it), a request under the caller's active span is a
+        client span under it, named after its method, with the HTTP
+        attributes, and carries that span; outside any span, none."""
+        started: List["_StandInSpan"] = []
+        current = [_StandInSpan("caller", "11" * 16, "22" * 8)]
+
+        class Tracer:
+            def start_span(self, name: str, kind: object = None, attributes: object = None) -> "_StandInSpan":
+                sp = _StandInSpan(name, current[0].trace_id, "%016x" % (len(started) + 0x33), kind, attributes)
+                started.append(sp)
+                return sp
+
+        tr = types.ModuleType("opentelemetry.trace")
+        tr.SpanKind = types.SimpleNamespace(CLIENT="client")  # type: ignore[attr-defined]
+        tr.StatusCode = types.SimpleNamespace(ERROR="error")  # type: ignore[attr-defined]
+        tr.Status = lambda code, description=None: (code, description)  # type: ignore[attr-defined]
+        tr.get_current_span = lambda: current[0]  # type: ignore[attr-defined]
+        tr.get_tracer = lambda name, version=None: Tracer()  # type: ignore[attr-defined]
+        tr.set_span_in_context = lambda span: {"span": span}  # type: ignore[attr-defined]
+        prop = types.ModuleType("opentelemetry.propagate")
+
+        def inject(carrier: Dict[str, str], context: object = None) -> None:
+            sp = context["span"] if isinstance(context, dict) else current[0]
+            if sp.is_valid:
+                carrier["traceparent"] = "00-%s-%s-01" % (sp.trace_id, sp.span_id)
+
+        prop.inject = inject  # type: ignore[attr-defined]
+        pkg = types.ModuleType("opentelemetry")
+        pkg.trace, pkg.propagate = tr, prop  # type: ignore[attr-defined]
+        sys.modules.update({"opentelemetry": pkg, "opentelemetry.trace": tr, "opentelemetry.propagate": prop})
+
+        h = self.get()
+        self.assertEqual(len(started), 1)
+        sp = started[0]
+        self.assertEqual(h["traceparent"], "00-%s-%s-01" % ("11" * 16, sp.span_id), "the request carries its own span")
+        self.assertEqual((sp.name, sp.kind, sp.ended, sp.status), ("GET", "client", True, None))
+        self.assertEqual(sp.attributes["http.request.method"], "GET")
+        self.assertEqual(sp.attributes["http.response.status_code"], 200)
+        self.assertEqual(sp.attributes["url.full"], "http://127.0.0.1:%d/x" % self.srv.server_address[1])
+        self.assertEqual((sp.attributes["server.address"], sp.attributes["server.port"]), ("127.0.0.1", self.srv.server_address[1]))
+        self.get("/missing")
+        self.assertEqual((started[1].attributes["error.type"], started[1].status), ("404", ("error", None)))
+        current[0] = _StandInSpan("none", "0" * 32, "0" * 16)  # no span is active
+        self.assertNotIn("traceparent", self.get())
+        self.assertEqual(len(started), 2, "a request outside any span makes none")
 
     def test_sends_the_callers_traceparent_when_opentelemetry_is_there(self) -> None:
         pkg = types.ModuleType("opentelemetry")
@@ -142,11 +215,8 @@ class _OTLP(http.server.BaseHTTPRequestHandler):
         pass
 
 
-class WorkerSpanTest(_support.ClientTest):
-    """With the OTEL variables set, a worker records each attempt as a
-    ``process <queue>`` span and sends it over OTLP/HTTP as JSON: a child
-    of the task's creation context, linked to it, with the messaging
-    attributes and how it ended; the handler's requests carry it."""
+class _SpanTest(_support.ClientTest):
+    """A test with the OTEL variables set, spans sent to a receiver of its own."""
 
     def setUp(self) -> None:
         super().setUp()
@@ -173,6 +243,13 @@ class WorkerSpanTest(_support.ClientTest):
                         sp["attrs"] = {a["key"]: list(a["value"].values())[0] for a in sp["attributes"]}
                         out.append(sp)
         return out
+
+
+class WorkerSpanTest(_SpanTest):
+    """With the OTEL variables set, a worker records each attempt as a
+    ``process <queue>`` span and sends it over OTLP/HTTP as JSON: a child
+    of the task's creation context, linked to it, with the messaging
+    attributes and how it ended; the handler's requests carry it."""
 
     def test_each_attempt_is_a_span_in_the_task_s_trace(self) -> None:
         import drover
@@ -227,6 +304,71 @@ class WorkerSpanTest(_support.ClientTest):
         os.environ["OTEL_TRACES_EXPORTER"] = "none"
         _tracing._exporter = False
         self.assertIsNone(_tracing.exporter())
+
+
+class AgentSpanTest(_SpanTest):
+    """With the OTEL variables set, run_steps records each claim that runs
+    steps as a ``process agent-tasks`` span: a child of the context the
+    task's first claim kept (the caller's: here the queue task whose
+    handler runs it), linked to it, ended how the claim ended; the steps'
+    requests carry it."""
+
+    def test_each_claim_is_a_span_in_the_trace_its_first_claim_kept(self) -> None:
+        tid = _support.unique("agent")
+        fail = [True]
+        seen: List[str] = []
+
+        def one(state: int) -> int:
+            seen.append(_transport.task_trace.get())
+            if fail[0]:
+                raise RuntimeError("step one broke")
+            return state + 1
+
+        def two(state: int) -> int:
+            seen.append(_transport.task_trace.get())
+            self.c.agent_tasks.get(tid)  # a request of the step's: a client span under its claim's
+            return state + 1
+
+        outer = _transport.task_trace.set(TP)  # as in a queue worker's handler
+        try:
+            with self.assertRaisesRegex(RuntimeError, "step one broke"):
+                self.c.run_steps(tid, [one, two], initial=0)
+        finally:
+            _transport.task_trace.reset(outer)
+        fail[0] = False
+        r = self.c.run_steps(tid, [one, two], initial=0, name="py-r")  # outside: the context kept
+        self.assertEqual(r.state, 2)
+        _tracing.flush(10.0)
+        spans = [s for s in self.spans() if s["attrs"].get("messaging.message.id") == tid]
+        by_end = {s["attrs"]["drover.attempt.end"]: s for s in spans}
+        self.assertEqual(sorted(by_end), ["failed", "success"], spans)
+        self.assertEqual(len(spans), 2)
+        trace_id, parent = TP.split("-")[1], TP.split("-")[2]
+        for s in spans:
+            self.assertEqual(s["name"], "process agent-tasks")
+            self.assertEqual(s["kind"], 5)  # consumer
+            self.assertEqual((s["traceId"], s["parentSpanId"]), (trace_id, parent))
+            self.assertEqual(s["links"], [{"traceId": trace_id, "spanId": parent}])
+            self.assertEqual(s["attrs"]["messaging.system"], "drover")
+            self.assertEqual(s["attrs"]["messaging.destination.name"], "agent-tasks")
+            self.assertEqual(s["attrs"]["messaging.operation.type"], "process")
+            self.assertEqual(s["attrs"]["drover.task.kind"], "agent")
+        failed, ok = by_end["failed"], by_end["success"]
+        self.assertEqual(failed["status"]["code"], 2)
+        self.assertIn("step one broke", failed["status"]["message"])
+        self.assertNotIn("status", ok)
+        self.assertEqual(ok["attrs"]["messaging.client.id"], "py-r")
+        # Steps one, one, two: each step's requests carry its claim's span.
+        want = ["00-%s-%s-01" % (trace_id, sp["spanId"]) for sp in (failed, ok, ok)]
+        self.assertEqual(seen, want)
+        gets = [s for s in self.spans() if s["kind"] == 3 and s["attrs"].get("url.full", "").endswith("/v1/agent-tasks/" + tid)]
+        self.assertEqual(len(gets), 1, self.spans())
+        get = gets[0]
+        self.assertEqual((get["name"], get["traceId"], get["parentSpanId"]), ("GET", trace_id, ok["spanId"]))
+        self.assertEqual(get["attrs"]["http.request.method"], "GET")
+        self.assertEqual(get["attrs"]["http.response.status_code"], "200")  # OTLP JSON: an int as a string
+        self.assertEqual(get["attrs"]["server.address"], "127.0.0.1")
+        self.assertNotIn("status", get)
 
 
 class _Blocking(http.server.BaseHTTPRequestHandler):

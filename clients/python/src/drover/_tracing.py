@@ -80,14 +80,34 @@ def cut(text: str, limit: int = 256) -> str:
     return b[: limit - 3].decode("utf-8", "ignore") + "..."
 
 
+# The ends whose span is an error.
+_FAILED_ENDS = ("retry", "dead", "lost", "failed")
+
+# The destination an agent task's attempt spans name: agent tasks are
+# claimed by id, from no queue.
+AGENT_TASKS = "agent-tasks"
+
+
 class AttemptSpan:
     """One attempt's span: its ``traceparent`` is handed to the handler's
     requests; :meth:`end` records how the attempt ended and sends it.
     It starts at claimed (ns since the epoch), when given: the claim."""
 
     def __init__(self, exporter: Optional["Exporter"], queue: str, task: Any, worker: str, namespace: str, claimed: Optional[int] = None) -> None:
+        metadata = task.get("metadata")
+        tenant = metadata.get("tenant", "") if isinstance(metadata, dict) else ""
+        self._start(exporter, queue, task.id, getattr(task, "traceparent", "") or "", worker, namespace, claimed, {
+            "drover.task.type": task.get("task_type", ""),
+            "drover.tenant": tenant,
+            "drover.attempt.number": _int(task.get("attempt")),
+        })
+
+    def _start(
+        self, exporter: Optional["Exporter"], destination: str, task_id: str, traceparent: str, worker: str, namespace: str,
+        claimed: Optional[int], extra: Dict[str, Any],
+    ) -> None:
         self._exporter = exporter
-        parent = parse_traceparent(getattr(task, "traceparent", "") or "")
+        parent = parse_traceparent(traceparent)
         self.parent = parent
         trace_id = parent[0] if parent else os.urandom(16).hex()
         sampler = exporter.sampler if exporter is not None else _PARENT_BASED
@@ -95,23 +115,19 @@ class AttemptSpan:
         self.span_id = os.urandom(8).hex()
         self.traceparent = "00-%s-%s-%02x" % (trace_id, self.span_id, 1 if self.sampled else 0)
         self.trace_id = trace_id
-        self.queue = queue
+        self.queue = destination
         self.start = claimed or time.time_ns()
-        metadata = task.get("metadata")
-        tenant = metadata.get("tenant", "") if isinstance(metadata, dict) else ""
         self.attributes: Dict[str, Any] = {
             "messaging.system": "drover",
-            "messaging.destination.name": queue,
+            "messaging.destination.name": destination,
             "messaging.operation.type": "process",
             "messaging.operation.name": "process",
-            "messaging.message.id": task.id,
-            "messaging.consumer.group.name": queue,
+            "messaging.message.id": task_id,
+            "messaging.consumer.group.name": destination,
             "messaging.client.id": worker,
             "drover.namespace": namespace,
-            "drover.task.type": task.get("task_type", ""),
-            "drover.tenant": tenant,
-            "drover.attempt.number": _int(task.get("attempt")),
         }
+        self.attributes.update(extra)
         self._ended = False
 
     def end(self, end: str, error: str = "") -> None:
@@ -138,9 +154,137 @@ class AttemptSpan:
         if error and end != "success":
             text = cut(error)
             span["events"] = [{"timeUnixNano": str(now), "name": "exception", "attributes": _attrs({"exception.message": text})}]
-            if end in ("retry", "dead", "lost"):
+            if end in _FAILED_ENDS:
                 span["status"] = {"code": _STATUS_ERROR, "message": text}
         self._exporter.add(span)
+
+
+class AgentAttemptSpan(AttemptSpan):
+    """The span of one claim of an agent task (:meth:`drover.Client.run_steps`):
+    ``process agent-tasks``, of kind consumer, from the claim to the write
+    that completed or parked the task (or the error that stopped the run),
+    with ``drover.task.kind=agent``; a child of the task's stored
+    traceparent and linked to it, as a queue task's attempt span is. It
+    ends ``success``, ``sleep``, ``wait``, ``lost`` (the claim was lost) or
+    ``failed`` (a step raised)."""
+
+    def __init__(  # noqa: PLR0913 - what the span names
+        self, exporter: Optional["Exporter"], task_id: str, traceparent: str, worker: str, namespace: str, resumed_after: int,
+        claimed: Optional[int] = None,
+    ) -> None:
+        self._start(exporter, AGENT_TASKS, task_id, traceparent, worker, namespace, claimed, {
+            "drover.task.kind": "agent",
+            "drover.step.resumed_after": resumed_after,
+        })
+
+
+_KIND_CLIENT = 3
+
+
+class RequestSpan:
+    """The client span of one HTTP request a handler or a step made within
+    an attempt span of this process: named after its method, with the HTTP
+    conventions' attributes, a child of the attempt's span."""
+
+    def __init__(self, exporter: "Exporter", method: str, url: str, host: str, port: int, parent: Tuple[str, str, int]) -> None:
+        self._exporter = exporter
+        self.trace_id, self.parent_id = parent[0], parent[1]
+        self.span_id = os.urandom(8).hex()
+        self.traceparent = "00-%s-%s-01" % (self.trace_id, self.span_id)
+        self.name = method
+        self.start = time.time_ns()
+        self.attributes: Dict[str, Any] = {
+            "http.request.method": method,
+            "url.full": url,  # no query: it may name tokens
+            "server.address": host,
+            "server.port": port,
+        }
+        self._ended = False
+
+    def end(self, status: Optional[int] = None, error: Optional[BaseException] = None) -> None:
+        """Ends the span with the answer's status, or the error that stopped the request."""
+        if self._ended:
+            return
+        self._ended = True
+        span: Dict[str, Any] = {
+            "traceId": self.trace_id,
+            "spanId": self.span_id,
+            "parentSpanId": self.parent_id,
+            "name": self.name,
+            "kind": _KIND_CLIENT,
+            "startTimeUnixNano": str(self.start),
+            "endTimeUnixNano": str(time.time_ns()),
+        }
+        if status is not None:
+            self.attributes["http.response.status_code"] = status
+        if status is not None and status >= 400:
+            self.attributes["error.type"] = str(status)
+            span["status"] = {"code": _STATUS_ERROR}
+        elif error is not None:
+            self.attributes["error.type"] = type(error).__name__
+            span["status"] = {"code": _STATUS_ERROR, "message": cut(str(error))}
+        span["attributes"] = _attrs(self.attributes)
+        self._exporter.add(span)
+
+
+class OtelRequestSpan:
+    """The client span of one HTTP request made under the caller's own
+    OpenTelemetry span, through the ``opentelemetry`` API (the caller's SDK
+    records it), as the TypeScript client makes its request spans."""
+
+    def __init__(self, api: Any, span: Any) -> None:
+        self._api = api
+        self._span = span
+
+    def end(self, status: Optional[int] = None, error: Optional[BaseException] = None) -> None:
+        """Ends the span with the answer's status, or the error that stopped the request."""
+        try:
+            if status is not None:
+                self._span.set_attribute("http.response.status_code", status)
+            if status is not None and status >= 400:
+                self._span.set_attribute("error.type", str(status))
+                self._span.set_status(self._api.Status(self._api.StatusCode.ERROR))
+            elif error is not None:
+                self._span.set_attribute("error.type", type(error).__name__)
+                self._span.set_status(self._api.Status(self._api.StatusCode.ERROR, cut(str(error))))
+            self._span.end()
+        except Exception:  # noqa: BLE001 - tracing never stops a request
+            pass
+
+
+def start_otel_request_span(
+    api: Any, propagate: Any, method: str, url: str, host: str, port: int, headers: Dict[str, str]
+) -> Optional[OtelRequestSpan]:
+    """Starts the client span of a request under the caller's active
+    OpenTelemetry span (api: ``opentelemetry.trace``; propagate:
+    ``opentelemetry.propagate``) and writes its context into headers; None
+    outside any span (a request there starts no trace of its own) or when
+    anything fails (the headers are left as they were)."""
+    try:
+        if not api.get_current_span().get_span_context().is_valid:
+            return None
+        attributes = {"http.request.method": method, "url.full": url, "server.address": host, "server.port": port}
+        span = api.get_tracer(SCOPE, __version__).start_span(method, kind=api.SpanKind.CLIENT, attributes=attributes)
+        carrier: Dict[str, str] = {}
+        propagate.inject(carrier, context=api.set_span_in_context(span))
+    except Exception:  # noqa: BLE001 - tracing never stops a request
+        return None
+    headers.update(carrier)
+    return OtelRequestSpan(api, span)
+
+
+def start_request_span(method: str, url: str, host: str, port: int, traceparent: str) -> Optional[RequestSpan]:
+    """The client span of a request made under the attempt span traceparent
+    names, when tracing is on and that attempt is sampled; None otherwise
+    (the request carries the attempt's traceparent as it is)."""
+    exp = exporter()
+    parent = parse_traceparent(traceparent)
+    if exp is None or parent is None or not parent[2] & 1:
+        return None
+    try:
+        return RequestSpan(exp, method, url, host, port, parent)
+    except Exception:  # noqa: BLE001 - tracing never stops a request
+        return None
 
 
 def _env(name: str) -> str:

@@ -13,6 +13,7 @@ import time
 import urllib.parse
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
+from . import _tracing
 from ._version import __version__
 from .errors import DroverError, TransportError, Unavailable, error_from_problem
 
@@ -62,6 +63,23 @@ def trace_headers() -> Dict[str, str]:
         if tp:
             carrier["traceparent"] = tp
     return carrier
+
+
+# The OpenTelemetry API's trace module when it is importable (False until
+# looked up, None when absent): requests under the caller's span are
+# client spans of the caller's SDK.
+_otel_trace: Any = False
+
+
+def _otel_trace_api() -> Any:
+    """``opentelemetry.trace``, or None when it cannot be imported."""
+    global _otel_trace
+    if _otel_trace is False:
+        try:
+            _otel_trace = importlib.import_module("opentelemetry.trace")
+        except ImportError:
+            _otel_trace = None
+    return _otel_trace
 
 
 # The traceparent of the task a worker's handler runs, set for the time of
@@ -243,6 +261,42 @@ class Transport:
         hdrs.update(trace_headers())
         if headers:
             hdrs.update(headers)
+        span = self._request_span(method, path, hdrs)
+        try:
+            r = self._exchange(method, path, target, hdrs, json_body, body, content_type, timeout, retry, ok, on_conn, retries)
+        except BaseException as e:
+            if span is not None:
+                span.end(getattr(e, "status", None), e)
+            raise
+        if span is not None:
+            span.end(r.status)
+        return r
+
+    def _request_span(self, method: str, path: str, hdrs: Dict[str, str]) -> Any:
+        """The client span of a request, written into hdrs: under the
+        caller's active OpenTelemetry span, through the ``opentelemetry``
+        API when it is importable; else, when tracing is on, within an
+        attempt span this process records (a worker's handler, a step of
+        run_steps); else none."""
+        url = "%s://%s:%d%s" % (self.scheme, self.host, self.port, self.prefix + path)
+        api = _otel_trace_api()
+        if api is not None and _otel_propagate:
+            span = _tracing.start_otel_request_span(api, _otel_propagate, method, url, self.host or "", self.port, hdrs)
+            if span is not None:
+                return span
+        tp = hdrs.get("traceparent")
+        if not tp or tp != task_trace.get():
+            return None  # not within an attempt of ours
+        span = _tracing.start_request_span(method, url, self.host or "", self.port, tp)
+        if span is not None:
+            hdrs["traceparent"] = span.traceparent
+        return span
+
+    def _exchange(  # noqa: PLR0913 - request's arguments
+        self, method: str, path: str, target: str, hdrs: Dict[str, str], json_body: Any, body: Union[bytes, Iterable[bytes], None],
+        content_type: Optional[str], timeout: Optional[float], retry: int, ok: Sequence[int], on_conn: Any, retries: Optional[int],
+    ) -> Response:
+        """Sends a request (again, as retry allows) and returns its answer."""
         streaming = False
         if json_body is not None:
             body = json.dumps(json_body, separators=(",", ":")).encode()

@@ -3,6 +3,7 @@
 import base64
 import datetime as _dt
 import json
+import os
 import re
 import threading
 import time
@@ -11,7 +12,9 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, NamedTuple, Optiona
 from . import children as _children
 from ._transport import CONNECT, IDEMPOTENT, quote
 from .children import SpawnChildren
-from .errors import DroverError, Held
+from . import _tracing
+from ._transport import task_trace, trace_headers
+from .errors import DroverError, Fenced, Held, InvalidInput, SessionLost
 from .sessions import Session
 from .stepstream import _StepStream
 from .streams import StreamWriter
@@ -194,14 +197,29 @@ class AgentTasks:
         return self._t.request("GET", "/v1/agent-tasks/%s" % quote(task_id), retry=IDEMPOTENT).data
 
     def claim(
-        self, task_id: str, session: Session, steps: Optional[int] = None, wait: Optional[float] = None
+        self, task_id: str, session: Session, steps: Optional[int] = None, wait: Optional[float] = None,
+        traceparent: Optional[str] = None,
     ) -> Dict[str, Any]:
         """Claim the task under ``session``; raises :class:`Held` when
         someone else runs it (after waiting up to ``wait`` seconds), or
-        :class:`TaskBusy` when a queue worker runs it."""
+        :class:`TaskBusy` when a queue worker runs it. ``traceparent`` is
+        kept with the task by the first claim that gives one, and every
+        claim answers the one kept (``traceparent``)."""
         body: Dict[str, Any] = {"session": session.id}
         if steps:
             body["steps"] = int(steps)
+        if traceparent:
+            body["traceparent"] = traceparent
+            try:
+                return self._claim(task_id, session, body, wait)
+            except InvalidInput as e:
+                if "traceparent" not in str(e):
+                    raise
+                # A server of an older build, or a malformed one: tracing never stops a claim.
+                del body["traceparent"]
+        return self._claim(task_id, session, body, wait)
+
+    def _claim(self, task_id: str, session: Session, body: Dict[str, Any], wait: Optional[float]) -> Dict[str, Any]:
         path = "/v1/agent-tasks/%s/claim" % quote(task_id)
         if not wait:
             return self._t.request("POST", path, json_body=body, retry=CONNECT).data
@@ -383,6 +401,41 @@ def _await_signal(
             c = None  # held elsewhere for now: still waiting
 
 
+class _AttemptSpans:
+    """The attempt span of each claim of run_steps that runs steps, when
+    tracing is on (see :class:`drover._tracing.AgentAttemptSpan`)."""
+
+    def __init__(self, client: "Client", task_id: str, worker: str) -> None:
+        self.client = client
+        self.task_id = task_id
+        self.worker = worker
+        self.span: Optional[_tracing.AgentAttemptSpan] = None
+        self.traceparent = ""  # the task's, as the last claim answered it
+
+    def begin(self, claim: Dict[str, Any]) -> None:
+        self.traceparent = claim.get("traceparent") or ""
+        exp = _tracing.exporter()
+        if exp is None:
+            return
+        try:
+            self.span = _tracing.AgentAttemptSpan(
+                exp, self.task_id, self.traceparent, self.worker, self.client.namespace or "", int(claim.get("step") or 0)
+            )
+        except Exception:  # noqa: BLE001 - tracing never stops a task
+            self.span = None
+
+    def end(self, end: str, error: str = "") -> None:
+        if self.span is not None:
+            self.span.end(end, error)
+            self.span = None
+
+    def trace(self) -> str:
+        """The traceparent a step's requests carry: its claim's span's, else the task's, else the caller's."""
+        if self.span is not None:
+            return self.span.traceparent
+        return self.traceparent or task_trace.get()
+
+
 def run_steps(
     client: "Client",
     task_id: str,
@@ -414,8 +467,10 @@ def run_steps(
     sess = session if session is not None else Session(client, ttl=ttl, name=name)
     # Each wait may take resume_within, counted from its start.
     within = _duration_seconds(resume_within or 0, "resume_within")
+    spans = _AttemptSpans(client, task_id, name or "runner-%d" % os.getpid())
     try:
-        c = tasks.claim(task_id, sess, steps=total, wait=wait)
+        # The caller's context: the first claim keeps it with the task, as a submission keeps its traceparent.
+        c = tasks.claim(task_id, sess, steps=total, wait=wait, traceparent=trace_headers().get("traceparent"))
         if c.get("waiting_for"):
             c = _await_signal(tasks, task_id, sess, total, c, None, within)
         raw = _unb64(c.get("state"))
@@ -428,6 +483,7 @@ def run_steps(
                 return RunResult(task_id, st, done, [], False, None, None, c["waiting_for"])
             return RunResult(task_id, st, done, [], False, None, _parse_time(c["sleep_until"]))
         token = int(c["token"])
+        spans.begin(c)
         received = _received_of(c.get("signal"))
         state = codec.loads(raw) if raw is not None else initial
         ran: List[int] = []
@@ -437,10 +493,12 @@ def run_steps(
             sess.check()
             _received.signal = received
             _children.set_step(client, task_id, n)
+            traced = task_trace.set(spans.trace())
             try:
                 with _StepStream(StreamWriter(client, task_id, sess, token)):
                     state = fns[n - 1](state)
             finally:
+                task_trace.reset(traced)
                 _received.signal = None
                 _children.clear_step()
             nap = state if isinstance(state, Sleep) else None
@@ -466,11 +524,13 @@ def run_steps(
             completed = bool(out.get("completed"))
             if out.get("sleep_until") and not completed:
                 # The claim was released with the write: nothing is held while it sleeps.
+                spans.end("sleep")
                 return RunResult(task_id, state, done, ran, False, token, _parse_time(out["sleep_until"]))
             n += 1
             received = None
             if out.get("waiting_for") and not completed:
                 # Released with the write: claim again, for a signal sent before the wait.
+                spans.end("wait")
                 left = {"step": n - 1, "waiting_for": out.get("waiting_for")}
                 again = _await_signal(tasks, task_id, sess, total, None, left, within)
                 at = int(again.get("step") or 0)
@@ -482,13 +542,18 @@ def run_steps(
                     until = _parse_time(again["sleep_until"]) if again.get("sleep_until") else None
                     return RunResult(task_id, state, done, ran, bool(again.get("completed")), None, until, again.get("waiting_for"))
                 token = int(again["token"])
+                spans.begin(again)
                 received = _received_of(again.get("signal"))
                 n = at + 1
         if not completed:
             # Every step was checkpointed before without completing the task.
             tasks.complete(task_id, sess, token)
             completed = True
+        spans.end("success")
         return RunResult(task_id, state, done, ran, completed, token)
+    except BaseException as e:
+        spans.end("lost" if isinstance(e, (Fenced, SessionLost)) else "failed", str(e) or type(e).__name__)
+        raise
     finally:
         # Our own session: ending it releases the claim at once (a task
         # that failed midway resumes from its last checkpoint elsewhere).

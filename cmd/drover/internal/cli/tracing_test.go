@@ -215,9 +215,9 @@ sys.exit(0 if stats["failed"] == 1 else 1)
 // the task over and runs it to success. An OTLP receiver gets one trace:
 // the submitter's span, its HTTP client span, the API's route span, the
 // send span under it, and under the send span (and linked to it) the
-// Python worker's attempt (with the route span of its handler's request
-// under it), the lost attempt and the last one, whose exec handler saw
-// the attempt's span as TRACEPARENT.
+// Python worker's attempt (with its handler's request under it: the
+// Python client span, the route span under that), the lost attempt and
+// the last one, whose exec handler saw the attempt's span as TRACEPARENT.
 func TestOneTraceFromSubmitterToRetry(t *testing.T) {
 	ns := etcdtest.Namespace(t)
 	recv := startReceiver(t)
@@ -348,8 +348,14 @@ func TestOneTraceFromSubmitterToRetry(t *testing.T) {
 	stats := one("the python handler's request", func(s receivedSpan) bool {
 		return s.service == "drover-server" && s.span.Name == "GET /v1/queues/{queue}/stats"
 	})
-	if stats.parent() != py.id() {
-		t.Fatalf("the python handler's request under %s, want its attempt %s", stats.parent(), py.id())
+	pyGet := one("the python handler's client span", func(s receivedSpan) bool {
+		return s.service == "python-worker" && s.span.Kind == tracepb.Span_SPAN_KIND_CLIENT
+	})
+	if pyGet.parent() != py.id() || pyGet.span.Name != "GET" || !strings.HasSuffix(pyGet.attr("url.full"), "/stats") {
+		t.Fatalf("the python handler's client span %q (%s) under %s, want a GET of the stats under its attempt %s", pyGet.span.Name, pyGet.attr("url.full"), pyGet.parent(), py.id())
+	}
+	if stats.parent() != pyGet.id() {
+		t.Fatalf("the python handler's request under %s, want its client span %s", stats.parent(), pyGet.id())
 	}
 	for _, a := range []receivedSpan{lost, second} {
 		if a.service != "drover-worker" || a.parent() != send.id() || a.span.Kind != tracepb.Span_SPAN_KIND_CONSUMER {
