@@ -335,6 +335,12 @@ func (s *server) refuseWhileActive(ctx context.Context, thread string) error {
 	if err != nil || active == "" {
 		return err
 	}
+	return errBusyForUpdate(thread, active)
+}
+
+// errBusyForUpdate is the 409 of a state update of thread while its run
+// active has not ended.
+func errBusyForUpdate(thread, active string) error {
 	return huma.NewError(http.StatusConflict, fmt.Sprintf("Thread %s is busy with run %s: update its state once the run has ended", thread, active))
 }
 
