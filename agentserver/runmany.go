@@ -21,7 +21,7 @@ func (s *server) cancelRun(ctx context.Context, thread, id string, rollback bool
 		return err
 	}
 	if !r.Ended {
-		if err := s.stopRuns(ctx, thread, []runRecord{r}, rollback); err != nil && !errors.Is(err, errMoved) {
+		if err := s.stopRuns(ctx, thread, []runRecord{r}, rollback, ""); err != nil && !errors.Is(err, errMoved) {
 			return err
 		}
 		// errMoved: another run was admitted, so this one had ended.
