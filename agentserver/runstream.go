@@ -270,7 +270,8 @@ func (s *server) statelessJoinStreamRoute(api huma.API, tags []string, sse map[s
 }
 
 // threadOfRun is the thread of run id: from its task's parameters, else
-// from the runs' keys.
+// found by findRuns (the index of active runs, then the runs' keys, a
+// page at a time).
 func (s *server) threadOfRun(ctx context.Context, id string) (string, error) {
 	q, err := s.queueOf(ctx)
 	if err != nil {
@@ -283,14 +284,12 @@ func (s *server) threadOfRun(ctx context.Context, id string) (string, error) {
 			return p.Run.ThreadID, nil
 		}
 	}
-	refs, err := s.runKeys(ctx, "")
+	found, err := s.findRuns(ctx, "", map[string]bool{id: true})
 	if err != nil {
 		return "", err
 	}
-	for _, r := range refs {
-		if r.id == id {
-			return r.thread, nil
-		}
+	if r, ok := found[id]; ok {
+		return r.thread, nil
 	}
 	return "", errRunNotFound(id)
 }
