@@ -108,3 +108,36 @@ func TestStoreNamespacesReadAKeyPerNamespace(t *testing.T) {
 		t.Fatalf("a search that fills its page within the limit: %d items, want 3", n)
 	}
 }
+
+// TestCreateOnce: an assistant's and a thread's create are one
+// function's: written once, a taken id a 409 in LangGraph's words or,
+// with do_nothing, the record stored; past the store guard a 507 whether
+// or not the id is taken, nothing written.
+func TestCreateOnce(t *testing.T) {
+	a := newAPI(t)
+	ctx := context.Background()
+	if old, err := agentserver.CreateOnceOn(ctx, a.cli, a.ns, "Thing", "things/1", `{"n":1}`, false); err != nil || old != nil {
+		t.Fatalf("first create: %s %v", old, err)
+	}
+	if _, err := agentserver.CreateOnceOn(ctx, a.cli, a.ns, "Thing", "things/1", `{"n":2}`, false); err == nil || err.Error() != "Thing already exists: if_exists is raise (send do_nothing to get the existing one)" {
+		t.Fatalf("taken, raise: %v", err)
+	}
+	if old, err := agentserver.CreateOnceOn(ctx, a.cli, a.ns, "Thing", "things/1", `{"n":2}`, true); err != nil || string(old) != `{"n":1}` {
+		t.Fatalf("taken, do_nothing: %s %v, want the first", old, err)
+	}
+	for _, c := range []struct{ path, idField string }{{"/assistants", "assistant_id"}, {"/threads", "thread_id"}} {
+		body := map[string]any{"graph_id": "agent", "metadata": map[string]any{"v": 1}}
+		if c.path == "/threads" {
+			delete(body, "graph_id")
+		}
+		id := a.must(200, "POST", c.path, body).Obj[c.idField].(string)
+		body[c.idField], body["metadata"] = id, map[string]any{"v": 2}
+		if ans := a.must(409, "POST", c.path, body); ans.Obj["detail"] == nil {
+			t.Fatalf("%s taken: %s", c.path, ans.Raw)
+		}
+		body["if_exists"] = "do_nothing"
+		if got := a.must(200, "POST", c.path, body).Obj["metadata"].(map[string]any)["v"]; got != 1.0 {
+			t.Fatalf("%s taken, do_nothing: metadata v %v, want the first's", c.path, got)
+		}
+	}
+}
