@@ -92,28 +92,13 @@ func (s *server) createAssistant(ctx context.Context, a Assistant, doNothing boo
 	raw, _ := json.Marshal(rec)
 	ver, _ := json.Marshal(rec.version())
 	key := sp.AgentAssistant(a.AssistantID)
-	resp, err := s.cfg.Etcd.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0), storeguard.NotFull(sp)).
-		Then(clientv3.OpPut(key, string(raw)), clientv3.OpPut(sp.AgentAssistantVersion(a.AssistantID, 1), string(ver))).
-		Else(clientv3.OpGet(key), storeguard.GetOp(sp)).Commit()
+	old, err := createOnce[assistantRecord](ctx, s, sp, "Assistant", a.AssistantID, key,
+		[]clientv3.Op{clientv3.OpPut(key, string(raw)), clientv3.OpPut(sp.AgentAssistantVersion(a.AssistantID, 1), string(ver))}, doNothing)
 	if err != nil {
-		return Assistant{}, etcdError("creating the assistant", err)
-	}
-	if resp.Succeeded {
-		return a, nil
-	}
-	if err := guardOf(resp, 1); err != nil { // the guard refused, whether or not the id is taken
 		return Assistant{}, err
 	}
-	kvs := resp.Responses[0].GetResponseRange().Kvs
-	if len(kvs) == 0 { // deleted since the compare
-		return Assistant{}, errRaced("the assistant")
-	}
-	if !doNothing {
-		return Assistant{}, huma.NewError(http.StatusConflict, "Assistant already exists: if_exists is raise (send do_nothing to get the existing one)")
-	}
-	var old assistantRecord
-	if err := json.Unmarshal(kvs[0].Value, &old); err != nil {
-		return Assistant{}, undecodable("assistant", a.AssistantID, err)
+	if old == nil {
+		return a, nil
 	}
 	return old.Assistant, nil
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/danielgtaylor/huma/v2"
 	"github.com/droverhq/drover"
+	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/schedule"
 	"github.com/droverhq/drover/storeguard"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -123,7 +124,8 @@ func (s *server) getCron(ctx context.Context, id string) (Cron, int64, error) {
 // transaction that compares its absence and the store guard, then its
 // schedule, which the cron's record is the truth of: a schedule the
 // queue refuses takes the cron back, and a server that dies between the
-// two leaves a cron whose schedule its next read makes (syncSchedules).
+// two leaves a cron whose schedule the next search or sweep makes
+// (repairSchedule).
 // Bad input stores nothing.
 func (s *server) createCron(ctx context.Context, c Cron) (Cron, error) {
 	spec := cronSpec(c)
@@ -141,8 +143,13 @@ func (s *server) createCron(ctx context.Context, c Cron) (Cron, error) {
 	defer done()
 	raw, _ := json.Marshal(c)
 	key := sp.AgentCron(c.CronID)
+	// The namespace is marked as one with schedules with the record, as
+	// a schedule's create marks it: the cron runners' sweep then finds
+	// the cron even when its schedule never came.
+	mark := keyspace.ScheduleNamespace(s.cfg.Namespace(ctx))
 	resp, err := s.cfg.Etcd.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0), storeguard.NotFull(sp)).
-		Then(clientv3.OpPut(key, string(raw))).Else(storeguard.GetOp(sp)).Commit()
+		Then(clientv3.OpPut(key, string(raw)), clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(mark), "=", 0)}, []clientv3.Op{clientv3.OpPut(mark, "")}, nil)).
+		Else(storeguard.GetOp(sp)).Commit()
 	if err != nil {
 		return Cron{}, etcdError("creating the cron", err)
 	}
@@ -394,6 +401,10 @@ func (s *server) listCrons(ctx context.Context, f cronFilter, by, order string) 
 // making a schedule that is missing or differs from its cron's record
 // (its server died between the two writes) as the record says.
 func (s *server) withNextRuns(ctx context.Context, crons []listed[Cron]) error {
+	sp, err := s.space(ctx)
+	if err != nil {
+		return err
+	}
 	sc, done, err := s.schedules(ctx)
 	if err != nil {
 		return err
@@ -411,8 +422,8 @@ func (s *server) withNextRuns(ctx context.Context, crons []listed[Cron]) error {
 		c := &crons[i].v
 		sch, ok := by[cronScheduleName(c.CronID)]
 		if spec := cronSpec(*c); !ok || sch.Cron != spec.Cron || sch.TZ != spec.TZ || sch.Paused != spec.Paused {
-			if sch, err = syncSchedule(ctx, sc, *c); err != nil {
-				return s.scheduleError("making the cron's schedule", err)
+			if sch, err = s.repairSchedule(ctx, sc, sp, *c, crons[i].modRev); err != nil {
+				return err
 			}
 		}
 		withNext(c, sch)

@@ -176,6 +176,9 @@ type CronRunner struct {
 	Now func() time.Time
 	// Poll is how often it looks for namespaces that got schedules (0: 2s).
 	Poll time.Duration
+	// Sweep is how often it makes the schedules of every namespace's
+	// crons as their records say (0: a minute): see sweepCrons.
+	Sweep time.Duration
 
 	// newWorker makes a namespace's worker (nil: queue.NewWorker).
 	newWorker func(context.Context, *clientv3.Client, queue.WorkerConfig) (*queue.Worker, error)
@@ -228,9 +231,14 @@ func (r *CronRunner) run(ctx context.Context) {
 	if poll <= 0 {
 		poll = 2 * time.Second
 	}
+	sweep := r.Sweep
+	if sweep <= 0 {
+		sweep = time.Minute
+	}
 	prefix := keyspace.ScheduleNamespaces()
 	t := time.NewTicker(poll)
 	defer t.Stop()
+	var swept time.Time
 	for {
 		g, err := r.Etcd.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithKeysOnly())
 		if err == nil {
@@ -239,12 +247,30 @@ func (r *CronRunner) run(ctx context.Context) {
 					r.startWorker(ctx, ns)
 				}
 			}
+			if time.Since(swept) >= sweep {
+				swept = time.Now()
+				for _, kv := range g.Kvs {
+					r.sweep(ctx, string(kv.Key[len(prefix):]))
+				}
+			}
 		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
+	}
+}
+
+// sweep makes the schedules of namespace ns's crons as their records
+// say, logging a failure: the next sweep tries again.
+func (r *CronRunner) sweep(ctx context.Context, ns string) {
+	s := &server{cfg: Config{Etcd: r.Etcd, Namespace: func(context.Context) string { return ns }, Now: r.Now}}
+	if s.cfg.Now == nil {
+		s.cfg.Now = time.Now
+	}
+	if err := s.sweepCrons(ctx); err != nil && ctx.Err() == nil {
+		r.logger().Warn("agent-server crons: the sweep of the crons' schedules failed; the next tries again", "namespace", ns, "err", err)
 	}
 }
 

@@ -8,7 +8,9 @@ import (
 	"time"
 
 	"github.com/droverhq/drover/agentserver"
+	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/queue"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // TestCronFireCrashIsRetried: a fire whose server dies after any number
@@ -127,5 +129,40 @@ func TestCronUpdateClearsEndTime(t *testing.T) {
 	}
 	if got := a.must(200, "PATCH", "/runs/crons/"+id, map[string]any{"end_time": nil}).Obj; got["end_time"] != nil {
 		t.Fatalf("an update with end_time null: end_time %v, want null", got["end_time"])
+	}
+}
+
+// TestCronSweepMakesAMissingSchedule: a server that dies after a cron's
+// record, before its schedule, leaves a cron without a schedule; the
+// cron runner's sweep makes it, with no search or count of crons.
+func TestCronSweepMakesAMissingSchedule(t *testing.T) {
+	a := newAPI(t)
+	ctx := context.Background()
+	a.must(200, "PUT", "/v1/agent-server/graphs/agent", map[string]any{})
+	sc := schedules(t, a, time.Now)
+	_, _ = agentserver.CreateCronOn(ctx, crashClient(t, a.cli, 1), a.ns, "agent", "0 0 1 1 *")
+	recs, err := a.cli.Get(ctx, keyspace.MustNew(a.ns).AgentCrons(), clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	list, err := sc.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(recs.Kvs) != 1 || len(list) != 0 {
+		t.Fatalf("after the crash: %d cron records, %d schedules; want the record alone", len(recs.Kvs), len(list))
+	}
+	id := string(recs.Kvs[0].Key[len(keyspace.MustNew(a.ns).AgentCrons()):])
+	cr := &agentserver.CronRunner{Etcd: a.cli, Poll: 20 * time.Millisecond, Sweep: 50 * time.Millisecond}
+	cr.Start(ctx)
+	defer cr.Stop()
+	for i := 0; i < 600 && len(list) == 0; i++ { // 30 s at most
+		time.Sleep(50 * time.Millisecond)
+		if list, err = sc.List(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(list) != 1 || list[0].Name != "agent-cron-"+id {
+		t.Fatalf("schedules after the sweep %v: want the cron's", list)
 	}
 }

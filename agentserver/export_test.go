@@ -1,6 +1,12 @@
 package agentserver
 
-import "time"
+import (
+	"context"
+	"encoding/json"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
 
 // SetStreamKeepalive sets how often a quiet SSE answer sends a comment,
 // until the returned restore is called.
@@ -8,4 +14,28 @@ func SetStreamKeepalive(d time.Duration) (restore func()) {
 	old := streamKeepalive
 	streamKeepalive = d
 	return func() { streamKeepalive = old }
+}
+
+// SetStoreScanLimit sets how many keys one store search or namespace
+// listing examines, until the returned restore is called.
+func SetStoreScanLimit(n int) (restore func()) {
+	old := maxStoreScan
+	maxStoreScan = n
+	return func() { maxStoreScan = old }
+}
+
+// CreateOnceOn writes value at key of namespace ns through cli once, as
+// the creates of assistants and threads do (createOnce), and answers the
+// value stored before when key was taken and doNothing.
+func CreateOnceOn(ctx context.Context, cli *clientv3.Client, ns, what, key, value string, doNothing bool) (json.RawMessage, error) {
+	s := &server{cfg: Config{Etcd: cli, Namespace: func(context.Context) string { return ns }, Now: time.Now}}
+	sp, err := s.space(ctx)
+	if err != nil {
+		return nil, err
+	}
+	old, err := createOnce[json.RawMessage](ctx, s, sp, what, key, sp.Root()+key, []clientv3.Op{clientv3.OpPut(sp.Root()+key, value)}, doNothing)
+	if old == nil {
+		return nil, err
+	}
+	return *old, err
 }

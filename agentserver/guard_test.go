@@ -35,6 +35,7 @@ func TestWritesStoreFull(t *testing.T) {
 		{"patch assistant", "PATCH", "/assistants/" + asst, map[string]any{"name": "x"}},
 		{"set latest", "POST", "/assistants/" + asst + "/latest", map[string]any{"version": 1}},
 		{"create thread", "POST", "/threads", map[string]any{}},
+		{"create thread, its id taken", "POST", "/threads", map[string]any{"thread_id": th, "if_exists": "do_nothing"}},
 		{"patch thread", "PATCH", "/threads/" + th, map[string]any{"metadata": map[string]any{"k": 1}}},
 	} {
 		t.Run(c.name, func(t *testing.T) {

@@ -23,13 +23,15 @@ import (
 // beside the thread's runs: two admissions on one thread conflict, and
 // the one retried sees the other's run. An enqueued run waits unadmitted
 // (queued, no task) until the admitted one ends; then the end admits the
-// oldest queued run. interrupt and rollback stop the admitted run first:
+// oldest queued run. interrupt and rollback stop the admitted run:
 // its task is cancelled (the queue takes its claim away, so its stream
 // refuses its late events), the thread's lock (checkpoint admission's,
 // keyspace.ThreadLock) is taken from it (its late checkpoint writes,
 // fenced by that lock, are refused), and the admission's interrupt key is
-// written; rollback then deletes its checkpoints. Only after that is the
-// new run admitted and its task submitted.
+// written; rollback then deletes its checkpoints. The stop comes after
+// the transaction that admits the new run (and writes the stopped runs
+// ended, or deletes them) and before its task is submitted: a create
+// that fails stops nothing, and the new run never runs beside them.
 
 // maxStopped bounds the runs one create stops (those of the thread not
 // ended: the admitted one and the queued ones), so that its transaction
@@ -119,9 +121,10 @@ var errMoved = errors.New("agentserver: another run took the thread")
 // stopRuns stops runs of thread for a new run (or a cancel): their tasks
 // cancelled, the thread's lock taken from whoever holds it, the
 // admission's interrupt key written, and with rollback their checkpoints
-// deleted. Each step may be repeated: a create that conflicts after it
-// stops the runs again. errMoved when a run not among them is admitted.
-func (s *server) stopRuns(ctx context.Context, thread string, runs []runRecord, rollback bool) error {
+// deleted. Each step may be repeated. errMoved when a run not among them
+// (nor admitted, the new run that stops them) is admitted, or when
+// admitted's task is submitted: whoever submitted it had stopped them.
+func (s *server) stopRuns(ctx context.Context, thread string, runs []runRecord, rollback bool, admitted string) error {
 	sp, err := s.space(ctx)
 	if err != nil {
 		return err
@@ -143,7 +146,7 @@ func (s *server) stopRuns(ctx context.Context, thread string, runs []runRecord, 
 	}
 	// After the cancels: a runtime that takes the lock after this delete
 	// reads its task cancelled and runs nothing.
-	if err := s.takeThread(ctx, sp, thread, ids); err != nil {
+	if err := s.takeThread(ctx, sp, thread, ids, admitted); err != nil {
 		return err
 	}
 	if !rollback {
@@ -191,9 +194,11 @@ const placeholderDelay = 24 * time.Hour
 // checkpoint writes under it are refused from now on), and writes the
 // admission's interrupt request, which ends the context of a run
 // admitted by checkpoint.Admitter on the thread; unless a run not among
-// stopped is admitted and not ended (errMoved): the lock may be its. The
-// check and the taking are one transaction on the thread's revision.
-func (s *server) takeThread(ctx context.Context, sp keyspace.Space, thread string, stopped map[string]bool) error {
+// stopped (nor admitted) is admitted and not ended (errMoved): the lock
+// may be its. The check and the taking are one transaction on the
+// thread's revision, which also compares that admitted's task is not
+// submitted (errMoved when it is): its runtime may hold the lock.
+func (s *server) takeThread(ctx context.Context, sp keyspace.Space, thread string, stopped map[string]bool, admitted string) error {
 	ctx = context.WithValue(ctx, admittingKey{}, true) // a run admitted now would move the thread
 	for range maxAttempts {
 		// The thread first, then its runs: an admission after this read
@@ -209,19 +214,28 @@ func (s *server) takeThread(ctx context.Context, sp keyspace.Space, thread strin
 			return err
 		}
 		for _, r := range runs {
-			if !r.Ended && !r.Queued && !stopped[r.RunID] {
+			if !r.Ended && !r.Queued && !stopped[r.RunID] && r.RunID != admitted {
 				return errMoved
 			}
 		}
-		resp, err := s.cfg.Etcd.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(sp.AgentThread(thread)), "=", trev)).Then(
+		cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(sp.AgentThread(thread)), "=", trev)}
+		var orElse []clientv3.Op
+		if admitted != "" {
+			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(sp.TaskIndex(admitted)), "=", 0))
+			orElse = append(orElse, clientv3.OpGet(sp.TaskIndex(admitted), clientv3.WithKeysOnly()))
+		}
+		resp, err := s.cfg.Etcd.Txn(ctx).If(cmps...).Then(
 			clientv3.OpDelete(sp.Lock(keyspace.ThreadLock(thread)), clientv3.WithPrefix()),
 			clientv3.OpPut(sp.CheckpointInterrupt(thread), s.now().Format(time.RFC3339Nano)),
-		).Commit()
+		).Else(orElse...).Commit()
 		if err != nil {
 			return etcdError("taking the thread from its run", err)
 		}
 		if resp.Succeeded {
 			return nil
+		}
+		if admitted != "" && len(resp.Responses[0].GetResponseRange().Kvs) > 0 {
+			return errMoved
 		}
 	}
 	return errRaced("the thread")
@@ -382,6 +396,33 @@ func (s *server) admitNext(ctx context.Context, thread string) error {
 	return errRaced("the thread")
 }
 
+// finishStops stops the runs admitted run r stopped (interrupt,
+// rollback) in the transaction that admitted it: their tasks cancelled,
+// the thread's lock taken, with rollback their checkpoints deleted. It
+// comes before r's task is submitted, by r's creator or by whoever finds
+// r admitted without its task (its creator died in between), and may
+// come twice: the lock is taken only while r's task is not submitted.
+func (s *server) finishStops(ctx context.Context, r runRecord) error {
+	if len(r.Stops) == 0 {
+		return nil
+	}
+	runs := make([]runRecord, len(r.Stops))
+	for i, o := range r.Stops {
+		runs[i] = runRecord{Run: Run{RunID: o.RunID, ThreadID: r.ThreadID}, GraphID: o.GraphID, Queued: o.Queued}
+	}
+	if err := s.stopRuns(ctx, r.ThreadID, runs, r.RollbackStops, r.RunID); err != nil && !errors.Is(err, errMoved) {
+		return err
+	}
+	return nil
+}
+
+// stopRef names a run that a new run stopped, for finishStops.
+type stopRef struct {
+	RunID   string `json:"run_id"`
+	GraphID string `json:"graph_id"`
+	Queued  bool   `json:"queued,omitempty"`
+}
+
 // admittingKey marks a context whose settles leave the admission of the
 // thread's next run to their caller (admitNext, takeThread).
 type admittingKey struct{}
@@ -413,6 +454,9 @@ func (s *server) ensureTask(ctx context.Context, r runRecord) error {
 		return nil
 	} else if !errors.Is(err, queue.ErrNotFound) {
 		return etcdError("reading the run's task", err)
+	}
+	if err := s.finishStops(ctx, r); err != nil {
+		return err
 	}
 	res, err := q.Submit(ctx, RunsQueue, []queue.Task{{ID: r.RunID, Type: r.GraphID, Parameters: r.Params, Delay: queue.Duration(max(r.DueAt.Sub(s.now()), 0))}}, nil)
 	if err == nil && len(res.Rejected) > 0 {

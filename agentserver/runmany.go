@@ -21,7 +21,7 @@ func (s *server) cancelRun(ctx context.Context, thread, id string, rollback bool
 		return err
 	}
 	if !r.Ended {
-		if err := s.stopRuns(ctx, thread, []runRecord{r}, rollback); err != nil && !errors.Is(err, errMoved) {
+		if err := s.stopRuns(ctx, thread, []runRecord{r}, rollback, ""); err != nil && !errors.Is(err, errMoved) {
 			return err
 		}
 		// errMoved: another run was admitted, so this one had ended.
@@ -78,21 +78,21 @@ func (s *server) runsToCancel(ctx context.Context, b cancelManyBody) ([]runRef, 
 		}
 		thread = th
 	}
-	all, err := s.runKeys(ctx, thread)
-	if err != nil {
-		return nil, err
-	}
 	if len(b.RunIDs) > 0 {
-		byID := map[string]runRef{}
-		for _, r := range all {
-			byID[r.id] = r
-		}
-		out := make([]runRef, 0, len(b.RunIDs))
+		want := map[string]bool{}
 		for i, id := range b.RunIDs {
 			if !isUUID(id) {
 				return nil, badInput("body.run_ids["+itoa(i)+"]", id, "must be a UUID")
 			}
-			r, ok := byID[strings.ToLower(id)]
+			want[strings.ToLower(id)] = true
+		}
+		found, err := s.findRuns(ctx, thread, want)
+		if err != nil {
+			return nil, err
+		}
+		out := make([]runRef, 0, len(b.RunIDs))
+		for _, id := range b.RunIDs {
+			r, ok := found[strings.ToLower(id)]
 			if !ok {
 				return nil, errRunNotFound(id)
 			}
@@ -100,43 +100,126 @@ func (s *server) runsToCancel(ctx context.Context, b cancelManyBody) ([]runRef, 
 		}
 		return out, nil
 	}
+	// A run pending or running has not ended: it is in the index of
+	// active runs, read a page at a time, never the runs' history.
 	var out []runRef
-	for _, ref := range all {
-		r, _, err := s.getRun(ctx, ref.thread, ref.id)
-		if isNotFound(err) {
-			continue
+	err := s.activeRefs(ctx, thread, func(refs []runRef) error {
+		for _, ref := range refs {
+			r, _, err := s.getRun(ctx, ref.thread, ref.id)
+			if isNotFound(err) {
+				continue
+			}
+			if err != nil {
+				return err
+			}
+			if r.Status == b.Status || b.Status == "all" && (r.Status == "pending" || r.Status == "running") {
+				out = append(out, ref)
+			}
 		}
-		if err != nil {
-			return nil, err
-		}
-		if r.Status == b.Status || b.Status == "all" && (r.Status == "pending" || r.Status == "running") {
-			out = append(out, ref)
-		}
-	}
-	return out, nil
+		return nil
+	})
+	return out, err
 }
 
-// runKeys lists the runs of thread ("": of every thread of the
-// namespace) by their keys.
-func (s *server) runKeys(ctx context.Context, thread string) ([]runRef, error) {
+// runPage is how many keys one read of a run lookup answers: the index
+// of active runs and the runs' keys are read a page at a time.
+const runPage = 1000
+
+// activeRefs calls page with the runs of thread ("": of every thread of
+// the namespace) in the index of active runs, a page at a time, until
+// the index ends or page fails.
+func (s *server) activeRefs(ctx context.Context, thread string, page func([]runRef) error) error {
+	sp, err := s.space(ctx)
+	if err != nil {
+		return err
+	}
+	if err := s.ensureRunIndex(ctx, sp); err != nil {
+		return err
+	}
+	return s.scanRefs(ctx, sp.AgentActiveRuns(thread), sp.AgentActiveRuns(""), page)
+}
+
+// scanRefs calls page with the runs whose keys are under prefix (keys
+// root/{thread}/{run}), runPage keys a read, in key order: each read
+// starts after the last key of the one before, so the loop ends with the
+// range.
+func (s *server) scanRefs(ctx context.Context, prefix, root string, page func([]runRef) error) error {
+	from, end := prefix, clientv3.GetPrefixRangeEnd(prefix)
+	for {
+		resp, err := s.cfg.Etcd.Get(ctx, from, clientv3.WithRange(end), clientv3.WithKeysOnly(), clientv3.WithLimit(runPage))
+		if err != nil {
+			return etcdError("listing runs", err)
+		}
+		refs := make([]runRef, 0, len(resp.Kvs))
+		for _, kv := range resp.Kvs {
+			th, id, ok := strings.Cut(strings.TrimPrefix(string(kv.Key), root), "/")
+			if ok {
+				refs = append(refs, runRef{th, id})
+			}
+		}
+		if err := page(refs); err != nil {
+			return err
+		}
+		if !resp.More || len(resp.Kvs) == 0 {
+			return nil
+		}
+		from = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
+	}
+}
+
+// errFound ends a scan that found what it looked for.
+var errFound = errors.New("agentserver: found")
+
+// findRuns finds the threads of the runs want names: of thread, by
+// their keys; else in the index of active runs first, then in the runs'
+// keys, a page at a time, until every one is found or the keys end. A
+// run not found is left out of the answer.
+func (s *server) findRuns(ctx context.Context, thread string, want map[string]bool) (map[string]runRef, error) {
 	sp, err := s.space(ctx)
 	if err != nil {
 		return nil, err
 	}
-	prefix := sp.AgentRuns(thread)
-	resp, err := s.cfg.Etcd.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithKeysOnly())
-	if err != nil {
-		return nil, etcdError("listing runs", err)
+	found := map[string]runRef{}
+	if thread != "" {
+		var gets []clientv3.Op
+		for id := range want {
+			gets = append(gets, clientv3.OpGet(sp.AgentRun(thread, id), clientv3.WithKeysOnly()))
+		}
+		for len(gets) > 0 {
+			n := min(len(gets), maxTxnOps)
+			resp, err := s.cfg.Etcd.Txn(ctx).Then(gets[:n]...).Commit()
+			if err != nil {
+				return nil, etcdError("reading runs", err)
+			}
+			for _, r := range resp.Responses {
+				for _, kv := range r.GetResponseRange().Kvs {
+					found[idOf(kv.Key)] = runRef{thread, idOf(kv.Key)}
+				}
+			}
+			gets = gets[n:]
+		}
+		return found, nil
 	}
-	root := sp.AgentRuns("")
-	out := make([]runRef, 0, len(resp.Kvs))
-	for _, kv := range resp.Kvs {
-		th, id, ok := strings.Cut(strings.TrimPrefix(string(kv.Key), root), "/")
-		if ok {
-			out = append(out, runRef{th, id})
+	collect := func(refs []runRef) error {
+		for _, r := range refs {
+			if want[r.id] {
+				found[r.id] = r
+			}
+		}
+		if len(found) == len(want) {
+			return errFound
+		}
+		return nil
+	}
+	if err := s.activeRefs(ctx, "", collect); err != nil && !errors.Is(err, errFound) {
+		return nil, err
+	} else if err == nil {
+		err = s.scanRefs(ctx, sp.AgentRuns(""), sp.AgentRuns(""), collect)
+		if err != nil && !errors.Is(err, errFound) {
+			return nil, err
 		}
 	}
-	return out, nil
+	return found, nil
 }
 
 func (s *server) runManyRoutes(api huma.API, tags []string) {

@@ -52,6 +52,12 @@ type runRecord struct {
 	// task (its creator died before submitting it) submits it from them.
 	Params json.RawMessage `json:"params,omitempty"`
 	DueAt  time.Time       `json:"due_at,omitzero"`
+	// Stops are the runs this one stopped (interrupt, rollback: with
+	// RollbackStops their checkpoints are deleted), written ended in the
+	// transaction that admitted it: finishStops stops them before its
+	// task is submitted.
+	Stops         []stopRef `json:"stops,omitempty"`
+	RollbackStops bool      `json:"rollback_stops,omitempty"`
 }
 
 // ThreadState is a thread's state at a checkpoint, as LangGraph answers
@@ -120,13 +126,12 @@ func (s *server) createRun(ctx context.Context, r runRecord, a assistantRecord, 
 		return Run{}, err
 	}
 	params, _ := json.Marshal(runTask{Run: r.Run, GraphID: a.GraphID, Config: a.Config, Context: a.Context, Temporary: temporary})
-	stopped := map[string]runRecord{} // by interrupt or rollback, over the attempts
 	for range maxAttempts {
 		t, rev, err := s.getThread(ctx, r.ThreadID) // first: see takeThread
 		if err != nil {
 			return Run{}, err
 		}
-		runs, revs, err := s.threadRuns(ctx, r.ThreadID, stopped)
+		runs, revs, err := s.threadRuns(ctx, r.ThreadID, nil)
 		if err != nil {
 			return Run{}, err
 		}
@@ -139,37 +144,27 @@ func (s *server) createRun(ctx context.Context, r runRecord, a assistantRecord, 
 			}
 			continue
 		}
-		active, cmps, ops := s.stopPlan(sp, r, runs, revs, stopped)
+		active, cmps, ops := s.stopPlan(sp, r, runs, revs)
 		rec := r
 		rec.Params = params
 		if delay > 0 {
 			rec.DueAt = s.now().Add(delay)
 		}
 		switch {
-		case len(active) == 0 && len(stopped) == 0:
-			cmps, ops = nil, nil
-		case len(active) == 0 && r.MultitaskStrategy != "interrupt" && r.MultitaskStrategy != "rollback":
+		case len(active) == 0:
 			cmps, ops = nil, nil
 		case r.MultitaskStrategy == "reject":
 			return Run{}, huma.NewError(http.StatusConflict, fmt.Sprintf("Thread %s is busy with run %s: multitask_strategy is reject", r.ThreadID, active[0].RunID))
 		case len(active) > maxStopped || len(ops)+writeRunOps > maxTxnOps || len(cmps)+writeRunOps > maxTxnOps:
-			return Run{}, huma.NewError(http.StatusConflict, fmt.Sprintf("Thread %s has %d runs not ended (and %d stopped), more than the %d one run may stop or queue behind", r.ThreadID, len(active), len(stopped), maxStopped))
+			return Run{}, huma.NewError(http.StatusConflict, fmt.Sprintf("Thread %s has %d runs not ended, more than the %d one run may stop or queue behind", r.ThreadID, len(active), maxStopped))
 		case r.MultitaskStrategy == "enqueue":
 			rec.Queued = true
 			cmps, ops = nil, nil
-		default: // interrupt, rollback: stopped before the transaction that admits r
+		default: // interrupt, rollback: stopped once the transaction that admits rec commits
 			for _, o := range active {
-				stopped[o.RunID] = o
+				rec.Stops = append(rec.Stops, stopRef{RunID: o.RunID, GraphID: o.GraphID, Queued: o.Queued})
 			}
-			all := make([]runRecord, 0, len(stopped))
-			for _, o := range stopped {
-				all = append(all, o)
-			}
-			if err := s.stopRuns(ctx, r.ThreadID, all, r.MultitaskStrategy == "rollback"); errors.Is(err, errMoved) {
-				continue
-			} else if err != nil {
-				return Run{}, err
-			}
+			rec.RollbackStops = r.MultitaskStrategy == "rollback"
 		}
 		before, ok, err := s.writeRun(ctx, sp, t, rev, rec, a, cmps, ops)
 		if err != nil {
@@ -181,7 +176,13 @@ func (s *server) createRun(ctx context.Context, r runRecord, a assistantRecord, 
 		if rec.Queued {
 			return rec.Run, nil
 		}
-		return s.submitRun(ctx, sp, r, params, delay, before)
+		// A failure here leaves rec admitted without its task: the next
+		// read of it (join, stream, get of the thread's runs) stops what it
+		// stopped and submits the task (ensureTask).
+		if err := s.finishStops(ctx, rec); err != nil {
+			return Run{}, err
+		}
+		return s.submitRun(ctx, sp, rec, params, delay, before)
 	}
 	return Run{}, errRaced("the thread")
 }
@@ -264,19 +265,15 @@ func onlyQueued(runs []runRecord) bool {
 }
 
 // stopPlan is what new run r's transaction does to thread's runs: the
-// runs not ended (active), the compares on their records and on those of
-// the runs stopped in earlier attempts, and the changes: with interrupt
-// the active runs written ended interrupted, with rollback the records
-// deleted.
-func (s *server) stopPlan(sp keyspace.Space, r runRecord, runs []runRecord, revs []int64, stopped map[string]runRecord) (active []runRecord, cmps []clientv3.Cmp, ops []clientv3.Op) {
+// runs not ended (active), the compares on their records, and the
+// changes: with interrupt the active runs written ended interrupted,
+// with rollback the records deleted.
+func (s *server) stopPlan(sp keyspace.Space, r runRecord, runs []runRecord, revs []int64) (active []runRecord, cmps []clientv3.Cmp, ops []clientv3.Op) {
 	for i, o := range runs {
-		_, was := stopped[o.RunID]
-		if o.Ended && !(was && r.MultitaskStrategy == "rollback") {
+		if o.Ended {
 			continue
 		}
-		if !o.Ended {
-			active = append(active, o)
-		}
+		active = append(active, o)
 		okey := sp.AgentRun(r.ThreadID, o.RunID)
 		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(okey), "=", revs[i]))
 		switch r.MultitaskStrategy {
@@ -335,6 +332,12 @@ func (s *server) refuseWhileActive(ctx context.Context, thread string) error {
 	if err != nil || active == "" {
 		return err
 	}
+	return errBusyForUpdate(thread, active)
+}
+
+// errBusyForUpdate is the 409 of a state update of thread while its run
+// active has not ended.
+func errBusyForUpdate(thread, active string) error {
 	return huma.NewError(http.StatusConflict, fmt.Sprintf("Thread %s is busy with run %s: update its state once the run has ended", thread, active))
 }
 

@@ -14,6 +14,7 @@ import (
 	"github.com/danielgtaylor/huma/v2"
 	"github.com/danielgtaylor/huma/v2/adapters/humago"
 	"github.com/droverhq/drover/internal/serverclose"
+	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/queue"
 	"github.com/droverhq/drover/stream"
 )
@@ -86,60 +87,69 @@ func (s *server) streamRun(thread, id string, skip int64) *huma.StreamResponse {
 			_ = writeEvent(w, followed{err: err}, 0)
 			return
 		}
-		ended := stream.WhenEnded(func(ctx context.Context) bool {
-			t, err := q.Get(ctx, id)
-			return errors.Is(err, queue.ErrNotFound) || err == nil && t.CurrentStatus.Terminal()
-		}, time.Second)
-		fctx, stop := context.WithCancel(ctx)
-		defer stop()
-		evs := make(chan followed)
-		go func() { // ends with fctx, which ends when this answer does
-			defer close(evs)
-			for ev, err := range stream.HubFor(s.cfg.Etcd, sp).Follow(fctx, id, 0, ended) {
-				select {
-				case evs <- followed{ev, err}:
-				case <-fctx.Done():
-					return
-				}
-			}
-		}()
-		tick := time.NewTicker(streamKeepalive)
-		defer tick.Stop()
-		closing := serverclose.Of(ctx)
-		var seen int64 // the runtime's events followed so far: the next one's id
-		for {
-			var f followed
-			var ok bool
+		s.followRun(ctx, w, rc, q, sp, id, skip, func(f followed, n int64) bool { return writeEvent(w, f, n) })
+	}}
+}
+
+// followRun sends run id's events to emit, after the first skip of them,
+// until the run's task ends (true), or the answer ends: the client went
+// away, the server closes, emit failed, or the stream failed (false). n
+// is the event's place among the runtime's events, from 0; drover's own
+// events are left out. Quiet, it writes keepalive comments to w.
+func (s *server) followRun(ctx context.Context, w io.Writer, rc *http.ResponseController, q *queue.Client, sp keyspace.Space, id string, skip int64, emit func(f followed, n int64) bool) bool {
+	ended := stream.WhenEnded(func(ctx context.Context) bool {
+		t, err := q.Get(ctx, id)
+		return errors.Is(err, queue.ErrNotFound) || err == nil && t.CurrentStatus.Terminal()
+	}, time.Second)
+	fctx, stop := context.WithCancel(ctx)
+	defer stop()
+	evs := make(chan followed)
+	go func() { // ends with fctx, which ends when this answer does
+		defer close(evs)
+		for ev, err := range stream.HubFor(s.cfg.Etcd, sp).Follow(fctx, id, 0, ended) {
 			select {
-			case <-ctx.Done():
-				return
-			case <-closing: // the client reconnects with Last-Event-ID
-				return
-			case <-tick.C:
-				if _, err := io.WriteString(w, ": keepalive\n\n"); err != nil {
-					return
-				}
-				_ = rc.Flush()
-				continue
-			case f, ok = <-evs:
-			}
-			if !ok {
+			case evs <- followed{ev, err}:
+			case <-fctx.Done():
 				return
 			}
-			if f.err == nil && droverEvents[f.ev.Type] {
-				continue
-			}
-			n := seen
-			seen++
-			if f.err == nil && n < skip {
-				continue // the client had it
-			}
-			if !writeEvent(w, f, n) {
-				return
+		}
+	}()
+	tick := time.NewTicker(streamKeepalive)
+	defer tick.Stop()
+	closing := serverclose.Of(ctx)
+	var seen int64 // the runtime's events followed so far: the next one's id
+	for {
+		var f followed
+		var ok bool
+		select {
+		case <-ctx.Done():
+			return false
+		case <-closing: // the client reconnects with Last-Event-ID
+			return false
+		case <-tick.C:
+			if _, err := io.WriteString(w, ": keepalive\n\n"); err != nil {
+				return false
 			}
 			_ = rc.Flush()
+			continue
+		case f, ok = <-evs:
 		}
-	}}
+		if !ok {
+			return true
+		}
+		if f.err == nil && droverEvents[f.ev.Type] {
+			continue
+		}
+		n := seen
+		seen++
+		if f.err == nil && n < skip {
+			continue // the client had it
+		}
+		if !emit(f, n) || f.err != nil {
+			return false
+		}
+		_ = rc.Flush()
+	}
 }
 
 // followed is one event of a followed stream, or the error that ends it.
@@ -237,6 +247,7 @@ func (s *server) runStreamRoutes(api huma.API) {
 		return s.streamRun(th, id, from), nil
 	})
 	s.statelessJoinStreamRoute(api, tags, sse)
+	s.threadStreamRoute(api)
 }
 
 // statelessJoinStreamRoute serves the join stream of a run named by its
@@ -270,7 +281,8 @@ func (s *server) statelessJoinStreamRoute(api huma.API, tags []string, sse map[s
 }
 
 // threadOfRun is the thread of run id: from its task's parameters, else
-// from the runs' keys.
+// found by findRuns (the index of active runs, then the runs' keys, a
+// page at a time).
 func (s *server) threadOfRun(ctx context.Context, id string) (string, error) {
 	q, err := s.queueOf(ctx)
 	if err != nil {
@@ -283,14 +295,12 @@ func (s *server) threadOfRun(ctx context.Context, id string) (string, error) {
 			return p.Run.ThreadID, nil
 		}
 	}
-	refs, err := s.runKeys(ctx, "")
+	found, err := s.findRuns(ctx, "", map[string]bool{id: true})
 	if err != nil {
 		return "", err
 	}
-	for _, r := range refs {
-		if r.id == id {
-			return r.thread, nil
-		}
+	if r, ok := found[id]; ok {
+		return r.thread, nil
 	}
 	return "", errRunNotFound(id)
 }

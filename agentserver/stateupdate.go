@@ -32,19 +32,36 @@ type updateTask struct {
 	Config       any    `json:"assistant_config"`
 }
 
-// submitUpdate submits a state update of thread to its graph's runtime
-// and answers the task's id.
-func (s *server) submitUpdate(ctx context.Context, thread string, b stateUpdate) (string, error) {
+// updateTicket is a submitted state update: its task, and the revision
+// read before the thread's active runs were, since which a run admitted
+// on the thread makes the update fail (see awaitUpdate).
+type updateTicket struct {
+	task  string
+	since int64
+}
+
+// submitUpdate submits a state update of thread to its graph's runtime.
+// It refuses one while the thread has a run not ended (a read, to fail
+// early: the transaction that stores the update's state checks again).
+func (s *server) submitUpdate(ctx context.Context, thread string, b stateUpdate) (updateTicket, error) {
+	sp, err := s.space(ctx)
+	if err != nil {
+		return updateTicket{}, err
+	}
+	at, err := s.cfg.Etcd.Get(ctx, sp.AgentActiveRuns(thread), clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil {
+		return updateTicket{}, etcdError("reading the thread's active runs", err)
+	}
 	t, _, err := s.getThread(ctx, thread)
 	if err != nil {
-		return "", err
+		return updateTicket{}, err
 	}
 	if err := s.refuseWhileActive(ctx, thread); err != nil {
-		return "", err
+		return updateTicket{}, err
 	}
 	graph, _ := t.Metadata["graph_id"].(string)
 	if graph == "" {
-		return "", huma.NewError(http.StatusConflict, fmt.Sprintf("Thread %s has no graph: run it once first (its first run names its graph)", thread))
+		return updateTicket{}, huma.NewError(http.StatusConflict, fmt.Sprintf("Thread %s has no graph: run it once first (its first run names its graph)", thread))
 	}
 	// The graph is made with the config of the assistant that ran the
 	// thread (LangGraph remakes it with the thread's config): a graph
@@ -58,7 +75,7 @@ func (s *server) submitUpdate(ctx context.Context, thread string, b stateUpdate)
 		a, _, err = s.getAssistant(ctx, graph)
 	}
 	if err != nil {
-		return "", err
+		return updateTicket{}, err
 	}
 	cid := b.CheckpointID
 	if m, ok := b.Checkpoint.(map[string]any); ok && cid == "" {
@@ -67,7 +84,7 @@ func (s *server) submitUpdate(ctx context.Context, thread string, b stateUpdate)
 	params, _ := json.Marshal(updateTask{Op: "update_state", ThreadID: thread, GraphID: graph, Values: b.Values, AsNode: b.AsNode, CheckpointID: cid, Config: a.Config})
 	q, err := s.queueOf(ctx)
 	if err != nil {
-		return "", err
+		return updateTicket{}, err
 	}
 	defer closeQueue(q)
 	id := s.ids.next(s.now())
@@ -77,14 +94,18 @@ func (s *server) submitUpdate(ctx context.Context, thread string, b stateUpdate)
 		err = errors.New(res.Rejected[0].Error)
 	}
 	if err != nil {
-		return "", etcdError("submitting the state update", err)
+		return updateTicket{}, etcdError("submitting the state update", err)
 	}
-	return id, nil
+	return updateTicket{task: id, since: at.Header.Revision}, nil
 }
 
-// awaitUpdate waits for state update id of thread, stores the state its
-// runtime answered as the thread's, and answers the new checkpoint.
-func (s *server) awaitUpdate(ctx context.Context, thread, id string) (any, error) {
+// awaitUpdate waits for state update u of thread, stores the state its
+// runtime answered as the thread's, and answers the new checkpoint. The
+// transaction that stores it compares the thread's index of active runs:
+// a run admitted (or queued) on the thread since u.since makes it a 409,
+// and the state is not stored.
+func (s *server) awaitUpdate(ctx context.Context, thread string, u updateTicket) (any, error) {
+	id := u.task
 	q, err := s.queueOf(ctx)
 	if err != nil {
 		return nil, err
@@ -129,13 +150,19 @@ func (s *server) awaitUpdate(ctx context.Context, thread, id string) (any, error
 		}
 		raw, _ := json.Marshal(rec)
 		traw, _ := json.Marshal(th)
-		resp, err := s.cfg.Etcd.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(sp.AgentThread(thread)), "=", trev)).
-			Then(clientv3.OpPut(sp.AgentThreadState(thread), string(raw)), clientv3.OpPut(sp.AgentThread(thread), string(traw))).Commit()
+		active := sp.AgentActiveRuns(thread)
+		resp, err := s.cfg.Etcd.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(sp.AgentThread(thread)), "=", trev),
+			clientv3.Compare(clientv3.CreateRevision(active), "<", u.since+1).WithPrefix()).
+			Then(clientv3.OpPut(sp.AgentThreadState(thread), string(raw)), clientv3.OpPut(sp.AgentThread(thread), string(traw))).
+			Else(clientv3.OpGet(active, clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithMinCreateRev(u.since+1), clientv3.WithLimit(1))).Commit()
 		if err != nil {
 			return nil, etcdError("storing the thread's state", err)
 		}
 		if resp.Succeeded {
 			return map[string]any{"checkpoint": res.Checkpoint}, nil
+		}
+		if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
+			return nil, errBusyForUpdate(thread, idOf(kvs[0].Key))
 		}
 	}
 	return nil, errRaced("the thread")
@@ -155,11 +182,11 @@ func (s *server) updateStateRoute(api huma.API) {
 		if err != nil {
 			return nil, err
 		}
-		task, err := s.submitUpdate(ctx, id, in.Body)
+		u, err := s.submitUpdate(ctx, id, in.Body)
 		if err != nil {
 			return nil, err
 		}
-		return longAnswer(func(ctx context.Context) (any, error) { return s.awaitUpdate(ctx, id, task) }), nil
+		return longAnswer(func(ctx context.Context) (any, error) { return s.awaitUpdate(ctx, id, u) }), nil
 	})
 }
 
@@ -198,9 +225,9 @@ func checkSupersteps(steps []superstep, graph string) error {
 func (s *server) applySupersteps(ctx context.Context, id string, steps []superstep) (Thread, error) {
 	for i, st := range steps {
 		for j, u := range st.Updates {
-			task, err := s.submitUpdate(ctx, id, stateUpdate{Values: u.Values, AsNode: u.AsNode})
+			ticket, err := s.submitUpdate(ctx, id, stateUpdate{Values: u.Values, AsNode: u.AsNode})
 			if err == nil {
-				_, err = s.awaitUpdate(ctx, id, task)
+				_, err = s.awaitUpdate(ctx, id, ticket)
 			}
 			if err != nil {
 				_ = s.deleteThread(context.WithoutCancel(ctx), id)

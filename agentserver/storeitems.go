@@ -3,12 +3,12 @@ package agentserver
 import (
 	"context"
 	"encoding/json"
-	"net/http"
+	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"time"
 
-	"github.com/danielgtaylor/huma/v2"
 	"github.com/droverhq/drover/storeguard"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -18,9 +18,15 @@ import (
 // 16 MiB of values.
 const storePage = 64
 
-// maxStorePages bounds a scan: 64 Mi items, more than any namespace of
-// etcd holds.
-const maxStorePages = 1 << 20
+// maxStoreScan bounds the keys one search or namespace listing examines
+// (a filtered search reads items until it has its page; a listing reads
+// a key per namespace, skipping the rest of its items): past it the
+// request is refused (errStoreScan) rather than read on.
+var maxStoreScan = 50_000
+
+// errStoreScan is a scan that examined maxStoreScan keys and was not
+// done: the caller's 400 names what to narrow.
+var errStoreScan = errors.New("agentserver: the scan examined its limit of keys")
 
 // putStoreItem writes value as item key of namespace ns, keeping its
 // created_at when it exists; its updated_at is later than the one it
@@ -101,13 +107,15 @@ func (s *server) deleteStoreItem(ctx context.Context, ns []string, key string) e
 }
 
 // scanStore calls f with each key under prefix in key order, pages of
-// storePage read at one revision, until f answers false.
-func (s *server) scanStore(ctx context.Context, prefix string, keysOnly bool, f func(kv *mvccpb.KeyValue) (bool, error)) error {
+// storePage read at one revision, until f answers false; f may answer a
+// key to go on from (past the rest of a namespace), later than the one it
+// was given. It examines at most maxStoreScan keys (errStoreScan).
+func (s *server) scanStore(ctx context.Context, prefix string, keysOnly bool, f func(kv *mvccpb.KeyValue) (skipTo string, more bool, err error)) error {
 	end := clientv3.GetPrefixRangeEnd(prefix)
 	from := prefix
 	var rev int64
-	for range maxStorePages {
-		opts := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(storePage)}
+	for examined := 0; examined < maxStoreScan; {
+		opts := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(int64(min(storePage, maxStoreScan-examined)))}
 		if keysOnly {
 			opts = append(opts, clientv3.WithKeysOnly())
 		}
@@ -119,18 +127,27 @@ func (s *server) scanStore(ctx context.Context, prefix string, keysOnly bool, f 
 			return etcdError("reading the store", err)
 		}
 		rev = resp.Header.Revision
+		skip := ""
 		for _, kv := range resp.Kvs {
-			more, err := f(kv)
+			if string(kv.Key) < skip {
+				continue
+			}
+			examined++
+			next, more, err := f(kv)
 			if err != nil || !more {
 				return err
 			}
+			skip = max(skip, next)
 		}
 		if !resp.More || len(resp.Kvs) == 0 {
 			return nil
 		}
-		from = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
+		from = max(string(resp.Kvs[len(resp.Kvs)-1].Key)+"\x00", skip)
+		if from >= end {
+			return nil
+		}
 	}
-	return huma.NewError(http.StatusInternalServerError, "agentserver: the store holds more items than a scan reads")
+	return errStoreScan
 }
 
 // searchStore is the items whose namespace starts with prefix and whose
@@ -143,34 +160,41 @@ func (s *server) searchStore(ctx context.Context, prefix []string, filter map[st
 	}
 	items := []StoreItem{}
 	size := 0
-	err = s.scanStore(ctx, sp.AgentStorePrefix(prefix), false, func(kv *mvccpb.KeyValue) (bool, error) {
+	err = s.scanStore(ctx, sp.AgentStorePrefix(prefix), false, func(kv *mvccpb.KeyValue) (string, bool, error) {
 		ns, key, ok := sp.ParseAgentStoreItem(string(kv.Key))
 		if !ok {
-			return true, nil
+			return "", true, nil
 		}
 		var rec storeRecord
 		if err := json.Unmarshal(kv.Value, &rec); err != nil {
-			return false, undecodable("store item", key, err)
+			return "", false, undecodable("store item", key, err)
 		}
 		if len(filter) > 0 {
 			var v map[string]any
 			if err := json.Unmarshal(rec.Value, &v); err != nil {
-				return false, undecodable("store item", key, err)
+				return "", false, undecodable("store item", key, err)
 			}
 			if !matchStoreFilter(v, filter) {
-				return true, nil
+				return "", true, nil
 			}
 		}
 		if offset > 0 {
 			offset--
-			return true, nil
+			return "", true, nil
 		}
 		if size += len(kv.Value); size > maxStoreAnswerBytes && len(items) > 0 {
-			return false, nil
+			return "", false, nil
 		}
 		items = append(items, StoreItem{Namespace: ns, Key: key, Value: rec.Value, CreatedAt: rec.CreatedAt, UpdatedAt: rec.UpdatedAt})
-		return len(items) < limit, nil
+		return "", len(items) < limit, nil
 	})
+	if errors.Is(err, errStoreScan) {
+		field := "body.offset"
+		if len(filter) > 0 {
+			field = "body.filter"
+		}
+		return nil, badInput(field, nil, fmt.Sprintf("a search examines at most %d items under its namespace_prefix: this one had not filled its page by then; narrow body.namespace_prefix (or the offset)", maxStoreScan))
+	}
 	return items, err
 }
 
@@ -267,22 +291,30 @@ func (s *server) storeNamespaces(ctx context.Context, prefix, suffix []string, d
 	}
 	seen := map[string]bool{}
 	out := [][]string{}
-	last := ""
-	err = s.scanStore(ctx, sp.AgentStorePrefix(literal), true, func(kv *mvccpb.KeyValue) (bool, error) {
+	// One key per namespace: past it, the scan goes on after the rest of
+	// its items (after every namespace under it once cut to depth).
+	err = s.scanStore(ctx, sp.AgentStorePrefix(literal), true, func(kv *mvccpb.KeyValue) (string, bool, error) {
 		ns, _, ok := sp.ParseAgentStoreItem(string(kv.Key))
-		if !ok || !labelsMatch(ns, prefix, false) || !labelsMatch(ns, suffix, true) {
-			return true, nil
+		if !ok {
+			return "", true, nil
 		}
+		if !labelsMatch(ns, prefix, false) || !labelsMatch(ns, suffix, true) {
+			return clientv3.GetPrefixRangeEnd(sp.AgentStoreNamespace(ns)), true, nil
+		}
+		next := clientv3.GetPrefixRangeEnd(sp.AgentStoreNamespace(ns))
 		if depth > 0 && len(ns) > depth {
 			ns = ns[:depth]
+			next = clientv3.GetPrefixRangeEnd(sp.AgentStorePrefix(ns))
 		}
-		id := strings.Join(ns, "\x00")
-		if id != last && !seen[id] { // a namespace's items are next to each other
-			seen[id], last = true, id
+		if id := strings.Join(ns, "\x00"); !seen[id] {
+			seen[id] = true
 			out = append(out, ns)
 		}
-		return true, nil
+		return next, true, nil
 	})
+	if errors.Is(err, errStoreScan) {
+		return nil, badInput("body.prefix", prefix, fmt.Sprintf("a listing examines at most %d namespaces: narrow body.prefix (or body.max_depth)", maxStoreScan))
+	}
 	slices.SortFunc(out, slices.Compare)
 	return out, err
 }

@@ -62,29 +62,14 @@ func (s *server) createThread(ctx context.Context, t Thread, doNothing bool) (Th
 	}
 	raw, _ := json.Marshal(t)
 	key := sp.AgentThread(t.ThreadID)
-	resp, err := s.cfg.Etcd.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0), storeguard.NotFull(sp)).
-		Then(clientv3.OpPut(key, string(raw))).Else(clientv3.OpGet(key), storeguard.GetOp(sp)).Commit()
+	old, err := createOnce[Thread](ctx, s, sp, "Thread", t.ThreadID, key, []clientv3.Op{clientv3.OpPut(key, string(raw))}, doNothing)
 	if err != nil {
-		return Thread{}, etcdError("creating the thread", err)
-	}
-	if resp.Succeeded {
-		return t, nil
-	}
-	if err := guardOf(resp, 1); err != nil { // the guard refused, whether or not the id is taken
 		return Thread{}, err
 	}
-	kvs := resp.Responses[0].GetResponseRange().Kvs
-	if len(kvs) == 0 { // deleted since the compare
-		return Thread{}, errRaced("the thread")
+	if old == nil {
+		return t, nil
 	}
-	if !doNothing {
-		return Thread{}, huma.NewError(http.StatusConflict, "Thread already exists: if_exists is raise (send do_nothing to get the existing one)")
-	}
-	var old Thread
-	if err := json.Unmarshal(kvs[0].Value, &old); err != nil {
-		return Thread{}, undecodable("thread", t.ThreadID, err)
-	}
-	return old, nil
+	return *old, nil
 }
 
 // patchThread merges metadata into thread id's, compared with what it
