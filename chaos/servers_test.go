@@ -228,13 +228,16 @@ type outage struct {
 
 // killAndRestart kills member m with SIGKILL, waits for the others to
 // elect a leader (when there are others), keeps m down for down more, and
-// starts it again on its data dir.
-func (s *etcdSet) killAndRestart(m *member, down time.Duration) outage {
+// starts it again on its data dir. afterKill runs once m has died.
+func (s *etcdSet) killAndRestart(m *member, down time.Duration, afterKill ...func()) outage {
 	s.t.Helper()
 	o := outage{member: m.name}
 	_ = m.proc.signal(syscall.SIGKILL)
 	o.killed = time.Now()
 	<-m.proc.done
+	for _, f := range afterKill {
+		f()
+	}
 	if len(s.members) > 1 {
 		deadline := time.Now().Add(30 * time.Second)
 		for o.elected.IsZero() && time.Now().Before(deadline) {

@@ -200,10 +200,19 @@ func checkStream(t *testing.T, f *sseFollower, logPath, id string) []int {
 // streamRun starts an emitter on set and follows task s-1's stream while
 // fault runs once the follower got 40 events. fault is given the emitter
 // and a way to start another; it returns the emitter to watch after it.
-func streamRun(t *testing.T, set *etcdSet, addrs func() []string, fault func(em *process, start func() *process) *process) (*sseFollower, string) {
+func streamRun(t *testing.T, set *etcdSet, addrs func() []string, fault func(em *process, start func() *process, release func()) *process) (*sseFollower, string) {
 	t.Helper()
 	dir := t.TempDir()
 	logPath := filepath.Join(dir, "runs.log")
+	// The emitter waits a third of the way while gate exists, until the
+	// fault has struck (release): the stream is still being written when
+	// it does, whatever the machine's load.
+	gate := filepath.Join(dir, "gate")
+	if err := os.WriteFile(gate, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	release := func() { _ = os.Remove(gate) }
+	defer release()
 	cli := etcdClient(t, set.endpoints())
 	qc, err := queue.NewClient(cli, "drover")
 	if err != nil {
@@ -216,7 +225,7 @@ func streamRun(t *testing.T, set *etcdSet, addrs func() []string, fault func(em 
 	t.Cleanup(func() { _ = errf.Close() })
 	startEmitter := func() *process {
 		return startProcess(t, "emitter", nil, errf, nil, wfBin(t), "-role", "emitter", "-endpoints", strings.Join(set.endpoints(), ","),
-			"-log", logPath, "-events", "150", "-emit-every", "10ms", "-ttl", "3s")
+			"-log", logPath, "-events", "150", "-emit-every", "10ms", "-ttl", "3s", "-gate", gate)
 	}
 	em, emitters := startEmitter(), 1
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
@@ -228,7 +237,7 @@ func streamRun(t *testing.T, set *etcdSet, addrs func() []string, fault func(em 
 	done := make(chan struct{})
 	go func() { defer close(done); f.follow(ctx, "s-1", addrs) }()
 	waitFor(t, "the follower to get 40 events", 30*time.Second, func() bool { return f.count() >= 40 })
-	if next := fault(em, startEmitter); next != em {
+	if next := fault(em, startEmitter, release); next != em {
 		em, emitters = next, emitters+1
 	}
 	tick := time.NewTicker(100 * time.Millisecond)
@@ -330,8 +339,8 @@ func logTail(t *testing.T, path string) {
 func TestStreamSurvivesServerRestart(t *testing.T) {
 	set := startEtcdSetHTTP(t, droverBin(t), 1, true)
 	m := set.members[0]
-	f, logPath := streamRun(t, set, func() []string { return []string{m.httpAddr} }, func(em *process, _ func() *process) *process {
-		o := set.killAndRestart(m, time.Second)
+	f, logPath := streamRun(t, set, func() []string { return []string{m.httpAddr} }, func(em *process, _ func() *process, release func()) *process {
+		o := set.killAndRestart(m, time.Second, release)
 		t.Logf("server killed at %s, serving again %s later", f0(o), o.ready.Sub(o.killed).Round(time.Millisecond))
 		return em
 	})
@@ -377,7 +386,7 @@ func TestStreamSurvivesLeaderFailover(t *testing.T) {
 		}
 		return out
 	}
-	f, logPath := streamRun(t, set, addrs, func(em *process, _ func() *process) *process {
+	f, logPath := streamRun(t, set, addrs, func(em *process, _ func() *process, release func()) *process {
 		l, err := set.leader()
 		if err != nil {
 			t.Fatal(err)
@@ -389,7 +398,7 @@ func TestStreamSurvivesLeaderFailover(t *testing.T) {
 		mu.Lock()
 		down = l
 		mu.Unlock()
-		o := set.killAndRestart(l, 3500*time.Millisecond)
+		o := set.killAndRestart(l, 3500*time.Millisecond, release)
 		mu.Lock()
 		down = nil
 		mu.Unlock()
@@ -441,10 +450,11 @@ func TestStreamFencesPausedEmitter(t *testing.T) {
 	m := set.members[0]
 	var paused *process
 	var pausedAt time.Time
-	f, logPath := streamRun(t, set, func() []string { return []string{m.httpAddr} }, func(em *process, start func() *process) *process {
+	f, logPath := streamRun(t, set, func() []string { return []string{m.httpAddr} }, func(em *process, start func() *process, release func()) *process {
 		if err := em.signal(syscall.SIGSTOP); err != nil || !em.waitStopped() {
 			t.Fatalf("the emitter was not stopped: %v", err)
 		}
+		release()
 		paused, pausedAt = em, time.Now()
 		next := start()
 		time.Sleep(3*time.Second + 1500*time.Millisecond)

@@ -60,7 +60,7 @@ func run() int {
 	flag.StringVar(&c.ns, "namespace", "drover", "namespace")
 	flag.StringVar(&c.role, "role", "both", "parents, kids or both")
 	flag.StringVar(&c.logPath, "log", "runs.log", "file the runs are appended to")
-	flag.StringVar(&c.gate, "gate", "", "the last child of each parent waits while this file exists")
+	flag.StringVar(&c.gate, "gate", "", "the last child of each parent (role kids), or an emitter a third of the way (role emitter), waits while this file exists")
 	flag.DurationVar(&c.ttl, "ttl", 2*time.Second, "lease TTL")
 	flag.DurationVar(&c.stepTime, "step-time", 50*time.Millisecond, "how long each step works")
 	flag.DurationVar(&c.childTime, "child-time", 50*time.Millisecond, "how long each child works")
@@ -173,6 +173,12 @@ func work(ctx context.Context, cli *clientv3.Client, c cfg, log *os.File) error 
 // events again with the next; the fence's refusal is.
 func emit(ctx context.Context, c cfg, t *queue.Task, log *os.File, pid int) ([]byte, error) {
 	for i := range c.events {
+		// A third of the way, the stream waits while -gate exists: the
+		// test's fault comes while the stream is still being written,
+		// however slowly its follower got the first events.
+		for c.gate != "" && i == c.events/3 && exists(c.gate) && ctx.Err() == nil {
+			time.Sleep(5 * time.Millisecond)
+		}
 		err := stream.Emit(ctx, "progress", map[string]int{"i": i})
 		if err == nil {
 			err = stream.Flush(ctx)
