@@ -294,19 +294,20 @@ func (s *Server) finishAgentStream(ctx context.Context, id string) {
 }
 
 // agentTaskEnded says whether agent task id is completed, or gone
-// (no checkpoint, no claim, no stream), and which.
-func (s *Server) agentTaskEnded(ctx context.Context, id string) (string, bool) {
+// (no checkpoint, no claim, no stream), which, and when it completed
+// (its last checkpoint's time; zero when gone).
+func (s *Server) agentTaskEnded(ctx context.Context, id string) (string, time.Time, bool) {
 	store, err := s.taskStore(ctx)
 	if err != nil {
-		return "", false
+		return "", time.Time{}, false
 	}
 	if cp, err := store.Load(ctx, id); err != nil || cp.Completed {
-		return "completed", err == nil
+		return "completed", cp.At, err == nil
 	}
 	if known, err := s.agentTaskKnown(ctx, id); err == nil && !known {
-		return "removed", true
+		return "removed", time.Time{}, true
 	}
-	return "", false
+	return "", time.Time{}, false
 }
 
 func (s *Server) followStream(ctx context.Context, in *followStreamInput) (*huma.StreamResponse, error) {
@@ -361,9 +362,10 @@ func readStreamPage(ctx context.Context, hub *stream.Hub, id string, next int64)
 
 // A follower whose task ended with events stored and no done asks
 // whether it ended every streamEndedCheck, and ends so once it was found
-// so at two checks streamEndSettle apart (the done is written after the
-// outcome is stored: a follower may look in between). 0: every
-// streamKeepalive, stream.EndedSettle apart.
+// so at two checks streamEndSettle apart, or streamEndSettle after the
+// task's end (the done is written after the outcome is stored: a
+// follower may look in between). 0: every streamKeepalive,
+// stream.EndedSettle apart.
 var streamEndedCheck, streamEndSettle atomic.Int64
 
 // streamEnds is the option of a follower of task id that ends it with
@@ -376,12 +378,12 @@ func (s *Server) streamEnds(id string, ended *string) []stream.FollowOption {
 	if settle == 0 {
 		settle = stream.EndedSettle
 	}
-	return []stream.FollowOption{stream.WhenEnded(func(ctx context.Context) bool {
-		status, ok := s.taskEnded(ctx, id)
+	return []stream.FollowOption{stream.WhenEndedAt(func(ctx context.Context) (time.Time, bool) {
+		status, at, ok := s.taskEnded(ctx, id)
 		if ok {
 			*ended = status
 		}
-		return ok
+		return at, ok
 	}, every), stream.SettleAfter(settle)}
 }
 
@@ -457,20 +459,25 @@ func (s *Server) sendStream(ctx context.Context, st *eventStream, hub *stream.Hu
 }
 
 // taskEnded says whether queue task id is SUCCEEDED, DEAD or CANCELLED
-// (or gone), and which.
-func (s *Server) taskEnded(ctx context.Context, id string) (string, bool) {
+// (or gone), which, and when it ended (the time of its last transition,
+// to that status; zero when not known).
+func (s *Server) taskEnded(ctx context.Context, id string) (string, time.Time, bool) {
 	c, err := s.queueClient(ctx)
 	if err != nil {
-		return "", false
+		return "", time.Time{}, false
 	}
 	t, err := c.Get(ctx, id)
 	switch {
 	case errors.Is(err, queue.ErrNotFound):
 		return s.agentTaskEnded(ctx, id)
 	case err != nil || !t.CurrentStatus.Terminal():
-		return "", false
+		return "", time.Time{}, false
 	}
-	return string(t.CurrentStatus), true
+	var at time.Time
+	if n := len(t.Transitions); n > 0 && t.Transitions[n-1].Status == t.CurrentStatus {
+		at = t.Transitions[n-1].At
+	}
+	return string(t.CurrentStatus), at, true
 }
 
 // endStream closes the stream of an external worker's attempt that its

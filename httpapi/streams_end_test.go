@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/droverhq/drover/httpapi"
 	"github.com/droverhq/drover/keyspace"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -124,5 +125,51 @@ func TestBatchOutcomesEndStreams(t *testing.T) {
 	}
 	if types, reason := a.sseUntilEnd("/v1/tasks/b-3/stream"); strings.Join(types, " ") != "attempt_started token" || reason != "ended" {
 		t.Fatalf("without streamed: %v, end %q", types, reason)
+	}
+}
+
+// TestStreamOfATaskEndedLongAgoEndsAtOnce: the SSE follower of a task
+// that ended, with no done, longer ago than the wait for a late done
+// ends at once ("ended"), whatever the wait and the interval of its
+// checks (an hour each here).
+func TestStreamOfATaskEndedLongAgoEndsAtOnce(t *testing.T) { // not parallel: it sets the package's waits
+	a := newAPI(t)
+	a.do("POST", "/v1/queues/oq/tasks", qtasksJSON("o", 1)).want(t, 200)
+	sess := a.session(30)
+	task := a.qclaim("oq", sess, 1, "5s")[0]
+	tok := map[string]any{"type": "token", "data": map[string]any{"text": "x"}}
+	a.do("POST", "/v1/tasks/o-0/stream/events", qfence(sess, task, "events", []any{tok})).want(t, 200)
+	a.do("POST", "/v1/queues/oq/tasks/o-0/cancel", nil).want(t, 200)
+	ctx := context.Background()
+	keys := keyspace.MustNew(a.ns)
+	resp, err := a.cli.Get(ctx, keys.StreamChunks("o-0"), clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByKey, clientv3.SortDescend), clientv3.WithLimit(1))
+	if err != nil || len(resp.Kvs) != 1 || !strings.Contains(string(resp.Kvs[0].Value), `"done"`) {
+		t.Fatalf("the done chunk: %v %v", resp, err)
+	}
+	if _, err := a.cli.Delete(ctx, string(resp.Kvs[0].Key)); err != nil {
+		t.Fatal(err)
+	}
+	// The cancel two hours ago.
+	rec, err := a.cli.Get(ctx, keys.TaskRecord("o-0"))
+	if err != nil || len(rec.Kvs) != 1 {
+		t.Fatalf("the task's record: %v %v", rec, err)
+	}
+	var r map[string]any
+	if err := json.Unmarshal(rec.Kvs[0].Value, &r); err != nil {
+		t.Fatal(err)
+	}
+	trs, _ := r["transitions"].([]any)
+	if len(trs) == 0 {
+		t.Fatalf("the task's record has no transitions: %s", rec.Kvs[0].Value)
+	}
+	trs[len(trs)-1].(map[string]any)["at"] = time.Now().Add(-2 * time.Hour).UTC().Format(time.RFC3339Nano)
+	b, _ := json.Marshal(r)
+	if _, err := a.cli.Put(ctx, keys.TaskRecord("o-0"), string(b)); err != nil {
+		t.Fatal(err)
+	}
+	defer httpapi.SetStreamEnds(time.Hour, time.Hour)()
+	types, reason := a.sseUntilEnd("/v1/tasks/o-0/stream")
+	if strings.Join(types, " ") != "attempt_started token" || reason != "ended" {
+		t.Fatalf("the stream of a task cancelled two hours ago: %v, end %q (\"\": none in 10s)", types, reason)
 	}
 }

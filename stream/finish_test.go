@@ -232,3 +232,70 @@ func TestEndedClaimWritesNoMore(t *testing.T) {
 		}
 	}
 }
+
+// TestFollowChecksAgainWhenTheWaitIsOver: a follower that found its task
+// ended with no Done checks again once its wait for a late Done is over,
+// not at its next idle check an interval (here an hour) later.
+func TestFollowChecksAgainWhenTheWaitIsOver(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, stream.Limits{})
+	ctx := context.Background()
+	c := claimKey(t, e.cli, e.keys, "recheck")
+	if _, _, err := e.w.Append(ctx, stream.Claim{Task: "recheck", Attempt: 1, Fence: c}, []stream.Input{{Type: "log"}}); err != nil {
+		t.Fatal(err)
+	}
+	fctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	asked, n := 0, 0
+	ended := stream.WhenEnded(func(context.Context) bool { asked++; return true }, time.Hour)
+	for _, err := range e.hub.Follow(fctx, "recheck", 1, ended, stream.SettleAfter(50*time.Millisecond)) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		n++
+	}
+	if fctx.Err() != nil || n != 2 || asked != 2 {
+		t.Fatalf("follow: %d events, asked %d times, timed out %v; want 2, 2, false", n, asked, fctx.Err() != nil)
+	}
+}
+
+// TestFollowWaitsForALateDoneFromTheTasksEnd: with WhenEndedAt, the wait
+// for a late Done counts from the task's end: a follower of a task that
+// ended longer ago than the wait ends at its first check; one of a task
+// that just ended waits; an end time ahead of the follower's clock
+// waits no longer than the wait itself.
+func TestFollowWaitsForALateDoneFromTheTasksEnd(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, stream.Limits{})
+	ctx := context.Background()
+	c := claimKey(t, e.cli, e.keys, "old")
+	if _, _, err := e.w.Append(ctx, stream.Claim{Task: "old", Attempt: 1, Fence: c}, []stream.Input{{Type: "log"}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, x := range []struct {
+		name          string
+		end           time.Duration // from now
+		settle, limit time.Duration
+		checks        int
+		timedOut      bool
+	}{
+		{"ended two hours ago", -2 * time.Hour, time.Hour, 20 * time.Second, 1, false},
+		{"just ended", 0, time.Hour, 300 * time.Millisecond, 1, true},
+		{"ended an hour ahead", time.Hour, 100 * time.Millisecond, 20 * time.Second, 2, false},
+	} {
+		fctx, cancel := context.WithTimeout(ctx, x.limit)
+		asked, n := 0, 0
+		at := time.Now().Add(x.end)
+		ended := stream.WhenEndedAt(func(context.Context) (time.Time, bool) { asked++; return at, true }, time.Hour)
+		for _, err := range e.hub.Follow(fctx, "old", 1, ended, stream.SettleAfter(x.settle)) {
+			if err != nil {
+				t.Fatal(err)
+			}
+			n++
+		}
+		if timedOut := fctx.Err() != nil; timedOut != x.timedOut || n != 2 || asked != x.checks {
+			t.Fatalf("%s: %d events, asked %d times, timed out %v; want 2, %d, %v", x.name, n, asked, timedOut, x.checks, x.timedOut)
+		}
+		cancel()
+	}
+}

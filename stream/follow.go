@@ -91,21 +91,21 @@ func (h *Hub) follow(ctx context.Context, id string, s *sub, next *int64, cfg fo
 	if stop {
 		return true, false
 	}
-	var idle <-chan time.Time
-	if cfg.ended != nil {
-		if h.endedIdle(ctx, id, *next, cfg, seen) {
-			return true, false
-		}
-		t := time.NewTicker(cfg.every)
-		defer t.Stop()
-		idle = t.C
+	end := endWatch{h: h, id: id, cfg: cfg, seen: seen}
+	defer end.stop()
+	if cfg.ended != nil && end.start(ctx, *next) {
+		return true, false
 	}
 	for {
 		select {
 		case <-ctx.Done():
 			return true, false
-		case <-idle:
-			if h.endedIdle(ctx, id, *next, cfg, seen) {
+		case <-end.idle:
+			if end.ended(ctx, *next) {
+				return true, false
+			}
+		case <-end.settled:
+			if end.ended(ctx, *next) {
 				return true, false
 			}
 		case list, ok := <-s.ch:
@@ -130,7 +130,7 @@ func (h *Hub) follow(ctx context.Context, id string, s *sub, next *int64, cfg fo
 type FollowOption func(*followConfig)
 
 type followConfig struct {
-	ended  func(context.Context) bool
+	ended  func(context.Context) (time.Time, bool)
 	every  time.Duration
 	settle time.Duration // 0: EndedSettle
 }
@@ -139,15 +139,17 @@ type followConfig struct {
 // whether its task ended.
 const DefaultEndedCheck = 5 * time.Second
 
-// endWriteTimeout bounds a write of an attempt's end or a stream's Done:
-// a Done not stored this long after its write began never will be.
+// endWriteTimeout is how long a write of an attempt's end or a stream's
+// Done waits for its answer.
 const endWriteTimeout = 10 * time.Second
 
-// EndedSettle is how long a follower with WhenEnded waits, after it
-// first found its task ended with events stored and no Done, for a Done
-// that may still be on its way: a task's Done is written after its
-// outcome is stored (Finish), so a follower may find the task ended in
-// between. It is the bound of that write.
+// EndedSettle is how long a follower with WhenEnded waits, after its
+// task's end, for a Done that may still be on its way, when it found the
+// task ended with events stored and no Done: a task's Done is written
+// after its outcome is stored (Finish), so a follower may find the task
+// ended in between. It is the time a Done write waits for its answer
+// (one that waits longer, behind a congested writer, may still come
+// later: the follower has ended by then, without it).
 const EndedSettle = endWriteTimeout
 
 // WhenEnded makes Follow end when its task ended (ended says so: the
@@ -157,10 +159,23 @@ const EndedSettle = endWriteTimeout
 // followers too. It is asked once the stored events are given, then
 // every interval (0: DefaultEndedCheck) while no event comes. A stream
 // with events ends so only once the task was found ended, with nothing
-// more stored, at two checks at least EndedSettle apart: the Done that
+// more stored, at two checks at least EndedSettle apart (the second is
+// made when that time is over, whatever the interval): the Done that
 // follows a stored outcome is not lost to a follower that looked in
 // between (a stream without events gets no Done, and ends at once).
 func WhenEnded(ended func(context.Context) bool, every time.Duration) FollowOption {
+	return WhenEndedAt(func(ctx context.Context) (time.Time, bool) { return time.Time{}, ended(ctx) }, every)
+}
+
+// WhenEndedAt is WhenEnded for a task whose end's time is known: ended
+// also says when the task's outcome was stored (zero: not known). The
+// follower then waits for a late Done only until EndedSettle after that
+// time (never longer than EndedSettle from its first check): the
+// follower of a task that ended long ago without a Done ends at once.
+// That time is of the clock of whoever stored the outcome, read against
+// this one's: a clock ahead of it by EndedSettle or more may end a
+// follower before a late Done, as WhenEnded never does.
+func WhenEndedAt(ended func(context.Context) (time.Time, bool), every time.Duration) FollowOption {
 	if every <= 0 {
 		every = DefaultEndedCheck
 	}
@@ -175,36 +190,100 @@ func SettleAfter(d time.Duration) FollowOption {
 }
 
 // endSeen is when a follower first found its task ended with nothing
-// more stored, and its next event then.
+// more stored, its next event then, and how long it waits from then for
+// a late Done.
 type endSeen struct {
 	at   time.Time
+	wait time.Duration
 	next int64
+}
+
+// endWatch is a follower's checks of its task's end (WhenEnded): every
+// interval while idle (idle), and once a wait for a late Done is over
+// (settled); both nil until start.
+type endWatch struct {
+	h             *Hub
+	id            string
+	cfg           followConfig
+	seen          *endSeen
+	idle, settled <-chan time.Time
+	tick          *time.Ticker
+	timer         *time.Timer
+}
+
+// start makes the first check, and says whether the follower ends;
+// otherwise the checks every interval start.
+func (w *endWatch) start(ctx context.Context, next int64) bool {
+	if w.ended(ctx, next) {
+		return true
+	}
+	w.tick = time.NewTicker(w.cfg.every)
+	w.idle = w.tick.C
+	return false
+}
+
+// ended says whether the follower ends (endedIdle), and sets settled to
+// fire when a wait for a late Done under way is over.
+func (w *endWatch) ended(ctx context.Context, next int64) bool {
+	w.settled = nil
+	end, wait := w.h.endedIdle(ctx, w.id, next, w.cfg, w.seen)
+	if wait > 0 {
+		if w.timer == nil {
+			w.timer = time.NewTimer(wait)
+		} else {
+			w.timer.Reset(wait)
+		}
+		w.settled = w.timer.C
+	}
+	return end
+}
+
+// stop stops the watch's ticker and timer.
+func (w *endWatch) stop() {
+	if w.tick != nil {
+		w.tick.Stop()
+	}
+	if w.timer != nil {
+		w.timer.Stop()
+	}
 }
 
 // endedIdle says whether the follower's task ended and nothing is
 // stored from next on: at once for a stream without events, otherwise
-// only when it was so at a check at least cfg.settle before with the
-// same next.
-func (h *Hub) endedIdle(ctx context.Context, id string, next int64, cfg followConfig, seen *endSeen) bool {
+// only when it was so at a check made once the wait for a late Done
+// that began at the first such check is over (monotonic time: a jump of
+// the wall clock does not shorten it). Otherwise wait, when not 0, is
+// how long that wait still takes.
+func (h *Hub) endedIdle(ctx context.Context, id string, next int64, cfg followConfig, seen *endSeen) (ended bool, wait time.Duration) {
 	if seen.next != next {
-		*seen = endSeen{} // events came since: the wait starts again
+		seen.at, seen.wait, seen.next = time.Time{}, 0, 0 // events came since: the wait starts again
 	}
-	if !seen.at.IsZero() && time.Since(seen.at) < cfg.settle {
-		return false
+	if !seen.at.IsZero() {
+		if left := seen.wait - time.Since(seen.at); left > 0 {
+			return false, left
+		}
 	}
-	if !cfg.ended(ctx) {
-		*seen = endSeen{}
-		return false
+	at, ok := cfg.ended(ctx)
+	if !ok {
+		seen.at, seen.wait, seen.next = time.Time{}, 0, 0
+		return false, 0
 	}
 	last, err := h.LastSeq(ctx, id)
 	if err != nil || last >= next {
-		return false
+		return false, 0
 	}
 	if last == 0 || !seen.at.IsZero() {
-		return true
+		return true, 0
 	}
-	*seen = endSeen{at: time.Now(), next: next}
-	return false
+	wait = cfg.settle
+	if !at.IsZero() {
+		wait = min(wait, time.Until(at.Add(cfg.settle)))
+	}
+	if wait <= 0 {
+		return true, 0 // it ended long enough ago for its Done to be stored
+	}
+	seen.at, seen.wait, seen.next = time.Now(), wait, next
+	return false, wait
 }
 
 // LastSeq returns the sequence number of the last event stored of task
