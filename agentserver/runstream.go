@@ -101,12 +101,16 @@ func (s *server) followRun(ctx context.Context, w io.Writer, rc *http.ResponseCo
 		t, err := q.Get(ctx, id)
 		return errors.Is(err, queue.ErrNotFound) || err == nil && t.CurrentStatus.Terminal()
 	}, time.Second)
+	// The runtime stores a run's events before its task's outcome and
+	// asks for no Done, so no event can follow the end: the follower ends
+	// at the check after the one that found it, not a Done's wait later.
+	now := stream.SettleAfter(time.Nanosecond)
 	fctx, stop := context.WithCancel(ctx)
 	defer stop()
 	evs := make(chan followed)
 	go func() { // ends with fctx, which ends when this answer does
 		defer close(evs)
-		for ev, err := range stream.HubFor(s.cfg.Etcd, sp).Follow(fctx, id, 0, ended) {
+		for ev, err := range stream.HubFor(s.cfg.Etcd, sp).Follow(fctx, id, 0, ended, now) {
 			select {
 			case evs <- followed{ev, err}:
 			case <-fctx.Done():
