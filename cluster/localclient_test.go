@@ -2,6 +2,9 @@ package cluster_test
 
 import (
 	"context"
+	"fmt"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -70,5 +73,72 @@ func TestLocalClientWatchRequiresLeader(t *testing.T) {
 		}
 	case <-time.After(time.Second):
 		t.Fatal("a watch that requires a leader, opened without one, was not refused at once")
+	}
+}
+
+// TestLocalClientWatchCancelStorm: many watches of the in-process client
+// cancelled at once while events flow to them (each waiter of a queue's
+// task cancels its watches when the first fires) leave the client able to
+// watch: a new watch sees the next put. etcd's in-process transport joins
+// client and server by unbuffered channels, and a storm of cancels on one
+// shared stream deadlocked them (etcd issues 18879 and 20716).
+func TestLocalClientWatchCancelStorm(t *testing.T) {
+	s, _ := etcdtest.StartOwn(t)
+	cli := s.LocalClient(t)
+	ns := "/" + etcdtest.Namespace(t) + "/"
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	stopPuts := make(chan struct{})
+	puts := make(chan error, 1)
+	go func() { // events for every watch, until the storm is over
+		for i := 0; ; i++ {
+			select {
+			case <-stopPuts:
+				puts <- nil
+				return
+			default:
+			}
+			if _, err := cli.Put(ctx, fmt.Sprintf("%sk%d", ns, i%50), strings.Repeat("x", 512)); err != nil {
+				puts <- err
+				return
+			}
+		}
+	}()
+	const rounds, watches = 20, 100
+	for r := range rounds {
+		var wg sync.WaitGroup
+		for range watches {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				wctx, stop := context.WithCancel(ctx)
+				defer stop()
+				ch := cli.Watch(wctx, ns, clientv3.WithPrefix())
+				<-ch // the first answer; then the watch is cancelled unread
+			}()
+		}
+		done := make(chan struct{})
+		go func() { wg.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(60 * time.Second):
+			t.Fatalf("round %d: %d watches not answered within 60 s of their start: the in-process watch stream is stuck", r, watches)
+		}
+	}
+	close(stopPuts)
+	if err := <-puts; err != nil {
+		t.Fatal(err)
+	}
+	wctx, stop := context.WithTimeout(ctx, 30*time.Second)
+	defer stop()
+	ch := cli.Watch(wctx, ns+"after", clientv3.WithCreatedNotify())
+	if wr := <-ch; !wr.Created {
+		t.Fatalf("a watch after the storm was not created: %+v (%v)", wr, wr.Err())
+	}
+	if _, err := cli.Put(ctx, ns+"after", "v"); err != nil {
+		t.Fatal(err)
+	}
+	if wr := <-ch; len(wr.Events) != 1 {
+		t.Fatalf("a watch after the storm got %+v (%v), want the put", wr, wr.Err())
 	}
 }
