@@ -291,7 +291,9 @@ func problem(err error) error {
 		return withHeaders{huma.NewError(http.StatusServiceUnavailable, err.Error()), http.Header{"Retry-After": {strconv.Itoa(skewRetrySeconds)}}}
 	case errors.As(err, &d):
 		secs := max(1, int64(math.Ceil(d.After.Seconds())))
-		return withHeaders{huma.NewError(http.StatusTooManyRequests, err.Error()), http.Header{"Retry-After": {strconv.FormatInt(secs, 10)}}}
+		// The detail is the reason a queue task's deferral records
+		// (budget KEY: why); Retry-After says for how long.
+		return withHeaders{huma.NewError(http.StatusTooManyRequests, d.Reason), http.Header{"Retry-After": {strconv.FormatInt(secs, 10)}}}
 	}
 	return withHeaders{huma.NewError(http.StatusServiceUnavailable, err.Error()+"; retry"), http.Header{"Retry-After": {"1"}}}
 }

@@ -40,6 +40,32 @@ const (
 // "budget KEY: why". TaskWait reads it back.
 func WaitReason(key, why string) string { return waitPrefix + key + ": " + why }
 
+// NotConfigured is why a task waits for budget key nobody configured, as
+// a gate's deferral says it (after WaitReason's "budget KEY: ").
+func NotConfigured(key string) string {
+	return "not configured (drover budgets set " + key + " --tokens N)"
+}
+
+// DeferralLabel is the budget label under which a deferral with reason
+// counts in drover_budget_task_deferrals_total, for a task whose metadata
+// names budget taskBudget: the key, or UnconfiguredLabel when it says the
+// budget is not configured (NotConfigured). false: the reason is not a
+// wait for that budget (WaitReason).
+func DeferralLabel(reason, taskBudget string) (string, bool) {
+	rest, ok := strings.CutPrefix(reason, waitPrefix)
+	if !ok {
+		return "", false
+	}
+	key, why, ok := strings.Cut(rest, ": ")
+	switch {
+	case !ok || key != taskBudget || CheckKey(key) != nil:
+		return "", false
+	case why == NotConfigured(key):
+		return UnconfiguredLabel, true
+	}
+	return key, true
+}
+
 // TaskWait returns what budget t waits for, or nil when it does not wait
 // for one: t is PENDING (RETRYING while its delay runs) after deferrals in a row, the first of which a
 // budget gate recorded (WaitReason; a refusal of Reserve says the same).

@@ -25,10 +25,25 @@ import (
 // not counted. A task that names no budget passes. Its reservations are
 // bound to the worker's lease, so a worker that dies releases them when
 // its lease ends.
+//
+// The settle does not hold the task's running slot: once the handler
+// returns, the gate hands the settle to a goroutine of its own and the
+// task's outcome is written at once; the settle joins the budget's next
+// transaction (budget's group commit), beside the reserves of the tasks
+// that run next. It is as durable as before (written once etcd has it) and
+// counted once (a settle deletes its reservation, under the compare that
+// it exists); a worker that dies before it is written leaves the
+// reservation held until the worker's lease ends, as one that dies while
+// the handler runs does. Flush waits for the settles begun; a Worker's
+// Run and Close call it before the lease goes.
 type BudgetGate struct {
 	c      *budget.Client
 	lease  func() clientv3.LeaseID
 	logger *slog.Logger
+	// settling counts the settles begun and not yet written.
+	settling inFlight
+	// beforeSettle, when a test sets it, runs before each settle is sent.
+	beforeSettle func()
 
 	mu sync.Mutex
 	// used holds, per admitted attempt (usedKey), what its handler
@@ -82,7 +97,7 @@ func (g *BudgetGate) Admit(ctx context.Context, t *queue.Task) (func(error), err
 	switch {
 	case errors.Is(err, budget.ErrNoBudget):
 		label = budget.UnconfiguredLabel // keys nobody configured do not each make a series
-		err = &queue.DeferError{Reason: budget.WaitReason(m.Budget, "not configured (drover budgets set "+m.Budget+" --tokens N)"), After: unwaitableDelay}
+		err = &queue.DeferError{Reason: budget.WaitReason(m.Budget, budget.NotConfigured(m.Budget)), After: unwaitableDelay}
 	case errors.Is(err, drover.ErrInvalidInput):
 		// An estimate above the budget's tokens per window or the
 		// tenant's cap: it waits for the budget to be raised, rarely tried.
@@ -115,17 +130,80 @@ func (g *BudgetGate) Admit(ctx context.Context, t *queue.Task) (func(error), err
 		if errors.Is(runErr, queue.ErrNotRun) {
 			actual = 0 // a later gate refused it: no call was made
 		}
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		defer cancel()
-		_, err := g.c.Settle(sctx, r, min(actual, r.Bound), rep.h)
-		if rep.h != nil && errors.Is(err, drover.ErrInvalidInput) { // headers it cannot read: the tokens still count
-			g.logger.Warn("budget settle: the provider's headers are not usable; settled without them", "budget", m.Budget, "task", t.ID, "err", err)
-			_, err = g.c.Settle(sctx, r, min(actual, r.Bound), nil)
-		}
-		if err != nil {
-			g.logger.Warn("budget settle failed", "budget", m.Budget, "task", t.ID, "err", err)
-		}
+		id := t.ID
+		g.settling.begin()
+		go func() {
+			defer g.settling.end()
+			if g.beforeSettle != nil {
+				g.beforeSettle()
+			}
+			g.settle(context.WithoutCancel(ctx), id, r, min(actual, r.Bound), rep.h)
+		}()
 	}, nil
+}
+
+// settleTimeout bounds one settle of the gate.
+const settleTimeout = 10 * time.Second
+
+// settle settles r of task id with actual tokens and the provider's
+// headers h, logging what fails.
+func (g *BudgetGate) settle(ctx context.Context, id string, r budget.Reservation, actual int64, h http.Header) {
+	sctx, cancel := context.WithTimeout(ctx, settleTimeout)
+	defer cancel()
+	_, err := g.c.Settle(sctx, r, actual, h)
+	if h != nil && errors.Is(err, drover.ErrInvalidInput) { // headers it cannot read: the tokens still count
+		g.logger.Warn("budget settle: the provider's headers are not usable; settled without them", "budget", r.Budget, "task", id, "err", err)
+		_, err = g.c.Settle(sctx, r, actual, nil)
+	}
+	if err != nil {
+		g.logger.Warn("budget settle failed", "budget", r.Budget, "task", id, "err", err)
+	}
+}
+
+// Flush waits until every settle begun (of a handler that returned) is
+// written or failed, or until ctx ends (its error then).
+func (g *BudgetGate) Flush(ctx context.Context) error { return g.settling.wait(ctx) }
+
+// inFlight counts work begun and not ended, and lets a caller wait for
+// none. The zero value is ready.
+type inFlight struct {
+	mu   sync.Mutex
+	n    int
+	idle chan struct{} // closed when n falls to 0
+}
+
+func (f *inFlight) begin() {
+	f.mu.Lock()
+	if f.n == 0 {
+		f.idle = make(chan struct{})
+	}
+	f.n++
+	f.mu.Unlock()
+}
+
+func (f *inFlight) end() {
+	f.mu.Lock()
+	f.n--
+	if f.n == 0 {
+		close(f.idle)
+	}
+	f.mu.Unlock()
+}
+
+func (f *inFlight) wait(ctx context.Context) error {
+	f.mu.Lock()
+	if f.n == 0 {
+		f.mu.Unlock()
+		return nil
+	}
+	idle := f.idle
+	f.mu.Unlock()
+	select {
+	case <-idle:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // Used records that the handler running t (the task it was given, or the

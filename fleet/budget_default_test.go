@@ -45,6 +45,9 @@ func TestBudgetGateDefaultEstimate(t *testing.T) {
 		t.Fatal(err)
 	}
 	done(nil)
+	if err := gate.Flush(ctx); err != nil { // the settles are written after done returns
+		t.Fatal(err)
+	}
 	if u, _ := b.Get(ctx, key); u.Used != 750 || u.Reserved != 0 {
 		t.Fatalf("used %d, reserved %d; want 750 (the default and the explicit estimate), 0", u.Used, u.Reserved)
 	}
@@ -77,12 +80,18 @@ func TestBudgetGateUsedWithHeaders(t *testing.T) {
 	}
 	gate.UsedWithHeaders(bad, 30, http.Header{"X-Ratelimit-Remaining-Tokens": {"lots"}})
 	done(nil)
+	if err := gate.Flush(ctx); err != nil { // settled before the next, as written
+		t.Fatal(err)
+	}
 	good := &queue.Task{ID: "good", Type: "chat", Metadata: queue.Metadata{Budget: key, EstimatedTokens: 50}}
 	if done, err = gate.Admit(ctx, good); err != nil {
 		t.Fatal(err)
 	}
 	gate.UsedWithHeaders(good, 70, http.Header{"X-Ratelimit-Remaining-Tokens": {"400"}, "X-Ratelimit-Reset-Tokens": {"1h"}, "Content-Type": {"application/json"}})
 	done(nil)
+	if err := gate.Flush(ctx); err != nil { // the settles are written after done returns
+		t.Fatal(err)
+	}
 	// 30 + 70 used: drover counts 900 left, the provider 400.
 	if u, _ := b.Get(ctx, key); u.Remaining != 400 || u.Reserved != 0 {
 		t.Fatalf("remaining %d, reserved %d; want the provider's 400, 0", u.Remaining, u.Reserved)

@@ -80,6 +80,7 @@ func TestBudgetGateDefersWithoutAnAttempt(t *testing.T) {
 		stop()
 		<-ran
 		_ = w.Close(context.Background())
+		_ = gate.Flush(context.Background()) // no settle outlives the test
 	}()
 
 	// Two of the three fit the window (35 + 35 settled, then 40 more would
@@ -104,9 +105,14 @@ func TestBudgetGateDefersWithoutAnAttempt(t *testing.T) {
 	if n := testutil.ToFloat64(metrics.BudgetTaskDeferrals.WithLabelValues(key)); n < 1 {
 		t.Fatalf("drover_budget_task_deferrals_total{budget=%q} is %v, want at least 1", key, n)
 	}
-	u, err := b.Get(ctx, key)
-	if err != nil || u.Used != 70 || u.RequestsUsed != 2 || u.Reserved != 0 {
-		t.Fatalf("after two tasks: %+v %v, want 70 used in 2 requests", u, err)
+	// The settles are written after the tasks' outcomes, apart from them.
+	var u budget.Usage
+	waitFor(t, func() bool {
+		u, err = b.Get(ctx, key)
+		return err == nil && u.Used == 70 && u.Reserved == 0
+	}, "the two tasks' settles")
+	if u.RequestsUsed != 2 {
+		t.Fatalf("after two tasks: %+v, want 70 used in 2 requests", u)
 	}
 	clk.Add(time.Second) // the window turns
 	waitFor(t, func() bool {
@@ -120,8 +126,12 @@ func TestBudgetGateDefersWithoutAnAttempt(t *testing.T) {
 	if task.Attempt != 1 || task.RetriesAttempted != 0 {
 		t.Fatalf("task %s: attempt %d, retries %d: the deferral spent an attempt", deferred, task.Attempt, task.RetriesAttempted)
 	}
-	if u, err := b.Get(ctx, key); err != nil || u.Used != 35 || u.RequestsUsed != 1 {
-		t.Fatalf("the next window: %+v %v, want 35 used in one request", u, err)
+	waitFor(t, func() bool {
+		u, err = b.Get(ctx, key)
+		return err == nil && u.Used == 35 && u.Reserved == 0
+	}, "the deferred task's settle in the next window")
+	if u.RequestsUsed != 1 {
+		t.Fatalf("the next window: %+v, want 35 used in one request", u)
 	}
 	waitFor(t, func() bool {
 		p, err := qc.Get(ctx, "plain")
@@ -230,5 +240,8 @@ func TestBudgetGateEstimateAboveCap(t *testing.T) {
 			t.Fatalf("reservation %d of 5 of 100: %v", i+1, err)
 		}
 		done(nil)
+	}
+	if err := gate.Flush(ctx); err != nil { // no settle outlives the test
+		t.Fatal(err)
 	}
 }

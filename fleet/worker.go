@@ -115,6 +115,7 @@ func (w *Worker) Stats() queue.WorkerStats { return w.w.Stats() }
 func (w *Worker) Run(ctx context.Context) error {
 	w.logger.Info("worker started", "queue", w.cfg.Worker.Queue, "worker", w.w.ID(), "concurrency", w.cfg.Worker.Concurrency, "drain", w.cfg.Worker.Drain)
 	err := w.w.Run(ctx)
+	w.flushBudgets(ctx)
 	if errors.Is(err, lease.ErrLost) {
 		err = fmt.Errorf("worker %s stopped: %w; its tasks are claimable by other workers", w.w.ID(), err)
 	}
@@ -135,6 +136,7 @@ func (w *Worker) Close(ctx context.Context) error {
 			errs = append(errs, w.w.Close(cctx))
 			cancel()
 		}
+		w.flushBudgets(ctx) // before the lease that holds their reservations goes
 		if w.closeGates != nil {
 			w.closeGates(ctx) // bounded by 5 s itself
 		}
@@ -146,6 +148,19 @@ func (w *Worker) Close(ctx context.Context) error {
 		w.closeErr = errors.Join(errs...)
 	})
 	return w.closeErr
+}
+
+// flushBudgets waits for the budget settles of the handlers that
+// returned, as long as one settle may take.
+func (w *Worker) flushBudgets(ctx context.Context) {
+	if w.budgets == nil {
+		return
+	}
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+	defer cancel()
+	if err := w.budgets.Flush(fctx); err != nil {
+		w.logger.Warn("budget settles still unwritten; their reservations end with the worker's lease", "err", err)
+	}
 }
 
 // RunWorker assembles a worker (NewWorker), runs it until ctx ends, the

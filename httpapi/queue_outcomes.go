@@ -13,6 +13,8 @@ import (
 
 	"github.com/danielgtaylor/huma/v2"
 	"github.com/droverhq/drover"
+	"github.com/droverhq/drover/budget"
+	"github.com/droverhq/drover/metrics"
 	"github.com/droverhq/drover/queue"
 	"github.com/droverhq/drover/task"
 )
@@ -29,6 +31,8 @@ type OutcomeInput struct {
 	// SleepFor and SleepUntil park the task instead.
 	SleepFor   string `json:"sleep_for,omitempty" maxLength:"64" doc:"Neither a success nor a failure: the task sleeps this long (a duration such as 10m, or seconds), SLEEPING with no claim, and is claimed again, its attempt not counted, when the sleep ends."`
 	SleepUntil string `json:"sleep_until,omitempty" maxLength:"64" doc:"As sleep_for, until this RFC 3339 time with its zone."`
+	// Defer hands the task back for later, uncharged, as a Go worker's gate does.
+	Defer *OutcomeDefer `json:"defer,omitempty" doc:"Neither a success nor a failure: the task was not run and waits (its LLM budget has no room, a quota is full): it goes back PENDING, its attempt not counted, to be claimed again after after, as a Go worker hands back a task its budget gate or flow control deferred (drover.DeferError). Its history says deferred: and the reason; deferrals in a row double the delay (16 times at most, 30 s past after at most) and only the first is written to the history. A reason budget KEY: why (KEY the task's metadata.budget) makes tasks get show budget_wait and counts drover_budget_task_deferrals_total."`
 	// WaitSignal ends the attempt with a wait for a signal instead.
 	WaitSignal *OutcomeWait `json:"wait_signal,omitempty" doc:"Neither a success nor a failure: wait for the first of these signals (POST /v1/tasks/{id}/signals/{name}). A signal that waits in the task's inbox already (sent before the wait), other than those received_signals names, is answered at once in signal, not consumed, with the task still claimed (RUNNING, same token): run on with it, and name it in received_signals of every later outcome of this claim. So is the timeout of a wait whose until passed (signal.timed_out). Otherwise the task parks WAITING with no claim, its attempt not counted, until a signal named is sent or the timeout passes; it is then claimed again, showing waiting_for: report the same wait (until: waiting_for.until) to be answered the signal or the timeout."`
 	// ReceivedSignals names the signals waits answered under this claim.
@@ -41,6 +45,12 @@ type OutcomeInput struct {
 type SignalRef struct {
 	Name           string `json:"name" minLength:"1" maxLength:"128" doc:"The signal's name."`
 	IdempotencyKey string `json:"idempotency_key" minLength:"1" maxLength:"128" doc:"The idempotency key it was sent with, as the answer's signal says."`
+}
+
+// OutcomeDefer hands a claimed task back unrun for later.
+type OutcomeDefer struct {
+	After  string `json:"after" maxLength:"64" doc:"How long the task waits before it is claimed again: a duration such as 30s, or seconds (0 to 24h)."`
+	Reason string `json:"reason" minLength:"1" maxLength:"1024" doc:"Why it waits, kept in its history. A task that waits for its LLM budget says budget KEY: why, as the budget's reserve answered (the detail of its 429), or budget KEY: not configured (drover budgets set KEY --tokens N) after a 404."`
 }
 
 // OutcomeWait is a wait for a signal that ends an attempt.
@@ -72,7 +82,7 @@ type OutcomeResult struct {
 	Status      int          `json:"status" doc:"200: recorded; 409: the claim no longer holds (nothing written; the task runs, or ran, elsewhere); 404: no such task in the queue; 5xx: not recorded, try again."`
 	TaskStatus  queue.Status `json:"current_status,omitempty" enum:"SUCCEEDED,RETRYING,SLEEPING,WAITING,PENDING,RUNNING,DEAD" doc:"The task's state the outcome left it in (on 200): RUNNING when a wait_signal was answered at once (signal), still claimed."`
 	Attempt     int          `json:"attempt,omitempty" doc:"The attempt the outcome ended (on 200)."`
-	ScheduledAt *time.Time   `json:"scheduled_at,omitempty" doc:"When a RETRYING task runs again, or a SLEEPING one's sleep ends."`
+	ScheduledAt *time.Time   `json:"scheduled_at,omitempty" doc:"When a RETRYING task runs again, a SLEEPING one's sleep ends, or a deferred (PENDING) one is claimable again."`
 	Detail      string       `json:"detail,omitempty" doc:"Why the outcome was not recorded."`
 	// Signal answers a wait_signal at once.
 	Signal *Signal `json:"signal,omitempty" doc:"A wait_signal answered at once: the first signal waited for in the inbox (not consumed: name it in received_signals of the claim's later outcomes, and the one that ends the attempt consumes it), or timed_out. The task is still claimed under the same token: its handler runs on with it, and reports another outcome."`
@@ -132,6 +142,9 @@ func (s *Server) reportOutcomes(ctx context.Context, in *outcomesInput) (*struct
 		if os[i].Wait, err = outcomeWait(i, o); err != nil {
 			return nil, err
 		}
+		if os[i].Defer, err = outcomeDefer(i, o); err != nil {
+			return nil, err
+		}
 		if len(o.Result) > 0 && string(o.Result) != "null" {
 			os[i].Result = o.Result
 		}
@@ -155,6 +168,7 @@ func (s *Server) reportOutcomes(ctx context.Context, in *outcomesInput) (*struct
 	for i, r := range rs {
 		out.Results[i] = outcomeResultOf(os[i].ID, r)
 	}
+	countBudgetDeferrals(os, rs)
 	s.endStreams(ctx, in.Body.Outcomes, os, rs)
 	if nc := in.Body.Claim; nc != nil {
 		tasks, err := s.claimFor(ctx, in.Queue, in.Body.Session, nc.Max, wait, wait == 0)
@@ -206,6 +220,41 @@ func outcomeSleep(i int, o OutcomeInput) (time.Time, error) {
 		until = now // a time past: due at once
 	}
 	return until, nil
+}
+
+// outcomeDefer reads the deferral outcome o (the i-th) asks for (nil:
+// none).
+func outcomeDefer(i int, o OutcomeInput) (*drover.DeferError, error) {
+	d := o.Defer
+	if d == nil {
+		return nil, nil
+	}
+	at := "body.outcomes[" + strconv.Itoa(i) + "].defer"
+	if o.Error != "" || len(o.Result) > 0 || o.OK != nil || o.SleepFor != "" || o.SleepUntil != "" || o.WaitSignal != nil {
+		return nil, invalid(at, nil, "must be alone: a task handed back neither succeeds (ok, result), fails (error), sleeps (sleep_for, sleep_until) nor waits (wait_signal)")
+	}
+	sl, err := task.ParseSleep(at+".after", d.After)
+	if err != nil || !sl.Until.IsZero() || sl.For < 0 || sl.For > queue.MaxDeferAfter {
+		return nil, invalid(at+".after", d.After, "must be a duration from 0 to 24h such as 30s, or a number of seconds")
+	}
+	if strings.TrimSpace(d.Reason) == "" {
+		return nil, invalid(at+".reason", d.Reason, "must say why the task waits")
+	}
+	return &drover.DeferError{Reason: d.Reason, After: sl.For}, nil
+}
+
+// countBudgetDeferrals counts the deferrals written among os (answered
+// rs) that wait for their task's budget, as a Go worker's budget gate
+// counts its own (drover_budget_task_deferrals_total).
+func countBudgetDeferrals(os []queue.Outcome, rs []queue.Reported) {
+	for i, r := range rs {
+		if os[i].Defer == nil || r.Err != nil || r.Task == nil {
+			continue
+		}
+		if label, ok := budget.DeferralLabel(os[i].Defer.Reason, r.Task.Metadata.Budget); ok {
+			metrics.BudgetTaskDeferrals.WithLabelValues(label).Inc()
+		}
+	}
 }
 
 // outcomeWait reads the wait for a signal outcome o (the i-th) asks for
@@ -269,7 +318,7 @@ func outcomeResultOf(id string, r queue.Reported) OutcomeResult {
 		return OutcomeResult{TaskID: id, Status: http.StatusInternalServerError, Detail: "the outcome's fate is unknown: report it again"}
 	}
 	res := OutcomeResult{TaskID: id, Status: http.StatusOK, TaskStatus: t.CurrentStatus, Attempt: t.Attempt, Signal: signalOf(r.Signal)}
-	if (t.CurrentStatus == queue.Retrying || t.CurrentStatus == queue.Sleeping || t.CurrentStatus == queue.Waiting) &&
+	if (t.CurrentStatus == queue.Retrying || t.CurrentStatus == queue.Sleeping || t.CurrentStatus == queue.Waiting || t.CurrentStatus == queue.Pending) &&
 		!t.ScheduledAt.IsZero() && t.ScheduledAt.Before(queue.NoTimeout) {
 		at := t.ScheduledAt
 		res.ScheduledAt = &at

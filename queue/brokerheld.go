@@ -3,14 +3,17 @@ package queue
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/lease"
 	"github.com/droverhq/drover/stream"
+	"github.com/droverhq/drover/task"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -272,6 +275,74 @@ func (b *broker) settle(ctx context.Context, h Held, verb string, decide func(*W
 		sleepCtx(ctx, time.Duration(rand.Int64N(int64(5*time.Millisecond))))
 	}
 	return nil, fmt.Errorf("queue: %s task %s: the other outcomes of its claim kept changing; try again", verb, h.ID)
+}
+
+// reportRecord records outcome o of a task with a record of its own (or
+// finds that its claim no longer holds), as Ack and Fail did before runs,
+// with the signals it consumes (o.spend).
+func (b *broker) reportRecord(ctx context.Context, o Outcome) Reported {
+	verb := "ack"
+	switch {
+	case o.Failed:
+		verb = "fail"
+	case o.Defer != nil:
+		verb = "defer"
+	}
+	t, err := b.settle(ctx, o.Held, verb, func(w *Worker, cl *claim) (outcome, error) {
+		return decideOutcome(w, cl.task, o), nil
+	})
+	if err != nil {
+		return Reported{Err: err}
+	}
+	switch {
+	case t.CurrentStatus == Sleeping, t.CurrentStatus == Waiting && t.ScheduledAt.Before(NoTimeout), o.Defer != nil:
+		b.retryAt(o.Queue, t.ScheduledAt)
+	case o.Wait != nil:
+	case !o.SleepUntil.IsZero():
+	case !o.Failed:
+		succeeded(t, o.Result)
+	case t.CurrentStatus == Retrying:
+		b.retryAt(o.Queue, t.ScheduledAt)
+	}
+	return Reported{Task: t}
+}
+
+// decideOutcome is the outcome o reports of a claim of t: success, a
+// retry after the task's backoff, or the dead-letter queue (a permanent
+// failure, one past the retry budget, or a child's result larger than
+// task.MaxChildResult). Only a success and a park consume the signals o
+// received (o.spend): after the others the handler may start over. A
+// deferral (o.Defer) hands the task back uncharged, as a gate's does; any
+// other outcome ends the deferrals in a row (the task was admitted).
+func decideOutcome(w *Worker, t *Task, o Outcome) outcome {
+	if d := o.Defer; d != nil {
+		return outcome{kind: Pending, err: d, delay: max(d.After, 100*time.Millisecond), deferred: d.Reason}
+	}
+	t.Deferrals = 0
+	if !o.SleepUntil.IsZero() {
+		return outcome{kind: Sleeping, until: o.SleepUntil}
+	}
+	if o.Wait != nil {
+		return outcome{kind: Waiting, until: waitDue(o.Wait), wait: o.Wait, spend: o.spend}
+	}
+	if !o.Failed && t.Parent != "" && len(o.Result) > task.MaxChildResult {
+		return outcome{kind: Dead, err: childResultError(len(o.Result))} // as an in-process worker's (execute)
+	}
+	if !o.Failed {
+		return outcome{kind: Succeeded, result: o.Result, spend: o.spend}
+	}
+	reason := o.Error
+	if strings.TrimSpace(reason) == "" {
+		reason = "failed (no reason given)"
+	}
+	err := errors.New(reason)
+	switch {
+	case o.Permanent:
+		return outcome{kind: Dead, err: Permanent(err)}
+	case t.Attempt > t.Retries():
+		return outcome{kind: Dead, err: err}
+	}
+	return outcome{kind: Retrying, err: err, delay: w.backoff(t)}
 }
 
 // fenced is the error of an outcome or heartbeat for a claim that no

@@ -192,7 +192,7 @@ func (cc *claimCache) forgetLocked(cr *cachedRun) {
 
 // fromMemory takes from todo the successes whose claims this Client
 // remembers, grouped by run; it returns the rest of todo and the groups.
-// A failure, a sleep or a wait of a remembered claim (each moves the task
+// A failure, a sleep, a wait or a deferral of a remembered claim (each moves the task
 // out of its segment into a record) is written from a read: the
 // run is forgotten, since that write changes it, and the read learns the
 // queue's config (a FIFO queue's task goes back to shard 0).
@@ -204,7 +204,7 @@ func (b *broker) fromMemory(os []Outcome, todo []int) (rest []int, groups []*seg
 		case !ok:
 			rest = append(rest, i)
 			continue
-		case os[i].Failed || !os[i].SleepUntil.IsZero() || os[i].Wait != nil:
+		case os[i].Failed || !os[i].SleepUntil.IsZero() || os[i].Wait != nil || os[i].Defer != nil:
 			b.claims.forget(s.run)
 			rest = append(rest, i)
 			continue

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/internal/groupcommit"
@@ -42,6 +43,14 @@ type Outcome struct {
 	// counted, until a signal or the timeout wakes it, as a step task's
 	// wait does (wait.go).
 	Wait *task.Wait
+	// Defer, when set, hands the task back for Defer.After without
+	// counting its attempt, as a Go worker's gate does with a
+	// *drover.DeferError (a budget with no room): PENDING again, its
+	// history saying "deferred: " and Defer.Reason (a budget's wait reads
+	// it back), the deferrals in a row counted and the delay doubled with
+	// each of them as there. A reason of at most MaxDeferReason bytes, a
+	// delay of at most MaxDeferAfter.
+	Defer *drover.DeferError
 	// Received names the signals waits answered under this claim so
 	// far (at most MaxReceived). A success, and a wait that parks, consume
 	// those still in the inbox in their own write, fenced by the claim: a
@@ -61,6 +70,13 @@ type Outcome struct {
 
 // MaxReceived is the most signals one outcome names in Received.
 const MaxReceived = 64
+
+// MaxDeferReason is the longest reason of a deferral an outcome reports
+// (Outcome.Defer), and MaxDeferAfter its longest delay.
+const (
+	MaxDeferReason = 1024
+	MaxDeferAfter  = 24 * time.Hour
+)
 
 // SignalRef names a signal a task received: its name and the
 // idempotency key it was sent with (Reported.Signal says both).
@@ -99,6 +115,9 @@ func (o Outcome) check() error {
 	if !o.SleepUntil.IsZero() && (o.Failed || len(o.Result) > 0) {
 		return &drover.InputError{Field: "sleep", Rule: "must be alone: a task that sleeps neither succeeds nor fails"}
 	}
+	if err := o.checkDefer(); err != nil {
+		return err
+	}
 	if o.Wait != nil {
 		if o.Failed || len(o.Result) > 0 || !o.SleepUntil.IsZero() || o.Wait.Children != nil {
 			return &drover.InputError{Field: "wait_signal", Rule: "must be alone: a task that waits neither succeeds, fails nor sleeps"}
@@ -122,6 +141,23 @@ func (o Outcome) check() error {
 		if err := task.CheckIdempotencyKey(r.IdempotencyKey); err != nil {
 			return drover.Rename(err, at+"idempotency_key")
 		}
+	}
+	return nil
+}
+
+// checkDefer validates o's deferral, if any.
+func (o Outcome) checkDefer() error {
+	d := o.Defer
+	switch {
+	case d == nil:
+		return nil
+	case o.Failed || len(o.Result) > 0 || !o.SleepUntil.IsZero() || o.Wait != nil:
+		return &drover.InputError{Field: "defer", Rule: "must be alone: a task handed back neither succeeds, fails, sleeps nor waits"}
+	case strings.TrimSpace(d.Reason) == "" || len(d.Reason) > MaxDeferReason || !utf8.ValidString(d.Reason):
+		return &drover.InputError{Field: "defer.reason", Value: len(d.Reason),
+			Rule: fmt.Sprintf("must say why in 1 to %d bytes of UTF-8", MaxDeferReason)}
+	case d.After < 0 || d.After > MaxDeferAfter:
+		return &drover.InputError{Field: "defer.after", Value: d.After.String(), Rule: fmt.Sprintf("must be 0 to %s", MaxDeferAfter)}
 	}
 	return nil
 }
@@ -237,65 +273,6 @@ func (b *broker) places(ctx context.Context, os []Outcome, todo []int, out []Rep
 		}
 	}
 	return groups, records, nil
-}
-
-// reportRecord records outcome o of a task with a record of its own (or
-// finds that its claim no longer holds), as Ack and Fail did before runs,
-// with the signals it consumes (o.spend).
-func (b *broker) reportRecord(ctx context.Context, o Outcome) Reported {
-	verb := "ack"
-	if o.Failed {
-		verb = "fail"
-	}
-	t, err := b.settle(ctx, o.Held, verb, func(w *Worker, cl *claim) (outcome, error) {
-		return decideOutcome(w, cl.task, o), nil
-	})
-	if err != nil {
-		return Reported{Err: err}
-	}
-	switch {
-	case t.CurrentStatus == Sleeping, t.CurrentStatus == Waiting && t.ScheduledAt.Before(NoTimeout):
-		b.retryAt(o.Queue, t.ScheduledAt)
-	case o.Wait != nil:
-	case !o.SleepUntil.IsZero():
-	case !o.Failed:
-		succeeded(t, o.Result)
-	case t.CurrentStatus == Retrying:
-		b.retryAt(o.Queue, t.ScheduledAt)
-	}
-	return Reported{Task: t}
-}
-
-// decideOutcome is the outcome o reports of a claim of t: success, a
-// retry after the task's backoff, or the dead-letter queue (a permanent
-// failure, one past the retry budget, or a child's result larger than
-// task.MaxChildResult). Only a success and a park consume the signals o
-// received (o.spend): after the others the handler may start over.
-func decideOutcome(w *Worker, t *Task, o Outcome) outcome {
-	if !o.SleepUntil.IsZero() {
-		return outcome{kind: Sleeping, until: o.SleepUntil}
-	}
-	if o.Wait != nil {
-		return outcome{kind: Waiting, until: waitDue(o.Wait), wait: o.Wait, spend: o.spend}
-	}
-	if !o.Failed && t.Parent != "" && len(o.Result) > task.MaxChildResult {
-		return outcome{kind: Dead, err: childResultError(len(o.Result))} // as an in-process worker's (execute)
-	}
-	if !o.Failed {
-		return outcome{kind: Succeeded, result: o.Result, spend: o.spend}
-	}
-	reason := o.Error
-	if strings.TrimSpace(reason) == "" {
-		reason = "failed (no reason given)"
-	}
-	err := errors.New(reason)
-	switch {
-	case o.Permanent:
-		return outcome{kind: Dead, err: Permanent(err)}
-	case t.Attempt > t.Retries():
-		return outcome{kind: Dead, err: err}
-	}
-	return outcome{kind: Retrying, err: err, delay: w.backoff(t)}
 }
 
 // deliverSignals answers the waits among outcomes todo that end at once:
@@ -448,7 +425,7 @@ func (sp *spending) before() int64 {
 // answered before). A failure (retried or dead) and a sleep consume
 // nothing: the handler may start over.
 func consumes(o Outcome) bool {
-	return len(o.Received) > 0 && !o.Failed && o.SleepUntil.IsZero()
+	return len(o.Received) > 0 && !o.Failed && o.SleepUntil.IsZero() && o.Defer == nil
 }
 
 // spendings reads the signals that the outcomes todo that may consume

@@ -453,6 +453,10 @@ func (b *broker) answer(rw *runWrite, n int, out []Reported) {
 			succeeded(t, o.result)
 		case Retrying, Sleeping:
 			b.retryAt(rw.g.q, o.c.task.ScheduledAt)
+		case Pending:
+			if o.deferred != "" {
+				b.retryAt(rw.g.q, o.c.task.ScheduledAt)
+			}
 		}
 		out[rw.items[k]] = Reported{Task: o.c.task}
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"maps"
+	"strings"
 	"time"
 
 	"github.com/droverhq/drover/internal/lifecycle"
@@ -283,19 +284,11 @@ func (w *Worker) count(o outcome) {
 		metrics.TasksDead.WithLabelValues(t.Queue, t.Type).Inc()
 	case Pending:
 		w.handedBack.Add(1)
-		if o.deferred != "" {
-			metrics.TasksDeferred.WithLabelValues(t.Queue, t.Type, o.deferred).Inc()
+		if o.deferred != "" { // labelled by its kind ("budget KEY"), not the counts that may follow
+			kind, _, _ := strings.Cut(o.deferred, ": ")
+			metrics.TasksDeferred.WithLabelValues(t.Queue, t.Type, truncate(kind, 128)).Inc()
 		}
 	}
-}
-
-// retryValue is what a retry key holds: where the task goes back to.
-type retryValue struct {
-	PendingKey string `json:"p"`
-	Attempts   int    `json:"a"`
-	// Deferred is why flow control deferred the task, "" for a retry:
-	// the queue's history counts the two apart from this key alone.
-	Deferred string `json:"d,omitempty"`
 }
 
 // ackOp is the fenced nested transaction that records one outcome of a task

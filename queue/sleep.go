@@ -542,6 +542,15 @@ func (st *execStep) readFile(file string) ([]byte, error) {
 	return b, nil
 }
 
+// retryValue is what a retry key holds: where the task goes back to.
+type retryValue struct {
+	PendingKey string `json:"p"`
+	Attempts   int    `json:"a"`
+	// Deferred is why flow control deferred the task, "" for a retry:
+	// the queue's history counts the two apart from this key alone.
+	Deferred string `json:"d,omitempty"`
+}
+
 // deferOps are the writes that hand the task of outcome o back to flow
 // control: it goes back to pending after the delay, its attempt not
 // charged. ops are the writes recordOps made before.

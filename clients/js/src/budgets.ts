@@ -186,6 +186,24 @@ export class Budgets {
 /** How long a task waits between tries when its budget is not configured or its estimate can never fit (as the Go gate). */
 export const BUDGET_UNWAITABLE_SECONDS = 30;
 
+/**
+ * Why a task waits for budget `key`, as its deferral records it and a Go
+ * worker's budget gate says it: `budget KEY: why` (a 429's detail says
+ * that already). `tasks get` reads it back as the task's `budget_wait`.
+ */
+export function budgetWaitReason(key: string, why: string): string {
+  const prefix = `budget ${key}: `;
+  let reason = why.startsWith(prefix) ? why : prefix + why;
+  // The server keeps 1024 bytes of a reason at most.
+  while (Buffer.byteLength(reason) > 1024) reason = reason.slice(0, -1);
+  return reason;
+}
+
+/** Why a task waits for budget `key` that nobody configured (a 404), as the Go gate says it. */
+export function budgetNotConfigured(key: string): string {
+  return `not configured (drover budgets set ${key} --tokens N)`;
+}
+
 /** The budget a claimed task spends: its metadata's `budget`, `estimated_tokens` (without it, the budget's default for the task's type) and `tenant`. */
 export function taskBudget(task: QueueTask): { key: string; tenant: string; estimate: number; taskType: string } | undefined {
   const m = task.metadata as QueueTask["metadata"] & { budget?: string; estimated_tokens?: number };
@@ -207,8 +225,10 @@ export class TaskBudgetHold {
 
   /**
    * Reserves the task's estimate: the hold, undefined for a task without a
-   * budget, or `{ deferSeconds }` when the task must wait, on a 429 or a
-   * 503 (the worker parks it that long, its attempt not counted).
+   * budget, or `{ deferSeconds, reason }` when the task must wait, on a
+   * 429 or a 503, or for a budget not configured (404) or an estimate it
+   * cannot hold (400): the worker hands it back unrun for that long, its
+   * attempt not counted, with the reason (`budget KEY: why`).
    */
   static async reserve(budgets: Budgets, task: QueueTask, ttlSeconds: number): Promise<TaskBudgetHold | { deferSeconds: number; reason: string } | undefined> {
     const b = taskBudget(task);
@@ -218,8 +238,9 @@ export class TaskBudgetHold {
     } catch (err) {
       // 429: no room yet; 503: the server cannot decide now (its clock
       // is behind the budget's counters, or etcd is slow). Both wait.
-      if (err instanceof DroverError && (err.status === 429 || err.status === 503)) return { deferSeconds: Math.max(1, err.retryAfter ?? 1), reason: err.message };
-      if (err instanceof NotFoundError || err instanceof InvalidInputError) return { deferSeconds: BUDGET_UNWAITABLE_SECONDS, reason: err.message };
+      if (err instanceof DroverError && (err.status === 429 || err.status === 503)) return { deferSeconds: Math.max(1, err.retryAfter ?? 1), reason: budgetWaitReason(b.key, err.problem.detail || err.message) };
+      if (err instanceof NotFoundError) return { deferSeconds: BUDGET_UNWAITABLE_SECONDS, reason: budgetWaitReason(b.key, budgetNotConfigured(b.key)) };
+      if (err instanceof InvalidInputError) return { deferSeconds: BUDGET_UNWAITABLE_SECONDS, reason: budgetWaitReason(b.key, err.problem.detail || err.message) };
       throw err;
     }
   }

@@ -63,6 +63,13 @@ export interface QueueTask {
    */
   waiting_for?: { signals?: string[]; since: string; until?: string };
   /**
+   * Set while the task (PENDING, or RETRYING until its delay ends) waits
+   * for its LLM budget: a worker handed it back unrun, its attempt not
+   * counted. Which budget, since when, how many deferrals in a row, when
+   * it is tried again, and why.
+   */
+  budget_wait?: { budget: string; since: string; deferrals: number; next?: string; reason: string };
+  /**
    * The W3C traceparent of the task's submission, when it was traced: a
    * handler that uses OpenTelemetry starts its attempt's span under it
    * (`propagation.extract(context.active(), { traceparent })`).
@@ -150,6 +157,13 @@ export type Outcome = (
    * otherwise the task parks WAITING.
    */
   | { task_id: string; token: number; ok?: undefined; wait_signal: { names: string[]; timeout?: string; until?: string }; streamed?: boolean }
+  /**
+   * Neither: the task was not run and waits (its budget has no room): it
+   * goes back PENDING, its attempt not counted, claimable again after
+   * `after` (seconds, or a duration such as 30s), its history and
+   * `budget_wait` saying why (a reason `budget KEY: why`).
+   */
+  | { task_id: string; token: number; ok?: undefined; defer: { after: string; reason: string }; streamed?: boolean }
 ) & { received_signals?: ReceivedSignalRef[] };
 
 /** The server's answer for one outcome: 200, 409 (the claim was lost), 404. */

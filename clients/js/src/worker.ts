@@ -3,7 +3,7 @@
 import { ConnectionError, DroverError, InvalidInputError, Permanent, isPermanent } from "./errors.js";
 import { durMs, sleep, type Transport } from "./http.js";
 import { Queues, type Outcome, type OutcomeResult, type QueueTask, type ReceivedSignalRef } from "./queue.js";
-import { Sleep, sleepFor } from "./agent.js";
+import { Sleep } from "./agent.js";
 import { Budgets, TaskBudgetHold, taskBudget, type ProviderHeaders } from "./budgets.js";
 import { WaitSignal, receivedOf, type ReceivedSignal } from "./signals.js";
 import { Session } from "./session.js";
@@ -110,6 +110,8 @@ export interface WorkerStats {
   slept: number;
   /** Tasks parked by a handler that returned a wait for a signal, accepted. */
   waited: number;
+  /** Tasks handed back unrun to wait for their budget (no attempt counted), accepted. */
+  deferred: number;
   /**
    * Outcomes dropped because the claim was lost (409/404, or the session
    * ended), and tasks claimed ahead that were not started because their
@@ -162,10 +164,11 @@ const GATHER_MS = 3;
  * `drover.attempt.end` names it: lost when the outcome was refused (the
  * claim had gone), dead when a failure left the task DEAD.
  */
-function attemptEnd(outcome: Outcome, r: OutcomeResult | undefined, deferred: boolean): AttemptEnd {
+function attemptEnd(outcome: Outcome, r: OutcomeResult | undefined): AttemptEnd {
   if (!r || r.status !== 200) return "lost";
   if (outcome.ok) return "success";
-  if (!("error" in outcome)) return deferred ? "deferred" : "sleep";
+  if ("defer" in outcome) return "deferred";
+  if (!("error" in outcome)) return "sleep";
   return outcome.permanent || r.current_status === "DEAD" ? "dead" : "retry";
 }
 
@@ -234,7 +237,7 @@ export class Worker {
   private readonly pending = new Map<Session, PendingOutcome[]>();
   private flushing: Promise<void> | undefined;
   private readonly watched = new WeakSet<Session>();
-  private readonly counts = { claimed: 0, succeeded: 0, failed: 0, permanent: 0, slept: 0, waited: 0, lost: 0, ahead: 0, claimRequests: 0, outcomeRequests: 0, claimsWithOutcomes: 0 };
+  private readonly counts = { claimed: 0, succeeded: 0, failed: 0, permanent: 0, slept: 0, waited: 0, deferred: 0, lost: 0, ahead: 0, claimRequests: 0, outcomeRequests: 0, claimsWithOutcomes: 0 };
   /** A claim is in flight: a claim request, or an outcome request that carries one. */
   private claiming = false;
   /** Per session, the tasks claimed under it whose outcome is not yet answered (or that were dropped). */
@@ -547,17 +550,15 @@ export class Worker {
     const ctx: TaskContext = { signal: session.signal, token, attempt: task.attempt, session, stream, usage: (n, h) => hold?.used(n, h) };
     let outcome: Outcome;
     let outcomeReceived: ReceivedSignalRef[] = [];
-    let deferred = false;
+    let deferral: { deferSeconds: number; reason: string } | undefined;
     try {
       let result: unknown;
       // A task that names a budget reserves its estimate first; without
-      // room, it sleeps until the window turns (no attempt counted).
+      // room, it is handed back unrun until the window turns (no attempt
+      // counted; tasks get shows its budget_wait).
       const held = taskBudget(task) ? await TaskBudgetHold.reserve(new Budgets(this.t), task, this.budgetTtl(task)) : undefined;
       if (held instanceof TaskBudgetHold) hold = held;
-      else if (held) {
-        result = sleepFor(held.deferSeconds);
-        deferred = true;
-      }
+      else if (held) deferral = held;
       // A task claimed after a wait for a signal: the wait is reported
       // again first, answered with what ended it.
       const wf = task.waiting_for;
@@ -569,7 +570,7 @@ export class Worker {
       // them (a worker that dies first leaves them to the next claim).
       const received: ReceivedSignalRef[] = [];
       outcomeReceived = received;
-      for (let runs = 0; !(result instanceof Sleep); runs++) {
+      for (let runs = 0; !(result instanceof Sleep) && !deferral; runs++) {
         if (wait) {
           if (received.length >= MAX_RECEIVED) throw new Permanent(`the handler received ${MAX_RECEIVED} signals in one claim, the most one outcome names`);
           if (received.length) wait.received_signals = [...received];
@@ -593,7 +594,9 @@ export class Worker {
       this.sampleTaskTime(performance.now() - started);
       const value = result === undefined ? null : result;
       const size = jsonSize(value);
-      if (result instanceof WaitSignal) {
+      if (deferral) {
+        outcome = { task_id: task.task_id, token, defer: { after: String(deferral.deferSeconds), reason: deferral.reason } };
+      } else if (result instanceof WaitSignal) {
         outcome = { task_id: task.task_id, token, error: `the handler waited for signals ${MAX_WAIT_RUNS} times in one claim`, permanent: true };
       } else if (result instanceof Sleep) {
         outcome = result.until !== undefined
@@ -628,10 +631,11 @@ export class Worker {
     const sent: Promise<void> = this.send(session, outcome).then((r) => {
       if (!r || r.status !== 200) this.counts.lost++;
       else if (outcome.ok) this.counts.succeeded++;
+      else if ("defer" in outcome) this.counts.deferred++;
       else if (!("error" in outcome)) this.counts.slept++;
       else if (outcome.permanent) this.counts.permanent++;
       else this.counts.failed++;
-      span.end(attemptEnd(outcome, r, deferred), "error" in outcome ? outcome.error : undefined);
+      span.end(attemptEnd(outcome, r), "error" in outcome ? outcome.error : "defer" in outcome ? outcome.defer.reason : undefined);
     }).finally(() => {
       this.sending.delete(sent);
       this.settle(session);

@@ -82,8 +82,9 @@ test("budgets.reserve without room is a 429 with retryAfter, and holds nothing; 
   await assert.rejects(drover.budgets.reserve(`openai/${uniq("none")}`, { estimate: 1 }), NotFoundError);
 });
 
-test("worker: a task with a budget reserves its estimate, settles what ctx.usage reported, and sleeps without an attempt when there is no room", async () => {
+test("worker: a task with a budget reserves its estimate, settles what ctx.usage reported, and waits for its budget without an attempt when there is no room", async () => {
   const key = `openai/gpt-4.1/${uniq("k")}`;
+  const none = `openai/${uniq("none")}`;
   await drover.budgets.set(key, { tokens: 100, window_seconds: DAY });
   const q = uniq("llm");
   const meta = { tenant: "acme", budget: key, estimated_tokens: 40 };
@@ -92,7 +93,7 @@ test("worker: a task with a budget reserves its estimate, settles what ctx.usage
     { task_id: "b", task_type: "llm", metadata: meta },
     { task_id: "c", task_type: "llm", metadata: meta },
     { task_id: "plain", task_type: "llm" },
-    { task_id: "unset", task_type: "llm", metadata: { budget: `openai/${uniq("none")}`, estimated_tokens: 5 } },
+    { task_id: "unset", task_type: "llm", metadata: { budget: none, estimated_tokens: 5 } },
   ]);
   const seen = [];
   const w = drover.worker(q, { concurrency: 1, prefetch: 1, wait: 1, signals: false }, async (task, ctx) => {
@@ -108,19 +109,31 @@ test("worker: a task with a budget reserves its estimate, settles what ctx.usage
   for (;;) {
     const st = await Promise.all(["a", "b", "c", "plain", "unset"].map((id) => drover.tasks.get(q, id)));
     const by = Object.fromEntries(st.map((t) => [t.task_id, t]));
-    if (["a", "b", "plain"].every((id) => by[id].current_status === "SUCCEEDED") && by.c.current_status === "SLEEPING" && by.unset.current_status === "SLEEPING") {
-      assert.equal(by.c.retries_attempted, 0, "a deferral costs no attempt");
-      assert.ok(new Date(by.c.scheduled_at).getTime() - Date.now() > 60_000, `c sleeps until the day's window turns: ${by.c.scheduled_at}`);
-      const unsetWait = new Date(by.unset.scheduled_at).getTime() - Date.now();
+    if (["a", "b", "plain"].every((id) => by[id].current_status === "SUCCEEDED") && by.c.budget_wait && by.unset.budget_wait) {
+      // tasks get says it waits for the budget, as a Go worker's deferral does.
+      for (const id of ["c", "unset"]) {
+        assert.ok(["PENDING", "RETRYING"].includes(by[id].current_status), `${id} waits unclaimed: ${by[id].current_status}`);
+        assert.equal(by[id].attempt, 0, `${id}: a deferral spends no attempt`);
+        assert.equal(by[id].retries_attempted, 0);
+        assert.equal(by[id].budget_wait.deferrals, 1);
+        assert.ok(by[id].transitions.some((t) => t.error === `deferred: ${by[id].budget_wait.reason}`), `${id}'s history records why`);
+      }
+      assert.equal(by.c.budget_wait.budget, key);
+      assert.match(by.c.budget_wait.reason, new RegExp(`^budget ${key}: `));
+      assert.ok(new Date(by.c.budget_wait.next).getTime() - Date.now() > 60_000, `c waits until the day's window turns: ${by.c.budget_wait.next}`);
+      assert.equal(by.unset.budget_wait.budget, none);
+      assert.equal(by.unset.budget_wait.reason, `budget ${none}: not configured (drover budgets set ${none} --tokens N)`);
+      const unsetWait = new Date(by.unset.budget_wait.next).getTime() - Date.now();
       assert.ok(unsetWait > 20_000 && unsetWait <= 31_000, `an unconfigured budget waits 30 s: ${unsetWait} ms`);
       break;
     }
-    assert.ok(Date.now() < deadline, `statuses ${JSON.stringify(st.map((t) => [t.task_id, t.current_status]))}`);
+    assert.ok(Date.now() < deadline, `statuses ${JSON.stringify(st.map((t) => [t.task_id, t.current_status, t.budget_wait]))}`);
     await new Promise((r) => setTimeout(r, 100));
   }
   const stats = await w.drain();
   assert.deepEqual(seen.sort(), ["a", "b", "plain"], "the deferred tasks' handler did not run");
-  assert.equal(stats.slept, 2);
+  assert.equal(stats.deferred, 2);
+  assert.equal(stats.slept, 0);
   const u = await drover.budgets.get(key);
   assert.deepEqual([u.used, u.reserved, u.live, u.requests_used], [70, 0, 0, 2], "two settled at 35 each; c held nothing");
 });

@@ -96,11 +96,12 @@ class BudgetsTest(ClientTest):
         self.c.budgets.set(key, tokens=100, window_seconds=DAY)
         name = unique("llm")
         q = self.c.queue(name)
+        none = "openai/%s" % unique("none")
         meta = {"tenant": "acme", "budget": key, "estimated_tokens": 40}
         q.submit(
             [{"task_id": i, "task_type": "llm", "metadata": meta} for i in ("a", "b", "c")]
             + [{"task_id": "plain", "task_type": "llm"}]
-            + [{"task_id": "unset", "task_type": "llm", "metadata": {"budget": "openai/%s" % unique("none"), "estimated_tokens": 5}}]
+            + [{"task_id": "unset", "task_type": "llm", "metadata": {"budget": none, "estimated_tokens": 5}}]
             + [{"task_id": "quiet", "task_type": "quiet", "metadata": {"budget": key, "estimated_tokens": 10}}]
         )
         seen = []
@@ -121,13 +122,24 @@ class BudgetsTest(ClientTest):
         # and no room; quiet's 10 fits and settles its estimate.
         self.assertEqual(sorted(seen), ["a", "b", "plain", "quiet"])
         self.assertEqual(held, {"a": 40, "b": 40})
-        self.assertEqual(stats["slept"], 2)
+        self.assertEqual((stats["deferred"], stats["slept"]), (2, 0))
         self.assertEqual(stats["succeeded"], 4)
         c, unset = q.get("c"), q.get("unset")
-        self.assertEqual((c.status, c.get("retries_attempted")), ("SLEEPING", 0))
-        self.assertGreater(_until(c["scheduled_at"]), 60, "c sleeps until the day's window turns")
-        self.assertEqual(unset.status, "SLEEPING")
-        self.assertTrue(15 < _until(unset["scheduled_at"]) <= 31, "an unconfigured budget waits 30 s")
+        # tasks get says each waits for its budget, as after a Go worker's
+        # deferral: unclaimed, no attempt spent, why in its history.
+        for t in (c, unset):
+            self.assertIn(t.status, ("PENDING", "RETRYING"))
+            self.assertEqual((t.get("attempt"), t.get("retries_attempted")), (0, 0))
+            w = t.get("budget_wait")
+            self.assertIsNotNone(w, "%s shows no budget_wait: %r" % (t.get("task_id"), t))
+            self.assertEqual(w["deferrals"], 1)
+            self.assertIn("deferred: " + w["reason"], [tr.get("error") for tr in t.get("transitions") or []])
+        self.assertEqual(c["budget_wait"]["budget"], key)
+        self.assertTrue(c["budget_wait"]["reason"].startswith("budget %s: " % key), c["budget_wait"])
+        self.assertGreater(_until(c["budget_wait"]["next"]), 60, "c waits until the day's window turns")
+        self.assertEqual(unset["budget_wait"]["budget"], none)
+        self.assertEqual(unset["budget_wait"]["reason"], "budget %s: not configured (drover budgets set %s --tokens N)" % (none, none))
+        self.assertTrue(15 < _until(unset["budget_wait"]["next"]) <= 31, "an unconfigured budget waits 30 s")
         u = self.c.budgets.get(key)
         self.assertEqual((u["used"], u["reserved"], u["live"], u["requests_used"]), (80, 0, 0, 3))
 

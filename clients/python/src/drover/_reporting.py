@@ -112,6 +112,8 @@ class _Reporting:
                             self.stats["succeeded"] += 1
                         elif "sleep_for" in o or "sleep_until" in o:
                             self.stats["slept"] += 1
+                        elif "defer" in o:
+                            self.stats["deferred"] += 1
                         else:
                             self.stats["failed"] += 1
                     elif r.status == 409:

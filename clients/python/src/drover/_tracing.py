@@ -570,5 +570,7 @@ def end_attempts(spans: List[Optional[AttemptSpan]], outs: List[Dict[str, Any]],
             span.end("success")
         elif "sleep_for" in o or "sleep_until" in o:
             span.end("sleep")
+        elif "defer" in o:
+            span.end("deferred", o["defer"].get("reason", ""))
         else:
             span.end("dead" if o.get("permanent") or r.current_status == "DEAD" else "retry", o.get("error", ""))

@@ -7,7 +7,7 @@ import math
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Union
 
 from ._transport import CONNECT, IDEMPOTENT, quote
-from .agent import Sleep, _duration_seconds, sleep_for
+from .agent import _duration_seconds
 from .errors import DroverError, InvalidInput, NotFound, TooManyRequests, Unavailable
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -15,7 +15,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger("drover")
 
-__all__ = ["Budgets", "BUDGET_HEADERS", "provider_headers"]
+__all__ = ["Budgets", "BUDGET_HEADERS", "Deferral", "provider_headers"]
 
 #: The provider headers a settle reads (OpenAI's names; others send the same).
 BUDGET_HEADERS = ("x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens")
@@ -23,6 +23,45 @@ BUDGET_HEADERS = ("x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens")
 #: Seconds a task waits between tries when its budget is not configured or
 #: its estimate can never fit (as the Go worker's gate).
 UNWAITABLE_SECONDS = 30
+
+
+class Deferral:
+    """A queue task handed back unrun for ``after`` seconds, its attempt not
+    counted, because ``reason`` (``budget KEY: why``): what
+    :func:`run_budgeted` returns when the task's budget has no room. The
+    worker reports it as the outcome ``defer``, and ``tasks get`` shows
+    the task's ``budget_wait``, as for a Go worker's budget gate."""
+
+    __slots__ = ("after", "reason")
+
+    def __init__(self, after: float, reason: str) -> None:
+        self.after = after
+        self.reason = reason
+
+    def outcome(self) -> Dict[str, Any]:
+        """The ``defer`` field of the task's outcome."""
+        return {"after": "%g" % self.after, "reason": self.reason}
+
+    def __repr__(self) -> str:
+        return "Deferral(after=%r, reason=%r)" % (self.after, self.reason)
+
+
+def wait_reason(key: str, why: str) -> str:
+    """Why a task waits for budget ``key``, as its deferral records it and a
+    Go worker's budget gate says it: ``budget KEY: why`` (a 429's detail
+    says that already), at most the 1024 bytes the server keeps."""
+    prefix = "budget %s: " % key
+    reason = why if why.startswith(prefix) else prefix + why
+    return reason.encode("utf-8")[:1024].decode("utf-8", "ignore")
+
+
+def not_configured(key: str) -> str:
+    """Why a task waits for budget ``key`` that nobody configured (a 404), as the Go gate says it."""
+    return "not configured (drover budgets set %s --tokens N)" % key
+
+
+def _detail(e: DroverError) -> str:
+    return str(e.problem.get("detail") or e)
 
 
 def provider_headers(headers: Any) -> Optional[Dict[str, str]]:
@@ -176,12 +215,13 @@ def _ttl(task: Any) -> int:
     return min(3600, max(60, math.ceil(timeout) + 30)) if timeout > 0 else 300
 
 
-def run_budgeted(client: "Client", task: Any, call: Callable[[], Any]) -> Union[Sleep, Any]:
+def run_budgeted(client: "Client", task: Any, call: Callable[[], Any]) -> Union[Deferral, Any]:
     """Runs ``call`` (a queue handler on ``task``) within the budget its
     metadata names (``budget``, ``estimated_tokens`` or else the budget's
     default for the task's type, ``tenant``): reserves
-    the estimate first and returns a sleep instead (no attempt counted)
-    when the budget has no room, until the window turns; settles after
+    the estimate first and returns a :class:`Deferral` instead (handed
+    back unrun, no attempt counted) when the budget has no room, until the
+    window turns; settles after
     ``call`` with what it reported through ``task.usage(tokens,
     headers=None)``, or the estimate. A task without a budget runs as is."""
     task.usage = _ignore_usage
@@ -200,10 +240,13 @@ def run_budgeted(client: "Client", task: Any, call: Callable[[], Any]) -> Union[
         )
     except (TooManyRequests, Unavailable) as e:
         log.info("drover: task %s waits for budget %s: %s", task.get("task_id"), key, e)
-        return sleep_for(max(1, math.ceil(e.retry_after or 1)))
-    except (NotFound, InvalidInput) as e:
+        return Deferral(max(1, math.ceil(e.retry_after or 1)), wait_reason(key, _detail(e)))
+    except NotFound as e:
         log.warning("drover: task %s: budget %s: %s", task.get("task_id"), key, e)
-        return sleep_for(UNWAITABLE_SECONDS)
+        return Deferral(UNWAITABLE_SECONDS, wait_reason(key, not_configured(key)))
+    except InvalidInput as e:
+        log.warning("drover: task %s: budget %s: %s", task.get("task_id"), key, e)
+        return Deferral(UNWAITABLE_SECONDS, wait_reason(key, _detail(e)))
     hold = _Hold(budgets, r)
     task.usage = hold.used
     try:

@@ -17,7 +17,7 @@ from . import _tracing
 from ._transport import shutdown_socket, task_trace
 from .errors import DroverError, Permanent, SessionNotFound, TransportError
 from .agent import Sleep, WaitSignal, _received, _received_of
-from .budgets import run_budgeted
+from .budgets import Deferral, run_budgeted
 from .queues import MAX_CLAIM, Task
 from ._reporting import _Reporting
 from .sessions import Session
@@ -153,6 +153,7 @@ class Worker(_Reporting):
             "dead": 0,
             "slept": 0,
             "waited": 0,
+            "deferred": 0,
             "lost": 0,
             "not_found": 0,
             "errors": 0,
@@ -243,7 +244,8 @@ class Worker(_Reporting):
         ``max_tasks`` were claimed, or no task came for ``idle_timeout``
         seconds, or ``duration`` seconds passed; then drain. Returns the
         counts: claimed, succeeded, failed (to be retried), dead, slept, waited
-        (tasks parked by a handler that returned a sleep), lost (an
+        (tasks parked by a handler that returned a sleep), deferred (tasks
+        handed back unrun to wait for their budget), lost (an
         outcome refused with 409, or a task claimed ahead and not started:
         the claim was lost), not_found, errors (outcomes that could not be
         sent), ahead (tasks claimed ahead of a free running slot, which
@@ -570,6 +572,10 @@ class Worker(_Reporting):
             result = run_budgeted(self.client, task, lambda: self._call(q, session, task))
             if result is _PARKED:
                 parked = True
+            elif isinstance(result, Deferral):
+                # Not run: back PENDING after its delay, its attempt not
+                # counted, tasks get saying it waits for its budget.
+                outcome["defer"] = result.outcome()
             elif isinstance(result, Sleep):
                 # Parked: SLEEPING, claimed again when the sleep ends, its attempt not counted.
                 if result.sleep_until is not None:

@@ -1,0 +1,99 @@
+package fleet_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/droverhq/drover/budget"
+	"github.com/droverhq/drover/fleet"
+	"github.com/droverhq/drover/internal/testenv/etcdtest"
+	"github.com/droverhq/drover/queue"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// TestBudgetSettleAfterTheOutcome: the gate's settle does not hold the
+// task: while it is held back (not sent), the task's outcome is written
+// (SUCCEEDED), its reservation still held, and Flush waits; once it is
+// sent, Flush returns and the budget counts what the handler reported,
+// the reservation gone.
+func TestBudgetSettleAfterTheOutcome(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	ns := etcdtest.Namespace(t)
+	cli := srv.Client(t)
+	b := budget.New(cli, ns)
+	defer b.Close()
+	const key = "openai/gpt-4.1/key-async"
+	if _, err := b.Set(ctx, budget.Budget{Key: key, Tokens: 1000, WindowSeconds: 86400}); err != nil {
+		t.Fatal(err)
+	}
+	l, err := cli.Grant(ctx, 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Revoke(context.Background(), l.ID)
+	gate := fleet.NewBudgetGate(b, func() clientv3.LeaseID { return l.ID }, nil)
+	entered, release := make(chan struct{}, 1), make(chan struct{})
+	fleet.SetBeforeSettle(gate, func() {
+		entered <- struct{}{}
+		<-release
+	})
+	qc, err := queue.NewClient(cli, ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := qc.Submit(ctx, "llm", []queue.Task{{ID: "a", Type: "chat", Metadata: queue.Metadata{Budget: key, EstimatedTokens: 40}}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	w, err := queue.NewWorker(ctx, cli, queue.WorkerConfig{Namespace: ns, Queue: "llm", Concurrency: 1, Gates: []queue.Gate{gate}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.HandleAll(func(_ context.Context, task *queue.Task) ([]byte, error) {
+		gate.Used(task, 30)
+		return nil, nil
+	})
+	rctx, stop := context.WithCancel(ctx)
+	ran := make(chan error, 1)
+	go func() { ran <- w.Run(rctx) }()
+	released := false
+	defer func() {
+		if !released {
+			close(release)
+		}
+		stop()
+		<-ran
+		_ = w.Close(context.Background())
+		_ = gate.Flush(context.Background()) // no settle outlives the test
+	}()
+	select {
+	case <-entered:
+	case <-time.After(time.Minute):
+		t.Fatal("the handler's settle did not begin within a minute")
+	}
+	waitFor(t, func() bool {
+		task, err := qc.Get(ctx, "a")
+		return err == nil && task.CurrentStatus == queue.Succeeded
+	}, "the task's outcome written while its settle is held")
+	if u, err := b.Get(ctx, key); err != nil || u.Reserved != 40 || u.Used != 0 {
+		t.Fatalf("before the settle: %+v %v, want the 40 still reserved, none used", u, err)
+	}
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	err = gate.Flush(short)
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Flush with a settle held: %v, want it to wait", err)
+	}
+	close(release)
+	released = true
+	fctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if err := gate.Flush(fctx); err != nil {
+		t.Fatal(err)
+	}
+	if u, err := b.Get(ctx, key); err != nil || u.Used != 30 || u.Reserved != 0 || u.Live != 0 {
+		t.Fatalf("after the settle: %+v %v, want 30 used, nothing reserved", u, err)
+	}
+}

@@ -1,0 +1,118 @@
+package httpapi_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/droverhq/drover/metrics"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+// TestQueueOutcomeDefer: an outcome defer hands a claimed task back unrun,
+// as a Go worker's budget gate does: PENDING, no attempt spent, its
+// history and budget_wait saying which budget it waits for and why, and
+// drover_budget_task_deferrals_total counting it. A deferral in a row
+// (from the task's own record) counts again without a second history
+// entry; the outcome that ends its wait clears budget_wait. A reason that
+// names no budget (or another one) defers all the same, but is no budget
+// wait.
+func TestQueueOutcomeDefer(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t)
+	const key = "openai/defer-route/key-a"
+	tasks := qtasksJSON("qd", 3)
+	for _, tk := range tasks {
+		tk["metadata"] = map[string]any{"budget": key, "estimated_tokens": 100}
+	}
+	a.do("POST", "/v1/queues/qd/tasks", tasks).want(t, 200)
+	sess := a.session(30)
+	got := a.qclaim("qd", sess, 3, "")
+	if len(got) != 3 {
+		t.Fatalf("claimed %v", got)
+	}
+	byID := map[string]map[string]any{}
+	for _, tk := range got {
+		byID[tk["task_id"].(string)] = tk
+	}
+	waits, other, soon := byID["qd-0"], byID["qd-1"], byID["qd-2"]
+	counted := testutil.ToFloat64(metrics.BudgetTaskDeferrals.WithLabelValues(key))
+	reason := "budget " + key + ": 5 requests of 5 used in this window"
+	res := a.qreport("qd", sess,
+		qoutcome(waits, "defer", map[string]any{"after": "1h", "reason": reason}),
+		qoutcome(other, "defer", map[string]any{"after": "1h", "reason": "budget other/key: no room"}),
+		qoutcome(soon, "defer", map[string]any{"after": "0", "reason": reason}))
+	wantResults(t, res, "200 PENDING", "200 PENDING", "200 PENDING")
+	if res[0]["scheduled_at"] == nil {
+		t.Errorf("a deferred task's result has no scheduled_at: %v", res[0])
+	}
+	if n := testutil.ToFloat64(metrics.BudgetTaskDeferrals.WithLabelValues(key)) - counted; n != 2 {
+		t.Errorf("drover_budget_task_deferrals_total{budget=%q} rose by %v, want 2 (another budget's reason does not count)", key, n)
+	}
+	r := a.do("GET", "/v1/queues/qd/tasks/qd-0", nil).want(t, 200)
+	bw, _ := r.JSON["budget_wait"].(map[string]any)
+	// RETRYING while its delay runs, as a Go worker's deferral shows it.
+	if st := r.str("current_status"); st != "PENDING" && st != "RETRYING" || r.num("attempt") != 0 || bw == nil || bw["budget"] != key || bw["reason"] != reason || bw["deferrals"] != 1.0 {
+		t.Fatalf("a task deferred for its budget: %s, want it waiting, attempt 0, budget_wait for %s", r.Raw, key)
+	}
+	if !strings.Contains(string(r.Raw), "deferred: "+reason) {
+		t.Errorf("the history does not record the deferral's reason: %s", r.Raw)
+	}
+	if r := a.do("GET", "/v1/queues/qd/tasks/qd-1", nil).want(t, 200); r.JSON["budget_wait"] != nil || r.num("attempt") != 0 {
+		t.Errorf("a deferral for another budget than the task's: %s, want no budget_wait", r.Raw)
+	}
+	// The one deferred for 0 comes back at once, its attempt still the first.
+	again := a.qclaim("qd", sess, 1, "20s")
+	if len(again) != 1 || again[0]["task_id"] != "qd-2" || again[0]["attempt"] != 1.0 {
+		t.Fatalf("claimed %v after a deferral of 0, want qd-2 at attempt 1", again)
+	}
+	wantResults(t, a.qreport("qd", sess, qoutcome(again[0], "defer", map[string]any{"after": "0.1", "reason": reason})), "200 PENDING")
+	r = a.do("GET", "/v1/queues/qd/tasks/qd-2", nil).want(t, 200)
+	if bw, _ := r.JSON["budget_wait"].(map[string]any); bw == nil || bw["deferrals"] != 2.0 || strings.Count(string(r.Raw), "deferred: ") != 1 {
+		t.Fatalf("a deferral in a row: %s, want deferrals 2 and one history entry", r.Raw)
+	}
+	again = a.qclaim("qd", sess, 1, "20s")
+	if len(again) != 1 || again[0]["task_id"] != "qd-2" || again[0]["attempt"] != 1.0 {
+		t.Fatalf("claimed %v after two deferrals, want qd-2 at attempt 1", again)
+	}
+	wantResults(t, a.qreport("qd", sess, qoutcome(again[0], "error", "flaky")), "200 RETRYING")
+	if r := a.do("GET", "/v1/queues/qd/tasks/qd-2", nil).want(t, 200); r.JSON["budget_wait"] != nil {
+		t.Errorf("a task run after its wait still shows it: %s", r.Raw)
+	}
+}
+
+// TestQueueOutcomeDeferBadInput: a deferral with another outcome, no
+// reason, or a delay out of bounds is a 400 naming the field, and nothing
+// is written.
+func TestQueueOutcomeDeferBadInput(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t)
+	a.do("POST", "/v1/queues/qdbad/tasks", qtasksJSON("qdbad", 1)).want(t, 200)
+	sess := a.session(30)
+	tk := a.qclaim("qdbad", sess, 1, "")[0]
+	d := func(after, reason string) map[string]any { return map[string]any{"after": after, "reason": reason} }
+	cases := []struct {
+		name, field string
+		o           map[string]any
+	}{
+		{"with error", "body.outcomes[0].defer", qoutcome(tk, "error", "e", "defer", d("1s", "x"))},
+		{"with sleep", "body.outcomes[0].defer", qoutcome(tk, "sleep_for", "1s", "defer", d("1s", "x"))},
+		{"blank reason", "body.outcomes[0].defer.reason", qoutcome(tk, "defer", d("1s", "  "))},
+		{"no reason", "body.outcomes[0].defer", qoutcome(tk, "defer", map[string]any{"after": "1s"})},
+		{"long reason", "body.outcomes[0].defer.reason", qoutcome(tk, "defer", d("1s", strings.Repeat("x", 1025)))},
+		{"negative", "body.outcomes[0].defer.after", qoutcome(tk, "defer", d("-1s", "x"))},
+		{"over a day", "body.outcomes[0].defer.after", qoutcome(tk, "defer", d("25h", "x"))},
+		{"a time", "body.outcomes[0].defer.after", qoutcome(tk, "defer", d("2030-01-01T00:00:00Z", "x"))},
+	}
+	for _, c := range cases {
+		before := a.keyCount()
+		p := a.do("POST", "/v1/queues/qdbad/outcomes", map[string]any{"session": sess, "outcomes": []any{c.o}}).problem(t, 400)
+		if !strings.Contains(string(p.Raw), c.field) {
+			t.Errorf("%s: %s, want it to name %s", c.name, p.Raw, c.field)
+		}
+		if after := a.keyCount(); after != before {
+			t.Errorf("%s: keys %d → %d", c.name, before, after)
+		}
+	}
+	// Nothing was written: the claim still holds.
+	wantResults(t, a.qreport("qdbad", sess, qoutcome(tk)), "200 SUCCEEDED")
+}
