@@ -2,18 +2,22 @@ package queue_test
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
 	"path/filepath"
 	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/droverhq/drover/metrics"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // profileWindow profiles a delayed-task run while its tasks fall due, when
@@ -154,4 +158,149 @@ func etcdCounters(addr string) map[string]float64 {
 		}
 	}
 	return m
+}
+
+// opCounts counts what a client sends: round trips by method, and the
+// operations they carry by kind (get, put, delete) and key family (ids,
+// segments, segments/open, runs, tries, outs, exits, due, ...), nested
+// transactions' Then included, an Else apart.
+type opCounts struct {
+	mu sync.Mutex
+	n  map[string]int64
+}
+
+func (c *opCounts) add(k string, d int64) {
+	c.mu.Lock()
+	c.n[k] += d
+	c.mu.Unlock()
+}
+
+// snapshot returns the counts and resets them.
+func (c *opCounts) snapshot() map[string]int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := c.n
+	c.n = map[string]int64{}
+	return out
+}
+
+// keyFamily names the family of a key under namespace ns.
+func keyFamily(ns string, key []byte) string {
+	parts := strings.Split(strings.TrimPrefix(string(key), "/"+ns+"/"), "/")
+	if parts[0] != "queues" || len(parts) < 3 {
+		return parts[0]
+	}
+	if parts[2] == "segments" && len(parts) > 3 && (parts[3] == "open" || parts[3] == "closed") {
+		return "segments/" + parts[3]
+	}
+	return parts[2]
+}
+
+func (c *opCounts) ops(ns, branch string, ops []clientv3.Op) {
+	for _, op := range ops {
+		switch {
+		case op.IsTxn():
+			_, then, els := op.Txn()
+			c.ops(ns, branch, then)
+			c.ops(ns, "else ", els)
+		case op.IsGet():
+			c.add(branch+"get "+keyFamily(ns, op.KeyBytes()), 1)
+		case op.IsPut():
+			c.add(branch+"put "+keyFamily(ns, op.KeyBytes()), 1)
+		case op.IsDelete():
+			c.add(branch+"delete "+keyFamily(ns, op.KeyBytes()), 1)
+		}
+	}
+}
+
+// opKV is a clientv3.KV that counts into c what it sends.
+type opKV struct {
+	clientv3.KV
+	ns string
+	c  *opCounts
+}
+
+func (k opKV) Get(ctx context.Context, key string, opts ...clientv3.OpOption) (*clientv3.GetResponse, error) {
+	k.c.add("round trip: get", 1)
+	k.c.ops(k.ns, "", []clientv3.Op{clientv3.OpGet(key, opts...)})
+	return k.KV.Get(ctx, key, opts...)
+}
+
+func (k opKV) Put(ctx context.Context, key, val string, opts ...clientv3.OpOption) (*clientv3.PutResponse, error) {
+	k.c.add("round trip: put", 1)
+	k.c.ops(k.ns, "", []clientv3.Op{clientv3.OpPut(key, val, opts...)})
+	return k.KV.Put(ctx, key, val, opts...)
+}
+
+func (k opKV) Delete(ctx context.Context, key string, opts ...clientv3.OpOption) (*clientv3.DeleteResponse, error) {
+	k.c.add("round trip: delete", 1)
+	k.c.ops(k.ns, "", []clientv3.Op{clientv3.OpDelete(key, opts...)})
+	return k.KV.Delete(ctx, key, opts...)
+}
+
+func (k opKV) Do(ctx context.Context, op clientv3.Op) (clientv3.OpResponse, error) {
+	k.c.add("round trip: do", 1)
+	k.c.ops(k.ns, "", []clientv3.Op{op})
+	return k.KV.Do(ctx, op)
+}
+
+func (k opKV) Txn(ctx context.Context) clientv3.Txn {
+	return &opTxn{Txn: k.KV.Txn(ctx), kv: k}
+}
+
+type opTxn struct {
+	clientv3.Txn
+	kv        opKV
+	cmps      int
+	then, els []clientv3.Op
+}
+
+func (t *opTxn) If(cs ...clientv3.Cmp) clientv3.Txn {
+	t.cmps += len(cs)
+	t.Txn = t.Txn.If(cs...)
+	return t
+}
+
+func (t *opTxn) Then(ops ...clientv3.Op) clientv3.Txn {
+	t.then = append(t.then, ops...)
+	t.Txn = t.Txn.Then(ops...)
+	return t
+}
+
+func (t *opTxn) Else(ops ...clientv3.Op) clientv3.Txn {
+	t.els = append(t.els, ops...)
+	t.Txn = t.Txn.Else(ops...)
+	return t
+}
+
+func (t *opTxn) Commit() (*clientv3.TxnResponse, error) {
+	t.kv.c.add("round trip: txn", 1)
+	t.kv.c.add("compares (top level)", int64(t.cmps))
+	t.kv.c.ops(t.kv.ns, "", t.then)
+	t.kv.c.ops(t.kv.ns, "else ", t.els)
+	return t.Txn.Commit()
+}
+
+// countOps makes cli count what it sends, when DROVER_BENCH_SCALE_OPS is
+// set (call it before cli is shared): reset starts the count again, and
+// log logs it per task claimed (both nil without the variable).
+func countOps(t *testing.T, cli *clientv3.Client, ns string) (reset func(), log func(tasks int)) {
+	if os.Getenv("DROVER_BENCH_SCALE_OPS") == "" {
+		return nil, nil
+	}
+	c := &opCounts{n: map[string]int64{}}
+	cli.KV = opKV{KV: cli.KV, ns: ns, c: c}
+	return func() { c.snapshot() }, func(tasks int) {
+		n := c.snapshot()
+		keys := make([]string, 0, len(n))
+		for k := range n {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		var b strings.Builder
+		for _, k := range keys {
+			fmt.Fprintf(&b, "\n  %-28s %9d  %.3f a task", k, n[k], float64(n[k])/float64(tasks))
+		}
+		t.Logf("what the workers sent from the window's start to the last ack, over %d tasks:%s", tasks, b.String())
+	}
 }

@@ -36,10 +36,15 @@ import (
 // It reports the etcd bytes (keys and values) stored per scheduled task;
 // with DROVER_BIN, the server process's CPU (utime and stime of
 // /proc/PID/stat) over DROVER_BENCH_SCALE_CPU (default 30s) while every
-// task waits and none is due; and how late each task is claimed (p50, p99,
-// max). It fails if a task is claimed early, asserting no time bound.
+// task waits and none is due, and the CPU of the server and of this
+// process (the workers) per task claimed from the window's start to the
+// last ack; and how late each task is claimed (p50, p99, max). It fails
+// if a task is claimed early, asserting no time bound.
 // DROVER_BENCH_SCALE_LEAD overrides how long after the submission starts
 // the window opens (default 3 s + 1 s per 4,000 tasks + the CPU window).
+// DROVER_BENCH_SCALE_OPS logs what the workers sent to etcd from the
+// window's start to the last ack, per task (countOps);
+// DROVER_BENCH_SCALE_PROFILE profiles the claims (profileWindow).
 func TestDelayedAtScale(t *testing.T) {
 	n, window, cpuWindow := 2000, 2*time.Second, time.Duration(0)
 	if v, _ := strconv.Atoi(os.Getenv("DROVER_BENCH_SCALE")); v > 0 {
@@ -81,6 +86,7 @@ func TestDelayedAtScale(t *testing.T) {
 	st, _ := c.Stats(context.Background(), "later")
 	t.Logf("%d tasks due over %v from %v on, submitted in %v (%d scheduled): %d keys, %.0f etcd bytes per task",
 		n, window, lead, submitted.Round(time.Millisecond), st.Scheduled, keys, float64(bytes)/float64(n))
+	opsReset, opsLog := countOps(t, cli, "bench")
 	wait := startDelayedWorkers(t, cli, "bench", n, start.Add(window+tail(n)))
 	profileWindow(t, start, window+10*time.Second)
 	if pid != 0 {
@@ -94,7 +100,28 @@ func TestDelayedAtScale(t *testing.T) {
 		t.Logf("server CPU while all wait and none is due: %.2f %% of a core over %v", 100*(processCPU(t, pid)-a).Seconds()/time.Since(began).Seconds(), cpuWindow)
 		dueReadCost(t, cli, c, pid)
 	}
+	var cpu0, own0 time.Duration
+	if pid != 0 || opsReset != nil {
+		time.Sleep(time.Until(start))
+	}
+	if pid != 0 {
+		cpu0, own0 = processCPU(t, pid), processCPU(t, os.Getpid())
+	}
+	if opsReset != nil {
+		opsReset()
+	}
 	lateness := wait()
+	if opsLog != nil && len(lateness) > 0 {
+		opsLog(len(lateness))
+	}
+	if pid != 0 && len(lateness) > 0 {
+		// From the window's start to the last claim's ack: the moves,
+		// claims and acks, per task claimed.
+		srv, own := processCPU(t, pid)-cpu0, processCPU(t, os.Getpid())-own0
+		per := func(d time.Duration) float64 { return float64(d.Microseconds()) / float64(len(lateness)) }
+		t.Logf("CPU a task claimed, from the window's start to the last ack: server %.1f µs, workers %.1f µs, both %.1f µs (%v and %v over %d tasks)",
+			per(srv), per(own), per(srv+own), srv, own, len(lateness))
+	}
 	slices.Sort(lateness)
 	moves := func(r string) float64 { return testutil.ToFloat64(metrics.DueMoves.WithLabelValues("scheduled", r)) }
 	t.Logf("the workers' due moves: %.0f gathered, %.0f lost, %.0f one by one; %.0f errors",
