@@ -11,6 +11,7 @@
 #   bash bench/agentserver/run-agentserver.sh
 #   ROUNDS=4 RUNS=1280 STREAM_RUNS=300 bash bench/agentserver/run-agentserver.sh
 #   DEPS=/path/with/node_modules bash bench/agentserver/run-agentserver.sh
+#   DROVER_BIN=/tmp/drover-other bash bench/agentserver/run-agentserver.sh   # that binary, not one built here
 #   DROVER_BENCH_CANCEL_POLL_MS=60000 DROVER_BENCH_HISTORY_LIMIT=1 ONLY=drover bash bench/agentserver/run-agentserver.sh
 #     # the runtime without its per-run cancel reads and history (an experiment: runtime.mjs)
 #   PROFILE_DIR=/tmp/prof ONLY=drover ROUNDS=1 bash bench/agentserver/run-agentserver.sh
@@ -45,7 +46,7 @@ stop_all() {
 }
 trap 'stop_all; rm -rf "$work"' EXIT
 
-(cd "$root" && go build -o "$work/drover" ./cmd/drover)
+if [ -n "${DROVER_BIN:-}" ]; then cp "$DROVER_BIN" "$work/drover"; else (cd "$root" && go build -o "$work/drover" ./cmd/drover); fi
 rm -rf "$DEPS/node_modules/@droverhq/client" && mkdir -p "$DEPS/node_modules/@droverhq/client"
 cp -r "$root/clients/js/package.json" "$root/clients/js/dist" "$DEPS/node_modules/@droverhq/client/"
 mkdir -p "$work/proj" && cp "$here/graph.mjs" "$here/langgraph.json" "$here/bench.mjs" "$here/runtime.mjs" "$work/proj/"
