@@ -17,7 +17,9 @@ if (!["wait", "stream"].includes(mode) || !apiUrl || !(RUNS > 0) || !(CONC > 0))
   console.error("usage: node bench.mjs wait|stream URL RUNS CONC");
   process.exit(2);
 }
-const client = new Client({ apiUrl, apiKey: null, callerOptions: { maxRetries: 0 }, timeoutMs: 120_000 });
+// maxConcurrency: the SDK's Client sends at most 4 requests at once by default (its AsyncCaller),
+// so that CONC clients sharing one Client would be 4 runs at a time, whatever CONC is.
+const client = new Client({ apiUrl, apiKey: null, callerOptions: { maxRetries: 0, maxConcurrency: CONC }, timeoutMs: 120_000 });
 const input = { count: 1 };
 
 function pct(xs, p) {

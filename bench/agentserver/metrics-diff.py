@@ -8,7 +8,7 @@ its puts, deletes and transactions per run (the embedded etcd's own counters).
 import re, sys
 from collections import defaultdict
 
-LINE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([0-9.eE+-]+)$')
+LINE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})?\s+([0-9.eE+-]+)$')
 
 
 def read(path):

@@ -11,6 +11,7 @@
 #   bash bench/agentserver/run-agentserver.sh
 #   ROUNDS=4 RUNS=1280 STREAM_RUNS=300 bash bench/agentserver/run-agentserver.sh
 #   DEPS=/path/with/node_modules bash bench/agentserver/run-agentserver.sh
+#   DROVER_BIN=/tmp/drover-other bash bench/agentserver/run-agentserver.sh   # that binary, not one built here
 #   DROVER_BENCH_CANCEL_POLL_MS=60000 DROVER_BENCH_HISTORY_LIMIT=1 ONLY=drover bash bench/agentserver/run-agentserver.sh
 #     # the runtime without its per-run cancel reads and history (an experiment: runtime.mjs)
 #   PROFILE_DIR=/tmp/prof ONLY=drover ROUNDS=1 bash bench/agentserver/run-agentserver.sh
@@ -45,7 +46,7 @@ stop_all() {
 }
 trap 'stop_all; rm -rf "$work"' EXIT
 
-(cd "$root" && go build -o "$work/drover" ./cmd/drover)
+if [ -n "${DROVER_BIN:-}" ]; then cp "$DROVER_BIN" "$work/drover"; else (cd "$root" && go build -o "$work/drover" ./cmd/drover); fi
 rm -rf "$DEPS/node_modules/@droverhq/client" && mkdir -p "$DEPS/node_modules/@droverhq/client"
 cp -r "$root/clients/js/package.json" "$root/clients/js/dist" "$DEPS/node_modules/@droverhq/client/"
 mkdir -p "$work/proj" && cp "$here/graph.mjs" "$here/langgraph.json" "$here/bench.mjs" "$here/runtime.mjs" "$work/proj/"
@@ -89,6 +90,19 @@ start_langgraph() {
   URL="http://127.0.0.1:$1"
 }
 
+# cpu_ms SESSION...: CPU time (user and system, ms) of every process in these sessions (each
+# process started by setsid leads its own), read from /proc.
+cpu_ms() {
+  python3 -c 'import os,sys
+sids={int(a) for a in sys.argv[1:]}; hz=os.sysconf("SC_CLK_TCK"); t=0
+for p in os.listdir("/proc"):
+    if not p.isdigit(): continue
+    try: f=open(f"/proc/{p}/stat").read().rsplit(")",1)[1].split()
+    except OSError: continue
+    if int(f[3]) in sids: t+=int(f[11])+int(f[12])
+print(t*1000//hz)' "$@"
+}
+
 measure() { # system round url
   local load w s prof=""
   load=$(uptime | sed 's/.*load average: //')
@@ -98,17 +112,22 @@ measure() { # system round url
   fi
   echo "$(date -u +%T) $1 round $2: runs.wait" >&2
   [ -n "${PROFILE_DIR:-}" ] && [ "$1" = drover ] && curl -s -o "$PROFILE_DIR/metrics-before.txt" "http://127.0.0.1:$((port + 3))/metrics"
+  local cpu0 cpu1 cpu_per_run
+  cpu0=$(cpu_ms "${pids[@]}")
   w=$(cd "$work/proj" && timeout "$STEP_TIMEOUT" node bench.mjs wait "$3" "$RUNS" "$CONC") || w='{"mode":"failed","runs":0,"conc":0,"runs_per_s":null,"run_ms_p50":null,"run_ms_p99":null,"errors":1,"first_error":"timed out or failed","first_ms_p50":null,"first_ms_p99":null,"first_values_ms_p50":null,"first_values_ms_p99":null}'
   if [ -n "${PROFILE_DIR:-}" ] && [ "$1" = drover ]; then
     curl -s -o "$PROFILE_DIR/metrics-after.txt" "http://127.0.0.1:$((port + 3))/metrics"
     # the warm-up's runs (one a client) are counted with the measured ones
     python3 "$here/metrics-diff.py" "$PROFILE_DIR/metrics-before.txt" "$PROFILE_DIR/metrics-after.txt" $((RUNS + CONC)) > "$PROFILE_DIR/per-run.txt"
   fi
+  # the server's CPU (for drover: server and runtime) a run, warm-up runs counted (RUNS + CONC)
+  cpu1=$(cpu_ms "${pids[@]}")
+  cpu_per_run=$(( (cpu1 - cpu0) / (RUNS + CONC) ))
   echo "$(date -u +%T) $1 round $2: runs.stream" >&2
   s=$(cd "$work/proj" && timeout "$STEP_TIMEOUT" node bench.mjs stream "$3" "$STREAM_RUNS" "$STREAM_CONC") || s='{"mode":"failed","runs":0,"conc":0,"runs_per_s":null,"run_ms_p50":null,"run_ms_p99":null,"errors":1,"first_error":"timed out or failed","first_ms_p50":null,"first_ms_p99":null,"first_values_ms_p50":null,"first_values_ms_p99":null}'
   [ -n "$prof" ] && wait "$prof"
-  python3 -c 'import json,sys; w,s=json.loads(sys.argv[4]),json.loads(sys.argv[5]); print(json.dumps({"system":sys.argv[1],"round":int(sys.argv[2]),"load":sys.argv[3],"runs_per_s":w["runs_per_s"],"wait_ms_p50":w["run_ms_p50"],"wait_ms_p99":w["run_ms_p99"],"runs":w["runs"],"conc":w["conc"],"first_ms_p50":s["first_ms_p50"],"first_ms_p99":s["first_ms_p99"],"first_values_ms_p50":s["first_values_ms_p50"],"first_values_ms_p99":s["first_values_ms_p99"],"stream_runs":s["runs"],"stream_conc":s["conc"],"errors":w["errors"]+s["errors"],"first_error":w["first_error"] or s["first_error"]}))' \
-    "$1" "$2" "$load" "$w" "$s" | tee -a "$work/results.jsonl"
+  python3 -c 'import json,sys; w,s=json.loads(sys.argv[4]),json.loads(sys.argv[5]); print(json.dumps({"system":sys.argv[1],"round":int(sys.argv[2]),"load":sys.argv[3],"runs_per_s":w["runs_per_s"],"wait_ms_p50":w["run_ms_p50"],"wait_ms_p99":w["run_ms_p99"],"runs":w["runs"],"conc":w["conc"],"first_ms_p50":s["first_ms_p50"],"first_ms_p99":s["first_ms_p99"],"first_values_ms_p50":s["first_values_ms_p50"],"first_values_ms_p99":s["first_values_ms_p99"],"stream_runs":s["runs"],"stream_conc":s["conc"],"cpu_ms_per_run":int(sys.argv[6]),"errors":w["errors"]+s["errors"],"first_error":w["first_error"] or s["first_error"]}))' \
+    "$1" "$2" "$load" "$w" "$s" "$cpu_per_run" | tee -a "$work/results.jsonl"
 }
 
 for round in $(seq "$ROUNDS"); do
@@ -129,7 +148,7 @@ rows = [json.loads(l) for l in open(sys.argv[1])]
 by = {}
 for r in rows:
     by.setdefault(r["system"], []).append(r)
-med = {s: {k: statistics.median([r[k] for r in rs if r[k] is not None] or [0]) for k in ("runs_per_s", "first_ms_p50", "first_ms_p99", "first_values_ms_p50", "first_values_ms_p99")} for s, rs in by.items()}
+med = {s: {k: statistics.median([r[k] for r in rs if r[k] is not None] or [0]) for k in ("runs_per_s", "first_ms_p50", "first_ms_p99", "first_values_ms_p50", "first_values_ms_p99", "cpu_ms_per_run")} for s, rs in by.items()}
 for s, m in med.items():
     print(json.dumps({"system": s, "median_of_rounds": len(by[s]), **m}))
 if "drover" in med and "langgraph" in med:

@@ -37,6 +37,15 @@ export const RUNS_QUEUE = "langgraph";
 /** The configurable key by which LangGraph lends a graph a checkpointer for one run (its CONFIG_KEY_CHECKPOINTER). */
 const LENT_CHECKPOINTER = "__pregel_checkpointer";
 
+/** Checkpoints the runtime's savers keep in memory, together (see DroverSaverOptions.shareCacheOf). */
+const RUNTIME_CACHE = 2048;
+
+/** The most reads a second of running runs' tasks, to see a cancel, for all the runs of a runtime (see cancelPollMs). */
+const CANCEL_READS_PER_S = 40;
+
+/** LangGraph's durabilities of a run's checkpoints (the SDK's `durability`). */
+const DURABILITIES = new Set(["sync", "async", "exit"]);
+
 /** How many times a runtime sends a run's outcome before it fails the task (which runs the graph again, resumed). */
 const OUTCOME_ATTEMPTS = 4;
 
@@ -113,7 +122,11 @@ export interface AgentServerRuntimeOptions {
   historyLimit?: number;
   /** The most bytes (as JSON) of history an outcome sends beside the state; default 1 MiB. */
   historyBytes?: number;
-  /** How often a running run's task is read to see whether it was cancelled (default 250 ms). */
+  /**
+   * How often a running run's task is read to see whether it was cancelled
+   * (default 250 ms); with many runs under way, less often: the runtime
+   * reads at most 40 tasks a second in all (64 runs: each every 1.6 s).
+   */
   cancelPollMs?: number;
   /** Called with errors the runtime recovers from. */
   onError?: (err: unknown) => void;
@@ -137,6 +150,7 @@ interface RunTask {
       checkpoint_id?: string;
       checkpoint?: { checkpoint_id?: string; checkpoint_ns?: string } | null;
       subgraphs?: boolean;
+      durability?: string;
     };
   };
   graph_id: string;
@@ -151,11 +165,15 @@ export class AgentServerRuntime {
   private readonly saver: RunSaver;
   private readonly store: DroverStore;
   private worker?: Worker;
+  /** Runs under way (their graphs, not state updates). */
+  private running = 0;
 
   constructor(opts: AgentServerRuntimeOptions) {
     this.opts = opts;
     this.drover = opts.drover ?? new Drover();
-    this.saver = new RunSaver({ drover: this.drover, protection: "none" });
+    // One checkpoint cache for the runtime: each run's fenced saver shares it, so that what a run
+    // wrote is not read back from drover for its outcome (its state and history) or the next run.
+    this.saver = new RunSaver({ drover: this.drover, protection: "none", cacheSize: RUNTIME_CACHE });
     this.store = new DroverStore({ drover: this.drover });
   }
 
@@ -230,18 +248,27 @@ export class AgentServerRuntime {
     const onLost = () => ac.abort(ctx.signal.reason);
     if (ctx.signal.aborted) onLost();
     else ctx.signal.addEventListener("abort", onLost, { once: true });
-    let reading = false; // one read at a time: a slow server gets no pile of them
-    const poll = setInterval(() => {
-      if (reading || ac.signal.aborted) return;
-      reading = true;
+    // One read at a time, the next one a while after: every cancelPollMs while few runs are under
+    // way, and no more than CANCEL_READS_PER_S reads a second for all of them when many are, so
+    // that the reads do not take the time of the runs (each one a request for the runtime and a
+    // few reads for drover).
+    let poll: ReturnType<typeof setTimeout> | undefined;
+    let polling = true;
+    const every = () => Math.max(this.opts.cancelPollMs ?? 250, (1000 * this.running) / CANCEL_READS_PER_S);
+    const read = () => {
+      if (!polling || ac.signal.aborted) return;
       this.drover.tasks
         .get(RUNS_QUEUE, task.task_id)
         .then(
           (t) => t.current_status === "CANCELLED" && ac.abort(new Error("the run was cancelled")),
           (e) => this.opts.onError?.(e),
         )
-        .finally(() => (reading = false));
-    }, this.opts.cancelPollMs ?? 250);
+        .finally(() => {
+          if (polling) poll = setTimeout(read, every());
+        });
+    };
+    poll = setTimeout(read, every());
+    this.running++;
     let lock: Lock | undefined;
     try {
       // The thread's lock (checkpoint admission's) fences the run's checkpoints: a run the server
@@ -251,11 +278,16 @@ export class AgentServerRuntime {
       lock = await this.drover.lock(`thread:${thread}`, { session: ctx.session, wait: 60, signal: ac.signal });
       if ((await this.drover.tasks.get(RUNS_QUEUE, task.task_id)).current_status === "CANCELLED") ac.abort(new Error("the run was cancelled"));
       ac.signal.throwIfAborted();
-      return await this.runGraph(task, { ...ctx, signal: ac.signal }, new RunSaver({ drover: this.drover, protection: "none", lock }));
+      return await this.runGraph(task, { ...ctx, signal: ac.signal }, new RunSaver({ drover: this.drover, protection: "none", lock, shareCacheOf: this.saver }));
     } finally {
-      clearInterval(poll);
+      this.running--;
+      polling = false;
+      clearTimeout(poll);
       ctx.signal.removeEventListener("abort", onLost);
-      await lock?.release().catch(() => false);
+      // Not waited for: the run's outcome goes out meanwhile. The run wrote its last checkpoint
+      // already; the thread's next run waits for the lock, and a release that fails leaves it
+      // to the session's TTL, as before.
+      void lock?.release().catch(() => false);
     }
   }
 
@@ -307,6 +339,9 @@ export class AgentServerRuntime {
           interruptBefore: kw.interrupt_before,
           interruptAfter: kw.interrupt_after,
           context: { ...(p.assistant_context as object), ...(kw.context as object) },
+          // As LangGraph's server: "sync" waits for each step's checkpoint, "async" (LangGraph's
+          // default) writes it while the next step runs, "exit" writes one when the run ends.
+          durability: kw.durability && DURABILITIES.has(kw.durability) ? kw.durability : undefined,
           signal: ctx.signal,
         });
         // A later attempt replays, before its first task runs, what the checkpoint holds (its state,

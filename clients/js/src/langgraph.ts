@@ -67,6 +67,13 @@ export interface DroverSaverOptions {
   serde?: SerializerProtocol;
   /** Ancestor checkpoints kept in memory to resolve carried-over channels (default 256). */
   cacheSize?: number;
+  /**
+   * Share the checkpoint cache of this saver (its `cacheSize` then bounds
+   * it): savers of one process on one server, e.g. one fenced saver per
+   * run beside the process's own, read back what the others wrote without
+   * a request. Safe: a cached checkpoint is immutable (its id is unique).
+   */
+  shareCacheOf?: DroverSaver;
 }
 
 /** A serialized value: JSON inline when the serializer produced JSON, base64 otherwise. */
@@ -157,13 +164,13 @@ export class DroverSaver extends BaseCheckpointSaver {
     this.cp = this.drover.checkpoints;
     this.fence = fenceOf(opts.lock);
     this.protection = opts.protection ?? (this.fence ? "none" : "cas");
-    this.cacheSize = opts.cacheSize ?? 256;
-    this.cache = new Map();
+    this.cacheSize = opts.shareCacheOf?.cacheSize ?? opts.cacheSize ?? 256;
+    this.cache = opts.shareCacheOf?.cache ?? new Map();
   }
 
   /** The same saver, its writes fenced by this lock (hold it across the invocation). */
   withLock(lock: Lock | CheckpointFence, protection?: "cas" | "none"): DroverSaver {
-    return new DroverSaver({ ...this.opts, drover: this.drover, lock, protection: protection ?? this.opts.protection ?? "none", serde: this.serde });
+    return new DroverSaver({ ...this.opts, drover: this.drover, lock, protection: protection ?? this.opts.protection ?? "none", serde: this.serde, shareCacheOf: this });
   }
 
   // ------------------------------------------------------------ encoding
@@ -393,6 +400,13 @@ export class DroverSaver extends BaseCheckpointSaver {
     const deadline = Date.now() + 30_000;
     const failuresBefore = this.putState.get(tn)?.failures ?? 0;
     let waits = 0;
+    // A checkpoint not known stored here while puts of its thread are under way is most likely
+    // one of them, or the next in LangGraph's chain: wait for them rather than send a write that
+    // drover refuses (a round trip for nothing, and its retry). Bounded by the deadline; a
+    // checkpoint stored elsewhere (or evicted from the cache) is written once no put is under way.
+    while (!this.knownStored(key) && (this.putState.get(tn)?.inflight ?? 0) > 0 && Date.now() < deadline) {
+      await this.untilPutSettled(tn, 5_000);
+    }
     for (;;) {
       // Whether the put of this checkpoint had ended before this write was
       // sent: a refusal of a write sent while the put was under way says
@@ -417,6 +431,11 @@ export class DroverSaver extends BaseCheckpointSaver {
         await this.untilPutSettled(tn, st && st.inflight > 0 ? 5_000 : Math.min(500, 10 * 2 ** waits++));
       }
     }
+  }
+
+  /** Whether checkpoint key is known to be stored: put here, or read or listed (cached). */
+  private knownStored(key: string): boolean {
+    return this.putOutcomes.get(key) === null || this.cache.has(key);
   }
 
   private putSettled(key: string, tn: string, err: unknown): void {
