@@ -381,6 +381,23 @@ class PaxosLocksTest(unittest.TestCase):
             self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
 
 
+def wait_stopped(pid: int, within: float = 10.0) -> None:
+    """Wait until process pid is stopped (state T in /proc): a SIGSTOP is
+    delivered at the process's next entry to the kernel, and a loaded
+    machine may let it answer a request before."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            with open("/proc/%d/stat" % pid) as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return
+        if state in ("T", "t"):
+            return
+        time.sleep(0.005)
+    raise AssertionError("process %d not stopped %.0f s after SIGSTOP" % (pid, within))
+
+
 class PaxosFailoverTest(unittest.TestCase):
     """Tests that kill or stop nodes: a group of their own each."""
 
@@ -433,6 +450,7 @@ class PaxosFailoverTest(unittest.TestCase):
         self.addCleanup(c.close)
         os.kill(pid, signal.SIGSTOP)
         try:
+            wait_stopped(pid)
             name = unique("px-hung")
             t0 = time.monotonic()
             grant = c.acquire(name, "w", 30, timeout=3.0)  # three endpoints: 1 s for the first
