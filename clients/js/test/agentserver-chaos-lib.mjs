@@ -94,6 +94,7 @@ export function follow(client, thread, run, { maxJoins = 40, onEvent = () => {} 
       if (++joins > maxJoins) throw new Error(`run ${run}: stream not ended after ${maxJoins} joins`);
       const ac = new AbortController();
       current = ac;
+      let broken = false;
       try {
         for await (const part of client.runs.joinStream(thread, run, { lastEventId: last, signal: ac.signal })) {
           events.push({ id: part.id, event: part.event, data: part.data });
@@ -102,9 +103,18 @@ export function follow(client, thread, run, { maxJoins = 40, onEvent = () => {} 
           if (ac.signal.aborted) break;
         }
       } catch (e) {
-        if (!ac.signal.aborted) events.push({ broken: String(e?.message ?? e) });
+        if (!ac.signal.aborted) {
+          events.push({ broken: String(e?.message ?? e) });
+          broken = true;
+        }
       }
       if (ac.signal.aborted) continue; // left: join again after the last event had
+      // A broken stream is joined again after its last event whatever the run's status: a run
+      // that ended meanwhile still has its events after the break to give.
+      if (broken) {
+        await new Promise((r) => setTimeout(r, 200));
+        continue;
+      }
       const r = await retrying(() => client.runs.get(thread, run));
       if (!["pending", "running"].includes(r.status)) return { events, joins, status: r.status };
     }
