@@ -93,11 +93,35 @@ func TestInterruptCrashAfterAdmissionStopsOnRead(t *testing.T) {
 	f := newFakeRuntime(t, a, true)
 	first := createRun(a, th, "reject")
 	<-f.started
+	second := admitThenCrash(t, a, f, th, first, "interrupt")
+	if r := storedRun(t, a, th, first); r["status"] != "interrupted" || r["ended"] != true {
+		t.Fatalf("the stopped run %v: want ended interrupted with the admission", r)
+	}
+	joinedCh := make(chan string, 1)
+	go func() { joinedCh <- joined(a, th, second) }()
+	if got := <-f.started; got != second {
+		t.Fatalf("started %s, want %s", got, second)
+	}
+	f.release(second)
+	if st := <-joinedCh; st != "success" {
+		t.Fatalf("new run %s, want success", st)
+	}
+	if f.lateRefused.Load() != 1 || f.lateAccepted.Load() != 0 {
+		t.Fatalf("late writes of the stopped run: %d refused, %d accepted; want 1 and 0", f.lateRefused.Load(), f.lateAccepted.Load())
+	}
+}
+
+// admitThenCrash creates a run with strategy on thread th through a
+// server that dies after ever more writes, until one dies after the
+// transaction that admits it (first, running, is stopped by it): it
+// answers the new run's id.
+func admitThenCrash(t *testing.T, a *api, f *fakeRuntime, th, first, strategy string) string {
+	t.Helper()
 	sp := keyspace.MustNew(a.ns)
 	var second string
 	for n := int64(0); n < 8 && second == ""; n++ { // the first crash point after which the new run is stored
 		c := newAPI(t, func(cfg *httpapi.Config) { cfg.Etcd, cfg.Namespace = crashClient(t, a.cli, n), a.ns })
-		if ans := c.do("POST", "/threads/"+th+"/runs", map[string]any{"assistant_id": "agent", "multitask_strategy": "interrupt"}); ans.Status == 200 {
+		if ans := c.do("POST", "/threads/"+th+"/runs", map[string]any{"assistant_id": "agent", "multitask_strategy": strategy}); ans.Status == 200 {
 			t.Fatalf("create with %d writes answered 200: want the crash", n)
 		}
 		resp, err := a.cli.Get(context.Background(), sp.AgentRuns(th), clientv3.WithPrefix(), clientv3.WithKeysOnly())
@@ -118,20 +142,42 @@ func TestInterruptCrashAfterAdmissionStopsOnRead(t *testing.T) {
 	if second == "" {
 		t.Fatal("no crash point stored the new run")
 	}
-	if r := storedRun(t, a, th, first); r["status"] != "interrupted" || r["ended"] != true {
-		t.Fatalf("the stopped run %v: want ended interrupted with the admission", r)
+	return second
+}
+
+// A server that dies after the transaction that admits a run with
+// rollback, before it stopped the run before, and no join of the new
+// run: a read of the thread's runs stops the old run (its task
+// cancelled, its checkpoints deleted, its late write refused) and
+// submits the new run's task, so the old run never runs on beside it.
+func TestCrashAfterAdmissionStopsOnListing(t *testing.T) {
+	a := newAPI(t)
+	th := newThread(t, a)
+	f := newFakeRuntime(t, a, true)
+	first := createRun(a, th, "reject")
+	<-f.started
+	second := admitThenCrash(t, a, f, th, first, "rollback")
+	a.must(200, "GET", "/threads/"+th+"/runs", nil)
+	if st := taskStatus(t, f.q, first); st != queue.Cancelled {
+		t.Fatalf("the stopped run's task after a read of the thread's runs: %s, want cancelled", st)
 	}
-	joinedCh := make(chan string, 1)
-	go func() { joinedCh <- joined(a, th, second) }()
-	if got := <-f.started; got != second {
-		t.Fatalf("started %s, want %s", got, second)
+	if n := checkpointsOf(t, a, th); n[first] != 0 {
+		t.Fatalf("checkpoints by run %v: the rolled back run's were kept", n)
+	}
+	select {
+	case got := <-f.started:
+		if got != second {
+			t.Fatalf("started %s, want %s", got, second)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the new run's task did not start in 30 s")
 	}
 	f.release(second)
-	if st := <-joinedCh; st != "success" {
+	if st := joined(a, th, second); st != "success" {
 		t.Fatalf("new run %s, want success", st)
 	}
-	if f.lateRefused.Load() != 1 || f.lateAccepted.Load() != 0 {
-		t.Fatalf("late writes of the stopped run: %d refused, %d accepted; want 1 and 0", f.lateRefused.Load(), f.lateAccepted.Load())
+	if f.lateAccepted.Load() != 0 {
+		t.Fatalf("%d late writes of the stopped run accepted", f.lateAccepted.Load())
 	}
 }
 
