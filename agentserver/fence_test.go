@@ -47,6 +47,40 @@ func TestUpdateStateRefusedWhenARunCameMeanwhile(t *testing.T) {
 	}
 }
 
+// A run that begins and ends on the thread while its state update runs
+// (its index key gone again by the time the update's state is stored)
+// makes the update a 409 too: the run's state, stored since, is kept.
+func TestUpdateStateRefusedWhenARunEndedMeanwhile(t *testing.T) {
+	a := newAPI(t)
+	a.must(200, "PUT", "/v1/agent-server/graphs/agent", map[string]any{})
+	th := a.must(200, "POST", "/threads", map[string]any{"metadata": map[string]any{"graph_id": "agent"}}).Obj["thread_id"].(string)
+	runtime(t, a, func(ctx context.Context, p map[string]any, token int64) []byte {
+		if p["op"] != "update_state" { // the run: ends at once, storing its state
+			r := p["run"].(map[string]any)
+			if ans := a.do("PUT", "/v1/agent-server/threads/"+th+"/runs/"+r["run_id"].(string)+"/outcome",
+				map[string]any{"token": token, "status": "success", "state": valuesState(map[string]any{"by": "run"})}); ans.Status != 200 {
+				t.Errorf("outcome: %d %s", ans.Status, ans.Raw)
+			}
+			return nil
+		}
+		run := a.do("POST", "/threads/"+th+"/runs", map[string]any{"assistant_id": "agent"})
+		if run.Status != 200 {
+			t.Errorf("run created during the update: %d %s", run.Status, run.Raw)
+			return nil
+		}
+		if ans := a.do("GET", "/threads/"+th+"/runs/"+run.Obj["run_id"].(string)+"/join", nil); ans.Status != 200 {
+			t.Errorf("join of the run created during the update: %d %s", ans.Status, ans.Raw)
+		}
+		raw, _ := json.Marshal(map[string]any{"checkpoint": map[string]any{"checkpoint_id": "c9"},
+			"state": map[string]any{"values": p["values"], "next": []any{}, "tasks": []any{}, "checkpoint": map[string]any{"checkpoint_id": "c9"}}})
+		return raw
+	})
+	a.must(409, "POST", "/threads/"+th+"/state", map[string]any{"values": map[string]any{"by": "update"}, "as_node": "agent"})
+	if v, _ := a.must(200, "GET", "/threads/"+th, nil).Obj["values"].(map[string]any); v["by"] != "run" {
+		t.Fatalf("thread values %v: want the run's, not the refused update's", v)
+	}
+}
+
 // A create with interrupt or rollback that fails (the store past its
 // high-water mark) stops nothing: the run it would have stopped runs on,
 // its checkpoint kept, and succeeds.
