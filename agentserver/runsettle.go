@@ -3,6 +3,7 @@ package agentserver
 import (
 	"context"
 	"encoding/json"
+	"log/slog"
 	"time"
 
 	"github.com/droverhq/drover/queue"
@@ -75,9 +76,10 @@ func (s *server) withTaskStatus(ctx context.Context, runs []*runRecord, revs []i
 			// it, or died first. Any read of it finishes what the creator
 			// began (the runs it stopped stopped, then its task submitted):
 			// a stopped run never runs on for want of a join of the new one.
+			// A failure is logged, not answered: the next read tries again.
 			if ctx.Value(admittingKey{}) == nil {
 				if err := s.ensureTask(ctx, *r); err != nil {
-					return err
+					slog.Default().Warn("agentserver: submitting the task of a run admitted without it", "run", r.RunID, "err", err)
 				}
 			}
 			continue
