@@ -3,6 +3,8 @@ package agentserver_test
 import (
 	"context"
 	"encoding/json"
+	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -142,6 +144,54 @@ func TestInterruptCrashAfterAdmissionStopsOnRead(t *testing.T) {
 	}
 	if f.lateRefused.Load() != 1 || f.lateAccepted.Load() != 0 {
 		t.Fatalf("late writes of the stopped run: %d refused, %d accepted; want 1 and 0", f.lateRefused.Load(), f.lateAccepted.Load())
+	}
+}
+
+// A create whose request ends (its time bound passed) just after the
+// transaction that admits its run still stops the run it replaces and
+// submits its own task: the request's end leaves neither half done.
+func TestCreateFinishesItsStopsWhenItsRequestEnds(t *testing.T) {
+	a := newAPI(t)
+	th := newThread(t, a)
+	f := newFakeRuntime(t, a, true)
+	first := createRun(a, th, "reject")
+	<-f.started
+	admitted := make(chan struct{})
+	c := newAPI(t, func(cfg *httpapi.Config) {
+		cfg.Etcd, cfg.Namespace = hangupClient(t, a.cli, keyspace.MustNew(a.ns).AgentRuns(th), first, func() { close(admitted) }), a.ns
+		cfg.RequestTimeout = 2 * time.Second // the admission returns once it has passed
+	})
+	answered := make(chan struct{})
+	go func() {
+		defer close(answered)
+		req, _ := http.NewRequest("POST", c.base+"/threads/"+th+"/runs", strings.NewReader(`{"assistant_id":"agent","multitask_strategy":"interrupt"}`))
+		req.Header = c.hdr.Clone()
+		req.Header.Set("Content-Type", "application/json")
+		if resp, err := c.hc.Do(req); err == nil {
+			_ = resp.Body.Close()
+		}
+	}()
+	select {
+	case <-admitted:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the new run was not admitted in 30 s")
+	}
+	select {
+	case <-answered:
+	case <-time.After(60 * time.Second):
+		t.Fatal("the create did not answer in 60 s")
+	}
+	select {
+	case got := <-f.started:
+		if got == first {
+			t.Fatalf("started %s again", got)
+		}
+		f.release(got)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the new run's task did not start in 30 s after its request ended")
+	}
+	if st := taskStatus(t, f.q, first); st != queue.Cancelled {
+		t.Fatalf("the stopped run's task: %s, want cancelled", st)
 	}
 }
 
