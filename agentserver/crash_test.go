@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -151,6 +152,65 @@ func (t *countTxn) Commit() (*clientv3.TxnResponse, error) {
 			if rr := r.GetResponseRange(); rr != nil {
 				t.rc.count(rr.Kvs)
 			}
+		}
+	}
+	return resp, err
+}
+
+// hangupClient is cli whose first transaction that writes and leaves a
+// run of thread other than first stored (a new run's admission) calls
+// admitted, then returns only once its context ends (the request's
+// time bound passed), or after 5 s.
+func hangupClient(t *testing.T, cli *clientv3.Client, runs, first string, admitted func()) *clientv3.Client {
+	t.Helper()
+	c := clientv3.NewCtxClient(context.Background())
+	c.KV = &hangupKV{KV: cli.KV, runs: runs, first: first, admitted: admitted}
+	c.Watcher, c.Lease, c.Cluster, c.Maintenance, c.Auth = cli.Watcher, cli.Lease, cli.Cluster, cli.Maintenance, cli.Auth
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+type hangupKV struct {
+	clientv3.KV
+	runs, first string
+	admitted    func()
+	done        atomic.Bool
+}
+
+func (k *hangupKV) Txn(ctx context.Context) clientv3.Txn {
+	return &hangupTxn{Txn: k.KV.Txn(ctx), kv: k, ctx: ctx}
+}
+
+type hangupTxn struct {
+	clientv3.Txn
+	kv     *hangupKV
+	ctx    context.Context
+	writes bool
+}
+
+func (t *hangupTxn) If(cs ...clientv3.Cmp) clientv3.Txn { t.Txn = t.Txn.If(cs...); return t }
+func (t *hangupTxn) Then(ops ...clientv3.Op) clientv3.Txn {
+	t.Txn, t.writes = t.Txn.Then(ops...), t.writes || anyWrite(ops)
+	return t
+}
+
+func (t *hangupTxn) Commit() (*clientv3.TxnResponse, error) {
+	resp, err := t.Txn.Commit()
+	if err != nil || !resp.Succeeded || !t.writes || t.kv.done.Load() {
+		return resp, err
+	}
+	g, gerr := t.kv.KV.Get(context.Background(), t.kv.runs, clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if gerr != nil {
+		return resp, err
+	}
+	for _, kv := range g.Kvs {
+		if string(kv.Key) != t.kv.runs+t.kv.first && t.kv.done.CompareAndSwap(false, true) {
+			t.kv.admitted()
+			select {
+			case <-t.ctx.Done():
+			case <-time.After(5 * time.Second):
+			}
+			break
 		}
 	}
 	return resp, err

@@ -178,14 +178,22 @@ func (s *server) createRun(ctx context.Context, r runRecord, a assistantRecord, 
 		}
 		// A failure here leaves rec admitted without its task: the next
 		// read of it (join, stream, get of the thread's runs) stops what it
-		// stopped and submits the task (ensureTask).
-		if err := s.finishStops(ctx, rec); err != nil {
+		// stopped and submits the task (ensureTask). The client's leaving
+		// is no failure: what the admission began goes on past the
+		// request, for a while.
+		bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), afterAdmission)
+		defer cancel()
+		if err := s.finishStops(bctx, rec); err != nil {
 			return Run{}, err
 		}
-		return s.submitRun(ctx, sp, rec, params, delay, before)
+		return s.submitRun(bctx, sp, rec, params, delay, before)
 	}
 	return Run{}, errRaced("the thread")
 }
+
+// afterAdmission bounds what a create does once its run is admitted (the
+// stops, the task's submit) after its request has ended.
+const afterAdmission = time.Minute
 
 // writeRun is the transaction that stores run rec on thread t (read at
 // rev) and marks the thread busy, with cmps and ops (the runs it stops);

@@ -3,6 +3,7 @@ package agentserver
 import (
 	"context"
 	"encoding/json"
+	"log/slog"
 	"time"
 
 	"github.com/droverhq/drover/queue"
@@ -60,8 +61,27 @@ func (s *server) withTaskStatus(ctx context.Context, runs []*runRecord, revs []i
 				continue
 			}
 		case s.now().Sub(admitted(r)) > runGrace:
+			// Its creator died before submitting its task: what it stopped
+			// is stopped before it ends (else a stopped run, written ended,
+			// would run on beside the thread's next). Inside a stop or an
+			// admission (admittingKey) the caller stops what is in its way.
+			if ctx.Value(admittingKey{}) == nil {
+				if err := s.finishStops(ctx, *r); err != nil {
+					return err
+				}
+			}
 			r.Status, r.Error = "error", map[string]any{"error": "RunError", "message": "the run's task is gone: it was never submitted, or it ended long ago without an outcome"}
 		default:
+			// Admitted without its task yet: its creator is about to submit
+			// it, or died first. Any read of it finishes what the creator
+			// began (the runs it stopped stopped, then its task submitted):
+			// a stopped run never runs on for want of a join of the new one.
+			// A failure is logged, not answered: the next read tries again.
+			if ctx.Value(admittingKey{}) == nil {
+				if err := s.ensureTask(ctx, *r); err != nil {
+					slog.Default().Warn("agentserver: submitting the task of a run admitted without it", "run", r.RunID, "err", err)
+				}
+			}
 			continue
 		}
 		rev, err := s.settle(ctx, r, revs[i])

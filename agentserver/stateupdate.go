@@ -101,9 +101,10 @@ func (s *server) submitUpdate(ctx context.Context, thread string, b stateUpdate)
 
 // awaitUpdate waits for state update u of thread, stores the state its
 // runtime answered as the thread's, and answers the new checkpoint. The
-// transaction that stores it compares the thread's index of active runs:
-// a run admitted (or queued) on the thread since u.since makes it a 409,
-// and the state is not stored.
+// transaction that stores it compares the thread's index of active runs
+// and its stored state: a run admitted (or queued) on the thread since
+// u.since, or a state stored since (a run that began and ended, another
+// update), makes it a 409, and the state is not stored.
 func (s *server) awaitUpdate(ctx context.Context, thread string, u updateTicket) (any, error) {
 	id := u.task
 	q, err := s.queueOf(ctx)
@@ -150,11 +151,13 @@ func (s *server) awaitUpdate(ctx context.Context, thread string, u updateTicket)
 		}
 		raw, _ := json.Marshal(rec)
 		traw, _ := json.Marshal(th)
-		active := sp.AgentActiveRuns(thread)
+		active, state := sp.AgentActiveRuns(thread), sp.AgentThreadState(thread)
 		resp, err := s.cfg.Etcd.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(sp.AgentThread(thread)), "=", trev),
-			clientv3.Compare(clientv3.CreateRevision(active), "<", u.since+1).WithPrefix()).
-			Then(clientv3.OpPut(sp.AgentThreadState(thread), string(raw)), clientv3.OpPut(sp.AgentThread(thread), string(traw))).
-			Else(clientv3.OpGet(active, clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithMinCreateRev(u.since+1), clientv3.WithLimit(1))).Commit()
+			clientv3.Compare(clientv3.CreateRevision(active), "<", u.since+1).WithPrefix(),
+			clientv3.Compare(clientv3.ModRevision(state), "<", u.since+1)).
+			Then(clientv3.OpPut(state, string(raw)), clientv3.OpPut(sp.AgentThread(thread), string(traw))).
+			Else(clientv3.OpGet(active, clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithMinCreateRev(u.since+1), clientv3.WithLimit(1)),
+				clientv3.OpGet(state, clientv3.WithKeysOnly())).Commit()
 		if err != nil {
 			return nil, etcdError("storing the thread's state", err)
 		}
@@ -163,6 +166,12 @@ func (s *server) awaitUpdate(ctx context.Context, thread string, u updateTicket)
 		}
 		if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
 			return nil, errBusyForUpdate(thread, idOf(kvs[0].Key))
+		}
+		// A run that began and ended meanwhile (its key gone from the
+		// index) stored its state since: this update, made beside it,
+		// would overwrite it.
+		if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) > 0 && kvs[0].ModRevision > u.since {
+			return nil, huma.NewError(http.StatusConflict, fmt.Sprintf("Thread %s's state changed while the update ran (a run ended on it, or another update came first): send the update again", thread))
 		}
 	}
 	return nil, errRaced("the thread")

@@ -105,6 +105,10 @@ func (s *server) streamThread(thread, run string, skip int64) *huma.StreamRespon
 			created.seen[id] = true
 		}
 		defer created.close()
+		// The watch starts now, not once the first runs end: opened later
+		// from rev, a compaction meanwhile would lose the runs created in
+		// between. Its events wait in the client until poll or await.
+		created.watch(ctx)
 		for ctx.Err() == nil {
 			if len(runs) == 0 {
 				var ok bool
@@ -127,7 +131,7 @@ func (s *server) streamThread(thread, run string, skip int64) *huma.StreamRespon
 			if !s.followRun(ctx, w, rc, q, sp, id, from, emit) {
 				return
 			}
-			runs = append(runs, created.poll()...)
+			runs = append(runs, created.poll(ctx)...)
 		}
 	}}
 }
@@ -205,14 +209,13 @@ func (c *createdRuns) watch(ctx context.Context) {
 }
 
 // poll is the runs created the watch has told of so far, without waiting.
-func (c *createdRuns) poll() []string {
+func (c *createdRuns) poll(ctx context.Context) []string {
 	var ids []string
 	for c.wch != nil {
 		select {
 		case wr, ok := <-c.wch:
 			if !ok || wr.Err() != nil {
-				c.reset(wr)
-				return ids
+				return append(ids, c.reset(ctx, wr)...)
 			}
 			ids = append(ids, c.take(wr)...)
 		default:
@@ -223,14 +226,36 @@ func (c *createdRuns) poll() []string {
 }
 
 // reset drops a watch that ended; the next opens another after the
-// last revision seen (after the compaction, when it came past it).
-func (c *createdRuns) reset(wr clientv3.WatchResponse) {
-	if wr.CompactRevision > 0 {
-		c.rev = max(c.rev, wr.CompactRevision-1)
-	}
+// last revision seen. When etcd compacted past it, the runs created
+// before the compaction come from their records instead (those of the
+// thread created since, oldest first, at most maxCaughtUp: the rest are
+// not followed), and the next watch opens after the compaction.
+func (c *createdRuns) reset(ctx context.Context, wr clientv3.WatchResponse) []string {
 	c.close()
 	c.wch, c.cancel = nil, nil
+	if wr.CompactRevision <= c.rev+1 {
+		return nil
+	}
+	g, err := c.s.cfg.Etcd.Get(ctx, c.sp.AgentRuns(c.thread), clientv3.WithPrefix(), clientv3.WithKeysOnly(),
+		clientv3.WithMinCreateRev(c.rev+1), clientv3.WithMaxCreateRev(wr.CompactRevision-1),
+		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend), clientv3.WithLimit(maxCaughtUp))
+	if err != nil {
+		return nil // the watch opens again from c.rev, and fails again: read again then
+	}
+	var ids []string
+	for _, kv := range g.Kvs {
+		if id := idOf(kv.Key); !c.seen[id] {
+			c.seen[id] = true
+			ids = append(ids, id)
+		}
+	}
+	c.rev = wr.CompactRevision - 1
+	return ids
 }
+
+// maxCaughtUp bounds the runs a thread stream reads from their records
+// when etcd compacted its watch's history (see reset).
+const maxCaughtUp = 1000
 
 // await waits for runs created, writing keepalives to w meanwhile; false
 // when the answer ends (the client went away, the server closes).
@@ -252,7 +277,9 @@ func (c *createdRuns) await(ctx context.Context, w io.Writer, rc *http.ResponseC
 			_ = rc.Flush()
 		case wr, ok := <-c.wch:
 			if !ok || wr.Err() != nil {
-				c.reset(wr)
+				if ids := c.reset(ctx, wr); len(ids) > 0 {
+					return ids, true
+				}
 				select { // a watch that ends (no leader) is opened again after a while: never a spin
 				case <-ctx.Done():
 					return nil, false
