@@ -178,3 +178,42 @@ func TestQueueOutcomeDeferEndsItsStream(t *testing.T) {
 		t.Fatalf("the deferral's stream: %v, want its attempt ended", types)
 	}
 }
+
+// TestQueueOutcomeDeferLabel: drover_tasks_deferred_total labels an
+// external worker's deferral "budget KEY" when it waits for the task's own
+// budget, and "external" for any other reason: free text sent over HTTP
+// makes no series of its own.
+func TestQueueOutcomeDeferLabel(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t)
+	const key = "openai/defer-label/key-a"
+	tasks := qtasksJSON("qdl", 3)
+	for _, tk := range tasks {
+		tk["metadata"] = map[string]any{"budget": key, "estimated_tokens": 100}
+	}
+	a.do("POST", "/v1/queues/qdl/tasks", tasks).want(t, 200)
+	sess := a.session(30)
+	got := a.qclaim("qdl", sess, 3, "")
+	if len(got) != 3 {
+		t.Fatalf("claimed %v", got)
+	}
+	count := func(label string) float64 {
+		return testutil.ToFloat64(metrics.TasksDeferred.WithLabelValues("qdl", "x", label))
+	}
+	const free = "waiting for 12 seconds more"
+	own, ext, freeBefore := count("budget "+key), count("external"), count(free)
+	d := func(reason string) map[string]any { return map[string]any{"after": "1h", "reason": reason} }
+	wantResults(t, a.qreport("qdl", sess,
+		qoutcome(got[0], "defer", d("budget "+key+": 5 requests of 5 used")),
+		qoutcome(got[1], "defer", d(free)),
+		qoutcome(got[2], "defer", d("budget another/key: no room"))), "200 PENDING", "200 PENDING", "200 PENDING")
+	if n := count("budget "+key) - own; n != 1 {
+		t.Errorf("label budget %s rose by %v, want 1", key, n)
+	}
+	if n := count("external") - ext; n != 2 {
+		t.Errorf("label external rose by %v, want 2 (free text, another budget)", n)
+	}
+	if n := count(free) - freeBefore; n != 0 {
+		t.Errorf("the free text made a series of its own (%v)", n)
+	}
+}
