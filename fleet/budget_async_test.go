@@ -97,3 +97,93 @@ func TestBudgetSettleAfterTheOutcome(t *testing.T) {
 		t.Fatalf("after the settle: %+v %v, want 30 used, nothing reserved", u, err)
 	}
 }
+
+// heldSettle makes a fleet worker on a fresh namespace with budget key
+// (1000 tokens) and has its gate admit task "a" (estimating 40) and end
+// its handler: the settle begins and is held until release is closed
+// (entered says it began). It returns the worker and the budget client.
+func heldSettle(t *testing.T, key string) (w *fleet.Worker, b *budget.Client, release chan struct{}) {
+	t.Helper()
+	ctx := context.Background()
+	ns := etcdtest.Namespace(t)
+	cli := srv.Client(t)
+	b = budget.New(cli, ns)
+	t.Cleanup(func() { b.Close() })
+	if _, err := b.Set(ctx, budget.Budget{Key: key, Tokens: 1000, WindowSeconds: 86400}); err != nil {
+		t.Fatal(err)
+	}
+	w, err := fleet.NewWorker(ctx, cli, fleet.Config{Worker: queue.WorkerConfig{Namespace: ns, Queue: "llm", TTL: 30 * time.Second}, Handler: noop})
+	if err != nil {
+		t.Fatal(err)
+	}
+	entered, release := make(chan struct{}, 1), make(chan struct{})
+	fleet.SetBeforeSettle(w.Budgets(), func() {
+		entered <- struct{}{}
+		<-release
+	})
+	task := &queue.Task{ID: "a", Type: "chat", Token: 1, Attempt: 1, Metadata: queue.Metadata{Budget: key, EstimatedTokens: 40}}
+	done, err := w.Budgets().Admit(ctx, task)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Budgets().Used(task, 30)
+	done(nil)
+	select {
+	case <-entered:
+	case <-time.After(time.Minute):
+		t.Fatal("the settle did not begin within a minute")
+	}
+	return w, b, release
+}
+
+// TestWorkerCloseFlushesBudgetSettles: a worker closed without Run (its
+// handler returned, its settle not yet sent) writes the settle before its
+// lease goes: the budget counts the 30 tokens used, nothing left reserved.
+// Without the flush, the lease's revocation would drop the reservation
+// and the settle would find nothing to settle.
+func TestWorkerCloseFlushesBudgetSettles(t *testing.T) {
+	t.Parallel()
+	const key = "openai/gpt-4.1/key-close-flush"
+	w, b, release := heldSettle(t, key)
+	closed := make(chan error, 1)
+	go func() { closed <- w.Close(context.Background()) }()
+	select {
+	case err := <-closed:
+		t.Errorf("Close returned while a settle was unwritten: %v", err)
+	case <-time.After(200 * time.Millisecond): // Close waits: the settle is held
+	}
+	close(release)
+	select {
+	case <-closed:
+	case <-time.After(time.Minute):
+		t.Fatal("Close did not return within a minute of the settle")
+	}
+	if u, err := b.Get(context.Background(), key); err != nil || u.Used != 30 || u.Reserved != 0 {
+		t.Fatalf("after Close: %+v %v, want 30 used, nothing reserved", u, err)
+	}
+}
+
+// TestWorkerCloseFlushBoundedByCtx: Close with a context that ended does
+// not wait for a settle held back, however long a settle may take (an
+// hour here): each of its steps is bounded by its context.
+func TestWorkerCloseFlushBoundedByCtx(t *testing.T) { // not parallel: it sets the package's flush timeout
+	defer fleet.SetFlushTimeout(time.Hour)()
+	w, _, release := heldSettle(t, "openai/gpt-4.1/key-close-bounded")
+	defer func() { // no settle outlives the test
+		close(release)
+		fctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := w.Budgets().Flush(fctx); err != nil {
+			t.Error(err)
+		}
+	}()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	closed := make(chan error, 1)
+	go func() { closed <- w.Close(ctx) }()
+	select {
+	case <-closed:
+	case <-time.After(time.Minute):
+		t.Fatal("Close with an ended context still waits for a settle after a minute")
+	}
+}

@@ -115,7 +115,7 @@ func (w *Worker) Stats() queue.WorkerStats { return w.w.Stats() }
 func (w *Worker) Run(ctx context.Context) error {
 	w.logger.Info("worker started", "queue", w.cfg.Worker.Queue, "worker", w.w.ID(), "concurrency", w.cfg.Worker.Concurrency, "drain", w.cfg.Worker.Drain)
 	err := w.w.Run(ctx)
-	w.flushBudgets(ctx)
+	w.flushBudgets(context.WithoutCancel(ctx)) // ctx ended: that is why Run returns
 	if errors.Is(err, lease.ErrLost) {
 		err = fmt.Errorf("worker %s stopped: %w; its tasks are claimable by other workers", w.w.ID(), err)
 	}
@@ -151,17 +151,21 @@ func (w *Worker) Close(ctx context.Context) error {
 }
 
 // flushBudgets waits for the budget settles of the handlers that
-// returned, as long as one settle may take.
+// returned, as long as one settle may take (flushTimeout) and ctx allow.
 func (w *Worker) flushBudgets(ctx context.Context) {
 	if w.budgets == nil {
 		return
 	}
-	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+	fctx, cancel := context.WithTimeout(ctx, flushTimeout)
 	defer cancel()
 	if err := w.budgets.Flush(fctx); err != nil {
 		w.logger.Warn("budget settles still unwritten; their reservations end with the worker's lease", "err", err)
 	}
 }
+
+// flushTimeout bounds a worker's wait for its budget settles: as long
+// as one settle may take.
+var flushTimeout = settleTimeout
 
 // RunWorker assembles a worker (NewWorker), runs it until ctx ends, the
 // queue is drained or the lease is lost (Run), and takes it down (Close). It

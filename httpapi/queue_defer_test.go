@@ -116,3 +116,104 @@ func TestQueueOutcomeDeferBadInput(t *testing.T) {
 	// Nothing was written: the claim still holds.
 	wantResults(t, a.qreport("qdbad", sess, qoutcome(tk)), "200 SUCCEEDED")
 }
+
+// TestQueueOutcomeDeferFenced: a deferral is fenced by its claim's token
+// as the other outcomes are: a token the claim never had, a claim whose
+// outcome was written already, and a stale claim of a task claimed again
+// since each get a 409 and write nothing. In one batch beside a success
+// and a failure of the same segment, each outcome is written as its own.
+func TestQueueOutcomeDeferFenced(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t)
+	a.do("POST", "/v1/queues/qdf/tasks", qtasksJSON("qdf", 3)).want(t, 200)
+	sess := a.session(30)
+	got := a.qclaim("qdf", sess, 3, "")
+	if len(got) != 3 {
+		t.Fatalf("claimed %v", got)
+	}
+	byID := map[string]map[string]any{}
+	for _, tk := range got {
+		byID[tk["task_id"].(string)] = tk
+	}
+	d := map[string]any{"after": "0", "reason": "quota q full"}
+	wrong := map[string]any{"task_id": "qdf-0", "token": byID["qdf-0"]["token"].(float64) + 1000}
+	before := a.keyCount()
+	wantResults(t, a.qreport("qdf", sess, qoutcome(wrong, "defer", d)), "409")
+	if after := a.keyCount(); after != before {
+		t.Errorf("a deferral under a wrong token: keys %d → %d", before, after)
+	}
+	wantResults(t, a.qreport("qdf", sess,
+		qoutcome(byID["qdf-0"], "defer", d),
+		qoutcome(byID["qdf-1"]),
+		qoutcome(byID["qdf-2"], "error", "flaky")), "200 PENDING", "200 SUCCEEDED", "200 RETRYING")
+	// The same deferral again: the claim ended with the first.
+	wantResults(t, a.qreport("qdf", sess, qoutcome(byID["qdf-0"], "defer", d)), "409")
+	again := a.qclaim("qdf", sess, 1, "20s")
+	if len(again) != 1 || again[0]["task_id"] != "qdf-0" || again[0]["attempt"] != 1.0 {
+		t.Fatalf("claimed %v after a deferral, want qdf-0 at attempt 1", again)
+	}
+	// The first claim's token is stale now: its deferral is refused and
+	// the new claim's outcome still counts.
+	wantResults(t, a.qreport("qdf", sess, qoutcome(byID["qdf-0"], "defer", d)), "409")
+	r := a.do("GET", "/v1/queues/qdf/tasks/qdf-0", nil).want(t, 200)
+	if r.str("current_status") != "RUNNING" || strings.Count(string(r.Raw), "deferred: ") != 1 {
+		t.Fatalf("after a stale deferral: %s, want RUNNING under the new claim, one deferral", r.Raw)
+	}
+	wantResults(t, a.qreport("qdf", sess, qoutcome(again[0])), "200 SUCCEEDED")
+}
+
+// TestQueueOutcomeDeferEndsItsStream: a deferral sent with streamed ends
+// the attempt's stream with attempt_ended (the task runs again later),
+// as a failure to retry and a sleep do.
+func TestQueueOutcomeDeferEndsItsStream(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t)
+	a.do("POST", "/v1/queues/qds/tasks", qtasksJSON("qds", 1)).want(t, 200)
+	sess := a.session(30)
+	tk := a.qclaim("qds", sess, 1, "5s")[0]
+	a.do("POST", "/v1/tasks/qds-0/stream/events",
+		qfence(sess, tk, "events", []any{map[string]any{"type": "token", "data": map[string]any{"text": "x"}}})).want(t, 200)
+	wantResults(t, a.qreport("qds", sess, qoutcome(tk, "defer", map[string]any{"after": "1h", "reason": "quota q full"}, "streamed", true)), "200 PENDING")
+	if _, types := a.sseEvents("/v1/tasks/qds-0/stream", 3); strings.Join(types, " ") != "attempt_started token attempt_ended" {
+		t.Fatalf("the deferral's stream: %v, want its attempt ended", types)
+	}
+}
+
+// TestQueueOutcomeDeferLabel: drover_tasks_deferred_total labels an
+// external worker's deferral "budget KEY" when it waits for the task's own
+// budget, and "external" for any other reason: free text sent over HTTP
+// makes no series of its own.
+func TestQueueOutcomeDeferLabel(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t)
+	const key = "openai/defer-label/key-a"
+	tasks := qtasksJSON("qdl", 3)
+	for _, tk := range tasks {
+		tk["metadata"] = map[string]any{"budget": key, "estimated_tokens": 100}
+	}
+	a.do("POST", "/v1/queues/qdl/tasks", tasks).want(t, 200)
+	sess := a.session(30)
+	got := a.qclaim("qdl", sess, 3, "")
+	if len(got) != 3 {
+		t.Fatalf("claimed %v", got)
+	}
+	count := func(label string) float64 {
+		return testutil.ToFloat64(metrics.TasksDeferred.WithLabelValues("qdl", "x", label))
+	}
+	const free = "waiting for 12 seconds more"
+	own, ext, freeBefore := count("budget "+key), count("external"), count(free)
+	d := func(reason string) map[string]any { return map[string]any{"after": "1h", "reason": reason} }
+	wantResults(t, a.qreport("qdl", sess,
+		qoutcome(got[0], "defer", d("budget "+key+": 5 requests of 5 used")),
+		qoutcome(got[1], "defer", d(free)),
+		qoutcome(got[2], "defer", d("budget another/key: no room"))), "200 PENDING", "200 PENDING", "200 PENDING")
+	if n := count("budget "+key) - own; n != 1 {
+		t.Errorf("label budget %s rose by %v, want 1", key, n)
+	}
+	if n := count("external") - ext; n != 2 {
+		t.Errorf("label external rose by %v, want 2 (free text, another budget)", n)
+	}
+	if n := count(free) - freeBefore; n != 0 {
+		t.Errorf("the free text made a series of its own (%v)", n)
+	}
+}

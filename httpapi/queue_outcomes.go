@@ -197,9 +197,18 @@ func (s *Server) endStreams(ctx context.Context, in []OutcomeInput, os []queue.O
 		go func(h queue.Held, t *queue.Task, cause string) {
 			defer wg.Done()
 			s.endStream(ctx, h, t, cause)
-		}(os[i].Held, r.Task, os[i].Error)
+		}(os[i].Held, r.Task, endCause(os[i]))
 	}
 	wg.Wait()
+}
+
+// endCause is why outcome o ended its attempt, as its stream's end says:
+// its error, or its deferral's reason.
+func endCause(o queue.Outcome) string {
+	if o.Defer != nil {
+		return o.Defer.Reason
+	}
+	return o.Error
 }
 
 // outcomeSleep reads the sleep outcome o (the i-th) asks for: when it

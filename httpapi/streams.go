@@ -493,6 +493,8 @@ func (s *Server) endStream(ctx context.Context, h queue.Held, t *queue.Task, cau
 		err = stream.For(s.cli, s.keys(ctx)).Finish(ctx, h.ID, strings.ToLower(string(t.CurrentStatus)), cause)
 	case queue.Retrying, queue.Sleeping:
 		err = stream.For(s.cli, s.keys(ctx)).Ended(ctx, h.ID, h.Token, stream.AttemptEnded, strings.ToLower(string(t.CurrentStatus)), cause)
+	case queue.Pending: // deferred: claimed again later
+		err = stream.For(s.cli, s.keys(ctx)).Ended(ctx, h.ID, h.Token, stream.AttemptEnded, "deferred", cause)
 	}
 	if err != nil {
 		s.cfg.Logger.Debug("httpapi: the end of an attempt was not written to its stream", "task", h.ID, "err", err)

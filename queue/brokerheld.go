@@ -316,7 +316,7 @@ func (b *broker) reportRecord(ctx context.Context, o Outcome) Reported {
 // other outcome ends the deferrals in a row (the task was admitted).
 func decideOutcome(w *Worker, t *Task, o Outcome) outcome {
 	if d := o.Defer; d != nil {
-		return outcome{kind: Pending, err: d, delay: max(d.After, 100*time.Millisecond), deferred: d.Reason}
+		return outcome{kind: Pending, err: d, delay: max(d.After, 100*time.Millisecond), deferred: d.Reason, deferLabel: externalDeferLabel(t, d.Reason)}
 	}
 	t.Deferrals = 0
 	if !o.SleepUntil.IsZero() {
@@ -343,6 +343,20 @@ func decideOutcome(w *Worker, t *Task, o Outcome) outcome {
 		return outcome{kind: Dead, err: err}
 	}
 	return outcome{kind: Retrying, err: err, delay: w.backoff(t)}
+}
+
+// ExternalDeferLabel labels in drover_tasks_deferred_total a deferral an
+// external worker reported: "budget KEY" for a wait for the task's own
+// budget (a reason "budget KEY: why"), "external" for any other reason,
+// whose free text would make a series of each.
+const ExternalDeferLabel = "external"
+
+func externalDeferLabel(t *Task, reason string) string {
+	kind, _, _ := strings.Cut(reason, ": ")
+	if b := t.Metadata.Budget; b != "" && kind == "budget "+b {
+		return kind
+	}
+	return ExternalDeferLabel
 }
 
 // fenced is the error of an outcome or heartbeat for a claim that no

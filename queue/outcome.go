@@ -285,8 +285,11 @@ func (w *Worker) count(o outcome) {
 	case Pending:
 		w.handedBack.Add(1)
 		if o.deferred != "" { // labelled by its kind ("budget KEY"), not the counts that may follow
-			kind, _, _ := strings.Cut(o.deferred, ": ")
-			metrics.TasksDeferred.WithLabelValues(t.Queue, t.Type, truncate(kind, 128)).Inc()
+			label, _, _ := strings.Cut(o.deferred, ": ")
+			if o.deferLabel != "" {
+				label = o.deferLabel
+			}
+			metrics.TasksDeferred.WithLabelValues(t.Queue, t.Type, truncate(label, 128)).Inc()
 		}
 	}
 }

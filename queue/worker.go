@@ -375,7 +375,8 @@ type outcome struct {
 	wait   *task.Wait // what a Waiting task waits for (until: its due time)
 	// deferred is why flow control handed the task back (with delay), ""
 	// otherwise.
-	deferred string
+	deferred   string
+	deferLabel string // deferred's label in drover_tasks_deferred_total ("": up to its first ": ")
 	// streamed: the task's stream may have events, so its end (Succeeded,
 	// Dead) closes it with Done once the outcome is stored.
 	streamed bool

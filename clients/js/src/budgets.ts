@@ -186,6 +186,15 @@ export class Budgets {
 /** How long a task waits between tries when its budget is not configured or its estimate can never fit (as the Go gate). */
 export const BUDGET_UNWAITABLE_SECONDS = 30;
 
+/** The longest deferral an outcome may ask for: the server refuses the whole batch of outcomes over it. */
+export const MAX_DEFER_SECONDS = 86400;
+
+/** How long a task waits for its budget after an answer with `retryAfter`: at least a second, at most a day, whatever a proxy's Retry-After says. */
+export function deferSeconds(retryAfter: number | undefined): number {
+  const ra = retryAfter ?? 1;
+  return ra < MAX_DEFER_SECONDS ? Math.max(1, ra) : MAX_DEFER_SECONDS;
+}
+
 /**
  * Why a task waits for budget `key`, as its deferral records it and a Go
  * worker's budget gate says it: `budget KEY: why` (a 429's detail says
@@ -238,7 +247,7 @@ export class TaskBudgetHold {
     } catch (err) {
       // 429: no room yet; 503: the server cannot decide now (its clock
       // is behind the budget's counters, or etcd is slow). Both wait.
-      if (err instanceof DroverError && (err.status === 429 || err.status === 503)) return { deferSeconds: Math.max(1, err.retryAfter ?? 1), reason: budgetWaitReason(b.key, err.problem.detail || err.message) };
+      if (err instanceof DroverError && (err.status === 429 || err.status === 503)) return { deferSeconds: deferSeconds(err.retryAfter), reason: budgetWaitReason(b.key, err.problem.detail || err.message) };
       if (err instanceof NotFoundError) return { deferSeconds: BUDGET_UNWAITABLE_SECONDS, reason: budgetWaitReason(b.key, budgetNotConfigured(b.key)) };
       if (err instanceof InvalidInputError) return { deferSeconds: BUDGET_UNWAITABLE_SECONDS, reason: budgetWaitReason(b.key, err.problem.detail || err.message) };
       throw err;

@@ -182,3 +182,13 @@ test("TaskBudgetHold.reserve defers a 503 (the server's clock behind the budget'
   const out = await TaskBudgetHold.reserve(budgets, task, 60);
   assert.equal(out.deferSeconds, 30);
 });
+
+test("TaskBudgetHold.reserve defers at most a day, whatever Retry-After says", async () => {
+  const { TaskBudgetHold } = await import("../dist/index.js");
+  // A proxy's 503 may say any Retry-After; an outcome deferred over a day
+  // would make the server refuse the worker's whole batch of outcomes.
+  const budgets = { reserve: async () => { throw new DroverError("unavailable", { status: 503, retryAfter: 7 * 86400 }); } };
+  const task = { metadata: { budget: "openai/gpt-4.1/k", estimated_tokens: 10 }, task_type: "t" };
+  const out = await TaskBudgetHold.reserve(budgets, task, 60);
+  assert.equal(out.deferSeconds, 86400);
+});

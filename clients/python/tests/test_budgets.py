@@ -146,3 +146,30 @@ class BudgetsTest(ClientTest):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class DeferBoundTest(unittest.TestCase):
+    """A task's budget wait is at most a day, whatever Retry-After says: an
+    outcome deferred longer would make the server refuse the worker's whole
+    batch of outcomes."""
+
+    def test_retry_after_over_a_day_defers_a_day(self) -> None:
+        import importlib
+        from unittest import mock
+
+        from drover.errors import Unavailable
+
+        b = importlib.import_module("drover.budgets")  # the module, not the client's budgets
+
+        class _Task(dict):
+            pass
+
+        for ra, want in (("604800", 86400), ("inf", 86400), ("2.5", 3), (None, 1)):
+            headers = {"retry-after": ra} if ra is not None else {}
+            err = Unavailable("busy", status=503, problem={"detail": "busy"}, headers=headers)
+            task = _Task(task_id="t", task_type="x", metadata={"budget": "openai/gpt-4.1/k", "estimated_tokens": 5})
+            with mock.patch.object(b.Budgets, "reserve", side_effect=err):
+                out = b.run_budgeted(mock.Mock(), task, lambda: self.fail("the handler ran"))
+            self.assertIsInstance(out, b.Deferral, ra)
+            self.assertEqual(out.after, want, ra)
+            self.assertEqual(out.outcome()["after"], str(want), ra)

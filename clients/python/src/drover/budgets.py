@@ -46,6 +46,21 @@ class Deferral:
         return "Deferral(after=%r, reason=%r)" % (self.after, self.reason)
 
 
+#: The longest deferral an outcome may ask for: the server refuses the
+#: whole batch of outcomes over it.
+MAX_DEFER_SECONDS = 86400
+
+
+def defer_seconds(retry_after: Optional[float]) -> int:
+    """How long a task waits for its budget after an answer with
+    ``retry_after`` (None: none): at least a second, at most
+    :data:`MAX_DEFER_SECONDS`, whatever a proxy's ``Retry-After`` says."""
+    ra = retry_after or 1
+    if not ra < MAX_DEFER_SECONDS:  # also inf and nan
+        return MAX_DEFER_SECONDS
+    return max(1, math.ceil(ra))
+
+
 def wait_reason(key: str, why: str) -> str:
     """Why a task waits for budget ``key``, as its deferral records it and a
     Go worker's budget gate says it: ``budget KEY: why`` (a 429's detail
@@ -240,7 +255,7 @@ def run_budgeted(client: "Client", task: Any, call: Callable[[], Any]) -> Union[
         )
     except (TooManyRequests, Unavailable) as e:
         log.info("drover: task %s waits for budget %s: %s", task.get("task_id"), key, e)
-        return Deferral(max(1, math.ceil(e.retry_after or 1)), wait_reason(key, _detail(e)))
+        return Deferral(defer_seconds(e.retry_after), wait_reason(key, _detail(e)))
     except NotFound as e:
         log.warning("drover: task %s: budget %s: %s", task.get("task_id"), key, e)
         return Deferral(UNWAITABLE_SECONDS, wait_reason(key, not_configured(key)))
