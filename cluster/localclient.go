@@ -43,7 +43,8 @@ func (s *Server) LocalClient() *clientv3.Client {
 	srv := s.etcd.Server
 	cli := v3client.New(srv)
 	_ = cli.Watcher.Close() // v3client's one shared stream: never used
-	own := &streamPerWatch{cli: cli, wc: adapter.WatchServerToWatchClient(v3rpc.NewWatchServer(srv)), open: map[clientv3.Watcher]struct{}{}}
+	own := &streamPerWatch{cli: cli, wc: adapter.WatchServerToWatchClient(v3rpc.NewWatchServer(srv)),
+		open: map[clientv3.Watcher]struct{}{}, done: make(chan struct{})}
 	cli.Watcher = &leaderWatcher{Watcher: own, srv: srv,
 		election: time.Duration(srv.Cfg.TickMs) * time.Duration(srv.Cfg.ElectionTicks) * time.Millisecond}
 	return cli
@@ -67,6 +68,7 @@ type streamPerWatch struct {
 	mu     sync.Mutex
 	open   map[clientv3.Watcher]struct{}
 	closed bool
+	done   chan struct{} // closed by Close: ends watches whose consumer stopped reading
 }
 
 // Watch opens a watch on a stream of its own, closed when the watch ends.
@@ -84,13 +86,15 @@ func (p *streamPerWatch) Watch(ctx context.Context, key string, opts ...clientv3
 	p.mu.Unlock()
 	in := w.Watch(blankContext{ctx}, key, opts...)
 	out := make(chan clientv3.WatchResponse)
-	go func() { // ends when the watch does: its channel closes, or its context ends
+	go func() { // ends when the watch does: its channel closes, its context ends, or Close
 		defer close(out)
 		defer p.forget(w)
 		for wr := range in {
 			select {
 			case out <- wr:
 			case <-ctx.Done():
+				return
+			case <-p.done:
 				return
 			}
 		}
@@ -106,12 +110,17 @@ func (p *streamPerWatch) forget(w clientv3.Watcher) {
 	_ = w.Close()
 }
 
-// RequestProgress has no stream to ask on: each watch has its own.
+// RequestProgress has no stream to ask on: each watch has its own, and
+// etcd's watcher would open a new stream for the request. Not used by
+// drover; a watch that needs progress asks for WithProgressNotify.
 func (p *streamPerWatch) RequestProgress(context.Context) error { return nil }
 
 // Close closes every open watch's stream; later watches are closed at once.
 func (p *streamPerWatch) Close() error {
 	p.mu.Lock()
+	if !p.closed {
+		close(p.done)
+	}
 	p.closed = true
 	open := make([]clientv3.Watcher, 0, len(p.open))
 	for w := range p.open {

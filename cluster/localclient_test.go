@@ -3,6 +3,7 @@ package cluster_test
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -140,5 +141,51 @@ func TestLocalClientWatchCancelStorm(t *testing.T) {
 	}
 	if wr := <-ch; len(wr.Events) != 1 {
 		t.Fatalf("a watch after the storm got %+v (%v), want the put", wr, wr.Err())
+	}
+}
+
+// TestLocalClientCloseEndsUnreadWatches: Close of the in-process client
+// ends the goroutines of its watches, including one whose consumer stopped
+// reading while an answer waited for it (its context never cancelled), and
+// a watch opened after Close answers nothing: its channel is closed.
+func TestLocalClientCloseEndsUnreadWatches(t *testing.T) {
+	s, _ := etcdtest.StartOwn(t)
+	cli := s.Server.LocalClient()
+	ns := "/" + etcdtest.Namespace(t) + "/"
+	ctx := context.Background()
+	const watches = 8
+	for range watches {
+		// Created notify: an answer is ready for the consumer, which never reads it.
+		_ = cli.Watch(ctx, ns, clientv3.WithPrefix(), clientv3.WithCreatedNotify())
+	}
+	if _, err := cli.Put(ctx, ns+"k", "v"); err != nil {
+		t.Fatal(err)
+	}
+	forwarders := func() int {
+		buf := make([]byte, 1<<22)
+		return strings.Count(string(buf[:runtime.Stack(buf, true)]), "(*streamPerWatch).Watch.func")
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for forwarders() < watches && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := forwarders(); n < watches {
+		t.Fatalf("%d watch goroutines before Close, want %d", n, watches)
+	}
+	_ = cli.Close() // v3client's Close answers its context's end: context canceled
+	deadline = time.Now().Add(30 * time.Second)
+	for forwarders() > 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := forwarders(); n > 0 {
+		t.Fatalf("%d watch goroutines remain 30 s after Close: their consumers stopped reading", n)
+	}
+	select {
+	case _, ok := <-cli.Watch(ctx, ns):
+		if ok {
+			t.Fatal("a watch opened after Close answered")
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("a watch opened after Close is not closed")
 	}
 }
