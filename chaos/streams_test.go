@@ -225,7 +225,7 @@ func streamRun(t *testing.T, set *etcdSet, addrs func() []string, fault func(em 
 	t.Cleanup(func() { _ = errf.Close() })
 	startEmitter := func() *process {
 		return startProcess(t, "emitter", nil, errf, nil, wfBin(t), "-role", "emitter", "-endpoints", strings.Join(set.endpoints(), ","),
-			"-log", logPath, "-events", "150", "-emit-every", "10ms", "-ttl", "3s", "-gate", gate)
+			"-log", logPath, "-events", strconv.Itoa(emitterEvents), "-emit-every", "10ms", "-ttl", "3s", "-gate", gate)
 	}
 	em, emitters := startEmitter(), 1
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
@@ -237,6 +237,10 @@ func streamRun(t *testing.T, set *etcdSet, addrs func() []string, fault func(em 
 	done := make(chan struct{})
 	go func() { defer close(done); f.follow(ctx, "s-1", addrs) }()
 	waitFor(t, "the follower to get 40 events", 30*time.Second, func() bool { return f.count() >= 40 })
+	// The fault strikes while the emitter waits at the gate, with no flush
+	// in flight: a write stored just before a pause but logged after it
+	// would look like a late write.
+	waitFor(t, "the emitter to reach the gate", 30*time.Second, func() bool { return loggedEvent(logPath, emitterEvents/3-1) })
 	if next := fault(em, startEmitter, release); next != em {
 		em, emitters = next, emitters+1
 	}
@@ -281,6 +285,21 @@ wait:
 		t.Errorf("the follower ended (reason %q) after %d events, but the stream stores %d ending with done: it ended before the done", f.reason, f.count(), len(stored))
 	}
 	return f, logPath
+}
+
+// emitterEvents is how many events streamRun's emitter emits.
+const emitterEvents = 150
+
+// loggedEvent reports whether the emitters' log at path says event i was
+// stored (a line "A task attempt i pid unix-ns").
+func loggedEvent(path string, i int) bool {
+	b, _ := os.ReadFile(path)
+	for _, line := range strings.Split(string(b), "\n") {
+		if fs := strings.Fields(line); len(fs) == 6 && fs[0] == "A" && fs[3] == strconv.Itoa(i) {
+			return true
+		}
+	}
+	return false
 }
 
 // storedEvents reads task id's stored events as JSON (not SSE) from the
