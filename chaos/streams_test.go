@@ -36,16 +36,23 @@ type sseFollower struct {
 	reconnects int
 	resumes    int // connections answered 200 that resumed with Last-Event-ID
 	ended      bool
-	reason     string // the end event's reason
+	reason     string   // the end event's reason
+	served     []string // the server of each connection answered 200, in order
 }
 
 // follow reads task id's stream until its end event, or ctx ends. addrs
-// returns the servers to try, in order.
+// returns the servers to try, in order. Until the first event it tries
+// the first server again rather than the next, so that a server slow to
+// answer at the start does not leave the follower on another than the
+// one the test means to cut.
 func (f *sseFollower) follow(ctx context.Context, id string, addrs func() []string) {
 	for i := 0; ctx.Err() == nil; i++ {
 		for _, addr := range addrs() {
 			if f.once(ctx, addr, id) {
 				return
+			}
+			if f.count() == 0 {
+				break
 			}
 		}
 		f.mu.Lock()
@@ -77,6 +84,9 @@ func (f *sseFollower) once(ctx context.Context, addr, id string) bool {
 	if resp.StatusCode != http.StatusOK {
 		return false
 	}
+	f.mu.Lock()
+	f.served = append(f.served, addr)
+	f.mu.Unlock()
 	if resume {
 		f.mu.Lock()
 		f.resumes++
@@ -385,6 +395,7 @@ func TestStreamSurvivesLeaderFailover(t *testing.T) {
 	set := startEtcdSetHTTP(t, bin, 3, true)
 	var mu sync.Mutex
 	var down *member
+	var killedAt string
 	first, err := set.leader()
 	if err != nil {
 		t.Fatal(err)
@@ -421,13 +432,14 @@ func TestStreamSurvivesLeaderFailover(t *testing.T) {
 		mu.Lock()
 		down = nil
 		mu.Unlock()
+		killedAt = f0(o)
 		t.Logf("leader %s killed at %s: new leader %s later, back %s later", o.member, f0(o), o.elected.Sub(o.killed).Round(time.Millisecond), o.ready.Sub(o.killed).Round(time.Millisecond))
 		return em
 	})
 	attempts := checkStream(t, f, logPath, "s-1")
 	t.Logf("attempts in the stream: %s", fmt.Sprint(attempts))
 	if f.resumes == 0 {
-		t.Errorf("the follower never resumed with Last-Event-ID: the kill of the member it read from did not cut its stream")
+		t.Errorf("the follower never resumed with Last-Event-ID: the kill of the member it read from did not cut its stream (it read from %v; %s was killed at %s)", f.served, first.httpAddr, killedAt)
 	}
 }
 
