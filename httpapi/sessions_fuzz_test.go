@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"regexp"
+	"strconv"
 	"testing"
 	"unicode/utf8"
 )
@@ -25,7 +26,7 @@ func FuzzSessionBody(f *testing.F) {
 		`{"ttl":5,"name":"worker-1"}`, `{}`, `{"ttl":86400}`, `{"ttl":86401}`, `{"ttl":0}`, `{"ttl":-1}`, `{"ttl":1e3}`, `{"ttl":5.5}`,
 		`{"ttl":"5"}`, `{"name":null}`, `{"TTL":5}`, `{"x":1}`, `{"ttl":5}{"ttl":6}`, `[]`, `"s"`, ``, `{`, `{"name":"é"}`,
 		`{"name":"` + string(bytes.Repeat([]byte("n"), 129)) + `"}`, `{"ttl":5,"ttl":7}`, "{\"name\":\"\xff\"}",
-		`{"name":"\ud800"}`, `{"name":"\ud83d\ude00 \ufffd"}`, `{"name":"a","host":"b\udc00","pid":1}`, "{\"\":0,\"name\":\"\x80\"}",
+		`{"name":"\ud800"}`, `{"name":"\ud83d\ude00 \ufffd"}`, `{"name":"a","host":"b\udc00","pid":1}`, "{\"\":0,\"name\":\"\x80\"}", `{"name":"\\ud800"}`, `{"name":"\\\ud800"}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -112,11 +113,42 @@ func nameTooLong(raw json.RawMessage, max int) bool {
 	return len(raw) > 0 && json.Unmarshal(raw, &s) == nil && utf8.RuneCountInString(s) > max
 }
 
-// surrogatePair and loneSurrogate match \u escapes of UTF-16 surrogates.
-var (
-	surrogatePair = regexp.MustCompile(`\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}`)
-	loneSurrogate = regexp.MustCompile(`\\u[dD][89a-fA-F][0-9a-fA-F]{2}`)
-)
+// loneSurrogate reports whether raw, a JSON string, holds a \u escape of
+// a UTF-16 surrogate that is not half of a pair. It reads the escapes in
+// order, so an escaped backslash followed by "ud800" is text, not an
+// escape.
+func loneSurrogate(raw []byte) bool {
+	unit := func(i int) (rune, bool) { // the \uXXXX escape at raw[i:], if any
+		if i+6 > len(raw) || raw[i] != '\\' || raw[i+1] != 'u' {
+			return 0, false
+		}
+		n, err := strconv.ParseUint(string(raw[i+2:i+6]), 16, 16)
+		return rune(n), err == nil
+	}
+	for i := 0; i < len(raw); {
+		if raw[i] != '\\' {
+			i++
+			continue
+		}
+		r, ok := unit(i)
+		if !ok {
+			i += 2 // another escape: \\, \", \n, ...
+			continue
+		}
+		switch {
+		case r >= 0xD800 && r < 0xDC00:
+			if lo, ok := unit(i + 6); ok && lo >= 0xDC00 && lo <= 0xDFFF {
+				i += 12
+				continue
+			}
+			return true
+		case r >= 0xDC00 && r <= 0xDFFF:
+			return true
+		}
+		i += 6
+	}
+	return false
+}
 
 // notText reports whether raw, a JSON string, holds what is not UTF-8
 // text: bytes that are not UTF-8, or an escape of a lone surrogate
@@ -125,7 +157,7 @@ func notText(raw json.RawMessage) bool {
 	if len(raw) == 0 || raw[0] != '"' {
 		return false
 	}
-	return !utf8.Valid(raw) || loneSurrogate.Match(surrogatePair.ReplaceAll(raw, nil))
+	return !utf8.Valid(raw) || loneSurrogate(raw)
 }
 
 // onlyKeys reports whether every key of obj is one of keys.
