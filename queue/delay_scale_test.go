@@ -45,7 +45,13 @@ import (
 // DROVER_BENCH_SCALE_OPS logs what the workers sent to etcd from the
 // window's start to the last ack, per task (countOps);
 // DROVER_BENCH_SCALE_PROFILE profiles the claims (profileWindow).
+// DROVER_BENCH_SCALE_NOW=1 measures instead the ceiling any due index is
+// bound by: the same server and workers on tasks due now (delayedCeiling).
 func TestDelayedAtScale(t *testing.T) {
+	if os.Getenv("DROVER_BENCH_SCALE_NOW") != "" {
+		delayedCeiling(t)
+		return
+	}
 	n, window, cpuWindow := 2000, 2*time.Second, time.Duration(0)
 	if v, _ := strconv.Atoi(os.Getenv("DROVER_BENCH_SCALE")); v > 0 {
 		n, window = v, time.Minute
