@@ -484,14 +484,14 @@ func (s *Server) taskEnded(ctx context.Context, id string) (string, time.Time, b
 // ack or fail just ended (t is the task after it): done when the task
 // ended, whichever server wrote its events (fenced by the stream
 // alone, after the stored outcome); attempt_ended when it will be
-// retried or sleeps, if this server wrote the attempt's events
-// (otherwise its next attempt marks the boundary).
+// retried, sleeps, waits for a signal or was deferred, if the attempt
+// wrote the stream's last events (through any server).
 func (s *Server) endStream(ctx context.Context, h queue.Held, t *queue.Task, cause string) {
 	var err error
 	switch t.CurrentStatus {
 	case queue.Succeeded, queue.Dead:
 		err = stream.For(s.cli, s.keys(ctx)).Finish(ctx, h.ID, strings.ToLower(string(t.CurrentStatus)), cause)
-	case queue.Retrying, queue.Sleeping:
+	case queue.Retrying, queue.Sleeping, queue.Waiting: // a wait answered at once is RUNNING: the attempt goes on
 		err = stream.For(s.cli, s.keys(ctx)).Ended(ctx, h.ID, h.Token, stream.AttemptEnded, strings.ToLower(string(t.CurrentStatus)), cause)
 	case queue.Pending: // deferred: claimed again later
 		err = stream.For(s.cli, s.keys(ctx)).Ended(ctx, h.ID, h.Token, stream.AttemptEnded, "deferred", cause)

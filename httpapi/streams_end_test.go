@@ -173,3 +173,48 @@ func TestStreamOfATaskEndedLongAgoEndsAtOnce(t *testing.T) { // not parallel: it
 		t.Fatalf("the stream of a task cancelled two hours ago: %v, end %q (\"\": none in 10s)", types, reason)
 	}
 }
+
+// lastEvent is the type and outcome of the last event stored of task
+// id's stream ("" when it has none).
+func (a *api) lastEvent(id string) (typ, outcome string) {
+	a.t.Helper()
+	resp, err := a.cli.Get(context.Background(), keyspace.MustNew(a.ns).StreamChunks(id), clientv3.WithPrefix(),
+		clientv3.WithSort(clientv3.SortByKey, clientv3.SortDescend), clientv3.WithLimit(1))
+	if err != nil {
+		a.t.Fatal(err)
+	}
+	if len(resp.Kvs) == 0 {
+		return "", ""
+	}
+	var c struct {
+		List []struct {
+			Type string                   `json:"t"`
+			Data struct{ Outcome string } `json:"d"`
+		} `json:"list"`
+	}
+	if err := json.Unmarshal(resp.Kvs[0].Value, &c); err != nil || len(c.List) == 0 {
+		a.t.Fatalf("the last chunk of %s: %s %v", id, resp.Kvs[0].Value, err)
+	}
+	ev := c.List[len(c.List)-1]
+	return ev.Type, ev.Data.Outcome
+}
+
+// TestWaitOutcomeEndsAttempt: a wait_signal outcome sent with streamed
+// that parks its task (WAITING) closes the attempt's events with
+// attempt_ended "waiting", as a Go worker's wait does, by the time the
+// outcome is answered.
+func TestWaitOutcomeEndsAttempt(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t)
+	a.do("POST", "/v1/queues/wq/tasks", qtasksJSON("w", 1)).want(t, 200)
+	sess := a.session(30)
+	task := a.qclaim("wq", sess, 1, "5s")[0]
+	tok := map[string]any{"type": "token", "data": map[string]any{"text": "x"}}
+	a.do("POST", "/v1/tasks/w-0/stream/events", qfence(sess, task, "events", []any{tok})).want(t, 200)
+	a.do("POST", "/v1/queues/wq/outcomes", map[string]any{"session": sess, "outcomes": []any{map[string]any{
+		"task_id": "w-0", "token": task["token"], "wait_signal": map[string]any{"names": []string{"go"}}, "streamed": true,
+	}}}).want(t, 200)
+	if typ, outcome := a.lastEvent("w-0"); typ != "attempt_ended" || outcome != "waiting" {
+		t.Fatalf("the stream of a task parked waiting ends with %q %q, want attempt_ended waiting", typ, outcome)
+	}
+}

@@ -472,3 +472,50 @@ func putMarks(ctx context.Context, cli *clientv3.Client, marks []clientv3.Op) er
 	}
 	return nil
 }
+
+// outcomeName is the outcome a stream's Done (or an attempt's end) gives
+// for status st: its name in lower case.
+func outcomeName(st Status) string { return strings.ToLower(string(st)) }
+
+func errText(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+// FinishStream closes task id's stream with Done once the task ended
+// with status st (an external worker's ack, a cancel): fenced by the
+// stream alone, after whatever attempt wrote last; nothing when the
+// stream has no events or already ends with Done.
+func (c *Client) FinishStream(ctx context.Context, id string, st Status, cause string) error {
+	return stream.For(c.cli, c.keys).Finish(ctx, id, outcomeName(st), cause)
+}
+
+// EndsStream is the option of stream Follow that ends a follower of
+// task id's stream once the task is SUCCEEDED, DEAD or CANCELLED (or
+// gone) and nothing more is stored: a task that ended without a done
+// (cancelled while waiting to run again, its worker gone between its
+// outcome and its done) ends its followers too. The wait for a late
+// done counts from the task's end as stored (stream.WhenEndedAt): a
+// follower of a task that ended long ago ends at once. every is how
+// often an idle follower asks (0: stream.DefaultEndedCheck).
+func (c *Client) EndsStream(id string, every time.Duration) stream.FollowOption {
+	return stream.WhenEndedAt(func(ctx context.Context) (time.Time, bool) {
+		t, err := c.Get(ctx, id)
+		if err != nil || !t.CurrentStatus.Terminal() {
+			return time.Time{}, errors.Is(err, ErrNotFound)
+		}
+		return t.EndedAt(), true
+	}, every)
+}
+
+// EndedAt is when the task ended, as its record says: the time of its
+// last transition when that is to its status, SUCCEEDED, DEAD or
+// CANCELLED; zero otherwise (not ended, or not known).
+func (t *Task) EndedAt() time.Time {
+	if n := len(t.Transitions); n > 0 && t.CurrentStatus.Terminal() && t.Transitions[n-1].Status == t.CurrentStatus {
+		return t.Transitions[n-1].At
+	}
+	return time.Time{}
+}

@@ -2,6 +2,7 @@ package queue_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -390,5 +391,65 @@ func TestWaitedStepTaskStreamEndsWithDone(t *testing.T) {
 		return strings.HasPrefix(s, stream.AttemptEnded) && strings.Contains(s, `"waiting"`)
 	}) {
 		t.Fatalf("events %v: no attempt_ended that says the task waits", types)
+	}
+}
+
+// openFence is a fence that always holds, for a test that writes a
+// task's stream without a claim.
+type openFence struct{}
+
+func (openFence) Token() int64             { return 1 }
+func (openFence) Compares() []clientv3.Cmp { return nil }
+func (openFence) Err() error               { return nil }
+
+// TestFollowerOfATaskEndedLongAgoEndsAtOnce: EndsStream knows when its
+// task ended, so a follower of a task that ended, with no done, longer
+// ago than the wait for a late done ends at its first check, whatever
+// that wait (an hour here).
+func TestFollowerOfATaskEndedLongAgoEndsAtOnce(t *testing.T) {
+	t.Parallel()
+	ns := etcdtest.Namespace(t)
+	c, cli := newClient(t, ns)
+	ctx := context.Background()
+	keys := keyspace.MustNew(ns)
+	if _, err := c.Submit(ctx, "long", []queue.Task{{ID: "lo-1", Type: "x"}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if k, err := c.CancelTasks(ctx, "long", queue.Pending, []string{"lo-1"}, nil); err != nil || k != 1 {
+		t.Fatalf("cancel: %d, %v", k, err)
+	}
+	w := stream.NewWriter(cli, keys, stream.Limits{}, time.Millisecond)
+	if _, _, err := w.Append(ctx, stream.Claim{Task: "lo-1", Attempt: 1, Fence: openFence{}}, []stream.Input{{Type: "log"}}); err != nil {
+		t.Fatal(err)
+	}
+	// The cancel two hours ago.
+	rec, err := cli.Get(ctx, keys.TaskRecord("lo-1"))
+	if err != nil || len(rec.Kvs) != 1 {
+		t.Fatalf("the task's record: %v %v", rec, err)
+	}
+	var r map[string]any
+	if err := json.Unmarshal(rec.Kvs[0].Value, &r); err != nil {
+		t.Fatal(err)
+	}
+	trs, _ := r["transitions"].([]any)
+	if len(trs) == 0 {
+		t.Fatalf("the task's record has no transitions: %s", rec.Kvs[0].Value)
+	}
+	trs[len(trs)-1].(map[string]any)["at"] = time.Now().Add(-2 * time.Hour).UTC().Format(time.RFC3339Nano)
+	b, _ := json.Marshal(r)
+	if _, err := cli.Put(ctx, keys.TaskRecord("lo-1"), string(b)); err != nil {
+		t.Fatal(err)
+	}
+	fctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	var types []string
+	for ev, err := range stream.NewHub(cli, keys).Follow(fctx, "lo-1", 1, c.EndsStream("lo-1", time.Hour), stream.SettleAfter(time.Hour)) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		types = append(types, ev.Type)
+	}
+	if fctx.Err() != nil || strings.Join(types, " ") != "attempt_started log" {
+		t.Fatalf("follower got %v (timed out: %v), want attempt_started log, then its end at once", types, fctx.Err() != nil)
 	}
 }

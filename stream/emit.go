@@ -183,17 +183,17 @@ func (w *Writer) End(ctx context.Context, c Claim, typ, outcome string, cause er
 
 // Ended closes the attempt of task's claim token, which already ended
 // through its claim (an external worker's ack or fail), with typ,
-// outcome and cause (""), if this Writer wrote its stream; otherwise it
-// does nothing. The claim is gone, so the write is fenced by the stream
-// alone: it is stored only if no later attempt has written.
+// outcome and cause (""), if that claim wrote the stream's last events
+// and they do not end already, whichever process's writer stored them
+// (the stream's last chunk is read); otherwise it does nothing. The
+// claim is gone, so the write is fenced by the stream alone: it is
+// stored only if no later attempt has written.
 func (w *Writer) Ended(ctx context.Context, task string, token int64, typ, outcome, cause string) error {
 	w.attMu.Lock()
-	a := w.attempts[attemptID{task, token}]
+	delete(w.attempts, attemptID{task, token}) // the attempt ended: its state here, if any, is done with
 	w.attMu.Unlock()
-	if a == nil {
-		return nil
-	}
-	return w.endRequest(ctx, a, typ, ownData{Attempt: a.c.Attempt, Outcome: outcome, Error: cause}, false, true)
+	a := &attempt{c: Claim{Task: task}, endOf: token}
+	return w.endRequest(ctx, a, typ, ownData{Outcome: outcome, Error: cause}, true, true)
 }
 
 // Finish closes task's stream with Done, outcome and cause (""): the

@@ -299,3 +299,37 @@ func TestFollowWaitsForALateDoneFromTheTasksEnd(t *testing.T) {
 		cancel()
 	}
 }
+
+// TestEndedThroughAnotherWriter: the end of an attempt whose claim is
+// gone (an external worker's retry, acknowledged on a server other
+// than the one its events went through) is written by any process's
+// writer, as the attempt that wrote the stream's last events; not by
+// a claim that did not write them, and not twice.
+func TestEndedThroughAnotherWriter(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, stream.Limits{})
+	other := stream.NewWriter(e.cli, e.keys, stream.Limits{}, time.Millisecond) // another server's
+	ctx := context.Background()
+	const id = "elsewhere"
+	c1 := claimKey(t, e.cli, e.keys, id)
+	if _, _, err := e.w.Append(ctx, stream.Claim{Task: id, Attempt: 3, Fence: c1}, []stream.Input{{Type: "log"}}); err != nil {
+		t.Fatal(err)
+	}
+	lose(t, e.cli, c1) // the outcome took the claim
+	if err := other.Ended(ctx, id, c1.token+1, stream.AttemptEnded, "retrying", ""); err != nil {
+		t.Fatal(err) // a claim that did not write the stream's last events: nothing
+	}
+	for range 2 {
+		if err := other.Ended(ctx, id, c1.token, stream.AttemptEnded, "retrying", "flaky"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	last, err := e.hub.LastSeq(ctx, id)
+	if err != nil || last != 3 {
+		t.Fatalf("the stream's last event is %d (%v), want 3: one end, once", last, err)
+	}
+	got := collect(t, e.hub, id, 1, 3)
+	if len(got) != 3 || got[2].Type != stream.AttemptEnded || got[2].Attempt != 3 {
+		t.Fatalf("followed %v, want attempt_started, log, attempt_ended of attempt 3", got)
+	}
+}

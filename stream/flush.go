@@ -146,7 +146,7 @@ func (w *Writer) readHeads(ctx context.Context, groups []*group) error {
 // build makes g's chunk and the operations that write it, or answers g
 // when there is nothing to write or it cannot be written.
 func (w *Writer) build(g *group) {
-	if g.a.final {
+	if g.a.final || g.a.endOf != 0 {
 		w.buildFinal(g)
 		return
 	}
@@ -257,13 +257,16 @@ func (a *attempt) fenced() error {
 	return nil
 }
 
-// buildFinal makes the chunk of a task's Done (Finish): after the
-// stream's last event, as the attempt that wrote it, fenced by the
-// stream alone (the request's claimGone).
+// buildFinal makes the chunk of a task's Done (Finish), or of the end
+// of an attempt whose claim is gone (Ended: only when that claim wrote
+// the stream's last events and they do not end): after the stream's
+// last event, as the attempt that wrote it, fenced by the stream alone
+// (the request's claimGone).
 func (w *Writer) buildFinal(g *group) {
 	a := g.a
 	r := g.reqs[0]
-	if !a.exists || a.lastType == Done || r.done {
+	notOwn := a.endOf != 0 && (a.lastToken != a.endOf || ends(a.lastType))
+	if !a.exists || a.lastType == Done || r.done || notOwn {
 		g.answer(nil)
 		return
 	}
@@ -271,7 +274,7 @@ func (w *Writer) buildFinal(g *group) {
 	_ = json.Unmarshal(r.end.Data, &d)
 	d.Attempt = a.lastAttempt
 	c := chunk{Attempt: a.lastAttempt, Token: a.lastToken, Events: a.events, Bytes: a.bytes}
-	c.List = []Event{{Seq: a.last + 1, Attempt: a.lastAttempt, Type: Done, Data: d.raw(), Time: r.at}}
+	c.List = []Event{{Seq: a.last + 1, Attempt: a.lastAttempt, Type: r.end.Type, Data: d.raw(), Time: r.at}}
 	r.first, r.last = a.last+1, a.last+1
 	w.ops(g, c)
 }

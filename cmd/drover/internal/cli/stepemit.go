@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/lease"
@@ -71,16 +72,19 @@ func (f stepFence) Err() error               { return nil }
 // an agent task (no queue's) completed.
 func endsStream(c *queue.Client, cli *clientv3.Client, ns, id string) stream.FollowOption {
 	store, err := task.NewStore(cli, ns)
-	return stream.WhenEnded(func(ctx context.Context) bool {
+	return stream.WhenEndedAt(func(ctx context.Context) (time.Time, bool) {
 		t, gerr := c.Get(ctx, id)
 		switch {
 		case gerr == nil:
-			return t.CurrentStatus.Terminal()
+			return t.EndedAt(), t.CurrentStatus.Terminal()
 		case !errors.Is(gerr, queue.ErrNotFound) || err != nil:
-			return false
+			return time.Time{}, false
 		}
 		cp, lerr := store.Load(ctx, id)
-		return lerr == nil && (cp.Completed || cp.At.IsZero() && !agentTaskKnown(ctx, cli, ns, id))
+		if lerr == nil && cp.Completed {
+			return cp.At, true // its completing checkpoint's time
+		}
+		return time.Time{}, lerr == nil && cp.At.IsZero() && !agentTaskKnown(ctx, cli, ns, id)
 	}, 0)
 }
 
