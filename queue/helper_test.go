@@ -59,6 +59,9 @@ func runHelper(mode string) int {
 	if mode == "received" {
 		return runReceivedHelper()
 	}
+	if mode == "otlp-sink" {
+		return runSinkHelper()
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
 	cli, err := cluster.Connect(ctx, cluster.ClientConfig{Endpoints: strings.Split(os.Getenv("H_ENDPOINTS"), ",")})

@@ -13,6 +13,7 @@ import (
 	"github.com/droverhq/drover/lock"
 	"github.com/droverhq/drover/tracing/otelspan"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // RunnerConfig configures a Runner. The zero value is valid.
@@ -57,6 +58,9 @@ type RunnerConfig struct {
 	// (Result.Waiting.Children) as it does for a wait; run the task again
 	// once they ended. nil: a step cannot spawn.
 	Spawner Spawner
+	// TracerProvider makes each Run's attempt span (see Run); nil means
+	// the global provider, a no-op until one is set.
+	TracerProvider trace.TracerProvider
 }
 
 // Validate reports the first field that is not usable.
@@ -102,6 +106,7 @@ type Runner struct {
 	logger     *slog.Logger
 	now        func() time.Time
 	spawner    Spawner
+	tracer     trace.Tracer
 }
 
 // NewRunner returns a runner on cli. Close it to release its lease.
@@ -121,7 +126,8 @@ func NewRunner(ctx context.Context, cli *clientv3.Client, cfg RunnerConfig) (*Ru
 	if limit == 0 {
 		limit = DefaultStateLimit
 	}
-	r := &Runner{store: store, worker: lock.NewHolder(cfg.WorkerID).ID, limit: limit, onEvent: cfg.OnEvent, logger: logger, now: cfg.Now, spawner: cfg.Spawner}
+	r := &Runner{store: store, worker: lock.NewHolder(cfg.WorkerID).ID, limit: limit, onEvent: cfg.OnEvent, logger: logger, now: cfg.Now, spawner: cfg.Spawner,
+		tracer: otelspan.Tracer(cfg.TracerProvider)}
 	switch l := cfg.Locker.(type) {
 	case nil:
 		locker, err := lock.NewEtcd(ctx, cli, lock.EtcdConfig{Namespace: cfg.Namespace, TTL: cfg.TTL, Lease: cfg.Lease, HolderID: cfg.WorkerID, Logger: logger})
@@ -248,6 +254,11 @@ func CheckSteps(steps []Step) error {
 // no queue to park on, so run it again once the signal was sent (or the
 // wait's timeout passed) to resume it with the signal; a Run before that
 // runs nothing.
+//
+// Each Run that claims the task is an attempt span, "process
+// agent-tasks", a child of the traceparent kept with the task and linked
+// to it (the first run's caller's, or a client's claim's), as the HTTP
+// API's agent task claims are; its steps' spans are its children.
 func (r *Runner) Run(ctx context.Context, id string, steps []Step) (Result, error) {
 	if err := CheckID(id); err != nil {
 		return Result{}, err
@@ -259,6 +270,9 @@ func (r *Runner) Run(ctx context.Context, id string, steps []Step) (Result, erro
 	if err != nil {
 		return Result{TaskID: id}, err
 	}
+	ctx, span := r.startRun(ctx, f, id, time.Now())
+	var res Result
+	defer func() { endRun(span, res, err) }()
 	defer func() {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
@@ -276,7 +290,7 @@ func (r *Runner) Run(ctx context.Context, id string, steps []Step) (Result, erro
 	if err != nil {
 		return Result{TaskID: id, Token: f.Token()}, err
 	}
-	res, err := r.store.RunSteps(runCtx, f, id, steps, StepConfig{Worker: r.worker, StateLimit: r.limit, OnEvent: r.emit, Now: r.now, Spawner: r.spawner})
+	res, err = r.store.RunSteps(runCtx, f, id, steps, StepConfig{Worker: r.worker, StateLimit: r.limit, OnEvent: r.emit, Now: r.now, Spawner: r.spawner})
 	r.endStream(ctx, at, f, res, err)
 	return res, err
 }
@@ -427,35 +441,6 @@ func (r *stepRun) stopsAfter(ctx context.Context, next Checkpoint, res *Result) 
 		return r.waiting(ctx, next, res)
 	}
 	return false, nil
-}
-
-// SleepMargin is how near its end a checkpoint's sleep may be for a run
-// that finds it to wait in-process rather than let the task go: clocks
-// that differ by less than this do not make a task that was moved back
-// to pending on one clock park again on another.
-const SleepMargin = 5 * time.Second
-
-// WaitNearSleep waits, on a real timer, for a sleep that ends at until
-// on now's clock and ends within SleepMargin, and reports true: the run
-// may go on. A sleep that has ended reports true at once; one further
-// off reports false, without waiting. It returns ctx's error if ctx ends
-// first.
-func WaitNearSleep(ctx context.Context, until time.Time, now func() time.Time) (bool, error) {
-	left := until.Sub(now())
-	switch {
-	case left <= 0:
-		return true, nil
-	case left > SleepMargin:
-		return false, nil
-	}
-	t := time.NewTimer(left)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false, context.Cause(ctx)
-	case <-t.C:
-		return true, nil
-	}
 }
 
 // stepRun is one RunSteps call.

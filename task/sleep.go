@@ -1,6 +1,7 @@
 package task
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math"
@@ -120,4 +121,33 @@ func parseSleepTime(field, s string) (*SleepRequest, error) {
 		return nil, &drover.InputError{Field: field, Value: s, Rule: "must be an RFC 3339 time with a zone such as 2026-12-01T09:00:00Z, or a duration such as 10m"}
 	}
 	return &SleepRequest{Until: t, until: true}, nil
+}
+
+// SleepMargin is how near its end a checkpoint's sleep may be for a run
+// that finds it to wait in-process rather than let the task go: clocks
+// that differ by less than this do not make a task that was moved back
+// to pending on one clock park again on another.
+const SleepMargin = 5 * time.Second
+
+// WaitNearSleep waits, on a real timer, for a sleep that ends at until
+// on now's clock and ends within SleepMargin, and reports true: the run
+// may go on. A sleep that has ended reports true at once; one further
+// off reports false, without waiting. It returns ctx's error if ctx ends
+// first.
+func WaitNearSleep(ctx context.Context, until time.Time, now func() time.Time) (bool, error) {
+	left := until.Sub(now())
+	switch {
+	case left <= 0:
+		return true, nil
+	case left > SleepMargin:
+		return false, nil
+	}
+	t := time.NewTimer(left)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false, context.Cause(ctx)
+	case <-t.C:
+		return true, nil
+	}
 }

@@ -7,7 +7,10 @@ import (
 	"time"
 
 	"github.com/droverhq/drover/internal/testenv/etcdtest"
+	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/task"
+	"github.com/droverhq/drover/tracing/otelspan"
+	"go.opentelemetry.io/otel/attribute"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 )
@@ -63,5 +66,94 @@ func TestSignalWaitSpanOncePerCheckpoint(t *testing.T) {
 	}
 	if waits[0].EndTime().After(acts[1].StartTime()) {
 		t.Errorf("the wait ends at %v, after its step started at %v", waits[0].EndTime(), acts[1].StartTime())
+	}
+}
+
+// spanAttr is span s's attribute k as a string ("" when absent).
+func spanAttr(s sdktrace.ReadOnlySpan, k attribute.Key) string {
+	for _, kv := range s.Attributes() {
+		if kv.Key == k {
+			return kv.Value.String()
+		}
+	}
+	return ""
+}
+
+// Each Run of a named task is a "process agent-tasks" span, a child of
+// the traceparent kept with the task and linked to it: the first run's
+// caller keeps its own; a later run, under another caller's span, still
+// continues the kept one; a traceparent a client's claim kept before any
+// Go run (the HTTP API's key) is the parent too. The steps' spans are
+// children of their run's span.
+func TestRunIsChildOfKeptTraceparent(t *testing.T) {
+	ns := etcdtest.Namespace(t)
+	cli := srv.Client(t)
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	r, err := task.NewRunner(context.Background(), cli, task.RunnerConfig{Namespace: ns, WorkerID: "w1", TTL: 5 * time.Second, TracerProvider: tp})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Close(context.Background()) })
+	steps := []task.Step{
+		{Name: "ask", Run: func(context.Context, []byte) ([]byte, error) { return nil, task.WaitSignal("go", 0) }},
+		{Name: "act", Run: func(context.Context, []byte) ([]byte, error) { return []byte(`1`), nil }},
+	}
+	run := func(id, caller string) (task.Result, string) {
+		ctx, span := tp.Tracer("test").Start(context.Background(), caller)
+		defer span.End()
+		res, err := r.Run(ctx, id, steps)
+		if err != nil {
+			t.Fatalf("%s: run: %v", id, err)
+		}
+		return res, otelspan.Format(span.SpanContext())
+	}
+	res, first := run("kept", "first caller")
+	if res.Waiting == nil {
+		t.Fatalf("first run: %+v: want a wait", res)
+	}
+	putSignal(t, cli, ns, "kept", "go", "k1", `true`)
+	if res, second := run("kept", "second caller"); res.StepsRun != 1 || second == first {
+		t.Fatalf("second run: %+v: want step 2 run, under another caller", res)
+	}
+	const client = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	if _, err := cli.Put(context.Background(), keyspace.MustNew(ns).TaskTrace("claimed"), client); err != nil {
+		t.Fatal(err)
+	}
+	run("claimed", "third caller")
+
+	want := map[string][]string{"kept": {first, first}, "claimed": {client}}
+	ends := map[string][]string{"kept": {otelspan.EndWait, otelspan.EndSuccess}, "claimed": {otelspan.EndWait}}
+	got := map[string][]sdktrace.ReadOnlySpan{}
+	for _, s := range rec.Ended() {
+		if s.Name() == "process agent-tasks" {
+			id := spanAttr(s, "messaging.message.id")
+			got[id] = append(got[id], s)
+		}
+	}
+	for id, parents := range want {
+		if len(got[id]) != len(parents) {
+			t.Fatalf("%s: %d process spans, want %d", id, len(got[id]), len(parents))
+		}
+		for i, s := range got[id] {
+			if p := otelspan.Format(s.Parent()); p != parents[i] || len(s.Links()) != 1 || otelspan.Format(s.Links()[0].SpanContext) != parents[i] {
+				t.Errorf("%s run %d: parent %s, links %v: want %s as both", id, i+1, p, s.Links(), parents[i])
+			}
+			if k, e := spanAttr(s, "drover.task.kind"), spanAttr(s, "drover.attempt.end"); k != "agent" || e != ends[id][i] {
+				t.Errorf("%s run %d: kind %q, end %q: want agent, %s", id, i+1, k, e, ends[id][i])
+			}
+		}
+	}
+	for _, s := range rec.Ended() {
+		if s.Name() != "step act" && s.Name() != "step ask" {
+			continue
+		}
+		under := false
+		for _, p := range append(got["kept"], got["claimed"]...) {
+			under = under || s.Parent().SpanID() == p.SpanContext().SpanID()
+		}
+		if !under || spanAttr(s, "messaging.destination.name") != otelspan.AgentTasks {
+			t.Errorf("%s: parent %v, destination %q: want a run's span, agent-tasks", s.Name(), s.Parent(), spanAttr(s, "messaging.destination.name"))
+		}
 	}
 }

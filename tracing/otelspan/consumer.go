@@ -2,6 +2,7 @@ package otelspan
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -47,6 +48,11 @@ func (c *Consumer) Tracer() trace.Tracer { return c.tr }
 // from the attempt. parent is base with the creation context as its
 // remote parent: Describe starts the attempt's wait span under it. The
 // traceparent is read once, here.
+//
+// The sampler decides on the span's parent, name and kind alone: the
+// link is added once the span records, so that an attempt the sampler
+// drops builds no link, and its options come from a pool. A sampler
+// that looks at a span's links at its start sees none here.
 func (c *Consumer) Start(base context.Context, traceparent string, claimed time.Time) (ctx, parent context.Context, span trace.Span) {
 	sc, ok := Parse(traceparent)
 	parent = base
@@ -56,13 +62,21 @@ func (c *Consumer) Start(base context.Context, traceparent string, claimed time.
 	if !On(c.tr) { // the creation context still reaches the handler (TRACEPARENT)
 		return parent, parent, noSpan
 	}
-	if !ok {
-		ctx, span = c.tr.Start(parent, c.name, c.kind, trace.WithTimestamp(claimed))
-		return ctx, parent, span
+	opts := startOpts.Get().(*[2]trace.SpanStartOption)
+	opts[0], opts[1] = c.kind, trace.WithTimestamp(claimed)
+	ctx, span = c.tr.Start(parent, c.name, opts[:]...)
+	*opts = [2]trace.SpanStartOption{}
+	startOpts.Put(opts)
+	if ok && span.IsRecording() {
+		span.AddLink(trace.Link{SpanContext: sc})
 	}
-	ctx, span = c.tr.Start(parent, c.name, c.kind, trace.WithTimestamp(claimed), trace.WithLinks(trace.Link{SpanContext: sc}))
 	return ctx, parent, span
 }
+
+// startOpts holds the backing arrays of the options of attempt spans'
+// starts: a span's options escape to the tracer, and an array from the
+// pool spares each attempt their allocation.
+var startOpts = sync.Pool{New: func() any { return new([2]trace.SpanStartOption) }}
 
 // maxAttemptAttrs bounds the attributes attemptCtx holds: an attempt
 // span's thirteen and a wait span's ten.

@@ -163,3 +163,40 @@ func TestSpansCarryShortErrorTexts(t *testing.T) {
 		t.Fatal("the attempt span lost messaging.operation.type=process")
 	}
 }
+
+// maxSampledOutAllocs bounds the allocations of an attempt the sampler
+// drops: its creation context (2), the SDK's non-recording span and its
+// context (2), and its start time as an option (1). The link, the
+// options' array and the attributes are left to an attempt that records.
+const maxSampledOutAllocs = 5
+
+// TestSampledOutAttemptAllocates: an attempt whose span the sampler drops
+// allocates at most maxSampledOutAllocs times (counted, not timed), and
+// one that records still links to its creation context.
+func TestSampledOutAttemptAllocates(t *testing.T) {
+	const tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	now := time.Now()
+	never := sdktrace.TraceIDRatioBased(0)
+	out := NewConsumer(Tracer(sdktrace.NewTracerProvider(sdktrace.WithSampler(
+		sdktrace.ParentBased(never, sdktrace.WithRemoteParentSampled(never))))), "ns", "jobs", "w")
+	n := testing.AllocsPerRun(200, func() {
+		_, _, span := out.Start(context.Background(), tp, now)
+		if span.IsRecording() {
+			t.Fatal("the sampler dropped nothing")
+		}
+		EndProcess(span, EndSuccess, nil)
+	})
+	if n > maxSampledOutAllocs {
+		t.Errorf("a sampled-out attempt allocates %v times, want at most %d", n, maxSampledOutAllocs)
+	}
+
+	rec := tracetest.NewSpanRecorder()
+	in := NewConsumer(Tracer(sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))), "ns", "jobs", "w")
+	_, _, span := in.Start(context.Background(), tp, now)
+	EndProcess(span, EndSuccess, nil)
+	ended := rec.Ended()
+	if len(ended) != 1 || len(ended[0].Links()) != 1 || Format(ended[0].Links()[0].SpanContext) != tp ||
+		Format(ended[0].Parent()) != tp || !ended[0].StartTime().Equal(now) {
+		t.Fatalf("recorded %v: want one span under and linked to %s, from the claim", ended, tp)
+	}
+}
