@@ -306,6 +306,7 @@ func (c *Client) decideSettle(ctx context.Context, key string, cfg Budget, p *pl
 		return false
 	}
 	p.res = slices.Delete(p.res, i, i+1)
+	p.st.learn(rec.Estimate, k.actual)
 	charge := k.actual
 	if rec.Window != p.st.Window {
 		charge = max(0, k.actual-rec.Estimate)
