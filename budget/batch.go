@@ -49,8 +49,11 @@ type call struct {
 	opts     reserveOpts
 	// A settle: the reservation's id, the tokens used, the provider's
 	// headers (remaining -1: not given).
-	id        string
-	actual    int64
+	id     string
+	actual int64
+	// A block's settle (SettleBlock): the calls it admitted (-1: not a
+	// block's settle).
+	calls     int64
 	remaining int64
 	reset     time.Duration
 
@@ -241,6 +244,12 @@ func (c *Client) decideReserve(key string, cfg Budget, p *plan, k *call, now tim
 	}
 	r := k.r
 	r.Estimate = cfg.estimateFor(k.estimate, k.opts.taskType) // of the configuration decided on
+	if k.opts.block > 0 {                                     // refused without a trace: its caller reserves call by call
+		if no := quietBlock(cfg, st, p.res, tenant, r.Estimate, k.opts.block); no != nil {
+			refuse(no)
+			return false
+		}
+	}
 	ts := st.tenant(tenant)
 	changed := ts.Seen != st.Window
 	ts.Seen = st.Window
@@ -259,9 +268,13 @@ func (c *Client) decideReserve(key string, cfg Budget, p *plan, k *call, now tim
 		refuse(no)
 		return false
 	}
-	st.Requests++
-	ts.Requests++
+	n := max(1, k.opts.block)
+	st.Requests += n
+	ts.Requests += n
 	ts.Pending = 0
+	if n > 1 {
+		r.Requests = n
+	}
 	r.Window, r.Bound, r.ReservedAt = st.Window, cfg.Tokens, now.UTC()
 	if r.OwnLease {
 		r.ExpiresAt = r.ReservedAt.Add(time.Duration(k.opts.ttl) * time.Second)
@@ -273,6 +286,8 @@ func (c *Client) decideReserve(key string, cfg Budget, p *plan, k *call, now tim
 	p.ops = append(p.ops, clientv3.OpPut(c.keys.BudgetReservation(key, r.ID), string(rv), clientv3.WithLease(k.opts.lease)))
 	p.res = append(p.res, r)
 	p.write = true
+	r.windowEnd = time.Unix((st.Window+1)*st.Len, 0)
+	r.roomTokens, r.roomRequests = room(cfg, st, p.res)
 	k.res, k.admitted = r, true
 	return false
 }
@@ -306,6 +321,11 @@ func (c *Client) decideSettle(ctx context.Context, key string, cfg Budget, p *pl
 		return false
 	}
 	p.res = slices.Delete(p.res, i, i+1)
+	if k.calls < 0 { // a block's one error is not a call's
+		p.st.learn(rec.Estimate, k.actual)
+	} else if rec.Window == p.st.Window {
+		giveBack(&p.st, rec, k.calls)
+	}
 	charge := k.actual
 	if rec.Window != p.st.Window {
 		charge = max(0, k.actual-rec.Estimate)

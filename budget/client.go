@@ -167,12 +167,22 @@ type Reservation struct {
 	// say; a settle after it did is ErrNotReserved and counts nothing.
 	// Zero for a reservation under a session's or a worker's lease.
 	ExpiresAt time.Time `json:"expires_at,omitzero" doc:"When its own lease ends (reservations made over HTTP), by the reserving server's clock: once etcd has ended the lease, a settle is refused (409) and counts nothing."`
+	// Requests is the requests it holds when above 1: a block a worker
+	// reserved for many calls at once (WithBlock).
+	Requests int64 `json:"requests,omitempty" doc:"The requests it holds when more than one: a block a Go worker reserved ahead for many tasks."`
+
+	// As the reserve found the budget (not stored): when its window ends
+	// by the reserving clock, and what was left after it.
+	windowEnd                time.Time
+	roomTokens, roomRequests int64
 }
 
 // ReserveOption changes one Reserve.
 type ReserveOption func(*reserveOpts)
 
 type reserveOpts struct {
+	// block: requests held at once (WithBlock; 0: one).
+	block    int64
 	lease    clientv3.LeaseID
 	ttl      int64
 	taskType string
@@ -305,6 +315,9 @@ func (c *Client) checkReserve(key, tenant string, estimate int64, o reserveOpts)
 		if err := keyspace.CheckName("task_type", o.taskType); err != nil {
 			return err
 		}
+	}
+	if o.block < 0 || o.block > MaxBlock {
+		return &drover.InputError{Field: "block", Value: o.block, Rule: fmt.Sprintf("must be between 1 and %d requests", MaxBlock)}
 	}
 	if o.ttl != 0 && (o.ttl < 1 || o.ttl > MaxTTL) {
 		return &drover.InputError{Field: "ttl", Value: o.ttl, Rule: fmt.Sprintf("must be between 1 and %d seconds", MaxTTL)}

@@ -172,3 +172,51 @@ func (l lockedWriter) Write(p []byte) (int, error) {
 	defer l.mu.Unlock()
 	return l.w.Write(p)
 }
+
+// TestDecideKeepsMarginForCallsInFlight: once settles have shown the
+// estimates to be off by ±50 %, the budget keeps back, for the calls in
+// flight, their expected overrun plus two standard deviations of their
+// summed error: an estimate that fits beside 100 calls of 200 in flight
+// is refused while their error is uncertain, and admitted when the
+// settles showed the estimates exact, or when no call is in flight (a
+// lone reservation never waits for the margin).
+func TestDecideKeepsMarginForCallsInFlight(t *testing.T) {
+	cfg := Budget{Key: "k", Tokens: 24_000, WindowSeconds: 60}
+	now := time.Unix(6000, 0)
+	inFlight := func(w int64) []Reservation {
+		res := make([]Reservation, 100)
+		for i := range res {
+			res[i] = Reservation{ID: fmt.Sprint(i), Tenant: "a", Estimate: 200, Window: w}
+		}
+		return res
+	}
+	exact, spread := &state{}, &state{}
+	exact.roll(cfg, now)
+	spread.roll(cfg, now)
+	for i := range errSettles {
+		exact.learn(200, 200)
+		spread.learn(200, 100+int64(i%201)) // -50 % to +50 %, evenly
+	}
+	// 20,000 held: 4,000 left. sd of one call's error ≈ 0.29 × 200, of
+	// 100 calls' sum ≈ 580, so the margin is about 1,160.
+	if m := spread.margin(inFlight(spread.Window)); m < 1000 || m > 1300 {
+		t.Fatalf("margin for 100 calls of 200 at ±50 %%: %d, want about 1,160", m)
+	}
+	if no := decide(cfg, spread, inFlight(spread.Window), "a", 3500); no == nil || !strings.Contains(no.reason, "kept back") {
+		t.Errorf("3,500 beside 20,000 in flight at ±50 %%: %v, want refused for the margin", no)
+	}
+	if no := decide(cfg, spread, inFlight(spread.Window), "a", 2500); no != nil {
+		t.Errorf("2,500 beside 20,000 in flight at ±50 %%: refused (%s), want admitted", no.reason)
+	}
+	if no := decide(cfg, exact, inFlight(exact.Window), "a", 3500); no != nil {
+		t.Errorf("3,500 beside 20,000 in flight with exact estimates: refused (%s), want admitted", no.reason)
+	}
+	if no := decide(cfg, spread, inFlight(spread.Window-1), "a", 24_000); no != nil {
+		t.Errorf("the whole budget with only the last window's calls in flight: refused (%s), want admitted", no.reason)
+	}
+	// The learned error outlives the window turn.
+	spread.roll(cfg, now.Add(time.Minute))
+	if spread.ErrN != errSettles || spread.margin(inFlight(spread.Window)) < 1000 {
+		t.Errorf("after the window turned: %d settles learned, margin %d", spread.ErrN, spread.margin(inFlight(spread.Window)))
+	}
+}

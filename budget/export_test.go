@@ -30,7 +30,7 @@ func (c *Client) RunTogether(ctx context.Context, key string, calls []TestCall) 
 	batch := make([]*call, len(calls))
 	for i, tc := range calls {
 		if tc.SettleID != "" {
-			batch[i] = &call{settle: true, id: tc.SettleID, actual: tc.Actual, remaining: -1}
+			batch[i] = &call{settle: true, id: tc.SettleID, actual: tc.Actual, remaining: -1, calls: -1}
 			continue
 		}
 		l := lease

@@ -64,7 +64,7 @@ func (c *Client) Settle(ctx context.Context, r Reservation, actual int64, h http
 	if err != nil {
 		return Settlement{}, err
 	}
-	k := &call{settle: true, id: r.ID, actual: actual, remaining: remaining, reset: reset}
+	k := &call{settle: true, id: r.ID, actual: actual, remaining: remaining, reset: reset, calls: -1}
 	if err := c.submit(ctx, r.Budget, k); err != nil { // it left the line unsent
 		return Settlement{}, err
 	}

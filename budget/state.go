@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"math"
 	"slices"
 	"sync"
 	"time"
@@ -28,6 +29,12 @@ type state struct {
 	FloorUntil int64 `json:"floor_until,omitempty"`
 	// Tenants holds each tenant that asked in this window or the last.
 	Tenants map[string]*tenantState `json:"tenants,omitempty"`
+	// The error of the estimates, learned from the settles and kept over
+	// window turns: ErrN settles counted (at most errSettles), the
+	// running mean of (actual - estimate) / estimate and of its square.
+	ErrN    int64   `json:"err_n,omitempty"`
+	ErrMean float64 `json:"err_mean,omitempty"`
+	ErrSq   float64 `json:"err_sq,omitempty"`
 }
 
 // tenantState is one tenant's counters in the current window.
@@ -75,8 +82,57 @@ func (st *state) roll(cfg Budget, now time.Time) (skew bool) {
 			tenants[t] = &tenantState{Seen: min(ts.Seen, cur), Pending: ts.Pending}
 		}
 	}
-	*st = state{Window: cur, Len: cfg.WindowSeconds, Tenants: tenants}
+	*st = state{Window: cur, Len: cfg.WindowSeconds, Tenants: tenants, ErrN: st.ErrN, ErrMean: st.ErrMean, ErrSq: st.ErrSq}
 	return skew
+}
+
+// errSettles is how many of the latest settles the learned error of the
+// estimates averages over (an exponential average beyond them), and
+// errWarm how many it takes before the margin is kept.
+const (
+	errSettles = 200
+	errWarm    = 20
+)
+
+// marginSigmas is how many standard deviations of the calls in flight's
+// summed error the margin keeps back beyond their expected overrun.
+const marginSigmas = 2
+
+// learn counts in the budget's error of estimates a settle of a
+// reservation of est tokens whose call used actual.
+func (st *state) learn(est, actual int64) {
+	if est <= 0 {
+		return
+	}
+	rel := min(max(float64(actual-est)/float64(est), -1), 4)
+	st.ErrN = min(st.ErrN+1, errSettles)
+	a := 1 / float64(st.ErrN)
+	st.ErrMean += a * (rel - st.ErrMean)
+	st.ErrSq += a * (rel*rel - st.ErrSq)
+}
+
+// margin is the tokens kept back for the calls of res in flight in the
+// current window using more than they reserved: the budget admits on
+// estimates, and what those calls use beyond theirs, once the window's
+// last admission is made, is what the window's calls use beyond the
+// budget. Their expected overrun is the learned mean error times their
+// estimates (when the estimates run low), their spread marginSigmas
+// standard deviations of the sum of their errors, the errors taken as
+// independent: sqrt(var) * sqrt(sum of estimate²). 0 until errWarm
+// settles were counted, or when estimates are exact.
+func (st *state) margin(res []Reservation) int64 {
+	if st.ErrN < errWarm {
+		return 0
+	}
+	var sum, sq float64
+	for _, r := range res {
+		if r.Window == st.Window {
+			e := float64(r.Estimate)
+			sum, sq = sum+e, sq+e*e
+		}
+	}
+	v := max(0, st.ErrSq-st.ErrMean*st.ErrMean)
+	return int64(max(0, st.ErrMean)*sum + marginSigmas*math.Sqrt(v*sq))
 }
 
 // ErrClockSkew is returned by Reserve when the budget's counters are of a
@@ -193,9 +249,14 @@ func decide(cfg Budget, st *state, res []Reservation, tenant string, est int64) 
 		return per[t]
 	}
 	total := st.Used + reserved + st.Floor
-	if total+est > cfg.Tokens {
+	margin := st.margin(res)
+	if total+est+margin > cfg.Tokens {
+		if margin > 0 {
+			return &refusal{fmt.Sprintf("%d tokens of %d taken in this window and %d kept back for the calls in flight using more than their estimates", total, cfg.Tokens, margin), true}
+		}
 		return &refusal{fmt.Sprintf("%d tokens of %d taken in this window", total, cfg.Tokens), true}
 	}
+	total += margin // below, what is taken includes the margin
 	mine := taken(tenant)
 	if c, ok := cfg.Caps[tenant]; ok && mine+est > c {
 		return &refusal{reason: fmt.Sprintf("tenant %q took %d tokens of its cap of %d in this window", tenant, mine, c)}

@@ -36,6 +36,10 @@ import (
 // reservation held until the worker's lease ends, as one that dies while
 // the handler runs does. Flush waits for the settles begun; a Worker's
 // Run and Close call it before the lease goes.
+//
+// While a budget has ample room, a task with estimated_tokens is not
+// reserved alone: it is admitted from a block its tenant's tasks share,
+// reserved ahead (budget_block.go), with no round trip in its slot.
 type BudgetGate struct {
 	c      *budget.Client
 	lease  func() clientv3.LeaseID
@@ -54,6 +58,12 @@ type BudgetGate struct {
 	// task without a budget nor a late call from an abandoned handler
 	// leaves one behind.
 	used map[string]report
+	// Blocks reserved ahead (budget_block.go): each tenant's open block,
+	// the block reserves in flight, and each budget's room as the last
+	// reservation left it.
+	blocks map[blockKey]*block
+	taking map[blockKey]bool
+	room   map[string][2]int64
 }
 
 // report is what a handler reported of one attempt: the tokens it used
@@ -74,7 +84,8 @@ func NewBudgetGate(c *budget.Client, lease func() clientv3.LeaseID, logger *slog
 	if logger == nil {
 		logger = slog.Default()
 	}
-	return &BudgetGate{c: c, lease: lease, logger: logger, used: map[string]report{}}
+	return &BudgetGate{c: c, lease: lease, logger: logger, used: map[string]report{},
+		blocks: map[blockKey]*block{}, taking: map[blockKey]bool{}, room: map[string][2]int64{}}
 }
 
 // unwaitableDelay is how long a task waits before it is tried again when
@@ -88,6 +99,17 @@ func (g *BudgetGate) Admit(ctx context.Context, t *queue.Task) (func(error), err
 	m := t.Metadata
 	if m.Budget == "" {
 		return ignore, nil
+	}
+	if m.EstimatedTokens > 0 {
+		g.mu.Lock()
+		b, ok := g.fromBlock(t, m.EstimatedTokens)
+		if ok {
+			key := usedKey(t)
+			g.used[key] = report{tokens: -1}
+			g.mu.Unlock()
+			return func(runErr error) { g.endTask(key, b, m.EstimatedTokens, runErr) }, nil
+		}
+		g.mu.Unlock()
 	}
 	// Without estimated_tokens, the budget's default estimate for the
 	// task's type (0 when it names none).
@@ -117,6 +139,7 @@ func (g *BudgetGate) Admit(ctx context.Context, t *queue.Task) (func(error), err
 	key := usedKey(t)
 	g.mu.Lock()
 	g.used[key] = report{tokens: -1}
+	g.noteRoomLocked(r)
 	g.mu.Unlock()
 	return func(runErr error) {
 		actual := r.Estimate
@@ -142,6 +165,24 @@ func (g *BudgetGate) Admit(ctx context.Context, t *queue.Task) (func(error), err
 	}, nil
 }
 
+// endTask records the end of the task of used-key key admitted from
+// block b with estimate est: what its handler reported (or est; 0 when a
+// later gate refused it).
+func (g *BudgetGate) endTask(key string, b *block, est int64, runErr error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	rep := g.used[key]
+	delete(g.used, key)
+	actual := est
+	if rep.tokens >= 0 {
+		actual = rep.tokens
+	}
+	if errors.Is(runErr, queue.ErrNotRun) {
+		actual = 0
+	}
+	g.endInBlock(b, actual, rep.h)
+}
+
 // settleTimeout bounds one settle of the gate.
 const settleTimeout = 10 * time.Second
 
@@ -162,7 +203,15 @@ func (g *BudgetGate) settle(ctx context.Context, id string, r budget.Reservation
 
 // Flush waits until every settle begun (of a handler that returned) is
 // written or failed, or until ctx ends (its error then).
-func (g *BudgetGate) Flush(ctx context.Context) error { return g.settling.wait(ctx) }
+// The blocks reserved ahead are closed first (and their reserves in
+// flight waited for), then settled.
+func (g *BudgetGate) Flush(ctx context.Context) error {
+	if err := g.settling.wait(ctx); err != nil {
+		return err
+	}
+	g.closeBlocks()
+	return g.settling.wait(ctx)
+}
 
 // inFlight counts work begun and not ended, and lets a caller wait for
 // none. The zero value is ready.

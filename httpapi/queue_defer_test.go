@@ -217,3 +217,68 @@ func TestQueueOutcomeDeferLabel(t *testing.T) {
 		t.Errorf("the free text made a series of its own (%v)", n)
 	}
 }
+
+// TestSingleRoutesDefer: the single ack and fail routes take the batch
+// route's defer: the task goes back PENDING without spending an attempt,
+// its history records the reason, budget_wait names its budget and the
+// budget's deferral metric counts it. Bad input is a 400 naming the
+// field, with nothing written.
+func TestSingleRoutesDefer(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t)
+	const key = "openai/defer-single/key-a"
+	tasks := qtasksJSON("qsd", 2)
+	for _, tk := range tasks {
+		tk["metadata"] = map[string]any{"budget": key, "estimated_tokens": 100}
+	}
+	a.do("POST", "/v1/queues/qsd/tasks", tasks).want(t, 200)
+	sess := a.session(30)
+	got := a.qclaim("qsd", sess, 2, "")
+	if len(got) != 2 {
+		t.Fatalf("claimed %v", got)
+	}
+	d := func(after, reason string) map[string]any { return map[string]any{"after": after, "reason": reason} }
+	bad := []struct {
+		name, route, field string
+		body               map[string]any
+	}{
+		{"ack with result", "ack", "body.defer", qfence(sess, got[0], "result", 1, "defer", d("1s", "x"))},
+		{"ack blank reason", "ack", "body.defer.reason", qfence(sess, got[0], "defer", d("1s", " "))},
+		{"ack over a day", "ack", "body.defer.after", qfence(sess, got[0], "defer", d("25h", "x"))},
+		{"ack no reason", "ack", "body.defer", qfence(sess, got[0], "defer", map[string]any{"after": "1s"})},
+		{"fail with error", "fail", "body.defer", qfence(sess, got[0], "error", "e", "defer", d("1s", "x"))},
+		{"fail permanent", "fail", "body.defer", qfence(sess, got[0], "permanent", true, "defer", d("1s", "x"))},
+		{"fail negative", "fail", "body.defer.after", qfence(sess, got[0], "defer", d("-1s", "x"))},
+		{"fail long reason", "fail", "body.defer.reason", qfence(sess, got[0], "defer", d("1s", strings.Repeat("x", 1025)))},
+		{"fail neither", "fail", "body.error", qfence(sess, got[0])},
+	}
+	for _, c := range bad {
+		before := a.keyCount()
+		p := a.do("POST", "/v1/queues/qsd/tasks/"+got[0]["task_id"].(string)+"/"+c.route, c.body).problem(t, 400)
+		if !strings.Contains(string(p.Raw), c.field) {
+			t.Errorf("%s: %s, want it to name %s", c.name, p.Raw, c.field)
+		}
+		if after := a.keyCount(); after != before {
+			t.Errorf("%s: keys %d → %d", c.name, before, after)
+		}
+	}
+	counted := testutil.ToFloat64(metrics.BudgetTaskDeferrals.WithLabelValues(key))
+	reason := "budget " + key + ": 5 requests of 5 used in this window"
+	for i, route := range []string{"ack", "fail"} {
+		id := got[i]["task_id"].(string)
+		r := a.do("POST", "/v1/queues/qsd/tasks/"+id+"/"+route, qfence(sess, got[i], "defer", d("1h", reason))).want(t, 200)
+		if r.str("current_status") != "PENDING" || r.num("attempt") != 0 {
+			t.Fatalf("%s with defer: %s, want PENDING at attempt 0", route, r.Raw)
+		}
+		r = a.do("GET", "/v1/queues/qsd/tasks/"+id, nil).want(t, 200)
+		bw, _ := r.JSON["budget_wait"].(map[string]any)
+		if bw == nil || bw["budget"] != key || bw["reason"] != reason || r.num("attempt") != 0 || !strings.Contains(string(r.Raw), "deferred: "+reason) {
+			t.Errorf("a task deferred by %s: %s, want budget_wait for %s, attempt 0, the reason in its history", route, r.Raw, key)
+		}
+		// The claim ended with the deferral: the same one again is a 409.
+		a.do("POST", "/v1/queues/qsd/tasks/"+id+"/"+route, qfence(sess, got[i], "defer", d("1h", reason))).problem(t, 409)
+	}
+	if n := testutil.ToFloat64(metrics.BudgetTaskDeferrals.WithLabelValues(key)) - counted; n != 2 {
+		t.Errorf("drover_budget_task_deferrals_total{budget=%q} rose by %v, want 2", key, n)
+	}
+}

@@ -242,6 +242,11 @@ func outcomeDefer(i int, o OutcomeInput) (*drover.DeferError, error) {
 	if o.Error != "" || len(o.Result) > 0 || o.OK != nil || o.SleepFor != "" || o.SleepUntil != "" || o.WaitSignal != nil {
 		return nil, invalid(at, nil, "must be alone: a task handed back neither succeeds (ok, result), fails (error), sleeps (sleep_for, sleep_until) nor waits (wait_signal)")
 	}
+	return deferOf(at, d)
+}
+
+// deferOf reads deferral d sent at field at: its delay and reason.
+func deferOf(at string, d *OutcomeDefer) (*drover.DeferError, error) {
 	sl, err := task.ParseSleep(at+".after", d.After)
 	if err != nil || !sl.Until.IsZero() || sl.For < 0 || sl.For > queue.MaxDeferAfter {
 		return nil, invalid(at+".after", d.After, "must be a duration from 0 to 24h such as 30s, or a number of seconds")
@@ -250,6 +255,25 @@ func outcomeDefer(i int, o OutcomeInput) (*drover.DeferError, error) {
 		return nil, invalid(at+".reason", d.Reason, "must say why the task waits")
 	}
 	return &drover.DeferError{Reason: d.Reason, After: sl.For}, nil
+}
+
+// deferHeld hands the claimed task h back unrun for d, as a deferral in
+// the batch route: the single ack and fail routes' defer.
+func (s *Server) deferHeld(ctx context.Context, c *queue.Client, h queue.Held, d *drover.DeferError) (*queueTaskOutput, error) {
+	os := []queue.Outcome{{Held: h, Defer: d}}
+	rs, err := c.Report(ctx, os)
+	if err == nil && rs[0].Err != nil {
+		err = rs[0].Err
+	}
+	if err == nil && rs[0].Task == nil { // never expected
+		err = errors.New("the outcome's fate is unknown: report it again")
+	}
+	if err != nil {
+		return nil, problem(err, queueWhere)
+	}
+	countBudgetDeferrals(os, rs)
+	s.endStream(ctx, h, rs[0].Task, d.Reason)
+	return &queueTaskOutput{queueTaskOf(rs[0].Task)}, nil
 }
 
 // countBudgetDeferrals counts the deferrals written among os (answered

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/danielgtaylor/huma/v2"
+	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/lease"
 	"github.com/droverhq/drover/queue"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -70,6 +71,8 @@ type ackInput struct {
 		Session string          `json:"session" pattern:"^[0-9a-f]{1,16}\\.[a-z2-7]{16,64}$" doc:"The session the task was claimed under."`
 		Token   int64           `json:"token" minimum:"1" doc:"The token the claim returned with the task."`
 		Result  json.RawMessage `json:"result,omitempty" doc:"The task's result: any JSON value, at most 256 KiB."`
+		// Defer hands the task back unrun instead, as the batch route's does.
+		Defer *OutcomeDefer `json:"defer,omitempty" doc:"Instead of a success (then without result): the task was not run and waits, as defer does in POST /v1/queues/{queue}/outcomes: PENDING again, its attempt not counted, claimable after after; a reason budget KEY: why (KEY the task's metadata.budget) makes tasks get show budget_wait."`
 	}
 }
 
@@ -79,8 +82,10 @@ type failInput struct {
 	Body  struct {
 		Session   string `json:"session" pattern:"^[0-9a-f]{1,16}\\.[a-z2-7]{16,64}$" doc:"The session the task was claimed under."`
 		Token     int64  `json:"token" minimum:"1" doc:"The token the claim returned with the task."`
-		Error     string `json:"error" minLength:"1" maxLength:"65536" doc:"What went wrong: kept in the task's history (the first 4 KiB)."`
+		Error     string `json:"error,omitempty" maxLength:"65536" doc:"What went wrong: kept in the task's history (the first 4 KiB). Required unless defer."`
 		Permanent bool   `json:"permanent,omitempty" doc:"True when retrying cannot help: the task goes to the dead-letter queue at once. Otherwise it is retried after the queue's backoff while its retry budget lasts."`
+		// Defer hands the task back unrun instead, as the batch route's does.
+		Defer *OutcomeDefer `json:"defer,omitempty" doc:"Instead of a failure (then without error and permanent): the task was not run and waits, as defer does in POST /v1/queues/{queue}/outcomes: PENDING again, its attempt not counted, claimable after after; a reason budget KEY: why (KEY the task's metadata.budget) makes tasks get show budget_wait."`
 	}
 }
 
@@ -304,6 +309,16 @@ func (s *Server) heartbeatTask(ctx context.Context, in *heartbeatInput) (*struct
 }
 
 func (s *Server) ackTask(ctx context.Context, in *ackInput) (*queueTaskOutput, error) {
+	var d *drover.DeferError
+	if in.Body.Defer != nil {
+		if len(in.Body.Result) > 0 {
+			return nil, invalid("body.defer", nil, "must be alone: a task handed back has no result")
+		}
+		var err error
+		if d, err = deferOf("body.defer", in.Body.Defer); err != nil {
+			return nil, err
+		}
+	}
 	h, err := s.held(ctx, in.Queue, in.ID, in.Body.Session, in.Body.Token)
 	if err != nil {
 		return nil, err
@@ -311,6 +326,9 @@ func (s *Server) ackTask(ctx context.Context, in *ackInput) (*queueTaskOutput, e
 	c, err := s.queueClient(ctx)
 	if err != nil {
 		return nil, err
+	}
+	if d != nil {
+		return s.deferHeld(ctx, c, h, d)
 	}
 	var result []byte
 	if r := in.Body.Result; len(r) > 0 && string(r) != "null" {
@@ -325,6 +343,18 @@ func (s *Server) ackTask(ctx context.Context, in *ackInput) (*queueTaskOutput, e
 }
 
 func (s *Server) failTask(ctx context.Context, in *failInput) (*queueTaskOutput, error) {
+	var d *drover.DeferError
+	switch b := in.Body; {
+	case b.Defer != nil && (b.Error != "" || b.Permanent):
+		return nil, invalid("body.defer", nil, "must be alone: a task handed back does not fail (error, permanent)")
+	case b.Defer != nil:
+		var err error
+		if d, err = deferOf("body.defer", b.Defer); err != nil {
+			return nil, err
+		}
+	case b.Error == "":
+		return nil, invalid("body.error", b.Error, "must say what went wrong (or send defer instead)")
+	}
 	h, err := s.held(ctx, in.Queue, in.ID, in.Body.Session, in.Body.Token)
 	if err != nil {
 		return nil, err
@@ -332,6 +362,9 @@ func (s *Server) failTask(ctx context.Context, in *failInput) (*queueTaskOutput,
 	c, err := s.queueClient(ctx)
 	if err != nil {
 		return nil, err
+	}
+	if d != nil {
+		return s.deferHeld(ctx, c, h, d)
 	}
 	t, err := c.Fail(ctx, h, in.Body.Error, in.Body.Permanent)
 	if err != nil {

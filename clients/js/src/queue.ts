@@ -361,6 +361,18 @@ export class Queues {
       { session: typeof session === "string" ? session : session.id, token: task.token, error, permanent }, { retry: true });
   }
 
+  /**
+   * Hands one claimed task back unrun (its LLM budget has no room, a quota
+   * is full): PENDING again, its attempt not counted, claimable after
+   * `after` (a duration such as "30s", or seconds). A reason `budget KEY:
+   * why` (KEY the task's metadata.budget) shows as its `budget_wait`.
+   * Throws {@link FencedError} when the claim was lost.
+   */
+  defer(queue: string, session: Session | string, task: { task_id: string; token?: number }, d: { after: string | number; reason: string }): Promise<QueueTask> {
+    return this.t.post<QueueTask>(`/v1/queues/${seg(queue)}/tasks/${seg(task.task_id)}/fail`,
+      { session: typeof session === "string" ? session : session.id, token: task.token, defer: { after: String(d.after), reason: d.reason } }, { retry: true });
+  }
+
   /** Says a task is still running (and renews the session). */
   heartbeat(queue: string, session: Session | string, task: { task_id: string; token?: number }): Promise<{ task_id: string; attempt: number; token: number; expires_at: string }> {
     return this.t.post(`/v1/queues/${seg(queue)}/tasks/${seg(task.task_id)}/heartbeat`,

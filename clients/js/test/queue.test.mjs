@@ -220,3 +220,21 @@ test("worker: a result that is not JSON, or too large, fails the task for good i
   assert.match((await drover.dlq.show(q, "bigint")).last_error, /not JSON/);
   assert.match((await drover.dlq.show(q, "huge")).last_error, /bytes of JSON/);
 });
+
+test("defer: one claimed task handed back unrun, its attempt not counted, its budget wait shown", async () => {
+  const q = uniq("q");
+  const key = "openai/js-defer/key-a";
+  await drover.submit(q, [{ task_id: "d", task_type: "t", metadata: { budget: key, estimated_tokens: 10 } }]);
+  const s = await drover.session({ ttl: 10 });
+  const [task] = await drover.tasks.claim(q, { session: s, max: 1, wait: 2 });
+  const reason = `budget ${key}: 3 requests of 3 used in this window`;
+  const t = await drover.tasks.defer(q, s, task, { after: "1h", reason });
+  assert.equal(t.current_status, "PENDING");
+  assert.equal(t.attempt, 0);
+  const got = await drover.tasks.get(q, "d");
+  assert.equal(got.budget_wait?.budget, key);
+  assert.equal(got.budget_wait?.reason, reason);
+  await assert.rejects(drover.tasks.defer(q, s, task, { after: 1, reason }), FencedError);
+  await assert.rejects(drover.tasks.defer(q, s, task, { after: "25h", reason }), InvalidInputError);
+  await s.close();
+});

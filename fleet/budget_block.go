@@ -1,0 +1,167 @@
+package fleet
+
+import (
+	"context"
+	"net/http"
+	"time"
+
+	"github.com/droverhq/drover/budget"
+	"github.com/droverhq/drover/queue"
+)
+
+// Blocks: reserving ahead. A task's reserve waited, in its running slot,
+// for the budget's transaction in flight and then its batch's. While a
+// budget has ample room, the gate instead reserves a block (budget's
+// WithBlock) of blockCalls requests and as many tasks' estimates for a
+// tenant, one transaction, and admits that tenant's tasks from it
+// locally, with no round trip; the next block is reserved in the
+// background once half of one is used. A block closes when it is used
+// up, when its window ends, after blockMaxAge, or on Flush; once its
+// last task ended it is settled once, with the tokens its tasks used (and
+// the provider's headers of the last that reported any), its unused
+// requests given back. It lives under the worker's lease: a worker that
+// dies releases it whole, as it releases its tasks' own reservations.
+// Near the budget's limits (less room left than blockRoom blocks) the
+// gate reserves task by task, so blocks never hold back room another
+// tenant or worker could be refused for.
+
+const (
+	// blockCalls is the requests of one block.
+	blockCalls = 32
+	// blockRoom is how many blocks' worth of tokens and requests the
+	// budget must have left, after the gate's last reservation, for the
+	// gate to reserve a block.
+	blockRoom = 8
+	// blockMaxAge is the longest a block admits tasks.
+	blockMaxAge = time.Second
+)
+
+// blockKey names the blocks of one tenant of one budget.
+type blockKey struct{ budget, tenant string }
+
+// block is a reservation of many tasks' estimates, admitted from locally.
+type block struct {
+	r              budget.Reservation
+	tokens, calls  int64 // left to admit
+	running        int
+	used, admitted int64
+	h              http.Header // the provider's headers of the last task that reported any
+	closed         bool
+}
+
+// fromBlock admits t (estimate est) from its tenant's open block, and
+// says whether it did; g.mu held.
+func (g *BudgetGate) fromBlock(t *queue.Task, est int64) (*block, bool) {
+	k := blockKey{t.Metadata.Budget, t.Metadata.Tenant}
+	b := g.blocks[k]
+	if b != nil && (b.closed || b.tokens < est || b.calls < 1 || !time.Now().Before(b.r.WindowEnd())) {
+		g.closeLocked(k, b)
+		b = nil
+	}
+	if b == nil || b.calls <= blockCalls/2 {
+		g.takeBlockLocked(k, est)
+	}
+	if b == nil {
+		return nil, false
+	}
+	b.tokens -= est
+	b.calls--
+	b.running++
+	b.admitted++
+	return b, true
+}
+
+// takeBlockLocked reserves tenant k's next block in the background when
+// the budget's room, as the gate last saw it, allows; g.mu held.
+func (g *BudgetGate) takeBlockLocked(k blockKey, est int64) {
+	rm, ok := g.room[k.budget]
+	if g.taking[k] || !ok || est <= 0 || rm[0] < blockRoom*blockCalls*est || rm[1] < blockRoom*blockCalls {
+		return
+	}
+	g.taking[k] = true
+	g.settling.begin()
+	go func() {
+		defer g.settling.end()
+		ctx, cancel := context.WithTimeout(context.Background(), settleTimeout)
+		defer cancel()
+		r, err := g.c.Reserve(ctx, k.budget, k.tenant, blockCalls*est, budget.WithLease(g.lease()), budget.WithBlock(blockCalls))
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		delete(g.taking, k)
+		if err != nil {
+			delete(g.room, k.budget) // until a task's reserve says again
+			return
+		}
+		g.noteRoomLocked(r)
+		if old := g.blocks[k]; old != nil {
+			g.closeLocked(k, old)
+		}
+		b := &block{r: r, tokens: r.Estimate, calls: blockCalls}
+		g.blocks[k] = b
+		age := min(blockMaxAge, time.Until(r.WindowEnd()))
+		time.AfterFunc(age, func() {
+			g.mu.Lock()
+			g.closeLocked(k, b)
+			g.mu.Unlock()
+		})
+	}()
+}
+
+// noteRoomLocked remembers the room r's reserve left in its budget; g.mu
+// held.
+func (g *BudgetGate) noteRoomLocked(r budget.Reservation) {
+	tokens, requests := r.Room()
+	g.room[r.Budget] = [2]int64{tokens, requests}
+}
+
+// closeLocked closes block b of k: it admits no more, and is settled once
+// its last task ended; g.mu held.
+func (g *BudgetGate) closeLocked(k blockKey, b *block) {
+	if g.blocks[k] == b {
+		delete(g.blocks, k)
+	}
+	if b.closed {
+		return
+	}
+	b.closed = true
+	g.settleBlockLocked(b)
+}
+
+// endInBlock records a task of b ended, having used actual tokens (h:
+// the provider's headers it reported, if any); g.mu held.
+func (g *BudgetGate) endInBlock(b *block, actual int64, h http.Header) {
+	b.used += actual
+	b.running--
+	if h != nil {
+		b.h = h
+	}
+	g.settleBlockLocked(b)
+}
+
+// settleBlockLocked settles b in the background once it is closed and
+// its last task ended; g.mu held.
+func (g *BudgetGate) settleBlockLocked(b *block) {
+	if !b.closed || b.running > 0 {
+		return
+	}
+	b.running = -1 // settled once
+	g.settling.begin()
+	go func() {
+		defer g.settling.end()
+		ctx, cancel := context.WithTimeout(context.Background(), settleTimeout)
+		defer cancel()
+		if _, err := g.c.SettleBlock(ctx, b.r, min(b.used, b.r.Bound), b.admitted, b.h); err != nil {
+			g.logger.Warn("budget settle of a block failed", "budget", b.r.Budget, "tenant", b.r.Tenant, "err", err)
+		}
+	}()
+}
+
+// closeBlocks closes every open block (they settle once their tasks
+// ended).
+func (g *BudgetGate) closeBlocks() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for k, b := range g.blocks {
+		g.closeLocked(k, b)
+	}
+}
