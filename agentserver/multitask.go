@@ -442,7 +442,7 @@ func (s *server) admitNextLogged(ctx context.Context, thread string) {
 // retention (or was never submitted, and the run is settled as an
 // error), and submitting it again would run the graph a second time.
 func (s *server) ensureTask(ctx context.Context, r runRecord) error {
-	if len(r.Params) == 0 || r.Ended || r.Queued || s.now().Sub(admitted(&r)) > runGrace {
+	if !s.taskDue(r) {
 		return nil
 	}
 	q, err := s.queueOf(ctx)
@@ -455,6 +455,18 @@ func (s *server) ensureTask(ctx context.Context, r runRecord) error {
 	} else if !errors.Is(err, queue.ErrNotFound) {
 		return etcdError("reading the run's task", err)
 	}
+	return s.submitMissingTask(ctx, q, r)
+}
+
+// taskDue reports whether run r is one whose task ensureTask submits when
+// it is missing.
+func (s *server) taskDue(r runRecord) bool {
+	return len(r.Params) > 0 && !r.Ended && !r.Queued && s.now().Sub(admitted(&r)) <= runGrace
+}
+
+// submitMissingTask is ensureTask for a run whose task q was read missing
+// already: the runs it stops stopped, then its task submitted.
+func (s *server) submitMissingTask(ctx context.Context, q *queue.Client, r runRecord) error {
 	if err := s.finishStops(ctx, r); err != nil {
 		return err
 	}

@@ -9,6 +9,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/danielgtaylor/huma/v2"
+	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/lease"
 	"github.com/droverhq/drover/queue"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -21,7 +22,11 @@ type runOutcome struct {
 	Status  string        `json:"status" enum:"success,error,interrupted,timeout"`
 	State   *ThreadState  `json:"state,omitempty" doc:"The thread's state after the run."`
 	History []ThreadState `json:"history,omitempty" doc:"The thread's states, newest first."`
-	Error   any           `json:"error,omitempty" doc:"The graph's error: {error, message}."`
+	// HistoryAppend: History holds the run's new states only, down to one
+	// the server keeps already (see appendHistory).
+	HistoryAppend bool `json:"history_append,omitempty" doc:"history holds only the newest states, down to and with one that the thread's stored history holds: the server keeps its stored states older than that one after them, at most history_limit states in all. 412 when the stored history does not hold the last state sent (the runtime then sends the whole history)."`
+	HistoryLimit  int  `json:"history_limit,omitempty" minimum:"0" doc:"With history_append, the most states kept (default 100)."`
+	Error         any  `json:"error,omitempty" doc:"The graph's error: {error, message}."`
 }
 
 // endRun records run id's outcome on the run and its thread, if the
@@ -69,7 +74,14 @@ func (s *server) endRun(ctx context.Context, thread, id string, o runOutcome) (R
 		now := s.now()
 		r.Status, r.Ended, r.Error, r.UpdatedAt = o.Status, true, capError(o.Error), now
 		rraw, _ := json.Marshal(r)
-		ops := []clientv3.Op{}
+		ops, cmps := []clientv3.Op{}, cl.Fence.Compares()
+		if o.State != nil && o.HistoryAppend {
+			hist, cmp, err := s.appendedHistory(ctx, sp, thread, o)
+			if err != nil {
+				return Run{}, err
+			}
+			o.History, cmps = hist, append(cmps, cmp)
+		}
 		if o.State != nil {
 			th.Values, th.Interrupts = o.State.Values, interruptsOf(o.State)
 			raw, err := stateRecordOf(o, th, len(rraw))
@@ -85,7 +97,7 @@ func (s *server) endRun(ctx context.Context, thread, id string, o runOutcome) (R
 		traw, _ := json.Marshal(th)
 		ops = append(ops, clientv3.OpPut(sp.AgentRun(thread, id), string(rraw)), clientv3.OpPut(sp.AgentThread(thread), string(traw)),
 			clientv3.OpDelete(sp.AgentActiveRun(thread, id)))
-		cmps := append(cl.Fence.Compares(), clientv3.Compare(clientv3.ModRevision(sp.AgentRun(thread, id)), "=", rrev),
+		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(sp.AgentRun(thread, id)), "=", rrev),
 			clientv3.Compare(clientv3.ModRevision(sp.AgentThread(thread)), "=", trev))
 		resp, err := s.cfg.Etcd.Txn(ctx).If(cmps...).Then(ops...).Commit()
 		if err != nil {
@@ -179,6 +191,59 @@ func stateRecordOf(o runOutcome, th Thread, runBytes int) ([]byte, error) {
 	}
 	raw, _ := json.Marshal(stateRecord{State: *o.State, History: hist[:n]})
 	return raw, nil
+}
+
+// defaultHistoryKept is the most states an appended history keeps unless
+// the outcome says otherwise (the runtime's default history limit).
+const defaultHistoryKept = 100
+
+// appendedHistory is outcome o's history (o.HistoryAppend set) followed by
+// the thread's stored states older than o's last one, with the compare
+// that keeps the stored record the one read until the outcome's
+// transaction.
+func (s *server) appendedHistory(ctx context.Context, sp keyspace.Space, thread string, o runOutcome) ([]ThreadState, clientv3.Cmp, error) {
+	key := sp.AgentThreadState(thread)
+	resp, err := s.cfg.Etcd.Get(ctx, key)
+	if err != nil {
+		return nil, clientv3.Cmp{}, etcdError("reading the thread's state", err)
+	}
+	cmp := clientv3.Compare(clientv3.ModRevision(key), "=", 0)
+	var rec stateRecord
+	if len(resp.Kvs) > 0 {
+		cmp = clientv3.Compare(clientv3.ModRevision(key), "=", resp.Kvs[0].ModRevision)
+		if err := json.Unmarshal(resp.Kvs[0].Value, &rec); err != nil {
+			return nil, cmp, undecodable("thread state", thread, err)
+		}
+	}
+	limit := o.HistoryLimit
+	if limit <= 0 {
+		limit = defaultHistoryKept
+	}
+	hist, ok := appendHistory(o.History, rec.History, limit)
+	if !ok {
+		return nil, cmp, huma.NewError(http.StatusPreconditionFailed, "body.history: the thread's stored history does not hold the last state sent: send the whole history, without history_append")
+	}
+	return hist, cmp, nil
+}
+
+// appendHistory is newer (newest first, its last state one that stored
+// holds) followed by the states of stored older than that one, at most
+// limit states; false when stored does not hold newer's last state (other
+// states, such as those of a run stopped before its outcome, may lie
+// between them). A run's states join the stored history this way instead
+// of the runtime sending the whole history again with each run.
+func appendHistory(newer, stored []ThreadState, limit int) ([]ThreadState, bool) {
+	if len(newer) == 0 {
+		return stored[:min(len(stored), limit)], true
+	}
+	anchor := checkpointIDOf(newer[len(newer)-1])
+	for i, st := range stored {
+		if anchor != "" && checkpointIDOf(st) == anchor {
+			out := append(append(make([]ThreadState, 0, len(newer)+len(stored)-i-1), newer...), stored[i+1:]...)
+			return out[:min(len(out), limit)], true
+		}
+	}
+	return nil, false
 }
 
 // interruptsOf gathers the interrupts of a state's tasks, by task id.

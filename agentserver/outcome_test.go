@@ -145,3 +145,51 @@ func TestRunTooLargeForItsTaskIsRefused(t *testing.T) {
 		t.Fatalf("thread %v after a refused run: want idle", st)
 	}
 }
+
+// An outcome with history_append sends only the run's new states, down to
+// one the thread's stored history holds: the server keeps its older states
+// after them (at most history_limit in all). One whose last state the
+// stored history does not hold is refused (412) and changes nothing.
+func TestOutcomeAppendsToTheStoredHistory(t *testing.T) {
+	a := newAPI(t)
+	at := func(cp string) map[string]any {
+		s := valuesState(map[string]any{"cp": cp})
+		s["checkpoint"] = map[string]any{"checkpoint_id": cp}
+		return s
+	}
+	states := func(cps ...string) []any {
+		var out []any
+		for _, cp := range cps {
+			out = append(out, at(cp))
+		}
+		return out
+	}
+	history := func(th string) string {
+		var ids []string
+		for _, st := range a.must(200, "POST", "/threads/"+th+"/history", map[string]any{"limit": 100}).List {
+			ids = append(ids, st["checkpoint"].(map[string]any)["checkpoint_id"].(string))
+		}
+		return strings.Join(ids, " ")
+	}
+	th, out, token := startRun(t, a, map[string]any{})
+	a.must(200, "PUT", out, map[string]any{"token": token, "status": "success", "state": at("c3"), "history": states("c3", "c2", "c1")})
+	next := func() (string, int64) {
+		id := a.must(200, "POST", "/threads/"+th+"/runs", map[string]any{"assistant_id": "agent"}).Obj["run_id"].(string)
+		return "/v1/agent-server/threads/" + th + "/runs/" + id + "/outcome", claimRun(t, a)
+	}
+	out, token = next()
+	a.must(200, "PUT", out, map[string]any{"token": token, "status": "success", "state": at("c5"), "history": states("c5", "c4", "c3"),
+		"history_append": true, "history_limit": 4})
+	if got := history(th); got != "c5 c4 c3 c2" {
+		t.Fatalf("history after an appended outcome: %q, want c5 c4 c3 c2 (the new states, then the stored ones, 4 at most)", got)
+	}
+	out, token = next()
+	a.must(412, "PUT", out, map[string]any{"token": token, "status": "success", "state": at("c7"), "history": states("c7", "c6"), "history_append": true})
+	if got := history(th); got != "c5 c4 c3 c2" {
+		t.Fatalf("history after a refused append: %q, want it unchanged", got)
+	}
+	a.must(200, "PUT", out, map[string]any{"token": token, "status": "success", "state": at("c7"), "history": states("c7", "c6", "c5")})
+	if got := history(th); got != "c7 c6 c5" {
+		t.Fatalf("history after the whole history was sent: %q, want c7 c6 c5", got)
+	}
+}

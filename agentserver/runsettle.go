@@ -73,12 +73,12 @@ func (s *server) withTaskStatus(ctx context.Context, runs []*runRecord, revs []i
 			r.Status, r.Error = "error", map[string]any{"error": "RunError", "message": "the run's task is gone: it was never submitted, or it ended long ago without an outcome"}
 		default:
 			// Admitted without its task yet: its creator is about to submit
-			// it, or died first. Any read of it finishes what the creator
+			// it, or died first (the batch read above found its task missing). Any read of it finishes what the creator
 			// began (the runs it stopped stopped, then its task submitted):
 			// a stopped run never runs on for want of a join of the new one.
 			// A failure is logged, not answered: the next read tries again.
-			if ctx.Value(admittingKey{}) == nil {
-				if err := s.ensureTask(ctx, *r); err != nil {
+			if ctx.Value(admittingKey{}) == nil && s.taskDue(*r) {
+				if err := s.submitMissingTask(ctx, q, *r); err != nil {
 					slog.Default().Warn("agentserver: submitting the task of a run admitted without it", "run", r.RunID, "err", err)
 				}
 			}

@@ -64,6 +64,21 @@ var droverEvents = map[string]bool{stream.AttemptStarted: true, stream.AttemptLo
 // counted here, and a resume reads the stream from its start and skips
 // the events the client had.
 func (s *server) streamRun(thread, id string, skip int64) *huma.StreamResponse {
+	return s.sseAnswer("/threads/"+thread+"/runs/"+id, nil, func(ctx context.Context, w http.ResponseWriter, rc *http.ResponseController, q *queue.Client, sp keyspace.Space) {
+		if err := s.awaitAdmitted(ctx, thread, id); err != nil { // an enqueued run's task comes once it starts
+			_ = writeEvent(w, followed{err: err}, 0)
+			return
+		}
+		s.followRun(ctx, w, rc, q, sp, id, skip, func(f followed, n int64) bool { return writeEvent(w, f, n) })
+	})
+}
+
+// sseAnswer is an answer of server-sent events, as streamRun and
+// streamThread open theirs: the namespace's keyspace and a queue client
+// (closed when the answer ends), then before when set (its error answered
+// as a problem, no event sent yet), then the stream's headers (with
+// Content-Location when location is set), flushed, then events.
+func (s *server) sseAnswer(location string, before func(ctx context.Context, sp keyspace.Space) error, events func(ctx context.Context, w http.ResponseWriter, rc *http.ResponseController, q *queue.Client, sp keyspace.Space)) *huma.StreamResponse {
 	return &huma.StreamResponse{Body: func(hctx huma.Context) {
 		ctx, w, req := longContext(hctx)
 		sp, err := s.space(ctx)
@@ -77,17 +92,21 @@ func (s *server) streamRun(thread, id string, skip int64) *huma.StreamResponse {
 			return
 		}
 		defer closeQueue(q)
+		if before != nil {
+			if err := before(ctx, sp); err != nil {
+				writeError(w, req, err)
+				return
+			}
+		}
 		rc := http.NewResponseController(w)
 		w.Header().Set("Content-Type", "text/event-stream")
 		w.Header().Set("Cache-Control", "no-cache")
-		w.Header().Set("Content-Location", "/threads/"+thread+"/runs/"+id)
+		if location != "" {
+			w.Header().Set("Content-Location", location)
+		}
 		w.WriteHeader(http.StatusOK)
 		_ = rc.Flush()
-		if err := s.awaitAdmitted(ctx, thread, id); err != nil { // an enqueued run's task comes once it starts
-			_ = writeEvent(w, followed{err: err}, 0)
-			return
-		}
-		s.followRun(ctx, w, rc, q, sp, id, skip, func(f followed, n int64) bool { return writeEvent(w, f, n) })
+		events(ctx, w, rc, q, sp)
 	}}
 }
 

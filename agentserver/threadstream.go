@@ -12,6 +12,7 @@ import (
 	"github.com/danielgtaylor/huma/v2"
 	"github.com/droverhq/drover/internal/serverclose"
 	"github.com/droverhq/drover/keyspace"
+	"github.com/droverhq/drover/queue"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -77,29 +78,13 @@ func threadEventID(h string) (string, int64, error) {
 // one) after its first skip events, then each run created after it; or,
 // without run, the thread's runs not ended, then each run created after.
 func (s *server) streamThread(thread, run string, skip int64) *huma.StreamResponse {
-	return &huma.StreamResponse{Body: func(hctx huma.Context) {
-		ctx, w, req := longContext(hctx)
-		sp, err := s.space(ctx)
-		if err != nil {
-			writeError(w, req, err)
-			return
-		}
-		q, err := s.queueOf(ctx)
-		if err != nil {
-			writeError(w, req, err)
-			return
-		}
-		defer closeQueue(q)
-		runs, rev, err := s.threadStreamStart(ctx, sp, thread, run)
-		if err != nil {
-			writeError(w, req, err)
-			return
-		}
-		rc := http.NewResponseController(w)
-		w.Header().Set("Content-Type", "text/event-stream")
-		w.Header().Set("Cache-Control", "no-cache")
-		w.WriteHeader(http.StatusOK)
-		_ = rc.Flush()
+	var runs []string
+	var rev int64
+	start := func(ctx context.Context, sp keyspace.Space) (err error) {
+		runs, rev, err = s.threadStreamStart(ctx, sp, thread, run)
+		return err
+	}
+	return s.sseAnswer("", start, func(ctx context.Context, w http.ResponseWriter, rc *http.ResponseController, q *queue.Client, sp keyspace.Space) {
 		created := &createdRuns{s: s, sp: sp, thread: thread, rev: rev, seen: map[string]bool{}}
 		for _, id := range runs {
 			created.seen[id] = true
@@ -133,7 +118,7 @@ func (s *server) streamThread(thread, run string, skip int64) *huma.StreamRespon
 			}
 			runs = append(runs, created.poll(ctx)...)
 		}
-	}}
+	})
 }
 
 // threadStreamStart is where a thread's stream starts: the runs to

@@ -14,6 +14,7 @@
 #   DROVER_BIN=/tmp/drover-other bash bench/agentserver/run-agentserver.sh   # that binary, not one built here
 #   DROVER_BENCH_CANCEL_POLL_MS=60000 DROVER_BENCH_HISTORY_LIMIT=1 ONLY=drover bash bench/agentserver/run-agentserver.sh
 #     # the runtime without its per-run cancel reads and history (an experiment: runtime.mjs)
+#   RUNTIMES=2 bash bench/agentserver/run-agentserver.sh   # two runtime processes share drover's runs
 #   PROFILE_DIR=/tmp/prof ONLY=drover ROUNDS=1 bash bench/agentserver/run-agentserver.sh
 #     # also a 15 s CPU profile of `drover server` (pprof) and of the
 #     # runtime (node --cpu-prof), during the runs.wait phase, and the HTTP
@@ -30,7 +31,8 @@ RUNS=${RUNS:-640}
 CONC=${CONC:-64}
 STREAM_RUNS=${STREAM_RUNS:-200}
 STREAM_CONC=${STREAM_CONC:-1}
-JOBS=${JOBS:-64}          # runs each server executes at once (langgraphjs dev -n, the runtime's concurrency)
+JOBS=${JOBS:-64}          # runs each server executes at once (langgraphjs dev -n, the runtimes' concurrency in all)
+RUNTIMES=${RUNTIMES:-1}   # drover's runtime processes (LangGraph's dev server is one Node process)
 STEP_TIMEOUT=${STEP_TIMEOUT:-600}  # seconds for each measurement, then it counts as failed
 ONLY=${ONLY:-}            # drover or langgraph: one system only
 DEPS=${DEPS:-$here}
@@ -70,14 +72,21 @@ start_drover() {
   # An experiment's options (runtime.mjs): DROVER_BENCH_CANCEL_POLL_MS, DROVER_BENCH_HISTORY_LIMIT.
   [ -n "${DROVER_BENCH_CANCEL_POLL_MS:-}${DROVER_BENCH_HISTORY_LIMIT:-}" ] && runtime=(runtime.mjs langgraph.json)
   [ -n "${PROFILE_DIR:-}" ] && nodeprof=(--cpu-prof --cpu-prof-dir "$PROFILE_DIR")
-  DROVER_URL="http://127.0.0.1:$p" DROVER_LANGGRAPH_CONCURRENCY=$JOBS setsid env -C "$work/proj" \
-    node "${nodeprof[@]}" "${runtime[@]}" >"$work/runtime-$2.log" 2>&1 &
-  pids+=($!)
-  for _ in $(seq 300); do grep -q 'drover-langgraph: serving' "$work/runtime-$2.log" && break; sleep 0.2; done
-  grep -q 'drover-langgraph: serving' "$work/runtime-$2.log" || { tail -20 "$work/runtime-$2.log" >&2; return 1; }
-  # With LangGraph's schema parser beside it (@langchain/langgraph-api, a dependency of the CLI),
-  # the runtime compiles the graph's types once at start: tens of seconds of CPU, not measured.
-  for _ in $(seq 1500); do grep -q 'drover-langgraph: schemas registered' "$work/runtime-$2.log" && break; sleep 0.2; done
+  # RUNTIMES runtime processes share the work, JOBS runs at once in all (each takes its share).
+  local i per=$(((JOBS + RUNTIMES - 1) / RUNTIMES))
+  for i in $(seq "$RUNTIMES"); do
+    DROVER_URL="http://127.0.0.1:$p" DROVER_LANGGRAPH_CONCURRENCY=$per setsid env -C "$work/proj" \
+      node "${nodeprof[@]}" "${runtime[@]}" >"$work/runtime-$2-$i.log" 2>&1 &
+    pids+=($!)
+  done
+  for i in $(seq "$RUNTIMES"); do
+    local log="$work/runtime-$2-$i.log"
+    for _ in $(seq 300); do grep -q 'drover-langgraph: serving' "$log" && break; sleep 0.2; done
+    grep -q 'drover-langgraph: serving' "$log" || { tail -20 "$log" >&2; return 1; }
+    # With LangGraph's schema parser beside it (@langchain/langgraph-api, a dependency of the CLI),
+    # the runtime compiles the graph's types once at start: tens of seconds of CPU, not measured.
+    for _ in $(seq 1500); do grep -q 'drover-langgraph: schemas registered' "$log" && break; sleep 0.2; done
+  done
   URL="http://127.0.0.1:$p"
 }
 
@@ -126,8 +135,8 @@ measure() { # system round url
   echo "$(date -u +%T) $1 round $2: runs.stream" >&2
   s=$(cd "$work/proj" && timeout "$STEP_TIMEOUT" node bench.mjs stream "$3" "$STREAM_RUNS" "$STREAM_CONC") || s='{"mode":"failed","runs":0,"conc":0,"runs_per_s":null,"run_ms_p50":null,"run_ms_p99":null,"errors":1,"first_error":"timed out or failed","first_ms_p50":null,"first_ms_p99":null,"first_values_ms_p50":null,"first_values_ms_p99":null}'
   [ -n "$prof" ] && wait "$prof"
-  python3 -c 'import json,sys; w,s=json.loads(sys.argv[4]),json.loads(sys.argv[5]); print(json.dumps({"system":sys.argv[1],"round":int(sys.argv[2]),"load":sys.argv[3],"runs_per_s":w["runs_per_s"],"wait_ms_p50":w["run_ms_p50"],"wait_ms_p99":w["run_ms_p99"],"runs":w["runs"],"conc":w["conc"],"first_ms_p50":s["first_ms_p50"],"first_ms_p99":s["first_ms_p99"],"first_values_ms_p50":s["first_values_ms_p50"],"first_values_ms_p99":s["first_values_ms_p99"],"stream_runs":s["runs"],"stream_conc":s["conc"],"cpu_ms_per_run":int(sys.argv[6]),"errors":w["errors"]+s["errors"],"first_error":w["first_error"] or s["first_error"]}))' \
-    "$1" "$2" "$load" "$w" "$s" "$cpu_per_run" | tee -a "$work/results.jsonl"
+  python3 -c 'import json,sys; w,s=json.loads(sys.argv[4]),json.loads(sys.argv[5]); print(json.dumps({"system":sys.argv[1],"round":int(sys.argv[2]),"load":sys.argv[3],"runtimes":int(sys.argv[7]),"runs_per_s":w["runs_per_s"],"wait_ms_p50":w["run_ms_p50"],"wait_ms_p99":w["run_ms_p99"],"runs":w["runs"],"conc":w["conc"],"first_ms_p50":s["first_ms_p50"],"first_ms_p99":s["first_ms_p99"],"first_values_ms_p50":s["first_values_ms_p50"],"first_values_ms_p99":s["first_values_ms_p99"],"stream_runs":s["runs"],"stream_conc":s["conc"],"cpu_ms_per_run":int(sys.argv[6]),"errors":w["errors"]+s["errors"],"first_error":w["first_error"] or s["first_error"]}))' \
+    "$1" "$2" "$load" "$w" "$s" "$cpu_per_run" "$([ "$1" = drover ] && echo "$RUNTIMES" || echo 1)" | tee -a "$work/results.jsonl"
 }
 
 for round in $(seq "$ROUNDS"); do

@@ -408,28 +408,67 @@ export class AgentServerRuntime {
     }
   }
 
-  /** Reports the run's outcome: its status, the thread's state and as much history as the server keeps. */
+  /**
+   * Reports the run's outcome: its status, the thread's state and its history. The server keeps
+   * the thread's history, so the outcome carries only the states the run added, down to one the
+   * server holds (`history_append`); should the server not hold that one (a run stopped before
+   * its outcome wrote states in between), the whole history, as far as the server keeps it.
+   */
   private async putOutcome(graph: RunnableGraph | undefined, config: RunnableConfig, run: RunTask["run"], ctx: TaskContext, status: string, error: unknown): Promise<void> {
     const state = graph ? await threadState(graph, config) : undefined;
-    const history: unknown[] = [];
-    if (graph) {
-      // The server keeps the history that fits 1 MiB beside the state; send no more than it can keep.
-      let room = (this.opts.historyBytes ?? 1 << 20) - JSON.stringify(state ?? null).length;
-      for await (const s of graph.getStateHistory(threadConfig(run.thread_id), { limit: this.opts.historyLimit ?? 100 })) {
-        const st = toThreadState(s);
-        room -= JSON.stringify(st).length;
-        if (room < 0) break;
-        history.push(st);
+    const limit = this.opts.historyLimit ?? 100;
+    // The server keeps the history that fits 1 MiB beside the state; send no more than it can keep.
+    const room = (this.opts.historyBytes ?? 1 << 20) - JSON.stringify(state ?? null).length;
+    const path = `/v1/agent-server/threads/${run.thread_id}/runs/${run.run_id}/outcome`;
+    const body = { token: ctx.token, status, ...(state ? { state } : {}), ...(error ? { error } : {}) };
+    const added = graph ? await newStates(graph, run, Math.min(limit, NEW_STATES_PAGE), room) : undefined;
+    if (added?.joins) {
+      try {
+        await this.drover.transport.put(path, { ...body, history: added.states, history_append: true, history_limit: limit });
+        return;
+      } catch (e) {
+        if (!(e instanceof DroverError && e.status === 412)) throw e;
       }
     }
-    await this.drover.transport.put(`/v1/agent-server/threads/${run.thread_id}/runs/${run.run_id}/outcome`, {
-      token: ctx.token,
-      status,
-      ...(state ? { state } : {}),
-      ...(history.length ? { history } : {}),
-      ...(error ? { error } : {}),
-    });
+    // Not joined: the states read are the whole history when they are all there is or all that is kept.
+    const page = Math.min(limit, NEW_STATES_PAGE);
+    const whole = added && !added.joins && (added.states.length < page || page === limit);
+    const history = whole ? added.states : graph ? await historyOf(graph, run, limit, room) : [];
+    await this.drover.transport.put(path, { ...body, ...(history.length ? { history } : {}) });
   }
+}
+
+/** How many of a thread's newest states a run's outcome reads first, looking for the newest one the run did not write. */
+const NEW_STATES_PAGE = 16;
+
+/**
+ * The thread's newest states (at most `limit`, and `room` bytes as JSON) down to the first that
+ * run did not write, that one included (`joins`: the server's stored history holds it, as far as
+ * this runtime knows). Without such a state among them, they are the thread's newest states
+ * (all of its history when fewer than `limit`).
+ */
+async function newStates(graph: RunnableGraph, run: RunTask["run"], limit: number, room: number): Promise<{ states: unknown[]; joins: boolean }> {
+  const states: unknown[] = [];
+  for await (const s of graph.getStateHistory(threadConfig(run.thread_id), { limit })) {
+    const st = toThreadState(s);
+    room -= JSON.stringify(st).length;
+    if (room < 0) return { states, joins: false };
+    states.push(st);
+    if ((s.metadata as { run_id?: unknown } | undefined)?.run_id !== run.run_id) return { states, joins: true };
+  }
+  return { states, joins: false };
+}
+
+/** The thread's newest states, at most `limit` and `room` bytes as JSON. */
+async function historyOf(graph: RunnableGraph, run: RunTask["run"], limit: number, room: number): Promise<unknown[]> {
+  const history: unknown[] = [];
+  for await (const s of graph.getStateHistory(threadConfig(run.thread_id), { limit })) {
+    const st = toThreadState(s);
+    room -= JSON.stringify(st).length;
+    if (room < 0) break;
+    history.push(st);
+  }
+  return history;
 }
 
 /** Keys of a run's configurable that LangGraph's server leaves out of a checkpoint's metadata. */

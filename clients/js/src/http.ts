@@ -215,48 +215,72 @@ export class Transport {
       headers["Content-Type"] = "application/json";
     }
     const timeoutMs = opts.timeoutMs ?? this.timeoutMs;
-    const signals: AbortSignal[] = [];
-    if (opts.signal) signals.push(opts.signal);
-    const timeout = timeoutMs > 0 ? AbortSignal.timeout(timeoutMs) : undefined;
-    if (timeout) signals.push(timeout);
-    const signal = signals.length === 0 ? undefined : signals.length === 1 ? signals[0] : AbortSignal.any(signals);
-    const init: Record<string, unknown> = { method, headers, body, signal };
+    // One controller and one timer a request, both let go of once its answer is read (a stream's
+    // stay with its body): AbortSignal.timeout and AbortSignal.any each request kept a signal, a
+    // timer and their listeners alive for the whole timeout, tens of thousands under load.
+    const caller = opts.signal;
+    const ac = timeoutMs > 0 ? new AbortController() : undefined;
+    let timedOut = false;
+    const onCaller = () => ac!.abort(caller!.reason);
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    if (ac) {
+      timer = setTimeout(() => {
+        timedOut = true;
+        ac.abort(new DOMException(`no answer within ${timeoutMs} ms`, "TimeoutError"));
+      }, timeoutMs);
+      (timer as { unref?: () => void }).unref?.();
+      if (caller?.aborted) ac.abort(caller.reason);
+      else caller?.addEventListener("abort", onCaller, { once: true });
+    }
+    const release = () => {
+      clearTimeout(timer);
+      caller?.removeEventListener("abort", onCaller);
+    };
+    const init: Record<string, unknown> = { method, headers, body, signal: ac?.signal ?? caller };
     if (this.dispatcher) init.dispatcher = this.dispatcher;
     if (body && typeof body === "object" && !(body instanceof Uint8Array) && !(typeof body === "string") && "getReader" in body) init.duplex = "half";
-    let res: Response;
+    let streaming = false;
     try {
-      res = await this.fetchImpl(url, init as RequestInit);
-    } catch (err) {
-      if (opts.signal?.aborted) throw opts.signal.reason;
-      if (timeout?.aborted) throw new ConnectionError(`${what}: no answer within ${timeoutMs} ms`, { request: what, cause: err });
-      throw new ConnectionError(`${what}: cannot reach ${this.url} (${fetchFailure(err)})`, { request: what, cause: err });
-    }
-    answered(res.status);
-    if (res.status >= 400) {
-      let problem: Problem = {};
-      let text = "";
+      let res: Response;
       try {
-        text = await res.text();
-        problem = text ? (JSON.parse(text) as Problem) : {};
-      } catch {
-        problem = { detail: text || res.statusText };
+        res = await this.fetchImpl(url, init as RequestInit);
+      } catch (err) {
+        if (caller?.aborted) throw caller.reason;
+        if (timedOut) throw new ConnectionError(`${what}: no answer within ${timeoutMs} ms`, { request: what, cause: err });
+        throw new ConnectionError(`${what}: cannot reach ${this.url} (${fetchFailure(err)})`, { request: what, cause: err });
       }
-      if (typeof problem !== "object" || problem === null) problem = { detail: String(problem) };
-      throw errorFromProblem(res.status, problem, { retryAfter: retryAfterOf(res.headers), request: what });
-    }
-    if (opts.stream) return { status: res.status, headers: res.headers, data: res as unknown as T, attempts: 1 };
-    let data: unknown = undefined;
-    try {
-      if (res.status !== 204) {
-        const text = await res.text();
-        const ct = res.headers.get("content-type") ?? "";
-        data = text && ct.includes("json") ? JSON.parse(text) : text || undefined;
+      answered(res.status);
+      if (res.status >= 400) {
+        let problem: Problem = {};
+        let text = "";
+        try {
+          text = await res.text();
+          problem = text ? (JSON.parse(text) as Problem) : {};
+        } catch {
+          problem = { detail: text || res.statusText };
+        }
+        if (typeof problem !== "object" || problem === null) problem = { detail: String(problem) };
+        throw errorFromProblem(res.status, problem, { retryAfter: retryAfterOf(res.headers), request: what });
       }
-    } catch (err) {
-      if (opts.signal?.aborted) throw opts.signal.reason;
-      throw new ConnectionError(`${what}: the answer broke off (${(err as Error)?.message})`, { request: what, cause: err });
+      if (opts.stream) {
+        streaming = true;
+        return { status: res.status, headers: res.headers, data: res as unknown as T, attempts: 1 };
+      }
+      let data: unknown = undefined;
+      try {
+        if (res.status !== 204) {
+          const text = await res.text();
+          const ct = res.headers.get("content-type") ?? "";
+          data = text && ct.includes("json") ? JSON.parse(text) : text || undefined;
+        }
+      } catch (err) {
+        if (caller?.aborted) throw caller.reason;
+        throw new ConnectionError(`${what}: the answer broke off (${(err as Error)?.message})`, { request: what, cause: err });
+      }
+      return { status: res.status, headers: res.headers, data: data as T, attempts: 1 };
+    } finally {
+      if (!streaming) release();
     }
-    return { status: res.status, headers: res.headers, data: data as T, attempts: 1 };
   }
 
   async get<T>(path: string, opts?: RequestOptions): Promise<T> {
