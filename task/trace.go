@@ -10,8 +10,24 @@ import (
 	"github.com/droverhq/drover/lock"
 	"github.com/droverhq/drover/tracing/otelspan"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/trace"
 )
+
+// unsetGlobal is the global provider before one is set, a no-op that
+// delegates to the one set later.
+var unsetGlobal = otel.GetTracerProvider()
+
+// runnerTracer is the tracer of a Runner's spans from tp. The global
+// provider passed as tp (otel.GetTracerProvider() before one is set) is
+// taken as nil is, so that tracing counts as off, and a Run reads
+// nothing from etcd, until a provider is set.
+func runnerTracer(tp trace.TracerProvider) trace.Tracer {
+	if tp == unsetGlobal {
+		tp = nil
+	}
+	return otelspan.Tracer(tp)
+}
 
 // startRun starts the attempt span of a Run of task id, claimed under f
 // at claimed (package otelspan, StartAgent): a child of the traceparent

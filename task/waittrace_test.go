@@ -10,9 +10,12 @@ import (
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/task"
 	"github.com/droverhq/drover/tracing/otelspan"
+	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 )
 
 // A signal ends a wait; the step after it fails once, so its checkpoint
@@ -154,6 +157,42 @@ func TestRunIsChildOfKeptTraceparent(t *testing.T) {
 		}
 		if !under || spanAttr(s, "messaging.destination.name") != otelspan.AgentTasks {
 			t.Errorf("%s: parent %v, destination %q: want a run's span, agent-tasks", s.Name(), s.Parent(), spanAttr(s, "messaging.destination.name"))
+		}
+	}
+}
+
+// With tracing off a Run neither reads nor keeps the task's traceparent:
+// under a caller's span context, a Runner whose provider is the global
+// one before any is set (nil, or otel.GetTracerProvider() passed as it
+// is) or a no-op leaves no traceparent with the task, as one that traces
+// does.
+func TestRunKeepsNoTraceparentWithTracingOff(t *testing.T) {
+	ns := etcdtest.Namespace(t)
+	cli := srv.Client(t)
+	sc := trace.NewSpanContext(trace.SpanContextConfig{TraceID: trace.TraceID{1}, SpanID: trace.SpanID{2}, TraceFlags: trace.FlagsSampled})
+	ctx := trace.ContextWithSpanContext(context.Background(), sc)
+	steps := []task.Step{{Name: "one", Run: func(context.Context, []byte) ([]byte, error) { return []byte(`1`), nil }}}
+	for _, tc := range []struct {
+		name string
+		tp   trace.TracerProvider
+		kept bool
+	}{{"nil", nil, false}, {"global", otel.GetTracerProvider(), false}, {"noop", noop.NewTracerProvider(), false},
+		{"sdk", sdktrace.NewTracerProvider(), true}} {
+		r, err := task.NewRunner(context.Background(), cli, task.RunnerConfig{Namespace: ns, WorkerID: "w-" + tc.name, TTL: 5 * time.Second, TracerProvider: tc.tp})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = r.Run(ctx, tc.name, steps)
+		_ = r.Close(context.Background())
+		if err != nil {
+			t.Fatalf("%s: run: %v", tc.name, err)
+		}
+		got, err := cli.Get(context.Background(), keyspace.MustNew(ns).TaskTrace(tc.name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if kept := len(got.Kvs) == 1 && string(got.Kvs[0].Value) == otelspan.Format(sc); kept != tc.kept {
+			t.Errorf("%s: traceparent kept %v (%v), want %v", tc.name, kept, got.Kvs, tc.kept)
 		}
 	}
 }
