@@ -8,6 +8,8 @@ import (
 
 	"github.com/droverhq/drover/internal/testenv/etcdtest"
 	"github.com/droverhq/drover/keyspace"
+	"github.com/droverhq/drover/lease"
+	"github.com/droverhq/drover/lock"
 	"github.com/droverhq/drover/task"
 	"github.com/droverhq/drover/tracing/otelspan"
 	"go.opentelemetry.io/otel"
@@ -194,5 +196,49 @@ func TestRunKeepsNoTraceparentWithTracingOff(t *testing.T) {
 		if kept := len(got.Kvs) == 1 && string(got.Kvs[0].Value) == otelspan.Format(sc); kept != tc.kept {
 			t.Errorf("%s: traceparent kept %v (%v), want %v", tc.name, kept, got.Kvs, tc.kept)
 		}
+	}
+}
+
+// KeepTraceParent keeps a task's first traceparent under its claim's
+// fence: a runner whose claim was taken over keeps nothing (an error
+// matching lease.ErrFenced), the holder keeps its own, and a later
+// traceparent does not replace the kept one.
+func TestKeepTraceParentIsFenced(t *testing.T) {
+	ctx := context.Background()
+	ns := etcdtest.Namespace(t)
+	cli := srv.Client(t)
+	store, err := task.NewStore(cli, ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	locker, err := lock.NewEtcd(ctx, cli, lock.EtcdConfig{Namespace: ns, TTL: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer locker.Close(context.Background())
+	stale, err := locker.AcquireFenced(ctx, keyspace.TaskLock("t"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stale.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	held, err := locker.AcquireFenced(ctx, keyspace.TaskLock("t"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Release(context.Background())
+	const first, later = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+	if tp, err := store.KeepTraceParent(ctx, stale, "t", later); !errors.Is(err, lease.ErrFenced) || tp != "" {
+		t.Fatalf("a stale claim kept %q (%v): want ErrFenced", tp, err)
+	}
+	if tp, err := store.KeepTraceParent(ctx, held, "t", first); err != nil || tp != first {
+		t.Fatalf("the holder kept %q (%v): want %s", tp, err, first)
+	}
+	if tp, err := store.KeepTraceParent(ctx, held, "t", later); err != nil || tp != first {
+		t.Fatalf("a later traceparent: %q (%v): want the kept %s", tp, err, first)
+	}
+	if got, err := cli.Get(ctx, keyspace.MustNew(ns).TaskTrace("t")); err != nil || len(got.Kvs) != 1 || string(got.Kvs[0].Value) != first {
+		t.Fatalf("the key holds %v (%v): want %s", got, err, first)
 	}
 }
