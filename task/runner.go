@@ -273,7 +273,8 @@ func (r *Runner) Run(ctx context.Context, id string, steps []Step) (Result, erro
 	}
 	ctx, span := r.startRun(ctx, f, id, time.Now())
 	var res Result
-	defer func() { endRun(span, res, err) }()
+	var stopped error // why the run's context ended, if it did before RunSteps returned
+	defer func() { endRun(span, res, err, stopped) }()
 	defer func() {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
@@ -292,6 +293,7 @@ func (r *Runner) Run(ctx context.Context, id string, steps []Step) (Result, erro
 		return Result{TaskID: id, Token: f.Token()}, err
 	}
 	res, err = r.store.RunSteps(runCtx, f, id, steps, StepConfig{Worker: r.worker, StateLimit: r.limit, OnEvent: r.emit, Now: r.now, Spawner: r.spawner})
+	stopped = context.Cause(runCtx)
 	r.endStream(ctx, at, f, res, err)
 	return res, err
 }

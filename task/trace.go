@@ -49,17 +49,28 @@ func (r *Runner) startRun(ctx context.Context, f lease.Fence, id string, claimed
 	return otelspan.StartAgent(ctx, r.tracer, r.store.keys.Namespace(), id, r.worker, tp, claimed)
 }
 
-// endRun ends a Run's attempt span with how the run ended: res and err.
-func endRun(span trace.Span, res Result, err error) {
+// endRun ends a Run's attempt span with how the run ended: res and err,
+// and stopped, the cause of the end of the run's context if it ended
+// while the steps ran. A step's error after its context ended (most
+// often that context's own error) is the run stopped, not the step
+// failed: its claim was lost, or its caller stopped it.
+func endRun(span trace.Span, res Result, err, stopped error) {
 	if !span.IsRecording() {
 		span.End()
 		return
 	}
+	lost := func(e error) bool {
+		return errors.Is(e, lock.ErrFenced) || errors.Is(e, lock.ErrLost) || errors.Is(e, lease.ErrLost)
+	}
 	end := otelspan.EndSuccess
 	switch {
+	case err != nil && stopped != nil && lost(stopped):
+		end = otelspan.EndLost
+	case err != nil && stopped != nil:
+		end = otelspan.EndHandedBack
 	case errors.Is(err, ErrStepFailed):
 		end = otelspan.EndFailed
-	case errors.Is(err, lock.ErrFenced) || errors.Is(err, lock.ErrLost) || errors.Is(err, lease.ErrLost):
+	case lost(err):
 		end = otelspan.EndLost
 	case err != nil:
 		end = otelspan.EndHandedBack

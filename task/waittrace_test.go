@@ -14,6 +14,7 @@ import (
 	"github.com/droverhq/drover/tracing/otelspan"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
@@ -240,5 +241,53 @@ func TestKeepTraceParentIsFenced(t *testing.T) {
 	}
 	if got, err := cli.Get(ctx, keyspace.MustNew(ns).TaskTrace("t")); err != nil || len(got.Kvs) != 1 || string(got.Kvs[0].Value) != first {
 		t.Fatalf("the key holds %v (%v): want %s", got, err, first)
+	}
+}
+
+// A Run whose step fails ends its span failed, with an error status and
+// the step's error; one stopped by its caller's context ends it handed
+// back, without an error status. Neither span is left open.
+func TestRunSpanEndsOnErrors(t *testing.T) {
+	ns := etcdtest.Namespace(t)
+	cli := srv.Client(t)
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	r, err := task.NewRunner(context.Background(), cli, task.RunnerConfig{Namespace: ns, WorkerID: "w1", TTL: 5 * time.Second, TracerProvider: tp})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Close(context.Background()) })
+	boom := errors.New("boom")
+	ctx, cancel := context.WithCancel(context.Background())
+	stop := false // the step's caller stops the run, rather than the step failing
+	steps := []task.Step{{Name: "fail", Run: func(c context.Context, _ []byte) ([]byte, error) {
+		if stop {
+			cancel()
+			<-c.Done()
+			return nil, c.Err()
+		}
+		return nil, boom
+	}}}
+	if _, err := r.Run(context.Background(), "failed", steps); !errors.Is(err, task.ErrStepFailed) {
+		t.Fatalf("run: %v: want a failed step", err)
+	}
+	stop = true
+	if _, err := r.Run(ctx, "stopped", steps); err == nil {
+		t.Fatal("a stopped run: want its error")
+	}
+	want := map[string]codes.Code{"failed": codes.Error, "stopped": codes.Unset}
+	ends := map[string]string{"failed": otelspan.EndFailed, "stopped": otelspan.EndHandedBack}
+	for _, s := range rec.Ended() {
+		id := spanAttr(s, "messaging.message.id")
+		if s.Name() != "process agent-tasks" || id == "" {
+			continue
+		}
+		if e := spanAttr(s, "drover.attempt.end"); e != ends[id] || s.Status().Code != want[id] || len(s.Events()) != 1 {
+			t.Errorf("%s: end %q, status %v, events %v: want %s, %v, the error", id, e, s.Status(), s.Events(), ends[id], want[id])
+		}
+		delete(want, id)
+	}
+	if len(want) != 0 {
+		t.Errorf("runs with no ended span: %v", want)
 	}
 }
