@@ -58,8 +58,9 @@ type RunnerConfig struct {
 	// (Result.Waiting.Children) as it does for a wait; run the task again
 	// once they ended. nil: a step cannot spawn.
 	Spawner Spawner
-	// TracerProvider makes each Run's attempt span (see Run); nil means
-	// the global provider, a no-op until one is set.
+	// TracerProvider makes each Run's attempt span (see Run); nil, or
+	// otel.GetTracerProvider() passed as it is, means the global
+	// provider, a no-op (and no etcd read) until one is set.
 	TracerProvider trace.TracerProvider
 }
 
@@ -127,7 +128,7 @@ func NewRunner(ctx context.Context, cli *clientv3.Client, cfg RunnerConfig) (*Ru
 		limit = DefaultStateLimit
 	}
 	r := &Runner{store: store, worker: lock.NewHolder(cfg.WorkerID).ID, limit: limit, onEvent: cfg.OnEvent, logger: logger, now: cfg.Now, spawner: cfg.Spawner,
-		tracer: otelspan.Tracer(cfg.TracerProvider)}
+		tracer: runnerTracer(cfg.TracerProvider)}
 	switch l := cfg.Locker.(type) {
 	case nil:
 		locker, err := lock.NewEtcd(ctx, cli, lock.EtcdConfig{Namespace: cfg.Namespace, TTL: cfg.TTL, Lease: cfg.Lease, HolderID: cfg.WorkerID, Logger: logger})
@@ -272,7 +273,8 @@ func (r *Runner) Run(ctx context.Context, id string, steps []Step) (Result, erro
 	}
 	ctx, span := r.startRun(ctx, f, id, time.Now())
 	var res Result
-	defer func() { endRun(span, res, err) }()
+	var stopped error // why the run's context ended, if it did before RunSteps returned
+	defer func() { endRun(span, res, err, stopped) }()
 	defer func() {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
@@ -291,6 +293,7 @@ func (r *Runner) Run(ctx context.Context, id string, steps []Step) (Result, erro
 		return Result{TaskID: id, Token: f.Token()}, err
 	}
 	res, err = r.store.RunSteps(runCtx, f, id, steps, StepConfig{Worker: r.worker, StateLimit: r.limit, OnEvent: r.emit, Now: r.now, Spawner: r.spawner})
+	stopped = context.Cause(runCtx)
 	r.endStream(ctx, at, f, res, err)
 	return res, err
 }

@@ -10,8 +10,24 @@ import (
 	"github.com/droverhq/drover/lock"
 	"github.com/droverhq/drover/tracing/otelspan"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/trace"
 )
+
+// unsetGlobal is the global provider before one is set, a no-op that
+// delegates to the one set later.
+var unsetGlobal = otel.GetTracerProvider()
+
+// runnerTracer is the tracer of a Runner's spans from tp. The global
+// provider passed as tp (otel.GetTracerProvider() before one is set) is
+// taken as nil is, so that tracing counts as off, and a Run reads
+// nothing from etcd, until a provider is set.
+func runnerTracer(tp trace.TracerProvider) trace.Tracer {
+	if tp == unsetGlobal {
+		tp = nil
+	}
+	return otelspan.Tracer(tp)
+}
 
 // startRun starts the attempt span of a Run of task id, claimed under f
 // at claimed (package otelspan, StartAgent): a child of the traceparent
@@ -33,17 +49,28 @@ func (r *Runner) startRun(ctx context.Context, f lease.Fence, id string, claimed
 	return otelspan.StartAgent(ctx, r.tracer, r.store.keys.Namespace(), id, r.worker, tp, claimed)
 }
 
-// endRun ends a Run's attempt span with how the run ended: res and err.
-func endRun(span trace.Span, res Result, err error) {
+// endRun ends a Run's attempt span with how the run ended: res and err,
+// and stopped, the cause of the end of the run's context if it ended
+// while the steps ran. A step's error after its context ended (most
+// often that context's own error) is the run stopped, not the step
+// failed: its claim was lost, or its caller stopped it.
+func endRun(span trace.Span, res Result, err, stopped error) {
 	if !span.IsRecording() {
 		span.End()
 		return
 	}
+	lost := func(e error) bool {
+		return errors.Is(e, lock.ErrFenced) || errors.Is(e, lock.ErrLost) || errors.Is(e, lease.ErrLost)
+	}
 	end := otelspan.EndSuccess
 	switch {
+	case err != nil && stopped != nil && lost(stopped):
+		end = otelspan.EndLost
+	case err != nil && stopped != nil:
+		end = otelspan.EndHandedBack
 	case errors.Is(err, ErrStepFailed):
 		end = otelspan.EndFailed
-	case errors.Is(err, lock.ErrFenced) || errors.Is(err, lock.ErrLost) || errors.Is(err, lease.ErrLost):
+	case lost(err):
 		end = otelspan.EndLost
 	case err != nil:
 		end = otelspan.EndHandedBack
