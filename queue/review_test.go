@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -101,18 +102,49 @@ func TestLargeResultsAndRepeatedIDs(t *testing.T) {
 	}
 }
 
-// Workers that keep losing claim races to each other still keep busy.
+// Workers that keep losing claim races to each other still keep busy: the
+// tasks run in rounds in which all four workers must each hold one at once,
+// so a worker that stops claiming after a lost race, or gives up while tasks
+// are pending, stalls a round (counted, not timed against the machine).
 func TestContendedWorkersStayBusy(t *testing.T) {
 	ns := etcdtest.Namespace(t)
 	c, cli := newClient(t, ns)
-	if _, err := c.Submit(context.Background(), "jobs", tasks(80, "work"), nil); err != nil {
+	const workers, rounds = 4, 20
+	if _, err := c.Submit(context.Background(), "jobs", tasks(workers*rounds, "work"), nil); err != nil {
 		t.Fatal(err)
 	}
-	start := time.Now()
+	var (
+		mu      sync.Mutex
+		arrived int
+		release = make(chan struct{})
+		stalled atomic.Int32
+		ran     [workers]atomic.Int32
+	)
+	// meet blocks until all workers hold a task, or a minute has passed (a
+	// stall: only a worker that stopped claiming leaves a round short).
+	meet := func() {
+		mu.Lock()
+		ch := release
+		if arrived++; arrived == workers {
+			arrived, release = 0, make(chan struct{})
+			close(ch)
+		}
+		mu.Unlock()
+		select {
+		case <-ch:
+		case <-time.After(time.Minute):
+			stalled.Add(1)
+		}
+	}
 	var wg sync.WaitGroup
-	for i := 0; i < 4; i++ {
+	for i := 0; i < workers; i++ {
 		w := newWorker(t, cli, queue.WorkerConfig{Namespace: ns, Queue: "jobs", Concurrency: 1, Drain: true})
 		w.HandleAll(func(ctx context.Context, task *queue.Task) ([]byte, error) {
+			ran[i].Add(1)
+			meet()
+			// Long enough that a worker claims nothing ahead of its one
+			// slot (WorkerConfig.Prefetch): no worker holds a round's task
+			// another one needs.
 			time.Sleep(100 * time.Millisecond)
 			return nil, nil
 		})
@@ -120,8 +152,12 @@ func TestContendedWorkersStayBusy(t *testing.T) {
 		go func() { defer wg.Done(); runDrain(t, w) }()
 	}
 	wg.Wait()
-	// 80 tasks of 100 ms on 4 workers: 2 s if they never idle.
-	if took := time.Since(start); took > 6*time.Second {
-		t.Fatalf("took %s for 2 s of work", took)
+	if n := stalled.Load(); n > 0 {
+		t.Fatalf("%d waits for all %d workers to hold a task stalled a minute", n, workers)
+	}
+	for i := range ran {
+		if n := ran[i].Load(); n != rounds {
+			t.Fatalf("worker %d ran %d tasks, want %d (one a round)", i, n, rounds)
+		}
 	}
 }

@@ -46,6 +46,13 @@ func agentSteps(n int, d time.Duration, logPath, worker string, report bool) []t
 			}
 			time.Sleep(d)
 			if report {
+				// A worker paused past its TTL wakes with its sleep over and
+				// its loss not yet noticed: both timers fire at once. Give the
+				// loss a bounded moment to cancel ctx before reporting.
+				select {
+				case <-ctx.Done():
+				case <-time.After(10 * time.Second):
+				}
 				fmt.Printf("STEPCTX %s cancelled=%t\n", name, ctx.Err() != nil)
 			}
 			return append(append([]byte{}, state...), "|"+name...), nil
