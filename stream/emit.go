@@ -192,7 +192,7 @@ func (w *Writer) Ended(ctx context.Context, task string, token int64, typ, outco
 	w.attMu.Lock()
 	delete(w.attempts, attemptID{task, token}) // the attempt ended: its state here, if any, is done with
 	w.attMu.Unlock()
-	a := &attempt{c: Claim{Task: task}, endOf: token}
+	a := &attempt{c: Claim{Task: task}, claimEnd: true, endOf: token}
 	return w.endRequest(ctx, a, typ, ownData{Outcome: outcome, Error: cause}, true, true)
 }
 

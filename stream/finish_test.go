@@ -3,7 +3,10 @@ package stream_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -329,7 +332,94 @@ func TestEndedThroughAnotherWriter(t *testing.T) {
 		t.Fatalf("the stream's last event is %d (%v), want 3: one end, once", last, err)
 	}
 	got := collect(t, e.hub, id, 1, 3)
-	if len(got) != 3 || got[2].Type != stream.AttemptEnded || got[2].Attempt != 3 {
-		t.Fatalf("followed %v, want attempt_started, log, attempt_ended of attempt 3", got)
+	if len(got) != 3 || got[2].Type != stream.AttemptEnded || got[2].Attempt != 3 || !strings.Contains(string(got[2].Data), `"flaky"`) {
+		t.Fatalf("followed %v, want attempt_started, log, attempt_ended of attempt 3 (the claim's, \"flaky\")", got)
+	}
+}
+
+// TestEndedAfterALaterAttemptWrites: the end of an attempt whose outcome
+// was stored, written late (its server slow), after the task's next
+// attempt began to write, writes nothing: it does not end the later
+// attempt, which goes on writing.
+func TestEndedAfterALaterAttemptWrites(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, stream.Limits{})
+	ctx := context.Background()
+	const id = "late-end"
+	c1 := claimKey(t, e.cli, e.keys, id)
+	if _, _, err := e.w.Append(ctx, stream.Claim{Task: id, Attempt: 1, Fence: c1}, []stream.Input{{Type: "log"}}); err != nil {
+		t.Fatal(err)
+	}
+	lose(t, e.cli, c1) // its outcome: retrying
+	c2 := claimKey(t, e.cli, e.keys, id)
+	later := stream.Claim{Task: id, Attempt: 2, Fence: c2}
+	if _, _, err := e.w.Append(ctx, later, []stream.Input{{Type: "log"}}); err != nil {
+		t.Fatal(err)
+	}
+	other := stream.NewWriter(e.cli, e.keys, stream.Limits{}, time.Millisecond)
+	if err := other.Ended(ctx, id, c1.token, stream.AttemptEnded, "retrying", ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, last, err := e.w.Append(ctx, later, []stream.Input{{Type: "log"}}); err != nil || last != 6 {
+		t.Fatalf("the later attempt's next write: last %d, %v; want 6, stored", last, err)
+	}
+	got := collect(t, e.hub, id, 1, 6)
+	types := make([]string, len(got))
+	for i, ev := range got {
+		types[i] = ev.Type
+	}
+	if want := "attempt_started log attempt_lost attempt_started log log"; strings.Join(types, " ") != want {
+		t.Fatalf("followed %v, want %s", types, want)
+	}
+}
+
+// TestEndedByTwoWritersAtOnce: two processes that end the same attempt
+// at once (the outcome's server and another) store one end.
+func TestEndedByTwoWritersAtOnce(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, stream.Limits{})
+	ctx := context.Background()
+	writers := []*stream.Writer{
+		stream.NewWriter(e.cli, e.keys, stream.Limits{}, time.Millisecond),
+		stream.NewWriter(e.cli, e.keys, stream.Limits{}, time.Millisecond),
+	}
+	for i := range 5 {
+		id := fmt.Sprintf("twice-%d", i)
+		c := claimKey(t, e.cli, e.keys, id)
+		if _, _, err := e.w.Append(ctx, stream.Claim{Task: id, Attempt: 1, Fence: c}, []stream.Input{{Type: "log"}}); err != nil {
+			t.Fatal(err)
+		}
+		lose(t, e.cli, c)
+		var wg sync.WaitGroup
+		errs := make([]error, len(writers))
+		for k, w := range writers {
+			wg.Go(func() { errs[k] = w.Ended(ctx, id, c.token, stream.AttemptEnded, "retrying", "") })
+		}
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
+			t.Fatal(err)
+		}
+		if last, err := e.hub.LastSeq(ctx, id); err != nil || last != 3 {
+			t.Fatalf("%s: the last event is %d (%v), want 3: one end", id, last, err)
+		}
+	}
+}
+
+// TestEndedOfTokenZero: Ended of a claim token 0 is a claim like any
+// other: it writes nothing on a stream another claim wrote last.
+func TestEndedOfTokenZero(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, stream.Limits{})
+	ctx := context.Background()
+	const id = "token-zero"
+	c := claimKey(t, e.cli, e.keys, id)
+	if _, _, err := e.w.Append(ctx, stream.Claim{Task: id, Attempt: 1, Fence: c}, []stream.Input{{Type: "log"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.w.Ended(ctx, id, 0, stream.AttemptEnded, "retrying", ""); err != nil {
+		t.Fatal(err)
+	}
+	if last, err := e.hub.LastSeq(ctx, id); err != nil || last != 2 {
+		t.Fatalf("the last event is %d (%v), want 2: nothing written", last, err)
 	}
 }

@@ -146,7 +146,7 @@ func (w *Writer) readHeads(ctx context.Context, groups []*group) error {
 // build makes g's chunk and the operations that write it, or answers g
 // when there is nothing to write or it cannot be written.
 func (w *Writer) build(g *group) {
-	if g.a.final || g.a.endOf != 0 {
+	if g.a.final || g.a.claimEnd {
 		w.buildFinal(g)
 		return
 	}
@@ -265,7 +265,7 @@ func (a *attempt) fenced() error {
 func (w *Writer) buildFinal(g *group) {
 	a := g.a
 	r := g.reqs[0]
-	notOwn := a.endOf != 0 && (a.lastToken != a.endOf || ends(a.lastType))
+	notOwn := a.claimEnd && (a.lastToken != a.endOf || ends(a.lastType))
 	if !a.exists || a.lastType == Done || r.done || notOwn {
 		g.answer(nil)
 		return

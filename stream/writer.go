@@ -172,11 +172,12 @@ type attempt struct {
 	// final: not an attempt but the task's end (Finish): its Done goes
 	// after whatever attempt wrote last, fenced by the stream alone.
 	final bool
-	// endOf: not an attempt but the end of the attempt of claim token
-	// endOf, whose claim is gone (Ended): it goes only if that claim
-	// wrote the stream's last events, through any process's writer,
-	// fenced by the stream alone.
-	endOf int64
+	// claimEnd: not an attempt but the end of the attempt of claim token
+	// endOf (whatever its value), whose claim is gone (Ended): it goes
+	// only if that claim wrote the stream's last events, through any
+	// process's writer, fenced by the stream alone.
+	claimEnd bool
+	endOf    int64
 }
 
 // request is one call's events (or end), waiting in the line.
