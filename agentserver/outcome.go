@@ -220,8 +220,8 @@ func (s *server) appendedHistory(ctx context.Context, sp keyspace.Space, thread 
 		limit = defaultHistoryKept
 	}
 	hist, ok := appendHistory(o.History, rec.History, limit)
-	if !ok {
-		return nil, cmp, huma.NewError(http.StatusPreconditionFailed, "body.history: the thread's stored history does not hold the last state sent: send the whole history, without history_append")
+	if !ok || rec.Gap {
+		return nil, cmp, huma.NewError(http.StatusPreconditionFailed, "body.history: the thread's stored history does not hold the last state sent, or lacks states older than it: send the whole history, without history_append")
 	}
 	return hist, cmp, nil
 }

@@ -2,6 +2,7 @@ package agentserver_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
@@ -191,5 +192,58 @@ func TestOutcomeAppendsToTheStoredHistory(t *testing.T) {
 	a.must(200, "PUT", out, map[string]any{"token": token, "status": "success", "state": at("c7"), "history": states("c7", "c6", "c5")})
 	if got := history(th); got != "c7 c6 c5" {
 		t.Fatalf("history after the whole history was sent: %q, want c7 c6 c5", got)
+	}
+}
+
+// A state update made on a checkpoint that the stored history does not
+// hold (a run stopped before its outcome wrote it) leaves the history
+// without that state: the next outcome may not append to it (412), and
+// the whole history it sends then holds the stopped run's state.
+func TestAppendRefusedAfterAnUpdateOnAnUnstoredCheckpoint(t *testing.T) {
+	a := newAPI(t)
+	at := func(cp, parent string) map[string]any {
+		s := valuesState(map[string]any{"cp": cp})
+		s["checkpoint"] = map[string]any{"checkpoint_id": cp}
+		if parent != "" {
+			s["parent_checkpoint"] = map[string]any{"checkpoint_id": parent}
+		}
+		return s
+	}
+	history := func(th string) string {
+		var ids []string
+		for _, st := range a.must(200, "POST", "/threads/"+th+"/history", map[string]any{"limit": 100}).List {
+			ids = append(ids, st["checkpoint"].(map[string]any)["checkpoint_id"].(string))
+		}
+		return strings.Join(ids, " ")
+	}
+	th, out, token := startRun(t, a, map[string]any{})
+	a.must(200, "PUT", out, map[string]any{"token": token, "status": "success", "state": at("c1", ""), "history": []any{at("c1", "")}})
+	tokens, release := make(chan int64, 1), make(chan struct{})
+	defer close(release)
+	runtime(t, a, func(ctx context.Context, p map[string]any, token int64) []byte {
+		if p["op"] == "update_state" { // on a1, a checkpoint of a run stopped before its outcome
+			raw, _ := json.Marshal(map[string]any{"checkpoint": map[string]any{"checkpoint_id": "u1"}, "state": at("u1", "a1")})
+			return raw
+		}
+		tokens <- token
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return nil
+	})
+	a.must(200, "POST", "/threads/"+th+"/state", map[string]any{"values": map[string]any{"cp": "u1"}, "as_node": "agent"})
+	id := a.must(200, "POST", "/threads/"+th+"/runs", map[string]any{"assistant_id": "agent"}).Obj["run_id"].(string)
+	out = "/v1/agent-server/threads/" + th + "/runs/" + id + "/outcome"
+	select {
+	case token = <-tokens:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the run's task was not claimed")
+	}
+	a.must(412, "PUT", out, map[string]any{"token": token, "status": "success", "state": at("b1", "u1"), "history": []any{at("b1", "u1"), at("u1", "a1")}, "history_append": true})
+	a.must(200, "PUT", out, map[string]any{"token": token, "status": "success", "state": at("b1", "u1"),
+		"history": []any{at("b1", "u1"), at("u1", "a1"), at("a1", "c1"), at("c1", "")}})
+	if got := history(th); got != "b1 u1 a1 c1" {
+		t.Fatalf("history after the whole history was sent: %q, want b1 u1 a1 c1", got)
 	}
 }

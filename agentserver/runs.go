@@ -78,6 +78,10 @@ type ThreadState struct {
 type stateRecord struct {
 	State   ThreadState   `json:"state"`
 	History []ThreadState `json:"history"`
+	// Gap: a state update was stored on a checkpoint the history does not
+	// hold (one of a run stopped before its outcome), so the history skips
+	// states: an outcome may not append to it, it sends the whole history.
+	Gap bool `json:"gap,omitempty"`
 }
 
 // errRunExists: a run of that id is stored already (a cron's fire made

@@ -139,6 +139,7 @@ func (s *server) awaitUpdate(ctx context.Context, thread string, u updateTicket)
 		if err != nil {
 			return nil, err
 		}
+		rec.Gap = rec.Gap || !joinsHistory(res.State, rec)
 		rec.History = append([]ThreadState{res.State}, rec.History...)
 		rec.History = rec.History[:min(len(rec.History), 100)]
 		rec.State = res.State
@@ -250,4 +251,16 @@ func (s *server) applySupersteps(ctx context.Context, id string, steps []superst
 	}
 	t, _, err := s.getThread(ctx, id)
 	return t, err
+}
+
+// joinsHistory reports whether state st, a state update's, follows the
+// newest state of rec's history: its parent checkpoint is that state's (or
+// both are absent). A run stopped before its outcome leaves checkpoints
+// the history does not hold, and an update made after it builds on them.
+func joinsHistory(st ThreadState, rec stateRecord) bool {
+	parent := checkpointIDOf(ThreadState{Checkpoint: st.ParentCheckpoint})
+	if len(rec.History) == 0 {
+		return parent == ""
+	}
+	return parent != "" && parent == checkpointIDOf(rec.History[0])
 }

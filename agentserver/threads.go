@@ -306,7 +306,7 @@ func (s *server) copyThread(ctx context.Context, id string) (Thread, error) {
 		undo()
 		return Thread{}, err
 	}
-	copied := stateRecord{State: copiedState(rec.State, id, t.ThreadID), History: make([]ThreadState, len(rec.History))}
+	copied := stateRecord{State: copiedState(rec.State, id, t.ThreadID), History: make([]ThreadState, len(rec.History)), Gap: rec.Gap}
 	for i, st := range rec.History {
 		copied.History[i] = copiedState(st, id, t.ThreadID)
 	}
