@@ -22,6 +22,14 @@ import (
 // MaxBlock is the most requests one block holds.
 const MaxBlock = 1000
 
+// BlockRoom is how many blocks of its size the budget must have room for
+// (tokens, with the margin for the calls in flight, and requests) for a
+// block to be admitted, itself included. The budget checks it in the
+// reserve's transaction, so workers that each saw ample room a moment
+// ago cannot together reserve the budget's last room as blocks: near the
+// limits, every tenant reserves call by call and its share stays its own.
+const BlockRoom = 8
+
 // WithBlock makes the reservation a block of n requests (its estimate
 // being the tokens of all of them). Refused, it records nothing of the
 // tenant: the caller reserves call by call instead.
@@ -70,8 +78,14 @@ func (c *Client) SettleBlock(ctx context.Context, r Reservation, actual, calls i
 // quietBlock says whether a block of n requests and est tokens for tenant
 // would be refused, without changing st.
 func quietBlock(cfg Budget, st *state, res []Reservation, tenant string, est, n int64) *refusal {
-	if cfg.Requests > 0 && st.Requests+n > cfg.Requests {
-		return &refusal{reason: fmt.Sprintf("%d requests of %d used in this window: no room for a block of %d", st.Requests, cfg.Requests, n)}
+	if cfg.Requests > 0 && st.Requests+BlockRoom*n > cfg.Requests {
+		return &refusal{reason: fmt.Sprintf("%d requests of %d used in this window: no room for %d blocks of %d", st.Requests, cfg.Requests, BlockRoom, n)}
+	}
+	if cfg.Tokens > 0 {
+		reserved, _ := held(res, st.Window)
+		if total := st.Used + reserved + st.Floor + st.margin(res); total+BlockRoom*est > cfg.Tokens {
+			return &refusal{reason: fmt.Sprintf("%d tokens of %d taken or kept back in this window: no room for %d blocks of %d", total, cfg.Tokens, BlockRoom, est)}
+		}
 	}
 	return decide(cfg, st, res, tenant, est)
 }

@@ -23,20 +23,21 @@ func TestBlockReserveAndSettle(t *testing.T) {
 	cli := srv.Client(t)
 	c := budget.New(cli, ns)
 	defer c.Close()
-	if _, err := c.Set(ctx, budget.Budget{Key: key, Tokens: 1000, Requests: 20, WindowSeconds: 3600}); err != nil {
+	if _, err := c.Set(ctx, budget.Budget{Key: key, Tokens: 4000, Requests: 80, WindowSeconds: 3600}); err != nil {
 		t.Fatal(err)
 	}
 	r, err := c.Reserve(ctx, key, "acme", 500, budget.WithBlock(10))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if tok, req := r.Room(); r.Requests != 10 || tok != 500 || req != 10 || r.WindowEnd().IsZero() {
-		t.Fatalf("block: requests %d, room %d tokens and %d requests, window end %v; want 10, 500, 10, set", r.Requests, tok, req, r.WindowEnd())
+	if tok, req := r.Room(); r.Requests != 10 || tok != 3500 || req != 70 || r.WindowEnd().IsZero() {
+		t.Fatalf("block: requests %d, room %d tokens and %d requests, window end %v; want 10, 3500, 70, set", r.Requests, tok, req, r.WindowEnd())
 	}
 	if u, _ := c.Get(ctx, key); u.RequestsUsed != 10 || u.Reserved != 500 {
 		t.Fatalf("while the block is held: requests %d, reserved %d; want 10, 500", u.RequestsUsed, u.Reserved)
 	}
-	// Eleven requests of the twenty: one more block of ten does not fit.
+	// Eleven requests of the eighty: no room left for BlockRoom more
+	// blocks of ten.
 	if _, err := c.Reserve(ctx, key, "acme", 10); err != nil {
 		t.Fatal(err)
 	}
@@ -68,5 +69,47 @@ func TestBlockReserveAndSettle(t *testing.T) {
 	}
 	if _, err := c.SettleBlock(ctx, r, 1, 11, nil); !errors.Is(err, drover.ErrInvalidInput) {
 		t.Fatalf("more calls than the block's requests: %v, want an input error", err)
+	}
+}
+
+// TestBlockNeedsRoomForMany: the budget admits a block only while it has
+// room for BlockRoom blocks of its size, itself included, in requests and
+// in tokens: workers that each saw ample room cannot together take the
+// budget's last room as blocks. A lone reservation still fits after.
+func TestBlockNeedsRoomForMany(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	ns := etcdtest.Namespace(t)
+	c := budget.New(srv.Client(t), ns)
+	defer c.Close()
+	const rk, tk = "openai/gpt-4.1/key-block-requests", "openai/gpt-4.1/key-block-tokens"
+	if _, err := c.Set(ctx, budget.Budget{Key: rk, Requests: 100, WindowSeconds: 3600}); err != nil {
+		t.Fatal(err)
+	}
+	// Blocks of 10 of 100 requests: 0, 10 and 20 used leave room for 8
+	// more; 30 used does not.
+	for i := range 3 {
+		if _, err := c.Reserve(ctx, rk, "acme", 0, budget.WithBlock(10)); err != nil {
+			t.Fatalf("block %d of 10 requests of 100: %v", i+1, err)
+		}
+	}
+	if _, err := c.Reserve(ctx, rk, "acme", 0, budget.WithBlock(10)); !errors.Is(err, drover.ErrDeferred) {
+		t.Fatalf("a block with 30 of 100 requests used: %v, want a refusal", err)
+	}
+	if _, err := c.Reserve(ctx, rk, "acme", 0); err != nil {
+		t.Fatalf("a lone reservation after the refused block: %v", err)
+	}
+	if _, err := c.Set(ctx, budget.Budget{Key: tk, Tokens: 10_000, WindowSeconds: 3600}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Reserve(ctx, tk, "globex", 6000); err != nil {
+		t.Fatal(err)
+	}
+	// 640 fits beside 6,000 of 10,000, eight of them do not.
+	if _, err := c.Reserve(ctx, tk, "acme", 640, budget.WithBlock(32)); !errors.Is(err, drover.ErrDeferred) {
+		t.Fatalf("a block of 640 tokens with 4,000 left: %v, want a refusal", err)
+	}
+	if _, err := c.Reserve(ctx, tk, "acme", 500, budget.WithBlock(32)); err != nil {
+		t.Fatalf("a block of 500 tokens with 4,000 left: %v", err)
 	}
 }

@@ -30,8 +30,9 @@ const (
 	blockCalls = 32
 	// blockRoom is how many blocks' worth of tokens and requests the
 	// budget must have left, after the gate's last reservation, for the
-	// gate to reserve a block.
-	blockRoom = 8
+	// gate to try a block (the budget itself refuses one without room
+	// for budget.BlockRoom of them).
+	blockRoom = budget.BlockRoom
 	// blockMaxAge is the longest a block admits tasks.
 	blockMaxAge = time.Second
 )
