@@ -2,8 +2,6 @@ package otelspan
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -63,7 +61,7 @@ func EndAgent(span trace.Span, resumedAfter int, end string, err error) {
 		span.SetAttributes(AttrAttemptEnd.String(end))
 		if err != nil && end != EndSuccess {
 			text := ErrorText(err)
-			span.RecordError(errors.New(text), trace.WithAttributes(semconv.ExceptionType(fmt.Sprintf("%T", err))))
+			recordError(span, err, text)
 			if end == EndFailed || end == EndLost {
 				span.SetStatus(codes.Error, text)
 			}

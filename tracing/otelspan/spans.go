@@ -79,7 +79,7 @@ func EndSend(span trace.Span, submitted, duplicates, rejected int, err error) {
 		span.SetAttributes(AttrSubmitted.Int(submitted), AttrDuplicates.Int(duplicates), AttrRejected.Int(rejected))
 		if err != nil {
 			text := ErrorText(err)
-			span.RecordError(errors.New(text), trace.WithAttributes(semconv.ExceptionType(fmt.Sprintf("%T", err))))
+			recordError(span, err, text)
 			span.SetStatus(codes.Error, text)
 		}
 	}
@@ -144,13 +144,22 @@ func EndProcess(span trace.Span, end string, err error) {
 		span.SetAttributes(AttrAttemptEnd.String(end))
 		if err != nil && end != EndSuccess {
 			text := ErrorText(err)
-			span.RecordError(errors.New(text), trace.WithAttributes(semconv.ExceptionType(fmt.Sprintf("%T", err))))
+			recordError(span, err, text)
 			if end == EndRetry || end == EndDead || end == EndLost {
 				span.SetStatus(codes.Error, text)
 			}
 		}
 	}
 	span.End()
+}
+
+// recordError adds err's exception event: exception.type names err's own
+// type and exception.message holds text (its short span text). The SDK's
+// RecordError would add a second exception.type, that of the error it is
+// handed, so the event is added here instead.
+func recordError(span trace.Span, err error, text string) {
+	span.AddEvent(semconv.ExceptionEventName, trace.WithAttributes(
+		semconv.ExceptionType(fmt.Sprintf("%T", err)), semconv.ExceptionMessage(text)))
 }
 
 // Env is the environment that hands ctx's span context to a command:

@@ -10,6 +10,7 @@ import (
 	"unicode/utf8"
 
 	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/codes"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
@@ -198,5 +199,51 @@ func TestSampledOutAttemptAllocates(t *testing.T) {
 	if len(ended) != 1 || len(ended[0].Links()) != 1 || Format(ended[0].Links()[0].SpanContext) != tp ||
 		Format(ended[0].Parent()) != tp || !ended[0].StartTime().Equal(now) {
 		t.Fatalf("recorded %v: want one span under and linked to %s, from the claim", ended, tp)
+	}
+}
+
+// TestErrorEventsCarryOneExceptionType: the exception event of a failed
+// submission, attempt and agent run holds exactly one exception.type,
+// the type of drover's error, beside its short exception.message, and
+// the span's status is an error.
+func TestErrorEventsCarryOneExceptionType(t *testing.T) {
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	tr := Tracer(tp)
+	err := spanError{}
+	_, span := tr.Start(context.Background(), "send q")
+	EndSend(span, 0, 0, 1, err)
+	_, span = tr.Start(context.Background(), "process q")
+	EndProcess(span, EndDead, err)
+	_, span = tr.Start(context.Background(), "process agent")
+	EndAgent(span, -1, EndFailed, err)
+	ended := rec.Ended()
+	if len(ended) != 3 {
+		t.Fatalf("%d spans, want 3", len(ended))
+	}
+	want := fmt.Sprintf("%T", err)
+	for _, s := range ended {
+		if s.Status().Code != codes.Error || s.Status().Description != "cmd: exit status 1" {
+			t.Fatalf("%s: status %v %q", s.Name(), s.Status().Code, s.Status().Description)
+		}
+		events := s.Events()
+		if len(events) != 1 || events[0].Name != semconv.ExceptionEventName {
+			t.Fatalf("%s: events %v, want one exception", s.Name(), events)
+		}
+		var types, messages []string
+		for _, kv := range events[0].Attributes {
+			switch kv.Key {
+			case semconv.ExceptionTypeKey:
+				types = append(types, kv.Value.AsString())
+			case semconv.ExceptionMessageKey:
+				messages = append(messages, kv.Value.AsString())
+			}
+		}
+		if len(types) != 1 || types[0] != want {
+			t.Fatalf("%s: exception.type %q, want exactly [%q]", s.Name(), types, want)
+		}
+		if len(messages) != 1 || messages[0] != "cmd: exit status 1" {
+			t.Fatalf("%s: exception.message %q, want the short text once", s.Name(), messages)
+		}
 	}
 }
