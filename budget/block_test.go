@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/budget"
@@ -111,5 +112,34 @@ func TestBlockNeedsRoomForMany(t *testing.T) {
 	}
 	if _, err := c.Reserve(ctx, tk, "acme", 500, budget.WithBlock(32)); err != nil {
 		t.Fatalf("a block of 500 tokens with 4,000 left: %v", err)
+	}
+}
+
+// TestBlockGivesBackOnlyInItsWindow: a block's unused requests go back to
+// its own window only. Settled after its window turned, it gives nothing
+// back: the new window's requests (here another block's) stay as counted.
+func TestBlockGivesBackOnlyInItsWindow(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	clk := newFakeClock() // at the start of a minute
+	c := budget.New(srv.Client(t), etcdtest.Namespace(t), budget.WithClock(clk.Now))
+	defer c.Close()
+	const wk = "openai/gpt-4.1/key-block-window"
+	if _, err := c.Set(ctx, budget.Budget{Key: wk, Requests: 1000, WindowSeconds: 60}); err != nil {
+		t.Fatal(err)
+	}
+	old, err := c.Reserve(ctx, wk, "acme", 0, budget.WithBlock(10))
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk.Add(time.Minute)
+	if _, err := c.Reserve(ctx, wk, "acme", 0, budget.WithBlock(10)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.SettleBlock(ctx, old, 0, 4, nil); err != nil {
+		t.Fatal(err)
+	}
+	if u, _ := c.Get(ctx, wk); u.RequestsUsed != 10 {
+		t.Fatalf("after settling last window's block of 10 with 4 calls: %d requests in this window, want 10 (nothing given back)", u.RequestsUsed)
 	}
 }

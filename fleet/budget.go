@@ -48,6 +48,11 @@ type BudgetGate struct {
 	settling inFlight
 	// beforeSettle, when a test sets it, runs before each settle is sent.
 	beforeSettle func()
+	// now and afterFunc are the gate's clock (time.Now, time.AfterFunc
+	// unless a test sets them): a block's age and window end are read on
+	// it.
+	now       func() time.Time
+	afterFunc func(time.Duration, func())
 
 	mu sync.Mutex
 	// used holds, per admitted attempt (usedKey), what its handler
@@ -85,6 +90,7 @@ func NewBudgetGate(c *budget.Client, lease func() clientv3.LeaseID, logger *slog
 		logger = slog.Default()
 	}
 	return &BudgetGate{c: c, lease: lease, logger: logger, used: map[string]report{},
+		now: time.Now, afterFunc: func(d time.Duration, f func()) { time.AfterFunc(d, f) },
 		blocks: map[blockKey]*block{}, taking: map[blockKey]bool{}, room: map[string][2]int64{}}
 }
 

@@ -55,7 +55,7 @@ type block struct {
 func (g *BudgetGate) fromBlock(t *queue.Task, est int64) (*block, bool) {
 	k := blockKey{t.Metadata.Budget, t.Metadata.Tenant}
 	b := g.blocks[k]
-	if b != nil && (b.closed || b.tokens < est || b.calls < 1 || !time.Now().Before(b.r.WindowEnd())) {
+	if b != nil && (b.closed || b.tokens < est || b.calls < 1 || !g.now().Before(b.r.WindowEnd())) {
 		g.closeLocked(k, b)
 		b = nil
 	}
@@ -99,8 +99,8 @@ func (g *BudgetGate) takeBlockLocked(k blockKey, est int64) {
 		}
 		b := &block{r: r, tokens: r.Estimate, calls: blockCalls}
 		g.blocks[k] = b
-		age := min(blockMaxAge, time.Until(r.WindowEnd()))
-		time.AfterFunc(age, func() {
+		age := min(blockMaxAge, r.WindowEnd().Sub(g.now()))
+		g.afterFunc(age, func() {
 			g.mu.Lock()
 			g.closeLocked(k, b)
 			g.mu.Unlock()

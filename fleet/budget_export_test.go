@@ -1,6 +1,9 @@
 package fleet
 
-import "time"
+import (
+	"context"
+	"time"
+)
 
 // SetBeforeSettle makes g run f before it sends each settle (after the
 // handler returned): a test holds the settle there.
@@ -13,3 +16,13 @@ func SetFlushTimeout(d time.Duration) func() {
 	flushTimeout = d
 	return func() { flushTimeout = old }
 }
+
+// SetClock makes g read the time from now and start its timers with
+// after instead of time.Now and time.AfterFunc.
+func SetClock(g *BudgetGate, now func() time.Time, after func(time.Duration, func())) {
+	g.now, g.afterFunc = now, after
+}
+
+// WaitBackground waits for g's block reserves and settles in flight,
+// without closing its blocks as Flush does.
+func WaitBackground(ctx context.Context, g *BudgetGate) error { return g.settling.wait(ctx) }

@@ -1,0 +1,197 @@
+package fleet_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/droverhq/drover/budget"
+	"github.com/droverhq/drover/fleet"
+	"github.com/droverhq/drover/internal/testenv/etcdtest"
+	"github.com/droverhq/drover/metrics"
+	"github.com/droverhq/drover/queue"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// gateClock is a clock with timers, moved by hand: Add fires the timers
+// whose time came (unless fire is off), in the caller's goroutine.
+type gateClock struct {
+	mu     sync.Mutex
+	now    time.Time
+	fire   bool
+	timers []gateTimer
+}
+
+type gateTimer struct {
+	at time.Time
+	f  func()
+}
+
+func (c *gateClock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.now }
+
+func (c *gateClock) AfterFunc(d time.Duration, f func()) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.timers = append(c.timers, gateTimer{at: c.now.Add(d), f: f})
+}
+
+func (c *gateClock) Add(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	var due []func()
+	kept := c.timers[:0]
+	for _, tm := range c.timers {
+		if c.fire && !tm.at.After(c.now) {
+			due = append(due, tm.f)
+		} else {
+			kept = append(kept, tm)
+		}
+	}
+	c.timers = kept
+	c.mu.Unlock()
+	for _, f := range due {
+		f()
+	}
+}
+
+// blockGate is a budget gate on a budget of ample room (window seconds)
+// whose client and gate read clk.
+type blockGate struct {
+	t    *testing.T
+	b    *budget.Client
+	gate *fleet.BudgetGate
+	key  string
+	n    int
+}
+
+func newBlockGate(t *testing.T, clk *gateClock, key string, window int64) *blockGate {
+	t.Helper()
+	ctx := context.Background()
+	cli := srv.Client(t)
+	b := budget.New(cli, etcdtest.Namespace(t), budget.WithClock(clk.Now))
+	t.Cleanup(func() { b.Close() })
+	if _, err := b.Set(ctx, budget.Budget{Key: key, Tokens: 1_000_000, Requests: 100_000, WindowSeconds: window}); err != nil {
+		t.Fatal(err)
+	}
+	l, err := cli.Grant(ctx, 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Revoke(context.Background(), l.ID) })
+	gate := fleet.NewBudgetGate(b, func() clientv3.LeaseID { return l.ID }, nil)
+	fleet.SetClock(gate, clk.Now, clk.AfterFunc)
+	return &blockGate{t: t, b: b, gate: gate, key: key}
+}
+
+// run admits one task of 10 estimated tokens, reports 7 used, ends it,
+// waits for what the gate does in the background, and returns the
+// reservations the gate made meanwhile (0: from a block, none taken).
+func (g *blockGate) run() float64 {
+	g.t.Helper()
+	g.n++
+	task := &queue.Task{ID: fmt.Sprintf("t%03d", g.n), Type: "chat", Metadata: queue.Metadata{Tenant: "acme", Budget: g.key, EstimatedTokens: 10}}
+	before := testutil.ToFloat64(metrics.BudgetReservations.WithLabelValues(g.key, "admitted"))
+	done, err := g.gate.Admit(context.Background(), task)
+	if err != nil {
+		g.t.Fatal(err)
+	}
+	g.gate.Used(task, 7)
+	done(nil)
+	g.wait()
+	return testutil.ToFloat64(metrics.BudgetReservations.WithLabelValues(g.key, "admitted")) - before
+}
+
+func (g *blockGate) wait() {
+	g.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := fleet.WaitBackground(ctx, g.gate); err != nil {
+		g.t.Fatal(err)
+	}
+}
+
+func (g *blockGate) usage() budget.Usage {
+	g.t.Helper()
+	u, err := g.b.Get(context.Background(), g.key)
+	if err != nil {
+		g.t.Fatal(err)
+	}
+	return u
+}
+
+// openBlock runs the tasks that make the gate reserve a block (the first
+// learns the room, the second takes the block) and one admitted from it;
+// it checks the block is the one reservation left.
+func (g *blockGate) openBlock() {
+	g.t.Helper()
+	g.run()
+	g.run()
+	if made := g.run(); made != 0 {
+		g.t.Fatalf("third task: %v reservations of its own, want 0 (from the block)", made)
+	}
+	if u := g.usage(); u.Live != 1 {
+		g.t.Fatalf("with a block open: %d live reservations, want 1", u.Live)
+	}
+}
+
+// TestBudgetBlockClosesAfterMaxAge: a block admits tasks for one second
+// of the gate's clock; then it closes and is settled, with no task to
+// prompt it: the tokens its task used are counted and its unused
+// requests given back.
+func TestBudgetBlockClosesAfterMaxAge(t *testing.T) {
+	t.Parallel()
+	clk := &gateClock{now: time.Date(2026, 1, 2, 3, 4, 0, 0, time.UTC), fire: true}
+	g := newBlockGate(t, clk, "openai/gpt-4.1/key-block-age", 86400)
+	g.openBlock()
+	clk.Add(999 * time.Millisecond)
+	g.wait()
+	if u := g.usage(); u.Live != 1 || u.Used != 14 {
+		t.Fatalf("999 ms after the block: live %d, used %d; want 1 (the block, open), 14 (the two lone tasks)", u.Live, u.Used)
+	}
+	clk.Add(time.Millisecond)
+	g.wait()
+	if u := g.usage(); u.Live != 0 || u.Used != 21 || u.RequestsUsed != 3 || u.Reserved != 0 {
+		t.Fatalf("a second after the block: live %d, used %d, requests %d, reserved %d; want 0, 21, 3, 0 (settled, unused requests back)", u.Live, u.Used, u.RequestsUsed, u.Reserved)
+	}
+}
+
+// TestBudgetBlockClosesAtWindowEnd: a block reserved half a second before
+// its window ends closes then, not a second later; and a task that comes
+// at or after the window's end is not admitted from it even before its
+// timer ran: the block is closed and settled, the task reserved alone.
+func TestBudgetBlockClosesAtWindowEnd(t *testing.T) {
+	t.Parallel()
+	start := time.Date(2026, 1, 2, 3, 4, 59, 500_000_000, time.UTC) // half a second before the window turns
+	t.Run("timer", func(t *testing.T) {
+		t.Parallel()
+		clk := &gateClock{now: start, fire: true}
+		g := newBlockGate(t, clk, "openai/gpt-4.1/key-block-end", 60)
+		g.openBlock()
+		clk.Add(499 * time.Millisecond)
+		g.wait()
+		if u := g.usage(); u.Live != 1 {
+			t.Fatalf("1 ms before the window ends: %d live reservations, want 1 (the block, open)", u.Live)
+		}
+		clk.Add(time.Millisecond)
+		g.wait()
+		if u := g.usage(); u.Live != 0 {
+			t.Fatalf("at the window's end: %d live reservations, want 0 (the block settled)", u.Live)
+		}
+	})
+	t.Run("admit", func(t *testing.T) {
+		t.Parallel()
+		clk := &gateClock{now: start} // its timers never run
+		g := newBlockGate(t, clk, "openai/gpt-4.1/key-block-end-admit", 60)
+		g.openBlock()
+		clk.Add(500 * time.Millisecond)
+		if made := g.run(); made != 2 {
+			t.Fatalf("a task at the window's end: %v reservations, want 2 (its own, not from the block, and the next block)", made)
+		}
+		if u := g.usage(); u.Live != 1 {
+			t.Fatalf("after the task at the window's end: %d live reservations, want 1 (the block settled, a new one taken)", u.Live)
+		}
+	})
+}
