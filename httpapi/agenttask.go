@@ -232,7 +232,7 @@ func (s *Server) claimTask(ctx context.Context, in *claimTaskInput) (*struct{ Bo
 	}
 	var tp string
 	if err == nil && !cp.Completed {
-		tp, err = s.agentTrace(ctx, l, in.ID, cmp.Or(in.Body.TraceParent, otelspan.TraceParent(ctx)))
+		tp, err = store.KeepTraceParent(ctx, l, in.ID, cmp.Or(in.Body.TraceParent, otelspan.TraceParent(ctx)))
 	}
 	if err != nil || cp.Completed || asleep || waiting {
 		rctx, rcancel := cleanupContext(ctx) // nothing is held on error, nor for a completed or sleeping task
@@ -258,31 +258,6 @@ func (s *Server) claimTask(ctx context.Context, in *claimTaskInput) (*struct{ Bo
 		out.Steps = in.Body.Steps
 	}
 	return &struct{ Body AgentTaskClaim }{out}, nil
-}
-
-// agentTrace is the traceparent kept with agent task id: the one stored,
-// or tp (when valid) stored now if none is, under claim l (a claim lost
-// stores nothing: an error matching lease.ErrFenced); "" when neither.
-func (s *Server) agentTrace(ctx context.Context, l *lock.EtcdLock, id, tp string) (string, error) {
-	key := s.keys(ctx).TaskTrace(id)
-	if _, ok := otelspan.Parse(tp); !ok {
-		r, err := s.cli.Get(ctx, key)
-		if err != nil || len(r.Kvs) == 0 {
-			return "", err
-		}
-		return string(r.Kvs[0].Value), nil
-	}
-	r, err := l.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
-		Then(clientv3.OpPut(key, tp)).Else(clientv3.OpGet(key)).Commit()
-	if err != nil {
-		return "", fmt.Errorf("task %s: store its traceparent: %w", id, err)
-	}
-	if !r.Succeeded {
-		if kvs := r.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
-			return string(kvs[0].Value), nil
-		}
-	}
-	return tp, nil
 }
 
 // claimFence finds task id's claim held with token under session: the

@@ -31,6 +31,10 @@ func TestAgentTraceStoredOnlyUnderItsClaim(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer locker.Close(context.Background())
+	store, err := s.taskStore(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
 	key := s.keys(ctx).TaskTrace("lost")
 	l, err := locker.TryAcquireFenced(ctx, keyspace.TaskLock("lost"))
 	if err != nil {
@@ -39,7 +43,7 @@ func TestAgentTraceStoredOnlyUnderItsClaim(t *testing.T) {
 	if _, err := cli.Delete(ctx, l.Key()); err != nil {
 		t.Fatal(err)
 	}
-	if got, err := s.agentTrace(ctx, l, "lost", tp); !errors.Is(err, lease.ErrFenced) || got != "" {
+	if got, err := store.KeepTraceParent(ctx, l, "lost", tp); !errors.Is(err, lease.ErrFenced) || got != "" {
 		t.Fatalf("a lost claim's store: %q, %v; want an error matching lease.ErrFenced", got, err)
 	}
 	if r, err := cli.Get(ctx, key); err != nil || len(r.Kvs) != 0 {
@@ -49,7 +53,7 @@ func TestAgentTraceStoredOnlyUnderItsClaim(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, err := s.agentTrace(ctx, held, "held", tp); err != nil || got != tp {
+	if got, err := store.KeepTraceParent(ctx, held, "held", tp); err != nil || got != tp {
 		t.Fatalf("a held claim's store: %q, %v; want %s", got, err, tp)
 	}
 	if r, err := cli.Get(ctx, s.keys(ctx).TaskTrace("held")); err != nil || len(r.Kvs) != 1 || string(r.Kvs[0].Value) != tp {

@@ -85,7 +85,7 @@ func endRun(span trace.Span, res Result, err, stopped error) {
 // KeepTraceParent is the W3C traceparent kept with task id: the one
 // kept, or tp (when valid) kept now if none is, under fence f (a fence
 // lost keeps nothing: an error matching lease.ErrFenced); "" when
-// neither. The HTTP API's agent task claims keep theirs the same way,
+// neither. The HTTP API's agent task claims keep theirs through it,
 // under the same key, which goes with the task's other keys.
 func (s *Store) KeepTraceParent(ctx context.Context, f lease.Fence, id, tp string) (string, error) {
 	key := s.keys.TaskTrace(id)
