@@ -42,8 +42,9 @@ var ErrRestoreLeftover = errors.New("cluster: an interrupted restore's work dire
 // is done, or cfg.StartTimeout passes. Data in cfg.DataDir from an earlier run
 // is kept: a restarted member rejoins its cluster whatever cfg.InitialCluster
 // says. With cfg.Join and a data dir that holds no member yet, Embed first
-// adds the member to the running cluster; a member that starts as a learner
-// is promoted to a voter before Embed returns. A member it added and could
+// adds the member to the running cluster and starts it once the other
+// members list it (see startJoining); a member that starts as a learner is
+// promoted to a voter before Embed returns. A member it added and could
 // not start it removes again (see JoinError). Embed refuses a data dir that
 // holds no member while an interrupted restore's work directory is there
 // (see Restore).
@@ -96,7 +97,12 @@ func Embed(ctx context.Context, cfg EmbedConfig) (*Server, error) {
 		cfg.InitialCluster, cfg.InitialClusterState = added.initialCluster, ClusterStateExisting
 	}
 	_, statErr := os.Stat(filepath.Join(cfg.DataDir, "member"))
-	s, err := start(ctx, cfg)
+	var s *Server
+	if added != nil {
+		s, err = startJoining(ctx, cfg, added, statErr == nil)
+	} else {
+		s, err = start(ctx, cfg)
+	}
 	if err != nil {
 		if added != nil {
 			err = undoJoin(ctx, cfg, added, err, statErr == nil)

@@ -1,6 +1,10 @@
 package cluster
 
-import "testing"
+import (
+	"testing"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+)
 
 // SetRestoreHook makes Restore call f once etcd's restore has written its
 // work directory, before it moves it into place, until the test ends.
@@ -8,3 +12,22 @@ func SetRestoreHook(t testing.TB, f func(dataDir, work string) error) {
 	restoreHook = f
 	t.Cleanup(func() { restoreHook = nil })
 }
+
+// SetListedHook makes a join's wait for the members to list it go by
+// f(endpoint, members) instead of the members a member listed, until the
+// test ends.
+func SetListedHook(t testing.TB, f func(endpoint string, members []*pb.Member) []*pb.Member) {
+	listedHook = f
+	t.Cleanup(func() { listedHook = nil })
+}
+
+// SetJoinStartHook makes each start of a joining member call f first (try
+// counts from 1); an error f returns fails that start, until the test ends.
+func SetJoinStartHook(t testing.TB, f func(dataDir string, try int) error) {
+	joinStartHook = f
+	t.Cleanup(func() { joinStartHook = nil })
+}
+
+// JoinStartTries is how many times a join starts its member before it gives
+// up on a start that a lagging member refused.
+const JoinStartTries = joinStartTries

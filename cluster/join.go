@@ -6,13 +6,16 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/storage/wal"
+	"go.uber.org/zap"
 )
 
 // HasMember reports whether dir holds an etcd member's data (its
@@ -95,11 +98,179 @@ func removeAdded(ctx context.Context, endpoints []string, id uint64) error {
 	return nil
 }
 
-// addedMember is a member added to a running cluster, and the initial
-// cluster it starts with.
+// A joining member's start and the members' lag. etcd's start of a member
+// joining a running cluster (initial cluster state existing) fetches the
+// membership from the other members' peer URLs, in sorted order, takes the
+// first answer, and refuses to start ("member count is unequal") when that
+// answer does not list the member being started. The MemberAdd that added it
+// returned once the member that served it had applied the change; the
+// others apply it a moment later, and one that lags answers without it. A
+// join therefore does both:
+//
+//   - before each start, awaitListed waits (at most listedWait) until every
+//     other member that answers lists the new member. It asks each member's
+//     client URL for a serializable member list: the membership that
+//     member has applied, the same one its peer URL serves to etcd's start.
+//     A member that does not answer (down, or slower than
+//     listedCallTimeout) does not hold the join up: etcd's start goes on to
+//     the next peer when one does not answer it either.
+//   - a start that fails with that error all the same (a member that did
+//     not answer the wait answered etcd's start, or lagged past listedWait)
+//     is retried, up to joinStartTries starts with a growing pause between
+//     them, the member directory the failed start wrote removed first; only
+//     then is the member removed from the cluster again (undoJoin).
+//
+// The wait avoids the failure in the common case at the cost of one round of
+// member lists; the retry covers what the wait cannot see.
+const (
+	listedWait        = 15 * time.Second
+	listedCallTimeout = 2 * time.Second
+	listedPoll        = 100 * time.Millisecond
+	joinStartTries    = 3
+	joinRetryPause    = 500 * time.Millisecond
+	// memberCountUnequal is etcd's error when the membership a peer
+	// answered has another count than the initial cluster (etcd has no
+	// sentinel error for it).
+	memberCountUnequal = "member count is unequal"
+)
+
+// Seams for tests, set through export_test.go; nil otherwise.
+var (
+	// listedHook gets the members the member at endpoint listed to
+	// awaitListed and returns those awaitListed goes by.
+	listedHook func(endpoint string, members []*pb.Member) []*pb.Member
+	// joinStartHook runs before each start of a joining member (try
+	// counts from 1); an error it returns is that start's error.
+	joinStartHook func(dataDir string, try int) error
+)
+
+// startJoining starts the member Embed added, waiting until the other
+// members list it and retrying a start a lagging member refused, as the
+// comment on the constants above says. The member directory is removed between tries
+// only when there was none before (memberDirBefore false).
+func startJoining(ctx context.Context, cfg EmbedConfig, added *addedMember, memberDirBefore bool) (*Server, error) {
+	for try := 1; ; try++ {
+		if err := awaitListed(ctx, cfg, added); err != nil {
+			return nil, err
+		}
+		var s *Server
+		var err error
+		if joinStartHook != nil {
+			err = joinStartHook(cfg.DataDir, try)
+		}
+		if err != nil {
+			err = fmt.Errorf("cluster: start embedded etcd in %s on %s: %w", cfg.DataDir, cfg.ClientURL, err)
+		} else {
+			s, err = start(ctx, cfg)
+		}
+		if err == nil || try == joinStartTries || memberDirBefore || ctx.Err() != nil || !strings.Contains(err.Error(), memberCountUnequal) {
+			return s, err
+		}
+		cfg.Logger.Warn("cluster: join: a member answered this member's start without it (it had not applied its addition yet); starting again",
+			"member_id", fmt.Sprintf("%x", added.id), "try", try, "err", err)
+		if rerr := os.RemoveAll(filepath.Join(cfg.DataDir, "member")); rerr != nil {
+			return nil, fmt.Errorf("%w (and the member directory that start wrote could not be removed to start again: %v)", err, rerr)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("cluster: start embedded etcd: %w", ctx.Err())
+		case <-time.After(time.Duration(try) * joinRetryPause):
+		}
+	}
+}
+
+// awaitListed waits until every other member of added's cluster that
+// answers lists added, for at most listedWait; past it, it logs the members
+// that still do not and returns nil (the start may succeed all the same:
+// etcd asks one member only). It fails only when ctx ends.
+func awaitListed(ctx context.Context, cfg EmbedConfig, added *addedMember) error {
+	wctx, cancel := context.WithTimeout(ctx, listedWait)
+	defer cancel()
+	var clients []*clientv3.Client
+	defer func() {
+		for _, c := range clients {
+			_ = c.Close()
+		}
+	}()
+	for _, urls := range added.others {
+		// Not connected yet: clientv3.New does not dial until a call.
+		c, err := clientv3.New(clientv3.Config{Endpoints: urls, DialTimeout: listedCallTimeout, Logger: zap.NewNop()})
+		if err == nil { // else best effort: that member is not waited for
+			clients = append(clients, c)
+		}
+	}
+	for {
+		var lagged bool
+		clients, lagged = lagBehind(wctx, clients, added.id)
+		if !lagged {
+			return nil
+		}
+		select {
+		case <-wctx.Done():
+			if ctx.Err() != nil {
+				return fmt.Errorf("cluster: join: wait until the members list this member: %w", ctx.Err())
+			}
+			var eps []string
+			for _, c := range clients {
+				eps = append(eps, c.Endpoints()...)
+			}
+			cfg.Logger.Warn("cluster: join: some members still do not list this member; starting all the same",
+				"member_id", fmt.Sprintf("%x", added.id), "waited", listedWait, "members", strings.Join(eps, " "))
+			return nil
+		case <-time.After(listedPoll):
+		}
+	}
+}
+
+// lagBehind asks each member (a client to its client URLs) at once for its
+// member list. It closes the clients of the members that list member id and
+// returns the others', and whether any of those answered without it: a
+// member that did not answer is asked again while another lags, but is not
+// waited for by itself.
+func lagBehind(ctx context.Context, clients []*clientv3.Client, id uint64) ([]*clientv3.Client, bool) {
+	const lags, lists = 1, 2 // 0: no answer
+	got := make([]int, len(clients))
+	var wg sync.WaitGroup
+	for i, c := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cctx, cancel := context.WithTimeout(ctx, listedCallTimeout)
+			defer cancel()
+			resp, err := c.MemberList(cctx, clientv3.WithSerializable())
+			if err != nil {
+				return
+			}
+			members := resp.Members
+			if listedHook != nil {
+				members = listedHook(c.Endpoints()[0], members)
+			}
+			got[i] = lags
+			if slices.ContainsFunc(members, func(m *pb.Member) bool { return m.ID == id }) {
+				got[i] = lists
+			}
+		}()
+	}
+	wg.Wait()
+	var rest []*clientv3.Client
+	lagged := false
+	for i, c := range clients {
+		if got[i] == lists {
+			_ = c.Close()
+			continue
+		}
+		rest = append(rest, c)
+		lagged = lagged || got[i] == lags
+	}
+	return rest, lagged
+}
+
+// addedMember is a member added to a running cluster, the initial cluster
+// it starts with, and the client URLs of each of the other members.
 type addedMember struct {
 	id             uint64
 	initialCluster string
+	others         [][]string
 }
 
 // addMember adds the member of cfg to the running cluster at cfg.Join as a
@@ -144,7 +315,13 @@ func addMember(ctx context.Context, cfg EmbedConfig) (*addedMember, error) {
 		}
 		return nil, err
 	}
-	return &addedMember{id: id, initialCluster: ic}, nil
+	added := &addedMember{id: id, initialCluster: ic}
+	for _, m := range members {
+		if m.ID != id && len(m.ClientURLs) > 0 {
+			added.others = append(added.others, m.ClientURLs)
+		}
+	}
+	return added, nil
 }
 
 // reusable checks the members of the cluster to join for cfg's: it returns
