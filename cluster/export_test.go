@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"testing"
+	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 )
@@ -19,6 +20,14 @@ func SetRestoreHook(t testing.TB, f func(dataDir, work string) error) {
 func SetListedHook(t testing.TB, f func(endpoint string, members []*pb.Member) []*pb.Member) {
 	listedHook = f
 	t.Cleanup(func() { listedHook = nil })
+}
+
+// SetListedTimeouts sets how long a join waits for the members to list it
+// and how long it waits for one member's list, until the test ends.
+func SetListedTimeouts(t testing.TB, wait, call time.Duration) {
+	oldWait, oldCall := listedWait, listedCallTimeout
+	listedWait, listedCallTimeout = wait, call
+	t.Cleanup(func() { listedWait, listedCallTimeout = oldWait, oldCall })
 }
 
 // SetJoinStartHook makes each start of a joining member call f first (try

@@ -123,19 +123,20 @@ func removeAdded(ctx context.Context, endpoints []string, id uint64) error {
 // The wait avoids the failure in the common case at the cost of one round of
 // member lists; the retry covers what the wait cannot see.
 const (
-	listedWait        = 15 * time.Second
-	listedCallTimeout = 2 * time.Second
-	listedPoll        = 100 * time.Millisecond
-	joinStartTries    = 3
-	joinRetryPause    = 500 * time.Millisecond
+	listedPoll     = 100 * time.Millisecond
+	joinStartTries = 3
+	joinRetryPause = 500 * time.Millisecond
 	// memberCountUnequal is etcd's error when the membership a peer
 	// answered has another count than the initial cluster (etcd has no
 	// sentinel error for it).
 	memberCountUnequal = "member count is unequal"
 )
 
-// Seams for tests, set through export_test.go; nil otherwise.
+// The wait's bounds, and seams for tests (set through export_test.go;
+// nil otherwise).
 var (
+	listedWait        = 15 * time.Second
+	listedCallTimeout = 2 * time.Second
 	// listedHook gets the members the member at endpoint listed to
 	// awaitListed and returns those awaitListed goes by.
 	listedHook func(endpoint string, members []*pb.Member) []*pb.Member

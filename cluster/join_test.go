@@ -137,6 +137,10 @@ func TestJoinWaitsUntilTheMembersListIt(t *testing.T) {
 	ms := startCluster(t, 0, 0, 0)
 	var logs etcdtest.LogBuffer
 	cfg := joinConfig(t, ms, "m3", &logs)
+	// A member list that takes longer than the call timeout counts as no
+	// answer, and a member that does not answer is not waited for: on a
+	// loaded machine a slow answer must not let the join start early.
+	cluster.SetListedTimeouts(t, 2*time.Minute, 2*time.Minute)
 	var mu sync.Mutex
 	asked := map[string]int{}     // member lists asked, by endpoint
 	listed := map[string]bool{}   // whether the last one listed the joiner
