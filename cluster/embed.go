@@ -39,7 +39,9 @@ type Server struct {
 var ErrRestoreLeftover = errors.New("cluster: an interrupted restore's work directory is there")
 
 // Embed starts an embedded etcd server and waits until it serves clients, ctx
-// is done, or cfg.StartTimeout passes. Data in cfg.DataDir from an earlier run
+// is done, or cfg.StartTimeout passes (a joining member's start: each of up
+// to three starts, after a wait of at most 15 s for the members to list it,
+// so about three times StartTimeout at worst). Data in cfg.DataDir from an earlier run
 // is kept: a restarted member rejoins its cluster whatever cfg.InitialCluster
 // says. With cfg.Join and a data dir that holds no member yet, Embed first
 // adds the member to the running cluster and starts it once the other
