@@ -241,7 +241,9 @@ func TestDefaultEstimateByTaskType(t *testing.T) {
 // bad ones are 400 problems naming the field.
 func TestHTTPDefaultEstimate(t *testing.T) {
 	b := serve(t) + "/v1/budgets/" + url.PathEscape(key)
-	if code, _, out := call(t, http.MethodPut, b, map[string]any{"tokens": 1000, "estimates": map[string]int64{"summarize": 300}}); code != 200 ||
+	// A day's window: the server's clock is real, and a window turning
+	// between the reserve and the read would show nothing reserved.
+	if code, _, out := call(t, http.MethodPut, b, map[string]any{"tokens": 1000, "window_seconds": 86400, "estimates": map[string]int64{"summarize": 300}}); code != 200 ||
 		out["estimates"].(map[string]any)["summarize"] != 300.0 {
 		t.Fatalf("set: %d %v", code, out)
 	}

@@ -37,9 +37,10 @@ import (
 // the handler runs does. Flush waits for the settles begun; a Worker's
 // Run and Close call it before the lease goes.
 //
-// While a budget has ample room, a task with estimated_tokens is not
-// reserved alone: it is admitted from a block its tenant's tasks share,
-// reserved ahead (budget_block.go), with no round trip in its slot.
+// While a budget has ample room, a task is not reserved alone: it is
+// admitted from a block its tenant's tasks share, reserved ahead
+// (budget_block.go), with no round trip in its slot; a task without
+// estimated_tokens once a reservation of its type found its default.
 type BudgetGate struct {
 	c      *budget.Client
 	lease  func() clientv3.LeaseID
@@ -69,6 +70,9 @@ type BudgetGate struct {
 	blocks map[blockKey]*block
 	taking map[blockKey]bool
 	room   map[string][2]int64
+	// defaults holds each budget's default estimate for a task type, as
+	// the last reservation that took it found it, and when.
+	defaults map[defaultKey]learned
 }
 
 // report is what a handler reported of one attempt: the tokens it used
@@ -91,7 +95,7 @@ func NewBudgetGate(c *budget.Client, lease func() clientv3.LeaseID, logger *slog
 	}
 	return &BudgetGate{c: c, lease: lease, logger: logger, used: map[string]report{},
 		now: time.Now, afterFunc: func(d time.Duration, f func()) { time.AfterFunc(d, f) },
-		blocks: map[blockKey]*block{}, taking: map[blockKey]bool{}, room: map[string][2]int64{}}
+		blocks: map[blockKey]*block{}, taking: map[blockKey]bool{}, room: map[string][2]int64{}, defaults: map[defaultKey]learned{}}
 }
 
 // unwaitableDelay is how long a task waits before it is tried again when
@@ -106,16 +110,8 @@ func (g *BudgetGate) Admit(ctx context.Context, t *queue.Task) (func(error), err
 	if m.Budget == "" {
 		return ignore, nil
 	}
-	if m.EstimatedTokens > 0 {
-		g.mu.Lock()
-		b, ok := g.fromBlock(t, m.EstimatedTokens)
-		if ok {
-			key := usedKey(t)
-			g.used[key] = report{tokens: -1}
-			g.mu.Unlock()
-			return func(runErr error) { g.endTask(key, b, m.EstimatedTokens, runErr) }, nil
-		}
-		g.mu.Unlock()
+	if done, ok := g.admitFromBlock(t); ok {
+		return done, nil
 	}
 	// Without estimated_tokens, the budget's default estimate for the
 	// task's type (0 when it names none).
@@ -146,6 +142,9 @@ func (g *BudgetGate) Admit(ctx context.Context, t *queue.Task) (func(error), err
 	g.mu.Lock()
 	g.used[key] = report{tokens: -1}
 	g.noteRoomLocked(r)
+	if m.EstimatedTokens == 0 {
+		g.noteDefaultLocked(m.Budget, t.Type, r.Estimate)
+	}
 	g.mu.Unlock()
 	return func(runErr error) {
 		actual := r.Estimate

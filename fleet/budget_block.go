@@ -50,6 +50,53 @@ type block struct {
 	closed         bool
 }
 
+// defaultKey names a budget's default estimate for a task type.
+type defaultKey struct{ budget, taskType string }
+
+// learned is a default estimate as a reservation found it, and when.
+type learned struct {
+	est int64
+	at  time.Time
+}
+
+// maxDefaults bounds the default estimates a gate remembers.
+const maxDefaults = 1000
+
+// noteDefaultLocked remembers that budget's default estimate for
+// taskType was est, as a reservation just found it; g.mu held.
+func (g *BudgetGate) noteDefaultLocked(budget, taskType string, est int64) {
+	if len(g.defaults) >= maxDefaults {
+		clear(g.defaults)
+	}
+	g.defaults[defaultKey{budget, taskType}] = learned{est, g.now()}
+}
+
+// admitFromBlock admits t from its tenant's open block, with its
+// estimated_tokens or, without them, its type's default as a reservation
+// found it less than blockMaxAge ago (a changed default is thus used by
+// blocks within blockMaxAge, as a block lives no longer); false: t is to
+// be reserved alone.
+func (g *BudgetGate) admitFromBlock(t *queue.Task) (func(error), bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	est := t.Metadata.EstimatedTokens
+	if est == 0 {
+		if d, ok := g.defaults[defaultKey{t.Metadata.Budget, t.Type}]; ok && g.now().Sub(d.at) < blockMaxAge {
+			est = d.est
+		}
+	}
+	if est <= 0 {
+		return nil, false
+	}
+	b, ok := g.fromBlock(t, est)
+	if !ok {
+		return nil, false
+	}
+	key := usedKey(t)
+	g.used[key] = report{tokens: -1}
+	return func(runErr error) { g.endTask(key, b, est, runErr) }, true
+}
+
 // fromBlock admits t (estimate est) from its tenant's open block, and
 // says whether it did; g.mu held.
 func (g *BudgetGate) fromBlock(t *queue.Task, est int64) (*block, bool) {

@@ -17,7 +17,8 @@ import (
 // runBlockTasks runs n tasks of tenant "acme" estimating est through a
 // budget gate on budget key (limits tokens and requests), each handler
 // reporting used tokens, and returns the budget after the gate's Flush
-// and the reservations the gate made.
+// and the reservations the gate made. The budget's default estimate for
+// the tasks' type is 10 (est 0: the tasks take it).
 func runBlockTasks(t *testing.T, key string, tokens, requests int64, n int, est, used int64) (budget.Usage, float64) {
 	t.Helper()
 	ctx := context.Background()
@@ -25,7 +26,8 @@ func runBlockTasks(t *testing.T, key string, tokens, requests int64, n int, est,
 	cli := srv.Client(t)
 	b := budget.New(cli, ns)
 	defer b.Close()
-	if _, err := b.Set(ctx, budget.Budget{Key: key, Tokens: tokens, Requests: requests, WindowSeconds: 86400}); err != nil {
+	if _, err := b.Set(ctx, budget.Budget{Key: key, Tokens: tokens, Requests: requests, WindowSeconds: 86400,
+		Estimates: map[string]int64{"chat": 10}}); err != nil {
 		t.Fatal(err)
 	}
 	l, err := cli.Grant(ctx, 60)
@@ -82,6 +84,22 @@ func TestBudgetGateReservesAhead(t *testing.T) {
 	u, made := runBlockTasks(t, key, 1_000_000, 100_000, n, 10, 7)
 	if made > n/4 {
 		t.Errorf("%v reservations for %d tasks with ample room, want far fewer (blocks)", made, n)
+	}
+	if u.Used != 7*n || u.RequestsUsed != n || u.Reserved != 0 || u.Live != 0 {
+		t.Errorf("after %d tasks of 7 tokens: used %d, requests %d, reserved %d, live %d; want %d, %d, 0, 0", n, u.Used, u.RequestsUsed, u.Reserved, u.Live, 7*n, n)
+	}
+}
+
+// TestBudgetGateReservesAheadForDefaults: tasks without
+// estimated_tokens, which take their type's default estimate, are
+// admitted from blocks too once a reservation found the default: fewer
+// reservations than tasks, the budget exact after the drain.
+func TestBudgetGateReservesAheadForDefaults(t *testing.T) {
+	t.Parallel()
+	const key, n = "openai/gpt-4.1/key-ahead-default", 200
+	u, made := runBlockTasks(t, key, 1_000_000, 100_000, n, 0, 7)
+	if made > n/4 {
+		t.Errorf("%v reservations for %d tasks taking their default with ample room, want far fewer (blocks)", made, n)
 	}
 	if u.Used != 7*n || u.RequestsUsed != n || u.Reserved != 0 || u.Live != 0 {
 		t.Errorf("after %d tasks of 7 tokens: used %d, requests %d, reserved %d, live %d; want %d, %d, 0, 0", n, u.Used, u.RequestsUsed, u.Reserved, u.Live, 7*n, n)

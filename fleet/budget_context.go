@@ -18,13 +18,18 @@ type usageSlot struct {
 }
 
 // withUsageContext returns h with its context carrying the gate and the
-// task, for ReportUsage; nil for nil.
+// task, for ReportUsage, and the usage field of its result read when it
+// reported none (usedFromResult); nil for nil.
 func (g *BudgetGate) withUsageContext(h queue.Handler) queue.Handler {
 	if h == nil {
 		return nil
 	}
 	return func(ctx context.Context, t *queue.Task) ([]byte, error) {
-		return h(context.WithValue(ctx, usageKey{}, usageSlot{g: g, t: t}), t)
+		out, err := h(context.WithValue(ctx, usageKey{}, usageSlot{g: g, t: t}), t)
+		if err == nil {
+			g.usedFromResult(t, out)
+		}
+		return out, err
 	}
 }
 

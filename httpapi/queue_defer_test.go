@@ -282,3 +282,30 @@ func TestSingleRoutesDefer(t *testing.T) {
 		t.Errorf("drover_budget_task_deferrals_total{budget=%q} rose by %v, want 2", key, n)
 	}
 }
+
+// TestAckDeferWithNullResult: the single ack route takes defer beside
+// "result": null, which is no result as in the batch route, and hands the
+// task back; beside a result, defer is a 400 naming it, nothing written.
+func TestAckDeferWithNullResult(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t)
+	a.do("POST", "/v1/queues/qdn/tasks", qtasksJSON("qdn", 1)).want(t, 200)
+	sess := a.session(30)
+	tk := a.qclaim("qdn", sess, 1, "")[0]
+	d := map[string]any{"after": "1h", "reason": "quota q full"}
+	path := "/v1/queues/qdn/tasks/" + tk["task_id"].(string) + "/ack"
+	before := a.keyCount()
+	p := a.do("POST", path, map[string]any{"session": sess, "token": tk["token"], "defer": d, "result": map[string]any{"x": 1}}).problem(t, 400)
+	if !strings.Contains(string(p.Raw), "body.defer") {
+		t.Fatalf("defer beside a result: %s, want it to name body.defer", p.Raw)
+	}
+	if after := a.keyCount(); after != before {
+		t.Fatalf("defer beside a result: keys %d → %d", before, after)
+	}
+	a.do("POST", path, map[string]any{"session": sess, "token": tk["token"], "defer": d, "result": nil}).want(t, 200)
+	r := a.do("GET", "/v1/queues/qdn/tasks/"+tk["task_id"].(string), nil).want(t, 200)
+	// Handed back for an hour: RETRYING until then, its attempt not counted.
+	if r.str("current_status") != "RETRYING" || r.num("attempt") != 0 || !strings.Contains(string(r.Raw), "deferred: quota q full") {
+		t.Fatalf("after defer with a null result: %s, want it handed back, attempt 0, with the deferral", r.Raw)
+	}
+}

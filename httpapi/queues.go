@@ -72,7 +72,7 @@ type ackInput struct {
 		Token   int64           `json:"token" minimum:"1" doc:"The token the claim returned with the task."`
 		Result  json.RawMessage `json:"result,omitempty" doc:"The task's result: any JSON value, at most 256 KiB."`
 		// Defer hands the task back unrun instead, as the batch route's does.
-		Defer *OutcomeDefer `json:"defer,omitempty" doc:"Instead of a success (then without result): the task was not run and waits, as defer does in POST /v1/queues/{queue}/outcomes: PENDING again, its attempt not counted, claimable after after; a reason budget KEY: why (KEY the task's metadata.budget) makes tasks get show budget_wait."`
+		Defer *OutcomeDefer `json:"defer,omitempty" doc:"Instead of a success (then without result, or with a null one): the task was not run and waits, as defer does in POST /v1/queues/{queue}/outcomes: PENDING again, its attempt not counted, claimable after after; a reason budget KEY: why (KEY the task's metadata.budget) makes tasks get show budget_wait."`
 	}
 }
 
@@ -310,8 +310,12 @@ func (s *Server) heartbeatTask(ctx context.Context, in *heartbeatInput) (*struct
 
 func (s *Server) ackTask(ctx context.Context, in *ackInput) (*queueTaskOutput, error) {
 	var d *drover.DeferError
+	var result []byte // "result": null is no result, as in the batch route
+	if r := in.Body.Result; len(r) > 0 && string(r) != "null" {
+		result = r
+	}
 	if in.Body.Defer != nil {
-		if len(in.Body.Result) > 0 {
+		if result != nil {
 			return nil, invalid("body.defer", nil, "must be alone: a task handed back has no result")
 		}
 		var err error
@@ -329,10 +333,6 @@ func (s *Server) ackTask(ctx context.Context, in *ackInput) (*queueTaskOutput, e
 	}
 	if d != nil {
 		return s.deferHeld(ctx, c, h, d)
-	}
-	var result []byte
-	if r := in.Body.Result; len(r) > 0 && string(r) != "null" {
-		result = r
 	}
 	t, err := c.Ack(ctx, h, result)
 	if err != nil {

@@ -15,7 +15,9 @@ import (
 
 	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/budget"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 func (a *app) budgetsCommand() *cobra.Command {
@@ -289,4 +291,19 @@ func (a *app) withBudgets(ctx context.Context, f func(*budget.Client) error) err
 		return err
 	}
 	return nil
+}
+
+// registerBudgetMetrics registers the gauges of the namespace's budgets,
+// read from etcd at each scrape (budget.Collector), with the registry
+// --metrics-listen serves; the returned func unregisters them. A second
+// server in one process (tests) leaves the first one's.
+func (a *app) registerBudgetMetrics(cli *clientv3.Client) (unregister func()) {
+	b := budget.New(cli, a.namespace)
+	m := budget.NewCollector(b, budget.CollectorConfig{})
+	if err := prometheus.Register(m); err != nil {
+		a.logger.Debug("budget metrics not registered", "err", err)
+		_ = b.Close()
+		return func() {}
+	}
+	return func() { prometheus.Unregister(m); _ = b.Close() }
 }

@@ -79,3 +79,21 @@ func TestBudgets(t *testing.T) {
 		t.Fatalf("list after delete: %q", r.stdout)
 	}
 }
+
+// TestServerServesBudgetGauges: a budget reserved over a server's HTTP API
+// shows in that server's /metrics, read from etcd at the scrape.
+func TestServerServesBudgetGauges(t *testing.T) {
+	s := startAPIServer(t)
+	const esc = "openai%2Fgpt-4.1%2Fkey-prod"
+	s.call("PUT", "/v1/budgets/"+esc, map[string]any{"tokens": 1000, "window_seconds": 86400}, 200)
+	s.call("POST", "/v1/budgets/"+esc+"/reserve", map[string]any{"tenant": "acme", "estimate": 300}, 201)
+	fams := scrape(t, s.met)
+	want := map[string]string{"budget": "openai/gpt-4.1/key-prod"}
+	if got := sum(fams["drover_budget_reserved_tokens"], want); got != 300 {
+		t.Fatalf("drover_budget_reserved_tokens = %v, want 300", got)
+	}
+	want["tenant"] = "acme"
+	if got := sum(fams["drover_budget_tenant_reserved_tokens"], want); got != 300 {
+		t.Fatalf("drover_budget_tenant_reserved_tokens = %v, want 300", got)
+	}
+}

@@ -390,8 +390,9 @@ func (a *app) startSchedules(ctx context.Context, cli *clientv3.Client) (stop fu
 }
 
 // startServing starts what a server serves over cli: the HTTP API (with
-// --http-listen) and the schedules' runner. stop stops the runner, then
-// the API; it is safe to call twice.
+// --http-listen), the schedules' runner and the budgets' gauges (served
+// with --metrics-listen). stop stops the runner, then the API; it is safe
+// to call twice.
 func (a *app) startServing(ctx context.Context, h *httpFlags, cli *clientv3.Client) (stop func(), err error) {
 	stopHTTP, err := a.startHTTP(h, cli)
 	if err != nil {
@@ -402,5 +403,6 @@ func (a *app) startServing(ctx context.Context, h *httpFlags, cli *clientv3.Clie
 		stopHTTP()
 		return nil, err
 	}
-	return func() { stopSchedules(); stopHTTP() }, nil
+	unregister := a.registerBudgetMetrics(cli)
+	return func() { stopSchedules(); stopHTTP(); unregister() }, nil
 }
