@@ -129,7 +129,11 @@ func (m *Collector) collectOne(ch chan<- prometheus.Metric, v view, now time.Tim
 	u := v.status(now)
 	k := u.Key
 	g := func(d *prometheus.Desc, x int64, labels ...string) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, float64(x), append([]string{k}, labels...)...)
+		m, err := prometheus.NewConstMetric(d, prometheus.GaugeValue, float64(x), append([]string{k}, labels...)...)
+		if err != nil { // a label it cannot serve: this series fails, not the process
+			m = prometheus.NewInvalidMetric(d, err)
+		}
+		ch <- m
 	}
 	g(descLimitTokens, u.Tokens)
 	g(descLimitRequests, u.Requests)
@@ -178,7 +182,7 @@ type tenantRow struct {
 
 // topTenants returns the n tenants that take the most (used, reserved and
 // waiting tokens; ties by name), and the rest summed under
-// OtherTenantsLabel.
+// OtherTenantsLabel, with a tenant of that name: one series each.
 func topTenants(usage []TenantUsage, wait map[string]int64, n int) []tenantRow {
 	rows := map[string]*tenantRow{}
 	for _, u := range usage {
@@ -190,22 +194,26 @@ func topTenants(usage []TenantUsage, wait map[string]int64, n int) []tenantRow {
 		}
 		rows[t].waiting = e
 	}
+	rest, named := rows[OtherTenantsLabel], rows[OtherTenantsLabel] != nil
+	delete(rows, OtherTenantsLabel)
+	if rest == nil {
+		rest = &tenantRow{TenantUsage: TenantUsage{Tenant: OtherTenantsLabel}}
+	}
 	weight := func(r *tenantRow) int64 { return r.Used + r.Reserved + r.waiting }
 	names := slices.SortedFunc(maps.Keys(rows), func(a, b string) int {
 		return cmp.Or(cmp.Compare(weight(rows[b]), weight(rows[a])), cmp.Compare(a, b))
 	})
-	out := make([]tenantRow, 0, min(len(names), n+1))
+	out := make([]tenantRow, 0, min(len(names), n)+1)
 	for i, t := range names {
 		r := rows[t]
 		if i < n {
 			out = append(out, *r)
 			continue
 		}
-		if i == n {
-			out = append(out, tenantRow{TenantUsage: TenantUsage{Tenant: OtherTenantsLabel}})
-		}
-		o := &out[n]
-		o.Requests, o.Used, o.Reserved, o.waiting = o.Requests+r.Requests, o.Used+r.Used, o.Reserved+r.Reserved, o.waiting+r.waiting
+		rest.Requests, rest.Used, rest.Reserved, rest.waiting = rest.Requests+r.Requests, rest.Used+r.Used, rest.Reserved+r.Reserved, rest.waiting+r.waiting
+	}
+	if named || len(names) > n {
+		out = append(out, *rest)
 	}
 	return out
 }
@@ -222,8 +230,8 @@ func (c *Client) readAll(ctx context.Context, most int) ([]view, int, error) {
 	views := make([]view, 0, len(resp.Kvs))
 	for _, kv := range resp.Kvs {
 		key, ok := keyspace.BudgetOf(c.keys.BudgetConfigs(), string(kv.Key))
-		if !ok {
-			continue
+		if !ok || keyspace.CheckBudgetKey("key", key) != nil {
+			continue // not a budget's: its label could not be served
 		}
 		v := view{}
 		if err := json.Unmarshal(kv.Value, &v.cfg); err != nil {

@@ -13,6 +13,7 @@ import (
 	"github.com/droverhq/drover/budget"
 	"github.com/droverhq/drover/cluster"
 	"github.com/droverhq/drover/internal/testenv/etcdtest"
+	"github.com/droverhq/drover/keyspace"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -153,4 +154,59 @@ func TestCollectorFailsAlone(t *testing.T) {
 	if len(mfs) != 1 || mfs[0].GetName() != "other" {
 		t.Fatalf("gathered %v, want the other metric", mfs)
 	}
+}
+
+// TestCollectorTenantNamedOther: a tenant named "(other)" shares the
+// series of the tenants beyond MaxTenants, summed with them, rather than
+// making a second series of the same labels, which the registry refuses
+// (the others' sum dropped, the scrape failed).
+func TestCollectorTenantNamedOther(t *testing.T) {
+	ctx := context.Background()
+	c := budget.New(srv.Client(t), etcdtest.Namespace(t), budget.WithClock(newFakeClock().Now))
+	t.Cleanup(func() { _ = c.Close() })
+	const key = "openai/gpt-4.1/key-other"
+	if _, err := c.Set(ctx, budget.Budget{Key: key, Tokens: 100_000, WindowSeconds: 60}); err != nil {
+		t.Fatal(err)
+	}
+	reserve(t, c, key, "big", 1000)
+	reserve(t, c, key, budget.OtherTenantsLabel, 500)
+	reserve(t, c, key, "acme", 100)
+	reserve(t, c, key, "globex", 50)
+	// The tenant named "(other)" is always summed there, never ranked.
+	for most, other := range map[int]float64{1: 650, 2: 550, 20: 500} {
+		reg := prometheus.NewRegistry()
+		reg.MustRegister(budget.NewCollector(c, budget.CollectorConfig{MaxTenants: most}))
+		b := "{" + key + ","
+		want := map[string]float64{"drover_budget_tenant_reserved_tokens" + b + "big}": 1000,
+			"drover_budget_tenant_reserved_tokens" + b + "(other)}": other}
+		if most > 1 {
+			want["drover_budget_tenant_reserved_tokens"+b+"acme}"] = 100
+		}
+		checkScrape(t, scrape(t, reg), want)
+	}
+}
+
+// TestCollectorSkipsForeignKeys: a key under the configurations' prefix
+// that no budget can have written (its key is not valid UTF-8, which no
+// label may hold) is skipped; the scrape neither fails nor panics.
+func TestCollectorSkipsForeignKeys(t *testing.T) {
+	ctx := context.Background()
+	ns := etcdtest.Namespace(t)
+	cli := srv.Client(t)
+	c := budget.New(cli, ns, budget.WithClock(newFakeClock().Now))
+	t.Cleanup(func() { _ = c.Close() })
+	const key = "openai/gpt-4.1/key-fine"
+	if _, err := c.Set(ctx, budget.Budget{Key: key, Tokens: 1000, WindowSeconds: 60}); err != nil {
+		t.Fatal(err)
+	}
+	ks, err := keyspace.New(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Put(ctx, ks.BudgetConfigs()+"%FF", `{"tokens":10,"window_seconds":60}`); err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(budget.NewCollector(c, budget.CollectorConfig{}))
+	checkScrape(t, scrape(t, reg), map[string]float64{"drover_budget_limit_tokens{" + key + "}": 1000})
 }
