@@ -195,3 +195,54 @@ func TestBudgetBlockClosesAtWindowEnd(t *testing.T) {
 		}
 	})
 }
+
+// TestBudgetBlockDefaultEstimateAge: on the gate's clock, tasks without
+// estimated_tokens are admitted from their tenant's block with their
+// type's default as a reservation of theirs found it less than a second
+// ago; a changed default is used once that second is over. The tasks
+// report nothing, so each settles the estimate it was admitted with: 10
+// each until the default, changed to 20, is found again a second after it
+// was last found.
+func TestBudgetBlockDefaultEstimateAge(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	clk := &gateClock{now: time.Date(2026, 1, 2, 3, 4, 0, 0, time.UTC)} // timers never run: the block stays open
+	g := newBlockGate(t, clk, "openai/gpt-4.1/key-block-default", 86400)
+	setDefault := func(est int64) {
+		if _, err := g.b.Set(ctx, budget.Budget{Key: g.key, Tokens: 1_000_000, Requests: 100_000, WindowSeconds: 86400,
+			Estimates: map[string]int64{"chat": est}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	run := func(want float64, step string) {
+		t.Helper()
+		g.n++
+		task := &queue.Task{ID: fmt.Sprintf("t%03d", g.n), Type: "chat", Metadata: queue.Metadata{Tenant: "acme", Budget: g.key}}
+		before := testutil.ToFloat64(metrics.BudgetReservations.WithLabelValues(g.key, "admitted"))
+		done, err := g.gate.Admit(ctx, task)
+		if err != nil {
+			t.Fatal(err)
+		}
+		done(nil)
+		g.wait()
+		if made := testutil.ToFloat64(metrics.BudgetReservations.WithLabelValues(g.key, "admitted")) - before; made != want {
+			t.Fatalf("%s: %v reservations, want %v", step, made, want)
+		}
+	}
+	setDefault(10)
+	run(1, "the first task (alone: finds the default and the room)")
+	run(2, "the second task (alone, and the block it prompts)")
+	run(0, "the third task (from the block)")
+	setDefault(20)
+	clk.Add(999 * time.Millisecond)
+	run(0, "999 ms after the default was found (from the block, at 10)")
+	clk.Add(time.Millisecond)
+	run(1, "a second after the default was found (alone: finds 20)")
+	run(0, "the next task (from the block, at 20)")
+	if err := g.gate.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if u := g.usage(); u.Used != 10+10+10+10+20+20 || u.RequestsUsed != 6 || u.Live != 0 || u.Reserved != 0 {
+		t.Fatalf("after the drain: used %d, requests %d, live %d, reserved %d; want 80, 6, 0, 0", u.Used, u.RequestsUsed, u.Live, u.Reserved)
+	}
+}
