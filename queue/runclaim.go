@@ -254,6 +254,20 @@ func (w *Worker) startAttempt(base context.Context, c *claim) (context.Context, 
 	return w.spans.Describe(ctx, parent, span, &a), span
 }
 
+// traceClaim records a claim call that began at began, asked for asked
+// tasks and got claims or failed with err: its "receive <queue>" span,
+// linked to the claimed tasks' creation contexts that were sampled
+// (otelspan.Consumer.Receive). The loop calls it only while tracing is
+// on, and not for a claim that found nothing.
+func (w *Worker) traceClaim(base context.Context, began time.Time, asked int, claims []*claim, err error) {
+	w.spans.Receive(base, began, asked, len(claims), func(i int) string {
+		if t := claims[i].task; t != nil {
+			return t.TraceParent
+		}
+		return ""
+	}, err)
+}
+
 // maxWaitSpan bounds the wait span a task's creation time starts.
 const maxWaitSpan = 7 * 24 * time.Hour
 

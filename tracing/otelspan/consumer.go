@@ -17,7 +17,7 @@ import (
 // next, so that an attempt pays only for what is its own.
 type Consumer struct {
 	tr                        trace.Tracer
-	name, waitName            string
+	name, waitName, rcvName   string
 	system, dest, ns          attribute.KeyValue
 	client, group, op, opName attribute.KeyValue
 	kind                      trace.SpanStartOption
@@ -26,7 +26,7 @@ type Consumer struct {
 // NewConsumer is the Consumer of worker's attempts of queue q of
 // namespace ns, whose spans tr makes.
 func NewConsumer(tr trace.Tracer, ns, q, worker string) *Consumer {
-	return &Consumer{tr: tr, name: ProcessName(q), waitName: "wait " + q,
+	return &Consumer{tr: tr, name: ProcessName(q), waitName: "wait " + q, rcvName: "receive " + q,
 		system: semconv.MessagingSystemKey.String(System), dest: semconv.MessagingDestinationName(q),
 		ns: AttrNamespace.String(ns), client: semconv.MessagingClientID(worker),
 		group: semconv.MessagingConsumerGroupName(q), op: semconv.MessagingOperationTypeProcess,
