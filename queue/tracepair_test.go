@@ -26,6 +26,10 @@ type pairVariant struct {
 	ratio  float64 // sampled share; 0: tracing off (the global no-op provider)
 	traced bool    // tasks carry a sampled traceparent of their own
 	shape  otelspan.WaitShape
+	// parent: the submission decided, as parentbased_traceidratio does
+	// where the tasks are submitted: ratio of the tasks' traceparents are
+	// sampled, and the worker's provider follows them (otelspan.ParentBased).
+	parent bool
 }
 
 // pairVariants are the variants TestTracingCostPaired knows.
@@ -36,6 +40,7 @@ var pairVariants = map[string]pairVariant{
 	"100pct-lean": {ratio: 1, traced: true, shape: otelspan.WaitSpanLean},
 	"1pct-fold":   {ratio: 0.01, traced: true, shape: otelspan.WaitFolded},
 	"100pct-fold": {ratio: 1, traced: true, shape: otelspan.WaitFolded},
+	"1pct-parent": {ratio: 0.01, traced: true, parent: true},
 }
 
 // TestTracingCostPaired measures what tracing costs the queue benchmark
@@ -79,15 +84,22 @@ func TestTracingCostPaired(t *testing.T) {
 	}
 	base := names[0]
 	t.Logf("%d rounds of %d tasks; medians of the ratios to %s in the same round", rounds, n, base)
-	t.Logf("%-12s %10s %10s %12s %10s", "variant", "tasks/s", "ratio", "cpu-µs/task", "ratio")
+	t.Logf("%-12s %8s %6s %13s %11s %6s %13s", "variant", "tasks/s", "ratio", "(quartiles)", "cpu-µs/task", "ratio", "(quartiles)")
 	for _, name := range names {
 		rr, cr := make([]float64, rounds), make([]float64, rounds)
 		for r := range rounds {
 			rr[r], cr[r] = rate[name][r]/rate[base][r], cpu[name][r]/cpu[base][r]
 		}
-		t.Logf("%-12s %10.0f %10.3f %12.1f %10.3f", name, median(rate[name]), median(rr), median(cpu[name]), median(cr))
-		t.Logf("  %s ratios of tasks/s: %s", name, fmtRatios(rr))
+		t.Logf("%-12s %8.0f %6.3f %13s %11.1f %6.3f %13s", name, median(rate[name]), median(rr), quartiles(rr),
+			median(cpu[name]), median(cr), quartiles(cr))
+		t.Logf("  %s, each round: tasks/s %s; cpu %s", name, fmtRatios(rr), fmtRatios(cr))
 	}
+}
+
+// quartiles writes the first and third quartiles of xs.
+func quartiles(xs []float64) string {
+	s := slices.Sorted(slices.Values(xs))
+	return fmt.Sprintf("(%.2f-%.2f)", s[len(s)/4], s[(3*len(s))/4])
 }
 
 // pairSlice runs n no-op tasks of variant v and returns the rate at which
@@ -107,10 +119,16 @@ func pairSlice(t *testing.T, sink string, v pairVariant, n int) (rate, cpuUS flo
 			t.Fatal(err)
 		}
 		ratio := sdktrace.TraceIDRatioBased(v.ratio)
-		sdk = sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp, tracing.BatchOptions()...),
-			sdktrace.WithSampler(sdktrace.ParentBased(ratio, sdktrace.WithRemoteParentSampled(ratio))))
+		sampler := sdktrace.ParentBased(ratio, sdktrace.WithRemoteParentSampled(ratio))
+		if v.parent {
+			sampler = sdktrace.ParentBased(ratio)
+		}
+		sdk = sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp, tracing.BatchOptions()...), sdktrace.WithSampler(sampler))
 		defer func() { _ = sdk.Shutdown(context.Background()) }()
 		tp = sdk
+		if v.parent {
+			tp = otelspan.ParentBased(sdk)
+		}
 	}
 	ctx := context.Background()
 	cli := s.Client(t)
@@ -122,7 +140,11 @@ func pairSlice(t *testing.T, sink string, v pairVariant, n int) (rate, cpuUS flo
 	for i := range in {
 		in[i] = queue.Task{ID: fmt.Sprintf("t%08d", i), Type: "noop"}
 		if v.traced {
-			in[i].TraceParent = fmt.Sprintf("00-%016x%016x-%016x-01", rand.Uint64()|1, rand.Uint64(), rand.Uint64()|1)
+			flags := 1
+			if v.parent && rand.Float64() >= v.ratio {
+				flags = 0
+			}
+			in[i].TraceParent = fmt.Sprintf("00-%016x%016x-%016x-%02x", rand.Uint64()|1, rand.Uint64(), rand.Uint64()|1, flags)
 		}
 	}
 	if _, err := c.Submit(ctx, "jobs", in, nil); err != nil {

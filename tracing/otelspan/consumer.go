@@ -22,6 +22,7 @@ type Consumer struct {
 	client, group, op, opName attribute.KeyValue
 	kind                      trace.SpanStartOption
 	shape                     WaitShape
+	parentDecides             bool // ParentBased marked tr's provider
 }
 
 // WaitShape is how a Consumer records an attempt's queue wait.
@@ -57,7 +58,7 @@ func NewConsumer(tr trace.Tracer, ns, q, worker string) *Consumer {
 		system: semconv.MessagingSystemKey.String(System), dest: semconv.MessagingDestinationName(q),
 		ns: AttrNamespace.String(ns), client: semconv.MessagingClientID(worker),
 		group: semconv.MessagingConsumerGroupName(q), op: semconv.MessagingOperationTypeProcess,
-		opName: semconv.MessagingOperationName("process"), kind: consumerKind}
+		opName: semconv.MessagingOperationName("process"), kind: consumerKind, parentDecides: parentDecides(tr)}
 }
 
 // consumerKind is the option of a span of kind consumer, made once (the
@@ -86,7 +87,9 @@ func (c *Consumer) Start(base context.Context, traceparent string, claimed time.
 	if ok {
 		parent = trace.ContextWithRemoteSpanContext(base, sc)
 	}
-	if !On(c.tr) { // the creation context still reaches the handler (TRACEPARENT)
+	if !On(c.tr) || ok && !sc.IsSampled() && c.parentDecides {
+		// The creation context still reaches the handler (TRACEPARENT).
+		// A parent-based sampler drops a span under one not sampled.
 		return parent, parent, noSpan
 	}
 	opts := startOpts.Get().(*[2]trace.SpanStartOption)
