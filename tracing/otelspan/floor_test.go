@@ -33,6 +33,12 @@ import (
 //   - full, lean, fold: through a worker's Consumer (Start, Describe,
 //     EndProcess) with the wait as WaitSpan, WaitSpanLean and WaitFolded
 //     record it; a first attempt's plain wait, as most attempts' are.
+//   - off-tp: tracing off, a task that carries a traceparent.
+//   - 1pct: full, sampling 1 % of the attempts by trace id at the
+//     worker (every task's traceparent sampled), as BenchmarkQueueTracing
+//     does: 99 attempts in 100 start a span the SDK drops.
+//   - 1pct-parent: full, 1 % of the tasks' traceparents sampled (the
+//     submission decided) and the provider marked ParentBased.
 func BenchmarkExportFloor(b *testing.B) {
 	sink := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
@@ -43,20 +49,42 @@ func BenchmarkExportFloor(b *testing.B) {
 	for i := range tps {
 		tps[i] = fmt.Sprintf("00-%016x%016x-%016x-01", rand.Uint64()|1, rand.Uint64(), rand.Uint64()|1)
 	}
-	for _, shape := range []string{"sdk-2spans", "sdk-1span", "full", "lean", "fold"} {
+	parentTPs := make([]string, len(tps))
+	for i, tp := range tps {
+		parentTPs[i] = tp[:len(tp)-2] + "00"
+		if i%100 == 0 {
+			parentTPs[i] = tp
+		}
+	}
+	for _, shape := range []string{"sdk-2spans", "sdk-1span", "full", "lean", "fold", "off-tp", "1pct", "1pct-parent"} {
 		b.Run(shape, func(b *testing.B) {
 			exp, err := otlptracehttp.New(context.Background(), otlptracehttp.WithEndpointURL(sink.URL+"/v1/traces"))
 			if err != nil {
 				b.Fatal(err)
 			}
+			sampler, in := sdktrace.ParentBased(sdktrace.AlwaysSample()), tps
+			switch shape {
+			case "1pct":
+				ratio := sdktrace.TraceIDRatioBased(0.01)
+				sampler = sdktrace.ParentBased(ratio, sdktrace.WithRemoteParentSampled(ratio))
+			case "1pct-parent":
+				in = parentTPs
+			}
 			tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp, sdktrace.WithMaxQueueSize(8192),
-				sdktrace.WithMaxExportBatchSize(2048), sdktrace.WithBlocking()))
+				sdktrace.WithMaxExportBatchSize(2048), sdktrace.WithBlocking()), sdktrace.WithSampler(sampler))
 			defer func() { _ = tp.Shutdown(context.Background()) }()
-			attempt := floorAttempt(Tracer(tp), shape)
+			tr := Tracer(tp)
+			switch shape {
+			case "off-tp":
+				tr = Tracer(nil)
+			case "1pct-parent":
+				tr = Tracer(ParentBased(tp))
+			}
+			attempt := floorAttempt(tr, shape)
 			cpu0 := cpuNow()
 			i := 0
 			for b.Loop() {
-				attempt(tps[i%len(tps)])
+				attempt(in[i%len(in)])
 				i++
 			}
 			if err := tp.ForceFlush(context.Background()); err != nil {
