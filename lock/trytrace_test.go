@@ -49,7 +49,7 @@ func TestTryAcquireSpan(t *testing.T) {
 	attrs := func(s sdktrace.ReadOnlySpan) map[string]string {
 		m := map[string]string{}
 		for _, kv := range s.Attributes() {
-			m[string(kv.Key)] = kv.Value.Emit()
+			m[string(kv.Key)] = kv.Value.String()
 		}
 		return m
 	}

@@ -45,7 +45,7 @@ func TestReceiveSpan(t *testing.T) {
 		}
 		attrs := map[string]string{}
 		for _, kv := range s.Attributes() {
-			attrs[string(kv.Key)] = kv.Value.Emit()
+			attrs[string(kv.Key)] = kv.Value.String()
 		}
 		for k, v := range map[string]string{"messaging.system": "drover", "messaging.destination.name": "jobs",
 			"messaging.operation.type": "receive", "messaging.operation.name": "receive", "drover.namespace": "ns",
