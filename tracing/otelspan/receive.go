@@ -36,9 +36,9 @@ func (c *Consumer) On() bool { return On(c.tr) }
 // asked for asked tasks and got got of them, or failed with err:
 // "receive <queue>", of kind client, as the messaging conventions make a
 // batch receive (messaging.operation.type=receive,
-// messaging.batch.message_count). Its parent is base's span, if any (a
-// worker has none of its own: the span starts a trace, sampled by its own
-// trace id). When it records, it links to the creation contexts that
+// messaging.batch.message_count). Its parent is base's span, if any; a
+// worker passes a context without one (its lease's), so that each claim
+// starts a trace, sampled by its own trace id. When it records, it links to the creation contexts that
 // traceparent(i), for i from 0 to got-1, gives, only those sampled and at
 // most MaxReceiveLinks of them: a link to a context sampled out would
 // point at spans no backend has. The sampler decides before the links are
