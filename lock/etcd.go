@@ -209,9 +209,8 @@ func (e *Etcd) TryAcquire(ctx context.Context, name string) (Lock, error) {
 	return l, nil
 }
 
-// TryAcquireFenced is TryAcquire returning the etcd lock itself, which is a
-// lease.Fence: its Txn fences etcd writes by the lock.
-func (e *Etcd) TryAcquireFenced(ctx context.Context, name string) (*EtcdLock, error) {
+// tryAcquireFenced is TryAcquireFenced without its span.
+func (e *Etcd) tryAcquireFenced(ctx context.Context, name string) (*EtcdLock, error) {
 	if err := CheckName(name); err != nil {
 		return nil, err
 	}

@@ -24,6 +24,21 @@ func (e *Etcd) AcquireFenced(ctx context.Context, name string) (*EtcdLock, error
 	return l, err
 }
 
+// TryAcquireFenced is TryAcquire returning the etcd lock itself, which is a
+// lease.Fence: its Txn fences etcd writes by the lock. Inside a span that
+// records it makes a "lock acquire" span (drover.lock.waited=false: a try
+// never waits), which ends with the error ErrHeld when the lock was held.
+func (e *Etcd) TryAcquireFenced(ctx context.Context, name string) (*EtcdLock, error) {
+	ctx, span := otelspan.StartLock(ctx, name)
+	l, err := e.tryAcquireFenced(ctx, name)
+	if l == nil {
+		endLock(ctx, span, name, nil, time.Time{}, err)
+		return nil, err
+	}
+	endLock(ctx, span, name, l, time.Time{}, err)
+	return l, err
+}
+
 // endLock ends an acquisition's span: the wait in line from waitFrom
 // (zero: none) to now, then the span, with l's token.
 func endLock(ctx context.Context, span trace.Span, name string, l Lock, waitFrom time.Time, err error) {

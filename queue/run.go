@@ -361,9 +361,7 @@ func (w *Worker) loop(ctx, base context.Context, lane int, slots *slotPool, run 
 		}
 		began := time.Now()
 		claims, rev, contended, err := w.sched.claim(ctx, lane, n)
-		if err == nil {
-			sample(&w.claimTime, time.Since(began))
-		}
+		w.claimed(base, began, n, claims, err)
 		slots.release(n - len(claims))
 		if err != nil {
 			if ctx.Err() != nil || base.Err() != nil {

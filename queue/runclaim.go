@@ -254,6 +254,26 @@ func (w *Worker) startAttempt(base context.Context, c *claim) (context.Context, 
 	return w.spans.Describe(ctx, parent, span, &a), span
 }
 
+// claimed notes a claim call that began at began, asked for asked tasks
+// and got claims or failed with err: its time, and while tracing is on
+// its "receive <queue>" span, linked to the claimed tasks' creation
+// contexts that were sampled (otelspan.Consumer.Receive); a claim that
+// found nothing makes none.
+func (w *Worker) claimed(base context.Context, began time.Time, asked int, claims []*claim, err error) {
+	if err == nil {
+		sample(&w.claimTime, time.Since(began))
+	}
+	if !w.spans.On() || len(claims) == 0 && err == nil {
+		return
+	}
+	w.spans.Receive(base, began, asked, len(claims), func(i int) string {
+		if t := claims[i].task; t != nil {
+			return t.TraceParent
+		}
+		return ""
+	}, err)
+}
+
 // maxWaitSpan bounds the wait span a task's creation time starts.
 const maxWaitSpan = 7 * 24 * time.Hour
 

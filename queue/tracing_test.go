@@ -258,7 +258,7 @@ func (e *countingExporter) ExportSpans(ctx context.Context, spans []sdktrace.Rea
 
 // startSink starts the OTLP receiver of BenchmarkQueueTracing in a
 // process of its own and returns its URL; it ends with the benchmark.
-func startSink(b *testing.B) string {
+func startSink(b testing.TB) string {
 	cmd := exec.Command(os.Args[0])
 	cmd.Env = append(os.Environ(), helperEnv+"=otlp-sink")
 	in, err := cmd.StdinPipe()

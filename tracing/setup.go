@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/droverhq/drover/tracing/otelspan"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
@@ -90,10 +91,14 @@ func Setup(ctx context.Context, service string) (*Provider, error) {
 		return nil, fmt.Errorf("tracing: resource: %w", err)
 	}
 	sdk := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp, BatchOptions()...), sdktrace.WithResource(res))
-	otel.SetTracerProvider(sdk)
+	var tp trace.TracerProvider = sdk
+	if s := strings.TrimSpace(os.Getenv("OTEL_TRACES_SAMPLER")); s == "" || strings.HasPrefix(s, "parentbased_") {
+		tp = otelspan.ParentBased(sdk) // attempts under a creation context not sampled start no span
+	}
+	otel.SetTracerProvider(tp)
 	otel.SetErrorHandler(otel.ErrorHandlerFunc(logError))
 	otel.SetTextMapPropagator(propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}))
-	return &Provider{tp: sdk, sdk: sdk}, nil
+	return &Provider{tp: tp, sdk: sdk}, nil
 }
 
 // The batch span processor's sizes BatchOptions sets where the OTEL_BSP_*

@@ -17,20 +17,48 @@ import (
 // next, so that an attempt pays only for what is its own.
 type Consumer struct {
 	tr                        trace.Tracer
-	name, waitName            string
+	name, waitName, rcvName   string
 	system, dest, ns          attribute.KeyValue
 	client, group, op, opName attribute.KeyValue
 	kind                      trace.SpanStartOption
+	shape                     WaitShape
+	parentDecides             bool // ParentBased marked tr's provider
 }
+
+// WaitShape is how a Consumer records an attempt's queue wait.
+type WaitShape int
+
+// The shapes of the queue wait. WaitSpan is the default; the others
+// are experiments whose cost docs/BENCHMARKS.md measures, not (yet) what
+// a worker makes.
+const (
+	// WaitSpan: a "wait <queue>" span with the task's names
+	// (messaging.system, the queue, the namespace, the task's id, type
+	// and tenant) and the wait's own attributes.
+	WaitSpan WaitShape = iota
+	// WaitSpanLean: a "wait <queue>" span with only the attributes its
+	// parent (the send span) and its sibling (the attempt's span) do not
+	// already say: the task's id and the wait's own.
+	WaitSpanLean
+	// WaitFolded: a first attempt's plain wait (no deferral, no retry,
+	// nothing taken over) is no span but drover.wait.start on the
+	// attempt's span and a "queued" event at that time; other waits are
+	// spans as with WaitSpan.
+	WaitFolded
+)
+
+// SetWaitShape sets how c records queue waits, before its first
+// attempt.
+func (c *Consumer) SetWaitShape(s WaitShape) { c.shape = s }
 
 // NewConsumer is the Consumer of worker's attempts of queue q of
 // namespace ns, whose spans tr makes.
 func NewConsumer(tr trace.Tracer, ns, q, worker string) *Consumer {
-	return &Consumer{tr: tr, name: ProcessName(q), waitName: "wait " + q,
+	return &Consumer{tr: tr, name: ProcessName(q), waitName: "wait " + q, rcvName: "receive " + q,
 		system: semconv.MessagingSystemKey.String(System), dest: semconv.MessagingDestinationName(q),
 		ns: AttrNamespace.String(ns), client: semconv.MessagingClientID(worker),
 		group: semconv.MessagingConsumerGroupName(q), op: semconv.MessagingOperationTypeProcess,
-		opName: semconv.MessagingOperationName("process"), kind: consumerKind}
+		opName: semconv.MessagingOperationName("process"), kind: consumerKind, parentDecides: parentDecides(tr)}
 }
 
 // consumerKind is the option of a span of kind consumer, made once (the
@@ -59,7 +87,9 @@ func (c *Consumer) Start(base context.Context, traceparent string, claimed time.
 	if ok {
 		parent = trace.ContextWithRemoteSpanContext(base, sc)
 	}
-	if !On(c.tr) { // the creation context still reaches the handler (TRACEPARENT)
+	if !On(c.tr) || ok && !sc.IsSampled() && c.parentDecides {
+		// The creation context still reaches the handler (TRACEPARENT).
+		// A parent-based sampler drops a span under one not sampled.
 		return parent, parent, noSpan
 	}
 	opts := startOpts.Get().(*[2]trace.SpanStartOption)
@@ -119,6 +149,11 @@ func (c *Consumer) Describe(ctx, parent context.Context, span trace.Span, a *Att
 	attrs = append(attrs, c.client, c.group)
 	ac.in = inAttempt{tr: c.tr, common: attrs[:len(attrs):len(attrs)]}
 	attrs = append(attrs, c.op, c.opName, AttrAttempt.Int(a.Number), AttrTakeover.Bool(len(a.Lost) > 0))
+	folded := c.shape == WaitFolded && a.Number == 1 && a.WaitAfter == "" && a.Deferrals == 0 && len(a.Lost) == 0 &&
+		!a.Ready.IsZero() && a.Ready.Before(a.Claimed)
+	if folded {
+		attrs = append(attrs, AttrWaitStart.Int64(a.Ready.UnixNano()))
+	}
 	if len(attrs) == 12 {
 		// The SDK sizes a span's attributes to the first ones set: twelve
 		// fill their backing array, and EndProcess's one more would copy
@@ -128,9 +163,14 @@ func (c *Consumer) Describe(ctx, parent context.Context, span trace.Span, a *Att
 		attrs = append(attrs, AttrAttemptEnd.String(EndCancelled))
 	}
 	span.SetAttributes(attrs...)
-	if !a.Ready.IsZero() && a.Ready.Before(a.Claimed) {
+	if folded {
+		span.AddEvent("queued", trace.WithTimestamp(a.Ready))
+	} else if !a.Ready.IsZero() && a.Ready.Before(a.Claimed) {
 		// A wait processes nothing: no messaging.operation.type.
 		wait := append(ac.attrs[len(attrs):len(attrs)], ac.attrs[:named]...)
+		if c.shape == WaitSpanLean { // the send span's names, and the attempt's
+			wait = append(ac.attrs[len(attrs):len(attrs)], ac.attrs[3])
+		}
 		wait = append(wait, AttrAttempt.Int(a.Number), AttrDeferrals.Int(a.Deferrals))
 		if a.WaitAfter != "" {
 			wait = append(wait, AttrWaitAfter.String(a.WaitAfter))

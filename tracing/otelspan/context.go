@@ -101,6 +101,7 @@ const (
 	AttrDeferrals     = attribute.Key("drover.wait.deferrals")
 	AttrWaitAfter     = attribute.Key("drover.wait.after")
 	AttrWaitReason    = attribute.Key("drover.wait.reason")
+	AttrWaitStart     = attribute.Key("drover.wait.start")
 	AttrSubmitted     = attribute.Key("drover.submit.submitted")
 	AttrDuplicates    = attribute.Key("drover.submit.duplicates")
 	AttrRejected      = attribute.Key("drover.submit.rejected")
