@@ -98,6 +98,9 @@ func (s *Server) putCheckpoint(ctx context.Context, in *putCheckpointInput) (*st
 	if err != nil {
 		return nil, err
 	}
+	if err := putParentWrites(ctx, store, in, f); err != nil {
+		return nil, err
+	}
 	put := store.Put
 	if b.Mode == putAppend {
 		put = store.Append
@@ -108,6 +111,40 @@ func (s *Server) putCheckpoint(ctx context.Context, in *putCheckpointInput) (*st
 		return nil, checkpointProblem(err)
 	}
 	return &struct{ Body CheckpointPut }{CheckpointPut{ThreadID: cp.ThreadID, NS: cp.NS, ID: cp.ID, ParentID: cp.ParentID, Token: cp.Token, CreatedAt: cp.CreatedAt}}, nil
+}
+
+// putParentWrites saves the pending writes a put carries for its parent,
+// each task's as the writes route does.
+func putParentWrites(ctx context.Context, store *checkpoint.Etcd, in *putCheckpointInput, f checkpoint.Fence) error {
+	b := in.Body
+	if len(b.ParentWrites) == 0 {
+		return nil
+	}
+	if b.ParentID == "" {
+		return invalid("body.parent_writes", nil, "pending writes are the parent's: give parent_checkpoint_id")
+	}
+	for i, tw := range b.ParentWrites {
+		if err := keyspace.CheckName(fmt.Sprintf("body.parent_writes[%d].task_id", i), tw.TaskID); err != nil {
+			return problem(err, nil)
+		}
+		if err := store.PutWrites(ctx, in.Thread, b.NS, b.ParentID, writesOf(tw.TaskID, tw.Writes), f); err != nil {
+			return checkpointProblem(err)
+		}
+	}
+	return nil
+}
+
+// writesOf are a task's writes as the store takes them: each at its idx,
+// by default its position.
+func writesOf(task string, in []PendingWriteInput) []checkpoint.Write {
+	writes := make([]checkpoint.Write, len(in))
+	for i, w := range in {
+		writes[i] = checkpoint.Write{TaskID: task, Channel: w.Channel, Value: w.Value, Idx: i}
+		if w.Idx != nil {
+			writes[i].Idx = *w.Idx
+		}
+	}
+	return writes
 }
 
 func (s *Server) putCheckpointWrites(ctx context.Context, in *putWritesInput) (*struct{}, error) {
@@ -123,14 +160,7 @@ func (s *Server) putCheckpointWrites(ctx context.Context, in *putWritesInput) (*
 	if err != nil {
 		return nil, err
 	}
-	writes := make([]checkpoint.Write, len(b.Writes))
-	for i, w := range b.Writes {
-		writes[i] = checkpoint.Write{TaskID: b.TaskID, Channel: w.Channel, Value: w.Value, Idx: i}
-		if w.Idx != nil {
-			writes[i].Idx = *w.Idx
-		}
-	}
-	if err := store.PutWrites(ctx, in.Thread, b.NS, in.ID, writes, f); err != nil {
+	if err := store.PutWrites(ctx, in.Thread, b.NS, in.ID, writesOf(b.TaskID, b.Writes), f); err != nil {
 		return nil, checkpointProblem(err)
 	}
 	return nil, nil

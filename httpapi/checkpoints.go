@@ -83,7 +83,16 @@ type putCheckpointInput struct {
 		Lock     string             `json:"lock,omitempty" maxLength:"128" doc:"Fence the write by this drover lock (POST /v1/locks/{name} with a session), held across the read-modify-write: a write after the lock was lost is a 409. Needs session and token."`
 		Session  string             `json:"session,omitempty" doc:"With lock: the session the lock is held under."`
 		Token    int64              `json:"token,omitempty" minimum:"1" doc:"With lock: its fencing token. The store also refuses a token lower than one already seen for the thread."`
+		// ParentWrites are pending writes of the parent, saved before the
+		// checkpoint: a step's writes and the next checkpoint in one request.
+		ParentWrites []TaskWritesInput `json:"parent_writes,omitempty" maxItems:"1000" doc:"Pending writes of parent_checkpoint_id (needed with them), saved first as by its writes route, then the checkpoint, in one request: LangGraph's putWrites of a step's tasks and the put of the next checkpoint. A refusal of the writes writes nothing; a refusal of the checkpoint (409) keeps them."`
 	}
+}
+
+// TaskWritesInput are a task's pending writes, sent with a put.
+type TaskWritesInput struct {
+	TaskID string              `json:"task_id" minLength:"1" maxLength:"128" doc:"The task that made the writes."`
+	Writes []PendingWriteInput `json:"writes" maxItems:"10000" doc:"The writes, each at its idx, as the writes route takes them."`
 }
 
 // PendingWriteInput is one write of a put writes request.
@@ -170,12 +179,13 @@ func (s *Server) checkpointRoutes() {
 		Description: "Mode cas (the default), compare-and-swap: it is written only if parent_checkpoint_id is the thread's head (absent: the thread has none), " +
 			"else 409 naming the head, and nothing is written. Mode append (LangGraph's put): written on any parent, or none, for forks and time travel. " +
 			"Either way it becomes the head. With lock, session and token it is also fenced by that lock: 409 once lost. " +
+			"parent_writes saves pending writes of the parent first (404 when it does not exist): a step's writes and the next checkpoint in one request. " +
 			"507 while etcd is past its high-water mark.",
 		DefaultStatus: http.StatusCreated,
 		MaxBodyBytes:  maxCheckpointBody,
 		// A large body may take as long to arrive as the route's bound.
 		BodyReadTimeout: bulkAllowance,
-		Errors:          []int{http.StatusConflict, http.StatusRequestEntityTooLarge, http.StatusInsufficientStorage},
+		Errors:          []int{http.StatusConflict, http.StatusNotFound, http.StatusRequestEntityTooLarge, http.StatusInsufficientStorage},
 	}, s.putCheckpoint)
 	huma.Register(s.api, huma.Operation{
 		OperationID: "put-checkpoint-writes", Method: http.MethodPost, Path: "/v1/threads/{thread_id}/checkpoints/{checkpoint_id}/writes", Tags: tags,

@@ -86,3 +86,35 @@ func TestCheckpointListEveryThread(t *testing.T) {
 		t.Fatalf("after deleting every thread: %s", l.Raw)
 	}
 }
+
+// TestCheckpointPutWithParentWrites: a put's parent_writes are saved on its
+// parent, as the writes route saves them, before the checkpoint; without a
+// parent, or on a parent that does not exist, nothing is written; a put
+// refused by compare-and-swap keeps the writes saved.
+func TestCheckpointPutWithParentWrites(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t)
+	first := a.put("pw", map[string]any{"checkpoint_id": "c1", "state": b64("s0")}).want(t, 201).str("checkpoint_id")
+	tw := []map[string]any{{"task_id": "t2", "writes": []map[string]any{{"channel": "b", "value": b64("2")}}},
+		{"task_id": "t1", "writes": []map[string]any{{"channel": "a", "value": b64("1")}, {"channel": "__error__", "idx": -1}}}}
+	before := a.keyCount()
+	a.put("pw", map[string]any{"checkpoint_id": "c2", "state": b64("s1"), "parent_writes": tw}).problem(t, 400)
+	a.put("pw", map[string]any{"checkpoint_id": "c2", "parent_checkpoint_id": "c0", "mode": "append", "state": b64("s1"), "parent_writes": tw}).problem(t, 404)
+	if n := a.keyCount(); n != before {
+		t.Fatalf("refused puts changed the keys: %d, then %d", before, n)
+	}
+	a.put("pw", map[string]any{"checkpoint_id": "c2", "parent_checkpoint_id": first, "state": b64("s1"), "parent_writes": tw}).want(t, 201)
+	g := a.do("GET", "/v1/threads/pw/checkpoints/"+first, nil).want(t, 200)
+	ws := g.JSON["pending_writes"].([]any)
+	if len(ws) != 3 || ws[0].(map[string]any)["task_id"] != "t1" || ws[1].(map[string]any)["idx"].(float64) != 0 || ws[2].(map[string]any)["channel"] != "b" {
+		t.Fatalf("the parent's writes: %s", g.Raw)
+	}
+	if h := a.do("GET", "/v1/threads/pw/head", nil).want(t, 200); h.str("checkpoint_id") != "c2" || len(h.JSON["pending_writes"].([]any)) != 0 {
+		t.Fatalf("the head: %s", h.Raw)
+	}
+	more := []map[string]any{{"task_id": "t3", "writes": []map[string]any{{"channel": "c", "value": b64("3")}}}}
+	a.put("pw", map[string]any{"checkpoint_id": "c3", "parent_checkpoint_id": first, "state": b64("s2"), "parent_writes": more}).problem(t, 409)
+	if g := a.do("GET", "/v1/threads/pw/checkpoints/"+first, nil).want(t, 200); len(g.JSON["pending_writes"].([]any)) != 4 {
+		t.Fatalf("the writes of a put refused by compare-and-swap: %s", g.Raw)
+	}
+}

@@ -268,9 +268,17 @@ export class AgentServerRuntime {
     // few reads for drover).
     let poll: ReturnType<typeof setTimeout> | undefined;
     let polling = true;
+    // When the task was last read: the read after the lock counts as one of the poll's.
+    let lastRead = Date.now();
     const every = () => cancelPollEvery(this.opts.cancelPollMs ?? 250, this.running);
     const read = () => {
       if (!polling || ac.signal.aborted) return;
+      const wait = lastRead + every() - Date.now();
+      if (wait > 0) {
+        poll = setTimeout(read, wait);
+        return;
+      }
+      lastRead = Date.now();
       this.drover.tasks
         .get(RUNS_QUEUE, task.task_id)
         .then(
@@ -290,6 +298,7 @@ export class AgentServerRuntime {
       // refused. Taken after the claim, then the task read again: a stop that came first is seen.
       const thread = (task.parameters as RunTask).run.thread_id;
       lock = await this.drover.lock(`thread:${thread}`, { session: ctx.session, wait: 60, signal: ac.signal });
+      lastRead = Date.now();
       if ((await this.drover.tasks.get(RUNS_QUEUE, task.task_id)).current_status === "CANCELLED") ac.abort(new Error("the run was cancelled"));
       ac.signal.throwIfAborted();
       return await this.runGraph(task, { ...ctx, signal: ac.signal }, new RunSaver({ drover: this.drover, protection: "none", lock, shareCacheOf: this.saver }));
@@ -383,7 +392,8 @@ export class AgentServerRuntime {
     // the graph again.
     for (let attempt = 1; ; attempt++) {
       try {
-        await this.putOutcome(graph, config, run, ctx, status, error);
+        // An earlier attempt's states are not counted by this run's saver.
+        await this.putOutcome(graph, config, run, ctx, status, error, ctx.attempt === 1 && saver !== this.saver ? saver.rootPuts(run.thread_id) : undefined);
         break;
       } catch (e) {
         // The run (or its thread) was deleted while it ran: nothing to record, and nothing to retry.
@@ -414,14 +424,16 @@ export class AgentServerRuntime {
    * server holds (`history_append`); should the server not hold that one (a run stopped before
    * its outcome wrote states in between), the whole history, as far as the server keeps it.
    */
-  private async putOutcome(graph: RunnableGraph | undefined, config: RunnableConfig, run: RunTask["run"], ctx: TaskContext, status: string, error: unknown): Promise<void> {
+  private async putOutcome(graph: RunnableGraph | undefined, config: RunnableConfig, run: RunTask["run"], ctx: TaskContext, status: string, error: unknown, written = NEW_STATES_PAGE): Promise<void> {
     const state = graph ? await threadState(graph, config) : undefined;
     const limit = this.opts.historyLimit ?? 100;
     // The server keeps the history that fits 1 MiB beside the state; send no more than it can keep.
     const room = (this.opts.historyBytes ?? 1 << 20) - JSON.stringify(state ?? null).length;
     const path = `/v1/agent-server/threads/${run.thread_id}/runs/${run.run_id}/outcome`;
     const body = { token: ctx.token, status, ...(state ? { state } : {}), ...(error ? { error } : {}) };
-    const added = graph ? await newStates(graph, run, Math.min(limit, NEW_STATES_PAGE), room) : undefined;
+    // The states it wrote and the one before them, when the run's saver counted them: no more read.
+    const page = Math.min(limit, NEW_STATES_PAGE, written + 1);
+    const added = graph ? await newStates(graph, run, page, room) : undefined;
     if (added?.joins) {
       try {
         await this.drover.transport.put(path, { ...body, history: added.states, history_append: true, history_limit: limit });
@@ -431,7 +443,6 @@ export class AgentServerRuntime {
       }
     }
     // Not joined: the states read are the whole history when they are all there is or all that is kept.
-    const page = Math.min(limit, NEW_STATES_PAGE);
     const whole = added && !added.joins && (added.states.length < page || page === limit);
     const history = whole ? added.states : graph ? await historyOf(graph, run, limit, room) : [];
     await this.drover.transport.put(path, { ...body, ...(history.length ? { history } : {}) });
@@ -482,13 +493,26 @@ const notInMetadata = new Set(["checkpoint_ns", "checkpoint_id", "run_id", "thre
  * id, by which a retried run finds its own checkpoints.
  */
 class RunSaver extends DroverSaver {
+  /** Checkpoints put per thread in the root namespace. */
+  private readonly puts = new Map<string, number>();
+
+  /** How many checkpoints of thread's root namespace this saver put (LangGraph's thread id). */
+  rootPuts(thread: string): number {
+    return this.puts.get(thread) ?? 0;
+  }
+
   override put(config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata, newVersions: ChannelVersions): Promise<RunnableConfig> {
     const id = config.configurable?.run_id;
     const fromConfig = Object.fromEntries(
       Object.entries(config.configurable ?? {}).filter(([k, v]) => !k.startsWith("__") && !notInMetadata.has(k) && isJSONValue(v)),
     );
     const merged = { ...fromConfig, ...(config.metadata ?? {}), ...metadata, ...(typeof id === "string" ? { run_id: id } : {}) };
-    return super.put(config, checkpoint, merged as CheckpointMetadata, newVersions);
+    const thread = String(config.configurable?.thread_id);
+    const root = !config.configurable?.checkpoint_ns;
+    return super.put(config, checkpoint, merged as CheckpointMetadata, newVersions).then((r) => {
+      if (root) this.puts.set(thread, (this.puts.get(thread) ?? 0) + 1);
+      return r;
+    });
   }
 }
 

@@ -48,6 +48,12 @@ export interface PutCheckpoint {
   /** "cas" (default): refused with 409 unless the parent is the head. "append": any parent. */
   mode?: "cas" | "append";
   fence?: CheckpointFence;
+  /**
+   * Pending writes of the parent, saved before the checkpoint in the same
+   * request (each task's as {@link Checkpoints.putWrites} saves them): a
+   * step's writes and the next checkpoint in one round trip.
+   */
+  parent_writes?: { task_id: string; writes: { channel: string; value?: Uint8Array; idx: number }[] }[];
 }
 
 export interface ListCheckpoints {
@@ -60,6 +66,9 @@ export interface ListCheckpoints {
 }
 
 const b64 = (b: Uint8Array) => Buffer.from(b.buffer, b.byteOffset, b.byteLength).toString("base64");
+
+/** A pending write as the routes take it. */
+const writeBody = (x: { channel: string; value?: Uint8Array; idx: number }) => ({ channel: x.channel, idx: x.idx, ...(x.value && x.value.byteLength ? { value: b64(x.value) } : {}) });
 
 function filterQuery(filter?: Record<string, unknown>): string[] | undefined {
   if (!filter) return undefined;
@@ -92,6 +101,7 @@ export class Checkpoints {
       ...(cp.parent_checkpoint_id ? { parent_checkpoint_id: cp.parent_checkpoint_id } : {}),
       ...(cp.metadata ? { metadata: cp.metadata } : {}),
       ...(cp.fence ? { lock: cp.fence.lock, session: cp.fence.session, token: cp.fence.token } : {}),
+      ...(cp.parent_writes?.length ? { parent_writes: cp.parent_writes.map((tw) => ({ task_id: tw.task_id, writes: tw.writes.map(writeBody) })) } : {}),
     };
     // Only a write naming its id can be recognized when repeated.
     const retry = !!cp.checkpoint_id;
@@ -115,7 +125,7 @@ export class Checkpoints {
     await this.t.post(`/v1/threads/${seg(thread)}/checkpoints/${seg(checkpointId)}/writes`, {
       checkpoint_ns: w.checkpoint_ns ?? "",
       task_id: w.task_id,
-      writes: w.writes.map((x) => ({ channel: x.channel, idx: x.idx, ...(x.value && x.value.byteLength ? { value: b64(x.value) } : {}) })),
+      writes: w.writes.map(writeBody),
       ...(w.fence ? { lock: w.fence.lock, session: w.fence.session, token: w.fence.token } : {}),
     }, { retry: true });
   }

@@ -76,6 +76,19 @@ export interface DroverSaverOptions {
   shareCacheOf?: DroverSaver;
 }
 
+/** A task's pending writes for a stored checkpoint, sent with the put of a child or alone. */
+interface ReadyWrite {
+  thread: string;
+  ns: string;
+  id: string;
+  taskId: string;
+  writes: { channel: string; value: Uint8Array; idx: number }[];
+  /** Failed puts of its thread before it was made. */
+  failuresBefore: number;
+  resolve: () => void;
+  reject: (err: unknown) => void;
+}
+
 /** A serialized value: JSON inline when the serializer produced JSON, base64 otherwise. */
 type Typed = { t: string; j?: unknown; b?: string };
 
@@ -156,6 +169,10 @@ export class DroverSaver extends BaseCheckpointSaver {
   private readonly putWaiters = new Map<string, (() => void)[]>();
   /** Per thread and namespace: puts under way, and how the last one ended. */
   private readonly putState = new Map<string, { inflight: number; lastError: unknown; failures: number }>();
+  /** Per checkpoint: writes ready to send, which the put of a child takes along (else they go alone, a moment later). */
+  private readonly readyWrites = new Map<string, ReadyWrite[]>();
+  /** Per checkpoint: writes waiting for its put to settle. */
+  private readonly waitingWrites = new Map<string, number>();
 
   constructor(opts: DroverSaverOptions = {}) {
     super(opts.serde);
@@ -364,15 +381,30 @@ export class DroverSaver extends BaseCheckpointSaver {
     env.checkpoint = await this.dump({ ...prepared, channel_values: {} });
     const [mt, mdata] = await this.serde.dumpsTyped(metadata);
     const meta = mt === "json" ? (JSON.parse(typeof mdata === "string" ? mdata : td.decode(mdata)) as Record<string, unknown>) : { ...metadata };
-    await this.cp.put(thread, {
-      checkpoint_ns: ns,
-      checkpoint_id: checkpoint.id,
-      ...(parentId ? { parent_checkpoint_id: parentId } : {}),
-      metadata: meta,
-      state: te.encode(JSON.stringify(env)),
-      mode: this.protection === "cas" ? "cas" : "append",
-      ...(this.fence ? { fence: this.fence } : {}),
-    });
+    // The parent's pending writes go with this put: LangGraph sends a step's writes, then, once the
+    // parent's put is done, the put of the next checkpoint. Writes still waiting for the parent's
+    // put get a turn of the event loop to join.
+    const parentKey = parentId ? this.key(thread, ns, parentId) : "";
+    if (parentId && (this.waitingWrites.get(parentKey) ?? 0) > 0) await new Promise((r) => setImmediate(r));
+    const withPut = parentId ? (this.readyWrites.get(parentKey) ?? []) : [];
+    this.readyWrites.delete(parentKey);
+    try {
+      await this.cp.put(thread, {
+        checkpoint_ns: ns,
+        checkpoint_id: checkpoint.id,
+        ...(parentId ? { parent_checkpoint_id: parentId } : {}),
+        metadata: meta,
+        state: te.encode(JSON.stringify(env)),
+        mode: this.protection === "cas" ? "cas" : "append",
+        ...(this.fence ? { fence: this.fence } : {}),
+        ...(withPut.length ? { parent_writes: withPut.map((w) => ({ task_id: w.taskId, writes: w.writes })) } : {}),
+      });
+    } catch (err) {
+      // Whether the writes were saved is not known: they are sent alone (safe to repeat).
+      for (const w of withPut) this.sendWrites(w.thread, w.ns, w.id, w.taskId, w.writes, w.failuresBefore).then(w.resolve, w.reject);
+      throw err;
+    }
+    for (const w of withPut) w.resolve();
     this.remember(thread, ns, checkpoint.id, env);
     return { configurable: { thread_id: threadId, checkpoint_ns: ns, checkpoint_id: checkpoint.id } };
   }
@@ -399,14 +431,46 @@ export class DroverSaver extends BaseCheckpointSaver {
     // means the chain stopped and this checkpoint will never come.
     const deadline = Date.now() + 30_000;
     const failuresBefore = this.putState.get(tn)?.failures ?? 0;
-    let waits = 0;
     // A checkpoint not known stored here while puts of its thread are under way is most likely
     // one of them, or the next in LangGraph's chain: wait for them rather than send a write that
     // drover refuses (a round trip for nothing, and its retry). Bounded by the deadline; a
     // checkpoint stored elsewhere (or evicted from the cache) is written once no put is under way.
-    while (!this.knownStored(key) && (this.putState.get(tn)?.inflight ?? 0) > 0 && Date.now() < deadline) {
-      await this.untilPutSettled(tn, 5_000);
+    if (!this.knownStored(key)) {
+      this.waitingWrites.set(key, (this.waitingWrites.get(key) ?? 0) + 1);
+      try {
+        while (!this.knownStored(key) && (this.putState.get(tn)?.inflight ?? 0) > 0 && Date.now() < deadline) {
+          await this.untilPutSettled(tn, 5_000);
+        }
+      } finally {
+        const n = (this.waitingWrites.get(key) ?? 1) - 1;
+        if (n > 0) this.waitingWrites.set(key, n);
+        else this.waitingWrites.delete(key);
+      }
     }
+    if (!this.knownStored(key)) return this.sendWrites(thread, ns, id, taskId, out, failuresBefore, deadline);
+    // Stored: the put of its child, if one comes in this turn of the event loop, takes them along.
+    return new Promise<void>((resolve, reject) => {
+      let list = this.readyWrites.get(key);
+      if (!list) {
+        this.readyWrites.set(key, (list = []));
+        setImmediate(() => this.flushWrites(key, list!));
+      }
+      list.push({ thread, ns, id, taskId, writes: out, failuresBefore, resolve, reject });
+    });
+  }
+
+  /** Sends the ready writes of a checkpoint that no put took along. */
+  private flushWrites(key: string, list: ReadyWrite[]): void {
+    if (this.readyWrites.get(key) !== list) return; // taken by a put
+    this.readyWrites.delete(key);
+    for (const w of list) this.sendWrites(w.thread, w.ns, w.id, w.taskId, w.writes, w.failuresBefore).then(w.resolve, w.reject);
+  }
+
+  /** Sends a task's writes of checkpoint id; while its put may still come, a 404 is waited out. */
+  private async sendWrites(thread: string, ns: string, id: string, taskId: string, out: ReadyWrite["writes"], failuresBefore: number, deadline = Date.now() + 30_000): Promise<void> {
+    const key = this.key(thread, ns, id);
+    const tn = this.key(thread, ns, "");
+    let waits = 0;
     for (;;) {
       // Whether the put of this checkpoint had ended before this write was
       // sent: a refusal of a write sent while the put was under way says

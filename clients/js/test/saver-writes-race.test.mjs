@@ -64,6 +64,13 @@ test("saver writes race: a write refused while its put was under way is sent aga
   // yet); its second is sent before the put and answered after it ended.
   const realPutWrites = drover.checkpoints.putWrites.bind(drover.checkpoints);
   let calls = 0;
+  const realPut = drover.checkpoints.put.bind(drover.checkpoints);
+  let carried = 0;
+  drover.checkpoints.put = async (thread, cp) => {
+    const r = await realPut(thread, cp);
+    carried += cp.parent_writes?.length ?? 0;
+    return r;
+  };
   drover.checkpoints.putWrites = async (...args) => {
     calls++;
     try {
@@ -84,14 +91,22 @@ test("saver writes race: a write refused while its put was under way is sent aga
   assert.deepEqual(tuple.pendingWrites, [["task-1", "n", 2]]);
 });
 
-test("saver writes race: a step's writes wait for the put of their checkpoint, none is refused", async () => {
+test("saver writes race: a step's writes wait for the put of their checkpoint, none is refused, each goes with the next put", async () => {
   // LangGraph puts a step's checkpoint and sends the step's writes at once; a write sent before
-  // its put ended is refused (404) and sent again: a round trip for nothing. Counted here.
+  // its put ended is refused (404) and sent again: a round trip for nothing. Counted here. Once
+  // the put is done, the writes go with the put of the next checkpoint: one request, not two.
   const drover = new Drover({ url: srv.url, namespace: uniq("cprace") });
   const saver = new DroverSaver({ drover });
   const realPutWrites = drover.checkpoints.putWrites.bind(drover.checkpoints);
   let calls = 0;
   let refused = 0;
+  const realPut = drover.checkpoints.put.bind(drover.checkpoints);
+  let carried = 0;
+  drover.checkpoints.put = async (thread, cp) => {
+    const r = await realPut(thread, cp);
+    carried += cp.parent_writes?.length ?? 0;
+    return r;
+  };
   drover.checkpoints.putWrites = async (...args) => {
     calls++;
     try {
@@ -116,6 +131,8 @@ test("saver writes race: a step's writes wait for the put of their checkpoint, n
     const out = await graph.invoke({ count: 0 }, config);
     assert.equal(out.count, 3 * (i + 1));
   }
-  // Each invoke: the input's task and the three nodes' write once each.
-  assert.deepEqual({ calls, refused }, { calls: 4 * INVOKES, refused: 0 });
+  // Each invoke: the input's task and the three nodes' write once each, with the next put.
+  assert.deepEqual({ calls, carried, refused }, { calls: 0, carried: 4 * INVOKES, refused: 0 });
+  const h = await saver.getTuple(config);
+  assert.equal(h.checkpoint.channel_values.count, 3 * INVOKES);
 });
