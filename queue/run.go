@@ -361,7 +361,7 @@ func (w *Worker) loop(ctx, base context.Context, lane int, slots *slotPool, run 
 		}
 		began := time.Now()
 		claims, rev, contended, err := w.sched.claim(ctx, lane, n)
-		w.claimed(base, began, n, claims, err)
+		w.claimed(ctx, base, began, n, claims, err)
 		slots.release(n - len(claims))
 		if err != nil {
 			if ctx.Err() != nil || base.Err() != nil {

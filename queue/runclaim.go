@@ -258,10 +258,13 @@ func (w *Worker) startAttempt(base context.Context, c *claim) (context.Context, 
 // and got claims or failed with err: its time, and while tracing is on
 // its "receive <queue>" span, linked to the claimed tasks' creation
 // contexts that were sampled (otelspan.Consumer.Receive); a claim that
-// found nothing makes none.
-func (w *Worker) claimed(base context.Context, began time.Time, asked int, claims []*claim, err error) {
+// found nothing makes none, nor one that failed because stop ended (the
+// worker stopping: no failure, which the loop neither logs nor retries).
+func (w *Worker) claimed(stop, base context.Context, began time.Time, asked int, claims []*claim, err error) {
 	if err == nil {
 		sample(&w.claimTime, time.Since(began))
+	} else if stop.Err() != nil && len(claims) == 0 {
+		return
 	}
 	if !w.spans.On() || len(claims) == 0 && err == nil {
 		return

@@ -92,7 +92,8 @@ func Setup(ctx context.Context, service string) (*Provider, error) {
 	}
 	sdk := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp, BatchOptions()...), sdktrace.WithResource(res))
 	var tp trace.TracerProvider = sdk
-	if s := strings.TrimSpace(os.Getenv("OTEL_TRACES_SAMPLER")); s == "" || strings.HasPrefix(s, "parentbased_") {
+	// The SDK reads the sampler's name trimmed and in lower case.
+	if s := strings.ToLower(strings.TrimSpace(os.Getenv("OTEL_TRACES_SAMPLER"))); s == "" || strings.HasPrefix(s, "parentbased_") {
 		tp = otelspan.ParentBased(sdk) // attempts under a creation context not sampled start no span
 	}
 	otel.SetTracerProvider(tp)

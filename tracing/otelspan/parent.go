@@ -1,6 +1,9 @@
 package otelspan
 
-import "go.opentelemetry.io/otel/trace"
+import (
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
+)
 
 // ParentBased returns tp marked as a provider whose sampler follows a
 // remote parent's decision, as OpenTelemetry's parentbased_* samplers do
@@ -14,8 +17,11 @@ import "go.opentelemetry.io/otel/trace"
 // the dropped span's would be). Mark only a provider whose sampler does
 // follow its parent: with another (always_on, traceidratio) such an
 // attempt would go unrecorded where the sampler would have kept it.
+// It returns nil and the no-op provider as they are: they record
+// nothing, and On tells their tracers apart only unmarked.
 func ParentBased(tp trace.TracerProvider) trace.TracerProvider {
-	if _, ok := tp.(parentBased); ok || tp == nil {
+	switch tp.(type) {
+	case nil, parentBased, noop.TracerProvider:
 		return tp
 	}
 	return parentBased{tp}

@@ -8,6 +8,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 )
 
 // TestParentBasedSkipsUnsampled: with a provider marked ParentBased, an
@@ -49,4 +50,22 @@ func TestParentBasedSkipsUnsampled(t *testing.T) {
 		t.Error("marked twice")
 	}
 	var _ trace.TracerProvider = ParentBased(sdk)
+}
+
+// TestParentBasedNoopIsOff: a no-op provider marked ParentBased (a
+// library user's provider while their tracing is off) is off still: a
+// claim and an attempt cost what they cost unmarked.
+func TestParentBasedNoopIsOff(t *testing.T) {
+	c := NewConsumer(Tracer(ParentBased(noop.NewTracerProvider())), "ns", "jobs", "w1")
+	if c.On() {
+		t.Error("a marked no-op provider is on")
+	}
+	tp := "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	now := time.Now()
+	if n := testing.AllocsPerRun(100, func() { c.Receive(context.Background(), now, 4, 4, func(int) string { return tp }, nil) }); n != 0 {
+		t.Errorf("%v allocations a claim, want 0", n)
+	}
+	if n := testing.AllocsPerRun(100, func() { _, _, _ = c.Start(context.Background(), "", now) }); n != 0 {
+		t.Errorf("%v allocations an untraced task's attempt, want 0", n)
+	}
 }
