@@ -16,12 +16,17 @@ import (
 
 // A child cancelled while it ran in one segment run with its siblings:
 // the run's other outcomes, written again without the cancelled one's,
-// are recorded, and the parent resumes.
+// are recorded, and the parent resumes with the three outcomes. The
+// parent collects them (Collect): by default the cancelled child would
+// fail it, and its end would cancel the siblings still running. The
+// siblings return only after the parent's wait was checked for the
+// cancel (its wake mark handled), so that ordering is always taken.
 func TestChildCancelledInARunLetsSiblingsEnd(t *testing.T) {
 	ns := etcdtest.Namespace(t)
 	c, cli := newClient(t, ns)
 	ctx := context.Background()
 	f := newFamily(3)
+	f.opts = task.SpawnOptions{Collect: true}
 	release, stopped := make(chan struct{}), make(chan struct{})
 	f.child = func(ctx context.Context, tk *queue.Task) ([]byte, error) {
 		select {
@@ -42,6 +47,13 @@ func TestChildCancelledInARunLetsSiblingsEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-stopped
+	waitUntil(t, "the parent's wake mark to be handled", func() bool {
+		g, err := cli.Get(ctx, keyspace.MustNew(ns).ChildWakes("wf"), clientv3.WithPrefix(), clientv3.WithCountOnly())
+		return err == nil && g.Count == 0
+	})
+	if st, err := c.Stats(ctx, "wf"); err != nil || st.Waiting != 1 {
+		t.Fatalf("wf: %+v (%v); want the parent still waiting for its children", st, err)
+	}
 	close(release)
 	for _, id := range []string{"p.1.1", "p.1.2"} {
 		k := waitFinished(t, c, id)
@@ -49,7 +61,20 @@ func TestChildCancelledInARunLetsSiblingsEnd(t *testing.T) {
 			t.Fatalf("child %s: %s (%s); want SUCCEEDED", id, k.CurrentStatus, k.LastError)
 		}
 	}
-	waitFinished(t, c, "p")
+	if p := waitFinished(t, c, "p"); p.CurrentStatus != queue.Succeeded {
+		t.Fatalf("p: %s (%s); want SUCCEEDED", p.CurrentStatus, p.LastError)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	want := map[string]string{"p.1.0": task.ChildCancelled, "p.1.1": task.ChildSucceeded, "p.1.2": task.ChildSucceeded}
+	if out := f.outcomes["p"]; len(out) != len(want) {
+		t.Fatalf("outcomes of p: %+v; want %v", out, want)
+	}
+	for _, o := range f.outcomes["p"] {
+		if want[o.ID] != o.Status {
+			t.Fatalf("outcomes of p: %+v; want %v", f.outcomes["p"], want)
+		}
+	}
 }
 
 // One report of the outcomes of children of 160 parents, each claimed
