@@ -460,7 +460,8 @@ func (s *Server) sendStream(ctx context.Context, st *eventStream, hub *stream.Hu
 
 // taskEnded says whether queue task id is SUCCEEDED, DEAD or CANCELLED
 // (or gone), which, and when it ended (the time of its last transition,
-// to that status; zero when not known).
+// to that status; zero when not known; stream.NoDoneFollows when its
+// end's transaction settled its stream).
 func (s *Server) taskEnded(ctx context.Context, id string) (string, time.Time, bool) {
 	c, err := s.queueClient(ctx)
 	if err != nil {
@@ -473,11 +474,10 @@ func (s *Server) taskEnded(ctx context.Context, id string) (string, time.Time, b
 	case err != nil || !t.CurrentStatus.Terminal():
 		return "", time.Time{}, false
 	}
-	var at time.Time
-	if n := len(t.Transitions); n > 0 && t.Transitions[n-1].Status == t.CurrentStatus {
-		at = t.Transitions[n-1].At
+	if t.StreamSettled { // its done, if any, was stored with its end
+		return string(t.CurrentStatus), stream.NoDoneFollows, true
 	}
-	return string(t.CurrentStatus), at, true
+	return string(t.CurrentStatus), t.EndedAt(), true
 }
 
 // endStream closes the stream of an external worker's attempt that its

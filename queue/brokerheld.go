@@ -506,6 +506,9 @@ func (c *Client) EndsStream(id string, every time.Duration) stream.FollowOption 
 		if err != nil || !t.CurrentStatus.Terminal() {
 			return time.Time{}, errors.Is(err, ErrNotFound)
 		}
+		if t.StreamSettled {
+			return stream.NoDoneFollows, true
+		}
 		return t.EndedAt(), true
 	}, every)
 }

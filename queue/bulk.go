@@ -371,6 +371,7 @@ func (c *Client) CancelTasks(ctx context.Context, q string, st Status, ids []str
 	var touched []*Task
 	n, err := c.bulk(ctx, q, st, ids, progress, func(t *Task) ([]clientv3.Op, int, string) {
 		touched = append(touched, t)
+		t.StreamSettled = true // no done is written: a follower ends at once
 		ops := append(c.cancelOps(t, false), c.cascadeMarkOp(t))
 		return ops, len(ops[0].ValueBytes()), c.childWakeKey(t) // several children of one parent share it
 	})
@@ -503,6 +504,7 @@ func (c *Client) cancelBy(ctx context.Context, id string, by *cascadeFence) (t *
 		if by != nil {
 			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(c.keys.TaskRecord(by.parent)), "=", by.rev))
 		}
+		t.StreamSettled = false // its done follows the cancel (FinishStream)
 		ops := c.cancelOps(t, by != nil)
 		markAt := len(ops)
 		ops = append(ops, c.cascadeMarkOp(t))

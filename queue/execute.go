@@ -117,7 +117,7 @@ func (w *Worker) execute(base context.Context, c *claim) (o outcome) {
 	defer tcancel()
 	f := &claimFence{w: w, c: c, task: t.ID, cancel: cancel, ctx: ctx}
 	hctx, sa := w.beginStream(context.WithValue(tctx, claimKey{}, f), f)
-	defer func() { o.streamed = w.endStream(ctx, sa, o); f.gone.Store(true) }() // under the claim, before the outcome is written; then the handler is gone
+	defer func() { w.endStream(ctx, sa, &o); f.gone.Store(true) }() // under the claim, before the outcome is written; then the handler is gone
 	began := time.Now()
 	result, err := w.runHandler(hctx, h, t, func(err error) { admitted(dones, err) }) // the gates' slots held till it returns
 	otelspan.Observe(hctx, metrics.TaskDuration.WithLabelValues(t.Queue, t.Type, outcomeLabel(err)), time.Since(began).Seconds())

@@ -201,7 +201,7 @@ func (w *Worker) write(reqs []ackReq) {
 			if failFast(o) {
 				cascades = append(cascades, o.c.task)
 			}
-			if o.streamed && (o.kind == Succeeded || o.kind == Dead) {
+			if o.streamed && len(o.done) == 0 && (o.kind == Succeeded || o.kind == Dead) {
 				finished = append(finished, o)
 			}
 		}
@@ -375,10 +375,11 @@ func (w *Worker) recordOps(o outcome, now time.Time, markers map[string]bool) ([
 		tr.Error = truncate(o.err.Error(), 4096)
 	}
 	t.Transitions = appendTransition(t.Transitions, tr)
-	t.Token = c.token
+	t.Token, t.StreamSettled = c.token, len(o.done) > 0
 	rec, _ := json.Marshal(t)
 	ops = append(ops, clientv3.OpPut(w.keys.TaskRecord(t.ID), string(rec)))
-	return ops, len(rec) + putBytes(done) + 500
+	ops = append(ops, o.done...) // the stream's Done, with the end (a Retrying task has none)
+	return ops, len(rec) + putBytes(done) + putBytes(o.done) + 500
 }
 
 // putBytes is the bytes of the keys and values ops put, those of nested
@@ -458,7 +459,7 @@ func (w *Worker) runReqs(r *segRun, os []outcome, final, exact bool, now time.Ti
 		clear(mine)
 		more, n := []clientv3.Op(nil), 0
 		if o.kind == Succeeded { // for its parent, when a child; the signals it received
-			more = append(w.childDone(o.c.task, Succeeded, o.result, "", mine), o.spend.consume()...)
+			more = append(append(w.childDone(o.c.task, Succeeded, o.result, "", mine), o.spend.consume()...), o.done...)
 			n = len(o.result)*4/3 + putBytes(more)
 		} else {
 			more, n = w.recordOps(o, now, mine)

@@ -109,7 +109,7 @@ func TestSegmentTasksFormCoversTheFields(t *testing.T) {
 	}
 	task := []string{"ID", "Type", "InputDataURI", "OutputDataURI", "Parameters", "Metadata", "TraceParent", "CurrentStatus", "RetriesAttempted",
 		"MaxRetries", "LastError", "Queue", "Attempt", "Token", "Timeout", "BackoffBase", "BackoffMax", "Result", "ScheduledAt",
-		"RunAt", "Delay", "Deferrals", "Shard", "WaitingFor", "Transitions", "Parent", "ParentStep", "ParentQueue", "rev", "pendingRev", "seg", "resumes"}
+		"RunAt", "Delay", "Deferrals", "Shard", "WaitingFor", "Transitions", "Parent", "ParentStep", "ParentQueue", "StreamSettled", "rev", "pendingRev", "seg", "resumes"}
 	if got := names(Task{}); !reflect.DeepEqual(got, task) {
 		t.Fatalf("Task's fields are now %v", got)
 	}

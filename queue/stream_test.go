@@ -174,11 +174,12 @@ func TestStepsEmitToTheirTaskStream(t *testing.T) {
 	}
 }
 
-// TestDoneFollowsTheStoredOutcome: a task's done is written after its
-// outcome is stored (a worker that dies between the two leaves a task
-// that runs again, not followers that stopped), and the attempt's
-// outcome comes before it in attempt_ended.
-func TestDoneFollowsTheStoredOutcome(t *testing.T) {
+// TestDoneIsStoredWithTheOutcome: a task's done is written in the
+// transaction that stores its outcome (a worker that dies before it
+// leaves a task that runs again, not followers that stopped, and no
+// worker can die between the two), after the attempt's end, which
+// comes before it in attempt_ended.
+func TestDoneIsStoredWithTheOutcome(t *testing.T) {
 	t.Parallel()
 	ns := etcdtest.Namespace(t)
 	c, cli := newClient(t, ns)
@@ -213,28 +214,75 @@ func TestDoneFollowsTheStoredOutcome(t *testing.T) {
 	if len(types) != 4 || types[2] != stream.AttemptEnded || types[3] != stream.Done {
 		t.Fatalf("events %v, want attempt_started, log, attempt_ended, done", types)
 	}
-	// The namespace's writes in order: the outcome (the run's outs key)
-	// lies between the chunk of attempt_ended and that of done.
+	// The namespace's writes in order: the attempt's end, then the
+	// outcome (the run's outs key) and done in one revision.
 	var order []string
 	for resp := range writes {
 		if err := resp.Err(); err != nil {
 			t.Fatalf("watching the namespace's writes: %v", err)
 		}
 		for _, ev := range resp.Events {
-			k, v := string(ev.Kv.Key), string(ev.Kv.Value)
+			k, v, rev := string(ev.Kv.Key), string(ev.Kv.Value), ev.Kv.ModRevision
 			switch {
 			case strings.HasPrefix(k, keys.StreamChunks("af-1")) && strings.Contains(v, `"t":"attempt_ended"`):
-				order = append(order, "ended")
+				order = append(order, fmt.Sprintf("ended@%d", rev-g.Header.Revision))
 			case strings.HasPrefix(k, keys.StreamChunks("af-1")) && strings.Contains(v, `"t":"done"`):
-				order = append(order, "done")
+				order = append(order, fmt.Sprintf("done@%d", rev-g.Header.Revision))
 				wcancel()
-			case strings.HasPrefix(k, keys.Queue("after")+"outs/") && len(order) > 0 && order[len(order)-1] == "ended":
-				order = append(order, "outcome")
+			case strings.HasPrefix(k, keys.Queue("after")+"outs/") && len(order) > 0:
+				order = append(order, fmt.Sprintf("outcome@%d", rev-g.Header.Revision))
 			}
 		}
 	}
-	if strings.Join(order, " ") != "ended outcome done" {
-		t.Fatalf("writes in order %v, want the attempt's end, the outcome, then done", order)
+	if len(order) != 3 || !strings.HasPrefix(order[0], "ended@") || order[1][len("outcome"):] != order[2][len("done"):] || order[0][len("ended"):] == order[2][len("done"):] {
+		t.Fatalf("writes in order %v, want the attempt's end, then the outcome and done in one revision", order)
+	}
+}
+
+// TestDoneOfARetriedTaskInItsRecordsTransaction: a task with a record
+// of its own (retried) gets its done in the transaction of its record's
+// end, which says so (StreamSettled): a follower that waits for a late
+// done without end (SettleAfter an hour) sees it and ends.
+func TestDoneOfARetriedTaskInItsRecordsTransaction(t *testing.T) {
+	t.Parallel()
+	ns := etcdtest.Namespace(t)
+	c, cli := newClient(t, ns)
+	ctx := context.Background()
+	keys := keyspace.MustNew(ns)
+	retries := 3
+	if _, err := c.Submit(ctx, "rec", []queue.Task{{ID: "rd-1", Type: "x", MaxRetries: &retries}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	w := newWorker(t, srv.Client(t), queue.WorkerConfig{Namespace: ns, Queue: "rec", Concurrency: 1, BackoffBase: time.Millisecond, BackoffMax: 2 * time.Millisecond})
+	w.HandleAll(func(hctx context.Context, tk *queue.Task) ([]byte, error) {
+		if err := stream.Emit(hctx, "log", tk.Attempt); err != nil || tk.Attempt > 1 {
+			return []byte("ok"), err
+		}
+		return nil, errors.New("once more")
+	})
+	runWorker(t, w)
+	fctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	var got []stream.Event
+	for ev, err := range stream.NewHub(cli, keys).Follow(fctx, "rd-1", 1, c.EndsStream("rd-1", time.Hour), stream.SettleAfter(time.Hour)) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, ev)
+	}
+	if n := len(got); n != 7 || got[n-1].Type != stream.Done || string(got[n-1].Data) != `{"attempt":2,"outcome":"succeeded"}` {
+		t.Fatalf("events %+v, want attempt 1's, attempt 2's, then done", got)
+	}
+	rec, err := cli.Get(ctx, keys.TaskRecord("rd-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	chunks, err := cli.Get(ctx, keys.StreamChunks("rd-1"), clientv3.WithLastKey()...)
+	if err != nil || len(rec.Kvs) != 1 || len(chunks.Kvs) != 1 {
+		t.Fatalf("the record and the last chunk: %v", err)
+	}
+	if rec.Kvs[0].ModRevision != chunks.Kvs[0].ModRevision || !strings.Contains(string(rec.Kvs[0].Value), `"stream_settled":true`) {
+		t.Fatalf("the record (revision %d) says %s; done's revision %d: want one transaction, settled", rec.Kvs[0].ModRevision, rec.Kvs[0].Value, chunks.Kvs[0].ModRevision)
 	}
 }
 
@@ -281,8 +329,9 @@ func TestCancelledRunningTaskGetsDone(t *testing.T) {
 }
 
 // TestFollowerOfAnEndedTaskWithoutDoneEnds: a task cancelled while it
-// waits to run again (a bulk cancel writes no done) ends its followers
-// through EndsStream once they have every stored event.
+// waits to run again (a bulk cancel writes no done, and its record says
+// none comes) ends its followers through EndsStream once they have every
+// stored event, without waiting for a late done.
 func TestFollowerOfAnEndedTaskWithoutDoneEnds(t *testing.T) {
 	t.Parallel()
 	ns := etcdtest.Namespace(t)
@@ -329,8 +378,8 @@ func TestFollowerOfAnEndedTaskWithoutDoneEnds(t *testing.T) {
 	if k, err := c.CancelTasks(ctx, "again", queue.Retrying, []string{"ag-1"}, nil); err != nil || k != 1 {
 		t.Fatalf("cancel: %d, %v", k, err)
 	}
-	got := 0
-	for _, err := range hub.Follow(fctx, "ag-1", 1, c.EndsStream("ag-1", 0)) {
+	got := 0 // at once: a bulk cancel settles the stream (no done comes), so no wait (an hour) for a late one
+	for _, err := range hub.Follow(fctx, "ag-1", 1, c.EndsStream("ag-1", 0), stream.SettleAfter(time.Hour)) {
 		if err != nil {
 			t.Fatal(err)
 		}

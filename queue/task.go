@@ -159,6 +159,10 @@ type Task struct {
 	ParentStep int    `json:"parent_step,omitempty"`
 	// ParentQueue is the parent's queue, whose workers wake it.
 	ParentQueue string `json:"parent_queue,omitempty"`
+	// StreamSettled: the transaction that stored the task's end also
+	// settled its stream: its done was written with it, or none comes
+	// (EndsStream then ends a follower at once).
+	StreamSettled bool `json:"stream_settled,omitempty"`
 
 	// Revisions seen by the read that returned the task, so that writes
 	// based on it can require that nothing changed since.
@@ -362,8 +366,8 @@ func ParseLine(line []byte) (Task, error) {
 	if t.ID == "" {
 		return Task{}, errors.New("task_id is required: it makes submitting the same file twice safe")
 	}
-	if t.CurrentStatus != "" || t.Attempt != 0 || t.Token != 0 || len(t.Transitions) > 0 || t.Result != nil || t.RetriesAttempted != 0 || t.WaitingFor != nil {
-		return Task{}, errors.New("current_status, attempt, token, transitions, result, retries_attempted and waiting_for are set by drover, not by submitters")
+	if t.CurrentStatus != "" || t.Attempt != 0 || t.Token != 0 || len(t.Transitions) > 0 || t.Result != nil || t.RetriesAttempted != 0 || t.WaitingFor != nil || t.StreamSettled {
+		return Task{}, errors.New("current_status, attempt, token, transitions, result, retries_attempted, waiting_for and stream_settled are set by drover, not by submitters")
 	}
 	if t.Parent != "" || t.ParentStep != 0 || t.ParentQueue != "" {
 		return Task{}, errors.New("parent, parent_step and parent_queue are set by drover when a step spawns a child task, not by submitters")

@@ -83,7 +83,7 @@ func FuzzParseLine(f *testing.F) {
 var lineErrorShapes = []string{
 	"not UTF-8 text: invalid bytes at byte ", "a task must be a JSON object, not ", "field ", "malformed JSON at byte ",
 	"malformed task: ", "more than one JSON value on the line", "task_id is required: ",
-	"current_status, attempt, token, transitions, result, retries_attempted and waiting_for are set by drover",
+	"current_status, attempt, token, transitions, result, retries_attempted, waiting_for and stream_settled are set by drover",
 }
 
 // checkLineError fails t unless err, ParseLine's rejection of line, has a

@@ -377,8 +377,10 @@ type outcome struct {
 	deferred   string
 	deferLabel string // deferred's label in drover_tasks_deferred_total ("": up to its first ": ")
 	// streamed: the task's stream may have events, so its end (Succeeded,
-	// Dead) closes it with Done once the outcome is stored.
+	// Dead) closes it with Done: done, in the outcome's transaction
+	// (stream.Attempt.DoneOp), or once the outcome is stored.
 	streamed bool
+	done     []clientv3.Op
 	spend    *spending // the signals an external worker's outcome consumes (brokerreport.go)
 }
 
@@ -412,23 +414,28 @@ func (w *Worker) beginStream(ctx context.Context, f *claimFence) (context.Contex
 
 // endStream closes the attempt's events with AttemptEnded and its
 // outcome, under its claim, before the outcome is written; the outcome
-// of a task that ended is followed by Done once it is stored
-// (finishStreams): a worker that dies between the two leaves a task
-// that runs again with followers still following. A claim already lost
+// of a task that ended carries its Done (o.done), stored with it or not
+// at all: a worker that dies before it leaves a task that runs again
+// with followers still following. Without it (the end was not written),
+// Done follows the stored outcome (finishStreams). A claim already lost
 // writes nothing (the next attempt marks the boundary, or the
-// canceller writes Done). It says whether the stream may have events.
-func (w *Worker) endStream(ctx context.Context, at *stream.Attempt, o outcome) bool {
+// canceller writes Done). It sets whether the stream may have events.
+func (w *Worker) endStream(ctx context.Context, at *stream.Attempt, o *outcome) {
 	name := outcomeName(o.kind)
 	switch o.kind {
 	case Cancelled:
-		return at.Touched() // the claim is gone: the canceller or the next attempt closes it
+		o.streamed = at.Touched() // the claim is gone: the canceller or the next attempt closes it
+		return
 	case Pending:
 		name = "handed back"
 	}
 	if err := at.End(ctx, stream.AttemptEnded, name, o.err); err != nil {
 		w.logger.Debug("queue: the end of an attempt was not written to its stream", "task", o.c.task.ID, "err", err)
 	}
-	return at.Touched()
+	o.streamed = at.Touched()
+	if op, ok := at.DoneOp(name, errText(o.err)); ok && (o.kind == Succeeded || o.kind == Dead) {
+		o.done = []clientv3.Op{op}
+	}
 }
 
 // finishStreams closes with Done the streams of the tasks whose end

@@ -20,10 +20,9 @@ type group struct {
 	a    *attempt
 	reqs []*request
 
-	ops     []clientv3.Op
-	op      [1]clientv3.Op // ops' room
-	claim   []clientv3.Cmp // the compares of its claim in ops, if any
-	written chunk          // the chunk the ops write
+	part    txnPart        // its part of the batch's transaction
+	claim   []clientv3.Cmp // the compares of its claim in part, if any
+	written chunk          // the chunk the part writes
 	first   int64
 	done    bool // answered: nothing (more) to write
 }
@@ -279,39 +278,34 @@ func (w *Writer) buildFinal(g *group) {
 	w.ops(g, c)
 }
 
-// ops sets the operations that write chunk c of g's stream.
+// ops sets the part of the batch that writes chunk c of g's stream.
 func (w *Writer) ops(g *group, c chunk) {
 	a := g.a
 	first, last := a.last+1, c.List[len(c.List)-1].Seq
 	if a.prefix == "" {
 		a.prefix = w.keys.StreamChunks(a.c.Task)
 	}
-	key, start := keyspace.StreamChunkAt(a.prefix, first, last)
-	ops := make([]clientv3.Op, 1, 3)
-	ops[0] = clientv3.OpPut(key, string(c.encode()))
+	key, start, end := chunkRange(a.prefix, first, last)
+	kvs := make([][]byte, 2, 6)
+	kvs[0], kvs[1] = key, c.encode()
 	now := w.now()
 	if !a.exists {
-		ops = append(ops, clientv3.OpPut(keyspace.TimedKey(w.keys.StreamExpiries(), now.Add(w.lim.MaxAge).UnixNano(), a.c.Task), ""))
+		kvs = append(kvs, []byte(keyspace.TimedKey(w.keys.StreamExpiries(), now.Add(w.lim.MaxAge).UnixNano(), a.c.Task)), nil)
 	}
 	if c.List[len(c.List)-1].Type == Done {
-		ops = append(ops, clientv3.OpPut(keyspace.TimedKey(w.keys.StreamExpiries(), now.Add(w.lim.Retention).UnixNano(), a.c.Task), ""))
+		kvs = append(kvs, []byte(keyspace.TimedKey(w.keys.StreamExpiries(), now.Add(w.lim.Retention).UnixNano(), a.c.Task)), nil)
 	}
-	free := clientv3.Compare(clientv3.CreateRevision(start), "=", 0).WithPrefix()
-	var claim []clientv3.Cmp
-	if a.c.Fence != nil {
-		claim = a.c.Fence.Compares()
-	}
+	claim, claimPB := a.claim()
 	for _, r := range g.reqs {
 		if r.claimGone && !r.done {
-			claim = nil // the attempt's outcome ended its claim: no later attempt wrote (free) is the fence
+			claim, claimPB = nil, nil // the attempt's outcome ended its claim: no later attempt wrote (free) is the fence
 		}
 	}
 	// One level: the claim's compares and the stream's together (a
 	// nested level per stream cost etcd a request, a decode and an apply
 	// of its own, a thousand times a transaction). Which one failed is
 	// asked only when one did (claimsHold).
-	g.op[0] = clientv3.OpTxn(append(slices.Clip(claim), free), ops, nil)
-	g.ops = g.op[:]
+	g.part.set(claimPB, start, end, kvs...)
 	g.claim = claim
 	g.written, g.first = c, first
 }
@@ -325,33 +319,17 @@ func (w *Writer) ops(g *group, c chunk) {
 // parts of streamsPerTxn, each part one nested transaction.
 func (w *Writer) commit(ctx context.Context, groups []*group) (again, full []*group) {
 	var parts [][]*group
-	var ops []clientv3.Op
 	for i := 0; i < len(groups); i += streamsPerTxn {
-		part := groups[i:min(i+streamsPerTxn, len(groups))]
-		var pops []clientv3.Op
-		for _, g := range part {
-			pops = append(pops, g.ops...)
-		}
-		parts = append(parts, part)
-		ops = append(ops, clientv3.OpTxn(nil, pops, nil))
+		parts = append(parts, groups[i:min(i+streamsPerTxn, len(groups))])
 	}
-	if len(ops) == 0 {
+	if len(parts) == 0 {
 		return nil, nil
 	}
 	w.txns.Add(1)
 	// New events, and a stream's first chunk, grow the store: they go
 	// only while the store-full guard key is absent (storeguard). Ends
 	// of streams that have events are let through: see storeFull.
-	txn := w.cli.Txn(ctx)
-	guarded := slices.ContainsFunc(groups, (*group).grows)
-	if guarded {
-		txn = txn.If(storeguard.NotFull(w.keys))
-	}
-	txn = txn.Then(ops...)
-	if guarded {
-		txn = txn.Else(storeguard.GetOp(w.keys))
-	}
-	resp, err := txn.Commit()
+	resp, err := w.sendParts(ctx, parts, slices.ContainsFunc(groups, (*group).grows))
 	if err == nil && !resp.Succeeded {
 		if err = storeguard.FromRange(resp.Responses[0].GetResponseRange()); err == nil {
 			err = fmt.Errorf("stream: write the streams' events: the store-full guard refused them, and its key is gone: %w", drover.ErrStoreFull)

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/droverhq/drover/keyspace"
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -28,17 +29,26 @@ func TestStreamPartIsOneLevel(t *testing.T) {
 		a := &attempt{c: Claim{Task: "x", Attempt: 1, Fence: fixedFence{7}}, known: true, exists: exists, last: 4, lastToken: 7}
 		g := &group{a: a, reqs: []*request{{a: a, events: []Input{{Type: "token", Data: []byte(`{"text":"a"}`)}}, at: time.Unix(1, 0)}}}
 		w.build(g)
-		if g.done || len(g.ops) != 1 || !g.ops[0].IsTxn() {
-			t.Fatalf("exists %v: the stream's part is %d operations (answered %v), want one transaction", exists, len(g.ops), g.done)
+		tx := g.part.op.GetRequestTxn()
+		if g.done || tx == nil {
+			t.Fatalf("exists %v: the stream's part is %+v (answered %v), want one transaction", exists, g.part.op.Request, g.done)
 		}
-		cmps, then, els := g.ops[0].Txn()
+		cmps, then, els := tx.Compare, tx.Success, tx.Failure
 		if len(cmps) != 2 || len(els) != 0 {
 			t.Fatalf("exists %v: %d compares and %d operations if they fail, want 2 (the claim's, the free place) and none", exists, len(cmps), len(els))
 		}
+		if free := cmps[1]; string(free.Key) != "/t/tasks/x/stream/000000000005-" || string(free.RangeEnd) != "/t/tasks/x/stream/000000000005." ||
+			free.Target != pb.Compare_CREATE || free.GetCreateRevision() != 0 {
+			t.Fatalf("exists %v: the free place's compare is %v", exists, free)
+		}
 		for _, op := range then {
-			if !op.IsPut() {
+			if op.GetRequestPut() == nil {
 				t.Fatalf("exists %v: an operation of the stream's part is not a put (a nested level): %+v", exists, op)
 			}
+		}
+		// As the client's Op (a client whose KV is wrapped), the same.
+		if ccmps, cthen, _ := g.part.clientOp().Txn(); len(ccmps) != len(cmps) || len(cthen) != len(then) {
+			t.Fatalf("exists %v: as the client's Op, %d compares and %d puts", exists, len(ccmps), len(cthen))
 		}
 		if want := map[bool]int{false: 2, true: 1}[exists]; len(then) != want { // the chunk, and the expiry key of a new stream
 			t.Fatalf("exists %v: %d puts, want %d", exists, len(then), want)

@@ -10,6 +10,8 @@ import (
 
 	"github.com/droverhq/drover/internal/groupcommit"
 	"github.com/droverhq/drover/keyspace"
+	"github.com/droverhq/drover/storeguard"
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -20,6 +22,7 @@ type Fence interface {
 	// Token is the claim's fencing token: a later attempt's is higher.
 	Token() int64
 	// Compares hold, in an etcd transaction, while the claim is held.
+	// They are the same at every call: a Writer asks once an attempt.
 	Compares() []clientv3.Cmp
 	// Err is the cause of a loss known locally, nil while held as far
 	// as the process knows.
@@ -67,6 +70,13 @@ type Writer struct {
 
 	line groupcommit.Line[*request]
 
+	// kv sends the batches as protobuf (rawKV), nil when cli.KV is
+	// wrapped; guardCmp and guardKey are the store-full guard's compare
+	// and key.
+	kv       pb.KVClient
+	guardCmp *pb.Compare
+	guardKey []byte
+
 	// attempts are the attempts the writer knows, by task and token: a
 	// stream's state is read from etcd once, not at every write.
 	attMu    sync.Mutex
@@ -113,8 +123,10 @@ func NewWriter(cli *clientv3.Client, keys keyspace.Space, lim Limits, pace time.
 		pace = DefaultPace
 	}
 	ctx, stop := context.WithCancel(context.Background()) // a sweep ends with it or with cli's (maybeSweep)
+	guard := storeguard.NotFull(keys)
 	return &Writer{cli: cli, keys: keys, lim: lim, pace: pace, now: time.Now, attempts: map[attemptID]*attempt{},
-		inFlight: make(chan struct{}, maxInFlight), batchStreams: streamsPerBatch, ctx: ctx, stop: stop}
+		inFlight: make(chan struct{}, maxInFlight), batchStreams: streamsPerBatch, ctx: ctx, stop: stop,
+		kv: rawKV(cli), guardCmp: guard.GetCompare(), guardKey: []byte(keys.StoreFull())}
 }
 
 type registryKey struct {
@@ -169,6 +181,9 @@ type attempt struct {
 	lastType    string
 	err         error // the attempt is fenced: every write fails so
 
+	claimCmps []clientv3.Cmp // its claim's compares (claim), asked once
+	claimPB   []*pb.Compare  // the same, as protobuf
+
 	// final: not an attempt but the task's end (Finish): its Done goes
 	// after whatever attempt wrote last, fenced by the stream alone.
 	final bool
@@ -178,6 +193,19 @@ type attempt struct {
 	// process's writer, fenced by the stream alone.
 	claimEnd bool
 	endOf    int64
+}
+
+// claim returns the compares of a's claim, and the same as protobuf:
+// asked of its Fence once (none without one).
+func (a *attempt) claim() ([]clientv3.Cmp, []*pb.Compare) {
+	if a.claimCmps == nil && a.c.Fence != nil {
+		a.claimCmps = a.c.Fence.Compares()
+		a.claimPB = make([]*pb.Compare, len(a.claimCmps))
+		for i := range a.claimCmps {
+			a.claimPB[i] = a.claimCmps[i].GetCompare()
+		}
+	}
+	return a.claimCmps, a.claimPB
 }
 
 // request is one call's events (or end), waiting in the line.
