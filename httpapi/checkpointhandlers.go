@@ -123,13 +123,20 @@ func putParentWrites(ctx context.Context, store *checkpoint.Etcd, in *putCheckpo
 	if b.ParentID == "" {
 		return invalid("body.parent_writes", nil, "pending writes are the parent's: give parent_checkpoint_id")
 	}
+	// Every task's checked, then all saved in one call: a refusal writes nothing.
+	var writes []checkpoint.Write
 	for i, tw := range b.ParentWrites {
 		if err := keyspace.CheckName(fmt.Sprintf("body.parent_writes[%d].task_id", i), tw.TaskID); err != nil {
 			return problem(err, nil)
 		}
-		if err := store.PutWrites(ctx, in.Thread, b.NS, b.ParentID, writesOf(tw.TaskID, tw.Writes), f); err != nil {
+		writes = append(writes, writesOf(tw.TaskID, tw.Writes)...)
+	}
+	if err := store.PutWrites(ctx, in.Thread, b.NS, b.ParentID, writes, f); err != nil {
+		var ce *checkpoint.ConflictError
+		if errors.As(err, &ce) {
 			return checkpointProblem(err)
 		}
+		return problem(err, map[string]string{"writes": "body.parent_writes", "task_id": "body.parent_writes"})
 	}
 	return nil
 }

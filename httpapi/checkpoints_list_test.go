@@ -118,3 +118,30 @@ func TestCheckpointPutWithParentWrites(t *testing.T) {
 		t.Fatalf("the writes of a put refused by compare-and-swap: %s", g.Raw)
 	}
 }
+
+// TestCheckpointPutParentWritesAllOrNothing: a put whose parent_writes are
+// refused writes none of them, though an earlier task's were good, and the
+// problem names parent_writes.
+func TestCheckpointPutParentWritesAllOrNothing(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t)
+	a.put("pa", map[string]any{"checkpoint_id": "c1", "state": b64("s0")}).want(t, 201)
+	good := map[string]any{"task_id": "t1", "writes": []map[string]any{{"channel": "a", "value": b64("1")}}}
+	half := map[string]any{"task_id": "t1", "writes": []map[string]any{{"channel": "a", "value": b64(strings.Repeat("x", 420<<10))}}}
+	for name, c := range map[string]struct {
+		tw  []map[string]any
+		loc string
+	}{
+		"a bad task id after a good one": {[]map[string]any{good, {"task_id": "t/2", "writes": []map[string]any{{"channel": "b"}}}}, "body.parent_writes[1].task_id"},
+		"past the bound together":        {[]map[string]any{half, {"task_id": "t2", "writes": half["writes"]}}, "body.parent_writes"},
+	} {
+		before := a.keyCount()
+		p := a.put("pa", map[string]any{"checkpoint_id": "c2", "parent_checkpoint_id": "c1", "state": b64("s1"), "parent_writes": c.tw}).problem(t, 400)
+		if loc := p.JSON["errors"].([]any)[0].(map[string]any)["location"]; loc != c.loc {
+			t.Errorf("%s: location %v, want %s: %s", name, loc, c.loc, p.Raw)
+		}
+		if n := a.keyCount(); n != before {
+			t.Errorf("%s: the refused put changed the keys: %d, then %d", name, before, n)
+		}
+	}
+}

@@ -46,8 +46,8 @@ import {
 } from "@langchain/langgraph-checkpoint";
 import type { RunnableConfig } from "@langchain/core/runnables";
 import { Drover } from "./index.js";
-import { NotFoundError } from "./errors.js";
-import type { CheckpointFence, CheckpointRecord, Checkpoints } from "./checkpoints.js";
+import { DroverError, NotFoundError } from "./errors.js";
+import type { CheckpointFence, CheckpointRecord, Checkpoints, PutCheckpoint } from "./checkpoints.js";
 import type { Lock } from "./locks.js";
 
 export { ConflictError, FencedError } from "./errors.js";
@@ -75,6 +75,12 @@ export interface DroverSaverOptions {
    */
   shareCacheOf?: DroverSaver;
 }
+
+/**
+ * The most bytes of state and writes a put carries together: drover takes a body of its state
+ * bound (1 MiB) in base64 and 64 KiB more; a put past this goes without the writes.
+ */
+const MAX_CARRIED_BYTES = (15 << 20) / 16;
 
 /** A task's pending writes for a stored checkpoint, sent with the put of a child or alone. */
 interface ReadyWrite {
@@ -388,23 +394,16 @@ export class DroverSaver extends BaseCheckpointSaver {
     if (parentId && (this.waitingWrites.get(parentKey) ?? 0) > 0) await new Promise((r) => setImmediate(r));
     const withPut = parentId ? (this.readyWrites.get(parentKey) ?? []) : [];
     this.readyWrites.delete(parentKey);
-    try {
-      await this.cp.put(thread, {
-        checkpoint_ns: ns,
-        checkpoint_id: checkpoint.id,
-        ...(parentId ? { parent_checkpoint_id: parentId } : {}),
-        metadata: meta,
-        state: te.encode(JSON.stringify(env)),
-        mode: this.protection === "cas" ? "cas" : "append",
-        ...(this.fence ? { fence: this.fence } : {}),
-        ...(withPut.length ? { parent_writes: withPut.map((w) => ({ task_id: w.taskId, writes: w.writes })) } : {}),
-      });
-    } catch (err) {
-      // Whether the writes were saved is not known: they are sent alone (safe to repeat).
-      for (const w of withPut) this.sendWrites(w.thread, w.ns, w.id, w.taskId, w.writes, w.failuresBefore).then(w.resolve, w.reject);
-      throw err;
-    }
-    for (const w of withPut) w.resolve();
+    const body: PutCheckpoint = {
+      checkpoint_ns: ns,
+      checkpoint_id: checkpoint.id,
+      ...(parentId ? { parent_checkpoint_id: parentId } : {}),
+      metadata: meta,
+      state: te.encode(JSON.stringify(env)),
+      mode: this.protection === "cas" ? "cas" : "append",
+      ...(this.fence ? { fence: this.fence } : {}),
+    };
+    await this.putWith(thread, body, withPut);
     this.remember(thread, ns, checkpoint.id, env);
     return { configurable: { thread_id: threadId, checkpoint_ns: ns, checkpoint_id: checkpoint.id } };
   }
@@ -457,6 +456,30 @@ export class DroverSaver extends BaseCheckpointSaver {
       }
       list.push({ thread, ns, id, taskId, writes: out, failuresBefore, resolve, reject });
     });
+  }
+
+  /**
+   * Puts a checkpoint with its parent's ready writes. Refused for carrying them (a server of an
+   * older build answers 400 naming parent_writes; state and writes together past the body's
+   * bound, 413), nothing was written: the writes go alone, then the put.
+   */
+  private async putWith(thread: string, body: PutCheckpoint, withPut: ReadyWrite[]): Promise<void> {
+    const bytes = withPut.reduce((n, w) => w.writes.reduce((m, x) => m + x.value.byteLength, n), body.state.byteLength);
+    const carry = withPut.length > 0 && bytes <= MAX_CARRIED_BYTES;
+    // Too large to go along: alone, as the writes no put took.
+    if (!carry) for (const w of withPut) this.sendWrites(w.thread, w.ns, w.id, w.taskId, w.writes, w.failuresBefore).then(w.resolve, w.reject);
+    try {
+      await this.cp.put(thread, carry ? { ...body, parent_writes: withPut.map((w) => ({ task_id: w.taskId, writes: w.writes })) } : body);
+    } catch (err) {
+      if (!carry) throw err;
+      // Whether the writes were saved is not known: they are sent alone (safe to repeat).
+      const alone = Promise.all(withPut.map((w) => this.sendWrites(w.thread, w.ns, w.id, w.taskId, w.writes, w.failuresBefore).then(w.resolve, w.reject)));
+      if (!(err instanceof DroverError && (err.status === 413 || (err.status === 400 && /parent_writes/.test(err.message))))) throw err;
+      await alone;
+      await this.cp.put(thread, body);
+      return;
+    }
+    if (carry) for (const w of withPut) w.resolve();
   }
 
   /** Sends the ready writes of a checkpoint that no put took along. */
