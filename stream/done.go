@@ -13,32 +13,31 @@ import (
 // finds the task ended while its Done is on its way, and a worker gone
 // between the two leaves neither. It is a nested transaction fenced by
 // the stream alone (only if nothing was written after the attempt's
-// end). ok is false, and nothing is to be written, unless End wrote the
-// attempt's end (AttemptEnded) and it is the stream's last event as this
-// process knows it: the task's end then closes the stream as before
-// (Writer.Finish, after it).
+// end). ok is false, and nothing is to be written, unless End stored
+// the attempt's end (AttemptEnded): the task's end then closes the
+// stream as before (Writer.Finish, after it). It is made from where End
+// stored it, not from the Writer's state of the attempt, which a send
+// of events queued before End may still read and set (fenced).
 func (at *Attempt) DoneOp(outcome, cause string) (op clientv3.Op, ok bool) {
-	if !at.ended.Load() || (!at.wrote.Load() && !at.mayExist.Load()) {
+	end := at.end // set by End, on this goroutine
+	if !at.ended.Load() || len(end.List) != 1 || end.List[0].Type != AttemptEnded || end.Token != at.c.Fence.Token() {
 		return clientv3.Op{}, false
 	}
-	a := at.a // set by End, on this goroutine (Touched)
-	if a == nil || !a.known || a.err != nil || !a.exists || a.lastType != AttemptEnded || a.lastToken != at.c.Fence.Token() {
-		return clientv3.Op{}, false
-	}
-	return at.w.doneOp(a, outcome, cause), true
+	return at.w.doneOp(at.c.Task, end, outcome, cause), true
 }
 
-// doneOp is the operation that writes a Done after attempt a's last
-// event, as its attempt, if no chunk starts after it.
-func (w *Writer) doneOp(a *attempt, outcome, cause string) clientv3.Op {
+// doneOp is the operation that writes a Done of task after end, the
+// chunk that stored an attempt's last event, as its attempt, if no
+// chunk starts after it.
+func (w *Writer) doneOp(task string, end chunk, outcome, cause string) clientv3.Op {
 	now := w.now()
-	seq := a.last + 1
-	c := chunk{Attempt: a.lastAttempt, Token: a.lastToken, Events: a.events, Bytes: a.bytes}
-	d := ownData{Attempt: a.lastAttempt, Outcome: outcome, Error: cause}
-	c.List = []Event{{Seq: seq, Attempt: a.lastAttempt, Type: Done, Data: d.raw(), Time: now.UTC()}}
-	key, start := keyspace.StreamChunkAt(w.keys.StreamChunks(a.c.Task), seq, seq)
+	seq := end.List[0].Seq + 1
+	c := chunk{Attempt: end.Attempt, Token: end.Token, Events: end.Events, Bytes: end.Bytes}
+	d := ownData{Attempt: end.Attempt, Outcome: outcome, Error: cause}
+	c.List = []Event{{Seq: seq, Attempt: end.Attempt, Type: Done, Data: d.raw(), Time: now.UTC()}}
+	key, start := keyspace.StreamChunkAt(w.keys.StreamChunks(task), seq, seq)
 	free := clientv3.Compare(clientv3.CreateRevision(start), "=", 0).WithPrefix()
-	expiry := keyspace.TimedKey(w.keys.StreamExpiries(), now.Add(w.lim.Retention).UnixNano(), a.c.Task)
+	expiry := keyspace.TimedKey(w.keys.StreamExpiries(), now.Add(w.lim.Retention).UnixNano(), task)
 	return clientv3.OpTxn([]clientv3.Cmp{free}, []clientv3.Op{clientv3.OpPut(key, string(c.encode())), clientv3.OpPut(expiry, "")}, nil)
 }
 

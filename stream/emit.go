@@ -27,6 +27,9 @@ type Attempt struct {
 	wrote    atomic.Bool
 	// ended: End was called; later emits are refused.
 	ended atomic.Bool
+	// end is the chunk that stored End's end, if it did (set by End,
+	// read by DoneOp on its goroutine).
+	end chunk
 	// out is the events emitted and not yet sent.
 	out outbox
 }
@@ -167,7 +170,9 @@ func (at *Attempt) End(ctx context.Context, typ, outcome string, cause error) er
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	_ = at.Flush(fctx) // an attempt fenced or full still closes, if it can
-	return at.w.end(ctx, at.state(), typ, outcome, cause, !at.wrote.Load())
+	var err error
+	at.end, err = at.w.end(ctx, at.state(), typ, outcome, cause, !at.wrote.Load())
+	return err
 }
 
 // state returns the Writer's state of the attempt, made at the first call.
@@ -180,7 +185,8 @@ func (at *Attempt) state() *attempt {
 // and cause, if its task's stream has events (an external worker's
 // attempt, ended through the API); see Attempt.End.
 func (w *Writer) End(ctx context.Context, c Claim, typ, outcome string, cause error) error {
-	return w.end(ctx, w.attempt(c), typ, outcome, cause, true)
+	_, err := w.end(ctx, w.attempt(c), typ, outcome, cause, true)
+	return err
 }
 
 // Ended closes the attempt of task's claim token, which already ended
@@ -209,24 +215,31 @@ func (w *Writer) Finish(ctx context.Context, task, outcome, cause string) error 
 	return w.endRequest(ctx, a, Done, ownData{Outcome: outcome, Error: cause}, true, true)
 }
 
-func (w *Writer) end(ctx context.Context, a *attempt, typ, outcome string, cause error, probe bool) error {
+func (w *Writer) end(ctx context.Context, a *attempt, typ, outcome string, cause error, probe bool) (chunk, error) {
 	d := ownData{Attempt: a.c.Attempt, Outcome: outcome}
 	if cause != nil {
 		d.Error = cause.Error()
 	}
-	return w.endRequest(ctx, a, typ, d, probe, false)
+	return w.endStored(ctx, a, typ, d, probe, false)
 }
 
 // endRequest writes attempt a's end, and returns once it is stored.
 func (w *Writer) endRequest(ctx context.Context, a *attempt, typ string, d ownData, probe, claimGone bool) error {
+	_, err := w.endStored(ctx, a, typ, d, probe, claimGone)
+	return err
+}
+
+// endStored is endRequest that also returns the chunk that stored the
+// end (request.stored).
+func (w *Writer) endStored(ctx context.Context, a *attempt, typ string, d ownData, probe, claimGone bool) (chunk, error) {
 	if err := w.closedErr(a.c.Task); err != nil {
-		return err
+		return chunk{}, err
 	}
 	r := &request{a: a, end: &Input{Type: typ, Data: d.raw()}, probe: probe, claimGone: claimGone, at: w.now().UTC()}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), endWriteTimeout)
 	defer cancel()
 	if err := w.send(ctx, r); err != nil {
-		return err
+		return chunk{}, err
 	}
-	return r.err
+	return r.stored, r.err
 }

@@ -70,3 +70,7 @@ func Followers(h *Hub, id string) int {
 	}
 	return 0
 }
+
+// SendQueued writes ins as at's outbox sends the events it queued: a
+// send of events queued before End that goes after it.
+func SendQueued(at *Attempt, ins []Input) error { return at.send(ins) }

@@ -416,6 +416,11 @@ func (w *Writer) wrote(g *group) {
 	ev := c.List[len(c.List)-1]
 	a.exists, a.last, a.events, a.bytes = true, ev.Seq, c.Events, c.Bytes
 	a.lastToken, a.lastAttempt, a.lastType = c.Token, c.Attempt, ev.Type
+	for _, r := range g.reqs {
+		if !r.done && r.end != nil && r.last == ev.Seq {
+			r.stored = chunk{Attempt: c.Attempt, Token: c.Token, Events: c.Events, Bytes: c.Bytes, List: c.List[len(c.List)-1:]}
+		}
+	}
 	g.answer(nil)
 }
 

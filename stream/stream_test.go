@@ -273,3 +273,38 @@ func TestWritersOfOneStreamKeepItsOrder(t *testing.T) {
 		t.Fatalf("the boundary: %+v", got[13:])
 	}
 }
+
+// TestDoneOpIsOfTheStoredEnd: an attempt's DoneOp is made from where End
+// stored its attempt_ended, not from the Writer's state of the attempt,
+// which a send of events queued before End and sent after it (its
+// outbox still sending when End's wait for it was over) reads and sets
+// on another goroutine: that send is fenced, and the done still goes
+// with the task's end, right after attempt_ended.
+func TestDoneOpIsOfTheStoredEnd(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, stream.Limits{})
+	const id = "doneop-1"
+	c1 := claimKey(t, e.cli, e.keys, id)
+	ctx, at := stream.Begin(context.Background(), e.cli, e.keys, stream.Claim{Task: id, Attempt: 1, Worker: "w1", Fence: c1}, false)
+	if err := stream.Emit(ctx, "log", 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := at.End(ctx, stream.AttemptEnded, "succeeded", nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.SendQueued(at, []stream.Input{{Type: "log", Data: text(2)}}); !errors.Is(err, stream.ErrFenced) {
+		t.Fatalf("events sent after the attempt's end: %v, want ErrFenced", err)
+	}
+	op, ok := at.DoneOp("succeeded", "")
+	if !ok {
+		t.Fatal("no done for an attempt whose attempt_ended is stored")
+	}
+	if _, err := e.cli.Txn(ctx).Then(op).Commit(); err != nil {
+		t.Fatal(err)
+	}
+	evs := collect(t, e.hub, id, 1, 4)
+	checkSeq(t, evs, 1)
+	if len(evs) != 4 || evs[2].Type != stream.AttemptEnded || evs[3].Type != stream.Done {
+		t.Fatalf("the stream holds %+v, want attempt_started, log, attempt_ended, done", evs)
+	}
+}

@@ -223,6 +223,10 @@ type request struct {
 	done        bool
 	err         error
 	first, last int64
+	// stored is the chunk that stored the request's end, List holding
+	// the end alone (none when it was not stored): what the caller knows
+	// of the stream once answered, whatever writes it later.
+	stored chunk
 }
 
 // Append stores the events ins of claim c's task's stream, in order,
