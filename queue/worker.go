@@ -433,7 +433,7 @@ func (w *Worker) endStream(ctx context.Context, at *stream.Attempt, o *outcome) 
 		w.logger.Debug("queue: the end of an attempt was not written to its stream", "task", o.c.task.ID, "err", err)
 	}
 	o.streamed = at.Touched()
-	if op, ok := at.DoneOp(name, errText(o.err)); ok && (o.kind == Succeeded || o.kind == Dead) {
+	if op, ok := at.DoneOp(name, truncate(errText(o.err), 4096)); ok && (o.kind == Succeeded || o.kind == Dead) {
 		o.done = []clientv3.Op{op}
 	}
 }
