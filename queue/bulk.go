@@ -260,7 +260,7 @@ func missing(ids []string, tasks []*Task) string {
 func (c *Client) Requeue(ctx context.Context, q string, ids []string, progress func(done int)) (int, error) {
 	return c.bulk(ctx, q, Dead, ids, progress, func(t *Task) ([]clientv3.Op, int, string) {
 		now := c.now().UTC()
-		t.CurrentStatus, t.RetriesAttempted, t.Attempt, t.Token = Pending, 0, 0, 0
+		t.CurrentStatus, t.RetriesAttempted, t.Attempt, t.Token, t.StreamSettled = Pending, 0, 0, 0, false
 		t.WaitingFor = t.resumes // its next claim resumes where the dead one did (Outcome.Received)
 		t.Transitions = appendTransition(t.Transitions, Transition{Status: Pending, At: now, Error: "requeued from the dead-letter queue"})
 		rec, _ := json.Marshal(t)

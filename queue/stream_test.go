@@ -502,3 +502,34 @@ func TestFollowerOfATaskEndedLongAgoEndsAtOnce(t *testing.T) {
 		t.Fatalf("follower got %v (timed out: %v), want attempt_started log, then its end at once", types, fctx.Err() != nil)
 	}
 }
+
+// TestRequeuedTaskIsNotStreamSettled: a dead task whose done went with
+// its end says stream_settled; requeued from the dead-letter queue it runs
+// again, so its record no longer says so.
+func TestRequeuedTaskIsNotStreamSettled(t *testing.T) {
+	t.Parallel()
+	ns := etcdtest.Namespace(t)
+	c, _ := newClient(t, ns)
+	ctx := context.Background()
+	if _, err := c.Submit(ctx, "rq", []queue.Task{{ID: "rq-1", Type: "x"}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	w := newWorker(t, srv.Client(t), queue.WorkerConfig{Namespace: ns, Queue: "rq", Concurrency: 1})
+	w.HandleAll(func(hctx context.Context, tk *queue.Task) ([]byte, error) {
+		if err := stream.Emit(hctx, "log", tk.Attempt); err != nil {
+			return nil, err
+		}
+		return nil, &queue.PermanentError{Err: errors.New("no")}
+	})
+	runWorker(t, w)
+	if k := waitFinished(t, c, "rq-1"); k.CurrentStatus != queue.Dead || !k.StreamSettled {
+		t.Fatalf("after the dead attempt: %+v; want DEAD, stream_settled", k)
+	}
+	_ = w.Close(ctx) // the requeued task is not to run again here
+	if n, err := c.Requeue(ctx, "rq", []string{"rq-1"}, nil); err != nil || n != 1 {
+		t.Fatalf("requeue: %d, %v", n, err)
+	}
+	if k, err := c.Get(ctx, "rq-1"); err != nil || k.CurrentStatus != queue.Pending || k.StreamSettled {
+		t.Fatalf("requeued: %+v, %v; want PENDING, not stream_settled", k, err)
+	}
+}

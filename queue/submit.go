@@ -307,7 +307,7 @@ func (c *Client) validate(q string, tasks []Task, res *SubmitResult) (valid []Ta
 			res.Rejected = append(res.Rejected, LineError{Line: i + 1, Error: err.Error()})
 			continue
 		}
-		t.CurrentStatus, t.Shard, t.Transitions = "", nil, nil // drover's to set, not the submitter's
+		t.CurrentStatus, t.Shard, t.Transitions, t.StreamSettled = "", nil, nil, false // drover's to set, not the submitter's
 		valid = append(valid, t)
 		subs = append(subs, submitted{line: i + 1, dated: datedBySubmitter})
 	}
