@@ -220,13 +220,76 @@ export function taskBudget(task: QueueTask): { key: string; tenant: string; esti
   return { key: m.budget, tenant: m.tenant ?? "", estimate: m.estimated_tokens ?? 0, taskType: task.task_type ?? "" };
 }
 
+/** The most tokens a settle counts, a budget's `MaxTokens` on the server: a result's usage counting more is not read. */
+export const MAX_USAGE_TOKENS = 1_000_000_000;
+
+/** The largest result {@link resultUsage} reads: 256 KiB of JSON, the most a task keeps. */
+const MAX_USAGE_RESULT = 256 << 10;
+
+/** What {@link resultUsage} reads of a result: its tokens, or the field of its usage that is not a number of tokens. */
+export type ResultUsage = { tokens: number } | { field: string; reason: string };
+
+/** The usage counts {@link resultUsage} reads, in the order it tries them. */
+const USAGE_FIELDS = ["total_tokens", "prompt_tokens", "completion_tokens", "input_tokens", "output_tokens", "cache_creation_input_tokens"] as const;
+
+/**
+ * The tokens a task's result says its model call used, as the Go worker's
+ * budget gate reads them (`budget.ResultUsage`): the result, as JSON, is
+ * an object of at most 256 KiB whose `usage` object has `total_tokens`
+ * (OpenAI), else `prompt_tokens` plus `completion_tokens`, else
+ * Anthropic's `input_tokens` plus `output_tokens` plus
+ * `cache_creation_input_tokens` (its rate limit counts cache writes;
+ * `cache_read_input_tokens` are not added). Undefined when the result
+ * says nothing of it; `{ field, reason }` when a count is not a whole
+ * number from 0 to {@link MAX_USAGE_TOKENS} (`field` is `usage` when
+ * one is not a number at all). The sum counts at most MAX_USAGE_TOKENS.
+ */
+export function resultUsage(value: unknown): ResultUsage | undefined {
+  if (value === null || typeof value !== "object" || Array.isArray(value) || !("usage" in value)) return undefined;
+  let usage: unknown;
+  try {
+    // What the task keeps is the result's JSON: read that (toJSON, NaN as null...).
+    const text = JSON.stringify(value);
+    if (text === undefined || Buffer.byteLength(text) > MAX_USAGE_RESULT) return undefined;
+    usage = (JSON.parse(text) as { usage?: unknown }).usage;
+  } catch {
+    return undefined; // not JSON (a BigInt, a cycle...): the task fails
+  }
+  if (usage === null || typeof usage !== "object" || Array.isArray(usage)) return undefined; // "usage" of another kind
+  const u = usage as Record<string, unknown>;
+  const counts: Record<string, number | undefined> = {};
+  for (const f of USAGE_FIELDS) {
+    const v = u[f];
+    if (v === undefined || v === null) continue;
+    // As JSON, only an integer a 64-bit one holds is a whole number (as in Go).
+    if (typeof v !== "number" || !Number.isInteger(v) || Math.abs(v) >= 2 ** 63) return { field: "usage", reason: `its token counts must be whole numbers: ${f} is ${JSON.stringify(v)}` };
+    counts[f] = v;
+  }
+  const shapes = [["total_tokens"], ["prompt_tokens", "completion_tokens"], ["input_tokens", "output_tokens", "cache_creation_input_tokens"]];
+  for (const shape of shapes) {
+    // A shape is named by its first two counts (cache writes alone are not a usage).
+    if (shape.slice(0, 2).every((f) => counts[f] === undefined)) continue;
+    let sum = 0;
+    for (const f of shape) {
+      const v = counts[f];
+      if (v === undefined) continue;
+      if (v < 0 || v > MAX_USAGE_TOKENS) return { field: `usage.${f}`, reason: `must be between 0 and ${MAX_USAGE_TOKENS}, not ${v}` };
+      sum += v;
+    }
+    return { tokens: Math.min(sum, MAX_USAGE_TOKENS) };
+  }
+  return undefined;
+}
+
 /**
  * A task's hold on its budget in a queue worker: reserved before the
  * handler runs, settled after it with what the handler reported through
- * `ctx.usage(tokens, headers)`, or the estimate when it reported nothing.
+ * `ctx.usage(tokens, headers)`, else the usage of the result it returned
+ * ({@link resultUsage}), else the estimate.
  */
 export class TaskBudgetHold {
   private tokens?: number;
+  private resultTokens?: number;
   private headers?: ProviderHeaders;
   private settled = false;
 
@@ -261,10 +324,29 @@ export class TaskBudgetHold {
     if (headers) this.headers = headers;
   }
 
-  /** Settles once: what was reported, or the estimate. */
+  /**
+   * Reads the usage of the result a handler that succeeded returned
+   * ({@link resultUsage}), to settle when the handler reported nothing
+   * itself (its report wins: the result is not read then). Returns a
+   * warning to report when the result's usage is not usable, naming the
+   * field: the estimate is settled then.
+   */
+  succeeded(result: unknown): string | undefined {
+    if (this.tokens !== undefined) return undefined;
+    const u = resultUsage(result);
+    if (!u) return undefined;
+    if ("tokens" in u) {
+      this.resultTokens = u.tokens;
+      return undefined;
+    }
+    return `budget ${this.reservation.budget}: the result's usage is not usable; its estimate is settled: ${u.field} ${u.reason}`;
+  }
+
+  /** Settles once: what the handler reported, else its result's usage, else the estimate. */
   async settle(): Promise<BudgetSettlement | undefined> {
     if (this.settled) return undefined;
     this.settled = true;
-    return this.budgets.settle(this.reservation, Math.min(this.tokens ?? this.reservation.estimate, this.reservation.settle_bound), this.headers);
+    const tokens = this.tokens ?? this.resultTokens ?? this.reservation.estimate;
+    return this.budgets.settle(this.reservation, Math.min(tokens, this.reservation.settle_bound), this.headers);
   }
 }

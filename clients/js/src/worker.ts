@@ -37,8 +37,9 @@ export interface TaskContext {
    * Reports the LLM tokens the task used, with the provider's response
    * headers if any, for a task whose metadata names a `budget`: the worker
    * reserved its `estimated_tokens` before the handler ran and settles
-   * with this after it returns (the estimate when nothing was reported).
-   * The last report wins. Does nothing for a task without a budget.
+   * with this after it returns (else the `usage` of the result it
+   * returned, else the estimate). The last report wins. Does nothing for
+   * a task without a budget.
    */
   usage(tokens: number, headers?: ProviderHeaders): void;
 }
@@ -604,13 +605,18 @@ export class Worker {
           : { task_id: task.task_id, token, sleep_for: String(result.duration) };
       } else if (size < 0) outcome = { task_id: task.task_id, token, error: "the handler's result is not JSON (a BigInt, a cycle...)", permanent: true };
       else if (size > MAX_RESULT) outcome = { task_id: task.task_id, token, error: `the handler's result is ${size} bytes of JSON, over the ${MAX_RESULT} a task keeps`, permanent: true };
-      else outcome = { task_id: task.task_id, token, ok: true, result: value };
+      else {
+        outcome = { task_id: task.task_id, token, ok: true, result: value };
+        // A success settles its result's usage when the handler reported none.
+        const unusable = hold?.succeeded(value);
+        if (unusable) this.report(new Error(`drover: task ${task.task_id}: ${unusable}`));
+      }
     } catch (err) {
       this.sampleTaskTime(performance.now() - started);
       const msg = err instanceof Error ? err.message || err.name : String(err);
       outcome = { task_id: task.task_id, token, error: msg.slice(0, 65536) || "error", permanent: isPermanent(err) };
     } finally {
-      // Settled before the outcome: what the handler reported, or the estimate.
+      // Settled before the outcome: what the handler reported, else its result's usage, else the estimate.
       if (hold) await hold.settle().catch((e) => this.report(e));
     }
     if (!session.alive) {

@@ -2,6 +2,7 @@
 shared by tenants by weight; reserve an estimate before a model call,
 settle with what it used."""
 
+import json
 import logging
 import math
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Union
@@ -15,7 +16,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger("drover")
 
-__all__ = ["Budgets", "BUDGET_HEADERS", "Deferral", "provider_headers"]
+__all__ = ["Budgets", "BUDGET_HEADERS", "Deferral", "UnusableUsage", "provider_headers", "result_usage"]
 
 #: The provider headers a settle reads (OpenAI's names; others send the same).
 BUDGET_HEADERS = ("x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens")
@@ -192,15 +193,89 @@ class Budgets:
         return self._t.request("POST", path, json_body=body, retry=CONNECT).data
 
 
+#: The most tokens a settle counts (a budget's ``MaxTokens`` on the
+#: server): a result's usage counting more is not read.
+MAX_USAGE_TOKENS = 1_000_000_000
+
+#: The largest result :func:`result_usage` reads: 256 KiB of JSON, the most a task keeps.
+_MAX_USAGE_RESULT = 256 << 10
+
+#: The usage counts :func:`result_usage` reads, by shape in the order it
+#: tries them: OpenAI's total, its prompt and completion, Anthropic's.
+_USAGE_SHAPES = (
+    ("total_tokens",),
+    ("prompt_tokens", "completion_tokens"),
+    ("input_tokens", "output_tokens", "cache_creation_input_tokens"),
+)
+
+
+class UnusableUsage(ValueError):
+    """A result's ``usage`` whose ``field`` is not a whole number of tokens
+    from 0 to :data:`MAX_USAGE_TOKENS` (``usage`` when a count is not a
+    whole number at all): :func:`result_usage` raises it."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__("%s %s" % (field, reason))
+        self.field = field
+
+
+def result_usage(value: Any) -> Optional[int]:
+    """The tokens a task's result says its model call used, as the Go
+    worker's budget gate reads them (``budget.ResultUsage``): the result is
+    a dict (a JSON object) of at most 256 KiB as JSON whose ``usage`` dict
+    has ``total_tokens`` (OpenAI), else ``prompt_tokens`` plus
+    ``completion_tokens``, else Anthropic's ``input_tokens`` plus
+    ``output_tokens`` plus ``cache_creation_input_tokens`` (its rate limit
+    counts cache writes; ``cache_read_input_tokens`` are not added); the
+    sum counts at most :data:`MAX_USAGE_TOKENS`. None when the result says
+    nothing of it; :class:`UnusableUsage`, naming the field, when a count
+    is not a whole number from 0 to MAX_USAGE_TOKENS."""
+    if not isinstance(value, dict) or "usage" not in value:
+        return None
+    try:
+        size = len(json.dumps(value, separators=(",", ":")).encode())
+    except (TypeError, ValueError):
+        return None  # not JSON: the task fails
+    usage = value["usage"]
+    if size > _MAX_USAGE_RESULT or not isinstance(usage, dict):
+        return None  # "usage" of another kind: not a model's usage
+    counts: Dict[str, int] = {}
+    for shape in _USAGE_SHAPES:
+        for f in shape:
+            v = usage.get(f)
+            if v is None:
+                continue
+            # As JSON, a bool or a float (1.0 too) is not a whole number; nor
+            # is what a 64-bit integer cannot hold.
+            if isinstance(v, bool) or not isinstance(v, int) or not -(1 << 63) <= v < 1 << 63:
+                raise UnusableUsage("usage", "its token counts must be whole numbers: %s is %r" % (f, v))
+            counts[f] = v
+    for shape in _USAGE_SHAPES:
+        # A shape is named by its first two counts (cache writes alone are not a usage).
+        if all(f not in counts for f in shape[:2]):
+            continue
+        total = 0
+        for f in shape:
+            if f not in counts:
+                continue
+            if not 0 <= counts[f] <= MAX_USAGE_TOKENS:
+                raise UnusableUsage("usage." + f, "must be between 0 and %d, not %d" % (MAX_USAGE_TOKENS, counts[f]))
+            total += counts[f]
+        return min(total, MAX_USAGE_TOKENS)
+    return None
+
+
 class _Hold:
     """A task's reservation in a queue worker: settled once, with what the
-    handler reported through ``task.usage(tokens, headers)`` or the
+    handler reported through ``task.usage(tokens, headers)``, else the
+    usage of the result it returned (:func:`result_usage`), else the
     estimate."""
 
     def __init__(self, budgets: Budgets, reservation: Dict[str, Any]) -> None:
         self.budgets = budgets
         self.reservation = reservation
         self.tokens: Optional[int] = None
+        self.result_tokens: Optional[int] = None
         self.headers: Any = None
 
     def used(self, tokens: int, headers: Any = None) -> None:
@@ -210,9 +285,23 @@ class _Hold:
         if headers is not None:
             self.headers = headers
 
+    def returned(self, result: Any, task_id: Any) -> None:
+        """Reads the usage of what the handler returned, to settle when it
+        reported nothing itself (its report wins: the result is not read
+        then). A usage that is not usable is logged; the estimate is
+        settled. Only a dict is read: a sleep, a wait for a signal or a
+        park is not a result."""
+        if self.tokens is not None:
+            return
+        try:
+            self.result_tokens = result_usage(result)
+        except UnusableUsage as e:
+            log.warning("drover: task %s: budget %s: the result's usage is not usable; its estimate is settled: %s", task_id, self.reservation["budget"], e)
+
     def settle(self) -> None:
         r = self.reservation
-        actual = min(self.tokens if self.tokens is not None else r["estimate"], r["settle_bound"])
+        tokens = self.tokens if self.tokens is not None else self.result_tokens
+        actual = min(tokens if tokens is not None else r["estimate"], r["settle_bound"])
         self.budgets.settle(r, actual, headers=self.headers)
 
 
@@ -238,7 +327,9 @@ def run_budgeted(client: "Client", task: Any, call: Callable[[], Any]) -> Union[
     back unrun, no attempt counted) when the budget has no room, until the
     window turns; settles after
     ``call`` with what it reported through ``task.usage(tokens,
-    headers=None)``, or the estimate. A task without a budget runs as is."""
+    headers=None)``, else the ``usage`` of the result it returned
+    (:func:`result_usage`), else the estimate. A task without a budget
+    runs as is."""
     task.usage = _ignore_usage
     meta = task.get("metadata") or {}
     key = meta.get("budget")
@@ -265,7 +356,9 @@ def run_budgeted(client: "Client", task: Any, call: Callable[[], Any]) -> Union[
     hold = _Hold(budgets, r)
     task.usage = hold.used
     try:
-        return call()
+        result = call()
+        hold.returned(result, task.get("task_id"))
+        return result
     finally:
         try:
             hold.settle()
