@@ -68,6 +68,8 @@ export {
   BUDGET_HEADERS,
   BUDGET_UNWAITABLE_SECONDS,
   providerHeaders,
+  resultUsage,
+  type ResultUsage,
   taskBudget,
   type BudgetConfig,
   type BudgetReservation,
