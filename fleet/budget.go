@@ -64,9 +64,11 @@ type BudgetGate struct {
 	// leaves one behind.
 	used map[attemptKey]report
 	// Blocks reserved ahead (budget_block.go): each tenant's open block,
-	// the block reserves in flight, and each budget's room as the last
-	// reservation left it.
+	// the one reserved after it (admitted from once the open one is used
+	// up), the block reserves in flight, and each budget's room as the
+	// last reservation left it.
 	blocks map[blockKey]*block
+	next   map[blockKey]*block
 	taking map[blockKey]bool
 	room   map[string][2]int64
 	// defaults holds each budget's default estimate for a task type, as
@@ -100,7 +102,7 @@ func NewBudgetGate(c *budget.Client, lease func() clientv3.LeaseID, logger *slog
 	}
 	return &BudgetGate{c: c, lease: lease, logger: logger, used: map[attemptKey]report{},
 		now: time.Now, afterFunc: func(d time.Duration, f func()) { time.AfterFunc(d, f) },
-		blocks: map[blockKey]*block{}, taking: map[blockKey]bool{}, room: map[string][2]int64{}, defaults: map[defaultKey]learned{}}
+		blocks: map[blockKey]*block{}, next: map[blockKey]*block{}, taking: map[blockKey]bool{}, room: map[string][2]int64{}, defaults: map[defaultKey]learned{}}
 }
 
 // unwaitableDelay is how long a task waits before it is tried again when
