@@ -3,7 +3,6 @@ package fleet
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"net/http"
 	"sync"
@@ -63,11 +62,13 @@ type BudgetGate struct {
 	// settle deletes; Used only updates entries that exist, so neither a
 	// task without a budget nor a late call from an abandoned handler
 	// leaves one behind.
-	used map[string]report
+	used map[attemptKey]report
 	// Blocks reserved ahead (budget_block.go): each tenant's open block,
-	// the block reserves in flight, and each budget's room as the last
-	// reservation left it.
+	// the one reserved after it (admitted from once the open one is used
+	// up), the block reserves in flight, and each budget's room as the
+	// last reservation left it.
 	blocks map[blockKey]*block
+	next   map[blockKey]*block
 	taking map[blockKey]bool
 	room   map[string][2]int64
 	// defaults holds each budget's default estimate for a task type, as
@@ -82,10 +83,16 @@ type report struct {
 	h      http.Header
 }
 
-// usedKey names one attempt of t.
-func usedKey(t *queue.Task) string {
-	return fmt.Sprintf("%s/%d/%d", t.ID, t.Token, t.Attempt)
+// attemptKey names one attempt of a task: its id, claim token and
+// attempt.
+type attemptKey struct {
+	id      string
+	token   int64
+	attempt int
 }
+
+// usedKey names one attempt of t.
+func usedKey(t *queue.Task) attemptKey { return attemptKey{t.ID, t.Token, t.Attempt} }
 
 // NewBudgetGate returns a gate that reserves through c under the lease
 // that lease returns.
@@ -93,9 +100,9 @@ func NewBudgetGate(c *budget.Client, lease func() clientv3.LeaseID, logger *slog
 	if logger == nil {
 		logger = slog.Default()
 	}
-	return &BudgetGate{c: c, lease: lease, logger: logger, used: map[string]report{},
+	return &BudgetGate{c: c, lease: lease, logger: logger, used: map[attemptKey]report{},
 		now: time.Now, afterFunc: func(d time.Duration, f func()) { time.AfterFunc(d, f) },
-		blocks: map[blockKey]*block{}, taking: map[blockKey]bool{}, room: map[string][2]int64{}, defaults: map[defaultKey]learned{}}
+		blocks: map[blockKey]*block{}, next: map[blockKey]*block{}, taking: map[blockKey]bool{}, room: map[string][2]int64{}, defaults: map[defaultKey]learned{}}
 }
 
 // unwaitableDelay is how long a task waits before it is tried again when
@@ -105,14 +112,23 @@ func NewBudgetGate(c *budget.Client, lease func() clientv3.LeaseID, logger *slog
 const unwaitableDelay = 30 * time.Second
 
 // Admit implements queue.Gate.
+//
+// A task admitted from its tenant's block takes only this small frame:
+// the reserve alone, whose frame is much larger, is a function of its own,
+// so most tasks' goroutines do not grow their stacks for it.
 func (g *BudgetGate) Admit(ctx context.Context, t *queue.Task) (func(error), error) {
-	m := t.Metadata
-	if m.Budget == "" {
+	if t.Metadata.Budget == "" {
 		return ignore, nil
 	}
 	if done, ok := g.admitFromBlock(t); ok {
 		return done, nil
 	}
+	return g.reserveAlone(ctx, t)
+}
+
+// reserveAlone admits t with a reservation of its own.
+func (g *BudgetGate) reserveAlone(ctx context.Context, t *queue.Task) (func(error), error) {
+	m := &t.Metadata
 	// Without estimated_tokens, the budget's default estimate for the
 	// task's type (0 when it names none).
 	r, err := g.c.Reserve(ctx, m.Budget, m.Tenant, m.EstimatedTokens, budget.WithLease(g.lease()), budget.WithTaskType(t.Type))
@@ -173,7 +189,7 @@ func (g *BudgetGate) Admit(ctx context.Context, t *queue.Task) (func(error), err
 // endTask records the end of the task of used-key key admitted from
 // block b with estimate est: what its handler reported (or est; 0 when a
 // later gate refused it).
-func (g *BudgetGate) endTask(key string, b *block, est int64, runErr error) {
+func (g *BudgetGate) endTask(key attemptKey, b *block, est int64, runErr error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	rep := g.used[key]
@@ -274,6 +290,20 @@ func (g *BudgetGate) Used(t *queue.Task, tokens int64) { g.UsedWithHeaders(t, to
 // report wins.
 func (g *BudgetGate) UsedWithHeaders(t *queue.Task, tokens int64, h http.Header) {
 	key := usedKey(t)
+	keep := keptHeaders(h)
+	g.mu.Lock()
+	if _, ok := g.used[key]; ok {
+		g.used[key] = report{tokens: max(tokens, 0), h: keep}
+	}
+	g.mu.Unlock()
+}
+
+// keptHeaders is what a settle reads of h: its rate-limit headers, nil
+// when it has none.
+func keptHeaders(h http.Header) http.Header {
+	if len(h) == 0 {
+		return nil
+	}
 	var keep http.Header
 	for _, name := range []string{budget.HeaderRemainingTokens, budget.HeaderResetTokens} {
 		if v := h.Get(name); v != "" {
@@ -283,9 +313,5 @@ func (g *BudgetGate) UsedWithHeaders(t *queue.Task, tokens int64, h http.Header)
 			keep.Set(name, v)
 		}
 	}
-	g.mu.Lock()
-	if _, ok := g.used[key]; ok {
-		g.used[key] = report{tokens: max(tokens, 0), h: keep}
-	}
-	g.mu.Unlock()
+	return keep
 }

@@ -15,8 +15,11 @@ import (
 // WithBlock) of blockCalls requests and as many tasks' estimates for a
 // tenant, one transaction, and admits that tenant's tasks from it
 // locally, with no round trip; the next block is reserved in the
-// background once half of one is used. A block closes when it is used
-// up, when its window ends, after blockMaxAge, or on Flush; once its
+// background once half of one is used, and admits once that one is used
+// up (so a block's requests are all used while tasks keep coming, and a
+// tenant's tasks take one reserve and one settle per blockCalls tasks).
+// A block closes when it is used up, when its window ends, after
+// blockMaxAge, or on Flush; once its
 // last task ended it is settled once, with the tokens its tasks used (and
 // the provider's headers of the last that reported any), its unused
 // requests given back. It lives under the worker's lease: a worker that
@@ -102,11 +105,20 @@ func (g *BudgetGate) admitFromBlock(t *queue.Task) (func(error), bool) {
 func (g *BudgetGate) fromBlock(t *queue.Task, est int64) (*block, bool) {
 	k := blockKey{t.Metadata.Budget, t.Metadata.Tenant}
 	b := g.blocks[k]
-	if b != nil && (b.closed || b.tokens < est || b.calls < 1 || !g.now().Before(b.r.WindowEnd())) {
+	if b != nil && !g.admitsLocked(b, est) {
 		g.closeLocked(k, b)
 		b = nil
 	}
-	if b == nil || b.calls <= blockCalls/2 {
+	if n := g.next[k]; b == nil && n != nil { // the next block takes over
+		delete(g.next, k)
+		if g.admitsLocked(n, est) {
+			b = n
+			g.blocks[k] = b
+		} else {
+			g.closeLocked(k, n)
+		}
+	}
+	if b == nil || (b.calls <= blockCalls/2 && g.next[k] == nil) {
 		g.takeBlockLocked(k, est)
 	}
 	if b == nil {
@@ -117,6 +129,12 @@ func (g *BudgetGate) fromBlock(t *queue.Task, est int64) (*block, bool) {
 	b.running++
 	b.admitted++
 	return b, true
+}
+
+// admitsLocked says whether block b can admit a task of estimate est:
+// open, with the tokens and a request left, in its window; g.mu held.
+func (g *BudgetGate) admitsLocked(b *block, est int64) bool {
+	return !b.closed && b.tokens >= est && b.calls >= 1 && g.now().Before(b.r.WindowEnd())
 }
 
 // takeBlockLocked reserves tenant k's next block in the background when
@@ -141,11 +159,18 @@ func (g *BudgetGate) takeBlockLocked(k blockKey, est int64) {
 			return
 		}
 		g.noteRoomLocked(r)
-		if old := g.blocks[k]; old != nil {
+		b := &block{r: r, tokens: r.Estimate, calls: blockCalls}
+		if old := g.next[k]; old != nil {
 			g.closeLocked(k, old)
 		}
-		b := &block{r: r, tokens: r.Estimate, calls: blockCalls}
-		g.blocks[k] = b
+		if old := g.blocks[k]; old != nil && g.admitsLocked(old, 1) {
+			g.next[k] = b // admitted from once old is used up
+		} else {
+			if old != nil {
+				g.closeLocked(k, old)
+			}
+			g.blocks[k] = b
+		}
 		age := min(blockMaxAge, r.WindowEnd().Sub(g.now()))
 		g.afterFunc(age, func() {
 			g.mu.Lock()
@@ -167,6 +192,9 @@ func (g *BudgetGate) noteRoomLocked(r budget.Reservation) {
 func (g *BudgetGate) closeLocked(k blockKey, b *block) {
 	if g.blocks[k] == b {
 		delete(g.blocks, k)
+	}
+	if g.next[k] == b {
+		delete(g.next, k)
 	}
 	if b.closed {
 		return
@@ -210,6 +238,9 @@ func (g *BudgetGate) closeBlocks() {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	for k, b := range g.blocks {
+		g.closeLocked(k, b)
+	}
+	for k, b := range g.next {
 		g.closeLocked(k, b)
 	}
 }

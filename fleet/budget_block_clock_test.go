@@ -246,3 +246,32 @@ func TestBudgetBlockDefaultEstimateAge(t *testing.T) {
 		t.Fatalf("after the drain: used %d, requests %d, live %d, reserved %d; want 80, 6, 0, 0", u.Used, u.RequestsUsed, u.Live, u.Reserved)
 	}
 }
+
+// TestBudgetBlockNextWaitsForTheOpenOne: the block reserved once half of
+// the open one is used admits only once that one is used up, so a
+// tenant's tasks take one block reserve (and one settle) per 32 tasks:
+// 2 tasks alone, then 64 from two blocks, and the third block reserved
+// at half of the second.
+func TestBudgetBlockNextWaitsForTheOpenOne(t *testing.T) {
+	t.Parallel()
+	clk := &gateClock{now: time.Date(2026, 1, 2, 3, 4, 0, 0, time.UTC)} // timers never run
+	g := newBlockGate(t, clk, "openai/gpt-4.1/key-block-next", 86400)
+	var made float64
+	for i := range 2 + 64 {
+		made += g.run()
+		if i == 2+31 {
+			if u := g.usage(); u.Live != 2 {
+				t.Fatalf("the first block used up: %d live reservations, want 2 (it, open, and the next)", u.Live)
+			}
+		}
+	}
+	if made != 2+3 {
+		t.Fatalf("%v reservations for 66 tasks, want 5 (2 alone, 3 blocks)", made)
+	}
+	if err := g.gate.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if u := g.usage(); u.Used != 66*7 || u.RequestsUsed != 66 || u.Live != 0 || u.Reserved != 0 {
+		t.Fatalf("after the drain: used %d, requests %d, live %d, reserved %d; want %d, 66, 0, 0", u.Used, u.RequestsUsed, u.Live, u.Reserved, 66*7)
+	}
+}

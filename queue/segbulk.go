@@ -251,6 +251,8 @@ func (c *Client) purgeSegmentInTwo(ctx context.Context, q string, st *segState, 
 //	    | 0x04|0x00 or 0x04|0x02: as without 0x04, then traceparent (the
 //	      task's W3C trace context: the length 25, then trace id, span id
 //	      and flags, 26 bytes in all)
+//	    | 0x08|any of those: as without 0x08, then budget estimatedTokens
+//	      (the task's metadata.budget and metadata.estimated_tokens)
 //
 // Strings and parameters are a uvarint length and the bytes; createdAt is
 // 0 for the zero time, else 1, Unix seconds and nanoseconds; maxRetries is 0 for none
@@ -270,6 +272,9 @@ const (
 	// tracedLen is the length of a traced form's traceparent: trace id,
 	// span id, flags.
 	tracedLen = 25
+	// taskBudget marks a binary form followed by the task's budget and
+	// estimated tokens.
+	taskBudget = 0x08
 )
 
 // encodeTasks returns the binary form of tasks.
@@ -336,6 +341,11 @@ func appendTask(b []byte, t *Task) ([]byte, error) {
 		b = append(b, tracedLen) // varcodec.AppendBytes's uvarint length, in one byte
 		b = append(append(append(b, tid[:]...), sid[:]...), byte(sc.TraceFlags()))
 	}
+	if m := &t.Metadata; m.Budget != "" || m.EstimatedTokens != 0 {
+		b[mark] |= taskBudget
+		b = varcodec.AppendBytes(b, []byte(m.Budget))
+		b = binary.AppendVarint(b, m.EstimatedTokens)
+	}
 	return b, nil
 }
 
@@ -374,6 +384,7 @@ func binaryTask(t *Task) (sc trace.SpanContext, ok bool) {
 	// or Metadata later stays set and sends the task to the JSON form
 	// (TestSegmentTasksFormCoversTheFields lists them).
 	rest.Metadata.CreatedAt, rest.Metadata.Priority, rest.Metadata.SourceSystem, rest.Metadata.Tenant = time.Time{}, 0, "", ""
+	rest.Metadata.Budget, rest.Metadata.EstimatedTokens = "", 0 // the budget forms hold them
 	rest.MaxRetries = nil
 	rest.Timeout, rest.BackoffBase, rest.BackoffMax = 0, 0, 0
 	rest.Parent, rest.ParentStep, rest.ParentQueue = "", 0, "" // the child form holds them
@@ -434,10 +445,13 @@ func decodeTasks(b []byte) ([]Task, error) {
 // readTask reads one task from r into t.
 func readTask(r *varcodec.Reader, t *Task) error {
 	kind := r.Byte()
-	traced := kind&taskTraced != 0 && kind != taskJSON|taskTraced
-	if traced {
-		kind &^= taskTraced
+	marks := kind & (taskTraced | taskBudget)
+	if base := kind &^ marks; base == taskBinary || base == taskChild {
+		kind = base
+	} else {
+		marks = 0 // the JSON form, or an unknown one
 	}
+	traced := marks&taskTraced != 0
 	switch {
 	case r.Err() != nil:
 		return r.Err()
@@ -475,6 +489,9 @@ func readTask(r *varcodec.Reader, t *Task) error {
 			t.TraceParent = otelspan.Format(trace.NewSpanContext(trace.SpanContextConfig{TraceID: trace.TraceID(raw[:16]),
 				SpanID: trace.SpanID(raw[16:24]), TraceFlags: trace.TraceFlags(raw[24])}))
 		}
+	}
+	if marks&taskBudget != 0 {
+		t.Metadata.Budget, t.Metadata.EstimatedTokens = str(), r.Varint()
 	}
 	return r.Err()
 }

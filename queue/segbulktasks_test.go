@@ -51,6 +51,10 @@ func sampleTasks() []Task {
 		{ID: "t-12", Type: "x", TraceParent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", Metadata: Metadata{CreatedAt: at}},
 		{ID: "t-13", Type: "x", TraceParent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00", Parent: "p", ParentStep: 2,
 			ParentQueue: "q", Metadata: Metadata{CreatedAt: at}},
+		// With a budget: the budget forms hold it and the estimate.
+		{ID: "t-14", Type: "x", Metadata: Metadata{CreatedAt: at, Tenant: "acme", Budget: "openai/gpt-4.1/key-1", EstimatedTokens: 1200}},
+		{ID: "t-15", Type: "x", TraceParent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", Parent: "p", ParentStep: 3,
+			Metadata: Metadata{CreatedAt: at, Budget: "openai/gpt-4.1/key-1"}},
 	}
 }
 
@@ -90,8 +94,9 @@ func TestSegmentTasksReadBackAsJSONDid(t *testing.T) {
 		}
 		forms[raw[len(raw)-rest]]++
 	}
-	if forms[taskBinary] != 8 || forms[taskJSON] != 3 || forms[taskBinary|taskTraced] != 1 || forms[taskChild|taskTraced] != 1 {
-		t.Fatalf("forms %v; want 8 binary, 3 JSON, 1 traced and 1 traced child", forms)
+	if forms[taskBinary] != 8 || forms[taskJSON] != 3 || forms[taskBinary|taskTraced] != 1 || forms[taskChild|taskTraced] != 1 ||
+		forms[taskBinary|taskBudget] != 1 || forms[taskChild|taskTraced|taskBudget] != 1 {
+		t.Fatalf("forms %v; want 8 binary, 3 JSON, 1 traced, 1 traced child, 1 with a budget and 1 traced child with one", forms)
 	}
 }
 
@@ -148,7 +153,7 @@ func TestSegmentTasksRefuseDamage(t *testing.T) {
 		t.Fatal(err)
 	}
 	many := append([]byte{0x80, 0x80, 0x01}, make([]byte, 20000)...) // 16,384 tasks
-	for _, b := range [][]byte{raw[1 : len(raw)-1], append(raw[1:len(raw):len(raw)], 0), {1, 0x07}, {200}, many} {
+	for _, b := range [][]byte{raw[1 : len(raw)-1], append(raw[1:len(raw):len(raw)], 0), {1, 0x07}, {1, taskJSON | taskBudget}, {200}, many} {
 		if _, err := decodeTasks(b); err == nil {
 			t.Errorf("% x decoded", b)
 		}

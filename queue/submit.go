@@ -317,7 +317,7 @@ func (c *Client) validate(q string, tasks []Task, res *SubmitResult) (valid []Ta
 // recordSize estimates a task's encoded size.
 func recordSize(t *Task) int {
 	return 256 + len(t.ID) + len(t.Type) + len(t.TraceParent) + len(t.InputDataURI) + len(t.OutputDataURI) + len(t.Parameters) +
-		len(t.Metadata.SourceSystem) + len(t.Metadata.Tenant)
+		len(t.Metadata.SourceSystem) + len(t.Metadata.Tenant) + len(t.Metadata.Budget)
 }
 
 // putSegment writes the tasks valid[idx] as one new segment of queue q,
