@@ -263,6 +263,12 @@ func (c *Client) purgeSegmentInTwo(ctx context.Context, q string, st *segState, 
 // is read as a JSON array.
 const segTasksV1 = 0x02
 
+// segTasksBudget is segTasksV1 for a segment holding a task in a budget
+// form (0x08): a build from before those forms takes this leading byte
+// for a format it does not know and skips the segment (errSegmentFormat)
+// where, reading 0x02, it would quarantine it.
+const segTasksBudget = 0x03
+
 const (
 	taskBinary = 0x00
 	taskJSON   = 0x01
@@ -288,8 +294,12 @@ func encodeTasks(tasks []Task) ([]byte, error) {
 	b = binary.AppendUvarint(b, uint64(len(tasks)))
 	for i := range tasks {
 		var err error
+		mark := len(b)
 		if b, err = appendTask(b, &tasks[i]); err != nil {
 			return nil, fmt.Errorf("task %s: %w", tasks[i].ID, err)
+		}
+		if b[mark]&taskBudget != 0 {
+			b[0] = segTasksBudget
 		}
 	}
 	return b, nil

@@ -242,3 +242,44 @@ func TestTracedFormCostsNoAllocation(t *testing.T) {
 		t.Fatalf("read back %+v, %v", back, err)
 	}
 }
+
+// olderBuildSkips says whether a build from before the budget forms
+// (0x08) skips a segment of decompressed value raw (its decodeSegment's
+// errSegmentFormat) rather than decoding it: it decoded 0x02 as the
+// binary form and quarantined a segment holding a task form it did not
+// know.
+func olderBuildSkips(raw []byte) bool {
+	js := bytes.TrimLeft(raw, " \t\n\r")
+	return len(raw) > 0 && raw[0] != 0x02 && len(js) > 0 && js[0] != '[' && js[0] != 'n'
+}
+
+// TestSegmentBudgetFormsSkippedByOlderBuilds: a segment holding a task in
+// a budget form starts with a byte that a build from before them does not
+// know, so a rolling upgrade's older worker skips it (not quarantines
+// it); one without such a task keeps the byte every build reads; both
+// read back.
+func TestSegmentBudgetFormsSkippedByOlderBuilds(t *testing.T) {
+	at := time.Date(2026, 11, 28, 6, 0, 0, 0, time.UTC)
+	plain := []Task{{ID: "a", Type: "x", Metadata: Metadata{CreatedAt: at}}}
+	budgeted := append(plain, Task{ID: "b", Type: "x", Metadata: Metadata{CreatedAt: at, Budget: "openai/gpt-4.1/key-1", EstimatedTokens: MaxEstimatedTokens}})
+	for _, c := range []struct {
+		tasks []Task
+		skips bool
+	}{{plain, false}, {budgeted, true}} {
+		raw, err := encodeTasks(c.tasks)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := olderBuildSkips(raw); got != c.skips {
+			t.Errorf("%d tasks, leading byte %#x: an older build skips it %v, want %v", len(c.tasks), raw[0], got, c.skips)
+		}
+		b, err := encodeSegment(c.tasks)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := decodeSegment(b)
+		if err != nil || !reflect.DeepEqual(got, viaJSON(t, c.tasks)) {
+			t.Errorf("read back %+v, %v", got, err)
+		}
+	}
+}

@@ -82,7 +82,7 @@ func decodeSegment(b []byte) ([]Task, error) {
 		return nil, fmt.Errorf("decompress: over %d bytes", maxSegmentDecoded)
 	}
 	switch js := bytes.TrimLeft(raw, " \t\n\r"); {
-	case len(raw) > 0 && raw[0] == segTasksV1:
+	case len(raw) > 0 && (raw[0] == segTasksV1 || raw[0] == segTasksBudget):
 		return decodeTasks(raw[1:])
 	case len(js) == 0 || js[0] == '[' || js[0] == 'n': // JSON: an array, null, or nothing (an error)
 		var tasks []Task
