@@ -71,6 +71,9 @@ type BudgetGate struct {
 	next   map[blockKey]*block
 	taking map[blockKey]bool
 	room   map[string][2]int64
+	// sizes holds the requests of each tenant's next block, when above
+	// blockCalls.
+	sizes map[blockKey]int64
 	// defaults holds each budget's default estimate for a task type, as
 	// the last reservation that took it found it, and when.
 	defaults map[defaultKey]learned
@@ -102,7 +105,7 @@ func NewBudgetGate(c *budget.Client, lease func() clientv3.LeaseID, logger *slog
 	}
 	return &BudgetGate{c: c, lease: lease, logger: logger, used: map[attemptKey]report{},
 		now: time.Now, afterFunc: func(d time.Duration, f func()) { time.AfterFunc(d, f) },
-		blocks: map[blockKey]*block{}, next: map[blockKey]*block{}, taking: map[blockKey]bool{}, room: map[string][2]int64{}, defaults: map[defaultKey]learned{}}
+		blocks: map[blockKey]*block{}, next: map[blockKey]*block{}, taking: map[blockKey]bool{}, room: map[string][2]int64{}, sizes: map[blockKey]int64{}, defaults: map[defaultKey]learned{}}
 }
 
 // unwaitableDelay is how long a task waits before it is tried again when

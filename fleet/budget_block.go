@@ -27,10 +27,26 @@ import (
 // Near the budget's limits (less room left than blockRoom blocks) the
 // gate reserves task by task, so blocks never hold back room another
 // tenant or worker could be refused for.
+//
+// A block's size follows its tenant's demand while the room is ample: a
+// tenant's first block holds blockCalls requests; each of its blocks used
+// up doubles the next (to at most maxBlockCalls), and one that closes
+// with more than half its requests unused (its age, its window, Flush)
+// brings the next back to blockCalls. A block above blockCalls is taken
+// only while the budget has room for blockSpare times blockRoom blocks of
+// its size (it holds at most a 32nd of the room), so a busy tenant's
+// blocks shrink back to blockCalls well before the limits; the budget's
+// own rule (budget.BlockRoom blocks of the size asked) is unchanged.
 
 const (
-	// blockCalls is the requests of one block.
+	// blockCalls is the requests of a tenant's first block, and of every
+	// block near the limits.
 	blockCalls = 32
+	// maxBlockCalls is the requests of the largest block.
+	maxBlockCalls = 256
+	// blockSpare is how many times blockRoom blocks of a size above
+	// blockCalls the budget's room must hold for the gate to take one.
+	blockSpare = 4
 	// blockRoom is how many blocks' worth of tokens and requests the
 	// budget must have left, after the gate's last reservation, for the
 	// gate to try a block (the budget itself refuses one without room
@@ -46,6 +62,7 @@ type blockKey struct{ budget, tenant string }
 // block is a reservation of many tasks' estimates, admitted from locally.
 type block struct {
 	r              budget.Reservation
+	size           int64 // requests it held
 	tokens, calls  int64 // left to admit
 	running        int
 	used, admitted int64
@@ -118,7 +135,7 @@ func (g *BudgetGate) fromBlock(t *queue.Task, est int64) (*block, bool) {
 			g.closeLocked(k, n)
 		}
 	}
-	if b == nil || (b.calls <= blockCalls/2 && g.next[k] == nil) {
+	if b == nil || (b.calls <= b.size/2 && g.next[k] == nil) {
 		g.takeBlockLocked(k, est)
 	}
 	if b == nil {
@@ -144,13 +161,17 @@ func (g *BudgetGate) takeBlockLocked(k blockKey, est int64) {
 	if g.taking[k] || !ok || est <= 0 || rm[0] < blockRoom*blockCalls*est || rm[1] < blockRoom*blockCalls {
 		return
 	}
+	n := int64(blockCalls)
+	for n < min(g.sizes[k], maxBlockCalls) && rm[0] >= blockSpare*blockRoom*2*n*est && rm[1] >= blockSpare*blockRoom*2*n {
+		n *= 2
+	}
 	g.taking[k] = true
 	g.settling.begin()
 	go func() {
 		defer g.settling.end()
 		ctx, cancel := context.WithTimeout(context.Background(), settleTimeout)
 		defer cancel()
-		r, err := g.c.Reserve(ctx, k.budget, k.tenant, blockCalls*est, budget.WithLease(g.lease()), budget.WithBlock(blockCalls))
+		r, err := g.c.Reserve(ctx, k.budget, k.tenant, n*est, budget.WithLease(g.lease()), budget.WithBlock(n))
 		g.mu.Lock()
 		defer g.mu.Unlock()
 		delete(g.taking, k)
@@ -159,7 +180,7 @@ func (g *BudgetGate) takeBlockLocked(k blockKey, est int64) {
 			return
 		}
 		g.noteRoomLocked(r)
-		b := &block{r: r, tokens: r.Estimate, calls: blockCalls}
+		b := &block{r: r, size: n, tokens: r.Estimate, calls: n}
 		if old := g.next[k]; old != nil {
 			g.closeLocked(k, old)
 		}
@@ -200,6 +221,15 @@ func (g *BudgetGate) closeLocked(k blockKey, b *block) {
 		return
 	}
 	b.closed = true
+	switch {
+	case b.calls == 0: // used up: the tenant's next block is twice as big
+		if len(g.sizes) >= maxDefaults {
+			clear(g.sizes)
+		}
+		g.sizes[k] = min(2*b.size, maxBlockCalls)
+	case b.calls > b.size/2:
+		delete(g.sizes, k)
+	}
 	g.settleBlockLocked(b)
 }
 

@@ -275,3 +275,51 @@ func TestBudgetBlockNextWaitsForTheOpenOne(t *testing.T) {
 		t.Fatalf("after the drain: used %d, requests %d, live %d, reserved %d; want %d, 66, 0, 0", u.Used, u.RequestsUsed, u.Live, u.Reserved, 66*7)
 	}
 }
+
+// TestBudgetBlockSizeFollowsDemand: while the room is ample, each block
+// of a tenant's used up doubles the next (32, 32, 64, 64, 128: the next
+// is reserved at half of the open one, before that one is used up); a
+// block closed with most of its requests unused brings the next back to
+// 32; and with room for fewer than 4×8 blocks of 64 requests, blocks stay
+// at 32.
+func TestBudgetBlockSizeFollowsDemand(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	t.Run("grows", func(t *testing.T) {
+		t.Parallel()
+		clk := &gateClock{now: time.Date(2026, 1, 2, 3, 4, 0, 0, time.UTC)} // timers never run
+		g := newBlockGate(t, clk, "openai/gpt-4.1/key-block-size", 86400)
+		for range 2 + 32 + 32 + 64 + 64 {
+			g.run()
+		}
+		if u := g.usage(); u.Live != 2 || u.Reserved != (64+128)*10 {
+			t.Fatalf("after 194 tasks: live %d, reserved %d; want 2, %d (a used-up block of 64 and one of 128)", u.Live, u.Reserved, (64+128)*10)
+		}
+		if err := g.gate.Flush(ctx); err != nil { // the block of 128 closes unused
+			t.Fatal(err)
+		}
+		if u := g.usage(); u.Used != 194*7 || u.RequestsUsed != 194 || u.Live != 0 || u.Reserved != 0 {
+			t.Fatalf("after the drain: used %d, requests %d, live %d, reserved %d; want %d, 194, 0, 0", u.Used, u.RequestsUsed, u.Live, u.Reserved, 194*7)
+		}
+		if made := g.run(); made != 2 {
+			t.Fatalf("the task after the drain: %v reservations, want 2 (its own and a block)", made)
+		}
+		if u := g.usage(); u.Live != 1 || u.Reserved != 32*10 {
+			t.Fatalf("after the drain: live %d, reserved %d; want 1, %d (a block of 32)", u.Live, u.Reserved, 32*10)
+		}
+	})
+	t.Run("room", func(t *testing.T) {
+		t.Parallel()
+		clk := &gateClock{now: time.Date(2026, 1, 2, 3, 4, 0, 0, time.UTC)}
+		g := newBlockGate(t, clk, "openai/gpt-4.1/key-block-size-room", 86400)
+		if _, err := g.b.Set(ctx, budget.Budget{Key: g.key, Tokens: 1_000_000, Requests: 1500, WindowSeconds: 86400}); err != nil {
+			t.Fatal(err)
+		}
+		for range 2 + 32 + 32 + 32 {
+			g.run()
+		}
+		if u := g.usage(); u.Live != 2 || u.Reserved != (32+32)*10 {
+			t.Fatalf("after 98 tasks, 1500 requests a window: live %d, reserved %d; want 2, %d (blocks of 32)", u.Live, u.Reserved, (32+32)*10)
+		}
+	})
+}
