@@ -32,7 +32,8 @@ import (
 // tenant's first block holds blockCalls requests; each of its blocks used
 // up doubles the next (to at most maxBlockCalls), and one that closes
 // with more than half its requests unused (its age, its window, Flush)
-// brings the next back to blockCalls. A block above blockCalls is taken
+// brings the next back to blockCalls, as does a block the budget refuses
+// (one of blockCalls may still fit the tenant's cap or share). A block above blockCalls is taken
 // only while the budget has room for blockSpare times blockRoom blocks of
 // its size (it holds at most a 32nd of the room), so a busy tenant's
 // blocks shrink back to blockCalls well before the limits; the budget's
@@ -177,6 +178,7 @@ func (g *BudgetGate) takeBlockLocked(k blockKey, est int64) {
 		delete(g.taking, k)
 		if err != nil {
 			delete(g.room, k.budget) // until a task's reserve says again
+			delete(g.sizes, k)       // the next is of blockCalls, which may fit (a tenant near its cap or share)
 			return
 		}
 		g.noteRoomLocked(r)

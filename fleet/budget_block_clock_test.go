@@ -323,3 +323,31 @@ func TestBudgetBlockSizeFollowsDemand(t *testing.T) {
 		}
 	})
 }
+
+// TestBudgetBlockRefusedComesBackTo32: a grown block the budget refuses
+// (here by the tenant's cap, with the budget's room ample) brings the
+// tenant's next block back to 32 requests, so near its cap its tasks
+// still come from blocks that fit, not each reserved alone between
+// refused blocks of 128.
+func TestBudgetBlockRefusedComesBackTo32(t *testing.T) {
+	t.Parallel()
+	clk := &gateClock{now: time.Date(2026, 1, 2, 3, 4, 0, 0, time.UTC)} // timers never run
+	g := newBlockGate(t, clk, "openai/gpt-4.1/key-block-refused", 86400)
+	for range 2 + 32 + 32 + 64 + 64 { // blocks of 32, 32, 64, 64 used up; one of 128 open
+		g.run()
+	}
+	u := g.usage()
+	caps := map[string]int64{"acme": u.Used + u.Reserved + 1000} // room for blocks of 32, not of 128
+	if _, err := g.b.Set(context.Background(), budget.Budget{Key: g.key, Tokens: 1_000_000, Requests: 100_000, WindowSeconds: 86400, Caps: caps}); err != nil {
+		t.Fatal(err)
+	}
+	refused := testutil.ToFloat64(metrics.BudgetReservations.WithLabelValues(g.key, "refused"))
+	var made float64
+	for range 128 + 96 { // the open block of 128, then 96 more
+		made += g.run()
+	}
+	refused = testutil.ToFloat64(metrics.BudgetReservations.WithLabelValues(g.key, "refused")) - refused
+	if made > 8 || refused > 2 {
+		t.Fatalf("224 tasks near the tenant's cap took %v reservations and %v refused blocks, want at most 8 and 2 (blocks of 32)", made, refused)
+	}
+}
