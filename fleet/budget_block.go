@@ -35,7 +35,7 @@ import (
 // brings the next back to blockCalls, as does a block the budget refuses
 // (one of blockCalls may still fit the tenant's cap or share). A block above blockCalls is taken
 // only while the budget has room for blockSpare times blockRoom blocks of
-// its size (it holds at most a 32nd of the room), so a busy tenant's
+// its size (a 32nd of the room this worker last saw), so a busy tenant's
 // blocks shrink back to blockCalls well before the limits; the budget's
 // own rule (budget.BlockRoom blocks of the size asked) is unchanged.
 
