@@ -249,6 +249,11 @@ func (s *etcdSet) killAndRestart(m *member, down time.Duration, afterKill ...fun
 		}
 		if o.elected.IsZero() {
 			s.t.Errorf("no new leader within 30 s of killing %s", m.name)
+			for _, o := range s.members { // what the survivors said meanwhile
+				if o != m {
+					logTail(s.t, o.log.Name())
+				}
+			}
 		}
 	}
 	time.Sleep(down)
