@@ -29,6 +29,11 @@ type Config struct {
 	ReadOnly func(op *huma.Operation)
 	// Now is the clock of created_at and updated_at; default time.Now.
 	Now func() time.Time
+	// LockThread takes lock name under session (an id of POST
+	// /v1/sessions) as POST /v1/locks/{name} does, waiting in line up to
+	// wait: a run's start takes its thread's lock with it. Without it the
+	// start route is not served (runtimes take the lock themselves).
+	LockThread func(ctx context.Context, session, name string, wait time.Duration) (RunLock, error)
 	// Truncate serves POST /internal/truncate, the reset LangGraph's test
 	// suite calls: only for a server started for tests (TruncateEnv).
 	Truncate bool

@@ -39,3 +39,11 @@ func CreateOnceOn(ctx context.Context, cli *clientv3.Client, ns, what, key, valu
 	}
 	return *old, err
 }
+
+// SetBeforeRunLock sets a function a run's start calls before it takes
+// the thread's lock, until the returned restore is called.
+func SetBeforeRunLock(f func()) (restore func()) {
+	old := beforeRunLock
+	beforeRunLock = f
+	return func() { beforeRunLock = old }
+}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"unicode/utf8"
 
@@ -12,6 +13,7 @@ import (
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/lease"
 	"github.com/droverhq/drover/queue"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -27,17 +29,25 @@ type runOutcome struct {
 	HistoryAppend bool `json:"history_append,omitempty" doc:"history holds only the newest states, down to and with one that the thread's stored history holds: the server keeps its stored states older than that one after them, at most history_limit states in all. 412 when the stored history does not hold the last state sent (the runtime then sends the whole history)."`
 	HistoryLimit  int  `json:"history_limit,omitempty" minimum:"0" doc:"With history_append, the most states kept (default 100)."`
 	Error         any  `json:"error,omitempty" doc:"The graph's error: {error, message}."`
+	// Lock is the thread's lock the run's start took.
+	Lock *outcomeLock `json:"lock,omitempty" doc:"The thread's lock the run's start (POST .../start) took: its name, token and contender. The outcome releases it in its own transaction, if it is still held with that token (a lock lost meanwhile, or held by another since, is left as it is, and the outcome is recorded all the same)."`
 }
 
 // endRun records run id's outcome on the run and its thread, if the
 // runtime still holds the run's task under token: the transaction that
 // writes the run and the thread compares the claim's fence (a runtime
 // that lost its claim is refused, 409). The thread's status changes only
-// when no other run of it is active: a later run's busy stays.
+// when no other run of it is active: a later run's busy stays. With
+// o.Lock, the thread's lock the run's start took is released in that
+// transaction, if it is still held with its token.
 func (s *server) endRun(ctx context.Context, thread, id string, o runOutcome) (Run, error) {
 	sp, err := s.space(ctx)
 	if err != nil {
 		return Run{}, err
+	}
+	rel, ok := runLockRelease(sp, thread, o.Lock)
+	if !ok {
+		return Run{}, badInput("body.lock", o.Lock.Name, "must be the thread's lock (thread:{thread_id}) as the run's start answered it: its name, token and contender")
 	}
 	q, err := s.queueOf(ctx)
 	if err != nil {
@@ -55,62 +65,141 @@ func (s *server) endRun(ctx context.Context, thread, id string, o runOutcome) (R
 			}
 			return Run{}, etcdError("reading the run's claim", err)
 		}
-		r, rrev, err := s.getRun(ctx, thread, id)
-		if err != nil {
-			return Run{}, err
-		}
-		if r.Ended { // a repeat, or the run was settled first: what it ended as stays
-			s.admitNextLogged(ctx, thread) // the first may have ended before admitting
-			return r.Run, nil
-		}
-		th, trev, err := s.getThread(ctx, thread)
-		if err != nil {
-			return Run{}, err
-		}
-		other, err := s.otherActive(ctx, thread, id)
-		if err != nil {
-			return Run{}, err
-		}
-		now := s.now()
-		r.Status, r.Ended, r.Error, r.UpdatedAt = o.Status, true, capError(o.Error), now
-		rraw, _ := json.Marshal(r)
-		ops, cmps := []clientv3.Op{}, cl.Fence.Compares()
-		if o.State != nil && o.HistoryAppend {
-			hist, cmp, err := s.appendedHistory(ctx, sp, thread, o)
-			if err != nil {
-				return Run{}, err
-			}
-			o.History, cmps = hist, append(cmps, cmp)
-		}
-		if o.State != nil {
-			th.Values, th.Interrupts = o.State.Values, interruptsOf(o.State)
-			raw, err := stateRecordOf(o, th, len(rraw))
-			if err != nil {
-				return Run{}, err
-			}
-			ops = append(ops, clientv3.OpPut(sp.AgentThreadState(thread), string(raw)))
-		}
-		if !other {
-			th.Status = threadStatusAfter(o)
-		}
-		th.UpdatedAt = now
-		traw, _ := json.Marshal(th)
-		ops = append(ops, clientv3.OpPut(sp.AgentRun(thread, id), string(rraw)), clientv3.OpPut(sp.AgentThread(thread), string(traw)),
-			clientv3.OpDelete(sp.AgentActiveRun(thread, id)))
-		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(sp.AgentRun(thread, id)), "=", rrev),
-			clientv3.Compare(clientv3.ModRevision(sp.AgentThread(thread)), "=", trev))
-		resp, err := s.cfg.Etcd.Txn(ctx).If(cmps...).Then(ops...).Commit()
-		if err != nil {
-			return Run{}, etcdError("ending the run", err)
-		}
-		if resp.Succeeded {
-			// The thread's next enqueued run starts now; should this fail,
-			// the next read of that run, or the next create, admits it.
-			s.admitNextLogged(ctx, thread)
-			return r.Run, nil
+		r, done, err := s.endOnce(ctx, sp, thread, id, o, cl.Fence.Compares(), rel)
+		if err != nil || done {
+			return r, err
 		}
 	}
 	return Run{}, errRaced("the run")
+}
+
+// endOnce is one attempt of endRun, its claim read (fence, the claim's
+// compares): it reads the run and its thread, and writes them ended in a
+// transaction that compares what it read, with release (the run lock's,
+// if any). done is false when that transaction found them changed.
+func (s *server) endOnce(ctx context.Context, sp keyspace.Space, thread, id string, o runOutcome, fence []clientv3.Cmp, release []clientv3.Op) (Run, bool, error) {
+	rd, err := s.outcomeReads(ctx, sp, thread, id, o)
+	if err != nil {
+		return Run{}, true, err
+	}
+	r := rd.run
+	if r.Ended { // a repeat, or the run was settled first: what it ended as stays
+		if len(release) > 0 { // a repeat whose first answer was lost released it already
+			s.releaseAlone(ctx, release)
+		}
+		s.admitNextLogged(ctx, thread) // the first may have ended before admitting
+		return r.Run, true, nil
+	}
+	if rd.threadErr != nil {
+		return Run{}, true, rd.threadErr
+	}
+	th := rd.thread
+	other, err := s.othersNotEnded(ctx, sp, thread, id, rd.index)
+	if err != nil {
+		return Run{}, true, err
+	}
+	now := s.now()
+	r.Status, r.Ended, r.Error, r.UpdatedAt = o.Status, true, capError(o.Error), now
+	rraw, _ := json.Marshal(r)
+	ops, cmps := []clientv3.Op{}, fence
+	if o.State != nil && o.HistoryAppend {
+		hist, cmp, err := appendedHistory(sp, thread, o, rd.state)
+		if err != nil {
+			return Run{}, true, err
+		}
+		o.History, cmps = hist, append(cmps, cmp)
+	}
+	if o.State != nil {
+		th.Values, th.Interrupts = o.State.Values, interruptsOf(o.State)
+		raw, err := stateRecordOf(o, th, len(rraw))
+		if err != nil {
+			return Run{}, true, err
+		}
+		ops = append(ops, clientv3.OpPut(sp.AgentThreadState(thread), string(raw)))
+	}
+	if !other {
+		th.Status = threadStatusAfter(o)
+	}
+	th.UpdatedAt = now
+	traw, _ := json.Marshal(th)
+	ops = append(ops, clientv3.OpPut(sp.AgentRun(thread, id), string(rraw)), clientv3.OpPut(sp.AgentThread(thread), string(traw)),
+		clientv3.OpDelete(sp.AgentActiveRun(thread, id)))
+	ops = append(ops, release...)
+	cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(sp.AgentRun(thread, id)), "=", rd.runRev),
+		clientv3.Compare(clientv3.ModRevision(sp.AgentThread(thread)), "=", rd.threadRev))
+	resp, err := s.cfg.Etcd.Txn(ctx).If(cmps...).Then(ops...).Commit()
+	if err != nil {
+		return Run{}, true, etcdError("ending the run", err)
+	}
+	if !resp.Succeeded {
+		return Run{}, false, nil
+	}
+	// The thread's next enqueued run starts now; should this fail, the
+	// next read of that run, or the next create, admits it. Without
+	// another run not ended when the thread was read there is none: every
+	// create writes the thread, which the transaction compared.
+	if other {
+		s.admitNextLogged(ctx, thread)
+	}
+	return r.Run, true, nil
+}
+
+// outcomeRead is what an outcome reads, in one transaction: the run's
+// record, its thread's (or the error of its absence), the keys of the
+// thread's index of active runs, and with history_append the thread's
+// stored state, with their revisions.
+type outcomeRead struct {
+	run          runRecord
+	runRev       int64
+	thread       Thread
+	threadRev    int64
+	threadErr    error
+	index, state []*mvccpb.KeyValue
+}
+
+// outcomeReads reads what outcome o of run id needs (see outcomeRead).
+// The run's status is its record's: the claim read before it is running.
+func (s *server) outcomeReads(ctx context.Context, sp keyspace.Space, thread, id string, o runOutcome) (outcomeRead, error) {
+	if err := s.ensureRunIndex(ctx, sp); err != nil {
+		return outcomeRead{}, err
+	}
+	gets := []clientv3.Op{clientv3.OpGet(sp.AgentRun(thread, id)), clientv3.OpGet(sp.AgentThread(thread)),
+		clientv3.OpGet(sp.AgentActiveRuns(thread), activeIndexOpts()...)}
+	if o.State != nil && o.HistoryAppend {
+		gets = append(gets, clientv3.OpGet(sp.AgentThreadState(thread)))
+	}
+	resp, err := s.cfg.Etcd.Txn(ctx).Then(gets...).Commit()
+	if err != nil {
+		return outcomeRead{}, etcdError("reading the run", err)
+	}
+	kvs := func(i int) []*mvccpb.KeyValue { return resp.Responses[i].GetResponseRange().Kvs }
+	var rd outcomeRead
+	if len(kvs(0)) == 0 {
+		return rd, errRunNotFound(id)
+	}
+	if err := json.Unmarshal(kvs(0)[0].Value, &rd.run); err != nil {
+		return rd, undecodable("run", id, err)
+	}
+	rd.runRev, rd.index = kvs(0)[0].ModRevision, kvs(2)
+	if len(gets) > 3 {
+		rd.state = kvs(3)
+	}
+	if len(kvs(1)) == 0 {
+		rd.threadErr = errThreadNotFound(thread)
+	} else if err := json.Unmarshal(kvs(1)[0].Value, &rd.thread); err != nil {
+		rd.threadErr = undecodable("thread", thread, err)
+	} else {
+		rd.threadRev = kvs(1)[0].ModRevision
+	}
+	return rd, nil
+}
+
+// releaseAlone applies release, a run lock's release, in a transaction of
+// its own; a failure is logged (the lock goes with the runtime's session).
+func (s *server) releaseAlone(ctx context.Context, release []clientv3.Op) {
+	if _, err := s.cfg.Etcd.Txn(ctx).Then(release...).Commit(); err != nil {
+		slog.Default().Warn("agentserver: releasing a run's lock", "err", err)
+	}
 }
 
 // threadStatusAfter is a thread's status after a run's outcome: error,
@@ -198,20 +287,16 @@ func stateRecordOf(o runOutcome, th Thread, runBytes int) ([]byte, error) {
 const defaultHistoryKept = 100
 
 // appendedHistory is outcome o's history (o.HistoryAppend set) followed by
-// the thread's stored states older than o's last one, with the compare
-// that keeps the stored record the one read until the outcome's
-// transaction.
-func (s *server) appendedHistory(ctx context.Context, sp keyspace.Space, thread string, o runOutcome) ([]ThreadState, clientv3.Cmp, error) {
+// the thread's stored states older than o's last one (stored, the state
+// record as read, if any), with the compare that keeps the stored record
+// the one read until the outcome's transaction.
+func appendedHistory(sp keyspace.Space, thread string, o runOutcome, stored []*mvccpb.KeyValue) ([]ThreadState, clientv3.Cmp, error) {
 	key := sp.AgentThreadState(thread)
-	resp, err := s.cfg.Etcd.Get(ctx, key)
-	if err != nil {
-		return nil, clientv3.Cmp{}, etcdError("reading the thread's state", err)
-	}
 	cmp := clientv3.Compare(clientv3.ModRevision(key), "=", 0)
 	var rec stateRecord
-	if len(resp.Kvs) > 0 {
-		cmp = clientv3.Compare(clientv3.ModRevision(key), "=", resp.Kvs[0].ModRevision)
-		if err := json.Unmarshal(resp.Kvs[0].Value, &rec); err != nil {
+	if len(stored) > 0 {
+		cmp = clientv3.Compare(clientv3.ModRevision(key), "=", stored[0].ModRevision)
+		if err := json.Unmarshal(stored[0].Value, &rec); err != nil {
 			return nil, cmp, undecodable("thread state", thread, err)
 		}
 	}

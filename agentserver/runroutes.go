@@ -362,6 +362,7 @@ func (s *server) runChangeRoutes(api huma.API, tags []string) {
 		r, err := s.endRun(ctx, th, id, in.Body)
 		return &struct{ Body Run }{Body: r}, err
 	})
+	s.runStartRoute(api, tags)
 	s.stateRoutes(api)
 }
 

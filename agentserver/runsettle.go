@@ -6,7 +6,9 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/queue"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -188,12 +190,25 @@ func (s *server) otherActive(ctx context.Context, thread, id string) (bool, erro
 	if err := s.ensureRunIndex(ctx, sp); err != nil {
 		return false, err
 	}
-	resp, err := s.cfg.Etcd.Get(ctx, sp.AgentActiveRuns(thread), clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithLimit(maxStopped+1))
+	resp, err := s.cfg.Etcd.Get(ctx, sp.AgentActiveRuns(thread), activeIndexOpts()...)
 	if err != nil {
 		return false, etcdError("reading the thread's active runs", err)
 	}
+	return s.othersNotEnded(ctx, sp, thread, id, resp.Kvs)
+}
+
+// activeIndexOpts read a thread's index of active runs: its keys, at most
+// maxStopped+1.
+func activeIndexOpts() []clientv3.OpOption {
+	return []clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithLimit(maxStopped + 1)}
+}
+
+// othersNotEnded says whether a run of thread other than id, among the
+// keys idx of its index of active runs, has not ended: it reads their
+// records (none when idx holds id's alone).
+func (s *server) othersNotEnded(ctx context.Context, sp keyspace.Space, thread, id string, idx []*mvccpb.KeyValue) (bool, error) {
 	var gets []clientv3.Op
-	for _, kv := range resp.Kvs {
+	for _, kv := range idx {
 		if other := idOf(kv.Key); other != id {
 			gets = append(gets, clientv3.OpGet(sp.AgentRun(thread, other)))
 		}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/danielgtaylor/huma/v2"
+	"github.com/droverhq/drover/agentserver"
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/lease"
 	"github.com/droverhq/drover/lock"
@@ -198,6 +199,23 @@ func (s *Server) acquireLock(ctx context.Context, in *acquireInput) (*struct{ Bo
 	_, contender, _ := s.keys(ctx).ParseLockContender(held.Key())
 	return &struct{ Body LockAcquired }{LockAcquired{Status: "acquired", Name: in.Name, Token: held.Token(), Holder: held.Holder(), Session: b.Session,
 		Contender: contender, ExpiresAt: expires.UTC()}}, nil
+}
+
+// lockForRun takes lock name under session as POST /v1/locks/{name} does,
+// waiting in line up to wait: the Agent Server's run start takes its
+// thread's lock with it.
+func (s *Server) lockForRun(ctx context.Context, session, name string, wait time.Duration) (agentserver.RunLock, error) {
+	in := &acquireInput{Name: name}
+	in.Body.Session = session
+	if wait > 0 {
+		in.Wait = wait.String()
+	}
+	out, err := s.acquireLock(ctx, in)
+	if err != nil {
+		return agentserver.RunLock{}, err
+	}
+	a := out.Body
+	return agentserver.RunLock{Status: a.Status, Name: a.Name, Token: a.Token, Holder: a.Holder, Session: a.Session, Contender: a.Contender, ExpiresAt: a.ExpiresAt}, nil
 }
 
 // lockBinding is what an acquisition binds its lock to: the session's

@@ -223,7 +223,7 @@ func New(cfg Config) (*Server, error) {
 	s.api.UseMiddleware(s.observe, s.authorize, s.bound)
 	s.routes()
 	// LangGraph's Agent Server API, at the root as LangGraph serves it.
-	if err := agentserver.Register(s.api, agentserver.Config{Etcd: cfg.Etcd, Namespace: s.nsOf,
+	if err := agentserver.Register(s.api, agentserver.Config{Etcd: cfg.Etcd, Namespace: s.nsOf, LockThread: s.lockForRun,
 		Truncate: os.Getenv(agentserver.TruncateEnv) == "1", ReadOnly: func(op *huma.Operation) { op.Metadata["role"] = RoleRead }}); err != nil {
 		return nil, err
 	}
