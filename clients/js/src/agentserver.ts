@@ -25,7 +25,8 @@ import { runEvents, type EventStreamingGraph } from "./agentserver-stream.js";
 import { graphRegistrationSchemas, schemaParser, staticSchemas, type GraphSchema, type GraphSourceSpec, type SubgraphGraph } from "./agentserver-schema.js";
 import { ConflictError, DroverError, NotFoundError } from "./errors.js";
 import { EarlierEvents, RunStreamWriter, isTransient } from "./agentserver-writer.js";
-import type { Lock } from "./locks.js";
+import { Lock, type LockAcquired } from "./locks.js";
+import type { CheckpointRecord } from "./checkpoints.js";
 import type { QueueTask } from "./queue.js";
 import type { TaskContext, Worker, WorkerStats } from "./worker.js";
 
@@ -291,17 +292,22 @@ export class AgentServerRuntime {
     };
     poll = setTimeout(read, every());
     this.running++;
-    let lock: Lock | undefined;
+    let held: HeldLock | undefined;
     try {
       // The thread's lock (checkpoint admission's) fences the run's checkpoints: a run the server
       // stops for another (interrupt, rollback, cancel) has it taken away, and its late writes are
       // refused. Taken after the claim, then the task read again: a stop that came first is seen.
-      const thread = (task.parameters as RunTask).run.thread_id;
-      lock = await this.drover.lock(`thread:${thread}`, { session: ctx.session, wait: 60, signal: ac.signal });
+      // One request does both, and reads the thread's head (the graph's first read): see begin.
+      const run = (task.parameters as RunTask).run;
+      const begun = await this.begin(run, ctx, ac.signal);
+      held = begun.held;
       lastRead = Date.now();
-      if ((await this.drover.tasks.get(RUNS_QUEUE, task.task_id)).current_status === "CANCELLED") ac.abort(new Error("the run was cancelled"));
+      if (begun.cancelled) ac.abort(new Error("the run was cancelled"));
       ac.signal.throwIfAborted();
-      return await this.runGraph(task, { ...ctx, signal: ac.signal }, new RunSaver({ drover: this.drover, protection: "none", lock, shareCacheOf: this.saver }));
+      const saver = new RunSaver({ drover: this.drover, protection: "none", lock: held!.lock, shareCacheOf: this.saver });
+      const seeding = saver as RunSaver & { seedHead?: (thread: string, ns: string, head: CheckpointRecord | null) => void };
+      if (begun.head !== undefined && typeof seeding.seedHead === "function") seeding.seedHead(run.thread_id, "", begun.head);
+      return await this.runGraph(task, { ...ctx, signal: ac.signal }, saver, held);
     } finally {
       this.running--;
       polling = false;
@@ -309,8 +315,47 @@ export class AgentServerRuntime {
       ctx.signal.removeEventListener("abort", onLost);
       // Waited for before the task ends: a task that ended with its release still on its way lost
       // the ends of its streams to a client that followed it across a member's failure (the
-      // agent server chaos test, 4 of 4 runs, and none of 6 with the release waited for).
-      await lock?.release().catch(() => false);
+      // agent server chaos test, 4 of 4 runs, and none of 6 with the release waited for). The
+      // outcome released it already when it took it along.
+      if (held && !held.released) await held.lock.release().catch(() => false);
+    }
+  }
+
+  /** Until when the server is taken not to serve the run start route (an older one answered 404). */
+  private startRouteMissingUntil = 0;
+
+  /**
+   * Starts a run: takes its thread's lock under the claim's session (waiting in line), learns
+   * whether the run was cancelled before, and reads the thread's head, in one request (`POST
+   * .../runs/{run}/start`). A server without that route (404) gets the requests it answers: the
+   * lock, then the task's read (the head is then read by the graph); the route is tried again a
+   * minute later.
+   */
+  private async begin(run: RunTask["run"], ctx: TaskContext, signal: AbortSignal): Promise<{ held?: HeldLock; cancelled: boolean; head?: CheckpointRecord | null }> {
+    const t = this.drover.transport;
+    if (Date.now() >= this.startRouteMissingUntil) {
+      try {
+        // Never repeated: a lost answer could mean the lock is ours unknowingly (the task's retry frees it with the session).
+        const a = await t.post<RunStartAnswer>(`/v1/agent-server/threads/${run.thread_id}/runs/${run.run_id}/start`, { token: ctx.token, session: ctx.session.id, wait: 60 }, {
+          retry: false,
+          signal: AbortSignal.any([signal, ctx.session.signal]),
+          timeoutMs: 60_000 + t.timeoutMs,
+        });
+        if (a.cancelled || !a.lock) return { cancelled: true };
+        return { held: { lock: new Lock(t, a.lock, ctx.session, false), viaOutcome: true, released: false }, cancelled: false, head: a.head ?? null };
+      } catch (e) {
+        ctx.session.observe(e);
+        if (!(e instanceof NotFoundError) || (e.kind !== "no-route" && e.kind !== "")) throw e;
+        this.startRouteMissingUntil = Date.now() + 60_000;
+      }
+    }
+    const lock = await this.drover.lock(`thread:${run.thread_id}`, { session: ctx.session, wait: 60, signal });
+    const held = { lock, viaOutcome: false, released: false };
+    try {
+      return { held, cancelled: (await this.drover.tasks.get(RUNS_QUEUE, run.run_id)).current_status === "CANCELLED" };
+    } catch (e) {
+      await lock.release().catch(() => false);
+      throw e;
     }
   }
 
@@ -327,7 +372,7 @@ export class AgentServerRuntime {
     return { checkpoint: checkpointOf(next), state: await threadState(graph, config) };
   }
 
-  private async runGraph(task: QueueTask, ctx: TaskContext, saver: RunSaver = this.saver): Promise<unknown> {
+  private async runGraph(task: QueueTask, ctx: TaskContext, saver: RunSaver = this.saver, held?: HeldLock): Promise<unknown> {
     const p = task.parameters as RunTask;
     const { run } = p;
     const kw = run.kwargs;
@@ -393,7 +438,7 @@ export class AgentServerRuntime {
     for (let attempt = 1; ; attempt++) {
       try {
         // An earlier attempt's states are not counted by this run's saver.
-        await this.putOutcome(graph, config, run, ctx, status, error, ctx.attempt === 1 && saver !== this.saver ? saver.rootPuts(run.thread_id) : undefined);
+        await this.putOutcome(graph, config, run, ctx, status, error, ctx.attempt === 1 && saver !== this.saver ? saver.rootPuts(run.thread_id) : undefined, held);
         break;
       } catch (e) {
         // The run (or its thread) was deleted while it ran: nothing to record, and nothing to retry.
@@ -424,19 +469,25 @@ export class AgentServerRuntime {
    * server holds (`history_append`); should the server not hold that one (a run stopped before
    * its outcome wrote states in between), the whole history, as far as the server keeps it.
    */
-  private async putOutcome(graph: RunnableGraph | undefined, config: RunnableConfig, run: RunTask["run"], ctx: TaskContext, status: string, error: unknown, written = NEW_STATES_PAGE): Promise<void> {
+  private async putOutcome(graph: RunnableGraph | undefined, config: RunnableConfig, run: RunTask["run"], ctx: TaskContext, status: string, error: unknown, written = NEW_STATES_PAGE, held?: HeldLock): Promise<void> {
     const state = graph ? await threadState(graph, config) : undefined;
     const limit = this.opts.historyLimit ?? 100;
     // The server keeps the history that fits 1 MiB beside the state; send no more than it can keep.
     const room = (this.opts.historyBytes ?? 1 << 20) - JSON.stringify(state ?? null).length;
     const path = `/v1/agent-server/threads/${run.thread_id}/runs/${run.run_id}/outcome`;
-    const body = { token: ctx.token, status, ...(state ? { state } : {}), ...(error ? { error } : {}) };
+    // The thread's lock, when the run's start took it: the outcome releases it in its transaction.
+    const lock = held?.viaOutcome ? { lock: { name: held.lock.name, token: held.lock.token, contender: held.lock.contender } } : {};
+    const body = { token: ctx.token, status, ...(state ? { state } : {}), ...(error ? { error } : {}), ...lock };
+    const put = async (b: Record<string, unknown>) => {
+      await this.drover.transport.put(path, b);
+      if (held?.viaOutcome) held.released = true;
+    };
     // The states it wrote and the one before them, when the run's saver counted them: no more read.
     const page = Math.min(limit, NEW_STATES_PAGE, written + 1);
     const added = graph ? await newStates(graph, run, page, room) : undefined;
     if (added?.joins) {
       try {
-        await this.drover.transport.put(path, { ...body, history: added.states, history_append: true, history_limit: limit });
+        await put({ ...body, history: added.states, history_append: true, history_limit: limit });
         return;
       } catch (e) {
         if (!(e instanceof DroverError && e.status === 412)) throw e;
@@ -445,8 +496,22 @@ export class AgentServerRuntime {
     // Not joined: the states read are the whole history when they are all there is or all that is kept.
     const whole = added && !added.joins && (added.states.length < page || page === limit);
     const history = whole ? added.states : graph ? await historyOf(graph, run, limit, room) : [];
-    await this.drover.transport.put(path, { ...body, ...(history.length ? { history } : {}) });
+    await put({ ...body, ...(history.length ? { history } : {}) });
   }
+}
+
+/** The thread's lock a run holds; `viaOutcome`: its start took it, and its outcome releases it (then `released`). */
+interface HeldLock {
+  lock: Lock;
+  viaOutcome: boolean;
+  released: boolean;
+}
+
+/** The answer of the run start route. */
+interface RunStartAnswer {
+  cancelled?: boolean;
+  lock?: LockAcquired;
+  head: CheckpointRecord | null;
 }
 
 /** How many of a thread's newest states a run's outcome reads first, looking for the newest one the run did not write. */
