@@ -241,3 +241,28 @@ test("held saver: a lock taken away (session ended, another holder writes) makes
   assert.equal(head.checkpoint.id, c2.id);
   assert.equal(listed[0].checkpoint.id, c2.id);
 });
+
+test("held saver: forks are listed by id as the server lists them, and a deleted thread is read again", async () => {
+  const ns = uniq("held");
+  const { drover, reads } = counted(ns);
+  const thread = uniq("th");
+  const lock = await drover.lock(`thread:${thread}`);
+  const saver = new DroverSaver({ drover, lock });
+  const root = { configurable: { thread_id: thread, checkpoint_ns: "" } };
+  assert.equal(await saver.getTuple(root), undefined, "read: no checkpoint yet");
+  assert.equal(reads(), 1);
+  const r = await saver.put(root, cp({ n: 0 }), meta(-1), { n: 1 });
+  const a = await saver.put(r, cp({ n: 1 }, { n: 2 }), meta(0), { n: 2 });
+  const fork = await saver.put(r, cp({ n: 5 }, { n: 3 }), meta(0), { n: 3 }); // updateState on the root
+  await saver.putWrites(a, [["n", 3]], "task-a");
+  await saver.put(a, cp({ n: 2 }, { n: 4 }), meta(1), { n: 4 }); // the head again on a's branch
+  const at = (c) => ({ configurable: { ...root.configurable, checkpoint_id: c.configurable.checkpoint_id } });
+  const mine = [await saver.getTuple(root), await collect(saver.list(root)), await collect(saver.list(root, { limit: 3, before: at(fork) })), await saver.getTuple(at(a))];
+  assert.equal(reads(), 1, "answered from memory");
+  const server = new DroverSaver({ drover: new Drover({ url: srv.url, namespace: ns }) });
+  assert.deepStrictEqual(mine, [await server.getTuple(root), await collect(server.list(root)), await collect(server.list(root, { limit: 3, before: at(fork) })), await server.getTuple(at(a))]);
+  await saver.deleteThread(thread);
+  assert.equal(await saver.getTuple(root), undefined);
+  assert.equal(reads(), 2, "after the delete, the head is read");
+  await lock.release();
+});
