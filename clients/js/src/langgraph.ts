@@ -20,7 +20,10 @@
  * - a lock (`lock` option or {@link DroverSaver.withLock}): every write
  *   carries the lock's fencing token and is refused with
  *   {@link FencedError} once the lock was lost. Hold the lock across the
- *   whole invocation.
+ *   whole invocation. Its writes being the thread's only ones, the saver
+ *   answers the thread's head and lists from what it read and wrote under
+ *   the lock when it knows the answer (see langgraph-held.ts,
+ *   {@link DroverSaver.seedHead}).
  * - `"none"`: LangGraph's own semantics (the last writer wins); what forks
  *   and `updateState` on an older checkpoint need when no lock is held.
  *
@@ -49,8 +52,11 @@ import { Drover } from "./index.js";
 import { DroverError, NotFoundError } from "./errors.js";
 import type { CheckpointFence, CheckpointRecord, Checkpoints, PutCheckpoint } from "./checkpoints.js";
 import type { Lock } from "./locks.js";
+import { HeldMemory, cmpCodePoints, decodeThreadId, encodeThreadId, heldOf, writeEnvOf, type Envelope, type HeldCheckpoint, type HeldWrite, type SentWrite, type Typed, type WriteEnvelope } from "./langgraph-held.js";
 
 export { ConflictError, FencedError } from "./errors.js";
+export type { CheckpointRecord } from "./checkpoints.js";
+export { decodeThreadId, encodeThreadId } from "./langgraph-held.js";
 
 export interface DroverSaverOptions {
   /** The client (default: `new Drover()`, which reads `$DROVER_URL`). */
@@ -88,71 +94,17 @@ interface ReadyWrite {
   ns: string;
   id: string;
   taskId: string;
-  writes: { channel: string; value: Uint8Array; idx: number }[];
+  writes: SentWrite[];
   /** Failed puts of its thread before it was made. */
   failuresBefore: number;
   resolve: () => void;
   reject: (err: unknown) => void;
 }
 
-/** A serialized value: JSON inline when the serializer produced JSON, base64 otherwise. */
-type Typed = { t: string; j?: unknown; b?: string };
-
-/** What a checkpoint's state bytes hold. */
-interface Envelope {
-  /** Format version. */
-  f: 1;
-  /** The checkpoint without its channel values. */
-  checkpoint: Typed;
-  /** Channels stored in this checkpoint: channel → version (null: no version). */
-  stored: Record<string, string | number | null>;
-  /** Their values (a stored channel without a value is empty). */
-  values: Record<string, Typed>;
-  /** Channels carried from an ancestor: channel → [checkpoint id, version]. */
-  refs: Record<string, [string, string | number]>;
-}
-
-/** A pending write's value bytes hold this. */
-interface WriteEnvelope extends Typed {
-  /** The task path given to putWrites. */
-  p?: string;
-}
-
 const te = new TextEncoder();
 const td = new TextDecoder();
 const fromB64 = (s: string) => new Uint8Array(Buffer.from(s, "base64"));
 const toB64 = (b: Uint8Array) => Buffer.from(b.buffer, b.byteOffset, b.byteLength).toString("base64");
-
-const THREAD_RE = /^[A-Za-z0-9._:-]{1,128}$/;
-const ENCODED_PREFIX = "_x.";
-
-/** A thread id as drover takes it: ids outside its name rule are encoded (base64url). */
-export function encodeThreadId(id: string): string {
-  if (THREAD_RE.test(id) && !id.startsWith(ENCODED_PREFIX)) return id;
-  const e = ENCODED_PREFIX + Buffer.from(id, "utf8").toString("base64url");
-  if (e.length > 128) throw new Error(`thread_id ${JSON.stringify(id.slice(0, 40))}... is too long for drover (at most 128 characters of letters, digits, '.', '_', '-', ':', or about 90 bytes of other text)`);
-  return e;
-}
-
-/** The inverse of {@link encodeThreadId}. */
-export function decodeThreadId(id: string): string {
-  return id.startsWith(ENCODED_PREFIX) ? Buffer.from(id.slice(ENCODED_PREFIX.length), "base64url").toString("utf8") : id;
-}
-
-/** Strings by code point, as LangGraph orders a superstep's writes. */
-function cmpCodePoints(a: string, b: string): number {
-  if (a === b) return 0;
-  const ai = a[Symbol.iterator]();
-  const bi = b[Symbol.iterator]();
-  for (;;) {
-    const x = ai.next();
-    const y = bi.next();
-    if (x.done) return y.done ? 0 : -1;
-    if (y.done) return 1;
-    const d = x.value.codePointAt(0)! - y.value.codePointAt(0)!;
-    if (d !== 0) return d;
-  }
-}
 
 function fenceOf(l: Lock | CheckpointFence | undefined): CheckpointFence | undefined {
   if (!l) return undefined;
@@ -179,6 +131,8 @@ export class DroverSaver extends BaseCheckpointSaver {
   private readonly readyWrites = new Map<string, ReadyWrite[]>();
   /** Per checkpoint: writes waiting for its put to settle. */
   private readonly waitingWrites = new Map<string, number>();
+  /** With a lock: what this saver knows of the threads it holds (see langgraph-held.ts). */
+  private readonly held: HeldMemory | undefined;
 
   constructor(opts: DroverSaverOptions = {}) {
     super(opts.serde);
@@ -189,6 +143,13 @@ export class DroverSaver extends BaseCheckpointSaver {
     this.protection = opts.protection ?? (this.fence ? "none" : "cas");
     this.cacheSize = opts.shareCacheOf?.cacheSize ?? opts.cacheSize ?? 256;
     this.cache = opts.shareCacheOf?.cache ?? new Map();
+    if (this.fence) {
+      const held = (this.held = new HeldMemory(this.cacheSize));
+      // A lock released or whose session was lost: what was known may be stale.
+      const signal = opts.lock && "contender" in opts.lock ? opts.lock.signal : undefined;
+      if (signal?.aborted) held.lose();
+      else signal?.addEventListener("abort", () => held.lose(), { once: true });
+    }
   }
 
   /** The same saver, its writes fenced by this lock (hold it across the invocation). */
@@ -228,7 +189,7 @@ export class DroverSaver extends BaseCheckpointSaver {
 
   /** The envelope of a checkpoint, from the cache or the server. */
   private async envelope(thread: string, ns: string, id: string): Promise<Envelope | undefined> {
-    const hit = this.cache.get(this.key(thread, ns, id));
+    const hit = this.cache.get(this.key(thread, ns, id)) ?? this.held?.env(thread, ns, id);
     if (hit) return hit;
     const rec = await this.cp.get(thread, id, ns);
     if (!rec) return undefined;
@@ -237,12 +198,16 @@ export class DroverSaver extends BaseCheckpointSaver {
     return env;
   }
 
-  /** A record as LangGraph's tuple. */
-  private async tupleOf(rec: CheckpointRecord): Promise<CheckpointTuple> {
-    const thread = rec.thread_id;
-    const ns = rec.checkpoint_ns ?? "";
-    const env = this.envOf(rec);
-    this.remember(thread, ns, rec.checkpoint_id, env);
+  /** A record as held (its state and writes decoded), its state cached. */
+  private heldOf(rec: CheckpointRecord): HeldCheckpoint {
+    const h = heldOf(rec, this.envOf(rec));
+    this.remember(h.thread, h.ns, h.id, h.env);
+    return h;
+  }
+
+  /** A checkpoint as LangGraph's tuple. */
+  private async tupleOf(rec: HeldCheckpoint): Promise<CheckpointTuple> {
+    const { thread, ns, env } = rec;
     const checkpoint = (await this.load(env.checkpoint)) as Checkpoint;
     const values: Record<string, unknown> = {};
     for (const [ch, v] of Object.entries(env.values)) values[ch] = await this.load(v);
@@ -252,36 +217,33 @@ export class DroverSaver extends BaseCheckpointSaver {
     }
     checkpoint.channel_values = values;
     const metadata = (await this.serde.loadsTyped("json", JSON.stringify(rec.metadata ?? {}))) as CheckpointMetadata;
-    const writes = await this.pendingWritesOf(rec);
+    const writes = await this.pendingWritesOf(rec.writes.values());
     const tuple: CheckpointTuple = {
-      config: { configurable: { thread_id: decodeThreadId(thread), checkpoint_ns: ns, checkpoint_id: rec.checkpoint_id } },
+      config: { configurable: { thread_id: decodeThreadId(thread), checkpoint_ns: ns, checkpoint_id: rec.id } },
       checkpoint,
       metadata,
       pendingWrites: writes,
     };
-    if (rec.parent_checkpoint_id) {
-      tuple.parentConfig = { configurable: { thread_id: decodeThreadId(thread), checkpoint_ns: ns, checkpoint_id: rec.parent_checkpoint_id } };
-      if (checkpoint.v < 4) await this.migratePendingSends(checkpoint, thread, ns, rec.parent_checkpoint_id);
+    if (rec.parentId) {
+      tuple.parentConfig = { configurable: { thread_id: decodeThreadId(thread), checkpoint_ns: ns, checkpoint_id: rec.parentId } };
+      if (checkpoint.v < 4) await this.migratePendingSends(checkpoint, thread, ns, rec.parentId);
     }
     return tuple;
   }
 
   /** Pending writes in LangGraph's order: task path, task id, index. */
-  private async pendingWritesOf(rec: CheckpointRecord): Promise<CheckpointPendingWrite[]> {
-    const ws = (rec.pending_writes ?? []).map((w) => {
-      const env = (w.value ? JSON.parse(td.decode(fromB64(w.value))) : { t: "json", j: null }) as WriteEnvelope;
-      return { w, env, path: env.p ?? "" };
-    });
-    ws.sort((a, b) => cmpCodePoints(a.path, b.path) || cmpCodePoints(a.w.task_id, b.w.task_id) || a.w.idx - b.w.idx);
+  private async pendingWritesOf(writes: Iterable<HeldWrite>): Promise<CheckpointPendingWrite[]> {
+    const ws = [...writes];
+    ws.sort((a, b) => cmpCodePoints(a.env.p ?? "", b.env.p ?? "") || cmpCodePoints(a.task_id, b.task_id) || a.idx - b.idx);
     const out: CheckpointPendingWrite[] = [];
-    for (const { w, env } of ws) out.push([w.task_id, w.channel, await this.load(env)]);
+    for (const w of ws) out.push([w.task_id, w.channel, await this.load(w.env)]);
     return out;
   }
 
   /** Checkpoints of format < 4 kept pending sends in the parent's writes. */
   private async migratePendingSends(checkpoint: Checkpoint, thread: string, ns: string, parentId: string): Promise<void> {
     const parent = await this.cp.get(thread, parentId, ns);
-    const writes = parent ? await this.pendingWritesOf(parent) : [];
+    const writes = parent ? await this.pendingWritesOf((parent.pending_writes ?? []).map((w) => ({ task_id: w.task_id, channel: w.channel, idx: w.idx, env: writeEnvOf(w.value) }))) : [];
     const sends = writes.filter(([, ch]) => ch === TASKS).map(([, , v]) => v);
     checkpoint.channel_values ??= {};
     checkpoint.channel_values[TASKS] = sends;
@@ -298,11 +260,46 @@ export class DroverSaver extends BaseCheckpointSaver {
     const thread = encodeThreadId(String(threadId));
     const ns = (config.configurable?.checkpoint_ns as string | undefined) ?? "";
     const id = config.configurable?.checkpoint_id as string | undefined;
-    const rec = id ? await this.cp.get(thread, id, ns) : await this.cp.head(thread, ns);
+    const rec = await this.readOne(thread, ns, id);
     if (!rec) return undefined;
     const tuple = await this.tupleOf(rec);
     if (id) tuple.config = config.configurable?.checkpoint_ns === undefined ? { ...config, configurable: { ...config.configurable, checkpoint_ns: ns } } : config;
     return tuple;
+  }
+
+  /** Checkpoint id, else the head; under a lock, once the writes under way landed, as known (else read, and learned). */
+  private async readOne(thread: string, ns: string, id: string | undefined): Promise<HeldCheckpoint | undefined> {
+    const held = this.held?.usable(thread, ns) ? this.held : undefined;
+    if (held) {
+      await held.settle(thread, ns);
+      const known = id ? held.get(thread, ns, id) : held.head(thread, ns);
+      if (known !== undefined) return known ?? undefined;
+    }
+    const mark = held?.mark(thread, ns) ?? 0;
+    const rec = id ? await this.cp.get(thread, id, ns) : await this.cp.head(thread, ns);
+    const h = rec && this.heldOf(rec);
+    if (held && h && id) held.learnOne(h, mark);
+    else if (held && !id) held.learnHead(thread, ns, h ?? null, mark);
+    return h;
+  }
+
+  /**
+   * Tells a saver holding the thread's lock the head of thread (LangGraph's thread id) in ns as
+   * GET /v1/threads/{id}/head answers it, read under the lock (null: no checkpoint): its reads
+   * of that head, and lists of a thread that had none, then make no request. Without a lock,
+   * or once a write of this saver there landed, it changes nothing.
+   */
+  seedHead(thread: string, ns: string, head: CheckpointRecord | null): void {
+    if (!this.held) return;
+    const t = encodeThreadId(String(thread));
+    if (head && (head.thread_id !== t || (head.checkpoint_ns ?? "") !== ns)) return;
+    let h: HeldCheckpoint | null = null;
+    try {
+      if (head) h = this.heldOf(head);
+    } catch {
+      return; // not a DroverSaver checkpoint: its reads will say so
+    }
+    this.held.learnHead(t, ns, h, 0);
   }
 
   async *list(config: RunnableConfig, options: CheckpointListOptions = {}): AsyncGenerator<CheckpointTuple> {
@@ -315,19 +312,28 @@ export class DroverSaver extends BaseCheckpointSaver {
     let left = limit === undefined ? Infinity : limit;
     if (left <= 0) return;
     const thread = threadId === undefined || threadId === null ? undefined : encodeThreadId(String(threadId));
+    // Under a lock, one thread and namespace without a filter: from what the saver knows, once
+    // the writes under way landed, when it knows all the answer holds (else listed, and learned).
+    const held = thread !== undefined && ns !== undefined && !Object.keys(cleanFilter ?? {}).length && this.held?.usable(thread, ns) ? this.held : undefined;
+    const known = held && !onlyId ? await held.settle(thread!, ns!).then(() => held.list(thread!, ns!, left, beforeId)) : undefined;
+    if (known) {
+      for (const h of known) yield await this.tupleOf(h);
+      return;
+    }
     for (;;) {
       const pageSize = Math.min(1000, left);
       const q = { checkpoint_ns: ns, before: beforeId, limit: pageSize, filter: cleanFilter };
-      const page = thread ? await this.cp.list(thread, q) : await this.cp.listAll(q);
-      for (const rec of page) this.remember(rec.thread_id, rec.checkpoint_ns ?? "", rec.checkpoint_id, this.envOf(rec));
+      const mark = held?.mark(thread!, ns!) ?? 0;
+      const page = (thread ? await this.cp.list(thread, q) : await this.cp.listAll(q)).map((rec) => this.heldOf(rec));
+      held?.learnPage(thread!, ns!, beforeId, pageSize, page, mark);
       for (const rec of page) {
-        if (onlyId && rec.checkpoint_id !== onlyId) continue;
+        if (onlyId && rec.id !== onlyId) continue;
         yield await this.tupleOf(rec);
         if (--left <= 0) return;
       }
       // One thread pages by `before`; across threads the API has no cursor.
       if (!thread || page.length < pageSize) return;
-      beforeId = page[page.length - 1]!.checkpoint_id;
+      beforeId = page[page.length - 1]!.id;
     }
   }
 
@@ -350,13 +356,14 @@ export class DroverSaver extends BaseCheckpointSaver {
     const st = this.putState.get(tn) ?? { inflight: 0, lastError: null, failures: 0 };
     st.inflight++;
     this.putState.set(tn, st);
-    return this.doPut(config, thread, ns, checkpoint, metadata, newVersions).then(
+    const p = this.doPut(config, thread, ns, checkpoint, metadata, newVersions).then(
       (r) => (this.putSettled(key, tn, null), r),
       (err) => {
         this.putSettled(key, tn, err);
         throw err;
       },
     );
+    return this.held ? this.held.track(thread, ns, p, true) : p;
   }
 
   private async doPut(config: RunnableConfig, thread: string, ns: string, checkpoint: Checkpoint, metadata: CheckpointMetadata, newVersions: ChannelVersions): Promise<RunnableConfig> {
@@ -405,6 +412,7 @@ export class DroverSaver extends BaseCheckpointSaver {
     };
     await this.putWith(thread, body, withPut);
     this.remember(thread, ns, checkpoint.id, env);
+    this.held?.putLanded({ thread, ns, id: checkpoint.id, ...(parentId ? { parentId } : {}), metadata: meta, env, writes: new Map() });
     return { configurable: { thread_id: threadId, checkpoint_ns: ns, checkpoint_id: checkpoint.id } };
   }
 
@@ -414,13 +422,20 @@ export class DroverSaver extends BaseCheckpointSaver {
     if (threadId === undefined || threadId === null) throw new Error('DroverSaver.putWrites: the config is missing "thread_id" in "configurable"');
     if (!id) throw new Error('DroverSaver.putWrites: the config is missing "checkpoint_id" in "configurable"');
     const ns = (config.configurable?.checkpoint_ns as string | undefined) ?? "";
-    const out: { channel: string; value: Uint8Array; idx: number }[] = [];
+    const out: SentWrite[] = [];
     for (const [i, [channel, value]] of writes.entries()) {
       const env: WriteEnvelope = await this.dump(value);
       if (taskPath) env.p = taskPath;
-      out.push({ channel, value: te.encode(JSON.stringify(env)), idx: WRITES_IDX_MAP[channel] ?? i });
+      out.push({ channel, value: te.encode(JSON.stringify(env)), idx: WRITES_IDX_MAP[channel] ?? i, env });
     }
     const thread = encodeThreadId(String(threadId));
+    if (!this.held) return this.writeWhenStored(thread, ns, id, taskId, out);
+    const done = this.held.replacing(thread, ns, id, taskId, out);
+    return this.held.track(thread, ns, this.writeWhenStored(thread, ns, id, taskId, out), false).finally(done);
+  }
+
+  /** Sends a task's writes of checkpoint id once it is stored, or with the put of its child. */
+  private async writeWhenStored(thread: string, ns: string, id: string, taskId: string, out: SentWrite[]): Promise<void> {
     const key = this.key(thread, ns, id);
     const tn = this.key(thread, ns, "");
     // LangGraph sends a step's writes without waiting for the put of its
@@ -479,7 +494,12 @@ export class DroverSaver extends BaseCheckpointSaver {
       await this.cp.put(thread, body);
       return;
     }
-    if (carry) for (const w of withPut) w.resolve();
+    if (carry) {
+      for (const w of withPut) {
+        this.held?.writesLanded(w.thread, w.ns, w.id, w.taskId, w.writes);
+        w.resolve();
+      }
+    }
   }
 
   /** Sends the ready writes of a checkpoint that no put took along. */
@@ -501,6 +521,7 @@ export class DroverSaver extends BaseCheckpointSaver {
       const putDoneBefore = this.putOutcomes.has(key);
       try {
         await this.cp.putWrites(thread, id, { checkpoint_ns: ns, task_id: taskId, writes: out, ...(this.fence ? { fence: this.fence } : {}) });
+        this.held?.writesLanded(thread, ns, id, taskId, out);
         return;
       } catch (err) {
         if (!(err instanceof NotFoundError)) throw err;
@@ -568,6 +589,7 @@ export class DroverSaver extends BaseCheckpointSaver {
   async deleteThread(threadId: string): Promise<void> {
     const thread = encodeThreadId(String(threadId));
     await this.cp.deleteThread(thread);
+    this.held?.forgetThread(thread);
     const prefix = `${thread}\u0000`;
     for (const k of [...this.cache.keys()]) if (k.startsWith(prefix)) this.cache.delete(k);
   }
