@@ -2,12 +2,17 @@
 // stream (GET /v1/agent-server/runs/stops), against a real drover server:
 // a cancel reaches the runtime with no read of its task, a stop before the
 // watch is remembered, a cut connection resumes with the stops meanwhile,
-// and a server without the route (404) gets the per-task reads instead.
+// a restarted server's stream goes on after the revision reached, and a
+// server without the route (404) gets the per-task reads instead.
 import { test, after, before } from "node:test";
 import assert from "node:assert/strict";
 import { Drover } from "../dist/index.js";
 import { RunStops } from "../dist/agentserver-cancels.js";
-import { sharedServer, uniq, until, withTimeout } from "./helpers/server.mjs";
+import { spawn } from "node:child_process";
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { droverBin, freePort, sharedServer, uniq, until, withTimeout } from "./helpers/server.mjs";
 import { startProxy } from "./helpers/proxy.mjs";
 
 let srv;
@@ -37,8 +42,8 @@ function counting({ noStops = false } = {}) {
  * stops, and ends when its stop comes. started(id) resolves once task id
  * runs; stopped(id) with its stop.
  */
-async function setup(t, stopsDrover, ns) {
-  const d = new Drover({ url: srv.url, namespace: ns });
+async function setup(t, stopsDrover, ns, url = srv.url) {
+  const d = new Drover({ url, namespace: ns });
   await d.transport.put("/v1/agent-server/graphs/agent", {});
   const stops = new RunStops({ drover: stopsDrover, keepaliveS: 1 });
   const started = new Map();
@@ -145,4 +150,53 @@ test("RunStops: a server without the route (404) gets the per-task reads", async
   assert.equal(stop.revision, 0, "seen by a read");
   assert.equal(c.stopsOpened, 1, "the stream was not asked for again");
   assert.equal(s.stops.stats.fallbacks, 1);
+});
+
+/** A drover server of its own on a data dir it keeps: restart() stops it (SIGTERM) and starts it again on the same ports. */
+async function ownServer() {
+  const dataDir = mkdtempSync(join(tmpdir(), "drover-data-"));
+  const [p1, p2, p3] = [await freePort(), await freePort(), await freePort()];
+  const args = ["server", "--data-dir", dataDir, "--etcd-listen", `http://127.0.0.1:${p1}`, "--etcd-peer-listen", `http://127.0.0.1:${p2}`, "--http-listen", `127.0.0.1:${p3}`];
+  const url = `http://127.0.0.1:${p3}`;
+  let proc;
+  const start = async () => {
+    proc = spawn(droverBin(), args, { stdio: ["ignore", "ignore", "ignore"] });
+    await until(() => fetch(`${url}/readyz`, { signal: AbortSignal.timeout(1000) }).then((r) => r.status === 200, () => false), 30_000, "the server was not ready");
+  };
+  const halt = async () => {
+    const exited = new Promise((r) => proc.once("exit", r));
+    proc.kill("SIGTERM");
+    await withTimeout(exited, 20_000, "the server did not stop");
+  };
+  await start();
+  return {
+    url,
+    restart: async () => {
+      await halt();
+      await start();
+    },
+    stop: async () => {
+      await halt();
+      rmSync(dataDir, { recursive: true, force: true });
+    },
+  };
+}
+
+test("RunStops: after the server restarts, the stream reopens after the revision reached, and a cancel arrives", async (t) => {
+  const own = await ownServer();
+  t.after(() => own.stop());
+  const ns = uniq("stops");
+  const c = counting();
+  const s = await setup(t, new Drover({ url: own.url, namespace: ns, fetch: c.fetch }), ns, own.url);
+  await withTimeout(s.stops.ready(), 10_000, "the stream was not live");
+  const r = await s.run();
+  await withTimeout(s.started(r.id), 20_000, "the run did not start");
+  await own.restart();
+  await until(() => c.stopsOpened >= 2 && s.stops.state === "live", 30_000, () => `the stream was not live again (${c.stopsOpened} opened, ${s.stops.state})`);
+  await s.cancel(r);
+  const stop = await withTimeout(s.stopped(r.id), 10_000, "the cancel after the restart did not arrive");
+  assert.equal(stop.task_id, r.id);
+  assert.ok(stop.revision > 0, "the stop came from the stream");
+  assert.equal(c.taskReads, 0, "the reopened stream needed no read of the task");
+  assert.equal(s.stops.stats.checks, 0);
 });
