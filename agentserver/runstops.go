@@ -132,7 +132,7 @@ func (s *server) stopsResumable(ctx context.Context, prefix, h string) (int64, e
 
 // streamStops answers the stream: without from, the signals present
 // and ready at the revision they were read at; with it, ready at from.
-// Then every signal after it (followStops).
+// Then every signal after it (follow).
 func (s *server) streamStops(ctx context.Context, w http.ResponseWriter, req *http.Request, prefix string, from int64, every time.Duration) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
