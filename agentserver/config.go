@@ -80,6 +80,7 @@ func Register(api huma.API, cfg Config) error {
 	s.threadRoutes(api)
 	s.graphRoutes(api)
 	s.runRoutes(api)
+	s.runStopsRoute(api)
 	s.storeRoutes(api)
 	s.cronRoutes(api)
 	if cfg.Truncate {

@@ -63,7 +63,7 @@ func TestOpenAPIMatchesRoutes(t *testing.T) {
 	n := 0
 	for _, p := range paths {
 		for method := range spec.Paths[p] {
-			if strings.HasPrefix(p, "/v1/registry/") && strings.HasSuffix(p, "/watch") {
+			if strings.HasPrefix(p, "/v1/registry/") && strings.HasSuffix(p, "/watch") || p == "/v1/agent-server/runs/stops" {
 				continue // a stream: checked by its own tests
 			}
 			url := param.ReplaceAllString(p, "x1")

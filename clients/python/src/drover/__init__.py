@@ -55,6 +55,7 @@ from .locks import Lock
 from .paxos import EndpointStatus, PaxosLockInfo, PaxosLocks
 from .queues import OutcomeResult, Queue, Rejected, SubmitResult, Task
 from .registry import Registration, Watch, WatchEvent
+from .runstops import RunStopEvent, RunStops
 from .streams import DROVER_EVENT_TYPES, Follow, StreamEvent, StreamWriter
 from .stepstream import step_emit, step_stream, step_token
 from .schedules import Schedules
@@ -102,6 +103,8 @@ __all__ = _errors.__all__ + [
     "Schedules",
     "Watch",
     "WatchEvent",
+    "RunStops",
+    "RunStopEvent",
     "CheckpointClient",
     "CheckpointTuple",
     "JsonSerde",

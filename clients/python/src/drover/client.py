@@ -16,6 +16,7 @@ from .schedules import Schedules
 from .locks import Lock
 from .queues import Queue, SubmitResult, Task
 from .errors import Conflict, InboxFull, TaskFinished
+from .runstops import RunStops
 from .registry import Registration, Watch
 from .streams import Follow, StreamWriter
 from .sessions import Session
@@ -356,6 +357,15 @@ class Client:
         :class:`WatchEvent` (a ``snapshot``, then ``put`` and ``delete``),
         reconnecting with ``Last-Event-ID`` when the stream breaks."""
         return Watch(self, component, last_event_id=last_event_id, reconnects=reconnects, idle_timeout=idle_timeout)
+
+    def run_stops(self, *, last_event_id: Optional[str] = None, keepalive: int = 5) -> RunStops:
+        """Follow the stops of the namespace's Agent Server runs (``GET
+        /v1/agent-server/runs/stops``): an iterator of :class:`RunStopEvent`
+        (``stop`` per cancelled task of queue ``langgraph``, ``ready`` once
+        live, ``reset`` when stops may have been missed), reconnecting with
+        ``Last-Event-ID`` when the stream breaks. For a runtime: one stream
+        instead of a read of each running run's task every while."""
+        return RunStops(self, last_event_id=last_event_id, keepalive=keepalive)
 
     # -- checkpoints -------------------------------------------------------
 
