@@ -73,9 +73,22 @@ export interface RunStopsStats {
   fallbacks: number;
 }
 
-/** The fallback's bounds, as the runtime's reads of its tasks had them. */
-const FALLBACK_READS_PER_S = 40;
-const FALLBACK_MAX_MS = 2_000;
+/** The most reads a second of running runs' tasks, to see a cancel, for all the runs of a runtime (the fallback). */
+const CANCEL_READS_PER_S = 40;
+
+/** The longest a run goes without a read of its task, however many runs are under way: a cancel's bound. */
+const CANCEL_POLL_MAX_MS = 2_000;
+
+/**
+ * How long a run waits between reads of its task, with `running` runs under way: `pollMs`, or
+ * longer so that they read at most CANCEL_READS_PER_S tasks a second, but never more than
+ * CANCEL_POLL_MAX_MS (nor less than pollMs): past that many runs, a cancel is seen late no more.
+ * @internal
+ */
+export function cancelPollEvery(pollMs: number, running: number): number {
+  return Math.max(pollMs, Math.min(CANCEL_POLL_MAX_MS, (1000 * running) / CANCEL_READS_PER_S));
+}
+
 
 interface Watched {
   onStop: (stop: RunStop) => void;
@@ -202,7 +215,7 @@ export class RunStops {
   private poll(taskId: string, onStop: (stop: RunStop) => void): () => void {
     let timer: ReturnType<typeof setTimeout> | undefined;
     let on = true;
-    const every = () => Math.max(this.opts.fallbackPollMs ?? 250, Math.min(FALLBACK_MAX_MS, (1000 * this.watched.size) / FALLBACK_READS_PER_S));
+    const every = () => cancelPollEvery(this.opts.fallbackPollMs ?? 250, this.watched.size);
     const tick = () => {
       this.check(taskId)
         .then(

@@ -17,45 +17,29 @@
  */
 import { Command } from "@langchain/langgraph";
 import type { RunnableConfig } from "@langchain/core/runnables";
-import type { ChannelVersions, Checkpoint, CheckpointMetadata } from "@langchain/langgraph-checkpoint";
 import { Drover } from "./index.js";
-import { DroverSaver } from "./langgraph.js";
 import { DroverStore } from "./agentstore.js";
 import { runEvents, type EventStreamingGraph } from "./agentserver-stream.js";
 import { graphRegistrationSchemas, schemaParser, staticSchemas, type GraphSchema, type GraphSourceSpec, type SubgraphGraph } from "./agentserver-schema.js";
 import { ConflictError, DroverError, NotFoundError } from "./errors.js";
 import { EarlierEvents, RunStreamWriter, isTransient } from "./agentserver-writer.js";
+import { RunStops } from "./agentserver-cancels.js";
+import { LENT_CHECKPOINTER, NEW_STATES_PAGE, RunSaver, checkpointOf, historyOf, newStates, plain, threadConfig, threadState, type RunnableGraph } from "./agentserver-state.js";
 import { Lock, type LockAcquired } from "./locks.js";
 import type { CheckpointRecord } from "./checkpoints.js";
 import type { QueueTask } from "./queue.js";
 import type { TaskContext, Worker, WorkerStats } from "./worker.js";
 
 export { DroverStore } from "./agentstore.js";
+export { plain, type RunnableGraph } from "./agentserver-state.js";
+export { cancelPollEvery } from "./agentserver-cancels.js";
 
 /** The queue that carries runs (the server's `agentserver.RunsQueue`). */
 export const RUNS_QUEUE = "langgraph";
 
-/** The configurable key by which LangGraph lends a graph a checkpointer for one run (its CONFIG_KEY_CHECKPOINTER). */
-const LENT_CHECKPOINTER = "__pregel_checkpointer";
 
 /** Checkpoints the runtime's savers keep in memory, together (see DroverSaverOptions.shareCacheOf). */
 const RUNTIME_CACHE = 2048;
-
-/** The most reads a second of running runs' tasks, to see a cancel, for all the runs of a runtime (see cancelPollMs). */
-const CANCEL_READS_PER_S = 40;
-
-/** The longest a run goes without a read of its task, however many runs are under way: a cancel's bound. */
-const CANCEL_POLL_MAX_MS = 2_000;
-
-/**
- * How long a run waits between reads of its task, with `running` runs under way: `pollMs`, or
- * longer so that they read at most CANCEL_READS_PER_S tasks a second, but never more than
- * CANCEL_POLL_MAX_MS (nor less than pollMs): past that many runs, a cancel is seen late no more.
- * @internal
- */
-export function cancelPollEvery(pollMs: number, running: number): number {
-  return Math.max(pollMs, Math.min(CANCEL_POLL_MAX_MS, (1000 * running) / CANCEL_READS_PER_S));
-}
 
 /** LangGraph's durabilities of a run's checkpoints (the SDK's `durability`). */
 const DURABILITIES = new Set(["sync", "async", "exit"]);
@@ -63,16 +47,6 @@ const DURABILITIES = new Set(["sync", "async", "exit"]);
 /** How many times a runtime sends a run's outcome before it fails the task (which runs the graph again, resumed). */
 const OUTCOME_ATTEMPTS = 4;
 
-/** What a compiled LangGraph graph offers the runtime (a `CompiledStateGraph`). */
-export interface RunnableGraph {
-  checkpointer?: unknown;
-  store?: unknown;
-  stream(input: unknown, options: Record<string, unknown>): Promise<AsyncIterable<unknown>>;
-  getState(config: RunnableConfig, options?: Record<string, unknown>): Promise<StateSnapshotLike>;
-  getStateHistory(config: RunnableConfig, options?: Record<string, unknown>): AsyncIterableIterator<StateSnapshotLike>;
-  getGraphAsync?(config?: RunnableConfig): Promise<{ toJSON(): unknown }>;
-  updateState?(config: RunnableConfig, values: unknown, asNode?: string): Promise<RunnableConfig>;
-}
 
 /** A state update's task parameters, as the server submits them. */
 interface UpdateTask {
@@ -85,15 +59,6 @@ interface UpdateTask {
   assistant_config?: RunnableConfig;
 }
 
-interface StateSnapshotLike {
-  values: unknown;
-  next: string[];
-  tasks: { id: string; name: string; error?: unknown; interrupts?: unknown[]; path?: unknown; state?: unknown; result?: unknown }[];
-  metadata?: Record<string, unknown>;
-  createdAt?: string;
-  config: RunnableConfig;
-  parentConfig?: RunnableConfig;
-}
 
 /** A graph as `langgraph.json` may export it. */
 export type GraphSource = RunnableGraph | Promise<RunnableGraph> | ((config: RunnableConfig) => RunnableGraph | Promise<RunnableGraph>);
@@ -180,6 +145,8 @@ export class AgentServerRuntime {
   private readonly saver: RunSaver;
   private readonly store: DroverStore;
   private worker?: Worker;
+  /** The stops of the runs, pushed by the server (one stream for all the runs). */
+  private stops?: RunStops;
   /** Runs under way (their graphs, not state updates). */
   private running = 0;
 
@@ -214,6 +181,10 @@ export class AgentServerRuntime {
       await this.drover.transport.put(`/v1/agent-server/graphs/${encodeURIComponent(id)}`, body);
       bodies.push([id, source, body]);
     }
+    // Live before the first claim, so that no run's task is read for a stop (bounded: a server
+    // without the stream answers 404 at once, and the runs' tasks are then read as before).
+    this.stops = new RunStops({ drover: this.drover, fallbackPollMs: this.opts.cancelPollMs, onError: this.opts.onError });
+    await Promise.race([this.stops.ready(), new Promise((r) => setTimeout(r, 5_000).unref())]);
     this.worker = this.drover.worker(RUNS_QUEUE, { concurrency: this.opts.concurrency ?? 4, ttl: this.opts.ttl, signals: false, onError: this.opts.onError }, (t, ctx) => this.run(t, ctx));
     this.schemasRegistered = this.registerSchemas(bodies);
   }
@@ -248,13 +219,15 @@ export class AgentServerRuntime {
   /** Stops claiming, lets the runs under way end, and resolves then. */
   async stop(): Promise<void> {
     await this.worker?.drain();
+    await this.stops?.close();
   }
 
   /**
    * Runs one run's task, ended early when the task is cancelled (a run's
-   * cancel cancels its task): its status is read every `cancelPollMs`,
-   * and the graph's signal fires once it is CANCELLED, so that the graph
-   * stops before its next step writes a checkpoint.
+   * stop cancels its task): the server pushes the stop on the runtime's
+   * stream of stops (an older server: the task is read every
+   * `cancelPollMs`), and the graph's signal fires, so that the graph stops
+   * before its next step writes a checkpoint.
    */
   private async run(task: QueueTask, ctx: TaskContext): Promise<unknown> {
     const op = task.parameters as UpdateTask;
@@ -263,34 +236,9 @@ export class AgentServerRuntime {
     const onLost = () => ac.abort(ctx.signal.reason);
     if (ctx.signal.aborted) onLost();
     else ctx.signal.addEventListener("abort", onLost, { once: true });
-    // One read at a time, the next one a while after: every cancelPollMs while few runs are under
-    // way, and no more than CANCEL_READS_PER_S reads a second for all of them when many are, so
-    // that the reads do not take the time of the runs (each one a request for the runtime and a
-    // few reads for drover).
-    let poll: ReturnType<typeof setTimeout> | undefined;
-    let polling = true;
-    // When the task was last read: the read after the lock counts as one of the poll's.
-    let lastRead = Date.now();
-    const every = () => cancelPollEvery(this.opts.cancelPollMs ?? 250, this.running);
-    const read = () => {
-      if (!polling || ac.signal.aborted) return;
-      const wait = lastRead + every() - Date.now();
-      if (wait > 0) {
-        poll = setTimeout(read, wait);
-        return;
-      }
-      lastRead = Date.now();
-      this.drover.tasks
-        .get(RUNS_QUEUE, task.task_id)
-        .then(
-          (t) => t.current_status === "CANCELLED" && ac.abort(new Error("the run was cancelled")),
-          (e) => this.opts.onError?.(e),
-        )
-        .finally(() => {
-          if (polling) poll = setTimeout(read, every());
-        });
-    };
-    poll = setTimeout(read, every());
+    // A stop (cancel, interrupt, rollback) cancels the task: the server pushes it on the runtime's
+    // stream of stops (from a server without one, the task is read every cancelPollMs).
+    this.stops?.watch(task.task_id, () => ac.abort(new Error("the run was cancelled")));
     this.running++;
     let held: HeldLock | undefined;
     try {
@@ -301,17 +249,15 @@ export class AgentServerRuntime {
       const run = (task.parameters as RunTask).run;
       const begun = await this.begin(run, ctx, ac.signal);
       held = begun.held;
-      lastRead = Date.now();
       if (begun.cancelled) ac.abort(new Error("the run was cancelled"));
       ac.signal.throwIfAborted();
       const saver = new RunSaver({ drover: this.drover, protection: "none", lock: held!.lock, shareCacheOf: this.saver });
-      const seeding = saver as RunSaver & { seedHead?: (thread: string, ns: string, head: CheckpointRecord | null) => void };
-      if (begun.head !== undefined && typeof seeding.seedHead === "function") seeding.seedHead(run.thread_id, "", begun.head);
+      // The head the start read: the graph's first read and the outcome's walk need no request.
+      if (begun.head !== undefined) saver.seedHead(run.thread_id, "", begun.head);
       return await this.runGraph(task, { ...ctx, signal: ac.signal }, saver, held);
     } finally {
       this.running--;
-      polling = false;
-      clearTimeout(poll);
+      this.stops?.unwatch(task.task_id);
       ctx.signal.removeEventListener("abort", onLost);
       // Waited for before the task ends: a task that ended with its release still on its way lost
       // the ends of its streams to a client that followed it across a member's failure (the
@@ -395,7 +341,7 @@ export class AgentServerRuntime {
         await out.emit("metadata", { run_id: run.run_id, attempt: ctx.attempt });
         // A retry of a run whose graph already wrote checkpoints resumes from them: sending the input
         // again would run its first node twice (a duplicate turn).
-        const resumed = ctx.attempt > 1 && ((await this.saver.getTuple(threadConfig(run.thread_id)))?.metadata as { run_id?: string } | undefined)?.run_id === run.run_id;
+        const resumed = ctx.attempt > 1 && ((await saver.getTuple(threadConfig(run.thread_id)))?.metadata as { run_id?: string } | undefined)?.run_id === run.run_id;
         const input = resumed ? null : kw.command ? new Command(kw.command as ConstructorParameters<typeof Command>[0]) : kw.input;
         // A resumed run continues from the thread's latest checkpoint, its own: the checkpoint it
         // forked from would run its continuation again, without its input.
@@ -438,7 +384,7 @@ export class AgentServerRuntime {
     for (let attempt = 1; ; attempt++) {
       try {
         // An earlier attempt's states are not counted by this run's saver.
-        await this.putOutcome(graph, config, run, ctx, status, error, ctx.attempt === 1 && saver !== this.saver ? saver.rootPuts(run.thread_id) : undefined, held);
+        await this.putOutcome(graph, config, run, ctx, status, error, ctx.attempt === 1 && saver !== this.saver ? saver.rootPuts(run.thread_id) : undefined, held, saver !== this.saver ? saver : undefined);
         break;
       } catch (e) {
         // The run (or its thread) was deleted while it ran: nothing to record, and nothing to retry.
@@ -469,8 +415,10 @@ export class AgentServerRuntime {
    * server holds (`history_append`); should the server not hold that one (a run stopped before
    * its outcome wrote states in between), the whole history, as far as the server keeps it.
    */
-  private async putOutcome(graph: RunnableGraph | undefined, config: RunnableConfig, run: RunTask["run"], ctx: TaskContext, status: string, error: unknown, written = NEW_STATES_PAGE, held?: HeldLock): Promise<void> {
-    const state = graph ? await threadState(graph, config) : undefined;
+  private async putOutcome(graph: RunnableGraph | undefined, config: RunnableConfig, run: RunTask["run"], ctx: TaskContext, status: string, error: unknown, written = NEW_STATES_PAGE, held?: HeldLock, saver?: RunSaver): Promise<void> {
+    // Read through the run's saver (when given): it holds the thread's lock and knows what it
+    // wrote, so that the state and the new states cost no request.
+    const state = graph ? await threadState(graph, config, saver) : undefined;
     const limit = this.opts.historyLimit ?? 100;
     // The server keeps the history that fits 1 MiB beside the state; send no more than it can keep.
     const room = (this.opts.historyBytes ?? 1 << 20) - JSON.stringify(state ?? null).length;
@@ -484,7 +432,7 @@ export class AgentServerRuntime {
     };
     // The states it wrote and the one before them, when the run's saver counted them: no more read.
     const page = Math.min(limit, NEW_STATES_PAGE, written + 1);
-    const added = graph ? await newStates(graph, run, page, room) : undefined;
+    const added = graph ? await newStates(graph, run.thread_id, run.run_id, page, room, saver) : undefined;
     if (added?.joins) {
       try {
         await put({ ...body, history: added.states, history_append: true, history_limit: limit });
@@ -495,7 +443,7 @@ export class AgentServerRuntime {
     }
     // Not joined: the states read are the whole history when they are all there is or all that is kept.
     const whole = added && !added.joins && (added.states.length < page || page === limit);
-    const history = whole ? added.states : graph ? await historyOf(graph, run, limit, room) : [];
+    const history = whole ? added.states : graph ? await historyOf(graph, run.thread_id, limit, room, saver) : [];
     await put({ ...body, ...(history.length ? { history } : {}) });
   }
 }
@@ -514,85 +462,6 @@ interface RunStartAnswer {
   head: CheckpointRecord | null;
 }
 
-/** How many of a thread's newest states a run's outcome reads first, looking for the newest one the run did not write. */
-const NEW_STATES_PAGE = 16;
-
-/**
- * The thread's newest states (at most `limit`, and `room` bytes as JSON) down to the first that
- * run did not write, that one included (`joins`: the server's stored history holds it, as far as
- * this runtime knows). Without such a state among them, they are the thread's newest states
- * (all of its history when fewer than `limit`).
- */
-async function newStates(graph: RunnableGraph, run: RunTask["run"], limit: number, room: number): Promise<{ states: unknown[]; joins: boolean }> {
-  const states: unknown[] = [];
-  for await (const s of graph.getStateHistory(threadConfig(run.thread_id), { limit })) {
-    const st = toThreadState(s);
-    room -= JSON.stringify(st).length;
-    if (room < 0) return { states, joins: false };
-    states.push(st);
-    if ((s.metadata as { run_id?: unknown } | undefined)?.run_id !== run.run_id) return { states, joins: true };
-  }
-  return { states, joins: false };
-}
-
-/** The thread's newest states, at most `limit` and `room` bytes as JSON. */
-async function historyOf(graph: RunnableGraph, run: RunTask["run"], limit: number, room: number): Promise<unknown[]> {
-  const history: unknown[] = [];
-  for await (const s of graph.getStateHistory(threadConfig(run.thread_id), { limit })) {
-    const st = toThreadState(s);
-    room -= JSON.stringify(st).length;
-    if (room < 0) break;
-    history.push(st);
-  }
-  return history;
-}
-
-/** Keys of a run's configurable that LangGraph's server leaves out of a checkpoint's metadata. */
-const notInMetadata = new Set(["checkpoint_ns", "checkpoint_id", "run_id", "thread_id"]);
-
-/**
- * DroverSaver that writes into each checkpoint's metadata what LangGraph's
- * server writes there: the run's configurable (but its internal keys and
- * the checkpoint's own coordinates), the run's metadata (the SDK's
- * `metadata` of the run: a thread's history filters on it), and the run's
- * id, by which a retried run finds its own checkpoints.
- */
-class RunSaver extends DroverSaver {
-  /** Checkpoints put per thread in the root namespace. */
-  private readonly puts = new Map<string, number>();
-
-  /** How many checkpoints of thread's root namespace this saver put (LangGraph's thread id). */
-  rootPuts(thread: string): number {
-    return this.puts.get(thread) ?? 0;
-  }
-
-  override put(config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata, newVersions: ChannelVersions): Promise<RunnableConfig> {
-    const id = config.configurable?.run_id;
-    const fromConfig = Object.fromEntries(
-      Object.entries(config.configurable ?? {}).filter(([k, v]) => !k.startsWith("__") && !notInMetadata.has(k) && isJSONValue(v)),
-    );
-    const merged = { ...fromConfig, ...(config.metadata ?? {}), ...metadata, ...(typeof id === "string" ? { run_id: id } : {}) };
-    const thread = String(config.configurable?.thread_id);
-    const root = !config.configurable?.checkpoint_ns;
-    return super.put(config, checkpoint, merged as CheckpointMetadata, newVersions).then((r) => {
-      if (root) this.puts.set(thread, (this.puts.get(thread) ?? 0) + 1);
-      return r;
-    });
-  }
-}
-
-/** Whether v is JSON as it is (no function, class instance or cycle): what metadata can hold. */
-function isJSONValue(v: unknown): boolean {
-  if (v === null || ["string", "number", "boolean"].includes(typeof v)) return true;
-  if (typeof v !== "object" || (Object.getPrototypeOf(v) !== Object.prototype && !Array.isArray(v))) return false;
-  try {
-    JSON.stringify(v);
-    return true;
-  } catch {
-    return false;
-  }
-}
-
 /** obj without its undefined keys: LangGraph spreads run options over a graph's bound config. */
 function omitUndefined<T extends Record<string, unknown>>(obj: T): T {
   return Object.fromEntries(Object.entries(obj).filter(([, v]) => v !== undefined)) as T;
@@ -607,10 +476,6 @@ function withoutCheckpoint(c: RunnableConfig["configurable"]): RunnableConfig["c
 /** Whether an answer to the outcome PUT would come again on a retry: a 4xx other than 408 and 429. */
 function isFinal(e: unknown): boolean {
   return e instanceof ConflictError || (e instanceof DroverError && e.status >= 400 && e.status < 500 && e.status !== 408 && e.status !== 429);
-}
-
-function threadConfig(thread: string): RunnableConfig {
-  return { configurable: { thread_id: thread, checkpoint_ns: "" } };
 }
 
 /** The run's config: the assistant's, then the run's, then the thread. */
@@ -638,60 +503,4 @@ function runConfig(p: RunTask, run: RunTask["run"]): RunnableConfig {
       ...(cp ? { checkpoint_id: cp } : {}),
     },
   };
-}
-
-async function threadState(graph: RunnableGraph, config: RunnableConfig): Promise<unknown> {
-  // With subgraphs: the server answers each subgraph task's state, or its reference, as asked.
-  const s = await graph.getState(threadConfig(String(config.configurable?.thread_id)), { subgraphs: true });
-  return toThreadState(s);
-}
-
-function checkpointOf(c: RunnableConfig | undefined): unknown {
-  const cf = c?.configurable;
-  if (!cf?.checkpoint_id) return null;
-  return { thread_id: cf.thread_id, checkpoint_ns: cf.checkpoint_ns ?? "", checkpoint_id: cf.checkpoint_id, checkpoint_map: cf.checkpoint_map ?? null };
-}
-
-/** A LangGraph StateSnapshot as the Agent Server answers it (LangGraph's stateSnapshotToThreadState). */
-function toThreadState(s: StateSnapshotLike, depth = 0): unknown {
-  return {
-    values: plain(s.values ?? {}),
-    next: s.next ?? [],
-    tasks: (s.tasks ?? []).map((t) => {
-      // A subgraph task: its state (read with subgraphs) or its config; both are reported, the
-      // server answers one of them as the request asks.
-      const st = t.state as (StateSnapshotLike & { configurable?: Record<string, unknown> }) | undefined;
-      const nested = st != null && "values" in st && "next" in st && depth < 32 ? st : undefined;
-      const cf = nested ? nested.config?.configurable : st?.configurable;
-      return {
-        id: t.id,
-        name: t.name,
-        error: t.error != null ? String((t.error as Error)?.message ?? t.error) : null,
-        interrupts: plain(t.interrupts ?? []),
-        path: plain(t.path ?? null),
-        checkpoint: cf ? { thread_id: cf.thread_id, checkpoint_ns: cf.checkpoint_ns ?? "" } : null,
-        state: nested ? toThreadState(nested, depth + 1) : null,
-        result: plain(t.result ?? null),
-      };
-    }),
-    metadata: plain(s.metadata ?? {}),
-    created_at: s.createdAt ?? null,
-    checkpoint: checkpointOf(s.config),
-    parent_checkpoint: checkpointOf(s.parentConfig),
-  };
-}
-
-/** A value as JSON the way LangGraph's server writes it: messages as `{type, content, ...}`. */
-export function plain(v: unknown, depth = 0): unknown {
-  if (v == null || typeof v !== "object" || depth > 64) return v;
-  if (Array.isArray(v)) return v.map((x) => plain(x, depth + 1));
-  const m = v as { toDict?: () => { type: string; data: Record<string, unknown> }; lc_serializable?: boolean };
-  if (typeof m.toDict === "function" && m.lc_serializable) {
-    const d = m.toDict();
-    return plain({ ...d.data, type: d.type }, depth + 1);
-  }
-  if (v instanceof Date) return v.toISOString();
-  const out: Record<string, unknown> = {};
-  for (const [k, x] of Object.entries(v)) if (x !== undefined && typeof x !== "function") out[k] = plain(x, depth + 1);
-  return out;
 }
