@@ -16,10 +16,12 @@ export interface ClientOptions {
    * An undici `Dispatcher` handed to `fetch` with every request: the way to
    * give Node's built-in fetch a custom CA, a client certificate or a proxy,
    * e.g. `new Agent({ connect: { ca } })` from the `undici` package. Without
-   * one, Node trusts its bundled CAs plus `NODE_EXTRA_CA_CERTS`.
+   * one, Node trusts its bundled CAs plus `NODE_EXTRA_CA_CERTS`. With one,
+   * every request goes through fetch (else, under Node, those that stream
+   * neither way go through `node:http`).
    */
   dispatcher?: unknown;
-  /** The fetch implementation to use (default the global `fetch`). */
+  /** The fetch implementation to use for every request (default: `node:http` under Node for requests that stream neither way, the global `fetch` for the rest). */
   fetch?: typeof fetch;
   /** How long one request may take before it is abandoned, in ms (default 30000; long polls add their wait). */
   timeoutMs?: number;
