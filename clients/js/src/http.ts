@@ -1,5 +1,6 @@
 import { ConnectionError, DroverError, errorFromProblem, type Problem } from "./errors.js";
 import { startRequestSpan } from "./tracing.js";
+import { headersOf, NodeFailure, nodeSender, REDIRECTS, CONNECT_TIMEOUT, type NodeSender } from "./nodehttp.js";
 
 /** How to reach a drover server. */
 export interface ClientOptions {
@@ -15,10 +16,12 @@ export interface ClientOptions {
    * An undici `Dispatcher` handed to `fetch` with every request: the way to
    * give Node's built-in fetch a custom CA, a client certificate or a proxy,
    * e.g. `new Agent({ connect: { ca } })` from the `undici` package. Without
-   * one, Node trusts its bundled CAs plus `NODE_EXTRA_CA_CERTS`.
+   * one, Node trusts its bundled CAs plus `NODE_EXTRA_CA_CERTS`. With one,
+   * every request goes through fetch (else, under Node, those that stream
+   * neither way go through `node:http`).
    */
   dispatcher?: unknown;
-  /** The fetch implementation to use (default the global `fetch`). */
+  /** The fetch implementation to use for every request (default: `node:http` under Node for requests that stream neither way, the global `fetch` for the rest). */
   fetch?: typeof fetch;
   /** How long one request may take before it is abandoned, in ms (default 30000; long polls add their wait). */
   timeoutMs?: number;
@@ -72,9 +75,8 @@ const sleep = (ms: number, signal?: AbortSignal) =>
   });
 export { sleep };
 
-/** Retry-After in seconds, if the header holds a number. */
-function retryAfterOf(h: Headers): number | undefined {
-  const v = h.get("retry-after");
+/** Retry-After in seconds, if the header holds a number (or a date). */
+function retryAfterOf(v: string | null | undefined): number | undefined {
   if (v == null) return undefined;
   const n = Number(v);
   if (Number.isFinite(n)) return n;
@@ -85,9 +87,8 @@ function retryAfterOf(h: Headers): number | undefined {
 /** Encodes one path segment. */
 export const seg = (s: string | number) => encodeURIComponent(String(s));
 
-/** Why a fetch failed, shortly (ECONNREFUSED, "other side closed"). @internal */
-/** Codes of a connection that failed before a request was sent. */
-const NOT_SENT = new Set(["ECONNREFUSED", "ENOTFOUND", "EAI_AGAIN", "ENETUNREACH", "EHOSTUNREACH", "UND_ERR_CONNECT_TIMEOUT"]);
+/** Codes of a connection that failed before a request was sent (fetch's, and node:http's). */
+const NOT_SENT = new Set(["ECONNREFUSED", "ENOTFOUND", "EAI_AGAIN", "ENETUNREACH", "EHOSTUNREACH", "UND_ERR_CONNECT_TIMEOUT", CONNECT_TIMEOUT]);
 
 /** Whether a {@link ConnectionError} failed while connecting: the request never left, and is safe to send again. */
 export function neverSent(err: unknown): boolean {
@@ -101,9 +102,11 @@ export function neverSent(err: unknown): boolean {
   return false;
 }
 
+/** Why a request failed, shortly (ECONNREFUSED, "other side closed"): fetch's error holds it in its cause, node:http's in itself. @internal */
 export function fetchFailure(err: unknown): string {
   const cause = (err as { cause?: { code?: string; message?: string } })?.cause;
-  return cause?.code ?? cause?.message ?? (err as Error)?.message ?? String(err);
+  const code = (err as { code?: unknown })?.code;
+  return cause?.code ?? cause?.message ?? (typeof code === "string" ? code : undefined) ?? (err as Error)?.message ?? String(err);
 }
 
 export { traceHeaders } from "./tracing.js";
@@ -119,6 +122,8 @@ export class Transport {
   private readonly headers: Record<string, string>;
   private readonly dispatcher: unknown;
   private readonly fetchImpl: typeof fetch;
+  /** Node's http client, for requests that stream neither way (undefined: every request goes through fetch). @internal */
+  readonly sender: NodeSender | undefined;
   readonly timeoutMs: number;
   readonly retries: number;
 
@@ -132,6 +137,8 @@ export class Transport {
     this.fetchImpl = opts.fetch ?? globalThis.fetch.bind(globalThis);
     this.timeoutMs = opts.timeoutMs ?? 30_000;
     this.retries = opts.retries ?? 3;
+    // A fetch or dispatcher of the caller's decides how requests go: all of them through it.
+    this.sender = opts.fetch || opts.dispatcher ? undefined : nodeSender(this.url);
   }
 
   /** The same server with another namespace. */
@@ -214,6 +221,71 @@ export class Transport {
       body = JSON.stringify(opts.body);
       headers["Content-Type"] = "application/json";
     }
+    if (this.sender && !opts.stream && (body === undefined || typeof body === "string" || body instanceof Uint8Array)) {
+      const r = await this.sendNode<T>(this.sender, method, url, headers, body, opts, what, answered);
+      if (r) return r;
+    }
+    return this.sendFetch<T>(method, url, headers, body, opts, what, answered);
+  }
+
+  /**
+   * Sends a request through node:http and reads its answer; undefined for a
+   * redirect, which fetch follows (the caller sends it again through fetch).
+   */
+  private async sendNode<T>(sender: NodeSender, method: string, url: string, headers: Record<string, string>, body: string | Uint8Array | undefined, opts: RequestOptions, what: string, answered: (status: number) => void): Promise<ResponseOf<T> | undefined> {
+    const timeoutMs = opts.timeoutMs ?? this.timeoutMs;
+    const caller = opts.signal;
+    let a;
+    try {
+      a = await sender.exchange(url, method, headers, body, timeoutMs, caller);
+    } catch (err) {
+      if (caller?.aborted) throw caller.reason;
+      if (!(err instanceof NodeFailure)) throw err;
+      const h = err.answer;
+      if (!h) {
+        if (err.timedOut) throw new ConnectionError(`${what}: no answer within ${timeoutMs} ms`, { request: what, cause: err.cause });
+        throw new ConnectionError(`${what}: cannot reach ${this.url} (${fetchFailure(err.cause)})`, { request: what, cause: err.cause });
+      }
+      answered(h.status);
+      if (h.status >= 400) throw errorFromProblem(h.status, { detail: h.statusText }, { retryAfter: retryAfterOf(h.head["retry-after"]), request: what });
+      throw new ConnectionError(`${what}: the answer broke off (${(err.cause as Error)?.message})`, { request: what, cause: err.cause });
+    }
+    if (REDIRECTS.has(a.status) && a.head.location) return undefined;
+    answered(a.status);
+    if (a.status >= 400) {
+      let problem: Problem = {};
+      try {
+        problem = a.text ? (JSON.parse(a.text) as Problem) : {};
+      } catch {
+        problem = { detail: a.text || a.statusText };
+      }
+      if (typeof problem !== "object" || problem === null) problem = { detail: String(problem) };
+      throw errorFromProblem(a.status, problem, { retryAfter: retryAfterOf(a.head["retry-after"]), request: what });
+    }
+    let data: unknown = undefined;
+    if (a.status !== 204) {
+      const ct = a.head["content-type"] ?? "";
+      try {
+        data = a.text && ct.includes("json") ? JSON.parse(a.text) : a.text || undefined;
+      } catch (err) {
+        throw new ConnectionError(`${what}: the answer broke off (${(err as Error)?.message})`, { request: what, cause: err });
+      }
+    }
+    // The Headers are made when asked for: most callers only want the data.
+    const raw = a.raw;
+    let h: Headers | undefined;
+    return {
+      status: a.status,
+      get headers() {
+        return (h ??= headersOf(raw));
+      },
+      data: data as T,
+      attempts: 1,
+    };
+  }
+
+  /** Sends a request through fetch (streams, a caller's fetch or dispatcher, other runtimes). */
+  private async sendFetch<T>(method: string, url: string, headers: Record<string, string>, body: RequestInit["body"] | undefined, opts: RequestOptions, what: string, answered: (status: number) => void): Promise<ResponseOf<T>> {
     const timeoutMs = opts.timeoutMs ?? this.timeoutMs;
     // One controller and one timer a request, both let go of once its answer is read (a stream's
     // stay with its body): AbortSignal.timeout and AbortSignal.any each request kept a signal, a
@@ -260,7 +332,7 @@ export class Transport {
           problem = { detail: text || res.statusText };
         }
         if (typeof problem !== "object" || problem === null) problem = { detail: String(problem) };
-        throw errorFromProblem(res.status, problem, { retryAfter: retryAfterOf(res.headers), request: what });
+        throw errorFromProblem(res.status, problem, { retryAfter: retryAfterOf(res.headers.get("retry-after")), request: what });
       }
       if (opts.stream) {
         streaming = true;
