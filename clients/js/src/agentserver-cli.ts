@@ -16,8 +16,7 @@ import { fork, type ChildProcess } from "node:child_process";
 import { readFileSync } from "node:fs";
 import { dirname, resolve } from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
-import { Drover } from "./index.js";
-import { AgentServerRuntime, type GraphSource } from "./agentserver.js";
+import type { GraphSource } from "./agentserver.js";
 import type { GraphSourceSpec } from "./agentserver-schema.js";
 
 interface LangGraphJson {
@@ -119,6 +118,8 @@ type ChildMessage = { serving: string[] } | { schemas: true };
 /** Runs one runtime in this process until SIGTERM or SIGINT (or, started by `--processes`, its parent going away). */
 async function serveHere(opts: ServeOptions): Promise<void> {
   const child = process.env[CHILD_ENV];
+  // Imported here, not above: a parent of `--processes` runs no graph and stays small.
+  const [{ Drover }, { AgentServerRuntime }] = await Promise.all([import("./index.js"), import("./agentserver.js")]);
   registerLogger();
   const { graphs, assistants, sources, projectDir } = await loadGraphs(opts.config);
   const rt = new AgentServerRuntime({ drover: new Drover(), graphs, assistants, sources, projectDir, concurrency: opts.concurrency, ttl: process.env.DROVER_LANGGRAPH_TTL ? Number(process.env.DROVER_LANGGRAPH_TTL) : undefined, onError: (e) => console.error(e) });
