@@ -159,7 +159,8 @@ async function serveHere(opts: ServeOptions): Promise<void> {
  * `--processes N`: starts N runtime processes (this script, with this
  * Node's options), each running its share of the concurrency. Resolves
  * to the exit code once all have exited: 0 when they drained on a
- * signal, 1 when one died (the others are then stopped).
+ * signal, 1 when one died (exited non-zero or killed; the others are
+ * then drained).
  */
 async function supervise(opts: ServeOptions): Promise<number> {
   const self = fileURLToPath(import.meta.url);
@@ -192,11 +193,12 @@ async function supervise(opts: ServeOptions): Promise<number> {
           if ("schemas" in m && (schemas.add(i), schemas.size === n)) console.error("drover-langgraph: schemas registered");
         });
         p.on("exit", (code, signal) => {
+          // One that died fails the command; one that drained (a SIGTERM of its own, as a service
+          // manager may send every process at once) exits 0: either way the others drain.
           if (code !== 0) failed = true;
           if (!stopping) {
             console.error(`drover-langgraph: process ${i + 1}/${n} (pid ${p.pid}) exited (${code ?? signal}); stopping the others`);
             stopping = true;
-            failed = true;
             stopAll("SIGTERM");
           }
           res();

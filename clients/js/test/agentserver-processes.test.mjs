@@ -2,7 +2,8 @@
 // the runtime processes it starts share the concurrency and each claims
 // runs; a SIGTERM to the command drains them all (the runs under way
 // end, then every process exits, 0); one process dying stops the others
-// and the command exits 1.
+// and the command exits 1, one draining (SIGTERMed alone) drains the
+// others and the command exits 0.
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
@@ -94,6 +95,22 @@ test("serve --processes 2: a process that dies stops the other, and the command 
   assert.equal(code, 1, s.log());
   assert.match(s.log(), /process 1\/2 \(pid \d+\) exited \(SIGKILL\); stopping the others/);
   assert.match(s.log(), /process 2\/2 stopped/);
+  assert.equal(alive(second), false);
+});
+
+test("serve --processes 2: one process SIGTERMed alone drains, the other drains too, and the command exits 0", async (t) => {
+  const srv = await sharedServer();
+  t.after(() => srv.release());
+  const { dir, ns } = setup(t);
+  const s = serve(t, { url: srv.url, ns, dir, args: ["--processes", "2"], concurrency: 4 });
+  await until(() => s.log().includes("drover-langgraph: serving hold with 2 processes"), 60_000, () => s.log());
+  const [first, second] = s.pids();
+  // As a service manager stopping every process of the service at once may.
+  process.kill(first, "SIGTERM");
+  const { code } = await s.exit;
+  assert.equal(code, 0, s.log());
+  assert.match(s.log(), /process 1\/2 \(pid \d+\) exited \(0\); stopping the others/);
+  assert.equal((s.log().match(/process \d\/2 stopped/g) ?? []).length, 2, s.log());
   assert.equal(alive(second), false);
 });
 
