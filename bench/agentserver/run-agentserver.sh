@@ -15,10 +15,13 @@
 #   DROVER_BENCH_CANCEL_POLL_MS=60000 DROVER_BENCH_HISTORY_LIMIT=1 ONLY=drover bash bench/agentserver/run-agentserver.sh
 #     # the runtime without its per-run cancel reads and history (an experiment: runtime.mjs)
 #   RUNTIMES=2 bash bench/agentserver/run-agentserver.sh   # two runtime processes share drover's runs
+#   PROCESSES=2 bash bench/agentserver/run-agentserver.sh  # one runtime, `serve --processes 2`
+#   RUNTIME_NODE_FLAGS=--max-semi-space-size=32 bash bench/agentserver/run-agentserver.sh  # node flags of the runtime
 #   PROFILE_DIR=/tmp/prof ONLY=drover ROUNDS=1 bash bench/agentserver/run-agentserver.sh
 #     # also a 15 s CPU profile of `drover server` (pprof) and of the
 #     # runtime (node --cpu-prof), during the runs.wait phase, and the HTTP
-#     # requests, etcd fsyncs and writes per run (metrics-diff.py)
+#     # requests, etcd fsyncs and writes per run (metrics-diff.py), the CPU per run of each
+#     # process's threads (threads-diff.py), the processes' logs
 # DEPS is a directory whose node_modules holds this folder's package.json
 # (npm install there, once); the built @droverhq/client (clients/js/dist,
 # `npm run build`) is copied into it, so that the runtime and the graph
@@ -33,6 +36,8 @@ STREAM_RUNS=${STREAM_RUNS:-200}
 STREAM_CONC=${STREAM_CONC:-1}
 JOBS=${JOBS:-64}          # runs each server executes at once (langgraphjs dev -n, the runtimes' concurrency in all)
 RUNTIMES=${RUNTIMES:-1}   # drover's runtime processes (LangGraph's dev server is one Node process)
+PROCESSES=${PROCESSES:-}  # each runtime's `serve --processes` (unset: the CLI's default)
+RUNTIME_NODE_FLAGS=${RUNTIME_NODE_FLAGS:-}  # node options of the runtime processes, e.g. --max-semi-space-size=32
 STEP_TIMEOUT=${STEP_TIMEOUT:-600}  # seconds for each measurement, then it counts as failed
 ONLY=${ONLY:-}            # drover or langgraph: one system only
 DEPS=${DEPS:-$here}
@@ -42,6 +47,7 @@ DEPS=${DEPS:-$here}
 work=$(mktemp -d "${TMPDIR:-/tmp}/agentserver-bench.XXXXXX")
 pids=()
 stop_all() {
+  [ -n "${PROFILE_DIR:-}" ] && { for p in "${pids[@]}"; do kill -TERM -- "-$p" 2>/dev/null || true; done; sleep 3; cp "$work"/*.log "$PROFILE_DIR/" 2>/dev/null || true; }
   for p in "${pids[@]}"; do kill -TERM -- "-$p" 2>/dev/null || true; done
   for p in "${pids[@]}"; do for _ in $(seq 100); do kill -0 -- "-$p" 2>/dev/null || break; sleep 0.1; done; kill -KILL -- "-$p" 2>/dev/null || true; done
   pids=()
@@ -69,6 +75,7 @@ start_drover() {
   pids+=($!)
   wait_for "http://127.0.0.1:$p/readyz" "$work/drover-$2.log" 60
   local nodeprof=() runtime=("$DEPS/node_modules/@droverhq/client/dist/agentserver-cli.js" serve -c langgraph.json)
+  [ -n "$PROCESSES" ] && runtime+=(--processes "$PROCESSES")
   # An experiment's options (runtime.mjs): DROVER_BENCH_CANCEL_POLL_MS, DROVER_BENCH_HISTORY_LIMIT.
   [ -n "${DROVER_BENCH_CANCEL_POLL_MS:-}${DROVER_BENCH_HISTORY_LIMIT:-}" ] && runtime=(runtime.mjs langgraph.json)
   [ -n "${PROFILE_DIR:-}" ] && nodeprof=(--cpu-prof --cpu-prof-dir "$PROFILE_DIR")
@@ -76,7 +83,7 @@ start_drover() {
   local i per=$(((JOBS + RUNTIMES - 1) / RUNTIMES))
   for i in $(seq "$RUNTIMES"); do
     DROVER_URL="http://127.0.0.1:$p" DROVER_LANGGRAPH_CONCURRENCY=$per setsid env -C "$work/proj" \
-      node "${nodeprof[@]}" "${runtime[@]}" >"$work/runtime-$2-$i.log" 2>&1 &
+      node $RUNTIME_NODE_FLAGS "${nodeprof[@]}" "${runtime[@]}" >"$work/runtime-$2-$i.log" 2>&1 &
     pids+=($!)
   done
   for i in $(seq "$RUNTIMES"); do
@@ -99,17 +106,35 @@ start_langgraph() {
   URL="http://127.0.0.1:$1"
 }
 
-# cpu_ms SESSION...: CPU time (user and system, ms) of every process in these sessions (each
-# process started by setsid leads its own), read from /proc.
+# cpu_ms SESSION...: CPU time (user and system, ms) of every process in each of these sessions
+# (each process started by setsid leads its own), read from /proc: one figure a session.
 cpu_ms() {
   python3 -c 'import os,sys
-sids={int(a) for a in sys.argv[1:]}; hz=os.sysconf("SC_CLK_TCK"); t=0
+sids=[int(a) for a in sys.argv[1:]]; hz=os.sysconf("SC_CLK_TCK"); t={s: 0 for s in sids}
 for p in os.listdir("/proc"):
     if not p.isdigit(): continue
     try: f=open(f"/proc/{p}/stat").read().rsplit(")",1)[1].split()
     except OSError: continue
-    if int(f[3]) in sids: t+=int(f[11])+int(f[12])
-print(t*1000//hz)' "$@"
+    if int(f[3]) in t: t[int(f[3])]+=int(f[11])+int(f[12])
+print(",".join(str(t[s]*1000//hz) for s in sids))' "$@"
+}
+
+# threads_cpu FILE SESSION...: each thread's CPU ticks (user and system) of these sessions' processes,
+# as JSON lines {sid, pid, tid, comm, ticks}: which threads (the event loop, V8's GC and compiler
+# workers, libuv's pool) the CPU went to.
+threads_cpu() {
+  local out=$1; shift
+  python3 -c 'import os,sys,json
+sids={int(a) for a in sys.argv[2:]}; out=open(sys.argv[1],"w")
+for p in os.listdir("/proc"):
+    if not p.isdigit(): continue
+    try:
+        f=open(f"/proc/{p}/stat").read().rsplit(")",1)[1].split()
+        if int(f[3]) not in sids: continue
+        for t in os.listdir(f"/proc/{p}/task"):
+            s=open(f"/proc/{p}/task/{t}/stat").read(); comm=s[s.index("(")+1:s.rindex(")")]; g=s.rsplit(")",1)[1].split()
+            out.write(json.dumps({"sid":int(f[3]),"pid":int(p),"tid":int(t),"comm":comm,"ticks":int(g[11])+int(g[12])})+"\n")
+    except OSError: continue' "$out" "$@"
 }
 
 measure() { # system round url
@@ -123,6 +148,9 @@ measure() { # system round url
   [ -n "${PROFILE_DIR:-}" ] && [ "$1" = drover ] && curl -s -o "$PROFILE_DIR/metrics-before.txt" "http://127.0.0.1:$((port + 3))/metrics"
   local cpu0 cpu1 cpu_per_run
   cpu0=$(cpu_ms "${pids[@]}")
+  [ -n "${PROFILE_DIR:-}" ] && threads_cpu "$PROFILE_DIR/threads-$1-$2-before.jsonl" "${pids[@]}"
+  # the phase's monotonic clock (a .cpuprofile's startTime is on it, in µs): for cpuprofile windows
+  [ -n "${PROFILE_DIR:-}" ] && python3 -c 'import time; print("runs.wait start", time.monotonic())' >>"$PROFILE_DIR/phase-$1-$2.txt"
   w=$(cd "$work/proj" && timeout "$STEP_TIMEOUT" node bench.mjs wait "$3" "$RUNS" "$CONC") || w='{"mode":"failed","runs":0,"conc":0,"runs_per_s":null,"run_ms_p50":null,"run_ms_p99":null,"errors":1,"first_error":"timed out or failed","first_ms_p50":null,"first_ms_p99":null,"first_values_ms_p50":null,"first_values_ms_p99":null}'
   if [ -n "${PROFILE_DIR:-}" ] && [ "$1" = drover ]; then
     curl -s -o "$PROFILE_DIR/metrics-after.txt" "http://127.0.0.1:$((port + 3))/metrics"
@@ -131,12 +159,18 @@ measure() { # system round url
   fi
   # the server's CPU (for drover: server and runtime) a run, warm-up runs counted (RUNS + CONC)
   cpu1=$(cpu_ms "${pids[@]}")
-  cpu_per_run=$(( (cpu1 - cpu0) / (RUNS + CONC) ))
+  if [ -n "${PROFILE_DIR:-}" ]; then
+    threads_cpu "$PROFILE_DIR/threads-$1-$2-after.jsonl" "${pids[@]}"
+    python3 "$here/threads-diff.py" "$PROFILE_DIR/threads-$1-$2-before.jsonl" "$PROFILE_DIR/threads-$1-$2-after.jsonl" $((RUNS + CONC)) >"$PROFILE_DIR/threads-$1-$2.txt"
+  fi
+  [ -n "${PROFILE_DIR:-}" ] && python3 -c 'import time; print("runs.wait end", time.monotonic())' >>"$PROFILE_DIR/phase-$1-$2.txt"
+  # one figure a session (drover: the server, then each runtime), then their sum
+  cpu_per_run=$(python3 -c 'import sys; a,b,n=[int(x) for x in sys.argv[1].split(",")],[int(x) for x in sys.argv[2].split(",")],int(sys.argv[3]); d=[round((y-x)/n,1) for x,y in zip(a,b)]; print(",".join(map(str,d+[round(sum(d),1)])))' "$cpu0" "$cpu1" $((RUNS + CONC)))
   echo "$(date -u +%T) $1 round $2: runs.stream" >&2
   s=$(cd "$work/proj" && timeout "$STEP_TIMEOUT" node bench.mjs stream "$3" "$STREAM_RUNS" "$STREAM_CONC") || s='{"mode":"failed","runs":0,"conc":0,"runs_per_s":null,"run_ms_p50":null,"run_ms_p99":null,"errors":1,"first_error":"timed out or failed","first_ms_p50":null,"first_ms_p99":null,"first_values_ms_p50":null,"first_values_ms_p99":null}'
   [ -n "$prof" ] && wait "$prof"
-  python3 -c 'import json,sys; w,s=json.loads(sys.argv[4]),json.loads(sys.argv[5]); print(json.dumps({"system":sys.argv[1],"round":int(sys.argv[2]),"load":sys.argv[3],"runtimes":int(sys.argv[7]),"runs_per_s":w["runs_per_s"],"wait_ms_p50":w["run_ms_p50"],"wait_ms_p99":w["run_ms_p99"],"runs":w["runs"],"conc":w["conc"],"first_ms_p50":s["first_ms_p50"],"first_ms_p99":s["first_ms_p99"],"first_values_ms_p50":s["first_values_ms_p50"],"first_values_ms_p99":s["first_values_ms_p99"],"stream_runs":s["runs"],"stream_conc":s["conc"],"cpu_ms_per_run":int(sys.argv[6]),"errors":w["errors"]+s["errors"],"first_error":w["first_error"] or s["first_error"]}))' \
-    "$1" "$2" "$load" "$w" "$s" "$cpu_per_run" "$([ "$1" = drover ] && echo "$RUNTIMES" || echo 1)" | tee -a "$work/results.jsonl"
+  python3 -c 'import json,sys; w,s=json.loads(sys.argv[4]),json.loads(sys.argv[5]); print(json.dumps({"system":sys.argv[1],"round":int(sys.argv[2]),"load":sys.argv[3],"runtimes":int(sys.argv[7]),"runs_per_s":w["runs_per_s"],"wait_ms_p50":w["run_ms_p50"],"wait_ms_p99":w["run_ms_p99"],"runs":w["runs"],"conc":w["conc"],"first_ms_p50":s["first_ms_p50"],"first_ms_p99":s["first_ms_p99"],"first_values_ms_p50":s["first_values_ms_p50"],"first_values_ms_p99":s["first_values_ms_p99"],"stream_runs":s["runs"],"stream_conc":s["conc"],"cpu_ms_per_run":[float(x) for x in sys.argv[6].split(",")][-1],"cpu_ms_per_run_each":[float(x) for x in sys.argv[6].split(",")][:-1],"node_flags":sys.argv[8],"processes":sys.argv[9],"errors":w["errors"]+s["errors"],"first_error":w["first_error"] or s["first_error"]}))' \
+    "$1" "$2" "$load" "$w" "$s" "$cpu_per_run" "$([ "$1" = drover ] && echo "$RUNTIMES" || echo 1)" "$RUNTIME_NODE_FLAGS" "$PROCESSES" | tee -a "$work/results.jsonl"
 }
 
 for round in $(seq "$ROUNDS"); do
