@@ -289,3 +289,43 @@ test("held saver: a read right after putWrites (its values still being serialize
   assert.deepStrictEqual(mine, [await server.getTuple(a), await server.getTuple(root), await collect(server.list(root))]);
   await lock.release();
 });
+
+test("held saver: two writes of one task and index at once (the server keeps the first to land) are read from the server", async () => {
+  const ns = uniq("held");
+  const thread = uniq("th");
+  // The first write lands first, but its answer comes after the second's.
+  let firstLanded;
+  const landed = new Promise((r) => (firstLanded = r));
+  let secondAnswered;
+  const answered = new Promise((r) => (secondAnswered = r));
+  let n = 0;
+  const drover = new Drover({
+    url: srv.url,
+    namespace: ns,
+    fetch: async (url, init) => {
+      if (init?.method !== "POST" || !String(url).endsWith("/writes")) return fetch(url, init);
+      if (n++ === 0) {
+        const res = await fetch(url, init);
+        firstLanded();
+        await answered;
+        return res;
+      }
+      await landed;
+      const res = await fetch(url, init);
+      secondAnswered();
+      return res;
+    },
+  });
+  const lock = await drover.lock(`thread:${thread}`);
+  const saver = new DroverSaver({ drover, lock });
+  saver.seedHead(thread, "", null);
+  const root = { configurable: { thread_id: thread, checkpoint_ns: "" } };
+  const a = await saver.put(root, cp({ n: 0 }), meta(-1), { n: 1 });
+  await Promise.all([saver.putWrites(a, [["n", "first"]], "task-a"), saver.putWrites(a, [["n", "second"]], "task-a")]);
+  const server = new DroverSaver({ drover: new Drover({ url: srv.url, namespace: ns }) });
+  const theirs = await server.getTuple(a);
+  assert.deepStrictEqual(theirs.pendingWrites, [["task-a", "n", "first"]]);
+  assert.deepStrictEqual(await saver.getTuple(a), theirs);
+  assert.deepStrictEqual(await collect(saver.list(root)), await collect(server.list(root)));
+  await lock.release();
+});
