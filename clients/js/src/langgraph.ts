@@ -431,14 +431,11 @@ export class DroverSaver extends BaseCheckpointSaver {
   }
 
   /** A task's writes as sent: each value serialized, at its index. */
-  private async sentWrites(writes: PendingWrite[], taskPath: string | undefined): Promise<SentWrite[]> {
-    const out: SentWrite[] = [];
-    for (const [i, [channel, value]] of writes.entries()) {
-      const env: WriteEnvelope = await this.dump(value);
-      if (taskPath) env.p = taskPath;
-      out.push({ channel, value: te.encode(JSON.stringify(env)), idx: WRITES_IDX_MAP[channel] ?? i, env });
-    }
-    return out;
+  private sentWrites(writes: PendingWrite[], taskPath: string | undefined): Promise<SentWrite[]> {
+    return Promise.all(writes.map(async ([channel, value], i) => {
+      const env: WriteEnvelope = { ...(await this.dump(value)), ...(taskPath ? { p: taskPath } : {}) };
+      return { channel, value: te.encode(JSON.stringify(env)), idx: WRITES_IDX_MAP[channel] ?? i, env };
+    }));
   }
 
   /** Sends a task's writes of checkpoint id once it is stored, or with the put of its child. */
