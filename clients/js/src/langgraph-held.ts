@@ -171,7 +171,7 @@ class NsMemory {
   puts = 0;
   /** Puts overlapped: which landed last on the server is not known. */
   putsOverlap = false;
-  /** Writes under way at a negative index (replacing), by checkpoint, task and index. */
+  /** Writes under way, by checkpoint, task and index. */
   readonly replacing = new Map<string, number>();
   /** A write's outcome is not known: read from the server. */
   tainted = false;
@@ -238,11 +238,15 @@ export class HeldMemory {
     return p;
   }
 
-  /** Counts writes at negative indexes under way: two of one task and index at once land in an order not known. */
+  /**
+   * Counts writes under way by checkpoint, task and index: two of one task and index at once land
+   * in an order not known (the server keeps the first to land at an index >= 0, the last at a
+   * negative one), so the namespace is read from the server from then on.
+   */
   replacing(thread: string, ns: string, id: string, taskId: string, writes: { idx: number }[]): () => void {
     if (this.lost) return () => {};
     const m = this.ns(thread, ns);
-    const keys = writes.filter((w) => w.idx < 0).map((w) => `${id}\u0000${taskId}\u0000${w.idx}`);
+    const keys = [...new Set(writes.map((w) => `${id}\u0000${taskId}\u0000${w.idx}`))];
     for (const k of keys) {
       const n = m.replacing.get(k) ?? 0;
       if (n > 0) m.tainted = true;

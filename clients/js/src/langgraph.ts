@@ -422,16 +422,20 @@ export class DroverSaver extends BaseCheckpointSaver {
     if (threadId === undefined || threadId === null) throw new Error('DroverSaver.putWrites: the config is missing "thread_id" in "configurable"');
     if (!id) throw new Error('DroverSaver.putWrites: the config is missing "checkpoint_id" in "configurable"');
     const ns = (config.configurable?.checkpoint_ns as string | undefined) ?? "";
-    const out: SentWrite[] = [];
-    for (const [i, [channel, value]] of writes.entries()) {
-      const env: WriteEnvelope = await this.dump(value);
-      if (taskPath) env.p = taskPath;
-      out.push({ channel, value: te.encode(JSON.stringify(env)), idx: WRITES_IDX_MAP[channel] ?? i, env });
-    }
     const thread = encodeThreadId(String(threadId));
-    if (!this.held) return this.writeWhenStored(thread, ns, id, taskId, out);
-    const done = this.held.replacing(thread, ns, id, taskId, out);
-    return this.held.track(thread, ns, this.writeWhenStored(thread, ns, id, taskId, out), false).finally(done);
+    if (!this.held) return this.writeWhenStored(thread, ns, id, taskId, await this.sentWrites(writes, taskPath));
+    // Counted as under way from the call on: a read that comes while the values are serialized waits for them.
+    const done = this.held.replacing(thread, ns, id, taskId, writes.map(([channel], i) => ({ idx: WRITES_IDX_MAP[channel] ?? i })));
+    const sent = this.sentWrites(writes, taskPath).then((out) => this.writeWhenStored(thread, ns, id, taskId, out));
+    return this.held.track(thread, ns, sent, false).finally(done);
+  }
+
+  /** A task's writes as sent: each value serialized, at its index. */
+  private sentWrites(writes: PendingWrite[], taskPath: string | undefined): Promise<SentWrite[]> {
+    return Promise.all(writes.map(async ([channel, value], i) => {
+      const env: WriteEnvelope = { ...(await this.dump(value)), ...(taskPath ? { p: taskPath } : {}) };
+      return { channel, value: te.encode(JSON.stringify(env)), idx: WRITES_IDX_MAP[channel] ?? i, env };
+    }));
   }
 
   /** Sends a task's writes of checkpoint id once it is stored, or with the put of its child. */

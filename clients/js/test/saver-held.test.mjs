@@ -266,3 +266,66 @@ test("held saver: forks are listed by id as the server lists them, and a deleted
   assert.equal(reads(), 2, "after the delete, the head is read");
   await lock.release();
 });
+
+test("held saver: a read right after putWrites (its values still being serialized) waits for those writes", async () => {
+  const ns = uniq("held");
+  const { drover, reads } = counted(ns);
+  const thread = uniq("th");
+  const lock = await drover.lock(`thread:${thread}`);
+  const saver = new DroverSaver({ drover, lock });
+  saver.seedHead(thread, "", null);
+  const root = { configurable: { thread_id: thread, checkpoint_ns: "" } };
+  const a = await saver.put(root, cp({ n: 0 }), meta(-1), { n: 1 });
+  // Not awaited, as LangGraph sends a step's writes; the reads come in the same turn.
+  const pw = saver.putWrites(a, [["n", 1], ["n", 2], ["n", 3], ["n", 4], ["n", 5]], "task-a");
+  const byId = saver.getTuple(a);
+  const head = saver.getTuple(root);
+  const listed = collect(saver.list(root));
+  const mine = [await byId, await head, await listed];
+  await pw;
+  assert.equal(reads(), 0, "answered from memory");
+  assert.equal(mine[0].pendingWrites.length, 5, "the writes under way are in");
+  const server = new DroverSaver({ drover: new Drover({ url: srv.url, namespace: ns }) });
+  assert.deepStrictEqual(mine, [await server.getTuple(a), await server.getTuple(root), await collect(server.list(root))]);
+  await lock.release();
+});
+
+test("held saver: two writes of one task and index at once (the server keeps the first to land) are read from the server", async () => {
+  const ns = uniq("held");
+  const thread = uniq("th");
+  // The first write lands first, but its answer comes after the second's.
+  let firstLanded;
+  const landed = new Promise((r) => (firstLanded = r));
+  let secondAnswered;
+  const answered = new Promise((r) => (secondAnswered = r));
+  let n = 0;
+  const drover = new Drover({
+    url: srv.url,
+    namespace: ns,
+    fetch: async (url, init) => {
+      if (init?.method !== "POST" || !String(url).endsWith("/writes")) return fetch(url, init);
+      if (n++ === 0) {
+        const res = await fetch(url, init);
+        firstLanded();
+        await answered;
+        return res;
+      }
+      await landed;
+      const res = await fetch(url, init);
+      secondAnswered();
+      return res;
+    },
+  });
+  const lock = await drover.lock(`thread:${thread}`);
+  const saver = new DroverSaver({ drover, lock });
+  saver.seedHead(thread, "", null);
+  const root = { configurable: { thread_id: thread, checkpoint_ns: "" } };
+  const a = await saver.put(root, cp({ n: 0 }), meta(-1), { n: 1 });
+  await Promise.all([saver.putWrites(a, [["n", "first"]], "task-a"), saver.putWrites(a, [["n", "second"]], "task-a")]);
+  const server = new DroverSaver({ drover: new Drover({ url: srv.url, namespace: ns }) });
+  const theirs = await server.getTuple(a);
+  assert.deepStrictEqual(theirs.pendingWrites, [["task-a", "n", "first"]]);
+  assert.deepStrictEqual(await saver.getTuple(a), theirs);
+  assert.deepStrictEqual(await collect(saver.list(root)), await collect(server.list(root)));
+  await lock.release();
+});
