@@ -124,6 +124,12 @@ func (s *server) beginRun(ctx context.Context, thread, id string, in runStartBod
 	}
 	l, err := s.cfg.LockThread(ctx, in.Session, keyspace.ThreadLock(thread), wait)
 	if err != nil {
+		// A stop while the start waited in line deleted its place with
+		// the holder's (the lock's error: lost): a stopped run answers
+		// cancelled, whatever kept it from the lock.
+		if cancelled, cerr := s.claimHeld(ctx, id, in.Token); cerr == nil && cancelled {
+			return RunStart{Cancelled: true}, nil
+		}
 		return RunStart{}, err
 	}
 	held := false

@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/droverhq/drover/agentserver"
 )
@@ -285,5 +286,34 @@ func TestOutcomeRefusesAnotherLock(t *testing.T) {
 	raw, _ := json.Marshal(outcomeLock(st))
 	if ans := s.outcome(a, json.RawMessage(raw)); ans.Status != 200 {
 		t.Fatalf("outcome: %d %s", ans.Status, ans.Raw)
+	}
+}
+
+// A stop that comes while the start waits in line for the thread's lock
+// (another holds it) takes the start's place in line too: the start
+// answers cancelled, without a lock, and nobody holds the lock after.
+func TestRunStartWaitingSeesAStop(t *testing.T) {
+	a := newAPI(t)
+	s := claimedRun(t, a, false)
+	other := a.must(201, "POST", "/v1/sessions", map[string]any{"ttl": 30}).Obj["id"].(string)
+	a.must(200, "POST", "/v1/locks/thread:"+s.th, map[string]any{"session": other})
+	done := make(chan answer, 1)
+	go func() { done <- s.start(a) }()
+	for i := 0; ; i++ {
+		if st := a.must(200, "GET", "/v1/locks/thread:"+s.th, nil).Obj; st["waiters"].(float64) == 1 {
+			break
+		}
+		if i == 500 {
+			t.Fatal("the start never waited in line for the thread's lock")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	a.must(204, "POST", "/threads/"+s.th+"/runs/"+s.id+"/cancel", nil)
+	st := <-done
+	if st.Status != 200 || st.Obj["cancelled"] != true || st.Obj["lock"] != nil {
+		t.Fatalf("start stopped while it waited: %d %s, want cancelled without a lock", st.Status, st.Raw)
+	}
+	if got := lockHolder(a, s.th); got != 0 {
+		t.Fatalf("lock held with token %d after the stop", got)
 	}
 }
