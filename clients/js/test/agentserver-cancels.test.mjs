@@ -171,6 +171,7 @@ async function ownServer() {
   await start();
   return {
     url,
+    etcd: `http://127.0.0.1:${p1}`,
     restart: async () => {
       await halt();
       await start();
@@ -199,4 +200,32 @@ test("RunStops: after the server restarts, the stream reopens after the revision
   assert.ok(stop.revision > 0, "the stop came from the stream");
   assert.equal(c.taskReads, 0, "the reopened stream needed no read of the task");
   assert.equal(s.stops.stats.checks, 0);
+});
+
+test("RunStops: a stream that cannot resume (compacted) reads the tasks watched, whose signal is gone", async (t) => {
+  const own = await ownServer();
+  t.after(() => own.stop());
+  const proxy = await startProxy(Number(new URL(own.url).port));
+  t.after(() => proxy.close());
+  const ns = uniq("stops");
+  const c = counting();
+  const s = await setup(t, new Drover({ url: proxy.url, namespace: ns, fetch: c.fetch }), ns, own.url);
+  await withTimeout(s.stops.ready(), 10_000, "the stream was not live");
+  const r = await s.run();
+  await withTimeout(s.started(r.id), 20_000, "the run did not start");
+  await proxy.cut();
+  await until(() => s.stops.state === "connecting", 10_000, "the cut was not noticed");
+  await s.cancel(r);
+  // The signal gone (as its minute's lease would end it) and its put compacted away.
+  const etcd = (op, body) => fetch(`${own.etcd}/v3/kv/${op}`, { method: "POST", body: JSON.stringify(body) }).then((res) => res.json());
+  const key = Buffer.from(`/${ns}/queues/langgraph/cancel/`).toString("base64");
+  const end = Buffer.from(`/${ns}/queues/langgraph/cancel0`).toString("base64");
+  const del = await etcd("deleterange", { key, range_end: end });
+  assert.equal(del.deleted, "1", "the cancel put its signal");
+  await etcd("compaction", { revision: del.header.revision, physical: true });
+  await proxy.restore();
+  const stop = await withTimeout(s.stopped(r.id), 30_000, "the stop missed while the stream could not resume was not read");
+  assert.equal(stop.task_id, r.id);
+  assert.equal(stop.revision, 0, "seen by the read of the task");
+  assert.equal(s.stops.stats.checks, 1, "the task watched was read once");
 });
