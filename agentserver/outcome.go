@@ -45,9 +45,9 @@ func (s *server) endRun(ctx context.Context, thread, id string, o runOutcome) (R
 	if err != nil {
 		return Run{}, err
 	}
-	rel, ok := runLockRelease(sp, thread, o.Lock)
-	if !ok {
-		return Run{}, badInput("body.lock", o.Lock.Name, "must be the thread's lock (thread:{thread_id}) as the run's start answered it: its name, token and contender")
+	rel, err := runLockRelease(sp, thread, o.Lock)
+	if err != nil {
+		return Run{}, err
 	}
 	q, err := s.queueOf(ctx)
 	if err != nil {

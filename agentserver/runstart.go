@@ -111,6 +111,10 @@ func (s *server) runStartRoute(api huma.API, tags []string) {
 // thread's lock.
 var beforeRunLock func()
 
+// maxRunStartWait bounds a start's wait in seconds before it becomes a
+// duration: a day, longer than any server's longest wait.
+const maxRunStartWait = 86400.0
+
 // beginRun takes thread's lock for run id, then checks the run's claim
 // (see the top of this file), then reads the thread's head.
 func (s *server) beginRun(ctx context.Context, thread, id string, in runStartBody) (RunStart, error) {
@@ -118,7 +122,9 @@ func (s *server) beginRun(ctx context.Context, thread, id string, in runStartBod
 	if err != nil {
 		return RunStart{}, err
 	}
-	wait := time.Duration(in.Wait * float64(time.Second))
+	// Capped before the conversion (a huge wait would overflow to a negative one); the lock's
+	// own cap, the server's longest wait, applies after.
+	wait := time.Duration(min(in.Wait, maxRunStartWait) * float64(time.Second))
 	if beforeRunLock != nil {
 		beforeRunLock()
 	}
@@ -204,15 +210,21 @@ func (s *server) rootHead(ctx context.Context, thread string) (*HeadCheckpoint, 
 // another's that deletes the holding's key if it is still the one created
 // at l's token (a lock lost meanwhile, or held by another since, is left
 // as it is). ok is false when l does not name thread's lock.
-func runLockRelease(sp keyspace.Space, thread string, l *outcomeLock) (release []clientv3.Op, ok bool) {
+func runLockRelease(sp keyspace.Space, thread string, l *outcomeLock) (release []clientv3.Op, err error) {
 	if l == nil {
-		return nil, true
+		return nil, nil
 	}
-	if l.Name != keyspace.ThreadLock(thread) || l.Token <= 0 || keyspace.CheckName("contender", l.Contender) != nil {
-		return nil, false
+	switch {
+	case l.Name != keyspace.ThreadLock(thread):
+		return nil, badInput("body.lock.name", l.Name, "must be the thread's lock, "+keyspace.ThreadLock(thread)+", as the run's start answered it")
+	case l.Token <= 0:
+		return nil, badInput("body.lock.token", l.Token, "must be the lock's token as the run's start answered it (above 0)")
+	case keyspace.CheckName("contender", l.Contender) != nil:
+		// The contender is the holder's secret: not echoed.
+		return nil, badInput("body.lock.contender", nil, "must be the contender the run's start answered")
 	}
 	key := sp.LockContender(l.Name, l.Contender)
-	return []clientv3.Op{clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(key), "=", l.Token)}, []clientv3.Op{clientv3.OpDelete(key)}, nil)}, true
+	return []clientv3.Op{clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(key), "=", l.Token)}, []clientv3.Op{clientv3.OpDelete(key)}, nil)}, nil
 }
 
 // releaseRunLock lets lock l go (a start that refused or failed), within
@@ -220,7 +232,7 @@ func runLockRelease(sp keyspace.Space, thread string, l *outcomeLock) (release [
 func (s *server) releaseRunLock(sp keyspace.Space, l RunLock) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if rel, ok := runLockRelease(sp, threadOfLock(l.Name), &outcomeLock{Name: l.Name, Token: l.Token, Contender: l.Contender}); ok {
+	if rel, err := runLockRelease(sp, threadOfLock(l.Name), &outcomeLock{Name: l.Name, Token: l.Token, Contender: l.Contender}); err == nil {
 		s.releaseAlone(ctx, rel)
 	}
 }

@@ -175,7 +175,13 @@ export class RunStops {
     const w = this.watched.get(stop.task_id);
     if (w) {
       this.unwatch(stop.task_id);
-      w.onStop(stop);
+      // A callback that throws is the caller's error, not the stream's: it must not break the
+      // stream's loop (a reconnect) nor the other tasks' stops.
+      try {
+        w.onStop(stop);
+      } catch (e) {
+        this.opts.onError?.(e);
+      }
       return;
     }
     this.recent.delete(stop.task_id);

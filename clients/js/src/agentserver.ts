@@ -32,7 +32,7 @@ import type { TaskContext, Worker, WorkerStats } from "./worker.js";
 
 export { DroverStore } from "./agentstore.js";
 export { plain, type RunnableGraph } from "./agentserver-state.js";
-export { cancelPollEvery } from "./agentserver-cancels.js";
+export { RunStops, cancelPollEvery, type RunStop } from "./agentserver-cancels.js";
 
 /** The queue that carries runs (the server's `agentserver.RunsQueue`). */
 export const RUNS_QUEUE = "langgraph";
@@ -284,7 +284,9 @@ export class AgentServerRuntime {
         // Never repeated: a lost answer could mean the lock is ours unknowingly (the task's retry frees it with the session).
         const a = await t.post<RunStartAnswer>(`/v1/agent-server/threads/${run.thread_id}/runs/${run.run_id}/start`, { token: ctx.token, session: ctx.session.id, wait: 60 }, {
           retry: false,
-          signal: AbortSignal.any([signal, ctx.session.signal]),
+          // Not the run's signal: a stop pushed while the start is under way must not abandon it
+          // (the server may have taken the lock); the server answers a stopped run cancelled.
+          signal: ctx.session.signal,
           timeoutMs: 60_000 + t.timeoutMs,
         });
         if (a.cancelled || !a.lock) return { cancelled: true };
