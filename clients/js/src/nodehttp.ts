@@ -85,12 +85,15 @@ export class NodeSender {
   /**
    * Sends one request and reads its answer to the end. Rejects with the
    * caller's abort reason once its signal fires, else with a
-   * {@link NodeFailure}. A request that fails with a reset on a reused
-   * connection before any answer was never read by the server (it had
-   * closed the idle connection): it is sent again, until it fails on a new
-   * connection.
+   * {@link NodeFailure}. A request that may be sent more than once
+   * (`resend`) and fails with a reset on a reused connection before any
+   * answer is sent again at once, until it fails on a new connection: most
+   * likely the server had closed the idle connection. Others are not: the
+   * same reset comes when the server read the request, acted on it and then
+   * lost the connection (it stopped, crashed, or a proxy cut it), and a
+   * claim or a lock acquisition sent twice would be taken twice.
    */
-  exchange(url: string, method: string, headers: Record<string, string>, body: string | Uint8Array | undefined, timeoutMs: number, caller?: AbortSignal): Promise<NodeAnswer> {
+  exchange(url: string, method: string, headers: Record<string, string>, body: string | Uint8Array | undefined, timeoutMs: number, caller?: AbortSignal, resend = false): Promise<NodeAnswer> {
     return new Promise<NodeAnswer>((resolve, reject) => {
       if (caller?.aborted) return reject(caller.reason);
       let u: URL;
@@ -150,7 +153,7 @@ export class NodeSender {
         this.sends++;
         r.on("error", (err: NodeJS.ErrnoException) => {
           if (done || req !== r) return;
-          if (answer === undefined && r.reusedSocket && (err.code === "ECONNRESET" || err.code === "EPIPE")) {
+          if (resend && answer === undefined && r.reusedSocket && (err.code === "ECONNRESET" || err.code === "EPIPE")) {
             this.resends++;
             return start();
           }
