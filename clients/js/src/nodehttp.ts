@@ -6,6 +6,7 @@
 // (Node 20.16 and later), so that nothing is imported where they are absent.
 
 import type { Agent, ClientRequest, IncomingHttpHeaders, IncomingMessage, RequestOptions } from "node:http";
+import type { Socket } from "node:net";
 
 /** The most idle keep-alive connections an agent keeps to the server. */
 export const MAX_IDLE_SOCKETS = 256;
@@ -159,16 +160,7 @@ export class NodeSender {
           }
           fail(err);
         });
-        r.on("socket", (s) => {
-          if (!s.connecting) return;
-          const t = setTimeout(() => {
-            const e = Object.assign(new Error(`connect timed out after ${CONNECT_MS} ms`), { code: CONNECT_TIMEOUT });
-            r.destroy(e);
-          }, CONNECT_MS);
-          (t as { unref?: () => void }).unref?.();
-          const clear = () => clearTimeout(t);
-          s.once("connect", clear).once("close", clear);
-        });
+        r.on("socket", (s) => boundConnect(r, s));
         if (body === undefined) r.end();
         else {
           // Node frames a DELETE's body only with a length given (and fetch gives one).
@@ -179,6 +171,18 @@ export class NodeSender {
       start();
     });
   }
+}
+
+/** Destroys r with a {@link CONNECT_TIMEOUT} error if its new socket s is not connected within {@link CONNECT_MS}. */
+function boundConnect(r: ClientRequest, s: Socket): void {
+  if (!s.connecting) return;
+  const t = setTimeout(() => {
+    const e = Object.assign(new Error(`connect timed out after ${CONNECT_MS} ms`), { code: CONNECT_TIMEOUT });
+    r.destroy(e);
+  }, CONNECT_MS);
+  (t as { unref?: () => void }).unref?.();
+  const clear = () => clearTimeout(t);
+  s.once("connect", clear).once("close", clear);
 }
 
 /**
