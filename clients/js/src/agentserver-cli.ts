@@ -125,7 +125,8 @@ async function serveHere(opts: ServeOptions): Promise<void> {
   const rt = new AgentServerRuntime({ drover: new Drover(), graphs, assistants, sources, projectDir, concurrency: opts.concurrency, ttl: process.env.DROVER_LANGGRAPH_TTL ? Number(process.env.DROVER_LANGGRAPH_TTL) : undefined, onError: (e) => console.error(e) });
   await rt.start();
   const names = Object.keys(graphs);
-  const tell = (m: ChildMessage) => process.send?.(m);
+  // Sent only while the parent is there: a send on a closed channel throws an 'error' on process.
+  const tell = (m: ChildMessage) => process.connected && process.send?.(m);
   if (child) {
     console.error(`drover-langgraph: process ${child} (pid ${process.pid}) serves ${names.join(", ")}, ${opts.concurrency} runs at once`);
     tell({ serving: names });
@@ -152,6 +153,7 @@ async function serveHere(opts: ServeOptions): Promise<void> {
     // A terminal's Ctrl-C reaches the whole process group: the parent forwards it as SIGTERM.
     process.on("SIGINT", () => {});
     process.on("disconnect", stop); // the parent is gone
+    if (!process.connected) stop(); // it went while this one started
   } else process.on("SIGINT", stop);
 }
 

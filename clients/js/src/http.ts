@@ -84,6 +84,9 @@ function retryAfterOf(v: string | null | undefined): number | undefined {
   return Number.isFinite(d) ? Math.max(0, (d - Date.now()) / 1000) : undefined;
 }
 
+/** Whether a request may be sent more than once: its own say, else its method's. */
+const retryRule = (method: string, opts: RequestOptions) => opts.retry ?? ["GET", "HEAD", "PUT", "DELETE"].includes(method);
+
 /** Encodes one path segment. */
 export const seg = (s: string | number) => encodeURIComponent(String(s));
 
@@ -165,7 +168,7 @@ export class Transport {
 
   /** Sends a request; throws a {@link DroverError} subclass on an error answer or none. */
   async request<T = unknown>(method: string, path: string, opts: RequestOptions = {}): Promise<ResponseOf<T>> {
-    const retry = opts.retry ?? ["GET", "HEAD", "PUT", "DELETE"].includes(method);
+    const retry = retryRule(method, opts);
     const attempts = retry ? this.retries + 1 : 1;
     const what = `${method} ${path}`;
     let lastErr: unknown;
@@ -237,7 +240,7 @@ export class Transport {
     const caller = opts.signal;
     let a;
     try {
-      a = await sender.exchange(url, method, headers, body, timeoutMs, caller);
+      a = await sender.exchange(url, method, headers, body, timeoutMs, caller, retryRule(method, opts));
     } catch (err) {
       if (caller?.aborted) throw caller.reason;
       if (!(err instanceof NodeFailure)) throw err;

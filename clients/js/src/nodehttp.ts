@@ -6,6 +6,7 @@
 // (Node 20.16 and later), so that nothing is imported where they are absent.
 
 import type { Agent, ClientRequest, IncomingHttpHeaders, IncomingMessage, RequestOptions } from "node:http";
+import type { Socket } from "node:net";
 
 /** The most idle keep-alive connections an agent keeps to the server. */
 export const MAX_IDLE_SOCKETS = 256;
@@ -85,12 +86,15 @@ export class NodeSender {
   /**
    * Sends one request and reads its answer to the end. Rejects with the
    * caller's abort reason once its signal fires, else with a
-   * {@link NodeFailure}. A request that fails with a reset on a reused
-   * connection before any answer was never read by the server (it had
-   * closed the idle connection): it is sent again, until it fails on a new
-   * connection.
+   * {@link NodeFailure}. A request that may be sent more than once
+   * (`resend`) and fails with a reset on a reused connection before any
+   * answer is sent again at once, until it fails on a new connection: most
+   * likely the server had closed the idle connection. Others are not: the
+   * same reset comes when the server read the request, acted on it and then
+   * lost the connection (it stopped, crashed, or a proxy cut it), and a
+   * claim or a lock acquisition sent twice would be taken twice.
    */
-  exchange(url: string, method: string, headers: Record<string, string>, body: string | Uint8Array | undefined, timeoutMs: number, caller?: AbortSignal): Promise<NodeAnswer> {
+  exchange(url: string, method: string, headers: Record<string, string>, body: string | Uint8Array | undefined, timeoutMs: number, caller?: AbortSignal, resend = false): Promise<NodeAnswer> {
     return new Promise<NodeAnswer>((resolve, reject) => {
       if (caller?.aborted) return reject(caller.reason);
       let u: URL;
@@ -150,22 +154,13 @@ export class NodeSender {
         this.sends++;
         r.on("error", (err: NodeJS.ErrnoException) => {
           if (done || req !== r) return;
-          if (answer === undefined && r.reusedSocket && (err.code === "ECONNRESET" || err.code === "EPIPE")) {
+          if (resend && answer === undefined && r.reusedSocket && (err.code === "ECONNRESET" || err.code === "EPIPE")) {
             this.resends++;
             return start();
           }
           fail(err);
         });
-        r.on("socket", (s) => {
-          if (!s.connecting) return;
-          const t = setTimeout(() => {
-            const e = Object.assign(new Error(`connect timed out after ${CONNECT_MS} ms`), { code: CONNECT_TIMEOUT });
-            r.destroy(e);
-          }, CONNECT_MS);
-          (t as { unref?: () => void }).unref?.();
-          const clear = () => clearTimeout(t);
-          s.once("connect", clear).once("close", clear);
-        });
+        r.on("socket", (s) => boundConnect(r, s));
         if (body === undefined) r.end();
         else {
           // Node frames a DELETE's body only with a length given (and fetch gives one).
@@ -176,6 +171,18 @@ export class NodeSender {
       start();
     });
   }
+}
+
+/** Destroys r with a {@link CONNECT_TIMEOUT} error if its new socket s is not connected within {@link CONNECT_MS}. */
+function boundConnect(r: ClientRequest, s: Socket): void {
+  if (!s.connecting) return;
+  const t = setTimeout(() => {
+    const e = Object.assign(new Error(`connect timed out after ${CONNECT_MS} ms`), { code: CONNECT_TIMEOUT });
+    r.destroy(e);
+  }, CONNECT_MS);
+  (t as { unref?: () => void }).unref?.();
+  const clear = () => clearTimeout(t);
+  s.once("connect", clear).once("close", clear);
 }
 
 /**

@@ -3,15 +3,16 @@
 // runs; a SIGTERM to the command drains them all (the runs under way
 // end, then every process exits, 0); one process dying stops the others
 // and the command exits 1, one draining (SIGTERMed alone) drains the
-// others and the command exits 0.
+// others and the command exits 0. A runtime process whose parent goes
+// away, even while it starts, drains and exits.
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { spawn } from "node:child_process";
+import { fork, spawn } from "node:child_process";
 import { mkdtempSync, readFileSync, existsSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { Client } from "@langchain/langgraph-sdk";
-import { jsRoot, sharedServer, uniq, until } from "./helpers/server.mjs";
+import { jsRoot, sharedServer, uniq, until, withTimeout } from "./helpers/server.mjs";
 
 const fixtureDir = join(jsRoot, "test", "fixtures", "agentserver-procs");
 const cli = join(jsRoot, "dist", "agentserver-cli.js");
@@ -112,6 +113,24 @@ test("serve --processes 2: one process SIGTERMed alone drains, the other drains 
   assert.match(s.log(), /process 1\/2 \(pid \d+\) exited \(0\); stopping the others/);
   assert.equal((s.log().match(/process \d\/2 stopped/g) ?? []).length, 2, s.log());
   assert.equal(alive(second), false);
+});
+
+test("a runtime process whose parent went away while it started drains and exits 0", async (t) => {
+  const srv = await sharedServer();
+  t.after(() => srv.release());
+  const { dir, ns } = setup(t);
+  // As `--processes` starts it, from a parent that is gone (disconnected) before it serves.
+  const env = { ...process.env, DROVER_URL: srv.url, DROVER_NAMESPACE: ns, DROVER_LANGGRAPH_TTL: "3", DROVER_LANGGRAPH_CONCURRENCY: "1", DROVER_LANGGRAPH_PROCESS: "1/2", PROCS_LOG: join(dir, "nodes.jsonl"), PROCS_RELEASE: join(dir, "release") };
+  const child = fork(cli, ["serve", "-c", join(fixtureDir, "langgraph.json")], { cwd: fixtureDir, env, stdio: ["ignore", "ignore", "pipe", "ipc"] });
+  t.after(() => child.exitCode === null && child.signalCode === null && child.kill("SIGKILL"));
+  let log = "";
+  child.stderr.on("data", (d) => (log += d));
+  const exit = new Promise((res) => child.on("exit", (code, signal) => res({ code, signal })));
+  child.disconnect();
+  const { code } = await withTimeout(exit, 30_000, "the process serves on, with no parent");
+  assert.equal(code, 0, log);
+  assert.match(log, /process 1\/2 \(pid \d+\) serves hold/);
+  assert.match(log, /process 1\/2 draining/);
 });
 
 test("serve --help shows --processes with an example; a bad count is a usage error", async () => {

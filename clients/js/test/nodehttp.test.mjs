@@ -250,9 +250,11 @@ test("a refused connection is a ConnectionError that was never sent", async () =
   });
 });
 
-test("a reused connection reset before any answer is sent again on a new one, even when not retryable", async () => {
-  // The server drops the second request of every connection unanswered, as
-  // a server that closed an idle connection while it was being reused.
+test("a reused connection reset before any answer: sent again on a new one only when the request may be repeated", async () => {
+  // The server reads the second request of every connection and drops it
+  // unanswered: as a server that closed an idle connection while it was
+  // being reused, or one that acted on the request and then lost the
+  // connection (stopped, crashed), which the client cannot tell apart.
   const l = await local((req, res, body, n) => {
     if (n === 2) return req.socket.destroy();
     res.writeHead(200, { "content-type": "application/json" });
@@ -261,12 +263,23 @@ test("a reused connection reset before any answer is sent again on a new one, ev
   try {
     const t = new Transport({ url: l.url, retries: 0 });
     assert.deepEqual(await t.post("/a", { i: 1 }, { retry: false }), { n: 1, body: '{"i":1}' });
-    const r = await t.request("POST", "/b", { body: { i: 2 }, retry: false });
+    const r = await t.request("POST", "/b", { body: { i: 2 }, retry: true });
     assert.deepEqual(r.data, { n: 1, body: '{"i":2}' }, "answered on a new connection");
     assert.equal(r.attempts, 1, "not the retry rule's repeat");
     assert.equal(t.sender.resends, 1);
     assert.equal(l.seen.length, 3);
     assert.equal(l.connections, 2);
+
+    // A claim or a lock acquisition the server may have acted on is not sent
+    // twice (the second request on the second connection).
+    await assert.rejects(t.post("/d", { i: 4 }), (err) => {
+      assert.ok(err instanceof ConnectionError, String(err));
+      assert.equal(neverSent(err), false, "it may have been acted on");
+      assert.match(err.message, /^POST \/d: cannot reach .* \(ECONNRESET\)$/);
+      return true;
+    });
+    assert.equal(l.seen.filter((s) => s.url === "/d").length, 1, "the POST reached the server once");
+    assert.equal(t.sender.resends, 1);
   } finally {
     await l.close();
   }
