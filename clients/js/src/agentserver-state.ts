@@ -6,6 +6,7 @@
 import type { RunnableConfig } from "@langchain/core/runnables";
 import type { ChannelVersions, Checkpoint, CheckpointMetadata } from "@langchain/langgraph-checkpoint";
 import { DroverSaver } from "./langgraph.js";
+import type { CheckpointRecord } from "./checkpoints.js";
 
 /** The configurable key by which LangGraph lends a graph a checkpointer for one run (its CONFIG_KEY_CHECKPOINTER). */
 export const LENT_CHECKPOINTER = "__pregel_checkpointer";
@@ -39,27 +40,52 @@ export const NEW_STATES_PAGE = 16;
  * The thread's newest states (at most `limit`, and `room` bytes as JSON) down to the first that
  * run did not write, that one included (`joins`: the server's stored history holds it, as far as
  * this runtime knows). Without such a state among them, they are the thread's newest states
- * (all of its history when fewer than `limit`).
+ * (all of its history when fewer than `limit`), as LangGraph's history lists them: by id, forks
+ * included, without the head's pending writes applied.
  *
- * They are read along the head's parents, each by its id: a run's saver holding the thread's lock
- * knows them all (the head it was handed at the start and the checkpoints it put), so that no
- * request is made. The server checks that the last one joins its stored history (412 if not), so
- * a fork the parents do not show costs the whole history, never a wrong one.
+ * Through a run's saver that was told the thread's head at the run's start, they are first read
+ * along the head's parents, each by its id, from what the saver knows: no request. That is the
+ * list only when the parents lead to that head (no checkpoint of another branch is newer); else,
+ * as without such a saver, they are listed.
  */
-export async function newStates(graph: RunnableGraph, thread: string, runId: string, limit: number, room: number, saver?: DroverSaver): Promise<{ states: unknown[]; joins: boolean }> {
+export async function newStates(graph: RunnableGraph, thread: string, runId: string, limit: number, room: number, saver?: RunSaver): Promise<{ states: unknown[]; joins: boolean }> {
+  const start = saver?.startHead(thread);
+  const walked = saver && start !== undefined ? await walkStates(graph, thread, runId, limit, room, saver, start) : undefined;
+  if (walked) return walked;
   const states: unknown[] = [];
-  let s: StateSnapshotLike | undefined = await graph.getState(threadConfig(thread, saver));
-  while (s?.config?.configurable?.checkpoint_id && states.length < limit) {
+  for await (const s of graph.getStateHistory(threadConfig(thread, saver), { limit })) {
     const st = toThreadState(s);
     room -= JSON.stringify(st).length;
     if (room < 0) return { states, joins: false };
     states.push(st);
     if ((s.metadata as { run_id?: unknown } | undefined)?.run_id !== runId) return { states, joins: true };
-    const parent = s.parentConfig?.configurable?.checkpoint_id as string | undefined;
-    if (!parent) return { states, joins: false };
-    s = await graph.getState(threadConfig(thread, saver, parent));
   }
   return { states, joins: false };
+}
+
+/**
+ * newStates along the head's parents, each read by id (as LangGraph's history reads it: no
+ * pending writes applied), or undefined when they may not be what the list answers: they do not
+ * lead to start (the head at the run's start; null: the thread had none), a parent is missing,
+ * or room ran out first.
+ */
+async function walkStates(graph: RunnableGraph, thread: string, runId: string, limit: number, room: number, saver: RunSaver, start: string | null): Promise<{ states: unknown[]; joins: boolean } | undefined> {
+  const states: unknown[] = [];
+  let id = (await saver.getTuple(threadConfig(thread)))?.config.configurable?.checkpoint_id as string | undefined;
+  while (id && states.length < limit) {
+    const s = await graph.getState(threadConfig(thread, saver, id));
+    // Not found: an empty snapshot (no creation time), never a state to send.
+    if (s.createdAt === undefined) return undefined;
+    const st = toThreadState(s);
+    room -= JSON.stringify(st).length;
+    if (room < 0) return undefined;
+    states.push(st);
+    // Not the run's: the newest state before the run's own, when it is the head the run started on.
+    if ((s.metadata as { run_id?: unknown } | undefined)?.run_id !== runId) return id === start ? { states, joins: true } : undefined;
+    id = s.parentConfig?.configurable?.checkpoint_id as string | undefined;
+  }
+  // The run's own states only: all of them when the thread had none before, or the newest limit.
+  return id && states.length >= limit ? { states, joins: false } : start === null ? { states, joins: false } : undefined;
 }
 
 /** The thread's newest states, at most `limit` and `room` bytes as JSON. */
@@ -87,6 +113,18 @@ const notInMetadata = new Set(["checkpoint_ns", "checkpoint_id", "run_id", "thre
 export class RunSaver extends DroverSaver {
   /** Checkpoints put per thread in the root namespace. */
   private readonly puts = new Map<string, number>();
+  /** Per thread: the root namespace's head its run's start read (null: none). */
+  private readonly starts = new Map<string, string | null>();
+
+  /** The id of thread's head at the run's start, as seeded (null: none; undefined: not known). */
+  startHead(thread: string): string | null | undefined {
+    return this.starts.get(thread);
+  }
+
+  override seedHead(thread: string, ns: string, head: CheckpointRecord | null): void {
+    if (ns === "") this.starts.set(String(thread), head?.checkpoint_id ?? null);
+    super.seedHead(thread, ns, head);
+  }
 
   /** How many checkpoints of thread's root namespace this saver put (LangGraph's thread id). */
   rootPuts(thread: string): number {

@@ -6,9 +6,10 @@
 import { test, after, before } from "node:test";
 import assert from "node:assert/strict";
 import { Client } from "@langchain/langgraph-sdk";
-import { MessagesAnnotation, StateGraph } from "@langchain/langgraph";
+import { Annotation, MessagesAnnotation, StateGraph, interrupt } from "@langchain/langgraph";
 import { AIMessage } from "@langchain/core/messages";
 import { Drover } from "../dist/index.js";
+import { DroverSaver } from "../dist/langgraph.js";
 import { AgentServerRuntime } from "../dist/agentserver.js";
 import { sharedServer, uniq, until, withTimeout } from "./helpers/server.mjs";
 
@@ -68,4 +69,52 @@ test("agentserver history: outcomes send the run's states, the thread's history 
   const all = await checkpoints();
   assert.ok(all.length > 12, `checkpoints of the thread: ${all.length}`);
   assert.deepEqual(await historyIds(), all);
+});
+
+test("agentserver history: a run started from an older checkpoint keeps the branch it left", async (t) => {
+  const ns = uniq("lgfork");
+  const rt = new AgentServerRuntime({ drover: new Drover({ url: srv.url, namespace: ns }), graphs: { agent: echo } });
+  await rt.start();
+  t.after(() => withTimeout(rt.stop(), 30_000, "runtime did not stop"));
+  const client = new Client({ apiUrl: srv.url, apiKey: null, defaultHeaders: { "Drover-Namespace": ns }, callerOptions: { maxRetries: 0 } });
+  const thread = (await client.threads.create()).thread_id;
+  const checkpoints = async () => (await new Drover({ url: srv.url, namespace: ns }).checkpoints.list(thread, { checkpoint_ns: "", limit: 1000 })).map((c) => c.checkpoint_id);
+  const historyIds = async () => (await client.threads.getHistory(thread, { limit: 100 })).map((s) => s.checkpoint.checkpoint_id);
+
+  await client.runs.wait(thread, "agent", { input: { messages: [{ role: "user", content: "one" }] } });
+  const fork = (await client.threads.getState(thread)).checkpoint.checkpoint_id;
+  await client.runs.wait(thread, "agent", { input: { messages: [{ role: "user", content: "two" }] } });
+  // From the first run's last state: the second run's states are another branch, newer than it,
+  // and LangGraph's history (by id) still lists them.
+  await client.runs.wait(thread, "agent", { input: { messages: [{ role: "user", content: "from one" }] }, checkpointId: fork });
+  const all = await checkpoints();
+  assert.equal(all.length, 9);
+  assert.deepEqual(await historyIds(), all);
+});
+
+test("agentserver history: the head's pending writes are not applied in the history", async (t) => {
+  const ns = uniq("lgpend");
+  // Two nodes in one step: a ends, b interrupts; a's writes wait as the head's pending writes.
+  const build = () =>
+    new StateGraph(Annotation.Root({ log: Annotation({ reducer: (a, b) => a.concat(b), default: () => [] }) }))
+      .addNode("a", () => ({ log: ["a"] }))
+      .addNode("b", () => ({ log: [String(interrupt("ask"))] }))
+      .addEdge("__start__", "a")
+      .addEdge("__start__", "b");
+  const rt = new AgentServerRuntime({ drover: new Drover({ url: srv.url, namespace: ns }), graphs: { fan: build().compile() } });
+  await rt.start();
+  t.after(() => withTimeout(rt.stop(), 30_000, "runtime did not stop"));
+  const client = new Client({ apiUrl: srv.url, apiKey: null, defaultHeaders: { "Drover-Namespace": ns }, callerOptions: { maxRetries: 0 } });
+  const thread = (await client.threads.create()).thread_id;
+  await client.runs.wait(thread, "fan", { input: { log: ["in"] } });
+
+  const ref = build().compile({ checkpointer: new DroverSaver({ drover: new Drover({ url: srv.url, namespace: ns }) }) });
+  const want = [];
+  for await (const s of ref.getStateHistory({ configurable: { thread_id: thread } }, { limit: 1 })) want.push(s);
+  const got = (await client.threads.getHistory(thread, { limit: 1 }))[0];
+  assert.equal(got.checkpoint.checkpoint_id, want[0].config.configurable.checkpoint_id);
+  assert.deepEqual([got.values, [...got.next].sort()], [want[0].values, [...want[0].next].sort()]);
+  assert.deepEqual([...got.next].sort(), ["a", "b"]);
+  // The thread's state applies them, as LangGraph's getState does.
+  assert.deepEqual((await client.threads.getState(thread)).next, ["b"]);
 });
