@@ -209,7 +209,7 @@ func (s *server) rootHead(ctx context.Context, thread string) (*HeadCheckpoint, 
 // (name, token and contender), none without l: a transaction nested in
 // another's that deletes the holding's key if it is still the one created
 // at l's token (a lock lost meanwhile, or held by another since, is left
-// as it is). ok is false when l does not name thread's lock.
+// as it is). A 400 names the field of l that is wrong (its contender not echoed).
 func runLockRelease(sp keyspace.Space, thread string, l *outcomeLock) (release []clientv3.Op, err error) {
 	if l == nil {
 		return nil, nil
