@@ -11,7 +11,7 @@ import ssl
 import threading
 import time
 import urllib.parse
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _tracing
 from ._version import __version__
@@ -441,3 +441,32 @@ def shutdown_socket(conn: Optional[http.client.HTTPConnection]) -> None:
         sock.shutdown(socket.SHUT_RDWR)
     except OSError:
         pass
+
+
+def sse_events(resp: http.client.HTTPResponse) -> Iterator[Tuple[str, str, Optional[str]]]:
+    """The Server-Sent Events of a stream's answer, each as (event, data,
+    id): the event's name ("message" by default), its data lines joined,
+    its id or None. Comments and events without data are skipped; the
+    generator returns when the server ends the stream."""
+    event, data, ev_id = "message", [], None  # type: str, List[str], Optional[str]
+    while True:
+        raw = resp.readline()
+        if not raw:
+            return
+        line = raw.decode("utf-8").rstrip("\r\n")
+        if line == "":
+            if data:
+                yield event, "\n".join(data), ev_id
+            event, data, ev_id = "message", [], None
+            continue
+        if line.startswith(":"):
+            continue
+        field, _, value = line.partition(":")
+        if value.startswith(" "):
+            value = value[1:]
+        if field == "event":
+            event = value
+        elif field == "data":
+            data.append(value)
+        elif field == "id":
+            ev_id = value

@@ -6,7 +6,7 @@ import logging
 import threading
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, NamedTuple, Optional
 
-from ._transport import IDEMPOTENT, quote, shutdown_socket
+from ._transport import IDEMPOTENT, quote, shutdown_socket, sse_events
 from .errors import DroverError, Gone, InvalidInput, NotFound, TransportError, Unauthorized
 from .sessions import Session
 
@@ -227,34 +227,12 @@ class Watch:
     def _read(self) -> Iterator[WatchEvent]:
         resp = self._resp
         assert resp is not None
-        event = "message"
-        data: List[str] = []
-        ev_id: Optional[str] = None
-        while True:
-            raw = resp.readline()
-            if not raw:
-                return  # the server ended the stream: reconnect
-            line = raw.decode("utf-8").rstrip("\r\n")
-            if line == "":
-                if data:
-                    ev = self._dispatch(event, "\n".join(data), ev_id)
-                    if ev is not None:
-                        yield ev
-                    if ev is None and event == "end":
-                        return
-                event, data, ev_id = "message", [], None
-                continue
-            if line.startswith(":"):
-                continue
-            field, _, value = line.partition(":")
-            if value.startswith(" "):
-                value = value[1:]
-            if field == "event":
-                event = value
-            elif field == "data":
-                data.append(value)
-            elif field == "id":
-                ev_id = value
+        for event, text, ev_id in sse_events(resp):
+            ev = self._dispatch(event, text, ev_id)
+            if ev is not None:
+                yield ev
+            elif event == "end":
+                return
 
     def _dispatch(self, event: str, text: str, ev_id: Optional[str]) -> Optional[WatchEvent]:
         payload = json.loads(text)

@@ -12,9 +12,9 @@ import http.client
 import json
 import logging
 import threading
-from typing import TYPE_CHECKING, Iterator, List, NamedTuple, Optional
+from typing import TYPE_CHECKING, Iterator, NamedTuple, Optional
 
-from ._transport import shutdown_socket
+from ._transport import shutdown_socket, sse_events
 from .errors import DroverError, Gone, InvalidInput, NotFound, Unauthorized
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -151,36 +151,16 @@ class RunStops:
     def _read(self) -> Iterator[RunStopEvent]:
         resp = self._resp
         assert resp is not None
-        event, data, ev_id = "message", [], None  # type: str, List[str], Optional[str]
-        while True:
-            raw = resp.readline()
-            if not raw:
-                return  # the server ended the stream: reconnect
-            line = raw.decode("utf-8").rstrip("\r\n")
-            if line == "":
-                if data:
-                    p = json.loads("\n".join(data))
-                    if ev_id:
-                        self.last_event_id = ev_id
-                    if event == "stop":
-                        yield RunStopEvent("stop", p["task_id"], p.get("run_id") or p["task_id"], int(p.get("revision") or 0), False)
-                    elif event == "ready":
-                        yield RunStopEvent("ready", "", "", int(p.get("revision") or 0), bool(p.get("resumed")))
-                    elif event == "end":
-                        log.info("drover: run stops ended by the server: %s", p.get("detail"))
-                        if p.get("reason") == "compacted":
-                            yield self._reset()
-                        return
-                event, data, ev_id = "message", [], None
-                continue
-            if line.startswith(":"):
-                continue
-            field, _, value = line.partition(":")
-            if value.startswith(" "):
-                value = value[1:]
-            if field == "event":
-                event = value
-            elif field == "data":
-                data.append(value)
-            elif field == "id":
-                ev_id = value
+        for event, text, ev_id in sse_events(resp):
+            p = json.loads(text)
+            if ev_id:
+                self.last_event_id = ev_id
+            if event == "stop":
+                yield RunStopEvent("stop", p["task_id"], p.get("run_id") or p["task_id"], int(p.get("revision") or 0), False)
+            elif event == "ready":
+                yield RunStopEvent("ready", "", "", int(p.get("revision") or 0), bool(p.get("resumed")))
+            elif event == "end":
+                log.info("drover: run stops ended by the server: %s", p.get("detail"))
+                if p.get("reason") == "compacted":
+                    yield self._reset()
+                return
