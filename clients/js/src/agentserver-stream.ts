@@ -85,7 +85,9 @@ function debugTask(task: unknown): unknown {
 /** A config without LangGraph's internal configurable keys (`__pregel_…`) and without callbacks. */
 function publicConfig(c: unknown): unknown {
   if (!isObject(c) || !isObject(c.configurable)) return c;
-  const { callbacks: _cb, ...rest } = c;
+  // run_name: a task's config carries its node's name, which LangChain drops when callbacks are
+  // set (always under streamEvents): left out, so that both paths of runEvents answer alike.
+  const { callbacks: _cb, run_name: _rn, runName: _rN, ...rest } = c;
   return { ...rest, configurable: Object.fromEntries(Object.entries(c.configurable).filter(([k]) => !k.startsWith("__"))) };
 }
 

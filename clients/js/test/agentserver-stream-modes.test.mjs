@@ -12,7 +12,10 @@ const State = Annotation.Root({ log: Annotation({ reducer: (a, b) => a.concat(b)
 function build() {
   const sub = new StateGraph(State).addNode("s1", () => ({ log: ["s1"] })).addEdge("__start__", "s1").addEdge("s1", "__end__").compile();
   return new StateGraph(State)
-    .addNode("a", () => ({ log: ["a"] }))
+    .addNode("a", (_s, config) => {
+      config.writer?.({ note: "a" });
+      return { log: ["a"] };
+    })
     .addNode("sub", sub)
     .addNode("ask", () => ({ log: [String(interrupt("ok?"))] }))
     .addEdge("__start__", "a")
@@ -64,6 +67,28 @@ for (const subgraphs of [false, true]) {
     if (subgraphs) assert.ok(cheap.out.some((e) => e.event.includes("|")), "a subgraph's chunk is named with its namespace");
   });
 }
+
+/** Events with what each run makes anew (uuids, ids, timestamps) made alike. */
+function alike(evs) {
+  return JSON.parse(
+    JSON.stringify(evs)
+      .replace(/[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}/g, "uuid")
+      .replace(/"[0-9a-f]{32}"/g, '"id"')
+      .replace(/"\d{4}-\d\d-\d\dT[^"]+"/g, '"time"')
+      .replace(/run-t\d/g, "run")
+      .replace(/"t\d"/g, '"thread"'),
+  );
+}
+
+test("runEvents: every graph mode through stream equals streamEvents' (subgraphs)", async () => {
+  const modes = ["values", "updates", "debug", "tasks", "checkpoints", "custom"];
+  const cheap = await collect(modes, true, "t4");
+  assert.deepEqual(cheap.calls, { stream: 1, streamEvents: 0 });
+  const full = await collect([...modes, "events"], true, "t5");
+  assert.ok(cheap.out.some((e) => e.event.startsWith("custom")), "the writer's chunk is streamed");
+  assert.ok(cheap.out.some((e) => e.event.startsWith("debug|sub")), "a subgraph's debug chunk is streamed");
+  assert.deepEqual(alike(cheap.out), alike(full.out.filter((e) => e.event !== "events")));
+});
 
 test("runEvents: a task's start is seen through stream too (onTaskStart)", async () => {
   const g = build();
