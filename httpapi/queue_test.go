@@ -214,7 +214,10 @@ func TestQueueClaimConcurrent(t *testing.T) {
 }
 
 // TestClaimLongPollWakes: a claim waiting on an empty queue is answered
-// within 100 ms of a submission, by the queue's watch.
+// by the queue's watch once a task is submitted, not by its wait's end:
+// nothing else ends the wait (no periodic claim), so an answer with the
+// task well before the 8 s wait ran out was woken by the watch. Counted
+// as a decision, not timed tightly: a busy machine may take a while.
 func TestClaimLongPollWakes(t *testing.T) {
 	a := newAPI(t)
 	sess := a.session(10)
@@ -239,8 +242,8 @@ func TestClaimLongPollWakes(t *testing.T) {
 	if len(r.tasks) != 1 {
 		t.Fatalf("claimed %v", r.tasks)
 	}
-	if lag := r.at.Sub(submitted); lag > 100*time.Millisecond {
-		t.Fatalf("the claim answered %v after the submission, want within 100ms", lag)
+	if lag := r.at.Sub(submitted); lag > 4*time.Second {
+		t.Fatalf("the claim answered %v after the submission: by its 8 s wait's end, not by the queue's watch", lag)
 	}
 	// An empty wait ends with no tasks.
 	start := time.Now()
