@@ -8,6 +8,14 @@
 // The input adds 1 and each node 1: every run adds 4 to the thread's count.
 // Prints one JSON line. Every request has the SDK's own timeout; the whole
 // is bounded by the caller's `timeout`.
+// Before the timed runs, WARMUP runs a client (default 1) are waited for,
+// not timed: a server's JIT compiles its hot code in its first thousand or
+// so runs, which a short measurement would count. With BENCH_CPU_SIDS (a
+// comma-separated list of session ids), the JSON line also holds the CPU
+// (user and system, ms) of each session's processes per timed run, read
+// from /proc at the start and the end of the timed runs: the warm-up's CPU
+// is not counted.
+import { readdirSync, readFileSync } from "node:fs";
 import { Client } from "@langchain/langgraph-sdk";
 
 const [mode, apiUrl, runsArg, concArg] = process.argv.slice(2);
@@ -21,6 +29,31 @@ if (!["wait", "stream"].includes(mode) || !apiUrl || !(RUNS > 0) || !(CONC > 0))
 // so that CONC clients sharing one Client would be 4 runs at a time, whatever CONC is.
 const client = new Client({ apiUrl, apiKey: null, callerOptions: { maxRetries: 0, maxConcurrency: CONC }, timeoutMs: 120_000 });
 const input = { count: 1 };
+const WARMUP = Number(process.env.WARMUP ?? 1);
+if (!Number.isInteger(WARMUP) || WARMUP < 0) {
+  console.error(`WARMUP must be a whole number of runs a client, not ${process.env.WARMUP}`);
+  process.exit(2);
+}
+const SIDS = (process.env.BENCH_CPU_SIDS ?? "").split(",").filter(Boolean).map(Number);
+/** Clock ticks a second (USER_HZ): 100 on Linux. */
+const HZ = 100;
+
+/** The CPU ms (user and system) of every process in each session of SIDS, from /proc. */
+function sessionsCpu() {
+  const t = new Map(SIDS.map((s) => [s, 0]));
+  for (const p of readdirSync("/proc")) {
+    if (!/^\d+$/.test(p)) continue;
+    let f;
+    try {
+      f = readFileSync(`/proc/${p}/stat`, "utf8").split(")").pop().trim().split(" ");
+    } catch {
+      continue; // gone meanwhile
+    }
+    const sid = Number(f[3]);
+    if (t.has(sid)) t.set(sid, t.get(sid) + ((Number(f[11]) + Number(f[12])) * 1000) / HZ);
+  }
+  return SIDS.map((s) => t.get(s));
+}
 
 function pct(xs, p) {
   const s = [...xs].sort((a, b) => a - b);
@@ -57,15 +90,17 @@ const threads = await Promise.all(Array.from({ length: CONC }, () => client.thre
 let next = 0;
 let errors = 0;
 let firstError = null;
-// Warm-up: one run per client, not timed; a failed one is counted with the rest.
+// Warm-up: WARMUP runs per client, not timed; a failed one is counted with the rest.
 await Promise.all(
-  threads.map((t) =>
-    waitRun(t).catch((e) => {
-      errors++;
-      firstError ??= String(e?.message ?? e).slice(0, 300);
-    }),
-  ),
+  threads.map(async (t) => {
+    for (let i = 0; i < WARMUP; i++)
+      await waitRun(t).catch((e) => {
+        errors++;
+        firstError ??= String(e?.message ?? e).slice(0, 300);
+      });
+  }),
 );
+const cpu0 = sessionsCpu();
 const lat = [];
 const first = [];
 const firstData = [];
@@ -91,6 +126,8 @@ await Promise.all(
   }),
 );
 const secs = (performance.now() - t0) / 1000;
-const out = { mode, runs: lat.length, conc: CONC, secs: r2(secs), runs_per_s: r2(lat.length / secs), run_ms_p50: r2(pct(lat, 50)), run_ms_p99: r2(pct(lat, 99)), errors, first_error: firstError };
+const cpu = sessionsCpu().map((ms, i) => Math.round(((ms - cpu0[i]) / Math.max(1, lat.length)) * 10) / 10);
+const out = { mode, runs: lat.length, conc: CONC, warmup: WARMUP * CONC, secs: r2(secs), runs_per_s: r2(lat.length / secs), run_ms_p50: r2(pct(lat, 50)), run_ms_p99: r2(pct(lat, 99)), errors, first_error: firstError };
+if (SIDS.length) out.cpu_ms_per_run_each = cpu;
 if (mode === "stream") Object.assign(out, { first_ms_p50: r2(pct(first, 50)), first_ms_p99: r2(pct(first, 99)), first_values_ms_p50: r2(pct(firstData, 50)), first_values_ms_p99: r2(pct(firstData, 99)) });
 console.log(JSON.stringify(out));

@@ -34,6 +34,9 @@ RUNS=${RUNS:-640}
 CONC=${CONC:-64}
 STREAM_RUNS=${STREAM_RUNS:-200}
 STREAM_CONC=${STREAM_CONC:-1}
+# Runs a client waits for before the timed ones (bench.mjs): the first thousand or so runs of a
+# fresh server are its JIT's warm-up, for both systems; the CPU figures count the timed runs only.
+export WARMUP=${WARMUP:-8}
 JOBS=${JOBS:-64}          # runs each server executes at once (langgraphjs dev -n, the runtimes' concurrency in all)
 RUNTIMES=${RUNTIMES:-1}   # drover's runtime processes (LangGraph's dev server is one Node process)
 PROCESSES=${PROCESSES:-}  # each runtime's `serve --processes` (unset: the CLI's default)
@@ -151,21 +154,26 @@ measure() { # system round url
   [ -n "${PROFILE_DIR:-}" ] && threads_cpu "$PROFILE_DIR/threads-$1-$2-before.jsonl" "${pids[@]}"
   # the phase's monotonic clock (a .cpuprofile's startTime is on it, in µs): for cpuprofile windows
   [ -n "${PROFILE_DIR:-}" ] && python3 -c 'import time; print("runs.wait start", time.monotonic())' >>"$PROFILE_DIR/phase-$1-$2.txt"
-  w=$(cd "$work/proj" && timeout "$STEP_TIMEOUT" node bench.mjs wait "$3" "$RUNS" "$CONC") || w='{"mode":"failed","runs":0,"conc":0,"runs_per_s":null,"run_ms_p50":null,"run_ms_p99":null,"errors":1,"first_error":"timed out or failed","first_ms_p50":null,"first_ms_p99":null,"first_values_ms_p50":null,"first_values_ms_p99":null}'
+  w=$(cd "$work/proj" && BENCH_CPU_SIDS=$(IFS=,; echo "${pids[*]}") timeout "$STEP_TIMEOUT" node bench.mjs wait "$3" "$RUNS" "$CONC") || w='{"mode":"failed","runs":0,"conc":0,"runs_per_s":null,"run_ms_p50":null,"run_ms_p99":null,"errors":1,"first_error":"timed out or failed","first_ms_p50":null,"first_ms_p99":null,"first_values_ms_p50":null,"first_values_ms_p99":null}'
   if [ -n "${PROFILE_DIR:-}" ] && [ "$1" = drover ]; then
     curl -s -o "$PROFILE_DIR/metrics-after.txt" "http://127.0.0.1:$((port + 3))/metrics"
-    # the warm-up's runs (one a client) are counted with the measured ones
-    python3 "$here/metrics-diff.py" "$PROFILE_DIR/metrics-before.txt" "$PROFILE_DIR/metrics-after.txt" $((RUNS + CONC)) > "$PROFILE_DIR/per-run.txt"
+    # the warm-up's runs (WARMUP a client) are counted with the timed ones
+    python3 "$here/metrics-diff.py" "$PROFILE_DIR/metrics-before.txt" "$PROFILE_DIR/metrics-after.txt" $((RUNS + WARMUP * CONC)) > "$PROFILE_DIR/per-run.txt"
   fi
-  # the server's CPU (for drover: server and runtime) a run, warm-up runs counted (RUNS + CONC)
+  # the server's CPU (for drover: server and runtime) a run, warm-up runs counted (RUNS + WARMUP * CONC);
+  # replaced below by bench.mjs's figure of the timed runs alone
   cpu1=$(cpu_ms "${pids[@]}")
   if [ -n "${PROFILE_DIR:-}" ]; then
     threads_cpu "$PROFILE_DIR/threads-$1-$2-after.jsonl" "${pids[@]}"
-    python3 "$here/threads-diff.py" "$PROFILE_DIR/threads-$1-$2-before.jsonl" "$PROFILE_DIR/threads-$1-$2-after.jsonl" $((RUNS + CONC)) >"$PROFILE_DIR/threads-$1-$2.txt"
+    python3 "$here/threads-diff.py" "$PROFILE_DIR/threads-$1-$2-before.jsonl" "$PROFILE_DIR/threads-$1-$2-after.jsonl" $((RUNS + WARMUP * CONC)) >"$PROFILE_DIR/threads-$1-$2.txt"
   fi
   [ -n "${PROFILE_DIR:-}" ] && python3 -c 'import time; print("runs.wait end", time.monotonic())' >>"$PROFILE_DIR/phase-$1-$2.txt"
   # one figure a session (drover: the server, then each runtime), then their sum
-  cpu_per_run=$(python3 -c 'import sys; a,b,n=[int(x) for x in sys.argv[1].split(",")],[int(x) for x in sys.argv[2].split(",")],int(sys.argv[3]); d=[round((y-x)/n,1) for x,y in zip(a,b)]; print(",".join(map(str,d+[round(sum(d),1)])))' "$cpu0" "$cpu1" $((RUNS + CONC)))
+  cpu_per_run=$(python3 -c 'import sys; a,b,n=[int(x) for x in sys.argv[1].split(",")],[int(x) for x in sys.argv[2].split(",")],int(sys.argv[3]); d=[round((y-x)/n,1) for x,y in zip(a,b)]; print(",".join(map(str,d+[round(sum(d),1)])))' "$cpu0" "$cpu1" $((RUNS + WARMUP * CONC)))
+  # bench.mjs's figures, of the timed runs alone, when it read them (then the sum)
+  local each
+  each=$(python3 -c 'import json,sys; e=json.loads(sys.argv[1]).get("cpu_ms_per_run_each"); print(",".join(map(str,e+[round(sum(e),1)])) if e else "")' "$w")
+  [ -n "$each" ] && cpu_per_run=$each
   echo "$(date -u +%T) $1 round $2: runs.stream" >&2
   s=$(cd "$work/proj" && timeout "$STEP_TIMEOUT" node bench.mjs stream "$3" "$STREAM_RUNS" "$STREAM_CONC") || s='{"mode":"failed","runs":0,"conc":0,"runs_per_s":null,"run_ms_p50":null,"run_ms_p99":null,"errors":1,"first_error":"timed out or failed","first_ms_p50":null,"first_ms_p99":null,"first_values_ms_p50":null,"first_values_ms_p99":null}'
   [ -n "$prof" ] && wait "$prof"
