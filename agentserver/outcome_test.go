@@ -433,3 +433,23 @@ func TestCopyPruneDeleteHistoryKeys(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkOutcomeOnALongHistory: the outcome of a run that adds two
+// states to a thread whose history holds 90 states at first (then 100, its
+// limit), as a runtime sends it (history_append). The run's creation and
+// claim are not timed.
+func BenchmarkOutcomeOnALongHistory(b *testing.B) {
+	a := newAPI(b)
+	th, out, token := startRun(b, a, map[string]any{})
+	a.must(200, "PUT", out, map[string]any{"token": token, "status": "success", "state": cpState("c089"), "history": cpStates(cps(89, 0)...)})
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		b.StopTimer()
+		out, token := nextRun(b, a, th)
+		hi := 91 + 2*i
+		body := map[string]any{"token": token, "status": "success", "state": cpState(cps(hi, hi)[0]), "history": cpStates(cps(hi, hi-2)...), "history_append": true}
+		b.StartTimer()
+		a.must(200, "PUT", out, body)
+	}
+}
