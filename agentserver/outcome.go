@@ -27,7 +27,7 @@ type runOutcome struct {
 	// HistoryAppend: History holds the run's new states only, down to one
 	// the server keeps already (see appendHistory).
 	HistoryAppend bool `json:"history_append,omitempty" doc:"history holds only the newest states, down to and with one that the thread's stored history holds: the server keeps its stored states older than that one after them, at most history_limit states in all. 412 when the stored history does not hold the last state sent (the runtime then sends the whole history)."`
-	HistoryLimit  int  `json:"history_limit,omitempty" minimum:"0" doc:"With history_append, the most states kept (default 100)."`
+	HistoryLimit  int  `json:"history_limit,omitempty" minimum:"0" doc:"The most states kept (default 100, and at most 100)."`
 	Error         any  `json:"error,omitempty" doc:"The graph's error: {error, message}."`
 	// Lock is the thread's lock the run's start took.
 	Lock *outcomeLock `json:"lock,omitempty" doc:"The thread's lock the run's start (POST .../start) took: its name, token and contender. The outcome releases it in its own transaction, if it is still held with that token (a lock lost meanwhile, or held by another since, is left as it is, and the outcome is recorded all the same)."`
