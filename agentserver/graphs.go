@@ -243,7 +243,8 @@ func (s *server) truncateRoute(api huma.API) {
 			ops = append(ops, clientv3.OpDelete(sp.AgentRuns(""), clientv3.WithPrefix()), clientv3.OpDelete(sp.AgentActiveRuns(""), clientv3.WithPrefix()))
 		}
 		if b.Threads {
-			ops = append(ops, clientv3.OpDelete(sp.AgentThreads(), clientv3.WithPrefix()))
+			ops = append(ops, clientv3.OpDelete(sp.AgentThreads(), clientv3.WithPrefix()),
+				clientv3.OpDelete(sp.AgentThreadStates(), clientv3.WithPrefix()), clientv3.OpDelete(sp.AgentThreadHistories(), clientv3.WithPrefix()))
 		}
 		if b.Checkpoint {
 			ops = append(ops, clientv3.OpDelete(sp.CheckpointThreads(), clientv3.WithPrefix()))

@@ -29,7 +29,7 @@ func TestMain(m *testing.M) {
 // api is drover's whole HTTP API on a loopback port, the Agent Server's
 // routes mounted as drover server mounts them.
 type api struct {
-	t    *testing.T
+	t    testing.TB
 	base string
 	hc   *http.Client
 	// hdr is sent with every request.
@@ -39,7 +39,7 @@ type api struct {
 	ns  string
 }
 
-func newAPI(t *testing.T, edit ...func(*httpapi.Config)) *api {
+func newAPI(t testing.TB, edit ...func(*httpapi.Config)) *api {
 	t.Helper()
 	cli := srv.LocalClient(t)
 	cfg := httpapi.Config{Etcd: cli, Namespace: etcdtest.Namespace(t), Logger: slog.New(slog.DiscardHandler),

@@ -27,7 +27,7 @@ type runOutcome struct {
 	// HistoryAppend: History holds the run's new states only, down to one
 	// the server keeps already (see appendHistory).
 	HistoryAppend bool `json:"history_append,omitempty" doc:"history holds only the newest states, down to and with one that the thread's stored history holds: the server keeps its stored states older than that one after them, at most history_limit states in all. 412 when the stored history does not hold the last state sent (the runtime then sends the whole history)."`
-	HistoryLimit  int  `json:"history_limit,omitempty" minimum:"0" doc:"With history_append, the most states kept (default 100)."`
+	HistoryLimit  int  `json:"history_limit,omitempty" minimum:"0" doc:"The most states kept (default 100, and at most 100)."`
 	Error         any  `json:"error,omitempty" doc:"The graph's error: {error, message}."`
 	// Lock is the thread's lock the run's start took.
 	Lock *outcomeLock `json:"lock,omitempty" doc:"The thread's lock the run's start (POST .../start) took: its name, token and contender. The outcome releases it in its own transaction, if it is still held with that token (a lock lost meanwhile, or held by another since, is left as it is, and the outcome is recorded all the same)."`
@@ -102,20 +102,13 @@ func (s *server) endOnce(ctx context.Context, sp keyspace.Space, thread, id stri
 	r.Status, r.Ended, r.Error, r.UpdatedAt = o.Status, true, capError(o.Error), now
 	rraw, _ := json.Marshal(r)
 	ops, cmps := []clientv3.Op{}, fence
-	if o.State != nil && o.HistoryAppend {
-		hist, cmp, err := appendedHistory(sp, thread, o, rd.state)
-		if err != nil {
-			return Run{}, true, err
-		}
-		o.History, cmps = hist, append(cmps, cmp)
-	}
 	if o.State != nil {
 		th.Values, th.Interrupts = o.State.Values, interruptsOf(o.State)
-		raw, err := stateRecordOf(o, th, len(rraw))
+		hops, hcmps, err := s.outcomeHistory(ctx, sp, thread, o, rd, th, len(rraw))
 		if err != nil {
 			return Run{}, true, err
 		}
-		ops = append(ops, clientv3.OpPut(sp.AgentThreadState(thread), string(raw)))
+		ops, cmps = append(ops, hops...), append(cmps, hcmps...)
 	}
 	if !other {
 		th.Status = threadStatusAfter(o)
@@ -146,15 +139,17 @@ func (s *server) endOnce(ctx context.Context, sp keyspace.Space, thread, id stri
 
 // outcomeRead is what an outcome reads, in one transaction: the run's
 // record, its thread's (or the error of its absence), the keys of the
-// thread's index of active runs, and with history_append the thread's
-// stored state, with their revisions.
+// thread's index of active runs, and with history_append the newest state
+// of the thread's history (its key, if any) and its gap mark, with their
+// revisions.
 type outcomeRead struct {
-	run          runRecord
-	runRev       int64
-	thread       Thread
-	threadRev    int64
-	threadErr    error
-	index, state []*mvccpb.KeyValue
+	run         runRecord
+	runRev      int64
+	thread      Thread
+	threadRev   int64
+	threadErr   error
+	index, head []*mvccpb.KeyValue
+	gap         bool
 }
 
 // outcomeReads reads what outcome o of run id needs (see outcomeRead).
@@ -166,7 +161,8 @@ func (s *server) outcomeReads(ctx context.Context, sp keyspace.Space, thread, id
 	gets := []clientv3.Op{clientv3.OpGet(sp.AgentRun(thread, id)), clientv3.OpGet(sp.AgentThread(thread)),
 		clientv3.OpGet(sp.AgentActiveRuns(thread), activeIndexOpts()...)}
 	if o.State != nil && o.HistoryAppend {
-		gets = append(gets, clientv3.OpGet(sp.AgentThreadState(thread)))
+		gets = append(gets, clientv3.OpGet(sp.AgentThreadHistoryStates(thread), clientv3.WithRange(historyEnd(sp, thread)), clientv3.WithLimit(1)),
+			clientv3.OpGet(sp.AgentThreadHistoryGap(thread), clientv3.WithCountOnly()))
 	}
 	resp, err := s.cfg.Etcd.Txn(ctx).Then(gets...).Commit()
 	if err != nil {
@@ -182,7 +178,7 @@ func (s *server) outcomeReads(ctx context.Context, sp keyspace.Space, thread, id
 	}
 	rd.runRev, rd.index = kvs(0)[0].ModRevision, kvs(2)
 	if len(gets) > 3 {
-		rd.state = kvs(3)
+		rd.head, rd.gap = kvs(3), resp.Responses[4].GetResponseRange().Count > 0
 	}
 	if len(kvs(1)) == 0 {
 		rd.threadErr = errThreadNotFound(thread)
@@ -256,60 +252,132 @@ func cutUTF8(s string, n int) string {
 	return s[:n]
 }
 
-// stateRecordOf is the state record of outcome o (o.State set): its state
-// and its history, newest first, cut to what fits maxStoredState with
-// thread th's record and the run's record (runBytes long) beside it. A
-// state that does not fit alone is refused (413).
-func stateRecordOf(o runOutcome, th Thread, runBytes int) ([]byte, error) {
-	hist := o.History
-	if len(hist) == 0 {
-		hist = []ThreadState{*o.State}
-	}
+// outcomeHistory is what outcome o (o.State set) writes of the thread's
+// state and history, with the compares that keep what it read of them
+// until its transaction: the state record, and o's states, newest first,
+// as many as fit maxStoredState beside thread th's record and the run's
+// (runBytes long), as the history's keys: in place of the stored ones,
+// or with history_append in place of the stored states down to o's last
+// one, found by the checkpoint id of the newest stored state (else all
+// are read), before those older than it. No other stored state is read or
+// written: the outcome costs its own states. A state that does not fit
+// alone is refused (413).
+func (s *server) outcomeHistory(ctx context.Context, sp keyspace.Space, thread string, o runOutcome, rd outcomeRead, th Thread, runBytes int) ([]clientv3.Op, []clientv3.Cmp, error) {
 	traw, _ := json.Marshal(th)
 	st, _ := json.Marshal(o.State)
 	room := maxStoredState - len(traw) - len(st) - runBytes - 4<<10 // keys and the rest
 	if room < 0 {
-		return nil, huma.NewError(http.StatusRequestEntityTooLarge, fmt.Sprintf("body.state: the thread's state takes %d bytes, twice over with the thread's values and beside the run's record of %d bytes: at most %d bytes in all", len(st), runBytes, maxStoredState))
+		return nil, nil, huma.NewError(http.StatusRequestEntityTooLarge, fmt.Sprintf("body.state: the thread's state takes %d bytes, twice over with the thread's values and beside the run's record of %d bytes: at most %d bytes in all", len(st), runBytes, maxStoredState))
 	}
-	n := 0
-	for ; n < len(hist); n++ {
-		b, _ := json.Marshal(hist[n])
-		if room -= len(b) + 1; room < 0 {
-			break
+	ops := []clientv3.Op{clientv3.OpPut(sp.AgentThreadState(thread), recordJSON(st))}
+	limit := historyLimit(o)
+	if !o.HistoryAppend {
+		hist := o.History
+		if len(hist) == 0 {
+			hist = []ThreadState{*o.State}
+		}
+		enc := encodedStates(hist, limit, room)
+		ops = append(ops, historyWrites(sp, thread, enc, historyBase, len(enc))...)
+		return append(ops, clientv3.OpDelete(sp.AgentThreadHistoryGap(thread))), nil, nil
+	}
+	if rd.gap {
+		return nil, nil, errHistoryNotJoined()
+	}
+	if len(rd.head) == 0 {
+		return s.appendToLegacy(ctx, sp, thread, o, limit, room, ops)
+	}
+	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(sp.AgentThreadHistoryGap(thread)), "=", 0)}
+	n := len(o.History)
+	if n == 0 { // nothing new: the stored history, cut to limit
+		cut := sp.AgentThreadHistoryState(thread, historyPos(rd.head[0].Key)+uint64(limit))
+		return append(ops, clientv3.OpDelete(cut, clientv3.WithRange(historyEnd(sp, thread)))), cmps, nil
+	}
+	anchor, err := s.historyAnchor(ctx, sp, thread, checkpointIDOf(o.History[n-1]), rd.head[0])
+	if err != nil {
+		return nil, nil, err
+	}
+	cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(string(anchor.Key)), "=", anchor.ModRevision))
+	enc := encodedStates(o.History, limit, room)
+	keep := len(enc)
+	if keep == n { // the anchor kept: the stored states older than it follow, up to limit
+		keep = limit
+	}
+	return append(ops, historyWrites(sp, thread, enc, historyPos(anchor.Key)-uint64(n-1), keep)...), cmps, nil
+}
+
+// historyLimit is the most states outcome o keeps: its history_limit, 100
+// by default, and at most maxHistoryKept.
+func historyLimit(o runOutcome) int {
+	if o.HistoryLimit <= 0 {
+		return defaultHistoryKept
+	}
+	return min(o.HistoryLimit, maxHistoryKept)
+}
+
+// historyAnchor is the key of the stored history state whose checkpoint id
+// is anchor: head, the newest, as it mostly is (a run starts from the
+// thread's latest checkpoint), else one the history's states, all read,
+// hold. 412 when none does.
+func (s *server) historyAnchor(ctx context.Context, sp keyspace.Space, thread, anchor string, head *mvccpb.KeyValue) (*mvccpb.KeyValue, error) {
+	if anchor == "" {
+		return nil, errHistoryNotJoined()
+	}
+	var id struct {
+		Checkpoint struct {
+			ID string `json:"checkpoint_id"`
+		} `json:"checkpoint"`
+	}
+	if json.Unmarshal(head.Value, &id) == nil && id.Checkpoint.ID == anchor {
+		return head, nil
+	}
+	h, err := s.readHistory(ctx, sp, thread, 0, false)
+	if err != nil {
+		return nil, err
+	}
+	for i, st := range h.states {
+		if !h.legacy && checkpointIDOf(st) == anchor {
+			return h.kvs[i], nil
 		}
 	}
-	raw, _ := json.Marshal(stateRecord{State: *o.State, History: hist[:n]})
-	return raw, nil
+	return nil, errHistoryNotJoined()
+}
+
+// appendToLegacy is outcomeHistory with history_append on a thread with no
+// history key: its state record's history, of the previous layout (or
+// none), is the stored one, and the history appended is written whole.
+func (s *server) appendToLegacy(ctx context.Context, sp keyspace.Space, thread string, o runOutcome, limit, room int, ops []clientv3.Op) ([]clientv3.Op, []clientv3.Cmp, error) {
+	key := sp.AgentThreadState(thread)
+	resp, err := s.cfg.Etcd.Get(ctx, key)
+	if err != nil {
+		return nil, nil, etcdError("reading the thread's state", err)
+	}
+	var rec stateRecord
+	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(sp.AgentThreadHistoryStates(thread)).WithPrefix(), "=", 0),
+		clientv3.Compare(clientv3.ModRevision(key), "=", 0)}
+	if len(resp.Kvs) > 0 {
+		cmps[1] = clientv3.Compare(clientv3.ModRevision(key), "=", resp.Kvs[0].ModRevision)
+		if err := json.Unmarshal(resp.Kvs[0].Value, &rec); err != nil {
+			return nil, nil, undecodable("thread state", thread, err)
+		}
+	}
+	hist, ok := appendHistory(o.History, rec.History, limit)
+	if !ok || rec.Gap {
+		return nil, nil, errHistoryNotJoined()
+	}
+	enc := encodedStates(hist, limit, room)
+	ops = append(ops, historyWrites(sp, thread, enc, historyBase, len(enc))...)
+	return append(ops, clientv3.OpDelete(sp.AgentThreadHistoryGap(thread))), cmps, nil
+}
+
+// errHistoryNotJoined: an appended history whose last state the stored
+// history does not hold, or one with a gap.
+func errHistoryNotJoined() error {
+	return huma.NewError(http.StatusPreconditionFailed, "body.history: the thread's stored history does not hold the last state sent, or lacks states older than it: send the whole history, without history_append")
 }
 
 // defaultHistoryKept is the most states an appended history keeps unless
 // the outcome says otherwise (the runtime's default history limit).
 const defaultHistoryKept = 100
-
-// appendedHistory is outcome o's history (o.HistoryAppend set) followed by
-// the thread's stored states older than o's last one (stored, the state
-// record as read, if any), with the compare that keeps the stored record
-// the one read until the outcome's transaction.
-func appendedHistory(sp keyspace.Space, thread string, o runOutcome, stored []*mvccpb.KeyValue) ([]ThreadState, clientv3.Cmp, error) {
-	key := sp.AgentThreadState(thread)
-	cmp := clientv3.Compare(clientv3.ModRevision(key), "=", 0)
-	var rec stateRecord
-	if len(stored) > 0 {
-		cmp = clientv3.Compare(clientv3.ModRevision(key), "=", stored[0].ModRevision)
-		if err := json.Unmarshal(stored[0].Value, &rec); err != nil {
-			return nil, cmp, undecodable("thread state", thread, err)
-		}
-	}
-	limit := o.HistoryLimit
-	if limit <= 0 {
-		limit = defaultHistoryKept
-	}
-	hist, ok := appendHistory(o.History, rec.History, limit)
-	if !ok || rec.Gap {
-		return nil, cmp, huma.NewError(http.StatusPreconditionFailed, "body.history: the thread's stored history does not hold the last state sent, or lacks states older than it: send the whole history, without history_append")
-	}
-	return hist, cmp, nil
-}
 
 // appendHistory is newer (newest first, its last state one that stored
 // holds) followed by the states of stored older than that one, at most

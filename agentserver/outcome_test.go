@@ -9,12 +9,13 @@ import (
 	"time"
 
 	"github.com/droverhq/drover/keyspace"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // startRun makes a thread and a run of it, claims the run's task as a
 // runtime would, and answers the thread, the run's outcome path and the
 // claim's token.
-func startRun(t *testing.T, a *api, body map[string]any) (th, out string, token int64) {
+func startRun(t testing.TB, a *api, body map[string]any) (th, out string, token int64) {
 	t.Helper()
 	a.must(200, "PUT", "/v1/agent-server/graphs/agent", map[string]any{})
 	th = a.must(200, "POST", "/threads", map[string]any{}).Obj["thread_id"].(string)
@@ -245,5 +246,210 @@ func TestAppendRefusedAfterAnUpdateOnAnUnstoredCheckpoint(t *testing.T) {
 		"history": []any{at("b1", "u1"), at("u1", "a1"), at("a1", "c1"), at("c1", "")}})
 	if got := history(th); got != "b1 u1 a1 c1" {
 		t.Fatalf("history after the whole history was sent: %q, want b1 u1 a1 c1", got)
+	}
+}
+
+// cpState is a state at checkpoint cp, with a few messages as values.
+func cpState(cp string) map[string]any {
+	msgs := make([]any, 8)
+	for i := range msgs {
+		msgs[i] = map[string]any{"type": "ai", "content": fmt.Sprintf("message %d of %s, with some words in it", i, cp)}
+	}
+	s := valuesState(map[string]any{"cp": cp, "messages": msgs})
+	s["checkpoint"] = map[string]any{"checkpoint_id": cp}
+	s["metadata"] = map[string]any{"step": cp}
+	return s
+}
+
+// cpStates is cpState of each of cps.
+func cpStates(cps ...string) []any {
+	out := make([]any, len(cps))
+	for i, cp := range cps {
+		out[i] = cpState(cp)
+	}
+	return out
+}
+
+// historyIDs is the checkpoint ids of thread th's history, newest first.
+func historyIDs(a *api, th string) string {
+	var ids []string
+	for _, st := range a.must(200, "POST", "/threads/"+th+"/history", map[string]any{"limit": 1000}).List {
+		ids = append(ids, st["checkpoint"].(map[string]any)["checkpoint_id"].(string))
+	}
+	return strings.Join(ids, " ")
+}
+
+// nextRun makes a run of thread th, claims it, and answers its outcome's
+// path and the claim's token.
+func nextRun(t testing.TB, a *api, th string) (string, int64) {
+	id := a.must(200, "POST", "/threads/"+th+"/runs", map[string]any{"assistant_id": "agent"}).Obj["run_id"].(string)
+	return "/v1/agent-server/threads/" + th + "/runs/" + id + "/outcome", claimRun(t, a)
+}
+
+// historyKeys counts thread th's history keys.
+func historyKeys(t testing.TB, a *api, th string) int64 {
+	resp, err := a.cli.Get(context.Background(), keyspace.MustNew(a.ns).AgentThreadHistory(th), clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.Count
+}
+
+// cps is checkpoint ids "c{hi}" down to "c{lo}".
+func cps(hi, lo int) []string {
+	var out []string
+	for i := hi; i >= lo; i-- {
+		out = append(out, fmt.Sprintf("c%03d", i))
+	}
+	return out
+}
+
+// A history grown over many appending outcomes keeps its newest 100
+// states, newest first, one key each; the state record holds no history.
+func TestLongHistoryKeepsTheNewest100(t *testing.T) {
+	a := newAPI(t)
+	th, out, token := startRun(t, a, map[string]any{})
+	a.must(200, "PUT", out, map[string]any{"token": token, "status": "success", "state": cpState("c000"), "history": cpStates("c000")})
+	for hi := 5; hi <= 150; hi += 5 {
+		out, token := nextRun(t, a, th)
+		a.must(200, "PUT", out, map[string]any{"token": token, "status": "success", "state": cpState(cps(hi, hi)[0]),
+			"history": cpStates(cps(hi, hi-5)...), "history_append": true})
+	}
+	if got, want := historyIDs(a, th), strings.Join(cps(150, 51), " "); got != want {
+		t.Fatalf("history after 151 states:\n%s\nwant the newest 100:\n%s", got, want)
+	}
+	if n := historyKeys(t, a, th); n != 100 {
+		t.Fatalf("%d history keys: want 100", n)
+	}
+	if h := a.must(200, "GET", "/threads/"+th+"/history?limit=3", nil).List; len(h) != 3 || h[0]["metadata"].(map[string]any)["step"] != "c150" {
+		t.Fatalf("history with limit 3: %d states, the first %v: want c150 c149 c148", len(h), h[0]["metadata"])
+	}
+	rec, err := a.cli.Get(context.Background(), keyspace.MustNew(a.ns).AgentThreadState(th))
+	if err != nil || len(rec.Kvs) != 1 || strings.Contains(string(rec.Kvs[0].Value), `"history"`) || !strings.Contains(string(rec.Kvs[0].Value), "c150") {
+		t.Fatalf("state record %q (%v): want the state c150 alone", rec.Kvs, err)
+	}
+	out, token = nextRun(t, a, th)
+	a.must(200, "PUT", out, map[string]any{"token": token, "status": "success", "state": cpState("c151"), "history": cpStates("c151", "c150"),
+		"history_append": true, "history_limit": 3})
+	if got := historyIDs(a, th); got != "c151 c150 c149" {
+		t.Fatalf("history after an outcome with history_limit 3: %q", got)
+	}
+}
+
+// An appended history joins the stored state its last state names, also
+// one older than the newest (a run started from an older checkpoint): the
+// stored states newer than it are left out. One whose last state is not
+// stored, or has no checkpoint id, is refused (412) and changes nothing.
+func TestAppendJoinsAnOlderStoredState(t *testing.T) {
+	a := newAPI(t)
+	th, out, token := startRun(t, a, map[string]any{})
+	a.must(200, "PUT", out, map[string]any{"token": token, "status": "success", "state": cpState("c4"), "history": cpStates("c4", "c3", "c2", "c1")})
+	out, token = nextRun(t, a, th)
+	a.must(412, "PUT", out, map[string]any{"token": token, "status": "success", "state": cpState("x2"), "history": cpStates("x2", "x1"), "history_append": true})
+	anon := cpState("x1")
+	delete(anon, "checkpoint")
+	a.must(412, "PUT", out, map[string]any{"token": token, "status": "success", "state": cpState("x2"), "history": []any{cpState("x2"), anon}, "history_append": true})
+	if got := historyIDs(a, th); got != "c4 c3 c2 c1" {
+		t.Fatalf("history after refused appends: %q, want it unchanged", got)
+	}
+	a.must(200, "PUT", out, map[string]any{"token": token, "status": "success", "state": cpState("b2"), "history": cpStates("b2", "b1", "c2"), "history_append": true})
+	if got := historyIDs(a, th); got != "b2 b1 c2 c1" {
+		t.Fatalf("history after an append on c2: %q, want b2 b1 c2 c1", got)
+	}
+	if n := historyKeys(t, a, th); n != 4 {
+		t.Fatalf("%d history keys: want 4", n)
+	}
+}
+
+// A thread stored by the previous layout, its history in its state record,
+// reads as it did; an outcome appends to that history and converts it to
+// one key per state; a record of it with a gap refuses an append (412).
+func TestHistoryOfThePreviousLayout(t *testing.T) {
+	a := newAPI(t)
+	ctx := context.Background()
+	sp := keyspace.MustNew(a.ns)
+	th, out, token := startRun(t, a, map[string]any{})
+	legacy := func(gap bool) {
+		raw, _ := json.Marshal(map[string]any{"state": cpState("c3"), "history": cpStates("c3", "c2", "c1"), "gap": gap})
+		if _, err := a.cli.Put(ctx, sp.AgentThreadState(th), string(raw)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	legacy(true)
+	if got := historyIDs(a, th); got != "c3 c2 c1" {
+		t.Fatalf("history of a record of the previous layout: %q, want c3 c2 c1", got)
+	}
+	if st := a.must(200, "GET", "/threads/"+th+"/state/c2", nil).Obj; st["metadata"].(map[string]any)["step"] != "c2" {
+		t.Fatalf("state at c2 of the previous layout: %v", st["metadata"])
+	}
+	a.must(412, "PUT", out, map[string]any{"token": token, "status": "success", "state": cpState("c4"), "history": cpStates("c4", "c3"), "history_append": true})
+	legacy(false)
+	a.must(200, "PUT", out, map[string]any{"token": token, "status": "success", "state": cpState("c4"), "history": cpStates("c4", "c3"), "history_append": true})
+	if got := historyIDs(a, th); got != "c4 c3 c2 c1" {
+		t.Fatalf("history appended to the previous layout's: %q, want c4 c3 c2 c1", got)
+	}
+	rec, err := a.cli.Get(ctx, sp.AgentThreadState(th))
+	if err != nil || len(rec.Kvs) != 1 || strings.Contains(string(rec.Kvs[0].Value), `"history"`) {
+		t.Fatalf("state record after the outcome %q (%v): want it converted, without history", rec.Kvs, err)
+	}
+	if n := historyKeys(t, a, th); n != 4 {
+		t.Fatalf("%d history keys after the conversion: want 4", n)
+	}
+}
+
+// A copy copies a thread's history keys (the copy's thread id in them), a
+// keep_latest prune keeps its newest state's key alone, a delete deletes
+// them all; the same of a thread of the previous layout.
+func TestCopyPruneDeleteHistoryKeys(t *testing.T) {
+	a := newAPI(t)
+	ctx := context.Background()
+	sp := keyspace.MustNew(a.ns)
+	th, out, token := startRun(t, a, map[string]any{})
+	a.must(200, "PUT", out, map[string]any{"token": token, "status": "success", "state": cpState("c5"), "history": cpStates(strings.Fields("c5 c4 c3 c2 c1")...)})
+	other := a.must(200, "POST", "/threads", map[string]any{}).Obj["thread_id"].(string)
+	raw, _ := json.Marshal(map[string]any{"state": cpState("o3"), "history": cpStates("o3", "o2", "o1")})
+	if _, err := a.cli.Put(ctx, sp.AgentThreadState(other), string(raw)); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ th, want string }{{th, "c5 c4 c3 c2 c1"}, {other, "o3 o2 o1"}} {
+		cp := a.must(200, "POST", "/threads/"+c.th+"/copy", nil).Obj["thread_id"].(string)
+		if got := historyIDs(a, cp); got != c.want {
+			t.Fatalf("copy's history %q: want %q", got, c.want)
+		}
+		if n := historyKeys(t, a, cp); n != int64(len(strings.Fields(c.want))) {
+			t.Fatalf("copy of %s has %d history keys: want one per state", c.th, n)
+		}
+		h := a.must(200, "POST", "/threads/"+cp+"/history", map[string]any{"limit": 1}).List
+		if h[0]["checkpoint"].(map[string]any)["thread_id"] != cp || h[0]["metadata"].(map[string]any)["thread_id"] != cp {
+			t.Fatalf("copy's newest state %v %v: want the copy's thread id", h[0]["checkpoint"], h[0]["metadata"])
+		}
+		a.must(200, "POST", "/threads/prune", map[string]any{"thread_ids": []any{c.th}, "strategy": "keep_latest"})
+		if got, n := historyIDs(a, c.th), historyKeys(t, a, c.th); got != strings.Fields(c.want)[0] || n != 1 {
+			t.Fatalf("history after keep_latest %q, %d keys: want the newest alone", got, n)
+		}
+		a.must(204, "DELETE", "/threads/"+cp, nil)
+		if n := historyKeys(t, a, cp); n != 0 {
+			t.Fatalf("%d history keys of a deleted thread: want none", n)
+		}
+	}
+}
+
+// BenchmarkOutcomeOnALongHistory: the outcome of a run that adds two
+// states to a thread whose history holds 90 states at first (then 100, its
+// limit), as a runtime sends it (history_append). The run's creation and
+// claim are not timed.
+func BenchmarkOutcomeOnALongHistory(b *testing.B) {
+	a := newAPI(b)
+	th, out, token := startRun(b, a, map[string]any{})
+	a.must(200, "PUT", out, map[string]any{"token": token, "status": "success", "state": cpState("c089"), "history": cpStates(cps(89, 0)...)})
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		b.StopTimer()
+		out, token := nextRun(b, a, th)
+		hi := 91 + 2*i
+		body := map[string]any{"token": token, "status": "success", "state": cpState(cps(hi, hi)[0]), "history": cpStates(cps(hi, hi-2)...), "history_append": true}
+		b.StartTimer()
+		a.must(200, "PUT", out, body)
 	}
 }

@@ -347,7 +347,7 @@ func (s *server) runChangeRoutes(api huma.API, tags []string) {
 	huma.Register(api, huma.Operation{
 		OperationID: "agent-server-end-run", Method: http.MethodPut, Path: "/v1/agent-server/threads/{thread_id}/runs/{run_id}/outcome", Tags: tags,
 		Summary:      "Record how a run ended (for runtimes)",
-		Description:  "The runtime that holds the run's queue task (under the claim's token) reports its status and the thread's state; the run and the thread are written in one transaction. 409 when the runtime no longer holds the task. The history is kept newest first as far as it fits the thread's stored state (1 MiB with the thread's values); with history_append the runtime sends only the run's new states and the server keeps the stored ones after them (412 when they do not join).",
+		Description:  "The runtime that holds the run's queue task (under the claim's token) reports its status and the thread's state; the run and the thread are written in one transaction. 409 when the runtime no longer holds the task. The history is kept newest first, one key per state, at most 100 states, and as many of the states sent as fit 1 MiB beside the state and the thread's values; with history_append the runtime sends only the run's new states and the server keeps the stored ones after them (412 when they do not join).",
 		Errors:       []int{http.StatusBadRequest, http.StatusNotFound, http.StatusConflict, http.StatusPreconditionFailed, http.StatusRequestEntityTooLarge},
 		MaxBodyBytes: maxOutcomeBody, BodyReadTimeout: 2 * time.Minute,
 	}, func(ctx context.Context, in *struct {

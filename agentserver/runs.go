@@ -74,13 +74,16 @@ type ThreadState struct {
 }
 
 // stateRecord is what the runtime of a thread's last run reported: its
-// state and history, newest first.
+// state. Its history is apart, one key per state (see readHistory); a
+// record of the previous layout holds it too.
 type stateRecord struct {
-	State   ThreadState   `json:"state"`
-	History []ThreadState `json:"history"`
-	// Gap: a state update was stored on a checkpoint the history does not
-	// hold (one of a run stopped before its outcome), so the history skips
-	// states: an outcome may not append to it, it sends the whole history.
+	State ThreadState `json:"state"`
+	// History: the history, newest first, of a record of the previous
+	// layout; never written now.
+	History []ThreadState `json:"history,omitempty"`
+	// Gap: of a record of the previous layout, that a state update was
+	// stored on a checkpoint its history does not hold (now the history's
+	// gap key, keyspace.AgentThreadHistoryGap).
 	Gap bool `json:"gap,omitempty"`
 }
 
@@ -468,7 +471,7 @@ func (s *server) threadState(ctx context.Context, thread string) (stateRecord, e
 		return stateRecord{}, etcdError("reading the thread's state", err)
 	}
 	if len(resp.Kvs) == 0 {
-		return stateRecord{State: ThreadState{Values: map[string]any{}, Next: []string{}, Tasks: []any{}, Metadata: map[string]any{}}, History: []ThreadState{}}, nil
+		return stateRecord{State: emptyState()}, nil
 	}
 	var st stateRecord
 	if err := json.Unmarshal(resp.Kvs[0].Value, &st); err != nil {

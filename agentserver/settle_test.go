@@ -136,7 +136,7 @@ func TestOutcomeKeepsAnotherRunsBusy(t *testing.T) {
 
 // claimRun claims the namespace's one run task as a runtime would, and
 // returns the claim's token.
-func claimRun(t *testing.T, a *api) int64 {
+func claimRun(t testing.TB, a *api) int64 {
 	t.Helper()
 	ctx := context.Background()
 	q, err := queue.NewClient(a.cli, a.ns)

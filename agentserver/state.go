@@ -2,9 +2,14 @@ package agentserver
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
+	"strconv"
 
 	"github.com/danielgtaylor/huma/v2"
+	"github.com/droverhq/drover/keyspace"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // checkpointIDOf is the checkpoint_id of a state's checkpoint.
@@ -70,11 +75,15 @@ func taskWithSubgraphs(t any, subgraphs bool, depth int) any {
 
 // stateAt is the thread's state at checkpoint id (its latest for "").
 func (s *server) stateAt(ctx context.Context, thread, id string) (ThreadState, error) {
-	rec, err := s.threadState(ctx, thread)
-	if err != nil || id == "" {
+	if id == "" {
+		rec, err := s.threadState(ctx, thread)
 		return rec.State, err
 	}
-	for _, st := range rec.History {
+	h, err := s.threadHistory(ctx, thread, 0)
+	if err != nil {
+		return ThreadState{}, err
+	}
+	for _, st := range h.states {
 		if checkpointIDOf(st) == id {
 			return st, nil
 		}
@@ -89,21 +98,26 @@ type historyBody struct {
 	Checkpoint any            `json:"checkpoint,omitempty" doc:"Only states of this checkpoint namespace."`
 }
 
-// history is thread's states, newest first, as b filters them.
+// history is thread's states, newest first, as b filters them. Without a
+// filter it reads only as many states as it answers.
 func (s *server) history(ctx context.Context, thread string, b historyBody) ([]ThreadState, error) {
-	rec, err := s.threadState(ctx, thread)
-	if err != nil {
-		return nil, err
-	}
 	before := ""
 	if m, ok := b.Before.(map[string]any); ok {
 		before, _ = m["checkpoint_id"].(string)
 	} else if sid, ok := b.Before.(string); ok {
 		before = sid
 	}
+	limit := int64(0)
+	if before == "" && b.Metadata == nil {
+		limit = int64(max(b.Limit, 1))
+	}
+	h, err := s.threadHistory(ctx, thread, limit)
+	if err != nil {
+		return nil, err
+	}
 	out := []ThreadState{}
 	skipping := before != ""
-	for _, st := range rec.History {
+	for _, st := range h.states {
 		if skipping {
 			skipping = checkpointIDOf(st) != before
 			continue
@@ -205,4 +219,139 @@ func (s *server) historyRoutes(api huma.API, tags []string) {
 		h, err := s.history(ctx, id, historyBody{Limit: in.Limit, Before: in.Before})
 		return &struct{ Body []ThreadState }{Body: h}, err
 	})
+}
+
+// A thread's history is one key per state (keyspace.AgentThreadHistoryState),
+// apart from its state record, so that an outcome writes only its run's
+// states and a reader of the state reads no history. A record of the
+// previous layout holds the history itself (stateRecord.History); it is
+// read as the history while the thread has no history key, and its next
+// write converts it.
+
+// historyBase is the position of the newest state of a history written
+// whole; an appended state goes below its anchor's, so positions count
+// down from here as a history grows (2^62 of them: never exhausted).
+const historyBase uint64 = 1 << 62
+
+// maxHistoryKept bounds a thread's history: its states are keys, and an
+// outcome writes its run's in one transaction, under etcd's default of
+// 128 operations.
+const maxHistoryKept = 100
+
+// historyKeyBytes is what an outcome counts of a history key and its
+// operation beside the state's JSON.
+const historyKeyBytes = 128
+
+// historyPos is the position of history state key (its last 16 hex digits).
+func historyPos(key []byte) uint64 {
+	p, _ := strconv.ParseUint(string(key[max(len(key)-16, 0):]), 16, 64)
+	return p
+}
+
+// historyEnd is the end of the range of thread's history states.
+func historyEnd(sp keyspace.Space, thread string) string {
+	return clientv3.GetPrefixRangeEnd(sp.AgentThreadHistoryStates(thread))
+}
+
+// historyWrites are the operations that put thread's history states
+// (encoded, newest first) at positions p0 on, and delete the stored states
+// newer than them and those at p0+keep or after (keep >= len(states)): the
+// stored states in between stay. Puts and deletes never overlap, as etcd
+// asks of one transaction.
+func historyWrites(sp keyspace.Space, thread string, states [][]byte, p0 uint64, keep int) []clientv3.Op {
+	ops := []clientv3.Op{clientv3.OpDelete(sp.AgentThreadHistoryStates(thread), clientv3.WithRange(sp.AgentThreadHistoryState(thread, p0))),
+		clientv3.OpDelete(sp.AgentThreadHistoryState(thread, p0+uint64(keep)), clientv3.WithRange(historyEnd(sp, thread)))}
+	for i, raw := range states {
+		ops = append(ops, clientv3.OpPut(sp.AgentThreadHistoryState(thread, p0+uint64(i)), string(raw)))
+	}
+	return ops
+}
+
+// historyWhole are the operations that make hist (newest first, at most
+// maxHistoryKept) thread's whole history, with its gap mark or without.
+func historyWhole(sp keyspace.Space, thread string, hist []ThreadState, gap bool) []clientv3.Op {
+	enc := encodedStates(hist, maxHistoryKept, maxStoredState)
+	ops := historyWrites(sp, thread, enc, historyBase, len(enc))
+	if gap {
+		return append(ops, clientv3.OpPut(sp.AgentThreadHistoryGap(thread), "1"))
+	}
+	return append(ops, clientv3.OpDelete(sp.AgentThreadHistoryGap(thread)))
+}
+
+// encodedStates is the JSON of states, newest first: at most limit, as
+// many as fit room bytes with their keys.
+func encodedStates(states []ThreadState, limit, room int) [][]byte {
+	out := make([][]byte, 0, min(len(states), limit))
+	for _, st := range states[:min(len(states), limit)] {
+		b, _ := json.Marshal(st)
+		if room -= len(b) + historyKeyBytes; room < 0 {
+			break
+		}
+		out = append(out, b)
+	}
+	return out
+}
+
+// recordJSON is the state record of state st (its JSON), as stored.
+func recordJSON(st []byte) string { return `{"state":` + string(st) + `}` }
+
+// storedHistory is a thread's history as read: its newest states and their
+// keys, or a legacy record's states (no keys), and its state record.
+type storedHistory struct {
+	states []ThreadState
+	kvs    []*mvccpb.KeyValue
+	legacy bool
+	gap    bool
+	rec    stateRecord
+	recKV  *mvccpb.KeyValue
+}
+
+// readHistory reads thread's history, its newest limit states (all for 0;
+// all of a legacy record), its gap mark and its state record (decoded with
+// record, or when the thread has no history key), at one revision.
+func (s *server) readHistory(ctx context.Context, sp keyspace.Space, thread string, limit int64, record bool) (storedHistory, error) {
+	resp, err := s.cfg.Etcd.Txn(ctx).Then(
+		clientv3.OpGet(sp.AgentThreadHistoryStates(thread), clientv3.WithRange(historyEnd(sp, thread)), clientv3.WithLimit(limit)),
+		clientv3.OpGet(sp.AgentThreadHistoryGap(thread), clientv3.WithCountOnly()), clientv3.OpGet(sp.AgentThreadState(thread))).Commit()
+	if err != nil {
+		return storedHistory{}, etcdError("reading the thread's history", err)
+	}
+	rr := resp.Responses
+	h := storedHistory{kvs: rr[0].GetResponseRange().Kvs, gap: rr[1].GetResponseRange().Count > 0, rec: stateRecord{State: emptyState()}}
+	if kvs := rr[2].GetResponseRange().Kvs; len(kvs) > 0 {
+		h.recKV = kvs[0]
+		if record || len(h.kvs) == 0 {
+			if err := json.Unmarshal(kvs[0].Value, &h.rec); err != nil {
+				return storedHistory{}, undecodable("thread state", thread, err)
+			}
+		}
+	}
+	if len(h.kvs) == 0 && h.rec.History != nil {
+		h.legacy, h.states, h.gap = true, h.rec.History, h.rec.Gap
+		return h, nil
+	}
+	h.states = make([]ThreadState, len(h.kvs))
+	for i, kv := range h.kvs {
+		if err := json.Unmarshal(kv.Value, &h.states[i]); err != nil {
+			return storedHistory{}, undecodable("thread history state", thread, err)
+		}
+	}
+	return h, nil
+}
+
+// threadHistory is readHistory of an existing thread (404 otherwise).
+func (s *server) threadHistory(ctx context.Context, thread string, limit int64) (storedHistory, error) {
+	sp, err := s.space(ctx)
+	if err != nil {
+		return storedHistory{}, err
+	}
+	if _, _, err := s.getThread(ctx, thread); err != nil {
+		return storedHistory{}, err
+	}
+	return s.readHistory(ctx, sp, thread, limit, false)
+}
+
+// emptyState is the state of a thread no run has ended on.
+func emptyState() ThreadState {
+	return ThreadState{Values: map[string]any{}, Next: []string{}, Tasks: []any{}, Metadata: map[string]any{}}
 }

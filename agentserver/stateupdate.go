@@ -8,6 +8,7 @@ import (
 	"net/http"
 
 	"github.com/danielgtaylor/huma/v2"
+	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/queue"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -131,7 +132,7 @@ func (s *server) awaitUpdate(ctx context.Context, thread string, u updateTicket)
 		return nil, err
 	}
 	for range maxAttempts {
-		rec, err := s.threadState(ctx, thread)
+		h, err := s.readHistory(ctx, sp, thread, 1, false)
 		if err != nil {
 			return nil, err
 		}
@@ -139,10 +140,7 @@ func (s *server) awaitUpdate(ctx context.Context, thread string, u updateTicket)
 		if err != nil {
 			return nil, err
 		}
-		rec.Gap = rec.Gap || !joinsHistory(res.State, rec)
-		rec.History = append([]ThreadState{res.State}, rec.History...)
-		rec.History = rec.History[:min(len(rec.History), 100)]
-		rec.State = res.State
+		ops := updateHistory(sp, thread, res.State, h)
 		th.Values, th.Interrupts, th.UpdatedAt = res.State.Values, interruptsOf(&res.State), s.now()
 		if th.Status != "busy" {
 			th.Status = "idle"
@@ -150,13 +148,12 @@ func (s *server) awaitUpdate(ctx context.Context, thread string, u updateTicket)
 				th.Status = "interrupted"
 			}
 		}
-		raw, _ := json.Marshal(rec)
 		traw, _ := json.Marshal(th)
 		active, state := sp.AgentActiveRuns(thread), sp.AgentThreadState(thread)
 		resp, err := s.cfg.Etcd.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(sp.AgentThread(thread)), "=", trev),
 			clientv3.Compare(clientv3.CreateRevision(active), "<", u.since+1).WithPrefix(),
 			clientv3.Compare(clientv3.ModRevision(state), "<", u.since+1)).
-			Then(clientv3.OpPut(state, string(raw)), clientv3.OpPut(sp.AgentThread(thread), string(traw))).
+			Then(append(ops, clientv3.OpPut(sp.AgentThread(thread), string(traw)))...).
 			Else(clientv3.OpGet(active, clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithMinCreateRev(u.since+1), clientv3.WithLimit(1)),
 				clientv3.OpGet(state, clientv3.WithKeysOnly())).Commit()
 		if err != nil {
@@ -253,14 +250,42 @@ func (s *server) applySupersteps(ctx context.Context, id string, steps []superst
 	return t, err
 }
 
-// joinsHistory reports whether state st, a state update's, follows the
-// newest state of rec's history: its parent checkpoint is that state's (or
-// both are absent). A run stopped before its outcome leaves checkpoints
-// the history does not hold, and an update made after it builds on them.
-func joinsHistory(st ThreadState, rec stateRecord) bool {
+// updateHistory are the operations that store state st, a state update's,
+// as the thread's, its history h as read: st is put before the stored
+// states (at most maxHistoryKept in all), and the history marked with a
+// gap unless st follows its newest state (see joinsHistory). A legacy
+// record's history is written whole, converted.
+func updateHistory(sp keyspace.Space, thread string, st ThreadState, h storedHistory) []clientv3.Op {
+	var head *ThreadState
+	if len(h.states) > 0 {
+		head = &h.states[0]
+	}
+	gap := h.gap || !joinsHistory(st, head)
+	raw, _ := json.Marshal(st)
+	ops := []clientv3.Op{clientv3.OpPut(sp.AgentThreadState(thread), recordJSON(raw))}
+	if h.legacy {
+		return append(ops, historyWhole(sp, thread, append([]ThreadState{st}, h.states...), gap)...)
+	}
+	pos := historyBase
+	if len(h.kvs) > 0 {
+		pos = historyPos(h.kvs[0].Key) - 1
+	}
+	ops = append(ops, historyWrites(sp, thread, [][]byte{raw}, pos, maxHistoryKept)...)
+	if gap {
+		ops = append(ops, clientv3.OpPut(sp.AgentThreadHistoryGap(thread), "1"))
+	}
+	return ops
+}
+
+// joinsHistory reports whether state st, a state update's, follows head,
+// the newest state of the stored history: its parent checkpoint is head's
+// (or both are absent). A run stopped before its outcome leaves
+// checkpoints the history does not hold, and an update made after it
+// builds on them.
+func joinsHistory(st ThreadState, head *ThreadState) bool {
 	parent := checkpointIDOf(ThreadState{Checkpoint: st.ParentCheckpoint})
-	if len(rec.History) == 0 {
+	if head == nil {
 		return parent == ""
 	}
-	return parent != "" && parent == checkpointIDOf(rec.History[0])
+	return parent != "" && parent == checkpointIDOf(*head)
 }

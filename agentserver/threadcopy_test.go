@@ -144,6 +144,9 @@ func TestPruneAndPatchState(t *testing.T) {
 	if cp, err := store.GetLatest(ctx, th, ""); err != nil || string(cp.Metadata.Extra["label"]) != `"ok"` || cp.Metadata.Source != "loop" {
 		t.Fatalf("latest checkpoint %+v (%v): want the patch merged", cp, err)
 	}
+	if h := a.must(200, "POST", "/threads/"+th+"/history", map[string]any{"limit": 1}).List; h[0]["metadata"].(map[string]any)["label"] != "ok" {
+		t.Fatalf("history's newest state's metadata %v: want the patch merged", h[0]["metadata"])
+	}
 
 	got := a.must(200, "POST", "/threads/prune", map[string]any{"thread_ids": []any{th}, "strategy": "keep_latest"}).Obj
 	if got["pruned_count"] != float64(1) {

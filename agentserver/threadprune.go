@@ -44,7 +44,7 @@ func (s *server) pruneThread(ctx context.Context, id, strategy string) (bool, er
 	if err != nil {
 		return false, err
 	}
-	rec, err := s.threadState(ctx, id)
+	h, err := s.readHistory(ctx, sp, id, 1, false)
 	if err != nil {
 		return false, err
 	}
@@ -62,9 +62,7 @@ func (s *server) pruneThread(ctx context.Context, id, strategy string) (bool, er
 	// the thread busy) makes the prune fail, and a prune that lost a race
 	// prunes nothing.
 	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(sp.AgentThread(id)), "=", trev)}
-	rec.History = rec.History[:min(len(rec.History), 1)]
-	raw, _ := json.Marshal(rec)
-	ops := []clientv3.Op{clientv3.OpPut(sp.AgentThreadState(id), string(raw))}
+	ops := prunedHistory(sp, id, h)
 	for _, kv := range resp.Kvs {
 		ns, ok := sp.CheckpointNSOfKey(id, string(kv.Key))
 		if !ok {
@@ -103,6 +101,21 @@ func (s *server) pruneThread(ctx context.Context, id, strategy string) (bool, er
 	return true, nil
 }
 
+// prunedHistory are the operations that keep only the newest state of
+// thread id's history h (read with its newest state): the older states'
+// keys deleted, or a legacy record converted with that state alone.
+func prunedHistory(sp keyspace.Space, id string, h storedHistory) []clientv3.Op {
+	if h.legacy {
+		raw, _ := json.Marshal(h.rec.State)
+		return append(historyWhole(sp, id, h.states[:min(len(h.states), 1)], h.gap), clientv3.OpPut(sp.AgentThreadState(id), recordJSON(raw)))
+	}
+	if len(h.kvs) == 0 {
+		return nil
+	}
+	older := sp.AgentThreadHistoryState(id, historyPos(h.kvs[0].Key)+1)
+	return []clientv3.Op{clientv3.OpDelete(older, clientv3.WithRange(historyEnd(sp, id)))}
+}
+
 // keptWrites reports whether key holds pending writes of the latest
 // checkpoint, whose writes are the one key latest (or keys under it).
 func keptWrites(key, latest string) bool {
@@ -117,24 +130,20 @@ func (s *server) patchStateMetadata(ctx context.Context, id string, metadata map
 		return err
 	}
 	for range maxAttempts {
-		rec, err := s.threadState(ctx, id)
+		h, err := s.readHistory(ctx, sp, id, 1, true)
 		if err != nil {
 			return err
 		}
-		cid := checkpointIDOf(rec.State)
-		if cid == "" {
+		cid := checkpointIDOf(h.rec.State)
+		if cid == "" || h.recKV == nil {
 			return huma.NewError(http.StatusNotFound, "Thread "+id+" has no checkpoint: run it once first")
-		}
-		st, err := s.cfg.Etcd.Get(ctx, sp.AgentThreadState(id))
-		if err != nil || len(st.Kvs) == 0 {
-			return etcdError("reading the thread's state", err)
 		}
 		ckey := sp.CheckpointKey(id, keyspace.CheckpointNSName(""), cid)
 		cp, err := s.cfg.Etcd.Get(ctx, ckey)
 		if err != nil {
 			return etcdError("reading the thread's checkpoint", err)
 		}
-		cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(sp.AgentThreadState(id)), "=", st.Kvs[0].ModRevision)}
+		cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(sp.AgentThreadState(id)), "=", h.recKV.ModRevision)}
 		var ops []clientv3.Op
 		if len(cp.Kvs) == 1 {
 			d := json.NewDecoder(bytes.NewReader(cp.Kvs[0].Value))
@@ -148,12 +157,21 @@ func (s *server) patchStateMetadata(ctx context.Context, id string, metadata map
 			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(ckey), "=", cp.Kvs[0].ModRevision))
 			ops = append(ops, clientv3.OpPut(ckey, string(raw)))
 		}
-		rec.State.Metadata = merged(rec.State.Metadata, metadata)
-		if len(rec.History) > 0 && checkpointIDOf(rec.History[0]) == cid {
-			rec.History[0].Metadata = rec.State.Metadata
+		h.rec.State.Metadata = merged(h.rec.State.Metadata, metadata)
+		head := len(h.states) > 0 && checkpointIDOf(h.states[0]) == cid
+		if head {
+			h.states[0].Metadata = h.rec.State.Metadata
 		}
-		raw, _ := json.Marshal(rec)
-		ops = append(ops, clientv3.OpPut(sp.AgentThreadState(id), string(raw)))
+		switch {
+		case h.legacy:
+			ops = append(ops, historyWhole(sp, id, h.states, h.gap)...)
+		case head:
+			raw, _ := json.Marshal(h.states[0])
+			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(string(h.kvs[0].Key)), "=", h.kvs[0].ModRevision))
+			ops = append(ops, clientv3.OpPut(string(h.kvs[0].Key), string(raw)))
+		}
+		raw, _ := json.Marshal(h.rec.State)
+		ops = append(ops, clientv3.OpPut(sp.AgentThreadState(id), recordJSON(raw)))
 		r, err := s.cfg.Etcd.Txn(ctx).If(cmps...).Then(ops...).Commit()
 		if err != nil {
 			return etcdError("patching the state's metadata", err)

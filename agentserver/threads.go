@@ -164,12 +164,13 @@ func (s *server) deleteThread(ctx context.Context, id string) error {
 	return errRaced("the thread")
 }
 
-// threadDeletes deletes thread id with its runs' records, its state and
-// its checkpoints.
+// threadDeletes deletes thread id with its runs' records, its state, its
+// history and its checkpoints.
 func threadDeletes(sp keyspace.Space, id string) []clientv3.Op {
 	return []clientv3.Op{clientv3.OpDelete(sp.AgentThread(id)), clientv3.OpDelete(sp.AgentRuns(id), clientv3.WithPrefix()),
 		clientv3.OpDelete(sp.AgentActiveRuns(id), clientv3.WithPrefix()),
-		clientv3.OpDelete(sp.AgentThreadState(id)), clientv3.OpDelete(sp.Checkpoints(id), clientv3.WithPrefix())}
+		clientv3.OpDelete(sp.AgentThreadState(id)), clientv3.OpDelete(sp.AgentThreadHistory(id), clientv3.WithPrefix()),
+		clientv3.OpDelete(sp.Checkpoints(id), clientv3.WithPrefix())}
 }
 
 // deleteThreadsWhere deletes each thread f picks, each unless it changed
@@ -288,7 +289,7 @@ func (s *server) copyThread(ctx context.Context, id string) (Thread, error) {
 	if err != nil {
 		return Thread{}, err
 	}
-	rec, err := s.threadState(ctx, id)
+	h, err := s.readHistory(ctx, sp, id, 0, true)
 	if err != nil {
 		return Thread{}, err
 	}
@@ -301,21 +302,30 @@ func (s *server) copyThread(ctx context.Context, id string) (Thread, error) {
 	t.Metadata["thread_id"] = t.ThreadID
 	undo := func() {
 		_, _ = s.cfg.Etcd.Delete(context.WithoutCancel(ctx), sp.Checkpoints(t.ThreadID), clientv3.WithPrefix())
+		_, _ = s.cfg.Etcd.Delete(context.WithoutCancel(ctx), sp.AgentThreadHistory(t.ThreadID), clientv3.WithPrefix())
 	}
 	if err := s.copyCheckpoints(ctx, sp, id, t.ThreadID); err != nil {
 		undo()
 		return Thread{}, err
 	}
-	copied := stateRecord{State: copiedState(rec.State, id, t.ThreadID), History: make([]ThreadState, len(rec.History)), Gap: rec.Gap}
-	for i, st := range rec.History {
-		copied.History[i] = copiedState(st, id, t.ThreadID)
+	var hist [][2]string // the history's keys and values, at the positions from historyBase on
+	for i, st := range h.states[:min(len(h.states), maxHistoryKept)] {
+		raw, _ := json.Marshal(copiedState(st, id, t.ThreadID))
+		hist = append(hist, [2]string{sp.AgentThreadHistoryState(t.ThreadID, historyBase+uint64(i)), string(raw)})
 	}
-	sraw, _ := json.Marshal(copied)
+	if err := s.putBatches(ctx, sp, "copying the thread's history", hist); err != nil {
+		undo()
+		return Thread{}, err
+	}
+	sraw, _ := json.Marshal(copiedState(h.rec.State, id, t.ThreadID))
 	traw, _ := json.Marshal(t)
 	tkey := sp.AgentThread(t.ThreadID)
+	ops := []clientv3.Op{clientv3.OpPut(tkey, string(traw)), clientv3.OpPut(sp.AgentThreadState(t.ThreadID), recordJSON(sraw))}
+	if h.gap {
+		ops = append(ops, clientv3.OpPut(sp.AgentThreadHistoryGap(t.ThreadID), "1"))
+	}
 	put, err := s.cfg.Etcd.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(tkey), "=", 0), storeguard.NotFull(sp)).
-		Then(clientv3.OpPut(tkey, string(traw)), clientv3.OpPut(sp.AgentThreadState(t.ThreadID), string(sraw))).
-		Else(storeguard.GetOp(sp)).Commit()
+		Then(ops...).Else(storeguard.GetOp(sp)).Commit()
 	switch {
 	case err != nil:
 		err = etcdError("creating the copy", err)
@@ -339,6 +349,20 @@ func (s *server) copyCheckpoints(ctx context.Context, sp keyspace.Space, from, t
 	if err != nil {
 		return etcdError("reading the thread's checkpoints", err)
 	}
+	kvs := make([][2]string, 0, len(resp.Kvs))
+	for _, kv := range resp.Kvs {
+		rest := strings.TrimPrefix(string(kv.Key), sp.Checkpoints(from))
+		if string(kv.Key) == sp.CheckpointInterrupt(from) || strings.HasSuffix(rest, "/fence") {
+			continue // a run's request to stop, and the tokens seen: the old thread's own
+		}
+		kvs = append(kvs, [2]string{sp.Checkpoints(to) + rest, strings.ReplaceAll(string(kv.Value), from, to)})
+	}
+	return s.putBatches(ctx, sp, "copying the thread's checkpoints", kvs)
+}
+
+// putBatches puts kvs (key, value), in transactions of at most copyBatch
+// keys and copyBatchBytes bytes, each while the store is not full.
+func (s *server) putBatches(ctx context.Context, sp keyspace.Space, what string, kvs [][2]string) error {
 	var ops []clientv3.Op
 	size := 0 // the bytes of ops' keys and values
 	flush := func() error {
@@ -348,25 +372,20 @@ func (s *server) copyCheckpoints(ctx context.Context, sp keyspace.Space, from, t
 		put, err := s.cfg.Etcd.Txn(ctx).If(storeguard.NotFull(sp)).Then(ops...).Else(storeguard.GetOp(sp)).Commit()
 		ops, size = ops[:0], 0
 		if err != nil {
-			return etcdError("copying the thread's checkpoints", err)
+			return etcdError(what, err)
 		}
 		if !put.Succeeded {
 			return guardOf(put, 0)
 		}
 		return nil
 	}
-	for _, kv := range resp.Kvs {
-		rest := strings.TrimPrefix(string(kv.Key), sp.Checkpoints(from))
-		if string(kv.Key) == sp.CheckpointInterrupt(from) || strings.HasSuffix(rest, "/fence") {
-			continue // a run's request to stop, and the tokens seen: the old thread's own
-		}
-		key, val := sp.Checkpoints(to)+rest, strings.ReplaceAll(string(kv.Value), from, to)
-		if size+len(key)+len(val) > copyBatchBytes {
+	for _, kv := range kvs {
+		if size+len(kv[0])+len(kv[1]) > copyBatchBytes {
 			if err := flush(); err != nil {
 				return err
 			}
 		}
-		ops, size = append(ops, clientv3.OpPut(key, val)), size+len(key)+len(val)
+		ops, size = append(ops, clientv3.OpPut(kv[0], kv[1])), size+len(kv[0])+len(kv[1])
 		if len(ops) == copyBatch {
 			if err := flush(); err != nil {
 				return err

@@ -50,9 +50,40 @@ func (s Space) AgentRun(thread, id string) string { return s.AgentRuns(thread) +
 // reported them.
 func (s Space) AgentThreadStates() string { return s.root + "agent-server/states/" }
 
-// AgentThreadState is the key of thread id's state and history, as the
-// runtime that ran its last run reported them.
+// AgentThreadState is the key of thread id's state, as the runtime that
+// ran its last run reported it (its history is under AgentThreadHistory;
+// a record of the previous layout holds the history too).
 func (s Space) AgentThreadState(id string) string { return s.AgentThreadStates() + id }
+
+// AgentThreadHistories is the prefix of the threads' histories, apart
+// from their states (AgentThreadStates), so that a listing of the states
+// mixes in no history key.
+func (s Space) AgentThreadHistories() string { return s.root + "agent-server/history/" }
+
+// AgentThreadHistory is the prefix of everything of thread id's history:
+// its states (AgentThreadHistoryStates) and its gap mark.
+func (s Space) AgentThreadHistory(id string) string { return s.AgentThreadHistories() + id + "/" }
+
+// AgentThreadHistoryStates is the prefix of thread id's history states,
+// one key per state (AgentThreadHistoryState).
+func (s Space) AgentThreadHistoryStates(id string) string {
+	return s.AgentThreadHistory(id) + "states/"
+}
+
+// AgentThreadHistoryState is the key of the state at position pos of
+// thread id's history, pos in 16 hex digits. Positions count down: a newer
+// state has a smaller one, so that a range read in key order, which etcd
+// cuts at its limit (a descending sort reads the whole range first),
+// answers the newest states first. A sequence rather than the checkpoint
+// id: a state need not have one, and a runtime's ids need not be ordered.
+func (s Space) AgentThreadHistoryState(id string, pos uint64) string {
+	return fmt.Sprintf("%s%016x", s.AgentThreadHistoryStates(id), pos)
+}
+
+// AgentThreadHistoryGap is the key whose presence says that thread id's
+// history skips states (a state update stored on a checkpoint it does not
+// hold): an outcome may not append to it, but must send it whole.
+func (s Space) AgentThreadHistoryGap(id string) string { return s.AgentThreadHistory(id) + "gap" }
 
 // AgentCrons is the prefix of the Agent Server's crons.
 func (s Space) AgentCrons() string { return s.root + "agent-server/crons/" }
