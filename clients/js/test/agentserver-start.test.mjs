@@ -118,8 +118,10 @@ test("agentserver start: one request takes the lock, the outcome releases it", a
   const got = await checkStreams(ns, rec.sent);
   assert.equal(got.runs, runs);
   assert.equal(got.withStart, runs);
-  // Events queued behind a late append when the graph ends go with the outcome, not as an append.
-  assert.ok(got.withOutcome > 0, "no outcome carried the run's last events");
+  // Events queued behind a late append when the graph ends go with the outcome, not as an append:
+  // how many did depends on how fast the graph ran (not asserted: agentserver-writer's takeRest
+  // test and the Go outcome tests check that path); each went once, in order (checkStreams).
+  t.diagnostic(`${got.withOutcome} events went with outcomes`);
   // An append and an outcome never both carry a run's last events.
   for (const o of outcomes) if (o.body.events) assert.ok(o.body.events_from > 1, "events_from counts the start's metadata");
 });
