@@ -31,6 +31,9 @@ type runOutcome struct {
 	Error         any  `json:"error,omitempty" doc:"The graph's error: {error, message}."`
 	// Lock is the thread's lock the run's start took.
 	Lock *outcomeLock `json:"lock,omitempty" doc:"The thread's lock the run's start (POST .../start) took: its name, token and contender. The outcome releases it in its own transaction, if it is still held with that token (a lock lost meanwhile, or held by another since, is left as it is, and the outcome is recorded all the same)."`
+	// Events: the run's last events (see appendOutcomeEvents).
+	Events     []RunEvent `json:"events,omitempty" maxItems:"1000" doc:"The run's last events, not yet written: appended to the run task's stream under the claim before the run ends, those a sending of this outcome before stored left out (see events_from), so that a retried outcome stores each once."`
+	EventsFrom int64      `json:"events_from,omitempty" minimum:"0" doc:"With events: the seq the first of them is to take, the one after the last event of the runtime's attempt it knows stored (1 when it knows none). The events of the attempt the stream holds from there on (drover's own left out) are taken as the first of events, stored by a sending of this outcome before, and not appended again."`
 }
 
 // endRun records run id's outcome on the run and its thread, if the
@@ -49,6 +52,10 @@ func (s *server) endRun(ctx context.Context, thread, id string, o runOutcome) (R
 	if err != nil {
 		return Run{}, err
 	}
+	ins, err := outcomeEventInputs(o)
+	if err != nil {
+		return Run{}, err
+	}
 	q, err := s.queueOf(ctx)
 	if err != nil {
 		return Run{}, err
@@ -64,6 +71,12 @@ func (s *server) endRun(ctx context.Context, thread, id string, o runOutcome) (R
 				return Run{}, huma.NewError(http.StatusConflict, "this runtime no longer holds the run under token "+fmt.Sprint(o.Token)+": "+err.Error())
 			}
 			return Run{}, etcdError("reading the run's claim", err)
+		}
+		if len(ins) > 0 { // stored before the end, which ends the stream; once
+			if err := s.appendOutcomeEvents(ctx, sp, cl, o.EventsFrom, ins); err != nil {
+				return Run{}, err
+			}
+			ins = nil
 		}
 		r, done, err := s.endOnce(ctx, sp, thread, id, o, cl.Fence.Compares(), rel)
 		if err != nil || done {

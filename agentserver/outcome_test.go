@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -451,5 +452,40 @@ func BenchmarkOutcomeOnALongHistory(b *testing.B) {
 		body := map[string]any{"token": token, "status": "success", "state": cpState(cps(hi, hi)[0]), "history": cpStates(cps(hi, hi-2)...), "history_append": true}
 		b.StartTimer()
 		a.must(200, "PUT", out, body)
+	}
+}
+
+// An outcome sent again (its answer lost) stores its events once: the
+// events of the attempt the stream holds from events_from on are taken
+// as stored. One whose events were stored only in part (the runtime's
+// writer stored the first of them) appends the rest.
+func TestOutcomeEventsStoredOnceAcrossRetries(t *testing.T) {
+	a := newAPI(t)
+	s := claimedRun(t, a, false)
+	st := s.startWith(a, s.token, []any{ev("metadata", nil)})
+	// The seq after the last event the runtime knows stored, as its append's answer says.
+	next := int64(a.must(200, "POST", "/v1/tasks/"+s.id+"/stream/events", map[string]any{"session": s.session, "token": s.token,
+		"events": []any{ev("values", 1)}}).Obj["last"].(float64)) + 1
+	events := []any{ev("values", 2), ev("values", 3), ev("end", nil)}
+	for i := range 3 {
+		if out := s.outcomeWith(a, s.token, outcomeLock(st), events, next); out.Status != 200 || out.Obj["status"] != "success" {
+			t.Fatalf("outcome %d: %d %s", i+1, out.Status, out.Raw)
+		}
+	}
+	types, _ := streamTypes(a, s.id)
+	if want := []string{"attempt_started", "metadata", "values", "values", "values", "end"}; !reflect.DeepEqual(types, want) {
+		t.Fatalf("stream %v after the outcome thrice, want each event once: %v", types, want)
+	}
+
+	// The first of the outcome's events already stored (by the stream route).
+	p := claimedRun(t, a, false)
+	pst := p.startWith(a, p.token, []any{ev("metadata", nil)})
+	a.must(200, "POST", "/v1/tasks/"+p.id+"/stream/events", map[string]any{"session": p.session, "token": p.token, "events": []any{ev("values", 2)}})
+	if out := p.outcomeWith(a, p.token, outcomeLock(pst), events, 3); out.Status != 200 {
+		t.Fatalf("outcome: %d %s", out.Status, out.Raw)
+	}
+	types, _ = streamTypes(a, p.id)
+	if want := []string{"attempt_started", "metadata", "values", "values", "end"}; !reflect.DeepEqual(types, want) {
+		t.Fatalf("stream %v, want the outcome's stored one left out: %v", types, want)
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/droverhq/drover/lease"
 	"github.com/droverhq/drover/lock"
 	"github.com/droverhq/drover/queue"
+	"github.com/droverhq/drover/stream"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -72,13 +73,15 @@ type RunStart struct {
 	Cancelled bool            `json:"cancelled,omitempty" doc:"The run was stopped (its task cancelled) before it started: run nothing. No lock is held then."`
 	Lock      *RunLock        `json:"lock,omitempty" doc:"The thread's lock, held under the session: fence the run's checkpoint writes with it, and give it to the outcome, which releases it."`
 	Head      *HeadCheckpoint `json:"head" doc:"The thread's head checkpoint in the root namespace (checkpoint_ns \"\"), as GET /v1/threads/{thread_id}/head answers it; null when the thread has none."`
+	Events    *EventsAppended `json:"events,omitempty" doc:"Where the start's events went in the run task's stream; absent when it had none."`
 }
 
 // runStartBody is what a runtime sends to start a run.
 type runStartBody struct {
-	Token   int64   `json:"token" minimum:"1" doc:"The fencing token of the runtime's claim of the run's task."`
-	Session string  `json:"session" minLength:"1" doc:"The session the task is claimed under: the thread's lock is taken under it."`
-	Wait    float64 `json:"wait,omitempty" minimum:"0" doc:"Seconds to wait in line for the thread's lock (as POST /v1/locks/{name}?wait=, capped the same); 0: one attempt."`
+	Token   int64      `json:"token" minimum:"1" doc:"The fencing token of the runtime's claim of the run's task."`
+	Session string     `json:"session" minLength:"1" doc:"The session the task is claimed under: the thread's lock is taken under it."`
+	Wait    float64    `json:"wait,omitempty" minimum:"0" doc:"Seconds to wait in line for the thread's lock (as POST /v1/locks/{name}?wait=, capped the same); 0: one attempt."`
+	Events  []RunEvent `json:"events,omitempty" maxItems:"1000" doc:"The run's first events (its metadata), appended to the run task's stream under the claim once the lock is taken and the claim checked, before the answer, as POST /v1/tasks/{id}/stream/events appends them: a run's start and its first write in one request. A start whose append fails fails as a whole, its lock let go."`
 }
 
 func (s *server) runStartRoute(api huma.API, tags []string) {
@@ -91,8 +94,10 @@ func (s *server) runStartRoute(api huma.API, tags []string) {
 		Description: "Takes the thread's lock (thread:{thread_id}) under the session, as POST /v1/locks/{name} does, waiting in line up to wait; " +
 			"then checks that the runtime still holds the run's task under token (409 otherwise, and the lock is let go); a run whose task " +
 			"was cancelled (stopped before it started) answers cancelled, without a lock. Else it answers the lock and the thread's head " +
-			"checkpoint (null when none). One request for the lock, the task's read and the head's.",
-		Errors: []int{http.StatusBadRequest, http.StatusNotFound, http.StatusConflict},
+			"checkpoint (null when none). With events, it appends them to the run task's stream under the claim before it answers " +
+			"(events: their first and last seq); should that fail, the start fails and the lock is let go. One request for the lock, " +
+			"the task's read, the head's and the run's first events.",
+		Errors: []int{http.StatusBadRequest, http.StatusNotFound, http.StatusConflict, http.StatusRequestEntityTooLarge, http.StatusInsufficientStorage},
 	}, func(ctx context.Context, in *struct {
 		ThreadID string `path:"thread_id" doc:"The thread's id, a UUID."`
 		RunID    string `path:"run_id" doc:"The run's id, a UUID."`
@@ -122,6 +127,10 @@ func (s *server) beginRun(ctx context.Context, thread, id string, in runStartBod
 	if err != nil {
 		return RunStart{}, err
 	}
+	ins, err := runEventInputs(in.Events)
+	if err != nil {
+		return RunStart{}, err
+	}
 	// Capped before the conversion (a huge wait would overflow to a negative one); the lock's
 	// own cap, the server's longest wait, applies after.
 	wait := time.Duration(min(in.Wait, maxRunStartWait) * float64(time.Second))
@@ -133,7 +142,7 @@ func (s *server) beginRun(ctx context.Context, thread, id string, in runStartBod
 		// A stop while the start waited in line deleted its place with
 		// the holder's (the lock's error: lost): a stopped run answers
 		// cancelled, whatever kept it from the lock.
-		if cancelled, cerr := s.claimHeld(ctx, id, in.Token); cerr == nil && cancelled {
+		if _, cancelled, cerr := s.claimHeld(ctx, id, in.Token); cerr == nil && cancelled {
 			return RunStart{Cancelled: true}, nil
 		}
 		return RunStart{}, err
@@ -144,39 +153,46 @@ func (s *server) beginRun(ctx context.Context, thread, id string, in runStartBod
 			s.releaseRunLock(sp, l)
 		}
 	}()
-	cancelled, err := s.claimHeld(ctx, id, in.Token)
+	claim, cancelled, err := s.claimHeld(ctx, id, in.Token)
 	if err != nil || cancelled {
 		return RunStart{Cancelled: cancelled}, err
+	}
+	var appended *EventsAppended
+	if len(ins) > 0 {
+		if appended, err = s.appendRunEvents(ctx, sp, claim, ins, "the start's"); err != nil {
+			return RunStart{}, err
+		}
 	}
 	head, err := s.rootHead(ctx, thread)
 	if err != nil {
 		return RunStart{}, err
 	}
 	held = true
-	return RunStart{Lock: &l, Head: head}, nil
+	return RunStart{Lock: &l, Head: head, Events: appended}, nil
 }
 
 // claimHeld reports whether the runtime holds run id's task under token:
-// nil when it does, cancelled when the task was cancelled, else a 409.
-func (s *server) claimHeld(ctx context.Context, id string, token int64) (cancelled bool, err error) {
+// its claim, as the writer of the task's stream, when it does; cancelled
+// when the task was cancelled; else a 409.
+func (s *server) claimHeld(ctx context.Context, id string, token int64) (claim stream.Claim, cancelled bool, err error) {
 	q, err := s.queueOf(ctx)
 	if err != nil {
-		return false, err
+		return claim, false, err
 	}
 	defer closeQueue(q)
-	_, err = q.StreamClaim(ctx, queue.Held{Queue: RunsQueue, ID: id, Token: token})
+	claim, err = q.StreamClaim(ctx, queue.Held{Queue: RunsQueue, ID: id, Token: token})
 	switch {
 	case err == nil:
-		return false, nil
+		return claim, false, nil
 	case errors.Is(err, lease.ErrFenced):
 		if t, gerr := q.Get(ctx, id); gerr == nil && t.CurrentStatus == queue.Cancelled {
-			return true, nil
+			return claim, true, nil
 		}
-		return false, huma.NewError(http.StatusConflict, "this runtime no longer holds the run under token "+fmt.Sprint(token)+": "+err.Error())
+		return claim, false, huma.NewError(http.StatusConflict, "this runtime no longer holds the run under token "+fmt.Sprint(token)+": "+err.Error())
 	case errors.Is(err, queue.ErrNotFound):
-		return false, huma.NewError(http.StatusConflict, "the run's task is gone (the run or its thread was deleted): "+err.Error())
+		return claim, false, huma.NewError(http.StatusConflict, "the run's task is gone (the run or its thread was deleted): "+err.Error())
 	}
-	return false, etcdError("reading the run's claim", err)
+	return claim, false, etcdError("reading the run's claim", err)
 }
 
 // rootHead is thread's head checkpoint in the root namespace with its

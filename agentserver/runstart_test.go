@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"reflect"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -315,5 +316,109 @@ func TestRunStartWaitingSeesAStop(t *testing.T) {
 	}
 	if got := lockHolder(a, s.th); got != 0 {
 		t.Fatalf("lock held with token %d after the stop", got)
+	}
+}
+
+// streamTypes answers the types of the events task id's stream holds, in
+// order, drover's own among them, and the seq after the last.
+func streamTypes(a *api, id string) ([]string, int64) {
+	a.t.Helper()
+	p := a.must(200, "GET", "/v1/tasks/"+id+"/stream", nil).Obj
+	var types []string
+	for _, e := range p["events"].([]any) {
+		types = append(types, e.(map[string]any)["type"].(string))
+	}
+	return types, int64(p["next"].(float64))
+}
+
+func (s started) startWith(a *api, token int64, events []any) answer {
+	a.t.Helper()
+	return a.do("POST", "/v1/agent-server/threads/"+s.th+"/runs/"+s.id+"/start", map[string]any{"token": token, "session": s.session, "wait": 5, "events": events})
+}
+
+func (s started) outcomeWith(a *api, token int64, lock any, events []any, from int64) answer {
+	a.t.Helper()
+	body := map[string]any{"token": token, "status": "success", "state": valuesState(map[string]any{"x": 1.0}), "events": events, "events_from": from}
+	if lock != nil {
+		body["lock"] = lock
+	}
+	return a.do("PUT", "/v1/agent-server/threads/"+s.th+"/runs/"+s.id+"/outcome", body)
+}
+
+func ev(typ string, data any) map[string]any { return map[string]any{"type": typ, "data": data} }
+
+// A start's events go to the run task's stream under the claim, after
+// the attempt's opening, and the answer says their seqs; an outcome's
+// events follow the events written between, in order, before the run
+// ends.
+func TestRunStartAndOutcomeAppendTheRunsEvents(t *testing.T) {
+	a := newAPI(t)
+	s := claimedRun(t, a, false)
+	st := s.startWith(a, s.token, []any{ev("metadata", map[string]any{"run_id": s.id}), ev("log", "first")})
+	if st.Status != 200 || st.Obj["lock"] == nil {
+		t.Fatalf("start: %d %s", st.Status, st.Raw)
+	}
+	if got := st.Obj["events"]; !reflect.DeepEqual(got, map[string]any{"first": 2.0, "last": 3.0}) {
+		t.Fatalf("start answered events %v, want first 2, last 3 (after attempt_started)", got)
+	}
+	a.must(200, "POST", "/v1/tasks/"+s.id+"/stream/events", map[string]any{"session": s.session, "token": s.token, "events": []any{ev("values", 1)}})
+	out := s.outcomeWith(a, s.token, outcomeLock(st), []any{ev("values", 2), ev("end", nil)}, 5)
+	if out.Status != 200 || out.Obj["status"] != "success" {
+		t.Fatalf("outcome: %d %s", out.Status, out.Raw)
+	}
+	types, _ := streamTypes(a, s.id)
+	if want := []string{"attempt_started", "metadata", "log", "values", "values", "end"}; !reflect.DeepEqual(types, want) {
+		t.Fatalf("stream %v, want %v", types, want)
+	}
+}
+
+// Events with a token that no longer holds the run's task are not
+// stored, by the start or by the outcome: both are refused.
+func TestRunEventsUnderAStaleTokenAreRefused(t *testing.T) {
+	a := newAPI(t)
+	s := claimedRun(t, a, false)
+	if st := s.startWith(a, s.token+1, []any{ev("metadata", nil)}); st.Status != 409 {
+		t.Fatalf("start under another token: %d %s, want 409", st.Status, st.Raw)
+	}
+	if got := lockHolder(a, s.th); got != 0 {
+		t.Fatalf("lock held with token %d after a refused start", got)
+	}
+	st := s.startWith(a, s.token, nil)
+	if out := s.outcomeWith(a, s.token+1, outcomeLock(st), []any{ev("values", 1)}, 1); out.Status != 409 {
+		t.Fatalf("outcome under another token: %d %s, want 409", out.Status, out.Raw)
+	}
+	if types, _ := streamTypes(a, s.id); len(types) != 0 {
+		t.Fatalf("stream %v after refused writes, want none", types)
+	}
+}
+
+// A start or an outcome with a bad event is refused naming the event's
+// field, before anything is written: no lock taken, no event stored.
+func TestRunEventsBadAreRefused(t *testing.T) {
+	a := newAPI(t)
+	s := claimedRun(t, a, false)
+	bad := []any{ev("metadata", nil), ev("log", 1), ev("done", nil)}
+	st := s.startWith(a, s.token, bad)
+	if st.Status != 400 || !strings.Contains(st.Raw, "body.events[2].type") {
+		t.Fatalf("start with a drover event: %d %s, want 400 naming body.events[2].type", st.Status, st.Raw)
+	}
+	if got := lockHolder(a, s.th); got != 0 {
+		t.Fatalf("lock held with token %d after a refused start", got)
+	}
+	if st := s.startWith(a, s.token, []any{ev("", nil)}); st.Status != 400 || !strings.Contains(st.Raw, "body.events[0].type") {
+		t.Fatalf("start with an empty type: %d %s, want 400 naming body.events[0].type", st.Status, st.Raw)
+	}
+	ok := s.startWith(a, s.token, nil)
+	if out := s.outcomeWith(a, s.token, outcomeLock(ok), bad, 1); out.Status != 400 || !strings.Contains(out.Raw, "body.events[2].type") {
+		t.Fatalf("outcome with a drover event: %d %s, want 400 naming body.events[2].type", out.Status, out.Raw)
+	}
+	if out := s.outcomeWith(a, s.token, outcomeLock(ok), []any{ev("log", 1)}, 0); out.Status != 400 || !strings.Contains(out.Raw, "body.events_from") {
+		t.Fatalf("outcome with events and no events_from: %d %s, want 400 naming body.events_from", out.Status, out.Raw)
+	}
+	if types, _ := streamTypes(a, s.id); len(types) != 0 {
+		t.Fatalf("stream %v after refused writes, want none", types)
+	}
+	if r := a.must(200, "GET", "/threads/"+s.th+"/runs/"+s.id, nil).Obj; r["status"] != "running" {
+		t.Fatalf("run %v after refused outcomes, want running", r["status"])
 	}
 }

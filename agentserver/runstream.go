@@ -13,6 +13,7 @@ import (
 
 	"github.com/danielgtaylor/huma/v2"
 	"github.com/danielgtaylor/huma/v2/adapters/humago"
+	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/internal/serverclose"
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/queue"
@@ -326,4 +327,107 @@ func (s *server) threadOfRun(ctx context.Context, id string) (string, error) {
 		return r.thread, nil
 	}
 	return "", errRunNotFound(id)
+}
+
+// RunEvent is an event a run's start or outcome appends to the run
+// task's stream, as POST /v1/tasks/{id}/stream/events takes it.
+type RunEvent struct {
+	Type string          `json:"type" minLength:"1" maxLength:"64" doc:"The event's type (metadata, values, ...); not one of drover's own (attempt_started, attempt_lost, attempt_ended, done)."`
+	Data json.RawMessage `json:"data,omitempty" doc:"The event's value: any JSON value, at most 64 KiB with its type."`
+}
+
+// EventsAppended says where events a request appended went in the
+// stream.
+type EventsAppended struct {
+	First int64 `json:"first" doc:"The sequence number of the first event appended."`
+	Last  int64 `json:"last" doc:"The sequence number of the last."`
+}
+
+// maxRunEventBytes bounds one event's type and data, as the stream's
+// writer does.
+const maxRunEventBytes = 64 << 10
+
+// runEventInputs are evs as the stream's writer takes them, checked as
+// it checks them: a 400 naming the event and the rule, or a 413 for one
+// over its bound; nothing is written then.
+func runEventInputs(evs []RunEvent) ([]stream.Input, error) {
+	ins := make([]stream.Input, len(evs))
+	for i, e := range evs {
+		where := fmt.Sprintf("body.events[%d]", i)
+		switch {
+		case droverEvents[e.Type]:
+			return nil, badInput(where+".type", e.Type, "must not be one of drover's own (attempt_started, attempt_lost, attempt_ended, done)")
+		case len(e.Data) > 0 && !json.Valid(e.Data):
+			return nil, badInput(where+".data", nil, "must be a JSON value")
+		case len(e.Type)+len(e.Data) > maxRunEventBytes:
+			return nil, huma.NewError(http.StatusRequestEntityTooLarge, fmt.Sprintf("%s is %d bytes (type and data), over the %d-byte limit of one event",
+				where, len(e.Type)+len(e.Data), maxRunEventBytes), &huma.ErrorDetail{Location: where, Message: "over the limit of one event"})
+		}
+		ins[i] = stream.Input{Type: e.Type, Data: e.Data}
+	}
+	return ins, nil
+}
+
+// appendRunEvents appends ins to the stream of claim c's task under the
+// claim, as the stream route does; what names them in an error.
+func (s *server) appendRunEvents(ctx context.Context, sp keyspace.Space, c stream.Claim, ins []stream.Input, what string) (*EventsAppended, error) {
+	first, last, err := stream.For(s.cfg.Etcd, sp).Append(ctx, c, ins)
+	var ie *drover.InputError
+	switch {
+	case err == nil:
+		return &EventsAppended{First: first, Last: last}, nil
+	case errors.As(err, &ie):
+		return nil, badInput("body."+ie.Field, nil, ie.Rule)
+	case errors.Is(err, stream.ErrStreamFull):
+		return nil, huma.NewError(http.StatusRequestEntityTooLarge, what+" events do not fit the run's stream: "+err.Error())
+	case errors.Is(err, stream.ErrFenced):
+		return nil, huma.NewError(http.StatusConflict, fmt.Sprintf("%s events were not stored: this runtime no longer writes the run's stream under token %d: %v", what, c.Fence.Token(), err))
+	case errors.Is(err, drover.ErrStoreFull):
+		return nil, storeFull(err)
+	}
+	return nil, etcdError("appending "+what+" events to the run's stream", err)
+}
+
+// appendOutcomeEvents appends events ins of an outcome to the stream of
+// claim c's task, but those a sending of the same outcome before stored
+// (its answer lost): from is the seq the runtime expects the first of
+// them to take, the one after the last event of its attempt it knows
+// stored. The events of c's attempt the stream holds from there on
+// (drover's own left out) are taken as the first of ins, stored already;
+// the rest are appended. A repeat of an outcome whose events were all
+// stored appends nothing.
+func (s *server) appendOutcomeEvents(ctx context.Context, sp keyspace.Space, c stream.Claim, from int64, ins []stream.Input) error {
+	hub := stream.HubFor(s.cfg.Etcd, sp)
+	last, err := hub.LastSeq(ctx, c.Task)
+	if err != nil {
+		return etcdError("reading the run's stream", err)
+	}
+	stored := 0
+	if last >= from { // the common case, nothing stored from there, reads no more
+		err = hub.Read(ctx, c.Task, from, func(evs []stream.Event) bool {
+			for _, e := range evs {
+				if e.Seq >= from && e.Attempt == c.Attempt && !droverEvents[e.Type] {
+					stored++
+				}
+			}
+			return stored < len(ins)
+		})
+		if err != nil {
+			return etcdError("reading the run's stream", err)
+		}
+	}
+	if stored >= len(ins) {
+		return nil
+	}
+	_, err = s.appendRunEvents(ctx, sp, c, ins[stored:], "the outcome's")
+	return err
+}
+
+// outcomeEventInputs are outcome o's events, checked (runEventInputs),
+// with the events_from they need.
+func outcomeEventInputs(o runOutcome) ([]stream.Input, error) {
+	if len(o.Events) > 0 && o.EventsFrom < 1 {
+		return nil, badInput("body.events_from", o.EventsFrom, "must be given with events: the seq the first of them is to take (1 or more)")
+	}
+	return runEventInputs(o.Events)
 }

@@ -41,6 +41,8 @@ export class RunStreamWriter {
   private failed: unknown;
   /** The seq after the last of this attempt's events known stored: where a count starts. */
   private from = 1;
+  /** Set while {@link takeRest} waits for the write under way: the queue is not written on. */
+  private closing = false;
 
   constructor(
     private readonly drover: Drover,
@@ -67,11 +69,48 @@ export class RunStreamWriter {
     if (this.failed) throw this.failed;
   }
 
+  /** Events of this attempt stored by another request (the run's start), the last at seq `last`. */
+  stored(last: number): void {
+    this.from = Math.max(this.from, last + 1);
+  }
+
+  /**
+   * The end of the attempt's events, for another request (the run's outcome) to carry: waits for
+   * the write under way (none is begun after it), then takes the events still queued out of the writer, with `from`, the
+   * seq the first of them is to take as far as the writer knows (the one after the last of this
+   * attempt's events known stored): a server that counts this attempt's events from there stores
+   * them once, however often that request is sent. More than one write holds are written as
+   * {@link flush} writes them, and none is taken. Throws the error that stopped the writer.
+   */
+  async takeRest(): Promise<{ events: { type: string; data: unknown }[]; from: number }> {
+    this.closing = true;
+    try {
+      while (this.writing) await this.writing;
+    } finally {
+      this.closing = false;
+    }
+    if (this.failed) throw this.failed;
+    let bytes = 0;
+    for (const e of this.queue) bytes += e.bytes;
+    if (this.queue.length > MAX_EVENTS || bytes >= MAX_BYTES) {
+      this.writing = this.drain();
+      await this.flush();
+    }
+    return { events: this.queue.splice(0).map(({ type, data }) => ({ type, data })), from: this.from };
+  }
+
+  /** Writes events {@link takeRest} took (a server that refused them with the other request), as flush does. */
+  async putBack(events: { type: string; data: unknown }[]): Promise<void> {
+    this.queue.unshift(...events.map(({ type, data }) => ({ type, data, bytes: Buffer.byteLength(type) + Buffer.byteLength(JSON.stringify(data ?? null)) })));
+    if (events.length && !this.writing) this.writing = this.drain();
+    await this.flush();
+  }
+
   private async drain(): Promise<void> {
     try {
       await Promise.resolve(); // `writing` is set before this runs
       let stalls = 0; // writes in a row that drover did not answer and that stored nothing
-      while (this.queue.length && !this.failed) {
+      while (this.queue.length && !this.failed && !this.closing) {
         let n = 0;
         let bytes = 0;
         while (n < this.queue.length && n < MAX_EVENTS && (n === 0 || bytes + this.queue[n].bytes < MAX_BYTES)) bytes += this.queue[n++].bytes;

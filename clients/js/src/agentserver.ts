@@ -246,15 +246,18 @@ export class AgentServerRuntime {
       // stops for another (interrupt, rollback, cancel) has it taken away, and its late writes are
       // refused. Taken after the claim, then the task read again: a stop that came first is seen.
       // One request does both, and reads the thread's head (the graph's first read): see begin.
-      const run = (task.parameters as RunTask).run;
-      const begun = await this.begin(run, ctx, ac.signal);
+      const p = task.parameters as RunTask;
+      const run = p.run;
+      // The run's first event goes with its start (a graph not served emits none).
+      const first = this.opts.graphs[p.graph_id] === undefined ? [] : [{ type: "metadata", data: { run_id: run.run_id, attempt: ctx.attempt } }];
+      const begun = await this.begin(run, ctx, ac.signal, first);
       held = begun.held;
       if (begun.cancelled) ac.abort(new Error("the run was cancelled"));
       ac.signal.throwIfAborted();
       const saver = new RunSaver({ drover: this.drover, protection: "none", lock: held!.lock, shareCacheOf: this.saver });
       // The head the start read: the graph's first read and the outcome's walk need no request.
       if (begun.head !== undefined) saver.seedHead(run.thread_id, "", begun.head);
-      return await this.runGraph(task, { ...ctx, signal: ac.signal }, saver, held);
+      return await this.runGraph(task, { ...ctx, signal: ac.signal }, saver, held, begun.stored);
     } finally {
       this.running--;
       this.stops?.unwatch(task.task_id);
@@ -269,28 +272,40 @@ export class AgentServerRuntime {
 
   /** Until when the server is taken not to serve the run start route (an older one answered 404). */
   private startRouteMissingUntil = 0;
+  /** The server refused events with a run's start, or with its outcome (an older one): they go through the run's writer. */
+  private startEventsRefused = false;
+  private outcomeEventsRefused = false;
 
   /**
    * Starts a run: takes its thread's lock under the claim's session (waiting in line), learns
    * whether the run was cancelled before, and reads the thread's head, in one request (`POST
    * .../runs/{run}/start`). A server without that route (404) gets the requests it answers: the
    * lock, then the task's read (the head is then read by the graph); the route is tried again a
-   * minute later.
+   * minute later. The run's first events (`events`) go with the start, which appends them to the
+   * run's stream under the claim: `stored` is the seq of the last, undefined when they were not
+   * (no start route, or an older server that refused them: the run's writer sends them).
    */
-  private async begin(run: RunTask["run"], ctx: TaskContext, signal: AbortSignal): Promise<{ held?: HeldLock; cancelled: boolean; head?: CheckpointRecord | null }> {
+  private async begin(run: RunTask["run"], ctx: TaskContext, signal: AbortSignal, events: { type: string; data: unknown }[] = []): Promise<{ held?: HeldLock; cancelled: boolean; head?: CheckpointRecord | null; stored?: number }> {
     const t = this.drover.transport;
     if (Date.now() >= this.startRouteMissingUntil) {
       try {
+        const path = `/v1/agent-server/threads/${run.thread_id}/runs/${run.run_id}/start`;
+        const body = { token: ctx.token, session: ctx.session.id, wait: 60 };
         // Never repeated: a lost answer could mean the lock is ours unknowingly (the task's retry frees it with the session).
-        const a = await t.post<RunStartAnswer>(`/v1/agent-server/threads/${run.thread_id}/runs/${run.run_id}/start`, { token: ctx.token, session: ctx.session.id, wait: 60 }, {
-          retry: false,
-          // Not the run's signal: a stop pushed while the start is under way must not abandon it
-          // (the server may have taken the lock); the server answers a stopped run cancelled.
-          signal: ctx.session.signal,
-          timeoutMs: 60_000 + t.timeoutMs,
-        });
+        // Not the run's signal: a stop pushed while the start is under way must not abandon it
+        // (the server may have taken the lock); the server answers a stopped run cancelled.
+        const opts = { retry: false, signal: ctx.session.signal, timeoutMs: 60_000 + t.timeoutMs };
+        let a: RunStartAnswer;
+        try {
+          a = await t.post<RunStartAnswer>(path, events.length && !this.startEventsRefused ? { ...body, events } : body, opts);
+        } catch (e) {
+          // An older server refuses the field before it takes the lock: the start without it.
+          if (!refusesEvents(e)) throw e;
+          this.startEventsRefused = true;
+          a = await t.post<RunStartAnswer>(path, body, opts);
+        }
         if (a.cancelled || !a.lock) return { cancelled: true };
-        return { held: { lock: new Lock(t, a.lock, ctx.session, false), viaOutcome: true, released: false }, cancelled: false, head: a.head ?? null };
+        return { held: { lock: new Lock(t, a.lock, ctx.session, false), viaOutcome: true, released: false }, cancelled: false, head: a.head ?? null, stored: a.events?.last };
       } catch (e) {
         ctx.session.observe(e);
         if (!(e instanceof NotFoundError) || (e.kind !== "no-route" && e.kind !== "")) throw e;
@@ -320,7 +335,7 @@ export class AgentServerRuntime {
     return { checkpoint: checkpointOf(next), state: await threadState(graph, config) };
   }
 
-  private async runGraph(task: QueueTask, ctx: TaskContext, saver: RunSaver = this.saver, held?: HeldLock): Promise<unknown> {
+  private async runGraph(task: QueueTask, ctx: TaskContext, saver: RunSaver = this.saver, held?: HeldLock, metadataStored?: number): Promise<unknown> {
     const p = task.parameters as RunTask;
     const { run } = p;
     const kw = run.kwargs;
@@ -340,7 +355,8 @@ export class AgentServerRuntime {
       graph.checkpointer = this.saver;
       graph.store = this.store;
       try {
-        await out.emit("metadata", { run_id: run.run_id, attempt: ctx.attempt });
+        if (metadataStored !== undefined) out.stored(metadataStored); // the start stored it
+        else await out.emit("metadata", { run_id: run.run_id, attempt: ctx.attempt });
         // A retry of a run whose graph already wrote checkpoints resumes from them: sending the input
         // again would run its first node twice (a duplicate turn).
         const resumed = ctx.attempt > 1 && ((await saver.getTuple(threadConfig(run.thread_id)))?.metadata as { run_id?: string } | undefined)?.run_id === run.run_id;
@@ -380,13 +396,16 @@ export class AgentServerRuntime {
         await out.emit("error", error);
       }
     }
-    await out.flush(); // the run's events before its outcome, which ends its stream
+    // The run's last events, still queued, go with its outcome, which stores them before it ends the
+    // run (each once, however often it is sent); the writes under way are waited for first.
+    const rest = this.outcomeEventsRefused ? { events: [], from: 0, out } : { ...(await out.takeRest()), out };
+    if (this.outcomeEventsRefused) await out.flush();
     // Once the graph ran, only the outcome is retried (a few times): a failure of the task would run
     // the graph again.
     for (let attempt = 1; ; attempt++) {
       try {
         // An earlier attempt's states are not counted by this run's saver.
-        await this.putOutcome(graph, config, run, ctx, status, error, ctx.attempt === 1 && saver !== this.saver ? saver.rootPuts(run.thread_id) : undefined, held, saver !== this.saver ? saver : undefined);
+        await this.putOutcome(graph, config, run, ctx, status, error, ctx.attempt === 1 && saver !== this.saver ? saver.rootPuts(run.thread_id) : undefined, held, saver !== this.saver ? saver : undefined, rest);
         break;
       } catch (e) {
         // The run (or its thread) was deleted while it ran: nothing to record, and nothing to retry.
@@ -417,7 +436,7 @@ export class AgentServerRuntime {
    * server holds (`history_append`); should the server not hold that one (a run stopped before
    * its outcome wrote states in between), the whole history, as far as the server keeps it.
    */
-  private async putOutcome(graph: RunnableGraph | undefined, config: RunnableConfig, run: RunTask["run"], ctx: TaskContext, status: string, error: unknown, written = NEW_STATES_PAGE, held?: HeldLock, saver?: RunSaver): Promise<void> {
+  private async putOutcome(graph: RunnableGraph | undefined, config: RunnableConfig, run: RunTask["run"], ctx: TaskContext, status: string, error: unknown, written = NEW_STATES_PAGE, held?: HeldLock, saver?: RunSaver, rest?: OutcomeEvents): Promise<void> {
     // Read through the run's saver (when given): it holds the thread's lock and knows what it
     // wrote, so that the state and the new states cost no request.
     const state = graph ? await threadState(graph, config, saver) : undefined;
@@ -429,7 +448,16 @@ export class AgentServerRuntime {
     const lock = held?.viaOutcome ? { lock: { name: held.lock.name, token: held.lock.token, contender: held.lock.contender } } : {};
     const body = { token: ctx.token, status, ...(state ? { state } : {}), ...(error ? { error } : {}), ...lock };
     const put = async (b: Record<string, unknown>) => {
-      await this.drover.transport.put(path, b);
+      const events = rest?.events.length ? { events: rest.events, events_from: rest.from } : {};
+      try {
+        await this.drover.transport.put(path, { ...b, ...events });
+      } catch (e) {
+        // An older server refuses the field (nothing recorded): the events go through the writer, before.
+        if (!rest?.events.length || !refusesEvents(e)) throw e;
+        this.outcomeEventsRefused = true;
+        await rest.out.putBack(rest.events.splice(0));
+        await this.drover.transport.put(path, b);
+      }
       if (held?.viaOutcome) held.released = true;
     };
     // The states it wrote and the one before them, when the run's saver counted them: no more read.
@@ -462,6 +490,20 @@ interface RunStartAnswer {
   cancelled?: boolean;
   lock?: LockAcquired;
   head: CheckpointRecord | null;
+  /** Where the start's events went in the stream (absent from an older server). */
+  events?: { first: number; last: number };
+}
+
+/** A run's last events, sent with its outcome (see RunStreamWriter.takeRest), and the writer they came from. */
+interface OutcomeEvents {
+  events: { type: string; data: unknown }[];
+  from: number;
+  out: RunStreamWriter;
+}
+
+/** Whether e is a server refusing a body's `events` (or `events_from`) as unknown: an older one, which took nothing. */
+function refusesEvents(e: unknown): boolean {
+  return e instanceof DroverError && (e.status === 400 || e.status === 422) && (e.problem.errors ?? []).some((d) => d.location === "body.events" || d.location === "body.events_from");
 }
 
 /** obj without its undefined keys: LangGraph spreads run options over a graph's bound config. */

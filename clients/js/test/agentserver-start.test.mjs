@@ -4,6 +4,9 @@
 // after it, no release. A run cancelled between its claim and its start
 // runs nothing. Against a server without the start route (404 no-route,
 // as an older one answers) the runtime sends the requests it did before.
+// The run's first event (metadata) goes with its start and its last
+// events with its outcome: two stream appends fewer a run; a server that
+// refuses them there gets them through the stream route, as before.
 import { test, after, before } from "node:test";
 import assert from "node:assert/strict";
 import { Client } from "@langchain/langgraph-sdk";
@@ -46,6 +49,33 @@ function recorder(answer = async () => undefined) {
 
 const count = (sent, re) => sent.filter((e) => re.test(e.what)).length;
 
+/**
+ * Checks that each run's stream holds, drover's own events left out, exactly the events the
+ * runtime sent for it (with its start, its appends, its outcome: each once, in order),
+ * metadata first; answers how many went with starts and with outcomes.
+ */
+async function checkStreams(ns, sent) {
+  const d = new Drover({ url: srv.url, namespace: ns });
+  const runs = sent.filter((e) => e.what.endsWith("/start") && e.status === 200).map((e) => e.what.split("/")[6]);
+  let withStart = 0;
+  let withOutcome = 0;
+  for (const id of runs) {
+    const mine = sent.filter((e) => e.what.includes(`/runs/${id}/`) || e.what === `POST /v1/tasks/${id}/stream/events`);
+    const want = [];
+    for (const e of mine) {
+      if (e.status !== 200 || !e.body?.events) continue;
+      want.push(...e.body.events.map((ev) => ev.type));
+      if (e.what.endsWith("/start")) withStart += e.body.events.length;
+      if (e.what.endsWith("/outcome")) withOutcome += e.body.events.length;
+    }
+    const page = await d.streams.read(id);
+    const got = page.events.filter((e) => !["attempt_started", "attempt_lost", "attempt_ended", "done"].includes(e.type)).map((e) => e.type);
+    assert.deepEqual(got, want, `run ${id}: its stream holds each event sent once, in order`);
+    assert.equal(got[0], "metadata", `run ${id}: metadata first`);
+  }
+  return { runs: runs.length, withStart, withOutcome };
+}
+
 async function runtimeWith(t, ns, f) {
   // Cancel polls a minute apart: none during these short runs, so that every task read counts.
   const rt = new AgentServerRuntime({ drover: new Drover({ url: srv.url, namespace: ns, fetch: f }), graphs: { agent: echo }, concurrency: 2, cancelPollMs: 60_000 });
@@ -58,7 +88,10 @@ const sdk = (ns) => new Client({ apiUrl: srv.url, apiKey: null, defaultHeaders: 
 
 test("agentserver start: one request takes the lock, the outcome releases it", async (t) => {
   const ns = uniq("lgstart");
-  const rec = recorder();
+  // Appends answered late, as from a loaded server: the run's later events queue behind one.
+  const rec = recorder(async (e) => {
+    if (e.what.endsWith("/stream/events")) await new Promise((res) => setTimeout(res, 50));
+  });
   await runtimeWith(t, ns, rec.fetch);
   const client = sdk(ns);
   const thread = (await client.threads.create()).thread_id;
@@ -78,6 +111,40 @@ test("agentserver start: one request takes the lock, the outcome releases it", a
   assert.equal(await d.locks.get(`thread:${thread}`), undefined, "the thread's lock is released");
   const state = await client.threads.getState(thread);
   assert.equal(state.values.messages.length, 6);
+  // The metadata went with each start, never as an append of its own.
+  const appends = rec.sent.filter((e) => /^POST \/v1\/tasks\/[^/]+\/stream\/events$/.test(e.what));
+  assert.equal(appends.filter((e) => e.body.events[0].type === "metadata").length, 0, "metadata sent as an append");
+  for (const s of rec.sent.filter((e) => e.what.endsWith("/start"))) assert.deepEqual(s.body.events.map((e) => e.type), ["metadata"]);
+  const got = await checkStreams(ns, rec.sent);
+  assert.equal(got.runs, runs);
+  assert.equal(got.withStart, runs);
+  // Events queued behind a late append when the graph ends go with the outcome, not as an append:
+  // how many did depends on how fast the graph ran (not asserted: agentserver-writer's takeRest
+  // test and the Go outcome tests check that path); each went once, in order (checkStreams).
+  t.diagnostic(`${got.withOutcome} events went with outcomes`);
+  // An append and an outcome never both carry a run's last events.
+  for (const o of outcomes) if (o.body.events) assert.ok(o.body.events_from > 1, "events_from counts the start's metadata");
+});
+
+test("agentserver start: a server that refuses events with the start and the outcome gets them as appends", async (t) => {
+  const ns = uniq("lgstartnoev");
+  const refuse = (e) =>
+    new Response(JSON.stringify({ title: "Bad Request", status: 400, detail: "validation failed", errors: [{ location: "body.events", message: "unexpected property" }] }), {
+      status: 400,
+      headers: { "Content-Type": "application/problem+json" },
+    });
+  const rec = recorder(async (e) => ((e.what.endsWith("/start") || e.what.endsWith("/outcome")) && e.body?.events ? refuse(e) : undefined));
+  await runtimeWith(t, ns, rec.fetch);
+  const client = sdk(ns);
+  const thread = (await client.threads.create()).thread_id;
+  for (const m of ["one", "two"]) await client.runs.wait(thread, "agent", { input: { messages: [{ role: "user", content: m }] } });
+  // Refused once each, then not sent again.
+  assert.equal(rec.sent.filter((e) => e.what.endsWith("/start") && e.body.events).length, 1);
+  assert.ok(rec.sent.filter((e) => e.what.endsWith("/outcome") && e.body.events).length <= 1);
+  const got = await checkStreams(ns, rec.sent);
+  assert.equal(got.runs, 2);
+  assert.equal(got.withStart + got.withOutcome, 0);
+  assert.equal((await client.threads.getState(thread)).values.messages.length, 4);
 });
 
 test("agentserver start: a run cancelled after its claim, before its start, runs nothing", async (t) => {

@@ -63,3 +63,24 @@ test("run stream writer: appends that keep failing stop it with the error, after
   assert.ok(calls() <= 8, `${calls()} appends`);
   assert.deepEqual(await mine(id), []);
 });
+
+test("run stream writer: takeRest waits for the write under way and takes what is queued, with the seq it is to take", async (t) => {
+  let letGo;
+  const held = new Promise((res) => (letGo = res));
+  const { id, writer, calls } = await claimed(t, () => "ok");
+  const append = writer.drover.streams.append;
+  writer.drover.streams.append = async (...a) => {
+    if (calls() === 0) await held; // the first append is answered late: the next events queue behind it
+    return append(...a);
+  };
+  await writer.emit("log", 0);
+  await writer.emit("log", 1);
+  await writer.emit("log", 2);
+  const rest = writer.takeRest();
+  letGo();
+  const { events, from } = await rest;
+  assert.deepEqual(events, [{ type: "log", data: 1 }, { type: "log", data: 2 }]);
+  assert.equal(calls(), 1, "the queued events were written");
+  assert.deepEqual(await mine(id), [0]);
+  assert.equal(from, 3, "after attempt_started and the first event");
+});
