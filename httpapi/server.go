@@ -171,6 +171,8 @@ type Server struct {
 	metrics *requestMetrics
 	// sessions caches the records of sessions seen (see Server.session).
 	sessions sessionCache
+	// streamClaims caches the claims of stream appends (see streamClaimCache).
+	streamClaims streamClaimCache
 	// queueClients keeps a queue client per namespace (queueclients.go).
 	queueClients queueClientCache
 	// hub samples the queues for the history and the event stream (hub.go).

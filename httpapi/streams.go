@@ -10,6 +10,7 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -129,6 +130,20 @@ func (s *Server) appendStream(ctx context.Context, in *appendStreamInput) (*stru
 	if err := keyspace.CheckName("task id", in.ID); err != nil {
 		return nil, streamProblem(err)
 	}
+	ins := make([]stream.Input, len(in.Body.Events))
+	for i, e := range in.Body.Events {
+		ins[i] = stream.Input{Type: e.Type, Data: e.Data}
+	}
+	w := stream.For(s.cli, s.keys(ctx))
+	key := streamClaimKey(s.nsOf(ctx), in.ID, in.Body.Session, in.Body.Token)
+	if claim, ok := s.streamClaims.get(key); ok {
+		first, last, err := w.Append(ctx, claim, ins)
+		if !errors.Is(err, stream.ErrFenced) {
+			return appended(first, last, err)
+		}
+		// Lost since, or another attempt wrote: the claim is read again, and refused as it should be.
+		s.streamClaims.forget(key)
+	}
 	c, err := s.queueClient(ctx)
 	if err != nil {
 		return nil, err
@@ -159,12 +174,14 @@ func (s *Server) appendStream(ctx context.Context, in *appendStreamInput) (*stru
 			}
 			return nil, perr
 		}
+		s.streamClaims.put(key, claim)
 	}
-	ins := make([]stream.Input, len(in.Body.Events))
-	for i, e := range in.Body.Events {
-		ins[i] = stream.Input{Type: e.Type, Data: e.Data}
-	}
-	first, last, err := stream.For(s.cli, s.keys(ctx)).Append(ctx, claim, ins)
+	return appended(w.Append(ctx, claim, ins))
+}
+
+// appended is the answer of an append that stored events first to last,
+// or its error as a problem.
+func appended(first, last int64, err error) (*struct{ Body StreamAppended }, error) {
 	if err != nil {
 		perr := streamProblem(err)
 		var p *Problem
@@ -174,6 +191,53 @@ func (s *Server) appendStream(ctx context.Context, in *appendStreamInput) (*stru
 		return nil, perr
 	}
 	return &struct{ Body StreamAppended }{StreamAppended{First: first, Last: last}}, nil
+}
+
+// A queue task's stream is appended to under its claim, whose fence (the
+// claim key's create revision is the token, the task's slot has not left
+// its segment) every append's transaction compares: so the claim a first
+// append read (the task, to learn its queue, the session, the claim) is
+// kept, by namespace, task, session and token, and the attempt's later
+// appends skip those reads. A claim lost since (the session ended, the
+// task was cancelled or claimed again) fails the append's compares
+// (stream.ErrFenced): it is forgotten and read again, which refuses the
+// append as before.
+
+// streamClaimCache remembers the claims of queue tasks' stream appends;
+// it forgets everything past maxCachedStreamClaims.
+type streamClaimCache struct {
+	mu sync.Mutex
+	m  map[string]stream.Claim
+}
+
+const maxCachedStreamClaims = 10_000
+
+// streamClaimKey keys a claim by namespace, task, session (its whole id:
+// an id with another secret is not the same) and token.
+func streamClaimKey(ns, task, session string, token int64) string {
+	return ns + "\x00" + task + "\x00" + session + "\x00" + strconv.FormatInt(token, 10)
+}
+
+func (c *streamClaimCache) get(key string) (stream.Claim, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	cl, ok := c.m[key]
+	return cl, ok
+}
+
+func (c *streamClaimCache) put(key string, cl stream.Claim) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil || len(c.m) >= maxCachedStreamClaims {
+		c.m = map[string]stream.Claim{}
+	}
+	c.m[key] = cl
+}
+
+func (c *streamClaimCache) forget(key string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.m, key)
 }
 
 // streamFrom is where a follower starts: after Last-Event-ID, or at

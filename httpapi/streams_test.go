@@ -124,3 +124,41 @@ func TestTaskStreamOverHTTP(t *testing.T) {
 		t.Fatalf("done: %s", page.Raw)
 	}
 }
+
+// TestStreamAppendAfterClaimLost: an append under a claim appended under
+// before (its claim kept by the server) is refused once the claim is
+// lost, and stores nothing: after the task's ack, after its session was
+// deleted, and after a cancel.
+func TestStreamAppendAfterClaimLost(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t)
+	a.do("POST", "/v1/queues/lq/tasks", qtasksJSON("l", 3)).want(t, 200)
+	ev := []any{map[string]any{"type": "token", "data": "x"}}
+	streamLen := func(id string) int {
+		return len(a.do("GET", "/v1/tasks/"+id+"/stream", nil).want(t, 200).JSON["events"].([]any))
+	}
+	lose := map[string]func(sess string, task map[string]any){
+		"ack": func(sess string, task map[string]any) {
+			a.do("POST", qtaskPath("lq", task, "ack"), qfence(sess, task)).want(t, 200)
+		},
+		"session deleted": func(sess string, _ map[string]any) {
+			a.do("DELETE", "/v1/sessions/"+sess, nil).want(t, 204)
+		},
+		"cancel": func(_ string, task map[string]any) {
+			a.do("POST", "/v1/queues/lq/tasks/"+task["task_id"].(string)+"/cancel", nil).want(t, 200)
+		},
+	}
+	for _, how := range []string{"ack", "session deleted", "cancel"} {
+		sess := a.session(30)
+		task := a.qclaim("lq", sess, 1, "5s")[0]
+		path := "/v1/tasks/" + task["task_id"].(string) + "/stream/events"
+		a.do("POST", path, qfence(sess, task, "events", ev)).want(t, 200)
+		a.do("POST", path, qfence(sess, task, "events", ev)).want(t, 200) // through the kept claim
+		lose[how](sess, task)
+		n := streamLen(task["task_id"].(string))
+		a.do("POST", path, qfence(sess, task, "events", ev)).problem(t, 409)
+		if got := streamLen(task["task_id"].(string)); got != n {
+			t.Fatalf("%s: a refused append changed the stream: %d events, then %d", how, n, got)
+		}
+	}
+}
