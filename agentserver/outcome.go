@@ -33,7 +33,7 @@ type runOutcome struct {
 	Lock *outcomeLock `json:"lock,omitempty" doc:"The thread's lock the run's start (POST .../start) took: its name, token and contender. The outcome releases it in its own transaction, if it is still held with that token (a lock lost meanwhile, or held by another since, is left as it is, and the outcome is recorded all the same)."`
 	// Events: the run's last events (see appendOutcomeEvents).
 	Events     []RunEvent `json:"events,omitempty" maxItems:"1000" doc:"The run's last events, not yet written: appended to the run task's stream under the claim before the run ends, those a sending of this outcome before stored left out (see events_from), so that a retried outcome stores each once."`
-	EventsFrom int64      `json:"events_from,omitempty" minimum:"0" doc:"With events: the seq the first of them is to take, the one after the last event of the runtime's attempt it knows stored (1 when it knows none). The events of the attempt the stream holds from there on (drover's own left out) are taken as the first of events, stored by a sending of this outcome before, and not appended again."`
+	EventsFrom int64      `json:"events_from,omitempty" minimum:"0" doc:"With events: the seq the first of them is to take, the one after the last event of the runtime's attempt it knows stored (1 when it knows none). Of the events of the attempt the stream holds from there on (drover's own left out), the last k, when they are the first k of events (type and data), are taken as stored by a sending of this outcome before, the most k that match, and not appended again; others there are not counted."`
 }
 
 // endRun records run id's outcome on the run and its thread, if the

@@ -489,3 +489,44 @@ func TestOutcomeEventsStoredOnceAcrossRetries(t *testing.T) {
 		t.Fatalf("stream %v, want the outcome's stored one left out: %v", types, want)
 	}
 }
+
+// Events of the attempt stored from events_from on that are not the
+// outcome's own are not taken for them: a write of the runtime's stored
+// twice (its first sending's answer lost, the write landing after the
+// second), or an events_from too early (before the start's metadata),
+// leaves none of the outcome's events out.
+func TestOutcomeEventsNotTakenForOthers(t *testing.T) {
+	a := newAPI(t)
+	s := claimedRun(t, a, false)
+	st := s.startWith(a, s.token, []any{ev("metadata", nil)})
+	write := map[string]any{"session": s.session, "token": s.token, "events": []any{ev("values", 1)}}
+	next := int64(a.must(200, "POST", "/v1/tasks/"+s.id+"/stream/events", write).Obj["last"].(float64)) + 1
+	a.must(200, "POST", "/v1/tasks/"+s.id+"/stream/events", write) // the same write, stored late, after next
+	events := []any{ev("values", 2), ev("end", nil)}
+	for i := range 2 {
+		if out := s.outcomeWith(a, s.token, outcomeLock(st), events, next); out.Status != 200 {
+			t.Fatalf("outcome %d: %d %s", i+1, out.Status, out.Raw)
+		}
+	}
+	types, _ := streamTypes(a, s.id)
+	if want := []string{"attempt_started", "metadata", "values", "values", "values", "end"}; !reflect.DeepEqual(types, want) {
+		t.Fatalf("stream %v, want the outcome's values and end after the write stored twice, once: %v", types, want)
+	}
+
+	p := claimedRun(t, a, false)
+	pst := p.startWith(a, p.token, []any{ev("metadata", map[string]any{"run_id": p.id})})
+	if out := p.outcomeWith(a, p.token, outcomeLock(pst), []any{ev("values", map[string]any{"a": "<b>"}), ev("end", nil)}, 1); out.Status != 200 {
+		t.Fatalf("outcome: %d %s", out.Status, out.Raw)
+	}
+	types, _ = streamTypes(a, p.id)
+	if want := []string{"attempt_started", "metadata", "values", "end"}; !reflect.DeepEqual(types, want) {
+		t.Fatalf("stream %v after an outcome from seq 1, want its events after the metadata: %v", types, want)
+	}
+	// Sent again, data as the stream stores it (compacted, escaped) or not: nothing more.
+	if out := p.outcomeWith(a, p.token, outcomeLock(pst), []any{ev("values", map[string]any{"a": "<b>"}), ev("end", nil)}, 1); out.Status != 200 {
+		t.Fatalf("outcome again: %d %s", out.Status, out.Raw)
+	}
+	if types, _ = streamTypes(a, p.id); len(types) != 4 {
+		t.Fatalf("stream %v after the outcome sent again, want it unchanged", types)
+	}
+}

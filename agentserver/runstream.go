@@ -1,6 +1,7 @@
 package agentserver
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -392,10 +393,13 @@ func (s *server) appendRunEvents(ctx context.Context, sp keyspace.Space, c strea
 // claim c's task, but those a sending of the same outcome before stored
 // (its answer lost): from is the seq the runtime expects the first of
 // them to take, the one after the last event of its attempt it knows
-// stored. The events of c's attempt the stream holds from there on
-// (drover's own left out) are taken as the first of ins, stored already;
-// the rest are appended. A repeat of an outcome whose events were all
-// stored appends nothing.
+// stored. Of the events of c's attempt the stream holds from there on
+// (drover's own left out), the last k, when they are the first k of ins
+// (type and data), are taken as stored already, the most k that match;
+// the rest are appended. Events of the attempt there that are not ins'
+// (a write of the runtime's stored twice, a from too early) are not
+// counted: a repeat of an outcome whose events were all stored appends
+// nothing, and no event of ins is left out that the stream does not hold.
 func (s *server) appendOutcomeEvents(ctx context.Context, sp keyspace.Space, c stream.Claim, from int64, ins []stream.Input) error {
 	hub := stream.HubFor(s.cfg.Etcd, sp)
 	last, err := hub.LastSeq(ctx, c.Task)
@@ -404,23 +408,63 @@ func (s *server) appendOutcomeEvents(ctx context.Context, sp keyspace.Space, c s
 	}
 	stored := 0
 	if last >= from { // the common case, nothing stored from there, reads no more
+		var tail []stream.Event // the attempt's last events from there, at most len(ins) kept
 		err = hub.Read(ctx, c.Task, from, func(evs []stream.Event) bool {
 			for _, e := range evs {
 				if e.Seq >= from && e.Attempt == c.Attempt && !droverEvents[e.Type] {
-					stored++
+					if tail = append(tail, e); len(tail) > 2*len(ins) {
+						tail = append(tail[:0], tail[len(tail)-len(ins):]...)
+					}
 				}
 			}
-			return stored < len(ins)
+			return true
 		})
 		if err != nil {
 			return etcdError("reading the run's stream", err)
 		}
+		stored = storedPrefix(tail, ins)
 	}
 	if stored >= len(ins) {
 		return nil
 	}
 	_, err = s.appendRunEvents(ctx, sp, c, ins[stored:], "the outcome's")
 	return err
+}
+
+// storedPrefix is the most k such that the last k events of tail are
+// the first k of ins, their types and data as the stream stores them
+// (compacted, HTML-escaped, null for none).
+func storedPrefix(tail []stream.Event, ins []stream.Input) int {
+	stored := make([][]byte, min(len(tail), len(ins)))
+	for i := range stored {
+		stored[i] = storedData(ins[i].Data)
+	}
+	for k := len(stored); k > 0; k-- {
+		same := true
+		for i, e := range tail[len(tail)-k:] {
+			if e.Type != ins[i].Type || !bytes.Equal(storedData(e.Data), stored[i]) {
+				same = false
+				break
+			}
+		}
+		if same {
+			return k
+		}
+	}
+	return 0
+}
+
+// storedData is d as the stream stores an event's data.
+func storedData(d json.RawMessage) []byte {
+	if len(d) == 0 {
+		return []byte("null")
+	}
+	var compact, out bytes.Buffer
+	if json.Compact(&compact, d) != nil {
+		return d
+	}
+	json.HTMLEscape(&out, compact.Bytes())
+	return out.Bytes()
 }
 
 // outcomeEventInputs are outcome o's events, checked (runEventInputs),

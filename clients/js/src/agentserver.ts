@@ -453,9 +453,12 @@ export class AgentServerRuntime {
         await this.drover.transport.put(path, { ...b, ...events });
       } catch (e) {
         // An older server refuses the field (nothing recorded): the events go through the writer, before.
+        // Kept until the writer stored them: a retry of an outcome whose writer failed carries them again
+        // (and fails so), rather than being recorded without them.
         if (!rest?.events.length || !refusesEvents(e)) throw e;
         this.outcomeEventsRefused = true;
-        await rest.out.putBack(rest.events.splice(0));
+        await rest.out.putBack(rest.events);
+        rest.events.splice(0);
         await this.drover.transport.put(path, b);
       }
       if (held?.viaOutcome) held.released = true;

@@ -147,6 +147,37 @@ test("agentserver start: a server that refuses events with the start and the out
   assert.equal((await client.threads.getState(thread)).values.messages.length, 4);
 });
 
+test("agentserver start: events an older server refused with the outcome are not lost when the writer then fails", async (t) => {
+  const ns = uniq("lgputback");
+  const refuse = () =>
+    new Response(JSON.stringify({ title: "Bad Request", status: 400, detail: "validation failed", errors: [{ location: "body.events", message: "unexpected property" }] }), {
+      status: 400,
+      headers: { "Content-Type": "application/problem+json" },
+    });
+  // Appends get no answer until the second outcome is sent: the run's events all go with its first
+  // outcome (none stored), which is refused; the writer they are put back into fails.
+  let down = true;
+  let outcomes = 0;
+  const rec = recorder(async (e) => {
+    if (down && e.what.startsWith("POST ") && e.what.endsWith("/stream/events")) throw new TypeError("injected: no answer");
+    if (!e.what.endsWith("/outcome")) return undefined;
+    if (++outcomes === 2) down = false;
+    return e.body?.events ? refuse() : undefined;
+  });
+  await runtimeWith(t, ns, rec.fetch);
+  const client = sdk(ns);
+  const thread = (await client.threads.create()).thread_id;
+  await client.runs.wait(thread, "agent", { input: { messages: [{ role: "user", content: "one" }] } });
+  const first = rec.sent.find((e) => e.what.endsWith("/outcome"));
+  assert.ok(first.body.events?.some((e) => e.type === "values"), "the first outcome carried the run's values");
+  const run = first.what.split("/")[6];
+  const page = await new Drover({ url: srv.url, namespace: ns }).streams.read(run);
+  assert.ok(
+    page.events.some((e) => e.type === "values"),
+    `the run's stream holds its values (an outcome without them was not recorded): ${page.events.map((e) => e.type)}`,
+  );
+});
+
 test("agentserver start: a run cancelled after its claim, before its start, runs nothing", async (t) => {
   const ns = uniq("lgstartcancel");
   let hold;
