@@ -22,6 +22,11 @@ const MAX_EVENTS = 1000;
 const MAX_BYTES = 700 << 10;
 /** The most bytes of one event's type and data (the server's limit). */
 const MAX_EVENT_BYTES = 64 << 10;
+/**
+ * The most bytes of events an outcome carries (takeRest): beside the thread's state and history,
+ * under the outcome's 3 MiB body limit; more are written as flush writes them.
+ */
+const MAX_OUTCOME_BYTES = 128 << 10;
 /** How many times a count is tried after a write drover did not answer, and how many such writes in a row store nothing before the writer stops. */
 const RECOVER_TRIES = 8;
 
@@ -79,8 +84,8 @@ export class RunStreamWriter {
    * the write under way (none is begun after it), then takes the events still queued out of the writer, with `from`, the
    * seq the first of them is to take as far as the writer knows (the one after the last of this
    * attempt's events known stored): a server that counts this attempt's events from there stores
-   * them once, however often that request is sent. More than one write holds are written as
-   * {@link flush} writes them, and none is taken. Throws the error that stopped the writer.
+   * them once, however often that request is sent. More than an outcome carries (128 KiB, or
+   * more events than one write holds) are written as {@link flush} writes them, and none is taken. Throws the error that stopped the writer.
    */
   async takeRest(): Promise<{ events: { type: string; data: unknown }[]; from: number }> {
     this.closing = true;
@@ -92,7 +97,7 @@ export class RunStreamWriter {
     if (this.failed) throw this.failed;
     let bytes = 0;
     for (const e of this.queue) bytes += e.bytes;
-    if (this.queue.length > MAX_EVENTS || bytes >= MAX_BYTES) {
+    if (this.queue.length > MAX_EVENTS || bytes >= MAX_OUTCOME_BYTES) {
       this.writing = this.drain();
       await this.flush();
     }
