@@ -97,7 +97,7 @@ export interface AgentServerRuntimeOptions {
    * and another runtime resumes them.
    */
   ttl?: number;
-  /** States of a thread's history reported after each run (default 100). */
+  /** States of a thread's history kept after each run (default 100; the server keeps at most 100). */
   historyLimit?: number;
   /** The most bytes (as JSON) of history an outcome sends beside the state; default 1 MiB. */
   historyBytes?: number;
