@@ -344,27 +344,16 @@ type EventsAppended struct {
 	Last  int64 `json:"last" doc:"The sequence number of the last."`
 }
 
-// maxRunEventBytes bounds one event's type and data, as the stream's
-// writer does.
-const maxRunEventBytes = 64 << 10
-
 // runEventInputs are evs as the stream's writer takes them, checked as
-// it checks them: a 400 naming the event and the rule, or a 413 for one
-// over its bound; nothing is written then.
+// it checks them (stream.CheckInputs): a 400 naming the event and the
+// rule, or a 413 for one over its bound; nothing is written then.
 func runEventInputs(evs []RunEvent) ([]stream.Input, error) {
 	ins := make([]stream.Input, len(evs))
 	for i, e := range evs {
-		where := fmt.Sprintf("body.events[%d]", i)
-		switch {
-		case droverEvents[e.Type]:
-			return nil, badInput(where+".type", e.Type, "must not be one of drover's own (attempt_started, attempt_lost, attempt_ended, done)")
-		case len(e.Data) > 0 && !json.Valid(e.Data):
-			return nil, badInput(where+".data", nil, "must be a JSON value")
-		case len(e.Type)+len(e.Data) > maxRunEventBytes:
-			return nil, huma.NewError(http.StatusRequestEntityTooLarge, fmt.Sprintf("%s is %d bytes (type and data), over the %d-byte limit of one event",
-				where, len(e.Type)+len(e.Data), maxRunEventBytes), &huma.ErrorDetail{Location: where, Message: "over the limit of one event"})
-		}
 		ins[i] = stream.Input{Type: e.Type, Data: e.Data}
+	}
+	if err := stream.CheckInputs(ins); err != nil {
+		return nil, runEventsProblem(err, "the request's", 0)
 	}
 	return ins, nil
 }
@@ -373,20 +362,27 @@ func runEventInputs(evs []RunEvent) ([]stream.Input, error) {
 // claim, as the stream route does; what names them in an error.
 func (s *server) appendRunEvents(ctx context.Context, sp keyspace.Space, c stream.Claim, ins []stream.Input, what string) (*EventsAppended, error) {
 	first, last, err := stream.For(s.cfg.Etcd, sp).Append(ctx, c, ins)
+	if err != nil {
+		return nil, runEventsProblem(err, what, c.Fence.Token())
+	}
+	return &EventsAppended{First: first, Last: last}, nil
+}
+
+// runEventsProblem is the problem of an error of the stream's writer
+// with a request's events (what names them), under token.
+func runEventsProblem(err error, what string, token int64) error {
 	var ie *drover.InputError
 	switch {
-	case err == nil:
-		return &EventsAppended{First: first, Last: last}, nil
 	case errors.As(err, &ie):
-		return nil, badInput("body."+ie.Field, nil, ie.Rule)
+		return badInput("body."+ie.Field, nil, ie.Rule)
 	case errors.Is(err, stream.ErrStreamFull):
-		return nil, huma.NewError(http.StatusRequestEntityTooLarge, what+" events do not fit the run's stream: "+err.Error())
+		return huma.NewError(http.StatusRequestEntityTooLarge, what+" events do not fit the run's stream: "+err.Error())
 	case errors.Is(err, stream.ErrFenced):
-		return nil, huma.NewError(http.StatusConflict, fmt.Sprintf("%s events were not stored: this runtime no longer writes the run's stream under token %d: %v", what, c.Fence.Token(), err))
+		return huma.NewError(http.StatusConflict, fmt.Sprintf("%s events were not stored: this runtime no longer writes the run's stream under token %d: %v", what, token, err))
 	case errors.Is(err, drover.ErrStoreFull):
-		return nil, storeFull(err)
+		return storeFull(err)
 	}
-	return nil, etcdError("appending "+what+" events to the run's stream", err)
+	return etcdError("appending "+what+" events to the run's stream", err)
 }
 
 // appendOutcomeEvents appends events ins of an outcome to the stream of
@@ -437,12 +433,12 @@ func (s *server) appendOutcomeEvents(ctx context.Context, sp keyspace.Space, c s
 func storedPrefix(tail []stream.Event, ins []stream.Input) int {
 	stored := make([][]byte, min(len(tail), len(ins)))
 	for i := range stored {
-		stored[i] = storedData(ins[i].Data)
+		stored[i] = stream.StoredData(ins[i].Data)
 	}
 	for k := len(stored); k > 0; k-- {
 		same := true
 		for i, e := range tail[len(tail)-k:] {
-			if e.Type != ins[i].Type || !bytes.Equal(storedData(e.Data), stored[i]) {
+			if e.Type != ins[i].Type || !bytes.Equal(stream.StoredData(e.Data), stored[i]) {
 				same = false
 				break
 			}
@@ -452,19 +448,6 @@ func storedPrefix(tail []stream.Event, ins []stream.Input) int {
 		}
 	}
 	return 0
-}
-
-// storedData is d as the stream stores an event's data.
-func storedData(d json.RawMessage) []byte {
-	if len(d) == 0 {
-		return []byte("null")
-	}
-	var compact, out bytes.Buffer
-	if json.Compact(&compact, d) != nil {
-		return d
-	}
-	json.HTMLEscape(&out, compact.Bytes())
-	return out.Bytes()
 }
 
 // outcomeEventInputs are outcome o's events, checked (runEventInputs),

@@ -59,6 +59,10 @@ func appendString(buf []byte, s string) []byte {
 	return append(buf, '"')
 }
 
+// StoredData is an event's data d as the stream stores it (appendData):
+// what a stored event's data reads back as, for comparing with an input's.
+func StoredData(d json.RawMessage) []byte { return appendData(nil, d) }
+
 // appendData appends an event's data, a JSON value, compacted (a line
 // break in it would end a server-sent event's data line); null if empty.
 func appendData(buf []byte, d json.RawMessage) []byte {

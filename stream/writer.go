@@ -300,6 +300,14 @@ func (w *Writer) append(ctx context.Context, a *attempt, ins []Input) (first, la
 	return w.appendChecked(ctx, a, ins)
 }
 
+// CheckInputs refuses events ins of one write as a Writer of the default
+// limits does (Append's checks, before anything is taken for them): a
+// *drover.InputError naming the event ("events[2].type") and the rule,
+// or ErrStreamFull for an event, or the whole, over its bound.
+func CheckInputs(ins []Input) error {
+	return checkInputs(ins, DefaultLimits.MaxEventBytes, "write")
+}
+
 // checkInputs refuses events ins of one write (verb: "write", "emit")
 // when one is not valid or over maxEvent bytes, or all of them are over
 // maxWriteBytes.
