@@ -64,15 +64,21 @@ test("run stream writer: appends that keep failing stop it with the error, after
   assert.deepEqual(await mine(id), []);
 });
 
-test("run stream writer: takeRest waits for the write under way and takes what is queued, with the seq it is to take", async (t) => {
+/** A claimed writer whose first append is answered only once letGo() is called: the next events queue behind it. */
+async function firstAppendHeld(t) {
   let letGo;
   const held = new Promise((res) => (letGo = res));
-  const { id, writer, calls } = await claimed(t, () => "ok");
-  const append = writer.drover.streams.append;
-  writer.drover.streams.append = async (...a) => {
-    if (calls() === 0) await held; // the first append is answered late: the next events queue behind it
+  const c = await claimed(t, () => "ok");
+  const append = c.writer.drover.streams.append;
+  c.writer.drover.streams.append = async (...a) => {
+    if (c.calls() === 0) await held;
     return append(...a);
   };
+  return { ...c, letGo };
+}
+
+test("run stream writer: takeRest waits for the write under way and takes what is queued, with the seq it is to take", async (t) => {
+  const { id, writer, calls, letGo } = await firstAppendHeld(t);
   await writer.emit("log", 0);
   await writer.emit("log", 1);
   await writer.emit("log", 2);
@@ -86,14 +92,7 @@ test("run stream writer: takeRest waits for the write under way and takes what i
 });
 
 test("run stream writer: takeRest leaves events past what an outcome carries to the writer", async (t) => {
-  let letGo;
-  const held = new Promise((res) => (letGo = res));
-  const { id, writer, calls } = await claimed(t, () => "ok");
-  const append = writer.drover.streams.append;
-  writer.drover.streams.append = async (...a) => {
-    if (calls() === 0) await held; // the first append is answered late: the next events queue behind it
-    return append(...a);
-  };
+  const { id, writer, calls, letGo } = await firstAppendHeld(t);
   const big = "x".repeat(60 << 10);
   for (let i = 0; i < 4; i++) await writer.emit("log", `${i}${big}`);
   const rest = writer.takeRest();
