@@ -13,6 +13,7 @@ import (
 	"github.com/danielgtaylor/huma/v2"
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/storeguard"
+	"github.com/droverhq/drover/stream"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -34,6 +35,11 @@ type Config struct {
 	// wait: a run's start takes its thread's lock with it. Without it the
 	// start route is not served (runtimes take the lock themselves).
 	LockThread func(ctx context.Context, session, name string, wait time.Duration) (RunLock, error)
+	// Claims keeps the claims of runs' tasks that a run's start read, for
+	// its outcome (and, shared with the stream route, its appends) to
+	// write under without reading them again (see stream.ClaimCache);
+	// default a cache of the routes' own.
+	Claims *stream.ClaimCache
 	// Truncate serves POST /internal/truncate, the reset LangGraph's test
 	// suite calls: only for a server started for tests (TruncateEnv).
 	Truncate bool
@@ -73,6 +79,9 @@ func Register(api huma.API, cfg Config) error {
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
+	}
+	if cfg.Claims == nil {
+		cfg.Claims = new(stream.ClaimCache)
 	}
 	s := &server{cfg: cfg}
 	api = plainErrors(api) // LangGraph's plain-text errors unless JSON is asked for: plaintext.go

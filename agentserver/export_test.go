@@ -47,3 +47,11 @@ func SetBeforeRunLock(f func()) (restore func()) {
 	beforeRunLock = f
 	return func() { beforeRunLock = old }
 }
+
+// SetAfterRunClaim sets a function a run's start calls after it read the
+// run's claim, before it appends its events, until restore is called.
+func SetAfterRunClaim(f func()) (restore func()) {
+	old := afterRunClaim
+	afterRunClaim = f
+	return func() { afterRunClaim = old }
+}

@@ -7,12 +7,14 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"unicode/utf8"
 
 	"github.com/danielgtaylor/huma/v2"
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/lease"
 	"github.com/droverhq/drover/queue"
+	"github.com/droverhq/drover/stream"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -43,6 +45,12 @@ type runOutcome struct {
 // when no other run of it is active: a later run's busy stays. With
 // o.Lock, the thread's lock the run's start took is released in that
 // transaction, if it is still held with its token.
+//
+// The claim the run's start read (cached by namespace, run and token:
+// this route's own check is the token alone, as the start's read) is
+// tried first, without a read of it: only the fenced transaction's
+// success is answered from it (see endCached). Else the claim is read,
+// as it is for each of the attempts after.
 func (s *server) endRun(ctx context.Context, thread, id string, o runOutcome) (Run, error) {
 	sp, err := s.space(ctx)
 	if err != nil {
@@ -55,6 +63,11 @@ func (s *server) endRun(ctx context.Context, thread, id string, o runOutcome) (R
 	ins, err := outcomeEventInputs(o)
 	if err != nil {
 		return Run{}, err
+	}
+	key := stream.ClaimKey{NS: s.cfg.Namespace(ctx), Task: id, Token: o.Token}
+	defer s.cfg.Claims.Forget(key) // ended, refused or stale: the run's claim is not needed again
+	if r, ok := s.endCached(ctx, sp, thread, id, o, key, &ins, rel); ok {
+		return r, nil
 	}
 	q, err := s.queueOf(ctx)
 	if err != nil {
@@ -78,7 +91,7 @@ func (s *server) endRun(ctx context.Context, thread, id string, o runOutcome) (R
 			}
 			ins = nil
 		}
-		r, done, err := s.endOnce(ctx, sp, thread, id, o, cl.Fence.Compares(), rel)
+		r, done, err := s.endOnce(ctx, sp, thread, id, o, cl.Fence.Compares(), rel, false)
 		if err != nil || done {
 			return r, err
 		}
@@ -86,16 +99,42 @@ func (s *server) endRun(ctx context.Context, thread, id string, o runOutcome) (R
 	return Run{}, errRaced("the run")
 }
 
+// endCached is an attempt of endRun under the claim cached for key, if
+// any: ok when its transaction, which compares the claim's fence, ended
+// the run. Anything else (no claim cached, the compares failing, the run
+// found ended already, an error) answers nothing: the claim may be stale,
+// and what endRun answers then comes from reading it. Events appended
+// under it are taken off *ins: they are stored, the claim held then.
+func (s *server) endCached(ctx context.Context, sp keyspace.Space, thread, id string, o runOutcome, key stream.ClaimKey, ins *[]stream.Input, rel []clientv3.Op) (Run, bool) {
+	cl, ok := s.cfg.Claims.Token(key)
+	if !ok {
+		return Run{}, false
+	}
+	if len(*ins) > 0 {
+		if s.appendOutcomeEvents(ctx, sp, cl, o.EventsFrom, *ins) != nil {
+			return Run{}, false
+		}
+		*ins = nil
+	}
+	r, done, err := s.endOnce(ctx, sp, thread, id, o, cl.Fence.Compares(), rel, true)
+	return r, done && err == nil
+}
+
 // endOnce is one attempt of endRun, its claim read (fence, the claim's
 // compares): it reads the run and its thread, and writes them ended in a
 // transaction that compares what it read, with release (the run lock's,
-// if any). done is false when that transaction found them changed.
-func (s *server) endOnce(ctx context.Context, sp keyspace.Space, thread, id string, o runOutcome, fence []clientv3.Cmp, release []clientv3.Op) (Run, bool, error) {
+// if any). done is false when that transaction found them changed. A
+// cached claim, not read, proves nothing until that transaction: a run
+// found ended under it is not done either (the claim is read then).
+func (s *server) endOnce(ctx context.Context, sp keyspace.Space, thread, id string, o runOutcome, fence []clientv3.Cmp, release []clientv3.Op, cached bool) (Run, bool, error) {
 	rd, err := s.outcomeReads(ctx, sp, thread, id, o)
 	if err != nil {
 		return Run{}, true, err
 	}
 	r := rd.run
+	if r.Ended && cached {
+		return Run{}, false, nil
+	}
 	if r.Ended { // a repeat, or the run was settled first: what it ended as stays
 		if len(release) > 0 { // a repeat whose first answer was lost released it already
 			s.releaseAlone(ctx, release)
@@ -114,7 +153,7 @@ func (s *server) endOnce(ctx context.Context, sp keyspace.Space, thread, id stri
 	now := s.now()
 	r.Status, r.Ended, r.Error, r.UpdatedAt = o.Status, true, capError(o.Error), now
 	rraw, _ := json.Marshal(r)
-	ops, cmps := []clientv3.Op{}, fence
+	ops, cmps := []clientv3.Op{}, slices.Clip(fence) // the claim's, shared: appended to in a copy
 	if o.State != nil {
 		th.Values, th.Interrupts = o.State.Values, interruptsOf(o.State)
 		hops, hcmps, err := s.outcomeHistory(ctx, sp, thread, o, rd, th, len(rraw))

@@ -6,9 +6,12 @@ import (
 	"fmt"
 	"reflect"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/droverhq/drover/agentserver"
+	"github.com/droverhq/drover/httpapi"
 	"github.com/droverhq/drover/keyspace"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -528,5 +531,67 @@ func TestOutcomeEventsNotTakenForOthers(t *testing.T) {
 	}
 	if types, _ = streamTypes(a, p.id); len(types) != 4 {
 		t.Fatalf("stream %v after the outcome sent again, want it unchanged", types)
+	}
+}
+
+// Two sendings of one outcome at once (a retry while the first is still
+// under way) store its events once: the second, sent between the
+// first's read of the stream and its append, appends them and ends the
+// run; the first then finds the stream moved, reads it again, finds its
+// events there and appends nothing.
+func TestOutcomeSentTwiceAtOnceStoresItsEventsOnce(t *testing.T) {
+	a := newAPI(t)
+	s := claimedRun(t, a, false)
+	st := s.startWith(a, s.token, []any{ev("metadata", nil)})
+	events := []any{ev("values", 1), ev("values", 2), ev("end", nil)}
+	var mu sync.Mutex // the hook runs on the server's goroutines
+	var inner *answer
+	nested := false
+	defer agentserver.SetAfterOutcomeRead(func(task string) {
+		mu.Lock()
+		first := task == s.id && !nested
+		nested = nested || first
+		mu.Unlock()
+		if !first {
+			return
+		}
+		r := s.outcomeWith(a, s.token, outcomeLock(st), events, 3)
+		mu.Lock()
+		inner = &r
+		mu.Unlock()
+	})()
+	if out := s.outcomeWith(a, s.token, outcomeLock(st), events, 3); out.Status != 200 || out.Obj["status"] != "success" {
+		t.Fatalf("first outcome: %d %s", out.Status, out.Raw)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if inner == nil || inner.Status != 200 {
+		t.Fatalf("the second sending, under way inside the first: %+v", inner)
+	}
+	types, _ := streamTypes(a, s.id)
+	if want := []string{"attempt_started", "metadata", "values", "values", "end"}; !reflect.DeepEqual(types, want) {
+		t.Fatalf("stream %v after two sendings at once, want each event once: %v", types, want)
+	}
+}
+
+// A run started on one member whose runtime's events went through
+// another: the outcome sent to the first member appends its events after
+// them, though that member's writer last saw the stream before them.
+func TestOutcomeAfterEventsWrittenThroughAnotherMember(t *testing.T) {
+	a := newAPI(t)
+	b := newAPI(t, func(cfg *httpapi.Config) { cfg.Namespace = a.ns })
+	s := claimedRun(t, a, false)
+	st := s.startWith(a, s.token, []any{ev("metadata", nil)})
+	if st.Status != 200 {
+		t.Fatalf("start: %d %s", st.Status, st.Raw)
+	}
+	b.must(200, "POST", "/v1/tasks/"+s.id+"/stream/events", map[string]any{"session": s.session, "token": s.token, "events": []any{ev("values", 1)}})
+	out := s.outcomeWith(a, s.token, outcomeLock(st), []any{ev("values", 2), ev("end", nil)}, 4)
+	if out.Status != 200 || out.Obj["status"] != "success" {
+		t.Fatalf("outcome on the member that started the run: %d %s", out.Status, out.Raw)
+	}
+	types, _ := streamTypes(a, s.id)
+	if want := []string{"attempt_started", "metadata", "values", "values", "end"}; !reflect.DeepEqual(types, want) {
+		t.Fatalf("stream %v, want %v", types, want)
 	}
 }

@@ -178,7 +178,7 @@ func (s *server) runRoutes(api huma.API) {
 		if err != nil {
 			return nil, err
 		}
-		ans, loc := s.joinAnswer(r.ThreadID, r.RunID), "/threads/"+r.ThreadID+"/runs/"+r.RunID
+		ans, loc := s.joinAnswer(r.ThreadID, r.RunID, true), "/threads/"+r.ThreadID+"/runs/"+r.RunID
 		body := ans.Body // the SDK's onRunCreated reads the run from Content-Location
 		ans.Body = func(hctx huma.Context) { hctx.SetHeader("Content-Location", loc); body(hctx) }
 		return ans, nil
@@ -207,10 +207,10 @@ func (s *server) runRoutes(api huma.API) {
 }
 
 // joinAnswer answers, once run id ends, the thread's values (or the
-// run's error), however long the run takes.
-func (s *server) joinAnswer(thread, id string) *huma.StreamResponse {
+// run's error), however long the run takes; checked as waitRun's.
+func (s *server) joinAnswer(thread, id string, checked bool) *huma.StreamResponse {
 	return longAnswer(func(ctx context.Context) (any, error) {
-		r, err := s.waitRun(ctx, thread, id)
+		r, err := s.waitRun(ctx, thread, id, checked)
 		if err != nil {
 			return nil, err
 		}
@@ -289,7 +289,7 @@ func (s *server) runReadRoutes(api huma.API, tags []string) {
 		if _, _, err := s.getRun(ctx, th, id); err != nil {
 			return nil, err
 		}
-		return s.joinAnswer(th, id), nil
+		return s.joinAnswer(th, id, true), nil // its task read by getRun
 	})
 	s.runChangeRoutes(api, tags)
 }
@@ -315,7 +315,7 @@ func (s *server) runChangeRoutes(api huma.API, tags []string) {
 			return nil, err
 		}
 		if in.Action != "rollback" && (in.Wait == "1" || in.Wait == "true") {
-			_, err = s.waitRun(ctx, th, id)
+			_, err = s.waitRun(ctx, th, id, false)
 		}
 		return nil, err
 	})

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/danielgtaylor/huma/v2"
@@ -440,21 +441,88 @@ func (s *server) listRuns(ctx context.Context, thread string) ([]runRecord, erro
 	return out, nil
 }
 
-// waitRun waits until run id of thread ends, then answers it.
-func (s *server) waitRun(ctx context.Context, thread, id string) (runRecord, error) {
-	if err := s.awaitAdmitted(ctx, thread, id); err != nil {
-		return runRecord{}, err
-	}
-	q, err := s.queueOf(ctx)
+// waitRun waits until run id of thread ends, then answers it. It
+// watches the run's record, which an outcome and every stop write ended:
+// one key, one wake a run. A run whose task ended without an outcome (a
+// runtime that died on its last attempt) is settled by a read of its
+// task (getRun), made every runTaskCheck while the record is unchanged,
+// and at once unless checked: the caller read the task just now (a join,
+// whose getRun answered 404 for a run not there), or created the run and
+// submitted its task in this request (a wait: the task is there and
+// cannot have ended yet; no read of it, and no ensureTask).
+func (s *server) waitRun(ctx context.Context, thread, id string, checked bool) (runRecord, error) {
+	sp, err := s.space(ctx)
 	if err != nil {
 		return runRecord{}, err
 	}
-	defer closeQueue(q)
-	if _, err := q.Wait(ctx, id); err != nil && !errors.Is(err, queue.ErrNotFound) {
-		return runRecord{}, etcdError("waiting for the run", err)
+	var check time.Time // when the task is read next; zero: now
+	if checked {
+		check = time.Now().Add(runTaskCheck)
 	}
-	r, _, err := s.getRun(ctx, thread, id)
-	return r, err
+	for ctx.Err() == nil {
+		r, rev, at, err := s.runAsStored(ctx, sp, thread, id)
+		if err != nil || r.Ended {
+			return r, err
+		}
+		next := admitRecheck
+		switch {
+		case r.Queued: // enqueued behind another run: its turn may have come without anyone admitting it
+			if err := s.admitNext(ctx, thread); err != nil {
+				return runRecord{}, err
+			}
+		case !time.Now().Before(check):
+			taskChecks.Add(1)
+			if err := s.withTaskStatus(ctx, []*runRecord{&r}, []int64{rev}); err != nil {
+				return runRecord{}, err
+			}
+			if r.Ended {
+				return r, nil
+			}
+			check, next = time.Now().Add(runTaskCheck), runTaskCheck
+		default:
+			next = time.Until(check)
+		}
+		s.awaitChange(ctx, sp.AgentRun(thread, id), at, next)
+	}
+	return runRecord{}, ctx.Err()
+}
+
+// runTaskCheck is how often a wait reads the task of a run whose record
+// has not ended (see waitRun).
+var runTaskCheck = 5 * time.Second
+
+// taskChecks counts the waits' reads of a run's task (for tests).
+var taskChecks atomic.Int64
+
+// runAsStored reads run id of thread as stored, its status not yet from
+// its task, with its revision (what a settle compares) and the store's at
+// the read (where a watch of its changes starts: a record written long
+// ago may be compacted past its own revision).
+func (s *server) runAsStored(ctx context.Context, sp keyspace.Space, thread, id string) (r runRecord, rev, at int64, err error) {
+	resp, err := s.cfg.Etcd.Get(ctx, sp.AgentRun(thread, id))
+	if err != nil {
+		return r, 0, 0, etcdError("reading the run", err)
+	}
+	if len(resp.Kvs) == 0 {
+		return r, 0, 0, errRunNotFound(id)
+	}
+	if err := json.Unmarshal(resp.Kvs[0].Value, &r); err != nil {
+		return r, 0, 0, undecodable("run", id, err)
+	}
+	return r, resp.Kvs[0].ModRevision, resp.Header.Revision, nil
+}
+
+// awaitChange returns once key changes after revision rev, or after d,
+// or with ctx's end. A watch that ends without a change (no leader, an
+// error) waits d out: a caller's loop never spins.
+func (s *server) awaitChange(ctx context.Context, key string, rev int64, d time.Duration) {
+	wctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	wr, ok := <-s.cfg.Etcd.Watch(clientv3.WithRequireLeader(wctx), key, clientv3.WithRev(rev+1))
+	if ok && wr.Err() == nil && len(wr.Events) > 0 {
+		return
+	}
+	<-wctx.Done()
 }
 
 // threadState reads what the runtime of thread's last run reported.

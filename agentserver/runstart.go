@@ -43,6 +43,9 @@ type RunLock struct {
 	Session   string      `json:"session,omitempty" doc:"The session the lock is bound to."`
 	Contender string      `json:"contender" doc:"The holding's key within the lock, a secret of the holder: pass it, with the token, to release."`
 	ExpiresAt time.Time   `json:"expires_at" doc:"When the lock frees itself unless the session is kept alive."`
+	// Lease is the session's lease, which the lock was taken under (not
+	// answered).
+	Lease clientv3.LeaseID `json:"-"`
 }
 
 // HeadCheckpoint is a thread's head checkpoint with its pending writes,
@@ -113,8 +116,8 @@ func (s *server) runStartRoute(api huma.API, tags []string) {
 }
 
 // beforeRunLock, when set (by tests), is called before a start takes the
-// thread's lock.
-var beforeRunLock func()
+// thread's lock; afterRunClaim, after it read the run's claim.
+var beforeRunLock, afterRunClaim func()
 
 // maxRunStartWait bounds a start's wait in seconds before it becomes a
 // duration: a day, longer than any server's longest wait.
@@ -142,7 +145,7 @@ func (s *server) beginRun(ctx context.Context, thread, id string, in runStartBod
 		// A stop while the start waited in line deleted its place with
 		// the holder's (the lock's error: lost): a stopped run answers
 		// cancelled, whatever kept it from the lock.
-		if _, cancelled, cerr := s.claimHeld(ctx, id, in.Token); cerr == nil && cancelled {
+		if _, cancelled, _, cerr := s.claimHeld(ctx, id, in.Token, 0); cerr == nil && cancelled {
 			return RunStart{Cancelled: true}, nil
 		}
 		return RunStart{}, err
@@ -153,13 +156,26 @@ func (s *server) beginRun(ctx context.Context, thread, id string, in runStartBod
 			s.releaseRunLock(sp, l)
 		}
 	}()
-	claim, cancelled, err := s.claimHeld(ctx, id, in.Token)
+	// The lock was taken under the session, which proves it (its
+	// secret): the claim is read bound to the session's lease too, and
+	// kept under the session for the run's appends and its outcome.
+	claim, cancelled, bound, err := s.claimHeld(ctx, id, in.Token, l.Lease)
 	if err != nil || cancelled {
 		return RunStart{Cancelled: cancelled}, err
+	}
+	if afterRunClaim != nil {
+		afterRunClaim()
 	}
 	var appended *EventsAppended
 	if len(ins) > 0 {
 		if appended, err = s.appendRunEvents(ctx, sp, claim, ins, "the start's"); err != nil {
+			// A stop between the claim's read and the append fenced it:
+			// the run was cancelled before it started, as above.
+			if se := huma.StatusError(nil); errors.As(err, &se) && se.GetStatus() == http.StatusConflict {
+				if _, cancelled, _, cerr := s.claimHeld(ctx, id, in.Token, 0); cerr == nil && cancelled {
+					return RunStart{Cancelled: true}, nil
+				}
+			}
 			return RunStart{}, err
 		}
 	}
@@ -168,31 +184,41 @@ func (s *server) beginRun(ctx context.Context, thread, id string, in runStartBod
 		return RunStart{}, err
 	}
 	held = true
+	if bound {
+		s.cfg.Claims.Put(stream.ClaimKey{NS: s.cfg.Namespace(ctx), Task: id, Token: in.Token}, in.Session, claim)
+	}
 	return RunStart{Lock: &l, Head: head, Events: appended}, nil
 }
 
 // claimHeld reports whether the runtime holds run id's task under token:
 // its claim, as the writer of the task's stream, when it does; cancelled
-// when the task was cancelled; else a 409.
-func (s *server) claimHeld(ctx context.Context, id string, token int64) (claim stream.Claim, cancelled bool, err error) {
+// when the task was cancelled; else a 409. With lid (not 0) the claim is
+// read bound to that lease first, bound when it is; a claim under another
+// lease is then read as without one, and answered as before.
+func (s *server) claimHeld(ctx context.Context, id string, token int64, lid clientv3.LeaseID) (claim stream.Claim, cancelled, bound bool, err error) {
 	q, err := s.queueOf(ctx)
 	if err != nil {
-		return claim, false, err
+		return claim, false, false, err
 	}
 	defer closeQueue(q)
-	claim, err = q.StreamClaim(ctx, queue.Held{Queue: RunsQueue, ID: id, Token: token})
+	h := queue.Held{Queue: RunsQueue, ID: id, Token: token, Lease: lid}
+	claim, err = q.StreamClaim(ctx, h)
+	if bound = err == nil && lid != 0; lid != 0 && errors.Is(err, lease.ErrFenced) {
+		h.Lease = 0
+		claim, err = q.StreamClaim(ctx, h)
+	}
 	switch {
 	case err == nil:
-		return claim, false, nil
+		return claim, false, bound, nil
 	case errors.Is(err, lease.ErrFenced):
 		if t, gerr := q.Get(ctx, id); gerr == nil && t.CurrentStatus == queue.Cancelled {
-			return claim, true, nil
+			return claim, true, false, nil
 		}
-		return claim, false, huma.NewError(http.StatusConflict, "this runtime no longer holds the run under token "+fmt.Sprint(token)+": "+err.Error())
+		return claim, false, false, huma.NewError(http.StatusConflict, "this runtime no longer holds the run under token "+fmt.Sprint(token)+": "+err.Error())
 	case errors.Is(err, queue.ErrNotFound):
-		return claim, false, huma.NewError(http.StatusConflict, "the run's task is gone (the run or its thread was deleted): "+err.Error())
+		return claim, false, false, huma.NewError(http.StatusConflict, "the run's task is gone (the run or its thread was deleted): "+err.Error())
 	}
-	return claim, false, etcdError("reading the run's claim", err)
+	return claim, false, false, etcdError("reading the run's claim", err)
 }
 
 // rootHead is thread's head checkpoint in the root namespace with its

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -215,6 +216,33 @@ func TestRunStartSeesAStopRacingIt(t *testing.T) {
 	}
 	if ans := s.outcome(a, outcomeLock(st)); ans.Status != 409 {
 		t.Fatalf("the stopped run's outcome: %d %s, want 409", ans.Status, ans.Raw)
+	}
+}
+
+// A stop between the start's read of the claim and its append of the
+// run's first events fences the append: the start answers cancelled, as
+// for a stop before it, holds no lock, and stored none of its events.
+func TestRunStartStoppedBeforeItsAppendIsCancelled(t *testing.T) {
+	a := newAPI(t)
+	s := claimedRun(t, a, true)
+	var once sync.Once
+	cancelled := 0
+	restore := agentserver.SetAfterRunClaim(func() {
+		once.Do(func() { cancelled = a.do("POST", "/threads/"+s.th+"/runs/"+s.id+"/cancel", nil).Status })
+	})
+	st := s.startWith(a, s.token, []any{ev("metadata", nil)})
+	restore()
+	if cancelled != 204 {
+		t.Fatalf("the stop during the start answered %d, want 204", cancelled)
+	}
+	if st.Status != 200 || st.Obj["cancelled"] != true {
+		t.Fatalf("start with a stop before its append: %d %s, want cancelled", st.Status, st.Raw)
+	}
+	if got := lockHolder(a, s.th); got != 0 {
+		t.Fatalf("lock held with token %d after the stop", got)
+	}
+	if types, _ := streamTypes(a, s.id); slices.Contains(types, "metadata") {
+		t.Fatalf("stream %v: the stopped start's metadata was stored", types)
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/danielgtaylor/huma/v2"
@@ -396,35 +397,65 @@ func runEventsProblem(err error, what string, token int64) error {
 // (a write of the runtime's stored twice, a from too early) are not
 // counted: a repeat of an outcome whose events were all stored appends
 // nothing, and no event of ins is left out that the stream does not hold.
+//
+// The rest go only right after the stream's last event as read
+// (stream.Writer.AppendAfter): two sendings of one outcome at once (a
+// retry while the first is still under way, on this member or another)
+// cannot both append them; the one that finds the stream moved reads
+// it again and finds its events there.
 func (s *server) appendOutcomeEvents(ctx context.Context, sp keyspace.Space, c stream.Claim, from int64, ins []stream.Input) error {
-	hub := stream.HubFor(s.cfg.Etcd, sp)
-	last, err := hub.LastSeq(ctx, c.Task)
-	if err != nil {
-		return etcdError("reading the run's stream", err)
-	}
-	stored := 0
-	if last >= from { // the common case, nothing stored from there, reads no more
-		var tail []stream.Event // the attempt's last events from there, at most len(ins) kept
-		err = hub.Read(ctx, c.Task, from, func(evs []stream.Event) bool {
-			for _, e := range evs {
-				if e.Seq >= from && e.Attempt == c.Attempt && !droverEvents[e.Type] {
-					if tail = append(tail, e); len(tail) > 2*len(ins) {
-						tail = append(tail[:0], tail[len(tail)-len(ins):]...)
-					}
-				}
-			}
-			return true
-		})
-		if err != nil {
-			return etcdError("reading the run's stream", err)
+	w := stream.For(s.cfg.Etcd, sp)
+	for range maxAttempts {
+		last, stored, err := s.outcomeEventsStored(ctx, sp, c, from, ins)
+		if err != nil || stored >= len(ins) {
+			return err
 		}
-		stored = storedPrefix(tail, ins)
-	}
-	if stored >= len(ins) {
+		if hook := afterOutcomeRead.Load(); hook != nil {
+			(*hook)(c.Task)
+		}
+		_, _, err = w.AppendAfter(ctx, c, last, ins[stored:])
+		if errors.Is(err, stream.ErrMoved) {
+			continue
+		}
+		if err != nil {
+			return runEventsProblem(err, "the outcome's", c.Fence.Token())
+		}
 		return nil
 	}
-	_, err = s.appendRunEvents(ctx, sp, c, ins[stored:], "the outcome's")
-	return err
+	return errRaced("the run's stream")
+}
+
+// afterOutcomeRead, when set (tests), is called with the task's id
+// between an outcome's read of its run's stream and its append.
+var afterOutcomeRead atomic.Pointer[func(task string)]
+
+// outcomeEventsStored reads the stream of claim c's task for
+// appendOutcomeEvents: its last seq, and how many of ins (the first
+// stored) it holds from seq from on.
+func (s *server) outcomeEventsStored(ctx context.Context, sp keyspace.Space, c stream.Claim, from int64, ins []stream.Input) (last int64, stored int, err error) {
+	hub := stream.HubFor(s.cfg.Etcd, sp)
+	last, err = hub.LastSeq(ctx, c.Task)
+	if err != nil {
+		return 0, 0, etcdError("reading the run's stream", err)
+	}
+	if last < from { // the common case, nothing stored from there, reads no more
+		return last, 0, nil
+	}
+	var tail []stream.Event // the attempt's last events from there, at most len(ins) kept
+	err = hub.Read(ctx, c.Task, from, func(evs []stream.Event) bool {
+		for _, e := range evs {
+			if e.Seq >= from && e.Attempt == c.Attempt && !droverEvents[e.Type] {
+				if tail = append(tail, e); len(tail) > 2*len(ins) {
+					tail = append(tail[:0], tail[len(tail)-len(ins):]...)
+				}
+			}
+		}
+		return true
+	})
+	if err != nil {
+		return 0, 0, etcdError("reading the run's stream", err)
+	}
+	return last, storedPrefix(tail, ins), nil
 }
 
 // storedPrefix is the most k such that the last k events of tail are

@@ -89,8 +89,13 @@ func TestEtcdLockFence(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cp, err := s.Put(ctx, checkpoint.Checkpoint{ThreadID: "th", State: []byte("x")}, l.(*lock.EtcdLock))
+	// The largest state, under the lock's fence and the thread's token
+	// fence both.
+	cp, err := s.Put(ctx, checkpoint.Checkpoint{ThreadID: "th", State: make([]byte, checkpoint.MaxState)}, l.(*lock.EtcdLock))
 	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Append(ctx, checkpoint.Checkpoint{ThreadID: "th", ParentID: cp.ID, State: make([]byte, checkpoint.MaxState)}, l.(*lock.EtcdLock)); err != nil {
 		t.Fatal(err)
 	}
 	_ = l.Release(ctx)

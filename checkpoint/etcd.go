@@ -12,6 +12,7 @@ import (
 	"github.com/droverhq/drover/lease"
 	"github.com/droverhq/drover/lock"
 	"github.com/droverhq/drover/storeguard"
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -55,27 +56,39 @@ func NewEtcd(cli *clientv3.Client, ns string) (*Etcd, error) {
 // writes): while it exists nothing is written and err is the guard's
 // *drover.StoreFullError.
 func (s *Etcd) commit(ctx context.Context, thread, ns string, cmps []clientv3.Cmp, ops []clientv3.Op, fence Fence) (ok bool, fenced bool, err error) {
-	var txn clientv3.Txn
+	ok, fenced, _, err = s.commitElse(ctx, thread, ns, cmps, ops, nil, fence)
+	return ok, fenced, err
+}
+
+// commitElse is commit that also reads els when cmps fail (and the store
+// is not full), in the same transaction: read is their responses, so that
+// the caller tells which compare failed without another request.
+func (s *Etcd) commitElse(ctx context.Context, thread, ns string, cmps []clientv3.Cmp, ops, els []clientv3.Op, fence Fence) (ok, fenced bool, read []*pb.ResponseOp, err error) {
+	newTxn := func() clientv3.Txn { return s.cli.Txn(ctx) }
 	if et, isEtcd := fence.(lease.Fence); isEtcd {
-		txn = et.Txn(ctx)
-	} else {
-		txn = s.cli.Txn(ctx)
+		newTxn = func() clientv3.Txn { return et.Txn(ctx) }
 	}
+	var txn clientv3.Txn
 	if fence != nil {
-		txn = lease.NewTokenTxn(txn, lease.TokenSpec{Name: "thread " + thread,
+		txn = lease.NewTokenTxn(newTxn, lease.TokenSpec{Name: "thread " + thread,
 			Key: s.keys.CheckpointFence(thread, keyspace.CheckpointNSName(ns)), Token: fence.Token()})
+	} else {
+		txn = newTxn()
 	}
 	cmps = append(cmps[:len(cmps):len(cmps)], storeguard.NotFull(s.keys))
-	resp, err := txn.If(cmps...).Then(ops...).Else(storeguard.GetOp(s.keys)).Commit()
+	resp, err := txn.If(cmps...).Then(ops...).Else(append([]clientv3.Op{storeguard.GetOp(s.keys)}, els...)...).Commit()
 	switch {
 	case errors.Is(err, lock.ErrFenced):
-		return false, true, err
+		return false, true, nil, err
 	case err != nil:
-		return false, false, err
+		return false, false, nil, err
 	case !resp.Succeeded:
-		return false, false, storeguard.FromRange(resp.Responses[0].GetResponseRange())
+		if err := storeguard.FromRange(resp.Responses[0].GetResponseRange()); err != nil {
+			return false, false, nil, err
+		}
+		return false, false, resp.Responses[1:], nil
 	}
-	return true, false, nil
+	return true, false, nil, nil
 }
 
 // Put writes cp as the new head if its parent is the head; see Store.
@@ -91,11 +104,22 @@ func (s *Etcd) Append(ctx context.Context, cp Checkpoint, fence Fence) (Checkpoi
 // put writes cp and moves the head to it, if cas only when its parent is
 // the head.
 func (s *Etcd) put(ctx context.Context, cp Checkpoint, fence Fence, cas bool) (Checkpoint, error) {
-	if err := checkPut(cp); err != nil {
+	cp, b, err := encodeCheckpoint(cp, fence)
+	if err != nil {
 		return cp, err
 	}
+	return s.putEncoded(ctx, cp, b, fence, cas)
+}
+
+// encodeCheckpoint checks cp and fills in what a put gives it (an id when
+// it has none, its time, the fence's token): cp as stored, and its
+// encoding.
+func encodeCheckpoint(cp Checkpoint, fence Fence) (Checkpoint, []byte, error) {
+	if err := checkPut(cp); err != nil {
+		return cp, nil, err
+	}
 	if err := checkState(cp); err != nil {
-		return cp, err
+		return cp, nil, err
 	}
 	if cp.ID == "" {
 		cp.ID = NewID()
@@ -105,24 +129,39 @@ func (s *Etcd) put(ctx context.Context, cp Checkpoint, fence Fence, cas bool) (C
 		cp.Token = fence.Token()
 	}
 	if _, err := encodeMetadata(cp.Metadata); err != nil {
-		return cp, err
+		return cp, nil, err
 	}
 	b, err := json.Marshal(cp)
 	if err != nil {
-		return cp, fmt.Errorf("checkpoint: encode %s/%s: %w", cp.ThreadID, cp.ID, err)
+		return cp, nil, fmt.Errorf("checkpoint: encode %s/%s: %w", cp.ThreadID, cp.ID, err)
 	}
-	ns := keyspace.CheckpointNSName(cp.NS)
-	head := s.keys.CheckpointHead(cp.ThreadID, ns)
-	var cmps []clientv3.Cmp
+	return cp, b, nil
+}
+
+// headCmps are the compares of a put of cp: none for an append; with cas,
+// that its parent is the head (none for a thread's first).
+func (s *Etcd) headCmps(cp Checkpoint, cas bool) []clientv3.Cmp {
+	head := s.keys.CheckpointHead(cp.ThreadID, keyspace.CheckpointNSName(cp.NS))
 	switch {
 	case !cas:
+		return nil
 	case cp.ParentID == "":
-		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(head), "=", 0))
+		return []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(head), "=", 0)}
 	default:
-		cmps = append(cmps, clientv3.Compare(clientv3.Value(head), "=", cp.ParentID))
+		return []clientv3.Cmp{clientv3.Compare(clientv3.Value(head), "=", cp.ParentID)}
 	}
-	ok, fenced, err := s.commit(ctx, cp.ThreadID, cp.NS, cmps,
-		[]clientv3.Op{clientv3.OpPut(s.keys.CheckpointKey(cp.ThreadID, ns, cp.ID), string(b)), clientv3.OpPut(head, cp.ID)}, fence)
+}
+
+// putOps store cp, encoded as b, and make it the head.
+func (s *Etcd) putOps(cp Checkpoint, b []byte) []clientv3.Op {
+	ns := keyspace.CheckpointNSName(cp.NS)
+	return []clientv3.Op{clientv3.OpPut(s.keys.CheckpointKey(cp.ThreadID, ns, cp.ID), string(b)),
+		clientv3.OpPut(s.keys.CheckpointHead(cp.ThreadID, ns), cp.ID)}
+}
+
+// putEncoded is put of cp, checked and encoded as b.
+func (s *Etcd) putEncoded(ctx context.Context, cp Checkpoint, b []byte, fence Fence, cas bool) (Checkpoint, error) {
+	ok, fenced, err := s.commit(ctx, cp.ThreadID, cp.NS, s.headCmps(cp, cas), s.putOps(cp, b), fence)
 	switch {
 	case fenced:
 		return cp, err
@@ -130,7 +169,7 @@ func (s *Etcd) put(ctx context.Context, cp Checkpoint, fence Fence, cas bool) (C
 		return cp, fmt.Errorf("checkpoint: put %s/%s: %w", cp.ThreadID, cp.ID, err)
 	case !ok:
 		cerr := &ConflictError{ThreadID: cp.ThreadID, NS: cp.NS, Parent: cp.ParentID}
-		if g, err := s.cli.Get(ctx, head); err == nil && len(g.Kvs) > 0 {
+		if g, err := s.cli.Get(ctx, s.keys.CheckpointHead(cp.ThreadID, keyspace.CheckpointNSName(cp.NS))); err == nil && len(g.Kvs) > 0 {
 			cerr.Head = string(g.Kvs[0].Value)
 		}
 		return cp, cerr

@@ -10,6 +10,7 @@ import (
 	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/checkpoint"
 	"github.com/droverhq/drover/keyspace"
+	"github.com/droverhq/drover/lease"
 	"github.com/droverhq/drover/lock"
 	"github.com/droverhq/drover/storeguard"
 )
@@ -72,12 +73,16 @@ func TestEtcdStoreYieldsWhileStoreFull(t *testing.T) {
 			t.Fatalf("%s: head after a refused Put: %+v, %v; want %s", thread, latest, err, heads[thread])
 		}
 	}
-	// The refused token write did not raise the thread's fence: a lower
-	// token than the refused one still writes once the key is gone.
+	// The refused token write on "fresh" stored nothing of its own; it
+	// created the thread's fence key at its token, as its holder's raise
+	// would: a lower token, an earlier holder's, is refused from then on,
+	// and the holder writes once the store has room.
 	if err := storeguard.Clear(ctx, cli, keys); err != nil {
 		t.Fatal(err)
 	}
-	fences["fresh"] = token(2)
+	if _, err := s.Put(ctx, checkpoint.Checkpoint{ThreadID: "fresh", State: []byte("older")}, token(2)); !errors.Is(err, lease.ErrFenced) {
+		t.Fatalf("fresh: Put under a token lower than the refused write's: %v, want ErrFenced", err)
+	}
 	for thread, f := range fences {
 		cp, err := s.Put(ctx, checkpoint.Checkpoint{ThreadID: thread, ParentID: heads[thread], State: []byte("after")}, f)
 		if err != nil {

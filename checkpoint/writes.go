@@ -11,6 +11,7 @@ import (
 	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/internal/lifecycle"
 	"github.com/droverhq/drover/keyspace"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -37,30 +38,12 @@ func (s *Etcd) PutWrites(ctx context.Context, thread, ns, id string, writes []Wr
 	if err := checkWrites(writes); err != nil {
 		return err
 	}
-	nsName := keyspace.CheckpointNSName(ns)
-	key, cpKey := s.keys.CheckpointWrites(thread, nsName, id), s.keys.CheckpointKey(thread, nsName, id)
 	for try := 0; try < maxWriteTries; try++ {
-		g, err := s.cli.Get(ctx, key)
+		pw, err := s.mergedWrites(ctx, thread, ns, id, writes)
 		if err != nil {
-			return fmt.Errorf("checkpoint: read writes of %s/%s: %w", thread, id, err)
+			return err
 		}
-		var stored []Write
-		var rev int64
-		if len(g.Kvs) == 1 {
-			if err := json.Unmarshal(g.Kvs[0].Value, &stored); err != nil {
-				return fmt.Errorf("checkpoint: writes of %s/%s are unreadable: %w", thread, id, err)
-			}
-			rev = g.Kvs[0].ModRevision
-		}
-		b, _ := json.Marshal(mergeWrites(stored, writes))
-		if len(b) > MaxState {
-			return &drover.InputError{Field: "writes", Value: fmt.Sprintf("%d bytes", len(b)),
-				Rule: fmt.Sprintf("the pending writes of one checkpoint must be at most %d bytes in etcd: keep large values in PostgreSQL or an object store and write a reference", MaxState)}
-		}
-		ok, fenced, err := s.commit(ctx, thread, ns, []clientv3.Cmp{
-			clientv3.Compare(clientv3.CreateRevision(cpKey), ">", 0),
-			clientv3.Compare(clientv3.ModRevision(key), "=", rev),
-		}, []clientv3.Op{clientv3.OpPut(key, string(b))}, fence)
+		ok, fenced, err := s.commit(ctx, thread, ns, pw.cmps, []clientv3.Op{pw.op()}, fence)
 		switch {
 		case fenced:
 			return err
@@ -69,15 +52,78 @@ func (s *Etcd) PutWrites(ctx context.Context, thread, ns, id string, writes []Wr
 		case ok:
 			return nil
 		}
-		if g, err := s.cli.Get(ctx, cpKey, clientv3.WithCountOnly()); err == nil && g.Count == 0 {
+		if g, err := s.cli.Get(ctx, pw.cpKey, clientv3.WithCountOnly()); err == nil && g.Count == 0 {
 			return fmt.Errorf("%w: checkpoint %s of thread %s", ErrNotFound, id, thread)
 		}
 		// Another task saved writes in between: merge again.
-		if err := lifecycle.Sleep(ctx, time.Duration(rand.Int64N(int64(time.Millisecond)<<min(try, 6)))); err != nil {
+		if err := writesBackoff(ctx, try); err != nil {
 			return fmt.Errorf("checkpoint: put writes of %s/%s: %w", thread, id, err)
 		}
 	}
 	return fmt.Errorf("checkpoint: put writes of %s/%s: the writes kept changing under %d tries; try again", thread, id, maxWriteTries)
+}
+
+// pendingWrites are the pending writes of a checkpoint, read and merged
+// with new ones, ready to replace what was read.
+type pendingWrites struct {
+	// key holds the checkpoint's writes; cpKey is the checkpoint's own.
+	key, cpKey string
+	// val is the merged writes, encoded.
+	val []byte
+	// cmps hold while nothing changed since the read: the checkpoint
+	// exists and nobody saved writes for it since.
+	cmps []clientv3.Cmp
+}
+
+// op stores the merged writes.
+func (pw pendingWrites) op() clientv3.Op { return clientv3.OpPut(pw.key, string(pw.val)) }
+
+// mergedWrites reads the pending writes of checkpoint id and merges writes
+// into them (see mergeWrites). Their encoding past MaxState is a
+// *drover.InputError of field writes.
+func (s *Etcd) mergedWrites(ctx context.Context, thread, ns, id string, writes []Write) (pendingWrites, error) {
+	pw := s.writesOf(thread, ns, id)
+	g, err := s.cli.Get(ctx, pw.key)
+	if err != nil {
+		return pw, fmt.Errorf("checkpoint: read writes of %s/%s: %w", thread, id, err)
+	}
+	return pw.merged(thread, id, g.Kvs, writes)
+}
+
+// writesOf is checkpoint id's pendingWrites before any are read or merged.
+func (s *Etcd) writesOf(thread, ns, id string) pendingWrites {
+	nsName := keyspace.CheckpointNSName(ns)
+	return pendingWrites{key: s.keys.CheckpointWrites(thread, nsName, id), cpKey: s.keys.CheckpointKey(thread, nsName, id)}
+}
+
+// merged is pw with writes merged into stored (what a read of pw.key
+// found: none, or the key), and the compares that hold while nothing
+// changed since that read: with none stored, while the key is absent.
+func (pw pendingWrites) merged(thread, id string, stored []*mvccpb.KeyValue, writes []Write) (pendingWrites, error) {
+	var old []Write
+	var rev int64
+	if len(stored) == 1 {
+		if err := json.Unmarshal(stored[0].Value, &old); err != nil {
+			return pw, fmt.Errorf("checkpoint: writes of %s/%s are unreadable: %w", thread, id, err)
+		}
+		rev = stored[0].ModRevision
+	}
+	pw.val, _ = json.Marshal(mergeWrites(old, writes))
+	if len(pw.val) > MaxState {
+		return pw, &drover.InputError{Field: "writes", Value: fmt.Sprintf("%d bytes", len(pw.val)),
+			Rule: fmt.Sprintf("the pending writes of one checkpoint must be at most %d bytes in etcd: keep large values in PostgreSQL or an object store and write a reference", MaxState)}
+	}
+	pw.cmps = []clientv3.Cmp{
+		clientv3.Compare(clientv3.CreateRevision(pw.cpKey), ">", 0),
+		clientv3.Compare(clientv3.ModRevision(pw.key), "=", rev),
+	}
+	return pw, nil
+}
+
+// writesBackoff pauses before try+1 of a compare-and-swap of writes that
+// another writer's got ahead of: a random while, longer with each try.
+func writesBackoff(ctx context.Context, try int) error {
+	return lifecycle.Sleep(ctx, time.Duration(rand.Int64N(int64(time.Millisecond)<<min(try, 6))))
 }
 
 // mergeWrites adds writes to stored by task and index: insert-if-absent at

@@ -271,7 +271,7 @@ func (s *Server) claimFence(ctx context.Context, id, session string, token int64
 
 func (s *Server) putTaskStep(ctx context.Context, in *stepInput) (*agentTaskOutput, error) {
 	b := in.Body
-	if err := checkStepWrite(in.N, b.Steps, b.State); err != nil {
+	if err := checkStepWrite(in.N, b.Steps, b.State.Bytes()); err != nil {
 		return nil, err
 	}
 	until, err := stepSleep(b.SleepFor, b.SleepUntil, b.Steps > 0 && in.N == b.Steps)
@@ -282,7 +282,7 @@ func (s *Server) putTaskStep(ctx context.Context, in *stepInput) (*agentTaskOutp
 	if err != nil {
 		return nil, err
 	}
-	return s.writeStep(ctx, in.ID, in.N, stepWrite{Session: b.Session, Token: b.Token, Name: b.Name, Steps: b.Steps, State: b.State, Until: until, Wait: wait})
+	return s.writeStep(ctx, in.ID, in.N, stepWrite{Session: b.Session, Token: b.Token, Name: b.Name, Steps: b.Steps, State: b.State.Bytes(), Until: until, Wait: wait})
 }
 
 // checkStepWrite refuses a step write whose state is too large or whose

@@ -10,6 +10,7 @@ import (
 
 	"github.com/droverhq/drover/checkpoint"
 	"github.com/droverhq/drover/keyspace"
+	"github.com/droverhq/drover/lease"
 )
 
 // checkpointWhere maps the checkpoint package's input fields to request
@@ -50,11 +51,13 @@ func checkNames(thread, ns, nsLoc string, ids map[string]string) error {
 }
 
 // fence is the lock a write names, or nil (a plain compare-and-swap
-// write): all of lock, session and token, or none.
-func (s *Server) fence(ctx context.Context, f fenceFields) (checkpoint.Fence, error) {
+// write): all of lock, session and token, or none. A lock verified held
+// before is taken from the server's cache (see fenceCache); write it with
+// fencedWrite, which verifies it again when etcd refuses it.
+func (s *Server) fence(ctx context.Context, f fenceFields) (*usedFence, error) {
 	switch {
 	case f.Lock == "" && f.Session == "" && f.Token == 0:
-		return nil, nil
+		return &usedFence{}, nil
 	case f.Lock == "":
 		return nil, invalid("body.lock", nil, "a fenced write names the lock, its session and its token; give all three or none")
 	case f.Session == "":
@@ -62,11 +65,61 @@ func (s *Server) fence(ctx context.Context, f fenceFields) (checkpoint.Fence, er
 	case f.Token == 0:
 		return nil, invalid("body.token", nil, "a fenced write names the lock, its session and its token; give all three or none")
 	}
+	k := newFenceKey(s.nsOf(ctx), f)
+	if h, ok := s.fences.get(k); ok {
+		return &usedFence{h: h, key: k, fields: f, cached: true}, nil
+	}
+	h, err := s.verifyFence(ctx, k, f)
+	if err != nil {
+		return nil, err
+	}
+	return &usedFence{h: h, key: k, fields: f}, nil
+}
+
+// verifyFence finds the lock f names held (heldLock) and caches it under k.
+func (s *Server) verifyFence(ctx context.Context, k fenceKey, f fenceFields) (*heldLock, error) {
 	h, err := s.heldLock(ctx, f.Lock, f.Token, f.Session, "body.session")
 	if err != nil {
 		return nil, err
 	}
+	s.fences.put(k, h)
 	return h, nil
+}
+
+// usedFence is the fence of a write: h, nil for an unfenced write, and
+// whether it came from the cache unverified.
+type usedFence struct {
+	h      *heldLock
+	key    fenceKey
+	fields fenceFields
+	cached bool
+}
+
+// fence is the checkpoint store's fence: nil, not a nil *heldLock, for an
+// unfenced write.
+func (u *usedFence) fence() checkpoint.Fence {
+	if u.h == nil {
+		return nil
+	}
+	return u.h
+}
+
+// fencedWrite runs write under u. When etcd refused a write under a
+// cached fence, the lock is forgotten and verified again: the answer is
+// heldLock's when it is no longer held so (as without the cache), and
+// otherwise write runs once more under the fresh verification (a refusal
+// writes nothing, so it is safe to repeat).
+func (s *Server) fencedWrite(ctx context.Context, u *usedFence, write func(checkpoint.Fence) error) error {
+	err := write(u.fence())
+	if !u.cached || !errors.Is(err, lease.ErrFenced) {
+		return err
+	}
+	s.fences.forget(u.key)
+	h, herr := s.verifyFence(ctx, u.key, u.fields)
+	if herr != nil {
+		return herr
+	}
+	return write(h)
 }
 
 // checkpointProblem is problem for the checkpoint package's errors.
@@ -86,11 +139,15 @@ func (s *Server) putCheckpoint(ctx context.Context, in *putCheckpointInput) (*st
 	if b.ID != "" && b.ID == b.ParentID {
 		return nil, invalid("body.parent_checkpoint_id", b.ParentID, "must not be the checkpoint's own id")
 	}
-	if len(b.State) > checkpoint.MaxState {
-		return nil, invalid("body.state", fmt.Sprintf("%d bytes", len(b.State)),
+	if len(b.State.Bytes()) > checkpoint.MaxState {
+		return nil, invalid("body.state", fmt.Sprintf("%d bytes", len(b.State.Bytes())),
 			fmt.Sprintf("must be at most %d bytes in etcd: keep large state in PostgreSQL or an object store", checkpoint.MaxState))
 	}
 	f, err := s.fence(ctx, fenceFields{b.Lock, b.Session, b.Token})
+	if err != nil {
+		return nil, err
+	}
+	writes, err := parentWrites(in)
 	if err != nil {
 		return nil, err
 	}
@@ -98,47 +155,57 @@ func (s *Server) putCheckpoint(ctx context.Context, in *putCheckpointInput) (*st
 	if err != nil {
 		return nil, err
 	}
-	if err := putParentWrites(ctx, store, in, f); err != nil {
-		return nil, err
-	}
-	put := store.Put
+	put := store.PutWithWrites
 	if b.Mode == putAppend {
-		put = store.Append
+		put = store.AppendWithWrites
 	}
-	cp, err := put(ctx, checkpoint.Checkpoint{ThreadID: in.Thread, NS: b.NS, ID: b.ID, ParentID: b.ParentID,
-		Metadata: checkpoint.MetadataOf(b.Metadata), State: b.State}, f)
+	var cp checkpoint.Checkpoint
+	err = s.fencedWrite(ctx, f, func(f checkpoint.Fence) (err error) {
+		cp, err = put(ctx, checkpoint.Checkpoint{ThreadID: in.Thread, NS: b.NS, ID: b.ID, ParentID: b.ParentID,
+			Metadata: checkpoint.MetadataOf(b.Metadata), State: b.State.Bytes()}, writes, f)
+		return err
+	})
 	if err != nil {
-		return nil, checkpointProblem(err)
+		var ce *checkpoint.ConflictError
+		if errors.As(err, &ce) {
+			return nil, checkpointProblem(err)
+		}
+		return nil, problem(err, putWhere)
 	}
 	return &struct{ Body CheckpointPut }{CheckpointPut{ThreadID: cp.ThreadID, NS: cp.NS, ID: cp.ID, ParentID: cp.ParentID, Token: cp.Token, CreatedAt: cp.CreatedAt}}, nil
 }
 
-// putParentWrites saves the pending writes a put carries for its parent,
-// each task's as the writes route does.
-func putParentWrites(ctx context.Context, store *checkpoint.Etcd, in *putCheckpointInput, f checkpoint.Fence) error {
+// putWhere maps the input fields of a put with its parent's writes to
+// request locations: the writes' fields are parent_writes'.
+var putWhere = func() map[string]string {
+	m := map[string]string{"writes": "body.parent_writes", "task_id": "body.parent_writes"}
+	for k, v := range checkpointWhere {
+		if m[k] == "" {
+			m[k] = v
+		}
+	}
+	return m
+}()
+
+// parentWrites are the pending writes a put carries for its parent, each
+// task's as the writes route takes them, checked: the put saves them with
+// the checkpoint, in one transaction (see checkpoint.Etcd.PutWithWrites).
+func parentWrites(in *putCheckpointInput) ([]checkpoint.Write, error) {
 	b := in.Body
 	if len(b.ParentWrites) == 0 {
-		return nil
+		return nil, nil
 	}
 	if b.ParentID == "" {
-		return invalid("body.parent_writes", nil, "pending writes are the parent's: give parent_checkpoint_id")
+		return nil, invalid("body.parent_writes", nil, "pending writes are the parent's: give parent_checkpoint_id")
 	}
-	// Every task's checked, then all saved in one call: a refusal writes nothing.
 	var writes []checkpoint.Write
 	for i, tw := range b.ParentWrites {
 		if err := keyspace.CheckName(fmt.Sprintf("body.parent_writes[%d].task_id", i), tw.TaskID); err != nil {
-			return problem(err, nil)
+			return nil, problem(err, nil)
 		}
 		writes = append(writes, writesOf(tw.TaskID, tw.Writes)...)
 	}
-	if err := store.PutWrites(ctx, in.Thread, b.NS, b.ParentID, writes, f); err != nil {
-		var ce *checkpoint.ConflictError
-		if errors.As(err, &ce) {
-			return checkpointProblem(err)
-		}
-		return problem(err, map[string]string{"writes": "body.parent_writes", "task_id": "body.parent_writes"})
-	}
-	return nil
+	return writes, nil
 }
 
 // writesOf are a task's writes as the store takes them: each at its idx,
@@ -146,7 +213,7 @@ func putParentWrites(ctx context.Context, store *checkpoint.Etcd, in *putCheckpo
 func writesOf(task string, in []PendingWriteInput) []checkpoint.Write {
 	writes := make([]checkpoint.Write, len(in))
 	for i, w := range in {
-		writes[i] = checkpoint.Write{TaskID: task, Channel: w.Channel, Value: w.Value, Idx: i}
+		writes[i] = checkpoint.Write{TaskID: task, Channel: w.Channel, Value: w.Value.Bytes(), Idx: i}
 		if w.Idx != nil {
 			writes[i].Idx = *w.Idx
 		}
@@ -167,7 +234,10 @@ func (s *Server) putCheckpointWrites(ctx context.Context, in *putWritesInput) (*
 	if err != nil {
 		return nil, err
 	}
-	if err := store.PutWrites(ctx, in.Thread, b.NS, in.ID, writesOf(b.TaskID, b.Writes), f); err != nil {
+	writes := writesOf(b.TaskID, b.Writes)
+	if err := s.fencedWrite(ctx, f, func(f checkpoint.Fence) error {
+		return store.PutWrites(ctx, in.Thread, b.NS, in.ID, writes, f)
+	}); err != nil {
 		return nil, checkpointProblem(err)
 	}
 	return nil, nil

@@ -61,8 +61,8 @@ func FuzzCheckpointPut(f *testing.F) {
 		case clearState && state == nil:
 			wantBadAt(t, body, ans, "body") // state is required
 		case !plain || !bytes.HasPrefix(state, []byte(`"`)) || string(state) == `""`:
-			// huma refuses "" as base64 (its pattern wants a character):
-			// an empty state is a 400 at body.state before the route runs.
+			// A state that is not a string of base64 (or is "") is a 400
+			// at body.state before the route runs.
 		case obj["mode"] != nil && b.Mode != "cas" && b.Mode != "append": // "" too: omit it for cas
 			// The schema's enum: refused before the route checks names.
 			wantBadAt(t, body, ans, "body.mode")

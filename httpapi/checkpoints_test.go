@@ -237,14 +237,25 @@ func TestCheckpointStoreFull(t *testing.T) {
 }
 
 // TestCheckpointLargeState: a put of state near the store's 1 MiB bound (a
-// body above the server's default limit) is accepted and read back whole.
+// body above the server's default limit) is accepted and read back whole,
+// and so are a put and an append of it fenced by a held lock.
 func TestCheckpointLargeState(t *testing.T) {
 	t.Parallel()
 	a := newAPI(t)
 	state := bytes.Repeat([]byte("z"), checkpoint.MaxState)
-	a.put("big", map[string]any{"state": base64.StdEncoding.EncodeToString(state)}).want(t, 201)
+	enc := base64.StdEncoding.EncodeToString(state)
+	a.put("big", map[string]any{"state": enc}).want(t, 201)
 	if raw := a.do("GET", "/v1/threads/big/head", nil).want(t, 200); unb64(t, raw, "state") != string(state) {
 		t.Fatal("the large state did not come back whole")
+	}
+	s := a.session(30)
+	tok := a.do("POST", "/v1/locks/thread-fbig", map[string]any{"session": s}).want(t, 200).num("token")
+	fenced := map[string]any{"checkpoint_id": "c1", "state": enc, "lock": "thread-fbig", "session": s, "token": tok}
+	a.put("fbig", fenced).want(t, 201)
+	fenced["checkpoint_id"], fenced["parent_checkpoint_id"], fenced["mode"] = "c2", "c1", "append"
+	a.put("fbig", fenced).want(t, 201)
+	if raw := a.do("GET", "/v1/threads/fbig/head", nil).want(t, 200); raw.str("checkpoint_id") != "c2" || unb64(t, raw, "state") != string(state) {
+		t.Fatal("the fenced large state did not come back whole")
 	}
 }
 

@@ -215,7 +215,8 @@ func (s *Server) lockForRun(ctx context.Context, session, name string, wait time
 		return agentserver.RunLock{}, err
 	}
 	a := out.Body
-	return agentserver.RunLock{Status: a.Status, Name: a.Name, Token: a.Token, Holder: a.Holder, Session: a.Session, Contender: a.Contender, ExpiresAt: a.ExpiresAt}, nil
+	lid, _, _, _ := parseSessionID(session) // taken under it: a session id, its secret proven
+	return agentserver.RunLock{Status: a.Status, Name: a.Name, Token: a.Token, Holder: a.Holder, Session: a.Session, Contender: a.Contender, ExpiresAt: a.ExpiresAt, Lease: lid}, nil
 }
 
 // lockBinding is what an acquisition binds its lock to: the session's

@@ -1,6 +1,7 @@
 package httpapi_test
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
@@ -148,15 +149,9 @@ func TestQueueOutcomeDeferFenced(t *testing.T) {
 		qoutcome(byID["qdf-2"], "error", "flaky")), "200 PENDING", "200 SUCCEEDED", "200 RETRYING")
 	// The same deferral again: the claim ended with the first.
 	wantResults(t, a.qreport("qdf", sess, qoutcome(byID["qdf-0"], "defer", d)), "409")
-	// qdf-2's retry may be claimable as soon as qdf-0: either may come
-	// first, so both are claimed and qdf-0 is looked for among them.
-	var redo map[string]any
-	for _, tk := range a.qclaim("qdf", sess, 2, "20s") {
-		if tk["task_id"] == "qdf-0" {
-			redo = tk
-		}
-	}
-	if redo == nil || redo["attempt"] != 1.0 {
+	// qdf-0 comes back at its next attempt, before or after qdf-2's retry.
+	redo := claimBack(t, a, "qdf", sess, "qdf-0", "qdf-2")
+	if redo["attempt"] != 1.0 {
 		t.Fatalf("claimed %v after a deferral, want qdf-0 at attempt 1", redo)
 	}
 	// The first claim's token is stale now: its deferral is refused and
@@ -167,6 +162,40 @@ func TestQueueOutcomeDeferFenced(t *testing.T) {
 		t.Fatalf("after a stale deferral: %s, want RUNNING under the new claim, one deferral", r.Raw)
 	}
 	wantResults(t, a.qreport("qdf", sess, qoutcome(redo)), "200 SUCCEEDED")
+}
+
+// claimBack claims from queue q under sess until task want comes back,
+// and returns its claim. The deferred task is due after 100 ms, and the
+// retried one (other) after a backoff drawn from 0 to 1 s: either may
+// be claimable first, and a claim answers with the tasks claimable when
+// one is, not waiting for max. So it claims again, at most once per task
+// that can come back, each claim waiting (up to the server's longest wait)
+// for one; a claim that finds none, or a task not expected, fails.
+func claimBack(t *testing.T, a *api, q, sess, want, other string) map[string]any {
+	t.Helper()
+	var seen []string
+	for range 2 {
+		got := a.qclaim(q, sess, 2, "20s")
+		if len(got) == 0 {
+			break
+		}
+		var found map[string]any
+		for _, tk := range got {
+			id, _ := tk["task_id"].(string)
+			if id != want && id != other || slices.Contains(seen, id) {
+				t.Fatalf("claimed %v, want only %s and %s, each once (claimed %v before)", got, want, other, seen)
+			}
+			seen = append(seen, id)
+			if id == want {
+				found = tk
+			}
+		}
+		if found != nil {
+			return found
+		}
+	}
+	t.Fatalf("%s was not claimed again (claimed %v), want it back after its deferral", want, seen)
+	return nil
 }
 
 // TestQueueOutcomeDeferEndsItsStream: a deferral sent with streamed ends

@@ -26,6 +26,7 @@ import (
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/lock"
 	"github.com/droverhq/drover/queue"
+	"github.com/droverhq/drover/stream"
 	"github.com/droverhq/drover/tracing/otelspan"
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -171,8 +172,13 @@ type Server struct {
 	metrics *requestMetrics
 	// sessions caches the records of sessions seen (see Server.session).
 	sessions sessionCache
-	// streamClaims caches the claims of stream appends (see streamClaimCache).
-	streamClaims streamClaimCache
+	// fences caches the locks verified held for fenced checkpoint writes
+	// (see fenceCache).
+	fences fenceCache
+	// streamClaims caches the claims of stream appends and of Agent
+	// Server runs, shared by the stream route and the Agent Server's run
+	// start and outcome (see appendStream, stream.ClaimCache).
+	streamClaims stream.ClaimCache
 	// queueClients keeps a queue client per namespace (queueclients.go).
 	queueClients queueClientCache
 	// hub samples the queues for the history and the event stream (hub.go).
@@ -225,7 +231,7 @@ func New(cfg Config) (*Server, error) {
 	s.api.UseMiddleware(s.observe, s.authorize, s.bound)
 	s.routes()
 	// LangGraph's Agent Server API, at the root as LangGraph serves it.
-	if err := agentserver.Register(s.api, agentserver.Config{Etcd: cfg.Etcd, Namespace: s.nsOf, LockThread: s.lockForRun,
+	if err := agentserver.Register(s.api, agentserver.Config{Etcd: cfg.Etcd, Namespace: s.nsOf, LockThread: s.lockForRun, Claims: &s.streamClaims,
 		Truncate: os.Getenv(agentserver.TruncateEnv) == "1", ReadOnly: func(op *huma.Operation) { op.Metadata["role"] = RoleRead }}); err != nil {
 		return nil, err
 	}

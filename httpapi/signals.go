@@ -175,7 +175,7 @@ type spawnStepInput struct {
 		Token    int64        `json:"token" minimum:"1" doc:"The claim's fencing token."`
 		Name     string       `json:"name,omitempty" maxLength:"200" doc:"The step's name; default \"step N\"."`
 		Steps    int          `json:"steps,omitempty" minimum:"1" maximum:"100000" doc:"How many steps the task has, if known. A spawn cannot end the last one."`
-		State    []byte       `json:"state" doc:"The state the step returned, base64; at most 1 MiB decoded."`
+		State    Base64Input  `json:"state" doc:"The state the step returned, base64; at most 1 MiB decoded."`
 		Children []ChildInput `json:"children" maxItems:"10000" doc:"The children to spawn, at most 10,000; an empty list spawns nothing and the write is a plain step write."`
 		Wait     int          `json:"wait,omitempty" minimum:"0" doc:"Resume once this many children ended (0: all of them); must be 0 with an empty children list."`
 		Collect  bool         `json:"collect,omitempty" doc:"Wait for the outcomes whatever they are. Without it the first child that ends DEAD or CANCELLED ends the wait at once (the children read says which: failed_child)."`
@@ -262,7 +262,7 @@ func childWhere(err error) error {
 
 func (s *Server) spawnTaskStep(ctx context.Context, in *spawnStepInput) (*agentTaskOutput, error) {
 	b := in.Body
-	if err := checkStepWrite(in.N, b.Steps, b.State); err != nil {
+	if err := checkStepWrite(in.N, b.Steps, b.State.Bytes()); err != nil {
 		return nil, err
 	}
 	if len(b.Children) == 0 && b.Wait != 0 {
@@ -282,7 +282,7 @@ func (s *Server) spawnTaskStep(ctx context.Context, in *spawnStepInput) (*agentT
 		req.Children[i] = task.Child{Key: c.Key, Queue: c.Queue, Type: c.Type, Parameters: c.Parameters, Priority: c.Priority,
 			MaxRetries: c.MaxRetries, Timeout: timeout, Detached: c.Detached}
 	}
-	return s.writeStep(ctx, in.ID, in.N, stepWrite{Session: b.Session, Token: b.Token, Name: b.Name, Steps: b.Steps, State: b.State, Spawn: req})
+	return s.writeStep(ctx, in.ID, in.N, stepWrite{Session: b.Session, Token: b.Token, Name: b.Name, Steps: b.Steps, State: b.State.Bytes(), Spawn: req})
 }
 
 // commitStep commits step write next after cp under fence f, consuming sg;

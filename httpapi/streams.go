@@ -10,7 +10,6 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -135,14 +134,14 @@ func (s *Server) appendStream(ctx context.Context, in *appendStreamInput) (*stru
 		ins[i] = stream.Input{Type: e.Type, Data: e.Data}
 	}
 	w := stream.For(s.cli, s.keys(ctx))
-	key := streamClaimKey(s.nsOf(ctx), in.ID, in.Body.Session, in.Body.Token)
-	if claim, ok := s.streamClaims.get(key); ok {
+	key := stream.ClaimKey{NS: s.nsOf(ctx), Task: in.ID, Token: in.Body.Token}
+	if claim, ok := s.streamClaims.Held(key, in.Body.Session); ok {
 		first, last, err := w.Append(ctx, claim, ins)
 		if !errors.Is(err, stream.ErrFenced) {
 			return appended(first, last, err)
 		}
 		// Lost since, or another attempt wrote: the claim is read again, and refused as it should be.
-		s.streamClaims.forget(key)
+		s.streamClaims.Forget(key)
 	}
 	c, err := s.queueClient(ctx)
 	if err != nil {
@@ -174,7 +173,7 @@ func (s *Server) appendStream(ctx context.Context, in *appendStreamInput) (*stru
 			}
 			return nil, perr
 		}
-		s.streamClaims.put(key, claim)
+		s.streamClaims.Put(key, in.Body.Session, claim)
 	}
 	return appended(w.Append(ctx, claim, ins))
 }
@@ -196,49 +195,14 @@ func appended(first, last int64, err error) (*struct{ Body StreamAppended }, err
 // A queue task's stream is appended to under its claim, whose fence (the
 // claim key's create revision is the token, the task's slot has not left
 // its segment) every append's transaction compares: so the claim a first
-// append read (the task, to learn its queue, the session, the claim) is
-// kept, by namespace, task, session and token, and the attempt's later
-// appends skip those reads. A claim lost since (the session ended, the
-// task was cancelled or claimed again) fails the append's compares
-// (stream.ErrFenced): it is forgotten and read again, which refuses the
-// append as before.
-
-// streamClaimCache remembers the claims of queue tasks' stream appends;
-// it forgets everything past maxCachedStreamClaims.
-type streamClaimCache struct {
-	mu sync.Mutex
-	m  map[string]stream.Claim
-}
-
-const maxCachedStreamClaims = 10_000
-
-// streamClaimKey keys a claim by namespace, task, session (its whole id:
-// an id with another secret is not the same) and token.
-func streamClaimKey(ns, task, session string, token int64) string {
-	return ns + "\x00" + task + "\x00" + session + "\x00" + strconv.FormatInt(token, 10)
-}
-
-func (c *streamClaimCache) get(key string) (stream.Claim, bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	cl, ok := c.m[key]
-	return cl, ok
-}
-
-func (c *streamClaimCache) put(key string, cl stream.Claim) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.m == nil || len(c.m) >= maxCachedStreamClaims {
-		c.m = map[string]stream.Claim{}
-	}
-	c.m[key] = cl
-}
-
-func (c *streamClaimCache) forget(key string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	delete(c.m, key)
-}
+// append read (the task, to learn its queue, the session, the claim), or
+// the start of an Agent Server run (which checked it under the session
+// it took the thread's lock with), is kept, by namespace, task and token
+// with its session (streamClaims, a stream.ClaimCache shared with the
+// Agent Server's routes), and the attempt's later appends skip those
+// reads. A claim lost since (the session ended, the task was cancelled
+// or claimed again) fails the append's compares (stream.ErrFenced): it
+// is forgotten and read again, which refuses the append as before.
 
 // streamFrom is where a follower starts: after Last-Event-ID, or at
 // from, whichever is later.

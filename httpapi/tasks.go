@@ -98,11 +98,11 @@ type stepInput struct {
 	ID   string `path:"id" minLength:"1" maxLength:"120" doc:"The task's id: letters, digits, '.', '_', '-' and ':'."`
 	N    int    `path:"n" minimum:"1" maximum:"100000" doc:"The step's number, 1-based: the claim's next_step."`
 	Body struct {
-		Session string `json:"session" doc:"The session the claim is bound to."`
-		Token   int64  `json:"token" minimum:"1" doc:"The claim's fencing token."`
-		Name    string `json:"name,omitempty" maxLength:"200" doc:"The step's name; default \"step N\"."`
-		Steps   int    `json:"steps,omitempty" minimum:"1" maximum:"100000" doc:"How many steps the task has, if known: writing step number steps completes the task."`
-		State   []byte `json:"state" doc:"The state the step returned, base64; at most 1 MiB decoded."`
+		Session string      `json:"session" doc:"The session the claim is bound to."`
+		Token   int64       `json:"token" minimum:"1" doc:"The claim's fencing token."`
+		Name    string      `json:"name,omitempty" maxLength:"200" doc:"The step's name; default \"step N\"."`
+		Steps   int         `json:"steps,omitempty" minimum:"1" maximum:"100000" doc:"How many steps the task has, if known: writing step number steps completes the task."`
+		State   Base64Input `json:"state" doc:"The state the step returned, base64; at most 1 MiB decoded."`
 		// SleepFor and SleepUntil end the step with a sleep.
 		SleepFor   string `json:"sleep_for,omitempty" maxLength:"64" doc:"End the step with a sleep this long (a duration such as 10m, or a number of seconds): the checkpoint is written, the claim released, and the next claim before the sleep ends holds nothing and answers sleep_until."`
 		SleepUntil string `json:"sleep_until,omitempty" maxLength:"64" doc:"End the step with a sleep until this RFC 3339 time, with its zone (2026-12-01T09:00:00Z); a time past sleeps not at all."`

@@ -30,27 +30,33 @@ type TokenSpec struct {
 // so that etcd's byte-wise compare of values orders tokens.
 func PadToken(t int64) string { return fmt.Sprintf("%020d", t) }
 
-// NewTokenTxn starts an etcd transaction, sent through base, fenced by
-// s.Token: the caller's If/Then/Else run only if no write under a higher
-// token was made at s.Key, and a Then that runs raises s.Key to s.Token in
-// the same transaction. Commit returns the caller's response (its Then's or
-// Else's responses only), or an error matching ErrFenced with nothing
-// applied.
+// NewTokenTxn starts an etcd transaction, sent through a transaction
+// newTxn returns, fenced by s.Token: the caller's If/Then/Else run only if
+// no write under a higher token was made at s.Key, and a Then that runs
+// raises s.Key to s.Token in the same transaction. Commit returns the
+// caller's response (its Then's or Else's responses only), or an error
+// matching ErrFenced with nothing of the caller's applied.
 //
-// base is cli.Txn(ctx), or the Txn of a Fence to fence by both (an etcd
-// lock's ownership and the token). A Txn with no compares and no operations
-// only raises s.Key: a new holder does that first, so that every write of
-// an older one fails from then on, even before the new holder writes.
-func NewTokenTxn(base clientv3.Txn, s TokenSpec) clientv3.Txn {
-	return &tokenTxn{base: base, s: s}
+// newTxn returns cli.Txn(ctx), or the Txn of a Fence to fence by both (an
+// etcd lock's ownership and the token); Commit may call it more than once.
+// A Txn with no compares and no operations only raises s.Key: a new holder
+// does that first, so that every write of an older one fails from then on,
+// even before the new holder writes.
+func NewTokenTxn(newTxn func() clientv3.Txn, s TokenSpec) clientv3.Txn {
+	return &tokenTxn{newTxn: newTxn, s: s}
 }
 
 type tokenTxn struct {
-	base      clientv3.Txn
+	newTxn    func() clientv3.Txn
 	s         TokenSpec
 	cmps      []clientv3.Cmp
 	then, els []clientv3.Op
 }
+
+// maxTokenTries bounds the sends of one Commit: s.Key found absent is
+// created and the transaction sent again, which finds it absent again only
+// if it was deleted in between (its thread's or task's data removed).
+const maxTokenTries = 3
 
 func (t *tokenTxn) If(cs ...clientv3.Cmp) clientv3.Txn {
 	t.cmps = append(t.cmps, cs...)
@@ -67,36 +73,69 @@ func (t *tokenTxn) Else(ops ...clientv3.Op) clientv3.Txn {
 	return t
 }
 
-// Commit sends one transaction. While s.Key is absent the caller's
-// transaction runs as it is, plus the put of s.Key; once it exists the
-// caller's compares also require s.Key at most s.Token, and the Else reads
-// s.Key to tell a refused token from the caller's own compares failing.
+// Commit sends a transaction that carries the caller's operations once:
+//
+//	if the caller's compares hold and s.Key <= s.Token:
+//		the caller's Then, put s.Key = s.Token
+//	else:
+//		get s.Key
+//		if s.Key is absent: put s.Key = s.Token
+//		else: the caller's Else
+//
+// and, when it created s.Key, sends it again (at most maxTokenTries
+// sends; past them an error that is not ErrFenced). The read of s.Key
+// tells a refused token from the caller's own compares failing.
+//
+// One request cannot guard a single copy of the operations by "s.Key
+// absent, or at most s.Token": etcd's compares are a conjunction, a value
+// compare fails on an absent key, and every compare of a request (a nested
+// transaction's too) is evaluated before any of its operations runs, so
+// that case takes two branches, each with its copy: a request twice the
+// size of its operations, and a fenced checkpoint of more than about 560
+// KiB state past etcd's request limit (1.5 MiB). Creating s.Key at s.Token
+// apart from the caller's operations is safe: it is the value a write
+// under s.Token would leave there, a later holder's higher token still
+// passes the compare and raises it, and only a lower token, an earlier
+// holder's, is refused from then on, as after a write of ours: what a
+// holder's raise alone (a Txn with nothing of its own) does. So it is
+// created whether or not the caller's compares hold: a write they refuse
+// (a full store, a moved head) under a key absent until then leaves it at
+// s.Token, and its Else runs on the next send. Done here, and not by each
+// caller on a too large request, every fenced write is sent at its own
+// size, with one request once the key exists.
+//
+// Against etcd's --max-txn-ops (128 a level, summed down the nesting) the
+// transaction counts max(compares+1, Then+1, 2) + max(1, Else): as before,
+// the caller's compares count once.
 func (t *tokenTxn) Commit() (*clientv3.TxnResponse, error) {
 	s := t.s
-	if s.Check != nil {
-		if err := s.Check(); err != nil {
-			return nil, fmt.Errorf("%w: %s token %d: %w", ErrFenced, s.Name, s.Token, err)
+	put := clientv3.OpPut(s.Key, PadToken(s.Token))
+	then := append(t.then[:len(t.then):len(t.then)], put)
+	cmps := append(t.cmps[:len(t.cmps):len(t.cmps)], clientv3.Compare(clientv3.Value(s.Key), "<", PadToken(s.Token+1)))
+	absent := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(s.Key), "=", 0)}
+	els := []clientv3.Op{clientv3.OpGet(s.Key), clientv3.OpTxn(absent, []clientv3.Op{put}, t.els)}
+	for try := 1; ; try++ {
+		if s.Check != nil {
+			if err := s.Check(); err != nil {
+				return nil, fmt.Errorf("%w: %s token %d: %w", ErrFenced, s.Name, s.Token, err)
+			}
 		}
-	}
-	then := append(t.then[:len(t.then):len(t.then)], clientv3.OpPut(s.Key, PadToken(s.Token)))
-	atMost := clientv3.Compare(clientv3.Value(s.Key), "<", PadToken(s.Token+1))
-	resp, err := t.base.
-		If(clientv3.Compare(clientv3.CreateRevision(s.Key), "=", 0)).
-		Then(clientv3.OpTxn(t.cmps, then, t.els)).
-		Else(clientv3.OpTxn(append(t.cmps[:len(t.cmps):len(t.cmps)], atMost), then,
-			append([]clientv3.Op{clientv3.OpGet(s.Key)}, t.els...))).
-		Commit()
-	if err != nil {
-		return nil, err // an error of base's own fence matches ErrFenced already
-	}
-	inner := (*clientv3.TxnResponse)(resp.Responses[0].GetResponseTxn())
-	inner.Header = resp.Header
-	if inner.Succeeded {
-		inner.Responses = inner.Responses[:len(t.then)]
-		return inner, nil
-	}
-	if !resp.Succeeded {
-		if kvs := inner.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
+		resp, err := t.newTxn().If(cmps...).Then(then...).Else(els...).Commit()
+		if err != nil {
+			return nil, err // an error of the base's own fence matches ErrFenced already
+		}
+		if resp.Succeeded {
+			resp.Responses = resp.Responses[:len(t.then)]
+			return resp, nil
+		}
+		kvs, inner := resp.Responses[0].GetResponseRange().Kvs, resp.Responses[1].GetResponseTxn()
+		if inner.Succeeded { // s.Key was absent, and is created now
+			if try == maxTokenTries {
+				return nil, fmt.Errorf("lease: %s token %d: its fence key %s was deleted under each of %d writes", s.Name, s.Token, s.Key, try)
+			}
+			continue
+		}
+		if len(kvs) > 0 {
 			if seen, _ := strconv.ParseInt(string(kvs[0].Value), 10, 64); seen > s.Token {
 				cause := fmt.Errorf("a higher token, %d, has written since", seen)
 				if s.Lost != nil {
@@ -105,7 +144,7 @@ func (t *tokenTxn) Commit() (*clientv3.TxnResponse, error) {
 				return nil, fmt.Errorf("%w: %s token %d: %w", ErrFenced, s.Name, s.Token, cause)
 			}
 		}
-		inner.Responses = inner.Responses[1:]
+		resp.Responses = inner.Responses // the caller's compares failed
+		return resp, nil
 	}
-	return inner, nil
 }

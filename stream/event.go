@@ -58,6 +58,10 @@ var (
 	// ErrNoClaim is the error of Emit outside a handler or step of a
 	// worker: there is no claim to write under.
 	ErrNoClaim = errors.New("stream: no claim in the context: emit from a handler or step run by a worker")
+	// ErrMoved is matched by the error of an AppendAfter whose stream's
+	// last event was not the one it named: another write came first, and
+	// nothing of it was stored.
+	ErrMoved = errors.New("stream: the stream's last event is not the one named")
 )
 
 // Limits are the caps of every stream, and how long a stream is kept.

@@ -59,6 +59,11 @@ func (w *Writer) flush(ctx context.Context, reqs []*request) {
 			tasks[g.a.c.Task] = true
 			now = append(now, g)
 		}
+		for _, g := range now {
+			if g.placedElsewhere() {
+				g.a.known = false // this writer's view may be behind the stream as stored: read it
+			}
+		}
 		err := w.readHeads(ctx, now)
 		for try := 0; err != nil && try < 2 && ctx.Err() == nil; try++ {
 			err = w.readHeads(ctx, now) // a read: trying again writes nothing twice
@@ -90,6 +95,20 @@ func (w *Writer) flush(ctx context.Context, reqs []*request) {
 		// refusal answers a group's events, so the rounds are bounded.
 		groups = append(later, full...)
 	}
+}
+
+// placedElsewhere says whether g holds a request not answered yet that
+// goes only after a named event (AppendAfter) other than the stream's
+// last as this writer knows it. One that names that event needs no read:
+// should the stream have moved since, the transaction finds the events'
+// place taken, and the round after reads the stream and refuses them.
+func (g *group) placedElsewhere() bool {
+	for _, r := range g.reqs {
+		if r.placed && !r.done && r.after != g.a.last {
+			return true
+		}
+	}
+	return false
 }
 
 // answer ends every request of g not answered yet with err.
@@ -175,9 +194,7 @@ func (w *Writer) build(g *group) {
 		if r.done || (r.probe && !a.exists && len(c.List) == 0) {
 			continue // answered, or an end of a stream that has no events
 		}
-		if ended {
-			r.err = fmt.Errorf("%w: claim of task %s token %d: attempt %d ended before this write: it writes no more",
-				ErrFenced, a.c.Task, token, a.c.Attempt)
+		if r.err = a.refusal(r, seq, ended); r.err != nil {
 			r.done = true
 			continue
 		}
@@ -221,6 +238,20 @@ func (w *Writer) build(g *group) {
 		return
 	}
 	w.ops(g, c)
+}
+
+// refusal is why request r of a's chunk cannot go at seq, the stream's
+// last event as read with what the chunk adds before r, nil if it can:
+// ended, an end was added before it; or it goes only after another event.
+func (a *attempt) refusal(r *request, seq int64, ended bool) error {
+	switch {
+	case ended:
+		return fmt.Errorf("%w: claim of task %s token %d: attempt %d ended before this write: it writes no more",
+			ErrFenced, a.c.Task, a.c.Fence.Token(), a.c.Attempt)
+	case r.placed && seq != r.after:
+		return fmt.Errorf("%w: task %s: its last event is %d, not %d", ErrMoved, a.c.Task, seq, r.after)
+	}
+	return nil
 }
 
 // fits returns the events of r and their bytes, or ErrStreamFull when

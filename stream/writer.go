@@ -218,6 +218,10 @@ type request struct {
 	// end is fenced by the stream alone.
 	claimGone bool
 	at        time.Time
+	// placed: the events go only right after the event of seq after,
+	// the stream's last (AppendAfter); else wherever it ends.
+	placed bool
+	after  int64
 
 	// The answer.
 	done        bool
@@ -244,7 +248,28 @@ func (w *Writer) Append(ctx context.Context, c Claim, ins []Input) (first, last 
 	if err := w.closedErr(c.Task); err != nil {
 		return 0, 0, err
 	}
-	return w.append(ctx, w.attempt(c), ins)
+	return w.append(ctx, w.attempt(c), ins, false, 0)
+}
+
+// AppendAfter is Append of events that go only right after the stream's
+// event after (0: only into an empty stream): when the stream's last
+// event is another one, by the time they would be stored, nothing of
+// them is and the error matches ErrMoved. A caller that decided what to
+// write from what it read of the stream (a request sent again, its
+// answer lost) reads again then, and decides anew: two such callers at
+// once store the events once. The check is the transaction's own (the
+// place of the events is compared free, as for every write), so it
+// holds across writers and members: the writer reads the stream's end
+// for it when what it last wrote there is another event. No events:
+// nothing is checked or stored.
+func (w *Writer) AppendAfter(ctx context.Context, c Claim, after int64, ins []Input) (first, last int64, err error) {
+	if after < 0 {
+		return 0, 0, fmt.Errorf("stream: AppendAfter: after %d: must be 0 or more", after)
+	}
+	if err := w.closedErr(c.Task); err != nil {
+		return 0, 0, err
+	}
+	return w.append(ctx, w.attempt(c), ins, true, after)
 }
 
 // attemptID names an attempt: its task and its claim's token.
@@ -290,14 +315,14 @@ func (w *Writer) forget() {
 	}
 }
 
-func (w *Writer) append(ctx context.Context, a *attempt, ins []Input) (first, last int64, err error) {
+func (w *Writer) append(ctx context.Context, a *attempt, ins []Input, placed bool, after int64) (first, last int64, err error) {
 	if len(ins) == 0 {
 		return 0, 0, nil
 	}
 	if err := checkInputs(ins, w.lim.MaxEventBytes, "write"); err != nil {
 		return 0, 0, err
 	}
-	return w.appendChecked(ctx, a, ins)
+	return w.sendEvents(ctx, &request{a: a, events: ins, at: w.now().UTC(), placed: placed, after: after})
 }
 
 // CheckInputs refuses events ins of one write as a Writer of the default
@@ -327,7 +352,11 @@ func checkInputs(ins []Input, maxEvent int, verb string) error {
 
 // appendChecked is append of events already checked.
 func (w *Writer) appendChecked(ctx context.Context, a *attempt, ins []Input) (first, last int64, err error) {
-	r := &request{a: a, events: ins, at: w.now().UTC()}
+	return w.sendEvents(ctx, &request{a: a, events: ins, at: w.now().UTC()})
+}
+
+// sendEvents sends r, a request of events, and answers where they went.
+func (w *Writer) sendEvents(ctx context.Context, r *request) (first, last int64, err error) {
 	if err := w.send(ctx, r); err != nil {
 		return 0, 0, err
 	}

@@ -84,7 +84,7 @@ func (f *lockFence) Token() int64 { return f.l.Token() }
 
 // Txn starts an etcd transaction fenced by the lock's token.
 func (f *lockFence) Txn(ctx context.Context) clientv3.Txn {
-	return lease.NewTokenTxn(f.cli.Txn(ctx), f.spec)
+	return lease.NewTokenTxn(func() clientv3.Txn { return f.cli.Txn(ctx) }, f.spec)
 }
 
 // Context ends when the lock is lost or released, or a write was refused.

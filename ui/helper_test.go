@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"runtime/pprof"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -345,6 +346,26 @@ func (tb *tab) click(sel string) {
 	if err != nil {
 		tb.t.Fatalf("click %s: %v", sel, err)
 	}
+}
+
+// clickUntil clicks sel until expr holds, waiting up to 5 s after each
+// click, three clicks at most, then waits for expr as waitJS does. A click
+// the page lost (its control moved as the page re-rendered under it, a
+// reload of a busy page) is made again: for controls whose second click
+// is harmless, with an expr that is false until the first one's effect.
+// A click after the first is the page's own (element.click()), so that a
+// control gone with the effect is no wait.
+func (tb *tab) clickUntil(sel, what, expr string) {
+	tb.t.Helper()
+	tb.click(sel)
+	for range 3 {
+		if _, err := chromedp.Run(tb.ctx, chromedp.Poll[chromedp.Void](expr, chromedp.WithPollingInterval(50*time.Millisecond),
+			chromedp.WithPollingTimeout(5*time.Second))); err == nil {
+			return
+		}
+		eval[bool](tb, `(() => { const b = document.querySelector(`+strconv.Quote(sel)+`); if (b) b.click(); return true; })()`)
+	}
+	tb.waitJS(what, expr)
 }
 
 // staleNode says whether err is the browser's answer about a node the page

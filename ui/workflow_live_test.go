@@ -155,19 +155,15 @@ func TestUIChildrenPagerSurvivesReload(t *testing.T) {
 	tb := newTab(t)
 	tb.do("open the parent", chromedp.Navigate(s.base+"/ui/#/queue/wf/task/boss"))
 	tb.waitJS("the first page", `!!document.querySelector('tr[data-child="boss.1.0"]')`)
-	tb.click(`#children button[data-act="children-next"]`)
-	tb.waitJS("the second page", `!!document.querySelector('tr[data-child="boss.1.29"]') && !document.querySelector('tr[data-child="boss.1.0"]')`)
+	tb.clickUntil(`#children button[data-act="children-next"]`, "the second page", `!!document.querySelector('tr[data-child="boss.1.29"]') && !document.querySelector('tr[data-child="boss.1.0"]')`)
 	eval[bool](tb, `(() => { document.getElementById("children").dataset.old = "1"; return true; })()`)
 	if _, err := c.Cancel(context.Background(), "boss.1.25"); err != nil {
 		t.Fatal(err)
 	}
 	tb.waitJS("the second page, read again", `!document.querySelector("#children[data-old]") && !!document.querySelector('tr[data-child="boss.1.25"][data-status="CANCELLED"]')`)
-	tb.click(`#children button[data-act="children-prev"]`)
-	tb.waitJS("the first page again", `!!document.querySelector('tr[data-child="boss.1.0"]') && !document.querySelector('tr[data-child="boss.1.29"]')`)
-	tb.click(`#children button[data-act="children-next"]`)
-	tb.waitJS("the second page again", `!!document.querySelector('tr[data-child="boss.1.29"]')`)
-	tb.click(`#children button[data-act="children-first"]`)
-	tb.waitJS("the first page from First", `!!document.querySelector('tr[data-child="boss.1.0"]') && !document.querySelector('#children button[data-act="children-first"]')`)
+	tb.clickUntil(`#children button[data-act="children-prev"]`, "the first page again", `!!document.querySelector('tr[data-child="boss.1.0"]') && !document.querySelector('tr[data-child="boss.1.29"]')`)
+	tb.clickUntil(`#children button[data-act="children-next"]`, "the second page again", `!!document.querySelector('tr[data-child="boss.1.29"]')`)
+	tb.clickUntil(`#children button[data-act="children-first"]`, "the first page from First", `!!document.querySelector('tr[data-child="boss.1.0"]') && !document.querySelector('#children button[data-act="children-first"]')`)
 	tb.noConsoleErrors()
 }
 

@@ -1,6 +1,7 @@
 package checkpointtest
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"strconv"
@@ -101,6 +102,42 @@ func tokenFence(ctx context.Context, t *testing.T, s checkpoint.Store, opts Opti
 	}
 	if latest, _ := s.GetLatest(ctx, "th", ""); string(latest.State) != "by 7" || latest.Token != 7 {
 		t.Fatalf("latest %+v", latest)
+	}
+}
+
+// largeFencedState: a fenced Put and a fenced Append of the largest state
+// the store takes (Options.MaxState, else checkpoint.MaxState) are stored
+// and read back whole; a superseded token's large Put and Append are
+// refused and store nothing.
+func largeFencedState(ctx context.Context, t *testing.T, s checkpoint.Store, opts Options) {
+	n := opts.MaxState
+	if n == 0 {
+		n = checkpoint.MaxState
+	}
+	state := func(c byte) []byte { return bytes.Repeat([]byte{c}, n) }
+	cp, err := s.Put(ctx, checkpoint.Checkpoint{ThreadID: "big", State: state('p')}, token(5))
+	if err != nil {
+		t.Fatalf("a fenced put of %d bytes of state: %v", n, err)
+	}
+	ap, err := s.Append(ctx, checkpoint.Checkpoint{ThreadID: "big", ParentID: cp.ID, State: state('a')}, token(7))
+	if err != nil {
+		t.Fatalf("a fenced append of %d bytes of state: %v", n, err)
+	}
+	if got, err := s.Get(ctx, "big", "", cp.ID); err != nil || !bytes.Equal(got.State, state('p')) || got.Token != 5 {
+		t.Fatalf("the put read back: %v, or not its state and token", err)
+	}
+	if _, err := s.Put(ctx, checkpoint.Checkpoint{ThreadID: "big", ParentID: ap.ID, State: state('x')}, token(6)); !errors.Is(err, lock.ErrFenced) {
+		t.Fatalf("a superseded token's put: %v, want ErrFenced", err)
+	}
+	if _, err := s.Append(ctx, checkpoint.Checkpoint{ThreadID: "big", ParentID: ap.ID, State: state('x')}, token(6)); !errors.Is(err, lock.ErrFenced) {
+		t.Fatalf("a superseded token's append: %v, want ErrFenced", err)
+	}
+	latest, err := s.GetLatest(ctx, "big", "")
+	if err != nil || latest.ID != ap.ID || !bytes.Equal(latest.State, state('a')) || latest.Token != 7 {
+		t.Fatalf("the head after the refused writes: %v, or not the append", err)
+	}
+	if all, err := s.List(ctx, "big", "", checkpoint.ListOptions{}); err != nil || len(all) != 2 {
+		t.Fatalf("the thread's checkpoints: %d, %v: want the two not refused", len(all), err)
 	}
 }
 

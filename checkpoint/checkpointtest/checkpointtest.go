@@ -35,6 +35,7 @@ func Exercise(ctx context.Context, t *testing.T, newStore NewStore, opts Options
 		{"ChainGetListDelete", chain},
 		{"OptimisticConflict", conflict},
 		{"TokenFence", tokenFence},
+		{"LargeFencedState", largeFencedState},
 		{"BadInput", badInput},
 		{"AppendForks", appendForks},
 		{"ArbitraryMetadata", arbitraryMetadata},

@@ -31,12 +31,17 @@ const echo = new StateGraph(MessagesAnnotation)
 
 test("agentserver history: outcomes send the run's states, the thread's history stays whole", async (t) => {
   const ns = uniq("lghist");
-  const outcomes = []; // [body, status] of each outcome the runtime sent
+  // [body, status] of each outcome the runtime sent, recorded as it is sent, its status once answered:
+  // runs.wait returns once the outcome is stored, which can be before the runtime reads its answer.
+  const outcomes = [];
   const recording = async (url, init) => {
+    const entry = String(url).endsWith("/outcome") ? [JSON.parse(init.body), undefined] : undefined;
+    if (entry) outcomes.push(entry);
     const res = await fetch(url, init);
-    if (String(url).endsWith("/outcome")) outcomes.push([JSON.parse(init.body), res.status]);
+    if (entry) entry[1] = res.status;
     return res;
   };
+  const answered = (n) => until(() => outcomes.length >= n && outcomes.every(([, st]) => st !== undefined), 30_000, `the runtime's ${n} outcomes were not answered`);
   const rt = new AgentServerRuntime({ drover: new Drover({ url: srv.url, namespace: ns, fetch: recording }), graphs: { agent: echo }, concurrency: 2 });
   await rt.start();
   t.after(() => withTimeout(rt.stop(), 30_000, "runtime did not stop"));
@@ -49,6 +54,7 @@ test("agentserver history: outcomes send the run's states, the thread's history 
   const historyIds = async () => (await client.threads.getHistory(thread, { limit: 100 })).map((s) => s.checkpoint.checkpoint_id);
 
   for (const m of ["one", "two", "three"]) await client.runs.wait(thread, "agent", { input: { messages: [{ role: "user", content: m }] } });
+  await answered(3);
   // Three checkpoints a run (its input, the start, the node): the first outcome sends them all,
   // the next ones their own three and the one before them.
   assert.deepEqual(outcomes.map(([b, st]) => [b.history.length, b.history_append ?? false, st]), [[3, false, 200], [4, true, 200], [4, true, 200]]);
@@ -65,6 +71,7 @@ test("agentserver history: outcomes send the run's states, the thread's history 
   gates.get(key)();
   outcomes.length = 0;
   await client.runs.wait(thread, "agent", { input: { messages: [{ role: "user", content: "after" }] } });
+  await answered(2);
   assert.deepEqual(outcomes.map(([b, st]) => [b.history_append ?? false, st]), [[true, 412], [false, 200]]);
   const all = await checkpoints();
   assert.ok(all.length > 12, `checkpoints of the thread: ${all.length}`);

@@ -39,7 +39,10 @@ function recorder(answer = async () => undefined) {
     const entry = { what: `${init.method ?? "GET"} ${u.pathname}`, body: init.body ? JSON.parse(init.body) : undefined };
     sent.push(entry);
     const mine = await answer(entry);
-    if (mine) return mine;
+    if (mine) {
+      entry.status = mine.status;
+      return mine;
+    }
     const res = await fetch(url, init);
     entry.status = res.status;
     return res;
@@ -48,6 +51,20 @@ function recorder(answer = async () => undefined) {
 }
 
 const count = (sent, re) => sent.filter((e) => re.test(e.what)).length;
+
+/**
+ * Waits until the runtime's requests matching re number at least n and each has its answer. runs.wait
+ * returns once the outcome is stored, which can be before the runtime's request gets its answer.
+ */
+const answered = (sent, re, n) =>
+  until(
+    () => {
+      const all = sent.filter((e) => re.test(e.what));
+      return all.length >= n && all.every((e) => e.status !== undefined);
+    },
+    30_000,
+    () => `${re}: ${sent.filter((e) => re.test(e.what)).map((e) => e.status ?? "no answer")} of ${n} answered`,
+  );
 
 /**
  * Checks that each run's stream holds, drover's own events left out, exactly the events the
@@ -97,6 +114,7 @@ test("agentserver start: one request takes the lock, the outcome releases it", a
   const thread = (await client.threads.create()).thread_id;
   for (const m of ["one", "two", "three"]) await client.runs.wait(thread, "agent", { input: { messages: [{ role: "user", content: m }] } });
   const runs = 3;
+  await answered(rec.sent, /\/outcome$/, runs);
   assert.equal(count(rec.sent, /^POST \/v1\/agent-server\/threads\/[^/]+\/runs\/[^/]+\/start$/), runs);
   assert.equal(count(rec.sent, /\/v1\/locks\//), 0, "lock requests: the start takes it, the outcome releases it");
   assert.equal(count(rec.sent, /^GET \/v1\/queues\/langgraph\/tasks\//), 0, "task reads: the start answers a cancel");
@@ -138,6 +156,7 @@ test("agentserver start: a server that refuses events with the start and the out
   const client = sdk(ns);
   const thread = (await client.threads.create()).thread_id;
   for (const m of ["one", "two"]) await client.runs.wait(thread, "agent", { input: { messages: [{ role: "user", content: m }] } });
+  await answered(rec.sent, /\/outcome$/, 2);
   // Refused once each, then not sent again.
   assert.equal(rec.sent.filter((e) => e.what.endsWith("/start") && e.body.events).length, 1);
   assert.ok(rec.sent.filter((e) => e.what.endsWith("/outcome") && e.body.events).length <= 1);
@@ -225,6 +244,9 @@ test("agentserver start: against a server without the start route, the lock, the
   // The route is tried once, then not for a minute.
   assert.equal(count(rec.sent, /\/start$/), 1);
   assert.equal(count(rec.sent, /^POST \/v1\/locks\/thread(:|%3A)/i), 2);
+  // Without the start route the outcome cannot release the lock: the runtime deletes it after the
+  // outcome is recorded, so runs.wait may return before the second DELETE is sent.
+  await answered(rec.sent, /^DELETE \/v1\/locks\/thread(:|%3A)/i, 2);
   assert.equal(count(rec.sent, /^DELETE \/v1\/locks\/thread(:|%3A)/i), 2);
   assert.equal(count(rec.sent, /^GET \/v1\/queues\/langgraph\/tasks\//), 2);
   for (const o of rec.sent.filter((e) => e.what.endsWith("/outcome"))) assert.equal(o.body.lock, undefined, "an older server refuses an outcome's lock");
