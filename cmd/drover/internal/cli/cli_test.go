@@ -60,8 +60,12 @@ func TestServerKeepsDataAndStopsCleanly(t *testing.T) {
 	args := []string{"server", "--data-dir", dataDir, "--etcd-listen", client, "--etcd-peer-listen", "http://" + etcdtest.FreeAddr()}
 
 	for i, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT} {
-		p := start(t, cleanEnv(), args...)
+		// The ready line says how many cores Go schedules the server over: $GOMAXPROCS when set.
+		p := start(t, cleanEnv("GOMAXPROCS="+[]string{"1", "2"}[i]), args...)
 		waitFor(t, 30*time.Second, "the ready line", func() bool { return strings.Contains(p.stderr.String(), "drover server ready") })
+		if want := "gomaxprocs=" + []string{"1", "2"}[i]; !strings.Contains(p.stderr.String(), want) {
+			t.Fatalf("the ready line does not say %s:\n%s", want, p.stderr.String())
+		}
 		if n := strings.Count(p.stderr.String(), "\n"); n != 2 || !strings.Contains(p.stderr.String(), []string{"drover server starting", "drover server loading its data dir"}[i]) {
 			t.Fatalf("want exactly two lines, starting (or loading) and ready, got %d:\n%s", n, p.stderr.String())
 		}

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"runtime/debug"
 	"strconv"
 	"strings"
@@ -89,7 +90,10 @@ The embedded etcd's in-memory index makes the process's heap large, so with
 Go's default garbage collection setting a fifth of its CPU goes to collecting;
 --gc-percent (default 200, or $GOGC when set and the flag is not) trades
 memory for that CPU. Set $GOMEMLIMIT in memory-limited containers: the
-collector then works harder as the limit nears instead of running out.
+collector then works harder as the limit nears instead of running out. On a
+machine it shares with busy processes (an Agent Server runtime, workers), set
+$GOMAXPROCS to the cores the server should use: Go otherwise schedules it over
+every core and pays for waking idle threads (docs/deploy.md#resources).
 
 It logs one line when ready and shuts down cleanly on SIGINT or SIGTERM.`
 	serverExample = `  drover server
@@ -249,7 +253,7 @@ func (a *app) serveEmbedded(ctx context.Context, f *serverFlags) error {
 		"name", srv.Name(), "member_id", fmt.Sprintf("%x", srv.MemberID()), "members", srv.Members(),
 		"data_dir", srv.DataDir(), "namespace", a.namespace,
 		"quota_mib", srv.Quota()>>20, "high_water", f.highWater.String(), "low_water", f.lowWater.String(),
-		"startup", time.Since(start).Round(time.Millisecond).String())
+		"gomaxprocs", runtime.GOMAXPROCS(0), "startup", time.Since(start).Round(time.Millisecond).String())
 	select {
 	case <-ctx.Done():
 	case err := <-srv.Err():
@@ -325,7 +329,8 @@ func (a *app) serveExternal(ctx context.Context, f *serverFlags) error {
 	defer stopHTTP()
 	a.logger.Info("drover server ready", "etcd", "external",
 		"endpoints", strings.Join(cluster.ResolveEndpoints(a.endpoints), ","), "namespace", a.namespace,
-		"store_guard", f.storeGuard, "high_water", f.highWater.String(), "low_water", f.lowWater.String())
+		"store_guard", f.storeGuard, "high_water", f.highWater.String(), "low_water", f.lowWater.String(),
+		"gomaxprocs", runtime.GOMAXPROCS(0))
 	<-ctx.Done()
 	stopHTTP()
 	a.closeStreams(cli)
