@@ -17,6 +17,7 @@
 #   RUNTIMES=2 bash bench/agentserver/run-agentserver.sh   # two runtime processes share drover's runs
 #   PROCESSES=2 bash bench/agentserver/run-agentserver.sh  # one runtime, `serve --processes 2`
 #   RUNTIME_NODE_FLAGS=--max-semi-space-size=32 bash bench/agentserver/run-agentserver.sh  # node flags of the runtime
+#   SERVER_CPUS=2 bash bench/agentserver/run-agentserver.sh  # the server's GOMAXPROCS (default 1: see below)
 #   PROFILE_DIR=/tmp/prof ONLY=drover ROUNDS=1 bash bench/agentserver/run-agentserver.sh
 #     # also a 15 s CPU profile of `drover server` (pprof) and of the
 #     # runtime (node --cpu-prof), during the runs.wait phase, and the HTTP
@@ -41,6 +42,10 @@ JOBS=${JOBS:-64}          # runs each server executes at once (langgraphjs dev -
 RUNTIMES=${RUNTIMES:-1}   # drover's runtime processes (LangGraph's dev server is one Node process)
 PROCESSES=${PROCESSES:-}  # each runtime's `serve --processes` (unset: the CLI's default)
 RUNTIME_NODE_FLAGS=${RUNTIME_NODE_FLAGS:-}  # node options of the runtime processes, e.g. --max-semi-space-size=32
+# The drover server's GOMAXPROCS: its share of the machine's cores, as a container's CPU limit
+# sets it (Go sizes GOMAXPROCS to the cgroup's limit). The runtime needs the other core; a server
+# that schedules its goroutines over both pays for every wake of an idle thread (docs/deploy.md).
+SERVER_CPUS=${SERVER_CPUS:-1}
 STEP_TIMEOUT=${STEP_TIMEOUT:-600}  # seconds for each measurement, then it counts as failed
 ONLY=${ONLY:-}            # drover or langgraph: one system only
 DEPS=${DEPS:-$here}
@@ -73,7 +78,7 @@ wait_for() { # url, log, seconds
 start_drover() {
   local p=$1 prof=()
   [ -n "${PROFILE_DIR:-}" ] && prof=(--metrics-listen "127.0.0.1:$((p + 3))")
-  setsid "$work/drover" server --data-dir "$work/data-$2" --http-listen "127.0.0.1:$p" "${prof[@]}" \
+  GOMAXPROCS=$SERVER_CPUS setsid "$work/drover" server --data-dir "$work/data-$2" --http-listen "127.0.0.1:$p" "${prof[@]}" \
     --etcd-listen "http://127.0.0.1:$((p + 1))" --etcd-peer-listen "http://127.0.0.1:$((p + 2))" >"$work/drover-$2.log" 2>&1 &
   pids+=($!)
   wait_for "http://127.0.0.1:$p/readyz" "$work/drover-$2.log" 60
@@ -177,8 +182,8 @@ measure() { # system round url
   echo "$(date -u +%T) $1 round $2: runs.stream" >&2
   s=$(cd "$work/proj" && timeout "$STEP_TIMEOUT" node bench.mjs stream "$3" "$STREAM_RUNS" "$STREAM_CONC") || s='{"mode":"failed","runs":0,"conc":0,"runs_per_s":null,"run_ms_p50":null,"run_ms_p99":null,"errors":1,"first_error":"timed out or failed","first_ms_p50":null,"first_ms_p99":null,"first_values_ms_p50":null,"first_values_ms_p99":null}'
   [ -n "$prof" ] && wait "$prof"
-  python3 -c 'import json,sys; w,s=json.loads(sys.argv[4]),json.loads(sys.argv[5]); print(json.dumps({"system":sys.argv[1],"round":int(sys.argv[2]),"load":sys.argv[3],"runtimes":int(sys.argv[7]),"runs_per_s":w["runs_per_s"],"wait_ms_p50":w["run_ms_p50"],"wait_ms_p99":w["run_ms_p99"],"runs":w["runs"],"conc":w["conc"],"first_ms_p50":s["first_ms_p50"],"first_ms_p99":s["first_ms_p99"],"first_values_ms_p50":s["first_values_ms_p50"],"first_values_ms_p99":s["first_values_ms_p99"],"stream_runs":s["runs"],"stream_conc":s["conc"],"cpu_ms_per_run":[float(x) for x in sys.argv[6].split(",")][-1],"cpu_ms_per_run_each":[float(x) for x in sys.argv[6].split(",")][:-1],"node_flags":sys.argv[8],"processes":sys.argv[9],"errors":w["errors"]+s["errors"],"first_error":w["first_error"] or s["first_error"]}))' \
-    "$1" "$2" "$load" "$w" "$s" "$cpu_per_run" "$([ "$1" = drover ] && echo "$RUNTIMES" || echo 1)" "$RUNTIME_NODE_FLAGS" "$PROCESSES" | tee -a "$work/results.jsonl"
+  python3 -c 'import json,sys; w,s=json.loads(sys.argv[4]),json.loads(sys.argv[5]); print(json.dumps({"system":sys.argv[1],"round":int(sys.argv[2]),"load":sys.argv[3],"runtimes":int(sys.argv[7]),"runs_per_s":w["runs_per_s"],"wait_ms_p50":w["run_ms_p50"],"wait_ms_p99":w["run_ms_p99"],"runs":w["runs"],"conc":w["conc"],"first_ms_p50":s["first_ms_p50"],"first_ms_p99":s["first_ms_p99"],"first_values_ms_p50":s["first_values_ms_p50"],"first_values_ms_p99":s["first_values_ms_p99"],"stream_runs":s["runs"],"stream_conc":s["conc"],"cpu_ms_per_run":[float(x) for x in sys.argv[6].split(",")][-1],"cpu_ms_per_run_each":[float(x) for x in sys.argv[6].split(",")][:-1],"node_flags":sys.argv[8],"processes":sys.argv[9],"server_cpus":sys.argv[10],"errors":w["errors"]+s["errors"],"first_error":w["first_error"] or s["first_error"]}))' \
+    "$1" "$2" "$load" "$w" "$s" "$cpu_per_run" "$([ "$1" = drover ] && echo "$RUNTIMES" || echo 1)" "$RUNTIME_NODE_FLAGS" "$PROCESSES" "$([ "$1" = drover ] && echo "$SERVER_CPUS")" | tee -a "$work/results.jsonl"
 }
 
 for round in $(seq "$ROUNDS"); do
