@@ -1,17 +1,19 @@
 package cluster
 
 import (
+	"path/filepath"
 	"testing"
 	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 )
 
-// SetRestoreHook makes Restore call f once etcd's restore has written its
-// work directory, before it moves it into place, until the test ends.
-func SetRestoreHook(t testing.TB, f func(dataDir, work string) error) {
-	restoreHook = f
-	t.Cleanup(func() { restoreHook = nil })
+// SetRestoreHook makes a Restore into dataDir call f once etcd's restore
+// has written its work directory, before it moves it into place, until the
+// test ends. Restores into other directories do not call it.
+func SetRestoreHook(t testing.TB, dataDir string, f func(dataDir, work string) error) {
+	restoreHooks.Store(filepath.Clean(dataDir), f)
+	t.Cleanup(func() { restoreHooks.Delete(filepath.Clean(dataDir)) })
 }
 
 // SetListedHook makes a join's wait for the members to list it go by

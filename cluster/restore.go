@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 
 	"github.com/droverhq/drover"
 	"go.etcd.io/etcd/etcdutl/v3/snapshot"
@@ -235,10 +236,12 @@ func newStaging(dir string) (*staging, error) {
 	return st, nil
 }
 
-// restoreHook, when set (by tests), is called once etcd's restore has
-// written the work directory, before it is moved into place; an error it
-// returns fails the restore there.
-var restoreHook func(dataDir, work string) error
+// restoreHooks, set by tests, holds a function per data directory that a
+// restore into that directory calls once etcd's restore has written the
+// work directory, before it is moved into place; an error it returns fails
+// the restore there. Keyed by data directory, a test's hook never stops a
+// restore of another test running beside it.
+var restoreHooks sync.Map // data dir -> func(dataDir, work string) error
 
 // restore runs etcd's restore into the work directory, reads the restored
 // store's revision back from it, syncs it and moves it into place.
@@ -250,8 +253,8 @@ func (st *staging) restore(rc snapshot.RestoreConfig) (int64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("read the restored store's revision: %w", err)
 	}
-	if restoreHook != nil {
-		if err := restoreHook(st.dir, st.work); err != nil {
+	if h, ok := restoreHooks.Load(filepath.Clean(st.dir)); ok {
+		if err := h.(func(dataDir, work string) error)(st.dir, st.work); err != nil {
 			return 0, err
 		}
 	}

@@ -99,7 +99,7 @@ func TestRestoreStagesItsWork(t *testing.T) {
 			}
 			interrupted := errors.New("interrupted by the test")
 			var seen string
-			cluster.SetRestoreHook(t, func(dataDir, work string) error {
+			cluster.SetRestoreHook(t, target, func(dataDir, work string) error {
 				seen = work
 				if dataDir != target || !strings.HasPrefix(work, wantWork) || cluster.HasMember(target) || !cluster.HasMember(work) {
 					t.Errorf("while restoring: data dir %s (member: %v), work %s (member: %v); want the member in a work directory %s*",

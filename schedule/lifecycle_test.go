@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/droverhq/drover/schedule"
 )
@@ -36,8 +37,22 @@ func TestRunnerLifecycle(t *testing.T) {
 }
 
 // running returns the stacks of the goroutines that run this package's
-// code, other than the tests' own (nil: none).
+// code, other than the tests' own (nil: none). A goroutine whose deferred
+// wg.Done has let Stop return may still be on its way out, runnable: it is
+// looked for again, for at most 10 s, before it counts.
 func running() error {
+	var err error
+	for i := 0; i < 1000; i++ {
+		if err = runningNow(); err == nil {
+			return nil
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return err
+}
+
+// runningNow is running's one look at the goroutines' stacks.
+func runningNow() error {
 	buf := make([]byte, 1<<20)
 	buf = buf[:runtime.Stack(buf, true)]
 	var found []string
