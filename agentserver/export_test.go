@@ -55,3 +55,11 @@ func SetAfterRunClaim(f func()) (restore func()) {
 	afterRunClaim = f
 	return func() { afterRunClaim = old }
 }
+
+// SetBeforePruneCommit sets a function a keep_latest prune calls once it
+// has read what it keeps, before it writes, until restore is called.
+func SetBeforePruneCommit(f func()) (restore func()) {
+	old := beforePruneCommit
+	beforePruneCommit = f
+	return func() { beforePruneCommit = old }
+}

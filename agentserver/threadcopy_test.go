@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/droverhq/drover/agentserver"
 	"github.com/droverhq/drover/checkpoint"
 	"github.com/droverhq/drover/keyspace"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -196,5 +197,58 @@ func TestCopyLargeCheckpoints(t *testing.T) {
 	got, err := store.List(ctx, id, "", checkpoint.ListOptions{})
 	if err != nil || len(got) != 3 || len(got[0].State) != len(state) {
 		t.Fatalf("copy's checkpoints %d (%v): want the 3", len(got), err)
+	}
+}
+
+// TestPruneKeepsAConcurrentPatch: a metadata patch of a thread of the
+// previous layout (its history in its state record) made while a
+// keep_latest prune of it is under way is kept: the prune, which rewrites
+// that record, compares it, reads again and prunes what the patch left.
+func TestPruneKeepsAConcurrentPatch(t *testing.T) {
+	a := newAPI(t)
+	ctx := context.Background()
+	sp := keyspace.MustNew(a.ns)
+	th := a.must(200, "POST", "/threads", map[string]any{}).Obj["thread_id"].(string)
+	store, err := checkpoint.NewEtcd(a.cli, a.ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := store.Put(ctx, checkpoint.Checkpoint{ThreadID: th, Metadata: checkpoint.Metadata{Source: "input"}, State: []byte(`{}`)}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := store.Put(ctx, checkpoint.Checkpoint{ThreadID: th, ParentID: first.ID, Metadata: checkpoint.Metadata{Source: "loop"}, State: []byte(`{}`)}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	state := func(id, source string) map[string]any {
+		return map[string]any{"values": map[string]any{}, "next": []any{}, "tasks": []any{}, "metadata": map[string]any{"source": source},
+			"checkpoint": map[string]any{"thread_id": th, "checkpoint_ns": "", "checkpoint_id": id}}
+	}
+	raw, _ := json.Marshal(map[string]any{"state": state(second.ID, "loop"), "history": []any{state(second.ID, "loop"), state(first.ID, "input")}})
+	if _, err := a.cli.Put(ctx, sp.AgentThreadState(th), string(raw)); err != nil {
+		t.Fatal(err)
+	}
+	calls := 0
+	defer agentserver.SetBeforePruneCommit(func() {
+		if calls++; calls == 1 {
+			a.must(204, "PATCH", "/threads/"+th+"/state", map[string]any{"metadata": map[string]any{"label": "ok"}})
+		}
+	})()
+	if got := a.must(200, "POST", "/threads/prune", map[string]any{"thread_ids": []any{th}, "strategy": "keep_latest"}).Obj; got["pruned_count"] != float64(1) {
+		t.Fatalf("prune answered %v", got)
+	}
+	if calls != 2 {
+		t.Fatalf("the prune read %d times: want again after the patch", calls)
+	}
+	if md := a.must(200, "GET", "/threads/"+th+"/state", nil).Obj["metadata"].(map[string]any); md["label"] != "ok" {
+		t.Fatalf("state metadata after the prune %v: want the patch kept", md)
+	}
+	h := a.must(200, "POST", "/threads/"+th+"/history", map[string]any{}).List
+	if len(h) != 1 || h[0]["metadata"].(map[string]any)["label"] != "ok" {
+		t.Fatalf("history after the prune %v: want the latest state alone, patched", h)
+	}
+	if l, err := store.List(ctx, th, "", checkpoint.ListOptions{}); err != nil || len(l) != 1 || l[0].ID != second.ID {
+		t.Fatalf("checkpoints after keep_latest %v (%v): want the latest alone", l, err)
 	}
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/danielgtaylor/huma/v2"
 	"github.com/droverhq/drover/keyspace"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -33,51 +34,57 @@ func (s *server) pruneThread(ctx context.Context, id, strategy string) (bool, er
 		}
 		return err == nil, err
 	}
+	for range maxAttempts {
+		pruned, raced, err := s.pruneLatest(ctx, id)
+		if err != nil || !raced {
+			return pruned, err
+		}
+	}
+	return false, nil // changed under every attempt: left as it is
+}
+
+// beforePruneCommit, when set (by tests), is called once a keep_latest
+// prune has read what it keeps, before it writes.
+var beforePruneCommit func()
+
+// pruneLatest is one attempt of a keep_latest prune of thread id: raced
+// when the thread, a checkpoint it would delete or the state record it
+// rewrites changed since it read them (nothing pruned; read again).
+func (s *server) pruneLatest(ctx context.Context, id string) (pruned, raced bool, err error) {
 	sp, err := s.space(ctx)
 	if err != nil {
-		return false, err
+		return false, false, err
 	}
 	t, trev, err := s.getThread(ctx, id)
 	if isNotFound(err) || (err == nil && t.Status == "busy") {
-		return false, nil
+		return false, false, nil
 	}
 	if err != nil {
-		return false, err
+		return false, false, err
 	}
 	h, err := s.readHistory(ctx, sp, id, 1, false)
 	if err != nil {
-		return false, err
+		return false, false, err
 	}
 	resp, err := s.cfg.Etcd.Get(ctx, sp.Checkpoints(id), clientv3.WithPrefix())
 	if err != nil {
-		return false, etcdError("reading the thread's checkpoints", err)
-	}
-	heads := map[string]string{} // checkpoint namespace's key name: its head's id
-	for _, kv := range resp.Kvs {
-		if ns, ok := sp.CheckpointNSOfKey(id, string(kv.Key)); ok && string(kv.Key) == sp.CheckpointHead(id, keyspace.CheckpointNSName(ns)) {
-			heads[keyspace.CheckpointNSName(ns)] = string(kv.Value)
-		}
+		return false, false, etcdError("reading the thread's checkpoints", err)
 	}
 	// Every change compares the thread: a run admitted since (it marks
 	// the thread busy) makes the prune fail, and a prune that lost a race
-	// prunes nothing.
+	// prunes nothing. A state record of the previous layout, rewritten
+	// with its newest state alone, is compared too: a metadata patch of
+	// it since is kept, not undone.
 	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(sp.AgentThread(id)), "=", trev)}
-	ops := prunedHistory(sp, id, h)
-	for _, kv := range resp.Kvs {
-		ns, ok := sp.CheckpointNSOfKey(id, string(kv.Key))
-		if !ok {
-			continue
-		}
-		name := keyspace.CheckpointNSName(ns)
-		head, key := heads[name], string(kv.Key)
-		old := strings.HasPrefix(key, sp.CheckpointKeys(id, name)) && key != sp.CheckpointKey(id, name, head) ||
-			strings.HasPrefix(key, sp.CheckpointBase(id, name)+"writes/") && !keptWrites(key, sp.CheckpointWrites(id, name, head))
-		if old {
-			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(key), "=", kv.ModRevision))
-			ops = append(ops, clientv3.OpDelete(key))
-		}
+	if h.legacy && h.recKV != nil {
+		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(string(h.recKV.Key)), "=", h.recKV.ModRevision))
 	}
-	for lo := 0; lo < len(ops); lo += copyBatch { // the thread's compare guards the first batch, the latest checkpoints' keys the rest
+	ops := prunedHistory(sp, id, h)
+	cmps, ops = prunedCheckpoints(sp, id, resp.Kvs, cmps, ops)
+	if beforePruneCommit != nil {
+		beforePruneCommit()
+	}
+	for lo := 0; lo < len(ops); lo += copyBatch { // the first batch's compares guard the prune, the latest checkpoints' keys the rest
 		hi := min(lo+copyBatch, len(ops))
 		var batch []clientv3.Cmp
 		if lo == 0 {
@@ -92,13 +99,40 @@ func (s *server) pruneThread(ctx context.Context, id, strategy string) (bool, er
 		}
 		r, err := s.cfg.Etcd.Txn(ctx).If(batch...).Then(ops[lo:hi]...).Commit()
 		if err != nil {
-			return false, etcdError("pruning the thread", err)
+			return false, false, etcdError("pruning the thread", err)
 		}
 		if !r.Succeeded && lo == 0 {
-			return false, nil
+			return false, true, nil
 		}
 	}
-	return true, nil
+	return true, false, nil
+}
+
+// prunedCheckpoints adds to cmps and ops the deletes of thread id's
+// checkpoints (kvs, its checkpoint keys) but each namespace's head, with
+// the writes of those, each compared at the revision read.
+func prunedCheckpoints(sp keyspace.Space, id string, kvs []*mvccpb.KeyValue, cmps []clientv3.Cmp, ops []clientv3.Op) ([]clientv3.Cmp, []clientv3.Op) {
+	heads := map[string]string{} // checkpoint namespace's key name: its head's id
+	for _, kv := range kvs {
+		if ns, ok := sp.CheckpointNSOfKey(id, string(kv.Key)); ok && string(kv.Key) == sp.CheckpointHead(id, keyspace.CheckpointNSName(ns)) {
+			heads[keyspace.CheckpointNSName(ns)] = string(kv.Value)
+		}
+	}
+	for _, kv := range kvs {
+		ns, ok := sp.CheckpointNSOfKey(id, string(kv.Key))
+		if !ok {
+			continue
+		}
+		name := keyspace.CheckpointNSName(ns)
+		head, key := heads[name], string(kv.Key)
+		old := strings.HasPrefix(key, sp.CheckpointKeys(id, name)) && key != sp.CheckpointKey(id, name, head) ||
+			strings.HasPrefix(key, sp.CheckpointBase(id, name)+"writes/") && !keptWrites(key, sp.CheckpointWrites(id, name, head))
+		if old {
+			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(key), "=", kv.ModRevision))
+			ops = append(ops, clientv3.OpDelete(key))
+		}
+	}
+	return cmps, ops
 }
 
 // prunedHistory are the operations that keep only the newest state of
