@@ -34,6 +34,13 @@ if (!Number.isInteger(WARMUP) || WARMUP < 0) {
   console.error(`WARMUP must be a whole number of runs a client, not ${process.env.WARMUP}`);
   process.exit(2);
 }
+// BENCH_DURABILITY: the runs.wait runs' durability (LangGraph's async, sync or exit; unset: the
+// server's default, async), for experiments on what a run's checkpoints cost.
+const DURABILITY = process.env.BENCH_DURABILITY ?? "";
+if (DURABILITY && !["async", "sync", "exit"].includes(DURABILITY)) {
+  console.error(`BENCH_DURABILITY must be async, sync or exit, not ${DURABILITY}`);
+  process.exit(2);
+}
 const SIDS = (process.env.BENCH_CPU_SIDS ?? "").split(",").filter(Boolean).map(Number);
 /** Clock ticks a second (USER_HZ): 100 on Linux. */
 const HZ = 100;
@@ -64,7 +71,7 @@ const r2 = (x) => (x == null ? null : Math.round(x * 100) / 100);
 /** One run, waited for; throws unless its three nodes ran. */
 async function waitRun(thread) {
   const t0 = performance.now();
-  const v = await client.runs.wait(thread, "bench", { input });
+  const v = await client.runs.wait(thread, "bench", { input, ...(DURABILITY ? { durability: DURABILITY } : {}) });
   if (!v || typeof v.count !== "number" || v.count % 4 !== 0) throw new Error(`unexpected values ${JSON.stringify(v)}`);
   return performance.now() - t0;
 }

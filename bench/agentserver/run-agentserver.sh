@@ -17,6 +17,7 @@
 #   RUNTIMES=2 bash bench/agentserver/run-agentserver.sh   # two runtime processes share drover's runs
 #   PROCESSES=2 bash bench/agentserver/run-agentserver.sh  # one runtime, `serve --processes 2`
 #   RUNTIME_NODE_FLAGS=--max-semi-space-size=32 bash bench/agentserver/run-agentserver.sh  # node flags of the runtime
+#   BENCH_DURABILITY=exit bash bench/agentserver/run-agentserver.sh  # runs.wait's runs checkpoint at their end only (an experiment)
 #   SERVER_CPUS=2 bash bench/agentserver/run-agentserver.sh  # the server's GOMAXPROCS (default 1: see below)
 #   PROFILE_DIR=/tmp/prof ONLY=drover ROUNDS=1 bash bench/agentserver/run-agentserver.sh
 #     # also a 15 s CPU profile of `drover server` (pprof) and of the
