@@ -450,3 +450,31 @@ func TestRunEventsBadAreRefused(t *testing.T) {
 		t.Fatalf("run %v after refused outcomes, want running", r["status"])
 	}
 }
+
+// A start whose events are over one write's limit together (each under
+// its own) is refused before it takes the thread's lock: 413 naming the
+// limit, the lock never asked for, and the run then starts as usual.
+func TestRunStartRefusesTooManyEventBytesBeforeTheLock(t *testing.T) {
+	a := newAPI(t)
+	s := claimedRun(t, a, false)
+	locks := 0
+	defer agentserver.SetBeforeRunLock(func() { locks++ })()
+	big := strings.Repeat("x", 60<<10)
+	var events []any
+	for range 14 { // 14 × 60 KiB: over 768 KiB in all
+		events = append(events, ev("custom", big))
+	}
+	st := s.startWith(a, s.token, events)
+	if st.Status != 413 || !strings.Contains(string(st.Raw), "smaller parts") {
+		t.Fatalf("start with %d KiB of events: %d %s, want 413 naming the limit", 14*60, st.Status, st.Raw)
+	}
+	if locks != 0 {
+		t.Fatalf("the refused start asked for the lock %d times, want none", locks)
+	}
+	if got := lockHolder(a, s.th); got != 0 {
+		t.Fatalf("lock held with token %d after a refused start, want it free", got)
+	}
+	if st := s.startWith(a, s.token, events[:2]); st.Status != 200 || st.Obj["lock"] == nil {
+		t.Fatalf("start after the refusal: %d %s, want the lock", st.Status, st.Raw)
+	}
+}
