@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/droverhq/drover/agentserver"
 	"github.com/droverhq/drover/checkpoint"
@@ -208,15 +209,7 @@ func TestPruneKeepsAConcurrentPatch(t *testing.T) {
 	a := newAPI(t)
 	ctx := context.Background()
 	sp := keyspace.MustNew(a.ns)
-	th := a.must(200, "POST", "/threads", map[string]any{}).Obj["thread_id"].(string)
-	store, err := checkpoint.NewEtcd(a.cli, a.ns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	first, err := store.Put(ctx, checkpoint.Checkpoint{ThreadID: th, Metadata: checkpoint.Metadata{Source: "input"}, State: []byte(`{}`)}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	th, store, first := threadWithInput(t, a)
 	second, err := store.Put(ctx, checkpoint.Checkpoint{ThreadID: th, ParentID: first.ID, Metadata: checkpoint.Metadata{Source: "loop"}, State: []byte(`{}`)}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -251,4 +244,72 @@ func TestPruneKeepsAConcurrentPatch(t *testing.T) {
 	if l, err := store.List(ctx, th, "", checkpoint.ListOptions{}); err != nil || len(l) != 1 || l[0].ID != second.ID {
 		t.Fatalf("checkpoints after keep_latest %v (%v): want the latest alone", l, err)
 	}
+}
+
+// TestCopySweepsACrashedCopy: a copy leaves no mark behind; the keys of a
+// copy interrupted by a crash (its mark older than ten minutes, no thread
+// of its id) are deleted by the next copy, with the mark; a younger
+// mark's keys, and those of a thread that exists, are left alone.
+func TestCopySweepsACrashedCopy(t *testing.T) {
+	a := newAPI(t)
+	ctx := context.Background()
+	sp := keyspace.MustNew(a.ns)
+	th, _, _ := threadWithInput(t, a)
+	orphan := func(id string, age time.Duration) {
+		mark, _ := json.Marshal(map[string]any{"from": th, "started_at": time.Now().Add(-age)})
+		for k, v := range map[string]string{sp.Checkpoints(id) + "x": "1", sp.AgentThreadHistory(id) + "states/1": "{}", sp.AgentThreadCopy(id): string(mark)} {
+			if _, err := a.cli.Put(ctx, k, v); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	count := func(prefix string) int64 {
+		r, err := a.cli.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.Count
+	}
+	crashed, young := "00000000-0000-4000-8000-0000000000aa", "00000000-0000-4000-8000-0000000000bb"
+	orphan(crashed, time.Hour)
+	orphan(young, time.Minute)
+	old, _ := json.Marshal(map[string]any{"from": th, "started_at": time.Now().Add(-time.Hour)})
+	if _, err := a.cli.Put(ctx, sp.AgentThreadCopy(th), string(old)); err != nil { // a thread that exists
+		t.Fatal(err)
+	}
+
+	cp := a.must(200, "POST", "/threads/"+th+"/copy", nil).Obj["thread_id"].(string)
+	if n := count(sp.AgentThreadCopy(cp)); n != 0 {
+		t.Fatalf("the copy left its mark (%d keys)", n)
+	}
+	if n := count(sp.Checkpoints(crashed)) + count(sp.AgentThreadHistory(crashed)) + count(sp.AgentThreadCopy(crashed)); n != 0 {
+		t.Fatalf("%d keys of a copy crashed an hour ago are left: want none", n)
+	}
+	if n := count(sp.Checkpoints(young)) + count(sp.AgentThreadHistory(young)) + count(sp.AgentThreadCopy(young)); n != 3 {
+		t.Fatalf("%d keys of a copy marked a minute ago are left: want its 3", n)
+	}
+	if n := count(sp.Checkpoints(th)); n == 0 {
+		t.Fatalf("the copied thread's checkpoints were swept")
+	}
+	if n := count(sp.AgentThreadCopy(th)); n != 0 {
+		t.Fatalf("an old mark of a thread that exists was kept: want it deleted alone")
+	}
+	a.must(200, "GET", "/threads/"+th, nil)
+	a.must(200, "GET", "/threads/"+cp, nil)
+}
+
+// threadWithInput makes a thread with one checkpoint in the checkpoint
+// store, its input, and answers them with the store.
+func threadWithInput(t *testing.T, a *api) (string, *checkpoint.Etcd, checkpoint.Checkpoint) {
+	t.Helper()
+	th := a.must(200, "POST", "/threads", map[string]any{}).Obj["thread_id"].(string)
+	store, err := checkpoint.NewEtcd(a.cli, a.ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := store.Put(context.Background(), checkpoint.Checkpoint{ThreadID: th, Metadata: checkpoint.Metadata{Source: "input"}, State: []byte(`{}`)}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return th, store, first
 }

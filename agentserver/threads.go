@@ -279,7 +279,8 @@ const copyBatchBytes = 1 << 20
 // thread ids and metadata), and its state and history; not its runs. The
 // checkpoints are written first, under the new id that nothing reads
 // yet, then the thread and its state in one transaction; a copy that
-// fails takes its checkpoints back.
+// fails takes its checkpoints back, and one interrupted by a crash is
+// swept by a later copy (sweepCopies).
 func (s *server) copyThread(ctx context.Context, id string) (Thread, error) {
 	sp, err := s.space(ctx)
 	if err != nil {
@@ -300,9 +301,14 @@ func (s *server) copyThread(ctx context.Context, id string) (Thread, error) {
 		t.Metadata[k] = v
 	}
 	t.Metadata["thread_id"] = t.ThreadID
+	s.sweepCopies(ctx, sp)
+	if err := s.markCopy(ctx, sp, id, t.ThreadID); err != nil {
+		return Thread{}, err
+	}
 	undo := func() {
 		_, _ = s.cfg.Etcd.Delete(context.WithoutCancel(ctx), sp.Checkpoints(t.ThreadID), clientv3.WithPrefix())
 		_, _ = s.cfg.Etcd.Delete(context.WithoutCancel(ctx), sp.AgentThreadHistory(t.ThreadID), clientv3.WithPrefix())
+		_, _ = s.cfg.Etcd.Delete(context.WithoutCancel(ctx), sp.AgentThreadCopy(t.ThreadID))
 	}
 	if err := s.copyCheckpoints(ctx, sp, id, t.ThreadID); err != nil {
 		undo()
@@ -320,7 +326,8 @@ func (s *server) copyThread(ctx context.Context, id string) (Thread, error) {
 	sraw, _ := json.Marshal(copiedState(h.rec.State, id, t.ThreadID))
 	traw, _ := json.Marshal(t)
 	tkey := sp.AgentThread(t.ThreadID)
-	ops := []clientv3.Op{clientv3.OpPut(tkey, string(traw)), clientv3.OpPut(sp.AgentThreadState(t.ThreadID), recordJSON(sraw))}
+	ops := []clientv3.Op{clientv3.OpPut(tkey, string(traw)), clientv3.OpPut(sp.AgentThreadState(t.ThreadID), recordJSON(sraw)),
+		clientv3.OpDelete(sp.AgentThreadCopy(t.ThreadID))}
 	if h.gap {
 		ops = append(ops, clientv3.OpPut(sp.AgentThreadHistoryGap(t.ThreadID), "1"))
 	}
@@ -421,4 +428,65 @@ func withThreadID(cp any, to string) any {
 	}
 	out["thread_id"] = to
 	return out
+}
+
+// A copy of a thread writes its checkpoints and history under the new id
+// in several transactions before the one that creates the thread. A
+// server that crashes between them would leave those keys under an id no
+// thread has, which nothing reads and nothing deletes. So a copy first
+// writes a mark naming the new id, and the transaction that creates the
+// thread deletes it: a mark older than copyOrphanAge names a copy that
+// was interrupted, and the next copy, on any member, deletes its keys.
+
+// copyOrphanAge is how old a copy's mark must be before its keys are
+// taken for a crashed copy's: longer than any copy runs (a copy's route
+// is bounded far below it).
+const copyOrphanAge = 10 * time.Minute
+
+// maxCopySweep bounds the marks one copy examines.
+const maxCopySweep = 16
+
+// copyMark is the value of a copy's mark.
+type copyMark struct {
+	From      string    `json:"from"`
+	StartedAt time.Time `json:"started_at"`
+}
+
+// markCopy writes the mark of the copy of thread from to thread to.
+func (s *server) markCopy(ctx context.Context, sp keyspace.Space, from, to string) error {
+	raw, _ := json.Marshal(copyMark{From: from, StartedAt: s.now()})
+	if _, err := s.cfg.Etcd.Put(ctx, sp.AgentThreadCopy(to), string(raw)); err != nil {
+		return etcdError("marking the copy", err)
+	}
+	return nil
+}
+
+// sweepCopies deletes the keys of copies interrupted by a crash: those
+// whose marks are older than copyOrphanAge, when no thread of their id
+// exists, each with its mark in one transaction (a mark whose thread
+// exists is deleted alone). It answers how many it
+// deleted; an error is left for the next sweep (the copy goes on).
+func (s *server) sweepCopies(ctx context.Context, sp keyspace.Space) int {
+	resp, err := s.cfg.Etcd.Get(ctx, sp.AgentThreadCopies(), clientv3.WithPrefix(), clientv3.WithLimit(maxCopySweep))
+	if err != nil {
+		return 0
+	}
+	swept := 0
+	for _, kv := range resp.Kvs {
+		var m copyMark
+		if json.Unmarshal(kv.Value, &m) == nil && s.now().Sub(m.StartedAt) < copyOrphanAge {
+			continue
+		}
+		id := strings.TrimPrefix(string(kv.Key), sp.AgentThreadCopies())
+		// A mark whose thread exists (never left by a copy) goes alone.
+		r, err := s.cfg.Etcd.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(string(kv.Key)), "=", kv.ModRevision)).Then(
+			clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(sp.AgentThread(id)), "=", 0)},
+				[]clientv3.Op{clientv3.OpDelete(sp.Checkpoints(id), clientv3.WithPrefix()), clientv3.OpDelete(sp.AgentThreadHistory(id), clientv3.WithPrefix())}, nil),
+			clientv3.OpDelete(string(kv.Key)),
+		).Commit()
+		if err == nil && r.Succeeded {
+			swept++
+		}
+	}
+	return swept
 }

@@ -26,6 +26,14 @@ func (s Space) AgentThreads() string { return s.root + "agent-server/threads/" }
 // AgentThread is the key of thread id.
 func (s Space) AgentThread(id string) string { return s.AgentThreads() + id }
 
+// AgentThreadCopies is the prefix of the marks of thread copies under
+// way: a copy writes its mark first and deletes it with the thread it
+// creates, so that a mark left behind names a copy interrupted by a crash.
+func (s Space) AgentThreadCopies() string { return s.root + "agent-server/copies/" }
+
+// AgentThreadCopy is the mark of the copy to thread id.
+func (s Space) AgentThreadCopy(id string) string { return s.AgentThreadCopies() + id }
+
 // AgentServer is the prefix of all the Agent Server's keys of the space.
 func (s Space) AgentServer() string { return s.root + "agent-server/" }
 
