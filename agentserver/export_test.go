@@ -63,3 +63,11 @@ func SetBeforePruneCommit(f func()) (restore func()) {
 	beforePruneCommit = f
 	return func() { beforePruneCommit = old }
 }
+
+// SetAfterCopyCheckpoints sets a function a copy calls with the new
+// thread's id once it wrote its checkpoints, until restore is called.
+func SetAfterCopyCheckpoints(f func(id string)) (restore func()) {
+	old := afterCopyCheckpoints
+	afterCopyCheckpoints = f
+	return func() { afterCopyCheckpoints = old }
+}

@@ -313,3 +313,36 @@ func threadWithInput(t *testing.T, a *api) (string, *checkpoint.Etcd, checkpoint
 	}
 	return th, store, first
 }
+
+// TestCopySweptWhileItRunsFails: a copy taken for a crashed one while it
+// still runs (its mark made to look an hour old, another copy sweeping)
+// fails with 409 and creates no thread, rather than one without its
+// checkpoints; a copy after it succeeds.
+func TestCopySweptWhileItRunsFails(t *testing.T) {
+	a := newAPI(t)
+	ctx := context.Background()
+	sp := keyspace.MustNew(a.ns)
+	th, _, _ := threadWithInput(t, a)
+	other, _, _ := threadWithInput(t, a)
+	swept := false
+	restore := agentserver.SetAfterCopyCheckpoints(func(id string) {
+		if swept {
+			return
+		}
+		swept = true
+		old, _ := json.Marshal(map[string]any{"from": th, "started_at": time.Now().Add(-time.Hour)})
+		if _, err := a.cli.Put(ctx, sp.AgentThreadCopy(id), string(old)); err != nil {
+			t.Error(err)
+		}
+		a.must(200, "POST", "/threads/"+other+"/copy", nil) // sweeps the mark it finds an hour old
+	})
+	defer restore()
+	if got := a.do("POST", "/threads/"+th+"/copy", nil); got.Status != 409 {
+		t.Fatalf("a copy swept while it ran: %d %s, want 409", got.Status, got.Raw)
+	}
+	restore()
+	if n := a.must(200, "POST", "/threads/search", map[string]any{"limit": 100}).List; len(n) != 3 {
+		t.Fatalf("%d threads after the swept copy: want the two and the other's copy", len(n))
+	}
+	a.must(200, "POST", "/threads/"+th+"/copy", nil)
+}

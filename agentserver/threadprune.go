@@ -40,7 +40,7 @@ func (s *server) pruneThread(ctx context.Context, id, strategy string) (bool, er
 			return pruned, err
 		}
 	}
-	return false, nil // changed under every attempt: left as it is
+	return false, errRaced("the thread") // changed under every attempt: left as it is
 }
 
 // beforePruneCommit, when set (by tests), is called once a keep_latest

@@ -302,24 +302,30 @@ func (s *server) copyThread(ctx context.Context, id string) (Thread, error) {
 	}
 	t.Metadata["thread_id"] = t.ThreadID
 	s.sweepCopies(ctx, sp)
-	if err := s.markCopy(ctx, sp, id, t.ThreadID); err != nil {
+	// Every write of the copy compares its mark: a copy swept as a
+	// crashed one (a member's clock far ahead) fails, rather than
+	// creating a thread without its checkpoints.
+	marked, err := s.markCopy(ctx, sp, id, t.ThreadID)
+	if err != nil {
 		return Thread{}, err
 	}
-	undo := func() {
-		_, _ = s.cfg.Etcd.Delete(context.WithoutCancel(ctx), sp.Checkpoints(t.ThreadID), clientv3.WithPrefix())
-		_, _ = s.cfg.Etcd.Delete(context.WithoutCancel(ctx), sp.AgentThreadHistory(t.ThreadID), clientv3.WithPrefix())
-		_, _ = s.cfg.Etcd.Delete(context.WithoutCancel(ctx), sp.AgentThreadCopy(t.ThreadID))
+	undo := func() { // the mark last, in one transaction: no key is left unmarked
+		_, _ = s.cfg.Etcd.Txn(context.WithoutCancel(ctx)).Then(clientv3.OpDelete(sp.Checkpoints(t.ThreadID), clientv3.WithPrefix()),
+			clientv3.OpDelete(sp.AgentThreadHistory(t.ThreadID), clientv3.WithPrefix()), clientv3.OpDelete(sp.AgentThreadCopy(t.ThreadID))).Commit()
 	}
-	if err := s.copyCheckpoints(ctx, sp, id, t.ThreadID); err != nil {
+	if err := s.copyCheckpoints(ctx, sp, id, t.ThreadID, marked); err != nil {
 		undo()
 		return Thread{}, err
+	}
+	if afterCopyCheckpoints != nil {
+		afterCopyCheckpoints(t.ThreadID)
 	}
 	var hist [][2]string // the history's keys and values, at the positions from historyBase on
 	for i, st := range h.states[:min(len(h.states), maxHistoryKept)] {
 		raw, _ := json.Marshal(copiedState(st, id, t.ThreadID))
 		hist = append(hist, [2]string{sp.AgentThreadHistoryState(t.ThreadID, historyBase+uint64(i)), string(raw)})
 	}
-	if err := s.putBatches(ctx, sp, "copying the thread's history", hist); err != nil {
+	if err := s.putBatches(ctx, sp, "copying the thread's history", hist, marked); err != nil {
 		undo()
 		return Thread{}, err
 	}
@@ -331,14 +337,14 @@ func (s *server) copyThread(ctx context.Context, id string) (Thread, error) {
 	if h.gap {
 		ops = append(ops, clientv3.OpPut(sp.AgentThreadHistoryGap(t.ThreadID), "1"))
 	}
-	put, err := s.cfg.Etcd.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(tkey), "=", 0), storeguard.NotFull(sp)).
+	put, err := s.cfg.Etcd.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(tkey), "=", 0), storeguard.NotFull(sp), marked).
 		Then(ops...).Else(storeguard.GetOp(sp)).Commit()
 	switch {
 	case err != nil:
 		err = etcdError("creating the copy", err)
 	case !put.Succeeded:
 		if err = guardOf(put, 0); err == nil {
-			err = errRaced("the copy's id")
+			err = errRaced("the copy's id or mark")
 		}
 	}
 	if err != nil {
@@ -351,7 +357,7 @@ func (s *server) copyThread(ctx context.Context, id string) (Thread, error) {
 // copyCheckpoints writes thread from's checkpoint keys under thread to,
 // the id from replaced by to in their values, in batches; not its fence
 // nor a request to stop its run.
-func (s *server) copyCheckpoints(ctx context.Context, sp keyspace.Space, from, to string) error {
+func (s *server) copyCheckpoints(ctx context.Context, sp keyspace.Space, from, to string, marked clientv3.Cmp) error {
 	resp, err := s.cfg.Etcd.Get(ctx, sp.Checkpoints(from), clientv3.WithPrefix())
 	if err != nil {
 		return etcdError("reading the thread's checkpoints", err)
@@ -364,25 +370,29 @@ func (s *server) copyCheckpoints(ctx context.Context, sp keyspace.Space, from, t
 		}
 		kvs = append(kvs, [2]string{sp.Checkpoints(to) + rest, strings.ReplaceAll(string(kv.Value), from, to)})
 	}
-	return s.putBatches(ctx, sp, "copying the thread's checkpoints", kvs)
+	return s.putBatches(ctx, sp, "copying the thread's checkpoints", kvs, marked)
 }
 
 // putBatches puts kvs (key, value), in transactions of at most copyBatch
-// keys and copyBatchBytes bytes, each while the store is not full.
-func (s *server) putBatches(ctx context.Context, sp keyspace.Space, what string, kvs [][2]string) error {
+// keys and copyBatchBytes bytes, each while the store is not full and
+// the copy's mark is as written (marked).
+func (s *server) putBatches(ctx context.Context, sp keyspace.Space, what string, kvs [][2]string, marked clientv3.Cmp) error {
 	var ops []clientv3.Op
 	size := 0 // the bytes of ops' keys and values
 	flush := func() error {
 		if len(ops) == 0 {
 			return nil
 		}
-		put, err := s.cfg.Etcd.Txn(ctx).If(storeguard.NotFull(sp)).Then(ops...).Else(storeguard.GetOp(sp)).Commit()
+		put, err := s.cfg.Etcd.Txn(ctx).If(storeguard.NotFull(sp), marked).Then(ops...).Else(storeguard.GetOp(sp)).Commit()
 		ops, size = ops[:0], 0
 		if err != nil {
 			return etcdError(what, err)
 		}
 		if !put.Succeeded {
-			return guardOf(put, 0)
+			if err := guardOf(put, 0); err != nil {
+				return err
+			}
+			return huma.NewError(http.StatusConflict, what+": the copy was taken for one interrupted by a crash (its mark is gone); retry")
 		}
 		return nil
 	}
@@ -438,13 +448,18 @@ func withThreadID(cp any, to string) any {
 // thread deletes it: a mark older than copyOrphanAge names a copy that
 // was interrupted, and the next copy, on any member, deletes its keys.
 
-// copyOrphanAge is how old a copy's mark must be before its keys are
-// taken for a crashed copy's: longer than any copy runs (a copy's route
-// is bounded far below it).
+// copyOrphanAge is how old a copy's mark must be, by the clock of the
+// member that sweeps, before its keys are taken for a crashed copy's:
+// longer than a copy runs. A copy swept while it still runs (a clock far
+// ahead, a request timeout past it) fails, as its writes compare its mark.
 const copyOrphanAge = 10 * time.Minute
 
 // maxCopySweep bounds the marks one copy examines.
 const maxCopySweep = 16
+
+// afterCopyCheckpoints, when set (by tests), is called once a copy to
+// thread id wrote its checkpoints.
+var afterCopyCheckpoints func(id string)
 
 // copyMark is the value of a copy's mark.
 type copyMark struct {
@@ -452,13 +467,16 @@ type copyMark struct {
 	StartedAt time.Time `json:"started_at"`
 }
 
-// markCopy writes the mark of the copy of thread from to thread to.
-func (s *server) markCopy(ctx context.Context, sp keyspace.Space, from, to string) error {
+// markCopy writes the mark of the copy of thread from to thread to, and
+// answers the compare that holds while the mark is as written.
+func (s *server) markCopy(ctx context.Context, sp keyspace.Space, from, to string) (clientv3.Cmp, error) {
 	raw, _ := json.Marshal(copyMark{From: from, StartedAt: s.now()})
-	if _, err := s.cfg.Etcd.Put(ctx, sp.AgentThreadCopy(to), string(raw)); err != nil {
-		return etcdError("marking the copy", err)
+	key := sp.AgentThreadCopy(to)
+	put, err := s.cfg.Etcd.Put(ctx, key, string(raw))
+	if err != nil {
+		return clientv3.Cmp{}, etcdError("marking the copy", err)
 	}
-	return nil
+	return clientv3.Compare(clientv3.ModRevision(key), "=", put.Header.Revision), nil
 }
 
 // sweepCopies deletes the keys of copies interrupted by a crash: those
@@ -474,8 +492,8 @@ func (s *server) sweepCopies(ctx context.Context, sp keyspace.Space) int {
 	swept := 0
 	for _, kv := range resp.Kvs {
 		var m copyMark
-		if json.Unmarshal(kv.Value, &m) == nil && s.now().Sub(m.StartedAt) < copyOrphanAge {
-			continue
+		if json.Unmarshal(kv.Value, &m) != nil || s.now().Sub(m.StartedAt) < copyOrphanAge {
+			continue // young, or not a mark this server wrote: left alone
 		}
 		id := strings.TrimPrefix(string(kv.Key), sp.AgentThreadCopies())
 		// A mark whose thread exists (never left by a copy) goes alone.

@@ -13,7 +13,8 @@ import (
 
 // TestRunnerLifecycle: a Runner's Stop is safe before Start and twice; a
 // Start after Stop starts nothing; a started runner's goroutines (its due
-// indexes, the namespaces' watch) have all ended when Stop returns.
+// indexes, the namespaces' watch) all end once Stop returns (each may
+// still be leaving, past its deferred Done, when it does).
 func TestRunnerLifecycle(t *testing.T) {
 	c, _, _ := newClient(t)
 	ctx := context.Background()
