@@ -13,7 +13,10 @@
  * (`Last-Event-ID`), so the stops meanwhile come then, from whichever
  * server answers. When the server cannot resume (etcd compacted that
  * revision away) the tasks watched are read once. A server without the
- * route (404, an older drover) gets the old per-run reads instead.
+ * route (404, an older drover) gets the old per-run reads instead, and the
+ * stream is asked for again every while (`routeRetryMs`): once a member
+ * that serves it answers (a rolling upgrade), the stream takes over and the
+ * tasks watched are read once.
  */
 import { ConnectionError, DroverError, GoneError, NotFoundError } from "./errors.js";
 import { sleep } from "./http.js";
@@ -51,6 +54,8 @@ export interface RunStopsOptions {
   fallback?: (taskId: string, onStop: (stop: RunStop) => void) => () => void;
   /** The fallback's interval with few tasks (default 250 ms). */
   fallbackPollMs?: number;
+  /** After a 404, how long until the stream is asked for again (default 60000 ms). */
+  routeRetryMs?: number;
   /** Seconds between the server's keepalives (default 5); a stream silent for three of them is reopened. */
   keepaliveS?: number;
   /** The longest wait before reopening a broken stream (default 5000 ms; it starts at 100 ms and doubles). */
@@ -117,7 +122,7 @@ export class RunStops {
     this.loop = this.run();
   }
 
-  /** "live": the stream is open and every stop after its revision comes; "fallback": the server has none; "connecting"; "closed". */
+  /** "live": the stream is open and every stop after its revision comes; "fallback": the server had none when last asked; "connecting"; "closed". */
   get state(): "live" | "connecting" | "fallback" | "closed" {
     return this.mode === "stream" ? (this.live ? "live" : "connecting") : this.mode;
   }
@@ -239,22 +244,25 @@ export class RunStops {
     };
   }
 
-  /** Opens the stream, and again whenever it breaks, until close or a 404. */
+  /** Opens the stream, and again whenever it breaks, until close; after a 404, every routeRetryMs. */
   private async run(): Promise<void> {
     let backoff = 100;
     const signal = this.ac.signal;
-    while (this.mode === "stream") {
+    while (this.mode !== "closed") {
       try {
         await this.follow();
         backoff = 100; // it was live: the next opening is at once, after a short wait
       } catch (err) {
         if (signal.aborted) return;
         if (err instanceof NotFoundError) {
-          this.mode = "fallback";
-          this.live = false;
-          for (const [id, w] of this.watched) this.startFallback(id, w);
-          this.wake();
-          return;
+          if (this.mode === "stream") {
+            this.mode = "fallback";
+            this.live = false;
+            for (const [id, w] of this.watched) this.startFallback(id, w);
+            this.wake();
+          }
+          await sleep(this.opts.routeRetryMs ?? 60_000, signal).catch(() => {});
+          continue;
         }
         if (err instanceof GoneError || (err instanceof DroverError && err.status === 400 && this.last !== undefined)) {
           this.reset(); // the revision is gone (or unknown to this store): a fresh stream, and the tasks read
@@ -266,6 +274,17 @@ export class RunStops {
       await sleep(backoff * (0.5 + Math.random() / 2), signal).catch(() => {});
       backoff = Math.min(this.opts.maxBackoffMs ?? 5000, backoff * 2);
     }
+  }
+
+  /** The stream is live after the fallback: it takes the tasks watched over, each read once (what happened before it is unknown). */
+  private leaveFallback(): void {
+    this.mode = "stream";
+    for (const w of this.watched.values()) {
+      w.stopFallback?.();
+      w.stopFallback = undefined;
+      w.unsure = true;
+    }
+    this.checkUnsure();
   }
 
   /** Forgets the revision reached: the next stream starts afresh, and reads the tasks watched. */
@@ -305,7 +324,8 @@ export class RunStops {
           this.stopped({ task_id: data.task_id, run_id: data.run_id ?? data.task_id, revision: data.revision ?? 0 });
         } else if (ev.event === "ready") {
           this.live = true;
-          if (!data.resumed) this.checkUnsure();
+          if (this.mode === "fallback") this.leaveFallback();
+          else if (!data.resumed) this.checkUnsure();
           this.wake();
         } else if (ev.event === "end" && data.reason === "compacted") {
           this.reset();

@@ -2,8 +2,9 @@
 // stream (GET /v1/agent-server/runs/stops), against a real drover server:
 // a cancel reaches the runtime with no read of its task, a stop before the
 // watch is remembered, a cut connection resumes with the stops meanwhile,
-// a restarted server's stream goes on after the revision reached, and a
-// server without the route (404) gets the per-task reads instead.
+// a restarted server's stream goes on after the revision reached, a
+// server without the route (404) gets the per-task reads instead, and one
+// that serves it later (upgraded) has the stream take over.
 import { test, after, before } from "node:test";
 import assert from "node:assert/strict";
 import { Drover } from "../dist/index.js";
@@ -21,7 +22,10 @@ before(async () => {
 });
 after(async () => srv.release());
 
-/** A fetch that counts the reads of tasks of the runs queue (and may answer the stops route 404, as an older server). */
+/**
+ * A fetch that counts the reads of tasks of the runs queue (and may answer the stops route 404, as an
+ * older server: noStops true for every opening, or a number for the first that many).
+ */
 function counting({ noStops = false } = {}) {
   const c = { taskReads: 0, stopsOpened: 0 };
   c.fetch = async (url, init) => {
@@ -29,7 +33,7 @@ function counting({ noStops = false } = {}) {
     if (u.pathname.startsWith("/v1/queues/langgraph/tasks/") && (init?.method ?? "GET") === "GET") c.taskReads++;
     if (u.pathname === "/v1/agent-server/runs/stops") {
       c.stopsOpened++;
-      if (noStops) return new Response(JSON.stringify({ title: "Not Found", status: 404, detail: "no such route" }), { status: 404, headers: { "Content-Type": "application/problem+json" } });
+      if (noStops === true || c.stopsOpened <= noStops) return new Response(JSON.stringify({ title: "Not Found", status: 404, detail: "no such route" }), { status: 404, headers: { "Content-Type": "application/problem+json" } });
     }
     return fetch(url, init);
   };
@@ -42,10 +46,10 @@ function counting({ noStops = false } = {}) {
  * stops, and ends when its stop comes. started(id) resolves once task id
  * runs; stopped(id) with its stop.
  */
-async function setup(t, stopsDrover, ns, url = srv.url) {
+async function setup(t, stopsDrover, ns, url = srv.url, opts = {}) {
   const d = new Drover({ url, namespace: ns });
   await d.transport.put("/v1/agent-server/graphs/agent", {});
-  const stops = new RunStops({ drover: stopsDrover, keepaliveS: 1 });
+  const stops = new RunStops({ drover: stopsDrover, keepaliveS: 1, ...opts });
   const started = new Map();
   const stoppedOf = new Map();
   const waiter = (m, id) => {
@@ -150,6 +154,25 @@ test("RunStops: a server without the route (404) gets the per-task reads", async
   assert.equal(stop.revision, 0, "seen by a read");
   assert.equal(c.stopsOpened, 1, "the stream was not asked for again");
   assert.equal(s.stops.stats.fallbacks, 1);
+});
+
+test("RunStops: a server that serves the route after a 404 (upgraded) has the stream take over", async (t) => {
+  const ns = uniq("stops");
+  const c = counting({ noStops: 2 }); // the first two openings: 404, as an older member
+  const s = await setup(t, new Drover({ url: srv.url, namespace: ns, fetch: c.fetch }), ns, srv.url, { routeRetryMs: 300 });
+  await withTimeout(s.stops.ready(), 10_000, "the 404 was not seen");
+  const r = await s.run();
+  await withTimeout(s.started(r.id), 20_000, "the run did not start");
+  await until(() => s.stops.state === "live", 20_000, `the stream did not take over (state ${s.stops.state}, ${c.stopsOpened} opened)`);
+  assert.ok(c.stopsOpened >= 3, `${c.stopsOpened} streams asked for`);
+  assert.equal(s.stops.stats.fallbacks, 1, "the run was watched by the fallback first");
+  // Taken over, the run is read once more at most (what happened before the stream is unknown), then no more.
+  const reads = c.taskReads;
+  await new Promise((r) => setTimeout(r, 1_500)); // the fallback would have read it about six times by now
+  assert.ok(c.taskReads <= reads + 1, `${c.taskReads - reads} reads of the task after the stream took over: the fallback still polls`);
+  await s.cancel(r);
+  const stop = await withTimeout(s.stopped(r.id), 10_000, "the stream did not bring the cancel");
+  assert.ok(stop.revision > 0, "the stop came from the stream, not a read");
 });
 
 /** A drover server of its own on a data dir it keeps: restart() stops it (SIGTERM) and starts it again on the same ports. */
