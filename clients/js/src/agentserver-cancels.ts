@@ -54,7 +54,7 @@ export interface RunStopsOptions {
   fallback?: (taskId: string, onStop: (stop: RunStop) => void) => () => void;
   /** The fallback's interval with few tasks (default 250 ms). */
   fallbackPollMs?: number;
-  /** After a 404, how long until the stream is asked for again (default 60000 ms). */
+  /** After a 404, how long until the stream is asked for again (default 60000 ms, at least 1000; each wait 75 to 125 % of it, so that runtimes spread out). */
   routeRetryMs?: number;
   /** Seconds between the server's keepalives (default 5); a stream silent for three of them is reopened. */
   keepaliveS?: number;
@@ -261,7 +261,8 @@ export class RunStops {
             for (const [id, w] of this.watched) this.startFallback(id, w);
             this.wake();
           }
-          await sleep(this.opts.routeRetryMs ?? 60_000, signal).catch(() => {});
+          const retry = Math.max(1_000, this.opts.routeRetryMs ?? 60_000);
+          await sleep(retry * (0.75 + Math.random() / 2), signal).catch(() => {});
           continue;
         }
         if (err instanceof GoneError || (err instanceof DroverError && err.status === 400 && this.last !== undefined)) {
