@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/droverhq/drover"
 	"github.com/droverhq/drover/checkpoint"
 	"github.com/droverhq/drover/keyspace"
 	"github.com/droverhq/drover/lease"
@@ -175,6 +176,69 @@ func (s *Server) putCheckpoint(ctx context.Context, in *putCheckpointInput) (*st
 	return &struct{ Body CheckpointPut }{CheckpointPut{ThreadID: cp.ThreadID, NS: cp.NS, ID: cp.ID, ParentID: cp.ParentID, Token: cp.Token, CreatedAt: cp.CreatedAt}}, nil
 }
 
+func (s *Server) putCheckpointChain(ctx context.Context, in *putChainInput) (*struct{ Body CheckpointChainPut }, error) {
+	b := in.Body
+	links := make([]checkpoint.Link, len(b.Checkpoints))
+	for i, l := range b.Checkpoints {
+		at := fmt.Sprintf("body.checkpoints[%d].", i)
+		if err := checkNames(in.Thread, b.NS, "body.checkpoint_ns", map[string]string{at + "checkpoint_id": l.ID, at + "parent_checkpoint_id": l.ParentID}); err != nil {
+			return nil, err
+		}
+		if len(l.State.Bytes()) > checkpoint.MaxState {
+			return nil, invalid(at+"state", fmt.Sprintf("%d bytes", len(l.State.Bytes())),
+				fmt.Sprintf("must be at most %d bytes in etcd: keep large state in PostgreSQL or an object store", checkpoint.MaxState))
+		}
+		writes, err := taskWrites(at+"parent_writes", l.ParentWrites)
+		if err != nil {
+			return nil, err
+		}
+		links[i] = checkpoint.Link{Checkpoint: checkpoint.Checkpoint{ThreadID: in.Thread, NS: b.NS, ID: l.ID, ParentID: l.ParentID,
+			Metadata: checkpoint.MetadataOf(l.Metadata), State: l.State.Bytes()}, ParentWrites: writes}
+	}
+	last, err := taskWrites("body.writes", b.Writes)
+	if err != nil {
+		return nil, err
+	}
+	f, err := s.fence(ctx, fenceFields{b.Lock, b.Session, b.Token})
+	if err != nil {
+		return nil, err
+	}
+	store, err := s.checkpointStore(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var cps []checkpoint.Checkpoint
+	err = s.fencedWrite(ctx, f, func(f checkpoint.Fence) (err error) {
+		cps, err = store.PutChain(ctx, links, last, f, b.Mode != putAppend)
+		return err
+	})
+	if err != nil {
+		var ie *drover.InputError
+		if errors.As(err, &ie) && strings.HasPrefix(ie.Field, "checkpoints") {
+			return nil, problem(err, map[string]string{ie.Field: "body." + ie.Field})
+		}
+		return nil, checkpointProblem(err)
+	}
+	out := CheckpointChainPut{Checkpoints: make([]CheckpointPut, len(cps))}
+	for i, cp := range cps {
+		out.Checkpoints[i] = CheckpointPut{ThreadID: cp.ThreadID, NS: cp.NS, ID: cp.ID, ParentID: cp.ParentID, Token: cp.Token, CreatedAt: cp.CreatedAt}
+	}
+	return &struct{ Body CheckpointChainPut }{out}, nil
+}
+
+// taskWrites are tasks' pending writes as the store takes them, their task
+// ids checked (at loc).
+func taskWrites(loc string, in []TaskWritesInput) ([]checkpoint.Write, error) {
+	var writes []checkpoint.Write
+	for i, tw := range in {
+		if err := keyspace.CheckName(fmt.Sprintf("%s[%d].task_id", loc, i), tw.TaskID); err != nil {
+			return nil, problem(err, nil)
+		}
+		writes = append(writes, writesOf(tw.TaskID, tw.Writes)...)
+	}
+	return writes, nil
+}
+
 // putWhere maps the input fields of a put with its parent's writes to
 // request locations: the writes' fields are parent_writes'.
 var putWhere = func() map[string]string {
@@ -198,14 +262,7 @@ func parentWrites(in *putCheckpointInput) ([]checkpoint.Write, error) {
 	if b.ParentID == "" {
 		return nil, invalid("body.parent_writes", nil, "pending writes are the parent's: give parent_checkpoint_id")
 	}
-	var writes []checkpoint.Write
-	for i, tw := range b.ParentWrites {
-		if err := keyspace.CheckName(fmt.Sprintf("body.parent_writes[%d].task_id", i), tw.TaskID); err != nil {
-			return nil, problem(err, nil)
-		}
-		writes = append(writes, writesOf(tw.TaskID, tw.Writes)...)
-	}
-	return writes, nil
+	return taskWrites("body.parent_writes", b.ParentWrites)
 }
 
 // writesOf are a task's writes as the store takes them: each at its idx,

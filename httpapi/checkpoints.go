@@ -94,6 +94,34 @@ type putCheckpointInput struct {
 	}
 }
 
+// putChainInput is a chain of checkpoints, each the parent of the next.
+type putChainInput struct {
+	Thread string `path:"thread_id" minLength:"1" maxLength:"128" doc:"The thread: letters, digits, '.', '_', '-' and ':'."`
+	Body   struct {
+		NS          string            `json:"checkpoint_ns,omitempty" maxLength:"1024" doc:"The checkpoint namespace of every checkpoint of the chain; default \"\"."`
+		Mode        string            `json:"mode,omitempty" enum:"cas,append" doc:"cas (the default): written only if the first checkpoint's parent_checkpoint_id is the thread's head. append: whatever the head is. Either way the last checkpoint becomes the head."`
+		Checkpoints []ChainLinkInput  `json:"checkpoints" minItems:"1" maxItems:"256" doc:"The checkpoints in order: each one's parent_checkpoint_id is the checkpoint_id of the one before it."`
+		Writes      []TaskWritesInput `json:"writes,omitempty" maxItems:"1000" doc:"Pending writes of the last checkpoint, saved with the chain."`
+		Lock        string            `json:"lock,omitempty" maxLength:"128" doc:"Fence the chain by this drover lock, as a put: needs session and token."`
+		Session     string            `json:"session,omitempty" doc:"With lock: the session the lock is held under."`
+		Token       int64             `json:"token,omitempty" minimum:"1" doc:"With lock: its fencing token."`
+	}
+}
+
+// ChainLinkInput is one checkpoint of a chain, with its parent's pending writes.
+type ChainLinkInput struct {
+	ID           string             `json:"checkpoint_id" minLength:"1" maxLength:"128" doc:"The checkpoint's id (LangGraph's)."`
+	ParentID     string             `json:"parent_checkpoint_id,omitempty" maxLength:"128" doc:"Its parent: for the first, the checkpoint the chain follows (absent for a thread's first); for the others, the checkpoint before it in the chain."`
+	Metadata     CheckpointMetadata `json:"metadata,omitempty" doc:"Its metadata, returned unaltered."`
+	State        Base64Input        `json:"state" doc:"The state, base64: at most 1 MiB decoded."`
+	ParentWrites []TaskWritesInput  `json:"parent_writes,omitempty" maxItems:"1000" doc:"Pending writes of its parent, saved with it."`
+}
+
+// CheckpointChainPut is a stored chain: its checkpoints as a put answers each.
+type CheckpointChainPut struct {
+	Checkpoints []CheckpointPut `json:"checkpoints" doc:"The checkpoints stored, in order; the last is the thread's head."`
+}
+
 // TaskWritesInput are a task's pending writes, sent with a put.
 type TaskWritesInput struct {
 	TaskID string              `json:"task_id" minLength:"1" maxLength:"128" doc:"The task that made the writes."`
@@ -257,6 +285,10 @@ type checkpointOutput struct{ Body Checkpoint }
 // store's state bound, base64, and room for the rest.
 const maxCheckpointBody = checkpoint.MaxState*4/3 + 64<<10
 
+// maxChainBody bounds a chain's body: the states of a few checkpoints of
+// the largest size (more go in more requests).
+const maxChainBody = 4 * maxCheckpointBody
+
 // checkpointRoutes registers the checkpoint routes: LangGraph's saver
 // (put, putWrites, getTuple, list, deleteThread) per thread, on etcd, with
 // compare-and-swap or lock-fenced writes.
@@ -287,6 +319,19 @@ func (s *Server) checkpointRoutes() {
 		BodyReadTimeout: bulkAllowance,
 		Errors:          []int{http.StatusConflict, http.StatusNotFound, http.StatusRequestEntityTooLarge, http.StatusInsufficientStorage},
 	}, s.putCheckpointWrites)
+	huma.Register(s.api, huma.Operation{
+		OperationID: "put-checkpoint-chain", Method: http.MethodPost, Path: "/v1/threads/{thread_id}/checkpoint-chains", Tags: tags,
+		Summary: "Put checkpoints that follow one another, with their pending writes, in one request",
+		Description: "What a run that does not wait for its checkpoints has queued while its last request was under way: each checkpoint the parent of the next, " +
+			"each with its parent's pending writes, and writes of the last. The last becomes the thread's head. Mode and fence as a put; mode cas compares the first's parent with the head. " +
+			"A chain of at most 32 checkpoints and about 1.4 MiB of states and writes is stored in one etcd transaction, whole or not at all; " +
+			"a larger one checkpoint by checkpoint, and a refusal part way says how many were stored (the thread's head is then the last of them). " +
+			"Mode append is safe to repeat after a lost answer. 507 while etcd is past its high-water mark.",
+		DefaultStatus:   http.StatusCreated,
+		MaxBodyBytes:    maxChainBody,
+		BodyReadTimeout: bulkAllowance,
+		Errors:          []int{http.StatusConflict, http.StatusNotFound, http.StatusRequestEntityTooLarge, http.StatusInsufficientStorage},
+	}, s.putCheckpointChain)
 	huma.Register(s.api, huma.Operation{
 		OperationID: "get-checkpoint-head", Method: http.MethodGet, Path: "/v1/threads/{thread_id}/head", Tags: tags,
 		Summary: "The thread's latest checkpoint with its pending writes (LangGraph's getTuple without an id); 404 when it has none",
