@@ -31,6 +31,17 @@ func (s *Server) checkpointStore(ctx context.Context) (*checkpoint.Etcd, error) 
 	return st, nil
 }
 
+// fencedStore is the fence of a checkpoint write (see fence) and the
+// store it writes to.
+func (s *Server) fencedStore(ctx context.Context, ff fenceFields) (*usedFence, *checkpoint.Etcd, error) {
+	f, err := s.fence(ctx, ff)
+	if err != nil {
+		return nil, nil, err
+	}
+	store, err := s.checkpointStore(ctx)
+	return f, store, err
+}
+
 // checkNames checks a thread, a checkpoint namespace (at nsLoc) and any
 // checkpoint ids (location → id; "" ids are skipped).
 func checkNames(thread, ns, nsLoc string, ids map[string]string) error {
@@ -144,15 +155,11 @@ func (s *Server) putCheckpoint(ctx context.Context, in *putCheckpointInput) (*st
 		return nil, invalid("body.state", fmt.Sprintf("%d bytes", len(b.State.Bytes())),
 			fmt.Sprintf("must be at most %d bytes in etcd: keep large state in PostgreSQL or an object store", checkpoint.MaxState))
 	}
-	f, err := s.fence(ctx, fenceFields{b.Lock, b.Session, b.Token})
-	if err != nil {
-		return nil, err
-	}
 	writes, err := parentWrites(in)
 	if err != nil {
 		return nil, err
 	}
-	store, err := s.checkpointStore(ctx)
+	f, store, err := s.fencedStore(ctx, fenceFields{b.Lock, b.Session, b.Token})
 	if err != nil {
 		return nil, err
 	}
@@ -199,11 +206,7 @@ func (s *Server) putCheckpointChain(ctx context.Context, in *putChainInput) (*st
 	if err != nil {
 		return nil, err
 	}
-	f, err := s.fence(ctx, fenceFields{b.Lock, b.Session, b.Token})
-	if err != nil {
-		return nil, err
-	}
-	store, err := s.checkpointStore(ctx)
+	f, store, err := s.fencedStore(ctx, fenceFields{b.Lock, b.Session, b.Token})
 	if err != nil {
 		return nil, err
 	}
@@ -283,11 +286,7 @@ func (s *Server) putCheckpointWrites(ctx context.Context, in *putWritesInput) (*
 	if err := checkNames(in.Thread, b.NS, "body.checkpoint_ns", map[string]string{"path.checkpoint_id": in.ID, "body.task_id": b.TaskID}); err != nil {
 		return nil, err
 	}
-	f, err := s.fence(ctx, fenceFields{b.Lock, b.Session, b.Token})
-	if err != nil {
-		return nil, err
-	}
-	store, err := s.checkpointStore(ctx)
+	f, store, err := s.fencedStore(ctx, fenceFields{b.Lock, b.Session, b.Token})
 	if err != nil {
 		return nil, err
 	}

@@ -254,7 +254,10 @@ export class AgentServerRuntime {
       held = begun.held;
       if (begun.cancelled) ac.abort(new Error("the run was cancelled"));
       ac.signal.throwIfAborted();
-      const saver = new RunSaver({ drover: this.drover, protection: "none", lock: held!.lock, shareCacheOf: this.saver });
+      // A run that does not wait for its checkpoints (durability async, the default, or exit) has
+      // them chained: those queued while one request is under way go together (langgraph-chain.ts).
+      const chainPuts = run.kwargs.durability !== "sync";
+      const saver = new RunSaver({ drover: this.drover, protection: "none", lock: held!.lock, shareCacheOf: this.saver, chainPuts });
       // The head the start read: the graph's first read and the outcome's walk need no request.
       if (begun.head !== undefined) saver.seedHead(run.thread_id, "", begun.head);
       return await this.runGraph(task, { ...ctx, signal: ac.signal }, saver, held, begun.stored);
@@ -386,7 +389,10 @@ export class AgentServerRuntime {
           if (replaying && earlier?.replay(ev.event, data)) continue;
           await out.emit(ev.event, data);
         }
+        // Its chained checkpoints stored before its outcome: a failed one fails the run as a put would.
+        await saver.drain();
       } catch (e) {
+        await saver.drain().catch(() => {}); // what was queued before the error is stored still
         if (ctx.signal.aborted) throw e; // cancelled or lost: the task's status says so
         // drover away (a member failing over): not the graph's error. The task fails and is retried,
         // and the next attempt resumes from the checkpoint, rather than the run ending in error.

@@ -102,12 +102,15 @@ export {
 export { Schedules, type Catchup, type Overlap, type ScheduleFields, type ScheduleFire, type ScheduleInfo } from "./schedules.js";
 export {
   Checkpoints,
+  type ChainLink,
   type CheckpointFence,
   type CheckpointPutResult,
   type CheckpointRecord,
   type ListCheckpoints,
   type PendingWriteRecord,
+  type PutChain,
   type PutCheckpoint,
+  type TaskWrites,
 } from "./checkpoints.js";
 
 /** A live queue worker as the server lists it. */

@@ -24,6 +24,7 @@
  * (the lock was lost), or the lock's signal, makes the saver forget all.
  * @internal
  */
+import { copyCheckpoint, type ChannelVersions, type Checkpoint } from "@langchain/langgraph-checkpoint";
 import type { CheckpointRecord } from "./checkpoints.js";
 import { DroverError, FencedError, SessionNotFoundError } from "./errors.js";
 
@@ -136,6 +137,36 @@ export function heldOf(rec: CheckpointRecord, env: Envelope): HeldCheckpoint {
     env,
     writes,
   };
+}
+
+/**
+ * A checkpoint's envelope: the values of the channels written in its step (those in newVersions)
+ * and of values without a version, and, for the others, the ancestor that holds their version,
+ * found through the parent's envelope (parentEnv).
+ */
+export async function envelopeOf(checkpoint: Checkpoint, newVersions: ChannelVersions, parentId: string | undefined, parentEnv: (id: string) => Promise<Envelope | undefined>, dump: (v: unknown) => Promise<Typed>): Promise<Envelope> {
+  const prepared = copyCheckpoint(checkpoint);
+  const channelValues = (prepared.channel_values ?? {}) as Record<string, unknown>;
+  const versions = (prepared.channel_versions ?? {}) as Record<string, string | number>;
+  const env: Envelope = { f: 1, checkpoint: { t: "json" }, stored: {}, values: {}, refs: {} };
+  // Channels written in this step, and values with no version at all.
+  const toStore = new Set([...Object.keys(newVersions ?? {}), ...Object.keys(channelValues).filter((ch) => !(ch in versions))]);
+  for (const ch of toStore) {
+    env.stored[ch] = (newVersions?.[ch] ?? versions[ch] ?? null) as string | number | null;
+    if (ch in channelValues && channelValues[ch] !== undefined) env.values[ch] = await dump(channelValues[ch]);
+  }
+  // The others are where the parent found them.
+  const carried = Object.keys(versions).filter((ch) => !toStore.has(ch));
+  const parent = carried.length && parentId ? await parentEnv(parentId) : undefined;
+  if (parent) {
+    for (const ch of carried) {
+      const ver = versions[ch]!;
+      if (ch in parent.stored && parent.stored[ch] === ver) env.refs[ch] = [parentId!, ver];
+      else if (parent.refs[ch] && parent.refs[ch]![1] === ver) env.refs[ch] = parent.refs[ch]!;
+    }
+  }
+  env.checkpoint = await dump({ ...prepared, channel_values: {} });
+  return env;
 }
 
 /** Merges a call's writes as the server does: a write at an index >= 0 is kept once (the first), one at a negative index replaces. */

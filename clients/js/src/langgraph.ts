@@ -36,7 +36,6 @@ import {
   BaseCheckpointSaver,
   TASKS,
   WRITES_IDX_MAP,
-  copyCheckpoint,
   maxChannelVersion,
   type ChannelVersions,
   type Checkpoint,
@@ -52,7 +51,8 @@ import { Drover } from "./index.js";
 import { DroverError, NotFoundError } from "./errors.js";
 import type { CheckpointFence, CheckpointRecord, Checkpoints, PutCheckpoint } from "./checkpoints.js";
 import type { Lock } from "./locks.js";
-import { HeldMemory, cmpCodePoints, decodeThreadId, encodeThreadId, heldOf, writeEnvOf, type Envelope, type HeldCheckpoint, type HeldWrite, type SentWrite, type Typed, type WriteEnvelope } from "./langgraph-held.js";
+import { PutChains, type ChainSink } from "./langgraph-chain.js";
+import { HeldMemory, cmpCodePoints, decodeThreadId, encodeThreadId, envelopeOf, heldOf, writeEnvOf, type Envelope, type HeldCheckpoint, type HeldWrite, type SentWrite, type Typed, type WriteEnvelope } from "./langgraph-held.js";
 
 export { ConflictError, FencedError } from "./errors.js";
 export type { CheckpointRecord } from "./checkpoints.js";
@@ -80,6 +80,13 @@ export interface DroverSaverOptions {
    * a request. Safe: a cached checkpoint is immutable (its id is unique).
    */
   shareCacheOf?: DroverSaver;
+  /**
+   * Chain the puts (see langgraph-chain.ts): a put answers once queued, and the puts of a thread
+   * queued while one request is under way go as one request. For runs that do not wait for their
+   * checkpoints (LangGraph's durability "async" or "exit"), never "sync"; await
+   * {@link DroverSaver.drain} before a run counts as stored.
+   */
+  chainPuts?: boolean;
 }
 
 /**
@@ -133,6 +140,8 @@ export class DroverSaver extends BaseCheckpointSaver {
   private readonly waitingWrites = new Map<string, number>();
   /** With a lock: what this saver knows of the threads it holds (see langgraph-held.ts). */
   private readonly held: HeldMemory | undefined;
+  /** With chainPuts: the puts and writes queued per thread. */
+  private readonly chains: PutChains | undefined;
 
   constructor(opts: DroverSaverOptions = {}) {
     super(opts.serde);
@@ -150,6 +159,7 @@ export class DroverSaver extends BaseCheckpointSaver {
       if (signal?.aborted) held.lose();
       else signal?.addEventListener("abort", () => held.lose(), { once: true });
     }
+    this.chains = opts.chainPuts ? new PutChains(this.cp, this.chainSink(), this.fence, MAX_CARRIED_BYTES) : undefined;
   }
 
   /** The same saver, its writes fenced by this lock (hold it across the invocation). */
@@ -189,7 +199,7 @@ export class DroverSaver extends BaseCheckpointSaver {
 
   /** The envelope of a checkpoint, from the cache or the server. */
   private async envelope(thread: string, ns: string, id: string): Promise<Envelope | undefined> {
-    const hit = this.cache.get(this.key(thread, ns, id)) ?? this.held?.env(thread, ns, id);
+    const hit = this.cache.get(this.key(thread, ns, id)) ?? this.held?.env(thread, ns, id) ?? this.chains?.env(thread, ns, id);
     if (hit) return hit;
     const rec = await this.cp.get(thread, id, ns);
     if (!rec) return undefined;
@@ -269,6 +279,7 @@ export class DroverSaver extends BaseCheckpointSaver {
 
   /** Checkpoint id, else the head; under a lock, once the writes under way landed, as known (else read, and learned). */
   private async readOne(thread: string, ns: string, id: string | undefined): Promise<HeldCheckpoint | undefined> {
+    await this.chains?.settle(thread, ns);
     const held = this.held?.usable(thread, ns) ? this.held : undefined;
     if (held) {
       await held.settle(thread, ns);
@@ -312,6 +323,7 @@ export class DroverSaver extends BaseCheckpointSaver {
     let left = limit === undefined ? Infinity : limit;
     if (left <= 0) return;
     const thread = threadId === undefined || threadId === null ? undefined : encodeThreadId(String(threadId));
+    await this.chains?.settle(thread, ns);
     // Under a lock, one thread and namespace without a filter: from what the saver knows, once
     // the writes under way landed, when it knows all the answer holds (else listed, and learned).
     const held = thread !== undefined && ns !== undefined && !Object.keys(cleanFilter ?? {}).length && this.held?.usable(thread, ns) ? this.held : undefined;
@@ -350,6 +362,7 @@ export class DroverSaver extends BaseCheckpointSaver {
       return Promise.reject(err);
     }
     const ns = (config.configurable.checkpoint_ns as string | undefined) ?? "";
+    if (this.chains) return this.chainPut(config, thread, ns, checkpoint, metadata, newVersions);
     // Counted as under way from the call on (writes to it wait for it).
     const key = this.key(thread, ns, checkpoint.id);
     const tn = this.key(thread, ns, "");
@@ -367,33 +380,8 @@ export class DroverSaver extends BaseCheckpointSaver {
   }
 
   private async doPut(config: RunnableConfig, thread: string, ns: string, checkpoint: Checkpoint, metadata: CheckpointMetadata, newVersions: ChannelVersions): Promise<RunnableConfig> {
-    const threadId = config.configurable!.thread_id as string;
     const parentId = config.configurable!.checkpoint_id as string | undefined;
-    const prepared = copyCheckpoint(checkpoint);
-    const channelValues = (prepared.channel_values ?? {}) as Record<string, unknown>;
-    const versions = (prepared.channel_versions ?? {}) as Record<string, string | number>;
-    const env: Envelope = { f: 1, checkpoint: { t: "json" }, stored: {}, values: {}, refs: {} };
-    // Channels written in this step, and values with no version at all.
-    const toStore = new Set([...Object.keys(newVersions ?? {}), ...Object.keys(channelValues).filter((ch) => !(ch in versions))]);
-    for (const ch of toStore) {
-      env.stored[ch] = (newVersions?.[ch] ?? versions[ch] ?? null) as string | number | null;
-      if (ch in channelValues && channelValues[ch] !== undefined) env.values[ch] = await this.dump(channelValues[ch]);
-    }
-    // The others are where the parent found them.
-    const carried = Object.keys(versions).filter((ch) => !toStore.has(ch));
-    if (carried.length && parentId) {
-      const parent = await this.envelope(thread, ns, parentId);
-      if (parent) {
-        for (const ch of carried) {
-          const ver = versions[ch]!;
-          if (ch in parent.stored && parent.stored[ch] === ver) env.refs[ch] = [parentId, ver];
-          else if (parent.refs[ch] && parent.refs[ch]![1] === ver) env.refs[ch] = parent.refs[ch]!;
-        }
-      }
-    }
-    env.checkpoint = await this.dump({ ...prepared, channel_values: {} });
-    const [mt, mdata] = await this.serde.dumpsTyped(metadata);
-    const meta = mt === "json" ? (JSON.parse(typeof mdata === "string" ? mdata : td.decode(mdata)) as Record<string, unknown>) : { ...metadata };
+    const { env, meta, body } = await this.prepare(config, thread, ns, checkpoint, metadata, newVersions);
     // The parent's pending writes go with this put: LangGraph sends a step's writes, then, once the
     // parent's put is done, the put of the next checkpoint. Writes still waiting for the parent's
     // put get a turn of the event loop to join.
@@ -401,6 +389,46 @@ export class DroverSaver extends BaseCheckpointSaver {
     if (parentId && (this.waitingWrites.get(parentKey) ?? 0) > 0) await new Promise((r) => setImmediate(r));
     const withPut = parentId ? (this.readyWrites.get(parentKey) ?? []) : [];
     this.readyWrites.delete(parentKey);
+    await this.putWith(thread, body, withPut);
+    this.remember(thread, ns, checkpoint.id, env);
+    this.held?.putLanded({ thread, ns, id: checkpoint.id, ...(parentId ? { parentId } : {}), metadata: meta, env, writes: new Map() });
+    return { configurable: { thread_id: config.configurable!.thread_id, checkpoint_ns: ns, checkpoint_id: checkpoint.id } };
+  }
+
+  /** A put queued in its thread's chain: answered now, stored with the next request. */
+  private async chainPut(config: RunnableConfig, thread: string, ns: string, checkpoint: Checkpoint, metadata: CheckpointMetadata, newVersions: ChannelVersions): Promise<RunnableConfig> {
+    const failed = this.chains!.error(thread, ns);
+    if (failed) throw failed;
+    const { env, meta, body } = await this.prepare(config, thread, ns, checkpoint, metadata, newVersions);
+    const landed = this.chains!.put({ thread, ns, body: { ...body, checkpoint_id: checkpoint.id }, env, meta });
+    landed.catch(() => {}); // the chain's failure is the next put's, and drain's
+    this.held?.track(thread, ns, landed, false);
+    return { configurable: { thread_id: config.configurable!.thread_id, checkpoint_ns: ns, checkpoint_id: checkpoint.id } };
+  }
+
+  /** What the sink of this saver's chains does as they land: what doPut does once its put is done. */
+  private chainSink(): ChainSink {
+    return {
+      putLanded: (p) => {
+        const parentId = p.body.parent_checkpoint_id;
+        this.remember(p.thread, p.ns, p.body.checkpoint_id, p.env);
+        this.held?.putLanded({ thread: p.thread, ns: p.ns, id: p.body.checkpoint_id, ...(parentId ? { parentId } : {}), metadata: p.meta, env: p.env, writes: new Map() });
+      },
+      writesLanded: (thread, ns, id, taskId, writes) => this.held?.writesLanded(thread, ns, id, taskId, writes),
+    };
+  }
+
+  /** Waits until every chained put and write of this saver landed; rejects with a chain's failure. Without chainPuts, nothing to wait for. */
+  async drain(): Promise<void> {
+    await this.chains?.drain();
+  }
+
+  /** A put's envelope, metadata and body (without the parent's writes). */
+  private async prepare(config: RunnableConfig, thread: string, ns: string, checkpoint: Checkpoint, metadata: CheckpointMetadata, newVersions: ChannelVersions): Promise<{ env: Envelope; meta: Record<string, unknown>; body: PutCheckpoint }> {
+    const parentId = config.configurable!.checkpoint_id as string | undefined;
+    const env = await envelopeOf(checkpoint, newVersions, parentId, (id) => this.envelope(thread, ns, id), (v) => this.dump(v));
+    const [mt, mdata] = await this.serde.dumpsTyped(metadata);
+    const meta = mt === "json" ? (JSON.parse(typeof mdata === "string" ? mdata : td.decode(mdata)) as Record<string, unknown>) : { ...metadata };
     const body: PutCheckpoint = {
       checkpoint_ns: ns,
       checkpoint_id: checkpoint.id,
@@ -410,10 +438,7 @@ export class DroverSaver extends BaseCheckpointSaver {
       mode: this.protection === "cas" ? "cas" : "append",
       ...(this.fence ? { fence: this.fence } : {}),
     };
-    await this.putWith(thread, body, withPut);
-    this.remember(thread, ns, checkpoint.id, env);
-    this.held?.putLanded({ thread, ns, id: checkpoint.id, ...(parentId ? { parentId } : {}), metadata: meta, env, writes: new Map() });
-    return { configurable: { thread_id: threadId, checkpoint_ns: ns, checkpoint_id: checkpoint.id } };
+    return { env, meta, body };
   }
 
   async putWrites(config: RunnableConfig, writes: PendingWrite[], taskId: string, taskPath?: string): Promise<void> {
@@ -423,10 +448,14 @@ export class DroverSaver extends BaseCheckpointSaver {
     if (!id) throw new Error('DroverSaver.putWrites: the config is missing "checkpoint_id" in "configurable"');
     const ns = (config.configurable?.checkpoint_ns as string | undefined) ?? "";
     const thread = encodeThreadId(String(threadId));
-    if (!this.held) return this.writeWhenStored(thread, ns, id, taskId, await this.sentWrites(writes, taskPath));
+    const send = (out: SentWrite[]) => (this.chains ? this.chains.writes(thread, ns, id, taskId, out) : this.writeWhenStored(thread, ns, id, taskId, out));
+    // Chained: the next chain of the thread waits for these writes to be serialized and queued.
+    const queued = this.chains?.coming(thread, ns) ?? (() => {});
+    const serialized = this.sentWrites(writes, taskPath).finally(queued);
+    if (!this.held) return send(await serialized);
     // Counted as under way from the call on: a read that comes while the values are serialized waits for them.
     const done = this.held.replacing(thread, ns, id, taskId, writes.map(([channel], i) => ({ idx: WRITES_IDX_MAP[channel] ?? i })));
-    const sent = this.sentWrites(writes, taskPath).then((out) => this.writeWhenStored(thread, ns, id, taskId, out));
+    const sent = serialized.then(send);
     return this.held.track(thread, ns, sent, false).finally(done);
   }
 
@@ -592,6 +621,7 @@ export class DroverSaver extends BaseCheckpointSaver {
 
   async deleteThread(threadId: string): Promise<void> {
     const thread = encodeThreadId(String(threadId));
+    await this.chains?.settle(thread);
     await this.cp.deleteThread(thread);
     this.held?.forgetThread(thread);
     const prefix = `${thread}\u0000`;

@@ -95,6 +95,31 @@ class CheckpointTest(ClientTest):
                 self.cp.put_writes(c2, [("x", 1)], task_id="t", lock=stale)
         self.assertEqual(cid(self.cp.get_tuple(cfg).config), "f2")
 
+    def test_put_chain_stores_checkpoints_and_writes_in_one_request(self) -> None:
+        thread = unique("chain")
+        cfg = thread_config(thread)
+        c0 = self.cp.put(cfg, {"id": "k0"}, {"step": -1})
+        got = self.cp.put_chain(
+            c0,
+            [({"id": "k1", "channel_values": {"n": 1}}, {"step": 0}), ({"id": "k2"}, {"step": 1}), ({"id": "k3"}, {"step": 2})],
+            writes={"k0": {"t0": [("a", 0)]}, "k2": {"t2": [("a", 2)]}, "k3": {"t3": [("__interrupt__", "ask")]}},
+        )
+        self.assertEqual([cid(x) for x in got], ["k1", "k2", "k3"])
+        self.assertEqual([cid(x.config) for x in self.cp.list(cfg)], ["k3", "k2", "k1", "k0"])
+        head = self.cp.get_tuple(cfg)
+        self.assertEqual((cid(head.parent_config), head.pending_writes), ("k2", [("t3", "__interrupt__", "ask")]))
+        self.assertEqual(self.cp.get_tuple(c0).pending_writes, [("t0", "a", 0)])
+        self.assertEqual(self.cp.get_tuple(got[0]).checkpoint, {"id": "k1", "channel_values": {"n": 1}})
+        # cas: a chain on an old parent is refused, none of it stored.
+        cas = self.c.checkpointer(mode="cas")
+        with self.assertRaises(drover.Conflict):
+            cas.put_chain(c0, [({"id": "x1"}, {}), ({"id": "x2"}, {})])
+        self.assertIsNone(self.cp.get_tuple(thread_config(thread, checkpoint_id="x1")))
+        with self.assertRaises(ValueError):
+            self.cp.put_chain(got[2], [({"id": "y1"}, {})], writes={"k1": {"t": [("a", 1)]}})
+        with self.assertRaises(ValueError):
+            self.cp.put_chain(got[2], [({"channel_values": {}}, {})])
+
     def test_namespaces_and_lists_across_threads(self) -> None:
         thread = unique("ns")
         root = self.cp.put(thread_config(thread), {"id": "n1"}, {"source": "loop"})

@@ -4,6 +4,7 @@
 //
 // - protection "none" (LangGraph's own semantics): all 718 tests;
 // - fenced by a held drover lock: all 718 tests;
+// - fenced by a held drover lock, puts chained (chainPuts): all 718 tests;
 // - compare-and-swap (the default): 716 tests; the 2 tests listed in
 //   CAS_SKIPS are skipped, each with its reason (vitest prints it);
 //
@@ -91,6 +92,21 @@ validate(initializer(
     return saver;
   },
   async (saver) => locks.get(saver)?.release(),
+));
+
+// As the Agent Server runtime runs a graph whose durability is not "sync": a lock, puts chained.
+validate(initializer(
+  "DroverSaver(lock, chainPuts)",
+  async (drover) => {
+    const lock = await drover.lock(uniq("thread-lock"), { ttl: 30 });
+    const saver = new DroverSaver({ drover, lock, chainPuts: true });
+    locks.set(saver, lock);
+    return saver;
+  },
+  async (saver) => {
+    await saver.drain().catch(() => {});
+    await locks.get(saver)?.release();
+  },
 ));
 
 skipInSuite("DroverSaver(protection=cas)", CAS_SKIPS);

@@ -1,0 +1,284 @@
+/**
+ * Chained checkpoint puts: what DroverSaver does for a run that does not wait for its
+ * checkpoints (LangGraph's durability "async" or "exit").
+ *
+ * LangGraph calls a saver's puts one after another, the next once the last answered, so each
+ * checkpoint of a run is its own request even when the run does not wait for them. Chained, a
+ * put answers as soon as it is queued; per thread and namespace one request is under way at a
+ * time, and it carries every checkpoint queued before it (each the parent of the next) with the
+ * pending writes of each: one request and, while they fit, one etcd transaction for what took
+ * one request each. A failed request fails every later put and write of its thread and
+ * namespace, and {@link PutChains.drain}, which the run awaits before it ends.
+ */
+import { DroverError } from "./errors.js";
+import type { ChainLink, CheckpointFence, Checkpoints, PutCheckpoint, TaskWrites } from "./checkpoints.js";
+import type { Envelope, SentWrite } from "./langgraph-held.js";
+
+/** The most checkpoints a chain request carries (what the server stores in one transaction). */
+const MAX_LINKS = 32;
+
+/** A task's writes of a checkpoint, waiting for a chain to carry them. */
+interface QueuedWrites {
+  id: string;
+  taskId: string;
+  writes: SentWrite[];
+  resolve: () => void;
+  reject: (err: unknown) => void;
+}
+
+/** A checkpoint waiting for a chain, with the writes of tasks of its step. */
+export interface QueuedPut {
+  thread: string;
+  ns: string;
+  body: PutCheckpoint & { checkpoint_id: string };
+  env: Envelope;
+  meta: Record<string, unknown>;
+  /** Writes of this checkpoint queued after it. */
+  own: QueuedWrites[];
+  resolve: () => void;
+  reject: (err: unknown) => void;
+}
+
+/** What a queue's owner learns as its chains land. */
+export interface ChainSink {
+  /** A checkpoint landed (called in chain order). */
+  putLanded(p: QueuedPut): void;
+  /** Writes of checkpoint id landed. */
+  writesLanded(thread: string, ns: string, id: string, taskId: string, writes: SentWrite[]): void;
+}
+
+/** One thread and namespace. */
+interface Queue {
+  thread: string;
+  ns: string;
+  puts: QueuedPut[];
+  /** The puts of the request under way. */
+  sent: QueuedPut[];
+  /** Writes of checkpoints not in puts: the first put's parent's, or landed ones'. */
+  loose: QueuedWrites[];
+  /** Writes being serialized, whose queueing a chain waits for. */
+  coming: number;
+  scheduled: boolean;
+  sending: Promise<void> | undefined;
+  /** A chain that failed: what every later put and write fails with. */
+  error: unknown;
+}
+
+const bytesOf = (ws: SentWrite[]) => ws.reduce((n, w) => n + w.value.byteLength, 0);
+const taskWrites = (qs: QueuedWrites[]): TaskWrites[] => qs.map((q) => ({ task_id: q.taskId, writes: q.writes }));
+
+/** The queues of one saver; see the module's description. */
+export class PutChains {
+  private readonly queues = new Map<string, Queue>();
+  /** Set once the server answered that it has no chain route (an older build): puts go one by one. */
+  private noRoute = false;
+
+  /**
+   * @param fence the saver's fence, on every request
+   * @param maxBytes the most bytes of states and writes a chain request carries
+   */
+  constructor(
+    private readonly cp: Checkpoints,
+    private readonly sink: ChainSink,
+    private readonly fence: CheckpointFence | undefined,
+    private readonly maxBytes: number,
+  ) {}
+
+  private queue(thread: string, ns: string): Queue {
+    const k = `${thread}\u0000${ns}`;
+    let q = this.queues.get(k);
+    if (!q) this.queues.set(k, (q = { thread, ns, puts: [], sent: [], loose: [], coming: 0, scheduled: false, sending: undefined, error: undefined }));
+    return q;
+  }
+
+  /** The envelope of a checkpoint queued and not landed yet. */
+  env(thread: string, ns: string, id: string): Envelope | undefined {
+    const q = this.queues.get(`${thread}\u0000${ns}`);
+    const is = (p: QueuedPut) => p.body.checkpoint_id === id;
+    return (q?.puts.find(is) ?? q?.sent.find(is))?.env;
+  }
+
+  /** The failure of a chain of thread and ns, which every later put and write fails with (undefined: none). */
+  error(thread: string, ns: string): unknown {
+    return this.queues.get(`${thread}\u0000${ns}`)?.error;
+  }
+
+  /** Queues a put; the promise settles once it landed. A chain of its thread that failed before fails it now. */
+  put(p: Omit<QueuedPut, "own" | "resolve" | "reject">): Promise<void> {
+    const q = this.queue(p.thread, p.ns);
+    if (q.error) return Promise.reject(q.error);
+    return new Promise<void>((resolve, reject) => {
+      q.puts.push({ ...p, own: [], resolve, reject });
+      this.schedule(q);
+    });
+  }
+
+  /** Counts writes of thread and ns being serialized: a chain waits for them (call the result once queued or failed). */
+  coming(thread: string, ns: string): () => void {
+    const q = this.queue(thread, ns);
+    q.coming++;
+    let done = false;
+    return () => {
+      if (done) return;
+      done = true;
+      if (--q.coming === 0) this.schedule(q);
+    };
+  }
+
+  /** Queues a task's writes of checkpoint id; the promise settles once they landed. */
+  writes(thread: string, ns: string, id: string, taskId: string, writes: SentWrite[]): Promise<void> {
+    const q = this.queue(thread, ns);
+    if (q.error) return Promise.reject(q.error);
+    return new Promise<void>((resolve, reject) => {
+      const w = { id, taskId, writes, resolve, reject };
+      const owner = q.puts.find((p) => p.body.checkpoint_id === id);
+      if (owner) owner.own.push(w);
+      else q.loose.push(w);
+      this.schedule(q);
+    });
+  }
+
+  /**
+   * Waits until the queued puts and writes of thread (every thread when undefined) in ns (every
+   * namespace when undefined) landed or failed: a read after them sees them. Failures are drain's.
+   */
+  async settle(thread?: string, ns?: string): Promise<void> {
+    const of = () => [...this.queues.values()].filter((q) => (thread === undefined || q.thread === thread) && (ns === undefined || q.ns === ns) && (q.sending || q.puts.length || q.loose.length));
+    for (let round = 0, busy = of(); busy.length && round < 1000; round++, busy = of()) {
+      for (const q of busy) if (!q.sending) this.flush(q, true);
+      await Promise.allSettled(busy.map((q) => q.sending));
+    }
+  }
+
+  /** Waits until every queued put and write landed; rejects with a chain's failure (once). */
+  async drain(): Promise<void> {
+    await this.settle();
+    let err: unknown;
+    for (const [k, q] of this.queues) {
+      if (q.error && err === undefined) err = q.error;
+      if (!q.sending && !q.puts.length && !q.loose.length && !q.coming) this.queues.delete(k);
+    }
+    if (err !== undefined) throw err;
+  }
+
+  private schedule(q: Queue): void {
+    if (q.scheduled || q.sending) return;
+    q.scheduled = true;
+    setImmediate(() => {
+      q.scheduled = false;
+      this.flush(q, false);
+    });
+  }
+
+  /** Sends what q holds as one chain, unless one is under way (or, unless forced, writes are still coming). */
+  private flush(q: Queue, force: boolean): void {
+    if (q.sending || (!force && q.coming > 0) || (!q.puts.length && !q.loose.length)) return;
+    const puts = (q.sent = this.takeChain(q));
+    const loose = q.loose;
+    q.loose = [];
+    const first = puts[0]?.body.parent_checkpoint_id;
+    const withFirst = puts.length ? loose.filter((w) => w.id === first) : [];
+    const alone = loose.filter((w) => !withFirst.includes(w));
+    q.sending = this.send(q, puts, withFirst, alone).then(
+      () => undefined,
+      (err) => this.fail(q, err, puts, [...withFirst, ...alone]),
+    ).finally(() => {
+      q.sending = undefined;
+      q.sent = [];
+      if (q.error) this.fail(q, q.error, q.puts.splice(0), q.loose.splice(0));
+      else this.schedule(q);
+    });
+  }
+
+  /** The puts of q's next request: as many as fit in one. */
+  private takeChain(q: Queue): QueuedPut[] {
+    let bytes = 0;
+    let n = 0;
+    for (const p of q.puts) {
+      const b = p.body.state.byteLength + p.own.reduce((m, w) => m + bytesOf(w.writes), 0);
+      if (n > 0 && (n >= MAX_LINKS || bytes + b > this.maxBytes)) break;
+      bytes += b;
+      n++;
+    }
+    return q.puts.splice(0, n);
+  }
+
+  private async send(q: Queue, puts: QueuedPut[], withFirst: QueuedWrites[], alone: QueuedWrites[]): Promise<void> {
+    // Writes of checkpoints stored before (a chain landed, or another writer's): alone.
+    await Promise.all(alone.map((w) => this.sendWrites(q, w)));
+    if (!puts.length) return;
+    if (!this.noRoute) {
+      try {
+        await this.cp.putChain(q.thread, this.chainOf(q, puts, withFirst));
+      } catch (err) {
+        if (!routeMissing(err)) throw err;
+        this.noRoute = true;
+        return this.oneByOne(q, puts, withFirst);
+      }
+      this.landed(q, puts, withFirst);
+      for (const p of puts) this.wrote(q, p.own);
+      return;
+    }
+    return this.oneByOne(q, puts, withFirst);
+  }
+
+  private chainOf(q: Queue, puts: QueuedPut[], withFirst: QueuedWrites[]) {
+    const b = puts[0]!.body;
+    const links: ChainLink[] = puts.map((p, i) => ({
+      checkpoint_id: p.body.checkpoint_id,
+      ...(p.body.parent_checkpoint_id ? { parent_checkpoint_id: p.body.parent_checkpoint_id } : {}),
+      ...(p.body.metadata ? { metadata: p.body.metadata } : {}),
+      state: p.body.state,
+      parent_writes: taskWrites(i === 0 ? withFirst : puts[i - 1]!.own),
+    }));
+    return { checkpoint_ns: q.ns, mode: b.mode ?? "cas", ...(this.fence ? { fence: this.fence } : {}), checkpoints: links, writes: taskWrites(puts[puts.length - 1]!.own) };
+  }
+
+  /** A server without the chain route: each put with its parent's writes, then the last one's writes. */
+  private async oneByOne(q: Queue, puts: QueuedPut[], withFirst: QueuedWrites[]): Promise<void> {
+    for (const [i, p] of puts.entries()) {
+      const carried = i === 0 ? withFirst : puts[i - 1]!.own;
+      await this.cp.put(q.thread, { ...p.body, ...(carried.length ? { parent_writes: taskWrites(carried) } : {}) });
+      this.landed(q, [p], carried);
+    }
+    for (const w of puts[puts.length - 1]!.own) await this.sendWrites(q, w);
+  }
+
+  /** Sends a task's writes alone. */
+  private async sendWrites(q: Queue, w: QueuedWrites): Promise<void> {
+    await this.cp.putWrites(q.thread, w.id, { checkpoint_ns: q.ns, task_id: w.taskId, writes: w.writes, ...(this.fence ? { fence: this.fence } : {}) });
+    this.wrote(q, [w]);
+  }
+
+  /** Tells the sink that writes landed, and settles their promises. */
+  private wrote(q: Queue, ws: QueuedWrites[]): void {
+    for (const w of ws) {
+      this.sink.writesLanded(q.thread, q.ns, w.id, w.taskId, w.writes);
+      w.resolve();
+    }
+  }
+
+  /** Tells the sink that puts landed, in order, after the writes before them, and settles their promises. */
+  private landed(q: Queue, puts: QueuedPut[], before: QueuedWrites[]): void {
+    this.wrote(q, before);
+    for (const p of puts) {
+      this.sink.putLanded(p);
+      p.resolve();
+    }
+  }
+
+  /** A chain failed: it and what is queued after it fail with err, and so will later puts. */
+  private fail(q: Queue, err: unknown, puts: QueuedPut[], writes: QueuedWrites[]): void {
+    q.error ??= err;
+    for (const w of writes) w.reject(err);
+    for (const p of puts) {
+      p.reject(err);
+      for (const w of p.own) w.reject(err);
+    }
+  }
+}
+
+/** Whether err is a server's answer that it has no such route (an older build), not a missing checkpoint. */
+function routeMissing(err: unknown): boolean {
+  return err instanceof DroverError && err.status === 404 && err.kind === "no-route";
+}

@@ -1,0 +1,146 @@
+// Chained puts (chainPuts): a put answers once queued, and the puts queued
+// while a request is under way go together in one. What is stored equals
+// what an unchained saver stores; a refused chain fails the run and stores
+// none of it; a server without the chain route gets the puts one by one.
+// Requests are counted at the Transport's fetch; the first chain request is
+// held until the graph's last node ran, so that the rest queue behind it
+// whatever the machine's speed.
+import { test, after, before } from "node:test";
+import assert from "node:assert/strict";
+import { Annotation, StateGraph } from "@langchain/langgraph";
+import { Drover, FencedError } from "../dist/index.js";
+import { DroverSaver, encodeThreadId } from "../dist/langgraph.js";
+import { sharedServer, uniq } from "./helpers/server.mjs";
+
+let srv;
+before(async () => {
+  srv = await sharedServer();
+});
+after(async () => srv.release());
+
+const State = Annotation.Root({ trail: Annotation({ reducer: (a, b) => a.concat(b), default: () => [] }) });
+
+/** a, b, c, d in a line; d resolves ran. */
+function line(saver, ran) {
+  const node = (name) => () => {
+    if (name === "d") ran();
+    return { trail: [name] };
+  };
+  return new StateGraph(State)
+    .addNode("a", node("a"))
+    .addNode("b", node("b"))
+    .addNode("c", node("c"))
+    .addNode("d", node("d"))
+    .addEdge("__start__", "a")
+    .addEdge("a", "b")
+    .addEdge("b", "c")
+    .addEdge("c", "d")
+    .addEdge("d", "__end__")
+    .compile({ checkpointer: saver });
+}
+
+/**
+ * A client of namespace ns counting its checkpoint writes by route; the first chain request
+ * waits for gate. rename: chain requests go to a route the server does not have (an older build).
+ */
+function counted(ns, gate, rename = false) {
+  const seen = { chains: 0, puts: 0, writes: 0, noRoute: 0 };
+  let first = true;
+  const drover = new Drover({
+    url: srv.url,
+    namespace: ns,
+    fetch: async (url, init) => {
+      const u = new URL(String(url));
+      if (init?.method === "POST" && u.pathname.endsWith("/checkpoint-chains")) {
+        seen.chains++;
+        if (first) {
+          first = false;
+          await gate;
+        }
+        if (rename) u.pathname += "-unknown";
+      } else if (init?.method === "POST" && u.pathname.endsWith("/writes")) seen.writes++;
+      else if (init?.method === "POST" && u.pathname.endsWith("/checkpoints")) seen.puts++;
+      const res = await fetch(u, init);
+      if (res.status === 404 && u.pathname.endsWith("-unknown")) seen.noRoute++;
+      return res;
+    },
+  });
+  return { drover, seen };
+}
+
+/** The thread's checkpoints newest first, as a fresh saver reads them: id, parent, step, writes. */
+async function stored(ns, thread) {
+  const fresh = new DroverSaver({ drover: new Drover({ url: srv.url, namespace: ns }) });
+  const out = [];
+  for await (const t of fresh.list({ configurable: { thread_id: thread } })) {
+    out.push({ id: t.config.configurable.checkpoint_id, parent: t.parentConfig?.configurable.checkpoint_id, step: t.metadata.step, writes: t.pendingWrites.map(([, ch]) => ch), trail: t.checkpoint.channel_values.trail ?? [] });
+  }
+  return out;
+}
+
+/** What the stored chain is, without its ids: the parent of each is the next one. */
+function shape(cps) {
+  cps.forEach((c, i) => assert.equal(c.parent, cps[i + 1]?.id, `checkpoint ${i} is not the child of the next`));
+  return cps.map(({ step, writes, trail }) => ({ step, writes, trail }));
+}
+
+test("chained puts: a run's checkpoints go in a few requests and are stored as unchained ones", async () => {
+  const ns = uniq("chain");
+  let open;
+  const gate = new Promise((r) => (open = r));
+  const { drover, seen } = counted(ns, gate);
+  const lock = await drover.lock(`thread:${uniq("l")}`);
+  const saver = new DroverSaver({ drover, lock, chainPuts: true });
+  const thread = uniq("t");
+  const out = await line(saver, open).invoke({ trail: [] }, { configurable: { thread_id: thread } });
+  await saver.drain();
+  assert.deepEqual(out.trail, ["a", "b", "c", "d"]);
+  const chained = await stored(ns, thread);
+  assert.equal(chained.length, 6, "the input, a step each, the end");
+  assert.ok(seen.chains >= 1 && seen.chains <= 3, `${seen.chains} chain requests for 6 checkpoints`);
+  assert.deepEqual([seen.puts, seen.writes], [0, 0], "every put and write went in a chain");
+  await lock.release();
+
+  const plain = new DroverSaver({ drover: new Drover({ url: srv.url, namespace: ns }) });
+  const other = uniq("t");
+  await line(plain, () => {}).invoke({ trail: [] }, { configurable: { thread_id: other } });
+  assert.deepEqual(shape(chained), shape(await stored(ns, other)));
+});
+
+test("chained puts: a chain fenced out fails the run and drain, and stores none of it", async () => {
+  const ns = uniq("chain");
+  let open;
+  const gate = new Promise((r) => (open = r));
+  const { drover, seen } = counted(ns, gate);
+  const thread = uniq("t");
+  const name = `thread:${thread}`;
+  const lock = await drover.lock(name);
+  const saver = new DroverSaver({ drover, lock: { lock: lock.name, session: lock.session.id, token: lock.token }, chainPuts: true });
+  const run = line(saver, () => {}).invoke({ trail: [] }, { configurable: { thread_id: thread } });
+  run.catch(() => {});
+  // While the first chain waits, the lock changes hands: the chain is refused.
+  while (seen.chains === 0) await new Promise((r) => setTimeout(r, 5));
+  await lock.release();
+  const other = await new Drover({ url: srv.url, namespace: ns }).lock(name);
+  open();
+  await assert.rejects(run, FencedError);
+  await assert.rejects(saver.drain(), FencedError);
+  await saver.drain(); // once
+  assert.equal(await new Drover({ url: srv.url, namespace: ns }).checkpoints.head(encodeThreadId(thread)), undefined, "a checkpoint of the refused chain was stored");
+  await other.release();
+});
+
+test("chained puts: a server without the chain route gets the puts one by one", async () => {
+  const ns = uniq("chain");
+  const { drover, seen } = counted(ns, Promise.resolve(), true);
+  const saver = new DroverSaver({ drover, chainPuts: true });
+  const thread = uniq("t");
+  await line(saver, () => {}).invoke({ trail: [] }, { configurable: { thread_id: thread } });
+  await saver.drain();
+  assert.deepEqual([seen.chains, seen.noRoute], [1, 1], "the chain route was asked for once");
+  assert.ok(seen.puts >= 6, `${seen.puts} puts`);
+  const plain = new DroverSaver({ drover: new Drover({ url: srv.url, namespace: ns }) });
+  const other = uniq("t");
+  await line(plain, () => {}).invoke({ trail: [] }, { configurable: { thread_id: other } });
+  assert.deepEqual(shape(await stored(ns, thread)), shape(await stored(ns, other)));
+});
