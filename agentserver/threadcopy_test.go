@@ -337,8 +337,8 @@ func TestCopySweptWhileItRunsFails(t *testing.T) {
 		a.must(200, "POST", "/threads/"+other+"/copy", nil) // sweeps the mark it finds an hour old
 	})
 	defer restore()
-	if got := a.do("POST", "/threads/"+th+"/copy", nil); got.Status != 409 {
-		t.Fatalf("a copy swept while it ran: %d %s, want 409", got.Status, got.Raw)
+	if got := a.do("POST", "/threads/"+th+"/copy", nil); got.Status != 409 || !strings.Contains(string(got.Raw), "copy the thread again") {
+		t.Fatalf("a copy swept while it ran: %d %s, want 409 saying to copy again", got.Status, got.Raw)
 	}
 	restore()
 	if n := a.must(200, "POST", "/threads/search", map[string]any{"limit": 100}).List; len(n) != 3 {

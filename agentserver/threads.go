@@ -344,7 +344,8 @@ func (s *server) copyThread(ctx context.Context, id string) (Thread, error) {
 		err = etcdError("creating the copy", err)
 	case !put.Succeeded:
 		if err = guardOf(put, 0); err == nil {
-			err = errRaced("the copy's id or mark")
+			// Swept as crashed while it ran (its mark changed), or its new id taken: once, not a race lost 16 times.
+			err = huma.NewError(http.StatusConflict, "the copy was interrupted (its keys were swept, or its new id was taken before it finished); nothing was copied: copy the thread again")
 		}
 	}
 	if err != nil {

@@ -194,6 +194,17 @@ async function supervise(opts: ServeOptions): Promise<number> {
           if ("serving" in m && (serving.add(i), serving.size === n)) console.error(`drover-langgraph: serving ${m.serving.join(", ")} with ${n} processes`);
           if ("schemas" in m && (schemas.add(i), schemas.size === n)) console.error("drover-langgraph: schemas registered");
         });
+        // A process that could not start (or whose IPC failed): the command fails and the others
+        // drain. Without a listener the error would end this parent at once, the others orphaned.
+        p.on("error", (err) => {
+          failed = true;
+          console.error(`drover-langgraph: process ${i + 1}/${n}: ${err.message}; stopping the others`);
+          if (!stopping) {
+            stopping = true;
+            stopAll("SIGTERM");
+          }
+          if (p.pid === undefined) res(); // never started: no exit comes
+        });
         p.on("exit", (code, signal) => {
           // One that died fails the command; one that drained (a SIGTERM of its own, as a service
           // manager may send every process at once) exits 0: either way the others drain.

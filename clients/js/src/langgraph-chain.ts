@@ -103,10 +103,10 @@ export class PutChains {
     return this.queues.get(`${thread}\u0000${ns}`)?.error;
   }
 
-  /** Queues a put; the promise settles once it landed. A chain of its thread that failed before fails it now. */
+  /** Queues a put; the promise settles once it landed. A chain of its thread that failed before fails it now (throws). */
   put(p: Omit<QueuedPut, "own" | "resolve" | "reject">): Promise<void> {
     const q = this.queue(p.thread, p.ns);
-    if (q.error) return Promise.reject(q.error);
+    if (q.error) throw q.error;
     return new Promise<void>((resolve, reject) => {
       q.puts.push({ ...p, own: [], resolve, reject });
       this.schedule(q);
@@ -196,7 +196,9 @@ export class PutChains {
     let n = 0;
     for (const p of q.puts) {
       const b = p.body.state.byteLength + p.own.reduce((m, w) => m + bytesOf(w.writes), 0);
-      if (n > 0 && (n >= MAX_LINKS || bytes + b > this.maxBytes)) break;
+      // A chain's checkpoints follow one another: a put on another parent (a fork) starts the next.
+      const follows = n === 0 || p.body.parent_checkpoint_id === q.puts[n - 1]!.body.checkpoint_id;
+      if (n > 0 && (!follows || n >= MAX_LINKS || bytes + b > this.maxBytes)) break;
       bytes += b;
       n++;
     }

@@ -400,6 +400,7 @@ export class DroverSaver extends BaseCheckpointSaver {
     const failed = this.chains!.error(thread, ns);
     if (failed) throw failed;
     const { env, meta, body } = await this.prepare(config, thread, ns, checkpoint, metadata, newVersions);
+    // Throws when a chain of the thread failed while this one was prepared.
     const landed = this.chains!.put({ thread, ns, body: { ...body, checkpoint_id: checkpoint.id }, env, meta });
     landed.catch(() => {}); // the chain's failure is the next put's, and drain's
     this.held?.track(thread, ns, landed, false);

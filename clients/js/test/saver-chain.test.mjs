@@ -8,6 +8,7 @@
 import { test, after, before } from "node:test";
 import assert from "node:assert/strict";
 import { Annotation, StateGraph } from "@langchain/langgraph";
+import { emptyCheckpoint, uuid6 } from "@langchain/langgraph-checkpoint";
 import { Drover, FencedError } from "../dist/index.js";
 import { DroverSaver, encodeThreadId } from "../dist/langgraph.js";
 import { sharedServer, uniq } from "./helpers/server.mjs";
@@ -143,4 +144,28 @@ test("chained puts: a server without the chain route gets the puts one by one", 
   const other = uniq("t");
   await line(plain, () => {}).invoke({ trail: [] }, { configurable: { thread_id: other } });
   assert.deepEqual(shape(await stored(ns, thread)), shape(await stored(ns, other)));
+});
+
+test("chained puts: a fork among queued puts starts a chain of its own, and every put and write lands", async () => {
+  const ns = uniq("chain");
+  const { drover, seen } = counted(ns, Promise.resolve());
+  const saver = new DroverSaver({ drover, protection: "none", chainPuts: true });
+  const thread = uniq("t");
+  const root = { configurable: { thread_id: thread, checkpoint_ns: "" } };
+  const cp = (n) => ({ ...emptyCheckpoint(), id: uuid6(-3), channel_values: { n }, channel_versions: { n } });
+  const meta = (step) => ({ source: "loop", step, parents: {} });
+  // Queued without waiting for anything to land: c1, c2 on c1, c3 on c1 (a fork), c4 on c3.
+  const c1 = await saver.put(root, cp(1), meta(0), { n: 1 });
+  const c2 = await saver.put(c1, cp(2), meta(1), { n: 2 });
+  const writes = saver.putWrites(c2, [["n", 20]], "task-2");
+  const c3 = await saver.put(c1, cp(3), meta(1), { n: 3 });
+  const c4 = await saver.put(c3, cp(4), meta(2), { n: 4 });
+  await writes;
+  await saver.drain();
+  const got = await stored(ns, thread);
+  const id = (c) => c.configurable.checkpoint_id;
+  assert.deepEqual(got.map((c) => [c.id, c.parent ?? null]), [[id(c4), id(c3)], [id(c3), id(c1)], [id(c2), id(c1)], [id(c1), null]]);
+  assert.deepEqual(got.find((c) => c.id === id(c2)).writes, ["n"]);
+  assert.equal(seen.puts + seen.writes, 0, "everything went in chains");
+  assert.ok(seen.chains >= 2, `${seen.chains} chains: the fork cannot share one with what it does not follow`);
 });
