@@ -152,6 +152,10 @@ func checkChain(links []Link, lastWrites []Write) error {
 			return chainField(i, err)
 		}
 	}
+	if seen[first.ParentID] {
+		return &drover.InputError{Field: "checkpoints[0].parent_checkpoint_id", Value: first.ParentID,
+			Rule: "must not be a checkpoint of the chain: a chain follows a checkpoint stored before it"}
+	}
 	return checkWrites(lastWrites)
 }
 

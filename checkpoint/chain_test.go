@@ -193,10 +193,12 @@ func TestPutChainChecksItsInput(t *testing.T) {
 	twice[1].Checkpoint.ID, twice[1].Checkpoint.ParentID = "d0", "d0"
 	other := chainOf("th", "", "o", 2, 1)
 	other[1].Checkpoint.ThreadID = "th2"
+	cycle := chainOf("th", "c2", "c", 3, 1) // c0 on c2, c1 on c0, c2 on c1
 	for field, links := range map[string][]checkpoint.Link{
-		"checkpoints":                  nil,
-		"checkpoints[1].checkpoint_id": noID,
-		"checkpoints[1]":               other,
+		"checkpoints":                         nil,
+		"checkpoints[1].checkpoint_id":        noID,
+		"checkpoints[1]":                      other,
+		"checkpoints[0].parent_checkpoint_id": cycle,
 	} {
 		_, err := s.PutChain(ctx, links, nil, nil, false)
 		var ie *drover.InputError
@@ -207,7 +209,9 @@ func TestPutChainChecksItsInput(t *testing.T) {
 	if _, err := s.PutChain(ctx, twice, nil, nil, false); err == nil {
 		t.Fatal("a chain naming one id twice was taken")
 	}
-	if cp, _ := modRevs(t, ns, "th", "n0"); cp != 0 {
-		t.Fatal("a refused chain stored its first checkpoint")
+	for _, id := range []string{"n0", "d0", "o0", "c0", "c2"} {
+		if cp, _ := modRevs(t, ns, "th", id); cp != 0 {
+			t.Fatalf("a refused chain stored %s", id)
+		}
 	}
 }

@@ -220,6 +220,20 @@ func (s *Server) putCheckpointChain(ctx context.Context, in *putChainInput) (*st
 		if errors.As(err, &ie) && strings.HasPrefix(ie.Field, "checkpoints") {
 			return nil, problem(err, map[string]string{ie.Field: "body." + ie.Field})
 		}
+		var part *checkpoint.ChainError
+		if errors.As(err, &part) {
+			// Stored in part: say how far, whatever stopped the rest (a conflict says "nothing was written" otherwise).
+			var p *Problem
+			var ce *checkpoint.ConflictError
+			if errors.As(part.Err, &ce) {
+				p = newProblem(http.StatusConflict, "conflict", ce.Error())
+			} else if !errors.As(problem(part.Err, putWhere), &p) {
+				return nil, problem(part.Err, putWhere)
+			}
+			p.Detail = fmt.Sprintf("the first %d of %d checkpoints were stored, and the thread's head is %s; the rest were not: %s",
+				part.Stored, len(links), links[part.Stored-1].Checkpoint.ID, p.Detail)
+			return nil, p
+		}
 		return nil, checkpointProblem(err)
 	}
 	out := CheckpointChainPut{Checkpoints: make([]CheckpointPut, len(cps))}

@@ -75,3 +75,25 @@ func TestCheckpointChainRoute(t *testing.T) {
 		t.Fatalf("refused chains stored something: %d keys, then %d", before, n)
 	}
 }
+
+// TestCheckpointChainStoredInPart: a chain too large for one transaction
+// refused at its second checkpoint says how many were stored and which is
+// the head, and the head is that one.
+func TestCheckpointChainStoredInPart(t *testing.T) {
+	t.Parallel()
+	a := newAPI(t)
+	big := b64(strings.Repeat("s", 700<<10))
+	body := map[string]any{"mode": "append", "checkpoints": []map[string]any{
+		{"checkpoint_id": "p0", "state": big},
+		{"checkpoint_id": "p1", "parent_checkpoint_id": "p0", "state": big,
+			"parent_writes": []map[string]any{{"task_id": "t", "writes": []map[string]any{{"channel": "c", "value": b64(strings.Repeat("v", 1<<20))}}}}},
+		{"checkpoint_id": "p2", "parent_checkpoint_id": "p1", "state": big},
+	}}
+	p := a.do("POST", "/v1/threads/tp/checkpoint-chains", body).problem(t, 400)
+	if !strings.Contains(p.str("detail"), "the first 1 of 3 checkpoints were stored, and the thread's head is p0") {
+		t.Fatalf("a chain stored in part: %s", p.Raw)
+	}
+	if h := a.do("GET", "/v1/threads/tp/head", nil).want(t, 200); h.str("checkpoint_id") != "p0" {
+		t.Fatalf("the head: %s", h.Raw)
+	}
+}

@@ -17,6 +17,17 @@ import type { Envelope, SentWrite } from "./langgraph-held.js";
 /** The most checkpoints a chain request carries (what the server stores in one transaction). */
 const MAX_LINKS = 32;
 
+/**
+ * How long writes of a checkpoint neither queued, sent nor known stored wait for its put before
+ * they go alone: LangGraph may call putWrites before the put of their checkpoint (at a run's exit,
+ * its pending writes are flushed before the last put is called; a put waiting for DeltaChannel
+ * writes comes after the next step's writes).
+ */
+const HOLD_MS = 1000;
+
+/** Ids of landed checkpoints remembered per thread and namespace (their writes go alone). */
+const LANDED_IDS = 1024;
+
 /** A task's writes of a checkpoint, waiting for a chain to carry them. */
 interface QueuedWrites {
   id: string;
@@ -24,6 +35,8 @@ interface QueuedWrites {
   writes: SentWrite[];
   resolve: () => void;
   reject: (err: unknown) => void;
+  /** When it was queued (Date.now()). */
+  at: number;
 }
 
 /** A checkpoint waiting for a chain, with the writes of tasks of its step. */
@@ -45,6 +58,10 @@ export interface ChainSink {
   putLanded(p: QueuedPut): void;
   /** Writes of checkpoint id landed. */
   writesLanded(thread: string, ns: string, id: string, taskId: string, writes: SentWrite[]): void;
+  /** A chain failed: what it stored is not known. */
+  chainFailed(thread: string, ns: string, err: unknown): void;
+  /** Whether checkpoint id is known stored (read, or put by another saver of the process). */
+  stored(thread: string, ns: string, id: string): boolean;
 }
 
 /** One thread and namespace. */
@@ -56,8 +73,12 @@ interface Queue {
   sent: QueuedPut[];
   /** Writes of checkpoints not in puts: the first put's parent's, or landed ones'. */
   loose: QueuedWrites[];
-  /** Writes being serialized, whose queueing a chain waits for. */
+  /** Writes being serialized and puts being prepared, whose queueing a chain waits for. */
   coming: number;
+  /** Ids of checkpoints this queue's chains stored, the newest last. */
+  landed: Set<string>;
+  /** A flush set for when held writes go alone. */
+  timer: NodeJS.Timeout | undefined;
   scheduled: boolean;
   sending: Promise<void> | undefined;
   /** A chain that failed: what every later put and write fails with. */
@@ -87,7 +108,7 @@ export class PutChains {
   private queue(thread: string, ns: string): Queue {
     const k = `${thread}\u0000${ns}`;
     let q = this.queues.get(k);
-    if (!q) this.queues.set(k, (q = { thread, ns, puts: [], sent: [], loose: [], coming: 0, scheduled: false, sending: undefined, error: undefined }));
+    if (!q) this.queues.set(k, (q = { thread, ns, puts: [], sent: [], loose: [], coming: 0, landed: new Set(), timer: undefined, scheduled: false, sending: undefined, error: undefined }));
     return q;
   }
 
@@ -108,12 +129,16 @@ export class PutChains {
     const q = this.queue(p.thread, p.ns);
     if (q.error) throw q.error;
     return new Promise<void>((resolve, reject) => {
-      q.puts.push({ ...p, own: [], resolve, reject });
+      // Writes of this checkpoint that came before its put go with it.
+      const id = p.body.checkpoint_id;
+      const own = q.loose.filter((w) => w.id === id);
+      if (own.length) q.loose = q.loose.filter((w) => w.id !== id);
+      q.puts.push({ ...p, own, resolve, reject });
       this.schedule(q);
     });
   }
 
-  /** Counts writes of thread and ns being serialized: a chain waits for them (call the result once queued or failed). */
+  /** Counts writes of thread and ns being serialized, or a put being prepared: a chain waits for them (call the result once queued or failed). */
   coming(thread: string, ns: string): () => void {
     const q = this.queue(thread, ns);
     q.coming++;
@@ -130,7 +155,7 @@ export class PutChains {
     const q = this.queue(thread, ns);
     if (q.error) return Promise.reject(q.error);
     return new Promise<void>((resolve, reject) => {
-      const w = { id, taskId, writes, resolve, reject };
+      const w = { id, taskId, writes, resolve, reject, at: Date.now() };
       const owner = q.puts.find((p) => p.body.checkpoint_id === id);
       if (owner) owner.own.push(w);
       else q.loose.push(w);
@@ -173,12 +198,26 @@ export class PutChains {
   /** Sends what q holds as one chain, unless one is under way (or, unless forced, writes are still coming). */
   private flush(q: Queue, force: boolean): void {
     if (q.sending || (!force && q.coming > 0) || (!q.puts.length && !q.loose.length)) return;
-    const puts = (q.sent = this.takeChain(q));
-    const loose = q.loose;
-    q.loose = [];
-    const first = puts[0]?.body.parent_checkpoint_id;
-    const withFirst = puts.length ? loose.filter((w) => w.id === first) : [];
-    const alone = loose.filter((w) => !withFirst.includes(w));
+    const first = q.puts[0]?.body.parent_checkpoint_id;
+    const withFirst = q.puts.length ? q.loose.filter((w) => w.id === first) : [];
+    const puts = (q.sent = this.takeChain(q, withFirst));
+    // Writes of a checkpoint stored go alone; those of one not known yet wait for its put a while.
+    const now = Date.now();
+    const known = (w: QueuedWrites) => q.landed.has(w.id) || this.sink.stored(q.thread, q.ns, w.id);
+    const alone = q.loose.filter((w) => !withFirst.includes(w) && (force || known(w) || now - w.at >= HOLD_MS));
+    q.loose = q.loose.filter((w) => !withFirst.includes(w) && !alone.includes(w));
+    if (q.loose.length && !q.timer) {
+      const wait = Math.max(1, HOLD_MS - (now - Math.min(...q.loose.map((w) => w.at))));
+      q.timer = setTimeout(() => {
+        q.timer = undefined;
+        this.schedule(q);
+      }, wait);
+      q.timer.unref();
+    }
+    if (!puts.length && !withFirst.length && !alone.length) {
+      q.sent = [];
+      return;
+    }
     q.sending = this.send(q, puts, withFirst, alone).then(
       () => undefined,
       (err) => this.fail(q, err, puts, [...withFirst, ...alone]),
@@ -191,8 +230,8 @@ export class PutChains {
   }
 
   /** The puts of q's next request: as many as fit in one. */
-  private takeChain(q: Queue): QueuedPut[] {
-    let bytes = 0;
+  private takeChain(q: Queue, withFirst: QueuedWrites[]): QueuedPut[] {
+    let bytes = withFirst.reduce((m, w) => m + bytesOf(w.writes), 0);
     let n = 0;
     for (const p of q.puts) {
       const b = p.body.state.byteLength + p.own.reduce((m, w) => m + bytesOf(w.writes), 0);
@@ -264,6 +303,8 @@ export class PutChains {
   private landed(q: Queue, puts: QueuedPut[], before: QueuedWrites[]): void {
     this.wrote(q, before);
     for (const p of puts) {
+      q.landed.add(p.body.checkpoint_id);
+      if (q.landed.size > LANDED_IDS) q.landed.delete(q.landed.values().next().value!);
       this.sink.putLanded(p);
       p.resolve();
     }
@@ -271,6 +312,7 @@ export class PutChains {
 
   /** A chain failed: it and what is queued after it fail with err, and so will later puts. */
   private fail(q: Queue, err: unknown, puts: QueuedPut[], writes: QueuedWrites[]): void {
+    if (q.error === undefined) this.sink.chainFailed(q.thread, q.ns, err);
     q.error ??= err;
     for (const w of writes) w.reject(err);
     for (const p of puts) {

@@ -301,6 +301,13 @@ export class HeldMemory {
     m.tainted = true;
   }
 
+  /** Writes of thread and ns failed having stored what is not known (a chain stored in part): read from the server from now on. */
+  unsure(thread: string, ns: string, err: unknown): void {
+    if (this.lost) return;
+    if (err instanceof FencedError || err instanceof SessionNotFoundError) this.lose();
+    else this.ns(thread, ns).tainted = true;
+  }
+
   /** A put landed, with the writes of its parent it carried. */
   putLanded(cp: HeldCheckpoint): void {
     if (this.lost) return;

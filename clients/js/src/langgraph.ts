@@ -399,9 +399,16 @@ export class DroverSaver extends BaseCheckpointSaver {
   private async chainPut(config: RunnableConfig, thread: string, ns: string, checkpoint: Checkpoint, metadata: CheckpointMetadata, newVersions: ChannelVersions): Promise<RunnableConfig> {
     const failed = this.chains!.error(thread, ns);
     if (failed) throw failed;
-    const { env, meta, body } = await this.prepare(config, thread, ns, checkpoint, metadata, newVersions);
-    // Throws when a chain of the thread failed while this one was prepared.
-    const landed = this.chains!.put({ thread, ns, body: { ...body, checkpoint_id: checkpoint.id }, env, meta });
+    // Counted from the call on: a chain sent meanwhile would leave out writes this put's checkpoint has.
+    const queued = this.chains!.coming(thread, ns);
+    let landed: Promise<void>;
+    try {
+      const { env, meta, body } = await this.prepare(config, thread, ns, checkpoint, metadata, newVersions);
+      // Throws when a chain of the thread failed while this one was prepared.
+      landed = this.chains!.put({ thread, ns, body: { ...body, checkpoint_id: checkpoint.id }, env, meta });
+    } finally {
+      queued();
+    }
     landed.catch(() => {}); // the chain's failure is the next put's, and drain's
     this.held?.track(thread, ns, landed, false);
     return { configurable: { thread_id: config.configurable!.thread_id, checkpoint_ns: ns, checkpoint_id: checkpoint.id } };
@@ -416,6 +423,8 @@ export class DroverSaver extends BaseCheckpointSaver {
         this.held?.putLanded({ thread: p.thread, ns: p.ns, id: p.body.checkpoint_id, ...(parentId ? { parentId } : {}), metadata: p.meta, env: p.env, writes: new Map() });
       },
       writesLanded: (thread, ns, id, taskId, writes) => this.held?.writesLanded(thread, ns, id, taskId, writes),
+      chainFailed: (thread, ns, err) => this.held?.unsure(thread, ns, err),
+      stored: (thread, ns, id) => this.knownStored(this.key(thread, ns, id)),
     };
   }
 

@@ -7,7 +7,7 @@
 // whatever the machine's speed.
 import { test, after, before } from "node:test";
 import assert from "node:assert/strict";
-import { Annotation, StateGraph } from "@langchain/langgraph";
+import { Annotation, Command, StateGraph, interrupt } from "@langchain/langgraph";
 import { emptyCheckpoint, uuid6 } from "@langchain/langgraph-checkpoint";
 import { Drover, FencedError } from "../dist/index.js";
 import { DroverSaver, encodeThreadId } from "../dist/langgraph.js";
@@ -168,4 +168,45 @@ test("chained puts: a fork among queued puts starts a chain of its own, and ever
   assert.deepEqual(got.find((c) => c.id === id(c2)).writes, ["n"]);
   assert.equal(seen.puts + seen.writes, 0, "everything went in chains");
   assert.ok(seen.chains >= 2, `${seen.chains} chains: the fork cannot share one with what it does not follow`);
+});
+
+test("chained puts: writes that come before their checkpoint's put (an interrupt at exit) go with it", async () => {
+  const ns = uniq("chain");
+  const { drover, seen } = counted(ns, Promise.resolve());
+  const thread = uniq("t");
+  const config = { configurable: { thread_id: thread } };
+  const graph = (saver) =>
+    new StateGraph(State)
+      .addNode("a", () => ({ trail: ["a"] }))
+      .addNode("ask", () => ({ trail: [`ask:${interrupt("approve?")}`] }))
+      .addEdge("__start__", "a")
+      .addEdge("a", "ask")
+      .compile({ checkpointer: saver });
+  // durability exit: LangGraph flushes the run's pending writes (the interrupt) before it calls its one put.
+  const lock = await drover.lock(`thread:${thread}`);
+  const saver = new DroverSaver({ drover, lock, chainPuts: true });
+  await graph(saver).invoke({ trail: [] }, { ...config, durability: "exit" });
+  await saver.drain();
+  await lock.release();
+  const [head] = await stored(ns, thread);
+  assert.deepEqual(head.writes, ["__interrupt__"], "the interrupt is stored with the run's checkpoint");
+  assert.equal(seen.writes, 0, "no write went ahead of its checkpoint");
+  const lock2 = await drover.lock(`thread:${thread}`);
+  const again = new DroverSaver({ drover, lock: lock2, chainPuts: true });
+  const out = await graph(again).invoke(new Command({ resume: "yes" }), { ...config, durability: "exit" });
+  await again.drain();
+  await lock2.release();
+  assert.deepEqual(out.trail, ["a", "ask:yes"]);
+
+  // The same through the saver alone: writes of a checkpoint, then its put.
+  const plain = new DroverSaver({ drover, protection: "none", chainPuts: true });
+  const other = uniq("t");
+  const c = { ...emptyCheckpoint(), id: uuid6(-3), channel_values: { n: 1 }, channel_versions: { n: 1 } };
+  const at = { configurable: { thread_id: other, checkpoint_ns: "", checkpoint_id: c.id } };
+  const w = plain.putWrites(at, [["n", 2]], "task-1");
+  await plain.put({ configurable: { thread_id: other, checkpoint_ns: "" } }, c, { source: "loop", step: 0, parents: {} }, { n: 1 });
+  await w;
+  await plain.drain();
+  assert.deepEqual((await stored(ns, other))[0].writes, ["n"]);
+  assert.equal(seen.writes, 0, "no write went ahead of its checkpoint");
 });
