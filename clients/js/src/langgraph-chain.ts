@@ -167,17 +167,23 @@ export class PutChains {
    * Waits until the queued puts and writes of thread (every thread when undefined) in ns (every
    * namespace when undefined) landed or failed: a read after them sees them. Failures are drain's.
    */
-  async settle(thread?: string, ns?: string): Promise<void> {
+  async settle(thread?: string, ns?: string, mode: "settle" | "drain" = "settle"): Promise<void> {
     const of = () => [...this.queues.values()].filter((q) => (thread === undefined || q.thread === thread) && (ns === undefined || q.ns === ns) && (q.sending || q.puts.length || q.loose.length));
     for (let round = 0, busy = of(); busy.length && round < 1000; round++, busy = of()) {
-      for (const q of busy) if (!q.sending) this.flush(q, true);
-      await Promise.allSettled(busy.map((q) => q.sending));
+      for (const q of busy) if (!q.sending) this.flush(q, mode);
+      const sending = busy.map((q) => q.sending).filter((p) => p !== undefined);
+      if (sending.length) await Promise.allSettled(sending);
+      else {
+        // Only writes waiting for their checkpoint's put (a read while they wait): until it comes, or they go alone.
+        const oldest = Math.min(...busy.flatMap((q) => q.loose.map((w) => w.at)));
+        await new Promise((r) => setTimeout(r, Math.min(HOLD_MS, Math.max(1, HOLD_MS - (Date.now() - oldest)))));
+      }
     }
   }
 
-  /** Waits until every queued put and write landed; rejects with a chain's failure (once). */
+  /** Waits until every queued put and write landed; rejects with a chain's failure (once). Writes whose put never came go alone. */
   async drain(): Promise<void> {
-    await this.settle();
+    await this.settle(undefined, undefined, "drain");
     let err: unknown;
     for (const [k, q] of this.queues) {
       if (q.error && err === undefined) err = q.error;
@@ -191,20 +197,23 @@ export class PutChains {
     q.scheduled = true;
     setImmediate(() => {
       q.scheduled = false;
-      this.flush(q, false);
+      this.flush(q, "auto");
     });
   }
 
-  /** Sends what q holds as one chain, unless one is under way (or, unless forced, writes are still coming). */
-  private flush(q: Queue, force: boolean): void {
-    if (q.sending || (!force && q.coming > 0) || (!q.puts.length && !q.loose.length)) return;
+  /**
+   * Sends what q holds as one chain, unless one is under way. auto: not while writes or puts are
+   * still coming; settle: now; drain: now, and writes whose put has not come go alone.
+   */
+  private flush(q: Queue, mode: "auto" | "settle" | "drain"): void {
+    if (q.sending || (mode === "auto" && q.coming > 0) || (!q.puts.length && !q.loose.length)) return;
     const first = q.puts[0]?.body.parent_checkpoint_id;
     const withFirst = q.puts.length ? q.loose.filter((w) => w.id === first) : [];
     const puts = (q.sent = this.takeChain(q, withFirst));
     // Writes of a checkpoint stored go alone; those of one not known yet wait for its put a while.
     const now = Date.now();
     const known = (w: QueuedWrites) => q.landed.has(w.id) || this.sink.stored(q.thread, q.ns, w.id);
-    const alone = q.loose.filter((w) => !withFirst.includes(w) && (force || known(w) || now - w.at >= HOLD_MS));
+    const alone = q.loose.filter((w) => !withFirst.includes(w) && (mode === "drain" || known(w) || now - w.at >= HOLD_MS));
     q.loose = q.loose.filter((w) => !withFirst.includes(w) && !alone.includes(w));
     if (q.loose.length && !q.timer) {
       const wait = Math.max(1, HOLD_MS - (now - Math.min(...q.loose.map((w) => w.at))));

@@ -209,4 +209,17 @@ test("chained puts: writes that come before their checkpoint's put (an interrupt
   await plain.drain();
   assert.deepEqual((await stored(ns, other))[0].writes, ["n"]);
   assert.equal(seen.writes, 0, "no write went ahead of its checkpoint");
+
+  // A read while such writes wait: it waits with them, and they still go with their put.
+  const third = uniq("t");
+  const c3 = { ...emptyCheckpoint(), id: uuid6(-3), channel_values: { n: 1 }, channel_versions: { n: 1 } };
+  const w3 = plain.putWrites({ configurable: { thread_id: third, checkpoint_ns: "", checkpoint_id: c3.id } }, [["n", 3]], "task-3");
+  await new Promise((r) => setTimeout(r, 10)); // the writes queued, waiting for their put
+  const read = plain.getTuple({ configurable: { thread_id: third } });
+  await new Promise((r) => setTimeout(r, 50));
+  await plain.put({ configurable: { thread_id: third, checkpoint_ns: "" } }, c3, { source: "loop", step: 0, parents: {} }, { n: 1 });
+  await Promise.all([w3, read]);
+  await plain.drain();
+  assert.deepEqual((await stored(ns, third))[0].writes, ["n"]);
+  assert.equal(seen.writes, 0, "a read sent no write ahead of its checkpoint");
 });
