@@ -10,7 +10,7 @@
  * one request each. A failed request fails every later put and write of its thread and
  * namespace, and {@link PutChains.drain}, which the run awaits before it ends.
  */
-import { DroverError } from "./errors.js";
+import { DroverError, NotFoundError } from "./errors.js";
 import type { ChainLink, CheckpointFence, Checkpoints, PutCheckpoint, TaskWrites } from "./checkpoints.js";
 import type { Envelope, SentWrite } from "./langgraph-held.js";
 
@@ -25,8 +25,11 @@ const MAX_LINKS = 32;
  */
 const HOLD_MS = 1000;
 
-/** Ids of landed checkpoints remembered per thread and namespace (their writes go alone). */
-const LANDED_IDS = 1024;
+/** Ids of checkpoints known stored, remembered per thread and namespace (their writes go alone). */
+const STORED_IDS = 1024;
+
+/** How long writes of a checkpoint not stored (404) are sent again while their put may still come. */
+const WRITES_DEADLINE_MS = 30_000;
 
 /** A task's writes of a checkpoint, waiting for a chain to carry them. */
 interface QueuedWrites {
@@ -35,8 +38,10 @@ interface QueuedWrites {
   writes: SentWrite[];
   resolve: () => void;
   reject: (err: unknown) => void;
-  /** When it was queued (Date.now()). */
+  /** When it was queued, or queued again after a 404 (Date.now()). */
   at: number;
+  /** When it was first queued. */
+  first: number;
 }
 
 /** A checkpoint waiting for a chain, with the writes of tasks of its step. */
@@ -75,8 +80,8 @@ interface Queue {
   loose: QueuedWrites[];
   /** Writes being serialized and puts being prepared, whose queueing a chain waits for. */
   coming: number;
-  /** Ids of checkpoints this queue's chains stored, the newest last. */
-  landed: Set<string>;
+  /** Ids of checkpoints known stored (its chains', and those the saver read), the newest last. */
+  stored: Set<string>;
   /** A flush set for when held writes go alone. */
   timer: NodeJS.Timeout | undefined;
   scheduled: boolean;
@@ -108,8 +113,25 @@ export class PutChains {
   private queue(thread: string, ns: string): Queue {
     const k = `${thread}\u0000${ns}`;
     let q = this.queues.get(k);
-    if (!q) this.queues.set(k, (q = { thread, ns, puts: [], sent: [], loose: [], coming: 0, landed: new Set(), timer: undefined, scheduled: false, sending: undefined, error: undefined }));
+    if (!q && this.queues.size >= 4096) {
+      for (const [key, v] of this.queues) if (this.idle(v) && v.error === undefined) this.queues.delete(key);
+    }
+    if (!q) this.queues.set(k, (q = { thread, ns, puts: [], sent: [], loose: [], coming: 0, stored: new Set(), timer: undefined, scheduled: false, sending: undefined, error: undefined }));
     return q;
+  }
+
+  /** Checkpoint id of thread and ns is known stored (read, or stored): its writes go alone. */
+  learn(thread: string, ns: string, id: string): void {
+    remember(this.queue(thread, ns).stored, id);
+  }
+
+  /** Forgets thread (deleted): its queues that hold nothing, their failure with them. */
+  forget(thread: string): void {
+    for (const [k, q] of this.queues) if (q.thread === thread && this.idle(q)) this.queues.delete(k);
+  }
+
+  private idle(q: Queue): boolean {
+    return !q.sending && !q.puts.length && !q.loose.length && !q.coming;
   }
 
   /** The envelope of a checkpoint queued and not landed yet. */
@@ -155,7 +177,8 @@ export class PutChains {
     const q = this.queue(thread, ns);
     if (q.error) return Promise.reject(q.error);
     return new Promise<void>((resolve, reject) => {
-      const w = { id, taskId, writes, resolve, reject, at: Date.now() };
+      const now = Date.now();
+      const w = { id, taskId, writes, resolve, reject, at: now, first: now };
       const owner = q.puts.find((p) => p.body.checkpoint_id === id);
       if (owner) owner.own.push(w);
       else q.loose.push(w);
@@ -175,8 +198,7 @@ export class PutChains {
       if (sending.length) await Promise.allSettled(sending);
       else {
         // Only writes waiting for their checkpoint's put (a read while they wait): until it comes, or they go alone.
-        const oldest = Math.min(...busy.flatMap((q) => q.loose.map((w) => w.at)));
-        await new Promise((r) => setTimeout(r, Math.min(HOLD_MS, Math.max(1, HOLD_MS - (Date.now() - oldest)))));
+        await new Promise((r) => setTimeout(r, 20));
       }
     }
   }
@@ -187,7 +209,7 @@ export class PutChains {
     let err: unknown;
     for (const [k, q] of this.queues) {
       if (q.error && err === undefined) err = q.error;
-      if (!q.sending && !q.puts.length && !q.loose.length && !q.coming) this.queues.delete(k);
+      if (this.idle(q)) this.queues.delete(k);
     }
     if (err !== undefined) throw err;
   }
@@ -203,17 +225,24 @@ export class PutChains {
 
   /**
    * Sends what q holds as one chain, unless one is under way. auto: not while writes or puts are
-   * still coming; settle: now; drain: now, and writes whose put has not come go alone.
+   * still coming; settle: now; drain: now, and writes whose put has not come go alone once
+   * nothing more is coming.
    */
   private flush(q: Queue, mode: "auto" | "settle" | "drain"): void {
     if (q.sending || (mode === "auto" && q.coming > 0) || (!q.puts.length && !q.loose.length)) return;
+    // Writes queued again (a 404) after their put came go with it.
+    for (const w of q.loose) q.puts.find((p) => p.body.checkpoint_id === w.id)?.own.push(w);
+    q.loose = q.loose.filter((w) => !q.puts.some((p) => p.own.includes(w)));
     const first = q.puts[0]?.body.parent_checkpoint_id;
     const withFirst = q.puts.length ? q.loose.filter((w) => w.id === first) : [];
     const puts = (q.sent = this.takeChain(q, withFirst));
     // Writes of a checkpoint stored go alone; those of one not known yet wait for its put a while.
     const now = Date.now();
-    const known = (w: QueuedWrites) => q.landed.has(w.id) || this.sink.stored(q.thread, q.ns, w.id);
-    const alone = q.loose.filter((w) => !withFirst.includes(w) && (mode === "drain" || known(w) || now - w.at >= HOLD_MS));
+    const known = q.loose.filter((w) => !withFirst.includes(w) && (q.stored.has(w.id) || this.sink.stored(q.thread, q.ns, w.id)));
+    const last = mode === "drain" && q.coming === 0;
+    // Sent alone though not known stored: a 404 queues them again (their put may still come), unless draining.
+    const aged = q.loose.filter((w) => !withFirst.includes(w) && !known.includes(w) && (last || now - w.at >= HOLD_MS));
+    const alone = [...known, ...aged];
     q.loose = q.loose.filter((w) => !withFirst.includes(w) && !alone.includes(w));
     if (q.loose.length && !q.timer) {
       const wait = Math.max(1, HOLD_MS - (now - Math.min(...q.loose.map((w) => w.at))));
@@ -221,13 +250,12 @@ export class PutChains {
         q.timer = undefined;
         this.schedule(q);
       }, wait);
-      q.timer.unref();
     }
     if (!puts.length && !withFirst.length && !alone.length) {
       q.sent = [];
       return;
     }
-    q.sending = this.send(q, puts, withFirst, alone).then(
+    q.sending = this.send(q, puts, withFirst, known, last ? [] : aged, last ? aged : []).then(
       () => undefined,
       (err) => this.fail(q, err, puts, [...withFirst, ...alone]),
     ).finally(() => {
@@ -253,9 +281,9 @@ export class PutChains {
     return q.puts.splice(0, n);
   }
 
-  private async send(q: Queue, puts: QueuedPut[], withFirst: QueuedWrites[], alone: QueuedWrites[]): Promise<void> {
-    // Writes of checkpoints stored before (a chain landed, or another writer's): alone.
-    await Promise.all(alone.map((w) => this.sendWrites(q, w)));
+  private async send(q: Queue, puts: QueuedPut[], withFirst: QueuedWrites[], known: QueuedWrites[], aged: QueuedWrites[], last: QueuedWrites[]): Promise<void> {
+    // Writes of checkpoints stored before (a chain landed, one read, another writer's): alone.
+    await Promise.all([...known.map((w) => this.sendWrites(q, w)), ...aged.map((w) => this.sendWrites(q, w, true)), ...last.map((w) => this.sendWrites(q, w))]);
     if (!puts.length) return;
     if (!this.noRoute) {
       try {
@@ -295,8 +323,17 @@ export class PutChains {
   }
 
   /** Sends a task's writes alone. */
-  private async sendWrites(q: Queue, w: QueuedWrites): Promise<void> {
-    await this.cp.putWrites(q.thread, w.id, { checkpoint_ns: q.ns, task_id: w.taskId, writes: w.writes, ...(this.fence ? { fence: this.fence } : {}) });
+  private async sendWrites(q: Queue, w: QueuedWrites, again = false): Promise<void> {
+    try {
+      await this.cp.putWrites(q.thread, w.id, { checkpoint_ns: q.ns, task_id: w.taskId, writes: w.writes, ...(this.fence ? { fence: this.fence } : {}) });
+    } catch (err) {
+      // Not stored yet, and its put may still come: queued again, to go with it or alone later.
+      if (!again || !(err instanceof NotFoundError) || Date.now() - w.first >= WRITES_DEADLINE_MS) throw err;
+      w.at = Date.now();
+      q.loose.push(w);
+      return;
+    }
+    remember(q.stored, w.id);
     this.wrote(q, [w]);
   }
 
@@ -312,8 +349,7 @@ export class PutChains {
   private landed(q: Queue, puts: QueuedPut[], before: QueuedWrites[]): void {
     this.wrote(q, before);
     for (const p of puts) {
-      q.landed.add(p.body.checkpoint_id);
-      if (q.landed.size > LANDED_IDS) q.landed.delete(q.landed.values().next().value!);
+      remember(q.stored, p.body.checkpoint_id);
       this.sink.putLanded(p);
       p.resolve();
     }
@@ -334,4 +370,11 @@ export class PutChains {
 /** Whether err is a server's answer that it has no such route (an older build), not a missing checkpoint. */
 function routeMissing(err: unknown): boolean {
   return err instanceof DroverError && err.status === 404 && err.kind === "no-route";
+}
+
+/** Adds id to ids, the oldest forgotten past STORED_IDS. */
+function remember(ids: Set<string>, id: string): void {
+  ids.delete(id);
+  ids.add(id);
+  if (ids.size > STORED_IDS) ids.delete(ids.values().next().value!);
 }

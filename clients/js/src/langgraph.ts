@@ -185,6 +185,7 @@ export class DroverSaver extends BaseCheckpointSaver {
   }
 
   private remember(thread: string, ns: string, id: string, env: Envelope): void {
+    this.chains?.learn(thread, ns, id);
     const k = this.key(thread, ns, id);
     this.cache.delete(k);
     this.cache.set(k, env);
@@ -633,6 +634,7 @@ export class DroverSaver extends BaseCheckpointSaver {
     const thread = encodeThreadId(String(threadId));
     await this.chains?.settle(thread);
     await this.cp.deleteThread(thread);
+    this.chains?.forget(thread);
     this.held?.forgetThread(thread);
     const prefix = `${thread}\u0000`;
     for (const k of [...this.cache.keys()]) if (k.startsWith(prefix)) this.cache.delete(k);

@@ -223,3 +223,31 @@ test("chained puts: writes that come before their checkpoint's put (an interrupt
   assert.deepEqual((await stored(ns, third))[0].writes, ["n"]);
   assert.equal(seen.writes, 0, "a read sent no write ahead of its checkpoint");
 });
+
+test("chained puts: writes held for a put that comes late, or never, are not lost", async () => {
+  const ns = uniq("chain");
+  const { drover, seen } = counted(ns, Promise.resolve());
+  const saver = new DroverSaver({ drover, protection: "none", chainPuts: true });
+  const cp = () => ({ ...emptyCheckpoint(), id: uuid6(-3), channel_values: { n: 1 }, channel_versions: { n: 1 } });
+  const meta = { source: "loop", step: 0, parents: {} };
+
+  // A checkpoint another saver stored, which this one never read: its writes wait their hold out, then go alone.
+  const t1 = uniq("t");
+  const other = new DroverSaver({ drover: new Drover({ url: srv.url, namespace: ns }), protection: "none" });
+  const c1 = cp();
+  const at1 = await other.put({ configurable: { thread_id: t1, checkpoint_ns: "" } }, c1, meta, { n: 1 });
+  await saver.putWrites(at1, [["n", 1]], "task-1");
+  assert.equal(seen.writes, 1, "the writes went alone");
+  assert.deepEqual((await stored(ns, t1))[0].writes, ["n"]);
+
+  // A put that comes after the hold: the writes, sent alone, are refused (404) and wait again, then go with it.
+  const t2 = uniq("t");
+  const c2 = cp();
+  const w2 = saver.putWrites({ configurable: { thread_id: t2, checkpoint_ns: "", checkpoint_id: c2.id } }, [["n", 2]], "task-2");
+  while (seen.writes < 2) await new Promise((r) => setTimeout(r, 20));
+  await saver.put({ configurable: { thread_id: t2, checkpoint_ns: "" } }, c2, meta, { n: 1 });
+  await w2;
+  await saver.drain();
+  assert.deepEqual((await stored(ns, t2))[0].writes, ["n"]);
+  assert.equal(seen.writes, 2, "after the refusal, the writes went with their put");
+});
