@@ -48,10 +48,10 @@ import {
 } from "@langchain/langgraph-checkpoint";
 import type { RunnableConfig } from "@langchain/core/runnables";
 import { Drover } from "./index.js";
-import { DroverError, NotFoundError } from "./errors.js";
 import type { CheckpointFence, CheckpointRecord, Checkpoints, PutCheckpoint } from "./checkpoints.js";
 import type { Lock } from "./locks.js";
 import { PutChains, type ChainSink } from "./langgraph-chain.js";
+import { MAX_CARRIED_BYTES, WriteOrder, keyOf } from "./langgraph-writes.js";
 import { HeldMemory, cmpCodePoints, decodeThreadId, encodeThreadId, envelopeOf, heldOf, writeEnvOf, type Envelope, type HeldCheckpoint, type HeldWrite, type SentWrite, type Typed, type WriteEnvelope } from "./langgraph-held.js";
 
 export { ConflictError, FencedError } from "./errors.js";
@@ -89,25 +89,6 @@ export interface DroverSaverOptions {
   chainPuts?: boolean;
 }
 
-/**
- * The most bytes of state and writes a put carries together: drover takes a body of its state
- * bound (1 MiB) in base64 and 64 KiB more; a put past this goes without the writes.
- */
-const MAX_CARRIED_BYTES = (15 << 20) / 16;
-
-/** A task's pending writes for a stored checkpoint, sent with the put of a child or alone. */
-interface ReadyWrite {
-  thread: string;
-  ns: string;
-  id: string;
-  taskId: string;
-  writes: SentWrite[];
-  /** Failed puts of its thread before it was made. */
-  failuresBefore: number;
-  resolve: () => void;
-  reject: (err: unknown) => void;
-}
-
 const te = new TextEncoder();
 const td = new TextDecoder();
 const fromB64 = (s: string) => new Uint8Array(Buffer.from(s, "base64"));
@@ -128,16 +109,8 @@ export class DroverSaver extends BaseCheckpointSaver {
   private readonly cache: Map<string, Envelope>;
   private readonly cacheSize: number;
   private readonly opts: DroverSaverOptions;
-  /** Outcomes of recent puts (key → the error, or null), for writes that arrived first. */
-  private readonly putOutcomes = new Map<string, unknown>();
-  /** Writes waiting for a put on their thread and namespace to settle. */
-  private readonly putWaiters = new Map<string, (() => void)[]>();
-  /** Per thread and namespace: puts under way, and how the last one ended. */
-  private readonly putState = new Map<string, { inflight: number; lastError: unknown; failures: number }>();
-  /** Per checkpoint: writes ready to send, which the put of a child takes along (else they go alone, a moment later). */
-  private readonly readyWrites = new Map<string, ReadyWrite[]>();
-  /** Per checkpoint: writes waiting for its put to settle. */
-  private readonly waitingWrites = new Map<string, number>();
+  /** Without chainPuts: puts, and the writes that wait for them (see langgraph-writes.ts). */
+  private readonly order: WriteOrder;
   /** With a lock: what this saver knows of the threads it holds (see langgraph-held.ts). */
   private readonly held: HeldMemory | undefined;
   /** With chainPuts: the puts and writes queued per thread. */
@@ -159,6 +132,7 @@ export class DroverSaver extends BaseCheckpointSaver {
       if (signal?.aborted) held.lose();
       else signal?.addEventListener("abort", () => held.lose(), { once: true });
     }
+    this.order = new WriteOrder(this.cp, this.fence, this.held, (key) => this.cache.has(key));
     this.chains = opts.chainPuts ? new PutChains(this.cp, this.chainSink(), this.fence, MAX_CARRIED_BYTES) : undefined;
   }
 
@@ -180,13 +154,10 @@ export class DroverSaver extends BaseCheckpointSaver {
     return this.serde.loadsTyped(v.t, fromB64(v.b ?? ""));
   }
 
-  private key(thread: string, ns: string, id: string): string {
-    return `${thread}\u0000${ns}\u0000${id}`;
-  }
 
   private remember(thread: string, ns: string, id: string, env: Envelope): void {
     this.chains?.learn(thread, ns, id);
-    const k = this.key(thread, ns, id);
+    const k = keyOf(thread, ns, id);
     this.cache.delete(k);
     this.cache.set(k, env);
     while (this.cache.size > this.cacheSize) this.cache.delete(this.cache.keys().next().value!);
@@ -200,7 +171,7 @@ export class DroverSaver extends BaseCheckpointSaver {
 
   /** The envelope of a checkpoint, from the cache or the server. */
   private async envelope(thread: string, ns: string, id: string): Promise<Envelope | undefined> {
-    const hit = this.cache.get(this.key(thread, ns, id)) ?? this.held?.env(thread, ns, id) ?? this.chains?.env(thread, ns, id);
+    const hit = this.cache.get(keyOf(thread, ns, id)) ?? this.held?.env(thread, ns, id) ?? this.chains?.env(thread, ns, id);
     if (hit) return hit;
     const rec = await this.cp.get(thread, id, ns);
     if (!rec) return undefined;
@@ -365,15 +336,13 @@ export class DroverSaver extends BaseCheckpointSaver {
     const ns = (config.configurable.checkpoint_ns as string | undefined) ?? "";
     if (this.chains) return this.chainPut(config, thread, ns, checkpoint, metadata, newVersions);
     // Counted as under way from the call on (writes to it wait for it).
-    const key = this.key(thread, ns, checkpoint.id);
-    const tn = this.key(thread, ns, "");
-    const st = this.putState.get(tn) ?? { inflight: 0, lastError: null, failures: 0 };
-    st.inflight++;
-    this.putState.set(tn, st);
+    const key = keyOf(thread, ns, checkpoint.id);
+    const tn = keyOf(thread, ns, "");
+    this.order.putStarted(tn);
     const p = this.doPut(config, thread, ns, checkpoint, metadata, newVersions).then(
-      (r) => (this.putSettled(key, tn, null), r),
+      (r) => (this.order.putSettled(key, tn, null), r),
       (err) => {
-        this.putSettled(key, tn, err);
+        this.order.putSettled(key, tn, err);
         throw err;
       },
     );
@@ -384,13 +353,8 @@ export class DroverSaver extends BaseCheckpointSaver {
     const parentId = config.configurable!.checkpoint_id as string | undefined;
     const { env, meta, body } = await this.prepare(config, thread, ns, checkpoint, metadata, newVersions);
     // The parent's pending writes go with this put: LangGraph sends a step's writes, then, once the
-    // parent's put is done, the put of the next checkpoint. Writes still waiting for the parent's
-    // put get a turn of the event loop to join.
-    const parentKey = parentId ? this.key(thread, ns, parentId) : "";
-    if (parentId && (this.waitingWrites.get(parentKey) ?? 0) > 0) await new Promise((r) => setImmediate(r));
-    const withPut = parentId ? (this.readyWrites.get(parentKey) ?? []) : [];
-    this.readyWrites.delete(parentKey);
-    await this.putWith(thread, body, withPut);
+    // parent's put is done, the put of the next checkpoint.
+    await this.order.putWith(thread, body, parentId ? await this.order.parentWrites(keyOf(thread, ns, parentId)) : []);
     this.remember(thread, ns, checkpoint.id, env);
     this.held?.putLanded({ thread, ns, id: checkpoint.id, ...(parentId ? { parentId } : {}), metadata: meta, env, writes: new Map() });
     return { configurable: { thread_id: config.configurable!.thread_id, checkpoint_ns: ns, checkpoint_id: checkpoint.id } };
@@ -425,7 +389,7 @@ export class DroverSaver extends BaseCheckpointSaver {
       },
       writesLanded: (thread, ns, id, taskId, writes) => this.held?.writesLanded(thread, ns, id, taskId, writes),
       chainFailed: (thread, ns, err) => this.held?.unsure(thread, ns, err),
-      stored: (thread, ns, id) => this.knownStored(this.key(thread, ns, id)),
+      stored: (thread, ns, id) => this.order.knownStored(keyOf(thread, ns, id)),
     };
   }
 
@@ -459,7 +423,7 @@ export class DroverSaver extends BaseCheckpointSaver {
     if (!id) throw new Error('DroverSaver.putWrites: the config is missing "checkpoint_id" in "configurable"');
     const ns = (config.configurable?.checkpoint_ns as string | undefined) ?? "";
     const thread = encodeThreadId(String(threadId));
-    const send = (out: SentWrite[]) => (this.chains ? this.chains.writes(thread, ns, id, taskId, out) : this.writeWhenStored(thread, ns, id, taskId, out));
+    const send = (out: SentWrite[]) => (this.chains ? this.chains.writes(thread, ns, id, taskId, out) : this.order.writeWhenStored(thread, ns, id, taskId, out));
     // Chained: the next chain of the thread waits for these writes to be serialized and queued.
     const queued = this.chains?.coming(thread, ns) ?? (() => {});
     const serialized = this.sentWrites(writes, taskPath).finally(queued);
@@ -476,158 +440,6 @@ export class DroverSaver extends BaseCheckpointSaver {
       const env: WriteEnvelope = { ...(await this.dump(value)), ...(taskPath ? { p: taskPath } : {}) };
       return { channel, value: te.encode(JSON.stringify(env)), idx: WRITES_IDX_MAP[channel] ?? i, env };
     }));
-  }
-
-  /** Sends a task's writes of checkpoint id once it is stored, or with the put of its child. */
-  private async writeWhenStored(thread: string, ns: string, id: string, taskId: string, out: SentWrite[]): Promise<void> {
-    const key = this.key(thread, ns, id);
-    const tn = this.key(thread, ns, "");
-    // LangGraph sends a step's writes without waiting for the put of its
-    // checkpoint (its puts are chained, its writes are not); drover refuses
-    // writes to a checkpoint it does not have yet (404). So: wait while puts
-    // of this thread are under way here; once none is, a failed last put
-    // means the chain stopped and this checkpoint will never come.
-    const deadline = Date.now() + 30_000;
-    const failuresBefore = this.putState.get(tn)?.failures ?? 0;
-    // A checkpoint not known stored here while puts of its thread are under way is most likely
-    // one of them, or the next in LangGraph's chain: wait for them rather than send a write that
-    // drover refuses (a round trip for nothing, and its retry). Bounded by the deadline; a
-    // checkpoint stored elsewhere (or evicted from the cache) is written once no put is under way.
-    if (!this.knownStored(key)) {
-      this.waitingWrites.set(key, (this.waitingWrites.get(key) ?? 0) + 1);
-      try {
-        while (!this.knownStored(key) && (this.putState.get(tn)?.inflight ?? 0) > 0 && Date.now() < deadline) {
-          await this.untilPutSettled(tn, 5_000);
-        }
-      } finally {
-        const n = (this.waitingWrites.get(key) ?? 1) - 1;
-        if (n > 0) this.waitingWrites.set(key, n);
-        else this.waitingWrites.delete(key);
-      }
-    }
-    if (!this.knownStored(key)) return this.sendWrites(thread, ns, id, taskId, out, failuresBefore, deadline);
-    // Stored: the put of its child, if one comes in this turn of the event loop, takes them along.
-    return new Promise<void>((resolve, reject) => {
-      let list = this.readyWrites.get(key);
-      if (!list) {
-        this.readyWrites.set(key, (list = []));
-        setImmediate(() => this.flushWrites(key, list!));
-      }
-      list.push({ thread, ns, id, taskId, writes: out, failuresBefore, resolve, reject });
-    });
-  }
-
-  /**
-   * Puts a checkpoint with its parent's ready writes. Refused for carrying them (a server of an
-   * older build answers 400 naming parent_writes; state and writes together past the body's
-   * bound, 413), nothing was written: the writes go alone, then the put.
-   */
-  private async putWith(thread: string, body: PutCheckpoint, withPut: ReadyWrite[]): Promise<void> {
-    const bytes = withPut.reduce((n, w) => w.writes.reduce((m, x) => m + x.value.byteLength, n), body.state.byteLength);
-    const carry = withPut.length > 0 && bytes <= MAX_CARRIED_BYTES;
-    // Too large to go along: alone, as the writes no put took.
-    if (!carry) for (const w of withPut) this.sendWrites(w.thread, w.ns, w.id, w.taskId, w.writes, w.failuresBefore).then(w.resolve, w.reject);
-    try {
-      await this.cp.put(thread, carry ? { ...body, parent_writes: withPut.map((w) => ({ task_id: w.taskId, writes: w.writes })) } : body);
-    } catch (err) {
-      if (!carry) throw err;
-      // Whether the writes were saved is not known: they are sent alone (safe to repeat).
-      const alone = Promise.all(withPut.map((w) => this.sendWrites(w.thread, w.ns, w.id, w.taskId, w.writes, w.failuresBefore).then(w.resolve, w.reject)));
-      if (!(err instanceof DroverError && (err.status === 413 || (err.status === 400 && /parent_writes/.test(err.message))))) throw err;
-      await alone;
-      await this.cp.put(thread, body);
-      return;
-    }
-    if (carry) {
-      for (const w of withPut) {
-        this.held?.writesLanded(w.thread, w.ns, w.id, w.taskId, w.writes);
-        w.resolve();
-      }
-    }
-  }
-
-  /** Sends the ready writes of a checkpoint that no put took along. */
-  private flushWrites(key: string, list: ReadyWrite[]): void {
-    if (this.readyWrites.get(key) !== list) return; // taken by a put
-    this.readyWrites.delete(key);
-    for (const w of list) this.sendWrites(w.thread, w.ns, w.id, w.taskId, w.writes, w.failuresBefore).then(w.resolve, w.reject);
-  }
-
-  /** Sends a task's writes of checkpoint id; while its put may still come, a 404 is waited out. */
-  private async sendWrites(thread: string, ns: string, id: string, taskId: string, out: ReadyWrite["writes"], failuresBefore: number, deadline = Date.now() + 30_000): Promise<void> {
-    const key = this.key(thread, ns, id);
-    const tn = this.key(thread, ns, "");
-    let waits = 0;
-    for (;;) {
-      // Whether the put of this checkpoint had ended before this write was
-      // sent: a refusal of a write sent while the put was under way says
-      // nothing about the checkpoint once the put is done.
-      const putDoneBefore = this.putOutcomes.has(key);
-      try {
-        await this.cp.putWrites(thread, id, { checkpoint_ns: ns, task_id: taskId, writes: out, ...(this.fence ? { fence: this.fence } : {}) });
-        this.held?.writesLanded(thread, ns, id, taskId, out);
-        return;
-      } catch (err) {
-        if (!(err instanceof NotFoundError)) throw err;
-        if (this.putOutcomes.has(key)) {
-          const putErr = this.putOutcomes.get(key);
-          if (putErr) throw putErr; // the checkpoint was never written
-          if (putDoneBefore) throw err; // written, and gone since (the thread was deleted)
-          continue; // written while this write was on its way: send it again
-        }
-        const st = this.putState.get(tn);
-        // No put of this thread under way here, and one failed: the chain
-        // this checkpoint belonged to stopped (LangGraph puts in order).
-        if (st && st.inflight === 0 && (st.lastError || st.failures > failuresBefore)) throw st.lastError ?? err;
-        if (Date.now() > deadline) throw err;
-        await this.untilPutSettled(tn, st && st.inflight > 0 ? 5_000 : Math.min(500, 10 * 2 ** waits++));
-      }
-    }
-  }
-
-  /** Whether checkpoint key is known to be stored: put here, or read or listed (cached). */
-  private knownStored(key: string): boolean {
-    return this.putOutcomes.get(key) === null || this.cache.has(key);
-  }
-
-  private putSettled(key: string, tn: string, err: unknown): void {
-    this.putOutcomes.delete(key);
-    this.putOutcomes.set(key, err);
-    while (this.putOutcomes.size > 1024) this.putOutcomes.delete(this.putOutcomes.keys().next().value!);
-    const st = this.putState.get(tn);
-    if (st) {
-      st.inflight--;
-      st.lastError = err;
-      if (err) st.failures++;
-    }
-    if (this.putState.size > 4096) {
-      for (const [k, v] of this.putState) if (v.inflight <= 0 && !this.putWaiters.has(k)) this.putState.delete(k);
-    }
-    // Wake the writes waiting on this thread once the chain had a microtask to call its next put.
-    const ws = this.putWaiters.get(tn);
-    this.putWaiters.delete(tn);
-    if (ws) setImmediate(() => ws.forEach((w) => w()));
-  }
-
-  private untilPutSettled(tn: string, ms: number): Promise<void> {
-    return new Promise((resolve) => {
-      const done = () => {
-        clearTimeout(t);
-        const list = this.putWaiters.get(tn);
-        if (list) {
-          const i = list.indexOf(done);
-          if (i >= 0) list.splice(i, 1);
-          if (list.length === 0) this.putWaiters.delete(tn);
-        }
-        resolve();
-      };
-      // Unref'd: a write whose checkpoint never comes does not hold the process.
-      const t = setTimeout(done, ms);
-      t.unref();
-      let list = this.putWaiters.get(tn);
-      if (!list) this.putWaiters.set(tn, (list = []));
-      list.push(done);
-    });
   }
 
   async deleteThread(threadId: string): Promise<void> {
