@@ -110,11 +110,7 @@ func (s *Etcd) putWithWrites(ctx context.Context, cp Checkpoint, writes []Write,
 		if read[0].GetResponseRange().GetCount() == 0 {
 			return cp, fmt.Errorf("%w: checkpoint %s of thread %s", ErrNotFound, cp.ParentID, cp.ThreadID)
 		}
-		now := ""
-		if kvs := read[1].GetResponseRange().GetKvs(); len(kvs) > 0 {
-			now = string(kvs[0].Value)
-		}
-		if cas && now != cp.ParentID {
+		if now := headOf(read[1]); cas && now != cp.ParentID {
 			return cp, &ConflictError{ThreadID: cp.ThreadID, NS: cp.NS, Parent: cp.ParentID, Head: now}
 		}
 		// Writes were stored for the parent: merge into what was read. The

@@ -51,7 +51,7 @@ export interface QueuedPut {
   body: PutCheckpoint & { checkpoint_id: string };
   env: Envelope;
   meta: Record<string, unknown>;
-  /** Writes of this checkpoint queued after it. */
+  /** Writes of this checkpoint, given to it by a flush. */
   own: QueuedWrites[];
   resolve: () => void;
   reject: (err: unknown) => void;
@@ -151,11 +151,7 @@ export class PutChains {
     const q = this.queue(p.thread, p.ns);
     if (q.error) throw q.error;
     return new Promise<void>((resolve, reject) => {
-      // Writes of this checkpoint that came before its put go with it.
-      const id = p.body.checkpoint_id;
-      const own = q.loose.filter((w) => w.id === id);
-      if (own.length) q.loose = q.loose.filter((w) => w.id !== id);
-      q.puts.push({ ...p, own, resolve, reject });
+      q.puts.push({ ...p, own: [], resolve, reject });
       this.schedule(q);
     });
   }
@@ -178,10 +174,8 @@ export class PutChains {
     if (q.error) return Promise.reject(q.error);
     return new Promise<void>((resolve, reject) => {
       const now = Date.now();
-      const w = { id, taskId, writes, resolve, reject, at: now, first: now };
-      const owner = q.puts.find((p) => p.body.checkpoint_id === id);
-      if (owner) owner.own.push(w);
-      else q.loose.push(w);
+      // The next flush gives them to their checkpoint's put, queued before or after them.
+      q.loose.push({ id, taskId, writes, resolve, reject, at: now, first: now });
       this.schedule(q);
     });
   }
@@ -230,7 +224,7 @@ export class PutChains {
    */
   private flush(q: Queue, mode: "auto" | "settle" | "drain"): void {
     if (q.sending || (mode === "auto" && q.coming > 0) || (!q.puts.length && !q.loose.length)) return;
-    // Writes queued again (a 404) after their put came go with it.
+    // Writes of a queued put go with it, whether they came before it, after it, or again after a 404.
     for (const w of q.loose) q.puts.find((p) => p.body.checkpoint_id === w.id)?.own.push(w);
     q.loose = q.loose.filter((w) => !q.puts.some((p) => p.own.includes(w)));
     const first = q.puts[0]?.body.parent_checkpoint_id;
